@@ -1,0 +1,131 @@
+/* kernels/cpu/backend_cpu.c - the CPU backend: its table, host memory, the scratch arena and
+ * thread settings. C11 + OpenMP threads; matrix products through OpenBLAS (matmul.c).
+ * Not here: the ops themselves (one file each in this folder).
+ * Tests: tests/test_ops.c --backend cpu. */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../backend_impl.h"
+#include "cpu_ops.h"
+
+/* OpenBLAS's own header declares these only in some versions; they exist in every build. */
+void openblas_set_num_threads(int num_threads);
+
+#define CPU_ALIGN 256
+
+static enum status cpu_alloc(struct backend *b, size_t nbytes, void **ptr)
+{
+    (void)b;
+    size_t n = (nbytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+    if (n == 0) n = CPU_ALIGN;
+    *ptr = aligned_alloc(CPU_ALIGN, n);
+    if (!*ptr)
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "cpu: out of host memory allocating %zu bytes",
+                             nbytes);
+    return STATUS_OK;
+}
+
+static void cpu_free(struct backend *b, void *ptr)
+{
+    (void)b;
+    free(ptr);
+}
+
+static void cpu_upload(struct backend *b, void *dst, const void *src, size_t n)
+{
+    (void)b;
+    if (n) memcpy(dst, src, n);
+}
+
+static void cpu_copy(struct backend *b, void *dst, const void *src, size_t n)
+{
+    (void)b;
+    if (n) memmove(dst, src, n);
+}
+
+static void cpu_memset_zero(struct backend *b, void *dst, size_t n)
+{
+    (void)b;
+    if (n) memset(dst, 0, n);
+}
+
+static void cpu_synchronize(struct backend *b) { (void)b; }
+
+static void cpu_close(struct backend *b)
+{
+    struct cpu_state *s = b->impl;
+    free(s->scratch);
+    free(s);
+    free(b);
+}
+
+float *cpu_scratch(struct backend *b, size_t per_thread)
+{
+    struct cpu_state *s = b->impl;
+    size_t need = cpu_scratch_stride(per_thread) * (size_t)b->n_threads;
+    if (need > s->scratch_floats) {
+        free(s->scratch);
+        s->scratch = aligned_alloc(64, need * sizeof(float));
+        CHECK(s->scratch, "cpu: out of memory for %zu scratch floats", need);
+        s->scratch_floats = need;
+    }
+    return s->scratch;
+}
+
+static const struct backend_ops cpu_backend_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_upload,
+    .download = cpu_upload,
+    .copy = cpu_copy,
+    .memset_zero = cpu_memset_zero,
+    .synchronize = cpu_synchronize,
+    .close = cpu_close,
+    .cast = cpu_cast,
+    .embedding = cpu_embedding,
+    .position_embedding_add = cpu_position_embedding_add,
+    .matmul = cpu_matmul,
+    .rmsnorm = cpu_rmsnorm,
+    .layernorm = cpu_layernorm,
+    .add = cpu_add,
+    .scale = cpu_scale,
+    .rope = cpu_rope,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+    .activation = cpu_activation,
+    .gated_activation = cpu_gated_activation,
+    .softmax = cpu_softmax,
+    .log_softmax = cpu_log_softmax,
+    .argmax = cpu_argmax,
+    .topk = cpu_topk,
+};
+
+enum status cpu_backend_open(int n_threads, struct backend **out)
+{
+    *out = NULL;
+    if (n_threads < 0)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "cpu: n_threads must be >= 0, got %d", n_threads);
+    if (n_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int)n : 1;
+    }
+    struct backend *b = calloc(1, sizeof *b);
+    struct cpu_state *s = calloc(1, sizeof *s);
+    if (!b || !s) {
+        free(b);
+        free(s);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "cpu: out of memory opening the backend");
+    }
+    b->ops = &cpu_backend_ops;
+    b->device = DEVICE_CPU;
+    b->n_threads = n_threads;
+    b->impl = s;
+    /* Both pools are process-wide settings: the last backend opened sets them. */
+    omp_set_num_threads(n_threads);
+    openblas_set_num_threads(n_threads);
+    *out = b;
+    return STATUS_OK;
+}

@@ -1,0 +1,41 @@
+/* kernels/cpu/rope.c - op_rope on the CPU: rotary position embedding in place, pair or
+ * half conventions, partial rotation. Frequencies are computed in f32 as the reference
+ * implementations (llama2.c, Hugging Face) do, so that angles match theirs bit for bit in
+ * spirit: freq_i = theta^(-2i/rot_dim), angle = pos * freq_i.
+ * Tests: tests/test_ops.c (rope cases). */
+#include <math.h>
+
+#include "cpu_ops.h"
+
+void cpu_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
+              int rot_dim, float theta, enum rope_style style)
+{
+    int64_t n = x->shape[0], n_heads = x->shape[1], hd = x->shape[2];
+    const int32_t *pos = positions->data;
+    int half = rot_dim / 2;
+    size_t per = (size_t)hd + 2 * (size_t)half;
+    float *scratch = cpu_scratch(b, per);
+    #pragma omp parallel for schedule(static) if (n * n_heads * hd > CPU_PARALLEL_MIN)
+    for (int64_t t = 0; t < n; t++) {
+        float *tmp = scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(per);
+        float *cs = tmp + hd, *sn = cs + half;
+        for (int i = 0; i < half; i++) {
+            float freq = powf(theta, -(float)(2 * i) / (float)rot_dim);
+            float angle = (float)pos[t] * freq;
+            cs[i] = cosf(angle);
+            sn[i] = sinf(angle);
+        }
+        for (int64_t h = 0; h < n_heads; h++) {
+            size_t off = (size_t)((t * n_heads + h) * hd);
+            float *v = (float *)cpu_load_row(x, off, (size_t)hd, tmp); /* in place when f32 */
+            for (int i = 0; i < half; i++) {
+                int i0 = style == ROPE_STYLE_PAIRS ? 2 * i : i;
+                int i1 = style == ROPE_STYLE_PAIRS ? 2 * i + 1 : i + half;
+                float a = v[i0], c = v[i1];
+                v[i0] = a * cs[i] - c * sn[i];
+                v[i1] = a * sn[i] + c * cs[i];
+            }
+            cpu_store_row(x, off, (size_t)hd, v);
+        }
+    }
+}

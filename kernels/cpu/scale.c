@@ -1,0 +1,20 @@
+/* kernels/cpu/scale.c - op_scale on the CPU: out = alpha * x.
+ * Tests: tests/test_ops.c (scale cases). */
+#include "cpu_ops.h"
+
+#define SCALE_CHUNK 1024
+
+void cpu_scale(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha)
+{
+    (void)b;
+    int64_t n = tensor_numel(out);
+    #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i += SCALE_CHUNK) {
+        float t[SCALE_CHUNK];
+        size_t len = (size_t)(n - i < SCALE_CHUNK ? n - i : SCALE_CHUNK);
+        const float *px = cpu_load_row(x, (size_t)i, len, t);
+        float *po = cpu_out_row(out, (size_t)i, t);
+        for (size_t j = 0; j < len; j++) po[j] = alpha * px[j];
+        cpu_store_row(out, (size_t)i, len, po);
+    }
+}

@@ -1,0 +1,372 @@
+/* kernels/ops.c - the op_* wrappers of ops.h: each checks its shape and dtype contract once,
+ * for every backend, then calls the backend's slot; with sync_check it synchronizes after the
+ * op so that an asynchronous device error is reported by the op that caused it.
+ * Not here: any arithmetic (kernels/cpu/, kernels/cuda/).
+ * Tests: tests/test_ops.c. */
+#include "ops.h"
+
+#include <string.h>
+
+#include "backend_impl.h"
+
+#define DESC(t) tensor_describe((t), (char[64]){0}, 64)
+
+enum status backend_open(enum device device, int device_id, int n_threads, struct backend **out)
+{
+    *out = NULL;
+    enum status st;
+    switch (device) {
+    case DEVICE_CPU: st = cpu_backend_open(n_threads, out); break;
+    case DEVICE_CUDA: st = cuda_backend_open(device_id, out); break;
+    default: return status_errorf(STATUS_INVALID_ARGUMENT, "unknown device %d", (int)device);
+    }
+    if (st != STATUS_OK) return st;
+    const char *e = getenv("SHARDLM_SYNC_CHECK");
+    (*out)->sync_check = e && e[0] == '1';
+    return STATUS_OK;
+}
+
+void backend_close(struct backend *b)
+{
+    if (b) b->ops->close(b);
+}
+
+int backend_cuda_compiled(void) { return cuda_backend_compiled(); }
+
+enum status backend_parse_device(const char *name, enum device *out)
+{
+    if (!strcmp(name, "cpu")) *out = DEVICE_CPU;
+    else if (!strcmp(name, "cuda")) *out = DEVICE_CUDA;
+    else return status_errorf(STATUS_INVALID_ARGUMENT, "unknown device '%s' (cpu or cuda)", name);
+    return STATUS_OK;
+}
+
+enum status backend_alloc(struct backend *b, size_t nbytes, void **ptr)
+{
+    return b->ops->alloc(b, nbytes, ptr);
+}
+
+void backend_free(struct backend *b, void *ptr)
+{
+    if (ptr) b->ops->free(b, ptr);
+}
+
+enum status backend_alloc_tensor(struct backend *b, struct tensor *t, enum dtype dtype, int ndim,
+                                 const int64_t *shape)
+{
+    CHECK(ndim >= 1 && ndim <= TENSOR_MAX_DIMS, "ndim %d", ndim);
+    memset(t, 0, sizeof *t);
+    t->dtype = dtype;
+    t->device = b->device;
+    t->ndim = ndim;
+    for (int i = 0; i < TENSOR_MAX_DIMS; i++) t->shape[i] = i < ndim ? shape[i] : 1;
+    return b->ops->alloc(b, tensor_nbytes(t), &t->data);
+}
+
+static void after_op(struct backend *b)
+{
+    if (b->sync_check) b->ops->synchronize(b);
+}
+
+void backend_upload(struct backend *b, void *dst, const void *src, size_t n)
+{
+    b->ops->upload(b, dst, src, n);
+    after_op(b);
+}
+
+void backend_download(struct backend *b, void *dst, const void *src, size_t n)
+{
+    b->ops->download(b, dst, src, n);
+}
+
+void backend_copy(struct backend *b, void *dst, const void *src, size_t n)
+{
+    b->ops->copy(b, dst, src, n);
+    after_op(b);
+}
+
+void backend_memset_zero(struct backend *b, void *dst, size_t n)
+{
+    b->ops->memset_zero(b, dst, n);
+    after_op(b);
+}
+
+void backend_synchronize(struct backend *b) { b->ops->synchronize(b); }
+
+/* ---- contract checks --------------------------------------------------------------------- */
+
+static void check_on(struct backend *b, const struct tensor *t, const char *what)
+{
+    CHECK(t->device == b->device, "%s is on the wrong device for backend %s", what, b->ops->name);
+    CHECK(t->data != NULL || tensor_numel(t) == 0, "%s has no data", what);
+}
+
+static void check_float(struct backend *b, const struct tensor *t, const char *what)
+{
+    check_on(b, t, what);
+    CHECK(dtype_is_float(t->dtype), "%s must be a float tensor, is %s", what, DESC(t));
+}
+
+static void check_i32(struct backend *b, const struct tensor *t, const char *what)
+{
+    check_on(b, t, what);
+    CHECK(t->dtype == DTYPE_I32, "%s must be i32, is %s", what, DESC(t));
+}
+
+static void check_same(const struct tensor *a, const struct tensor *c, const char *what)
+{
+    CHECK(tensor_same_shape(a, c) && a->dtype == c->dtype, "%s: %s vs %s", what, DESC(a), DESC(c));
+}
+
+static void check_vector(const struct tensor *t, int64_t n, enum dtype dtype, const char *what)
+{
+    CHECK(tensor_numel(t) == n && t->dtype == dtype, "%s must be %s[%lld], is %s", what,
+          dtype_name(dtype), (long long)n, DESC(t));
+}
+
+/* ---- forward ops ----------------------------------------------------------------------- */
+
+void op_cast(struct backend *b, const struct tensor *out, const struct tensor *in)
+{
+    check_float(b, out, "cast out");
+    check_float(b, in, "cast in");
+    CHECK(tensor_numel(out) == tensor_numel(in), "cast: %s vs %s", DESC(out), DESC(in));
+    b->ops->cast(b, out, in);
+    after_op(b);
+}
+
+void op_embedding(struct backend *b, const struct tensor *out, const struct tensor *table,
+                  const struct tensor *ids, int64_t vocab_start)
+{
+    check_float(b, out, "embedding out");
+    check_float(b, table, "embedding table");
+    check_i32(b, ids, "embedding ids");
+    CHECK(out->dtype == table->dtype, "embedding dtypes %s vs %s", DESC(out), DESC(table));
+    CHECK(table->ndim == 2 && tensor_cols(out) == table->shape[1] &&
+              tensor_rows(out) == tensor_numel(ids),
+          "embedding: out %s table %s ids %s", DESC(out), DESC(table), DESC(ids));
+    CHECK(vocab_start >= 0, "vocab_start %lld", (long long)vocab_start);
+    b->ops->embedding(b, out, table, ids, vocab_start);
+    after_op(b);
+}
+
+void op_position_embedding_add(struct backend *b, const struct tensor *x,
+                               const struct tensor *table, const struct tensor *positions)
+{
+    check_float(b, x, "position_embedding x");
+    check_float(b, table, "position_embedding table");
+    check_i32(b, positions, "position_embedding positions");
+    CHECK(x->dtype == table->dtype && table->ndim == 2 && tensor_cols(x) == table->shape[1] &&
+              tensor_rows(x) == tensor_numel(positions),
+          "position_embedding: x %s table %s positions %s", DESC(x), DESC(table), DESC(positions));
+    b->ops->position_embedding_add(b, x, table, positions);
+    after_op(b);
+}
+
+void op_matmul(struct backend *b, const struct tensor *y, const struct tensor *x,
+               const struct tensor *w, const struct tensor *bias)
+{
+    check_float(b, y, "matmul y");
+    check_float(b, x, "matmul x");
+    check_float(b, w, "matmul w");
+    CHECK(x->dtype == w->dtype && y->dtype == x->dtype, "matmul dtypes y %s x %s w %s", DESC(y),
+          DESC(x), DESC(w));
+    CHECK(w->ndim == 2 && tensor_cols(x) == w->shape[1] && tensor_cols(y) == w->shape[0] &&
+              tensor_rows(y) == tensor_rows(x),
+          "matmul: y %s = x %s @ w %s^T", DESC(y), DESC(x), DESC(w));
+    CHECK(y->data != x->data && y->data != w->data, "matmul: y aliases an input");
+    if (bias) {
+        check_float(b, bias, "matmul bias");
+        check_vector(bias, w->shape[0], x->dtype, "matmul bias");
+    }
+    b->ops->matmul(b, y, x, w, bias);
+    after_op(b);
+}
+
+void op_rmsnorm(struct backend *b, const struct tensor *out, const struct tensor *x,
+                const struct tensor *weight, float eps)
+{
+    check_float(b, out, "rmsnorm out");
+    check_float(b, x, "rmsnorm x");
+    check_float(b, weight, "rmsnorm weight");
+    check_same(out, x, "rmsnorm out/x");
+    check_vector(weight, tensor_cols(x), x->dtype, "rmsnorm weight");
+    CHECK(eps >= 0.0f, "rmsnorm eps %g", (double)eps);
+    b->ops->rmsnorm(b, out, x, weight, eps);
+    after_op(b);
+}
+
+void op_layernorm(struct backend *b, const struct tensor *out, const struct tensor *x,
+                  const struct tensor *weight, const struct tensor *bias, float eps)
+{
+    check_float(b, out, "layernorm out");
+    check_float(b, x, "layernorm x");
+    check_float(b, weight, "layernorm weight");
+    check_same(out, x, "layernorm out/x");
+    check_vector(weight, tensor_cols(x), x->dtype, "layernorm weight");
+    if (bias) {
+        check_float(b, bias, "layernorm bias");
+        check_vector(bias, tensor_cols(x), x->dtype, "layernorm bias");
+    }
+    CHECK(eps >= 0.0f, "layernorm eps %g", (double)eps);
+    b->ops->layernorm(b, out, x, weight, bias, eps);
+    after_op(b);
+}
+
+void op_add(struct backend *b, const struct tensor *out, const struct tensor *a,
+            const struct tensor *c)
+{
+    check_float(b, out, "add out");
+    check_float(b, a, "add a");
+    check_float(b, c, "add c");
+    check_same(out, a, "add out/a");
+    check_same(a, c, "add a/c");
+    b->ops->add(b, out, a, c);
+    after_op(b);
+}
+
+void op_scale(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha)
+{
+    check_float(b, out, "scale out");
+    check_float(b, x, "scale x");
+    check_same(out, x, "scale out/x");
+    b->ops->scale(b, out, x, alpha);
+    after_op(b);
+}
+
+void op_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
+             int rot_dim, float theta, enum rope_style style)
+{
+    check_float(b, x, "rope x");
+    check_i32(b, positions, "rope positions");
+    CHECK(x->ndim == 3 && x->shape[0] == tensor_numel(positions),
+          "rope: x %s must be (n, n_heads, head_dim), positions %s", DESC(x), DESC(positions));
+    CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= x->shape[2], "rope: rot_dim %d, head_dim %lld",
+          rot_dim, (long long)x->shape[2]);
+    CHECK(theta > 0.0f, "rope theta %g", (double)theta);
+    CHECK(style == ROPE_STYLE_PAIRS || style == ROPE_STYLE_HALVES, "rope style %d", (int)style);
+    b->ops->rope(b, x, positions, rot_dim, theta, style);
+    after_op(b);
+}
+
+static void check_cache(struct backend *b, const struct tensor *k_cache,
+                        const struct tensor *v_cache)
+{
+    check_float(b, k_cache, "k_cache");
+    check_float(b, v_cache, "v_cache");
+    check_same(k_cache, v_cache, "k_cache/v_cache");
+    CHECK(k_cache->ndim == 4, "kv cache %s must be (n_blocks, block_tokens, n_kv_heads, head_dim)",
+          DESC(k_cache));
+}
+
+void op_kv_write(struct backend *b, const struct tensor *k_cache, const struct tensor *v_cache,
+                 const struct tensor *k, const struct tensor *v, const struct tensor *slots)
+{
+    check_cache(b, k_cache, v_cache);
+    check_float(b, k, "kv_write k");
+    check_float(b, v, "kv_write v");
+    check_i32(b, slots, "kv_write slots");
+    check_same(k, v, "kv_write k/v");
+    CHECK(k->dtype == k_cache->dtype && k->ndim == 3 && k->shape[1] == k_cache->shape[2] &&
+              k->shape[2] == k_cache->shape[3] && k->shape[0] == tensor_numel(slots),
+          "kv_write: k %s cache %s slots %s", DESC(k), DESC(k_cache), DESC(slots));
+    b->ops->kv_write(b, k_cache, v_cache, k, v, slots);
+    after_op(b);
+}
+
+void op_attention(struct backend *b, const struct tensor *out, const struct tensor *q,
+                  const struct tensor *k_cache, const struct tensor *v_cache,
+                  const struct attention_batch *batch)
+{
+    check_float(b, out, "attention out");
+    check_float(b, q, "attention q");
+    check_cache(b, k_cache, v_cache);
+    check_same(out, q, "attention out/q");
+    CHECK(q->ndim == 3 && q->dtype == k_cache->dtype && q->shape[2] == k_cache->shape[3] &&
+              k_cache->shape[2] > 0 && q->shape[1] % k_cache->shape[2] == 0,
+          "attention: q %s (n, n_heads, head_dim) vs cache %s", DESC(q), DESC(k_cache));
+    CHECK(out->data != q->data, "attention: out aliases q");
+    CHECK(batch->n_seqs >= 0 && batch->block_tokens == k_cache->shape[1] && batch->max_blocks > 0,
+          "attention batch: n_seqs %d block_tokens %d (cache %lld) max_blocks %d", batch->n_seqs,
+          batch->block_tokens, (long long)k_cache->shape[1], batch->max_blocks);
+    check_i32(b, &batch->q_start, "attention q_start");
+    check_i32(b, &batch->seq_len, "attention seq_len");
+    check_i32(b, &batch->block_table, "attention block_table");
+    CHECK(tensor_numel(&batch->q_start) == batch->n_seqs + 1 &&
+              tensor_numel(&batch->seq_len) == batch->n_seqs &&
+              tensor_numel(&batch->block_table) == (int64_t)batch->n_seqs * batch->max_blocks,
+          "attention batch tensors: q_start %s seq_len %s block_table %s",
+          DESC(&batch->q_start), DESC(&batch->seq_len), DESC(&batch->block_table));
+    CHECK(batch->window >= 0 && batch->scale > 0.0f, "attention window %d scale %g", batch->window,
+          (double)batch->scale);
+    b->ops->attention(b, out, q, k_cache, v_cache, batch);
+    after_op(b);
+}
+
+void op_activation(struct backend *b, const struct tensor *out, const struct tensor *x,
+                   enum activation act)
+{
+    check_float(b, out, "activation out");
+    check_float(b, x, "activation x");
+    check_same(out, x, "activation out/x");
+    CHECK(act == ACTIVATION_SILU || act == ACTIVATION_GELU_TANH || act == ACTIVATION_GELU_ERF,
+          "activation %d", (int)act);
+    b->ops->activation(b, out, x, act);
+    after_op(b);
+}
+
+void op_gated_activation(struct backend *b, const struct tensor *out, const struct tensor *gate,
+                         const struct tensor *up, enum activation act)
+{
+    check_float(b, out, "gated_activation out");
+    check_float(b, gate, "gated_activation gate");
+    check_float(b, up, "gated_activation up");
+    check_same(out, gate, "gated_activation out/gate");
+    check_same(gate, up, "gated_activation gate/up");
+    CHECK(act == ACTIVATION_SILU || act == ACTIVATION_GELU_TANH || act == ACTIVATION_GELU_ERF,
+          "activation %d", (int)act);
+    b->ops->gated_activation(b, out, gate, up, act);
+    after_op(b);
+}
+
+void op_softmax(struct backend *b, const struct tensor *out, const struct tensor *x)
+{
+    check_float(b, out, "softmax out");
+    check_float(b, x, "softmax x");
+    check_same(out, x, "softmax out/x");
+    b->ops->softmax(b, out, x);
+    after_op(b);
+}
+
+void op_log_softmax(struct backend *b, const struct tensor *out, const struct tensor *x)
+{
+    check_float(b, out, "log_softmax out");
+    check_float(b, x, "log_softmax x");
+    check_same(out, x, "log_softmax out/x");
+    b->ops->log_softmax(b, out, x);
+    after_op(b);
+}
+
+void op_argmax(struct backend *b, const struct tensor *ids, const struct tensor *x)
+{
+    check_float(b, x, "argmax x");
+    check_i32(b, ids, "argmax ids");
+    CHECK(tensor_numel(ids) == tensor_rows(x) && tensor_cols(x) > 0, "argmax: ids %s x %s",
+          DESC(ids), DESC(x));
+    b->ops->argmax(b, ids, x);
+    after_op(b);
+}
+
+void op_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
+             const struct tensor *x)
+{
+    check_float(b, x, "topk x");
+    check_on(b, values, "topk values");
+    check_i32(b, ids, "topk ids");
+    CHECK(values->dtype == DTYPE_F32, "topk values must be f32, is %s", DESC(values));
+    CHECK(tensor_same_shape(values, ids) && tensor_rows(values) == tensor_rows(x) &&
+              tensor_cols(values) >= 1 && tensor_cols(values) <= tensor_cols(x),
+          "topk: values %s ids %s x %s", DESC(values), DESC(ids), DESC(x));
+    b->ops->topk(b, values, ids, x);
+    after_op(b);
+}

@@ -1,0 +1,235 @@
+/* kernels/ops.h - the one op interface of shardlm. A backend (CPU or CUDA) is a table of
+ * functions with identical signatures, chosen at runtime by backend_open(); the engine calls
+ * the op_* wrappers below and never names a backend.
+ * Not here: models, requests, ranks (engine/), or how a backend does its work (kernels/cpu/,
+ * kernels/cuda/).
+ * Tests: tests/test_ops.c (CPU against a double-precision reference; CUDA against CPU, label
+ * gpu).
+ *
+ * Contracts shared by every op:
+ * - All tensors of a call live on the backend's device; they are dense and row-major.
+ * - All floating-point tensors of one call share a dtype (f32, bf16 or f16) unless the op says
+ *   otherwise; integer index tensors are i32. Arithmetic is done in f32 whatever the storage
+ *   dtype (fp32 accumulation); results are rounded once, on store.
+ * - Outputs may alias an input only where the op says so.
+ * - Shape mismatches are bugs: the op_* wrappers CHECK them (abort with file:line).
+ * - Ops are asynchronous with respect to the host on devices that queue work (CUDA: one stream
+ *   per backend); backend_synchronize() waits. With SHARDLM_SYNC_CHECK=1 in the environment,
+ *   every op_* call synchronizes and checks for errors, to pin an asynchronous fault to the op
+ *   that caused it.
+ * - A backend is used by one thread at a time.
+ * - The backward of an op joins it as op_<name>_backward, declared beside its forward, with a
+ *   matching slot in struct backend_ops.
+ */
+#ifndef SHARDLM_OPS_H
+#define SHARDLM_OPS_H
+
+#include "base.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum rope_style {
+    ROPE_STYLE_PAIRS,  /* rotate (x[2i], x[2i+1]): llama2.c, Megatron's interleaved rotary */
+    ROPE_STYLE_HALVES, /* rotate (x[i], x[i + rot_dim/2]): Hugging Face Llama, GPT-NeoX */
+};
+
+enum activation {
+    ACTIVATION_SILU,      /* x * sigmoid(x) */
+    ACTIVATION_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    ACTIVATION_GELU_ERF,  /* 0.5 x (1 + erf(x / sqrt(2))) */
+};
+
+/* Describes a batch of sequences for paged attention. Sequence s contributes the query rows
+ * q_start[s] .. q_start[s+1]-1 (any number: a prefill chunk, or 1 for decode); after the K/V
+ * of those rows were written, sequence s holds seq_len[s] tokens in its cache, so its j-th new
+ * query row sits at absolute position seq_len[s] - n_new + j and attends causally to cache
+ * positions 0 .. that position (and, when window > 0, only the last `window` of them).
+ * Cache position p of sequence s lives in block block_table[s][p / block_tokens], slot
+ * p % block_tokens. Index tensors live on the backend's device. */
+struct attention_batch {
+    int           n_seqs;
+    int           block_tokens;   /* tokens per KV block */
+    int           max_blocks;     /* row length of block_table */
+    struct tensor q_start;        /* i32 (n_seqs + 1): prefix offsets into the query rows */
+    struct tensor seq_len;        /* i32 (n_seqs): tokens in the cache, new ones included */
+    struct tensor block_table;    /* i32 (n_seqs, max_blocks): physical block ids */
+    float         scale;          /* usually 1/sqrt(head_dim) */
+    int           window;         /* sliding-window size in tokens; 0 = full causal */
+};
+
+struct backend;
+
+/* The table a backend fills in. Each slot has the signature of its op_* wrapper without the
+ * checks; see the wrappers for the contracts. */
+struct backend_ops {
+    const char *name;
+
+    /* memory */
+    enum status (*alloc)(struct backend *b, size_t nbytes, void **ptr);
+    void (*free)(struct backend *b, void *ptr);
+    void (*upload)(struct backend *b, void *dst_device, const void *src_host, size_t nbytes);
+    void (*download)(struct backend *b, void *dst_host, const void *src_device, size_t nbytes);
+    void (*copy)(struct backend *b, void *dst_device, const void *src_device, size_t nbytes);
+    void (*memset_zero)(struct backend *b, void *dst_device, size_t nbytes);
+    void (*synchronize)(struct backend *b);
+    void (*close)(struct backend *b);
+
+    /* forward ops */
+    void (*cast)(struct backend *b, const struct tensor *out, const struct tensor *in);
+    void (*embedding)(struct backend *b, const struct tensor *out, const struct tensor *table,
+                      const struct tensor *ids, int64_t vocab_start);
+    void (*position_embedding_add)(struct backend *b, const struct tensor *x,
+                                   const struct tensor *table, const struct tensor *positions);
+    void (*matmul)(struct backend *b, const struct tensor *y, const struct tensor *x,
+                   const struct tensor *w, const struct tensor *bias);
+    void (*rmsnorm)(struct backend *b, const struct tensor *out, const struct tensor *x,
+                    const struct tensor *weight, float eps);
+    void (*layernorm)(struct backend *b, const struct tensor *out, const struct tensor *x,
+                      const struct tensor *weight, const struct tensor *bias, float eps);
+    void (*add)(struct backend *b, const struct tensor *out, const struct tensor *a,
+                const struct tensor *c);
+    void (*scale)(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha);
+    void (*rope)(struct backend *b, const struct tensor *x, const struct tensor *positions,
+                 int rot_dim, float theta, enum rope_style style);
+    void (*kv_write)(struct backend *b, const struct tensor *k_cache, const struct tensor *v_cache,
+                     const struct tensor *k, const struct tensor *v, const struct tensor *slots);
+    void (*attention)(struct backend *b, const struct tensor *out, const struct tensor *q,
+                      const struct tensor *k_cache, const struct tensor *v_cache,
+                      const struct attention_batch *batch);
+    void (*activation)(struct backend *b, const struct tensor *out, const struct tensor *x,
+                       enum activation act);
+    void (*gated_activation)(struct backend *b, const struct tensor *out,
+                             const struct tensor *gate, const struct tensor *up,
+                             enum activation act);
+    void (*softmax)(struct backend *b, const struct tensor *out, const struct tensor *x);
+    void (*log_softmax)(struct backend *b, const struct tensor *out, const struct tensor *x);
+    void (*argmax)(struct backend *b, const struct tensor *ids, const struct tensor *x);
+    void (*topk)(struct backend *b, const struct tensor *values, const struct tensor *ids,
+                 const struct tensor *x);
+};
+
+/* An open backend. Fields other than ops are read-only for callers. */
+struct backend {
+    const struct backend_ops *ops;
+    enum device device;
+    int         device_id;   /* CUDA ordinal; 0 on CPU */
+    int         n_threads;   /* CPU worker threads (OpenMP and OpenBLAS); 0 on CUDA */
+    int         sync_check;  /* SHARDLM_SYNC_CHECK=1: synchronize and check after every op */
+    void       *impl;        /* backend-private state: handles, streams, workspaces */
+};
+
+/* Opens a backend for `device` (device_id selects the GPU; n_threads sets CPU threads, 0 =
+ * all cores). Returns STATUS_UNAVAILABLE with a message when the backend was not built or no
+ * device is present. On success *out is owned by the caller; free with backend_close. */
+enum status backend_open(enum device device, int device_id, int n_threads, struct backend **out);
+void        backend_close(struct backend *b); /* accepts NULL */
+/* Whether this build contains the CUDA backend (it may still find no GPU at runtime). */
+int         backend_cuda_compiled(void);
+/* Parses "cpu" / "cuda" into *out; STATUS_INVALID_ARGUMENT otherwise. */
+enum status backend_parse_device(const char *name, enum device *out);
+
+/* Memory. Allocations are aligned to 256 bytes. backend_alloc returns
+ * STATUS_RESOURCE_EXHAUSTED with a message when the device is out of memory. */
+enum status backend_alloc(struct backend *b, size_t nbytes, void **ptr);
+void        backend_free(struct backend *b, void *ptr); /* accepts NULL */
+/* Allocates a tensor of the given shape on the backend (data owned by the caller, freed with
+ * backend_free(b, t->data)). */
+enum status backend_alloc_tensor(struct backend *b, struct tensor *t, enum dtype dtype, int ndim,
+                                 const int64_t *shape);
+void backend_upload(struct backend *b, void *dst_device, const void *src_host, size_t nbytes);
+void backend_download(struct backend *b, void *dst_host, const void *src_device, size_t nbytes);
+void backend_copy(struct backend *b, void *dst_device, const void *src_device, size_t nbytes);
+void backend_memset_zero(struct backend *b, void *dst_device, size_t nbytes);
+void backend_synchronize(struct backend *b);
+
+/* ---- forward ops ---------------------------------------------------------------------- */
+
+/* out = in converted to out's dtype; same shape; any float dtypes. No aliasing. */
+void op_cast(struct backend *b, const struct tensor *out, const struct tensor *in);
+
+/* out[i,:] = table[ids[i] - vocab_start, :] when vocab_start <= ids[i] < vocab_start + rows of
+ * table, else zeros (the masked lookup of a vocab-parallel shard; vocab_start = 0 and a full
+ * table for tp = 1). out (n, d), table (vocab_local, d), ids i32 (n). */
+void op_embedding(struct backend *b, const struct tensor *out, const struct tensor *table,
+                  const struct tensor *ids, int64_t vocab_start);
+
+/* x[i,:] += table[positions[i], :] (learned absolute positions, GPT-2). x (n, d), table
+ * (max_positions, d), positions i32 (n), each in [0, max_positions). In place. */
+void op_position_embedding_add(struct backend *b, const struct tensor *x,
+                               const struct tensor *table, const struct tensor *positions);
+
+/* y = x @ w^T (+ bias). x (m, k), w (n, k) stored output-major as checkpoints store linear
+ * layers, bias (n) or NULL, y (m, n). y must not alias x or w. */
+void op_matmul(struct backend *b, const struct tensor *y, const struct tensor *x,
+               const struct tensor *w, const struct tensor *bias);
+
+/* out = x / sqrt(mean(x^2) + eps) * weight, per row. x, out (n, d); weight (d). out may
+ * alias x. */
+void op_rmsnorm(struct backend *b, const struct tensor *out, const struct tensor *x,
+                const struct tensor *weight, float eps);
+
+/* out = (x - mean) / sqrt(var + eps) * weight (+ bias), per row, biased variance. bias may be
+ * NULL. out may alias x. */
+void op_layernorm(struct backend *b, const struct tensor *out, const struct tensor *x,
+                  const struct tensor *weight, const struct tensor *bias, float eps);
+
+/* out = a + c, same shape (the residual add). out may alias a or c. */
+void op_add(struct backend *b, const struct tensor *out, const struct tensor *a,
+            const struct tensor *c);
+
+/* out = alpha * x, same shape. out may alias x. */
+void op_scale(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha);
+
+/* Rotary position embedding, in place, on x (n, n_heads, head_dim) with positions i32 (n):
+ * within each head the first rot_dim (even, <= head_dim) features are rotated, pair i by angle
+ * positions[t] * theta^(-2i/rot_dim); the rest pass through. `style` says which features pair
+ * up (see enum rope_style). */
+void op_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
+             int rot_dim, float theta, enum rope_style style);
+
+/* Writes the K and V rows of new tokens into the paged cache: token t goes to slot
+ * slots[t] = block * block_tokens + offset. k_cache, v_cache (n_blocks, block_tokens,
+ * n_kv_heads, head_dim); k, v (n, n_kv_heads, head_dim); slots i32 (n); a negative slot skips
+ * the token (padding). */
+void op_kv_write(struct backend *b, const struct tensor *k_cache, const struct tensor *v_cache,
+                 const struct tensor *k, const struct tensor *v, const struct tensor *slots);
+
+/* Causal attention over the paged cache for a batch of sequences (see struct
+ * attention_batch). q, out (n, n_heads, head_dim); k_cache, v_cache as in op_kv_write;
+ * n_heads a multiple of n_kv_heads (grouped-query: query head h reads KV head
+ * h / (n_heads / n_kv_heads)). Softmax is computed online in f32 (numerically stable for any
+ * context length). out must not alias q. */
+void op_attention(struct backend *b, const struct tensor *out, const struct tensor *q,
+                  const struct tensor *k_cache, const struct tensor *v_cache,
+                  const struct attention_batch *batch);
+
+/* out = act(x), elementwise. out may alias x. */
+void op_activation(struct backend *b, const struct tensor *out, const struct tensor *x,
+                   enum activation act);
+
+/* out = act(gate) * up, elementwise (SwiGLU with SILU, GeGLU with GELU_*). out may alias gate
+ * or up. */
+void op_gated_activation(struct backend *b, const struct tensor *out, const struct tensor *gate,
+                         const struct tensor *up, enum activation act);
+
+/* Per row: out = softmax(x), out = log_softmax(x). x, out (n, v); out may alias x. */
+void op_softmax(struct backend *b, const struct tensor *out, const struct tensor *x);
+void op_log_softmax(struct backend *b, const struct tensor *out, const struct tensor *x);
+
+/* Per row of x (n, v): ids i32 (n) = index of the largest value (the lowest index on ties;
+ * NaN is never chosen over a number). */
+void op_argmax(struct backend *b, const struct tensor *ids, const struct tensor *x);
+
+/* Per row of x (n, v): the k largest values in descending order (ties: lower index first),
+ * values f32 (n, k) whatever x's dtype, ids i32 (n, k); k <= v. */
+void op_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
+             const struct tensor *x);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,131 @@
+/* kernels/tensor.c - tensor descriptors and host dtype conversions (see tensor.h). */
+#include "tensor.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "base.h"
+
+size_t dtype_size(enum dtype t)
+{
+    switch (t) {
+    case DTYPE_F32: return 4;
+    case DTYPE_BF16: return 2;
+    case DTYPE_F16: return 2;
+    case DTYPE_I32: return 4;
+    }
+    CHECK(0, "bad dtype %d", (int)t);
+}
+
+const char *dtype_name(enum dtype t)
+{
+    switch (t) {
+    case DTYPE_F32: return "f32";
+    case DTYPE_BF16: return "bf16";
+    case DTYPE_F16: return "f16";
+    case DTYPE_I32: return "i32";
+    }
+    return "?";
+}
+
+int dtype_is_float(enum dtype t) { return t == DTYPE_F32 || t == DTYPE_BF16 || t == DTYPE_F16; }
+
+struct tensor tensor_make(void *data, enum dtype dtype, enum device device, int ndim, ...)
+{
+    CHECK(ndim >= 1 && ndim <= TENSOR_MAX_DIMS, "ndim %d", ndim);
+    struct tensor t = {.data = data, .dtype = dtype, .device = device, .ndim = ndim};
+    va_list ap;
+    va_start(ap, ndim);
+    for (int i = 0; i < TENSOR_MAX_DIMS; i++) t.shape[i] = 1;
+    for (int i = 0; i < ndim; i++) {
+        t.shape[i] = va_arg(ap, int64_t);
+        CHECK(t.shape[i] >= 0, "negative dim %d", i);
+    }
+    va_end(ap);
+    return t;
+}
+
+int64_t tensor_numel(const struct tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+size_t tensor_nbytes(const struct tensor *t) { return (size_t)tensor_numel(t) * dtype_size(t->dtype); }
+
+int64_t tensor_cols(const struct tensor *t) { return t->shape[t->ndim - 1]; }
+
+int64_t tensor_rows(const struct tensor *t)
+{
+    int64_t c = tensor_cols(t);
+    return c ? tensor_numel(t) / c : 0;
+}
+
+int tensor_same_shape(const struct tensor *a, const struct tensor *b)
+{
+    if (a->ndim != b->ndim) return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return 0;
+    return 1;
+}
+
+const char *tensor_describe(const struct tensor *t, char *buf, size_t n)
+{
+    int off = snprintf(buf, n, "%s[", dtype_name(t->dtype));
+    for (int i = 0; i < t->ndim && off > 0 && (size_t)off < n; i++)
+        off += snprintf(buf + off, n - (size_t)off, i ? ",%lld" : "%lld", (long long)t->shape[i]);
+    if (off > 0 && (size_t)off < n) snprintf(buf + off, n - (size_t)off, "]");
+    return buf;
+}
+
+float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: value = man * 2^-24 */
+            float f = ldexpf((float)man, -24);
+            return sign ? -f : f;
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t absu = u & 0x7fffffffu;
+    if (absu > 0x7f800000u) return sign | 0x7e00u;          /* NaN */
+    if (absu >= 0x477ff000u) return sign | 0x7c00u;         /* overflow (rounds to) inf */
+    if (absu < 0x38800000u) {                               /* below the smallest normal */
+        float a;
+        memcpy(&a, &absu, 4);
+        /* Subnormal halves are multiples of 2^-24; rint rounds half to even. */
+        return sign | (uint16_t)rintf(a * 16777216.0f);
+    }
+    uint32_t mant_round = absu + 0xfffu + ((absu >> 13) & 1u);
+    return sign | (uint16_t)((mant_round - 0x38000000u) >> 13);
+}
+
+void dtype_convert(void *dst, enum dtype dst_t, const void *src, enum dtype src_t, size_t n)
+{
+    if (dst_t == src_t) {
+        if (dst != src) memmove(dst, src, n * dtype_size(dst_t));
+        return;
+    }
+    for (size_t i = 0; i < n; i++) dtype_store_f32(dst, dst_t, i, dtype_load_f32(src, src_t, i));
+}

@@ -1,0 +1,107 @@
+/* kernels/tensor.h - the tensor descriptor every op takes: a data pointer with its dtype,
+ * shape and device, plus host-side dtype conversions.
+ * Not here: allocation (the backend's alloc in ops.h) or any op.
+ * Tests: tests/test_ops.c (casts and every op's dtype paths). */
+#ifndef SHARDLM_TENSOR_H
+#define SHARDLM_TENSOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Values reach files (safetensors dtype mapping) only through names, never as numbers. */
+enum dtype {
+    DTYPE_F32,
+    DTYPE_BF16,
+    DTYPE_F16,
+    DTYPE_I32,
+};
+
+enum device {
+    DEVICE_CPU,
+    DEVICE_CUDA,
+};
+
+#define TENSOR_MAX_DIMS 4
+
+/* A dense, row-major (last dimension contiguous) view of memory it does not own. shape[0] is
+ * the outermost dimension. A tensor is a value: copying the struct copies the view. */
+struct tensor {
+    void       *data;
+    enum dtype  dtype;
+    enum device device;
+    int         ndim;
+    int64_t     shape[TENSOR_MAX_DIMS];
+};
+
+size_t      dtype_size(enum dtype t);
+const char *dtype_name(enum dtype t);
+int         dtype_is_float(enum dtype t);
+
+/* tensor_make(data, dtype, device, ndim, d0, d1, ...): builds a view; unused dims are 1. */
+struct tensor tensor_make(void *data, enum dtype dtype, enum device device, int ndim, ...);
+int64_t       tensor_numel(const struct tensor *t);
+size_t        tensor_nbytes(const struct tensor *t);
+/* Size of the last dimension, and the product of all the others (the "rows"). */
+int64_t       tensor_cols(const struct tensor *t);
+int64_t       tensor_rows(const struct tensor *t);
+int           tensor_same_shape(const struct tensor *a, const struct tensor *b);
+/* Writes "bf16[3,64]" into buf; returns buf. */
+const char   *tensor_describe(const struct tensor *t, char *buf, size_t n);
+
+/* Host-side scalar conversions, round-to-nearest-even, NaN preserved. */
+static inline float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float    f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+/* Element i of a float tensor's memory, widened to f32 (host memory only). */
+static inline float dtype_load_f32(const void *p, enum dtype t, size_t i)
+{
+    switch (t) {
+    case DTYPE_F32: return ((const float *)p)[i];
+    case DTYPE_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
+    case DTYPE_F16: return f16_to_f32(((const uint16_t *)p)[i]);
+    case DTYPE_I32: return (float)((const int32_t *)p)[i];
+    }
+    return 0.0f;
+}
+
+static inline void dtype_store_f32(void *p, enum dtype t, size_t i, float v)
+{
+    switch (t) {
+    case DTYPE_F32: ((float *)p)[i] = v; break;
+    case DTYPE_BF16: ((uint16_t *)p)[i] = f32_to_bf16(v); break;
+    case DTYPE_F16: ((uint16_t *)p)[i] = f32_to_f16(v); break;
+    case DTYPE_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+    }
+}
+
+/* Converts n elements between host buffers of any float dtypes (src and dst must not overlap
+ * unless the dtypes are equal). */
+void dtype_convert(void *dst, enum dtype dst_t, const void *src, enum dtype src_t, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

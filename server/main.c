@@ -1,0 +1,228 @@
+/* server/main.c - the shardlm command and its subcommands:
+ *   shardlm generate --model DIR [--prompt TEXT] [options]   generate text locally
+ *   shardlm convert llama2c --checkpoint F --tokenizer F --out DIR
+ *   shardlm version
+ * The gRPC `serve` subcommand joins in the server issue.
+ * Errors from below arrive as an enum status with a message; they are printed here and turn
+ * into a non-zero exit code. This is the only file that calls exit codes.
+ * Tests: tests/test_cli.sh (through ctest). */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "generate.h"
+#include "llama2c.h"
+#include "model.h"
+#include "ops.h"
+#include "tokenizer.h"
+
+#define EXIT_USAGE 2
+
+static int fail(enum status st)
+{
+    fprintf(stderr, "shardlm: error: %s: %s\n", status_name(st), status_message());
+    return 1;
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "shardlm: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see shardlm --help)\n");
+    return EXIT_USAGE;
+}
+
+static void print_help(FILE *f)
+{
+    fprintf(f,
+            "usage:\n"
+            "  shardlm generate --model DIR [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
+            "                   [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
+            "                   [--device cpu|cuda] [--threads N] [--no-bos]\n"
+            "  shardlm convert llama2c --checkpoint FILE.bin --tokenizer FILE.model --out DIR\n"
+            "  shardlm version\n"
+            "\n"
+            "generate prints the completion to stdout as it is produced and the prefill and\n"
+            "decode speed to stderr. Defaults: --prompt \"\" (BOS only), --max-tokens 128,\n"
+            "--temperature 0 (greedy), --device cpu.\n");
+}
+
+/* Strict numeric flags: the whole string must parse and lie in range. */
+static int parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+struct stream_ctx {
+    struct detokenizer detok;
+    int failed;
+};
+
+static int print_token(void *ctx, int32_t token)
+{
+    struct stream_ctx *s = ctx;
+    const char *text;
+    size_t len;
+    if (detokenizer_push(&s->detok, token, &text, &len) != STATUS_OK) {
+        s->failed = 1;
+        return 1;
+    }
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+static int cmd_generate(int argc, char **argv)
+{
+    const char *model_dir = NULL, *prompt = "", *device_name = "cpu";
+    long max_tokens = 128, threads = 0, seed = 0;
+    int add_bos = 1;
+    struct generate_options o = {.sampling = sampling_params_default()};
+    o.sampling.temperature = 0.0f;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes = 1;
+        if (!strcmp(a, "--ignore-eos")) { o.ignore_eos = 1; takes = 0; }
+        else if (!strcmp(a, "--no-bos")) { add_bos = 0; takes = 0; }
+        else if (!v) return usage_error("generate: %s needs a value", a);
+        else if (!strcmp(a, "--model")) model_dir = v;
+        else if (!strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "--device")) device_name = v;
+        else if (!strcmp(a, "--max-tokens")) { if (parse_int(v, 0, 1 << 20, &max_tokens)) return usage_error("--max-tokens must be an integer in [0, 1048576], got '%s'", v); }
+        else if (!strcmp(a, "--threads")) { if (parse_int(v, 0, 1024, &threads)) return usage_error("--threads must be an integer in [0, 1024], got '%s'", v); }
+        else if (!strcmp(a, "--seed")) { if (parse_int(v, 0, LONG_MAX, &seed)) return usage_error("--seed must be a non-negative integer, got '%s'", v); }
+        else if (!strcmp(a, "--temperature")) { if (parse_float(v, &o.sampling.temperature)) return usage_error("--temperature must be a number, got '%s'", v); }
+        else if (!strcmp(a, "--top-p")) { if (parse_float(v, &o.sampling.top_p)) return usage_error("--top-p must be a number, got '%s'", v); }
+        else if (!strcmp(a, "--min-p")) { if (parse_float(v, &o.sampling.min_p)) return usage_error("--min-p must be a number, got '%s'", v); }
+        else if (!strcmp(a, "--top-k")) { long k; if (parse_int(v, 0, INT_MAX, &k)) return usage_error("--top-k must be a non-negative integer, got '%s'", v); o.sampling.top_k = (int)k; }
+        else return usage_error("generate: unknown option '%s'", a);
+        i += takes;
+    }
+    if (!model_dir) return usage_error("generate: --model DIR is required%s", "");
+    o.sampling.seed = (uint64_t)seed;
+    o.max_tokens = (int)max_tokens;
+    enum status st = sampling_params_validate(&o.sampling);
+    if (st != STATUS_OK) return fail(st);
+
+    enum device dev;
+    if ((st = backend_parse_device(device_name, &dev)) != STATUS_OK) return fail(st);
+    struct backend *b = NULL;
+    struct tokenizer *tok = NULL;
+    struct model *m = NULL;
+    struct kv_cache cache = {0};
+    int32_t *ids = NULL, *out = NULL;
+    int n_ids = 0, n_out = 0, rc = 1;
+    struct stream_ctx sc = {0};
+    char path[4096];
+
+    if ((st = backend_open(dev, 0, (int)threads, &b)) != STATUS_OK) goto done;
+    snprintf(path, sizeof path, "%s/tokenizer.model", model_dir);
+    if ((st = tokenizer_load(path, &tok)) != STATUS_OK) goto done;
+    if ((st = model_load(model_dir, b, 0, 1, 0, 1, &m)) != STATUS_OK) goto done;
+    if ((st = tokenizer_encode(tok, prompt, strlen(prompt), add_bos, &ids, &n_ids)) != STATUS_OK) goto done;
+    if (n_ids == 0) {
+        st = status_errorf(STATUS_INVALID_ARGUMENT, "the prompt is empty and --no-bos was given");
+        goto done;
+    }
+    int total = n_ids + o.max_tokens;
+    int bt = 16, chunk = 256;
+    if ((st = model_reserve(m, chunk, 1, (total + bt - 1) / bt, 1)) != STATUS_OK) goto done;
+    if ((st = kv_cache_init(&cache, b, m->n_layers_local, (total + bt - 1) / bt, bt, m->n_kv_local,
+                            m->cfg.head_dim, m->dtype)) != STATUS_OK)
+        goto done;
+    o.prefill_chunk = chunk;
+    o.eos_id = m->cfg.eos_id >= 0 ? m->cfg.eos_id : tokenizer_eos_id(tok);
+    out = malloc(((size_t)o.max_tokens + 1) * sizeof *out);
+    if (!out) {
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto done;
+    }
+    detokenizer_init(&sc.detok, tok);
+    /* The prompt's ids go through the detokenizer first (their text is the prompt, printed
+     * as given), so that the first generated piece is spaced as a continuation. */
+    for (int i = 0; i < n_ids; i++) {
+        const char *skip;
+        size_t skip_len;
+        if ((st = detokenizer_push(&sc.detok, ids[i], &skip, &skip_len)) != STATUS_OK) goto done;
+    }
+    fwrite(prompt, 1, strlen(prompt), stdout);
+    struct generate_stats gs;
+    if ((st = generate_run(m, &cache, ids, n_ids, &o, print_token, &sc, out, &n_out, &gs)) != STATUS_OK)
+        goto done;
+    const char *tail;
+    size_t tail_len;
+    if (detokenizer_flush(&sc.detok, &tail, &tail_len) == STATUS_OK) fwrite(tail, 1, tail_len, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (sc.failed) {
+        st = status_errorf(STATUS_INTERNAL, "detokenization failed");
+        goto done;
+    }
+    fprintf(stderr, "shardlm: prompt %d tokens, prefill %.1f tok/s; generated %d tokens, decode %.1f tok/s (%s, %d threads)\n",
+            gs.n_prompt, gs.prefill_seconds > 0 ? gs.n_prompt / gs.prefill_seconds : 0.0, gs.n_generated,
+            gs.decode_seconds > 0 && gs.n_generated > 1 ? (gs.n_generated - 1) / gs.decode_seconds : 0.0,
+            b->ops->name, b->n_threads);
+    rc = 0;
+done:
+    if (st != STATUS_OK) rc = fail(st);
+    if (sc.detok.tok) detokenizer_free(&sc.detok);
+    free(out);
+    free(ids);
+    kv_cache_free(&cache);
+    model_free(m);
+    tokenizer_free(tok);
+    backend_close(b);
+    return rc;
+}
+
+static int cmd_convert(int argc, char **argv)
+{
+    if (argc < 1 || strcmp(argv[0], "llama2c"))
+        return usage_error("convert: the only source format is 'llama2c'%s", "");
+    const char *ckpt = NULL, *tokenizer = NULL, *out = NULL;
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc) return usage_error("convert: %s needs a value", argv[i]);
+        if (!strcmp(argv[i], "--checkpoint")) ckpt = argv[i + 1];
+        else if (!strcmp(argv[i], "--tokenizer")) tokenizer = argv[i + 1];
+        else if (!strcmp(argv[i], "--out")) out = argv[i + 1];
+        else return usage_error("convert: unknown option '%s'", argv[i]);
+    }
+    if (!ckpt || !tokenizer || !out)
+        return usage_error("convert llama2c needs --checkpoint, --tokenizer and --out%s", "");
+    enum status st = llama2c_convert(ckpt, tokenizer, out);
+    if (st != STATUS_OK) return fail(st);
+    fprintf(stderr, "shardlm: wrote %s (config.json, model.safetensors, tokenizer.model)\n", out);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        print_help(argc < 2 ? stderr : stdout);
+        return argc < 2 ? EXIT_USAGE : 0;
+    }
+    if (!strcmp(argv[1], "version")) {
+        printf("shardlm 0.1.0 (CUDA backend %s)\n", backend_cuda_compiled() ? "compiled" : "not compiled");
+        return 0;
+    }
+    if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "convert")) return cmd_convert(argc - 2, argv + 2);
+    return usage_error("unknown command '%s'", argv[1]);
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# tests/golden_setup.sh SHARDLM OUT_DIR - the ctest fixture of the golden model tests. Builds
+# every expectation with the independent float64 NumPy references in tests/reference/ (never
+# with shardlm itself), and the model directories the C tests load:
+#   OUT/gpt2, OUT/llama_sharded_bf16, OUT/llama_f16     random HF checkpoints + reference.json
+#   OUT/stories260K                                     `shardlm convert llama2c` of the asset
+#   OUT/stories260K_ref.json                            NumPy greedy ids and logits
+# Without the shared assets the stories260K part is left out (the C test then SKIPs it).
+set -euo pipefail
+shardlm=$1
+out=$2
+here=$(cd "$(dirname "$0")" && pwd)
+py=${PYTHON:-python3}
+assets=${SHARDLM_ASSETS:-$here/../../shared/assets}
+rm -rf "$out"
+mkdir -p "$out"
+"$py" "$here/reference/make_models.py" gpt2 --out "$out/gpt2" --seed 1
+"$py" "$here/reference/make_models.py" llama --out "$out/llama_sharded_bf16" --seed 2 --dtype bf16 --shards 2
+"$py" "$here/reference/make_models.py" llama --out "$out/llama_f16" --seed 3 --dtype f16
+if [ -f "$assets/stories260K/stories260K.bin" ] && [ -f "$assets/stories260K/tok512.model" ]; then
+  "$shardlm" convert llama2c --checkpoint "$assets/stories260K/stories260K.bin" \
+    --tokenizer "$assets/stories260K/tok512.model" --out "$out/stories260K"
+  "$py" "$here/reference/llama2c_ref.py" --checkpoint "$assets/stories260K/stories260K.bin" \
+    --steps 120 --json > "$out/stories260K_ref.json"
+else
+  echo "golden_setup: SKIP stories260K: no assets at $assets"
+fi

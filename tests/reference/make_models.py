@@ -1,0 +1,501 @@
+#!/usr/bin/env python3
+"""Write small random Hugging Face-layout checkpoints plus float64 reference outputs.
+
+Written only for shardlm's golden tests. Nothing here depends on torch, transformers or
+safetensors: the safetensors files are written by hand and the reference outputs come from
+an independent float64 NumPy forward pass that follows the Hugging Face modelling code
+(GPT2LMHeadModel, LlamaForCausalLM) conventions.
+
+Usage:
+  python3 make_models.py gpt2  --out DIR [--seed S] [--dtype f32|bf16|f16] [--shards N]
+                               [--no-prefix]
+  python3 make_models.py llama --out DIR [--seed S] [--dtype f32|bf16|f16] [--shards N]
+
+DIR receives:
+  config.json                      (Hugging Face config for the architecture)
+  model.safetensors                (--shards 1, the default), or
+  model-0000i-of-0000N.safetensors + model.safetensors.index.json   (--shards N > 1)
+  reference.json                   {"model_type", "dtype", "seed", "prompt_ids",
+                                    "logits": [[vocab floats] per prompt position],
+                                    "greedy_ids": [20 greedy tokens after the prompt],
+                                    "greedy_margins": [top1 - top2 logit at each greedy step],
+                                    "greedy_top_ids", "greedy_top_logits": [5 best ids / their
+                                        logits at each greedy step, best first],
+                                    "prompt_margins": [top1 - top2 at each prompt position]}
+No tokenizer is written: vocab_size is 512 so that stories260K's tok512.model fits; the C
+test copies or links it in itself.
+
+Models:
+  gpt2: n_embd 64, n_layer 2, n_head 4, n_positions 128, vocab 512, layer_norm_epsilon 1e-5,
+        gelu_new (tanh approximation), learned positions (wpe), LayerNorm with bias, biases on
+        every projection, lm_head tied to wte (no lm_head.weight tensor is written). Tensor
+        names `transformer.wte.weight`, `transformer.h.{i}.attn.c_attn.weight`, ... (as
+        GPT2LMHeadModel.save_pretrained writes them); with --no-prefix the `transformer.`
+        prefix is dropped (as in the original openai-community/gpt2 checkpoint). Projections
+        are Conv1D: weight stored (in_features, out_features), y = x @ W + b.
+        c_attn output columns are [q | k | v], each split into heads as (n_head, head_dim).
+  llama: hidden 64, intermediate 172, 2 layers, 8 heads, 4 kv heads (GQA), vocab 512,
+        max_position_embeddings 256, rms_norm_eps 1e-5, rope_theta 10000, untied lm_head.
+        nn.Linear weights (out_features, in_features), y = x @ W^T. Rotary embedding in the
+        HF "rotate_half" convention: within each head, dimension j pairs with j + head_dim/2,
+        inv_freq[j] = 1 / theta^(2j/head_dim), angle = pos * inv_freq[j].
+
+Initialisation: normal noise, LayerNorm/RMSNorm weights 1 + 0.1*noise, biases 0.02*noise.
+Projection weights use std 1/sqrt(fan_in) and embeddings std ~0.5-1, rather than GPT-2's
+0.02, on purpose: with std 0.02 the attention scores would be ~1e-3 (softmax ~ uniform) and
+the activations would sit in the linear part of GELU/SiLU, so a missing attention scale, a
+wrong mask or a wrong activation would hardly move the logits. With these scales every part
+of the network changes the logits at the 1e-1 level.
+
+When --dtype is bf16 or f16, the weights are rounded (bf16: round-to-nearest-even on the
+float32 bits; f16: IEEE round-to-nearest-even) and the reference forward uses exactly the
+rounded values, converted back to float64.
+
+Importable API (used by check_refs.py):
+  gpt2_config(), llama_config(), init_gpt2(cfg, seed), init_llama(cfg, seed)
+  gpt2_forward(cfg, w, tokens), llama_forward(cfg, w, tokens)  -> logits (T, vocab) float64
+  greedy(forward_fn, cfg, w, prompt, steps)
+  round_weights(w, dtype), write_safetensors(path, tensors, dtype), read_safetensors(path)
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+# A fixed prompt: BOS followed by the first 11 tokens stories260K produces greedily from BOS
+# ("Once upon a time, there was a little girl"), so it is also meaningful text for tok512.
+PROMPT_IDS = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315]
+GREEDY_STEPS = 20
+
+DTYPES = {"f32": "F32", "bf16": "BF16", "f16": "F16"}
+TORCH_DTYPE = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+
+# --------------------------------------------------------------------------- configs
+
+def gpt2_config(dtype="f32"):
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": 512,
+        "n_positions": 128,
+        "n_ctx": 128,
+        "n_embd": 64,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "initializer_range": 0.02,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "torch_dtype": TORCH_DTYPE[dtype],
+    }
+
+
+def llama_config(dtype="f32"):
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 172,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 8,
+        "hidden_act": "silu",
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "initializer_range": 0.02,
+        "torch_dtype": TORCH_DTYPE[dtype],
+    }
+
+
+# --------------------------------------------------------------------------- init
+
+def init_gpt2(cfg, seed):
+    rng = np.random.default_rng(seed)
+    E, V, P, L = cfg["n_embd"], cfg["vocab_size"], cfg["n_positions"], cfg["n_layer"]
+    F = cfg["n_inner"] or 4 * E
+
+    def lin(fan_in, fan_out):  # Conv1D layout (in, out)
+        return rng.standard_normal((fan_in, fan_out)) / math.sqrt(fan_in)
+
+    def ln():
+        return 1.0 + 0.1 * rng.standard_normal(E), 0.02 * rng.standard_normal(E)
+
+    def bias(n):
+        return 0.02 * rng.standard_normal(n)
+
+    w = {}
+    w["transformer.wte.weight"] = 0.5 * rng.standard_normal((V, E))
+    w["transformer.wpe.weight"] = 0.5 * rng.standard_normal((P, E))
+    for i in range(L):
+        p = "transformer.h.%d." % i
+        w[p + "ln_1.weight"], w[p + "ln_1.bias"] = ln()
+        w[p + "attn.c_attn.weight"] = lin(E, 3 * E)
+        w[p + "attn.c_attn.bias"] = bias(3 * E)
+        w[p + "attn.c_proj.weight"] = lin(E, E)
+        w[p + "attn.c_proj.bias"] = bias(E)
+        w[p + "ln_2.weight"], w[p + "ln_2.bias"] = ln()
+        w[p + "mlp.c_fc.weight"] = lin(E, F)
+        w[p + "mlp.c_fc.bias"] = bias(F)
+        w[p + "mlp.c_proj.weight"] = lin(F, E)
+        w[p + "mlp.c_proj.bias"] = bias(E)
+    w["transformer.ln_f.weight"], w["transformer.ln_f.bias"] = ln()
+    return w
+
+
+def init_llama(cfg, seed):
+    rng = np.random.default_rng(seed)
+    H, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = H // nh
+
+    def lin(fan_out, fan_in):  # nn.Linear layout (out, in)
+        return rng.standard_normal((fan_out, fan_in)) / math.sqrt(fan_in)
+
+    def norm():
+        return 1.0 + 0.1 * rng.standard_normal(H)
+
+    w = {}
+    w["model.embed_tokens.weight"] = rng.standard_normal((V, H))
+    for i in range(L):
+        p = "model.layers.%d." % i
+        w[p + "input_layernorm.weight"] = norm()
+        # q/k a bit larger so that attention is sharp and rotary errors are visible
+        w[p + "self_attn.q_proj.weight"] = 2.0 * lin(nh * hd, H)
+        w[p + "self_attn.k_proj.weight"] = 2.0 * lin(nkv * hd, H)
+        w[p + "self_attn.v_proj.weight"] = lin(nkv * hd, H)
+        w[p + "self_attn.o_proj.weight"] = lin(H, nh * hd)
+        w[p + "post_attention_layernorm.weight"] = norm()
+        w[p + "mlp.gate_proj.weight"] = lin(I, H)
+        w[p + "mlp.up_proj.weight"] = lin(I, H)
+        w[p + "mlp.down_proj.weight"] = lin(H, I)
+    w["model.norm.weight"] = norm()
+    w["lm_head.weight"] = 0.5 * rng.standard_normal((V, H))
+    return w
+
+
+# --------------------------------------------------------------------------- dtype rounding
+
+def to_bf16_bits(a):
+    """float64/float32 array -> uint16 bf16 bits, round-to-nearest-even from float32 bits."""
+    f = np.ascontiguousarray(a, dtype=np.float32)
+    u = f.view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(f)
+    if nan.any():
+        rounded[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)  # keep NaN quiet
+    return rounded
+
+
+def from_bf16_bits(b):
+    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def encode(a, dtype):
+    """Array -> raw little-endian bytes in the safetensors dtype."""
+    if dtype == "f32":
+        return np.ascontiguousarray(a, dtype="<f4").tobytes()
+    if dtype == "f16":
+        return np.ascontiguousarray(a, dtype="<f2").tobytes()
+    if dtype == "bf16":
+        return to_bf16_bits(a).astype("<u2").tobytes()
+    raise ValueError(dtype)
+
+
+def round_weights(w, dtype):
+    """The float64 values the checkpoint actually holds after conversion to `dtype`."""
+    out = {}
+    for k, a in w.items():
+        if dtype == "f32":
+            out[k] = a.astype(np.float32).astype(np.float64)
+        elif dtype == "f16":
+            out[k] = a.astype(np.float32).astype(np.float16).astype(np.float64)
+        elif dtype == "bf16":
+            out[k] = from_bf16_bits(to_bf16_bits(a)).astype(np.float64)
+        else:
+            raise ValueError(dtype)
+    return out
+
+
+# --------------------------------------------------------------------------- safetensors
+
+def write_safetensors(path, tensors, dtype):
+    """tensors: {name: array}. Header JSON padded with spaces to a multiple of 8 bytes."""
+    names = sorted(tensors)
+    header, blobs, off = {}, [], 0
+    for n in names:
+        data = encode(tensors[n], dtype)
+        header[n] = {"dtype": DTYPES[dtype], "shape": list(tensors[n].shape),
+                     "data_offsets": [off, off + len(data)]}
+        blobs.append(data)
+        off += len(data)
+    header["__metadata__"] = {"format": "pt"}
+    hj = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    hj += b" " * ((-len(hj)) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hj)))
+        f.write(hj)
+        for b in blobs:
+            f.write(b)
+    return off
+
+
+def read_safetensors(path):
+    """Minimal reader (for self-checks): {name: float64 array}."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack_from("<Q", raw, 0)
+    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        buf = raw[base + b:base + e]
+        dt = info["dtype"]
+        if dt == "F32":
+            a = np.frombuffer(buf, dtype="<f4")
+        elif dt == "F16":
+            a = np.frombuffer(buf, dtype="<f2")
+        elif dt == "BF16":
+            a = from_bf16_bits(np.frombuffer(buf, dtype="<u2"))
+        else:
+            raise ValueError("unsupported dtype %s" % dt)
+        out[name] = a.astype(np.float64).reshape(info["shape"])
+    return out
+
+
+def shard_plan(names, n_shards):
+    """Split names (in model order) into n_shards contiguous groups of similar count."""
+    groups = [[] for _ in range(n_shards)]
+    for i, nm in enumerate(names):
+        groups[min(i * n_shards // len(names), n_shards - 1)].append(nm)
+    return groups
+
+
+def write_checkpoint(out, cfg, w, dtype, n_shards):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    for stale in os.listdir(out):  # don't leave a mix of layouts behind
+        if stale.startswith("model") and (stale.endswith(".safetensors") or stale.endswith(".index.json")):
+            os.remove(os.path.join(out, stale))
+    if n_shards <= 1:
+        write_safetensors(os.path.join(out, "model.safetensors"), w, dtype)
+        return
+    names = list(w)  # insertion order = model order
+    weight_map, total = {}, 0
+    for i, group in enumerate(shard_plan(names, n_shards)):
+        fn = "model-%05d-of-%05d.safetensors" % (i + 1, n_shards)
+        total += write_safetensors(os.path.join(out, fn), {n: w[n] for n in group}, dtype)
+        for n in group:
+            weight_map[n] = fn
+    index = {"metadata": {"total_size": total},
+             "weight_map": {n: weight_map[n] for n in sorted(weight_map)}}
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f, indent=2)
+        f.write("\n")
+
+
+# --------------------------------------------------------------------------- forward passes
+
+def _softmax_causal(scores):
+    """scores (..., T, T); mask j > i; row softmax in float64."""
+    T = scores.shape[-1]
+    mask = np.triu(np.ones((T, T), dtype=bool), k=1)
+    s = np.where(mask, -np.inf, scores)
+    s = s - s.max(axis=-1, keepdims=True)
+    e = np.exp(s)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _layernorm(x, g, b, eps):
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)  # biased variance, as torch
+    return (x - mu) / np.sqrt(var + eps) * g + b
+
+
+def _gelu_new(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gpt2_forward(cfg, w, tokens, prefix="transformer."):
+    """GPT2LMHeadModel forward (eval mode), float64. Returns logits (T, vocab)."""
+    E, nh, eps = cfg["n_embd"], cfg["n_head"], cfg["layer_norm_epsilon"]
+    hd = E // nh
+    T = len(tokens)
+    if T > cfg["n_positions"]:
+        raise ValueError("sequence longer than n_positions")
+    P = prefix
+    x = w[P + "wte.weight"][tokens] + w[P + "wpe.weight"][np.arange(T)]
+    for i in range(cfg["n_layer"]):
+        p = P + "h.%d." % i
+        h = _layernorm(x, w[p + "ln_1.weight"], w[p + "ln_1.bias"], eps)
+        qkv = h @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]  # Conv1D
+        q, k, v = qkv[:, :E], qkv[:, E:2 * E], qkv[:, 2 * E:]
+        q = q.reshape(T, nh, hd).transpose(1, 0, 2)  # (nh, T, hd)
+        k = k.reshape(T, nh, hd).transpose(1, 0, 2)
+        v = v.reshape(T, nh, hd).transpose(1, 0, 2)
+        att = _softmax_causal(q @ k.transpose(0, 2, 1) / math.sqrt(hd))
+        a = (att @ v).transpose(1, 0, 2).reshape(T, E)
+        x = x + a @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
+        h = _layernorm(x, w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps)
+        h = _gelu_new(h @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"])
+        x = x + h @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
+    x = _layernorm(x, w[P + "ln_f.weight"], w[P + "ln_f.bias"], eps)
+    return x @ w[P + "wte.weight"].T  # tied lm_head
+
+
+def _rmsnorm(x, g, eps):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * g
+
+
+def _rotate_half(x):
+    d = x.shape[-1] // 2
+    return np.concatenate([-x[..., d:], x[..., :d]], axis=-1)
+
+
+def llama_rope_tables(hd, T, theta):
+    inv_freq = 1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)   # (hd/2,)
+    freqs = np.arange(T, dtype=np.float64)[:, None] * inv_freq[None, :]      # (T, hd/2)
+    emb = np.concatenate([freqs, freqs], axis=-1)                             # (T, hd)
+    return np.cos(emb), np.sin(emb)
+
+
+def llama_forward(cfg, w, tokens):
+    """LlamaForCausalLM forward, float64. Returns logits (T, vocab)."""
+    H = cfg["hidden_size"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or H // nh
+    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    T = len(tokens)
+    cos, sin = llama_rope_tables(hd, T, theta)
+    n_rep = nh // nkv
+    x = w["model.embed_tokens.weight"][tokens].copy()
+    for i in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % i
+        h = _rmsnorm(x, w[p + "input_layernorm.weight"], eps)
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, nh, hd).transpose(1, 0, 2)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        k = np.repeat(k, n_rep, axis=0)  # repeat_kv: query head h uses kv head h // n_rep
+        v = np.repeat(v, n_rep, axis=0)
+        att = _softmax_causal(q @ k.transpose(0, 2, 1) / math.sqrt(hd))
+        a = (att @ v).transpose(1, 0, 2).reshape(T, nh * hd)
+        x = x + a @ w[p + "self_attn.o_proj.weight"].T
+        h = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        g = h @ w[p + "mlp.gate_proj.weight"].T
+        u = h @ w[p + "mlp.up_proj.weight"].T
+        x = x + ((g / (1.0 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
+    x = _rmsnorm(x, w["model.norm.weight"], eps)
+    lm = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
+    return x @ lm.T
+
+
+def greedy(forward_fn, cfg, w, prompt, steps, top=5):
+    """Greedy decode with full recompute (argmax, lowest id on ties).
+    Returns (ids, margins top1-top2 per step, [(top ids, top logits)] per step)."""
+    ids, gen, margins, tops = list(prompt), [], [], []
+    for _ in range(steps):
+        lg = forward_fn(cfg, w, ids)[-1]
+        order = np.argsort(-lg, kind="stable")
+        gen.append(int(order[0]))
+        margins.append(float(lg[order[0]] - lg[order[1]]))
+        tops.append(([int(t) for t in order[:top]], [float(lg[t]) for t in order[:top]]))
+        ids.append(int(order[0]))
+    return gen, margins, tops
+
+
+def _margins(logits):
+    s = np.sort(logits, axis=-1)
+    return [float(v) for v in s[:, -1] - s[:, -2]]
+
+
+# --------------------------------------------------------------------------- main
+
+def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False):
+    if model == "gpt2":
+        cfg = gpt2_config(dtype)
+        w = init_gpt2(cfg, seed)
+    elif model == "llama":
+        cfg = llama_config(dtype)
+        w = init_llama(cfg, seed)
+    else:
+        raise ValueError(model)
+    w = round_weights(w, dtype)  # the reference uses exactly what is stored
+    if model == "gpt2":
+        fwd = gpt2_forward
+    else:
+        fwd = llama_forward
+    logits = fwd(cfg, w, PROMPT_IDS)
+    gen, margins, tops = greedy(fwd, cfg, w, PROMPT_IDS, GREEDY_STEPS)
+    if model == "gpt2" and no_prefix:
+        w = {k[len("transformer."):]: v for k, v in w.items()}
+    write_checkpoint(out, cfg, w, dtype, shards)
+    ref = {
+        "model_type": model,
+        "dtype": dtype,
+        "seed": seed,
+        "prompt_ids": PROMPT_IDS,
+        "logits": [[float(v) for v in row] for row in logits],
+        "greedy_ids": gen,
+        "greedy_margins": margins,
+        "greedy_top_ids": [t[0] for t in tops],
+        "greedy_top_logits": [t[1] for t in tops],
+        "prompt_margins": _margins(logits),
+    }
+    with open(os.path.join(out, "reference.json"), "w") as f:
+        json.dump(ref, f)
+        f.write("\n")
+    return ref
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="write a small random HF checkpoint + float64 reference")
+    ap.add_argument("model", choices=["gpt2", "llama"])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=list(DTYPES), default="f32")
+    ap.add_argument("--shards", type=int, default=1, help="number of safetensors files (default 1)")
+    ap.add_argument("--no-prefix", action="store_true",
+                    help="gpt2 only: tensor names without 'transformer.' (original gpt2 layout)")
+    a = ap.parse_args(argv)
+    if a.shards < 1:
+        ap.error("--shards must be >= 1")
+    if a.no_prefix and a.model != "gpt2":
+        ap.error("--no-prefix applies to gpt2 only")
+    ref = make(a.model, a.out, a.seed, a.dtype, a.shards, a.no_prefix)
+    print("%s: wrote %s (dtype %s, seed %d); greedy %s; min margin %.4g"
+          % (a.model, a.out, a.dtype, a.seed, ref["greedy_ids"], min(ref["greedy_margins"])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# tools/install_deps.sh - installs what shardlm needs to build and test, and nothing when all
+# of it is already present (idempotent). Debian packages through apt-get, Python test
+# dependencies through pip. The CUDA toolkit is not installed here: the build compiles the
+# CUDA backend when nvcc is found (/usr/local/cuda on the build machines).
+set -euo pipefail
+
+DEBS=(
+  build-essential cmake pkg-config
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
+  libsentencepiece-dev
+  libopenmpi-dev openmpi-bin
+  libopenblas-dev
+  libcjson-dev
+)
+PYMODS=(numpy)          # python import names
+PYPKGS=(numpy)          # matching pip package names
+
+missing=()
+for p in "${DEBS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install_deps: apt-get install ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+PY=${PYTHON:-python3}
+pymissing=()
+for i in "${!PYMODS[@]}"; do
+  "$PY" -c "import ${PYMODS[$i]}" 2>/dev/null || pymissing+=("${PYPKGS[$i]}")
+done
+if [ ${#pymissing[@]} -gt 0 ]; then
+  echo "install_deps: pip install ${pymissing[*]}"
+  "$PY" -m pip install -q "${pymissing[@]}"
+fi
+exit 0
