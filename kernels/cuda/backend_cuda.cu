@@ -1,0 +1,208 @@
+/* kernels/cuda/backend_cuda.cu - the CUDA backend: opening it on one GPU (stream, cuBLAS
+ * handle), its memory ops, and the table of its op functions.
+ * Not here: the ops themselves (one .cu file per op in this folder) or any cuBLAS call
+ * (matmul.cu).
+ * Tests: tests/test_ops.c --backend cuda (SKIP when no GPU is present). */
+#include <stdlib.h>
+
+#include "backend_impl.h"
+#include "cuda_common.cuh"
+#include "cuda_ops.h"
+
+/* The device needs bf16 arithmetic and the build ships sm_80 and sm_90 code (plus PTX that
+ * newer devices compile at load time); an older device could not run any kernel. */
+#define CUDA_MIN_COMPUTE_MAJOR 8
+
+static enum status cuda_alloc(struct backend *b, size_t nbytes, void **ptr)
+{
+    cuda_state_enter(b);
+    *ptr = NULL;
+    /* cudaMalloc returns 256-byte aligned memory, as ops.h promises. A zero-byte request still
+     * gets a distinct, freeable pointer, as on the CPU backend. */
+    cudaError_t err = cudaMalloc(ptr, nbytes ? nbytes : 256);
+    if (err == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError(); /* out of memory is not sticky: clear it for later checks */
+        *ptr = NULL;
+        size_t free_bytes = 0, total_bytes = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED,
+                             "CUDA device %d: out of memory allocating %zu bytes (%zu of %zu free)",
+                             b->device_id, nbytes, free_bytes, total_bytes);
+    }
+    CUDA_CHECK(err);
+    return STATUS_OK;
+}
+
+static void cuda_free(struct backend *b, void *ptr)
+{
+    cuda_state_enter(b);
+    CUDA_CHECK(cudaFree(ptr));
+}
+
+/* src_host is pageable memory (the engine has no other kind): CUDA copies it to a staging
+ * buffer before cudaMemcpyAsync returns, so the caller may reuse it at once while the copy to
+ * the device stays ordered on the stream. */
+static void cuda_upload(struct backend *b, void *dst_device, const void *src_host, size_t nbytes)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    if (nbytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst_device, src_host, nbytes, cudaMemcpyHostToDevice, s->stream));
+}
+
+/* Waits for the stream, so that dst_host holds the data (and every op queued before it has
+ * finished) when this returns. */
+static void cuda_download(struct backend *b, void *dst_host, const void *src_device, size_t nbytes)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    if (nbytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst_host, src_device, nbytes, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+}
+
+/* The ranges must not overlap (cudaMemcpy's rule; the CPU backend's memmove is more lenient,
+ * and ops.h does not say): a partial overlap is a bug, caught here rather than corrupting. */
+static void cuda_copy(struct backend *b, void *dst_device, const void *src_device, size_t nbytes)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    if (nbytes == 0 || dst_device == src_device) return;
+    const char *d = (const char *)dst_device, *src = (const char *)src_device;
+    CHECK(d + nbytes <= src || src + nbytes <= d, "cuda copy: %zu bytes between overlapping ranges",
+          nbytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst_device, src_device, nbytes, cudaMemcpyDeviceToDevice,
+                               s->stream));
+}
+
+static void cuda_memset_zero(struct backend *b, void *dst_device, size_t nbytes)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    if (nbytes == 0) return;
+    CUDA_CHECK(cudaMemsetAsync(dst_device, 0, nbytes, s->stream));
+}
+
+static void cuda_synchronize(struct backend *b)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    /* A fault in a kernel is also reported by the synchronize above; this catches a launch
+     * error nobody has read yet. */
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static void cuda_close(struct backend *b)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    cuda_matmul_free(s);
+    CUDA_CHECK(cudaStreamDestroy(s->stream));
+    free(s);
+    free(b);
+}
+
+static const struct backend_ops cuda_backend_ops = {
+    .name = "cuda",
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .copy = cuda_copy,
+    .memset_zero = cuda_memset_zero,
+    .synchronize = cuda_synchronize,
+    .close = cuda_close,
+    .cast = cuda_cast,
+    .embedding = cuda_embedding,
+    .position_embedding_add = cuda_position_embedding_add,
+    .matmul = cuda_matmul,
+    .rmsnorm = cuda_rmsnorm,
+    .layernorm = cuda_layernorm,
+    .add = cuda_add,
+    .scale = cuda_scale,
+    .rope = cuda_rope,
+    .kv_write = cuda_kv_write,
+    .attention = cuda_attention,
+    .activation = cuda_activation,
+    .gated_activation = cuda_gated_activation,
+    .softmax = cuda_softmax,
+    .log_softmax = cuda_log_softmax,
+    .argmax = cuda_argmax,
+    .topk = cuda_topk,
+};
+
+/* No GPU, a driver too old for this runtime, a device out of range or too old, a device in
+ * exclusive use by another process: all are STATUS_UNAVAILABLE with a message, never an
+ * abort, so that a caller can fall back to the CPU or report it. */
+extern "C" enum status cuda_backend_open(int device_id, struct backend **out)
+{
+    *out = NULL;
+    enum status st = STATUS_OK;
+    struct backend *b = NULL;
+    struct cuda_state *s = NULL;
+    int stream_created = 0;
+
+    int n_devices = 0;
+    cudaError_t err = cudaGetDeviceCount(&n_devices);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return status_errorf(STATUS_UNAVAILABLE, "no usable CUDA device: %s (%s)",
+                             cudaGetErrorString(err), cudaGetErrorName(err));
+    }
+    if (n_devices == 0) return status_errorf(STATUS_UNAVAILABLE, "no CUDA device is present");
+    if (device_id < 0 || device_id >= n_devices)
+        return status_errorf(STATUS_UNAVAILABLE,
+                             "CUDA device %d does not exist (this machine has %d: 0..%d)",
+                             device_id, n_devices, n_devices - 1);
+
+    struct cudaDeviceProp prop;
+    err = cudaGetDeviceProperties(&prop, device_id);
+    if (err == cudaSuccess) err = cudaSetDevice(device_id);
+    /* The first call that needs a context creates it: this is where a device held in
+     * exclusive mode by another process, or a driver problem, shows up. */
+    if (err == cudaSuccess) err = cudaFree(NULL);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return status_errorf(STATUS_UNAVAILABLE, "CUDA device %d cannot be used: %s (%s)",
+                             device_id, cudaGetErrorString(err), cudaGetErrorName(err));
+    }
+    if (prop.major < CUDA_MIN_COMPUTE_MAJOR)
+        return status_errorf(STATUS_UNAVAILABLE,
+                             "CUDA device %d (%s) has compute capability %d.%d; shardlm needs "
+                             "%d.0 or newer",
+                             device_id, prop.name, prop.major, prop.minor,
+                             CUDA_MIN_COMPUTE_MAJOR);
+
+    b = (struct backend *)calloc(1, sizeof *b);
+    s = (struct cuda_state *)calloc(1, sizeof *s);
+    if (!b || !s) {
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of host memory opening CUDA backend");
+        goto fail;
+    }
+    s->device_id = device_id;
+    err = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        st = status_errorf(STATUS_UNAVAILABLE, "CUDA device %d: cannot create a stream: %s",
+                           device_id, cudaGetErrorString(err));
+        goto fail;
+    }
+    stream_created = 1;
+    st = cuda_matmul_init(s);
+    if (st != STATUS_OK) goto fail;
+
+    b->ops = &cuda_backend_ops;
+    b->device = DEVICE_CUDA;
+    b->device_id = device_id;
+    b->n_threads = 0;
+    b->impl = s;
+    *out = b;
+    return STATUS_OK;
+
+fail:
+    if (s) {
+        cuda_matmul_free(s);
+        if (stream_created) (void)cudaStreamDestroy(s->stream);
+    }
+    free(s);
+    free(b);
+    return st;
+}
+
+extern "C" int cuda_backend_compiled(void) { return 1; }

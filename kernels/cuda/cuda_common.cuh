@@ -1,0 +1,192 @@
+/* kernels/cuda/cuda_common.cuh - what every CUDA op file shares: the checking wrappers for CUDA
+ * and cuBLAS calls and kernel launches, the private backend state, the dtype dispatch, device
+ * load/store helpers (f32 arithmetic, one rounding on store), the scalar activations and
+ * warp/block reductions.
+ * Not here: any op (one .cu file per op), the backend table (backend_cuda.cu), cuBLAS calls
+ * other than status-to-string (matmul.cu).
+ * Tests: tests/test_ops.c --backend cuda (every op against the CPU reference). */
+#ifndef SHARDLM_CUDA_COMMON_CUH
+#define SHARDLM_CUDA_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "ops.h"
+
+/* A failed CUDA or cuBLAS call is a bug or a dead device: both abort with file:line, the
+ * call's text and the library's own name and description of the error. (Errors a user can
+ * cause, out of memory and no device, are turned into an enum status before these run.) */
+#define CUDA_CHECK(call)                                                                        \
+    do {                                                                                        \
+        cudaError_t cuda_check_err_ = (call);                                                   \
+        if (cuda_check_err_ != cudaSuccess)                                                     \
+            base_check_fail(__FILE__, __LINE__, #call, "CUDA error %s: %s",                     \
+                            cudaGetErrorName(cuda_check_err_),                                  \
+                            cudaGetErrorString(cuda_check_err_));                               \
+    } while (0)
+
+#define CUBLAS_CHECK(call)                                                                      \
+    do {                                                                                        \
+        cublasStatus_t cublas_check_st_ = (call);                                               \
+        if (cublas_check_st_ != CUBLAS_STATUS_SUCCESS)                                          \
+            base_check_fail(__FILE__, __LINE__, #call, "cuBLAS error %s: %s",                   \
+                            cublasGetStatusName(cublas_check_st_),                              \
+                            cublasGetStatusString(cublas_check_st_));                           \
+    } while (0)
+
+/* After every kernel launch: reports a bad launch configuration at once (an asynchronous fault
+ * inside the kernel surfaces at the next synchronizing call, or at once with
+ * SHARDLM_SYNC_CHECK=1). */
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* The backend's private state (struct backend.impl). One stream per backend: every op and
+ * every copy is queued on it, in call order. */
+struct cuda_state {
+    int            device_id;
+    cudaStream_t   stream;
+    cublasHandle_t cublas; /* bound to stream; created, used and destroyed only by matmul.cu */
+};
+
+/* Every entry point starts here: the backend may be driven from a thread other than the one
+ * that opened it, and CUDA's current device is per host thread. */
+static inline struct cuda_state *cuda_state_enter(struct backend *b)
+{
+    struct cuda_state *s = (struct cuda_state *)b->impl;
+    CUDA_CHECK(cudaSetDevice(s->device_id));
+    return s;
+}
+
+/* Elementwise kernels run grid-stride loops; the grid is capped so that any int64 size fits
+ * the launch limits. */
+#define CUDA_THREADS 256
+#define CUDA_MAX_BLOCKS 65536
+
+static inline unsigned cuda_blocks_for(int64_t n, int threads)
+{
+    int64_t blocks = (n + threads - 1) / threads;
+    if (blocks < 1) blocks = 1;
+    return (unsigned)(blocks < CUDA_MAX_BLOCKS ? blocks : CUDA_MAX_BLOCKS);
+}
+
+/* Runs the statements after T with T bound to the storage type of the float dtype `dtype`
+ * (float, __nv_bfloat16 or __half): one template instantiation per dtype, no more. */
+#define CUDA_DISPATCH_FLOAT(dtype, T, ...)                                                      \
+    do {                                                                                        \
+        switch (dtype) {                                                                        \
+        case DTYPE_F32: {                                                                       \
+            typedef float T;                                                                    \
+            __VA_ARGS__;                                                                        \
+        } break;                                                                                \
+        case DTYPE_BF16: {                                                                      \
+            typedef __nv_bfloat16 T;                                                            \
+            __VA_ARGS__;                                                                        \
+        } break;                                                                                \
+        case DTYPE_F16: {                                                                       \
+            typedef __half T;                                                                   \
+            __VA_ARGS__;                                                                        \
+        } break;                                                                                \
+        default: CHECK(0, "dtype %s is not a float dtype", dtype_name(dtype));                 \
+        }                                                                                       \
+    } while (0)
+
+/* ---- device side ------------------------------------------------------------------------ */
+
+/* Widening loads and rounding (to nearest even) stores: kernels compute in f32 and round once,
+ * on store, like the CPU reference. */
+__device__ __forceinline__ float cuda_load(const float *p) { return *p; }
+__device__ __forceinline__ float cuda_load(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float cuda_load(const __half *p) { return __half2float(*p); }
+
+__device__ __forceinline__ void cuda_store(float *p, float v) { *p = v; }
+__device__ __forceinline__ void cuda_store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void cuda_store(__half *p, float v) { *p = __float2half_rn(v); }
+
+/* The device's CHECK, for the invariants the CPU backend CHECKs on index data that lives in
+ * device memory here (a slot, a position, a block id out of range): the kernel stops rather
+ * than read or write out of bounds. The printed line says which check; the host sees a CUDA
+ * error (the context is lost) at the next checked call, at once with SHARDLM_SYNC_CHECK=1.
+ * Kept out of line so that the hot path carries only the compare. */
+static __device__ __noinline__ void cuda_device_check_fail(const char *file, int line,
+                                                           const char *cond)
+{
+    printf("%s:%d: device CHECK(%s) failed (block %d, thread %d)\n", file, line, cond,
+           (int)blockIdx.x, (int)threadIdx.x);
+    __trap();
+}
+
+#define DEVICE_CHECK(cond)                                                                      \
+    do {                                                                                        \
+        if (!(cond)) cuda_device_check_fail(__FILE__, __LINE__, #cond);                         \
+    } while (0)
+
+/* The scalar activations of enum activation, shared by activation.cu and gated_activation.cu:
+ * the CPU reference's formulas (kernels/cpu/activation.c), term for term. */
+__device__ __forceinline__ float cuda_activate(float x, enum activation act)
+{
+    switch (act) {
+    case ACTIVATION_SILU: return x / (1.0f + expf(-x));
+    case ACTIVATION_GELU_TANH: {
+        const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+        return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+    }
+    case ACTIVATION_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+    }
+    return x;
+}
+
+/* Warp and block reductions. Every thread of the block must call the block ones (they
+ * synchronize), and every thread gets the result. blockDim.x must be a multiple of 32. */
+__device__ __forceinline__ float cuda_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float cuda_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float cuda_block_sum(float v)
+{
+    __shared__ float partial[32];
+    __shared__ float total;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    v = cuda_warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < n_warps ? partial[lane] : 0.0f;
+        v = cuda_warp_sum(v);
+        if (lane == 0) total = v;
+    }
+    __syncthreads();
+    v = total;
+    __syncthreads(); /* a following call may overwrite partial and total */
+    return v;
+}
+
+__device__ __forceinline__ float cuda_block_max(float v)
+{
+    __shared__ float partial[32];
+    __shared__ float total;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    v = cuda_warp_max(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < n_warps ? partial[lane] : -INFINITY;
+        v = cuda_warp_max(v);
+        if (lane == 0) total = v;
+    }
+    __syncthreads();
+    v = total;
+    __syncthreads();
+    return v;
+}
+
+#endif

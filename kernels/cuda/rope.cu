@@ -1,0 +1,55 @@
+/* kernels/cuda/rope.cu - op_rope: rotary position embedding in place on (n, n_heads,
+ * head_dim), pair or half conventions, the first rot_dim features of each head rotated.
+ * Angles follow the CPU reference (kernels/cpu/rope.c) formula for formula, in f32:
+ * freq_i = theta^(-(2i)/rot_dim), angle = pos * freq_i, then cos and sin.
+ * Not here: where positions come from (engine/), learned positions (position_embedding_add.cu).
+ * Tests: tests/test_ops.c --backend cuda (both styles, partial rotation, large positions). */
+#include "cuda_common.cuh"
+#include "cuda_ops.h"
+
+/* One thread per (token t, pair i), looping over the heads: the angle is computed once per
+ * (t, i) as on the CPU, and each pair is read and written by one thread only, so the update
+ * is in place without hazards.
+ * freq, cos and sin are evaluated in double and rounded to f32: that is the correctly rounded
+ * f32 value, which is what the CPU's libm powf/cosf/sinf return (within 1 ulp), whereas CUDA's
+ * f32 powf may be 4 ulp off, and at position 1e5 one ulp of freq already moves the angle by
+ * ~0.006 rad. The exponent and the product pos * freq stay f32, as on the CPU. */
+template <typename T>
+static __global__ void rope_kernel(T *x, const int32_t *positions, int64_t n, int64_t n_heads,
+                                   int64_t head_dim, int rot_dim, float theta, int pairs_style)
+{
+    int half = rot_dim / 2;
+    int64_t total = n * half;
+    for (int64_t w = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; w < total;
+         w += (int64_t)gridDim.x * blockDim.x) {
+        int i = (int)(w % half);
+        int64_t t = w / half;
+        float exponent = -(float)(2 * i) / (float)rot_dim;
+        float freq = (float)pow((double)theta, (double)exponent);
+        float angle = (float)positions[t] * freq;
+        float c = (float)cos((double)angle), sn = (float)sin((double)angle);
+        int i0 = pairs_style ? 2 * i : i;
+        int i1 = pairs_style ? 2 * i + 1 : i + half;
+        for (int64_t h = 0; h < n_heads; h++) {
+            T *v = x + (t * n_heads + h) * head_dim;
+            float a = cuda_load(v + i0), b = cuda_load(v + i1);
+            cuda_store(v + i0, a * c - b * sn);
+            cuda_store(v + i1, a * sn + b * c);
+        }
+    }
+}
+
+/* x (n, n_heads, head_dim), positions i32 (n); rot_dim even, <= head_dim. */
+void cuda_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
+               int rot_dim, float theta, enum rope_style style)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    int64_t n = x->shape[0], n_heads = x->shape[1], head_dim = x->shape[2];
+    int64_t total = n * (rot_dim / 2);
+    if (total == 0 || n_heads == 0) return;
+    CUDA_DISPATCH_FLOAT(x->dtype, T,
+        rope_kernel<T><<<cuda_blocks_for(total, CUDA_THREADS), CUDA_THREADS, 0, s->stream>>>(
+            (T *)x->data, (const int32_t *)positions->data, n, n_heads, head_dim, rot_dim, theta,
+            style == ROPE_STYLE_PAIRS);
+        LAUNCH_CHECK());
+}
