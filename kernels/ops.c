@@ -81,6 +81,8 @@ void backend_download(struct backend *b, void *dst, const void *src, size_t n)
 
 void backend_copy(struct backend *b, void *dst, const void *src, size_t n)
 {
+    CHECK((const char *)dst + n <= (const char *)src || (const char *)src + n <= (const char *)dst,
+          "backend_copy: overlapping ranges");
     b->ops->copy(b, dst, src, n);
     after_op(b);
 }

@@ -43,12 +43,15 @@ enum activation {
 };
 
 /* Describes a batch of sequences for paged attention. Sequence s contributes the query rows
- * q_start[s] .. q_start[s+1]-1 (any number: a prefill chunk, or 1 for decode); after the K/V
+ * q_start[s] .. q_start[s+1]-1 (any number: a prefill chunk, or 1 for decode; q_start[0] = 0,
+ * q_start[n_seqs] = the number of query rows, non-decreasing); after the K/V
  * of those rows were written, sequence s holds seq_len[s] tokens in its cache, so its j-th new
  * query row sits at absolute position seq_len[s] - n_new + j and attends causally to cache
  * positions 0 .. that position (and, when window > 0, only the last `window` of them).
  * Cache position p of sequence s lives in block block_table[s][p / block_tokens], slot
- * p % block_tokens. Index tensors live on the backend's device. */
+ * p % block_tokens. Index tensors live on the backend's device. seq_len[s] >= its new rows and
+ * <= max_blocks * block_tokens; block ids lie in the pool. Index data is validated where it
+ * lives (CPU: CHECK; CUDA: a device-side trap), as a caller bug. head_dim <= 256 on CUDA. */
 struct attention_batch {
     int           n_seqs;
     int           block_tokens;   /* tokens per KV block */
@@ -139,8 +142,12 @@ void        backend_free(struct backend *b, void *ptr); /* accepts NULL */
  * backend_free(b, t->data)). */
 enum status backend_alloc_tensor(struct backend *b, struct tensor *t, enum dtype dtype, int ndim,
                                  const int64_t *shape);
+/* Host <-> device copies from ordinary (pageable) host memory. The host buffer of an upload
+ * may be reused as soon as the call returns; a download has finished when it returns (it
+ * waits for the queued ops that write its source). */
 void backend_upload(struct backend *b, void *dst_device, const void *src_host, size_t nbytes);
 void backend_download(struct backend *b, void *dst_host, const void *src_device, size_t nbytes);
+/* Device-to-device copy; the ranges must not overlap. */
 void backend_copy(struct backend *b, void *dst_device, const void *src_device, size_t nbytes);
 void backend_memset_zero(struct backend *b, void *dst_device, size_t nbytes);
 void backend_synchronize(struct backend *b);
@@ -219,12 +226,13 @@ void op_gated_activation(struct backend *b, const struct tensor *out, const stru
 void op_softmax(struct backend *b, const struct tensor *out, const struct tensor *x);
 void op_log_softmax(struct backend *b, const struct tensor *out, const struct tensor *x);
 
-/* Per row of x (n, v): ids i32 (n) = index of the largest value (the lowest index on ties;
- * NaN is never chosen over a number). */
+/* Per row of x (n, v): ids i32 (n) = index of the largest value (the lowest index on ties,
+ * -0 and +0 tie; NaN is never chosen over a number; an all-NaN row gives 0). */
 void op_argmax(struct backend *b, const struct tensor *ids, const struct tensor *x);
 
-/* Per row of x (n, v): the k largest values in descending order (ties: lower index first),
- * values f32 (n, k) whatever x's dtype, ids i32 (n, k); k <= v. */
+/* Per row of x (n, v): the k largest values in descending order (ties, -0 == +0 included:
+ * lower index first; NaN ranks below every number, NaNs among themselves by index), values
+ * f32 (n, k) whatever x's dtype, ids i32 (n, k); k <= v (k <= 4096 on CUDA). */
 void op_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
              const struct tensor *x);
 

@@ -59,8 +59,9 @@ int64_t tensor_cols(const struct tensor *t) { return t->shape[t->ndim - 1]; }
 
 int64_t tensor_rows(const struct tensor *t)
 {
-    int64_t c = tensor_cols(t);
-    return c ? tensor_numel(t) / c : 0;
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim - 1; i++) n *= t->shape[i];
+    return n;
 }
 
 int tensor_same_shape(const struct tensor *a, const struct tensor *b)

@@ -42,7 +42,7 @@ static void cpu_upload(struct backend *b, void *dst, const void *src, size_t n)
 static void cpu_copy(struct backend *b, void *dst, const void *src, size_t n)
 {
     (void)b;
-    if (n) memmove(dst, src, n);
+    if (n) memcpy(dst, src, n);
 }
 
 static void cpu_memset_zero(struct backend *b, void *dst, size_t n)
@@ -123,9 +123,10 @@ enum status cpu_backend_open(int n_threads, struct backend **out)
     b->device = DEVICE_CPU;
     b->n_threads = n_threads;
     b->impl = s;
-    /* Both pools are process-wide settings: the last backend opened sets them. */
+    /* One pool: OpenMP threads, each calling a single-threaded OpenBLAS (see matmul.c). Both
+     * are process-wide settings: the last backend opened sets them. */
     omp_set_num_threads(n_threads);
-    openblas_set_num_threads(n_threads);
+    openblas_set_num_threads(1);
     *out = b;
     return STATUS_OK;
 }

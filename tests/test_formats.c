@@ -1,0 +1,1192 @@
+/* tests/test_formats.c - checkpoint formats: safetensors round trip and corrupt files,
+ * config.json parsing (Llama, Mistral, GPT-2, errors, save/load), and checkpoint directories:
+ * tiny random Llama and GPT-2 models written in the HF layout, the sharded HF layout and the
+ * Megatron-style layout at several tp/pp, each read back through checkpoint_get at tp 1, 2, 4
+ * and compared byte for byte with slices computed here from the original tensors.
+ * Not here: running a model (test_model.c).
+ * Makes its own files in a mkdtemp directory and removes it; prints one line per check and
+ * "N passed, M failed"; exits 1 on failure. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base.h"
+#include "checkpoint.h"
+#include "config.h"
+#include "safetensors.h"
+#include "tensor.h"
+
+static int n_pass, n_fail;
+static char root[64];
+
+static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(int ok, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "PASS" : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    if (ok) n_pass++;
+    else n_fail++;
+}
+
+/* The status is `want` and the message contains every needle given (NULL-terminated). */
+static void check_status(enum status got, enum status want, const char *what, ...)
+{
+    const char *msg = status_message();
+    int ok = got == want;
+    va_list ap;
+    va_start(ap, what);
+    const char *needle;
+    while ((needle = va_arg(ap, const char *)))
+        if (got != STATUS_OK && !strstr(msg, needle)) ok = 0;
+    va_end(ap);
+    check(ok, "%s -> %s%s%s%s", what, status_name(got), got ? " \"" : "", got ? msg : "",
+          got ? "\"" : "");
+    if (!ok && got != want) printf("     expected %s\n", status_name(want));
+}
+
+/* Paths under the temporary root; a ring of buffers so that a few can be alive at once. */
+static const char *tpath(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static const char *tpath(const char *fmt, ...)
+{
+    static char bufs[8][4096];
+    static int next;
+    char *b = bufs[next++ % 8];
+    int n = snprintf(b, 4096, "%s/", root);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b + n, 4096 - (size_t)n, fmt, ap);
+    va_end(ap);
+    return b;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rng_next(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static float rng_float(void) { return (float)((rng_next() >> 40) / (double)(1 << 24)) * 2.0f - 1.0f; }
+
+static void fill_random(void *p, enum dtype t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (t == DTYPE_I32) ((int32_t *)p)[i] = (int32_t)rng_next();
+        else dtype_store_f32(p, t, i, rng_float());
+    }
+}
+
+static int write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    int ok = fwrite(data, 1, n, f) == n;
+    return fclose(f) == 0 && ok;
+}
+
+static int write_text(const char *path, const char *text) { return write_file(path, text, strlen(text)); }
+
+static int file_exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* ---- safetensors ------------------------------------------------------------------------ */
+
+static enum status fill_pattern(void *ctx, void *dst, size_t nbytes)
+{
+    const unsigned char *seed = ctx;
+    for (size_t i = 0; i < nbytes; i++) ((unsigned char *)dst)[i] = (unsigned char)(*seed + i * 7);
+    return STATUS_OK;
+}
+
+static void test_safetensors_roundtrip(void)
+{
+    float a[15];
+    uint16_t b[7], c[8];
+    int32_t d[4];
+    float e[1];
+    unsigned char seed = 11;
+    fill_random(a, DTYPE_F32, 15);
+    fill_random(b, DTYPE_BF16, 7);
+    fill_random(c, DTYPE_F16, 8);
+    fill_random(d, DTYPE_I32, 4);
+    fill_random(e, DTYPE_F32, 1);
+    unsigned char g[5 * 3 * 2];
+    fill_pattern(&seed, g, sizeof g);
+    struct {
+        const char *name;
+        enum dtype  dtype;
+        int         ndim;
+        int64_t     shape[3];
+        const void *data;
+        size_t      nbytes;
+    } t[] = {
+        {"a.f32", DTYPE_F32, 2, {3, 5}, a, sizeof a},
+        {"b.bf16", DTYPE_BF16, 1, {7}, b, sizeof b},
+        {"c/f16 \"quoted\" \\ name", DTYPE_F16, 3, {2, 2, 2}, c, sizeof c},
+        {"d.i32", DTYPE_I32, 1, {4}, d, sizeof d},
+        {"e.scalar", DTYPE_F32, 0, {0}, e, sizeof e},
+        {"f.empty", DTYPE_F32, 2, {0, 3}, NULL, 0},
+        {"g.deferred", DTYPE_BF16, 2, {5, 3}, g, sizeof g},
+    };
+    int nt = (int)(sizeof t / sizeof t[0]);
+    const char *path = tpath("rt.safetensors");
+    const char *note = "tab\t quote\" backslash\\ newline\n utf8 \xc3\xa9";
+
+    struct safetensors_writer *w = NULL;
+    enum status s = safetensors_writer_begin(path, &w);
+    for (int i = 0; i < nt && !s; i++) {
+        if (!strcmp(t[i].name, "g.deferred"))
+            s = safetensors_writer_add_deferred(w, t[i].name, t[i].dtype, t[i].ndim, t[i].shape,
+                                                fill_pattern, &seed);
+        else
+            s = safetensors_writer_add(w, t[i].name, t[i].dtype, t[i].ndim, t[i].shape, t[i].data);
+    }
+    if (!s) s = safetensors_writer_set_metadata(w, "format", "np");
+    if (!s) s = safetensors_writer_set_metadata(w, "note", note);
+    if (!s) s = safetensors_writer_set_metadata(w, "format", "pt"); /* replaces */
+    if (!s) {
+        enum status dup = safetensors_writer_add(w, "a.f32", DTYPE_F32, 1, (int64_t[]){1}, a);
+        check_status(dup, STATUS_INVALID_ARGUMENT, "writer: duplicate tensor name", "a.f32", "twice",
+                     NULL);
+        check(file_exists(tpath("rt.safetensors.tmp")) && !file_exists(path),
+              "writer: only path.tmp exists before finish");
+        s = safetensors_writer_finish(w);
+    } else {
+        safetensors_writer_free(w);
+    }
+    check_status(s, STATUS_OK, "writer: 7 tensors of 4 dtypes (scalar, empty, deferred), metadata", NULL);
+    check(file_exists(path) && !file_exists(tpath("rt.safetensors.tmp")),
+          "writer: renamed into place, no .tmp left");
+
+    FILE *f = fopen(path, "rb");
+    unsigned char len8[8] = {0};
+    int got8 = f && fread(len8, 1, 8, f) == 8;
+    if (f) fclose(f);
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++) hlen |= (uint64_t)len8[i] << (8 * i);
+    check(got8 && hlen % 8 == 0, "writer: header length %llu is a multiple of 8", (unsigned long long)hlen);
+
+    struct safetensors *st = NULL;
+    s = safetensors_open(path, &st);
+    check_status(s, STATUS_OK, "reader: open the round-trip file", NULL);
+    if (s) return;
+    int ok = safetensors_count(st) == nt, aligned = 1;
+    for (int i = 0; i < nt; i++) {
+        const struct st_tensor *x = NULL;
+        if (safetensors_get(st, t[i].name, &x) != STATUS_OK) {
+            ok = 0;
+            continue;
+        }
+        ok &= x->dtype == t[i].dtype && x->ndim == t[i].ndim && x->nbytes == t[i].nbytes;
+        for (int k = 0; k < t[i].ndim; k++) ok &= x->shape[k] == t[i].shape[k];
+        if (t[i].nbytes) ok &= !memcmp(x->data, t[i].data, t[i].nbytes);
+        aligned &= st_tensor_aligned(x);
+    }
+    int seen = 0;
+    for (int i = 0; i < safetensors_count(st); i++)
+        seen += safetensors_find(st, safetensors_tensor(st, i)->name) == safetensors_tensor(st, i);
+    check(ok, "reader: every tensor's dtype, shape and bytes equal what was written");
+    check(seen == nt, "reader: iteration by index visits every tensor once");
+    check(aligned, "reader: every tensor is aligned to its element size");
+    const char *fmt = safetensors_metadata(st, "format"), *nv = safetensors_metadata(st, "note");
+    check(fmt && !strcmp(fmt, "pt") && nv && !strcmp(nv, note) && safetensors_metadata_count(st) == 2 &&
+              !safetensors_metadata(st, "absent"),
+          "reader: metadata (escaped strings, replaced key) round trip");
+
+    const struct st_tensor *ta = safetensors_find(st, "a.f32"), *tb = safetensors_find(st, "b.bf16");
+    uint16_t a16[15];
+    float b32[7];
+    ok = ta && tb && safetensors_read(ta, DTYPE_BF16, a16, sizeof a16) == STATUS_OK &&
+         safetensors_read(tb, DTYPE_F32, b32, sizeof b32) == STATUS_OK;
+    for (int i = 0; ok && i < 15; i++) ok &= a16[i] == f32_to_bf16(a[i]);
+    for (int i = 0; ok && i < 7; i++) ok &= b32[i] == bf16_to_f32(b[i]);
+    check(ok, "reader: safetensors_read converts f32 -> bf16 and bf16 -> f32 (round to nearest even)");
+    check_status(ta ? safetensors_read(ta, DTYPE_F32, a16, sizeof a16) : STATUS_INTERNAL,
+                 STATUS_INVALID_ARGUMENT, "reader: read into a too-small buffer", "needs 60 bytes", NULL);
+    const struct st_tensor *x = NULL;
+    check_status(safetensors_get(st, "nope", &x), STATUS_NOT_FOUND, "reader: get an absent tensor",
+                 "no tensor 'nope'", "rt.safetensors", NULL);
+    safetensors_close(st);
+
+    /* Gathering from unaligned memory, strided, converting. */
+    unsigned char raw[1 + 8 * 4];
+    float src[8], back[4];
+    uint16_t half[4];
+    fill_random(src, DTYPE_F32, 8);
+    memcpy(raw + 1, src, sizeof src);
+    safetensors_gather(back, DTYPE_F32, raw + 1, DTYPE_F32, 4, 2);
+    safetensors_gather(half, DTYPE_BF16, raw + 1, DTYPE_F32, 4, 2);
+    ok = 1;
+    for (int i = 0; i < 4; i++) ok &= back[i] == src[2 * i] && half[i] == f32_to_bf16(src[2 * i]);
+    check(ok, "safetensors_gather: unaligned, strided source, with and without conversion");
+
+    check_status(safetensors_writer_begin(tpath("no/such/dir/x.safetensors"), &w), STATUS_IO,
+                 "writer: begin in a missing directory", "x.safetensors.tmp", NULL);
+    s = safetensors_writer_begin(tpath("abandoned.safetensors"), &w);
+    if (!s) safetensors_writer_add(w, "a", DTYPE_F32, 1, (int64_t[]){15}, a);
+    safetensors_writer_free(w);
+    check(!s && !file_exists(tpath("abandoned.safetensors")) &&
+              !file_exists(tpath("abandoned.safetensors.tmp")),
+          "writer: free without finish leaves no file behind");
+    safetensors_writer_free(NULL);
+    safetensors_close(NULL);
+}
+
+/* A file with header length `hlen`, header text `header` padded with spaces to a multiple of 8
+ * (unless raw_len), then data_len bytes. */
+static const char *write_raw(const char *name, uint64_t hlen, const char *header, size_t data_len,
+                             int pad)
+{
+    const char *path = tpath("%s", name);
+    size_t n = strlen(header), padded = pad ? (n + 7) / 8 * 8 : n;
+    if (hlen == UINT64_MAX) hlen = padded;
+    unsigned char *buf = calloc(8 + padded + data_len + 1, 1);
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(hlen >> (8 * i));
+    memcpy(buf + 8, header, n);
+    memset(buf + 8 + n, ' ', padded - n);
+    for (size_t i = 0; i < data_len; i++) buf[8 + padded + i] = (unsigned char)i;
+    write_file(path, buf, 8 + padded + data_len);
+    free(buf);
+    return path;
+}
+
+static void expect_corrupt(const char *what, const char *name, uint64_t hlen, const char *header,
+                           size_t data_len, const char *needle)
+{
+    const char *path = write_raw(name, hlen, header, data_len, 1);
+    struct safetensors *st = NULL;
+    enum status s = safetensors_open(path, &st);
+    check_status(s, STATUS_BAD_FORMAT, what, needle, name, NULL);
+    safetensors_close(st);
+}
+
+static void test_safetensors_corrupt(void)
+{
+    struct safetensors *st = NULL;
+    check_status(safetensors_open(tpath("missing.safetensors"), &st), STATUS_NOT_FOUND,
+                 "corrupt: missing file", "missing.safetensors", "no such file", NULL);
+    const char *p = tpath("short.safetensors");
+    write_file(p, "\x10\0\0\0\0", 5);
+    check_status(safetensors_open(p, &st), STATUS_BAD_FORMAT, "corrupt: 5-byte file",
+                 "short.safetensors", "too short", NULL);
+
+    expect_corrupt("corrupt: header length past the end (truncated header)", "trunc.st", 200,
+                   "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+                   "exceeds the file size");
+    expect_corrupt("corrupt: huge header length", "huge.st", 1ull << 40, "{}", 0, "implausible");
+    expect_corrupt("corrupt: zero header length", "zero.st", 0, "{}", 0, "header length is 0");
+    expect_corrupt("corrupt: bad JSON", "badjson.st", UINT64_MAX, "{\"a\": {\"dtype\": \"F32\",", 0,
+                   "not a valid JSON");
+    expect_corrupt("corrupt: header not an object", "array.st", UINT64_MAX, "[1, 2]", 0,
+                   "does not start with '{'");
+    expect_corrupt("corrupt: garbage after the JSON", "garbage.st", UINT64_MAX, "{} xyz", 0, "garbage");
+    expect_corrupt("corrupt: data_offsets out of bounds", "oob.st", UINT64_MAX,
+                   "{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8,
+                   "out of bounds");
+    expect_corrupt("corrupt: begin > end", "order.st", UINT64_MAX,
+                   "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 8,
+                   "out of bounds");
+    expect_corrupt("corrupt: overlapping tensors", "overlap.st", UINT64_MAX,
+                   "{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                   "\"u\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}",
+                   24, "overlap");
+    expect_corrupt("corrupt: shape / size mismatch", "size.st", UINT64_MAX,
+                   "{\"t\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,16]}}", 16,
+                   "need 12");
+    expect_corrupt("corrupt: 9 dimensions", "dims.st", UINT64_MAX,
+                   "{\"t\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}",
+                   4, "9 dimensions");
+    expect_corrupt("corrupt: negative dimension", "neg.st", UINT64_MAX,
+                   "{\"t\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
+                   "non-negative");
+    expect_corrupt("corrupt: fractional offset", "frac.st", UINT64_MAX,
+                   "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4.5]}}", 8,
+                   "data_offsets");
+    expect_corrupt("corrupt: shape product overflows", "ovf.st", UINT64_MAX,
+                   "{\"t\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],"
+                   "\"data_offsets\":[0,4]}}",
+                   4, "overflows");
+    expect_corrupt("corrupt: duplicate tensor name", "dup.st", UINT64_MAX,
+                   "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                   "\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                   8, "appears twice");
+    expect_corrupt("corrupt: non-string metadata value", "meta.st", UINT64_MAX,
+                   "{\"__metadata__\":{\"n\":1}}", 0, "__metadata__");
+    expect_corrupt("corrupt: missing dtype", "nodtype.st", UINT64_MAX,
+                   "{\"t\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "'dtype'");
+
+    /* Dtypes shardlm does not load: fine at open, an error when looked up. */
+    p = write_raw("f64.st", UINT64_MAX,
+                  "{\"d\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[0,16]},"
+                  "\"f\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]},"
+                  "\"q\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[24,27]}}",
+                  27, 1);
+    enum status s = safetensors_open(p, &st);
+    check_status(s, STATUS_OK, "unsupported dtypes: a file with F64 and unknown Q7 tensors opens", NULL);
+    if (!s) {
+        const struct st_tensor *t = NULL;
+        check_status(safetensors_get(st, "d", &t), STATUS_UNSUPPORTED, "unsupported dtypes: look up F64",
+                     "tensor d has dtype F64 which shardlm does not load", "f64.st", NULL);
+        check_status(safetensors_get(st, "q", &t), STATUS_UNSUPPORTED,
+                     "unsupported dtypes: look up unknown Q7", "dtype Q7", NULL);
+        check_status(safetensors_get(st, "f", &t), STATUS_OK, "unsupported dtypes: F32 beside them loads",
+                     NULL);
+        float dst[2];
+        check_status(safetensors_read(safetensors_find(st, "d"), DTYPE_F32, dst, sizeof dst),
+                     STATUS_UNSUPPORTED, "unsupported dtypes: read F64", "F64", NULL);
+        safetensors_close(st);
+    }
+
+    /* Every truncation of a valid file is rejected cleanly. */
+    FILE *f = fopen(tpath("rt.safetensors"), "rb");
+    unsigned char *whole = NULL;
+    long size = 0;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) > 0) {
+        rewind(f);
+        whole = malloc((size_t)size);
+        if (fread(whole, 1, (size_t)size, f) != (size_t)size) size = 0;
+    }
+    if (f) fclose(f);
+    int ok = size > 0, n_trunc = 0;
+    for (long n = 0; ok && n < size; n++) {
+        p = tpath("trunc_prefix.st");
+        write_file(p, whole, (size_t)n);
+        s = safetensors_open(p, &st);
+        safetensors_close(st);
+        st = NULL;
+        ok &= s == STATUS_BAD_FORMAT;
+        n_trunc++;
+    }
+    check(ok, "corrupt: all %d truncations of a valid file give BAD_FORMAT", n_trunc);
+
+    /* Random byte flips in the header: a clean status, and any file that opens is in bounds. */
+    int bad = 0, opened = 0;
+    for (int it = 0; size > 0 && it < 400; it++) {
+        unsigned char *copy = malloc((size_t)size);
+        memcpy(copy, whole, (size_t)size);
+        uint64_t hlen = 0;
+        for (int i = 0; i < 8; i++) hlen |= (uint64_t)copy[i] << (8 * i);
+        int flips = 1 + (int)(rng_next() % 3);
+        for (int k = 0; k < flips; k++) {
+            size_t at = 8 + rng_next() % hlen;
+            copy[at] = (unsigned char)(rng_next() & 0xff);
+        }
+        p = tpath("fuzz.st");
+        write_file(p, copy, (size_t)size);
+        free(copy);
+        s = safetensors_open(p, &st);
+        if (s == STATUS_OK) {
+            opened++;
+            unsigned sum = 0;
+            for (int i = 0; i < safetensors_count(st); i++) {
+                const struct st_tensor *t = safetensors_tensor(st, i);
+                for (size_t j = 0; j < t->nbytes; j++) sum += ((const unsigned char *)t->data)[j];
+            }
+            (void)sum;
+        } else if (s != STATUS_BAD_FORMAT) {
+            bad++;
+        }
+        safetensors_close(st);
+        st = NULL;
+    }
+    check(size > 0 && bad == 0, "corrupt: 400 random header corruptions give OK (%d, all in bounds) or BAD_FORMAT",
+          opened);
+    free(whole);
+}
+
+/* ---- config.json ------------------------------------------------------------------------ */
+
+static const char *llama3_json =
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"attention_bias\": false,"
+    " \"bos_token_id\": 128000, \"eos_token_id\": [128001, 128009], \"hidden_act\": \"silu\","
+    " \"hidden_size\": 4096, \"intermediate_size\": 14336, \"max_position_embeddings\": 8192,"
+    " \"mlp_bias\": false, \"num_attention_heads\": 32, \"num_hidden_layers\": 32,"
+    " \"num_key_value_heads\": 8, \"pretraining_tp\": 1, \"rms_norm_eps\": 1e-05,"
+    " \"rope_scaling\": null, \"rope_theta\": 500000.0, \"tie_word_embeddings\": false,"
+    " \"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"vocab_size\": 128256}";
+
+static const char *llama_min_json =
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 172,"
+    " \"num_hidden_layers\": 5, \"num_attention_heads\": 8, \"vocab_size\": 512}";
+
+static const char *mistral_json =
+    "{\"architectures\": [\"MistralForCausalLM\"], \"bos_token_id\": 1, \"eos_token_id\": 2,"
+    " \"hidden_act\": \"silu\", \"hidden_size\": 4096, \"initializer_range\": 0.02,"
+    " \"intermediate_size\": 14336, \"max_position_embeddings\": 32768, \"model_type\": \"mistral\","
+    " \"num_attention_heads\": 32, \"num_hidden_layers\": 32, \"num_key_value_heads\": 8,"
+    " \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"sliding_window\": 4096,"
+    " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"vocab_size\": 32000}";
+
+static const char *mistral_nosw_json =
+    "{\"architectures\": [\"MistralForCausalLM\"], \"hidden_size\": 5120, \"head_dim\": 128,"
+    " \"intermediate_size\": 14336, \"num_attention_heads\": 32, \"num_hidden_layers\": 40,"
+    " \"num_key_value_heads\": 8, \"rope_theta\": 1000000.0, \"sliding_window\": null,"
+    " \"torch_dtype\": \"float16\", \"vocab_size\": 131072}";
+
+static const char *gpt2_json =
+    "{\"activation_function\": \"gelu_new\", \"architectures\": [\"GPT2LMHeadModel\"],"
+    " \"attn_pdrop\": 0.1, \"bos_token_id\": 50256, \"embd_pdrop\": 0.1, \"eos_token_id\": 50256,"
+    " \"initializer_range\": 0.02, \"layer_norm_epsilon\": 1e-05, \"model_type\": \"gpt2\","
+    " \"n_ctx\": 1024, \"n_embd\": 768, \"n_head\": 12, \"n_inner\": null, \"n_layer\": 12,"
+    " \"n_positions\": 1024, \"resid_pdrop\": 0.1, \"vocab_size\": 50257}";
+
+static const char *shardlm_json =
+    "{\"architecture\": \"LlamaForCausalLM\", \"hidden_size\": 64, \"intermediate_size\": 172,"
+    " \"num_hidden_layers\": 5, \"num_attention_heads\": 8, \"num_key_value_heads\": 4,"
+    " \"vocab_size\": 512, \"rms_norm_eps\": 1e-05, \"rope_style\": \"pairs\","
+    " \"tie_word_embeddings\": true, \"bos_token_id\": 1, \"eos_token_id\": 2}";
+
+static void expect_config_error(const char *what, const char *json, enum status want,
+                                const char *needle)
+{
+    struct model_config c;
+    check_status(config_parse(json, "test.json", &c), want, what, "test.json", needle, NULL);
+}
+
+static void config_roundtrip(const char *what, const struct model_config *c)
+{
+    const char *path = tpath("config_rt.json");
+    struct model_config back;
+    memset(&back, 0, sizeof back);
+    enum status s = config_save(path, c);
+    if (!s) s = config_load(path, &back);
+    check(s == STATUS_OK && config_equal(c, &back), "config: save/load round trip of %s%s%s", what,
+          s ? ": " : "", s ? status_message() : "");
+}
+
+static void test_config(void)
+{
+    struct model_config c;
+    enum status s = config_parse(llama3_json, "llama3.json", &c);
+    check(s == STATUS_OK && c.family == MODEL_FAMILY_LLAMA && !strcmp(c.architecture, "LlamaForCausalLM") &&
+              c.n_layers == 32 && c.d_model == 4096 && c.n_heads == 32 && c.n_kv_heads == 8 &&
+              c.head_dim == 128 && c.ffn_hidden == 14336 && c.vocab_size == 128256 &&
+              c.max_positions == 8192 && c.norm == NORM_KIND_RMSNORM && c.norm_eps == 1e-5f &&
+              c.activation == ACTIVATION_SILU && c.gated_mlp && c.positions == POSITION_KIND_ROTARY &&
+              c.rope_theta == 500000.0f && c.rope_style == ROPE_STYLE_HALVES && c.rot_dim == 128 &&
+              c.sliding_window == 0 && !c.tied_embeddings && !c.qkv_bias && !c.attn_out_bias &&
+              !c.mlp_bias && c.bos_id == 128000 && c.eos_id == 128001 && c.dtype == DTYPE_BF16,
+          "config: Llama 3 (GQA, eos list, rope_scaling null, bf16) %s", s ? status_message() : "");
+    if (!s) config_roundtrip("Llama 3", &c);
+
+    s = config_parse(llama_min_json, "min.json", &c);
+    check(s == STATUS_OK && c.n_kv_heads == 8 && c.head_dim == 8 && c.rope_theta == 10000.0f &&
+              c.norm_eps == 1e-6f && c.max_positions == 2048 && !c.tied_embeddings && c.bos_id == -1 &&
+              c.eos_id == -1 && c.dtype == DTYPE_F32 && c.rot_dim == 8,
+          "config: minimal Llama takes the HF defaults %s", s ? status_message() : "");
+    if (!s) {
+        config_roundtrip("minimal Llama", &c);
+        c.attn_out_bias = 1; /* the shardlm extras: a Qwen-like o bias split, partial rotary, pairs */
+        c.rot_dim = 4;
+        c.rope_style = ROPE_STYLE_PAIRS;
+        config_roundtrip("Llama with shardlm extras (attention_out_bias, rot_dim, rope_style)", &c);
+    }
+
+    s = config_parse(mistral_json, "mistral.json", &c);
+    check(s == STATUS_OK && !strcmp(c.architecture, "MistralForCausalLM") && c.sliding_window == 4096 &&
+              c.n_kv_heads == 8 && c.max_positions == 32768 && c.bos_id == 1 && c.eos_id == 2,
+          "config: Mistral 7B (sliding_window 4096) %s", s ? status_message() : "");
+    if (!s) config_roundtrip("Mistral", &c);
+    s = config_parse(mistral_nosw_json, "mistral2.json", &c);
+    check(s == STATUS_OK && c.sliding_window == 0 && c.head_dim == 128 && c.d_model == 5120 &&
+              c.rope_theta == 1000000.0f && c.dtype == DTYPE_F16 && c.max_positions == 131072,
+          "config: Mistral (sliding_window null, explicit head_dim) %s", s ? status_message() : "");
+    if (!s) config_roundtrip("Mistral without window", &c);
+
+    s = config_parse(gpt2_json, "gpt2.json", &c);
+    check(s == STATUS_OK && c.family == MODEL_FAMILY_GPT2 && c.d_model == 768 && c.n_layers == 12 &&
+              c.n_heads == 12 && c.n_kv_heads == 12 && c.head_dim == 64 && c.ffn_hidden == 3072 &&
+              c.vocab_size == 50257 && c.max_positions == 1024 && c.norm == NORM_KIND_LAYERNORM &&
+              c.norm_eps == 1e-5f && c.activation == ACTIVATION_GELU_TANH && !c.gated_mlp &&
+              c.positions == POSITION_KIND_LEARNED && c.tied_embeddings && c.qkv_bias &&
+              c.attn_out_bias && c.mlp_bias && c.bos_id == 50256 && c.eos_id == 50256 &&
+              c.dtype == DTYPE_F32,
+          "config: GPT-2 (n_inner null, tied, biases, learned positions) %s", s ? status_message() : "");
+    if (!s) config_roundtrip("GPT-2", &c);
+
+    s = config_parse(shardlm_json, "shardlm.json", &c);
+    check(s == STATUS_OK && c.rope_style == ROPE_STYLE_PAIRS && c.tied_embeddings && c.n_kv_heads == 4 &&
+              c.norm_eps == 1e-5f,
+          "config: shardlm metadata (\"architecture\", rope_style pairs) %s", s ? status_message() : "");
+    if (!s) config_roundtrip("shardlm metadata", &c);
+
+    expect_config_error("config: missing num_hidden_layers",
+                        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+                        " \"intermediate_size\": 172, \"num_attention_heads\": 8, \"vocab_size\": 512}",
+                        STATUS_BAD_FORMAT, "missing field 'num_hidden_layers'");
+    expect_config_error("config: hidden_size as a string",
+                        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": \"64\","
+                        " \"intermediate_size\": 172, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                        " \"vocab_size\": 512}",
+                        STATUS_BAD_FORMAT, "field 'hidden_size' must be an integer");
+    expect_config_error("config: fractional hidden_size",
+                        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64.5,"
+                        " \"intermediate_size\": 172, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                        " \"vocab_size\": 512}",
+                        STATUS_BAD_FORMAT, "'hidden_size' = 64.5 is not a 32-bit integer");
+    expect_config_error("config: tie_word_embeddings as a string",
+                        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+                        " \"intermediate_size\": 172, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                        " \"vocab_size\": 512, \"tie_word_embeddings\": \"yes\"}",
+                        STATUS_BAD_FORMAT, "'tie_word_embeddings' must be true or false");
+    expect_config_error("config: unknown architecture",
+                        "{\"architectures\": [\"FalconForCausalLM\"], \"hidden_size\": 64}",
+                        STATUS_UNSUPPORTED, "\"FalconForCausalLM\" is not supported (supported: "
+                                            "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel)");
+    expect_config_error("config: rope_scaling set",
+                        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+                        " \"intermediate_size\": 172, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                        " \"vocab_size\": 512, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}",
+                        STATUS_UNSUPPORTED, "rope_scaling");
+    expect_config_error("config: n_heads not a multiple of n_kv_heads",
+                        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+                        " \"intermediate_size\": 172, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                        " \"num_key_value_heads\": 3, \"vocab_size\": 512}",
+                        STATUS_BAD_FORMAT, "n_kv_heads 3");
+    expect_config_error("config: eos outside the vocabulary",
+                        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+                        " \"intermediate_size\": 172, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                        " \"vocab_size\": 512, \"eos_token_id\": 512}",
+                        STATUS_BAD_FORMAT, "outside the vocabulary");
+    expect_config_error("config: bad rope_style",
+                        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+                        " \"intermediate_size\": 172, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                        " \"vocab_size\": 512, \"rope_style\": \"spiral\"}",
+                        STATUS_BAD_FORMAT, "rope_style");
+    expect_config_error("config: unsupported torch_dtype",
+                        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
+                        " \"intermediate_size\": 172, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
+                        " \"vocab_size\": 512, \"torch_dtype\": \"int8\"}",
+                        STATUS_UNSUPPORTED, "torch_dtype");
+    expect_config_error("config: GPT-2 with relu",
+                        "{\"architectures\": [\"GPT2LMHeadModel\"], \"n_embd\": 64, \"n_layer\": 2,"
+                        " \"n_head\": 4, \"n_positions\": 32, \"vocab_size\": 100,"
+                        " \"activation_function\": \"relu\"}",
+                        STATUS_UNSUPPORTED, "activation_function");
+    expect_config_error("config: GPT-2 without n_positions / n_ctx",
+                        "{\"architectures\": [\"GPT2LMHeadModel\"], \"n_embd\": 64, \"n_layer\": 2,"
+                        " \"n_head\": 4, \"vocab_size\": 100}",
+                        STATUS_BAD_FORMAT, "missing field 'n_positions'");
+    expect_config_error("config: no architecture at all", "{\"hidden_size\": 64}", STATUS_BAD_FORMAT,
+                        "missing field 'architectures'");
+    expect_config_error("config: not JSON", "{\"architectures\": [", STATUS_BAD_FORMAT, "not valid JSON");
+    check_status(config_load(tpath("no_such_config.json"), &c), STATUS_NOT_FOUND,
+                 "config: load a missing file", "no_such_config.json", NULL);
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------ */
+
+#define TM_MAX_LAYERS 4
+
+/* A tiny random model: its canonical tensors (checkpoint.h's layout), kept here as the truth. */
+struct tmodel {
+    const char         *name;
+    struct model_config cfg;
+    void               *w[WEIGHT_KIND_COUNT][TM_MAX_LAYERS]; /* canonical, cfg.dtype */
+};
+
+/* The canonical shape, restated here from checkpoint.h (not taken from the library). */
+static void tm_shape(const struct model_config *c, enum weight_kind k, int *ndim, int64_t *rows,
+                     int64_t *cols)
+{
+    int64_t d = c->d_model, q = (int64_t)c->n_heads * c->head_dim;
+    int64_t kv = (int64_t)c->n_kv_heads * c->head_dim, f = c->ffn_hidden;
+    *ndim = 2;
+    *cols = d;
+    switch (k) {
+    case WEIGHT_KIND_TOK_EMBEDDING: case WEIGHT_KIND_LM_HEAD: *rows = c->vocab_size; break;
+    case WEIGHT_KIND_POS_EMBEDDING: *rows = c->max_positions; break;
+    case WEIGHT_KIND_Q: *rows = q; break;
+    case WEIGHT_KIND_K: case WEIGHT_KIND_V: *rows = kv; break;
+    case WEIGHT_KIND_O: *rows = d, *cols = q; break;
+    case WEIGHT_KIND_GATE: case WEIGHT_KIND_UP: *rows = f; break;
+    case WEIGHT_KIND_DOWN: *rows = d, *cols = f; break;
+    case WEIGHT_KIND_Q_BIAS: *ndim = 1, *rows = q, *cols = 1; break;
+    case WEIGHT_KIND_K_BIAS: case WEIGHT_KIND_V_BIAS: *ndim = 1, *rows = kv, *cols = 1; break;
+    case WEIGHT_KIND_GATE_BIAS: case WEIGHT_KIND_UP_BIAS: *ndim = 1, *rows = f, *cols = 1; break;
+    default: *ndim = 1, *rows = d, *cols = 1; break;
+    }
+}
+
+static int tm_layers(enum weight_kind k, const struct tmodel *m)
+{
+    return weight_kind_per_layer(k) ? m->cfg.n_layers : 1;
+}
+
+static void tm_init(struct tmodel *m)
+{
+    for (int k = 0; k < WEIGHT_KIND_COUNT; k++) {
+        if (!weight_kind_exists(&m->cfg, (enum weight_kind)k)) continue;
+        if (k == WEIGHT_KIND_LM_HEAD && m->cfg.tied_embeddings) continue;
+        for (int l = 0; l < tm_layers((enum weight_kind)k, m); l++) {
+            int nd;
+            int64_t r, c;
+            tm_shape(&m->cfg, (enum weight_kind)k, &nd, &r, &c);
+            m->w[k][l] = malloc((size_t)(r * c) * dtype_size(m->cfg.dtype));
+            fill_random(m->w[k][l], m->cfg.dtype, (size_t)(r * c));
+        }
+    }
+}
+
+static void tm_free(struct tmodel *m)
+{
+    for (int k = 0; k < WEIGHT_KIND_COUNT; k++)
+        for (int l = 0; l < TM_MAX_LAYERS; l++) free(m->w[k][l]);
+}
+
+static const void *tm_weight(const struct tmodel *m, enum weight_kind k, int l)
+{
+    if (k == WEIGHT_KIND_LM_HEAD && m->cfg.tied_embeddings) k = WEIGHT_KIND_TOK_EMBEDDING;
+    return m->w[k][weight_kind_per_layer(k) ? l : 0];
+}
+
+/* The slice rank r of tp must get, computed from the rules of checkpoint.h. Returns bytes. */
+static size_t tm_expected(const struct tmodel *m, enum weight_kind k, int l, int r, int tp, void *out,
+                          int64_t *out_rows, int64_t *out_cols)
+{
+    const struct model_config *c = &m->cfg;
+    int nd;
+    int64_t rows, cols, r0 = 0, nr, c0 = 0, nc, hd = c->head_dim;
+    tm_shape(c, k, &nd, &rows, &cols);
+    nr = rows, nc = cols;
+    switch (k) {
+    case WEIGHT_KIND_Q: case WEIGHT_KIND_Q_BIAS: nr = c->n_heads / tp * hd, r0 = r * nr; break;
+    case WEIGHT_KIND_K: case WEIGHT_KIND_V: case WEIGHT_KIND_K_BIAS: case WEIGHT_KIND_V_BIAS:
+        if (c->n_kv_heads >= tp) nr = c->n_kv_heads / tp * hd, r0 = r * nr;
+        else nr = hd, r0 = (int64_t)(r / (tp / c->n_kv_heads)) * hd; /* tp/n_kv ranks share a head */
+        break;
+    case WEIGHT_KIND_GATE: case WEIGHT_KIND_UP: case WEIGHT_KIND_GATE_BIAS: case WEIGHT_KIND_UP_BIAS:
+        nr = c->ffn_hidden / tp, r0 = r * nr;
+        break;
+    case WEIGHT_KIND_O: nc = c->n_heads / tp * hd, c0 = r * nc; break;
+    case WEIGHT_KIND_DOWN: nc = c->ffn_hidden / tp, c0 = r * nc; break;
+    case WEIGHT_KIND_TOK_EMBEDDING: case WEIGHT_KIND_LM_HEAD:
+        nr = (rows + tp - 1) / tp, r0 = r * nr;
+        break;
+    default: break;
+    }
+    size_t es = dtype_size(c->dtype);
+    const unsigned char *src = tm_weight(m, k, l);
+    unsigned char *dst = out;
+    for (int64_t i = 0; i < nr; i++) {
+        if (r0 + i >= rows) memset(dst + (size_t)(i * nc) * es, 0, (size_t)nc * es);
+        else memcpy(dst + (size_t)(i * nc) * es, src + (size_t)((r0 + i) * cols + c0) * es, (size_t)nc * es);
+    }
+    *out_rows = nr;
+    *out_cols = nc;
+    return (size_t)(nr * nc) * es;
+}
+
+static int tp_fits(const struct model_config *c, int tp)
+{
+    return c->n_heads % tp == 0 && c->ffn_hidden % tp == 0 &&
+           (c->n_kv_heads % tp == 0 || tp % c->n_kv_heads == 0);
+}
+
+static const char *hf_llama_name(enum weight_kind k, int l, char *buf, size_t n)
+{
+    const char *fmt = NULL;
+    switch (k) {
+    case WEIGHT_KIND_TOK_EMBEDDING: fmt = "model.embed_tokens.weight"; break;
+    case WEIGHT_KIND_LM_HEAD: fmt = "lm_head.weight"; break;
+    case WEIGHT_KIND_FINAL_NORM: fmt = "model.norm.weight"; break;
+    case WEIGHT_KIND_ATTN_NORM: fmt = "model.layers.%d.input_layernorm.weight"; break;
+    case WEIGHT_KIND_MLP_NORM: fmt = "model.layers.%d.post_attention_layernorm.weight"; break;
+    case WEIGHT_KIND_Q: fmt = "model.layers.%d.self_attn.q_proj.weight"; break;
+    case WEIGHT_KIND_K: fmt = "model.layers.%d.self_attn.k_proj.weight"; break;
+    case WEIGHT_KIND_V: fmt = "model.layers.%d.self_attn.v_proj.weight"; break;
+    case WEIGHT_KIND_O: fmt = "model.layers.%d.self_attn.o_proj.weight"; break;
+    case WEIGHT_KIND_Q_BIAS: fmt = "model.layers.%d.self_attn.q_proj.bias"; break;
+    case WEIGHT_KIND_K_BIAS: fmt = "model.layers.%d.self_attn.k_proj.bias"; break;
+    case WEIGHT_KIND_V_BIAS: fmt = "model.layers.%d.self_attn.v_proj.bias"; break;
+    case WEIGHT_KIND_O_BIAS: fmt = "model.layers.%d.self_attn.o_proj.bias"; break;
+    case WEIGHT_KIND_GATE: fmt = "model.layers.%d.mlp.gate_proj.weight"; break;
+    case WEIGHT_KIND_UP: fmt = "model.layers.%d.mlp.up_proj.weight"; break;
+    case WEIGHT_KIND_DOWN: fmt = "model.layers.%d.mlp.down_proj.weight"; break;
+    case WEIGHT_KIND_GATE_BIAS: fmt = "model.layers.%d.mlp.gate_proj.bias"; break;
+    case WEIGHT_KIND_UP_BIAS: fmt = "model.layers.%d.mlp.up_proj.bias"; break;
+    case WEIGHT_KIND_DOWN_BIAS: fmt = "model.layers.%d.mlp.down_proj.bias"; break;
+    default: return NULL;
+    }
+    snprintf(buf, n, fmt, l);
+    return buf;
+}
+
+/* Writes m as an HF Llama checkpoint into dir: model.safetensors, or (n_shards 2) two shards
+ * and an index. skip / bad_shape name a tensor to leave out / write with one column fewer. */
+static enum status write_hf_llama(const struct tmodel *m, const char *dir, int n_shards,
+                                  const char *skip, const char *bad_shape)
+{
+    enum status s;
+    char path[4096], name[256];
+    struct safetensors_writer *w[2] = {NULL, NULL};
+    char index[8192];
+    int off = snprintf(index, sizeof index, "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {");
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if ((s = config_save(path, &m->cfg))) return s;
+    for (int i = 0; i < n_shards; i++) {
+        if (n_shards == 1) snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        else snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", dir, i + 1, n_shards);
+        if ((s = safetensors_writer_begin(path, &w[i]))) goto out;
+    }
+    int first = 1;
+    for (int k = 0; k < WEIGHT_KIND_COUNT; k++) {
+        for (int l = 0; l < TM_MAX_LAYERS; l++) {
+            if (!m->w[k][l]) continue;
+            hf_llama_name((enum weight_kind)k, l, name, sizeof name);
+            if (skip && !strcmp(skip, name)) continue;
+            int nd;
+            int64_t shape[2];
+            tm_shape(&m->cfg, (enum weight_kind)k, &nd, &shape[0], &shape[1]);
+            if (bad_shape && !strcmp(bad_shape, name)) shape[1]--;
+            int shard = n_shards == 1 ? 0 : (weight_kind_per_layer((enum weight_kind)k) && l > 0);
+            if ((s = safetensors_writer_add(w[shard], name, m->cfg.dtype, nd, shape, m->w[k][l]))) goto out;
+            if (n_shards > 1)
+                off += snprintf(index + off, sizeof index - (size_t)off,
+                                "%s\"%s\": \"model-%05d-of-%05d.safetensors\"", first ? "" : ", ", name,
+                                shard + 1, n_shards);
+            first = 0;
+        }
+    }
+    for (int i = 0; i < n_shards; i++) {
+        s = safetensors_writer_finish(w[i]);
+        w[i] = NULL;
+        if (s) goto out;
+    }
+    if (n_shards > 1) {
+        snprintf(index + off, sizeof index - (size_t)off, "}}\n");
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        if (!write_text(path, index)) s = status_errorf(STATUS_IO, "%s", path);
+    }
+out:
+    safetensors_writer_free(w[0]);
+    safetensors_writer_free(w[1]);
+    return s;
+}
+
+/* Writes m as an HF GPT-2 checkpoint ("transformer." names, Conv1D (in, out) weights, fused
+ * c_attn, an attention-mask buffer that readers ignore). */
+static enum status write_hf_gpt2(const struct tmodel *m, const char *dir)
+{
+    const struct model_config *c = &m->cfg;
+    enum status s;
+    char path[4096], name[256];
+    struct safetensors_writer *w = NULL;
+    int64_t d = c->d_model, f = c->ffn_hidden, L = c->n_layers, P = c->max_positions;
+    size_t es = dtype_size(c->dtype);
+    unsigned char *bufs[TM_MAX_LAYERS][5] = {{0}};
+    float *mask = calloc((size_t)(P * P), sizeof *mask);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if ((s = config_save(path, c))) goto out;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if ((s = safetensors_writer_begin(path, &w))) goto out;
+#define ADD(shape_nd, data, ...)                                                                \
+    do {                                                                                       \
+        snprintf(name, sizeof name, __VA_ARGS__);                                              \
+        if ((s = safetensors_writer_add(w, name, c->dtype, shape_nd, shp, data))) goto out;     \
+    } while (0)
+    int64_t shp[4];
+    shp[0] = c->vocab_size, shp[1] = d;
+    ADD(2, m->w[WEIGHT_KIND_TOK_EMBEDDING][0], "transformer.wte.weight");
+    shp[0] = P;
+    ADD(2, m->w[WEIGHT_KIND_POS_EMBEDDING][0], "transformer.wpe.weight");
+    shp[0] = d;
+    ADD(1, m->w[WEIGHT_KIND_FINAL_NORM][0], "transformer.ln_f.weight");
+    ADD(1, m->w[WEIGHT_KIND_FINAL_NORM_BIAS][0], "transformer.ln_f.bias");
+    for (int l = 0; l < L; l++) {
+        /* Conv1D (in, out): element [i][j] = canonical [j][i]. */
+        unsigned char *attn = bufs[l][0] = malloc((size_t)(d * 3 * d) * es);
+        unsigned char *attn_b = bufs[l][1] = malloc((size_t)(3 * d) * es);
+        unsigned char *proj = bufs[l][2] = malloc((size_t)(d * d) * es);
+        unsigned char *fc = bufs[l][3] = malloc((size_t)(d * f) * es);
+        unsigned char *fc2 = bufs[l][4] = malloc((size_t)(f * d) * es);
+        for (int part = 0; part < 3; part++) {
+            const unsigned char *src = m->w[WEIGHT_KIND_Q + 2 * part][l];
+            for (int64_t i = 0; i < d; i++)
+                for (int64_t j = 0; j < d; j++)
+                    memcpy(attn + (size_t)(i * 3 * d + part * d + j) * es, src + (size_t)(j * d + i) * es, es);
+            memcpy(attn_b + (size_t)(part * d) * es, m->w[WEIGHT_KIND_Q_BIAS + 2 * part][l], (size_t)d * es);
+        }
+        for (int64_t i = 0; i < d; i++)
+            for (int64_t j = 0; j < d; j++)
+                memcpy(proj + (size_t)(i * d + j) * es,
+                       (const unsigned char *)m->w[WEIGHT_KIND_O][l] + (size_t)(j * d + i) * es, es);
+        for (int64_t i = 0; i < d; i++)
+            for (int64_t j = 0; j < f; j++)
+                memcpy(fc + (size_t)(i * f + j) * es,
+                       (const unsigned char *)m->w[WEIGHT_KIND_UP][l] + (size_t)(j * d + i) * es, es);
+        for (int64_t i = 0; i < f; i++)
+            for (int64_t j = 0; j < d; j++)
+                memcpy(fc2 + (size_t)(i * d + j) * es,
+                       (const unsigned char *)m->w[WEIGHT_KIND_DOWN][l] + (size_t)(j * f + i) * es, es);
+        shp[0] = d;
+        ADD(1, m->w[WEIGHT_KIND_ATTN_NORM][l], "transformer.h.%d.ln_1.weight", l);
+        ADD(1, m->w[WEIGHT_KIND_ATTN_NORM_BIAS][l], "transformer.h.%d.ln_1.bias", l);
+        ADD(1, m->w[WEIGHT_KIND_MLP_NORM][l], "transformer.h.%d.ln_2.weight", l);
+        ADD(1, m->w[WEIGHT_KIND_MLP_NORM_BIAS][l], "transformer.h.%d.ln_2.bias", l);
+        ADD(1, m->w[WEIGHT_KIND_O_BIAS][l], "transformer.h.%d.attn.c_proj.bias", l);
+        ADD(1, m->w[WEIGHT_KIND_DOWN_BIAS][l], "transformer.h.%d.mlp.c_proj.bias", l);
+        shp[0] = 3 * d;
+        ADD(1, attn_b, "transformer.h.%d.attn.c_attn.bias", l);
+        shp[0] = f;
+        ADD(1, m->w[WEIGHT_KIND_UP_BIAS][l], "transformer.h.%d.mlp.c_fc.bias", l);
+        shp[0] = d, shp[1] = 3 * d;
+        ADD(2, attn, "transformer.h.%d.attn.c_attn.weight", l);
+        shp[0] = d, shp[1] = d;
+        ADD(2, proj, "transformer.h.%d.attn.c_proj.weight", l);
+        shp[0] = d, shp[1] = f;
+        ADD(2, fc, "transformer.h.%d.mlp.c_fc.weight", l);
+        shp[0] = f, shp[1] = d;
+        ADD(2, fc2, "transformer.h.%d.mlp.c_proj.weight", l);
+        shp[0] = 1, shp[1] = 1, shp[2] = P, shp[3] = P;
+        snprintf(name, sizeof name, "transformer.h.%d.attn.bias", l);
+        if ((s = safetensors_writer_add(w, name, DTYPE_F32, 4, shp, mask))) goto out;
+    }
+#undef ADD
+    s = safetensors_writer_finish(w);
+    w = NULL;
+out:
+    safetensors_writer_free(w);
+    for (int l = 0; l < TM_MAX_LAYERS; l++)
+        for (int i = 0; i < 5; i++) free(bufs[l][i]);
+    free(mask);
+    return s;
+}
+
+/* Every weight of m at every tp in {1, 2, 4} that partitions it, from ck, against the truth. */
+static void check_all_slices(const struct tmodel *m, const char *dir, const char *label)
+{
+    struct checkpoint *ck = NULL;
+    enum status s = checkpoint_open(dir, &ck);
+    check_status(s, STATUS_OK, label, NULL);
+    if (s) return;
+    check(config_equal(&ck->cfg, &m->cfg), "%s: config.json reads back as written", label);
+    size_t cap = 1 << 20;
+    unsigned char *got = aligned_alloc(64, cap), *want = aligned_alloc(64, cap);
+    float *got32 = aligned_alloc(64, cap * 2);
+    for (int tp = 1; tp <= 4; tp *= 2) {
+        if (!tp_fits(&m->cfg, tp)) continue;
+        int n = 0, bad = 0, zc = 0, conv_bad = 0;
+        for (int k = 0; k < WEIGHT_KIND_COUNT; k++) {
+            if (!weight_kind_exists(&m->cfg, (enum weight_kind)k)) continue;
+            for (int l = 0; l < tm_layers((enum weight_kind)k, m); l++) {
+                for (int r = 0; r < tp; r++) {
+                    int64_t er, ec;
+                    size_t nbytes = tm_expected(m, (enum weight_kind)k, l, r, tp, want, &er, &ec);
+                    struct host_weight hw, hz;
+                    memset(got, 0xa5, nbytes + 64);
+                    s = checkpoint_get(ck, (enum weight_kind)k, l, r, tp, m->cfg.dtype, got, cap, 0, &hw);
+                    int ok = s == STATUS_OK && hw.nbytes == nbytes && hw.data == got && !hw.zero_copy &&
+                             hw.shape[0] == er && (hw.ndim == 1 || hw.shape[1] == ec) &&
+                             !memcmp(got, want, nbytes);
+                    /* The zero-copy path hands out the same bytes. */
+                    enum status sz = checkpoint_get(ck, (enum weight_kind)k, l, r, tp, m->cfg.dtype, got,
+                                                    cap, CHECKPOINT_GET_ZERO_COPY_OK, &hz);
+                    ok &= sz == STATUS_OK && !memcmp(hz.data, want, nbytes);
+                    zc += sz == STATUS_OK && hz.zero_copy;
+                    /* Converted to f32 (or bf16 for an f32 model), element by element. */
+                    enum dtype other = m->cfg.dtype == DTYPE_F32 ? DTYPE_BF16 : DTYPE_F32;
+                    struct host_weight hc;
+                    if (checkpoint_get(ck, (enum weight_kind)k, l, r, tp, other, got32, cap * 2, 0, &hc) ||
+                        hc.nbytes != (size_t)(er * ec) * dtype_size(other)) {
+                        conv_bad++;
+                    } else {
+                        for (int64_t i = 0; i < er * ec; i++) {
+                            float v = dtype_load_f32(want, m->cfg.dtype, (size_t)i);
+                            if (other == DTYPE_F32 ? got32[i] != v
+                                                   : ((uint16_t *)got32)[i] != f32_to_bf16(v)) {
+                                conv_bad++;
+                                break;
+                            }
+                        }
+                    }
+                    if (!ok && bad < 3)
+                        printf("     mismatch: %s layer %d rank %d/%d: %s %s\n",
+                               weight_kind_name((enum weight_kind)k), l, r, tp, status_name(s),
+                               s ? status_message() : "");
+                    bad += !ok;
+                    n++;
+                }
+            }
+        }
+        check(bad == 0 && conv_bad == 0,
+              "%s: tp=%d: %d slices byte-identical to the expected canonical slices (%d zero-copy), "
+              "conversions exact",
+              label, tp, n, zc);
+    }
+    free(got);
+    free(want);
+    free(got32);
+    checkpoint_close(ck);
+}
+
+static void zero_copy_case(struct checkpoint *ck, const char *label, enum weight_kind k, int r, int tp,
+                           enum dtype dt, int want)
+{
+    struct host_weight hw;
+    enum status s = checkpoint_describe(ck, k, 0, r, tp, dt, &hw);
+    check(s == STATUS_OK && hw.zero_copy == want && (want ? hw.data != NULL : hw.data == NULL),
+          "zero-copy: %s %s rank %d/%d as %s -> %s", label, weight_kind_name(k), r, tp, dtype_name(dt),
+          s ? status_message() : hw.zero_copy ? "pointer into the mapping" : "copy");
+}
+
+static void test_checkpoints(void)
+{
+    enum status s;
+    /* Llama, GQA (4 heads, 2 KV heads), biases on attention and MLP, untied, bf16, odd vocab. */
+    struct tmodel llama = {.name = "llama"};
+    s = config_parse("{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 24,"
+                     " \"intermediate_size\": 40, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+                     " \"num_key_value_heads\": 2, \"vocab_size\": 37, \"max_position_embeddings\": 64,"
+                     " \"attention_bias\": true, \"mlp_bias\": true, \"torch_dtype\": \"bfloat16\","
+                     " \"bos_token_id\": 1, \"eos_token_id\": 2}",
+                     "llama", &llama.cfg);
+    CHECK(s == STATUS_OK, "%s", status_message());
+    /* Llama, MQA (1 KV head), head_dim 8 != d_model / n_heads, tied, no biases, f32. */
+    struct tmodel mqa = {.name = "mqa"};
+    s = config_parse("{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 24, \"head_dim\": 8,"
+                     " \"intermediate_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+                     " \"num_key_value_heads\": 1, \"vocab_size\": 30, \"tie_word_embeddings\": true}",
+                     "mqa", &mqa.cfg);
+    CHECK(s == STATUS_OK, "%s", status_message());
+    /* GPT-2, 3 layers (uneven pipeline split), f32. */
+    struct tmodel gpt2 = {.name = "gpt2"};
+    s = config_parse("{\"architectures\": [\"GPT2LMHeadModel\"], \"n_embd\": 16, \"n_layer\": 3,"
+                     " \"n_head\": 4, \"n_positions\": 12, \"vocab_size\": 29, \"activation_function\": \"gelu\"}",
+                     "gpt2", &gpt2.cfg);
+    CHECK(s == STATUS_OK, "%s", status_message());
+    tm_init(&llama);
+    tm_init(&mqa);
+    tm_init(&gpt2);
+
+    char l_hf[4096], l_sh[4096];
+    snprintf(l_hf, sizeof l_hf, "%s", tpath("llama_hf"));
+    snprintf(l_sh, sizeof l_sh, "%s", tpath("llama_sharded"));
+    check_status(write_hf_llama(&llama, l_hf, 1, NULL, NULL), STATUS_OK, "write: HF Llama checkpoint", NULL);
+    write_text(tpath("llama_hf/tokenizer.model"), "not really a tokenizer");
+    check_status(write_hf_llama(&llama, l_sh, 2, NULL, NULL), STATUS_OK,
+                 "write: sharded HF Llama checkpoint (2 shards + index.json)", NULL);
+    check_status(write_hf_llama(&mqa, tpath("mqa_hf"), 1, NULL, NULL), STATUS_OK,
+                 "write: HF Llama MQA checkpoint", NULL);
+    check_status(write_hf_gpt2(&gpt2, tpath("gpt2_hf")), STATUS_OK, "write: HF GPT-2 checkpoint", NULL);
+
+    /* Megatron layouts, from HF sources and from a Megatron source. */
+    struct {
+        const char *src, *dst;
+        int         tp, pp;
+    } mg[] = {
+        {"llama_hf", "llama_mg_t2p2", 2, 2}, {"llama_hf", "llama_mg_t1p1", 1, 1},
+        {"llama_mg_t2p2", "llama_mg_t1p2_from_mg", 1, 2},
+        {"mqa_hf", "mqa_mg_t1p2", 1, 2},
+        {"gpt2_hf", "gpt2_mg_t2p2", 2, 2}, {"gpt2_hf", "gpt2_mg_t4p3", 4, 3},
+        {"gpt2_mg_t4p3", "gpt2_mg_t1p1_from_mg", 1, 1},
+    };
+    for (size_t i = 0; i < sizeof mg / sizeof mg[0]; i++) {
+        struct checkpoint *src = NULL;
+        s = checkpoint_open(tpath("%s", mg[i].src), &src);
+        if (!s) s = checkpoint_write_megatron(tpath("%s", mg[i].dst), src, mg[i].tp, mg[i].pp);
+        char what[256];
+        snprintf(what, sizeof what, "write_megatron: %s -> %s (tp=%d pp=%d)", mg[i].src, mg[i].dst,
+                 mg[i].tp, mg[i].pp);
+        check_status(s, STATUS_OK, what, NULL);
+        checkpoint_close(src);
+    }
+
+    /* The Megatron files themselves, checked against the documented layout. */
+    struct safetensors *st = NULL;
+    s = safetensors_open(tpath("llama_mg_t2p2/mp_rank_01_000/model.safetensors"), &st);
+    if (!s) {
+        const struct model_config *c = &llama.cfg;
+        int64_t hd = c->head_dim, d = c->d_model, qpg = c->n_heads / c->n_kv_heads;
+        const struct st_tensor *qkv = safetensors_find(st, "decoder.layers.0.self_attention.linear_qkv.weight");
+        const struct st_tensor *fc1 = safetensors_find(st, "decoder.layers.0.mlp.linear_fc1.weight");
+        const struct st_tensor *emb = safetensors_find(st, "embedding.word_embeddings.weight");
+        size_t es = 2, row = (size_t)d * es;
+        int ok = qkv && fc1 && emb && qkv->shape[0] == (qpg + 2) * hd && qkv->shape[1] == d &&
+                 !safetensors_find(st, "output_layer.weight") &&
+                 safetensors_find(st, "decoder.layers.0.input_layernorm.weight") &&
+                 !safetensors_find(st, "decoder.layers.1.input_layernorm.weight");
+        /* rank 1 holds query group 1: q heads 2, 3, then k head 1, then v head 1 */
+        if (ok) {
+            const unsigned char *p = qkv->data;
+            ok &= !memcmp(p, (const unsigned char *)llama.w[WEIGHT_KIND_Q][0] + 2 * hd * row, 2 * hd * row);
+            ok &= !memcmp(p + 2 * hd * row, (const unsigned char *)llama.w[WEIGHT_KIND_K][0] + hd * row, hd * row);
+            ok &= !memcmp(p + 3 * hd * row, (const unsigned char *)llama.w[WEIGHT_KIND_V][0] + hd * row, hd * row);
+            /* fc1 = [gate rows 20..39; up rows 20..39] */
+            int64_t per = c->ffn_hidden / 2;
+            ok &= fc1->shape[0] == 2 * per &&
+                  !memcmp(fc1->data, (const unsigned char *)llama.w[WEIGHT_KIND_GATE][0] + per * row, per * row) &&
+                  !memcmp((const unsigned char *)fc1->data + per * row,
+                          (const unsigned char *)llama.w[WEIGHT_KIND_UP][0] + per * row, per * row);
+            /* vocab 37 at tp 2: 19 rows each; rank 1 has rows 19..36 and one zero row */
+            static const unsigned char zeros[64];
+            ok &= emb->shape[0] == 19 &&
+                  !memcmp(emb->data, (const unsigned char *)llama.w[WEIGHT_KIND_TOK_EMBEDDING][0] + 19 * row, 18 * row) &&
+                  !memcmp((const unsigned char *)emb->data + 18 * row, zeros, row);
+        }
+        check(ok, "megatron layout: rank 1 stage 0 linear_qkv = [q heads 2,3; k head 1; v head 1], "
+                  "linear_fc1 = [gate; up] of rank 1, padded vocab shard");
+        safetensors_close(st);
+    } else {
+        check(0, "megatron layout: open mp_rank_01_000: %s", status_message());
+    }
+    s = safetensors_open(tpath("llama_mg_t2p2/mp_rank_00_001/model.safetensors"), &st);
+    const struct st_tensor *fc2 = s ? NULL : safetensors_find(st, "decoder.layers.0.mlp.linear_fc2.weight");
+    check(s == STATUS_OK && safetensors_find(st, "output_layer.weight") &&
+              safetensors_find(st, "decoder.final_layernorm.weight") &&
+              safetensors_find(st, "decoder.layers.0.self_attention.linear_proj.bias") &&
+              !safetensors_find(st, "embedding.word_embeddings.weight") && fc2 && fc2->shape[1] == 20,
+          "megatron layout: last stage holds local layer 0, final_layernorm, output_layer (vocab-parallel)");
+    safetensors_close(st);
+    st = NULL;
+    check(file_exists(tpath("llama_mg_t2p2/tokenizer.model")) &&
+              file_exists(tpath("llama_mg_t2p2/shardlm_megatron.json")) &&
+              file_exists(tpath("llama_mg_t2p2/config.json")),
+          "megatron layout: config.json, shardlm_megatron.json and tokenizer.model beside the ranks");
+
+    /* Every weight, every tp, every source. */
+    const char *l_sources[] = {"llama_hf", "llama_sharded", "llama_mg_t2p2", "llama_mg_t1p1",
+                               "llama_mg_t1p2_from_mg"};
+    for (size_t i = 0; i < sizeof l_sources / sizeof l_sources[0]; i++)
+        check_all_slices(&llama, tpath("%s", l_sources[i]), l_sources[i]);
+    check_all_slices(&mqa, tpath("mqa_hf"), "mqa_hf");
+    check_all_slices(&mqa, tpath("mqa_mg_t1p2"), "mqa_mg_t1p2");
+    const char *g_sources[] = {"gpt2_hf", "gpt2_mg_t2p2", "gpt2_mg_t4p3", "gpt2_mg_t1p1_from_mg"};
+    for (size_t i = 0; i < sizeof g_sources / sizeof g_sources[0]; i++)
+        check_all_slices(&gpt2, tpath("%s", g_sources[i]), g_sources[i]);
+
+    /* Layout bookkeeping and zero-copy decisions. */
+    struct checkpoint *ck = NULL;
+    if (!checkpoint_open(tpath("llama_mg_t2p2"), &ck)) {
+        check(ck->layout == CHECKPOINT_LAYOUT_MEGATRON && ck->saved_tp == 2 && ck->saved_pp == 2,
+              "open: Megatron layout, saved tp 2 pp 2");
+        checkpoint_close(ck);
+    }
+    if (!checkpoint_open(tpath("llama_sharded"), &ck)) {
+        check(ck->layout == CHECKPOINT_LAYOUT_HF_SHARDED, "open: sharded HF layout");
+        checkpoint_close(ck);
+    }
+    if (!checkpoint_open(l_hf, &ck)) {
+        check(ck->layout == CHECKPOINT_LAYOUT_HF && ck->saved_tp == 1, "open: HF layout");
+        zero_copy_case(ck, "llama_hf", WEIGHT_KIND_Q, 0, 1, DTYPE_BF16, 1);
+        zero_copy_case(ck, "llama_hf", WEIGHT_KIND_Q, 1, 2, DTYPE_BF16, 1);
+        zero_copy_case(ck, "llama_hf", WEIGHT_KIND_O, 1, 2, DTYPE_BF16, 0);
+        zero_copy_case(ck, "llama_hf", WEIGHT_KIND_Q, 0, 1, DTYPE_F32, 0);
+        zero_copy_case(ck, "llama_hf", WEIGHT_KIND_TOK_EMBEDDING, 0, 2, DTYPE_BF16, 1);
+        zero_copy_case(ck, "llama_hf", WEIGHT_KIND_TOK_EMBEDDING, 1, 2, DTYPE_BF16, 0);
+        struct host_weight hw;
+        check_status(checkpoint_get(ck, WEIGHT_KIND_Q, 0, 0, 3, DTYPE_F32, NULL, 0, 0, &hw),
+                     STATUS_UNSUPPORTED, "get: tp 3 does not partition 4 heads", "tp size 3", NULL);
+        check_status(checkpoint_get(ck, WEIGHT_KIND_Q, 0, 2, 2, DTYPE_F32, NULL, 0, 0, &hw),
+                     STATUS_INVALID_ARGUMENT, "get: rank 2 of tp 2", "tp rank 2", NULL);
+        check_status(checkpoint_get(ck, WEIGHT_KIND_Q, 2, 0, 1, DTYPE_F32, NULL, 0, 0, &hw),
+                     STATUS_INVALID_ARGUMENT, "get: layer 2 of 2", "layer 2", NULL);
+        check_status(checkpoint_get(ck, WEIGHT_KIND_POS_EMBEDDING, 0, 0, 1, DTYPE_F32, NULL, 0, 0, &hw),
+                     STATUS_INVALID_ARGUMENT, "get: a Llama has no position embedding", "no weight pos_embedding",
+                     NULL);
+        check_status(checkpoint_get(ck, WEIGHT_KIND_O, 0, 0, 2, DTYPE_BF16, NULL, 0,
+                                    CHECKPOINT_GET_ZERO_COPY_OK, &hw),
+                     STATUS_INVALID_ARGUMENT, "get: a slice that needs copying, without a buffer", "buffer",
+                     NULL);
+        check_status(checkpoint_write_megatron(l_hf, ck, 1, 1), STATUS_INVALID_ARGUMENT,
+                     "write_megatron: over its own source", "over its source", NULL);
+        check_status(checkpoint_write_megatron(tpath("llama_mg_bad"), ck, 4, 1), STATUS_UNSUPPORTED,
+                     "write_megatron: tp 4 with 2 KV heads", "n_kv_heads (2)", NULL);
+        checkpoint_close(ck);
+    }
+    if (!checkpoint_open(tpath("llama_mg_t1p1"), &ck)) {
+        zero_copy_case(ck, "llama_mg_t1p1", WEIGHT_KIND_Q, 0, 1, DTYPE_BF16, 0);
+        zero_copy_case(ck, "llama_mg_t1p1", WEIGHT_KIND_ATTN_NORM, 0, 1, DTYPE_BF16, 1);
+        checkpoint_close(ck);
+    }
+    if (!checkpoint_open(tpath("gpt2_hf"), &ck)) {
+        zero_copy_case(ck, "gpt2_hf", WEIGHT_KIND_Q, 0, 1, DTYPE_F32, 0);
+        zero_copy_case(ck, "gpt2_hf", WEIGHT_KIND_K_BIAS, 0, 1, DTYPE_F32, 1);
+        struct host_weight hw;
+        check_status(checkpoint_describe(ck, WEIGHT_KIND_GATE, 0, 0, 1, DTYPE_F32, &hw),
+                     STATUS_INVALID_ARGUMENT, "get: GPT-2 has no gate", "no weight gate", NULL);
+        checkpoint_close(ck);
+    }
+
+    /* Broken checkpoints. */
+    const char *name = "model.layers.1.mlp.down_proj.weight";
+    check_status(write_hf_llama(&llama, tpath("llama_missing"), 1, name, NULL), STATUS_OK,
+                 "write: HF Llama without one tensor", NULL);
+    check_status(checkpoint_open(tpath("llama_missing"), &ck), STATUS_BAD_FORMAT,
+                 "open: a tensor is missing", name, "model.safetensors", NULL);
+    name = "model.layers.0.self_attn.q_proj.weight";
+    check_status(write_hf_llama(&llama, tpath("llama_shape"), 1, NULL, name), STATUS_OK,
+                 "write: HF Llama with a wrong shape", NULL);
+    check_status(checkpoint_open(tpath("llama_shape"), &ck), STATUS_BAD_FORMAT, "open: a tensor has the wrong shape",
+                 name, "has shape [24,23], expected [24,24]", NULL);
+    mkdir(tpath("no_weights"), 0755);
+    config_save(tpath("no_weights/config.json"), &llama.cfg);
+    check_status(checkpoint_open(tpath("no_weights"), &ck), STATUS_NOT_FOUND, "open: no weight files",
+                 "no weights", NULL);
+    mkdir(tpath("empty"), 0755);
+    check_status(checkpoint_open(tpath("empty"), &ck), STATUS_NOT_FOUND, "open: no config.json", "config.json",
+                 NULL);
+    rename(tpath("llama_sharded/model-00002-of-00002.safetensors"), tpath("llama_sharded/moved"));
+    check_status(checkpoint_open(l_sh, &ck), STATUS_NOT_FOUND, "open: index names a missing shard",
+                 "model-00002-of-00002.safetensors", "does not exist", NULL);
+    rename(tpath("llama_sharded/moved"), tpath("llama_sharded/model-00002-of-00002.safetensors"));
+    rename(tpath("llama_mg_t2p2/mp_rank_01_001"), tpath("llama_mg_t2p2/moved"));
+    check_status(checkpoint_open(tpath("llama_mg_t2p2"), &ck), STATUS_NOT_FOUND,
+                 "open: a Megatron rank folder is missing", "mp_rank_01_001", NULL);
+    rename(tpath("llama_mg_t2p2/moved"), tpath("llama_mg_t2p2/mp_rank_01_001"));
+    const char *meta = tpath("gpt2_mg_t2p2/shardlm_megatron.json");
+    write_text(meta, "{\"format\": \"shardlm-megatron\", \"version\": 2}");
+    check_status(checkpoint_open(tpath("gpt2_mg_t2p2"), &ck), STATUS_UNSUPPORTED,
+                 "open: Megatron metadata of a newer version", "version 2", NULL);
+    write_text(meta, "{\"format\": \"shardlm-megatron\", \"version\": 1, \"tp_size\": 2, \"pp_size\": 2,"
+                     " \"n_layers\": 3, \"layers_per_stage\": [1, 1], \"vocab_size\": 29,"
+                     " \"padded_vocab_size\": 30, \"tensor_names\": \"megatron-core-local\","
+                     " \"qkv_layout\": \"megatron-core-grouped\", \"fc1_layout\": \"gate-up-per-rank\"}");
+    check_status(checkpoint_open(tpath("gpt2_mg_t2p2"), &ck), STATUS_BAD_FORMAT,
+                 "open: Megatron layers_per_stage disagrees with config.json", "sums to 2", NULL);
+
+    tm_free(&llama);
+    tm_free(&mqa);
+    tm_free(&gpt2);
+}
+
+int main(void)
+{
+    snprintf(root, sizeof root, "/tmp/shardlm_formats_XXXXXX");
+    if (!mkdtemp(root)) {
+        fprintf(stderr, "mkdtemp: %s\n", strerror(errno));
+        return 1;
+    }
+    log_set_level(LOG_LEVEL_WARN);
+    test_safetensors_roundtrip();
+    test_safetensors_corrupt();
+    test_config();
+    test_checkpoints();
+    nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
