@@ -128,5 +128,11 @@ void dtype_convert(void *dst, enum dtype dst_t, const void *src, enum dtype src_
         if (dst != src) memmove(dst, src, n * dtype_size(dst_t));
         return;
     }
+    if (src_t == DTYPE_BF16 && dst_t == DTYPE_F32) { /* hot on the CPU: a plain shift, vectorised */
+        const uint16_t *s = src;
+        uint32_t *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
+        return;
+    }
     for (size_t i = 0; i < n; i++) dtype_store_f32(dst, dst_t, i, dtype_load_f32(src, src_t, i));
 }

@@ -1,4 +1,4 @@
-/* kernels/cpu/log_softmax.c - op_log_softmax on the CPU: x - max - log(sum(exp(x - max))),
+/* kernels/cpu/log_softmax.c - op_log_softmax on the CPU: (x - max) - log(sum(exp(x - max))),
  * per row, for token log-probabilities.
  * Tests: tests/test_ops.c (log_softmax cases). */
 #include <math.h>
@@ -18,9 +18,10 @@ void cpu_log_softmax(struct backend *b, const struct tensor *out, const struct t
         for (int64_t j = 0; j < v; j++) mx = xr[j] > mx ? xr[j] : mx;
         double sum = 0.0;
         for (int64_t j = 0; j < v; j++) sum += exp((double)(xr[j] - mx));
-        float lse = mx + (float)log(sum);
+        /* (x - max) - log(sum) keeps large logits exact; x - (max + log(sum)) does not. */
+        float lse = (float)log(sum);
         float *o = cpu_out_row(out, (size_t)(i * v), tmp);
-        for (int64_t j = 0; j < v; j++) o[j] = xr[j] - lse;
+        for (int64_t j = 0; j < v; j++) o[j] = (xr[j] - mx) - lse;
         cpu_store_row(out, (size_t)(i * v), (size_t)v, o);
     }
 }

@@ -1,0 +1,1911 @@
+/* tests/test_ops.c - every op of kernels/ops.h, in every float dtype, on odd, decode and small
+ * Llama-like shapes.
+ *
+ * --backend cpu:  each op on the CPU backend against a plain double-precision reference written
+ *                 in this file from the mathematical definitions (not from any backend's code).
+ *                 Inputs are drawn in double, rounded to the storage dtype, and the reference
+ *                 runs on the rounded values, so that only the op's own error is measured.
+ * --backend cuda: the same cases on the CUDA backend, compared with the double reference and
+ *                 with the CPU backend on identical inputs. Prints "SKIP: ops_cuda: ..." and
+ *                 exits 77 when the build has no CUDA backend or the machine has no GPU.
+ *
+ * Every buffer handed to an op sits between guard regions that must come back untouched; every
+ * input must come back unchanged; every pure output starts filled with NaN, so that an element
+ * the op never writes is caught; every output is checked for NaN/Inf where the reference is
+ * finite. An op whose slot a backend leaves empty is reported as a failure ("not implemented"),
+ * never as a pass.
+ *
+ * Not here: backward ops (not written yet), models (the golden tests).
+ *
+ * Run:  test_ops --backend cpu|cuda [--filter SUBSTR] [--seed N]
+ * Each case prints one line: "ok" with its name and its worst err/tol ratio (how close it came
+ * to the tolerance), or "FAIL" with its name and, indented below, every failed check (worst
+ * element with got/want/tol, max abs and rel errors with their [row, col]); the last line is
+ * "N passed, M failed". Exit status: 0 all passed, 1 a failure, 2 bad usage, 77 skipped. The default seed is
+ * fixed, and each case draws its inputs from the seed and its own name, so --filter reproduces a
+ * case's inputs exactly. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ops.h"
+
+/* ---- tolerances ---------------------------------------------------------------------------
+ *
+ * An output element passes when
+ *
+ *     |got - want| <= u * |want| + (1 + u) * (rel * |want| + abs * mag) + floor
+ *
+ * where want is the double reference on the rounded inputs, (rel, abs) is the op's row below
+ * (the error of doing the arithmetic in f32, as ops.h requires whatever the storage dtype),
+ * mag is an op-specific magnitude computed by the reference (defined in each row's comment),
+ * u is the storage rounding of the output dtype (storage_rounding below: the result is rounded
+ * once, on store) and floor is the larger of the dtype's and the op's floor.
+ *
+ * A CUDA output must also be within twice that bound of the CPU output on the same inputs (each
+ * may sit on either side of the reference).
+ *
+ * Copies and selections (cast, embedding, kv_write, argmax, topk) have no row: they are exact,
+ * and are compared bit for bit (cast: the correctly rounded value, sign of zero included). */
+#define U32 0x1p-24 /* unit roundoff of f32: half an ulp, relative */
+
+enum op_id {
+    OP_POSITION_EMBEDDING_ADD,
+    OP_MATMUL,
+    OP_RMSNORM,
+    OP_LAYERNORM,
+    OP_ADD,
+    OP_SCALE,
+    OP_ROPE,
+    OP_ATTENTION,
+    OP_ACTIVATION,
+    OP_GATED_ACTIVATION,
+    OP_SOFTMAX,
+    OP_LOG_SOFTMAX,
+    OP_COUNT,
+};
+
+struct tolerance {
+    double rel;   /* times |want| */
+    double abs;   /* times mag */
+    double floor; /* absolute */
+};
+
+static const struct tolerance tolerances[OP_COUNT] = {
+    /* x + table[pos], a + c, alpha * x: one f32 operation on exactly representable values is
+     * correctly rounded (error <= U32 |y|); the second U32 is slack for an implementation that
+     * reaches the same value through a fused multiply-add. */
+    [OP_POSITION_EMBEDDING_ADD] = {2 * U32, 0, 0},
+    [OP_ADD] = {2 * U32, 0, 0},
+    [OP_SCALE] = {2 * U32, 0, 0},
+    /* mag = sqrt(k) * sum_l |x_l w_l| + |bias|. An f32 dot product of length k in any
+     * summation order is within lambda sqrt(k) U32 sum_l |x_l w_l| of the exact value with
+     * overwhelming probability (Higham & Mary's probabilistic bound; the worst case is
+     * k U32 sum); lambda = 8. With inputs uniform in [-1, 1] this is about 1.2e-7 k^1.5, i.e.
+     * tighter than 1e-4 sqrt(k) max|x| max|w| up to k ~ 800 and 5x looser at k = 4096; f32
+     * accumulation (OpenBLAS, cuBLAS) stays 10x or more below it, while TF32 or half-precision
+     * accumulation exceeds it. rel: the bias add and the final rounding. */
+    [OP_MATMUL] = {4 * U32, 8 * U32, 0},
+    /* mag = sqrt(d) * |out|. The sum of d squares carries a relative error of about
+     * sqrt(d) U32 (typically; d U32 at worst, but its terms are all positive), which reaches
+     * every element of the row through the common factor 1/rms, halved by the square root;
+     * rel: the reciprocal square root (correctly rounded or one Newton step) and two products. */
+    [OP_RMSNORM] = {8 * U32, 4 * U32, 0},
+    /* mag = sqrt(d) * (|w| r max|x| + |x - mean| |w| r^3 mean(x^2)) + |bias|, r = 1/sqrt(var+eps).
+     * The mean carries an absolute error of about sqrt(d) U32 max|x|, which every (x - mean)
+     * inherits and r |w| scales. The variance, if computed in one pass as mean(x^2) - mean^2,
+     * carries an absolute error of about sqrt(d) U32 mean(x^2), which changes r by half of it
+     * relative to var + eps; the second term allows that (a two-pass variance is more exact and
+     * passes too). Inputs have row offsets, so this is not vacuous. */
+    [OP_LAYERNORM] = {8 * U32, 4 * U32, 0},
+    /* mag = (|x_a| + |x_b|) * (2 + pos f (2 i ln(theta) / rot + 3)), f = theta^(-2i/rot), for both
+     * members of pair i. The angle pos f computed in f32 is off by about U32 times
+     * pos f (2 i ln(theta) / rot + 3): the power's exponent -2i/rot is rounded, and its error is
+     * amplified by ln(theta); the power, the product and the argument of sin/cos add a rounding
+     * each. An angle error e moves the rotated pair by at most e (|x_a| + |x_b|). The 2 covers
+     * sin/cos themselves. Rows at position 32767 exercise this. */
+    [OP_ROPE] = {4 * U32, 4 * U32, 0},
+    /* mag = sum_j p_j |v_j| * (4 + 2 sqrt(n) + 2 sqrt(D) scale max_j sum_d |q_d k_jd|), over the
+     * n attended positions. A score error e_j (f32 dot product of length D, probabilistic bound
+     * as for matmul) changes p_j by at most about 2 max e p_j; exp, the online rescaling and the
+     * final division add a few U32 relative to each p_j (the 4); the weighted sum of n values
+     * adds about sqrt(n) U32 sum_j p_j |v_j|. */
+    [OP_ATTENTION] = {4 * U32, 4 * U32, 0},
+    /* mag = 1 + |x|. expf, tanhf, erff are accurate to a few ulps (rel); GELU's 1 + tanh() or
+     * 1 + erf() cancels for negative x, where the f32 error of tanh/erf (about U32 absolute)
+     * is multiplied by |x| / 2 (abs). */
+    [OP_ACTIVATION] = {8 * U32, 8 * U32, 0},
+    /* mag = (1 + |gate|) |up|: the activation's error, as above, times up; one product more. */
+    [OP_GATED_ACTIVATION] = {10 * U32, 8 * U32, 0},
+    /* mag = |p| (sqrt(v) + |x - max|). exp(x - max) is accurate to a few U32 relative to p, the
+     * subtraction x - max rounds by U32 |x - max| (an error that exp turns into a relative error
+     * of p), and the sum of v terms carries about sqrt(v) U32. floor: probabilities below the
+     * f32 normal range (2^-126) are subnormal in f32 and have no relative accuracy left (a GPU
+     * may flush them to zero). */
+    [OP_SOFTMAX] = {4 * U32, 4 * U32, 0x1p-126},
+    /* mag = |x| + |max| + |lse| + sqrt(v), lse = log(sum exp(x - max)). The result is a
+     * difference of terms of these sizes, each carrying a few U32 (x - max is exact for
+     * neighbouring values, but x - (max + lse) is not, and both orders are fine in f32); the
+     * sum inside the log carries about sqrt(v) U32 relative, which the log turns into an
+     * absolute error. Inputs at +-1e4 make the |x| term matter. */
+    [OP_LOG_SOFTMAX] = {2 * U32, 4 * U32, 0},
+};
+
+/* Storing a result in a narrower dtype rounds it once: by at most half an ulp, u |y| in the
+ * normal range, or half the subnormal spacing below it. For f32 outputs the rows above already
+ * count the final rounding, so u = 0 and the floor is half the smallest f32 subnormal. */
+static const struct storage_rounding {
+    double u, floor;
+} storage_rounding[3] = {
+    [DTYPE_F32] = {0, 0x1p-150},
+    [DTYPE_BF16] = {0x1p-8, 0x1p-134},
+    [DTYPE_F16] = {0x1p-11, 0x1p-25},
+};
+
+/* ---- small utilities -------------------------------------------------------------------- */
+
+static const enum dtype float_dtypes[3] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
+
+static void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    CHECK(p != NULL, "out of host memory (%zu x %zu bytes)", n, size);
+    return p;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* splitmix64: small, fast, and good enough for test data. */
+struct rng {
+    uint64_t s;
+};
+
+static uint64_t rng_next(struct rng *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(struct rng *r) { return (double)(rng_next(r) >> 11) * 0x1p-53; }
+
+static double rng_range(struct rng *r, double lo, double hi)
+{
+    return lo + (hi - lo) * rng_uniform(r);
+}
+
+/* Uniform in [0, n), n > 0. */
+static int rng_int(struct rng *r, int n) { return (int)(rng_next(r) % (uint64_t)n); }
+
+static double rng_normal(struct rng *r)
+{
+    double u1 = 1.0 - rng_uniform(r), u2 = rng_uniform(r);
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+static void rng_shuffle(struct rng *r, int *a, int n)
+{
+    for (int i = n - 1; i > 0; i--) {
+        int j = rng_int(r, i + 1), t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+/* ---- storage formats, written independently of tensor.h -------------------------------- */
+
+struct format {
+    int    precision; /* significand bits, the implicit one included */
+    int    emin;      /* exponent of the smallest normal number */
+    double max;       /* largest finite value */
+};
+
+static struct format format_of(enum dtype t)
+{
+    switch (t) {
+    case DTYPE_F32: return (struct format){24, -126, 0x1.fffffep127};
+    case DTYPE_BF16: return (struct format){8, -126, 0x1.fep127};
+    case DTYPE_F16: return (struct format){11, -14, 65504.0};
+    case DTYPE_I32: break;
+    }
+    CHECK(0, "not a float dtype: %d", (int)t);
+}
+
+/* v rounded to the nearest value of dtype t (ties to even), overflowing to infinity the way
+ * IEEE 754 does (from max + half an ulp up); NaN, infinities and zeros pass through. */
+static double fmt_round(double v, enum dtype t)
+{
+    if (isnan(v) || isinf(v) || v == 0.0) return v;
+    struct format f = format_of(t);
+    double a = fabs(v);
+    int e;
+    frexp(a, &e); /* a in [2^(e-1), 2^e) */
+    /* Below the normal range the spacing stays that of the smallest normal binade. */
+    int lead = e - 1 < f.emin ? f.emin : e - 1;
+    double ulp = ldexp(1.0, lead - (f.precision - 1));
+    double r = nearbyint(a / ulp) * ulp; /* a / ulp is exact; nearbyint rounds half to even */
+    if (r > f.max) r = INFINITY;
+    return copysign(r, v);
+}
+
+static uint16_t f16_encode(double v) /* v exactly representable in f16 */
+{
+    uint16_t sign = signbit(v) ? 0x8000u : 0;
+    if (isnan(v)) return sign | 0x7e00u;
+    double a = fabs(v);
+    if (isinf(a)) return sign | 0x7c00u;
+    if (a == 0.0) return sign;
+    if (a < 0x1p-14) {
+        double m = a * 0x1p24;
+        CHECK(m == floor(m), "%.17g is not an f16 subnormal", v);
+        return sign | (uint16_t)m;
+    }
+    int e;
+    double m = frexp(a, &e); /* a = m 2^e, m in [0.5, 1) */
+    double frac = (2.0 * m - 1.0) * 1024.0;
+    CHECK(frac == floor(frac) && e - 1 + 15 >= 1 && e - 1 + 15 <= 30, "%.17g is not an f16", v);
+    return sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)frac;
+}
+
+static double f16_decode(uint16_t h)
+{
+    int ex = (h >> 10) & 31, man = h & 1023;
+    double v;
+    if (ex == 0) v = ldexp(man, -24);
+    else if (ex == 31) v = man ? NAN : INFINITY;
+    else v = ldexp(1024 + man, ex - 25);
+    return (h & 0x8000u) ? -v : v;
+}
+
+/* Stores v, which must be exactly representable in t (a fmt_round result), as element i. */
+static void fmt_store(void *bits, enum dtype t, size_t i, double v)
+{
+    switch (t) {
+    case DTYPE_F32: ((float *)bits)[i] = (float)v; return;
+    case DTYPE_BF16: {
+        float f = (float)v;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        if (isnan(v)) u = (u & 0x80000000u) | 0x7fc00000u;
+        CHECK((u & 0xffffu) == 0, "%.17g is not a bf16", v);
+        ((uint16_t *)bits)[i] = (uint16_t)(u >> 16);
+        return;
+    }
+    case DTYPE_F16: ((uint16_t *)bits)[i] = f16_encode(v); return;
+    case DTYPE_I32: break;
+    }
+    CHECK(0, "not a float dtype: %d", (int)t);
+}
+
+static double fmt_load(const void *bits, enum dtype t, size_t i)
+{
+    switch (t) {
+    case DTYPE_F32: return ((const float *)bits)[i];
+    case DTYPE_BF16: {
+        uint32_t u = (uint32_t)((const uint16_t *)bits)[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    case DTYPE_F16: return f16_decode(((const uint16_t *)bits)[i]);
+    case DTYPE_I32: break;
+    }
+    CHECK(0, "not a float dtype: %d", (int)t);
+}
+
+/* ---- the suite, its cases and their verdicts ----------------------------------------------- */
+
+#define CASE_MAX_ALLOCS 64
+
+struct suite {
+    struct backend *backend[2];      /* [0] under test; [1] the CPU backend when [0] is CUDA */
+    const char     *backend_name[2];
+    int             n_backends;
+    const char     *filter;          /* run only cases whose name contains it; NULL = all */
+    uint64_t        seed;
+    int             passed, failed;
+    void           *allocs[CASE_MAX_ALLOCS]; /* host memory of the running case */
+    int             n_allocs;
+};
+
+/* Why a case failed: the messages of its failed checks, joined. */
+struct verdict {
+    double worst_ratio; /* largest err / tol over every toleranced comparison (-1: none) */
+    int    n_failed;
+    size_t len;
+    char   msg[4096];
+};
+
+static void verdict_fail(struct verdict *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void verdict_fail(struct verdict *v, const char *fmt, ...)
+{
+    v->n_failed++;
+    if (v->len + 8 >= sizeof v->msg) return;
+    v->len += (size_t)snprintf(v->msg + v->len, sizeof v->msg - v->len, "\n    ");
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(v->msg + v->len, sizeof v->msg - v->len, fmt, ap);
+    va_end(ap);
+    if (n > 0) v->len += (size_t)n;
+    if (v->len >= sizeof v->msg) v->len = sizeof v->msg - 1;
+}
+
+/* Host memory that lives until the end of the running case. */
+static void *case_alloc(struct suite *s, size_t n, size_t size)
+{
+    CHECK(s->n_allocs < CASE_MAX_ALLOCS, "a case uses more than %d host buffers", CASE_MAX_ALLOCS);
+    return s->allocs[s->n_allocs++] = xcalloc(n, size);
+}
+
+static uint64_t hash_name(const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (; *name; name++) h = (h ^ (uint8_t)*name) * 0x100000001b3ull;
+    return h;
+}
+
+/* Whether the case runs (the filter); if so, seeds *r from the suite's seed and the name. */
+static int case_begin(struct suite *s, const char *name, struct rng *r)
+{
+    if (s->filter && !strstr(name, s->filter)) return 0;
+    r->s = s->seed ^ hash_name(name);
+    s->n_allocs = 0;
+    return 1;
+}
+
+static void case_end(struct suite *s, const char *name, const struct verdict *v)
+{
+    char margin[48] = "";
+    if (v->worst_ratio > 0.0) snprintf(margin, sizeof margin, "  [err/tol %.3f]", v->worst_ratio);
+    if (v->n_failed) {
+        s->failed++;
+        printf("FAIL %s%s\n", name, v->msg);
+    } else {
+        s->passed++;
+        printf("ok   %s%s\n", name, margin);
+    }
+    fflush(stdout);
+    for (int i = 0; i < s->n_allocs; i++) free(s->allocs[i]);
+    s->n_allocs = 0;
+}
+
+/* A backend that leaves an op's slot empty does not support it: a failure, never a pass. */
+#define SUPPORTED(v, b, slot)                                                                \
+    ((b)->ops->slot != NULL                                                                  \
+         ? 1                                                                                 \
+         : (verdict_fail((v), "%s: op " #slot " is not implemented (empty slot)",            \
+                         (b)->ops->name),                                                    \
+            0))
+
+/* ---- host tensors ------------------------------------------------------------------------ */
+
+/* A float tensor's host data in its storage dtype, with its exact values alongside. */
+struct hbuf {
+    enum dtype dtype;
+    size_t     n;
+    void      *bits; /* (n) in dtype's storage */
+    double    *val;  /* (n) the same values, exactly */
+};
+
+static struct hbuf hbuf_make(struct suite *s, enum dtype t, size_t n)
+{
+    struct hbuf h = {.dtype = t, .n = n};
+    h.bits = case_alloc(s, n, dtype_size(t));
+    h.val = case_alloc(s, n, sizeof(double));
+    return h;
+}
+
+/* Element i = v rounded to the buffer's dtype. */
+static void hbuf_set(struct hbuf *h, size_t i, double v)
+{
+    double r = fmt_round(v, h->dtype);
+    fmt_store(h->bits, h->dtype, i, r);
+    h->val[i] = r;
+}
+
+static struct hbuf hbuf_uniform(struct suite *s, enum dtype t, size_t n, struct rng *r, double lo,
+                                double hi)
+{
+    struct hbuf h = hbuf_make(s, t, n);
+    for (size_t i = 0; i < n; i++) hbuf_set(&h, i, rng_range(r, lo, hi));
+    return h;
+}
+
+static double *decode(struct suite *s, const void *bits, enum dtype t, size_t n)
+{
+    double *out = case_alloc(s, n, sizeof(double));
+    for (size_t i = 0; i < n; i++) out[i] = fmt_load(bits, t, i);
+    return out;
+}
+
+/* ---- device buffers with guards ----------------------------------------------------------- */
+
+#define GUARD_BYTES 256 /* a multiple of the 256-byte allocation alignment: data stays aligned */
+#define ARENA_MAX_BUFS 12
+
+static uint8_t guard_byte(size_t i, int after) { return (uint8_t)((after ? 0x5a : 0xa5) ^ (i * 29u)); }
+
+/* The device buffers of one op call on one backend. Each is laid out as
+ * GUARD_BYTES | data | GUARD_BYTES in a single backend allocation. */
+struct arena {
+    struct backend *b;
+    int             n;
+    struct dbuf {
+        const char *name;
+        void       *base;    /* the backend allocation */
+        size_t      nbytes;  /* of data */
+        size_t      elsize;
+        const void *expect;  /* inputs: the bytes that must come back unchanged */
+        void       *result;  /* outputs: where arena_finish puts the data */
+    } bufs[ARENA_MAX_BUFS];
+};
+
+struct shape {
+    int     ndim;
+    int64_t d[TENSOR_MAX_DIMS];
+};
+#define S1(a) ((struct shape){1, {(a), 1, 1, 1}})
+#define S2(a, b) ((struct shape){2, {(a), (b), 1, 1}})
+#define S3(a, b, c) ((struct shape){3, {(a), (b), (c), 1}})
+#define S4(a, b, c, d) ((struct shape){4, {(a), (b), (c), (d)}})
+
+/* Allocates a guarded buffer of the given shape and uploads `init` into its data (or 0xff
+ * bytes, NaN in every float dtype, when init is NULL). */
+static struct tensor arena_add(struct arena *a, const char *name, enum dtype t, struct shape sh,
+                               const void *init, const void *expect, void *result)
+{
+    CHECK(a->n < ARENA_MAX_BUFS, "arena full");
+    struct tensor x = {.dtype = t, .device = a->b->device, .ndim = sh.ndim};
+    for (int i = 0; i < TENSOR_MAX_DIMS; i++) x.shape[i] = i < sh.ndim ? sh.d[i] : 1;
+    struct dbuf *d = &a->bufs[a->n++];
+    *d = (struct dbuf){.name = name, .nbytes = tensor_nbytes(&x), .elsize = dtype_size(t),
+                       .expect = expect, .result = result};
+    size_t total = d->nbytes + 2 * GUARD_BYTES;
+    enum status st = backend_alloc(a->b, total, &d->base);
+    CHECK(st == STATUS_OK, "backend_alloc(%zu): %s", total, status_message());
+    uint8_t *stage = xcalloc(total, 1);
+    for (size_t i = 0; i < GUARD_BYTES; i++) {
+        stage[i] = guard_byte(i, 0);
+        stage[GUARD_BYTES + d->nbytes + i] = guard_byte(i, 1);
+    }
+    if (init) memcpy(stage + GUARD_BYTES, init, d->nbytes);
+    else memset(stage + GUARD_BYTES, 0xff, d->nbytes);
+    backend_upload(a->b, d->base, stage, total);
+    free(stage);
+    x.data = (uint8_t *)d->base + GUARD_BYTES;
+    return x;
+}
+
+/* An input: `host` must come back unchanged after the op. */
+static struct tensor arena_in(struct arena *a, const char *name, enum dtype t, struct shape sh,
+                              const void *host)
+{
+    return arena_add(a, name, t, sh, host, host, NULL);
+}
+
+/* An output (init NULL: filled with NaN) or an in-place operand (init: its input data). After
+ * arena_finish, `result` holds the data. */
+static struct tensor arena_out(struct arena *a, const char *name, enum dtype t, struct shape sh,
+                               const void *init, void *result)
+{
+    return arena_add(a, name, t, sh, init, NULL, result);
+}
+
+/* Waits for the backend, checks every guard and every input, downloads the outputs and frees
+ * the device memory. */
+static void arena_finish(struct arena *a, struct verdict *v)
+{
+    backend_synchronize(a->b);
+    const char *bname = a->b->ops->name;
+    for (int k = 0; k < a->n; k++) {
+        struct dbuf *d = &a->bufs[k];
+        size_t total = d->nbytes + 2 * GUARD_BYTES;
+        uint8_t *stage = xcalloc(total, 1);
+        backend_download(a->b, stage, d->base, total);
+        for (int after = 0; after <= 1; after++) {
+            const uint8_t *g = stage + (after ? GUARD_BYTES + d->nbytes : 0);
+            size_t n_bad = 0, first = 0;
+            for (size_t i = 0; i < GUARD_BYTES; i++)
+                if (g[i] != guard_byte(i, after) && n_bad++ == 0) first = i;
+            if (n_bad)
+                verdict_fail(v, "%s: %zu guard bytes %s '%s' overwritten (first at byte %s%zu)",
+                             bname, n_bad, after ? "after" : "before", d->name,
+                             after ? "+" : "-", after ? first : GUARD_BYTES - first);
+        }
+        if (d->expect && memcmp(stage + GUARD_BYTES, d->expect, d->nbytes)) {
+            size_t i = 0;
+            while (stage[GUARD_BYTES + i] == ((const uint8_t *)d->expect)[i]) i++;
+            verdict_fail(v, "%s: input '%s' was modified (element %zu)", bname, d->name,
+                         i / d->elsize);
+        }
+        if (d->result) memcpy(d->result, stage + GUARD_BYTES, d->nbytes);
+        free(stage);
+        backend_free(a->b, d->base);
+    }
+    a->n = 0;
+}
+
+/* ---- comparisons -------------------------------------------------------------------------- */
+
+/* Fills tol[i], the bound on |got - want| described at the top of the file. */
+static void make_tol(double *tol, enum op_id op, enum dtype t, const double *want,
+                     const double *mag, size_t n)
+{
+    const struct tolerance *o = &tolerances[op];
+    const struct storage_rounding *sr = &storage_rounding[t];
+    double floor = o->floor > sr->floor ? o->floor : sr->floor;
+    for (size_t i = 0; i < n; i++) {
+        double w = isfinite(want[i]) ? fabs(want[i]) : 0.0;
+        tol[i] = sr->u * w + (1.0 + sr->u) * (o->rel * w + o->abs * mag[i]) + floor;
+    }
+}
+
+/* got against want within factor * tol[i] per element. A non-finite got where want is finite
+ * always fails (the NaN/Inf check); a non-finite want (a deliberate -inf, say) must be matched
+ * exactly. Reports the count, the worst element relative to its bound, and the largest absolute
+ * and relative errors with their [row, col] (cols = length of a row). */
+static void compare_close(struct verdict *v, const char *what, const double *got,
+                          const double *want, const double *tol, double factor, size_t n,
+                          size_t cols)
+{
+    size_t n_bad = 0, n_nonfinite = 0, worst = 0, i_abs = 0, i_rel = 0;
+    double worst_ratio = -1.0, max_abs = 0.0, max_rel = 0.0;
+    if (cols == 0) cols = 1;
+    for (size_t i = 0; i < n; i++) {
+        double g = got[i], w = want[i], err, bound = factor * tol[i];
+        int bad;
+        if (!isfinite(w)) {
+            bad = isnan(w) ? !isnan(g) : g != w;
+            err = bad ? INFINITY : 0.0;
+        } else if (!isfinite(g)) {
+            bad = 1;
+            err = INFINITY;
+            n_nonfinite++;
+        } else {
+            err = fabs(g - w);
+            bad = err > bound;
+            if (err > max_abs) max_abs = err, i_abs = i;
+            if (w != 0.0 && err / fabs(w) > max_rel) max_rel = err / fabs(w), i_rel = i;
+        }
+        if (isfinite(w) && bound > 0.0 && err / bound > v->worst_ratio)
+            v->worst_ratio = err / bound;
+        if (bad) {
+            double ratio = bound > 0.0 ? err / bound : INFINITY;
+            if (n_bad++ == 0 || ratio > worst_ratio) worst_ratio = ratio, worst = i;
+        }
+    }
+    if (!n_bad) return;
+    verdict_fail(v,
+                 "%s: %zu of %zu elements out of tolerance (%zu non-finite); worst [%zu, %zu]: "
+                 "got %.9g want %.9g, err %.3g > tol %.3g; max abs err %.3g at [%zu, %zu], max "
+                 "rel err %.3g at [%zu, %zu]",
+                 what, n_bad, n, n_nonfinite, worst / cols, worst % cols, got[worst],
+                 want[worst], fabs(got[worst] - want[worst]), factor * tol[worst], max_abs,
+                 i_abs / cols, i_abs % cols, max_rel, i_rel / cols, i_rel % cols);
+}
+
+/* got equal to want: same value (NaN matches NaN); with check_sign, zeros and infinities must
+ * also agree in sign. */
+static void compare_exact(struct verdict *v, const char *what, const double *got,
+                          const double *want, size_t n, size_t cols, int check_sign)
+{
+    size_t n_bad = 0, first = 0;
+    if (cols == 0) cols = 1;
+    for (size_t i = 0; i < n; i++) {
+        int same = isnan(want[i]) ? isnan(got[i])
+                                  : got[i] == want[i] &&
+                                        (!check_sign || !signbit(got[i]) == !signbit(want[i]));
+        if (!same && n_bad++ == 0) first = i;
+    }
+    if (n_bad)
+        verdict_fail(v, "%s: %zu of %zu elements differ; first [%zu, %zu]: got %.9g want %.9g",
+                     what, n_bad, n, first / cols, first % cols, got[first], want[first]);
+}
+
+static void compare_i32(struct verdict *v, const char *what, const int32_t *got,
+                        const int32_t *want, size_t n, size_t cols)
+{
+    size_t n_bad = 0, first = 0;
+    if (cols == 0) cols = 1;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i] && n_bad++ == 0) first = i;
+    if (n_bad)
+        verdict_fail(v, "%s: %zu of %zu ids differ; first [%zu, %zu]: got %d want %d", what,
+                     n_bad, n, first / cols, first % cols, got[first], want[first]);
+}
+
+/* Float outputs of every backend against the reference, and CUDA against CPU. */
+static void check_close(struct suite *s, struct verdict *v, const char *what, double *got[2],
+                        const double *want, const double *tol, size_t n, size_t cols)
+{
+    char label[160];
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        snprintf(label, sizeof label, "%s: %s vs reference", s->backend_name[bi], what);
+        compare_close(v, label, got[bi], want, tol, 1.0, n, cols);
+    }
+    if (s->n_backends == 2) {
+        snprintf(label, sizeof label, "%s vs %s: %s", s->backend_name[0], s->backend_name[1],
+                 what);
+        compare_close(v, label, got[0], got[1], tol, 2.0, n, cols);
+    }
+}
+
+static void check_exact(struct suite *s, struct verdict *v, const char *what, double *got[2],
+                        const double *want, size_t n, size_t cols, int check_sign)
+{
+    char label[160];
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        snprintf(label, sizeof label, "%s: %s vs reference", s->backend_name[bi], what);
+        compare_exact(v, label, got[bi], want, n, cols, check_sign);
+    }
+    if (s->n_backends == 2) {
+        snprintf(label, sizeof label, "%s vs %s: %s", s->backend_name[0], s->backend_name[1],
+                 what);
+        compare_exact(v, label, got[0], got[1], n, cols, check_sign);
+    }
+}
+
+/* ==== reference implementations (double precision) ========================================= */
+
+/* y[i,j] = sum_l x[i,l] w[j,l] + bias[j]; x (m, k), w (n, k), y (m, n).
+ * mag[i,j] = sqrt(k) sum_l |x[i,l] w[j,l]| + |bias[j]|. */
+static void ref_matmul(int m, int k, int n, const double *x, const double *w, const double *bias,
+                       double *y, double *mag)
+{
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double acc = 0.0, acc_abs = 0.0;
+            for (int l = 0; l < k; l++) {
+                double p = x[(size_t)i * k + l] * w[(size_t)j * k + l];
+                acc += p;
+                acc_abs += fabs(p);
+            }
+            double b = bias ? bias[j] : 0.0;
+            y[(size_t)i * n + j] = acc + b;
+            mag[(size_t)i * n + j] = sqrt((double)k) * acc_abs + fabs(b);
+        }
+}
+
+/* out = x / sqrt(mean(x^2) + eps) * w per row; mag = sqrt(d) |out|. */
+static void ref_rmsnorm(int n, int d, const double *x, const double *w, double eps, double *out,
+                        double *mag)
+{
+    for (int i = 0; i < n; i++) {
+        const double *xr = x + (size_t)i * d;
+        double ss = 0.0;
+        for (int j = 0; j < d; j++) ss += xr[j] * xr[j];
+        double r = 1.0 / sqrt(ss / d + eps);
+        for (int j = 0; j < d; j++) {
+            double o = xr[j] * r * w[j];
+            out[(size_t)i * d + j] = o;
+            mag[(size_t)i * d + j] = sqrt((double)d) * fabs(o);
+        }
+    }
+}
+
+/* out = (x - mean) / sqrt(var + eps) * w + b per row, biased variance (two-pass in double).
+ * mag as documented in the tolerance table. */
+static void ref_layernorm(int n, int d, const double *x, const double *w, const double *b,
+                          double eps, double *out, double *mag)
+{
+    for (int i = 0; i < n; i++) {
+        const double *xr = x + (size_t)i * d;
+        double mean = 0.0, var = 0.0, ms = 0.0, max_abs = 0.0;
+        for (int j = 0; j < d; j++) mean += xr[j];
+        mean /= d;
+        for (int j = 0; j < d; j++) {
+            var += (xr[j] - mean) * (xr[j] - mean);
+            ms += xr[j] * xr[j];
+            if (fabs(xr[j]) > max_abs) max_abs = fabs(xr[j]);
+        }
+        var /= d;
+        ms /= d;
+        double r = 1.0 / sqrt(var + eps), sd = sqrt((double)d);
+        for (int j = 0; j < d; j++) {
+            double bj = b ? b[j] : 0.0;
+            out[(size_t)i * d + j] = (xr[j] - mean) * r * w[j] + bj;
+            mag[(size_t)i * d + j] = sd * (fabs(w[j]) * r * max_abs +
+                                           fabs(xr[j] - mean) * fabs(w[j]) * r * r * r * ms) +
+                                     fabs(bj);
+        }
+    }
+}
+
+/* Rotary embedding of x (n, h, hd), out of place into out. Pair i of a head is
+ * (2i, 2i+1) for ROPE_STYLE_PAIRS and (i, i + rot/2) for ROPE_STYLE_HALVES; it turns by
+ * pos * theta^(-2i/rot): (a, b) -> (a cos - b sin, a sin + b cos). Features from rot on pass
+ * through. mag as documented in the tolerance table (0 for pass-through features). */
+static void ref_rope(int n, int h, int hd, const double *x, const int32_t *pos, int rot,
+                     double theta, enum rope_style style, double *out, double *mag)
+{
+    for (int t = 0; t < n; t++)
+        for (int hh = 0; hh < h; hh++) {
+            size_t base = ((size_t)t * h + hh) * hd;
+            for (int j = rot; j < hd; j++) {
+                out[base + j] = x[base + j];
+                mag[base + j] = 0.0;
+            }
+            for (int i = 0; i < rot / 2; i++) {
+                int ia = style == ROPE_STYLE_PAIRS ? 2 * i : i;
+                int ib = style == ROPE_STYLE_PAIRS ? 2 * i + 1 : i + rot / 2;
+                double f = pow(theta, -2.0 * i / rot), ang = pos[t] * f;
+                double a = x[base + ia], b = x[base + ib];
+                out[base + ia] = a * cos(ang) - b * sin(ang);
+                out[base + ib] = a * sin(ang) + b * cos(ang);
+                double m = (fabs(a) + fabs(b)) *
+                           (2.0 + pos[t] * f * (2.0 * i * log(theta) / rot + 3.0));
+                mag[base + ia] = mag[base + ib] = m;
+            }
+        }
+}
+
+static double ref_act(enum activation act, double x)
+{
+    switch (act) {
+    case ACTIVATION_SILU: return x / (1.0 + exp(-x));
+    case ACTIVATION_GELU_TANH:
+        return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    case ACTIVATION_GELU_ERF: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    }
+    CHECK(0, "activation %d", (int)act);
+}
+
+static const char *act_name(enum activation act)
+{
+    switch (act) {
+    case ACTIVATION_SILU: return "silu";
+    case ACTIVATION_GELU_TANH: return "gelu_tanh";
+    case ACTIVATION_GELU_ERF: return "gelu_erf";
+    }
+    return "?";
+}
+
+/* Softmax (or log-softmax) of one row of v values, which may hold -inf but not only -inf.
+ * mag as documented in the tolerance table. */
+static void ref_softmax_row(int v, const double *x, int log_out, double *out, double *mag)
+{
+    double m = -INFINITY;
+    for (int j = 0; j < v; j++)
+        if (x[j] > m) m = x[j];
+    double sum = 0.0;
+    for (int j = 0; j < v; j++) sum += exp(x[j] - m);
+    double lse = log(sum);
+    for (int j = 0; j < v; j++) {
+        if (log_out) {
+            out[j] = x[j] - m - lse; /* -inf for -inf inputs */
+            mag[j] = isinf(x[j]) ? 0.0 : fabs(x[j]) + fabs(m) + fabs(lse) + sqrt((double)v);
+        } else {
+            out[j] = exp(x[j] - m) / sum; /* 0 for -inf inputs */
+            mag[j] = isinf(x[j]) ? 0.0 : out[j] * (sqrt((double)v) + fabs(x[j] - m));
+        }
+    }
+}
+
+/* Index of the largest non-NaN value, lowest index on ties; -1 when the row is all NaN. */
+static int ref_argmax_row(int v, const double *x)
+{
+    int best = -1;
+    for (int j = 0; j < v; j++) {
+        if (isnan(x[j])) continue;
+        if (best < 0 || x[j] > x[best]) best = j;
+    }
+    return best;
+}
+
+struct ranked {
+    double val;
+    int    idx;
+};
+
+/* Descending by value, ascending by index on ties. */
+static int ranked_cmp(const void *pa, const void *pb)
+{
+    const struct ranked *a = pa, *b = pb;
+    if (a->val != b->val) return a->val > b->val ? -1 : 1;
+    return (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+/* The attention batch of a case, described on the host. */
+struct attn_spec {
+    const char *label;
+    int         n_heads, n_kv_heads, head_dim, block_tokens, window;
+    double      scale;      /* 0: 1 / sqrt(head_dim) */
+    int         n_seqs;
+    int         seq_len[6]; /* tokens in the cache after this step's rows were written */
+    int         n_new[6];   /* query rows this step; 0 allowed */
+};
+
+/* Paged causal attention, straight from the definition: for each query row, gather the
+ * attended K/V rows through the block table, full softmax of the scaled scores in double,
+ * weighted sum of V. q, out (rows, H, D); caches (n_blocks, bt, Hk, D); table (n_seqs, max_blocks).
+ * mag as documented in the tolerance table. */
+static void ref_attention(const struct attn_spec *sp, double scale, const int32_t *q_start,
+                          const int32_t *seq_len, const int32_t *table, int max_blocks,
+                          const double *q, const double *kc, const double *vc, double *out,
+                          double *mag)
+{
+    int H = sp->n_heads, Hk = sp->n_kv_heads, D = sp->head_dim, bt = sp->block_tokens;
+    int group = H / Hk, max_len = 1;
+    for (int s = 0; s < sp->n_seqs; s++)
+        if (seq_len[s] > max_len) max_len = seq_len[s];
+    double *p = xcalloc((size_t)max_len, sizeof(double));
+    const double **krow = xcalloc((size_t)max_len, sizeof(double *));
+    const double **vrow = xcalloc((size_t)max_len, sizeof(double *));
+    for (int s = 0; s < sp->n_seqs; s++) {
+        int n_new = q_start[s + 1] - q_start[s], len = seq_len[s];
+        for (int j = 0; j < n_new; j++) {
+            int row = q_start[s] + j, pos = len - n_new + j;
+            int lo = sp->window > 0 && pos - sp->window + 1 > 0 ? pos - sp->window + 1 : 0;
+            for (int h = 0; h < H; h++) {
+                const double *qv = q + ((size_t)row * H + h) * D;
+                int kvh = h / group;
+                double smax = -INFINITY, qk_abs_max = 0.0;
+                for (int t = lo; t <= pos; t++) {
+                    int blk = table[(size_t)s * max_blocks + t / bt];
+                    size_t off = (((size_t)blk * bt + t % bt) * Hk + kvh) * D;
+                    krow[t - lo] = kc + off;
+                    vrow[t - lo] = vc + off;
+                    double dot = 0.0, dot_abs = 0.0;
+                    for (int d = 0; d < D; d++) {
+                        dot += qv[d] * krow[t - lo][d];
+                        dot_abs += fabs(qv[d] * krow[t - lo][d]);
+                    }
+                    p[t - lo] = scale * dot;
+                    if (p[t - lo] > smax) smax = p[t - lo];
+                    if (dot_abs > qk_abs_max) qk_abs_max = dot_abs;
+                }
+                int n_ctx = pos - lo + 1;
+                double sum = 0.0;
+                for (int t = 0; t < n_ctx; t++) sum += p[t] = exp(p[t] - smax);
+                double factor = 4.0 + 2.0 * sqrt((double)n_ctx) +
+                                2.0 * sqrt((double)D) * scale * qk_abs_max;
+                for (int d = 0; d < D; d++) {
+                    double o = 0.0, o_abs = 0.0;
+                    for (int t = 0; t < n_ctx; t++) {
+                        o += p[t] / sum * vrow[t][d];
+                        o_abs += p[t] / sum * fabs(vrow[t][d]);
+                    }
+                    out[((size_t)row * H + h) * D + d] = o;
+                    mag[((size_t)row * H + h) * D + d] = o_abs * factor;
+                }
+            }
+        }
+    }
+    free(p);
+    free(krow);
+    free(vrow);
+}
+
+/* ==== cases ================================================================================= */
+
+/* ---- cast ---------------------------------------------------------------------------------- */
+
+/* Values whose conversions are easy to get wrong: signed zeros, infinities, NaN; the f16 edge of
+ * overflow (65504 is the largest f16, 65520 the first value that rounds to inf); f16 subnormals
+ * and the ties between them (2^-25 rounds to 0, 1.5 x 2^-24 to 2 x 2^-24); f32 subnormals; ties
+ * of bf16 and f16 rounding next to 1 (to even); the bf16 edge of overflow (0x1.ffp127 is the
+ * tie between bf16's largest value and 2^128, and rounds to inf). */
+static const double cast_specials[] = {
+    0.0,           -0.0,        1.0,         -1.0,         INFINITY,       -INFINITY,
+    NAN,           65504.0,     65519.0,     65520.0,      -65520.0,       1e5,
+    3.4e38,        0x1.fffffep127, 0x1p-14,  0x1p-24,      0x1p-25,        0x1.8p-24,
+    0x1.8p-25,     0x1p-26,     1e-8,        1e-40,        0x1p-149,       1.0 + 0x1p-8,
+    1.0 + 0x1.8p-7, 1.0 + 0x1p-11, 1.0 + 0x1.8p-10, 0.1,   -1.0 / 3.0,     -2.5e-6,
+    0x1.fep127,    0x1.ffp127,  -0x1.ffp127, 6.1e-5,       -7.0e-6,        4096.5,
+};
+#define N_CAST_SPECIALS (int)(sizeof cast_specials / sizeof cast_specials[0])
+
+static void case_cast(struct suite *s, enum dtype from, enum dtype to, int n)
+{
+    char name[96];
+    snprintf(name, sizeof name, "cast %s->%s n=%d", dtype_name(from), dtype_name(to), n);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf in = hbuf_make(s, from, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        /* After the specials, magnitudes spread over 2^-30 .. 2^20 in both signs: f16
+         * subnormals, underflow to zero and overflow to inf all happen. */
+        double v = i < N_CAST_SPECIALS
+                       ? cast_specials[i]
+                       : (rng_int(&r, 2) ? -1 : 1) * ldexp(1.0 + rng_uniform(&r),
+                                                            rng_int(&r, 51) - 30);
+        hbuf_set(&in, (size_t)i, v);
+    }
+    double *want = case_alloc(s, (size_t)n, sizeof(double));
+    for (int i = 0; i < n; i++) want[i] = fmt_round(in.val[i], to);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, (size_t)n, dtype_size(to));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tin = arena_in(&a, "in", from, S1(n), in.bits);
+        struct tensor tout = arena_out(&a, "out", to, S1(n), NULL, bits);
+        if (SUPPORTED(&v, b, cast)) op_cast(b, &tout, &tin);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, to, (size_t)n);
+    }
+    check_exact(s, &v, "out", got, want, (size_t)n, (size_t)n, 1);
+    case_end(s, name, &v);
+}
+
+/* The host conversions of tensor.h (every backend and loader relies on them) against the
+ * reference rounding, on the specials and on random f32 bit patterns. */
+static void case_host_convert(struct suite *s)
+{
+    const char *name = "host dtype conversions (tensor.h)";
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct verdict v = {.worst_ratio = -1.0};
+    int n = N_CAST_SPECIALS + 20000;
+    int bad_bf16 = 0, bad_f16 = 0, bad_back = 0;
+    for (int i = 0; i < n; i++) {
+        float f;
+        if (i < N_CAST_SPECIALS) {
+            f = (float)cast_specials[i];
+        } else {
+            uint32_t u = (uint32_t)rng_next(&r);
+            memcpy(&f, &u, 4);
+        }
+        double want_b = fmt_round(f, DTYPE_BF16), want_h = fmt_round(f, DTYPE_F16);
+        uint16_t hb = f32_to_bf16(f), hh = f32_to_f16(f);
+        double got_b = fmt_load(&hb, DTYPE_BF16, 0), got_h = fmt_load(&hh, DTYPE_F16, 0);
+        int ok_b = isnan(want_b) ? isnan(got_b)
+                                 : got_b == want_b && !signbit(got_b) == !signbit(want_b);
+        int ok_h = isnan(want_h) ? isnan(got_h)
+                                 : got_h == want_h && !signbit(got_h) == !signbit(want_h);
+        if (!ok_b && bad_bf16++ == 0)
+            verdict_fail(&v, "f32_to_bf16(%.9g) = %.9g, want %.9g", (double)f, got_b, want_b);
+        if (!ok_h && bad_f16++ == 0)
+            verdict_fail(&v, "f32_to_f16(%.9g) = %.9g, want %.9g", (double)f, got_h, want_h);
+        /* And back: widening is exact. */
+        double back_b = bf16_to_f32(hb), back_h = f16_to_f32(hh);
+        if (!((isnan(got_b) && isnan(back_b)) || back_b == got_b) ||
+            !((isnan(got_h) && isnan(back_h)) || back_h == got_h)) {
+            if (bad_back++ == 0)
+                verdict_fail(&v, "widening %.9g: bf16_to_f32 %.9g (want %.9g), f16_to_f32 %.9g "
+                             "(want %.9g)", (double)f, back_b, got_b, back_h, got_h);
+        }
+    }
+    if (bad_bf16 + bad_f16 + bad_back)
+        verdict_fail(&v, "%d bf16, %d f16, %d widening mismatches of %d values", bad_bf16,
+                     bad_f16, bad_back, n);
+    case_end(s, name, &v);
+}
+
+/* ---- embedding and positions ------------------------------------------------------------- */
+
+static void case_embedding(struct suite *s, enum dtype dt, int n, int d, int vocab,
+                           int vocab_start)
+{
+    char name[128];
+    snprintf(name, sizeof name, "embedding %s n=%d d=%d vocab_local=%d vocab_start=%d",
+             dtype_name(dt), n, d, vocab, vocab_start);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf table = hbuf_uniform(s, dt, (size_t)vocab * d, &r, -1, 1);
+    int32_t *ids = case_alloc(s, (size_t)n, sizeof(int32_t));
+    /* The shard's edges and their outside neighbours first, -1 (never a token) among them;
+     * then ids around the shard's range, some of them outside it. */
+    int edges[] = {vocab_start, vocab_start + vocab - 1, vocab_start - 1, vocab_start + vocab, -1,
+                   vocab_start + vocab / 2};
+    for (int i = 0; i < n; i++)
+        ids[i] = i < 6 ? edges[i] : vocab_start - 3 + rng_int(&r, vocab + 6);
+    size_t no = (size_t)n * d;
+    double *want = case_alloc(s, no, sizeof(double));
+    for (int i = 0; i < n; i++) {
+        int row = ids[i] - vocab_start;
+        for (int j = 0; j < d; j++)
+            want[(size_t)i * d + j] =
+                row >= 0 && row < vocab ? table.val[(size_t)row * d + j] : 0.0;
+    }
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, no, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tt = arena_in(&a, "table", dt, S2(vocab, d), table.bits);
+        struct tensor ti = arena_in(&a, "ids", DTYPE_I32, S1(n), ids);
+        struct tensor to = arena_out(&a, "out", dt, S2(n, d), NULL, bits);
+        if (SUPPORTED(&v, b, embedding)) op_embedding(b, &to, &tt, &ti, vocab_start);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, no);
+    }
+    check_exact(s, &v, "out", got, want, no, (size_t)d, 0);
+    case_end(s, name, &v);
+}
+
+static void case_position_embedding_add(struct suite *s, enum dtype dt, int n, int d, int max_pos)
+{
+    char name[128];
+    snprintf(name, sizeof name, "position_embedding_add %s n=%d d=%d max_positions=%d",
+             dtype_name(dt), n, d, max_pos);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf x = hbuf_uniform(s, dt, (size_t)n * d, &r, -1, 1);
+    struct hbuf table = hbuf_uniform(s, dt, (size_t)max_pos * d, &r, -1, 1);
+    int32_t *pos = case_alloc(s, (size_t)n, sizeof(int32_t));
+    for (int i = 0; i < n; i++) pos[i] = i == 0 ? max_pos - 1 : i == 1 ? 0 : rng_int(&r, max_pos);
+    size_t no = (size_t)n * d;
+    double *want = case_alloc(s, no, sizeof(double)), *mag = case_alloc(s, no, sizeof(double));
+    double *tol = case_alloc(s, no, sizeof(double));
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < d; j++)
+            want[(size_t)i * d + j] = x.val[(size_t)i * d + j] + table.val[(size_t)pos[i] * d + j];
+    make_tol(tol, OP_POSITION_EMBEDDING_ADD, dt, want, mag, no);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, no, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = arena_out(&a, "x", dt, S2(n, d), x.bits, bits);
+        struct tensor tt = arena_in(&a, "table", dt, S2(max_pos, d), table.bits);
+        struct tensor tp = arena_in(&a, "positions", DTYPE_I32, S1(n), pos);
+        if (SUPPORTED(&v, b, position_embedding_add)) op_position_embedding_add(b, &tx, &tt, &tp);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, no);
+    }
+    check_close(s, &v, "x", got, want, tol, no, (size_t)d);
+    case_end(s, name, &v);
+}
+
+/* ---- matmul ------------------------------------------------------------------------------ */
+
+static void case_matmul(struct suite *s, enum dtype dt, int m, int k, int n, int with_bias)
+{
+    char name[128];
+    snprintf(name, sizeof name, "matmul %s m=%d k=%d n=%d%s", dtype_name(dt), m, k, n,
+             with_bias ? " bias" : "");
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf x = hbuf_uniform(s, dt, (size_t)m * k, &r, -1, 1);
+    struct hbuf w = hbuf_uniform(s, dt, (size_t)n * k, &r, -1, 1);
+    struct hbuf bias = hbuf_uniform(s, dt, (size_t)n, &r, -1, 1);
+    size_t no = (size_t)m * n;
+    double *want = case_alloc(s, no, sizeof(double)), *mag = case_alloc(s, no, sizeof(double));
+    double *tol = case_alloc(s, no, sizeof(double));
+    ref_matmul(m, k, n, x.val, w.val, with_bias ? bias.val : NULL, want, mag);
+    make_tol(tol, OP_MATMUL, dt, want, mag, no);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, no, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = arena_in(&a, "x", dt, S2(m, k), x.bits);
+        struct tensor tw = arena_in(&a, "w", dt, S2(n, k), w.bits);
+        struct tensor tb = arena_in(&a, "bias", dt, S1(n), bias.bits);
+        struct tensor ty = arena_out(&a, "y", dt, S2(m, n), NULL, bits);
+        if (SUPPORTED(&v, b, matmul)) op_matmul(b, &ty, &tx, &tw, with_bias ? &tb : NULL);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, no);
+    }
+    check_close(s, &v, "y", got, want, tol, no, (size_t)n);
+    case_end(s, name, &v);
+}
+
+/* ---- norms ------------------------------------------------------------------------------- */
+
+/* amp scales the inputs: at amp 100, f16 inputs have squares far beyond f16's range, which only
+ * f32 accumulation survives. With n >= 3, row 1 is all zeros (the output must be zeros). */
+static void case_rmsnorm(struct suite *s, enum dtype dt, int n, int d, double eps, int alias,
+                         double amp)
+{
+    char name[128];
+    snprintf(name, sizeof name, "rmsnorm %s n=%d d=%d eps=%g amp=%g%s", dtype_name(dt), n, d, eps,
+             amp, alias ? " out=x" : "");
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf x = hbuf_uniform(s, dt, (size_t)n * d, &r, -2 * amp, 2 * amp);
+    if (n >= 3)
+        for (int j = 0; j < d; j++) hbuf_set(&x, (size_t)d + j, 0.0);
+    struct hbuf w = hbuf_uniform(s, dt, (size_t)d, &r, -1.5, 1.5);
+    size_t no = (size_t)n * d;
+    double *want = case_alloc(s, no, sizeof(double)), *mag = case_alloc(s, no, sizeof(double));
+    double *tol = case_alloc(s, no, sizeof(double));
+    ref_rmsnorm(n, d, x.val, w.val, (float)eps, want, mag);
+    make_tol(tol, OP_RMSNORM, dt, want, mag, no);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, no, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = alias ? arena_out(&a, "x=out", dt, S2(n, d), x.bits, bits)
+                                 : arena_in(&a, "x", dt, S2(n, d), x.bits);
+        struct tensor tw = arena_in(&a, "weight", dt, S1(d), w.bits);
+        struct tensor to = alias ? tx : arena_out(&a, "out", dt, S2(n, d), NULL, bits);
+        if (SUPPORTED(&v, b, rmsnorm)) op_rmsnorm(b, &to, &tx, &tw, (float)eps);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, no);
+    }
+    check_close(s, &v, "out", got, want, tol, no, (size_t)d);
+    case_end(s, name, &v);
+}
+
+/* Rows carry offsets -4, 0, +4 (so that the mean matters); with n >= 3, row 1 is constant (the
+ * output must be the bias). */
+static void case_layernorm(struct suite *s, enum dtype dt, int n, int d, double eps,
+                           int with_bias, int alias)
+{
+    char name[128];
+    snprintf(name, sizeof name, "layernorm %s n=%d d=%d eps=%g%s%s", dtype_name(dt), n, d, eps,
+             with_bias ? " bias" : "", alias ? " out=x" : "");
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf x = hbuf_make(s, dt, (size_t)n * d);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < d; j++)
+            hbuf_set(&x, (size_t)i * d + j,
+                     n >= 3 && i == 1 ? 0.75 : 4.0 * (i % 3 - 1) + rng_range(&r, -2, 2));
+    struct hbuf w = hbuf_uniform(s, dt, (size_t)d, &r, -1.5, 1.5);
+    struct hbuf bias = hbuf_uniform(s, dt, (size_t)d, &r, -1, 1);
+    size_t no = (size_t)n * d;
+    double *want = case_alloc(s, no, sizeof(double)), *mag = case_alloc(s, no, sizeof(double));
+    double *tol = case_alloc(s, no, sizeof(double));
+    ref_layernorm(n, d, x.val, w.val, with_bias ? bias.val : NULL, (float)eps, want, mag);
+    make_tol(tol, OP_LAYERNORM, dt, want, mag, no);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, no, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = alias ? arena_out(&a, "x=out", dt, S2(n, d), x.bits, bits)
+                                 : arena_in(&a, "x", dt, S2(n, d), x.bits);
+        struct tensor tw = arena_in(&a, "weight", dt, S1(d), w.bits);
+        struct tensor tb = arena_in(&a, "bias", dt, S1(d), bias.bits);
+        struct tensor to = alias ? tx : arena_out(&a, "out", dt, S2(n, d), NULL, bits);
+        if (SUPPORTED(&v, b, layernorm))
+            op_layernorm(b, &to, &tx, &tw, with_bias ? &tb : NULL, (float)eps);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, no);
+    }
+    check_close(s, &v, "out", got, want, tol, no, (size_t)d);
+    case_end(s, name, &v);
+}
+
+/* ---- elementwise --------------------------------------------------------------------------- */
+
+/* alias: 0 out is its own buffer, 1 out = a, 2 out = c. */
+static void case_add(struct suite *s, enum dtype dt, int n, int alias)
+{
+    static const char *const alias_names[] = {"", " out=a", " out=c"};
+    char name[96];
+    snprintf(name, sizeof name, "add %s n=%d%s", dtype_name(dt), n, alias_names[alias]);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf x = hbuf_uniform(s, dt, (size_t)n, &r, -4, 4);
+    struct hbuf y = hbuf_uniform(s, dt, (size_t)n, &r, -4, 4);
+    double *want = case_alloc(s, (size_t)n, sizeof(double));
+    double *mag = case_alloc(s, (size_t)n, sizeof(double));
+    double *tol = case_alloc(s, (size_t)n, sizeof(double));
+    for (int i = 0; i < n; i++) want[i] = x.val[i] + y.val[i];
+    make_tol(tol, OP_ADD, dt, want, mag, (size_t)n);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, (size_t)n, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor ta = alias == 1 ? arena_out(&a, "a=out", dt, S1(n), x.bits, bits)
+                                      : arena_in(&a, "a", dt, S1(n), x.bits);
+        struct tensor tc = alias == 2 ? arena_out(&a, "c=out", dt, S1(n), y.bits, bits)
+                                      : arena_in(&a, "c", dt, S1(n), y.bits);
+        struct tensor to = alias == 1 ? ta : alias == 2 ? tc
+                                           : arena_out(&a, "out", dt, S1(n), NULL, bits);
+        if (SUPPORTED(&v, b, add)) op_add(b, &to, &ta, &tc);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, (size_t)n);
+    }
+    check_close(s, &v, "out", got, want, tol, (size_t)n, (size_t)n);
+    case_end(s, name, &v);
+}
+
+static void case_scale(struct suite *s, enum dtype dt, int n, float alpha, int alias)
+{
+    char name[96];
+    snprintf(name, sizeof name, "scale %s n=%d alpha=%g%s", dtype_name(dt), n, (double)alpha,
+             alias ? " out=x" : "");
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf x = hbuf_uniform(s, dt, (size_t)n, &r, -4, 4);
+    double *want = case_alloc(s, (size_t)n, sizeof(double));
+    double *mag = case_alloc(s, (size_t)n, sizeof(double));
+    double *tol = case_alloc(s, (size_t)n, sizeof(double));
+    for (int i = 0; i < n; i++) want[i] = (double)alpha * x.val[i];
+    make_tol(tol, OP_SCALE, dt, want, mag, (size_t)n);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, (size_t)n, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = alias ? arena_out(&a, "x=out", dt, S1(n), x.bits, bits)
+                                 : arena_in(&a, "x", dt, S1(n), x.bits);
+        struct tensor to = alias ? tx : arena_out(&a, "out", dt, S1(n), NULL, bits);
+        if (SUPPORTED(&v, b, scale)) op_scale(b, &to, &tx, alpha);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, (size_t)n);
+    }
+    check_close(s, &v, "out", got, want, tol, (size_t)n, (size_t)n);
+    case_end(s, name, &v);
+}
+
+/* ---- rope ---------------------------------------------------------------------------------- */
+
+static void case_rope(struct suite *s, enum dtype dt, int n, int h, int hd, int rot, float theta,
+                      enum rope_style style, int max_pos)
+{
+    char name[128];
+    snprintf(name, sizeof name, "rope %s n=%d heads=%d head_dim=%d rot_dim=%d theta=%g %s "
+             "max_pos=%d", dtype_name(dt), n, h, hd, rot, (double)theta,
+             style == ROPE_STYLE_PAIRS ? "pairs" : "halves", max_pos);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    size_t no = (size_t)n * h * hd;
+    struct hbuf x = hbuf_uniform(s, dt, no, &r, -1, 1);
+    int32_t *pos = case_alloc(s, (size_t)n, sizeof(int32_t));
+    for (int i = 0; i < n; i++) pos[i] = i == 0 ? max_pos : i == 1 ? 0 : rng_int(&r, max_pos + 1);
+    double *want = case_alloc(s, no, sizeof(double)), *mag = case_alloc(s, no, sizeof(double));
+    double *tol = case_alloc(s, no, sizeof(double));
+    ref_rope(n, h, hd, x.val, pos, rot, (double)theta, style, want, mag);
+    make_tol(tol, OP_ROPE, dt, want, mag, no);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, no, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = arena_out(&a, "x", dt, S3(n, h, hd), x.bits, bits);
+        struct tensor tp = arena_in(&a, "positions", DTYPE_I32, S1(n), pos);
+        if (SUPPORTED(&v, b, rope)) op_rope(b, &tx, &tp, rot, theta, style);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, no);
+    }
+    check_close(s, &v, "x", got, want, tol, no, (size_t)hd);
+    case_end(s, name, &v);
+}
+
+/* ---- kv_write ------------------------------------------------------------------------------ */
+
+/* n new tokens go to distinct random slots of a cache pre-filled with other values; with pad,
+ * every fourth token has a negative slot and must be skipped. The whole cache is compared bit
+ * for bit: written slots hold the new rows, every other slot keeps its old contents. */
+static void case_kv_write(struct suite *s, enum dtype dt, int n, int n_blocks, int bt, int hk,
+                          int hd, int pad)
+{
+    char name[128];
+    snprintf(name, sizeof name, "kv_write %s n=%d n_blocks=%d block_tokens=%d kv_heads=%d "
+             "head_dim=%d%s", dtype_name(dt), n, n_blocks, bt, hk, hd, pad ? " padded" : "");
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    size_t row = (size_t)hk * hd, n_slots = (size_t)n_blocks * bt;
+    size_t ncache = n_slots * row, nk = (size_t)n * row, es = dtype_size(dt);
+    CHECK((size_t)n <= n_slots, "kv_write case: %d tokens for %zu slots", n, n_slots);
+    struct hbuf k0 = hbuf_uniform(s, dt, ncache, &r, -9, 9);
+    struct hbuf v0 = hbuf_uniform(s, dt, ncache, &r, -9, 9);
+    struct hbuf k = hbuf_uniform(s, dt, nk, &r, -1, 1);
+    struct hbuf vv = hbuf_uniform(s, dt, nk, &r, -1, 1);
+    int *perm = case_alloc(s, n_slots, sizeof(int));
+    for (size_t i = 0; i < n_slots; i++) perm[i] = (int)i;
+    rng_shuffle(&r, perm, (int)n_slots);
+    int32_t *slots = case_alloc(s, (size_t)n, sizeof(int32_t));
+    for (int t = 0; t < n; t++) slots[t] = pad && t % 4 == 1 ? -1 - t : perm[t];
+    uint8_t *want_k = case_alloc(s, ncache, es), *want_v = case_alloc(s, ncache, es);
+    memcpy(want_k, k0.bits, ncache * es);
+    memcpy(want_v, v0.bits, ncache * es);
+    for (int t = 0; t < n; t++) {
+        if (slots[t] < 0) continue;
+        memcpy(want_k + (size_t)slots[t] * row * es, (uint8_t *)k.bits + t * row * es, row * es);
+        memcpy(want_v + (size_t)slots[t] * row * es, (uint8_t *)vv.bits + t * row * es, row * es);
+    }
+    double *want[2] = {decode(s, want_k, dt, ncache), decode(s, want_v, dt, ncache)};
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got_k[2] = {0}, *got_v[2] = {0};
+    void *bits_k = case_alloc(s, ncache, es), *bits_v = case_alloc(s, ncache, es);
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tkc = arena_out(&a, "k_cache", dt, S4(n_blocks, bt, hk, hd), k0.bits, bits_k);
+        struct tensor tvc = arena_out(&a, "v_cache", dt, S4(n_blocks, bt, hk, hd), v0.bits, bits_v);
+        struct tensor tk = arena_in(&a, "k", dt, S3(n, hk, hd), k.bits);
+        struct tensor tv = arena_in(&a, "v", dt, S3(n, hk, hd), vv.bits);
+        struct tensor ts = arena_in(&a, "slots", DTYPE_I32, S1(n), slots);
+        if (SUPPORTED(&v, b, kv_write)) op_kv_write(b, &tkc, &tvc, &tk, &tv, &ts);
+        arena_finish(&a, &v);
+        got_k[bi] = decode(s, bits_k, dt, ncache);
+        got_v[bi] = decode(s, bits_v, dt, ncache);
+    }
+    /* Rows of the comparison are cache slots. */
+    check_exact(s, &v, "k_cache", got_k, want[0], ncache, row, 1);
+    check_exact(s, &v, "v_cache", got_v, want[1], ncache, row, 1);
+    case_end(s, name, &v);
+}
+
+/* ---- attention ----------------------------------------------------------------------------- */
+
+/* Builds the paged cache of a batch: physical blocks are a random permutation of the pool (so a
+ * sequence's blocks are neither contiguous nor in order); every slot that holds no token of a
+ * sequence (the tail of each last block, and three spare blocks) is NaN; block-table entries
+ * past a sequence's last block point at the NaN spare blocks. A kernel that reads any of those
+ * produces NaN. */
+static void case_attention(struct suite *s, enum dtype dt, const struct attn_spec *sp)
+{
+    char name[160];
+    snprintf(name, sizeof name, "attention %s %s (heads %d/%d head_dim %d block_tokens %d window "
+             "%d seqs %d)", dtype_name(dt), sp->label, sp->n_heads, sp->n_kv_heads, sp->head_dim,
+             sp->block_tokens, sp->window, sp->n_seqs);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    int H = sp->n_heads, Hk = sp->n_kv_heads, D = sp->head_dim, bt = sp->block_tokens;
+    float scale = sp->scale > 0 ? (float)sp->scale : 1.0f / sqrtf((float)D);
+    int n_seqs = sp->n_seqs, max_blocks = 1, used = 0;
+    int32_t *q_start = case_alloc(s, (size_t)n_seqs + 1, sizeof(int32_t));
+    int32_t *seq_len = case_alloc(s, (size_t)n_seqs + 1, sizeof(int32_t));
+    for (int i = 0; i < n_seqs; i++) {
+        CHECK(sp->n_new[i] <= sp->seq_len[i], "%s: more new rows than tokens", sp->label);
+        q_start[i + 1] = q_start[i] + sp->n_new[i];
+        seq_len[i] = sp->seq_len[i];
+        int nb = (sp->seq_len[i] + bt - 1) / bt;
+        used += nb;
+        if (nb + 1 > max_blocks) max_blocks = nb + 1; /* +1: every row has an unused entry */
+    }
+    int n_rows = q_start[n_seqs], n_blocks = used + 3;
+    int *perm = case_alloc(s, (size_t)n_blocks, sizeof(int));
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    rng_shuffle(&r, perm, n_blocks);
+    int32_t *table = case_alloc(s, (size_t)n_seqs * max_blocks + 1, sizeof(int32_t));
+    size_t ncache = (size_t)n_blocks * bt * Hk * D;
+    struct hbuf kc = hbuf_make(s, dt, ncache), vc = hbuf_make(s, dt, ncache);
+    for (size_t i = 0; i < ncache; i++) {
+        hbuf_set(&kc, i, NAN);
+        hbuf_set(&vc, i, NAN);
+    }
+    for (int i = 0, next = 0; i < n_seqs; i++) {
+        int nb = (sp->seq_len[i] + bt - 1) / bt;
+        for (int j = 0; j < max_blocks; j++)
+            table[(size_t)i * max_blocks + j] = j < nb ? perm[next++] : perm[used + j % 3];
+        for (int t = 0; t < sp->seq_len[i]; t++) {
+            size_t off = ((size_t)table[(size_t)i * max_blocks + t / bt] * bt + t % bt) * Hk * D;
+            for (int e = 0; e < Hk * D; e++) {
+                hbuf_set(&kc, off + e, rng_range(&r, -1, 1));
+                hbuf_set(&vc, off + e, rng_range(&r, -1, 1));
+            }
+        }
+    }
+    /* Queries in [-2, 2] give scores of standard deviation about 1 at scale 1/sqrt(D): softmax
+     * weights that are neither uniform nor one-hot. */
+    size_t no = (size_t)n_rows * H * D;
+    struct hbuf q = hbuf_uniform(s, dt, no, &r, -2, 2);
+    double *want = case_alloc(s, no, sizeof(double)), *mag = case_alloc(s, no, sizeof(double));
+    double *tol = case_alloc(s, no, sizeof(double));
+    ref_attention(sp, (double)scale, q_start, seq_len, table, max_blocks, q.val, kc.val, vc.val,
+                  want, mag);
+    make_tol(tol, OP_ATTENTION, dt, want, mag, no);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, no, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tq = arena_in(&a, "q", dt, S3(n_rows, H, D), q.bits);
+        struct tensor tkc = arena_in(&a, "k_cache", dt, S4(n_blocks, bt, Hk, D), kc.bits);
+        struct tensor tvc = arena_in(&a, "v_cache", dt, S4(n_blocks, bt, Hk, D), vc.bits);
+        struct tensor to = arena_out(&a, "out", dt, S3(n_rows, H, D), NULL, bits);
+        struct attention_batch batch = {
+            .n_seqs = n_seqs,
+            .block_tokens = bt,
+            .max_blocks = max_blocks,
+            .q_start = arena_in(&a, "q_start", DTYPE_I32, S1(n_seqs + 1), q_start),
+            .seq_len = arena_in(&a, "seq_len", DTYPE_I32, S1(n_seqs), seq_len),
+            .block_table = arena_in(&a, "block_table", DTYPE_I32, S2(n_seqs, max_blocks), table),
+            .scale = scale,
+            .window = sp->window,
+        };
+        if (SUPPORTED(&v, b, attention)) op_attention(b, &to, &tq, &tkc, &tvc, &batch);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, no);
+    }
+    /* Rows of the comparison are (query row, head). */
+    check_close(s, &v, "out", got, want, tol, no, (size_t)D);
+    case_end(s, name, &v);
+}
+
+/* ---- activations --------------------------------------------------------------------------- */
+
+/* Inputs in [-10, 10], preceded by zeros, tiny values and the far tails. */
+static const double act_specials[] = {0.0, -0.0, 1e-3, -1e-3, 30.0, -30.0, 5.0, -5.0, 1.0, -1.0};
+#define N_ACT_SPECIALS (int)(sizeof act_specials / sizeof act_specials[0])
+
+static void case_activation(struct suite *s, enum dtype dt, enum activation act, int n, int alias)
+{
+    char name[96];
+    snprintf(name, sizeof name, "activation %s %s n=%d%s", dtype_name(dt), act_name(act), n,
+             alias ? " out=x" : "");
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf x = hbuf_make(s, dt, (size_t)n);
+    for (int i = 0; i < n; i++)
+        hbuf_set(&x, (size_t)i, i < N_ACT_SPECIALS ? act_specials[i] : rng_range(&r, -10, 10));
+    double *want = case_alloc(s, (size_t)n, sizeof(double));
+    double *mag = case_alloc(s, (size_t)n, sizeof(double));
+    double *tol = case_alloc(s, (size_t)n, sizeof(double));
+    for (int i = 0; i < n; i++) {
+        want[i] = ref_act(act, x.val[i]);
+        mag[i] = 1.0 + fabs(x.val[i]);
+    }
+    make_tol(tol, OP_ACTIVATION, dt, want, mag, (size_t)n);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, (size_t)n, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = alias ? arena_out(&a, "x=out", dt, S1(n), x.bits, bits)
+                                 : arena_in(&a, "x", dt, S1(n), x.bits);
+        struct tensor to = alias ? tx : arena_out(&a, "out", dt, S1(n), NULL, bits);
+        if (SUPPORTED(&v, b, activation)) op_activation(b, &to, &tx, act);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, (size_t)n);
+    }
+    check_close(s, &v, "out", got, want, tol, (size_t)n, (size_t)n);
+    case_end(s, name, &v);
+}
+
+/* alias: 0 out is its own buffer, 1 out = gate, 2 out = up. Shaped (rows, cols) to look like an
+ * MLP's hidden activations. */
+static void case_gated_activation(struct suite *s, enum dtype dt, enum activation act, int rows,
+                                  int cols, int alias)
+{
+    static const char *const alias_names[] = {"", " out=gate", " out=up"};
+    char name[112];
+    snprintf(name, sizeof name, "gated_activation %s %s %dx%d%s", dtype_name(dt), act_name(act),
+             rows, cols, alias_names[alias]);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    size_t n = (size_t)rows * cols;
+    struct hbuf g = hbuf_make(s, dt, n);
+    for (size_t i = 0; i < n; i++)
+        hbuf_set(&g, i, (int)i < N_ACT_SPECIALS ? act_specials[i] : rng_range(&r, -10, 10));
+    struct hbuf u = hbuf_uniform(s, dt, n, &r, -3, 3);
+    double *want = case_alloc(s, n, sizeof(double)), *mag = case_alloc(s, n, sizeof(double));
+    double *tol = case_alloc(s, n, sizeof(double));
+    for (size_t i = 0; i < n; i++) {
+        want[i] = ref_act(act, g.val[i]) * u.val[i];
+        mag[i] = (1.0 + fabs(g.val[i])) * fabs(u.val[i]);
+    }
+    make_tol(tol, OP_GATED_ACTIVATION, dt, want, mag, n);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, n, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tg = alias == 1 ? arena_out(&a, "gate=out", dt, S2(rows, cols), g.bits, bits)
+                                      : arena_in(&a, "gate", dt, S2(rows, cols), g.bits);
+        struct tensor tu = alias == 2 ? arena_out(&a, "up=out", dt, S2(rows, cols), u.bits, bits)
+                                      : arena_in(&a, "up", dt, S2(rows, cols), u.bits);
+        struct tensor to = alias == 1 ? tg : alias == 2 ? tu
+                                           : arena_out(&a, "out", dt, S2(rows, cols), NULL, bits);
+        if (SUPPORTED(&v, b, gated_activation)) op_gated_activation(b, &to, &tg, &tu, act);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, n);
+    }
+    check_close(s, &v, "out", got, want, tol, n, (size_t)cols);
+    case_end(s, name, &v);
+}
+
+/* ---- softmax, log_softmax ------------------------------------------------------------------ */
+
+/* Row i is of kind i % 5: 0 N(0, 3); 1 1e4 + N(0, 5); 2 -1e4 + N(0, 5); 3 uniform in
+ * [-1e4, 1e4] (nearly one-hot); 4 N(0, 3) with about a third of the entries -inf (masked;
+ * entry 0 always finite). Large offsets overflow exp() in any implementation that does not
+ * subtract the row maximum first. */
+static void case_softmax(struct suite *s, enum dtype dt, int log_out, int rows, int v_len,
+                         int alias)
+{
+    char name[112];
+    snprintf(name, sizeof name, "%s %s rows=%d v=%d%s", log_out ? "log_softmax" : "softmax",
+             dtype_name(dt), rows, v_len, alias ? " out=x" : "");
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    size_t n = (size_t)rows * v_len;
+    struct hbuf x = hbuf_make(s, dt, n);
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < v_len; j++) {
+            double val = 0.0;
+            switch (i % 5) {
+            case 0: val = 3.0 * rng_normal(&r); break;
+            case 1: val = 1e4 + 5.0 * rng_normal(&r); break;
+            case 2: val = -1e4 + 5.0 * rng_normal(&r); break;
+            case 3: val = rng_range(&r, -1e4, 1e4); break;
+            case 4: val = j > 0 && rng_int(&r, 3) == 0 ? -INFINITY : 3.0 * rng_normal(&r); break;
+            }
+            hbuf_set(&x, (size_t)i * v_len + j, val);
+        }
+    double *want = case_alloc(s, n, sizeof(double)), *mag = case_alloc(s, n, sizeof(double));
+    double *tol = case_alloc(s, n, sizeof(double));
+    for (int i = 0; i < rows; i++)
+        ref_softmax_row(v_len, x.val + (size_t)i * v_len, log_out, want + (size_t)i * v_len,
+                        mag + (size_t)i * v_len);
+    make_tol(tol, log_out ? OP_LOG_SOFTMAX : OP_SOFTMAX, dt, want, mag, n);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, n, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = alias ? arena_out(&a, "x=out", dt, S2(rows, v_len), x.bits, bits)
+                                 : arena_in(&a, "x", dt, S2(rows, v_len), x.bits);
+        struct tensor to = alias ? tx : arena_out(&a, "out", dt, S2(rows, v_len), NULL, bits);
+        if (log_out) {
+            if (SUPPORTED(&v, b, log_softmax)) op_log_softmax(b, &to, &tx);
+        } else {
+            if (SUPPORTED(&v, b, softmax)) op_softmax(b, &to, &tx);
+        }
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, n);
+    }
+    check_close(s, &v, "out", got, want, tol, n, (size_t)v_len);
+    case_end(s, name, &v);
+}
+
+/* ---- argmax, topk -------------------------------------------------------------------------- */
+
+/* Row i is of kind i % 8: 0 random with its maximum repeated at up to three later places (ties:
+ * the lowest index wins); 1 random with NaN at index 0 and elsewhere (a kernel that seeds its
+ * running maximum with x[0] never moves past NaN); 2 all equal (0 wins); 3 NaN everywhere but
+ * one number, -inf or finite; 4 +inf twice, -inf, NaN last; 5 all NaN (any index in range is
+ * accepted: there is no number to choose); 6 all -inf (0: -inf is a number); 7 the maximum at
+ * the last index only. */
+static void case_argmax(struct suite *s, enum dtype dt, int rows, int v_len)
+{
+    char name[96];
+    snprintf(name, sizeof name, "argmax %s rows=%d v=%d", dtype_name(dt), rows, v_len);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    size_t n = (size_t)rows * v_len;
+    struct hbuf x = hbuf_make(s, dt, n);
+    for (int i = 0; i < rows; i++) {
+        struct hbuf *h = &x;
+        size_t o = (size_t)i * v_len;
+        for (int j = 0; j < v_len; j++) hbuf_set(h, o + j, rng_range(&r, -8, 8));
+        int p = rng_int(&r, v_len);
+        switch (i % 8) {
+        case 0:
+            for (int j = 0; j < 3; j++) {
+                int q = p + rng_int(&r, v_len - p);
+                hbuf_set(h, o + q, 9.5);
+            }
+            hbuf_set(h, o + p, 9.5);
+            break;
+        case 1:
+            hbuf_set(h, o, NAN);
+            for (int j = 0; j < 3; j++) hbuf_set(h, o + rng_int(&r, v_len), NAN);
+            break;
+        case 2:
+            for (int j = 0; j < v_len; j++) hbuf_set(h, o + j, 1.25);
+            break;
+        case 3:
+            for (int j = 0; j < v_len; j++) hbuf_set(h, o + j, NAN);
+            hbuf_set(h, o + p, p % 2 ? -INFINITY : -3.0);
+            break;
+        case 4:
+            hbuf_set(h, o + rng_int(&r, v_len), -INFINITY);
+            hbuf_set(h, o + p, INFINITY);
+            hbuf_set(h, o + rng_int(&r, v_len), INFINITY);
+            hbuf_set(h, o + (size_t)v_len - 1, NAN);
+            break;
+        case 5:
+            for (int j = 0; j < v_len; j++) hbuf_set(h, o + j, NAN);
+            break;
+        case 6:
+            for (int j = 0; j < v_len; j++) hbuf_set(h, o + j, -INFINITY);
+            break;
+        case 7:
+            hbuf_set(h, o + (size_t)v_len - 1, 12.0);
+            break;
+        }
+    }
+    int32_t *want = case_alloc(s, (size_t)rows, sizeof(int32_t));
+    for (int i = 0; i < rows; i++) want[i] = ref_argmax_row(v_len, x.val + (size_t)i * v_len);
+    struct verdict v = {.worst_ratio = -1.0};
+    int32_t *got[2] = {0};
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        got[bi] = case_alloc(s, (size_t)rows, sizeof(int32_t));
+        struct tensor tx = arena_in(&a, "x", dt, S2(rows, v_len), x.bits);
+        struct tensor ti = arena_out(&a, "ids", DTYPE_I32, S1(rows), NULL, got[bi]);
+        if (SUPPORTED(&v, b, argmax)) op_argmax(b, &ti, &tx);
+        arena_finish(&a, &v);
+        /* An all-NaN row accepts any index in range: substitute it so the comparison passes,
+         * but never an out-of-range one. */
+        int32_t *cmp = case_alloc(s, (size_t)rows, sizeof(int32_t));
+        for (int i = 0; i < rows; i++)
+            cmp[i] = want[i] < 0 && got[bi][i] >= 0 && got[bi][i] < v_len ? got[bi][i] : want[i];
+        char label[64];
+        snprintf(label, sizeof label, "%s: ids vs reference", s->backend_name[bi]);
+        compare_i32(&v, label, got[bi], cmp, (size_t)rows, 1);
+    }
+    case_end(s, name, &v);
+}
+
+/* Row i is of kind i % 4: 0 small integers (many ties: the lower index comes first); 1 N(0, 1)
+ * (no ties); 2 all equal (ids must be 0..k-1); 3 N(0, 1) with +inf and -inf entries. */
+static void case_topk(struct suite *s, enum dtype dt, int rows, int v_len, int k)
+{
+    char name[96];
+    snprintf(name, sizeof name, "topk %s rows=%d v=%d k=%d", dtype_name(dt), rows, v_len, k);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    size_t n = (size_t)rows * v_len, nk = (size_t)rows * k;
+    struct hbuf x = hbuf_make(s, dt, n);
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < v_len; j++) {
+            double val = 0.0;
+            switch (i % 4) {
+            case 0: val = rng_int(&r, 6); break;
+            case 1: val = rng_normal(&r); break;
+            case 2: val = -0.5; break;
+            case 3: val = rng_int(&r, 8) == 0 ? (j % 2 ? INFINITY : -INFINITY) : rng_normal(&r); break;
+            }
+            hbuf_set(&x, (size_t)i * v_len + j, val);
+        }
+    double *want_v = case_alloc(s, nk, sizeof(double));
+    int32_t *want_i = case_alloc(s, nk, sizeof(int32_t));
+    struct ranked *rk = case_alloc(s, (size_t)v_len, sizeof(struct ranked));
+    for (int i = 0; i < rows; i++) {
+        for (int j = 0; j < v_len; j++) rk[j] = (struct ranked){x.val[(size_t)i * v_len + j], j};
+        qsort(rk, (size_t)v_len, sizeof rk[0], ranked_cmp);
+        for (int j = 0; j < k; j++) {
+            want_v[(size_t)i * k + j] = rk[j].val;
+            want_i[(size_t)i * k + j] = rk[j].idx;
+        }
+    }
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got_v[2] = {0};
+    int32_t *got_i[2] = {0};
+    float *vbits = case_alloc(s, nk, sizeof(float));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        got_i[bi] = case_alloc(s, nk, sizeof(int32_t));
+        struct tensor tx = arena_in(&a, "x", dt, S2(rows, v_len), x.bits);
+        struct tensor tv = arena_out(&a, "values", DTYPE_F32, S2(rows, k), NULL, vbits);
+        struct tensor ti = arena_out(&a, "ids", DTYPE_I32, S2(rows, k), NULL, got_i[bi]);
+        if (SUPPORTED(&v, b, topk)) op_topk(b, &tv, &ti, &tx);
+        arena_finish(&a, &v);
+        got_v[bi] = decode(s, vbits, DTYPE_F32, nk);
+        char label[64];
+        snprintf(label, sizeof label, "%s: ids vs reference", s->backend_name[bi]);
+        compare_i32(&v, label, got_i[bi], want_i, nk, (size_t)k);
+    }
+    check_exact(s, &v, "values", got_v, want_v, nk, (size_t)k, 1);
+    if (s->n_backends == 2) compare_i32(&v, "cuda vs cpu: ids", got_i[0], got_i[1], nk, (size_t)k);
+    case_end(s, name, &v);
+}
+
+/* ==== the case list ========================================================================= */
+
+static const struct attn_spec attn_specs[] = {
+    /* A fresh prefill, a prefill chunk continuing after 35 cached tokens, a decode row, and a
+     * first-token decode, in one batch. */
+    {"gqa4 mixed", 8, 2, 64, 16, 0, 0, 4, {17, 40, 33, 1}, {17, 5, 1, 1}},
+    {"mha block_tokens=1", 8, 8, 16, 1, 0, 0, 3, {5, 9, 1}, {1, 3, 1}},
+    {"mqa block_tokens=3", 8, 1, 128, 3, 0, 0, 3, {10, 7, 20}, {10, 1, 4}},
+    {"gqa2 head_dim=80 window=7", 8, 4, 80, 16, 7, 0, 3, {30, 50, 3}, {12, 1, 3}},
+    {"window=1", 4, 2, 8, 3, 1, 0, 2, {6, 4}, {6, 1}},
+    {"window>context", 4, 4, 16, 16, 100, 0, 2, {20, 35}, {20, 1}},
+    /* A sequence that contributes no rows this step sits between two that do. */
+    {"seq without rows", 8, 2, 64, 16, 0, 0, 3, {20, 16, 33}, {1, 0, 2}},
+    {"empty batch", 8, 2, 64, 16, 0, 0, 0, {0}, {0}},
+    /* Long contexts, where a GPU kernel may split the context across blocks. */
+    {"long decode", 8, 1, 64, 16, 0, 0, 2, {2000, 1100}, {1, 1}},
+    {"long decode window=256", 8, 2, 128, 16, 256, 0, 2, {1500, 300}, {1, 1}},
+    {"block-aligned scale=0.3", 8, 2, 128, 16, 0, 0.3, 2, {64, 16}, {64, 1}},
+    {"prefill chunk window=32", 4, 1, 64, 16, 32, 0, 1, {200}, {50}},
+    {"head_dim=8 decode batch", 4, 2, 8, 16, 0, 0, 6, {1, 2, 15, 16, 17, 100}, {1, 1, 1, 1, 1, 1}},
+};
+
+static void run_all(struct suite *s)
+{
+    static const enum dtype all_dtypes[3] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
+    static const enum activation acts[3] = {ACTIVATION_SILU, ACTIVATION_GELU_TANH,
+                                            ACTIVATION_GELU_ERF};
+
+    case_host_convert(s);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            case_cast(s, all_dtypes[i], all_dtypes[j], 1);
+            case_cast(s, all_dtypes[i], all_dtypes[j], 33);
+            case_cast(s, all_dtypes[i], all_dtypes[j], 1031);
+        }
+    /* Sizes past the CPU backend's threshold for splitting elementwise work across threads
+     * (32768 elements), and not a multiple of any plausible chunk: the parallel paths. */
+    case_cast(s, DTYPE_F32, DTYPE_BF16, 100003);
+    case_cast(s, DTYPE_F32, DTYPE_F16, 100003);
+    case_cast(s, DTYPE_F16, DTYPE_F32, 100003);
+
+    for (int di = 0; di < 3; di++) {
+        enum dtype dt = float_dtypes[di];
+        case_embedding(s, dt, 1, 64, 100, 0);
+        case_embedding(s, dt, 17, 67, 33, 0);
+        case_embedding(s, dt, 33, 129, 50, 1000);
+        case_embedding(s, dt, 5, 1, 7, 3);
+        case_embedding(s, dt, 0, 16, 8, 0);
+        case_position_embedding_add(s, dt, 1, 64, 16);
+        case_position_embedding_add(s, dt, 17, 67, 33);
+        case_position_embedding_add(s, dt, 33, 129, 1024);
+        case_embedding(s, dt, 300, 129, 77, 40);
+        case_position_embedding_add(s, dt, 300, 129, 301);
+    }
+
+    static const int mm[][3] = {
+        {1, 1, 1},    {1, 67, 33},   {3, 17, 129}, {17, 33, 67},   {33, 129, 1},
+        {1, 1024, 129}, {64, 128, 96}, {7, 256, 688}, {2, 4096, 17}, {0, 16, 8},
+    };
+    for (int di = 0; di < 3; di++)
+        for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++)
+            for (int bias = 0; bias <= 1; bias++)
+                case_matmul(s, float_dtypes[di], mm[i][0], mm[i][1], mm[i][2], bias);
+
+    static const int norm_shapes[][2] = {{1, 1}, {3, 17}, {17, 33}, {1, 4096}, {5, 67}, {3, 768}, {0, 16}};
+    for (int di = 0; di < 3; di++) {
+        enum dtype dt = float_dtypes[di];
+        for (size_t i = 0; i < sizeof norm_shapes / sizeof norm_shapes[0]; i++) {
+            int n = norm_shapes[i][0], d = norm_shapes[i][1];
+            case_rmsnorm(s, dt, n, d, 1e-5, (int)i % 2, 1.0);
+            case_layernorm(s, dt, n, d, 1e-5, 0, 0);
+            case_layernorm(s, dt, n, d, 1e-5, 1, (int)i % 2);
+        }
+        case_rmsnorm(s, dt, 4, 129, 1e-6, 1, 1.0);
+        case_rmsnorm(s, dt, 3, 67, 1e-6, 0, 100.0);
+        case_layernorm(s, dt, 4, 129, 1e-6, 1, 1);
+        case_rmsnorm(s, dt, 64, 769, 1e-5, 0, 1.0);
+        case_layernorm(s, dt, 64, 769, 1e-5, 1, 0);
+    }
+
+    for (int di = 0; di < 3; di++) {
+        enum dtype dt = float_dtypes[di];
+        static const int sizes[] = {1, 17, 4099, 100003};
+        for (int i = 0; i < 4; i++) {
+            for (int alias = 0; alias <= 2; alias++) case_add(s, dt, sizes[i], alias);
+            case_scale(s, dt, sizes[i], i == 0 ? 0.5f : -3.7f, 0);
+            case_scale(s, dt, sizes[i], i == 2 ? 1e-3f : 1.0f / 3.0f, 1);
+        }
+    }
+
+    for (int di = 0; di < 3; di++) {
+        enum dtype dt = float_dtypes[di];
+        case_rope(s, dt, 1, 8, 128, 128, 10000.0f, ROPE_STYLE_PAIRS, 2047);
+        case_rope(s, dt, 3, 8, 128, 128, 10000.0f, ROPE_STYLE_HALVES, 2047);
+        case_rope(s, dt, 17, 4, 64, 32, 500000.0f, ROPE_STYLE_HALVES, 4095);
+        case_rope(s, dt, 5, 2, 80, 80, 10000.0f, ROPE_STYLE_PAIRS, 300);
+        case_rope(s, dt, 5, 2, 80, 24, 1000000.0f, ROPE_STYLE_HALVES, 300);
+        case_rope(s, dt, 4, 3, 8, 8, 10.0f, ROPE_STYLE_PAIRS, 100);
+        case_rope(s, dt, 4, 3, 16, 2, 10000.0f, ROPE_STYLE_HALVES, 100);
+        case_rope(s, dt, 3, 2, 64, 64, 10000.0f, ROPE_STYLE_PAIRS, 32767);
+        case_rope(s, dt, 3, 2, 64, 48, 10000.0f, ROPE_STYLE_HALVES, 32767);
+        case_rope(s, dt, 40, 8, 128, 128, 10000.0f, ROPE_STYLE_HALVES, 4095);
+    }
+
+    for (int di = 0; di < 3; di++) {
+        enum dtype dt = float_dtypes[di];
+        case_kv_write(s, dt, 1, 4, 16, 2, 64, 0);
+        case_kv_write(s, dt, 17, 8, 3, 1, 80, 0);
+        case_kv_write(s, dt, 5, 6, 1, 8, 8, 0);
+        case_kv_write(s, dt, 33, 4, 16, 4, 128, 1);
+        case_kv_write(s, dt, 0, 2, 16, 2, 16, 0);
+    }
+
+    for (int di = 0; di < 3; di++)
+        for (size_t i = 0; i < sizeof attn_specs / sizeof attn_specs[0]; i++)
+            case_attention(s, float_dtypes[di], &attn_specs[i]);
+
+    for (int di = 0; di < 3; di++)
+        for (int ai = 0; ai < 3; ai++) {
+            case_activation(s, float_dtypes[di], acts[ai], 1, 0);
+            case_activation(s, float_dtypes[di], acts[ai], 67, 1);
+            case_activation(s, float_dtypes[di], acts[ai], 1029, 0);
+            case_gated_activation(s, float_dtypes[di], acts[ai], 1, 1, 0);
+            case_gated_activation(s, float_dtypes[di], acts[ai], 3, 67, 1);
+            case_gated_activation(s, float_dtypes[di], acts[ai], 2, 688, 2);
+            case_activation(s, float_dtypes[di], acts[ai], 40009, ai % 2);
+            case_gated_activation(s, float_dtypes[di], acts[ai], 8, 5003, ai % 3);
+        }
+
+    static const int sm[][2] = {{1, 1}, {5, 3}, {5, 17}, {5, 129}, {5, 1000}, {2, 32003}};
+    for (int di = 0; di < 3; di++)
+        for (int log_out = 0; log_out <= 1; log_out++)
+            for (size_t i = 0; i < sizeof sm / sizeof sm[0]; i++)
+                case_softmax(s, float_dtypes[di], log_out, sm[i][0], sm[i][1], (int)i % 2);
+
+    static const int am[] = {1, 3, 17, 33, 129, 1000, 32003};
+    static const int tk[][3] = {{4, 1, 1}, {4, 3, 1}, {4, 3, 3}, {4, 17, 5}, {4, 67, 67},
+                                {4, 129, 10}, {4, 1000, 40}, {2, 32003, 50},
+                                {4, 10007, 100}};
+    for (int di = 0; di < 3; di++) {
+        for (size_t i = 0; i < sizeof am / sizeof am[0]; i++)
+            case_argmax(s, float_dtypes[di], 8, am[i]);
+        for (size_t i = 0; i < sizeof tk / sizeof tk[0]; i++)
+            case_topk(s, float_dtypes[di], tk[i][0], tk[i][1], tk[i][2]);
+    }
+}
+
+static int usage(const char *argv0)
+{
+    fprintf(stderr, "usage: %s --backend cpu|cuda [--filter SUBSTR] [--seed N]\n", argv0);
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    const char *backend_arg = NULL, *filter = NULL;
+    uint64_t seed = 0x5eed0f0b5ull;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend_arg = argv[++i];
+        else if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
+        else return usage(argv[0]);
+    }
+    enum device device;
+    if (!backend_arg || backend_parse_device(backend_arg, &device) != STATUS_OK)
+        return usage(argv[0]);
+
+    struct suite s = {.filter = filter, .seed = seed};
+    struct backend *b = NULL;
+    enum status st = backend_open(device, 0, 0, &b);
+    if (st != STATUS_OK) {
+        if (device == DEVICE_CUDA && st == STATUS_UNAVAILABLE) {
+            printf("SKIP: ops_cuda: %s\n", status_message());
+            return 77;
+        }
+        fprintf(stderr, "test_ops: cannot open the %s backend: %s: %s\n", backend_arg,
+                status_name(st), status_message());
+        return 1;
+    }
+    s.backend[0] = b;
+    s.backend_name[0] = device == DEVICE_CUDA ? "cuda" : "cpu";
+    s.n_backends = 1;
+    if (device == DEVICE_CUDA) {
+        /* The CPU backend is the reference the CUDA backend is held to, beside the double one. */
+        st = backend_open(DEVICE_CPU, 0, 0, &s.backend[1]);
+        if (st != STATUS_OK) {
+            fprintf(stderr, "test_ops: cannot open the cpu backend: %s: %s\n", status_name(st),
+                    status_message());
+            backend_close(b);
+            return 1;
+        }
+        s.backend_name[1] = "cpu";
+        s.n_backends = 2;
+    }
+    printf("test_ops: backend %s (%s, %d threads), seed %llu%s%s\n", s.backend_name[0],
+           b->ops->name, b->n_threads, (unsigned long long)seed, filter ? ", filter " : "",
+           filter ? filter : "");
+    fflush(stdout);
+
+    double t0 = now_s();
+    run_all(&s);
+    double t1 = now_s();
+
+    for (int i = 0; i < s.n_backends; i++) backend_close(s.backend[i]);
+    if (s.passed + s.failed == 0) printf("no case matched the filter\n");
+    printf("%.1f s\n", t1 - t0);
+    printf("%d passed, %d failed\n", s.passed, s.failed);
+    return s.failed ? 1 : 0;
+}
