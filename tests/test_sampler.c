@@ -1,0 +1,183 @@
+/* tests/test_sampler.c - the sampler: greedy is argmax; top-k, top-p and min-p never emit a
+ * token they exclude; at temperature 1 the empirical distribution matches softmax (chi-square
+ * on a fixed seed); temperature sharpens; penalties change logits exactly as specified; the RNG
+ * stream depends only on its seed; parameter validation names the field.
+ * Prints one line per check and "N passed, M failed". */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sampler.h"
+
+static int n_pass, n_fail;
+
+static void check(int ok, const char *what, const char *detail)
+{
+    if (ok) n_pass++;
+    else n_fail++;
+    printf("%s %s%s%s\n", ok ? "PASS" : "FAIL", what, detail ? ": " : "", detail ? detail : "");
+}
+
+#define V 50
+
+static void make_logits(float *x, unsigned seed)
+{
+    struct rng r;
+    rng_seed(&r, seed);
+    for (int i = 0; i < V; i++) x[i] = 4.0f * rng_uniform(&r) - 2.0f;
+}
+
+/* Draws n samples with params p from logits x (copied each time: the sampler edits them). */
+static void histogram(struct sampler *s, const struct sampling_params *p, const float *x, int n, int *counts)
+{
+    float buf[V];
+    struct rng r;
+    rng_seed(&r, p->seed);
+    memset(counts, 0, V * sizeof *counts);
+    for (int i = 0; i < n; i++) {
+        memcpy(buf, x, sizeof buf);
+        counts[sampler_sample(s, p, &r, buf, NULL, 0, NULL, 0)]++;
+    }
+}
+
+static void softmax(const float *x, double t, double *p)
+{
+    double mx = -1e300, sum = 0;
+    for (int i = 0; i < V; i++) mx = fmax(mx, x[i]);
+    for (int i = 0; i < V; i++) sum += p[i] = exp((x[i] - mx) / t);
+    for (int i = 0; i < V; i++) p[i] /= sum;
+}
+
+int main(void)
+{
+    struct sampler s;
+    if (sampler_init(&s, V) != STATUS_OK) return 1;
+    float x[V];
+    make_logits(x, 1);
+    int counts[V];
+    char detail[256];
+
+    /* Greedy. */
+    struct sampling_params p = sampling_params_default();
+    p.temperature = 0;
+    int best = 0;
+    for (int i = 1; i < V; i++) if (x[i] > x[best]) best = i;
+    histogram(&s, &p, x, 100, counts);
+    check(counts[best] == 100, "temperature 0 is argmax", NULL);
+
+    /* Chi-square at temperature 1: 50 categories, 49 dof; the 0.999 quantile is 85.4. */
+    p = sampling_params_default();
+    p.seed = 12345;
+    const int N = 200000;
+    histogram(&s, &p, x, N, counts);
+    double prob[V], chi2 = 0;
+    softmax(x, 1.0, prob);
+    for (int i = 0; i < V; i++) chi2 += (counts[i] - N * prob[i]) * (counts[i] - N * prob[i]) / (N * prob[i]);
+    snprintf(detail, sizeof detail, "chi2 %.1f with 49 degrees of freedom (0.999 quantile 85.4)", chi2);
+    check(chi2 < 85.4, "temperature 1 matches softmax", detail);
+
+    /* A wrong temperature would fail the same statistic. */
+    p.temperature = 0.5f;
+    histogram(&s, &p, x, N, counts);
+    double chi_wrong = 0, chi_right = 0, p_half[V];
+    softmax(x, 0.5, p_half);
+    for (int i = 0; i < V; i++) {
+        chi_wrong += (counts[i] - N * prob[i]) * (counts[i] - N * prob[i]) / (N * prob[i]);
+        chi_right += (counts[i] - N * p_half[i]) * (counts[i] - N * p_half[i]) / (N * p_half[i]);
+    }
+    snprintf(detail, sizeof detail, "chi2 vs softmax(x/0.5) %.1f, vs softmax(x) %.0f", chi_right, chi_wrong);
+    check(chi_right < 85.4 && chi_wrong > 1000, "temperature 0.5 matches softmax(x / 0.5)", detail);
+
+    /* top-k: only the k largest. */
+    p = sampling_params_default();
+    p.top_k = 5;
+    p.seed = 7;
+    histogram(&s, &p, x, 20000, counts);
+    int order[V];
+    for (int i = 0; i < V; i++) order[i] = i;
+    for (int i = 0; i < V; i++)
+        for (int j = i + 1; j < V; j++)
+            if (x[order[j]] > x[order[i]]) { int t = order[i]; order[i] = order[j]; order[j] = t; }
+    int outside = 0, used = 0;
+    for (int r = 0; r < V; r++) {
+        if (r >= 5) outside += counts[order[r]];
+        else used += counts[order[r]] > 0;
+    }
+    snprintf(detail, sizeof detail, "%d draws outside the top 5, %d of the 5 used", outside, used);
+    check(outside == 0 && used == 5, "top_k never emits excluded tokens", detail);
+
+    /* top-p: the smallest prefix with mass >= p. */
+    p = sampling_params_default();
+    p.top_p = 0.6f;
+    p.seed = 8;
+    double cum = 0;
+    int keep = 0;
+    while (cum < 0.6) cum += prob[order[keep++]];
+    histogram(&s, &p, x, 20000, counts);
+    outside = 0;
+    for (int r = keep; r < V; r++) outside += counts[order[r]];
+    snprintf(detail, sizeof detail, "nucleus of %d tokens, %d draws outside", keep, outside);
+    check(outside == 0 && counts[order[keep - 1]] > 0, "top_p never emits excluded tokens", detail);
+
+    /* min-p: drop tokens below min_p * p_max. */
+    p = sampling_params_default();
+    p.min_p = 0.3f;
+    p.seed = 9;
+    histogram(&s, &p, x, 20000, counts);
+    outside = 0;
+    int allowed = 0;
+    for (int i = 0; i < V; i++) {
+        int ok = prob[i] >= 0.3 * prob[order[0]];
+        allowed += ok;
+        if (!ok) outside += counts[i];
+    }
+    snprintf(detail, sizeof detail, "%d allowed, %d draws outside", allowed, outside);
+    check(outside == 0, "min_p never emits excluded tokens", detail);
+
+    /* Penalties: exact arithmetic on the logits the sampler sees (greedy shows the edit). */
+    float y[V];
+    for (int i = 0; i < V; i++) y[i] = 0.0f;
+    y[3] = 2.0f;
+    y[4] = -1.0f;
+    int32_t prompt[] = {3}, out[] = {4, 4, 7};
+    struct sampling_params q = sampling_params_default();
+    q.temperature = 0;
+    q.repetition_penalty = 2.0f;
+    q.presence_penalty = 0.5f;
+    q.frequency_penalty = 0.25f;
+    struct rng r;
+    rng_seed(&r, 1);
+    sampler_sample(&s, &q, &r, y, prompt, 1, out, 3);
+    /* token 3 (prompt): 2 / 2 = 1; token 4 (output x2): -1 * 2 - 0.5 - 0.25 * 2 = -3;
+     * token 7 (output x1): 0 * 2 - 0.5 - 0.25 = -0.75; others unchanged. */
+    snprintf(detail, sizeof detail, "logit[3] %g logit[4] %g logit[7] %g logit[0] %g", y[3], y[4], y[7], y[0]);
+    check(fabsf(y[3] - 1.0f) < 1e-6f && fabsf(y[4] + 3.0f) < 1e-6f && fabsf(y[7] + 0.75f) < 1e-6f && y[0] == 0.0f,
+          "repetition, presence and frequency penalties as specified", detail);
+    int clean = 1;
+    for (int i = 0; i < V; i++) clean &= s.counts[i] == 0;
+    check(clean, "penalty bookkeeping is cleared after use", NULL);
+
+    /* The RNG stream depends only on the seed. */
+    struct rng a, b;
+    rng_seed(&a, 99);
+    rng_seed(&b, 99);
+    int same = 1;
+    for (int i = 0; i < 1000; i++) same &= rng_next(&a) == rng_next(&b);
+    rng_seed(&b, 100);
+    check(same && rng_next(&a) != rng_next(&b), "seeded streams repeat and differ by seed", NULL);
+
+    /* Validation names the field. */
+    struct sampling_params bad = sampling_params_default();
+    bad.top_p = 1.5f;
+    check(sampling_params_validate(&bad) == STATUS_INVALID_ARGUMENT && strstr(status_message(), "top_p"),
+          "top_p out of range is rejected by name", status_message());
+    bad = sampling_params_default();
+    bad.temperature = NAN;
+    check(sampling_params_validate(&bad) == STATUS_INVALID_ARGUMENT && strstr(status_message(), "temperature"),
+          "NaN temperature is rejected by name", status_message());
+
+    sampler_free(&s);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
