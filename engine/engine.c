@@ -229,6 +229,7 @@ static void emit(struct engine *e, struct seq *s, struct engine_event *ev)
     ev->completion_tokens = s->n_generated;
     ev->seed = r->seed;
     ev->cached_prompt_tokens = s->cached_prompt_tokens;
+    if (!ev->text) ev->text = ""; /* never NULL, so consumers may copy text_len bytes as is */
     (void)e;
     r->on_event(r->ctx, ev);
 }
@@ -274,7 +275,7 @@ static void retire_sample(struct engine *e, struct request *r, int n_generated)
 static void finish_absent(struct engine *e, struct request *r, int sample, enum finish_reason why,
                           enum status st, const char *message)
 {
-    struct engine_event ev = {.kind = ENGINE_EVENT_FINISHED, .handle = r->handle,
+    struct engine_event ev = {.kind = ENGINE_EVENT_FINISHED, .handle = r->handle, .text = "",
                               .request_id = r->id, .sample = sample, .finish = why, .status = st,
                               .message = message, .prompt_tokens = r->n_prompt, .seed = r->seed};
     r->on_event(r->ctx, &ev);

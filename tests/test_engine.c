@@ -80,7 +80,7 @@ static void on_event(void *ctx, const struct engine_event *ev)
             r->tokens[s][r->n_tokens[s]++] = ev->tokens[i];
         }
         if (ev->text_len && !valid_utf8((const unsigned char *)ev->text, ev->text_len)) r->bad_utf8++;
-        if (r->text_len[s] + ev->text_len < sizeof r->text[s]) {
+        if (ev->text_len && r->text_len[s] + ev->text_len < sizeof r->text[s]) {
             memcpy(r->text[s] + r->text_len[s], ev->text, ev->text_len);
             r->text_len[s] += ev->text_len;
             r->text[s][r->text_len[s]] = 0;
