@@ -8,6 +8,8 @@
  *                                logits at every prompt position and 20 greedy ids.
  *   test_model megatron DATA_DIR NAME TP PP  the same model rewritten in the Megatron-style
  *                                layout at (TP, PP), loaded back at tp = pp = 1.
+ *   test_model cuda DATA_DIR NAME  the CUDA backend's forward (bf16) against the CPU backend's
+ *                                (f32) on the same prompt (label gpu; SKIP without a GPU).
  * Prints one line per check and "N passed, M failed"; exits 77 (SKIP) when data is absent. */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -264,6 +266,77 @@ out:
     return finish();
 }
 
+/* Logits of every prompt row of the model at dir on an already opened backend. */
+static enum status backend_logits(struct backend *b, const char *dir, const int32_t *ids, int n, float **out, int *vocab)
+{
+    struct env e = {.b = b};
+    enum status st = model_load(dir, b, 0, 1, 0, 1, &e.m);
+    if (st == STATUS_OK) st = model_reserve(e.m, 64, 1, (n + 15) / 16, 64);
+    if (st == STATUS_OK)
+        st = kv_cache_init(&e.cache, b, e.m->n_layers_local, (n + 15) / 16, 16, e.m->n_kv_local,
+                           e.m->cfg.head_dim, e.m->dtype);
+    if (st == STATUS_OK) {
+        *vocab = e.m->cfg.vocab_size;
+        *out = malloc((size_t)n * (size_t)*vocab * sizeof **out);
+        st = prompt_logits(&e, ids, n, 7, *out);
+    }
+    kv_cache_free(&e.cache);
+    model_free(e.m);
+    return st;
+}
+
+static int run_cuda(const char *dir)
+{
+    struct backend *gpu = NULL, *cpu = NULL;
+    enum status st = backend_open(DEVICE_CUDA, 0, 0, &gpu);
+    if (st != STATUS_OK) {
+        printf("SKIP: model on CUDA: %s\n", status_message());
+        return 77;
+    }
+    char path[4096 + 32];
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    cJSON *ref = read_json(path);
+    if (!ref) {
+        backend_close(gpu);
+        printf("SKIP: no reference at %s\n", path);
+        return 77;
+    }
+    int32_t *prompt;
+    int n = json_ints(cJSON_GetObjectItem(ref, "prompt_ids"), &prompt), V = 0, V2 = 0;
+    float *lg = NULL, *lc = NULL;
+    backend_open(DEVICE_CPU, 0, 0, &cpu);
+    st = backend_logits(gpu, dir, prompt, n, &lg, &V);
+    check(st == STATUS_OK, "forward on CUDA", status_message());
+    enum status st2 = backend_logits(cpu, dir, prompt, n, &lc, &V2);
+    if (st == STATUS_OK && st2 == STATUS_OK) {
+        /* bf16 activations with f32 accumulation: agreement to a few bf16 ulps of the logit
+         * range, and the same argmax wherever the CPU's top-2 margin exceeds that. */
+        double worst = 0, scale = 0;
+        int argmax_same = 1;
+        for (int i = 0; i < n; i++) {
+            const float *a = lg + (size_t)i * V, *c = lc + (size_t)i * V;
+            int ia = 0, ic = 0, ic2 = -1;
+            for (int j = 0; j < V; j++) {
+                worst = fmax(worst, fabs((double)a[j] - c[j]));
+                scale = fmax(scale, fabs((double)c[j]));
+                if (a[j] > a[ia]) ia = j;
+                if (c[j] > c[ic]) { ic2 = ic; ic = j; } else if (ic2 < 0 || c[j] > c[ic2]) ic2 = j;
+            }
+            if (ia != ic && c[ic] - c[ic2] > 0.05 * (1 + scale)) argmax_same = 0;
+        }
+        char detail[256];
+        snprintf(detail, sizeof detail, "max |diff| %.3g, logits up to %.3g", worst, scale);
+        check(worst <= 0.05 * (1 + scale) && argmax_same, "CUDA bf16 logits vs CPU f32", detail);
+    }
+    free(lg);
+    free(lc);
+    free(prompt);
+    cJSON_Delete(ref);
+    backend_close(gpu);
+    backend_close(cpu);
+    return finish();
+}
+
 static int run_megatron(const char *data, const char *name, int tp, int pp)
 {
     char src[2048], dst[3072], detail[4096];
@@ -300,8 +373,13 @@ int main(int argc, char **argv)
         snprintf(dir, sizeof dir, "%s/%s", argv[2], argv[3]);
         return run_hf(dir);
     }
+    if (argc >= 4 && !strcmp(argv[1], "cuda")) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/%s", argv[2], argv[3]);
+        return run_cuda(dir);
+    }
     if (argc >= 6 && !strcmp(argv[1], "megatron"))
         return run_megatron(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
-    fprintf(stderr, "usage: test_model stories DATA | hf DATA NAME | megatron DATA NAME TP PP\n");
+    fprintf(stderr, "usage: test_model stories DATA | hf DATA NAME | megatron DATA NAME TP PP | cuda DATA NAME\n");
     return 2;
 }
