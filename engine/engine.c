@@ -340,7 +340,7 @@ enum status engine_create(const struct engine_options *opt, struct engine **out)
     if (st != STATUS_OK) goto fail;
     snprintf(path, sizeof path, "%s/tokenizer.model", o.model_dir);
     if ((st = tokenizer_load(path, &e->tok)) != STATUS_OK) goto fail;
-    if ((st = model_load(o.model_dir, e->b, 0, 1, 0, 1, &e->m)) != STATUS_OK) goto fail;
+    if ((st = model_load(o.model_dir, e->b, NULL, &e->m)) != STATUS_OK) goto fail;
     const struct model_config *c = &e->m->cfg;
     if (tokenizer_vocab_size(e->tok) > c->vocab_size) {
         st = status_errorf(STATUS_BAD_FORMAT, "%s: the tokenizer has %d pieces, the model only %d",

@@ -76,7 +76,11 @@ enum status generate_run(struct model *m, struct kv_cache *cache, const int32_t 
         };
         if ((st = model_forward(m, cache, &fb, logits)) != STATUS_OK) goto release;
         n_cached += n;
-        if (want) next = sampler_sample(&smp, &o->sampling, &rng, logits, prompt, n_prompt, out, 0);
+        if (want) {
+            /* The last stage samples; every rank then feeds the same token. */
+            if (model_is_last_stage(m)) next = sampler_sample(&smp, &o->sampling, &rng, logits, prompt, n_prompt, out, 0);
+            if ((st = model_share_tokens(m, &next, 1)) != STATUS_OK) goto release;
+        }
     }
     double t1 = now_seconds();
     stats->prefill_seconds = t1 - t0;
@@ -97,7 +101,8 @@ enum status generate_run(struct model *m, struct kv_cache *cache, const int32_t 
         };
         if ((st = model_forward(m, cache, &fb, logits)) != STATUS_OK) goto release;
         n_cached++;
-        next = sampler_sample(&smp, &o->sampling, &rng, logits, prompt, n_prompt, out, *n_out);
+        if (model_is_last_stage(m)) next = sampler_sample(&smp, &o->sampling, &rng, logits, prompt, n_prompt, out, *n_out);
+        if ((st = model_share_tokens(m, &next, 1)) != STATUS_OK) goto release;
     }
     stats->decode_seconds = now_seconds() - t1;
     stats->n_generated = *n_out;

@@ -1,7 +1,8 @@
 /* engine/generate.h - generation of one sequence on one rank: chunked prefill of the prompt,
  * then decode step by step through the paged KV cache, sampling each token. It is what
  * `shardlm generate` runs and what golden tests drive; the continuously batched engine
- * (scheduler) serves many sequences at once with the same model_forward.
+ * (scheduler) serves many sequences at once with the same model_forward. Under mpirun every
+ * rank calls it with the same arguments; the last stage samples and shares each token.
  * Tests: tests/test_model.c. */
 #ifndef SHARDLM_GENERATE_H
 #define SHARDLM_GENERATE_H

@@ -73,7 +73,8 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->up, m->dtype, 2, {T, m->ffn_local}},
         {&m->rows, m->dtype, 2, {max_logits, d}},
         {&m->logits, m->dtype, 2, {max_logits, m->vocab_local}},
-        {&m->logits_f32, DTYPE_F32, 2, {max_logits, m->vocab_local}},
+        {&m->logits_full, m->dtype, 2, {max_logits, (int64_t)m->tp_size * m->vocab_local}},
+        {&m->logits_f32, DTYPE_F32, 2, {max_logits, (int64_t)m->tp_size * m->vocab_local}},
         {&m->tokens, DTYPE_I32, 1, {T}},
         {&m->positions, DTYPE_I32, 1, {T}},
         {&m->slots, DTYPE_I32, 1, {T}},
@@ -105,7 +106,28 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
     m->max_seqs = max_seqs;
     m->max_blocks = max_blocks;
     m->max_logits = max_logits;
+    const size_t width = (size_t)m->tp_size * (size_t)m->vocab_local;
+    if (width != (size_t)c->vocab_size) { /* padded shards: compact on the host */
+        free(m->host_logits);
+        m->host_logits = malloc((size_t)max_logits * width * sizeof *m->host_logits);
+        if (!m->host_logits) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory for logits");
+    }
+    if (m->par.groups && m->tp_size > 1) {
+        size_t most = (size_t)T * (size_t)d;
+        if ((size_t)max_logits * width > most) most = (size_t)max_logits * width;
+        if ((st = comm_reserve(m->par.groups->tp, most)) != STATUS_OK) return st;
+    }
     return STATUS_OK;
+}
+
+int model_is_last_stage(const struct model *m) { return m->pp_rank == m->pp_size - 1; }
+
+enum status model_share_tokens(struct model *m, int32_t *tokens, int n)
+{
+    if (m->par.layout.world_size <= 1 || !m->par.world) return STATUS_OK;
+    const struct parallel_layout *l = &m->par.layout;
+    int root = parallel_layout_rank(l, l->dp_rank, l->pp_size - 1, 0);
+    return parallel_bcast_bytes(m->par.world, tokens, (size_t)n * sizeof *tokens, root);
 }
 
 void model_free(struct model *m)
@@ -115,6 +137,7 @@ void model_free(struct model *m)
     free(m->owned);
     backend_free(m->b, m->work);
     free(m->layers);
+    free(m->host_logits);
     checkpoint_close(m->checkpoint);
     free(m);
 }
@@ -126,10 +149,21 @@ static void upload_i32(struct backend *b, const struct tensor *dst, const int32_
     if (n > 0) backend_upload(b, dst->data, src, (size_t)n * sizeof(int32_t));
 }
 
-/* One decoder layer on the residual stream x (T, d), in the order of the math. */
-static void layer_forward(struct model *m, int l, struct kv_cache *cache, int64_t T,
-                          const struct attention_batch *ab)
+/* Row-parallel projections: each tp rank holds a slice of the input features, so the
+ * partial outputs are summed; the (replicated) bias joins on tp rank 0 only. */
+static enum status row_parallel(struct model *m, const struct tensor *y, const struct tensor *x,
+                                const struct tensor *w, const struct tensor *bias)
 {
+    op_matmul(m->b, y, x, w, m->tp_rank == 0 ? opt(bias) : NULL);
+    if (m->tp_size > 1) return comm_all_reduce(m->par.groups->tp, y);
+    return STATUS_OK;
+}
+
+/* One decoder layer on the residual stream x (T, d), in the order of the math. */
+static enum status layer_forward(struct model *m, int l, struct kv_cache *cache, int64_t T,
+                                 const struct attention_batch *ab)
+{
+    enum status st;
     struct backend *b = m->b;
     const struct model_config *c = &m->cfg;
     const struct layer_weights *w = &m->layers[l];
@@ -155,8 +189,7 @@ static void layer_forward(struct model *m, int l, struct kv_cache *cache, int64_
     /* The new tokens' K/V join the cache first, so attention reads them like any other. */
     op_kv_write(b, &cache->k[l], &cache->v[l], &k3, &v3, &slots);
     op_attention(b, &att3, &q3, &cache->k[l], &cache->v[l], ab);
-    /* Row-parallel output projection: with tp > 1 an all-reduce of proj follows here. */
-    op_matmul(b, &proj, &att, &w->wo, opt(&w->bo));
+    if ((st = row_parallel(m, &proj, &att, &w->wo, &w->bo)) != STATUS_OK) return st;
     op_add(b, &x, &x, &proj);
 
     /* MLP block: x += down(act(gate(xn)) * up(xn)), or down(act(up(xn))) for GPT-2. */
@@ -170,9 +203,10 @@ static void layer_forward(struct model *m, int l, struct kv_cache *cache, int64_
     } else {
         op_activation(b, &up, &up, c->activation);
     }
-    op_matmul(b, &proj, &up, &w->w_down, opt(&w->b_down));
+    if ((st = row_parallel(m, &proj, &up, &w->w_down, &w->b_down)) != STATUS_OK) return st;
     op_add(b, &x, &x, &proj);
     (void)d;
+    return STATUS_OK;
 }
 
 enum status model_forward(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
@@ -189,9 +223,6 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
           m->max_blocks, m->max_logits);
     CHECK(cache->n_layers == m->n_layers_local, "cache has %d layers, stage %d", cache->n_layers,
           m->n_layers_local);
-    if (m->tp_size > 1 || m->pp_size > 1)
-        return status_errorf(STATUS_UNSUPPORTED,
-                             "model_forward: tp/pp > 1 needs the parallel runtime, not built yet");
     for (int64_t i = 0; i < T; i++)
         if (fb->positions[i] < 0 || fb->positions[i] >= m->cfg.max_positions)
             return status_errorf(STATUS_INVALID_ARGUMENT,
@@ -218,14 +249,22 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
         .window = m->cfg.sliding_window,
     };
 
-    /* Embedding: the masked lookup of this vocab shard (an all-reduce joins shards). */
     struct tensor x = first_rows(&m->x, T), tokens = first_rows(&m->tokens, T);
     struct tensor pos = first_rows(&m->positions, T);
-    op_embedding(b, &x, &m->tok_embedding, &tokens, m->vocab_start);
-    if (m->cfg.positions == POSITION_KIND_LEARNED) op_position_embedding_add(b, &x, &m->pos_embedding, &pos);
+    enum status st;
+    if (m->pp_rank == 0) {
+        /* Embedding: the masked lookup of this vocab shard; the all-reduce joins the shards. */
+        op_embedding(b, &x, &m->tok_embedding, &tokens, m->vocab_start);
+        if (m->tp_size > 1 && (st = comm_all_reduce(m->par.groups->tp, &x)) != STATUS_OK) return st;
+        if (m->cfg.positions == POSITION_KIND_LEARNED) op_position_embedding_add(b, &x, &m->pos_embedding, &pos);
+    } else if ((st = comm_recv(m->par.groups->pp, &x, m->pp_rank - 1)) != STATUS_OK) {
+        return st;
+    }
 
-    for (int l = 0; l < m->n_layers_local; l++) layer_forward(m, l, cache, T, &ab);
+    for (int l = 0; l < m->n_layers_local; l++)
+        if ((st = layer_forward(m, l, cache, T, &ab)) != STATUS_OK) return st;
 
+    if (!model_is_last_stage(m)) return comm_send(m->par.groups->pp, &x, m->pp_rank + 1);
     if (fb->n_logits == 0) {
         backend_synchronize(b);
         return STATUS_OK;
@@ -237,12 +276,25 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
     norm(m, &rows, &rows, &m->final_norm, &m->final_norm_bias);
     struct tensor lg = first_rows(&m->logits, fb->n_logits);
     op_matmul(b, &lg, &rows, &m->lm_head, NULL);
-    const struct tensor *host_src = &lg;
+    struct tensor full = lg;
+    if (m->tp_size > 1) { /* vocab-parallel shards side by side: (rows, tp * vocab_local) */
+        full = first_rows(&m->logits_full, fb->n_logits);
+        if ((st = comm_all_gather_last(m->par.groups->tp, &full, &lg)) != STATUS_OK) return st;
+    }
+    const struct tensor *host_src = &full;
     struct tensor lg32 = first_rows(&m->logits_f32, fb->n_logits);
     if (m->dtype != DTYPE_F32) {
-        op_cast(b, &lg32, &lg);
+        op_cast(b, &lg32, &full);
         host_src = &lg32;
     }
-    backend_download(b, logits, host_src->data, tensor_nbytes(host_src));
+    const int64_t width = tensor_cols(host_src), V = m->cfg.vocab_size;
+    if (width == V) {
+        backend_download(b, logits, host_src->data, tensor_nbytes(host_src));
+        return STATUS_OK;
+    }
+    /* Drop the zero rows that padded the vocabulary to a multiple of tp. */
+    backend_download(b, m->host_logits, host_src->data, tensor_nbytes(host_src));
+    for (int i = 0; i < fb->n_logits; i++)
+        memcpy(logits + (size_t)i * (size_t)V, m->host_logits + (size_t)i * (size_t)width, (size_t)V * sizeof *logits);
     return STATUS_OK;
 }

@@ -2,9 +2,15 @@
  * its weights on the backend's device, a workspace sized once for the largest step, and the
  * forward pass (embedding -> layers -> final norm -> LM head) over the paged KV cache.
  * Not here: reading files (checkpoint.c), choosing what runs (the scheduler), sampling
- * (sampler.c), communication between ranks (the parallel runtime joins in the parallelism
- * issue: with tp = pp = 1 the hooks for it are no-ops).
- * Tests: tests/test_model.c (golden stories260K, random GPT-2 and Llama against NumPy). */
+ * (sampler.c), how ranks talk (parallel.c: the model only calls its comm_* operations).
+ * Tensor parallelism follows Megatron: the vocab-parallel embedding is a masked lookup plus an
+ * all-reduce; Q/K/V, gate and up are column-parallel; the attention output and down
+ * projections are row-parallel, followed by an all-reduce (their biases are added on tp rank 0
+ * only, so the sum counts them once); the LM head is vocab-parallel and its logits are
+ * gathered along the vocabulary. Pipeline stages receive the residual stream from the
+ * previous stage and send it to the next; only the last stage produces logits.
+ * Tests: tests/test_model.c (golden stories260K, random GPT-2 and Llama against NumPy, and the
+ * same under mpirun at tp 2, pp 2 and tp 2 x pp 2). */
 #ifndef SHARDLM_MODEL_H
 #define SHARDLM_MODEL_H
 
@@ -12,6 +18,7 @@
 #include "config.h"
 #include "kv_cache.h"
 #include "ops.h"
+#include "parallel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,8 +37,16 @@ struct layer_weights {
     struct tensor w_down, b_down;            /* (d_model, ffn_local), (d_model) */
 };
 
+/* How one rank's model joins the others. */
+struct model_parallel {
+    struct parallel_world *world;   /* borrowed */
+    struct parallel_layout layout;  /* this rank's tp/pp/dp coordinates */
+    struct parallel_groups *groups; /* borrowed: tp and pp communicators */
+};
+
 struct model {
     struct model_config cfg;
+    struct model_parallel par;     /* a world of one when loaded without one */
     struct backend *b;             /* borrowed */
     enum dtype dtype;              /* compute and storage dtype on the device */
     int tp_rank, tp_size, pp_rank, pp_size;
@@ -64,18 +79,29 @@ struct model {
     struct tensor gate, up;        /* (max_tokens, ffn_local) */
     struct tensor rows;            /* (max_logits, d_model): hidden rows that need logits */
     struct tensor logits;          /* (max_logits, vocab_local) */
-    struct tensor logits_f32;      /* (max_logits, vocab_local) f32, when dtype != f32 */
+    struct tensor logits_full;     /* (max_logits, tp * vocab_local): gathered shards (tp > 1) */
+    struct tensor logits_f32;      /* (max_logits, tp * vocab_local) f32, when dtype != f32 */
+    float *host_logits;            /* (max_logits, tp * vocab_local) host, when padded (tp > 1) */
     struct tensor tokens, positions, slots, logit_rows; /* i32 (max_tokens) */
     struct tensor q_start, seq_len, block_table;        /* i32 (max_seqs+1), (max_seqs), (max_seqs, max_blocks) */
 };
 
-/* Loads the checkpoint directory `dir` for one (tp, pp) shard onto b, in the backend's compute
- * dtype (f32 on CPU; bf16 on CUDA unless the checkpoint is f16). On the CPU with an f32
- * checkpoint that needs no slicing, weights point into the checkpoint's read-only mapping
- * instead of being copied. Errors (missing files, bad shapes, unknown layout) come back as a
- * status with a message; *out is then NULL. The model borrows b. */
-enum status model_load(const char *dir, struct backend *b, int tp_rank, int tp_size, int pp_rank,
-                       int pp_size, struct model **out);
+/* Loads the checkpoint directory `dir` for this rank's (tp, pp) shard onto b, in the backend's
+ * compute dtype (f32 on CPU; bf16 on CUDA unless the checkpoint is f16). par == NULL means a
+ * world of one (tp = pp = 1); otherwise the model borrows par's world and groups. On the CPU
+ * with an f32 checkpoint, weights that need no conversion point into the checkpoint's
+ * read-only mapping instead of being copied. Errors (missing files, bad shapes, a tp that does
+ * not partition the model) come back as a status with a message; *out is then NULL. The model
+ * borrows b. */
+enum status model_load(const char *dir, struct backend *b, const struct model_parallel *par,
+                       struct model **out);
+
+/* Whether this rank holds the last pipeline stage (it produces logits). */
+int model_is_last_stage(const struct model *m);
+
+/* Makes n host values (sampled tokens) of the last stage's first rank known to every rank of
+ * the world; a no-op in a world of one. */
+enum status model_share_tokens(struct model *m, int32_t *tokens, int n);
 void model_free(struct model *m); /* accepts NULL */
 
 /* Sizes the workspace for steps of at most max_tokens rows over max_seqs sequences whose
@@ -101,8 +127,10 @@ struct forward_batch {
 
 /* Runs the forward pass of this stage over the batch, writing K/V of the new tokens into the
  * cache, and, on the last stage, logits (n_logits, vocab_size) as f32 into host memory
- * `logits` (the padding of a vocab-parallel shard is not included). The batch must fit the
- * reserved workspace (a caller bug otherwise). */
+ * `logits` (the padding of vocab-parallel shards is not included; other stages leave it
+ * untouched). Every rank of the world calls it with the same batch. The batch must fit the
+ * reserved workspace (a caller bug otherwise). Communication failures (a peer rank gone)
+ * return STATUS_UNAVAILABLE. */
 enum status model_forward(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
                           float *logits);
 

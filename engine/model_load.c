@@ -113,14 +113,18 @@ static enum status load_layer(struct model *m, struct staging *stg, int layer,
     return STATUS_OK;
 }
 
-enum status model_load(const char *dir, struct backend *b, int tp_rank, int tp_size, int pp_rank,
-                       int pp_size, struct model **out)
+enum status model_load(const char *dir, struct backend *b, const struct model_parallel *par,
+                       struct model **out)
 {
     *out = NULL;
+    const int tp_rank = par ? par->layout.tp_rank : 0, tp_size = par ? par->layout.tp_size : 1;
+    const int pp_rank = par ? par->layout.pp_rank : 0, pp_size = par ? par->layout.pp_size : 1;
     if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size || pp_size < 1 || pp_rank < 0 ||
         pp_rank >= pp_size)
         return status_errorf(STATUS_INVALID_ARGUMENT, "model: bad parallel rank tp %d/%d pp %d/%d",
                              tp_rank, tp_size, pp_rank, pp_size);
+    if ((tp_size > 1 || pp_size > 1) && (!par || !par->groups || !par->world))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "model: tp/pp > 1 needs the parallel groups");
     struct model *m = calloc(1, sizeof *m);
     struct staging stg = {0};
     if (!m) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
@@ -129,6 +133,9 @@ enum status model_load(const char *dir, struct backend *b, int tp_rank, int tp_s
     const struct model_config *c = &m->checkpoint->cfg;
     m->cfg = *c;
     m->b = b;
+    if (par) m->par = *par;
+    else m->par.layout = (struct parallel_layout){.world_size = 1, .tp_size = 1, .pp_size = 1,
+                                                  .dp_size = 1, .pp_prev = -1, .pp_next = -1};
     m->tp_rank = tp_rank;
     m->tp_size = tp_size;
     m->pp_rank = pp_rank;

@@ -16,6 +16,7 @@
 #include "llama2c.h"
 #include "model.h"
 #include "ops.h"
+#include "parallel.h"
 #include "tokenizer.h"
 
 #define EXIT_USAGE 2
@@ -40,13 +41,14 @@ static void print_help(FILE *f)
             "usage:\n"
             "  shardlm generate --model DIR [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
             "                   [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
-            "                   [--device cpu|cuda] [--threads N] [--no-bos]\n"
+            "                   [--device cpu|cuda] [--threads N] [--no-bos] [--tp T --pp P]\n"
             "  shardlm convert llama2c --checkpoint FILE.bin --tokenizer FILE.model --out DIR\n"
             "  shardlm version\n"
             "\n"
             "generate prints the completion to stdout as it is produced and the prefill and\n"
             "decode speed to stderr. Defaults: --prompt \"\" (BOS only), --max-tokens 128,\n"
-            "--temperature 0 (greedy), --device cpu.\n");
+            "--temperature 0 (greedy), --device cpu. With --tp/--pp, run under mpirun with\n"
+            "T x P ranks (e.g. mpirun -n 4 shardlm generate --tp 2 --pp 2 ...).\n");
 }
 
 /* Strict numeric flags: the whole string must parse and lie in range. */
@@ -92,7 +94,7 @@ static int print_token(void *ctx, int32_t token)
 static int cmd_generate(int argc, char **argv)
 {
     const char *model_dir = NULL, *prompt = "", *device_name = "cpu";
-    long max_tokens = 128, threads = 0, seed = 0;
+    long max_tokens = 128, threads = 0, seed = 0, tp = 1, pp = 1;
     int add_bos = 1;
     struct generate_options o = {.sampling = sampling_params_default()};
     o.sampling.temperature = 0.0f;
@@ -106,6 +108,8 @@ static int cmd_generate(int argc, char **argv)
         else if (!strcmp(a, "--prompt")) prompt = v;
         else if (!strcmp(a, "--device")) device_name = v;
         else if (!strcmp(a, "--max-tokens")) { if (parse_int(v, 0, 1 << 20, &max_tokens)) return usage_error("--max-tokens must be an integer in [0, 1048576], got '%s'", v); }
+        else if (!strcmp(a, "--tp")) { if (parse_int(v, 1, 1024, &tp)) return usage_error("--tp must be an integer in [1, 1024], got '%s'", v); }
+        else if (!strcmp(a, "--pp")) { if (parse_int(v, 1, 1024, &pp)) return usage_error("--pp must be an integer in [1, 1024], got '%s'", v); }
         else if (!strcmp(a, "--threads")) { if (parse_int(v, 0, 1024, &threads)) return usage_error("--threads must be an integer in [0, 1024], got '%s'", v); }
         else if (!strcmp(a, "--seed")) { if (parse_int(v, 0, LONG_MAX, &seed)) return usage_error("--seed must be a non-negative integer, got '%s'", v); }
         else if (!strcmp(a, "--temperature")) { if (parse_float(v, &o.sampling.temperature)) return usage_error("--temperature must be a number, got '%s'", v); }
@@ -131,11 +135,26 @@ static int cmd_generate(int argc, char **argv)
     int n_ids = 0, n_out = 0, rc = 1;
     struct stream_ctx sc = {0};
     char path[4096];
+    struct parallel_world *world = NULL;
+    struct parallel_groups groups = {0};
+    struct model_parallel par = {0};
+    int printer = 1; /* the rank that prints: rank 0 */
 
-    if ((st = backend_open(dev, 0, (int)threads, &b)) != STATUS_OK) goto done;
+    if (tp * pp > 1) {
+        if ((st = parallel_init(NULL, NULL, &world)) != STATUS_OK) goto done;
+        if ((st = parallel_layout(world, (int)tp, (int)pp, &par.layout)) != STATUS_OK) goto done;
+        printer = world->rank == 0;
+        /* One GPU per rank on a node: the local rank picks it. */
+        if ((st = backend_open(dev, world->local_rank, (int)threads, &b)) != STATUS_OK) goto done;
+        if ((st = parallel_groups_init(world, &par.layout, dev, world->local_rank, NULL, &groups)) != STATUS_OK) goto done;
+        par.world = world;
+        par.groups = &groups;
+    } else if ((st = backend_open(dev, 0, (int)threads, &b)) != STATUS_OK) {
+        goto done;
+    }
     snprintf(path, sizeof path, "%s/tokenizer.model", model_dir);
     if ((st = tokenizer_load(path, &tok)) != STATUS_OK) goto done;
-    if ((st = model_load(model_dir, b, 0, 1, 0, 1, &m)) != STATUS_OK) goto done;
+    if ((st = model_load(model_dir, b, tp * pp > 1 ? &par : NULL, &m)) != STATUS_OK) goto done;
     if ((st = tokenizer_encode(tok, prompt, strlen(prompt), add_bos, &ids, &n_ids)) != STATUS_OK) goto done;
     if (n_ids == 0) {
         st = status_errorf(STATUS_INVALID_ARGUMENT, "the prompt is empty and --no-bos was given");
@@ -162,10 +181,14 @@ static int cmd_generate(int argc, char **argv)
         size_t skip_len;
         if ((st = detokenizer_push(&sc.detok, ids[i], &skip, &skip_len)) != STATUS_OK) goto done;
     }
-    fwrite(prompt, 1, strlen(prompt), stdout);
+    if (printer) fwrite(prompt, 1, strlen(prompt), stdout);
     struct generate_stats gs;
-    if ((st = generate_run(m, &cache, ids, n_ids, &o, print_token, &sc, out, &n_out, &gs)) != STATUS_OK)
+    if ((st = generate_run(m, &cache, ids, n_ids, &o, printer ? print_token : NULL, &sc, out, &n_out, &gs)) != STATUS_OK)
         goto done;
+    if (!printer) {
+        rc = 0;
+        goto done;
+    }
     const char *tail;
     size_t tail_len;
     if (detokenizer_flush(&sc.detok, &tail, &tail_len) == STATUS_OK) fwrite(tail, 1, tail_len, stdout);
@@ -175,10 +198,10 @@ static int cmd_generate(int argc, char **argv)
         st = status_errorf(STATUS_INTERNAL, "detokenization failed");
         goto done;
     }
-    fprintf(stderr, "shardlm: prompt %d tokens, prefill %.1f tok/s; generated %d tokens, decode %.1f tok/s (%s, %d threads)\n",
+    fprintf(stderr, "shardlm: prompt %d tokens, prefill %.1f tok/s; generated %d tokens, decode %.1f tok/s (%s, %d threads, tp %ld, pp %ld)\n",
             gs.n_prompt, gs.prefill_seconds > 0 ? gs.n_prompt / gs.prefill_seconds : 0.0, gs.n_generated,
             gs.decode_seconds > 0 && gs.n_generated > 1 ? (gs.n_generated - 1) / gs.decode_seconds : 0.0,
-            b->ops->name, b->n_threads);
+            b->ops->name, b->n_threads, tp, pp);
     rc = 0;
 done:
     if (st != STATUS_OK) rc = fail(st);
@@ -189,6 +212,8 @@ done:
     model_free(m);
     tokenizer_free(tok);
     backend_close(b);
+    parallel_groups_free(&groups);
+    parallel_finalize(world);
     return rc;
 }
 

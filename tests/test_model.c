@@ -10,6 +10,9 @@
  *                                layout at (TP, PP), loaded back at tp = pp = 1.
  *   test_model cuda DATA_DIR NAME  the CUDA backend's forward (bf16) against the CPU backend's
  *                                (f32) on the same prompt (label gpu; SKIP without a GPU).
+ *   test_model --tp T --pp P hf|stories ...  the same checks under mpirun with T x P ranks:
+ *                                logits are checked on the last stage's ranks, generated ids
+ *                                on every rank.
  * Prints one line per check and "N passed, M failed"; exits 77 (SKIP) when data is absent. */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -25,6 +28,9 @@
 #include "tokenizer.h"
 
 static int n_pass, n_fail;
+static int run_command(int argc, char **argv);
+/* Set by --tp/--pp: this rank's place in a multi-rank model (NULL: a world of one). */
+static struct model_parallel *g_par;
 
 static void check(int ok, const char *what, const char *detail)
 {
@@ -35,6 +41,8 @@ static void check(int ok, const char *what, const char *detail)
 
 static int finish(void)
 {
+    if (g_par) printf("rank %d (tp %d/%d, pp %d/%d): ", g_par->layout.rank, g_par->layout.tp_rank,
+                      g_par->layout.tp_size, g_par->layout.pp_rank, g_par->layout.pp_size);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
@@ -90,7 +98,7 @@ static enum status env_open(struct env *e, const char *dir, int max_ctx)
 {
     memset(e, 0, sizeof *e);
     enum status st = backend_open(DEVICE_CPU, 0, 0, &e->b);
-    if (st == STATUS_OK) st = model_load(dir, e->b, 0, 1, 0, 1, &e->m);
+    if (st == STATUS_OK) st = model_load(dir, e->b, g_par, &e->m);
     if (st == STATUS_OK) st = model_reserve(e->m, 64, 1, (max_ctx + 15) / 16, 64);
     if (st == STATUS_OK)
         st = kv_cache_init(&e->cache, e->b, e->m->n_layers_local, (max_ctx + 15) / 16, 16,
@@ -154,6 +162,7 @@ static int run_hf(const char *dir)
     int chunks[] = {n_prompt, 5, 1};
     for (int c = 0; c < 3; c++) {
         st = prompt_logits(&e, prompt, n_prompt, chunks[c], logits);
+        if (!model_is_last_stage(e.m)) continue; /* this stage has no logits to check */
         double worst = 0, scale = 0;
         for (int i = 0; i < n_prompt && st == STATUS_OK; i++) {
             double rm;
@@ -214,9 +223,11 @@ static int run_stories(const char *data)
     float *logits = malloc((size_t)64 * V * sizeof *logits);
     int32_t bos = 1;
     st = prompt_logits(&e, &bos, 1, 1, logits);
-    double rm, d = st == STATUS_OK ? max_abs_diff(logits, cJSON_GetObjectItem(ref, "logits_first"), V, &rm) : 1e9;
-    snprintf(detail, sizeof detail, "max |diff| %.3g", d);
-    check(d <= LOGIT_TOL * (1 + rm), "logits after BOS vs NumPy", detail);
+    if (model_is_last_stage(e.m)) {
+        double rm, d = st == STATUS_OK ? max_abs_diff(logits, cJSON_GetObjectItem(ref, "logits_first"), V, &rm) : 1e9;
+        snprintf(detail, sizeof detail, "max |diff| %.3g", d);
+        check(d <= LOGIT_TOL * (1 + rm), "logits after BOS vs NumPy", detail);
+    }
 
     /* Greedy generation from BOS: the exact ids of the float64 reference. */
     int32_t *out = malloc((size_t)n_want * sizeof *out);
@@ -233,7 +244,7 @@ static int run_stories(const char *data)
              first_bad < 0 ? " match" : " match before the first difference");
     check(st == STATUS_OK && first_bad < 0, "greedy 120 tokens vs NumPy", detail);
 
-    /* The text the asset's README documents. */
+    /* The text the asset's README documents (the tokens are shared: every rank decodes it). */
     char *text = NULL;
     size_t len = 0;
     st = tokenizer_decode(tok, out, n_out, &text, &len);
@@ -270,7 +281,7 @@ out:
 static enum status backend_logits(struct backend *b, const char *dir, const int32_t *ids, int n, float **out, int *vocab)
 {
     struct env e = {.b = b};
-    enum status st = model_load(dir, b, 0, 1, 0, 1, &e.m);
+    enum status st = model_load(dir, b, NULL, &e.m);
     if (st == STATUS_OK) st = model_reserve(e.m, 64, 1, (n + 15) / 16, 64);
     if (st == STATUS_OK)
         st = kv_cache_init(&e.cache, b, e.m->n_layers_local, (n + 15) / 16, 16, e.m->n_kv_local,
@@ -367,6 +378,38 @@ static int run_megatron(const char *data, const char *name, int tp, int pp)
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    int tp = 1, pp = 1;
+    while (argc >= 3 && (!strcmp(argv[1], "--tp") || !strcmp(argv[1], "--pp"))) {
+        *(!strcmp(argv[1], "--tp") ? &tp : &pp) = atoi(argv[2]);
+        argc -= 2;
+        argv += 2;
+    }
+    struct parallel_world *world = NULL;
+    struct parallel_groups groups = {0};
+    struct model_parallel par = {0};
+    if (tp * pp > 1) {
+        enum status st = parallel_init(&argc, &argv, &world);
+        if (st == STATUS_OK) st = parallel_layout(world, tp, pp, &par.layout);
+        if (st == STATUS_OK) st = parallel_groups_init(world, &par.layout, DEVICE_CPU, 0, NULL, &groups);
+        if (st != STATUS_OK) {
+            printf("FAIL parallel setup: %s: %s\n", status_name(st), status_message());
+            parallel_finalize(world);
+            return 1;
+        }
+        par.world = world;
+        par.groups = &groups;
+        g_par = &par;
+    }
+    int rc = run_command(argc, argv);
+    if (world) {
+        parallel_groups_free(&groups);
+        parallel_finalize(world);
+    }
+    return rc;
+}
+
+static int run_command(int argc, char **argv)
+{
     if (argc >= 3 && !strcmp(argv[1], "stories")) return run_stories(argv[2]);
     if (argc >= 4 && !strcmp(argv[1], "hf")) {
         char dir[4096];
