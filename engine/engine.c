@@ -26,6 +26,7 @@
 
 #include "kv_cache.h"
 #include "model.h"
+#include "parallel.h"
 #include "tokenizer.h"
 
 #define MAX_STOP_STRINGS 16
@@ -119,8 +120,20 @@ struct seq {
     enum finish_reason doomed;    /* cancelled or past its deadline, seen at the step's start */
 };
 
+/* The step plan the conductor broadcasts to every rank: this header, then the arrays. */
+struct step_plan_header {
+    int32_t stop;                 /* 1: workers leave engine_run_worker */
+    int32_t n_tokens, n_seqs, table_width, n_logits, n_copies;
+};
+
 struct engine {
     struct engine_options o;
+    struct model_parallel par;    /* world of one when par.world is NULL */
+    struct parallel_groups groups;
+    int32_t *copies;              /* (cap_copies) pending (dst, src) block copy pairs, flattened */
+    int      n_copies, cap_copies;  /* pairs; capacity in int32 elements */
+    int32_t *plan;                /* (cap_plan) the packed arrays of a step plan */
+    int      cap_plan;
     struct backend *b;
     struct model   *m;
     struct tokenizer *tok;
@@ -336,11 +349,30 @@ enum status engine_create(const struct engine_options *opt, struct engine **out)
     pthread_cond_init(&e->cv, NULL);
     e->next_handle = 1;
     char path[4096];
-    enum status st = backend_open((enum device)o.device, o.device_id, o.n_threads, &e->b);
-    if (st != STATUS_OK) goto fail;
+    enum status st = STATUS_OK;
+    const int multi = o.world && (o.tp > 1 || o.pp > 1);
+    int device_id = o.device_id;
+    if (multi) {
+        if ((st = parallel_layout(o.world, o.tp, o.pp, &e->par.layout)) != STATUS_OK) goto fail;
+        if (e->par.layout.dp_size != 1) {
+            st = status_errorf(STATUS_INVALID_ARGUMENT, "serving needs world size = tp x pp (%d x %d); got %d ranks",
+                               o.tp, o.pp, o.world->size);
+            goto fail;
+        }
+        device_id = o.world->local_rank; /* one GPU per rank on a node */
+    }
+    if ((st = backend_open((enum device)o.device, device_id, o.n_threads, &e->b)) != STATUS_OK) goto fail;
+    if (multi) {
+        if ((st = parallel_groups_init(o.world, &e->par.layout, (enum device)o.device, device_id, NULL, &e->groups)) != STATUS_OK)
+            goto fail;
+        e->par.world = o.world;
+        e->par.groups = &e->groups;
+    }
     snprintf(path, sizeof path, "%s/tokenizer.model", o.model_dir);
-    if ((st = tokenizer_load(path, &e->tok)) != STATUS_OK) goto fail;
-    if ((st = model_load(o.model_dir, e->b, NULL, &e->m)) != STATUS_OK) goto fail;
+    st = tokenizer_load(path, &e->tok);
+    if (st == STATUS_OK) st = model_load(o.model_dir, e->b, multi ? &e->par : NULL, &e->m);
+    if (multi) st = parallel_agree(o.world, st); /* every rank fails together, none waits alone */
+    if (st != STATUS_OK) goto fail;
     const struct model_config *c = &e->m->cfg;
     if (tokenizer_vocab_size(e->tok) > c->vocab_size) {
         st = status_errorf(STATUS_BAD_FORMAT, "%s: the tokenizer has %d pieces, the model only %d",
@@ -358,6 +390,11 @@ enum status engine_create(const struct engine_options *opt, struct engine **out)
         n_blocks = (long long)o.max_seqs * e->table_width;
         long long cap = (long long)((2ull << 30) / block_bytes);
         if (n_blocks > cap) n_blocks = cap;
+    }
+    if (multi) { /* every rank's pool must hold the same blocks: the conductor's count wins */
+        int64_t nb = n_blocks;
+        if ((st = parallel_bcast_bytes(o.world, &nb, sizeof nb, 0)) != STATUS_OK) goto fail;
+        n_blocks = nb;
     }
     if (n_blocks < 1 || n_blocks > (1LL << 30)) {
         st = status_errorf(STATUS_INVALID_ARGUMENT, "the KV cache must hold at least one block of %zu bytes (got %lld blocks)",
@@ -860,6 +897,13 @@ static void fork_samples(struct engine *e, struct seq *s, struct seq **children)
                 int32_t b;
                 CHECK(kv_cache_alloc(&e->cache, 1, &b) == STATUS_OK, "kv alloc after check");
                 kv_cache_copy_block(&e->cache, b, s->blocks[full]);
+                if (e->par.world) { /* workers repeat the copy before the next step */
+                    CHECK(grow((void **)&e->copies, &e->cap_copies, 2 * (e->n_copies + 1), sizeof *e->copies) == STATUS_OK,
+                          "engine: out of memory recording a block copy");
+                    e->copies[2 * e->n_copies] = b;
+                    e->copies[2 * e->n_copies + 1] = s->blocks[full];
+                    e->n_copies++;
+                }
                 c->blocks[c->n_blocks++] = b;
             }
             c->n_cached = s->n_cached;
@@ -868,6 +912,86 @@ static void fork_samples(struct engine *e, struct seq *s, struct seq **children)
         }
         c->cached_prompt_tokens = s->cached_prompt_tokens;
     }
+}
+
+/* ---- multi-rank: the step plan and the workers -------------------------------------------- */
+
+int engine_is_conductor(const struct engine *e) { return !e->par.world || e->par.world->rank == 0; }
+
+/* The conductor packs and broadcasts the step's arrays (header first); a worker receives them
+ * into the same fields. */
+static enum status plan_exchange(struct engine *e, struct step_plan_header *h)
+{
+    struct parallel_world *w = e->par.world;
+    enum status st = parallel_bcast_bytes(w, h, sizeof *h, 0);
+    if (st != STATUS_OK || h->stop) return st;
+    const int T = h->n_tokens, S = h->n_seqs, W = h->table_width, L = h->n_logits, C = h->n_copies;
+    CHECK(T >= 0 && T <= e->o.max_batch_tokens && S >= 0 && S <= e->o.max_seqs && W == e->table_width &&
+              L >= 0 && L <= e->max_logits && C >= 0,
+          "step plan out of range (tokens %d seqs %d width %d logits %d copies %d)", T, S, W, L, C);
+    const int n = 3 * T + (S + 1) + S + S * W + L + 2 * C;
+    if (grow((void **)&e->plan, &e->cap_plan, n, sizeof *e->plan) != STATUS_OK) return STATUS_RESOURCE_EXHAUSTED;
+    struct { int32_t *p; int n; } parts[] = {
+        {e->f_tokens, T}, {e->f_pos, T}, {e->f_slots, T}, {e->f_qstart, S + 1}, {e->f_seqlen, S},
+        {e->f_table, S * W}, {e->f_rows, L}, {NULL, 2 * C},
+    };
+    const int conductor = engine_is_conductor(e);
+    if (!conductor && C > 0 && grow((void **)&e->copies, &e->cap_copies, 2 * C, sizeof *e->copies) != STATUS_OK)
+        return STATUS_RESOURCE_EXHAUSTED;
+    parts[7].p = e->copies;
+    int off = 0;
+    if (conductor)
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; off += parts[i].n, i++)
+            if (parts[i].n) memcpy(e->plan + off, parts[i].p, (size_t)parts[i].n * sizeof *e->plan);
+    if ((st = parallel_bcast_bytes(w, e->plan, (size_t)n * sizeof *e->plan, 0)) != STATUS_OK) return st;
+    if (conductor) return STATUS_OK;
+    off = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; off += parts[i].n, i++)
+        if (parts[i].n) memcpy(parts[i].p, e->plan + off, (size_t)parts[i].n * sizeof *e->plan);
+    for (int i = 0; i < C; i++) kv_cache_copy_block(&e->cache, e->copies[2 * i], e->copies[2 * i + 1]);
+    return STATUS_OK;
+}
+
+/* With pp > 1 the logits are on the last stage: its first rank sends them to the conductor,
+ * which samples (a departure from sampling on the last stage: the sampler's per-request state
+ * then lives in one place; the cost is n_logits x vocab floats per step over MPI). */
+static enum status logits_to_conductor(struct engine *e, int n_logits)
+{
+    const struct parallel_layout *l = &e->par.layout;
+    if (!e->par.world || l->pp_size == 1 || n_logits == 0) return STATUS_OK;
+    struct tensor t = tensor_make(e->logits, DTYPE_F32, DEVICE_CPU, 2, (int64_t)n_logits,
+                                  (int64_t)e->m->cfg.vocab_size);
+    int last = parallel_layout_rank(l, 0, l->pp_size - 1, 0);
+    if (engine_is_conductor(e)) return comm_recv(e->par.world->control, &t, last);
+    if (l->rank == last) return comm_send(e->par.world->control, &t, 0);
+    return STATUS_OK;
+}
+
+enum status engine_run_worker(struct engine *e)
+{
+    CHECK(!engine_is_conductor(e), "engine_run_worker on the conductor");
+    for (;;) {
+        struct step_plan_header h;
+        enum status st = plan_exchange(e, &h);
+        if (st != STATUS_OK) return st;
+        if (h.stop) return STATUS_OK;
+        if (h.n_tokens == 0) continue;
+        struct forward_batch fb = {.n_tokens = h.n_tokens, .tokens = e->f_tokens, .positions = e->f_pos,
+                                   .slots = e->f_slots, .n_seqs = h.n_seqs, .q_start = e->f_qstart,
+                                   .seq_len = e->f_seqlen, .block_table = e->f_table,
+                                   .max_blocks = h.table_width, .n_logits = h.n_logits, .logit_rows = e->f_rows};
+        if ((st = model_forward(e->m, &e->cache, &fb, e->logits)) != STATUS_OK) return st;
+        if ((st = logits_to_conductor(e, h.n_logits)) != STATUS_OK) return st;
+    }
+}
+
+/* Tells the workers to leave engine_run_worker (conductor only, once). */
+static void stop_workers(struct engine *e)
+{
+    if (!e->par.world || !engine_is_conductor(e) || !e->m) return;
+    struct step_plan_header h = {.stop = 1};
+    if (plan_exchange(e, &h) != STATUS_OK) LOG_WARN("engine", "could not tell the workers to stop: %s", status_message());
+    e->par.world = NULL; /* nothing more goes to them */
 }
 
 /* ---- the step ------------------------------------------------------------------------------ */
@@ -1036,7 +1160,15 @@ int engine_step(struct engine *e)
                                .seq_len = e->f_seqlen, .block_table = e->f_table,
                                .max_blocks = e->table_width, .n_logits = n_logits,
                                .logit_rows = e->f_rows};
-    enum status st = model_forward(e->m, &e->cache, &fb, e->logits);
+    enum status st = STATUS_OK;
+    if (e->par.world) {
+        struct step_plan_header ph = {.n_tokens = n_rows, .n_seqs = n_seqs, .table_width = e->table_width,
+                                      .n_logits = n_logits, .n_copies = e->n_copies};
+        st = plan_exchange(e, &ph);
+        e->n_copies = 0;
+    }
+    if (st == STATUS_OK) st = model_forward(e->m, &e->cache, &fb, e->logits);
+    if (st == STATUS_OK) st = logits_to_conductor(e, n_logits);
     pthread_mutex_lock(&e->mu);
     e->stats.steps++;
     pthread_mutex_unlock(&e->mu);
@@ -1182,7 +1314,11 @@ void engine_get_stats(struct engine *e, struct engine_stats *s)
 void engine_free(struct engine *e)
 {
     if (!e) return;
-    if (e->m && e->running) engine_drain(e, 0.0); /* cancels and reports what is left */
+    if (e->m && e->running && engine_is_conductor(e)) engine_drain(e, 0.0); /* cancels and reports what is left */
+    stop_workers(e);
+    parallel_groups_free(&e->groups);
+    free(e->copies);
+    free(e->plan);
     for (int i = 0; i < e->n_running; i++) seq_free(e->running[i]);
     for (int i = 0; i < e->n_waiting; i++) seq_free(e->waiting[i]);
     free(e->running);

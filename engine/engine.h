@@ -49,6 +49,11 @@ struct engine_options {
     int   max_queue;           /* waiting requests before submit refuses; 0 = 1024 */
     int   max_logprobs;        /* largest top-n a request may ask; 0 = 20 */
     int   prefix_caching;      /* 1 = share full prompt blocks between requests by hash */
+    /* Multi-rank serving (under mpirun): every rank calls engine_create with the same options;
+     * rank 0 conducts (requests, scheduler, sampling) and every other rank runs
+     * engine_run_worker. world NULL or tp = pp = 1: one rank. */
+    struct parallel_world *world; /* borrowed */
+    int   tp, pp;
 };
 struct engine_options engine_options_default(void);
 
@@ -148,6 +153,14 @@ enum status engine_cancel_id(struct engine *e, const char *request_id);
  * engine thread runs). Returns the number of sequences that were waiting or running before
  * the step (0 = idle). */
 int engine_step(struct engine *e);
+
+/* Whether this rank conducts (rank 0, or a world of one): only the conductor accepts requests. */
+int engine_is_conductor(const struct engine *e);
+
+/* On a worker rank: replays the conductor's step plans through the model until the conductor
+ * stops (engine_free or engine_drain on rank 0). Returns STATUS_OK then, or the error that
+ * broke the world (a peer rank gone). */
+enum status engine_run_worker(struct engine *e);
 
 /* Starts the engine thread, which steps while there is work and sleeps otherwise. */
 enum status engine_start(struct engine *e);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "parallel.h"
 #include "tokenizer.h"
 
 static int n_pass, n_fail;
@@ -501,9 +502,92 @@ static void test_thread(const char *dir)
     engine_free(e);
 }
 
+/* Under mpirun: a tp x pp engine (rank 0 conducting, the others replaying its step plans) gives
+ * every request exactly the tokens a one-rank engine in the same process gives. */
+static int run_multi_rank(const char *dir, int tp, int pp, int *argc, char ***argv)
+{
+    struct parallel_world *w = NULL;
+    enum status st = parallel_init(argc, argv, &w);
+    if (st != STATUS_OK) {
+        printf("FAIL parallel_init: %s\n", status_message());
+        return 1;
+    }
+    enum { N = 24 };
+    static struct result alone[N], together[N];
+    static int32_t prompts[N][120];
+    struct request_params ps[N];
+    int lens[N];
+    memset(alone, 0, sizeof alone);
+    memset(together, 0, sizeof together);
+    for (int i = 0; i < N; i++) {
+        lens[i] = 1 + (i * 37) % 110;
+        make_prompt(prompts[i], lens[i], i);
+        ps[i] = greedy(3 + (i * 11) % 30);
+        if (i % 3 == 1) {
+            ps[i].sampling.temperature = 0.9f;
+            ps[i].sampling.seed = 500 + (uint64_t)i;
+            ps[i].has_seed = 1;
+        }
+        if (i % 8 == 5) ps[i].n = 3; /* forks: block copies must reach the workers */
+    }
+    uint64_t h;
+    if (w->rank == 0) { /* the reference: one rank, alone */
+        struct engine *e = open_engine(dir, 0, 16, 128, 1);
+        for (int i = 0; e && i < N; i++) {
+            engine_submit(e, NULL, prompts[i], lens[i], &ps[i], on_event, &alone[i], &h);
+            run_until_idle(e);
+        }
+        engine_free(e);
+    }
+    struct engine_options o = engine_options_default();
+    o.model_dir = dir;
+    o.max_seqs = 16;
+    o.max_batch_tokens = 128;
+    o.kv_cache_blocks = 48; /* small: preemption under multi-rank too */
+    o.world = w;
+    o.tp = tp;
+    o.pp = pp;
+    struct engine *e = NULL;
+    st = engine_create(&o, &e);
+    check(st == STATUS_OK, "multi-rank engine_create", "%s", status_message());
+    if (st == STATUS_OK && engine_is_conductor(e)) {
+        for (int i = 0; i < N; i++) engine_submit(e, NULL, prompts[i], lens[i], &ps[i], on_event, &together[i], &h);
+        run_until_idle(e);
+        int same = 0;
+        for (int i = 0; i < N; i++) {
+            int ok = 1;
+            for (int k = 0; k < ps[i].n; k++)
+                ok &= together[i].finished[k] == 1 && together[i].n_tokens[k] == alone[i].n_tokens[k] &&
+                      !memcmp(together[i].tokens[k], alone[i].tokens[k], sizeof(int32_t) * (size_t)alone[i].n_tokens[k]);
+            same += ok;
+        }
+        struct engine_stats s;
+        engine_get_stats(e, &s);
+        check(same == N, "tp x pp engine gives each request the one-rank tokens", "tp %d pp %d: %d of %d, %llu preemptions",
+              tp, pp, same, N, (unsigned long long)s.preemptions);
+        check(pool_whole(e), "multi-rank: every KV block back in the pool", "%s", "");
+    } else if (st == STATUS_OK) {
+        st = engine_run_worker(e);
+        check(st == STATUS_OK, "worker replays the conductor's plans until told to stop", "%s", status_message());
+    }
+    engine_free(e);
+    parallel_finalize(w);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc >= 6 && !strcmp(argv[1], "--tp")) { /* test_engine --tp T --pp P DATA */
+        char dir[2048];
+        snprintf(dir, sizeof dir, "%s/stories260K", argv[5]);
+        if (access(dir, R_OK) != 0) {
+            printf("SKIP: test_engine: no stories260K at %s (no shared assets)\n", dir);
+            return 77;
+        }
+        return run_multi_rank(dir, atoi(argv[2]), atoi(argv[4]), &argc, &argv);
+    }
     if (argc < 2) {
         fprintf(stderr, "usage: test_engine DATA_DIR\n");
         return 2;
