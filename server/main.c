@@ -1,6 +1,7 @@
 /* server/main.c - the shardlm command and its subcommands:
  *   shardlm generate --model DIR [--prompt TEXT] [options]   generate text locally
  *   shardlm convert llama2c --checkpoint F --tokenizer F --out DIR
+ *   shardlm reshard --model DIR --out DIR --tp T --pp P
  *   shardlm version
  * The gRPC `serve` subcommand joins in the server issue.
  * Errors from below arrive as an enum status with a message; they are printed here and turn
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
 #include "generate.h"
 #include "llama2c.h"
 #include "model.h"
@@ -43,6 +45,7 @@ static void print_help(FILE *f)
             "                   [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
             "                   [--device cpu|cuda] [--threads N] [--no-bos] [--tp T --pp P]\n"
             "  shardlm convert llama2c --checkpoint FILE.bin --tokenizer FILE.model --out DIR\n"
+            "  shardlm reshard --model DIR --out DIR --tp T --pp P\n"
             "  shardlm version\n"
             "\n"
             "generate prints the completion to stdout as it is produced and the prefill and\n"
@@ -237,6 +240,31 @@ static int cmd_convert(int argc, char **argv)
     return 0;
 }
 
+/* Writes the Megatron-style sharded layout of any checkpoint (any checkpoint already loads at any
+ * tp/pp without this; it is for shipping pre-split shards). */
+static int cmd_reshard(int argc, char **argv)
+{
+    const char *src = NULL, *out = NULL;
+    long tp = 1, pp = 1;
+    for (int i = 0; i < argc; i += 2) {
+        if (i + 1 >= argc) return usage_error("reshard: %s needs a value", argv[i]);
+        const char *v = argv[i + 1];
+        if (!strcmp(argv[i], "--model")) src = v;
+        else if (!strcmp(argv[i], "--out")) out = v;
+        else if (!strcmp(argv[i], "--tp")) { if (parse_int(v, 1, 1024, &tp)) return usage_error("--tp must be an integer in [1, 1024], got '%s'", v); }
+        else if (!strcmp(argv[i], "--pp")) { if (parse_int(v, 1, 1024, &pp)) return usage_error("--pp must be an integer in [1, 1024], got '%s'", v); }
+        else return usage_error("reshard: unknown option '%s'", argv[i]);
+    }
+    if (!src || !out) return usage_error("reshard needs --model and --out%s", "");
+    struct checkpoint *ck = NULL;
+    enum status st = checkpoint_open(src, &ck);
+    if (st == STATUS_OK) st = checkpoint_write_megatron(out, ck, (int)tp, (int)pp);
+    checkpoint_close(ck);
+    if (st != STATUS_OK) return fail(st);
+    fprintf(stderr, "shardlm: wrote %s (Megatron-style layout, tp %ld, pp %ld)\n", out, tp, pp);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
@@ -249,5 +277,6 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 2, argv + 2);
     if (!strcmp(argv[1], "convert")) return cmd_convert(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "reshard")) return cmd_reshard(argc - 2, argv + 2);
     return usage_error("unknown command '%s'", argv[1]);
 }

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# tests/test_cli.sh SHARDLM DATA_DIR - the shardlm command as a user meets it: generate on the
+# converted stories260K (the golden fixture's), reshard round trip, and every user mistake gets
+# a clear message and the right exit code (2 for usage, 1 for errors), never a crash.
+set -u
+shardlm=$1
+data=$2
+model=$data/stories260K
+if [ ! -f "$model/model.safetensors" ]; then
+  echo "SKIP: no converted stories260K in $data (no shared assets)"
+  exit 77
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+fail=0
+check() { # check NAME COND-EXIT-CODE
+  if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "PASS $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi
+}
+expect() { # expect NAME WANT_RC NEEDLE CMD...: exit code and a message containing NEEDLE
+  local name=$1 want=$2 needle=$3
+  shift 3
+  "$@" > "$tmp/out" 2> "$tmp/err"
+  local rc=$?
+  if [ "$rc" = "$want" ] && grep -q -- "$needle" "$tmp/err"; then check "$name" 0
+  else check "$name (rc $rc, stderr: $(head -c 300 "$tmp/err"))" 1; fi
+}
+
+"$shardlm" generate --model "$model" --max-tokens 30 > "$tmp/a" 2> "$tmp/a.err"
+grep -q "^Once upon a time, there was a little girl named Lily" "$tmp/a"; check "generate prints the story" $?
+grep -q "decode .* tok/s" "$tmp/a.err"; check "generate reports prefill and decode speed" $?
+"$shardlm" generate --model "$model" --prompt "Once upon a time" --max-tokens 10 > "$tmp/b" 2>/dev/null
+grep -q "^Once upon a time, there was a little girl" "$tmp/b"; check "a prompt is continued with correct spacing" $?
+
+"$shardlm" reshard --model "$model" --out "$tmp/mega" --tp 2 --pp 1 2> /dev/null
+check "reshard writes the Megatron layout" $?
+[ -f "$tmp/mega/shardlm_megatron.json" ] && [ -f "$tmp/mega/mp_rank_01_000/model.safetensors" ]
+check "reshard: metadata and rank folders" $?
+"$shardlm" generate --model "$tmp/mega" --max-tokens 30 > "$tmp/c" 2>/dev/null
+cmp -s "$tmp/a" "$tmp/c"; check "the resharded checkpoint generates the same text at tp 1" $?
+
+expect "unknown command" 2 "unknown command" "$shardlm" frobnicate
+expect "generate without --model" 2 "--model" "$shardlm" generate
+expect "bad --max-tokens" 2 "max-tokens" "$shardlm" generate --model "$model" --max-tokens -3
+expect "non-numeric --temperature" 2 "temperature" "$shardlm" generate --model "$model" --temperature warm
+expect "negative temperature" 1 "temperature" "$shardlm" generate --model "$model" --temperature -1
+expect "top-p out of range" 1 "top_p" "$shardlm" generate --model "$model" --top-p 2
+expect "unknown device" 1 "unknown device" "$shardlm" generate --model "$model" --device tpu
+expect "missing model directory" 1 "NOT_FOUND" "$shardlm" generate --model "$tmp/nope"
+expect "context exceeded" 1 "context" "$shardlm" generate --model "$model" --max-tokens 100000
+expect "tp without mpirun" 1 "mpirun" "$shardlm" generate --model "$model" --tp 2
+mkdir -p "$tmp/bad"
+cp "$model/config.json" "$model/tokenizer.model" "$tmp/bad/"
+head -c 1000 "$model/model.safetensors" > "$tmp/bad/model.safetensors"
+expect "truncated weights" 1 "BAD_FORMAT" "$shardlm" generate --model "$tmp/bad"
+echo '{"architectures": ["BertModel"]}' > "$tmp/bad/config.json"
+expect "unknown architecture" 1 "UNSUPPORTED" "$shardlm" generate --model "$tmp/bad"
+expect "convert: missing checkpoint" 1 "NOT_FOUND" "$shardlm" convert llama2c --checkpoint "$tmp/none.bin" --tokenizer "$model/tokenizer.model" --out "$tmp/x"
+head -c 100 "$model/tokenizer.model" > "$tmp/short.bin"
+expect "convert: not a llama2.c file" 1 "BAD_FORMAT" "$shardlm" convert llama2c --checkpoint "$tmp/short.bin" --tokenizer "$model/tokenizer.model" --out "$tmp/x"
+expect "reshard: tp that does not divide the heads" 1 "UNSUPPORTED" "$shardlm" reshard --model "$model" --out "$tmp/m3" --tp 3
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
