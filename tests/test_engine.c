@@ -470,7 +470,15 @@ static void test_thread(const char *dir)
 {
     static struct result rs[8];
     memset(rs, 0, sizeof rs);
-    struct engine *e = open_engine(dir, 0, 8, 256, 1);
+    /* One CPU thread, fewer than the cores: the ops on the engine thread must size their teams
+     * by the backend, not by OpenMP's per-thread default (a scratch overflow under ASan once). */
+    struct engine_options o = engine_options_default();
+    o.model_dir = dir;
+    o.n_threads = 1;
+    o.max_seqs = 8;
+    o.max_batch_tokens = 256;
+    struct engine *e = NULL;
+    engine_create(&o, &e);
     engine_start(e);
     int32_t p[10];
     make_prompt(p, 10, 11);

@@ -23,9 +23,8 @@ float cpu_activate(float x, enum activation act)
 void cpu_activation(struct backend *b, const struct tensor *out, const struct tensor *x,
                     enum activation act)
 {
-    (void)b;
     int64_t n = tensor_numel(out);
-    #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN / 8)
+    #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN / 8) num_threads(b->n_threads)
     for (int64_t i = 0; i < n; i += ACT_CHUNK) {
         float t[ACT_CHUNK];
         size_t len = (size_t)(n - i < ACT_CHUNK ? n - i : ACT_CHUNK);

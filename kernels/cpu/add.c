@@ -7,9 +7,8 @@
 void cpu_add(struct backend *b, const struct tensor *out, const struct tensor *a,
              const struct tensor *c)
 {
-    (void)b;
     int64_t n = tensor_numel(out);
-    #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN)
+    #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t i = 0; i < n; i += ADD_CHUNK) {
         float ta[ADD_CHUNK], tc[ADD_CHUNK];
         size_t len = (size_t)(n - i < ADD_CHUNK ? n - i : ADD_CHUNK);

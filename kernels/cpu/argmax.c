@@ -7,10 +7,9 @@
 
 void cpu_argmax(struct backend *b, const struct tensor *ids, const struct tensor *x)
 {
-    (void)b;
     int64_t n = tensor_rows(x), v = tensor_cols(x);
     int32_t *out = ids->data;
-    #pragma omp parallel for schedule(static) if (n * v > CPU_PARALLEL_MIN)
+    #pragma omp parallel for schedule(static) if (n * v > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t i = 0; i < n; i++) {
         int64_t best = 0;
         float best_v = NAN;

@@ -52,7 +52,7 @@ void cpu_attention(struct backend *b, const struct tensor *out, const struct ten
     float *scratch = cpu_scratch(b, per);
     const size_t row = (size_t)(n_kv * hd); /* elements per cache slot */
 
-    #pragma omp parallel for schedule(dynamic, 1)
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(b->n_threads)
     for (int64_t item = 0; item < n * n_kv; item++) {
         const int64_t t = item / n_kv, kvh = item % n_kv;
         float *qb = scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(per);

@@ -4,10 +4,9 @@
 
 void cpu_cast(struct backend *b, const struct tensor *out, const struct tensor *in)
 {
-    (void)b;
     int64_t n = tensor_numel(in);
     const int64_t chunk = 4096;
-    #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN)
+    #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t i = 0; i < n; i += chunk) {
         int64_t len = n - i < chunk ? n - i : chunk;
         dtype_convert((char *)out->data + (size_t)i * dtype_size(out->dtype), out->dtype,

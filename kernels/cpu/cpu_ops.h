@@ -45,6 +45,10 @@ static inline void cpu_store_row(const struct tensor *t, size_t offset, size_t n
     for (size_t i = 0; i < n; i++) dtype_store_f32(t->data, t->dtype, offset + i, src[i]);
 }
 
+/* Every parallel region names its team size, num_threads(b->n_threads): OpenMP's default team
+ * size is a per-thread setting, and the engine runs ops on its own thread, where the default
+ * is every core; the scratch arena is sized for b->n_threads slices. */
+
 /* Minimum elements per OpenMP thread before an elementwise loop is split. */
 #define CPU_PARALLEL_MIN 32768
 

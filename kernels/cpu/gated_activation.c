@@ -8,9 +8,8 @@
 void cpu_gated_activation(struct backend *b, const struct tensor *out, const struct tensor *gate,
                           const struct tensor *up, enum activation act)
 {
-    (void)b;
     int64_t n = tensor_numel(out);
-    #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN / 8)
+    #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN / 8) num_threads(b->n_threads)
     for (int64_t i = 0; i < n; i += GATED_CHUNK) {
         float tg[GATED_CHUNK], tu[GATED_CHUNK];
         size_t len = (size_t)(n - i < GATED_CHUNK ? n - i : GATED_CHUNK);

@@ -11,7 +11,7 @@ void cpu_position_embedding_add(struct backend *b, const struct tensor *x,
         CHECK(pos[i] >= 0 && pos[i] < table->shape[0], "position %d outside the table (%lld rows)",
               pos[i], (long long)table->shape[0]);
     float *scratch = cpu_scratch(b, 2 * (size_t)d);
-    #pragma omp parallel for schedule(static) if (n * d > CPU_PARALLEL_MIN)
+    #pragma omp parallel for schedule(static) if (n * d > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t i = 0; i < n; i++) {
         float *tmp = scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(2 * (size_t)d);
         const float *xr = cpu_load_row(x, (size_t)(i * d), (size_t)d, tmp);

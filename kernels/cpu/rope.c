@@ -15,7 +15,7 @@ void cpu_rope(struct backend *b, const struct tensor *x, const struct tensor *po
     int half = rot_dim / 2;
     size_t per = (size_t)hd + 2 * (size_t)half;
     float *scratch = cpu_scratch(b, per);
-    #pragma omp parallel for schedule(static) if (n * n_heads * hd > CPU_PARALLEL_MIN)
+    #pragma omp parallel for schedule(static) if (n * n_heads * hd > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t t = 0; t < n; t++) {
         float *tmp = scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(per);
         float *cs = tmp + hd, *sn = cs + half;

@@ -6,9 +6,8 @@
 
 void cpu_scale(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha)
 {
-    (void)b;
     int64_t n = tensor_numel(out);
-    #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN)
+    #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t i = 0; i < n; i += SCALE_CHUNK) {
         float t[SCALE_CHUNK];
         size_t len = (size_t)(n - i < SCALE_CHUNK ? n - i : SCALE_CHUNK);

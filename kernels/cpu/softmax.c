@@ -9,7 +9,7 @@ void cpu_softmax(struct backend *b, const struct tensor *out, const struct tenso
     int64_t n = tensor_rows(x), v = tensor_cols(x);
     size_t per = (size_t)v;
     float *scratch = cpu_scratch(b, per);
-    #pragma omp parallel for schedule(static) if (n * v > CPU_PARALLEL_MIN)
+    #pragma omp parallel for schedule(static) if (n * v > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t i = 0; i < n; i++) {
         float *tmp = scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(per);
         const float *xr = cpu_load_row(x, (size_t)(i * v), (size_t)v, tmp);

@@ -39,7 +39,7 @@ void cpu_topk(struct backend *b, const struct tensor *values, const struct tenso
     /* struct ranked is two 4-byte fields: v of them fit in 2 v floats of scratch. */
     size_t per = k > TOPK_INSERTION_MAX ? 2 * (size_t)v : 0;
     float *scratch = per ? cpu_scratch(b, per) : NULL;
-    #pragma omp parallel for schedule(static) if (n * v > CPU_PARALLEL_MIN)
+    #pragma omp parallel for schedule(static) if (n * v > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t i = 0; i < n; i++) {
         float *vo = val_out + i * k;
         int32_t *io = id_out + i * k;
