@@ -1,9 +1,10 @@
 /* server/main.c - the shardlm command and its subcommands:
+ *   shardlm serve --model DIR [--listen ADDR] [options]       the gRPC server (serve.c)
+ *   shardlm chat|complete|bench --server ADDR ...              gRPC clients (clients/cli.c)
  *   shardlm generate --model DIR [--prompt TEXT] [options]   generate text locally
  *   shardlm convert llama2c --checkpoint F --tokenizer F --out DIR
  *   shardlm reshard --model DIR --out DIR --tp T --pp P
  *   shardlm version
- * The gRPC `serve` subcommand joins in the server issue.
  * Errors from below arrive as an enum status with a message; they are printed here and turn
  * into a non-zero exit code. This is the only file that calls exit codes.
  * Tests: tests/test_cli.sh (through ctest). */
@@ -14,11 +15,13 @@
 #include <string.h>
 
 #include "checkpoint.h"
+#include "cli.h"
 #include "generate.h"
 #include "llama2c.h"
 #include "model.h"
 #include "ops.h"
 #include "parallel.h"
+#include "serve.h"
 #include "tokenizer.h"
 
 #define EXIT_USAGE 2
@@ -41,6 +44,11 @@ static void print_help(FILE *f)
 {
     fprintf(f,
             "usage:\n"
+            "  shardlm serve --model DIR [--listen 127.0.0.1:50051] [--device cpu|cuda] [--tp T --pp P]\n"
+            "                [engine limits, TLS, API keys: shardlm serve --help, docs/server.md]\n"
+            "  shardlm chat --server ADDR [--system TEXT]       interactive streamed chat\n"
+            "  shardlm complete --server ADDR --prompt TEXT     one completion\n"
+            "  shardlm bench --server ADDR --concurrency N --requests M\n"
             "  shardlm generate --model DIR [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
             "                   [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
             "                   [--device cpu|cuda] [--threads N] [--no-bos] [--tp T --pp P]\n"
@@ -275,6 +283,10 @@ int main(int argc, char **argv)
         printf("shardlm 0.1.0 (CUDA backend %s)\n", backend_cuda_compiled() ? "compiled" : "not compiled");
         return 0;
     }
+    if (!strcmp(argv[1], "serve")) return serve_main(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "chat")) return client_chat_main(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "complete")) return client_complete_main(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "bench")) return client_bench_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 2, argv + 2);
     if (!strcmp(argv[1], "convert")) return cmd_convert(argc - 2, argv + 2);
     if (!strcmp(argv[1], "reshard")) return cmd_reshard(argc - 2, argv + 2);

@@ -12,9 +12,10 @@ DEBS=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libcjson-dev
+  openssl
 )
-PYMODS=(numpy)          # python import names
-PYPKGS=(numpy)          # matching pip package names
+PYMODS=(numpy grpc grpc_tools grpc_health grpc_reflection)  # python import names
+PYPKGS=(numpy grpcio grpcio-tools grpcio-health-checking grpcio-reflection)  # matching pip names
 
 missing=()
 for p in "${DEBS[@]}"; do

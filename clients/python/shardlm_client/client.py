@@ -1,0 +1,209 @@
+"""clients/python/shardlm_client/client.py - a small typed wrapper over the shardlm.v1 gRPC API:
+plain Python values in, dataclasses out, grpc.RpcError (with .code() and .details()) on errors.
+Not here: the stubs (_stubs.py). Tests: tests/server/test_server.py and the examples.
+
+    from shardlm_client import Client
+    with Client("127.0.0.1:50051") as c:
+        print(c.generate("Once upon a time", max_tokens=32, temperature=0).text)
+        for chunk in c.chat_stream([("user", "Tell me a story")]):
+            print(chunk.text, end="", flush=True)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Optional, Sequence, Union
+
+import grpc
+
+from . import _stubs
+
+pb, pb_grpc = _stubs.load()
+
+FINISH_REASONS = {0: "", 1: "length", 2: "stop", 3: "eos", 4: "cancelled", 5: "deadline", 6: "error"}
+
+Message = Union[dict, tuple, "pb.ChatMessage"]
+
+
+@dataclass
+class TopLogprob:
+    token_id: int
+    logprob: float
+    piece: str
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    piece: str
+    top: list[TopLogprob] = field(default_factory=list)
+
+
+@dataclass
+class Completion:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    completion_tokens: int
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass
+class Generation:
+    """A unary result: text, token_ids, finish_reason and logprobs are sample 0's."""
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+    seed: int
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    completions: list[Completion] = field(default_factory=list)
+
+
+@dataclass
+class Chunk:
+    """One streamed message: the new text and token ids of sample `index`."""
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "" until the sample's last chunk
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+def _logprobs(entries) -> list[TokenLogprob]:
+    return [TokenLogprob(e.token_id, e.logprob, e.piece, [TopLogprob(t.token_id, t.logprob, t.piece) for t in e.top])
+            for e in entries]
+
+
+def sampling_params(*, max_tokens: Optional[int] = None, temperature: Optional[float] = None, top_k: int = 0,
+                    top_p: Optional[float] = None, min_p: float = 0.0, repetition_penalty: Optional[float] = None,
+                    presence_penalty: float = 0.0, frequency_penalty: float = 0.0, seed: Optional[int] = None,
+                    stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
+                    min_tokens: int = 0, logprobs: Optional[int] = None, prompt_logprobs: Optional[int] = None,
+                    n: Optional[int] = None, logit_bias: Optional[dict[int, float]] = None) -> "pb.SamplingParams":
+    """Builds SamplingParams; None leaves a field unset (the server's default applies)."""
+    s = pb.SamplingParams(top_k=top_k, min_p=min_p, presence_penalty=presence_penalty,
+                          frequency_penalty=frequency_penalty, stop=list(stop), stop_token_ids=list(stop_token_ids),
+                          ignore_eos=ignore_eos, min_tokens=min_tokens, logit_bias=logit_bias or {})
+    for name, value in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
+                        ("repetition_penalty", repetition_penalty), ("seed", seed), ("logprobs", logprobs),
+                        ("prompt_logprobs", prompt_logprobs), ("n", n)):
+        if value is not None:
+            setattr(s, name, value)
+    return s
+
+
+def _message(m: Message) -> "pb.ChatMessage":
+    if isinstance(m, pb.ChatMessage):
+        return m
+    if isinstance(m, dict):
+        return pb.ChatMessage(role=m["role"], content=m["content"])
+    role, content = m
+    return pb.ChatMessage(role=role, content=content)
+
+
+class Stream:
+    """An iterator of Chunk; cancel() ends the call (the server frees the request)."""
+
+    def __init__(self, call):
+        self._call = call
+
+    def __iter__(self) -> Iterator[Chunk]:
+        for r in self._call:
+            u = r.usage if r.HasField("usage") else None
+            yield Chunk(r.request_id, r.index, r.text, list(r.token_ids), FINISH_REASONS.get(r.finish_reason, "?"),
+                        u.prompt_tokens if u else 0, u.completion_tokens if u else 0, _logprobs(r.logprobs),
+                        _logprobs(r.prompt_logprobs))
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class Client:
+    """A connection to a shardlm server. api_key adds 'authorization: Bearer <key>' to every call;
+    root_cert (PEM bytes) switches to TLS; timeout is the default per-call deadline in seconds."""
+
+    def __init__(self, target: str = "127.0.0.1:50051", *, api_key: Optional[str] = None,
+                 root_cert: Optional[bytes] = None, tls_server_name: Optional[str] = None,
+                 timeout: Optional[float] = None):
+        options = [("grpc.max_receive_message_length", 64 << 20)]
+        if tls_server_name:
+            options.append(("grpc.ssl_target_name_override", tls_server_name))
+        if root_cert is not None:
+            self.channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_cert), options=options)
+        else:
+            self.channel = grpc.insecure_channel(target, options=options)
+        self.stub = pb_grpc.TextGenerationStub(self.channel)
+        self.metadata = [("authorization", f"Bearer {api_key}")] if api_key else []
+        self.timeout = timeout
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _kw(self, timeout):
+        return {"timeout": timeout if timeout is not None else self.timeout, "metadata": self.metadata}
+
+    @staticmethod
+    def _generation(r) -> Generation:
+        return Generation(r.request_id, r.text, list(r.token_ids), FINISH_REASONS.get(r.finish_reason, "?"),
+                          r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.cached_prompt_tokens, r.seed,
+                          _logprobs(r.logprobs), _logprobs(r.prompt_logprobs),
+                          [Completion(c.index, c.text, list(c.token_ids), FINISH_REASONS.get(c.finish_reason, "?"),
+                                      c.usage.completion_tokens, _logprobs(c.logprobs)) for c in r.completions])
+
+    @staticmethod
+    def generate_request(prompt: Optional[str] = None, *, prompt_token_ids: Optional[Sequence[int]] = None,
+                         request_id: str = "", add_bos: Optional[bool] = None, **sampling) -> "pb.GenerateRequest":
+        req = pb.GenerateRequest(request_id=request_id, prompt=prompt or "",
+                                 prompt_token_ids=list(prompt_token_ids or []), sampling=sampling_params(**sampling))
+        if add_bos is not None:
+            req.add_bos = add_bos
+        return req
+
+    @staticmethod
+    def chat_request(messages: Iterable[Message], *, request_id: str = "", **sampling) -> "pb.ChatRequest":
+        return pb.ChatRequest(request_id=request_id, messages=[_message(m) for m in messages],
+                              sampling=sampling_params(**sampling))
+
+    def generate(self, prompt: Optional[str] = None, *, timeout: Optional[float] = None, **kw) -> Generation:
+        return self._generation(self.stub.Generate(self.generate_request(prompt, **kw), **self._kw(timeout)))
+
+    def generate_stream(self, prompt: Optional[str] = None, *, timeout: Optional[float] = None, **kw) -> Stream:
+        return Stream(self.stub.GenerateStream(self.generate_request(prompt, **kw), **self._kw(timeout)))
+
+    def chat(self, messages: Iterable[Message], *, timeout: Optional[float] = None, **kw) -> Generation:
+        return self._generation(self.stub.Chat(self.chat_request(messages, **kw), **self._kw(timeout)))
+
+    def chat_stream(self, messages: Iterable[Message], *, timeout: Optional[float] = None, **kw) -> Stream:
+        return Stream(self.stub.ChatStream(self.chat_request(messages, **kw), **self._kw(timeout)))
+
+    def tokenize(self, text: str, *, add_bos: bool = True, timeout: Optional[float] = None) -> list[int]:
+        r = self.stub.Tokenize(pb.TokenizeRequest(text=text, add_bos=add_bos), **self._kw(timeout))
+        return list(r.token_ids)
+
+    def detokenize(self, token_ids: Sequence[int], *, timeout: Optional[float] = None) -> str:
+        return self.stub.Detokenize(pb.DetokenizeRequest(token_ids=list(token_ids)), **self._kw(timeout)).text
+
+    def cancel(self, request_id: str, *, timeout: Optional[float] = None) -> bool:
+        return self.stub.Cancel(pb.CancelRequest(request_id=request_id), **self._kw(timeout)).cancelled
+
+    def model_info(self, *, timeout: Optional[float] = None) -> "pb.GetModelInfoResponse":
+        return self.stub.GetModelInfo(pb.GetModelInfoRequest(), **self._kw(timeout))
+
+    def server_stats(self, *, timeout: Optional[float] = None) -> "pb.GetServerStatsResponse":
+        return self.stub.GetServerStats(pb.GetServerStatsRequest(), **self._kw(timeout))

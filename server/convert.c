@@ -1,0 +1,728 @@
+/* server/convert.c - protobuf-c messages <-> native structs, with the field checks that need no
+ * model. The only file that includes generated protobuf-c headers.
+ * Not here: anything about gRPC calls (server.c). Tests: tests/server/test_server.py. */
+#include "convert.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+#include "grpc/reflection/v1alpha/reflection.pb-c.h"
+#include "shardlm/v1/text_generation.pb-c.h"
+#include "tokenizer.h"
+
+int utf8_valid(const char *str, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int n;
+        unsigned cp;
+        if (c >= 0xc2 && c <= 0xdf) n = 1, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef) n = 2, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4) n = 3, cp = c & 0x07;
+        else return 0;
+        if (i + (size_t)n >= len) return 0; /* truncated sequence */
+        for (int k = 1; k <= n; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) return 0;
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
+            return 0;
+        i += (size_t)n + 1;
+    }
+    return 1;
+}
+
+static enum status oom(void) { return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory"); }
+
+static enum status not_a(const char *type)
+{
+    return status_errorf(STATUS_INVALID_ARGUMENT, "the request is not a valid %s message", type);
+}
+
+/* Packs any message into a malloc'd buffer. */
+static enum status pack(const ProtobufCMessage *m, uint8_t **out, size_t *len)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) return oom();
+    *len = protobuf_c_message_pack(m, buf);
+    *out = buf;
+    return STATUS_OK;
+}
+
+/* ---- GenerateRequest / ChatRequest ---------------------------------------------------- */
+
+static int finite_in(float v, float lo, float hi) { return isfinite(v) && v >= lo && v <= hi; }
+
+static enum status convert_sampling(const Shardlm__V1__SamplingParams *s, struct gen_request *r)
+{
+    struct request_params *p = &r->params;
+    /* Unset message: every default. */
+    static const Shardlm__V1__SamplingParams none = SHARDLM__V1__SAMPLING_PARAMS__INIT;
+    if (!s) s = &none;
+
+    p->sampling = sampling_params_default();
+    p->max_tokens = CONVERT_DEFAULT_MAX_TOKENS;
+    if (s->_max_tokens_case == SHARDLM__V1__SAMPLING_PARAMS___MAX_TOKENS_MAX_TOKENS) {
+        if (s->max_tokens < 0 || s->max_tokens > (1 << 20))
+            return status_errorf(STATUS_INVALID_ARGUMENT,
+                                 "sampling.max_tokens must be in [0, context length - prompt tokens], got %d",
+                                 s->max_tokens);
+        p->max_tokens = s->max_tokens;
+    }
+    p->sampling.temperature = 1.0f;
+    if (s->_temperature_case == SHARDLM__V1__SAMPLING_PARAMS___TEMPERATURE_TEMPERATURE) {
+        if (!finite_in(s->temperature, 0.0f, 100.0f))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.temperature must be in [0, 100] (0 = greedy), got %g",
+                                 (double)s->temperature);
+        p->sampling.temperature = s->temperature;
+    }
+    if (s->top_k < 0)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.top_k must be in [0, vocab size] (0 = off), got %d", s->top_k);
+    p->sampling.top_k = s->top_k;
+    p->sampling.top_p = 1.0f;
+    if (s->_top_p_case == SHARDLM__V1__SAMPLING_PARAMS___TOP_P_TOP_P) {
+        if (!(isfinite(s->top_p) && s->top_p > 0.0f && s->top_p <= 1.0f))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.top_p must be in (0, 1], got %g", (double)s->top_p);
+        p->sampling.top_p = s->top_p;
+    }
+    if (!finite_in(s->min_p, 0.0f, 1.0f))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.min_p must be in [0, 1], got %g", (double)s->min_p);
+    p->sampling.min_p = s->min_p;
+    p->sampling.repetition_penalty = 1.0f;
+    if (s->_repetition_penalty_case == SHARDLM__V1__SAMPLING_PARAMS___REPETITION_PENALTY_REPETITION_PENALTY) {
+        if (!(isfinite(s->repetition_penalty) && s->repetition_penalty > 0.0f && s->repetition_penalty <= 10.0f))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.repetition_penalty must be in (0, 10], got %g",
+                                 (double)s->repetition_penalty);
+        p->sampling.repetition_penalty = s->repetition_penalty;
+    }
+    if (!finite_in(s->presence_penalty, -2.0f, 2.0f))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.presence_penalty must be in [-2, 2], got %g",
+                             (double)s->presence_penalty);
+    p->sampling.presence_penalty = s->presence_penalty;
+    if (!finite_in(s->frequency_penalty, -2.0f, 2.0f))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.frequency_penalty must be in [-2, 2], got %g",
+                             (double)s->frequency_penalty);
+    p->sampling.frequency_penalty = s->frequency_penalty;
+    if (s->_seed_case == SHARDLM__V1__SAMPLING_PARAMS___SEED_SEED) {
+        p->has_seed = 1;
+        p->sampling.seed = s->seed;
+    }
+
+    if (s->n_stop > CONVERT_MAX_STOP)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop: at most %d strings, got %zu", CONVERT_MAX_STOP, s->n_stop);
+    r->stop = calloc(s->n_stop + 1, sizeof *r->stop);
+    if (!r->stop) return oom();
+    for (size_t i = 0; i < s->n_stop; i++) {
+        size_t n = strlen(s->stop[i]);
+        if (n < 1 || n > CONVERT_MAX_STOP_BYTES)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop[%zu] must be 1 to %d bytes long, got %zu", i,
+                                 CONVERT_MAX_STOP_BYTES, n);
+        if (!utf8_valid(s->stop[i], n))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop[%zu] is not valid UTF-8", i);
+        if (!(r->stop[i] = strdup(s->stop[i]))) return oom();
+        r->n_stop++;
+    }
+    if (s->n_stop_token_ids > CONVERT_MAX_STOP_TOKEN_IDS)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop_token_ids: at most %d ids, got %zu",
+                             CONVERT_MAX_STOP_TOKEN_IDS, s->n_stop_token_ids);
+    r->stop_token_ids = malloc((s->n_stop_token_ids + 1) * sizeof *r->stop_token_ids);
+    if (!r->stop_token_ids) return oom();
+    for (size_t i = 0; i < s->n_stop_token_ids; i++) {
+        if (s->stop_token_ids[i] < 0)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop_token_ids[%zu] must be in [0, vocab size), got %d", i,
+                                 s->stop_token_ids[i]);
+        r->stop_token_ids[r->n_stop_token_ids++] = s->stop_token_ids[i];
+    }
+    p->ignore_eos = s->ignore_eos ? 1 : 0;
+    if (s->min_tokens < 0 || s->min_tokens > p->max_tokens)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.min_tokens must be in [0, max_tokens = %d], got %d",
+                             p->max_tokens, s->min_tokens);
+    p->min_tokens = s->min_tokens;
+    p->logprobs = -1;
+    if (s->_logprobs_case == SHARDLM__V1__SAMPLING_PARAMS___LOGPROBS_LOGPROBS) {
+        if (s->logprobs < 0 || s->logprobs > CONVERT_MAX_LOGPROBS)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logprobs must be in [0, %d], got %d", CONVERT_MAX_LOGPROBS,
+                                 s->logprobs);
+        p->logprobs = s->logprobs;
+    }
+    p->prompt_logprobs = -1;
+    if (s->_prompt_logprobs_case == SHARDLM__V1__SAMPLING_PARAMS___PROMPT_LOGPROBS_PROMPT_LOGPROBS) {
+        if (s->prompt_logprobs < 0 || s->prompt_logprobs > CONVERT_MAX_LOGPROBS)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.prompt_logprobs must be in [0, %d], got %d",
+                                 CONVERT_MAX_LOGPROBS, s->prompt_logprobs);
+        p->prompt_logprobs = s->prompt_logprobs;
+    }
+    if (p->max_tokens == 0 && p->prompt_logprobs < 0)
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "sampling.max_tokens must be >= 1 unless prompt_logprobs is set (0 = score the prompt only)");
+    p->n = 1;
+    if (s->_n_case == SHARDLM__V1__SAMPLING_PARAMS___N_N) {
+        if (s->n < 1 || s->n > CONVERT_MAX_N)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.n must be in [1, %d], got %d", CONVERT_MAX_N, s->n);
+        p->n = s->n;
+    }
+    if (s->n_logit_bias > CONVERT_MAX_LOGIT_BIAS)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logit_bias: at most %d entries, got %zu", CONVERT_MAX_LOGIT_BIAS,
+                             s->n_logit_bias);
+    if (s->n_logit_bias) {
+        r->bias_ids = malloc(s->n_logit_bias * sizeof *r->bias_ids);
+        r->bias_values = malloc(s->n_logit_bias * sizeof *r->bias_values);
+        if (!r->bias_ids || !r->bias_values) return oom();
+        for (size_t i = 0; i < s->n_logit_bias; i++) {
+            const Shardlm__V1__SamplingParams__LogitBiasEntry *e = s->logit_bias[i];
+            if (e->key < 0)
+                return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logit_bias key must be in [0, vocab size), got %d", e->key);
+            if (!finite_in(e->value, -100.0f, 100.0f))
+                return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logit_bias[%d] must be in [-100, 100], got %g", e->key,
+                                     (double)e->value);
+            r->bias_ids[r->n_bias] = e->key;
+            r->bias_values[r->n_bias++] = e->value;
+        }
+    }
+    p->stop = (const char *const *)r->stop;
+    p->n_stop = r->n_stop;
+    p->stop_token_ids = r->stop_token_ids;
+    p->n_stop_token_ids = r->n_stop_token_ids;
+    p->logit_bias_ids = r->bias_ids;
+    p->logit_bias_values = r->bias_values;
+    p->n_logit_bias = r->n_bias;
+    return STATUS_OK;
+}
+
+static enum status convert_request_id(const char *id, struct gen_request *r)
+{
+    size_t n = strlen(id);
+    if (n > CONVERT_MAX_REQUEST_ID)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "request_id must be at most %d bytes, got %zu", CONVERT_MAX_REQUEST_ID, n);
+    for (size_t i = 0; i < n; i++)
+        if (id[i] < 0x20 || id[i] > 0x7e)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "request_id must be printable ASCII (byte %zu is 0x%02x)", i,
+                                 (unsigned char)id[i]);
+    return (r->request_id = strdup(id)) ? STATUS_OK : oom();
+}
+
+static enum status convert_generate(const Shardlm__V1__GenerateRequest *m, struct gen_request *r)
+{
+    enum status st = convert_request_id(m->request_id, r);
+    if (st != STATUS_OK) return st;
+    size_t n = strlen(m->prompt);
+    if (n && m->n_prompt_token_ids)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "prompt and prompt_token_ids: give one of them, not both");
+    if (m->n_prompt_token_ids) {
+        if (m->n_prompt_token_ids > (size_t)CONVERT_MAX_PROMPT_BYTES)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "prompt_token_ids: at most %d ids, got %zu", CONVERT_MAX_PROMPT_BYTES,
+                                 m->n_prompt_token_ids);
+        r->prompt_ids = malloc(m->n_prompt_token_ids * sizeof *r->prompt_ids);
+        if (!r->prompt_ids) return oom();
+        memcpy(r->prompt_ids, m->prompt_token_ids, m->n_prompt_token_ids * sizeof *r->prompt_ids);
+        r->n_prompt_ids = (int)m->n_prompt_token_ids;
+    } else {
+        if (n > CONVERT_MAX_PROMPT_BYTES)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "prompt must be at most %d bytes, got %zu", CONVERT_MAX_PROMPT_BYTES, n);
+        if (!utf8_valid(m->prompt, n)) return status_errorf(STATUS_INVALID_ARGUMENT, "prompt is not valid UTF-8");
+        if (!(r->prompt = strdup(m->prompt))) return oom();
+        r->prompt_len = n;
+    }
+    r->add_bos = m->_add_bos_case == SHARDLM__V1__GENERATE_REQUEST___ADD_BOS_ADD_BOS ? (m->add_bos ? 1 : 0) : 1;
+    return convert_sampling(m->sampling, r);
+}
+
+static enum status convert_chat(const Shardlm__V1__ChatRequest *m, struct gen_request *r)
+{
+    enum status st = convert_request_id(m->request_id, r);
+    if (st != STATUS_OK) return st;
+    if (m->n_messages == 0) return status_errorf(STATUS_INVALID_ARGUMENT, "messages must not be empty");
+    if (m->n_messages > 4096)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "messages: at most 4096 messages, got %zu", m->n_messages);
+    r->messages = calloc(m->n_messages, sizeof *r->messages);
+    if (!r->messages) return oom();
+    size_t total = 0;
+    for (size_t i = 0; i < m->n_messages; i++) {
+        const Shardlm__V1__ChatMessage *cm = m->messages[i];
+        int role = chat_role_parse(cm->role);
+        if (role < 0)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "messages[%zu].role must be one of system, user, assistant; got '%.64s'", i,
+                                 cm->role);
+        size_t n = strlen(cm->content);
+        total += n;
+        if (total > CONVERT_MAX_PROMPT_BYTES)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "messages: the contents must total at most %d bytes",
+                                 CONVERT_MAX_PROMPT_BYTES);
+        if (!utf8_valid(cm->content, n))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "messages[%zu].content is not valid UTF-8", i);
+        r->messages[i].role = (enum chat_role)role;
+        if (!(r->messages[i].content = strdup(cm->content))) return oom();
+        r->n_messages++;
+    }
+    r->add_bos = 1;
+    return convert_sampling(m->sampling, r);
+}
+
+enum status convert_gen_request(const void *data, size_t len, int is_chat, struct gen_request *r)
+{
+    memset(r, 0, sizeof *r);
+    r->params = request_params_default();
+    enum status st;
+    if (is_chat) {
+        Shardlm__V1__ChatRequest *m = shardlm__v1__chat_request__unpack(NULL, len, data);
+        if (!m) return not_a("shardlm.v1.ChatRequest");
+        st = convert_chat(m, r);
+        shardlm__v1__chat_request__free_unpacked(m, NULL);
+    } else {
+        Shardlm__V1__GenerateRequest *m = shardlm__v1__generate_request__unpack(NULL, len, data);
+        if (!m) return not_a("shardlm.v1.GenerateRequest");
+        st = convert_generate(m, r);
+        shardlm__v1__generate_request__free_unpacked(m, NULL);
+    }
+    return st;
+}
+
+void gen_request_free(struct gen_request *r)
+{
+    if (!r) return;
+    free(r->request_id);
+    free(r->prompt);
+    free(r->prompt_ids);
+    for (int i = 0; i < r->n_messages; i++) free(r->messages[i].content);
+    free(r->messages);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    free(r->stop_token_ids);
+    free(r->bias_ids);
+    free(r->bias_values);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- GenerateResponse ------------------------------------------------------------------ */
+
+/* Every allocation of one response, freed together after packing. */
+struct arena {
+    void **p;
+    int    n, cap;
+    int    failed;
+};
+
+static void *arena_alloc(struct arena *a, size_t size)
+{
+    if (a->failed) return NULL;
+    if (a->n == a->cap) {
+        int cap = a->cap ? 2 * a->cap : 16;
+        void **p = realloc(a->p, (size_t)cap * sizeof *p);
+        if (!p) {
+            a->failed = 1;
+            return NULL;
+        }
+        a->p = p;
+        a->cap = cap;
+    }
+    void *m = calloc(1, size ? size : 1);
+    if (!m) {
+        a->failed = 1;
+        return NULL;
+    }
+    return a->p[a->n++] = m;
+}
+
+static void arena_free(struct arena *a)
+{
+    for (int i = 0; i < a->n; i++) free(a->p[i]);
+    free(a->p);
+}
+
+static char *piece(const struct tokenizer *tok, int32_t id)
+{
+    const char *p = tok ? tokenizer_id_to_piece(tok, id) : NULL;
+    return (char *)(p ? p : ""); /* only read by pack */
+}
+
+/* TokenLogprob entries for ids[0..n) with n_top alternatives each. */
+static Shardlm__V1__TokenLogprob **build_logprobs(struct arena *a, const struct tokenizer *tok, const int32_t *ids,
+                                                  const float *lp, const struct top_logprob *top, int n_top, int n)
+{
+    Shardlm__V1__TokenLogprob **ptrs = arena_alloc(a, (size_t)n * sizeof *ptrs);
+    Shardlm__V1__TokenLogprob *e = arena_alloc(a, (size_t)n * sizeof *e);
+    int nt = top ? n_top : 0;
+    Shardlm__V1__TopLogprob **tptrs = nt ? arena_alloc(a, (size_t)n * nt * sizeof *tptrs) : NULL;
+    Shardlm__V1__TopLogprob *t = nt ? arena_alloc(a, (size_t)n * nt * sizeof *t) : NULL;
+    if (!ptrs || !e || (nt && (!tptrs || !t))) return NULL;
+    for (int i = 0; i < n; i++) {
+        shardlm__v1__token_logprob__init(&e[i]);
+        e[i].token_id = ids[i];
+        e[i].logprob = lp[i];
+        e[i].piece = piece(tok, ids[i]);
+        if (nt) {
+            e[i].n_top = (size_t)nt;
+            e[i].top = tptrs + (size_t)i * nt;
+            for (int k = 0; k < nt; k++) {
+                Shardlm__V1__TopLogprob *x = &t[(size_t)i * nt + k];
+                shardlm__v1__top_logprob__init(x);
+                x->token_id = top[(size_t)i * nt + k].id;
+                x->logprob = top[(size_t)i * nt + k].logprob;
+                x->piece = piece(tok, x->token_id);
+                e[i].top[k] = x;
+            }
+        }
+        ptrs[i] = &e[i];
+    }
+    return ptrs;
+}
+
+static char *text_copy(struct arena *a, const char *s, size_t n)
+{
+    char *t = arena_alloc(a, n + 1);
+    if (t && n) memcpy(t, s, n);
+    return t;
+}
+
+static Shardlm__V1__FinishReason finish_to_proto(enum finish_reason r)
+{
+    switch (r) {
+    case FINISH_REASON_NONE: return SHARDLM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
+    case FINISH_REASON_LENGTH: return SHARDLM__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+    case FINISH_REASON_STOP: return SHARDLM__V1__FINISH_REASON__FINISH_REASON_STOP;
+    case FINISH_REASON_EOS: return SHARDLM__V1__FINISH_REASON__FINISH_REASON_EOS;
+    case FINISH_REASON_CANCELLED: return SHARDLM__V1__FINISH_REASON__FINISH_REASON_CANCELLED;
+    case FINISH_REASON_DEADLINE: return SHARDLM__V1__FINISH_REASON__FINISH_REASON_DEADLINE;
+    case FINISH_REASON_ERROR: return SHARDLM__V1__FINISH_REASON__FINISH_REASON_ERROR;
+    }
+    return SHARDLM__V1__FINISH_REASON__FINISH_REASON_ERROR;
+}
+
+enum status convert_gen_response(const struct gen_response_out *o, uint8_t **out, size_t *len)
+{
+    struct arena a = {0};
+    Shardlm__V1__GenerateResponse m = SHARDLM__V1__GENERATE_RESPONSE__INIT;
+    Shardlm__V1__Usage usage = SHARDLM__V1__USAGE__INIT;
+    m.request_id = (char *)o->request_id;
+    m.seed = o->seed;
+    if (o->prompt_ids && o->n_prompt > 0) {
+        m.n_prompt_logprobs = (size_t)o->n_prompt;
+        m.prompt_logprobs = build_logprobs(&a, o->tok, o->prompt_ids, o->prompt_logprobs, o->prompt_top, o->n_prompt_top,
+                                           o->n_prompt);
+    }
+    if (o->n_samples > 0) {
+        const struct gen_sample_out *s0 = &o->samples[0];
+        m.index = s0->index;
+        m.text = text_copy(&a, s0->text, s0->text_len);
+        m.n_token_ids = (size_t)s0->n_ids;
+        m.token_ids = (int32_t *)s0->ids;
+        if (s0->logprobs && s0->n_ids) {
+            m.n_logprobs = (size_t)s0->n_ids;
+            m.logprobs = build_logprobs(&a, o->tok, s0->ids, s0->logprobs, s0->top, s0->n_top, s0->n_ids);
+        }
+        m.finish_reason = finish_to_proto(s0->finish);
+        if (s0->has_usage || o->unary) {
+            usage.prompt_tokens = s0->prompt_tokens;
+            usage.cached_prompt_tokens = s0->cached_prompt_tokens;
+            for (int i = 0; i < (o->unary ? o->n_samples : 1); i++) usage.completion_tokens += o->samples[i].completion_tokens;
+            m.usage = &usage;
+        }
+    }
+    if (o->unary && o->n_samples > 0) {
+        m.n_completions = (size_t)o->n_samples;
+        m.completions = arena_alloc(&a, (size_t)o->n_samples * sizeof *m.completions);
+        Shardlm__V1__Completion *c = arena_alloc(&a, (size_t)o->n_samples * sizeof *c);
+        Shardlm__V1__Usage *u = arena_alloc(&a, (size_t)o->n_samples * sizeof *u);
+        for (int i = 0; m.completions && c && u && i < o->n_samples; i++) {
+            const struct gen_sample_out *s = &o->samples[i];
+            shardlm__v1__completion__init(&c[i]);
+            shardlm__v1__usage__init(&u[i]);
+            c[i].index = s->index;
+            c[i].text = text_copy(&a, s->text, s->text_len);
+            c[i].n_token_ids = (size_t)s->n_ids;
+            c[i].token_ids = (int32_t *)s->ids;
+            if (s->logprobs && s->n_ids) {
+                c[i].n_logprobs = (size_t)s->n_ids;
+                c[i].logprobs = build_logprobs(&a, o->tok, s->ids, s->logprobs, s->top, s->n_top, s->n_ids);
+            }
+            c[i].finish_reason = finish_to_proto(s->finish);
+            u[i].prompt_tokens = s->prompt_tokens;
+            u[i].completion_tokens = s->completion_tokens;
+            u[i].cached_prompt_tokens = s->cached_prompt_tokens;
+            c[i].usage = &u[i];
+            m.completions[i] = &c[i];
+        }
+    }
+    if (!m.text) m.text = "";
+    enum status st = a.failed ? oom() : pack(&m.base, out, len);
+    arena_free(&a);
+    return st;
+}
+
+/* ---- Tokenize, Detokenize, Cancel, model info, stats --------------------------------- */
+
+enum status convert_tokenize_request(const void *data, size_t len, char **text, size_t *text_len, int *add_bos)
+{
+    *text = NULL;
+    Shardlm__V1__TokenizeRequest *m = shardlm__v1__tokenize_request__unpack(NULL, len, data);
+    if (!m) return not_a("shardlm.v1.TokenizeRequest");
+    enum status st = STATUS_OK;
+    size_t n = strlen(m->text);
+    if (n > CONVERT_MAX_PROMPT_BYTES)
+        st = status_errorf(STATUS_INVALID_ARGUMENT, "text must be at most %d bytes, got %zu", CONVERT_MAX_PROMPT_BYTES, n);
+    else if (!utf8_valid(m->text, n))
+        st = status_errorf(STATUS_INVALID_ARGUMENT, "text is not valid UTF-8");
+    else if (!(*text = strdup(m->text)))
+        st = oom();
+    *text_len = n;
+    *add_bos = m->_add_bos_case == SHARDLM__V1__TOKENIZE_REQUEST___ADD_BOS_ADD_BOS ? (m->add_bos ? 1 : 0) : 1;
+    shardlm__v1__tokenize_request__free_unpacked(m, NULL);
+    return st;
+}
+
+enum status convert_tokenize_response(const int32_t *ids, int n, const struct tokenizer *tok, uint8_t **out, size_t *len)
+{
+    Shardlm__V1__TokenizeResponse m = SHARDLM__V1__TOKENIZE_RESPONSE__INIT;
+    char **pieces = malloc((size_t)(n ? n : 1) * sizeof *pieces);
+    if (!pieces) return oom();
+    for (int i = 0; i < n; i++) pieces[i] = piece(tok, ids[i]);
+    m.n_token_ids = (size_t)n;
+    m.token_ids = (int32_t *)ids;
+    m.n_pieces = (size_t)n;
+    m.pieces = pieces;
+    enum status st = pack(&m.base, out, len);
+    free(pieces);
+    return st;
+}
+
+enum status convert_detokenize_request(const void *data, size_t len, int vocab_size, int32_t **ids, int *n)
+{
+    *ids = NULL;
+    *n = 0;
+    Shardlm__V1__DetokenizeRequest *m = shardlm__v1__detokenize_request__unpack(NULL, len, data);
+    if (!m) return not_a("shardlm.v1.DetokenizeRequest");
+    enum status st = STATUS_OK;
+    for (size_t i = 0; i < m->n_token_ids && st == STATUS_OK; i++)
+        if (m->token_ids[i] < 0 || m->token_ids[i] >= vocab_size)
+            st = status_errorf(STATUS_INVALID_ARGUMENT, "token_ids[%zu] must be in [0, %d), got %d", i, vocab_size,
+                               m->token_ids[i]);
+    if (st == STATUS_OK) {
+        *ids = malloc((m->n_token_ids + 1) * sizeof **ids);
+        if (!*ids) st = oom();
+        else {
+            if (m->n_token_ids) memcpy(*ids, m->token_ids, m->n_token_ids * sizeof **ids);
+            *n = (int)m->n_token_ids;
+        }
+    }
+    shardlm__v1__detokenize_request__free_unpacked(m, NULL);
+    return st;
+}
+
+enum status convert_detokenize_response(const char *text, uint8_t **out, size_t *len)
+{
+    Shardlm__V1__DetokenizeResponse m = SHARDLM__V1__DETOKENIZE_RESPONSE__INIT;
+    m.text = (char *)text;
+    return pack(&m.base, out, len);
+}
+
+enum status convert_cancel_request(const void *data, size_t len, char **request_id)
+{
+    *request_id = NULL;
+    Shardlm__V1__CancelRequest *m = shardlm__v1__cancel_request__unpack(NULL, len, data);
+    if (!m) return not_a("shardlm.v1.CancelRequest");
+    enum status st = STATUS_OK;
+    if (!m->request_id[0]) st = status_errorf(STATUS_INVALID_ARGUMENT, "request_id must not be empty");
+    else if (strlen(m->request_id) > CONVERT_MAX_REQUEST_ID)
+        st = status_errorf(STATUS_INVALID_ARGUMENT, "request_id must be at most %d bytes", CONVERT_MAX_REQUEST_ID);
+    else if (!(*request_id = strdup(m->request_id)))
+        st = oom();
+    shardlm__v1__cancel_request__free_unpacked(m, NULL);
+    return st;
+}
+
+enum status convert_cancel_response(int cancelled, uint8_t **out, size_t *len)
+{
+    Shardlm__V1__CancelResponse m = SHARDLM__V1__CANCEL_RESPONSE__INIT;
+    m.cancelled = cancelled ? 1 : 0;
+    return pack(&m.base, out, len);
+}
+
+enum status convert_empty_request(const void *data, size_t len, const char *what)
+{
+    /* Both requests are empty messages: any well-formed message parses as one. */
+    Shardlm__V1__GetModelInfoRequest *m = shardlm__v1__get_model_info_request__unpack(NULL, len, data);
+    if (!m) return not_a(what);
+    shardlm__v1__get_model_info_request__free_unpacked(m, NULL);
+    return STATUS_OK;
+}
+
+enum status convert_model_info_response(const struct model_info_out *mi, uint8_t **out, size_t *len)
+{
+    Shardlm__V1__GetModelInfoResponse m = SHARDLM__V1__GET_MODEL_INFO_RESPONSE__INIT;
+    const struct engine_model_info *i = &mi->info;
+    m.architecture = (char *)(i->architecture ? i->architecture : "");
+    m.n_layers = i->n_layers;
+    m.d_model = i->d_model;
+    m.n_heads = i->n_heads;
+    m.n_kv_heads = i->n_kv_heads;
+    m.head_dim = i->head_dim;
+    m.ffn_hidden = i->ffn_hidden;
+    m.vocab_size = i->vocab_size;
+    m.context_length = i->max_positions;
+    m.dtype = (char *)(i->dtype ? i->dtype : "");
+    m.device = (char *)(i->device ? i->device : "");
+    m.tp_size = i->tp_size;
+    m.pp_size = i->pp_size;
+    m.kv_block_tokens = i->block_tokens;
+    m.kv_blocks = i->kv_blocks;
+    m.bos_id = i->bos_id;
+    m.eos_id = i->eos_id;
+    m.chat_template = (char *)mi->chat_template;
+    m.max_logprobs = mi->max_logprobs;
+    return pack(&m.base, out, len);
+}
+
+enum status convert_server_stats_response(const struct server_stats_out *s, uint8_t **out, size_t *len)
+{
+    Shardlm__V1__GetServerStatsResponse m = SHARDLM__V1__GET_SERVER_STATS_RESPONSE__INIT;
+    const struct engine_stats *e = &s->engine;
+    m.waiting = e->waiting;
+    m.running = e->running;
+    m.kv_blocks_total = e->kv_blocks_total;
+    m.kv_blocks_free = e->kv_blocks_free;
+    m.kv_blocks_cached = e->kv_blocks_cached;
+    m.kv_usage = e->kv_blocks_total > 0 ? 1.0f - (float)e->kv_blocks_free / (float)e->kv_blocks_total : 0.0f;
+    m.requests_submitted = e->requests_submitted;
+    m.requests_finished = e->requests_finished;
+    m.prompt_tokens = e->prompt_tokens;
+    m.generated_tokens = e->generated_tokens;
+    m.prefix_cache_hit_tokens = e->prefix_cache_hit_tokens;
+    m.prefix_cache_hit_rate = e->prompt_tokens ? (float)((double)e->prefix_cache_hit_tokens / (double)e->prompt_tokens) : 0.0f;
+    m.engine_steps = e->steps;
+    m.preemptions = e->preemptions;
+    m.active_calls = s->active_calls;
+    m.uptime_seconds = s->uptime_seconds;
+    return pack(&m.base, out, len);
+}
+
+/* ---- grpc.health.v1 -------------------------------------------------------------------- */
+
+enum status convert_health_request(const void *data, size_t len, char **service)
+{
+    *service = NULL;
+    Grpc__Health__V1__HealthCheckRequest *m = grpc__health__v1__health_check_request__unpack(NULL, len, data);
+    if (!m) return not_a("grpc.health.v1.HealthCheckRequest");
+    *service = strdup(m->service);
+    grpc__health__v1__health_check_request__free_unpacked(m, NULL);
+    return *service ? STATUS_OK : oom();
+}
+
+enum status convert_health_response(int status, uint8_t **out, size_t *len)
+{
+    Grpc__Health__V1__HealthCheckResponse m = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    m.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)status;
+    return pack(&m.base, out, len);
+}
+
+/* ---- grpc.reflection.v1alpha ------------------------------------------------------------- */
+
+enum status convert_reflection_request(const void *data, size_t len, struct reflection_query *q)
+{
+    memset(q, 0, sizeof *q);
+    Grpc__Reflection__V1alpha__ServerReflectionRequest *m =
+        grpc__reflection__v1alpha__server_reflection_request__unpack(NULL, len, data);
+    if (!m) return not_a("grpc.reflection.v1alpha.ServerReflectionRequest");
+    const char *arg = "";
+    switch (m->message_request_case) {
+    case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES:
+        q->kind = REFLECTION_QUERY_LIST_SERVICES;
+        break;
+    case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_BY_FILENAME:
+        q->kind = REFLECTION_QUERY_FILE_BY_FILENAME;
+        arg = m->file_by_filename;
+        break;
+    case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_SYMBOL:
+        q->kind = REFLECTION_QUERY_FILE_CONTAINING_SYMBOL;
+        arg = m->file_containing_symbol;
+        break;
+    case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_EXTENSION:
+        q->kind = REFLECTION_QUERY_FILE_CONTAINING_EXTENSION;
+        if (m->file_containing_extension && m->file_containing_extension->containing_type)
+            arg = m->file_containing_extension->containing_type;
+        break;
+    case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_ALL_EXTENSION_NUMBERS_OF_TYPE:
+        q->kind = REFLECTION_QUERY_EXTENSION_NUMBERS;
+        arg = m->all_extension_numbers_of_type;
+        break;
+    default:
+        q->kind = REFLECTION_QUERY_NONE;
+        break;
+    }
+    q->arg = strdup(arg ? arg : "");
+    grpc__reflection__v1alpha__server_reflection_request__free_unpacked(m, NULL);
+    return q->arg ? STATUS_OK : oom();
+}
+
+void reflection_query_free(struct reflection_query *q)
+{
+    if (!q) return;
+    free(q->arg);
+    q->arg = NULL;
+}
+
+enum status convert_reflection_response(const void *req_data, size_t req_len, const struct reflection_answer *a,
+                                        uint8_t **out, size_t *len)
+{
+    Grpc__Reflection__V1alpha__ServerReflectionResponse m = GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_RESPONSE__INIT;
+    Grpc__Reflection__V1alpha__ListServiceResponse list = GRPC__REFLECTION__V1ALPHA__LIST_SERVICE_RESPONSE__INIT;
+    Grpc__Reflection__V1alpha__FileDescriptorResponse files = GRPC__REFLECTION__V1ALPHA__FILE_DESCRIPTOR_RESPONSE__INIT;
+    Grpc__Reflection__V1alpha__ErrorResponse err = GRPC__REFLECTION__V1ALPHA__ERROR_RESPONSE__INIT;
+    Grpc__Reflection__V1alpha__ExtensionNumberResponse ext = GRPC__REFLECTION__V1ALPHA__EXTENSION_NUMBER_RESPONSE__INIT;
+    Grpc__Reflection__V1alpha__ServiceResponse *svc = NULL, **svc_ptrs = NULL;
+    ProtobufCBinaryData *blobs = NULL;
+    Grpc__Reflection__V1alpha__ServerReflectionRequest *orig =
+        grpc__reflection__v1alpha__server_reflection_request__unpack(NULL, req_len, req_data);
+    enum status st = STATUS_OK;
+    m.original_request = orig;
+    m.valid_host = orig ? orig->host : "";
+    if (a->error_code) {
+        err.error_code = a->error_code;
+        err.error_message = (char *)(a->error_message ? a->error_message : "");
+        m.message_response_case = GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_ERROR_RESPONSE;
+        m.error_response = &err;
+    } else if (a->base_type_name) {
+        ext.base_type_name = (char *)a->base_type_name;
+        m.message_response_case =
+            GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_ALL_EXTENSION_NUMBERS_RESPONSE;
+        m.all_extension_numbers_response = &ext;
+    } else if (a->services) {
+        svc = calloc((size_t)a->n_services + 1, sizeof *svc);
+        svc_ptrs = calloc((size_t)a->n_services + 1, sizeof *svc_ptrs);
+        if (!svc || !svc_ptrs) st = oom();
+        for (int i = 0; st == STATUS_OK && i < a->n_services; i++) {
+            grpc__reflection__v1alpha__service_response__init(&svc[i]);
+            svc[i].name = (char *)a->services[i];
+            svc_ptrs[i] = &svc[i];
+        }
+        list.n_service = (size_t)a->n_services;
+        list.service = svc_ptrs;
+        m.message_response_case = GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_LIST_SERVICES_RESPONSE;
+        m.list_services_response = &list;
+    } else {
+        blobs = calloc((size_t)a->n_files + 1, sizeof *blobs);
+        if (!blobs) st = oom();
+        for (int i = 0; st == STATUS_OK && i < a->n_files; i++) {
+            blobs[i].data = (uint8_t *)a->files[i];
+            blobs[i].len = a->file_lens[i];
+        }
+        files.n_file_descriptor_proto = (size_t)a->n_files;
+        files.file_descriptor_proto = blobs;
+        m.message_response_case = GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_FILE_DESCRIPTOR_RESPONSE;
+        m.file_descriptor_response = &files;
+    }
+    if (st == STATUS_OK) st = pack(&m.base, out, len);
+    free(svc);
+    free(svc_ptrs);
+    free(blobs);
+    if (orig) grpc__reflection__v1alpha__server_reflection_request__free_unpacked(orig, NULL);
+    return st;
+}

@@ -1,0 +1,157 @@
+/* server/convert.h - the protobuf edge of the server: request bytes become native structs
+ * (checked field by field against the ranges documented in the .proto files), and native
+ * results become response bytes. This file and convert.c are the only ones that see
+ * protobuf-c types; the rest of the server, and the engine, never do.
+ * Not here: model-dependent checks (engine_validate), tokenization and chat templates
+ * (server.c, chat_template.c), gRPC itself (server.c).
+ * Tests: tests/server/test_server.py (every method, and the table of invalid requests).
+ *
+ * Errors: parsing functions return STATUS_INVALID_ARGUMENT with a message naming the field and
+ * its allowed range (as "sampling.top_p must be in (0, 1], got 2"), or for bytes that are not
+ * the expected message. Encoding functions return a malloc'd buffer in *out (caller frees) of
+ * *len bytes, or STATUS_RESOURCE_EXHAUSTED. */
+#ifndef SHARDLM_CONVERT_H
+#define SHARDLM_CONVERT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "chat_template.h"
+#include "engine.h"
+
+/* Limits enforced at the edge (documented in text_generation.proto). */
+#define CONVERT_MAX_PROMPT_BYTES   (1 << 20)
+#define CONVERT_MAX_REQUEST_ID     100
+#define CONVERT_MAX_STOP           16
+#define CONVERT_MAX_STOP_BYTES     256
+#define CONVERT_MAX_STOP_TOKEN_IDS 64
+#define CONVERT_MAX_LOGIT_BIAS     256
+#define CONVERT_MAX_N              16
+#define CONVERT_MAX_LOGPROBS       20
+#define CONVERT_DEFAULT_MAX_TOKENS 128
+
+/* 1 when s[0..len) is valid UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF). */
+int utf8_valid(const char *s, size_t len);
+
+/* A GenerateRequest or ChatRequest after conversion. Owns every array it points to; free with
+ * gen_request_free. params.stop, params.stop_token_ids and params.logit_bias_* point into
+ * the arrays below; params.deadline is left 0 (the caller sets it from the call). */
+struct gen_request {
+    char    *request_id;          /* "" when the client left it empty */
+    char    *prompt;              /* Generate with a text prompt; NULL otherwise */
+    size_t   prompt_len;
+    int32_t *prompt_ids;          /* (n_prompt_ids) Generate with token ids; NULL otherwise */
+    int      n_prompt_ids;
+    int      add_bos;
+    struct chat_message *messages;/* (n_messages) Chat only */
+    int      n_messages;
+    struct request_params params;
+    char   **stop;                /* (n_stop + 1): room for a template's extra stop string */
+    int      n_stop;
+    int32_t *stop_token_ids;      /* (n_stop_token_ids + 1) */
+    int      n_stop_token_ids;
+    int32_t *bias_ids;            /* (n_bias) */
+    float   *bias_values;         /* (n_bias) */
+    int      n_bias;
+};
+
+/* Parses GenerateRequest (is_chat 0) or ChatRequest (is_chat 1) bytes into *r, which is left
+ * zeroed-but-freeable on error. Checks everything that needs no model (ranges, UTF-8, roles,
+ * sizes). */
+enum status convert_gen_request(const void *data, size_t len, int is_chat, struct gen_request *r);
+void        gen_request_free(struct gen_request *r); /* accepts a zeroed struct */
+
+/* One sample's output as the server accumulated it. */
+struct gen_sample_out {
+    int            index;
+    const char    *text;          /* text_len bytes */
+    size_t         text_len;
+    const int32_t *ids;           /* (n_ids) */
+    int            n_ids;
+    const float   *logprobs;      /* (n_ids), or NULL when logprobs were not asked */
+    const struct top_logprob *top;/* (n_ids, n_top), or NULL */
+    int            n_top;
+    enum finish_reason finish;    /* FINISH_REASON_NONE while running */
+    int            has_usage;
+    int            prompt_tokens, completion_tokens, cached_prompt_tokens;
+};
+
+/* A GenerateResponse to encode: unary (every sample; flat fields from sample 0) or one
+ * streamed message (samples[0] only, its delta). */
+struct gen_response_out {
+    const char *request_id;
+    uint64_t    seed;
+    int         unary;
+    const struct gen_sample_out *samples; /* (n_samples) */
+    int         n_samples;
+    const int32_t *prompt_ids;            /* (n_prompt) with prompt logprobs, or NULL */
+    const float   *prompt_logprobs;       /* (n_prompt) */
+    const struct top_logprob *prompt_top; /* (n_prompt, n_prompt_top), or NULL */
+    int         n_prompt, n_prompt_top;
+    const struct tokenizer *tok;          /* for the pieces of logprob entries */
+};
+enum status convert_gen_response(const struct gen_response_out *o, uint8_t **out, size_t *len);
+
+/* Tokenize / Detokenize. *text is malloc'd (caller frees). */
+enum status convert_tokenize_request(const void *data, size_t len, char **text, size_t *text_len, int *add_bos);
+enum status convert_tokenize_response(const int32_t *ids, int n, const struct tokenizer *tok, uint8_t **out,
+                                      size_t *len);
+/* *ids is malloc'd (caller frees; non-NULL even when empty). Ids are checked against vocab_size. */
+enum status convert_detokenize_request(const void *data, size_t len, int vocab_size, int32_t **ids, int *n);
+enum status convert_detokenize_response(const char *text, uint8_t **out, size_t *len);
+
+/* Cancel. *request_id is malloc'd. */
+enum status convert_cancel_request(const void *data, size_t len, char **request_id);
+enum status convert_cancel_response(int cancelled, uint8_t **out, size_t *len);
+
+/* GetModelInfo and GetServerStats (their requests carry nothing: only checked to parse). */
+enum status convert_empty_request(const void *data, size_t len, const char *what);
+struct model_info_out {
+    struct engine_model_info info;
+    const char *chat_template;
+    int         max_logprobs;
+};
+enum status convert_model_info_response(const struct model_info_out *m, uint8_t **out, size_t *len);
+struct server_stats_out {
+    struct engine_stats engine;
+    int    active_calls;
+    double uptime_seconds;
+};
+enum status convert_server_stats_response(const struct server_stats_out *s, uint8_t **out, size_t *len);
+
+/* grpc.health.v1. status: 1 SERVING, 2 NOT_SERVING, 3 SERVICE_UNKNOWN. *service is malloc'd. */
+enum status convert_health_request(const void *data, size_t len, char **service);
+enum status convert_health_response(int status, uint8_t **out, size_t *len);
+
+/* grpc.reflection.v1alpha. */
+enum reflection_query_kind {
+    REFLECTION_QUERY_LIST_SERVICES,
+    REFLECTION_QUERY_FILE_BY_FILENAME,
+    REFLECTION_QUERY_FILE_CONTAINING_SYMBOL,
+    REFLECTION_QUERY_FILE_CONTAINING_EXTENSION,
+    REFLECTION_QUERY_EXTENSION_NUMBERS,
+    REFLECTION_QUERY_NONE, /* no field of the oneof set */
+};
+struct reflection_query {
+    enum reflection_query_kind kind;
+    char *arg;  /* the file name, symbol or type name (malloc'd; "" for the others) */
+};
+enum status convert_reflection_request(const void *data, size_t len, struct reflection_query *q);
+void        reflection_query_free(struct reflection_query *q);
+/* The answer to the request in req_data[0..req_len) (echoed as original_request): either
+ * services (n_services names), or files (n_files serialized FileDescriptorProtos), or an error
+ * (error_code != 0). */
+struct reflection_answer {
+    const char *const *services;
+    int n_services;
+    const uint8_t *const *files;
+    const size_t *file_lens;
+    int n_files;
+    int error_code;
+    const char *error_message;
+    const char *base_type_name;   /* EXTENSION_NUMBERS: the type asked for (no numbers) */
+};
+enum status convert_reflection_response(const void *req_data, size_t req_len, const struct reflection_answer *a,
+                                        uint8_t **out, size_t *len);
+
+#endif

@@ -1,0 +1,36 @@
+/* server/server.h - the gRPC server: one completion queue, one thread that runs an explicit
+ * state machine per call, the engine behind it, health, reflection, API keys, TLS and the
+ * graceful drain on SIGTERM / SIGINT.
+ * Not here: command-line parsing (serve.c), protobuf (convert.c), chat templates
+ * (chat_template.c), the descriptor index (reflection.c).
+ * Tests: tests/server/test_server.py.
+ *
+ * Threads: server_run's caller becomes the completion-queue thread; a control thread loads the
+ * model (so that health answers NOT_SERVING meanwhile), then waits for SIGTERM / SIGINT (a
+ * handler posts a semaphore) and drains the engine; the engine thread delivers events through a callback that only copies
+ * them into a queue and wakes the completion-queue thread. */
+#ifndef SHARDLM_SERVER_H
+#define SHARDLM_SERVER_H
+
+#include "engine.h"
+
+struct server_options {
+    const char *listen;          /* host:port; port 0 picks a free one (printed on stdout) */
+    struct engine_options engine;
+    const char *chat_template;   /* "llama2", "chatml", "plain", or NULL: chosen from the model */
+    const char *api_key_file;    /* one key per line ('#' comments); NULL: no authentication */
+    const char *tls_cert;        /* PEM files; both or neither */
+    const char *tls_key;
+    double      drain_timeout_s; /* how long running requests may finish after SIGTERM */
+    int         max_receive_bytes; /* largest request message; larger ones: RESOURCE_EXHAUSTED */
+};
+
+/* Runs the server until a signal and the drain that follows. Installs handlers for SIGTERM and
+ * SIGINT (left in place, inert, on return, so that a late signal cannot kill the exiting
+ * process). Prints "shardlm: listening on
+ * HOST:PORT" to stdout once bound and "shardlm: ready" once the model is loaded. Returns
+ * STATUS_OK after a clean drain, or the error that stopped it (bad options, unusable address
+ * or TLS files, a model that failed to load) with a message. */
+enum status server_run(const struct server_options *o);
+
+#endif

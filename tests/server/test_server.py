@@ -1,0 +1,645 @@
+#!/usr/bin/env python3
+"""tests/server/test_server.py - drives a real `shardlm serve` (stories260K, 127.0.0.1, a free
+port) with the Python grpcio client (clients/python/). One group per ctest test:
+
+  basic        unary and streaming agree with `shardlm generate`; tokenize / detokenize;
+               model info; chat with the llama2 template (same ids as the documented
+               template); stop strings; logprobs; n > 1 and seeds
+  concurrency  32 concurrent streams each equal their solo result
+  cancel       client cancel mid-stream and Cancel(request_id) free the KV blocks (stats)
+  deadline     DEADLINE_EXCEEDED for streams and unary calls; resources freed
+  invalid      a table of invalid requests -> status code + message; full queue ->
+               RESOURCE_EXHAUSTED; unknown method; plain template chosen for this model
+  drain        health SERVING / NOT_SERVING (Check and Watch); SIGTERM lets the running stream
+               finish, refuses new calls with UNAVAILABLE, exits 0; past --drain-timeout the
+               streams still running end with UNAVAILABLE
+  auth         --api-key-file: UNAUTHENTICATED without or with a wrong key; health is open
+  tls          --tls-cert/--tls-key with a throw-away self-signed certificate
+  reflection   grpc.reflection.v1alpha lists the services and serves the descriptors, and a
+               request built from reflected descriptors alone is answered
+
+Usage: test_server.py --shardlm BUILD/server/shardlm GROUP...  (default: every group)
+Exit 0 when every check passed, 1 on a failure, 77 (SKIP) when the model assets, grpcio or
+`shardlm serve` are missing. Every server is killed at the end, even on failure; every loop is
+bounded. Assets: $SHARDLM_ASSETS/stories260K, else ../shared/assets next to the checkout."""
+import argparse
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SKIP = 77
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # the Python client's own INFO lines (GOAWAY ...)
+
+# stories260K decodes thousands of tokens a second: a request meant to outlive a deadline, a
+# cancel or a drain asks for 16 samples of 480 tokens (7680 tokens, several tenths of a second).
+LONG = dict(max_tokens=480, ignore_eos=True, temperature=0, n=16)
+
+try:
+    import grpc
+    sys.path.insert(0, str(ROOT / "clients/python"))
+    from shardlm_client import Client, pb, pb_grpc
+except ImportError as e:  # grpcio / grpcio-tools missing
+    print(f"SKIP: the Python gRPC client cannot be imported ({e}); run tools/install_deps.sh")
+    sys.exit(SKIP)
+
+SERVERS = []  # every Popen we started, killed at exit
+LOG_DIR = Path(tempfile.mkdtemp(prefix="shardlm-servertest-logs-"))
+
+
+def kill_all():
+    for p in SERVERS:
+        if p.poll() is None:
+            p.kill()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+class Server:
+    """A `shardlm serve` on 127.0.0.1:0; the port is read from its stdout."""
+
+    def __init__(self, shardlm, model, *extra, name="server", env=None):
+        self.log_path = LOG_DIR / f"{name}-{len(SERVERS)}.log"
+        self.log = open(self.log_path, "w")
+        # OMP_NUM_THREADS matches --threads 1: the engine thread's OpenMP teams must not outgrow the
+        # per-thread scratch that the CPU backend sized for --threads (see docs/server.md).
+        env = dict(os.environ if env is None else env, SHARDLM_LOG="info", OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen([shardlm, "serve", "--model", str(model), "--listen", "127.0.0.1:0",
+                                      "--threads", "1", *extra],
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+        SERVERS.append(self.proc)
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.port = None
+        deadline = time.time() + 30
+        ready = False
+        while time.time() < deadline and not ready:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            if line.startswith("shardlm: listening on"):
+                self.port = int(line.split(":")[-1].split()[0])
+            if line.startswith("shardlm: ready"):
+                ready = True
+        if not ready or self.port is None:
+            self.stop()
+            raise RuntimeError(f"the server did not start; log:\n{self.log_path.read_text()}")
+        self.target = f"127.0.0.1:{self.port}"
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line.strip())
+
+    def client(self, **kw):
+        return Client(self.target, **kw)
+
+    def terminate(self):
+        self.terminated = True
+        self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            if not getattr(self, "terminated", False):
+                self.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.log.close()
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        code = self.stop()
+        # A clean drain exits 0; sanitizer builds exit non-zero on a leak or an error.
+        if exc_type is None and code != 0:
+            tail = "\n".join(self.log_path.read_text().splitlines()[-40:])
+            raise Failure(f"the server exited with {code} after SIGTERM; log tail:\n{tail}")
+
+
+# ---- checks ------------------------------------------------------------------------------
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+def expect_error(fn, code, substring=""):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        check(e.code() == code, f"expected {code.name}, got {e.code().name}: {e.details()}")
+        check(substring in (e.details() or ""), f"expected '{substring}' in the message, got '{e.details()}'")
+        return e
+    raise Failure(f"expected {code.name}, the call succeeded")
+
+
+def wait_until(fn, what, timeout=10.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise Failure(f"timed out waiting for {what}")
+
+
+def stats_settled(c):
+    s = c.server_stats()
+    return s if s.running == 0 and s.waiting == 0 and s.kv_blocks_free + s.kv_blocks_cached == s.kv_blocks_total \
+        else None
+
+
+def collect(stream):
+    text, ids, finish = "", [], ""
+    for ch in stream:
+        text += ch.text
+        ids += ch.token_ids
+        if ch.finish_reason:
+            finish = ch.finish_reason
+    return text, ids, finish
+
+
+# ---- groups ------------------------------------------------------------------------------
+
+def group_basic(env):
+    with Server(env.shardlm, env.model, "--chat-template", "llama2", name="basic") as srv, srv.client() as c:
+        for prompt, n in (("Once upon a time", 40), ("", 24), ("The little dog", 60)):
+            out = subprocess.run([env.shardlm, "generate", "--model", str(env.model), "--prompt", prompt,
+                                  "--max-tokens", str(n), "--threads", "1"],
+                                 capture_output=True, text=True, timeout=60, check=True).stdout
+            g = c.generate(prompt, max_tokens=n, temperature=0)
+            check(out == prompt + g.text + "\n", f"unary {g.text!r} differs from shardlm generate {out!r}")
+            text, ids, finish = collect(c.generate_stream(prompt, max_tokens=n, temperature=0))
+            check(text == g.text and ids == g.token_ids, f"stream {text!r} differs from unary {g.text!r}")
+            check(finish == g.finish_reason and finish in ("length", "eos"), f"finish {finish} vs {g.finish_reason}")
+            check(g.completion_tokens == len(g.token_ids), "usage.completion_tokens")
+            check(g.prompt_tokens == len(c.tokenize(prompt)), "usage.prompt_tokens")
+        # Token ids in, same result as text in.
+        ids = c.tokenize("Once upon a time")
+        check(ids[0] == c.model_info().bos_id, "tokenize adds BOS")
+        check(c.detokenize(ids) == "Once upon a time", "detokenize round trip")
+        g1 = c.generate("Once upon a time", max_tokens=20, temperature=0)
+        g2 = c.generate(prompt_token_ids=ids, max_tokens=20, temperature=0)
+        check(g1.token_ids == g2.token_ids, "prompt_token_ids give the same tokens as the text")
+        info = c.model_info()
+        check(info.vocab_size == 512 and info.context_length == 512 and info.n_layers == 5, f"model info {info}")
+        check(info.chat_template == "llama2" and info.kv_blocks > 0 and info.kv_block_tokens > 0, "model info")
+        # Chat: the llama2 template as documented in server/chat_template.h.
+        bos, eos = info.bos_id, info.eos_id
+        sys_, u1, a1, u2 = "You tell stories.", "Tell me about a cat.", "Tom was a cat.", "What did Tom do?"
+        want = [bos] + c.tokenize(f"[INST] <<SYS>>\n{sys_}\n<</SYS>>\n\n{u1} [/INST]", add_bos=False)
+        ch = c.chat([("system", sys_), ("user", u1)], max_tokens=30, temperature=0)
+        ref = c.generate(prompt_token_ids=want, max_tokens=30, temperature=0)
+        check(ch.prompt_tokens == len(want), f"chat prompt tokens {ch.prompt_tokens} != {len(want)}")
+        check(ch.token_ids == ref.token_ids and ch.text == ref.text, "chat differs from the templated prompt")
+        want2 = [bos] + c.tokenize(f"[INST] {u1} [/INST] {a1}", add_bos=False) + [eos] + [bos] + \
+            c.tokenize(f"[INST] {u2} [/INST]", add_bos=False)
+        ch2 = collect(c.chat_stream([("user", u1), ("assistant", a1), ("user", u2)], max_tokens=30, temperature=0))
+        ref2 = c.generate(prompt_token_ids=want2, max_tokens=30, temperature=0)
+        check(ch2[1] == ref2.token_ids, "multi-turn chat stream differs from the templated prompt")
+        # Stop strings: the text stops before the stop string.
+        full = c.generate("Once upon a time", max_tokens=40, temperature=0).text
+        cut = full.index(" girl")
+        st = c.generate("Once upon a time", max_tokens=40, temperature=0, stop=[" girl"])
+        check(st.text == full[:cut] and st.finish_reason == "stop", f"stop: {st.text!r} {st.finish_reason}")
+        # Logprobs: greedy picks the top alternative.
+        lp = c.generate("Once upon a time", max_tokens=8, temperature=0, logprobs=3, prompt_logprobs=2)
+        check(len(lp.logprobs) == len(lp.token_ids) == 8, "one logprob entry per token")
+        for e, t in zip(lp.logprobs, lp.token_ids):
+            check(e.token_id == t and len(e.top) == 3 and e.top[0].token_id == t, f"logprob entry {e}")
+            check(abs(e.top[0].logprob - e.logprob) < 1e-5 and e.logprob <= 0, "greedy logprob is the top one")
+        check(len(lp.prompt_logprobs) == lp.prompt_tokens and lp.prompt_logprobs[0].logprob == 0, "prompt logprobs")
+        # n samples with a seed: reproducible, and the completions are distinct.
+        a = c.generate("Once upon a time", max_tokens=24, temperature=1.0, seed=1234, n=3)
+        b = c.generate("Once upon a time", max_tokens=24, temperature=1.0, seed=1234, n=3)
+        check(len(a.completions) == 3 and [x.token_ids for x in a.completions] == [x.token_ids for x in b.completions],
+              "n=3 with a seed is reproducible")
+        check(len({tuple(x.token_ids) for x in a.completions}) > 1, "n=3 samples are not all equal")
+        check(a.seed == 1234, "the seed is reported")
+        streamed = {}
+        for chunk in c.generate_stream("Once upon a time", max_tokens=24, temperature=1.0, seed=1234, n=3):
+            streamed.setdefault(chunk.index, []).extend(chunk.token_ids)
+        check([streamed[i] for i in range(3)] == [x.token_ids for x in a.completions], "n=3 streamed = unary")
+        check(srv.stop() == 0, "exit code after SIGTERM")
+
+
+def group_concurrency(env):
+    with Server(env.shardlm, env.model, name="concurrency") as srv, srv.client() as c:
+        prompts = ["Once upon a time", "The cat", "Lily and Ben", "One day", "There was a big", "Tom liked",
+                   "The sun was", "A little bird"]
+        reqs = []
+        for i in range(32):
+            kw = dict(max_tokens=48 + (i % 5) * 8, temperature=0)
+            if i % 4 == 3:
+                kw.update(temperature=0.9, seed=100 + i, top_p=0.9)
+            reqs.append((prompts[i % len(prompts)], kw))
+        solo = [c.generate(p, **kw) for p, kw in reqs]
+        results = [None] * len(reqs)
+        errors = []
+        start = threading.Barrier(len(reqs))
+
+        def run(i):
+            try:
+                with srv.client() as ci:
+                    start.wait(timeout=30)
+                    results[i] = collect(ci.generate_stream(reqs[i][0], timeout=120, **reqs[i][1]))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(f"stream {i}: {e!r}")
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
+        t0 = time.time()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=180)
+        check(not errors, "; ".join(errors[:3]))
+        for i, (r, s) in enumerate(zip(results, solo)):
+            check(r is not None and r[1] == s.token_ids and r[0] == s.text,
+                  f"stream {i} differs from its solo result:\n  {r and r[0]!r}\n  {s.text!r}")
+        print(f"  32 concurrent streams in {time.time() - t0:.2f} s")
+        check(wait_until(lambda: stats_settled(c), "idle stats") is not None, "stats settle")
+
+
+def group_cancel(env):
+    with Server(env.shardlm, env.model, name="cancel") as srv, srv.client() as c:
+        c.generate("hi", max_tokens=2)
+        base = wait_until(lambda: stats_settled(c), "idle stats")
+        # Client cancel mid-stream.
+        s = c.generate_stream("Once upon a time", **LONG)
+        it = iter(s)
+        got = [next(it) for _ in range(3)]
+        check(all(ch.finish_reason == "" for ch in got), "the stream was still running")
+        # Stats are a snapshot taken between engine steps: poll until the samples show up as running.
+        mid = wait_until(lambda: (lambda x: x if x.running == 16 else None)(c.server_stats()), "16 running samples")
+        check(mid.kv_blocks_free + mid.kv_blocks_cached < mid.kv_blocks_total, f"running sequences hold blocks: {mid}")
+        s.cancel()
+        st = wait_until(lambda: stats_settled(c), "blocks to return after a client cancel")
+        check(st.requests_finished == st.requests_submitted, "the cancelled request finished")
+        check(st.generated_tokens - base.generated_tokens < 16 * 480, "generation stopped early")
+        # Cancel(request_id) from another connection.
+        s2 = c.generate_stream("Once upon a time", request_id="cancel-me", **LONG)
+        it2 = iter(s2)
+        next(it2)
+        with srv.client() as other:
+            check(other.cancel("cancel-me") is True, "Cancel found the request")
+        e = expect_error(lambda: [None for _ in it2], grpc.StatusCode.CANCELLED, "cancelled by Cancel")
+        check(e is not None, "stream ends with CANCELLED")
+        wait_until(lambda: stats_settled(c), "blocks to return after Cancel")
+        expect_error(lambda: c.cancel("cancel-me"), grpc.StatusCode.NOT_FOUND, "cancel-me")
+        # A unary call that goes away (client deadline) is cancelled too.
+        expect_error(lambda: c.generate("Once upon a time", timeout=0.1, **LONG), grpc.StatusCode.DEADLINE_EXCEEDED)
+        wait_until(lambda: stats_settled(c), "blocks to return after a unary deadline")
+
+
+def group_deadline(env):
+    with Server(env.shardlm, env.model, name="deadline") as srv, srv.client() as c:
+        c.generate("hi", max_tokens=2)  # connected and warm: the deadlines below are the server's to meet
+        base = wait_until(lambda: stats_settled(c), "idle stats")
+        t0 = time.time()
+        e = expect_error(lambda: collect(c.generate_stream("Once upon a time", timeout=0.1, **LONG)),
+                         grpc.StatusCode.DEADLINE_EXCEEDED)
+        check(e and time.time() - t0 < 2.0, "the deadline ended the stream promptly")
+        st = wait_until(lambda: stats_settled(c), "blocks to return after the deadline")
+        check(st.generated_tokens - base.generated_tokens < 16 * 480, "generation stopped at the deadline")
+        expect_error(lambda: c.chat([("user", "hi")], timeout=0.1, **dict(LONG, max_tokens=400)),
+                     grpc.StatusCode.DEADLINE_EXCEEDED)
+        wait_until(lambda: stats_settled(c), "blocks to return after a chat deadline")
+        # A generous deadline does not get in the way.
+        g = c.generate("Once upon a time", max_tokens=16, temperature=0, timeout=30)
+        check(len(g.token_ids) == 16, "request within its deadline completes")
+
+
+def raw_call(target, method, payload: bytes, timeout=10):
+    """Calls a method with raw request bytes (for messages Python would refuse to build)."""
+    with grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+        return ch.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)(
+            payload, timeout=timeout)
+
+
+def group_invalid(env):
+    INV = grpc.StatusCode.INVALID_ARGUMENT
+    G = Client.generate_request
+    C = Client.chat_request
+    with Server(env.shardlm, env.model, name="invalid") as srv, srv.client() as c:
+        check(c.model_info().chat_template == "plain", "stories260K gets the plain chat template")
+        table = [
+            ("max_tokens < 0", G("hi", max_tokens=-1), INV, "sampling.max_tokens"),
+            ("temperature < 0", G("hi", temperature=-0.5), INV, "sampling.temperature must be in [0, 100]"),
+            ("top_p = 0", G("hi", top_p=0.0), INV, "sampling.top_p must be in (0, 1]"),
+            ("top_p > 1", G("hi", top_p=1.5), INV, "sampling.top_p must be in (0, 1]"),
+            ("top_k < 0", G("hi", top_k=-1), INV, "sampling.top_k"),
+            ("top_k > vocab", G("hi", top_k=513), INV, "sampling.top_k must be in [0, 512]"),
+            ("min_p > 1", G("hi", min_p=2.0), INV, "sampling.min_p must be in [0, 1]"),
+            ("repetition_penalty 0", G("hi", repetition_penalty=0.0), INV, "sampling.repetition_penalty"),
+            ("presence_penalty", G("hi", presence_penalty=3.0), INV, "sampling.presence_penalty must be in [-2, 2]"),
+            ("n = 0", G("hi", n=0), INV, "sampling.n must be in [1, 16]"),
+            ("n = 17", G("hi", n=17), INV, "sampling.n must be in [1, 16]"),
+            ("logprobs > 20", G("hi", logprobs=21), INV, "sampling.logprobs must be in [0, 20]"),
+            ("min_tokens > max_tokens", G("hi", max_tokens=4, min_tokens=5), INV, "sampling.min_tokens"),
+            ("max_tokens 0 alone", G("hi", max_tokens=0), INV, "sampling.max_tokens must be >= 1"),
+            ("prompt beyond context", G(prompt_token_ids=[1] + [300] * 600), INV, "context of 512 tokens"),
+            ("prompt + max_tokens", G("hi", max_tokens=600), INV, "exceeds the model's context"),
+            ("token id >= vocab", G(prompt_token_ids=[1, 9999]), INV, "prompt_token_ids[1] must be in [0, 512)"),
+            ("token id < 0", G(prompt_token_ids=[1, -4]), INV, "prompt_token_ids[1] must be in [0, 512)"),
+            ("prompt and ids", G("hi", prompt_token_ids=[1, 5]), INV, "prompt and prompt_token_ids"),
+            ("empty prompt, no BOS", G("", add_bos=False), INV, "prompt"),
+            ("stop token id", G("hi", stop_token_ids=[600]), INV, "sampling.stop_token_ids[0] must be in [0, 512)"),
+            ("too many stops", G("hi", stop=["x"] * 17), INV, "sampling.stop: at most 16"),
+            ("empty stop", G("hi", stop=[""]), INV, "sampling.stop[0] must be 1 to 256 bytes"),
+            ("logit bias key", G("hi", logit_bias={9999: 1.0}), INV, "sampling.logit_bias key"),
+            ("logit bias value", G("hi", logit_bias={5: 500.0}), INV, "sampling.logit_bias[5]"),
+            ("request_id too long", G("hi", request_id="x" * 101), INV, "request_id must be at most 100 bytes"),
+            ("request_id control char", G("hi", request_id="a\tb"), INV, "request_id must be printable ASCII"),
+            ("prompt > 1 MiB", G("a" * ((1 << 20) + 10)), INV, "prompt must be at most 1048576 bytes"),
+        ]
+        chat_table = [
+            ("no messages", C([]), INV, "messages must not be empty"),
+            ("unknown role", C([("wizard", "hi")]), INV, "messages[0].role must be one of system, user, assistant"),
+            ("system not first", C([("user", "a"), ("system", "b"), ("user", "c")]), INV,
+             "messages[1].role: a \"system\" message may only come first"),
+            ("last not user", C([("user", "a"), ("assistant", "b")]), INV, "messages[1].role: the last message"),
+            ("only system", C([("system", "a")]), INV, "at least one \"user\" message"),
+        ]
+        failures = []
+        for name, req, code, sub in table:
+            for fn in (c.stub.Generate, lambda r: list(c.stub.GenerateStream(r))):
+                try:
+                    expect_error(lambda: fn(req), code, sub)
+                except Failure as f:
+                    failures.append(f"{name}: {f}")
+        for name, req, code, sub in chat_table:
+            for fn in (c.stub.Chat, lambda r: list(c.stub.ChatStream(r))):
+                try:
+                    expect_error(lambda: fn(req), code, sub)
+                except Failure as f:
+                    failures.append(f"{name}: {f}")
+        # Bytes Python will not build: invalid UTF-8, messages too large, garbage.
+        gen = "/shardlm.v1.TextGeneration/Generate"
+        bad_utf8 = b"\x12\x03\xff\xfe\x41"  # field 2 (prompt), 3 bytes, not UTF-8
+        raw = [
+            ("invalid UTF-8 prompt", gen, bad_utf8, INV, "prompt is not valid UTF-8"),
+            ("invalid UTF-8 chat", "/shardlm.v1.TextGeneration/Chat",
+             b"\x12\x0b\x0a\x04user\x12\x03\xc3\x28\x41", INV, "messages[0].content is not valid UTF-8"),
+            ("invalid UTF-8 tokenize", "/shardlm.v1.TextGeneration/Tokenize", b"\x0a\x02\xe2\x82", INV,
+             "text is not valid UTF-8"),
+            ("oversized message", gen, b"\x12\x80\x80\x80\x03" + b"a" * (6 << 20), grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+            ("not a protobuf", gen, b"\xff\xff\xff\xff", INV, "not a valid shardlm.v1.GenerateRequest"),
+            ("unknown method", "/shardlm.v1.TextGeneration/Nope", b"", grpc.StatusCode.UNIMPLEMENTED, "unknown method"),
+        ]
+        for name, method, payload, code, sub in raw:
+            try:
+                expect_error(lambda: raw_call(srv.target, method, payload), code, sub)
+            except Failure as f:
+                failures.append(f"{name}: {f}")
+        others = [
+            ("detokenize bad id", lambda: c.detokenize([5, 600]), INV, "token_ids[1] must be in [0, 512)"),
+            ("cancel empty id", lambda: c.cancel(""), INV, "request_id must not be empty"),
+            ("cancel unknown id", lambda: c.cancel("nobody"), grpc.StatusCode.NOT_FOUND, "no running request"),
+        ]
+        for name, fn, code, sub in others:
+            try:
+                expect_error(fn, code, sub)
+            except Failure as f:
+                failures.append(f"{name}: {f}")
+        check(not failures, "\n    ".join([f"{len(failures)} invalid-input checks failed:"] + failures))
+        print(f"  {2 * len(table) + 2 * len(chat_table) + len(raw) + len(others)} invalid requests rejected as expected")
+        # After all that, the server is healthy and serves.
+        check(len(c.generate("hi", max_tokens=4, temperature=0).token_ids) == 4, "still serving")
+        wait_until(lambda: stats_settled(c), "no request left behind")
+
+    # A full queue: RESOURCE_EXHAUSTED.
+    with Server(env.shardlm, env.model, "--max-seqs", "1", "--max-queue", "1", name="queue") as srv, srv.client() as c:
+        long_kw = dict(max_tokens=480, ignore_eos=True, temperature=0)
+        s1 = iter(c.generate_stream("Once upon a time", **long_kw))
+        next(s1)  # running
+        s2 = c.generate_stream("Once upon a time", **long_kw)  # waiting
+        wait_until(lambda: c.server_stats().waiting == 1, "the second request to wait")
+        expect_error(lambda: c.generate("hi", max_tokens=4), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        s2.cancel()
+        c2 = srv.client()
+        c2.stub.Cancel(pb.CancelRequest(request_id=next(s1).request_id))
+        c2.close()
+        wait_until(lambda: stats_settled(c), "the queue to empty")
+
+
+def health_check(target, service=""):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    with grpc.insecure_channel(target) as ch:
+        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+
+
+def group_drain(env):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    srv = Server(env.shardlm, env.model, "--drain-timeout", "20", name="drain")
+    try:
+        check(health_check(srv.target) == "SERVING", "SERVING when ready")
+        check(health_check(srv.target, "shardlm.v1.TextGeneration") == "SERVING", "SERVING for the service")
+        expect_error(lambda: health_check(srv.target, "no.such.Service"), grpc.StatusCode.NOT_FOUND)
+        watch_ch = grpc.insecure_channel(srv.target)
+        watch = health_pb2_grpc.HealthStub(watch_ch).Watch(health_pb2.HealthCheckRequest(), timeout=60)
+        seen = []
+
+        def watcher():
+            try:
+                for r in watch:
+                    seen.append(health_pb2.HealthCheckResponse.ServingStatus.Name(r.status))
+            except grpc.RpcError:
+                pass
+
+        wt = threading.Thread(target=watcher, daemon=True)
+        wt.start()
+        wait_until(lambda: seen == ["SERVING"], "Watch to report SERVING")
+        c = srv.client()
+        stream = iter(c.generate_stream("Once upon a time", **LONG))
+        first = next(stream)
+        srv.terminate()
+        wait_until(lambda: "NOT_SERVING" in seen, "Watch to report NOT_SERVING")
+        check(health_check(srv.target) == "NOT_SERVING", "Check says NOT_SERVING while draining")
+        expect_error(lambda: srv.client().generate("hi", max_tokens=4), grpc.StatusCode.UNAVAILABLE)
+        ids = {first.index: list(first.token_ids)}
+        finish = {}
+        for ch in stream:
+            ids.setdefault(ch.index, []).extend(ch.token_ids)
+            if ch.finish_reason:
+                finish[ch.index] = ch.finish_reason
+        check(sorted(len(v) for v in ids.values()) == [480] * 16 and set(finish.values()) == {"length"},
+              f"the running stream finished during the drain ({[len(v) for v in ids.values()]})")
+        code = srv.proc.wait(timeout=30)
+        check(code == 0, f"exit code {code} after SIGTERM")
+        wt.join(timeout=10)
+        check(seen[:2] == ["SERVING", "NOT_SERVING"], f"Watch saw {seen}")
+        c.close()
+        watch_ch.close()
+        log = srv.log_path.read_text()
+        check("req=" in log and "ttft_ms=" in log and "completion_tokens=7680" in log, "request log lines")
+    finally:
+        srv.stop()
+    # A drain that times out: what still runs ends with UNAVAILABLE, and the exit is still clean.
+    with Server(env.shardlm, env.model, "--drain-timeout", "0.1", name="drain-timeout") as srv, srv.client() as c:
+        streams = [iter(c.generate_stream("Once upon a time", **LONG)) for _ in range(2)]
+        for st in streams:
+            next(st)
+        srv.terminate()
+        for st in streams:
+            expect_error(lambda: [None for _ in st], grpc.StatusCode.UNAVAILABLE, "drain timeout")
+
+
+def group_auth(env):
+    d = Path(tempfile.mkdtemp(prefix="shardlm-auth-"))
+    (d / "keys").write_text("# keys\nsecret-one\n\n  secret-two  \n")
+    with Server(env.shardlm, env.model, "--api-key-file", str(d / "keys"), name="auth") as srv:
+        with srv.client() as c:
+            expect_error(lambda: c.generate("hi", max_tokens=4), grpc.StatusCode.UNAUTHENTICATED, "API key")
+            expect_error(lambda: c.model_info(), grpc.StatusCode.UNAUTHENTICATED)
+        with srv.client(api_key="secret-three") as c:
+            expect_error(lambda: c.generate("hi", max_tokens=4), grpc.StatusCode.UNAUTHENTICATED)
+        with srv.client(api_key="secret-on") as c:
+            expect_error(lambda: c.generate("hi", max_tokens=4), grpc.StatusCode.UNAUTHENTICATED)
+        for key in ("secret-one", "secret-two"):
+            with srv.client(api_key=key) as c:
+                check(len(c.generate("hi", max_tokens=4, temperature=0).token_ids) == 4, f"key {key} accepted")
+                check(len(collect(c.generate_stream("hi", max_tokens=4))[1]) == 4, "streams too")
+        check(health_check(srv.target) == "SERVING", "health needs no key")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def group_tls(env):
+    if not shutil.which("openssl"):
+        print("  SKIP tls: no openssl command")
+        return "skip"
+    d = Path(tempfile.mkdtemp(prefix="shardlm-tls-"))
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(d / "key.pem"),
+                    "-out", str(d / "cert.pem")], check=True, capture_output=True, timeout=60)
+    with Server(env.shardlm, env.model, "--tls-cert", str(d / "cert.pem"), "--tls-key", str(d / "key.pem"),
+                name="tls") as srv:
+        cert = (d / "cert.pem").read_bytes()
+        with srv.client(root_cert=cert, tls_server_name="localhost", timeout=10) as c:
+            g = c.generate("Once upon a time", max_tokens=8, temperature=0)
+            check(len(g.token_ids) == 8, "TLS generate")
+        with srv.client(timeout=3) as c:
+            expect_error(lambda: c.generate("hi", max_tokens=4), grpc.StatusCode.UNAVAILABLE)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def group_reflection(env):
+    from google.protobuf import descriptor_pool, message_factory
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+    with Server(env.shardlm, env.model, name="reflection") as srv:
+        with grpc.insecure_channel(srv.target) as ch:
+            db = ProtoReflectionDescriptorDatabase(ch)
+            services = set(db.get_services())
+            for s in ("shardlm.v1.TextGeneration", "grpc.health.v1.Health",
+                      "grpc.reflection.v1alpha.ServerReflection"):
+                check(s in services, f"reflection lists {s}: {services}")
+            pool = descriptor_pool.DescriptorPool(db)
+            svc = pool.FindServiceByName("shardlm.v1.TextGeneration")
+            check({m.name for m in svc.methods} >= {"Generate", "GenerateStream", "Chat", "ChatStream", "Tokenize",
+                                                    "Detokenize", "Cancel", "GetModelInfo", "GetServerStats"},
+                  "reflected methods")
+            # A call built from reflected descriptors only.
+            req_t = message_factory.GetMessageClass(pool.FindMessageTypeByName("shardlm.v1.GenerateRequest"))
+            resp_t = message_factory.GetMessageClass(pool.FindMessageTypeByName("shardlm.v1.GenerateResponse"))
+            req = req_t(prompt="Once upon a time")
+            req.sampling.max_tokens = 6
+            req.sampling.temperature = 0.0
+            check(req.sampling.HasField("temperature"), "proto3 optional survives reflection")
+            call = ch.unary_unary("/shardlm.v1.TextGeneration/Generate", request_serializer=req_t.SerializeToString,
+                                  response_deserializer=resp_t.FromString)
+            r = call(req, timeout=10)
+            check(len(r.token_ids) == 6, "reflected call answered")
+            try:
+                pool.FindMessageTypeByName("no.such.Message")
+                raise Failure("unknown symbol found")
+            except KeyError:
+                pass
+
+
+GROUPS = {"basic": group_basic, "concurrency": group_concurrency, "cancel": group_cancel, "deadline": group_deadline,
+          "invalid": group_invalid, "drain": group_drain, "auth": group_auth, "tls": group_tls,
+          "reflection": group_reflection}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("groups", nargs="*")
+    args = ap.parse_args()
+    groups = args.groups or list(GROUPS)
+    assets = Path(os.environ.get("SHARDLM_ASSETS", ROOT.parent / "shared/assets"))
+    src = assets / "stories260K"
+    if not (src / "stories260K.bin").exists() or not (src / "tok512.model").exists():
+        print(f"SKIP: stories260K not found under {assets} (set SHARDLM_ASSETS)")
+        return SKIP
+    probe = subprocess.run([args.shardlm, "serve"], capture_output=True, text=True, timeout=30)
+    if "unknown command" in probe.stderr:
+        print(f"SKIP: {args.shardlm} has no serve subcommand yet")
+        return SKIP
+    work = Path(tempfile.mkdtemp(prefix="shardlm-servertest-"))
+
+    class Env:
+        pass
+
+    env = Env()
+    env.shardlm = args.shardlm
+    env.model = work / "stories260K"
+    subprocess.run([args.shardlm, "convert", "llama2c", "--checkpoint", str(src / "stories260K.bin"), "--tokenizer",
+                    str(src / "tok512.model"), "--out", str(env.model)], check=True, capture_output=True, timeout=120)
+    passed = failed = skipped = 0
+    try:
+        for g in groups:
+            t0 = time.time()
+            try:
+                r = GROUPS[g](env)
+                if r == "skip":
+                    skipped += 1
+                else:
+                    passed += 1
+                    print(f"PASS {g} ({time.time() - t0:.1f} s)")
+            except Exception as e:  # noqa: BLE001 - every failure is reported, then the next group runs
+                failed += 1
+                print(f"FAIL {g}: {e}")
+                for log in sorted(LOG_DIR.glob("*.log")):
+                    if log.stat().st_mtime >= t0:
+                        print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
+                if not isinstance(e, Failure):
+                    traceback.print_exc()
+            finally:
+                kill_all()
+    finally:
+        kill_all()
+        shutil.rmtree(work, ignore_errors=True)
+        if not failed:
+            shutil.rmtree(LOG_DIR, ignore_errors=True)
+        else:
+            print(f"server logs: {LOG_DIR}")
+    print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
+    if failed:
+        return 1
+    return SKIP if skipped and not passed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
