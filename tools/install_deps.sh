@@ -14,8 +14,8 @@ DEBS=(
   libcjson-dev
   openssl
 )
-PYMODS=(numpy grpc grpc_tools grpc_health grpc_reflection)  # python import names
-PYPKGS=(numpy grpcio grpcio-tools grpcio-health-checking grpcio-reflection)  # matching pip names
+PYMODS=(numpy grpc grpc_tools grpc_health grpc_reflection gguf)  # python import names
+PYPKGS=(numpy grpcio grpcio-tools grpcio-health-checking grpcio-reflection gguf)  # matching pip names
 
 missing=()
 for p in "${DEBS[@]}"; do

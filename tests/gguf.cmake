@@ -1,0 +1,15 @@
+# The GGUF reader (engine/gguf.h), included from tests/CMakeLists.txt. tests/gguf_setup.py
+# writes small GGUF files and gguf-py's reference dequantizations (fixture gguf, SKIP (77)
+# when gguf-py is not installed); test_gguf compares the reader against them and, when the
+# Gemma 3 270M file has been fetched into .cache/ (docs/models.md), checks it too.
+set(GGUF_FIXTURE_DIR ${CMAKE_BINARY_DIR}/gguf_fixtures)
+set(GGUF_MODEL ${CMAKE_SOURCE_DIR}/.cache/gemma3-270m/gemma-3-270m-q4_k_m.gguf)
+
+add_test(NAME gguf_setup COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/gguf_setup.py
+         ${GGUF_FIXTURE_DIR})
+set_tests_properties(gguf_setup PROPERTIES FIXTURES_SETUP gguf LABELS "unit;python"
+                     SKIP_RETURN_CODE 77 TIMEOUT 120)
+
+shardlm_test_exe(test_gguf test_gguf.c)
+shardlm_add_test(gguf "unit" test_gguf ${GGUF_FIXTURE_DIR} ${GGUF_MODEL})
+set_tests_properties(gguf PROPERTIES FIXTURES_REQUIRED gguf)
