@@ -65,6 +65,10 @@ static const struct {
     [WEIGHT_KIND_FINAL_NORM] = {"final_norm", 0},
     [WEIGHT_KIND_FINAL_NORM_BIAS] = {"final_norm_bias", 0},
     [WEIGHT_KIND_LM_HEAD] = {"lm_head", 0},
+    [WEIGHT_KIND_Q_NORM] = {"q_norm", 1},
+    [WEIGHT_KIND_K_NORM] = {"k_norm", 1},
+    [WEIGHT_KIND_POST_ATTN_NORM] = {"post_attn_norm", 1},
+    [WEIGHT_KIND_POST_MLP_NORM] = {"post_mlp_norm", 1},
 };
 
 const char *weight_kind_name(enum weight_kind kind)
@@ -93,6 +97,10 @@ int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
     case WEIGHT_KIND_GATE_BIAS: return c->gated_mlp && c->mlp_bias;
     case WEIGHT_KIND_UP_BIAS:
     case WEIGHT_KIND_DOWN_BIAS: return c->mlp_bias;
+    case WEIGHT_KIND_Q_NORM:
+    case WEIGHT_KIND_K_NORM: return c->qk_norm;
+    case WEIGHT_KIND_POST_ATTN_NORM:
+    case WEIGHT_KIND_POST_MLP_NORM: return c->sandwich_norms;
     case WEIGHT_KIND_COUNT: return 0;
     default: return (unsigned)kind < WEIGHT_KIND_COUNT;
     }
@@ -122,6 +130,8 @@ static void ck_canonical(const struct model_config *c, enum weight_kind kind, in
     case WEIGHT_KIND_V_BIAS: *ndim = 1, *rows = kv, *cols = 1; break;
     case WEIGHT_KIND_GATE_BIAS:
     case WEIGHT_KIND_UP_BIAS: *ndim = 1, *rows = f, *cols = 1; break;
+    case WEIGHT_KIND_Q_NORM:
+    case WEIGHT_KIND_K_NORM: *ndim = 1, *rows = c->head_dim, *cols = 1; break;
     default: *ndim = 1, *rows = d, *cols = 1; break; /* norms, O_BIAS, DOWN_BIAS */
     }
 }
@@ -150,6 +160,11 @@ struct checkpoint_files {
     struct ck_name      *names;       /* HF sharded: the weight map, sorted by name */
     int                  n_names;
     const char          *gpt2_prefix; /* "" or "transformer." */
+    const char          *hf_prefix;   /* Llama / Gemma 3 body: "model.", or a multimodal
+                                         Gemma 3's "language_model.model." /
+                                         "model.language_model." */
+    const char          *hf_head;     /* the untied LM head: "lm_head.weight" or
+                                         "language_model.lm_head.weight" */
     int                  padded_vocab;    /* Megatron */
     int                  stage_first[CK_MAX_PP + 1];
 };
@@ -329,35 +344,47 @@ static enum status ck_part(const struct checkpoint *ck, struct ck_source *s, int
 
 /* ---- sources per layout ----------------------------------------------------------------- */
 
+/* HF Llama and Gemma 3 names (after the body prefix, "model." in text-only checkpoints). They
+ * differ in the norms: Llama's post_attention_layernorm is the pre-MLP norm; Gemma's is the
+ * norm of the attention output, its pre-MLP norm being pre_feedforward_layernorm. */
 static enum status ck_source_hf_llama(const struct checkpoint *ck, enum weight_kind kind, int l,
                                       struct ck_source *s)
 {
+    int gemma = ck->cfg.family == MODEL_FAMILY_GEMMA3;
     const char *fmt = NULL;
     switch (kind) {
-    case WEIGHT_KIND_TOK_EMBEDDING: fmt = "model.embed_tokens.weight"; break;
-    case WEIGHT_KIND_LM_HEAD: fmt = "lm_head.weight"; break;
-    case WEIGHT_KIND_FINAL_NORM: fmt = "model.norm.weight"; break;
-    case WEIGHT_KIND_ATTN_NORM: fmt = "model.layers.%d.input_layernorm.weight"; break;
-    case WEIGHT_KIND_MLP_NORM: fmt = "model.layers.%d.post_attention_layernorm.weight"; break;
-    case WEIGHT_KIND_Q: fmt = "model.layers.%d.self_attn.q_proj.weight"; break;
-    case WEIGHT_KIND_K: fmt = "model.layers.%d.self_attn.k_proj.weight"; break;
-    case WEIGHT_KIND_V: fmt = "model.layers.%d.self_attn.v_proj.weight"; break;
-    case WEIGHT_KIND_O: fmt = "model.layers.%d.self_attn.o_proj.weight"; break;
-    case WEIGHT_KIND_Q_BIAS: fmt = "model.layers.%d.self_attn.q_proj.bias"; break;
-    case WEIGHT_KIND_K_BIAS: fmt = "model.layers.%d.self_attn.k_proj.bias"; break;
-    case WEIGHT_KIND_V_BIAS: fmt = "model.layers.%d.self_attn.v_proj.bias"; break;
-    case WEIGHT_KIND_O_BIAS: fmt = "model.layers.%d.self_attn.o_proj.bias"; break;
-    case WEIGHT_KIND_GATE: fmt = "model.layers.%d.mlp.gate_proj.weight"; break;
-    case WEIGHT_KIND_UP: fmt = "model.layers.%d.mlp.up_proj.weight"; break;
-    case WEIGHT_KIND_DOWN: fmt = "model.layers.%d.mlp.down_proj.weight"; break;
-    case WEIGHT_KIND_GATE_BIAS: fmt = "model.layers.%d.mlp.gate_proj.bias"; break;
-    case WEIGHT_KIND_UP_BIAS: fmt = "model.layers.%d.mlp.up_proj.bias"; break;
-    case WEIGHT_KIND_DOWN_BIAS: fmt = "model.layers.%d.mlp.down_proj.bias"; break;
+    case WEIGHT_KIND_TOK_EMBEDDING: fmt = "embed_tokens.weight"; break;
+    case WEIGHT_KIND_FINAL_NORM: fmt = "norm.weight"; break;
+    case WEIGHT_KIND_ATTN_NORM: fmt = "layers.%d.input_layernorm.weight"; break;
+    case WEIGHT_KIND_MLP_NORM:
+        fmt = gemma ? "layers.%d.pre_feedforward_layernorm.weight"
+                    : "layers.%d.post_attention_layernorm.weight";
+        break;
+    case WEIGHT_KIND_POST_ATTN_NORM: fmt = "layers.%d.post_attention_layernorm.weight"; break;
+    case WEIGHT_KIND_POST_MLP_NORM: fmt = "layers.%d.post_feedforward_layernorm.weight"; break;
+    case WEIGHT_KIND_Q_NORM: fmt = "layers.%d.self_attn.q_norm.weight"; break;
+    case WEIGHT_KIND_K_NORM: fmt = "layers.%d.self_attn.k_norm.weight"; break;
+    case WEIGHT_KIND_Q: fmt = "layers.%d.self_attn.q_proj.weight"; break;
+    case WEIGHT_KIND_K: fmt = "layers.%d.self_attn.k_proj.weight"; break;
+    case WEIGHT_KIND_V: fmt = "layers.%d.self_attn.v_proj.weight"; break;
+    case WEIGHT_KIND_O: fmt = "layers.%d.self_attn.o_proj.weight"; break;
+    case WEIGHT_KIND_Q_BIAS: fmt = "layers.%d.self_attn.q_proj.bias"; break;
+    case WEIGHT_KIND_K_BIAS: fmt = "layers.%d.self_attn.k_proj.bias"; break;
+    case WEIGHT_KIND_V_BIAS: fmt = "layers.%d.self_attn.v_proj.bias"; break;
+    case WEIGHT_KIND_O_BIAS: fmt = "layers.%d.self_attn.o_proj.bias"; break;
+    case WEIGHT_KIND_GATE: fmt = "layers.%d.mlp.gate_proj.weight"; break;
+    case WEIGHT_KIND_UP: fmt = "layers.%d.mlp.up_proj.weight"; break;
+    case WEIGHT_KIND_DOWN: fmt = "layers.%d.mlp.down_proj.weight"; break;
+    case WEIGHT_KIND_GATE_BIAS: fmt = "layers.%d.mlp.gate_proj.bias"; break;
+    case WEIGHT_KIND_UP_BIAS: fmt = "layers.%d.mlp.up_proj.bias"; break;
+    case WEIGHT_KIND_DOWN_BIAS: fmt = "layers.%d.mlp.down_proj.bias"; break;
     default: break;
     }
-    CHECK(fmt, "no HF Llama tensor for %s", weight_kind_name(kind));
-    char name[CK_NAME];
-    snprintf(name, sizeof name, fmt, l);
+    CHECK(fmt || kind == WEIGHT_KIND_LM_HEAD, "no HF Llama tensor for %s", weight_kind_name(kind));
+    char local[CK_NAME], name[CK_NAME];
+    snprintf(local, sizeof local, fmt ? fmt : "", l);
+    if (kind == WEIGHT_KIND_LM_HEAD) snprintf(name, sizeof name, "%s", ck->files->hf_head);
+    else snprintf(name, sizeof name, "%s%s", ck->files->hf_prefix, local);
     s->mode = CK_DIRECT;
     s->off = 0;
     return ck_part(ck, s, ck->layout == CHECKPOINT_LAYOUT_HF ? 0 : -1, name, s->ndim, s->rows,
@@ -443,15 +470,20 @@ static enum status ck_source_megatron(const struct checkpoint *ck, enum weight_k
     case WEIGHT_KIND_MLP_NORM_BIAS: vec = "pre_mlp_layernorm.bias", te = "mlp.linear_fc1.layer_norm_bias"; break;
     case WEIGHT_KIND_O_BIAS: vec = "self_attention.linear_proj.bias"; break;
     case WEIGHT_KIND_DOWN_BIAS: vec = "mlp.linear_fc2.bias"; break;
+    case WEIGHT_KIND_Q_NORM: vec = "self_attention.q_layernorm.weight"; break;
+    case WEIGHT_KIND_K_NORM: vec = "self_attention.k_layernorm.weight"; break;
+    case WEIGHT_KIND_POST_ATTN_NORM: vec = "post_self_attn_layernorm.weight"; break;
+    case WEIGHT_KIND_POST_MLP_NORM: vec = "post_mlp_layernorm.weight"; break;
     default: break;
     }
     if (vec) {
+        int64_t n = kind == WEIGHT_KIND_Q_NORM || kind == WEIGHT_KIND_K_NORM ? hd : d;
         snprintf(name, sizeof name, "%s%d.%s", pre, local, vec);
         if (te) {
             snprintf(alt, sizeof alt, "%s%d.%s", pre, local, te);
-            if (!ck_try(ck, f0, name) && ck_try(ck, f0, alt)) return ck_part(ck, s, f0, alt, 1, d, 0);
+            if (!ck_try(ck, f0, name) && ck_try(ck, f0, alt)) return ck_part(ck, s, f0, alt, 1, n, 0);
         }
-        return ck_part(ck, s, f0, name, 1, d, 0);
+        return ck_part(ck, s, f0, name, 1, n, 0);
     }
 
     enum status st = STATUS_OK;
@@ -927,6 +959,8 @@ enum status checkpoint_open(const char *dir, struct checkpoint **out)
     }
     struct checkpoint_files *cf = ck->files;
     cf->gpt2_prefix = "";
+    cf->hf_prefix = "model.";
+    cf->hf_head = "lm_head.weight";
     ck->saved_tp = ck->saved_pp = 1;
     if (!ck_is_dir(dir)) {
         s = status_errorf(STATUS_NOT_FOUND, "checkpoint %s: no such directory", dir);
@@ -957,6 +991,20 @@ enum status checkpoint_open(const char *dir, struct checkpoint **out)
     if (ck->layout != CHECKPOINT_LAYOUT_MEGATRON && ck->cfg.family == MODEL_FAMILY_GPT2 &&
         ck_try(ck, ck->layout == CHECKPOINT_LAYOUT_HF ? 0 : -1, "transformer.wte.weight"))
         cf->gpt2_prefix = "transformer.";
+    /* A multimodal Gemma 3 checkpoint keeps the text model under another prefix: older
+     * transformers "language_model.model." (head "language_model.lm_head.weight"), newer
+     * "model.language_model." (head "lm_head.weight"). */
+    if (ck->layout != CHECKPOINT_LAYOUT_MEGATRON && ck->cfg.family == MODEL_FAMILY_GEMMA3) {
+        int fi = ck->layout == CHECKPOINT_LAYOUT_HF ? 0 : -1;
+        if (!ck_try(ck, fi, "model.embed_tokens.weight")) {
+            if (ck_try(ck, fi, "language_model.model.embed_tokens.weight")) {
+                cf->hf_prefix = "language_model.model.";
+                cf->hf_head = "language_model.lm_head.weight";
+            } else if (ck_try(ck, fi, "model.language_model.embed_tokens.weight")) {
+                cf->hf_prefix = "model.language_model.";
+            }
+        }
+    }
 
     /* Locate and check every weight now, so that checkpoint_get cannot fail on the format. */
     for (int k = 0; k < WEIGHT_KIND_COUNT; k++) {
@@ -1135,9 +1183,15 @@ static enum status mw_list(struct checkpoint *ck, int stage, int rank, int tp, i
             it.dtype = hw.stored_dtype;
             if ((s = mw_push(items, n, cap, it))) return s;
         }
+        if (c->qk_norm) {
+            MW_KIND_ITEM(WEIGHT_KIND_Q_NORM, l, "%s%d.self_attention.q_layernorm.weight", p, i);
+            MW_KIND_ITEM(WEIGHT_KIND_K_NORM, l, "%s%d.self_attention.k_layernorm.weight", p, i);
+        }
         MW_KIND_ITEM(WEIGHT_KIND_O, l, "%s%d.self_attention.linear_proj.weight", p, i);
         if (c->attn_out_bias)
             MW_KIND_ITEM(WEIGHT_KIND_O_BIAS, l, "%s%d.self_attention.linear_proj.bias", p, i);
+        if (c->sandwich_norms)
+            MW_KIND_ITEM(WEIGHT_KIND_POST_ATTN_NORM, l, "%s%d.post_self_attn_layernorm.weight", p, i);
         MW_KIND_ITEM(WEIGHT_KIND_MLP_NORM, l, "%s%d.pre_mlp_layernorm.weight", p, i);
         if (ln) MW_KIND_ITEM(WEIGHT_KIND_MLP_NORM_BIAS, l, "%s%d.pre_mlp_layernorm.bias", p, i);
         for (int bias = 0; bias <= c->mlp_bias; bias++) {
@@ -1152,6 +1206,8 @@ static enum status mw_list(struct checkpoint *ck, int stage, int rank, int tp, i
         }
         MW_KIND_ITEM(WEIGHT_KIND_DOWN, l, "%s%d.mlp.linear_fc2.weight", p, i);
         if (c->mlp_bias) MW_KIND_ITEM(WEIGHT_KIND_DOWN_BIAS, l, "%s%d.mlp.linear_fc2.bias", p, i);
+        if (c->sandwich_norms)
+            MW_KIND_ITEM(WEIGHT_KIND_POST_MLP_NORM, l, "%s%d.post_mlp_layernorm.weight", p, i);
     }
     if (stage == pp - 1) {
         MW_KIND_ITEM(WEIGHT_KIND_FINAL_NORM, 0, "decoder.final_layernorm.weight");

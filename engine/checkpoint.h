@@ -1,6 +1,6 @@
 /* engine/checkpoint.h - a checkpoint directory as a source of weights, whatever its layout:
- * Hugging Face (model.safetensors, or model.safetensors.index.json + shards; Llama or GPT-2
- * tensor names) or shardlm's Megatron-style sharded layout (mp_rank_TT_PPP/model.safetensors
+ * Hugging Face (model.safetensors, or model.safetensors.index.json + shards; Llama, GPT-2 or
+ * Gemma 3 tensor names) or shardlm's Megatron-style sharded layout (mp_rank_TT_PPP/model.safetensors
  * with Megatron-Core tensor names, shardlm_megatron.json). checkpoint_get hands out every weight
  * in ONE canonical layout, already sliced for any runtime (tp_rank, tp_size), straight from the
  * read-only mappings: any checkpoint loads at any tp/pp without a conversion step.
@@ -22,6 +22,14 @@
  *   GATE, UP, *_BIAS         (ffn_hidden, d_model), (ffn_hidden)   GATE: gated MLPs only;
  *                                                              GPT-2's c_fc is UP
  *   DOWN, DOWN_BIAS          (d_model, ffn_hidden), (d_model)
+ *   Q_NORM, K_NORM           (head_dim)                       qk_norm (Gemma 3) only
+ *   POST_ATTN_NORM, POST_MLP_NORM (d_model)                   sandwich_norms (Gemma 3) only
+ * Norm weights are returned as stored: config.norm_weight_offset is the loader's to add.
+ * HF Gemma 3 names (prefix "model.", or "language_model.model." / "model.language_model." in
+ * multimodal checkpoints): input_layernorm = ATTN_NORM, post_attention_layernorm =
+ * POST_ATTN_NORM (the norm of the attention output, unlike Llama, where it is the pre-MLP
+ * norm), pre_feedforward_layernorm = MLP_NORM, post_feedforward_layernorm = POST_MLP_NORM,
+ * self_attn.q_norm / k_norm = Q_NORM / K_NORM; the rest as Llama.
  * Rows of Q and K are in the order the file has them; config.rope_style says how rotary
  * pairs them (HF checkpoints: halves). GPT-2's Conv1D weights (in, out) come transposed, and its
  * fused c_attn split into Q, K, V. LM_HEAD of a model with tied embeddings is the token
@@ -37,7 +45,7 @@
  *   TOK_EMBEDDING, LM_HEAD: vocab rows [r * c, (r+1) * c), c = ceil(vocab / tp) (vocab-parallel);
  *                     rows past the vocabulary are zero padding (row_valid says how many are
  *                     real); padded logits must be masked by the caller
- *   norms, O_BIAS, DOWN_BIAS, POS_EMBEDDING: replicated (row-parallel biases are added once,
+ *   norms (Q_NORM, K_NORM and the post norms too), O_BIAS, DOWN_BIAS, POS_EMBEDDING: replicated (row-parallel biases are added once,
  *                     after the all-reduce)
  * Requirements: tp divides n_heads and ffn_hidden; tp divides n_kv_heads or n_kv_heads divides
  * tp. Otherwise STATUS_UNSUPPORTED naming the numbers.
@@ -66,13 +74,19 @@
  *       groups g (global group t*n_kv/T + g), the rows of its n_heads/n_kv query heads, then
  *       its key head, then its value head (Megatron-Core's linear_qkv layout for GQA:
  *       view as [groups, q_per_group + 2, head_dim, d]); needs T | n_kv_heads
+ *   decoder.layers.n.self_attention.q_layernorm.weight / k_layernorm.weight   (head_dim)
+ *       replicated; qk_norm only (Megatron-Core's names)
  *   decoder.layers.n.self_attention.linear_proj.weight      (d, n_heads*head_dim/T) input columns
  *   decoder.layers.n.self_attention.linear_proj.bias        (d) full, replicated
+ *   decoder.layers.n.post_self_attn_layernorm.weight        (d) replicated; sandwich_norms only
+ *       (shardlm's name: Megatron-Core's local spec has no post-attention norm)
  *   decoder.layers.n.pre_mlp_layernorm.weight / .bias
  *   decoder.layers.n.mlp.linear_fc1.weight / .bias          gated: (2*ffn/T, d) = [gate rows of
  *       rank t; up rows of rank t] (Megatron's per-rank [gate; up] stacking); else (ffn/T, d)
  *   decoder.layers.n.mlp.linear_fc2.weight                  (d, ffn/T) input columns
  *   decoder.layers.n.mlp.linear_fc2.bias                    (d) full, replicated
+ *   decoder.layers.n.post_mlp_layernorm.weight              (d) replicated; sandwich_norms only
+ *       (shardlm's name, as above)
  *   decoder.final_layernorm.weight / .bias                  last stage
  *   output_layer.weight                                     last stage, (Vp/T, d); absent when
  *                                                           the embeddings are tied
@@ -118,6 +132,10 @@ enum weight_kind {
     WEIGHT_KIND_FINAL_NORM,     /* (d_model) */
     WEIGHT_KIND_FINAL_NORM_BIAS,
     WEIGHT_KIND_LM_HEAD,        /* (vocab, d_model) */
+    WEIGHT_KIND_Q_NORM,         /* (head_dim), per layer; cfg.qk_norm; replicated */
+    WEIGHT_KIND_K_NORM,         /* (head_dim), per layer; cfg.qk_norm; replicated */
+    WEIGHT_KIND_POST_ATTN_NORM, /* (d_model), per layer; cfg.sandwich_norms; replicated */
+    WEIGHT_KIND_POST_MLP_NORM,  /* (d_model), per layer; cfg.sandwich_norms; replicated */
     WEIGHT_KIND_COUNT
 };
 

@@ -1,6 +1,7 @@
 /* engine/config.c - config.json parsing, validation and writing (see config.h).
  * Not here: weights or their layouts (checkpoint.c).
- * Tests: tests/test_formats.c (Llama, Mistral and GPT-2 configs, errors, save/load round trip). */
+ * Tests: tests/test_formats.c (Llama, Mistral, GPT-2 and Gemma 3 configs, errors, save/load
+ * round trip). */
 #include "config.h"
 
 #include <cjson/cJSON.h>
@@ -15,7 +16,8 @@
 #define CONFIG_MAX_DIM   (1 << 24)  /* bounds every size so that products fit in int64 */
 
 static const char *const supported_architectures =
-    "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel";
+    "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel, Gemma3ForCausalLM, "
+    "Gemma3ForConditionalGeneration (text only)";
 
 /* ---- reading JSON fields ---------------------------------------------------------------- */
 
@@ -306,11 +308,165 @@ static enum status parse_gpt2(const cJSON *root, const char *name, struct model_
     return STATUS_OK;
 }
 
+/* Gemma 3's layer_types (["sliding_attention", ..., "full_attention", ...]) as a period: layer i
+ * is global when (i + 1) % pattern == 0. No full layer at all is pattern 0 (every layer
+ * windowed); a list that no period describes is STATUS_UNSUPPORTED. */
+static enum status gemma3_layer_pattern(const cJSON *types, const char *name, int n_layers,
+                                        int *pattern)
+{
+    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != n_layers)
+        return status_errorf(STATUS_BAD_FORMAT,
+                             "%s: field 'layer_types' must be a list of %d strings (one per layer)",
+                             name, n_layers);
+    int first_full = -1;
+    for (int i = 0; i < n_layers; i++) {
+        const cJSON *t = cJSON_GetArrayItem(types, i);
+        if (!cJSON_IsString(t) || (strcmp(t->valuestring, "full_attention") &&
+                                   strcmp(t->valuestring, "sliding_attention")))
+            return status_errorf(STATUS_BAD_FORMAT,
+                                 "%s: layer_types[%d] must be \"full_attention\" or "
+                                 "\"sliding_attention\"",
+                                 name, i);
+        if (first_full < 0 && !strcmp(t->valuestring, "full_attention")) first_full = i;
+    }
+    int p = first_full < 0 ? 0 : first_full + 1;
+    for (int i = 0; i < n_layers; i++) {
+        int full = !strcmp(cJSON_GetArrayItem(types, i)->valuestring, "full_attention");
+        if (full != (p > 0 && (i + 1) % p == 0))
+            return status_errorf(STATUS_UNSUPPORTED,
+                                 "%s: field 'layer_types' is not periodic (one full_attention layer "
+                                 "every N, the rest sliding_attention); layer %d breaks the period "
+                                 "%d",
+                                 name, i, p);
+    }
+    *pattern = p;
+    return STATUS_OK;
+}
+
+/* One entry of transformers >= 5's per-layer-type "rope_parameters" (Gemma 3). */
+static enum status gemma3_rope_entry(const cJSON *rp, const char *name, const char *key,
+                                     float *theta)
+{
+    const cJSON *e = field(rp, key);
+    if (!e) return STATUS_OK;
+    if (!cJSON_IsObject(e))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: field 'rope_parameters.%s' must be an object",
+                             name, key);
+    const char *type;
+    enum status st = get_string(e, name, "rope_type", &type);
+    if (st) return st;
+    if (type && strcmp(type, "default"))
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: rope_parameters.%s.rope_type = \"%s\": scaled rotary embeddings "
+                             "are not supported yet",
+                             name, key, type);
+    return get_float(e, name, "rope_theta", *theta, theta);
+}
+
+/* Gemma3ForCausalLM's text config (Gemma3TextConfig), defaults as in transformers. */
+static enum status parse_gemma3(const cJSON *root, const char *name, struct model_config *c)
+{
+    enum status st;
+    static const char *const unsupported_if_set[] = {"rope_scaling", "final_logit_softcapping",
+                                                     "attn_logit_softcapping"};
+    for (size_t i = 0; i < sizeof unsupported_if_set / sizeof unsupported_if_set[0]; i++)
+        if (field(root, unsupported_if_set[i]))
+            return status_errorf(STATUS_UNSUPPORTED,
+                                 "%s: field '%s' is set; Gemma 3 %s is not supported", name,
+                                 unsupported_if_set[i],
+                                 i == 0 ? "with scaled rotary embeddings" : "with logit softcapping");
+    int flag;
+    if ((st = get_bool(root, name, "use_bidirectional_attention", 0, &flag))) return st;
+    if (flag)
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: field 'use_bidirectional_attention' = true (an embedding model) "
+                             "is not supported",
+                             name);
+    int qpas;
+    if ((st = get_int(root, name, "hidden_size", 1, 0, &c->d_model)) ||
+        (st = get_int(root, name, "intermediate_size", 1, 0, &c->ffn_hidden)) ||
+        (st = get_int(root, name, "num_hidden_layers", 1, 0, &c->n_layers)) ||
+        (st = get_int(root, name, "num_attention_heads", 0, 8, &c->n_heads)) ||
+        (st = get_int(root, name, "vocab_size", 0, 262208, &c->vocab_size)) ||
+        (st = get_int(root, name, "num_key_value_heads", 0, 4, &c->n_kv_heads)) ||
+        (st = get_int(root, name, "head_dim", 0, 256, &c->head_dim)) ||
+        (st = get_int(root, name, "max_position_embeddings", 0, 131072, &c->max_positions)) ||
+        (st = get_float(root, name, "rms_norm_eps", 1e-6f, &c->norm_eps)) ||
+        (st = get_float(root, name, "rope_theta", 1000000.0f, &c->rope_theta)) ||
+        (st = get_float(root, name, "rope_local_base_freq", 10000.0f, &c->rope_theta_local)) ||
+        (st = get_int(root, name, "sliding_window", 0, 4096, &c->sliding_window)) ||
+        (st = get_int(root, name, "query_pre_attn_scalar", 0, 256, &qpas)) ||
+        (st = get_bool(root, name, "tie_word_embeddings", 1, &c->tied_embeddings)) ||
+        (st = get_bool(root, name, "attention_bias", 0, &c->qkv_bias)) ||
+        (st = get_float(root, name, "norm_weight_offset", 1.0f, &c->norm_weight_offset)))
+        return st;
+    if (qpas <= 0)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: field 'query_pre_attn_scalar' = %d must be > 0",
+                             name, qpas);
+    c->attn_scale = (float)(1.0 / sqrt((double)qpas));
+    /* shardlm's own exact value, written by config_save when no integer scalar gives it. */
+    if ((st = get_float(root, name, "attn_scale", c->attn_scale, &c->attn_scale))) return st;
+    c->attn_out_bias = c->qkv_bias;
+
+    const cJSON *rp = field(root, "rope_parameters");
+    if (rp) {
+        if (!cJSON_IsObject(rp))
+            return status_errorf(STATUS_BAD_FORMAT, "%s: field 'rope_parameters' must be an object",
+                                 name);
+        if ((st = gemma3_rope_entry(rp, name, "full_attention", &c->rope_theta)) ||
+            (st = gemma3_rope_entry(rp, name, "sliding_attention", &c->rope_theta_local)))
+            return st;
+    }
+
+    /* Which layers are windowed: layer_types when given (newer transformers), else the pattern
+     * (older "sliding_window_pattern", newer "_sliding_window_pattern"; default 6). */
+    const cJSON *types = field(root, "layer_types");
+    if (c->n_layers <= 0 || c->n_layers > CONFIG_MAX_DIM)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: num_hidden_layers = %d must be in 1..%d", name,
+                             c->n_layers, CONFIG_MAX_DIM);
+    if (types) {
+        if ((st = gemma3_layer_pattern(types, name, c->n_layers, &c->sliding_window_pattern)))
+            return st;
+    } else {
+        const char *key = field(root, "sliding_window_pattern") ? "sliding_window_pattern"
+                                                                : "_sliding_window_pattern";
+        if ((st = get_int(root, name, key, 0, 6, &c->sliding_window_pattern))) return st;
+        if (c->sliding_window_pattern < 0)
+            return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' = %d must be >= 0", name, key,
+                                 c->sliding_window_pattern);
+    }
+
+    const char *act;
+    if ((st = get_string(root, name, "hidden_activation", &act))) return st;
+    const char *act_key = "hidden_activation";
+    if (!act) {
+        act_key = "hidden_act";
+        if ((st = get_string(root, name, act_key, &act))) return st;
+    }
+    c->activation = ACTIVATION_GELU_TANH; /* "gelu_pytorch_tanh" */
+    if (act && (st = get_activation(name, act_key, act, &c->activation))) return st;
+
+    c->family = MODEL_FAMILY_GEMMA3;
+    c->norm = NORM_KIND_RMSNORM;
+    c->gated_mlp = 1;
+    c->positions = POSITION_KIND_ROTARY;
+    c->rope_style = ROPE_STYLE_HALVES;
+    c->rot_dim = c->head_dim;
+    c->mlp_bias = 0;
+    c->embed_scale = sqrtf((float)c->d_model);
+    /* shardlm extra, written only when it is not sqrt(hidden_size). */
+    if ((st = get_float(root, name, "embed_scale", c->embed_scale, &c->embed_scale))) return st;
+    c->qk_norm = 1;
+    c->sandwich_norms = 1;
+    return STATUS_OK;
+}
+
 enum status config_parse(const char *json, const char *name, struct model_config *cfg)
 {
     enum status st = STATUS_OK;
     struct model_config c;
     memset(&c, 0, sizeof c);
+    const cJSON *text = NULL; /* Gemma3ForConditionalGeneration's text_config */
     cJSON *root = cJSON_Parse(json);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
@@ -347,6 +503,8 @@ enum status config_parse(const char *json, const char *name, struct model_config
         if (!strcmp(mt, "llama")) arch = "LlamaForCausalLM";
         else if (!strcmp(mt, "mistral")) arch = "MistralForCausalLM";
         else if (!strcmp(mt, "gpt2")) arch = "GPT2LMHeadModel";
+        else if (!strcmp(mt, "gemma3_text")) arch = "Gemma3ForCausalLM";
+        else if (!strcmp(mt, "gemma3")) arch = "Gemma3ForConditionalGeneration";
         else {
             st = status_errorf(STATUS_UNSUPPORTED,
                                "%s: model_type \"%s\" is not supported (supported: %s)", name, mt,
@@ -358,17 +516,34 @@ enum status config_parse(const char *json, const char *name, struct model_config
     if (!strcmp(arch, "LlamaForCausalLM")) st = parse_llama(root, name, 0, &c);
     else if (!strcmp(arch, "MistralForCausalLM")) st = parse_llama(root, name, 1, &c);
     else if (!strcmp(arch, "GPT2LMHeadModel")) st = parse_gpt2(root, name, &c);
-    else
+    else if (!strcmp(arch, "Gemma3ForCausalLM")) st = parse_gemma3(root, name, &c);
+    else if (!strcmp(arch, "Gemma3ForConditionalGeneration")) {
+        /* The text half only: its "text_config" is a Gemma3ForCausalLM config, and the result
+         * is one (the vision tower's weights are never read). */
+        text = field(root, "text_config");
+        if (!text || !cJSON_IsObject(text)) {
+            st = status_errorf(STATUS_UNSUPPORTED,
+                               "%s: Gemma3ForConditionalGeneration without an object 'text_config' "
+                               "is not supported",
+                               name);
+            goto out;
+        }
+        st = parse_gemma3(text, name, &c);
+        arch = "Gemma3ForCausalLM";
+    } else
         st = status_errorf(STATUS_UNSUPPORTED,
                            "%s: architecture \"%s\" is not supported (supported: %s)", name, arch,
                            supported_architectures);
     if (st) goto out;
     snprintf(c.architecture, sizeof c.architecture, "%s", arch);
 
-    if ((st = get_token_id(root, name, "bos_token_id", &c.bos_id)) ||
-        (st = get_token_id(root, name, "eos_token_id", &c.eos_id)) ||
-        (st = get_dtype(root, name, &c.dtype)))
-        goto out;
+    /* Token ids and dtype: a nested text_config's own when it has them, else the top level's. */
+    const cJSON *ids = text && field(text, "bos_token_id") ? text : root;
+    if ((st = get_token_id(ids, name, "bos_token_id", &c.bos_id))) goto out;
+    ids = text && field(text, "eos_token_id") ? text : root;
+    if ((st = get_token_id(ids, name, "eos_token_id", &c.eos_id))) goto out;
+    ids = text && (field(text, "torch_dtype") || field(text, "dtype")) ? text : root;
+    if ((st = get_dtype(ids, name, &c.dtype))) goto out;
     if ((st = config_validate(&c, name))) goto out;
     *cfg = c;
 out:
@@ -459,7 +634,24 @@ enum status config_validate(const struct model_config *c, const char *name)
                                  "%s: rot_dim %d must be even and in 2..head_dim (%d)", name,
                                  c->rot_dim, c->head_dim);
     }
+    if (!isfinite(c->embed_scale) || c->embed_scale < 0.0f || !isfinite(c->attn_scale) ||
+        c->attn_scale < 0.0f || !isfinite(c->norm_weight_offset) || !isfinite(c->rope_theta_local) ||
+        c->rope_theta_local < 0.0f || c->sliding_window_pattern < 0)
+        return status_errorf(STATUS_BAD_FORMAT,
+                             "%s: embed_scale %g, attn_scale %g, rope_theta_local %g must be finite "
+                             "and >= 0, norm_weight_offset %g finite, sliding_window_pattern %d >= 0",
+                             name, (double)c->embed_scale, (double)c->attn_scale,
+                             (double)c->rope_theta_local, (double)c->norm_weight_offset,
+                             c->sliding_window_pattern);
     /* What each family implies; a loader relies on these. */
+    if (c->family != MODEL_FAMILY_GEMMA3 &&
+        (c->embed_scale != 0.0f || c->qk_norm || c->sandwich_norms || c->norm_weight_offset != 0.0f ||
+         c->attn_scale != 0.0f || c->sliding_window_pattern || c->rope_theta_local != 0.0f))
+        return status_errorf(STATUS_BAD_FORMAT,
+                             "%s: embed_scale, qk_norm, sandwich_norms, norm_weight_offset, "
+                             "attn_scale, sliding_window_pattern and rope_theta_local are Gemma 3 "
+                             "features and must be 0 in a %s model",
+                             name, c->family == MODEL_FAMILY_GPT2 ? "GPT-2" : "Llama-family");
     switch (c->family) {
     case MODEL_FAMILY_LLAMA:
         if (c->norm != NORM_KIND_RMSNORM || c->positions != POSITION_KIND_ROTARY || !c->gated_mlp)
@@ -478,6 +670,18 @@ enum status config_validate(const struct model_config *c, const char *name)
                                  "%s: a GPT-2 model has LayerNorm, learned positions, tied "
                                  "embeddings, biases everywhere, n_heads * head_dim == d_model and "
                                  "a GELU MLP",
+                                 name);
+        break;
+    case MODEL_FAMILY_GEMMA3:
+        if (c->norm != NORM_KIND_RMSNORM || c->positions != POSITION_KIND_ROTARY || !c->gated_mlp ||
+            c->mlp_bias || c->qkv_bias != c->attn_out_bias || !c->qk_norm || !c->sandwich_norms ||
+            !(c->embed_scale > 0.0f) || !(c->attn_scale > 0.0f) ||
+            c->rope_style != ROPE_STYLE_HALVES || c->rot_dim != c->head_dim ||
+            !(c->rope_theta_local > 0.0f))
+            return status_errorf(STATUS_BAD_FORMAT,
+                                 "%s: a Gemma 3 model has RMSNorm, full rotary in halves with a "
+                                 "local base, a gated MLP without biases, QK-norm, sandwich norms, "
+                                 "and positive embed_scale and attn_scale",
                                  name);
         break;
     default:
@@ -500,7 +704,12 @@ int config_equal(const struct model_config *a, const struct model_config *b)
            a->sliding_window == b->sliding_window && a->tied_embeddings == b->tied_embeddings &&
            a->qkv_bias == b->qkv_bias && a->attn_out_bias == b->attn_out_bias &&
            a->mlp_bias == b->mlp_bias && a->bos_id == b->bos_id && a->eos_id == b->eos_id &&
-           a->dtype == b->dtype;
+           a->dtype == b->dtype && !memcmp(&a->embed_scale, &b->embed_scale, sizeof(float)) &&
+           a->qk_norm == b->qk_norm && a->sandwich_norms == b->sandwich_norms &&
+           !memcmp(&a->norm_weight_offset, &b->norm_weight_offset, sizeof(float)) &&
+           !memcmp(&a->attn_scale, &b->attn_scale, sizeof(float)) &&
+           a->sliding_window_pattern == b->sliding_window_pattern &&
+           !memcmp(&a->rope_theta_local, &b->rope_theta_local, sizeof(float));
 }
 
 /* ---- writing ---------------------------------------------------------------------------- */
@@ -542,6 +751,9 @@ enum status config_save(const char *path, const struct model_config *c)
     if (c->family == MODEL_FAMILY_GPT2 && strcmp(c->architecture, "GPT2LMHeadModel"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
                              c->architecture);
+    if (c->family == MODEL_FAMILY_GEMMA3 && strcmp(c->architecture, "Gemma3ForCausalLM"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
+                             c->architecture);
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", path);
 
@@ -573,6 +785,36 @@ enum status config_save(const char *path, const struct model_config *c)
         if (ok && c->rot_dim != c->head_dim) ok = add_num(root, "rot_dim", c->rot_dim);
         if (ok && c->attn_out_bias != c->qkv_bias)
             ok = add_bool(root, "attention_out_bias", c->attn_out_bias);
+    } else if (ok && c->family == MODEL_FAMILY_GEMMA3) {
+        ok = add_str(root, "model_type", "gemma3_text") && add_num(root, "hidden_size", c->d_model) &&
+             add_num(root, "intermediate_size", c->ffn_hidden) &&
+             add_num(root, "num_hidden_layers", c->n_layers) &&
+             add_num(root, "num_attention_heads", c->n_heads) &&
+             add_num(root, "num_key_value_heads", c->n_kv_heads) &&
+             add_num(root, "head_dim", c->head_dim) && add_num(root, "vocab_size", c->vocab_size) &&
+             add_num(root, "max_position_embeddings", c->max_positions) &&
+             add_float(root, "rms_norm_eps", c->norm_eps) &&
+             add_float(root, "rope_theta", c->rope_theta) &&
+             add_float(root, "rope_local_base_freq", c->rope_theta_local) &&
+             add_num(root, "sliding_window", c->sliding_window) &&
+             add_num(root, "sliding_window_pattern", c->sliding_window_pattern) &&
+             add_str(root, "hidden_activation", activation_hf_name(c->activation)) &&
+             add_bool(root, "attention_bias", c->qkv_bias) &&
+             add_bool(root, "tie_word_embeddings", c->tied_embeddings) &&
+             cJSON_AddNullToObject(root, "rope_scaling") &&
+             cJSON_AddNullToObject(root, "final_logit_softcapping") &&
+             cJSON_AddNullToObject(root, "attn_logit_softcapping");
+        /* query_pre_attn_scalar: the integer whose 1/sqrt is attn_scale; when none is, the exact
+         * scale as the shardlm extra "attn_scale" (the parser prefers it). */
+        double qpas = nearbyint(1.0 / ((double)c->attn_scale * (double)c->attn_scale));
+        if (ok) ok = add_num(root, "query_pre_attn_scalar", qpas >= 1.0 ? qpas : 1.0);
+        if (ok && (qpas < 1.0 || qpas > INT_MAX || (float)(1.0 / sqrt(qpas)) != c->attn_scale))
+            ok = add_float(root, "attn_scale", c->attn_scale);
+        /* The shardlm extra for checkpoints whose norm weights have the 1 folded in (GGUF). */
+        if (ok && c->norm_weight_offset != 1.0f)
+            ok = add_float(root, "norm_weight_offset", c->norm_weight_offset);
+        if (ok && c->embed_scale != sqrtf((float)c->d_model))
+            ok = add_float(root, "embed_scale", c->embed_scale);
     } else if (ok) {
         ok = add_str(root, "model_type", "gpt2") && add_num(root, "n_embd", c->d_model) &&
              add_num(root, "n_layer", c->n_layers) && add_num(root, "n_head", c->n_heads) &&

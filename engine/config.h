@@ -1,5 +1,5 @@
 /* engine/config.h - the model configuration: one struct for the GPT family as Megatron-Core
- * models it (Llama/Mistral-style and GPT-2-style decoders), read from a checkpoint's
+ * models it (Llama/Mistral-style, GPT-2-style and Gemma 3 decoders), read from a checkpoint's
  * config.json (Hugging Face configs, or shardlm's own Megatron-style metadata).
  * Not here: weights (checkpoint.c / model.c), tokenizer (tokenizer.h).
  * Tests: tests/test_formats.c. */
@@ -26,6 +26,7 @@ enum position_kind {
 enum model_family {
     MODEL_FAMILY_LLAMA, /* LlamaForCausalLM, MistralForCausalLM, llama2.c */
     MODEL_FAMILY_GPT2,  /* GPT2LMHeadModel */
+    MODEL_FAMILY_GEMMA3, /* Gemma3ForCausalLM (text only) */
 };
 
 struct model_config {
@@ -55,6 +56,22 @@ struct model_config {
     int      mlp_bias;          /* biases on MLP projections */
     int      bos_id, eos_id;    /* -1 when absent */
     enum dtype dtype;           /* stored dtype of the weights (torch_dtype; f32 when absent) */
+    /* Gemma-style features (0 / defaults for every other family). */
+    float    embed_scale;       /* token embeddings are multiplied by this; 0 or 1 = none
+                                   (Gemma: sqrt(d_model)) */
+    int      qk_norm;           /* RMSNorm over each head of q and k, before rotary (Gemma 3) */
+    int      sandwich_norms;    /* extra norms on the attention and MLP outputs, before each
+                                   residual add (Gemma 2/3 post_*_layernorm) */
+    float    norm_weight_offset;/* added to every norm weight (q/k norms included) at load: HF
+                                   Gemma stores w for x * (1 + w), so 1; a GGUF-converted
+                                   checkpoint has the 1 folded in, so 0 */
+    float    attn_scale;        /* attention score scale; 0 = 1/sqrt(head_dim) (Gemma 3:
+                                   1/sqrt(query_pre_attn_scalar)) */
+    int      sliding_window_pattern; /* > 0: layer i is global when (i + 1) % pattern == 0 and
+                                   uses sliding_window otherwise (Gemma 3: 6); 0: every layer
+                                   uses sliding_window */
+    float    rope_theta_local;  /* rotary base of the sliding-window layers; 0 = rope_theta
+                                   (Gemma 3: 10000, global layers rope_theta = 1e6) */
 };
 
 /* Parses config.json at `path` into *cfg. Unknown architecture, a missing required field or an
@@ -74,10 +91,30 @@ struct model_config {
  *   = none). A non-null rope_scaling is STATUS_UNSUPPORTED.
  * - GPT2LMHeadModel: n_embd, n_layer, n_head, vocab_size, n_positions (or n_ctx) required;
  *   n_inner (null: 4 * n_embd), layer_norm_epsilon (1e-5), activation_function (gelu_new).
- * Both: bos_token_id / eos_token_id (int, or a list: its first element; absent: -1),
+ * - Gemma3ForCausalLM (model_type gemma3_text): hidden_size, intermediate_size,
+ *   num_hidden_layers required; Gemma3TextConfig defaults for num_attention_heads (8),
+ *   num_key_value_heads (4), head_dim (256), vocab_size (262208), max_position_embeddings
+ *   (131072), rms_norm_eps (1e-6), rope_theta (1e6; global layers), rope_local_base_freq (1e4;
+ *   rope_theta_local), sliding_window (4096), query_pre_attn_scalar (256; attn_scale =
+ *   1/sqrt of it), hidden_activation (gelu_pytorch_tanh), tie_word_embeddings (true),
+ *   attention_bias (false); transformers 5's per-layer-type "rope_parameters" also read. Which
+ *   layers are windowed: "layer_types" when present (must be periodic: one full_attention
+ *   every N layers; all sliding gives pattern 0), else sliding_window_pattern /
+ *   _sliding_window_pattern (6). Always: embed_scale sqrt(hidden_size), qk_norm,
+ *   sandwich_norms, halves rotary over the whole head, norm_weight_offset 1. Non-null
+ *   rope_scaling, final_logit_softcapping, attn_logit_softcapping, or
+ *   use_bidirectional_attention true: STATUS_UNSUPPORTED naming the field.
+ *   Gemma3ForConditionalGeneration (model_type gemma3): its "text_config" object is parsed as
+ *   above and the result is a Gemma3ForCausalLM config (token ids and dtype from text_config,
+ *   else the top level).
+ * All: bos_token_id / eos_token_id (int, or a list: its first element; absent: -1),
  * torch_dtype (or "dtype"): float32 / bfloat16 / float16.
  * shardlm extras, absent from Hugging Face files: "rope_style": "halves" (default) | "pairs",
- * "rot_dim" (default head_dim), "attention_out_bias" (default attention_bias). */
+ * "rot_dim" (default head_dim), "attention_out_bias" (default attention_bias); Gemma 3:
+ * "norm_weight_offset" (default 1), "attn_scale" (default 1/sqrt(query_pre_attn_scalar); written
+ * only when no integer scalar gives it exactly), "embed_scale" (default sqrt(hidden_size)).
+ * Every other family has embed_scale, qk_norm, sandwich_norms, norm_weight_offset, attn_scale,
+ * sliding_window_pattern and rope_theta_local all 0 (config_validate enforces it). */
 enum status config_load(const char *path, struct model_config *cfg);
 
 /* The same, from a NUL-terminated JSON text already in memory (name is used in messages). */

@@ -404,7 +404,9 @@ enum status engine_create(const struct engine_options *opt, struct engine **out)
     if ((st = kv_cache_init(&e->cache, e->b, e->m->n_layers_local, (int)n_blocks, bt, e->m->n_kv_local,
                             c->head_dim, e->m->dtype)) != STATUS_OK)
         goto fail;
-    e->max_logits = o.max_batch_tokens;
+    /* One logits row per running sequence, plus room for prompt log-probability rows; a large
+     * vocabulary (262k for Gemma 3) makes every row cost 1 MiB on the device and the host. */
+    e->max_logits = o.max_seqs + 64 < o.max_batch_tokens ? o.max_seqs + 64 : o.max_batch_tokens;
     if ((st = model_reserve(e->m, o.max_batch_tokens, o.max_seqs, e->table_width, e->max_logits)) != STATUS_OK) goto fail;
     if ((st = sampler_init(&e->smp, c->vocab_size)) != STATUS_OK) goto fail;
     const size_t V = (size_t)c->vocab_size, T = (size_t)o.max_batch_tokens, S = (size_t)o.max_seqs;

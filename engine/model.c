@@ -25,7 +25,7 @@ static struct tensor as_3d(const struct tensor *t, int64_t rows, int64_t heads, 
     return tensor_make(t->data, t->dtype, t->device, 3, rows, heads, hd);
 }
 
-static const struct tensor *opt(const struct tensor *t) { return t->data ? t : NULL; }
+static const struct tensor *opt(const struct tensor *t) { return t && t->data ? t : NULL; }
 
 static void norm(struct model *m, const struct tensor *out, const struct tensor *x,
                  const struct tensor *w, const struct tensor *bias)
@@ -73,8 +73,9 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->up, m->dtype, 2, {T, m->ffn_local}},
         {&m->rows, m->dtype, 2, {max_logits, d}},
         {&m->logits, m->dtype, 2, {max_logits, m->vocab_local}},
-        {&m->logits_full, m->dtype, 2, {max_logits, (int64_t)m->tp_size * m->vocab_local}},
-        {&m->logits_f32, DTYPE_F32, 2, {max_logits, (int64_t)m->tp_size * m->vocab_local}},
+        /* Only with tp > 1 (gathered shards) and with non-f32 compute (f32 for the host). */
+        {&m->logits_full, m->dtype, 2, {m->tp_size > 1 ? max_logits : 0, (int64_t)m->tp_size * m->vocab_local}},
+        {&m->logits_f32, DTYPE_F32, 2, {m->dtype != DTYPE_F32 ? max_logits : 0, (int64_t)m->tp_size * m->vocab_local}},
         {&m->tokens, DTYPE_I32, 1, {T}},
         {&m->positions, DTYPE_I32, 1, {T}},
         {&m->slots, DTYPE_I32, 1, {T}},
@@ -161,9 +162,18 @@ static enum status row_parallel(struct model *m, const struct tensor *y, const s
 
 /* One decoder layer on the residual stream x (T, d), in the order of the math. */
 static enum status layer_forward(struct model *m, int l, struct kv_cache *cache, int64_t T,
-                                 const struct attention_batch *ab)
+                                 const struct attention_batch *batch)
 {
     enum status st;
+    /* Interleaved local/global attention (Gemma 3): a global layer every sliding_window_pattern
+     * layers, the others windowed and with their own rotary base. */
+    const int layer = m->layer_first + l, pattern = m->cfg.sliding_window_pattern;
+    const int global = pattern > 0 && (layer + 1) % pattern == 0;
+    struct attention_batch lb = *batch;
+    const struct attention_batch *ab = &lb;
+    lb.window = pattern > 0 && global ? 0 : m->cfg.sliding_window;
+    const float theta = !global && pattern > 0 && m->cfg.rope_theta_local > 0.0f ? m->cfg.rope_theta_local
+                                                                              : m->cfg.rope_theta;
     struct backend *b = m->b;
     const struct model_config *c = &m->cfg;
     const struct layer_weights *w = &m->layers[l];
@@ -182,14 +192,20 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
     op_matmul(b, &q, &xn, &w->wq, opt(&w->bq));
     op_matmul(b, &k, &xn, &w->wk, opt(&w->bk));
     op_matmul(b, &v, &xn, &w->wv, opt(&w->bv));
+    if (c->qk_norm) { /* RMSNorm over each head's features */
+        struct tensor qh = as_2d(&m->q, T * m->n_heads_local, hd), kh = as_2d(&m->k, T * m->n_kv_local, hd);
+        op_rmsnorm(b, &qh, &qh, &w->q_norm, c->norm_eps);
+        op_rmsnorm(b, &kh, &kh, &w->k_norm, c->norm_eps);
+    }
     if (c->positions == POSITION_KIND_ROTARY) {
-        op_rope(b, &q3, &pos, c->rot_dim, c->rope_theta, c->rope_style);
-        op_rope(b, &k3, &pos, c->rot_dim, c->rope_theta, c->rope_style);
+        op_rope(b, &q3, &pos, c->rot_dim, theta, c->rope_style);
+        op_rope(b, &k3, &pos, c->rot_dim, theta, c->rope_style);
     }
     /* The new tokens' K/V join the cache first, so attention reads them like any other. */
     op_kv_write(b, &cache->k[l], &cache->v[l], &k3, &v3, &slots);
     op_attention(b, &att3, &q3, &cache->k[l], &cache->v[l], ab);
     if ((st = row_parallel(m, &proj, &att, &w->wo, &w->bo)) != STATUS_OK) return st;
+    if (c->sandwich_norms) norm(m, &proj, &proj, &w->post_attn_norm, NULL);
     op_add(b, &x, &x, &proj);
 
     /* MLP block: x += down(act(gate(xn)) * up(xn)), or down(act(up(xn))) for GPT-2. */
@@ -204,6 +220,7 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
         op_activation(b, &up, &up, c->activation);
     }
     if ((st = row_parallel(m, &proj, &up, &w->w_down, &w->b_down)) != STATUS_OK) return st;
+    if (c->sandwich_norms) norm(m, &proj, &proj, &w->post_mlp_norm, NULL);
     op_add(b, &x, &x, &proj);
     (void)d;
     return STATUS_OK;
@@ -245,7 +262,7 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
         .seq_len = first_rows(&m->seq_len, fb->n_seqs),
         .block_table = tensor_make(m->block_table.data, DTYPE_I32, b->device, 2,
                                    (int64_t)fb->n_seqs, (int64_t)fb->max_blocks),
-        .scale = 1.0f / sqrtf((float)m->cfg.head_dim),
+        .scale = m->cfg.attn_scale > 0.0f ? m->cfg.attn_scale : 1.0f / sqrtf((float)m->cfg.head_dim),
         .window = m->cfg.sliding_window,
     };
 
@@ -256,6 +273,7 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
         /* Embedding: the masked lookup of this vocab shard; the all-reduce joins the shards. */
         op_embedding(b, &x, &m->tok_embedding, &tokens, m->vocab_start);
         if (m->tp_size > 1 && (st = comm_all_reduce(m->par.groups->tp, &x)) != STATUS_OK) return st;
+        if (m->cfg.embed_scale != 0.0f && m->cfg.embed_scale != 1.0f) op_scale(b, &x, &x, m->cfg.embed_scale);
         if (m->cfg.positions == POSITION_KIND_LEARNED) op_position_embedding_add(b, &x, &m->pos_embedding, &pos);
     } else if ((st = comm_recv(m->par.groups->pp, &x, m->pp_rank - 1)) != STATUS_OK) {
         return st;

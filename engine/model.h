@@ -35,6 +35,8 @@ struct layer_weights {
     struct tensor w_gate, b_gate;            /* (ffn_local, d_model), (ffn_local); gated MLPs only */
     struct tensor w_up, b_up;                /* (ffn_local, d_model), (ffn_local); GPT-2's c_fc */
     struct tensor w_down, b_down;            /* (d_model, ffn_local), (d_model) */
+    struct tensor q_norm, k_norm;            /* (head_dim): per-head RMSNorm of q and k (Gemma 3) */
+    struct tensor post_attn_norm, post_mlp_norm; /* (d_model): norms of the sublayer outputs (Gemma) */
 };
 
 /* How one rank's model joins the others. */

@@ -26,10 +26,24 @@ struct staging {
     size_t size;
 };
 
+/* Norm weights get cfg.norm_weight_offset added at load (HF Gemma stores w for x * (1 + w)). */
+static int is_norm(enum weight_kind k)
+{
+    return k == WEIGHT_KIND_ATTN_NORM || k == WEIGHT_KIND_MLP_NORM || k == WEIGHT_KIND_FINAL_NORM ||
+           k == WEIGHT_KIND_Q_NORM || k == WEIGHT_KIND_K_NORM || k == WEIGHT_KIND_POST_ATTN_NORM ||
+           k == WEIGHT_KIND_POST_MLP_NORM;
+}
+
+static void add_offset(void *data, enum dtype dt, size_t n, float offset)
+{
+    for (size_t i = 0; i < n; i++) dtype_store_f32(data, dt, i, dtype_load_f32(data, dt, i) + offset);
+}
+
 /* Loads one weight slice into *t on the model's device. */
 static enum status load_weight(struct model *m, struct staging *stg, enum weight_kind kind,
                                int layer, struct tensor *t)
 {
+    const float offset = is_norm(kind) ? m->cfg.norm_weight_offset : 0.0f;
     struct backend *b = m->b;
     struct host_weight hw;
     enum status st = checkpoint_describe(m->checkpoint, kind, layer, m->tp_rank, m->tp_size,
@@ -38,7 +52,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     *t = hw.ndim == 1 ? tensor_make(NULL, m->dtype, b->device, 1, hw.shape[0])
                       : tensor_make(NULL, m->dtype, b->device, 2, hw.shape[0], hw.shape[1]);
     m->weight_bytes += hw.nbytes;
-    if (b->device == DEVICE_CPU && hw.zero_copy) {
+    if (b->device == DEVICE_CPU && hw.zero_copy && offset == 0.0f) {
         /* The mapping is read-only, and ops only read weights. */
         st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, m->dtype, NULL, 0,
                             CHECKPOINT_GET_ZERO_COPY_OK, &hw);
@@ -54,9 +68,12 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
         return st;
     }
     t->data = dev;
-    if (b->device == DEVICE_CPU)
-        return checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, m->dtype, dev,
-                              hw.nbytes, 0, &hw);
+    if (b->device == DEVICE_CPU) {
+        st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, m->dtype, dev,
+                            hw.nbytes, 0, &hw);
+        if (st == STATUS_OK && offset != 0.0f) add_offset(dev, m->dtype, hw.nbytes / dtype_size(m->dtype), offset);
+        return st;
+    }
     if (stg->size < hw.nbytes) {
         free(stg->buf);
         stg->buf = aligned_alloc(64, (hw.nbytes + 63) / 64 * 64);
@@ -66,6 +83,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, m->dtype, stg->buf,
                         stg->size, 0, &hw);
     if (st != STATUS_OK) return st;
+    if (offset != 0.0f) add_offset(stg->buf, m->dtype, hw.nbytes / dtype_size(m->dtype), offset);
     backend_upload(b, dev, stg->buf, hw.nbytes);
     return STATUS_OK;
 }
@@ -104,6 +122,10 @@ static enum status load_layer(struct model *m, struct staging *stg, int layer,
         {WEIGHT_KIND_UP_BIAS, offsetof(struct layer_weights, b_up)},
         {WEIGHT_KIND_DOWN, offsetof(struct layer_weights, w_down)},
         {WEIGHT_KIND_DOWN_BIAS, offsetof(struct layer_weights, b_down)},
+        {WEIGHT_KIND_Q_NORM, offsetof(struct layer_weights, q_norm)},
+        {WEIGHT_KIND_K_NORM, offsetof(struct layer_weights, k_norm)},
+        {WEIGHT_KIND_POST_ATTN_NORM, offsetof(struct layer_weights, post_attn_norm)},
+        {WEIGHT_KIND_POST_MLP_NORM, offsetof(struct layer_weights, post_mlp_norm)},
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         struct tensor *t = (struct tensor *)((char *)w + fields[i].offset);

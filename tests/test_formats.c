@@ -1,6 +1,6 @@
 /* tests/test_formats.c - checkpoint formats: safetensors round trip and corrupt files,
- * config.json parsing (Llama, Mistral, GPT-2, errors, save/load), and checkpoint directories:
- * tiny random Llama and GPT-2 models written in the HF layout, the sharded HF layout and the
+ * config.json parsing (Llama, Mistral, GPT-2, Gemma 3, errors, save/load), and checkpoint
+ * directories: tiny random Llama, GPT-2 and Gemma 3 models written in the HF layout, the sharded HF layout and the
  * Megatron-style layout at several tp/pp, each read back through checkpoint_get at tp 1, 2, 4
  * and compared byte for byte with slices computed here from the original tensors.
  * Not here: running a model (test_model.c).
@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <ftw.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -458,6 +459,36 @@ static const char *shardlm_json =
     " \"vocab_size\": 512, \"rms_norm_eps\": 1e-05, \"rope_style\": \"pairs\","
     " \"tie_word_embeddings\": true, \"bos_token_id\": 1, \"eos_token_id\": 2}";
 
+/* google/gemma-3-270m's config.json (transformers 4.55). */
+static const char *gemma3_270m_json =
+    "{\"_sliding_window_pattern\": 6, \"architectures\": [\"Gemma3ForCausalLM\"],"
+    " \"attention_bias\": false, \"attention_dropout\": 0.0, \"attn_logit_softcapping\": null,"
+    " \"bos_token_id\": 2, \"eos_token_id\": 1, \"final_logit_softcapping\": null, \"head_dim\": 256,"
+    " \"hidden_activation\": \"gelu_pytorch_tanh\", \"hidden_size\": 640, \"initializer_range\": 0.02,"
+    " \"intermediate_size\": 2048, \"layer_types\": [\"sliding_attention\", \"sliding_attention\","
+    " \"sliding_attention\", \"sliding_attention\", \"sliding_attention\", \"full_attention\","
+    " \"sliding_attention\", \"sliding_attention\", \"sliding_attention\", \"sliding_attention\","
+    " \"sliding_attention\", \"full_attention\", \"sliding_attention\", \"sliding_attention\","
+    " \"sliding_attention\", \"sliding_attention\", \"sliding_attention\", \"full_attention\"],"
+    " \"max_position_embeddings\": 32768, \"model_type\": \"gemma3_text\", \"num_attention_heads\": 4,"
+    " \"num_hidden_layers\": 18, \"num_key_value_heads\": 1, \"pad_token_id\": 0,"
+    " \"query_pre_attn_scalar\": 256, \"rms_norm_eps\": 1e-06, \"rope_local_base_freq\": 10000.0,"
+    " \"rope_scaling\": null, \"rope_theta\": 1000000.0, \"sliding_window\": 512,"
+    " \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.55.0.dev0\","
+    " \"use_bidirectional_attention\": false, \"use_cache\": true, \"vocab_size\": 262144}";
+
+/* A small Gemma 3 config with one field replaced by `extra` (a JSON member list, may be ""). */
+static const char *gemma3_small(const char *extra)
+{
+    static char buf[2048];
+    snprintf(buf, sizeof buf,
+             "{\"architectures\": [\"Gemma3ForCausalLM\"], \"hidden_size\": 64,"
+             " \"intermediate_size\": 128, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
+             " \"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 100%s%s}",
+             *extra ? ", " : "", extra);
+    return buf;
+}
+
 static void expect_config_error(const char *what, const char *json, enum status want,
                                 const char *needle)
 {
@@ -532,6 +563,72 @@ static void test_config(void)
           "config: shardlm metadata (\"architecture\", rope_style pairs) %s", s ? status_message() : "");
     if (!s) config_roundtrip("shardlm metadata", &c);
 
+    s = config_parse(gemma3_270m_json, "gemma3.json", &c);
+    check(s == STATUS_OK && c.family == MODEL_FAMILY_GEMMA3 && !strcmp(c.architecture, "Gemma3ForCausalLM") &&
+              c.n_layers == 18 && c.d_model == 640 && c.n_heads == 4 && c.n_kv_heads == 1 &&
+              c.head_dim == 256 && c.ffn_hidden == 2048 && c.vocab_size == 262144 &&
+              c.max_positions == 32768 && c.norm == NORM_KIND_RMSNORM && c.norm_eps == 1e-6f &&
+              c.activation == ACTIVATION_GELU_TANH && c.gated_mlp && c.positions == POSITION_KIND_ROTARY &&
+              c.rope_theta == 1000000.0f && c.rope_theta_local == 10000.0f &&
+              c.rope_style == ROPE_STYLE_HALVES && c.rot_dim == 256 && c.sliding_window == 512 &&
+              c.sliding_window_pattern == 6 && c.attn_scale == 0.0625f && c.tied_embeddings &&
+              !c.qkv_bias && !c.attn_out_bias && !c.mlp_bias && c.bos_id == 2 && c.eos_id == 1 &&
+              c.dtype == DTYPE_BF16 && c.embed_scale == sqrtf(640.0f) && c.qk_norm && c.sandwich_norms &&
+              c.norm_weight_offset == 1.0f,
+          "config: Gemma 3 270M (layer_types, MQA, head_dim 256, local rope base, tied) %s",
+          s ? status_message() : "");
+    if (!s) {
+        config_roundtrip("Gemma 3 270M", &c);
+        c.norm_weight_offset = 0.0f; /* a GGUF-converted checkpoint */
+        c.attn_scale = 1.0f / sqrtf(168.0f) * 1.0000001f;
+        c.embed_scale = 25.25f;
+        config_roundtrip("Gemma 3 with shardlm extras (norm_weight_offset 0, attn_scale, embed_scale)", &c);
+    }
+    s = config_parse(gemma3_small("\"sliding_window_pattern\": 2, \"query_pre_attn_scalar\": 144,"
+                                  " \"tie_word_embeddings\": false"),
+                     "gemma3_small.json", &c);
+    check(s == STATUS_OK && c.sliding_window_pattern == 2 && c.sliding_window == 4096 &&
+              c.max_positions == 131072 && c.attn_scale == (float)(1.0 / 12.0) && !c.tied_embeddings &&
+              c.rope_theta == 1e6f && c.rope_theta_local == 1e4f && c.bos_id == -1 && c.dtype == DTYPE_F32,
+          "config: Gemma 3 with sliding_window_pattern and HF defaults %s", s ? status_message() : "");
+    if (!s) config_roundtrip("small Gemma 3", &c);
+    s = config_parse(gemma3_small("\"layer_types\": [\"sliding_attention\", \"sliding_attention\","
+                                  " \"sliding_attention\", \"sliding_attention\"]"),
+                     "gemma3_all_local.json", &c);
+    check(s == STATUS_OK && c.sliding_window_pattern == 0,
+          "config: Gemma 3 with every layer sliding -> pattern 0 %s", s ? status_message() : "");
+    s = config_parse("{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"eos_token_id\": [1, 106],"
+                     " \"torch_dtype\": \"bfloat16\", \"text_config\": {\"model_type\": \"gemma3_text\","
+                     " \"hidden_size\": 1152, \"intermediate_size\": 6912, \"num_hidden_layers\": 26,"
+                     " \"num_attention_heads\": 4, \"num_key_value_heads\": 1, \"sliding_window\": 512,"
+                     " \"vocab_size\": 262144, \"bos_token_id\": 2}, \"vision_config\": {\"hidden_size\": 1152}}",
+                     "gemma3_mm.json", &c);
+    check(s == STATUS_OK && c.family == MODEL_FAMILY_GEMMA3 && !strcmp(c.architecture, "Gemma3ForCausalLM") &&
+              c.d_model == 1152 && c.n_layers == 26 && c.bos_id == 2 && c.eos_id == 1 && c.dtype == DTYPE_BF16,
+          "config: Gemma3ForConditionalGeneration reads its text_config %s", s ? status_message() : "");
+    expect_config_error("config: Gemma 3 with final_logit_softcapping",
+                        gemma3_small("\"final_logit_softcapping\": 30.0"), STATUS_UNSUPPORTED,
+                        "field 'final_logit_softcapping'");
+    expect_config_error("config: Gemma 3 with attn_logit_softcapping",
+                        gemma3_small("\"attn_logit_softcapping\": 50.0"), STATUS_UNSUPPORTED,
+                        "field 'attn_logit_softcapping'");
+    expect_config_error("config: Gemma 3 with rope_scaling",
+                        gemma3_small("\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8.0}"),
+                        STATUS_UNSUPPORTED, "field 'rope_scaling'");
+    expect_config_error("config: Gemma 3 with non-periodic layer_types",
+                        gemma3_small("\"layer_types\": [\"sliding_attention\", \"full_attention\","
+                                     " \"sliding_attention\", \"sliding_attention\"]"),
+                        STATUS_UNSUPPORTED, "not periodic");
+    expect_config_error("config: Gemma 3 with layer_types of the wrong length",
+                        gemma3_small("\"layer_types\": [\"full_attention\"]"), STATUS_BAD_FORMAT,
+                        "list of 4 strings");
+    expect_config_error("config: Gemma 3 as an embedding model",
+                        gemma3_small("\"use_bidirectional_attention\": true"), STATUS_UNSUPPORTED,
+                        "use_bidirectional_attention");
+    expect_config_error("config: Gemma3ForConditionalGeneration without text_config",
+                        "{\"architectures\": [\"Gemma3ForConditionalGeneration\"]}", STATUS_UNSUPPORTED,
+                        "text_config");
+
     expect_config_error("config: missing num_hidden_layers",
                         "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
                         " \"intermediate_size\": 172, \"num_attention_heads\": 8, \"vocab_size\": 512}",
@@ -554,7 +651,8 @@ static void test_config(void)
     expect_config_error("config: unknown architecture",
                         "{\"architectures\": [\"FalconForCausalLM\"], \"hidden_size\": 64}",
                         STATUS_UNSUPPORTED, "\"FalconForCausalLM\" is not supported (supported: "
-                                            "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel)");
+                                            "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel, "
+                                            "Gemma3ForCausalLM");
     expect_config_error("config: rope_scaling set",
                         "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
                         " \"intermediate_size\": 172, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
@@ -603,6 +701,7 @@ static void test_config(void)
 /* A tiny random model: its canonical tensors (checkpoint.h's layout), kept here as the truth. */
 struct tmodel {
     const char         *name;
+    const char         *hf_prefix; /* HF body prefix for Llama / Gemma names; NULL: "model." */
     struct model_config cfg;
     void               *w[WEIGHT_KIND_COUNT][TM_MAX_LAYERS]; /* canonical, cfg.dtype */
 };
@@ -626,6 +725,7 @@ static void tm_shape(const struct model_config *c, enum weight_kind k, int *ndim
     case WEIGHT_KIND_Q_BIAS: *ndim = 1, *rows = q, *cols = 1; break;
     case WEIGHT_KIND_K_BIAS: case WEIGHT_KIND_V_BIAS: *ndim = 1, *rows = kv, *cols = 1; break;
     case WEIGHT_KIND_GATE_BIAS: case WEIGHT_KIND_UP_BIAS: *ndim = 1, *rows = f, *cols = 1; break;
+    case WEIGHT_KIND_Q_NORM: case WEIGHT_KIND_K_NORM: *ndim = 1, *rows = c->head_dim, *cols = 1; break;
     default: *ndim = 1, *rows = d, *cols = 1; break;
     }
 }
@@ -705,15 +805,25 @@ static int tp_fits(const struct model_config *c, int tp)
            (c->n_kv_heads % tp == 0 || tp % c->n_kv_heads == 0);
 }
 
-static const char *hf_llama_name(enum weight_kind k, int l, char *buf, size_t n)
+/* HF Llama names, or Gemma 3's (post_attention_layernorm is then the attention-output norm and
+ * pre_feedforward_layernorm the pre-MLP one), under m->hf_prefix. */
+static const char *hf_llama_name(const struct tmodel *m, enum weight_kind k, int l, char *buf, size_t n)
 {
+    int gemma = m->cfg.family == MODEL_FAMILY_GEMMA3;
     const char *fmt = NULL;
     switch (k) {
     case WEIGHT_KIND_TOK_EMBEDDING: fmt = "model.embed_tokens.weight"; break;
     case WEIGHT_KIND_LM_HEAD: fmt = "lm_head.weight"; break;
     case WEIGHT_KIND_FINAL_NORM: fmt = "model.norm.weight"; break;
     case WEIGHT_KIND_ATTN_NORM: fmt = "model.layers.%d.input_layernorm.weight"; break;
-    case WEIGHT_KIND_MLP_NORM: fmt = "model.layers.%d.post_attention_layernorm.weight"; break;
+    case WEIGHT_KIND_MLP_NORM:
+        fmt = gemma ? "model.layers.%d.pre_feedforward_layernorm.weight"
+                    : "model.layers.%d.post_attention_layernorm.weight";
+        break;
+    case WEIGHT_KIND_POST_ATTN_NORM: fmt = "model.layers.%d.post_attention_layernorm.weight"; break;
+    case WEIGHT_KIND_POST_MLP_NORM: fmt = "model.layers.%d.post_feedforward_layernorm.weight"; break;
+    case WEIGHT_KIND_Q_NORM: fmt = "model.layers.%d.self_attn.q_norm.weight"; break;
+    case WEIGHT_KIND_K_NORM: fmt = "model.layers.%d.self_attn.k_norm.weight"; break;
     case WEIGHT_KIND_Q: fmt = "model.layers.%d.self_attn.q_proj.weight"; break;
     case WEIGHT_KIND_K: fmt = "model.layers.%d.self_attn.k_proj.weight"; break;
     case WEIGHT_KIND_V: fmt = "model.layers.%d.self_attn.v_proj.weight"; break;
@@ -730,7 +840,10 @@ static const char *hf_llama_name(enum weight_kind k, int l, char *buf, size_t n)
     case WEIGHT_KIND_DOWN_BIAS: fmt = "model.layers.%d.mlp.down_proj.bias"; break;
     default: return NULL;
     }
-    snprintf(buf, n, fmt, l);
+    char local[256];
+    snprintf(local, sizeof local, fmt, l);
+    if (m->hf_prefix && !strncmp(local, "model.", 6)) snprintf(buf, n, "%s%s", m->hf_prefix, local + 6);
+    else snprintf(buf, n, "%s", local);
     return buf;
 }
 
@@ -756,7 +869,7 @@ static enum status write_hf_llama(const struct tmodel *m, const char *dir, int n
     for (int k = 0; k < WEIGHT_KIND_COUNT; k++) {
         for (int l = 0; l < TM_MAX_LAYERS; l++) {
             if (!m->w[k][l]) continue;
-            hf_llama_name((enum weight_kind)k, l, name, sizeof name);
+            hf_llama_name(m, (enum weight_kind)k, l, name, sizeof name);
             if (skip && !strcmp(skip, name)) continue;
             int nd;
             int64_t shape[2];
@@ -979,9 +1092,20 @@ static void test_checkpoints(void)
                      " \"n_head\": 4, \"n_positions\": 12, \"vocab_size\": 29, \"activation_function\": \"gelu\"}",
                      "gpt2", &gpt2.cfg);
     CHECK(s == STATUS_OK, "%s", status_message());
+    /* Gemma 3: GQA (4 heads, 2 KV heads), head_dim 8 != d_model / n_heads, QK-norm, sandwich
+     * norms, tied, bf16; also under a multimodal checkpoint's "language_model.model." prefix. */
+    struct tmodel gemma = {.name = "gemma3"};
+    s = config_parse("{\"architectures\": [\"Gemma3ForCausalLM\"], \"hidden_size\": 24, \"head_dim\": 8,"
+                     " \"intermediate_size\": 40, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+                     " \"num_key_value_heads\": 2, \"vocab_size\": 37, \"max_position_embeddings\": 64,"
+                     " \"sliding_window\": 4, \"sliding_window_pattern\": 2, \"torch_dtype\": \"bfloat16\","
+                     " \"bos_token_id\": 2, \"eos_token_id\": 1}",
+                     "gemma3", &gemma.cfg);
+    CHECK(s == STATUS_OK, "%s", status_message());
     tm_init(&llama);
     tm_init(&mqa);
     tm_init(&gpt2);
+    tm_init(&gemma);
 
     char l_hf[4096], l_sh[4096];
     snprintf(l_hf, sizeof l_hf, "%s", tpath("llama_hf"));
@@ -993,6 +1117,12 @@ static void test_checkpoints(void)
     check_status(write_hf_llama(&mqa, tpath("mqa_hf"), 1, NULL, NULL), STATUS_OK,
                  "write: HF Llama MQA checkpoint", NULL);
     check_status(write_hf_gpt2(&gpt2, tpath("gpt2_hf")), STATUS_OK, "write: HF GPT-2 checkpoint", NULL);
+    check_status(write_hf_llama(&gemma, tpath("gemma_hf"), 1, NULL, NULL), STATUS_OK,
+                 "write: HF Gemma 3 checkpoint", NULL);
+    gemma.hf_prefix = "language_model.model.";
+    check_status(write_hf_llama(&gemma, tpath("gemma_hf_mm"), 2, NULL, NULL), STATUS_OK,
+                 "write: sharded HF Gemma 3 checkpoint with the language_model.model. prefix", NULL);
+    gemma.hf_prefix = NULL;
 
     /* Megatron layouts, from HF sources and from a Megatron source. */
     struct {
@@ -1004,6 +1134,8 @@ static void test_checkpoints(void)
         {"mqa_hf", "mqa_mg_t1p2", 1, 2},
         {"gpt2_hf", "gpt2_mg_t2p2", 2, 2}, {"gpt2_hf", "gpt2_mg_t4p3", 4, 3},
         {"gpt2_mg_t4p3", "gpt2_mg_t1p1_from_mg", 1, 1},
+        {"gemma_hf", "gemma_mg_t2p2", 2, 2}, {"gemma_hf_mm", "gemma_mg_t1p1", 1, 1},
+        {"gemma_mg_t2p2", "gemma_mg_t1p2_from_mg", 1, 2},
     };
     for (size_t i = 0; i < sizeof mg / sizeof mg[0]; i++) {
         struct checkpoint *src = NULL;
@@ -1075,6 +1207,21 @@ static void test_checkpoints(void)
         check_all_slices(&llama, tpath("%s", l_sources[i]), l_sources[i]);
     check_all_slices(&mqa, tpath("mqa_hf"), "mqa_hf");
     check_all_slices(&mqa, tpath("mqa_mg_t1p2"), "mqa_mg_t1p2");
+    const char *gm_sources[] = {"gemma_hf", "gemma_hf_mm", "gemma_mg_t2p2", "gemma_mg_t1p1",
+                                "gemma_mg_t1p2_from_mg"};
+    for (size_t i = 0; i < sizeof gm_sources / sizeof gm_sources[0]; i++)
+        check_all_slices(&gemma, tpath("%s", gm_sources[i]), gm_sources[i]);
+    s = safetensors_open(tpath("gemma_mg_t2p2/mp_rank_01_001/model.safetensors"), &st);
+    check(s == STATUS_OK && safetensors_find(st, "decoder.layers.0.self_attention.q_layernorm.weight") &&
+              safetensors_find(st, "decoder.layers.0.self_attention.k_layernorm.weight") &&
+              safetensors_find(st, "decoder.layers.0.post_self_attn_layernorm.weight") &&
+              safetensors_find(st, "decoder.layers.0.post_mlp_layernorm.weight") &&
+              safetensors_find(st, "decoder.layers.0.pre_mlp_layernorm.weight") &&
+              !safetensors_find(st, "output_layer.weight"),
+          "megatron layout: Gemma 3 q_layernorm, k_layernorm, post_self_attn_layernorm, "
+          "post_mlp_layernorm on a tp rank > 0 of the last stage");
+    safetensors_close(st);
+    st = NULL;
     const char *g_sources[] = {"gpt2_hf", "gpt2_mg_t2p2", "gpt2_mg_t4p3", "gpt2_mg_t1p1_from_mg"};
     for (size_t i = 0; i < sizeof g_sources / sizeof g_sources[0]; i++)
         check_all_slices(&gpt2, tpath("%s", g_sources[i]), g_sources[i]);
@@ -1172,6 +1319,7 @@ static void test_checkpoints(void)
     tm_free(&llama);
     tm_free(&mqa);
     tm_free(&gpt2);
+    tm_free(&gemma);
 }
 
 int main(void)
