@@ -13,6 +13,7 @@ DEBS=(
   libopenblas-dev
   libcjson-dev
   openssl
+  unzip
 )
 PYMODS=(numpy grpc grpc_tools grpc_health grpc_reflection gguf)  # python import names
 PYPKGS=(numpy grpcio grpcio-tools grpcio-health-checking grpcio-reflection gguf)  # matching pip names

