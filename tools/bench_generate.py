@@ -76,7 +76,7 @@ def main():
     if p.returncode != 0:
         print(stderr); return 1
     rss_kib = ru.ru_maxrss
-    m = re.search(r"prefill ([\d.]+) tok/s; generated (\d+) tokens, decode ([\d.]+) tok/s \((\w+), (\d+) threads\)", stderr)
+    m = re.search(r"prefill ([\d.]+) tok/s; generated (\d+) tokens, decode ([\d.]+) tok/s \((\w+), (\d+) threads", stderr)
     prefill, gen, decode, dev, threads = float(m[1]), int(m[2]), float(m[3]), m[4], int(m[5])
     # Per decode token every weight is read once (the tied embedding table only as the LM head).
     implied = weight_bytes * decode / 1e9
