@@ -57,17 +57,6 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Strict numeric flags: the whole string must parse and lie in range. */
-static int parse_long(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
 static int parse_u64(const char *s, uint64_t *out)
 {
     char *end;
@@ -202,7 +191,7 @@ static int parse_sampling(const char *cmd, struct client_sampling *s, const char
         return 0;
     if (!v) return flag_error(cmd, "%s needs a value", a);
     if (!strcmp(a, "--max-tokens")) {
-        if (parse_long(v, 0, INT_MAX, &l))
+        if (base_parse_long(v, 0, INT_MAX, &l))
             return flag_error(cmd, "--max-tokens must be an integer >= 0, got '%s'", v);
         s->has_max_tokens = 1;
         s->max_tokens = (int)l;
@@ -212,7 +201,7 @@ static int parse_sampling(const char *cmd, struct client_sampling *s, const char
         s->has_temperature = 1;
         s->temperature = (float)d;
     } else if (!strcmp(a, "--top-k")) {
-        if (parse_long(v, 0, INT_MAX, &l))
+        if (base_parse_long(v, 0, INT_MAX, &l))
             return flag_error(cmd, "--top-k must be an integer >= 0, got '%s'", v);
         s->top_k = (int)l;
     } else if (!strcmp(a, "--top-p")) {
@@ -344,7 +333,7 @@ int client_complete_main(int argc, char **argv)
             if (n_stop == MAX_STOP) return usage_error(cmd, "at most 16 --stop strings%s", "");
             stop[n_stop++] = v;
         } else {
-            if (parse_long(v, 0, 20, &l))
+            if (base_parse_long(v, 0, 20, &l))
                 return usage_error(cmd, "--logprobs must be an integer in [0, 20], got '%s'", v);
             req.sampling.has_logprobs = 1;
             req.sampling.logprobs = (int)l;
@@ -836,9 +825,9 @@ int client_bench_main(int argc, char **argv)
         else if (!v) return usage_error(cmd, "%s needs a value", a);
         else if (!strcmp(a, "--prompt")) b.req.prompt = v;
         else if (!strcmp(a, "--concurrency")) {
-            if (parse_long(v, 1, 1024, &concurrency))
+            if (base_parse_long(v, 1, 1024, &concurrency))
                 return usage_error(cmd, "--concurrency must be an integer in [1, 1024], got '%s'", v);
-        } else if (parse_long(v, 1, 10000000, &n_requests)) {
+        } else if (base_parse_long(v, 1, 10000000, &n_requests)) {
             return usage_error(cmd, "--requests must be an integer in [1, 10000000], got '%s'", v);
         }
         i += used;

@@ -1,6 +1,7 @@
 /* kernels/base.c - status messages, CHECK failure and logging (see base.h). */
 #include "base.h"
 
+#include <errno.h>
 #include <string.h>
 #include <time.h>
 
@@ -46,6 +47,26 @@ void base_check_fail(const char *file, int line, const char *cond, const char *f
     fputc('\n', stderr);
     fflush(stderr);
     abort();
+}
+
+int base_parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+int base_parse_float(const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
 }
 
 /* -1 means "not read from the environment yet". Racy first read is benign: every thread

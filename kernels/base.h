@@ -46,6 +46,12 @@ const char *status_name(enum status s);
 void base_check_fail(const char *file, int line, const char *cond, const char *fmt,
                                ...) __attribute__((noreturn, format(printf, 4, 5)));
 
+/* Strict parsing of numbers from flags and config text: the whole string must parse (no
+ * trailing characters, no overflow) and an integer must lie in [lo, hi]. Return 0 and set *out,
+ * or return -1 and leave *out alone. */
+int base_parse_long(const char *s, long lo, long hi, long *out);
+int base_parse_float(const char *s, float *out);
+
 enum log_level { LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR };
 
 /* The threshold is read once from SHARDLM_LOG (debug|info|warn|error, default info) and may be

@@ -66,27 +66,6 @@ static void print_help(FILE *f)
             "T x P ranks (e.g. mpirun -n 4 shardlm generate --tp 2 --pp 2 ...).\n");
 }
 
-/* Strict numeric flags: the whole string must parse and lie in range. */
-static int parse_int(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
-static int parse_float(const char *s, float *out)
-{
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end) return -1;
-    *out = v;
-    return 0;
-}
-
 struct stream_ctx {
     struct detokenizer detok;
     int failed;
@@ -122,15 +101,15 @@ static int cmd_generate(int argc, char **argv)
         else if (!strcmp(a, "--model")) model_dir = v;
         else if (!strcmp(a, "--prompt")) prompt = v;
         else if (!strcmp(a, "--device")) device_name = v;
-        else if (!strcmp(a, "--max-tokens")) { if (parse_int(v, 0, 1 << 20, &max_tokens)) return usage_error("--max-tokens must be an integer in [0, 1048576], got '%s'", v); }
-        else if (!strcmp(a, "--tp")) { if (parse_int(v, 1, 1024, &tp)) return usage_error("--tp must be an integer in [1, 1024], got '%s'", v); }
-        else if (!strcmp(a, "--pp")) { if (parse_int(v, 1, 1024, &pp)) return usage_error("--pp must be an integer in [1, 1024], got '%s'", v); }
-        else if (!strcmp(a, "--threads")) { if (parse_int(v, 0, 1024, &threads)) return usage_error("--threads must be an integer in [0, 1024], got '%s'", v); }
-        else if (!strcmp(a, "--seed")) { if (parse_int(v, 0, LONG_MAX, &seed)) return usage_error("--seed must be a non-negative integer, got '%s'", v); }
-        else if (!strcmp(a, "--temperature")) { if (parse_float(v, &o.sampling.temperature)) return usage_error("--temperature must be a number, got '%s'", v); }
-        else if (!strcmp(a, "--top-p")) { if (parse_float(v, &o.sampling.top_p)) return usage_error("--top-p must be a number, got '%s'", v); }
-        else if (!strcmp(a, "--min-p")) { if (parse_float(v, &o.sampling.min_p)) return usage_error("--min-p must be a number, got '%s'", v); }
-        else if (!strcmp(a, "--top-k")) { long k; if (parse_int(v, 0, INT_MAX, &k)) return usage_error("--top-k must be a non-negative integer, got '%s'", v); o.sampling.top_k = (int)k; }
+        else if (!strcmp(a, "--max-tokens")) { if (base_parse_long(v, 0, 1 << 20, &max_tokens)) return usage_error("--max-tokens must be an integer in [0, 1048576], got '%s'", v); }
+        else if (!strcmp(a, "--tp")) { if (base_parse_long(v, 1, 1024, &tp)) return usage_error("--tp must be an integer in [1, 1024], got '%s'", v); }
+        else if (!strcmp(a, "--pp")) { if (base_parse_long(v, 1, 1024, &pp)) return usage_error("--pp must be an integer in [1, 1024], got '%s'", v); }
+        else if (!strcmp(a, "--threads")) { if (base_parse_long(v, 0, 1024, &threads)) return usage_error("--threads must be an integer in [0, 1024], got '%s'", v); }
+        else if (!strcmp(a, "--seed")) { if (base_parse_long(v, 0, LONG_MAX, &seed)) return usage_error("--seed must be a non-negative integer, got '%s'", v); }
+        else if (!strcmp(a, "--temperature")) { if (base_parse_float(v, &o.sampling.temperature)) return usage_error("--temperature must be a number, got '%s'", v); }
+        else if (!strcmp(a, "--top-p")) { if (base_parse_float(v, &o.sampling.top_p)) return usage_error("--top-p must be a number, got '%s'", v); }
+        else if (!strcmp(a, "--min-p")) { if (base_parse_float(v, &o.sampling.min_p)) return usage_error("--min-p must be a number, got '%s'", v); }
+        else if (!strcmp(a, "--top-k")) { long k; if (base_parse_long(v, 0, INT_MAX, &k)) return usage_error("--top-k must be a non-negative integer, got '%s'", v); o.sampling.top_k = (int)k; }
         else return usage_error("generate: unknown option '%s'", a);
         i += takes;
     }
@@ -282,8 +261,8 @@ static int cmd_reshard(int argc, char **argv)
         const char *v = argv[i + 1];
         if (!strcmp(argv[i], "--model")) src = v;
         else if (!strcmp(argv[i], "--out")) out = v;
-        else if (!strcmp(argv[i], "--tp")) { if (parse_int(v, 1, 1024, &tp)) return usage_error("--tp must be an integer in [1, 1024], got '%s'", v); }
-        else if (!strcmp(argv[i], "--pp")) { if (parse_int(v, 1, 1024, &pp)) return usage_error("--pp must be an integer in [1, 1024], got '%s'", v); }
+        else if (!strcmp(argv[i], "--tp")) { if (base_parse_long(v, 1, 1024, &tp)) return usage_error("--tp must be an integer in [1, 1024], got '%s'", v); }
+        else if (!strcmp(argv[i], "--pp")) { if (base_parse_long(v, 1, 1024, &pp)) return usage_error("--pp must be an integer in [1, 1024], got '%s'", v); }
         else return usage_error("reshard: unknown option '%s'", argv[i]);
     }
     if (!src || !out) return usage_error("reshard needs --model and --out%s", "");

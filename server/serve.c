@@ -46,16 +46,6 @@ static int usage(const char *fmt, const char *arg)
     return EXIT_USAGE;
 }
 
-static int parse_long(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
 /* Bytes with an optional K, M or G suffix (powers of 1024). */
 static int parse_bytes(const char *s, size_t *out)
 {
@@ -106,32 +96,32 @@ int serve_main(int argc, char **argv)
         else if (!strcmp(a, "--listen")) o.listen = v;
         else if (!strcmp(a, "--device")) device = v;
         else if (!strcmp(a, "--tp")) {
-            if (parse_long(v, 1, 1024, &n)) return usage("--tp must be an integer in [1, 1024], got '%s'", v);
+            if (base_parse_long(v, 1, 1024, &n)) return usage("--tp must be an integer in [1, 1024], got '%s'", v);
             tp = n;
         } else if (!strcmp(a, "--pp")) {
-            if (parse_long(v, 1, 1024, &n)) return usage("--pp must be an integer in [1, 1024], got '%s'", v);
+            if (base_parse_long(v, 1, 1024, &n)) return usage("--pp must be an integer in [1, 1024], got '%s'", v);
             pp = n;
         }
         else if (!strcmp(a, "--threads")) {
-            if (parse_long(v, 0, 1024, &n)) return usage("--threads must be an integer in [0, 1024], got '%s'", v);
+            if (base_parse_long(v, 0, 1024, &n)) return usage("--threads must be an integer in [0, 1024], got '%s'", v);
             o.engine.n_threads = (int)n;
         } else if (!strcmp(a, "--max-batch-tokens")) {
-            if (parse_long(v, 1, 1 << 20, &n)) return usage("--max-batch-tokens must be an integer in [1, 1048576], got '%s'", v);
+            if (base_parse_long(v, 1, 1 << 20, &n)) return usage("--max-batch-tokens must be an integer in [1, 1048576], got '%s'", v);
             o.engine.max_batch_tokens = (int)n;
         } else if (!strcmp(a, "--max-seqs")) {
-            if (parse_long(v, 1, 4096, &n)) return usage("--max-seqs must be an integer in [1, 4096], got '%s'", v);
+            if (base_parse_long(v, 1, 4096, &n)) return usage("--max-seqs must be an integer in [1, 4096], got '%s'", v);
             o.engine.max_seqs = (int)n;
         } else if (!strcmp(a, "--max-queue")) {
-            if (parse_long(v, 1, 1 << 20, &n)) return usage("--max-queue must be an integer in [1, 1048576], got '%s'", v);
+            if (base_parse_long(v, 1, 1 << 20, &n)) return usage("--max-queue must be an integer in [1, 1048576], got '%s'", v);
             o.engine.max_queue = (int)n;
         } else if (!strcmp(a, "--block-tokens")) {
-            if (parse_long(v, 1, 1024, &n)) return usage("--block-tokens must be an integer in [1, 1024], got '%s'", v);
+            if (base_parse_long(v, 1, 1024, &n)) return usage("--block-tokens must be an integer in [1, 1024], got '%s'", v);
             o.engine.block_tokens = (int)n;
         } else if (!strcmp(a, "--kv-cache-mem")) {
             if (parse_bytes(v, &o.engine.kv_cache_bytes) || !o.engine.kv_cache_bytes)
                 return usage("--kv-cache-mem must be a positive byte count (suffix K, M or G allowed), got '%s'", v);
         } else if (!strcmp(a, "--kv-cache-blocks")) {
-            if (parse_long(v, 1, INT_MAX, &n)) return usage("--kv-cache-blocks must be a positive integer, got '%s'", v);
+            if (base_parse_long(v, 1, INT_MAX, &n)) return usage("--kv-cache-blocks must be a positive integer, got '%s'", v);
             o.engine.kv_cache_blocks = (int)n;
         } else if (!strcmp(a, "--chat-template")) {
             if (strcmp(v, "llama2") && strcmp(v, "chatml") && strcmp(v, "plain"))
@@ -147,7 +137,7 @@ int serve_main(int argc, char **argv)
                 return usage("--drain-timeout must be a number of seconds in [0, 86400], got '%s'", v);
             o.drain_timeout_s = d;
         } else if (!strcmp(a, "--max-message-bytes")) {
-            if (parse_long(v, 1024, INT_MAX, &n)) return usage("--max-message-bytes must be an integer >= 1024, got '%s'", v);
+            if (base_parse_long(v, 1024, INT_MAX, &n)) return usage("--max-message-bytes must be an integer >= 1024, got '%s'", v);
             o.max_receive_bytes = (int)n;
         } else return usage("unknown option '%s'", a);
     }

@@ -23,39 +23,9 @@
 #include "config.h"
 #include "safetensors.h"
 #include "tensor.h"
+#include "check.h"
 
-static int n_pass, n_fail;
 static char root[64];
-
-static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(int ok, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "PASS" : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    if (ok) n_pass++;
-    else n_fail++;
-}
-
-/* The status is `want` and the message contains every needle given (NULL-terminated). */
-static void check_status(enum status got, enum status want, const char *what, ...)
-{
-    const char *msg = status_message();
-    int ok = got == want;
-    va_list ap;
-    va_start(ap, what);
-    const char *needle;
-    while ((needle = va_arg(ap, const char *)))
-        if (got != STATUS_OK && !strstr(msg, needle)) ok = 0;
-    va_end(ap);
-    check(ok, "%s -> %s%s%s%s", what, status_name(got), got ? " \"" : "", got ? msg : "",
-          got ? "\"" : "");
-    if (!ok && got != want) printf("     expected %s\n", status_name(want));
-}
 
 /* Paths under the temporary root; a ring of buffers so that a few can be alive at once. */
 static const char *tpath(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
