@@ -3,6 +3,7 @@
 # every expectation with the independent float64 NumPy references in tests/reference/ (never
 # with shardlm itself), and the model directories the C tests load:
 #   OUT/gpt2, OUT/llama_sharded_bf16, OUT/llama_f16     random HF checkpoints + reference.json
+#   OUT/llama_mqa_v509, OUT/gpt2_v509                   odd vocabulary; one KV head (llama)
 #   OUT/stories260K                                     `shardlm convert llama2c` of the asset
 #   OUT/stories260K_ref.json                            NumPy greedy ids and logits
 # Without the shared assets the stories260K part is left out (the C test then SKIPs it).
@@ -17,6 +18,9 @@ mkdir -p "$out"
 "$py" "$here/reference/make_models.py" gpt2 --out "$out/gpt2" --seed 1
 "$py" "$here/reference/make_models.py" llama --out "$out/llama_sharded_bf16" --seed 2 --dtype bf16 --shards 2
 "$py" "$here/reference/make_models.py" llama --out "$out/llama_f16" --seed 3 --dtype f16
+# Odd vocabulary (vocab-parallel padding) and one KV head (replicated when tp > 1).
+"$py" "$here/reference/make_models.py" llama --out "$out/llama_mqa_v509" --seed 4 --vocab 509 --kv-heads 1
+"$py" "$here/reference/make_models.py" gpt2 --out "$out/gpt2_v509" --seed 5 --vocab 509
 if [ -f "$assets/stories260K/stories260K.bin" ] && [ -f "$assets/stories260K/tok512.model" ]; then
   "$shardlm" convert llama2c --checkpoint "$assets/stories260K/stories260K.bin" \
     --tokenizer "$assets/stories260K/tok512.model" --out "$out/stories260K"

@@ -440,12 +440,18 @@ def _margins(logits):
 
 # --------------------------------------------------------------------------- main
 
-def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False):
+def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None, kv_heads=None):
     if model == "gpt2":
         cfg = gpt2_config(dtype)
+        if vocab:
+            cfg["vocab_size"] = vocab
         w = init_gpt2(cfg, seed)
     elif model == "llama":
         cfg = llama_config(dtype)
+        if vocab:
+            cfg["vocab_size"] = vocab
+        if kv_heads:
+            cfg["num_key_value_heads"] = kv_heads
         w = init_llama(cfg, seed)
     else:
         raise ValueError(model)
@@ -486,12 +492,18 @@ def main(argv=None):
     ap.add_argument("--shards", type=int, default=1, help="number of safetensors files (default 1)")
     ap.add_argument("--no-prefix", action="store_true",
                     help="gpt2 only: tensor names without 'transformer.' (original gpt2 layout)")
+    ap.add_argument("--vocab", type=int, default=None,
+                    help="vocabulary size (default 512; odd sizes exercise vocab-parallel padding)")
+    ap.add_argument("--kv-heads", type=int, default=None,
+                    help="llama only: KV heads (default 4; 1 = MQA, so tp 2 replicates KV heads)")
     a = ap.parse_args(argv)
+    if a.vocab is not None and not (max(PROMPT_IDS) < a.vocab <= 512):
+        ap.error("--vocab must be in (%d, 512]" % max(PROMPT_IDS))
     if a.shards < 1:
         ap.error("--shards must be >= 1")
     if a.no_prefix and a.model != "gpt2":
         ap.error("--no-prefix applies to gpt2 only")
-    ref = make(a.model, a.out, a.seed, a.dtype, a.shards, a.no_prefix)
+    ref = make(a.model, a.out, a.seed, a.dtype, a.shards, a.no_prefix, a.vocab, a.kv_heads)
     print("%s: wrote %s (dtype %s, seed %d); greedy %s; min margin %.4g"
           % (a.model, a.out, a.dtype, a.seed, ref["greedy_ids"], min(ref["greedy_margins"])))
     return 0
