@@ -134,6 +134,7 @@ struct engine {
     int      n_copies, cap_copies;  /* pairs; capacity in int32 elements */
     int32_t *plan;                /* (cap_plan) the packed arrays of a step plan */
     int      cap_plan;
+    uint64_t worker_steps;        /* forwards run by engine_run_worker */
     struct backend *b;
     struct model   *m;
     struct tokenizer *tok;
@@ -984,7 +985,24 @@ enum status engine_run_worker(struct engine *e)
                                    .max_blocks = h.table_width, .n_logits = h.n_logits, .logit_rows = e->f_rows};
         if ((st = model_forward(e->m, &e->cache, &fb, e->logits)) != STATUS_OK) return st;
         if ((st = logits_to_conductor(e, h.n_logits)) != STATUS_OK) return st;
+        e->worker_steps++;
     }
+}
+
+/* One line per rank at shutdown: time spent in each communicator per forward step. */
+static void log_comm_time(struct engine *e)
+{
+    uint64_t steps = engine_is_conductor(e) ? e->stats.steps : e->worker_steps;
+    if (!e->groups.tp || steps == 0) return;
+    const struct comm *c[] = {e->groups.tp, e->groups.pp, e->par.world ? e->par.world->control : NULL};
+    const char *names[] = {"tp", "pp", "control"};
+    char line[256];
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        if (c[i] && c[i]->size > 1)
+            n += snprintf(line + n, sizeof line - (size_t)n, " %s %.3f ms/step (%.1f calls)", names[i],
+                          1e3 * c[i]->seconds / (double)steps, (double)c[i]->n_calls / (double)steps);
+    if (n) LOG_INFO("engine", "rank %d: %llu steps; communication:%s", e->par.layout.rank, (unsigned long long)steps, line);
 }
 
 /* Tells the workers to leave engine_run_worker (conductor only, once). */
@@ -1317,6 +1335,7 @@ void engine_free(struct engine *e)
 {
     if (!e) return;
     if (e->m && e->running && engine_is_conductor(e)) engine_drain(e, 0.0); /* cancels and reports what is left */
+    log_comm_time(e);
     stop_workers(e);
     parallel_groups_free(&e->groups);
     free(e->copies);
