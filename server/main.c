@@ -285,8 +285,13 @@ static int cmd_reshard(int argc, char **argv)
 static void set_openmp_wait_policy(char **argv)
 {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    /* The resolved path, not /proc/self/exe, so that the process keeps its name in ps. */
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return;
+    self[n] = 0;
     if (setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
-    execv("/proc/self/exe", argv); /* returns only on failure: keep the default policy */
+    execv(self, argv); /* returns only on failure: keep the default policy */
 }
 
 int main(int argc, char **argv)

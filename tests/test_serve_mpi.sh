@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# tests/test_serve_mpi.sh SHARDLM DATA_DIR TP PP - a multi-rank server: `mpirun -n TP*PP
-# shardlm serve --tp TP --pp PP` on 127.0.0.1 (rank 0 serves and conducts, the others replay its
-# step plans); completions equal `shardlm generate` on one rank, streamed and unary; a bench of
-# concurrent streams succeeds; SIGTERM drains and every rank exits 0.
+# tests/test_serve_mpi.sh SHARDLM DATA_DIR TP PP [kill] - a multi-rank server: `mpirun -n
+# TP*PP shardlm serve --tp TP --pp PP` on 127.0.0.1 (rank 0 serves and conducts, the others
+# replay its step plans); completions equal `shardlm generate` on one rank, streamed and unary;
+# a bench of concurrent streams succeeds; SIGTERM drains and every rank exits 0.
+# With `kill`: a worker rank is killed (SIGKILL) in the middle of a long streamed generation;
+# the client must get an error (not hang), and every rank must be gone within 20 s.
 set -u
 shardlm=$1
 data=$2
@@ -31,6 +33,28 @@ for _ in $(seq 1 300); do
 done
 [ -n "$addr" ]; check "mpirun -n $((tp * pp)) serve --tp $tp --pp $pp listens" $?
 if [ -z "$addr" ]; then cat "$tmp/serve.log"; echo "$pass passed, $fail failed"; exit 1; fi
+
+if [ "${5:-}" = kill ]; then
+  # Enough streaming work to outlast the kill by far (stories260K decodes ~1,000 tok/s).
+  "$shardlm" bench --server "$addr" --concurrency 8 --requests 400 --max-tokens 400 \
+    > "$tmp/long" 2> "$tmp/long.err" &
+  client=$!
+  sleep 1.5
+  worker=$(pgrep -f -- "--listen 127.0.0.1:0 --tp $tp --pp $pp" | while read -r p; do
+    [ "$(cat /proc/$p/comm 2> /dev/null)" = shardlm ] && echo "$p"; done | sort -n | tail -1)
+  [ -n "$worker" ]; check "found a rank to kill" $?
+  kill -9 "$worker" 2> /dev/null
+  for _ in $(seq 1 200); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+  ! kill -0 "$pid" 2> /dev/null; check "a killed rank takes the job down within 20 s (no hang)" $?
+  wait "$client"
+  crc=$?
+  [ "$crc" = 1 ] && grep -q "UNAVAILABLE" "$tmp/long" "$tmp/long.err"
+  check "the streaming clients end with UNAVAILABLE (bench rc $crc)" $?
+  pid=
+  echo "$pass passed, $fail failed"
+  [ "$fail" = 0 ]
+  exit
+fi
 
 for prompt in "" "Once upon a time" "The cat"; do
   "$shardlm" generate --model "$model" --prompt "$prompt" --max-tokens 40 > "$tmp/want" 2> /dev/null
