@@ -135,6 +135,8 @@ struct engine {
     int32_t *plan;                /* (cap_plan) the packed arrays of a step plan */
     int      cap_plan;
     uint64_t worker_steps;        /* forwards run by engine_run_worker */
+    int      failed;              /* the world broke: everything fails with UNAVAILABLE */
+    char     failure[512];
     struct backend *b;
     struct model   *m;
     struct tokenizer *tok;
@@ -429,6 +431,8 @@ enum status engine_create(const struct engine_options *opt, struct engine **out)
     }
     e->stats.kv_blocks_total = e->cache.n_blocks;
     e->stats.block_tokens = bt;
+    /* Only the conductor times out: workers legitimately wait for the next plan forever. */
+    if (multi && o.world->rank == 0) o.world->timeout_s = o.rank_timeout_s;
     LOG_INFO("engine", "ready: %d KV blocks of %d tokens (%.1f MiB), max_batch_tokens %d, max_seqs %d, prefix caching %s",
              e->cache.n_blocks, bt, (double)block_bytes * (double)e->cache.n_blocks / 1048576.0,
              o.max_batch_tokens, o.max_seqs, o.prefix_caching ? "on" : "off");
@@ -573,6 +577,11 @@ enum status engine_submit(struct engine *e, const char *request_id, const int32_
     r->live_samples = p->n;
 
     pthread_mutex_lock(&e->mu);
+    if (e->failed) {
+        pthread_mutex_unlock(&e->mu);
+        request_free(r);
+        return status_errorf(STATUS_UNAVAILABLE, "the engine failed: %s", e->failure);
+    }
     if (e->draining || e->stop_thread) {
         pthread_mutex_unlock(&e->mu);
         request_free(r);
@@ -1008,10 +1017,29 @@ static void log_comm_time(struct engine *e)
 /* Tells the workers to leave engine_run_worker (conductor only, once). */
 static void stop_workers(struct engine *e)
 {
-    if (!e->par.world || !engine_is_conductor(e) || !e->m) return;
+    if (!e->par.world || !engine_is_conductor(e) || !e->m || e->failed) return;
     struct step_plan_header h = {.stop = 1};
     if (plan_exchange(e, &h) != STATUS_OK) LOG_WARN("engine", "could not tell the workers to stop: %s", status_message());
     e->par.world = NULL; /* nothing more goes to them */
+}
+
+/* The world broke (a rank gone or hung): every request fails with UNAVAILABLE, new ones are
+ * refused, and the owner is told once. */
+static void fail_engine(struct engine *e, enum status st)
+{
+    if (e->failed) return;
+    pthread_mutex_lock(&e->mu);
+    e->failed = 1;
+    snprintf(e->failure, sizeof e->failure, "%s", status_message());
+    pthread_mutex_unlock(&e->mu);
+    LOG_ERROR("engine", "cannot go on: %s", e->failure);
+    for (int pass = 0; pass < 2; pass++) {
+        struct seq **list = pass ? e->waiting : e->running;
+        int n = pass ? e->n_waiting : e->n_running;
+        for (int i = 0; i < n; i++)
+            if (list[i]->state != SEQ_DONE) finish_seq(e, list[i], FINISH_REASON_ERROR, STATUS_UNAVAILABLE, e->failure, 0);
+    }
+    if (e->o.on_fatal) e->o.on_fatal(e->o.fatal_ctx, st, e->failure);
 }
 
 /* ---- the step ------------------------------------------------------------------------------ */
@@ -1078,6 +1106,11 @@ int engine_step(struct engine *e)
     pthread_mutex_unlock(&e->mu);
     for (struct request *r = in, *next; r; r = next) {
         next = r->next_in;
+        if (e->failed) { /* submitted just before the failure */
+            r->forked = 1;
+            for (int k = 0; k < r->p.n; k++) finish_absent(e, r, k, FINISH_REASON_ERROR, STATUS_UNAVAILABLE, e->failure);
+            continue;
+        }
         struct seq *s = seq_new(e, r, 0);
         if (!s) {
             r->forked = 1;
@@ -1246,6 +1279,8 @@ int engine_step(struct engine *e)
         take_token(e, s, row);
     }
 
+    if (st != STATUS_OK && e->par.world && e->par.world->broken) fail_engine(e, st);
+
     /* Free what finished. */
     w = 0;
     for (int i = 0; i < e->n_running; i++) {
@@ -1253,6 +1288,12 @@ int engine_step(struct engine *e)
         else e->running[w++] = e->running[i];
     }
     e->n_running = w;
+    w = 0;
+    for (int i = 0; i < e->n_waiting; i++) {
+        if (e->waiting[i]->state == SEQ_DONE) seq_free(e->waiting[i]);
+        else e->waiting[w++] = e->waiting[i];
+    }
+    e->n_waiting = w;
     stats_update(e, prefill_rows, hits);
     return busy;
 }

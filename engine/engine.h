@@ -54,6 +54,12 @@ struct engine_options {
      * engine_run_worker. world NULL or tp = pp = 1: one rank. */
     struct parallel_world *world; /* borrowed */
     int   tp, pp;
+    double rank_timeout_s;     /* conductor: a peer making no progress this long is gone
+                                  (0 = wait forever); set once the model is loaded */
+    /* Called once, on the engine thread, when the engine can no longer run (a rank gone): every
+     * request has then finished with an error and new ones are refused with UNAVAILABLE. */
+    void (*on_fatal)(void *ctx, enum status st, const char *message);
+    void *fatal_ctx;
 };
 struct engine_options engine_options_default(void);
 

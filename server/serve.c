@@ -39,6 +39,7 @@ static int usage(const char *fmt, const char *arg)
     fprintf(stderr, "shardlm serve: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\nusage: shardlm serve --model DIR [--listen 127.0.0.1:50051] [--device cpu|cuda] [--threads N]\n"
+                    "         [--tp T --pp P (under mpirun)] [--rank-timeout S (60)]\n"
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
                     "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
                     "         [--chat-template llama2|chatml|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
@@ -80,6 +81,7 @@ int serve_main(int argc, char **argv)
 {
     struct server_options o = {.listen = "127.0.0.1:50051", .engine = engine_options_default(), .drain_timeout_s = 30.0,
                                .max_receive_bytes = 4 << 20};
+    o.engine.rank_timeout_s = 60.0; /* multi-rank: a peer silent this long is hung or gone */
     const char *device = "cpu";
     long tp = 1, pp = 1;
     for (int i = 0; i < argc; i++) {
@@ -95,7 +97,13 @@ int serve_main(int argc, char **argv)
         if (!strcmp(a, "--model")) o.engine.model_dir = v;
         else if (!strcmp(a, "--listen")) o.listen = v;
         else if (!strcmp(a, "--device")) device = v;
-        else if (!strcmp(a, "--tp")) {
+        else if (!strcmp(a, "--rank-timeout")) {
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !isfinite(d) || d < 0 || d > 86400)
+                return usage("--rank-timeout must be a number of seconds in [0, 86400], got '%s'", v);
+            o.engine.rank_timeout_s = d;
+        } else if (!strcmp(a, "--tp")) {
             if (base_parse_long(v, 1, 1024, &n)) return usage("--tp must be an integer in [1, 1024], got '%s'", v);
             tp = n;
         } else if (!strcmp(a, "--pp")) {

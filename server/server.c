@@ -212,6 +212,8 @@ struct server {
     enum phase            phase_seen;
     enum status           load_status;
     char                  load_message[1024];
+    volatile sig_atomic_t fatal;   /* the engine failed (a rank gone): shut down, exit non-zero */
+    char                  fatal_message[512];
     struct engine        *engine;
     const struct tokenizer *tok;
     int                   vocab_size;
@@ -1160,10 +1162,23 @@ static void install_stop_handlers(void)
     sigaction(SIGINT, &sa, NULL);
 }
 
+/* Engine thread: the engine cannot go on (a rank is gone or hung). The control thread turns
+ * health to NOT_SERVING and shuts the server down; server_run then returns UNAVAILABLE. */
+static void on_engine_fatal(void *ctx, enum status st, const char *message)
+{
+    struct server *s = ctx;
+    (void)st;
+    snprintf(s->fatal_message, sizeof s->fatal_message, "%s", message);
+    s->fatal = 1;
+    sem_post(&s->stop_sem);
+}
+
 static void *control_main(void *arg)
 {
     struct server *s = arg;
     struct engine *e = NULL;
+    s->opts.engine.on_fatal = on_engine_fatal;
+    s->opts.engine.fatal_ctx = s;
     enum status st = engine_create(&s->opts.engine, &e);
     if (st == STATUS_OK) {
         s->tok = engine_tokenizer(e);
@@ -1190,11 +1205,14 @@ static void *control_main(void *arg)
 
     while (sem_wait(&s->stop_sem) != 0) {} /* EINTR */
     int sig = g_stop_signal;
-    LOG_INFO("server", "%s: draining (up to %.1f s)", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "stop",
-             s->opts.drain_timeout_s);
+    if (s->fatal)
+        LOG_ERROR("server", "the engine failed (%s): NOT_SERVING, shutting down", s->fatal_message);
+    else
+        LOG_INFO("server", "%s: draining (up to %.1f s)", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "stop",
+                 s->opts.drain_timeout_s);
     atomic_store(&s->phase, PHASE_DRAINING);
     wake(s);
-    engine_drain(e, s->opts.drain_timeout_s);
+    engine_drain(e, s->fatal ? 0.0 : s->opts.drain_timeout_s);
     atomic_store(&s->phase, PHASE_DRAINED);
     wake(s);
     return NULL;
@@ -1408,6 +1426,7 @@ enum status server_run(const struct server_options *o)
     pthread_join(s->control, NULL);
     drain_engine_events(s); /* nothing should be left; the calls are gone */
     if (atomic_load(&s->phase) == PHASE_FAILED) st = status_errorf(s->load_status, "%s", s->load_message);
+    if (s->fatal) st = status_errorf(STATUS_UNAVAILABLE, "%s", s->fatal_message);
 
     grpc_call_unref(s->wake_call);
     grpc_channel_destroy(s->wake_channel);

@@ -5,6 +5,8 @@
 # a bench of concurrent streams succeeds; SIGTERM drains and every rank exits 0.
 # With `kill`: a worker rank is killed (SIGKILL) in the middle of a long streamed generation;
 # the client must get an error (not hang), and every rank must be gone within 20 s.
+# With `hang`: a worker rank is stopped (SIGSTOP) instead; rank 0 notices after --rank-timeout
+# (2 s here), fails the requests with UNAVAILABLE, goes NOT_SERVING and exits non-zero.
 set -u
 shardlm=$1
 data=$2
@@ -15,14 +17,15 @@ model=$data/stories260K
 command -v mpirun > /dev/null || { echo "SKIP: no mpirun"; exit 77; }
 tmp=$(mktemp -d)
 pid=
-cleanup() { [ -n "$pid" ] && kill -9 "$pid" 2> /dev/null; rm -rf "$tmp"; } # mpirun takes its ranks down
+# mpirun killed with SIGKILL orphans its ranks: kill them (its children) first.
+cleanup() { [ -n "$pid" ] && { pkill -9 -P "$pid" 2> /dev/null; kill -9 "$pid" 2> /dev/null; }; rm -rf "$tmp"; }
 trap cleanup EXIT
 pass=0
 fail=0
 check() { if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "PASS $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi; }
 
 OMP_NUM_THREADS=1 mpirun -n $((tp * pp)) -x OMP_NUM_THREADS "$shardlm" serve --model "$model" \
-  --listen 127.0.0.1:0 --tp "$tp" --pp "$pp" --drain-timeout 5 > "$tmp/serve.log" 2>&1 &
+  --listen 127.0.0.1:0 --tp "$tp" --pp "$pp" --drain-timeout 5 --rank-timeout 2 > "$tmp/serve.log" 2>&1 &
 pid=$!
 addr=
 for _ in $(seq 1 300); do
@@ -34,7 +37,7 @@ done
 [ -n "$addr" ]; check "mpirun -n $((tp * pp)) serve --tp $tp --pp $pp listens" $?
 if [ -z "$addr" ]; then cat "$tmp/serve.log"; echo "$pass passed, $fail failed"; exit 1; fi
 
-if [ "${5:-}" = kill ]; then
+if [ "${5:-}" = kill ] || [ "${5:-}" = hang ]; then
   # Enough streaming work to outlast the kill by far (stories260K decodes ~1,000 tok/s).
   "$shardlm" bench --server "$addr" --concurrency 8 --requests 400 --max-tokens 400 \
     > "$tmp/long" 2> "$tmp/long.err" &
@@ -43,9 +46,14 @@ if [ "${5:-}" = kill ]; then
   worker=$(pgrep -f -- "--listen 127.0.0.1:0 --tp $tp --pp $pp" | while read -r p; do
     [ "$(cat /proc/$p/comm 2> /dev/null)" = shardlm ] && echo "$p"; done | sort -n | tail -1)
   [ -n "$worker" ]; check "found a rank to kill" $?
-  kill -9 "$worker" 2> /dev/null
+  if [ "$5" = kill ]; then kill -9 "$worker" 2> /dev/null; else kill -STOP "$worker" 2> /dev/null; fi
   for _ in $(seq 1 200); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
-  ! kill -0 "$pid" 2> /dev/null; check "a killed rank takes the job down within 20 s (no hang)" $?
+  ! kill -0 "$pid" 2> /dev/null; check "a $5 rank takes the job down within 20 s (no hang)" $?
+  if [ "$5" = hang ]; then
+    kill -9 "$worker" 2> /dev/null
+    grep -q "the engine failed" "$tmp/serve.log"; check "rank 0 detected the hung rank" $?
+    grep -q "NOT_SERVING" "$tmp/serve.log"; check "health went NOT_SERVING" $?
+  fi
   wait "$client"
   crc=$?
   [ "$crc" = 1 ] && grep -q "UNAVAILABLE" "$tmp/long" "$tmp/long.err"
