@@ -203,6 +203,10 @@ out:
     return finish();
 }
 
+/* Short form (for many ranks on few cores): logits after BOS, 30 greedy ids and the story's
+ * opening, without the prefill-chunk variations. */
+static int stories_short;
+
 static int run_stories(const char *data)
 {
     char dir[2048], path[4096], detail[4096 + 64];
@@ -238,6 +242,7 @@ static int run_stories(const char *data)
     }
 
     /* Greedy generation from BOS: the exact ids of the float64 reference. */
+    if (stories_short && n_want > 30) n_want = 30;
     int32_t *out = malloc((size_t)n_want * sizeof *out);
     int n_out = 0;
     struct generate_options o = {.max_tokens = n_want, .prefill_chunk = 64, .ignore_eos = 1,
@@ -250,17 +255,19 @@ static int run_stories(const char *data)
         if (i >= n_out || out[i] != want[i]) first_bad = i;
     snprintf(detail, sizeof detail, "%d of %d ids%s", first_bad < 0 ? n_want : first_bad, n_want,
              first_bad < 0 ? " match" : " match before the first difference");
-    check(st == STATUS_OK && first_bad < 0, "greedy 120 tokens vs NumPy", detail);
+    check(st == STATUS_OK && first_bad < 0, "greedy tokens vs NumPy", detail);
 
     /* The text the asset's README documents (the tokens are shared: every rank decodes it). */
     char *text = NULL;
     size_t len = 0;
     st = tokenizer_decode(tok, out, n_out, &text, &len);
-    const char *story = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
+    const char *story = stories_short ? "Once upon a time, there was a little girl named Lily."
+                                      : "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
     check(st == STATUS_OK && len >= strlen(story) && !strncmp(text, story, strlen(story)),
           "decoded text begins with the documented story", text ? text : "");
     free(text);
 
+    if (stories_short) goto done_checks;
     /* Chunked prefill of a 41-token prompt, then greedy: the reference continuation. */
     int32_t prompt[41];
     prompt[0] = 1;
@@ -274,6 +281,7 @@ static int run_stories(const char *data)
         snprintf(detail, sizeof detail, "prefill chunk %d, %d tokens", chunks[c], n_out);
         check(same, "continuation after a 41-token prompt vs NumPy", detail);
     }
+done_checks:
     check(e.cache.n_free == e.cache.n_blocks, "every KV block back in the pool", NULL);
     free(out);
     free(logits);
@@ -466,6 +474,10 @@ int main(int argc, char **argv)
 static int run_command(int argc, char **argv)
 {
     if (argc >= 3 && !strcmp(argv[1], "stories")) return run_stories(argv[2]);
+    if (argc >= 3 && !strcmp(argv[1], "stories-short")) {
+        stories_short = 1;
+        return run_stories(argv[2]);
+    }
     if (argc >= 4 && !strcmp(argv[1], "hf")) {
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/%s", argv[2], argv[3]);
