@@ -370,6 +370,7 @@ enum status engine_create(const struct engine_options *opt, struct engine **out)
             goto fail;
         e->par.world = o.world;
         e->par.groups = &e->groups;
+        e->par.pp_layers = o.pp_layers;
     }
     snprintf(path, sizeof path, "%s/tokenizer.model", o.model_dir);
     st = tokenizer_load(path, &e->tok);

@@ -54,6 +54,7 @@ struct engine_options {
      * engine_run_worker. world NULL or tp = pp = 1: one rank. */
     struct parallel_world *world; /* borrowed */
     int   tp, pp;
+    const char *pp_layers;     /* layers per pipeline stage ("2,3"); NULL = balanced */
     double rank_timeout_s;     /* conductor: a peer making no progress this long is gone
                                   (0 = wait forever); set once the model is loaded */
     /* Called once, on the engine thread, when the engine can no longer run (a rank gone): every

@@ -44,7 +44,14 @@ struct model_parallel {
     struct parallel_world *world;   /* borrowed */
     struct parallel_layout layout;  /* this rank's tp/pp/dp coordinates */
     struct parallel_groups *groups; /* borrowed: tp and pp communicators */
+    const char *pp_layers;          /* "2,3,...": layers per stage (--pp-layers), or NULL for a
+                                       balanced split (earlier stages one more when pp does
+                                       not divide the layers) */
 };
+
+/* Parses "2,3,..." into layers per stage (pp_size values, each >= 1, summing to n_layers);
+ * STATUS_INVALID_ARGUMENT naming what is wrong. */
+enum status model_parse_pp_layers(const char *text, int pp_size, int n_layers, int *out);
 
 struct model {
     struct model_config cfg;

@@ -135,6 +135,28 @@ static enum status load_layer(struct model *m, struct staging *stg, int layer,
     return STATUS_OK;
 }
 
+enum status model_parse_pp_layers(const char *text, int pp_size, int n_layers, int *out)
+{
+    int n = 0, sum = 0;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 100000 || (*end && *end != ','))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "--pp-layers '%s': a comma-separated list of positive layer counts", text);
+        if (n == pp_size)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "--pp-layers '%s': more than pp = %d stages", text, pp_size);
+        out[n++] = (int)v;
+        sum += (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n != pp_size || sum != n_layers)
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "--pp-layers '%s': needs %d stages summing to the model's %d layers (got %d stages, %d layers)",
+                             text, pp_size, n_layers, n, sum);
+    return STATUS_OK;
+}
+
 enum status model_load(const char *dir, struct backend *b, const struct model_parallel *par,
                        struct model **out)
 {
@@ -166,7 +188,21 @@ enum status model_load(const char *dir, struct backend *b, const struct model_pa
         st = status_errorf(STATUS_INVALID_ARGUMENT, "model: pp %d exceeds the %d layers", pp_size, c->n_layers);
         goto fail;
     }
-    checkpoint_pp_layers(c->n_layers, pp_size, pp_rank, &m->layer_first, &m->n_layers_local);
+    if (par && par->pp_layers) { /* an explicit split (--pp-layers) */
+        int *per = calloc((size_t)pp_size, sizeof *per);
+        if (!per) {
+            st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+            goto fail;
+        }
+        st = model_parse_pp_layers(par->pp_layers, pp_size, c->n_layers, per);
+        m->layer_first = 0;
+        for (int i = 0; i < pp_rank; i++) m->layer_first += per[i];
+        m->n_layers_local = per[pp_rank];
+        free(per);
+        if (st != STATUS_OK) goto fail;
+    } else {
+        checkpoint_pp_layers(c->n_layers, pp_size, pp_rank, &m->layer_first, &m->n_layers_local);
+    }
     /* CPUs compute in f32; GPUs in bf16, or f16 for checkpoints trained in f16. */
     m->dtype = b->device == DEVICE_CPU ? DTYPE_F32 : (c->dtype == DTYPE_F16 ? DTYPE_F16 : DTYPE_BF16);
 

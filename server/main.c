@@ -55,6 +55,7 @@ static void print_help(FILE *f)
             "  shardlm generate --model DIR [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
             "                   [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
             "                   [--device cpu|cuda] [--threads N] [--no-bos] [--tp T --pp P]\n"
+            "                   [--pp-layers N1,N2,...]\n"
             "  shardlm convert llama2c --checkpoint FILE.bin --tokenizer FILE.model --out DIR\n"
             "  shardlm convert gguf --gguf FILE.gguf --out DIR [--dtype f32|bf16]\n"
             "  shardlm reshard --model DIR --out DIR --tp T --pp P\n"
@@ -87,7 +88,7 @@ static int print_token(void *ctx, int32_t token)
 
 static int cmd_generate(int argc, char **argv)
 {
-    const char *model_dir = NULL, *prompt = "", *device_name = "cpu";
+    const char *model_dir = NULL, *prompt = "", *device_name = "cpu", *pp_layers = NULL;
     long max_tokens = 128, threads = 0, seed = 0, tp = 1, pp = 1;
     int add_bos = 1;
     struct generate_options o = {.sampling = sampling_params_default()};
@@ -101,6 +102,7 @@ static int cmd_generate(int argc, char **argv)
         else if (!strcmp(a, "--model")) model_dir = v;
         else if (!strcmp(a, "--prompt")) prompt = v;
         else if (!strcmp(a, "--device")) device_name = v;
+        else if (!strcmp(a, "--pp-layers")) pp_layers = v;
         else if (!strcmp(a, "--max-tokens")) { if (base_parse_long(v, 0, 1 << 20, &max_tokens)) return usage_error("--max-tokens must be an integer in [0, 1048576], got '%s'", v); }
         else if (!strcmp(a, "--tp")) { if (base_parse_long(v, 1, 1024, &tp)) return usage_error("--tp must be an integer in [1, 1024], got '%s'", v); }
         else if (!strcmp(a, "--pp")) { if (base_parse_long(v, 1, 1024, &pp)) return usage_error("--pp must be an integer in [1, 1024], got '%s'", v); }
@@ -143,6 +145,7 @@ static int cmd_generate(int argc, char **argv)
         if ((st = parallel_groups_init(world, &par.layout, dev, world->local_rank, NULL, &groups)) != STATUS_OK) goto done;
         par.world = world;
         par.groups = &groups;
+        par.pp_layers = pp_layers;
     } else if ((st = backend_open(dev, 0, (int)threads, &b)) != STATUS_OK) {
         goto done;
     }

@@ -39,7 +39,7 @@ static int usage(const char *fmt, const char *arg)
     fprintf(stderr, "shardlm serve: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\nusage: shardlm serve --model DIR [--listen 127.0.0.1:50051] [--device cpu|cuda] [--threads N]\n"
-                    "         [--tp T --pp P (under mpirun)] [--rank-timeout S (60)]\n"
+                    "         [--tp T --pp P (under mpirun)] [--pp-layers N1,N2,...] [--rank-timeout S (60)]\n"
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
                     "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
                     "         [--chat-template llama2|chatml|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
@@ -97,6 +97,7 @@ int serve_main(int argc, char **argv)
         if (!strcmp(a, "--model")) o.engine.model_dir = v;
         else if (!strcmp(a, "--listen")) o.listen = v;
         else if (!strcmp(a, "--device")) device = v;
+        else if (!strcmp(a, "--pp-layers")) o.engine.pp_layers = v;
         else if (!strcmp(a, "--rank-timeout")) {
             char *end;
             double d = strtod(v, &end);
