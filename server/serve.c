@@ -155,12 +155,20 @@ int serve_main(int argc, char **argv)
     enum device dev;
     enum status st = backend_parse_device(device, &dev);
     struct parallel_world *world = NULL;
-    if (st == STATUS_OK && tp * pp > 1) {
-        /* Under mpirun: rank 0 serves and conducts; every other rank replays its step plans. */
+    if (st == STATUS_OK) {
+        /* Under mpirun: rank 0 serves and conducts; every other rank replays its step plans.
+         * Without mpirun this is a world of one and MPI is never initialised. */
         st = parallel_init(NULL, NULL, &world);
-        o.engine.world = world;
-        o.engine.tp = (int)tp;
-        o.engine.pp = (int)pp;
+        if (st == STATUS_OK && world->size != tp * pp)
+            st = status_errorf(STATUS_INVALID_ARGUMENT,
+                               "%d ranks but --tp %ld x --pp %ld = %ld: serving needs exactly tp x pp ranks "
+                               "(launch with mpirun -n %ld; data-parallel replicas are not supported yet)",
+                               world->size, tp, pp, tp * pp, tp * pp);
+        if (st == STATUS_OK && world->size > 1) {
+            o.engine.world = world;
+            o.engine.tp = (int)tp;
+            o.engine.pp = (int)pp;
+        }
     }
     if (st == STATUS_OK) {
         o.engine.device = (int)dev;
