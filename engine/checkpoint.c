@@ -347,39 +347,43 @@ static enum status ck_part(const struct checkpoint *ck, struct ck_source *s, int
 /* HF Llama and Gemma 3 names (after the body prefix, "model." in text-only checkpoints). They
  * differ in the norms: Llama's post_attention_layernorm is the pre-MLP norm; Gemma's is the
  * norm of the attention output, its pre-MLP norm being pre_feedforward_layernorm. */
+/* The Hugging Face name of a Llama-family weight (Llama, Mistral, Gemma 3), without the
+ * "model." prefix and with %d for the layer; NULL for LM_HEAD and for kinds the family lacks.
+ * Shared by the reader and the HF writer. */
+static const char *ck_hf_llama_fmt(int gemma, enum weight_kind kind)
+{
+    switch (kind) {
+    case WEIGHT_KIND_TOK_EMBEDDING: return "embed_tokens.weight";
+    case WEIGHT_KIND_FINAL_NORM: return "norm.weight";
+    case WEIGHT_KIND_ATTN_NORM: return "layers.%d.input_layernorm.weight";
+    case WEIGHT_KIND_MLP_NORM:
+        return gemma ? "layers.%d.pre_feedforward_layernorm.weight" : "layers.%d.post_attention_layernorm.weight";
+    case WEIGHT_KIND_POST_ATTN_NORM: return "layers.%d.post_attention_layernorm.weight";
+    case WEIGHT_KIND_POST_MLP_NORM: return "layers.%d.post_feedforward_layernorm.weight";
+    case WEIGHT_KIND_Q_NORM: return "layers.%d.self_attn.q_norm.weight";
+    case WEIGHT_KIND_K_NORM: return "layers.%d.self_attn.k_norm.weight";
+    case WEIGHT_KIND_Q: return "layers.%d.self_attn.q_proj.weight";
+    case WEIGHT_KIND_K: return "layers.%d.self_attn.k_proj.weight";
+    case WEIGHT_KIND_V: return "layers.%d.self_attn.v_proj.weight";
+    case WEIGHT_KIND_O: return "layers.%d.self_attn.o_proj.weight";
+    case WEIGHT_KIND_Q_BIAS: return "layers.%d.self_attn.q_proj.bias";
+    case WEIGHT_KIND_K_BIAS: return "layers.%d.self_attn.k_proj.bias";
+    case WEIGHT_KIND_V_BIAS: return "layers.%d.self_attn.v_proj.bias";
+    case WEIGHT_KIND_O_BIAS: return "layers.%d.self_attn.o_proj.bias";
+    case WEIGHT_KIND_GATE: return "layers.%d.mlp.gate_proj.weight";
+    case WEIGHT_KIND_UP: return "layers.%d.mlp.up_proj.weight";
+    case WEIGHT_KIND_DOWN: return "layers.%d.mlp.down_proj.weight";
+    case WEIGHT_KIND_GATE_BIAS: return "layers.%d.mlp.gate_proj.bias";
+    case WEIGHT_KIND_UP_BIAS: return "layers.%d.mlp.up_proj.bias";
+    case WEIGHT_KIND_DOWN_BIAS: return "layers.%d.mlp.down_proj.bias";
+    default: return NULL;
+    }
+}
+
 static enum status ck_source_hf_llama(const struct checkpoint *ck, enum weight_kind kind, int l,
                                       struct ck_source *s)
 {
-    int gemma = ck->cfg.family == MODEL_FAMILY_GEMMA3;
-    const char *fmt = NULL;
-    switch (kind) {
-    case WEIGHT_KIND_TOK_EMBEDDING: fmt = "embed_tokens.weight"; break;
-    case WEIGHT_KIND_FINAL_NORM: fmt = "norm.weight"; break;
-    case WEIGHT_KIND_ATTN_NORM: fmt = "layers.%d.input_layernorm.weight"; break;
-    case WEIGHT_KIND_MLP_NORM:
-        fmt = gemma ? "layers.%d.pre_feedforward_layernorm.weight"
-                    : "layers.%d.post_attention_layernorm.weight";
-        break;
-    case WEIGHT_KIND_POST_ATTN_NORM: fmt = "layers.%d.post_attention_layernorm.weight"; break;
-    case WEIGHT_KIND_POST_MLP_NORM: fmt = "layers.%d.post_feedforward_layernorm.weight"; break;
-    case WEIGHT_KIND_Q_NORM: fmt = "layers.%d.self_attn.q_norm.weight"; break;
-    case WEIGHT_KIND_K_NORM: fmt = "layers.%d.self_attn.k_norm.weight"; break;
-    case WEIGHT_KIND_Q: fmt = "layers.%d.self_attn.q_proj.weight"; break;
-    case WEIGHT_KIND_K: fmt = "layers.%d.self_attn.k_proj.weight"; break;
-    case WEIGHT_KIND_V: fmt = "layers.%d.self_attn.v_proj.weight"; break;
-    case WEIGHT_KIND_O: fmt = "layers.%d.self_attn.o_proj.weight"; break;
-    case WEIGHT_KIND_Q_BIAS: fmt = "layers.%d.self_attn.q_proj.bias"; break;
-    case WEIGHT_KIND_K_BIAS: fmt = "layers.%d.self_attn.k_proj.bias"; break;
-    case WEIGHT_KIND_V_BIAS: fmt = "layers.%d.self_attn.v_proj.bias"; break;
-    case WEIGHT_KIND_O_BIAS: fmt = "layers.%d.self_attn.o_proj.bias"; break;
-    case WEIGHT_KIND_GATE: fmt = "layers.%d.mlp.gate_proj.weight"; break;
-    case WEIGHT_KIND_UP: fmt = "layers.%d.mlp.up_proj.weight"; break;
-    case WEIGHT_KIND_DOWN: fmt = "layers.%d.mlp.down_proj.weight"; break;
-    case WEIGHT_KIND_GATE_BIAS: fmt = "layers.%d.mlp.gate_proj.bias"; break;
-    case WEIGHT_KIND_UP_BIAS: fmt = "layers.%d.mlp.up_proj.bias"; break;
-    case WEIGHT_KIND_DOWN_BIAS: fmt = "layers.%d.mlp.down_proj.bias"; break;
-    default: break;
-    }
+    const char *fmt = ck_hf_llama_fmt(ck->cfg.family == MODEL_FAMILY_GEMMA3, kind);
     CHECK(fmt || kind == WEIGHT_KIND_LM_HEAD, "no HF Llama tensor for %s", weight_kind_name(kind));
     char local[CK_NAME], name[CK_NAME];
     snprintf(local, sizeof local, fmt ? fmt : "", l);
@@ -1345,12 +1349,40 @@ out:
     return s;
 }
 
+/* Creates dir_out if missing and refuses to write over the source checkpoint. */
+static enum status ck_out_dir(const char *dir_out, const struct checkpoint *src)
+{
+    char a[PATH_MAX], b[PATH_MAX];
+    if (mkdir(dir_out, 0755) != 0 && errno != EEXIST)
+        return status_errorf(STATUS_IO, "mkdir %s: %s", dir_out, strerror(errno));
+    if (!realpath(dir_out, a) || !realpath(src->files->dir, b))
+        return status_errorf(STATUS_IO, "%s: %s", dir_out, strerror(errno));
+    if (!strcmp(a, b))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: cannot write a checkpoint over its source",
+                             dir_out);
+    return STATUS_OK;
+}
+
+/* Copies the tokenizer files that are present and writes config.json (every writer's last
+ * files besides its own metadata). */
+static enum status ck_write_extras(const char *dir_out, const struct checkpoint *src)
+{
+    static const char *const extras[] = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                                         "special_tokens_map.json", "generation_config.json"};
+    enum status s;
+    char config[CK_PATH];
+    for (size_t i = 0; i < sizeof extras / sizeof extras[0]; i++)
+        if ((s = mw_copy_file(src->files->dir, dir_out, extras[i]))) return s;
+    if ((s = ck_pathf(config, dir_out, "config.json")) || (s = config_save(config, &src->cfg))) return s;
+    return STATUS_OK;
+}
+
 enum status checkpoint_write_megatron(const char *dir_out, struct checkpoint *src, int tp_size,
                                       int pp_size)
 {
     const struct model_config *c = &src->cfg;
     enum status s;
-    char meta[CK_PATH], config[CK_PATH], a[PATH_MAX], b[PATH_MAX];
+    char meta[CK_PATH];
     if (tp_size < 1 || tp_size > 99 || pp_size < 1 || pp_size > CK_MAX_PP)
         return status_errorf(STATUS_INVALID_ARGUMENT, "tp size %d / pp size %d out of range (1..99 / 1..%d)",
                              tp_size, pp_size, CK_MAX_PP);
@@ -1362,13 +1394,7 @@ enum status checkpoint_write_megatron(const char *dir_out, struct checkpoint *sr
     if (pp_size > c->n_layers)
         return status_errorf(STATUS_UNSUPPORTED, "pp size %d exceeds the %d layers", pp_size,
                              c->n_layers);
-    if (mkdir(dir_out, 0755) != 0 && errno != EEXIST)
-        return status_errorf(STATUS_IO, "mkdir %s: %s", dir_out, strerror(errno));
-    if (!realpath(dir_out, a) || !realpath(src->files->dir, b))
-        return status_errorf(STATUS_IO, "%s: %s", dir_out, strerror(errno));
-    if (!strcmp(a, b))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: cannot write a checkpoint over its source",
-                             dir_out);
+    if ((s = ck_out_dir(dir_out, src))) return s;
     /* Without its metadata a directory does not open: remove it first, write it last. */
     if ((s = ck_pathf(meta, dir_out, megatron_meta_name))) return s;
     if (unlink(meta) != 0 && errno != ENOENT)
@@ -1376,12 +1402,75 @@ enum status checkpoint_write_megatron(const char *dir_out, struct checkpoint *sr
     for (int p = 0; p < pp_size; p++)
         for (int t = 0; t < tp_size; t++)
             if ((s = mw_write_file(src, dir_out, p, t, tp_size, pp_size))) return s;
-    static const char *const extras[] = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
-                                         "special_tokens_map.json", "generation_config.json"};
-    for (size_t i = 0; i < sizeof extras / sizeof extras[0]; i++)
-        if ((s = mw_copy_file(src->files->dir, dir_out, extras[i]))) return s;
-    if ((s = ck_pathf(config, dir_out, "config.json")) || (s = config_save(config, c))) return s;
+    if ((s = ck_write_extras(dir_out, src))) return s;
     if ((s = mw_write_meta(dir_out, c, tp_size, pp_size))) return s;
     LOG_INFO("checkpoint", "wrote %s: Megatron layout, tp %d, pp %d", dir_out, tp_size, pp_size);
     return STATUS_OK;
+}
+
+/* ---- the Hugging Face writer ------------------------------------------------------------ */
+
+struct hfw_item {
+    struct checkpoint *ck;
+    enum weight_kind   kind;
+    int                layer;
+    enum dtype         dtype; /* as stored in the source */
+};
+
+static enum status hfw_fill(void *ctx, void *dst, size_t nbytes)
+{
+    const struct hfw_item *it = ctx;
+    struct host_weight hw;
+    return checkpoint_get(it->ck, it->kind, it->layer, 0, 1, it->dtype, dst, nbytes, 0, &hw);
+}
+
+enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
+{
+    const struct model_config *c = &src->cfg;
+    if (c->family != MODEL_FAMILY_LLAMA && c->family != MODEL_FAMILY_GEMMA3)
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "writing the Hugging Face layout is implemented for Llama-family models "
+                             "(Llama, Mistral, Gemma 3), not %s", c->architecture);
+    enum status s = ck_out_dir(dir_out, src);
+    if (s) return s;
+    const int gemma = c->family == MODEL_FAMILY_GEMMA3;
+    struct hfw_item *items = calloc((size_t)WEIGHT_KIND_COUNT * (size_t)(c->n_layers + 1), sizeof *items);
+    struct safetensors_writer *w = NULL;
+    char path[CK_PATH], fmt_name[CK_NAME], name[CK_NAME + 8];
+    if (!items) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    if ((s = ck_pathf(path, dir_out, hf_single_name)) || (s = safetensors_writer_begin(path, &w))) goto out;
+    int n = 0;
+    for (int k = 0; k < WEIGHT_KIND_COUNT; k++) {
+        enum weight_kind kind = (enum weight_kind)k;
+        if (!weight_kind_exists(c, kind) || (kind == WEIGHT_KIND_LM_HEAD && c->tied_embeddings)) continue;
+        int layers = weight_kind_per_layer(kind) ? c->n_layers : 1;
+        for (int l = 0; l < layers; l++) {
+            struct host_weight hw;
+            /* The stored dtype first (describe in f32 reports it), then the real description. */
+            if ((s = checkpoint_describe(src, kind, l, 0, 1, DTYPE_F32, &hw))) goto out;
+            items[n] = (struct hfw_item){src, kind, l, hw.stored_dtype};
+            if ((s = checkpoint_describe(src, kind, l, 0, 1, hw.stored_dtype, &hw))) goto out;
+            if (kind == WEIGHT_KIND_LM_HEAD) {
+                snprintf(name, sizeof name, "lm_head.weight");
+            } else {
+                const char *f = ck_hf_llama_fmt(gemma, kind);
+                CHECK(f, "no HF name for %s", weight_kind_name(kind));
+                snprintf(fmt_name, sizeof fmt_name, f, l);
+                snprintf(name, sizeof name, "model.%s", fmt_name);
+            }
+            if ((s = safetensors_writer_add_deferred(w, name, hw.stored_dtype, hw.ndim, hw.shape, hfw_fill, &items[n])))
+                goto out;
+            n++;
+        }
+    }
+    if ((s = safetensors_writer_set_metadata(w, "format", "pt"))) goto out;
+    s = safetensors_writer_finish(w); /* frees w */
+    w = NULL;
+    if (s) goto out;
+    s = ck_write_extras(dir_out, src);
+    if (!s) LOG_INFO("checkpoint", "wrote %s: Hugging Face layout, %d tensors", dir_out, n);
+out:
+    safetensors_writer_free(w);
+    free(items);
+    return s;
 }

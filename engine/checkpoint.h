@@ -226,6 +226,12 @@ enum status checkpoint_get(struct checkpoint *ck, enum weight_kind kind, int lay
 enum status checkpoint_write_megatron(const char *dir_out, struct checkpoint *src, int tp_size,
                                       int pp_size);
 
+/* Writes src as a Hugging Face-layout directory (one model.safetensors with HF tensor names,
+ * every tensor in its source dtype, joined from whatever layout src has; config.json and the
+ * tokenizer files): the inverse of reading. Llama-family models only (Llama, Mistral, Gemma 3);
+ * others are STATUS_UNSUPPORTED. Same directory rules as checkpoint_write_megatron. */
+enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src);
+
 #ifdef __cplusplus
 }
 #endif

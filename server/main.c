@@ -4,7 +4,7 @@
  *   shardlm generate --model DIR [--prompt TEXT] [options]   generate text locally
  *   shardlm convert llama2c --checkpoint F --tokenizer F --out DIR
  *   shardlm convert gguf --gguf F --out DIR [--dtype f32|bf16]
- *   shardlm reshard --model DIR --out DIR --tp T --pp P
+ *   shardlm reshard --model DIR --out DIR [--tp T --pp P | --format hf]
  *   shardlm version
  * Errors from below arrive as an enum status with a message; they are printed here and turn
  * into a non-zero exit code. This is the only file that calls exit codes.
@@ -58,7 +58,7 @@ static void print_help(FILE *f)
             "                   [--pp-layers N1,N2,...]\n"
             "  shardlm convert llama2c --checkpoint FILE.bin --tokenizer FILE.model --out DIR\n"
             "  shardlm convert gguf --gguf FILE.gguf --out DIR [--dtype f32|bf16]\n"
-            "  shardlm reshard --model DIR --out DIR --tp T --pp P\n"
+            "  shardlm reshard --model DIR --out DIR [--tp T --pp P | --format hf]\n"
             "  shardlm version\n"
             "\n"
             "generate prints the completion to stdout as it is produced and the prefill and\n"
@@ -257,24 +257,29 @@ static int cmd_convert(int argc, char **argv)
  * tp/pp without this; it is for shipping pre-split shards). */
 static int cmd_reshard(int argc, char **argv)
 {
-    const char *src = NULL, *out = NULL;
+    const char *src = NULL, *out = NULL, *format = "megatron";
     long tp = 1, pp = 1;
     for (int i = 0; i < argc; i += 2) {
         if (i + 1 >= argc) return usage_error("reshard: %s needs a value", argv[i]);
         const char *v = argv[i + 1];
         if (!strcmp(argv[i], "--model")) src = v;
         else if (!strcmp(argv[i], "--out")) out = v;
+        else if (!strcmp(argv[i], "--format")) format = v;
         else if (!strcmp(argv[i], "--tp")) { if (base_parse_long(v, 1, 1024, &tp)) return usage_error("--tp must be an integer in [1, 1024], got '%s'", v); }
         else if (!strcmp(argv[i], "--pp")) { if (base_parse_long(v, 1, 1024, &pp)) return usage_error("--pp must be an integer in [1, 1024], got '%s'", v); }
         else return usage_error("reshard: unknown option '%s'", argv[i]);
     }
     if (!src || !out) return usage_error("reshard needs --model and --out%s", "");
+    int hf = !strcmp(format, "hf");
+    if (!hf && strcmp(format, "megatron")) return usage_error("--format must be megatron or hf, got '%s'", format);
+    if (hf && (tp != 1 || pp != 1)) return usage_error("--format hf writes one unsharded file: no --tp/--pp%s", "");
     struct checkpoint *ck = NULL;
     enum status st = checkpoint_open(src, &ck);
-    if (st == STATUS_OK) st = checkpoint_write_megatron(out, ck, (int)tp, (int)pp);
+    if (st == STATUS_OK) st = hf ? checkpoint_write_hf(out, ck) : checkpoint_write_megatron(out, ck, (int)tp, (int)pp);
     checkpoint_close(ck);
     if (st != STATUS_OK) return fail(st);
-    fprintf(stderr, "shardlm: wrote %s (Megatron-style layout, tp %ld, pp %ld)\n", out, tp, pp);
+    if (hf) fprintf(stderr, "shardlm: wrote %s (Hugging Face layout)\n", out);
+    else fprintf(stderr, "shardlm: wrote %s (Megatron-style layout, tp %ld, pp %ld)\n", out, tp, pp);
     return 0;
 }
 
