@@ -124,6 +124,7 @@ struct seq {
 struct step_plan_header {
     int32_t stop;                 /* 1: workers leave engine_run_worker */
     int32_t n_tokens, n_seqs, table_width, n_logits, n_copies;
+    int32_t n_micro;              /* pipeline micro-batches of the step */
 };
 
 struct engine {
@@ -135,6 +136,7 @@ struct engine {
     int32_t *plan;                /* (cap_plan) the packed arrays of a step plan */
     int      cap_plan;
     uint64_t worker_steps;        /* forwards run by engine_run_worker */
+    int32_t *mb_qstart, *mb_rows; /* (max_seqs + 1), (max_logits): one micro-batch's offsets */
     int      failed;              /* the world broke: everything fails with UNAVAILABLE */
     char     failure[512];
     struct backend *b;
@@ -425,8 +427,10 @@ enum status engine_create(const struct engine_options *opt, struct engine **out)
     e->f_seqlen = malloc(S * sizeof(int32_t));
     e->f_table = malloc(S * (size_t)e->table_width * sizeof(int32_t));
     e->running = calloc(S, sizeof *e->running);
+    e->mb_qstart = malloc((S + 1) * sizeof(int32_t));
+    e->mb_rows = malloc((size_t)e->max_logits * sizeof(int32_t));
     if (!e->logits || !e->scratch || !e->top_ids || !e->f_tokens || !e->f_pos || !e->f_slots ||
-        !e->f_rows || !e->f_qstart || !e->f_seqlen || !e->f_table || !e->running) {
+        !e->f_rows || !e->f_qstart || !e->f_seqlen || !e->f_table || !e->running || !e->mb_qstart || !e->mb_rows) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
         goto fail;
     }
@@ -931,6 +935,8 @@ static void fork_samples(struct engine *e, struct seq *s, struct seq **children)
 
 int engine_is_conductor(const struct engine *e) { return !e->par.world || e->par.world->rank == 0; }
 
+static enum status run_step(struct engine *e, int n_rows, int n_seqs, int n_logits, int n_micro);
+
 /* The conductor packs and broadcasts the step's arrays (header first); a worker receives them
  * into the same fields. */
 static enum status plan_exchange(struct engine *e, struct step_plan_header *h)
@@ -989,12 +995,8 @@ enum status engine_run_worker(struct engine *e)
         if (st != STATUS_OK) return st;
         if (h.stop) return STATUS_OK;
         if (h.n_tokens == 0) continue;
-        struct forward_batch fb = {.n_tokens = h.n_tokens, .tokens = e->f_tokens, .positions = e->f_pos,
-                                   .slots = e->f_slots, .n_seqs = h.n_seqs, .q_start = e->f_qstart,
-                                   .seq_len = e->f_seqlen, .block_table = e->f_table,
-                                   .max_blocks = h.table_width, .n_logits = h.n_logits, .logit_rows = e->f_rows};
-        if ((st = model_forward(e->m, &e->cache, &fb, e->logits)) != STATUS_OK) return st;
-        if ((st = logits_to_conductor(e, h.n_logits)) != STATUS_OK) return st;
+        CHECK(h.n_micro >= 1 && h.n_micro <= h.n_seqs, "step plan: %d micro-batches for %d sequences", h.n_micro, h.n_seqs);
+        if ((st = run_step(e, h.n_tokens, h.n_seqs, h.n_logits, h.n_micro)) != STATUS_OK) return st;
         e->worker_steps++;
     }
 }
@@ -1013,6 +1015,44 @@ static void log_comm_time(struct engine *e)
             n += snprintf(line + n, sizeof line - (size_t)n, " %s %.3f ms/step (%.1f calls)", names[i],
                           1e3 * c[i]->seconds / (double)steps, (double)c[i]->n_calls / (double)steps);
     if (n) LOG_INFO("engine", "rank %d: %llu steps; communication:%s", e->par.layout.rank, (unsigned long long)steps, line);
+}
+
+/* Micro-batches per step (pp > 1, --pp-microbatches): the step's sequences are split so that
+ * stages overlap (stage k runs micro-batch j while stage k+1 runs j-1). Off by default: decode
+ * is bound by weight reads, and each micro-batch reads the stage's weights again (measured on 2
+ * CPU cores: pp 2 at 16 streams, 94 tok/s as one micro-batch, 84 tok/s as two). */
+static int micro_batches(const struct engine *e, int n_seqs)
+{
+    if (e->par.layout.pp_size <= 1 || e->o.pp_microbatches <= 1) return 1;
+    return e->o.pp_microbatches < n_seqs ? e->o.pp_microbatches : n_seqs;
+}
+
+/* Runs the step held in the f_* arrays as n_micro micro-batches of contiguous sequences, in
+ * the same order on every rank. Activations flow one way (stage to stage); the last stage
+ * sends all logits to the conductor only after its last micro-batch, so no rank ever waits on
+ * a rank that waits on it. Logit rows are ascending, so each micro-batch's are contiguous. */
+static enum status run_step(struct engine *e, int n_rows, int n_seqs, int n_logits, int n_micro)
+{
+    const int V = e->m->cfg.vocab_size, per = (n_seqs + n_micro - 1) / n_micro;
+    int l0 = 0;
+    enum status st = STATUS_OK;
+    for (int s0 = 0; s0 < n_seqs && st == STATUS_OK; s0 += per) {
+        const int s1 = s0 + per < n_seqs ? s0 + per : n_seqs;
+        const int r0 = e->f_qstart[s0], r1 = s1 < n_seqs ? e->f_qstart[s1] : n_rows;
+        int l1 = l0;
+        while (l1 < n_logits && e->f_rows[l1] < r1) l1++;
+        for (int i = s0; i <= s1; i++) e->mb_qstart[i - s0] = (i < n_seqs ? e->f_qstart[i] : n_rows) - r0;
+        for (int i = l0; i < l1; i++) e->mb_rows[i - l0] = e->f_rows[i] - r0;
+        struct forward_batch fb = {.n_tokens = r1 - r0, .tokens = e->f_tokens + r0, .positions = e->f_pos + r0,
+                                   .slots = e->f_slots + r0, .n_seqs = s1 - s0, .q_start = e->mb_qstart,
+                                   .seq_len = e->f_seqlen + s0,
+                                   .block_table = e->f_table + (size_t)s0 * (size_t)e->table_width,
+                                   .max_blocks = e->table_width, .n_logits = l1 - l0, .logit_rows = e->mb_rows};
+        st = model_forward(e->m, &e->cache, &fb, e->logits + (size_t)l0 * (size_t)V);
+        l0 = l1;
+    }
+    if (st == STATUS_OK) st = logits_to_conductor(e, n_logits);
+    return st;
 }
 
 /* Tells the workers to leave engine_run_worker (conductor only, once). */
@@ -1207,22 +1247,17 @@ int engine_step(struct engine *e)
         return busy;
     }
 
-    /* 3. One forward pass over every planned row. */
+    /* 3. The forward pass over every planned row (in micro-batches when pipelined). */
     e->f_qstart[n_seqs] = n_rows;
-    struct forward_batch fb = {.n_tokens = n_rows, .tokens = e->f_tokens, .positions = e->f_pos,
-                               .slots = e->f_slots, .n_seqs = n_seqs, .q_start = e->f_qstart,
-                               .seq_len = e->f_seqlen, .block_table = e->f_table,
-                               .max_blocks = e->table_width, .n_logits = n_logits,
-                               .logit_rows = e->f_rows};
     enum status st = STATUS_OK;
+    const int n_micro = micro_batches(e, n_seqs);
     if (e->par.world) {
         struct step_plan_header ph = {.n_tokens = n_rows, .n_seqs = n_seqs, .table_width = e->table_width,
-                                      .n_logits = n_logits, .n_copies = e->n_copies};
+                                      .n_logits = n_logits, .n_copies = e->n_copies, .n_micro = n_micro};
         st = plan_exchange(e, &ph);
         e->n_copies = 0;
     }
-    if (st == STATUS_OK) st = model_forward(e->m, &e->cache, &fb, e->logits);
-    if (st == STATUS_OK) st = logits_to_conductor(e, n_logits);
+    if (st == STATUS_OK) st = run_step(e, n_rows, n_seqs, n_logits, n_micro);
     pthread_mutex_lock(&e->mu);
     e->stats.steps++;
     pthread_mutex_unlock(&e->mu);
@@ -1382,6 +1417,8 @@ void engine_free(struct engine *e)
     parallel_groups_free(&e->groups);
     free(e->copies);
     free(e->plan);
+    free(e->mb_qstart);
+    free(e->mb_rows);
     for (int i = 0; i < e->n_running; i++) seq_free(e->running[i]);
     for (int i = 0; i < e->n_waiting; i++) seq_free(e->waiting[i]);
     free(e->running);

@@ -55,6 +55,9 @@ struct engine_options {
     struct parallel_world *world; /* borrowed */
     int   tp, pp;
     const char *pp_layers;     /* layers per pipeline stage ("2,3"); NULL = balanced */
+    int   pp_microbatches;     /* micro-batches per step when pp > 1 (0 or 1 = off): the step's
+                                  sequences are split so that pipeline stages overlap; off by
+                                  default (each micro-batch reads the weights again) */
     double rank_timeout_s;     /* conductor: a peer making no progress this long is gone
                                   (0 = wait forever); set once the model is loaded */
     /* Called once, on the engine thread, when the engine can no longer run (a rank gone): every

@@ -39,7 +39,8 @@ static int usage(const char *fmt, const char *arg)
     fprintf(stderr, "shardlm serve: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\nusage: shardlm serve --model DIR [--listen 127.0.0.1:50051] [--device cpu|cuda] [--threads N]\n"
-                    "         [--tp T --pp P (under mpirun)] [--pp-layers N1,N2,...] [--rank-timeout S (60)]\n"
+                    "         [--tp T --pp P (under mpirun)] [--pp-layers N1,N2,...] [--pp-microbatches M]\n"
+                    "         [--rank-timeout S (60)]\n"
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
                     "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
                     "         [--chat-template llama2|chatml|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
@@ -98,6 +99,10 @@ int serve_main(int argc, char **argv)
         else if (!strcmp(a, "--listen")) o.listen = v;
         else if (!strcmp(a, "--device")) device = v;
         else if (!strcmp(a, "--pp-layers")) o.engine.pp_layers = v;
+        else if (!strcmp(a, "--pp-microbatches")) {
+            if (base_parse_long(v, 1, 4096, &n)) return usage("--pp-microbatches must be an integer in [1, 4096], got '%s'", v);
+            o.engine.pp_microbatches = (int)n;
+        }
         else if (!strcmp(a, "--rank-timeout")) {
             char *end;
             double d = strtod(v, &end);

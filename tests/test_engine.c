@@ -555,6 +555,7 @@ static int run_multi_rank(const char *dir, int tp, int pp, int *argc, char ***ar
     o.world = w;
     o.tp = tp;
     o.pp = pp;
+    o.pp_microbatches = pp > 1 ? 3 : 1; /* pipelined steps: micro-batches of the step's sequences */
     struct engine *e = NULL;
     st = engine_create(&o, &e);
     check(st == STATUS_OK, "multi-rank engine_create", "%s", status_message());
