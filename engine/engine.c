@@ -386,13 +386,28 @@ enum status engine_create(const struct engine_options *opt, struct engine **out)
         goto fail;
     }
 
-    /* The KV pool: bytes, blocks, or enough for max_seqs full contexts capped at 2 GiB. */
+    e->table_width = (c->max_positions + o.block_tokens - 1) / o.block_tokens; /* blocks per sequence */
+    /* One logits row per running sequence, plus room for prompt log-probability rows; a large
+     * vocabulary (262k for Gemma 3) makes every row cost 1 MiB on the device and the host. */
+    e->max_logits = o.max_seqs + 64 < o.max_batch_tokens ? o.max_seqs + 64 : o.max_batch_tokens;
+    if ((st = model_reserve(e->m, o.max_batch_tokens, o.max_seqs, e->table_width, e->max_logits)) != STATUS_OK) goto fail;
+    /* The KV pool: bytes, a fraction of free memory, blocks, or enough for max_seqs full
+     * contexts capped at 2 GiB. The weights and the workspace are already allocated. */
     const int bt = o.block_tokens;
-    e->table_width = (c->max_positions + bt - 1) / bt;
     size_t block_bytes = kv_cache_block_bytes(e->m->n_layers_local, bt, e->m->n_kv_local, c->head_dim, e->m->dtype);
     long long n_blocks = o.kv_cache_blocks;
-    if (o.kv_cache_bytes) n_blocks = (long long)(o.kv_cache_bytes / block_bytes);
-    else if (!n_blocks) {
+    if (o.kv_cache_bytes) {
+        n_blocks = (long long)(o.kv_cache_bytes / block_bytes);
+    } else if (o.kv_cache_fraction > 0) {
+        size_t free_bytes = 0, total_bytes = 0;
+        if (!(o.kv_cache_fraction <= 0.95)) {
+            st = status_errorf(STATUS_INVALID_ARGUMENT, "kv_cache_fraction must be in (0, 0.95], got %g", o.kv_cache_fraction);
+            goto fail;
+        }
+        if ((st = backend_mem_info(e->b, &free_bytes, &total_bytes)) != STATUS_OK) goto fail;
+        n_blocks = (long long)((double)free_bytes * o.kv_cache_fraction / (double)block_bytes);
+        LOG_INFO("engine", "KV pool: %.2f of %.0f MiB free", o.kv_cache_fraction, (double)free_bytes / 1048576.0);
+    } else if (!n_blocks) {
         n_blocks = (long long)o.max_seqs * e->table_width;
         long long cap = (long long)((2ull << 30) / block_bytes);
         if (n_blocks > cap) n_blocks = cap;
@@ -410,10 +425,6 @@ enum status engine_create(const struct engine_options *opt, struct engine **out)
     if ((st = kv_cache_init(&e->cache, e->b, e->m->n_layers_local, (int)n_blocks, bt, e->m->n_kv_local,
                             c->head_dim, e->m->dtype)) != STATUS_OK)
         goto fail;
-    /* One logits row per running sequence, plus room for prompt log-probability rows; a large
-     * vocabulary (262k for Gemma 3) makes every row cost 1 MiB on the device and the host. */
-    e->max_logits = o.max_seqs + 64 < o.max_batch_tokens ? o.max_seqs + 64 : o.max_batch_tokens;
-    if ((st = model_reserve(e->m, o.max_batch_tokens, o.max_seqs, e->table_width, e->max_logits)) != STATUS_OK) goto fail;
     if ((st = sampler_init(&e->smp, c->vocab_size)) != STATUS_OK) goto fail;
     const size_t V = (size_t)c->vocab_size, T = (size_t)o.max_batch_tokens, S = (size_t)o.max_seqs;
     e->logits = malloc((size_t)e->max_logits * V * sizeof *e->logits);

@@ -41,7 +41,10 @@ struct engine_options {
     int   device_id;
     int   n_threads;           /* CPU threads; 0 = all cores */
     int   block_tokens;        /* tokens per KV block; 0 = 16 */
-    size_t kv_cache_bytes;     /* KV pool size in bytes; 0 = kv_cache_blocks decides */
+    size_t kv_cache_bytes;     /* KV pool size in bytes; 0 = kv_cache_fraction decides */
+    double kv_cache_fraction;  /* KV pool as this fraction of the device's free memory after the
+                                  weights and workspace are loaded, in (0, 0.95]; 0 =
+                                  kv_cache_blocks decides */
     int   kv_cache_blocks;     /* KV pool size in blocks when kv_cache_bytes is 0; 0 = enough
                                   for max_seqs sequences of the full context */
     int   max_batch_tokens;    /* token rows per step (decode + prefill); 0 = 512 */

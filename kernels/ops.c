@@ -95,6 +95,11 @@ void backend_memset_zero(struct backend *b, void *dst, size_t n)
 
 void backend_synchronize(struct backend *b) { b->ops->synchronize(b); }
 
+enum status backend_mem_info(struct backend *b, size_t *free_bytes, size_t *total_bytes)
+{
+    return b->ops->mem_info(b, free_bytes, total_bytes);
+}
+
 /* ---- contract checks --------------------------------------------------------------------- */
 
 static void check_on(struct backend *b, const struct tensor *t, const char *what)

@@ -79,6 +79,7 @@ struct backend_ops {
     void (*memset_zero)(struct backend *b, void *dst_device, size_t nbytes);
     void (*synchronize)(struct backend *b);
     void (*close)(struct backend *b);
+    enum status (*mem_info)(struct backend *b, size_t *free_bytes, size_t *total_bytes);
 
     /* forward ops */
     void (*cast)(struct backend *b, const struct tensor *out, const struct tensor *in);
@@ -151,6 +152,9 @@ void backend_download(struct backend *b, void *dst_host, const void *src_device,
 void backend_copy(struct backend *b, void *dst_device, const void *src_device, size_t nbytes);
 void backend_memset_zero(struct backend *b, void *dst_device, size_t nbytes);
 void backend_synchronize(struct backend *b);
+/* Memory the device has free now and in all (CPU: MemAvailable / MemTotal of the host), for
+ * sizing pools by a fraction of free memory. */
+enum status backend_mem_info(struct backend *b, size_t *free_bytes, size_t *total_bytes);
 
 /* ---- forward ops ---------------------------------------------------------------------- */
 

@@ -7,7 +7,9 @@
  *   --max-queue N            [1024]       --block-tokens N   tokens per KV block [16]
  *   --kv-cache-mem BYTES     KV pool size (suffix K, M or G allowed) [enough for max-seqs
  *                            full-context sequences]
- *   --kv-cache-blocks N      KV pool size in blocks, when --kv-cache-mem is not given
+ *   --kv-cache-fraction F    KV pool as a fraction (0, 0.95] of the free memory left after the
+ *                            model is loaded (host memory on the CPU, GPU memory on CUDA)
+ *   --kv-cache-blocks N      KV pool size in blocks, when neither of the above is given
  *   --no-prefix-caching      do not share prompt blocks between requests
  *   --chat-template llama2|chatml|plain   [chosen from the model, see chat_template.h]
  *   --api-key-file F         require "authorization: Bearer <key>" with a key of F
@@ -42,6 +44,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--tp T --pp P (under mpirun)] [--pp-layers N1,N2,...] [--pp-microbatches M]\n"
                     "         [--rank-timeout S (60)]\n"
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
+                    "         [--kv-cache-fraction F]\n"
                     "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
                     "         [--chat-template llama2|chatml|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
                     "         [--drain-timeout S] [--max-message-bytes N]\n");
@@ -134,6 +137,12 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--kv-cache-mem")) {
             if (parse_bytes(v, &o.engine.kv_cache_bytes) || !o.engine.kv_cache_bytes)
                 return usage("--kv-cache-mem must be a positive byte count (suffix K, M or G allowed), got '%s'", v);
+        } else if (!strcmp(a, "--kv-cache-fraction")) {
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !(d > 0 && d <= 0.95))
+                return usage("--kv-cache-fraction must be a number in (0, 0.95], got '%s'", v);
+            o.engine.kv_cache_fraction = d;
         } else if (!strcmp(a, "--kv-cache-blocks")) {
             if (base_parse_long(v, 1, INT_MAX, &n)) return usage("--kv-cache-blocks must be a positive integer, got '%s'", v);
             o.engine.kv_cache_blocks = (int)n;

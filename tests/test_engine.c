@@ -464,6 +464,37 @@ static void test_validation(const char *dir)
     engine_free(e);
 }
 
+/* The KV pool sized as a fraction of free memory, and the range check. */
+static void test_kv_fraction(const char *dir)
+{
+    struct engine_options o = engine_options_default();
+    o.model_dir = dir;
+    o.kv_cache_fraction = 0.001;
+    struct engine *e = NULL;
+    enum status st = engine_create(&o, &e);
+    struct engine_stats s = {0};
+    static struct result r;
+    memset(&r, 0, sizeof r);
+    if (st == STATUS_OK) {
+        engine_get_stats(e, &s);
+        int32_t p[5];
+        make_prompt(p, 5, 9);
+        struct request_params g = greedy(8);
+        uint64_t h;
+        engine_submit(e, NULL, p, 5, &g, on_event, &r, &h);
+        run_until_idle(e);
+    }
+    check(st == STATUS_OK && s.kv_blocks_total > 0 && r.n_tokens[0] == 8, "KV pool from 0.1% of free memory",
+          "%d blocks", s.kv_blocks_total);
+    engine_free(e);
+    o.kv_cache_fraction = 2.0;
+    e = NULL;
+    st = engine_create(&o, &e);
+    check(st == STATUS_INVALID_ARGUMENT && strstr(status_message(), "kv_cache_fraction"), "a fraction above 0.95 is refused",
+          "%s", status_message());
+    engine_free(e);
+}
+
 struct waiter { struct result r; };
 
 static void test_thread(const char *dir)
@@ -619,6 +650,7 @@ int main(int argc, char **argv)
     test_stops_and_text(dir, tok);
     test_prompt_logprobs(dir, ref);
     test_validation(dir);
+    test_kv_fraction(dir);
     test_thread(dir);
     tokenizer_free(tok);
     printf("%d passed, %d failed\n", n_pass, n_fail);

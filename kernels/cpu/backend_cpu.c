@@ -3,6 +3,7 @@
  * Not here: the ops themselves (one file each in this folder).
  * Tests: tests/test_ops.c --backend cpu. */
 #include <cblas.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -53,6 +54,25 @@ static void cpu_memset_zero(struct backend *b, void *dst, size_t n)
 
 static void cpu_synchronize(struct backend *b) { (void)b; }
 
+/* Host memory from /proc/meminfo: MemAvailable is what can be allocated without swapping. */
+static enum status cpu_mem_info(struct backend *b, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)b;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return status_errorf(STATUS_IO, "cpu: cannot read /proc/meminfo");
+    char line[256];
+    unsigned long long avail = 0, total = 0, kb;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = kb;
+        else if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) total = kb;
+    }
+    fclose(f);
+    if (!avail || !total) return status_errorf(STATUS_IO, "cpu: /proc/meminfo has no MemAvailable / MemTotal");
+    *free_bytes = (size_t)avail * 1024;
+    *total_bytes = (size_t)total * 1024;
+    return STATUS_OK;
+}
+
 static void cpu_close(struct backend *b)
 {
     struct cpu_state *s = b->impl;
@@ -83,6 +103,7 @@ static const struct backend_ops cpu_backend_ops = {
     .copy = cpu_copy,
     .memset_zero = cpu_memset_zero,
     .synchronize = cpu_synchronize,
+    .mem_info = cpu_mem_info,
     .close = cpu_close,
     .cast = cpu_cast,
     .embedding = cpu_embedding,

@@ -79,6 +79,15 @@ static void cuda_memset_zero(struct backend *b, void *dst_device, size_t nbytes)
     CUDA_CHECK(cudaMemsetAsync(dst_device, 0, nbytes, s->stream));
 }
 
+static enum status cuda_mem_info(struct backend *b, size_t *free_bytes, size_t *total_bytes)
+{
+    cuda_state_enter(b);
+    cudaError_t err = cudaMemGetInfo(free_bytes, total_bytes);
+    if (err != cudaSuccess)
+        return status_errorf(STATUS_INTERNAL, "cudaMemGetInfo: %s", cudaGetErrorString(err));
+    return STATUS_OK;
+}
+
 static void cuda_synchronize(struct backend *b)
 {
     struct cuda_state *s = cuda_state_enter(b);
@@ -107,6 +116,7 @@ static const struct backend_ops cuda_backend_ops = {
     .copy = cuda_copy,
     .memset_zero = cuda_memset_zero,
     .synchronize = cuda_synchronize,
+    .mem_info = cuda_mem_info,
     .close = cuda_close,
     .cast = cuda_cast,
     .embedding = cuda_embedding,
