@@ -43,8 +43,9 @@ if [ "${5:-}" = kill ] || [ "${5:-}" = hang ]; then
     > "$tmp/long" 2> "$tmp/long.err" &
   client=$!
   sleep 1.5
-  worker=$(pgrep -f -- "--listen 127.0.0.1:0 --tp $tp --pp $pp" | while read -r p; do
-    [ "$(cat /proc/$p/comm 2> /dev/null)" = shardlm ] && echo "$p"; done | sort -n | tail -1)
+  # This job's rank 1: a child of our own mpirun (other tests may run the same command line).
+  worker=$(pgrep -P "$pid" | while read -r p; do
+    tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && echo "$p"; done | head -1)
   [ -n "$worker" ]; check "found a rank to kill" $?
   if [ "$5" = kill ]; then kill -9 "$worker" 2> /dev/null; else kill -STOP "$worker" 2> /dev/null; fi
   for _ in $(seq 1 200); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
