@@ -1148,6 +1148,21 @@ static void stats_update(struct engine *e, int prefill_rows, int hit_tokens)
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Removes finished sequences from both lists and frees them (a step boundary: nothing
+ * refers to them any more). */
+static void drop_finished(struct engine *e)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        struct seq **list = pass ? e->waiting : e->running;
+        int *n = pass ? &e->n_waiting : &e->n_running, w = 0;
+        for (int i = 0; i < *n; i++) {
+            if (list[i]->state == SEQ_DONE) seq_free(list[i]);
+            else list[w++] = list[i];
+        }
+        *n = w;
+    }
+}
+
 int engine_step(struct engine *e)
 {
     /* 1. Intake and cancellation flags, under the lock. */
@@ -1197,19 +1212,7 @@ int engine_step(struct engine *e)
             if (list[i]->doomed != FINISH_REASON_NONE) finish_seq(e, list[i], list[i]->doomed, STATUS_OK, NULL, 0);
     }
 
-    /* Compact both lists, freeing finished sequences. */
-    int w = 0;
-    for (int i = 0; i < e->n_running; i++) {
-        if (e->running[i]->state == SEQ_DONE) seq_free(e->running[i]);
-        else e->running[w++] = e->running[i];
-    }
-    e->n_running = w;
-    w = 0;
-    for (int i = 0; i < e->n_waiting; i++) {
-        if (e->waiting[i]->state == SEQ_DONE) seq_free(e->waiting[i]);
-        else e->waiting[w++] = e->waiting[i];
-    }
-    e->n_waiting = w;
+    drop_finished(e);
 
     /* 2. Plan: running sequences (oldest first, decode rows are 1 each), then admissions. */
     int budget = e->o.max_batch_tokens, n_rows = 0, n_seqs = 0, n_logits = 0, prefill_rows = 0, hits = 0;
@@ -1328,19 +1331,7 @@ int engine_step(struct engine *e)
 
     if (st != STATUS_OK && e->par.world && e->par.world->broken) fail_engine(e, st);
 
-    /* Free what finished. */
-    w = 0;
-    for (int i = 0; i < e->n_running; i++) {
-        if (e->running[i]->state == SEQ_DONE) seq_free(e->running[i]);
-        else e->running[w++] = e->running[i];
-    }
-    e->n_running = w;
-    w = 0;
-    for (int i = 0; i < e->n_waiting; i++) {
-        if (e->waiting[i]->state == SEQ_DONE) seq_free(e->waiting[i]);
-        else e->waiting[w++] = e->waiting[i];
-    }
-    e->n_waiting = w;
+    drop_finished(e);
     stats_update(e, prefill_rows, hits);
     return busy;
 }
