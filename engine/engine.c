@@ -446,6 +446,7 @@ enum status engine_create(const struct engine_options *opt, struct engine **out)
         goto fail;
     }
     e->stats.kv_blocks_total = e->cache.n_blocks;
+    e->stats.kv_blocks_free = e->cache.n_blocks; /* true before the first step too */
     e->stats.block_tokens = bt;
     /* Only the conductor times out: workers legitimately wait for the next plan forever. */
     if (multi && o.world->rank == 0) o.world->timeout_s = o.rank_timeout_s;

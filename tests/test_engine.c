@@ -467,6 +467,14 @@ static void test_validation(const char *dir)
 /* The KV pool sized as a fraction of free memory, and the range check. */
 static void test_kv_fraction(const char *dir)
 {
+    {
+        struct engine *fresh = open_engine(dir, 64, 4, 64, 1);
+        struct engine_stats s0;
+        engine_get_stats(fresh, &s0);
+        check(s0.kv_blocks_free == 64 && s0.kv_blocks_total == 64, "stats before the first step: every block free",
+              "%d of %d", s0.kv_blocks_free, s0.kv_blocks_total);
+        engine_free(fresh);
+    }
     struct engine_options o = engine_options_default();
     o.model_dir = dir;
     o.kv_cache_fraction = 0.001;
