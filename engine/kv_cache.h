@@ -8,7 +8,7 @@
  * to the end of the block, so equal hashes mean equal K/V; the tokens are also stored and
  * compared, so a 64-bit collision can never hand out wrong K/V.
  * Not here: which sequences run (engine.c) or how attention reads blocks (op_attention).
- * Tests: tests/test_kv_cache.c, tests/test_engine.c. */
+ * Tests: tests/test_engine.c (prefix cache, copy-on-write, preemption, pool accounting). */
 #ifndef SHARDLM_KV_CACHE_H
 #define SHARDLM_KV_CACHE_H
 

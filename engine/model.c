@@ -177,7 +177,7 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
     struct backend *b = m->b;
     const struct model_config *c = &m->cfg;
     const struct layer_weights *w = &m->layers[l];
-    const int64_t d = c->d_model, hd = c->head_dim;
+    const int64_t hd = c->head_dim;
     struct tensor x = first_rows(&m->x, T), xn = first_rows(&m->xn, T), proj = first_rows(&m->proj, T);
     struct tensor q = as_2d(&m->q, T, m->n_heads_local * hd);
     struct tensor k = as_2d(&m->k, T, m->n_kv_local * hd);
@@ -222,7 +222,6 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
     if ((st = row_parallel(m, &proj, &up, &w->w_down, &w->b_down)) != STATUS_OK) return st;
     if (c->sandwich_norms) norm(m, &proj, &proj, &w->post_mlp_norm, NULL);
     op_add(b, &x, &x, &proj);
-    (void)d;
     return STATUS_OK;
 }
 
