@@ -59,6 +59,9 @@ if [ "${5:-}" = kill ] || [ "${5:-}" = hang ]; then
   crc=$?
   [ "$crc" = 1 ] && grep -q "UNAVAILABLE" "$tmp/long" "$tmp/long.err"
   check "the streaming clients end with UNAVAILABLE (bench rc $crc)" $?
+  if [ "$fail" != 0 ]; then # enough to tell what happened
+    echo "--- bench"; tail -12 "$tmp/long" "$tmp/long.err"; echo "--- server"; tail -25 "$tmp/serve.log"
+  fi
   pid=
   echo "$pass passed, $fail failed"
   [ "$fail" = 0 ]
