@@ -542,6 +542,17 @@ static void gen_final_status(struct call *c, grpc_status_code *code, const char 
 }
 
 /* Decides what a generation call sends next; called after every change to it. */
+/* The prompt log-probabilities go with the first response message of a call, once. */
+static void attach_prompt_logprobs(const struct call *c, struct gen_response_out *o)
+{
+    if (!c->prompt_lp_pending) return;
+    o->prompt_ids = c->prompt_ids;
+    o->prompt_logprobs = c->prompt_lp;
+    o->prompt_top = c->prompt_top;
+    o->n_prompt = c->n_prompt;
+    o->n_prompt_top = c->n_prompt_top;
+}
+
 static void gen_pump(struct call *c)
 {
     struct server *s = c->s;
@@ -560,13 +571,7 @@ static void gen_pump(struct call *c)
             struct gen_sample_out one = sample_view(b, i, final);
             struct gen_response_out o = {.request_id = c->request_id, .seed = c->seed, .unary = 0, .samples = &one,
                                          .n_samples = 1, .tok = s->tok};
-            if (c->prompt_lp_pending) {
-                o.prompt_ids = c->prompt_ids;
-                o.prompt_logprobs = c->prompt_lp;
-                o.prompt_top = c->prompt_top;
-                o.n_prompt = c->n_prompt;
-                o.n_prompt_top = c->n_prompt_top;
-            }
+            attach_prompt_logprobs(c, &o);
             uint8_t *msg;
             size_t len;
             enum status st = convert_gen_response(&o, &msg, &len);
@@ -605,13 +610,7 @@ static void gen_pump(struct call *c)
     for (int i = 0; i < c->n_samples; i++) outs[i] = sample_view(&c->samples[i], i, 1);
     struct gen_response_out o = {.request_id = c->request_id, .seed = c->seed, .unary = 1, .samples = outs,
                                  .n_samples = c->n_samples, .tok = s->tok};
-    if (c->prompt_lp_pending) {
-        o.prompt_ids = c->prompt_ids;
-        o.prompt_logprobs = c->prompt_lp;
-        o.prompt_top = c->prompt_top;
-        o.n_prompt = c->n_prompt;
-        o.n_prompt_top = c->n_prompt_top;
-    }
+    attach_prompt_logprobs(c, &o);
     uint8_t *msg;
     size_t len;
     enum status st = convert_gen_response(&o, &msg, &len);
