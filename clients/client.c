@@ -1007,6 +1007,7 @@ enum status client_model_info(struct client *c, struct client_model_info *out)
     out->context_length = r->context_length;
     out->tp_size = r->tp_size;
     out->pp_size = r->pp_size;
+    out->dp_size = r->dp_size;
     out->kv_block_tokens = r->kv_block_tokens;
     out->kv_blocks = r->kv_blocks;
     out->bos_id = r->bos_id;
@@ -1049,6 +1050,16 @@ enum status client_server_stats(struct client *c, struct client_server_stats *ou
     out->preemptions = r->preemptions;
     out->active_calls = r->active_calls;
     out->uptime_seconds = r->uptime_seconds;
+    for (size_t i = 0; i < r->n_replicas && i < CLIENT_MAX_REPLICAS; i++) {
+        const Shardlm__V1__ReplicaStats *p = r->replicas[i];
+        out->replicas[i] = (struct client_replica_stats){
+            .leader_rank = p->leader_rank, .outstanding = p->outstanding, .routed = p->routed,
+            .routed_by_prefix = p->routed_by_prefix, .waiting = p->waiting, .running = p->running,
+            .kv_blocks_total = p->kv_blocks_total, .kv_blocks_free = p->kv_blocks_free,
+            .requests_finished = p->requests_finished, .generated_tokens = p->generated_tokens,
+            .prefix_cache_hit_tokens = p->prefix_cache_hit_tokens, .report_age_seconds = p->report_age_seconds};
+        out->n_replicas = (int)i + 1;
+    }
     protobuf_c_message_free_unpacked(m, NULL);
     return STATUS_OK;
 }

@@ -195,13 +195,23 @@ struct client_model_info {
     int   context_length;
     char *dtype;
     char *device;
-    int   tp_size, pp_size;
-    int   kv_block_tokens, kv_blocks;
+    int   tp_size, pp_size, dp_size;
+    int   kv_block_tokens, kv_blocks;   /* kv_blocks: per data-parallel replica */
     int   bos_id, eos_id;
     char *chat_template;
     int   max_logprobs;
 };
 void client_model_info_free(struct client_model_info *m);
+
+/* One data-parallel replica in GetServerStats (see ReplicaStats in the proto). */
+struct client_replica_stats {
+    int      leader_rank, outstanding;
+    uint64_t routed, routed_by_prefix;
+    int      waiting, running, kv_blocks_total, kv_blocks_free;
+    uint64_t requests_finished, generated_tokens, prefix_cache_hit_tokens;
+    double   report_age_seconds;
+};
+#define CLIENT_MAX_REPLICAS 64
 
 /* A snapshot of the server's load (GetServerStats). */
 struct client_server_stats {
@@ -214,6 +224,8 @@ struct client_server_stats {
     uint64_t engine_steps, preemptions;
     int      active_calls;
     double   uptime_seconds;
+    int      n_replicas;                 /* the first CLIENT_MAX_REPLICAS are kept */
+    struct client_replica_stats replicas[CLIENT_MAX_REPLICAS];
 };
 
 /* Opens a channel to addr ("host:port", or any gRPC target such as "unix:/path"). Does not

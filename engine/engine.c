@@ -27,6 +27,7 @@
 #include "kv_cache.h"
 #include "model.h"
 #include "parallel.h"
+#include "router.h"
 #include "tokenizer.h"
 
 #define MAX_STOP_STRINGS 16
@@ -129,6 +130,7 @@ struct step_plan_header {
 
 struct engine {
     struct engine_options o;
+    struct router *router;        /* data parallelism: everything below is the router's replica */
     struct model_parallel par;    /* world of one when par.world is NULL */
     struct parallel_groups groups;
     int32_t *copies;              /* (cap_copies) pending (dst, src) block copy pairs, flattened */
@@ -347,6 +349,15 @@ enum status engine_create(const struct engine_options *opt, struct engine **out)
                              "max_batch_tokens (%d) must be at least max_seqs (%d): every running sequence decodes one token per step",
                              o.max_batch_tokens, o.max_seqs);
 
+    if (o.tp < 1) o.tp = 1;
+    if (o.pp < 1) o.pp = 1;
+    const int ranks = o.world ? o.world->size : 1;
+    if (ranks % (o.tp * o.pp) != 0 || (o.dp > 0 && o.dp * o.tp * o.pp != ranks))
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "the world has %d ranks, which is not dp x tp x pp (dp %d, tp %d, pp %d): launch with "
+                             "mpirun -n <dp x tp x pp>", ranks, o.dp, o.tp, o.pp);
+    const int dp = ranks / (o.tp * o.pp);
+
     struct engine *e = calloc(1, sizeof *e);
     if (!e) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory");
     e->o = o;
@@ -355,15 +366,15 @@ enum status engine_create(const struct engine_options *opt, struct engine **out)
     e->next_handle = 1;
     char path[4096];
     enum status st = STATUS_OK;
-    const int multi = o.world && (o.tp > 1 || o.pp > 1);
+    if (dp > 1) { /* replicas, each an engine of its own, behind the router */
+        if ((st = router_create(&o, dp, &e->router)) != STATUS_OK) goto fail;
+        *out = e;
+        return STATUS_OK;
+    }
+    const int multi = o.world && ranks > 1;
     int device_id = o.device_id;
     if (multi) {
         if ((st = parallel_layout(o.world, o.tp, o.pp, &e->par.layout)) != STATUS_OK) goto fail;
-        if (e->par.layout.dp_size != 1) {
-            st = status_errorf(STATUS_INVALID_ARGUMENT, "serving needs world size = tp x pp (%d x %d); got %d ranks",
-                               o.tp, o.pp, o.world->size);
-            goto fail;
-        }
         device_id = o.world->local_rank; /* one GPU per rank on a node */
     }
     if ((st = backend_open((enum device)o.device, device_id, o.n_threads, &e->b)) != STATUS_OK) goto fail;
@@ -460,17 +471,25 @@ fail:
     return st;
 }
 
-const struct tokenizer *engine_tokenizer(const struct engine *e) { return e->tok; }
+const struct tokenizer *engine_tokenizer(const struct engine *e)
+{
+    return e->router ? engine_tokenizer(router_local(e->router)) : e->tok;
+}
 
 void engine_get_model_info(const struct engine *e, struct engine_model_info *info)
 {
+    if (e->router) {
+        engine_get_model_info(router_local(e->router), info);
+        info->dp_size = router_replicas(e->router);
+        return;
+    }
     const struct model_config *c = &e->m->cfg;
     *info = (struct engine_model_info){
         .architecture = c->architecture, .n_layers = c->n_layers, .d_model = c->d_model,
         .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
         .ffn_hidden = c->ffn_hidden, .vocab_size = c->vocab_size, .max_positions = c->max_positions,
         .dtype = dtype_name(e->m->dtype), .device = e->b->ops->name, .tp_size = e->m->tp_size,
-        .pp_size = e->m->pp_size, .block_tokens = e->cache.block_tokens, .kv_blocks = e->cache.n_blocks,
+        .pp_size = e->m->pp_size, .dp_size = 1, .block_tokens = e->cache.block_tokens, .kv_blocks = e->cache.n_blocks,
         .bos_id = c->bos_id >= 0 ? c->bos_id : tokenizer_bos_id(e->tok),
         .eos_id = c->eos_id >= 0 ? c->eos_id : tokenizer_eos_id(e->tok),
     };
@@ -486,6 +505,7 @@ static int eos_id(const struct engine *e)
 enum status engine_validate(const struct engine *e, const int32_t *prompt, int n_prompt,
                             const struct request_params *p)
 {
+    if (e->router) return engine_validate(router_local(e->router), prompt, n_prompt, p);
     const struct model_config *c = &e->m->cfg;
     const int V = c->vocab_size;
     if (n_prompt < 1) return status_errorf(STATUS_INVALID_ARGUMENT, "prompt: must hold at least one token");
@@ -551,6 +571,7 @@ enum status engine_submit(struct engine *e, const char *request_id, const int32_
                           int n_prompt, const struct request_params *p, engine_event_fn on_event,
                           void *ctx, uint64_t *handle)
 {
+    if (e->router) return router_submit(e->router, request_id, prompt, n_prompt, p, on_event, ctx, handle);
     enum status st = engine_validate(e, prompt, n_prompt, p);
     if (st != STATUS_OK) return st;
     if (request_id && strlen(request_id) >= sizeof ((struct request *)0)->id)
@@ -632,6 +653,7 @@ enum status engine_submit(struct engine *e, const char *request_id, const int32_
 
 static enum status cancel_where(struct engine *e, uint64_t handle, const char *id)
 {
+    if (e->router) return router_cancel(e->router, handle, id);
     enum status st = STATUS_NOT_FOUND;
     pthread_mutex_lock(&e->mu);
     for (struct request *r = e->all; r; r = r->next_all)
@@ -945,7 +967,11 @@ static void fork_samples(struct engine *e, struct seq *s, struct seq **children)
 
 /* ---- multi-rank: the step plan and the workers -------------------------------------------- */
 
-int engine_is_conductor(const struct engine *e) { return !e->par.world || e->par.world->rank == 0; }
+int engine_is_conductor(const struct engine *e)
+{
+    if (e->router) return router_is_front(e->router);
+    return !e->par.world || e->par.world->rank == 0;
+}
 
 static enum status run_step(struct engine *e, int n_rows, int n_seqs, int n_logits, int n_micro);
 
@@ -1001,6 +1027,7 @@ static enum status logits_to_conductor(struct engine *e, int n_logits)
 enum status engine_run_worker(struct engine *e)
 {
     CHECK(!engine_is_conductor(e), "engine_run_worker on the conductor");
+    if (e->router) return router_run(e->router);
     for (;;) {
         struct step_plan_header h;
         enum status st = plan_exchange(e, &h);
@@ -1166,6 +1193,7 @@ static void drop_finished(struct engine *e)
 
 int engine_step(struct engine *e)
 {
+    CHECK(!e->router, "engine_step with data-parallel replicas: use engine_start");
     /* 1. Intake and cancellation flags, under the lock. */
     pthread_mutex_lock(&e->mu);
     struct request *in = e->intake;
@@ -1356,6 +1384,7 @@ static void *engine_main(void *arg)
 
 enum status engine_start(struct engine *e)
 {
+    if (e->router) return router_start(e->router);
     if (e->thread_running) return STATUS_OK;
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0)
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: cannot start the engine thread");
@@ -1373,6 +1402,10 @@ static int engine_idle(struct engine *e)
 
 void engine_drain(struct engine *e, double timeout_s)
 {
+    if (e->router) {
+        router_drain(e->router, timeout_s);
+        return;
+    }
     pthread_mutex_lock(&e->mu);
     e->draining = 1;
     pthread_mutex_unlock(&e->mu);
@@ -1405,15 +1438,41 @@ void engine_drain(struct engine *e, double timeout_s)
 
 void engine_get_stats(struct engine *e, struct engine_stats *s)
 {
+    if (e->router) {
+        router_get_stats(e->router, s);
+        return;
+    }
     pthread_mutex_lock(&e->mu);
     *s = e->stats;
     s->waiting += e->n_intake;
     pthread_mutex_unlock(&e->mu);
 }
 
+int engine_replicas(const struct engine *e) { return e->router ? router_replicas(e->router) : 1; }
+
+void engine_get_replica_stats(struct engine *e, int replica, struct engine_replica_stats *s)
+{
+    if (e->router) {
+        router_get_replica_stats(e->router, replica, s);
+        return;
+    }
+    CHECK(replica == 0, "replica %d of 1", replica);
+    memset(s, 0, sizeof *s);
+    engine_get_stats(e, &s->engine);
+    s->outstanding = s->engine.waiting + s->engine.running;
+    s->routed = s->engine.requests_submitted;
+}
+
 void engine_free(struct engine *e)
 {
     if (!e) return;
+    if (e->router) {
+        router_free(e->router);
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->cv);
+        free(e);
+        return;
+    }
     if (e->m && e->running && engine_is_conductor(e)) engine_drain(e, 0.0); /* cancels and reports what is left */
     log_comm_time(e);
     stop_workers(e);

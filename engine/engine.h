@@ -54,9 +54,13 @@ struct engine_options {
     int   prefix_caching;      /* 1 = share full prompt blocks between requests by hash */
     /* Multi-rank serving (under mpirun): every rank calls engine_create with the same options;
      * rank 0 conducts (requests, scheduler, sampling) and every other rank runs
-     * engine_run_worker. world NULL or tp = pp = 1: one rank. */
+     * engine_run_worker. world NULL or a world of one: one rank. The world holds
+     * dp x pp x tp ranks: dp data-parallel replicas, each a tp x pp model with its own
+     * scheduler and KV cache (led by its first rank); rank 0 routes each request to a replica
+     * (the least loaded, preferring one that served the same prompt prefix). */
     struct parallel_world *world; /* borrowed */
     int   tp, pp;
+    int   dp;                  /* replicas; 0 = world size / (tp x pp) */
     const char *pp_layers;     /* layers per pipeline stage ("2,3"); NULL = balanced */
     int   pp_microbatches;     /* micro-batches per step when pp > 1 (0 or 1 = off): the step's
                                   sequences are split so that pipeline stages overlap; off by
@@ -171,8 +175,10 @@ int engine_step(struct engine *e);
 int engine_is_conductor(const struct engine *e);
 
 /* On a worker rank: replays the conductor's step plans through the model until the conductor
- * stops (engine_free or engine_drain on rank 0). Returns STATUS_OK then, or the error that
- * broke the world (a peer rank gone). */
+ * stops (engine_free or engine_drain on rank 0); on the first rank of a data-parallel replica
+ * other than rank 0's, runs that replica's engine for the requests rank 0 routes to it, until
+ * rank 0 shuts it down. Returns STATUS_OK then, or the error that broke the world (a peer rank
+ * gone). */
 enum status engine_run_worker(struct engine *e);
 
 /* Starts the engine thread, which steps while there is work and sleeps otherwise. */
@@ -190,7 +196,21 @@ struct engine_stats {
     uint64_t generated_tokens;
     uint64_t steps, preemptions;
 };
-void engine_get_stats(struct engine *e, struct engine_stats *s); /* thread-safe snapshot */
+void engine_get_stats(struct engine *e, struct engine_stats *s); /* thread-safe snapshot; with
+                                     data parallelism the sum over replicas (remote ones as of
+                                     their last report, at most ~0.2 s old) */
+
+/* Data-parallel replicas, as rank 0's router sees them (thread-safe). */
+struct engine_replica_stats {
+    int      leader_rank;               /* world rank of the replica's first rank */
+    int      outstanding;               /* samples routed here and not finished */
+    uint64_t routed;                    /* requests routed here */
+    uint64_t routed_by_prefix;          /* of those, chosen for a matching prompt prefix */
+    double   report_age_s;              /* age of `engine` (0 for rank 0's own replica) */
+    struct engine_stats engine;         /* the replica's engine */
+};
+int  engine_replicas(const struct engine *e);  /* dp (1 without data parallelism) */
+void engine_get_replica_stats(struct engine *e, int replica, struct engine_replica_stats *s);
 
 /* Model facts for GetModelInfo. */
 struct engine_model_info {
@@ -198,8 +218,8 @@ struct engine_model_info {
     int n_layers, d_model, n_heads, n_kv_heads, head_dim, ffn_hidden, vocab_size, max_positions;
     const char *dtype;                 /* compute dtype on the device */
     const char *device;                /* "cpu" / "cuda" */
-    int tp_size, pp_size;
-    int block_tokens, kv_blocks;
+    int tp_size, pp_size, dp_size;
+    int block_tokens, kv_blocks;       /* kv_blocks: per replica (rank 0's) */
     int bos_id, eos_id;
 };
 void engine_get_model_info(const struct engine *e, struct engine_model_info *info);

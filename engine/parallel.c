@@ -10,6 +10,7 @@
 
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,12 +19,24 @@
 
 #define MODULE "parallel"
 
+/* A message posted by parallel_msg_send and not yet known to be delivered. */
+struct pending_send {
+    MPI_Request req;
+    void  *buf;        /* owned: freed once the send completes */
+    double posted;     /* now_s() when posted */
+};
+
 /* The world's MPI state. */
 struct world_impl {
     MPI_Comm comm;     /* a duplicate of MPI_COMM_WORLD: agree, bcast_bytes, barrier, splits */
+    MPI_Comm msgs;     /* another duplicate: parallel_msg_* (top-level worlds only) */
     int owns_mpi;      /* MPI_Init_thread was called here, so MPI_Finalize is ours too */
     int n_abandoned;   /* operations left pending by a timeout: MPI_Finalize would wait on them */
     int mpi_failed;    /* an MPI call returned an error */
+    struct world_impl *parent; /* a sub-world's parent (its failures count there too) */
+    pthread_mutex_t send_mu;   /* pending sends: any thread may post, any may progress */
+    struct pending_send *sends;
+    int n_sends, cap_sends;
 };
 
 /* The MPI communicator's state (struct comm.impl). */
@@ -60,7 +73,7 @@ static enum status mpi_fail(struct parallel_world *w, int rc, const char *call, 
     int len = 0;
     if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "code %d", rc);
     int call_len = (int)strcspn(call, "(");
-    if (w->impl) ((struct world_impl *)w->impl)->mpi_failed = 1;
+    for (struct world_impl *wi = w->impl; wi; wi = wi->parent) wi->mpi_failed = 1;
     return parallel_world_fail(w, "%.*s on the %s group failed: %s", call_len, call, group, text);
 }
 
@@ -144,11 +157,16 @@ static enum status world_init_mpi(struct parallel_world *w, struct world_impl *w
     MPI_TRY(w, "world", MPI_Initialized(&initialized));
     if (!initialized) {
         int provided = MPI_THREAD_SINGLE;
-        MPI_TRY(w, "world", MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
+        MPI_TRY(w, "world", MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
         wi->owns_mpi = 1;
+        w->thread_multiple = provided >= MPI_THREAD_MULTIPLE;
         if (provided < MPI_THREAD_SERIALIZED)
             LOG_WARN(MODULE, "MPI provides thread level %d < MPI_THREAD_SERIALIZED: call the "
                      "parallel runtime from the thread that called parallel_init only", provided);
+    } else {
+        int provided = MPI_THREAD_SINGLE;
+        MPI_TRY(w, "world", MPI_Query_thread(&provided));
+        w->thread_multiple = provided >= MPI_THREAD_MULTIPLE;
     }
     /* Errors on our communicators come back as codes (inherited by dups and splits). */
     MPI_TRY(w, "world", MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
@@ -163,23 +181,42 @@ static enum status world_init_mpi(struct parallel_world *w, struct world_impl *w
     MPI_TRY(w, "node", MPI_Comm_size(node, &w->local_size));
     MPI_TRY(w, "node", MPI_Comm_free(&node));
 
+    MPI_TRY(w, "world", MPI_Comm_dup(wi->comm, &wi->msgs));
     MPI_Comm control;
     MPI_TRY(w, "world", MPI_Comm_dup(wi->comm, &control));
     return mpi_comm_wrap(w, "control", control, &w->control);
+}
+
+static struct world_impl *world_impl_new(void)
+{
+    struct world_impl *wi = calloc(1, sizeof *wi);
+    if (!wi) return NULL;
+    wi->comm = MPI_COMM_NULL;
+    wi->msgs = MPI_COMM_NULL;
+    pthread_mutex_init(&wi->send_mu, NULL);
+    return wi;
+}
+
+static void world_impl_free(struct world_impl *wi)
+{
+    if (!wi) return;
+    for (int i = 0; i < wi->n_sends; i++) free(wi->sends[i].buf); /* abandoned with the world */
+    free(wi->sends);
+    pthread_mutex_destroy(&wi->send_mu);
+    free(wi);
 }
 
 enum status parallel_init(int *argc, char ***argv, struct parallel_world **out)
 {
     *out = NULL;
     struct parallel_world *w = calloc(1, sizeof *w);
-    struct world_impl *wi = calloc(1, sizeof *wi);
+    struct world_impl *wi = world_impl_new();
     if (!w || !wi) {
         free(w);
-        free(wi);
+        world_impl_free(wi);
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "parallel: out of memory");
     }
     w->impl = wi;
-    wi->comm = MPI_COMM_NULL;
     w->rank = 0;
     w->size = 1;
     w->local_rank = 0;
@@ -199,7 +236,7 @@ enum status parallel_init(int *argc, char ***argv, struct parallel_world **out)
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", status_message());
         comm_free(w->control);
-        free(wi);
+        world_impl_free(wi);
         free(w);
         return status_errorf(st, "parallel: cannot start the world: %s", msg);
     }
@@ -214,8 +251,19 @@ void parallel_finalize(struct parallel_world *w)
     comm_free(w->control);
     w->control = NULL;
     if (w->mpi) {
-        int clean = !wi->n_abandoned && !wi->mpi_failed;
+        /* Messages still on their way (a final notice to a peer) get a short grace period. */
+        int pending = 0;
+        double oldest = 0;
+        for (int i = 0; i < 200; i++) {
+            if (parallel_msg_progress(w, &pending, &oldest) != STATUS_OK || pending == 0) break;
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        if (pending) wi->n_abandoned++;
+        int clean = !w->broken && !wi->n_abandoned && !wi->mpi_failed;
+        if (clean && wi->msgs != MPI_COMM_NULL) MPI_Comm_free(&wi->msgs);
         if (clean && wi->comm != MPI_COMM_NULL) MPI_Comm_free(&wi->comm);
+        if (!clean && wi->parent) wi->parent->n_abandoned++;
         if (wi->owns_mpi) {
             if (clean) {
                 MPI_Finalize();
@@ -225,7 +273,7 @@ void parallel_finalize(struct parallel_world *w)
             }
         }
     }
-    free(wi);
+    world_impl_free(wi);
     free(w);
 }
 
@@ -280,6 +328,158 @@ enum status parallel_barrier(struct parallel_world *w)
     MPI_Request req;
     MPI_TRY(w, "world", MPI_Ibarrier(wi->comm, &req));
     return mpi_wait(w, &req, NULL, "barrier", "world");
+}
+
+/* ---- sub-worlds ---------------------------------------------------------------------------- */
+
+enum status parallel_world_split(struct parallel_world *w, int color, int key,
+                                 struct parallel_world **out)
+{
+    *out = NULL;
+    enum status st = world_usable(w);
+    if (st != STATUS_OK) return st;
+    struct parallel_world *sub = calloc(1, sizeof *sub);
+    struct world_impl *si = world_impl_new();
+    if (!sub || !si) {
+        free(sub);
+        world_impl_free(si);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "parallel: out of memory");
+    }
+    struct world_impl *wi = w->impl;
+    sub->impl = si;
+    si->parent = wi;
+    sub->mpi = w->mpi;
+    sub->thread_multiple = w->thread_multiple;
+    sub->local_rank = w->local_rank; /* the node's GPU numbering does not change */
+    sub->local_size = w->local_size;
+    sub->rank = 0;
+    sub->size = 1;
+    MPI_Comm control = MPI_COMM_NULL;
+    if (w->mpi) {
+        int rc = MPI_Comm_split(wi->comm, color, key, &si->comm);
+        if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(si->comm, &sub->rank);
+        if (rc == MPI_SUCCESS) rc = MPI_Comm_size(si->comm, &sub->size);
+        if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(si->comm, &control);
+        if (rc != MPI_SUCCESS) st = mpi_fail(w, rc, "MPI_Comm_split", "world");
+    }
+    if (st == STATUS_OK) st = mpi_comm_wrap(sub, "control", control, &sub->control);
+    if (st != STATUS_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        comm_free(sub->control);
+        world_impl_free(si);
+        free(sub);
+        return status_errorf(st, "parallel: cannot split the world: %s", msg);
+    }
+    *out = sub;
+    return STATUS_OK;
+}
+
+/* ---- messages ------------------------------------------------------------------------------ */
+
+enum status parallel_msg_send(struct parallel_world *w, int dest, void *buf, size_t n)
+{
+    CHECK(dest >= 0 && dest < w->size && dest != w->rank, "message to rank %d from rank %d of %d",
+          dest, w->rank, w->size);
+    CHECK(w->mpi && ((struct world_impl *)w->impl)->msgs != MPI_COMM_NULL,
+          "parallel_msg_send on a world without its own MPI message channel");
+    enum status st = world_usable(w);
+    int count = 0;
+    if (st == STATUS_OK) st = mpi_int_count(n, "message", "world", &count);
+    if (st != STATUS_OK) {
+        free(buf);
+        return st;
+    }
+    struct world_impl *wi = w->impl;
+    pthread_mutex_lock(&wi->send_mu);
+    if (wi->n_sends == wi->cap_sends) {
+        int cap = wi->cap_sends ? 2 * wi->cap_sends : 64;
+        struct pending_send *ns = realloc(wi->sends, (size_t)cap * sizeof *ns);
+        if (!ns) {
+            pthread_mutex_unlock(&wi->send_mu);
+            free(buf);
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "parallel: out of memory for a message");
+        }
+        wi->sends = ns;
+        wi->cap_sends = cap;
+    }
+    struct pending_send *ps = &wi->sends[wi->n_sends];
+    int rc = MPI_Isend(buf, count, MPI_BYTE, dest, 0, wi->msgs, &ps->req);
+    if (rc == MPI_SUCCESS) {
+        ps->buf = buf;
+        ps->posted = now_s();
+        wi->n_sends++;
+    }
+    pthread_mutex_unlock(&wi->send_mu);
+    if (rc != MPI_SUCCESS) {
+        free(buf);
+        return mpi_fail(w, rc, "MPI_Isend", "world");
+    }
+    return STATUS_OK;
+}
+
+enum status parallel_msg_progress(struct parallel_world *w, int *pending, double *oldest_s)
+{
+    struct world_impl *wi = w->impl;
+    *pending = 0;
+    *oldest_s = 0;
+    if (!w->mpi || wi->msgs == MPI_COMM_NULL) return STATUS_OK;
+    enum status st = STATUS_OK;
+    const double now = now_s();
+    pthread_mutex_lock(&wi->send_mu);
+    int kept = 0;
+    for (int i = 0; i < wi->n_sends; i++) {
+        struct pending_send *ps = &wi->sends[i];
+        int done = 0;
+        if (st == STATUS_OK && !w->broken) {
+            int rc = MPI_Test(&ps->req, &done, MPI_STATUS_IGNORE);
+            if (rc != MPI_SUCCESS) st = mpi_fail(w, rc, "MPI_Test", "world");
+        }
+        if (done) {
+            free(ps->buf);
+            continue;
+        }
+        if (now - ps->posted > *oldest_s) *oldest_s = now - ps->posted;
+        wi->sends[kept++] = *ps;
+    }
+    wi->n_sends = kept;
+    *pending = kept;
+    pthread_mutex_unlock(&wi->send_mu);
+    if (st == STATUS_OK) st = world_usable(w);
+    return st;
+}
+
+enum status parallel_msg_poll(struct parallel_world *w, int *got, int *source, size_t *n)
+{
+    *got = 0;
+    *source = -1;
+    *n = 0;
+    struct world_impl *wi = w->impl;
+    enum status st = world_usable(w);
+    if (st != STATUS_OK || !w->mpi || wi->msgs == MPI_COMM_NULL) return st;
+    MPI_Status s;
+    MPI_TRY(w, "world", MPI_Iprobe(MPI_ANY_SOURCE, 0, wi->msgs, got, &s));
+    if (!*got) return STATUS_OK;
+    int count = 0;
+    MPI_TRY(w, "world", MPI_Get_count(&s, MPI_BYTE, &count));
+    *source = s.MPI_SOURCE;
+    *n = (size_t)count;
+    return STATUS_OK;
+}
+
+enum status parallel_msg_recv(struct parallel_world *w, int source, void *buf, size_t n)
+{
+    CHECK(source >= 0 && source < w->size && source != w->rank, "message from rank %d on rank %d",
+          source, w->rank);
+    struct world_impl *wi = w->impl;
+    CHECK(w->mpi && wi->msgs != MPI_COMM_NULL, "parallel_msg_recv without a message channel");
+    int count = 0;
+    enum status st = world_usable(w);
+    if (st == STATUS_OK) st = mpi_int_count(n, "message", "world", &count);
+    if (st != STATUS_OK) return st;
+    MPI_Request req;
+    MPI_TRY(w, "world", MPI_Irecv(buf, count, MPI_BYTE, source, 0, wi->msgs, &req));
+    return mpi_wait(w, &req, NULL, "message receive", "world");
 }
 
 /* ---- the layout ---------------------------------------------------------------------------- */

@@ -11,9 +11,12 @@
  * part is labelled gpu). Design notes: docs/parallel.md.
  *
  * Contracts shared by everything below:
- * - Thread: one thread per rank makes every call of this header for a given world (not
- *   necessarily the thread that called parallel_init: MPI is initialised with
- *   MPI_THREAD_SERIALIZED). Calls are never concurrent on one world.
+ * - Thread: one thread per rank makes every collective and communicator call for a given
+ *   world (not necessarily the thread that called parallel_init). MPI is initialised with
+ *   MPI_THREAD_MULTIPLE where the library provides it (w->thread_multiple), so that
+ *   different threads may use different worlds (a replica's sub-world on the engine thread,
+ *   the parent world's messages on a router thread) and the parallel_msg_* calls may come
+ *   from any thread.
  * - Order: a collective is called by every rank of its group, in the same order on all of
  *   them, with matching shapes, dtypes and roots; a send on one rank is matched by a recv of
  *   the same byte size on its peer. Breaking this is a bug that shows up as a hang (or, with
@@ -61,6 +64,8 @@ struct parallel_world {
                                      * STATUS_UNAVAILABLE (a hung or dead rank); 0 (default):
                                      * wait forever. Per rank; settable at any time. Ranks that
                                      * legitimately idle on the step plan leave it 0. */
+    int    thread_multiple;         /* MPI runs at MPI_THREAD_MULTIPLE (parallel_msg_* and
+                                     * sub-worlds used from several threads need it) */
     int    broken;                  /* set by the first failed communication call */
     char   failure[512];            /* that call's message ("" while not broken) */
     struct comm *control;           /* every rank, world rank order, CPU tensors, over MPI:
@@ -70,7 +75,7 @@ struct parallel_world {
 
 /* Initialises the world. When the process was started by an MPI launcher (mpirun/mpiexec of
  * Open MPI, or a PMI/PMIx launcher: OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK in the
- * environment), MPI is initialised (MPI_Init_thread, MPI_THREAD_SERIALIZED) and errors on
+ * environment), MPI is initialised (MPI_Init_thread, MPI_THREAD_MULTIPLE) and errors on
  * its communicators are returned instead of aborting the job. Otherwise the world is one
  * rank and MPI is never touched, so that a plain `shardlm generate` needs no MPI runtime.
  * argc/argv may be NULL. Returns STATUS_UNAVAILABLE with a message when MPI cannot start.
@@ -94,6 +99,34 @@ enum status parallel_agree(struct parallel_world *w, enum status local);
  * (rank 0's step plan). buf is read on root and written elsewhere. A collective. */
 enum status parallel_bcast_bytes(struct parallel_world *w, void *buf, size_t n, int root);
 enum status parallel_barrier(struct parallel_world *w);
+
+/* ---- sub-worlds and messages ---------------------------------------------------------------
+ * Data-parallel serving runs one engine per replica, each in its own sub-world (the replica's
+ * pp x tp ranks), and a router on rank 0 that talks to each replica's first rank with
+ * point-to-point messages on the parent world. */
+
+/* Splits w into sub-worlds (a collective over w): ranks passing the same color form one,
+ * ordered by key. The sub-world has its own control communicator, rank and size, the
+ * parent's node-local rank (GPU choice) and thread level, and its own timeout and broken
+ * state. parallel_finalize on a sub-world frees its communicators but leaves MPI running;
+ * finalize sub-worlds before their parent. In a world without MPI the sub-world is a world
+ * of one. */
+enum status parallel_world_split(struct parallel_world *w, int color, int key,
+                                 struct parallel_world **out);
+
+/* Posts buf (n bytes, malloc'ed; ownership passes here, also on error) to world rank dest and
+ * returns at once: nothing blocks on the receiver. Messages from one rank to another arrive in
+ * the order posted. parallel_msg_progress completes posted sends (and frees their buffers);
+ * call it regularly. Top-level MPI worlds only (CHECKed). Any thread. */
+enum status parallel_msg_send(struct parallel_world *w, int dest, void *buf, size_t n);
+/* Tests posted sends: *pending still on their way, the oldest posted *oldest_s seconds ago (a
+ * receiver that stopped receiving shows up here). */
+enum status parallel_msg_progress(struct parallel_world *w, int *pending, double *oldest_s);
+/* Whether a message waits (*got), from which rank and how long; does not receive it. One thread
+ * per rank polls and receives. A world without MPI never has messages. */
+enum status parallel_msg_poll(struct parallel_world *w, int *got, int *source, size_t *n);
+/* Receives the message parallel_msg_poll reported (n bytes from source) into buf. */
+enum status parallel_msg_recv(struct parallel_world *w, int source, void *buf, size_t n);
 
 /* ---- the layout --------------------------------------------------------------------- */
 

@@ -571,6 +571,7 @@ enum status convert_model_info_response(const struct model_info_out *mi, uint8_t
     m.dtype = (char *)(i->dtype ? i->dtype : "");
     m.device = (char *)(i->device ? i->device : "");
     m.tp_size = i->tp_size;
+    m.dp_size = i->dp_size;
     m.pp_size = i->pp_size;
     m.kv_block_tokens = i->block_tokens;
     m.kv_blocks = i->kv_blocks;
@@ -601,6 +602,27 @@ enum status convert_server_stats_response(const struct server_stats_out *s, uint
     m.preemptions = e->preemptions;
     m.active_calls = s->active_calls;
     m.uptime_seconds = s->uptime_seconds;
+    enum { MAX_REPLICAS = 256 };
+    Shardlm__V1__ReplicaStats rs[MAX_REPLICAS], *rp[MAX_REPLICAS];
+    m.n_replicas = s->n_replicas < MAX_REPLICAS ? (size_t)s->n_replicas : MAX_REPLICAS;
+    m.replicas = rp;
+    for (size_t i = 0; i < m.n_replicas; i++) {
+        const struct engine_replica_stats *r = &s->replicas[i];
+        rs[i] = (Shardlm__V1__ReplicaStats)SHARDLM__V1__REPLICA_STATS__INIT;
+        rs[i].leader_rank = r->leader_rank;
+        rs[i].outstanding = r->outstanding;
+        rs[i].routed = r->routed;
+        rs[i].routed_by_prefix = r->routed_by_prefix;
+        rs[i].waiting = r->engine.waiting;
+        rs[i].running = r->engine.running;
+        rs[i].kv_blocks_total = r->engine.kv_blocks_total;
+        rs[i].kv_blocks_free = r->engine.kv_blocks_free;
+        rs[i].requests_finished = r->engine.requests_finished;
+        rs[i].generated_tokens = r->engine.generated_tokens;
+        rs[i].prefix_cache_hit_tokens = r->engine.prefix_cache_hit_tokens;
+        rs[i].report_age_seconds = r->report_age_s;
+        rp[i] = &rs[i];
+    }
     return pack(&m.base, out, len);
 }
 

@@ -114,6 +114,8 @@ struct model_info_out {
 enum status convert_model_info_response(const struct model_info_out *m, uint8_t **out, size_t *len);
 struct server_stats_out {
     struct engine_stats engine;
+    const struct engine_replica_stats *replicas; /* (n_replicas) */
+    int    n_replicas;
     int    active_calls;
     double uptime_seconds;
 };

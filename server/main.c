@@ -47,11 +47,12 @@ static void print_help(FILE *f)
 {
     fprintf(f,
             "usage:\n"
-            "  shardlm serve --model DIR [--listen 127.0.0.1:50051] [--device cpu|cuda] [--tp T --pp P]\n"
-            "                [engine limits, TLS, API keys: shardlm serve --help, docs/server.md]\n"
+            "  shardlm serve --model DIR [--listen 127.0.0.1:50051] [--device cpu|cuda]\n"
+            "                [--dp D --tp T --pp P] [engine limits, TLS, API keys: shardlm serve --help, docs/server.md]\n"
             "  shardlm chat --server ADDR [--system TEXT]       interactive streamed chat\n"
             "  shardlm complete --server ADDR --prompt TEXT     one completion\n"
             "  shardlm bench --server ADDR --concurrency N --requests M\n"
+            "  shardlm stats --server ADDR                      model, load, replicas\n"
             "  shardlm generate --model DIR [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
             "                   [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
             "                   [--device cpu|cuda] [--threads N] [--no-bos] [--tp T --pp P]\n"
@@ -317,6 +318,7 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "chat")) return client_chat_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "complete")) return client_complete_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "bench")) return client_bench_main(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "stats")) return client_stats_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 2, argv + 2);
     if (!strcmp(argv[1], "convert")) return cmd_convert(argc - 2, argv + 2);
     if (!strcmp(argv[1], "reshard")) return cmd_reshard(argc - 2, argv + 2);

@@ -41,7 +41,7 @@ static int usage(const char *fmt, const char *arg)
     fprintf(stderr, "shardlm serve: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\nusage: shardlm serve --model DIR [--listen 127.0.0.1:50051] [--device cpu|cuda] [--threads N]\n"
-                    "         [--tp T --pp P (under mpirun)] [--pp-layers N1,N2,...] [--pp-microbatches M]\n"
+                    "         [--dp D --tp T --pp P (under mpirun -n DxTxP)] [--pp-layers N1,N2,...] [--pp-microbatches M]\n"
                     "         [--rank-timeout S (60)]\n"
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
                     "         [--kv-cache-fraction F]\n"
@@ -87,7 +87,7 @@ int serve_main(int argc, char **argv)
                                .max_receive_bytes = 4 << 20};
     o.engine.rank_timeout_s = 60.0; /* multi-rank: a peer silent this long is hung or gone */
     const char *device = "cpu";
-    long tp = 1, pp = 1;
+    long tp = 1, pp = 1, dp = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
@@ -115,6 +115,9 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--tp")) {
             if (base_parse_long(v, 1, 1024, &n)) return usage("--tp must be an integer in [1, 1024], got '%s'", v);
             tp = n;
+        } else if (!strcmp(a, "--dp")) {
+            if (base_parse_long(v, 1, 1024, &n)) return usage("--dp must be an integer in [1, 1024], got '%s'", v);
+            dp = n;
         } else if (!strcmp(a, "--pp")) {
             if (base_parse_long(v, 1, 1024, &n)) return usage("--pp must be an integer in [1, 1024], got '%s'", v);
             pp = n;
@@ -173,15 +176,17 @@ int serve_main(int argc, char **argv)
         /* Under mpirun: rank 0 serves and conducts; every other rank replays its step plans.
          * Without mpirun this is a world of one and MPI is never initialised. */
         st = parallel_init(NULL, NULL, &world);
-        if (st == STATUS_OK && world->size != tp * pp)
+        long want = (dp ? dp : 1) * tp * pp;
+        if (st == STATUS_OK && (dp ? world->size != want : world->size % (tp * pp) != 0))
             st = status_errorf(STATUS_INVALID_ARGUMENT,
-                               "%d ranks but --tp %ld x --pp %ld = %ld: serving needs exactly tp x pp ranks "
-                               "(launch with mpirun -n %ld; data-parallel replicas are not supported yet)",
-                               world->size, tp, pp, tp * pp, tp * pp);
+                               "%d ranks but --dp %ld x --tp %ld x --pp %ld = %ld: serving needs exactly dp x tp x pp "
+                               "ranks (launch with mpirun -n %ld)",
+                               world->size, dp ? dp : 1, tp, pp, want, want);
         if (st == STATUS_OK && world->size > 1) {
             o.engine.world = world;
             o.engine.tp = (int)tp;
             o.engine.pp = (int)pp;
+            o.engine.dp = (int)dp;
         }
     }
     if (st == STATUS_OK) {

@@ -914,7 +914,17 @@ static void handle_simple(struct call *c, const uint8_t *data, size_t len)
         if (st == STATUS_OK) {
             struct server_stats_out o = {.active_calls = s->n_calls, .uptime_seconds = mono_now() - s->t_start};
             engine_get_stats(s->engine, &o.engine);
+            int n = engine_replicas(s->engine);
+            struct engine_replica_stats *rs = calloc((size_t)n, sizeof *rs);
+            if (!rs) {
+                st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory for replica statistics");
+                break;
+            }
+            for (int i = 0; i < n; i++) engine_get_replica_stats(s->engine, i, &rs[i]);
+            o.replicas = rs;
+            o.n_replicas = n;
             st = convert_server_stats_response(&o, &out, &out_len);
+            free(rs);
         }
         break;
     }

@@ -549,9 +549,78 @@ static void test_thread(const char *dir)
     engine_free(e);
 }
 
-/* Under mpirun: a tp x pp engine (rank 0 conducting, the others replaying its step plans) gives
- * every request exactly the tokens a one-rank engine in the same process gives. */
-static int run_multi_rank(const char *dir, int tp, int pp, int *argc, char ***argv)
+/* Waits (up to 120 s) until every sample of rs[0..n) finished; returns how many requests did. */
+static int wait_finished(struct result *rs, const struct request_params *ps, int n)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 120;
+    int done = 0;
+    pthread_mutex_lock(&cb_mu);
+    for (;;) {
+        done = 0;
+        for (int i = 0; i < n; i++) {
+            int all = 1;
+            for (int k = 0; k < ps[i].n; k++) all &= rs[i].finished[k] > 0;
+            done += all;
+        }
+        if (done == n || pthread_cond_timedwait(&cb_cv, &cb_mu, &until) != 0) break;
+    }
+    pthread_mutex_unlock(&cb_mu);
+    return done;
+}
+
+/* Data parallelism on rank 0: every replica served some of the requests, and a prompt seen
+ * before goes back to the replica that served it (prefix-aware routing, hitting its cache). */
+static void check_routing(struct engine *e, const char *dir)
+{
+    (void)dir;
+    const int dp = engine_replicas(e);
+    struct engine_replica_stats rs[8];
+    int idle = 0;
+    for (int d = 0; d < dp && d < 8; d++) {
+        engine_get_replica_stats(e, d, &rs[d]);
+        idle += rs[d].routed == 0;
+    }
+    check(dp > 1 && idle == 0, "data parallelism: every replica got requests", "%d replicas, %d idle", dp, idle);
+    enum { P = 4 };
+    static struct result first[P], again[P];
+    memset(first, 0, sizeof first);
+    memset(again, 0, sizeof again);
+    struct request_params g = greedy(4);
+    int same_replica = 0, same_tokens = 0;
+    uint64_t by_prefix0 = 0, by_prefix1 = 0;
+    for (int d = 0; d < dp && d < 8; d++) by_prefix0 += rs[d].routed_by_prefix;
+    for (int i = 0; i < P; i++) {
+        int32_t prompt[64];
+        make_prompt(prompt, 64, 900 + i);
+        uint64_t h, before[8], after[8], after2[8];
+        struct engine_replica_stats x;
+        for (int d = 0; d < dp && d < 8; d++) engine_get_replica_stats(e, d, &x), before[d] = x.routed;
+        engine_submit(e, NULL, prompt, 64, &g, on_event, &first[i], &h);
+        wait_finished(&first[i], &g, 1);
+        for (int d = 0; d < dp && d < 8; d++) engine_get_replica_stats(e, d, &x), after[d] = x.routed;
+        engine_submit(e, NULL, prompt, 64, &g, on_event, &again[i], &h);
+        wait_finished(&again[i], &g, 1);
+        for (int d = 0; d < dp && d < 8; d++) engine_get_replica_stats(e, d, &x), after2[d] = x.routed;
+        int ok = 1;
+        for (int d = 0; d < dp && d < 8; d++) ok &= after2[d] - after[d] == after[d] - before[d];
+        same_replica += ok;
+        same_tokens += again[i].n_tokens[0] == 4 && !memcmp(again[i].tokens[0], first[i].tokens[0], 4 * sizeof(int32_t));
+    }
+    for (int d = 0; d < dp && d < 8; d++) {
+        engine_get_replica_stats(e, d, &rs[d]);
+        by_prefix1 += rs[d].routed_by_prefix;
+    }
+    check(same_replica == P && by_prefix1 - by_prefix0 >= P && same_tokens == P,
+          "a repeated prompt goes back to the replica holding its prefix", "%d of %d, %llu routed by prefix",
+          same_replica, P, (unsigned long long)(by_prefix1 - by_prefix0));
+}
+
+/* Under mpirun: a dp x tp x pp engine (rank 0 conducting or routing, the others replaying step
+ * plans or leading a replica) gives every request exactly the tokens a one-rank engine in the
+ * same process gives. */
+static int run_multi_rank(const char *dir, int tp, int pp, int dp, int *argc, char ***argv)
 {
     struct parallel_world *w = NULL;
     enum status st = parallel_init(argc, argv, &w);
@@ -594,13 +663,16 @@ static int run_multi_rank(const char *dir, int tp, int pp, int *argc, char ***ar
     o.world = w;
     o.tp = tp;
     o.pp = pp;
+    o.dp = dp;
     o.pp_microbatches = pp > 1 ? 3 : 1; /* pipelined steps: micro-batches of the step's sequences */
     struct engine *e = NULL;
     st = engine_create(&o, &e);
     check(st == STATUS_OK, "multi-rank engine_create", "%s", status_message());
     if (st == STATUS_OK && engine_is_conductor(e)) {
+        if (dp > 1) engine_start(e); /* replicas run on their own threads and ranks */
         for (int i = 0; i < N; i++) engine_submit(e, NULL, prompts[i], lens[i], &ps[i], on_event, &together[i], &h);
-        run_until_idle(e);
+        if (dp > 1) wait_finished(together, ps, N);
+        else run_until_idle(e);
         int same = 0;
         for (int i = 0; i < N; i++) {
             int ok = 1;
@@ -611,9 +683,16 @@ static int run_multi_rank(const char *dir, int tp, int pp, int *argc, char ***ar
         }
         struct engine_stats s;
         engine_get_stats(e, &s);
-        check(same == N, "tp x pp engine gives each request the one-rank tokens", "tp %d pp %d: %d of %d, %llu preemptions",
-              tp, pp, same, N, (unsigned long long)s.preemptions);
-        check(pool_whole(e), "multi-rank: every KV block back in the pool", "%s", "");
+        check(same == N, "dp x tp x pp engine gives each request the one-rank tokens",
+              "dp %d tp %d pp %d: %d of %d, %llu preemptions", dp, tp, pp, same, N, (unsigned long long)s.preemptions);
+        if (dp > 1) check_routing(e, dir);
+        int whole = pool_whole(e);
+        for (int i = 0; i < 40 && !whole; i++) { /* remote replicas report every 0.2 s */
+            struct timespec ts = {0, 50 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            whole = pool_whole(e);
+        }
+        check(whole, "multi-rank: every KV block back in the pool", "%s", "");
     } else if (st == STATUS_OK) {
         st = engine_run_worker(e);
         check(st == STATUS_OK, "worker replays the conductor's plans until told to stop", "%s", status_message());
@@ -627,14 +706,14 @@ static int run_multi_rank(const char *dir, int tp, int pp, int *argc, char ***ar
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc >= 6 && !strcmp(argv[1], "--tp")) { /* test_engine --tp T --pp P DATA */
+    if (argc >= 8 && !strcmp(argv[1], "--tp")) { /* test_engine --tp T --pp P --dp D DATA */
         char dir[2048];
-        snprintf(dir, sizeof dir, "%s/stories260K", argv[5]);
+        snprintf(dir, sizeof dir, "%s/stories260K", argv[7]);
         if (access(dir, R_OK) != 0) {
             printf("SKIP: test_engine: no stories260K at %s (no shared assets)\n", dir);
             return 77;
         }
-        return run_multi_rank(dir, atoi(argv[2]), atoi(argv[4]), &argc, &argv);
+        return run_multi_rank(dir, atoi(argv[2]), atoi(argv[4]), atoi(argv[6]), &argc, &argv);
     }
     if (argc < 2) {
         fprintf(stderr, "usage: test_engine DATA_DIR\n");

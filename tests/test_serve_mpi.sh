@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# tests/test_serve_mpi.sh SHARDLM DATA_DIR TP PP [kill] - a multi-rank server: `mpirun -n
-# TP*PP shardlm serve --tp TP --pp PP` on 127.0.0.1 (rank 0 serves and conducts, the others
-# replay its step plans); completions equal `shardlm generate` on one rank, streamed and unary;
-# a bench of concurrent streams succeeds; SIGTERM drains and every rank exits 0.
-# With `kill`: a worker rank is killed (SIGKILL) in the middle of a long streamed generation;
+# tests/test_serve_mpi.sh SHARDLM DATA_DIR TP PP [DP [kill|hang]] - a multi-rank server:
+# `mpirun -n DP*TP*PP shardlm serve --dp DP --tp TP --pp PP` on 127.0.0.1 (rank 0 serves, routes
+# and conducts replica 0; the other replicas' first ranks run their own engines; the rest replay
+# their conductor's step plans); completions equal `shardlm generate` on one rank, streamed and
+# unary; a bench of concurrent streams succeeds (and, with DP > 1, reaches every replica);
+# SIGTERM drains and every rank exits.
+# With `kill`: rank 1 (a worker, or replica 1's leader when DP > 1) is killed (SIGKILL) in the middle of a long streamed generation;
 # the client must get an error (not hang), and every rank must be gone within 20 s.
 # With `hang`: a worker rank is stopped (SIGSTOP) instead; rank 0 notices after --rank-timeout
 # (2 s here), fails the requests with UNAVAILABLE, goes NOT_SERVING and exits non-zero.
@@ -12,6 +14,9 @@ shardlm=$1
 data=$2
 tp=$3
 pp=$4
+dp=${5:-1}
+mode=${6:-}
+n=$((dp * tp * pp))
 model=$data/stories260K
 [ -f "$model/model.safetensors" ] || { echo "SKIP: no converted stories260K in $data"; exit 77; }
 command -v mpirun > /dev/null || { echo "SKIP: no mpirun"; exit 77; }
@@ -24,8 +29,8 @@ pass=0
 fail=0
 check() { if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "PASS $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi; }
 
-OMP_NUM_THREADS=1 mpirun -n $((tp * pp)) -x OMP_NUM_THREADS "$shardlm" serve --model "$model" \
-  --listen 127.0.0.1:0 --tp "$tp" --pp "$pp" --drain-timeout 5 --rank-timeout 2 > "$tmp/serve.log" 2>&1 &
+OMP_NUM_THREADS=1 mpirun -n "$n" -x OMP_NUM_THREADS "$shardlm" serve --model "$model" \
+  --listen 127.0.0.1:0 --dp "$dp" --tp "$tp" --pp "$pp" --drain-timeout 5 --rank-timeout 2 > "$tmp/serve.log" 2>&1 &
 pid=$!
 addr=
 for _ in $(seq 1 300); do
@@ -34,10 +39,10 @@ for _ in $(seq 1 300); do
   kill -0 "$pid" 2> /dev/null || break
   sleep 0.1
 done
-[ -n "$addr" ]; check "mpirun -n $((tp * pp)) serve --tp $tp --pp $pp listens" $?
+[ -n "$addr" ]; check "mpirun -n $n serve --dp $dp --tp $tp --pp $pp listens" $?
 if [ -z "$addr" ]; then cat "$tmp/serve.log"; echo "$pass passed, $fail failed"; exit 1; fi
 
-if [ "${5:-}" = kill ] || [ "${5:-}" = hang ]; then
+if [ "$mode" = kill ] || [ "$mode" = hang ]; then
   # Enough streaming work to outlast the kill by far (stories260K decodes ~1,000 tok/s).
   "$shardlm" bench --server "$addr" --concurrency 8 --requests 400 --max-tokens 400 \
     > "$tmp/long" 2> "$tmp/long.err" &
@@ -47,10 +52,10 @@ if [ "${5:-}" = kill ] || [ "${5:-}" = hang ]; then
   worker=$(pgrep -P "$pid" | while read -r p; do
     tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && echo "$p"; done | head -1)
   [ -n "$worker" ]; check "found a rank to kill" $?
-  if [ "$5" = kill ]; then kill -9 "$worker" 2> /dev/null; else kill -STOP "$worker" 2> /dev/null; fi
+  if [ "$mode" = kill ]; then kill -9 "$worker" 2> /dev/null; else kill -STOP "$worker" 2> /dev/null; fi
   for _ in $(seq 1 200); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
-  ! kill -0 "$pid" 2> /dev/null; check "a $5 rank takes the job down within 20 s (no hang)" $?
-  if [ "$5" = hang ]; then
+  ! kill -0 "$pid" 2> /dev/null; check "a $mode rank takes the job down within 20 s (no hang)" $?
+  if [ "$mode" = hang ]; then
     kill -9 "$worker" 2> /dev/null
     grep -q "the engine failed" "$tmp/serve.log"; check "rank 0 detected the hung rank" $?
     grep -q "NOT_SERVING" "$tmp/serve.log"; check "health went NOT_SERVING" $?
@@ -77,6 +82,22 @@ for prompt in "" "Once upon a time" "The cat"; do
 done
 "$shardlm" bench --server "$addr" --concurrency 4 --requests 12 --max-tokens 24 > "$tmp/bench" 2>&1
 check "bench: 12 concurrent streams succeed" $?
+if [ "$dp" -gt 1 ]; then
+  # Routing: the bench's streams spread over every replica; a prompt seen before goes back to the
+  # replica that holds its prefix (and hits that replica's prefix cache).
+  long="One day, a little girl named Lily went to the park with her mom. She saw a big tree and"
+  for _ in 1 2 3; do "$shardlm" complete --server "$addr" --prompt "$long" --max-tokens 8 > /dev/null 2>&1; done
+  sleep 0.5 # the leaders report every 0.2 s
+  "$shardlm" stats --server "$addr" > "$tmp/stats" 2>&1
+  check "stats: $dp replicas listed" $([ "$(grep -c '^replica ' "$tmp/stats")" = "$dp" ]; echo $?)
+  idle=$(awk '/^replica / { for (i = 1; i < NF; i++) if ($i == "routed" && $(i + 1) == 0) n++ } END { print n + 0 }' "$tmp/stats")
+  check "every replica got requests" $([ "$idle" = 0 ]; echo $?)
+  byprefix=$(awk '/^replica / { for (i = 1; i < NF; i++) if ($i == "routed_by_prefix") n += $(i + 1) } END { print n + 0 }' "$tmp/stats")
+  hits=$(awk '/^replica / { for (i = 1; i < NF; i++) if ($i == "prefix_hit_tokens") n += $(i + 1) } END { print n + 0 }' "$tmp/stats")
+  check "a repeated prompt is routed by its prefix ($byprefix) and hits the cache ($hits tokens)" \
+    $([ "$byprefix" -ge 2 ] && [ "$hits" -gt 0 ]; echo $?)
+  [ "$fail" = 0 ] || cat "$tmp/stats"
+fi
 # SIGTERM to mpirun, as an orchestrator sends it: Open MPI forwards it to every rank; rank 0
 # drains and tells the workers to stop. mpirun itself then exits 1 (its convention after a
 # signal), so the checks are the drain and that no rank is left behind.
