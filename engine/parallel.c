@@ -57,11 +57,14 @@ enum status parallel_world_fail(struct parallel_world *w, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* several threads may fail a world */
+    pthread_mutex_lock(&mu);
     if (!w->broken) {
-        w->broken = 1;
         memcpy(w->failure, msg, sizeof msg);
+        w->broken = 1;
         LOG_DEBUG(MODULE, "rank %d: %s", w->rank, msg);
     }
+    pthread_mutex_unlock(&mu);
     return status_errorf(STATUS_UNAVAILABLE, "%s", msg);
 }
 

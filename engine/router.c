@@ -162,6 +162,7 @@ struct route { /* rank 0: one request routed to a replica */
     int      replica;
     int      n, live;             /* samples, and those not yet finished */
     int      submitted;           /* handed to its replica (the failure path skips it before) */
+    int      cancel_pending;      /* cancelled before it was handed over: router_submit forwards it */
     unsigned char done[16];       /* sample finished (n <= 16: engine_validate) */
     engine_event_fn on_event;
     void    *ctx;
@@ -216,7 +217,6 @@ struct router {
     char     failure[512];
     enum status fail_status;
     int      fatal_pending;            /* set by any thread; the router thread acts on it */
-    int      fail_remote;              /* drain gave up on the remote replicas */
     pthread_t thread;
     int      thread_running;
     atomic_int stop_thread;
@@ -224,6 +224,7 @@ struct router {
     struct remote_req *reqs;
     struct outmsg *out_head, *out_tail;
     int      shutdown, local_fatal;
+    int      n_done_reqs;              /* remote_reqs finished since the agent last pruned */
     pthread_t drain_thread;
     int      drain_started;
     atomic_int drain_done;
@@ -284,9 +285,10 @@ enum status router_create(const struct engine_options *opt, int dp, struct route
     struct engine_stats s;
     engine_get_stats(r->local, &s);
     r->block_tokens = s.block_tokens;
+    /* Messages between rank 0 and the leaders: a peer that stops in the middle of one is gone
+     * after rank_timeout_s (the whole world is used for nothing else from here on). */
+    if (r->role != ROLE_WORKER) w->timeout_s = opt->rank_timeout_s;
     if (r->role == ROLE_FRONT) {
-        double t = now_s();
-        for (int d = 0; d < dp; d++) r->rep[d].heard = t;
         LOG_INFO(MODULE, "%d data-parallel replicas of tp %d x pp %d; replica leaders at ranks %d, %d, ...", dp,
                  tp, pp, r->rep[0].leader, r->rep[1].leader);
     }
@@ -320,11 +322,8 @@ static void deliver(struct router *r, struct route *rt, struct engine_event *ev)
     ev->request_id = rt->id;
     int s = ev->sample;
     if (s < 0 || s >= rt->n) return;
-    if (ev->kind != ENGINE_EVENT_FINISHED) {
-        pthread_mutex_lock(&r->mu);
-        int done = rt->done[s];
-        pthread_mutex_unlock(&r->mu);
-        if (!done) rt->on_event(rt->ctx, ev);
+    if (ev->kind != ENGINE_EVENT_FINISHED) { /* done[] is written by this thread only */
+        if (!rt->done[s]) rt->on_event(rt->ctx, ev);
         return;
     }
     pthread_mutex_lock(&r->mu);
@@ -563,18 +562,29 @@ enum status router_submit(struct router *r, const char *request_id, const int32_
     if (d == 0) {
         uint64_t inner = 0;
         st = engine_submit(r->local, rt->id, prompt, n_prompt, p, on_local_event, rt, &inner);
+        int cancel = 0;
         if (st == STATUS_OK) {
             pthread_mutex_lock(&r->mu);
-            if (*route_slot(r, our_handle) == rt) rt->inner = inner, rt->submitted = 1; /* else: finished */
+            if (*route_slot(r, our_handle) == rt) { /* else: already finished */
+                rt->inner = inner;
+                rt->submitted = 1;
+                cancel = rt->cancel_pending;
+            }
             pthread_mutex_unlock(&r->mu);
         }
+        if (cancel) engine_cancel(r->local, inner);
     } else {
         st = send_submit(r, rt, prompt, n_prompt, p);
+        int cancel = 0;
         if (st == STATUS_OK) {
             pthread_mutex_lock(&r->mu);
-            if (*route_slot(r, our_handle) == rt) rt->submitted = 1; /* else: already rejected */
+            if (*route_slot(r, our_handle) == rt) { /* else: already rejected */
+                rt->submitted = 1;
+                cancel = rt->cancel_pending;
+            }
             pthread_mutex_unlock(&r->mu);
         }
+        if (cancel) send_plain(r, r->rep[d].leader, MSG_CANCEL, our_handle, 0, "", 0);
     }
     if (st != STATUS_OK) {
         char msg[1024];
@@ -595,20 +605,21 @@ enum status router_submit(struct router *r, const char *request_id, const int32_
 enum status router_cancel(struct router *r, uint64_t handle, const char *request_id)
 {
     CHECK(r->role == ROLE_FRONT, "router_cancel on rank %d", r->world->rank);
-    enum { MAXHIT = 64 };
+    enum { MAXHIT = 64 }; /* one id used by more live requests than this: the rest on a next call */
     struct { int replica; uint64_t handle, inner; } hit[MAXHIT];
-    int n = 0;
+    int n = 0, found = 0;
     pthread_mutex_lock(&r->mu);
-    if (!request_id) {
-        struct route *rt = *route_slot(r, handle);
-        if (rt) hit[n++] = (__typeof__(hit[0])){rt->replica, rt->handle, rt->inner};
-    } else {
-        for (int b = 0; b < ROUTE_BUCKETS; b++)
-            for (struct route *rt = r->buckets[b]; rt && n < MAXHIT; rt = rt->next)
-                if (!strcmp(rt->id, request_id)) hit[n++] = (__typeof__(hit[0])){rt->replica, rt->handle, rt->inner};
+    for (int b = request_id ? 0 : (int)(handle % ROUTE_BUCKETS); b < ROUTE_BUCKETS; b++) {
+        for (struct route *rt = r->buckets[b]; rt && n < MAXHIT; rt = rt->next) {
+            if (request_id ? strcmp(rt->id, request_id) != 0 : rt->handle != handle) continue;
+            found++;
+            if (!rt->submitted) rt->cancel_pending = 1; /* router_submit forwards it */
+            else hit[n++] = (__typeof__(hit[0])){rt->replica, rt->handle, rt->inner};
+        }
+        if (!request_id) break;
     }
     pthread_mutex_unlock(&r->mu);
-    if (n == 0)
+    if (found == 0)
         return status_errorf(STATUS_NOT_FOUND, "no running request %s", request_id ? request_id : "with that handle");
     for (int i = 0; i < n; i++) {
         if (hit[i].replica == 0) engine_cancel(r->local, hit[i].inner);
@@ -638,7 +649,9 @@ static void front_message(struct router *r, int source, const unsigned char *buf
     switch (*type) {
     case MSG_EVENT: {
         struct event_head h;
-        if (!get_copy(&rb, &h, sizeof h) || h.n_tokens < 0 || h.n_top < 0) break;
+        if (!get_copy(&rb, &h, sizeof h) || h.n_tokens < 0 || h.n_tokens > (1 << 24) || h.n_top < 0 ||
+            h.n_top > 1024)
+            break;
         struct engine_event ev = {.kind = (enum engine_event_kind)h.kind, .sample = h.sample, .n_tokens = h.n_tokens,
                                   .n_top = h.n_top, .finish = (enum finish_reason)h.finish,
                                   .status = (enum status)h.status, .prompt_tokens = h.prompt_tokens,
@@ -707,7 +720,10 @@ static void front_watch(struct router *r)
     double oldest = 0;
     enum status st = parallel_msg_progress(r->world, &pending, &oldest);
     if (st != STATUS_OK) router_fail(r, st, "router: %s", status_message());
-    const double t = r->o.rank_timeout_s;
+    /* A leader reports every STATS_PERIOD_S: a timeout shorter than a few periods would mistake
+     * a busy moment for a dead replica. */
+    const double t = r->o.rank_timeout_s > 0 && r->o.rank_timeout_s < 5 * STATS_PERIOD_S ? 5 * STATS_PERIOD_S
+                                                                                          : r->o.rank_timeout_s;
     if (t > 0 && oldest > t)
         router_fail(r, STATUS_UNAVAILABLE, "router: a message to a replica leader has not been taken for %.1f s: "
                     "a rank is hung or gone", oldest);
@@ -723,19 +739,17 @@ static void front_watch(struct router *r)
         }
     }
     pthread_mutex_lock(&r->mu);
-    int act = r->fatal_pending && !r->failed, drop = r->fail_remote;
+    int act = r->fatal_pending && !r->failed, failed = r->failed || act;
     if (act) r->failed = 1;
-    r->fail_remote = 0;
     char msg[sizeof r->failure];
     memcpy(msg, r->failure, sizeof msg);
     enum status fst = r->fail_status;
     pthread_mutex_unlock(&r->mu);
-    if (drop) fail_remote_routes(r, -1, STATUS_UNAVAILABLE, "the replica did not finish its requests while draining");
-    if (act) {
-        parallel_world_fail(r->world, "%s", msg); /* no clean MPI_Finalize with a rank gone */
-        fail_remote_routes(r, -1, STATUS_UNAVAILABLE, msg);
-        if (r->o.on_fatal) r->o.on_fatal(r->o.fatal_ctx, fst, msg);
-    }
+    if (act) parallel_world_fail(r->world, "%s", msg); /* no clean MPI_Finalize with a rank gone */
+    /* Every turn while failed: a submission that was in flight when the failure hit is handed
+     * over (submitted) only afterwards. */
+    if (failed) fail_remote_routes(r, -1, STATUS_UNAVAILABLE, msg);
+    if (act && r->o.on_fatal) r->o.on_fatal(r->o.fatal_ctx, fst, msg);
 }
 
 static void *front_main(void *arg)
@@ -775,10 +789,31 @@ enum status router_start(struct router *r)
     if (r->role != ROLE_FRONT || r->thread_running) return STATUS_OK;
     enum status st = engine_start(r->local);
     if (st != STATUS_OK) return st;
+    pthread_mutex_lock(&r->mu);
+    const double t = now_s();
+    for (int d = 0; d < r->dp; d++) r->rep[d].heard = t; /* silence counts from now */
+    pthread_mutex_unlock(&r->mu);
     if (pthread_create(&r->thread, NULL, front_main, r) != 0)
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "router: cannot start the router thread");
     r->thread_running = 1;
     return STATUS_OK;
+}
+
+static int router_failed(struct router *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int failed = r->failed || r->fatal_pending;
+    pthread_mutex_unlock(&r->mu);
+    return failed;
+}
+
+static int all_drained(struct router *r)
+{
+    int n = 0;
+    pthread_mutex_lock(&r->mu);
+    for (int d = 1; d < r->dp; d++) n += r->rep[d].drained;
+    pthread_mutex_unlock(&r->mu);
+    return n == r->dp - 1;
 }
 
 static int remote_outstanding(struct router *r)
@@ -804,11 +839,14 @@ void router_drain(struct router *r, double timeout_s)
     /* The leaders cancel what is left at the same deadline; their last events need a moment. */
     double grace = r->o.rank_timeout_s > 0 && r->o.rank_timeout_s < 10 ? r->o.rank_timeout_s : 10;
     const double end = now_s() + timeout_s + grace;
-    while (remote_outstanding(r) > 0 && now_s() < end) nap(2 * 1000 * 1000);
-    if (remote_outstanding(r) > 0) {
-        pthread_mutex_lock(&r->mu);
-        r->fail_remote = 1;
-        pthread_mutex_unlock(&r->mu);
+    while ((remote_outstanding(r) > 0 || !all_drained(r)) && now_s() < end && !router_failed(r))
+        nap(2 * 1000 * 1000);
+    if (remote_outstanding(r) > 0 || !all_drained(r)) {
+        /* A replica that does not finish draining is as good as gone: fatal, so that its
+         * requests fail with UNAVAILABLE, the server exits non-zero and nobody waits in
+         * MPI_Finalize for it. */
+        router_fail(r, STATUS_UNAVAILABLE, "router: %d request(s) on remote replicas still unfinished %.1f s after "
+                    "the drain deadline", remote_outstanding(r), grace);
         for (int i = 0; i < 5000 && remote_outstanding(r) > 0; i++) nap(1000 * 1000);
     }
 }
@@ -856,7 +894,7 @@ static void on_remote_event(void *ctx, const struct engine_event *ev)
     outbox_push(r, &b);
     if (ev->kind == ENGINE_EVENT_FINISHED) {
         pthread_mutex_lock(&r->mu);
-        q->live--; /* the agent frees it once no sample is live */
+        if (--q->live == 0) r->n_done_reqs++; /* the agent frees it */
         pthread_mutex_unlock(&r->mu);
     }
 }
@@ -915,22 +953,30 @@ static void leader_submit(struct router *r, struct rbuf *rb)
     if (st != STATUS_OK) leader_reject(r, h.handle, st, status_message());
 }
 
-/* Agent: frees the requests whose samples have all finished; finds one by rank 0's handle. */
-static uint64_t leader_inner(struct router *r, uint64_t outer, int *found)
+/* Agent, under mu: frees the requests whose samples have all finished. */
+static void leader_prune(struct router *r)
 {
-    *found = 0;
-    uint64_t inner = 0;
-    pthread_mutex_lock(&r->mu);
     for (struct remote_req **p = &r->reqs; *p;) {
         struct remote_req *q = *p;
         if (q->live <= 0) {
             *p = q->next;
             free(q);
-            continue;
+        } else {
+            p = &q->next;
         }
-        if (q->outer == outer) *found = 1, inner = q->inner;
-        p = &q->next;
     }
+    r->n_done_reqs = 0;
+}
+
+/* Agent: this replica's handle of rank 0's request `outer` (*found 0: finished or unknown). */
+static uint64_t leader_inner(struct router *r, uint64_t outer, int *found)
+{
+    *found = 0;
+    uint64_t inner = 0;
+    pthread_mutex_lock(&r->mu);
+    leader_prune(r);
+    for (struct remote_req *q = r->reqs; q && !*found; q = q->next)
+        if (q->outer == outer) *found = 1, inner = q->inner;
     pthread_mutex_unlock(&r->mu);
     return inner;
 }
@@ -990,6 +1036,7 @@ static enum status leader_flush(struct router *r, int with_stats)
     pthread_mutex_lock(&r->mu);
     struct outmsg *m = r->out_head;
     r->out_head = r->out_tail = NULL;
+    if (r->n_done_reqs > 64) leader_prune(r);
     pthread_mutex_unlock(&r->mu);
     enum status st = STATUS_OK;
     while (m) {
@@ -1043,7 +1090,7 @@ static enum status leader_run(struct router *r)
         }
         if (st != STATUS_OK) break;
         double now = now_s();
-        int with_stats = now - last_stats >= STATS_PERIOD_S;
+        int with_stats = !drained_sent && now - last_stats >= STATS_PERIOD_S; /* rank 0 stops listening */
         if (with_stats) last_stats = now;
         if ((st = leader_flush(r, with_stats)) != STATUS_OK) break;
         if (r->drain_started && atomic_load(&r->drain_done) && !drained_sent) {
@@ -1071,12 +1118,33 @@ static enum status leader_run(struct router *r)
         }
     }
     free(buf);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", st == STATUS_OK ? "" : status_message());
     if (r->drain_started) pthread_join(r->drain_thread, NULL);
     else engine_drain(r->local, 0.0);
     r->drain_started = 0;
-    if (st == STATUS_OK) st = leader_flush(r, 0);
-    if (st == STATUS_OK && r->local_fatal) st = status_errorf(r->fail_status, "%s", r->failure);
-    return st;
+    if (st == STATUS_OK && (st = leader_flush(r, 0)) != STATUS_OK) snprintf(msg, sizeof msg, "%s", status_message());
+    if (st == STATUS_OK && r->local_fatal) {
+        snprintf(msg, sizeof msg, "%s", r->failure);
+        st = r->fail_status;
+    }
+    if (st != STATUS_OK) {
+        /* Tell rank 0 (best effort: the world may be what failed) and leave without
+         * MPI_Finalize, which would wait for ranks that are going on. */
+        if (!fatal_sent && !r->world->broken) {
+            leader_flush(r, 0);
+            send_plain(r, 0, MSG_FATAL, 0, (int32_t)st, msg, 0);
+            int pending = 1;
+            double oldest = 0;
+            for (int i = 0; i < 100 && pending; i++) {
+                if (parallel_msg_progress(r->world, &pending, &oldest) != STATUS_OK) break;
+                if (pending) nap(10 * 1000 * 1000);
+            }
+        }
+        parallel_world_fail(r->world, "replica leader: %s", msg);
+        return status_errorf(st, "%s", msg);
+    }
+    return STATUS_OK;
 }
 
 enum status router_run(struct router *r)

@@ -615,6 +615,67 @@ static void check_routing(struct engine *e, const char *dir)
     check(same_replica == P && by_prefix1 - by_prefix0 >= P && same_tokens == P,
           "a repeated prompt goes back to the replica holding its prefix", "%d of %d, %llu routed by prefix",
           same_replica, P, (unsigned long long)(by_prefix1 - by_prefix0));
+
+    /* Cancellation reaches every replica: one long request per replica (the least loaded takes
+     * each), cancelled by handle and by request id once tokens flow. */
+    uint64_t h0;
+    enum { C = 4 };
+    static struct result cancelled[C];
+    memset(cancelled, 0, sizeof cancelled);
+    struct request_params longp = greedy(250);
+    uint64_t hs[C];
+    char id[32];
+    for (int i = 0; i < C; i++) {
+        int32_t prompt[8];
+        make_prompt(prompt, 8, 950 + i);
+        snprintf(id, sizeof id, "cancel-me-%d", i);
+        engine_submit(e, id, prompt, 8, &longp, on_event, &cancelled[i], &hs[i]);
+    }
+    int flowing = 0;
+    for (int t = 0; t < 2000 && flowing < C; t++) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&cb_mu);
+        flowing = 0;
+        for (int i = 0; i < C; i++) flowing += cancelled[i].n_tokens[0] > 0;
+        pthread_mutex_unlock(&cb_mu);
+    }
+    int ok_calls = 0;
+    for (int i = 0; i < C; i++) {
+        snprintf(id, sizeof id, "cancel-me-%d", i);
+        ok_calls += (i % 2 ? engine_cancel_id(e, id) : engine_cancel(e, hs[i])) == STATUS_OK;
+    }
+    wait_finished(cancelled, (struct request_params[C]){longp, longp, longp, longp}, C);
+    int n_cancelled = 0;
+    for (int i = 0; i < C; i++)
+        n_cancelled += cancelled[i].finished[0] == 1 && cancelled[i].why[0] == FINISH_REASON_CANCELLED &&
+                       cancelled[i].n_tokens[0] < 250;
+    check(ok_calls == C && n_cancelled == C, "cancel by handle and by id reaches every replica",
+          "%d calls ok, %d of %d cancelled early", ok_calls, n_cancelled, C);
+    check(engine_cancel(e, hs[0]) == STATUS_NOT_FOUND, "cancelling a finished request: NOT_FOUND", "%s", "");
+
+    /* Balance beats the prefix beyond a margin: 12 requests sharing one prefix, all at once,
+     * spill over to the other replicas once the prefix's replica is max_seqs / 4 busier. */
+    enum { B = 12 };
+    static struct result burst[B];
+    memset(burst, 0, sizeof burst);
+    struct request_params bp[B];
+    uint64_t before[8], got_min = UINT64_MAX;
+    struct engine_replica_stats x;
+    for (int d = 0; d < dp && d < 8; d++) engine_get_replica_stats(e, d, &x), before[d] = x.routed;
+    for (int i = 0; i < B; i++) {
+        int32_t prompt[64];
+        make_prompt(prompt, 64, 900); /* the first prompt of the prefix test above */
+        bp[i] = greedy(40);
+        engine_submit(e, NULL, prompt, 64, &bp[i], on_event, &burst[i], &h0);
+    }
+    int done = wait_finished(burst, bp, B);
+    for (int d = 0; d < dp && d < 8; d++) {
+        engine_get_replica_stats(e, d, &x);
+        if (x.routed - before[d] < got_min) got_min = x.routed - before[d];
+    }
+    check(done == B && got_min > 0, "a burst on one prefix spreads over every replica past the margin",
+          "%d done, least-routed replica got %llu of %d", done, (unsigned long long)got_min, B);
 }
 
 /* Under mpirun: a dp x tp x pp engine (rank 0 conducting or routing, the others replaying step
