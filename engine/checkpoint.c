@@ -1415,28 +1415,92 @@ struct hfw_item {
     enum weight_kind   kind;
     int                layer;
     enum dtype         dtype; /* as stored in the source */
+    /* GPT-2: the tensor is kinds[0..n_kinds) concatenated along the rows (c_attn: Q, K, V),
+     * transposed when `transposed` (Conv1D stores (in, out)). n_kinds 0: `kind` as it is. */
+    enum weight_kind   kinds[3];
+    int                n_kinds, transposed;
 };
 
 static enum status hfw_fill(void *ctx, void *dst, size_t nbytes)
 {
     const struct hfw_item *it = ctx;
     struct host_weight hw;
-    return checkpoint_get(it->ck, it->kind, it->layer, 0, 1, it->dtype, dst, nbytes, 0, &hw);
+    if (it->n_kinds == 0) return checkpoint_get(it->ck, it->kind, it->layer, 0, 1, it->dtype, dst, nbytes, 0, &hw);
+    const size_t es = dtype_size(it->dtype);
+    int64_t total_rows = 0, cols = 0;
+    for (int i = 0; i < it->n_kinds; i++) {
+        enum status s = checkpoint_describe(it->ck, it->kinds[i], it->layer, 0, 1, it->dtype, &hw);
+        if (s) return s;
+        total_rows += hw.shape[0];
+        cols = hw.ndim == 2 ? hw.shape[1] : 1;
+    }
+    CHECK((size_t)(total_rows * cols) * es == nbytes, "GPT-2 tensor of %zu bytes, parts of %lld x %lld", nbytes,
+          (long long)total_rows, (long long)cols);
+    int64_t row_off = 0;
+    for (int i = 0; i < it->n_kinds; i++) {
+        enum status s = checkpoint_describe(it->ck, it->kinds[i], it->layer, 0, 1, it->dtype, &hw);
+        if (s) return s;
+        unsigned char *part = malloc(hw.nbytes);
+        if (!part) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        s = checkpoint_get(it->ck, it->kinds[i], it->layer, 0, 1, it->dtype, part, hw.nbytes, 0, &hw);
+        const int64_t rows = hw.shape[0];
+        if (!s && !it->transposed) memcpy((unsigned char *)dst + (size_t)(row_off * cols) * es, part, hw.nbytes);
+        for (int64_t r = 0; !s && it->transposed && r < rows; r++) /* (rows, cols) -> column r of (cols, total) */
+            for (int64_t c = 0; c < cols; c++)
+                memcpy((unsigned char *)dst + (size_t)(c * total_rows + row_off + r) * es,
+                       part + (size_t)(r * cols + c) * es, es);
+        free(part);
+        if (s) return s;
+        row_off += rows;
+    }
+    return STATUS_OK;
+}
+
+/* GPT-2's Hugging Face name for a canonical weight, and how it is stored: NULL for the parts
+ * that another tensor carries (K and V live in c_attn with Q). */
+static const char *hfw_gpt2(enum weight_kind kind, struct hfw_item *it)
+{
+    it->n_kinds = 0;
+    it->transposed = 0;
+    switch (kind) {
+    case WEIGHT_KIND_TOK_EMBEDDING: return "wte.weight";
+    case WEIGHT_KIND_POS_EMBEDDING: return "wpe.weight";
+    case WEIGHT_KIND_ATTN_NORM: return "h.%d.ln_1.weight";
+    case WEIGHT_KIND_ATTN_NORM_BIAS: return "h.%d.ln_1.bias";
+    case WEIGHT_KIND_MLP_NORM: return "h.%d.ln_2.weight";
+    case WEIGHT_KIND_MLP_NORM_BIAS: return "h.%d.ln_2.bias";
+    case WEIGHT_KIND_FINAL_NORM: return "ln_f.weight";
+    case WEIGHT_KIND_FINAL_NORM_BIAS: return "ln_f.bias";
+    case WEIGHT_KIND_Q:
+        *it = (struct hfw_item){.kinds = {WEIGHT_KIND_Q, WEIGHT_KIND_K, WEIGHT_KIND_V}, .n_kinds = 3, .transposed = 1};
+        return "h.%d.attn.c_attn.weight";
+    case WEIGHT_KIND_Q_BIAS:
+        *it = (struct hfw_item){.kinds = {WEIGHT_KIND_Q_BIAS, WEIGHT_KIND_K_BIAS, WEIGHT_KIND_V_BIAS}, .n_kinds = 3};
+        return "h.%d.attn.c_attn.bias";
+    case WEIGHT_KIND_O: *it = (struct hfw_item){.kinds = {kind}, .n_kinds = 1, .transposed = 1}; return "h.%d.attn.c_proj.weight";
+    case WEIGHT_KIND_O_BIAS: return "h.%d.attn.c_proj.bias";
+    case WEIGHT_KIND_UP: *it = (struct hfw_item){.kinds = {kind}, .n_kinds = 1, .transposed = 1}; return "h.%d.mlp.c_fc.weight";
+    case WEIGHT_KIND_UP_BIAS: return "h.%d.mlp.c_fc.bias";
+    case WEIGHT_KIND_DOWN: *it = (struct hfw_item){.kinds = {kind}, .n_kinds = 1, .transposed = 1}; return "h.%d.mlp.c_proj.weight";
+    case WEIGHT_KIND_DOWN_BIAS: return "h.%d.mlp.c_proj.bias";
+    default: return NULL;
+    }
 }
 
 enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
 {
     const struct model_config *c = &src->cfg;
-    if (c->family != MODEL_FAMILY_LLAMA && c->family != MODEL_FAMILY_GEMMA3)
+    if (c->family != MODEL_FAMILY_LLAMA && c->family != MODEL_FAMILY_GEMMA3 && c->family != MODEL_FAMILY_GPT2)
         return status_errorf(STATUS_UNSUPPORTED,
                              "writing the Hugging Face layout is implemented for Llama-family models "
-                             "(Llama, Mistral, Gemma 3), not %s", c->architecture);
+                             "(Llama, Mistral, Gemma 3) and GPT-2, not %s", c->architecture);
+    const int gpt2 = c->family == MODEL_FAMILY_GPT2;
     enum status s = ck_out_dir(dir_out, src);
     if (s) return s;
     const int gemma = c->family == MODEL_FAMILY_GEMMA3;
     struct hfw_item *items = calloc((size_t)WEIGHT_KIND_COUNT * (size_t)(c->n_layers + 1), sizeof *items);
     struct safetensors_writer *w = NULL;
-    char path[CK_PATH], fmt_name[CK_NAME], name[CK_NAME + 8];
+    char path[CK_PATH], fmt_name[CK_NAME], name[CK_NAME + 16];
     if (!items) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     if ((s = ck_pathf(path, dir_out, hf_single_name)) || (s = safetensors_writer_begin(path, &w))) goto out;
     int n = 0;
@@ -1446,11 +1510,26 @@ enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
         int layers = weight_kind_per_layer(kind) ? c->n_layers : 1;
         for (int l = 0; l < layers; l++) {
             struct host_weight hw;
+            struct hfw_item g = {0};
+            const char *gf = gpt2 ? hfw_gpt2(kind, &g) : NULL;
+            if (gpt2 && !gf) continue; /* K, V (and their biases): inside c_attn */
             /* The stored dtype first (describe in f32 reports it), then the real description. */
             if ((s = checkpoint_describe(src, kind, l, 0, 1, DTYPE_F32, &hw))) goto out;
-            items[n] = (struct hfw_item){src, kind, l, hw.stored_dtype};
+            g.ck = src, g.kind = kind, g.layer = l, g.dtype = hw.stored_dtype;
+            items[n] = g;
             if ((s = checkpoint_describe(src, kind, l, 0, 1, hw.stored_dtype, &hw))) goto out;
-            if (kind == WEIGHT_KIND_LM_HEAD) {
+            int64_t shape[2] = {hw.shape[0], hw.ndim == 2 ? hw.shape[1] : 1};
+            for (int i = 1; i < g.n_kinds; i++) { /* c_attn: Q, K and V rows together */
+                struct host_weight part;
+                if ((s = checkpoint_describe(src, g.kinds[i], l, 0, 1, hw.stored_dtype, &part))) goto out;
+                shape[0] += part.shape[0];
+            }
+            if (g.transposed) hw.shape[0] = shape[1], hw.shape[1] = shape[0];
+            else hw.shape[0] = shape[0];
+            if (gpt2 && kind != WEIGHT_KIND_LM_HEAD) {
+                snprintf(fmt_name, sizeof fmt_name, gf, l);
+                snprintf(name, sizeof name, "transformer.%s", fmt_name);
+            } else if (kind == WEIGHT_KIND_LM_HEAD) {
                 snprintf(name, sizeof name, "lm_head.weight");
             } else {
                 const char *f = ck_hf_llama_fmt(gemma, kind);

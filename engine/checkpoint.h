@@ -228,8 +228,10 @@ enum status checkpoint_write_megatron(const char *dir_out, struct checkpoint *sr
 
 /* Writes src as a Hugging Face-layout directory (one model.safetensors with HF tensor names,
  * every tensor in its source dtype, joined from whatever layout src has; config.json and the
- * tokenizer files): the inverse of reading. Llama-family models only (Llama, Mistral, Gemma 3);
- * others are STATUS_UNSUPPORTED. Same directory rules as checkpoint_write_megatron. */
+ * tokenizer files): the inverse of reading. Llama-family models (Llama, Mistral, Gemma 3:
+ * "model." names) and GPT-2 ("transformer." names, Q/K/V fused into c_attn and the Conv1D
+ * weights transposed back); others are STATUS_UNSUPPORTED. Same directory rules as
+ * checkpoint_write_megatron. */
 enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src);
 
 #ifdef __cplusplus
