@@ -67,8 +67,10 @@ struct engine_options {
                                   default (each micro-batch reads the weights again) */
     double rank_timeout_s;     /* conductor: a peer making no progress this long is gone
                                   (0 = wait forever); set once the model is loaded */
-    /* Called once, on the engine thread, when the engine can no longer run (a rank gone): every
-     * request has then finished with an error and new ones are refused with UNAVAILABLE. */
+    /* Called once, on the engine thread (the router thread with data parallelism), when the
+     * engine can no longer run (a rank gone): every request has then finished with an error
+     * (with data parallelism: those on the other replicas; rank 0's own replica's requests end
+     * when the caller drains) and new ones are refused with UNAVAILABLE. */
     void (*on_fatal)(void *ctx, enum status st, const char *message);
     void *fatal_ctx;
 };
@@ -130,9 +132,11 @@ struct engine_event {
     int            cached_prompt_tokens; /* prompt tokens served from the prefix cache */
 };
 
-/* Called on the engine thread; must not block and must not call into the engine except
- * engine_cancel. After the FINISHED event of the last sample, the request is gone and the
- * callback is never called for it again. */
+/* Called on the engine thread (with data parallelism: the thread of the replica serving the
+ * request, rank 0's engine thread or its router thread, so different requests' events may
+ * arrive concurrently; one request's events come from one thread, in order); must not block
+ * and must not call into the engine except engine_cancel. After the FINISHED event of the last
+ * sample, the request is gone and the callback is never called for it again. */
 typedef void (*engine_event_fn)(void *ctx, const struct engine_event *ev);
 
 /* Loads the model and tokenizer and sizes the KV pool; does not start a thread. Errors are

@@ -200,6 +200,19 @@ static struct world_impl *world_impl_new(void)
     return wi;
 }
 
+static void world_impl_free(struct world_impl *wi);
+
+/* Frees a world that failed to start; returns st with "cannot <what>: <the failure>". */
+static enum status world_discard(struct parallel_world *w, enum status st, const char *what)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", status_message());
+    comm_free(w->control);
+    world_impl_free(w->impl);
+    free(w);
+    return status_errorf(st, "parallel: cannot %s: %s", what, msg);
+}
+
 static void world_impl_free(struct world_impl *wi)
 {
     if (!wi) return;
@@ -234,15 +247,8 @@ enum status parallel_init(int *argc, char ***argv, struct parallel_world **out)
     } else {
         st = mpi_comm_wrap(w, "control", MPI_COMM_NULL, &w->control);
     }
-    if (st != STATUS_OK) {
-        /* MPI is left initialised: finalising now could wait on ranks that started fine. */
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", status_message());
-        comm_free(w->control);
-        world_impl_free(wi);
-        free(w);
-        return status_errorf(st, "parallel: cannot start the world: %s", msg);
-    }
+    /* On failure MPI is left initialised: finalising now could wait on ranks that started fine. */
+    if (st != STATUS_OK) return world_discard(w, st, "start the world");
     *out = w;
     return STATUS_OK;
 }
@@ -366,14 +372,7 @@ enum status parallel_world_split(struct parallel_world *w, int color, int key,
         if (rc != MPI_SUCCESS) st = mpi_fail(w, rc, "MPI_Comm_split", "world");
     }
     if (st == STATUS_OK) st = mpi_comm_wrap(sub, "control", control, &sub->control);
-    if (st != STATUS_OK) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", status_message());
-        comm_free(sub->control);
-        world_impl_free(si);
-        free(sub);
-        return status_errorf(st, "parallel: cannot split the world: %s", msg);
-    }
+    if (st != STATUS_OK) return world_discard(sub, st, "split the world");
     *out = sub;
     return STATUS_OK;
 }

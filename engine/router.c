@@ -496,6 +496,15 @@ static enum status send_submit(struct router *r, const struct route *rt, const i
     return send_to(r, r->rep[rt->replica].leader, &b);
 }
 
+/* The shape of CANCEL, DRAIN, SHUTDOWN, REJECT, DRAINED and FATAL: a header, a number and a
+ * text (unused fields zero or empty). */
+static int get_plain(struct rbuf *rb, struct status_head *h, double *value, const char **text)
+{
+    if (!get_copy(rb, h, sizeof *h) || !get_copy(rb, value, sizeof *value)) return 0;
+    *text = get_str(rb);
+    return !rb->bad;
+}
+
 static enum status send_plain(struct router *r, int rank, uint32_t type, uint64_t handle, int32_t status,
                               const char *text, double value)
 {
@@ -630,6 +639,16 @@ enum status router_cancel(struct router *r, uint64_t handle, const char *request
 
 /* ---- the front: the router thread ----------------------------------------------------------- */
 
+/* Router thread: the route of a remote event (NULL: finished already, or not replica d's). */
+static struct route *find_route(struct router *r, uint64_t handle, int d)
+{
+    pthread_mutex_lock(&r->mu);
+    struct route *rt = *route_slot(r, handle);
+    if (rt && rt->replica != d) rt = NULL;
+    pthread_mutex_unlock(&r->mu);
+    return rt;
+}
+
 /* Router thread: one message from a leader. */
 static void front_message(struct router *r, int source, const unsigned char *buf, size_t n)
 {
@@ -666,21 +685,16 @@ static void front_message(struct router *r, int source, const unsigned char *buf
         ev.message = get_str(&rb);
         if (rb.bad) break;
         if (ev.message && !*ev.message) ev.message = NULL;
-        pthread_mutex_lock(&r->mu);
-        struct route *rt = *route_slot(r, h.handle);
-        pthread_mutex_unlock(&r->mu);
+        struct route *rt = find_route(r, h.handle, d);
         if (rt) deliver(r, rt, &ev); /* remote routes are freed on this thread only */
         return;
     }
     case MSG_REJECT: {
         struct status_head h;
         double unused;
-        if (!get_copy(&rb, &h, sizeof h) || !get_copy(&rb, &unused, sizeof unused)) break;
-        const char *msg = get_str(&rb);
-        if (rb.bad) break;
-        pthread_mutex_lock(&r->mu);
-        struct route *rt = *route_slot(r, h.handle);
-        pthread_mutex_unlock(&r->mu);
+        const char *msg;
+        if (!get_plain(&rb, &h, &unused, &msg)) break;
+        struct route *rt = find_route(r, h.handle, d);
         if (rt) fail_route(r, rt, (enum status)h.status, msg);
         return;
     }
@@ -702,9 +716,8 @@ static void front_message(struct router *r, int source, const unsigned char *buf
     case MSG_FATAL: {
         struct status_head h;
         double unused;
-        if (!get_copy(&rb, &h, sizeof h) || !get_copy(&rb, &unused, sizeof unused)) break;
-        const char *msg = get_str(&rb);
-        if (rb.bad) break;
+        const char *msg;
+        if (!get_plain(&rb, &h, &unused, &msg)) break;
         router_fail(r, (enum status)h.status, "replica %d (rank %d): %s", d, source, msg);
         return;
     }
@@ -1005,7 +1018,8 @@ static enum status leader_message(struct router *r, const unsigned char *buf, si
     }
     struct status_head h;
     double value = 0;
-    if (!get_copy(&rb, &h, sizeof h) || !get_copy(&rb, &value, sizeof value))
+    const char *unused;
+    if (!get_plain(&rb, &h, &value, &unused))
         return status_errorf(STATUS_INTERNAL, "router: a truncated message (type %u) from rank 0", *type);
     switch (*type) {
     case MSG_CANCEL: {
