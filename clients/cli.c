@@ -50,13 +50,6 @@ static int flag_error(const char *cmd, const char *fmt, const char *arg)
     return -1;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int parse_u64(const char *s, uint64_t *out)
 {
     char *end;
@@ -352,10 +345,10 @@ int client_complete_main(int argc, char **argv)
         return fail(st);
     }
     struct complete_out out = {.echo = echo ? req.prompt : NULL};
-    double t0 = now_s();
+    double t0 = base_now_s();
     if (stream) st = client_generate_stream(c, &req, complete_print_chunk, &out, &res);
     else st = client_generate(c, &req, &res);
-    double dt = now_s() - t0;
+    double dt = base_now_s() - t0;
     int rc = 0;
     if (st == STATUS_OK) {
         if (stream) complete_print(&out, "", 0);
@@ -607,9 +600,9 @@ int client_chat_main(int argc, char **argv)
         req.messages = h.msgs;
         req.n_messages = h.n;
         turn++;
-        double t0 = now_s();
+        double t0 = base_now_s();
         st = client_generate_stream(c, &req, chat_print_chunk, &printed, &res);
-        double dt = now_s() - t0;
+        double dt = base_now_s() - t0;
         if (printed || st == STATUS_OK) fputc('\n', stdout);
         fflush(stdout);
         if (st == STATUS_CANCELLED && chat_interrupted) {
@@ -714,7 +707,7 @@ static int bench_chunk(void *ctx, const struct client_chunk *ch)
 {
     struct bench_worker *w = ctx;
     if (ch->n_token_ids <= 0) return 0;
-    double t = now_s();
+    double t = base_now_s();
     if (!w->got_first) {
         w->got_first = 1;
         if (samples_push(&w->ttft, t - w->t_start)) w->oom = 1;
@@ -740,7 +733,7 @@ static void *bench_worker_run(void *arg)
         int code;
         if (st == STATUS_OK) {
             w->got_first = 0;
-            w->t_start = now_s();
+            w->t_start = base_now_s();
             enum status rst = client_generate_stream(c, &w->b->req, bench_chunk, w, &res);
             code = res.grpc_code;
             if (rst == STATUS_OK) {
@@ -843,7 +836,7 @@ int client_bench_main(int argc, char **argv)
         common_free(&b.cf);
         return fail(status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory"));
     }
-    double t0 = now_s();
+    double t0 = base_now_s();
     for (long i = 0; i < concurrency; i++) {
         w[i].b = &b;
         if (pthread_create(&w[i].thread, NULL, bench_worker_run, &w[i]) == 0) w[i].started = 1;
@@ -855,7 +848,7 @@ int client_bench_main(int argc, char **argv)
         pthread_join(w[i].thread, NULL);
         any_started = 1;
     }
-    double wall = now_s() - t0;
+    double wall = base_now_s() - t0;
     if (!any_started) {
         free(w);
         common_free(&b.cf);

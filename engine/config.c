@@ -730,6 +730,17 @@ static int add_float(cJSON *o, const char *key, float v)
 static int add_bool(cJSON *o, const char *key, int v) { return cJSON_AddBoolToObject(o, key, v) != NULL; }
 static int add_str(cJSON *o, const char *key, const char *v) { return cJSON_AddStringToObject(o, key, v) != NULL; }
 
+/* The config.json fields that Llama-family models and Gemma 3 spell alike. */
+static int add_llama_dims(cJSON *root, const struct model_config *c)
+{
+    return add_num(root, "hidden_size", c->d_model) && add_num(root, "intermediate_size", c->ffn_hidden) &&
+           add_num(root, "num_hidden_layers", c->n_layers) && add_num(root, "num_attention_heads", c->n_heads) &&
+           add_num(root, "num_key_value_heads", c->n_kv_heads) && add_num(root, "head_dim", c->head_dim) &&
+           add_num(root, "vocab_size", c->vocab_size) &&
+           add_num(root, "max_position_embeddings", c->max_positions) &&
+           add_float(root, "rms_norm_eps", c->norm_eps) && add_float(root, "rope_theta", c->rope_theta);
+}
+
 enum status config_save(const char *path, const struct model_config *c)
 {
     enum status st = STATUS_OK;
@@ -764,16 +775,7 @@ enum status config_save(const char *path, const struct model_config *c)
     if (!ok) cJSON_Delete(archs);
     if (ok && c->family == MODEL_FAMILY_LLAMA) {
         int mistral = !strcmp(c->architecture, "MistralForCausalLM");
-        ok = add_str(root, "model_type", mistral ? "mistral" : "llama") &&
-             add_num(root, "hidden_size", c->d_model) &&
-             add_num(root, "intermediate_size", c->ffn_hidden) &&
-             add_num(root, "num_hidden_layers", c->n_layers) &&
-             add_num(root, "num_attention_heads", c->n_heads) &&
-             add_num(root, "num_key_value_heads", c->n_kv_heads) &&
-             add_num(root, "head_dim", c->head_dim) && add_num(root, "vocab_size", c->vocab_size) &&
-             add_num(root, "max_position_embeddings", c->max_positions) &&
-             add_float(root, "rms_norm_eps", c->norm_eps) &&
-             add_float(root, "rope_theta", c->rope_theta) &&
+        ok = add_str(root, "model_type", mistral ? "mistral" : "llama") && add_llama_dims(root, c) &&
              add_str(root, "hidden_act", activation_hf_name(c->activation)) &&
              add_bool(root, "attention_bias", c->qkv_bias) &&
              add_bool(root, "mlp_bias", c->mlp_bias) &&
@@ -786,15 +788,7 @@ enum status config_save(const char *path, const struct model_config *c)
         if (ok && c->attn_out_bias != c->qkv_bias)
             ok = add_bool(root, "attention_out_bias", c->attn_out_bias);
     } else if (ok && c->family == MODEL_FAMILY_GEMMA3) {
-        ok = add_str(root, "model_type", "gemma3_text") && add_num(root, "hidden_size", c->d_model) &&
-             add_num(root, "intermediate_size", c->ffn_hidden) &&
-             add_num(root, "num_hidden_layers", c->n_layers) &&
-             add_num(root, "num_attention_heads", c->n_heads) &&
-             add_num(root, "num_key_value_heads", c->n_kv_heads) &&
-             add_num(root, "head_dim", c->head_dim) && add_num(root, "vocab_size", c->vocab_size) &&
-             add_num(root, "max_position_embeddings", c->max_positions) &&
-             add_float(root, "rms_norm_eps", c->norm_eps) &&
-             add_float(root, "rope_theta", c->rope_theta) &&
+        ok = add_str(root, "model_type", "gemma3_text") && add_llama_dims(root, c) &&
              add_float(root, "rope_local_base_freq", c->rope_theta_local) &&
              add_num(root, "sliding_window", c->sliding_window) &&
              add_num(root, "sliding_window_pattern", c->sliding_window_pattern) &&

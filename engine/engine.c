@@ -34,13 +34,6 @@
 #define MAX_STOP_LEN 256
 #define MAX_SAMPLES 16
 
-static double now_monotonic(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 const char *finish_reason_name(enum finish_reason r)
 {
     switch (r) {
@@ -1221,7 +1214,7 @@ int engine_step(struct engine *e)
         stats_update(e, 0, 0);
         return 0;
     }
-    const double now = now_monotonic();
+    const double now = base_now_s();
     pthread_mutex_lock(&e->mu);
     for (int pass = 0; pass < 2; pass++) {
         struct seq **list = pass ? e->waiting : e->running;
@@ -1409,11 +1402,11 @@ void engine_drain(struct engine *e, double timeout_s)
     pthread_mutex_lock(&e->mu);
     e->draining = 1;
     pthread_mutex_unlock(&e->mu);
-    const double end = now_monotonic() + timeout_s;
+    const double end = base_now_s() + timeout_s;
     int cancelled = 0;
     for (;;) {
         if (engine_idle(e)) break;
-        if (!cancelled && now_monotonic() >= end) {
+        if (!cancelled && base_now_s() >= end) {
             pthread_mutex_lock(&e->mu);
             for (struct request *r = e->all; r; r = r->next_all) r->cancel_requested = 1;
             pthread_cond_signal(&e->cv);

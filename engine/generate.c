@@ -5,13 +5,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 enum status generate_run(struct model *m, struct kv_cache *cache, const int32_t *prompt,
                          int n_prompt, const struct generate_options *o, generate_token_fn on_token,
                          void *ctx, int32_t *out, int *n_out, struct generate_stats *stats)
@@ -58,7 +51,7 @@ enum status generate_run(struct model *m, struct kv_cache *cache, const int32_t 
     int32_t *positions = rows, *slots = rows + chunk;
     int n_cached = 0; /* tokens whose K/V are in the cache */
     int32_t next = -1;
-    double t0 = now_seconds();
+    double t0 = base_now_s();
     /* Prefill in chunks; logits only for the prompt's last row. */
     while (n_cached < n_prompt) {
         int n = n_prompt - n_cached < chunk ? n_prompt - n_cached : chunk;
@@ -82,7 +75,7 @@ enum status generate_run(struct model *m, struct kv_cache *cache, const int32_t 
             if ((st = model_share_tokens(m, &next, 1)) != STATUS_OK) goto release;
         }
     }
-    double t1 = now_seconds();
+    double t1 = base_now_s();
     stats->prefill_seconds = t1 - t0;
     stats->n_prompt = n_prompt;
 
@@ -104,7 +97,7 @@ enum status generate_run(struct model *m, struct kv_cache *cache, const int32_t 
         if (model_is_last_stage(m)) next = sampler_sample(&smp, &o->sampling, &rng, logits, prompt, n_prompt, out, *n_out);
         if ((st = model_share_tokens(m, &next, 1)) != STATUS_OK) goto release;
     }
-    stats->decode_seconds = now_seconds() - t1;
+    stats->decode_seconds = base_now_s() - t1;
     stats->n_generated = *n_out;
 release:
     kv_cache_release(cache, max_blocks, table);

@@ -23,7 +23,7 @@
 struct pending_send {
     MPI_Request req;
     void  *buf;        /* owned: freed once the send completes */
-    double posted;     /* now_s() when posted */
+    double posted;     /* base_now_s() when posted */
 };
 
 /* The world's MPI state. */
@@ -94,13 +94,6 @@ static enum status world_usable(const struct parallel_world *w)
                          w->rank, w->failure);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Completes *req. Without a timeout this is MPI_Wait. With one, it polls MPI_Test (yielding the
  * core after a short spin: ranks may share cores) until the deadline, then leaves the request
  * pending (MPI cannot cancel a collective), marks the world broken and fails. */
@@ -113,13 +106,13 @@ static enum status mpi_wait(struct parallel_world *w, MPI_Request *req, MPI_Stat
         MPI_TRY(w, group, MPI_Wait(req, st));
         return STATUS_OK;
     }
-    double start = now_s();
+    double start = base_now_s();
     for (long spin = 0;; spin++) {
         int done = 0;
         MPI_TRY(w, group, MPI_Test(req, &done, st));
         if (done) return STATUS_OK;
         if (spin >= 1000) sched_yield();
-        if ((spin & 15) == 0 && now_s() - start > w->timeout_s) {
+        if ((spin & 15) == 0 && base_now_s() - start > w->timeout_s) {
             ((struct world_impl *)w->impl)->n_abandoned++;
             return parallel_world_fail(w,
                                        "%s on the %s group made no progress in %.1f s: a rank "
@@ -409,7 +402,7 @@ enum status parallel_msg_send(struct parallel_world *w, int dest, void *buf, siz
     int rc = MPI_Isend(buf, count, MPI_BYTE, dest, 0, wi->msgs, &ps->req);
     if (rc == MPI_SUCCESS) {
         ps->buf = buf;
-        ps->posted = now_s();
+        ps->posted = base_now_s();
         wi->n_sends++;
     }
     pthread_mutex_unlock(&wi->send_mu);
@@ -427,7 +420,7 @@ enum status parallel_msg_progress(struct parallel_world *w, int *pending, double
     *oldest_s = 0;
     if (!w->mpi || wi->msgs == MPI_COMM_NULL) return STATUS_OK;
     enum status st = STATUS_OK;
-    const double now = now_s();
+    const double now = base_now_s();
     pthread_mutex_lock(&wi->send_mu);
     int kept = 0;
     for (int i = 0; i < wi->n_sends; i++) {
@@ -558,24 +551,15 @@ static enum status group_create(struct parallel_world *w, const char *name, int 
         CHECK(got_size == size && rank == key, "%s group: rank %d of %d, expected %d of %d",
               name, rank, got_size, key, size);
     }
+    enum status st;
     if (device == DEVICE_CPU) {
-        enum status st = parallel_agree(w, mpi_comm_wrap(w, name, mc, out));
-        if (st != STATUS_OK) {
-            char msg[1024];
-            snprintf(msg, sizeof msg, "%s", status_message());
-            comm_free(*out);
-            *out = NULL;
-            return status_errorf(st, "%s", msg);
-        }
-        return STATUS_OK;
-    }
-
-    unsigned char id[PARALLEL_NCCL_ID_BYTES];
-    memset(id, 0, sizeof id);
-    enum status st = rank == 0 ? parallel_nccl_unique_id(id) : STATUS_OK;
-    st = parallel_agree(w, st);
-    if (st == STATUS_OK) {
-        if (mc != MPI_COMM_NULL) {
+        st = parallel_agree(w, mpi_comm_wrap(w, name, mc, out)); /* takes mc */
+        mc = MPI_COMM_NULL;
+    } else {
+        unsigned char id[PARALLEL_NCCL_ID_BYTES];
+        memset(id, 0, sizeof id);
+        st = parallel_agree(w, rank == 0 ? parallel_nccl_unique_id(id) : STATUS_OK);
+        if (st == STATUS_OK && mc != MPI_COMM_NULL) {
             MPI_Request req;
             int rc = MPI_Ibcast(id, (int)sizeof id, MPI_BYTE, 0, mc, &req);
             st = rc == MPI_SUCCESS ? mpi_wait(w, &req, NULL, "NCCL id broadcast", name)
@@ -585,7 +569,7 @@ static enum status group_create(struct parallel_world *w, const char *name, int 
             st = parallel_nccl_comm_create(w, name, id, rank, size, device_id, stream, out);
         st = parallel_agree(w, st);
     }
-    if (mc != MPI_COMM_NULL && !w->broken) MPI_Comm_free(&mc);
+    if (mc != MPI_COMM_NULL && !w->broken) MPI_Comm_free(&mc); /* NCCL bootstrapped over it */
     if (st != STATUS_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", status_message());
@@ -677,9 +661,9 @@ static void check_gathered(const struct comm *c, const struct tensor *big,
     do {                                                                                        \
         enum status comm_run_st_ = world_usable((c)->world);                                    \
         if (comm_run_st_ != STATUS_OK) return comm_run_st_;                                     \
-        double comm_run_t0_ = now_s();                                                          \
+        double comm_run_t0_ = base_now_s();                                                          \
         comm_run_st_ = (call);                                                                  \
-        (c)->seconds += now_s() - comm_run_t0_;                                                 \
+        (c)->seconds += base_now_s() - comm_run_t0_;                                                 \
         (c)->n_calls++;                                                                         \
         (c)->n_bytes += (nbytes);                                                               \
         return comm_run_st_;                                                                    \
@@ -758,9 +742,9 @@ enum status comm_synchronize(struct comm *c)
 {
     enum status st = world_usable(c->world);
     if (st != STATUS_OK) return st;
-    double t0 = now_s();
+    double t0 = base_now_s();
     st = c->ops->synchronize(c);
-    c->seconds += now_s() - t0;
+    c->seconds += base_now_s() - t0;
     return st;
 }
 

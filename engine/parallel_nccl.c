@@ -290,13 +290,6 @@ static enum status nccl_recv(struct comm *c, const struct tensor *x, int peer)
     return STATUS_OK;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Polls the stream rather than blocking in cudaStreamSynchronize, so that an asynchronous NCCL
  * error (a peer gone) or the world's timeout ends the wait; either aborts the communicator. */
 static enum status nccl_synchronize(struct comm *c)
@@ -304,7 +297,7 @@ static enum status nccl_synchronize(struct comm *c)
     enum status st;
     struct nccl_comm *n = nccl_enter(c, &st);
     if (st != STATUS_OK) return st;
-    double start = now_s();
+    double start = base_now_s();
     for (long spin = 0;; spin++) {
         cudaError_t e = cudaStreamQuery(n->stream);
         ncclResult_t async = ncclSuccess;
@@ -317,7 +310,7 @@ static enum status nccl_synchronize(struct comm *c)
         }
         if (e == cudaSuccess) return STATUS_OK;
         if (e != cudaErrorNotReady) return cuda_fail(c->world, e, "cudaStreamQuery", c->name);
-        if (c->world->timeout_s > 0 && now_s() - start > c->world->timeout_s) {
+        if (c->world->timeout_s > 0 && base_now_s() - start > c->world->timeout_s) {
             st = parallel_world_fail(c->world,
                                      "NCCL work on the %s group made no progress in %.1f s: a "
                                      "rank is hung or gone", c->name, c->world->timeout_s);

@@ -44,13 +44,6 @@ enum msg_type {
 
 enum role { ROLE_FRONT, ROLE_LEADER, ROLE_WORKER };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void nap(long ns)
 {
     struct timespec ts = {0, ns};
@@ -276,7 +269,7 @@ enum status router_create(const struct engine_options *opt, int dp, struct route
         if (!r->rep || !r->prefix) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "router: out of host memory");
         for (int d = 0; st == STATUS_OK && d < dp; d++) {
             r->rep[d].leader = parallel_layout_rank(l, d, 0, 0);
-            r->rep[d].heard = now_s();
+            r->rep[d].heard = base_now_s();
         }
     }
     if (st == STATUS_OK) st = engine_create(&io, &r->local);
@@ -482,7 +475,7 @@ static enum status send_submit(struct router *r, const struct route *rt, const i
     struct submit_head h = {.type = MSG_SUBMIT, .n_prompt = n_prompt, .handle = rt->handle, .p = *p,
                             .deadline_in = -1};
     if (p->deadline > 0) {
-        h.deadline_in = p->deadline - now_s();
+        h.deadline_in = p->deadline - base_now_s();
         if (h.deadline_in < 1e-6) h.deadline_in = 1e-6;
     }
     struct wbuf b = {0};
@@ -663,7 +656,7 @@ static void front_message(struct router *r, int source, const unsigned char *buf
     }
     rb.off = 0;
     pthread_mutex_lock(&r->mu);
-    r->rep[d].heard = now_s();
+    r->rep[d].heard = base_now_s();
     pthread_mutex_unlock(&r->mu);
     switch (*type) {
     case MSG_EVENT: {
@@ -704,7 +697,7 @@ static void front_message(struct router *r, int source, const unsigned char *buf
         if (!get_copy(&rb, &h, sizeof h) || !get_copy(&rb, &s, sizeof s)) break;
         pthread_mutex_lock(&r->mu);
         r->rep[d].stats = s;
-        r->rep[d].stats_at = now_s();
+        r->rep[d].stats_at = base_now_s();
         pthread_mutex_unlock(&r->mu);
         return;
     }
@@ -741,7 +734,7 @@ static void front_watch(struct router *r)
         router_fail(r, STATUS_UNAVAILABLE, "router: a message to a replica leader has not been taken for %.1f s: "
                     "a rank is hung or gone", oldest);
     if (t > 0) {
-        double now = now_s();
+        double now = base_now_s();
         for (int d = 1; d < r->dp; d++) {
             pthread_mutex_lock(&r->mu);
             double silent = now - r->rep[d].heard;
@@ -803,7 +796,7 @@ enum status router_start(struct router *r)
     enum status st = engine_start(r->local);
     if (st != STATUS_OK) return st;
     pthread_mutex_lock(&r->mu);
-    const double t = now_s();
+    const double t = base_now_s();
     for (int d = 0; d < r->dp; d++) r->rep[d].heard = t; /* silence counts from now */
     pthread_mutex_unlock(&r->mu);
     if (pthread_create(&r->thread, NULL, front_main, r) != 0)
@@ -851,8 +844,8 @@ void router_drain(struct router *r, double timeout_s)
     if (!r->thread_running) return;
     /* The leaders cancel what is left at the same deadline; their last events need a moment. */
     double grace = r->o.rank_timeout_s > 0 && r->o.rank_timeout_s < 10 ? r->o.rank_timeout_s : 10;
-    const double end = now_s() + timeout_s + grace;
-    while ((remote_outstanding(r) > 0 || !all_drained(r)) && now_s() < end && !router_failed(r))
+    const double end = base_now_s() + timeout_s + grace;
+    while ((remote_outstanding(r) > 0 || !all_drained(r)) && base_now_s() < end && !router_failed(r))
         nap(2 * 1000 * 1000);
     if (remote_outstanding(r) > 0 || !all_drained(r)) {
         /* A replica that does not finish draining is as good as gone: fatal, so that its
@@ -940,7 +933,7 @@ static void leader_submit(struct router *r, struct rbuf *rb)
     p.stop = stops;
     p.logit_bias_ids = get(rb, (size_t)p.n_logit_bias * sizeof(int32_t));
     p.logit_bias_values = get(rb, (size_t)p.n_logit_bias * sizeof(float));
-    p.deadline = h.deadline_in >= 0 ? now_s() + h.deadline_in : 0;
+    p.deadline = h.deadline_in >= 0 ? base_now_s() + h.deadline_in : 0;
     if (rb->bad) {
         on_local_fatal(r, STATUS_INTERNAL, "router: a truncated SUBMIT from rank 0");
         return;
@@ -1103,7 +1096,7 @@ static enum status leader_run(struct router *r)
             if (r->shutdown) break;
         }
         if (st != STATUS_OK) break;
-        double now = now_s();
+        double now = base_now_s();
         int with_stats = !drained_sent && now - last_stats >= STATS_PERIOD_S; /* rank 0 stops listening */
         if (with_stats) last_stats = now;
         if ((st = leader_flush(r, with_stats)) != STATUS_OK) break;
@@ -1184,7 +1177,7 @@ void router_get_replica_stats(struct router *r, int replica, struct engine_repli
     s->routed_by_prefix = p->routed_by_prefix;
     if (replica > 0) {
         s->engine = p->stats;
-        s->report_age_s = p->stats_at > 0 ? now_s() - p->stats_at : -1;
+        s->report_age_s = p->stats_at > 0 ? base_now_s() - p->stats_at : -1;
     }
     pthread_mutex_unlock(&r->mu);
 }

@@ -104,3 +104,10 @@ void log_write(enum log_level level, const char *module, const char *fmt, ...)
     va_end(ap);
     fprintf(stderr, "%s\n", line); /* one call per line, so concurrent lines do not interleave */
 }
+
+double base_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

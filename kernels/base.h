@@ -52,6 +52,9 @@ void base_check_fail(const char *file, int line, const char *cond, const char *f
 int base_parse_long(const char *s, long lo, long hi, long *out);
 int base_parse_float(const char *s, float *out);
 
+/* Seconds on CLOCK_MONOTONIC: deadlines, timeouts and durations everywhere (never wall time). */
+double base_now_s(void);
+
 enum log_level { LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR };
 
 /* The threshold is read once from SHARDLM_LOG (debug|info|warn|error, default info) and may be

@@ -234,13 +234,6 @@ struct server {
     int                   health_serving;
 };
 
-static double mono_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* The one mapping from shardlm errors to gRPC status codes. */
 static grpc_status_code grpc_code(enum status s)
 {
@@ -433,7 +426,7 @@ static void call_log(struct call *c)
     }
     int completion = 0;
     for (int i = 0; i < c->n_samples; i++) completion += c->samples[i].completion_tokens;
-    double now = mono_now();
+    double now = base_now_s();
     const char *status = c->status_sent ? grpc_code_name(c->final_code) : c->client_cancelled ? "CLIENT_CANCELLED" : "-";
     if (c->t_first_token > 0)
         LOG_INFO("server", "req=%s method=%s status=%s prompt_tokens=%d completion_tokens=%d ttft_ms=%.1f total_ms=%.1f",
@@ -655,7 +648,7 @@ static void gen_on_event(struct call *c, const struct queued_event *q)
     }
     struct sample_buf *b = &c->samples[q->sample];
     c->seed = q->seed;
-    if (q->n_tokens > 0 && c->t_first_token == 0) c->t_first_token = mono_now();
+    if (q->n_tokens > 0 && c->t_first_token == 0) c->t_first_token = base_now_s();
     if (!c->close_done) sample_append(b, q);
     b->prompt_tokens = q->prompt_tokens;
     b->completion_tokens = q->completion_tokens;
@@ -782,7 +775,7 @@ static void gen_start(struct call *c, const uint8_t *data, size_t len)
     if (st == STATUS_OK && gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) < 0) {
         double left = gpr_timespec_to_micros(gpr_time_sub(c->deadline, gpr_now(c->deadline.clock_type))) * 1e-6;
         if (left <= 0) st = status_errorf(STATUS_DEADLINE_EXCEEDED, "the deadline passed before the request started");
-        else r.params.deadline = mono_now() + left;
+        else r.params.deadline = base_now_s() + left;
     }
     if (st == STATUS_OK) st = engine_validate(s->engine, ids, n_ids, &r.params);
     if (st == STATUS_OK) {
@@ -912,7 +905,7 @@ static void handle_simple(struct call *c, const uint8_t *data, size_t len)
     case METHOD_SERVER_STATS: {
         st = convert_empty_request(data, len, "shardlm.v1.GetServerStatsRequest");
         if (st == STATUS_OK) {
-            struct server_stats_out o = {.active_calls = s->n_calls, .uptime_seconds = mono_now() - s->t_start};
+            struct server_stats_out o = {.active_calls = s->n_calls, .uptime_seconds = base_now_s() - s->t_start};
             engine_get_stats(s->engine, &o.engine);
             int n = engine_replicas(s->engine);
             struct engine_replica_stats *rs = calloc((size_t)n, sizeof *rs);
@@ -1094,7 +1087,7 @@ static void on_new_call(struct request_slot *slot, int ok)
     CHECK(c, "out of memory");
     c->s = s;
     c->call = slot->call;
-    c->t_start = mono_now();
+    c->t_start = base_now_s();
     c->deadline = slot->details.deadline;
     c->recv_tag = (struct tag){TAG_RECV, c};
     c->send_tag = (struct tag){TAG_SEND, c};
@@ -1319,12 +1312,12 @@ static void loop_tick(struct server *s)
             printf("shardlm: ready\n");
             fflush(stdout);
         }
-        if (ph == PHASE_DRAINED) s->t_drained = mono_now();
+        if (ph == PHASE_DRAINED) s->t_drained = base_now_s();
         if (ph == PHASE_FAILED) LOG_ERROR("server", "the model did not load: %s", s->load_message);
         health_changed(s);
     }
     /* After the drain, let generation calls send their last messages (briefly), then stop. */
-    int stop = ph == PHASE_FAILED || (ph == PHASE_DRAINED && (s->n_gen_calls == 0 || mono_now() - s->t_drained > 2.0));
+    int stop = ph == PHASE_FAILED || (ph == PHASE_DRAINED && (s->n_gen_calls == 0 || base_now_s() - s->t_drained > 2.0));
     if (stop && !s->shutdown_started) {
         s->shutdown_started = 1;
         grpc_server_shutdown_and_notify(s->grpc, s->cq, &s->shutdown_tag);
@@ -1337,7 +1330,7 @@ enum status server_run(const struct server_options *o)
     struct server *s = calloc(1, sizeof *s);
     if (!s) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     s->opts = *o;
-    s->t_start = mono_now();
+    s->t_start = base_now_s();
     s->wake_tag = (struct tag){TAG_WAKE, NULL};
     s->shutdown_tag = (struct tag){TAG_SHUTDOWN, NULL};
     atomic_init(&s->phase, PHASE_LOADING);
