@@ -1,4 +1,4 @@
-# The GGUF reader (engine/gguf.h), included from tests/CMakeLists.txt. tests/gguf_setup.py
+# The GGUF reader (engine/formats/gguf.h), included from tests/CMakeLists.txt. tests/gguf_setup.py
 # writes small GGUF files and gguf-py's reference dequantizations (fixture gguf, SKIP (77)
 # when gguf-py is not installed); test_gguf compares the reader against them and, when the
 # Gemma 3 270M file has been fetched into .cache/ (docs/models.md), checks it too.

@@ -1,4 +1,4 @@
-# The parallel runtime's communication layer (engine/parallel.h), included from
+# The parallel runtime's communication layer (engine/parallel/parallel.h), included from
 # tests/CMakeLists.txt. Runs as a world of one (no MPI at all) and under mpirun with 2, 3 and 4
 # ranks on however many cores there are (--oversubscribe). Open MPI refuses to run as root
 # unless told twice; the single-copy (CMA) mechanism is turned off because containers often

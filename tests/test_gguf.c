@@ -1,4 +1,4 @@
-/* tests/test_gguf.c - the GGUF reader (engine/gguf.h) against files written by gguf-py
+/* tests/test_gguf.c - the GGUF reader (engine/formats/gguf.h) against files written by gguf-py
  * (tests/gguf_setup.py): metadata of every value type read back, shapes mapped to shardlm
  * order, every supported ggml type dequantized BIT-EXACTLY equal to gguf-py's
  * gguf.quants.dequantize (whole tensor, row slices, bf16), unsupported types named, corrupt

@@ -1,4 +1,4 @@
-/* tests/test_parallel.c - the parallel runtime's communication layer (engine/parallel.h), run
+/* tests/test_parallel.c - the parallel runtime's communication layer (engine/parallel/parallel.h), run
  * as a world of one and under `mpirun -n 2|3|4 --oversubscribe` (tests/parallel.cmake):
  * - layouts: every (world, tp, pp) up to 16 ranks (bijective, tp fastest, pipeline
  *   neighbours), the groups of each layout of this world checked by gathering world ranks, and

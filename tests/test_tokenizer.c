@@ -1,4 +1,4 @@
-/* tests/test_tokenizer.c - the tokenizer (engine/tokenizer.h) on real SentencePiece models:
+/* tests/test_tokenizer.c - the tokenizer (engine/text/tokenizer.h) on real SentencePiece models:
  * the Llama 2 tokenizer against llama.cpp's test vectors, the stories260K tokenizer (byte
  * fallback), the incremental detokenizer against whole-sequence decoding, random bytes and
  * random ids, bad files, and concurrent use from several threads.

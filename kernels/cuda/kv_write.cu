@@ -1,7 +1,7 @@
 /* kernels/cuda/kv_write.cu - op_kv_write: scatters the K and V rows of new tokens into their
  * paged-cache slots (slot = block * block_tokens + offset, a row index into the cache seen as
  * (n_blocks * block_tokens, n_kv_heads * head_dim)); a negative slot skips its token.
- * Not here: reading the cache (attention.cu), choosing slots (engine/kv_cache.c).
+ * Not here: reading the cache (attention.cu), choosing slots (engine/model/kv_cache.c).
  * Tests: tests/test_ops.c --backend cuda (kv_write and attention cases, padding slots). */
 #include "cuda_common.cuh"
 #include "cuda_ops.h"

@@ -5,7 +5,7 @@
  * passes over the row, one more pass gathers the k winners into shared memory, and a
  * rank-by-counting pass writes them out in order. O(5 v + k^2 / threads) per row, no global
  * scratch.
- * Not here: the single largest (argmax.cu), sampling (engine/sampler.c).
+ * Not here: the single largest (argmax.cu), sampling (engine/serving/sampler.c).
  * Tests: tests/test_ops.c --backend cuda (ties, NaN, -0/+0, k = 1 and k = v, vocab-sized
  * rows). */
 #include <limits.h>

@@ -205,7 +205,7 @@ def group_basic(env):
         info = c.model_info()
         check(info.vocab_size == 512 and info.context_length == 512 and info.n_layers == 5, f"model info {info}")
         check(info.chat_template == "llama2" and info.kv_blocks > 0 and info.kv_block_tokens > 0, "model info")
-        # Chat: the llama2 template as documented in server/chat_template.h.
+        # Chat: the llama2 template as documented in engine/text/chat_template.h.
         bos, eos = info.bos_id, info.eos_id
         sys_, u1, a1, u2 = "You tell stories.", "Tell me about a cat.", "Tom was a cat.", "What did Tom do?"
         want = [bos] + c.tokenize(f"[INST] <<SYS>>\n{sys_}\n<</SYS>>\n\n{u1} [/INST]", add_bos=False)

@@ -1,0 +1,55 @@
+/* cli/convert.c - `shardlm convert llama2c|gguf`: write a checkpoint directory (config.json,
+ * model.safetensors, tokenizer.model) from a llama2.c or GGUF file.
+ * Not here: the converters (engine/formats/llama2c.c, gguf_convert.c).
+ * Tests: tests/test_cli.sh, tests/test_gguf.c. */
+#include "commands.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf_convert.h"
+#include "llama2c.h"
+#include "tensor.h"
+
+static int cmd_convert_gguf(int argc, char **argv)
+{
+    const char *gguf = NULL, *out = NULL, *dt = "f32";
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc) return cli_usage("convert: %s needs a value", argv[i]);
+        if (!strcmp(argv[i], "--gguf")) gguf = argv[i + 1];
+        else if (!strcmp(argv[i], "--out")) out = argv[i + 1];
+        else if (!strcmp(argv[i], "--dtype")) dt = argv[i + 1];
+        else return cli_usage("convert: unknown option '%s'", argv[i]);
+    }
+    if (!gguf || !out || (strcmp(dt, "f32") && strcmp(dt, "bf16")))
+        return cli_usage("convert gguf needs --gguf FILE --out DIR [--dtype f32|bf16]%s", "");
+    enum status st = gguf_convert(gguf, out, !strcmp(dt, "bf16") ? DTYPE_BF16 : DTYPE_F32);
+    if (st != STATUS_OK) return cli_fail(st);
+    fprintf(stderr, "shardlm: wrote %s (config.json, model.safetensors, tokenizer.model)\n", out);
+    return 0;
+}
+
+int convert_main(int argc, char **argv)
+{
+    if (argc >= 1 && !strcmp(argv[0], "gguf")) return cmd_convert_gguf(argc, argv);
+    if (argc < 1 || strcmp(argv[0], "llama2c"))
+        return cli_usage("convert: the source format is 'llama2c' or 'gguf'%s", "");
+    const char *ckpt = NULL, *tokenizer = NULL, *out = NULL;
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc) return cli_usage("convert: %s needs a value", argv[i]);
+        if (!strcmp(argv[i], "--checkpoint")) ckpt = argv[i + 1];
+        else if (!strcmp(argv[i], "--tokenizer")) tokenizer = argv[i + 1];
+        else if (!strcmp(argv[i], "--out")) out = argv[i + 1];
+        else return cli_usage("convert: unknown option '%s'", argv[i]);
+    }
+    if (!ckpt || !tokenizer || !out)
+        return cli_usage("convert llama2c needs --checkpoint, --tokenizer and --out%s", "");
+    enum status st = llama2c_convert(ckpt, tokenizer, out);
+    if (st != STATUS_OK) return cli_fail(st);
+    fprintf(stderr, "shardlm: wrote %s (config.json, model.safetensors, tokenizer.model)\n", out);
+    return 0;
+}
+

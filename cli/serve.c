@@ -1,0 +1,202 @@
+/* cli/serve.c - `shardlm serve`: parses the flags into struct server_options and runs the
+ * server. Flags (defaults in brackets):
+ *   --model DIR              checkpoint directory (required)
+ *   --listen HOST:PORT       [127.0.0.1:50051]; port 0 picks a free port (printed on stdout)
+ *   --device cpu|cuda        [cpu]        --threads N        CPU threads [0 = all cores]
+ *   --max-batch-tokens N     [512]        --max-seqs N       [64]
+ *   --max-queue N            [1024]       --block-tokens N   tokens per KV block [16]
+ *   --kv-cache-mem BYTES     KV pool size (suffix K, M or G allowed) [enough for max-seqs
+ *                            full-context sequences]
+ *   --kv-cache-fraction F    KV pool as a fraction (0, 0.95] of the free memory left after the
+ *                            model is loaded (host memory on the CPU, GPU memory on CUDA)
+ *   --kv-cache-blocks N      KV pool size in blocks, when neither of the above is given
+ *   --no-prefix-caching      do not share prompt blocks between requests
+ *   --chat-template llama2|chatml|plain   [chosen from the model, see chat_template.h]
+ *   --api-key-file F         require "authorization: Bearer <key>" with a key of F
+ *   --tls-cert F --tls-key F serve TLS with this PEM certificate chain and key
+ *   --drain-timeout S        seconds running requests may finish after SIGTERM [30]
+ *   --max-message-bytes N    largest request message [4194304]
+ * Not here: the server (server.c). Tests: tests/server/test_server.py. */
+#include "commands.h"
+
+#include <signal.h>
+
+#include "engine.h"
+#include "parallel.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+#include "server.h"
+
+
+static int usage(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "shardlm serve: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nusage: shardlm serve --model DIR [--listen 127.0.0.1:50051] [--device cpu|cuda] [--threads N]\n"
+                    "         [--dp D --tp T --pp P (under mpirun -n DxTxP)] [--pp-layers N1,N2,...] [--pp-microbatches M]\n"
+                    "         [--rank-timeout S (60)]\n"
+                    "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
+                    "         [--kv-cache-fraction F]\n"
+                    "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
+                    "         [--chat-template llama2|chatml|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
+                    "         [--drain-timeout S] [--max-message-bytes N]\n");
+    return EXIT_USAGE;
+}
+
+/* Bytes with an optional K, M or G suffix (powers of 1024). */
+static int parse_bytes(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || s[0] == '-') return -1;
+    unsigned long long mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1ull << 10, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1ull << 20, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1ull << 30, end++;
+    if (*end || v > (unsigned long long)SIZE_MAX / mul) return -1;
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+/* A worker rank of a multi-rank server: no gRPC, only the model shard. Signals are the
+ * conductor's business (mpirun delivers them to every rank): rank 0 drains, then tells the
+ * workers to stop. */
+static enum status serve_worker(const struct engine_options *eo)
+{
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    struct engine *e = NULL;
+    enum status st = engine_create(eo, &e);
+    if (st == STATUS_OK) st = engine_run_worker(e);
+    engine_free(e);
+    return st;
+}
+
+int serve_main(int argc, char **argv)
+{
+    struct server_options o = {.listen = "127.0.0.1:50051", .engine = engine_options_default(), .drain_timeout_s = 30.0,
+                               .max_receive_bytes = 4 << 20};
+    o.engine.rank_timeout_s = 60.0; /* multi-rank: a peer silent this long is hung or gone */
+    const char *device = "cpu";
+    long tp = 1, pp = 1, dp = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long n;
+        if (!strcmp(a, "--no-prefix-caching")) {
+            o.engine.prefix_caching = 0;
+            continue;
+        }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage("%s", "help"), 0;
+        if (!v) return usage("%s needs a value", a);
+        i++;
+        if (!strcmp(a, "--model")) o.engine.model_dir = v;
+        else if (!strcmp(a, "--listen")) o.listen = v;
+        else if (!strcmp(a, "--device")) device = v;
+        else if (!strcmp(a, "--pp-layers")) o.engine.pp_layers = v;
+        else if (!strcmp(a, "--pp-microbatches")) {
+            if (base_parse_long(v, 1, 4096, &n)) return usage("--pp-microbatches must be an integer in [1, 4096], got '%s'", v);
+            o.engine.pp_microbatches = (int)n;
+        }
+        else if (!strcmp(a, "--rank-timeout")) {
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !isfinite(d) || d < 0 || d > 86400)
+                return usage("--rank-timeout must be a number of seconds in [0, 86400], got '%s'", v);
+            o.engine.rank_timeout_s = d;
+        } else if (!strcmp(a, "--tp")) {
+            if (base_parse_long(v, 1, 1024, &n)) return usage("--tp must be an integer in [1, 1024], got '%s'", v);
+            tp = n;
+        } else if (!strcmp(a, "--dp")) {
+            if (base_parse_long(v, 1, 1024, &n)) return usage("--dp must be an integer in [1, 1024], got '%s'", v);
+            dp = n;
+        } else if (!strcmp(a, "--pp")) {
+            if (base_parse_long(v, 1, 1024, &n)) return usage("--pp must be an integer in [1, 1024], got '%s'", v);
+            pp = n;
+        }
+        else if (!strcmp(a, "--threads")) {
+            if (base_parse_long(v, 0, 1024, &n)) return usage("--threads must be an integer in [0, 1024], got '%s'", v);
+            o.engine.n_threads = (int)n;
+        } else if (!strcmp(a, "--max-batch-tokens")) {
+            if (base_parse_long(v, 1, 1 << 20, &n)) return usage("--max-batch-tokens must be an integer in [1, 1048576], got '%s'", v);
+            o.engine.max_batch_tokens = (int)n;
+        } else if (!strcmp(a, "--max-seqs")) {
+            if (base_parse_long(v, 1, 4096, &n)) return usage("--max-seqs must be an integer in [1, 4096], got '%s'", v);
+            o.engine.max_seqs = (int)n;
+        } else if (!strcmp(a, "--max-queue")) {
+            if (base_parse_long(v, 1, 1 << 20, &n)) return usage("--max-queue must be an integer in [1, 1048576], got '%s'", v);
+            o.engine.max_queue = (int)n;
+        } else if (!strcmp(a, "--block-tokens")) {
+            if (base_parse_long(v, 1, 1024, &n)) return usage("--block-tokens must be an integer in [1, 1024], got '%s'", v);
+            o.engine.block_tokens = (int)n;
+        } else if (!strcmp(a, "--kv-cache-mem")) {
+            if (parse_bytes(v, &o.engine.kv_cache_bytes) || !o.engine.kv_cache_bytes)
+                return usage("--kv-cache-mem must be a positive byte count (suffix K, M or G allowed), got '%s'", v);
+        } else if (!strcmp(a, "--kv-cache-fraction")) {
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !(d > 0 && d <= 0.95))
+                return usage("--kv-cache-fraction must be a number in (0, 0.95], got '%s'", v);
+            o.engine.kv_cache_fraction = d;
+        } else if (!strcmp(a, "--kv-cache-blocks")) {
+            if (base_parse_long(v, 1, INT_MAX, &n)) return usage("--kv-cache-blocks must be a positive integer, got '%s'", v);
+            o.engine.kv_cache_blocks = (int)n;
+        } else if (!strcmp(a, "--chat-template")) {
+            if (strcmp(v, "llama2") && strcmp(v, "chatml") && strcmp(v, "plain"))
+                return usage("--chat-template must be llama2, chatml or plain, got '%s'", v);
+            o.chat_template = v;
+        } else if (!strcmp(a, "--api-key-file")) o.api_key_file = v;
+        else if (!strcmp(a, "--tls-cert")) o.tls_cert = v;
+        else if (!strcmp(a, "--tls-key")) o.tls_key = v;
+        else if (!strcmp(a, "--drain-timeout")) {
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !isfinite(d) || d < 0 || d > 86400)
+                return usage("--drain-timeout must be a number of seconds in [0, 86400], got '%s'", v);
+            o.drain_timeout_s = d;
+        } else if (!strcmp(a, "--max-message-bytes")) {
+            if (base_parse_long(v, 1024, INT_MAX, &n)) return usage("--max-message-bytes must be an integer >= 1024, got '%s'", v);
+            o.max_receive_bytes = (int)n;
+        } else return usage("unknown option '%s'", a);
+    }
+    if (!o.engine.model_dir) return usage("--model DIR is required%s", "");
+    if (!o.tls_cert != !o.tls_key) return usage("--tls-cert and --tls-key go together%s", "");
+    enum device dev;
+    enum status st = backend_parse_device(device, &dev);
+    struct parallel_world *world = NULL;
+    if (st == STATUS_OK) {
+        /* Under mpirun: rank 0 serves and conducts; every other rank replays its step plans.
+         * Without mpirun this is a world of one and MPI is never initialised. */
+        st = parallel_init(NULL, NULL, &world);
+        long want = (dp ? dp : 1) * tp * pp;
+        if (st == STATUS_OK && (dp ? world->size != want : world->size % (tp * pp) != 0))
+            st = status_errorf(STATUS_INVALID_ARGUMENT,
+                               "%d ranks but --dp %ld x --tp %ld x --pp %ld = %ld: serving needs exactly dp x tp x pp "
+                               "ranks (launch with mpirun -n %ld)",
+                               world->size, dp ? dp : 1, tp, pp, want, want);
+        if (st == STATUS_OK && world->size > 1) {
+            o.engine.world = world;
+            o.engine.tp = (int)tp;
+            o.engine.pp = (int)pp;
+            o.engine.dp = (int)dp;
+        }
+    }
+    if (st == STATUS_OK) {
+        o.engine.device = (int)dev;
+        if (world && world->rank != 0) st = serve_worker(&o.engine);
+        else st = server_run(&o);
+    }
+    parallel_finalize(world);
+    if (st != STATUS_OK) {
+        fprintf(stderr, "shardlm: error: %s: %s\n", status_name(st), status_message());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,75 @@
+/* cli/stats.c - `shardlm stats`: the served model and the server's load, per replica.
+ * Exit codes and messages: see commands.h. Shared flags: client_flags.h.
+ * Tests: tests/test_client.sh (against a real `shardlm serve`). */
+#include "commands.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+
+#include "client_flags.h"
+
+/* `shardlm stats`: GetModelInfo and GetServerStats as "key: value" lines, one line per
+ * data-parallel replica (for operators and scripts). */
+int client_stats_main(int argc, char **argv)
+{
+    const char *cmd = "stats";
+    struct common_flags cf = {.server = DEFAULT_SERVER};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int used = 1, r;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf("usage: shardlm stats [--server ADDR] [flags]\n"
+                   "Prints the served model (GetModelInfo) and the server's load (GetServerStats),\n"
+                   "with one line per data-parallel replica.\n" COMMON_HELP);
+            return 0;
+        }
+        if ((r = cli_parse_common(cmd, &cf, a, v, &used)) == 0) return cli_usage_error(cmd, "unknown flag '%s'", a);
+        if (r < 0) return EXIT_USAGE;
+        i += used;
+    }
+    struct client *c = NULL;
+    struct client_model_info mi = {0};
+    struct client_server_stats s;
+    enum status st = cli_common_load(&cf);
+    if (st == STATUS_OK) st = cli_open_client(&cf, 0, &c);
+    if (st == STATUS_OK) st = client_model_info(c, &mi);
+    if (st == STATUS_OK) st = client_server_stats(c, &s);
+    if (st == STATUS_OK) {
+        printf("model: %s, %d layers, d_model %d, vocab %d, context %d, %s on %s\n", mi.architecture, mi.n_layers,
+               mi.d_model, mi.vocab_size, mi.context_length, mi.dtype, mi.device);
+        printf("parallel: dp %d x tp %d x pp %d\n", mi.dp_size > 0 ? mi.dp_size : 1, mi.tp_size, mi.pp_size);
+        printf("requests: %d waiting, %d running, %llu submitted, %llu finished\n", s.waiting, s.running,
+               (unsigned long long)s.requests_submitted, (unsigned long long)s.requests_finished);
+        printf("tokens: %llu prompt, %llu generated, %llu from the prefix cache\n",
+               (unsigned long long)s.prompt_tokens, (unsigned long long)s.generated_tokens,
+               (unsigned long long)s.prefix_cache_hit_tokens);
+        printf("kv: %d of %d blocks free, %d cached\n", s.kv_blocks_free, s.kv_blocks_total, s.kv_blocks_cached);
+        for (int i = 0; i < s.n_replicas; i++) {
+            const struct client_replica_stats *r = &s.replicas[i];
+            printf("replica %d: leader_rank %d routed %llu routed_by_prefix %llu outstanding %d finished %llu "
+                   "generated %llu prefix_hit_tokens %llu kv_free %d/%d report_age_s %.2f\n",
+                   i, r->leader_rank, (unsigned long long)r->routed, (unsigned long long)r->routed_by_prefix,
+                   r->outstanding, (unsigned long long)r->requests_finished, (unsigned long long)r->generated_tokens,
+                   (unsigned long long)r->prefix_cache_hit_tokens, r->kv_blocks_free, r->kv_blocks_total,
+                   r->report_age_seconds);
+        }
+    }
+    client_model_info_free(&mi);
+    client_close(c);
+    cli_common_free(&cf);
+    return st == STATUS_OK ? 0 : cli_fail(st);
+}
+

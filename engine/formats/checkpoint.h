@@ -1,0 +1,241 @@
+/* engine/formats/checkpoint.h - a checkpoint directory as a source of weights, whatever its layout:
+ * Hugging Face (model.safetensors, or model.safetensors.index.json + shards; Llama, GPT-2 or
+ * Gemma 3 tensor names) or shardlm's Megatron-style sharded layout (mp_rank_TT_PPP/model.safetensors
+ * with Megatron-Core tensor names, shardlm_megatron.json). checkpoint_get hands out every weight
+ * in ONE canonical layout, already sliced for any runtime (tp_rank, tp_size), straight from the
+ * read-only mappings: any checkpoint loads at any tp/pp without a conversion step.
+ * checkpoint_write_megatron writes the Megatron-style layout from any source (the `reshard`
+ * subcommand).
+ *
+ * Not here: device memory and model structs (model.c), config.json fields (config.c), the
+ * file format itself (safetensors.c).
+ * Tests: tests/test_formats.c (every weight, every tp, from HF, sharded HF and Megatron sources).
+ *
+ * ---- Canonical layout (what checkpoint_get returns) ---------------------------------------
+ * Row-major, nn.Linear orientation (out_features, in_features), unfused, HF-Llama-like:
+ *   TOK_EMBEDDING, LM_HEAD   (vocab, d_model)
+ *   POS_EMBEDDING            (max_positions, d_model)         learned positions (GPT-2) only
+ *   *_NORM, *_NORM_BIAS      (d_model)                        biases: LayerNorm only
+ *   Q, Q_BIAS                (n_heads * head_dim, d_model), (n_heads * head_dim)
+ *   K, V, K_BIAS, V_BIAS     (n_kv_heads * head_dim, d_model), (n_kv_heads * head_dim)
+ *   O, O_BIAS                (d_model, n_heads * head_dim), (d_model)
+ *   GATE, UP, *_BIAS         (ffn_hidden, d_model), (ffn_hidden)   GATE: gated MLPs only;
+ *                                                              GPT-2's c_fc is UP
+ *   DOWN, DOWN_BIAS          (d_model, ffn_hidden), (d_model)
+ *   Q_NORM, K_NORM           (head_dim)                       qk_norm (Gemma 3) only
+ *   POST_ATTN_NORM, POST_MLP_NORM (d_model)                   sandwich_norms (Gemma 3) only
+ * Norm weights are returned as stored: config.norm_weight_offset is the loader's to add.
+ * HF Gemma 3 names (prefix "model.", or "language_model.model." / "model.language_model." in
+ * multimodal checkpoints): input_layernorm = ATTN_NORM, post_attention_layernorm =
+ * POST_ATTN_NORM (the norm of the attention output, unlike Llama, where it is the pre-MLP
+ * norm), pre_feedforward_layernorm = MLP_NORM, post_feedforward_layernorm = POST_MLP_NORM,
+ * self_attn.q_norm / k_norm = Q_NORM / K_NORM; the rest as Llama.
+ * Rows of Q and K are in the order the file has them; config.rope_style says how rotary
+ * pairs them (HF checkpoints: halves). GPT-2's Conv1D weights (in, out) come transposed, and its
+ * fused c_attn split into Q, K, V. LM_HEAD of a model with tied embeddings is the token
+ * embedding (same data, same slicing).
+ *
+ * ---- Tensor-parallel slicing (Megatron partitioning) --------------------------------------
+ *   Q, Q_BIAS:        rows of heads [r * n_heads/tp, (r+1) * n_heads/tp)          (column-parallel)
+ *   K, V and biases:  n_kv_heads >= tp: heads [r * n_kv/tp, (r+1) * n_kv/tp);
+ *                     n_kv_heads <  tp (tp % n_kv == 0): the one head r * n_kv / tp, replicated
+ *                     on tp / n_kv ranks, the group that rank r's query heads belong to
+ *   GATE, UP, biases: rows [r * ffn/tp, (r+1) * ffn/tp)                             (column-parallel)
+ *   O, DOWN:          columns (input features) split the same way                (row-parallel)
+ *   TOK_EMBEDDING, LM_HEAD: vocab rows [r * c, (r+1) * c), c = ceil(vocab / tp) (vocab-parallel);
+ *                     rows past the vocabulary are zero padding (row_valid says how many are
+ *                     real); padded logits must be masked by the caller
+ *   norms (Q_NORM, K_NORM and the post norms too), O_BIAS, DOWN_BIAS, POS_EMBEDDING: replicated (row-parallel biases are added once,
+ *                     after the all-reduce)
+ * Requirements: tp divides n_heads and ffn_hidden; tp divides n_kv_heads or n_kv_heads divides
+ * tp. Otherwise STATUS_UNSUPPORTED naming the numbers.
+ *
+ * ---- Megatron-style layout (written by checkpoint_write_megatron, read by checkpoint_open) --
+ *   DIR/config.json                       the model config (config_save)
+ *   DIR/shardlm_megatron.json             {"format": "shardlm-megatron", "version": 1,
+ *                                          "tp_size": T, "pp_size": P, "n_layers": L,
+ *                                          "layers_per_stage": [L_0, ..., L_{P-1}],
+ *                                          "vocab_size": V, "padded_vocab_size": Vp,
+ *                                          "tensor_names": "megatron-core-local",
+ *                                          "qkv_layout": "megatron-core-grouped",
+ *                                          "fc1_layout": "gate-up-per-rank"}
+ *                                         written last: a directory without it is incomplete
+ *   DIR/mp_rank_TT_PPP/model.safetensors  tp rank TT (2 digits), pp stage PPP (3 digits); always
+ *                                         this form (the reader also takes mp_rank_TT when P = 1)
+ *   DIR/tokenizer.model etc.              copied from the source when present
+ * Stage s holds layers first_s .. first_s + L_s - 1 (contiguous; checkpoint_pp_layers), named
+ * with their LOCAL index n = layer - first_s, Megatron-Core local-spec names:
+ *   embedding.word_embeddings.weight        stage 0; (Vp/T, d) rows [t*Vp/T, ...) of the vocab
+ *                                           padded with zero rows to Vp = ceil(V/T)*T
+ *   embedding.position_embeddings.weight    stage 0; (max_positions, d); learned positions only
+ *   decoder.layers.n.input_layernorm.weight / .bias          (d) replicated on every tp rank
+ *   decoder.layers.n.self_attention.linear_qkv.weight / .bias
+ *       ((n_kv/T) * (n_heads/n_kv + 2) * head_dim, d): for each of the rank's n_kv/T query
+ *       groups g (global group t*n_kv/T + g), the rows of its n_heads/n_kv query heads, then
+ *       its key head, then its value head (Megatron-Core's linear_qkv layout for GQA:
+ *       view as [groups, q_per_group + 2, head_dim, d]); needs T | n_kv_heads
+ *   decoder.layers.n.self_attention.q_layernorm.weight / k_layernorm.weight   (head_dim)
+ *       replicated; qk_norm only (Megatron-Core's names)
+ *   decoder.layers.n.self_attention.linear_proj.weight      (d, n_heads*head_dim/T) input columns
+ *   decoder.layers.n.self_attention.linear_proj.bias        (d) full, replicated
+ *   decoder.layers.n.post_self_attn_layernorm.weight        (d) replicated; sandwich_norms only
+ *       (shardlm's name: Megatron-Core's local spec has no post-attention norm)
+ *   decoder.layers.n.pre_mlp_layernorm.weight / .bias
+ *   decoder.layers.n.mlp.linear_fc1.weight / .bias          gated: (2*ffn/T, d) = [gate rows of
+ *       rank t; up rows of rank t] (Megatron's per-rank [gate; up] stacking); else (ffn/T, d)
+ *   decoder.layers.n.mlp.linear_fc2.weight                  (d, ffn/T) input columns
+ *   decoder.layers.n.mlp.linear_fc2.bias                    (d) full, replicated
+ *   decoder.layers.n.post_mlp_layernorm.weight              (d) replicated; sandwich_norms only
+ *       (shardlm's name, as above)
+ *   decoder.final_layernorm.weight / .bias                  last stage
+ *   output_layer.weight                                     last stage, (Vp/T, d); absent when
+ *                                                           the embeddings are tied
+ * The reader also accepts Transformer-Engine-style norm names
+ * (self_attention.linear_qkv.layer_norm_weight / _bias, mlp.linear_fc1.layer_norm_weight / _bias).
+ * Each tensor is stored in the dtype its source had. */
+#ifndef SHARDLM_CHECKPOINT_H
+#define SHARDLM_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base.h"
+#include "config.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Values never reach files; new kinds are appended. */
+enum weight_kind {
+    WEIGHT_KIND_TOK_EMBEDDING,  /* (vocab, d_model) */
+    WEIGHT_KIND_POS_EMBEDDING,  /* (max_positions, d_model) */
+    WEIGHT_KIND_ATTN_NORM,      /* (d_model), per layer */
+    WEIGHT_KIND_ATTN_NORM_BIAS,
+    WEIGHT_KIND_Q,              /* (n_heads * head_dim, d_model), per layer */
+    WEIGHT_KIND_Q_BIAS,
+    WEIGHT_KIND_K,              /* (n_kv_heads * head_dim, d_model), per layer */
+    WEIGHT_KIND_K_BIAS,
+    WEIGHT_KIND_V,
+    WEIGHT_KIND_V_BIAS,
+    WEIGHT_KIND_O,              /* (d_model, n_heads * head_dim), per layer */
+    WEIGHT_KIND_O_BIAS,
+    WEIGHT_KIND_MLP_NORM,       /* (d_model), per layer */
+    WEIGHT_KIND_MLP_NORM_BIAS,
+    WEIGHT_KIND_GATE,           /* (ffn_hidden, d_model), per layer */
+    WEIGHT_KIND_GATE_BIAS,
+    WEIGHT_KIND_UP,
+    WEIGHT_KIND_UP_BIAS,
+    WEIGHT_KIND_DOWN,           /* (d_model, ffn_hidden), per layer */
+    WEIGHT_KIND_DOWN_BIAS,
+    WEIGHT_KIND_FINAL_NORM,     /* (d_model) */
+    WEIGHT_KIND_FINAL_NORM_BIAS,
+    WEIGHT_KIND_LM_HEAD,        /* (vocab, d_model) */
+    WEIGHT_KIND_Q_NORM,         /* (head_dim), per layer; cfg.qk_norm; replicated */
+    WEIGHT_KIND_K_NORM,         /* (head_dim), per layer; cfg.qk_norm; replicated */
+    WEIGHT_KIND_POST_ATTN_NORM, /* (d_model), per layer; cfg.sandwich_norms; replicated */
+    WEIGHT_KIND_POST_MLP_NORM,  /* (d_model), per layer; cfg.sandwich_norms; replicated */
+    WEIGHT_KIND_COUNT
+};
+
+const char *weight_kind_name(enum weight_kind kind); /* "q", "attn_norm_bias", ... */
+int         weight_kind_per_layer(enum weight_kind kind);
+/* Whether a model with this config has the weight (biases, GATE, POS_EMBEDDING depend on it). */
+int         weight_kind_exists(const struct model_config *cfg, enum weight_kind kind);
+
+enum checkpoint_layout {
+    CHECKPOINT_LAYOUT_HF,          /* model.safetensors */
+    CHECKPOINT_LAYOUT_HF_SHARDED,  /* model.safetensors.index.json + shards */
+    CHECKPOINT_LAYOUT_MEGATRON,    /* shardlm_megatron.json + mp_rank_TT_PPP/ */
+};
+
+struct checkpoint_files; /* private */
+
+/* An open checkpoint. Public fields are read-only for callers. Not thread-safe for open/close;
+ * checkpoint_get may run on several threads at once (it only reads). */
+struct checkpoint {
+    struct model_config     cfg;     /* from DIR/config.json */
+    enum checkpoint_layout  layout;
+    int                     saved_tp, saved_pp; /* Megatron layout: as saved; 1, 1 otherwise */
+    struct checkpoint_files *files;
+};
+
+/* Opens the checkpoint directory dir: config.json (config_load), then the weights, preferring
+ * shardlm_megatron.json, then model.safetensors, then model.safetensors.index.json. Every file
+ * is mapped once, read-only. Every weight the config implies is located and its shape and
+ * dtype checked here, so that a later checkpoint_get cannot fail on the format. Errors:
+ * STATUS_NOT_FOUND (no config.json, no weights, a shard or rank folder missing),
+ * STATUS_BAD_FORMAT (a tensor missing or of the wrong shape: the message names the tensor, the
+ * file, and expected and found shapes), STATUS_UNSUPPORTED (a dtype shardlm does not load, a
+ * newer metadata version). On success *out owns the mappings; checkpoint_close frees. */
+enum status checkpoint_open(const char *dir, struct checkpoint **out);
+/* Unmaps everything; accepts NULL. Zero-copy pointers handed out die here. */
+void        checkpoint_close(struct checkpoint *ck);
+
+/* Contiguous layer ranges of a pipeline split, used by the writer and for loading: stage
+ * pp_rank of pp_size gets *count layers from *first; earlier stages take one more layer each
+ * when pp_size does not divide n_layers. */
+void checkpoint_pp_layers(int n_layers, int pp_size, int pp_rank, int *first, int *count);
+
+/* A weight slice in host memory. */
+struct host_weight {
+    const void *data;         /* the slice, row-major: into the checkpoint's mapping when
+                                 zero_copy (valid until checkpoint_close), else the caller's buf;
+                                 NULL from checkpoint_describe when not zero_copy */
+    enum dtype  dtype;        /* the requested dtype */
+    enum dtype  stored_dtype; /* the dtype in the file */
+    int         ndim;         /* 1 or 2 */
+    int64_t     shape[2];     /* of the slice (shape[1] unused when ndim == 1) */
+    size_t      nbytes;
+    int64_t     row_start;    /* first canonical row of the slice (vocab_start for embeddings) */
+    int64_t     col_start;    /* first canonical column (row-parallel O / DOWN) */
+    int64_t     rows_valid;   /* rows of real data; the rest (vocab padding) are zero */
+    int         zero_copy;    /* 1: data points into the read-only mapping */
+};
+
+/* Flags of checkpoint_get. */
+#define CHECKPOINT_GET_ZERO_COPY_OK 1u /* may return a pointer into the mapping instead of copying */
+
+/* Describes the slice of weight `kind` of global layer `layer` (ignored for kinds that are not
+ * per layer) for tensor rank tp_rank of tp_size, in `dtype`: shape, bytes, and whether it can be
+ * served zero-copy (no conversion, one contiguous run in one file, aligned to the element
+ * size; data is then set). STATUS_INVALID_ARGUMENT for a weight the model lacks, a layer or
+ * rank out of range or an integer dtype; STATUS_UNSUPPORTED for a tp_size that does not
+ * partition the model. */
+enum status checkpoint_describe(struct checkpoint *ck, enum weight_kind kind, int layer,
+                                int tp_rank, int tp_size, enum dtype dtype,
+                                struct host_weight *out);
+
+/* Produces that slice. With CHECKPOINT_GET_ZERO_COPY_OK and a zero-copy slice, out->data points
+ * into the mapping and buf is not touched (it may be NULL); otherwise the slice is gathered,
+ * converted (round to nearest even) and written to buf, which must hold out->nbytes bytes
+ * (buf_size, else STATUS_INVALID_ARGUMENT) and be aligned to dtype_size(dtype). The bytes are
+ * identical whatever the source layout. */
+enum status checkpoint_get(struct checkpoint *ck, enum weight_kind kind, int layer, int tp_rank,
+                           int tp_size, enum dtype dtype, void *buf, size_t buf_size,
+                           unsigned flags, struct host_weight *out);
+
+/* Writes the Megatron-style layout (see the top of this file) of src into dir_out at tensor
+ * parallel size tp_size and pipeline size pp_size: each tensor in its source dtype, one
+ * tensor in memory at a time, every file atomically; config.json, tokenizer files, and
+ * shardlm_megatron.json last. dir_out is created if missing and should be empty (stale rank
+ * folders of an earlier, larger split are not removed); it must not be src's directory.
+ * STATUS_UNSUPPORTED when tp_size does not divide n_heads, n_kv_heads (Megatron-Core's
+ * requirement) or ffn_hidden, or pp_size exceeds n_layers; STATUS_IO on file errors. */
+enum status checkpoint_write_megatron(const char *dir_out, struct checkpoint *src, int tp_size,
+                                      int pp_size);
+
+/* Writes src as a Hugging Face-layout directory (one model.safetensors with HF tensor names,
+ * every tensor in its source dtype, joined from whatever layout src has; config.json and the
+ * tokenizer files): the inverse of reading. Llama-family models (Llama, Mistral, Gemma 3:
+ * "model." names) and GPT-2 ("transformer." names, Q/K/V fused into c_attn and the Conv1D
+ * weights transposed back); others are STATUS_UNSUPPORTED. Same directory rules as
+ * checkpoint_write_megatron. */
+enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,857 @@
+/* engine/formats/config.c - config.json parsing, validation and writing (see config.h).
+ * Not here: weights or their layouts (checkpoint.c).
+ * Tests: tests/test_formats.c (Llama, Mistral, GPT-2 and Gemma 3 configs, errors, save/load
+ * round trip). */
+#include "config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#define CONFIG_MAX_BYTES (16 << 20) /* a config.json is a few KB; anything huge is not one */
+#define CONFIG_MAX_DIM   (1 << 24)  /* bounds every size so that products fit in int64 */
+
+static const char *const supported_architectures =
+    "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel, Gemma3ForCausalLM, "
+    "Gemma3ForConditionalGeneration (text only)";
+
+/* ---- reading JSON fields ---------------------------------------------------------------- */
+
+/* The item for key, or NULL when it is absent or JSON null (optional fields treat both as
+ * "use the default"). */
+static const cJSON *field(const cJSON *root, const char *key)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
+    return (it && !cJSON_IsNull(it)) ? it : NULL;
+}
+
+static enum status missing(const cJSON *root, const char *name, const char *key)
+{
+    if (cJSON_GetObjectItemCaseSensitive(root, key))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' is null", name, key);
+    return status_errorf(STATUS_BAD_FORMAT, "%s: missing field '%s'", name, key);
+}
+
+static enum status json_to_int(const cJSON *it, const char *name, const char *key, int *out)
+{
+    if (!cJSON_IsNumber(it))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' must be an integer", name, key);
+    double d = it->valuedouble;
+    if (!isfinite(d) || d != floor(d) || d < (double)INT_MIN || d > (double)INT_MAX)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' = %g is not a 32-bit integer",
+                             name, key, d);
+    *out = (int)d;
+    return STATUS_OK;
+}
+
+/* Reads an integer field; absent or null gives dflt, or an error when required. */
+static enum status get_int(const cJSON *root, const char *name, const char *key, int required,
+                           int dflt, int *out)
+{
+    const cJSON *it = field(root, key);
+    if (!it) {
+        if (required) return missing(root, name, key);
+        *out = dflt;
+        return STATUS_OK;
+    }
+    return json_to_int(it, name, key, out);
+}
+
+static enum status get_float(const cJSON *root, const char *name, const char *key, float dflt,
+                             float *out)
+{
+    const cJSON *it = field(root, key);
+    if (!it) {
+        *out = dflt;
+        return STATUS_OK;
+    }
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' must be a finite number", name,
+                             key);
+    *out = (float)it->valuedouble;
+    return STATUS_OK;
+}
+
+static enum status get_bool(const cJSON *root, const char *name, const char *key, int dflt,
+                            int *out)
+{
+    const cJSON *it = field(root, key);
+    if (!it) {
+        *out = dflt;
+        return STATUS_OK;
+    }
+    if (!cJSON_IsBool(it))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' must be true or false", name, key);
+    *out = cJSON_IsTrue(it) ? 1 : 0;
+    return STATUS_OK;
+}
+
+/* Optional string field: *out is NULL when absent or null. */
+static enum status get_string(const cJSON *root, const char *name, const char *key,
+                              const char **out)
+{
+    const cJSON *it = field(root, key);
+    *out = NULL;
+    if (!it) return STATUS_OK;
+    if (!cJSON_IsString(it))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' must be a string", name, key);
+    *out = it->valuestring;
+    return STATUS_OK;
+}
+
+/* bos_token_id / eos_token_id: an int, or a list whose first element is taken; absent -> -1. */
+static enum status get_token_id(const cJSON *root, const char *name, const char *key, int *out)
+{
+    const cJSON *it = field(root, key);
+    *out = -1;
+    if (!it) return STATUS_OK;
+    if (cJSON_IsArray(it)) {
+        it = cJSON_GetArrayItem(it, 0);
+        if (!it) return STATUS_OK;
+    }
+    return json_to_int(it, name, key, out);
+}
+
+static enum status get_dtype(const cJSON *root, const char *name, enum dtype *out)
+{
+    const char *key = "torch_dtype";
+    const char *s;
+    enum status st = get_string(root, name, key, &s);
+    if (st) return st;
+    if (!s) { /* newer transformers releases write "dtype" */
+        key = "dtype";
+        if ((st = get_string(root, name, key, &s))) return st;
+    }
+    if (!s || !strcmp(s, "float32")) *out = DTYPE_F32;
+    else if (!strcmp(s, "bfloat16")) *out = DTYPE_BF16;
+    else if (!strcmp(s, "float16")) *out = DTYPE_F16;
+    else
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: field '%s' = \"%s\" is not supported (float32, bfloat16, float16)",
+                             name, key, s);
+    return STATUS_OK;
+}
+
+static enum status get_activation(const char *name, const char *key, const char *s,
+                                  enum activation *out)
+{
+    if (!strcmp(s, "silu") || !strcmp(s, "swish")) *out = ACTIVATION_SILU;
+    else if (!strcmp(s, "gelu_new") || !strcmp(s, "gelu_pytorch_tanh")) *out = ACTIVATION_GELU_TANH;
+    else if (!strcmp(s, "gelu")) *out = ACTIVATION_GELU_ERF;
+    else
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: field '%s' = \"%s\" is not supported (silu, gelu_new, "
+                             "gelu_pytorch_tanh, gelu)",
+                             name, key, s);
+    return STATUS_OK;
+}
+
+static const char *activation_hf_name(enum activation a)
+{
+    switch (a) {
+    case ACTIVATION_SILU: return "silu";
+    case ACTIVATION_GELU_TANH: return "gelu_pytorch_tanh";
+    case ACTIVATION_GELU_ERF: return "gelu";
+    }
+    return "?";
+}
+
+static const char *dtype_torch_name(enum dtype t)
+{
+    switch (t) {
+    case DTYPE_BF16: return "bfloat16";
+    case DTYPE_F16: return "float16";
+    default: return "float32";
+    }
+}
+
+/* ---- architectures ---------------------------------------------------------------------- */
+
+static enum status parse_llama(const cJSON *root, const char *name, int mistral,
+                               struct model_config *c)
+{
+    enum status st;
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    if (rs && !cJSON_IsNull(rs))
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: field 'rope_scaling' is set; scaled rotary embeddings are not "
+                             "supported yet",
+                             name);
+    if ((st = get_int(root, name, "hidden_size", 1, 0, &c->d_model)) ||
+        (st = get_int(root, name, "intermediate_size", 1, 0, &c->ffn_hidden)) ||
+        (st = get_int(root, name, "num_hidden_layers", 1, 0, &c->n_layers)) ||
+        (st = get_int(root, name, "num_attention_heads", 1, 0, &c->n_heads)) ||
+        (st = get_int(root, name, "vocab_size", 1, 0, &c->vocab_size)) ||
+        (st = get_int(root, name, "num_key_value_heads", 0, c->n_heads, &c->n_kv_heads)) ||
+        (st = get_int(root, name, "max_position_embeddings", 0, mistral ? 4096 * 32 : 2048,
+                      &c->max_positions)) ||
+        (st = get_float(root, name, "rms_norm_eps", 1e-6f, &c->norm_eps)) ||
+        (st = get_float(root, name, "rope_theta", 10000.0f, &c->rope_theta)) ||
+        (st = get_bool(root, name, "tie_word_embeddings", 0, &c->tied_embeddings)) ||
+        (st = get_bool(root, name, "attention_bias", 0, &c->qkv_bias)) ||
+        (st = get_bool(root, name, "attention_out_bias", c->qkv_bias, &c->attn_out_bias)) ||
+        (st = get_bool(root, name, "mlp_bias", 0, &c->mlp_bias)))
+        return st;
+    if (c->n_heads <= 0)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: field 'num_attention_heads' = %d must be > 0",
+                             name, c->n_heads);
+    if ((st = get_int(root, name, "head_dim", 0, c->d_model / c->n_heads, &c->head_dim)) ||
+        (st = get_int(root, name, "rot_dim", 0, c->head_dim, &c->rot_dim)))
+        return st;
+
+    /* transformers >= 5 moves rope settings into "rope_parameters". */
+    const cJSON *rp = field(root, "rope_parameters");
+    if (rp) {
+        if (!cJSON_IsObject(rp))
+            return status_errorf(STATUS_BAD_FORMAT, "%s: field 'rope_parameters' must be an object",
+                                 name);
+        const char *type;
+        if ((st = get_string(rp, name, "rope_type", &type))) return st;
+        if (type && strcmp(type, "default"))
+            return status_errorf(STATUS_UNSUPPORTED,
+                                 "%s: field 'rope_parameters.rope_type' = \"%s\"; scaled rotary "
+                                 "embeddings are not supported yet",
+                                 name, type);
+        if ((st = get_float(rp, name, "rope_theta", c->rope_theta, &c->rope_theta))) return st;
+    }
+
+    const char *act;
+    if ((st = get_string(root, name, "hidden_act", &act))) return st;
+    c->activation = ACTIVATION_SILU;
+    if (act && (st = get_activation(name, "hidden_act", act, &c->activation))) return st;
+
+    c->sliding_window = 0;
+    if (mistral) {
+        const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+        if (!sw) c->sliding_window = 4096; /* MistralConfig's default */
+        else if (!cJSON_IsNull(sw) && (st = json_to_int(sw, name, "sliding_window", &c->sliding_window)))
+            return st;
+    }
+
+    const char *style;
+    if ((st = get_string(root, name, "rope_style", &style))) return st;
+    if (!style || !strcmp(style, "halves")) c->rope_style = ROPE_STYLE_HALVES;
+    else if (!strcmp(style, "pairs")) c->rope_style = ROPE_STYLE_PAIRS;
+    else
+        return status_errorf(STATUS_BAD_FORMAT,
+                             "%s: field 'rope_style' = \"%s\" must be \"halves\" or \"pairs\"", name,
+                             style);
+
+    c->family = MODEL_FAMILY_LLAMA;
+    c->norm = NORM_KIND_RMSNORM;
+    c->gated_mlp = 1;
+    c->positions = POSITION_KIND_ROTARY;
+    return STATUS_OK;
+}
+
+static enum status parse_gpt2(const cJSON *root, const char *name, struct model_config *c)
+{
+    enum status st;
+    int flag;
+    if ((st = get_int(root, name, "n_embd", 1, 0, &c->d_model)) ||
+        (st = get_int(root, name, "n_layer", 1, 0, &c->n_layers)) ||
+        (st = get_int(root, name, "n_head", 1, 0, &c->n_heads)) ||
+        (st = get_int(root, name, "vocab_size", 1, 0, &c->vocab_size)) ||
+        (st = get_float(root, name, "layer_norm_epsilon", 1e-5f, &c->norm_eps)))
+        return st;
+    if (field(root, "n_positions")) {
+        if ((st = get_int(root, name, "n_positions", 1, 0, &c->max_positions))) return st;
+    } else if (field(root, "n_ctx")) {
+        if ((st = get_int(root, name, "n_ctx", 1, 0, &c->max_positions))) return st;
+    } else {
+        return status_errorf(STATUS_BAD_FORMAT, "%s: missing field 'n_positions' (or 'n_ctx')",
+                             name);
+    }
+    if (c->n_heads <= 0 || c->d_model <= 0 || c->d_model % c->n_heads)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: n_embd %d is not a positive multiple of n_head %d",
+                             name, c->d_model, c->n_heads);
+    if ((st = get_int(root, name, "n_inner", 0, 4 * c->d_model, &c->ffn_hidden))) return st;
+
+    const char *act;
+    if ((st = get_string(root, name, "activation_function", &act))) return st;
+    c->activation = ACTIVATION_GELU_TANH; /* GPT2Config's default, "gelu_new" */
+    if (act) {
+        if (!strcmp(act, "silu") || !strcmp(act, "swish"))
+            return status_errorf(STATUS_UNSUPPORTED,
+                                 "%s: field 'activation_function' = \"%s\" is not supported for "
+                                 "GPT-2 (gelu_new, gelu_pytorch_tanh, gelu)",
+                                 name, act);
+        if ((st = get_activation(name, "activation_function", act, &c->activation))) return st;
+    }
+    /* Variants that change the math of attention. */
+    if ((st = get_bool(root, name, "scale_attn_by_inverse_layer_idx", 0, &flag))) return st;
+    if (flag)
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: field 'scale_attn_by_inverse_layer_idx' = true is not supported",
+                             name);
+    if ((st = get_bool(root, name, "scale_attn_weights", 1, &flag))) return st;
+    if (!flag)
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: field 'scale_attn_weights' = false is not supported", name);
+
+    c->family = MODEL_FAMILY_GPT2;
+    c->n_kv_heads = c->n_heads;
+    c->head_dim = c->d_model / c->n_heads;
+    c->norm = NORM_KIND_LAYERNORM;
+    c->gated_mlp = 0;
+    c->positions = POSITION_KIND_LEARNED;
+    c->rope_theta = 0.0f;
+    c->rope_style = ROPE_STYLE_HALVES;
+    c->rot_dim = 0;
+    c->sliding_window = 0;
+    c->tied_embeddings = 1;
+    c->qkv_bias = c->attn_out_bias = c->mlp_bias = 1;
+    return STATUS_OK;
+}
+
+/* Gemma 3's layer_types (["sliding_attention", ..., "full_attention", ...]) as a period: layer i
+ * is global when (i + 1) % pattern == 0. No full layer at all is pattern 0 (every layer
+ * windowed); a list that no period describes is STATUS_UNSUPPORTED. */
+static enum status gemma3_layer_pattern(const cJSON *types, const char *name, int n_layers,
+                                        int *pattern)
+{
+    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != n_layers)
+        return status_errorf(STATUS_BAD_FORMAT,
+                             "%s: field 'layer_types' must be a list of %d strings (one per layer)",
+                             name, n_layers);
+    int first_full = -1;
+    for (int i = 0; i < n_layers; i++) {
+        const cJSON *t = cJSON_GetArrayItem(types, i);
+        if (!cJSON_IsString(t) || (strcmp(t->valuestring, "full_attention") &&
+                                   strcmp(t->valuestring, "sliding_attention")))
+            return status_errorf(STATUS_BAD_FORMAT,
+                                 "%s: layer_types[%d] must be \"full_attention\" or "
+                                 "\"sliding_attention\"",
+                                 name, i);
+        if (first_full < 0 && !strcmp(t->valuestring, "full_attention")) first_full = i;
+    }
+    int p = first_full < 0 ? 0 : first_full + 1;
+    for (int i = 0; i < n_layers; i++) {
+        int full = !strcmp(cJSON_GetArrayItem(types, i)->valuestring, "full_attention");
+        if (full != (p > 0 && (i + 1) % p == 0))
+            return status_errorf(STATUS_UNSUPPORTED,
+                                 "%s: field 'layer_types' is not periodic (one full_attention layer "
+                                 "every N, the rest sliding_attention); layer %d breaks the period "
+                                 "%d",
+                                 name, i, p);
+    }
+    *pattern = p;
+    return STATUS_OK;
+}
+
+/* One entry of transformers >= 5's per-layer-type "rope_parameters" (Gemma 3). */
+static enum status gemma3_rope_entry(const cJSON *rp, const char *name, const char *key,
+                                     float *theta)
+{
+    const cJSON *e = field(rp, key);
+    if (!e) return STATUS_OK;
+    if (!cJSON_IsObject(e))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: field 'rope_parameters.%s' must be an object",
+                             name, key);
+    const char *type;
+    enum status st = get_string(e, name, "rope_type", &type);
+    if (st) return st;
+    if (type && strcmp(type, "default"))
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: rope_parameters.%s.rope_type = \"%s\": scaled rotary embeddings "
+                             "are not supported yet",
+                             name, key, type);
+    return get_float(e, name, "rope_theta", *theta, theta);
+}
+
+/* Gemma3ForCausalLM's text config (Gemma3TextConfig), defaults as in transformers. */
+static enum status parse_gemma3(const cJSON *root, const char *name, struct model_config *c)
+{
+    enum status st;
+    static const char *const unsupported_if_set[] = {"rope_scaling", "final_logit_softcapping",
+                                                     "attn_logit_softcapping"};
+    for (size_t i = 0; i < sizeof unsupported_if_set / sizeof unsupported_if_set[0]; i++)
+        if (field(root, unsupported_if_set[i]))
+            return status_errorf(STATUS_UNSUPPORTED,
+                                 "%s: field '%s' is set; Gemma 3 %s is not supported", name,
+                                 unsupported_if_set[i],
+                                 i == 0 ? "with scaled rotary embeddings" : "with logit softcapping");
+    int flag;
+    if ((st = get_bool(root, name, "use_bidirectional_attention", 0, &flag))) return st;
+    if (flag)
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: field 'use_bidirectional_attention' = true (an embedding model) "
+                             "is not supported",
+                             name);
+    int qpas;
+    if ((st = get_int(root, name, "hidden_size", 1, 0, &c->d_model)) ||
+        (st = get_int(root, name, "intermediate_size", 1, 0, &c->ffn_hidden)) ||
+        (st = get_int(root, name, "num_hidden_layers", 1, 0, &c->n_layers)) ||
+        (st = get_int(root, name, "num_attention_heads", 0, 8, &c->n_heads)) ||
+        (st = get_int(root, name, "vocab_size", 0, 262208, &c->vocab_size)) ||
+        (st = get_int(root, name, "num_key_value_heads", 0, 4, &c->n_kv_heads)) ||
+        (st = get_int(root, name, "head_dim", 0, 256, &c->head_dim)) ||
+        (st = get_int(root, name, "max_position_embeddings", 0, 131072, &c->max_positions)) ||
+        (st = get_float(root, name, "rms_norm_eps", 1e-6f, &c->norm_eps)) ||
+        (st = get_float(root, name, "rope_theta", 1000000.0f, &c->rope_theta)) ||
+        (st = get_float(root, name, "rope_local_base_freq", 10000.0f, &c->rope_theta_local)) ||
+        (st = get_int(root, name, "sliding_window", 0, 4096, &c->sliding_window)) ||
+        (st = get_int(root, name, "query_pre_attn_scalar", 0, 256, &qpas)) ||
+        (st = get_bool(root, name, "tie_word_embeddings", 1, &c->tied_embeddings)) ||
+        (st = get_bool(root, name, "attention_bias", 0, &c->qkv_bias)) ||
+        (st = get_float(root, name, "norm_weight_offset", 1.0f, &c->norm_weight_offset)))
+        return st;
+    if (qpas <= 0)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: field 'query_pre_attn_scalar' = %d must be > 0",
+                             name, qpas);
+    c->attn_scale = (float)(1.0 / sqrt((double)qpas));
+    /* shardlm's own exact value, written by config_save when no integer scalar gives it. */
+    if ((st = get_float(root, name, "attn_scale", c->attn_scale, &c->attn_scale))) return st;
+    c->attn_out_bias = c->qkv_bias;
+
+    const cJSON *rp = field(root, "rope_parameters");
+    if (rp) {
+        if (!cJSON_IsObject(rp))
+            return status_errorf(STATUS_BAD_FORMAT, "%s: field 'rope_parameters' must be an object",
+                                 name);
+        if ((st = gemma3_rope_entry(rp, name, "full_attention", &c->rope_theta)) ||
+            (st = gemma3_rope_entry(rp, name, "sliding_attention", &c->rope_theta_local)))
+            return st;
+    }
+
+    /* Which layers are windowed: layer_types when given (newer transformers), else the pattern
+     * (older "sliding_window_pattern", newer "_sliding_window_pattern"; default 6). */
+    const cJSON *types = field(root, "layer_types");
+    if (c->n_layers <= 0 || c->n_layers > CONFIG_MAX_DIM)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: num_hidden_layers = %d must be in 1..%d", name,
+                             c->n_layers, CONFIG_MAX_DIM);
+    if (types) {
+        if ((st = gemma3_layer_pattern(types, name, c->n_layers, &c->sliding_window_pattern)))
+            return st;
+    } else {
+        const char *key = field(root, "sliding_window_pattern") ? "sliding_window_pattern"
+                                                                : "_sliding_window_pattern";
+        if ((st = get_int(root, name, key, 0, 6, &c->sliding_window_pattern))) return st;
+        if (c->sliding_window_pattern < 0)
+            return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' = %d must be >= 0", name, key,
+                                 c->sliding_window_pattern);
+    }
+
+    const char *act;
+    if ((st = get_string(root, name, "hidden_activation", &act))) return st;
+    const char *act_key = "hidden_activation";
+    if (!act) {
+        act_key = "hidden_act";
+        if ((st = get_string(root, name, act_key, &act))) return st;
+    }
+    c->activation = ACTIVATION_GELU_TANH; /* "gelu_pytorch_tanh" */
+    if (act && (st = get_activation(name, act_key, act, &c->activation))) return st;
+
+    c->family = MODEL_FAMILY_GEMMA3;
+    c->norm = NORM_KIND_RMSNORM;
+    c->gated_mlp = 1;
+    c->positions = POSITION_KIND_ROTARY;
+    c->rope_style = ROPE_STYLE_HALVES;
+    c->rot_dim = c->head_dim;
+    c->mlp_bias = 0;
+    c->embed_scale = sqrtf((float)c->d_model);
+    /* shardlm extra, written only when it is not sqrt(hidden_size). */
+    if ((st = get_float(root, name, "embed_scale", c->embed_scale, &c->embed_scale))) return st;
+    c->qk_norm = 1;
+    c->sandwich_norms = 1;
+    return STATUS_OK;
+}
+
+enum status config_parse(const char *json, const char *name, struct model_config *cfg)
+{
+    enum status st = STATUS_OK;
+    struct model_config c;
+    memset(&c, 0, sizeof c);
+    const cJSON *text = NULL; /* Gemma3ForConditionalGeneration's text_config */
+    cJSON *root = cJSON_Parse(json);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        st = status_errorf(STATUS_BAD_FORMAT, "%s: not valid JSON (near byte %ld)", name,
+                           at && at >= json ? (long)(at - json) : -1L);
+        goto out;
+    }
+    if (!cJSON_IsObject(root)) {
+        st = status_errorf(STATUS_BAD_FORMAT, "%s: not a JSON object", name);
+        goto out;
+    }
+
+    /* The architecture: HF's "architectures": [...], shardlm's "architecture", or model_type. */
+    const char *arch = NULL;
+    const cJSON *archs = field(root, "architectures");
+    if (archs) {
+        const cJSON *a0 = cJSON_GetArrayItem(archs, 0);
+        if (!cJSON_IsArray(archs) || !cJSON_IsString(a0)) {
+            st = status_errorf(STATUS_BAD_FORMAT,
+                               "%s: field 'architectures' must be a non-empty list of strings", name);
+            goto out;
+        }
+        arch = a0->valuestring;
+    } else {
+        if ((st = get_string(root, name, "architecture", &arch))) goto out;
+    }
+    if (!arch) {
+        const char *mt;
+        if ((st = get_string(root, name, "model_type", &mt))) goto out;
+        if (!mt) {
+            st = status_errorf(STATUS_BAD_FORMAT, "%s: missing field 'architectures'", name);
+            goto out;
+        }
+        if (!strcmp(mt, "llama")) arch = "LlamaForCausalLM";
+        else if (!strcmp(mt, "mistral")) arch = "MistralForCausalLM";
+        else if (!strcmp(mt, "gpt2")) arch = "GPT2LMHeadModel";
+        else if (!strcmp(mt, "gemma3_text")) arch = "Gemma3ForCausalLM";
+        else if (!strcmp(mt, "gemma3")) arch = "Gemma3ForConditionalGeneration";
+        else {
+            st = status_errorf(STATUS_UNSUPPORTED,
+                               "%s: model_type \"%s\" is not supported (supported: %s)", name, mt,
+                               supported_architectures);
+            goto out;
+        }
+    }
+
+    if (!strcmp(arch, "LlamaForCausalLM")) st = parse_llama(root, name, 0, &c);
+    else if (!strcmp(arch, "MistralForCausalLM")) st = parse_llama(root, name, 1, &c);
+    else if (!strcmp(arch, "GPT2LMHeadModel")) st = parse_gpt2(root, name, &c);
+    else if (!strcmp(arch, "Gemma3ForCausalLM")) st = parse_gemma3(root, name, &c);
+    else if (!strcmp(arch, "Gemma3ForConditionalGeneration")) {
+        /* The text half only: its "text_config" is a Gemma3ForCausalLM config, and the result
+         * is one (the vision tower's weights are never read). */
+        text = field(root, "text_config");
+        if (!text || !cJSON_IsObject(text)) {
+            st = status_errorf(STATUS_UNSUPPORTED,
+                               "%s: Gemma3ForConditionalGeneration without an object 'text_config' "
+                               "is not supported",
+                               name);
+            goto out;
+        }
+        st = parse_gemma3(text, name, &c);
+        arch = "Gemma3ForCausalLM";
+    } else
+        st = status_errorf(STATUS_UNSUPPORTED,
+                           "%s: architecture \"%s\" is not supported (supported: %s)", name, arch,
+                           supported_architectures);
+    if (st) goto out;
+    snprintf(c.architecture, sizeof c.architecture, "%s", arch);
+
+    /* Token ids and dtype: a nested text_config's own when it has them, else the top level's. */
+    const cJSON *ids = text && field(text, "bos_token_id") ? text : root;
+    if ((st = get_token_id(ids, name, "bos_token_id", &c.bos_id))) goto out;
+    ids = text && field(text, "eos_token_id") ? text : root;
+    if ((st = get_token_id(ids, name, "eos_token_id", &c.eos_id))) goto out;
+    ids = text && (field(text, "torch_dtype") || field(text, "dtype")) ? text : root;
+    if ((st = get_dtype(ids, name, &c.dtype))) goto out;
+    if ((st = config_validate(&c, name))) goto out;
+    *cfg = c;
+out:
+    cJSON_Delete(root);
+    return st;
+}
+
+enum status config_load(const char *path, struct model_config *cfg)
+{
+    enum status st = STATUS_OK;
+    char *text = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (errno == ENOENT) return status_errorf(STATUS_NOT_FOUND, "%s: no such file", path);
+        return status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
+    }
+    if (fseek(f, 0, SEEK_END) != 0) {
+        st = status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
+        goto out;
+    }
+    long n = ftell(f);
+    if (n < 0 || n > CONFIG_MAX_BYTES) {
+        st = status_errorf(STATUS_BAD_FORMAT, "%s: %ld bytes is not a plausible config.json", path, n);
+        goto out;
+    }
+    rewind(f);
+    text = malloc((size_t)n + 1);
+    if (!text) {
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
+        goto out;
+    }
+    if (fread(text, 1, (size_t)n, f) != (size_t)n) {
+        st = status_errorf(STATUS_IO, "%s: short read", path);
+        goto out;
+    }
+    text[n] = '\0';
+    st = config_parse(text, path, cfg);
+out:
+    free(text);
+    fclose(f);
+    return st;
+}
+
+/* ---- validation ------------------------------------------------------------------------- */
+
+static enum status positive(const char *name, const char *what, int v)
+{
+    if (v <= 0 || v > CONFIG_MAX_DIM)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: %s = %d must be in 1..%d", name, what, v,
+                             CONFIG_MAX_DIM);
+    return STATUS_OK;
+}
+
+enum status config_validate(const struct model_config *c, const char *name)
+{
+    enum status st;
+    if ((st = positive(name, "n_layers", c->n_layers)) ||
+        (st = positive(name, "d_model", c->d_model)) ||
+        (st = positive(name, "n_heads", c->n_heads)) ||
+        (st = positive(name, "n_kv_heads", c->n_kv_heads)) ||
+        (st = positive(name, "head_dim", c->head_dim)) ||
+        (st = positive(name, "ffn_hidden", c->ffn_hidden)) ||
+        (st = positive(name, "vocab_size", c->vocab_size)) ||
+        (st = positive(name, "max_positions", c->max_positions)))
+        return st;
+    if (c->n_heads % c->n_kv_heads)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: n_heads %d is not a multiple of n_kv_heads %d",
+                             name, c->n_heads, c->n_kv_heads);
+    if (!(c->norm_eps > 0.0f) || !isfinite(c->norm_eps))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: norm epsilon %g must be positive", name,
+                             (double)c->norm_eps);
+    if (c->bos_id < -1 || c->bos_id >= c->vocab_size || c->eos_id < -1 || c->eos_id >= c->vocab_size)
+        return status_errorf(STATUS_BAD_FORMAT,
+                             "%s: bos_token_id %d / eos_token_id %d outside the vocabulary (%d)",
+                             name, c->bos_id, c->eos_id, c->vocab_size);
+    if (c->sliding_window < 0)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: sliding_window %d must be >= 0", name,
+                             c->sliding_window);
+    if (c->dtype != DTYPE_F32 && c->dtype != DTYPE_BF16 && c->dtype != DTYPE_F16)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: weight dtype %s is not a float type", name,
+                             dtype_name(c->dtype));
+    if (c->positions == POSITION_KIND_ROTARY) {
+        if (!(c->rope_theta > 0.0f) || !isfinite(c->rope_theta))
+            return status_errorf(STATUS_BAD_FORMAT, "%s: rope_theta %g must be positive", name,
+                                 (double)c->rope_theta);
+        if (c->rot_dim <= 0 || c->rot_dim > c->head_dim || c->rot_dim % 2)
+            return status_errorf(STATUS_BAD_FORMAT,
+                                 "%s: rot_dim %d must be even and in 2..head_dim (%d)", name,
+                                 c->rot_dim, c->head_dim);
+    }
+    if (!isfinite(c->embed_scale) || c->embed_scale < 0.0f || !isfinite(c->attn_scale) ||
+        c->attn_scale < 0.0f || !isfinite(c->norm_weight_offset) || !isfinite(c->rope_theta_local) ||
+        c->rope_theta_local < 0.0f || c->sliding_window_pattern < 0)
+        return status_errorf(STATUS_BAD_FORMAT,
+                             "%s: embed_scale %g, attn_scale %g, rope_theta_local %g must be finite "
+                             "and >= 0, norm_weight_offset %g finite, sliding_window_pattern %d >= 0",
+                             name, (double)c->embed_scale, (double)c->attn_scale,
+                             (double)c->rope_theta_local, (double)c->norm_weight_offset,
+                             c->sliding_window_pattern);
+    /* What each family implies; a loader relies on these. */
+    if (c->family != MODEL_FAMILY_GEMMA3 &&
+        (c->embed_scale != 0.0f || c->qk_norm || c->sandwich_norms || c->norm_weight_offset != 0.0f ||
+         c->attn_scale != 0.0f || c->sliding_window_pattern || c->rope_theta_local != 0.0f))
+        return status_errorf(STATUS_BAD_FORMAT,
+                             "%s: embed_scale, qk_norm, sandwich_norms, norm_weight_offset, "
+                             "attn_scale, sliding_window_pattern and rope_theta_local are Gemma 3 "
+                             "features and must be 0 in a %s model",
+                             name, c->family == MODEL_FAMILY_GPT2 ? "GPT-2" : "Llama-family");
+    switch (c->family) {
+    case MODEL_FAMILY_LLAMA:
+        if (c->norm != NORM_KIND_RMSNORM || c->positions != POSITION_KIND_ROTARY || !c->gated_mlp)
+            return status_errorf(STATUS_BAD_FORMAT,
+                                 "%s: a Llama-family model has RMSNorm, rotary positions and a "
+                                 "gated MLP",
+                                 name);
+        break;
+    case MODEL_FAMILY_GPT2:
+        if (c->norm != NORM_KIND_LAYERNORM || c->positions != POSITION_KIND_LEARNED ||
+            c->gated_mlp || !c->tied_embeddings || !c->qkv_bias || !c->attn_out_bias ||
+            !c->mlp_bias || c->n_kv_heads != c->n_heads ||
+            (int64_t)c->n_heads * c->head_dim != c->d_model || c->sliding_window ||
+            c->activation == ACTIVATION_SILU || c->rot_dim || c->rope_theta != 0.0f)
+            return status_errorf(STATUS_BAD_FORMAT,
+                                 "%s: a GPT-2 model has LayerNorm, learned positions, tied "
+                                 "embeddings, biases everywhere, n_heads * head_dim == d_model and "
+                                 "a GELU MLP",
+                                 name);
+        break;
+    case MODEL_FAMILY_GEMMA3:
+        if (c->norm != NORM_KIND_RMSNORM || c->positions != POSITION_KIND_ROTARY || !c->gated_mlp ||
+            c->mlp_bias || c->qkv_bias != c->attn_out_bias || !c->qk_norm || !c->sandwich_norms ||
+            !(c->embed_scale > 0.0f) || !(c->attn_scale > 0.0f) ||
+            c->rope_style != ROPE_STYLE_HALVES || c->rot_dim != c->head_dim ||
+            !(c->rope_theta_local > 0.0f))
+            return status_errorf(STATUS_BAD_FORMAT,
+                                 "%s: a Gemma 3 model has RMSNorm, full rotary in halves with a "
+                                 "local base, a gated MLP without biases, QK-norm, sandwich norms, "
+                                 "and positive embed_scale and attn_scale",
+                                 name);
+        break;
+    default:
+        return status_errorf(STATUS_BAD_FORMAT, "%s: unknown model family %d", name, (int)c->family);
+    }
+    return STATUS_OK;
+}
+
+int config_equal(const struct model_config *a, const struct model_config *b)
+{
+    return a->family == b->family && !strcmp(a->architecture, b->architecture) &&
+           a->n_layers == b->n_layers && a->d_model == b->d_model && a->n_heads == b->n_heads &&
+           a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim &&
+           a->ffn_hidden == b->ffn_hidden && a->vocab_size == b->vocab_size &&
+           a->max_positions == b->max_positions && a->norm == b->norm &&
+           !memcmp(&a->norm_eps, &b->norm_eps, sizeof(float)) && a->activation == b->activation &&
+           a->gated_mlp == b->gated_mlp && a->positions == b->positions &&
+           !memcmp(&a->rope_theta, &b->rope_theta, sizeof(float)) &&
+           a->rope_style == b->rope_style && a->rot_dim == b->rot_dim &&
+           a->sliding_window == b->sliding_window && a->tied_embeddings == b->tied_embeddings &&
+           a->qkv_bias == b->qkv_bias && a->attn_out_bias == b->attn_out_bias &&
+           a->mlp_bias == b->mlp_bias && a->bos_id == b->bos_id && a->eos_id == b->eos_id &&
+           a->dtype == b->dtype && !memcmp(&a->embed_scale, &b->embed_scale, sizeof(float)) &&
+           a->qk_norm == b->qk_norm && a->sandwich_norms == b->sandwich_norms &&
+           !memcmp(&a->norm_weight_offset, &b->norm_weight_offset, sizeof(float)) &&
+           !memcmp(&a->attn_scale, &b->attn_scale, sizeof(float)) &&
+           a->sliding_window_pattern == b->sliding_window_pattern &&
+           !memcmp(&a->rope_theta_local, &b->rope_theta_local, sizeof(float));
+}
+
+/* ---- writing ---------------------------------------------------------------------------- */
+
+static int add_num(cJSON *o, const char *key, double v) { return cJSON_AddNumberToObject(o, key, v) != NULL; }
+
+/* A float field as the shortest decimal that reads back to the same float ("1e-05", not
+ * "9.99999974737875e-06"), so that config.json stays readable and round-trips exactly. */
+static int add_float(cJSON *o, const char *key, float v)
+{
+    char buf[32];
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)v);
+        if ((float)strtod(buf, NULL) == v) break;
+    }
+    return add_num(o, key, strtod(buf, NULL));
+}
+static int add_bool(cJSON *o, const char *key, int v) { return cJSON_AddBoolToObject(o, key, v) != NULL; }
+static int add_str(cJSON *o, const char *key, const char *v) { return cJSON_AddStringToObject(o, key, v) != NULL; }
+
+/* The config.json fields that Llama-family models and Gemma 3 spell alike. */
+static int add_llama_dims(cJSON *root, const struct model_config *c)
+{
+    return add_num(root, "hidden_size", c->d_model) && add_num(root, "intermediate_size", c->ffn_hidden) &&
+           add_num(root, "num_hidden_layers", c->n_layers) && add_num(root, "num_attention_heads", c->n_heads) &&
+           add_num(root, "num_key_value_heads", c->n_kv_heads) && add_num(root, "head_dim", c->head_dim) &&
+           add_num(root, "vocab_size", c->vocab_size) &&
+           add_num(root, "max_position_embeddings", c->max_positions) &&
+           add_float(root, "rms_norm_eps", c->norm_eps) && add_float(root, "rope_theta", c->rope_theta);
+}
+
+enum status config_save(const char *path, const struct model_config *c)
+{
+    enum status st = STATUS_OK;
+    cJSON *root = NULL;
+    char *text = NULL;
+    char tmp[4096];
+    FILE *f = NULL;
+
+    if ((st = config_validate(c, path))) return st;
+    if (c->family == MODEL_FAMILY_LLAMA && strcmp(c->architecture, "LlamaForCausalLM") &&
+        strcmp(c->architecture, "MistralForCausalLM"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
+                             c->architecture);
+    if (c->family == MODEL_FAMILY_LLAMA && !strcmp(c->architecture, "LlamaForCausalLM") &&
+        c->sliding_window)
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: LlamaForCausalLM has no sliding window; use MistralForCausalLM",
+                             path);
+    if (c->family == MODEL_FAMILY_GPT2 && strcmp(c->architecture, "GPT2LMHeadModel"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
+                             c->architecture);
+    if (c->family == MODEL_FAMILY_GEMMA3 && strcmp(c->architecture, "Gemma3ForCausalLM"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
+                             c->architecture);
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", path);
+
+    int ok = 1;
+    root = cJSON_CreateObject();
+    cJSON *archs = cJSON_CreateStringArray((const char *const[]){c->architecture}, 1);
+    ok = root && archs && cJSON_AddItemToObject(root, "architectures", archs);
+    if (!ok) cJSON_Delete(archs);
+    if (ok && c->family == MODEL_FAMILY_LLAMA) {
+        int mistral = !strcmp(c->architecture, "MistralForCausalLM");
+        ok = add_str(root, "model_type", mistral ? "mistral" : "llama") && add_llama_dims(root, c) &&
+             add_str(root, "hidden_act", activation_hf_name(c->activation)) &&
+             add_bool(root, "attention_bias", c->qkv_bias) &&
+             add_bool(root, "mlp_bias", c->mlp_bias) &&
+             add_bool(root, "tie_word_embeddings", c->tied_embeddings) &&
+             add_str(root, "rope_style", c->rope_style == ROPE_STYLE_PAIRS ? "pairs" : "halves");
+        if (ok && mistral)
+            ok = c->sliding_window ? add_num(root, "sliding_window", c->sliding_window)
+                                   : cJSON_AddNullToObject(root, "sliding_window") != NULL;
+        if (ok && c->rot_dim != c->head_dim) ok = add_num(root, "rot_dim", c->rot_dim);
+        if (ok && c->attn_out_bias != c->qkv_bias)
+            ok = add_bool(root, "attention_out_bias", c->attn_out_bias);
+    } else if (ok && c->family == MODEL_FAMILY_GEMMA3) {
+        ok = add_str(root, "model_type", "gemma3_text") && add_llama_dims(root, c) &&
+             add_float(root, "rope_local_base_freq", c->rope_theta_local) &&
+             add_num(root, "sliding_window", c->sliding_window) &&
+             add_num(root, "sliding_window_pattern", c->sliding_window_pattern) &&
+             add_str(root, "hidden_activation", activation_hf_name(c->activation)) &&
+             add_bool(root, "attention_bias", c->qkv_bias) &&
+             add_bool(root, "tie_word_embeddings", c->tied_embeddings) &&
+             cJSON_AddNullToObject(root, "rope_scaling") &&
+             cJSON_AddNullToObject(root, "final_logit_softcapping") &&
+             cJSON_AddNullToObject(root, "attn_logit_softcapping");
+        /* query_pre_attn_scalar: the integer whose 1/sqrt is attn_scale; when none is, the exact
+         * scale as the shardlm extra "attn_scale" (the parser prefers it). */
+        double qpas = nearbyint(1.0 / ((double)c->attn_scale * (double)c->attn_scale));
+        if (ok) ok = add_num(root, "query_pre_attn_scalar", qpas >= 1.0 ? qpas : 1.0);
+        if (ok && (qpas < 1.0 || qpas > INT_MAX || (float)(1.0 / sqrt(qpas)) != c->attn_scale))
+            ok = add_float(root, "attn_scale", c->attn_scale);
+        /* The shardlm extra for checkpoints whose norm weights have the 1 folded in (GGUF). */
+        if (ok && c->norm_weight_offset != 1.0f)
+            ok = add_float(root, "norm_weight_offset", c->norm_weight_offset);
+        if (ok && c->embed_scale != sqrtf((float)c->d_model))
+            ok = add_float(root, "embed_scale", c->embed_scale);
+    } else if (ok) {
+        ok = add_str(root, "model_type", "gpt2") && add_num(root, "n_embd", c->d_model) &&
+             add_num(root, "n_layer", c->n_layers) && add_num(root, "n_head", c->n_heads) &&
+             add_num(root, "n_inner", c->ffn_hidden) && add_num(root, "vocab_size", c->vocab_size) &&
+             add_num(root, "n_positions", c->max_positions) &&
+             add_float(root, "layer_norm_epsilon", c->norm_eps) &&
+             add_str(root, "activation_function",
+                     c->activation == ACTIVATION_GELU_ERF ? "gelu" : "gelu_new") &&
+             add_bool(root, "tie_word_embeddings", 1);
+    }
+    if (ok && c->bos_id >= 0) ok = add_num(root, "bos_token_id", c->bos_id);
+    if (ok && c->eos_id >= 0) ok = add_num(root, "eos_token_id", c->eos_id);
+    if (ok) ok = add_str(root, "torch_dtype", dtype_torch_name(c->dtype));
+    if (ok) ok = (text = cJSON_Print(root)) != NULL;
+    if (!ok) {
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory building JSON", path);
+        goto out;
+    }
+
+    f = fopen(tmp, "wb");
+    if (!f) {
+        st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    size_t len = strlen(text);
+    if (fwrite(text, 1, len, f) != len || fputc('\n', f) == EOF) {
+        st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    int rc = fclose(f);
+    f = NULL;
+    if (rc != 0) {
+        st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    if (rename(tmp, path) != 0) {
+        st = status_errorf(STATUS_IO, "rename %s -> %s: %s", tmp, path, strerror(errno));
+        goto out;
+    }
+out:
+    if (f) fclose(f);
+    if (st) remove(tmp);
+    cJSON_free(text);
+    cJSON_Delete(root);
+    return st;
+}

@@ -1,0 +1,138 @@
+/* engine/formats/config.h - the model configuration: one struct for the GPT family as Megatron-Core
+ * models it (Llama/Mistral-style, GPT-2-style and Gemma 3 decoders), read from a checkpoint's
+ * config.json (Hugging Face configs, or shardlm's own Megatron-style metadata).
+ * Not here: weights (checkpoint.c / model.c), tokenizer (tokenizer.h).
+ * Tests: tests/test_formats.c. */
+#ifndef SHARDLM_CONFIG_H
+#define SHARDLM_CONFIG_H
+
+#include "base.h"
+#include "ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum norm_kind {
+    NORM_KIND_RMSNORM,
+    NORM_KIND_LAYERNORM,
+};
+
+enum position_kind {
+    POSITION_KIND_ROTARY,  /* rotary embedding, rope_theta / rope_style / rot_dim */
+    POSITION_KIND_LEARNED, /* learned absolute position table (GPT-2 wpe) */
+};
+
+enum model_family {
+    MODEL_FAMILY_LLAMA, /* LlamaForCausalLM, MistralForCausalLM, llama2.c */
+    MODEL_FAMILY_GPT2,  /* GPT2LMHeadModel */
+    MODEL_FAMILY_GEMMA3, /* Gemma3ForCausalLM (text only) */
+};
+
+struct model_config {
+    enum model_family family;
+    char     architecture[64];  /* as named in config.json, e.g. "LlamaForCausalLM" */
+    int      n_layers;
+    int      d_model;           /* hidden size */
+    int      n_heads;
+    int      n_kv_heads;        /* == n_heads without GQA; divides n_heads */
+    int      head_dim;          /* usually d_model / n_heads */
+    int      ffn_hidden;        /* MLP inner size (intermediate_size, n_inner or 4*d_model) */
+    int      vocab_size;
+    int      max_positions;     /* context length */
+    enum norm_kind     norm;
+    float    norm_eps;
+    enum activation    activation;   /* SILU for SwiGLU; GELU_* for GPT-2 */
+    int      gated_mlp;         /* 1: act(gate) * up (SwiGLU); 0: act(fc) (GPT-2) */
+    enum position_kind positions;
+    float    rope_theta;        /* rotary base (0 for learned positions) */
+    enum rope_style    rope_style;    /* pairs (llama2.c / Megatron interleaved) or halves (HF) */
+    int      rot_dim;           /* rotated features per head (== head_dim unless partial; 0 for
+                                   learned positions) */
+    int      sliding_window;    /* attention window in tokens (Mistral); 0 = full causal */
+    int      tied_embeddings;   /* LM head shares the token embedding */
+    int      qkv_bias;          /* biases on Q, K, V projections */
+    int      attn_out_bias;     /* bias on the attention output projection */
+    int      mlp_bias;          /* biases on MLP projections */
+    int      bos_id, eos_id;    /* -1 when absent */
+    enum dtype dtype;           /* stored dtype of the weights (torch_dtype; f32 when absent) */
+    /* Gemma-style features (0 / defaults for every other family). */
+    float    embed_scale;       /* token embeddings are multiplied by this; 0 or 1 = none
+                                   (Gemma: sqrt(d_model)) */
+    int      qk_norm;           /* RMSNorm over each head of q and k, before rotary (Gemma 3) */
+    int      sandwich_norms;    /* extra norms on the attention and MLP outputs, before each
+                                   residual add (Gemma 2/3 post_*_layernorm) */
+    float    norm_weight_offset;/* added to every norm weight (q/k norms included) at load: HF
+                                   Gemma stores w for x * (1 + w), so 1; a GGUF-converted
+                                   checkpoint has the 1 folded in, so 0 */
+    float    attn_scale;        /* attention score scale; 0 = 1/sqrt(head_dim) (Gemma 3:
+                                   1/sqrt(query_pre_attn_scalar)) */
+    int      sliding_window_pattern; /* > 0: layer i is global when (i + 1) % pattern == 0 and
+                                   uses sliding_window otherwise (Gemma 3: 6); 0: every layer
+                                   uses sliding_window */
+    float    rope_theta_local;  /* rotary base of the sliding-window layers; 0 = rope_theta
+                                   (Gemma 3: 10000, global layers rope_theta = 1e6) */
+};
+
+/* Parses config.json at `path` into *cfg. Unknown architecture, a missing required field or an
+ * inconsistent value (head_dim * n_heads, n_heads % n_kv_heads, ...) returns
+ * STATUS_BAD_FORMAT / STATUS_UNSUPPORTED with a message naming the file and field; nothing is
+ * guessed silently. Fields with well-known defaults in the Hugging Face classes (e.g.
+ * rope_theta 10000, rms_norm_eps 1e-6 for Llama) take those documented defaults.
+ * A missing file is STATUS_NOT_FOUND. *cfg is written only on success.
+ *
+ * Accepted architectures ("architectures": [name] or shardlm's "architecture": name):
+ * - LlamaForCausalLM, MistralForCausalLM: hidden_size, intermediate_size, num_hidden_layers,
+ *   num_attention_heads, vocab_size required; num_key_value_heads (default
+ *   num_attention_heads), head_dim (default hidden_size / num_attention_heads),
+ *   max_position_embeddings (default 2048 Llama, 131072 Mistral), rms_norm_eps (1e-6),
+ *   rope_theta (10000; also read from "rope_parameters"), hidden_act (silu), attention_bias,
+ *   mlp_bias, tie_word_embeddings (false), sliding_window (Mistral only: default 4096, null
+ *   = none). A non-null rope_scaling is STATUS_UNSUPPORTED.
+ * - GPT2LMHeadModel: n_embd, n_layer, n_head, vocab_size, n_positions (or n_ctx) required;
+ *   n_inner (null: 4 * n_embd), layer_norm_epsilon (1e-5), activation_function (gelu_new).
+ * - Gemma3ForCausalLM (model_type gemma3_text): hidden_size, intermediate_size,
+ *   num_hidden_layers required; Gemma3TextConfig defaults for num_attention_heads (8),
+ *   num_key_value_heads (4), head_dim (256), vocab_size (262208), max_position_embeddings
+ *   (131072), rms_norm_eps (1e-6), rope_theta (1e6; global layers), rope_local_base_freq (1e4;
+ *   rope_theta_local), sliding_window (4096), query_pre_attn_scalar (256; attn_scale =
+ *   1/sqrt of it), hidden_activation (gelu_pytorch_tanh), tie_word_embeddings (true),
+ *   attention_bias (false); transformers 5's per-layer-type "rope_parameters" also read. Which
+ *   layers are windowed: "layer_types" when present (must be periodic: one full_attention
+ *   every N layers; all sliding gives pattern 0), else sliding_window_pattern /
+ *   _sliding_window_pattern (6). Always: embed_scale sqrt(hidden_size), qk_norm,
+ *   sandwich_norms, halves rotary over the whole head, norm_weight_offset 1. Non-null
+ *   rope_scaling, final_logit_softcapping, attn_logit_softcapping, or
+ *   use_bidirectional_attention true: STATUS_UNSUPPORTED naming the field.
+ *   Gemma3ForConditionalGeneration (model_type gemma3): its "text_config" object is parsed as
+ *   above and the result is a Gemma3ForCausalLM config (token ids and dtype from text_config,
+ *   else the top level).
+ * All: bos_token_id / eos_token_id (int, or a list: its first element; absent: -1),
+ * torch_dtype (or "dtype"): float32 / bfloat16 / float16.
+ * shardlm extras, absent from Hugging Face files: "rope_style": "halves" (default) | "pairs",
+ * "rot_dim" (default head_dim), "attention_out_bias" (default attention_bias); Gemma 3:
+ * "norm_weight_offset" (default 1), "attn_scale" (default 1/sqrt(query_pre_attn_scalar); written
+ * only when no integer scalar gives it exactly), "embed_scale" (default sqrt(hidden_size)).
+ * Every other family has embed_scale, qk_norm, sandwich_norms, norm_weight_offset, attn_scale,
+ * sliding_window_pattern and rope_theta_local all 0 (config_validate enforces it). */
+enum status config_load(const char *path, struct model_config *cfg);
+
+/* The same, from a NUL-terminated JSON text already in memory (name is used in messages). */
+enum status config_parse(const char *json, const char *name, struct model_config *cfg);
+
+/* Writes cfg as a Hugging Face-style config.json (architecture, sizes, and the shardlm extras
+ * "rope_style" etc. that HF lacks) that config_load reads back to an identical struct
+ * (config_equal). Writes path.tmp and renames it over path. */
+enum status config_save(const char *path, const struct model_config *cfg);
+
+/* Checks internal consistency; returns STATUS_BAD_FORMAT with a message naming the field. */
+enum status config_validate(const struct model_config *cfg, const char *name);
+
+/* 1 when every field of a and b is equal (floats bit for bit), else 0. */
+int config_equal(const struct model_config *a, const struct model_config *b);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

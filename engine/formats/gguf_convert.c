@@ -1,0 +1,324 @@
+/* engine/formats/gguf_convert.c - GGUF (llama.cpp) import into a Hugging Face-layout directory (see
+ * gguf_convert.h). The model's meaning comes from llama.cpp's gemma3 loader and its
+ * convert_hf_to_gguf.py (Gemma3Model), inverted here. */
+#include "gguf_convert.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "config.h"
+#include "gguf.h"
+#include "safetensors.h"
+
+#define GC_PATH 4096
+
+/* llama.cpp's per-layer Gemma 3 tensor names (blk.N.<gguf>.weight) and Hugging Face's
+ * (model.layers.N.<hf>). Note that HF's post_attention_layernorm is Gemma's attention-output
+ * norm, llama.cpp's post_attention_norm; the pre-MLP norm is ffn_norm / pre_feedforward_layernorm. */
+enum gc_dims { GC_D, GC_HD, GC_Q_D, GC_KV_D, GC_D_Q, GC_F_D, GC_D_F };
+static const struct {
+    const char  *gguf;
+    const char  *hf;
+    enum gc_dims dims;
+} gc_layer_names[] = {
+    {"attn_norm", "input_layernorm.weight", GC_D},
+    {"attn_q", "self_attn.q_proj.weight", GC_Q_D},
+    {"attn_k", "self_attn.k_proj.weight", GC_KV_D},
+    {"attn_v", "self_attn.v_proj.weight", GC_KV_D},
+    {"attn_q_norm", "self_attn.q_norm.weight", GC_HD},
+    {"attn_k_norm", "self_attn.k_norm.weight", GC_HD},
+    {"attn_output", "self_attn.o_proj.weight", GC_D_Q},
+    {"post_attention_norm", "post_attention_layernorm.weight", GC_D},
+    {"ffn_norm", "pre_feedforward_layernorm.weight", GC_D},
+    {"ffn_gate", "mlp.gate_proj.weight", GC_F_D},
+    {"ffn_up", "mlp.up_proj.weight", GC_F_D},
+    {"ffn_down", "mlp.down_proj.weight", GC_D_F},
+    {"post_ffw_norm", "post_feedforward_layernorm.weight", GC_D},
+};
+#define GC_N_LAYER_NAMES ((int)(sizeof gc_layer_names / sizeof gc_layer_names[0]))
+
+/* One output tensor, produced during safetensors_writer_finish. */
+struct gc_item {
+    const struct gguf        *g;
+    const struct gguf_tensor *t;
+    enum dtype                dtype;
+};
+
+static enum status gc_fill(void *ctx, void *dst, size_t nbytes)
+{
+    const struct gc_item *it = ctx;
+    const struct gguf_tensor *t = it->t;
+    CHECK(nbytes == (size_t)t->numel * dtype_size(it->dtype), "tensor %s: %zu bytes", t->name, nbytes);
+    if (it->dtype == DTYPE_F32) return gguf_tensor_read_f32(it->g, t, dst);
+    if (t->n_dims > 1) return gguf_tensor_read_rows_bf16(it->g, t, 0, t->shape[0], dst);
+    /* A vector may be one quantized block row, which read_rows cannot split: via f32. */
+    float *tmp = malloc((size_t)t->numel * sizeof *tmp);
+    if (!tmp) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory for %s", t->name);
+    enum status s = gguf_tensor_read_f32(it->g, t, tmp);
+    for (int64_t i = 0; !s && i < t->numel; i++) ((uint16_t *)dst)[i] = f32_to_bf16(tmp[i]);
+    free(tmp);
+    return s;
+}
+
+/* An integer key that must be present and within 1..INT32_MAX. */
+static enum status gc_int(const struct gguf *g, const char *key, int *out)
+{
+    int64_t v;
+    enum status s = gguf_get_int(g, key, &v);
+    if (s == STATUS_NOT_FOUND)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: no metadata key '%s'", gguf_path(g), key);
+    if (s) return s;
+    if (v < 1 || v > (1 << 30))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: %s = %lld is out of range", gguf_path(g), key,
+                             (long long)v);
+    *out = (int)v;
+    return STATUS_OK;
+}
+
+static enum status gc_int_or(const struct gguf *g, const char *key, int dflt, int *out)
+{
+    if (!gguf_find_kv(g, key)) {
+        *out = dflt;
+        return STATUS_OK;
+    }
+    return gc_int(g, key, out);
+}
+
+static enum status gc_float_or(const struct gguf *g, const char *key, double dflt, float *out)
+{
+    double v = dflt;
+    if (gguf_find_kv(g, key)) {
+        enum status s = gguf_get_float(g, key, &v);
+        if (s) return s;
+    }
+    if (!isfinite(v) || !(v > 0.0))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: %s = %g must be positive", gguf_path(g), key, v);
+    *out = (float)v;
+    return STATUS_OK;
+}
+
+/* A token id key, -1 when absent. */
+static enum status gc_token_id(const struct gguf *g, const char *key, int vocab, int *out)
+{
+    int64_t v = -1;
+    if (gguf_find_kv(g, key)) {
+        enum status s = gguf_get_int(g, key, &v);
+        if (s) return s;
+        if (v < 0 || v >= vocab)
+            return status_errorf(STATUS_BAD_FORMAT, "%s: %s = %lld is outside the vocabulary (%d)",
+                                 gguf_path(g), key, (long long)v, vocab);
+    }
+    *out = (int)v;
+    return STATUS_OK;
+}
+
+/* The Gemma3ForCausalLM config that the metadata describes. */
+static enum status gc_config(const struct gguf *g, enum dtype dtype, struct model_config *c)
+{
+    enum status s;
+    const char *path = gguf_path(g), *arch = NULL;
+    if ((s = gguf_get_str(g, "general.architecture", &arch))) return s;
+    if (strcmp(arch, "gemma3"))
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: general.architecture \"%s\": only gemma3 GGUF files convert", path,
+                             arch);
+    static const char *const unsupported[] = {
+        "gemma3.final_logit_softcapping", "gemma3.attn_logit_softcapping",
+        "gemma3.rope.scaling.factor",     "gemma3.attention.sliding_window_pattern"};
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
+        if (gguf_find_kv(g, unsupported[i]))
+            return status_errorf(STATUS_UNSUPPORTED, "%s: metadata key '%s' is not supported", path,
+                                 unsupported[i]);
+    const char *scaling = NULL;
+    if (gguf_find_kv(g, "gemma3.rope.scaling.type") &&
+        (s = gguf_get_str(g, "gemma3.rope.scaling.type", &scaling)))
+        return s;
+    if (scaling && strcmp(scaling, "none"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: gemma3.rope.scaling.type \"%s\" is not supported",
+                             path, scaling);
+
+    memset(c, 0, sizeof *c);
+    c->family = MODEL_FAMILY_GEMMA3;
+    snprintf(c->architecture, sizeof c->architecture, "Gemma3ForCausalLM");
+    int value_length;
+    if ((s = gc_int(g, "gemma3.embedding_length", &c->d_model)) ||
+        (s = gc_int(g, "gemma3.block_count", &c->n_layers)) ||
+        (s = gc_int(g, "gemma3.feed_forward_length", &c->ffn_hidden)) ||
+        (s = gc_int(g, "gemma3.attention.head_count", &c->n_heads)) ||
+        (s = gc_int_or(g, "gemma3.attention.head_count_kv", c->n_heads, &c->n_kv_heads)) ||
+        (s = gc_int_or(g, "gemma3.attention.key_length", c->d_model / c->n_heads, &c->head_dim)) ||
+        (s = gc_int_or(g, "gemma3.attention.value_length", c->head_dim, &value_length)) ||
+        (s = gc_int(g, "gemma3.context_length", &c->max_positions)) ||
+        (s = gc_int(g, "gemma3.attention.sliding_window", &c->sliding_window)) ||
+        (s = gc_float_or(g, "gemma3.attention.layer_norm_rms_epsilon", 1e-6, &c->norm_eps)) ||
+        (s = gc_float_or(g, "gemma3.rope.freq_base", 1e6, &c->rope_theta)))
+        return s;
+    if (value_length != c->head_dim)
+        return status_errorf(STATUS_UNSUPPORTED, "%s: key_length %d != value_length %d", path,
+                             c->head_dim, value_length);
+    const struct gguf_kv *tokens;
+    if ((s = gguf_get_arr(g, "tokenizer.ggml.tokens", &tokens))) return s;
+    if (tokens->n < 1 || tokens->n > (1u << 30))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: %llu tokens", path, (unsigned long long)tokens->n);
+    c->vocab_size = (int)tokens->n;
+    if ((s = gc_token_id(g, "tokenizer.ggml.bos_token_id", c->vocab_size, &c->bos_id)) ||
+        (s = gc_token_id(g, "tokenizer.ggml.eos_token_id", c->vocab_size, &c->eos_id)))
+        return s;
+
+    c->norm = NORM_KIND_RMSNORM;
+    c->activation = ACTIVATION_GELU_TANH;
+    c->gated_mlp = 1;
+    c->positions = POSITION_KIND_ROTARY;
+    c->rope_style = ROPE_STYLE_HALVES;
+    c->rot_dim = c->head_dim;
+    c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
+    c->dtype = dtype;
+    c->embed_scale = sqrtf((float)c->d_model);
+    c->qk_norm = 1;
+    c->sandwich_norms = 1;
+    c->norm_weight_offset = 0.0f; /* convert_hf_to_gguf.py added the 1 to every norm weight */
+    /* Not in the metadata; llama.cpp hard-codes them for gemma3, as does this (Gemma 3's
+     * published values): every 6th layer global, the others windowed with rotary base 10000,
+     * and query_pre_attn_scalar = head_dim, except the 62-layer 27B model whose scalar is
+     * d_model / n_heads (llama-model.cpp: LLM_TYPE_27B). */
+    c->sliding_window_pattern = 6;
+    c->rope_theta_local = 10000.0f;
+    int qpas = c->n_layers == 62 ? c->d_model / c->n_heads : c->head_dim;
+    c->attn_scale = (float)(1.0 / sqrt((double)qpas));
+    return config_validate(c, path);
+}
+
+/* Writes data (n bytes) to path through path.tmp. */
+static enum status gc_write_file(const char *path, const void *data, size_t n)
+{
+    char tmp[GC_PATH + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+    int bad = fwrite(data, 1, n, f) != n;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        enum status s = status_errorf(STATUS_IO, "%s: %s", bad ? tmp : path, strerror(errno));
+        remove(tmp);
+        return s;
+    }
+    return STATUS_OK;
+}
+
+/* Looks up name, checks that it can be read and has shape (d0) or (d0, d1), and queues it. */
+static enum status gc_add(struct safetensors_writer *w, const struct gguf *g, const char *name,
+                          const char *hf_name, int ndim, int64_t d0, int64_t d1, enum dtype dtype,
+                          struct gc_item *item, int *n_used)
+{
+    const struct gguf_tensor *t;
+    enum status s = gguf_get_tensor(g, name, &t);
+    if (s == STATUS_NOT_FOUND)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: tensor '%s' is missing", gguf_path(g), name);
+    if (s) return s;
+    if (t->n_dims != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1))
+        return status_errorf(STATUS_BAD_FORMAT,
+                             "%s: tensor '%s' has shape (%lld, %lld) [%d dims], expected (%lld, %lld) "
+                             "from the metadata",
+                             gguf_path(g), name, (long long)t->shape[0],
+                             (long long)(t->n_dims > 1 ? t->shape[1] : 0), t->n_dims, (long long)d0,
+                             (long long)(ndim > 1 ? d1 : 0));
+    *item = (struct gc_item){g, t, dtype};
+    (*n_used)++;
+    int64_t shape[2] = {d0, d1};
+    return safetensors_writer_add_deferred(w, hf_name, dtype, ndim, shape, gc_fill, item);
+}
+
+enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype out_dtype)
+{
+    enum status s;
+    struct gguf *g = NULL;
+    struct safetensors_writer *w = NULL;
+    struct gc_item *items = NULL;
+    void *proto = NULL;
+    size_t proto_n = 0;
+    char path[GC_PATH], gname[128], hname[160];
+    struct model_config c;
+
+    if (out_dtype != DTYPE_F32 && out_dtype != DTYPE_BF16)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "convert gguf: dtype %s (f32 or bf16)",
+                             dtype_name(out_dtype));
+    if (snprintf(path, sizeof path, "%s/model.safetensors", out_dir) >= (int)sizeof path)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", out_dir);
+    if ((s = gguf_open(gguf_path, &g)) || (s = gc_config(g, out_dtype, &c))) goto out;
+    /* The tokenizer first: cheap, and it fails early on a file that has none. */
+    if ((s = gguf_tokenizer_model_proto(g, &proto, &proto_n))) goto out;
+    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
+        s = status_errorf(STATUS_IO, "%s: %s", out_dir, strerror(errno));
+        goto out;
+    }
+
+    int n_items = 3 + c.n_layers * GC_N_LAYER_NAMES, used = 0;
+    if (!(items = calloc((size_t)n_items, sizeof *items))) {
+        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    int64_t d = c.d_model, hd = c.head_dim, q = (int64_t)c.n_heads * hd;
+    int64_t kv = (int64_t)c.n_kv_heads * hd, f = c.ffn_hidden, V = c.vocab_size;
+    if ((s = safetensors_writer_begin(path, &w)) ||
+        (s = safetensors_writer_set_metadata(w, "format", "pt")) ||
+        (s = gc_add(w, g, "token_embd.weight", "model.embed_tokens.weight", 2, V, d, out_dtype,
+                    &items[used], &used)))
+        goto out;
+    for (int l = 0; l < c.n_layers; l++) {
+        for (int i = 0; i < GC_N_LAYER_NAMES; i++) {
+            int64_t d0 = d, d1 = 0;
+            int ndim = 2;
+            switch (gc_layer_names[i].dims) {
+            case GC_D: ndim = 1; break;
+            case GC_HD: ndim = 1, d0 = hd; break;
+            case GC_Q_D: d0 = q, d1 = d; break;
+            case GC_KV_D: d0 = kv, d1 = d; break;
+            case GC_D_Q: d1 = q; break;
+            case GC_F_D: d0 = f, d1 = d; break;
+            case GC_D_F: d1 = f; break;
+            }
+            snprintf(gname, sizeof gname, "blk.%d.%s.weight", l, gc_layer_names[i].gguf);
+            snprintf(hname, sizeof hname, "model.layers.%d.%s", l, gc_layer_names[i].hf);
+            if ((s = gc_add(w, g, gname, hname, ndim, d0, d1, out_dtype, &items[used], &used)))
+                goto out;
+        }
+    }
+    if ((s = gc_add(w, g, "output_norm.weight", "model.norm.weight", 1, d, 0, out_dtype, &items[used],
+                    &used)))
+        goto out;
+    if (!c.tied_embeddings &&
+        (s = gc_add(w, g, "output.weight", "lm_head.weight", 2, V, d, out_dtype, &items[used], &used)))
+        goto out;
+    /* Every tensor of the file must have been taken: anything else is a feature not modelled. */
+    if (used != gguf_n_tensors(g)) {
+        for (int i = 0; i < gguf_n_tensors(g); i++) {
+            const struct gguf_tensor *t = gguf_tensor_at(g, i);
+            int known = 0;
+            for (int j = 0; j < used && !known; j++) known = items[j].t == t;
+            if (!known) {
+                s = status_errorf(STATUS_UNSUPPORTED, "%s: tensor '%s' is not part of a Gemma 3 text model",
+                                  gguf_path, t->name);
+                goto out;
+            }
+        }
+    }
+    LOG_INFO("gguf_convert", "%s: %d tensors to %s as %s", gguf_path, used, path, dtype_name(out_dtype));
+    s = safetensors_writer_finish(w); /* frees w */
+    w = NULL;
+    if (s) goto out;
+
+    snprintf(path, sizeof path, "%s/tokenizer.model", out_dir);
+    if ((s = gc_write_file(path, proto, proto_n))) goto out;
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    s = config_save(path, &c);
+out:
+    safetensors_writer_free(w);
+    free(items);
+    free(proto);
+    gguf_close(g);
+    return s;
+}

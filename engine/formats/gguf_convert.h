@@ -1,0 +1,41 @@
+/* engine/formats/gguf_convert.h - import of a llama.cpp GGUF file into a Hugging Face-layout directory
+ * that every other path of shardlm loads (checkpoint.h). Gemma 3 (general.architecture
+ * "gemma3") only, for now.
+ * Not here: reading GGUF itself or dequantizing (gguf.h), checkpoint layouts (checkpoint.c).
+ * Tests: tests/test_formats.c does not cover it (it needs a real GGUF); checked by hand on
+ * gemma-3-270m-q4_k_m.gguf (docs/models.md). */
+#ifndef SHARDLM_GGUF_CONVERT_H
+#define SHARDLM_GGUF_CONVERT_H
+
+#include "base.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Writes into out_dir (created if missing):
+ *   model.safetensors  every tensor dequantized to out_dtype (DTYPE_F32 or DTYPE_BF16), renamed
+ *                      from llama.cpp's names (token_embd, blk.N.attn_q, ...) to Hugging Face
+ *                      Gemma3ForCausalLM's (model.embed_tokens, model.layers.N.self_attn.q_proj,
+ *                      ...), shapes as (out_features, in_features); one tensor in memory at a
+ *                      time (the f32 token embedding of a 262k vocabulary is the largest:
+ *                      vocab x d_model x 4 bytes)
+ *   tokenizer.model    the SentencePiece ModelProto built from tokenizer.ggml.* (gguf.h)
+ *   config.json        Gemma3ForCausalLM from the gemma3.* metadata, written last (a directory
+ *                      without it does not open), with the shardlm extra
+ *                      "norm_weight_offset": 0 since llama.cpp's converter has already added
+ *                      Gemma's +1 to every norm weight.
+ * Rows of q and k are not permuted: Gemma rotates halves (NeoX style) and llama.cpp's Gemma 3
+ * converter keeps Hugging Face's row order.
+ * Errors: those of gguf_open; STATUS_UNSUPPORTED for another architecture, a GGUF with rope
+ * scaling or softcapping, a tensor shardlm cannot dequantize or does not know (named);
+ * STATUS_BAD_FORMAT for missing metadata or a tensor missing or of the wrong shape (named);
+ * STATUS_INVALID_ARGUMENT for an out_dtype other than f32 / bf16; STATUS_IO. */
+enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype out_dtype);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,317 @@
+/* engine/model/model.c - the decoder forward pass for one stage on one tensor shard, and its
+ * workspace. Loading weights lives in model_load.c.
+ * Tests: tests/test_model.c. */
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A view of the first n rows (outermost dimension) of t. */
+static struct tensor first_rows(const struct tensor *t, int64_t n)
+{
+    struct tensor v = *t;
+    v.shape[0] = n;
+    return v;
+}
+
+static struct tensor as_2d(const struct tensor *t, int64_t rows, int64_t cols)
+{
+    return tensor_make(t->data, t->dtype, t->device, 2, rows, cols);
+}
+
+static struct tensor as_3d(const struct tensor *t, int64_t rows, int64_t heads, int64_t hd)
+{
+    return tensor_make(t->data, t->dtype, t->device, 3, rows, heads, hd);
+}
+
+static const struct tensor *opt(const struct tensor *t) { return t && t->data ? t : NULL; }
+
+static void norm(struct model *m, const struct tensor *out, const struct tensor *x,
+                 const struct tensor *w, const struct tensor *bias)
+{
+    if (m->cfg.norm == NORM_KIND_RMSNORM) op_rmsnorm(m->b, out, x, w, m->cfg.norm_eps);
+    else op_layernorm(m->b, out, x, w, opt(bias), m->cfg.norm_eps);
+}
+
+/* ---- workspace --------------------------------------------------------------------------- */
+
+struct work_entry {
+    struct tensor *t;
+    enum dtype dtype;
+    int ndim;
+    int64_t shape[3];
+};
+
+enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max_blocks,
+                          int max_logits)
+{
+    if (max_tokens <= 0 || max_seqs <= 0 || max_blocks <= 0 || max_logits <= 0)
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "model: workspace sizes must be positive (tokens %d, seqs %d, blocks %d, logits %d)",
+                             max_tokens, max_seqs, max_blocks, max_logits);
+    if (m->work && max_tokens <= m->max_tokens && max_seqs <= m->max_seqs &&
+        max_blocks <= m->max_blocks && max_logits <= m->max_logits)
+        return STATUS_OK;
+    if (m->work) { /* grow to the union of old and new limits */
+        max_tokens = max_tokens > m->max_tokens ? max_tokens : m->max_tokens;
+        max_seqs = max_seqs > m->max_seqs ? max_seqs : m->max_seqs;
+        max_blocks = max_blocks > m->max_blocks ? max_blocks : m->max_blocks;
+        max_logits = max_logits > m->max_logits ? max_logits : m->max_logits;
+    }
+    const struct model_config *c = &m->cfg;
+    const int64_t T = max_tokens, d = c->d_model, hd = c->head_dim;
+    const struct work_entry table[] = {
+        {&m->x, m->dtype, 2, {T, d}},
+        {&m->xn, m->dtype, 2, {T, d}},
+        {&m->q, m->dtype, 3, {T, m->n_heads_local, hd}},
+        {&m->k, m->dtype, 3, {T, m->n_kv_local, hd}},
+        {&m->v, m->dtype, 3, {T, m->n_kv_local, hd}},
+        {&m->att, m->dtype, 3, {T, m->n_heads_local, hd}},
+        {&m->proj, m->dtype, 2, {T, d}},
+        {&m->gate, m->dtype, 2, {T, m->ffn_local}},
+        {&m->up, m->dtype, 2, {T, m->ffn_local}},
+        {&m->rows, m->dtype, 2, {max_logits, d}},
+        {&m->logits, m->dtype, 2, {max_logits, m->vocab_local}},
+        /* Only with tp > 1 (gathered shards) and with non-f32 compute (f32 for the host). */
+        {&m->logits_full, m->dtype, 2, {m->tp_size > 1 ? max_logits : 0, (int64_t)m->tp_size * m->vocab_local}},
+        {&m->logits_f32, DTYPE_F32, 2, {m->dtype != DTYPE_F32 ? max_logits : 0, (int64_t)m->tp_size * m->vocab_local}},
+        {&m->tokens, DTYPE_I32, 1, {T}},
+        {&m->positions, DTYPE_I32, 1, {T}},
+        {&m->slots, DTYPE_I32, 1, {T}},
+        {&m->logit_rows, DTYPE_I32, 1, {max_logits}},
+        {&m->q_start, DTYPE_I32, 1, {max_seqs + 1}},
+        {&m->seq_len, DTYPE_I32, 1, {max_seqs}},
+        {&m->block_table, DTYPE_I32, 2, {max_seqs, max_blocks}},
+    };
+    const size_t n_entries = sizeof table / sizeof table[0];
+    /* One allocation carved by the table, each piece aligned to 256 bytes. */
+    size_t total = 0;
+    for (size_t i = 0; i < n_entries; i++) {
+        struct tensor t = tensor_make(NULL, table[i].dtype, m->b->device, table[i].ndim,
+                                      table[i].shape[0], table[i].shape[1], table[i].shape[2]);
+        total += (tensor_nbytes(&t) + 255) / 256 * 256;
+    }
+    void *mem = NULL;
+    enum status st = backend_alloc(m->b, total, &mem);
+    if (st != STATUS_OK) return st;
+    backend_free(m->b, m->work);
+    m->work = mem;
+    size_t off = 0;
+    for (size_t i = 0; i < n_entries; i++) {
+        *table[i].t = tensor_make((char *)mem + off, table[i].dtype, m->b->device, table[i].ndim,
+                                  table[i].shape[0], table[i].shape[1], table[i].shape[2]);
+        off += (tensor_nbytes(table[i].t) + 255) / 256 * 256;
+    }
+    m->max_tokens = max_tokens;
+    m->max_seqs = max_seqs;
+    m->max_blocks = max_blocks;
+    m->max_logits = max_logits;
+    const size_t width = (size_t)m->tp_size * (size_t)m->vocab_local;
+    if (width != (size_t)c->vocab_size) { /* padded shards: compact on the host */
+        free(m->host_logits);
+        m->host_logits = malloc((size_t)max_logits * width * sizeof *m->host_logits);
+        if (!m->host_logits) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory for logits");
+    }
+    if (m->par.groups && m->tp_size > 1) {
+        size_t most = (size_t)T * (size_t)d;
+        if ((size_t)max_logits * width > most) most = (size_t)max_logits * width;
+        if ((st = comm_reserve(m->par.groups->tp, most)) != STATUS_OK) return st;
+    }
+    return STATUS_OK;
+}
+
+int model_is_last_stage(const struct model *m) { return m->pp_rank == m->pp_size - 1; }
+
+enum status model_share_tokens(struct model *m, int32_t *tokens, int n)
+{
+    if (m->par.layout.world_size <= 1 || !m->par.world) return STATUS_OK;
+    const struct parallel_layout *l = &m->par.layout;
+    int root = parallel_layout_rank(l, l->dp_rank, l->pp_size - 1, 0);
+    return parallel_bcast_bytes(m->par.world, tokens, (size_t)n * sizeof *tokens, root);
+}
+
+void model_free(struct model *m)
+{
+    if (!m) return;
+    for (int i = 0; i < m->n_owned; i++) backend_free(m->b, m->owned[i]);
+    free(m->owned);
+    backend_free(m->b, m->work);
+    free(m->layers);
+    free(m->host_logits);
+    checkpoint_close(m->checkpoint);
+    free(m);
+}
+
+/* ---- forward ----------------------------------------------------------------------------- */
+
+static void upload_i32(struct backend *b, const struct tensor *dst, const int32_t *src, int64_t n)
+{
+    if (n > 0) backend_upload(b, dst->data, src, (size_t)n * sizeof(int32_t));
+}
+
+/* Row-parallel projections: each tp rank holds a slice of the input features, so the
+ * partial outputs are summed; the (replicated) bias joins on tp rank 0 only. */
+static enum status row_parallel(struct model *m, const struct tensor *y, const struct tensor *x,
+                                const struct tensor *w, const struct tensor *bias)
+{
+    op_matmul(m->b, y, x, w, m->tp_rank == 0 ? opt(bias) : NULL);
+    if (m->tp_size > 1) return comm_all_reduce(m->par.groups->tp, y);
+    return STATUS_OK;
+}
+
+/* One decoder layer on the residual stream x (T, d), in the order of the math. */
+static enum status layer_forward(struct model *m, int l, struct kv_cache *cache, int64_t T,
+                                 const struct attention_batch *batch)
+{
+    enum status st;
+    /* Interleaved local/global attention (Gemma 3): a global layer every sliding_window_pattern
+     * layers, the others windowed and with their own rotary base. */
+    const int layer = m->layer_first + l, pattern = m->cfg.sliding_window_pattern;
+    const int global = pattern > 0 && (layer + 1) % pattern == 0;
+    struct attention_batch lb = *batch;
+    const struct attention_batch *ab = &lb;
+    lb.window = pattern > 0 && global ? 0 : m->cfg.sliding_window;
+    const float theta = !global && pattern > 0 && m->cfg.rope_theta_local > 0.0f ? m->cfg.rope_theta_local
+                                                                              : m->cfg.rope_theta;
+    struct backend *b = m->b;
+    const struct model_config *c = &m->cfg;
+    const struct layer_weights *w = &m->layers[l];
+    const int64_t hd = c->head_dim;
+    struct tensor x = first_rows(&m->x, T), xn = first_rows(&m->xn, T), proj = first_rows(&m->proj, T);
+    struct tensor q = as_2d(&m->q, T, m->n_heads_local * hd);
+    struct tensor k = as_2d(&m->k, T, m->n_kv_local * hd);
+    struct tensor v = as_2d(&m->v, T, m->n_kv_local * hd);
+    struct tensor att = as_2d(&m->att, T, m->n_heads_local * hd);
+    struct tensor q3 = as_3d(&m->q, T, m->n_heads_local, hd), k3 = as_3d(&m->k, T, m->n_kv_local, hd);
+    struct tensor v3 = as_3d(&m->v, T, m->n_kv_local, hd), att3 = as_3d(&m->att, T, m->n_heads_local, hd);
+    struct tensor pos = first_rows(&m->positions, T), slots = first_rows(&m->slots, T);
+
+    /* Attention block: xn = norm(x); q, k, v = xn W^T (+ b); rotary on q, k. */
+    norm(m, &xn, &x, &w->attn_norm, &w->attn_norm_bias);
+    op_matmul(b, &q, &xn, &w->wq, opt(&w->bq));
+    op_matmul(b, &k, &xn, &w->wk, opt(&w->bk));
+    op_matmul(b, &v, &xn, &w->wv, opt(&w->bv));
+    if (c->qk_norm) { /* RMSNorm over each head's features */
+        struct tensor qh = as_2d(&m->q, T * m->n_heads_local, hd), kh = as_2d(&m->k, T * m->n_kv_local, hd);
+        op_rmsnorm(b, &qh, &qh, &w->q_norm, c->norm_eps);
+        op_rmsnorm(b, &kh, &kh, &w->k_norm, c->norm_eps);
+    }
+    if (c->positions == POSITION_KIND_ROTARY) {
+        op_rope(b, &q3, &pos, c->rot_dim, theta, c->rope_style);
+        op_rope(b, &k3, &pos, c->rot_dim, theta, c->rope_style);
+    }
+    /* The new tokens' K/V join the cache first, so attention reads them like any other. */
+    op_kv_write(b, &cache->k[l], &cache->v[l], &k3, &v3, &slots);
+    op_attention(b, &att3, &q3, &cache->k[l], &cache->v[l], ab);
+    if ((st = row_parallel(m, &proj, &att, &w->wo, &w->bo)) != STATUS_OK) return st;
+    if (c->sandwich_norms) norm(m, &proj, &proj, &w->post_attn_norm, NULL);
+    op_add(b, &x, &x, &proj);
+
+    /* MLP block: x += down(act(gate(xn)) * up(xn)), or down(act(up(xn))) for GPT-2. */
+    norm(m, &xn, &x, &w->mlp_norm, &w->mlp_norm_bias);
+    struct tensor up = first_rows(&m->up, T);
+    op_matmul(b, &up, &xn, &w->w_up, opt(&w->b_up));
+    if (c->gated_mlp) {
+        struct tensor gate = first_rows(&m->gate, T);
+        op_matmul(b, &gate, &xn, &w->w_gate, opt(&w->b_gate));
+        op_gated_activation(b, &up, &gate, &up, c->activation);
+    } else {
+        op_activation(b, &up, &up, c->activation);
+    }
+    if ((st = row_parallel(m, &proj, &up, &w->w_down, &w->b_down)) != STATUS_OK) return st;
+    if (c->sandwich_norms) norm(m, &proj, &proj, &w->post_mlp_norm, NULL);
+    op_add(b, &x, &x, &proj);
+    return STATUS_OK;
+}
+
+enum status model_forward(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
+                          float *logits)
+{
+    struct backend *b = m->b;
+    const int64_t T = fb->n_tokens;
+    CHECK(T > 0 && T <= m->max_tokens && fb->n_seqs > 0 && fb->n_seqs <= m->max_seqs &&
+              fb->max_blocks > 0 && fb->max_blocks <= m->max_blocks && fb->n_logits >= 0 &&
+              fb->n_logits <= m->max_logits,
+          "forward batch (tokens %lld, seqs %d, blocks %d, logits %d) exceeds the workspace "
+          "(%d, %d, %d, %d)",
+          (long long)T, fb->n_seqs, fb->max_blocks, fb->n_logits, m->max_tokens, m->max_seqs,
+          m->max_blocks, m->max_logits);
+    CHECK(cache->n_layers == m->n_layers_local, "cache has %d layers, stage %d", cache->n_layers,
+          m->n_layers_local);
+    for (int64_t i = 0; i < T; i++)
+        if (fb->positions[i] < 0 || fb->positions[i] >= m->cfg.max_positions)
+            return status_errorf(STATUS_INVALID_ARGUMENT,
+                                 "position %d is outside the model's context (%d)", fb->positions[i],
+                                 m->cfg.max_positions);
+
+    upload_i32(b, &m->tokens, fb->tokens, T);
+    upload_i32(b, &m->positions, fb->positions, T);
+    upload_i32(b, &m->slots, fb->slots, T);
+    upload_i32(b, &m->q_start, fb->q_start, fb->n_seqs + 1);
+    upload_i32(b, &m->seq_len, fb->seq_len, fb->n_seqs);
+    upload_i32(b, &m->block_table, fb->block_table, (int64_t)fb->n_seqs * fb->max_blocks);
+    upload_i32(b, &m->logit_rows, fb->logit_rows, fb->n_logits);
+
+    struct attention_batch ab = {
+        .n_seqs = fb->n_seqs,
+        .block_tokens = cache->block_tokens,
+        .max_blocks = fb->max_blocks,
+        .q_start = first_rows(&m->q_start, fb->n_seqs + 1),
+        .seq_len = first_rows(&m->seq_len, fb->n_seqs),
+        .block_table = tensor_make(m->block_table.data, DTYPE_I32, b->device, 2,
+                                   (int64_t)fb->n_seqs, (int64_t)fb->max_blocks),
+        .scale = m->cfg.attn_scale > 0.0f ? m->cfg.attn_scale : 1.0f / sqrtf((float)m->cfg.head_dim),
+        .window = m->cfg.sliding_window,
+    };
+
+    struct tensor x = first_rows(&m->x, T), tokens = first_rows(&m->tokens, T);
+    struct tensor pos = first_rows(&m->positions, T);
+    enum status st;
+    if (m->pp_rank == 0) {
+        /* Embedding: the masked lookup of this vocab shard; the all-reduce joins the shards. */
+        op_embedding(b, &x, &m->tok_embedding, &tokens, m->vocab_start);
+        if (m->tp_size > 1 && (st = comm_all_reduce(m->par.groups->tp, &x)) != STATUS_OK) return st;
+        if (m->cfg.embed_scale != 0.0f && m->cfg.embed_scale != 1.0f) op_scale(b, &x, &x, m->cfg.embed_scale);
+        if (m->cfg.positions == POSITION_KIND_LEARNED) op_position_embedding_add(b, &x, &m->pos_embedding, &pos);
+    } else if ((st = comm_recv(m->par.groups->pp, &x, m->pp_rank - 1)) != STATUS_OK) {
+        return st;
+    }
+
+    for (int l = 0; l < m->n_layers_local; l++)
+        if ((st = layer_forward(m, l, cache, T, &ab)) != STATUS_OK) return st;
+
+    if (!model_is_last_stage(m)) return comm_send(m->par.groups->pp, &x, m->pp_rank + 1);
+    if (fb->n_logits == 0) {
+        backend_synchronize(b);
+        return STATUS_OK;
+    }
+    /* Only the rows that need logits go through the final norm and the LM head: gathering rows
+     * is the embedding lookup with the residual stream as the table. */
+    struct tensor rows = first_rows(&m->rows, fb->n_logits), ids = first_rows(&m->logit_rows, fb->n_logits);
+    op_embedding(b, &rows, &x, &ids, 0);
+    norm(m, &rows, &rows, &m->final_norm, &m->final_norm_bias);
+    struct tensor lg = first_rows(&m->logits, fb->n_logits);
+    op_matmul(b, &lg, &rows, &m->lm_head, NULL);
+    struct tensor full = lg;
+    if (m->tp_size > 1) { /* vocab-parallel shards side by side: (rows, tp * vocab_local) */
+        full = first_rows(&m->logits_full, fb->n_logits);
+        if ((st = comm_all_gather_last(m->par.groups->tp, &full, &lg)) != STATUS_OK) return st;
+    }
+    const struct tensor *host_src = &full;
+    struct tensor lg32 = first_rows(&m->logits_f32, fb->n_logits);
+    if (m->dtype != DTYPE_F32) {
+        op_cast(b, &lg32, &full);
+        host_src = &lg32;
+    }
+    const int64_t width = tensor_cols(host_src), V = m->cfg.vocab_size;
+    if (width == V) {
+        backend_download(b, logits, host_src->data, tensor_nbytes(host_src));
+        return STATUS_OK;
+    }
+    /* Drop the zero rows that padded the vocabulary to a multiple of tp. */
+    backend_download(b, m->host_logits, host_src->data, tensor_nbytes(host_src));
+    for (int i = 0; i < fb->n_logits; i++)
+        memcpy(logits + (size_t)i * (size_t)V, m->host_logits + (size_t)i * (size_t)width, (size_t)V * sizeof *logits);
+    return STATUS_OK;
+}

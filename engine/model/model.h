@@ -1,0 +1,150 @@
+/* engine/model/model.h - a transformer decoder for one pipeline stage on one tensor-parallel shard:
+ * its weights on the backend's device, a workspace sized once for the largest step, and the
+ * forward pass (embedding -> layers -> final norm -> LM head) over the paged KV cache.
+ * Not here: reading files (checkpoint.c), choosing what runs (the scheduler), sampling
+ * (sampler.c), how ranks talk (parallel.c: the model only calls its comm_* operations).
+ * Tensor parallelism follows Megatron: the vocab-parallel embedding is a masked lookup plus an
+ * all-reduce; Q/K/V, gate and up are column-parallel; the attention output and down
+ * projections are row-parallel, followed by an all-reduce (their biases are added on tp rank 0
+ * only, so the sum counts them once); the LM head is vocab-parallel and its logits are
+ * gathered along the vocabulary. Pipeline stages receive the residual stream from the
+ * previous stage and send it to the next; only the last stage produces logits.
+ * Tests: tests/test_model.c (golden stories260K, random GPT-2 and Llama against NumPy, and the
+ * same under mpirun at tp 2, pp 2 and tp 2 x pp 2). */
+#ifndef SHARDLM_MODEL_H
+#define SHARDLM_MODEL_H
+
+#include "checkpoint.h"
+#include "config.h"
+#include "kv_cache.h"
+#include "ops.h"
+#include "parallel.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A weight that a model may lack (biases): data == NULL when absent. */
+struct layer_weights {
+    struct tensor attn_norm, attn_norm_bias; /* (d_model) */
+    struct tensor wq, bq;                    /* (n_heads_local * head_dim, d_model), (n_heads_local * head_dim) */
+    struct tensor wk, bk;                    /* (n_kv_local * head_dim, d_model), (n_kv_local * head_dim) */
+    struct tensor wv, bv;                    /* as wk, bk */
+    struct tensor wo, bo;                    /* (d_model, n_heads_local * head_dim), (d_model) */
+    struct tensor mlp_norm, mlp_norm_bias;   /* (d_model) */
+    struct tensor w_gate, b_gate;            /* (ffn_local, d_model), (ffn_local); gated MLPs only */
+    struct tensor w_up, b_up;                /* (ffn_local, d_model), (ffn_local); GPT-2's c_fc */
+    struct tensor w_down, b_down;            /* (d_model, ffn_local), (d_model) */
+    struct tensor q_norm, k_norm;            /* (head_dim): per-head RMSNorm of q and k (Gemma 3) */
+    struct tensor post_attn_norm, post_mlp_norm; /* (d_model): norms of the sublayer outputs (Gemma) */
+};
+
+/* How one rank's model joins the others. */
+struct model_parallel {
+    struct parallel_world *world;   /* borrowed */
+    struct parallel_layout layout;  /* this rank's tp/pp/dp coordinates */
+    struct parallel_groups *groups; /* borrowed: tp and pp communicators */
+    const char *pp_layers;          /* "2,3,...": layers per stage (--pp-layers), or NULL for a
+                                       balanced split (earlier stages one more when pp does
+                                       not divide the layers) */
+};
+
+/* Parses "2,3,..." into layers per stage (pp_size values, each >= 1, summing to n_layers);
+ * STATUS_INVALID_ARGUMENT naming what is wrong. */
+enum status model_parse_pp_layers(const char *text, int pp_size, int n_layers, int *out);
+
+struct model {
+    struct model_config cfg;
+    struct model_parallel par;     /* a world of one when loaded without one */
+    struct backend *b;             /* borrowed */
+    enum dtype dtype;              /* compute and storage dtype on the device */
+    int tp_rank, tp_size, pp_rank, pp_size;
+    int layer_first, n_layers_local;   /* this stage's contiguous layer range */
+    int n_heads_local, n_kv_local, ffn_local;
+    int vocab_local;               /* rows of this shard's embedding / LM head (padded vocab / tp) */
+    int64_t vocab_start;           /* first vocabulary id of this shard */
+
+    struct tensor tok_embedding;   /* (vocab_local, d_model); first stage, and last when tied */
+    struct tensor pos_embedding;   /* (max_positions, d_model); learned positions only */
+    struct layer_weights *layers;  /* (n_layers_local) */
+    struct tensor final_norm, final_norm_bias; /* (d_model); last stage */
+    struct tensor lm_head;         /* (vocab_local, d_model); last stage; == tok_embedding when tied */
+
+    /* Weight memory: the device allocations freed by model_free. Tensors loaded zero-copy (CPU,
+     * matching dtype) point into the checkpoint's read-only mapping instead, so the checkpoint
+     * stays open for the model's lifetime. */
+    void **owned;                  /* (n_owned) */
+    int    n_owned, cap_owned;
+    struct checkpoint *checkpoint;
+    size_t weight_bytes;           /* device bytes of all local weights */
+    size_t weight_bytes_mapped;    /* of which served zero-copy from the mapping */
+
+    /* Workspace, allocated once by model_reserve for the largest step. */
+    int    max_tokens, max_seqs, max_blocks, max_logits;
+    void  *work;                   /* one device allocation */
+    struct tensor x, xn;           /* (max_tokens, d_model): residual stream, normed */
+    struct tensor q, k, v, att;    /* (max_tokens, heads_local, head_dim) */
+    struct tensor proj;            /* (max_tokens, d_model): attention / MLP output */
+    struct tensor gate, up;        /* (max_tokens, ffn_local) */
+    struct tensor rows;            /* (max_logits, d_model): hidden rows that need logits */
+    struct tensor logits;          /* (max_logits, vocab_local) */
+    struct tensor logits_full;     /* (max_logits, tp * vocab_local): gathered shards (tp > 1) */
+    struct tensor logits_f32;      /* (max_logits, tp * vocab_local) f32, when dtype != f32 */
+    float *host_logits;            /* (max_logits, tp * vocab_local) host, when padded (tp > 1) */
+    struct tensor tokens, positions, slots, logit_rows; /* i32 (max_tokens) */
+    struct tensor q_start, seq_len, block_table;        /* i32 (max_seqs+1), (max_seqs), (max_seqs, max_blocks) */
+};
+
+/* Loads the checkpoint directory `dir` for this rank's (tp, pp) shard onto b, in the backend's
+ * compute dtype (f32 on CPU; bf16 on CUDA unless the checkpoint is f16). par == NULL means a
+ * world of one (tp = pp = 1); otherwise the model borrows par's world and groups. On the CPU
+ * with an f32 checkpoint, weights that need no conversion point into the checkpoint's
+ * read-only mapping instead of being copied. Errors (missing files, bad shapes, a tp that does
+ * not partition the model) come back as a status with a message; *out is then NULL. The model
+ * borrows b. */
+enum status model_load(const char *dir, struct backend *b, const struct model_parallel *par,
+                       struct model **out);
+
+/* Whether this rank holds the last pipeline stage (it produces logits). */
+int model_is_last_stage(const struct model *m);
+
+/* Makes n host values (sampled tokens) of the last stage's first rank known to every rank of
+ * the world; a no-op in a world of one. */
+enum status model_share_tokens(struct model *m, int32_t *tokens, int n);
+void model_free(struct model *m); /* accepts NULL */
+
+/* Sizes the workspace for steps of at most max_tokens rows over max_seqs sequences whose
+ * block tables hold at most max_blocks blocks, with logits for at most max_logits rows.
+ * May be called again to grow it. */
+enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max_blocks,
+                          int max_logits);
+
+/* One engine step, described in host memory by the caller. */
+struct forward_batch {
+    int            n_tokens;
+    const int32_t *tokens;      /* (n_tokens) token ids */
+    const int32_t *positions;   /* (n_tokens) absolute positions */
+    const int32_t *slots;       /* (n_tokens) KV slots: block * block_tokens + offset */
+    int            n_seqs;
+    const int32_t *q_start;     /* (n_seqs + 1) row offsets of each sequence */
+    const int32_t *seq_len;     /* (n_seqs) tokens in cache after this step */
+    const int32_t *block_table; /* (n_seqs, max_blocks) */
+    int            max_blocks;
+    int            n_logits;
+    const int32_t *logit_rows;  /* (n_logits) rows (0 .. n_tokens-1) whose logits are wanted */
+};
+
+/* Runs the forward pass of this stage over the batch, writing K/V of the new tokens into the
+ * cache, and, on the last stage, logits (n_logits, vocab_size) as f32 into host memory
+ * `logits` (the padding of vocab-parallel shards is not included; other stages leave it
+ * untouched). Every rank of the world calls it with the same batch. The batch must fit the
+ * reserved workspace (a caller bug otherwise). Communication failures (a peer rank gone)
+ * return STATUS_UNAVAILABLE. */
+enum status model_forward(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
+                          float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,250 @@
+/* engine/model/model_load.c - model_load: builds a struct model for one (tp, pp) shard from any
+ * checkpoint layout through checkpoint_get, in the backend's compute dtype.
+ * Not here: the forward pass and workspace (model.c), file formats (checkpoint.c).
+ * Tests: tests/test_model.c. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+static enum status own(struct model *m, void *ptr)
+{
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? 2 * m->cap_owned : 64;
+        void **p = realloc(m->owned, (size_t)cap * sizeof *p);
+        if (!p) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+        m->owned = p;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = ptr;
+    return STATUS_OK;
+}
+
+/* Host staging for devices that are not host memory: grows to the largest weight. */
+struct staging {
+    void  *buf;
+    size_t size;
+};
+
+/* Norm weights get cfg.norm_weight_offset added at load (HF Gemma stores w for x * (1 + w)). */
+static int is_norm(enum weight_kind k)
+{
+    return k == WEIGHT_KIND_ATTN_NORM || k == WEIGHT_KIND_MLP_NORM || k == WEIGHT_KIND_FINAL_NORM ||
+           k == WEIGHT_KIND_Q_NORM || k == WEIGHT_KIND_K_NORM || k == WEIGHT_KIND_POST_ATTN_NORM ||
+           k == WEIGHT_KIND_POST_MLP_NORM;
+}
+
+static void add_offset(void *data, enum dtype dt, size_t n, float offset)
+{
+    for (size_t i = 0; i < n; i++) dtype_store_f32(data, dt, i, dtype_load_f32(data, dt, i) + offset);
+}
+
+/* Loads one weight slice into *t on the model's device. */
+static enum status load_weight(struct model *m, struct staging *stg, enum weight_kind kind,
+                               int layer, struct tensor *t)
+{
+    const float offset = is_norm(kind) ? m->cfg.norm_weight_offset : 0.0f;
+    struct backend *b = m->b;
+    struct host_weight hw;
+    enum status st = checkpoint_describe(m->checkpoint, kind, layer, m->tp_rank, m->tp_size,
+                                         m->dtype, &hw);
+    if (st != STATUS_OK) return st;
+    *t = hw.ndim == 1 ? tensor_make(NULL, m->dtype, b->device, 1, hw.shape[0])
+                      : tensor_make(NULL, m->dtype, b->device, 2, hw.shape[0], hw.shape[1]);
+    m->weight_bytes += hw.nbytes;
+    if (b->device == DEVICE_CPU && hw.zero_copy && offset == 0.0f) {
+        /* The mapping is read-only, and ops only read weights. */
+        st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, m->dtype, NULL, 0,
+                            CHECKPOINT_GET_ZERO_COPY_OK, &hw);
+        if (st != STATUS_OK) return st;
+        t->data = (void *)hw.data;
+        m->weight_bytes_mapped += hw.nbytes;
+        return STATUS_OK;
+    }
+    void *dev = NULL;
+    if ((st = backend_alloc(b, hw.nbytes, &dev)) != STATUS_OK) return st;
+    if ((st = own(m, dev)) != STATUS_OK) {
+        backend_free(b, dev);
+        return st;
+    }
+    t->data = dev;
+    if (b->device == DEVICE_CPU) {
+        st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, m->dtype, dev,
+                            hw.nbytes, 0, &hw);
+        if (st == STATUS_OK && offset != 0.0f) add_offset(dev, m->dtype, hw.nbytes / dtype_size(m->dtype), offset);
+        return st;
+    }
+    if (stg->size < hw.nbytes) {
+        free(stg->buf);
+        stg->buf = aligned_alloc(64, (hw.nbytes + 63) / 64 * 64);
+        stg->size = stg->buf ? hw.nbytes : 0;
+        if (!stg->buf) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory staging %zu bytes", hw.nbytes);
+    }
+    st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, m->dtype, stg->buf,
+                        stg->size, 0, &hw);
+    if (st != STATUS_OK) return st;
+    if (offset != 0.0f) add_offset(stg->buf, m->dtype, hw.nbytes / dtype_size(m->dtype), offset);
+    backend_upload(b, dev, stg->buf, hw.nbytes);
+    return STATUS_OK;
+}
+
+/* Loads the weight when the model has it; leaves *t zeroed (absent) otherwise. */
+static enum status load_optional(struct model *m, struct staging *stg, enum weight_kind kind,
+                                 int layer, struct tensor *t)
+{
+    memset(t, 0, sizeof *t);
+    if (!weight_kind_exists(&m->cfg, kind)) return STATUS_OK;
+    return load_weight(m, stg, kind, layer, t);
+}
+
+static enum status load_layer(struct model *m, struct staging *stg, int layer,
+                              struct layer_weights *w)
+{
+    static const struct {
+        enum weight_kind kind;
+        size_t offset;
+    } fields[] = {
+        {WEIGHT_KIND_ATTN_NORM, offsetof(struct layer_weights, attn_norm)},
+        {WEIGHT_KIND_ATTN_NORM_BIAS, offsetof(struct layer_weights, attn_norm_bias)},
+        {WEIGHT_KIND_Q, offsetof(struct layer_weights, wq)},
+        {WEIGHT_KIND_Q_BIAS, offsetof(struct layer_weights, bq)},
+        {WEIGHT_KIND_K, offsetof(struct layer_weights, wk)},
+        {WEIGHT_KIND_K_BIAS, offsetof(struct layer_weights, bk)},
+        {WEIGHT_KIND_V, offsetof(struct layer_weights, wv)},
+        {WEIGHT_KIND_V_BIAS, offsetof(struct layer_weights, bv)},
+        {WEIGHT_KIND_O, offsetof(struct layer_weights, wo)},
+        {WEIGHT_KIND_O_BIAS, offsetof(struct layer_weights, bo)},
+        {WEIGHT_KIND_MLP_NORM, offsetof(struct layer_weights, mlp_norm)},
+        {WEIGHT_KIND_MLP_NORM_BIAS, offsetof(struct layer_weights, mlp_norm_bias)},
+        {WEIGHT_KIND_GATE, offsetof(struct layer_weights, w_gate)},
+        {WEIGHT_KIND_GATE_BIAS, offsetof(struct layer_weights, b_gate)},
+        {WEIGHT_KIND_UP, offsetof(struct layer_weights, w_up)},
+        {WEIGHT_KIND_UP_BIAS, offsetof(struct layer_weights, b_up)},
+        {WEIGHT_KIND_DOWN, offsetof(struct layer_weights, w_down)},
+        {WEIGHT_KIND_DOWN_BIAS, offsetof(struct layer_weights, b_down)},
+        {WEIGHT_KIND_Q_NORM, offsetof(struct layer_weights, q_norm)},
+        {WEIGHT_KIND_K_NORM, offsetof(struct layer_weights, k_norm)},
+        {WEIGHT_KIND_POST_ATTN_NORM, offsetof(struct layer_weights, post_attn_norm)},
+        {WEIGHT_KIND_POST_MLP_NORM, offsetof(struct layer_weights, post_mlp_norm)},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        struct tensor *t = (struct tensor *)((char *)w + fields[i].offset);
+        enum status st = load_optional(m, stg, fields[i].kind, layer, t);
+        if (st != STATUS_OK) return st;
+    }
+    return STATUS_OK;
+}
+
+enum status model_parse_pp_layers(const char *text, int pp_size, int n_layers, int *out)
+{
+    int n = 0, sum = 0;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 100000 || (*end && *end != ','))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "--pp-layers '%s': a comma-separated list of positive layer counts", text);
+        if (n == pp_size)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "--pp-layers '%s': more than pp = %d stages", text, pp_size);
+        out[n++] = (int)v;
+        sum += (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n != pp_size || sum != n_layers)
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "--pp-layers '%s': needs %d stages summing to the model's %d layers (got %d stages, %d layers)",
+                             text, pp_size, n_layers, n, sum);
+    return STATUS_OK;
+}
+
+enum status model_load(const char *dir, struct backend *b, const struct model_parallel *par,
+                       struct model **out)
+{
+    *out = NULL;
+    const int tp_rank = par ? par->layout.tp_rank : 0, tp_size = par ? par->layout.tp_size : 1;
+    const int pp_rank = par ? par->layout.pp_rank : 0, pp_size = par ? par->layout.pp_size : 1;
+    if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size || pp_size < 1 || pp_rank < 0 ||
+        pp_rank >= pp_size)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "model: bad parallel rank tp %d/%d pp %d/%d",
+                             tp_rank, tp_size, pp_rank, pp_size);
+    if ((tp_size > 1 || pp_size > 1) && (!par || !par->groups || !par->world))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "model: tp/pp > 1 needs the parallel groups");
+    struct model *m = calloc(1, sizeof *m);
+    struct staging stg = {0};
+    if (!m) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+    enum status st = checkpoint_open(dir, &m->checkpoint);
+    if (st != STATUS_OK) goto fail;
+    const struct model_config *c = &m->checkpoint->cfg;
+    m->cfg = *c;
+    m->b = b;
+    if (par) m->par = *par;
+    else m->par.layout = (struct parallel_layout){.world_size = 1, .tp_size = 1, .pp_size = 1,
+                                                  .dp_size = 1, .pp_prev = -1, .pp_next = -1};
+    m->tp_rank = tp_rank;
+    m->tp_size = tp_size;
+    m->pp_rank = pp_rank;
+    m->pp_size = pp_size;
+    if (pp_size > c->n_layers) {
+        st = status_errorf(STATUS_INVALID_ARGUMENT, "model: pp %d exceeds the %d layers", pp_size, c->n_layers);
+        goto fail;
+    }
+    if (par && par->pp_layers) { /* an explicit split (--pp-layers) */
+        int *per = calloc((size_t)pp_size, sizeof *per);
+        if (!per) {
+            st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+            goto fail;
+        }
+        st = model_parse_pp_layers(par->pp_layers, pp_size, c->n_layers, per);
+        m->layer_first = 0;
+        for (int i = 0; i < pp_rank; i++) m->layer_first += per[i];
+        m->n_layers_local = per[pp_rank];
+        free(per);
+        if (st != STATUS_OK) goto fail;
+    } else {
+        checkpoint_pp_layers(c->n_layers, pp_size, pp_rank, &m->layer_first, &m->n_layers_local);
+    }
+    /* CPUs compute in f32; GPUs in bf16, or f16 for checkpoints trained in f16. */
+    m->dtype = b->device == DEVICE_CPU ? DTYPE_F32 : (c->dtype == DTYPE_F16 ? DTYPE_F16 : DTYPE_BF16);
+
+    const int first_stage = pp_rank == 0, last_stage = pp_rank == pp_size - 1;
+    if (first_stage) {
+        if ((st = load_weight(m, &stg, WEIGHT_KIND_TOK_EMBEDDING, 0, &m->tok_embedding)) != STATUS_OK) goto fail;
+        if ((st = load_optional(m, &stg, WEIGHT_KIND_POS_EMBEDDING, 0, &m->pos_embedding)) != STATUS_OK) goto fail;
+    }
+    /* Local sizes follow the slices the checkpoint hands out (heads, KV replication, vocab). */
+    struct host_weight hw;
+    if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_Q, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK) goto fail;
+    m->n_heads_local = (int)(hw.shape[0] / c->head_dim);
+    if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_K, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK) goto fail;
+    m->n_kv_local = (int)(hw.shape[0] / c->head_dim);
+    if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_UP, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK) goto fail;
+    m->ffn_local = (int)hw.shape[0];
+    if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_TOK_EMBEDDING, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK) goto fail;
+    m->vocab_local = (int)hw.shape[0];
+    m->vocab_start = hw.row_start;
+
+    m->layers = calloc((size_t)m->n_layers_local, sizeof *m->layers);
+    if (!m->layers) {
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+        goto fail;
+    }
+    for (int l = 0; l < m->n_layers_local; l++)
+        if ((st = load_layer(m, &stg, m->layer_first + l, &m->layers[l])) != STATUS_OK) goto fail;
+    if (last_stage) {
+        if ((st = load_weight(m, &stg, WEIGHT_KIND_FINAL_NORM, 0, &m->final_norm)) != STATUS_OK) goto fail;
+        if ((st = load_optional(m, &stg, WEIGHT_KIND_FINAL_NORM_BIAS, 0, &m->final_norm_bias)) != STATUS_OK) goto fail;
+        if (c->tied_embeddings && first_stage) m->lm_head = m->tok_embedding; /* shared, not copied */
+        else if ((st = load_weight(m, &stg, WEIGHT_KIND_LM_HEAD, 0, &m->lm_head)) != STATUS_OK) goto fail;
+    }
+    free(stg.buf);
+    LOG_INFO("model", "loaded %s: %d layers [%d, %d) of %d, tp %d/%d, %s, %.1f MiB of weights (%.1f MiB mapped zero-copy)",
+             c->architecture, m->n_layers_local, m->layer_first, m->layer_first + m->n_layers_local,
+             c->n_layers, tp_rank, tp_size, dtype_name(m->dtype), (double)m->weight_bytes / 1048576.0,
+             (double)m->weight_bytes_mapped / 1048576.0);
+    *out = m;
+    return STATUS_OK;
+fail:
+    free(stg.buf);
+    model_free(m);
+    return st;
+}

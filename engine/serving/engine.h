@@ -1,0 +1,235 @@
+/* engine/serving/engine.h - the serving engine's C API: requests in, events out. One engine thread
+ * owns the model, the KV cache and the scheduler; any thread may submit, cancel and read
+ * stats. Every engine step runs decode rows of all running sequences plus prefill chunks of
+ * waiting ones (continuous batching), samples, detokenizes, checks stop conditions and emits
+ * events. The server (server/) converts protobuf to these structs at its edge; the engine never
+ * sees protobuf.
+ * Not here: the step's arithmetic (model.c), block bookkeeping (kv_cache.c), sampling math
+ * (sampler.c), tokenization of prompts (the caller does it; engine_tokenizer gives access).
+ * Tests: tests/test_engine.c. */
+#ifndef SHARDLM_ENGINE_H
+#define SHARDLM_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base.h"
+#include "sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct engine;
+struct tokenizer;
+
+/* Values reach the wire (the server maps them to the proto enum): only ever appended. */
+enum finish_reason {
+    FINISH_REASON_NONE = 0,   /* not finished */
+    FINISH_REASON_LENGTH,     /* max_tokens reached (or the model's context) */
+    FINISH_REASON_STOP,       /* a stop string or stop token id */
+    FINISH_REASON_EOS,        /* the model's end-of-sequence token */
+    FINISH_REASON_CANCELLED,  /* engine_cancel, client cancel or disconnect */
+    FINISH_REASON_DEADLINE,   /* the request's deadline passed */
+    FINISH_REASON_ERROR,      /* see the event's status and message */
+};
+const char *finish_reason_name(enum finish_reason r); /* "length", "stop", ... */
+
+struct engine_options {
+    const char *model_dir;     /* checkpoint directory (config.json, tokenizer.model, weights) */
+    int   device;              /* enum device: DEVICE_CPU or DEVICE_CUDA */
+    int   device_id;
+    int   n_threads;           /* CPU threads; 0 = all cores */
+    int   block_tokens;        /* tokens per KV block; 0 = 16 */
+    size_t kv_cache_bytes;     /* KV pool size in bytes; 0 = kv_cache_fraction decides */
+    double kv_cache_fraction;  /* KV pool as this fraction of the device's free memory after the
+                                  weights and workspace are loaded, in (0, 0.95]; 0 =
+                                  kv_cache_blocks decides */
+    int   kv_cache_blocks;     /* KV pool size in blocks when kv_cache_bytes is 0; 0 = enough
+                                  for max_seqs sequences of the full context */
+    int   max_batch_tokens;    /* token rows per step (decode + prefill); 0 = 512 */
+    int   max_seqs;            /* running sequences at once; 0 = 64 */
+    int   max_queue;           /* waiting requests before submit refuses; 0 = 1024 */
+    int   max_logprobs;        /* largest top-n a request may ask; 0 = 20 */
+    int   prefix_caching;      /* 1 = share full prompt blocks between requests by hash */
+    /* Multi-rank serving (under mpirun): every rank calls engine_create with the same options;
+     * rank 0 conducts (requests, scheduler, sampling) and every other rank runs
+     * engine_run_worker. world NULL or a world of one: one rank. The world holds
+     * dp x pp x tp ranks: dp data-parallel replicas, each a tp x pp model with its own
+     * scheduler and KV cache (led by its first rank); rank 0 routes each request to a replica
+     * (the least loaded, preferring one that served the same prompt prefix). */
+    struct parallel_world *world; /* borrowed */
+    int   tp, pp;
+    int   dp;                  /* replicas; 0 = world size / (tp x pp) */
+    const char *pp_layers;     /* layers per pipeline stage ("2,3"); NULL = balanced */
+    int   pp_microbatches;     /* micro-batches per step when pp > 1 (0 or 1 = off): the step's
+                                  sequences are split so that pipeline stages overlap; off by
+                                  default (each micro-batch reads the weights again) */
+    double rank_timeout_s;     /* conductor: a peer making no progress this long is gone
+                                  (0 = wait forever); set once the model is loaded */
+    /* Called once, on the engine thread (the router thread with data parallelism), when the
+     * engine can no longer run (a rank gone): every request has then finished with an error
+     * (with data parallelism: those on the other replicas; rank 0's own replica's requests end
+     * when the caller drains) and new ones are refused with UNAVAILABLE. */
+    void (*on_fatal)(void *ctx, enum status st, const char *message);
+    void *fatal_ctx;
+};
+struct engine_options engine_options_default(void);
+
+/* What a request asks for. Arrays are borrowed by engine_submit, which copies them. */
+struct request_params {
+    struct sampling_params sampling;  /* temperature 0 = greedy */
+    int      has_seed;                /* 0: the engine picks a seed and reports it */
+    int      max_tokens;              /* >= 0; 0 with prompt_logprobs = score the prompt only */
+    int      min_tokens;              /* EOS and stops are ignored before this many tokens */
+    int      ignore_eos;
+    const int32_t *stop_token_ids;    /* (n_stop_token_ids) */
+    int      n_stop_token_ids;
+    const char *const *stop;          /* (n_stop) stop strings, matched on the detokenized text
+                                         across token boundaries, not included in the output */
+    int      n_stop;
+    int      logprobs;                /* -1: none; 0: the chosen token's; k > 0: and top-k */
+    int      prompt_logprobs;         /* -1: none; >= 0: log p of each prompt token after the
+                                         first (and top-k alternatives when > 0) */
+    int      n;                       /* independent samples of the prompt, >= 1 */
+    const int32_t *logit_bias_ids;    /* (n_logit_bias) added to the logits before sampling */
+    const float   *logit_bias_values;
+    int      n_logit_bias;
+    double   deadline;                /* CLOCK_MONOTONIC seconds; 0 = none */
+};
+struct request_params request_params_default(void);
+
+struct top_logprob {
+    int32_t id;
+    float   logprob;
+};
+
+enum engine_event_kind {
+    ENGINE_EVENT_PROMPT_LOGPROBS, /* once, before tokens, when prompt_logprobs >= 0 */
+    ENGINE_EVENT_TOKENS,          /* new tokens of one sample (possibly with no text yet) */
+    ENGINE_EVENT_FINISHED,        /* the sample ended: finish reason, usage, remaining text */
+};
+
+/* Everything an event points to is valid only during the callback. */
+struct engine_event {
+    enum engine_event_kind kind;
+    uint64_t       handle;        /* as returned by engine_submit */
+    const char    *request_id;
+    int            sample;        /* 0 .. n-1 */
+    const int32_t *tokens;        /* (n_tokens) new token ids (TOKENS; prompt ids for PROMPT_LOGPROBS) */
+    int            n_tokens;
+    const char    *text;          /* new complete UTF-8 text (text_len bytes, not NUL-terminated) */
+    size_t         text_len;
+    const float   *logprobs;      /* (n_tokens) log p of each token, or NULL when not asked;
+                                     PROMPT_LOGPROBS: entry 0 (the first prompt token) is 0 */
+    const struct top_logprob *top;/* (n_tokens, n_top), or NULL */
+    int            n_top;
+    enum finish_reason finish;    /* FINISHED only */
+    enum status    status;        /* FINISHED with FINISH_REASON_ERROR: why */
+    const char    *message;
+    int            prompt_tokens, completion_tokens; /* usage so far (this sample) */
+    uint64_t       seed;          /* the seed used (chosen by the engine when not given) */
+    int            cached_prompt_tokens; /* prompt tokens served from the prefix cache */
+};
+
+/* Called on the engine thread (with data parallelism: the thread of the replica serving the
+ * request, rank 0's engine thread or its router thread, so different requests' events may
+ * arrive concurrently; one request's events come from one thread, in order); must not block
+ * and must not call into the engine except engine_cancel. After the FINISHED event of the last
+ * sample, the request is gone and the callback is never called for it again. */
+typedef void (*engine_event_fn)(void *ctx, const struct engine_event *ev);
+
+/* Loads the model and tokenizer and sizes the KV pool; does not start a thread. Errors are
+ * returned with a message (bad directory, model, or options); *out is NULL then. */
+enum status engine_create(const struct engine_options *o, struct engine **out);
+/* Stops the thread if running (cancelling what is left) and frees everything; accepts NULL. */
+void        engine_free(struct engine *e);
+
+/* The tokenizer of the loaded model (borrowed; thread-safe for encode/decode). */
+const struct tokenizer *engine_tokenizer(const struct engine *e);
+
+/* Checks the request against the model and the engine's limits without submitting: returns
+ * STATUS_INVALID_ARGUMENT with a message naming the field and its allowed range (empty prompt,
+ * token ids outside the vocabulary, prompt + max_tokens beyond the context, a request that
+ * could never fit the KV pool, sampling parameters, n, logprobs ...). */
+enum status engine_validate(const struct engine *e, const int32_t *prompt, int n_prompt,
+                            const struct request_params *p);
+
+/* Queues a request (thread-safe). Copies prompt, params' arrays and request_id (NULL or "":
+ * the engine assigns one; read it back from events). On success *handle identifies the request
+ * and on_event will eventually receive a FINISHED event for every sample. Errors: as
+ * engine_validate, STATUS_RESOURCE_EXHAUSTED when the waiting queue is full,
+ * STATUS_UNAVAILABLE when the engine is draining or stopped; then on_event is never called. */
+enum status engine_submit(struct engine *e, const char *request_id, const int32_t *prompt,
+                          int n_prompt, const struct request_params *p, engine_event_fn on_event,
+                          void *ctx, uint64_t *handle);
+
+/* Cancels a request by handle or by request id (thread-safe; unknown ids are ignored and
+ * return STATUS_NOT_FOUND). The request leaves the batch at the next step boundary, its blocks
+ * return to the pool, and each unfinished sample gets FINISHED with FINISH_REASON_CANCELLED. */
+enum status engine_cancel(struct engine *e, uint64_t handle);
+enum status engine_cancel_id(struct engine *e, const char *request_id);
+
+/* Runs one step on the calling thread (tests and single-threaded drivers; never while the
+ * engine thread runs). Returns the number of sequences that were waiting or running before
+ * the step (0 = idle). */
+int engine_step(struct engine *e);
+
+/* Whether this rank conducts (rank 0, or a world of one): only the conductor accepts requests. */
+int engine_is_conductor(const struct engine *e);
+
+/* On a worker rank: replays the conductor's step plans through the model until the conductor
+ * stops (engine_free or engine_drain on rank 0); on the first rank of a data-parallel replica
+ * other than rank 0's, runs that replica's engine for the requests rank 0 routes to it, until
+ * rank 0 shuts it down. Returns STATUS_OK then, or the error that broke the world (a peer rank
+ * gone). */
+enum status engine_run_worker(struct engine *e);
+
+/* Starts the engine thread, which steps while there is work and sleeps otherwise. */
+enum status engine_start(struct engine *e);
+/* Refuses new submissions (STATUS_UNAVAILABLE), lets running and queued requests finish for up
+ * to timeout_s seconds, cancels what is left, and stops the thread. */
+void engine_drain(struct engine *e, double timeout_s);
+
+struct engine_stats {
+    int      waiting, running;          /* requests (samples) now */
+    int      kv_blocks_total, kv_blocks_free, kv_blocks_cached; /* cached: reusable prefix blocks */
+    int      block_tokens;
+    uint64_t requests_submitted, requests_finished;
+    uint64_t prompt_tokens, prefill_tokens_computed, prefix_cache_hit_tokens;
+    uint64_t generated_tokens;
+    uint64_t steps, preemptions;
+};
+void engine_get_stats(struct engine *e, struct engine_stats *s); /* thread-safe snapshot; with
+                                     data parallelism the sum over replicas (remote ones as of
+                                     their last report, at most ~0.2 s old) */
+
+/* Data-parallel replicas, as rank 0's router sees them (thread-safe). */
+struct engine_replica_stats {
+    int      leader_rank;               /* world rank of the replica's first rank */
+    int      outstanding;               /* samples routed here and not finished */
+    uint64_t routed;                    /* requests routed here */
+    uint64_t routed_by_prefix;          /* of those, chosen for a matching prompt prefix */
+    double   report_age_s;              /* age of `engine` (0 for rank 0's own replica) */
+    struct engine_stats engine;         /* the replica's engine */
+};
+int  engine_replicas(const struct engine *e);  /* dp (1 without data parallelism) */
+void engine_get_replica_stats(struct engine *e, int replica, struct engine_replica_stats *s);
+
+/* Model facts for GetModelInfo. */
+struct engine_model_info {
+    const char *architecture;
+    int n_layers, d_model, n_heads, n_kv_heads, head_dim, ffn_hidden, vocab_size, max_positions;
+    const char *dtype;                 /* compute dtype on the device */
+    const char *device;                /* "cpu" / "cuda" */
+    int tp_size, pp_size, dp_size;
+    int block_tokens, kv_blocks;       /* kv_blocks: per replica (rank 0's) */
+    int bos_id, eos_id;
+};
+void engine_get_model_info(const struct engine *e, struct engine_model_info *info);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,110 @@
+/* engine/serving/generate.c - one-sequence generation (see generate.h). */
+#include "generate.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum status generate_run(struct model *m, struct kv_cache *cache, const int32_t *prompt,
+                         int n_prompt, const struct generate_options *o, generate_token_fn on_token,
+                         void *ctx, int32_t *out, int *n_out, struct generate_stats *stats)
+{
+    *n_out = 0;
+    memset(stats, 0, sizeof *stats);
+    const int V = m->cfg.vocab_size, bt = cache->block_tokens;
+    if (n_prompt < 1) return status_errorf(STATUS_INVALID_ARGUMENT, "generate: the prompt is empty");
+    if (o->max_tokens < 0) return status_errorf(STATUS_INVALID_ARGUMENT, "max_tokens must be >= 0");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "prompt token %d at %d is outside the vocabulary (%d)",
+                                 prompt[i], i, V);
+    /* The last generated token is never fed back, so the context needs n_prompt + max - 1. */
+    int total = n_prompt + (o->max_tokens > 0 ? o->max_tokens - 1 : 0);
+    if (total > m->cfg.max_positions)
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "prompt (%d tokens) + max_tokens (%d) exceeds the model's context of %d",
+                             n_prompt, o->max_tokens, m->cfg.max_positions);
+    int max_blocks = (total + bt - 1) / bt;
+    if (max_blocks > cache->n_blocks)
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED,
+                             "generate: %d tokens need %d KV blocks, the cache has %d", total,
+                             max_blocks, cache->n_blocks);
+    int chunk = o->prefill_chunk > 0 ? o->prefill_chunk : m->max_tokens;
+    if (chunk > m->max_tokens) chunk = m->max_tokens;
+    enum status st = sampling_params_validate(&o->sampling);
+    if (st != STATUS_OK) return st;
+
+    int32_t *table = calloc((size_t)max_blocks, sizeof *table);
+    int32_t *rows = malloc((size_t)chunk * 3 * sizeof *rows);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    struct sampler smp = {0};
+    if (!table || !rows || !logits) {
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "generate: out of memory");
+        goto done;
+    }
+    if ((st = sampler_init(&smp, V)) != STATUS_OK) goto done;
+    st = kv_cache_alloc(cache, max_blocks, table);
+    if (st != STATUS_OK) goto done;
+    struct rng rng;
+    rng_seed(&rng, o->sampling.seed);
+
+    int32_t *positions = rows, *slots = rows + chunk;
+    int n_cached = 0; /* tokens whose K/V are in the cache */
+    int32_t next = -1;
+    double t0 = base_now_s();
+    /* Prefill in chunks; logits only for the prompt's last row. */
+    while (n_cached < n_prompt) {
+        int n = n_prompt - n_cached < chunk ? n_prompt - n_cached : chunk;
+        for (int i = 0; i < n; i++) {
+            int p = n_cached + i;
+            positions[i] = p;
+            slots[i] = table[p / bt] * bt + p % bt;
+        }
+        int32_t q_start[2] = {0, n}, seq_len = n_cached + n, last = n - 1;
+        int want = n_cached + n == n_prompt && o->max_tokens > 0;
+        struct forward_batch fb = {
+            .n_tokens = n, .tokens = prompt + n_cached, .positions = positions, .slots = slots,
+            .n_seqs = 1, .q_start = q_start, .seq_len = &seq_len, .block_table = table,
+            .max_blocks = max_blocks, .n_logits = want, .logit_rows = &last,
+        };
+        if ((st = model_forward(m, cache, &fb, logits)) != STATUS_OK) goto release;
+        n_cached += n;
+        if (want) {
+            /* The last stage samples; every rank then feeds the same token. */
+            if (model_is_last_stage(m)) next = sampler_sample(&smp, &o->sampling, &rng, logits, prompt, n_prompt, out, 0);
+            if ((st = model_share_tokens(m, &next, 1)) != STATUS_OK) goto release;
+        }
+    }
+    double t1 = base_now_s();
+    stats->prefill_seconds = t1 - t0;
+    stats->n_prompt = n_prompt;
+
+    while (*n_out < o->max_tokens) {
+        out[(*n_out)++] = next;
+        if (on_token && on_token(ctx, next)) break;
+        if (!o->ignore_eos && next == o->eos_id) break;
+        if (*n_out == o->max_tokens) break;
+        /* Feed the token back: one row at position n_cached. */
+        int32_t pos = n_cached, slot = table[pos / bt] * bt + pos % bt;
+        int32_t q_start[2] = {0, 1}, seq_len = n_cached + 1, row = 0;
+        struct forward_batch fb = {
+            .n_tokens = 1, .tokens = &next, .positions = &pos, .slots = &slot, .n_seqs = 1,
+            .q_start = q_start, .seq_len = &seq_len, .block_table = table,
+            .max_blocks = max_blocks, .n_logits = 1, .logit_rows = &row,
+        };
+        if ((st = model_forward(m, cache, &fb, logits)) != STATUS_OK) goto release;
+        n_cached++;
+        if (model_is_last_stage(m)) next = sampler_sample(&smp, &o->sampling, &rng, logits, prompt, n_prompt, out, *n_out);
+        if ((st = model_share_tokens(m, &next, 1)) != STATUS_OK) goto release;
+    }
+    stats->decode_seconds = base_now_s() - t1;
+    stats->n_generated = *n_out;
+release:
+    kv_cache_release(cache, max_blocks, table);
+done:
+    sampler_free(&smp);
+    free(table);
+    free(rows);
+    free(logits);
+    return st;
+}

@@ -1,0 +1,63 @@
+/* engine/serving/sampler.h - choosing the next token from logits: greedy, temperature, top-k, top-p,
+ * min-p, repetition / presence / frequency penalties, each request with its own seeded RNG
+ * stream so that its tokens do not depend on what else runs in the batch.
+ * Not here: stop conditions and logprob bookkeeping (the scheduler), logits (model.c).
+ * Tests: tests/test_sampler.c. */
+#ifndef SHARDLM_SAMPLER_H
+#define SHARDLM_SAMPLER_H
+
+#include <stdint.h>
+
+#include "base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct sampling_params {
+    float    temperature;         /* 0 = greedy (argmax); > 0 divides logits */
+    int      top_k;               /* keep the k most likely; 0 = off */
+    float    top_p;               /* keep the smallest set with mass >= top_p; 1 = off */
+    float    min_p;               /* drop tokens with p < min_p * p_max; 0 = off */
+    float    repetition_penalty;  /* CTRL/HF style over prompt and output tokens; 1 = off */
+    float    presence_penalty;    /* OpenAI style, subtracted once per seen output token; 0 = off */
+    float    frequency_penalty;   /* OpenAI style, times the output count; 0 = off */
+    uint64_t seed;
+};
+
+/* The defaults every API uses when a field is unset: greedy off, nothing filtered. */
+struct sampling_params sampling_params_default(void);
+
+/* Returns STATUS_INVALID_ARGUMENT with a message naming the field and its allowed range. */
+enum status sampling_params_validate(const struct sampling_params *p);
+
+/* xoshiro256** seeded through splitmix64: one stream per request. */
+struct rng {
+    uint64_t s[4];
+};
+void     rng_seed(struct rng *r, uint64_t seed);
+uint64_t rng_next(struct rng *r);
+float    rng_uniform(struct rng *r); /* [0, 1) with 24 random bits */
+
+/* Per-vocabulary scratch a sampler needs; one per engine thread, reused across requests. */
+struct sampler {
+    int      vocab_size;
+    int32_t *order;   /* (vocab_size) candidate ids */
+    float   *probs;   /* (vocab_size) */
+    int32_t *counts;  /* (vocab_size) output-token counts for penalties */
+};
+enum status sampler_init(struct sampler *s, int vocab_size);
+void        sampler_free(struct sampler *s); /* accepts a zeroed struct */
+
+/* Picks the next token. logits (vocab_size) f32 are modified in place (penalties, then
+ * temperature). prompt (n_prompt) and output (n_output) are the request's tokens so far, for
+ * penalties. Draws exactly one number from r when temperature > 0 and none when greedy. */
+int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struct rng *r,
+                       float *logits, const int32_t *prompt, int n_prompt, const int32_t *output,
+                       int n_output);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

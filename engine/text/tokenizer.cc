@@ -1,0 +1,521 @@
+/* engine/text/tokenizer.cc - the tokenizer (see tokenizer.h): SentencePiece's C++ processor behind a
+ * C interface, and the incremental detokenizer. The one C++ file of the project: every entry
+ * point catches everything, so no exception reaches C code, and nothing here exits.
+ * Not here: chat templates or stop sequences (the server).
+ * Tests: tests/test_tokenizer.c. */
+#include "tokenizer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <new>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <sentencepiece_processor.h>
+
+namespace {
+
+/* Per-id flags, cached at load so that the hot paths never call into SentencePiece. */
+enum : uint8_t {
+    PIECE_CONTROL = 1,
+    PIECE_BYTE = 2,
+    PIECE_UNKNOWN = 4,
+    PIECE_UNUSED = 8,
+};
+
+const char kSpaceSymbol[] = "\xe2\x96\x81"; /* U+2581, SentencePiece's space */
+
+}  // namespace
+
+struct tokenizer {
+    sentencepiece::SentencePieceProcessor sp;
+    int vocab_size = 0;
+    int bos_id = -1, eos_id = -1, pad_id = -1, unk_id = -1;
+    std::vector<std::string> pieces;  /* (vocab_size) */
+    std::vector<uint8_t>     flags;   /* (vocab_size) PIECE_* bits */
+    std::vector<int16_t>     byte_of; /* (vocab_size) the byte of a byte piece, else -1 */
+    /* A piece that decodes to the same non-empty text wherever it stands. The detokenizer puts
+     * it in front of the ids it decodes once some text exists, so that SentencePiece does not
+     * treat their first piece as the start of the text (and strip its leading space). */
+    int32_t     anchor_id = -1;
+    std::string anchor_text;
+};
+
+namespace {
+
+/* SentencePiece's status as ours, with its message behind `what`. */
+enum status status_from_sp(const sentencepiece::util::Status &st, enum status code,
+                           const char *what)
+{
+    return status_errorf(code, "%s: %s", what, st.message());
+}
+
+enum status decode_ids(const struct tokenizer *t, const std::vector<int> &ids, std::string *out)
+{
+    const sentencepiece::util::Status st = t->sp.Decode(ids, out);
+    if (!st.ok()) return status_from_sp(st, STATUS_INTERNAL, "tokenizer: decode failed");
+    return STATUS_OK;
+}
+
+/* Parses "<0xHH>"; -1 when the piece is not of that form. */
+int parse_byte_piece(const std::string &p)
+{
+    if (p.size() != 6 || p.compare(0, 3, "<0x") != 0 || p[5] != '>') return -1;
+    int v = 0;
+    for (int i = 3; i < 5; i++) {
+        const char c = p[i];
+        int d;
+        if (c >= '0' && c <= '9') d = c - '0';
+        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+        else return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* Picks the detokenizer's anchor: preferably a single printable ASCII character piece, else
+ * any ordinary piece without a space marker, else a byte piece for an ASCII character, else
+ * the unknown piece (which decodes to its surface, " ⁇ " by default). Each candidate must
+ * decode to non-empty text alone. */
+enum status choose_anchor(struct tokenizer *t)
+{
+    std::vector<int32_t> candidates;
+    for (int pass = 0; pass < 4 && candidates.size() < 8; pass++) {
+        for (int id = 0; id < t->vocab_size && candidates.size() < 8; id++) {
+            const std::string &p = t->pieces[id];
+            const uint8_t f = t->flags[id];
+            const bool ordinary = !(f & (PIECE_CONTROL | PIECE_BYTE | PIECE_UNKNOWN | PIECE_UNUSED));
+            bool ok = false;
+            if (pass == 0)
+                ok = ordinary && p.size() == 1 && p[0] > ' ' && p[0] < 127;
+            else if (pass == 1)
+                ok = ordinary && !p.empty() && p.find(kSpaceSymbol) == std::string::npos;
+            else if (pass == 2)
+                ok = (f & PIECE_BYTE) && t->byte_of[id] > ' ' && t->byte_of[id] < 127;
+            else
+                ok = (f & PIECE_UNKNOWN) != 0;
+            if (ok) candidates.push_back(id);
+        }
+    }
+    /* A piece that starts with a space marker, to check that the anchor keeps it a space. */
+    int32_t probe = -1;
+    for (int id = 0; id < t->vocab_size && probe < 0; id++)
+        if (!(t->flags[id] & (PIECE_CONTROL | PIECE_BYTE | PIECE_UNKNOWN | PIECE_UNUSED)) &&
+            t->pieces[id].compare(0, 3, kSpaceSymbol) == 0)
+            probe = id;
+    for (int32_t id : candidates) {
+        std::string text;
+        if (decode_ids(t, std::vector<int>{id}, &text) != STATUS_OK || text.empty()) continue;
+        if (probe >= 0) {
+            std::string two;
+            if (decode_ids(t, std::vector<int>{id, probe}, &two) != STATUS_OK ||
+                two.size() <= text.size() || two.compare(0, text.size(), text) != 0 ||
+                two[text.size()] != ' ')
+                continue;
+        }
+        t->anchor_id = id;
+        t->anchor_text = std::move(text);
+        LOG_DEBUG("tokenizer", "detokenizer anchor: id %d \"%s\"", (int)id,
+                  t->anchor_text.c_str());
+        return STATUS_OK;
+    }
+    LOG_WARN("tokenizer", "no anchor piece found: incremental detokenization is unavailable");
+    return STATUS_OK;
+}
+
+enum status load_proto(std::string_view bytes, const char *name, struct tokenizer **out)
+{
+    *out = nullptr;
+    struct tokenizer *t = new (std::nothrow) tokenizer;
+    if (!t) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", name);
+    const sentencepiece::util::Status st = t->sp.LoadFromSerializedProto(bytes);
+    if (!st.ok()) {
+        delete t;
+        return status_errorf(STATUS_BAD_FORMAT, "%s: not a SentencePiece model (%s)", name,
+                             st.message());
+    }
+    t->vocab_size = t->sp.GetPieceSize();
+    if (t->vocab_size <= 0) {
+        delete t;
+        return status_errorf(STATUS_BAD_FORMAT, "%s: SentencePiece model has no pieces", name);
+    }
+    t->bos_id = t->sp.bos_id();
+    t->eos_id = t->sp.eos_id();
+    t->pad_id = t->sp.pad_id();
+    t->unk_id = t->sp.unk_id();
+    t->pieces.resize(t->vocab_size);
+    t->flags.resize(t->vocab_size);
+    t->byte_of.resize(t->vocab_size);
+    for (int id = 0; id < t->vocab_size; id++) {
+        t->pieces[id] = t->sp.IdToPiece(id);
+        uint8_t f = 0;
+        if (t->sp.IsControl(id)) f |= PIECE_CONTROL;
+        if (t->sp.IsUnknown(id)) f |= PIECE_UNKNOWN;
+        if (t->sp.IsUnused(id)) f |= PIECE_UNUSED;
+        int b = -1;
+        if (t->sp.IsByte(id)) {
+            b = parse_byte_piece(t->pieces[id]);
+            if (b < 0) {
+                const std::string p = t->pieces[id];
+                delete t;
+                return status_errorf(STATUS_BAD_FORMAT, "%s: byte piece %d is \"%s\"", name, id,
+                                     p.c_str());
+            }
+            f |= PIECE_BYTE;
+        }
+        t->flags[id] = f;
+        t->byte_of[id] = (int16_t)b;
+    }
+    enum status s = choose_anchor(t);
+    if (s != STATUS_OK) {
+        delete t;
+        return s;
+    }
+    *out = t;
+    return STATUS_OK;
+}
+
+bool id_valid(const struct tokenizer *t, int32_t id) { return id >= 0 && id < t->vocab_size; }
+
+/* Bytes a UTF-8 sequence starting with lead byte b has; 0 if b cannot start one. Lenient
+ * (overlong and out-of-range leads count): holding back too much only delays text. */
+int utf8_lead_len(int b)
+{
+    if (b >= 0xC0 && b <= 0xDF) return 2;
+    if (b >= 0xE0 && b <= 0xEF) return 3;
+    if (b >= 0xF0 && b <= 0xF7) return 4;
+    return 0;
+}
+
+/* Where the incomplete character at the end of ids[0..n) starts, n when there is none: the
+ * trailing byte pieces end with a lead byte and fewer continuation bytes than it announces.
+ * SentencePiece decodes a run of byte pieces one character (or one invalid byte) at a time and
+ * a lead byte is never a continuation byte, so its decoding of the run reaches that lead byte
+ * exactly: cutting there changes nothing in the text before it. */
+int incomplete_tail_start(const struct tokenizer *t, const int32_t *ids, int n)
+{
+    int i = n - 1, n_cont = 0;
+    while (i >= 0 && n_cont < 3 && (t->flags[ids[i]] & PIECE_BYTE) &&
+           (t->byte_of[ids[i]] & 0xC0) == 0x80) {
+        n_cont++;
+        i--;
+    }
+    if (i < 0 || !(t->flags[ids[i]] & PIECE_BYTE)) return n;
+    const int need = utf8_lead_len(t->byte_of[ids[i]]);
+    return (need > 0 && n_cont + 1 < need) ? i : n;
+}
+
+enum status detok_set_out(struct detokenizer *d, const char *s, size_t n, const char **text,
+                          size_t *len)
+{
+    if (n + 1 > d->cap_out) {
+        size_t cap = d->cap_out ? d->cap_out : 64;
+        while (cap < n + 1) cap *= 2;
+        char *p = (char *)realloc(d->out, cap);
+        if (!p) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
+        d->out = p;
+        d->cap_out = cap;
+    }
+    if (n) memcpy(d->out, s, n);
+    d->out[n] = '\0';
+    *text = d->out;
+    *len = n;
+    return STATUS_OK;
+}
+
+/* Decodes pending[0..k) in context (behind the anchor once text exists) into *s. */
+enum status detok_decode_prefix(const struct detokenizer *d, int k, std::string *s)
+{
+    const struct tokenizer *t = d->tok;
+    std::vector<int> ids;
+    ids.reserve((size_t)k + 1);
+    if (d->started) {
+        if (t->anchor_id < 0)
+            return status_errorf(STATUS_UNSUPPORTED,
+                                 "detokenizer: this vocabulary has no anchor piece");
+        ids.push_back(t->anchor_id);
+    }
+    ids.insert(ids.end(), d->pending, d->pending + k);
+    enum status st = decode_ids(t, ids, s);
+    if (st != STATUS_OK) return st;
+    if (d->started) {
+        if (s->compare(0, t->anchor_text.size(), t->anchor_text) != 0)
+            return status_errorf(STATUS_INTERNAL, "detokenizer: anchor text was not kept");
+        s->erase(0, t->anchor_text.size());
+    }
+    return STATUS_OK;
+}
+
+/* Turns pending[0..k) into text, drops those ids and returns the text. */
+enum status detok_emit(struct detokenizer *d, int k, const char **text, size_t *len)
+{
+    std::string s;
+    enum status st = detok_decode_prefix(d, k, &s);
+    if (st != STATUS_OK) return st;
+    if (!d->started && s.empty()) return detok_set_out(d, "", 0, text, len);
+    st = detok_set_out(d, s.data(), s.size(), text, len);
+    if (st != STATUS_OK) return st;
+    memmove(d->pending, d->pending + k, (size_t)(d->n_pending - k) * sizeof *d->pending);
+    d->n_pending -= k;
+    if (!s.empty()) d->started = 1;
+    return STATUS_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+enum status tokenizer_load(const char *path, struct tokenizer **out)
+{
+    *out = nullptr;
+    if (!path) return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: no path given");
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        const int e = errno;
+        return status_errorf(e == ENOENT || e == ENOTDIR ? STATUS_NOT_FOUND : STATUS_IO,
+                             "%s: cannot open tokenizer model: %s", path, strerror(e));
+    }
+    enum status s = STATUS_OK;
+    try {
+        struct stat sb;
+        std::string bytes;
+        if (fstat(fd, &sb) != 0) {
+            s = status_errorf(STATUS_IO, "%s: stat: %s", path, strerror(errno));
+        } else if (!S_ISREG(sb.st_mode)) {
+            s = status_errorf(STATUS_IO, "%s: not a regular file", path);
+        } else {
+            bytes.resize((size_t)sb.st_size);
+            size_t got = 0;
+            while (got < bytes.size()) {
+                const ssize_t r = read(fd, &bytes[got], bytes.size() - got);
+                if (r < 0 && errno == EINTR) continue;
+                if (r < 0) {
+                    s = status_errorf(STATUS_IO, "%s: read: %s", path, strerror(errno));
+                    break;
+                }
+                if (r == 0) {
+                    s = status_errorf(STATUS_IO, "%s: file shrank while being read", path);
+                    break;
+                }
+                got += (size_t)r;
+            }
+        }
+        if (s == STATUS_OK) s = load_proto(bytes, path, out);
+    } catch (const std::bad_alloc &) {
+        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
+    } catch (const std::exception &e) {
+        s = status_errorf(STATUS_BAD_FORMAT, "%s: %s", path, e.what());
+    } catch (...) {
+        s = status_errorf(STATUS_INTERNAL, "%s: unknown exception while loading", path);
+    }
+    close(fd);
+    return s;
+}
+
+enum status tokenizer_load_from_memory(const void *data, size_t n, struct tokenizer **out)
+{
+    *out = nullptr;
+    if (!data && n) return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: NULL data");
+    try {
+        return load_proto(std::string_view(n ? (const char *)data : "", n), "tokenizer (memory)",
+                          out);
+    } catch (const std::bad_alloc &) {
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer (memory): out of memory");
+    } catch (const std::exception &e) {
+        return status_errorf(STATUS_BAD_FORMAT, "tokenizer (memory): %s", e.what());
+    } catch (...) {
+        return status_errorf(STATUS_INTERNAL, "tokenizer (memory): unknown exception");
+    }
+}
+
+void tokenizer_free(struct tokenizer *t)
+{
+    try {
+        delete t;
+    } catch (...) {
+        /* A destructor that throws would be a library bug; nothing useful to do about it. */
+    }
+}
+
+int tokenizer_vocab_size(const struct tokenizer *t) { return t->vocab_size; }
+int tokenizer_bos_id(const struct tokenizer *t) { return t->bos_id; }
+int tokenizer_eos_id(const struct tokenizer *t) { return t->eos_id; }
+int tokenizer_pad_id(const struct tokenizer *t) { return t->pad_id; }
+int tokenizer_unk_id(const struct tokenizer *t) { return t->unk_id; }
+
+enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int add_bos,
+                             int32_t **ids, int *n_ids)
+{
+    *ids = nullptr;
+    *n_ids = 0;
+    if (!text && len) return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: NULL text");
+    if (len > (size_t)INT_MAX)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: text of %zu bytes is too long",
+                             len);
+    if (add_bos && t->bos_id < 0)
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "tokenizer: add_bos asked but the model has no BOS piece");
+    try {
+        std::vector<int> v;
+        const sentencepiece::util::Status st =
+            t->sp.Encode(len ? std::string_view(text, len) : std::string_view(), &v);
+        if (!st.ok()) return status_from_sp(st, STATUS_INTERNAL, "tokenizer: encode failed");
+        const size_t n = v.size() + (add_bos ? 1 : 0);
+        if (n > (size_t)INT_MAX)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: too many tokens");
+        int32_t *p = (int32_t *)malloc((n ? n : 1) * sizeof *p);
+        if (!p) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory");
+        size_t j = 0;
+        if (add_bos) p[j++] = t->bos_id;
+        for (int id : v) p[j++] = id;
+        *ids = p;
+        *n_ids = (int)n;
+        return STATUS_OK;
+    } catch (const std::bad_alloc &) {
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory");
+    } catch (...) {
+        return status_errorf(STATUS_INTERNAL, "tokenizer: exception while encoding");
+    }
+}
+
+enum status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int n, char **text,
+                             size_t *len)
+{
+    *text = nullptr;
+    *len = 0;
+    if (n < 0 || (!ids && n > 0))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: bad id array (n=%d)", n);
+    for (int i = 0; i < n; i++)
+        if (!id_valid(t, ids[i]))
+            return status_errorf(STATUS_INVALID_ARGUMENT,
+                                 "tokenizer: id %d at position %d is outside the vocabulary "
+                                 "[0, %d)",
+                                 (int)ids[i], i, t->vocab_size);
+    try {
+        std::string s;
+        enum status st = decode_ids(t, std::vector<int>(ids, ids + n), &s);
+        if (st != STATUS_OK) return st;
+        char *p = (char *)malloc(s.size() + 1);
+        if (!p) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory");
+        memcpy(p, s.data(), s.size());
+        p[s.size()] = '\0';
+        *text = p;
+        *len = s.size();
+        return STATUS_OK;
+    } catch (const std::bad_alloc &) {
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory");
+    } catch (...) {
+        return status_errorf(STATUS_INTERNAL, "tokenizer: exception while decoding");
+    }
+}
+
+const char *tokenizer_id_to_piece(const struct tokenizer *t, int32_t id)
+{
+    return id_valid(t, id) ? t->pieces[id].c_str() : nullptr;
+}
+
+int32_t tokenizer_piece_to_id(const struct tokenizer *t, const char *piece)
+{
+    if (!piece) return -1;
+    try {
+        const int id = t->sp.PieceToId(piece);
+        /* SentencePiece answers the unk id for pieces it does not know. */
+        if (!id_valid(t, id) || t->pieces[id] != piece) return -1;
+        return id;
+    } catch (...) {
+        return -1;
+    }
+}
+
+int tokenizer_is_byte(const struct tokenizer *t, int32_t id)
+{
+    return id_valid(t, id) && (t->flags[id] & PIECE_BYTE);
+}
+
+int tokenizer_is_control(const struct tokenizer *t, int32_t id)
+{
+    return id_valid(t, id) && (t->flags[id] & PIECE_CONTROL);
+}
+
+void detokenizer_init(struct detokenizer *d, const struct tokenizer *t)
+{
+    memset(d, 0, sizeof *d);
+    d->tok = t;
+}
+
+void detokenizer_free(struct detokenizer *d)
+{
+    if (!d) return;
+    free(d->pending);
+    free(d->out);
+    const struct tokenizer *t = d->tok;
+    memset(d, 0, sizeof *d);
+    d->tok = t;
+}
+
+enum status detokenizer_push(struct detokenizer *d, int32_t id, const char **text, size_t *len)
+{
+    CHECK(d->tok != nullptr, "detokenizer_push before detokenizer_init");
+    const struct tokenizer *t = d->tok;
+    *text = "";
+    *len = 0;
+    if (!id_valid(t, id))
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "detokenizer: id %d is outside the vocabulary [0, %d)", (int)id,
+                             t->vocab_size);
+    if (d->n_pending == d->cap_pending) {
+        const int cap = d->cap_pending ? 2 * d->cap_pending : 16;
+        int32_t *p = (int32_t *)realloc(d->pending, (size_t)cap * sizeof *p);
+        if (!p) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
+        d->pending = p;
+        d->cap_pending = cap;
+    }
+    d->pending[d->n_pending++] = id;
+
+    /* Control ids before any text leave SentencePiece's decoder in its initial state. */
+    if (!d->started) {
+        int all_control = 1;
+        for (int i = 0; i < d->n_pending && all_control; i++)
+            all_control = (t->flags[d->pending[i]] & PIECE_CONTROL) != 0;
+        if (all_control) {
+            d->n_pending = 0;
+            return detok_set_out(d, "", 0, text, len);
+        }
+    }
+
+    const int k = incomplete_tail_start(t, d->pending, d->n_pending);
+    if (k == 0) return detok_set_out(d, "", 0, text, len);
+    try {
+        return detok_emit(d, k, text, len);
+    } catch (const std::bad_alloc &) {
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
+    } catch (...) {
+        return status_errorf(STATUS_INTERNAL, "detokenizer: exception while decoding");
+    }
+}
+
+enum status detokenizer_flush(struct detokenizer *d, const char **text, size_t *len)
+{
+    CHECK(d->tok != nullptr, "detokenizer_flush before detokenizer_init");
+    *text = "";
+    *len = 0;
+    if (d->n_pending == 0) return detok_set_out(d, "", 0, text, len);
+    try {
+        /* Before any text, pending ids decode to nothing (only control or stripped space
+         * pieces): they stay, as they still shape how the text starts. */
+        return detok_emit(d, d->n_pending, text, len);
+    } catch (const std::bad_alloc &) {
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
+    } catch (...) {
+        return status_errorf(STATUS_INTERNAL, "detokenizer: exception while decoding");
+    }
+}
+
+}  // extern "C"

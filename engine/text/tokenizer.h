@@ -1,0 +1,117 @@
+/* engine/text/tokenizer.h - text <-> token ids through a SentencePiece model (.model file or its
+ * serialized ModelProto), and incremental detokenization for streaming.
+ * SentencePiece (C++) lives behind this header only: tokenizer.cc is the one C++ file of the
+ * project and no exception crosses into C (every failure is an enum status with a message).
+ * Not here: chat templates, stop sequences (the server), sampling (sampler.c).
+ * Tests: tests/test_tokenizer.c.
+ *
+ * Threads: a loaded tokenizer is immutable. Every function taking `const struct tokenizer *`
+ * may be called from many threads at once on the same tokenizer (SentencePiece's Encode and
+ * Decode are const and keep no shared mutable state). A struct detokenizer belongs to one
+ * request and is used by one thread at a time. */
+#ifndef SHARDLM_TOKENIZER_H
+#define SHARDLM_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct tokenizer; /* opaque */
+
+/* Loads a SentencePiece .model file. On success *out owns the tokenizer (free it with
+ * tokenizer_free). Errors, with a message naming the path: STATUS_NOT_FOUND (no such file),
+ * STATUS_IO (cannot open or read it), STATUS_BAD_FORMAT (not a usable SentencePiece model),
+ * STATUS_RESOURCE_EXHAUSTED. *out is left NULL on error. */
+enum status tokenizer_load(const char *path, struct tokenizer **out);
+
+/* Same from a serialized ModelProto (data[0..n), for example embedded in another file). The
+ * bytes are copied: data is borrowed for the duration of the call only. */
+enum status tokenizer_load_from_memory(const void *data, size_t n, struct tokenizer **out);
+
+/* Accepts NULL. No detokenizer may still use t. */
+void tokenizer_free(struct tokenizer *t);
+
+/* Number of pieces; ids are 0 .. vocab_size-1. */
+int tokenizer_vocab_size(const struct tokenizer *t);
+/* Special ids, -1 when the model has none. */
+int tokenizer_bos_id(const struct tokenizer *t);
+int tokenizer_eos_id(const struct tokenizer *t);
+int tokenizer_pad_id(const struct tokenizer *t);
+int tokenizer_unk_id(const struct tokenizer *t);
+
+/* Encodes text[0..len) (arbitrary bytes: NULs count, invalid UTF-8 is encoded as U+FFFD by
+ * SentencePiece's normalizer) into *ids[0..*n_ids), preceded by the BOS id when add_bos is
+ * non-zero (STATUS_INVALID_ARGUMENT if the model has no BOS). No EOS is appended. On success
+ * *ids is a malloc'd array (never NULL, even when *n_ids == 0) that the caller frees with
+ * free(); on error *ids is NULL and *n_ids is 0. text may be NULL when len is 0. */
+enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int add_bos,
+                             int32_t **ids, int *n_ids);
+
+/* Decodes ids[0..n) exactly as SentencePiece does: control pieces (BOS, EOS, ...) vanish, U+2581
+ * becomes ' ', the leading space of the first piece is dropped (add_dummy_prefix), runs of
+ * byte pieces become their bytes with every invalid byte replaced by U+FFFD, so the result is
+ * always valid UTF-8. On success *text is a malloc'd, NUL-terminated string of *len bytes
+ * that the caller frees with free(). An id outside [0, vocab_size) gives
+ * STATUS_INVALID_ARGUMENT naming the id and its position; *text is then NULL. */
+enum status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int n, char **text,
+                             size_t *len);
+
+/* The piece of an id as stored in the model (with U+2581 for spaces, "<0xE2>" for byte
+ * pieces, "<s>" for BOS...), NUL-terminated; NULL if id is out of range. The pointer stays
+ * valid until tokenizer_free. */
+const char *tokenizer_id_to_piece(const struct tokenizer *t, int32_t id);
+/* The id of a piece, or -1 when the piece is not in the vocabulary (SentencePiece itself would
+ * answer the unk id; callers that want that use tokenizer_unk_id). */
+int32_t tokenizer_piece_to_id(const struct tokenizer *t, const char *piece);
+/* 1 if id is a byte-fallback piece ("<0x00>".."<0xFF>"), resp. a control piece (BOS, EOS,
+ * PAD...); 0 otherwise, and for out-of-range ids. */
+int tokenizer_is_byte(const struct tokenizer *t, int32_t id);
+int tokenizer_is_control(const struct tokenizer *t, int32_t id);
+
+/* Incremental detokenization for streaming, one per request. Push the ids of a sequence one by
+ * one (the prompt's BOS may be pushed or not: control ids print nothing); each push returns the
+ * text that became final, always complete UTF-8: bytes of a character split over byte pieces
+ * are held back until the character is complete. The concatenation of everything returned
+ * by the pushes and a final detokenizer_flush equals tokenizer_decode of all the pushed ids,
+ * byte for byte (for every sequence, valid UTF-8 or not: an incomplete character that is
+ * interrupted, or left at the end, becomes U+FFFD in both), with one exception: a model with
+ * a denormalizer rule set (none of the Llama-family models has one), whose rules apply to the
+ * whole text.
+ *
+ * Cost per push: one SentencePiece decode of the ids not yet turned into text, normally only
+ * the pushed id (a few more while a character is incomplete), so a request of n tokens costs
+ * O(n), not O(n^2). The fields are private: use the functions. */
+struct detokenizer {
+    const struct tokenizer *tok; /* borrowed; must outlive the detokenizer */
+    int32_t *pending;            /* (cap_pending) ids whose text is not final yet */
+    int      n_pending;
+    int      cap_pending;
+    char    *out;                /* (cap_out) text returned by the last push/flush */
+    size_t   cap_out;
+    int      started;            /* some non-empty text has been returned */
+};
+
+/* Prepares d for a new sequence; allocates nothing. t is borrowed. */
+void detokenizer_init(struct detokenizer *d, const struct tokenizer *t);
+/* Releases d's buffers (accepts NULL); d may be initialised again afterwards. */
+void detokenizer_free(struct detokenizer *d);
+/* Feeds one id. On success *text (NUL-terminated, *len bytes, possibly "") is the newly final
+ * text; it is owned by d and valid until the next push, flush or free on d. An id outside the
+ * vocabulary gives STATUS_INVALID_ARGUMENT and leaves d unchanged. */
+enum status detokenizer_push(struct detokenizer *d, int32_t id, const char **text, size_t *len);
+/* Returns whatever is held back (an incomplete trailing character as U+FFFD per byte, as
+ * tokenizer_decode writes it). d may take further pushes afterwards, which continue the same
+ * text (no new leading-space stripping), except that a character left incomplete at the flush
+ * stays U+FFFD even if later byte pieces would have completed it. Same ownership as push. */
+enum status detokenizer_flush(struct detokenizer *d, const char **text, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

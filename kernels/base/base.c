@@ -1,0 +1,128 @@
+/* kernels/base/base.c - status messages, CHECK failure and logging (see base.h). */
+#include "base.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+static _Thread_local char status_msg[1024];
+
+enum status status_errorf(enum status s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(status_msg, sizeof status_msg, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+const char *status_message(void) { return status_msg; }
+
+const char *status_name(enum status s)
+{
+    static const char *const names[] = {
+        [STATUS_OK] = "OK",
+        [STATUS_INVALID_ARGUMENT] = "INVALID_ARGUMENT",
+        [STATUS_NOT_FOUND] = "NOT_FOUND",
+        [STATUS_BAD_FORMAT] = "BAD_FORMAT",
+        [STATUS_UNSUPPORTED] = "UNSUPPORTED",
+        [STATUS_RESOURCE_EXHAUSTED] = "RESOURCE_EXHAUSTED",
+        [STATUS_UNAVAILABLE] = "UNAVAILABLE",
+        [STATUS_IO] = "IO",
+        [STATUS_INTERNAL] = "INTERNAL",
+        [STATUS_CANCELLED] = "CANCELLED",
+        [STATUS_DEADLINE_EXCEEDED] = "DEADLINE_EXCEEDED",
+    };
+    if ((unsigned)s < sizeof names / sizeof names[0] && names[s]) return names[s];
+    return "UNKNOWN";
+}
+
+void base_check_fail(const char *file, int line, const char *cond, const char *fmt, ...)
+{
+    fprintf(stderr, "%s:%d: CHECK(%s) failed: ", file, line, cond);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    abort();
+}
+
+int base_parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+int base_parse_float(const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+/* -1 means "not read from the environment yet". Racy first read is benign: every thread
+ * computes the same value. */
+static int log_threshold = -1;
+
+void log_set_level(enum log_level level) { log_threshold = (int)level; }
+
+int log_enabled(enum log_level level)
+{
+    if (log_threshold < 0) {
+        const char *e = getenv("SHARDLM_LOG");
+        int t = LOG_LEVEL_INFO;
+        if (e && !strcmp(e, "debug")) t = LOG_LEVEL_DEBUG;
+        else if (e && !strcmp(e, "warn")) t = LOG_LEVEL_WARN;
+        else if (e && !strcmp(e, "error")) t = LOG_LEVEL_ERROR;
+        log_threshold = t;
+    }
+    return (int)level >= log_threshold;
+}
+
+void log_write(enum log_level level, const char *module, const char *fmt, ...)
+{
+    static const char *const tags[] = {"D", "I", "W", "E"};
+    char line[2048];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    int n = snprintf(line, sizeof line, "%s %02d:%02d:%02d.%03ld %s: ", tags[level], tm.tm_hour,
+                     tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, module);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < sizeof line) vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", line); /* one call per line, so concurrent lines do not interleave */
+}
+
+int base_grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    size_t n = *cap > SIZE_MAX / 2 ? need : 2 * *cap;
+    if (n < need) n = need;
+    if (n < 16) n = 16;
+    if (elem == 0 || n > SIZE_MAX / elem) return -1;
+    void *q = realloc(*p, n * elem);
+    if (!q) return -1;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+double base_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

@@ -1,0 +1,87 @@
+/* kernels/base/base.h - what every shardlm file may use: the status enum that carries errors a user
+ * or the outside world can cause, CHECK for bugs, and level-filtered logging.
+ * Not here: anything about tensors (tensor.h) or ops (ops.h).
+ * Tests: tests/test_ops.c uses CHECK and status through every op. */
+#ifndef SHARDLM_BASE_H
+#define SHARDLM_BASE_H
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Errors a user, a file or a peer can cause. Values reach the wire through the server's one
+ * mapping table, so they are only ever appended. */
+enum status {
+    STATUS_OK = 0,
+    STATUS_INVALID_ARGUMENT,   /* a bad request field, flag or parameter */
+    STATUS_NOT_FOUND,          /* a missing file, tensor or id */
+    STATUS_BAD_FORMAT,         /* a corrupt, truncated or inconsistent file */
+    STATUS_UNSUPPORTED,        /* a well-formed input this build cannot handle */
+    STATUS_RESOURCE_EXHAUSTED, /* out of memory, pool or queue */
+    STATUS_UNAVAILABLE,        /* a device or service that is not there */
+    STATUS_IO,                 /* an operating-system I/O failure */
+    STATUS_INTERNAL,           /* a failure we could not attribute (a library said no) */
+    STATUS_CANCELLED,
+    STATUS_DEADLINE_EXCEEDED,
+};
+
+/* Records a message for the calling thread and returns s, so that error paths read
+ * `return status_errorf(STATUS_BAD_FORMAT, "%s: header truncated", path);`. */
+enum status status_errorf(enum status s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* The calling thread's last message set by status_errorf ("" when none). Valid until the next
+ * status_errorf on the same thread. */
+const char *status_message(void);
+const char *status_name(enum status s);
+
+/* CHECK: a broken invariant is a bug. Aborts with file:line in every build type. */
+#define CHECK(cond, ...)                                                                    \
+    do {                                                                                    \
+        if (!(cond)) base_check_fail(__FILE__, __LINE__, #cond, __VA_ARGS__);               \
+    } while (0)
+void base_check_fail(const char *file, int line, const char *cond, const char *fmt,
+                               ...) __attribute__((noreturn, format(printf, 4, 5)));
+
+/* Strict parsing of numbers from flags and config text: the whole string must parse (no
+ * trailing characters, no overflow) and an integer must lie in [lo, hi]. Return 0 and set *out,
+ * or return -1 and leave *out alone. */
+int base_parse_long(const char *s, long lo, long hi, long *out);
+int base_parse_float(const char *s, float *out);
+
+/* Seconds on CLOCK_MONOTONIC: deadlines, timeouts and durations everywhere (never wall time). */
+double base_now_s(void);
+
+/* Grows a heap array so that it holds at least `need` elements of `elem` bytes: when *cap is
+ * smaller, *p is reallocated to max(need, 2 * *cap, 16) elements (contents kept, new elements
+ * uninitialised) and *cap updated. The one growth helper of the project (buffers, lists,
+ * queues). Returns 0, or -1 on overflow or out of memory with *p and *cap unchanged (the
+ * caller turns that into STATUS_RESOURCE_EXHAUSTED). */
+int base_grow(void **p, size_t *cap, size_t need, size_t elem);
+
+enum log_level { LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR };
+
+/* The threshold is read once from SHARDLM_LOG (debug|info|warn|error, default info) and may be
+ * changed by log_set_level; it is a process-wide setting, not model state. */
+void log_set_level(enum log_level level);
+int  log_enabled(enum log_level level);
+void log_write(enum log_level level, const char *module, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define LOG_DEBUG(module, ...) \
+    do { if (log_enabled(LOG_LEVEL_DEBUG)) log_write(LOG_LEVEL_DEBUG, module, __VA_ARGS__); } while (0)
+#define LOG_INFO(module, ...) \
+    do { if (log_enabled(LOG_LEVEL_INFO)) log_write(LOG_LEVEL_INFO, module, __VA_ARGS__); } while (0)
+#define LOG_WARN(module, ...) \
+    do { if (log_enabled(LOG_LEVEL_WARN)) log_write(LOG_LEVEL_WARN, module, __VA_ARGS__); } while (0)
+#define LOG_ERROR(module, ...) \
+    do { if (log_enabled(LOG_LEVEL_ERROR)) log_write(LOG_LEVEL_ERROR, module, __VA_ARGS__); } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
