@@ -50,39 +50,39 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "model: workspace sizes must be positive (tokens %d, seqs %d, blocks %d, logits %d)",
                              max_tokens, max_seqs, max_blocks, max_logits);
-    if (m->work && max_tokens <= m->max_tokens && max_seqs <= m->max_seqs &&
-        max_blocks <= m->max_blocks && max_logits <= m->max_logits)
+    if (m->ws.mem && max_tokens <= m->ws.max_tokens && max_seqs <= m->ws.max_seqs &&
+        max_blocks <= m->ws.max_blocks && max_logits <= m->ws.max_logits)
         return STATUS_OK;
-    if (m->work) { /* grow to the union of old and new limits */
-        max_tokens = max_tokens > m->max_tokens ? max_tokens : m->max_tokens;
-        max_seqs = max_seqs > m->max_seqs ? max_seqs : m->max_seqs;
-        max_blocks = max_blocks > m->max_blocks ? max_blocks : m->max_blocks;
-        max_logits = max_logits > m->max_logits ? max_logits : m->max_logits;
+    if (m->ws.mem) { /* grow to the union of old and new limits */
+        max_tokens = max_tokens > m->ws.max_tokens ? max_tokens : m->ws.max_tokens;
+        max_seqs = max_seqs > m->ws.max_seqs ? max_seqs : m->ws.max_seqs;
+        max_blocks = max_blocks > m->ws.max_blocks ? max_blocks : m->ws.max_blocks;
+        max_logits = max_logits > m->ws.max_logits ? max_logits : m->ws.max_logits;
     }
     const struct model_config *c = &m->cfg;
     const int64_t T = max_tokens, d = c->d_model, hd = c->head_dim;
     const struct work_entry table[] = {
-        {&m->x, m->dtype, 2, {T, d}},
-        {&m->xn, m->dtype, 2, {T, d}},
-        {&m->q, m->dtype, 3, {T, m->n_heads_local, hd}},
-        {&m->k, m->dtype, 3, {T, m->n_kv_local, hd}},
-        {&m->v, m->dtype, 3, {T, m->n_kv_local, hd}},
-        {&m->att, m->dtype, 3, {T, m->n_heads_local, hd}},
-        {&m->proj, m->dtype, 2, {T, d}},
-        {&m->gate, m->dtype, 2, {T, m->ffn_local}},
-        {&m->up, m->dtype, 2, {T, m->ffn_local}},
-        {&m->rows, m->dtype, 2, {max_logits, d}},
-        {&m->logits, m->dtype, 2, {max_logits, m->vocab_local}},
+        {&m->ws.x, m->dtype, 2, {T, d}},
+        {&m->ws.xn, m->dtype, 2, {T, d}},
+        {&m->ws.q, m->dtype, 3, {T, m->n_heads_local, hd}},
+        {&m->ws.k, m->dtype, 3, {T, m->n_kv_local, hd}},
+        {&m->ws.v, m->dtype, 3, {T, m->n_kv_local, hd}},
+        {&m->ws.att, m->dtype, 3, {T, m->n_heads_local, hd}},
+        {&m->ws.proj, m->dtype, 2, {T, d}},
+        {&m->ws.gate, m->dtype, 2, {T, m->ffn_local}},
+        {&m->ws.up, m->dtype, 2, {T, m->ffn_local}},
+        {&m->ws.rows, m->dtype, 2, {max_logits, d}},
+        {&m->ws.logits, m->dtype, 2, {max_logits, m->vocab_local}},
         /* Only with tp > 1 (gathered shards) and with non-f32 compute (f32 for the host). */
-        {&m->logits_full, m->dtype, 2, {m->tp_size > 1 ? max_logits : 0, (int64_t)m->tp_size * m->vocab_local}},
-        {&m->logits_f32, DTYPE_F32, 2, {m->dtype != DTYPE_F32 ? max_logits : 0, (int64_t)m->tp_size * m->vocab_local}},
-        {&m->tokens, DTYPE_I32, 1, {T}},
-        {&m->positions, DTYPE_I32, 1, {T}},
-        {&m->slots, DTYPE_I32, 1, {T}},
-        {&m->logit_rows, DTYPE_I32, 1, {max_logits}},
-        {&m->q_start, DTYPE_I32, 1, {max_seqs + 1}},
-        {&m->seq_len, DTYPE_I32, 1, {max_seqs}},
-        {&m->block_table, DTYPE_I32, 2, {max_seqs, max_blocks}},
+        {&m->ws.logits_full, m->dtype, 2, {m->tp_size > 1 ? max_logits : 0, (int64_t)m->tp_size * m->vocab_local}},
+        {&m->ws.logits_f32, DTYPE_F32, 2, {m->dtype != DTYPE_F32 ? max_logits : 0, (int64_t)m->tp_size * m->vocab_local}},
+        {&m->ws.tokens, DTYPE_I32, 1, {T}},
+        {&m->ws.positions, DTYPE_I32, 1, {T}},
+        {&m->ws.slots, DTYPE_I32, 1, {T}},
+        {&m->ws.logit_rows, DTYPE_I32, 1, {max_logits}},
+        {&m->ws.q_start, DTYPE_I32, 1, {max_seqs + 1}},
+        {&m->ws.seq_len, DTYPE_I32, 1, {max_seqs}},
+        {&m->ws.block_table, DTYPE_I32, 2, {max_seqs, max_blocks}},
     };
     const size_t n_entries = sizeof table / sizeof table[0];
     /* One allocation carved by the table, each piece aligned to 256 bytes. */
@@ -95,23 +95,23 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
     void *mem = NULL;
     enum status st = backend_alloc(m->b, total, &mem);
     if (st != STATUS_OK) return st;
-    backend_free(m->b, m->work);
-    m->work = mem;
+    backend_free(m->b, m->ws.mem);
+    m->ws.mem = mem;
     size_t off = 0;
     for (size_t i = 0; i < n_entries; i++) {
         *table[i].t = tensor_make((char *)mem + off, table[i].dtype, m->b->device, table[i].ndim,
                                   table[i].shape[0], table[i].shape[1], table[i].shape[2]);
         off += (tensor_nbytes(table[i].t) + 255) / 256 * 256;
     }
-    m->max_tokens = max_tokens;
-    m->max_seqs = max_seqs;
-    m->max_blocks = max_blocks;
-    m->max_logits = max_logits;
+    m->ws.max_tokens = max_tokens;
+    m->ws.max_seqs = max_seqs;
+    m->ws.max_blocks = max_blocks;
+    m->ws.max_logits = max_logits;
     const size_t width = (size_t)m->tp_size * (size_t)m->vocab_local;
     if (width != (size_t)c->vocab_size) { /* padded shards: compact on the host */
-        free(m->host_logits);
-        m->host_logits = malloc((size_t)max_logits * width * sizeof *m->host_logits);
-        if (!m->host_logits) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory for logits");
+        free(m->ws.host_logits);
+        m->ws.host_logits = malloc((size_t)max_logits * width * sizeof *m->ws.host_logits);
+        if (!m->ws.host_logits) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory for logits");
     }
     if (m->par.groups && m->tp_size > 1) {
         size_t most = (size_t)T * (size_t)d;
@@ -134,11 +134,11 @@ enum status model_share_tokens(struct model *m, int32_t *tokens, int n)
 void model_free(struct model *m)
 {
     if (!m) return;
-    for (int i = 0; i < m->n_owned; i++) backend_free(m->b, m->owned[i]);
+    for (size_t i = 0; i < m->n_owned; i++) backend_free(m->b, m->owned[i]);
     free(m->owned);
-    backend_free(m->b, m->work);
-    free(m->layers);
-    free(m->host_logits);
+    backend_free(m->b, m->ws.mem);
+    weights_free_layers(&m->w);
+    free(m->ws.host_logits);
     checkpoint_close(m->checkpoint);
     free(m);
 }
@@ -176,16 +176,16 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
                                                                               : m->cfg.rope_theta;
     struct backend *b = m->b;
     const struct model_config *c = &m->cfg;
-    const struct layer_weights *w = &m->layers[l];
+    const struct layer_weights *w = &m->w.layers[l];
     const int64_t hd = c->head_dim;
-    struct tensor x = first_rows(&m->x, T), xn = first_rows(&m->xn, T), proj = first_rows(&m->proj, T);
-    struct tensor q = as_2d(&m->q, T, m->n_heads_local * hd);
-    struct tensor k = as_2d(&m->k, T, m->n_kv_local * hd);
-    struct tensor v = as_2d(&m->v, T, m->n_kv_local * hd);
-    struct tensor att = as_2d(&m->att, T, m->n_heads_local * hd);
-    struct tensor q3 = as_3d(&m->q, T, m->n_heads_local, hd), k3 = as_3d(&m->k, T, m->n_kv_local, hd);
-    struct tensor v3 = as_3d(&m->v, T, m->n_kv_local, hd), att3 = as_3d(&m->att, T, m->n_heads_local, hd);
-    struct tensor pos = first_rows(&m->positions, T), slots = first_rows(&m->slots, T);
+    struct tensor x = first_rows(&m->ws.x, T), xn = first_rows(&m->ws.xn, T), proj = first_rows(&m->ws.proj, T);
+    struct tensor q = as_2d(&m->ws.q, T, m->n_heads_local * hd);
+    struct tensor k = as_2d(&m->ws.k, T, m->n_kv_local * hd);
+    struct tensor v = as_2d(&m->ws.v, T, m->n_kv_local * hd);
+    struct tensor att = as_2d(&m->ws.att, T, m->n_heads_local * hd);
+    struct tensor q3 = as_3d(&m->ws.q, T, m->n_heads_local, hd), k3 = as_3d(&m->ws.k, T, m->n_kv_local, hd);
+    struct tensor v3 = as_3d(&m->ws.v, T, m->n_kv_local, hd), att3 = as_3d(&m->ws.att, T, m->n_heads_local, hd);
+    struct tensor pos = first_rows(&m->ws.positions, T), slots = first_rows(&m->ws.slots, T);
 
     /* Attention block: xn = norm(x); q, k, v = xn W^T (+ b); rotary on q, k. */
     norm(m, &xn, &x, &w->attn_norm, &w->attn_norm_bias);
@@ -193,7 +193,7 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
     op_matmul(b, &k, &xn, &w->wk, opt(&w->bk));
     op_matmul(b, &v, &xn, &w->wv, opt(&w->bv));
     if (c->qk_norm) { /* RMSNorm over each head's features */
-        struct tensor qh = as_2d(&m->q, T * m->n_heads_local, hd), kh = as_2d(&m->k, T * m->n_kv_local, hd);
+        struct tensor qh = as_2d(&m->ws.q, T * m->n_heads_local, hd), kh = as_2d(&m->ws.k, T * m->n_kv_local, hd);
         op_rmsnorm(b, &qh, &qh, &w->q_norm, c->norm_eps);
         op_rmsnorm(b, &kh, &kh, &w->k_norm, c->norm_eps);
     }
@@ -210,10 +210,10 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
 
     /* MLP block: x += down(act(gate(xn)) * up(xn)), or down(act(up(xn))) for GPT-2. */
     norm(m, &xn, &x, &w->mlp_norm, &w->mlp_norm_bias);
-    struct tensor up = first_rows(&m->up, T);
+    struct tensor up = first_rows(&m->ws.up, T);
     op_matmul(b, &up, &xn, &w->w_up, opt(&w->b_up));
     if (c->gated_mlp) {
-        struct tensor gate = first_rows(&m->gate, T);
+        struct tensor gate = first_rows(&m->ws.gate, T);
         op_matmul(b, &gate, &xn, &w->w_gate, opt(&w->b_gate));
         op_gated_activation(b, &up, &gate, &up, c->activation);
     } else {
@@ -230,13 +230,13 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
 {
     struct backend *b = m->b;
     const int64_t T = fb->n_tokens;
-    CHECK(T > 0 && T <= m->max_tokens && fb->n_seqs > 0 && fb->n_seqs <= m->max_seqs &&
-              fb->max_blocks > 0 && fb->max_blocks <= m->max_blocks && fb->n_logits >= 0 &&
-              fb->n_logits <= m->max_logits,
+    CHECK(T > 0 && T <= m->ws.max_tokens && fb->n_seqs > 0 && fb->n_seqs <= m->ws.max_seqs &&
+              fb->max_blocks > 0 && fb->max_blocks <= m->ws.max_blocks && fb->n_logits >= 0 &&
+              fb->n_logits <= m->ws.max_logits,
           "forward batch (tokens %lld, seqs %d, blocks %d, logits %d) exceeds the workspace "
           "(%d, %d, %d, %d)",
-          (long long)T, fb->n_seqs, fb->max_blocks, fb->n_logits, m->max_tokens, m->max_seqs,
-          m->max_blocks, m->max_logits);
+          (long long)T, fb->n_seqs, fb->max_blocks, fb->n_logits, m->ws.max_tokens, m->ws.max_seqs,
+          m->ws.max_blocks, m->ws.max_logits);
     CHECK(cache->n_layers == m->n_layers_local, "cache has %d layers, stage %d", cache->n_layers,
           m->n_layers_local);
     for (int64_t i = 0; i < T; i++)
@@ -245,35 +245,35 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
                                  "position %d is outside the model's context (%d)", fb->positions[i],
                                  m->cfg.max_positions);
 
-    upload_i32(b, &m->tokens, fb->tokens, T);
-    upload_i32(b, &m->positions, fb->positions, T);
-    upload_i32(b, &m->slots, fb->slots, T);
-    upload_i32(b, &m->q_start, fb->q_start, fb->n_seqs + 1);
-    upload_i32(b, &m->seq_len, fb->seq_len, fb->n_seqs);
-    upload_i32(b, &m->block_table, fb->block_table, (int64_t)fb->n_seqs * fb->max_blocks);
-    upload_i32(b, &m->logit_rows, fb->logit_rows, fb->n_logits);
+    upload_i32(b, &m->ws.tokens, fb->tokens, T);
+    upload_i32(b, &m->ws.positions, fb->positions, T);
+    upload_i32(b, &m->ws.slots, fb->slots, T);
+    upload_i32(b, &m->ws.q_start, fb->q_start, fb->n_seqs + 1);
+    upload_i32(b, &m->ws.seq_len, fb->seq_len, fb->n_seqs);
+    upload_i32(b, &m->ws.block_table, fb->block_table, (int64_t)fb->n_seqs * fb->max_blocks);
+    upload_i32(b, &m->ws.logit_rows, fb->logit_rows, fb->n_logits);
 
     struct attention_batch ab = {
         .n_seqs = fb->n_seqs,
         .block_tokens = cache->block_tokens,
         .max_blocks = fb->max_blocks,
-        .q_start = first_rows(&m->q_start, fb->n_seqs + 1),
-        .seq_len = first_rows(&m->seq_len, fb->n_seqs),
-        .block_table = tensor_make(m->block_table.data, DTYPE_I32, b->device, 2,
+        .q_start = first_rows(&m->ws.q_start, fb->n_seqs + 1),
+        .seq_len = first_rows(&m->ws.seq_len, fb->n_seqs),
+        .block_table = tensor_make(m->ws.block_table.data, DTYPE_I32, b->device, 2,
                                    (int64_t)fb->n_seqs, (int64_t)fb->max_blocks),
         .scale = m->cfg.attn_scale > 0.0f ? m->cfg.attn_scale : 1.0f / sqrtf((float)m->cfg.head_dim),
         .window = m->cfg.sliding_window,
     };
 
-    struct tensor x = first_rows(&m->x, T), tokens = first_rows(&m->tokens, T);
-    struct tensor pos = first_rows(&m->positions, T);
+    struct tensor x = first_rows(&m->ws.x, T), tokens = first_rows(&m->ws.tokens, T);
+    struct tensor pos = first_rows(&m->ws.positions, T);
     enum status st;
     if (m->pp_rank == 0) {
         /* Embedding: the masked lookup of this vocab shard; the all-reduce joins the shards. */
-        op_embedding(b, &x, &m->tok_embedding, &tokens, m->vocab_start);
+        op_embedding(b, &x, &m->w.tok_embedding, &tokens, m->vocab_start);
         if (m->tp_size > 1 && (st = comm_all_reduce(m->par.groups->tp, &x)) != STATUS_OK) return st;
         if (m->cfg.embed_scale != 0.0f && m->cfg.embed_scale != 1.0f) op_scale(b, &x, &x, m->cfg.embed_scale);
-        if (m->cfg.positions == POSITION_KIND_LEARNED) op_position_embedding_add(b, &x, &m->pos_embedding, &pos);
+        if (m->cfg.positions == POSITION_KIND_LEARNED) op_position_embedding_add(b, &x, &m->w.pos_embedding, &pos);
     } else if ((st = comm_recv(m->par.groups->pp, &x, m->pp_rank - 1)) != STATUS_OK) {
         return st;
     }
@@ -288,18 +288,18 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
     }
     /* Only the rows that need logits go through the final norm and the LM head: gathering rows
      * is the embedding lookup with the residual stream as the table. */
-    struct tensor rows = first_rows(&m->rows, fb->n_logits), ids = first_rows(&m->logit_rows, fb->n_logits);
+    struct tensor rows = first_rows(&m->ws.rows, fb->n_logits), ids = first_rows(&m->ws.logit_rows, fb->n_logits);
     op_embedding(b, &rows, &x, &ids, 0);
-    norm(m, &rows, &rows, &m->final_norm, &m->final_norm_bias);
-    struct tensor lg = first_rows(&m->logits, fb->n_logits);
-    op_matmul(b, &lg, &rows, &m->lm_head, NULL);
+    norm(m, &rows, &rows, &m->w.final_norm, &m->w.final_norm_bias);
+    struct tensor lg = first_rows(&m->ws.logits, fb->n_logits);
+    op_matmul(b, &lg, &rows, &m->w.lm_head, NULL);
     struct tensor full = lg;
     if (m->tp_size > 1) { /* vocab-parallel shards side by side: (rows, tp * vocab_local) */
-        full = first_rows(&m->logits_full, fb->n_logits);
+        full = first_rows(&m->ws.logits_full, fb->n_logits);
         if ((st = comm_all_gather_last(m->par.groups->tp, &full, &lg)) != STATUS_OK) return st;
     }
     const struct tensor *host_src = &full;
-    struct tensor lg32 = first_rows(&m->logits_f32, fb->n_logits);
+    struct tensor lg32 = first_rows(&m->ws.logits_f32, fb->n_logits);
     if (m->dtype != DTYPE_F32) {
         op_cast(b, &lg32, &full);
         host_src = &lg32;
@@ -310,8 +310,8 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
         return STATUS_OK;
     }
     /* Drop the zero rows that padded the vocabulary to a multiple of tp. */
-    backend_download(b, m->host_logits, host_src->data, tensor_nbytes(host_src));
+    backend_download(b, m->ws.host_logits, host_src->data, tensor_nbytes(host_src));
     for (int i = 0; i < fb->n_logits; i++)
-        memcpy(logits + (size_t)i * (size_t)V, m->host_logits + (size_t)i * (size_t)width, (size_t)V * sizeof *logits);
+        memcpy(logits + (size_t)i * (size_t)V, m->ws.host_logits + (size_t)i * (size_t)width, (size_t)V * sizeof *logits);
     return STATUS_OK;
 }

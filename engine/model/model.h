@@ -19,25 +19,11 @@
 #include "kv_cache.h"
 #include "ops.h"
 #include "parallel.h"
+#include "weights.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* A weight that a model may lack (biases): data == NULL when absent. */
-struct layer_weights {
-    struct tensor attn_norm, attn_norm_bias; /* (d_model) */
-    struct tensor wq, bq;                    /* (n_heads_local * head_dim, d_model), (n_heads_local * head_dim) */
-    struct tensor wk, bk;                    /* (n_kv_local * head_dim, d_model), (n_kv_local * head_dim) */
-    struct tensor wv, bv;                    /* as wk, bk */
-    struct tensor wo, bo;                    /* (d_model, n_heads_local * head_dim), (d_model) */
-    struct tensor mlp_norm, mlp_norm_bias;   /* (d_model) */
-    struct tensor w_gate, b_gate;            /* (ffn_local, d_model), (ffn_local); gated MLPs only */
-    struct tensor w_up, b_up;                /* (ffn_local, d_model), (ffn_local); GPT-2's c_fc */
-    struct tensor w_down, b_down;            /* (d_model, ffn_local), (d_model) */
-    struct tensor q_norm, k_norm;            /* (head_dim): per-head RMSNorm of q and k (Gemma 3) */
-    struct tensor post_attn_norm, post_mlp_norm; /* (d_model): norms of the sublayer outputs (Gemma) */
-};
 
 /* How one rank's model joins the others. */
 struct model_parallel {
@@ -53,35 +39,11 @@ struct model_parallel {
  * STATUS_INVALID_ARGUMENT naming what is wrong. */
 enum status model_parse_pp_layers(const char *text, int pp_size, int n_layers, int *out);
 
-struct model {
-    struct model_config cfg;
-    struct model_parallel par;     /* a world of one when loaded without one */
-    struct backend *b;             /* borrowed */
-    enum dtype dtype;              /* compute and storage dtype on the device */
-    int tp_rank, tp_size, pp_rank, pp_size;
-    int layer_first, n_layers_local;   /* this stage's contiguous layer range */
-    int n_heads_local, n_kv_local, ffn_local;
-    int vocab_local;               /* rows of this shard's embedding / LM head (padded vocab / tp) */
-    int64_t vocab_start;           /* first vocabulary id of this shard */
-
-    struct tensor tok_embedding;   /* (vocab_local, d_model); first stage, and last when tied */
-    struct tensor pos_embedding;   /* (max_positions, d_model); learned positions only */
-    struct layer_weights *layers;  /* (n_layers_local) */
-    struct tensor final_norm, final_norm_bias; /* (d_model); last stage */
-    struct tensor lm_head;         /* (vocab_local, d_model); last stage; == tok_embedding when tied */
-
-    /* Weight memory: the device allocations freed by model_free. Tensors loaded zero-copy (CPU,
-     * matching dtype) point into the checkpoint's read-only mapping instead, so the checkpoint
-     * stays open for the model's lifetime. */
-    void **owned;                  /* (n_owned) */
-    int    n_owned, cap_owned;
-    struct checkpoint *checkpoint;
-    size_t weight_bytes;           /* device bytes of all local weights */
-    size_t weight_bytes_mapped;    /* of which served zero-copy from the mapping */
-
-    /* Workspace, allocated once by model_reserve for the largest step. */
+/* The forward workspace, allocated once by model_reserve for the largest step and carved from
+ * one device allocation by a table of shapes (entries of unused features have size zero). */
+struct model_workspace {
     int    max_tokens, max_seqs, max_blocks, max_logits;
-    void  *work;                   /* one device allocation */
+    void  *mem;                    /* one device allocation */
     struct tensor x, xn;           /* (max_tokens, d_model): residual stream, normed */
     struct tensor q, k, v, att;    /* (max_tokens, heads_local, head_dim) */
     struct tensor proj;            /* (max_tokens, d_model): attention / MLP output */
@@ -93,6 +55,33 @@ struct model {
     float *host_logits;            /* (max_logits, tp * vocab_local) host, when padded (tp > 1) */
     struct tensor tokens, positions, slots, logit_rows; /* i32 (max_tokens) */
     struct tensor q_start, seq_len, block_table;        /* i32 (max_seqs+1), (max_seqs), (max_seqs, max_blocks) */
+};
+
+/* One rank's model: its configuration (what shard of which model this is), its weights (a
+ * layout table: weights.h) and its forward workspace. */
+struct model {
+    /* Configuration. */
+    struct model_config cfg;
+    struct model_parallel par;     /* a world of one when loaded without one */
+    struct backend *b;             /* borrowed */
+    enum dtype dtype;              /* compute and storage dtype on the device */
+    int tp_rank, tp_size, pp_rank, pp_size;
+    int layer_first, n_layers_local;   /* this stage's contiguous layer range */
+    int n_heads_local, n_kv_local, ffn_local;
+    int vocab_local;               /* rows of this shard's embedding / LM head (padded vocab / tp) */
+    int64_t vocab_start;           /* first vocabulary id of this shard */
+
+    /* Weights, and the memory behind them: the device allocations freed by model_free.
+     * Tensors loaded zero-copy (CPU, matching dtype) point into the checkpoint's read-only
+     * mapping instead, so the checkpoint stays open for the model's lifetime. */
+    struct model_weights w;
+    void **owned;                  /* (n_owned) */
+    size_t n_owned, cap_owned;
+    struct checkpoint *checkpoint;
+    size_t weight_bytes;           /* device bytes of all local weights */
+    size_t weight_bytes_mapped;    /* of which served zero-copy from the mapping */
+
+    struct model_workspace ws;
 };
 
 /* Loads the checkpoint directory `dir` for this rank's (tp, pp) shard onto b, in the backend's

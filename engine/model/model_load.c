@@ -9,13 +9,8 @@
 
 static enum status own(struct model *m, void *ptr)
 {
-    if (m->n_owned == m->cap_owned) {
-        int cap = m->cap_owned ? 2 * m->cap_owned : 64;
-        void **p = realloc(m->owned, (size_t)cap * sizeof *p);
-        if (!p) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
-        m->owned = p;
-        m->cap_owned = cap;
-    }
+    if (base_grow((void **)&m->owned, &m->cap_owned, m->n_owned + 1, sizeof *m->owned))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
     m->owned[m->n_owned++] = ptr;
     return STATUS_OK;
 }
@@ -97,42 +92,31 @@ static enum status load_optional(struct model *m, struct staging *stg, enum weig
     return load_weight(m, stg, kind, layer, t);
 }
 
-static enum status load_layer(struct model *m, struct staging *stg, int layer,
-                              struct layer_weights *w)
+/* Loads every weight of this stage through the layout table (weights.h): the embeddings on
+ * the first stage, the layers of this stage, the final norm and LM head on the last; absent
+ * optional weights (biases, Gemma's extra norms) stay empty. */
+static enum status load_weights(struct model *m, struct staging *stg)
 {
-    static const struct {
-        enum weight_kind kind;
-        size_t offset;
-    } fields[] = {
-        {WEIGHT_KIND_ATTN_NORM, offsetof(struct layer_weights, attn_norm)},
-        {WEIGHT_KIND_ATTN_NORM_BIAS, offsetof(struct layer_weights, attn_norm_bias)},
-        {WEIGHT_KIND_Q, offsetof(struct layer_weights, wq)},
-        {WEIGHT_KIND_Q_BIAS, offsetof(struct layer_weights, bq)},
-        {WEIGHT_KIND_K, offsetof(struct layer_weights, wk)},
-        {WEIGHT_KIND_K_BIAS, offsetof(struct layer_weights, bk)},
-        {WEIGHT_KIND_V, offsetof(struct layer_weights, wv)},
-        {WEIGHT_KIND_V_BIAS, offsetof(struct layer_weights, bv)},
-        {WEIGHT_KIND_O, offsetof(struct layer_weights, wo)},
-        {WEIGHT_KIND_O_BIAS, offsetof(struct layer_weights, bo)},
-        {WEIGHT_KIND_MLP_NORM, offsetof(struct layer_weights, mlp_norm)},
-        {WEIGHT_KIND_MLP_NORM_BIAS, offsetof(struct layer_weights, mlp_norm_bias)},
-        {WEIGHT_KIND_GATE, offsetof(struct layer_weights, w_gate)},
-        {WEIGHT_KIND_GATE_BIAS, offsetof(struct layer_weights, b_gate)},
-        {WEIGHT_KIND_UP, offsetof(struct layer_weights, w_up)},
-        {WEIGHT_KIND_UP_BIAS, offsetof(struct layer_weights, b_up)},
-        {WEIGHT_KIND_DOWN, offsetof(struct layer_weights, w_down)},
-        {WEIGHT_KIND_DOWN_BIAS, offsetof(struct layer_weights, b_down)},
-        {WEIGHT_KIND_Q_NORM, offsetof(struct layer_weights, q_norm)},
-        {WEIGHT_KIND_K_NORM, offsetof(struct layer_weights, k_norm)},
-        {WEIGHT_KIND_POST_ATTN_NORM, offsetof(struct layer_weights, post_attn_norm)},
-        {WEIGHT_KIND_POST_MLP_NORM, offsetof(struct layer_weights, post_mlp_norm)},
-    };
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        struct tensor *t = (struct tensor *)((char *)w + fields[i].offset);
-        enum status st = load_optional(m, stg, fields[i].kind, layer, t);
-        if (st != STATUS_OK) return st;
+    const int first_stage = m->pp_rank == 0, last_stage = m->pp_rank == m->pp_size - 1;
+    struct weight_ref *table = malloc((size_t)weights_table_max(m->w.n_layers) * sizeof *table);
+    if (!table) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+    const int n = weights_table(&m->w, m->layer_first, 0, table);
+    enum status st = STATUS_OK;
+    for (int i = 0; i < n && st == STATUS_OK; i++) {
+        const enum weight_kind k = table[i].kind;
+        const int embedding = k == WEIGHT_KIND_TOK_EMBEDDING || k == WEIGHT_KIND_POS_EMBEDDING;
+        const int head = k == WEIGHT_KIND_FINAL_NORM || k == WEIGHT_KIND_FINAL_NORM_BIAS ||
+                         k == WEIGHT_KIND_LM_HEAD;
+        if ((embedding && !first_stage) || (head && !last_stage)) continue;
+        const int required = k == WEIGHT_KIND_TOK_EMBEDDING || k == WEIGHT_KIND_FINAL_NORM ||
+                             k == WEIGHT_KIND_LM_HEAD;
+        const int layer = table[i].layer >= 0 ? table[i].layer : 0;
+        st = required ? load_weight(m, stg, k, layer, table[i].t)
+                      : load_optional(m, stg, k, layer, table[i].t);
     }
-    return STATUS_OK;
+    free(table);
+    if (st == STATUS_OK && m->w.tied) m->w.lm_head = m->w.tok_embedding; /* shared, not copied */
+    return st;
 }
 
 enum status model_parse_pp_layers(const char *text, int pp_size, int n_layers, int *out)
@@ -206,11 +190,6 @@ enum status model_load(const char *dir, struct backend *b, const struct model_pa
     /* CPUs compute in f32; GPUs in bf16, or f16 for checkpoints trained in f16. */
     m->dtype = b->device == DEVICE_CPU ? DTYPE_F32 : (c->dtype == DTYPE_F16 ? DTYPE_F16 : DTYPE_BF16);
 
-    const int first_stage = pp_rank == 0, last_stage = pp_rank == pp_size - 1;
-    if (first_stage) {
-        if ((st = load_weight(m, &stg, WEIGHT_KIND_TOK_EMBEDDING, 0, &m->tok_embedding)) != STATUS_OK) goto fail;
-        if ((st = load_optional(m, &stg, WEIGHT_KIND_POS_EMBEDDING, 0, &m->pos_embedding)) != STATUS_OK) goto fail;
-    }
     /* Local sizes follow the slices the checkpoint hands out (heads, KV replication, vocab). */
     struct host_weight hw;
     if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_Q, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK) goto fail;
@@ -223,19 +202,14 @@ enum status model_load(const char *dir, struct backend *b, const struct model_pa
     m->vocab_local = (int)hw.shape[0];
     m->vocab_start = hw.row_start;
 
-    m->layers = calloc((size_t)m->n_layers_local, sizeof *m->layers);
-    if (!m->layers) {
+    m->w.n_layers = m->n_layers_local;
+    m->w.tied = c->tied_embeddings && pp_rank == 0 && pp_rank == pp_size - 1;
+    m->w.layers = calloc((size_t)m->n_layers_local, sizeof *m->w.layers);
+    if (!m->w.layers) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
         goto fail;
     }
-    for (int l = 0; l < m->n_layers_local; l++)
-        if ((st = load_layer(m, &stg, m->layer_first + l, &m->layers[l])) != STATUS_OK) goto fail;
-    if (last_stage) {
-        if ((st = load_weight(m, &stg, WEIGHT_KIND_FINAL_NORM, 0, &m->final_norm)) != STATUS_OK) goto fail;
-        if ((st = load_optional(m, &stg, WEIGHT_KIND_FINAL_NORM_BIAS, 0, &m->final_norm_bias)) != STATUS_OK) goto fail;
-        if (c->tied_embeddings && first_stage) m->lm_head = m->tok_embedding; /* shared, not copied */
-        else if ((st = load_weight(m, &stg, WEIGHT_KIND_LM_HEAD, 0, &m->lm_head)) != STATUS_OK) goto fail;
-    }
+    if ((st = load_weights(m, &stg)) != STATUS_OK) goto fail;
     free(stg.buf);
     LOG_INFO("model", "loaded %s: %d layers [%d, %d) of %d, tp %d/%d, %s, %.1f MiB of weights (%.1f MiB mapped zero-copy)",
              c->architecture, m->n_layers_local, m->layer_first, m->layer_first + m->n_layers_local,

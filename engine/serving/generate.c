@@ -29,8 +29,8 @@ enum status generate_run(struct model *m, struct kv_cache *cache, const int32_t 
         return status_errorf(STATUS_RESOURCE_EXHAUSTED,
                              "generate: %d tokens need %d KV blocks, the cache has %d", total,
                              max_blocks, cache->n_blocks);
-    int chunk = o->prefill_chunk > 0 ? o->prefill_chunk : m->max_tokens;
-    if (chunk > m->max_tokens) chunk = m->max_tokens;
+    int chunk = o->prefill_chunk > 0 ? o->prefill_chunk : m->ws.max_tokens;
+    if (chunk > m->ws.max_tokens) chunk = m->ws.max_tokens;
     enum status st = sampling_params_validate(&o->sampling);
     if (st != STATUS_OK) return st;
 
