@@ -2,6 +2,7 @@
  * workspace. Loading weights lives in model_load.c.
  * Tests: tests/test_model.c. */
 #include "model.h"
+#include "model_train.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -138,6 +139,7 @@ void model_free(struct model *m)
     free(m->owned);
     backend_free(m->b, m->ws.mem);
     weights_free_layers(&m->w);
+    model_train_free(m);
     free(m->ws.host_logits);
     checkpoint_close(m->checkpoint);
     free(m);

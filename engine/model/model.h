@@ -25,6 +25,8 @@
 extern "C" {
 #endif
 
+struct train_activations;
+
 /* How one rank's model joins the others. */
 struct model_parallel {
     struct parallel_world *world;   /* borrowed */
@@ -82,6 +84,7 @@ struct model {
     size_t weight_bytes_mapped;    /* of which served zero-copy from the mapping */
 
     struct model_workspace ws;
+    struct train_activations *train; /* model_reserve_train (model_train.c); NULL until then */
 };
 
 /* Loads the checkpoint directory `dir` for this rank's (tp, pp) shard onto b, in the backend's
