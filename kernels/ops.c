@@ -377,3 +377,88 @@ void op_topk(struct backend *b, const struct tensor *values, const struct tensor
     b->ops->topk(b, values, ids, x);
     after_op(b);
 }
+
+/* ---- training attention ------------------------------------------------------------------ */
+
+/* The shapes shared by op_attention_train and its backward: q (n, n_heads, head_dim), k and v
+ * (n, n_kv_heads, head_dim), lse f32 (n, n_heads), and the batch description. */
+static void check_attention_train(struct backend *b, const struct tensor *lse,
+                                  const struct tensor *q, const struct tensor *k,
+                                  const struct tensor *v, const struct attention_train_batch *batch)
+{
+    check_float(b, q, "attention_train q");
+    check_float(b, k, "attention_train k");
+    check_float(b, v, "attention_train v");
+    check_on(b, lse, "attention_train lse");
+    check_same(k, v, "attention_train k/v");
+    CHECK(q->ndim == 3 && k->ndim == 3 && q->dtype == k->dtype && q->shape[0] == k->shape[0] &&
+              q->shape[2] == k->shape[2] && k->shape[1] > 0 && q->shape[1] % k->shape[1] == 0,
+          "attention_train: q %s (n, n_heads, head_dim) vs k %s (n, n_kv_heads, head_dim)",
+          DESC(q), DESC(k));
+    CHECK(lse->dtype == DTYPE_F32 && lse->ndim == 2 && lse->shape[0] == q->shape[0] &&
+              lse->shape[1] == q->shape[1],
+          "attention_train: lse %s must be f32 (n, n_heads) for q %s", DESC(lse), DESC(q));
+    CHECK(batch->n_docs >= 0 && (batch->n_docs > 0 || q->shape[0] == 0),
+          "attention_train batch: %d documents for %lld rows", batch->n_docs,
+          (long long)q->shape[0]);
+    check_i32(b, &batch->doc_start, "attention_train doc_start");
+    CHECK(tensor_numel(&batch->doc_start) == (int64_t)batch->n_docs + 1,
+          "attention_train doc_start %s must have n_docs + 1 = %d entries",
+          DESC(&batch->doc_start), batch->n_docs + 1);
+    CHECK(batch->window >= 0 && batch->scale > 0.0f, "attention_train window %d scale %g",
+          batch->window, (double)batch->scale);
+}
+
+/* Whether the memory of two tensors overlaps (compared as addresses: they may be unrelated
+ * allocations). */
+static int overlaps(const struct tensor *a, const struct tensor *c)
+{
+    uintptr_t pa = (uintptr_t)a->data, pc = (uintptr_t)c->data;
+    size_t na = tensor_nbytes(a), nc = tensor_nbytes(c);
+    return na && nc && pa < pc + nc && pc < pa + na;
+}
+
+void op_attention_train(struct backend *b, const struct tensor *out, const struct tensor *lse,
+                        const struct tensor *q, const struct tensor *k, const struct tensor *v,
+                        const struct attention_train_batch *batch)
+{
+    check_attention_train(b, lse, q, k, v, batch);
+    check_float(b, out, "attention_train out");
+    check_same(out, q, "attention_train out/q");
+    const struct tensor *ins[3] = {q, k, v};
+    for (int i = 0; i < 3; i++)
+        CHECK(!overlaps(out, ins[i]) && !overlaps(lse, ins[i]),
+              "attention_train: out or lse overlaps an input");
+    CHECK(!overlaps(out, lse), "attention_train: out overlaps lse");
+    b->ops->attention_train(b, out, lse, q, k, v, batch);
+    after_op(b);
+}
+
+void op_attention_train_backward(struct backend *b, const struct tensor *dq,
+                                 const struct tensor *dk, const struct tensor *dv,
+                                 const struct tensor *dout, const struct tensor *out,
+                                 const struct tensor *lse, const struct tensor *q,
+                                 const struct tensor *k, const struct tensor *v,
+                                 const struct attention_train_batch *batch)
+{
+    check_attention_train(b, lse, q, k, v, batch);
+    check_float(b, dq, "attention_train_backward dq");
+    check_float(b, dk, "attention_train_backward dk");
+    check_float(b, dv, "attention_train_backward dv");
+    check_float(b, dout, "attention_train_backward dout");
+    check_float(b, out, "attention_train_backward out");
+    check_same(dq, q, "attention_train_backward dq/q");
+    check_same(dk, k, "attention_train_backward dk/k");
+    check_same(dv, v, "attention_train_backward dv/v");
+    check_same(dout, q, "attention_train_backward dout/q");
+    check_same(out, q, "attention_train_backward out/q");
+    const struct tensor *grads[3] = {dq, dk, dv}, *ins[6] = {dout, out, lse, q, k, v};
+    for (int i = 0; i < 3; i++) {
+        for (int j = 0; j < 6; j++)
+            CHECK(!overlaps(grads[i], ins[j]), "attention_train_backward: a gradient overlaps an input");
+        for (int j = i + 1; j < 3; j++)
+            CHECK(!overlaps(grads[i], grads[j]), "attention_train_backward: gradients overlap");
+    }
+    b->ops->attention_train_backward(b, dq, dk, dv, dout, out, lse, q, k, v, batch);
+    after_op(b);
+}

@@ -63,6 +63,25 @@ struct attention_batch {
     int           window;         /* sliding-window size in tokens; 0 = full causal */
 };
 
+/* ---- training attention: batch description (op_attention_train and its backward) ---- */
+
+/* Describes the packed sequences of a training micro-batch for op_attention_train: the n rows
+ * of q, k and v hold n_docs documents back to back, document d in rows doc_start[d] ..
+ * doc_start[d+1]-1 (doc_start[0] = 0, doc_start[n_docs] = n, non-decreasing: an empty
+ * document is allowed). Row i of document d attends causally to the rows j of the same
+ * document with j <= i, and, when window > 0, only to the last `window` of them (i - j <
+ * window; window = 1 attends to itself only). Attention never crosses a document boundary, so
+ * position i - doc_start[d] of a row is its position in its document. doc_start lives on the
+ * backend's device. Index data is validated where it lives (CPU: CHECK; CUDA: a device-side
+ * trap), as a caller bug. Attention logit softcapping is not supported (nor by op_attention:
+ * Gemma 3 has none). */
+struct attention_train_batch {
+    int           n_docs;
+    struct tensor doc_start; /* i32 (n_docs + 1): row offsets of the documents */
+    float         scale;     /* scores are scale * q.k; usually 1/sqrt(head_dim) */
+    int           window;    /* sliding-window size in tokens; 0 = full causal */
+};
+
 struct backend;
 
 /* The table a backend fills in. Each slot has the signature of its op_* wrapper without the
@@ -113,6 +132,17 @@ struct backend_ops {
     void (*argmax)(struct backend *b, const struct tensor *ids, const struct tensor *x);
     void (*topk)(struct backend *b, const struct tensor *values, const struct tensor *ids,
                  const struct tensor *x);
+
+    /* training attention (kernels/cpu/attention_train.c, kernels/cuda/attention_train.cu) */
+    void (*attention_train)(struct backend *b, const struct tensor *out, const struct tensor *lse,
+                            const struct tensor *q, const struct tensor *k,
+                            const struct tensor *v, const struct attention_train_batch *batch);
+    void (*attention_train_backward)(struct backend *b, const struct tensor *dq,
+                                     const struct tensor *dk, const struct tensor *dv,
+                                     const struct tensor *dout, const struct tensor *out,
+                                     const struct tensor *lse, const struct tensor *q,
+                                     const struct tensor *k, const struct tensor *v,
+                                     const struct attention_train_batch *batch);
 };
 
 /* An open backend. Fields other than ops are read-only for callers. */
@@ -239,6 +269,42 @@ void op_argmax(struct backend *b, const struct tensor *ids, const struct tensor 
  * f32 (n, k) whatever x's dtype, ids i32 (n, k); k <= v (k <= 4096 on CUDA). */
 void op_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
              const struct tensor *x);
+
+/* ---- training attention ------------------------------------------------------------------ */
+
+/* Causal self-attention over the packed documents of a training micro-batch (see struct
+ * attention_train_batch), flash-style: the attention matrix is never stored. q, out (n,
+ * n_heads, head_dim); k, v (n, n_kv_heads, head_dim), the K and V of the same n rows; n_heads
+ * a multiple of n_kv_heads (grouped-query: query head h reads KV head
+ * h / (n_heads / n_kv_heads)); q, k, v, out share one float dtype. For each row i and head h,
+ * with s_j = scale * q[i,h,:] . k[j,kvh,:] over the attended rows j:
+ *     out[i,h,:] = sum_j softmax(s)_j v[j,kvh,:],    lse[i,h] = log(sum_j exp(s_j)),
+ * the natural log-sum-exp of the scaled scores, kept in f32 whatever the dtype: lse is f32 (n,
+ * n_heads). The backward needs out and lse as this op wrote them. Softmax is computed online in
+ * f32 (stable for any document length). out and lse must not alias an input. The result equals
+ * op_attention's on the same rows written to a paged cache (one sequence per document), up to
+ * f32 rounding. head_dim <= 256 on CUDA. */
+void op_attention_train(struct backend *b, const struct tensor *out, const struct tensor *lse,
+                        const struct tensor *q, const struct tensor *k, const struct tensor *v,
+                        const struct attention_train_batch *batch);
+
+/* The gradients of op_attention_train: given dout = dL/dout (n, n_heads, head_dim) and the
+ * forward's q, k, v, out and lse (the same batch), writes dq = dL/dq (shape of q) and dk, dv =
+ * dL/dk, dL/dv (shape of k): each element is overwritten, not accumulated into. For
+ * grouped-query attention dk and dv sum the contributions of every query head of the group.
+ * The probabilities are recomputed from q, k and lse (P_ij = exp(s_ij - lse_i)), and
+ * D_i = sum_d dout[i,h,d] out[i,h,d] stands for sum_j P_ij dP_ij (FlashAttention's identity), so
+ * out must be the forward's output (its rounding to the storage dtype enters the gradients
+ * through D, as it does in FlashAttention). All arithmetic is f32; dk and dv are summed over the
+ * group in f32 and rounded once. The gradients must not alias each other or an input. No
+ * workspace: nothing is allocated per call on either backend. Results do not depend on the
+ * number of threads or on timing (no atomics). */
+void op_attention_train_backward(struct backend *b, const struct tensor *dq,
+                                 const struct tensor *dk, const struct tensor *dv,
+                                 const struct tensor *dout, const struct tensor *out,
+                                 const struct tensor *lse, const struct tensor *q,
+                                 const struct tensor *k, const struct tensor *v,
+                                 const struct attention_train_batch *batch);
 
 #ifdef __cplusplus
 }

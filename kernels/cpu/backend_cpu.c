@@ -122,6 +122,8 @@ static const struct backend_ops cpu_backend_ops = {
     .log_softmax = cpu_log_softmax,
     .argmax = cpu_argmax,
     .topk = cpu_topk,
+    .attention_train = cpu_attention_train,
+    .attention_train_backward = cpu_attention_train_backward,
 };
 
 enum status cpu_backend_open(int n_threads, struct backend **out)

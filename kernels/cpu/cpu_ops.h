@@ -83,6 +83,17 @@ void cpu_argmax(struct backend *b, const struct tensor *ids, const struct tensor
 void cpu_topk(struct backend *b, const struct tensor *values, const struct tensor *ids,
               const struct tensor *x);
 
+/* training attention (attention_train.c) */
+void cpu_attention_train(struct backend *b, const struct tensor *out, const struct tensor *lse,
+                         const struct tensor *q, const struct tensor *k, const struct tensor *v,
+                         const struct attention_train_batch *batch);
+void cpu_attention_train_backward(struct backend *b, const struct tensor *dq,
+                                  const struct tensor *dk, const struct tensor *dv,
+                                  const struct tensor *dout, const struct tensor *out,
+                                  const struct tensor *lse, const struct tensor *q,
+                                  const struct tensor *k, const struct tensor *v,
+                                  const struct attention_train_batch *batch);
+
 /* Shared by activation.c and gated_activation.c. */
 float cpu_activate(float x, enum activation act);
 

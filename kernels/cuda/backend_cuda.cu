@@ -135,6 +135,8 @@ static const struct backend_ops cuda_backend_ops = {
     .log_softmax = cuda_log_softmax,
     .argmax = cuda_argmax,
     .topk = cuda_topk,
+    .attention_train = cuda_attention_train,
+    .attention_train_backward = cuda_attention_train_backward,
 };
 
 /* No GPU, a driver too old for this runtime, a device out of range or too old, a device in

@@ -1,0 +1,1047 @@
+/* tests/test_attention_train.c - op_attention_train and op_attention_train_backward (training
+ * attention over packed documents, kernels/ops.h), in every float dtype, on odd shapes: row
+ * counts that are not multiples of 32, head_dim 8 to 256, one-row and empty documents, several
+ * documents packed in one batch, multi-head, grouped-query (4:1) and multi-query heads, sliding
+ * windows (1, inside a document, wider than it).
+ *
+ * Each case draws q, k, v and dout in double, rounds them to the storage dtype, and runs a plain
+ * double-precision reference on the rounded values, written here from the definitions (softmax
+ * over the attended keys, and the gradients by the chain rule), not from any backend's code:
+ * - forward: out and lse against the reference; the same rows written to a paged KV cache with
+ *   op_kv_write and run through op_attention (serving's attention) must give the same out, which
+ *   ties training to serving;
+ * - backward: dq, dk, dv against the analytic reference, given the reference's out (rounded to
+ *   the dtype) and lse (rounded to f32), so that every backend sees identical inputs; and, on a
+ *   sample of elements, against central finite differences of the double forward;
+ * - "reference" cases check the analytic double reference itself against central finite
+ *   differences (all elements of small cases, a sample of larger ones);
+ * - --backend cuda: the same cases on CUDA, compared with the double reference and with the CPU
+ *   backend on identical inputs. Prints "SKIP: attention_train_cuda: ..." and exits 77 when
+ *   the build has no CUDA backend or the machine has no GPU.
+ * As in tests/test_ops.c: every device buffer sits between guard bytes that must come back
+ * untouched, every input must come back unchanged, every output starts as NaN (an element never
+ * written is caught), every output is checked for NaN/Inf, and an empty backend slot is a
+ * failure, never a pass. The backward also runs twice and must give the same bits (the ops
+ * promise results that do not depend on timing).
+ *
+ * Tolerances. An element passes when |got - want| <= u |want| + (1 + u) (4 U32 |want| + U32 mag)
+ * + floor, with u and floor the storage rounding of the output dtype (as in test_ops.c) and mag
+ * an error magnitude, in units of U32, that the reference computes alongside each value from
+ * the error sources of f32 arithmetic:
+ * - a score s_ij = scale q_i . k_j: a dot product of length D, 2 sqrt(D) scale sum_d |q k|
+ *   (probabilistic bound, as for matmul in test_ops.c), plus |s| for rounding scale * q;
+ * - a probability P_ij = exp(s_ij - lse_i): the score error, |lse| (lse is rounded to f32),
+ *   |s - lse| and a few more for exp: E_ij = 2 sqrt(D) scale sum|q k| + |s| + |lse| + |s - lse|
+ *   + 4 (relative);
+ * - dP_ij = dout_i . v_j and D_i = dout_i . out_i: 2 sqrt(D) sum_d |dout v| and
+ *   (2 sqrt(D) + u_out / U32) sum_d |dout out|, where u_out is the storage rounding of out (the
+ *   backward reads out as stored, as FlashAttention does);
+ * - dS_ij = P_ij (dP_ij - D_i): P (|dP - D| E + the two above) + 2 |dS|;
+ * - each sum over c terms adds (2 sqrt(c) + 2) times the sum of the absolute terms.
+ * Forward: mag(out) = 4 sum_j P_j |v_j| (4 + 2 sqrt(c) + 2 sqrt(D) scale max_j sum|q k|) as in
+ * test_ops.c, mag(lse) = 4 (4 + 2 sqrt(c) + 2 sqrt(D) scale max_j sum|q k| + |max s| + |lse|).
+ * Backward: mag(dv_j) = 2 sum_i P_ij |dout_i| (E_ij + 2 sqrt(c) + 2), mag(dq_i) = 2 scale
+ * sum_j |k_j| (err(dS_ij) + (2 sqrt(c) + 2) |dS_ij|), and mag(dk_j) likewise with |q_i|.
+ * A CUDA result must also be within twice the bound of the CPU result (each may sit on either
+ * side of the reference); the paged forward within twice the bound of the training forward.
+ * Finite differences: h = 1e-5, whose truncation and rounding errors (about 1e-9 here) sit far
+ * below the bound of 1e-6 (|g| + max |g| of the tensor).
+ *
+ * Run:  test_attention_train --backend cpu|cuda [--filter SUBSTR] [--seed N]
+ * Each case prints "ok" with its name and worst err/tol ratio, or "FAIL" with its name and every
+ * failed check indented below; the last line is "N passed, M failed". Exit status: 0 all
+ * passed, 1 a failure, 2 bad usage, 77 skipped. Inputs are drawn from the seed and the case's
+ * name, so --filter reproduces a case exactly. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ops.h"
+
+#define U32 0x1p-24 /* unit roundoff of f32 */
+#define REL_TOL (4 * U32)
+#define FD_STEP 1e-5
+#define FD_TOL 1e-6
+#define FD_SAMPLES 40 /* elements per tensor checked by finite differences, beyond small cases */
+
+/* ---- small utilities -------------------------------------------------------------------- */
+
+static void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    CHECK(p != NULL, "out of host memory (%zu x %zu bytes)", n, size);
+    return p;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+struct rng {
+    uint64_t s;
+};
+
+static uint64_t rng_next(struct rng *r) /* splitmix64 */
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_range(struct rng *r, double lo, double hi)
+{
+    return lo + (hi - lo) * ((double)(rng_next(r) >> 11) * 0x1p-53);
+}
+
+static int rng_int(struct rng *r, int n) { return (int)(rng_next(r) % (uint64_t)n); }
+
+static uint64_t hash_name(const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (; *name; name++) h = (h ^ (uint8_t)*name) * 0x100000001b3ull;
+    return h;
+}
+
+/* ---- storage formats, written independently of tensor.h (as in test_ops.c) -------------- */
+
+struct format {
+    int    precision; /* significand bits, the implicit one included */
+    int    emin;      /* exponent of the smallest normal number */
+    double max;       /* largest finite value */
+};
+
+static struct format format_of(enum dtype t)
+{
+    switch (t) {
+    case DTYPE_F32: return (struct format){24, -126, 0x1.fffffep127};
+    case DTYPE_BF16: return (struct format){8, -126, 0x1.fep127};
+    case DTYPE_F16: return (struct format){11, -14, 65504.0};
+    case DTYPE_I32: break;
+    }
+    CHECK(0, "not a float dtype: %d", (int)t);
+}
+
+/* v rounded to the nearest value of dtype t, ties to even; NaN, infinities, zeros pass. */
+static double fmt_round(double v, enum dtype t)
+{
+    if (isnan(v) || isinf(v) || v == 0.0) return v;
+    struct format f = format_of(t);
+    double a = fabs(v);
+    int e;
+    frexp(a, &e);
+    int lead = e - 1 < f.emin ? f.emin : e - 1;
+    double ulp = ldexp(1.0, lead - (f.precision - 1));
+    double r = nearbyint(a / ulp) * ulp;
+    if (r > f.max) r = INFINITY;
+    return copysign(r, v);
+}
+
+static uint16_t f16_encode(double v) /* v exactly representable in f16 */
+{
+    uint16_t sign = signbit(v) ? 0x8000u : 0;
+    if (isnan(v)) return sign | 0x7e00u;
+    double a = fabs(v);
+    if (isinf(a)) return sign | 0x7c00u;
+    if (a == 0.0) return sign;
+    if (a < 0x1p-14) return sign | (uint16_t)(a * 0x1p24);
+    int e;
+    double m = frexp(a, &e);
+    return sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)((2.0 * m - 1.0) * 1024.0);
+}
+
+static double f16_decode(uint16_t h)
+{
+    int ex = (h >> 10) & 31, man = h & 1023;
+    double v = ex == 0 ? ldexp(man, -24) : ex == 31 ? (man ? NAN : INFINITY) : ldexp(1024 + man, ex - 25);
+    return (h & 0x8000u) ? -v : v;
+}
+
+/* Stores v, exactly representable in t, as element i of bits. */
+static void fmt_store(void *bits, enum dtype t, size_t i, double v)
+{
+    switch (t) {
+    case DTYPE_F32: ((float *)bits)[i] = (float)v; return;
+    case DTYPE_BF16: {
+        float f = (float)v;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        if (isnan(v)) u = (u & 0x80000000u) | 0x7fc00000u;
+        ((uint16_t *)bits)[i] = (uint16_t)(u >> 16);
+        return;
+    }
+    case DTYPE_F16: ((uint16_t *)bits)[i] = f16_encode(v); return;
+    case DTYPE_I32: break;
+    }
+    CHECK(0, "not a float dtype: %d", (int)t);
+}
+
+static double fmt_load(const void *bits, enum dtype t, size_t i)
+{
+    switch (t) {
+    case DTYPE_F32: return ((const float *)bits)[i];
+    case DTYPE_BF16: {
+        uint32_t u = (uint32_t)((const uint16_t *)bits)[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    case DTYPE_F16: return f16_decode(((const uint16_t *)bits)[i]);
+    case DTYPE_I32: break;
+    }
+    CHECK(0, "not a float dtype: %d", (int)t);
+}
+
+/* The storage rounding of an output dtype: u relative, floor absolute (half the subnormal
+ * spacing). For f32 the error model counts the final rounding already. */
+static const struct storage_rounding {
+    double u, floor;
+} storage_rounding[3] = {
+    [DTYPE_F32] = {0, 0x1p-150},
+    [DTYPE_BF16] = {0x1p-8, 0x1p-134},
+    [DTYPE_F16] = {0x1p-11, 0x1p-25},
+};
+
+/* ---- the suite, its cases and their verdicts -------------------------------------------- */
+
+#define CASE_MAX_ALLOCS 96
+
+struct suite {
+    struct backend *backend[2]; /* [0] under test; [1] the CPU backend when [0] is CUDA */
+    const char     *backend_name[2];
+    int             n_backends;
+    const char     *filter;
+    uint64_t        seed;
+    int             passed, failed;
+    void           *allocs[CASE_MAX_ALLOCS];
+    int             n_allocs;
+};
+
+struct verdict {
+    double worst_ratio; /* largest err / tol over every toleranced comparison (-1: none) */
+    int    n_failed;
+    size_t len;
+    char   msg[4096];
+};
+
+static void verdict_fail(struct verdict *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void verdict_fail(struct verdict *v, const char *fmt, ...)
+{
+    v->n_failed++;
+    if (v->len + 8 >= sizeof v->msg) return;
+    v->len += (size_t)snprintf(v->msg + v->len, sizeof v->msg - v->len, "\n    ");
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(v->msg + v->len, sizeof v->msg - v->len, fmt, ap);
+    va_end(ap);
+    if (n > 0) v->len += (size_t)n;
+    if (v->len >= sizeof v->msg) v->len = sizeof v->msg - 1;
+}
+
+static void *case_alloc(struct suite *s, size_t n, size_t size)
+{
+    CHECK(s->n_allocs < CASE_MAX_ALLOCS, "a case uses more than %d host buffers", CASE_MAX_ALLOCS);
+    return s->allocs[s->n_allocs++] = xcalloc(n, size);
+}
+
+static int case_begin(struct suite *s, const char *name, struct rng *r)
+{
+    if (s->filter && !strstr(name, s->filter)) return 0;
+    r->s = s->seed ^ hash_name(name);
+    s->n_allocs = 0;
+    return 1;
+}
+
+static void case_end(struct suite *s, const char *name, const struct verdict *v)
+{
+    char margin[48] = "";
+    if (v->worst_ratio > 0.0) snprintf(margin, sizeof margin, "  [err/tol %.3f]", v->worst_ratio);
+    if (v->n_failed) {
+        s->failed++;
+        printf("FAIL %s%s\n", name, v->msg);
+    } else {
+        s->passed++;
+        printf("ok   %s%s\n", name, margin);
+    }
+    fflush(stdout);
+    for (int i = 0; i < s->n_allocs; i++) free(s->allocs[i]);
+    s->n_allocs = 0;
+}
+
+#define SUPPORTED(v, b, slot)                                                                \
+    ((b)->ops->slot != NULL                                                                  \
+         ? 1                                                                                 \
+         : (verdict_fail((v), "%s: op " #slot " is not implemented (empty slot)",            \
+                         (b)->ops->name),                                                    \
+            0))
+
+/* ---- device buffers with guards (as in test_ops.c) --------------------------------------- */
+
+#define GUARD_BYTES 256
+#define ARENA_MAX_BUFS 16
+
+static uint8_t guard_byte(size_t i, int after) { return (uint8_t)((after ? 0x5a : 0xa5) ^ (i * 29u)); }
+
+struct arena {
+    struct backend *b;
+    int             n;
+    struct dbuf {
+        const char *name;
+        void       *base;
+        size_t      nbytes, elsize;
+        const void *expect; /* inputs: the bytes that must come back unchanged */
+        void       *result; /* outputs: where arena_finish puts the data */
+    } bufs[ARENA_MAX_BUFS];
+};
+
+struct shape {
+    int     ndim;
+    int64_t d[TENSOR_MAX_DIMS];
+};
+#define S1(a) ((struct shape){1, {(a), 1, 1, 1}})
+#define S2(a, b) ((struct shape){2, {(a), (b), 1, 1}})
+#define S3(a, b, c) ((struct shape){3, {(a), (b), (c), 1}})
+#define S4(a, b, c, d) ((struct shape){4, {(a), (b), (c), (d)}})
+
+/* A guarded buffer holding `init` (NaN bytes when NULL). */
+static struct tensor arena_add(struct arena *a, const char *name, enum dtype t, struct shape sh,
+                               const void *init, const void *expect, void *result)
+{
+    CHECK(a->n < ARENA_MAX_BUFS, "arena full");
+    struct tensor x = {.dtype = t, .device = a->b->device, .ndim = sh.ndim};
+    for (int i = 0; i < TENSOR_MAX_DIMS; i++) x.shape[i] = i < sh.ndim ? sh.d[i] : 1;
+    struct dbuf *d = &a->bufs[a->n++];
+    *d = (struct dbuf){.name = name, .nbytes = tensor_nbytes(&x), .elsize = dtype_size(t),
+                       .expect = expect, .result = result};
+    size_t total = d->nbytes + 2 * GUARD_BYTES;
+    enum status st = backend_alloc(a->b, total, &d->base);
+    CHECK(st == STATUS_OK, "backend_alloc(%zu): %s", total, status_message());
+    uint8_t *stage = xcalloc(total, 1);
+    for (size_t i = 0; i < GUARD_BYTES; i++) {
+        stage[i] = guard_byte(i, 0);
+        stage[GUARD_BYTES + d->nbytes + i] = guard_byte(i, 1);
+    }
+    if (init) memcpy(stage + GUARD_BYTES, init, d->nbytes);
+    else memset(stage + GUARD_BYTES, 0xff, d->nbytes);
+    backend_upload(a->b, d->base, stage, total);
+    free(stage);
+    x.data = (uint8_t *)d->base + GUARD_BYTES;
+    return x;
+}
+
+static struct tensor arena_in(struct arena *a, const char *name, enum dtype t, struct shape sh,
+                              const void *host)
+{
+    return arena_add(a, name, t, sh, host, host, NULL);
+}
+
+/* An output filled with NaN (init NULL), or with init; `result` receives it. */
+static struct tensor arena_out(struct arena *a, const char *name, enum dtype t, struct shape sh,
+                               const void *init, void *result)
+{
+    return arena_add(a, name, t, sh, init, NULL, result);
+}
+
+/* Waits for the backend, checks guards and inputs, downloads outputs, frees the buffers. */
+static void arena_finish(struct arena *a, struct verdict *v)
+{
+    backend_synchronize(a->b);
+    const char *bname = a->b->ops->name;
+    for (int k = 0; k < a->n; k++) {
+        struct dbuf *d = &a->bufs[k];
+        size_t total = d->nbytes + 2 * GUARD_BYTES;
+        uint8_t *stage = xcalloc(total, 1);
+        backend_download(a->b, stage, d->base, total);
+        for (int after = 0; after <= 1; after++) {
+            const uint8_t *g = stage + (after ? GUARD_BYTES + d->nbytes : 0);
+            size_t n_bad = 0;
+            for (size_t i = 0; i < GUARD_BYTES; i++) n_bad += g[i] != guard_byte(i, after);
+            if (n_bad)
+                verdict_fail(v, "%s: %zu guard bytes %s '%s' overwritten", bname, n_bad,
+                             after ? "after" : "before", d->name);
+        }
+        if (d->expect && memcmp(stage + GUARD_BYTES, d->expect, d->nbytes)) {
+            size_t i = 0;
+            while (stage[GUARD_BYTES + i] == ((const uint8_t *)d->expect)[i]) i++;
+            verdict_fail(v, "%s: input '%s' was modified (element %zu)", bname, d->name,
+                         i / d->elsize);
+        }
+        if (d->result) memcpy(d->result, stage + GUARD_BYTES, d->nbytes);
+        free(stage);
+        backend_free(a->b, d->base);
+    }
+    a->n = 0;
+}
+
+/* ---- comparisons --------------------------------------------------------------------------- */
+
+/* tol[i] for an output of dtype t from the reference's want and mag (units of U32). */
+static void make_tol(double *tol, enum dtype t, const double *want, const double *mag, size_t n)
+{
+    const struct storage_rounding *sr = &storage_rounding[t];
+    for (size_t i = 0; i < n; i++) {
+        double w = fabs(want[i]);
+        tol[i] = sr->u * w + (1.0 + sr->u) * (REL_TOL * w + U32 * mag[i]) + sr->floor;
+    }
+}
+
+/* got against want within factor * tol[i]; a non-finite got always fails. */
+static void compare_close(struct verdict *v, const char *what, const double *got,
+                          const double *want, const double *tol, double factor, size_t n,
+                          size_t cols)
+{
+    size_t n_bad = 0, n_nonfinite = 0, worst = 0;
+    double worst_ratio = -1.0, max_abs = 0.0;
+    if (cols == 0) cols = 1;
+    for (size_t i = 0; i < n; i++) {
+        double err, bound = factor * tol[i];
+        int bad;
+        if (!isfinite(got[i]) || !isfinite(want[i])) {
+            bad = 1;
+            err = INFINITY;
+            n_nonfinite++;
+        } else {
+            err = fabs(got[i] - want[i]);
+            bad = err > bound;
+            if (err > max_abs) max_abs = err;
+        }
+        if (bound > 0.0 && err / bound > v->worst_ratio && isfinite(err)) v->worst_ratio = err / bound;
+        if (bad) {
+            double ratio = bound > 0.0 ? err / bound : INFINITY;
+            if (n_bad++ == 0 || ratio > worst_ratio) worst_ratio = ratio, worst = i;
+        }
+    }
+    if (n_bad)
+        verdict_fail(v,
+                     "%s: %zu of %zu elements out of tolerance (%zu non-finite); worst [%zu, %zu]: "
+                     "got %.9g want %.9g, err %.3g > tol %.3g; max abs err %.3g",
+                     what, n_bad, n, n_nonfinite, worst / cols, worst % cols, got[worst],
+                     want[worst], fabs(got[worst] - want[worst]), factor * tol[worst], max_abs);
+}
+
+/* Every backend's result against the reference, and CUDA against the CPU. */
+static void check_close(struct suite *s, struct verdict *v, const char *what, double *got[2],
+                        const double *want, const double *tol, size_t n, size_t cols)
+{
+    char label[160];
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        snprintf(label, sizeof label, "%s: %s vs reference", s->backend_name[bi], what);
+        compare_close(v, label, got[bi], want, tol, 1.0, n, cols);
+    }
+    if (s->n_backends == 2) {
+        snprintf(label, sizeof label, "%s vs %s: %s", s->backend_name[0], s->backend_name[1], what);
+        compare_close(v, label, got[0], got[1], tol, 2.0, n, cols);
+    }
+}
+
+static double *decode(struct suite *s, const void *bits, enum dtype t, size_t n)
+{
+    double *out = case_alloc(s, n, sizeof(double));
+    for (size_t i = 0; i < n; i++) out[i] = fmt_load(bits, t, i);
+    return out;
+}
+
+/* ==== the double-precision reference ========================================================= */
+
+/* One case on the host: the packed documents and the exact values of the rounded inputs. */
+struct problem {
+    int      n, H, Hk, D, G, window, n_docs;
+    double   scale;
+    int32_t *doc_start; /* (n_docs + 1) */
+    int     *doc_of;    /* (n): the document of each row */
+    double  *q, *dout;  /* (n, H, D) */
+    double  *k, *v;     /* (n, Hk, D) */
+};
+
+/* The first key that row i attends to, and one past the last row that attends to key j. */
+static int ref_lo(const struct problem *p, int i)
+{
+    int begin = p->doc_start[p->doc_of[i]];
+    return p->window > 0 && i - p->window + 1 > begin ? i - p->window + 1 : begin;
+}
+
+static int ref_key_end(const struct problem *p, int j)
+{
+    int end = p->doc_start[p->doc_of[j] + 1];
+    return p->window > 0 && j + p->window < end ? j + p->window : end;
+}
+
+static size_t qi(const struct problem *p, int i, int h) { return ((size_t)i * p->H + h) * p->D; }
+static size_t ki(const struct problem *p, int j, int kvh) { return ((size_t)j * p->Hk + kvh) * p->D; }
+
+/* Softmax of row i, head h over its keys lo .. i: prob[j - lo], the scores' max, lse, and
+ * A = max_j sum_d |q_d k_jd|. Returns the number of keys. */
+static int ref_probs(const struct problem *p, int i, int h, double *prob, double *score,
+                     double *smax, double *lse, double *amax)
+{
+    int lo = ref_lo(p, i), kvh = h / p->G;
+    const double *qv = p->q + qi(p, i, h);
+    double m = -INFINITY, a_max = 0.0;
+    for (int j = lo; j <= i; j++) {
+        const double *kv = p->k + ki(p, j, kvh);
+        double dot = 0.0, a = 0.0;
+        for (int d = 0; d < p->D; d++) {
+            dot += qv[d] * kv[d];
+            a += fabs(qv[d] * kv[d]);
+        }
+        score[j - lo] = p->scale * dot;
+        if (score[j - lo] > m) m = score[j - lo];
+        if (a > a_max) a_max = a;
+    }
+    double sum = 0.0;
+    for (int j = lo; j <= i; j++) sum += exp(score[j - lo] - m);
+    for (int j = lo; j <= i; j++) prob[j - lo] = exp(score[j - lo] - m) / sum;
+    *smax = m;
+    *lse = m + log(sum);
+    *amax = a_max;
+    return i - lo + 1;
+}
+
+/* out (n, H, D), lse (n, H), and their error magnitudes (see the top of the file). */
+static void ref_forward(const struct problem *p, double *out, double *lse, double *mag_out,
+                        double *mag_lse)
+{
+    double *prob = xcalloc((size_t)p->n + 1, sizeof(double));
+    double *score = xcalloc((size_t)p->n + 1, sizeof(double));
+    for (int i = 0; i < p->n; i++)
+        for (int h = 0; h < p->H; h++) {
+            double m, l, amax;
+            int lo = ref_lo(p, i), c = ref_probs(p, i, h, prob, score, &m, &l, &amax);
+            double factor = 4.0 + 2.0 * sqrt((double)c) + 2.0 * sqrt((double)p->D) * p->scale * amax;
+            for (int d = 0; d < p->D; d++) {
+                double o = 0.0, o_abs = 0.0;
+                for (int j = lo; j <= i; j++) {
+                    double vv = p->v[ki(p, j, h / p->G) + d];
+                    o += prob[j - lo] * vv;
+                    o_abs += prob[j - lo] * fabs(vv);
+                }
+                out[qi(p, i, h) + d] = o;
+                mag_out[qi(p, i, h) + d] = 4.0 * o_abs * factor;
+            }
+            lse[(size_t)i * p->H + h] = l;
+            mag_lse[(size_t)i * p->H + h] = 4.0 * (factor + fabs(m) + fabs(l));
+        }
+    free(prob);
+    free(score);
+}
+
+/* L = sum over rows i0 .. i1-1 and heads h0 .. h1-1 of dout . out: the part of the loss that
+ * a perturbation of one element can change (finite differences). */
+static double ref_loss_part(const struct problem *p, int i0, int i1, int h0, int h1)
+{
+    double *prob = xcalloc((size_t)p->n + 1, sizeof(double));
+    double *score = xcalloc((size_t)p->n + 1, sizeof(double));
+    double loss = 0.0;
+    for (int i = i0; i < i1; i++)
+        for (int h = h0; h < h1; h++) {
+            double m, l, amax;
+            int lo = ref_lo(p, i);
+            ref_probs(p, i, h, prob, score, &m, &l, &amax);
+            for (int d = 0; d < p->D; d++) {
+                double o = 0.0;
+                for (int j = lo; j <= i; j++) o += prob[j - lo] * p->v[ki(p, j, h / p->G) + d];
+                loss += p->dout[qi(p, i, h) + d] * o;
+            }
+        }
+    free(prob);
+    free(score);
+    return loss;
+}
+
+/* The analytic gradients of L = sum dout . out by the chain rule through the softmax:
+ * P_ij, dP_ij = dout_i . v_j, dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij'), dq_i = scale sum_j
+ * dS_ij k_j, dk_j = scale sum_i dS_ij q_i, dv_j = sum_i P_ij dout_i (sums over the query heads
+ * of a group for dk and dv). Error magnitudes as at the top of the file; u_out is the storage
+ * rounding of out, in units of U32. */
+static void ref_backward(const struct problem *p, double u_out, double *dq, double *dk,
+                         double *dv, double *mag_dq, double *mag_dk, double *mag_dv)
+{
+    size_t nq = (size_t)p->n * p->H * p->D, nk = (size_t)p->n * p->Hk * p->D;
+    memset(dq, 0, nq * sizeof(double));
+    memset(dk, 0, nk * sizeof(double));
+    memset(dv, 0, nk * sizeof(double));
+    memset(mag_dq, 0, nq * sizeof(double));
+    memset(mag_dk, 0, nk * sizeof(double));
+    memset(mag_dv, 0, nk * sizeof(double));
+    double *prob = xcalloc((size_t)p->n + 1, sizeof(double));
+    double *score = xcalloc((size_t)p->n + 1, sizeof(double));
+    double *dp = xcalloc((size_t)p->n + 1, sizeof(double));
+    double *edp = xcalloc((size_t)p->n + 1, sizeof(double));
+    double *out = xcalloc((size_t)p->D, sizeof(double));
+    const double sd = sqrt((double)p->D);
+    for (int i = 0; i < p->n; i++)
+        for (int h = 0; h < p->H; h++) {
+            const int kvh = h / p->G, lo = ref_lo(p, i);
+            const double *qv = p->q + qi(p, i, h), *dov = p->dout + qi(p, i, h);
+            double m, lse, amax;
+            const int c = ref_probs(p, i, h, prob, score, &m, &lse, &amax);
+            double Di = 0.0, Ci = 0.0;
+            for (int d = 0; d < p->D; d++) out[d] = 0.0;
+            for (int j = lo; j <= i; j++) {
+                const double *vv = p->v + ki(p, j, kvh);
+                double s = 0.0, b = 0.0;
+                for (int d = 0; d < p->D; d++) {
+                    s += dov[d] * vv[d];
+                    b += fabs(dov[d] * vv[d]);
+                    out[d] += prob[j - lo] * vv[d];
+                }
+                dp[j - lo] = s;
+                edp[j - lo] = 2.0 * sd * b;
+                Di += prob[j - lo] * s;
+            }
+            for (int d = 0; d < p->D; d++) Ci += fabs(dov[d] * out[d]);
+            for (int j = lo; j <= i; j++) {
+                const double *kv = p->k + ki(p, j, kvh);
+                const double P = prob[j - lo], dS = P * (dp[j - lo] - Di);
+                double a = 0.0;
+                for (int d = 0; d < p->D; d++) a += fabs(qv[d] * kv[d]);
+                const double E = 2.0 * sd * p->scale * a + fabs(score[j - lo]) + fabs(lse) +
+                                 fabs(score[j - lo] - lse) + 4.0;
+                const double e_ds = P * (fabs(dp[j - lo] - Di) * E + edp[j - lo] + (2.0 * sd + u_out) * Ci) +
+                                    2.0 * fabs(dS);
+                const int ck = (ref_key_end(p, j) - j) * p->G; /* terms summed into dk_j, dv_j */
+                const double sum_q = 2.0 * sqrt((double)c) + 2.0, sum_k = 2.0 * sqrt((double)ck) + 2.0;
+                for (int d = 0; d < p->D; d++) {
+                    dq[qi(p, i, h) + d] += p->scale * dS * kv[d];
+                    mag_dq[qi(p, i, h) + d] += 2.0 * p->scale * fabs(kv[d]) * (e_ds + sum_q * fabs(dS));
+                    dk[ki(p, j, kvh) + d] += p->scale * dS * qv[d];
+                    mag_dk[ki(p, j, kvh) + d] += 2.0 * p->scale * fabs(qv[d]) * (e_ds + sum_k * fabs(dS));
+                    dv[ki(p, j, kvh) + d] += P * dov[d];
+                    mag_dv[ki(p, j, kvh) + d] += 2.0 * P * fabs(dov[d]) * (E + sum_k);
+                }
+            }
+        }
+    free(prob);
+    free(score);
+    free(dp);
+    free(edp);
+    free(out);
+}
+
+/* Central finite difference of L with respect to element e of x (one of q, k, v), from the
+ * rows and heads that element reaches. */
+static double ref_fd(struct problem *p, double *x, size_t e)
+{
+    int i0, i1, h0, h1;
+    if (x == p->q) {
+        i0 = (int)(e / ((size_t)p->H * p->D));
+        i1 = i0 + 1;
+        h0 = (int)(e / p->D % p->H);
+        h1 = h0 + 1;
+    } else {
+        int j = (int)(e / ((size_t)p->Hk * p->D)), kvh = (int)(e / p->D % p->Hk);
+        i0 = j;
+        i1 = ref_key_end(p, j);
+        h0 = kvh * p->G;
+        h1 = h0 + p->G;
+    }
+    const double x0 = x[e];
+    x[e] = x0 + FD_STEP;
+    double up = ref_loss_part(p, i0, i1, h0, h1);
+    x[e] = x0 - FD_STEP;
+    double down = ref_loss_part(p, i0, i1, h0, h1);
+    x[e] = x0;
+    return (up - down) / (2.0 * FD_STEP);
+}
+
+/* Elements of an m-element tensor to check by finite differences: all of a small one;
+ * otherwise the first and last, and FD_SAMPLES - 2 drawn at random. Returns the count. */
+static int fd_sample(struct rng *r, size_t m, size_t *idx)
+{
+    if (m == 0) return 0;
+    if (m <= FD_SAMPLES) {
+        for (size_t i = 0; i < m; i++) idx[i] = i;
+        return (int)m;
+    }
+    idx[0] = 0;
+    idx[1] = m - 1;
+    for (int i = 2; i < FD_SAMPLES; i++) idx[i] = (size_t)(rng_next(r) % m);
+    return FD_SAMPLES;
+}
+
+/* ==== cases ================================================================================= */
+
+struct train_spec {
+    const char *label;
+    int         n_heads, n_kv_heads, head_dim, window;
+    double      scale; /* 0: 1 / sqrt(head_dim) */
+    int         n_docs;
+    int         doc_len[8];
+};
+
+/* Draws the case's inputs, rounded to dt. Queries in [-2, 2] give scores of standard deviation
+ * about 1 at scale 1/sqrt(D); dout, k, v in [-1, 1]. */
+static struct problem make_problem(struct suite *s, const struct train_spec *sp, enum dtype dt,
+                                   struct rng *r, void **q_bits, void **k_bits, void **v_bits,
+                                   void **dout_bits)
+{
+    struct problem p = {.H = sp->n_heads, .Hk = sp->n_kv_heads, .D = sp->head_dim,
+                        .window = sp->window, .n_docs = sp->n_docs};
+    p.G = p.H / p.Hk;
+    p.scale = (double)(sp->scale > 0 ? (float)sp->scale : 1.0f / sqrtf((float)p.D));
+    p.doc_start = case_alloc(s, (size_t)p.n_docs + 1, sizeof(int32_t));
+    for (int d = 0; d < p.n_docs; d++) p.doc_start[d + 1] = p.doc_start[d] + sp->doc_len[d];
+    p.n = p.doc_start[p.n_docs];
+    p.doc_of = case_alloc(s, (size_t)p.n + 1, sizeof(int));
+    for (int d = 0; d < p.n_docs; d++)
+        for (int i = p.doc_start[d]; i < p.doc_start[d + 1]; i++) p.doc_of[i] = d;
+    size_t nq = (size_t)p.n * p.H * p.D, nk = (size_t)p.n * p.Hk * p.D;
+    double **vals[4] = {&p.q, &p.k, &p.v, &p.dout};
+    void **bits[4] = {q_bits, k_bits, v_bits, dout_bits};
+    const size_t sizes[4] = {nq, nk, nk, nq};
+    const double range[4] = {2.0, 1.0, 1.0, 1.0};
+    for (int t = 0; t < 4; t++) {
+        *vals[t] = case_alloc(s, sizes[t], sizeof(double));
+        if (bits[t]) *bits[t] = case_alloc(s, sizes[t], dtype_size(dt));
+        for (size_t i = 0; i < sizes[t]; i++) {
+            double x = fmt_round(rng_range(r, -range[t], range[t]), dt);
+            (*vals[t])[i] = x;
+            if (bits[t]) fmt_store(*bits[t], dt, i, x);
+        }
+    }
+    return p;
+}
+
+static void spec_name(char *name, size_t n, const char *kind, enum dtype dt,
+                      const struct train_spec *sp)
+{
+    int rows = 0;
+    for (int d = 0; d < sp->n_docs; d++) rows += sp->doc_len[d];
+    snprintf(name, n, "%s %s %s (heads %d/%d head_dim %d window %d docs %d rows %d)", kind,
+             dtype_name(dt), sp->label, sp->n_heads, sp->n_kv_heads, sp->head_dim, sp->window,
+             sp->n_docs, rows);
+}
+
+/* The analytic double reference against central finite differences of the double forward. */
+static void case_reference(struct suite *s, const struct train_spec *sp)
+{
+    char name[200];
+    spec_name(name, sizeof name, "reference fd", DTYPE_F32, sp);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct problem p = make_problem(s, sp, DTYPE_F32, &r, NULL, NULL, NULL, NULL);
+    size_t nq = (size_t)p.n * p.H * p.D, nk = (size_t)p.n * p.Hk * p.D;
+    double *g[3], *mag[3];
+    for (int t = 0; t < 3; t++) {
+        g[t] = case_alloc(s, t ? nk : nq, sizeof(double));
+        mag[t] = case_alloc(s, t ? nk : nq, sizeof(double));
+    }
+    ref_backward(&p, 1.0, g[0], g[1], g[2], mag[0], mag[1], mag[2]);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *xs[3] = {p.q, p.k, p.v};
+    const char *names[3] = {"dq", "dk", "dv"};
+    size_t idx[FD_SAMPLES];
+    for (int t = 0; t < 3; t++) {
+        size_t m = t ? nk : nq;
+        double gmax = 0.0;
+        for (size_t i = 0; i < m; i++) gmax = fabs(g[t][i]) > gmax ? fabs(g[t][i]) : gmax;
+        int cnt = fd_sample(&r, m, idx);
+        for (int c = 0; c < cnt; c++) {
+            double fd = ref_fd(&p, xs[t], idx[c]), an = g[t][idx[c]];
+            double tol = FD_TOL * (fabs(an) + gmax) + 1e-12, err = fabs(fd - an);
+            if (err / tol > v.worst_ratio) v.worst_ratio = err / tol;
+            if (!(err <= tol))
+                verdict_fail(&v, "%s[%zu]: analytic %.12g, finite difference %.12g (err %.3g > %.3g)",
+                             names[t], idx[c], an, fd, err, tol);
+        }
+    }
+    case_end(s, name, &v);
+}
+
+/* Writes the rows of every document into a paged cache (op_kv_write, blocks of bt tokens in a
+ * shuffled order) and runs op_attention with one sequence per document: serving's attention on
+ * the same data. out_bits receives its output. */
+static void run_paged(struct suite *s, struct backend *b, struct verdict *v, const struct problem *p,
+                      enum dtype dt, struct rng *r, const void *q_bits, const void *k_bits,
+                      const void *v_bits, void *out_bits)
+{
+    const int bt = 5, n_docs = p->n_docs;
+    int max_blocks = 1, n_blocks = 0;
+    for (int d = 0; d < n_docs; d++) {
+        int nb = (p->doc_start[d + 1] - p->doc_start[d] + bt - 1) / bt;
+        n_blocks += nb;
+        if (nb > max_blocks) max_blocks = nb;
+    }
+    n_blocks += 1; /* a spare block: table entries past a document's end point at it */
+    int *perm = case_alloc(s, (size_t)n_blocks, sizeof(int));
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = rng_int(r, i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t *table = case_alloc(s, (size_t)n_docs * max_blocks + 1, sizeof(int32_t));
+    int32_t *seq_len = case_alloc(s, (size_t)n_docs + 1, sizeof(int32_t));
+    int32_t *slots = case_alloc(s, (size_t)p->n + 1, sizeof(int32_t));
+    for (int d = 0, next = 0; d < n_docs; d++) {
+        int len = p->doc_start[d + 1] - p->doc_start[d], nb = (len + bt - 1) / bt;
+        seq_len[d] = len;
+        for (int j = 0; j < max_blocks; j++)
+            table[(size_t)d * max_blocks + j] = j < nb ? perm[next++] : perm[n_blocks - 1];
+        for (int t = 0; t < len; t++)
+            slots[p->doc_start[d] + t] = table[(size_t)d * max_blocks + t / bt] * bt + t % bt;
+    }
+    struct arena a = {.b = b};
+    struct tensor tq = arena_in(&a, "q", dt, S3(p->n, p->H, p->D), q_bits);
+    struct tensor tk = arena_in(&a, "k", dt, S3(p->n, p->Hk, p->D), k_bits);
+    struct tensor tv = arena_in(&a, "v", dt, S3(p->n, p->Hk, p->D), v_bits);
+    struct tensor ts = arena_in(&a, "slots", DTYPE_I32, S1(p->n), slots);
+    struct tensor kc = arena_out(&a, "k_cache", dt, S4(n_blocks, bt, p->Hk, p->D), NULL, NULL);
+    struct tensor vc = arena_out(&a, "v_cache", dt, S4(n_blocks, bt, p->Hk, p->D), NULL, NULL);
+    struct tensor to = arena_out(&a, "paged out", dt, S3(p->n, p->H, p->D), NULL, out_bits);
+    struct attention_batch batch = {
+        .n_seqs = n_docs,
+        .block_tokens = bt,
+        .max_blocks = max_blocks,
+        .q_start = arena_in(&a, "q_start", DTYPE_I32, S1(n_docs + 1), p->doc_start),
+        .seq_len = arena_in(&a, "seq_len", DTYPE_I32, S1(n_docs), seq_len),
+        .block_table = arena_in(&a, "block_table", DTYPE_I32, S2(n_docs, max_blocks), table),
+        .scale = (float)p->scale,
+        .window = p->window,
+    };
+    if (SUPPORTED(v, b, kv_write) && SUPPORTED(v, b, attention)) {
+        op_kv_write(b, &kc, &vc, &tk, &tv, &ts);
+        op_attention(b, &to, &tq, &kc, &vc, &batch);
+    }
+    arena_finish(&a, v);
+}
+
+/* The backward on one backend with the given inputs; the results land in grad_bits. Runs the op
+ * twice and requires the same bits. */
+static void run_backward(struct suite *s, struct backend *b, struct verdict *v,
+                         const struct problem *p, enum dtype dt, const void *const in_bits[6],
+                         void *const grad_bits[3])
+{
+    size_t bytes[3] = {(size_t)p->n * p->H * p->D * dtype_size(dt),
+                       (size_t)p->n * p->Hk * p->D * dtype_size(dt),
+                       (size_t)p->n * p->Hk * p->D * dtype_size(dt)};
+    void *first[3] = {0};
+    for (int run = 0; run < 2; run++) {
+        void *dst[3];
+        for (int t = 0; t < 3; t++) dst[t] = run == 0 ? grad_bits[t] : case_alloc(s, bytes[t], 1);
+        struct arena a = {.b = b};
+        struct tensor tdout = arena_in(&a, "dout", dt, S3(p->n, p->H, p->D), in_bits[0]);
+        struct tensor tout = arena_in(&a, "out", dt, S3(p->n, p->H, p->D), in_bits[1]);
+        struct tensor tlse = arena_in(&a, "lse", DTYPE_F32, S2(p->n, p->H), in_bits[2]);
+        struct tensor tq = arena_in(&a, "q", dt, S3(p->n, p->H, p->D), in_bits[3]);
+        struct tensor tk = arena_in(&a, "k", dt, S3(p->n, p->Hk, p->D), in_bits[4]);
+        struct tensor tv = arena_in(&a, "v", dt, S3(p->n, p->Hk, p->D), in_bits[5]);
+        struct tensor tdq = arena_out(&a, "dq", dt, S3(p->n, p->H, p->D), NULL, dst[0]);
+        struct tensor tdk = arena_out(&a, "dk", dt, S3(p->n, p->Hk, p->D), NULL, dst[1]);
+        struct tensor tdv = arena_out(&a, "dv", dt, S3(p->n, p->Hk, p->D), NULL, dst[2]);
+        struct attention_train_batch batch = {
+            .n_docs = p->n_docs,
+            .doc_start = arena_in(&a, "doc_start", DTYPE_I32, S1(p->n_docs + 1), p->doc_start),
+            .scale = (float)p->scale,
+            .window = p->window,
+        };
+        if (SUPPORTED(v, b, attention_train_backward))
+            op_attention_train_backward(b, &tdq, &tdk, &tdv, &tdout, &tout, &tlse, &tq, &tk, &tv, &batch);
+        arena_finish(&a, v);
+        for (int t = 0; t < 3; t++) {
+            if (run == 0) first[t] = dst[t];
+            else if (memcmp(first[t], dst[t], bytes[t]))
+                verdict_fail(v, "%s: %s differs between two runs on the same inputs", b->ops->name,
+                             t == 0 ? "dq" : t == 1 ? "dk" : "dv");
+        }
+    }
+}
+
+static void case_train(struct suite *s, enum dtype dt, const struct train_spec *sp)
+{
+    char name[200];
+    spec_name(name, sizeof name, "attention_train", dt, sp);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    void *q_bits, *k_bits, *v_bits, *dout_bits;
+    struct problem p = make_problem(s, sp, dt, &r, &q_bits, &k_bits, &v_bits, &dout_bits);
+    const size_t nq = (size_t)p.n * p.H * p.D, nk = (size_t)p.n * p.Hk * p.D, nl = (size_t)p.n * p.H;
+    struct verdict v = {.worst_ratio = -1.0};
+
+    /* Forward. */
+    double *want_out = case_alloc(s, nq, sizeof(double)), *mag_out = case_alloc(s, nq, sizeof(double));
+    double *want_lse = case_alloc(s, nl, sizeof(double)), *mag_lse = case_alloc(s, nl, sizeof(double));
+    double *tol_out = case_alloc(s, nq, sizeof(double)), *tol_lse = case_alloc(s, nl, sizeof(double));
+    ref_forward(&p, want_out, want_lse, mag_out, mag_lse);
+    make_tol(tol_out, dt, want_out, mag_out, nq);
+    make_tol(tol_lse, DTYPE_F32, want_lse, mag_lse, nl);
+    double *got_out[2] = {0}, *got_lse[2] = {0}, *got_paged[2] = {0};
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        void *out_bits = case_alloc(s, nq, dtype_size(dt)), *paged_bits = case_alloc(s, nq, dtype_size(dt));
+        float *lse_bits = case_alloc(s, nl, sizeof(float));
+        struct arena a = {.b = b};
+        struct tensor tq = arena_in(&a, "q", dt, S3(p.n, p.H, p.D), q_bits);
+        struct tensor tk = arena_in(&a, "k", dt, S3(p.n, p.Hk, p.D), k_bits);
+        struct tensor tv = arena_in(&a, "v", dt, S3(p.n, p.Hk, p.D), v_bits);
+        struct tensor to = arena_out(&a, "out", dt, S3(p.n, p.H, p.D), NULL, out_bits);
+        struct tensor tl = arena_out(&a, "lse", DTYPE_F32, S2(p.n, p.H), NULL, lse_bits);
+        struct attention_train_batch batch = {
+            .n_docs = p.n_docs,
+            .doc_start = arena_in(&a, "doc_start", DTYPE_I32, S1(p.n_docs + 1), p.doc_start),
+            .scale = (float)p.scale,
+            .window = p.window,
+        };
+        if (SUPPORTED(&v, b, attention_train)) op_attention_train(b, &to, &tl, &tq, &tk, &tv, &batch);
+        arena_finish(&a, &v);
+        got_out[bi] = decode(s, out_bits, dt, nq);
+        got_lse[bi] = decode(s, lse_bits, DTYPE_F32, nl);
+        if (p.n_docs > 0) {
+            run_paged(s, b, &v, &p, dt, &r, q_bits, k_bits, v_bits, paged_bits);
+            got_paged[bi] = decode(s, paged_bits, dt, nq);
+        }
+    }
+    check_close(s, &v, "out", got_out, want_out, tol_out, nq, (size_t)p.D);
+    check_close(s, &v, "lse", got_lse, want_lse, tol_lse, nl, (size_t)p.H);
+    for (int bi = 0; bi < s->n_backends && p.n_docs > 0; bi++) {
+        char label[96];
+        snprintf(label, sizeof label, "%s: paged op_attention vs reference", s->backend_name[bi]);
+        compare_close(&v, label, got_paged[bi], want_out, tol_out, 1.0, nq, (size_t)p.D);
+        snprintf(label, sizeof label, "%s: paged op_attention vs op_attention_train", s->backend_name[bi]);
+        compare_close(&v, label, got_paged[bi], got_out[bi], tol_out, 2.0, nq, (size_t)p.D);
+    }
+
+    /* Backward, from the reference's out (rounded to dt) and lse (rounded to f32). */
+    void *out_in = case_alloc(s, nq, dtype_size(dt));
+    float *lse_in = case_alloc(s, nl, sizeof(float));
+    for (size_t i = 0; i < nq; i++) fmt_store(out_in, dt, i, fmt_round(want_out[i], dt));
+    for (size_t i = 0; i < nl; i++) lse_in[i] = (float)want_lse[i];
+    double *want[3], *mag[3], *tol[3], *got[3][2] = {{0}};
+    const size_t sizes[3] = {nq, nk, nk};
+    for (int t = 0; t < 3; t++) {
+        want[t] = case_alloc(s, sizes[t], sizeof(double));
+        mag[t] = case_alloc(s, sizes[t], sizeof(double));
+        tol[t] = case_alloc(s, sizes[t], sizeof(double));
+    }
+    double u_out = (dt == DTYPE_F32 ? U32 : storage_rounding[dt].u) / U32;
+    ref_backward(&p, u_out, want[0], want[1], want[2], mag[0], mag[1], mag[2]);
+    for (int t = 0; t < 3; t++) make_tol(tol[t], dt, want[t], mag[t], sizes[t]);
+    const void *const in_bits[6] = {dout_bits, out_in, lse_in, q_bits, k_bits, v_bits};
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        void *grad_bits[3];
+        for (int t = 0; t < 3; t++) grad_bits[t] = case_alloc(s, sizes[t], dtype_size(dt));
+        run_backward(s, s->backend[bi], &v, &p, dt, in_bits, grad_bits);
+        for (int t = 0; t < 3; t++) got[t][bi] = decode(s, grad_bits[t], dt, sizes[t]);
+    }
+    static const char *const names[3] = {"dq", "dk", "dv"};
+    for (int t = 0; t < 3; t++) check_close(s, &v, names[t], got[t], want[t], tol[t], sizes[t], (size_t)p.D);
+
+    /* The backward against finite differences of the double forward, on a sample. */
+    double *xs[3] = {p.q, p.k, p.v};
+    size_t idx[FD_SAMPLES];
+    for (int t = 0; t < 3; t++) {
+        double gmax = 0.0;
+        for (size_t i = 0; i < sizes[t]; i++) gmax = fabs(want[t][i]) > gmax ? fabs(want[t][i]) : gmax;
+        int cnt = fd_sample(&r, sizes[t], idx);
+        for (int c = 0; c < cnt && c < 8; c++) {
+            const size_t e = idx[c];
+            const double fd = ref_fd(&p, xs[t], e), bound = tol[t][e] + FD_TOL * (fabs(fd) + gmax);
+            for (int bi = 0; bi < s->n_backends; bi++) {
+                const double err = fabs(got[t][bi][e] - fd);
+                if (!(err <= bound))
+                    verdict_fail(&v, "%s: %s[%zu] = %.9g, finite difference %.9g (err %.3g > %.3g)",
+                                 s->backend_name[bi], names[t], e, got[t][bi][e], fd, err, bound);
+            }
+        }
+    }
+    case_end(s, name, &v);
+}
+
+/* ==== the case list ========================================================================= */
+
+static const struct train_spec specs[] = {
+    {"one document", 4, 4, 64, 0, 0, 1, {37}},
+    /* A grouped-query batch with a one-row document between two longer ones. */
+    {"packed gqa4", 8, 2, 64, 0, 0, 4, {17, 1, 40, 3}},
+    {"mqa head_dim=24", 4, 1, 24, 0, 0, 5, {1, 1, 30, 1, 9}},
+    {"one-row documents", 2, 1, 8, 0, 0, 5, {1, 1, 1, 1, 1}},
+    {"window=7", 8, 4, 32, 7, 0, 2, {50, 23}},
+    {"window=1", 4, 2, 8, 1, 0, 2, {6, 5}},
+    {"window>document", 4, 4, 16, 100, 0, 2, {20, 35}},
+    {"empty documents", 4, 2, 16, 0, 0, 6, {0, 12, 0, 0, 7, 0}},
+    {"head_dim=128 scale=0.3", 4, 2, 128, 0, 0.3, 2, {45, 20}},
+    /* Gemma 3 270M's attention: multi-query, head_dim 256, a sliding window. */
+    {"gemma3-like head_dim=256", 4, 1, 256, 16, 0, 2, {33, 8}},
+    /* Long enough for several tiles and blocks on both backends; not a multiple of 32. */
+    {"long document", 2, 1, 64, 0, 0, 1, {300}},
+    {"long window=64 head_dim=80", 4, 2, 80, 64, 0, 2, {129, 200}},
+    {"head_dim=8 eight documents", 8, 8, 8, 0, 0, 8, {3, 7, 1, 12, 5, 2, 9, 4}},
+    {"empty batch", 4, 2, 16, 0, 0, 0, {0}},
+};
+
+static void run_all(struct suite *s)
+{
+    static const enum dtype dtypes[3] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
+    const size_t n_specs = sizeof specs / sizeof specs[0];
+    for (size_t i = 0; i < n_specs; i++) case_reference(s, &specs[i]);
+    for (int di = 0; di < 3; di++)
+        for (size_t i = 0; i < n_specs; i++) case_train(s, dtypes[di], &specs[i]);
+}
+
+static int usage(const char *argv0)
+{
+    fprintf(stderr, "usage: %s --backend cpu|cuda [--filter SUBSTR] [--seed N]\n", argv0);
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    const char *backend_arg = NULL, *filter = NULL;
+    uint64_t seed = 0x5eed0f0b5ull;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend_arg = argv[++i];
+        else if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
+        else return usage(argv[0]);
+    }
+    enum device device;
+    if (!backend_arg || backend_parse_device(backend_arg, &device) != STATUS_OK) return usage(argv[0]);
+
+    struct suite s = {.filter = filter, .seed = seed};
+    struct backend *b = NULL;
+    enum status st = backend_open(device, 0, 0, &b);
+    if (st != STATUS_OK) {
+        if (device == DEVICE_CUDA && st == STATUS_UNAVAILABLE) {
+            printf("SKIP: attention_train_cuda: %s\n", status_message());
+            return 77;
+        }
+        fprintf(stderr, "test_attention_train: cannot open the %s backend: %s: %s\n", backend_arg,
+                status_name(st), status_message());
+        return 1;
+    }
+    s.backend[0] = b;
+    s.backend_name[0] = device == DEVICE_CUDA ? "cuda" : "cpu";
+    s.n_backends = 1;
+    if (device == DEVICE_CUDA) {
+        st = backend_open(DEVICE_CPU, 0, 0, &s.backend[1]);
+        if (st != STATUS_OK) {
+            fprintf(stderr, "test_attention_train: cannot open the cpu backend: %s: %s\n",
+                    status_name(st), status_message());
+            backend_close(b);
+            return 1;
+        }
+        s.backend_name[1] = "cpu";
+        s.n_backends = 2;
+    }
+    printf("test_attention_train: backend %s (%d threads), seed %llu%s%s\n", s.backend_name[0],
+           b->n_threads, (unsigned long long)seed, filter ? ", filter " : "", filter ? filter : "");
+    fflush(stdout);
+
+    double t0 = now_s();
+    run_all(&s);
+    double t1 = now_s();
+
+    for (int i = 0; i < s.n_backends; i++) backend_close(s.backend[i]);
+    if (s.passed + s.failed == 0) printf("no case matched the filter\n");
+    printf("%.1f s\n", t1 - t0);
+    printf("%d passed, %d failed\n", s.passed, s.failed);
+    return s.failed ? 1 : 0;
+}
