@@ -19,7 +19,23 @@
  *   that caused it.
  * - A backend is used by one thread at a time.
  * - The backward of an op joins it as op_<name>_backward, declared beside its forward, with a
- *   matching slot in struct backend_ops.
+ *   matching slot in struct backend_ops. Tests: tests/test_ops_backward.c (finite differences
+ *   and a double-precision analytic reference; CUDA against CPU, label gpu).
+ *
+ * Contracts shared by the backward ops (training):
+ * - d<name> is the gradient of the scalar loss with respect to <name>. A backward takes the
+ *   gradient of its forward's output (dout, dy) and the forward's inputs as they were.
+ * - Gradients of weights (dtable, dw, dweight, dbias) ACCUMULATE, d += ..., so that the
+ *   micro-batches of a step add up (zero them with backend_memset_zero when a step begins).
+ *   Each is either f32, whatever the dtype of the activations (fp32 gradient accumulation: the
+ *   mixed-precision recipe, and the one to use with bf16/f16 activations), or the
+ *   activations' dtype; the sum is formed in f32 and rounded once per call and element (the
+ *   embedding backwards excepted, see there). A NULL weight gradient is not computed (a frozen
+ *   weight).
+ * - Gradients of activations (dx, dh, dgate, dup) are written, overwriting what was there,
+ *   unless the op takes an accumulate flag. They have the activations' dtype.
+ * - The CPU backend is deterministic (for a given thread count); the CUDA backend is too,
+ *   except the embedding backwards, which add with atomics.
  */
 #ifndef SHARDLM_OPS_H
 #define SHARDLM_OPS_H
@@ -80,6 +96,17 @@ struct attention_train_batch {
     struct tensor doc_start; /* i32 (n_docs + 1): row offsets of the documents */
     float         scale;     /* scores are scale * q.k; usually 1/sqrt(head_dim) */
     int           window;    /* sliding-window size in tokens; 0 = full causal */
+};
+
+/* Hyperparameters of one AdamW step (op_adamw). */
+struct adamw_params {
+    float   lr;           /* learning rate of this step (the schedule is the caller's) */
+    float   beta1, beta2; /* moment decay rates, e.g. 0.9, 0.95 */
+    float   eps;          /* added to sqrt(v_hat) */
+    float   weight_decay; /* decoupled: p -= lr * weight_decay * p; 0 for norms and biases */
+    int64_t step;         /* 1 for the first step: bias corrections 1 - beta^step */
+    float   grad_scale;   /* g is multiplied by this first: 1 / loss_scale, times the clipping
+                             factor max_norm / grad_norm when clipping */
 };
 
 struct backend;
@@ -143,6 +170,49 @@ struct backend_ops {
                                      const struct tensor *lse, const struct tensor *q,
                                      const struct tensor *k, const struct tensor *v,
                                      const struct attention_train_batch *batch);
+
+    /* backward ops and the optimizer (training) */
+    void (*embedding_backward)(struct backend *b, const struct tensor *dtable,
+                               const struct tensor *dout, const struct tensor *ids,
+                               int64_t vocab_start);
+    void (*position_embedding_add_backward)(struct backend *b, const struct tensor *dtable,
+                                            const struct tensor *dx,
+                                            const struct tensor *positions);
+    void (*matmul_backward)(struct backend *b, const struct tensor *dx, const struct tensor *dw,
+                            const struct tensor *dbias, const struct tensor *dy,
+                            const struct tensor *x, const struct tensor *w, int accumulate_dx);
+    void (*rmsnorm_backward)(struct backend *b, const struct tensor *dx,
+                             const struct tensor *dweight, const struct tensor *dout,
+                             const struct tensor *x, const struct tensor *weight, float eps);
+    void (*layernorm_backward)(struct backend *b, const struct tensor *dx,
+                               const struct tensor *dweight, const struct tensor *dbias,
+                               const struct tensor *dout, const struct tensor *x,
+                               const struct tensor *weight, float eps);
+    void (*rope_backward)(struct backend *b, const struct tensor *dx,
+                          const struct tensor *positions, int rot_dim, float theta,
+                          enum rope_style style);
+    void (*activation_backward)(struct backend *b, const struct tensor *dx,
+                                const struct tensor *dout, const struct tensor *x,
+                                enum activation act);
+    void (*gated_activation_backward)(struct backend *b, const struct tensor *dgate,
+                                      const struct tensor *dup, const struct tensor *dout,
+                                      const struct tensor *gate, const struct tensor *up,
+                                      enum activation act);
+    void (*cross_entropy_stats)(struct backend *b, const struct tensor *stats,
+                                const struct tensor *h, const struct tensor *w,
+                                const struct tensor *targets, int64_t vocab_start);
+    void (*cross_entropy_combine)(struct backend *b, const struct tensor *loss,
+                                  const struct tensor *lse, const struct tensor *stats,
+                                  const struct tensor *targets);
+    void (*cross_entropy_backward)(struct backend *b, const struct tensor *dh,
+                                   const struct tensor *dw, const struct tensor *h,
+                                   const struct tensor *w, const struct tensor *targets,
+                                   const struct tensor *lse, const struct tensor *row_scale,
+                                   float scale, int64_t vocab_start, int accumulate_dh);
+    void (*adamw)(struct backend *b, const struct tensor *p, const struct tensor *g,
+                  const struct tensor *m, const struct tensor *v,
+                  const struct adamw_params *hp);
+    void (*sum_squares)(struct backend *b, const struct tensor *out, const struct tensor *x);
 };
 
 /* An open backend. Fields other than ops are read-only for callers. */
@@ -196,26 +266,67 @@ void op_cast(struct backend *b, const struct tensor *out, const struct tensor *i
  * table for tp = 1). out (n, d), table (vocab_local, d), ids i32 (n). */
 void op_embedding(struct backend *b, const struct tensor *out, const struct tensor *table,
                   const struct tensor *ids, int64_t vocab_start);
+/* Backward: dtable[ids[i] - vocab_start, :] += dout[i, :] for the ids inside the shard (the
+ * others belong to another vocab-parallel rank). dtable (vocab_local, d), f32 or dout's dtype;
+ * dout (n, d); ids i32 (n). A row that several ids hit receives their sum in id order on the
+ * CPU, in any order on CUDA (atomics); with a bf16/f16 dtable each added row is rounded on
+ * its own. */
+void op_embedding_backward(struct backend *b, const struct tensor *dtable,
+                           const struct tensor *dout, const struct tensor *ids,
+                           int64_t vocab_start);
 
 /* x[i,:] += table[positions[i], :] (learned absolute positions, GPT-2). x (n, d), table
  * (max_positions, d), positions i32 (n), each in [0, max_positions). In place. */
 void op_position_embedding_add(struct backend *b, const struct tensor *x,
                                const struct tensor *table, const struct tensor *positions);
+/* Backward: dtable[positions[i], :] += dx[i, :], as op_embedding_backward with every row in
+ * the table (a position outside it is a bug). dx, the gradient of the in-place x, passes
+ * through unchanged: the caller keeps using it. dtable (max_positions, d), f32 or dx's dtype. */
+void op_position_embedding_add_backward(struct backend *b, const struct tensor *dtable,
+                                        const struct tensor *dx,
+                                        const struct tensor *positions);
 
 /* y = x @ w^T (+ bias). x (m, k), w (n, k) stored output-major as checkpoints store linear
  * layers, bias (n) or NULL, y (m, n). y must not alias x or w. */
 void op_matmul(struct backend *b, const struct tensor *y, const struct tensor *x,
                const struct tensor *w, const struct tensor *bias);
+/* Backward of y = x @ w^T + bias, for dy (m, n):
+ *   dx (m, k)  = dy @ w        (accumulate_dx: dx += dy @ w, for an input read by two products)
+ *   dw (n, k) += dy^T @ x
+ *   dbias (n) += the sum of dy's rows.
+ * dy, x, w and dx share a dtype; dw and dbias are f32 or that dtype, independently. Any of dx,
+ * dw, dbias may be NULL (not computed); x may be NULL when dw is, w when dx is. dx must not
+ * alias dy, x or w. The products accumulate in f32 (OpenBLAS sgemm; cuBLAS with f32 compute,
+ * no TF32). */
+void op_matmul_backward(struct backend *b, const struct tensor *dx, const struct tensor *dw,
+                        const struct tensor *dbias, const struct tensor *dy,
+                        const struct tensor *x, const struct tensor *w, int accumulate_dx);
 
 /* out = x / sqrt(mean(x^2) + eps) * weight, per row. x, out (n, d); weight (d). out may
  * alias x. */
 void op_rmsnorm(struct backend *b, const struct tensor *out, const struct tensor *x,
                 const struct tensor *weight, float eps);
+/* Backward, per row, r = 1 / sqrt(mean(x^2) + eps):
+ *   dx = r (dout * weight) - r^3 / d * sum(dout * weight * x) * x,   dweight += dout * x * r
+ * summed over the rows. weight is the one the forward multiplied by: Gemma's (1 + w) is added
+ * at load (model_load.c), so dweight is also the gradient of Gemma's stored w. dx, dout, x
+ * (n, d); weight (d); dweight (d) f32 or x's dtype, or NULL. dx may alias dout. */
+void op_rmsnorm_backward(struct backend *b, const struct tensor *dx, const struct tensor *dweight,
+                         const struct tensor *dout, const struct tensor *x,
+                         const struct tensor *weight, float eps);
 
 /* out = (x - mean) / sqrt(var + eps) * weight (+ bias), per row, biased variance. bias may be
  * NULL. out may alias x. */
 void op_layernorm(struct backend *b, const struct tensor *out, const struct tensor *x,
                   const struct tensor *weight, const struct tensor *bias, float eps);
+/* Backward, per row, xhat = (x - mean) r, r = 1 / sqrt(var + eps), g = dout * weight:
+ *   dx = r (g - mean(g) - xhat mean(g xhat)),  dweight += dout * xhat,  dbias += dout
+ * summed over the rows. dweight, dbias (d) f32 or x's dtype, or NULL. dx may alias dout. (The
+ * bias itself is not needed.) */
+void op_layernorm_backward(struct backend *b, const struct tensor *dx,
+                           const struct tensor *dweight, const struct tensor *dbias,
+                           const struct tensor *dout, const struct tensor *x,
+                           const struct tensor *weight, float eps);
 
 /* out = a + c, same shape (the residual add). out may alias a or c. */
 void op_add(struct backend *b, const struct tensor *out, const struct tensor *a,
@@ -230,6 +341,11 @@ void op_scale(struct backend *b, const struct tensor *out, const struct tensor *
  * up (see enum rope_style). */
 void op_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
              int rot_dim, float theta, enum rope_style style);
+/* Backward, in place on the gradient dx (n, n_heads, head_dim): the rotation is orthogonal, so
+ * its gradient is the inverse rotation (angle -positions[t] * freq_i, the same angles as the
+ * forward to the bit); the features past rot_dim pass through. */
+void op_rope_backward(struct backend *b, const struct tensor *dx, const struct tensor *positions,
+                      int rot_dim, float theta, enum rope_style style);
 
 /* Writes the K and V rows of new tokens into the paged cache: token t goes to slot
  * slots[t] = block * block_tokens + offset. k_cache, v_cache (n_blocks, block_tokens,
@@ -250,11 +366,21 @@ void op_attention(struct backend *b, const struct tensor *out, const struct tens
 /* out = act(x), elementwise. out may alias x. */
 void op_activation(struct backend *b, const struct tensor *out, const struct tensor *x,
                    enum activation act);
+/* Backward: dx = dout * act'(x), elementwise. dx may alias dout or x. */
+void op_activation_backward(struct backend *b, const struct tensor *dx, const struct tensor *dout,
+                            const struct tensor *x, enum activation act);
 
 /* out = act(gate) * up, elementwise (SwiGLU with SILU, GeGLU with GELU_*). out may alias gate
  * or up. */
 void op_gated_activation(struct backend *b, const struct tensor *out, const struct tensor *gate,
                          const struct tensor *up, enum activation act);
+/* Backward: dgate = dout * up * act'(gate), dup = dout * act(gate), elementwise. dgate may
+ * alias gate or dout, dup may alias up or dout (overwriting the saved activations), but dgate
+ * and dup are distinct. */
+void op_gated_activation_backward(struct backend *b, const struct tensor *dgate,
+                                  const struct tensor *dup, const struct tensor *dout,
+                                  const struct tensor *gate, const struct tensor *up,
+                                  enum activation act);
 
 /* Per row: out = softmax(x), out = log_softmax(x). x, out (n, v); out may alias x. */
 void op_softmax(struct backend *b, const struct tensor *out, const struct tensor *x);
@@ -305,6 +431,68 @@ void op_attention_train_backward(struct backend *b, const struct tensor *dq,
                                  const struct tensor *lse, const struct tensor *q,
                                  const struct tensor *k, const struct tensor *v,
                                  const struct attention_train_batch *batch);
+
+/* ---- training: the loss over the LM head and the optimizer ------------------------------ */
+
+/* Cross-entropy over the LM head, fused: the logits z = h @ w^T are formed a chunk of
+ * vocabulary columns at a time (a few thousand, so that the (n, vocab) matrix never exists)
+ * and thrown away, twice: once for the statistics, once for the gradients. Shaped as
+ * Megatron's vocab-parallel cross-entropy: each tensor-parallel rank holds a shard of w (rows
+ * vocab_start .. vocab_start + vocab_local - 1) and the full h, and the ranks exchange only
+ * per-row statistics between the two passes:
+ *
+ *   op_cross_entropy_stats    on every rank: its shard's (max, sum of exp, target logit) per row
+ *   (all-gather the stats over tp: (tp, n, 3); with tp = 1 there is nothing to do)
+ *   op_cross_entropy_combine  on every rank: loss and lse per row, from every shard's stats
+ *   op_cross_entropy_backward on every rank: dw for its shard, and its shard's part of dh
+ *   (all-reduce dh over tp)
+ *
+ * h (n, d) and w (vocab_local, d) share a dtype; targets i32 (n) are global token ids, a
+ * negative one masks its row (loss 0, no gradient). Logits and everything after them are f32;
+ * the gradient of the logits is rounded to h's dtype before the two products of the backward
+ * (as a bf16 LM head's backward does in Megatron), on both backends. No final logit
+ * softcapping (the forward, engine/model.c, refuses models that have it). */
+
+/* stats f32 (n, 3), written: per row, over this shard's columns, [0] the largest logit m,
+ * [1] sum(exp(z - m)), [2] the target's logit when the target lies in the shard, else 0. */
+void op_cross_entropy_stats(struct backend *b, const struct tensor *stats, const struct tensor *h,
+                            const struct tensor *w, const struct tensor *targets,
+                            int64_t vocab_start);
+
+/* From stats f32 (n_shards, n, 3), every shard's op_cross_entropy_stats (n_shards = 1 for
+ * tp = 1), writes per row lse = log(sum over the whole vocabulary of exp(z)) and loss = lse -
+ * z[target], or 0 for a masked row; loss, lse f32 (n). The mean loss over real tokens is the
+ * caller's sum (download loss, or weight it). */
+void op_cross_entropy_combine(struct backend *b, const struct tensor *loss,
+                              const struct tensor *lse, const struct tensor *stats,
+                              const struct tensor *targets);
+
+/* The gradients of sum_i c_i loss_i, c_i = scale * row_scale[i] (row_scale f32 (n), or NULL
+ * for 1; e.g. scale = loss_scale / num_real_tokens), for this shard:
+ *   dz = c_i (softmax(z)_ij - [j == target_i]),  dh (n, d) = dz @ w (accumulate_dh: +=),
+ *   dw (vocab_local, d) += dz^T @ h
+ * lse f32 (n) from op_cross_entropy_combine. dh has h's dtype and must not alias h or w; dw is
+ * f32 or h's dtype, or NULL (a frozen head). With tp > 1, each rank's dh holds its shard's part:
+ * all-reduce (sum) it over tp. */
+void op_cross_entropy_backward(struct backend *b, const struct tensor *dh, const struct tensor *dw,
+                               const struct tensor *h, const struct tensor *w,
+                               const struct tensor *targets, const struct tensor *lse,
+                               const struct tensor *row_scale, float scale, int64_t vocab_start,
+                               int accumulate_dh);
+
+/* One AdamW step on n parameters, in place, all f32 (n): fp32 master weights p, gradients g,
+ * first and second moments m and v (zero before step 1). The semantics of optax.adamw and of
+ * Megatron's (PyTorch's) AdamW, eps outside the square root, no eps_root:
+ *   g' = grad_scale g;  m = b1 m + (1 - b1) g';  v = b2 v + (1 - b2) g'^2
+ *   p -= lr (m / (1 - b1^step) / (sqrt(v / (1 - b2^step)) + eps) + weight_decay p)
+ * g is read only. The bias corrections are computed in double from hp->step (>= 1). */
+void op_adamw(struct backend *b, const struct tensor *p, const struct tensor *g,
+              const struct tensor *m, const struct tensor *v, const struct adamw_params *hp);
+
+/* out f32 (1) += sum(x^2) over every element of x (any float dtype): the global gradient norm
+ * is the square root of these sums over every gradient tensor (and over ranks: all-reduce out).
+ * Also the loss scaler's overflow check: an Inf or NaN anywhere in x makes out Inf or NaN. */
+void op_sum_squares(struct backend *b, const struct tensor *out, const struct tensor *x);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
-/* kernels/cpu/activation.c - op_activation on the CPU (SiLU, GELU tanh, GELU erf), and the
- * scalar activation shared with gated_activation.c.
- * Tests: tests/test_ops.c (activation cases). */
+/* kernels/cpu/activation.c - op_activation on the CPU (SiLU, GELU tanh, GELU erf) and its
+ * backward, and the scalar activation and derivative shared with gated_activation.c.
+ * Tests: tests/test_ops.c (activation cases), tests/test_ops_backward.c. */
 #include <math.h>
 
 #include "cpu_ops.h"
@@ -20,6 +20,27 @@ float cpu_activate(float x, enum activation act)
     return x;
 }
 
+/* d act / dx. SiLU: s (1 + x (1 - s)), s = sigmoid(x). GELU tanh: with u = k (x + c x^3),
+ * 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) k (1 + 3 c x^2). GELU erf: Phi(x) + x phi(x). */
+float cpu_activate_grad(float x, enum activation act)
+{
+    switch (act) {
+    case ACTIVATION_SILU: {
+        float s = 1.0f / (1.0f + expf(-x));
+        return s * (1.0f + x * (1.0f - s));
+    }
+    case ACTIVATION_GELU_TANH: {
+        const float k = 0.7978845608028654f, c = 0.044715f;
+        float x2 = x * x, t = tanhf(k * (x + c * x * x2));
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * c * x2);
+    }
+    case ACTIVATION_GELU_ERF:
+        return 0.5f * (1.0f + erff(x * 0.7071067811865476f)) +
+               x * 0.3989422804014327f * expf(-0.5f * x * x); /* 1/sqrt(2 pi) */
+    }
+    return 1.0f;
+}
+
 void cpu_activation(struct backend *b, const struct tensor *out, const struct tensor *x,
                     enum activation act)
 {
@@ -32,5 +53,21 @@ void cpu_activation(struct backend *b, const struct tensor *out, const struct te
         float *po = cpu_out_row(out, (size_t)i, t);
         for (size_t j = 0; j < len; j++) po[j] = cpu_activate(px[j], act);
         cpu_store_row(out, (size_t)i, len, po);
+    }
+}
+
+void cpu_activation_backward(struct backend *b, const struct tensor *dx, const struct tensor *dout,
+                             const struct tensor *x, enum activation act)
+{
+    int64_t n = tensor_numel(dx);
+    #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN / 8) num_threads(b->n_threads)
+    for (int64_t i = 0; i < n; i += ACT_CHUNK) {
+        float tx[ACT_CHUNK], tg[ACT_CHUNK];
+        size_t len = (size_t)(n - i < ACT_CHUNK ? n - i : ACT_CHUNK);
+        const float *px = cpu_load_row(x, (size_t)i, len, tx);
+        const float *pg = cpu_load_row(dout, (size_t)i, len, tg);
+        float *po = cpu_out_row(dx, (size_t)i, tg); /* dx may alias dout or x: elementwise */
+        for (size_t j = 0; j < len; j++) po[j] = pg[j] * cpu_activate_grad(px[j], act);
+        cpu_store_row(dx, (size_t)i, len, po);
     }
 }

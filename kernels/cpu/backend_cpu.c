@@ -124,6 +124,19 @@ static const struct backend_ops cpu_backend_ops = {
     .topk = cpu_topk,
     .attention_train = cpu_attention_train,
     .attention_train_backward = cpu_attention_train_backward,
+    .embedding_backward = cpu_embedding_backward,
+    .position_embedding_add_backward = cpu_position_embedding_add_backward,
+    .matmul_backward = cpu_matmul_backward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .rope_backward = cpu_rope_backward,
+    .activation_backward = cpu_activation_backward,
+    .gated_activation_backward = cpu_gated_activation_backward,
+    .cross_entropy_stats = cpu_cross_entropy_stats,
+    .cross_entropy_combine = cpu_cross_entropy_combine,
+    .cross_entropy_backward = cpu_cross_entropy_backward,
+    .adamw = cpu_adamw,
+    .sum_squares = cpu_sum_squares,
 };
 
 enum status cpu_backend_open(int n_threads, struct backend **out)

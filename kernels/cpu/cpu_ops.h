@@ -95,6 +95,78 @@ void cpu_attention_train_backward(struct backend *b, const struct tensor *dq,
                                   const struct attention_train_batch *batch);
 
 /* Shared by activation.c and gated_activation.c. */
+/* Backward ops and the optimizer: each beside its forward in the forward's file, except the
+ * three of cross_entropy.c, and adamw.c, sum_squares.c. */
+void cpu_embedding_backward(struct backend *b, const struct tensor *dtable,
+                            const struct tensor *dout, const struct tensor *ids,
+                            int64_t vocab_start);
+void cpu_position_embedding_add_backward(struct backend *b, const struct tensor *dtable,
+                                         const struct tensor *dx, const struct tensor *positions);
+void cpu_matmul_backward(struct backend *b, const struct tensor *dx, const struct tensor *dw,
+                         const struct tensor *dbias, const struct tensor *dy,
+                         const struct tensor *x, const struct tensor *w, int accumulate_dx);
+void cpu_rmsnorm_backward(struct backend *b, const struct tensor *dx, const struct tensor *dweight,
+                          const struct tensor *dout, const struct tensor *x,
+                          const struct tensor *weight, float eps);
+void cpu_layernorm_backward(struct backend *b, const struct tensor *dx,
+                            const struct tensor *dweight, const struct tensor *dbias,
+                            const struct tensor *dout, const struct tensor *x,
+                            const struct tensor *weight, float eps);
+void cpu_rope_backward(struct backend *b, const struct tensor *dx, const struct tensor *positions,
+                       int rot_dim, float theta, enum rope_style style);
+void cpu_activation_backward(struct backend *b, const struct tensor *dx, const struct tensor *dout,
+                             const struct tensor *x, enum activation act);
+void cpu_gated_activation_backward(struct backend *b, const struct tensor *dgate,
+                                   const struct tensor *dup, const struct tensor *dout,
+                                   const struct tensor *gate, const struct tensor *up,
+                                   enum activation act);
+void cpu_cross_entropy_stats(struct backend *b, const struct tensor *stats, const struct tensor *h,
+                             const struct tensor *w, const struct tensor *targets,
+                             int64_t vocab_start);
+void cpu_cross_entropy_combine(struct backend *b, const struct tensor *loss,
+                               const struct tensor *lse, const struct tensor *stats,
+                               const struct tensor *targets);
+void cpu_cross_entropy_backward(struct backend *b, const struct tensor *dh, const struct tensor *dw,
+                                const struct tensor *h, const struct tensor *w,
+                                const struct tensor *targets, const struct tensor *lse,
+                                const struct tensor *row_scale, float scale, int64_t vocab_start,
+                                int accumulate_dh);
+void cpu_adamw(struct backend *b, const struct tensor *p, const struct tensor *g,
+               const struct tensor *m, const struct tensor *v, const struct adamw_params *hp);
+void cpu_sum_squares(struct backend *b, const struct tensor *out, const struct tensor *x);
+
+/* Shared by activation.c and gated_activation.c: the activation and its derivative. */
 float cpu_activate(float x, enum activation act);
+float cpu_activate_grad(float x, enum activation act);
+
+/* Shared by embedding.c and position_embedding_add.c: dst[idx[i] - offset, :] += src[i, :] for
+ * the rows inside dst (others skipped). Threads split the columns and each walks the rows in
+ * order, so the sums are deterministic and no element has two writers. */
+void cpu_scatter_add_rows(struct backend *b, const struct tensor *dst, const struct tensor *src,
+                          const int32_t *idx, int64_t offset);
+
+/* Shared by rmsnorm.c and layernorm.c: g (d) += the sum, in thread order, of the nt per-thread
+ * partial sums acc + t * stride (d floats each). */
+void cpu_add_partials(const struct tensor *g, const float *acc, int nt, size_t stride, int64_t d);
+
+/* Shared by matmul.c and cross_entropy.c: rows [r0, r0 + nr) of a float tensor of `cols`
+ * columns converted to f32 (dst, nr x cols) or back from f32 (one rounding), split across
+ * threads by rows. */
+void cpu_rows_to_f32(struct backend *b, float *dst, const struct tensor *t, int64_t r0, int64_t nr,
+                     int64_t cols);
+void cpu_rows_from_f32(struct backend *b, const struct tensor *t, const float *src, int64_t r0,
+                       int64_t nr, int64_t cols);
+
+/* Shared by matmul.c and cross_entropy.c: the f32 products, split across the backend's threads
+ * (each calling a single-threaded OpenBLAS), all row-major with leading dimensions:
+ *   cpu_gemm_nt: c (m, n) = beta c + a (m, k) @ b (n, k)^T, threads split n
+ *   cpu_gemm_nn: c (m, n) = beta c + a (m, k) @ b (k, n),   threads split n
+ *   cpu_gemm_tn: c (m, n) = beta c + a (k, m)^T @ b (k, n), threads split m */
+void cpu_gemm_nt(struct backend *b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                 const float *bm, int64_t ldb, float beta, float *c, int64_t ldc);
+void cpu_gemm_nn(struct backend *b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                 const float *bm, int64_t ldb, float beta, float *c, int64_t ldc);
+void cpu_gemm_tn(struct backend *b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                 const float *bm, int64_t ldb, float beta, float *c, int64_t ldc);
 
 #endif

@@ -1,6 +1,7 @@
 /* kernels/cpu/embedding.c - op_embedding on the CPU: masked row lookup for a (possibly
- * vocab-parallel) embedding table.
- * Tests: tests/test_ops.c (embedding cases). */
+ * vocab-parallel) embedding table; its backward, the masked scatter-add, and the row
+ * scatter-add that position_embedding_add.c shares.
+ * Tests: tests/test_ops.c (embedding cases), tests/test_ops_backward.c (embedding_backward). */
 #include <string.h>
 
 #include "cpu_ops.h"
@@ -21,4 +22,34 @@ void cpu_embedding(struct backend *b, const struct tensor *out, const struct ten
         }
         memcpy(dst, (const char *)table->data + (size_t)r * row_bytes, row_bytes);
     }
+}
+
+void cpu_scatter_add_rows(struct backend *b, const struct tensor *dst, const struct tensor *src,
+                          const int32_t *idx, int64_t offset)
+{
+    const int64_t n = tensor_rows(src), d = tensor_cols(src), rows = dst->shape[0];
+    if (n == 0 || d == 0) return;
+    const int nt = n * d > CPU_PARALLEL_MIN ? b->n_threads : 1;
+    const int64_t per = ((d + nt - 1) / nt + 15) / 16 * 16;
+    float *scratch = cpu_scratch(b, 2 * (size_t)per);
+    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t c0 = 0; c0 < d; c0 += per) {
+        float *tmp = scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(2 * (size_t)per);
+        size_t len = (size_t)(d - c0 < per ? d - c0 : per);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t r = (int64_t)idx[i] - offset;
+            if (r < 0 || r >= rows) continue; /* another vocab shard owns this id */
+            const float *s = cpu_load_row(src, (size_t)(i * d + c0), len, tmp);
+            size_t off = (size_t)(r * d + c0);
+            float *o = (float *)cpu_load_row(dst, off, len, tmp + per); /* in place when f32 */
+            for (size_t j = 0; j < len; j++) o[j] += s[j];
+            cpu_store_row(dst, off, len, o);
+        }
+    }
+}
+
+void cpu_embedding_backward(struct backend *b, const struct tensor *dtable,
+                            const struct tensor *dout, const struct tensor *ids, int64_t vocab_start)
+{
+    cpu_scatter_add_rows(b, dtable, dout, ids->data, vocab_start);
 }

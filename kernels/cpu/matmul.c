@@ -1,11 +1,15 @@
-/* kernels/cpu/matmul.c - op_matmul on the CPU: y = x @ w^T (+ bias) through OpenBLAS.
+/* kernels/cpu/matmul.c - op_matmul and op_matmul_backward on the CPU through OpenBLAS, and the
+ * threaded f32 products cross_entropy.c shares (cpu_gemm_*).
  * One thread pool serves the whole backend: OpenBLAS runs single-threaded inside each OpenMP
  * thread, and the output columns (rows of w) are split across the threads. Two pools (OpenMP
  * for the other ops, OpenBLAS's pthreads here) fight for the cores: OpenMP workers spin after
  * each region while OpenBLAS needs them, which was measured at 60x slower decode on 2 cores.
  * f32 multiplies the tensors in place (sgemv for one row); bf16/f16 widen x once and blocks of
  * w per thread into the scratch arena, multiply in f32, and round y once.
- * Tests: tests/test_ops.c (matmul cases); benchmark: tests/bench_ops.c. */
+ * The backward converts dy and x to f32 once, and w and a half-precision dw a block of rows at a
+ * time, so that scratch never holds a whole weight.
+ * Tests: tests/test_ops.c (matmul cases), tests/test_ops_backward.c (matmul_backward cases);
+ * benchmark: tests/bench_ops.c. */
 #include <cblas.h>
 #include <string.h>
 
@@ -84,4 +88,174 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
     }
     if (bias) add_bias(yf, bias, m, n);
     dtype_convert(y->data, y->dtype, yf, DTYPE_F32, ys);
+}
+
+/* ---- the threaded f32 products --------------------------------------------------------- */
+
+/* Slices of `total` for nt threads, rounded to 16 so that each thread's stores stay on its own
+ * cache lines. */
+static int64_t gemm_slice(int64_t total, int nt) { return ((total + nt - 1) / nt + 15) / 16 * 16; }
+
+static int gemm_threads(struct backend *b, int64_t m, int64_t n, int64_t k)
+{
+    return m * n * k >= MATMUL_PARALLEL_MIN ? b->n_threads : 1;
+}
+
+/* c (m, n) = beta c for an empty sum (k = 0), where BLAS wants leading dimensions >= 1. */
+static void gemm_empty(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
+{
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+}
+
+void cpu_gemm_nt(struct backend *b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                 const float *bm, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+        gemm_empty(m, n, beta, c, ldc);
+        return;
+    }
+    const int nt = gemm_threads(b, m, n, k);
+    const int64_t per = gemm_slice(n, nt);
+    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t j0 = 0; j0 < n; j0 += per)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)(n - j0 < per ? n - j0 : per),
+                    (int)k, 1.0f, a, (int)lda, bm + j0 * ldb, (int)ldb, beta, c + j0, (int)ldc);
+}
+
+void cpu_gemm_nn(struct backend *b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                 const float *bm, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+        gemm_empty(m, n, beta, c, ldc);
+        return;
+    }
+    const int nt = gemm_threads(b, m, n, k);
+    const int64_t per = gemm_slice(n, nt);
+    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t j0 = 0; j0 < n; j0 += per)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)(n - j0 < per ? n - j0 : per),
+                    (int)k, 1.0f, a, (int)lda, bm + j0, (int)ldb, beta, c + j0, (int)ldc);
+}
+
+void cpu_gemm_tn(struct backend *b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                 const float *bm, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+        gemm_empty(m, n, beta, c, ldc);
+        return;
+    }
+    const int nt = gemm_threads(b, m, n, k);
+    const int64_t per = gemm_slice(m, nt);
+    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t i0 = 0; i0 < m; i0 += per)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(m - i0 < per ? m - i0 : per), (int)n,
+                    (int)k, 1.0f, a + i0, (int)lda, bm, (int)ldb, beta, c + i0 * ldc, (int)ldc);
+}
+
+/* ---- backward ------------------------------------------------------------------------------ */
+
+/* Rows of w (and of a half-precision dw) widened to f32 per block in the backward. */
+#define BACKWARD_BLOCK 512
+
+void cpu_rows_to_f32(struct backend *b, float *dst, const struct tensor *t, int64_t r0,
+                        int64_t nr, int64_t cols)
+{
+    const size_t es = dtype_size(t->dtype);
+    #pragma omp parallel for schedule(static) num_threads(b->n_threads) if (nr * cols > CPU_PARALLEL_MIN)
+    for (int64_t i = 0; i < nr; i++)
+        dtype_convert(dst + i * cols, DTYPE_F32, (const char *)t->data + (size_t)((r0 + i) * cols) * es,
+                      t->dtype, (size_t)cols);
+}
+
+void cpu_rows_from_f32(struct backend *b, const struct tensor *t, const float *src, int64_t r0,
+                          int64_t nr, int64_t cols)
+{
+    const size_t es = dtype_size(t->dtype);
+    #pragma omp parallel for schedule(static) num_threads(b->n_threads) if (nr * cols > CPU_PARALLEL_MIN)
+    for (int64_t i = 0; i < nr; i++)
+        dtype_convert((char *)t->data + (size_t)((r0 + i) * cols) * es, t->dtype, src + i * cols,
+                      DTYPE_F32, (size_t)cols);
+}
+
+/* dbias (n) += the column sums of dyf (m, n), each summed in row order in f32. */
+static void bias_grad(struct backend *b, const struct tensor *dbias, const float *dyf, int64_t m,
+                      int64_t n)
+{
+    enum { COLS = 256 };
+    #pragma omp parallel for schedule(static) num_threads(b->n_threads) if (m * n > CPU_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < n; j0 += COLS) {
+        float acc[COLS], tmp[COLS];
+        size_t len = (size_t)(n - j0 < COLS ? n - j0 : COLS);
+        memset(acc, 0, sizeof acc);
+        for (int64_t i = 0; i < m; i++) {
+            const float *r = dyf + i * n + j0;
+            for (size_t j = 0; j < len; j++) acc[j] += r[j];
+        }
+        float *db = (float *)cpu_load_row(dbias, (size_t)j0, len, tmp); /* in place when f32 */
+        for (size_t j = 0; j < len; j++) db[j] += acc[j];
+        cpu_store_row(dbias, (size_t)j0, len, db);
+    }
+}
+
+void cpu_matmul_backward(struct backend *b, const struct tensor *dx, const struct tensor *dw,
+                         const struct tensor *dbias, const struct tensor *dy,
+                         const struct tensor *x, const struct tensor *w, int accumulate_dx)
+{
+    const int64_t m = tensor_rows(dy), n = tensor_cols(dy);
+    const int64_t k = w ? w->shape[1] : tensor_cols(x);
+    if (m == 0) return; /* no rows: dx is empty and nothing is added to dw, dbias */
+    const int half = dy->dtype != DTYPE_F32;
+
+    /* Scratch, f32: dy (m, n) and x (m, k) widened, dx's sum (m, k), and one block of rows of w
+     * or of dw (BACKWARD_BLOCK, k); the f32 path needs none of them. */
+    const size_t dys = half ? (size_t)(m * n) : 0, xs = half && dw ? (size_t)(m * k) : 0;
+    const size_t dxs = half && dx ? (size_t)(m * k) : 0;
+    const size_t blk = (half && dx) || (dw && dw->dtype != DTYPE_F32) ? (size_t)BACKWARD_BLOCK * (size_t)k : 0;
+    const size_t total = dys + xs + dxs + blk;
+    float *base = total ? cpu_scratch(b, (total + (size_t)b->n_threads - 1) / (size_t)b->n_threads) : NULL;
+    float *dyf = half ? base : (float *)dy->data;
+    float *xf = !dw ? NULL : half ? base + dys : (float *)x->data;
+    float *dxf = !dx ? NULL : half ? base + dys + xs : (float *)dx->data;
+    float *blkf = base ? base + dys + xs + dxs : NULL;
+    if (half) {
+        cpu_rows_to_f32(b, dyf, dy, 0, m, n);
+        if (dw) cpu_rows_to_f32(b, xf, x, 0, m, k);
+    }
+
+    /* dx (m, k) = dy (m, n) @ w (n, k), summed over blocks of w's rows. */
+    if (dx) {
+        if (!half) {
+            cpu_gemm_nn(b, m, k, n, dyf, n, w->data, k, accumulate_dx ? 1.0f : 0.0f, dxf, k);
+        } else {
+            if (accumulate_dx) cpu_rows_to_f32(b, dxf, dx, 0, m, k);
+            else memset(dxf, 0, (size_t)(m * k) * sizeof(float));
+            for (int64_t j0 = 0; j0 < n; j0 += BACKWARD_BLOCK) {
+                int64_t nb = n - j0 < BACKWARD_BLOCK ? n - j0 : BACKWARD_BLOCK;
+                cpu_rows_to_f32(b, blkf, w, j0, nb, k);
+                cpu_gemm_nn(b, m, k, nb, dyf + j0, n, blkf, k, 1.0f, dxf, k);
+            }
+            cpu_rows_from_f32(b, dx, dxf, 0, m, k);
+        }
+    }
+
+    /* dw (n, k) += dy^T (n, m) @ x (m, k): in place when dw is f32, else a block of rows at a
+     * time through f32, rounded once. */
+    if (dw) {
+        if (dw->dtype == DTYPE_F32) {
+            cpu_gemm_tn(b, n, k, m, dyf, n, xf, k, 1.0f, dw->data, k);
+        } else {
+            for (int64_t j0 = 0; j0 < n; j0 += BACKWARD_BLOCK) {
+                int64_t nb = n - j0 < BACKWARD_BLOCK ? n - j0 : BACKWARD_BLOCK;
+                cpu_rows_to_f32(b, blkf, dw, j0, nb, k);
+                cpu_gemm_tn(b, nb, k, m, dyf + j0, n, xf, k, 1.0f, blkf, k);
+                cpu_rows_from_f32(b, dw, blkf, j0, nb, k);
+            }
+        }
+    }
+
+    if (dbias) bias_grad(b, dbias, dyf, m, n);
 }

@@ -1,5 +1,6 @@
-/* kernels/cpu/position_embedding_add.c - op_position_embedding_add on the CPU: x += wpe[pos].
- * Tests: tests/test_ops.c (position_embedding cases). */
+/* kernels/cpu/position_embedding_add.c - op_position_embedding_add on the CPU: x += wpe[pos],
+ * and its backward, dwpe[pos] += dx (cpu_scatter_add_rows in embedding.c).
+ * Tests: tests/test_ops.c (position_embedding cases), tests/test_ops_backward.c. */
 #include "cpu_ops.h"
 
 void cpu_position_embedding_add(struct backend *b, const struct tensor *x,
@@ -20,4 +21,15 @@ void cpu_position_embedding_add(struct backend *b, const struct tensor *x,
         for (int64_t j = 0; j < d; j++) o[j] = xr[j] + pr[j];
         cpu_store_row(x, (size_t)(i * d), (size_t)d, o);
     }
+}
+
+void cpu_position_embedding_add_backward(struct backend *b, const struct tensor *dtable,
+                                         const struct tensor *dx, const struct tensor *positions)
+{
+    int64_t n = tensor_numel(positions);
+    const int32_t *pos = positions->data;
+    for (int64_t i = 0; i < n; i++)
+        CHECK(pos[i] >= 0 && pos[i] < dtable->shape[0], "position %d outside the table (%lld rows)",
+              pos[i], (long long)dtable->shape[0]);
+    cpu_scatter_add_rows(b, dtable, dx, pos, 0);
 }

@@ -1,6 +1,8 @@
-/* kernels/cpu/rmsnorm.c - op_rmsnorm on the CPU: x / sqrt(mean(x^2) + eps) * weight.
- * Tests: tests/test_ops.c (rmsnorm cases). */
+/* kernels/cpu/rmsnorm.c - op_rmsnorm on the CPU: x / sqrt(mean(x^2) + eps) * weight, and its
+ * backward.
+ * Tests: tests/test_ops.c (rmsnorm cases), tests/test_ops_backward.c (rmsnorm_backward). */
 #include <math.h>
+#include <string.h>
 
 #include "cpu_ops.h"
 
@@ -23,4 +25,60 @@ void cpu_rmsnorm(struct backend *b, const struct tensor *out, const struct tenso
         for (int64_t j = 0; j < d; j++) o[j] = xr[j] * inv * wr[j];
         cpu_store_row(out, (size_t)(i * d), (size_t)d, o);
     }
+}
+
+/* Deterministic for a given thread count: threads are summed in their order. */
+void cpu_add_partials(const struct tensor *g, const float *acc, int nt, size_t stride, int64_t d)
+{
+    enum { COLS = 1024 };
+    for (int64_t j0 = 0; j0 < d; j0 += COLS) {
+        float tmp[COLS];
+        size_t len = (size_t)(d - j0 < COLS ? d - j0 : COLS);
+        float *o = (float *)cpu_load_row(g, (size_t)j0, len, tmp); /* in place when f32 */
+        for (size_t j = 0; j < len; j++) {
+            float s = 0.0f;
+            for (int t = 0; t < nt; t++) s += acc[(size_t)t * stride + (size_t)j0 + j];
+            o[j] += s;
+        }
+        cpu_store_row(g, (size_t)j0, len, o);
+    }
+}
+
+/* Per row: dx = r (g w) - (r^3 / d) sum(g w x) x; dweight += g x r, summed by each thread over
+ * its rows, then over threads in order. */
+void cpu_rmsnorm_backward(struct backend *b, const struct tensor *dx, const struct tensor *dweight,
+                          const struct tensor *dout, const struct tensor *x,
+                          const struct tensor *weight, float eps)
+{
+    const int64_t n = tensor_rows(x), d = tensor_cols(x);
+    if (n == 0 || d == 0) return;
+    const int nt = n * d > CPU_PARALLEL_MIN ? b->n_threads : 1;
+    const size_t per = 5 * (size_t)d, stride = cpu_scratch_stride(per);
+    float *scratch = cpu_scratch(b, per);
+    for (int t = 0; t < nt; t++) memset(scratch + (size_t)t * stride + 4 * (size_t)d, 0, (size_t)d * sizeof(float));
+    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t i = 0; i < n; i++) {
+        float *tmp = scratch + (size_t)omp_get_thread_num() * stride;
+        float *acc = tmp + 4 * d;
+        const size_t off = (size_t)(i * d);
+        const float *xr = cpu_load_row(x, off, (size_t)d, tmp);
+        const float *wr = cpu_load_row(weight, 0, (size_t)d, tmp + d);
+        const float *gr = cpu_load_row(dout, off, (size_t)d, tmp + 2 * d);
+        double ss = 0.0, dot = 0.0;
+        for (int64_t j = 0; j < d; j++) {
+            ss += (double)xr[j] * xr[j];
+            dot += (double)gr[j] * wr[j] * xr[j];
+        }
+        const double rd = 1.0 / sqrt(ss / (double)d + (double)eps);
+        const float r = (float)rd, c = (float)(rd * rd * rd * dot / (double)d);
+        /* dx may alias dout: element j of dout is read before element j of dx is written. */
+        float *o = cpu_out_row(dx, off, tmp + 3 * d);
+        for (int64_t j = 0; j < d; j++) {
+            float g = gr[j];
+            if (dweight) acc[j] += g * xr[j] * r;
+            o[j] = r * (g * wr[j]) - c * xr[j];
+        }
+        cpu_store_row(dx, off, (size_t)d, o);
+    }
+    if (dweight) cpu_add_partials(dweight, scratch + 4 * (size_t)d, nt, stride, d);
 }

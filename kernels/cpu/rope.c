@@ -2,13 +2,15 @@
  * half conventions, partial rotation. Frequencies are computed in f32 as the reference
  * implementations (llama2.c, Hugging Face) do, so that angles match theirs bit for bit in
  * spirit: freq_i = theta^(-2i/rot_dim), angle = pos * freq_i.
- * Tests: tests/test_ops.c (rope cases). */
+ * The backward rotates by the opposite angles (the same cos, sin negated).
+ * Tests: tests/test_ops.c (rope cases), tests/test_ops_backward.c (rope_backward). */
 #include <math.h>
 
 #include "cpu_ops.h"
 
-void cpu_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
-              int rot_dim, float theta, enum rope_style style)
+/* direction +1: the forward rotation; -1: its inverse (the backward). */
+static void rope_rotate(struct backend *b, const struct tensor *x, const struct tensor *positions,
+                        int rot_dim, float theta, enum rope_style style, float direction)
 {
     int64_t n = x->shape[0], n_heads = x->shape[1], hd = x->shape[2];
     const int32_t *pos = positions->data;
@@ -23,7 +25,7 @@ void cpu_rope(struct backend *b, const struct tensor *x, const struct tensor *po
             float freq = powf(theta, -(float)(2 * i) / (float)rot_dim);
             float angle = (float)pos[t] * freq;
             cs[i] = cosf(angle);
-            sn[i] = sinf(angle);
+            sn[i] = direction * sinf(angle);
         }
         for (int64_t h = 0; h < n_heads; h++) {
             size_t off = (size_t)((t * n_heads + h) * hd);
@@ -38,4 +40,16 @@ void cpu_rope(struct backend *b, const struct tensor *x, const struct tensor *po
             cpu_store_row(x, off, (size_t)hd, v);
         }
     }
+}
+
+void cpu_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
+              int rot_dim, float theta, enum rope_style style)
+{
+    rope_rotate(b, x, positions, rot_dim, theta, style, 1.0f);
+}
+
+void cpu_rope_backward(struct backend *b, const struct tensor *dx, const struct tensor *positions,
+                       int rot_dim, float theta, enum rope_style style)
+{
+    rope_rotate(b, dx, positions, rot_dim, theta, style, -1.0f);
 }

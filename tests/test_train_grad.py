@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""Training gradients against JAX, an independent autodiff.
+
+  python3 test_train_grad.py PATH/TO/test_train_grad
+
+For small random Llama (GQA, SwiGLU, untied head), GPT-2 (LayerNorm with biases, learned
+positions, GELU, tied head) and Gemma 3 (QK norm, sandwich norms, GeGLU, embedding scale,
+interleaved sliding-window layers with their own rotary base, tied head) checkpoints written
+here, the C driver (tests/test_train_grad.c: model_forward_train + model_backward) computes
+the loss and every weight gradient of a packed micro-batch (several documents, masked rows);
+this file recomputes them with jax.grad of a float64 forward written here from the
+definitions, from the same weights the driver loaded (the canonical (out, in) layout, so the
+only thing shared with shardlm is which tensor is which). Checks: loss within 1e-5 relative,
+every gradient tensor within 1e-4 relative (max-abs error over the tensor's max-abs value, or
+1% of the model's largest gradient when that is larger; f32 in C), and
+gradient accumulation: two micro-batches give twice the gradients of one.
+
+Prints one line per check and "N passed, M failed"; exits 77 (SKIP) when jax is missing.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "reference"))
+sys.dont_write_bytecode = True
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError:
+    print("SKIP: train_grad: jax is not installed (tools/install_deps.sh installs it)")
+    sys.exit(77)
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_platforms", "cpu")
+
+import make_models as MM  # noqa: E402
+
+N_PASS = 0
+N_FAIL = 0
+
+
+def check(ok, msg):
+    global N_PASS, N_FAIL
+    print(("PASS " if ok else "FAIL ") + msg, flush=True)
+    if ok:
+        N_PASS += 1
+    else:
+        N_FAIL += 1
+
+
+# --------------------------------------------------------------------------- models
+
+def gemma3_config():
+    return {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "vocab_size": 320, "hidden_size": 48, "intermediate_size": 96,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "sliding_window": 4,
+        "sliding_window_pattern": 3, "query_pre_attn_scalar": 16,
+        "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+        "bos_token_id": 2, "eos_token_id": 1, "torch_dtype": "float32",
+    }
+
+
+def init_gemma3(cfg, seed):
+    rng = np.random.default_rng(seed)
+    H, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+
+    def lin(o, i):
+        return rng.standard_normal((o, i)) / math.sqrt(i)
+
+    def nw(n):  # Gemma stores w for x * (1 + w)
+        return 0.1 * rng.standard_normal(n)
+
+    w = {"model.embed_tokens.weight": 0.3 * rng.standard_normal((V, H)), "model.norm.weight": nw(H)}
+    for i in range(L):
+        p = "model.layers.%d." % i
+        w[p + "input_layernorm.weight"] = nw(H)
+        w[p + "self_attn.q_proj.weight"] = 2.0 * lin(nh * hd, H)
+        w[p + "self_attn.k_proj.weight"] = 2.0 * lin(nkv * hd, H)
+        w[p + "self_attn.v_proj.weight"] = lin(nkv * hd, H)
+        w[p + "self_attn.o_proj.weight"] = lin(H, nh * hd)
+        w[p + "self_attn.q_norm.weight"] = nw(hd)
+        w[p + "self_attn.k_norm.weight"] = nw(hd)
+        w[p + "post_attention_layernorm.weight"] = nw(H)
+        w[p + "pre_feedforward_layernorm.weight"] = nw(H)
+        w[p + "post_feedforward_layernorm.weight"] = nw(H)
+        w[p + "mlp.gate_proj.weight"] = lin(I, H)
+        w[p + "mlp.up_proj.weight"] = lin(I, H)
+        w[p + "mlp.down_proj.weight"] = lin(H, I)
+    return w
+
+
+def write_model(kind, out):
+    if kind == "gemma3":
+        cfg = gemma3_config()
+        MM.write_checkpoint(out, cfg, init_gemma3(cfg, 7), "f32", 1)
+        return cfg
+    if kind == "gpt2":
+        cfg = MM.gpt2_config("f32")
+        MM.write_checkpoint(out, cfg, MM.init_gpt2(cfg, 3), "f32", 1)
+        return cfg
+    cfg = MM.llama_config("f32")
+    MM.write_checkpoint(out, cfg, MM.init_llama(cfg, 5), "f32", 1)
+    return cfg
+
+
+# --------------------------------------------------------------------------- the reference
+#
+# Parameters are the canonical tensors the driver dumped, keyed "kind/layer": q, k, v, o are
+# (out, in) matrices; norms hold the weight the forward multiplies by (Gemma's 1 + w).
+
+def rmsnorm(x, w, eps):
+    return x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def layernorm(x, w, b, eps):
+    mu = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean((x - mu) ** 2, axis=-1, keepdims=True)
+    return (x - mu) / jnp.sqrt(var + eps) * w + b
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + jnp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def silu(x):
+    return x / (1.0 + jnp.exp(-x))
+
+
+def rope_halves(x, pos, theta):  # x (T, h, hd), rotate (x[i], x[i + hd/2])
+    hd = x.shape[-1]
+    inv = theta ** (-np.arange(0, hd, 2) / hd)
+    ang = pos[:, None] * inv[None, :]
+    c, s = jnp.cos(ang)[:, None, :], jnp.sin(ang)[:, None, :]
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
+
+
+def forward_loss(P, spec, batch):
+    kind, L = spec["kind"], spec["n_layers"]
+    tok, tgt, pos, doc = batch["tokens"], batch["targets"], batch["positions"], batch["doc_id"]
+    T = tok.shape[0]
+    g = lambda k, l=-1: P["%s/%d" % (k, l)]  # noqa: E731
+    x = g("tok_embedding")[tok]
+    if kind == "gemma3":
+        x = x * math.sqrt(spec["d"])
+    if kind == "gpt2":
+        x = x + g("pos_embedding")[pos]
+    i_idx, j_idx = np.arange(T)[:, None], np.arange(T)[None, :]
+    same_doc = doc[:, None] == doc[None, :]
+    causal = (j_idx <= i_idx) & same_doc
+    nh, nkv, hd = spec["n_heads"], spec["n_kv"], spec["head_dim"]
+    for l in range(L):
+        if kind == "gpt2":
+            xn = layernorm(x, g("attn_norm", l), g("attn_norm_bias", l), 1e-5)
+        else:
+            xn = rmsnorm(x, g("attn_norm", l), spec["eps"])
+        q = xn @ g("q", l).T
+        k = xn @ g("k", l).T
+        v = xn @ g("v", l).T
+        if kind == "gpt2":
+            q, k, v = q + g("q_bias", l), k + g("k_bias", l), v + g("v_bias", l)
+        q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
+        window, theta = 0, spec.get("theta", 10000.0)
+        if kind == "gemma3":
+            q = rmsnorm(q, g("q_norm", l), spec["eps"])
+            k = rmsnorm(k, g("k_norm", l), spec["eps"])
+            glob = (l + 1) % spec["pattern"] == 0
+            window = 0 if glob else spec["window"]
+            theta = spec["theta"] if glob else spec["theta_local"]
+        if kind != "gpt2":
+            q, k = rope_halves(q, pos, theta), rope_halves(k, pos, theta)
+        mask = causal if window == 0 else causal & (i_idx - j_idx < window)
+        rep = nh // nkv
+        kk, vv = jnp.repeat(k, rep, axis=1), jnp.repeat(v, rep, axis=1)
+        s = jnp.einsum("ihd,jhd->hij", q, kk) * spec["scale"]
+        s = jnp.where(mask[None], s, -jnp.inf)
+        p = jax.nn.softmax(s, axis=-1)
+        att = jnp.einsum("hij,jhd->ihd", p, vv).reshape(T, nh * hd)
+        proj = att @ g("o", l).T
+        if kind == "gpt2":
+            proj = proj + g("o_bias", l)
+        if kind == "gemma3":
+            proj = rmsnorm(proj, g("post_attn_norm", l), spec["eps"])
+        x = x + proj
+        if kind == "gpt2":
+            xn = layernorm(x, g("mlp_norm", l), g("mlp_norm_bias", l), 1e-5)
+            h = gelu_tanh(xn @ g("up", l).T + g("up_bias", l))
+            proj = h @ g("down", l).T + g("down_bias", l)
+        else:
+            xn = rmsnorm(x, g("mlp_norm", l), spec["eps"])
+            act = gelu_tanh if kind == "gemma3" else silu
+            h = act(xn @ g("gate", l).T) * (xn @ g("up", l).T)
+            proj = h @ g("down", l).T
+            if kind == "gemma3":
+                proj = rmsnorm(proj, g("post_mlp_norm", l), spec["eps"])
+        x = x + proj
+    if kind == "gpt2":
+        h = layernorm(x, g("final_norm"), g("final_norm_bias"), 1e-5)
+    else:
+        h = rmsnorm(x, g("final_norm"), spec["eps"])
+    head = g("tok_embedding") if spec["tied"] else g("lm_head")
+    logits = h @ head.T
+    lse = jax.scipy.special.logsumexp(logits, axis=-1)
+    real = tgt >= 0
+    tl = jnp.take_along_axis(logits, jnp.where(real, tgt, 0)[:, None], axis=1)[:, 0]
+    return jnp.sum(jnp.where(real, lse - tl, 0.0))
+
+
+def spec_of(kind, cfg):
+    if kind == "gpt2":
+        d, nh = cfg["n_embd"], cfg["n_head"]
+        return {"kind": kind, "n_layers": cfg["n_layer"], "d": d, "n_heads": nh, "n_kv": nh,
+                "head_dim": d // nh, "scale": 1.0 / math.sqrt(d // nh), "eps": 1e-5}
+    if kind == "gemma3":
+        return {"kind": kind, "n_layers": cfg["num_hidden_layers"], "d": cfg["hidden_size"],
+                "n_heads": cfg["num_attention_heads"], "n_kv": cfg["num_key_value_heads"],
+                "head_dim": cfg["head_dim"], "scale": 1.0 / math.sqrt(cfg["query_pre_attn_scalar"]),
+                "eps": cfg["rms_norm_eps"], "theta": cfg["rope_theta"],
+                "theta_local": cfg["rope_local_base_freq"], "window": cfg["sliding_window"],
+                "pattern": cfg["sliding_window_pattern"]}
+    return {"kind": kind, "n_layers": cfg["num_hidden_layers"], "d": cfg["hidden_size"],
+            "n_heads": cfg["num_attention_heads"], "n_kv": cfg["num_key_value_heads"],
+            "head_dim": cfg["head_dim"], "scale": 1.0 / math.sqrt(cfg["head_dim"]),
+            "eps": cfg["rms_norm_eps"], "theta": cfg["rope_theta"]}
+
+
+# --------------------------------------------------------------------------- the batch
+
+def make_batch(vocab, seed, doc_lens=(7, 1, 12, 5)):
+    rng = np.random.default_rng(seed)
+    tokens, targets, positions, doc_id, starts = [], [], [], [], [0]
+    for d, n in enumerate(doc_lens):
+        ids = rng.integers(3, vocab, size=n + 1)
+        for i in range(n):
+            tokens.append(int(ids[i]))
+            # the next token, but a few rows masked (prompt tokens), and the last has none
+            targets.append(int(ids[i + 1]) if (i + 1 < n and rng.random() > 0.2) else -1)
+            positions.append(i)
+            doc_id.append(d)
+        starts.append(starts[-1] + n)
+    return {"tokens": np.array(tokens), "targets": np.array(targets),
+            "positions": np.array(positions), "doc_id": np.array(doc_id), "doc_start": starts}
+
+
+def write_batch(path, b, grad_scale):
+    with open(path, "w") as f:
+        f.write("%d %d %.9g\n" % (len(b["tokens"]), len(b["doc_start"]) - 1, grad_scale))
+        for key in ("tokens", "targets", "positions", "doc_start"):
+            f.write(" ".join(str(int(v)) for v in b[key]) + "\n")
+
+
+def run_driver(driver, model_dir, batch_path, prefix, repeat):
+    r = subprocess.run([driver, model_dir, batch_path, prefix, str(repeat)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError("driver failed: %s" % r.stderr[-2000:])
+    meta = json.load(open(prefix + ".json"))
+    raw = open(prefix + ".bin", "rb").read()
+    params, grads = {}, {}
+    for t in meta["tensors"]:
+        n = int(np.prod(t["shape"]))
+        key = "%s/%d" % (t["kind"], t["layer"])
+        params[key] = np.frombuffer(raw, np.float32, n, t["weight_offset"]).reshape(t["shape"]).astype(np.float64)
+        grads[key] = np.frombuffer(raw, np.float32, n, t["grad_offset"]).reshape(t["shape"]).astype(np.float64)
+    return meta, params, grads
+
+
+def main():
+    driver = sys.argv[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("llama", "gpt2", "gemma3"):
+            mdir = os.path.join(tmp, kind)
+            cfg = write_model(kind, mdir)
+            spec = spec_of(kind, cfg)
+            vocab = cfg["vocab_size"]
+            batch = make_batch(vocab, seed=11)
+            n_real = int(np.sum(batch["targets"] >= 0))
+            grad_scale = 1.0 / n_real
+            bpath = os.path.join(tmp, kind + ".batch")
+            write_batch(bpath, batch, grad_scale)
+            meta, params, grads = run_driver(driver, mdir, bpath, os.path.join(tmp, kind + "_1"), 1)
+            spec["tied"] = bool(meta["tied"])
+            jb = {k: jnp.asarray(v) for k, v in batch.items() if k != "doc_start"}
+            loss, jg = jax.value_and_grad(lambda p: forward_loss(p, spec, jb))({k: jnp.asarray(v) for k, v in params.items()})
+            loss = float(loss)
+            check(meta["n_real"] == n_real, "%s: %d real target tokens" % (kind, n_real))
+            rel = abs(meta["loss_sum"] - loss) / abs(loss)
+            check(rel < 1e-5, "%s: loss %.8f, JAX %.8f (rel %.1e)" % (kind, meta["loss_sum"], loss, rel))
+            worst, worst_key = 0.0, ""
+            refs = {key: np.asarray(jg[key]) * grad_scale for key in grads}
+            gmax = max(np.max(np.abs(r)) for r in refs.values())
+            for key, gc in grads.items():
+                ref = refs[key]
+                # Relative to the tensor's own largest gradient, but not below 1% of the model's
+                # largest: a key bias has an exactly zero gradient (softmax is invariant to a
+                # score shift shared by a row), which f32 can only approach.
+                scale = max(np.max(np.abs(ref)), 1e-2 * gmax)
+                err = np.max(np.abs(gc - ref)) / scale
+                if err > worst:
+                    worst, worst_key = err, key
+                if err >= 1e-4:
+                    check(False, "%s: gradient of %s: rel error %.2e" % (kind, key, err))
+            check(worst < 1e-4, "%s: all %d gradient tensors within 1e-4 of JAX (worst %.1e, %s)"
+                  % (kind, len(grads), worst, worst_key))
+            # Accumulation: two micro-batches give twice the gradients.
+            _, _, grads2 = run_driver(driver, mdir, bpath, os.path.join(tmp, kind + "_2"), 2)
+            acc = max(np.max(np.abs(grads2[k] - 2 * grads[k])) / max(np.max(np.abs(grads[k])), 1e-30)
+                      for k in grads)
+            check(acc < 1e-5, "%s: two micro-batches accumulate to twice the gradients (rel %.1e)" % (kind, acc))
+    print("%d passed, %d failed" % (N_PASS, N_FAIL))
+    return 1 if N_FAIL else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
