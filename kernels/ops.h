@@ -423,8 +423,10 @@ void op_attention_train(struct backend *b, const struct tensor *out, const struc
  * out must be the forward's output (its rounding to the storage dtype enters the gradients
  * through D, as it does in FlashAttention). All arithmetic is f32; dk and dv are summed over the
  * group in f32 and rounded once. The gradients must not alias each other or an input. No
- * workspace: nothing is allocated per call on either backend. Results do not depend on the
- * number of threads or on timing (no atomics). */
+ * workspace is needed (the CPU backend uses its scratch arena; CUDA, shared memory only).
+ * Results do not depend on the number of threads or on timing (no atomics).
+ * Tests: tests/test_attention_train.c (both ops, against double references, finite
+ * differences and op_attention on a paged cache). */
 void op_attention_train_backward(struct backend *b, const struct tensor *dq,
                                  const struct tensor *dk, const struct tensor *dv,
                                  const struct tensor *dout, const struct tensor *out,
