@@ -8,6 +8,7 @@
  *   shardlm generate --model DIR [...]                   generate.c: local generation
  *   shardlm convert  llama2c|gguf ...                    convert.c
  *   shardlm reshard  --model DIR --out DIR [...]         reshard.c
+ *   shardlm train    --model DIR --data F --out DIR [...]   train.c: fine-tuning
  *   shardlm chat     --server ADDR [...]   chat.c: interactive, streamed conversation (ChatStream)
  *   shardlm complete --server ADDR --prompt TEXT [...]   complete.c: one completion
  *   shardlm bench    --server ADDR --concurrency N --requests M [...]   bench.c: load generator
@@ -25,6 +26,7 @@ int serve_main(int argc, char **argv);
 int generate_main(int argc, char **argv);
 int convert_main(int argc, char **argv);
 int reshard_main(int argc, char **argv);
+int train_main(int argc, char **argv);
 int client_chat_main(int argc, char **argv);
 int client_complete_main(int argc, char **argv);
 int client_bench_main(int argc, char **argv);

@@ -6,6 +6,7 @@
  *   shardlm generate --model DIR [--prompt TEXT] [options]  generate text locally (generate.c)
  *   shardlm convert llama2c|gguf ...                         (convert.c)
  *   shardlm reshard --model DIR --out DIR [...]              (reshard.c)
+ *   shardlm train --model DIR --data FILE --out DIR [...]    fine-tuning (train.c)
  *   shardlm version
  * Errors from below arrive as an enum status with a message; the subcommands print them
  * (cli_fail) and turn them into a non-zero exit code. Only cli/ chooses exit codes.
@@ -50,6 +51,7 @@ static void print_help(FILE *f)
             "  shardlm convert llama2c --checkpoint FILE.bin --tokenizer FILE.model --out DIR\n"
             "  shardlm convert gguf --gguf FILE.gguf --out DIR [--dtype f32|bf16]\n"
             "  shardlm reshard --model DIR --out DIR [--tp T --pp P | --format hf]\n"
+            "  shardlm train --model DIR --data FILE[,FILE] --out DIR [options: shardlm train --help]\n"
             "  shardlm version\n"
             "\n"
             "generate prints the completion to stdout as it is produced and the prefill and\n"
@@ -96,5 +98,6 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "generate")) return generate_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "convert")) return convert_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "reshard")) return reshard_main(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "train")) return train_main(argc - 2, argv + 2);
     return cli_usage("unknown command '%s'", argv[1]);
 }

@@ -11,7 +11,7 @@
  *                            model is loaded (host memory on the CPU, GPU memory on CUDA)
  *   --kv-cache-blocks N      KV pool size in blocks, when neither of the above is given
  *   --no-prefix-caching      do not share prompt blocks between requests
- *   --chat-template llama2|chatml|plain   [chosen from the model, see chat_template.h]
+ *   --chat-template llama2|chatml|gemma|plain   [chosen from the model, see chat_template.h]
  *   --api-key-file F         require "authorization: Bearer <key>" with a key of F
  *   --tls-cert F --tls-key F serve TLS with this PEM certificate chain and key
  *   --drain-timeout S        seconds running requests may finish after SIGTERM [30]
@@ -45,7 +45,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
                     "         [--kv-cache-fraction F]\n"
                     "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
-                    "         [--chat-template llama2|chatml|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
+                    "         [--chat-template llama2|chatml|gemma|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
                     "         [--drain-timeout S] [--max-message-bytes N]\n");
     return EXIT_USAGE;
 }
@@ -150,7 +150,7 @@ int serve_main(int argc, char **argv)
             o.engine.kv_cache_blocks = (int)n;
         } else if (!strcmp(a, "--chat-template")) {
             if (strcmp(v, "llama2") && strcmp(v, "chatml") && strcmp(v, "plain"))
-                return usage("--chat-template must be llama2, chatml or plain, got '%s'", v);
+                return usage("--chat-template must be llama2, chatml, gemma or plain, got '%s'", v);
             o.chat_template = v;
         } else if (!strcmp(a, "--api-key-file")) o.api_key_file = v;
         else if (!strcmp(a, "--tls-cert")) o.tls_cert = v;

@@ -25,6 +25,7 @@ const char *chat_template_name(enum chat_template_kind k)
     switch (k) {
     case CHAT_TEMPLATE_LLAMA2: return "llama2";
     case CHAT_TEMPLATE_CHATML: return "chatml";
+    case CHAT_TEMPLATE_GEMMA: return "gemma";
     case CHAT_TEMPLATE_PLAIN: break;
     }
     return "plain";
@@ -35,9 +36,10 @@ enum status chat_template_parse(const char *name, enum chat_template_kind *out)
     if (!strcmp(name, "plain")) *out = CHAT_TEMPLATE_PLAIN;
     else if (!strcmp(name, "llama2")) *out = CHAT_TEMPLATE_LLAMA2;
     else if (!strcmp(name, "chatml")) *out = CHAT_TEMPLATE_CHATML;
+    else if (!strcmp(name, "gemma")) *out = CHAT_TEMPLATE_GEMMA;
     else
         return status_errorf(STATUS_INVALID_ARGUMENT,
-                             "chat template must be one of llama2, chatml, plain; got '%s'", name);
+                             "chat template must be one of llama2, chatml, gemma, plain; got '%s'", name);
     return STATUS_OK;
 }
 
@@ -67,6 +69,8 @@ enum chat_template_kind chat_template_detect(const char *model_dir, const struct
 {
     if (tok && tokenizer_piece_to_id(tok, "<|im_start|>") >= 0 && tokenizer_piece_to_id(tok, "<|im_end|>") >= 0)
         return CHAT_TEMPLATE_CHATML;
+    if (tok && tokenizer_piece_to_id(tok, "<start_of_turn>") >= 0 && tokenizer_piece_to_id(tok, "<end_of_turn>") >= 0)
+        return CHAT_TEMPLATE_GEMMA;
     enum chat_template_kind k = CHAT_TEMPLATE_PLAIN;
     char *t = model_dir ? read_hf_chat_template(model_dir) : NULL;
     if (t && strstr(t, "<|im_start|>") && tok && tokenizer_piece_to_id(tok, "<|im_start|>") >= 0) k = CHAT_TEMPLATE_CHATML;
@@ -205,6 +209,31 @@ static enum status apply_chatml(const struct tokenizer *tok, const struct chat_m
     return st;
 }
 
+/* Gemma: the system message joins the first user turn; "assistant" is "model". */
+static enum status apply_gemma(const struct tokenizer *tok, const struct chat_message *m, int n, struct ids_buf *b,
+                               struct chat_template_extras *extras)
+{
+    int32_t start = tokenizer_piece_to_id(tok, "<start_of_turn>"), end = tokenizer_piece_to_id(tok, "<end_of_turn>");
+    if (start < 0 || end < 0)
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "the gemma template needs <start_of_turn> and <end_of_turn> pieces, which this model's vocabulary lacks");
+    enum status st = STATUS_OK;
+    if (tokenizer_bos_id(tok) >= 0) st = push_id(b, tokenizer_bos_id(tok));
+    const char *system = m[0].role == CHAT_ROLE_SYSTEM ? m[0].content : NULL;
+    for (int i = system ? 1 : 0; i < n && st == STATUS_OK; i++) {
+        const char *role = m[i].role == CHAT_ROLE_ASSISTANT ? "model" : "user";
+        if ((st = push_id(b, start)) != STATUS_OK) break;
+        if (system && i == 1) st = push_fmt_text(b, tok, str_printf("%s\n%s\n\n%s", role, system, m[i].content));
+        else st = push_fmt_text(b, tok, str_printf("%s\n%s", role, m[i].content));
+        if (st != STATUS_OK || (st = push_id(b, end)) != STATUS_OK) break;
+        st = push_text(b, tok, "\n", 1);
+    }
+    if (st == STATUS_OK) st = push_id(b, start);
+    if (st == STATUS_OK) st = push_text(b, tok, "model\n", 6);
+    extras->stop_token_id = end;
+    return st;
+}
+
 static enum status apply_plain(const struct tokenizer *tok, const struct chat_message *m, int n, struct ids_buf *b,
                                struct chat_template_extras *extras)
 {
@@ -240,6 +269,7 @@ enum status chat_template_apply(enum chat_template_kind k, const struct tokenize
     switch (k) {
     case CHAT_TEMPLATE_LLAMA2: st = apply_llama2(tok, messages, n, &b); break;
     case CHAT_TEMPLATE_CHATML: st = apply_chatml(tok, messages, n, &b, extras); break;
+    case CHAT_TEMPLATE_GEMMA: st = apply_gemma(tok, messages, n, &b, extras); break;
     case CHAT_TEMPLATE_PLAIN: st = apply_plain(tok, messages, n, &b, extras); break;
     }
     if (st != STATUS_OK) {

@@ -19,6 +19,13 @@
  * and finally <|im_start|> "assistant\n". <|im_start|> and <|im_end|> are the vocabulary's
  * pieces of those names (inserted by id). <|im_end|> is added to the request's stop token ids.
  *
+ * gemma (Gemma 2 and 3 instruction-tuned models): BOS, then every turn as
+ *     <start_of_turn> "{role}\n{content}" <end_of_turn> "\n"
+ * with role "user" or "model" (for "assistant"); a system message is folded into the first
+ * user turn as "user\n{system}\n\n{content}"; finally <start_of_turn> "model\n".
+ * <start_of_turn> and <end_of_turn> are inserted by id; <end_of_turn> is added to the request's
+ * stop token ids. Chosen for vocabularies that have both pieces.
+ *
  * plain (any model, the fallback): BOS, then one text segment:
  *     "{system}\n\n" (when there is a system message), then per message
  *     "User: {content}\n" or "Assistant: {content}\n", and finally "Assistant:".
@@ -54,13 +61,15 @@ enum chat_template_kind {
     CHAT_TEMPLATE_PLAIN,
     CHAT_TEMPLATE_LLAMA2,
     CHAT_TEMPLATE_CHATML,
+    CHAT_TEMPLATE_GEMMA,
 };
 
-const char *chat_template_name(enum chat_template_kind k); /* "plain", "llama2", "chatml" */
+const char *chat_template_name(enum chat_template_kind k); /* "plain", "llama2", "chatml", "gemma" */
 /* Parses a template name; STATUS_INVALID_ARGUMENT naming the allowed ones otherwise. */
 enum status chat_template_parse(const char *name, enum chat_template_kind *out);
 
-/* Chooses the template of a model: chatml when the vocabulary has an <|im_start|> piece;
+/* Chooses the template of a model: chatml when the vocabulary has an <|im_start|> piece; gemma
+ * when it has <start_of_turn> and <end_of_turn>;
  * otherwise from the chat_template string of model_dir/tokenizer_config.json when there is one
  * ("<|im_start|>" -> chatml, "[INST]" -> llama2); otherwise plain. model_dir may be NULL. */
 enum chat_template_kind chat_template_detect(const char *model_dir, const struct tokenizer *tok);
@@ -77,5 +86,17 @@ struct chat_template_extras {
 enum status chat_template_apply(enum chat_template_kind k, const struct tokenizer *tok,
                                 const struct chat_message *messages, int n, int32_t **ids,
                                 int *n_ids, struct chat_template_extras *extras);
+
+/* The training rendering of a whole conversation (chat_train.c): the same template as
+ * chat_template_apply, every turn included, with *loss (malloc'd, caller frees, n_ids entries)
+ * set to 1 on the tokens the model must learn to produce: each assistant turn's content and
+ * its end (the template's end-of-turn id, or EOS), 0 elsewhere. The assistant content is
+ * encoded as its own segment, as the model produces it after the template's turn header.
+ * Roles: an optional system message first, then at least one message; the last may be from
+ * either side (a conversation without an assistant turn has no loss). STATUS_INVALID_ARGUMENT
+ * naming the message otherwise. */
+enum status chat_template_render_train(enum chat_template_kind k, const struct tokenizer *tok,
+                                       const struct chat_message *messages, int n, int32_t **ids,
+                                       uint8_t **loss, int *n_ids);
 
 #endif

@@ -1,0 +1,160 @@
+/* cli/train.c - `shardlm train`: flags with Megatron-LM's names and defaults into struct
+ * train_options, then the training loop (engine/train/trainer.c).
+ * Not here: the loop, data formats, the optimizer, checkpoints (engine/train/).
+ * Tests: tests/test_train.sh. */
+#include "commands.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "trainer.h"
+
+static const char *const train_help =
+    "usage: shardlm train --model DIR --data FILE[,FILE...] --out DIR [options]\n"
+    "Fine-tunes (or continues pretraining) any model shardlm serve loads; writes a checkpoint\n"
+    "in the serving layout (shardlm serve --model OUT loads it as it is) plus its training state.\n"
+    "\n"
+    "data (see docs/training.md):\n"
+    "  --data FILES            .txt (continued pretraining) or JSONL: {\"messages\": [...]},\n"
+    "                          {\"conversations\": [...]} (ShareGPT), {\"prompt\", \"completion\"},\n"
+    "                          {\"text\"}; comma-separated\n"
+    "  --eval-data FILES       held-out files for evaluation\n"
+    "  --split T,E             without --eval-data: hold out E%% of the examples (e.g. 98,2)\n"
+    "  --seq-length N          tokens per packed sequence [1024]\n"
+    "  --data-overflow truncate|skip|error   examples longer than --seq-length [truncate]\n"
+    "  --chat-template llama2|chatml|gemma|plain   [chosen from the model]\n"
+    "batch and schedule:\n"
+    "  --micro-batch-size N    sequences per micro-batch [1]\n"
+    "  --global-batch-size N   sequences per optimizer step [micro-batch size]; gradient\n"
+    "                          accumulation steps = global / micro\n"
+    "  --train-iters N | --epochs E   length of the run\n"
+    "  --lr LR [1e-4]  --min-lr LR [0]  --lr-warmup-iters N [0]\n"
+    "  --lr-decay-style cosine|linear|constant [cosine]  --lr-decay-iters N [train iters]\n"
+    "optimizer (AdamW):\n"
+    "  --weight-decay W [0.01]  --adam-beta1 B [0.9]  --adam-beta2 B [0.999]\n"
+    "  --adam-eps E [1e-8]  --clip-grad C [1.0; 0 = off]\n"
+    "run:\n"
+    "  --seed N [1234]  --log-interval N [1]  --eval-interval N [0 = at the end only]\n"
+    "  --eval-iters N [10]  --save-interval N [0 = at the end only]\n"
+    "  --resume DIR            continue a checkpoint written by shardlm train\n"
+    "  --metrics FILE          JSONL metrics [OUT/metrics.jsonl]\n"
+    "  --device cpu|cuda [cpu]  --threads N [0 = all cores]\n"
+    "Precision: f32 (fp32 master weights, moments and gradient accumulation). --bf16, --fp16\n"
+    "and the loss scaler are not built yet; they are refused.\n";
+
+static int bad(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "shardlm train: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see shardlm train --help)\n");
+    return EXIT_USAGE;
+}
+
+static int parse_int(const char *v, long lo, long hi, int *out)
+{
+    long x;
+    if (base_parse_long(v, lo, hi, &x)) return -1;
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_double(const char *v, double *out)
+{
+    float f;
+    if (base_parse_float(v, &f)) return -1;
+    *out = f;
+    return 0;
+}
+
+/* Parses the flag a (value v) into o. Returns 0, or an exit code after printing the error. */
+static int parse_flag(struct train_options *o, const char *a, const char *v)
+{
+    long n;
+    if (!strcmp(a, "--model")) o->model_dir = v;
+    else if (!strcmp(a, "--data")) o->data = v;
+    else if (!strcmp(a, "--eval-data")) o->eval_data = v;
+    else if (!strcmp(a, "--out")) o->out_dir = v;
+    else if (!strcmp(a, "--resume")) o->resume_dir = v;
+    else if (!strcmp(a, "--metrics")) o->metrics_path = v;
+    else if (!strcmp(a, "--split")) {
+        int t, e;
+        char c;
+        if (sscanf(v, "%d,%d%c", &t, &e, &c) != 2 || t < 0 || e < 0 || t + e != 100)
+            return bad("--split must be T,E with T + E = 100 (e.g. 98,2), got '%s'", v);
+        o->split_percent = e;
+    } else if (!strcmp(a, "--seq-length")) { if (parse_int(v, 2, 1 << 20, &o->seq_length)) return bad("--seq-length must be an integer in [2, 1048576], got '%s'", v); }
+    else if (!strcmp(a, "--micro-batch-size")) { if (parse_int(v, 1, 1 << 16, &o->micro_batch_size)) return bad("--micro-batch-size must be an integer in [1, 65536], got '%s'", v); }
+    else if (!strcmp(a, "--global-batch-size")) { if (parse_int(v, 1, 1 << 20, &o->global_batch_size)) return bad("--global-batch-size must be an integer in [1, 1048576], got '%s'", v); }
+    else if (!strcmp(a, "--train-iters")) { if (base_parse_long(v, 1, LONG_MAX, &n)) return bad("--train-iters must be a positive integer, got '%s'", v); o->train_iters = n; }
+    else if (!strcmp(a, "--epochs")) { if (parse_double(v, &o->epochs) || !(o->epochs > 0)) return bad("--epochs must be a positive number, got '%s'", v); }
+    else if (!strcmp(a, "--lr")) { if (parse_double(v, &o->opt.lr)) return bad("--lr must be a number, got '%s'", v); }
+    else if (!strcmp(a, "--min-lr")) { if (parse_double(v, &o->opt.min_lr)) return bad("--min-lr must be a number, got '%s'", v); }
+    else if (!strcmp(a, "--lr-warmup-iters")) { if (base_parse_long(v, 0, LONG_MAX, &n)) return bad("--lr-warmup-iters must be a non-negative integer, got '%s'", v); o->opt.warmup_iters = n; }
+    else if (!strcmp(a, "--lr-decay-iters")) { if (base_parse_long(v, 1, LONG_MAX, &n)) return bad("--lr-decay-iters must be a positive integer, got '%s'", v); o->opt.decay_iters = n; }
+    else if (!strcmp(a, "--lr-decay-style")) {
+        if (!strcmp(v, "cosine")) o->opt.decay_style = LR_DECAY_COSINE;
+        else if (!strcmp(v, "linear")) o->opt.decay_style = LR_DECAY_LINEAR;
+        else if (!strcmp(v, "constant")) o->opt.decay_style = LR_DECAY_CONSTANT;
+        else return bad("--lr-decay-style must be cosine, linear or constant, got '%s'", v);
+    } else if (!strcmp(a, "--weight-decay")) { if (parse_double(v, &o->opt.weight_decay)) return bad("--weight-decay must be a number, got '%s'", v); }
+    else if (!strcmp(a, "--adam-beta1")) { if (parse_double(v, &o->opt.beta1)) return bad("--adam-beta1 must be a number, got '%s'", v); }
+    else if (!strcmp(a, "--adam-beta2")) { if (parse_double(v, &o->opt.beta2)) return bad("--adam-beta2 must be a number, got '%s'", v); }
+    else if (!strcmp(a, "--adam-eps")) { if (parse_double(v, &o->opt.eps)) return bad("--adam-eps must be a number, got '%s'", v); }
+    else if (!strcmp(a, "--clip-grad")) { if (parse_double(v, &o->opt.clip_grad)) return bad("--clip-grad must be a number, got '%s'", v); }
+    else if (!strcmp(a, "--seed")) { if (base_parse_long(v, 0, LONG_MAX, &n)) return bad("--seed must be a non-negative integer, got '%s'", v); o->seed = (uint64_t)n; }
+    else if (!strcmp(a, "--log-interval")) { if (parse_int(v, 1, INT_MAX, &o->log_interval)) return bad("--log-interval must be a positive integer, got '%s'", v); }
+    else if (!strcmp(a, "--eval-interval")) { if (parse_int(v, 0, INT_MAX, &o->eval_interval)) return bad("--eval-interval must be a non-negative integer, got '%s'", v); }
+    else if (!strcmp(a, "--eval-iters")) { if (parse_int(v, 0, INT_MAX, &o->eval_iters)) return bad("--eval-iters must be a non-negative integer, got '%s'", v); }
+    else if (!strcmp(a, "--save-interval")) { if (parse_int(v, 0, INT_MAX, &o->save_interval)) return bad("--save-interval must be a non-negative integer, got '%s'", v); }
+    else if (!strcmp(a, "--threads")) { if (parse_int(v, 0, 1024, &o->threads)) return bad("--threads must be an integer in [0, 1024], got '%s'", v); }
+    else if (!strcmp(a, "--device")) {
+        if (backend_parse_device(v, &o->device) != STATUS_OK) return bad("--device must be cpu or cuda, got '%s'", v);
+    } else if (!strcmp(a, "--data-overflow")) {
+        if (!strcmp(v, "truncate")) o->data_opt.overflow = DATA_OVERFLOW_TRUNCATE;
+        else if (!strcmp(v, "skip")) o->data_opt.overflow = DATA_OVERFLOW_SKIP;
+        else if (!strcmp(v, "error")) o->data_opt.overflow = DATA_OVERFLOW_ERROR;
+        else return bad("--data-overflow must be truncate, skip or error, got '%s'", v);
+    } else if (!strcmp(a, "--chat-template")) {
+        if (chat_template_parse(v, &o->data_opt.chat_template) != STATUS_OK)
+            return bad("--chat-template must be llama2, chatml, gemma or plain, got '%s'", v);
+    } else return bad("unknown option '%s'", a);
+    return 0;
+}
+
+int train_main(int argc, char **argv)
+{
+    struct train_options o = {
+        .micro_batch_size = 1, .seq_length = 1024, .seed = 1234, .eval_iters = 10, .log_interval = 1,
+        .device = DEVICE_CPU,
+        .opt = {.lr = 1e-4, .min_lr = 0.0, .decay_style = LR_DECAY_COSINE, .weight_decay = 0.01,
+                .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .clip_grad = 1.0},
+        .data_opt = {.overflow = DATA_OVERFLOW_TRUNCATE},
+    };
+    int chat_template_set = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(train_help, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--bf16") || !strcmp(a, "--fp16") || !strcmp(a, "--loss-scale"))
+            return bad("%s: mixed-precision training is not built yet (f32 only; docs/training.md)", a);
+        if (i + 1 >= argc) return bad("%s needs a value", a);
+        if (!strcmp(a, "--chat-template")) chat_template_set = 1;
+        int rc = parse_flag(&o, a, argv[++i]);
+        if (rc) return rc;
+    }
+    if (!o.model_dir && !o.resume_dir) return bad("--model DIR is required%s", "");
+    if (!o.data) return bad("--data FILE is required%s", "");
+    if (!o.out_dir) return bad("--out DIR is required%s", "");
+    if (o.global_batch_size == 0) o.global_batch_size = o.micro_batch_size;
+    if (!chat_template_set) o.data_opt.chat_template = CHAT_TEMPLATE_PLAIN; /* resolved from the model below */
+    o.data_opt.seq_length = o.seq_length;
+    o.progress = isatty(STDERR_FILENO);
+    o.chat_template_auto = !chat_template_set;
+    enum status st = train_run(&o);
+    return st == STATUS_OK ? 0 : cli_fail(st);
+}

@@ -1,0 +1,97 @@
+/* engine/train/data.h - training data: files in, tokenized examples with loss masks, a
+ * deterministic shuffled order, and micro-batches of packed documents out.
+ * Formats (chosen per line for JSONL, by extension for plain text):
+ *   .txt                          continued pretraining: the file's tokens cut into examples
+ *                                 of seq_length tokens, loss on every token
+ *   {"text": ...}                 one document: BOS text EOS, loss on every token
+ *   {"prompt": ..., "completion": ...}   BOS prompt completion EOS, loss on the completion
+ *                                 and EOS only
+ *   {"messages": [{"role", "content"}, ...]} and ShareGPT's {"conversations": [{"from",
+ *                                 "value"}, ...]}: rendered with the chat template
+ *                                 (chat_template_render_train), loss on the assistant turns
+ * Not here: the model, the optimizer, the loop (trainer.c).
+ * Tests: tests/test_train_data.c. */
+#ifndef SHARDLM_TRAIN_DATA_H
+#define SHARDLM_TRAIN_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base.h"
+#include "chat_template.h"
+
+struct tokenizer;
+
+/* One tokenized example. loss[i] = 1 when token i is a target (the loss of predicting it from
+ * the tokens before it counts); loss[0] is always 0. */
+struct train_example {
+    int32_t *ids;  /* (n), owned */
+    uint8_t *loss; /* (n), owned */
+    int      n;
+};
+
+/* What to do with an example longer than seq_length. */
+enum data_overflow {
+    DATA_OVERFLOW_TRUNCATE, /* keep its first seq_length tokens (counted in the log) */
+    DATA_OVERFLOW_SKIP,     /* leave it out (counted in the log) */
+    DATA_OVERFLOW_ERROR,    /* STATUS_INVALID_ARGUMENT naming the file and line */
+};
+
+struct data_options {
+    int                     seq_length;
+    enum data_overflow      overflow;
+    enum chat_template_kind chat_template;
+};
+
+struct train_dataset {
+    struct train_example *ex;   /* (n), owned */
+    size_t n, cap;
+    /* What loading did, for the log: nothing is dropped silently. */
+    long n_lines, n_blank, n_truncated, n_skipped, n_no_target;
+    int64_t n_tokens, n_target_tokens;
+};
+
+/* Loads every file of the comma-separated list `paths` (each .txt, or JSONL of the formats
+ * above) and appends its examples to *ds. Errors name the file and line: a malformed JSON
+ * line, an unknown role, a line of no known format, an empty file, an example over
+ * seq_length under DATA_OVERFLOW_ERROR. */
+enum status data_load(const char *paths, const struct tokenizer *tok, const struct data_options *o,
+                      struct train_dataset *ds);
+void data_free(struct train_dataset *ds);
+
+/* Moves the examples at positions of a seeded permutation's last `percent`% (rounded down,
+ * at least 1 when percent > 0 and n > 1) from ds to held_out: the --split held-out set. */
+enum status data_split(struct train_dataset *ds, int percent, uint64_t seed,
+                       struct train_dataset *held_out);
+
+/* The position in a dataset's shuffled order: epoch e reads the permutation of the examples
+ * seeded by (seed, e). Part of the training state, so that a resumed run reads on exactly. */
+struct data_cursor {
+    uint64_t seed;
+    int64_t  epoch;
+    int64_t  index;  /* next position in this epoch's permutation */
+};
+
+/* One micro-batch: up to micro_batch_size sequences of at most seq_length tokens, each packed
+ * greedily with whole examples in the shuffled order (an example that does not fit starts the
+ * next sequence); all of it flattened into rows with document boundaries, as struct
+ * train_batch wants. Host memory. */
+struct micro_batch {
+    int      n_tokens, n_docs, n_targets;
+    int32_t *tokens, *targets, *positions; /* (capacity) */
+    int32_t *doc_start;                    /* (capacity + 1) */
+    int      capacity;                     /* micro_batch_size x seq_length */
+};
+
+enum status micro_batch_init(struct micro_batch *mb, int micro_batch_size, int seq_length);
+void micro_batch_free(struct micro_batch *mb);
+
+/* Fills mb from ds at *cur, advancing it (into the next epoch when the order runs out).
+ * micro_batch_size sequences of seq_length. */
+void data_next_micro_batch(const struct train_dataset *ds, struct data_cursor *cur,
+                           int micro_batch_size, int seq_length, struct micro_batch *mb);
+
+/* The permutation of n examples for (seed, epoch), deterministic on every machine. */
+void data_permutation(uint64_t seed, int64_t epoch, size_t n, size_t *perm);
+
+#endif

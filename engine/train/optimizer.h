@@ -1,0 +1,53 @@
+/* engine/train/optimizer.h - AdamW over the weights' layout table: the moments are state laid
+ * out like the weights (weights.h), decoupled weight decay on the matrices only (not on
+ * biases, norms: Megatron's default), clipping by the global gradient norm, and the learning
+ * rate schedule (linear warm-up, then cosine, linear or constant decay to min_lr).
+ * Not here: the loss scaler of fp16 training (not built yet), the loop (trainer.c).
+ * Tests: tests/test_train_step.py (steps against optax.adamw), tests/test_train_data.c
+ * (the schedule). */
+#ifndef SHARDLM_TRAIN_OPTIMIZER_H
+#define SHARDLM_TRAIN_OPTIMIZER_H
+
+#include <stdint.h>
+
+#include "weights.h"
+
+enum lr_decay_style { LR_DECAY_CONSTANT, LR_DECAY_LINEAR, LR_DECAY_COSINE };
+
+struct optimizer_options {
+    double lr, min_lr;
+    int64_t warmup_iters;      /* linear warm-up from 0 over these iterations */
+    int64_t decay_iters;       /* decay from lr to min_lr ends here (usually --train-iters) */
+    enum lr_decay_style decay_style;
+    double weight_decay, beta1, beta2, eps;
+    double clip_grad;          /* clip by global norm; 0 = off */
+};
+
+struct optimizer {
+    struct optimizer_options o;
+    struct model_weights m, v; /* f32 moments, like the weights */
+    void *mem_m, *mem_v;
+    int64_t step;              /* AdamW steps taken */
+    struct tensor norm_acc;    /* f32 (1) on the device: sum of squares */
+};
+
+/* The learning rate of iteration `it` (0-based): Megatron's OptimizerParamScheduler, warm-up
+ * (lr * (it + 1) / warmup_iters) then decay over [warmup_iters, decay_iters] to min_lr. */
+double optimizer_lr(const struct optimizer_options *o, int64_t it);
+
+/* Allocates zeroed moments like params. */
+enum status optimizer_init(struct optimizer *opt, struct backend *b, struct model_weights *params,
+                           const struct optimizer_options *o);
+void optimizer_free(struct optimizer *opt, struct backend *b);
+
+/* The global L2 norm of grads (f32), as a double on the host; Inf or NaN when any gradient
+ * is (the overflow check). */
+double optimizer_grad_norm(struct optimizer *opt, struct backend *b, struct model_weights *grads);
+
+/* One AdamW step of params from grads at learning rate lr, grads first multiplied by
+ * grad_scale and by the clipping factor min(1, clip_grad / grad_norm). Weight decay applies to
+ * 2-D weights only. */
+void optimizer_step(struct optimizer *opt, struct backend *b, struct model_weights *params,
+                    struct model_weights *grads, double lr, double grad_norm);
+
+#endif

@@ -1,0 +1,281 @@
+/* engine/train/train_checkpoint.c - training checkpoints (train_checkpoint.h).
+ * Tests: tests/test_train.sh. */
+#include "train_checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "safetensors.h"
+
+#define STATE_FILE "train_state.safetensors"
+#define STATE_FORMAT "shardlm-train-state-1"
+
+enum status train_checkpoint_make_dir(const char *dir)
+{
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", dir);
+    for (char *p = path + 1;; p++) {
+        const int end = *p == 0;
+        if (*p == '/' || end) {
+            *p = 0;
+            if (mkdir(path, 0755) != 0 && errno != EEXIST)
+                return status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
+            if (end) break;
+            *p = '/';
+        }
+    }
+    return STATUS_OK;
+}
+
+/* Removes a directory's files and then the directory (one level: checkpoints are flat). */
+static void remove_flat_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[4400];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* ---- the model's weights as the checkpoint writers' source --------------------------------- */
+
+static struct tensor *find_weight(struct model_weights *w, int layer_first, enum weight_kind kind, int layer)
+{
+    struct weight_ref *t = malloc((size_t)weights_table_max(w->n_layers) * sizeof *t);
+    CHECK(t, "out of host memory");
+    const int n = weights_table(w, layer_first, 1, t);
+    struct tensor *found = NULL;
+    for (int i = 0; i < n && !found; i++)
+        if (t[i].kind == kind && (t[i].layer == layer || t[i].layer < 0)) found = t[i].t;
+    if (!found && kind == WEIGHT_KIND_LM_HEAD && w->tied) found = &w->tok_embedding;
+    free(t);
+    return found;
+}
+
+/* checkpoint_source_fn: the canonical f32 tensor of (kind, layer) from the model, with the
+ * norm offset that loading added taken away again (Gemma stores w for x * (1 + w)). */
+static enum status model_source(void *ctx, enum weight_kind kind, int layer, float *dst, int64_t n)
+{
+    struct model *m = ctx;
+    struct tensor *t = find_weight(&m->w, m->layer_first, kind, layer);
+    if (!t || tensor_numel(t) != n)
+        return status_errorf(STATUS_INTERNAL, "checkpoint: the model has no %s tensor of %lld elements (layer %d)",
+                             weight_kind_name(kind), (long long)n, layer);
+    CHECK(t->dtype == DTYPE_F32, "f32 weights expected");
+    backend_download(m->b, dst, t->data, (size_t)n * sizeof *dst);
+    if (weight_kind_is_norm(kind) && m->cfg.norm_weight_offset != 0.0f)
+        for (int64_t i = 0; i < n; i++) dst[i] -= m->cfg.norm_weight_offset;
+    return STATUS_OK;
+}
+
+/* ---- the training state -------------------------------------------------------------------- */
+
+struct state_item {
+    struct backend *b;
+    const struct tensor *t;
+};
+
+static enum status fill_from_device(void *ctx, void *dst, size_t nbytes)
+{
+    const struct state_item *it = ctx;
+    CHECK(nbytes == tensor_nbytes(it->t), "state tensor size");
+    backend_download(it->b, dst, it->t->data, nbytes);
+    return STATUS_OK;
+}
+
+static void state_name(char *buf, size_t n, const char *group, const struct weight_ref *r)
+{
+    snprintf(buf, n, "%s/%s/%d", group, weight_kind_name(r->kind), r->layer);
+}
+
+static enum status write_state(const char *dir, struct model *m, struct optimizer *opt,
+                               const struct train_state *st, int with_master)
+{
+    char path[4200], name[256], value[64];
+    snprintf(path, sizeof path, "%s/" STATE_FILE, dir);
+    const int max = weights_table_max(m->w.n_layers);
+    struct weight_ref *tw = malloc((size_t)max * sizeof *tw), *tm = malloc((size_t)max * sizeof *tm);
+    struct weight_ref *tv = malloc((size_t)max * sizeof *tv);
+    struct state_item *items = malloc((size_t)max * 3 * sizeof *items);
+    struct safetensors_writer *w = NULL;
+    enum status s = STATUS_OK;
+    if (!tw || !tm || !tv || !items) {
+        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "checkpoint: out of host memory");
+        goto out;
+    }
+    const int n = weights_table(&m->w, m->layer_first, 1, tw);
+    CHECK(weights_table(&opt->m, m->layer_first, 1, tm) == n && weights_table(&opt->v, m->layer_first, 1, tv) == n,
+          "moment tables differ from the weights'");
+    if ((s = safetensors_writer_begin(path, &w)) != STATUS_OK) goto out;
+    int k = 0;
+    for (int i = 0; i < n && s == STATUS_OK; i++) {
+        const struct weight_ref *refs[3] = {&tm[i], &tv[i], &tw[i]};
+        const char *groups[3] = {"exp_avg", "exp_avg_sq", "master"};
+        for (int g = 0; g < (with_master ? 3 : 2) && s == STATUS_OK; g++) {
+            items[k] = (struct state_item){m->b, refs[g]->t};
+            state_name(name, sizeof name, groups[g], &tw[i]);
+            s = safetensors_writer_add_deferred(w, name, DTYPE_F32, refs[g]->t->ndim, refs[g]->t->shape,
+                                                fill_from_device, &items[k]);
+            k++;
+        }
+    }
+    const struct {
+        const char *key;
+        int64_t v;
+    } meta[] = {
+        {"iteration", st->iteration},
+        {"consumed_tokens", st->consumed_tokens},
+        {"data_epoch", st->cursor.epoch},
+        {"data_index", st->cursor.index},
+        {"optimizer_step", opt->step},
+    };
+    for (size_t i = 0; i < sizeof meta / sizeof meta[0] && s == STATUS_OK; i++) {
+        snprintf(value, sizeof value, "%" PRId64, meta[i].v);
+        s = safetensors_writer_set_metadata(w, meta[i].key, value);
+    }
+    snprintf(value, sizeof value, "%" PRIu64, st->cursor.seed);
+    if (s == STATUS_OK) s = safetensors_writer_set_metadata(w, "seed", value);
+    if (s == STATUS_OK) s = safetensors_writer_set_metadata(w, "format", STATE_FORMAT);
+    if (s == STATUS_OK) {
+        s = safetensors_writer_finish(w);
+        w = NULL;
+    }
+out:
+    safetensors_writer_free(w);
+    free(tw);
+    free(tm);
+    free(tv);
+    free(items);
+    return s;
+}
+
+/* Moves every file of src into dst (each rename atomic), then removes src. */
+static enum status move_files(const char *src, const char *dst)
+{
+    DIR *d = opendir(src);
+    if (!d) return status_errorf(STATUS_IO, "%s: %s", src, strerror(errno));
+    struct dirent *e;
+    char a[4400], b[4400];
+    enum status s = STATUS_OK;
+    while (s == STATUS_OK && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(a, sizeof a, "%s/%s", src, e->d_name);
+        snprintf(b, sizeof b, "%s/%s", dst, e->d_name);
+        if (rename(a, b) != 0) s = status_errorf(STATUS_IO, "rename %s -> %s: %s", a, b, strerror(errno));
+    }
+    closedir(d);
+    if (s == STATUS_OK) rmdir(src);
+    return s;
+}
+
+enum status train_checkpoint_save(const char *dir, struct model *m, struct optimizer *opt,
+                                  const struct train_state *st)
+{
+    char tmp[4200];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", dir);
+    remove_flat_dir(tmp);
+    enum status s = train_checkpoint_make_dir(tmp);
+    if (s != STATUS_OK) return s;
+    checkpoint_set_source(m->checkpoint, model_source, m);
+    s = checkpoint_write_hf(tmp, m->checkpoint);
+    checkpoint_set_source(m->checkpoint, NULL, NULL);
+    /* The model file holds the weights exactly only in f32 and without a norm offset. */
+    const int with_master = m->checkpoint->cfg.dtype != DTYPE_F32 || m->cfg.norm_weight_offset != 0.0f;
+    if (s == STATUS_OK) s = write_state(tmp, m, opt, st, with_master);
+    if (s != STATUS_OK) {
+        remove_flat_dir(tmp);
+        return s;
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0) { /* a new directory: it appears whole */
+        if (rename(tmp, dir) != 0) return status_errorf(STATUS_IO, "rename %s -> %s: %s", tmp, dir, strerror(errno));
+    } else if ((s = move_files(tmp, dir)) != STATUS_OK) {
+        return s;
+    }
+    LOG_INFO("train", "checkpoint %s written (iteration %lld)", dir, (long long)st->iteration);
+    return STATUS_OK;
+}
+
+static int64_t meta_i64(const struct safetensors *sf, const char *key, int *ok)
+{
+    const char *v = safetensors_metadata(sf, key);
+    char *end = NULL;
+    if (!v) {
+        *ok = 0;
+        return 0;
+    }
+    long long x = strtoll(v, &end, 10);
+    if (!end || *end) *ok = 0;
+    return (int64_t)x;
+}
+
+static enum status read_group(struct safetensors *sf, const char *path, struct backend *b, const char *group,
+                              struct weight_ref *w, struct weight_ref *dst, int n, int required)
+{
+    char name[256];
+    for (int i = 0; i < n; i++) {
+        state_name(name, sizeof name, group, &w[i]);
+        const struct st_tensor *t = safetensors_find(sf, name);
+        if (!t) {
+            if (!required) return STATUS_OK;
+            return status_errorf(STATUS_BAD_FORMAT, "%s: no tensor %s", path, name);
+        }
+        if (t->dtype != DTYPE_F32 || t->numel != tensor_numel(dst[i].t))
+            return status_errorf(STATUS_BAD_FORMAT, "%s: tensor %s has %lld elements, the model %lld", path, name,
+                                 (long long)t->numel, (long long)tensor_numel(dst[i].t));
+        backend_upload(b, dst[i].t->data, t->data, t->nbytes);
+    }
+    return STATUS_OK;
+}
+
+enum status train_checkpoint_load_state(const char *dir, struct model *m, struct optimizer *opt,
+                                        struct train_state *st)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/" STATE_FILE, dir);
+    struct safetensors *sf = NULL;
+    enum status s = safetensors_open(path, &sf);
+    if (s != STATUS_OK) return status_errorf(s, "--resume %s: %s", dir, status_message());
+    const char *fmt = safetensors_metadata(sf, "format");
+    int ok = fmt && !strcmp(fmt, STATE_FORMAT);
+    st->iteration = meta_i64(sf, "iteration", &ok);
+    st->consumed_tokens = meta_i64(sf, "consumed_tokens", &ok);
+    st->cursor.epoch = meta_i64(sf, "data_epoch", &ok);
+    st->cursor.index = meta_i64(sf, "data_index", &ok);
+    st->cursor.seed = (uint64_t)meta_i64(sf, "seed", &ok);
+    const int64_t step = meta_i64(sf, "optimizer_step", &ok);
+    const int max = weights_table_max(m->w.n_layers);
+    struct weight_ref *tw = malloc((size_t)max * sizeof *tw), *tm = malloc((size_t)max * sizeof *tm);
+    struct weight_ref *tv = malloc((size_t)max * sizeof *tv);
+    if (!ok) s = status_errorf(STATUS_BAD_FORMAT, "%s: not a shardlm training state (format %s)", path, fmt ? fmt : "none");
+    else if (!tw || !tm || !tv) s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of host memory");
+    if (s == STATUS_OK) {
+        const int n = weights_table(&m->w, m->layer_first, 1, tw);
+        weights_table(&opt->m, m->layer_first, 1, tm);
+        weights_table(&opt->v, m->layer_first, 1, tv);
+        if ((s = read_group(sf, path, m->b, "exp_avg", tw, tm, n, 1)) == STATUS_OK &&
+            (s = read_group(sf, path, m->b, "exp_avg_sq", tw, tv, n, 1)) == STATUS_OK)
+            s = read_group(sf, path, m->b, "master", tw, tw, n, 0);
+        opt->step = step;
+    }
+    free(tw);
+    free(tm);
+    free(tv);
+    safetensors_close(sf);
+    return s;
+}

@@ -1,0 +1,38 @@
+/* engine/train/train_checkpoint.h - training checkpoints: the model in the serving layout (what
+ * `shardlm serve` and `generate` load as they are: config.json, tokenizer files,
+ * model.safetensors in the Hugging Face layout of the source model's family, in its dtype) plus
+ * train_state.safetensors: the AdamW moments (and the f32 master weights when the model file
+ * holds another dtype), laid out by the weights' table, with the iteration, the data cursor and
+ * the seed in its metadata. Written atomically: into DIR.tmp, then renamed over DIR.
+ * Not here: the loop (trainer.c), the formats' writers (engine/formats/checkpoint_write.c).
+ * Tests: tests/test_train.sh (bitwise resume; the result served). */
+#ifndef SHARDLM_TRAIN_CHECKPOINT_H
+#define SHARDLM_TRAIN_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "data.h"
+#include "model.h"
+#include "optimizer.h"
+
+struct train_state {
+    int64_t iteration;          /* optimizer steps taken */
+    int64_t consumed_tokens;
+    struct data_cursor cursor;  /* where the next micro-batch starts (seed included) */
+};
+
+/* Creates dir (and its parents) when missing. */
+enum status train_checkpoint_make_dir(const char *dir);
+
+/* Writes the checkpoint of (m, opt, st) to dir, replacing what was there only once it is
+ * complete. */
+enum status train_checkpoint_save(const char *dir, struct model *m, struct optimizer *opt,
+                                  const struct train_state *st);
+
+/* Reads dir/train_state.safetensors into opt and *st, for a model loaded from dir (its
+ * weights are the checkpoint's; the f32 master weights, when stored, replace them). Errors: a
+ * missing or foreign state file, a tensor whose shape differs from the model's. */
+enum status train_checkpoint_load_state(const char *dir, struct model *m, struct optimizer *opt,
+                                        struct train_state *st);
+
+#endif

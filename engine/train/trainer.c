@@ -1,0 +1,304 @@
+/* engine/train/trainer.c - the training loop of one rank (trainer.h).
+ * Tests: tests/test_train.sh, tests/test_train_step.py. */
+#include "trainer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_train.h"
+#include "tokenizer.h"
+#include "train_checkpoint.h"
+
+struct trainer {
+    const struct train_options *o;
+    struct backend *b;
+    struct tokenizer *tok;
+    struct model *m;
+    struct model_weights grads;
+    void *grads_mem;
+    struct optimizer opt;
+    struct train_dataset train, eval;
+    struct micro_batch *mbs;      /* (num_microbatches) of the current iteration */
+    int num_microbatches;
+    struct train_state state;
+    int64_t train_iters;
+    FILE *metrics;
+    double t_start;
+};
+
+/* ---- setup ------------------------------------------------------------------------------- */
+
+static enum status check_options(const struct train_options *o, int *num_micro)
+{
+    if (o->micro_batch_size < 1 || o->global_batch_size < 1 || o->global_batch_size % o->micro_batch_size)
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "--global-batch-size (%d) must be a positive multiple of --micro-batch-size (%d)",
+                             o->global_batch_size, o->micro_batch_size);
+    if (o->seq_length < 2) return status_errorf(STATUS_INVALID_ARGUMENT, "--seq-length must be at least 2");
+    if (o->train_iters <= 0 && o->epochs <= 0)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "give --train-iters or --epochs");
+    if (!(o->opt.lr > 0) || o->opt.min_lr < 0 || o->opt.min_lr > o->opt.lr)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--lr must be > 0 and --min-lr in [0, lr]");
+    if (!(o->opt.beta1 >= 0 && o->opt.beta1 < 1) || !(o->opt.beta2 >= 0 && o->opt.beta2 < 1) || !(o->opt.eps > 0))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--adam-beta1/2 must lie in [0, 1) and --adam-eps be > 0");
+    if (o->opt.weight_decay < 0 || o->opt.clip_grad < 0)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--weight-decay and --clip-grad must be >= 0");
+    *num_micro = o->global_batch_size / o->micro_batch_size;
+    return STATUS_OK;
+}
+
+/* Iterations for --epochs: micro-batches of one pass over the shuffled data, counted by
+ * running a cursor through it (packing makes the number depend on the order). */
+static int64_t iters_for_epochs(struct trainer *t)
+{
+    struct data_cursor cur = {.seed = t->o->seed, .epoch = 0, .index = 0};
+    int64_t micro = 0;
+    while (cur.epoch == 0) {
+        data_next_micro_batch(&t->train, &cur, t->o->micro_batch_size, t->o->seq_length, &t->mbs[0]);
+        micro++;
+    }
+    const int64_t per_epoch = (micro + t->num_microbatches - 1) / t->num_microbatches;
+    int64_t n = (int64_t)ceil(t->o->epochs * (double)per_epoch);
+    return n > 0 ? n : 1;
+}
+
+static enum status load_data(struct trainer *t)
+{
+    const struct train_options *o = t->o;
+    struct data_options dopt = o->data_opt;
+    if (o->chat_template_auto)
+        dopt.chat_template = chat_template_detect(o->resume_dir ? o->resume_dir : o->model_dir, t->tok);
+    enum status st = data_load(o->data, t->tok, &dopt, &t->train);
+    if (st != STATUS_OK) return st;
+    if (o->eval_data) st = data_load(o->eval_data, t->tok, &dopt, &t->eval);
+    else if (o->split_percent > 0) st = data_split(&t->train, o->split_percent, o->seed, &t->eval);
+    if (st != STATUS_OK) return st;
+    const struct train_dataset *d = &t->train;
+    LOG_INFO("train", "data: %zu examples, %lld tokens (%lld targets) from %ld lines; %ld blank, %ld truncated, "
+             "%ld skipped as too long, %ld without a target; held out: %zu examples",
+             d->n, (long long)d->n_tokens, (long long)d->n_target_tokens, d->n_lines, d->n_blank,
+             d->n_truncated, d->n_skipped, d->n_no_target, t->eval.n);
+    if (d->n == 0) return status_errorf(STATUS_INVALID_ARGUMENT, "no training example left after the split");
+    return STATUS_OK;
+}
+
+static enum status setup(struct trainer *t)
+{
+    const struct train_options *o = t->o;
+    enum status st = check_options(o, &t->num_microbatches);
+    if (st != STATUS_OK) return st;
+    const char *start = o->resume_dir ? o->resume_dir : o->model_dir;
+    char path[4200];
+    if ((st = backend_open(o->device, 0, o->threads, &t->b)) != STATUS_OK) return st;
+    snprintf(path, sizeof path, "%s/tokenizer.model", start);
+    if ((st = tokenizer_load(path, &t->tok)) != STATUS_OK) return st;
+    if ((st = model_load(start, t->b, NULL, &t->m)) != STATUS_OK) return st;
+    if (t->m->dtype != DTYPE_F32)
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "training computes in f32 on this backend (%s); mixed precision is not built yet",
+                             dtype_name(t->m->dtype));
+    if ((st = model_weights_make_writable(t->m)) != STATUS_OK) return st;
+    const int max_tokens = o->micro_batch_size * o->seq_length;
+    if ((st = model_reserve_train(t->m, max_tokens)) != STATUS_OK) return st;
+    if ((st = weights_alloc_like(t->b, &t->m->w, DTYPE_F32, &t->grads, &t->grads_mem)) != STATUS_OK) return st;
+    struct optimizer_options opt = o->opt;
+    t->mbs = calloc((size_t)t->num_microbatches, sizeof *t->mbs);
+    if (!t->mbs) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of memory");
+    for (int i = 0; i < t->num_microbatches; i++)
+        if ((st = micro_batch_init(&t->mbs[i], o->micro_batch_size, o->seq_length)) != STATUS_OK) return st;
+    if ((st = load_data(t)) != STATUS_OK) return st;
+    t->train_iters = o->train_iters > 0 ? o->train_iters : iters_for_epochs(t);
+    if (opt.decay_iters <= 0) opt.decay_iters = t->train_iters;
+    if ((st = optimizer_init(&t->opt, t->b, &t->m->w, &opt)) != STATUS_OK) return st;
+    t->state = (struct train_state){.cursor = {.seed = o->seed}};
+    if (o->resume_dir && (st = train_checkpoint_load_state(o->resume_dir, t->m, &t->opt, &t->state)) != STATUS_OK)
+        return st;
+    if (o->resume_dir && t->state.cursor.seed != o->seed)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--seed %llu differs from the checkpoint's %llu",
+                             (unsigned long long)o->seed, (unsigned long long)t->state.cursor.seed);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+    const char *mp = o->metrics_path ? o->metrics_path : path;
+    if ((st = train_checkpoint_make_dir(o->out_dir)) != STATUS_OK) return st;
+    t->metrics = fopen(mp, o->resume_dir ? "a" : "w");
+    if (!t->metrics) return status_errorf(STATUS_IO, "%s: cannot open the metrics file", mp);
+    LOG_INFO("train", "%s: %lld parameters, %d layers; %lld iterations of %d x %d sequences of %d tokens "
+             "(%d micro-batches per step)%s",
+             t->m->cfg.architecture, (long long)weights_numel(&t->m->w), t->m->cfg.n_layers,
+             (long long)t->train_iters, o->global_batch_size, 1, o->seq_length, t->num_microbatches,
+             o->resume_dir ? ", resumed" : "");
+    return STATUS_OK;
+}
+
+static void teardown(struct trainer *t)
+{
+    if (t->metrics) fclose(t->metrics);
+    for (int i = 0; t->mbs && i < t->num_microbatches; i++) micro_batch_free(&t->mbs[i]);
+    free(t->mbs);
+    data_free(&t->train);
+    data_free(&t->eval);
+    if (t->b) {
+        optimizer_free(&t->opt, t->b);
+        weights_free_layers(&t->grads);
+        backend_free(t->b, t->grads_mem);
+    }
+    model_free(t->m);
+    tokenizer_free(t->tok);
+    backend_close(t->b);
+}
+
+/* ---- one iteration ----------------------------------------------------------------------- */
+
+static struct train_batch batch_of(const struct micro_batch *mb, float grad_scale)
+{
+    return (struct train_batch){
+        .n_tokens = mb->n_tokens, .tokens = mb->tokens, .targets = mb->targets,
+        .positions = mb->positions, .n_docs = mb->n_docs, .doc_start = mb->doc_start,
+        .grad_scale = grad_scale,
+    };
+}
+
+struct step_result {
+    double loss;        /* mean per-token loss of the global batch */
+    double grad_norm;
+    double lr;
+    int64_t tokens, targets;
+};
+
+static enum status train_step(struct trainer *t, struct step_result *r)
+{
+    const struct train_options *o = t->o;
+    int64_t targets = 0, tokens = 0;
+    for (int i = 0; i < t->num_microbatches; i++) {
+        data_next_micro_batch(&t->train, &t->state.cursor, o->micro_batch_size, o->seq_length, &t->mbs[i]);
+        targets += t->mbs[i].n_targets;
+        tokens += t->mbs[i].n_tokens;
+    }
+    weights_zero(t->b, &t->grads);
+    double loss_sum = 0.0;
+    /* Every micro-batch's gradient is scaled by 1 / (targets of the whole global batch). */
+    const float grad_scale = targets > 0 ? (float)(1.0 / (double)targets) : 0.0f;
+    enum status st = STATUS_OK;
+    for (int i = 0; i < t->num_microbatches && st == STATUS_OK; i++) {
+        if (t->mbs[i].n_tokens == 0) continue;
+        struct train_batch tb = batch_of(&t->mbs[i], grad_scale);
+        double ls = 0.0;
+        int nr = 0;
+        if ((st = model_forward_train(t->m, &tb, &ls, &nr)) == STATUS_OK) st = model_backward(t->m, &tb, &t->grads);
+        loss_sum += ls;
+    }
+    if (st != STATUS_OK) return st;
+    r->loss = targets > 0 ? loss_sum / (double)targets : 0.0;
+    r->grad_norm = optimizer_grad_norm(&t->opt, t->b, &t->grads);
+    r->lr = optimizer_lr(&t->opt.o, t->state.iteration);
+    r->tokens = tokens;
+    r->targets = targets;
+    if (!isfinite(r->loss) || !isfinite(r->grad_norm))
+        return status_errorf(STATUS_INTERNAL, "iteration %lld: the loss (%g) or the gradient norm (%g) is not finite",
+                             (long long)t->state.iteration + 1, r->loss, r->grad_norm);
+    optimizer_step(&t->opt, t->b, &t->m->w, &t->grads, r->lr, r->grad_norm);
+    t->state.iteration++;
+    t->state.consumed_tokens += tokens;
+    return STATUS_OK;
+}
+
+/* Mean per-token loss over eval_iters micro-batches of the held-out set, read from its start
+ * in a fixed order (the same tokens at every evaluation). */
+static enum status evaluate(struct trainer *t, double *loss, int64_t *targets)
+{
+    const struct train_options *o = t->o;
+    struct data_cursor cur = {.seed = o->seed, .epoch = 0, .index = 0};
+    double sum = 0.0;
+    int64_t n = 0;
+    for (int it = 0; it < o->eval_iters; it++) {
+        data_next_micro_batch(&t->eval, &cur, o->micro_batch_size, o->seq_length, &t->mbs[0]);
+        struct train_batch tb = batch_of(&t->mbs[0], 0.0f);
+        double ls = 0.0;
+        int nr = 0;
+        enum status st = model_forward_train(t->m, &tb, &ls, &nr);
+        if (st != STATUS_OK) return st;
+        sum += ls;
+        n += nr;
+        if (cur.epoch > 0) break; /* the whole held-out set was read */
+    }
+    *loss = n > 0 ? sum / (double)n : 0.0;
+    *targets = n;
+    return STATUS_OK;
+}
+
+/* ---- reporting --------------------------------------------------------------------------- */
+
+static void fmt_duration(char *buf, size_t n, double s)
+{
+    if (s < 0 || !isfinite(s)) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+}
+
+static void report(struct trainer *t, const struct step_result *r, double step_s)
+{
+    const int64_t it = t->state.iteration;
+    const double elapsed = base_now_s() - t->t_start, tps = step_s > 0 ? (double)r->tokens / step_s : 0.0;
+    fprintf(t->metrics,
+            "{\"iter\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens\": %lld, "
+            "\"targets\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
+            (long long)it, r->loss, r->lr, r->grad_norm, (long long)r->tokens, (long long)r->targets, tps, elapsed);
+    fflush(t->metrics);
+    if (it % t->o->log_interval != 0 && it != t->train_iters) return;
+    char eta[32];
+    fmt_duration(eta, sizeof eta, step_s * (double)(t->train_iters - it));
+    if (t->o->progress)
+        fprintf(stderr, "\r\033[Kstep %lld/%lld | loss %.4f | lr %.3g | grad norm %.3f | %.0f tok/s | ETA %s",
+                (long long)it, (long long)t->train_iters, r->loss, r->lr, r->grad_norm, tps, eta);
+    else
+        LOG_INFO("train", "step %lld/%lld | loss %.4f | lr %.3g | grad norm %.3f | %.0f tok/s | ETA %s",
+                 (long long)it, (long long)t->train_iters, r->loss, r->lr, r->grad_norm, tps, eta);
+}
+
+static enum status maybe_evaluate(struct trainer *t, int force)
+{
+    const int64_t it = t->state.iteration;
+    if (t->eval.n == 0 || t->o->eval_iters <= 0) return STATUS_OK;
+    if (!force && (t->o->eval_interval <= 0 || it % t->o->eval_interval != 0)) return STATUS_OK;
+    double loss = 0.0;
+    int64_t n = 0;
+    enum status st = evaluate(t, &loss, &n);
+    if (st != STATUS_OK) return st;
+    fprintf(t->metrics, "{\"iter\": %lld, \"eval_loss\": %.6f, \"eval_ppl\": %.4f, \"eval_targets\": %lld}\n",
+            (long long)it, loss, exp(loss), (long long)n);
+    fflush(t->metrics);
+    if (t->o->progress) fputc('\n', stderr);
+    LOG_INFO("train", "eval at step %lld: loss %.4f, perplexity %.2f (%lld tokens)", (long long)it, loss, exp(loss),
+             (long long)n);
+    return STATUS_OK;
+}
+
+enum status train_run(const struct train_options *o)
+{
+    struct trainer t = {.o = o};
+    enum status st = setup(&t);
+    t.t_start = base_now_s();
+    if (st == STATUS_OK && t.state.iteration == 0) st = maybe_evaluate(&t, 1);
+    while (st == STATUS_OK && t.state.iteration < t.train_iters) {
+        struct step_result r;
+        const double t0 = base_now_s();
+        if ((st = train_step(&t, &r)) != STATUS_OK) break;
+        report(&t, &r, base_now_s() - t0);
+        if ((st = maybe_evaluate(&t, t.state.iteration == t.train_iters)) != STATUS_OK) break;
+        if (o->save_interval > 0 && t.state.iteration % o->save_interval == 0 && t.state.iteration < t.train_iters) {
+            char dir[4200];
+            snprintf(dir, sizeof dir, "%s/checkpoints/iter_%07lld", o->out_dir, (long long)t.state.iteration);
+            if (o->progress) fputc('\n', stderr);
+            st = train_checkpoint_save(dir, t.m, &t.opt, &t.state);
+        }
+    }
+    if (o->progress && st == STATUS_OK) fputc('\n', stderr);
+    if (st == STATUS_OK) st = train_checkpoint_save(o->out_dir, t.m, &t.opt, &t.state);
+    if (st == STATUS_OK)
+        LOG_INFO("train", "wrote %s after %lld iterations (%.1f s)", o->out_dir, (long long)t.state.iteration,
+                 base_now_s() - t.t_start);
+    teardown(&t);
+    return st;
+}

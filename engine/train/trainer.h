@@ -1,0 +1,45 @@
+/* engine/train/trainer.h - `shardlm train`: the training loop of one rank. Each iteration
+ * reads num_microbatches = global_batch_size / micro_batch_size packed micro-batches, runs
+ * forward and backward on each (gradients accumulated in f32), scales the loss by the real
+ * target tokens of the whole global batch (Megatron's per-token loss, so that 1 x 8 and 8 x 1
+ * give the same update), clips by the global norm and takes an AdamW step; logs, evaluates
+ * and saves checkpoints at the chosen intervals.
+ * Not here: data formats (data.c), AdamW (optimizer.c), checkpoint files (train_checkpoint.c),
+ * the flags (cli/train.c).
+ * Tests: tests/test_train.sh (stories260K on tinyshakespeare, resume, serving the result),
+ * tests/test_train_step.py (whole steps against JAX + optax). */
+#ifndef SHARDLM_TRAINER_H
+#define SHARDLM_TRAINER_H
+
+#include <stdint.h>
+
+#include "data.h"
+#include "ops.h"
+#include "optimizer.h"
+
+struct train_options {
+    const char *model_dir;        /* the model to start from (anything serve loads) */
+    const char *data;             /* comma-separated training files */
+    const char *eval_data;        /* held-out files, or NULL */
+    int         split_percent;    /* --split 98,2: the held-out percent, when no eval_data */
+    const char *out_dir;          /* the final checkpoint (serving layout + training state) */
+    const char *resume_dir;       /* a checkpoint written by this trainer, or NULL */
+    const char *metrics_path;     /* JSONL metrics; NULL = out_dir/metrics.jsonl */
+    int         micro_batch_size, global_batch_size, seq_length;
+    int64_t     train_iters;      /* 0: from epochs */
+    double      epochs;           /* used when train_iters is 0 */
+    struct optimizer_options opt;
+    uint64_t    seed;
+    int         eval_interval, eval_iters, save_interval, log_interval;
+    struct data_options data_opt;
+    int         chat_template_auto; /* 1: the chat template is chosen from the model */
+    enum device device;
+    int         threads;
+    int         progress;         /* 1: a live progress line (a terminal), 0: plain log lines */
+};
+
+/* Runs the whole training; returns STATUS_OK after writing out_dir. Errors (bad flags, data,
+ * files, a non-finite loss) come back with a message. */
+enum status train_run(const struct train_options *o);
+
+#endif
