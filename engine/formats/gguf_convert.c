@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "gguf.h"
+#include "gguf_tokenizer.h"
 #include "safetensors.h"
 
 #define GC_PATH 4096
