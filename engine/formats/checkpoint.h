@@ -7,7 +7,10 @@
  * checkpoint_write_megatron writes the Megatron-style layout from any source (the `reshard`
  * subcommand).
  *
- * Not here: device memory and model structs (model.c), config.json fields (config.c), the
+ * Implemented in checkpoint_open.c (opening the three layouts), checkpoint.c (locating and
+ * slicing weights) and checkpoint_write.c (the two writers); every tensor name comes from the
+ * one table of weight_names.h, which also defines enum weight_kind.
+ * Not here: device memory and model structs (engine/model), config.json fields (config.c), the
  * file format itself (safetensors.c).
  * Tests: tests/test_formats.c (every weight, every tp, from HF, sharded HF and Megatron sources).
  *
