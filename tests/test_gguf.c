@@ -22,6 +22,7 @@
 
 #include "base.h"
 #include "gguf.h"
+#include "gguf_tokenizer.h"
 #include "tensor.h"
 #include "check.h"
 #include "tokenizer.h"

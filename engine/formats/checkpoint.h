@@ -7,7 +7,10 @@
  * checkpoint_write_megatron writes the Megatron-style layout from any source (the `reshard`
  * subcommand).
  *
- * Not here: device memory and model structs (model.c), config.json fields (config.c), the
+ * Implemented in checkpoint_open.c (opening the three layouts), checkpoint.c (locating and
+ * slicing weights) and checkpoint_write.c (the two writers); every tensor name comes from the
+ * one table of weight_names.h, which also defines enum weight_kind.
+ * Not here: device memory and model structs (engine/model), config.json fields (config.c), the
  * file format itself (safetensors.c).
  * Tests: tests/test_formats.c (every weight, every tp, from HF, sharded HF and Megatron sources).
  *
@@ -102,47 +105,11 @@
 #include "base.h"
 #include "config.h"
 #include "tensor.h"
+#include "weight_names.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Values never reach files; new kinds are appended. */
-enum weight_kind {
-    WEIGHT_KIND_TOK_EMBEDDING,  /* (vocab, d_model) */
-    WEIGHT_KIND_POS_EMBEDDING,  /* (max_positions, d_model) */
-    WEIGHT_KIND_ATTN_NORM,      /* (d_model), per layer */
-    WEIGHT_KIND_ATTN_NORM_BIAS,
-    WEIGHT_KIND_Q,              /* (n_heads * head_dim, d_model), per layer */
-    WEIGHT_KIND_Q_BIAS,
-    WEIGHT_KIND_K,              /* (n_kv_heads * head_dim, d_model), per layer */
-    WEIGHT_KIND_K_BIAS,
-    WEIGHT_KIND_V,
-    WEIGHT_KIND_V_BIAS,
-    WEIGHT_KIND_O,              /* (d_model, n_heads * head_dim), per layer */
-    WEIGHT_KIND_O_BIAS,
-    WEIGHT_KIND_MLP_NORM,       /* (d_model), per layer */
-    WEIGHT_KIND_MLP_NORM_BIAS,
-    WEIGHT_KIND_GATE,           /* (ffn_hidden, d_model), per layer */
-    WEIGHT_KIND_GATE_BIAS,
-    WEIGHT_KIND_UP,
-    WEIGHT_KIND_UP_BIAS,
-    WEIGHT_KIND_DOWN,           /* (d_model, ffn_hidden), per layer */
-    WEIGHT_KIND_DOWN_BIAS,
-    WEIGHT_KIND_FINAL_NORM,     /* (d_model) */
-    WEIGHT_KIND_FINAL_NORM_BIAS,
-    WEIGHT_KIND_LM_HEAD,        /* (vocab, d_model) */
-    WEIGHT_KIND_Q_NORM,         /* (head_dim), per layer; cfg.qk_norm; replicated */
-    WEIGHT_KIND_K_NORM,         /* (head_dim), per layer; cfg.qk_norm; replicated */
-    WEIGHT_KIND_POST_ATTN_NORM, /* (d_model), per layer; cfg.sandwich_norms; replicated */
-    WEIGHT_KIND_POST_MLP_NORM,  /* (d_model), per layer; cfg.sandwich_norms; replicated */
-    WEIGHT_KIND_COUNT
-};
-
-const char *weight_kind_name(enum weight_kind kind); /* "q", "attn_norm_bias", ... */
-int         weight_kind_per_layer(enum weight_kind kind);
-/* Whether a model with this config has the weight (biases, GATE, POS_EMBEDDING depend on it). */
-int         weight_kind_exists(const struct model_config *cfg, enum weight_kind kind);
 
 enum checkpoint_layout {
     CHECKPOINT_LAYOUT_HF,          /* model.safetensors */

@@ -1,6 +1,7 @@
-/* engine/formats/gguf.h - the GGUF file format (llama.cpp / ggml): a validating, mmap-backed reader,
- * dequantization of ggml's block-quantized tensor types into f32 (or bf16), and the
- * tokenizer stored in the metadata, turned into a SentencePiece ModelProto.
+/* engine/formats/gguf.h - the GGUF file format (llama.cpp / ggml): a validating, mmap-backed reader
+ * (gguf.c) and dequantization of ggml's block-quantized tensor types into f32 or bf16
+ * (gguf_tensor.c). The tokenizer in the metadata, as a SentencePiece ModelProto, is the
+ * converter's: gguf_tokenizer.h.
  *
  * A file (little-endian, versions 2 and 3) is:
  *   "GGUF" u32 version, u64 n_tensors, u64 n_kv,
@@ -16,8 +17,8 @@
  * the (out_features, in_features) layout of a PyTorch nn.Linear weight. "Rows" below are the
  * slices along shape[0], the outermost dimension.
  *
- * Not here: which tensors a model has or what they mean (the model loader); the chat template
- * (the server). Tests: tests/test_gguf.c with the files written by tests/gguf_setup.py
+ * Not here: which tensors a model has or what they mean (gguf_convert.c, weight_names.c); the
+ * chat template (engine/text). Tests: tests/test_gguf.c with the files written by tests/gguf_setup.py
  * (dequantization bit-exact against gguf-py, metadata round trip, corrupt files, tokenizer). */
 #ifndef SHARDLM_GGUF_H
 #define SHARDLM_GGUF_H
@@ -178,19 +179,6 @@ enum status gguf_tensor_read_rows_f32(const struct gguf *g, const struct gguf_te
 /* The same rounded to bf16 (round to nearest even, through f32). */
 enum status gguf_tensor_read_rows_bf16(const struct gguf *g, const struct gguf_tensor *t,
                                        int64_t row_start, int64_t n_rows, uint16_t *dst);
-
-/* Builds a serialized SentencePiece ModelProto from tokenizer.ggml.* when tokenizer.ggml.model
- * is "llama" (SentencePiece vocabularies: Llama, Gemma, Mistral...): pieces with scores and
- * types (GGUF token types have SentencePiece's numbering; UNDEFINED becomes NORMAL and the
- * tokenizer.ggml.unknown_token_id piece UNKNOWN), model type BPE (llama.cpp's SPM tokenizer
- * merges by score, which is SentencePiece BPE), byte_fallback when there are BYTE pieces,
- * unk/bos/eos/pad ids from the metadata (-1 when absent), and an identity normalizer that
- * only escapes spaces to U+2581 and adds a dummy prefix when tokenizer.ggml.add_space_prefix
- * says so (default true, as llama.cpp). Load the result with tokenizer_load_from_memory.
- * On success *data is malloc'd (free with free()) and *n its size. Errors: STATUS_NOT_FOUND
- * (no tokenizer keys), STATUS_UNSUPPORTED naming another tokenizer.ggml.model ("gpt2", ...),
- * STATUS_BAD_FORMAT (arrays of mismatched lengths or types, ids out of range). */
-enum status gguf_tokenizer_model_proto(const struct gguf *g, void **data, size_t *n);
 
 /* Opens path and prints its header, metadata (long arrays abbreviated) and tensor table
  * (name, type, shape in shardlm order, bytes, offset) to out, then closes it. Errors as

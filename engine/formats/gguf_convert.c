@@ -1,6 +1,10 @@
 /* engine/formats/gguf_convert.c - GGUF (llama.cpp) import into a Hugging Face-layout directory (see
  * gguf_convert.h). The model's meaning comes from llama.cpp's gemma3 loader and its
- * convert_hf_to_gguf.py (Gemma3Model), inverted here. */
+ * convert_hf_to_gguf.py (Gemma3Model), inverted here; the tensor names of both sides come from
+ * the one table (weight_names.c: its gguf and hf columns).
+ * Not here: reading GGUF (gguf.c, gguf_tensor.c), the tokenizer proto (gguf_tokenizer.c).
+ * Tests: none automated without a real GGUF (gguf_convert.h); checked by hand on
+ * gemma-3-270m-q4_k_m.gguf (docs/models.md), and by golden_gemma3 when that file is fetched. */
 #include "gguf_convert.h"
 
 #include <errno.h>
@@ -12,34 +16,11 @@
 
 #include "config.h"
 #include "gguf.h"
+#include "gguf_tokenizer.h"
 #include "safetensors.h"
+#include "weight_names.h"
 
 #define GC_PATH 4096
-
-/* llama.cpp's per-layer Gemma 3 tensor names (blk.N.<gguf>.weight) and Hugging Face's
- * (model.layers.N.<hf>). Note that HF's post_attention_layernorm is Gemma's attention-output
- * norm, llama.cpp's post_attention_norm; the pre-MLP norm is ffn_norm / pre_feedforward_layernorm. */
-enum gc_dims { GC_D, GC_HD, GC_Q_D, GC_KV_D, GC_D_Q, GC_F_D, GC_D_F };
-static const struct {
-    const char  *gguf;
-    const char  *hf;
-    enum gc_dims dims;
-} gc_layer_names[] = {
-    {"attn_norm", "input_layernorm.weight", GC_D},
-    {"attn_q", "self_attn.q_proj.weight", GC_Q_D},
-    {"attn_k", "self_attn.k_proj.weight", GC_KV_D},
-    {"attn_v", "self_attn.v_proj.weight", GC_KV_D},
-    {"attn_q_norm", "self_attn.q_norm.weight", GC_HD},
-    {"attn_k_norm", "self_attn.k_norm.weight", GC_HD},
-    {"attn_output", "self_attn.o_proj.weight", GC_D_Q},
-    {"post_attention_norm", "post_attention_layernorm.weight", GC_D},
-    {"ffn_norm", "pre_feedforward_layernorm.weight", GC_D},
-    {"ffn_gate", "mlp.gate_proj.weight", GC_F_D},
-    {"ffn_up", "mlp.up_proj.weight", GC_F_D},
-    {"ffn_down", "mlp.down_proj.weight", GC_D_F},
-    {"post_ffw_norm", "post_feedforward_layernorm.weight", GC_D},
-};
-#define GC_N_LAYER_NAMES ((int)(sizeof gc_layer_names / sizeof gc_layer_names[0]))
 
 /* One output tensor, produced during safetensors_writer_finish. */
 struct gc_item {
@@ -256,43 +237,34 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
         goto out;
     }
 
-    int n_items = 3 + c.n_layers * GC_N_LAYER_NAMES, used = 0;
+    int n_items = WEIGHT_KIND_COUNT * (c.n_layers + 1), used = 0;
     if (!(items = calloc((size_t)n_items, sizeof *items))) {
         s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
-    int64_t d = c.d_model, hd = c.head_dim, q = (int64_t)c.n_heads * hd;
-    int64_t kv = (int64_t)c.n_kv_heads * hd, f = c.ffn_hidden, V = c.vocab_size;
     if ((s = safetensors_writer_begin(path, &w)) ||
-        (s = safetensors_writer_set_metadata(w, "format", "pt")) ||
-        (s = gc_add(w, g, "token_embd.weight", "model.embed_tokens.weight", 2, V, d, out_dtype,
-                    &items[used], &used)))
+        (s = safetensors_writer_set_metadata(w, "format", "pt")))
         goto out;
-    for (int l = 0; l < c.n_layers; l++) {
-        for (int i = 0; i < GC_N_LAYER_NAMES; i++) {
-            int64_t d0 = d, d1 = 0;
-            int ndim = 2;
-            switch (gc_layer_names[i].dims) {
-            case GC_D: ndim = 1; break;
-            case GC_HD: ndim = 1, d0 = hd; break;
-            case GC_Q_D: d0 = q, d1 = d; break;
-            case GC_KV_D: d0 = kv, d1 = d; break;
-            case GC_D_Q: d1 = q; break;
-            case GC_F_D: d0 = f, d1 = d; break;
-            case GC_D_F: d1 = f; break;
+    /* In the table's order: embeddings, each layer's tensors, final norm and head. */
+    for (int place = WEIGHT_PLACE_FIRST; place <= WEIGHT_PLACE_LAST; place++) {
+        int layers = place == WEIGHT_PLACE_LAYER ? c.n_layers : 1;
+        for (int l = 0; l < layers; l++) {
+            for (int i = 0; i < WEIGHT_KIND_COUNT; i++) {
+                const struct weight_names *wn = weight_names_at(i);
+                if ((int)wn->place != place || !weight_kind_exists(&c, wn->kind) ||
+                    (wn->kind == WEIGHT_KIND_LM_HEAD && c.tied_embeddings))
+                    continue;
+                CHECK(wn->gguf, "no GGUF name for %s", wn->name);
+                (void)weight_names_format(gname, sizeof gname, NULL, wn->gguf, l);
+                if (wn->kind == WEIGHT_KIND_LM_HEAD) snprintf(hname, sizeof hname, "%s", wn->hf);
+                else (void)weight_names_format(hname, sizeof hname, "model.", weight_names_hf(wn->kind, 1), l);
+                int ndim;
+                int64_t d0, d1;
+                weight_kind_shape(&c, wn->kind, &ndim, &d0, &d1);
+                if ((s = gc_add(w, g, gname, hname, ndim, d0, d1, out_dtype, &items[used], &used))) goto out;
             }
-            snprintf(gname, sizeof gname, "blk.%d.%s.weight", l, gc_layer_names[i].gguf);
-            snprintf(hname, sizeof hname, "model.layers.%d.%s", l, gc_layer_names[i].hf);
-            if ((s = gc_add(w, g, gname, hname, ndim, d0, d1, out_dtype, &items[used], &used)))
-                goto out;
         }
     }
-    if ((s = gc_add(w, g, "output_norm.weight", "model.norm.weight", 1, d, 0, out_dtype, &items[used],
-                    &used)))
-        goto out;
-    if (!c.tied_embeddings &&
-        (s = gc_add(w, g, "output.weight", "lm_head.weight", 2, V, d, out_dtype, &items[used], &used)))
-        goto out;
     /* Every tensor of the file must have been taken: anything else is a feature not modelled. */
     if (used != gguf_n_tensors(g)) {
         for (int i = 0; i < gguf_n_tensors(g); i++) {

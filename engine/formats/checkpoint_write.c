@@ -1,0 +1,491 @@
+/* engine/formats/checkpoint_write.c - the checkpoint writers: the Megatron-style layout at any
+ * tp/pp (checkpoint_write_megatron, the `reshard` subcommand) and the Hugging Face layout
+ * (checkpoint_write_hf), both from any open checkpoint, one tensor in memory at a time, every
+ * file written atomically. Names come from weight_names.c; layouts are described in
+ * checkpoint.h.
+ * Not here: reading (checkpoint.c, checkpoint_open.c), the safetensors format
+ * (safetensors_write.c), config.json (config_write.c).
+ * Tests: tests/test_formats.c (write, reopen, every weight equal), the reshard tests
+ * (tests/test_cli.sh: GPT-2 HF -> tp2 pp2 -> HF bit for bit) and the golden_megatron_* tests. */
+#include "checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "checkpoint_impl.h"
+#include "safetensors.h"
+
+/* ---- output directory and extras --------------------------------------------------------- */
+
+/* Copies dir_in/name to dir_out/name through name.tmp, when dir_in/name exists. */
+static enum status ck_copy_file(const char *dir_in, const char *dir_out, const char *name)
+{
+    enum status s = STATUS_OK;
+    char in[CK_PATH], out[CK_PATH], tmp[CK_PATH + 8];
+    if ((s = ck_pathf(in, dir_in, name)) || (s = ck_pathf(out, dir_out, name))) return s;
+    if (!ck_is_file(in)) return STATUS_OK;
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    FILE *fi = fopen(in, "rb"), *fo = NULL;
+    if (!fi) return status_errorf(STATUS_IO, "%s: %s", in, strerror(errno));
+    if (!(fo = fopen(tmp, "wb"))) {
+        s = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    char buf[1 << 16];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, fi)) > 0) {
+        if (fwrite(buf, 1, got, fo) != got) {
+            s = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+            goto out;
+        }
+    }
+    if (ferror(fi)) {
+        s = status_errorf(STATUS_IO, "%s: read error", in);
+        goto out;
+    }
+    int rc = fclose(fo);
+    fo = NULL;
+    if (rc != 0) s = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+    else if (rename(tmp, out) != 0) s = status_errorf(STATUS_IO, "rename %s: %s", tmp, strerror(errno));
+out:
+    if (fo) fclose(fo);
+    if (s) remove(tmp);
+    fclose(fi);
+    return s;
+}
+
+static enum status mw_write_meta(const char *dir_out, const struct model_config *c, int tp, int pp)
+{
+    enum status s = STATUS_OK;
+    char path[CK_PATH], tmp[CK_PATH + 8];
+    char *text = NULL;
+    FILE *f = NULL;
+    if ((s = ck_pathf(path, dir_out, CK_MEGATRON_META))) return s;
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    cJSON *root = cJSON_CreateObject();
+    cJSON *lps = cJSON_CreateArray();
+    int ok = root && lps;
+    for (int p = 0; ok && p < pp; p++) {
+        int first, count;
+        checkpoint_pp_layers(c->n_layers, pp, p, &first, &count);
+        ok = cJSON_AddItemToArray(lps, cJSON_CreateNumber(count));
+    }
+    int padded = (c->vocab_size + tp - 1) / tp * tp;
+    ok = ok && cJSON_AddStringToObject(root, "format", "shardlm-megatron") &&
+         cJSON_AddNumberToObject(root, "version", 1) && cJSON_AddNumberToObject(root, "tp_size", tp) &&
+         cJSON_AddNumberToObject(root, "pp_size", pp) &&
+         cJSON_AddNumberToObject(root, "n_layers", c->n_layers);
+    if (ok) {
+        ok = cJSON_AddItemToObject(root, "layers_per_stage", lps);
+        if (ok) lps = NULL;
+    }
+    ok = ok && cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size) &&
+         cJSON_AddNumberToObject(root, "padded_vocab_size", padded) &&
+         cJSON_AddStringToObject(root, "tensor_names", "megatron-core-local") &&
+         cJSON_AddStringToObject(root, "qkv_layout", "megatron-core-grouped") &&
+         cJSON_AddStringToObject(root, "fc1_layout", "gate-up-per-rank") &&
+         (text = cJSON_Print(root));
+    if (!ok) {
+        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    if (!(f = fopen(tmp, "wb"))) {
+        s = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    size_t len = strlen(text);
+    int bad = fwrite(text, 1, len, f) != len || fputc('\n', f) == EOF;
+    bad |= fclose(f) != 0;
+    f = NULL;
+    if (bad) s = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+    else if (rename(tmp, path) != 0) s = status_errorf(STATUS_IO, "rename %s: %s", tmp, strerror(errno));
+out:
+    if (s) remove(tmp);
+    cJSON_free(text);
+    cJSON_Delete(lps);
+    cJSON_Delete(root);
+    return s;
+}
+
+/* Creates dir_out if missing and refuses to write over the source checkpoint. */
+static enum status ck_out_dir(const char *dir_out, const struct checkpoint *src)
+{
+    char a[PATH_MAX], b[PATH_MAX];
+    if (mkdir(dir_out, 0755) != 0 && errno != EEXIST)
+        return status_errorf(STATUS_IO, "mkdir %s: %s", dir_out, strerror(errno));
+    if (!realpath(dir_out, a) || !realpath(src->files->dir, b))
+        return status_errorf(STATUS_IO, "%s: %s", dir_out, strerror(errno));
+    if (!strcmp(a, b))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: cannot write a checkpoint over its source",
+                             dir_out);
+    return STATUS_OK;
+}
+
+/* Copies the tokenizer files that are present and writes config.json (every writer's last
+ * files besides its own metadata). */
+static enum status ck_write_extras(const char *dir_out, const struct checkpoint *src)
+{
+    static const char *const extras[] = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                                         "special_tokens_map.json", "generation_config.json"};
+    enum status s;
+    char config[CK_PATH];
+    for (size_t i = 0; i < sizeof extras / sizeof extras[0]; i++)
+        if ((s = ck_copy_file(src->files->dir, dir_out, extras[i]))) return s;
+    if ((s = ck_pathf(config, dir_out, "config.json")) || (s = config_save(config, &src->cfg))) return s;
+    return STATUS_OK;
+}
+
+/* ---- the Megatron writer ---------------------------------------------------------------- */
+
+enum mw_what {
+    MW_KIND,     /* one canonical slice as is */
+    MW_QKV,      /* linear_qkv.weight / .bias: grouped [q heads; k; v] per query group */
+    MW_FC1,      /* linear_fc1.weight / .bias: [gate; up] (gated) or up */
+};
+
+struct mw_item {
+    char             name[CK_NAME];
+    enum mw_what     what;
+    enum weight_kind kind;  /* MW_KIND; for MW_QKV / MW_FC1: the weight (Q / UP) or bias kind */
+    int              bias;  /* MW_QKV, MW_FC1: the bias vector */
+    int              layer; /* global */
+    int              ndim;
+    int64_t          shape[2];
+    enum dtype       dtype;
+};
+
+struct mw_fill {
+    struct checkpoint    *ck;
+    const struct mw_item *item;
+    int                   tp_rank, tp_size;
+};
+
+/* Writes one canonical slice of kind into dst (exactly nbytes). */
+static enum status mw_get(struct mw_fill *f, enum weight_kind kind, void *dst, size_t nbytes)
+{
+    struct host_weight hw;
+    return checkpoint_get(f->ck, kind, f->item->layer, f->tp_rank, f->tp_size, f->item->dtype, dst,
+                          nbytes, 0, &hw);
+}
+
+static enum status mw_fill_fn(void *ctx, void *dst, size_t nbytes)
+{
+    struct mw_fill *f = ctx;
+    const struct mw_item *it = f->item;
+    const struct model_config *c = &f->ck->cfg;
+    enum status s = STATUS_OK;
+    size_t es = dtype_size(it->dtype);
+    int64_t cols = it->bias ? 1 : c->d_model;
+    if (it->what == MW_KIND) return mw_get(f, it->kind, dst, nbytes);
+    if (it->what == MW_FC1) {
+        size_t part = (size_t)(c->ffn_hidden / f->tp_size * cols) * es;
+        if (!c->gated_mlp) return mw_get(f, it->bias ? WEIGHT_KIND_UP_BIAS : WEIGHT_KIND_UP, dst, nbytes);
+        if ((s = mw_get(f, it->bias ? WEIGHT_KIND_GATE_BIAS : WEIGHT_KIND_GATE, dst, part))) return s;
+        return mw_get(f, it->bias ? WEIGHT_KIND_UP_BIAS : WEIGHT_KIND_UP, (char *)dst + part, part);
+    }
+    /* MW_QKV: per local group, its q heads, then its k head, then its v head. */
+    int64_t hd = c->head_dim, qpg = c->n_heads / c->n_kv_heads, groups = c->n_kv_heads / f->tp_size;
+    size_t head = (size_t)(hd * cols) * es;
+    size_t qn = (size_t)(groups * qpg) * head, kn = (size_t)groups * head;
+    char *q = malloc(qn), *k = malloc(kn), *v = malloc(kn);
+    if (!q || !k || !v) {
+        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory for %s", it->name);
+        goto out;
+    }
+    if ((s = mw_get(f, it->bias ? WEIGHT_KIND_Q_BIAS : WEIGHT_KIND_Q, q, qn)) ||
+        (s = mw_get(f, it->bias ? WEIGHT_KIND_K_BIAS : WEIGHT_KIND_K, k, kn)) ||
+        (s = mw_get(f, it->bias ? WEIGHT_KIND_V_BIAS : WEIGHT_KIND_V, v, kn)))
+        goto out;
+    CHECK(nbytes == qn + 2 * kn, "linear_qkv size");
+    char *o = dst;
+    for (int64_t g = 0; g < groups; g++) {
+        memcpy(o, q + (size_t)(g * qpg) * head, (size_t)qpg * head);
+        o += (size_t)qpg * head;
+        memcpy(o, k + (size_t)g * head, head);
+        o += head;
+        memcpy(o, v + (size_t)g * head, head);
+        o += head;
+    }
+out:
+    free(q);
+    free(k);
+    free(v);
+    return s;
+}
+
+/* Appends the item of table row w for file (stage, rank): layer is global (0 for whole-model
+ * weights), local its index in the stage. Q and Q_BIAS carry the whole linear_qkv, UP and
+ * UP_BIAS the whole linear_fc1; K, V, GATE and their biases are inside those. */
+static enum status mw_add(struct checkpoint *ck, const struct weight_names *w, int layer, int local,
+                          int rank, int tp, struct mw_item **items, int *n, size_t *cap)
+{
+    const struct model_config *c = &ck->cfg;
+    struct host_weight hw;
+    enum status s;
+    int bias = w->cols == WEIGHT_DIM_ONE;
+    struct mw_item it = {.what = MW_KIND, .kind = w->kind, .layer = layer};
+    if (w->megatron_layout == WEIGHT_MEGATRON_QKV) {
+        if (weight_names_qkv_part(w->kind) != 0) return STATUS_OK;
+        int64_t rows = (int64_t)(c->n_heads + 2 * c->n_kv_heads) / tp * c->head_dim;
+        it = (struct mw_item){.what = MW_QKV, .kind = w->kind, .bias = bias, .layer = layer,
+                              .ndim = bias ? 1 : 2, .shape = {rows, bias ? 0 : c->d_model}};
+    } else if (w->megatron_layout == WEIGHT_MEGATRON_FC1) {
+        if (w->kind != WEIGHT_KIND_UP && w->kind != WEIGHT_KIND_UP_BIAS) return STATUS_OK;
+        int64_t rows = (int64_t)(c->gated_mlp ? 2 : 1) * c->ffn_hidden / tp;
+        it = (struct mw_item){.what = MW_FC1, .kind = w->kind, .bias = bias, .layer = layer,
+                              .ndim = bias ? 1 : 2, .shape = {rows, bias ? 0 : c->d_model}};
+    }
+    (void)weight_names_format(it.name, sizeof it.name, NULL, w->megatron, local);
+    if ((s = checkpoint_describe(ck, w->kind, layer, rank, tp, DTYPE_F32, &hw))) return s;
+    it.dtype = hw.stored_dtype;
+    if (it.what == MW_KIND) {
+        it.ndim = hw.ndim;
+        it.shape[0] = hw.shape[0];
+        it.shape[1] = hw.shape[1];
+    }
+    if (base_grow((void **)items, cap, (size_t)*n + 1, sizeof **items))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    (*items)[(*n)++] = it;
+    return STATUS_OK;
+}
+
+/* Lists the tensors of file (stage, rank) in the table's order: the embeddings on the first
+ * stage, the stage's layers, the final norm and head on the last stage. */
+static enum status mw_list(struct checkpoint *ck, int stage, int rank, int tp, int pp,
+                           struct mw_item **items, int *n, size_t *cap)
+{
+    const struct model_config *c = &ck->cfg;
+    enum status s = STATUS_OK;
+    int first, count;
+    checkpoint_pp_layers(c->n_layers, pp, stage, &first, &count);
+    for (int i = 0; i < WEIGHT_KIND_COUNT && !s; i++) { /* first stage */
+        const struct weight_names *w = weight_names_at(i);
+        if (stage == 0 && w->place == WEIGHT_PLACE_FIRST && weight_kind_exists(c, w->kind))
+            s = mw_add(ck, w, 0, 0, rank, tp, items, n, cap);
+    }
+    for (int l = 0; l < count && !s; l++) {
+        for (int i = 0; i < WEIGHT_KIND_COUNT && !s; i++) {
+            const struct weight_names *w = weight_names_at(i);
+            if (w->place == WEIGHT_PLACE_LAYER && weight_kind_exists(c, w->kind))
+                s = mw_add(ck, w, first + l, l, rank, tp, items, n, cap);
+        }
+    }
+    for (int i = 0; i < WEIGHT_KIND_COUNT && !s; i++) { /* last stage */
+        const struct weight_names *w = weight_names_at(i);
+        if (stage == pp - 1 && w->place == WEIGHT_PLACE_LAST && weight_kind_exists(c, w->kind) &&
+            !(w->kind == WEIGHT_KIND_LM_HEAD && c->tied_embeddings))
+            s = mw_add(ck, w, 0, 0, rank, tp, items, n, cap);
+    }
+    return s;
+}
+
+static enum status mw_write_file(struct checkpoint *src, const char *dir_out, int stage, int rank,
+                                 int tp, int pp)
+{
+    enum status s;
+    char rel[64], folder[CK_PATH], path[CK_PATH];
+    struct mw_item *items = NULL;
+    struct mw_fill *fills = NULL;
+    struct safetensors_writer *w = NULL;
+    int n = 0;
+    size_t cap = 0;
+    snprintf(rel, sizeof rel, "mp_rank_%02d_%03d", rank, stage);
+    if ((s = ck_pathf(folder, dir_out, rel)) || (s = ck_pathf(path, folder, "model.safetensors")))
+        return s;
+    if (mkdir(folder, 0755) != 0 && errno != EEXIST)
+        return status_errorf(STATUS_IO, "mkdir %s: %s", folder, strerror(errno));
+    if ((s = mw_list(src, stage, rank, tp, pp, &items, &n, &cap))) goto out;
+    if (!(fills = calloc((size_t)n + 1, sizeof *fills))) {
+        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    if ((s = safetensors_writer_begin(path, &w)) ||
+        (s = safetensors_writer_set_metadata(w, "format", "pt")))
+        goto out;
+    for (int i = 0; i < n; i++) {
+        fills[i] = (struct mw_fill){src, &items[i], rank, tp};
+        if ((s = safetensors_writer_add_deferred(w, items[i].name, items[i].dtype, items[i].ndim,
+                                                 items[i].shape, mw_fill_fn, &fills[i])))
+            goto out;
+    }
+    s = safetensors_writer_finish(w);
+    w = NULL;
+out:
+    safetensors_writer_free(w);
+    free(fills);
+    free(items);
+    return s;
+}
+
+enum status checkpoint_write_megatron(const char *dir_out, struct checkpoint *src, int tp_size,
+                                      int pp_size)
+{
+    const struct model_config *c = &src->cfg;
+    enum status s;
+    char meta[CK_PATH];
+    if (tp_size < 1 || tp_size > 99 || pp_size < 1 || pp_size > CK_MAX_PP)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "tp size %d / pp size %d out of range (1..99 / 1..%d)",
+                             tp_size, pp_size, CK_MAX_PP);
+    if (c->n_heads % tp_size || c->n_kv_heads % tp_size || c->ffn_hidden % tp_size)
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "tp size %d must divide n_heads (%d), n_kv_heads (%d) and ffn_hidden "
+                             "(%d) for the Megatron layout",
+                             tp_size, c->n_heads, c->n_kv_heads, c->ffn_hidden);
+    if (pp_size > c->n_layers)
+        return status_errorf(STATUS_UNSUPPORTED, "pp size %d exceeds the %d layers", pp_size,
+                             c->n_layers);
+    if ((s = ck_out_dir(dir_out, src))) return s;
+    /* Without its metadata a directory does not open: remove it first, write it last. */
+    if ((s = ck_pathf(meta, dir_out, CK_MEGATRON_META))) return s;
+    if (unlink(meta) != 0 && errno != ENOENT)
+        return status_errorf(STATUS_IO, "%s: %s", meta, strerror(errno));
+    for (int p = 0; p < pp_size; p++)
+        for (int t = 0; t < tp_size; t++)
+            if ((s = mw_write_file(src, dir_out, p, t, tp_size, pp_size))) return s;
+    if ((s = ck_write_extras(dir_out, src))) return s;
+    if ((s = mw_write_meta(dir_out, c, tp_size, pp_size))) return s;
+    LOG_INFO("checkpoint", "wrote %s: Megatron layout, tp %d, pp %d", dir_out, tp_size, pp_size);
+    return STATUS_OK;
+}
+
+/* ---- the Hugging Face writer ------------------------------------------------------------ */
+
+struct hfw_item {
+    struct checkpoint *ck;
+    enum weight_kind   kind;
+    int                layer;
+    enum dtype         dtype; /* as stored in the source */
+    /* GPT-2: the tensor is kinds[0..n_kinds) concatenated along the rows (c_attn: Q, K, V),
+     * transposed when `transposed` (Conv1D stores (in, out)). n_kinds 0: `kind` as it is. */
+    enum weight_kind   kinds[3];
+    int                n_kinds, transposed;
+};
+
+static enum status hfw_fill(void *ctx, void *dst, size_t nbytes)
+{
+    const struct hfw_item *it = ctx;
+    struct host_weight hw;
+    if (it->n_kinds == 0) return checkpoint_get(it->ck, it->kind, it->layer, 0, 1, it->dtype, dst, nbytes, 0, &hw);
+    const size_t es = dtype_size(it->dtype);
+    int64_t total_rows = 0, cols = 0;
+    for (int i = 0; i < it->n_kinds; i++) {
+        enum status s = checkpoint_describe(it->ck, it->kinds[i], it->layer, 0, 1, it->dtype, &hw);
+        if (s) return s;
+        total_rows += hw.shape[0];
+        cols = hw.ndim == 2 ? hw.shape[1] : 1;
+    }
+    CHECK((size_t)(total_rows * cols) * es == nbytes, "GPT-2 tensor of %zu bytes, parts of %lld x %lld", nbytes,
+          (long long)total_rows, (long long)cols);
+    int64_t row_off = 0;
+    for (int i = 0; i < it->n_kinds; i++) {
+        enum status s = checkpoint_describe(it->ck, it->kinds[i], it->layer, 0, 1, it->dtype, &hw);
+        if (s) return s;
+        unsigned char *part = malloc(hw.nbytes);
+        if (!part) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        s = checkpoint_get(it->ck, it->kinds[i], it->layer, 0, 1, it->dtype, part, hw.nbytes, 0, &hw);
+        const int64_t rows = hw.shape[0];
+        if (!s && !it->transposed) memcpy((unsigned char *)dst + (size_t)(row_off * cols) * es, part, hw.nbytes);
+        for (int64_t r = 0; !s && it->transposed && r < rows; r++) /* (rows, cols) -> column r of (cols, total) */
+            for (int64_t c = 0; c < cols; c++)
+                memcpy((unsigned char *)dst + (size_t)(c * total_rows + row_off + r) * es,
+                       part + (size_t)(r * cols + c) * es, es);
+        free(part);
+        if (s) return s;
+        row_off += rows;
+    }
+    return STATUS_OK;
+}
+
+/* The Hugging Face tensor of kind at layer l: its name, and for GPT-2 how it is stored (fused
+ * c_attn, Conv1D transposed). 0 when no tensor of its own carries kind (GPT-2's K and V live in
+ * c_attn with Q). */
+static int hfw_name(const struct model_config *c, enum weight_kind kind, int l, char *name, size_t n,
+                    struct hfw_item *it)
+{
+    const struct weight_names *w = weight_names_of(kind);
+    it->n_kinds = 0;
+    it->transposed = 0;
+    if (c->family != MODEL_FAMILY_GPT2) {
+        if (kind == WEIGHT_KIND_LM_HEAD) snprintf(name, n, "%s", w->hf);
+        else {
+            const char *f = weight_names_hf(kind, c->family == MODEL_FAMILY_GEMMA3);
+            CHECK(f, "no HF name for %s", weight_kind_name(kind));
+            (void)weight_names_format(name, n, "model.", f, l);
+        }
+        return 1;
+    }
+    if (!w->hf_gpt2) return 0;
+    switch (w->gpt2) {
+    case WEIGHT_GPT2_AS_IS: break;
+    case WEIGHT_GPT2_CONV1D: *it = (struct hfw_item){.kinds = {kind}, .n_kinds = 1, .transposed = 1}; break;
+    case WEIGHT_GPT2_QKV:
+        if (kind != WEIGHT_KIND_Q) return 0;
+        *it = (struct hfw_item){.kinds = {WEIGHT_KIND_Q, WEIGHT_KIND_K, WEIGHT_KIND_V}, .n_kinds = 3, .transposed = 1};
+        break;
+    case WEIGHT_GPT2_QKV_BIAS:
+        if (kind != WEIGHT_KIND_Q_BIAS) return 0;
+        *it = (struct hfw_item){.kinds = {WEIGHT_KIND_Q_BIAS, WEIGHT_KIND_K_BIAS, WEIGHT_KIND_V_BIAS}, .n_kinds = 3};
+        break;
+    }
+    (void)weight_names_format(name, n, "transformer.", w->hf_gpt2, l);
+    return 1;
+}
+
+enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
+{
+    const struct model_config *c = &src->cfg;
+    if (c->family != MODEL_FAMILY_LLAMA && c->family != MODEL_FAMILY_GEMMA3 && c->family != MODEL_FAMILY_GPT2)
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "writing the Hugging Face layout is implemented for Llama-family models "
+                             "(Llama, Mistral, Gemma 3) and GPT-2, not %s", c->architecture);
+    enum status s = ck_out_dir(dir_out, src);
+    if (s) return s;
+    struct hfw_item *items = calloc((size_t)WEIGHT_KIND_COUNT * (size_t)(c->n_layers + 1), sizeof *items);
+    struct safetensors_writer *w = NULL;
+    char path[CK_PATH], name[CK_NAME];
+    if (!items) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    if ((s = ck_pathf(path, dir_out, CK_HF_SINGLE)) || (s = safetensors_writer_begin(path, &w))) goto out;
+    int n = 0;
+    for (int k = 0; k < WEIGHT_KIND_COUNT; k++) {
+        enum weight_kind kind = (enum weight_kind)k;
+        if (!weight_kind_exists(c, kind) || (kind == WEIGHT_KIND_LM_HEAD && c->tied_embeddings)) continue;
+        int layers = weight_kind_per_layer(kind) ? c->n_layers : 1;
+        for (int l = 0; l < layers; l++) {
+            struct host_weight hw;
+            struct hfw_item g = {0};
+            if (!hfw_name(c, kind, l, name, sizeof name, &g)) continue;
+            /* The stored dtype first (describe in f32 reports it), then the real description. */
+            if ((s = checkpoint_describe(src, kind, l, 0, 1, DTYPE_F32, &hw))) goto out;
+            g.ck = src, g.kind = kind, g.layer = l, g.dtype = hw.stored_dtype;
+            items[n] = g;
+            if ((s = checkpoint_describe(src, kind, l, 0, 1, hw.stored_dtype, &hw))) goto out;
+            int64_t shape[2] = {hw.shape[0], hw.ndim == 2 ? hw.shape[1] : 1};
+            for (int i = 1; i < g.n_kinds; i++) { /* c_attn: Q, K and V rows together */
+                struct host_weight part;
+                if ((s = checkpoint_describe(src, g.kinds[i], l, 0, 1, hw.stored_dtype, &part))) goto out;
+                shape[0] += part.shape[0];
+            }
+            if (g.transposed) hw.shape[0] = shape[1], hw.shape[1] = shape[0];
+            else hw.shape[0] = shape[0];
+            if ((s = safetensors_writer_add_deferred(w, name, hw.stored_dtype, hw.ndim, hw.shape, hfw_fill, &items[n])))
+                goto out;
+            n++;
+        }
+    }
+    if ((s = safetensors_writer_set_metadata(w, "format", "pt"))) goto out;
+    s = safetensors_writer_finish(w); /* frees w */
+    w = NULL;
+    if (s) goto out;
+    s = ck_write_extras(dir_out, src);
+    if (!s) LOG_INFO("checkpoint", "wrote %s: Hugging Face layout, %d tensors", dir_out, n);
+out:
+    safetensors_writer_free(w);
+    free(items);
+    return s;
+}

@@ -1,0 +1,190 @@
+/* engine/formats/config_write.c - config.json writing (config_save, see config.h): the Hugging
+ * Face fields of each architecture plus shardlm's extras, written atomically.
+ * Not here: parsing and validation (config.c), weights (checkpoint_write.c).
+ * Tests: tests/test_formats.c (save/load round trip of every family). */
+#include "config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *activation_hf_name(enum activation a)
+{
+    switch (a) {
+    case ACTIVATION_SILU: return "silu";
+    case ACTIVATION_GELU_TANH: return "gelu_pytorch_tanh";
+    case ACTIVATION_GELU_ERF: return "gelu";
+    }
+    return "?";
+}
+
+static const char *dtype_torch_name(enum dtype t)
+{
+    switch (t) {
+    case DTYPE_BF16: return "bfloat16";
+    case DTYPE_F16: return "float16";
+    default: return "float32";
+    }
+}
+
+static int add_num(cJSON *o, const char *key, double v) { return cJSON_AddNumberToObject(o, key, v) != NULL; }
+
+/* A float field as the shortest decimal that reads back to the same float ("1e-05", not
+ * "9.99999974737875e-06"), so that config.json stays readable and round-trips exactly. */
+static int add_float(cJSON *o, const char *key, float v)
+{
+    char buf[32];
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)v);
+        if ((float)strtod(buf, NULL) == v) break;
+    }
+    return add_num(o, key, strtod(buf, NULL));
+}
+static int add_bool(cJSON *o, const char *key, int v) { return cJSON_AddBoolToObject(o, key, v) != NULL; }
+static int add_str(cJSON *o, const char *key, const char *v) { return cJSON_AddStringToObject(o, key, v) != NULL; }
+
+/* The config.json fields that Llama-family models and Gemma 3 spell alike. */
+static int add_llama_dims(cJSON *root, const struct model_config *c)
+{
+    return add_num(root, "hidden_size", c->d_model) && add_num(root, "intermediate_size", c->ffn_hidden) &&
+           add_num(root, "num_hidden_layers", c->n_layers) && add_num(root, "num_attention_heads", c->n_heads) &&
+           add_num(root, "num_key_value_heads", c->n_kv_heads) && add_num(root, "head_dim", c->head_dim) &&
+           add_num(root, "vocab_size", c->vocab_size) &&
+           add_num(root, "max_position_embeddings", c->max_positions) &&
+           add_float(root, "rms_norm_eps", c->norm_eps) && add_float(root, "rope_theta", c->rope_theta);
+}
+
+/* LlamaForCausalLM / MistralForCausalLM fields. Returns 0 when out of memory. */
+static int add_llama(cJSON *root, const struct model_config *c)
+{
+    int mistral = !strcmp(c->architecture, "MistralForCausalLM");
+    int ok = add_str(root, "model_type", mistral ? "mistral" : "llama") && add_llama_dims(root, c) &&
+             add_str(root, "hidden_act", activation_hf_name(c->activation)) &&
+             add_bool(root, "attention_bias", c->qkv_bias) &&
+             add_bool(root, "mlp_bias", c->mlp_bias) &&
+             add_bool(root, "tie_word_embeddings", c->tied_embeddings) &&
+             add_str(root, "rope_style", c->rope_style == ROPE_STYLE_PAIRS ? "pairs" : "halves");
+    if (ok && mistral)
+        ok = c->sliding_window ? add_num(root, "sliding_window", c->sliding_window)
+                               : cJSON_AddNullToObject(root, "sliding_window") != NULL;
+    if (ok && c->rot_dim != c->head_dim) ok = add_num(root, "rot_dim", c->rot_dim);
+    if (ok && c->attn_out_bias != c->qkv_bias)
+        ok = add_bool(root, "attention_out_bias", c->attn_out_bias);
+    return ok;
+}
+
+/* Gemma3ForCausalLM (text) fields, with the shardlm extras that Hugging Face files lack. */
+static int add_gemma3(cJSON *root, const struct model_config *c)
+{
+    int ok = add_str(root, "model_type", "gemma3_text") && add_llama_dims(root, c) &&
+             add_float(root, "rope_local_base_freq", c->rope_theta_local) &&
+             add_num(root, "sliding_window", c->sliding_window) &&
+             add_num(root, "sliding_window_pattern", c->sliding_window_pattern) &&
+             add_str(root, "hidden_activation", activation_hf_name(c->activation)) &&
+             add_bool(root, "attention_bias", c->qkv_bias) &&
+             add_bool(root, "tie_word_embeddings", c->tied_embeddings) &&
+             cJSON_AddNullToObject(root, "rope_scaling") &&
+             cJSON_AddNullToObject(root, "final_logit_softcapping") &&
+             cJSON_AddNullToObject(root, "attn_logit_softcapping");
+    /* query_pre_attn_scalar: the integer whose 1/sqrt is attn_scale; when none is, the exact
+     * scale as the shardlm extra "attn_scale" (the parser prefers it). */
+    double qpas = nearbyint(1.0 / ((double)c->attn_scale * (double)c->attn_scale));
+    if (ok) ok = add_num(root, "query_pre_attn_scalar", qpas >= 1.0 ? qpas : 1.0);
+    if (ok && (qpas < 1.0 || qpas > INT_MAX || (float)(1.0 / sqrt(qpas)) != c->attn_scale))
+        ok = add_float(root, "attn_scale", c->attn_scale);
+    /* The shardlm extra for checkpoints whose norm weights have the 1 folded in (GGUF). */
+    if (ok && c->norm_weight_offset != 1.0f)
+        ok = add_float(root, "norm_weight_offset", c->norm_weight_offset);
+    if (ok && c->embed_scale != sqrtf((float)c->d_model))
+        ok = add_float(root, "embed_scale", c->embed_scale);
+    return ok;
+}
+
+/* GPT2LMHeadModel fields. */
+static int add_gpt2(cJSON *root, const struct model_config *c)
+{
+    return add_str(root, "model_type", "gpt2") && add_num(root, "n_embd", c->d_model) &&
+           add_num(root, "n_layer", c->n_layers) && add_num(root, "n_head", c->n_heads) &&
+           add_num(root, "n_inner", c->ffn_hidden) && add_num(root, "vocab_size", c->vocab_size) &&
+           add_num(root, "n_positions", c->max_positions) &&
+           add_float(root, "layer_norm_epsilon", c->norm_eps) &&
+           add_str(root, "activation_function",
+                   c->activation == ACTIVATION_GELU_ERF ? "gelu" : "gelu_new") &&
+           add_bool(root, "tie_word_embeddings", 1);
+}
+
+enum status config_save(const char *path, const struct model_config *c)
+{
+    enum status st = STATUS_OK;
+    cJSON *root = NULL;
+    char *text = NULL;
+    char tmp[4096];
+    FILE *f = NULL;
+
+    if ((st = config_validate(c, path))) return st;
+    if (c->family == MODEL_FAMILY_LLAMA && strcmp(c->architecture, "LlamaForCausalLM") &&
+        strcmp(c->architecture, "MistralForCausalLM"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
+                             c->architecture);
+    if (c->family == MODEL_FAMILY_LLAMA && !strcmp(c->architecture, "LlamaForCausalLM") &&
+        c->sliding_window)
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: LlamaForCausalLM has no sliding window; use MistralForCausalLM",
+                             path);
+    if (c->family == MODEL_FAMILY_GPT2 && strcmp(c->architecture, "GPT2LMHeadModel"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
+                             c->architecture);
+    if (c->family == MODEL_FAMILY_GEMMA3 && strcmp(c->architecture, "Gemma3ForCausalLM"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
+                             c->architecture);
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", path);
+
+    int ok = 1;
+    root = cJSON_CreateObject();
+    cJSON *archs = cJSON_CreateStringArray((const char *const[]){c->architecture}, 1);
+    ok = root && archs && cJSON_AddItemToObject(root, "architectures", archs);
+    if (!ok) cJSON_Delete(archs);
+    if (ok && c->family == MODEL_FAMILY_LLAMA) ok = add_llama(root, c);
+    else if (ok && c->family == MODEL_FAMILY_GEMMA3) ok = add_gemma3(root, c);
+    else if (ok) ok = add_gpt2(root, c);
+    if (ok && c->bos_id >= 0) ok = add_num(root, "bos_token_id", c->bos_id);
+    if (ok && c->eos_id >= 0) ok = add_num(root, "eos_token_id", c->eos_id);
+    if (ok) ok = add_str(root, "torch_dtype", dtype_torch_name(c->dtype));
+    if (ok) ok = (text = cJSON_Print(root)) != NULL;
+    if (!ok) {
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory building JSON", path);
+        goto out;
+    }
+
+    f = fopen(tmp, "wb");
+    if (!f) {
+        st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    size_t len = strlen(text);
+    if (fwrite(text, 1, len, f) != len || fputc('\n', f) == EOF) {
+        st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    int rc = fclose(f);
+    f = NULL;
+    if (rc != 0) {
+        st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    if (rename(tmp, path) != 0) {
+        st = status_errorf(STATUS_IO, "rename %s -> %s: %s", tmp, path, strerror(errno));
+        goto out;
+    }
+out:
+    if (f) fclose(f);
+    if (st) remove(tmp);
+    cJSON_free(text);
+    cJSON_Delete(root);
+    return st;
+}

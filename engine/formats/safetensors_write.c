@@ -1,0 +1,324 @@
+/* engine/formats/safetensors_write.c - the safetensors writer: tensors added by pointer or by a
+ * fill callback, written in one pass through PATH.tmp and renamed into place (see
+ * safetensors.h for the contracts).
+ * Not here: the reader (safetensors.c), which tensors a checkpoint holds (checkpoint_write.c).
+ * Tests: tests/test_formats.c (round trip, metadata, alignment of the data). */
+#include "safetensors.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *st_dtype_string(enum dtype t)
+{
+    switch (t) {
+    case DTYPE_F32: return "F32";
+    case DTYPE_BF16: return "BF16";
+    case DTYPE_F16: return "F16";
+    case DTYPE_I32: return "I32";
+    }
+    return "?";
+}
+
+struct st_entry {
+    char               *name;
+    enum dtype          dtype;
+    int                 ndim;
+    int64_t             shape[ST_MAX_DIMS];
+    size_t              nbytes;
+    const void         *data; /* borrowed, or NULL with fill */
+    safetensors_fill_fn fill;
+    void               *ctx;
+    uint64_t            begin;
+};
+
+struct st_meta {
+    char *key, *value;
+};
+
+struct safetensors_writer {
+    char            *path, *tmp;
+    FILE            *f;
+    struct st_entry *entries;    /* (n_entries), in the order added */
+    int              n_entries;
+    size_t           cap_entries;
+    struct st_meta  *meta;       /* (n_meta) */
+    int              n_meta;
+    size_t           cap_meta;
+};
+
+/* A growable string for the header. */
+struct st_buf {
+    char  *p;
+    size_t len, cap;
+    int    failed;
+};
+
+static void buf_put(struct st_buf *b, const char *s, size_t n)
+{
+    if (b->failed) return;
+    if (n > SIZE_MAX - 1 - b->len || base_grow((void **)&b->p, &b->cap, b->len + n + 1, 1)) {
+        b->failed = 1;
+        return;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void buf_puts(struct st_buf *b, const char *s) { buf_put(b, s, strlen(s)); }
+
+static void buf_printf(struct st_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void buf_printf(struct st_buf *b, const char *fmt, ...)
+{
+    char tmp[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    CHECK(n >= 0 && (size_t)n < sizeof tmp, "format overflow");
+    buf_put(b, tmp, (size_t)n);
+}
+
+/* A JSON string literal. */
+static void buf_json_string(struct st_buf *b, const char *s)
+{
+    buf_puts(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"') buf_puts(b, "\\\"");
+        else if (*p == '\\') buf_puts(b, "\\\\");
+        else if (*p < 0x20) buf_printf(b, "\\u%04x", *p);
+        else buf_put(b, (const char *)p, 1);
+    }
+    buf_puts(b, "\"");
+}
+
+enum status safetensors_writer_begin(const char *path, struct safetensors_writer **out)
+{
+    enum status s = STATUS_OK;
+    *out = NULL;
+    struct safetensors_writer *w = calloc(1, sizeof *w);
+    size_t n = strlen(path) + 5;
+    if (!w || !(w->path = strdup(path)) || !(w->tmp = malloc(n))) {
+        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
+        goto out;
+    }
+    snprintf(w->tmp, n, "%s.tmp", path);
+    if (!(w->f = fopen(w->tmp, "wb"))) {
+        s = status_errorf(STATUS_IO, "%s: %s", w->tmp, strerror(errno));
+        goto out;
+    }
+    *out = w;
+    w = NULL;
+out:
+    safetensors_writer_free(w);
+    return s;
+}
+
+void safetensors_writer_free(struct safetensors_writer *w)
+{
+    if (!w) return;
+    if (w->f) {
+        fclose(w->f);
+        remove(w->tmp);
+    }
+    for (int i = 0; i < w->n_entries; i++) free(w->entries[i].name);
+    for (int i = 0; i < w->n_meta; i++) {
+        free(w->meta[i].key);
+        free(w->meta[i].value);
+    }
+    free(w->entries);
+    free(w->meta);
+    free(w->path);
+    free(w->tmp);
+    free(w);
+}
+
+static enum status st_writer_push(struct safetensors_writer *w, const char *name, enum dtype dtype,
+                                  int ndim, const int64_t *shape, const void *data,
+                                  safetensors_fill_fn fill, void *ctx)
+{
+    if (!name || !*name || !strcmp(name, "__metadata__"))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: bad tensor name '%s'", w->path,
+                             name ? name : "(null)");
+    if (ndim < 0 || ndim > ST_MAX_DIMS)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: tensor '%s': %d dimensions", w->path, name,
+                             ndim);
+    uint64_t bytes = dtype_size(dtype);
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] < 0 || __builtin_mul_overflow(bytes, (uint64_t)shape[d], &bytes))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "%s: tensor '%s': bad shape", w->path, name);
+    }
+    if (!data && !fill && bytes)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: tensor '%s': no data", w->path, name);
+    for (int i = 0; i < w->n_entries; i++)
+        if (!strcmp(w->entries[i].name, name))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "%s: tensor '%s' added twice", w->path,
+                                 name);
+    if (base_grow((void **)&w->entries, &w->cap_entries, (size_t)w->n_entries + 1, sizeof *w->entries))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", w->path);
+    struct st_entry *e = &w->entries[w->n_entries];
+    memset(e, 0, sizeof *e);
+    if (!(e->name = strdup(name))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    e->dtype = dtype;
+    e->ndim = ndim;
+    for (int d = 0; d < ndim; d++) e->shape[d] = shape[d];
+    e->nbytes = (size_t)bytes;
+    e->data = data;
+    e->fill = fill;
+    e->ctx = ctx;
+    w->n_entries++;
+    return STATUS_OK;
+}
+
+enum status safetensors_writer_add(struct safetensors_writer *w, const char *name,
+                                   enum dtype dtype, int ndim, const int64_t *shape,
+                                   const void *data)
+{
+    return st_writer_push(w, name, dtype, ndim, shape, data, NULL, NULL);
+}
+
+enum status safetensors_writer_add_deferred(struct safetensors_writer *w, const char *name,
+                                            enum dtype dtype, int ndim, const int64_t *shape,
+                                            safetensors_fill_fn fill, void *ctx)
+{
+    CHECK(fill, "add_deferred needs a fill function");
+    return st_writer_push(w, name, dtype, ndim, shape, NULL, fill, ctx);
+}
+
+enum status safetensors_writer_set_metadata(struct safetensors_writer *w, const char *key,
+                                            const char *value)
+{
+    for (int i = 0; i < w->n_meta; i++) {
+        if (!strcmp(w->meta[i].key, key)) {
+            char *v = strdup(value);
+            if (!v) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            free(w->meta[i].value);
+            w->meta[i].value = v;
+            return STATUS_OK;
+        }
+    }
+    if (base_grow((void **)&w->meta, &w->cap_meta, (size_t)w->n_meta + 1, sizeof *w->meta))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    struct st_meta *m = &w->meta[w->n_meta];
+    m->key = strdup(key);
+    m->value = strdup(value);
+    if (!m->key || !m->value) {
+        free(m->key);
+        free(m->value);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    w->n_meta++;
+    return STATUS_OK;
+}
+
+/* Data order: larger elements first (stable), so each tensor stays aligned to its element size
+ * given an 8-aligned data section. */
+static int st_cmp_entry(const void *a, const void *b)
+{
+    const struct st_entry *const *x = a, *const *y = b;
+    size_t sx = dtype_size((*x)->dtype), sy = dtype_size((*y)->dtype);
+    if (sx != sy) return sx > sy ? -1 : 1;
+    return *x < *y ? -1 : *x > *y;
+}
+
+enum status safetensors_writer_finish(struct safetensors_writer *w)
+{
+    enum status s = STATUS_OK;
+    struct st_buf h = {0};
+    struct st_entry **order = NULL;
+    void *scratch = NULL;
+    size_t scratch_size = 0;
+
+    order = malloc(((size_t)w->n_entries + 1) * sizeof *order);
+    if (!order) {
+        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", w->path);
+        goto out;
+    }
+    for (int i = 0; i < w->n_entries; i++) order[i] = &w->entries[i];
+    qsort(order, (size_t)w->n_entries, sizeof *order, st_cmp_entry);
+
+    buf_puts(&h, "{");
+    if (w->n_meta) {
+        buf_puts(&h, "\"__metadata__\":{");
+        for (int i = 0; i < w->n_meta; i++) {
+            if (i) buf_puts(&h, ",");
+            buf_json_string(&h, w->meta[i].key);
+            buf_puts(&h, ":");
+            buf_json_string(&h, w->meta[i].value);
+        }
+        buf_puts(&h, "}");
+    }
+    uint64_t offset = 0;
+    for (int i = 0; i < w->n_entries; i++) {
+        struct st_entry *e = order[i];
+        e->begin = offset;
+        offset += e->nbytes;
+        if (i || w->n_meta) buf_puts(&h, ",");
+        buf_json_string(&h, e->name);
+        buf_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_string(e->dtype));
+        for (int d = 0; d < e->ndim; d++) buf_printf(&h, d ? ",%lld" : "%lld", (long long)e->shape[d]);
+        buf_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)e->begin,
+                   (unsigned long long)offset);
+    }
+    buf_puts(&h, "}");
+    while (!h.failed && h.len % 8) buf_puts(&h, " ");
+    if (h.failed) {
+        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory for the header", w->path);
+        goto out;
+    }
+    if (h.len >= ST_MAX_HEADER_SIZE) {
+        s = status_errorf(STATUS_INVALID_ARGUMENT, "%s: header of %zu bytes is too large", w->path,
+                          h.len);
+        goto out;
+    }
+
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
+    if (fwrite(len8, 1, 8, w->f) != 8 || fwrite(h.p, 1, h.len, w->f) != h.len) goto io_error;
+    for (int i = 0; i < w->n_entries; i++) {
+        struct st_entry *e = order[i];
+        const void *bytes = e->data;
+        if (e->fill && e->nbytes) {
+            if (e->nbytes > scratch_size) {
+                free(scratch);
+                scratch_size = (e->nbytes + 63) & ~(size_t)63;
+                scratch = aligned_alloc(64, scratch_size);
+                if (!scratch) {
+                    scratch_size = 0;
+                    s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory for tensor '%s'",
+                                      w->path, e->name);
+                    goto out;
+                }
+            }
+            if ((s = e->fill(e->ctx, scratch, e->nbytes))) goto out;
+            bytes = scratch;
+        }
+        if (e->nbytes && fwrite(bytes, 1, e->nbytes, w->f) != e->nbytes) goto io_error;
+    }
+    if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0) goto io_error;
+    int rc = fclose(w->f);
+    w->f = NULL;
+    if (rc != 0) {
+        remove(w->tmp);
+        goto io_error;
+    }
+    if (rename(w->tmp, w->path) != 0) {
+        s = status_errorf(STATUS_IO, "rename %s -> %s: %s", w->tmp, w->path, strerror(errno));
+        remove(w->tmp);
+        goto out;
+    }
+    goto out;
+io_error:
+    s = status_errorf(STATUS_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+out:
+    free(scratch);
+    free(order);
+    free(h.p);
+    safetensors_writer_free(w); /* removes path.tmp when it is still open */
+    return s;
+}

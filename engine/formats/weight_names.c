@@ -1,0 +1,212 @@
+/* engine/formats/weight_names.c - the one table of weight names (see weight_names.h): every
+ * weight kind with its canonical shape, pipeline place, and its Hugging Face, Megatron-Core and
+ * GGUF names.
+ * Not here: slicing and fusing (checkpoint.c, checkpoint_write.c), the files (safetensors.c,
+ * gguf.c).
+ * Tests: tests/test_formats.c, the golden and reshard tests. */
+#include "weight_names.h"
+
+#include <stdio.h>
+
+#define L "layers.%d."         /* Hugging Face Llama family, after "model." */
+#define H "h.%d."              /* Hugging Face GPT-2, after "transformer." */
+#define M "decoder.layers.%d." /* Megatron-Core local spec, stage-local layer */
+#define G "blk.%d."            /* llama.cpp */
+
+/* Rows in Megatron file order. HF Gemma 3 differs from Llama in the norms: Llama's
+ * post_attention_layernorm is the pre-MLP norm; Gemma's is the norm of the attention output
+ * (llama.cpp's post_attention_norm), its pre-MLP norm being pre_feedforward_layernorm
+ * (llama.cpp's ffn_norm). Megatron-Core's local spec has no post-attention or post-MLP norm:
+ * post_self_attn_layernorm and post_mlp_layernorm are shardlm's names. */
+static const struct weight_names table[WEIGHT_KIND_COUNT] = {
+#define ROW(kind, name, place, rows, cols) \
+    WEIGHT_KIND_##kind, name, WEIGHT_PLACE_##place, WEIGHT_DIM_##rows, WEIGHT_DIM_##cols
+    {ROW(TOK_EMBEDDING, "tok_embedding", FIRST, VOCAB, D_MODEL), "embed_tokens.weight", NULL,
+     "wte.weight", WEIGHT_GPT2_AS_IS, "embedding.word_embeddings.weight", NULL,
+     WEIGHT_MEGATRON_VOCAB, "token_embd.weight"},
+    {ROW(POS_EMBEDDING, "pos_embedding", FIRST, POSITIONS, D_MODEL), NULL, NULL, "wpe.weight",
+     WEIGHT_GPT2_AS_IS, "embedding.position_embeddings.weight", NULL, WEIGHT_MEGATRON_REPLICATED,
+     "position_embd.weight"},
+
+    {ROW(ATTN_NORM, "attn_norm", LAYER, D_MODEL, ONE), L "input_layernorm.weight", NULL,
+     H "ln_1.weight", WEIGHT_GPT2_AS_IS, M "input_layernorm.weight",
+     M "self_attention.linear_qkv.layer_norm_weight", WEIGHT_MEGATRON_REPLICATED,
+     G "attn_norm.weight"},
+    {ROW(ATTN_NORM_BIAS, "attn_norm_bias", LAYER, D_MODEL, ONE), NULL, NULL, H "ln_1.bias",
+     WEIGHT_GPT2_AS_IS, M "input_layernorm.bias", M "self_attention.linear_qkv.layer_norm_bias",
+     WEIGHT_MEGATRON_REPLICATED, G "attn_norm.bias"},
+    {ROW(Q, "q", LAYER, Q, D_MODEL), L "self_attn.q_proj.weight", NULL, H "attn.c_attn.weight",
+     WEIGHT_GPT2_QKV, M "self_attention.linear_qkv.weight", NULL, WEIGHT_MEGATRON_QKV,
+     G "attn_q.weight"},
+    {ROW(Q_BIAS, "q_bias", LAYER, Q, ONE), L "self_attn.q_proj.bias", NULL, H "attn.c_attn.bias",
+     WEIGHT_GPT2_QKV_BIAS, M "self_attention.linear_qkv.bias", NULL, WEIGHT_MEGATRON_QKV,
+     G "attn_q.bias"},
+    {ROW(K, "k", LAYER, KV, D_MODEL), L "self_attn.k_proj.weight", NULL, H "attn.c_attn.weight",
+     WEIGHT_GPT2_QKV, M "self_attention.linear_qkv.weight", NULL, WEIGHT_MEGATRON_QKV,
+     G "attn_k.weight"},
+    {ROW(K_BIAS, "k_bias", LAYER, KV, ONE), L "self_attn.k_proj.bias", NULL, H "attn.c_attn.bias",
+     WEIGHT_GPT2_QKV_BIAS, M "self_attention.linear_qkv.bias", NULL, WEIGHT_MEGATRON_QKV,
+     G "attn_k.bias"},
+    {ROW(V, "v", LAYER, KV, D_MODEL), L "self_attn.v_proj.weight", NULL, H "attn.c_attn.weight",
+     WEIGHT_GPT2_QKV, M "self_attention.linear_qkv.weight", NULL, WEIGHT_MEGATRON_QKV,
+     G "attn_v.weight"},
+    {ROW(V_BIAS, "v_bias", LAYER, KV, ONE), L "self_attn.v_proj.bias", NULL, H "attn.c_attn.bias",
+     WEIGHT_GPT2_QKV_BIAS, M "self_attention.linear_qkv.bias", NULL, WEIGHT_MEGATRON_QKV,
+     G "attn_v.bias"},
+    {ROW(Q_NORM, "q_norm", LAYER, HEAD_DIM, ONE), L "self_attn.q_norm.weight", NULL, NULL,
+     WEIGHT_GPT2_AS_IS, M "self_attention.q_layernorm.weight", NULL, WEIGHT_MEGATRON_REPLICATED,
+     G "attn_q_norm.weight"},
+    {ROW(K_NORM, "k_norm", LAYER, HEAD_DIM, ONE), L "self_attn.k_norm.weight", NULL, NULL,
+     WEIGHT_GPT2_AS_IS, M "self_attention.k_layernorm.weight", NULL, WEIGHT_MEGATRON_REPLICATED,
+     G "attn_k_norm.weight"},
+    {ROW(O, "o", LAYER, D_MODEL, Q), L "self_attn.o_proj.weight", NULL, H "attn.c_proj.weight",
+     WEIGHT_GPT2_CONV1D, M "self_attention.linear_proj.weight", NULL, WEIGHT_MEGATRON_COLUMNS,
+     G "attn_output.weight"},
+    {ROW(O_BIAS, "o_bias", LAYER, D_MODEL, ONE), L "self_attn.o_proj.bias", NULL,
+     H "attn.c_proj.bias", WEIGHT_GPT2_AS_IS, M "self_attention.linear_proj.bias", NULL,
+     WEIGHT_MEGATRON_REPLICATED, G "attn_output.bias"},
+    {ROW(POST_ATTN_NORM, "post_attn_norm", LAYER, D_MODEL, ONE), L "post_attention_layernorm.weight",
+     NULL, NULL, WEIGHT_GPT2_AS_IS, M "post_self_attn_layernorm.weight", NULL,
+     WEIGHT_MEGATRON_REPLICATED, G "post_attention_norm.weight"},
+    {ROW(MLP_NORM, "mlp_norm", LAYER, D_MODEL, ONE), L "post_attention_layernorm.weight",
+     L "pre_feedforward_layernorm.weight", H "ln_2.weight", WEIGHT_GPT2_AS_IS,
+     M "pre_mlp_layernorm.weight", M "mlp.linear_fc1.layer_norm_weight", WEIGHT_MEGATRON_REPLICATED,
+     G "ffn_norm.weight"},
+    {ROW(MLP_NORM_BIAS, "mlp_norm_bias", LAYER, D_MODEL, ONE), NULL, NULL, H "ln_2.bias",
+     WEIGHT_GPT2_AS_IS, M "pre_mlp_layernorm.bias", M "mlp.linear_fc1.layer_norm_bias",
+     WEIGHT_MEGATRON_REPLICATED, G "ffn_norm.bias"},
+    {ROW(GATE, "gate", LAYER, FFN, D_MODEL), L "mlp.gate_proj.weight", NULL, NULL, WEIGHT_GPT2_AS_IS,
+     M "mlp.linear_fc1.weight", NULL, WEIGHT_MEGATRON_FC1, G "ffn_gate.weight"},
+    {ROW(GATE_BIAS, "gate_bias", LAYER, FFN, ONE), L "mlp.gate_proj.bias", NULL, NULL,
+     WEIGHT_GPT2_AS_IS, M "mlp.linear_fc1.bias", NULL, WEIGHT_MEGATRON_FC1, G "ffn_gate.bias"},
+    {ROW(UP, "up", LAYER, FFN, D_MODEL), L "mlp.up_proj.weight", NULL, H "mlp.c_fc.weight",
+     WEIGHT_GPT2_CONV1D, M "mlp.linear_fc1.weight", NULL, WEIGHT_MEGATRON_FC1, G "ffn_up.weight"},
+    {ROW(UP_BIAS, "up_bias", LAYER, FFN, ONE), L "mlp.up_proj.bias", NULL, H "mlp.c_fc.bias",
+     WEIGHT_GPT2_AS_IS, M "mlp.linear_fc1.bias", NULL, WEIGHT_MEGATRON_FC1, G "ffn_up.bias"},
+    {ROW(DOWN, "down", LAYER, D_MODEL, FFN), L "mlp.down_proj.weight", NULL, H "mlp.c_proj.weight",
+     WEIGHT_GPT2_CONV1D, M "mlp.linear_fc2.weight", NULL, WEIGHT_MEGATRON_COLUMNS,
+     G "ffn_down.weight"},
+    {ROW(DOWN_BIAS, "down_bias", LAYER, D_MODEL, ONE), L "mlp.down_proj.bias", NULL,
+     H "mlp.c_proj.bias", WEIGHT_GPT2_AS_IS, M "mlp.linear_fc2.bias", NULL,
+     WEIGHT_MEGATRON_REPLICATED, G "ffn_down.bias"},
+    {ROW(POST_MLP_NORM, "post_mlp_norm", LAYER, D_MODEL, ONE), L "post_feedforward_layernorm.weight",
+     NULL, NULL, WEIGHT_GPT2_AS_IS, M "post_mlp_layernorm.weight", NULL, WEIGHT_MEGATRON_REPLICATED,
+     G "post_ffw_norm.weight"},
+
+    {ROW(FINAL_NORM, "final_norm", LAST, D_MODEL, ONE), "norm.weight", NULL, "ln_f.weight",
+     WEIGHT_GPT2_AS_IS, "decoder.final_layernorm.weight", NULL, WEIGHT_MEGATRON_REPLICATED,
+     "output_norm.weight"},
+    {ROW(FINAL_NORM_BIAS, "final_norm_bias", LAST, D_MODEL, ONE), NULL, NULL, "ln_f.bias",
+     WEIGHT_GPT2_AS_IS, "decoder.final_layernorm.bias", NULL, WEIGHT_MEGATRON_REPLICATED,
+     "output_norm.bias"},
+    {ROW(LM_HEAD, "lm_head", LAST, VOCAB, D_MODEL), "lm_head.weight", NULL, NULL, WEIGHT_GPT2_AS_IS,
+     "output_layer.weight", NULL, WEIGHT_MEGATRON_VOCAB, "output.weight"},
+#undef ROW
+};
+
+/* kind -> its row (the table lists every kind once, in file order, not by enum value). */
+static const struct weight_names *row_of(enum weight_kind kind)
+{
+    CHECK((unsigned)kind < WEIGHT_KIND_COUNT, "weight kind %d", (int)kind);
+    for (int i = 0; i < WEIGHT_KIND_COUNT; i++)
+        if (table[i].kind == kind) return &table[i];
+    CHECK(0, "weight kind %d missing from the name table", (int)kind);
+    return NULL;
+}
+
+const struct weight_names *weight_names_at(int i)
+{
+    CHECK(i >= 0 && i < WEIGHT_KIND_COUNT, "weight name row %d", i);
+    return &table[i];
+}
+
+const struct weight_names *weight_names_of(enum weight_kind kind) { return row_of(kind); }
+
+const char *weight_kind_name(enum weight_kind kind)
+{
+    return (unsigned)kind < WEIGHT_KIND_COUNT ? row_of(kind)->name : "?";
+}
+
+int weight_kind_per_layer(enum weight_kind kind)
+{
+    return (unsigned)kind < WEIGHT_KIND_COUNT && row_of(kind)->place == WEIGHT_PLACE_LAYER;
+}
+
+int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
+{
+    int ln = c->norm == NORM_KIND_LAYERNORM;
+    switch (kind) {
+    case WEIGHT_KIND_POS_EMBEDDING: return c->positions == POSITION_KIND_LEARNED;
+    case WEIGHT_KIND_ATTN_NORM_BIAS:
+    case WEIGHT_KIND_MLP_NORM_BIAS:
+    case WEIGHT_KIND_FINAL_NORM_BIAS: return ln;
+    case WEIGHT_KIND_Q_BIAS:
+    case WEIGHT_KIND_K_BIAS:
+    case WEIGHT_KIND_V_BIAS: return c->qkv_bias;
+    case WEIGHT_KIND_O_BIAS: return c->attn_out_bias;
+    case WEIGHT_KIND_GATE: return c->gated_mlp;
+    case WEIGHT_KIND_GATE_BIAS: return c->gated_mlp && c->mlp_bias;
+    case WEIGHT_KIND_UP_BIAS:
+    case WEIGHT_KIND_DOWN_BIAS: return c->mlp_bias;
+    case WEIGHT_KIND_Q_NORM:
+    case WEIGHT_KIND_K_NORM: return c->qk_norm;
+    case WEIGHT_KIND_POST_ATTN_NORM:
+    case WEIGHT_KIND_POST_MLP_NORM: return c->sandwich_norms;
+    case WEIGHT_KIND_COUNT: return 0;
+    default: return (unsigned)kind < WEIGHT_KIND_COUNT;
+    }
+}
+
+static int64_t dim_size(const struct model_config *c, enum weight_dim d)
+{
+    switch (d) {
+    case WEIGHT_DIM_ONE: return 1;
+    case WEIGHT_DIM_D_MODEL: return c->d_model;
+    case WEIGHT_DIM_HEAD_DIM: return c->head_dim;
+    case WEIGHT_DIM_Q: return (int64_t)c->n_heads * c->head_dim;
+    case WEIGHT_DIM_KV: return (int64_t)c->n_kv_heads * c->head_dim;
+    case WEIGHT_DIM_FFN: return c->ffn_hidden;
+    case WEIGHT_DIM_VOCAB: return c->vocab_size;
+    case WEIGHT_DIM_POSITIONS: return c->max_positions;
+    }
+    return 0;
+}
+
+void weight_kind_shape(const struct model_config *c, enum weight_kind kind, int *ndim, int64_t *rows,
+                       int64_t *cols)
+{
+    const struct weight_names *w = row_of(kind);
+    *ndim = w->cols == WEIGHT_DIM_ONE ? 1 : 2;
+    *rows = dim_size(c, w->rows);
+    *cols = dim_size(c, w->cols);
+}
+
+const char *weight_names_hf(enum weight_kind kind, int gemma3)
+{
+    const struct weight_names *w = row_of(kind);
+    return gemma3 && w->hf_gemma3 ? w->hf_gemma3 : w->hf;
+}
+
+int weight_names_qkv_part(enum weight_kind kind)
+{
+    switch (kind) {
+    case WEIGHT_KIND_Q:
+    case WEIGHT_KIND_Q_BIAS: return 0;
+    case WEIGHT_KIND_K:
+    case WEIGHT_KIND_K_BIAS: return 1;
+    case WEIGHT_KIND_V:
+    case WEIGHT_KIND_V_BIAS: return 2;
+    default: return -1;
+    }
+}
+
+int weight_names_format(char *buf, size_t n, const char *prefix, const char *pattern, int layer)
+{
+    char local[256];
+    CHECK(pattern, "no name pattern");
+    /* Patterns are the table's string literals, with at most one %d: never user text. */
+    int k = snprintf(local, sizeof local, pattern, layer);
+    if (k < 0 || (size_t)k >= sizeof local) return -1;
+    k = snprintf(buf, n, "%s%s", prefix ? prefix : "", local);
+    return k < 0 || (size_t)k >= n ? -1 : 0;
+}
