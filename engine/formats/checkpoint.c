@@ -386,6 +386,34 @@ static enum status ck_prepare(struct checkpoint *ck, enum weight_kind kind, int 
     return STATUS_OK;
 }
 
+void checkpoint_set_source(struct checkpoint *ck, checkpoint_source_fn fn, void *ctx)
+{
+    ck->source = fn;
+    ck->source_ctx = fn ? ctx : NULL;
+}
+
+/* checkpoint_get from a source: the whole canonical tensor in f32, then the slice. */
+static enum status ck_get_from_source(struct checkpoint *ck, enum weight_kind kind, int layer,
+                                      enum dtype dtype, const struct ck_slice *sl, void *buf,
+                                      struct host_weight *out)
+{
+    int ndim;
+    int64_t rows, cols;
+    weight_kind_shape(&ck->cfg, kind, &ndim, &rows, &cols);
+    float *full = malloc((size_t)(rows * cols) * sizeof *full);
+    if (!full) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "weight %s: out of memory", weight_kind_name(kind));
+    enum status s = ck->source(ck->source_ctx, kind, layer, full, rows * cols);
+    const size_t es = dtype_size(dtype);
+    for (int64_t i = 0; s == STATUS_OK && i < sl->nr; i++) {
+        unsigned char *row = (unsigned char *)buf + (size_t)(i * sl->nc) * es;
+        if (i >= sl->rows_valid) memset(row, 0, (size_t)sl->nc * es); /* vocab padding */
+        else safetensors_gather(row, dtype, full + (sl->r0 + i) * cols + sl->c0, DTYPE_F32, (size_t)sl->nc, 1);
+    }
+    free(full);
+    if (s == STATUS_OK) out->data = buf;
+    return s;
+}
+
 enum status checkpoint_describe(struct checkpoint *ck, enum weight_kind kind, int layer,
                                 int tp_rank, int tp_size, enum dtype dtype,
                                 struct host_weight *out)
@@ -403,7 +431,7 @@ enum status checkpoint_get(struct checkpoint *ck, enum weight_kind kind, int lay
     struct ck_slice sl;
     enum status s = ck_prepare(ck, kind, layer, tp_rank, tp_size, dtype, &src, &sl, out);
     if (s) return s;
-    if (out->zero_copy && (flags & CHECKPOINT_GET_ZERO_COPY_OK)) return STATUS_OK;
+    if (out->zero_copy && (flags & CHECKPOINT_GET_ZERO_COPY_OK) && !ck->source) return STATUS_OK;
     out->zero_copy = 0;
     out->data = NULL;
     size_t es = dtype_size(dtype);
@@ -413,6 +441,7 @@ enum status checkpoint_get(struct checkpoint *ck, enum weight_kind kind, int lay
     if ((uintptr_t)buf % es)
         return status_errorf(STATUS_INVALID_ARGUMENT, "weight %s: buffer not aligned to %zu bytes",
                              weight_kind_name(kind), es);
+    if (ck->source) return ck_get_from_source(ck, kind, layer, dtype, &sl, buf, out);
     unsigned char *dst = buf;
     for (int64_t i = 0; i < sl.nr; i++) {
         unsigned char *row = dst + (size_t)(i * sl.nc) * es;

@@ -121,12 +121,26 @@ struct checkpoint_files; /* private */
 
 /* An open checkpoint. Public fields are read-only for callers. Not thread-safe for open/close;
  * checkpoint_get may run on several threads at once (it only reads). */
+/* Produces the whole canonical tensor of (kind, layer) as f32 into dst (n elements): a source
+ * that replaces the files' data (checkpoint_set_source). */
+typedef enum status (*checkpoint_source_fn)(void *ctx, enum weight_kind kind, int layer, float *dst,
+                                            int64_t n);
+
 struct checkpoint {
     struct model_config     cfg;     /* from DIR/config.json */
     enum checkpoint_layout  layout;
     int                     saved_tp, saved_pp; /* Megatron layout: as saved; 1, 1 otherwise */
     struct checkpoint_files *files;
+    checkpoint_source_fn    source;  /* NULL: the files; see checkpoint_set_source */
+    void                   *source_ctx;
 };
+
+/* Makes checkpoint_get (and so both writers) take every tensor's values from fn instead of the
+ * files, sliced and converted as usual; shapes, the stored dtype and the extras (config.json,
+ * tokenizer files) stay the checkpoint's. The trainer saves a model this way: the same writers
+ * as reshard, fed from memory. fn = NULL restores the files. Nothing is served zero-copy while
+ * a source is set. */
+void checkpoint_set_source(struct checkpoint *ck, checkpoint_source_fn fn, void *ctx);
 
 /* Opens the checkpoint directory dir: config.json (config_load), then the weights, preferring
  * shardlm_megatron.json, then model.safetensors, then model.safetensors.index.json. Every file

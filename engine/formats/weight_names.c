@@ -132,6 +132,13 @@ int weight_kind_per_layer(enum weight_kind kind)
     return (unsigned)kind < WEIGHT_KIND_COUNT && row_of(kind)->place == WEIGHT_PLACE_LAYER;
 }
 
+int weight_kind_is_norm(enum weight_kind k)
+{
+    return k == WEIGHT_KIND_ATTN_NORM || k == WEIGHT_KIND_MLP_NORM || k == WEIGHT_KIND_FINAL_NORM ||
+           k == WEIGHT_KIND_Q_NORM || k == WEIGHT_KIND_K_NORM || k == WEIGHT_KIND_POST_ATTN_NORM ||
+           k == WEIGHT_KIND_POST_MLP_NORM;
+}
+
 int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
 {
     int ln = c->norm == NORM_KIND_LAYERNORM;

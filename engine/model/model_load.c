@@ -22,13 +22,6 @@ struct staging {
 };
 
 /* Norm weights get cfg.norm_weight_offset added at load (HF Gemma stores w for x * (1 + w)). */
-static int is_norm(enum weight_kind k)
-{
-    return k == WEIGHT_KIND_ATTN_NORM || k == WEIGHT_KIND_MLP_NORM || k == WEIGHT_KIND_FINAL_NORM ||
-           k == WEIGHT_KIND_Q_NORM || k == WEIGHT_KIND_K_NORM || k == WEIGHT_KIND_POST_ATTN_NORM ||
-           k == WEIGHT_KIND_POST_MLP_NORM;
-}
-
 static void add_offset(void *data, enum dtype dt, size_t n, float offset)
 {
     for (size_t i = 0; i < n; i++) dtype_store_f32(data, dt, i, dtype_load_f32(data, dt, i) + offset);
@@ -38,7 +31,7 @@ static void add_offset(void *data, enum dtype dt, size_t n, float offset)
 static enum status load_weight(struct model *m, struct staging *stg, enum weight_kind kind,
                                int layer, struct tensor *t)
 {
-    const float offset = is_norm(kind) ? m->cfg.norm_weight_offset : 0.0f;
+    const float offset = weight_kind_is_norm(kind) ? m->cfg.norm_weight_offset : 0.0f;
     struct backend *b = m->b;
     struct host_weight hw;
     enum status st = checkpoint_describe(m->checkpoint, kind, layer, m->tp_rank, m->tp_size,

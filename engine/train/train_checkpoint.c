@@ -106,7 +106,8 @@ static enum status write_state(const char *dir, struct model *m, struct optimize
                                const struct train_state *st, int with_master)
 {
     char path[4200], name[256], value[64];
-    snprintf(path, sizeof path, "%s/" STATE_FILE, dir);
+    if (snprintf(path, sizeof path, "%s/" STATE_FILE, dir) >= (int)sizeof path)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", dir);
     const int max = weights_table_max(m->w.n_layers);
     struct weight_ref *tw = malloc((size_t)max * sizeof *tw), *tm = malloc((size_t)max * sizeof *tm);
     struct weight_ref *tv = malloc((size_t)max * sizeof *tv);
@@ -173,9 +174,10 @@ static enum status move_files(const char *src, const char *dst)
     enum status s = STATUS_OK;
     while (s == STATUS_OK && (e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(a, sizeof a, "%s/%s", src, e->d_name);
-        snprintf(b, sizeof b, "%s/%s", dst, e->d_name);
-        if (rename(a, b) != 0) s = status_errorf(STATUS_IO, "rename %s -> %s: %s", a, b, strerror(errno));
+        if (snprintf(a, sizeof a, "%s/%s", src, e->d_name) >= (int)sizeof a ||
+            snprintf(b, sizeof b, "%s/%s", dst, e->d_name) >= (int)sizeof b)
+            s = status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", dst);
+        else if (rename(a, b) != 0) s = status_errorf(STATUS_IO, "rename %s -> %s: %s", a, b, strerror(errno));
     }
     closedir(d);
     if (s == STATUS_OK) rmdir(src);
@@ -247,7 +249,8 @@ enum status train_checkpoint_load_state(const char *dir, struct model *m, struct
                                         struct train_state *st)
 {
     char path[4200];
-    snprintf(path, sizeof path, "%s/" STATE_FILE, dir);
+    if (snprintf(path, sizeof path, "%s/" STATE_FILE, dir) >= (int)sizeof path)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", dir);
     struct safetensors *sf = NULL;
     enum status s = safetensors_open(path, &sf);
     if (s != STATUS_OK) return status_errorf(s, "--resume %s: %s", dir, status_message());

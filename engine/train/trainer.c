@@ -76,7 +76,7 @@ static enum status load_data(struct trainer *t)
     else if (o->split_percent > 0) st = data_split(&t->train, o->split_percent, o->seed, &t->eval);
     if (st != STATUS_OK) return st;
     const struct train_dataset *d = &t->train;
-    LOG_INFO("train", "data: %zu examples, %lld tokens (%lld targets) from %ld lines; %ld blank, %ld truncated, "
+    LOG_INFO("train", "data: %zu examples, %lld tokens (%lld targets); %ld JSONL lines, %ld blank, %ld truncated, "
              "%ld skipped as too long, %ld without a target; held out: %zu examples",
              d->n, (long long)d->n_tokens, (long long)d->n_target_tokens, d->n_lines, d->n_blank,
              d->n_truncated, d->n_skipped, d->n_no_target, t->eval.n);
@@ -123,11 +123,11 @@ static enum status setup(struct trainer *t)
     if ((st = train_checkpoint_make_dir(o->out_dir)) != STATUS_OK) return st;
     t->metrics = fopen(mp, o->resume_dir ? "a" : "w");
     if (!t->metrics) return status_errorf(STATUS_IO, "%s: cannot open the metrics file", mp);
-    LOG_INFO("train", "%s: %lld parameters, %d layers; %lld iterations of %d x %d sequences of %d tokens "
-             "(%d micro-batches per step)%s",
+    LOG_INFO("train", "%s: %lld parameters, %d layers; %lld iterations of %d packed sequences of up to %d tokens "
+             "(%d micro-batches of %d per step)%s",
              t->m->cfg.architecture, (long long)weights_numel(&t->m->w), t->m->cfg.n_layers,
-             (long long)t->train_iters, o->global_batch_size, 1, o->seq_length, t->num_microbatches,
-             o->resume_dir ? ", resumed" : "");
+             (long long)t->train_iters, o->global_batch_size, o->seq_length, t->num_microbatches,
+             o->micro_batch_size, o->resume_dir ? ", resumed" : "");
     return STATUS_OK;
 }
 
