@@ -412,9 +412,9 @@ static void layer_backward(struct model *m, int l, int64_t T, const struct layer
     /* MLP block, in reverse: x = x_mid + [norm](down(h)). dres flows to x_mid unchanged. */
     struct tensor dproj = dres;
     if (c->sandwich_norms) { /* dtmp = d post_mlp_norm(mlp_out) */
-        norm_bwd(m, &dtmp, &g->post_mlp_norm, NULL, &dres, &la->mlp_out, &w->post_mlp_norm);
-        dproj = rows_of(&dtmp, T);
-        dproj = rows_of(&a->dtmp, T);
+        struct tensor mlp_out = rows_of(&la->mlp_out, T);
+        norm_bwd(m, &dtmp, &g->post_mlp_norm, NULL, &dres, &mlp_out, &w->post_mlp_norm);
+        dproj = dtmp;
     }
     struct tensor dh = rows_of(&a->dup, T), hact = rows_of(&la->hact, T);
     op_matmul_backward(b, &dh, opt(&g->w_down), bias_rank ? opt(&g->b_down) : NULL, &dproj, &hact, &w->w_down, 0);
@@ -436,8 +436,9 @@ static void layer_backward(struct model *m, int l, int64_t T, const struct layer
     /* Attention block, in reverse: x_mid = x_in + [norm](att W_o^T). */
     dproj = dres;
     if (c->sandwich_norms) {
-        norm_bwd(m, &dtmp, &g->post_attn_norm, NULL, &dres, &la->attn_out, &w->post_attn_norm);
-        dproj = rows_of(&a->dtmp, T);
+        struct tensor attn_out = rows_of(&la->attn_out, T);
+        norm_bwd(m, &dtmp, &g->post_attn_norm, NULL, &dres, &attn_out, &w->post_attn_norm);
+        dproj = dtmp;
     }
     struct tensor att = view2(&la->att, T, hq), datt = view2(&a->datt, T, hq);
     op_matmul_backward(b, &datt, opt(&g->wo), bias_rank ? opt(&g->bo) : NULL, &dproj, &att, &w->wo, 0);

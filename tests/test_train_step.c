@@ -1,0 +1,139 @@
+/* tests/test_train_step.c - the driver of tests/test_train_step.py: whole training steps of
+ * one rank as trainer.c takes them (gradients of every micro-batch accumulated, scaled by the
+ * target tokens of the whole global batch, global-norm clipping, AdamW over the layout table),
+ * so that the Python test can repeat them with JAX + optax from the same initial weights.
+ *
+ * Usage: test_train_step MODEL_DIR OUT_PREFIX STEPS LR WEIGHT_DECAY CLIP EPS BATCH_FILE...
+ * Each BATCH_FILE is one micro-batch (the format of test_train_grad.c, grad_scale ignored);
+ * every step reads all of them. Writes OUT_PREFIX.json {"losses": [...], "grad_norms": [...],
+ * "tensors": [{"kind", "layer", "shape", "initial_offset", "final_offset"}]} and
+ * OUT_PREFIX.bin (f32). Exit 0 or 1. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_train.h"
+#include "optimizer.h"
+
+struct host_batch {
+    struct train_batch tb;
+    int32_t *buf;
+};
+
+static void read_batch(const char *path, struct host_batch *hb)
+{
+    FILE *f = fopen(path, "r");
+    CHECK(f, "cannot open %s", path);
+    struct train_batch *tb = &hb->tb;
+    CHECK(fscanf(f, "%d %d %f", &tb->n_tokens, &tb->n_docs, &tb->grad_scale) == 3, "bad batch header");
+    const int n = tb->n_tokens, total = 3 * n + tb->n_docs + 1;
+    hb->buf = malloc((size_t)total * sizeof *hb->buf);
+    CHECK(hb->buf, "out of memory");
+    for (int i = 0; i < total; i++) CHECK(fscanf(f, "%d", &hb->buf[i]) == 1, "bad batch %s", path);
+    fclose(f);
+    tb->tokens = hb->buf;
+    tb->targets = hb->buf + n;
+    tb->positions = hb->buf + 2 * n;
+    tb->doc_start = hb->buf + 3 * n;
+}
+
+static long dump(FILE *bin, struct model_weights *w, struct weight_ref *t, int n, long off, long *offsets)
+{
+    (void)w;
+    for (int i = 0; i < n; i++) {
+        const size_t nb = tensor_nbytes(t[i].t);
+        CHECK(fwrite(t[i].t->data, 1, nb, bin) == nb, "write failed");
+        offsets[i] = off;
+        off += (long)nb;
+    }
+    return off;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 9) {
+        fprintf(stderr, "usage: test_train_step MODEL_DIR OUT_PREFIX STEPS LR WEIGHT_DECAY CLIP EPS BATCH_FILE...\n");
+        return 2;
+    }
+    const int steps = atoi(argv[3]), n_mb = argc - 8;
+    struct optimizer_options oo = {.lr = atof(argv[4]), .min_lr = 0, .decay_style = LR_DECAY_CONSTANT,
+                                   .weight_decay = atof(argv[5]), .beta1 = 0.9, .beta2 = 0.999, .eps = atof(argv[7]),
+                                   .clip_grad = atof(argv[6])};
+    struct host_batch *mb = calloc((size_t)n_mb, sizeof *mb);
+    int max_tokens = 0, targets = 0;
+    for (int i = 0; i < n_mb; i++) {
+        read_batch(argv[8 + i], &mb[i]);
+        if (mb[i].tb.n_tokens > max_tokens) max_tokens = mb[i].tb.n_tokens;
+        for (int j = 0; j < mb[i].tb.n_tokens; j++) targets += mb[i].tb.targets[j] >= 0;
+    }
+    for (int i = 0; i < n_mb; i++) mb[i].tb.grad_scale = 1.0f / (float)targets;
+    struct backend *b = NULL;
+    struct model *m = NULL;
+    CHECK(backend_open(DEVICE_CPU, 0, 0, &b) == STATUS_OK, "backend: %s", status_message());
+    enum status st = model_load(argv[1], b, NULL, &m);
+    if (st == STATUS_OK) st = model_reserve_train(m, max_tokens);
+    if (st == STATUS_OK) st = model_weights_make_writable(m);
+    struct model_weights g;
+    void *gmem = NULL;
+    struct optimizer opt;
+    if (st == STATUS_OK) st = weights_alloc_like(b, &m->w, DTYPE_F32, &g, &gmem);
+    if (st == STATUS_OK) st = optimizer_init(&opt, b, &m->w, &oo);
+    if (st != STATUS_OK) {
+        fprintf(stderr, "test_train_step: %s\n", status_message());
+        return 1;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s.bin", argv[2]);
+    FILE *bin = fopen(path, "wb");
+    snprintf(path, sizeof path, "%s.json", argv[2]);
+    FILE *js = fopen(path, "w");
+    CHECK(bin && js, "cannot write %s", argv[2]);
+    const int max = weights_table_max(m->w.n_layers);
+    struct weight_ref *t = malloc((size_t)max * sizeof *t);
+    long *off0 = malloc((size_t)max * sizeof *off0), *off1 = malloc((size_t)max * sizeof *off1);
+    CHECK(t && off0 && off1, "out of memory");
+    const int n = weights_table(&m->w, m->layer_first, 1, t);
+    long off = dump(bin, &m->w, t, n, 0, off0);
+    fprintf(js, "{\"losses\": [");
+    double norms[64];
+    CHECK(steps <= 64, "at most 64 steps");
+    for (int s = 0; s < steps && st == STATUS_OK; s++) {
+        weights_zero(b, &g);
+        double loss = 0.0;
+        for (int i = 0; i < n_mb && st == STATUS_OK; i++) {
+            double ls = 0.0;
+            int nr = 0;
+            st = model_forward_train(m, &mb[i].tb, &ls, &nr);
+            if (st == STATUS_OK) st = model_backward(m, &mb[i].tb, &g);
+            loss += ls;
+        }
+        norms[s] = optimizer_grad_norm(&opt, b, &g);
+        optimizer_step(&opt, b, &m->w, &g, oo.lr, norms[s]);
+        fprintf(js, "%s%.17g", s ? ", " : "", loss / targets);
+    }
+    CHECK(st == STATUS_OK, "step failed: %s", status_message());
+    fprintf(js, "], \"grad_norms\": [");
+    for (int s = 0; s < steps; s++) fprintf(js, "%s%.17g", s ? ", " : "", norms[s]);
+    fprintf(js, "], \"tensors\": [");
+    dump(bin, &m->w, t, n, off, off1);
+    for (int i = 0; i < n; i++) {
+        fprintf(js, "%s{\"kind\": \"%s\", \"layer\": %d, \"shape\": [", i ? ", " : "", weight_kind_name(t[i].kind),
+                t[i].layer);
+        for (int d = 0; d < t[i].t->ndim; d++) fprintf(js, "%s%lld", d ? ", " : "", (long long)t[i].t->shape[d]);
+        fprintf(js, "], \"initial_offset\": %ld, \"final_offset\": %ld}", off0[i], off1[i]);
+    }
+    fprintf(js, "], \"tied\": %d}\n", m->w.tied);
+    fclose(bin);
+    fclose(js);
+    optimizer_free(&opt, b);
+    weights_free_layers(&g);
+    backend_free(b, gmem);
+    model_free(m);
+    backend_close(b);
+    for (int i = 0; i < n_mb; i++) free(mb[i].buf);
+    free(mb);
+    free(t);
+    free(off0);
+    free(off1);
+    return 0;
+}
