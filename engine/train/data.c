@@ -206,7 +206,11 @@ static enum status load_chat(const cJSON *list, const char *role_key, const char
     int n_ids = 0;
     if (st == STATUS_OK) {
         st = chat_template_render_train(o->chat_template, tok, msgs, n, &ids, &loss, &n_ids);
-        if (st != STATUS_OK) st = status_errorf(st, "%s:%ld: %s", path, line, status_message());
+        if (st != STATUS_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", status_message()); /* status_errorf reuses the buffer */
+            st = status_errorf(st, "%s:%ld: %s", path, line, why);
+        }
     }
     free(msgs);
     if (st == STATUS_OK) *out = (struct train_example){ids, loss, n_ids};

@@ -253,7 +253,11 @@ enum status train_checkpoint_load_state(const char *dir, struct model *m, struct
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", dir);
     struct safetensors *sf = NULL;
     enum status s = safetensors_open(path, &sf);
-    if (s != STATUS_OK) return status_errorf(s, "--resume %s: %s", dir, status_message());
+    if (s != STATUS_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", status_message()); /* status_errorf reuses the buffer */
+        return status_errorf(s, "--resume %s: no training state: %s", dir, why);
+    }
     const char *fmt = safetensors_metadata(sf, "format");
     int ok = fmt && !strcmp(fmt, STATE_FORMAT);
     st->iteration = meta_i64(sf, "iteration", &ok);

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# tests/test_train.sh SHARDLM GOLDEN_DIR - (assets from $SHARDLM_ASSETS) `shardlm train` as a user meets it:
+#   1. stories260K (the golden fixture's conversion) continued on tinyshakespeare for 150 steps:
+#      the held-out loss falls by at least 1.0 nat, metrics are written, and the result is
+#      served by `shardlm serve` (a completion over gRPC) and by `shardlm generate`;
+#   2. bitwise resume: 10 steps straight and 5 + --resume + 5 give identical weights and
+#      identical losses for steps 6-10;
+#   3. chat JSONL (messages and ShareGPT) and prompt/completion data train;
+#   4. bad data and bad flags: a message naming the file and line, exit 1 (errors) or 2
+#      (usage), never a crash.
+# Loopback only; every wait is bounded; the server is killed on every exit path.
+set -u
+BIN=$1
+MODEL=$2/stories260K
+here=$(cd "$(dirname "$0")" && pwd)
+ASSETS=${SHARDLM_ASSETS:-$here/../../shared/assets}
+TEXT=$ASSETS/datasets/tinyshakespeare.txt
+if [ ! -f "$MODEL/model.safetensors" ] || [ ! -f "$TEXT" ]; then
+  echo "SKIP: train: no converted stories260K in $2 or no $TEXT (shared assets)"
+  exit 77
+fi
+WORK=$(mktemp -d)
+SERVER_PID=
+cleanup() { [ -n "$SERVER_PID" ] && kill -9 "$SERVER_PID" 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+n_pass=0
+n_fail=0
+check() { # check NAME STATUS
+  if [ "$2" = 0 ]; then n_pass=$((n_pass + 1)); echo "PASS $1"; else n_fail=$((n_fail + 1)); echo "FAIL $1"; fi
+}
+expect() { # expect NAME WANT_RC NEEDLE CMD...: exit code and a message containing NEEDLE
+  local name=$1 want=$2 needle=$3
+  shift 3
+  "$@" > "$WORK/out" 2> "$WORK/err"
+  local rc=$?
+  if [ "$rc" = "$want" ] && grep -q -- "$needle" "$WORK/err"; then check "$name" 0
+  else check "$name (rc $rc, stderr: $(tail -c 300 "$WORK/err"))" 1; fi
+}
+COMMON=(--seq-length 128 --micro-batch-size 4 --global-batch-size 8 --lr 2e-3 --min-lr 2e-4
+        --lr-warmup-iters 10 --seed 7 --threads 1)
+export OMP_NUM_THREADS=1
+
+# ---- 1. continued pretraining ---------------------------------------------------------------
+"$BIN" train --model "$MODEL" --data "$TEXT" --out "$WORK/shake" "${COMMON[@]}" --train-iters 150 \
+  --split 98,2 --eval-interval 50 --eval-iters 8 --log-interval 50 > "$WORK/train.out" 2> "$WORK/train.err"
+check "train: 150 steps on tinyshakespeare exit 0" $?
+first=$(grep -m1 eval_loss "$WORK/shake/metrics.jsonl" | sed 's/.*"eval_loss": \([0-9.]*\).*/\1/')
+last=$(grep eval_loss "$WORK/shake/metrics.jsonl" | tail -n1 | sed 's/.*"eval_loss": \([0-9.]*\).*/\1/')
+echo "# held-out loss: $first -> $last"
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(a != "" && b != "" && a - b >= 1.0) }'
+check "train: the held-out loss falls by at least 1.0 ($first -> $last)" $?
+[ "$(grep -c '"loss"' "$WORK/shake/metrics.jsonl")" = 150 ]
+check "train: one metrics line per step" $?
+grep -q "step 150/150" "$WORK/train.err"
+check "train: progress lines name the step" $?
+
+"$BIN" generate --model "$WORK/shake" --prompt "ROMEO:" --max-tokens 40 > "$WORK/gen" 2> /dev/null
+[ "$(wc -c < "$WORK/gen")" -gt 40 ]
+check "generate: the trained checkpoint loads and generates" $?
+"$BIN" serve --model "$WORK/shake" --listen 127.0.0.1:0 > "$WORK/serve.out" 2> "$WORK/serve.err" &
+SERVER_PID=$!
+ADDR=
+for _ in $(seq 300); do
+  ADDR=$(sed -n 's/^shardlm: listening on \([^ ]*\).*/\1/p' "$WORK/serve.out" | head -n 1)
+  grep -q '^shardlm: ready' "$WORK/serve.out" 2>/dev/null && [ -n "$ADDR" ] && break
+  kill -0 "$SERVER_PID" 2>/dev/null || break
+  sleep 0.1
+done
+timeout 60 "$BIN" complete --server "$ADDR" --prompt "KING HENRY:" --max-tokens 20 > "$WORK/complete" 2> "$WORK/complete.err"
+rc=$?
+[ "$rc" = 0 ] && [ -s "$WORK/complete" ]
+check "serve: the trained checkpoint answers a completion over gRPC (rc $rc)" $?
+kill "$SERVER_PID" 2>/dev/null
+wait "$SERVER_PID" 2>/dev/null
+SERVER_PID=
+
+# ---- 2. bitwise resume ------------------------------------------------------------------------
+"$BIN" train --model "$MODEL" --data "$TEXT" --out "$WORK/straight" "${COMMON[@]}" --train-iters 10 \
+  --save-interval 5 2> "$WORK/straight.err"
+check "resume: 10 steps with a checkpoint at step 5" $?
+[ -f "$WORK/straight/checkpoints/iter_0000005/train_state.safetensors" ]
+check "resume: the step-5 checkpoint holds the training state" $?
+"$BIN" train --resume "$WORK/straight/checkpoints/iter_0000005" --data "$TEXT" --out "$WORK/resumed" \
+  "${COMMON[@]}" --train-iters 10 2> "$WORK/resumed.err"
+check "resume: 5 more steps from the checkpoint" $?
+cmp -s "$WORK/straight/model.safetensors" "$WORK/resumed/model.safetensors"
+check "resume: weights after 5 + 5 steps equal 10 straight steps, bit for bit" $?
+grep '"loss"' "$WORK/straight/metrics.jsonl" | sed -n '6,10p' | sed 's/, "tokens_per_s.*//' > "$WORK/l1"
+grep '"loss"' "$WORK/resumed/metrics.jsonl" | sed 's/, "tokens_per_s.*//' > "$WORK/l2"
+[ -s "$WORK/l1" ] && cmp -s "$WORK/l1" "$WORK/l2"
+check "resume: the losses of steps 6-10 are identical" $?
+
+# ---- 3. chat and prompt/completion data -------------------------------------------------------
+cat > "$WORK/chat.jsonl" <<'EOF'
+{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who was Lily?"}, {"role": "assistant", "content": "A little girl who loved the park."}]}
+{"conversations": [{"from": "human", "value": "Tell me a story."}, {"from": "gpt", "value": "Once upon a time, there was a cat."}]}
+
+{"prompt": "Once upon a time", "completion": " there was a dog named Max."}
+{"text": "The sun was bright and the birds sang."}
+EOF
+"$BIN" train --model "$MODEL" --data "$WORK/chat.jsonl" --out "$WORK/chat" --seq-length 64 --train-iters 3 \
+  --threads 1 2> "$WORK/chat.err"
+check "data: messages, conversations, prompt/completion and text lines train" $?
+grep -q "4 examples" "$WORK/chat.err" && grep -q "1 blank" "$WORK/chat.err"
+check "data: the log counts examples and blank lines" $?
+
+# ---- 4. bad input -----------------------------------------------------------------------------
+printf '{"text": "fine"}\n{"text": broken\n' > "$WORK/bad.jsonl"
+expect "data: a malformed line names file and line" 1 "bad.jsonl:2: not a JSON object" \
+  "$BIN" train --model "$MODEL" --data "$WORK/bad.jsonl" --out "$WORK/x" --train-iters 1
+printf '{"messages": [{"role": "robot", "content": "hi"}]}\n' > "$WORK/role.jsonl"
+expect "data: an unknown role is named" 1 'unknown role "robot"' \
+  "$BIN" train --model "$MODEL" --data "$WORK/role.jsonl" --out "$WORK/x" --train-iters 1
+: > "$WORK/empty.jsonl"
+expect "data: an empty file" 1 "empty.jsonl: the file is empty" \
+  "$BIN" train --model "$MODEL" --data "$WORK/empty.jsonl" --out "$WORK/x" --train-iters 1
+printf '{"foo": 1}\n' > "$WORK/unknown.jsonl"
+expect "data: a line of no known format" 1 "unknown.jsonl:1: no known format" \
+  "$BIN" train --model "$MODEL" --data "$WORK/unknown.jsonl" --out "$WORK/x" --train-iters 1
+expect "data: too long under --data-overflow error" 1 "more than --seq-length 8" \
+  "$BIN" train --model "$MODEL" --data "$WORK/chat.jsonl" --out "$WORK/x" --train-iters 1 --seq-length 8 \
+  --data-overflow error
+expect "data: a missing file" 1 "nope.jsonl" \
+  "$BIN" train --model "$MODEL" --data "$WORK/nope.jsonl" --out "$WORK/x" --train-iters 1
+expect "flags: global batch not a multiple of the micro batch" 1 "multiple of --micro-batch-size" \
+  "$BIN" train --model "$MODEL" --data "$TEXT" --out "$WORK/x" --train-iters 1 --micro-batch-size 3 \
+  --global-batch-size 4
+expect "flags: --bf16 is refused until it exists" 2 "not built yet" \
+  "$BIN" train --model "$MODEL" --data "$TEXT" --out "$WORK/x" --bf16
+expect "flags: an unknown option" 2 "unknown option '--bogus'" \
+  "$BIN" train --model "$MODEL" --data "$TEXT" --out "$WORK/x" --bogus 1
+expect "flags: --out is required" 2 "--out DIR is required" \
+  "$BIN" train --model "$MODEL" --data "$TEXT"
+expect "resume: a directory without a training state" 1 "train_state.safetensors" \
+  "$BIN" train --resume "$MODEL" --data "$TEXT" --out "$WORK/x" --train-iters 1
+"$BIN" train --help > "$WORK/help" 2>&1
+grep -q -- "--global-batch-size" "$WORK/help"
+check "train --help documents the flags" $?
+
+echo "$n_pass passed, $n_fail failed"
+[ "$n_fail" = 0 ]
