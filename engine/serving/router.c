@@ -27,7 +27,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "conductor.h"
 #include "parallel.h"
+#include "request.h"
 #include "tokenizer.h"
 
 #define MODULE "router"
@@ -159,7 +161,7 @@ struct route { /* rank 0: one request routed to a replica */
     unsigned char done[16];       /* sample finished (n <= 16: engine_validate) */
     engine_event_fn on_event;
     void    *ctx;
-    char     id[128];
+    char     id[REQUEST_ID_MAX_BYTES + 1];
     struct route *next;           /* hash chain */
 };
 
@@ -197,7 +199,7 @@ struct router {
     struct parallel_world *sub;       /* owned: this rank's replica */
     struct parallel_layout layout;
     int    dp, role, block_tokens;
-    struct engine *local;
+    struct conductor *local;
     pthread_mutex_t mu;
     pthread_cond_t  cv;
     /* front */
@@ -224,7 +226,7 @@ struct router {
     double   drain_timeout;
 };
 
-struct engine *router_local(const struct router *r) { return r->local; }
+struct conductor *router_local(const struct router *r) { return r->local; }
 int router_is_front(const struct router *r) { return r->role == ROLE_FRONT; }
 int router_replicas(const struct router *r) { return r->dp; }
 
@@ -272,11 +274,11 @@ enum status router_create(const struct engine_options *opt, int dp, struct route
             r->rep[d].heard = base_now_s();
         }
     }
-    if (st == STATUS_OK) st = engine_create(&io, &r->local);
+    if (st == STATUS_OK) st = conductor_create(&io, &r->local);
     st = parallel_agree(w, st); /* every replica loaded, or every rank fails */
     if (st != STATUS_OK) goto fail;
     struct engine_stats s;
-    engine_get_stats(r->local, &s);
+    conductor_get_stats(r->local, &s);
     r->block_tokens = s.block_tokens;
     /* Messages between rank 0 and the leaders: a peer that stops in the middle of one is gone
      * after rank_timeout_s (the whole world is used for nothing else from here on). */
@@ -513,11 +515,10 @@ enum status router_submit(struct router *r, const char *request_id, const int32_
                           const struct request_params *p, engine_event_fn on_event, void *ctx, uint64_t *handle)
 {
     CHECK(r->role == ROLE_FRONT, "router_submit on rank %d", r->world->rank);
-    enum status st = engine_validate(r->local, prompt, n_prompt, p);
+    enum status st = conductor_validate(r->local, prompt, n_prompt, p);
     if (st != STATUS_OK) return st;
-    if (request_id && strlen(request_id) >= sizeof ((struct route *)0)->id)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "request_id: at most %zu bytes",
-                             sizeof ((struct route *)0)->id - 1);
+    if (st == STATUS_OK) st = request_id_check(request_id);
+    if (st != STATUS_OK) return st;
     if (p->n > (int)sizeof ((struct route *)0)->done)
         return status_errorf(STATUS_INVALID_ARGUMENT, "n: at most %zu samples", sizeof ((struct route *)0)->done);
     struct route *rt = calloc(1, sizeof *rt);
@@ -563,7 +564,7 @@ enum status router_submit(struct router *r, const char *request_id, const int32_
 
     if (d == 0) {
         uint64_t inner = 0;
-        st = engine_submit(r->local, rt->id, prompt, n_prompt, p, on_local_event, rt, &inner);
+        st = conductor_submit(r->local, rt->id, prompt, n_prompt, p, on_local_event, rt, &inner);
         int cancel = 0;
         if (st == STATUS_OK) {
             pthread_mutex_lock(&r->mu);
@@ -574,7 +575,7 @@ enum status router_submit(struct router *r, const char *request_id, const int32_
             }
             pthread_mutex_unlock(&r->mu);
         }
-        if (cancel) engine_cancel(r->local, inner);
+        if (cancel) conductor_cancel(r->local, inner, NULL);
     } else {
         st = send_submit(r, rt, prompt, n_prompt, p);
         int cancel = 0;
@@ -624,7 +625,7 @@ enum status router_cancel(struct router *r, uint64_t handle, const char *request
     if (found == 0)
         return status_errorf(STATUS_NOT_FOUND, "no running request %s", request_id ? request_id : "with that handle");
     for (int i = 0; i < n; i++) {
-        if (hit[i].replica == 0) engine_cancel(r->local, hit[i].inner);
+        if (hit[i].replica == 0) conductor_cancel(r->local, hit[i].inner, NULL);
         else send_plain(r, r->rep[hit[i].replica].leader, MSG_CANCEL, hit[i].handle, 0, "", 0);
     }
     return STATUS_OK;
@@ -793,7 +794,7 @@ static void *front_main(void *arg)
 enum status router_start(struct router *r)
 {
     if (r->role != ROLE_FRONT || r->thread_running) return STATUS_OK;
-    enum status st = engine_start(r->local);
+    enum status st = conductor_start(r->local);
     if (st != STATUS_OK) return st;
     pthread_mutex_lock(&r->mu);
     const double t = base_now_s();
@@ -840,7 +841,7 @@ void router_drain(struct router *r, double timeout_s)
     pthread_mutex_unlock(&r->mu);
     if (!again && !failed)
         for (int d = 1; d < r->dp; d++) send_plain(r, r->rep[d].leader, MSG_DRAIN, 0, 0, "", timeout_s);
-    engine_drain(r->local, timeout_s);
+    conductor_drain(r->local, timeout_s);
     if (!r->thread_running) return;
     /* The leaders cancel what is left at the same deadline; their last events need a moment. */
     double grace = r->o.rank_timeout_s > 0 && r->o.rank_timeout_s < 10 ? r->o.rank_timeout_s : 10;
@@ -951,7 +952,7 @@ static void leader_submit(struct router *r, struct rbuf *rb)
     r->reqs = q;
     pthread_mutex_unlock(&r->mu);
     uint64_t inner = 0;
-    enum status st = engine_submit(r->local, id, prompt, h.n_prompt, &p, on_remote_event, q, &inner);
+    enum status st = conductor_submit(r->local, id, prompt, h.n_prompt, &p, on_remote_event, q, &inner);
     pthread_mutex_lock(&r->mu);
     if (st == STATUS_OK) q->inner = inner;
     else q->live = 0;
@@ -990,7 +991,7 @@ static uint64_t leader_inner(struct router *r, uint64_t outer, int *found)
 static void *leader_drain_main(void *arg)
 {
     struct router *r = arg;
-    engine_drain(r->local, r->drain_timeout);
+    conductor_drain(r->local, r->drain_timeout);
     atomic_store(&r->drain_done, 1);
     pthread_mutex_lock(&r->mu);
     pthread_cond_signal(&r->cv);
@@ -1018,7 +1019,7 @@ static enum status leader_message(struct router *r, const unsigned char *buf, si
     case MSG_CANCEL: {
         int found = 0;
         uint64_t inner = leader_inner(r, h.handle, &found);
-        if (found) engine_cancel(r->local, inner);
+        if (found) conductor_cancel(r->local, inner, NULL);
         return STATUS_OK;
     }
     case MSG_DRAIN:
@@ -1055,7 +1056,7 @@ static enum status leader_flush(struct router *r, int with_stats)
     }
     if (st == STATUS_OK && with_stats) {
         struct engine_stats s;
-        engine_get_stats(r->local, &s);
+        conductor_get_stats(r->local, &s);
         struct status_head h = {.type = MSG_STATS};
         struct wbuf b = {0};
         put(&b, &h, sizeof h);
@@ -1070,7 +1071,7 @@ static enum status leader_flush(struct router *r, int with_stats)
 
 static enum status leader_run(struct router *r)
 {
-    enum status st = engine_start(r->local);
+    enum status st = conductor_start(r->local);
     unsigned char *buf = NULL;
     size_t cap = 0;
     double last_stats = 0;
@@ -1128,7 +1129,7 @@ static enum status leader_run(struct router *r)
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", st == STATUS_OK ? "" : status_message());
     if (r->drain_started) pthread_join(r->drain_thread, NULL);
-    else engine_drain(r->local, 0.0);
+    else conductor_drain(r->local, 0.0);
     r->drain_started = 0;
     if (st == STATUS_OK && (st = leader_flush(r, 0)) != STATUS_OK) snprintf(msg, sizeof msg, "%s", status_message());
     if (st == STATUS_OK && r->local_fatal) {
@@ -1157,7 +1158,7 @@ static enum status leader_run(struct router *r)
 enum status router_run(struct router *r)
 {
     CHECK(r->role != ROLE_FRONT, "router_run on rank 0");
-    if (r->role == ROLE_WORKER) return engine_run_worker(r->local);
+    if (r->role == ROLE_WORKER) return conductor_run_worker(r->local);
     return leader_run(r);
 }
 
@@ -1168,7 +1169,7 @@ void router_get_replica_stats(struct router *r, int replica, struct engine_repli
     CHECK(r->role == ROLE_FRONT && replica >= 0 && replica < r->dp, "replica %d of %d on rank %d", replica, r->dp,
           r->world->rank);
     memset(s, 0, sizeof *s);
-    if (replica == 0) engine_get_stats(r->local, &s->engine);
+    if (replica == 0) conductor_get_stats(r->local, &s->engine);
     pthread_mutex_lock(&r->mu);
     const struct replica *p = &r->rep[replica];
     s->leader_rank = p->leader;
@@ -1219,7 +1220,7 @@ void router_free(struct router *r)
             r->thread_running = 0;
         }
     }
-    engine_free(r->local);
+    conductor_free(r->local);
     parallel_finalize(r->sub);
     if (r->rep) {
         for (int b = 0; b < ROUTE_BUCKETS; b++)
