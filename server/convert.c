@@ -237,22 +237,16 @@ void gen_request_free(struct gen_request *r)
 /* Every allocation of one response, freed together after packing. */
 struct arena {
     void **p;
-    int    n, cap;
+    size_t n, cap;
     int    failed;
 };
 
 static void *arena_alloc(struct arena *a, size_t size)
 {
     if (a->failed) return NULL;
-    if (a->n == a->cap) {
-        int cap = a->cap ? 2 * a->cap : 16;
-        void **p = realloc(a->p, (size_t)cap * sizeof *p);
-        if (!p) {
-            a->failed = 1;
-            return NULL;
-        }
-        a->p = p;
-        a->cap = cap;
+    if (base_grow((void **)&a->p, &a->cap, a->n + 1, sizeof *a->p) != 0) {
+        a->failed = 1;
+        return NULL;
     }
     void *m = calloc(1, size ? size : 1);
     if (!m) {
@@ -264,7 +258,7 @@ static void *arena_alloc(struct arena *a, size_t size)
 
 static void arena_free(struct arena *a)
 {
-    for (int i = 0; i < a->n; i++) free(a->p[i]);
+    for (size_t i = 0; i < a->n; i++) free(a->p[i]);
     free(a->p);
 }
 
