@@ -1,15 +1,16 @@
-/* server/convert.c - protobuf-c messages <-> native structs, with the field checks that need no
- * model. The only file that includes generated protobuf-c headers.
+/* server/convert.c - protobuf-c messages <-> native structs. The only file that includes
+ * generated protobuf-c headers. It parses and checks what only the edge sees (UTF-8, roles,
+ * message sizes, printable request ids); numeric ranges are the engine's (engine_validate).
  * Not here: anything about gRPC calls (server.c). Tests: tests/server/test_server.py. */
 #include "convert.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "grpc/reflection/v1alpha/reflection.pb-c.h"
 #include "shardlm/v1/text_generation.pb-c.h"
+#include "request.h"
 #include "tokenizer.h"
 
 int utf8_valid(const char *str, size_t len)
@@ -60,8 +61,9 @@ static enum status pack(const ProtobufCMessage *m, uint8_t **out, size_t *len)
 
 /* ---- GenerateRequest / ChatRequest ---------------------------------------------------- */
 
-static int finite_in(float v, float lo, float hi) { return isfinite(v) && v >= lo && v <= hi; }
-
+/* Copies the message into *r without checking ranges: every numeric limit is the engine's
+ * (request.c's table, through engine_validate), so that the bounds and their messages exist
+ * once. Only what the engine cannot see is checked here: UTF-8 of the stop strings. */
 static enum status convert_sampling(const Shardlm__V1__SamplingParams *s, struct gen_request *r)
 {
     struct request_params *p = &r->params;
@@ -71,121 +73,51 @@ static enum status convert_sampling(const Shardlm__V1__SamplingParams *s, struct
 
     p->sampling = sampling_params_default();
     p->max_tokens = CONVERT_DEFAULT_MAX_TOKENS;
-    if (s->_max_tokens_case == SHARDLM__V1__SAMPLING_PARAMS___MAX_TOKENS_MAX_TOKENS) {
-        if (s->max_tokens < 0 || s->max_tokens > (1 << 20))
-            return status_errorf(STATUS_INVALID_ARGUMENT,
-                                 "sampling.max_tokens must be in [0, context length - prompt tokens], got %d",
-                                 s->max_tokens);
-        p->max_tokens = s->max_tokens;
-    }
+    if (s->_max_tokens_case == SHARDLM__V1__SAMPLING_PARAMS___MAX_TOKENS_MAX_TOKENS) p->max_tokens = s->max_tokens;
     p->sampling.temperature = 1.0f;
-    if (s->_temperature_case == SHARDLM__V1__SAMPLING_PARAMS___TEMPERATURE_TEMPERATURE) {
-        if (!finite_in(s->temperature, 0.0f, 100.0f))
-            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.temperature must be in [0, 100] (0 = greedy), got %g",
-                                 (double)s->temperature);
+    if (s->_temperature_case == SHARDLM__V1__SAMPLING_PARAMS___TEMPERATURE_TEMPERATURE)
         p->sampling.temperature = s->temperature;
-    }
-    if (s->top_k < 0)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.top_k must be in [0, vocab size] (0 = off), got %d", s->top_k);
     p->sampling.top_k = s->top_k;
     p->sampling.top_p = 1.0f;
-    if (s->_top_p_case == SHARDLM__V1__SAMPLING_PARAMS___TOP_P_TOP_P) {
-        if (!(isfinite(s->top_p) && s->top_p > 0.0f && s->top_p <= 1.0f))
-            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.top_p must be in (0, 1], got %g", (double)s->top_p);
-        p->sampling.top_p = s->top_p;
-    }
-    if (!finite_in(s->min_p, 0.0f, 1.0f))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.min_p must be in [0, 1], got %g", (double)s->min_p);
+    if (s->_top_p_case == SHARDLM__V1__SAMPLING_PARAMS___TOP_P_TOP_P) p->sampling.top_p = s->top_p;
     p->sampling.min_p = s->min_p;
     p->sampling.repetition_penalty = 1.0f;
-    if (s->_repetition_penalty_case == SHARDLM__V1__SAMPLING_PARAMS___REPETITION_PENALTY_REPETITION_PENALTY) {
-        if (!(isfinite(s->repetition_penalty) && s->repetition_penalty > 0.0f && s->repetition_penalty <= 10.0f))
-            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.repetition_penalty must be in (0, 10], got %g",
-                                 (double)s->repetition_penalty);
+    if (s->_repetition_penalty_case == SHARDLM__V1__SAMPLING_PARAMS___REPETITION_PENALTY_REPETITION_PENALTY)
         p->sampling.repetition_penalty = s->repetition_penalty;
-    }
-    if (!finite_in(s->presence_penalty, -2.0f, 2.0f))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.presence_penalty must be in [-2, 2], got %g",
-                             (double)s->presence_penalty);
     p->sampling.presence_penalty = s->presence_penalty;
-    if (!finite_in(s->frequency_penalty, -2.0f, 2.0f))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.frequency_penalty must be in [-2, 2], got %g",
-                             (double)s->frequency_penalty);
     p->sampling.frequency_penalty = s->frequency_penalty;
     if (s->_seed_case == SHARDLM__V1__SAMPLING_PARAMS___SEED_SEED) {
         p->has_seed = 1;
         p->sampling.seed = s->seed;
     }
 
-    if (s->n_stop > CONVERT_MAX_STOP)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop: at most %d strings, got %zu", CONVERT_MAX_STOP, s->n_stop);
     r->stop = calloc(s->n_stop + 1, sizeof *r->stop);
     if (!r->stop) return oom();
     for (size_t i = 0; i < s->n_stop; i++) {
-        size_t n = strlen(s->stop[i]);
-        if (n < 1 || n > CONVERT_MAX_STOP_BYTES)
-            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop[%zu] must be 1 to %d bytes long, got %zu", i,
-                                 CONVERT_MAX_STOP_BYTES, n);
-        if (!utf8_valid(s->stop[i], n))
+        if (!utf8_valid(s->stop[i], strlen(s->stop[i])))
             return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop[%zu] is not valid UTF-8", i);
         if (!(r->stop[i] = strdup(s->stop[i]))) return oom();
         r->n_stop++;
     }
-    if (s->n_stop_token_ids > CONVERT_MAX_STOP_TOKEN_IDS)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop_token_ids: at most %d ids, got %zu",
-                             CONVERT_MAX_STOP_TOKEN_IDS, s->n_stop_token_ids);
     r->stop_token_ids = malloc((s->n_stop_token_ids + 1) * sizeof *r->stop_token_ids);
     if (!r->stop_token_ids) return oom();
-    for (size_t i = 0; i < s->n_stop_token_ids; i++) {
-        if (s->stop_token_ids[i] < 0)
-            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop_token_ids[%zu] must be in [0, vocab size), got %d", i,
-                                 s->stop_token_ids[i]);
-        r->stop_token_ids[r->n_stop_token_ids++] = s->stop_token_ids[i];
-    }
+    for (size_t i = 0; i < s->n_stop_token_ids; i++) r->stop_token_ids[r->n_stop_token_ids++] = s->stop_token_ids[i];
     p->ignore_eos = s->ignore_eos ? 1 : 0;
-    if (s->min_tokens < 0 || s->min_tokens > p->max_tokens)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.min_tokens must be in [0, max_tokens = %d], got %d",
-                             p->max_tokens, s->min_tokens);
     p->min_tokens = s->min_tokens;
     p->logprobs = -1;
-    if (s->_logprobs_case == SHARDLM__V1__SAMPLING_PARAMS___LOGPROBS_LOGPROBS) {
-        if (s->logprobs < 0 || s->logprobs > CONVERT_MAX_LOGPROBS)
-            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logprobs must be in [0, %d], got %d", CONVERT_MAX_LOGPROBS,
-                                 s->logprobs);
-        p->logprobs = s->logprobs;
-    }
+    if (s->_logprobs_case == SHARDLM__V1__SAMPLING_PARAMS___LOGPROBS_LOGPROBS) p->logprobs = s->logprobs;
     p->prompt_logprobs = -1;
-    if (s->_prompt_logprobs_case == SHARDLM__V1__SAMPLING_PARAMS___PROMPT_LOGPROBS_PROMPT_LOGPROBS) {
-        if (s->prompt_logprobs < 0 || s->prompt_logprobs > CONVERT_MAX_LOGPROBS)
-            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.prompt_logprobs must be in [0, %d], got %d",
-                                 CONVERT_MAX_LOGPROBS, s->prompt_logprobs);
+    if (s->_prompt_logprobs_case == SHARDLM__V1__SAMPLING_PARAMS___PROMPT_LOGPROBS_PROMPT_LOGPROBS)
         p->prompt_logprobs = s->prompt_logprobs;
-    }
-    if (p->max_tokens == 0 && p->prompt_logprobs < 0)
-        return status_errorf(STATUS_INVALID_ARGUMENT,
-                             "sampling.max_tokens must be >= 1 unless prompt_logprobs is set (0 = score the prompt only)");
     p->n = 1;
-    if (s->_n_case == SHARDLM__V1__SAMPLING_PARAMS___N_N) {
-        if (s->n < 1 || s->n > CONVERT_MAX_N)
-            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.n must be in [1, %d], got %d", CONVERT_MAX_N, s->n);
-        p->n = s->n;
-    }
-    if (s->n_logit_bias > CONVERT_MAX_LOGIT_BIAS)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logit_bias: at most %d entries, got %zu", CONVERT_MAX_LOGIT_BIAS,
-                             s->n_logit_bias);
+    if (s->_n_case == SHARDLM__V1__SAMPLING_PARAMS___N_N) p->n = s->n;
     if (s->n_logit_bias) {
         r->bias_ids = malloc(s->n_logit_bias * sizeof *r->bias_ids);
         r->bias_values = malloc(s->n_logit_bias * sizeof *r->bias_values);
         if (!r->bias_ids || !r->bias_values) return oom();
         for (size_t i = 0; i < s->n_logit_bias; i++) {
-            const Shardlm__V1__SamplingParams__LogitBiasEntry *e = s->logit_bias[i];
-            if (e->key < 0)
-                return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logit_bias key must be in [0, vocab size), got %d", e->key);
-            if (!finite_in(e->value, -100.0f, 100.0f))
-                return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logit_bias[%d] must be in [-100, 100], got %g", e->key,
-                                     (double)e->value);
-            r->bias_ids[r->n_bias] = e->key;
-            r->bias_values[r->n_bias++] = e->value;
+            r->bias_ids[r->n_bias] = s->logit_bias[i]->key;
+            r->bias_values[r->n_bias++] = s->logit_bias[i]->value;
         }
     }
     p->stop = (const char *const *)r->stop;
@@ -200,9 +132,7 @@ static enum status convert_sampling(const Shardlm__V1__SamplingParams *s, struct
 
 static enum status convert_request_id(const char *id, struct gen_request *r)
 {
-    size_t n = strlen(id);
-    if (n > CONVERT_MAX_REQUEST_ID)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "request_id must be at most %d bytes, got %zu", CONVERT_MAX_REQUEST_ID, n);
+    size_t n = strlen(id); /* its length is the engine's limit (request_id_check at submission) */
     for (size_t i = 0; i < n; i++)
         if (id[i] < 0x20 || id[i] > 0x7e)
             return status_errorf(STATUS_INVALID_ARGUMENT, "request_id must be printable ASCII (byte %zu is 0x%02x)", i,
@@ -307,22 +237,16 @@ void gen_request_free(struct gen_request *r)
 /* Every allocation of one response, freed together after packing. */
 struct arena {
     void **p;
-    int    n, cap;
+    size_t n, cap;
     int    failed;
 };
 
 static void *arena_alloc(struct arena *a, size_t size)
 {
     if (a->failed) return NULL;
-    if (a->n == a->cap) {
-        int cap = a->cap ? 2 * a->cap : 16;
-        void **p = realloc(a->p, (size_t)cap * sizeof *p);
-        if (!p) {
-            a->failed = 1;
-            return NULL;
-        }
-        a->p = p;
-        a->cap = cap;
+    if (base_grow((void **)&a->p, &a->cap, a->n + 1, sizeof *a->p) != 0) {
+        a->failed = 1;
+        return NULL;
     }
     void *m = calloc(1, size ? size : 1);
     if (!m) {
@@ -334,7 +258,7 @@ static void *arena_alloc(struct arena *a, size_t size)
 
 static void arena_free(struct arena *a)
 {
-    for (int i = 0; i < a->n; i++) free(a->p[i]);
+    for (size_t i = 0; i < a->n; i++) free(a->p[i]);
     free(a->p);
 }
 
@@ -531,10 +455,8 @@ enum status convert_cancel_request(const void *data, size_t len, char **request_
     if (!m) return not_a("shardlm.v1.CancelRequest");
     enum status st = STATUS_OK;
     if (!m->request_id[0]) st = status_errorf(STATUS_INVALID_ARGUMENT, "request_id must not be empty");
-    else if (strlen(m->request_id) > CONVERT_MAX_REQUEST_ID)
-        st = status_errorf(STATUS_INVALID_ARGUMENT, "request_id must be at most %d bytes", CONVERT_MAX_REQUEST_ID);
-    else if (!(*request_id = strdup(m->request_id)))
-        st = oom();
+    else st = request_id_check(m->request_id);
+    if (st == STATUS_OK && !(*request_id = strdup(m->request_id))) st = oom();
     shardlm__v1__cancel_request__free_unpacked(m, NULL);
     return st;
 }

@@ -1,14 +1,15 @@
 /* server/convert.h - the protobuf edge of the server: request bytes become native structs
- * (checked field by field against the ranges documented in the .proto files), and native
- * results become response bytes. This file and convert.c are the only ones that see
+ * (parsed, not range-checked: the engine owns every numeric limit, in one table that
+ * engine_validate applies; see engine/serving/request.h), and native results become response
+ * bytes. This file and convert.c are the only ones that see
  * protobuf-c types; the rest of the server, and the engine, never do.
  * Not here: model-dependent checks (engine_validate), tokenization and chat templates
  * (server.c, chat_template.c), gRPC itself (server.c).
  * Tests: tests/server/test_server.py (every method, and the table of invalid requests).
  *
- * Errors: parsing functions return STATUS_INVALID_ARGUMENT with a message naming the field and
- * its allowed range (as "sampling.top_p must be in (0, 1], got 2"), or for bytes that are not
- * the expected message. Encoding functions return a malloc'd buffer in *out (caller frees) of
+ * Errors: parsing functions return STATUS_INVALID_ARGUMENT for bytes that are not the expected
+ * message, or for what only the edge checks (UTF-8, chat roles, sizes of the raw prompt,
+ * printable request ids), with a message naming the field. Encoding functions return a malloc'd buffer in *out (caller frees) of
  * *len bytes, or STATUS_RESOURCE_EXHAUSTED. */
 #ifndef SHARDLM_CONVERT_H
 #define SHARDLM_CONVERT_H
@@ -18,17 +19,15 @@
 
 #include "chat_template.h"
 #include "engine.h"
+#include "request.h"
 
-/* Limits enforced at the edge (documented in text_generation.proto). */
+/* The one limit of the edge itself: raw prompt text (or ids, or chat contents) per request,
+ * checked before tokenization (documented in text_generation.proto). */
 #define CONVERT_MAX_PROMPT_BYTES   (1 << 20)
-#define CONVERT_MAX_REQUEST_ID     100
-#define CONVERT_MAX_STOP           16
-#define CONVERT_MAX_STOP_BYTES     256
-#define CONVERT_MAX_STOP_TOKEN_IDS 64
-#define CONVERT_MAX_LOGIT_BIAS     256
-#define CONVERT_MAX_N              16
-#define CONVERT_MAX_LOGPROBS       20
+/* The API's default for an unset max_tokens. */
 #define CONVERT_DEFAULT_MAX_TOKENS 128
+/* The largest logprobs the engine accepts by default (request.h), for GetModelInfo. */
+#define CONVERT_MAX_LOGPROBS       REQUEST_DEFAULT_MAX_LOGPROBS
 
 /* 1 when s[0..len) is valid UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF). */
 int utf8_valid(const char *s, size_t len);
@@ -56,8 +55,8 @@ struct gen_request {
 };
 
 /* Parses GenerateRequest (is_chat 0) or ChatRequest (is_chat 1) bytes into *r, which is left
- * zeroed-but-freeable on error. Checks everything that needs no model (ranges, UTF-8, roles,
- * sizes). */
+ * zeroed-but-freeable on error. Checks UTF-8, roles and raw sizes; the numeric ranges are
+ * checked by engine_validate. */
 enum status convert_gen_request(const void *data, size_t len, int is_chat, struct gen_request *r);
 void        gen_request_free(struct gen_request *r); /* accepts a zeroed struct */
 

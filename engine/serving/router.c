@@ -1,5 +1,6 @@
-/* engine/serving/router.c - data-parallel serving: replicas, routing and the messages between rank 0
- * and the replicas' leaders (see router.h).
+/* engine/serving/router.c - data-parallel serving, rank 0's side (see router.h): creation of the
+ * replicas, routing, the router thread, drain and teardown. The leaders' agent is in
+ * router_agent.c, the message codec in router_msg.h, the shared state in router_impl.h.
  *
  * Messages (parallel_msg_*, point to point on the parent world; every field 8-byte aligned so
  * that arrays are read in place):
@@ -16,7 +17,8 @@
  * and the router thread (every message from leaders, remote events, failure handling). A
  * route is freed by the thread that delivers its last FINISHED event: replica 0's engine thread
  * for local routes, the router thread for remote ones; remote events find their route by
- * handle under the lock, so a late event for a failed route is dropped. */
+ * handle under the lock, so a late event for a failed route is dropped.
+ * Tests: tests/test_engine.c (--dp), tests/test_serve_mpi.sh. */
 #include "router.h"
 
 #include <pthread.h>
@@ -27,210 +29,18 @@
 #include <string.h>
 #include <time.h>
 
+#include "conductor.h"
 #include "parallel.h"
+#include "request.h"
+#include "router_impl.h"
 #include "tokenizer.h"
 
-#define MODULE "router"
-#define ROUTE_BUCKETS 1024
-#define PREFIX_SLOTS 16384      /* prompt-prefix hash -> replica, direct-mapped */
-#define PREFIX_MAX_BLOCKS 256   /* leading blocks of a prompt that routing looks at */
-#define STATS_PERIOD_S 0.2      /* leaders report (and prove they are alive) this often */
-#define IDLE_WAIT_NS 500000     /* a polling loop with nothing to do sleeps this long */
 
-enum msg_type {
-    MSG_SUBMIT = 1, MSG_CANCEL, MSG_DRAIN, MSG_SHUTDOWN,       /* rank 0 -> leader */
-    MSG_EVENT, MSG_REJECT, MSG_STATS, MSG_DRAINED, MSG_FATAL, /* leader -> rank 0 */
-};
-
-enum role { ROLE_FRONT, ROLE_LEADER, ROLE_WORKER };
-
-static void nap(long ns)
-{
-    struct timespec ts = {0, ns};
-    nanosleep(&ts, NULL);
-}
-
-/* ---- message buffers ------------------------------------------------------------------------ */
-
-struct wbuf {
-    unsigned char *p;
-    size_t n, cap;
-    int oom;
-};
-
-static void put(struct wbuf *b, const void *x, size_t n)
-{
-    size_t padded = (n + 7) & ~(size_t)7;
-    if (b->oom) return;
-    if (b->n + padded > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + padded) cap *= 2;
-        unsigned char *q = realloc(b->p, cap);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    if (n) memcpy(b->p + b->n, x, n);
-    memset(b->p + b->n + n, 0, padded - n);
-    b->n += padded;
-}
-
-static void put_str(struct wbuf *b, const char *s)
-{
-    uint64_t n = s ? strlen(s) : 0;
-    put(b, &n, sizeof n);
-    put(b, s ? s : "", n + 1);
-}
-
-struct rbuf {
-    const unsigned char *p;
-    size_t n, off;
-    int bad;
-};
-
-/* n bytes in place (8-byte aligned, since every put is), or NULL when the message is short. */
-static const void *get(struct rbuf *b, size_t n)
-{
-    size_t padded = (n + 7) & ~(size_t)7;
-    if (b->bad || padded < n || b->n - b->off < padded) {
-        b->bad = 1;
-        return NULL;
-    }
-    const void *x = b->p + b->off;
-    b->off += padded;
-    return x;
-}
-
-static int get_copy(struct rbuf *b, void *dst, size_t n)
-{
-    const void *x = get(b, n);
-    if (x && n) memcpy(dst, x, n);
-    return x != NULL;
-}
-
-static const char *get_str(struct rbuf *b)
-{
-    uint64_t n = 0;
-    if (!get_copy(b, &n, sizeof n) || n > b->n) {
-        b->bad = 1;
-        return NULL;
-    }
-    const char *s = get(b, (size_t)n + 1);
-    if (s && s[n] != '\0') b->bad = 1;
-    return b->bad ? NULL : s;
-}
-
-struct event_head {
-    uint32_t type, kind;
-    uint64_t handle, seed, text_len;
-    int32_t  sample, n_tokens, has_logprobs, n_top, finish, status;
-    int32_t  prompt_tokens, completion_tokens, cached_prompt_tokens, pad;
-};
-
-struct submit_head {
-    uint32_t type;
-    int32_t  n_prompt;
-    uint64_t handle;
-    double   deadline_in;         /* seconds left, < 0: none */
-    struct request_params p;      /* pointers meaningless: the arrays follow */
-};
-
-struct status_head {
-    uint32_t type;
-    int32_t  status;
-    uint64_t handle;
-};
-
-/* ---- state ---------------------------------------------------------------------------------- */
-
-struct router;
-
-struct route { /* rank 0: one request routed to a replica */
-    struct router *r;
-    uint64_t handle;              /* rank 0's handle: what the caller sees */
-    uint64_t inner;               /* replica 0: its engine's handle */
-    int      replica;
-    int      n, live;             /* samples, and those not yet finished */
-    int      submitted;           /* handed to its replica (the failure path skips it before) */
-    int      cancel_pending;      /* cancelled before it was handed over: router_submit forwards it */
-    unsigned char done[16];       /* sample finished (n <= 16: engine_validate) */
-    engine_event_fn on_event;
-    void    *ctx;
-    char     id[128];
-    struct route *next;           /* hash chain */
-};
-
-struct replica { /* rank 0's view of one replica */
-    int      leader;              /* world rank */
-    int      outstanding;         /* samples routed and not finished */
-    uint64_t routed, routed_by_prefix;
-    struct engine_stats stats;    /* its last report (replica 0: unused) */
-    double   heard;               /* when it last sent anything */
-    double   stats_at;
-    int      drained;
-};
-
-struct remote_req { /* a leader: one request of rank 0's, on this replica's engine */
-    struct router *r;
-    uint64_t outer, inner;
-    int      live;
-    struct remote_req *next;
-};
-
-struct outmsg {
-    void  *buf;
-    size_t n;
-    struct outmsg *next;
-};
-
-struct prefix_slot {
-    uint64_t hash;
-    int32_t  replica;
-};
-
-struct router {
-    struct engine_options o;
-    struct parallel_world *world;     /* borrowed: the whole world */
-    struct parallel_world *sub;       /* owned: this rank's replica */
-    struct parallel_layout layout;
-    int    dp, role, block_tokens;
-    struct engine *local;
-    pthread_mutex_t mu;
-    pthread_cond_t  cv;
-    /* front */
-    struct replica *rep;
-    struct route *buckets[ROUTE_BUCKETS];
-    uint64_t next_handle;
-    int      rr;                       /* ties go round robin */
-    struct prefix_slot *prefix;
-    int      draining, failed;
-    char     failure[512];
-    enum status fail_status;
-    int      fatal_pending;            /* set by any thread; the router thread acts on it */
-    pthread_t thread;
-    int      thread_running;
-    atomic_int stop_thread;
-    /* leader */
-    struct remote_req *reqs;
-    struct outmsg *out_head, *out_tail;
-    int      shutdown, local_fatal;
-    int      n_done_reqs;              /* remote_reqs finished since the agent last pruned */
-    pthread_t drain_thread;
-    int      drain_started;
-    atomic_int drain_done;
-    double   drain_timeout;
-};
-
-struct engine *router_local(const struct router *r) { return r->local; }
+struct conductor *router_local(const struct router *r) { return r->local; }
 int router_is_front(const struct router *r) { return r->role == ROLE_FRONT; }
 int router_replicas(const struct router *r) { return r->dp; }
 
 /* ---- creation ------------------------------------------------------------------------------- */
-
-static void on_local_fatal(void *ctx, enum status st, const char *message);
 
 enum status router_create(const struct engine_options *opt, int dp, struct router **out)
 {
@@ -261,7 +71,7 @@ enum status router_create(const struct engine_options *opt, int dp, struct route
     io.dp = 1;
     io.tp = tp;
     io.pp = pp;
-    io.on_fatal = on_local_fatal;
+    io.on_fatal = router_on_local_fatal;
     io.fatal_ctx = r;
     if (r->role == ROLE_FRONT) {
         r->rep = calloc((size_t)dp, sizeof *r->rep);
@@ -272,11 +82,11 @@ enum status router_create(const struct engine_options *opt, int dp, struct route
             r->rep[d].heard = base_now_s();
         }
     }
-    if (st == STATUS_OK) st = engine_create(&io, &r->local);
+    if (st == STATUS_OK) st = conductor_create(&io, &r->local);
     st = parallel_agree(w, st); /* every replica loaded, or every rank fails */
     if (st != STATUS_OK) goto fail;
     struct engine_stats s;
-    engine_get_stats(r->local, &s);
+    conductor_get_stats(r->local, &s);
     r->block_tokens = s.block_tokens;
     /* Messages between rank 0 and the leaders: a peer that stops in the middle of one is gone
      * after rank_timeout_s (the whole world is used for nothing else from here on). */
@@ -390,7 +200,7 @@ static void router_fail(struct router *r, enum status st, const char *fmt, ...)
     pthread_mutex_unlock(&r->mu);
 }
 
-static void on_local_fatal(void *ctx, enum status st, const char *message)
+void router_on_local_fatal(void *ctx, enum status st, const char *message)
 {
     struct router *r = ctx;
     if (r->role == ROLE_FRONT) {
@@ -460,7 +270,7 @@ static int choose_replica(struct router *r, const uint64_t *h, int nb, int *by_p
     return chosen;
 }
 
-static enum status send_to(struct router *r, int rank, struct wbuf *b)
+enum status router_send_to(struct router *r, int rank, struct wbuf *b)
 {
     if (b->oom) {
         free(b->p);
@@ -486,19 +296,10 @@ static enum status send_submit(struct router *r, const struct route *rt, const i
     for (int i = 0; i < p->n_stop; i++) put_str(&b, p->stop[i]);
     put(&b, p->logit_bias_ids, (size_t)p->n_logit_bias * sizeof *p->logit_bias_ids);
     put(&b, p->logit_bias_values, (size_t)p->n_logit_bias * sizeof *p->logit_bias_values);
-    return send_to(r, r->rep[rt->replica].leader, &b);
+    return router_send_to(r, r->rep[rt->replica].leader, &b);
 }
 
-/* The shape of CANCEL, DRAIN, SHUTDOWN, REJECT, DRAINED and FATAL: a header, a number and a
- * text (unused fields zero or empty). */
-static int get_plain(struct rbuf *rb, struct status_head *h, double *value, const char **text)
-{
-    if (!get_copy(rb, h, sizeof *h) || !get_copy(rb, value, sizeof *value)) return 0;
-    *text = get_str(rb);
-    return !rb->bad;
-}
-
-static enum status send_plain(struct router *r, int rank, uint32_t type, uint64_t handle, int32_t status,
+enum status router_send_plain(struct router *r, int rank, uint32_t type, uint64_t handle, int32_t status,
                               const char *text, double value)
 {
     struct status_head h = {.type = type, .status = status, .handle = handle};
@@ -506,18 +307,17 @@ static enum status send_plain(struct router *r, int rank, uint32_t type, uint64_
     put(&b, &h, sizeof h);
     put(&b, &value, sizeof value);
     put_str(&b, text);
-    return send_to(r, rank, &b);
+    return router_send_to(r, rank, &b);
 }
 
 enum status router_submit(struct router *r, const char *request_id, const int32_t *prompt, int n_prompt,
                           const struct request_params *p, engine_event_fn on_event, void *ctx, uint64_t *handle)
 {
     CHECK(r->role == ROLE_FRONT, "router_submit on rank %d", r->world->rank);
-    enum status st = engine_validate(r->local, prompt, n_prompt, p);
+    enum status st = conductor_validate(r->local, prompt, n_prompt, p);
     if (st != STATUS_OK) return st;
-    if (request_id && strlen(request_id) >= sizeof ((struct route *)0)->id)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "request_id: at most %zu bytes",
-                             sizeof ((struct route *)0)->id - 1);
+    if (st == STATUS_OK) st = request_id_check(request_id);
+    if (st != STATUS_OK) return st;
     if (p->n > (int)sizeof ((struct route *)0)->done)
         return status_errorf(STATUS_INVALID_ARGUMENT, "n: at most %zu samples", sizeof ((struct route *)0)->done);
     struct route *rt = calloc(1, sizeof *rt);
@@ -563,7 +363,7 @@ enum status router_submit(struct router *r, const char *request_id, const int32_
 
     if (d == 0) {
         uint64_t inner = 0;
-        st = engine_submit(r->local, rt->id, prompt, n_prompt, p, on_local_event, rt, &inner);
+        st = conductor_submit(r->local, rt->id, prompt, n_prompt, p, on_local_event, rt, &inner);
         int cancel = 0;
         if (st == STATUS_OK) {
             pthread_mutex_lock(&r->mu);
@@ -574,7 +374,7 @@ enum status router_submit(struct router *r, const char *request_id, const int32_
             }
             pthread_mutex_unlock(&r->mu);
         }
-        if (cancel) engine_cancel(r->local, inner);
+        if (cancel) conductor_cancel(r->local, inner, NULL);
     } else {
         st = send_submit(r, rt, prompt, n_prompt, p);
         int cancel = 0;
@@ -586,7 +386,7 @@ enum status router_submit(struct router *r, const char *request_id, const int32_
             }
             pthread_mutex_unlock(&r->mu);
         }
-        if (cancel) send_plain(r, r->rep[d].leader, MSG_CANCEL, our_handle, 0, "", 0);
+        if (cancel) router_send_plain(r, r->rep[d].leader, MSG_CANCEL, our_handle, 0, "", 0);
     }
     if (st != STATUS_OK) {
         char msg[1024];
@@ -624,8 +424,8 @@ enum status router_cancel(struct router *r, uint64_t handle, const char *request
     if (found == 0)
         return status_errorf(STATUS_NOT_FOUND, "no running request %s", request_id ? request_id : "with that handle");
     for (int i = 0; i < n; i++) {
-        if (hit[i].replica == 0) engine_cancel(r->local, hit[i].inner);
-        else send_plain(r, r->rep[hit[i].replica].leader, MSG_CANCEL, hit[i].handle, 0, "", 0);
+        if (hit[i].replica == 0) conductor_cancel(r->local, hit[i].inner, NULL);
+        else router_send_plain(r, r->rep[hit[i].replica].leader, MSG_CANCEL, hit[i].handle, 0, "", 0);
     }
     return STATUS_OK;
 }
@@ -769,11 +569,8 @@ static void *front_main(void *arg)
             int got = 0, source = -1;
             size_t n = 0;
             enum status st = parallel_msg_poll(r->world, &got, &source, &n);
-            if (st == STATUS_OK && got && n > cap) {
-                unsigned char *nb = realloc(buf, n);
-                if (!nb) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "router: out of memory for a %zu-byte message", n);
-                else buf = nb, cap = n;
-            }
+            if (st == STATUS_OK && got && base_grow((void **)&buf, &cap, n, 1) != 0)
+                st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "router: out of memory for a %zu-byte message", n);
             if (st == STATUS_OK && got) st = parallel_msg_recv(r->world, source, buf, n);
             if (st != STATUS_OK) {
                 router_fail(r, st, "router: %s", status_message());
@@ -793,7 +590,7 @@ static void *front_main(void *arg)
 enum status router_start(struct router *r)
 {
     if (r->role != ROLE_FRONT || r->thread_running) return STATUS_OK;
-    enum status st = engine_start(r->local);
+    enum status st = conductor_start(r->local);
     if (st != STATUS_OK) return st;
     pthread_mutex_lock(&r->mu);
     const double t = base_now_s();
@@ -839,8 +636,8 @@ void router_drain(struct router *r, double timeout_s)
     r->draining = 1;
     pthread_mutex_unlock(&r->mu);
     if (!again && !failed)
-        for (int d = 1; d < r->dp; d++) send_plain(r, r->rep[d].leader, MSG_DRAIN, 0, 0, "", timeout_s);
-    engine_drain(r->local, timeout_s);
+        for (int d = 1; d < r->dp; d++) router_send_plain(r, r->rep[d].leader, MSG_DRAIN, 0, 0, "", timeout_s);
+    conductor_drain(r->local, timeout_s);
     if (!r->thread_running) return;
     /* The leaders cancel what is left at the same deadline; their last events need a moment. */
     double grace = r->o.rank_timeout_s > 0 && r->o.rank_timeout_s < 10 ? r->o.rank_timeout_s : 10;
@@ -857,308 +654,11 @@ void router_drain(struct router *r, double timeout_s)
     }
 }
 
-/* ---- leaders: the agent ------------------------------------------------------------------------ */
-
-static void outbox_push(struct router *r, struct wbuf *b)
-{
-    struct outmsg *m = b->oom ? NULL : malloc(sizeof *m);
-    if (!m) {
-        free(b->p);
-        on_local_fatal(r, STATUS_RESOURCE_EXHAUSTED, "router: out of host memory for an event");
-        return;
-    }
-    m->buf = b->p;
-    m->n = b->n;
-    m->next = NULL;
-    pthread_mutex_lock(&r->mu);
-    if (r->out_tail) r->out_tail->next = m;
-    else r->out_head = m;
-    r->out_tail = m;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
-/* The leader's engine thread: an event of one of rank 0's requests, posted back. */
-static void on_remote_event(void *ctx, const struct engine_event *ev)
-{
-    struct remote_req *q = ctx;
-    struct router *r = q->r;
-    size_t nt = ev->n_tokens > 0 ? (size_t)ev->n_tokens : 0;
-    struct event_head h = {.type = MSG_EVENT, .kind = (uint32_t)ev->kind, .handle = q->outer, .seed = ev->seed,
-                           .text_len = ev->text_len, .sample = ev->sample, .n_tokens = (int32_t)nt,
-                           .has_logprobs = ev->logprobs != NULL, .n_top = ev->top ? ev->n_top : 0,
-                           .finish = (int32_t)ev->finish, .status = (int32_t)ev->status,
-                           .prompt_tokens = ev->prompt_tokens, .completion_tokens = ev->completion_tokens,
-                           .cached_prompt_tokens = ev->cached_prompt_tokens};
-    struct wbuf b = {0};
-    put(&b, &h, sizeof h);
-    put(&b, ev->tokens, nt * sizeof(int32_t));
-    put(&b, ev->text, ev->text_len);
-    if (h.has_logprobs) put(&b, ev->logprobs, nt * sizeof(float));
-    if (h.n_top) put(&b, ev->top, nt * (size_t)h.n_top * sizeof(struct top_logprob));
-    put_str(&b, ev->message);
-    outbox_push(r, &b);
-    if (ev->kind == ENGINE_EVENT_FINISHED) {
-        pthread_mutex_lock(&r->mu);
-        if (--q->live == 0) r->n_done_reqs++; /* the agent frees it */
-        pthread_mutex_unlock(&r->mu);
-    }
-}
-
-static void leader_reject(struct router *r, uint64_t handle, enum status st, const char *message)
-{
-    struct wbuf b = {0};
-    struct status_head h = {.type = MSG_REJECT, .status = (int32_t)st, .handle = handle};
-    double unused = 0;
-    put(&b, &h, sizeof h);
-    put(&b, &unused, sizeof unused);
-    put_str(&b, message);
-    outbox_push(r, &b);
-}
-
-static void leader_submit(struct router *r, struct rbuf *rb)
-{
-    struct submit_head h;
-    if (!get_copy(rb, &h, sizeof h) || h.n_prompt < 1 || h.p.n_stop < 0 || h.p.n_stop > 1024 ||
-        h.p.n_stop_token_ids < 0 || h.p.n_logit_bias < 0) {
-        on_local_fatal(r, STATUS_INTERNAL, "router: a malformed SUBMIT from rank 0");
-        return;
-    }
-    struct request_params p = h.p;
-    const char *id = get_str(rb);
-    const int32_t *prompt = get(rb, (size_t)h.n_prompt * sizeof(int32_t));
-    p.stop_token_ids = get(rb, (size_t)p.n_stop_token_ids * sizeof(int32_t));
-    const char *stops[1024];
-    for (int i = 0; i < p.n_stop; i++) stops[i] = get_str(rb);
-    p.stop = stops;
-    p.logit_bias_ids = get(rb, (size_t)p.n_logit_bias * sizeof(int32_t));
-    p.logit_bias_values = get(rb, (size_t)p.n_logit_bias * sizeof(float));
-    p.deadline = h.deadline_in >= 0 ? base_now_s() + h.deadline_in : 0;
-    if (rb->bad) {
-        on_local_fatal(r, STATUS_INTERNAL, "router: a truncated SUBMIT from rank 0");
-        return;
-    }
-    struct remote_req *q = calloc(1, sizeof *q);
-    if (!q) {
-        leader_reject(r, h.handle, STATUS_RESOURCE_EXHAUSTED, "replica: out of host memory");
-        return;
-    }
-    q->r = r;
-    q->outer = h.handle;
-    q->live = p.n;
-    pthread_mutex_lock(&r->mu);
-    q->next = r->reqs;
-    r->reqs = q;
-    pthread_mutex_unlock(&r->mu);
-    uint64_t inner = 0;
-    enum status st = engine_submit(r->local, id, prompt, h.n_prompt, &p, on_remote_event, q, &inner);
-    pthread_mutex_lock(&r->mu);
-    if (st == STATUS_OK) q->inner = inner;
-    else q->live = 0;
-    pthread_mutex_unlock(&r->mu);
-    if (st != STATUS_OK) leader_reject(r, h.handle, st, status_message());
-}
-
-/* Agent, under mu: frees the requests whose samples have all finished. */
-static void leader_prune(struct router *r)
-{
-    for (struct remote_req **p = &r->reqs; *p;) {
-        struct remote_req *q = *p;
-        if (q->live <= 0) {
-            *p = q->next;
-            free(q);
-        } else {
-            p = &q->next;
-        }
-    }
-    r->n_done_reqs = 0;
-}
-
-/* Agent: this replica's handle of rank 0's request `outer` (*found 0: finished or unknown). */
-static uint64_t leader_inner(struct router *r, uint64_t outer, int *found)
-{
-    *found = 0;
-    uint64_t inner = 0;
-    pthread_mutex_lock(&r->mu);
-    leader_prune(r);
-    for (struct remote_req *q = r->reqs; q && !*found; q = q->next)
-        if (q->outer == outer) *found = 1, inner = q->inner;
-    pthread_mutex_unlock(&r->mu);
-    return inner;
-}
-
-static void *leader_drain_main(void *arg)
-{
-    struct router *r = arg;
-    engine_drain(r->local, r->drain_timeout);
-    atomic_store(&r->drain_done, 1);
-    pthread_mutex_lock(&r->mu);
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-    return NULL;
-}
-
-/* Agent: one message from rank 0. */
-static enum status leader_message(struct router *r, const unsigned char *buf, size_t n)
-{
-    struct rbuf rb = {.p = buf, .n = n};
-    const uint32_t *type = get(&rb, sizeof(uint32_t));
-    if (!type) return status_errorf(STATUS_INTERNAL, "router: an empty message from rank 0");
-    rb.off = 0;
-    if (*type == MSG_SUBMIT) {
-        leader_submit(r, &rb);
-        return STATUS_OK;
-    }
-    struct status_head h;
-    double value = 0;
-    const char *unused;
-    if (!get_plain(&rb, &h, &value, &unused))
-        return status_errorf(STATUS_INTERNAL, "router: a truncated message (type %u) from rank 0", *type);
-    switch (*type) {
-    case MSG_CANCEL: {
-        int found = 0;
-        uint64_t inner = leader_inner(r, h.handle, &found);
-        if (found) engine_cancel(r->local, inner);
-        return STATUS_OK;
-    }
-    case MSG_DRAIN:
-        if (!r->drain_started) {
-            r->drain_timeout = value >= 0 ? value : 0;
-            if (pthread_create(&r->drain_thread, NULL, leader_drain_main, r) != 0)
-                return status_errorf(STATUS_RESOURCE_EXHAUSTED, "router: cannot start a drain thread");
-            r->drain_started = 1;
-        }
-        return STATUS_OK;
-    case MSG_SHUTDOWN:
-        r->shutdown = 1;
-        return STATUS_OK;
-    default:
-        return status_errorf(STATUS_INTERNAL, "router: an unknown message (type %u) from rank 0", *type);
-    }
-}
-
-/* Agent: posts what the engine thread queued, and the periodic report. */
-static enum status leader_flush(struct router *r, int with_stats)
-{
-    pthread_mutex_lock(&r->mu);
-    struct outmsg *m = r->out_head;
-    r->out_head = r->out_tail = NULL;
-    if (r->n_done_reqs > 64) leader_prune(r);
-    pthread_mutex_unlock(&r->mu);
-    enum status st = STATUS_OK;
-    while (m) {
-        struct outmsg *next = m->next;
-        if (st == STATUS_OK) st = parallel_msg_send(r->world, 0, m->buf, m->n);
-        else free(m->buf);
-        free(m);
-        m = next;
-    }
-    if (st == STATUS_OK && with_stats) {
-        struct engine_stats s;
-        engine_get_stats(r->local, &s);
-        struct status_head h = {.type = MSG_STATS};
-        struct wbuf b = {0};
-        put(&b, &h, sizeof h);
-        put(&b, &s, sizeof s);
-        st = send_to(r, 0, &b);
-    }
-    int pending = 0;
-    double oldest = 0;
-    if (st == STATUS_OK) st = parallel_msg_progress(r->world, &pending, &oldest);
-    return st;
-}
-
-static enum status leader_run(struct router *r)
-{
-    enum status st = engine_start(r->local);
-    unsigned char *buf = NULL;
-    size_t cap = 0;
-    double last_stats = 0;
-    int drained_sent = 0, fatal_sent = 0;
-    while (st == STATUS_OK && !r->shutdown) {
-        int busy = 0;
-        for (int k = 0; k < 64 && st == STATUS_OK; k++) {
-            int got = 0, source = -1;
-            size_t n = 0;
-            st = parallel_msg_poll(r->world, &got, &source, &n);
-            if (st != STATUS_OK || !got) break;
-            if (n > cap) {
-                unsigned char *nb = realloc(buf, n);
-                if (!nb) {
-                    st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "router: out of memory for a %zu-byte message", n);
-                    break;
-                }
-                buf = nb, cap = n;
-            }
-            if ((st = parallel_msg_recv(r->world, source, buf, n)) != STATUS_OK) break;
-            if (source == 0) st = leader_message(r, buf, n);
-            busy = 1;
-            if (r->shutdown) break;
-        }
-        if (st != STATUS_OK) break;
-        double now = base_now_s();
-        int with_stats = !drained_sent && now - last_stats >= STATS_PERIOD_S; /* rank 0 stops listening */
-        if (with_stats) last_stats = now;
-        if ((st = leader_flush(r, with_stats)) != STATUS_OK) break;
-        if (r->drain_started && atomic_load(&r->drain_done) && !drained_sent) {
-            drained_sent = 1;
-            leader_flush(r, 1); /* the drain's last events and counters first */
-            st = send_plain(r, 0, MSG_DRAINED, 0, 0, "", 0);
-        }
-        pthread_mutex_lock(&r->mu);
-        int fatal = r->local_fatal && !fatal_sent;
-        pthread_mutex_unlock(&r->mu);
-        if (fatal && st == STATUS_OK) {
-            fatal_sent = 1;
-            st = send_plain(r, 0, MSG_FATAL, 0, (int32_t)r->fail_status, r->failure, 0);
-        }
-        if (!busy && st == STATUS_OK) {
-            pthread_mutex_lock(&r->mu);
-            if (!r->out_head) {
-                struct timespec until;
-                clock_gettime(CLOCK_REALTIME, &until);
-                until.tv_nsec += IDLE_WAIT_NS;
-                if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
-                pthread_cond_timedwait(&r->cv, &r->mu, &until);
-            }
-            pthread_mutex_unlock(&r->mu);
-        }
-    }
-    free(buf);
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", st == STATUS_OK ? "" : status_message());
-    if (r->drain_started) pthread_join(r->drain_thread, NULL);
-    else engine_drain(r->local, 0.0);
-    r->drain_started = 0;
-    if (st == STATUS_OK && (st = leader_flush(r, 0)) != STATUS_OK) snprintf(msg, sizeof msg, "%s", status_message());
-    if (st == STATUS_OK && r->local_fatal) {
-        snprintf(msg, sizeof msg, "%s", r->failure);
-        st = r->fail_status;
-    }
-    if (st != STATUS_OK) {
-        /* Tell rank 0 (best effort: the world may be what failed) and leave without
-         * MPI_Finalize, which would wait for ranks that are going on. */
-        if (!fatal_sent && !r->world->broken) {
-            leader_flush(r, 0);
-            send_plain(r, 0, MSG_FATAL, 0, (int32_t)st, msg, 0);
-            int pending = 1;
-            double oldest = 0;
-            for (int i = 0; i < 100 && pending; i++) {
-                if (parallel_msg_progress(r->world, &pending, &oldest) != STATUS_OK) break;
-                if (pending) nap(10 * 1000 * 1000);
-            }
-        }
-        parallel_world_fail(r->world, "replica leader: %s", msg);
-        return status_errorf(st, "%s", msg);
-    }
-    return STATUS_OK;
-}
-
 enum status router_run(struct router *r)
 {
     CHECK(r->role != ROLE_FRONT, "router_run on rank 0");
-    if (r->role == ROLE_WORKER) return engine_run_worker(r->local);
-    return leader_run(r);
+    if (r->role == ROLE_WORKER) return conductor_run_worker(r->local);
+    return router_leader_run(r);
 }
 
 /* ---- stats and teardown ------------------------------------------------------------------------ */
@@ -1168,7 +668,7 @@ void router_get_replica_stats(struct router *r, int replica, struct engine_repli
     CHECK(r->role == ROLE_FRONT && replica >= 0 && replica < r->dp, "replica %d of %d on rank %d", replica, r->dp,
           r->world->rank);
     memset(s, 0, sizeof *s);
-    if (replica == 0) engine_get_stats(r->local, &s->engine);
+    if (replica == 0) conductor_get_stats(r->local, &s->engine);
     pthread_mutex_lock(&r->mu);
     const struct replica *p = &r->rep[replica];
     s->leader_rank = p->leader;
@@ -1212,14 +712,14 @@ void router_free(struct router *r)
     if (r->role == ROLE_FRONT && r->local) {
         if (r->thread_running) router_drain(r, 0.0);
         if (!r->world->broken)
-            for (int d = 1; d < r->dp; d++) send_plain(r, r->rep[d].leader, MSG_SHUTDOWN, 0, 0, "", 0);
+            for (int d = 1; d < r->dp; d++) router_send_plain(r, r->rep[d].leader, MSG_SHUTDOWN, 0, 0, "", 0);
         if (r->thread_running) {
             atomic_store(&r->stop_thread, 1);
             pthread_join(r->thread, NULL);
             r->thread_running = 0;
         }
     }
-    engine_free(r->local);
+    conductor_free(r->local);
     parallel_finalize(r->sub);
     if (r->rep) {
         for (int b = 0; b < ROUTE_BUCKETS; b++)

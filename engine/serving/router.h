@@ -1,5 +1,5 @@
 /* engine/serving/router.h - data-parallel serving (private to the engine): dp replicas of a tp x pp
- * model, each a complete engine (scheduler, KV cache, sampling) in its own sub-world, and a
+ * model, each a conductor (conductor.h: scheduler, KV cache, sampling) in its own sub-world, and a
  * router on rank 0 that sends each request to one replica and brings its events back.
  *
  * Roles, by world rank:
@@ -7,7 +7,7 @@
  *   that exchanges messages with the other replicas' leaders (parallel_msg_*).
  * - leader (first rank of replica d > 0): runs replica d's engine (its conductor) and an agent
  *   loop (router_run) that submits what rank 0 routes to it and posts its events back.
- * - worker (any other rank): replays its replica conductor's step plans (engine_run_worker).
+ * - worker (any other rank): replays its replica conductor's step plans (conductor_run_worker).
  *
  * Routing: the replica with the fewest outstanding samples, unless a replica that recently
  * served the same leading prompt blocks is at most a small margin busier (its prefix cache
@@ -21,12 +21,13 @@
 #include "engine.h"
 
 struct router;
+struct conductor;
 
 /* Every rank of the world calls it (a collective): o->world holds dp x o->tp x o->pp ranks. */
 enum status router_create(const struct engine_options *o, int dp, struct router **out);
 void        router_free(struct router *r); /* front: drains (0 s) and shuts the replicas down */
 
-struct engine *router_local(const struct router *r); /* this rank's replica engine */
+struct conductor *router_local(const struct router *r); /* this rank's replica */
 int  router_is_front(const struct router *r);
 
 enum status router_submit(struct router *r, const char *request_id, const int32_t *prompt,

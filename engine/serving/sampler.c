@@ -1,11 +1,14 @@
 /* engine/serving/sampler.c - token sampling (see sampler.h). The filters apply in the order vLLM and
  * Hugging Face use: penalties, temperature, top-k, top-p, min-p, then one uniform draw
- * against the renormalised distribution. */
+ * against the renormalised distribution; the host log-softmax and top-k that log-probabilities
+ * need. Not here: the sampling parameters' bounds (the limits table in request.c). */
 #include "sampler.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "request.h"
 
 struct sampling_params sampling_params_default(void)
 {
@@ -23,24 +26,9 @@ struct sampling_params sampling_params_default(void)
 
 enum status sampling_params_validate(const struct sampling_params *p)
 {
-    if (!(p->temperature >= 0.0f) || !isfinite(p->temperature))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "temperature must be >= 0, got %g", (double)p->temperature);
-    if (p->top_k < 0)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "top_k must be >= 0 (0 = off), got %d", p->top_k);
-    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "top_p must be in (0, 1], got %g", (double)p->top_p);
-    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "min_p must be in [0, 1], got %g", (double)p->min_p);
-    if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "repetition_penalty must be > 0, got %g",
-                             (double)p->repetition_penalty);
-    if (!(fabsf(p->presence_penalty) <= 2.0f))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "presence_penalty must be in [-2, 2], got %g",
-                             (double)p->presence_penalty);
-    if (!(fabsf(p->frequency_penalty) <= 2.0f))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "frequency_penalty must be in [-2, 2], got %g",
-                             (double)p->frequency_penalty);
-    return STATUS_OK;
+    /* The bounds are the sampling rows of the engine's one limits table (request.c). */
+    struct request_params rp = {.sampling = *p};
+    return request_limits_check(&rp, NULL, 1);
 }
 
 static uint64_t splitmix64(uint64_t *x)
@@ -215,4 +203,28 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
         if (u < cum) return s->order[i];
     }
     return s->order[n - 1];
+}
+
+void sampler_log_softmax(const float *x, float *out, int V)
+{
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) sum += exp((double)(x[i] - mx));
+    float lse = (float)log(sum);
+    for (int i = 0; i < V; i++) out[i] = (x[i] - mx) - lse;
+}
+
+void sampler_top_logprobs(const float *lp, int V, int k, struct top_logprob *out)
+{
+    int have = 0;
+    for (int i = 0; i < V; i++) {
+        if (have == k && !(lp[i] > out[k - 1].logprob)) continue;
+        int at = have < k ? have++ : k - 1;
+        while (at > 0 && lp[i] > out[at - 1].logprob) {
+            out[at] = out[at - 1];
+            at--;
+        }
+        out[at] = (struct top_logprob){.id = i, .logprob = lp[i]};
+    }
 }

@@ -1,7 +1,8 @@
 /* engine/serving/sampler.h - choosing the next token from logits: greedy, temperature, top-k, top-p,
  * min-p, repetition / presence / frequency penalties, each request with its own seeded RNG
  * stream so that its tokens do not depend on what else runs in the batch.
- * Not here: stop conditions and logprob bookkeeping (the scheduler), logits (model.c).
+ * Not here: stop conditions and logprob bookkeeping (request.c, conductor.c), the bounds of the
+ * parameters (request.c's limits table), logits (model.c).
  * Tests: tests/test_sampler.c. */
 #ifndef SHARDLM_SAMPLER_H
 #define SHARDLM_SAMPLER_H
@@ -28,7 +29,8 @@ struct sampling_params {
 /* The defaults every API uses when a field is unset: greedy off, nothing filtered. */
 struct sampling_params sampling_params_default(void);
 
-/* Returns STATUS_INVALID_ARGUMENT with a message naming the field and its allowed range. */
+/* Returns STATUS_INVALID_ARGUMENT with a message naming the field and its allowed range; the
+ * ranges are the sampling rows of the engine's limits table (request.h). */
 enum status sampling_params_validate(const struct sampling_params *p);
 
 /* xoshiro256** seeded through splitmix64: one stream per request. */
@@ -55,6 +57,14 @@ void        sampler_free(struct sampler *s); /* accepts a zeroed struct */
 int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struct rng *r,
                        float *logits, const int32_t *prompt, int n_prompt, const int32_t *output,
                        int n_output);
+
+/* Log-probabilities of a logits row: out[i] = x[i] - logsumexp(x), in double for the sum.
+ * x and out (V) may not alias. */
+void sampler_log_softmax(const float *x, float *out, int V);
+
+struct top_logprob; /* engine.h */
+/* The k largest entries of lp (V) into out (k), descending, ties to the lower id. */
+void sampler_top_logprobs(const float *lp, int V, int k, struct top_logprob *out);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,785 @@
+/* engine/serving/conductor.c - one replica (see conductor.h): intake, the step, the step-plan
+ * broadcast, worker replay and the engine thread.
+ *
+ * Each step (conductor_step):
+ *   1. take_intake: newly submitted requests join the waiting queue (FCFS); cancellations and
+ *      deadlines finish their samples and return their blocks;
+ *   2. scheduler_plan: the rows of every running sequence and of the admitted waiting ones,
+ *      under max_batch_tokens, preempting when the pool is dry (scheduler.c);
+ *   3. run_planned_step: the plan goes to every rank of the replica, then one model_forward
+ *      over all rows (in micro-batches when pipelined); logits for the rows that end a
+ *      sequence's pending tokens (and every prompt row when prompt log-probabilities are asked);
+ *   4. take_results: each finished row yields a token per sample (n > 1 samples fork from the
+ *      request's first sample when its prompt is done), then text, stop checks and events.
+ * Not here: the arithmetic (model.c), block bookkeeping (scheduler.c, kv_cache.c), requests and
+ * stops (request.c), sampling maths (sampler.c). Tests: tests/test_engine.c. */
+#include "conductor.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kv_cache.h"
+#include "model.h"
+#include "parallel.h"
+#include "request.h"
+#include "scheduler.h"
+#include "tokenizer.h"
+
+#define MODULE "engine"
+
+/* The step plan the first rank broadcasts to every rank: this header, then the arrays. */
+struct step_plan_header {
+    int32_t stop;                 /* 1: workers leave conductor_run_worker */
+    int32_t n_tokens, n_seqs, table_width, n_logits, n_copies;
+    int32_t n_micro;              /* pipeline micro-batches of the step */
+};
+
+struct conductor {
+    struct engine_options o;      /* resolved */
+    struct model_parallel par;    /* world of one when par.world is NULL */
+    struct parallel_groups groups;
+    int32_t *plan;                /* (cap_plan) the packed arrays of a step plan */
+    size_t   cap_plan;
+    uint64_t worker_steps;        /* forwards run by conductor_run_worker */
+    int32_t *mb_qstart, *mb_rows; /* (max_seqs + 1), (max_logits): one micro-batch's offsets */
+    int      failed;              /* the world broke: everything fails with UNAVAILABLE */
+    char     failure[512];
+    struct backend *b;
+    struct model   *m;
+    struct tokenizer *tok;
+    struct kv_cache cache;
+    struct scheduler sched;
+    struct sampler  smp;
+    int      max_logits;
+    float   *logits;              /* (max_logits, vocab) host */
+    float   *scratch;             /* (2, vocab) log-softmax and a logits copy */
+
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    pthread_t thread;
+    int       thread_running, stop_thread, draining;
+    struct request *intake, *intake_tail;  /* submitted, not yet seen by the engine thread */
+    int       n_intake;
+    struct request *all;                  /* every live request */
+    uint64_t  next_handle;
+    struct engine_stats stats;            /* under mu */
+};
+
+static int eos_id(const struct conductor *c)
+{
+    return c->m->cfg.eos_id >= 0 ? c->m->cfg.eos_id : tokenizer_eos_id(c->tok);
+}
+
+int conductor_is_first_rank(const struct conductor *c) { return !c->par.world || c->par.world->rank == 0; }
+
+/* ---- finishing samples ---------------------------------------------------------------------- */
+
+/* Drops one live sample of r; the request is freed after its last. */
+static void retire_sample(struct conductor *c, struct request *r, int n_generated)
+{
+    pthread_mutex_lock(&c->mu);
+    c->stats.generated_tokens += (uint64_t)n_generated;
+    if (--r->live_samples > 0) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    struct request **pp = &c->all;
+    while (*pp != r) pp = &(*pp)->next_all;
+    *pp = r->next_all;
+    c->stats.requests_finished++;
+    pthread_mutex_unlock(&c->mu);
+    request_free(r);
+}
+
+/* FINISHED for a sample that has no sequence (never forked, or could not be created). */
+static void finish_absent(struct conductor *c, struct request *r, int sample, enum finish_reason why,
+                          enum status st, const char *message)
+{
+    request_emit_absent(r, sample, why, st, message);
+    retire_sample(c, r, 0);
+}
+
+/* Finishes a sample: releases its blocks, emits FINISHED with the first text_len bytes still
+ * held, and marks the sequence SEQ_DONE (the step frees it when it compacts its lists; s->req
+ * may be gone by then). A request's unforked samples finish with its first one. */
+static void finish_seq(struct conductor *c, struct seq *s, enum finish_reason why, enum status st,
+                       const char *message, size_t text_len)
+{
+    struct request *r = s->req;
+    scheduler_release(&c->sched, s);
+    s->state = SEQ_DONE;
+    struct engine_event ev = {.kind = ENGINE_EVENT_FINISHED, .finish = why, .status = st,
+                              .message = message, .text = s->held, .text_len = text_len};
+    request_emit(s, &ev);
+    if (s->sample == 0 && !r->forked) {
+        r->forked = 1;
+        for (int k = 1; k < r->p.n; k++) finish_absent(c, r, k, why, st, message);
+    }
+    retire_sample(c, r, s->n_generated);
+    s->req = NULL;
+}
+
+/* Finishes every sample of a request that has no sequence yet. */
+static void finish_unstarted(struct conductor *c, struct request *r, enum status st, const char *message)
+{
+    r->forked = 1;
+    for (int k = 0; k < r->p.n; k++) finish_absent(c, r, k, FINISH_REASON_ERROR, st, message);
+}
+
+/* ---- creation ----------------------------------------------------------------------------- */
+
+/* The KV pool in blocks: bytes, a fraction of free memory, blocks, or enough for max_seqs full
+ * contexts capped at 2 GiB. The weights and the workspace are already allocated. */
+static enum status kv_pool_blocks(struct conductor *c, size_t block_bytes, int table_width, long long *out)
+{
+    const struct engine_options *o = &c->o;
+    long long n_blocks = o->kv_cache_blocks;
+    if (o->kv_cache_bytes) {
+        n_blocks = (long long)(o->kv_cache_bytes / block_bytes);
+    } else if (o->kv_cache_fraction > 0) {
+        size_t free_bytes = 0, total_bytes = 0;
+        if (!(o->kv_cache_fraction <= 0.95))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "kv_cache_fraction must be in (0, 0.95], got %g",
+                                 o->kv_cache_fraction);
+        enum status st = backend_mem_info(c->b, &free_bytes, &total_bytes);
+        if (st != STATUS_OK) return st;
+        n_blocks = (long long)((double)free_bytes * o->kv_cache_fraction / (double)block_bytes);
+        LOG_INFO(MODULE, "KV pool: %.2f of %.0f MiB free", o->kv_cache_fraction, (double)free_bytes / 1048576.0);
+    } else if (!n_blocks) {
+        n_blocks = (long long)o->max_seqs * table_width;
+        long long cap = (long long)((2ull << 30) / block_bytes);
+        if (n_blocks > cap) n_blocks = cap;
+    }
+    if (c->par.world) { /* every rank's pool must hold the same blocks: the first rank's count wins */
+        int64_t nb = n_blocks;
+        enum status st = parallel_bcast_bytes(c->par.world, &nb, sizeof nb, 0);
+        if (st != STATUS_OK) return st;
+        n_blocks = nb;
+    }
+    if (n_blocks < 1 || n_blocks > (1LL << 30))
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "the KV cache must hold at least one block of %zu bytes (got %lld blocks)", block_bytes,
+                             n_blocks);
+    *out = n_blocks;
+    return STATUS_OK;
+}
+
+/* The backend, the ranks' groups, the tokenizer and the model. */
+static enum status load_model(struct conductor *c)
+{
+    const struct engine_options *o = &c->o;
+    const int multi = o->world && o->world->size > 1;
+    int device_id = o->device_id;
+    enum status st;
+    if (multi) {
+        if ((st = parallel_layout(o->world, o->tp, o->pp, &c->par.layout)) != STATUS_OK) return st;
+        device_id = o->world->local_rank; /* one GPU per rank on a node */
+    }
+    if ((st = backend_open((enum device)o->device, device_id, o->n_threads, &c->b)) != STATUS_OK) return st;
+    if (multi) {
+        st = parallel_groups_init(o->world, &c->par.layout, (enum device)o->device, device_id, NULL, &c->groups);
+        if (st != STATUS_OK) return st;
+        c->par.world = o->world;
+        c->par.groups = &c->groups;
+        c->par.pp_layers = o->pp_layers;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.model", o->model_dir);
+    st = tokenizer_load(path, &c->tok);
+    if (st == STATUS_OK) st = model_load(o->model_dir, c->b, multi ? &c->par : NULL, &c->m);
+    if (multi) st = parallel_agree(o->world, st); /* every rank fails together, none waits alone */
+    if (st != STATUS_OK) return st;
+    if (tokenizer_vocab_size(c->tok) > c->m->cfg.vocab_size)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: the tokenizer has %d pieces, the model only %d", o->model_dir,
+                             tokenizer_vocab_size(c->tok), c->m->cfg.vocab_size);
+    return STATUS_OK;
+}
+
+enum status conductor_create(const struct engine_options *opt, struct conductor **out)
+{
+    *out = NULL;
+    struct conductor *c = calloc(1, sizeof *c);
+    if (!c) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory");
+    c->o = *opt;
+    const struct engine_options *o = &c->o;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->next_handle = 1;
+    enum status st = load_model(c);
+    if (st != STATUS_OK) goto fail;
+    const struct model_config *cfg = &c->m->cfg;
+    const int bt = o->block_tokens;
+    const int table_width = (cfg->max_positions + bt - 1) / bt; /* blocks per sequence */
+    /* One logits row per running sequence, plus room for prompt log-probability rows; a large
+     * vocabulary (262k for Gemma 3) makes every row cost 1 MiB on the device and the host. */
+    c->max_logits = o->max_seqs + 64 < o->max_batch_tokens ? o->max_seqs + 64 : o->max_batch_tokens;
+    if ((st = model_reserve(c->m, o->max_batch_tokens, o->max_seqs, table_width, c->max_logits)) != STATUS_OK) goto fail;
+    size_t block_bytes = kv_cache_block_bytes(c->m->n_layers_local, bt, c->m->n_kv_local, cfg->head_dim, c->m->dtype);
+    long long n_blocks = 0;
+    if ((st = kv_pool_blocks(c, block_bytes, table_width, &n_blocks)) != STATUS_OK) goto fail;
+    if ((st = kv_cache_init(&c->cache, c->b, c->m->n_layers_local, (int)n_blocks, bt, c->m->n_kv_local,
+                            cfg->head_dim, c->m->dtype)) != STATUS_OK)
+        goto fail;
+    const struct scheduler_options so = {.max_seqs = o->max_seqs, .max_batch_tokens = o->max_batch_tokens,
+                                         .max_logits = c->max_logits, .table_width = table_width,
+                                         .prefix_caching = o->prefix_caching, .record_copies = c->par.world != NULL};
+    if ((st = scheduler_init(&c->sched, &c->cache, &so)) != STATUS_OK) goto fail;
+    if ((st = sampler_init(&c->smp, cfg->vocab_size)) != STATUS_OK) goto fail;
+    const size_t V = (size_t)cfg->vocab_size;
+    c->logits = malloc((size_t)c->max_logits * V * sizeof *c->logits);
+    c->scratch = malloc(2 * V * sizeof *c->scratch);
+    c->mb_qstart = malloc(((size_t)o->max_seqs + 1) * sizeof(int32_t));
+    c->mb_rows = malloc((size_t)c->max_logits * sizeof(int32_t));
+    if (!c->logits || !c->scratch || !c->mb_qstart || !c->mb_rows) {
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
+        goto fail;
+    }
+    c->stats.kv_blocks_total = c->cache.n_blocks;
+    c->stats.kv_blocks_free = c->cache.n_blocks; /* true before the first step too */
+    c->stats.block_tokens = bt;
+    /* Only the first rank times out: workers legitimately wait for the next plan forever. */
+    if (c->par.world && c->par.world->rank == 0) c->par.world->timeout_s = o->rank_timeout_s;
+    LOG_INFO(MODULE, "ready: %d KV blocks of %d tokens (%.1f MiB), max_batch_tokens %d, max_seqs %d, prefix caching %s",
+             c->cache.n_blocks, bt, (double)block_bytes * (double)c->cache.n_blocks / 1048576.0, o->max_batch_tokens,
+             o->max_seqs, o->prefix_caching ? "on" : "off");
+    *out = c;
+    return STATUS_OK;
+fail:
+    conductor_free(c);
+    return st;
+}
+
+const struct tokenizer *conductor_tokenizer(const struct conductor *c) { return c->tok; }
+
+void conductor_get_model_info(const struct conductor *c, struct engine_model_info *info)
+{
+    const struct model_config *cfg = &c->m->cfg;
+    *info = (struct engine_model_info){
+        .architecture = cfg->architecture, .n_layers = cfg->n_layers, .d_model = cfg->d_model,
+        .n_heads = cfg->n_heads, .n_kv_heads = cfg->n_kv_heads, .head_dim = cfg->head_dim,
+        .ffn_hidden = cfg->ffn_hidden, .vocab_size = cfg->vocab_size, .max_positions = cfg->max_positions,
+        .dtype = dtype_name(c->m->dtype), .device = c->b->ops->name, .tp_size = c->m->tp_size,
+        .pp_size = c->m->pp_size, .dp_size = 1, .block_tokens = c->cache.block_tokens, .kv_blocks = c->cache.n_blocks,
+        .bos_id = cfg->bos_id >= 0 ? cfg->bos_id : tokenizer_bos_id(c->tok),
+        .eos_id = eos_id(c),
+    };
+}
+
+/* ---- validation, submission, cancellation --------------------------------------------------- */
+
+enum status conductor_validate(const struct conductor *c, const int32_t *prompt, int n_prompt,
+                               const struct request_params *p)
+{
+    const struct request_bounds b = {.vocab_size = c->m->cfg.vocab_size, .max_positions = c->m->cfg.max_positions,
+                                     .block_tokens = c->cache.block_tokens, .n_blocks = c->cache.n_blocks,
+                                     .max_logprobs = c->o.max_logprobs, .max_seqs = c->o.max_seqs};
+    return request_validate(prompt, n_prompt, p, &b);
+}
+
+/* Under mu: why the conductor takes no request now (STATUS_OK: it does). */
+static enum status refusal(struct conductor *c)
+{
+    if (c->failed) return status_errorf(STATUS_UNAVAILABLE, "the engine failed: %s", c->failure);
+    if (c->draining || c->stop_thread) return status_errorf(STATUS_UNAVAILABLE, "the server is shutting down");
+    if (c->n_intake + c->stats.waiting >= c->o.max_queue)
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "the request queue is full (%d waiting, --max-queue %d)",
+                             c->n_intake + c->stats.waiting, c->o.max_queue);
+    return STATUS_OK;
+}
+
+enum status conductor_submit(struct conductor *c, const char *request_id, const int32_t *prompt, int n_prompt,
+                             const struct request_params *p, engine_event_fn on_event, void *ctx, uint64_t *handle)
+{
+    enum status st = conductor_validate(c, prompt, n_prompt, p);
+    if (st == STATUS_OK) st = request_id_check(request_id);
+    if (st != STATUS_OK) return st;
+    struct request *r;
+    if ((st = request_new(prompt, n_prompt, p, on_event, ctx, &r)) != STATUS_OK) return st;
+    pthread_mutex_lock(&c->mu);
+    if ((st = refusal(c)) != STATUS_OK) {
+        pthread_mutex_unlock(&c->mu);
+        request_free(r);
+        return st;
+    }
+    r->handle = c->next_handle++;
+    if (request_id && *request_id) snprintf(r->id, sizeof r->id, "%s", request_id);
+    else snprintf(r->id, sizeof r->id, "req-%llu", (unsigned long long)r->handle);
+    /* A seed the client did not choose is derived from the handle, and reported back. */
+    r->seed = p->has_seed ? p->sampling.seed : (r->handle * 0x9e3779b97f4a7c15ull) ^ (uint64_t)time(NULL);
+    r->next_all = c->all;
+    c->all = r;
+    if (c->intake_tail) c->intake_tail->next_in = r;
+    else c->intake = r;
+    c->intake_tail = r;
+    c->n_intake++;
+    c->stats.requests_submitted++;
+    c->stats.prompt_tokens += (uint64_t)n_prompt;
+    *handle = r->handle;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return STATUS_OK;
+}
+
+enum status conductor_cancel(struct conductor *c, uint64_t handle, const char *id)
+{
+    enum status st = STATUS_NOT_FOUND;
+    pthread_mutex_lock(&c->mu);
+    for (struct request *r = c->all; r; r = r->next_all)
+        if ((id && !strcmp(r->id, id)) || (!id && r->handle == handle)) {
+            r->cancel_requested = 1;
+            st = STATUS_OK;
+        }
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (st != STATUS_OK) status_errorf(st, "no running request %s", id ? id : "with that handle");
+    return st;
+}
+
+/* ---- multi-rank: the step plan and the workers -------------------------------------------- */
+
+/* The first rank packs and broadcasts the step's arrays (header first); a worker receives them
+ * into the same fields and repeats the step's block copies. */
+static enum status plan_exchange(struct conductor *c, struct step_plan_header *h)
+{
+    struct parallel_world *w = c->par.world;
+    struct step_batch *b = &c->sched.batch;
+    struct scheduler *sc = &c->sched;
+    enum status st = parallel_bcast_bytes(w, h, sizeof *h, 0);
+    if (st != STATUS_OK || h->stop) return st;
+    const int T = h->n_tokens, S = h->n_seqs, W = h->table_width, L = h->n_logits, C = h->n_copies;
+    CHECK(T >= 0 && T <= c->o.max_batch_tokens && S >= 0 && S <= c->o.max_seqs && W == b->table_width &&
+              L >= 0 && L <= c->max_logits && C >= 0,
+          "step plan out of range (tokens %d seqs %d width %d logits %d copies %d)", T, S, W, L, C);
+    const size_t n = 3 * (size_t)T + (size_t)(S + 1) + (size_t)S + (size_t)S * W + (size_t)L + 2 * (size_t)C;
+    if (base_grow((void **)&c->plan, &c->cap_plan, n, sizeof *c->plan) != 0) return STATUS_RESOURCE_EXHAUSTED;
+    const int first = conductor_is_first_rank(c);
+    if (!first && C > 0 && base_grow((void **)&sc->copies, &sc->cap_copies, 2 * (size_t)C, sizeof *sc->copies) != 0)
+        return STATUS_RESOURCE_EXHAUSTED;
+    struct { int32_t *p; int n; } parts[] = {
+        {b->tokens, T}, {b->pos, T}, {b->slots, T}, {b->qstart, S + 1}, {b->seqlen, S},
+        {b->table, S * W}, {b->rows, L}, {sc->copies, 2 * C},
+    };
+    size_t off = 0;
+    if (first)
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; off += (size_t)parts[i].n, i++)
+            if (parts[i].n) memcpy(c->plan + off, parts[i].p, (size_t)parts[i].n * sizeof *c->plan);
+    if ((st = parallel_bcast_bytes(w, c->plan, n * sizeof *c->plan, 0)) != STATUS_OK) return st;
+    if (first) return STATUS_OK;
+    off = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; off += (size_t)parts[i].n, i++)
+        if (parts[i].n) memcpy(parts[i].p, c->plan + off, (size_t)parts[i].n * sizeof *c->plan);
+    for (int i = 0; i < C; i++) kv_cache_copy_block(&c->cache, sc->copies[2 * i], sc->copies[2 * i + 1]);
+    return STATUS_OK;
+}
+
+/* With pp > 1 the logits are on the last stage: its first rank sends them to the first rank,
+ * which samples (a departure from sampling on the last stage: the sampler's per-request state
+ * then lives in one place; the cost is n_logits x vocab floats per step over MPI). */
+static enum status logits_to_first_rank(struct conductor *c, int n_logits)
+{
+    const struct parallel_layout *l = &c->par.layout;
+    if (!c->par.world || l->pp_size == 1 || n_logits == 0) return STATUS_OK;
+    struct tensor t = tensor_make(c->logits, DTYPE_F32, DEVICE_CPU, 2, (int64_t)n_logits,
+                                  (int64_t)c->m->cfg.vocab_size);
+    int last = parallel_layout_rank(l, 0, l->pp_size - 1, 0);
+    if (conductor_is_first_rank(c)) return comm_recv(c->par.world->control, &t, last);
+    if (l->rank == last) return comm_send(c->par.world->control, &t, 0);
+    return STATUS_OK;
+}
+
+/* Micro-batches per step (pp > 1, --pp-microbatches): the step's sequences are split so that
+ * stages overlap (stage k runs micro-batch j while stage k+1 runs j-1). Off by default: decode
+ * is bound by weight reads, and each micro-batch reads the stage's weights again (measured on 2
+ * CPU cores: pp 2 at 16 streams, 94 tok/s as one micro-batch, 84 tok/s as two). */
+static int micro_batches(const struct conductor *c, int n_seqs)
+{
+    if (c->par.layout.pp_size <= 1 || c->o.pp_microbatches <= 1) return 1;
+    return c->o.pp_microbatches < n_seqs ? c->o.pp_microbatches : n_seqs;
+}
+
+/* Runs the step held in the step batch as n_micro micro-batches of contiguous sequences, in
+ * the same order on every rank. Activations flow one way (stage to stage); the last stage
+ * sends all logits to the first rank only after its last micro-batch, so no rank ever waits on
+ * a rank that waits on it. Logit rows are ascending, so each micro-batch's are contiguous. */
+static enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logits, int n_micro)
+{
+    const struct step_batch *b = &c->sched.batch;
+    const int V = c->m->cfg.vocab_size, per = (n_seqs + n_micro - 1) / n_micro;
+    int l0 = 0;
+    enum status st = STATUS_OK;
+    for (int s0 = 0; s0 < n_seqs && st == STATUS_OK; s0 += per) {
+        const int s1 = s0 + per < n_seqs ? s0 + per : n_seqs;
+        const int r0 = b->qstart[s0], r1 = s1 < n_seqs ? b->qstart[s1] : n_rows;
+        int l1 = l0;
+        while (l1 < n_logits && b->rows[l1] < r1) l1++;
+        for (int i = s0; i <= s1; i++) c->mb_qstart[i - s0] = (i < n_seqs ? b->qstart[i] : n_rows) - r0;
+        for (int i = l0; i < l1; i++) c->mb_rows[i - l0] = b->rows[i] - r0;
+        struct forward_batch fb = {.n_tokens = r1 - r0, .tokens = b->tokens + r0, .positions = b->pos + r0,
+                                   .slots = b->slots + r0, .n_seqs = s1 - s0, .q_start = c->mb_qstart,
+                                   .seq_len = b->seqlen + s0,
+                                   .block_table = b->table + (size_t)s0 * (size_t)b->table_width,
+                                   .max_blocks = b->table_width, .n_logits = l1 - l0, .logit_rows = c->mb_rows};
+        st = model_forward(c->m, &c->cache, &fb, c->logits + (size_t)l0 * (size_t)V);
+        l0 = l1;
+    }
+    if (st == STATUS_OK) st = logits_to_first_rank(c, n_logits);
+    return st;
+}
+
+enum status conductor_run_worker(struct conductor *c)
+{
+    CHECK(!conductor_is_first_rank(c), "conductor_run_worker on the first rank");
+    for (;;) {
+        struct step_plan_header h;
+        enum status st = plan_exchange(c, &h);
+        if (st != STATUS_OK) return st;
+        if (h.stop) return STATUS_OK;
+        if (h.n_tokens == 0) continue;
+        CHECK(h.n_micro >= 1 && h.n_micro <= h.n_seqs, "step plan: %d micro-batches for %d sequences", h.n_micro, h.n_seqs);
+        if ((st = run_forward(c, h.n_tokens, h.n_seqs, h.n_logits, h.n_micro)) != STATUS_OK) return st;
+        c->worker_steps++;
+    }
+}
+
+/* One line per rank at shutdown: time spent in each communicator per forward step. */
+static void log_comm_time(struct conductor *c)
+{
+    uint64_t steps = conductor_is_first_rank(c) ? c->stats.steps : c->worker_steps;
+    if (!c->groups.tp || steps == 0) return;
+    const struct comm *cm[] = {c->groups.tp, c->groups.pp, c->par.world ? c->par.world->control : NULL};
+    const char *names[] = {"tp", "pp", "control"};
+    char line[256];
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        if (cm[i] && cm[i]->size > 1)
+            n += snprintf(line + n, sizeof line - (size_t)n, " %s %.3f ms/step (%.1f calls)", names[i],
+                          1e3 * cm[i]->seconds / (double)steps, (double)cm[i]->n_calls / (double)steps);
+    if (n) LOG_INFO(MODULE, "rank %d: %llu steps; communication:%s", c->par.layout.rank, (unsigned long long)steps, line);
+}
+
+/* Tells the workers to leave conductor_run_worker (first rank only, once). */
+static void stop_workers(struct conductor *c)
+{
+    if (!c->par.world || !conductor_is_first_rank(c) || !c->m || c->failed) return;
+    struct step_plan_header h = {.stop = 1};
+    if (plan_exchange(c, &h) != STATUS_OK) LOG_WARN(MODULE, "could not tell the workers to stop: %s", status_message());
+    c->par.world = NULL; /* nothing more goes to them */
+}
+
+/* The world broke (a rank gone or hung): every request fails with UNAVAILABLE, new ones are
+ * refused, and the owner is told once. */
+static void fail_conductor(struct conductor *c, enum status st)
+{
+    if (c->failed) return;
+    pthread_mutex_lock(&c->mu);
+    c->failed = 1;
+    snprintf(c->failure, sizeof c->failure, "%s", status_message());
+    pthread_mutex_unlock(&c->mu);
+    LOG_ERROR(MODULE, "cannot go on: %s", c->failure);
+    for (int pass = 0; pass < 2; pass++) {
+        struct seq **list = pass ? c->sched.waiting : c->sched.running;
+        int n = pass ? c->sched.n_waiting : c->sched.n_running;
+        for (int i = 0; i < n; i++)
+            if (list[i]->state != SEQ_DONE) finish_seq(c, list[i], FINISH_REASON_ERROR, STATUS_UNAVAILABLE, c->failure, 0);
+    }
+    if (c->o.on_fatal) c->o.on_fatal(c->o.fatal_ctx, st, c->failure);
+}
+
+/* ---- sampling a token and its consequences ------------------------------------------------ */
+
+/* Samples the next token of s from the logits row, then emits it and finishes the sample when a
+ * stop condition holds. */
+static void take_token(struct conductor *c, struct seq *s, const float *row)
+{
+    struct request *r = s->req;
+    const int V = c->m->cfg.vocab_size, eos = eos_id(c);
+    if (r->p.max_tokens == 0) { /* scoring only */
+        finish_seq(c, s, FINISH_REASON_LENGTH, STATUS_OK, NULL, 0);
+        return;
+    }
+    float *lp = c->scratch, *lg = c->scratch + V;
+    memcpy(lg, row, (size_t)V * sizeof *lg);
+    for (int i = 0; i < r->p.n_logit_bias; i++) lg[r->bias_ids[i]] += r->bias_values[i];
+    if (s->n_generated < r->p.min_tokens) { /* too early to stop: EOS and stop ids are banned */
+        if (eos >= 0 && !r->p.ignore_eos) lg[eos] = -INFINITY;
+        for (int i = 0; i < r->p.n_stop_token_ids; i++) lg[r->stop_ids[i]] = -INFINITY;
+    }
+    struct sampling_params sp = r->p.sampling;
+    int32_t tok = sampler_sample(&c->smp, &sp, &s->rng, lg, r->prompt, r->n_prompt,
+                                 s->tokens + r->n_prompt, s->n_generated);
+    /* Log-probabilities are those of the model's distribution (the raw logits). */
+    float tok_lp = 0.0f;
+    struct top_logprob top[64];
+    int n_top = r->p.logprobs > 0 ? r->p.logprobs : 0;
+    if (r->p.logprobs >= 0) {
+        sampler_log_softmax(row, lp, V);
+        tok_lp = lp[tok];
+        if (n_top) sampler_top_logprobs(lp, V, n_top, top);
+    }
+    size_t text_len = 0;
+    enum finish_reason why = request_take_token(s, tok, eos, c->m->cfg.max_positions,
+                                                r->p.logprobs >= 0 ? &tok_lp : NULL, top, n_top, &text_len);
+    if (why == FINISH_REASON_ERROR) finish_seq(c, s, why, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
+    else if (why != FINISH_REASON_NONE) finish_seq(c, s, why, STATUS_OK, NULL, text_len);
+}
+
+/* Records prompt log-probabilities from the logits of prompt rows [p0, p0 + n) (row p predicts
+ * token p + 1), and sends them once the whole prompt is scored. */
+static void take_prompt_logprobs(struct conductor *c, struct seq *s, int p0, int n, const float *rows)
+{
+    struct request *r = s->req;
+    const int V = c->m->cfg.vocab_size, k = r->p.prompt_logprobs;
+    for (int j = 0; j < n; j++) {
+        int p = p0 + j;
+        if (p + 1 >= r->n_prompt || p + 1 < r->prompt_lp_done) continue;
+        sampler_log_softmax(rows + (size_t)j * V, c->scratch, V);
+        r->prompt_lp[p + 1] = c->scratch[r->prompt[p + 1]];
+        if (k > 0) sampler_top_logprobs(c->scratch, V, k, r->prompt_top + (size_t)(p + 1) * k);
+        r->prompt_lp_done = p + 2;
+    }
+    request_send_prompt_logprobs(s);
+}
+
+/* ---- the step ------------------------------------------------------------------------------ */
+
+static void stats_update(struct conductor *c, int prefill_rows, int hit_tokens)
+{
+    pthread_mutex_lock(&c->mu);
+    c->stats.waiting = c->sched.n_waiting;
+    c->stats.running = c->sched.n_running;
+    c->stats.kv_blocks_free = c->cache.n_free;
+    c->stats.kv_blocks_cached = c->cache.n_cached;
+    c->stats.prefill_tokens_computed += (uint64_t)prefill_rows;
+    c->stats.prefix_cache_hit_tokens += (uint64_t)hit_tokens;
+    c->stats.preemptions = c->sched.preemptions;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Step 1: newly submitted requests join the queue; cancelled samples and those past their
+ * deadline finish (their blocks return at this boundary). */
+static void take_intake(struct conductor *c)
+{
+    pthread_mutex_lock(&c->mu);
+    struct request *in = c->intake;
+    c->intake = c->intake_tail = NULL;
+    c->n_intake = 0;
+    pthread_mutex_unlock(&c->mu);
+    for (struct request *r = in, *next; r; r = next) {
+        next = r->next_in;
+        if (c->failed) { /* submitted just before the failure */
+            finish_unstarted(c, r, STATUS_UNAVAILABLE, c->failure);
+            continue;
+        }
+        struct seq *s = seq_new(r, 0, c->tok);
+        if (!s) finish_unstarted(c, r, STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory");
+        else scheduler_enqueue(&c->sched, s);
+    }
+    const double now = base_now_s();
+    struct scheduler *sc = &c->sched;
+    pthread_mutex_lock(&c->mu);
+    for (int pass = 0; pass < 2; pass++) {
+        struct seq **list = pass ? sc->waiting : sc->running;
+        int n = pass ? sc->n_waiting : sc->n_running;
+        for (int i = 0; i < n; i++) {
+            struct request *r = list[i]->req;
+            list[i]->doomed = r->cancel_requested ? FINISH_REASON_CANCELLED
+                              : r->p.deadline > 0 && now > r->p.deadline ? FINISH_REASON_DEADLINE
+                                                                         : FINISH_REASON_NONE;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    for (int pass = 0; pass < 2; pass++) { /* finish outside the lock: callbacks may cancel */
+        struct seq **list = pass ? sc->waiting : sc->running;
+        int n = pass ? sc->n_waiting : sc->n_running;
+        for (int i = 0; i < n; i++)
+            if (list[i]->doomed != FINISH_REASON_NONE) finish_seq(c, list[i], list[i]->doomed, STATUS_OK, NULL, 0);
+    }
+    scheduler_drop_finished(sc);
+}
+
+/* Step 3: the plan to every rank of the replica, then the forward pass over the planned rows. */
+static enum status run_planned_step(struct conductor *c)
+{
+    const struct step_batch *b = &c->sched.batch;
+    enum status st = STATUS_OK;
+    const int n_micro = micro_batches(c, b->n_seqs);
+    if (c->par.world) {
+        struct step_plan_header ph = {.n_tokens = b->n_rows, .n_seqs = b->n_seqs, .table_width = b->table_width,
+                                      .n_logits = b->n_logits, .n_copies = c->sched.n_copies, .n_micro = n_micro};
+        st = plan_exchange(c, &ph);
+        c->sched.n_copies = 0;
+    }
+    if (st == STATUS_OK) st = run_forward(c, b->n_rows, b->n_seqs, b->n_logits, n_micro);
+    pthread_mutex_lock(&c->mu);
+    c->stats.steps++;
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+/* Step 4 for the first sample of a request whose prompt is done: samples 1..n-1 fork from it
+ * and those that run take their first token from the same row. */
+static void fork_and_take(struct conductor *c, struct seq *s, const float *row)
+{
+    struct request *r = s->req;
+    struct seq *children[REQUEST_MAX_SAMPLES];
+    int n_children = scheduler_fork(&c->sched, s, c->tok, children);
+    for (int k = 0; k < n_children; k++) {
+        if (!children[k]) finish_absent(c, r, k + 1, FINISH_REASON_ERROR, STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory");
+        else if (children[k]->state == SEQ_RUNNING) take_token(c, children[k], row);
+    }
+}
+
+/* Step 4: the results, in planning order (the logits rows follow the same order): prompt
+ * log-probabilities, then a token for each sequence whose pending rows all ran. */
+static void take_results(struct conductor *c, enum status st)
+{
+    struct scheduler *sc = &c->sched;
+    const int V = c->m->cfg.vocab_size;
+    int lrow = 0;
+    int n_running = sc->n_running; /* forks append to running; they sample here, not in this loop */
+    for (int i = 0; i < n_running; i++) {
+        struct seq *s = sc->running[i];
+        if (s->n_rows == 0 || s->state != SEQ_RUNNING) continue;
+        struct request *r = s->req;
+        if (st != STATUS_OK) {
+            finish_seq(c, s, FINISH_REASON_ERROR, st, status_message(), 0);
+            continue;
+        }
+        int p0 = s->n_cached;
+        scheduler_commit(sc, s);
+        int lp_rows = 0;
+        if (r->p.prompt_logprobs >= 0 && !r->prompt_lp_sent && s->sample == 0) {
+            for (int j = 0; j < s->n_rows; j++) lp_rows += p0 + j + 1 < r->n_prompt;
+            if (lp_rows) take_prompt_logprobs(c, s, p0, lp_rows, c->logits + (size_t)lrow * V);
+            else if (s->n_cached >= r->n_prompt) take_prompt_logprobs(c, s, p0, 0, NULL);
+        }
+        lrow += lp_rows;
+        if (!s->wants_sample) continue;
+        const float *row = c->logits + (size_t)lrow * V;
+        lrow++;
+        if (s->sample == 0 && !r->forked && r->p.n > 1 && r->p.max_tokens > 0) fork_and_take(c, s, row);
+        r->forked = 1;
+        take_token(c, s, row);
+    }
+}
+
+int conductor_step(struct conductor *c)
+{
+    take_intake(c);                                          /* 1 */
+    const int busy = c->sched.n_waiting + c->sched.n_running;
+    if (busy == 0) {
+        stats_update(c, 0, 0);
+        return 0;
+    }
+    if (scheduler_plan(&c->sched) == 0) {                    /* 2 */
+        stats_update(c, 0, c->sched.batch.hit_tokens);
+        return busy;
+    }
+    enum status st = run_planned_step(c);                    /* 3 */
+    take_results(c, st);                                     /* 4 */
+    if (st != STATUS_OK && c->par.world && c->par.world->broken) fail_conductor(c, st);
+    scheduler_drop_finished(&c->sched);
+    stats_update(c, c->sched.batch.prefill_rows, c->sched.batch.hit_tokens);
+    return busy;
+}
+
+/* ---- the engine thread ---------------------------------------------------------------------- */
+
+static void *conductor_main(void *arg)
+{
+    struct conductor *c = arg;
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        while (!c->stop_thread && !c->intake && c->sched.n_running + c->sched.n_waiting == 0)
+            pthread_cond_wait(&c->cv, &c->mu);
+        int stop = c->stop_thread;
+        pthread_mutex_unlock(&c->mu);
+        if (stop) break;
+        conductor_step(c);
+    }
+    return NULL;
+}
+
+enum status conductor_start(struct conductor *c)
+{
+    if (c->thread_running) return STATUS_OK;
+    if (pthread_create(&c->thread, NULL, conductor_main, c) != 0)
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: cannot start the engine thread");
+    c->thread_running = 1;
+    return STATUS_OK;
+}
+
+static int conductor_idle(struct conductor *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int idle = !c->intake && c->all == NULL;
+    pthread_mutex_unlock(&c->mu);
+    return idle;
+}
+
+void conductor_drain(struct conductor *c, double timeout_s)
+{
+    pthread_mutex_lock(&c->mu);
+    c->draining = 1;
+    pthread_mutex_unlock(&c->mu);
+    const double end = base_now_s() + timeout_s;
+    int cancelled = 0;
+    for (;;) {
+        if (conductor_idle(c)) break;
+        if (!cancelled && base_now_s() >= end) {
+            pthread_mutex_lock(&c->mu);
+            for (struct request *r = c->all; r; r = r->next_all) r->cancel_requested = 1;
+            pthread_cond_signal(&c->cv);
+            pthread_mutex_unlock(&c->mu);
+            cancelled = 1;
+        }
+        if (!c->thread_running) conductor_step(c);
+        else {
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (c->thread_running) {
+        pthread_mutex_lock(&c->mu);
+        c->stop_thread = 1;
+        pthread_cond_signal(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->thread, NULL);
+        c->thread_running = 0;
+    }
+}
+
+void conductor_get_stats(struct conductor *c, struct engine_stats *s)
+{
+    pthread_mutex_lock(&c->mu);
+    *s = c->stats;
+    s->waiting += c->n_intake;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void conductor_free(struct conductor *c)
+{
+    if (!c) return;
+    if (c->m && c->sched.running && conductor_is_first_rank(c)) conductor_drain(c, 0.0); /* cancels and reports what is left */
+    log_comm_time(c);
+    stop_workers(c);
+    parallel_groups_free(&c->groups);
+    free(c->plan);
+    free(c->mb_qstart);
+    free(c->mb_rows);
+    scheduler_free(&c->sched);
+    free(c->logits);
+    free(c->scratch);
+    sampler_free(&c->smp);
+    if (c->cache.b) kv_cache_free(&c->cache);
+    model_free(c->m);
+    tokenizer_free(c->tok);
+    backend_close(c->b);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}

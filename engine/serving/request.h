@@ -1,0 +1,170 @@
+/* engine/serving/request.h - requests and their samples (sequences): the owned copy of what a
+ * client asked for, the request limits (one table, the only place that states them), stop
+ * conditions, held text, events and finish reasons.
+ * Not here: which sequences run and their KV blocks (scheduler.c), the step (conductor.c),
+ * sampling maths (sampler.c).
+ * Tests: tests/test_scheduler.c (limits, requests and samples without a model),
+ * tests/test_engine.c (stops, events and finish reasons on a real model).
+ *
+ * Threads: a request is built by the submitting thread (request_new) and from then on belongs
+ * to its conductor's engine thread, except cancel_requested and the conductor's list links,
+ * which the conductor guards with its mutex. Events are emitted on the engine thread. */
+#ifndef SHARDLM_REQUEST_H
+#define SHARDLM_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "tokenizer.h"
+
+/* Request limits that are not model facts (documented in protos/shardlm/v1/text_generation.proto). */
+#define REQUEST_MAX_SAMPLES        16   /* n */
+#define REQUEST_MAX_STOP           16   /* stop strings (a chat template's own included) */
+#define REQUEST_MAX_STOP_BYTES     256  /* bytes per stop string */
+#define REQUEST_MAX_STOP_TOKEN_IDS 64   /* stop token ids (a chat template's own included) */
+#define REQUEST_MAX_LOGIT_BIAS     256  /* logit_bias entries */
+#define REQUEST_MAX_LOGIT_BIAS_ABS 100  /* |logit_bias value| */
+#define REQUEST_DEFAULT_MAX_LOGPROBS 20 /* engine_options.max_logprobs when 0 */
+#define REQUEST_ID_MAX_BYTES       100  /* request_id */
+
+/* ---- limits --------------------------------------------------------------------------------- */
+
+/* Where a limit's bound comes from: a constant of the table, or a fact of the engine. */
+enum request_bound {
+    REQUEST_BOUND_CONST = 0,    /* the row's value */
+    REQUEST_BOUND_NONE,         /* unbounded on this side */
+    REQUEST_BOUND_VOCAB,        /* vocab_size */
+    REQUEST_BOUND_MAX_LOGPROBS, /* engine_options.max_logprobs */
+    REQUEST_BOUND_MAX_SAMPLES,  /* min(REQUEST_MAX_SAMPLES, max_seqs) */
+    REQUEST_BOUND_MAX_TOKENS,   /* the request's own max_tokens */
+};
+
+enum request_field_type { REQUEST_FIELD_FLOAT, REQUEST_FIELD_INT };
+
+/* One row of the table: a scalar field of struct request_params (sampling.* included) and its
+ * allowed range. The message reads "<name> must be in [lo, hi]<note>, got <value>", with ( or )
+ * for an open end. A field equal to `unset` (INT only) is not checked. */
+struct request_limit {
+    const char *name;               /* as the API names it: "sampling.temperature" */
+    size_t      offset;             /* offsetof(struct request_params, ...) */
+    enum request_field_type type;
+    double      lo, hi;             /* with REQUEST_BOUND_CONST */
+    enum request_bound lo_bound, hi_bound;
+    int         lo_open, hi_open;   /* 1: the bound itself is excluded */
+    int         sampling;           /* 1: a field of struct sampling_params */
+    int         has_unset;
+    int         unset;
+    const char *note;               /* after the range: " (0 = greedy)" */
+};
+
+/* The table (n rows), for documentation tools and tests. */
+const struct request_limit *request_limits(int *n);
+
+/* Engine facts the bounds refer to. 0 (or a zeroed struct) for a fact that is not known:
+ * the bound is then not checked. */
+struct request_bounds {
+    int vocab_size;
+    int max_positions;   /* the model's context */
+    int block_tokens, n_blocks; /* the KV pool */
+    int max_logprobs;
+    int max_seqs;
+};
+
+/* Checks every row of the table (only the sampling rows when sampling_only; then p->sampling
+ * is all that is read). STATUS_INVALID_ARGUMENT with the row's message on the first failure. */
+enum status request_limits_check(const struct request_params *p, const struct request_bounds *b, int sampling_only);
+
+/* engine_validate's whole check (see engine.h): the table, then the prompt, the context, the
+ * KV pool and the arrays (stops, stop ids, logit bias). */
+enum status request_validate(const int32_t *prompt, int n_prompt, const struct request_params *p,
+                             const struct request_bounds *b);
+
+/* NULL or "" (the engine assigns one) or at most REQUEST_ID_MAX_BYTES bytes. */
+enum status request_id_check(const char *request_id);
+
+/* ---- requests and samples ----------------------------------------------------------------- */
+
+struct request {
+    uint64_t handle;
+    char     id[REQUEST_ID_MAX_BYTES + 28]; /* room for "req-<handle>" too */
+    int32_t *prompt;              /* (n_prompt) */
+    int      n_prompt;
+    struct request_params p;      /* arrays below are owned copies; p's own pointers are NULL */
+    int32_t *stop_ids;            /* (p.n_stop_token_ids) */
+    char    *stop[REQUEST_MAX_STOP];
+    size_t   stop_len[REQUEST_MAX_STOP];
+    int32_t *bias_ids;            /* (p.n_logit_bias) */
+    float   *bias_values;         /* (p.n_logit_bias) */
+    uint64_t seed;
+    engine_event_fn on_event;
+    void    *ctx;
+    int      cancel_requested;    /* set under the conductor's mutex */
+    int      live_samples;        /* samples not yet FINISHED */
+    int      forked;              /* samples 1..n-1 exist (or finished without existing) */
+    float   *prompt_lp;           /* (n_prompt) prompt log-probabilities when asked */
+    struct top_logprob *prompt_top; /* (n_prompt, prompt_logprobs) */
+    int      prompt_lp_done;      /* rows of prompt_lp filled */
+    int      prompt_lp_sent;
+    struct request *next_all;     /* the conductor's list of live requests */
+    struct request *next_in;      /* the conductor's intake list */
+};
+
+enum seq_state { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
+
+/* One sample of a request: its tokens, KV block table and text not yet emitted. */
+struct seq {
+    struct request *req;          /* borrowed; NULL once the sample finished */
+    int      sample;
+    enum seq_state state;
+    int32_t *tokens;              /* (cap_tokens) prompt then generated */
+    int      n_tokens;
+    size_t   cap_tokens;
+    int      n_generated;
+    int      n_cached;            /* tokens whose K/V are in the cache */
+    int32_t *blocks;              /* (cap_blocks) block table */
+    int      n_blocks;
+    size_t   cap_blocks;
+    int      n_registered;        /* leading full blocks looked up or registered by hash */
+    uint64_t last_hash;           /* prefix hash of block n_registered - 1 */
+    int      prefix_checked;      /* the prefix cache was consulted on admission */
+    int      cached_prompt_tokens;
+    struct rng rng;
+    struct detokenizer detok;
+    char    *held;                /* (cap_held) text not yet emitted (stop-string look-back) */
+    size_t   n_held, cap_held;
+    uint64_t order;               /* admission order; the newest is preempted first */
+    /* this step */
+    int      row_start, n_rows, wants_sample;
+    enum finish_reason doomed;    /* cancelled or past its deadline, seen at the step's start */
+};
+
+/* Copies prompt and p's arrays into a new request (handle, id and seed are the caller's to
+ * set). p must have passed request_validate. STATUS_RESOURCE_EXHAUSTED: nothing allocated. */
+enum status request_new(const int32_t *prompt, int n_prompt, const struct request_params *p,
+                        engine_event_fn on_event, void *ctx, struct request **out);
+void request_free(struct request *r); /* accepts NULL */
+
+/* A new sample of r (state SEQ_WAITING, no blocks). tok NULL: no text (tests); else borrowed,
+ * primed with the prompt. NULL when out of host memory. */
+struct seq *seq_new(struct request *r, int sample, const struct tokenizer *tok);
+void        seq_free(struct seq *s); /* accepts NULL */
+
+/* Calls the request's callback with ev after filling its request fields (handle, id, sample,
+ * usage, seed). */
+void request_emit(struct seq *s, struct engine_event *ev);
+/* FINISHED for sample `sample` of r, which has no sequence. */
+void request_emit_absent(struct request *r, int sample, enum finish_reason why, enum status st,
+                         const char *message);
+
+/* Appends the sampled token tok to s and emits its TOKENS event (text, logprobs). Returns the
+ * finish reason it causes (FINISH_REASON_NONE: go on); then s->held[0..*text_len) is the text
+ * the FINISHED event carries. FINISH_REASON_ERROR: out of host memory (status set). */
+enum finish_reason request_take_token(struct seq *s, int32_t tok, int eos, int max_positions,
+                                      const float *tok_lp, const struct top_logprob *top, int n_top,
+                                      size_t *text_len);
+
+/* Sends the PROMPT_LOGPROBS event once every prompt row is scored. */
+void request_send_prompt_logprobs(struct seq *s);
+
+#endif

@@ -1,0 +1,332 @@
+/* engine/serving/scheduler.c - continuous batching for one replica (see scheduler.h): the
+ * waiting queue, admission, preemption, prefix reuse, block allocation and the step's rows.
+ * Not here: what a row computes (conductor.c, model.c), requests and events (request.c).
+ * Tests: tests/test_scheduler.c, tests/test_engine.c. */
+#include "scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MODULE "scheduler"
+
+enum status scheduler_init(struct scheduler *s, struct kv_cache *cache, const struct scheduler_options *o)
+{
+    memset(s, 0, sizeof *s);
+    s->o = *o;
+    s->cache = cache;
+    const size_t T = (size_t)o->max_batch_tokens, S = (size_t)o->max_seqs;
+    struct step_batch *b = &s->batch;
+    b->table_width = o->table_width;
+    b->tokens = malloc(T * sizeof(int32_t));
+    b->pos = malloc(T * sizeof(int32_t));
+    b->slots = malloc(T * sizeof(int32_t));
+    b->rows = malloc((size_t)o->max_logits * sizeof(int32_t));
+    b->qstart = malloc((S + 1) * sizeof(int32_t));
+    b->seqlen = malloc(S * sizeof(int32_t));
+    b->table = malloc(S * (size_t)o->table_width * sizeof(int32_t));
+    s->running = calloc(S, sizeof *s->running);
+    if (!b->tokens || !b->pos || !b->slots || !b->rows || !b->qstart || !b->seqlen || !b->table || !s->running)
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
+    return STATUS_OK;
+}
+
+void scheduler_free(struct scheduler *s)
+{
+    for (int i = 0; i < s->n_running; i++) seq_free(s->running[i]);
+    for (int i = 0; i < s->n_waiting; i++) seq_free(s->waiting[i]);
+    free(s->running);
+    free(s->waiting);
+    free(s->copies);
+    struct step_batch *b = &s->batch;
+    free(b->tokens);
+    free(b->pos);
+    free(b->slots);
+    free(b->rows);
+    free(b->qstart);
+    free(b->seqlen);
+    free(b->table);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- the waiting queue -------------------------------------------------------------------- */
+
+/* The queue is kept as a plain array in order (front at 0): intake volumes are small next to
+ * a model step, so O(n) moves cost nothing measurable. */
+static void waiting_push(struct scheduler *s, struct seq *q, int front)
+{
+    CHECK(base_grow((void **)&s->waiting, &s->cap_waiting, (size_t)s->n_waiting + 1, sizeof *s->waiting) == 0,
+          "engine: out of memory growing the waiting queue");
+    if (front) {
+        memmove(s->waiting + 1, s->waiting, (size_t)s->n_waiting * sizeof *s->waiting);
+        s->waiting[0] = q;
+    } else {
+        s->waiting[s->n_waiting] = q;
+    }
+    s->n_waiting++;
+    q->state = SEQ_WAITING;
+}
+
+static void waiting_pop_front(struct scheduler *s)
+{
+    memmove(s->waiting, s->waiting + 1, (size_t)(s->n_waiting - 1) * sizeof *s->waiting);
+    s->n_waiting--;
+}
+
+void scheduler_enqueue(struct scheduler *s, struct seq *q) { waiting_push(s, q, 0); }
+
+/* ---- blocks --------------------------------------------------------------------------------- */
+
+/* Returns q's blocks and forgets what the cache held for it. */
+static void forget_blocks(struct scheduler *s, struct seq *q)
+{
+    kv_cache_release(s->cache, q->n_blocks, q->blocks);
+    q->n_blocks = 0;
+    q->n_cached = 0;
+    q->n_registered = 0;
+    q->last_hash = 0;
+}
+
+void scheduler_release(struct scheduler *s, struct seq *q)
+{
+    kv_cache_release(s->cache, q->n_blocks, q->blocks);
+    q->n_blocks = 0;
+    q->n_cached = 0;
+}
+
+/* Frees a running sequence's blocks and sends it back to the front of the queue; its tokens
+ * (prompt and generated so far) are recomputed when it is admitted again. */
+static void preempt(struct scheduler *s, struct seq *q)
+{
+    forget_blocks(s, q);
+    q->n_rows = 0;
+    q->wants_sample = 0;
+    waiting_push(s, q, 1);
+    s->preemptions++;
+    LOG_DEBUG(MODULE, "req=%s preempted sample %d at %d tokens", q->req->id, q->sample, q->n_tokens);
+}
+
+/* Makes the sequence's block table cover n tokens, preempting the newest running sequences
+ * when the pool is dry. Returns 0 when q itself had to be preempted (it is then waiting). */
+static int ensure_blocks(struct scheduler *s, struct seq *q, int n)
+{
+    const int bt = s->cache->block_tokens, need = (n + bt - 1) / bt - q->n_blocks;
+    if (need <= 0) return 1;
+    if (base_grow((void **)&q->blocks, &q->cap_blocks, (size_t)(q->n_blocks + need), sizeof *q->blocks) != 0) return 0;
+    while (kv_cache_available(s->cache) < need) {
+        struct seq *victim = s->running[s->n_running - 1];
+        s->n_running--;
+        preempt(s, victim);
+        if (victim == q) return 0;
+    }
+    CHECK(kv_cache_alloc(s->cache, need, q->blocks + q->n_blocks) == STATUS_OK, "kv alloc after check");
+    q->n_blocks += need;
+    return 1;
+}
+
+/* Reuses cached blocks for the leading full blocks of the tokens to compute, leaving at least
+ * one row to run (its logits are needed). */
+static void reuse_prefix(struct scheduler *s, struct seq *q)
+{
+    const int bt = s->cache->block_tokens;
+    if (!s->o.prefix_caching || q->req->p.prompt_logprobs >= 0 || q->n_cached != 0) return;
+    if (base_grow((void **)&q->blocks, &q->cap_blocks, (size_t)(q->n_tokens / bt + 1), sizeof *q->blocks) != 0) return;
+    while ((q->n_registered + 1) * bt <= q->n_tokens - 1) {
+        const int32_t *t = q->tokens + (size_t)q->n_registered * bt;
+        uint64_t h = kv_cache_hash(q->last_hash, t, bt);
+        int32_t b = kv_cache_lookup(s->cache, h, t);
+        if (b < 0) break;
+        q->blocks[q->n_blocks++] = b;
+        q->n_registered++;
+        q->last_hash = h;
+        q->n_cached += bt;
+    }
+}
+
+void scheduler_commit(struct scheduler *s, struct seq *q)
+{
+    const int bt = s->cache->block_tokens;
+    q->n_cached += q->n_rows;
+    if (!s->o.prefix_caching) return;
+    while ((q->n_registered + 1) * bt <= q->n_cached) {
+        const int32_t *t = q->tokens + (size_t)q->n_registered * bt;
+        uint64_t h = kv_cache_hash(q->last_hash, t, bt);
+        kv_cache_register(s->cache, q->blocks[q->n_registered], h, t);
+        q->n_registered++;
+        q->last_hash = h;
+    }
+}
+
+/* ---- planning ------------------------------------------------------------------------------- */
+
+static int wants_prompt_logprobs(const struct seq *q)
+{
+    const struct request *r = q->req;
+    return r->p.prompt_logprobs >= 0 && !r->prompt_lp_sent && q->sample == 0;
+}
+
+/* Adds q's next `take` rows to the step being planned. */
+static void plan_rows(struct scheduler *s, struct seq *q, int take)
+{
+    struct step_batch *b = &s->batch;
+    const int bt = s->cache->block_tokens;
+    q->row_start = b->n_rows;
+    q->n_rows = take;
+    for (int j = 0; j < take; j++) {
+        int p = q->n_cached + j, row = b->n_rows + j;
+        b->tokens[row] = q->tokens[p];
+        b->pos[row] = p;
+        b->slots[row] = q->blocks[p / bt] * bt + p % bt;
+    }
+    q->wants_sample = q->n_cached + take == q->n_tokens;
+    const int lp_rows = wants_prompt_logprobs(q);
+    for (int j = 0; j < take; j++) {
+        int p = q->n_cached + j;
+        if ((lp_rows && p + 1 < q->req->n_prompt) || (j == take - 1 && q->wants_sample))
+            b->rows[b->n_logits++] = b->n_rows + j;
+    }
+    int k = b->n_seqs;
+    b->qstart[k] = b->n_rows;
+    b->seqlen[k] = q->n_cached + take;
+    memcpy(b->table + (size_t)k * b->table_width, q->blocks, (size_t)q->n_blocks * sizeof *q->blocks);
+    b->n_seqs++;
+    b->n_rows += take;
+    if (q->n_cached < q->req->n_prompt) b->prefill_rows += take;
+}
+
+/* Rows q may run this step: its pending tokens, bounded by the token budget and, for
+ * prompt-logprob rows, by the logits buffer. */
+static int rows_for(const struct scheduler *s, const struct seq *q, int budget)
+{
+    int take = q->n_tokens - q->n_cached;
+    if (take > budget) take = budget;
+    int logits_left = s->o.max_logits - s->batch.n_logits;
+    if (wants_prompt_logprobs(q) && take > logits_left - 1) take = logits_left - 1;
+    return take > 0 ? take : 0;
+}
+
+/* Admits the front of the queue if its rows and blocks fit; returns the rows planned (0: it
+ * stays waiting, and so does everything behind it). */
+static int admit_front(struct scheduler *s, int budget)
+{
+    struct seq *q = s->waiting[0];
+    int reused_before = q->n_cached;
+    reuse_prefix(s, q);
+    int take = rows_for(s, q, budget);
+    const int bt = s->cache->block_tokens;
+    int need = (q->n_cached + take + bt - 1) / bt - q->n_blocks;
+    if (take == 0 || kv_cache_available(s->cache) < need ||
+        base_grow((void **)&q->blocks, &q->cap_blocks, (size_t)(q->n_blocks + need), sizeof *q->blocks) != 0) {
+        /* Not now: give the reused prefix back so it does not pin blocks while waiting. */
+        forget_blocks(s, q);
+        return 0;
+    }
+    CHECK(kv_cache_alloc(s->cache, need, q->blocks + q->n_blocks) == STATUS_OK, "kv alloc after check");
+    q->n_blocks += need;
+    waiting_pop_front(s);
+    if (!q->prefix_checked) {
+        q->prefix_checked = 1;
+        q->cached_prompt_tokens = q->n_cached < q->req->n_prompt ? q->n_cached : q->req->n_prompt;
+        s->batch.hit_tokens += q->cached_prompt_tokens - reused_before;
+    }
+    q->state = SEQ_RUNNING;
+    q->order = s->next_order++;
+    s->running[s->n_running++] = q;
+    plan_rows(s, q, take);
+    return take;
+}
+
+int scheduler_plan(struct scheduler *s)
+{
+    struct step_batch *b = &s->batch;
+    b->n_rows = b->n_seqs = b->n_logits = b->prefill_rows = b->hit_tokens = 0;
+    int budget = s->o.max_batch_tokens;
+    for (int i = 0; i < s->n_running; i++) s->running[i]->n_rows = 0, s->running[i]->wants_sample = 0;
+    for (int i = 0; i < s->n_running && budget > 0; i++) {
+        struct seq *q = s->running[i];
+        int take = rows_for(s, q, budget);
+        if (take == 0) continue;
+        if (!ensure_blocks(s, q, q->n_cached + take)) break; /* q itself was preempted: it was last */
+        plan_rows(s, q, take);
+        budget -= take;
+    }
+    while (s->n_waiting > 0 && s->n_running < s->o.max_seqs && budget > 0) {
+        int take = admit_front(s, budget);
+        if (take == 0) break;
+        budget -= take;
+    }
+    b->qstart[b->n_seqs] = b->n_rows;
+    return b->n_rows;
+}
+
+void scheduler_drop_finished(struct scheduler *s)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        struct seq **list = pass ? s->waiting : s->running;
+        int *n = pass ? &s->n_waiting : &s->n_running, w = 0;
+        for (int i = 0; i < *n; i++) {
+            if (list[i]->state == SEQ_DONE) seq_free(list[i]);
+            else list[w++] = list[i];
+        }
+        *n = w;
+    }
+}
+
+/* ---- samples n > 1 -------------------------------------------------------------------------- */
+
+/* Gives c q's full blocks and a copy of its partial last block (copy-on-write, done eagerly
+ * since each sample writes its next token there). Returns 0 when no block is free. */
+static int share_blocks(struct scheduler *s, struct seq *q, struct seq *c)
+{
+    const int bt = s->cache->block_tokens;
+    int full = q->n_cached / bt, partial = q->n_cached % bt != 0;
+    if (base_grow((void **)&c->blocks, &c->cap_blocks, (size_t)q->n_blocks + 1, sizeof *c->blocks) != 0 ||
+        (partial && kv_cache_available(s->cache) < 1))
+        return 0;
+    for (int i = 0; i < full; i++) {
+        kv_cache_retain(s->cache, q->blocks[i]);
+        c->blocks[c->n_blocks++] = q->blocks[i];
+    }
+    if (partial) {
+        int32_t b;
+        CHECK(kv_cache_alloc(s->cache, 1, &b) == STATUS_OK, "kv alloc after check");
+        kv_cache_copy_block(s->cache, b, q->blocks[full]);
+        if (s->o.record_copies) { /* other ranks repeat the copy before the next step */
+            CHECK(base_grow((void **)&s->copies, &s->cap_copies, 2 * ((size_t)s->n_copies + 1), sizeof *s->copies) == 0,
+                  "engine: out of memory recording a block copy");
+            s->copies[2 * s->n_copies] = b;
+            s->copies[2 * s->n_copies + 1] = q->blocks[full];
+            s->n_copies++;
+        }
+        c->blocks[c->n_blocks++] = b;
+    }
+    c->n_cached = q->n_cached;
+    c->n_registered = q->n_registered;
+    c->last_hash = q->last_hash;
+    return 1;
+}
+
+int scheduler_fork(struct scheduler *s, struct seq *q, const struct tokenizer *tok, struct seq **children)
+{
+    struct request *r = q->req;
+    r->forked = 1;
+    for (int k = 1; k < r->p.n; k++) {
+        struct seq *c = seq_new(r, k, tok);
+        children[k - 1] = c;
+        if (!c) continue;
+        share_blocks(s, q, c);
+        c->cached_prompt_tokens = q->cached_prompt_tokens;
+    }
+    for (int k = 1; k < r->p.n; k++) {
+        struct seq *c = children[k - 1];
+        if (!c) continue;
+        if (c->n_cached > 0 && s->n_running < s->o.max_seqs) {
+            c->state = SEQ_RUNNING;
+            c->order = s->next_order++;
+            s->running[s->n_running++] = c;
+        } else { /* no block or no room: it recomputes when admitted */
+            forget_blocks(s, c);
+            waiting_push(s, c, 0);
+        }
+    }
+    return r->p.n - 1;
+}
