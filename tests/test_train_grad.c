@@ -4,7 +4,8 @@
  * the weights as loaded and the accumulated gradients, so that the Python test can recompute
  * both with JAX (an independent autodiff) from the same weights.
  *
- * Usage: test_train_grad MODEL_DIR BATCH_FILE OUT_PREFIX [REPEAT]
+ * Usage: test_train_grad MODEL_DIR BATCH_FILE OUT_PREFIX [REPEAT [cpu|cuda]]
+ * With cuda it prints "SKIP: ..." and exits 77 when the build or the machine has no GPU.
  * BATCH_FILE (text): "n_tokens n_docs grad_scale", then n_tokens tokens, n_tokens targets,
  * n_tokens positions, n_docs + 1 document offsets.
  * Writes OUT_PREFIX.json {"loss_sum", "n_real", "tensors": [{"kind", "layer", "shape",
@@ -47,8 +48,12 @@ int main(int argc, char **argv)
 
     struct backend *b = NULL;
     struct model *m = NULL;
-    CHECK(backend_open(DEVICE_CPU, 0, 0, &b) == STATUS_OK, "backend: %s", status_message());
-    enum status st = model_load(argv[1], b, NULL, &m);
+    const int cuda = argc > 5 && !strcmp(argv[5], "cuda");
+    if (backend_open(cuda ? DEVICE_CUDA : DEVICE_CPU, 0, 0, &b) != STATUS_OK) {
+        printf("SKIP: train_grad: no %s backend: %s\n", cuda ? "CUDA" : "CPU", status_message());
+        return 77;
+    }
+    enum status st = model_load_as(argv[1], b, NULL, DTYPE_F32, &m);
     if (st == STATUS_OK) st = model_reserve_train(m, tb.n_tokens);
     if (st == STATUS_OK) st = model_weights_make_writable(m);
     struct model_weights g;
@@ -81,11 +86,17 @@ int main(int argc, char **argv)
         const struct tensor *w = wt[i].t, *gr = gt[i].t;
         CHECK(w->dtype == DTYPE_F32 && gr->dtype == DTYPE_F32, "f32 expected");
         const size_t nb = tensor_nbytes(w);
+        void *hw = malloc(nb), *hg = malloc(nb);
+        CHECK(hw && hg, "out of memory");
+        backend_download(b, hw, w->data, nb);
+        backend_download(b, hg, gr->data, nb);
         fprintf(js, "%s{\"kind\": \"%s\", \"layer\": %d, \"shape\": [", i ? ", " : "",
                 weight_kind_name(wt[i].kind), wt[i].layer);
         for (int d = 0; d < w->ndim; d++) fprintf(js, "%s%lld", d ? ", " : "", (long long)w->shape[d]);
         fprintf(js, "], \"weight_offset\": %ld, \"grad_offset\": %ld}", off, off + (long)nb);
-        CHECK(fwrite(w->data, 1, nb, bin) == nb && fwrite(gr->data, 1, nb, bin) == nb, "write failed");
+        CHECK(fwrite(hw, 1, nb, bin) == nb && fwrite(hg, 1, nb, bin) == nb, "write failed");
+        free(hw);
+        free(hg);
         off += 2 * (long)nb;
     }
     fprintf(js, "], \"tied\": %d}\n", m->w.tied);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training gradients against JAX, an independent autodiff.
 
-  python3 test_train_grad.py PATH/TO/test_train_grad
+  python3 test_train_grad.py PATH/TO/test_train_grad [cpu|cuda]
 
 For small random Llama (GQA, SwiGLU, untied head), GPT-2 (LayerNorm with biases, learned
 positions, GELU, tied head) and Gemma 3 (QK norm, sandwich norms, GeGLU, embedding scale,
@@ -260,8 +260,14 @@ def write_batch(path, b, grad_scale):
             f.write(" ".join(str(int(v)) for v in b[key]) + "\n")
 
 
+DEVICE = "cpu"
+
+
 def run_driver(driver, model_dir, batch_path, prefix, repeat):
-    r = subprocess.run([driver, model_dir, batch_path, prefix, str(repeat)], capture_output=True, text=True)
+    r = subprocess.run([driver, model_dir, batch_path, prefix, str(repeat), DEVICE], capture_output=True, text=True)
+    if r.returncode == 77:
+        print(r.stdout.strip())
+        sys.exit(77)
     if r.returncode != 0:
         raise RuntimeError("driver failed: %s" % r.stderr[-2000:])
     meta = json.load(open(prefix + ".json"))
@@ -276,7 +282,9 @@ def run_driver(driver, model_dir, batch_path, prefix, repeat):
 
 
 def main():
+    global DEVICE
     driver = sys.argv[1]
+    DEVICE = sys.argv[2] if len(sys.argv) > 2 else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("llama", "gpt2", "gemma3"):
             mdir = os.path.join(tmp, kind)

@@ -97,6 +97,11 @@ struct model {
 enum status model_load(const char *dir, struct backend *b, const struct model_parallel *par,
                        struct model **out);
 
+/* model_load with a chosen compute dtype (f32, bf16 or f16; -1 = the default above): training
+ * computes in f32 on every backend. */
+enum status model_load_as(const char *dir, struct backend *b, const struct model_parallel *par,
+                          int dtype, struct model **out);
+
 /* Whether this rank holds the last pipeline stage (it produces logits). */
 int model_is_last_stage(const struct model *m);
 

@@ -137,6 +137,12 @@ enum status model_parse_pp_layers(const char *text, int pp_size, int n_layers, i
 enum status model_load(const char *dir, struct backend *b, const struct model_parallel *par,
                        struct model **out)
 {
+    return model_load_as(dir, b, par, -1, out);
+}
+
+enum status model_load_as(const char *dir, struct backend *b, const struct model_parallel *par,
+                          int dtype, struct model **out)
+{
     *out = NULL;
     const int tp_rank = par ? par->layout.tp_rank : 0, tp_size = par ? par->layout.tp_size : 1;
     const int pp_rank = par ? par->layout.pp_rank : 0, pp_size = par ? par->layout.pp_size : 1;
@@ -182,6 +188,7 @@ enum status model_load(const char *dir, struct backend *b, const struct model_pa
     }
     /* CPUs compute in f32; GPUs in bf16, or f16 for checkpoints trained in f16. */
     m->dtype = b->device == DEVICE_CPU ? DTYPE_F32 : (c->dtype == DTYPE_F16 ? DTYPE_F16 : DTYPE_BF16);
+    if (dtype >= 0) m->dtype = (enum dtype)dtype;
 
     /* Local sizes follow the slices the checkpoint hands out (heads, KV replication, vocab). */
     struct host_weight hw;

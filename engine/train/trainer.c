@@ -94,11 +94,8 @@ static enum status setup(struct trainer *t)
     if ((st = backend_open(o->device, 0, o->threads, &t->b)) != STATUS_OK) return st;
     snprintf(path, sizeof path, "%s/tokenizer.model", start);
     if ((st = tokenizer_load(path, &t->tok)) != STATUS_OK) return st;
-    if ((st = model_load(start, t->b, NULL, &t->m)) != STATUS_OK) return st;
-    if (t->m->dtype != DTYPE_F32)
-        return status_errorf(STATUS_UNSUPPORTED,
-                             "training computes in f32 on this backend (%s); mixed precision is not built yet",
-                             dtype_name(t->m->dtype));
+    /* f32 on every backend: mixed precision (bf16 / fp16 compute) is not built yet. */
+    if ((st = model_load_as(start, t->b, NULL, DTYPE_F32, &t->m)) != STATUS_OK) return st;
     if ((st = model_weights_make_writable(t->m)) != STATUS_OK) return st;
     const int max_tokens = o->micro_batch_size * o->seq_length;
     if ((st = model_reserve_train(t->m, max_tokens)) != STATUS_OK) return st;
