@@ -60,7 +60,7 @@ void cuda_cross_entropy_stats(struct backend *b, const struct tensor *stats, con
         const int64_t cc = vl - c0 < chunk ? vl - c0 : chunk;
         /* z (n, cc) = h (n, d) @ w[c0 .. c0 + cc)^T */
         cuda_gemm(s, 0, 1, n, cc, d, h->data, d, (const char *)w->data + (size_t)(c0 * d) * es, d,
-                  h->dtype, 0.0f, z, cc, DTYPE_F32);
+                  h->dtype, 0.0f, z, cc, DTYPE_F32, NULL, 0);
         ce_stats_chunk_kernel<<<cuda_blocks_for(n, 1), CE_THREADS, 0, s->stream>>>(
             (float *)stats->data, z, (const int32_t *)targets->data, n, cc, vocab_start + c0,
             c0 == 0);
@@ -150,12 +150,15 @@ void cuda_cross_entropy_backward(struct backend *b, const struct tensor *dh,
     const int half = t != DTYPE_F32;
     const size_t es = dtype_size(t);
     /* Scratch: the chunk's logits (n, chunk) f32; their gradient in T (n, chunk) when T is not
-     * f32 (else in place); dh's f32 sum (n, d) when dh is not f32. */
+     * f32 (else in place); dh's f32 sum (n, d) when dh is not f32; cuda_gemm's room for adding
+     * into a half-precision dw. */
+    const int64_t tmp_floats = dw && dw->dtype != DTYPE_F32 ? (CUDA_GEMM_TMP_FLOATS > d ? CUDA_GEMM_TMP_FLOATS : d) : 0;
     const size_t zb = cuda_align((size_t)(n * chunk) * sizeof(float));
     const size_t dzb = half ? cuda_align((size_t)(n * chunk) * es) : 0;
-    const size_t dhb = half ? (size_t)(n * d) * sizeof(float) : 0;
-    char *base = (char *)cuda_scratch(b, zb + dzb + dhb);
+    const size_t dhb = half ? cuda_align((size_t)(n * d) * sizeof(float)) : 0;
+    char *base = (char *)cuda_scratch(b, zb + dzb + dhb + (size_t)tmp_floats * sizeof(float));
     float *z = (float *)base, *dhf = half ? (float *)(base + zb + dzb) : (float *)dh->data;
+    float *tmp = tmp_floats ? (float *)(base + zb + dzb + dhb) : NULL;
     void *dz = half ? (void *)(base + zb) : (void *)z;
     const int64_t nd = n * d;
     if (!accumulate_dh) CUDA_CHECK(cudaMemsetAsync(dhf, 0, (size_t)nd * sizeof(float), s->stream));
@@ -167,17 +170,18 @@ void cuda_cross_entropy_backward(struct backend *b, const struct tensor *dh,
     for (int64_t c0 = 0; c0 < vl; c0 += chunk) {
         const int64_t cc = vl - c0 < chunk ? vl - c0 : chunk;
         const char *wc = (const char *)w->data + (size_t)(c0 * d) * es;
-        cuda_gemm(s, 0, 1, n, cc, d, h->data, d, wc, d, t, 0.0f, z, cc, DTYPE_F32);
+        cuda_gemm(s, 0, 1, n, cc, d, h->data, d, wc, d, t, 0.0f, z, cc, DTYPE_F32, NULL, 0);
         CUDA_DISPATCH_FLOAT(t, T,
             ce_dz_kernel<T><<<cuda_blocks_for(n * cc, CUDA_THREADS), CUDA_THREADS, 0, s->stream>>>(
                 (T *)dz, z, (const float *)lse->data, (const int32_t *)targets->data,
                 row_scale ? (const float *)row_scale->data : (const float *)NULL, scale, n, cc,
                 vocab_start + c0);
             LAUNCH_CHECK());
-        cuda_gemm(s, 0, 0, n, d, cc, dz, cc, wc, d, t, 1.0f, dhf, d, DTYPE_F32); /* dh += dz @ wc */
+        cuda_gemm(s, 0, 0, n, d, cc, dz, cc, wc, d, t, 1.0f, dhf, d, DTYPE_F32, NULL, 0); /* dh += dz @ wc */
         if (dw) /* dw[c0 .. c0 + cc) += dz^T @ h */
             cuda_gemm(s, 1, 0, cc, d, n, dz, cc, h->data, d, t, 1.0f,
-                      (char *)dw->data + (size_t)(c0 * d) * dtype_size(dw->dtype), d, dw->dtype);
+                      (char *)dw->data + (size_t)(c0 * d) * dtype_size(dw->dtype), d, dw->dtype,
+                      tmp, tmp_floats);
     }
     if (half)
         CUDA_DISPATCH_FLOAT(t, T,

@@ -99,9 +99,14 @@ void cuda_scatter_add_rows(struct backend *b, const struct tensor *dst, const st
  * c (m, n) = op(a) @ op(b) + beta c, where op(a) (m, k) is a with row stride lda, or, with
  * trans_a, the transpose of a stored (k, m); op(b) (k, n) is b with row stride ldb, or, with
  * trans_b, the transpose of b stored (n, k). a and b share ab_dtype; c is f32 or ab_dtype.
- * f32 accumulation (no TF32), queued on the backend's stream. */
+ * f32 accumulation (no TF32), queued on the backend's stream. With beta != 0 and a bf16/f16 c,
+ * cuBLAS rounds the product to c's type before adding beta c (seen on H100: two roundings, and
+ * a sum that cancels comes out 0), so the product goes to tmp (f32, tmp_floats >= n, a block
+ * of rows at a time) and a kernel adds it into c with one rounding; tmp may be NULL otherwise.
+ * CUDA_GEMM_TMP_FLOATS is the size callers give. */
+#define CUDA_GEMM_TMP_FLOATS ((int64_t)1 << 22)
 void cuda_gemm(struct cuda_state *s, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                const void *a, int64_t lda, const void *bm, int64_t ldb, enum dtype ab_dtype,
-               float beta, void *c, int64_t ldc, enum dtype c_dtype);
+               float beta, void *c, int64_t ldc, enum dtype c_dtype, float *tmp, int64_t tmp_floats);
 
 #endif

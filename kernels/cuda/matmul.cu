@@ -90,18 +90,11 @@ void cuda_matmul(struct backend *b, const struct tensor *y, const struct tensor 
 
 /* ---- the row-major product and the backward ------------------------------------------------ */
 
-void cuda_gemm(struct cuda_state *s, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-               const void *a, int64_t lda, const void *bm, int64_t ldb, enum dtype ab_dtype,
-               float beta, void *c, int64_t ldc, enum dtype c_dtype)
+/* The product alone, c = op(a) op(b) + beta c, in one cuBLAS call (see cuda_gemm). */
+static void gemm_call(struct cuda_state *s, int trans_a, int trans_b, int64_t m, int64_t n,
+                      int64_t k, const void *a, int64_t lda, const void *bm, int64_t ldb,
+                      enum dtype ab_dtype, float beta, void *c, int64_t ldc, enum dtype c_dtype)
 {
-    if (m == 0 || n == 0) return;
-    if (k == 0) { /* an empty sum: c = beta c, and beta is 0 or 1 here */
-        CHECK(beta == 0.0f || beta == 1.0f, "cuda_gemm: k = 0 with beta %g", (double)beta);
-        size_t es = dtype_size(c_dtype);
-        if (beta == 0.0f)
-            CUDA_CHECK(cudaMemset2DAsync(c, (size_t)ldc * es, 0, (size_t)n * es, (size_t)m, s->stream));
-        return;
-    }
     CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
               ldc <= INT_MAX,
           "cuda_gemm: m %lld, n %lld, k %lld exceed cuBLAS's int sizes", (long long)m,
@@ -115,6 +108,53 @@ void cuda_gemm(struct cuda_state *s, int trans_a, int trans_b, int64_t m, int64_
                               trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha, bm,
                               ab, (int)ldb, a, ab, (int)lda, &beta, c, ct, (int)ldc,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* c[i, j] = beta c[i, j] + p[i, j], rounded once; c (rows, n) with row stride ldc, p (rows, n). */
+template <typename T>
+static __global__ void gemm_accumulate_kernel(T *c, int64_t ldc, const float *p, int64_t rows,
+                                              int64_t n, float beta)
+{
+    int64_t total = rows * n;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = e / n, j = e % n;
+        cuda_store(c + i * ldc + j, beta * cuda_load(c + i * ldc + j) + p[e]);
+    }
+}
+
+void cuda_gemm(struct cuda_state *s, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+               const void *a, int64_t lda, const void *bm, int64_t ldb, enum dtype ab_dtype,
+               float beta, void *c, int64_t ldc, enum dtype c_dtype, float *tmp, int64_t tmp_floats)
+{
+    if (m == 0 || n == 0) return;
+    if (k == 0) { /* an empty sum: c = beta c, and beta is 0 or 1 here */
+        CHECK(beta == 0.0f || beta == 1.0f, "cuda_gemm: k = 0 with beta %g", (double)beta);
+        size_t es = dtype_size(c_dtype);
+        if (beta == 0.0f)
+            CUDA_CHECK(cudaMemset2DAsync(c, (size_t)ldc * es, 0, (size_t)n * es, (size_t)m, s->stream));
+        return;
+    }
+    if (beta == 0.0f || c_dtype == DTYPE_F32) {
+        gemm_call(s, trans_a, trans_b, m, n, k, a, lda, bm, ldb, ab_dtype, beta, c, ldc, c_dtype);
+        return;
+    }
+    /* Half-precision c with beta != 0: the product of a block of rows into tmp, then one
+     * rounding into c. Row r0 of op(a) starts at row r0 of a, or at column r0 when trans_a. */
+    CHECK(tmp && tmp_floats >= n, "cuda_gemm: accumulating into %s needs tmp of %lld floats",
+          dtype_name(c_dtype), (long long)n);
+    const int64_t rows = tmp_floats / n < m ? tmp_floats / n : m;
+    const size_t es = dtype_size(ab_dtype), cs = dtype_size(c_dtype);
+    for (int64_t r0 = 0; r0 < m; r0 += rows) {
+        const int64_t mr = m - r0 < rows ? m - r0 : rows;
+        const char *ar = (const char *)a + (size_t)(trans_a ? r0 : r0 * lda) * es;
+        gemm_call(s, trans_a, trans_b, mr, n, k, ar, lda, bm, ldb, ab_dtype, 0.0f, tmp, n, DTYPE_F32);
+        char *cr = (char *)c + (size_t)(r0 * ldc) * cs;
+        CUDA_DISPATCH_FLOAT(c_dtype, T,
+            gemm_accumulate_kernel<T><<<cuda_blocks_for(mr * n, CUDA_THREADS), CUDA_THREADS, 0,
+                                        s->stream>>>((T *)cr, ldc, tmp, mr, n, beta);
+            LAUNCH_CHECK());
+    }
 }
 
 #define BIAS_GRAD_ROWS 8
@@ -153,10 +193,16 @@ void cuda_matmul_backward(struct backend *b, const struct tensor *dx, const stru
     const int64_t m = tensor_rows(dy), n = tensor_cols(dy);
     const int64_t k = w ? w->shape[1] : tensor_cols(x);
     if (m == 0) return;
+    /* f32 room for cuda_gemm when it adds into a half-precision dx or dw */
+    const int half_acc = (dx && accumulate_dx && dx->dtype != DTYPE_F32) || (dw && dw->dtype != DTYPE_F32);
+    const int64_t tmp_floats = CUDA_GEMM_TMP_FLOATS > k ? CUDA_GEMM_TMP_FLOATS : k;
+    float *tmp = half_acc ? (float *)cuda_scratch(b, (size_t)tmp_floats * sizeof(float)) : NULL;
     if (dx)
         cuda_gemm(s, 0, 0, m, k, n, dy->data, n, w->data, k, dy->dtype, accumulate_dx ? 1.0f : 0.0f,
-                  dx->data, k, dx->dtype);
-    if (dw) cuda_gemm(s, 1, 0, n, k, m, dy->data, n, x->data, k, dy->dtype, 1.0f, dw->data, k, dw->dtype);
+                  dx->data, k, dx->dtype, tmp, tmp_floats);
+    if (dw)
+        cuda_gemm(s, 1, 0, n, k, m, dy->data, n, x->data, k, dy->dtype, 1.0f, dw->data, k, dw->dtype,
+                  tmp, tmp_floats);
     if (dbias && n > 0) {
         int64_t blocks = (n + 31) / 32;
         dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(32, BIAS_GRAD_ROWS);
