@@ -768,7 +768,7 @@ static double mm_loss(const void *p, double *abs_sum)
 }
 
 /* parts: 7 = dx, dw, dbias; 1 dx only (w only, x NULL); 2 dw only (x only, w NULL); 6 dw and
- * dbias. */
+ * dbias; 4 dbias only (x and w NULL). */
 static void case_matmul_backward(struct suite *s, enum dtype dt, enum dtype gdt, int m, int k,
                                  int n, int parts, int accumulate_dx, int reps)
 {
@@ -1599,6 +1599,7 @@ static void run_all(struct suite *s)
                 case_matmul_backward(s, dt, gdt, mm[i][0], mm[i][1], mm[i][2], 7, (int)i % 2, 1 + (int)i % 2);
             case_matmul_backward(s, dt, gdt, 17, 33, 67, 1, 0, 1);
             case_matmul_backward(s, dt, gdt, 17, 33, 67, 2, 0, 2);
+            case_matmul_backward(s, dt, gdt, 9, 20, 333, 4, 0, 2);
             case_matmul_backward(s, dt, gdt, 5, 70, 1100, 6, 1, 2);
             case_matmul_backward(s, dt, gdt, 300, 40, 24, 7, 0, 2);
 
@@ -1618,6 +1619,7 @@ static void run_all(struct suite *s)
             case_cross_entropy(s, dt, gdt, 6, 20, 99, 3, 0, 0, 2);
             case_cross_entropy(s, dt, gdt, 5, 24, 20000, 1, 1, 0, 1);
             case_cross_entropy(s, dt, gdt, 64, 16, 9000, 2, 0, 1, 1);
+            case_cross_entropy(s, dt, gdt, 0, 16, 300, 1, 0, 0, 1);
         }
     }
 

@@ -191,7 +191,7 @@ void cuda_matmul_backward(struct backend *b, const struct tensor *dx, const stru
 {
     struct cuda_state *s = cuda_state_enter(b);
     const int64_t m = tensor_rows(dy), n = tensor_cols(dy);
-    const int64_t k = w ? w->shape[1] : tensor_cols(x);
+    const int64_t k = w ? w->shape[1] : x ? tensor_cols(x) : 0; /* 0: dbias alone */
     if (m == 0) return;
     /* f32 room for cuda_gemm when it adds into a half-precision dx or dw */
     const int half_acc = (dx && accumulate_dx && dx->dtype != DTYPE_F32) || (dw && dw->dtype != DTYPE_F32);
