@@ -206,7 +206,7 @@ void cpu_matmul_backward(struct backend *b, const struct tensor *dx, const struc
                          const struct tensor *x, const struct tensor *w, int accumulate_dx)
 {
     const int64_t m = tensor_rows(dy), n = tensor_cols(dy);
-    const int64_t k = w ? w->shape[1] : tensor_cols(x);
+    const int64_t k = w ? w->shape[1] : x ? tensor_cols(x) : 0; /* 0: dbias alone */
     if (m == 0) return; /* no rows: dx is empty and nothing is added to dw, dbias */
     const int half = dy->dtype != DTYPE_F32;
 

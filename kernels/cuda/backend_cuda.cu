@@ -1,5 +1,5 @@
 /* kernels/cuda/backend_cuda.cu - the CUDA backend: opening it on one GPU (stream, cuBLAS
- * handle), its memory ops, and the table of its op functions.
+ * handle), its memory ops, the ops' scratch area, and the table of its op functions.
  * Not here: the ops themselves (one .cu file per op in this folder) or any cuBLAS call
  * (matmul.cu).
  * Tests: tests/test_ops.c --backend cuda (SKIP when no GPU is present). */
@@ -102,9 +102,25 @@ static void cuda_close(struct backend *b)
     struct cuda_state *s = cuda_state_enter(b);
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
     cuda_matmul_free(s);
+    if (s->scratch) CUDA_CHECK(cudaFree(s->scratch));
     CUDA_CHECK(cudaStreamDestroy(s->stream));
     free(s);
     free(b);
+}
+
+void *cuda_scratch(struct backend *b, size_t nbytes)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    if (nbytes <= s->scratch_bytes && s->scratch) return s->scratch;
+    CUDA_CHECK(cudaStreamSynchronize(s->stream)); /* queued ops may still use the old area */
+    if (s->scratch) CUDA_CHECK(cudaFree(s->scratch));
+    s->scratch = NULL;
+    s->scratch_bytes = 0;
+    cudaError_t err = cudaMalloc(&s->scratch, nbytes ? nbytes : 256);
+    CHECK(err == cudaSuccess, "CUDA device %d: no %zu bytes of op scratch: %s", s->device_id, nbytes,
+          cudaGetErrorString(err));
+    s->scratch_bytes = nbytes;
+    return s->scratch;
 }
 
 static const struct backend_ops cuda_backend_ops = {
@@ -137,6 +153,19 @@ static const struct backend_ops cuda_backend_ops = {
     .topk = cuda_topk,
     .attention_train = cuda_attention_train,
     .attention_train_backward = cuda_attention_train_backward,
+    .embedding_backward = cuda_embedding_backward,
+    .position_embedding_add_backward = cuda_position_embedding_add_backward,
+    .matmul_backward = cuda_matmul_backward,
+    .rmsnorm_backward = cuda_rmsnorm_backward,
+    .layernorm_backward = cuda_layernorm_backward,
+    .rope_backward = cuda_rope_backward,
+    .activation_backward = cuda_activation_backward,
+    .gated_activation_backward = cuda_gated_activation_backward,
+    .cross_entropy_stats = cuda_cross_entropy_stats,
+    .cross_entropy_combine = cuda_cross_entropy_combine,
+    .cross_entropy_backward = cuda_cross_entropy_backward,
+    .adamw = cuda_adamw,
+    .sum_squares = cuda_sum_squares,
 };
 
 /* No GPU, a driver too old for this runtime, a device out of range or too old, a device in

@@ -48,7 +48,20 @@ struct cuda_state {
     int            device_id;
     cudaStream_t   stream;
     cublasHandle_t cublas; /* bound to stream; created, used and destroyed only by matmul.cu */
+    void          *scratch;       /* device memory for ops' temporaries (cuda_scratch) */
+    size_t         scratch_bytes;
 };
+
+/* A device area of at least nbytes (256-byte aligned) for one op's temporaries: it grows to the
+ * largest request and then stays, like the CPU backend's scratch arena. Valid until the next
+ * cuda_scratch call; ops queued on the stream may use it, since they run in order. Growing
+ * waits for the stream first (queued ops may still read the old area). Out of device memory
+ * here is a CHECK failure: the engine sizes its work so that the largest request comes
+ * early. Defined in backend_cuda.cu. */
+void *cuda_scratch(struct backend *b, size_t nbytes);
+
+/* Rounds a byte count up to the 256-byte alignment of allocations, for carving scratch. */
+static inline size_t cuda_align(size_t nbytes) { return (nbytes + 255) & ~(size_t)255; }
 
 /* Every entry point starts here: the backend may be driven from a thread other than the one
  * that opened it, and CUDA's current device is per host thread. */
@@ -70,6 +83,19 @@ static inline unsigned cuda_blocks_for(int64_t n, int threads)
     if (blocks < 1) blocks = 1;
     return (unsigned)(blocks < CUDA_MAX_BLOCKS ? blocks : CUDA_MAX_BLOCKS);
 }
+
+/* Inside CUDA_DISPATCH_FLOAT: runs the statements with G bound to float when gdtype is f32,
+ * else to T (a weight gradient is f32 or the activations' dtype). */
+#define CUDA_DISPATCH_GRAD(gdtype, T, G, ...)                                                   \
+    do {                                                                                        \
+        if ((gdtype) == DTYPE_F32) {                                                            \
+            typedef float G;                                                                    \
+            __VA_ARGS__;                                                                        \
+        } else {                                                                                \
+            typedef T G;                                                                        \
+            __VA_ARGS__;                                                                        \
+        }                                                                                       \
+    } while (0)
 
 /* Runs the statements after T with T bound to the storage type of the float dtype `dtype`
  * (float, __nv_bfloat16 or __half): one template instantiation per dtype, no more. */
@@ -135,6 +161,53 @@ __device__ __forceinline__ float cuda_activate(float x, enum activation act)
     case ACTIVATION_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
     }
     return x;
+}
+
+/* d act / dx, the CPU reference's formulas (cpu_activate_grad in kernels/cpu/activation.c),
+ * term for term. */
+__device__ __forceinline__ float cuda_activate_grad(float x, enum activation act)
+{
+    switch (act) {
+    case ACTIVATION_SILU: {
+        float s = 1.0f / (1.0f + expf(-x));
+        return s * (1.0f + x * (1.0f - s));
+    }
+    case ACTIVATION_GELU_TANH: {
+        const float k = 0.7978845608028654f, c = 0.044715f;
+        float x2 = x * x, t = tanhf(k * (x + c * x * x2));
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * c * x2);
+    }
+    case ACTIVATION_GELU_ERF:
+        return 0.5f * (1.0f + erff(x * 0.7071067811865476f)) +
+               x * 0.3989422804014327f * expf(-0.5f * x * x);
+    }
+    return 1.0f;
+}
+
+/* *p += v with one atomic read-modify-write; half-precision p rounds the sum once (v is exactly
+ * representable in p's type wherever it is used: the embedding backwards add rows of the
+ * table's own dtype). bf16 atomics need sm_80, which the backend requires. */
+__device__ __forceinline__ void cuda_atomic_add(float *p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void cuda_atomic_add(__nv_bfloat16 *p, float v)
+{
+    atomicAdd(p, __float2bfloat16_rn(v));
+}
+__device__ __forceinline__ void cuda_atomic_add(__half *p, float v)
+{
+    atomicAdd(p, __float2half_rn(v));
+}
+
+/* For the norms' weight gradients: grad[j] += sum over b < blocks of partial[b * d + j], in b
+ * order (deterministic), partial f32 (blocks, d). One thread per column. */
+template <typename G>
+static __global__ void cuda_partials_add_kernel(G *grad, const float *partial, int blocks, int64_t d)
+{
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < d;
+         j += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < blocks; k++) s += partial[(int64_t)k * d + j];
+        cuda_store(grad + j, cuda_load(grad + j) + s);
+    }
 }
 
 /* Warp and block reductions. Every thread of the block must call the block ones (they

@@ -59,5 +59,64 @@ void cuda_attention_train_backward(struct backend *b, const struct tensor *dq,
                                    const struct tensor *lse, const struct tensor *q,
                                    const struct tensor *k, const struct tensor *v,
                                    const struct attention_train_batch *batch);
+/* Backward ops and the optimizer: each beside its forward in the forward's .cu file, except
+ * cross_entropy.cu, adamw.cu and sum_squares.cu. */
+void cuda_embedding_backward(struct backend *b, const struct tensor *dtable,
+                             const struct tensor *dout, const struct tensor *ids,
+                             int64_t vocab_start);
+void cuda_position_embedding_add_backward(struct backend *b, const struct tensor *dtable,
+                                          const struct tensor *dx, const struct tensor *positions);
+void cuda_matmul_backward(struct backend *b, const struct tensor *dx, const struct tensor *dw,
+                          const struct tensor *dbias, const struct tensor *dy,
+                          const struct tensor *x, const struct tensor *w, int accumulate_dx);
+void cuda_rmsnorm_backward(struct backend *b, const struct tensor *dx, const struct tensor *dweight,
+                           const struct tensor *dout, const struct tensor *x,
+                           const struct tensor *weight, float eps);
+void cuda_layernorm_backward(struct backend *b, const struct tensor *dx,
+                             const struct tensor *dweight, const struct tensor *dbias,
+                             const struct tensor *dout, const struct tensor *x,
+                             const struct tensor *weight, float eps);
+void cuda_rope_backward(struct backend *b, const struct tensor *dx, const struct tensor *positions,
+                        int rot_dim, float theta, enum rope_style style);
+void cuda_activation_backward(struct backend *b, const struct tensor *dx,
+                              const struct tensor *dout, const struct tensor *x,
+                              enum activation act);
+void cuda_gated_activation_backward(struct backend *b, const struct tensor *dgate,
+                                    const struct tensor *dup, const struct tensor *dout,
+                                    const struct tensor *gate, const struct tensor *up,
+                                    enum activation act);
+void cuda_cross_entropy_stats(struct backend *b, const struct tensor *stats,
+                              const struct tensor *h, const struct tensor *w,
+                              const struct tensor *targets, int64_t vocab_start);
+void cuda_cross_entropy_combine(struct backend *b, const struct tensor *loss,
+                                const struct tensor *lse, const struct tensor *stats,
+                                const struct tensor *targets);
+void cuda_cross_entropy_backward(struct backend *b, const struct tensor *dh,
+                                 const struct tensor *dw, const struct tensor *h,
+                                 const struct tensor *w, const struct tensor *targets,
+                                 const struct tensor *lse, const struct tensor *row_scale,
+                                 float scale, int64_t vocab_start, int accumulate_dh);
+void cuda_adamw(struct backend *b, const struct tensor *p, const struct tensor *g,
+                const struct tensor *m, const struct tensor *v, const struct adamw_params *hp);
+void cuda_sum_squares(struct backend *b, const struct tensor *out, const struct tensor *x);
+
+/* Shared by embedding.cu and position_embedding_add.cu: dst[idx[i] - offset, :] += src[i, :]
+ * with atomics, skipping rows outside dst, or (check_range) stopping the kernel on them. */
+void cuda_scatter_add_rows(struct backend *b, const struct tensor *dst, const struct tensor *src,
+                           const int32_t *idx, int64_t offset, int check_range);
+
+/* matmul.cu's cuBLAS product for the other files (cross_entropy.cu), all row-major:
+ * c (m, n) = op(a) @ op(b) + beta c, where op(a) (m, k) is a with row stride lda, or, with
+ * trans_a, the transpose of a stored (k, m); op(b) (k, n) is b with row stride ldb, or, with
+ * trans_b, the transpose of b stored (n, k). a and b share ab_dtype; c is f32 or ab_dtype.
+ * f32 accumulation (no TF32), queued on the backend's stream. With beta != 0 and a bf16/f16 c,
+ * cuBLAS rounds the product to c's type before adding beta c (seen on H100: two roundings, and
+ * a sum that cancels comes out 0), so the product goes to tmp (f32, tmp_floats >= n, a block
+ * of rows at a time) and a kernel adds it into c with one rounding; tmp may be NULL otherwise.
+ * CUDA_GEMM_TMP_FLOATS is the size callers give. */
+#define CUDA_GEMM_TMP_FLOATS ((int64_t)1 << 22)
+void cuda_gemm(struct cuda_state *s, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+               const void *a, int64_t lda, const void *bm, int64_t ldb, enum dtype ab_dtype,
+               float beta, void *c, int64_t ldc, enum dtype c_dtype, float *tmp, int64_t tmp_floats);
 
 #endif

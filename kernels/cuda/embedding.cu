@@ -1,7 +1,10 @@
 /* kernels/cuda/embedding.cu - op_embedding: the masked row lookup of a vocab-parallel
- * embedding shard (rows outside the shard give zeros).
+ * embedding shard (rows outside the shard give zeros); its backward, the masked scatter-add
+ * (with atomics: the order in which repeated ids add up is not fixed), shared with
+ * position_embedding_add.cu.
  * Not here: learned position embeddings (position_embedding_add.cu).
- * Tests: tests/test_ops.c --backend cuda (ids inside and outside the shard, vocab_start > 0). */
+ * Tests: tests/test_ops.c --backend cuda (ids inside and outside the shard, vocab_start > 0);
+ * tests/test_ops_backward.c --backend cuda (embedding_backward). */
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
@@ -32,4 +35,41 @@ void cuda_embedding(struct backend *b, const struct tensor *out, const struct te
             (T *)out->data, (const T *)table->data, (const int32_t *)ids->data, n, d, vocab_start,
             vocab_local);
         LAUNCH_CHECK());
+}
+
+/* dst[idx[row] - offset, col] += src[row, col], one thread per element of src. */
+template <typename T, typename G>
+static __global__ void scatter_add_rows_kernel(G *dst, const T *src, const int32_t *idx, int64_t n,
+                                               int64_t d, int64_t offset, int64_t rows,
+                                               int check_range)
+{
+    int64_t total = n * d;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t row = i / d, col = i % d;
+        int64_t r = (int64_t)idx[row] - offset;
+        if (check_range) DEVICE_CHECK(r >= 0 && r < rows);
+        if (r >= 0 && r < rows) cuda_atomic_add(dst + r * d + col, cuda_load(src + i));
+    }
+}
+
+void cuda_scatter_add_rows(struct backend *b, const struct tensor *dst, const struct tensor *src,
+                           const int32_t *idx, int64_t offset, int check_range)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    int64_t n = tensor_rows(src), d = tensor_cols(src);
+    if (n == 0 || d == 0) return;
+    CUDA_DISPATCH_FLOAT(src->dtype, T,
+        CUDA_DISPATCH_GRAD(dst->dtype, T, G,
+            scatter_add_rows_kernel<T, G><<<cuda_blocks_for(n * d, CUDA_THREADS), CUDA_THREADS, 0,
+                                            s->stream>>>((G *)dst->data, (const T *)src->data, idx,
+                                                         n, d, offset, dst->shape[0], check_range);
+            LAUNCH_CHECK()));
+}
+
+/* dtable (vocab_local, d)[ids (n) - vocab_start] += dout (n, d), ids outside the shard skipped. */
+void cuda_embedding_backward(struct backend *b, const struct tensor *dtable,
+                             const struct tensor *dout, const struct tensor *ids, int64_t vocab_start)
+{
+    cuda_scatter_add_rows(b, dtable, dout, (const int32_t *)ids->data, vocab_start, 0);
 }

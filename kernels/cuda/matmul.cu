@@ -1,8 +1,10 @@
-/* kernels/cuda/matmul.cu - y = x @ w^T (+ bias) through cuBLAS, and the cuBLAS handle's life.
- * This is the only file of the backend that calls cuBLAS.
+/* kernels/cuda/matmul.cu - y = x @ w^T (+ bias) and its backward through cuBLAS, the cuBLAS
+ * handle's life, and cuda_gemm, the row-major product the fused cross-entropy uses. This is the
+ * only file of the backend that calls cuBLAS.
  * Not here: attention's products (attention.cu computes them itself).
  * Tests: tests/test_ops.c --backend cuda (matmul against the CPU reference, every dtype, with
- * and without bias, odd sizes and one-row decode shapes). */
+ * and without bias, odd sizes and one-row decode shapes); tests/test_ops_backward.c --backend
+ * cuda (matmul_backward, cross_entropy). */
 #include <limits.h>
 
 #include "cuda_common.cuh"
@@ -84,4 +86,130 @@ void cuda_matmul(struct backend *b, const struct tensor *y, const struct tensor 
     CUBLAS_CHECK(cublasGemmEx(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha,
                               w->data, type, (int)k, x->data, type, (int)k, &beta, y->data, type,
                               (int)n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* ---- the row-major product and the backward ------------------------------------------------ */
+
+/* The product alone, c = op(a) op(b) + beta c, in one cuBLAS call (see cuda_gemm). */
+static void gemm_call(struct cuda_state *s, int trans_a, int trans_b, int64_t m, int64_t n,
+                      int64_t k, const void *a, int64_t lda, const void *bm, int64_t ldb,
+                      enum dtype ab_dtype, float beta, void *c, int64_t ldc, enum dtype c_dtype)
+{
+    CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
+              ldc <= INT_MAX,
+          "cuda_gemm: m %lld, n %lld, k %lld exceed cuBLAS's int sizes", (long long)m,
+          (long long)n, (long long)k);
+    /* Row-major c (m, n) is column-major c^T (n x m) = op(b)^T op(a)^T. A row-major operand is
+     * its own transpose in column-major terms, so op(b)^T is b as it lies (CUBLAS_OP_N) unless
+     * trans_b, and likewise for a. */
+    float alpha = 1.0f;
+    cudaDataType_t ab = matmul_data_type(ab_dtype), ct = matmul_data_type(c_dtype);
+    CUBLAS_CHECK(cublasGemmEx(s->cublas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha, bm,
+                              ab, (int)ldb, a, ab, (int)lda, &beta, c, ct, (int)ldc,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* c[i, j] = beta c[i, j] + p[i, j], rounded once; c (rows, n) with row stride ldc, p (rows, n). */
+template <typename T>
+static __global__ void gemm_accumulate_kernel(T *c, int64_t ldc, const float *p, int64_t rows,
+                                              int64_t n, float beta)
+{
+    int64_t total = rows * n;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = e / n, j = e % n;
+        cuda_store(c + i * ldc + j, beta * cuda_load(c + i * ldc + j) + p[e]);
+    }
+}
+
+void cuda_gemm(struct cuda_state *s, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+               const void *a, int64_t lda, const void *bm, int64_t ldb, enum dtype ab_dtype,
+               float beta, void *c, int64_t ldc, enum dtype c_dtype, float *tmp, int64_t tmp_floats)
+{
+    if (m == 0 || n == 0) return;
+    if (k == 0) { /* an empty sum: c = beta c, and beta is 0 or 1 here */
+        CHECK(beta == 0.0f || beta == 1.0f, "cuda_gemm: k = 0 with beta %g", (double)beta);
+        size_t es = dtype_size(c_dtype);
+        if (beta == 0.0f)
+            CUDA_CHECK(cudaMemset2DAsync(c, (size_t)ldc * es, 0, (size_t)n * es, (size_t)m, s->stream));
+        return;
+    }
+    if (beta == 0.0f || c_dtype == DTYPE_F32) {
+        gemm_call(s, trans_a, trans_b, m, n, k, a, lda, bm, ldb, ab_dtype, beta, c, ldc, c_dtype);
+        return;
+    }
+    /* Half-precision c with beta != 0: the product of a block of rows into tmp, then one
+     * rounding into c. Row r0 of op(a) starts at row r0 of a, or at column r0 when trans_a. */
+    CHECK(tmp && tmp_floats >= n, "cuda_gemm: accumulating into %s needs tmp of %lld floats",
+          dtype_name(c_dtype), (long long)n);
+    const int64_t rows = tmp_floats / n < m ? tmp_floats / n : m;
+    const size_t es = dtype_size(ab_dtype), cs = dtype_size(c_dtype);
+    for (int64_t r0 = 0; r0 < m; r0 += rows) {
+        const int64_t mr = m - r0 < rows ? m - r0 : rows;
+        const char *ar = (const char *)a + (size_t)(trans_a ? r0 : r0 * lda) * es;
+        gemm_call(s, trans_a, trans_b, mr, n, k, ar, lda, bm, ldb, ab_dtype, 0.0f, tmp, n, DTYPE_F32);
+        char *cr = (char *)c + (size_t)(r0 * ldc) * cs;
+        CUDA_DISPATCH_FLOAT(c_dtype, T,
+            gemm_accumulate_kernel<T><<<cuda_blocks_for(mr * n, CUDA_THREADS), CUDA_THREADS, 0,
+                                        s->stream>>>((T *)cr, ldc, tmp, mr, n, beta);
+            LAUNCH_CHECK());
+    }
+}
+
+#define BIAS_GRAD_ROWS 8
+
+/* dbias[j] += sum_i dy[i, j]: a block of (32, BIAS_GRAD_ROWS) threads per 32 columns; the
+ * BIAS_GRAD_ROWS partial sums of a column are added in a fixed order (deterministic). */
+template <typename T, typename G>
+static __global__ void __launch_bounds__(32 * BIAS_GRAD_ROWS)
+bias_grad_kernel(G *dbias, const T *dy, int64_t m, int64_t n)
+{
+    __shared__ float part[BIAS_GRAD_ROWS][33];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    for (int64_t c0 = (int64_t)blockIdx.x * 32; c0 < n; c0 += (int64_t)gridDim.x * 32) {
+        int64_t col = c0 + tx;
+        float acc = 0.0f;
+        if (col < n)
+            for (int64_t i = ty; i < m; i += BIAS_GRAD_ROWS) acc += cuda_load(dy + i * n + col);
+        part[ty][tx] = acc;
+        __syncthreads();
+        if (ty == 0 && col < n) {
+            float s = 0.0f;
+            for (int r = 0; r < BIAS_GRAD_ROWS; r++) s += part[r][tx];
+            cuda_store(dbias + col, cuda_load(dbias + col) + s);
+        }
+        __syncthreads();
+    }
+}
+
+/* dx (m, k) = dy (m, n) @ w (n, k) (+= with accumulate_dx); dw (n, k) += dy^T @ x;
+ * dbias (n) += column sums of dy. */
+void cuda_matmul_backward(struct backend *b, const struct tensor *dx, const struct tensor *dw,
+                          const struct tensor *dbias, const struct tensor *dy,
+                          const struct tensor *x, const struct tensor *w, int accumulate_dx)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    const int64_t m = tensor_rows(dy), n = tensor_cols(dy);
+    const int64_t k = w ? w->shape[1] : x ? tensor_cols(x) : 0; /* 0: dbias alone */
+    if (m == 0) return;
+    /* f32 room for cuda_gemm when it adds into a half-precision dx or dw */
+    const int half_acc = (dx && accumulate_dx && dx->dtype != DTYPE_F32) || (dw && dw->dtype != DTYPE_F32);
+    const int64_t tmp_floats = CUDA_GEMM_TMP_FLOATS > k ? CUDA_GEMM_TMP_FLOATS : k;
+    float *tmp = half_acc ? (float *)cuda_scratch(b, (size_t)tmp_floats * sizeof(float)) : NULL;
+    if (dx)
+        cuda_gemm(s, 0, 0, m, k, n, dy->data, n, w->data, k, dy->dtype, accumulate_dx ? 1.0f : 0.0f,
+                  dx->data, k, dx->dtype, tmp, tmp_floats);
+    if (dw)
+        cuda_gemm(s, 1, 0, n, k, m, dy->data, n, x->data, k, dy->dtype, 1.0f, dw->data, k, dw->dtype,
+                  tmp, tmp_floats);
+    if (dbias && n > 0) {
+        int64_t blocks = (n + 31) / 32;
+        dim3 grid((unsigned)(blocks < 65535 ? blocks : 65535)), block(32, BIAS_GRAD_ROWS);
+        CUDA_DISPATCH_FLOAT(dy->dtype, T,
+            CUDA_DISPATCH_GRAD(dbias->dtype, T, G,
+                bias_grad_kernel<T, G><<<grid, block, 0, s->stream>>>((G *)dbias->data,
+                                                                     (const T *)dy->data, m, n);
+                LAUNCH_CHECK()));
+    }
 }

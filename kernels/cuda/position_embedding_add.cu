@@ -1,7 +1,9 @@
 /* kernels/cuda/position_embedding_add.cu - op_position_embedding_add: x += the learned
  * absolute position embedding of each row (GPT-2), in place.
+ * Its backward, dtable[positions] += dx, is embedding.cu's scatter-add with every position
+ * checked on the device.
  * Not here: rotary embeddings (rope.cu), token embeddings (embedding.cu).
- * Tests: tests/test_ops.c --backend cuda. */
+ * Tests: tests/test_ops.c --backend cuda; tests/test_ops_backward.c --backend cuda. */
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
@@ -33,4 +35,11 @@ void cuda_position_embedding_add(struct backend *b, const struct tensor *x,
             (T *)x->data, (const T *)table->data, (const int32_t *)positions->data, n, d,
             table->shape[0]);
         LAUNCH_CHECK());
+}
+
+/* dtable (max_positions, d)[positions (n)] += dx (n, d). */
+void cuda_position_embedding_add_backward(struct backend *b, const struct tensor *dtable,
+                                          const struct tensor *dx, const struct tensor *positions)
+{
+    cuda_scatter_add_rows(b, dtable, dx, (const int32_t *)positions->data, 0, 1);
 }

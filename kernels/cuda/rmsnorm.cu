@@ -1,7 +1,10 @@
 /* kernels/cuda/rmsnorm.cu - op_rmsnorm: out = x / sqrt(mean(x^2) + eps) * weight, per row;
- * out may alias x. One thread block per row.
+ * out may alias x. One thread block per row. Its backward: a fixed grid of blocks walks the
+ * rows, each block summing its rows' weight gradient in its own row of a scratch (blocks, d),
+ * then a second kernel adds those rows in order (deterministic).
  * Not here: layernorm (layernorm.cu).
- * Tests: tests/test_ops.c --backend cuda (aliased output, rows not a multiple of 32). */
+ * Tests: tests/test_ops.c --backend cuda (aliased output, rows not a multiple of 32);
+ * tests/test_ops_backward.c --backend cuda (rmsnorm_backward). */
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
@@ -40,4 +43,59 @@ void cuda_rmsnorm(struct backend *b, const struct tensor *out, const struct tens
         rmsnorm_kernel<T><<<cuda_blocks_for(n, 1), RMSNORM_THREADS, 0, s->stream>>>(
             (T *)out->data, (const T *)x->data, (const T *)weight->data, n, d, eps);
         LAUNCH_CHECK());
+}
+
+/* Blocks of the backward: the rows of its weight-gradient scratch. */
+#define NORM_BACKWARD_BLOCKS 256
+
+/* dx = r (g w) - (r^3 / d) sum(g w x) x per row; partial (gridDim.x, d) or NULL: this block's
+ * sum of g x r. dx may alias dout: each element is read and written by one thread, and the
+ * reduction pass reads the row before any write. */
+template <typename T>
+static __global__ void __launch_bounds__(RMSNORM_THREADS)
+rmsnorm_backward_kernel(T *dx, float *partial, const T *dout, const T *x, const T *weight,
+                        int64_t n, int64_t d, float eps)
+{
+    float *acc = partial ? partial + (int64_t)blockIdx.x * d : NULL;
+    if (acc)
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) acc[j] = 0.0f;
+    for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+        const T *xr = x + row * d, *gr = dout + row * d;
+        T *o = dx + row * d;
+        float ss = 0.0f, dot = 0.0f;
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+            float xv = cuda_load(xr + j);
+            ss += xv * xv;
+            dot += cuda_load(gr + j) * cuda_load(weight + j) * xv;
+        }
+        ss = cuda_block_sum(ss);
+        dot = cuda_block_sum(dot);
+        float r = 1.0f / sqrtf(ss / (float)d + eps), c = r * r * r * dot / (float)d;
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+            float g = cuda_load(gr + j), xv = cuda_load(xr + j);
+            if (acc) acc[j] += g * xv * r;
+            cuda_store(o + j, r * (g * cuda_load(weight + j)) - c * xv);
+        }
+    }
+}
+
+/* dx, dout, x (n, d); weight (d); dweight (d) f32 or x's dtype, or NULL. */
+void cuda_rmsnorm_backward(struct backend *b, const struct tensor *dx, const struct tensor *dweight,
+                           const struct tensor *dout, const struct tensor *x,
+                           const struct tensor *weight, float eps)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    int64_t n = tensor_rows(x), d = tensor_cols(x);
+    if (n == 0 || d == 0) return;
+    int blocks = (int)(n < NORM_BACKWARD_BLOCKS ? n : NORM_BACKWARD_BLOCKS);
+    float *partial = dweight ? (float *)cuda_scratch(b, (size_t)blocks * (size_t)d * sizeof(float)) : NULL;
+    CUDA_DISPATCH_FLOAT(x->dtype, T,
+        rmsnorm_backward_kernel<T><<<blocks, RMSNORM_THREADS, 0, s->stream>>>(
+            (T *)dx->data, partial, (const T *)dout->data, (const T *)x->data,
+            (const T *)weight->data, n, d, eps);
+        LAUNCH_CHECK();
+        if (dweight) CUDA_DISPATCH_GRAD(dweight->dtype, T, G,
+            cuda_partials_add_kernel<G><<<cuda_blocks_for(d, CUDA_THREADS), CUDA_THREADS, 0,
+                                          s->stream>>>((G *)dweight->data, partial, blocks, d);
+            LAUNCH_CHECK()));
 }
