@@ -48,6 +48,10 @@ struct cuda_state {
     int            device_id;
     cudaStream_t   stream;
     cublasHandle_t cublas; /* bound to stream; created, used and destroyed only by matmul.cu */
+    /* matmul.cu's f32 products before the bias is added (16-bit outputs with a bias), allocated
+     * once at open: (matmul_scratch_floats) floats */
+    float         *matmul_scratch;
+    size_t         matmul_scratch_floats;
 };
 
 /* Every entry point starts here: the backend may be driven from a thread other than the one
