@@ -50,6 +50,10 @@ struct cuda_state {
     cublasHandle_t cublas; /* bound to stream; created, used and destroyed only by matmul.cu */
     void          *scratch;       /* device memory for ops' temporaries (cuda_scratch) */
     size_t         scratch_bytes;
+    /* matmul.cu's f32 products before the bias is added (16-bit outputs with a bias), allocated
+     * once at open: (matmul_scratch_floats) floats */
+    float         *matmul_scratch;
+    size_t         matmul_scratch_floats;
 };
 
 /* A device area of at least nbytes (256-byte aligned) for one op's temporaries: it grows to the

@@ -13,8 +13,9 @@
 
 struct cuda_state;
 
-/* matmul.cu owns the cuBLAS handle: created on the state's stream at open, destroyed at close
- * (accepts a state whose handle was never created). */
+/* matmul.cu owns the cuBLAS handle and the matmul scratch: created (the handle on the state's
+ * stream) at open, destroyed at close (accepts a state whose handle or scratch was never
+ * created). */
 enum status cuda_matmul_init(struct cuda_state *s);
 void        cuda_matmul_free(struct cuda_state *s);
 

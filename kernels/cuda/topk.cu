@@ -18,6 +18,13 @@
  * 48 KiB every device grants without opting in. */
 #define TOPK_MAX_K 4096
 
+/* The candidate arrays' length: k rounded up to whole 16-byte chunks. The dynamic shared array
+ * is 16-byte aligned, and ptxas reads it by whole aligned chunks (the ranking loop's tail is an
+ * LDS.128): with k = 1 that read ran past an 8-byte allocation (compute-sanitizer memcheck on an
+ * H100, 2026-11-24). Keys and indices each take whole chunks, so every chunk read lies inside
+ * the allocation. */
+__host__ __device__ __forceinline__ int topk_cand_len(int k) { return (k + 3) & ~3; }
+
 /* An order-preserving unsigned key: key(a) > key(c) exactly when a ranks above c as a value.
  * -0 maps to +0's key (they compare equal, so the index decides, as on the CPU); every NaN
  * maps to 0, below -inf's key (0x007fffff). */
@@ -34,8 +41,8 @@ static __global__ void __launch_bounds__(TOPK_THREADS)
 topk_kernel(float *values, int32_t *ids, const T *x, int64_t n, int v, int k)
 {
     extern __shared__ uint32_t topk_shared[];
-    uint32_t *cand_key = topk_shared;                /* (k) */
-    int32_t *cand_idx = (int32_t *)(topk_shared + k); /* (k) */
+    uint32_t *cand_key = topk_shared;                                /* (k), padded */
+    int32_t *cand_idx = (int32_t *)(topk_shared + topk_cand_len(k)); /* (k), padded */
     __shared__ uint32_t hist[256];
     __shared__ uint32_t chosen_prefix, chosen_remaining;
     __shared__ int n_above;
@@ -141,7 +148,7 @@ void cuda_topk(struct backend *b, const struct tensor *values, const struct tens
     CHECK(v <= INT_MAX, "topk: rows of %lld values do not fit i32 ids", (long long)v);
     CHECK(k <= TOPK_MAX_K, "topk: k = %lld; the CUDA backend supports k <= %d", (long long)k,
           TOPK_MAX_K);
-    size_t shared_bytes = 2 * (size_t)k * sizeof(uint32_t);
+    size_t shared_bytes = 2 * (size_t)topk_cand_len((int)k) * sizeof(uint32_t);
     CUDA_DISPATCH_FLOAT(x->dtype, T,
         topk_kernel<T><<<cuda_blocks_for(n, 1), TOPK_THREADS, shared_bytes, s->stream>>>(
             (float *)values->data, (int32_t *)ids->data, (const T *)x->data, n, (int)v, (int)k);
