@@ -149,7 +149,6 @@ static void gen_final_status(struct call *c, grpc_status_code *code, const char 
     *details = c->end_message ? c->end_message : "";
 }
 
-/* Decides what a generation call sends next; called after every change to it. */
 /* The prompt log-probabilities go with the first response message of a call, once. */
 static void attach_prompt_logprobs(const struct call *c, struct gen_response_out *o)
 {
