@@ -1,44 +1,30 @@
-/* cli/bench.c - `shardlm bench`: the load generator (concurrent workers, latency percentiles).
- * Exit codes and messages: see commands.h. Shared flags: client_flags.h.
+/* cli/bench.c - `shardlm bench`: a load generator over the client library: N worker threads,
+ * each with its own connection, stream M requests in all; prints throughput, time to first
+ * token, inter-token and end-to-end latency percentiles, and the gRPC codes seen.
+ * Not here: the shared flags (client_flags.c), the calls (clients/), the bench drivers that
+ * compare peers (tools/). Exit codes and messages: commands.h.
  * Tests: tests/test_client.sh (against a real `shardlm serve`). */
 #include "commands.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
 #include <math.h>
-#include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
-
 
 #include "client_flags.h"
-
-/* ---- bench ---------------------------------------------------------------------------- */
 
 #define N_GRPC_CODES 17
 
 struct samples {
-    double *v;  /* (n) */
+    double *v;  /* (cap), n of them */
     size_t  n, cap;
 };
 
 static int samples_push(struct samples *s, double x)
 {
-    if (s->n == s->cap) {
-        size_t ncap = s->cap ? 2 * s->cap : 256;
-        double *nv = realloc(s->v, ncap * sizeof *nv);
-        if (!nv) return -1;
-        s->v = nv;
-        s->cap = ncap;
-    }
+    if (base_grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) return -1;
     s->v[s->n++] = x;
     return 0;
 }
@@ -289,6 +275,3 @@ int client_bench_main(int argc, char **argv)
     cli_common_free(&b.cf);
     return rc;
 }
-
-/* ---- stats ------------------------------------------------------------------------------ */
-

@@ -1,27 +1,21 @@
-/* cli/chat.c - `shardlm chat`: the interactive, streamed chat REPL (ChatStream), with Ctrl-C handling.
- * Exit codes and messages: see commands.h. Shared flags: client_flags.h.
+/* cli/chat.c - `shardlm chat`: the interactive chat over ChatStream: reads a line, sends the
+ * whole conversation, prints the reply as it streams, keeps the history. Ctrl-C cancels the
+ * reply in flight (the conversation goes on), or leaves at the prompt (exit code 130).
+ * Not here: the shared flags (client_flags.c), the calls (clients/), the chat templates (the
+ * server applies them: engine/text/chat_template.c). Exit codes and messages: commands.h.
  * Tests: tests/test_client.sh (against a real `shardlm serve`). */
 #include "commands.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
-#include <math.h>
 #include <poll.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-
 #include "client_flags.h"
-
-/* ---- chat ----------------------------------------------------------------------------- */
 
 /* Ctrl-C: the handler only raises the flag (which the running call polls) and wakes the
  * prompt's poll() through a pipe; it may run on any thread, gRPC's included. These two are
@@ -78,15 +72,9 @@ static int line_read(struct line_reader *lr, char **line)
             lr->len -= lr->start;
             lr->start = 0;
         }
-        if (lr->len + 4096 + 1 > lr->cap) {
-            size_t ncap = lr->cap ? 2 * lr->cap : 8192;
-            char *nb = realloc(lr->buf, ncap);
-            if (!nb) {
-                errno = ENOMEM;
-                return -2;
-            }
-            lr->buf = nb;
-            lr->cap = ncap;
+        if (base_grow((void **)&lr->buf, &lr->cap, lr->len + 4096 + 1, 1)) {
+            errno = ENOMEM;
+            return -2;
         }
         struct pollfd p[2] = {{.fd = lr->fd, .events = POLLIN}, {.fd = lr->wake_fd, .events = POLLIN}};
         int r = poll(p, lr->wake_fd >= 0 ? 2 : 1, -1);
@@ -107,19 +95,15 @@ static int line_read(struct line_reader *lr, char **line)
 }
 
 struct chat_history {
-    struct client_message *msgs;  /* contents malloc'd (roles are literals) */
-    int n, cap;
+    struct client_message *msgs;  /* (cap), n of them; contents malloc'd (roles are literals) */
+    size_t cap;
+    int    n;
 };
 
 static enum status history_push(struct chat_history *h, const char *role, const char *content, size_t len)
 {
-    if (h->n == h->cap) {
-        int ncap = h->cap ? 2 * h->cap : 16;
-        struct client_message *nm = realloc(h->msgs, (size_t)ncap * sizeof *nm);
-        if (!nm) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        h->msgs = nm;
-        h->cap = ncap;
-    }
+    if (base_grow((void **)&h->msgs, &h->cap, (size_t)h->n + 1, sizeof *h->msgs))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     char *c = malloc(len + 1);
     if (!c) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     memcpy(c, content, len);

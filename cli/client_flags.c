@@ -1,24 +1,17 @@
-/* cli/client_flags.c - the flags and helpers the client subcommands share (client_flags.h).
+/* cli/client_flags.c - what the client subcommands share (client_flags.h): the flags that say
+ * where the server is and how to reach it (--server, --api-key-file, TLS, --timeout), the
+ * sampling flags, strict number parsing and the usage errors.
+ * Not here: the subcommands (chat.c, complete.c, bench.c, stats.c), the client (clients/).
  * Tests: tests/test_client.sh. */
 #include "client_flags.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
-
-
-/* ---- shared helpers ------------------------------------------------------------------- */
 
 int cli_usage_error(const char *cmd, const char *fmt, const char *arg)
 {
@@ -55,8 +48,6 @@ int cli_parse_double(const char *s, double lo, double hi, double *out)
     *out = v;
     return 0;
 }
-
-
 
 /* Returns 1 when a is a common flag (*used: whether it took the value v), 0 when it is not
  * one, -1 after printing a usage error. */
@@ -185,7 +176,3 @@ int cli_parse_sampling(const char *cmd, struct client_sampling *s, const char *a
     }
     return 1;
 }
-
-
-/* ---- complete ------------------------------------------------------------------------- */
-

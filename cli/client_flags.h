@@ -7,7 +7,6 @@
 #define SHARDLM_CLI_CLIENT_FLAGS_H
 
 #include <stdint.h>
-#include <stdio.h>
 
 #include "client.h"
 #include "commands.h"

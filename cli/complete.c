@@ -1,23 +1,12 @@
-/* cli/complete.c - `shardlm complete`: one completion (Generate or GenerateStream) with its log-probabilities.
- * Exit codes and messages: see commands.h. Shared flags: client_flags.h.
- * Tests: tests/test_client.sh (against a real `shardlm serve`). */
+/* cli/complete.c - `shardlm complete`: one completion over Generate (or GenerateStream with
+ * --stream), printed after its prompt as `shardlm generate` prints it, then, with --logprobs,
+ * each token's log-probability and its most likely alternatives.
+ * Not here: the shared flags (client_flags.c), the calls (clients/). Exit codes and messages:
+ * commands.h. Tests: tests/test_client.sh (against a real `shardlm serve`). */
 #include "commands.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <math.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdatomic.h>
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
-
 
 #include "client_flags.h"
 

@@ -4,10 +4,7 @@
  * Tests: tests/test_cli.sh, tests/test_gguf.c. */
 #include "commands.h"
 
-#include <errno.h>
-#include <limits.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "gguf_convert.h"

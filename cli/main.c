@@ -10,7 +10,8 @@
  *   shardlm version
  * Errors from below arrive as an enum status with a message; the subcommands print them
  * (cli_fail) and turn them into a non-zero exit code. Only cli/ chooses exit codes.
- * Tests: tests/test_cli.sh (through ctest). */
+ * Not here: any subcommand's flags or work (their files above).
+ * Tests: tests/test_cli.sh (through ctest), tests/test_client.sh. */
 #include "commands.h"
 
 #include <stdio.h>

@@ -16,24 +16,24 @@
  *   --tls-cert F --tls-key F serve TLS with this PEM certificate chain and key
  *   --drain-timeout S        seconds running requests may finish after SIGTERM [30]
  *   --max-message-bytes N    largest request message [4194304]
- * Not here: the server (server.c). Tests: tests/server/test_server.py. */
+ * Under mpirun, rank 0 serves and every other rank replays its conductor's step plans
+ * (engine_run_worker). Not here: the server (server/), the engine (engine/serving/).
+ * Tests: tests/server/test_server.py, tests/test_serve_mpi.sh. */
 #include "commands.h"
-
-#include <signal.h>
-
-#include "engine.h"
-#include "parallel.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
 #include "ops.h"
+#include "parallel.h"
 #include "server.h"
-
 
 static int usage(const char *fmt, const char *arg)
 {

@@ -1,23 +1,11 @@
-/* cli/stats.c - `shardlm stats`: the served model and the server's load, per replica.
- * Exit codes and messages: see commands.h. Shared flags: client_flags.h.
- * Tests: tests/test_client.sh (against a real `shardlm serve`). */
+/* cli/stats.c - `shardlm stats`: the served model (GetModelInfo) and the server's load
+ * (GetServerStats) as "key: value" lines, one line per data-parallel replica.
+ * Not here: the shared flags (client_flags.c), the calls (clients/). Exit codes and messages:
+ * commands.h. Tests: tests/test_client.sh (against a real `shardlm serve`). */
 #include "commands.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <math.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdatomic.h>
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
-
 
 #include "client_flags.h"
 
@@ -72,4 +60,3 @@ int client_stats_main(int argc, char **argv)
     cli_common_free(&cf);
     return st == STATUS_OK ? 0 : cli_fail(st);
 }
-

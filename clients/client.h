@@ -1,8 +1,8 @@
 /* clients/client.h - the C client library of shardlm: one gRPC channel to a `shardlm serve`
  * and a blocking function per method of shardlm.v1.TextGeneration (Generate, GenerateStream,
  * Chat, ChatStream, Tokenize, Detokenize, Cancel, GetModelInfo, GetServerStats), in native
- * structs. gRPC C core and protobuf-c stay inside client.c.
- * Not here: command-line parsing and printing (cli.c).
+ * structs. gRPC C core and protobuf-c stay inside the .c files of clients/.
+ * Not here: command-line parsing and printing (cli/chat.c, complete.c, bench.c, stats.c).
  * Tests: tests/test_client.sh (through the chat, complete and bench subcommands, against a
  * real server).
  *

@@ -1,7 +1,7 @@
 /* server/reflection.c - a minimal protobuf wire reader over the embedded FileDescriptorSet:
  * enough of descriptor.proto (file name, package, dependencies, messages with their nested
  * messages and enums, enums, services with their methods) to answer reflection queries.
- * Not here: the call (server.c), the reflection messages (convert.c).
+ * Not here: the call (call.c, methods.c), the reflection messages (convert.c).
  * Tests: tests/server/test_server.py (reflection). */
 #include "reflection.h"
 
@@ -16,17 +16,21 @@ struct rfile {
     const uint8_t *data;  /* the serialized FileDescriptorProto, borrowed from the embedded set */
     size_t         len;
     char          *name;
-    char         **deps;  /* (n_deps) */
+    char         **deps;  /* (deps_cap), n_deps of them */
+    size_t         deps_cap;
     int            n_deps;
 };
 
 struct reflection {
-    struct rfile *files;    /* (n_files) */
+    struct rfile *files;    /* (files_cap), n_files of them */
+    size_t        files_cap;
     int           n_files;
-    char        **symbols;  /* (n_symbols) fully-qualified, without the leading dot */
-    int          *sym_file; /* (n_symbols) index into files */
+    char        **symbols;  /* (symbols_cap), n_symbols fully-qualified names, without the leading dot */
+    int          *sym_file; /* (sym_file_cap), for each symbol its index into files */
+    size_t        symbols_cap, sym_file_cap;
     int           n_symbols;
-    char        **services; /* (n_services) */
+    char        **services; /* (services_cap), n_services of them */
+    size_t        services_cap;
     int           n_services;
 };
 
@@ -105,11 +109,9 @@ static int add_symbol(struct reflection *x, const char *prefix, const char *name
 {
     size_t n = strlen(prefix) + strlen(name) + 2;
     char *s = malloc(n);
-    char **syms = realloc(x->symbols, (size_t)(x->n_symbols + 1) * sizeof *syms);
-    int *sf = realloc(x->sym_file, (size_t)(x->n_symbols + 1) * sizeof *sf);
-    if (syms) x->symbols = syms;
-    if (sf) x->sym_file = sf;
-    if (!s || !syms || !sf) {
+    size_t need = (size_t)x->n_symbols + 1;
+    if (!s || base_grow((void **)&x->symbols, &x->symbols_cap, need, sizeof *x->symbols) ||
+        base_grow((void **)&x->sym_file, &x->sym_file_cap, need, sizeof *x->sym_file)) {
         free(s);
         return -1;
     }
@@ -150,9 +152,7 @@ static int add_service(struct reflection *x, const char *prefix, const uint8_t *
     }
     free(name);
     char *full = strdup(x->symbols[x->n_symbols - 1]);
-    char **sv = realloc(x->services, (size_t)(x->n_services + 1) * sizeof *sv);
-    if (sv) x->services = sv;
-    if (!full || !sv) {
+    if (!full || base_grow((void **)&x->services, &x->services_cap, (size_t)x->n_services + 1, sizeof *x->services)) {
         free(full);
         return -1;
     }
@@ -173,9 +173,7 @@ static int add_service(struct reflection *x, const char *prefix, const uint8_t *
 static int add_file(struct reflection *x, const uint8_t *data, size_t len)
 {
     int fi = x->n_files;
-    struct rfile *fs = realloc(x->files, (size_t)(fi + 1) * sizeof *fs);
-    if (!fs) return -1;
-    x->files = fs;
+    if (base_grow((void **)&x->files, &x->files_cap, (size_t)fi + 1, sizeof *x->files)) return -1;
     struct rfile *f = &x->files[fi];
     memset(f, 0, sizeof *f);
     f->data = data;
@@ -192,10 +190,11 @@ static int add_file(struct reflection *x, const uint8_t *data, size_t len)
     size_t n;
     while (rc == 0 && rd_field(&r, &num, &wt, &d, &n)) {
         if (num == 3 && wt == 2) {
-            char **deps = realloc(f->deps, (size_t)(f->n_deps + 1) * sizeof *deps);
-            if (!deps) { rc = -1; break; }
-            f->deps = deps;
-            if (!(f->deps[f->n_deps] = dupn(d, n))) { rc = -1; break; }
+            if (base_grow((void **)&f->deps, &f->deps_cap, (size_t)f->n_deps + 1, sizeof *f->deps) ||
+                !(f->deps[f->n_deps] = dupn(d, n))) {
+                rc = -1;
+                break;
+            }
             f->n_deps++;
         } else if (num == 4 && wt == 2) rc = add_message(x, package, d, n, fi, 0);
         else if (num == 5 && wt == 2) rc = add_message(x, package, d, n, fi, 1);

@@ -1,7 +1,7 @@
 /* server/reflection.h - the index behind grpc.reflection.v1alpha: the FileDescriptorSet that
  * protos/CMakeLists.txt compiles into the binary, split into its files, with every service and
  * fully-qualified symbol (messages, nested messages, enums, services, methods) they define.
- * Not here: the bidirectional call itself (server.c) and the reflection messages (convert.c).
+ * Not here: the bidirectional call itself (call.c, methods.c) and the reflection messages (convert.c).
  * Tests: tests/server/test_server.py (reflection lists the service and resolves its file). */
 #ifndef SHARDLM_REFLECTION_H
 #define SHARDLM_REFLECTION_H

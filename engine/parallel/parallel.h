@@ -4,9 +4,10 @@
  * tensors, NCCL for CUDA tensors, behind one ops table (like the kernels' struct backend).
  * Not here: what is communicated when (engine/model/model.c: the Megatron all-reduces, the logits
  * gather and the pipeline hand-over; the engine: the step plan), the tensors' memory
- * (backend_alloc). engine/parallel/parallel.c is the only file that calls MPI and
- * engine/parallel/parallel_nccl.c the only one that calls NCCL; builds without CUDA link
- * engine/parallel/parallel_nccl_unavailable.c instead.
+ * (backend_alloc). Implemented in engine/parallel/: parallel.c (the world, the layout, the
+ * groups), parallel_comm.c (the comm_* operations and the MPI communicator), parallel_msg.c
+ * (parallel_msg_*): the only files that call MPI; parallel_nccl.c, the only one that calls
+ * NCCL (builds without CUDA link parallel_nccl_unavailable.c instead).
  * Tests: tests/test_parallel.c (under mpirun -n 2, 3 and 4 and as a world of one; the NCCL
  * part is labelled gpu). Design notes: docs/parallel.md.
  *
@@ -70,7 +71,7 @@ struct parallel_world {
     char   failure[512];            /* that call's message ("" while not broken) */
     struct comm *control;           /* every rank, world rank order, CPU tensors, over MPI:
                                      * the control plane (step plan, sampled tokens) */
-    void  *impl;                    /* MPI state, private to parallel.c */
+    void  *impl;                    /* MPI state (struct world_impl, parallel_mpi.h) */
 };
 
 /* Initialises the world. When the process was started by an MPI launcher (mpirun/mpiexec of
@@ -157,7 +158,7 @@ int parallel_layout_rank(const struct parallel_layout *l, int dp_rank, int pp_ra
 
 /* ---- communicators ------------------------------------------------------------------ */
 
-/* The table an implementation fills in (parallel.c: MPI; parallel_nccl.c: NCCL). Slots have
+/* The table an implementation fills in (parallel_comm.c: MPI; parallel_nccl.c: NCCL). Slots have
  * the signatures of the comm_* wrappers below, which check shapes before calling them. */
 struct comm_ops {
     const char *name; /* "mpi" or "nccl" */

@@ -3,7 +3,7 @@
  * only when the build has CUDA (engine/CMakeLists.txt); parallel_nccl_unavailable.c stands in
  * otherwise.
  * Not here: MPI (parallel.c creates the groups and broadcasts the NCCL unique id), the
- * shape checks (the comm_* wrappers in parallel.c).
+ * shape checks (the comm_* wrappers in parallel_comm.c).
  * Tests: tests/test_parallel.c --nccl (label gpu: SKIP without one GPU per rank). Compiled in
  * CI; it has never run on the build machines, which have no GPU (docs/parallel.md). */
 #include "parallel.h"

@@ -81,19 +81,15 @@ enum chat_template_kind chat_template_detect(const char *model_dir, const struct
 
 /* A growing token array that text segments and special ids are appended to. */
 struct ids_buf {
-    int32_t *ids;
-    int      n, cap;
+    int32_t *ids; /* (cap) */
+    size_t   cap;
+    int      n;
 };
 
 static enum status ids_reserve(struct ids_buf *b, int more)
 {
-    if (b->n + more <= b->cap) return STATUS_OK;
-    int cap = b->cap ? b->cap : 64;
-    while (cap < b->n + more) cap *= 2;
-    int32_t *p = realloc(b->ids, (size_t)cap * sizeof *p);
-    if (!p) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "chat template: out of memory");
-    b->ids = p;
-    b->cap = cap;
+    if (base_grow((void **)&b->ids, &b->cap, (size_t)b->n + (size_t)more, sizeof *b->ids))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "chat template: out of memory");
     return STATUS_OK;
 }
 

@@ -215,14 +215,8 @@ int incomplete_tail_start(const struct tokenizer *t, const int32_t *ids, int n)
 enum status detok_set_out(struct detokenizer *d, const char *s, size_t n, const char **text,
                           size_t *len)
 {
-    if (n + 1 > d->cap_out) {
-        size_t cap = d->cap_out ? d->cap_out : 64;
-        while (cap < n + 1) cap *= 2;
-        char *p = (char *)realloc(d->out, cap);
-        if (!p) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
-        d->out = p;
-        d->cap_out = cap;
-    }
+    if (base_grow((void **)&d->out, &d->cap_out, n + 1, 1))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
     if (n) memcpy(d->out, s, n);
     d->out[n] = '\0';
     *text = d->out;
@@ -470,13 +464,8 @@ enum status detokenizer_push(struct detokenizer *d, int32_t id, const char **tex
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "detokenizer: id %d is outside the vocabulary [0, %d)", (int)id,
                              t->vocab_size);
-    if (d->n_pending == d->cap_pending) {
-        const int cap = d->cap_pending ? 2 * d->cap_pending : 16;
-        int32_t *p = (int32_t *)realloc(d->pending, (size_t)cap * sizeof *p);
-        if (!p) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
-        d->pending = p;
-        d->cap_pending = cap;
-    }
+    if (base_grow((void **)&d->pending, &d->cap_pending, (size_t)d->n_pending + 1, sizeof *d->pending))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
     d->pending[d->n_pending++] = id;
 
     /* Control ids before any text leave SentencePiece's decoder in its initial state. */

@@ -90,7 +90,7 @@ struct detokenizer {
     const struct tokenizer *tok; /* borrowed; must outlive the detokenizer */
     int32_t *pending;            /* (cap_pending) ids whose text is not final yet */
     int      n_pending;
-    int      cap_pending;
+    size_t   cap_pending;
     char    *out;                /* (cap_out) text returned by the last push/flush */
     size_t   cap_out;
     int      started;            /* some non-empty text has been returned */

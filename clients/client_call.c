@@ -1,0 +1,287 @@
+/* clients/client_call.c - one call of the C client: a completion queue of its own, driven by
+ * the calling thread, batch by batch, and the one mapping from a call's final gRPC status to
+ * enum status (client.h lists it).
+ *
+ * A call runs as: [send metadata + request + half-close + receive metadata] then, unary,
+ * [receive message + status] or, streaming, [receive message] until the stream ends, then
+ * [receive status]. While a batch is pending, the thread waits on the call's queue in slices
+ * of CALL_POLL_MS and checks the request's cancel flag between them, so that a flag set by a
+ * signal handler cancels the call within one slice.
+ * Not here: what the messages hold (client_convert.c), the channel (client.c).
+ * Tests: tests/test_client_lib.c (cancel flags, deadlines, error codes), tests/test_client.sh. */
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "client_internal.h"
+
+struct client_call {
+    struct client         *c;
+    grpc_completion_queue *cq;
+    grpc_call             *call;
+    const volatile sig_atomic_t *cancel_flag;
+    int                    cancel_sent;
+    struct client_call    *prev, *next;
+};
+
+/* The one mapping from a call's final gRPC status to enum status (see client.h). */
+static enum status status_from_grpc(grpc_status_code code, const char *message)
+{
+    enum status st;
+    int exact = 1;
+    switch (code) {
+    case GRPC_STATUS_OK: return STATUS_OK;
+    case GRPC_STATUS_CANCELLED: st = STATUS_CANCELLED; break;
+    case GRPC_STATUS_INVALID_ARGUMENT: st = STATUS_INVALID_ARGUMENT; break;
+    case GRPC_STATUS_DEADLINE_EXCEEDED: st = STATUS_DEADLINE_EXCEEDED; break;
+    case GRPC_STATUS_NOT_FOUND: st = STATUS_NOT_FOUND; break;
+    case GRPC_STATUS_RESOURCE_EXHAUSTED: st = STATUS_RESOURCE_EXHAUSTED; break;
+    case GRPC_STATUS_UNAVAILABLE: st = STATUS_UNAVAILABLE; break;
+    case GRPC_STATUS_INTERNAL: st = STATUS_INTERNAL; break;
+    case GRPC_STATUS_UNAUTHENTICATED:
+    case GRPC_STATUS_PERMISSION_DENIED:
+    case GRPC_STATUS_FAILED_PRECONDITION:
+    case GRPC_STATUS_OUT_OF_RANGE:
+    case GRPC_STATUS_ALREADY_EXISTS: st = STATUS_INVALID_ARGUMENT; exact = 0; break;
+    case GRPC_STATUS_UNIMPLEMENTED: st = STATUS_UNSUPPORTED; exact = 0; break;
+    case GRPC_STATUS_ABORTED: st = STATUS_UNAVAILABLE; exact = 0; break;
+    default: st = STATUS_INTERNAL; exact = 0; break;
+    }
+    if (!message || !*message) message = "(no message)";
+    if (exact) return status_errorf(st, "%s", message);
+    return status_errorf(st, "%s: %s", client_grpc_code_name(code), message);
+}
+
+
+/* ---- one call ------------------------------------------------------------------------- */
+
+static gpr_timespec deadline_after(double seconds)
+{
+    if (seconds <= 0) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                        gpr_time_from_micros((int64_t)(seconds * 1e6), GPR_TIMESPAN));
+}
+
+static enum status call_start(struct client *c, const char *method, double timeout_s,
+                              const volatile sig_atomic_t *cancel_flag, struct client_call *k)
+{
+    memset(k, 0, sizeof *k);
+    k->c = c;
+    k->cancel_flag = cancel_flag;
+    k->cq = grpc_completion_queue_create_for_next(NULL);
+    if (!k->cq) return status_errorf(STATUS_INTERNAL, "grpc_completion_queue_create_for_next failed");
+    grpc_slice m = grpc_slice_from_static_string(method);
+    k->call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, k->cq, m, NULL,
+                                       deadline_after(timeout_s > 0 ? timeout_s : c->timeout_s), NULL);
+    if (!k->call) {
+        grpc_completion_queue_shutdown(k->cq);
+        while (grpc_completion_queue_next(k->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN) {}
+        grpc_completion_queue_destroy(k->cq);
+        return status_errorf(STATUS_INTERNAL, "grpc_channel_create_call failed for %s", method);
+    }
+    pthread_mutex_lock(&c->mu);
+    k->next = c->active;
+    if (c->active) c->active->prev = k;
+    c->active = k;
+    pthread_mutex_unlock(&c->mu);
+    return STATUS_OK;
+}
+
+static void call_end(struct client_call *k)
+{
+    struct client *c = k->c;
+    pthread_mutex_lock(&c->mu);
+    if (k->prev) k->prev->next = k->next;
+    else c->active = k->next;
+    if (k->next) k->next->prev = k->prev;
+    pthread_mutex_unlock(&c->mu);
+    grpc_call_unref(k->call);
+    grpc_completion_queue_shutdown(k->cq);
+    while (grpc_completion_queue_next(k->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {}
+    grpc_completion_queue_destroy(k->cq);
+}
+
+static void call_cancel(struct client_call *k)
+{
+    if (!k->cancel_sent) {
+        k->cancel_sent = 1;
+        grpc_call_cancel(k->call, NULL);
+    }
+}
+
+/* Starts a batch and waits for it, cancelling the call when the cancel flag rises meanwhile.
+ * Returns the batch's success bit (0 for a failed batch, which the final status explains). */
+static int call_batch(struct client_call *k, const grpc_op *ops, size_t n)
+{
+    void *tag = k;
+    grpc_call_error e = grpc_call_start_batch(k->call, ops, n, tag, NULL);
+    CHECK(e == GRPC_CALL_OK, "grpc_call_start_batch: error %d", (int)e);
+    for (;;) {
+        if (k->cancel_flag && *k->cancel_flag) call_cancel(k);
+        gpr_timespec slice = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                          gpr_time_from_millis(CALL_POLL_MS, GPR_TIMESPAN));
+        grpc_event ev = grpc_completion_queue_next(k->cq, slice, NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT) continue;
+        CHECK(ev.type == GRPC_OP_COMPLETE && ev.tag == tag, "unexpected completion-queue event %d",
+              (int)ev.type);
+        return ev.success;
+    }
+}
+
+/* The call's final status as an enum status; *code receives the gRPC code. */
+static enum status call_finish(struct client_call *k, int *code)
+{
+    grpc_metadata_array trailing;
+    grpc_metadata_array_init(&trailing);
+    grpc_status_code sc = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    const char *error_string = NULL;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    op.data.recv_status_on_client.trailing_metadata = &trailing;
+    op.data.recv_status_on_client.status = &sc;
+    op.data.recv_status_on_client.status_details = &details;
+    op.data.recv_status_on_client.error_string = &error_string;
+    call_batch(k, &op, 1);
+    if (code) *code = (int)sc;
+    enum status st = STATUS_OK;
+    if (sc != GRPC_STATUS_OK) {
+        char *msg = grpc_slice_to_c_string(details);
+        /* A call that never reached a server has only gRPC's own account of why. */
+        st = status_from_grpc(sc, *msg ? msg : error_string);
+        gpr_free(msg);
+    }
+    if (error_string) gpr_free((void *)error_string);
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&trailing);
+    return st;
+}
+
+static grpc_byte_buffer *pack(const ProtobufCMessage *m)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+    grpc_slice s = grpc_slice_malloc(n);
+    protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb)
+{
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, bb)) return NULL;
+    grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+    grpc_byte_buffer_reader_destroy(&r);
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    grpc_slice_unref(s);
+    return m;
+}
+
+/* Sends the request and half-closes; returns the batch's success bit. */
+static int call_send(struct client_call *k, const ProtobufCMessage *req,
+                     grpc_metadata_array *initial)
+{
+    grpc_byte_buffer *bb = pack(req);
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = k->c->has_auth ? 1 : 0;
+    ops[0].data.send_initial_metadata.metadata = k->c->has_auth ? &k->c->auth : NULL;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = bb;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = initial;
+    int ok = call_batch(k, ops, 4);
+    grpc_byte_buffer_destroy(bb);
+    return ok;
+}
+
+/* Receives the next message: 1 with *out set, 0 at the end of the stream (or on failure,
+ * which the final status explains). */
+static int call_recv(struct client_call *k, const ProtobufCMessageDescriptor *d,
+                     ProtobufCMessage **out, int *bad_message)
+{
+    grpc_byte_buffer *bb = NULL;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &bb;
+    int ok = call_batch(k, &op, 1);
+    if (!ok || !bb) {
+        if (bb) grpc_byte_buffer_destroy(bb);
+        return 0;
+    }
+    *out = unpack(d, bb);
+    grpc_byte_buffer_destroy(bb);
+    if (!*out) {
+        *bad_message = 1;
+        call_cancel(k);
+        return 0;
+    }
+    return 1;
+}
+
+enum status client_call_run(struct client *c, const char *method, const ProtobufCMessage *req,
+                            const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
+                            const volatile sig_atomic_t *cancel_flag, int streaming,
+                            client_msg_fn on_msg, void *ctx, int *grpc_code)
+{
+    struct client_call k;
+    int n_msgs = 0, bad_message = 0, cb_cancelled = 0, code = GRPC_STATUS_UNKNOWN;
+    enum status st = call_start(c, method, timeout_s, cancel_flag, &k);
+    if (st != STATUS_OK) {
+        if (grpc_code) *grpc_code = GRPC_STATUS_INTERNAL;
+        return st;
+    }
+    grpc_metadata_array initial;
+    grpc_metadata_array_init(&initial);
+    if (call_send(&k, req, &initial)) {
+        ProtobufCMessage *m;
+        while (call_recv(&k, resp_desc, &m, &bad_message)) {
+            n_msgs++;
+            int stop = (!streaming && n_msgs > 1) ? 1 : on_msg(ctx, &m);
+            if (m) protobuf_c_message_free_unpacked(m, NULL);
+            if (stop) {
+                cb_cancelled = 1;
+                call_cancel(&k);
+            }
+        }
+    }
+    st = call_finish(&k, &code);
+    grpc_metadata_array_destroy(&initial);
+    call_end(&k);
+    if (st == STATUS_OK && bad_message) {
+        code = GRPC_STATUS_INTERNAL;
+        st = status_errorf(STATUS_INTERNAL, "%s: the server sent a message that does not parse", method);
+    } else if (st == STATUS_OK && !streaming && n_msgs != 1) {
+        code = GRPC_STATUS_INTERNAL;
+        st = status_errorf(STATUS_INTERNAL, "%s: the server sent %d messages to a unary call", method, n_msgs);
+    } else if (st == STATUS_OK && cb_cancelled) {
+        /* The server finished before our cancel reached it; the caller still asked to stop. */
+        code = GRPC_STATUS_CANCELLED;
+        st = status_errorf(STATUS_CANCELLED, "cancelled by the client");
+    }
+    if (grpc_code) *grpc_code = code;
+    return st;
+}
+
+void client_cancel_calls(struct client *c)
+{
+    pthread_mutex_lock(&c->mu);
+    for (struct client_call *k = c->active; k; k = k->next) {
+        /* grpc_call_cancel is thread-safe; cancel_sent is left to the owning thread. */
+        grpc_call_cancel(k->call, NULL);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+

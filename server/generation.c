@@ -1,0 +1,417 @@
+/* server/generation.c - Generate, Chat, GenerateStream and ChatStream: the request is parsed
+ * (convert.c), templated and tokenized, checked against the model and submitted to the engine;
+ * the engine's events are copied off the engine thread into a queue, appended to each sample's
+ * output buffer (text, token ids, log-probabilities), and sent: one message per sample and
+ * engine step for streams (what arrives while a message is on the wire is coalesced into the
+ * next one), one message once every sample has finished for unary calls.
+ * Not here: the call's batches (call.c), protobuf (convert.c), templates (engine/text).
+ * Tests: tests/server/test_server.py (basic, concurrency, cancel, deadline, invalid, drain). */
+#include <grpc/grpc.h>
+#include <grpc/support/time.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat_template.h"
+#include "convert.h"
+#include "server_internal.h"
+#include "tokenizer.h"
+
+/* ---- engine events ----------------------------------------------------------------------- */
+
+/* On the engine thread: copy, queue, wake. Never blocks beyond a short mutex. */
+static void on_engine_event(void *ctx, const struct engine_event *ev)
+{
+    struct call *c = ctx;
+    struct server *s = c->s;
+    size_t n = ev->n_tokens > 0 ? (size_t)ev->n_tokens : 0, n_top = ev->top ? (size_t)ev->n_top : 0;
+    size_t msg_len = ev->message ? strlen(ev->message) : 0;
+    size_t size = sizeof(struct queued_event) + n * sizeof(int32_t) + (ev->logprobs ? n * sizeof(float) : 0) +
+                  n * n_top * sizeof(struct top_logprob) + ev->text_len + 1 + msg_len + 1;
+    struct queued_event *q = malloc(size);
+    CHECK(q, "out of memory copying an engine event (%zu bytes)", size);
+    char *p = (char *)(q + 1);
+    memset(q, 0, sizeof *q);
+    q->call = c;
+    q->kind = ev->kind;
+    q->sample = ev->sample;
+    q->n_tokens = (int)n;
+    q->tokens = (int32_t *)p;
+    if (n) memcpy(q->tokens, ev->tokens, n * sizeof(int32_t));
+    p += n * sizeof(int32_t);
+    if (ev->logprobs) {
+        q->logprobs = (float *)p;
+        memcpy(q->logprobs, ev->logprobs, n * sizeof(float));
+        p += n * sizeof(float);
+    }
+    if (n_top) {
+        q->top = (struct top_logprob *)p;
+        q->n_top = (int)n_top;
+        memcpy(q->top, ev->top, n * n_top * sizeof(struct top_logprob));
+        p += n * n_top * sizeof(struct top_logprob);
+    }
+    q->text = p;
+    q->text_len = ev->text_len;
+    if (ev->text_len) memcpy(q->text, ev->text, ev->text_len);
+    q->text[ev->text_len] = 0;
+    p += ev->text_len + 1;
+    q->message = p;
+    if (msg_len) memcpy(q->message, ev->message, msg_len);
+    q->message[msg_len] = 0;
+    q->finish = ev->finish;
+    q->status = ev->status;
+    q->prompt_tokens = ev->prompt_tokens;
+    q->completion_tokens = ev->completion_tokens;
+    q->cached_prompt_tokens = ev->cached_prompt_tokens;
+    q->seed = ev->seed;
+    pthread_mutex_lock(&s->ev_mu);
+    if (s->ev_tail) s->ev_tail->next = q;
+    else s->ev_head = q;
+    s->ev_tail = q;
+    pthread_mutex_unlock(&s->ev_mu);
+    server_wake(s);
+}
+
+/* ---- generation calls -------------------------------------------------------------------- */
+
+static void sample_buf_free(struct sample_buf *b)
+{
+    free(b->text);
+    free(b->ids);
+    free(b->lp);
+    free(b->top);
+}
+
+void gen_call_release(struct call *c)
+{
+    for (int i = 0; i < c->n_samples; i++) sample_buf_free(&c->samples[i]);
+    free(c->samples);
+    free(c->prompt_ids);
+    free(c->prompt_lp);
+    free(c->prompt_top);
+    free(c->request_id);
+    free(c->end_message);
+}
+
+static void sample_append(struct sample_buf *b, const struct queued_event *q)
+{
+    if (q->n_tokens > 0) {
+        int need = b->n + q->n_tokens;
+        size_t old_cap = b->cap;
+        /* lp and top follow the capacity of ids. */
+        CHECK(base_grow((void **)&b->ids, &b->cap, (size_t)need, sizeof *b->ids) == 0, "out of memory");
+        if (q->logprobs && (!b->has_lp || b->cap != old_cap)) {
+            float *lp = realloc(b->lp, (size_t)b->cap * sizeof *lp);
+            CHECK(lp, "out of memory");
+            if (!b->has_lp) memset(lp, 0, (size_t)b->cap * sizeof *lp);
+            b->lp = lp;
+            b->has_lp = 1;
+        }
+        if (q->logprobs && q->top && q->n_top > 0 && (!b->top || b->cap != old_cap)) {
+            if (!b->top) b->n_top = q->n_top;
+            struct top_logprob *t = realloc(b->top, (size_t)b->cap * (size_t)b->n_top * sizeof *t);
+            CHECK(t, "out of memory");
+            if (!b->top) memset(t, 0, (size_t)b->cap * (size_t)b->n_top * sizeof *t);
+            b->top = t;
+        }
+        memcpy(b->ids + b->n, q->tokens, (size_t)q->n_tokens * sizeof *b->ids);
+        if (q->logprobs && b->lp) memcpy(b->lp + b->n, q->logprobs, (size_t)q->n_tokens * sizeof *b->lp);
+        if (q->top && b->top && q->n_top == b->n_top)
+            memcpy(b->top + (size_t)b->n * b->n_top, q->top, (size_t)q->n_tokens * (size_t)q->n_top * sizeof *b->top);
+        b->n = need;
+    }
+    if (q->text_len) {
+        CHECK(base_grow((void **)&b->text, &b->text_cap, b->text_len + q->text_len + 1, 1) == 0, "out of memory");
+        memcpy(b->text + b->text_len, q->text, q->text_len);
+        b->text_len += q->text_len;
+        b->text[b->text_len] = 0;
+    }
+}
+
+static struct gen_sample_out sample_view(const struct sample_buf *b, int index, int with_usage)
+{
+    struct gen_sample_out o = {
+        .index = index, .text = b->text ? b->text : "", .text_len = b->text_len, .ids = b->ids, .n_ids = b->n,
+        .logprobs = b->has_lp ? b->lp : NULL, .top = b->has_lp && b->n_top ? b->top : NULL, .n_top = b->n_top,
+        .finish = with_usage ? b->finish : FINISH_REASON_NONE, .has_usage = with_usage,
+        .prompt_tokens = b->prompt_tokens, .completion_tokens = b->completion_tokens,
+        .cached_prompt_tokens = b->cached_prompt_tokens,
+    };
+    return o;
+}
+
+/* The status a finished generation call ends with. */
+static void gen_final_status(struct call *c, grpc_status_code *code, const char **details)
+{
+    *code = server_grpc_code(c->end_status);
+    *details = c->end_message ? c->end_message : "";
+}
+
+/* The prompt log-probabilities go with the first response message of a call, once. */
+static void attach_prompt_logprobs(const struct call *c, struct gen_response_out *o)
+{
+    if (!c->prompt_lp_pending) return;
+    o->prompt_ids = c->prompt_ids;
+    o->prompt_logprobs = c->prompt_lp;
+    o->prompt_top = c->prompt_top;
+    o->n_prompt = c->n_prompt;
+    o->n_prompt_top = c->n_prompt_top;
+}
+
+void gen_pump(struct call *c)
+{
+    struct server *s = c->s;
+    if (c->close_done) {
+        /* Nobody listens: drop what was accumulated. */
+        for (int i = 0; i < c->n_samples; i++) c->samples[i].n = 0, c->samples[i].text_len = 0;
+        return;
+    }
+    if (c->send_inflight || c->status_sent || !c->submitted) return;
+    if (is_streaming(c->method)) {
+        for (int k = 0; k < c->n_samples; k++) {
+            int i = (c->rr + k) % c->n_samples;
+            struct sample_buf *b = &c->samples[i];
+            int final = b->finished && !b->final_sent;
+            if (b->n == 0 && b->text_len == 0 && !final && !c->prompt_lp_pending) continue;
+            struct gen_sample_out one = sample_view(b, i, final);
+            struct gen_response_out o = {.request_id = c->request_id, .seed = c->seed, .unary = 0, .samples = &one,
+                                         .n_samples = 1, .tok = s->tok};
+            attach_prompt_logprobs(c, &o);
+            uint8_t *msg;
+            size_t len;
+            enum status st = convert_gen_response(&o, &msg, &len);
+            if (st != STATUS_OK) {
+                if (c->engine_active > 0) engine_cancel(s->engine, c->handle);
+                call_fail_status(c, st, status_message());
+                return;
+            }
+            c->prompt_lp_pending = 0;
+            b->n = 0;
+            b->text_len = 0;
+            if (final) b->final_sent = 1;
+            c->rr = (i + 1) % c->n_samples;
+            call_send(c, msg, len, 0, GRPC_STATUS_OK, NULL);
+            return;
+        }
+        if (c->engine_active == 0) {
+            grpc_status_code code;
+            const char *details;
+            gen_final_status(c, &code, &details);
+            call_send(c, NULL, 0, 1, code, details);
+        }
+        return;
+    }
+    /* Unary: one response once every sample has finished. */
+    if (c->engine_active > 0) return;
+    grpc_status_code code;
+    const char *details;
+    gen_final_status(c, &code, &details);
+    if (code != GRPC_STATUS_OK) {
+        call_send(c, NULL, 0, 1, code, details);
+        return;
+    }
+    struct gen_sample_out *outs = calloc((size_t)c->n_samples, sizeof *outs);
+    CHECK(outs, "out of memory");
+    for (int i = 0; i < c->n_samples; i++) outs[i] = sample_view(&c->samples[i], i, 1);
+    struct gen_response_out o = {.request_id = c->request_id, .seed = c->seed, .unary = 1, .samples = outs,
+                                 .n_samples = c->n_samples, .tok = s->tok};
+    attach_prompt_logprobs(c, &o);
+    uint8_t *msg;
+    size_t len;
+    enum status st = convert_gen_response(&o, &msg, &len);
+    free(outs);
+    if (st != STATUS_OK) call_fail_status(c, st, status_message());
+    else call_send(c, msg, len, 1, GRPC_STATUS_OK, NULL);
+}
+
+/* Records why a request ended early (the first reason wins). */
+static void gen_set_end(struct call *c, enum status st, const char *message)
+{
+    if (c->end_status != STATUS_OK) return;
+    c->end_status = st;
+    free(c->end_message);
+    c->end_message = strdup(message ? message : "");
+}
+
+static void gen_on_event(struct call *c, const struct queued_event *q)
+{
+    if (q->kind == ENGINE_EVENT_PROMPT_LOGPROBS) {
+        if (q->n_tokens > 0 && q->logprobs) {
+            free(c->prompt_ids);
+            free(c->prompt_lp);
+            free(c->prompt_top);
+            c->prompt_ids = malloc((size_t)q->n_tokens * sizeof *c->prompt_ids);
+            c->prompt_lp = malloc((size_t)q->n_tokens * sizeof *c->prompt_lp);
+            c->prompt_top = q->top ? malloc((size_t)q->n_tokens * (size_t)q->n_top * sizeof *c->prompt_top) : NULL;
+            CHECK(c->prompt_ids && c->prompt_lp && (!q->top || c->prompt_top), "out of memory");
+            memcpy(c->prompt_ids, q->tokens, (size_t)q->n_tokens * sizeof *c->prompt_ids);
+            memcpy(c->prompt_lp, q->logprobs, (size_t)q->n_tokens * sizeof *c->prompt_lp);
+            if (q->top) memcpy(c->prompt_top, q->top, (size_t)q->n_tokens * (size_t)q->n_top * sizeof *c->prompt_top);
+            c->n_prompt = q->n_tokens;
+            c->n_prompt_top = q->top ? q->n_top : 0;
+            c->prompt_lp_pending = 1;
+        }
+        gen_pump(c);
+        return;
+    }
+    if (q->sample < 0 || q->sample >= c->n_samples) {
+        LOG_ERROR("server", "req=%s: engine event for sample %d of %d", c->request_id, q->sample, c->n_samples);
+        return;
+    }
+    struct sample_buf *b = &c->samples[q->sample];
+    c->seed = q->seed;
+    if (q->n_tokens > 0 && c->t_first_token == 0) c->t_first_token = base_now_s();
+    if (!c->close_done) sample_append(b, q);
+    b->prompt_tokens = q->prompt_tokens;
+    b->completion_tokens = q->completion_tokens;
+    b->cached_prompt_tokens = q->cached_prompt_tokens;
+    if (q->kind == ENGINE_EVENT_FINISHED && !b->finished) {
+        b->finished = 1;
+        b->finish = q->finish;
+        c->engine_active--;
+        switch (q->finish) {
+        case FINISH_REASON_CANCELLED:
+            if (c->cancelled_by_rpc) gen_set_end(c, STATUS_CANCELLED, "cancelled by Cancel");
+            else if (atomic_load(&c->s->phase) >= PHASE_DRAINING)
+                gen_set_end(c, STATUS_UNAVAILABLE, "the server shut down before the request finished (drain timeout)");
+            else gen_set_end(c, STATUS_CANCELLED, "cancelled");
+            break;
+        case FINISH_REASON_DEADLINE:
+            gen_set_end(c, STATUS_DEADLINE_EXCEEDED, "the request's deadline passed");
+            break;
+        case FINISH_REASON_ERROR:
+            gen_set_end(c, q->status != STATUS_OK ? q->status : STATUS_INTERNAL, q->message);
+            break;
+        default: break;
+        }
+    }
+    gen_pump(c);
+    call_maybe_free(c);
+}
+
+void gen_drain_events(struct server *s)
+{
+    pthread_mutex_lock(&s->ev_mu);
+    struct queued_event *q = s->ev_head;
+    s->ev_head = s->ev_tail = NULL;
+    pthread_mutex_unlock(&s->ev_mu);
+    while (q) {
+        struct queued_event *next = q->next;
+        gen_on_event(q->call, q);
+        free(q);
+        q = next;
+    }
+}
+
+struct call *gen_find_call(struct server *s, const char *request_id)
+{
+    for (struct call *c = s->calls; c; c = c->next)
+        if (is_generation(c->method) && c->submitted && c->engine_active > 0 && c->request_id &&
+            !strcmp(c->request_id, request_id))
+            return c;
+    return NULL;
+}
+
+/* Tokenizes the request into the prompt ids the engine gets; applies the chat template. */
+static enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int32_t **ids, int *n)
+{
+    *ids = NULL;
+    *n = 0;
+    if (is_chat) {
+        struct chat_template_extras extras;
+        enum status st = chat_template_apply(s->tmpl, s->tok, r->messages, r->n_messages, ids, n, &extras);
+        if (st != STATUS_OK) return st;
+        if (extras.stop_token_id >= 0) r->stop_token_ids[r->n_stop_token_ids++] = extras.stop_token_id;
+        if (extras.stop_string) {
+            if (!(r->stop[r->n_stop] = strdup(extras.stop_string)))
+                return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            r->n_stop++;
+        }
+        r->params.stop = (const char *const *)r->stop;
+        r->params.n_stop = r->n_stop;
+        r->params.stop_token_ids = r->stop_token_ids;
+        r->params.n_stop_token_ids = r->n_stop_token_ids;
+        return STATUS_OK;
+    }
+    if (r->prompt_ids) {
+        *ids = r->prompt_ids;
+        *n = r->n_prompt_ids;
+        r->prompt_ids = NULL;
+        r->n_prompt_ids = 0;
+        for (int i = 0; i < *n; i++)
+            if ((*ids)[i] < 0 || (*ids)[i] >= s->vocab_size)
+                return status_errorf(STATUS_INVALID_ARGUMENT, "prompt_token_ids[%d] must be in [0, %d), got %d", i,
+                                     s->vocab_size, (*ids)[i]);
+        return STATUS_OK;
+    }
+    return tokenizer_encode(s->tok, r->prompt, r->prompt_len, r->add_bos, ids, n);
+}
+
+void gen_start(struct call *c, const uint8_t *data, size_t len)
+{
+    struct server *s = c->s;
+    int is_chat = c->method == METHOD_CHAT || c->method == METHOD_CHAT_STREAM;
+    struct gen_request r;
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    enum status st = convert_gen_request(data, len, is_chat, &r);
+    if (st == STATUS_OK && atomic_load(&s->phase) != PHASE_READY)
+        st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down");
+    if (st == STATUS_OK) {
+        if (r.request_id[0]) {
+            if (gen_find_call(s, r.request_id))
+                st = status_errorf(STATUS_INVALID_ARGUMENT, "request_id '%s' is already in use by a running request",
+                                   r.request_id);
+            else
+                c->request_id = strdup(r.request_id);
+        } else {
+            char id[64];
+            do snprintf(id, sizeof id, "req-%llu", (unsigned long long)++s->next_id);
+            while (gen_find_call(s, id));
+            c->request_id = strdup(id);
+        }
+        if (st == STATUS_OK && !c->request_id) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if (st == STATUS_OK) st = gen_prompt(s, &r, is_chat, &ids, &n_ids);
+    for (int i = 0; st == STATUS_OK && i < r.n_stop_token_ids; i++)
+        if (r.stop_token_ids[i] >= s->vocab_size)
+            st = status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop_token_ids[%d] must be in [0, %d), got %d", i,
+                               s->vocab_size, r.stop_token_ids[i]);
+    for (int i = 0; st == STATUS_OK && i < r.n_bias; i++)
+        if (r.bias_ids[i] >= s->vocab_size)
+            st = status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logit_bias key must be in [0, %d), got %d", s->vocab_size,
+                               r.bias_ids[i]);
+    if (st == STATUS_OK && r.params.sampling.top_k > s->vocab_size)
+        st = status_errorf(STATUS_INVALID_ARGUMENT, "sampling.top_k must be in [0, %d] (0 = off), got %d", s->vocab_size,
+                           r.params.sampling.top_k);
+    if (st == STATUS_OK && gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) < 0) {
+        double left = gpr_timespec_to_micros(gpr_time_sub(c->deadline, gpr_now(c->deadline.clock_type))) * 1e-6;
+        if (left <= 0) st = status_errorf(STATUS_DEADLINE_EXCEEDED, "the deadline passed before the request started");
+        else r.params.deadline = base_now_s() + left;
+    }
+    if (st == STATUS_OK) st = engine_validate(s->engine, ids, n_ids, &r.params);
+    if (st == STATUS_OK) {
+        c->n_samples = r.params.n;
+        c->samples = calloc((size_t)c->n_samples, sizeof *c->samples);
+        if (!c->samples) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if (st == STATUS_OK) {
+        c->n_prompt_tokens = n_ids;
+        c->engine_active = c->n_samples; /* before submit: events may arrive at once */
+        st = engine_submit(s->engine, c->request_id, ids, n_ids, &r.params, on_engine_event, c, &c->handle);
+        if (st != STATUS_OK) c->engine_active = 0;
+    }
+    if (st != STATUS_OK) {
+        call_fail_status(c, st, status_message());
+    } else {
+        c->submitted = 1;
+        LOG_DEBUG("server", "req=%s method=%s submitted: prompt_tokens=%d max_tokens=%d n=%d", c->request_id,
+                  call_method_name(c->method), n_ids, r.params.max_tokens, r.params.n);
+        /* Streams get their headers at once, so that clients see the call is accepted. */
+        if (is_streaming(c->method) && !c->close_done) call_send(c, NULL, 0, 0, GRPC_STATUS_OK, NULL);
+    }
+    free(ids);
+    gen_request_free(&r);
+}

@@ -1,0 +1,131 @@
+/* server/methods.c - the methods that need no engine events: Tokenize, Detokenize, Cancel,
+ * GetModelInfo, GetServerStats (unary: one answer, then the status), and each message of a
+ * reflection stream.
+ * Not here: Generate / Chat (generation.c), health (health.c), protobuf (convert.c), the
+ * descriptor index (reflection.c).
+ * Tests: tests/server/test_server.py (basic, cancel, invalid, reflection). */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "convert.h"
+#include "reflection.h"
+#include "server_internal.h"
+#include "tokenizer.h"
+
+/* One function per unary method: parse data[0..len) (borrowed), answer into *out (malloc'd,
+ * *out_len bytes), or return the error the call ends with. */
+
+static enum status tokenize(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+{
+    char *text;
+    size_t text_len;
+    int add_bos;
+    int32_t *ids = NULL;
+    int n = 0;
+    enum status st = convert_tokenize_request(data, len, &text, &text_len, &add_bos);
+    if (st == STATUS_OK) st = tokenizer_encode(s->tok, text, text_len, add_bos, &ids, &n);
+    if (st == STATUS_OK) st = convert_tokenize_response(ids, n, s->tok, out, out_len);
+    free(text);
+    free(ids);
+    return st;
+}
+
+static enum status detokenize(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+{
+    int32_t *ids;
+    int n;
+    char *text = NULL;
+    size_t text_len;
+    enum status st = convert_detokenize_request(data, len, s->vocab_size, &ids, &n);
+    if (st == STATUS_OK) st = tokenizer_decode(s->tok, ids, n, &text, &text_len);
+    if (st == STATUS_OK) st = convert_detokenize_response(text, out, out_len);
+    free(ids);
+    free(text);
+    return st;
+}
+
+static enum status cancel(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+{
+    char *id;
+    enum status st = convert_cancel_request(data, len, &id);
+    if (st == STATUS_OK) {
+        struct call *target = gen_find_call(s, id);
+        if (!target) st = status_errorf(STATUS_NOT_FOUND, "no running request has id '%s'", id);
+        else {
+            target->cancelled_by_rpc = 1;
+            engine_cancel(s->engine, target->handle);
+            LOG_INFO("server", "req=%s cancelled by Cancel", id);
+            st = convert_cancel_response(1, out, out_len);
+        }
+    }
+    free(id);
+    return st;
+}
+
+static enum status model_info(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+{
+    enum status st = convert_empty_request(data, len, "shardlm.v1.GetModelInfoRequest");
+    if (st != STATUS_OK) return st;
+    struct model_info_out m = {.chat_template = chat_template_name(s->tmpl),
+                               .max_logprobs = s->opts.engine.max_logprobs ? s->opts.engine.max_logprobs : 20};
+    if (m.max_logprobs > CONVERT_MAX_LOGPROBS) m.max_logprobs = CONVERT_MAX_LOGPROBS;
+    engine_get_model_info(s->engine, &m.info);
+    return convert_model_info_response(&m, out, out_len);
+}
+
+static enum status server_stats(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+{
+    enum status st = convert_empty_request(data, len, "shardlm.v1.GetServerStatsRequest");
+    if (st != STATUS_OK) return st;
+    struct server_stats_out o = {.active_calls = s->n_calls, .uptime_seconds = base_now_s() - s->t_start};
+    engine_get_stats(s->engine, &o.engine);
+    int n = engine_replicas(s->engine);
+    struct engine_replica_stats *rs = calloc((size_t)n, sizeof *rs);
+    if (!rs) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory for replica statistics");
+    for (int i = 0; i < n; i++) engine_get_replica_stats(s->engine, i, &rs[i]);
+    o.replicas = rs;
+    o.n_replicas = n;
+    st = convert_server_stats_response(&o, out, out_len);
+    free(rs);
+    return st;
+}
+
+/* One message of a reflection stream: answer it, then call.c receives the next. */
+static void handle_reflection(struct call *c, const uint8_t *data, size_t len)
+{
+    struct reflection_query q;
+    enum status st = convert_reflection_request(data, len, &q);
+    if (st != STATUS_OK) {
+        reflection_query_free(&q);
+        call_fail_status(c, st, status_message());
+        return;
+    }
+    struct reflection_answer a;
+    struct reflection_answer_buf buf;
+    reflection_answer(c->s->refl, &q, &a, &buf);
+    uint8_t *out;
+    size_t out_len;
+    st = convert_reflection_response(data, len, &a, &out, &out_len);
+    reflection_query_free(&q);
+    if (st != STATUS_OK) call_fail_status(c, st, status_message());
+    else call_send(c, out, out_len, 0, GRPC_STATUS_OK, NULL);
+}
+
+void methods_handle(struct call *c, const uint8_t *data, size_t len)
+{
+    struct server *s = c->s;
+    uint8_t *out = NULL;
+    size_t out_len = 0;
+    enum status st;
+    switch (c->method) {
+    case METHOD_TOKENIZE: st = tokenize(s, data, len, &out, &out_len); break;
+    case METHOD_DETOKENIZE: st = detokenize(s, data, len, &out, &out_len); break;
+    case METHOD_CANCEL: st = cancel(s, data, len, &out, &out_len); break;
+    case METHOD_MODEL_INFO: st = model_info(s, data, len, &out, &out_len); break;
+    case METHOD_SERVER_STATS: st = server_stats(s, data, len, &out, &out_len); break;
+    case METHOD_REFLECTION: handle_reflection(c, data, len); return;
+    default: st = status_errorf(STATUS_INTERNAL, "no handler for %s", call_method_name(c->method));
+    }
+    if (st != STATUS_OK) call_fail_status(c, st, status_message());
+    else call_reply(c, out, out_len);
+}

@@ -1,0 +1,266 @@
+/* server/server_internal.h - what the files of server/ share, and nothing outside server/ sees:
+ * struct server (one per server_run), struct call (one gRPC call's state machine), the
+ * completion-queue tags, and the functions each file offers the others.
+ *
+ *   server.c      setup, the completion-queue loop, the control thread (load, signals, drain),
+ *                 waking the loop, and the one status-to-gRPC mapping (server_grpc_code)
+ *   call.c        the life of one call: accepting it, its batches (receive, send, close),
+ *                 dispatch to a handler, freeing it
+ *   generation.c  Generate / Chat and their streams: engine events, output buffers, responses
+ *   methods.c     Tokenize, Detokenize, Cancel, GetModelInfo, GetServerStats, reflection
+ *   health.c      grpc.health.v1 Check and Watch
+ *   auth.c        API keys and TLS credentials
+ *
+ * Threads: everything here runs on the completion-queue thread, except server_wake (any
+ * thread) and the engine callback in generation.c (engine thread), which only queue and wake.
+ * Not here: protobuf (convert.c), the descriptor index (reflection.c), flags (cli/serve.c).
+ * Tests: tests/server/test_server.py. */
+#ifndef SHARDLM_SERVER_INTERNAL_H
+#define SHARDLM_SERVER_INTERNAL_H
+
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "chat_template.h"
+#include "server.h"
+
+#define N_REQUEST_SLOTS 8
+
+enum method {
+    METHOD_UNKNOWN,
+    METHOD_GENERATE,
+    METHOD_GENERATE_STREAM,
+    METHOD_CHAT,
+    METHOD_CHAT_STREAM,
+    METHOD_TOKENIZE,
+    METHOD_DETOKENIZE,
+    METHOD_CANCEL,
+    METHOD_MODEL_INFO,
+    METHOD_SERVER_STATS,
+    METHOD_HEALTH_CHECK,
+    METHOD_HEALTH_WATCH,
+    METHOD_REFLECTION,
+};
+
+/* What the server is doing; written by the control thread, read by the loop. */
+enum phase {
+    PHASE_LOADING,
+    PHASE_READY,
+    PHASE_DRAINING, /* SIGTERM seen: new calls UNAVAILABLE, the engine finishes what runs */
+    PHASE_DRAINED,  /* engine_drain returned: every request has finished */
+    PHASE_FAILED,   /* the model did not load */
+};
+
+enum tag_kind { TAG_REQUEST, TAG_RECV, TAG_SEND, TAG_CLOSE, TAG_WAKE, TAG_SHUTDOWN };
+
+struct tag {
+    enum tag_kind kind;
+    void         *owner; /* struct call, struct request_slot, or NULL */
+};
+
+struct server;
+
+/* One sample's output not yet sent (streaming) or all of it (unary). */
+struct sample_buf {
+    char    *text;
+    size_t   text_len, text_cap;
+    int32_t *ids;              /* (cap) */
+    float   *lp;               /* (cap) when logprobs were asked */
+    struct top_logprob *top;   /* (cap, n_top) */
+    size_t   cap;
+    int      n, n_top, has_lp;
+    enum finish_reason finish;
+    int      finished, final_sent;
+    int      prompt_tokens, completion_tokens, cached_prompt_tokens;
+};
+
+struct call {
+    struct call   *prev, *next;
+    struct server *s;
+    grpc_call     *call;
+    enum method    method;
+    gpr_timespec   deadline;
+    double         t_start, t_first_token;
+    struct tag     recv_tag, send_tag, close_tag;
+    grpc_byte_buffer *recv_buf;
+    grpc_byte_buffer *send_buf;   /* owned while a send is in flight */
+    grpc_slice     status_slice;  /* details of the status in flight */
+    int            has_status_slice;
+    int            recv_inflight, send_inflight, send_has_status;
+    int            close_done, client_cancelled; /* client_cancelled: set by RECV_CLOSE_ON_SERVER */
+    int            initial_md_sent, status_sent;
+    grpc_status_code final_code;  /* what the call ended with, for the log */
+    /* generation */
+    int            submitted;
+    uint64_t       handle;
+    int            engine_active; /* samples without their FINISHED event yet */
+    char          *request_id;
+    struct sample_buf *samples;   /* (n_samples) */
+    int            n_samples, rr;
+    int32_t       *prompt_ids;    /* prompt logprobs, when asked: (n_prompt) */
+    float         *prompt_lp;
+    struct top_logprob *prompt_top;
+    int            n_prompt, n_prompt_top, prompt_lp_pending;
+    int            n_prompt_tokens;
+    uint64_t       seed;
+    enum status    end_status;    /* STATUS_OK, or why the request ended early */
+    char          *end_message;
+    int            cancelled_by_rpc;
+    /* health watch */
+    int            watch_last;    /* last status sent, 0 = none */
+    int            watch_unknown; /* watching a service we do not know */
+};
+
+struct request_slot {
+    struct server     *s;
+    grpc_call         *call;
+    grpc_call_details  details;
+    grpc_metadata_array md;
+    struct tag         tag;
+    int                active;
+};
+
+/* An engine event copied off the engine thread; one allocation holding its arrays. */
+struct queued_event {
+    struct queued_event *next;
+    struct call         *call;
+    enum engine_event_kind kind;
+    int                  sample, n_tokens, n_top;
+    int32_t             *tokens;
+    float               *logprobs;
+    struct top_logprob  *top;
+    char                *text;
+    size_t               text_len;
+    char                *message;
+    enum finish_reason   finish;
+    enum status          status;
+    int                  prompt_tokens, completion_tokens, cached_prompt_tokens;
+    uint64_t             seed;
+};
+
+struct server {
+    struct server_options opts;
+    grpc_server          *grpc;
+    grpc_completion_queue *cq;
+    /* waking the loop from other threads */
+    grpc_channel         *wake_channel;
+    grpc_call            *wake_call;
+    pthread_mutex_t       wake_mu;
+    atomic_int            wake_pending;
+    struct tag            wake_tag;
+    /* engine events */
+    pthread_mutex_t       ev_mu;
+    struct queued_event  *ev_head, *ev_tail;
+    /* control thread */
+    pthread_t             control;
+    sem_t                 stop_sem;   /* posted by the signal handler (or the loop) to start the drain */
+    int                   control_started;
+    atomic_int            phase;
+    enum phase            phase_seen;
+    enum status           load_status;
+    char                  load_message[1024];
+    volatile sig_atomic_t fatal;   /* the engine failed (a rank gone): shut down, exit non-zero */
+    char                  fatal_message[512];
+    struct engine        *engine;
+    const struct tokenizer *tok;
+    int                   vocab_size;
+    enum chat_template_kind tmpl;
+    /* calls */
+    struct call          *calls;
+    int                   n_calls, n_gen_calls;
+    struct request_slot   slots[N_REQUEST_SLOTS];
+    int                   n_slots_active;
+    /* misc */
+    char                **keys;       /* (keys_cap), API keys, n_keys of them */
+    size_t                keys_cap;
+    int                   n_keys;
+    struct reflection    *refl;
+    uint64_t              next_id;
+    double                t_start, t_drained;
+    int                   shutdown_started, shutdown_done;
+    struct tag            shutdown_tag;
+    int                   health_serving;
+};
+
+/* The values of grpc.health.v1.HealthCheckResponse.ServingStatus that the server sends. */
+enum { HEALTH_SERVING = 1, HEALTH_NOT_SERVING = 2, HEALTH_SERVICE_UNKNOWN = 3 };
+
+static inline int is_generation(enum method m)
+{
+    return m == METHOD_GENERATE || m == METHOD_GENERATE_STREAM || m == METHOD_CHAT || m == METHOD_CHAT_STREAM;
+}
+static inline int is_streaming(enum method m) { return m == METHOD_GENERATE_STREAM || m == METHOD_CHAT_STREAM; }
+
+/* ---- server.c ------------------------------------------------------------------------------ */
+
+/* The one mapping from shardlm errors to gRPC status codes. */
+grpc_status_code server_grpc_code(enum status s);
+const char      *server_grpc_code_name(grpc_status_code c); /* "OK", "CANCELLED", ... */
+/* Any thread. Puts wake_tag on the completion queue unless a wake is already on its way. */
+void             server_wake(struct server *s);
+
+/* ---- call.c -------------------------------------------------------------------------------- */
+
+const char *call_method_name(enum method m); /* "Generate", "Check", ... */
+/* Starts one send batch: initial metadata when not sent yet, then the message (taking ownership
+ * of msg[0..len) when non-NULL), then the status when with_status. One send batch at a time. */
+void call_send(struct call *c, uint8_t *msg, size_t len, int with_status, grpc_status_code code,
+               const char *details);
+/* Ends the call with a status and no message (nothing when it has ended already). */
+void call_fail(struct call *c, grpc_status_code code, const char *details);
+void call_fail_status(struct call *c, enum status st, const char *message);
+/* Ends a unary call with its one response message (takes ownership of msg). */
+void call_reply(struct call *c, uint8_t *msg, size_t len);
+/* Starts RECV_MESSAGE (reflection asks for the next message after each answer). */
+void call_recv(struct call *c);
+/* Frees the call once nothing can refer to it any more (close done, no batch in flight, no
+ * sample held by the engine); does nothing otherwise. */
+void call_maybe_free(struct call *c);
+/* Asks gRPC for the next incoming call into this slot. */
+void call_slot_arm(struct request_slot *slot);
+/* Completion handlers, one per tag kind of a call. */
+void call_on_new(struct request_slot *slot, int ok);
+void call_on_recv(struct call *c, int ok);
+void call_on_send(struct call *c, int ok);
+void call_on_close(struct call *c);
+
+/* ---- generation.c -------------------------------------------------------------------------- */
+
+/* Parses, tokenizes and submits a Generate / Chat request (data[0..len) is borrowed). */
+void         gen_start(struct call *c, const uint8_t *data, size_t len);
+/* Decides what a generation call sends next; called after every change to it. */
+void         gen_pump(struct call *c);
+/* Hands the events queued by the engine thread to their calls. */
+void         gen_drain_events(struct server *s);
+/* The running generation call with this request id, or NULL. */
+struct call *gen_find_call(struct server *s, const char *request_id);
+/* Frees what a generation call holds (output buffers, prompt log-probs, ids, messages). */
+void         gen_call_release(struct call *c);
+
+/* ---- methods.c ----------------------------------------------------------------------------- */
+
+/* Answers every method but Generate / Chat and health: Tokenize, Detokenize, Cancel,
+ * GetModelInfo, GetServerStats, and one reflection message. */
+void methods_handle(struct call *c, const uint8_t *data, size_t len);
+
+/* ---- health.c ------------------------------------------------------------------------------ */
+
+void health_handle(struct call *c, const uint8_t *data, size_t len); /* Check and Watch */
+void health_watch_pump(struct call *c); /* sends the status to a watcher when it changed */
+void health_changed(struct server *s);  /* after a phase change: tells the watchers */
+
+/* ---- auth.c -------------------------------------------------------------------------------- */
+
+/* Reads the API keys (one per line, '#' comments) into s->keys. */
+enum status auth_load_keys(struct server *s, const char *path);
+/* Insecure credentials, or TLS ones from --tls-cert / --tls-key. */
+enum status auth_make_credentials(const struct server_options *o, grpc_server_credentials **out);
+/* 1 when no key is required, or the metadata carry "authorization: Bearer <one of the keys>". */
+int         auth_authorized(const struct server *s, const grpc_metadata_array *md);
+
+#endif
