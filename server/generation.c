@@ -340,11 +340,7 @@ static enum status gen_prompt(struct server *s, struct gen_request *r, int is_ch
         *n = r->n_prompt_ids;
         r->prompt_ids = NULL;
         r->n_prompt_ids = 0;
-        for (int i = 0; i < *n; i++)
-            if ((*ids)[i] < 0 || (*ids)[i] >= s->vocab_size)
-                return status_errorf(STATUS_INVALID_ARGUMENT, "prompt_token_ids[%d] must be in [0, %d), got %d", i,
-                                     s->vocab_size, (*ids)[i]);
-        return STATUS_OK;
+        return STATUS_OK; /* ranges: engine_validate */
     }
     return tokenizer_encode(s->tok, r->prompt, r->prompt_len, r->add_bos, ids, n);
 }
@@ -375,17 +371,8 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
         if (st == STATUS_OK && !c->request_id) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
     if (st == STATUS_OK) st = gen_prompt(s, &r, is_chat, &ids, &n_ids);
-    for (int i = 0; st == STATUS_OK && i < r.n_stop_token_ids; i++)
-        if (r.stop_token_ids[i] >= s->vocab_size)
-            st = status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop_token_ids[%d] must be in [0, %d), got %d", i,
-                               s->vocab_size, r.stop_token_ids[i]);
-    for (int i = 0; st == STATUS_OK && i < r.n_bias; i++)
-        if (r.bias_ids[i] >= s->vocab_size)
-            st = status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logit_bias key must be in [0, %d), got %d", s->vocab_size,
-                               r.bias_ids[i]);
-    if (st == STATUS_OK && r.params.sampling.top_k > s->vocab_size)
-        st = status_errorf(STATUS_INVALID_ARGUMENT, "sampling.top_k must be in [0, %d] (0 = off), got %d", s->vocab_size,
-                           r.params.sampling.top_k);
+    /* Every numeric limit (token ids against the vocabulary, top_k, ...) is the engine's:
+     * engine_validate below, the one validator. */
     if (st == STATUS_OK && gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) < 0) {
         double left = gpr_timespec_to_micros(gpr_time_sub(c->deadline, gpr_now(c->deadline.clock_type))) * 1e-6;
         if (left <= 0) st = status_errorf(STATUS_DEADLINE_EXCEEDED, "the deadline passed before the request started");

@@ -15,8 +15,10 @@ DEBS=(
   openssl
   unzip
 )
-PYMODS=(numpy grpc grpc_tools grpc_health grpc_reflection gguf)  # python import names
-PYPKGS=(numpy grpcio grpcio-tools grpcio-health-checking grpcio-reflection gguf)  # matching pip names
+PYMODS=(numpy grpc grpc_tools grpc_health grpc_reflection gguf jax optax)  # python import names
+PYPKGS=(numpy grpcio grpcio-tools grpcio-health-checking grpcio-reflection gguf "jax[cpu]" optax)  # matching pip names
+# jax (CPU wheels) and optax: the independent autodiff and optimizer the training tests compare
+# against (tests/test_train_grad.py, test_train_step.py). Never torch: its wheels pull CUDA.
 
 missing=()
 for p in "${DEBS[@]}"; do
