@@ -51,7 +51,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--keep", default=None, help="reuse/keep the generated model here")
     a = ap.parse_args()
-    shardlm = os.path.join(a.build, "server", "shardlm")
+    shardlm = os.path.join(a.build, "cli", "shardlm")
     assets = os.environ.get("SHARDLM_ASSETS", os.path.join(root, "..", "shared", "assets"))
     tok = os.path.join(assets, "llama2-tokenizer", "tokenizer.model")
     if not os.path.exists(tok):

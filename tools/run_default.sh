@@ -11,7 +11,7 @@ build=${1:-build}
 assets=${2:-../shared/assets}
 listen=${LISTEN:-127.0.0.1:50051}
 shardlm=$build/shardlm
-[ -x "$shardlm" ] || shardlm=$build/server/shardlm
+[ -x "$shardlm" ] || shardlm=$build/cli/shardlm
 
 serve_stories() {
   local src="$assets/stories260K" dir=.cache/models/stories260K
