@@ -42,8 +42,12 @@ static const char *const train_help =
     "  --resume DIR            continue a checkpoint written by shardlm train\n"
     "  --metrics FILE          JSONL metrics [OUT/metrics.jsonl]\n"
     "  --device cpu|cuda [cpu]  --threads N [0 = all cores]\n"
-    "Precision: f32 (fp32 master weights, moments and gradient accumulation). --bf16, --fp16\n"
-    "and the loss scaler are not built yet; they are refused.\n";
+    "precision (fp32 master weights, gradients and moments in every mode):\n"
+    "  --bf16                  weights and activations in bf16 (f32 math)\n"
+    "  --fp16                  in fp16, with a loss scaler: dynamic by default (Megatron's\n"
+    "                          DynamicGradScaler), constant with --loss-scale S\n"
+    "  --initial-loss-scale S [2^32]  --min-loss-scale S [1]  --loss-scale-window N [1000]\n"
+    "  --hysteresis N [2]      overflowing steps before the scale halves\n";
 
 static int bad(const char *fmt, const char *arg)
 {
@@ -104,6 +108,11 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
     else if (!strcmp(a, "--adam-beta2")) { if (parse_double(v, &o->opt.beta2)) return bad("--adam-beta2 must be a number, got '%s'", v); }
     else if (!strcmp(a, "--adam-eps")) { if (parse_double(v, &o->opt.eps)) return bad("--adam-eps must be a number, got '%s'", v); }
     else if (!strcmp(a, "--clip-grad")) { if (parse_double(v, &o->opt.clip_grad)) return bad("--clip-grad must be a number, got '%s'", v); }
+    else if (!strcmp(a, "--loss-scale")) { if (parse_double(v, &o->loss_scale) || !(o->loss_scale > 0)) return bad("--loss-scale must be a positive number, got '%s'", v); }
+    else if (!strcmp(a, "--initial-loss-scale")) { if (parse_double(v, &o->initial_loss_scale) || !(o->initial_loss_scale > 0)) return bad("--initial-loss-scale must be a positive number, got '%s'", v); }
+    else if (!strcmp(a, "--min-loss-scale")) { if (parse_double(v, &o->min_loss_scale) || !(o->min_loss_scale > 0)) return bad("--min-loss-scale must be a positive number, got '%s'", v); }
+    else if (!strcmp(a, "--loss-scale-window")) { if (parse_int(v, 1, INT_MAX, &o->loss_scale_window)) return bad("--loss-scale-window must be a positive integer, got '%s'", v); }
+    else if (!strcmp(a, "--hysteresis")) { if (parse_int(v, 1, INT_MAX, &o->hysteresis)) return bad("--hysteresis must be a positive integer, got '%s'", v); }
     else if (!strcmp(a, "--seed")) { if (base_parse_long(v, 0, LONG_MAX, &n)) return bad("--seed must be a non-negative integer, got '%s'", v); o->seed = (uint64_t)n; }
     else if (!strcmp(a, "--log-interval")) { if (parse_int(v, 1, INT_MAX, &o->log_interval)) return bad("--log-interval must be a positive integer, got '%s'", v); }
     else if (!strcmp(a, "--eval-interval")) { if (parse_int(v, 0, INT_MAX, &o->eval_interval)) return bad("--eval-interval must be a non-negative integer, got '%s'", v); }
@@ -132,6 +141,7 @@ int train_main(int argc, char **argv)
         .opt = {.lr = 1e-4, .min_lr = 0.0, .decay_style = LR_DECAY_COSINE, .weight_decay = 0.01,
                 .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .clip_grad = 1.0},
         .data_opt = {.overflow = DATA_OVERFLOW_TRUNCATE},
+        .initial_loss_scale = 4294967296.0, .min_loss_scale = 1.0, .loss_scale_window = 1000, .hysteresis = 2,
     };
     int chat_template_set = 0;
     for (int i = 0; i < argc; i++) {
@@ -140,14 +150,19 @@ int train_main(int argc, char **argv)
             fputs(train_help, stdout);
             return 0;
         }
-        if (!strcmp(a, "--bf16") || !strcmp(a, "--fp16") || !strcmp(a, "--loss-scale"))
-            return bad("%s: mixed-precision training is not built yet (f32 only; docs/training.md)", a);
+        if (!strcmp(a, "--bf16") || !strcmp(a, "--fp16")) {
+            enum train_precision p = a[2] == 'b' ? TRAIN_PRECISION_BF16 : TRAIN_PRECISION_FP16;
+            if (o.precision != TRAIN_PRECISION_F32 && o.precision != p) return bad("%s: give --bf16 or --fp16, not both", a);
+            o.precision = p;
+            continue;
+        }
         if (i + 1 >= argc) return bad("%s needs a value", a);
         if (!strcmp(a, "--chat-template")) chat_template_set = 1;
         int rc = parse_flag(&o, a, argv[++i]);
         if (rc) return rc;
     }
     if (!o.model_dir && !o.resume_dir) return bad("--model DIR is required%s", "");
+    if (o.loss_scale > 0 && o.precision != TRAIN_PRECISION_FP16) return bad("--loss-scale applies to --fp16 only%s", "");
     if (!o.data) return bad("--data FILE is required%s", "");
     if (!o.out_dir) return bad("--out DIR is required%s", "");
     if (o.global_batch_size == 0) o.global_batch_size = o.micro_batch_size;

@@ -9,8 +9,11 @@
  *     weights, 4 for the gradients, 8 for the AdamW moments (16 bytes per parameter in f32),
  *     plus the activations this implementation keeps (model_train.h), measured with VmHWM.
  * A benchmark, never a pass/fail gate: it exits 0 whatever the numbers are.
- * Run: bench_train [--steps N] [--seq N] [--micro N] [--layers N] [--threads N]
- * (defaults: 3 steps of 1 x 256 tokens; about a minute on 2 cores). */
+ * With --device cuda the baseline is the backend's own f32 product (op_matmul: cuBLAS, no TF32)
+ * on the same T x 768 x 768 shape, and memory is the device's (cudaMemGetInfo before and after).
+ * Run: bench_train [--steps N] [--seq N] [--micro N] [--layers N] [--threads N] [--device cpu|cuda]
+ *                  [--bf16]
+ * (defaults: 3 steps of 1 x 256 tokens in f32; about a minute on 2 cores). */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -119,8 +122,13 @@ static double sgemm_gflops(int m, int k, int n)
 
 int main(int argc, char **argv)
 {
-    int steps = 3, seq = 256, micro = 1, layers = 12, threads = 0;
+    int steps = 3, seq = 256, micro = 1, layers = 12, threads = 0, bf16 = 0;
+    enum device device = DEVICE_CPU;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--bf16")) bf16 = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--bf16")) { i--; continue; }
+        if (!strcmp(argv[i], "--device") && backend_parse_device(argv[i + 1], &device) != STATUS_OK) return 2;
         if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--seq")) seq = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--micro")) micro = atoi(argv[i + 1]);
@@ -133,18 +141,20 @@ int main(int argc, char **argv)
     enum status st = write_model(dir, d, layers, heads, ffn, vocab, 1024);
     struct backend *b = NULL;
     struct model *m = NULL;
-    if (st == STATUS_OK) st = backend_open(DEVICE_CPU, 0, threads, &b);
-    if (st == STATUS_OK) st = model_load_as(dir, b, NULL, DTYPE_F32, &m);
+    if (st == STATUS_OK) st = backend_open(device, 0, threads, &b);
+    size_t free0 = 0, total = 0, free1 = 0;
+    if (st == STATUS_OK) backend_mem_info(b, &free0, &total);
+    if (st == STATUS_OK) st = model_load_as(dir, b, NULL, bf16 ? DTYPE_BF16 : DTYPE_F32, &m);
     if (st == STATUS_OK) st = model_weights_make_writable(m);
     const long hwm_model = vm_hwm_kib();
     if (st == STATUS_OK) st = model_reserve_train(m, T);
     struct model_weights g;
     void *gmem = NULL;
-    struct optimizer opt;
+    struct optimizer opt = {0};
     struct optimizer_options oo = {.lr = 1e-4, .decay_style = LR_DECAY_CONSTANT, .weight_decay = 0.01, .beta1 = 0.9,
                                    .beta2 = 0.999, .eps = 1e-8, .clip_grad = 1.0};
     if (st == STATUS_OK) st = weights_alloc_like(b, &m->w, DTYPE_F32, &g, &gmem);
-    if (st == STATUS_OK) st = optimizer_init(&opt, b, &m->w, &oo);
+    if (st == STATUS_OK && !bf16) st = optimizer_init(&opt, b, &m->w, &oo);
     if (st != STATUS_OK) {
         fprintf(stderr, "bench_train: %s\n", status_message());
         return 1;
@@ -169,15 +179,38 @@ int main(int argc, char **argv)
         st = model_forward_train(m, &tb, &loss, &nr);
         if (st == STATUS_OK) st = model_backward(m, &tb, &g);
         if (st != STATUS_OK) break;
-        double norm = optimizer_grad_norm(&opt, b, &g);
-        optimizer_step(&opt, b, &m->w, &g, 1e-4, norm);
+        if (!bf16) { /* bf16: forward + backward only (AdamW runs on f32 master weights) */
+            double norm = optimizer_grad_norm(&opt, b, &g);
+            optimizer_step(&opt, b, &m->w, &g, 1e-4, norm, 1.0);
+        }
+        backend_synchronize(b);
         const double t = base_now_s() - t0;
         if (s > 0 && t < best) best = t;
         printf("  step %d: %.3f s, loss %.4f\n", s, t, loss / (T - micro));
     }
     const double attn = 12.0 * layers * d * (double)T * ((seq + 1) / 2.0);
     const double flops = 6.0 * (double)params * T + attn;
-    const double gemm = sgemm_gflops(T, d, d);
+    double gemm = 0;
+    if (device == DEVICE_CPU) {
+        gemm = sgemm_gflops(T, d, d);
+    } else { /* the backend's own f32 product on the same shape */
+        struct tensor x, w, y;
+        backend_alloc_tensor(b, &x, DTYPE_F32, 2, (int64_t[]){T, d});
+        backend_alloc_tensor(b, &w, DTYPE_F32, 2, (int64_t[]){d, d});
+        backend_alloc_tensor(b, &y, DTYPE_F32, 2, (int64_t[]){T, d});
+        backend_memset_zero(b, x.data, tensor_nbytes(&x));
+        backend_memset_zero(b, w.data, tensor_nbytes(&w));
+        op_matmul(b, &y, &x, &w, NULL);
+        backend_synchronize(b);
+        const double t0 = base_now_s();
+        for (int r = 0; r < 50; r++) op_matmul(b, &y, &x, &w, NULL);
+        backend_synchronize(b);
+        gemm = 2.0 * T * d * d * 50 / (base_now_s() - t0) / 1e9;
+        backend_free(b, x.data);
+        backend_free(b, w.data);
+        backend_free(b, y.data);
+    }
+    backend_mem_info(b, &free1, &total);
     const double achieved = flops / best / 1e9;
     const long hwm = vm_hwm_kib();
     const double act_mb = (double)layers * T * (10.0 * d + 4.0 * ffn + 3.0 * d) * 4 / 1048576.0;
@@ -186,12 +219,16 @@ int main(int argc, char **argv)
            d, layers, ffn, vocab, (long long)params, micro, seq, b->n_threads);
     printf("  step %.3f s (best of %d): %.0f tokens/s, %.1f GFLOP/s achieved (6 N T + attention)\n", best, steps,
            T / best, achieved);
-    printf("  OpenBLAS sgemm %d x %d x %d in the same run: %.1f GFLOP/s -> ratio %.2f\n", T, d, d, gemm,
+    printf("  %s %d x %d x %d in the same run: %.1f GFLOP/s -> ratio %.2f\n",
+           device == DEVICE_CPU ? "OpenBLAS sgemm" : "the backend's f32 op_matmul (cuBLAS)", T, d, d, gemm,
            achieved / gemm);
+    if (device != DEVICE_CPU)
+        printf("  device memory in use after the steps: %.0f MiB (%s weights)\n", (double)(free0 - free1) / 1048576.0,
+               bf16 ? "bf16" : "f32");
     printf("  peak RSS %.0f MiB: after loading %.0f MiB; expected 16 B/param = %.0f MiB + activations ~%.0f MiB "
            "(+ the checkpoint's page cache while mapped)\n",
            hwm / 1024.0, hwm_model / 1024.0, 16.0 * params / 1048576.0, act_mb);
-    optimizer_free(&opt, b);
+    if (!bf16) optimizer_free(&opt, b);
     weights_free_layers(&g);
     backend_free(b, gmem);
     model_free(m);

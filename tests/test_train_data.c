@@ -13,6 +13,7 @@
 
 #include "check.h"
 #include "data.h"
+#include "loss_scaler.h"
 #include "optimizer.h"
 #include "tokenizer.h"
 
@@ -183,12 +184,35 @@ static void test_schedule(void)
     check(fabs(optimizer_lr(&o, 80) - 1.0) < 1e-12, "schedule: constant after warm-up");
 }
 
+static void test_loss_scaler(void)
+{
+    struct loss_scaler s = loss_scaler_dynamic(1024.0, 64.0, 3, 2);
+    int skip = loss_scaler_update(&s, 1);
+    check(skip && s.scale == 1024.0 && s.skipped == 1, "loss scaler: the first overflow skips, hysteresis keeps the scale");
+    skip = loss_scaler_update(&s, 1);
+    check(skip && s.scale == 512.0, "loss scaler: the second overflow halves the scale (%g)", s.scale);
+    loss_scaler_update(&s, 1);
+    check(s.scale == 256.0 && s.skipped == 3, "loss scaler: hysteresis spent, every overflow halves (%g)", s.scale);
+    int any = 0;
+    for (int i = 0; i < 2; i++) any |= loss_scaler_update(&s, 0);
+    check(!any && s.scale == 256.0, "loss scaler: clean steps are taken; no growth before the window");
+    loss_scaler_update(&s, 0);
+    check(s.scale == 512.0 && s.hysteresis_left == 2, "loss scaler: a clean window doubles it and restores hysteresis");
+    for (int i = 0; i < 10; i++) loss_scaler_update(&s, 1);
+    check(s.scale == 64.0, "loss scaler: never below min_scale (%g)", s.scale);
+    struct loss_scaler c = loss_scaler_constant(128.0);
+    skip = loss_scaler_update(&c, 1);
+    for (int i = 0; i < 5; i++) loss_scaler_update(&c, 0);
+    check(skip && c.scale == 128.0 && c.skipped == 1, "loss scaler: a constant scale skips overflows, never changes");
+}
+
 int main(void)
 {
     const char *assets = getenv("SHARDLM_ASSETS");
     char path[4096];
     snprintf(path, sizeof path, "%s/stories260K/tok512.model", assets ? assets : "../shared/assets");
     test_schedule();
+    test_loss_scaler();
     test_packing();
     if (tokenizer_load(path, &tok) != STATUS_OK) {
         printf("SKIP: train_data formats: no tokenizer at %s\n", path);

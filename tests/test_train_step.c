@@ -108,7 +108,7 @@ int main(int argc, char **argv)
             loss += ls;
         }
         norms[s] = optimizer_grad_norm(&opt, b, &g);
-        optimizer_step(&opt, b, &m->w, &g, oo.lr, norms[s]);
+        optimizer_step(&opt, b, &m->w, &g, oo.lr, norms[s], 1.0);
         fprintf(js, "%s%.17g", s ? ", " : "", loss / targets);
     }
     CHECK(st == STATUS_OK, "step failed: %s", status_message());

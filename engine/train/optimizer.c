@@ -61,7 +61,7 @@ double optimizer_grad_norm(struct optimizer *opt, struct backend *b, struct mode
 }
 
 void optimizer_step(struct optimizer *opt, struct backend *b, struct model_weights *params,
-                    struct model_weights *grads, double lr, double grad_norm)
+                    struct model_weights *grads, double lr, double grad_norm, double unscale)
 {
     int n = 0, ng = 0, nm = 0, nv = 0;
     struct weight_ref *p = table(params, &n), *g = table(grads, &ng);
@@ -78,7 +78,7 @@ void optimizer_step(struct optimizer *opt, struct backend *b, struct model_weigh
             .eps = (float)opt->o.eps,
             .weight_decay = p[i].t->ndim == 2 ? (float)opt->o.weight_decay : 0.0f,
             .step = opt->step,
-            .grad_scale = (float)clip,
+            .grad_scale = (float)(clip * unscale),
         };
         op_adamw(b, p[i].t, g[i].t, m[i].t, v[i].t, &hp);
     }

@@ -44,10 +44,10 @@ void optimizer_free(struct optimizer *opt, struct backend *b);
  * is (the overflow check). */
 double optimizer_grad_norm(struct optimizer *opt, struct backend *b, struct model_weights *grads);
 
-/* One AdamW step of params from grads at learning rate lr, grads first multiplied by
- * grad_scale and by the clipping factor min(1, clip_grad / grad_norm). Weight decay applies to
- * 2-D weights only. */
+/* One AdamW step of params from grads at learning rate lr, grads first multiplied by unscale
+ * (1 / loss scale) and by the clipping factor min(1, clip_grad / (grad_norm + 1e-6)), where
+ * grad_norm is the norm after unscaling. Weight decay applies to 2-D weights only. */
 void optimizer_step(struct optimizer *opt, struct backend *b, struct model_weights *params,
-                    struct model_weights *grads, double lr, double grad_norm);
+                    struct model_weights *grads, double lr, double grad_norm, double unscale);
 
 #endif

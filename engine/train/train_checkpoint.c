@@ -66,12 +66,18 @@ static struct tensor *find_weight(struct model_weights *w, int layer_first, enum
     return found;
 }
 
-/* checkpoint_source_fn: the canonical f32 tensor of (kind, layer) from the model, with the
- * norm offset that loading added taken away again (Gemma stores w for x * (1 + w)). */
+struct source_ctx {
+    struct model *m;
+    struct model_weights *master;
+};
+
+/* checkpoint_source_fn: the canonical f32 tensor of (kind, layer) from the master weights,
+ * with the norm offset that loading added taken away again (Gemma stores w for x * (1 + w)). */
 static enum status model_source(void *ctx, enum weight_kind kind, int layer, float *dst, int64_t n)
 {
-    struct model *m = ctx;
-    struct tensor *t = find_weight(&m->w, m->layer_first, kind, layer);
+    struct source_ctx *sc = ctx;
+    struct model *m = sc->m;
+    struct tensor *t = find_weight(sc->master, m->layer_first, kind, layer);
     if (!t || tensor_numel(t) != n)
         return status_errorf(STATUS_INTERNAL, "checkpoint: the model has no %s tensor of %lld elements (layer %d)",
                              weight_kind_name(kind), (long long)n, layer);
@@ -102,8 +108,8 @@ static void state_name(char *buf, size_t n, const char *group, const struct weig
     snprintf(buf, n, "%s/%s/%d", group, weight_kind_name(r->kind), r->layer);
 }
 
-static enum status write_state(const char *dir, struct model *m, struct optimizer *opt,
-                               const struct train_state *st, int with_master)
+static enum status write_state(const char *dir, struct model *m, struct model_weights *master,
+                               struct optimizer *opt, const struct train_state *st, int with_master)
 {
     char path[4200], name[256], value[64];
     if (snprintf(path, sizeof path, "%s/" STATE_FILE, dir) >= (int)sizeof path)
@@ -118,7 +124,7 @@ static enum status write_state(const char *dir, struct model *m, struct optimize
         s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "checkpoint: out of host memory");
         goto out;
     }
-    const int n = weights_table(&m->w, m->layer_first, 1, tw);
+    const int n = weights_table(master, m->layer_first, 1, tw);
     CHECK(weights_table(&opt->m, m->layer_first, 1, tm) == n && weights_table(&opt->v, m->layer_first, 1, tv) == n,
           "moment tables differ from the weights'");
     if ((s = safetensors_writer_begin(path, &w)) != STATUS_OK) goto out;
@@ -143,6 +149,9 @@ static enum status write_state(const char *dir, struct model *m, struct optimize
         {"data_epoch", st->cursor.epoch},
         {"data_index", st->cursor.index},
         {"optimizer_step", opt->step},
+        {"loss_scale_growth_tracker", st->scaler.growth_tracker},
+        {"loss_scale_hysteresis_left", st->scaler.hysteresis_left},
+        {"skipped_iterations", st->scaler.skipped},
     };
     for (size_t i = 0; i < sizeof meta / sizeof meta[0] && s == STATUS_OK; i++) {
         snprintf(value, sizeof value, "%" PRId64, meta[i].v);
@@ -150,6 +159,8 @@ static enum status write_state(const char *dir, struct model *m, struct optimize
     }
     snprintf(value, sizeof value, "%" PRIu64, st->cursor.seed);
     if (s == STATUS_OK) s = safetensors_writer_set_metadata(w, "seed", value);
+    snprintf(value, sizeof value, "%.17g", st->scaler.scale);
+    if (s == STATUS_OK) s = safetensors_writer_set_metadata(w, "loss_scale", value);
     if (s == STATUS_OK) s = safetensors_writer_set_metadata(w, "format", STATE_FORMAT);
     if (s == STATUS_OK) {
         s = safetensors_writer_finish(w);
@@ -184,8 +195,8 @@ static enum status move_files(const char *src, const char *dst)
     return s;
 }
 
-enum status train_checkpoint_save(const char *dir, struct model *m, struct optimizer *opt,
-                                  const struct train_state *st)
+enum status train_checkpoint_save(const char *dir, struct model *m, struct model_weights *master,
+                                  struct optimizer *opt, const struct train_state *st)
 {
     char tmp[4200];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp)
@@ -193,12 +204,13 @@ enum status train_checkpoint_save(const char *dir, struct model *m, struct optim
     remove_flat_dir(tmp);
     enum status s = train_checkpoint_make_dir(tmp);
     if (s != STATUS_OK) return s;
-    checkpoint_set_source(m->checkpoint, model_source, m);
+    struct source_ctx sc = {m, master};
+    checkpoint_set_source(m->checkpoint, model_source, &sc);
     s = checkpoint_write_hf(tmp, m->checkpoint);
     checkpoint_set_source(m->checkpoint, NULL, NULL);
     /* The model file holds the weights exactly only in f32 and without a norm offset. */
     const int with_master = m->checkpoint->cfg.dtype != DTYPE_F32 || m->cfg.norm_weight_offset != 0.0f;
-    if (s == STATUS_OK) s = write_state(tmp, m, opt, st, with_master);
+    if (s == STATUS_OK) s = write_state(tmp, m, master, opt, st, with_master);
     if (s != STATUS_OK) {
         remove_flat_dir(tmp);
         return s;
@@ -266,6 +278,17 @@ enum status train_checkpoint_load_state(const char *dir, struct model *m, struct
     st->cursor.index = meta_i64(sf, "data_index", &ok);
     st->cursor.seed = (uint64_t)meta_i64(sf, "seed", &ok);
     const int64_t step = meta_i64(sf, "optimizer_step", &ok);
+    int ok_scaler = 1; /* absent in f32 runs' states written before fp16 existed: defaults */
+    const int64_t growth = meta_i64(sf, "loss_scale_growth_tracker", &ok_scaler);
+    const int64_t hyst = meta_i64(sf, "loss_scale_hysteresis_left", &ok_scaler);
+    const int64_t skipped = meta_i64(sf, "skipped_iterations", &ok_scaler);
+    const char *scale = safetensors_metadata(sf, "loss_scale");
+    if (ok_scaler && scale) {
+        st->scaler.growth_tracker = (int)growth;
+        st->scaler.hysteresis_left = (int)hyst;
+        st->scaler.skipped = skipped;
+        st->scaler.scale = strtod(scale, NULL);
+    }
     const int max = weights_table_max(m->w.n_layers);
     struct weight_ref *tw = malloc((size_t)max * sizeof *tw), *tm = malloc((size_t)max * sizeof *tm);
     struct weight_ref *tv = malloc((size_t)max * sizeof *tv);

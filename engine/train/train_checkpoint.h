@@ -12,25 +12,27 @@
 #include <stdint.h>
 
 #include "data.h"
+#include "loss_scaler.h"
 #include "model.h"
 #include "optimizer.h"
 
 struct train_state {
-    int64_t iteration;          /* optimizer steps taken */
+    int64_t iteration;          /* iterations done (skipped fp16 steps included, as Megatron) */
     int64_t consumed_tokens;
     struct data_cursor cursor;  /* where the next micro-batch starts (seed included) */
+    struct loss_scaler scaler;  /* fp16 only; scale 1 and no skips otherwise */
 };
 
 /* Creates dir (and its parents) when missing. */
 enum status train_checkpoint_make_dir(const char *dir);
 
-/* Writes the checkpoint of (m, opt, st) to dir, replacing what was there only once it is
- * complete. */
-enum status train_checkpoint_save(const char *dir, struct model *m, struct optimizer *opt,
-                                  const struct train_state *st);
+/* Writes the checkpoint of (master, opt, st) to dir, replacing what was there only once it is
+ * complete. master is the f32 master copy of m's weights (m->w itself in f32 training). */
+enum status train_checkpoint_save(const char *dir, struct model *m, struct model_weights *master,
+                                  struct optimizer *opt, const struct train_state *st);
 
-/* Reads dir/train_state.safetensors into opt and *st, for a model loaded from dir (its
- * weights are the checkpoint's; the f32 master weights, when stored, replace them). Errors: a
+/* Reads dir/train_state.safetensors into opt and *st, for a model loaded from dir in f32 (its
+ * weights are the checkpoint's; the f32 master weights, when stored, replace m->w). Errors: a
  * missing or foreign state file, a tensor whose shape differs from the model's. */
 enum status train_checkpoint_load_state(const char *dir, struct model *m, struct optimizer *opt,
                                         struct train_state *st);

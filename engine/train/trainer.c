@@ -18,6 +18,11 @@ struct trainer {
     struct model *m;
     struct model_weights grads;
     void *grads_mem;
+    /* Mixed precision: the f32 master weights (the model's weights were these before the
+     * compute copy took their place); in f32 training, master is m->w itself. */
+    struct model_weights master_store;
+    struct model_weights *master;
+    void *compute_mem;
     struct optimizer opt;
     struct train_dataset train, eval;
     struct micro_batch *mbs;      /* (num_microbatches) of the current iteration */
@@ -84,6 +89,42 @@ static enum status load_data(struct trainer *t)
     return STATUS_OK;
 }
 
+/* The present tensors of w, in table order (the caller frees). */
+static struct weight_ref *table_of(struct model_weights *w, int layer_first, int *n)
+{
+    struct weight_ref *t = malloc((size_t)weights_table_max(w->n_layers) * sizeof *t);
+    CHECK(t, "train: out of host memory for the layout table");
+    *n = weights_table(w, layer_first, 1, t);
+    return t;
+}
+
+/* compute = master rounded to the compute dtype, tensor by tensor. */
+static void sync_compute(struct trainer *t)
+{
+    int n = 0, nc = 0;
+    struct weight_ref *src = table_of(t->master, 0, &n), *dst = table_of(&t->m->w, 0, &nc);
+    CHECK(n == nc, "master and compute tables differ");
+    for (int i = 0; i < n; i++) op_cast(t->b, dst[i].t, src[i].t);
+    free(src);
+    free(dst);
+}
+
+/* Mixed precision: the model's f32 weights become the master copy; the model computes with a
+ * bf16 / f16 copy of them (activations in that dtype too), refreshed after every step. */
+static enum status make_compute_copy(struct trainer *t)
+{
+    const enum dtype dt = t->o->precision == TRAIN_PRECISION_BF16 ? DTYPE_BF16 : DTYPE_F16;
+    struct model_weights compute;
+    enum status st = weights_alloc_like(t->b, &t->m->w, dt, &compute, &t->compute_mem);
+    if (st != STATUS_OK) return st;
+    t->master_store = t->m->w;  /* its layers array is now the trainer's to free */
+    t->master = &t->master_store;
+    t->m->w = compute;
+    t->m->dtype = dt;
+    sync_compute(t);
+    return STATUS_OK;
+}
+
 static enum status setup(struct trainer *t)
 {
     const struct train_options *o = t->o;
@@ -94,11 +135,10 @@ static enum status setup(struct trainer *t)
     if ((st = backend_open(o->device, 0, o->threads, &t->b)) != STATUS_OK) return st;
     snprintf(path, sizeof path, "%s/tokenizer.model", start);
     if ((st = tokenizer_load(path, &t->tok)) != STATUS_OK) return st;
-    /* f32 on every backend: mixed precision (bf16 / fp16 compute) is not built yet. */
+    /* Loaded in f32: these are the master weights; mixed precision adds a compute copy below. */
     if ((st = model_load_as(start, t->b, NULL, DTYPE_F32, &t->m)) != STATUS_OK) return st;
     if ((st = model_weights_make_writable(t->m)) != STATUS_OK) return st;
-    const int max_tokens = o->micro_batch_size * o->seq_length;
-    if ((st = model_reserve_train(t->m, max_tokens)) != STATUS_OK) return st;
+    t->master = &t->m->w;
     if ((st = weights_alloc_like(t->b, &t->m->w, DTYPE_F32, &t->grads, &t->grads_mem)) != STATUS_OK) return st;
     struct optimizer_options opt = o->opt;
     t->mbs = calloc((size_t)t->num_microbatches, sizeof *t->mbs);
@@ -109,12 +149,18 @@ static enum status setup(struct trainer *t)
     t->train_iters = o->train_iters > 0 ? o->train_iters : iters_for_epochs(t);
     if (opt.decay_iters <= 0) opt.decay_iters = t->train_iters;
     if ((st = optimizer_init(&t->opt, t->b, &t->m->w, &opt)) != STATUS_OK) return st;
-    t->state = (struct train_state){.cursor = {.seed = o->seed}};
+    t->state = (struct train_state){.cursor = {.seed = o->seed}, .scaler = loss_scaler_constant(1.0)};
+    if (o->precision == TRAIN_PRECISION_FP16)
+        t->state.scaler = o->loss_scale > 0 ? loss_scaler_constant(o->loss_scale)
+                                            : loss_scaler_dynamic(o->initial_loss_scale, o->min_loss_scale,
+                                                                  o->loss_scale_window, o->hysteresis);
     if (o->resume_dir && (st = train_checkpoint_load_state(o->resume_dir, t->m, &t->opt, &t->state)) != STATUS_OK)
         return st;
     if (o->resume_dir && t->state.cursor.seed != o->seed)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--seed %llu differs from the checkpoint's %llu",
                              (unsigned long long)o->seed, (unsigned long long)t->state.cursor.seed);
+    if (o->precision != TRAIN_PRECISION_F32 && (st = make_compute_copy(t)) != STATUS_OK) return st;
+    if ((st = model_reserve_train(t->m, o->micro_batch_size * o->seq_length)) != STATUS_OK) return st;
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
     const char *mp = o->metrics_path ? o->metrics_path : path;
     if ((st = train_checkpoint_make_dir(o->out_dir)) != STATUS_OK) return st;
@@ -137,6 +183,8 @@ static void teardown(struct trainer *t)
     data_free(&t->eval);
     if (t->b) {
         optimizer_free(&t->opt, t->b);
+        if (t->master == &t->master_store) weights_free_layers(&t->master_store);
+        backend_free(t->b, t->compute_mem);
         weights_free_layers(&t->grads);
         backend_free(t->b, t->grads_mem);
     }
@@ -158,8 +206,10 @@ static struct train_batch batch_of(const struct micro_batch *mb, float grad_scal
 
 struct step_result {
     double loss;        /* mean per-token loss of the global batch */
-    double grad_norm;
+    double grad_norm;   /* of the unscaled gradients */
     double lr;
+    double loss_scale;
+    int skipped;        /* fp16: the step was skipped for an overflow */
     int64_t tokens, targets;
 };
 
@@ -174,8 +224,10 @@ static enum status train_step(struct trainer *t, struct step_result *r)
     }
     weights_zero(t->b, &t->grads);
     double loss_sum = 0.0;
-    /* Every micro-batch's gradient is scaled by 1 / (targets of the whole global batch). */
-    const float grad_scale = targets > 0 ? (float)(1.0 / (double)targets) : 0.0f;
+    /* Every micro-batch's gradient is scaled by (loss scale) / (targets of the whole global
+     * batch): the mean per-token loss of the global batch, times the fp16 loss scale. */
+    const double loss_scale = t->state.scaler.scale;
+    const float grad_scale = targets > 0 ? (float)(loss_scale / (double)targets) : 0.0f;
     enum status st = STATUS_OK;
     for (int i = 0; i < t->num_microbatches && st == STATUS_OK; i++) {
         if (t->mbs[i].n_tokens == 0) continue;
@@ -187,14 +239,25 @@ static enum status train_step(struct trainer *t, struct step_result *r)
     }
     if (st != STATUS_OK) return st;
     r->loss = targets > 0 ? loss_sum / (double)targets : 0.0;
-    r->grad_norm = optimizer_grad_norm(&t->opt, t->b, &t->grads);
-    r->lr = optimizer_lr(&t->opt.o, t->state.iteration);
+    const double scaled_norm = optimizer_grad_norm(&t->opt, t->b, &t->grads);
+    r->grad_norm = scaled_norm / loss_scale;
+    /* The schedule advances with the updates taken (Megatron: skipped steps do not move it). */
+    r->lr = optimizer_lr(&t->opt.o, t->opt.step);
+    r->loss_scale = loss_scale;
     r->tokens = tokens;
     r->targets = targets;
-    if (!isfinite(r->loss) || !isfinite(r->grad_norm))
+    const int found_inf = !isfinite(scaled_norm);
+    if (t->o->precision == TRAIN_PRECISION_FP16) {
+        /* An overflow skips the step (and lowers the scale); the iteration still counts. */
+        r->skipped = loss_scaler_update(&t->state.scaler, found_inf);
+    } else if (!isfinite(r->loss) || found_inf) {
         return status_errorf(STATUS_INTERNAL, "iteration %lld: the loss (%g) or the gradient norm (%g) is not finite",
                              (long long)t->state.iteration + 1, r->loss, r->grad_norm);
-    optimizer_step(&t->opt, t->b, &t->m->w, &t->grads, r->lr, r->grad_norm);
+    }
+    if (!r->skipped) {
+        optimizer_step(&t->opt, t->b, t->master, &t->grads, r->lr, r->grad_norm, 1.0 / loss_scale);
+        if (t->master != &t->m->w) sync_compute(t);
+    }
     t->state.iteration++;
     t->state.consumed_tokens += tokens;
     return STATUS_OK;
@@ -238,10 +301,18 @@ static void report(struct trainer *t, const struct step_result *r, double step_s
 {
     const int64_t it = t->state.iteration;
     const double elapsed = base_now_s() - t->t_start, tps = step_s > 0 ? (double)r->tokens / step_s : 0.0;
+    char norm[32]; /* JSON has no NaN or Inf: an overflowed norm is null */
+    if (isfinite(r->grad_norm)) snprintf(norm, sizeof norm, "%.6g", r->grad_norm);
+    else snprintf(norm, sizeof norm, "null");
     fprintf(t->metrics,
-            "{\"iter\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens\": %lld, "
-            "\"targets\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
-            (long long)it, r->loss, r->lr, r->grad_norm, (long long)r->tokens, (long long)r->targets, tps, elapsed);
+            "{\"iter\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %s, \"loss_scale\": %.17g, "
+            "\"skipped\": %d, \"tokens\": %lld, \"targets\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
+            (long long)it, r->loss, r->lr, norm, r->loss_scale, r->skipped, (long long)r->tokens,
+            (long long)r->targets, tps, elapsed);
+    if (r->skipped)
+        LOG_WARN("train", "step %lld skipped: the fp16 gradients overflowed at loss scale %g (now %g; %lld skipped "
+                 "so far)",
+                 (long long)it, r->loss_scale, t->state.scaler.scale, (long long)t->state.scaler.skipped);
     fflush(t->metrics);
     if (it % t->o->log_interval != 0 && it != t->train_iters) return;
     char eta[32];
@@ -279,7 +350,7 @@ enum status train_run(const struct train_options *o)
     t.t_start = base_now_s();
     if (st == STATUS_OK && t.state.iteration == 0) st = maybe_evaluate(&t, 1);
     while (st == STATUS_OK && t.state.iteration < t.train_iters) {
-        struct step_result r;
+        struct step_result r = {0};
         const double t0 = base_now_s();
         if ((st = train_step(&t, &r)) != STATUS_OK) break;
         report(&t, &r, base_now_s() - t0);
@@ -288,11 +359,11 @@ enum status train_run(const struct train_options *o)
             char dir[4200];
             snprintf(dir, sizeof dir, "%s/checkpoints/iter_%07lld", o->out_dir, (long long)t.state.iteration);
             if (o->progress) fputc('\n', stderr);
-            st = train_checkpoint_save(dir, t.m, &t.opt, &t.state);
+            st = train_checkpoint_save(dir, t.m, t.master, &t.opt, &t.state);
         }
     }
     if (o->progress && st == STATUS_OK) fputc('\n', stderr);
-    if (st == STATUS_OK) st = train_checkpoint_save(o->out_dir, t.m, &t.opt, &t.state);
+    if (st == STATUS_OK) st = train_checkpoint_save(o->out_dir, t.m, t.master, &t.opt, &t.state);
     if (st == STATUS_OK)
         LOG_INFO("train", "wrote %s after %lld iterations (%.1f s)", o->out_dir, (long long)t.state.iteration,
                  base_now_s() - t.t_start);

@@ -14,8 +14,13 @@
 #include <stdint.h>
 
 #include "data.h"
+#include "loss_scaler.h"
 #include "ops.h"
 #include "optimizer.h"
+
+/* The compute precision (--bf16, --fp16): weights and activations in that dtype with f32 math,
+ * fp32 master weights, gradients and moments. */
+enum train_precision { TRAIN_PRECISION_F32, TRAIN_PRECISION_BF16, TRAIN_PRECISION_FP16 };
 
 struct train_options {
     const char *model_dir;        /* the model to start from (anything serve loads) */
@@ -33,6 +38,10 @@ struct train_options {
     int         eval_interval, eval_iters, save_interval, log_interval;
     struct data_options data_opt;
     int         chat_template_auto; /* 1: the chat template is chosen from the model */
+    enum train_precision precision;
+    double      loss_scale;       /* fp16: a constant scale; 0 = dynamic (below) */
+    double      initial_loss_scale, min_loss_scale;
+    int         loss_scale_window, hysteresis;
     enum device device;
     int         threads;
     int         progress;         /* 1: a live progress line (a terminal), 0: plain log lines */
