@@ -50,6 +50,22 @@ size_t        tensor_nbytes(const struct tensor *t);
 int64_t       tensor_cols(const struct tensor *t);
 int64_t       tensor_rows(const struct tensor *t);
 int           tensor_same_shape(const struct tensor *a, const struct tensor *b);
+/* Views of the same memory: the first n entries of the outermost dimension, and t read as
+ * (rows, cols) or (rows, heads, hd) (the element counts must fit what the caller allocated). */
+static inline struct tensor tensor_first_rows(const struct tensor *t, int64_t n)
+{
+    struct tensor v = *t;
+    v.shape[0] = n;
+    return v;
+}
+static inline struct tensor tensor_view2(const struct tensor *t, int64_t rows, int64_t cols)
+{
+    return tensor_make(t->data, t->dtype, t->device, 2, rows, cols);
+}
+static inline struct tensor tensor_view3(const struct tensor *t, int64_t rows, int64_t heads, int64_t hd)
+{
+    return tensor_make(t->data, t->dtype, t->device, 3, rows, heads, hd);
+}
 /* Writes "bf16[3,64]" into buf; returns buf. */
 const char   *tensor_describe(const struct tensor *t, char *buf, size_t n);
 

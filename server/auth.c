@@ -11,38 +11,10 @@
 
 #include "server_internal.h"
 
-static enum status read_file(const char *path, char **out)
-{
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return status_errorf(errno == ENOENT ? STATUS_NOT_FOUND : STATUS_IO, "%s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (base_grow((void **)&buf, &cap, n + 4096 + 1, 1)) {
-            free(buf);
-            fclose(f);
-            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
-        }
-        size_t got = fread(buf + n, 1, 4096, f);
-        n += got;
-        if (got < 4096) break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return status_errorf(STATUS_IO, "%s: read error", path);
-    }
-    buf[n] = 0;
-    *out = buf;
-    return STATUS_OK;
-}
-
 enum status auth_load_keys(struct server *s, const char *path)
 {
     char *text;
-    enum status st = read_file(path, &text);
+    enum status st = base_read_file(path, 1 << 20, "API key file", &text, NULL);
     if (st != STATUS_OK) return st;
     for (char *line = strtok(text, "\r\n"); line; line = strtok(NULL, "\r\n")) {
         while (*line == ' ' || *line == '\t') line++;
@@ -71,8 +43,8 @@ enum status auth_make_credentials(const struct server_options *o, grpc_server_cr
     if (!o->tls_cert || !o->tls_key)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--tls-cert and --tls-key must be given together");
     char *cert = NULL, *key = NULL;
-    enum status st = read_file(o->tls_cert, &cert);
-    if (st == STATUS_OK) st = read_file(o->tls_key, &key);
+    enum status st = base_read_file(o->tls_cert, 1 << 20, "PEM file", &cert, NULL);
+    if (st == STATUS_OK) st = base_read_file(o->tls_key, 1 << 20, "PEM file", &key, NULL);
     if (st == STATUS_OK) {
         grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
         *out = grpc_ssl_server_credentials_create(NULL, &pair, 1, 0, NULL);

@@ -42,41 +42,18 @@ int ck_is_dir(const char *path)
 /* Reads and parses a JSON file; *out is an object. */
 enum status ck_read_json(const char *path, cJSON **out)
 {
-    enum status s = STATUS_OK;
     char *text = NULL;
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (errno == ENOENT) return status_errorf(STATUS_NOT_FOUND, "%s: no such file", path);
-        return status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
-    }
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n < 0 || n > CK_JSON_MAX) {
-        s = status_errorf(STATUS_BAD_FORMAT, "%s: %ld bytes is not a plausible JSON file", path, n);
-        goto out;
-    }
-    rewind(f);
-    if (!(text = malloc((size_t)n + 1))) {
-        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
-        goto out;
-    }
-    if (fread(text, 1, (size_t)n, f) != (size_t)n) {
-        s = status_errorf(STATUS_IO, "%s: short read", path);
-        goto out;
-    }
-    text[n] = '\0';
+    enum status s = base_read_file(path, CK_JSON_MAX, "JSON file", &text, NULL);
+    if (s != STATUS_OK) return s;
     cJSON *root = cJSON_Parse(text);
+    free(text);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        s = status_errorf(STATUS_BAD_FORMAT, "%s: not a JSON object", path);
-        goto out;
+        return status_errorf(STATUS_BAD_FORMAT, "%s: not a JSON object", path);
     }
     *out = root;
-out:
-    free(text);
-    fclose(f);
-    return s;
+    return STATUS_OK;
 }
 
 static enum status ck_add_file(struct checkpoint *ck, const char *rel)

@@ -534,37 +534,10 @@ out:
 
 enum status config_load(const char *path, struct model_config *cfg)
 {
-    enum status st = STATUS_OK;
     char *text = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (errno == ENOENT) return status_errorf(STATUS_NOT_FOUND, "%s: no such file", path);
-        return status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
-    }
-    if (fseek(f, 0, SEEK_END) != 0) {
-        st = status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
-        goto out;
-    }
-    long n = ftell(f);
-    if (n < 0 || n > CONFIG_MAX_BYTES) {
-        st = status_errorf(STATUS_BAD_FORMAT, "%s: %ld bytes is not a plausible config.json", path, n);
-        goto out;
-    }
-    rewind(f);
-    text = malloc((size_t)n + 1);
-    if (!text) {
-        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
-        goto out;
-    }
-    if (fread(text, 1, (size_t)n, f) != (size_t)n) {
-        st = status_errorf(STATUS_IO, "%s: short read", path);
-        goto out;
-    }
-    text[n] = '\0';
-    st = config_parse(text, path, cfg);
-out:
+    enum status st = base_read_file(path, CONFIG_MAX_BYTES, "config.json", &text, NULL);
+    if (st == STATUS_OK) st = config_parse(text, path, cfg);
     free(text);
-    fclose(f);
     return st;
 }
 

@@ -8,24 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A view of the first n rows (outermost dimension) of t. */
-static struct tensor first_rows(const struct tensor *t, int64_t n)
-{
-    struct tensor v = *t;
-    v.shape[0] = n;
-    return v;
-}
-
-static struct tensor as_2d(const struct tensor *t, int64_t rows, int64_t cols)
-{
-    return tensor_make(t->data, t->dtype, t->device, 2, rows, cols);
-}
-
-static struct tensor as_3d(const struct tensor *t, int64_t rows, int64_t heads, int64_t hd)
-{
-    return tensor_make(t->data, t->dtype, t->device, 3, rows, heads, hd);
-}
-
 static const struct tensor *opt(const struct tensor *t) { return t && t->data ? t : NULL; }
 
 static void norm(struct model *m, const struct tensor *out, const struct tensor *x,
@@ -180,14 +162,14 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
     const struct model_config *c = &m->cfg;
     const struct layer_weights *w = &m->w.layers[l];
     const int64_t hd = c->head_dim;
-    struct tensor x = first_rows(&m->ws.x, T), xn = first_rows(&m->ws.xn, T), proj = first_rows(&m->ws.proj, T);
-    struct tensor q = as_2d(&m->ws.q, T, m->n_heads_local * hd);
-    struct tensor k = as_2d(&m->ws.k, T, m->n_kv_local * hd);
-    struct tensor v = as_2d(&m->ws.v, T, m->n_kv_local * hd);
-    struct tensor att = as_2d(&m->ws.att, T, m->n_heads_local * hd);
-    struct tensor q3 = as_3d(&m->ws.q, T, m->n_heads_local, hd), k3 = as_3d(&m->ws.k, T, m->n_kv_local, hd);
-    struct tensor v3 = as_3d(&m->ws.v, T, m->n_kv_local, hd), att3 = as_3d(&m->ws.att, T, m->n_heads_local, hd);
-    struct tensor pos = first_rows(&m->ws.positions, T), slots = first_rows(&m->ws.slots, T);
+    struct tensor x = tensor_first_rows(&m->ws.x, T), xn = tensor_first_rows(&m->ws.xn, T), proj = tensor_first_rows(&m->ws.proj, T);
+    struct tensor q = tensor_view2(&m->ws.q, T, m->n_heads_local * hd);
+    struct tensor k = tensor_view2(&m->ws.k, T, m->n_kv_local * hd);
+    struct tensor v = tensor_view2(&m->ws.v, T, m->n_kv_local * hd);
+    struct tensor att = tensor_view2(&m->ws.att, T, m->n_heads_local * hd);
+    struct tensor q3 = tensor_view3(&m->ws.q, T, m->n_heads_local, hd), k3 = tensor_view3(&m->ws.k, T, m->n_kv_local, hd);
+    struct tensor v3 = tensor_view3(&m->ws.v, T, m->n_kv_local, hd), att3 = tensor_view3(&m->ws.att, T, m->n_heads_local, hd);
+    struct tensor pos = tensor_first_rows(&m->ws.positions, T), slots = tensor_first_rows(&m->ws.slots, T);
 
     /* Attention block: xn = norm(x); q, k, v = xn W^T (+ b); rotary on q, k. */
     norm(m, &xn, &x, &w->attn_norm, &w->attn_norm_bias);
@@ -195,7 +177,7 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
     op_matmul(b, &k, &xn, &w->wk, opt(&w->bk));
     op_matmul(b, &v, &xn, &w->wv, opt(&w->bv));
     if (c->qk_norm) { /* RMSNorm over each head's features */
-        struct tensor qh = as_2d(&m->ws.q, T * m->n_heads_local, hd), kh = as_2d(&m->ws.k, T * m->n_kv_local, hd);
+        struct tensor qh = tensor_view2(&m->ws.q, T * m->n_heads_local, hd), kh = tensor_view2(&m->ws.k, T * m->n_kv_local, hd);
         op_rmsnorm(b, &qh, &qh, &w->q_norm, c->norm_eps);
         op_rmsnorm(b, &kh, &kh, &w->k_norm, c->norm_eps);
     }
@@ -212,10 +194,10 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
 
     /* MLP block: x += down(act(gate(xn)) * up(xn)), or down(act(up(xn))) for GPT-2. */
     norm(m, &xn, &x, &w->mlp_norm, &w->mlp_norm_bias);
-    struct tensor up = first_rows(&m->ws.up, T);
+    struct tensor up = tensor_first_rows(&m->ws.up, T);
     op_matmul(b, &up, &xn, &w->w_up, opt(&w->b_up));
     if (c->gated_mlp) {
-        struct tensor gate = first_rows(&m->ws.gate, T);
+        struct tensor gate = tensor_first_rows(&m->ws.gate, T);
         op_matmul(b, &gate, &xn, &w->w_gate, opt(&w->b_gate));
         op_gated_activation(b, &up, &gate, &up, c->activation);
     } else {
@@ -259,16 +241,16 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
         .n_seqs = fb->n_seqs,
         .block_tokens = cache->block_tokens,
         .max_blocks = fb->max_blocks,
-        .q_start = first_rows(&m->ws.q_start, fb->n_seqs + 1),
-        .seq_len = first_rows(&m->ws.seq_len, fb->n_seqs),
+        .q_start = tensor_first_rows(&m->ws.q_start, fb->n_seqs + 1),
+        .seq_len = tensor_first_rows(&m->ws.seq_len, fb->n_seqs),
         .block_table = tensor_make(m->ws.block_table.data, DTYPE_I32, b->device, 2,
                                    (int64_t)fb->n_seqs, (int64_t)fb->max_blocks),
         .scale = m->cfg.attn_scale > 0.0f ? m->cfg.attn_scale : 1.0f / sqrtf((float)m->cfg.head_dim),
         .window = m->cfg.sliding_window,
     };
 
-    struct tensor x = first_rows(&m->ws.x, T), tokens = first_rows(&m->ws.tokens, T);
-    struct tensor pos = first_rows(&m->ws.positions, T);
+    struct tensor x = tensor_first_rows(&m->ws.x, T), tokens = tensor_first_rows(&m->ws.tokens, T);
+    struct tensor pos = tensor_first_rows(&m->ws.positions, T);
     enum status st;
     if (m->pp_rank == 0) {
         /* Embedding: the masked lookup of this vocab shard; the all-reduce joins the shards. */
@@ -290,18 +272,18 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
     }
     /* Only the rows that need logits go through the final norm and the LM head: gathering rows
      * is the embedding lookup with the residual stream as the table. */
-    struct tensor rows = first_rows(&m->ws.rows, fb->n_logits), ids = first_rows(&m->ws.logit_rows, fb->n_logits);
+    struct tensor rows = tensor_first_rows(&m->ws.rows, fb->n_logits), ids = tensor_first_rows(&m->ws.logit_rows, fb->n_logits);
     op_embedding(b, &rows, &x, &ids, 0);
     norm(m, &rows, &rows, &m->w.final_norm, &m->w.final_norm_bias);
-    struct tensor lg = first_rows(&m->ws.logits, fb->n_logits);
+    struct tensor lg = tensor_first_rows(&m->ws.logits, fb->n_logits);
     op_matmul(b, &lg, &rows, &m->w.lm_head, NULL);
     struct tensor full = lg;
     if (m->tp_size > 1) { /* vocab-parallel shards side by side: (rows, tp * vocab_local) */
-        full = first_rows(&m->ws.logits_full, fb->n_logits);
+        full = tensor_first_rows(&m->ws.logits_full, fb->n_logits);
         if ((st = comm_all_gather_last(m->par.groups->tp, &full, &lg)) != STATUS_OK) return st;
     }
     const struct tensor *host_src = &full;
-    struct tensor lg32 = first_rows(&m->ws.logits_f32, fb->n_logits);
+    struct tensor lg32 = tensor_first_rows(&m->ws.logits_f32, fb->n_logits);
     if (m->dtype != DTYPE_F32) {
         op_cast(b, &lg32, &full);
         host_src = &lg32;

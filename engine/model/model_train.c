@@ -44,23 +44,6 @@ struct train_activations {
 
 static const struct tensor *opt(const struct tensor *t) { return t && t->data ? t : NULL; }
 
-static struct tensor rows_of(const struct tensor *t, int64_t n)
-{
-    struct tensor v = *t;
-    v.shape[0] = n;
-    return v;
-}
-
-static struct tensor view2(const struct tensor *t, int64_t rows, int64_t cols)
-{
-    return tensor_make(t->data, t->dtype, t->device, 2, rows, cols);
-}
-
-static struct tensor view3(const struct tensor *t, int64_t rows, int64_t heads, int64_t hd)
-{
-    return tensor_make(t->data, t->dtype, t->device, 3, rows, heads, hd);
-}
-
 /* ---- memory ------------------------------------------------------------------------------ */
 
 struct act_entry {
@@ -243,7 +226,7 @@ static struct attention_train_batch attention_batch(const struct model *m, const
     const struct train_activations *a = m->train;
     return (struct attention_train_batch){
         .n_docs = tb->n_docs,
-        .doc_start = rows_of(&a->doc_start, tb->n_docs + 1),
+        .doc_start = tensor_first_rows(&a->doc_start, tb->n_docs + 1),
         .scale = m->cfg.attn_scale > 0.0f ? m->cfg.attn_scale : 1.0f / sqrtf((float)m->cfg.head_dim),
         .window = 0,
     };
@@ -262,22 +245,22 @@ static void layer_forward_train(struct model *m, int l, int64_t T, const struct 
     struct attention_train_batch ab = *batch;
     float theta;
     layer_attention_kind(m, m->layer_first + l, &ab.window, &theta);
-    struct tensor pos = rows_of(&m->train->positions, T);
-    struct tensor x_in = rows_of(&la->x_in, T), xn1 = rows_of(&la->xn1, T);
-    struct tensor q = view2(&la->q, T, hq), k = view2(&la->k, T, hkv), v = view2(&la->v, T, hkv);
-    struct tensor q3 = view3(&la->q, T, m->n_heads_local, hd), k3 = view3(&la->k, T, m->n_kv_local, hd);
-    struct tensor v3 = view3(&la->v, T, m->n_kv_local, hd), att3 = view3(&la->att, T, m->n_heads_local, hd);
-    struct tensor att = view2(&la->att, T, hq), lse = rows_of(&la->lse, T);
+    struct tensor pos = tensor_first_rows(&m->train->positions, T);
+    struct tensor x_in = tensor_first_rows(&la->x_in, T), xn1 = tensor_first_rows(&la->xn1, T);
+    struct tensor q = tensor_view2(&la->q, T, hq), k = tensor_view2(&la->k, T, hkv), v = tensor_view2(&la->v, T, hkv);
+    struct tensor q3 = tensor_view3(&la->q, T, m->n_heads_local, hd), k3 = tensor_view3(&la->k, T, m->n_kv_local, hd);
+    struct tensor v3 = tensor_view3(&la->v, T, m->n_kv_local, hd), att3 = tensor_view3(&la->att, T, m->n_heads_local, hd);
+    struct tensor att = tensor_view2(&la->att, T, hq), lse = tensor_first_rows(&la->lse, T);
 
     /* Attention block: xn1 = norm(x); q, k, v = xn1 W^T (+ b); QK norm; rotary; attention. */
     backend_copy(b, x_in.data, x->data, tensor_nbytes(x));
     norm_fwd(m, &xn1, &x_in, &w->attn_norm, &w->attn_norm_bias);
     if (c->qk_norm) {
-        struct tensor qp = view2(&la->q_pre, T, hq), kp = view2(&la->k_pre, T, hkv);
+        struct tensor qp = tensor_view2(&la->q_pre, T, hq), kp = tensor_view2(&la->k_pre, T, hkv);
         op_matmul(b, &qp, &xn1, &w->wq, opt(&w->bq));
         op_matmul(b, &kp, &xn1, &w->wk, opt(&w->bk));
-        struct tensor qph = view2(&la->q_pre, T * m->n_heads_local, hd), kph = view2(&la->k_pre, T * m->n_kv_local, hd);
-        struct tensor qh = view2(&la->q, T * m->n_heads_local, hd), kh = view2(&la->k, T * m->n_kv_local, hd);
+        struct tensor qph = tensor_view2(&la->q_pre, T * m->n_heads_local, hd), kph = tensor_view2(&la->k_pre, T * m->n_kv_local, hd);
+        struct tensor qh = tensor_view2(&la->q, T * m->n_heads_local, hd), kh = tensor_view2(&la->k, T * m->n_kv_local, hd);
         op_rmsnorm(b, &qh, &qph, &w->q_norm, c->norm_eps);
         op_rmsnorm(b, &kh, &kph, &w->k_norm, c->norm_eps);
     } else {
@@ -290,11 +273,11 @@ static void layer_forward_train(struct model *m, int l, int64_t T, const struct 
         op_rope(b, &k3, &pos, c->rot_dim, theta, c->rope_style);
     }
     op_attention_train(b, &att3, &lse, &q3, &k3, &v3, &ab);
-    struct tensor proj = c->sandwich_norms ? rows_of(&la->attn_out, T) : rows_of(&m->train->dtmp, T);
+    struct tensor proj = c->sandwich_norms ? tensor_first_rows(&la->attn_out, T) : tensor_first_rows(&m->train->dtmp, T);
     op_matmul(b, &proj, &att, &w->wo, m->tp_rank == 0 ? opt(&w->bo) : NULL);
-    struct tensor x_mid = rows_of(&la->x_mid, T);
+    struct tensor x_mid = tensor_first_rows(&la->x_mid, T);
     if (c->sandwich_norms) {
-        struct tensor normed = rows_of(&m->train->dtmp, T);
+        struct tensor normed = tensor_first_rows(&m->train->dtmp, T);
         norm_fwd(m, &normed, &proj, &w->post_attn_norm, NULL);
         op_add(b, &x_mid, &x_in, &normed);
     } else {
@@ -302,20 +285,20 @@ static void layer_forward_train(struct model *m, int l, int64_t T, const struct 
     }
 
     /* MLP block: x = x_mid + down(act(gate(xn2)) * up(xn2)), or down(act(up(xn2))). */
-    struct tensor xn2 = rows_of(&la->xn2, T), up = rows_of(&la->up, T), hact = rows_of(&la->hact, T);
+    struct tensor xn2 = tensor_first_rows(&la->xn2, T), up = tensor_first_rows(&la->up, T), hact = tensor_first_rows(&la->hact, T);
     norm_fwd(m, &xn2, &x_mid, &w->mlp_norm, &w->mlp_norm_bias);
     op_matmul(b, &up, &xn2, &w->w_up, opt(&w->b_up));
     if (c->gated_mlp) {
-        struct tensor gate = rows_of(&la->gate, T);
+        struct tensor gate = tensor_first_rows(&la->gate, T);
         op_matmul(b, &gate, &xn2, &w->w_gate, opt(&w->b_gate));
         op_gated_activation(b, &hact, &gate, &up, c->activation);
     } else {
         op_activation(b, &hact, &up, c->activation);
     }
-    proj = c->sandwich_norms ? rows_of(&la->mlp_out, T) : rows_of(&m->train->dtmp, T);
+    proj = c->sandwich_norms ? tensor_first_rows(&la->mlp_out, T) : tensor_first_rows(&m->train->dtmp, T);
     op_matmul(b, &proj, &hact, &w->w_down, m->tp_rank == 0 ? opt(&w->b_down) : NULL);
     if (c->sandwich_norms) {
-        struct tensor normed = rows_of(&m->train->dtmp, T);
+        struct tensor normed = tensor_first_rows(&m->train->dtmp, T);
         norm_fwd(m, &normed, &proj, &w->post_mlp_norm, NULL);
         op_add(b, x, &x_mid, &normed);
     } else {
@@ -362,7 +345,7 @@ enum status model_forward_train(struct model *m, const struct train_batch *tb, d
     const struct attention_train_batch ab = attention_batch(m, tb);
 
     /* Embedding (and learned positions); the residual stream lives in x_final between layers. */
-    struct tensor x = rows_of(&a->x_final, T), tokens = rows_of(&a->tokens, T), pos = rows_of(&a->positions, T);
+    struct tensor x = tensor_first_rows(&a->x_final, T), tokens = tensor_first_rows(&a->tokens, T), pos = tensor_first_rows(&a->positions, T);
     op_embedding(b, &x, &m->w.tok_embedding, &tokens, m->vocab_start);
     if (m->cfg.embed_scale != 0.0f && m->cfg.embed_scale != 1.0f) op_scale(b, &x, &x, m->cfg.embed_scale);
     if (m->cfg.positions == POSITION_KIND_LEARNED) op_position_embedding_add(b, &x, &m->w.pos_embedding, &pos);
@@ -370,9 +353,9 @@ enum status model_forward_train(struct model *m, const struct train_batch *tb, d
     for (int l = 0; l < m->n_layers_local; l++) layer_forward_train(m, l, T, &x, &ab);
 
     /* Final norm and the loss: the fused, vocab-parallel-shaped cross-entropy. */
-    struct tensor h = rows_of(&a->h_final, T), targets = rows_of(&a->targets, T);
+    struct tensor h = tensor_first_rows(&a->h_final, T), targets = tensor_first_rows(&a->targets, T);
     norm_fwd(m, &h, &x, &m->w.final_norm, &m->w.final_norm_bias);
-    struct tensor stats = rows_of(&a->stats, T), loss = rows_of(&a->loss, T), lse = rows_of(&a->lse, T);
+    struct tensor stats = tensor_first_rows(&a->stats, T), loss = tensor_first_rows(&a->loss, T), lse = tensor_first_rows(&a->lse, T);
     op_cross_entropy_stats(b, &stats, &h, &m->w.lm_head, &targets, m->vocab_start);
     struct tensor stats3 = tensor_make(stats.data, DTYPE_F32, b->device, 3, (int64_t)1, T, (int64_t)3);
     op_cross_entropy_combine(b, &loss, &lse, &stats3, &targets);
@@ -406,22 +389,22 @@ static void layer_backward(struct model *m, int l, int64_t T, const struct layer
     float theta;
     layer_attention_kind(m, m->layer_first + l, &ab.window, &theta);
     const int bias_rank = m->tp_rank == 0;
-    struct tensor dres = rows_of(&a->dres, T), dtmp = rows_of(&a->dtmp, T), dxn = rows_of(&a->dxn, T);
-    struct tensor pos = rows_of(&a->positions, T);
+    struct tensor dres = tensor_first_rows(&a->dres, T), dtmp = tensor_first_rows(&a->dtmp, T), dxn = tensor_first_rows(&a->dxn, T);
+    struct tensor pos = tensor_first_rows(&a->positions, T);
 
     /* MLP block, in reverse: x = x_mid + [norm](down(h)). dres flows to x_mid unchanged. */
     struct tensor dproj = dres;
     if (c->sandwich_norms) { /* dtmp = d post_mlp_norm(mlp_out) */
-        struct tensor mlp_out = rows_of(&la->mlp_out, T);
+        struct tensor mlp_out = tensor_first_rows(&la->mlp_out, T);
         norm_bwd(m, &dtmp, &g->post_mlp_norm, NULL, &dres, &mlp_out, &w->post_mlp_norm);
         dproj = dtmp;
     }
-    struct tensor dh = rows_of(&a->dup, T), hact = rows_of(&la->hact, T);
+    struct tensor dh = tensor_first_rows(&a->dup, T), hact = tensor_first_rows(&la->hact, T);
     op_matmul_backward(b, &dh, opt(&g->w_down), bias_rank ? opt(&g->b_down) : NULL, &dproj, &hact, &w->w_down, 0);
-    struct tensor up = rows_of(&la->up, T), xn2 = rows_of(&la->xn2, T);
-    struct tensor dup = rows_of(&a->dup, T);
+    struct tensor up = tensor_first_rows(&la->up, T), xn2 = tensor_first_rows(&la->xn2, T);
+    struct tensor dup = tensor_first_rows(&a->dup, T);
     if (c->gated_mlp) {
-        struct tensor gate = rows_of(&la->gate, T), dgate = rows_of(&a->dgate, T);
+        struct tensor gate = tensor_first_rows(&la->gate, T), dgate = tensor_first_rows(&a->dgate, T);
         op_gated_activation_backward(b, &dgate, &dup, &dh, &gate, &up, c->activation);
         op_matmul_backward(b, &dxn, opt(&g->w_gate), opt(&g->b_gate), &dgate, &xn2, &w->w_gate, 0);
         op_matmul_backward(b, &dxn, opt(&g->w_up), opt(&g->b_up), &dup, &xn2, &w->w_up, 1);
@@ -429,41 +412,41 @@ static void layer_backward(struct model *m, int l, int64_t T, const struct layer
         op_activation_backward(b, &dup, &dh, &up, c->activation);
         op_matmul_backward(b, &dxn, opt(&g->w_up), opt(&g->b_up), &dup, &xn2, &w->w_up, 0);
     }
-    struct tensor x_mid = rows_of(&la->x_mid, T);
+    struct tensor x_mid = tensor_first_rows(&la->x_mid, T);
     norm_bwd(m, &dtmp, &g->mlp_norm, &g->mlp_norm_bias, &dxn, &x_mid, &w->mlp_norm);
     op_add(b, &dres, &dres, &dtmp); /* dL/dx_mid */
 
     /* Attention block, in reverse: x_mid = x_in + [norm](att W_o^T). */
     dproj = dres;
     if (c->sandwich_norms) {
-        struct tensor attn_out = rows_of(&la->attn_out, T);
+        struct tensor attn_out = tensor_first_rows(&la->attn_out, T);
         norm_bwd(m, &dtmp, &g->post_attn_norm, NULL, &dres, &attn_out, &w->post_attn_norm);
         dproj = dtmp;
     }
-    struct tensor att = view2(&la->att, T, hq), datt = view2(&a->datt, T, hq);
+    struct tensor att = tensor_view2(&la->att, T, hq), datt = tensor_view2(&a->datt, T, hq);
     op_matmul_backward(b, &datt, opt(&g->wo), bias_rank ? opt(&g->bo) : NULL, &dproj, &att, &w->wo, 0);
-    struct tensor dq3 = view3(&a->dq, T, m->n_heads_local, hd), dk3 = view3(&a->dk, T, m->n_kv_local, hd);
-    struct tensor dv3 = view3(&a->dv, T, m->n_kv_local, hd), datt3 = view3(&a->datt, T, m->n_heads_local, hd);
-    struct tensor q3 = view3(&la->q, T, m->n_heads_local, hd), k3 = view3(&la->k, T, m->n_kv_local, hd);
-    struct tensor v3 = view3(&la->v, T, m->n_kv_local, hd), att3 = view3(&la->att, T, m->n_heads_local, hd);
-    struct tensor lse = rows_of(&la->lse, T);
+    struct tensor dq3 = tensor_view3(&a->dq, T, m->n_heads_local, hd), dk3 = tensor_view3(&a->dk, T, m->n_kv_local, hd);
+    struct tensor dv3 = tensor_view3(&a->dv, T, m->n_kv_local, hd), datt3 = tensor_view3(&a->datt, T, m->n_heads_local, hd);
+    struct tensor q3 = tensor_view3(&la->q, T, m->n_heads_local, hd), k3 = tensor_view3(&la->k, T, m->n_kv_local, hd);
+    struct tensor v3 = tensor_view3(&la->v, T, m->n_kv_local, hd), att3 = tensor_view3(&la->att, T, m->n_heads_local, hd);
+    struct tensor lse = tensor_first_rows(&la->lse, T);
     op_attention_train_backward(b, &dq3, &dk3, &dv3, &datt3, &att3, &lse, &q3, &k3, &v3, &ab);
     if (c->positions == POSITION_KIND_ROTARY) {
         op_rope_backward(b, &dq3, &pos, c->rot_dim, theta, c->rope_style);
         op_rope_backward(b, &dk3, &pos, c->rot_dim, theta, c->rope_style);
     }
     if (c->qk_norm) { /* through the per-head RMSNorm, in place on dq, dk */
-        struct tensor dqh = view2(&a->dq, T * m->n_heads_local, hd), dkh = view2(&a->dk, T * m->n_kv_local, hd);
-        struct tensor qph = view2(&la->q_pre, T * m->n_heads_local, hd), kph = view2(&la->k_pre, T * m->n_kv_local, hd);
+        struct tensor dqh = tensor_view2(&a->dq, T * m->n_heads_local, hd), dkh = tensor_view2(&a->dk, T * m->n_kv_local, hd);
+        struct tensor qph = tensor_view2(&la->q_pre, T * m->n_heads_local, hd), kph = tensor_view2(&la->k_pre, T * m->n_kv_local, hd);
         op_rmsnorm_backward(b, &dqh, opt(&g->q_norm), &dqh, &qph, &w->q_norm, c->norm_eps);
         op_rmsnorm_backward(b, &dkh, opt(&g->k_norm), &dkh, &kph, &w->k_norm, c->norm_eps);
     }
-    struct tensor xn1 = rows_of(&la->xn1, T);
-    struct tensor dq = view2(&a->dq, T, hq), dk = view2(&a->dk, T, hkv), dv = view2(&a->dv, T, hkv);
+    struct tensor xn1 = tensor_first_rows(&la->xn1, T);
+    struct tensor dq = tensor_view2(&a->dq, T, hq), dk = tensor_view2(&a->dk, T, hkv), dv = tensor_view2(&a->dv, T, hkv);
     op_matmul_backward(b, &dxn, opt(&g->wq), opt(&g->bq), &dq, &xn1, &w->wq, 0);
     op_matmul_backward(b, &dxn, opt(&g->wk), opt(&g->bk), &dk, &xn1, &w->wk, 1);
     op_matmul_backward(b, &dxn, opt(&g->wv), opt(&g->bv), &dv, &xn1, &w->wv, 1);
-    struct tensor x_in = rows_of(&la->x_in, T);
+    struct tensor x_in = tensor_first_rows(&la->x_in, T);
     norm_bwd(m, &dtmp, &g->attn_norm, &g->attn_norm_bias, &dxn, &x_in, &w->attn_norm);
     op_add(b, &dres, &dres, &dtmp); /* dL/dx_in */
 }
@@ -479,9 +462,9 @@ enum status model_backward(struct model *m, const struct train_batch *tb,
     const struct attention_train_batch ab = attention_batch(m, tb);
 
     /* Loss and final norm, in reverse: dh_final from the cross-entropy, then dres = dL/dx. */
-    struct tensor h = rows_of(&a->h_final, T), x = rows_of(&a->x_final, T);
-    struct tensor targets = rows_of(&a->targets, T), lse = rows_of(&a->lse, T);
-    struct tensor dxn = rows_of(&a->dxn, T), dres = rows_of(&a->dres, T);
+    struct tensor h = tensor_first_rows(&a->h_final, T), x = tensor_first_rows(&a->x_final, T);
+    struct tensor targets = tensor_first_rows(&a->targets, T), lse = tensor_first_rows(&a->lse, T);
+    struct tensor dxn = tensor_first_rows(&a->dxn, T), dres = tensor_first_rows(&a->dres, T);
     op_cross_entropy_backward(b, &dxn, opt(&grads->lm_head), &h, &m->w.lm_head, &targets, &lse, NULL,
                               tb->grad_scale, m->vocab_start, 0);
     norm_bwd(m, &dres, &grads->final_norm, &grads->final_norm_bias, &dxn, &x, &m->w.final_norm);
@@ -489,7 +472,7 @@ enum status model_backward(struct model *m, const struct train_batch *tb,
     for (int l = m->n_layers_local - 1; l >= 0; l--) layer_backward(m, l, T, &grads->layers[l], &ab);
 
     /* Embedding, in reverse: x0 = scale * E[tokens] (+ P[positions]). */
-    struct tensor tokens = rows_of(&a->tokens, T), pos = rows_of(&a->positions, T);
+    struct tensor tokens = tensor_first_rows(&a->tokens, T), pos = tensor_first_rows(&a->positions, T);
     if (m->cfg.positions == POSITION_KIND_LEARNED && opt(&grads->pos_embedding))
         op_position_embedding_add_backward(b, &grads->pos_embedding, &dres, &pos);
     if (m->cfg.embed_scale != 0.0f && m->cfg.embed_scale != 1.0f) op_scale(b, &dres, &dres, m->cfg.embed_scale);

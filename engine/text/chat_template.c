@@ -46,22 +46,14 @@ enum status chat_template_parse(const char *name, enum chat_template_kind *out)
 /* The chat_template string of model_dir/tokenizer_config.json, malloc'd, or NULL. */
 static char *read_hf_chat_template(const char *model_dir)
 {
-    char path[4096];
+    char path[4096], *text = NULL, *result = NULL;
     snprintf(path, sizeof path, "%s/tokenizer_config.json", model_dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *text = NULL, *result = NULL;
-    long n = 0;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && n < (64l << 20) && fseek(f, 0, SEEK_SET) == 0 &&
-        (text = malloc((size_t)n + 1)) && fread(text, 1, (size_t)n, f) == (size_t)n) {
-        text[n] = 0;
-        cJSON *root = cJSON_Parse(text);
-        const cJSON *t = root ? cJSON_GetObjectItemCaseSensitive(root, "chat_template") : NULL;
-        if (cJSON_IsString(t) && t->valuestring) result = strdup(t->valuestring);
-        cJSON_Delete(root);
-    }
+    if (base_read_file(path, 64u << 20, "tokenizer_config.json", &text, NULL) != STATUS_OK) return NULL;
+    cJSON *root = cJSON_Parse(text);
+    const cJSON *t = root ? cJSON_GetObjectItemCaseSensitive(root, "chat_template") : NULL;
+    if (cJSON_IsString(t) && t->valuestring) result = strdup(t->valuestring);
+    cJSON_Delete(root);
     free(text);
-    fclose(f);
     return result;
 }
 

@@ -11,49 +11,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "token_builder.h"
 #include "tokenizer.h"
 
-struct seg_buf {
-    int32_t *ids;
-    uint8_t *loss;
-    size_t   n, cap_ids, cap_loss;
-};
-
-static enum status push_ids(struct seg_buf *b, const int32_t *ids, int n, int loss)
-{
-    if (base_grow((void **)&b->ids, &b->cap_ids, b->n + (size_t)n + 1, sizeof *b->ids) ||
-        base_grow((void **)&b->loss, &b->cap_loss, b->n + (size_t)n + 1, sizeof *b->loss))
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "chat template: out of memory");
-    memcpy(b->ids + b->n, ids, (size_t)n * sizeof *ids);
-    memset(b->loss + b->n, loss, (size_t)n);
-    b->n += (size_t)n;
-    return STATUS_OK;
-}
-
-static enum status push_id(struct seg_buf *b, int32_t id, int loss)
-{
-    return id >= 0 ? push_ids(b, &id, 1, loss) : STATUS_OK;
-}
-
-static enum status push_text(struct seg_buf *b, const struct tokenizer *tok, const char *text, int loss)
-{
-    int32_t *ids = NULL;
-    int n = 0;
-    enum status st = tokenizer_encode(tok, text, strlen(text), 0, &ids, &n);
-    if (st == STATUS_OK) st = push_ids(b, ids, n, loss);
-    free(ids);
-    return st;
-}
-
 /* "{a}{b}{c}" as one text segment. */
-static enum status push_join(struct seg_buf *b, const struct tokenizer *tok, const char *x, const char *y,
+static enum status push_join(struct token_builder *b, const struct tokenizer *tok, const char *x, const char *y,
                              const char *z, int loss)
 {
     size_t n = strlen(x) + strlen(y) + strlen(z) + 1;
     char *s = malloc(n);
     if (!s) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "chat template: out of memory");
     snprintf(s, n, "%s%s%s", x, y, z);
-    enum status st = push_text(b, tok, s, loss);
+    enum status st = token_builder_text(b, tok, s, loss);
     free(s);
     return st;
 }
@@ -77,12 +46,12 @@ static enum status check_train_roles(const struct chat_message *m, int n, int al
 }
 
 /* Llama 2: BOS "[INST] {user} [/INST]" {answer} EOS per exchange; the loss on answer and EOS. */
-static enum status train_llama2(const struct tokenizer *tok, const struct chat_message *m, int n, struct seg_buf *b)
+static enum status train_llama2(const struct tokenizer *tok, const struct chat_message *m, int n, struct token_builder *b)
 {
     const char *system = m[0].role == CHAT_ROLE_SYSTEM ? m[0].content : NULL;
     enum status st = STATUS_OK;
     for (int i = system ? 1 : 0; i < n && st == STATUS_OK; i += 2) {
-        if ((st = push_id(b, tokenizer_bos_id(tok), 0)) != STATUS_OK) break;
+        if ((st = token_builder_id(b, tokenizer_bos_id(tok), 0)) != STATUS_OK) break;
         if (system && i == 1) {
             size_t len = strlen(system) + strlen(m[i].content) + 64;
             char *u = malloc(len);
@@ -93,29 +62,29 @@ static enum status train_llama2(const struct tokenizer *tok, const struct chat_m
         } else {
             st = push_join(b, tok, "[INST] ", m[i].content, " [/INST]", 0);
         }
-        if (st == STATUS_OK && i + 1 < n && (st = push_text(b, tok, m[i + 1].content, 1)) == STATUS_OK)
-            st = push_id(b, tokenizer_eos_id(tok), 1);
+        if (st == STATUS_OK && i + 1 < n && (st = token_builder_text(b, tok, m[i + 1].content, 1)) == STATUS_OK)
+            st = token_builder_id(b, tokenizer_eos_id(tok), 1);
     }
     return st;
 }
 
 /* ChatML and Gemma: a start id, "{role}\n", the content, an end id, "\n" per turn. */
-static enum status train_turns(const struct tokenizer *tok, const struct chat_message *m, int n, struct seg_buf *b,
+static enum status train_turns(const struct tokenizer *tok, const struct chat_message *m, int n, struct token_builder *b,
                                const char *start_piece, const char *end_piece, int gemma)
 {
     int32_t start = tokenizer_piece_to_id(tok, start_piece), end = tokenizer_piece_to_id(tok, end_piece);
     if (start < 0 || end < 0)
         return status_errorf(STATUS_UNSUPPORTED, "the chat template needs %s and %s pieces, which this vocabulary lacks",
                              start_piece, end_piece);
-    enum status st = push_id(b, tokenizer_bos_id(tok), 0);
+    enum status st = token_builder_id(b, tokenizer_bos_id(tok), 0);
     const char *system = gemma && m[0].role == CHAT_ROLE_SYSTEM ? m[0].content : NULL;
     for (int i = system ? 1 : 0; i < n && st == STATUS_OK; i++) {
         const int answer = m[i].role == CHAT_ROLE_ASSISTANT;
         const char *role = answer ? (gemma ? "model" : "assistant") : m[i].role == CHAT_ROLE_SYSTEM ? "system" : "user";
-        if ((st = push_id(b, start, 0)) != STATUS_OK) break;
+        if ((st = token_builder_id(b, start, 0)) != STATUS_OK) break;
         if (answer) {
             if ((st = push_join(b, tok, role, "\n", "", 0)) == STATUS_OK)
-                st = push_text(b, tok, m[i].content, 1);
+                st = token_builder_text(b, tok, m[i].content, 1);
         } else if (system && i == 1) {
             size_t len = strlen(system) + strlen(m[i].content) + 8;
             char *u = malloc(len);
@@ -126,19 +95,19 @@ static enum status train_turns(const struct tokenizer *tok, const struct chat_me
         } else {
             st = push_join(b, tok, role, "\n", m[i].content, 0);
         }
-        if (st == STATUS_OK && (st = push_id(b, end, answer)) == STATUS_OK) st = push_text(b, tok, "\n", 0);
+        if (st == STATUS_OK && (st = token_builder_id(b, end, answer)) == STATUS_OK) st = token_builder_text(b, tok, "\n", 0);
     }
     return st;
 }
 
 /* Plain: "User: {u}\n" and "Assistant:" then " {a}" (loss) and "\n" (loss: it is the stop). */
-static enum status train_plain(const struct tokenizer *tok, const struct chat_message *m, int n, struct seg_buf *b)
+static enum status train_plain(const struct tokenizer *tok, const struct chat_message *m, int n, struct token_builder *b)
 {
-    enum status st = push_id(b, tokenizer_bos_id(tok), 0);
+    enum status st = token_builder_id(b, tokenizer_bos_id(tok), 0);
     for (int i = 0; i < n && st == STATUS_OK; i++) {
         if (m[i].role == CHAT_ROLE_SYSTEM) st = push_join(b, tok, m[i].content, "\n\n", "", 0);
         else if (m[i].role == CHAT_ROLE_USER) st = push_join(b, tok, "User: ", m[i].content, "\n", 0);
-        else if ((st = push_text(b, tok, "Assistant:", 0)) == STATUS_OK)
+        else if ((st = token_builder_text(b, tok, "Assistant:", 0)) == STATUS_OK)
             st = push_join(b, tok, " ", m[i].content, "\n", 1);
     }
     return st;
@@ -153,7 +122,7 @@ enum status chat_template_render_train(enum chat_template_kind k, const struct t
     *n_ids = 0;
     enum status st = check_train_roles(messages, n, k == CHAT_TEMPLATE_LLAMA2);
     if (st != STATUS_OK) return st;
-    struct seg_buf b = {0};
+    struct token_builder b = {0};
     switch (k) {
     case CHAT_TEMPLATE_LLAMA2: st = train_llama2(tok, messages, n, &b); break;
     case CHAT_TEMPLATE_CHATML: st = train_turns(tok, messages, n, &b, "<|im_start|>", "<|im_end|>", 0); break;
@@ -162,8 +131,7 @@ enum status chat_template_render_train(enum chat_template_kind k, const struct t
     }
     if (st == STATUS_OK && b.n == 0) st = status_errorf(STATUS_INVALID_ARGUMENT, "messages: the conversation renders to no tokens");
     if (st != STATUS_OK) {
-        free(b.ids);
-        free(b.loss);
+        token_builder_free(&b);
         return st;
     }
     *ids = b.ids;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "token_builder.h"
 #include "tokenizer.h"
 
 /* ---- examples ---------------------------------------------------------------------------- */
@@ -63,41 +64,7 @@ static enum status add_example(struct train_dataset *ds, const struct data_optio
     return STATUS_OK;
 }
 
-/* An example from segments of text, each with or without loss, between an optional BOS and
- * an optional EOS (which carries the loss of the last segment). */
-struct builder {
-    int32_t *ids;
-    uint8_t *loss;
-    size_t   n, cap_ids, cap_loss;
-};
-
-static enum status builder_push(struct builder *b, const int32_t *ids, int n, int loss)
-{
-    if (base_grow((void **)&b->ids, &b->cap_ids, b->n + (size_t)n, sizeof *b->ids) ||
-        base_grow((void **)&b->loss, &b->cap_loss, b->n + (size_t)n, sizeof *b->loss))
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "data: out of memory");
-    memcpy(b->ids + b->n, ids, (size_t)n * sizeof *ids);
-    memset(b->loss + b->n, loss ? 1 : 0, (size_t)n);
-    b->n += (size_t)n;
-    return STATUS_OK;
-}
-
-static enum status builder_text(struct builder *b, const struct tokenizer *tok, const char *text, int loss)
-{
-    int32_t *ids = NULL;
-    int n = 0;
-    enum status st = tokenizer_encode(tok, text, strlen(text), 0, &ids, &n);
-    if (st == STATUS_OK) st = builder_push(b, ids, n, loss);
-    free(ids);
-    return st;
-}
-
-static enum status builder_id(struct builder *b, int32_t id, int loss)
-{
-    return id >= 0 ? builder_push(b, &id, 1, loss) : STATUS_OK;
-}
-
-static struct train_example builder_take(struct builder *b)
+static struct train_example builder_take(struct token_builder *b)
 {
     struct train_example e = {.ids = b->ids, .loss = b->loss, .n = (int)b->n};
     memset(b, 0, sizeof *b);
@@ -105,34 +72,6 @@ static struct train_example builder_take(struct builder *b)
 }
 
 /* ---- formats ----------------------------------------------------------------------------- */
-
-static enum status read_file(const char *path, char **out, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return status_errorf(STATUS_NOT_FOUND, "%s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
-    for (;;) {
-        if (base_grow((void **)&buf, &cap, n + 65536 + 1, 1)) {
-            free(buf);
-            fclose(f);
-            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
-        }
-        size_t r = fread(buf + n, 1, 65536, f);
-        n += r;
-        if (r < 65536) break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return status_errorf(STATUS_IO, "%s: read error", path);
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return STATUS_OK;
-}
 
 /* Plain text: the whole file's tokens (BOS first), cut into examples of seq_length. */
 static enum status load_text_file(const char *path, const char *text, size_t len,
@@ -227,7 +166,7 @@ static enum status load_json_line(const char *path, long line, const char *text,
         cJSON_Delete(root);
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s:%ld: not a JSON object", path, line);
     }
-    struct builder b = {0};
+    struct token_builder b = {0};
     struct train_example e = {0};
     enum status st = STATUS_OK;
     const char *t = json_string(root, "text"), *prompt = json_string(root, "prompt");
@@ -239,15 +178,15 @@ static enum status load_json_line(const char *path, long line, const char *text,
     } else if (cJSON_IsArray(conv)) {
         st = load_chat(conv, "from", "value", path, line, tok, o, &e);
     } else if (prompt && completion) {
-        if ((st = builder_id(&b, tokenizer_bos_id(tok), 0)) == STATUS_OK &&
-            (st = builder_text(&b, tok, prompt, 0)) == STATUS_OK &&
-            (st = builder_text(&b, tok, completion, 1)) == STATUS_OK)
-            st = builder_id(&b, tokenizer_eos_id(tok), 1);
+        if ((st = token_builder_id(&b, tokenizer_bos_id(tok), 0)) == STATUS_OK &&
+            (st = token_builder_text(&b, tok, prompt, 0)) == STATUS_OK &&
+            (st = token_builder_text(&b, tok, completion, 1)) == STATUS_OK)
+            st = token_builder_id(&b, tokenizer_eos_id(tok), 1);
         e = builder_take(&b);
     } else if (t) {
-        if ((st = builder_id(&b, tokenizer_bos_id(tok), 0)) == STATUS_OK &&
-            (st = builder_text(&b, tok, t, 1)) == STATUS_OK)
-            st = builder_id(&b, tokenizer_eos_id(tok), 1);
+        if ((st = token_builder_id(&b, tokenizer_bos_id(tok), 0)) == STATUS_OK &&
+            (st = token_builder_text(&b, tok, t, 1)) == STATUS_OK)
+            st = token_builder_id(&b, tokenizer_eos_id(tok), 1);
         e = builder_take(&b);
     } else {
         st = status_errorf(STATUS_INVALID_ARGUMENT,
@@ -256,8 +195,7 @@ static enum status load_json_line(const char *path, long line, const char *text,
                            path, line);
     }
     cJSON_Delete(root);
-    free(b.ids);
-    free(b.loss);
+    token_builder_free(&b);
     if (st != STATUS_OK) {
         example_free(&e);
         return st;
@@ -276,7 +214,7 @@ static enum status load_one(const char *path, const struct tokenizer *tok, const
 {
     char *text = NULL;
     size_t len = 0;
-    enum status st = read_file(path, &text, &len);
+    enum status st = base_read_file(path, 0, NULL, &text, &len);
     if (st != STATUS_OK) return st;
     const size_t before = ds->n;
     if (len == 0) st = status_errorf(STATUS_INVALID_ARGUMENT, "%s: the file is empty", path);

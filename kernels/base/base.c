@@ -120,6 +120,46 @@ int base_grow(void **p, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
+enum status base_read_file(const char *path, size_t max_bytes, const char *what, char **text, size_t *len)
+{
+    *text = NULL;
+    if (len) *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (errno == ENOENT) return status_errorf(STATUS_NOT_FOUND, "%s: no such file", path);
+        return status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
+    }
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    enum status st = STATUS_OK;
+    for (;;) {
+        if (base_grow((void **)&buf, &cap, n + 65536 + 1, 1)) {
+            st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
+            break;
+        }
+        const size_t got = fread(buf + n, 1, 65536, f);
+        n += got;
+        if (max_bytes && n > max_bytes) {
+            st = status_errorf(STATUS_BAD_FORMAT, "%s: more than %zu bytes, not a plausible %s", path, max_bytes,
+                               what ? what : "file");
+            break;
+        }
+        if (got < 65536) {
+            if (ferror(f)) st = status_errorf(STATUS_IO, "%s: read error", path);
+            break;
+        }
+    }
+    fclose(f);
+    if (st != STATUS_OK) {
+        free(buf);
+        return st;
+    }
+    buf[n] = 0;
+    *text = buf;
+    if (len) *len = n;
+    return STATUS_OK;
+}
+
 double base_now_s(void)
 {
     struct timespec ts;

@@ -62,6 +62,13 @@ double base_now_s(void);
  * caller turns that into STATUS_RESOURCE_EXHAUSTED). */
 int base_grow(void **p, size_t *cap, size_t need, size_t elem);
 
+/* Reads the whole file at path into *text (malloc'd, NUL-terminated, the caller frees) and its
+ * length into *len (may be NULL). A file over max_bytes (0: no limit) is STATUS_BAD_FORMAT
+ * ("PATH: more than N bytes, not a plausible <what>"); a missing file STATUS_NOT_FOUND ("PATH:
+ * no such file"); other failures STATUS_IO or STATUS_RESOURCE_EXHAUSTED. The one file reader
+ * of the project (configs, JSON, data, key files). */
+enum status base_read_file(const char *path, size_t max_bytes, const char *what, char **text, size_t *len);
+
 enum log_level { LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR };
 
 /* The threshold is read once from SHARDLM_LOG (debug|info|warn|error, default info) and may be
