@@ -24,6 +24,7 @@
 
 #include "model_train.h"
 #include "optimizer.h"
+#include "params.h"
 #include "safetensors.h"
 
 static long vm_hwm_kib(void)
@@ -154,7 +155,10 @@ int main(int argc, char **argv)
     struct optimizer_options oo = {.lr = 1e-4, .decay_style = LR_DECAY_CONSTANT, .weight_decay = 0.01, .beta1 = 0.9,
                                    .beta2 = 0.999, .eps = 1e-8, .clip_grad = 1.0};
     if (st == STATUS_OK) st = weights_alloc_like(b, &m->w, DTYPE_F32, &g, &gmem);
-    if (st == STATUS_OK && !bf16) st = optimizer_init(&opt, b, &m->w, &oo);
+    struct param_table pt = {0}, gt = {0};
+    if (st == STATUS_OK) st = param_table_from_weights(&pt, &m->w, 0);
+    if (st == STATUS_OK) st = param_table_from_weights(&gt, &g, 0);
+    if (st == STATUS_OK && !bf16) st = optimizer_init(&opt, b, &pt, &oo);
     if (st != STATUS_OK) {
         fprintf(stderr, "bench_train: %s\n", status_message());
         return 1;
@@ -180,8 +184,8 @@ int main(int argc, char **argv)
         if (st == STATUS_OK) st = model_backward(m, &tb, &g);
         if (st != STATUS_OK) break;
         if (!bf16) { /* bf16: forward + backward only (AdamW runs on f32 master weights) */
-            double norm = optimizer_grad_norm(&opt, b, &g);
-            optimizer_step(&opt, b, &m->w, &g, 1e-4, norm, 1.0);
+            double norm = optimizer_grad_norm(&opt, b, &gt);
+            optimizer_step(&opt, b, &pt, &gt, 1e-4, norm, 1.0);
         }
         backend_synchronize(b);
         const double t = base_now_s() - t0;
@@ -229,6 +233,8 @@ int main(int argc, char **argv)
            "(+ the checkpoint's page cache while mapped)\n",
            hwm / 1024.0, hwm_model / 1024.0, 16.0 * params / 1048576.0, act_mb);
     if (!bf16) optimizer_free(&opt, b);
+    param_table_free(&pt);
+    param_table_free(&gt);
     weights_free_layers(&g);
     backend_free(b, gmem);
     model_free(m);

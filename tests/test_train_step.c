@@ -14,6 +14,7 @@
 
 #include "model_train.h"
 #include "optimizer.h"
+#include "params.h"
 
 struct host_batch {
     struct train_batch tb;
@@ -77,7 +78,10 @@ int main(int argc, char **argv)
     void *gmem = NULL;
     struct optimizer opt;
     if (st == STATUS_OK) st = weights_alloc_like(b, &m->w, DTYPE_F32, &g, &gmem);
-    if (st == STATUS_OK) st = optimizer_init(&opt, b, &m->w, &oo);
+    struct param_table pt = {0}, gt = {0};
+    if (st == STATUS_OK) st = param_table_from_weights(&pt, &m->w, 0);
+    if (st == STATUS_OK) st = param_table_from_weights(&gt, &g, 0);
+    if (st == STATUS_OK) st = optimizer_init(&opt, b, &pt, &oo);
     if (st != STATUS_OK) {
         fprintf(stderr, "test_train_step: %s\n", status_message());
         return 1;
@@ -107,8 +111,8 @@ int main(int argc, char **argv)
             if (st == STATUS_OK) st = model_backward(m, &mb[i].tb, &g);
             loss += ls;
         }
-        norms[s] = optimizer_grad_norm(&opt, b, &g);
-        optimizer_step(&opt, b, &m->w, &g, oo.lr, norms[s], 1.0);
+        norms[s] = optimizer_grad_norm(&opt, b, &gt);
+        optimizer_step(&opt, b, &pt, &gt, oo.lr, norms[s], 1.0);
         fprintf(js, "%s%.17g", s ? ", " : "", loss / targets);
     }
     CHECK(st == STATUS_OK, "step failed: %s", status_message());
@@ -126,6 +130,8 @@ int main(int argc, char **argv)
     fclose(bin);
     fclose(js);
     optimizer_free(&opt, b);
+    param_table_free(&pt);
+    param_table_free(&gt);
     weights_free_layers(&g);
     backend_free(b, gmem);
     model_free(m);

@@ -17,13 +17,34 @@ double optimizer_lr(const struct optimizer_options *o, int64_t it)
     return o->min_lr + coeff * (o->lr - o->min_lr);
 }
 
-enum status optimizer_init(struct optimizer *opt, struct backend *b, struct model_weights *params,
+enum status optimizer_init(struct optimizer *opt, struct backend *b, const struct param_table *params,
                            const struct optimizer_options *o)
 {
     memset(opt, 0, sizeof *opt);
     opt->o = *o;
-    enum status st = weights_alloc_like(b, params, DTYPE_F32, &opt->m, &opt->mem_m);
-    if (st == STATUS_OK) st = weights_alloc_like(b, params, DTYPE_F32, &opt->v, &opt->mem_v);
+    opt->n = params->n;
+    opt->m = calloc(params->n + 1, sizeof *opt->m);
+    opt->v = calloc(params->n + 1, sizeof *opt->v);
+    if (!opt->m || !opt->v) {
+        optimizer_free(opt, b);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "optimizer: out of host memory");
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < params->n; i++) total += 2 * ((size_t)tensor_numel(params->p[i].t) * 4 + 255) / 256 * 256;
+    enum status st = total ? backend_alloc(b, total, &opt->mem) : STATUS_OK;
+    if (st == STATUS_OK && total) backend_memset_zero(b, opt->mem, total);
+    size_t off = 0;
+    for (size_t i = 0; st == STATUS_OK && i < params->n; i++) {
+        struct tensor t = *params->p[i].t;
+        t.dtype = DTYPE_F32;
+        t.device = b->device;
+        const size_t nb = (tensor_nbytes(&t) + 255) / 256 * 256;
+        opt->m[i] = t;
+        opt->m[i].data = (char *)opt->mem + off;
+        opt->v[i] = t;
+        opt->v[i].data = (char *)opt->mem + off + nb;
+        off += 2 * nb;
+    }
     if (st == STATUS_OK) st = backend_alloc_tensor(b, &opt->norm_acc, DTYPE_F32, 1, (int64_t[]){1});
     if (st != STATUS_OK) optimizer_free(opt, b);
     return st;
@@ -31,59 +52,40 @@ enum status optimizer_init(struct optimizer *opt, struct backend *b, struct mode
 
 void optimizer_free(struct optimizer *opt, struct backend *b)
 {
-    weights_free_layers(&opt->m);
-    weights_free_layers(&opt->v);
-    backend_free(b, opt->mem_m);
-    backend_free(b, opt->mem_v);
+    free(opt->m);
+    free(opt->v);
+    backend_free(b, opt->mem);
     backend_free(b, opt->norm_acc.data);
     memset(opt, 0, sizeof *opt);
 }
 
-/* The present tensors of w, in table order. */
-static struct weight_ref *table(struct model_weights *w, int *n)
+double optimizer_grad_norm(struct optimizer *opt, struct backend *b, const struct param_table *grads)
 {
-    struct weight_ref *t = malloc((size_t)weights_table_max(w->n_layers) * sizeof *t);
-    CHECK(t, "optimizer: out of host memory for the layout table");
-    *n = weights_table(w, 0, 1, t);
-    return t;
-}
-
-double optimizer_grad_norm(struct optimizer *opt, struct backend *b, struct model_weights *grads)
-{
-    int n = 0;
-    struct weight_ref *g = table(grads, &n);
     backend_memset_zero(b, opt->norm_acc.data, sizeof(float));
-    for (int i = 0; i < n; i++) op_sum_squares(b, &opt->norm_acc, g[i].t);
+    for (size_t i = 0; i < grads->n; i++) op_sum_squares(b, &opt->norm_acc, grads->p[i].t);
     float sum = 0.0f;
     backend_download(b, &sum, opt->norm_acc.data, sizeof sum);
-    free(g);
     return sqrt((double)sum);
 }
 
-void optimizer_step(struct optimizer *opt, struct backend *b, struct model_weights *params,
-                    struct model_weights *grads, double lr, double grad_norm, double unscale)
+void optimizer_step(struct optimizer *opt, struct backend *b, const struct param_table *params,
+                    const struct param_table *grads, double lr, double grad_norm, double unscale)
 {
-    int n = 0, ng = 0, nm = 0, nv = 0;
-    struct weight_ref *p = table(params, &n), *g = table(grads, &ng);
-    struct weight_ref *m = table(&opt->m, &nm), *v = table(&opt->v, &nv);
-    CHECK(n == ng && n == nm && n == nv, "optimizer: tables differ (%d, %d, %d, %d)", n, ng, nm, nv);
+    CHECK(params->n == opt->n && grads->n == opt->n, "optimizer: tables differ (%zu, %zu, %zu)", params->n,
+          grads->n, opt->n);
     opt->step++;
     double clip = 1.0;
     if (opt->o.clip_grad > 0.0 && grad_norm > opt->o.clip_grad) clip = opt->o.clip_grad / (grad_norm + 1e-6);
-    for (int i = 0; i < n; i++) {
+    for (size_t i = 0; i < opt->n; i++) {
         struct adamw_params hp = {
             .lr = (float)lr,
             .beta1 = (float)opt->o.beta1,
             .beta2 = (float)opt->o.beta2,
             .eps = (float)opt->o.eps,
-            .weight_decay = p[i].t->ndim == 2 ? (float)opt->o.weight_decay : 0.0f,
+            .weight_decay = params->p[i].decay ? (float)opt->o.weight_decay : 0.0f,
             .step = opt->step,
             .grad_scale = (float)(clip * unscale),
         };
-        op_adamw(b, p[i].t, g[i].t, m[i].t, v[i].t, &hp);
+        op_adamw(b, params->p[i].t, grads->p[i].t, &opt->m[i], &opt->v[i], &hp);
     }
-    free(p);
-    free(g);
-    free(m);
-    free(v);
 }

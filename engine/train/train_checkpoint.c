@@ -103,40 +103,29 @@ static enum status fill_from_device(void *ctx, void *dst, size_t nbytes)
     return STATUS_OK;
 }
 
-static void state_name(char *buf, size_t n, const char *group, const struct weight_ref *r)
-{
-    snprintf(buf, n, "%s/%s/%d", group, weight_kind_name(r->kind), r->layer);
-}
-
-static enum status write_state(const char *dir, struct model *m, struct model_weights *master,
+/* The state of a parameter table: per row its two moments, and its f32 value when the model
+ * file cannot hold it exactly (with_master), named "<group>/<row name>". */
+static enum status write_state(const char *dir, struct backend *b, const struct param_table *params,
                                struct optimizer *opt, const struct train_state *st, int with_master)
 {
     char path[4200], name[256], value[64];
     if (snprintf(path, sizeof path, "%s/" STATE_FILE, dir) >= (int)sizeof path)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", dir);
-    const int max = weights_table_max(m->w.n_layers);
-    struct weight_ref *tw = malloc((size_t)max * sizeof *tw), *tm = malloc((size_t)max * sizeof *tm);
-    struct weight_ref *tv = malloc((size_t)max * sizeof *tv);
-    struct state_item *items = malloc((size_t)max * 3 * sizeof *items);
+    CHECK(params->n == opt->n, "the moments were made for another table");
+    struct state_item *items = malloc((params->n * 3 + 1) * sizeof *items);
     struct safetensors_writer *w = NULL;
     enum status s = STATUS_OK;
-    if (!tw || !tm || !tv || !items) {
-        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "checkpoint: out of host memory");
-        goto out;
-    }
-    const int n = weights_table(master, m->layer_first, 1, tw);
-    CHECK(weights_table(&opt->m, m->layer_first, 1, tm) == n && weights_table(&opt->v, m->layer_first, 1, tv) == n,
-          "moment tables differ from the weights'");
+    if (!items) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "checkpoint: out of host memory");
     if ((s = safetensors_writer_begin(path, &w)) != STATUS_OK) goto out;
-    int k = 0;
-    for (int i = 0; i < n && s == STATUS_OK; i++) {
-        const struct weight_ref *refs[3] = {&tm[i], &tv[i], &tw[i]};
+    size_t k = 0;
+    for (size_t i = 0; i < params->n && s == STATUS_OK; i++) {
+        const struct tensor *ts[3] = {&opt->m[i], &opt->v[i], params->p[i].t};
         const char *groups[3] = {"exp_avg", "exp_avg_sq", "master"};
         for (int g = 0; g < (with_master ? 3 : 2) && s == STATUS_OK; g++) {
-            items[k] = (struct state_item){m->b, refs[g]->t};
-            state_name(name, sizeof name, groups[g], &tw[i]);
-            s = safetensors_writer_add_deferred(w, name, DTYPE_F32, refs[g]->t->ndim, refs[g]->t->shape,
-                                                fill_from_device, &items[k]);
+            items[k] = (struct state_item){b, ts[g]};
+            snprintf(name, sizeof name, "%s/%s", groups[g], params->p[i].name);
+            s = safetensors_writer_add_deferred(w, name, DTYPE_F32, ts[g]->ndim, ts[g]->shape, fill_from_device,
+                                                &items[k]);
             k++;
         }
     }
@@ -168,9 +157,6 @@ static enum status write_state(const char *dir, struct model *m, struct model_we
     }
 out:
     safetensors_writer_free(w);
-    free(tw);
-    free(tm);
-    free(tv);
     free(items);
     return s;
 }
@@ -196,7 +182,8 @@ static enum status move_files(const char *src, const char *dst)
 }
 
 enum status train_checkpoint_save(const char *dir, struct model *m, struct model_weights *master,
-                                  struct optimizer *opt, const struct train_state *st)
+                                  const struct param_table *params, struct optimizer *opt,
+                                  const struct train_state *st)
 {
     char tmp[4200];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp)
@@ -210,7 +197,7 @@ enum status train_checkpoint_save(const char *dir, struct model *m, struct model
     checkpoint_set_source(m->checkpoint, NULL, NULL);
     /* The model file holds the weights exactly only in f32 and without a norm offset. */
     const int with_master = m->checkpoint->cfg.dtype != DTYPE_F32 || m->cfg.norm_weight_offset != 0.0f;
-    if (s == STATUS_OK) s = write_state(tmp, m, master, opt, st, with_master);
+    if (s == STATUS_OK) s = write_state(tmp, m->b, params, opt, st, with_master);
     if (s != STATUS_OK) {
         remove_flat_dir(tmp);
         return s;
@@ -239,26 +226,27 @@ static int64_t meta_i64(const struct safetensors *sf, const char *key, int *ok)
 }
 
 static enum status read_group(struct safetensors *sf, const char *path, struct backend *b, const char *group,
-                              struct weight_ref *w, struct weight_ref *dst, int n, int required)
+                              const struct param_table *params, const struct tensor *dst, int required)
 {
     char name[256];
-    for (int i = 0; i < n; i++) {
-        state_name(name, sizeof name, group, &w[i]);
+    for (size_t i = 0; i < params->n; i++) {
+        snprintf(name, sizeof name, "%s/%s", group, params->p[i].name);
         const struct st_tensor *t = safetensors_find(sf, name);
+        const struct tensor *d = dst ? &dst[i] : params->p[i].t;
         if (!t) {
             if (!required) return STATUS_OK;
             return status_errorf(STATUS_BAD_FORMAT, "%s: no tensor %s", path, name);
         }
-        if (t->dtype != DTYPE_F32 || t->numel != tensor_numel(dst[i].t))
+        if (t->dtype != DTYPE_F32 || t->numel != tensor_numel(d))
             return status_errorf(STATUS_BAD_FORMAT, "%s: tensor %s has %lld elements, the model %lld", path, name,
-                                 (long long)t->numel, (long long)tensor_numel(dst[i].t));
-        backend_upload(b, dst[i].t->data, t->data, t->nbytes);
+                                 (long long)t->numel, (long long)tensor_numel(d));
+        backend_upload(b, d->data, t->data, t->nbytes);
     }
     return STATUS_OK;
 }
 
-enum status train_checkpoint_load_state(const char *dir, struct model *m, struct optimizer *opt,
-                                        struct train_state *st)
+enum status train_checkpoint_load_state(const char *dir, struct backend *b, const struct param_table *params,
+                                        struct optimizer *opt, struct train_state *st)
 {
     char path[4200];
     if (snprintf(path, sizeof path, "%s/" STATE_FILE, dir) >= (int)sizeof path)
@@ -289,23 +277,11 @@ enum status train_checkpoint_load_state(const char *dir, struct model *m, struct
         st->scaler.skipped = skipped;
         st->scaler.scale = strtod(scale, NULL);
     }
-    const int max = weights_table_max(m->w.n_layers);
-    struct weight_ref *tw = malloc((size_t)max * sizeof *tw), *tm = malloc((size_t)max * sizeof *tm);
-    struct weight_ref *tv = malloc((size_t)max * sizeof *tv);
     if (!ok) s = status_errorf(STATUS_BAD_FORMAT, "%s: not a shardlm training state (format %s)", path, fmt ? fmt : "none");
-    else if (!tw || !tm || !tv) s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of host memory");
-    if (s == STATUS_OK) {
-        const int n = weights_table(&m->w, m->layer_first, 1, tw);
-        weights_table(&opt->m, m->layer_first, 1, tm);
-        weights_table(&opt->v, m->layer_first, 1, tv);
-        if ((s = read_group(sf, path, m->b, "exp_avg", tw, tm, n, 1)) == STATUS_OK &&
-            (s = read_group(sf, path, m->b, "exp_avg_sq", tw, tv, n, 1)) == STATUS_OK)
-            s = read_group(sf, path, m->b, "master", tw, tw, n, 0);
-        opt->step = step;
-    }
-    free(tw);
-    free(tm);
-    free(tv);
+    if (s == STATUS_OK && (s = read_group(sf, path, b, "exp_avg", params, opt->m, 1)) == STATUS_OK &&
+        (s = read_group(sf, path, b, "exp_avg_sq", params, opt->v, 1)) == STATUS_OK)
+        s = read_group(sf, path, b, "master", params, NULL, 0);
+    opt->step = step;
     safetensors_close(sf);
     return s;
 }

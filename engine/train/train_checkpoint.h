@@ -15,6 +15,7 @@
 #include "loss_scaler.h"
 #include "model.h"
 #include "optimizer.h"
+#include "params.h"
 
 struct train_state {
     int64_t iteration;          /* iterations done (skipped fp16 steps included, as Megatron) */
@@ -27,14 +28,17 @@ struct train_state {
 enum status train_checkpoint_make_dir(const char *dir);
 
 /* Writes the checkpoint of (master, opt, st) to dir, replacing what was there only once it is
- * complete. master is the f32 master copy of m's weights (m->w itself in f32 training). */
+ * complete: the model file from master (the f32 master copy of m's weights; m->w itself in f32
+ * training), the state of the trained parameters `params` (their moments in opt, and their
+ * values when the model file cannot hold them exactly). */
 enum status train_checkpoint_save(const char *dir, struct model *m, struct model_weights *master,
-                                  struct optimizer *opt, const struct train_state *st);
+                                  const struct param_table *params, struct optimizer *opt,
+                                  const struct train_state *st);
 
-/* Reads dir/train_state.safetensors into opt and *st, for a model loaded from dir in f32 (its
- * weights are the checkpoint's; the f32 master weights, when stored, replace m->w). Errors: a
- * missing or foreign state file, a tensor whose shape differs from the model's. */
-enum status train_checkpoint_load_state(const char *dir, struct model *m, struct optimizer *opt,
-                                        struct train_state *st);
+/* Reads dir/train_state.safetensors into opt and *st for the trained parameters `params`
+ * (loaded from dir: the f32 values, when stored, replace them). Errors: a missing or foreign
+ * state file, a tensor whose shape differs from the parameter's. */
+enum status train_checkpoint_load_state(const char *dir, struct backend *b, const struct param_table *params,
+                                        struct optimizer *opt, struct train_state *st);
 
 #endif

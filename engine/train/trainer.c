@@ -23,6 +23,7 @@ struct trainer {
     struct model_weights master_store;
     struct model_weights *master;
     void *compute_mem;
+    struct param_table params, gparams; /* what AdamW updates, and its gradients (row for row) */
     struct optimizer opt;
     struct train_dataset train, eval;
     struct micro_batch *mbs;      /* (num_microbatches) of the current iteration */
@@ -148,18 +149,24 @@ static enum status setup(struct trainer *t)
     if ((st = load_data(t)) != STATUS_OK) return st;
     t->train_iters = o->train_iters > 0 ? o->train_iters : iters_for_epochs(t);
     if (opt.decay_iters <= 0) opt.decay_iters = t->train_iters;
-    if ((st = optimizer_init(&t->opt, t->b, &t->m->w, &opt)) != STATUS_OK) return st;
+    /* Mixed precision: the f32 weights become the master copy before the tables point at them. */
+    if (o->precision != TRAIN_PRECISION_F32 && (st = make_compute_copy(t)) != STATUS_OK) return st;
+    if ((st = param_table_from_weights(&t->params, t->master, t->m->layer_first)) != STATUS_OK ||
+        (st = param_table_from_weights(&t->gparams, &t->grads, t->m->layer_first)) != STATUS_OK)
+        return st;
+    if ((st = optimizer_init(&t->opt, t->b, &t->params, &opt)) != STATUS_OK) return st;
     t->state = (struct train_state){.cursor = {.seed = o->seed}, .scaler = loss_scaler_constant(1.0)};
     if (o->precision == TRAIN_PRECISION_FP16)
         t->state.scaler = o->loss_scale > 0 ? loss_scaler_constant(o->loss_scale)
                                             : loss_scaler_dynamic(o->initial_loss_scale, o->min_loss_scale,
                                                                   o->loss_scale_window, o->hysteresis);
-    if (o->resume_dir && (st = train_checkpoint_load_state(o->resume_dir, t->m, &t->opt, &t->state)) != STATUS_OK)
+    if (o->resume_dir &&
+        (st = train_checkpoint_load_state(o->resume_dir, t->b, &t->params, &t->opt, &t->state)) != STATUS_OK)
         return st;
     if (o->resume_dir && t->state.cursor.seed != o->seed)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--seed %llu differs from the checkpoint's %llu",
                              (unsigned long long)o->seed, (unsigned long long)t->state.cursor.seed);
-    if (o->precision != TRAIN_PRECISION_F32 && (st = make_compute_copy(t)) != STATUS_OK) return st;
+    if (o->resume_dir && t->master != &t->m->w) sync_compute(t); /* the restored masters */
     if ((st = model_reserve_train(t->m, o->micro_batch_size * o->seq_length)) != STATUS_OK) return st;
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
     const char *mp = o->metrics_path ? o->metrics_path : path;
@@ -183,6 +190,8 @@ static void teardown(struct trainer *t)
     data_free(&t->eval);
     if (t->b) {
         optimizer_free(&t->opt, t->b);
+        param_table_free(&t->params);
+        param_table_free(&t->gparams);
         if (t->master == &t->master_store) weights_free_layers(&t->master_store);
         backend_free(t->b, t->compute_mem);
         weights_free_layers(&t->grads);
@@ -239,7 +248,7 @@ static enum status train_step(struct trainer *t, struct step_result *r)
     }
     if (st != STATUS_OK) return st;
     r->loss = targets > 0 ? loss_sum / (double)targets : 0.0;
-    const double scaled_norm = optimizer_grad_norm(&t->opt, t->b, &t->grads);
+    const double scaled_norm = optimizer_grad_norm(&t->opt, t->b, &t->gparams);
     r->grad_norm = scaled_norm / loss_scale;
     /* The schedule advances with the updates taken (Megatron: skipped steps do not move it). */
     r->lr = optimizer_lr(&t->opt.o, t->opt.step);
@@ -255,7 +264,7 @@ static enum status train_step(struct trainer *t, struct step_result *r)
                              (long long)t->state.iteration + 1, r->loss, r->grad_norm);
     }
     if (!r->skipped) {
-        optimizer_step(&t->opt, t->b, t->master, &t->grads, r->lr, r->grad_norm, 1.0 / loss_scale);
+        optimizer_step(&t->opt, t->b, &t->params, &t->gparams, r->lr, r->grad_norm, 1.0 / loss_scale);
         if (t->master != &t->m->w) sync_compute(t);
     }
     t->state.iteration++;
@@ -359,11 +368,11 @@ enum status train_run(const struct train_options *o)
             char dir[4200];
             snprintf(dir, sizeof dir, "%s/checkpoints/iter_%07lld", o->out_dir, (long long)t.state.iteration);
             if (o->progress) fputc('\n', stderr);
-            st = train_checkpoint_save(dir, t.m, t.master, &t.opt, &t.state);
+            st = train_checkpoint_save(dir, t.m, t.master, &t.params, &t.opt, &t.state);
         }
     }
     if (o->progress && st == STATUS_OK) fputc('\n', stderr);
-    if (st == STATUS_OK) st = train_checkpoint_save(o->out_dir, t.m, t.master, &t.opt, &t.state);
+    if (st == STATUS_OK) st = train_checkpoint_save(o->out_dir, t.m, t.master, &t.params, &t.opt, &t.state);
     if (st == STATUS_OK)
         LOG_INFO("train", "wrote %s after %lld iterations (%.1f s)", o->out_dir, (long long)t.state.iteration,
                  base_now_s() - t.t_start);

@@ -1,0 +1,32 @@
+/* engine/train/params.h - the trained parameters as a flat table: a name and a tensor per row,
+ * and whether weight decay applies. The optimizer, the gradient norm and the training state
+ * file work on tables, so that full fine-tuning (every present weight of the layout table,
+ * weights.h) and LoRA (the adapters' A and B, lora.h) share one optimizer and one checkpoint
+ * format. Two tables describe the same parameters when their rows match one for one (params
+ * and their gradients; the moments are made like the params).
+ * Not here: the tensors' memory (whoever made the tensors owns it).
+ * Tests: tests/test_train_step.py, tests/test_train.sh. */
+#ifndef SHARDLM_TRAIN_PARAMS_H
+#define SHARDLM_TRAIN_PARAMS_H
+
+#include "weights.h"
+
+struct param {
+    char           name[96];  /* "q/3" (kind/layer) for weights, "lora/q/3/A" for adapters */
+    struct tensor *t;         /* borrowed */
+    int            decay;     /* AdamW weight decay applies (matrices; not biases and norms) */
+};
+
+struct param_table {
+    struct param *p;          /* (n), owned */
+    size_t n, cap;
+};
+
+enum status param_table_add(struct param_table *pt, const char *name, struct tensor *t, int decay);
+/* Every present tensor of w in layout-table order, named "kind/layer" (layer -1 outside the
+ * layers), decay on 2-D tensors. */
+enum status param_table_from_weights(struct param_table *pt, struct model_weights *w, int layer_first);
+void param_table_free(struct param_table *pt);
+int64_t param_table_numel(const struct param_table *pt);
+
+#endif
