@@ -4,7 +4,11 @@
  * the weights as loaded and the accumulated gradients, so that the Python test can recompute
  * both with JAX (an independent autodiff) from the same weights.
  *
- * Usage: test_train_grad MODEL_DIR BATCH_FILE OUT_PREFIX [REPEAT [cpu|cuda]]
+ * Usage: test_train_grad MODEL_DIR BATCH_FILE OUT_PREFIX [REPEAT [cpu|cuda [LORA_RANK LORA_ALPHA]]]
+ * With LORA_RANK > 0 the base is frozen and adapters on every projection are trained: B is
+ * drawn at random too (a fresh adapter's B is zero, which would leave dA zero), and the dump
+ * holds the base weights (gradient offsets -1) and "lora_A" / "lora_B" rows with their
+ * gradients; OUT_PREFIX.peft/ receives the adapter in the PEFT layout.
  * With cuda it prints "SKIP: ..." and exits 77 when the build or the machine has no GPU.
  * BATCH_FILE (text): "n_tokens n_docs grad_scale", then n_tokens tokens, n_tokens targets,
  * n_tokens positions, n_docs + 1 document offsets.
@@ -14,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lora.h"
 #include "model_train.h"
 
 static int read_ints(FILE *f, int32_t *out, int n)
@@ -56,9 +61,27 @@ int main(int argc, char **argv)
     enum status st = model_load_as(argv[1], b, NULL, DTYPE_F32, &m);
     if (st == STATUS_OK) st = model_reserve_train(m, tb.n_tokens);
     if (st == STATUS_OK) st = model_weights_make_writable(m);
-    struct model_weights g;
+    struct model_weights g = {0};
     void *gmem = NULL;
-    if (st == STATUS_OK) st = weights_alloc_like(b, &m->w, DTYPE_F32, &g, &gmem);
+    const int lora_rank = argc > 6 ? atoi(argv[6]) : 0;
+    struct lora *lora = NULL;
+    if (st == STATUS_OK && lora_rank > 0) { /* the base frozen: no weight gradients at all */
+        g.n_layers = m->w.n_layers;
+        g.layers = calloc((size_t)g.n_layers, sizeof *g.layers);
+        st = lora_create(m, lora_rank, (float)atof(argv[7]), (1u << LORA_TARGET_COUNT) - 1, 5, &lora);
+        if (st == STATUS_OK) st = lora_reserve(lora, b, tb.n_tokens);
+        for (int i = 0; st == STATUS_OK && i < lora->n_layers; i++)
+            for (int t = 0; t < LORA_TARGET_COUNT; t++) {
+                struct tensor *bt = &lora->sites[i][t].b;
+                if (!bt->data) continue;
+                float *h = malloc(tensor_nbytes(bt));
+                for (int64_t k = 0; k < tensor_numel(bt); k++) h[k] = 0.05f * (float)(((k * 7919 + i * 31 + t) % 199) - 99) / 99.0f;
+                backend_upload(b, bt->data, h, tensor_nbytes(bt));
+                free(h);
+            }
+    } else if (st == STATUS_OK) {
+        st = weights_alloc_like(b, &m->w, DTYPE_F32, &g, &gmem);
+    }
     double loss = 0.0;
     int n_real = 0;
     for (int r = 0; r < repeat && st == STATUS_OK; r++) {
@@ -79,11 +102,11 @@ int main(int argc, char **argv)
     struct weight_ref *wt = malloc((size_t)max * sizeof *wt), *gt = malloc((size_t)max * sizeof *gt);
     CHECK(wt && gt, "out of memory");
     const int n = weights_table(&m->w, m->layer_first, 1, wt);
-    CHECK(weights_table(&g, m->layer_first, 1, gt) == n, "gradient table differs");
+    if (!lora) CHECK(weights_table(&g, m->layer_first, 1, gt) == n, "gradient table differs");
     fprintf(js, "{\"loss_sum\": %.17g, \"n_real\": %d, \"tensors\": [", loss, n_real);
     long off = 0;
     for (int i = 0; i < n; i++) {
-        const struct tensor *w = wt[i].t, *gr = gt[i].t;
+        const struct tensor *w = wt[i].t, *gr = lora ? wt[i].t : gt[i].t;
         CHECK(w->dtype == DTYPE_F32 && gr->dtype == DTYPE_F32, "f32 expected");
         const size_t nb = tensor_nbytes(w);
         void *hw = malloc(nb), *hg = malloc(nb);
@@ -99,7 +122,29 @@ int main(int argc, char **argv)
         free(hg);
         off += 2 * (long)nb;
     }
-    fprintf(js, "], \"tied\": %d}\n", m->w.tied);
+    for (int i = 0; lora && i < lora->n_layers; i++) /* adapters: A, B and their gradients */
+        for (int t = 0; t < LORA_TARGET_COUNT; t++)
+            for (int ab = 0; ab < 2 && lora->sites[i][t].a.data; ab++) {
+                const struct lora_site *s = &lora->sites[i][t];
+                const struct tensor *x = ab ? &s->b : &s->a, *dx = ab ? &s->db : &s->da;
+                const size_t nb = tensor_nbytes(x);
+                void *hw = malloc(nb), *hg = malloc(nb);
+                backend_download(b, hw, x->data, nb);
+                backend_download(b, hg, dx->data, nb);
+                CHECK(fwrite(hw, 1, nb, bin) == nb && fwrite(hg, 1, nb, bin) == nb, "write failed");
+                fprintf(js, ", {\"kind\": \"lora_%c_%s\", \"layer\": %d, \"shape\": [%lld, %lld], "
+                        "\"weight_offset\": %ld, \"grad_offset\": %ld}", ab ? 'B' : 'A', lora_target_name((enum lora_target)t),
+                        m->layer_first + i, (long long)x->shape[0], (long long)x->shape[1], off, off + (long)nb);
+                off += 2 * (long)nb;
+                free(hw);
+                free(hg);
+            }
+    fprintf(js, "], \"tied\": %d, \"lora_scale\": %.9g}\n", m->w.tied, lora ? lora->scale : 0.0);
+    if (lora) {
+        snprintf(path, sizeof path, "%s.peft", argv[3]);
+        CHECK(lora_save_peft(lora, m, b, path, argv[1]) == STATUS_OK, "PEFT save: %s", status_message());
+        lora_free(lora, b);
+    }
     fclose(bin);
     fclose(js);
     free(wt);

@@ -263,14 +263,22 @@ def write_batch(path, b, grad_scale):
 DEVICE = "cpu"
 
 
-def run_driver(driver, model_dir, batch_path, prefix, repeat):
-    r = subprocess.run([driver, model_dir, batch_path, prefix, str(repeat), DEVICE], capture_output=True, text=True)
+def run_driver(driver, model_dir, batch_path, prefix, repeat, lora=None):
+    extra = [str(lora[0]), repr(lora[1])] if lora else []
+    r = subprocess.run([driver, model_dir, batch_path, prefix, str(repeat), DEVICE] + extra, capture_output=True,
+                       text=True)
     if r.returncode == 77:
         print(r.stdout.strip())
         sys.exit(77)
     if r.returncode != 0:
         raise RuntimeError("driver failed: %s" % r.stderr[-2000:])
     meta = json.load(open(prefix + ".json"))
+    if lora:
+        return meta, *_read_dump(meta, prefix)
+    return meta, *_read_dump(meta, prefix)
+
+
+def _read_dump(meta, prefix):
     raw = open(prefix + ".bin", "rb").read()
     params, grads = {}, {}
     for t in meta["tensors"]:
@@ -278,7 +286,43 @@ def run_driver(driver, model_dir, batch_path, prefix, repeat):
         key = "%s/%d" % (t["kind"], t["layer"])
         params[key] = np.frombuffer(raw, np.float32, n, t["weight_offset"]).reshape(t["shape"]).astype(np.float64)
         grads[key] = np.frombuffer(raw, np.float32, n, t["grad_offset"]).reshape(t["shape"]).astype(np.float64)
-    return meta, params, grads
+    return params, grads
+
+
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def lora_check(driver, tmp, kind, mdir, bpath, spec, batch, grad_scale):
+    """Frozen base, adapters on every projection: the gradients of A and B against JAX, and the
+    merged weights W + s B A computing the same loss as base + adapter."""
+    meta, params, grads = run_driver(driver, mdir, bpath, os.path.join(tmp, kind + "_lora"), 1, lora=(4, 8.0))
+    s = meta["lora_scale"]
+    base = {k: jnp.asarray(v) for k, v in params.items() if not k.startswith("lora_")}
+    adapters = {k: jnp.asarray(v) for k, v in params.items() if k.startswith("lora_")}
+    jb = {k: jnp.asarray(v) for k, v in batch.items() if k != "doc_start"}
+
+    def merged(ad):
+        p = dict(base)
+        for t in LORA_TARGETS:
+            for l in range(spec["n_layers"]):
+                a, b = ad.get("lora_A_%s/%d" % (t, l)), ad.get("lora_B_%s/%d" % (t, l))
+                if a is not None:
+                    p["%s/%d" % (t, l)] = p["%s/%d" % (t, l)] + s * (b @ a)
+        return p
+
+    loss, jg = jax.value_and_grad(lambda ad: forward_loss(merged(ad), spec, jb))(adapters)
+    rel = abs(meta["loss_sum"] - float(loss)) / abs(float(loss))
+    check(rel < 1e-5, "%s LoRA: loss %.8f, JAX with W + s B A %.8f (rel %.1e)" % (kind, meta["loss_sum"], float(loss), rel))
+    refs = {k: np.asarray(jg[k]) * grad_scale for k in adapters}
+    gmax = max(np.max(np.abs(r)) for r in refs.values())
+    worst, wkey = 0.0, ""
+    for k, r in refs.items():
+        e = np.max(np.abs(grads[k] - r)) / max(np.max(np.abs(r)), 1e-2 * gmax)
+        if e > worst:
+            worst, wkey = e, k
+    check(worst < 1e-4 and len(refs) == 2 * len(LORA_TARGETS) * spec["n_layers"],
+          "%s LoRA: all %d adapter gradients within 1e-4 of JAX (worst %.1e, %s)" % (kind, len(refs), worst, wkey))
+    return meta, os.path.join(tmp, kind + "_lora.peft")
 
 
 def main():
@@ -325,6 +369,8 @@ def main():
             acc = max(np.max(np.abs(grads2[k] - 2 * grads[k])) / max(np.max(np.abs(grads[k])), 1e-30)
                       for k in grads)
             check(acc < 1e-5, "%s: two micro-batches accumulate to twice the gradients (rel %.1e)" % (kind, acc))
+            if kind != "gpt2":  # adapters are written for Llama-family names
+                lora_check(driver, tmp, kind, mdir, bpath, spec, batch, grad_scale)
     print("%d passed, %d failed" % (N_PASS, N_FAIL))
     return 1 if N_FAIL else 0
 

@@ -26,6 +26,7 @@ extern "C" {
 #endif
 
 struct train_activations;
+struct lora;
 
 /* How one rank's model joins the others. */
 struct model_parallel {
@@ -85,6 +86,7 @@ struct model {
 
     struct model_workspace ws;
     struct train_activations *train; /* model_reserve_train (model_train.c); NULL until then */
+    struct lora *lora;             /* borrowed: adapters the training passes apply (lora.h), or NULL */
 };
 
 /* Loads the checkpoint directory `dir` for this rank's (tp, pp) shard onto b, in the backend's

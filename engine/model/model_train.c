@@ -4,6 +4,8 @@
  * Tests: tests/test_train_grad.py (gradients against JAX), tests/test_train.c. */
 #include "model_train.h"
 
+#include "lora.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,6 +234,18 @@ static struct attention_train_batch attention_batch(const struct model *m, const
     };
 }
 
+/* The adapters of a target, when the model has them (lora.h): y += s (x A^T) B^T, and back. */
+static void adapt(struct model *m, int l, enum lora_target t, const struct tensor *y, const struct tensor *x)
+{
+    if (m->lora) lora_forward(m->lora, m->b, l, t, y, x);
+}
+
+static void adapt_back(struct model *m, int l, enum lora_target t, const struct tensor *dx, const struct tensor *dy,
+                       const struct tensor *x)
+{
+    if (m->lora) lora_backward(m->lora, m->b, l, t, dx, dy, x);
+}
+
 /* One decoder layer, in the order of the math (as layer_forward in model.c), keeping what the
  * backward needs. x (T, d) is the residual stream, read and updated in place. */
 static void layer_forward_train(struct model *m, int l, int64_t T, const struct tensor *x,
@@ -259,6 +273,8 @@ static void layer_forward_train(struct model *m, int l, int64_t T, const struct 
         struct tensor qp = tensor_view2(&la->q_pre, T, hq), kp = tensor_view2(&la->k_pre, T, hkv);
         op_matmul(b, &qp, &xn1, &w->wq, opt(&w->bq));
         op_matmul(b, &kp, &xn1, &w->wk, opt(&w->bk));
+        adapt(m, l, LORA_TARGET_Q, &qp, &xn1);
+        adapt(m, l, LORA_TARGET_K, &kp, &xn1);
         struct tensor qph = tensor_view2(&la->q_pre, T * m->n_heads_local, hd), kph = tensor_view2(&la->k_pre, T * m->n_kv_local, hd);
         struct tensor qh = tensor_view2(&la->q, T * m->n_heads_local, hd), kh = tensor_view2(&la->k, T * m->n_kv_local, hd);
         op_rmsnorm(b, &qh, &qph, &w->q_norm, c->norm_eps);
@@ -266,8 +282,11 @@ static void layer_forward_train(struct model *m, int l, int64_t T, const struct 
     } else {
         op_matmul(b, &q, &xn1, &w->wq, opt(&w->bq));
         op_matmul(b, &k, &xn1, &w->wk, opt(&w->bk));
+        adapt(m, l, LORA_TARGET_Q, &q, &xn1);
+        adapt(m, l, LORA_TARGET_K, &k, &xn1);
     }
     op_matmul(b, &v, &xn1, &w->wv, opt(&w->bv));
+    adapt(m, l, LORA_TARGET_V, &v, &xn1);
     if (c->positions == POSITION_KIND_ROTARY) {
         op_rope(b, &q3, &pos, c->rot_dim, theta, c->rope_style);
         op_rope(b, &k3, &pos, c->rot_dim, theta, c->rope_style);
@@ -275,6 +294,7 @@ static void layer_forward_train(struct model *m, int l, int64_t T, const struct 
     op_attention_train(b, &att3, &lse, &q3, &k3, &v3, &ab);
     struct tensor proj = c->sandwich_norms ? tensor_first_rows(&la->attn_out, T) : tensor_first_rows(&m->train->dtmp, T);
     op_matmul(b, &proj, &att, &w->wo, m->tp_rank == 0 ? opt(&w->bo) : NULL);
+    adapt(m, l, LORA_TARGET_O, &proj, &att);
     struct tensor x_mid = tensor_first_rows(&la->x_mid, T);
     if (c->sandwich_norms) {
         struct tensor normed = tensor_first_rows(&m->train->dtmp, T);
@@ -288,15 +308,18 @@ static void layer_forward_train(struct model *m, int l, int64_t T, const struct 
     struct tensor xn2 = tensor_first_rows(&la->xn2, T), up = tensor_first_rows(&la->up, T), hact = tensor_first_rows(&la->hact, T);
     norm_fwd(m, &xn2, &x_mid, &w->mlp_norm, &w->mlp_norm_bias);
     op_matmul(b, &up, &xn2, &w->w_up, opt(&w->b_up));
+    adapt(m, l, LORA_TARGET_UP, &up, &xn2);
     if (c->gated_mlp) {
         struct tensor gate = tensor_first_rows(&la->gate, T);
         op_matmul(b, &gate, &xn2, &w->w_gate, opt(&w->b_gate));
+        adapt(m, l, LORA_TARGET_GATE, &gate, &xn2);
         op_gated_activation(b, &hact, &gate, &up, c->activation);
     } else {
         op_activation(b, &hact, &up, c->activation);
     }
     proj = c->sandwich_norms ? tensor_first_rows(&la->mlp_out, T) : tensor_first_rows(&m->train->dtmp, T);
     op_matmul(b, &proj, &hact, &w->w_down, m->tp_rank == 0 ? opt(&w->b_down) : NULL);
+    adapt(m, l, LORA_TARGET_DOWN, &proj, &hact);
     if (c->sandwich_norms) {
         struct tensor normed = tensor_first_rows(&m->train->dtmp, T);
         norm_fwd(m, &normed, &proj, &w->post_mlp_norm, NULL);
@@ -401,17 +424,20 @@ static void layer_backward(struct model *m, int l, int64_t T, const struct layer
     }
     struct tensor dh = tensor_first_rows(&a->dup, T), hact = tensor_first_rows(&la->hact, T);
     op_matmul_backward(b, &dh, opt(&g->w_down), bias_rank ? opt(&g->b_down) : NULL, &dproj, &hact, &w->w_down, 0);
+    adapt_back(m, l, LORA_TARGET_DOWN, &dh, &dproj, &hact);
     struct tensor up = tensor_first_rows(&la->up, T), xn2 = tensor_first_rows(&la->xn2, T);
     struct tensor dup = tensor_first_rows(&a->dup, T);
     if (c->gated_mlp) {
         struct tensor gate = tensor_first_rows(&la->gate, T), dgate = tensor_first_rows(&a->dgate, T);
         op_gated_activation_backward(b, &dgate, &dup, &dh, &gate, &up, c->activation);
         op_matmul_backward(b, &dxn, opt(&g->w_gate), opt(&g->b_gate), &dgate, &xn2, &w->w_gate, 0);
+        adapt_back(m, l, LORA_TARGET_GATE, &dxn, &dgate, &xn2);
         op_matmul_backward(b, &dxn, opt(&g->w_up), opt(&g->b_up), &dup, &xn2, &w->w_up, 1);
     } else {
         op_activation_backward(b, &dup, &dh, &up, c->activation);
         op_matmul_backward(b, &dxn, opt(&g->w_up), opt(&g->b_up), &dup, &xn2, &w->w_up, 0);
     }
+    adapt_back(m, l, LORA_TARGET_UP, &dxn, &dup, &xn2);
     struct tensor x_mid = tensor_first_rows(&la->x_mid, T);
     norm_bwd(m, &dtmp, &g->mlp_norm, &g->mlp_norm_bias, &dxn, &x_mid, &w->mlp_norm);
     op_add(b, &dres, &dres, &dtmp); /* dL/dx_mid */
@@ -425,6 +451,7 @@ static void layer_backward(struct model *m, int l, int64_t T, const struct layer
     }
     struct tensor att = tensor_view2(&la->att, T, hq), datt = tensor_view2(&a->datt, T, hq);
     op_matmul_backward(b, &datt, opt(&g->wo), bias_rank ? opt(&g->bo) : NULL, &dproj, &att, &w->wo, 0);
+    adapt_back(m, l, LORA_TARGET_O, &datt, &dproj, &att);
     struct tensor dq3 = tensor_view3(&a->dq, T, m->n_heads_local, hd), dk3 = tensor_view3(&a->dk, T, m->n_kv_local, hd);
     struct tensor dv3 = tensor_view3(&a->dv, T, m->n_kv_local, hd), datt3 = tensor_view3(&a->datt, T, m->n_heads_local, hd);
     struct tensor q3 = tensor_view3(&la->q, T, m->n_heads_local, hd), k3 = tensor_view3(&la->k, T, m->n_kv_local, hd);
@@ -444,8 +471,11 @@ static void layer_backward(struct model *m, int l, int64_t T, const struct layer
     struct tensor xn1 = tensor_first_rows(&la->xn1, T);
     struct tensor dq = tensor_view2(&a->dq, T, hq), dk = tensor_view2(&a->dk, T, hkv), dv = tensor_view2(&a->dv, T, hkv);
     op_matmul_backward(b, &dxn, opt(&g->wq), opt(&g->bq), &dq, &xn1, &w->wq, 0);
+    adapt_back(m, l, LORA_TARGET_Q, &dxn, &dq, &xn1);
     op_matmul_backward(b, &dxn, opt(&g->wk), opt(&g->bk), &dk, &xn1, &w->wk, 1);
+    adapt_back(m, l, LORA_TARGET_K, &dxn, &dk, &xn1);
     op_matmul_backward(b, &dxn, opt(&g->wv), opt(&g->bv), &dv, &xn1, &w->wv, 1);
+    adapt_back(m, l, LORA_TARGET_V, &dxn, &dv, &xn1);
     struct tensor x_in = tensor_first_rows(&la->x_in, T);
     norm_bwd(m, &dtmp, &g->attn_norm, &g->attn_norm_bias, &dxn, &x_in, &w->attn_norm);
     op_add(b, &dres, &dres, &dtmp); /* dL/dx_in */

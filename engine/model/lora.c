@@ -1,0 +1,446 @@
+/* engine/model/lora.c - low-rank adapters: creation, the training forward and backward of a
+ * target, the PEFT files, merging (lora.h).
+ * Tests: tests/test_train_grad.py, tests/test_train.sh. */
+#include "lora.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "safetensors.h"
+
+static const struct {
+    const char *name, *module, *block;
+    enum weight_kind kind;
+} targets[LORA_TARGET_COUNT] = {
+    [LORA_TARGET_Q] = {"q", "q_proj", "self_attn", WEIGHT_KIND_Q},
+    [LORA_TARGET_K] = {"k", "k_proj", "self_attn", WEIGHT_KIND_K},
+    [LORA_TARGET_V] = {"v", "v_proj", "self_attn", WEIGHT_KIND_V},
+    [LORA_TARGET_O] = {"o", "o_proj", "self_attn", WEIGHT_KIND_O},
+    [LORA_TARGET_GATE] = {"gate", "gate_proj", "mlp", WEIGHT_KIND_GATE},
+    [LORA_TARGET_UP] = {"up", "up_proj", "mlp", WEIGHT_KIND_UP},
+    [LORA_TARGET_DOWN] = {"down", "down_proj", "mlp", WEIGHT_KIND_DOWN},
+};
+
+const char *lora_target_name(enum lora_target t) { return targets[t].name; }
+const char *lora_target_module(enum lora_target t) { return targets[t].module; }
+
+enum status lora_parse_targets(const char *text, unsigned *mask)
+{
+    *mask = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", text);
+    char *save = NULL;
+    for (char *p = strtok_r(buf, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+        int found = -1;
+        for (int t = 0; t < LORA_TARGET_COUNT; t++)
+            if (!strcmp(p, targets[t].name) || !strcmp(p, targets[t].module)) found = t;
+        if (found < 0)
+            return status_errorf(STATUS_INVALID_ARGUMENT,
+                                 "LoRA target '%s' is not one of q, k, v, o, gate, up, down (or q_proj ... down_proj)", p);
+        *mask |= 1u << found;
+    }
+    if (!*mask) return status_errorf(STATUS_INVALID_ARGUMENT, "no LoRA target in '%s'", text);
+    return STATUS_OK;
+}
+
+/* The base weight a target adapts in local layer l, or NULL when the model lacks it. */
+static const struct tensor *base_weight(const struct model *m, int l, enum lora_target t)
+{
+    const struct layer_weights *w = &m->w.layers[l];
+    const struct tensor *ts[LORA_TARGET_COUNT] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+    return ts[t]->data ? ts[t] : NULL;
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Allocates A, B, dA, dB of every adapted site from one block (zeroed). */
+static enum status lora_alloc(struct lora *l, const struct model *m)
+{
+    size_t total = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t off = 0;
+        for (int i = 0; i < l->n_layers; i++)
+            for (int t = 0; t < LORA_TARGET_COUNT; t++) {
+                const struct tensor *w = base_weight(m, i, (enum lora_target)t);
+                if (!(l->targets & (1u << t)) || !w) continue;
+                const int64_t out = w->shape[0], in = w->shape[1], r = l->rank;
+                struct lora_site *s = &l->sites[i][t];
+                struct tensor *ts[4] = {&s->a, &s->b, &s->da, &s->db};
+                const int64_t rows[4] = {r, out, r, out}, cols[4] = {in, r, in, r};
+                for (int k = 0; k < 4; k++) {
+                    *ts[k] = tensor_make(pass ? (char *)l->mem + off : NULL, DTYPE_F32, m->b->device, 2, rows[k], cols[k]);
+                    off += (tensor_nbytes(ts[k]) + 255) / 256 * 256;
+                }
+            }
+        if (pass == 0) {
+            total = off;
+            if (total == 0) return status_errorf(STATUS_INVALID_ARGUMENT, "LoRA: the model has none of the target layers");
+            enum status st = backend_alloc(m->b, total, &l->mem);
+            if (st != STATUS_OK) return st;
+            backend_memset_zero(m->b, l->mem, total);
+        }
+    }
+    return STATUS_OK;
+}
+
+static struct lora *lora_new(const struct model *m, int rank, float alpha, unsigned mask)
+{
+    struct lora *l = calloc(1, sizeof *l);
+    if (!l) return NULL;
+    l->rank = rank;
+    l->alpha = alpha;
+    l->scale = alpha / (float)rank;
+    l->targets = mask;
+    l->n_layers = m->n_layers_local;
+    l->sites = calloc((size_t)(l->n_layers > 0 ? l->n_layers : 1), sizeof *l->sites);
+    if (!l->sites) {
+        free(l);
+        return NULL;
+    }
+    return l;
+}
+
+enum status lora_create(struct model *m, int rank, float alpha, unsigned mask, uint64_t seed, struct lora **out)
+{
+    *out = NULL;
+    if (m->tp_size != 1 || m->pp_size != 1)
+        return status_errorf(STATUS_UNSUPPORTED, "LoRA training runs on one rank for now");
+    if (rank < 1 || rank > 4096 || !(alpha > 0))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--lora-rank must be in [1, 4096] and --lora-alpha > 0");
+    struct lora *l = lora_new(m, rank, alpha, mask);
+    if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
+    enum status st = lora_alloc(l, m);
+    if (st != STATUS_OK) {
+        lora_free(l, m->b);
+        return st;
+    }
+    uint64_t s = seed * 0x9e3779b97f4a7c15ULL + 17;
+    for (int i = 0; i < l->n_layers; i++)
+        for (int t = 0; t < LORA_TARGET_COUNT; t++) {
+            struct tensor *a = &l->sites[i][t].a;
+            if (!a->data) continue;
+            const int64_t n = tensor_numel(a);
+            float *h = malloc((size_t)n * sizeof *h);
+            if (!h) {
+                lora_free(l, m->b);
+                return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
+            }
+            const double bound = 1.0 / sqrt((double)a->shape[1]);
+            for (int64_t k = 0; k < n; k++)
+                h[k] = (float)(bound * (2.0 * ((double)(splitmix(&s) >> 11) / 9007199254740992.0) - 1.0));
+            backend_upload(m->b, a->data, h, (size_t)n * sizeof *h);
+            free(h);
+        }
+    m->lora = l;
+    *out = l;
+    return STATUS_OK;
+}
+
+enum status lora_reserve(struct lora *l, struct backend *b, int max_tokens)
+{
+    if (l->act_mem && max_tokens <= l->max_tokens) return STATUS_OK;
+    backend_free(b, l->act_mem);
+    l->act_mem = NULL;
+    int64_t widest = 0, n_sites = 0;
+    for (int i = 0; i < l->n_layers; i++)
+        for (int t = 0; t < LORA_TARGET_COUNT; t++)
+            if (l->sites[i][t].b.data) {
+                n_sites++;
+                if (l->sites[i][t].b.shape[0] > widest) widest = l->sites[i][t].b.shape[0];
+            }
+    const size_t u_bytes = ((size_t)max_tokens * (size_t)l->rank * 4 + 255) / 256 * 256;
+    const size_t z_bytes = ((size_t)max_tokens * (size_t)widest * 4 + 255) / 256 * 256;
+    enum status st = backend_alloc(b, (size_t)(n_sites + 1) * u_bytes + z_bytes, &l->act_mem);
+    if (st != STATUS_OK) return st;
+    size_t off = 0;
+    for (int i = 0; i < l->n_layers; i++)
+        for (int t = 0; t < LORA_TARGET_COUNT; t++)
+            if (l->sites[i][t].b.data) {
+                l->sites[i][t].u = tensor_make((char *)l->act_mem + off, DTYPE_F32, b->device, 2, (int64_t)max_tokens,
+                                               (int64_t)l->rank);
+                off += u_bytes;
+            }
+    l->du = tensor_make((char *)l->act_mem + off, DTYPE_F32, b->device, 2, (int64_t)max_tokens, (int64_t)l->rank);
+    off += u_bytes;
+    l->z = tensor_make((char *)l->act_mem + off, DTYPE_F32, b->device, 2, (int64_t)max_tokens, widest);
+    l->max_tokens = max_tokens;
+    return STATUS_OK;
+}
+
+void lora_free(struct lora *l, struct backend *b)
+{
+    if (!l) return;
+    backend_free(b, l->mem);
+    backend_free(b, l->act_mem);
+    free(l->sites);
+    free(l);
+}
+
+void lora_zero_grads(struct lora *l, struct backend *b)
+{
+    for (int i = 0; i < l->n_layers; i++)
+        for (int t = 0; t < LORA_TARGET_COUNT; t++) {
+            struct lora_site *s = &l->sites[i][t];
+            if (!s->a.data) continue;
+            backend_memset_zero(b, s->da.data, tensor_nbytes(&s->da));
+            backend_memset_zero(b, s->db.data, tensor_nbytes(&s->db));
+        }
+}
+
+void lora_forward(struct lora *l, struct backend *b, int layer, enum lora_target t, const struct tensor *y,
+                  const struct tensor *x)
+{
+    struct lora_site *s = &l->sites[layer][t];
+    if (!s->a.data) return;
+    const int64_t T = x->shape[0];
+    CHECK(T <= l->max_tokens, "LoRA: %lld rows exceed the reservation of %d", (long long)T, l->max_tokens);
+    struct tensor u = tensor_first_rows(&s->u, T);
+    struct tensor z = tensor_view2(&l->z, T, s->b.shape[0]);
+    op_matmul(b, &u, x, &s->a, NULL);    /* u = x A^T (T, r) */
+    op_scale(b, &u, &u, l->scale);        /* u = s x A^T */
+    op_matmul(b, &z, &u, &s->b, NULL);    /* z = u B^T (T, out) */
+    op_add(b, y, y, &z);
+}
+
+void lora_backward(struct lora *l, struct backend *b, int layer, enum lora_target t, const struct tensor *dx,
+                   const struct tensor *dy, const struct tensor *x)
+{
+    struct lora_site *s = &l->sites[layer][t];
+    if (!s->a.data) return;
+    const int64_t T = x->shape[0];
+    struct tensor u = tensor_first_rows(&s->u, T), du = tensor_first_rows(&l->du, T);
+    op_matmul_backward(b, &du, &s->db, NULL, dy, &u, &s->b, 0); /* du = dy B; dB += dy^T u */
+    op_scale(b, &du, &du, l->scale);                           /* du = s dy B = dL/d(x A^T) */
+    op_matmul_backward(b, dx, &s->da, NULL, &du, x, &s->a, 1);  /* dA += du^T x; dx += du A */
+}
+
+/* ---- PEFT files ------------------------------------------------------------------------------ */
+
+static int llama_family(const struct model *m)
+{
+    return m->cfg.family == MODEL_FAMILY_LLAMA || m->cfg.family == MODEL_FAMILY_GEMMA3;
+}
+
+static void peft_name(char *buf, size_t n, int layer, enum lora_target t, char ab)
+{
+    snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer, targets[t].block,
+             targets[t].module, ab);
+}
+
+struct peft_item {
+    struct backend *b;
+    const struct tensor *t;
+};
+
+static enum status peft_fill(void *ctx, void *dst, size_t nbytes)
+{
+    const struct peft_item *it = ctx;
+    backend_download(it->b, dst, it->t->data, nbytes);
+    return STATUS_OK;
+}
+
+static enum status write_peft_config(const struct lora *l, const char *dir, const char *base_model)
+{
+    cJSON *root = cJSON_CreateObject(), *mods = cJSON_CreateArray();
+    for (int t = 0; t < LORA_TARGET_COUNT; t++)
+        if (l->targets & (1u << t)) cJSON_AddItemToArray(mods, cJSON_CreateString(targets[t].module));
+    cJSON_AddStringToObject(root, "peft_type", "LORA");
+    cJSON_AddStringToObject(root, "task_type", "CAUSAL_LM");
+    cJSON_AddStringToObject(root, "base_model_name_or_path", base_model ? base_model : "");
+    cJSON_AddNumberToObject(root, "r", l->rank);
+    cJSON_AddNumberToObject(root, "lora_alpha", l->alpha);
+    cJSON_AddNumberToObject(root, "lora_dropout", 0.0);
+    cJSON_AddItemToObject(root, "target_modules", mods);
+    cJSON_AddStringToObject(root, "bias", "none");
+    cJSON_AddBoolToObject(root, "fan_in_fan_out", 0);
+    cJSON_AddBoolToObject(root, "use_rslora", 0);
+    cJSON_AddBoolToObject(root, "use_dora", 0);
+    cJSON_AddBoolToObject(root, "inference_mode", 1);
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    char path[4200], tmp[4300];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = text ? fopen(tmp, "w") : NULL;
+    enum status st = STATUS_OK;
+    if (!f || fputs(text, f) < 0 || fputc('\n', f) == EOF) st = status_errorf(STATUS_IO, "%s: cannot write", tmp);
+    if (f && fclose(f) != 0 && st == STATUS_OK) st = status_errorf(STATUS_IO, "%s: cannot write", tmp);
+    if (st == STATUS_OK && rename(tmp, path) != 0) st = status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
+    free(text);
+    return st;
+}
+
+enum status lora_save_peft(const struct lora *l, const struct model *m, struct backend *b, const char *dir,
+                           const char *base_model)
+{
+    if (!llama_family(m))
+        return status_errorf(STATUS_UNSUPPORTED, "LoRA adapters are written for Llama-family models (Llama, Mistral, "
+                             "Gemma 3), not %s", m->cfg.architecture);
+    mkdir(dir, 0755);
+    char path[4200], name[256];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    struct safetensors_writer *w = NULL;
+    struct peft_item *items = calloc((size_t)l->n_layers * LORA_TARGET_COUNT * 2 + 1, sizeof *items);
+    enum status st = items ? safetensors_writer_begin(path, &w)
+                           : status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
+    int k = 0;
+    for (int i = 0; i < l->n_layers && st == STATUS_OK; i++)
+        for (int t = 0; t < LORA_TARGET_COUNT && st == STATUS_OK; t++) {
+            const struct lora_site *s = &l->sites[i][t];
+            if (!s->a.data) continue;
+            for (int ab = 0; ab < 2 && st == STATUS_OK; ab++) {
+                const struct tensor *x = ab ? &s->b : &s->a;
+                items[k] = (struct peft_item){b, x};
+                peft_name(name, sizeof name, m->layer_first + i, (enum lora_target)t, ab ? 'B' : 'A');
+                st = safetensors_writer_add_deferred(w, name, DTYPE_F32, 2, x->shape, peft_fill, &items[k++]);
+            }
+        }
+    if (st == STATUS_OK) st = safetensors_writer_set_metadata(w, "format", "pt");
+    if (st == STATUS_OK) {
+        st = safetensors_writer_finish(w);
+        w = NULL;
+    }
+    safetensors_writer_free(w);
+    free(items);
+    if (st == STATUS_OK) st = write_peft_config(l, dir, base_model);
+    return st;
+}
+
+/* adapter_config.json: rank, alpha and targets, refusing what this code does not compute. */
+static enum status read_peft_config(const char *dir, int *rank, float *alpha, unsigned *mask)
+{
+    char path[4200], *text = NULL;
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    enum status st = base_read_file(path, 1 << 20, "adapter_config.json", &text, NULL);
+    if (st != STATUS_OK) return st;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "r");
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "lora_alpha");
+    const cJSON *mods = cJSON_GetObjectItemCaseSensitive(root, "target_modules");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
+    if (!root || !cJSON_IsNumber(r) || !cJSON_IsNumber(a) || !cJSON_IsArray(mods))
+        st = status_errorf(STATUS_BAD_FORMAT, "%s: needs numbers \"r\", \"lora_alpha\" and a list \"target_modules\"", path);
+    else if (cJSON_IsString(type) && strcmp(type->valuestring, "LORA"))
+        st = status_errorf(STATUS_UNSUPPORTED, "%s: peft_type %s (only LORA)", path, type->valuestring);
+    else if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_dora")) ||
+             cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora")) ||
+             cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "fan_in_fan_out")))
+        st = status_errorf(STATUS_UNSUPPORTED, "%s: DoRA, rsLoRA and fan_in_fan_out adapters are not supported", path);
+    else {
+        const cJSON *bias = cJSON_GetObjectItemCaseSensitive(root, "bias");
+        if (cJSON_IsString(bias) && strcmp(bias->valuestring, "none"))
+            st = status_errorf(STATUS_UNSUPPORTED, "%s: bias \"%s\" (only \"none\")", path, bias->valuestring);
+    }
+    *mask = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, mods)
+    {
+        if (st != STATUS_OK) break;
+        unsigned one = 0;
+        if (!cJSON_IsString(it)) st = status_errorf(STATUS_BAD_FORMAT, "%s: target_modules holds a non-string", path);
+        else if ((st = lora_parse_targets(it->valuestring, &one)) != STATUS_OK) st = status_errorf(st, "%s: %s", path, it->valuestring);
+        *mask |= one;
+    }
+    if (st == STATUS_OK) {
+        *rank = r->valueint;
+        *alpha = (float)a->valuedouble;
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
+{
+    *out = NULL;
+    if (!llama_family(m))
+        return status_errorf(STATUS_UNSUPPORTED, "LoRA adapters are read for Llama-family models, not %s", m->cfg.architecture);
+    int rank = 0;
+    float alpha = 0;
+    unsigned mask = 0;
+    enum status st = read_peft_config(dir, &rank, &alpha, &mask);
+    if (st != STATUS_OK) return st;
+    if (rank < 1 || rank > 4096 || !(alpha > 0))
+        return status_errorf(STATUS_BAD_FORMAT, "%s/adapter_config.json: r %d or lora_alpha %g out of range", dir, rank, alpha);
+    struct lora *l = lora_new(m, rank, alpha, mask);
+    if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
+    if ((st = lora_alloc(l, m)) != STATUS_OK) {
+        lora_free(l, m->b);
+        return st;
+    }
+    char path[4200], name[256];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    struct safetensors *sf = NULL;
+    if ((st = safetensors_open(path, &sf)) != STATUS_OK) {
+        lora_free(l, m->b);
+        return st;
+    }
+    for (int i = 0; i < l->n_layers && st == STATUS_OK; i++)
+        for (int t = 0; t < LORA_TARGET_COUNT && st == STATUS_OK; t++) {
+            struct lora_site *s = &l->sites[i][t];
+            if (!s->a.data) continue;
+            for (int ab = 0; ab < 2 && st == STATUS_OK; ab++) {
+                struct tensor *x = ab ? &s->b : &s->a;
+                peft_name(name, sizeof name, m->layer_first + i, (enum lora_target)t, ab ? 'B' : 'A');
+                const struct st_tensor *f = safetensors_find(sf, name);
+                if (!f) {
+                    st = status_errorf(STATUS_BAD_FORMAT, "%s: no tensor %s", path, name);
+                } else if (f->ndim != 2 || f->shape[0] != x->shape[0] || f->shape[1] != x->shape[1] || !f->supported) {
+                    st = status_errorf(STATUS_BAD_FORMAT, "%s: %s has shape [%lld, %lld] (%s), the model needs [%lld, %lld]",
+                                       path, name, (long long)f->shape[0], (long long)(f->ndim > 1 ? f->shape[1] : 0),
+                                       f->dtype_name, (long long)x->shape[0], (long long)x->shape[1]);
+                } else {
+                    float *h = malloc(tensor_nbytes(x));
+                    st = h ? safetensors_read(f, DTYPE_F32, h, tensor_nbytes(x))
+                           : status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
+                    if (st == STATUS_OK) backend_upload(m->b, x->data, h, tensor_nbytes(x));
+                    free(h);
+                }
+            }
+        }
+    safetensors_close(sf);
+    if (st != STATUS_OK) {
+        lora_free(l, m->b);
+        return st;
+    }
+    *out = l;
+    return STATUS_OK;
+}
+
+void lora_merge_into(const struct lora *l, struct model *m)
+{
+    for (int i = 0; i < l->n_layers; i++)
+        for (int t = 0; t < LORA_TARGET_COUNT; t++) {
+            const struct lora_site *s = &l->sites[i][t];
+            struct tensor *w = (struct tensor *)base_weight(m, i, (enum lora_target)t);
+            if (!s->a.data || !w) continue;
+            CHECK(w->dtype == DTYPE_F32, "merging into f32 weights only");
+            const int64_t out = w->shape[0], in = w->shape[1], r = l->rank;
+            float *hw = malloc(tensor_nbytes(w)), *ha = malloc(tensor_nbytes(&s->a)), *hb = malloc(tensor_nbytes(&s->b));
+            CHECK(hw && ha && hb, "out of host memory merging an adapter");
+            backend_download(m->b, hw, w->data, tensor_nbytes(w));
+            backend_download(m->b, ha, s->a.data, tensor_nbytes(&s->a));
+            backend_download(m->b, hb, s->b.data, tensor_nbytes(&s->b));
+            for (int64_t o = 0; o < out; o++)
+                for (int64_t k = 0; k < r; k++) {
+                    const double c = (double)l->scale * hb[o * r + k];
+                    if (c == 0.0) continue;
+                    for (int64_t j = 0; j < in; j++) hw[o * in + j] += (float)(c * ha[k * in + j]);
+                }
+            backend_upload(m->b, w->data, hw, tensor_nbytes(w));
+            free(hw);
+            free(ha);
+            free(hb);
+        }
+}
