@@ -9,6 +9,7 @@
  *   shardlm convert  llama2c|gguf ...                    convert.c
  *   shardlm reshard  --model DIR --out DIR [...]         reshard.c
  *   shardlm train    --model DIR --data F --out DIR [...]   train.c: fine-tuning
+ *   shardlm merge-lora --model DIR --adapter DIR --out DIR   merge_lora.c
  *   shardlm chat     --server ADDR [...]   chat.c: interactive, streamed conversation (ChatStream)
  *   shardlm complete --server ADDR --prompt TEXT [...]   complete.c: one completion
  *   shardlm bench    --server ADDR --concurrency N --requests M [...]   bench.c: load generator
@@ -27,6 +28,7 @@ int generate_main(int argc, char **argv);
 int convert_main(int argc, char **argv);
 int reshard_main(int argc, char **argv);
 int train_main(int argc, char **argv);
+int merge_lora_main(int argc, char **argv);
 int client_chat_main(int argc, char **argv);
 int client_complete_main(int argc, char **argv);
 int client_bench_main(int argc, char **argv);

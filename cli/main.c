@@ -53,6 +53,7 @@ static void print_help(FILE *f)
             "  shardlm convert gguf --gguf FILE.gguf --out DIR [--dtype f32|bf16]\n"
             "  shardlm reshard --model DIR --out DIR [--tp T --pp P | --format hf]\n"
             "  shardlm train --model DIR --data FILE[,FILE] --out DIR [options: shardlm train --help]\n"
+            "  shardlm merge-lora --model DIR --adapter DIR --out DIR   fold a LoRA adapter into the model\n"
             "  shardlm version\n"
             "\n"
             "generate prints the completion to stdout as it is produced and the prefill and\n"
@@ -100,5 +101,6 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "convert")) return convert_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "reshard")) return reshard_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "train")) return train_main(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "merge-lora")) return merge_lora_main(argc - 2, argv + 2);
     return cli_usage("unknown command '%s'", argv[1]);
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "lora.h"
 #include "trainer.h"
 
 static const char *const train_help =
@@ -42,6 +43,10 @@ static const char *const train_help =
     "  --resume DIR            continue a checkpoint written by shardlm train\n"
     "  --metrics FILE          JSONL metrics [OUT/metrics.jsonl]\n"
     "  --device cpu|cuda [cpu]  --threads N [0 = all cores]\n"
+    "LoRA (the base frozen; the output is a PEFT adapter: adapter_config.json +\n"
+    "adapter_model.safetensors; shardlm merge-lora makes a servable checkpoint of it):\n"
+    "  --lora-rank R [off; 32 when any --lora-* is given]  --lora-alpha A [32]\n"
+    "  --lora-targets LIST [q,k,v,o,gate,up,down]\n"
     "precision (fp32 master weights, gradients and moments in every mode):\n"
     "  --bf16                  weights and activations in bf16 (f32 math)\n"
     "  --fp16                  in fp16, with a loss scaler: dynamic by default (Megatron's\n"
@@ -108,6 +113,10 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
     else if (!strcmp(a, "--adam-beta2")) { if (parse_double(v, &o->opt.beta2)) return bad("--adam-beta2 must be a number, got '%s'", v); }
     else if (!strcmp(a, "--adam-eps")) { if (parse_double(v, &o->opt.eps)) return bad("--adam-eps must be a number, got '%s'", v); }
     else if (!strcmp(a, "--clip-grad")) { if (parse_double(v, &o->opt.clip_grad)) return bad("--clip-grad must be a number, got '%s'", v); }
+    else if (!strcmp(a, "--lora-rank")) { if (parse_int(v, 1, 4096, &o->lora_rank)) return bad("--lora-rank must be an integer in [1, 4096], got '%s'", v); }
+    else if (!strcmp(a, "--lora-alpha")) { double x; if (parse_double(v, &x) || !(x > 0)) return bad("--lora-alpha must be a positive number, got '%s'", v); o->lora_alpha = (float)x; if (!o->lora_rank) o->lora_rank = 32; }
+    else if (!strcmp(a, "--lora-targets")) { if (lora_parse_targets(v, &o->lora_targets) != STATUS_OK) return bad("%s", status_message()); if (!o->lora_rank) o->lora_rank = 32; }
+    else if (!strcmp(a, "--lora-dropout")) { double x; if (parse_double(v, &x) || x != 0.0) return bad("--lora-dropout: only 0 is supported (no dropout), got '%s'", v); }
     else if (!strcmp(a, "--loss-scale")) { if (parse_double(v, &o->loss_scale) || !(o->loss_scale > 0)) return bad("--loss-scale must be a positive number, got '%s'", v); }
     else if (!strcmp(a, "--initial-loss-scale")) { if (parse_double(v, &o->initial_loss_scale) || !(o->initial_loss_scale > 0)) return bad("--initial-loss-scale must be a positive number, got '%s'", v); }
     else if (!strcmp(a, "--min-loss-scale")) { if (parse_double(v, &o->min_loss_scale) || !(o->min_loss_scale > 0)) return bad("--min-loss-scale must be a positive number, got '%s'", v); }
@@ -142,6 +151,7 @@ int train_main(int argc, char **argv)
                 .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .clip_grad = 1.0},
         .data_opt = {.overflow = DATA_OVERFLOW_TRUNCATE},
         .initial_loss_scale = 4294967296.0, .min_loss_scale = 1.0, .loss_scale_window = 1000, .hysteresis = 2,
+        .lora_alpha = 32.0f, .lora_targets = (1u << LORA_TARGET_COUNT) - 1,
     };
     int chat_template_set = 0;
     for (int i = 0; i < argc; i++) {

@@ -6,6 +6,7 @@
 #   2. bitwise resume: 10 steps straight and 5 + --resume + 5 give identical weights and
 #      identical losses for steps 6-10;
 #   2b. bf16 and fp16 (dynamic loss scaler: skipped steps and the falling scale at the start);
+#   2c. LoRA: PEFT files, the loss falls, merge-lora equals base + adapter, bitwise resume;
 #   3. chat JSONL (messages and ShareGPT) and prompt/completion data train;
 #   4. bad data and bad flags: a message naming the file and line, exit 1 (errors) or 2
 #      (usage), never a crash.
@@ -128,6 +129,48 @@ grep -q "step 1 skipped: the fp16 gradients overflowed at loss scale" "$WORK/fp1
 check "fp16: a skipped step is logged with its scale" $?
 expect "flags: --loss-scale needs --fp16" 2 "--loss-scale applies to --fp16 only" \
   "$BIN" train --model "$MODEL" --data "$TEXT" --out "$WORK/x" --loss-scale 128
+
+# ---- 2c. LoRA: adapters in the PEFT layout, merge-lora, resume ----------------------------------
+LO=(--model "$MODEL" --data "$TEXT" "${COMMON[@]}" --split 98,2 --eval-iters 8 --lora-rank 8 --lora-alpha 16)
+"$BIN" train "${LO[@]}" --out "$WORK/lora" --train-iters 40 2> "$WORK/lora.err"
+check "lora: 40 steps train the adapters" $?
+grep -q "LoRA rank 8, alpha 16 on q k v o gate up down" "$WORK/lora.err"
+check "lora: the log names rank, alpha and targets" $?
+python3 - "$WORK/lora" <<'PYEOF'
+import json, struct, sys
+d = sys.argv[1]
+cfg = json.load(open(d + "/adapter_config.json"))
+raw = open(d + "/adapter_model.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+names = [k for k in json.loads(raw[8:8 + n]) if k != "__metadata__"]
+ok = (cfg["peft_type"] == "LORA" and cfg["r"] == 8 and cfg["lora_alpha"] == 16 and
+      "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in names and
+      "base_model.model.model.layers.4.mlp.down_proj.lora_B.weight" in names and len(names) == 5 * 7 * 2)
+ev = [json.loads(l)["eval_loss"] for l in open(d + "/metrics.jsonl") if "eval_loss" in l]
+print("# adapter: %d tensors; held-out %.4f -> %.4f" % (len(names), ev[0], ev[-1]))
+sys.exit(0 if ok and ev[-1] < ev[0] - 0.5 else 1)
+PYEOF
+check "lora: PEFT config and tensor names, and the held-out loss falls by 0.5" $?
+"$BIN" merge-lora --model "$MODEL" --adapter "$WORK/lora" --out "$WORK/merged" 2> /dev/null
+check "merge-lora writes a checkpoint" $?
+"$BIN" train --model "$WORK/merged" --data "$TEXT" "${COMMON[@]}" --split 98,2 --eval-iters 8 --train-iters 1 \
+  --lr 1e-30 --min-lr 0 --out "$WORK/merged_eval" 2> /dev/null
+a=$(grep eval_loss "$WORK/lora/metrics.jsonl" | tail -n1 | sed 's/.*"eval_loss": \([0-9.]*\).*/\1/')
+b=$(grep eval_loss "$WORK/merged_eval/metrics.jsonl" | head -n1 | sed 's/.*"eval_loss": \([0-9.]*\).*/\1/')
+awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(a != "" && d < 1e-4 && d > -1e-4) }'
+check "merge-lora: the merged model's held-out loss equals base + adapter's ($a, $b)" $?
+"$BIN" generate --model "$WORK/merged" --prompt "ROMEO:" --max-tokens 20 > "$WORK/mgen" 2> /dev/null
+check "merge-lora: the merged checkpoint generates" $?
+"$BIN" train "${LO[@]}" --out "$WORK/lora10" --train-iters 10 --save-interval 5 2> /dev/null
+"$BIN" train "${LO[@]}" --out "$WORK/lora55" --train-iters 10 --resume "$WORK/lora10/checkpoints/iter_0000005" 2> /dev/null
+cmp -s "$WORK/lora10/adapter_model.safetensors" "$WORK/lora55/adapter_model.safetensors"
+check "lora: 5 + resume + 5 steps give the adapter of 10 straight steps, bit for bit" $?
+expect "lora: with --bf16 refused" 1 "not built yet" \
+  "$BIN" train "${LO[@]}" --out "$WORK/x" --train-iters 1 --bf16
+expect "lora: an unknown target" 2 "LoRA target 'qq'" \
+  "$BIN" train "${LO[@]}" --out "$WORK/x" --train-iters 1 --lora-targets q,qq
+expect "merge-lora: a directory without an adapter" 1 "adapter_config.json" \
+  "$BIN" merge-lora --model "$MODEL" --adapter "$MODEL" --out "$WORK/x"
 
 # ---- 3. chat and prompt/completion data -------------------------------------------------------
 cat > "$WORK/chat.jsonl" <<'EOF'

@@ -181,35 +181,72 @@ static enum status move_files(const char *src, const char *dst)
     return s;
 }
 
-enum status train_checkpoint_save(const char *dir, struct model *m, struct model_weights *master,
-                                  const struct param_table *params, struct optimizer *opt,
-                                  const struct train_state *st)
+/* What a checkpoint holds besides the training state: the model (from master) or an adapter. */
+struct ckpt_payload {
+    struct model *m;
+    struct model_weights *master;
+    const struct lora *lora;
+    const char *base_model;
+};
+
+static enum status write_payload(const char *dir, const struct ckpt_payload *p)
+{
+    if (p->lora) return lora_save_peft(p->lora, p->m, p->m->b, dir, p->base_model);
+    struct source_ctx sc = {p->m, p->master};
+    checkpoint_set_source(p->m->checkpoint, model_source, &sc);
+    enum status s = checkpoint_write_hf(dir, p->m->checkpoint);
+    checkpoint_set_source(p->m->checkpoint, NULL, NULL);
+    return s;
+}
+
+/* Writes payload and state into DIR.tmp, then makes it DIR: a new directory appears whole; an
+ * existing one (the final --out, beside metrics.jsonl) receives the files one rename each. */
+static enum status save(const char *dir, const struct ckpt_payload *p, const struct param_table *params,
+                        struct optimizer *opt, const struct train_state *st, int with_master)
 {
     char tmp[4200];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", dir);
     remove_flat_dir(tmp);
     enum status s = train_checkpoint_make_dir(tmp);
-    if (s != STATUS_OK) return s;
-    struct source_ctx sc = {m, master};
-    checkpoint_set_source(m->checkpoint, model_source, &sc);
-    s = checkpoint_write_hf(tmp, m->checkpoint);
-    checkpoint_set_source(m->checkpoint, NULL, NULL);
-    /* The model file holds the weights exactly only in f32 and without a norm offset. */
-    const int with_master = m->checkpoint->cfg.dtype != DTYPE_F32 || m->cfg.norm_weight_offset != 0.0f;
-    if (s == STATUS_OK) s = write_state(tmp, m->b, params, opt, st, with_master);
+    if (s == STATUS_OK) s = write_payload(tmp, p);
+    if (s == STATUS_OK && params) s = write_state(tmp, p->m->b, params, opt, st, with_master);
     if (s != STATUS_OK) {
         remove_flat_dir(tmp);
         return s;
     }
     struct stat sb;
-    if (stat(dir, &sb) != 0) { /* a new directory: it appears whole */
+    if (stat(dir, &sb) != 0) {
         if (rename(tmp, dir) != 0) return status_errorf(STATUS_IO, "rename %s -> %s: %s", tmp, dir, strerror(errno));
     } else if ((s = move_files(tmp, dir)) != STATUS_OK) {
         return s;
     }
-    LOG_INFO("train", "checkpoint %s written (iteration %lld)", dir, (long long)st->iteration);
+    if (st) LOG_INFO("train", "checkpoint %s written (iteration %lld)", dir, (long long)st->iteration);
     return STATUS_OK;
+}
+
+enum status train_checkpoint_save(const char *dir, struct model *m, struct model_weights *master,
+                                  const struct param_table *params, struct optimizer *opt,
+                                  const struct train_state *st)
+{
+    /* The model file holds the weights exactly only in f32 and without a norm offset. */
+    const int with_master = m->checkpoint->cfg.dtype != DTYPE_F32 || m->cfg.norm_weight_offset != 0.0f;
+    const struct ckpt_payload p = {.m = m, .master = master};
+    return save(dir, &p, params, opt, st, with_master);
+}
+
+enum status train_checkpoint_save_adapter(const char *dir, struct model *m, const struct lora *lora,
+                                          const char *base_model, const struct param_table *params,
+                                          struct optimizer *opt, const struct train_state *st)
+{
+    const struct ckpt_payload p = {.m = m, .lora = lora, .base_model = base_model};
+    return save(dir, &p, params, opt, st, 0); /* the adapter file is f32: exact */
+}
+
+enum status train_checkpoint_write_model(const char *dir, struct model *m)
+{
+    const struct ckpt_payload p = {.m = m, .master = &m->w};
+    return save(dir, &p, NULL, NULL, NULL, 0);
 }
 
 static int64_t meta_i64(const struct safetensors *sf, const char *key, int *ok)

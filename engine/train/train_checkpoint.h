@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "data.h"
+#include "lora.h"
 #include "loss_scaler.h"
 #include "model.h"
 #include "optimizer.h"
@@ -34,6 +35,15 @@ enum status train_checkpoint_make_dir(const char *dir);
 enum status train_checkpoint_save(const char *dir, struct model *m, struct model_weights *master,
                                   const struct param_table *params, struct optimizer *opt,
                                   const struct train_state *st);
+
+/* The same for LoRA training: the adapter in the PEFT layout (adapter_config.json naming
+ * base_model, adapter_model.safetensors) instead of the model, plus the training state. */
+enum status train_checkpoint_save_adapter(const char *dir, struct model *m, const struct lora *lora,
+                                          const char *base_model, const struct param_table *params,
+                                          struct optimizer *opt, const struct train_state *st);
+
+/* Writes m's weights as a checkpoint in the serving layout of its family (shardlm merge-lora). */
+enum status train_checkpoint_write_model(const char *dir, struct model *m);
 
 /* Reads dir/train_state.safetensors into opt and *st for the trained parameters `params`
  * (loaded from dir: the f32 values, when stored, replace them). Errors: a missing or foreign

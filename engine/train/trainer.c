@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lora.h"
 #include "model_train.h"
 #include "tokenizer.h"
 #include "train_checkpoint.h"
@@ -24,6 +25,8 @@ struct trainer {
     struct model_weights *master;
     void *compute_mem;
     struct param_table params, gparams; /* what AdamW updates, and its gradients (row for row) */
+    struct lora *lora;            /* LoRA training: the adapters (the base is frozen) */
+    const char *start;            /* the directory the model (and tokenizer) came from */
     struct optimizer opt;
     struct train_dataset train, eval;
     struct micro_batch *mbs;      /* (num_microbatches) of the current iteration */
@@ -75,7 +78,7 @@ static enum status load_data(struct trainer *t)
     const struct train_options *o = t->o;
     struct data_options dopt = o->data_opt;
     if (o->chat_template_auto)
-        dopt.chat_template = chat_template_detect(o->resume_dir ? o->resume_dir : o->model_dir, t->tok);
+        dopt.chat_template = chat_template_detect(t->start, t->tok);
     enum status st = data_load(o->data, t->tok, &dopt, &t->train);
     if (st != STATUS_OK) return st;
     if (o->eval_data) st = data_load(o->eval_data, t->tok, &dopt, &t->eval);
@@ -126,12 +129,51 @@ static enum status make_compute_copy(struct trainer *t)
     return STATUS_OK;
 }
 
+/* LoRA: new adapters (or the resumed ones), and the tables of A, B and their gradients. */
+static enum status setup_lora(struct trainer *t)
+{
+    const struct train_options *o = t->o;
+    if (t->m->cfg.family != MODEL_FAMILY_LLAMA && t->m->cfg.family != MODEL_FAMILY_GEMMA3)
+        return status_errorf(STATUS_UNSUPPORTED, "LoRA training is built for Llama-family models (Llama, Mistral, "
+                             "Gemma 3), not %s", t->m->cfg.architecture);
+    enum status st = o->resume_dir ? lora_load_peft(t->m, o->resume_dir, &t->lora)
+                                   : lora_create(t->m, o->lora_rank, o->lora_alpha, o->lora_targets, o->seed, &t->lora);
+    if (st != STATUS_OK) return st;
+    t->m->lora = t->lora;
+    if ((st = lora_reserve(t->lora, t->b, o->micro_batch_size * o->seq_length)) != STATUS_OK) return st;
+    char name[96];
+    for (int i = 0; i < t->lora->n_layers && st == STATUS_OK; i++)
+        for (int k = 0; k < LORA_TARGET_COUNT && st == STATUS_OK; k++) {
+            struct lora_site *s = &t->lora->sites[i][k];
+            if (!s->a.data) continue;
+            const char *tn = lora_target_name((enum lora_target)k);
+            snprintf(name, sizeof name, "lora/%s/%d/A", tn, t->m->layer_first + i);
+            if ((st = param_table_add(&t->params, name, &s->a, 1)) == STATUS_OK) st = param_table_add(&t->gparams, name, &s->da, 1);
+            snprintf(name, sizeof name, "lora/%s/%d/B", tn, t->m->layer_first + i);
+            if (st == STATUS_OK && (st = param_table_add(&t->params, name, &s->b, 1)) == STATUS_OK)
+                st = param_table_add(&t->gparams, name, &s->db, 1);
+        }
+    LOG_INFO("train", "LoRA rank %d, alpha %g on %s%s%s%s%s%s%s: %lld trainable parameters (base frozen)%s",
+             t->lora->rank, t->lora->alpha, t->lora->targets & 1 ? "q " : "", t->lora->targets & 2 ? "k " : "",
+             t->lora->targets & 4 ? "v " : "", t->lora->targets & 8 ? "o " : "", t->lora->targets & 16 ? "gate " : "",
+             t->lora->targets & 32 ? "up " : "", t->lora->targets & 64 ? "down" : "",
+             (long long)param_table_numel(&t->params), o->resume_dir ? ", resumed" : "");
+    return st;
+}
+
 static enum status setup(struct trainer *t)
 {
     const struct train_options *o = t->o;
     enum status st = check_options(o, &t->num_microbatches);
     if (st != STATUS_OK) return st;
-    const char *start = o->resume_dir ? o->resume_dir : o->model_dir;
+    /* A full fine-tune resumes from its own checkpoint (the model file is the trained model);
+     * LoRA resumes the adapter on the same base. */
+    const char *start = o->resume_dir && o->lora_rank <= 0 ? o->resume_dir : o->model_dir;
+    t->start = start;
+    if (o->lora_rank > 0 && !o->model_dir)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "LoRA training needs --model (the base) also with --resume");
+    if (o->lora_rank > 0 && o->precision != TRAIN_PRECISION_F32)
+        return status_errorf(STATUS_UNSUPPORTED, "--lora-rank with --bf16 or --fp16 is not built yet (f32 LoRA only)");
     char path[4200];
     if ((st = backend_open(o->device, 0, o->threads, &t->b)) != STATUS_OK) return st;
     snprintf(path, sizeof path, "%s/tokenizer.model", start);
@@ -140,7 +182,13 @@ static enum status setup(struct trainer *t)
     if ((st = model_load_as(start, t->b, NULL, DTYPE_F32, &t->m)) != STATUS_OK) return st;
     if ((st = model_weights_make_writable(t->m)) != STATUS_OK) return st;
     t->master = &t->m->w;
-    if ((st = weights_alloc_like(t->b, &t->m->w, DTYPE_F32, &t->grads, &t->grads_mem)) != STATUS_OK) return st;
+    if (o->lora_rank > 0) { /* the base frozen: a gradient struct without tensors */
+        t->grads.n_layers = t->m->w.n_layers;
+        t->grads.layers = calloc((size_t)(t->grads.n_layers > 0 ? t->grads.n_layers : 1), sizeof *t->grads.layers);
+        if (!t->grads.layers) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of memory");
+    } else if ((st = weights_alloc_like(t->b, &t->m->w, DTYPE_F32, &t->grads, &t->grads_mem)) != STATUS_OK) {
+        return st;
+    }
     struct optimizer_options opt = o->opt;
     t->mbs = calloc((size_t)t->num_microbatches, sizeof *t->mbs);
     if (!t->mbs) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of memory");
@@ -151,9 +199,10 @@ static enum status setup(struct trainer *t)
     if (opt.decay_iters <= 0) opt.decay_iters = t->train_iters;
     /* Mixed precision: the f32 weights become the master copy before the tables point at them. */
     if (o->precision != TRAIN_PRECISION_F32 && (st = make_compute_copy(t)) != STATUS_OK) return st;
-    if ((st = param_table_from_weights(&t->params, t->master, t->m->layer_first)) != STATUS_OK ||
-        (st = param_table_from_weights(&t->gparams, &t->grads, t->m->layer_first)) != STATUS_OK)
-        return st;
+    if (o->lora_rank > 0) st = setup_lora(t);
+    else if ((st = param_table_from_weights(&t->params, t->master, t->m->layer_first)) == STATUS_OK)
+        st = param_table_from_weights(&t->gparams, &t->grads, t->m->layer_first);
+    if (st != STATUS_OK) return st;
     if ((st = optimizer_init(&t->opt, t->b, &t->params, &opt)) != STATUS_OK) return st;
     t->state = (struct train_state){.cursor = {.seed = o->seed}, .scaler = loss_scaler_constant(1.0)};
     if (o->precision == TRAIN_PRECISION_FP16)
@@ -192,6 +241,7 @@ static void teardown(struct trainer *t)
         optimizer_free(&t->opt, t->b);
         param_table_free(&t->params);
         param_table_free(&t->gparams);
+        lora_free(t->lora, t->b);
         if (t->master == &t->master_store) weights_free_layers(&t->master_store);
         backend_free(t->b, t->compute_mem);
         weights_free_layers(&t->grads);
@@ -232,6 +282,7 @@ static enum status train_step(struct trainer *t, struct step_result *r)
         tokens += t->mbs[i].n_tokens;
     }
     weights_zero(t->b, &t->grads);
+    if (t->lora) lora_zero_grads(t->lora, t->b);
     double loss_sum = 0.0;
     /* Every micro-batch's gradient is scaled by (loss scale) / (targets of the whole global
      * batch): the mean per-token loss of the global batch, times the fp16 loss scale. */
@@ -352,6 +403,13 @@ static enum status maybe_evaluate(struct trainer *t, int force)
     return STATUS_OK;
 }
 
+static enum status save_checkpoint(struct trainer *t, const char *dir)
+{
+    if (t->lora)
+        return train_checkpoint_save_adapter(dir, t->m, t->lora, t->o->model_dir, &t->params, &t->opt, &t->state);
+    return train_checkpoint_save(dir, t->m, t->master, &t->params, &t->opt, &t->state);
+}
+
 enum status train_run(const struct train_options *o)
 {
     struct trainer t = {.o = o};
@@ -368,11 +426,11 @@ enum status train_run(const struct train_options *o)
             char dir[4200];
             snprintf(dir, sizeof dir, "%s/checkpoints/iter_%07lld", o->out_dir, (long long)t.state.iteration);
             if (o->progress) fputc('\n', stderr);
-            st = train_checkpoint_save(dir, t.m, t.master, &t.params, &t.opt, &t.state);
+            st = save_checkpoint(&t, dir);
         }
     }
     if (o->progress && st == STATUS_OK) fputc('\n', stderr);
-    if (st == STATUS_OK) st = train_checkpoint_save(o->out_dir, t.m, t.master, &t.params, &t.opt, &t.state);
+    if (st == STATUS_OK) st = save_checkpoint(&t, o->out_dir);
     if (st == STATUS_OK)
         LOG_INFO("train", "wrote %s after %lld iterations (%.1f s)", o->out_dir, (long long)t.state.iteration,
                  base_now_s() - t.t_start);

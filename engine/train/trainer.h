@@ -42,6 +42,9 @@ struct train_options {
     double      loss_scale;       /* fp16: a constant scale; 0 = dynamic (below) */
     double      initial_loss_scale, min_loss_scale;
     int         loss_scale_window, hysteresis;
+    int         lora_rank;        /* > 0: train LoRA adapters on a frozen base (lora.h) */
+    float       lora_alpha;
+    unsigned    lora_targets;     /* bit mask of enum lora_target */
     enum device device;
     int         threads;
     int         progress;         /* 1: a live progress line (a terminal), 0: plain log lines */
