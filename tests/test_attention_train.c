@@ -21,7 +21,8 @@
  * As in tests/test_ops.c: every device buffer sits between guard bytes that must come back
  * untouched, every input must come back unchanged, every output starts as NaN (an element never
  * written is caught), every output is checked for NaN/Inf, and an empty backend slot is a
- * failure, never a pass. The backward also runs twice and must give the same bits (the ops
+ * failure, never a pass (that harness is tests/op_check.c, shared with test_ops.c and
+ * test_ops_backward.c). The backward also runs twice and must give the same bits (the ops
  * promise results that do not depend on timing).
  *
  * Tolerances. An element passes when |got - want| <= u |want| + (1 + u) (4 U32 |want| + U32 mag)
@@ -53,335 +54,17 @@
  * passed, 1 a failure, 2 bad usage, 77 skipped. Inputs are drawn from the seed and the case's
  * name, so --filter reproduces a case exactly. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "ops.h"
+#include "op_check.h"
 
-#define U32 0x1p-24 /* unit roundoff of f32 */
 #define REL_TOL (4 * U32)
 #define FD_STEP 1e-5
 #define FD_TOL 1e-6
 #define FD_SAMPLES 40 /* elements per tensor checked by finite differences, beyond small cases */
-
-/* ---- small utilities -------------------------------------------------------------------- */
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    CHECK(p != NULL, "out of host memory (%zu x %zu bytes)", n, size);
-    return p;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-struct rng {
-    uint64_t s;
-};
-
-static uint64_t rng_next(struct rng *r) /* splitmix64 */
-{
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double rng_range(struct rng *r, double lo, double hi)
-{
-    return lo + (hi - lo) * ((double)(rng_next(r) >> 11) * 0x1p-53);
-}
-
-static int rng_int(struct rng *r, int n) { return (int)(rng_next(r) % (uint64_t)n); }
-
-static uint64_t hash_name(const char *name)
-{
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (; *name; name++) h = (h ^ (uint8_t)*name) * 0x100000001b3ull;
-    return h;
-}
-
-/* ---- storage formats, written independently of tensor.h (as in test_ops.c) -------------- */
-
-struct format {
-    int    precision; /* significand bits, the implicit one included */
-    int    emin;      /* exponent of the smallest normal number */
-    double max;       /* largest finite value */
-};
-
-static struct format format_of(enum dtype t)
-{
-    switch (t) {
-    case DTYPE_F32: return (struct format){24, -126, 0x1.fffffep127};
-    case DTYPE_BF16: return (struct format){8, -126, 0x1.fep127};
-    case DTYPE_F16: return (struct format){11, -14, 65504.0};
-    case DTYPE_I32: break;
-    }
-    CHECK(0, "not a float dtype: %d", (int)t);
-}
-
-/* v rounded to the nearest value of dtype t, ties to even; NaN, infinities, zeros pass. */
-static double fmt_round(double v, enum dtype t)
-{
-    if (isnan(v) || isinf(v) || v == 0.0) return v;
-    struct format f = format_of(t);
-    double a = fabs(v);
-    int e;
-    frexp(a, &e);
-    int lead = e - 1 < f.emin ? f.emin : e - 1;
-    double ulp = ldexp(1.0, lead - (f.precision - 1));
-    double r = nearbyint(a / ulp) * ulp;
-    if (r > f.max) r = INFINITY;
-    return copysign(r, v);
-}
-
-static uint16_t f16_encode(double v) /* v exactly representable in f16 */
-{
-    uint16_t sign = signbit(v) ? 0x8000u : 0;
-    if (isnan(v)) return sign | 0x7e00u;
-    double a = fabs(v);
-    if (isinf(a)) return sign | 0x7c00u;
-    if (a == 0.0) return sign;
-    if (a < 0x1p-14) return sign | (uint16_t)(a * 0x1p24);
-    int e;
-    double m = frexp(a, &e);
-    return sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)((2.0 * m - 1.0) * 1024.0);
-}
-
-static double f16_decode(uint16_t h)
-{
-    int ex = (h >> 10) & 31, man = h & 1023;
-    double v = ex == 0 ? ldexp(man, -24) : ex == 31 ? (man ? NAN : INFINITY) : ldexp(1024 + man, ex - 25);
-    return (h & 0x8000u) ? -v : v;
-}
-
-/* Stores v, exactly representable in t, as element i of bits. */
-static void fmt_store(void *bits, enum dtype t, size_t i, double v)
-{
-    switch (t) {
-    case DTYPE_F32: ((float *)bits)[i] = (float)v; return;
-    case DTYPE_BF16: {
-        float f = (float)v;
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        if (isnan(v)) u = (u & 0x80000000u) | 0x7fc00000u;
-        ((uint16_t *)bits)[i] = (uint16_t)(u >> 16);
-        return;
-    }
-    case DTYPE_F16: ((uint16_t *)bits)[i] = f16_encode(v); return;
-    case DTYPE_I32: break;
-    }
-    CHECK(0, "not a float dtype: %d", (int)t);
-}
-
-static double fmt_load(const void *bits, enum dtype t, size_t i)
-{
-    switch (t) {
-    case DTYPE_F32: return ((const float *)bits)[i];
-    case DTYPE_BF16: {
-        uint32_t u = (uint32_t)((const uint16_t *)bits)[i] << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    case DTYPE_F16: return f16_decode(((const uint16_t *)bits)[i]);
-    case DTYPE_I32: break;
-    }
-    CHECK(0, "not a float dtype: %d", (int)t);
-}
-
-/* The storage rounding of an output dtype: u relative, floor absolute (half the subnormal
- * spacing). For f32 the error model counts the final rounding already. */
-static const struct storage_rounding {
-    double u, floor;
-} storage_rounding[3] = {
-    [DTYPE_F32] = {0, 0x1p-150},
-    [DTYPE_BF16] = {0x1p-8, 0x1p-134},
-    [DTYPE_F16] = {0x1p-11, 0x1p-25},
-};
-
-/* ---- the suite, its cases and their verdicts -------------------------------------------- */
-
-#define CASE_MAX_ALLOCS 96
-
-struct suite {
-    struct backend *backend[2]; /* [0] under test; [1] the CPU backend when [0] is CUDA */
-    const char     *backend_name[2];
-    int             n_backends;
-    const char     *filter;
-    uint64_t        seed;
-    int             passed, failed;
-    void           *allocs[CASE_MAX_ALLOCS];
-    int             n_allocs;
-};
-
-struct verdict {
-    double worst_ratio; /* largest err / tol over every toleranced comparison (-1: none) */
-    int    n_failed;
-    size_t len;
-    char   msg[4096];
-};
-
-static void verdict_fail(struct verdict *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void verdict_fail(struct verdict *v, const char *fmt, ...)
-{
-    v->n_failed++;
-    if (v->len + 8 >= sizeof v->msg) return;
-    v->len += (size_t)snprintf(v->msg + v->len, sizeof v->msg - v->len, "\n    ");
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(v->msg + v->len, sizeof v->msg - v->len, fmt, ap);
-    va_end(ap);
-    if (n > 0) v->len += (size_t)n;
-    if (v->len >= sizeof v->msg) v->len = sizeof v->msg - 1;
-}
-
-static void *case_alloc(struct suite *s, size_t n, size_t size)
-{
-    CHECK(s->n_allocs < CASE_MAX_ALLOCS, "a case uses more than %d host buffers", CASE_MAX_ALLOCS);
-    return s->allocs[s->n_allocs++] = xcalloc(n, size);
-}
-
-static int case_begin(struct suite *s, const char *name, struct rng *r)
-{
-    if (s->filter && !strstr(name, s->filter)) return 0;
-    r->s = s->seed ^ hash_name(name);
-    s->n_allocs = 0;
-    return 1;
-}
-
-static void case_end(struct suite *s, const char *name, const struct verdict *v)
-{
-    char margin[48] = "";
-    if (v->worst_ratio > 0.0) snprintf(margin, sizeof margin, "  [err/tol %.3f]", v->worst_ratio);
-    if (v->n_failed) {
-        s->failed++;
-        printf("FAIL %s%s\n", name, v->msg);
-    } else {
-        s->passed++;
-        printf("ok   %s%s\n", name, margin);
-    }
-    fflush(stdout);
-    for (int i = 0; i < s->n_allocs; i++) free(s->allocs[i]);
-    s->n_allocs = 0;
-}
-
-#define SUPPORTED(v, b, slot)                                                                \
-    ((b)->ops->slot != NULL                                                                  \
-         ? 1                                                                                 \
-         : (verdict_fail((v), "%s: op " #slot " is not implemented (empty slot)",            \
-                         (b)->ops->name),                                                    \
-            0))
-
-/* ---- device buffers with guards (as in test_ops.c) --------------------------------------- */
-
-#define GUARD_BYTES 256
-#define ARENA_MAX_BUFS 16
-
-static uint8_t guard_byte(size_t i, int after) { return (uint8_t)((after ? 0x5a : 0xa5) ^ (i * 29u)); }
-
-struct arena {
-    struct backend *b;
-    int             n;
-    struct dbuf {
-        const char *name;
-        void       *base;
-        size_t      nbytes, elsize;
-        const void *expect; /* inputs: the bytes that must come back unchanged */
-        void       *result; /* outputs: where arena_finish puts the data */
-    } bufs[ARENA_MAX_BUFS];
-};
-
-struct shape {
-    int     ndim;
-    int64_t d[TENSOR_MAX_DIMS];
-};
-#define S1(a) ((struct shape){1, {(a), 1, 1, 1}})
-#define S2(a, b) ((struct shape){2, {(a), (b), 1, 1}})
-#define S3(a, b, c) ((struct shape){3, {(a), (b), (c), 1}})
-#define S4(a, b, c, d) ((struct shape){4, {(a), (b), (c), (d)}})
-
-/* A guarded buffer holding `init` (NaN bytes when NULL). */
-static struct tensor arena_add(struct arena *a, const char *name, enum dtype t, struct shape sh,
-                               const void *init, const void *expect, void *result)
-{
-    CHECK(a->n < ARENA_MAX_BUFS, "arena full");
-    struct tensor x = {.dtype = t, .device = a->b->device, .ndim = sh.ndim};
-    for (int i = 0; i < TENSOR_MAX_DIMS; i++) x.shape[i] = i < sh.ndim ? sh.d[i] : 1;
-    struct dbuf *d = &a->bufs[a->n++];
-    *d = (struct dbuf){.name = name, .nbytes = tensor_nbytes(&x), .elsize = dtype_size(t),
-                       .expect = expect, .result = result};
-    size_t total = d->nbytes + 2 * GUARD_BYTES;
-    enum status st = backend_alloc(a->b, total, &d->base);
-    CHECK(st == STATUS_OK, "backend_alloc(%zu): %s", total, status_message());
-    uint8_t *stage = xcalloc(total, 1);
-    for (size_t i = 0; i < GUARD_BYTES; i++) {
-        stage[i] = guard_byte(i, 0);
-        stage[GUARD_BYTES + d->nbytes + i] = guard_byte(i, 1);
-    }
-    if (init) memcpy(stage + GUARD_BYTES, init, d->nbytes);
-    else memset(stage + GUARD_BYTES, 0xff, d->nbytes);
-    backend_upload(a->b, d->base, stage, total);
-    free(stage);
-    x.data = (uint8_t *)d->base + GUARD_BYTES;
-    return x;
-}
-
-static struct tensor arena_in(struct arena *a, const char *name, enum dtype t, struct shape sh,
-                              const void *host)
-{
-    return arena_add(a, name, t, sh, host, host, NULL);
-}
-
-/* An output filled with NaN (init NULL), or with init; `result` receives it. */
-static struct tensor arena_out(struct arena *a, const char *name, enum dtype t, struct shape sh,
-                               const void *init, void *result)
-{
-    return arena_add(a, name, t, sh, init, NULL, result);
-}
-
-/* Waits for the backend, checks guards and inputs, downloads outputs, frees the buffers. */
-static void arena_finish(struct arena *a, struct verdict *v)
-{
-    backend_synchronize(a->b);
-    const char *bname = a->b->ops->name;
-    for (int k = 0; k < a->n; k++) {
-        struct dbuf *d = &a->bufs[k];
-        size_t total = d->nbytes + 2 * GUARD_BYTES;
-        uint8_t *stage = xcalloc(total, 1);
-        backend_download(a->b, stage, d->base, total);
-        for (int after = 0; after <= 1; after++) {
-            const uint8_t *g = stage + (after ? GUARD_BYTES + d->nbytes : 0);
-            size_t n_bad = 0;
-            for (size_t i = 0; i < GUARD_BYTES; i++) n_bad += g[i] != guard_byte(i, after);
-            if (n_bad)
-                verdict_fail(v, "%s: %zu guard bytes %s '%s' overwritten", bname, n_bad,
-                             after ? "after" : "before", d->name);
-        }
-        if (d->expect && memcmp(stage + GUARD_BYTES, d->expect, d->nbytes)) {
-            size_t i = 0;
-            while (stage[GUARD_BYTES + i] == ((const uint8_t *)d->expect)[i]) i++;
-            verdict_fail(v, "%s: input '%s' was modified (element %zu)", bname, d->name,
-                         i / d->elsize);
-        }
-        if (d->result) memcpy(d->result, stage + GUARD_BYTES, d->nbytes);
-        free(stage);
-        backend_free(a->b, d->base);
-    }
-    a->n = 0;
-}
-
-/* ---- comparisons --------------------------------------------------------------------------- */
 
 /* tol[i] for an output of dtype t from the reference's want and mag (units of U32). */
 static void make_tol(double *tol, enum dtype t, const double *want, const double *mag, size_t n)
@@ -391,62 +74,6 @@ static void make_tol(double *tol, enum dtype t, const double *want, const double
         double w = fabs(want[i]);
         tol[i] = sr->u * w + (1.0 + sr->u) * (REL_TOL * w + U32 * mag[i]) + sr->floor;
     }
-}
-
-/* got against want within factor * tol[i]; a non-finite got always fails. */
-static void compare_close(struct verdict *v, const char *what, const double *got,
-                          const double *want, const double *tol, double factor, size_t n,
-                          size_t cols)
-{
-    size_t n_bad = 0, n_nonfinite = 0, worst = 0;
-    double worst_ratio = -1.0, max_abs = 0.0;
-    if (cols == 0) cols = 1;
-    for (size_t i = 0; i < n; i++) {
-        double err, bound = factor * tol[i];
-        int bad;
-        if (!isfinite(got[i]) || !isfinite(want[i])) {
-            bad = 1;
-            err = INFINITY;
-            n_nonfinite++;
-        } else {
-            err = fabs(got[i] - want[i]);
-            bad = err > bound;
-            if (err > max_abs) max_abs = err;
-        }
-        if (bound > 0.0 && err / bound > v->worst_ratio && isfinite(err)) v->worst_ratio = err / bound;
-        if (bad) {
-            double ratio = bound > 0.0 ? err / bound : INFINITY;
-            if (n_bad++ == 0 || ratio > worst_ratio) worst_ratio = ratio, worst = i;
-        }
-    }
-    if (n_bad)
-        verdict_fail(v,
-                     "%s: %zu of %zu elements out of tolerance (%zu non-finite); worst [%zu, %zu]: "
-                     "got %.9g want %.9g, err %.3g > tol %.3g; max abs err %.3g",
-                     what, n_bad, n, n_nonfinite, worst / cols, worst % cols, got[worst],
-                     want[worst], fabs(got[worst] - want[worst]), factor * tol[worst], max_abs);
-}
-
-/* Every backend's result against the reference, and CUDA against the CPU. */
-static void check_close(struct suite *s, struct verdict *v, const char *what, double *got[2],
-                        const double *want, const double *tol, size_t n, size_t cols)
-{
-    char label[160];
-    for (int bi = 0; bi < s->n_backends; bi++) {
-        snprintf(label, sizeof label, "%s: %s vs reference", s->backend_name[bi], what);
-        compare_close(v, label, got[bi], want, tol, 1.0, n, cols);
-    }
-    if (s->n_backends == 2) {
-        snprintf(label, sizeof label, "%s vs %s: %s", s->backend_name[0], s->backend_name[1], what);
-        compare_close(v, label, got[0], got[1], tol, 2.0, n, cols);
-    }
-}
-
-static double *decode(struct suite *s, const void *bits, enum dtype t, size_t n)
-{
-    double *out = case_alloc(s, n, sizeof(double));
-    for (size_t i = 0; i < n; i++) out[i] = fmt_load(bits, t, i);
-    return out;
 }
 
 /* ==== the double-precision reference ========================================================= */
@@ -773,11 +400,7 @@ static void run_paged(struct suite *s, struct backend *b, struct verdict *v, con
     n_blocks += 1; /* a spare block: table entries past a document's end point at it */
     int *perm = case_alloc(s, (size_t)n_blocks, sizeof(int));
     for (int i = 0; i < n_blocks; i++) perm[i] = i;
-    for (int i = n_blocks - 1; i > 0; i--) {
-        int j = rng_int(r, i + 1), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    rng_shuffle(r, perm, n_blocks);
     int32_t *table = case_alloc(s, (size_t)n_docs * max_blocks + 1, sizeof(int32_t));
     int32_t *seq_len = case_alloc(s, (size_t)n_docs + 1, sizeof(int32_t));
     int32_t *slots = case_alloc(s, (size_t)p->n + 1, sizeof(int32_t));
@@ -979,69 +602,13 @@ static const struct train_spec specs[] = {
 
 static void run_all(struct suite *s)
 {
-    static const enum dtype dtypes[3] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
     const size_t n_specs = sizeof specs / sizeof specs[0];
     for (size_t i = 0; i < n_specs; i++) case_reference(s, &specs[i]);
     for (int di = 0; di < 3; di++)
-        for (size_t i = 0; i < n_specs; i++) case_train(s, dtypes[di], &specs[i]);
-}
-
-static int usage(const char *argv0)
-{
-    fprintf(stderr, "usage: %s --backend cpu|cuda [--filter SUBSTR] [--seed N]\n", argv0);
-    return 2;
+        for (size_t i = 0; i < n_specs; i++) case_train(s, float_dtypes[di], &specs[i]);
 }
 
 int main(int argc, char **argv)
 {
-    const char *backend_arg = NULL, *filter = NULL;
-    uint64_t seed = 0x5eed0f0b5ull;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend_arg = argv[++i];
-        else if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
-        else return usage(argv[0]);
-    }
-    enum device device;
-    if (!backend_arg || backend_parse_device(backend_arg, &device) != STATUS_OK) return usage(argv[0]);
-
-    struct suite s = {.filter = filter, .seed = seed};
-    struct backend *b = NULL;
-    enum status st = backend_open(device, 0, 0, &b);
-    if (st != STATUS_OK) {
-        if (device == DEVICE_CUDA && st == STATUS_UNAVAILABLE) {
-            printf("SKIP: attention_train_cuda: %s\n", status_message());
-            return 77;
-        }
-        fprintf(stderr, "test_attention_train: cannot open the %s backend: %s: %s\n", backend_arg,
-                status_name(st), status_message());
-        return 1;
-    }
-    s.backend[0] = b;
-    s.backend_name[0] = device == DEVICE_CUDA ? "cuda" : "cpu";
-    s.n_backends = 1;
-    if (device == DEVICE_CUDA) {
-        st = backend_open(DEVICE_CPU, 0, 0, &s.backend[1]);
-        if (st != STATUS_OK) {
-            fprintf(stderr, "test_attention_train: cannot open the cpu backend: %s: %s\n",
-                    status_name(st), status_message());
-            backend_close(b);
-            return 1;
-        }
-        s.backend_name[1] = "cpu";
-        s.n_backends = 2;
-    }
-    printf("test_attention_train: backend %s (%d threads), seed %llu%s%s\n", s.backend_name[0],
-           b->n_threads, (unsigned long long)seed, filter ? ", filter " : "", filter ? filter : "");
-    fflush(stdout);
-
-    double t0 = now_s();
-    run_all(&s);
-    double t1 = now_s();
-
-    for (int i = 0; i < s.n_backends; i++) backend_close(s.backend[i]);
-    if (s.passed + s.failed == 0) printf("no case matched the filter\n");
-    printf("%.1f s\n", t1 - t0);
-    printf("%d passed, %d failed\n", s.passed, s.failed);
-    return s.failed ? 1 : 0;
+    return suite_main(argc, argv, "test_attention_train", "attention_train_cuda", run_all);
 }
