@@ -1,5 +1,6 @@
 /* server/auth.c - API keys (--api-key-file: metadata "authorization: Bearer <key>") and the
  * server's credentials (insecure, or TLS from --tls-cert / --tls-key).
+ * The HTTP front checks the same keys (Authorization: Bearer) with auth_key_valid.
  * Not here: where a call is refused (call.c: UNAUTHENTICATED before its message is read).
  * Tests: tests/server/test_server.py (auth, tls). */
 #include <errno.h>
@@ -11,7 +12,7 @@
 
 #include "server_internal.h"
 
-static enum status read_file(const char *path, char **out)
+enum status auth_read_file(const char *path, char **out)
 {
     *out = NULL;
     FILE *f = fopen(path, "rb");
@@ -42,7 +43,7 @@ static enum status read_file(const char *path, char **out)
 enum status auth_load_keys(struct server *s, const char *path)
 {
     char *text;
-    enum status st = read_file(path, &text);
+    enum status st = auth_read_file(path, &text);
     if (st != STATUS_OK) return st;
     for (char *line = strtok(text, "\r\n"); line; line = strtok(NULL, "\r\n")) {
         while (*line == ' ' || *line == '\t') line++;
@@ -71,8 +72,8 @@ enum status auth_make_credentials(const struct server_options *o, grpc_server_cr
     if (!o->tls_cert || !o->tls_key)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--tls-cert and --tls-key must be given together");
     char *cert = NULL, *key = NULL;
-    enum status st = read_file(o->tls_cert, &cert);
-    if (st == STATUS_OK) st = read_file(o->tls_key, &key);
+    enum status st = auth_read_file(o->tls_cert, &cert);
+    if (st == STATUS_OK) st = auth_read_file(o->tls_key, &key);
     if (st == STATUS_OK) {
         grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
         *out = grpc_ssl_server_credentials_create(NULL, &pair, 1, 0, NULL);
@@ -94,16 +95,19 @@ int auth_authorized(const struct server *s, const grpc_metadata_array *md)
         const char *v = (const char *)GRPC_SLICE_START_PTR(m->value);
         size_t n = GRPC_SLICE_LENGTH(m->value);
         if (n < 7 || memcmp(v, "Bearer ", 7)) continue;
-        v += 7;
-        n -= 7;
-        int ok = 0;
-        for (int k = 0; k < s->n_keys; k++) {
-            size_t kn = strlen(s->keys[k]);
-            unsigned diff = kn != n;
-            for (size_t j = 0; j < n; j++) diff |= (unsigned char)v[j] ^ (unsigned char)s->keys[k][j < kn ? j : 0];
-            ok |= diff == 0;
-        }
-        return ok;
+        return auth_key_valid(s, v + 7, n - 7);
     }
     return 0;
+}
+
+int auth_key_valid(const struct server *s, const char *v, size_t n)
+{
+    int ok = 0;
+    for (int k = 0; k < s->n_keys; k++) {
+        size_t kn = strlen(s->keys[k]);
+        unsigned diff = kn != n;
+        for (size_t j = 0; j < n; j++) diff |= (unsigned char)v[j] ^ (unsigned char)s->keys[k][j < kn ? j : 0];
+        ok |= diff == 0;
+    }
+    return ok;
 }
