@@ -15,7 +15,10 @@
  *   --api-key-file F         require "authorization: Bearer <key>" with a key of F
  *   --tls-cert F --tls-key F serve TLS with this PEM certificate chain and key
  *   --drain-timeout S        seconds running requests may finish after SIGTERM [30]
- *   --max-message-bytes N    largest request message [4194304]
+ *   --max-message-bytes N    largest request message (gRPC) or body (HTTP) [4194304]
+ *   --http ADDR              also serve the OpenAI-compatible HTTP API and /metrics on ADDR
+ *                            (HOST:PORT; ":PORT" or "PORT" = 127.0.0.1) [off]
+ *   --http-max-connections N open HTTP connections at most [256]
  * Under mpirun, rank 0 serves and every other rank replays its conductor's step plans
  * (engine_run_worker). Not here: the server (server/), the engine (engine/serving/).
  * Tests: tests/server/test_server.py, tests/test_serve_mpi.sh. */
@@ -46,7 +49,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--kv-cache-fraction F]\n"
                     "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
                     "         [--chat-template llama2|chatml|gemma|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
-                    "         [--drain-timeout S] [--max-message-bytes N]\n");
+                    "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n");
     return EXIT_USAGE;
 }
 
@@ -152,6 +155,10 @@ int serve_main(int argc, char **argv)
             if (strcmp(v, "llama2") && strcmp(v, "chatml") && strcmp(v, "plain"))
                 return usage("--chat-template must be llama2, chatml, gemma or plain, got '%s'", v);
             o.chat_template = v;
+        } else if (!strcmp(a, "--http")) o.http_listen = v;
+        else if (!strcmp(a, "--http-max-connections")) {
+            if (base_parse_long(v, 1, 65536, &n)) return usage("--http-max-connections must be an integer in [1, 65536], got '%s'", v);
+            o.http_max_connections = (int)n;
         } else if (!strcmp(a, "--api-key-file")) o.api_key_file = v;
         else if (!strcmp(a, "--tls-cert")) o.tls_cert = v;
         else if (!strcmp(a, "--tls-key")) o.tls_key = v;

@@ -1,5 +1,6 @@
 /* server/auth.c - API keys (--api-key-file: metadata "authorization: Bearer <key>") and the
  * server's credentials (insecure, or TLS from --tls-cert / --tls-key).
+ * The HTTP front checks the same keys (Authorization: Bearer) with auth_key_valid.
  * Not here: where a call is refused (call.c: UNAUTHENTICATED before its message is read).
  * Tests: tests/server/test_server.py (auth, tls). */
 #include <errno.h>
@@ -66,16 +67,19 @@ int auth_authorized(const struct server *s, const grpc_metadata_array *md)
         const char *v = (const char *)GRPC_SLICE_START_PTR(m->value);
         size_t n = GRPC_SLICE_LENGTH(m->value);
         if (n < 7 || memcmp(v, "Bearer ", 7)) continue;
-        v += 7;
-        n -= 7;
-        int ok = 0;
-        for (int k = 0; k < s->n_keys; k++) {
-            size_t kn = strlen(s->keys[k]);
-            unsigned diff = kn != n;
-            for (size_t j = 0; j < n; j++) diff |= (unsigned char)v[j] ^ (unsigned char)s->keys[k][j < kn ? j : 0];
-            ok |= diff == 0;
-        }
-        return ok;
+        return auth_key_valid(s, v + 7, n - 7);
     }
     return 0;
+}
+
+int auth_key_valid(const struct server *s, const char *v, size_t n)
+{
+    int ok = 0;
+    for (int k = 0; k < s->n_keys; k++) {
+        size_t kn = strlen(s->keys[k]);
+        unsigned diff = kn != n;
+        for (size_t j = 0; j < n; j++) diff |= (unsigned char)v[j] ^ (unsigned char)s->keys[k][j < kn ? j : 0];
+        ok |= diff == 0;
+    }
+    return ok;
 }

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "metrics.h"
 #include "server_internal.h"
 
 static const struct {
@@ -144,6 +145,12 @@ static void call_log(struct call *c)
     for (int i = 0; i < c->n_samples; i++) completion += c->samples[i].completion_tokens;
     double now = base_now_s();
     const char *status = c->status_sent ? server_grpc_code_name(c->final_code) : c->client_cancelled ? "CLIENT_CANCELLED" : "-";
+    /* Metrics: the mean gap between tokens, once per gap, for single-sample requests. */
+    int gaps = c->n_samples == 1 && completion > 1 ? completion - 1 : 0;
+    metrics_observe_request(c->s->metrics, METRICS_API_GRPC,
+                            c->status_sent ? server_grpc_code_name(c->final_code) : "CANCELLED",
+                            c->t_first_token > 0 ? c->t_first_token - c->t_start : -1.0, now - c->t_start,
+                            gaps ? (c->t_last_token - c->t_first_token) / gaps : 0.0, gaps);
     if (c->t_first_token > 0)
         LOG_INFO("server", "req=%s method=%s status=%s prompt_tokens=%d completion_tokens=%d ttft_ms=%.1f total_ms=%.1f",
                  c->request_id ? c->request_id : "-", call_method_name(c->method), status, c->n_prompt_tokens, completion,

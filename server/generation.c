@@ -263,6 +263,7 @@ static void gen_on_event(struct call *c, const struct queued_event *q)
     struct sample_buf *b = &c->samples[q->sample];
     c->seed = q->seed;
     if (q->n_tokens > 0 && c->t_first_token == 0) c->t_first_token = base_now_s();
+    if (q->n_tokens > 0) c->t_last_token = base_now_s();
     if (!c->close_done) sample_append(b, q);
     b->prompt_tokens = q->prompt_tokens;
     b->completion_tokens = q->completion_tokens;
@@ -315,7 +316,7 @@ struct call *gen_find_call(struct server *s, const char *request_id)
 }
 
 /* Tokenizes the request into the prompt ids the engine gets; applies the chat template. */
-static enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int32_t **ids, int *n)
+enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int32_t **ids, int *n)
 {
     *ids = NULL;
     *n = 0;

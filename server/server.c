@@ -25,8 +25,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "chat_template.h"
+#include "metrics.h"
 #include "reflection.h"
 #include "server_internal.h"
 #include "tokenizer.h"
@@ -218,6 +220,18 @@ static enum status server_listen(struct server *s, grpc_server_credentials *cred
     return STATUS_OK;
 }
 
+/* The model's name in the HTTP API: its directory's last component. */
+static void server_model_id(struct server *s)
+{
+    const char *dir = s->opts.engine.model_dir ? s->opts.engine.model_dir : "model";
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/') b--;
+    snprintf(s->model_id, sizeof s->model_id, "%.*s", (int)(n - b), dir + b);
+    s->t_created = (long long)time(NULL);
+}
+
 enum status server_run(const struct server_options *o)
 {
     struct server *s = calloc(1, sizeof *s);
@@ -245,6 +259,10 @@ enum status server_run(const struct server_options *o)
     if (o->api_key_file && (st = auth_load_keys(s, o->api_key_file)) != STATUS_OK) goto out_early;
     if ((st = auth_make_credentials(o, &creds)) != STATUS_OK) goto out_early;
     if ((st = reflection_init(&s->refl)) != STATUS_OK) goto out_early;
+    s->metrics = metrics_create();
+    server_model_id(s);
+    /* HTTP first: its failure leaves no gRPC server to tear down. */
+    if (o->http_listen && (st = http_start(s)) != STATUS_OK) goto out_early;
 
     grpc_init();
     st = server_listen(s, creds);
@@ -300,11 +318,14 @@ enum status server_run(const struct server_options *o)
     grpc_completion_queue_shutdown(s->cq);
     while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {}
     grpc_completion_queue_destroy(s->cq);
+    http_stop(s); /* before engine_free: its requests hold the engine */
     engine_free(s->engine);
     grpc_shutdown();
     if (st == STATUS_OK) LOG_INFO("server", "drained; exiting");
 
 out_early:
+    http_stop(s);
+    metrics_free(s->metrics);
     if (creds) grpc_server_credentials_release(creds);
     reflection_free(s->refl);
     for (int i = 0; i < s->n_keys; i++) free(s->keys[i]);

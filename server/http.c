@@ -1,0 +1,572 @@
+/* server/http.c - the OpenAI-compatible HTTP front (`serve --http ADDR`) on libmicrohttpd: a
+ * thread per connection and a bounded number of connections; routes POST /v1/completions,
+ * POST /v1/chat/completions (unary, or server-sent events with `stream: true`), GET
+ * /v1/models, GET /health, GET /metrics; API keys as `Authorization: Bearer`; TLS from the
+ * same files as gRPC; and the one mapping of enum status to HTTP codes and OpenAI error types
+ * (http_status). Requests go through the same path as gRPC's: gen_prompt (template,
+ * tokenizer), engine_validate (the one validator), engine_submit. A client that goes away
+ * (its socket hung up, or a write failed) cancels its request, which frees its KV blocks.
+ * Not here: the JSON (http_openai.c), gRPC (server.c), metrics (metrics.c).
+ * Tests: tests/server/test_http.py. */
+#define _GNU_SOURCE /* POLLRDHUP */
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "http_internal.h"
+#include "metrics.h"
+
+#define HTTP_WAIT_MS 100 /* how often a waiting request checks its client's socket */
+
+/* The one mapping from shardlm errors to HTTP codes and OpenAI error types. */
+static unsigned http_status(enum status s, const char **type)
+{
+    switch (s) {
+    case STATUS_OK: *type = ""; return 200;
+    case STATUS_INVALID_ARGUMENT:
+    case STATUS_BAD_FORMAT:
+    case STATUS_UNSUPPORTED: *type = "invalid_request_error"; return 400;
+    case STATUS_NOT_FOUND: *type = "not_found_error"; return 404;
+    case STATUS_RESOURCE_EXHAUSTED: *type = "rate_limit_error"; return 429;
+    case STATUS_UNAVAILABLE: *type = "service_unavailable_error"; return 503;
+    case STATUS_DEADLINE_EXCEEDED: *type = "timeout_error"; return 504;
+    case STATUS_CANCELLED: *type = "cancelled_error"; return 499;
+    case STATUS_IO:
+    case STATUS_INTERNAL: break;
+    }
+    *type = "server_error";
+    return 500;
+}
+
+/* Queues a response that takes body[0..len) (malloc'd). */
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned code, const char *ctype, char *body, size_t len)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    enum MHD_Result ret = MHD_queue_response(c, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned code, char *json)
+{
+    return reply(c, code, "application/json", json, strlen(json));
+}
+
+static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned code, const char *type, const char *code_name,
+                                   const char *message)
+{
+    return reply_json(c, code, http_error_json(message, type, NULL, code_name));
+}
+
+static enum MHD_Result reply_status(struct MHD_Connection *c, enum status st, const char *message)
+{
+    const char *type;
+    unsigned code = http_status(st, &type);
+    return reply_error(c, code, type, status_name(st), message);
+}
+
+/* 1 when no key is required or the Authorization header carries one of them. */
+static int authorized(struct server *s, struct MHD_Connection *c)
+{
+    if (s->n_keys == 0) return 1;
+    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!v || strncmp(v, "Bearer ", 7)) return 0;
+    return auth_key_valid(s, v + 7, strlen(v + 7));
+}
+
+static int peer_gone(int fd)
+{
+    if (fd < 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* ---- one generation request ---------------------------------------------------------------- */
+
+static void gen_unref(struct http_gen *g)
+{
+    if (atomic_fetch_sub(&g->refs, 1) != 1) return;
+    struct server *s = g->s;
+    for (int i = 0; i < g->n_samples; i++) {
+        free(g->samples[i].text);
+        free(g->samples[i].ids);
+        free(g->samples[i].lp);
+        free(g->samples[i].top);
+    }
+    free(g->samples);
+    free(g->echo_text);
+    free(g->out);
+    gen_request_free(&g->q.r);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g);
+    atomic_fetch_sub(&s->http_active, 1);
+}
+
+static void sample_append(struct http_sample *b, const struct engine_event *ev)
+{
+    if (ev->n_tokens > 0) {
+        size_t need = (size_t)b->n + (size_t)ev->n_tokens;
+        if (need > b->cap) {
+            size_t cap = need * 2;
+            b->ids = realloc(b->ids, cap * sizeof *b->ids);
+            CHECK(b->ids, "out of memory");
+            if (ev->logprobs) CHECK((b->lp = realloc(b->lp, cap * sizeof *b->lp)), "out of memory");
+            if (ev->top && ev->n_top > 0) {
+                b->n_top = ev->n_top;
+                CHECK((b->top = realloc(b->top, cap * (size_t)b->n_top * sizeof *b->top)), "out of memory");
+            }
+            b->cap = cap;
+        }
+        memcpy(b->ids + b->n, ev->tokens, (size_t)ev->n_tokens * sizeof *b->ids);
+        if (ev->logprobs && b->lp) memcpy(b->lp + b->n, ev->logprobs, (size_t)ev->n_tokens * sizeof *b->lp);
+        if (ev->top && b->top && ev->n_top == b->n_top)
+            memcpy(b->top + (size_t)b->n * b->n_top, ev->top, (size_t)ev->n_tokens * (size_t)ev->n_top * sizeof *b->top);
+        b->n = (int)need;
+    }
+    if (ev->text_len) http_buf_append(&b->text, &b->text_len, &b->text_cap, ev->text, ev->text_len);
+}
+
+/* Engine thread: append, signal; the engine's reference goes with the last FINISHED. */
+static void on_engine_event(void *ctx, const struct engine_event *ev)
+{
+    struct http_gen *g = ctx;
+    if (ev->kind == ENGINE_EVENT_PROMPT_LOGPROBS || ev->sample < 0 || ev->sample >= g->n_samples) return;
+    pthread_mutex_lock(&g->mu);
+    struct http_sample *b = &g->samples[ev->sample];
+    double now = base_now_s();
+    if (ev->n_tokens > 0) {
+        if (g->t_first == 0) g->t_first = now;
+        g->t_last = now;
+    }
+    sample_append(b, ev);
+    b->completion_tokens = ev->completion_tokens;
+    g->prompt_tokens = ev->prompt_tokens;
+    g->cached_prompt_tokens = ev->cached_prompt_tokens;
+    int last = 0;
+    if (ev->kind == ENGINE_EVENT_FINISHED && !b->finished) {
+        b->finished = 1;
+        b->finish = ev->finish;
+        last = --g->active == 0;
+        enum status st = STATUS_OK;
+        const char *msg = "";
+        if (ev->finish == FINISH_REASON_CANCELLED) {
+            int draining = atomic_load(&g->s->phase) >= PHASE_DRAINING;
+            st = draining && !g->hangup ? STATUS_UNAVAILABLE : STATUS_CANCELLED;
+            msg = draining && !g->hangup ? "the server shut down before the request finished (drain timeout)"
+                                         : "cancelled: the client went away";
+        } else if (ev->finish == FINISH_REASON_DEADLINE) {
+            st = STATUS_DEADLINE_EXCEEDED, msg = "the request's deadline passed";
+        } else if (ev->finish == FINISH_REASON_ERROR) {
+            st = ev->status != STATUS_OK ? ev->status : STATUS_INTERNAL, msg = ev->message ? ev->message : "";
+        }
+        if (st != STATUS_OK && g->end_status == STATUS_OK) {
+            g->end_status = st;
+            snprintf(g->end_message, sizeof g->end_message, "%s", msg);
+        }
+    }
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    if (last) gen_unref(g);
+}
+
+/* Waits up to HTTP_WAIT_MS for an event; with g->mu held. */
+static void gen_wait(struct http_gen *g)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += HTTP_WAIT_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+}
+
+/* The client went away; with g->mu held. Returns 1 when the caller must engine_cancel the
+ * request after unlocking (the engine frees its blocks at the next step); engine_cancel is
+ * never called under g->mu, which the engine thread takes in on_engine_event. */
+static int gen_hangup(struct http_gen *g)
+{
+    if (g->hangup) return 0;
+    g->hangup = 1;
+    return g->active > 0;
+}
+
+static void gen_cancel(struct http_gen *g) { engine_cancel(g->s->engine, g->handle); }
+
+/* Counts the request once it ended; g->mu held. */
+static void gen_observe(struct http_gen *g, enum status st)
+{
+    int completion = 0;
+    for (int i = 0; i < g->n_samples; i++) completion += g->samples[i].completion_tokens;
+    double now = base_now_s();
+    int gaps = g->n_samples == 1 && completion > 1 ? completion - 1 : 0;
+    metrics_observe_request(g->s->metrics, METRICS_API_HTTP, server_grpc_code_name(server_grpc_code(st)),
+                            g->t_first > 0 ? g->t_first - g->t_submit : -1.0, now - g->t_submit,
+                            gaps ? (g->t_last - g->t_first) / gaps : 0.0, gaps);
+    LOG_INFO("http", "req=%s status=%s prompt_tokens=%d completion_tokens=%d total_ms=%.1f", g->id, status_name(st),
+             g->prompt_tokens, completion, (now - g->t_submit) * 1e3);
+}
+
+/* libmicrohttpd's content reader of a stream: blocks until there is something to send. */
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    struct http_gen *g = cls;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        if (g->out_pos < g->out_len) {
+            size_t n = g->out_len - g->out_pos < max ? g->out_len - g->out_pos : max;
+            memcpy(buf, g->out + g->out_pos, n);
+            g->out_pos += n;
+            pthread_mutex_unlock(&g->mu);
+            return (ssize_t)n;
+        }
+        if (g->done) {
+            pthread_mutex_unlock(&g->mu);
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        g->out_len = g->out_pos = 0;
+        http_stream_chunks(g);
+        int all_sent = 1;
+        for (int i = 0; i < g->n_samples; i++) all_sent &= g->samples[i].final_sent;
+        if (g->active == 0 && all_sent && !g->out_len) {
+            http_stream_finish(g);
+            gen_observe(g, g->end_status);
+        }
+        if (g->out_len) continue;
+        gen_wait(g);
+        if (peer_gone(g->fd)) {
+            int cancel = gen_hangup(g);
+            pthread_mutex_unlock(&g->mu);
+            if (cancel) gen_cancel(g);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+/* The stream's response is gone (sent, or its connection died): cancel what still runs. */
+static void stream_free(void *cls)
+{
+    struct http_gen *g = cls;
+    pthread_mutex_lock(&g->mu);
+    int cancel = 0;
+    if (!g->done) {
+        cancel = gen_hangup(g);
+        gen_observe(g, STATUS_CANCELLED);
+        g->done = 1;
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (cancel) gen_cancel(g);
+    gen_unref(g);
+}
+
+/* ---- the generation endpoints -------------------------------------------------------------- */
+
+/* Tokenizes, validates and submits q (whose ownership moves into a new http_gen, *out, holding
+ * the caller's reference). On error nothing is left. */
+static enum status gen_submit(struct server *s, struct http_request *q, int fd, struct http_gen **out)
+{
+    *out = NULL;
+    struct http_gen *g = calloc(1, sizeof *g);
+    if (!g) {
+        gen_request_free(&q->r);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    atomic_init(&g->refs, 1);
+    atomic_fetch_add(&s->http_active, 1);
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->s = s;
+    g->q = *q;
+    g->fd = fd;
+    g->created = (long long)time(NULL);
+    g->t_submit = base_now_s();
+    snprintf(g->id, sizeof g->id, "%s-%llu", q->is_chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)atomic_fetch_add(&s->http_next_id, 1) + 1);
+    if (q->echo && q->r.prompt) g->echo_text = strdup(q->r.prompt);
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    enum status st = gen_prompt(s, &g->q.r, g->q.is_chat, &ids, &n_ids);
+    struct request_params *p = &g->q.r.params;
+    if (st == STATUS_OK && p->max_tokens < 0) {
+        /* OpenAI's defaults: 16 for completions; for chat, the rest of the context. */
+        struct engine_model_info info;
+        engine_get_model_info(s->engine, &info);
+        p->max_tokens = g->q.is_chat ? (info.max_positions > n_ids ? info.max_positions - n_ids : 1) : 16;
+    }
+    if (st == STATUS_OK) st = engine_validate(s->engine, ids, n_ids, p);
+    if (st == STATUS_OK) {
+        g->n_samples = p->n;
+        g->samples = calloc((size_t)g->n_samples, sizeof *g->samples);
+        if (!g->samples) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if (st == STATUS_OK) {
+        g->prompt_tokens = n_ids;
+        g->active = g->n_samples;
+        atomic_fetch_add(&g->refs, 1); /* the engine's, until the last FINISHED */
+        st = engine_submit(s->engine, g->id, ids, n_ids, p, on_engine_event, g, &g->handle);
+        if (st != STATUS_OK) {
+            g->active = 0;
+            atomic_fetch_sub(&g->refs, 1);
+        }
+    }
+    free(ids);
+    if (st != STATUS_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        gen_unref(g);
+        return status_errorf(st, "%s", msg);
+    }
+    *out = g;
+    return STATUS_OK;
+}
+
+/* The state of one HTTP request across libmicrohttpd's calls of the handler. */
+struct http_conn {
+    char   *body;
+    size_t  len, cap;
+    int     too_big;
+    struct http_gen *g;  /* a submitted generation request (one reference) */
+};
+
+static int connection_fd(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat)
+{
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (!ct || strncasecmp(ct, "application/json", 16) || (ct[16] && ct[16] != ';' && ct[16] != ' '))
+        return reply_error(c, 415, "invalid_request_error", "unsupported_media_type",
+                           "the request body must be JSON (Content-Type: application/json)");
+    if (hc->too_big) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
+        return reply_error(c, 413, "invalid_request_error", "request_too_large", msg);
+    }
+    if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, STATUS_UNAVAILABLE, "the server is not serving");
+    struct http_request q;
+    enum status st = http_parse_request(hc->body ? hc->body : "", hc->len, is_chat, s->model_id, &q);
+    struct http_gen *g = NULL;
+    if (st != STATUS_OK) gen_request_free(&q.r);
+    else st = gen_submit(s, &q, connection_fd(c), &g);
+    if (st != STATUS_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        metrics_observe_request(s->metrics, METRICS_API_HTTP, server_grpc_code_name(server_grpc_code(st)), -1.0, 0.0,
+                                0.0, 0);
+        return reply_status(c, st, msg);
+    }
+    hc->g = g;
+    if (g->q.stream) {
+        atomic_fetch_add(&g->refs, 1); /* the response's */
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, g, stream_free);
+        if (!r) {
+            stream_free(g);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        enum MHD_Result ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    pthread_mutex_lock(&g->mu);
+    while (g->active > 0) {
+        gen_wait(g);
+        if (peer_gone(g->fd) && gen_hangup(g)) {
+            pthread_mutex_unlock(&g->mu);
+            gen_cancel(g);
+            pthread_mutex_lock(&g->mu);
+        }
+    }
+    enum status end = g->end_status;
+    gen_observe(g, end);
+    char *json = end == STATUS_OK ? http_response_json(g) : NULL;
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", g->end_message);
+    int gone = g->hangup;
+    pthread_mutex_unlock(&g->mu);
+    if (gone) {
+        free(json);
+        return MHD_NO; /* nobody to answer: close the connection */
+    }
+    if (end != STATUS_OK) return reply_status(c, end, msg);
+    return reply_json(c, 200, json);
+}
+
+/* ---- routes ---------------------------------------------------------------------------------- */
+
+static enum MHD_Result handle_models(struct server *s, struct MHD_Connection *c)
+{
+    struct engine_model_info info = {0};
+    if (s->engine && atomic_load(&s->phase) == PHASE_READY) engine_get_model_info(s->engine, &info);
+    char *json = NULL;
+    size_t len = 0, cap = 0;
+    char head[1024];
+    snprintf(head, sizeof head,
+             "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"shardlm\","
+             "\"root\":\"%s\",\"parent\":null,\"max_model_len\":%d}]}",
+             s->model_id, (long long)s->t_created, s->model_id, info.max_positions);
+    http_buf_append(&json, &len, &cap, head, strlen(head));
+    return reply(c, 200, "application/json", json, len);
+}
+
+static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c)
+{
+    char *text;
+    size_t len;
+    struct engine *e = atomic_load(&s->phase) >= PHASE_READY && atomic_load(&s->phase) != PHASE_FAILED ? s->engine : NULL;
+    enum status st = metrics_render(s->metrics, e, &text, &len);
+    if (st != STATUS_OK) return reply_status(c, st, status_message());
+    return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    (void)version;
+    struct server *s = cls;
+    struct http_conn *hc = *con_cls;
+    int post = !strcmp(method, "POST");
+    if (!hc) {
+        if (!(hc = calloc(1, sizeof *hc))) return MHD_NO;
+        *con_cls = hc;
+        return MHD_YES; /* the headers; the body (if any) follows */
+    }
+    if (*upload_size) {
+        if (hc->len + *upload_size > (size_t)s->opts.max_receive_bytes) hc->too_big = 1;
+        if (!hc->too_big) http_buf_append(&hc->body, &hc->len, &hc->cap, upload, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    int is_completions = !strcmp(url, "/v1/completions"), is_chat = !strcmp(url, "/v1/chat/completions");
+    int is_models = !strcmp(url, "/v1/models");
+    if (!strcmp(url, "/health") && !post) {
+        int ok = atomic_load(&s->phase) == PHASE_READY;
+        char *body = strdup(ok ? "{\"status\":\"SERVING\"}" : "{\"status\":\"NOT_SERVING\"}");
+        return body ? reply_json(c, ok ? 200 : 503, body) : MHD_NO;
+    }
+    if (!strcmp(url, "/metrics") && !post) return handle_metrics(s, c);
+    if (!is_completions && !is_chat && !is_models)
+        return reply_error(c, 404, "not_found_error", "not_found", "no such route (see docs/server.md)");
+    if (!authorized(s, c))
+        return reply_error(c, 401, "authentication_error", "invalid_api_key",
+                           "a valid API key is required (Authorization: Bearer <key>)");
+    if (is_models) return post ? reply_error(c, 405, "invalid_request_error", "method_not_allowed", "use GET")
+                               : handle_models(s, c);
+    if (!post) return reply_error(c, 405, "invalid_request_error", "method_not_allowed", "use POST");
+    return handle_generation(s, c, hc, is_chat);
+}
+
+/* A request ended (answered, or its connection died): drop its reference. */
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    (void)c;
+    struct http_conn *hc = *con_cls;
+    if (!hc) return;
+    if (hc->g) {
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+            pthread_mutex_lock(&hc->g->mu);
+            int cancel = gen_hangup(hc->g);
+            pthread_mutex_unlock(&hc->g->mu);
+            if (cancel) gen_cancel(hc->g);
+        }
+        gen_unref(hc->g);
+    }
+    free(hc->body);
+    free(hc);
+    *con_cls = NULL;
+}
+
+/* ---- the daemon ------------------------------------------------------------------------------ */
+
+/* "HOST:PORT", "[V6]:PORT", or ":PORT" / "PORT" (the loopback address). */
+static enum status parse_address(const char *addr, struct sockaddr_storage *ss, socklen_t *sl, char *host, size_t cap)
+{
+    const char *colon = strrchr(addr, ':');
+    const char *port = colon ? colon + 1 : addr;
+    size_t hn = colon ? (size_t)(colon - addr) : 0;
+    if (hn >= 2 && addr[0] == '[' && addr[hn - 1] == ']') addr++, hn -= 2;
+    if (hn >= cap) return status_errorf(STATUS_INVALID_ARGUMENT, "--http %s: host name too long", addr);
+    memcpy(host, addr, hn);
+    host[hn] = 0;
+    if (!hn) snprintf(host, cap, "127.0.0.1");
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *res;
+    int rc = getaddrinfo(host, port, &hints, &res);
+    if (rc != 0) return status_errorf(STATUS_INVALID_ARGUMENT, "--http %s: %s", addr, gai_strerror(rc));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *sl = res->ai_addrlen;
+    freeaddrinfo(res);
+    return STATUS_OK;
+}
+
+enum status http_start(struct server *s)
+{
+    const struct server_options *o = &s->opts;
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    char host[256];
+    enum status st = parse_address(o->http_listen, &ss, &sl, host, sizeof host);
+    if (st != STATUS_OK) return st;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+    if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    char *cert = NULL, *key = NULL;
+    if (o->tls_cert) {
+        if ((st = base_read_file(o->tls_cert, 1 << 20, "PEM file", &cert, NULL)) != STATUS_OK) return st;
+        if ((st = base_read_file(o->tls_key, 1 << 20, "PEM file", &key, NULL)) != STATUS_OK) {
+            free(cert);
+            return st;
+        }
+        flags |= MHD_USE_TLS;
+    }
+    unsigned max_conn = o->http_max_connections > 0 ? (unsigned)o->http_max_connections : 256;
+    struct MHD_OptionItem tls[] = {{MHD_OPTION_HTTPS_MEM_CERT, 0, cert}, {MHD_OPTION_HTTPS_MEM_KEY, 0, key},
+                                   {MHD_OPTION_END, 0, NULL}};
+    s->http = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                               MHD_OPTION_CONNECTION_LIMIT, max_conn, MHD_OPTION_CONNECTION_TIMEOUT, 300u,
+                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                               MHD_OPTION_ARRAY, cert ? tls : &tls[2], MHD_OPTION_END);
+    s->http_cert = cert; /* libmicrohttpd reads them while it runs: freed by http_stop */
+    s->http_key = key;
+    if (!s->http)
+        return status_errorf(STATUS_UNAVAILABLE, "cannot serve HTTP on %s (address in use or invalid%s)", o->http_listen,
+                             o->tls_cert ? ", or TLS files unusable" : "");
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->http, MHD_DAEMON_INFO_BIND_PORT);
+    int port = di ? di->port : 0;
+    printf("shardlm: http listening on %s:%d%s\n", host, port, o->tls_cert ? " (TLS)" : "");
+    fflush(stdout);
+    LOG_INFO("http", "OpenAI-compatible API on %s:%d, at most %u connections%s", host, port, max_conn,
+             s->n_keys ? ", API keys" : "");
+    return STATUS_OK;
+}
+
+void http_stop(struct server *s)
+{
+    if (!s->http) {
+        free(s->http_cert);
+        free(s->http_key);
+        s->http_cert = s->http_key = NULL;
+        return;
+    }
+    /* The engine has drained: the streams still open write their last events (briefly). */
+    for (int i = 0; i < 200 && atomic_load(&s->http_active) > 0; i++) usleep(10000);
+    MHD_stop_daemon(s->http);
+    s->http = NULL;
+    free(s->http_cert);
+    free(s->http_key);
+    s->http_cert = s->http_key = NULL;
+}

@@ -1,0 +1,581 @@
+/* server/http_openai.c - the OpenAI wire format: /v1/completions and /v1/chat/completions
+ * request JSON into struct gen_request (the same native request that gRPC's convert.c makes;
+ * only JSON types are checked here, every numeric range is engine_validate's), and the
+ * response, SSE chunk, usage and error JSON (cJSON).
+ * Not here: HTTP itself, waiting, status codes (http.c).
+ * Tests: tests/server/test_http.py. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http_internal.h"
+#include "tokenizer.h"
+
+static enum status oom(void) { return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory"); }
+
+static enum status type_error(const char *field, const char *type)
+{
+    return status_errorf(STATUS_INVALID_ARGUMENT, "'%s' must be %s", field, type);
+}
+
+/* The field, or NULL when absent or JSON null (both mean "not given"). */
+static const cJSON *field(const cJSON *o, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static enum status get_double(const cJSON *o, const char *name, double *out)
+{
+    const cJSON *v = field(o, name);
+    if (!v) return STATUS_OK;
+    if (!cJSON_IsNumber(v)) return type_error(name, "a number");
+    *out = v->valuedouble;
+    return STATUS_OK;
+}
+
+static enum status get_float(const cJSON *o, const char *name, float *out)
+{
+    double d = *out;
+    enum status st = get_double(o, name, &d);
+    *out = (float)d;
+    return st;
+}
+
+/* An integer in the int range (a JSON number with no fraction). */
+static int as_int(const cJSON *v, int *out)
+{
+    if (!cJSON_IsNumber(v)) return -1;
+    double d = v->valuedouble;
+    if (!isfinite(d) || d != floor(d) || d < INT_MIN || d > INT_MAX) return -1;
+    *out = (int)d;
+    return 0;
+}
+
+static enum status get_int(const cJSON *o, const char *name, int *out)
+{
+    const cJSON *v = field(o, name);
+    if (v && as_int(v, out)) return type_error(name, "an integer");
+    return STATUS_OK;
+}
+
+static enum status get_bool(const cJSON *o, const char *name, int *out)
+{
+    const cJSON *v = field(o, name);
+    if (!v) return STATUS_OK;
+    if (!cJSON_IsBool(v)) return type_error(name, "a boolean");
+    *out = cJSON_IsTrue(v) ? 1 : 0;
+    return STATUS_OK;
+}
+
+/* A string that must be valid UTF-8 and at most the edge's prompt size. */
+static enum status check_text(const char *name, const char *s)
+{
+    size_t n = strlen(s);
+    if (n > CONVERT_MAX_PROMPT_BYTES)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "'%s' must be at most %d bytes", name, CONVERT_MAX_PROMPT_BYTES);
+    if (!utf8_valid(s, n)) return status_errorf(STATUS_INVALID_ARGUMENT, "'%s' is not valid UTF-8", name);
+    return STATUS_OK;
+}
+
+/* stop: a string or a list of strings; stop_token_ids: a list of integers. Room for one more
+ * of each is left for the chat template (gen_prompt). */
+static enum status parse_stops(const cJSON *o, struct gen_request *r)
+{
+    const cJSON *stop = field(o, "stop");
+    int n = 0;
+    if (stop && cJSON_IsString(stop)) n = 1;
+    else if (stop && cJSON_IsArray(stop)) n = cJSON_GetArraySize(stop);
+    else if (stop) return type_error("stop", "a string or a list of strings");
+    r->stop = calloc((size_t)n + 1, sizeof *r->stop);
+    if (!r->stop) return oom();
+    for (int i = 0; i < n; i++) {
+        const cJSON *s = cJSON_IsString(stop) ? stop : cJSON_GetArrayItem(stop, i);
+        if (!cJSON_IsString(s)) return type_error("stop", "a string or a list of strings");
+        enum status st = check_text("stop", s->valuestring);
+        if (st != STATUS_OK) return st;
+        if (!(r->stop[r->n_stop] = strdup(s->valuestring))) return oom();
+        r->n_stop++;
+    }
+    const cJSON *ids = field(o, "stop_token_ids");
+    if (ids && !cJSON_IsArray(ids)) return type_error("stop_token_ids", "a list of integers");
+    int n_ids = ids ? cJSON_GetArraySize(ids) : 0;
+    r->stop_token_ids = malloc(((size_t)n_ids + 1) * sizeof *r->stop_token_ids);
+    if (!r->stop_token_ids) return oom();
+    for (int i = 0; i < n_ids; i++) {
+        int id;
+        if (as_int(cJSON_GetArrayItem(ids, i), &id)) return type_error("stop_token_ids", "a list of integers");
+        r->stop_token_ids[r->n_stop_token_ids++] = id;
+    }
+    return STATUS_OK;
+}
+
+/* logit_bias: {"token id": bias, ...}. */
+static enum status parse_logit_bias(const cJSON *o, struct gen_request *r)
+{
+    const cJSON *b = field(o, "logit_bias");
+    if (!b) return STATUS_OK;
+    if (!cJSON_IsObject(b)) return type_error("logit_bias", "an object mapping token ids to numbers");
+    int n = cJSON_GetArraySize(b);
+    r->bias_ids = malloc(((size_t)n + 1) * sizeof *r->bias_ids);
+    r->bias_values = malloc(((size_t)n + 1) * sizeof *r->bias_values);
+    if (!r->bias_ids || !r->bias_values) return oom();
+    for (const cJSON *e = b->child; e; e = e->next) {
+        char *end;
+        errno = 0;
+        long id = strtol(e->string, &end, 10);
+        if (errno || end == e->string || *end || id < INT_MIN || id > INT_MAX)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "logit_bias: key '%.32s' is not a token id", e->string);
+        if (!cJSON_IsNumber(e)) return type_error("logit_bias", "an object mapping token ids to numbers");
+        r->bias_ids[r->n_bias] = (int32_t)id;
+        r->bias_values[r->n_bias++] = (float)e->valuedouble;
+    }
+    return STATUS_OK;
+}
+
+/* prompt: a string, a list of token ids, or a list holding one of those. */
+static enum status parse_prompt(const cJSON *o, struct gen_request *r)
+{
+    const cJSON *p = field(o, "prompt");
+    if (!p) return status_errorf(STATUS_INVALID_ARGUMENT, "'prompt' is required");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(cJSON_GetArrayItem(p, 0)))
+        p = cJSON_GetArrayItem(p, 0);
+    if (cJSON_IsString(p)) {
+        enum status st = check_text("prompt", p->valuestring);
+        if (st != STATUS_OK) return st;
+        if (!(r->prompt = strdup(p->valuestring))) return oom();
+        r->prompt_len = strlen(r->prompt);
+        return STATUS_OK;
+    }
+    if (!cJSON_IsArray(p)) return type_error("prompt", "a string or a list of token ids");
+    int n = cJSON_GetArraySize(p);
+    if (n > CONVERT_MAX_PROMPT_BYTES)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "'prompt': at most %d token ids", CONVERT_MAX_PROMPT_BYTES);
+    r->prompt_ids = malloc(((size_t)n + 1) * sizeof *r->prompt_ids);
+    if (!r->prompt_ids) return oom();
+    for (const cJSON *e = p->child; e; e = e->next) {
+        int id;
+        if (cJSON_IsString(e) || cJSON_IsArray(e))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'prompt': a list of several prompts is not supported");
+        if (as_int(e, &id)) return type_error("prompt", "a string or a list of token ids");
+        r->prompt_ids[r->n_prompt_ids++] = id;
+    }
+    return STATUS_OK;
+}
+
+/* A message's content: a string, or a list of {"type": "text", "text": ...} parts (joined). */
+static enum status message_content(const cJSON *c, int i, char **out)
+{
+    char name[48];
+    snprintf(name, sizeof name, "messages[%d].content", i);
+    if (!c) return (*out = strdup("")) ? STATUS_OK : oom();
+    if (cJSON_IsString(c)) {
+        enum status st = check_text(name, c->valuestring);
+        if (st != STATUS_OK) return st;
+        return (*out = strdup(c->valuestring)) ? STATUS_OK : oom();
+    }
+    if (!cJSON_IsArray(c)) return type_error(name, "a string or a list of text parts");
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    http_buf_append(&text, &len, &cap, "", 0);
+    for (const cJSON *part = c->child; part; part = part->next) {
+        const cJSON *type = field(part, "type"), *t = field(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(t)) {
+            free(text);
+            return status_errorf(STATUS_INVALID_ARGUMENT, "%s: only parts {\"type\": \"text\", \"text\": ...} are supported",
+                                 name);
+        }
+        http_buf_append(&text, &len, &cap, t->valuestring, strlen(t->valuestring));
+    }
+    enum status st = check_text(name, text);
+    if (st != STATUS_OK) free(text);
+    else *out = text;
+    return st;
+}
+
+static enum status parse_messages(const cJSON *o, struct gen_request *r)
+{
+    const cJSON *m = field(o, "messages");
+    if (!m) return status_errorf(STATUS_INVALID_ARGUMENT, "'messages' is required");
+    if (!cJSON_IsArray(m)) return type_error("messages", "a list of messages");
+    int n = cJSON_GetArraySize(m);
+    if (n == 0) return status_errorf(STATUS_INVALID_ARGUMENT, "'messages' must not be empty");
+    if (n > 4096) return status_errorf(STATUS_INVALID_ARGUMENT, "'messages': at most 4096 messages, got %d", n);
+    r->messages = calloc((size_t)n, sizeof *r->messages);
+    if (!r->messages) return oom();
+    size_t total = 0;
+    int i = 0;
+    for (const cJSON *e = m->child; e; e = e->next, i++) {
+        if (!cJSON_IsObject(e)) return status_errorf(STATUS_INVALID_ARGUMENT, "'messages[%d]' must be an object", i);
+        const cJSON *role = field(e, "role");
+        if (!cJSON_IsString(role)) return status_errorf(STATUS_INVALID_ARGUMENT, "'messages[%d].role' must be a string", i);
+        /* OpenAI's "developer" role is the system message of newer models. */
+        int k = strcmp(role->valuestring, "developer") ? chat_role_parse(role->valuestring) : CHAT_ROLE_SYSTEM;
+        if (k < 0)
+            return status_errorf(STATUS_INVALID_ARGUMENT,
+                                 "'messages[%d].role' must be one of system, developer, user, assistant; got '%.64s'", i,
+                                 role->valuestring);
+        enum status st = message_content(field(e, "content"), i, &r->messages[i].content);
+        if (st != STATUS_OK) return st;
+        r->messages[i].role = (enum chat_role)k;
+        r->n_messages++;
+        total += strlen(r->messages[i].content);
+        if (total > CONVERT_MAX_PROMPT_BYTES)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'messages': the contents must total at most %d bytes",
+                                 CONVERT_MAX_PROMPT_BYTES);
+    }
+    r->add_bos = 1;
+    return STATUS_OK;
+}
+
+/* The sampling fields common to both endpoints. */
+static enum status parse_sampling(const cJSON *o, struct http_request *q)
+{
+    struct request_params *p = &q->r.params;
+    struct sampling_params *sp = &p->sampling;
+    enum status st = STATUS_OK;
+    sp->temperature = 1.0f; /* OpenAI's default */
+    if (st == STATUS_OK) st = get_float(o, "temperature", &sp->temperature);
+    if (st == STATUS_OK) st = get_float(o, "top_p", &sp->top_p);
+    if (st == STATUS_OK) st = get_int(o, "top_k", &sp->top_k);
+    if (st == STATUS_OK && sp->top_k < 0) sp->top_k = 0; /* vLLM: -1 means off */
+    if (st == STATUS_OK) st = get_float(o, "min_p", &sp->min_p);
+    if (st == STATUS_OK) st = get_float(o, "repetition_penalty", &sp->repetition_penalty);
+    if (st == STATUS_OK) st = get_float(o, "presence_penalty", &sp->presence_penalty);
+    if (st == STATUS_OK) st = get_float(o, "frequency_penalty", &sp->frequency_penalty);
+    const cJSON *seed = field(o, "seed");
+    if (st == STATUS_OK && seed) {
+        double d = cJSON_IsNumber(seed) ? seed->valuedouble : NAN;
+        if (!isfinite(d) || d != floor(d) || fabs(d) > 9.2e18) st = type_error("seed", "an integer");
+        else sp->seed = (uint64_t)(int64_t)d, p->has_seed = 1;
+    }
+    p->max_tokens = -1;
+    if (st == STATUS_OK) st = get_int(o, "max_tokens", &p->max_tokens);
+    if (st == STATUS_OK && q->is_chat) st = get_int(o, "max_completion_tokens", &p->max_tokens);
+    if (st == STATUS_OK) st = get_int(o, "n", &p->n);
+    if (st == STATUS_OK) st = get_int(o, "min_tokens", &p->min_tokens);
+    if (st == STATUS_OK) st = get_bool(o, "ignore_eos", &p->ignore_eos);
+    if (st == STATUS_OK) st = parse_stops(o, &q->r);
+    if (st == STATUS_OK) st = parse_logit_bias(o, &q->r);
+    const cJSON *user = field(o, "user");
+    if (st == STATUS_OK && user && !cJSON_IsString(user)) st = type_error("user", "a string");
+    return st;
+}
+
+/* logprobs (completions: an integer; chat: a boolean with top_logprobs), echo, stream. */
+static enum status parse_shape(const cJSON *o, struct http_request *q)
+{
+    enum status st = STATUS_OK;
+    q->logprobs = -1;
+    if (q->is_chat) {
+        int want = 0, top = 0;
+        if (st == STATUS_OK) st = get_bool(o, "logprobs", &want);
+        if (st == STATUS_OK) st = get_int(o, "top_logprobs", &top);
+        if (st == STATUS_OK && want) q->logprobs = top;
+        if (st == STATUS_OK && !want && field(o, "top_logprobs"))
+            st = status_errorf(STATUS_INVALID_ARGUMENT, "'top_logprobs' needs 'logprobs': true");
+    } else {
+        if (st == STATUS_OK) st = get_int(o, "logprobs", &q->logprobs);
+        if (st == STATUS_OK && !field(o, "logprobs")) q->logprobs = -1;
+        if (st == STATUS_OK) st = get_bool(o, "echo", &q->echo);
+        if (st == STATUS_OK && q->echo && (q->logprobs >= 0 || q->r.prompt_ids))
+            st = status_errorf(STATUS_UNSUPPORTED, "'echo' is supported for text prompts without 'logprobs' only");
+    }
+    q->r.params.logprobs = q->logprobs;
+    if (st == STATUS_OK) st = get_bool(o, "stream", &q->stream);
+    const cJSON *so = field(o, "stream_options");
+    if (st == STATUS_OK && so && !cJSON_IsObject(so)) st = type_error("stream_options", "an object");
+    if (st == STATUS_OK && so) st = get_bool(so, "include_usage", &q->include_usage);
+    return st;
+}
+
+enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
+                               struct http_request *q)
+{
+    memset(q, 0, sizeof *q);
+    q->r.params = request_params_default();
+    q->is_chat = is_chat;
+    if (!utf8_valid(body, len)) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid UTF-8");
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    if (!o) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid JSON");
+    enum status st = STATUS_OK;
+    if (!cJSON_IsObject(o)) st = status_errorf(STATUS_INVALID_ARGUMENT, "the request body must be a JSON object");
+    const cJSON *model = st == STATUS_OK ? field(o, "model") : NULL;
+    if (model && !cJSON_IsString(model)) st = type_error("model", "a string");
+    else if (model && strcmp(model->valuestring, served_model))
+        st = status_errorf(STATUS_NOT_FOUND, "The model '%.128s' does not exist (this server serves '%s')",
+                           model->valuestring, served_model);
+    if (st == STATUS_OK) st = is_chat ? parse_messages(o, &q->r) : parse_prompt(o, &q->r);
+    if (st == STATUS_OK) q->r.add_bos = 1;
+    if (st == STATUS_OK) st = parse_sampling(o, q);
+    if (st == STATUS_OK) st = parse_shape(o, q);
+    cJSON_Delete(o);
+    struct request_params *p = &q->r.params;
+    p->stop = (const char *const *)q->r.stop;
+    p->n_stop = q->r.n_stop;
+    p->stop_token_ids = q->r.stop_token_ids;
+    p->n_stop_token_ids = q->r.n_stop_token_ids;
+    p->logit_bias_ids = q->r.bias_ids;
+    p->logit_bias_values = q->r.bias_values;
+    p->n_logit_bias = q->r.n_bias;
+    return st;
+}
+
+/* ---- responses ----------------------------------------------------------------------------- */
+
+void http_buf_append(char **p, size_t *len, size_t *cap, const char *data, size_t n)
+{
+    CHECK(base_grow((void **)p, cap, *len + n + 1, 1) == 0, "out of memory");
+    if (n) memcpy(*p + *len, data, n);
+    *len += n;
+    (*p)[*len] = 0;
+}
+
+static cJSON *check_json(cJSON *j)
+{
+    CHECK(j, "out of memory building JSON");
+    return j;
+}
+
+/* The text of one token for logprob entries: the piece with U+2581 as a space; a byte piece
+ * "<0xNN>" is that byte when ASCII (otherwise the piece as it is, to keep the JSON UTF-8). */
+static void token_text(const struct tokenizer *tok, int32_t id, char *out, size_t cap)
+{
+    const char *p = tokenizer_id_to_piece(tok, id);
+    if (!p) p = "";
+    unsigned byte;
+    if (strlen(p) == 6 && sscanf(p, "<0x%2X>", &byte) == 1 && byte < 0x80 && byte >= 0x20) {
+        snprintf(out, cap, "%c", (char)byte);
+        return;
+    }
+    size_t o = 0;
+    for (size_t i = 0; p[i] && o + 4 < cap; i++) {
+        if ((unsigned char)p[i] == 0xE2 && (unsigned char)p[i + 1] == 0x96 && (unsigned char)p[i + 2] == 0x81) {
+            out[o++] = ' ';
+            i += 2;
+        } else {
+            out[o++] = p[i];
+        }
+    }
+    out[o] = 0;
+}
+
+static cJSON *bytes_array(const char *s)
+{
+    cJSON *a = check_json(cJSON_CreateArray());
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) cJSON_AddItemToArray(a, check_json(cJSON_CreateNumber(*p)));
+    return a;
+}
+
+/* Log-probabilities of tokens [from, to) of a sample, in the endpoint's shape; NULL (JSON null)
+ * when not asked. *offset: completions' text_offset, advanced by each token's text. */
+static cJSON *logprobs_json(const struct http_gen *g, const struct http_sample *b, int from, int to, size_t *offset)
+{
+    if (g->q.logprobs < 0 || !b->lp) return cJSON_CreateNull();
+    const struct tokenizer *tok = g->s->tok;
+    char t[256];
+    if (g->q.is_chat) {
+        cJSON *o = check_json(cJSON_CreateObject()), *content = check_json(cJSON_AddArrayToObject(o, "content"));
+        for (int i = from; i < to; i++) {
+            cJSON *e = check_json(cJSON_CreateObject());
+            token_text(tok, b->ids[i], t, sizeof t);
+            cJSON_AddStringToObject(e, "token", t);
+            cJSON_AddNumberToObject(e, "logprob", b->lp[i]);
+            cJSON_AddItemToObject(e, "bytes", bytes_array(t));
+            cJSON *tops = check_json(cJSON_AddArrayToObject(e, "top_logprobs"));
+            for (int k = 0; b->top && k < b->n_top; k++) {
+                const struct top_logprob *x = &b->top[(size_t)i * b->n_top + k];
+                cJSON *te = check_json(cJSON_CreateObject());
+                token_text(tok, x->id, t, sizeof t);
+                cJSON_AddStringToObject(te, "token", t);
+                cJSON_AddNumberToObject(te, "logprob", x->logprob);
+                cJSON_AddItemToObject(te, "bytes", bytes_array(t));
+                cJSON_AddItemToArray(tops, te);
+            }
+            cJSON_AddItemToArray(content, e);
+        }
+        return o;
+    }
+    cJSON *o = check_json(cJSON_CreateObject());
+    cJSON *tokens = check_json(cJSON_AddArrayToObject(o, "tokens"));
+    cJSON *lps = check_json(cJSON_AddArrayToObject(o, "token_logprobs"));
+    cJSON *tops = g->q.logprobs > 0 ? check_json(cJSON_AddArrayToObject(o, "top_logprobs")) : NULL;
+    if (!tops) cJSON_AddNullToObject(o, "top_logprobs");
+    cJSON *offs = check_json(cJSON_AddArrayToObject(o, "text_offset"));
+    for (int i = from; i < to; i++) {
+        token_text(tok, b->ids[i], t, sizeof t);
+        cJSON_AddItemToArray(tokens, check_json(cJSON_CreateString(t)));
+        cJSON_AddItemToArray(lps, check_json(cJSON_CreateNumber(b->lp[i])));
+        cJSON_AddItemToArray(offs, check_json(cJSON_CreateNumber((double)*offset)));
+        *offset += strlen(t);
+        if (!tops) continue;
+        cJSON *d = check_json(cJSON_CreateObject());
+        for (int k = 0; b->top && k < b->n_top; k++) {
+            const struct top_logprob *x = &b->top[(size_t)i * b->n_top + k];
+            token_text(tok, x->id, t, sizeof t);
+            if (!cJSON_GetObjectItemCaseSensitive(d, t)) cJSON_AddNumberToObject(d, t, x->logprob);
+        }
+        cJSON_AddItemToArray(tops, d);
+    }
+    return o;
+}
+
+static cJSON *finish_json(enum finish_reason f)
+{
+    if (f == FINISH_REASON_LENGTH) return cJSON_CreateString("length");
+    if (f == FINISH_REASON_STOP || f == FINISH_REASON_EOS) return cJSON_CreateString("stop");
+    return cJSON_CreateNull();
+}
+
+static cJSON *usage_json(const struct http_gen *g)
+{
+    int completion = 0;
+    for (int i = 0; i < g->n_samples; i++) completion += g->samples[i].completion_tokens;
+    cJSON *u = check_json(cJSON_CreateObject());
+    cJSON_AddNumberToObject(u, "prompt_tokens", g->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", completion);
+    cJSON_AddNumberToObject(u, "total_tokens", g->prompt_tokens + completion);
+    cJSON *d = check_json(cJSON_AddObjectToObject(u, "prompt_tokens_details"));
+    cJSON_AddNumberToObject(d, "cached_tokens", g->cached_prompt_tokens);
+    return u;
+}
+
+/* The fields every response and chunk opens with. */
+static cJSON *envelope(const struct http_gen *g, const char *object)
+{
+    cJSON *o = check_json(cJSON_CreateObject());
+    cJSON_AddStringToObject(o, "id", g->id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)g->created);
+    cJSON_AddStringToObject(o, "model", g->s->model_id);
+    return o;
+}
+
+static char *print_json(cJSON *o)
+{
+    char *s = cJSON_PrintUnformatted(o);
+    CHECK(s, "out of memory printing JSON");
+    cJSON_Delete(o);
+    return s;
+}
+
+char *http_response_json(struct http_gen *g)
+{
+    cJSON *o = envelope(g, g->q.is_chat ? "chat.completion" : "text_completion");
+    cJSON *choices = check_json(cJSON_AddArrayToObject(o, "choices"));
+    for (int i = 0; i < g->n_samples; i++) {
+        struct http_sample *b = &g->samples[i];
+        cJSON *c = check_json(cJSON_CreateObject());
+        cJSON_AddNumberToObject(c, "index", i);
+        const char *text = b->text ? b->text : "";
+        size_t offset = g->q.echo && g->echo_text ? strlen(g->echo_text) : 0;
+        if (g->q.is_chat) {
+            cJSON *m = check_json(cJSON_AddObjectToObject(c, "message"));
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddStringToObject(m, "content", text);
+        } else if (offset) {
+            char *full = NULL;
+            size_t len = 0, cap = 0;
+            http_buf_append(&full, &len, &cap, g->echo_text, offset);
+            http_buf_append(&full, &len, &cap, text, b->text_len);
+            cJSON_AddStringToObject(c, "text", full);
+            free(full);
+        } else {
+            cJSON_AddStringToObject(c, "text", text);
+        }
+        cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, b, 0, b->n, &offset)));
+        cJSON_AddItemToObject(c, "finish_reason", check_json(finish_json(b->finish)));
+        cJSON_AddItemToArray(choices, c);
+    }
+    cJSON_AddItemToObject(o, "usage", usage_json(g));
+    return print_json(o);
+}
+
+static void sse_event(struct http_gen *g, cJSON *o)
+{
+    char *s = print_json(o);
+    http_buf_append(&g->out, &g->out_len, &g->out_cap, "data: ", 6);
+    http_buf_append(&g->out, &g->out_len, &g->out_cap, s, strlen(s));
+    http_buf_append(&g->out, &g->out_len, &g->out_cap, "\n\n", 2);
+    free(s);
+}
+
+void http_stream_chunks(struct http_gen *g)
+{
+    for (int i = 0; i < g->n_samples; i++) {
+        struct http_sample *b = &g->samples[i];
+        int final = b->finished && !b->final_sent;
+        /* Tokens without text yet (an incomplete UTF-8 sequence, a held-back stop prefix) wait
+         * for their text unless their log-probabilities were asked. */
+        if (b->text_len == 0 && !final && b->role_sent && (b->n == 0 || g->q.logprobs < 0)) continue;
+        cJSON *o = envelope(g, g->q.is_chat ? "chat.completion.chunk" : "text_completion");
+        cJSON *choices = check_json(cJSON_AddArrayToObject(o, "choices"));
+        cJSON *c = check_json(cJSON_CreateObject());
+        cJSON_AddNumberToObject(c, "index", i);
+        const char *text = b->text ? b->text : "";
+        if (g->q.is_chat) {
+            cJSON *d = check_json(cJSON_AddObjectToObject(c, "delta"));
+            if (!b->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
+            if (b->text_len || !b->role_sent) cJSON_AddStringToObject(d, "content", text);
+        } else if (!b->role_sent && g->q.echo && g->echo_text) {
+            char *full = NULL;
+            size_t len = 0, cap = 0;
+            http_buf_append(&full, &len, &cap, g->echo_text, strlen(g->echo_text));
+            http_buf_append(&full, &len, &cap, text, b->text_len);
+            cJSON_AddStringToObject(c, "text", full);
+            b->text_offset += strlen(g->echo_text);
+            free(full);
+        } else {
+            cJSON_AddStringToObject(c, "text", text);
+        }
+        size_t offset = b->text_offset;
+        cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, b, 0, b->n, &offset)));
+        cJSON_AddItemToObject(c, "finish_reason", check_json(final ? finish_json(b->finish) : cJSON_CreateNull()));
+        cJSON_AddItemToArray(choices, c);
+        if (g->q.include_usage) cJSON_AddNullToObject(o, "usage");
+        sse_event(g, o);
+        b->text_offset += b->text_len;
+        b->n = 0;
+        b->text_len = 0;
+        b->role_sent = 1;
+        if (final) b->final_sent = 1;
+    }
+}
+
+void http_stream_finish(struct http_gen *g)
+{
+    if (g->end_status != STATUS_OK) {
+        /* Headers are gone: an error after the first byte travels as an event (vLLM does so). */
+        cJSON *o = check_json(cJSON_CreateObject());
+        cJSON *e = check_json(cJSON_AddObjectToObject(o, "error"));
+        cJSON_AddStringToObject(e, "message", g->end_message);
+        cJSON_AddStringToObject(e, "type", "server_error");
+        cJSON_AddNullToObject(e, "param");
+        cJSON_AddStringToObject(e, "code", status_name(g->end_status));
+        sse_event(g, o);
+    } else if (g->q.include_usage) {
+        cJSON *o = envelope(g, g->q.is_chat ? "chat.completion.chunk" : "text_completion");
+        check_json(cJSON_AddArrayToObject(o, "choices"));
+        cJSON_AddItemToObject(o, "usage", usage_json(g));
+        sse_event(g, o);
+    }
+    http_buf_append(&g->out, &g->out_len, &g->out_cap, "data: [DONE]\n\n", 14);
+    g->done = 1;
+}
+
+char *http_error_json(const char *message, const char *type, const char *param, const char *code)
+{
+    cJSON *o = check_json(cJSON_CreateObject());
+    cJSON *e = check_json(cJSON_AddObjectToObject(o, "error"));
+    cJSON_AddStringToObject(e, "message", message);
+    cJSON_AddStringToObject(e, "type", type);
+    if (param) cJSON_AddStringToObject(e, "param", param);
+    else cJSON_AddNullToObject(e, "param");
+    if (code) cJSON_AddStringToObject(e, "code", code);
+    else cJSON_AddNullToObject(e, "code");
+    return print_json(o);
+}

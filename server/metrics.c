@@ -1,0 +1,223 @@
+/* server/metrics.c - Prometheus counters and histograms, and their text rendering (see
+ * metrics.h). Request counters are keyed by (api, status name) in a small table; the engine's
+ * numbers are read with engine_get_stats at scrape time, so that both fronts count.
+ * Not here: the HTTP route (http.c). Tests: tests/server/test_http.py (metrics). */
+#include "metrics.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define METRICS_MAX_STATUSES 24
+#define METRICS_MAX_BOUNDS   20
+
+static const char *const api_names[METRICS_API_COUNT] = {"grpc", "http"};
+
+/* Bucket bounds in seconds, vLLM's. */
+static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+                                     0.75, 1.0, 2.5, 5.0, 7.5, 10.0};
+static const double itl_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                    0.3, 0.4, 0.5, 0.75, 1.0, 2.5};
+static const double e2e_bounds[] = {0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0,
+                                    15.0, 20.0, 30.0, 40.0, 50.0, 60.0};
+
+struct histogram {
+    const double *bounds;                   /* (n_bounds) upper bounds, ascending */
+    int           n_bounds;
+    unsigned long long counts[METRICS_MAX_BOUNDS + 1]; /* per bucket (not cumulative); last: +Inf */
+    double        sum;
+    unsigned long long count;
+};
+
+struct metrics {
+    pthread_mutex_t mu;
+    struct {
+        enum metrics_api api;
+        char status[32];
+        unsigned long long n;
+    } requests[METRICS_MAX_STATUSES * METRICS_API_COUNT];
+    int n_requests;
+    struct histogram ttft, itl, e2e;
+};
+
+static void histogram_init(struct histogram *h, const double *bounds, int n)
+{
+    memset(h, 0, sizeof *h);
+    h->bounds = bounds;
+    h->n_bounds = n;
+}
+
+static void histogram_observe(struct histogram *h, double v, int times)
+{
+    int b = 0;
+    while (b < h->n_bounds && v > h->bounds[b]) b++;
+    h->counts[b] += (unsigned long long)times;
+    h->sum += v * times;
+    h->count += (unsigned long long)times;
+}
+
+struct metrics *metrics_create(void)
+{
+    struct metrics *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    pthread_mutex_init(&m->mu, NULL);
+    histogram_init(&m->ttft, ttft_bounds, (int)(sizeof ttft_bounds / sizeof *ttft_bounds));
+    histogram_init(&m->itl, itl_bounds, (int)(sizeof itl_bounds / sizeof *itl_bounds));
+    histogram_init(&m->e2e, e2e_bounds, (int)(sizeof e2e_bounds / sizeof *e2e_bounds));
+    return m;
+}
+
+void metrics_free(struct metrics *m)
+{
+    if (!m) return;
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+void metrics_observe_request(struct metrics *m, enum metrics_api api, const char *status, double ttft_s,
+                             double e2e_s, double itl_s, int n_itl)
+{
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    int i = 0;
+    while (i < m->n_requests && !(m->requests[i].api == api && !strcmp(m->requests[i].status, status))) i++;
+    if (i == m->n_requests && i < (int)(sizeof m->requests / sizeof *m->requests)) {
+        m->requests[i].api = api;
+        snprintf(m->requests[i].status, sizeof m->requests[i].status, "%s", status);
+        m->requests[i].n = 0;
+        m->n_requests++;
+    }
+    if (i < m->n_requests) m->requests[i].n++;
+    if (ttft_s >= 0) histogram_observe(&m->ttft, ttft_s, 1);
+    histogram_observe(&m->e2e, e2e_s, 1);
+    if (n_itl > 0) histogram_observe(&m->itl, itl_s, n_itl);
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* ---- rendering ----------------------------------------------------------------------------- */
+
+struct text {
+    char  *p;
+    size_t len, cap;
+    int    failed;
+};
+
+static void text_printf(struct text *t, const char *fmt, ...)
+{
+    if (t->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            t->failed = 1;
+            return;
+        }
+        if (t->p && t->len + (size_t)n < t->cap) {
+            t->len += (size_t)n;
+            return;
+        }
+        if (base_grow((void **)&t->p, &t->cap, t->len + (size_t)n + 4096, 1)) {
+            t->failed = 1;
+            return;
+        }
+    }
+}
+
+static void render_family(struct text *t, const char *name, const char *type, const char *help)
+{
+    text_printf(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void render_histogram(struct text *t, const char *name, const char *help, const struct histogram *h)
+{
+    render_family(t, name, "histogram", help);
+    unsigned long long cum = 0;
+    for (int b = 0; b < h->n_bounds; b++) {
+        cum += h->counts[b];
+        text_printf(t, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[b], cum);
+    }
+    cum += h->counts[h->n_bounds];
+    text_printf(t, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name, cum, name, h->sum, name, h->count);
+}
+
+/* The engine's numbers: gauges now and counters since start, summed over replicas, then per
+ * replica when there are several. */
+static void render_engine(struct text *t, struct engine *e)
+{
+    struct engine_stats st;
+    memset(&st, 0, sizeof st);
+    if (e) engine_get_stats(e, &st);
+    int n_rep = e ? engine_replicas(e) : 1;
+    struct {
+        const char *name, *type, *help;
+        double v;
+    } rows[] = {
+        {"shardlm_num_requests_waiting", "gauge", "Samples waiting to be scheduled.", st.waiting},
+        {"shardlm_num_requests_running", "gauge", "Samples running in the engine.", st.running},
+        {"shardlm_kv_blocks_total", "gauge", "KV cache blocks in the pool.", st.kv_blocks_total},
+        {"shardlm_kv_blocks_used", "gauge", "KV cache blocks held by sequences.",
+         st.kv_blocks_total - st.kv_blocks_free - st.kv_blocks_cached},
+        {"shardlm_kv_blocks_cached", "gauge", "Free KV blocks that keep a reusable prompt prefix.", st.kv_blocks_cached},
+        {"shardlm_kv_cache_usage_perc", "gauge", "Fraction of KV blocks held by sequences (0..1).",
+         st.kv_blocks_total ? (double)(st.kv_blocks_total - st.kv_blocks_free - st.kv_blocks_cached) / st.kv_blocks_total
+                            : 0.0},
+        {"shardlm_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", (double)st.prompt_tokens},
+        {"shardlm_generation_tokens_total", "counter", "Generated tokens.", (double)st.generated_tokens},
+        {"shardlm_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
+         (double)st.prefix_cache_hit_tokens},
+        {"shardlm_prefill_tokens_computed_total", "counter", "Prompt tokens run through the model.",
+         (double)st.prefill_tokens_computed},
+        {"shardlm_num_preemptions_total", "counter", "Sequences preempted (recomputed later).", (double)st.preemptions},
+        {"shardlm_engine_steps_total", "counter", "Engine steps.", (double)st.steps},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        render_family(t, rows[i].name, rows[i].type, rows[i].help);
+        text_printf(t, "%s %.17g\n", rows[i].name, rows[i].v);
+    }
+    if (!e || n_rep <= 1) return;
+    render_family(t, "shardlm_replica_num_requests_running", "gauge", "Samples running, per data-parallel replica.");
+    for (int r = 0; r < n_rep; r++) {
+        struct engine_replica_stats rs;
+        engine_get_replica_stats(e, r, &rs);
+        text_printf(t, "shardlm_replica_num_requests_running{replica=\"%d\"} %d\n", r, rs.engine.running);
+    }
+    render_family(t, "shardlm_replica_kv_blocks_used", "gauge", "KV blocks held, per data-parallel replica.");
+    for (int r = 0; r < n_rep; r++) {
+        struct engine_replica_stats rs;
+        engine_get_replica_stats(e, r, &rs);
+        text_printf(t, "shardlm_replica_kv_blocks_used{replica=\"%d\"} %d\n", r,
+                    rs.engine.kv_blocks_total - rs.engine.kv_blocks_free - rs.engine.kv_blocks_cached);
+    }
+}
+
+enum status metrics_render(struct metrics *m, struct engine *e, char **out, size_t *len)
+{
+    struct text t = {0};
+    *out = NULL;
+    *len = 0;
+    render_engine(&t, e);
+    if (m) {
+        pthread_mutex_lock(&m->mu);
+        render_family(&t, "shardlm_requests_total", "counter",
+                      "Generation requests by API and final status (gRPC code names).");
+        for (int i = 0; i < m->n_requests; i++)
+            text_printf(&t, "shardlm_requests_total{api=\"%s\",status=\"%s\"} %llu\n", api_names[m->requests[i].api],
+                        m->requests[i].status, m->requests[i].n);
+        render_histogram(&t, "shardlm_time_to_first_token_seconds", "Time from arrival to the first token.", &m->ttft);
+        render_histogram(&t, "shardlm_inter_token_latency_seconds", "Time between tokens of a request.", &m->itl);
+        render_histogram(&t, "shardlm_e2e_request_latency_seconds", "Time from arrival to the end of a request.",
+                         &m->e2e);
+        pthread_mutex_unlock(&m->mu);
+    }
+    if (t.failed || !t.p) {
+        free(t.p);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory rendering the metrics");
+    }
+    *out = t.p;
+    *len = t.len;
+    return STATUS_OK;
+}

@@ -1,0 +1,37 @@
+/* server/metrics.h - the Prometheus metrics of the server: request counters by API and final
+ * status, latency histograms (time to first token, inter-token latency, end-to-end latency),
+ * and, read from the engine at scrape time, token counters, queue length, running sequences,
+ * KV blocks, prefix-cache hits and preemptions (per replica with data parallelism). Names
+ * follow vLLM's `vllm:` metrics with the prefix `shardlm_`.
+ * Not here: serving /metrics over HTTP (http.c); where requests end (call.c for gRPC, http.c
+ * for HTTP), which call metrics_observe_request.
+ * Tests: tests/server/test_http.py (metrics) parses the text with prometheus_client.
+ *
+ * Thread-safe: every function may be called from any thread (one mutex, held briefly). */
+#ifndef SHARDLM_METRICS_H
+#define SHARDLM_METRICS_H
+
+#include <stddef.h>
+
+#include "engine.h"
+
+enum metrics_api { METRICS_API_GRPC, METRICS_API_HTTP, METRICS_API_COUNT };
+
+struct metrics;
+
+/* NULL when out of memory (metrics are then off: every call accepts NULL). */
+struct metrics *metrics_create(void);
+void            metrics_free(struct metrics *m); /* accepts NULL */
+
+/* One generation request has ended. status: the gRPC code name it ended with ("OK",
+ * "INVALID_ARGUMENT", "CANCELLED", ..., the label vocabulary of both APIs); ttft_s < 0 when no
+ * token came; itl_s: the mean gap between its tokens, counted n_itl times (0: none). */
+void metrics_observe_request(struct metrics *m, enum metrics_api api, const char *status, double ttft_s,
+                             double e2e_s, double itl_s, int n_itl);
+
+/* The Prometheus text exposition (version 0.0.4) of everything above; e (borrowed, may be NULL
+ * while the model loads) gives the engine's gauges and counters. *out is malloc'd (caller
+ * frees) and NUL-terminated, *len bytes. STATUS_RESOURCE_EXHAUSTED when out of memory. */
+enum status metrics_render(struct metrics *m, struct engine *e, char **out, size_t *len);
+
+#endif
