@@ -76,7 +76,7 @@ static void on_engine_event(void *ctx, const struct engine_event *ev)
 
 /* ---- generation calls -------------------------------------------------------------------- */
 
-static void sample_buf_free(struct sample_buf *b)
+void sample_buf_free(struct sample_buf *b)
 {
     free(b->text);
     free(b->ids);
@@ -95,37 +95,38 @@ void gen_call_release(struct call *c)
     free(c->end_message);
 }
 
-static void sample_append(struct sample_buf *b, const struct queued_event *q)
+void sample_buf_append(struct sample_buf *b, const int32_t *tokens, int n_tokens, const float *logprobs,
+                       const struct top_logprob *top, int n_top, const char *text, size_t text_len)
 {
-    if (q->n_tokens > 0) {
-        int need = b->n + q->n_tokens;
+    if (n_tokens > 0) {
+        int need = b->n + n_tokens;
         size_t old_cap = b->cap;
         /* lp and top follow the capacity of ids. */
         CHECK(base_grow((void **)&b->ids, &b->cap, (size_t)need, sizeof *b->ids) == 0, "out of memory");
-        if (q->logprobs && (!b->has_lp || b->cap != old_cap)) {
+        if (logprobs && (!b->has_lp || b->cap != old_cap)) {
             float *lp = realloc(b->lp, (size_t)b->cap * sizeof *lp);
             CHECK(lp, "out of memory");
             if (!b->has_lp) memset(lp, 0, (size_t)b->cap * sizeof *lp);
             b->lp = lp;
             b->has_lp = 1;
         }
-        if (q->logprobs && q->top && q->n_top > 0 && (!b->top || b->cap != old_cap)) {
-            if (!b->top) b->n_top = q->n_top;
+        if (logprobs && top && n_top > 0 && (!b->top || b->cap != old_cap)) {
+            if (!b->top) b->n_top = n_top;
             struct top_logprob *t = realloc(b->top, (size_t)b->cap * (size_t)b->n_top * sizeof *t);
             CHECK(t, "out of memory");
             if (!b->top) memset(t, 0, (size_t)b->cap * (size_t)b->n_top * sizeof *t);
             b->top = t;
         }
-        memcpy(b->ids + b->n, q->tokens, (size_t)q->n_tokens * sizeof *b->ids);
-        if (q->logprobs && b->lp) memcpy(b->lp + b->n, q->logprobs, (size_t)q->n_tokens * sizeof *b->lp);
-        if (q->top && b->top && q->n_top == b->n_top)
-            memcpy(b->top + (size_t)b->n * b->n_top, q->top, (size_t)q->n_tokens * (size_t)q->n_top * sizeof *b->top);
+        memcpy(b->ids + b->n, tokens, (size_t)n_tokens * sizeof *b->ids);
+        if (logprobs && b->lp) memcpy(b->lp + b->n, logprobs, (size_t)n_tokens * sizeof *b->lp);
+        if (top && b->top && n_top == b->n_top)
+            memcpy(b->top + (size_t)b->n * b->n_top, top, (size_t)n_tokens * (size_t)n_top * sizeof *b->top);
         b->n = need;
     }
-    if (q->text_len) {
-        CHECK(base_grow((void **)&b->text, &b->text_cap, b->text_len + q->text_len + 1, 1) == 0, "out of memory");
-        memcpy(b->text + b->text_len, q->text, q->text_len);
-        b->text_len += q->text_len;
+    if (text_len) {
+        CHECK(base_grow((void **)&b->text, &b->text_cap, b->text_len + text_len + 1, 1) == 0, "out of memory");
+        memcpy(b->text + b->text_len, text, text_len);
+        b->text_len += text_len;
         b->text[b->text_len] = 0;
     }
 }
@@ -264,7 +265,7 @@ static void gen_on_event(struct call *c, const struct queued_event *q)
     c->seed = q->seed;
     if (q->n_tokens > 0 && c->t_first_token == 0) c->t_first_token = base_now_s();
     if (q->n_tokens > 0) c->t_last_token = base_now_s();
-    if (!c->close_done) sample_append(b, q);
+    if (!c->close_done) sample_buf_append(b, q->tokens, q->n_tokens, q->logprobs, q->top, q->n_top, q->text, q->text_len);
     b->prompt_tokens = q->prompt_tokens;
     b->completion_tokens = q->completion_tokens;
     b->cached_prompt_tokens = q->cached_prompt_tokens;

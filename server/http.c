@@ -98,12 +98,7 @@ static void gen_unref(struct http_gen *g)
 {
     if (atomic_fetch_sub(&g->refs, 1) != 1) return;
     struct server *s = g->s;
-    for (int i = 0; i < g->n_samples; i++) {
-        free(g->samples[i].text);
-        free(g->samples[i].ids);
-        free(g->samples[i].lp);
-        free(g->samples[i].top);
-    }
+    for (int i = 0; i < g->n_samples; i++) sample_buf_free(&g->samples[i]);
     free(g->samples);
     free(g->echo_text);
     free(g->out);
@@ -114,29 +109,6 @@ static void gen_unref(struct http_gen *g)
     atomic_fetch_sub(&s->http_active, 1);
 }
 
-static void sample_append(struct http_sample *b, const struct engine_event *ev)
-{
-    if (ev->n_tokens > 0) {
-        size_t need = (size_t)b->n + (size_t)ev->n_tokens;
-        if (need > b->cap) {
-            size_t cap = need * 2;
-            b->ids = realloc(b->ids, cap * sizeof *b->ids);
-            CHECK(b->ids, "out of memory");
-            if (ev->logprobs) CHECK((b->lp = realloc(b->lp, cap * sizeof *b->lp)), "out of memory");
-            if (ev->top && ev->n_top > 0) {
-                b->n_top = ev->n_top;
-                CHECK((b->top = realloc(b->top, cap * (size_t)b->n_top * sizeof *b->top)), "out of memory");
-            }
-            b->cap = cap;
-        }
-        memcpy(b->ids + b->n, ev->tokens, (size_t)ev->n_tokens * sizeof *b->ids);
-        if (ev->logprobs && b->lp) memcpy(b->lp + b->n, ev->logprobs, (size_t)ev->n_tokens * sizeof *b->lp);
-        if (ev->top && b->top && ev->n_top == b->n_top)
-            memcpy(b->top + (size_t)b->n * b->n_top, ev->top, (size_t)ev->n_tokens * (size_t)ev->n_top * sizeof *b->top);
-        b->n = (int)need;
-    }
-    if (ev->text_len) http_buf_append(&b->text, &b->text_len, &b->text_cap, ev->text, ev->text_len);
-}
 
 /* Engine thread: append, signal; the engine's reference goes with the last FINISHED. */
 static void on_engine_event(void *ctx, const struct engine_event *ev)
@@ -144,13 +116,13 @@ static void on_engine_event(void *ctx, const struct engine_event *ev)
     struct http_gen *g = ctx;
     if (ev->kind == ENGINE_EVENT_PROMPT_LOGPROBS || ev->sample < 0 || ev->sample >= g->n_samples) return;
     pthread_mutex_lock(&g->mu);
-    struct http_sample *b = &g->samples[ev->sample];
+    struct sample_buf *b = &g->samples[ev->sample];
     double now = base_now_s();
     if (ev->n_tokens > 0) {
         if (g->t_first == 0) g->t_first = now;
         g->t_last = now;
     }
-    sample_append(b, ev);
+    sample_buf_append(b, ev->tokens, ev->n_tokens, ev->logprobs, ev->top, ev->n_top, ev->text, ev->text_len);
     b->completion_tokens = ev->completion_tokens;
     g->prompt_tokens = ev->prompt_tokens;
     g->cached_prompt_tokens = ev->cached_prompt_tokens;

@@ -37,20 +37,6 @@ struct http_request {
 enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
                                struct http_request *q);
 
-/* One sample's output not yet sent (streams) or all of it (unary). */
-struct http_sample {
-    char    *text;
-    size_t   text_len, text_cap;
-    int32_t *ids;                /* (cap) */
-    float   *lp;                 /* (cap) when logprobs were asked */
-    struct top_logprob *top;     /* (cap, n_top) */
-    size_t   cap;
-    int      n, n_top;
-    size_t   text_offset;        /* bytes of text already sent before text[0] (streams) */
-    enum finish_reason finish;
-    int      finished, final_sent, role_sent;
-    int      completion_tokens;
-};
 
 /* One generation request of the HTTP front. Reference-counted: the connection holds one
  * reference, the engine one until the last sample's FINISHED event, a streaming response one. */
@@ -64,7 +50,7 @@ struct http_gen {
     long long       created;     /* Unix seconds */
     uint64_t        handle;
     int             active;      /* samples without FINISHED */
-    struct http_sample *samples; /* (n_samples) */
+    struct sample_buf *samples; /* (n_samples) */
     int             n_samples;
     int             prompt_tokens, cached_prompt_tokens;
     enum status     end_status;  /* STATUS_OK, or why the request ended early */

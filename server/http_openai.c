@@ -373,7 +373,7 @@ static cJSON *bytes_array(const char *s)
 
 /* Log-probabilities of tokens [from, to) of a sample, in the endpoint's shape; NULL (JSON null)
  * when not asked. *offset: completions' text_offset, advanced by each token's text. */
-static cJSON *logprobs_json(const struct http_gen *g, const struct http_sample *b, int from, int to, size_t *offset)
+static cJSON *logprobs_json(const struct http_gen *g, const struct sample_buf *b, int from, int to, size_t *offset)
 {
     if (g->q.logprobs < 0 || !b->lp) return cJSON_CreateNull();
     const struct tokenizer *tok = g->s->tok;
@@ -468,7 +468,7 @@ char *http_response_json(struct http_gen *g)
     cJSON *o = envelope(g, g->q.is_chat ? "chat.completion" : "text_completion");
     cJSON *choices = check_json(cJSON_AddArrayToObject(o, "choices"));
     for (int i = 0; i < g->n_samples; i++) {
-        struct http_sample *b = &g->samples[i];
+        struct sample_buf *b = &g->samples[i];
         cJSON *c = check_json(cJSON_CreateObject());
         cJSON_AddNumberToObject(c, "index", i);
         const char *text = b->text ? b->text : "";
@@ -507,7 +507,7 @@ static void sse_event(struct http_gen *g, cJSON *o)
 void http_stream_chunks(struct http_gen *g)
 {
     for (int i = 0; i < g->n_samples; i++) {
-        struct http_sample *b = &g->samples[i];
+        struct sample_buf *b = &g->samples[i];
         int final = b->finished && !b->final_sent;
         /* Tokens without text yet (an incomplete UTF-8 sequence, a held-back stop prefix) wait
          * for their text unless their log-probabilities were asked. */

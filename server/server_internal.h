@@ -71,7 +71,8 @@ struct tag {
 
 struct server;
 
-/* One sample's output not yet sent (streaming) or all of it (unary). */
+/* One sample's output not yet sent (streaming) or all of it (unary): both fronts (gRPC's calls,
+ * the HTTP front's requests) keep their samples in it and fill it with sample_buf_append. */
 struct sample_buf {
     char    *text;
     size_t   text_len, text_cap;
@@ -83,6 +84,8 @@ struct sample_buf {
     enum finish_reason finish;
     int      finished, final_sent;
     int      prompt_tokens, completion_tokens, cached_prompt_tokens;
+    size_t   text_offset;      /* HTTP streams: bytes of text already sent before text[0] */
+    int      role_sent;        /* HTTP chat streams: the first delta (with the role) went out */
 };
 
 struct call {
@@ -255,6 +258,11 @@ void         gen_drain_events(struct server *s);
 struct call *gen_find_call(struct server *s, const char *request_id);
 /* Frees what a generation call holds (output buffers, prompt log-probs, ids, messages). */
 void         gen_call_release(struct call *c);
+/* Appends an event's tokens (with their log-probabilities and top alternatives when given)
+ * and text to b, growing it; aborts when out of memory. Both fronts use it. */
+void         sample_buf_append(struct sample_buf *b, const int32_t *tokens, int n_tokens, const float *logprobs,
+                               const struct top_logprob *top, int n_top, const char *text, size_t text_len);
+void         sample_buf_free(struct sample_buf *b);
 /* Turns a parsed request into the prompt's token ids (*ids malloc'd): the chat template (whose
  * stop string / token id it appends to r's stops, which must have room for one more) or the
  * tokenizer, or the given ids. Any thread (the HTTP front calls it from its own). */
