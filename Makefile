@@ -1,12 +1,17 @@
 # The two commands a newcomer runs; everything else lives in CMake.
 #   make run   - install what is missing, build, and run shardlm on the default model
-#   make test  - install what is missing, build (plain and sanitizer builds), run every test
+#   make test  - install what is missing, build (Release, sanitizer, and a clang compile check),
+#                run every test
+# A user's build never fails on a compiler's new warning; make test builds with SHARDLM_WERROR=ON
+# (warnings are errors), with gcc at -O3 (Release) and Debug+ASan, and compiles with clang too.
 BUILD    ?= build
 ASAN     ?= build-asan
+CLANG    ?= build-clang
 JOBS     ?= $(shell nproc)
 ASSETS   ?= $(if $(SHARDLM_ASSETS),$(SHARDLM_ASSETS),$(CURDIR)/../shared/assets)
+WERROR   ?= OFF
 
-.PHONY: all deps build build-asan test test-fast run bench clean
+.PHONY: all deps build build-asan build-clang test test-fast run bench clean
 
 all: build
 
@@ -14,15 +19,22 @@ deps:
 	bash tools/install_deps.sh
 
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSHARDLM_WERROR=$(WERROR)
 	cmake --build $(BUILD) -j $(JOBS)
 
 build-asan: deps
-	cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DSHARDLM_SANITIZE=ON -DSHARDLM_CUDA=OFF
+	cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DSHARDLM_SANITIZE=ON -DSHARDLM_CUDA=OFF -DSHARDLM_WERROR=$(WERROR)
 	cmake --build $(ASAN) -j $(JOBS)
 
+# Compiles everything with clang (Release, CUDA off: nvcc keeps gcc as its host compiler); the
+# tests run in the gcc builds.
+build-clang: deps
+	CC=clang CXX=clang++ cmake -S . -B $(CLANG) -DCMAKE_BUILD_TYPE=Release -DSHARDLM_CUDA=OFF -DSHARDLM_WERROR=$(WERROR)
+	cmake --build $(CLANG) -j $(JOBS)
+
 # The whole suite: every test of the main build, then the unit tests under ASan + UBSan.
-test: build build-asan
+test: WERROR = ON
+test: build build-asan build-clang
 	cd $(BUILD) && SHARDLM_ASSETS=$(ASSETS) ctest --output-on-failure -j $(JOBS)
 	cd $(ASAN) && SHARDLM_ASSETS=$(ASSETS) ctest --output-on-failure -L unit -j $(JOBS)
 
@@ -33,4 +45,4 @@ bench: build
 	$(BUILD)/tests/bench_ops
 
 clean:
-	rm -rf $(BUILD) $(ASAN)
+	rm -rf $(BUILD) $(ASAN) $(CLANG)

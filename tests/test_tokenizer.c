@@ -108,8 +108,9 @@ static uint32_t rng_next(void) /* xorshift64*, fixed seed: the test is reproduci
 
 static char *ids_to_string(const int32_t *ids, int n)
 {
-    size_t cap = (size_t)n * 12 + 1;
+    size_t cap = (size_t)(n > 0 ? n : 0) * 12 + 1;
     char *s = malloc(cap), *p = s;
+    CHECK(s, "out of memory");
     *p = '\0';
     for (int i = 0; i < n; i++) p += snprintf(p, cap - (size_t)(p - s), " %d", (int)ids[i]);
     return s;
@@ -415,7 +416,7 @@ static void test_stream_strings(const struct tokenizer *t, const char *name, int
         "\xe1\x9e\x80\xe1\x9e\xb6\xe1\x9e\x93\xe1\x9f\x8b\xe1\x9e\x8f\xe1\x9f\x82\xe1\x9e\x96", /* Khmer */
         "h\xc3\xa9llo \xe4\xb8\x96\xe7\x95\x8c \xf0\x9f\x99\x82",
         "\xd0\xbd\xd0\xb5\xd1\x89\xd0\xbe \xd0\xbd\xd0\xb0 \xd0\x91\xd1\x8a\xd0\xbb\xd0\xb3\xd0\xb0\xd1\x80\xd1\x81\xd0\xba\xd0\xb8",
-        "C\xe1\xbb\xad" "a Vi\xe1\xbb\x87t -- ''''``\"\"......!!!!",
+        "C\xe1\xbb\xad\x61 Vi\xe1\xbb\x87t -- ''''``\"\"......!!!!",
         "",
         " ",
         "\xe2\x82\xac", /* a lone 3-byte character: <0xE2><0x82><0xAC> under byte fallback */

@@ -14,6 +14,7 @@ DEBS=(
   libcjson-dev libmicrohttpd-dev
   openssl
   unzip
+  clang libomp-dev
 )
 PYMODS=(numpy grpc grpc_tools grpc_health grpc_reflection gguf jax optax openai prometheus_client)  # python import names
 PYPKGS=(numpy grpcio grpcio-tools grpcio-health-checking grpcio-reflection gguf "jax[cpu]" optax openai prometheus_client)  # matching pip names

@@ -370,8 +370,8 @@ static enum status ck_prepare(struct checkpoint *ck, enum weight_kind kind, int 
     int p0 = -1;
     int64_t e0 = 0, next = 0;
     for (int64_t i = 0; i < sl->nr; i++) {
-        int p;
-        int64_t e, run, stride;
+        int p = 0;
+        int64_t e = 0, run = 0, stride = 0;
         ck_resolve(src, sl->r0 + i, sl->c0, &p, &e, &run, &stride);
         if (run < sl->nc || (stride != 1 && sl->nc > 1)) return STATUS_OK;
         if (i == 0) p0 = p, e0 = e, next = e;
@@ -450,8 +450,8 @@ enum status checkpoint_get(struct checkpoint *ck, enum weight_kind kind, int lay
             continue;
         }
         for (int64_t c = sl.c0; c < sl.c0 + sl.nc;) {
-            int p;
-            int64_t e, run, stride;
+            int p = 0;
+            int64_t e = 0, run = 0, stride = 0;
             ck_resolve(&src, sl.r0 + i, c, &p, &e, &run, &stride);
             int64_t n = run < sl.c0 + sl.nc - c ? run : sl.c0 + sl.nc - c;
             const struct st_tensor *t = src.part[p];

@@ -187,7 +187,7 @@ static enum status ck_open_megatron(struct checkpoint *ck)
     enum status s;
     char path[CK_PATH];
     cJSON *root = NULL;
-    int version, tp, pp, n_layers, vocab;
+    int version = 0, tp = 0, pp = 0, n_layers = 0, vocab = 0;
     if ((s = ck_pathf(path, cf->dir, CK_MEGATRON_META)) || (s = ck_read_json(path, &root))) return s;
     if ((s = ck_json_expect(root, path, "format", "shardlm-megatron", STATUS_BAD_FORMAT)) ||
         (s = ck_json_int(root, path, "version", &version)))

@@ -232,7 +232,7 @@ static enum status parse_llama(const cJSON *root, const char *name, int mistral,
 static enum status parse_gpt2(const cJSON *root, const char *name, struct model_config *c)
 {
     enum status st;
-    int flag;
+    int flag = 0;
     if ((st = get_int(root, name, "n_embd", 1, 0, &c->d_model)) ||
         (st = get_int(root, name, "n_layer", 1, 0, &c->n_layers)) ||
         (st = get_int(root, name, "n_head", 1, 0, &c->n_heads)) ||
@@ -356,7 +356,7 @@ static enum status parse_gemma3(const cJSON *root, const char *name, struct mode
                                  "%s: field '%s' is set; Gemma 3 %s is not supported", name,
                                  unsupported_if_set[i],
                                  i == 0 ? "with scaled rotary embeddings" : "with logit softcapping");
-    int flag;
+    int flag = 0;
     if ((st = get_bool(root, name, "use_bidirectional_attention", 0, &flag))) return st;
     if (flag)
         return status_errorf(STATUS_UNSUPPORTED,

@@ -125,7 +125,7 @@ static enum status gc_config(const struct gguf *g, enum dtype dtype, struct mode
     memset(c, 0, sizeof *c);
     c->family = MODEL_FAMILY_GEMMA3;
     snprintf(c->architecture, sizeof c->architecture, "Gemma3ForCausalLM");
-    int value_length;
+    int value_length = 0;
     if ((s = gc_int(g, "gemma3.embedding_length", &c->d_model)) ||
         (s = gc_int(g, "gemma3.block_count", &c->n_layers)) ||
         (s = gc_int(g, "gemma3.feed_forward_length", &c->ffn_hidden)) ||

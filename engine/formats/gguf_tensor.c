@@ -266,8 +266,8 @@ static enum status gguf_row_range(const struct gguf *g, const struct gguf_tensor
 enum status gguf_tensor_read_rows_f32(const struct gguf *g, const struct gguf_tensor *t, int64_t row_start,
                                       int64_t n_rows, float *dst)
 {
-    const uint8_t *src;
-    int64_t n;
+    const uint8_t *src = NULL;
+    int64_t n = 0;
     enum status s = gguf_row_range(g, t, row_start, n_rows, &src, &n);
     if (s) return s;
     gguf_dequantize(t->type, src, n, dst);
@@ -277,8 +277,8 @@ enum status gguf_tensor_read_rows_f32(const struct gguf *g, const struct gguf_te
 enum status gguf_tensor_read_rows_bf16(const struct gguf *g, const struct gguf_tensor *t, int64_t row_start,
                                        int64_t n_rows, uint16_t *dst)
 {
-    const uint8_t *src;
-    int64_t n;
+    const uint8_t *src = NULL;
+    int64_t n = 0;
     enum status s = gguf_row_range(g, t, row_start, n_rows, &src, &n);
     if (s) return s;
     /* Through an f32 scratch of a bounded number of blocks, so no tensor-sized buffer. */

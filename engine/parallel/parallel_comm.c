@@ -246,7 +246,7 @@ static enum status mpi_all_reduce(struct comm *c, const struct tensor *x)
     if (x->dtype == DTYPE_F32) return mpi_sum(c, x->data, n, MPI_FLOAT);
     if (x->dtype == DTYPE_I32) return mpi_sum(c, x->data, n, MPI_INT32_T);
     /* bf16/f16: the sum in f32, one rounding on the way back, as the ops do. */
-    void *wide;
+    void *wide = NULL;
     enum status st = mpi_scratch(c, n * sizeof(float), &wide);
     if (st != STATUS_OK) return st;
     dtype_convert(wide, DTYPE_F32, x->data, x->dtype, n);
