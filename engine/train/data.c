@@ -23,6 +23,7 @@ void data_free(struct train_dataset *ds)
 {
     for (size_t i = 0; i < ds->n; i++) example_free(&ds->ex[i]);
     free(ds->ex);
+    free(ds->order);
     memset(ds, 0, sizeof *ds);
 }
 
@@ -361,22 +362,36 @@ static void append_doc(struct micro_batch *mb, const struct train_example *e)
     mb->doc_start[mb->n_docs] = mb->n_tokens;
 }
 
-void data_next_micro_batch(const struct train_dataset *ds, struct data_cursor *cur,
+/* ds's order for (seed, epoch), from the cache when it holds it. */
+static const size_t *order_of(struct train_dataset *ds, uint64_t seed, int64_t epoch)
+{
+    if (ds->order && ds->order_n == ds->n && ds->order_seed == seed && ds->order_epoch == epoch) return ds->order;
+    if (ds->order_n != ds->n) {
+        free(ds->order);
+        ds->order = malloc(ds->n * sizeof *ds->order);
+        CHECK(ds->order, "data: out of memory for the order of %zu examples", ds->n);
+        ds->order_n = ds->n;
+    }
+    data_permutation(seed, epoch, ds->n, ds->order);
+    ds->order_seed = seed;
+    ds->order_epoch = epoch;
+    return ds->order;
+}
+
+void data_next_micro_batch(struct train_dataset *ds, struct data_cursor *cur,
                            int micro_batch_size, int seq_length, struct micro_batch *mb)
 {
     CHECK(ds->n > 0, "an empty dataset");
     mb->n_tokens = mb->n_docs = mb->n_targets = 0;
     mb->doc_start[0] = 0;
-    size_t *perm = malloc(ds->n * sizeof *perm);
-    CHECK(perm, "data: out of memory for the order of %zu examples", ds->n);
-    data_permutation(cur->seed, cur->epoch, ds->n, perm);
+    const size_t *perm = order_of(ds, cur->seed, cur->epoch);
     for (int seq = 0; seq < micro_batch_size; seq++) {
         int used = 0;
         for (;;) {
             if ((size_t)cur->index >= ds->n) {
                 cur->epoch++;
                 cur->index = 0;
-                data_permutation(cur->seed, cur->epoch, ds->n, perm);
+                perm = order_of(ds, cur->seed, cur->epoch);
             }
             const struct train_example *e = &ds->ex[perm[cur->index]];
             if (used > 0 && used + e->n > seq_length) break; /* the next sequence takes it */
@@ -386,5 +401,4 @@ void data_next_micro_batch(const struct train_dataset *ds, struct data_cursor *c
             if (used >= seq_length) break;
         }
     }
-    free(perm);
 }

@@ -49,6 +49,12 @@ struct train_dataset {
     /* What loading did, for the log: nothing is dropped silently. */
     long n_lines, n_blank, n_truncated, n_skipped, n_no_target;
     int64_t n_tokens, n_target_tokens;
+    /* The last order data_next_micro_batch built (a cache: rebuilt when the seed, the epoch or
+     * the example count differs), so that a micro-batch costs its examples, not O(n). */
+    size_t *order;         /* (order_n) */
+    size_t order_n;
+    uint64_t order_seed;
+    int64_t order_epoch;
 };
 
 /* Loads every file of the comma-separated list `paths` (each .txt, or JSONL of the formats
@@ -87,8 +93,8 @@ enum status micro_batch_init(struct micro_batch *mb, int micro_batch_size, int s
 void micro_batch_free(struct micro_batch *mb);
 
 /* Fills mb from ds at *cur, advancing it (into the next epoch when the order runs out).
- * micro_batch_size sequences of seq_length. */
-void data_next_micro_batch(const struct train_dataset *ds, struct data_cursor *cur,
+ * micro_batch_size sequences of seq_length. ds's order cache is updated (not thread-safe). */
+void data_next_micro_batch(struct train_dataset *ds, struct data_cursor *cur,
                            int micro_batch_size, int seq_length, struct micro_batch *mb);
 
 /* The permutation of n examples for (seed, epoch), deterministic on every machine. */

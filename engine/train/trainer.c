@@ -25,6 +25,7 @@ struct trainer {
     struct model_weights *master;
     void *compute_mem;
     struct param_table params, gparams; /* what AdamW updates, and its gradients (row for row) */
+    struct param_table compute;   /* mixed precision: the model's compute copy, row for row with params */
     struct lora *lora;            /* LoRA training: the adapters (the base is frozen) */
     const char *start;            /* the directory the model (and tokenizer) came from */
     struct optimizer opt;
@@ -93,24 +94,12 @@ static enum status load_data(struct trainer *t)
     return STATUS_OK;
 }
 
-/* The present tensors of w, in table order (the caller frees). */
-static struct weight_ref *table_of(struct model_weights *w, int layer_first, int *n)
-{
-    struct weight_ref *t = malloc((size_t)weights_table_max(w->n_layers) * sizeof *t);
-    CHECK(t, "train: out of host memory for the layout table");
-    *n = weights_table(w, layer_first, 1, t);
-    return t;
-}
-
-/* compute = master rounded to the compute dtype, tensor by tensor. */
+/* compute = master rounded to the compute dtype, tensor by tensor (the two tables match row
+ * for row: the compute copy was made like the masters). */
 static void sync_compute(struct trainer *t)
 {
-    int n = 0, nc = 0;
-    struct weight_ref *src = table_of(t->master, 0, &n), *dst = table_of(&t->m->w, 0, &nc);
-    CHECK(n == nc, "master and compute tables differ");
-    for (int i = 0; i < n; i++) op_cast(t->b, dst[i].t, src[i].t);
-    free(src);
-    free(dst);
+    CHECK(t->compute.n == t->params.n, "master and compute tables differ");
+    for (size_t i = 0; i < t->params.n; i++) op_cast(t->b, t->compute.p[i].t, t->params.p[i].t);
 }
 
 /* Mixed precision: the model's f32 weights become the master copy; the model computes with a
@@ -125,7 +114,6 @@ static enum status make_compute_copy(struct trainer *t)
     t->master = &t->master_store;
     t->m->w = compute;
     t->m->dtype = dt;
-    sync_compute(t);
     return STATUS_OK;
 }
 
@@ -198,7 +186,10 @@ static enum status setup(struct trainer *t)
     t->train_iters = o->train_iters > 0 ? o->train_iters : iters_for_epochs(t);
     if (opt.decay_iters <= 0) opt.decay_iters = t->train_iters;
     /* Mixed precision: the f32 weights become the master copy before the tables point at them. */
-    if (o->precision != TRAIN_PRECISION_F32 && (st = make_compute_copy(t)) != STATUS_OK) return st;
+    if (o->precision != TRAIN_PRECISION_F32 &&
+        ((st = make_compute_copy(t)) != STATUS_OK ||
+         (st = param_table_from_weights(&t->compute, &t->m->w, t->m->layer_first)) != STATUS_OK))
+        return st;
     if (o->lora_rank > 0) st = setup_lora(t);
     else if ((st = param_table_from_weights(&t->params, t->master, t->m->layer_first)) == STATUS_OK)
         st = param_table_from_weights(&t->gparams, &t->grads, t->m->layer_first);
@@ -215,7 +206,7 @@ static enum status setup(struct trainer *t)
     if (o->resume_dir && t->state.cursor.seed != o->seed)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--seed %llu differs from the checkpoint's %llu",
                              (unsigned long long)o->seed, (unsigned long long)t->state.cursor.seed);
-    if (o->resume_dir && t->master != &t->m->w) sync_compute(t); /* the restored masters */
+    if (t->master != &t->m->w) sync_compute(t); /* the compute copy of the (restored) masters */
     if ((st = model_reserve_train(t->m, o->micro_batch_size * o->seq_length)) != STATUS_OK) return st;
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
     const char *mp = o->metrics_path ? o->metrics_path : path;
@@ -241,6 +232,7 @@ static void teardown(struct trainer *t)
         optimizer_free(&t->opt, t->b);
         param_table_free(&t->params);
         param_table_free(&t->gparams);
+        param_table_free(&t->compute);
         lora_free(t->lora, t->b);
         if (t->master == &t->master_store) weights_free_layers(&t->master_store);
         backend_free(t->b, t->compute_mem);

@@ -108,8 +108,11 @@ static void gemm_empty(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
         for (int64_t j = 0; j < n; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
 }
 
-void cpu_gemm_nt(struct backend *b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                 const float *bm, int64_t ldb, float beta, float *c, int64_t ldc)
+/* c (m, n) = beta c + op(a) @ op(b) through OpenBLAS inside our OpenMP team: with op(a) = a
+ * the threads take slices of c's columns, with op(a) = a^T (a (k, m)) slices of its rows. */
+static void gemm_sliced(struct backend *b, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n,
+                        int64_t k, const float *a, int64_t lda, const float *bm, int64_t ldb, float beta,
+                        float *c, int64_t ldc)
 {
     if (m == 0 || n == 0) return;
     if (k == 0) {
@@ -117,43 +120,36 @@ void cpu_gemm_nt(struct backend *b, int64_t m, int64_t n, int64_t k, const float
         return;
     }
     const int nt = gemm_threads(b, m, n, k);
-    const int64_t per = gemm_slice(n, nt);
+    const int by_rows = ta == CblasTrans;
+    const int64_t total = by_rows ? m : n, per = gemm_slice(total, nt);
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int64_t j0 = 0; j0 < n; j0 += per)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)(n - j0 < per ? n - j0 : per),
-                    (int)k, 1.0f, a, (int)lda, bm + j0 * ldb, (int)ldb, beta, c + j0, (int)ldc);
+    for (int64_t s0 = 0; s0 < total; s0 += per) {
+        const int64_t len = total - s0 < per ? total - s0 : per;
+        if (by_rows) /* rows s0.. of c: columns s0.. of a (k, m) */
+            cblas_sgemm(CblasRowMajor, ta, tb, (int)len, (int)n, (int)k, 1.0f, a + s0, (int)lda, bm, (int)ldb, beta,
+                        c + s0 * ldc, (int)ldc);
+        else /* columns s0.. of c: rows s0.. of b (n, k), or its columns s0.. (k, n) */
+            cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)len, (int)k, 1.0f, a, (int)lda,
+                        bm + (tb == CblasTrans ? s0 * ldb : s0), (int)ldb, beta, c + s0, (int)ldc);
+    }
+}
+
+void cpu_gemm_nt(struct backend *b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                 const float *bm, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    gemm_sliced(b, CblasNoTrans, CblasTrans, m, n, k, a, lda, bm, ldb, beta, c, ldc);
 }
 
 void cpu_gemm_nn(struct backend *b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                  const float *bm, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    if (m == 0 || n == 0) return;
-    if (k == 0) {
-        gemm_empty(m, n, beta, c, ldc);
-        return;
-    }
-    const int nt = gemm_threads(b, m, n, k);
-    const int64_t per = gemm_slice(n, nt);
-    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int64_t j0 = 0; j0 < n; j0 += per)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)(n - j0 < per ? n - j0 : per),
-                    (int)k, 1.0f, a, (int)lda, bm + j0, (int)ldb, beta, c + j0, (int)ldc);
+    gemm_sliced(b, CblasNoTrans, CblasNoTrans, m, n, k, a, lda, bm, ldb, beta, c, ldc);
 }
 
 void cpu_gemm_tn(struct backend *b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                  const float *bm, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    if (m == 0 || n == 0) return;
-    if (k == 0) {
-        gemm_empty(m, n, beta, c, ldc);
-        return;
-    }
-    const int nt = gemm_threads(b, m, n, k);
-    const int64_t per = gemm_slice(m, nt);
-    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-    for (int64_t i0 = 0; i0 < m; i0 += per)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(m - i0 < per ? m - i0 : per), (int)n,
-                    (int)k, 1.0f, a + i0, (int)lda, bm, (int)ldb, beta, c + i0 * ldc, (int)ldc);
+    gemm_sliced(b, CblasTrans, CblasNoTrans, m, n, k, a, lda, bm, ldb, beta, c, ldc);
 }
 
 /* ---- backward ------------------------------------------------------------------------------ */

@@ -22,14 +22,11 @@ prometheus_client or grpcio are missing. Every server is killed at the end; loop
 import argparse
 import json
 import os
-import queue
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 import urllib.error
@@ -50,14 +47,16 @@ except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
     sys.exit(SKIP)
 
-SERVERS = []
-LOG_DIR = Path(tempfile.mkdtemp(prefix="shardlm-httptest-logs-"))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+import test_server as TS  # noqa: E402  (the server harness: start, ports, SIGTERM, logs)
+
+SERVERS = TS.SERVERS
+LOG_DIR = TS.LOG_DIR
 MODEL = "stories260K"
 LONG = dict(max_tokens=480, temperature=0, n=16, extra_body={"ignore_eos": True})
 
 
-class Failure(Exception):
-    pass
+Failure = TS.Failure
 
 
 def check(cond, what):
@@ -75,63 +74,17 @@ def wait_until(fn, what, timeout=10.0):
     raise Failure(f"timed out waiting for {what}")
 
 
-class Server:
-    """`shardlm serve --listen 127.0.0.1:0 --http 127.0.0.1:0`; both ports read from stdout."""
+class Server(TS.Server):
+    """test_server's harness with the HTTP front on (`--http 127.0.0.1:0`)."""
 
     def __init__(self, shardlm, model, *extra, name="http"):
-        self.log_path = LOG_DIR / f"{name}-{len(SERVERS)}.log"
-        self.log = open(self.log_path, "w")
-        env = dict(os.environ, SHARDLM_LOG="info", OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen([shardlm, "serve", "--model", str(model), "--listen", "127.0.0.1:0", "--http",
-                                      "127.0.0.1:0", "--threads", "1", *extra],
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
-        SERVERS.append(self.proc)
-        lines = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(x.strip()) for x in self.proc.stdout], daemon=True).start()
-        self.port = self.http_port = None
-        deadline, ready = time.time() + 30, False
-        while time.time() < deadline and not ready:
-            try:
-                line = lines.get(timeout=0.2)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            if line.startswith("shardlm: listening on"):
-                self.port = int(line.split(":")[-1].split()[0])
-            if line.startswith("shardlm: http listening on"):
-                self.http_port = int(line.split(":")[-1].split()[0])
-            ready = line.startswith("shardlm: ready")
-        if not ready or not self.port or not self.http_port:
-            self.stop()
-            raise RuntimeError(f"the server did not start; log:\n{self.log_path.read_text()}")
-        self.base = f"http://127.0.0.1:{self.http_port}"
+        super().__init__(shardlm, model, *extra, name=name, http=True)
 
     def openai(self, key="none", **kw):
         return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0, timeout=60, **kw)
 
     def grpc(self, **kw):
-        return Client(f"127.0.0.1:{self.port}", **kw)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.log.close()
-        return self.proc.returncode
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, *exc):
-        code = self.stop()
-        if exc_type is None and code != 0:
-            tail = "\n".join(self.log_path.read_text().splitlines()[-40:])
-            raise Failure(f"the server exited with {code} after SIGTERM; log tail:\n{tail}")
+        return Client(self.target, **kw)
 
 
 def http(srv, method, path, body=None, headers=None, timeout=30):

@@ -66,21 +66,24 @@ def kill_all():
 
 
 class Server:
-    """A `shardlm serve` on 127.0.0.1:0; the port is read from its stdout."""
+    """A `shardlm serve` on 127.0.0.1:0; the port is read from its stdout. With http=True also
+    the OpenAI-compatible front on another free port (self.http_port, self.base); test_http.py
+    uses it that way."""
 
-    def __init__(self, shardlm, model, *extra, name="server", env=None):
+    def __init__(self, shardlm, model, *extra, name="server", env=None, http=False):
         self.log_path = LOG_DIR / f"{name}-{len(SERVERS)}.log"
         self.log = open(self.log_path, "w")
         # OMP_NUM_THREADS matches --threads 1: the engine thread's OpenMP teams must not outgrow the
         # per-thread scratch that the CPU backend sized for --threads (see docs/server.md).
         env = dict(os.environ if env is None else env, SHARDLM_LOG="info", OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen([shardlm, "serve", "--model", str(model), "--listen", "127.0.0.1:0",
+        front = ["--http", "127.0.0.1:0"] if http else []
+        self.proc = subprocess.Popen([shardlm, "serve", "--model", str(model), "--listen", "127.0.0.1:0", *front,
                                       "--threads", "1", *extra],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         SERVERS.append(self.proc)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
-        self.port = None
+        self.port = self.http_port = None
         deadline = time.time() + 30
         ready = False
         while time.time() < deadline and not ready:
@@ -92,12 +95,15 @@ class Server:
                 continue
             if line.startswith("shardlm: listening on"):
                 self.port = int(line.split(":")[-1].split()[0])
+            if line.startswith("shardlm: http listening on"):
+                self.http_port = int(line.split(":")[-1].split()[0])
             if line.startswith("shardlm: ready"):
                 ready = True
-        if not ready or self.port is None:
+        if not ready or self.port is None or (http and self.http_port is None):
             self.stop()
             raise RuntimeError(f"the server did not start; log:\n{self.log_path.read_text()}")
         self.target = f"127.0.0.1:{self.port}"
+        self.base = f"http://127.0.0.1:{self.http_port}" if http else None
 
     def _read(self):
         for line in self.proc.stdout:
