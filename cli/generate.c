@@ -115,10 +115,8 @@ static enum status generate_setup(const struct generate_flags *f, struct generat
     } else if ((st = backend_open(dev, 0, (int)f->threads, &r->b)) != STATUS_OK) {
         return st;
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.model", f->model_dir);
-    if ((st = tokenizer_load(path, &r->tok)) != STATUS_OK) return st;
-    return model_load(f->model_dir, r->b, f->tp * f->pp > 1 ? &r->par : NULL, &r->m);
+    if ((st = model_load(f->model_dir, r->b, f->tp * f->pp > 1 ? &r->par : NULL, &r->m)) != STATUS_OK) return st;
+    return tokenizer_load_for_model(f->model_dir, r->m->cfg.vocab_size, &r->tok);
 }
 
 /* The workspace and the KV cache for a prompt of n_ids tokens and o->max_tokens more. */

@@ -88,5 +88,49 @@ head -c 100 "$model/tokenizer.model" > "$tmp/short.bin"
 expect "convert: not a llama2.c file" 1 "BAD_FORMAT" "$shardlm" convert llama2c --checkpoint "$tmp/short.bin" --tokenizer "$model/tokenizer.model" --out "$tmp/x"
 expect "reshard: tp that does not divide the heads" 1 "UNSUPPORTED" "$shardlm" reshard --model "$model" --out "$tmp/m3" --tp 3
 
+# Weights that are not finite are refused at load, naming the weight; finite weights that overflow
+# in the forward pass end generation with an error instead of sampling from NaN logits.
+set_weight() { # set_weight DIR TENSOR VALUE [ALL]: overwrites element 5 (or every element) of TENSOR
+  "${PYTHON:-python3}" - "$@" <<'PY'
+import json, struct, sys
+d, name, value = sys.argv[1], sys.argv[2], float(sys.argv[3])
+path = d + "/model.safetensors"
+b = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+t = h[name]
+assert t["dtype"] == "F32", t
+lo, hi = t["data_offsets"]
+for i in (range((hi - lo) // 4) if len(sys.argv) > 4 else [5]):
+    struct.pack_into("<f", b, 8 + n + lo + 4 * i, value)
+open(path, "wb").write(b)
+PY
+}
+mkdir -p "$tmp/nan"
+cp "$model"/* "$tmp/nan/"
+set_weight "$tmp/nan" model.layers.1.mlp.up_proj.weight nan
+expect "a NaN weight is refused at load, named" 1 "weight up of layer 1 holds a NaN" "$shardlm" generate --model "$tmp/nan"
+expect "train refuses it too" 1 "holds a NaN" "$shardlm" train --model "$tmp/nan" --data "$model/config.json" --out "$tmp/nan-out" --train-iters 1
+cp "$model/model.safetensors" "$tmp/nan/"
+set_weight "$tmp/nan" model.norm.weight 3e38 all
+expect "overflowing logits end generation with an error" 1 "NaN or Inf logits" "$shardlm" generate --model "$tmp/nan" --max-tokens 5
+
+# A tokenizer with more pieces than the model has rows: refused at load by generate, serve and train.
+assets=${SHARDLM_ASSETS:-$(dirname "$0")/../../shared/assets}
+if [ -f "$assets/llama2-tokenizer/tokenizer.model" ]; then
+  mkdir -p "$tmp/bigtok"
+  cp "$model"/* "$tmp/bigtok/"
+  cp "$assets/llama2-tokenizer/tokenizer.model" "$tmp/bigtok/tokenizer.model"
+  for cmd in generate serve train; do
+    extra=()
+    [ "$cmd" = serve ] && extra=(--listen 127.0.0.1:0)
+    [ "$cmd" = train ] && extra=(--data "$model/config.json" --out "$tmp/bigtok-out" --train-iters 1)
+    expect "$cmd: a tokenizer larger than the vocabulary" 1 "the tokenizer has 32000 pieces, the model only 512" \
+      timeout 60 "$shardlm" "$cmd" --model "$tmp/bigtok" "${extra[@]}"
+  done
+else
+  echo "SKIP tokenizer larger than the vocabulary: no $assets/llama2-tokenizer"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -357,6 +357,34 @@ else
     echo "skip - TLS (no openssl to make a certificate)"
 fi
 
+# ---- a model whose logits overflow: the request fails with INTERNAL, the server goes on -------
+mkdir -p "$WORK/overflow"
+cp "$MODEL"/* "$WORK/overflow/"
+python3 - "$WORK/overflow/model.safetensors" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+lo, hi = json.loads(b[8:8 + n])["model.norm.weight"]["data_offsets"]
+for i in range((hi - lo) // 4):  # finite (the load check passes), but the logits overflow to NaN
+    struct.pack_into("<f", b, 8 + n + lo + 4 * i, 3e38)
+open(sys.argv[1], "wb").write(b)
+PY
+MODEL=$WORK/overflow start_server overflow
+for mode in "" --stream; do
+    run "$WORK/o.out" "$WORK/o.err" "$BIN" complete --server "$ADDR" --prompt hi --max-tokens 4 $mode
+    rc=$?
+    if [ $rc -eq 1 ] && grep -q 'INTERNAL: .*NaN or Inf logits' "$WORK/o.err"; then
+        pass "non-finite logits: INTERNAL, no token sampled ${mode:-(unary)}"
+    else
+        fail "non-finite logits: INTERNAL ${mode:-(unary)} (exit $rc)"; cat "$WORK/o.err"
+    fi
+done
+if run "$WORK/o.out" "$WORK/o.err" "$BIN" stats --server "$ADDR"; then
+    pass "non-finite logits: the server still answers"
+else
+    fail "non-finite logits: the server still answers"; cat "$WORK/o.err"
+fi
+
 if [ $FAILS -ne 0 ]; then
     echo "$FAILS check(s) failed"
     exit 1

@@ -17,8 +17,9 @@ static enum status own(struct model *m, void *ptr)
 
 /* Host staging for devices that are not host memory: grows to the largest weight. */
 struct staging {
-    void  *buf;
-    size_t size;
+    void       *buf;
+    size_t      size;
+    const char *dir; /* the checkpoint directory, for messages */
 };
 
 /* Norm weights get cfg.norm_weight_offset added at load (HF Gemma stores w for x * (1 + w)). */
@@ -27,7 +28,42 @@ static void add_offset(void *data, enum dtype dt, size_t n, float offset)
     for (size_t i = 0; i < n; i++) dtype_store_f32(data, dt, i, dtype_load_f32(data, dt, i) + offset);
 }
 
-/* Loads one weight slice into *t on the model's device. */
+/* The index of the first NaN or Inf among n values of dt at data, or -1. One weight that is not
+ * finite makes every logit NaN; found here, at load, the error names it, where at run time the
+ * model would emit <unk> and `nan` log-probabilities. The exponent field all ones is the test; the
+ * scan is a blocked OR (vectorised) that only looks closer in a block that hit, so it costs about
+ * one read of the weights (measured in docs/engine.md). */
+static int64_t first_non_finite(const void *data, enum dtype dt, size_t n)
+{
+    if (dt != DTYPE_F32 && dt != DTYPE_BF16 && dt != DTYPE_F16) return -1;
+    const uint32_t *f = data;
+    const uint16_t *h = data;
+    const uint32_t m32 = 0x7f800000u;
+    const uint16_t m16 = dt == DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+    for (size_t i0 = 0; i0 < n; i0 += 4096) {
+        const size_t i1 = n - i0 < 4096 ? n : i0 + 4096;
+        int hit = 0;
+        if (dt == DTYPE_F32)
+            for (size_t i = i0; i < i1; i++) hit |= (f[i] & m32) == m32;
+        else
+            for (size_t i = i0; i < i1; i++) hit |= (h[i] & m16) == m16;
+        if (!hit) continue;
+        for (size_t i = i0; i < i1; i++)
+            if (dt == DTYPE_F32 ? (f[i] & m32) == m32 : (h[i] & m16) == m16) return (int64_t)i;
+    }
+    return -1;
+}
+
+static enum status check_finite(const struct model *m, const char *dir, enum weight_kind kind, int layer,
+                                const void *data, size_t nbytes)
+{
+    const int64_t at = first_non_finite(data, m->dtype, nbytes / dtype_size(m->dtype));
+    if (at < 0) return STATUS_OK;
+    return status_errorf(STATUS_BAD_FORMAT, "%s: weight %s of layer %d holds a NaN or Inf (element %lld): the "
+                         "checkpoint is corrupt", dir, weight_kind_name(kind), layer, (long long)at);
+}
+
+/* Loads one weight slice into *t on the model's device, refusing NaN and Inf. */
 static enum status load_weight(struct model *m, struct staging *stg, enum weight_kind kind,
                                int layer, struct tensor *t)
 {
@@ -47,7 +83,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
         if (st != STATUS_OK) return st;
         t->data = (void *)hw.data;
         m->weight_bytes_mapped += hw.nbytes;
-        return STATUS_OK;
+        return check_finite(m, stg->dir, kind, layer, hw.data, hw.nbytes);
     }
     void *dev = NULL;
     if ((st = backend_alloc(b, hw.nbytes, &dev)) != STATUS_OK) return st;
@@ -60,7 +96,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
         st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, m->dtype, dev,
                             hw.nbytes, 0, &hw);
         if (st == STATUS_OK && offset != 0.0f) add_offset(dev, m->dtype, hw.nbytes / dtype_size(m->dtype), offset);
-        return st;
+        return st == STATUS_OK ? check_finite(m, stg->dir, kind, layer, dev, hw.nbytes) : st;
     }
     if (stg->size < hw.nbytes) {
         free(stg->buf);
@@ -72,6 +108,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
                         stg->size, 0, &hw);
     if (st != STATUS_OK) return st;
     if (offset != 0.0f) add_offset(stg->buf, m->dtype, hw.nbytes / dtype_size(m->dtype), offset);
+    if ((st = check_finite(m, stg->dir, kind, layer, stg->buf, hw.nbytes)) != STATUS_OK) return st;
     backend_upload(b, dev, stg->buf, hw.nbytes);
     return STATUS_OK;
 }
@@ -153,7 +190,7 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     if ((tp_size > 1 || pp_size > 1) && (!par || !par->groups || !par->world))
         return status_errorf(STATUS_INVALID_ARGUMENT, "model: tp/pp > 1 needs the parallel groups");
     struct model *m = calloc(1, sizeof *m);
-    struct staging stg = {0};
+    struct staging stg = {.dir = dir};
     if (!m) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
     enum status st = checkpoint_open(dir, &m->checkpoint);
     if (st != STATUS_OK) goto fail;

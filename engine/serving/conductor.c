@@ -187,16 +187,10 @@ static enum status load_model(struct conductor *c)
         c->par.groups = &c->groups;
         c->par.pp_layers = o->pp_layers;
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.model", o->model_dir);
-    st = tokenizer_load(path, &c->tok);
-    if (st == STATUS_OK) st = model_load(o->model_dir, c->b, multi ? &c->par : NULL, &c->m);
+    st = model_load(o->model_dir, c->b, multi ? &c->par : NULL, &c->m);
+    if (st == STATUS_OK) st = tokenizer_load_for_model(o->model_dir, c->m->cfg.vocab_size, &c->tok);
     if (multi) st = parallel_agree(o->world, st); /* every rank fails together, none waits alone */
-    if (st != STATUS_OK) return st;
-    if (tokenizer_vocab_size(c->tok) > c->m->cfg.vocab_size)
-        return status_errorf(STATUS_BAD_FORMAT, "%s: the tokenizer has %d pieces, the model only %d", o->model_dir,
-                             tokenizer_vocab_size(c->tok), c->m->cfg.vocab_size);
-    return STATUS_OK;
+    return st;
 }
 
 enum status conductor_create(const struct engine_options *opt, struct conductor **out)
@@ -492,11 +486,17 @@ static void fail_conductor(struct conductor *c, enum status st)
 /* ---- sampling a token and its consequences ------------------------------------------------ */
 
 /* Samples the next token of s from the logits row, then emits it and finishes the sample when a
- * stop condition holds. */
+ * stop condition holds. A row holding NaN or Inf (a numerical overflow, or weights that went bad
+ * after the load-time check) ends the sample with an error instead of a made-up token. */
 static void take_token(struct conductor *c, struct seq *s, const float *row)
 {
     struct request *r = s->req;
     const int V = c->m->cfg.vocab_size, eos = eos_id(c);
+    if (!sampler_logits_finite(row, V)) {
+        finish_seq(c, s, FINISH_REASON_ERROR, STATUS_INTERNAL,
+                   "the model produced NaN or Inf logits for this sequence; no token was sampled", 0);
+        return;
+    }
     if (r->p.max_tokens == 0) { /* scoring only */
         finish_seq(c, s, FINISH_REASON_LENGTH, STATUS_OK, NULL, 0);
         return;

@@ -5,6 +5,24 @@
 #include <string.h>
 #include <time.h>
 
+/* The next token from the last stage's logits, or -1 when they hold NaN or Inf. */
+static int32_t sample_finite(const struct model *m, struct sampler *smp, const struct generate_options *o,
+                             struct rng *rng, float *logits, const int32_t *prompt, int n_prompt,
+                             const int32_t *out, int n_out)
+{
+    if (!sampler_logits_finite(logits, m->cfg.vocab_size)) return -1;
+    return sampler_sample(smp, &o->sampling, rng, logits, prompt, n_prompt, out, n_out);
+}
+
+/* Every rank takes the last stage's token; -1 (non-finite logits) fails them all alike. */
+static enum status shared_token(struct model *m, int32_t *next)
+{
+    enum status st = model_share_tokens(m, next, 1);
+    if (st == STATUS_OK && *next < 0)
+        st = status_errorf(STATUS_INTERNAL, "generate: the model produced NaN or Inf logits; no token was sampled");
+    return st;
+}
+
 enum status generate_run(struct model *m, struct kv_cache *cache, const int32_t *prompt,
                          int n_prompt, const struct generate_options *o, generate_token_fn on_token,
                          void *ctx, int32_t *out, int *n_out, struct generate_stats *stats)
@@ -71,8 +89,8 @@ enum status generate_run(struct model *m, struct kv_cache *cache, const int32_t 
         n_cached += n;
         if (want) {
             /* The last stage samples; every rank then feeds the same token. */
-            if (model_is_last_stage(m)) next = sampler_sample(&smp, &o->sampling, &rng, logits, prompt, n_prompt, out, 0);
-            if ((st = model_share_tokens(m, &next, 1)) != STATUS_OK) goto release;
+            if (model_is_last_stage(m)) next = sample_finite(m, &smp, o, &rng, logits, prompt, n_prompt, out, 0);
+            if ((st = shared_token(m, &next)) != STATUS_OK) goto release;
         }
     }
     double t1 = base_now_s();
@@ -94,8 +112,8 @@ enum status generate_run(struct model *m, struct kv_cache *cache, const int32_t 
         };
         if ((st = model_forward(m, cache, &fb, logits)) != STATUS_OK) goto release;
         n_cached++;
-        if (model_is_last_stage(m)) next = sampler_sample(&smp, &o->sampling, &rng, logits, prompt, n_prompt, out, *n_out);
-        if ((st = model_share_tokens(m, &next, 1)) != STATUS_OK) goto release;
+        if (model_is_last_stage(m)) next = sample_finite(m, &smp, o, &rng, logits, prompt, n_prompt, out, *n_out);
+        if ((st = shared_token(m, &next)) != STATUS_OK) goto release;
     }
     stats->decode_seconds = base_now_s() - t1;
     stats->n_generated = *n_out;

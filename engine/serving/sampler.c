@@ -205,6 +205,13 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
     return s->order[n - 1];
 }
 
+int sampler_logits_finite(const float *x, int n)
+{
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad |= !isfinite(x[i]);
+    return !bad;
+}
+
 void sampler_log_softmax(const float *x, float *out, int V)
 {
     float mx = -INFINITY;

@@ -58,6 +58,10 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
                        float *logits, const int32_t *prompt, int n_prompt, const int32_t *output,
                        int n_output);
 
+/* Whether all n logits are finite. A row with NaN or Inf (a numerical overflow, or bad weights)
+ * must end its sequence with an error, never be sampled: softmax over it is meaningless. */
+int sampler_logits_finite(const float *x, int n);
+
 /* Log-probabilities of a logits row: out[i] = x[i] - logsumexp(x), in double for the sum.
  * x and out (V) may not alias. */
 void sampler_log_softmax(const float *x, float *out, int V);

@@ -313,6 +313,25 @@ enum status tokenizer_load(const char *path, struct tokenizer **out)
     return s;
 }
 
+enum status tokenizer_load_for_model(const char *model_dir, int model_vocab, struct tokenizer **out)
+{
+    *out = nullptr;
+    char path[4200];
+    if (snprintf(path, sizeof path, "%s/tokenizer.model", model_dir) >= (int)sizeof path)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: model directory name too long");
+    struct tokenizer *t = nullptr;
+    enum status s = tokenizer_load(path, &t);
+    if (s != STATUS_OK) return s;
+    if (tokenizer_vocab_size(t) > model_vocab) {
+        s = status_errorf(STATUS_BAD_FORMAT, "%s: the tokenizer has %d pieces, the model only %d rows of embeddings",
+                          path, tokenizer_vocab_size(t), model_vocab);
+        tokenizer_free(t);
+        return s;
+    }
+    *out = t;
+    return STATUS_OK;
+}
+
 enum status tokenizer_load_from_memory(const void *data, size_t n, struct tokenizer **out)
 {
     *out = nullptr;

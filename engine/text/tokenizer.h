@@ -29,6 +29,12 @@ struct tokenizer; /* opaque */
  * STATUS_RESOURCE_EXHAUSTED. *out is left NULL on error. */
 enum status tokenizer_load(const char *path, struct tokenizer **out);
 
+/* Loads DIR/tokenizer.model, the tokenizer of a model directory, for a model of model_vocab rows:
+ * one with more pieces than that is refused (STATUS_BAD_FORMAT, naming both sizes), since the
+ * model has no row for its last ids; fewer is fine (vocabularies padded for tensor parallelism).
+ * The one check `serve`, `generate` and `train` share, made at load. */
+enum status tokenizer_load_for_model(const char *model_dir, int model_vocab, struct tokenizer **out);
+
 /* Same from a serialized ModelProto (data[0..n), for example embedded in another file). The
  * bytes are copied: data is borrowed for the duration of the call only. */
 enum status tokenizer_load_from_memory(const void *data, size_t n, struct tokenizer **out);

@@ -164,10 +164,9 @@ static enum status setup(struct trainer *t)
         return status_errorf(STATUS_UNSUPPORTED, "--lora-rank with --bf16 or --fp16 is not built yet (f32 LoRA only)");
     char path[4200];
     if ((st = backend_open(o->device, 0, o->threads, &t->b)) != STATUS_OK) return st;
-    snprintf(path, sizeof path, "%s/tokenizer.model", start);
-    if ((st = tokenizer_load(path, &t->tok)) != STATUS_OK) return st;
     /* Loaded in f32: these are the master weights; mixed precision adds a compute copy below. */
     if ((st = model_load_as(start, t->b, NULL, DTYPE_F32, &t->m)) != STATUS_OK) return st;
+    if ((st = tokenizer_load_for_model(start, t->m->cfg.vocab_size, &t->tok)) != STATUS_OK) return st;
     if ((st = model_weights_make_writable(t->m)) != STATUS_OK) return st;
     t->master = &t->m->w;
     if (o->lora_rank > 0) { /* the base frozen: a gradient struct without tensors */
