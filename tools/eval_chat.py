@@ -131,7 +131,7 @@ def evaluate(a) -> dict:
     out = {"mode": a.mode, "server": a.server, "max_tokens": a.max_tokens, "squad": [], "everyday": []}
     with Client(a.server, api_key=a.api_key, timeout=600) as client:
         info = client.model_info()
-        out["model"] = info.model_name if hasattr(info, "model_name") else str(info).split("\n")[0]
+        out["model"] = a.label or info.architecture
         asker = Asker(client, a.mode, shots, a.max_tokens)
         t0 = time.time()
         with ThreadPoolExecutor(a.concurrency) as pool:
@@ -176,6 +176,7 @@ def main() -> int:
     ap.add_argument("--everyday-tokens", type=int, default=96)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--api-key")
+    ap.add_argument("--label", help="what the server serves, recorded in the output")
     ap.add_argument("--out", help="write predictions and scores here (JSON)")
     ap.add_argument("--markdown", nargs=2, metavar=("BASE_JSON", "CHAT_JSON"),
                     help="print the everyday answers of two earlier runs side by side, and exit")

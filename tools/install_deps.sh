@@ -13,15 +13,16 @@ DEBS=(
   libopenblas-dev
   libcjson-dev libmicrohttpd-dev
   openssl
-  unzip
+  unzip python3-venv
   clang libomp-dev
 )
-PYMODS=(numpy grpc grpc_tools grpc_health grpc_reflection gguf jax optax openai prometheus_client)  # python import names
-PYPKGS=(numpy grpcio grpcio-tools grpcio-health-checking grpcio-reflection gguf "jax[cpu]" optax openai prometheus_client)  # matching pip names
+PYMODS=(numpy wheel grpc grpc_tools grpc_health grpc_reflection gguf jax optax openai prometheus_client)  # python import names
+PYPKGS=(numpy wheel grpcio grpcio-tools grpcio-health-checking grpcio-reflection gguf "jax[cpu]" optax openai prometheus_client)  # matching pip names
 # jax (CPU wheels) and optax: the independent autodiff and optimizer the training tests compare
 # against (tests/test_train_grad.py, test_train_step.py). Never torch: its wheels pull CUDA.
 # openai and prometheus_client: the official OpenAI SDK and Prometheus' text parser that
-# tests/server/test_http.py drives the HTTP front with.
+# tests/server/test_http.py drives the HTTP front with. wheel (and python3-venv): building and
+# installing clients/python as a user does (tests/test_python_package.sh).
 
 missing=()
 for p in "${DEBS[@]}"; do

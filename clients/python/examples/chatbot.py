@@ -3,16 +3,15 @@
 conversation, streams each reply as it is generated, Ctrl-C cancels the current reply (the
 server frees the request) and a second Ctrl-C or an empty line ends the session.
 
-    PYTHONPATH=clients/python python3 clients/python/examples/chatbot.py --server 127.0.0.1:50051
+    pip install ./clients/python    # once (or PYTHONPATH=clients/python from a checkout)
+    python3 clients/python/examples/chatbot.py --server 127.0.0.1:50051
 """
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import grpc  # noqa: E402
+import grpc
 
-from shardlm_client import Client  # noqa: E402
+from shardlm_client import Client
 
 
 def main() -> int:

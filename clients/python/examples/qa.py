@@ -3,16 +3,15 @@
 answer out, with the log-probability of every answer token and the top alternatives, and a
 confidence score (the mean token log-probability) for ranking answers.
 
-    PYTHONPATH=clients/python python3 clients/python/examples/qa.py --server 127.0.0.1:50051 \
+    pip install ./clients/python    # once (or PYTHONPATH=clients/python from a checkout)
+    python3 clients/python/examples/qa.py --server 127.0.0.1:50051 \
         --context "Lily had a red ball. She gave it to Tom." --question "Who got the ball?"
 """
 import argparse
 import math
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shardlm_client import Client  # noqa: E402
+from shardlm_client import Client
 
 
 def main() -> int:
