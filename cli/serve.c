@@ -19,6 +19,9 @@
  *   --http ADDR              also serve the OpenAI-compatible HTTP API and /metrics on ADDR
  *                            (HOST:PORT; ":PORT" or "PORT" = 127.0.0.1) [off]
  *   --http-max-connections N open HTTP connections at most [256]
+ *   --lora NAME=DIR          serve the PEFT adapter in DIR as NAME (repeatable, at most 64),
+ *                            unmerged: a request names it in its `adapter` field (gRPC) or its
+ *                            `model` field (HTTP); tp 1 on the CPU for now
  * Under mpirun, rank 0 serves and every other rank replays its conductor's step plans
  * (engine_run_worker). Not here: the server (server/), the engine (engine/serving/).
  * Tests: tests/server/test_server.py, tests/test_serve_mpi.sh. */
@@ -49,9 +52,13 @@ static int usage(const char *fmt, const char *arg)
                     "         [--kv-cache-fraction F]\n"
                     "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
                     "         [--chat-template llama2|chatml|gemma|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
-                    "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n");
+                    "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
+                    "         [--lora NAME=DIR ...]\n");
     return EXIT_USAGE;
 }
+
+#define SERVE_MAX_ADAPTERS 64
+#define ADAPTER_NAME_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
 
 /* Bytes with an optional K, M or G suffix (powers of 1024). */
 static int parse_bytes(const char *s, size_t *out)
@@ -90,6 +97,9 @@ int serve_main(int argc, char **argv)
     o.engine.rank_timeout_s = 60.0; /* multi-rank: a peer silent this long is hung or gone */
     const char *device = "cpu";
     long tp = 1, pp = 1, dp = 0;
+    char names[SERVE_MAX_ADAPTERS][65];
+    const char *adapter_names[SERVE_MAX_ADAPTERS], *adapter_dirs[SERVE_MAX_ADAPTERS];
+    int n_adapters = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
@@ -152,7 +162,7 @@ int serve_main(int argc, char **argv)
             if (base_parse_long(v, 1, INT_MAX, &n)) return usage("--kv-cache-blocks must be a positive integer, got '%s'", v);
             o.engine.kv_cache_blocks = (int)n;
         } else if (!strcmp(a, "--chat-template")) {
-            if (strcmp(v, "llama2") && strcmp(v, "chatml") && strcmp(v, "plain"))
+            if (strcmp(v, "llama2") && strcmp(v, "chatml") && strcmp(v, "gemma") && strcmp(v, "plain"))
                 return usage("--chat-template must be llama2, chatml, gemma or plain, got '%s'", v);
             o.chat_template = v;
         } else if (!strcmp(a, "--http")) o.http_listen = v;
@@ -171,8 +181,20 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--max-message-bytes")) {
             if (base_parse_long(v, 1024, INT_MAX, &n)) return usage("--max-message-bytes must be an integer >= 1024, got '%s'", v);
             o.max_receive_bytes = (int)n;
+        } else if (!strcmp(a, "--lora")) {
+            if (n_adapters == SERVE_MAX_ADAPTERS) return usage("--lora: at most 64 adapters%s", "");
+            const char *eq = strchr(v, '=');
+            size_t len = eq ? (size_t)(eq - v) : 0;
+            if (!eq || len == 0 || len > 64 || !eq[1] || strspn(v, ADAPTER_NAME_CHARS) < len)
+                return usage("--lora must be NAME=DIR with a NAME of 1-64 letters, digits, '.', '_' or '-', got '%s'", v);
+            snprintf(names[n_adapters], sizeof names[n_adapters], "%.*s", (int)len, v);
+            adapter_names[n_adapters] = names[n_adapters];
+            adapter_dirs[n_adapters++] = eq + 1;
         } else return usage("unknown option '%s'", a);
     }
+    o.engine.adapter_names = adapter_names;
+    o.engine.adapter_dirs = adapter_dirs;
+    o.engine.n_adapters = n_adapters;
     if (!o.engine.model_dir) return usage("--model DIR is required%s", "");
     if (!o.tls_cert != !o.tls_key) return usage("--tls-cert and --tls-key go together%s", "");
     enum device dev;

@@ -58,6 +58,16 @@ static inline struct tensor tensor_first_rows(const struct tensor *t, int64_t n)
     v.shape[0] = n;
     return v;
 }
+/* Rows [r0, r0 + n) of the outermost dimension: a view starting r0 rows in. */
+static inline struct tensor tensor_rows_at(const struct tensor *t, int64_t r0, int64_t n)
+{
+    struct tensor v = *t;
+    int64_t inner = 1;
+    for (int i = 1; i < t->ndim; i++) inner *= t->shape[i];
+    v.data = (char *)t->data + (size_t)(r0 * inner) * dtype_size(t->dtype);
+    v.shape[0] = n;
+    return v;
+}
 static inline struct tensor tensor_view2(const struct tensor *t, int64_t rows, int64_t cols)
 {
     return tensor_make(t->data, t->dtype, t->device, 2, rows, cols);

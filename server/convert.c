@@ -140,6 +140,16 @@ static enum status convert_request_id(const char *id, struct gen_request *r)
     return (r->request_id = strdup(id)) ? STATUS_OK : oom();
 }
 
+/* The adapter a request names ("" = the base); whether it is served is the engine's question. */
+static enum status convert_adapter(const char *name, struct gen_request *r)
+{
+    if (!name || !*name) return STATUS_OK;
+    if (strlen(name) > 64) return status_errorf(STATUS_INVALID_ARGUMENT, "adapter: a name of at most 64 bytes");
+    if (!(r->adapter = strdup(name))) return oom();
+    r->params.adapter = r->adapter;
+    return STATUS_OK;
+}
+
 static enum status convert_generate(const Shardlm__V1__GenerateRequest *m, struct gen_request *r)
 {
     enum status st = convert_request_id(m->request_id, r);
@@ -163,6 +173,7 @@ static enum status convert_generate(const Shardlm__V1__GenerateRequest *m, struc
         r->prompt_len = n;
     }
     r->add_bos = m->_add_bos_case == SHARDLM__V1__GENERATE_REQUEST___ADD_BOS_ADD_BOS ? (m->add_bos ? 1 : 0) : 1;
+    if ((st = convert_adapter(m->adapter, r)) != STATUS_OK) return st;
     return convert_sampling(m->sampling, r);
 }
 
@@ -194,6 +205,7 @@ static enum status convert_chat(const Shardlm__V1__ChatRequest *m, struct gen_re
         r->n_messages++;
     }
     r->add_bos = 1;
+    if ((st = convert_adapter(m->adapter, r)) != STATUS_OK) return st;
     return convert_sampling(m->sampling, r);
 }
 
@@ -229,6 +241,7 @@ void gen_request_free(struct gen_request *r)
     free(r->stop_token_ids);
     free(r->bias_ids);
     free(r->bias_values);
+    free(r->adapter);
     memset(r, 0, sizeof *r);
 }
 
@@ -501,6 +514,8 @@ enum status convert_model_info_response(const struct model_info_out *mi, uint8_t
     m.eos_id = i->eos_id;
     m.chat_template = (char *)mi->chat_template;
     m.max_logprobs = mi->max_logprobs;
+    m.adapters = (char **)mi->adapters;
+    m.n_adapters = (size_t)mi->n_adapters;
     return pack(&m.base, out, len);
 }
 

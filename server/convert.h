@@ -52,6 +52,7 @@ struct gen_request {
     int32_t *bias_ids;            /* (n_bias) */
     float   *bias_values;         /* (n_bias) */
     int      n_bias;
+    char    *adapter;             /* the adapter's name; NULL = the base (params.adapter points here) */
 };
 
 /* Parses GenerateRequest (is_chat 0) or ChatRequest (is_chat 1) bytes into *r, which is left
@@ -109,6 +110,8 @@ struct model_info_out {
     struct engine_model_info info;
     const char *chat_template;
     int         max_logprobs;
+    const char *const *adapters;  /* (n_adapters) served adapter names */
+    int         n_adapters;
 };
 enum status convert_model_info_response(const struct model_info_out *m, uint8_t **out, size_t *len);
 struct server_stats_out {

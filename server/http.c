@@ -330,7 +330,8 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     }
     if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, STATUS_UNAVAILABLE, "the server is not serving");
     struct http_request q;
-    enum status st = http_parse_request(hc->body ? hc->body : "", hc->len, is_chat, s->model_id, &q);
+    enum status st = http_parse_request(hc->body ? hc->body : "", hc->len, is_chat, s->model_id,
+                                        s->opts.engine.adapter_names, s->opts.engine.n_adapters, &q);
     struct http_gen *g = NULL;
     if (st != STATUS_OK) gen_request_free(&q.r);
     else st = gen_submit(s, &q, connection_fd(c), &g);
@@ -390,9 +391,19 @@ static enum MHD_Result handle_models(struct server *s, struct MHD_Connection *c)
     char head[1024];
     snprintf(head, sizeof head,
              "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"shardlm\","
-             "\"root\":\"%s\",\"parent\":null,\"max_model_len\":%d}]}",
+             "\"root\":\"%s\",\"parent\":null,\"max_model_len\":%d}",
              s->model_id, (long long)s->t_created, s->model_id, info.max_positions);
     http_buf_append(&json, &len, &cap, head, strlen(head));
+    /* The adapters as vLLM lists them: their own ids, the base as parent. Names are [A-Za-z0-9._-]. */
+    for (int i = 0; i < s->opts.engine.n_adapters; i++) {
+        snprintf(head, sizeof head,
+                 ",{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"shardlm\",\"root\":\"%s\","
+                 "\"parent\":\"%s\",\"max_model_len\":%d}",
+                 s->opts.engine.adapter_names[i], (long long)s->t_created, s->opts.engine.adapter_dirs[i], s->model_id,
+                 info.max_positions);
+        http_buf_append(&json, &len, &cap, head, strlen(head));
+    }
+    http_buf_append(&json, &len, &cap, "]}", 2);
     return reply(c, 200, "application/json", json, len);
 }
 

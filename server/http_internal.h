@@ -35,6 +35,7 @@ struct http_request {
  * the id that `model` must name (STATUS_NOT_FOUND otherwise). Errors: STATUS_INVALID_ARGUMENT
  * naming the field and the type it must have. */
 enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
+                               const char *const *adapters, int n_adapters,
                                struct http_request *q);
 
 

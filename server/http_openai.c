@@ -293,8 +293,25 @@ static enum status parse_shape(const cJSON *o, struct http_request *q)
     return st;
 }
 
+/* The `model` field: the served model's id (the base) or the name of a served adapter. */
+static enum status parse_model(const cJSON *model, const char *served_model, const char *const *adapters,
+                               int n_adapters, struct gen_request *r)
+{
+    if (!model) return STATUS_OK;
+    if (!cJSON_IsString(model)) return type_error("model", "a string");
+    if (!strcmp(model->valuestring, served_model)) return STATUS_OK;
+    for (int i = 0; i < n_adapters; i++)
+        if (!strcmp(model->valuestring, adapters[i])) {
+            if (!(r->adapter = strdup(adapters[i]))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            r->params.adapter = r->adapter;
+            return STATUS_OK;
+        }
+    return status_errorf(STATUS_NOT_FOUND, "The model '%.128s' does not exist (this server serves '%s'%s; see /v1/models)",
+                         model->valuestring, served_model, n_adapters ? " and its adapters" : "");
+}
+
 enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
-                               struct http_request *q)
+                               const char *const *adapters, int n_adapters, struct http_request *q)
 {
     memset(q, 0, sizeof *q);
     q->r.params = request_params_default();
@@ -304,11 +321,7 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     if (!o) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid JSON");
     enum status st = STATUS_OK;
     if (!cJSON_IsObject(o)) st = status_errorf(STATUS_INVALID_ARGUMENT, "the request body must be a JSON object");
-    const cJSON *model = st == STATUS_OK ? field(o, "model") : NULL;
-    if (model && !cJSON_IsString(model)) st = type_error("model", "a string");
-    else if (model && strcmp(model->valuestring, served_model))
-        st = status_errorf(STATUS_NOT_FOUND, "The model '%.128s' does not exist (this server serves '%s')",
-                           model->valuestring, served_model);
+    if (st == STATUS_OK) st = parse_model(field(o, "model"), served_model, adapters, n_adapters, &q->r);
     if (st == STATUS_OK) st = is_chat ? parse_messages(o, &q->r) : parse_prompt(o, &q->r);
     if (st == STATUS_OK) q->r.add_bos = 1;
     if (st == STATUS_OK) st = parse_sampling(o, q);

@@ -67,7 +67,8 @@ static enum status model_info(struct server *s, const uint8_t *data, size_t len,
     enum status st = convert_empty_request(data, len, "shardlm.v1.GetModelInfoRequest");
     if (st != STATUS_OK) return st;
     struct model_info_out m = {.chat_template = chat_template_name(s->tmpl),
-                               .max_logprobs = s->opts.engine.max_logprobs ? s->opts.engine.max_logprobs : 20};
+                               .max_logprobs = s->opts.engine.max_logprobs ? s->opts.engine.max_logprobs : 20,
+                               .adapters = s->opts.engine.adapter_names, .n_adapters = s->opts.engine.n_adapters};
     if (m.max_logprobs > CONVERT_MAX_LOGPROBS) m.max_logprobs = CONVERT_MAX_LOGPROBS;
     engine_get_model_info(s->engine, &m.info);
     return convert_model_info_response(&m, out, out_len);

@@ -198,19 +198,30 @@ void lora_zero_grads(struct lora *l, struct backend *b)
         }
 }
 
+void lora_apply(const struct lora *l, struct backend *b, int layer, enum lora_target t, const struct tensor *y,
+                const struct tensor *x, const struct tensor *u_buf, const struct tensor *z_buf)
+{
+    const struct lora_site *s = &l->sites[layer][t];
+    if (!s->a.data) return;
+    const int64_t T = x->shape[0];
+    CHECK(T * l->rank <= tensor_numel(u_buf) && T * s->b.shape[0] <= tensor_numel(z_buf),
+          "LoRA: %lld rows exceed the scratch", (long long)T);
+    struct tensor u = tensor_view2(u_buf, T, l->rank);
+    struct tensor z = tensor_view2(z_buf, T, s->b.shape[0]);
+    op_matmul(b, &u, x, &s->a, NULL);    /* u = x A^T (T, r) */
+    op_scale(b, &u, &u, l->scale);        /* u = s x A^T */
+    op_matmul(b, &z, &u, &s->b, NULL);    /* z = u B^T (T, out) */
+    op_add(b, y, y, &z);
+}
+
 void lora_forward(struct lora *l, struct backend *b, int layer, enum lora_target t, const struct tensor *y,
                   const struct tensor *x)
 {
     struct lora_site *s = &l->sites[layer][t];
     if (!s->a.data) return;
-    const int64_t T = x->shape[0];
-    CHECK(T <= l->max_tokens, "LoRA: %lld rows exceed the reservation of %d", (long long)T, l->max_tokens);
-    struct tensor u = tensor_first_rows(&s->u, T);
-    struct tensor z = tensor_view2(&l->z, T, s->b.shape[0]);
-    op_matmul(b, &u, x, &s->a, NULL);    /* u = x A^T (T, r) */
-    op_scale(b, &u, &u, l->scale);        /* u = s x A^T */
-    op_matmul(b, &z, &u, &s->b, NULL);    /* z = u B^T (T, out) */
-    op_add(b, y, y, &z);
+    CHECK(x->shape[0] <= l->max_tokens, "LoRA: %lld rows exceed the reservation of %d", (long long)x->shape[0],
+          l->max_tokens);
+    lora_apply(l, b, layer, t, y, x, &s->u, &l->z); /* u kept: the backward reads it */
 }
 
 void lora_backward(struct lora *l, struct backend *b, int layer, enum lora_target t, const struct tensor *dx,

@@ -7,7 +7,8 @@
  * Hugging Face PEFT layout (adapter_config.json + adapter_model.safetensors, tensor names
  * base_model.model.model.layers.L.self_attn.q_proj.lora_A.weight ...), so that they load in
  * PEFT / vLLM and PEFT adapters load here.
- * Not here: serving several adapters in one batch (not built yet), the optimizer (engine/train).
+ * Serving applies several adapters in one batch (lora_apply, per run of sequences: model.c); the
+ * conductor loads them (--lora NAME=DIR). Not here: the optimizer (engine/train).
  * Tests: tests/test_train_grad.py (the gradients of A and B against JAX; merged = base +
  * adapter), tests/test_train.sh (--lora-rank, merge-lora). */
 #ifndef SHARDLM_LORA_H
@@ -63,6 +64,12 @@ enum status lora_reserve(struct lora *l, struct backend *b, int max_tokens);
 void lora_free(struct lora *l, struct backend *b); /* accepts NULL */
 /* Zeroes every dA, dB. */
 void lora_zero_grads(struct lora *l, struct backend *b);
+
+/* Serving: y (T, out) += s (x A^T) B^T for rows the caller chose (a run of sequences that use this
+ * adapter), with the low-rank product in u_buf (>= T x rank) and z_buf (>= T x out), scratch the
+ * model's workspace holds (model_reserve with max_adapter_rank). No-op without an adapter there. */
+void lora_apply(const struct lora *l, struct backend *b, int layer, enum lora_target t, const struct tensor *y,
+                const struct tensor *x, const struct tensor *u_buf, const struct tensor *z_buf);
 
 /* The forward and backward of one target of local layer `layer` (model_train.c calls them
  * after the base projection): y (T, out) += s (x A^T) B^T, keeping u; and, with dy the

@@ -2,6 +2,7 @@
  * workspace. Loading weights lives in model_load.c.
  * Tests: tests/test_model.c. */
 #include "model.h"
+#include "lora.h"
 #include "model_train.h"
 
 #include <math.h>
@@ -26,6 +27,15 @@ struct work_entry {
     int64_t shape[3];
 };
 
+/* The widest output of an adaptable projection (q, k, v, o, gate, up, down) on this rank. */
+static int64_t widest_projection(const struct model *m)
+{
+    const int64_t hd = m->cfg.head_dim, outs[] = {m->n_heads_local * hd, m->n_kv_local * hd, m->ffn_local, m->cfg.d_model};
+    int64_t w = 0;
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) w = outs[i] > w ? outs[i] : w;
+    return w;
+}
+
 enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max_blocks,
                           int max_logits)
 {
@@ -34,7 +44,8 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
                              "model: workspace sizes must be positive (tokens %d, seqs %d, blocks %d, logits %d)",
                              max_tokens, max_seqs, max_blocks, max_logits);
     if (m->ws.mem && max_tokens <= m->ws.max_tokens && max_seqs <= m->ws.max_seqs &&
-        max_blocks <= m->ws.max_blocks && max_logits <= m->ws.max_logits)
+        max_blocks <= m->ws.max_blocks && max_logits <= m->ws.max_logits &&
+        (m->max_adapter_rank == 0 || tensor_cols(&m->ws.lora_u) >= m->max_adapter_rank))
         return STATUS_OK;
     if (m->ws.mem) { /* grow to the union of old and new limits */
         max_tokens = max_tokens > m->ws.max_tokens ? max_tokens : m->ws.max_tokens;
@@ -66,6 +77,8 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.q_start, DTYPE_I32, 1, {max_seqs + 1}},
         {&m->ws.seq_len, DTYPE_I32, 1, {max_seqs}},
         {&m->ws.block_table, DTYPE_I32, 2, {max_seqs, max_blocks}},
+        {&m->ws.lora_u, m->dtype, 2, {m->max_adapter_rank > 0 ? T : 0, m->max_adapter_rank}},
+        {&m->ws.lora_z, m->dtype, 2, {m->max_adapter_rank > 0 ? T : 0, widest_projection(m)}},
     };
     const size_t n_entries = sizeof table / sizeof table[0];
     /* One allocation carved by the table, each piece aligned to 256 bytes. */
@@ -144,9 +157,26 @@ static enum status row_parallel(struct model *m, const struct tensor *y, const s
     return STATUS_OK;
 }
 
+/* Serving adapters: y += s (x A^T) B^T for the rows of each sequence that asks for one; a run of
+ * consecutive sequences with the same adapter is one product (the scheduler's order decides how
+ * long the runs are). Rows of the base model are left alone. */
+static void adapt_rows(struct model *m, int l, enum lora_target t, const struct tensor *y, const struct tensor *x,
+                       const struct forward_batch *fb)
+{
+    if (!fb->seq_adapter || m->n_adapters == 0) return;
+    for (int i = 0, j; i < fb->n_seqs; i = j) {
+        const int a = fb->seq_adapter[i];
+        for (j = i + 1; j < fb->n_seqs && fb->seq_adapter[j] == a;) j++;
+        if (a < 0 || a >= m->n_adapters || !m->adapters[a]) continue;
+        const int64_t r0 = fb->q_start[i], n = fb->q_start[j] - r0;
+        struct tensor yr = tensor_rows_at(y, r0, n), xr = tensor_rows_at(x, r0, n);
+        lora_apply(m->adapters[a], m->b, l, t, &yr, &xr, &m->ws.lora_u, &m->ws.lora_z);
+    }
+}
+
 /* One decoder layer on the residual stream x (T, d), in the order of the math. */
 static enum status layer_forward(struct model *m, int l, struct kv_cache *cache, int64_t T,
-                                 const struct attention_batch *batch)
+                                 const struct attention_batch *batch, const struct forward_batch *fb)
 {
     enum status st;
     /* Interleaved local/global attention (Gemma 3): a global layer every sliding_window_pattern
@@ -176,6 +206,9 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
     op_matmul(b, &q, &xn, &w->wq, opt(&w->bq));
     op_matmul(b, &k, &xn, &w->wk, opt(&w->bk));
     op_matmul(b, &v, &xn, &w->wv, opt(&w->bv));
+    adapt_rows(m, l, LORA_TARGET_Q, &q, &xn, fb);
+    adapt_rows(m, l, LORA_TARGET_K, &k, &xn, fb);
+    adapt_rows(m, l, LORA_TARGET_V, &v, &xn, fb);
     if (c->qk_norm) { /* RMSNorm over each head's features */
         struct tensor qh = tensor_view2(&m->ws.q, T * m->n_heads_local, hd), kh = tensor_view2(&m->ws.k, T * m->n_kv_local, hd);
         op_rmsnorm(b, &qh, &qh, &w->q_norm, c->norm_eps);
@@ -189,6 +222,7 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
     op_kv_write(b, &cache->k[l], &cache->v[l], &k3, &v3, &slots);
     op_attention(b, &att3, &q3, &cache->k[l], &cache->v[l], ab);
     if ((st = row_parallel(m, &proj, &att, &w->wo, &w->bo)) != STATUS_OK) return st;
+    adapt_rows(m, l, LORA_TARGET_O, &proj, &att, fb); /* adapters only at tp 1 (the conductor checks) */
     if (c->sandwich_norms) norm(m, &proj, &proj, &w->post_attn_norm, NULL);
     op_add(b, &x, &x, &proj);
 
@@ -196,14 +230,17 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
     norm(m, &xn, &x, &w->mlp_norm, &w->mlp_norm_bias);
     struct tensor up = tensor_first_rows(&m->ws.up, T);
     op_matmul(b, &up, &xn, &w->w_up, opt(&w->b_up));
+    adapt_rows(m, l, LORA_TARGET_UP, &up, &xn, fb);
     if (c->gated_mlp) {
         struct tensor gate = tensor_first_rows(&m->ws.gate, T);
         op_matmul(b, &gate, &xn, &w->w_gate, opt(&w->b_gate));
+        adapt_rows(m, l, LORA_TARGET_GATE, &gate, &xn, fb);
         op_gated_activation(b, &up, &gate, &up, c->activation);
     } else {
         op_activation(b, &up, &up, c->activation);
     }
     if ((st = row_parallel(m, &proj, &up, &w->w_down, &w->b_down)) != STATUS_OK) return st;
+    adapt_rows(m, l, LORA_TARGET_DOWN, &proj, &up, fb);
     if (c->sandwich_norms) norm(m, &proj, &proj, &w->post_mlp_norm, NULL);
     op_add(b, &x, &x, &proj);
     return STATUS_OK;
@@ -263,7 +300,7 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
     }
 
     for (int l = 0; l < m->n_layers_local; l++)
-        if ((st = layer_forward(m, l, cache, T, &ab)) != STATUS_OK) return st;
+        if ((st = layer_forward(m, l, cache, T, &ab, fb)) != STATUS_OK) return st;
 
     if (!model_is_last_stage(m)) return comm_send(m->par.groups->pp, &x, m->pp_rank + 1);
     if (fb->n_logits == 0) {

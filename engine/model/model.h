@@ -58,6 +58,7 @@ struct model_workspace {
     float *host_logits;            /* (max_logits, tp * vocab_local) host, when padded (tp > 1) */
     struct tensor tokens, positions, slots, logit_rows; /* i32 (max_tokens) */
     struct tensor q_start, seq_len, block_table;        /* i32 (max_seqs+1), (max_seqs), (max_seqs, max_blocks) */
+    struct tensor lora_u, lora_z;  /* serving adapters' scratch: (max_tokens, max_adapter_rank), (max_tokens, widest) */
 };
 
 /* One rank's model: its configuration (what shard of which model this is), its weights (a
@@ -87,6 +88,11 @@ struct model {
     struct model_workspace ws;
     struct train_activations *train; /* model_reserve_train (model_train.c); NULL until then */
     struct lora *lora;             /* borrowed: adapters the training passes apply (lora.h), or NULL */
+    /* Serving adapters (borrowed; the conductor loads them): forward_batch.seq_adapter picks one
+     * of them per sequence. model_reserve sizes their scratch for ranks up to max_adapter_rank. */
+    struct lora *const *adapters;
+    int n_adapters;
+    int max_adapter_rank;
 };
 
 /* Loads the checkpoint directory `dir` for this rank's (tp, pp) shard onto b, in the backend's
@@ -131,6 +137,7 @@ struct forward_batch {
     int            max_blocks;
     int            n_logits;
     const int32_t *logit_rows;  /* (n_logits) rows (0 .. n_tokens-1) whose logits are wanted */
+    const int32_t *seq_adapter; /* (n_seqs) index into model.adapters, -1 = the base; NULL = all base */
 };
 
 /* Runs the forward pass of this stage over the batch, writing K/V of the new tokens into the

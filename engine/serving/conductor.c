@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "kv_cache.h"
+#include "lora.h"
 #include "model.h"
 #include "parallel.h"
 #include "request.h"
@@ -51,6 +52,8 @@ struct conductor {
     struct backend *b;
     struct model   *m;
     struct tokenizer *tok;
+    struct lora   **adapters;     /* (o.n_adapters) served LoRA adapters; the model borrows them */
+    uint64_t       *adapter_keys; /* (o.n_adapters) unique per loaded adapter (prefix-cache keys) */
     struct kv_cache cache;
     struct scheduler sched;
     struct sampler  smp;
@@ -193,6 +196,50 @@ static enum status load_model(struct conductor *c)
     return st;
 }
 
+/* The LoRA adapters served without merging (engine_options.adapters): each loaded for this rank's
+ * layers; the model borrows the list and applies adapter i to the sequences that ask for it. */
+static enum status load_adapters(struct conductor *c)
+{
+    const struct engine_options *o = &c->o;
+    if (o->n_adapters == 0) return STATUS_OK;
+    if (c->m->tp_size > 1 || c->m->dtype != DTYPE_F32)
+        return status_errorf(STATUS_UNSUPPORTED, "--lora: serving adapters needs tp 1 and f32 compute (the CPU "
+                             "backend) for now; merge the adapter instead (shardlm merge-lora)");
+    c->adapters = calloc((size_t)o->n_adapters, sizeof *c->adapters);
+    c->adapter_keys = calloc((size_t)o->n_adapters, sizeof *c->adapter_keys);
+    if (!c->adapters || !c->adapter_keys) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory");
+    int max_rank = 0;
+    for (int i = 0; i < o->n_adapters; i++) {
+        for (int j = 0; j < i; j++)
+            if (!strcmp(o->adapter_names[i], o->adapter_names[j]))
+                return status_errorf(STATUS_INVALID_ARGUMENT, "--lora: the name '%s' is given twice", o->adapter_names[i]);
+        enum status st = lora_load_peft(c->m, o->adapter_dirs[i], &c->adapters[i]);
+        if (st != STATUS_OK) return st;
+        c->adapter_keys[i] = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1) ^ 0x5a17ed5eedull;
+        if (c->adapters[i]->rank > max_rank) max_rank = c->adapters[i]->rank;
+        LOG_INFO(MODULE, "adapter '%s' from %s: rank %d, alpha %g", o->adapter_names[i], o->adapter_dirs[i],
+                 c->adapters[i]->rank, (double)c->adapters[i]->alpha);
+    }
+    c->m->adapters = c->adapters;
+    c->m->n_adapters = o->n_adapters;
+    c->m->max_adapter_rank = max_rank;
+    return STATUS_OK;
+}
+
+/* The index of the adapter a request names: -1 for the base (NULL or ""), NOT_FOUND otherwise. */
+static enum status resolve_adapter(const struct conductor *c, const char *name, int *index)
+{
+    *index = -1;
+    if (!name || !*name) return STATUS_OK;
+    for (int i = 0; i < c->o.n_adapters; i++)
+        if (!strcmp(name, c->o.adapter_names[i])) {
+            *index = i;
+            return STATUS_OK;
+        }
+    return status_errorf(STATUS_NOT_FOUND, "no adapter named '%.100s' is loaded (%d loaded; see GetModelInfo)", name,
+                         c->o.n_adapters);
+}
+
 enum status conductor_create(const struct engine_options *opt, struct conductor **out)
 {
     *out = NULL;
@@ -204,6 +251,7 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     pthread_cond_init(&c->cv, NULL);
     c->next_handle = 1;
     enum status st = load_model(c);
+    if (st == STATUS_OK) st = load_adapters(c);
     if (st != STATUS_OK) goto fail;
     const struct model_config *cfg = &c->m->cfg;
     const int bt = o->block_tokens;
@@ -290,9 +338,13 @@ enum status conductor_submit(struct conductor *c, const char *request_id, const 
 {
     enum status st = conductor_validate(c, prompt, n_prompt, p);
     if (st == STATUS_OK) st = request_id_check(request_id);
+    int adapter = -1;
+    if (st == STATUS_OK) st = resolve_adapter(c, p->adapter, &adapter);
     if (st != STATUS_OK) return st;
     struct request *r;
     if ((st = request_new(prompt, n_prompt, p, on_event, ctx, &r)) != STATUS_OK) return st;
+    r->adapter = adapter;
+    r->adapter_key = adapter >= 0 ? c->adapter_keys[adapter] : 0;
     pthread_mutex_lock(&c->mu);
     if ((st = refusal(c)) != STATUS_OK) {
         pthread_mutex_unlock(&c->mu);
@@ -348,14 +400,14 @@ static enum status plan_exchange(struct conductor *c, struct step_plan_header *h
     CHECK(T >= 0 && T <= c->o.max_batch_tokens && S >= 0 && S <= c->o.max_seqs && W == b->table_width &&
               L >= 0 && L <= c->max_logits && C >= 0,
           "step plan out of range (tokens %d seqs %d width %d logits %d copies %d)", T, S, W, L, C);
-    const size_t n = 3 * (size_t)T + (size_t)(S + 1) + (size_t)S + (size_t)S * W + (size_t)L + 2 * (size_t)C;
+    const size_t n = 3 * (size_t)T + (size_t)(S + 1) + 2 * (size_t)S + (size_t)S * W + (size_t)L + 2 * (size_t)C;
     if (base_grow((void **)&c->plan, &c->cap_plan, n, sizeof *c->plan) != 0) return STATUS_RESOURCE_EXHAUSTED;
     const int first = conductor_is_first_rank(c);
     if (!first && C > 0 && base_grow((void **)&sc->copies, &sc->cap_copies, 2 * (size_t)C, sizeof *sc->copies) != 0)
         return STATUS_RESOURCE_EXHAUSTED;
     struct { int32_t *p; int n; } parts[] = {
         {b->tokens, T}, {b->pos, T}, {b->slots, T}, {b->qstart, S + 1}, {b->seqlen, S},
-        {b->table, S * W}, {b->rows, L}, {sc->copies, 2 * C},
+        {b->table, S * W}, {b->rows, L}, {sc->copies, 2 * C}, {b->adapter, S},
     };
     size_t off = 0;
     if (first)
@@ -416,7 +468,8 @@ static enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int 
                                    .slots = b->slots + r0, .n_seqs = s1 - s0, .q_start = c->mb_qstart,
                                    .seq_len = b->seqlen + s0,
                                    .block_table = b->table + (size_t)s0 * (size_t)b->table_width,
-                                   .max_blocks = b->table_width, .n_logits = l1 - l0, .logit_rows = c->mb_rows};
+                                   .max_blocks = b->table_width, .n_logits = l1 - l0, .logit_rows = c->mb_rows,
+                                   .seq_adapter = c->m->n_adapters ? b->adapter + s0 : NULL};
         st = model_forward(c->m, &c->cache, &fb, c->logits + (size_t)l0 * (size_t)V);
         l0 = l1;
     }
@@ -776,6 +829,9 @@ void conductor_free(struct conductor *c)
     free(c->scratch);
     sampler_free(&c->smp);
     if (c->cache.b) kv_cache_free(&c->cache);
+    for (int i = 0; c->adapters && i < c->o.n_adapters; i++) lora_free(c->adapters[i], c->b);
+    free(c->adapters);
+    free(c->adapter_keys);
     model_free(c->m);
     tokenizer_free(c->tok);
     backend_close(c->b);

@@ -73,6 +73,12 @@ struct engine_options {
      * when the caller drains) and new ones are refused with UNAVAILABLE. */
     void (*on_fatal)(void *ctx, enum status st, const char *message);
     void *fatal_ctx;
+    /* LoRA adapters served without merging (PEFT directories, lora.h), selected per request by
+     * name (request_params.adapter); requests with different adapters share one batch. CPU
+     * (f32) and tp 1 only for now; every rank loads them (pp: each stage its layers). */
+    const char *const *adapter_names; /* (n_adapters) */
+    const char *const *adapter_dirs;  /* (n_adapters) */
+    int   n_adapters;
 };
 struct engine_options engine_options_default(void);
 
@@ -96,6 +102,7 @@ struct request_params {
     const float   *logit_bias_values;
     int      n_logit_bias;
     double   deadline;                /* CLOCK_MONOTONIC seconds; 0 = none */
+    const char *adapter;              /* a served LoRA adapter's name; NULL or "" = the base model */
 };
 struct request_params request_params_default(void);
 

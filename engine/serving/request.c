@@ -256,6 +256,8 @@ enum status request_new(const int32_t *prompt, int n_prompt, const struct reques
     r->p.logit_bias_ids = NULL;
     r->p.logit_bias_values = NULL;
     r->live_samples = p->n;
+    r->adapter = -1;
+    r->p.adapter = NULL; /* borrowed: resolved into adapter / adapter_key at submission */
     *out = r;
     return STATUS_OK;
 }

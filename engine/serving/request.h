@@ -106,6 +106,9 @@ struct request {
     struct top_logprob *prompt_top; /* (n_prompt, prompt_logprobs) */
     int      prompt_lp_done;      /* rows of prompt_lp filled */
     int      prompt_lp_sent;
+    int      adapter;             /* index into the model's serving adapters; -1 = the base */
+    uint64_t adapter_key;         /* 0 for the base, else unique to the adapter: the prefix-cache
+                                     hash chains start from it, so no KV is shared across adapters */
     struct request *next_all;     /* the conductor's list of live requests */
     struct request *next_in;      /* the conductor's intake list */
 };

@@ -296,6 +296,7 @@ static enum status send_submit(struct router *r, const struct route *rt, const i
     for (int i = 0; i < p->n_stop; i++) put_str(&b, p->stop[i]);
     put(&b, p->logit_bias_ids, (size_t)p->n_logit_bias * sizeof *p->logit_bias_ids);
     put(&b, p->logit_bias_values, (size_t)p->n_logit_bias * sizeof *p->logit_bias_values);
+    put_str(&b, p->adapter ? p->adapter : "");
     return router_send_to(r, r->rep[rt->replica].leader, &b);
 }
 

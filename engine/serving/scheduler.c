@@ -24,8 +24,10 @@ enum status scheduler_init(struct scheduler *s, struct kv_cache *cache, const st
     b->qstart = malloc((S + 1) * sizeof(int32_t));
     b->seqlen = malloc(S * sizeof(int32_t));
     b->table = malloc(S * (size_t)o->table_width * sizeof(int32_t));
+    b->adapter = malloc(S * sizeof(int32_t));
     s->running = calloc(S, sizeof *s->running);
-    if (!b->tokens || !b->pos || !b->slots || !b->rows || !b->qstart || !b->seqlen || !b->table || !s->running)
+    if (!b->tokens || !b->pos || !b->slots || !b->rows || !b->qstart || !b->seqlen || !b->table || !b->adapter ||
+        !s->running)
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
     return STATUS_OK;
 }
@@ -45,6 +47,7 @@ void scheduler_free(struct scheduler *s)
     free(b->qstart);
     free(b->seqlen);
     free(b->table);
+    free(b->adapter);
     memset(s, 0, sizeof *s);
 }
 
@@ -123,6 +126,14 @@ static int ensure_blocks(struct scheduler *s, struct seq *q, int n)
     return 1;
 }
 
+/* The hash a sequence's next block chains from: its last registered block's, or, for the first
+ * block, its adapter's key (0 for the base), so that KV computed under one adapter never serves
+ * another. */
+static uint64_t chain_hash(const struct seq *q)
+{
+    return q->n_registered ? q->last_hash : q->req ? q->req->adapter_key : 0;
+}
+
 /* Reuses cached blocks for the leading full blocks of the tokens to compute, leaving at least
  * one row to run (its logits are needed). */
 static void reuse_prefix(struct scheduler *s, struct seq *q)
@@ -132,7 +143,7 @@ static void reuse_prefix(struct scheduler *s, struct seq *q)
     if (base_grow((void **)&q->blocks, &q->cap_blocks, (size_t)(q->n_tokens / bt + 1), sizeof *q->blocks) != 0) return;
     while ((q->n_registered + 1) * bt <= q->n_tokens - 1) {
         const int32_t *t = q->tokens + (size_t)q->n_registered * bt;
-        uint64_t h = kv_cache_hash(q->last_hash, t, bt);
+        uint64_t h = kv_cache_hash(chain_hash(q), t, bt);
         int32_t b = kv_cache_lookup(s->cache, h, t);
         if (b < 0) break;
         q->blocks[q->n_blocks++] = b;
@@ -149,7 +160,7 @@ void scheduler_commit(struct scheduler *s, struct seq *q)
     if (!s->o.prefix_caching) return;
     while ((q->n_registered + 1) * bt <= q->n_cached) {
         const int32_t *t = q->tokens + (size_t)q->n_registered * bt;
-        uint64_t h = kv_cache_hash(q->last_hash, t, bt);
+        uint64_t h = kv_cache_hash(chain_hash(q), t, bt);
         kv_cache_register(s->cache, q->blocks[q->n_registered], h, t);
         q->n_registered++;
         q->last_hash = h;
@@ -187,6 +198,7 @@ static void plan_rows(struct scheduler *s, struct seq *q, int take)
     int k = b->n_seqs;
     b->qstart[k] = b->n_rows;
     b->seqlen[k] = q->n_cached + take;
+    b->adapter[k] = q->req->adapter;
     memcpy(b->table + (size_t)k * b->table_width, q->blocks, (size_t)q->n_blocks * sizeof *q->blocks);
     b->n_seqs++;
     b->n_rows += take;

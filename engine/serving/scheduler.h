@@ -27,6 +27,7 @@ struct step_batch {
     int32_t *seqlen;               /* (max_seqs) tokens in the cache after the step */
     int32_t *table;                /* (max_seqs, table_width) block tables */
     int32_t *rows;                 /* (max_logits) rows whose logits are wanted, ascending */
+    int32_t *adapter;              /* (max_seqs) serving adapter of each sequence, -1 = the base */
     int      table_width;
     int      n_rows, n_seqs, n_logits;
     int      prefill_rows;         /* rows of prompt tokens (stats) */

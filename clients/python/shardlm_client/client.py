@@ -168,16 +168,18 @@ class Client:
 
     @staticmethod
     def generate_request(prompt: Optional[str] = None, *, prompt_token_ids: Optional[Sequence[int]] = None,
-                         request_id: str = "", add_bos: Optional[bool] = None, **sampling) -> "pb.GenerateRequest":
-        req = pb.GenerateRequest(request_id=request_id, prompt=prompt or "",
+                         request_id: str = "", add_bos: Optional[bool] = None, adapter: str = "",
+                         **sampling) -> "pb.GenerateRequest":
+        req = pb.GenerateRequest(request_id=request_id, prompt=prompt or "", adapter=adapter,
                                  prompt_token_ids=list(prompt_token_ids or []), sampling=sampling_params(**sampling))
         if add_bos is not None:
             req.add_bos = add_bos
         return req
 
     @staticmethod
-    def chat_request(messages: Iterable[Message], *, request_id: str = "", **sampling) -> "pb.ChatRequest":
-        return pb.ChatRequest(request_id=request_id, messages=[_message(m) for m in messages],
+    def chat_request(messages: Iterable[Message], *, request_id: str = "", adapter: str = "",
+                     **sampling) -> "pb.ChatRequest":
+        return pb.ChatRequest(request_id=request_id, messages=[_message(m) for m in messages], adapter=adapter,
                               sampling=sampling_params(**sampling))
 
     def generate(self, prompt: Optional[str] = None, *, timeout: Optional[float] = None, **kw) -> Generation:
