@@ -196,6 +196,7 @@ void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, con
     }
     const quant_act_fn act = bs == QK_K ? kt->act_q8_k : kt->act_q8;
     const quant_dot_fn dot = kt->dot[slot];
+    const quant_dot4_fn dot4 = kt->dot4[slot];
     uint8_t *xq = scratch;
     const uint8_t *wb = w;
     const int nt = (double)m * (double)n * (double)k >= QUANT_PARALLEL_MIN ? n_threads : 1;
@@ -208,7 +209,12 @@ void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, con
         #pragma omp for schedule(static)
         for (int64_t j0 = 0; j0 < n; j0 += ROW_TILE) {
             const int64_t j1 = j0 + ROW_TILE < n ? j0 + ROW_TILE : n;
-            for (int64_t i = 0; i < m; i++)
+            int64_t i = 0;
+            if (dot4)
+                for (; i + 4 <= m; i += 4)
+                    for (int64_t j = j0; j < j1; j++)
+                        dot4(nb, wb + (size_t)j * w_row, xq + (size_t)i * xq_row, xq_row, y + i * n + j, n);
+            for (; i < m; i++)
                 for (int64_t j = j0; j < j1; j++)
                     y[i * n + j] = dot(nb, wb + (size_t)j * w_row, xq + (size_t)i * xq_row);
         }

@@ -6,6 +6,7 @@
 #ifndef SHARDLM_QUANT_IMPL_H
 #define SHARDLM_QUANT_IMPL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "quant.h"
@@ -71,11 +72,16 @@ enum quant_slot { SLOT_Q4_0, SLOT_Q4_1, SLOT_Q5_0, SLOT_Q5_1, SLOT_Q8_0, SLOT_Q4
 /* The dot product of one weight row (nb blocks) with one quantized x row (nb activation blocks
  * of the matching kind). */
 typedef float (*quant_dot_fn)(int64_t nb, const void *w, const void *xq);
+/* The same for four rows of x (xq, xq + xs, ... bytes) at once, into y[0], y[ys], y[2 ys],
+ * y[3 ys]: prefill, where a weight block is unpacked once for four rows. */
+typedef void (*quant_dot4_fn)(int64_t nb, const void *w, const void *xq, size_t xs, float *y,
+                              int64_t ys);
 /* Quantizes nb blocks of x into activation blocks. */
 typedef void (*quant_act_fn)(const float *x, void *xq, int64_t nb);
 
 struct quant_kernels {
-    quant_dot_fn dot[SLOT_COUNT];
+    quant_dot_fn  dot[SLOT_COUNT];
+    quant_dot4_fn dot4[SLOT_COUNT]; /* NULL: four calls of dot */
     quant_act_fn act_q8;   /* to struct act_q8 */
     quant_act_fn act_q8_k; /* to struct act_q8_k */
 };

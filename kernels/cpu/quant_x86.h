@@ -56,81 +56,112 @@ QX_AVX2 static inline __m256i qx_sub_lane0(__m256i v, int32_t c)
     return _mm256_sub_epi32(v, _mm256_zextsi128_si256(_mm_cvtsi32_si128(c)));
 }
 
-/* ---- the 32-element types over dot_u8s8 (defined by the includer) ---- */
+/* ---- the 32-element types over dot_u8s8 (defined by the includer) ----
+ * Each type's kernel exists for one row of x (dot_*) and for four (dot4_*, prefill): a weight
+ * block is loaded and unpacked once for the four rows, which is most of the work of Q4/Q5. */
 
-/* Q8_0: the weights are signed, so the sign moves onto x (vpsign) and |w| is the unsigned
- * operand; |w| <= 128 and |x| <= 127 keep vpmaddubsw's pair sums below 2^15. */
-QX_TARGET static float dot_q8_0(int64_t nb, const void *wv, const void *xv)
+/* Q8_0 for nr (1 or 4, a constant after inlining) rows of x, xs bytes apart; y[r * ys]. The
+ * weights are signed, so their sign moves onto x (vpsign) and |w| is the unsigned operand;
+ * |w| <= 128 and |x| <= 127 keep vpmaddubsw's pair sums below 2^15. */
+QX_TARGET __attribute__((always_inline)) static inline void
+q8_0_rows(int64_t nb, const void *wv, const uint8_t *xb, size_t xs, int nr, float *y, int64_t ys)
 {
     const struct blk_q8_0 *w = wv;
-    const struct act_q8 *x = xv;
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < nb; b++) {
         const __m256i qw = _mm256_loadu_si256((const __m256i *)w[b].qs);
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        const __m256i p = dot_u8s8(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(qx_h2f(w[b].d) * x[b].d), _mm256_cvtepi32_ps(p), acc);
+        const __m256i aw = _mm256_sign_epi8(qw, qw);
+        const float dw = qx_h2f(w[b].d);
+        for (int r = 0; r < nr; r++) {
+            const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
+            const __m256i qx = _mm256_loadu_si256((const __m256i *)x->qs);
+            const __m256i p = dot_u8s8(aw, _mm256_sign_epi8(qx, qw));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x->d), _mm256_cvtepi32_ps(p), acc[r]);
+        }
     }
-    return qx_hsum(acc);
+    for (int r = 0; r < nr; r++) y[r * ys] = qx_hsum(acc[r]);
 }
 
-/* Q4_0 and Q5_0 use their unsigned values and subtract the offset (8 or 16) times sum(x)
- * in the integers. */
-QX_TARGET static float dot_q4_0(int64_t nb, const void *wv, const void *xv)
+/* A Q4/Q5 block ready for any row of x: unsigned values u and w = d * (u - off) + m. */
+struct qx_block {
+    __m256i u;
+    float   d, m;
+    int32_t off;
+};
+
+QX_AVX2 static inline struct qx_block qx_unpack_q4_0(const void *w, int64_t b)
 {
-    const struct blk_q4_0 *w = wv;
-    const struct act_q8 *x = xv;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        const __m256i p = qx_sub_lane0(dot_u8s8(qx_nibbles(w[b].qs), qx), 8 * x[b].sum);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(qx_h2f(w[b].d) * x[b].d), _mm256_cvtepi32_ps(p), acc);
-    }
-    return qx_hsum(acc);
+    const struct blk_q4_0 *p = (const struct blk_q4_0 *)w + b;
+    return (struct qx_block){qx_nibbles(p->qs), qx_h2f(p->d), 0.0f, 8};
+}
+QX_AVX2 static inline struct qx_block qx_unpack_q4_1(const void *w, int64_t b)
+{
+    const struct blk_q4_1 *p = (const struct blk_q4_1 *)w + b;
+    return (struct qx_block){qx_nibbles(p->qs), qx_h2f(p->d), qx_h2f(p->m), 0};
+}
+QX_AVX2 static inline struct qx_block qx_unpack_q5_0(const void *w, int64_t b)
+{
+    const struct blk_q5_0 *p = (const struct blk_q5_0 *)w + b;
+    return (struct qx_block){_mm256_or_si256(qx_nibbles(p->qs), qx_fifth_bits(p->qh)), qx_h2f(p->d), 0.0f, 16};
+}
+QX_AVX2 static inline struct qx_block qx_unpack_q5_1(const void *w, int64_t b)
+{
+    const struct blk_q5_1 *p = (const struct blk_q5_1 *)w + b;
+    return (struct qx_block){_mm256_or_si256(qx_nibbles(p->qs), qx_fifth_bits(p->qh)), qx_h2f(p->d),
+                             qx_h2f(p->m), 0};
 }
 
-QX_TARGET static float dot_q5_0(int64_t nb, const void *wv, const void *xv)
+/* Q4_0, Q4_1, Q5_0, Q5_1 for nr rows of x (as q8_0_rows). The offset (8 or 16) times sum(x)
+ * is subtracted in the integers, exactly; the min (has_min: Q4_1, Q5_1) contributes
+ * m * d_x * sum(x), kept apart in a scalar. */
+QX_TARGET __attribute__((always_inline)) static inline void
+q45_rows(int64_t nb, const void *w, struct qx_block (*unpack)(const void *, int64_t), int has_min,
+         const uint8_t *xb, size_t xs, int nr, float *y, int64_t ys)
 {
-    const struct blk_q5_0 *w = wv;
-    const struct act_q8 *x = xv;
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float acc_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t b = 0; b < nb; b++) {
-        const __m256i q = _mm256_or_si256(qx_nibbles(w[b].qs), qx_fifth_bits(w[b].qh));
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        const __m256i p = qx_sub_lane0(dot_u8s8(q, qx), 16 * x[b].sum);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(qx_h2f(w[b].d) * x[b].d), _mm256_cvtepi32_ps(p), acc);
+        const struct qx_block q = unpack(w, b);
+        for (int r = 0; r < nr; r++) {
+            const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
+            __m256i p = dot_u8s8(q.u, _mm256_loadu_si256((const __m256i *)x->qs));
+            if (q.off) p = qx_sub_lane0(p, q.off * x->sum);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(q.d * x->d), _mm256_cvtepi32_ps(p), acc[r]);
+            if (has_min) acc_m[r] += q.m * x->d * (float)x->sum;
+        }
     }
-    return qx_hsum(acc);
+    for (int r = 0; r < nr; r++) y[r * ys] = qx_hsum(acc[r]) + acc_m[r];
 }
 
-/* Q4_1 and Q5_1: the min m contributes m * d_x * sum(x), kept apart in a scalar. */
-QX_TARGET static float dot_q4_1(int64_t nb, const void *wv, const void *xv)
-{
-    const struct blk_q4_1 *w = wv;
-    const struct act_q8 *x = xv;
-    __m256 acc = _mm256_setzero_ps();
-    float acc_m = 0.0f;
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i p = dot_u8s8(qx_nibbles(w[b].qs), _mm256_loadu_si256((const __m256i *)x[b].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(qx_h2f(w[b].d) * x[b].d), _mm256_cvtepi32_ps(p), acc);
-        acc_m += qx_h2f(w[b].m) * x[b].d * (float)x[b].sum;
+/* The table's entry points: one row (quant_dot_fn) and four rows (quant_dot4_fn). */
+#define QX_Q45(name, has_min)                                                                    \
+    QX_TARGET static float dot_##name(int64_t nb, const void *w, const void *xq)                 \
+    {                                                                                            \
+        float y;                                                                                 \
+        q45_rows(nb, w, qx_unpack_##name, has_min, xq, 0, 1, &y, 0);                            \
+        return y;                                                                                \
+    }                                                                                            \
+    QX_TARGET static void dot4_##name(int64_t nb, const void *w, const void *xq, size_t xs,      \
+                                      float *y, int64_t ys)                                      \
+    {                                                                                            \
+        q45_rows(nb, w, qx_unpack_##name, has_min, xq, xs, 4, y, ys);                           \
     }
-    return qx_hsum(acc) + acc_m;
+QX_Q45(q4_0, 0)
+QX_Q45(q4_1, 1)
+QX_Q45(q5_0, 0)
+QX_Q45(q5_1, 1)
+#undef QX_Q45
+
+QX_TARGET static float dot_q8_0(int64_t nb, const void *w, const void *xq)
+{
+    float y;
+    q8_0_rows(nb, w, xq, 0, 1, &y, 0);
+    return y;
 }
 
-QX_TARGET static float dot_q5_1(int64_t nb, const void *wv, const void *xv)
+QX_TARGET static void dot4_q8_0(int64_t nb, const void *w, const void *xq, size_t xs, float *y, int64_t ys)
 {
-    const struct blk_q5_1 *w = wv;
-    const struct act_q8 *x = xv;
-    __m256 acc = _mm256_setzero_ps();
-    float acc_m = 0.0f;
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i q = _mm256_or_si256(qx_nibbles(w[b].qs), qx_fifth_bits(w[b].qh));
-        const __m256i p = dot_u8s8(q, _mm256_loadu_si256((const __m256i *)x[b].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(qx_h2f(w[b].d) * x[b].d), _mm256_cvtepi32_ps(p), acc);
-        acc_m += qx_h2f(w[b].m) * x[b].d * (float)x[b].sum;
-    }
-    return qx_hsum(acc) + acc_m;
+    q8_0_rows(nb, w, xq, xs, 4, y, ys);
 }
 
 #endif
