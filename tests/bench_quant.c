@@ -14,7 +14,7 @@
  * A benchmark, never a pass/fail gate: it exits 0 whatever the numbers are.
  * Not here: correctness (tests/test_quant.c).
  *
- * Run: bench_quant [--quick]   (about 30 s on 2 idle cores; --quick about 8 s) */
+ * Run: bench_quant [--quick]   (about 30 s on 2 idle cores; --quick about 5 s) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
