@@ -1,0 +1,229 @@
+/* kernels/cpu/quant.c - the quantized product's driver (kernels/quant.h): type geometry, the
+ * choice of implementation by CPU features, and quant_matmul itself: x quantized once per call
+ * into the scratch, then each (row of x, row of W) an integer dot product, the rows of W split
+ * across OpenMP threads. One thread pool, as everywhere in the CPU backend (kernels/cpu/
+ * matmul.c says why): no BLAS here, only OpenMP.
+ * Not here: the kernels (quant_scalar.c, quant_avx2.c, quant_avx512_vnni.c), the row
+ * dequantizers (quant_dequantize.c).
+ * Tests: tests/test_quant.c; benchmark: tests/bench_quant.c. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "base.h"
+#include "quant_impl.h"
+
+/* Below this many multiply-adds one thread does the whole product (as op_matmul). */
+#define QUANT_PARALLEL_MIN (1 << 18)
+/* Rows of W per scheduling unit: 16 rows of y are one 64-byte line of f32, so threads never
+ * share a line of y, and a tile of W (under 10 KB at k = 2048 for Q4_K) stays in L1 while every
+ * row of x passes over it. */
+#define ROW_TILE 16
+
+struct type_info {
+    enum quant_type type;
+    const char     *name;
+    int             block_size;
+    size_t          block_bytes;
+};
+
+/* In enum quant_slot order. */
+static const struct type_info type_infos[SLOT_COUNT] = {
+    {QUANT_TYPE_Q4_0, "Q4_0", QK, sizeof(struct blk_q4_0)},
+    {QUANT_TYPE_Q4_1, "Q4_1", QK, sizeof(struct blk_q4_1)},
+    {QUANT_TYPE_Q5_0, "Q5_0", QK, sizeof(struct blk_q5_0)},
+    {QUANT_TYPE_Q5_1, "Q5_1", QK, sizeof(struct blk_q5_1)},
+    {QUANT_TYPE_Q8_0, "Q8_0", QK, sizeof(struct blk_q8_0)},
+    {QUANT_TYPE_Q4_K, "Q4_K", QK_K, sizeof(struct blk_q4_k)},
+    {QUANT_TYPE_Q5_K, "Q5_K", QK_K, sizeof(struct blk_q5_k)},
+    {QUANT_TYPE_Q6_K, "Q6_K", QK_K, sizeof(struct blk_q6_k)},
+};
+
+static int slot_of(uint32_t type)
+{
+    for (int s = 0; s < SLOT_COUNT; s++)
+        if ((uint32_t)type_infos[s].type == type) return s;
+    return -1;
+}
+
+int quant_type_supported(uint32_t type) { return slot_of(type) >= 0; }
+
+const char *quant_type_name(uint32_t type)
+{
+    const int s = slot_of(type);
+    return s >= 0 ? type_infos[s].name : "?";
+}
+
+int quant_block_size(uint32_t type)
+{
+    const int s = slot_of(type);
+    return s >= 0 ? type_infos[s].block_size : 0;
+}
+
+size_t quant_block_bytes(uint32_t type)
+{
+    const int s = slot_of(type);
+    return s >= 0 ? type_infos[s].block_bytes : 0;
+}
+
+size_t quant_row_bytes(enum quant_type type, int64_t k)
+{
+    const int bs = quant_block_size(type);
+    CHECK(bs > 0 && k >= 0 && k % bs == 0, "quant_row_bytes: type %d, k %lld", (int)type,
+          (long long)k);
+    return (size_t)(k / bs) * quant_block_bytes(type);
+}
+
+/* Bytes of one quantized row of x of k elements for a weight type of block size bs. */
+static size_t act_row_bytes(int bs, int64_t k)
+{
+    return bs == QK_K ? (size_t)(k / QK_K) * sizeof(struct act_q8_k)
+                      : (size_t)(k / QK) * sizeof(struct act_q8);
+}
+
+size_t quant_matmul_scratch_bytes(enum quant_type type, int64_t m, int64_t k)
+{
+    const int bs = quant_block_size(type);
+    CHECK(bs > 0 && m >= 0 && k >= 0 && k % bs == 0, "quant_matmul_scratch_bytes: type %d, k %lld",
+          (int)type, (long long)k);
+    return (size_t)m * act_row_bytes(bs, k);
+}
+
+/* ---- implementations ---- */
+
+const char *quant_impl_name(enum quant_impl impl)
+{
+    switch (impl) {
+    case QUANT_IMPL_SCALAR: return "scalar";
+    case QUANT_IMPL_AVX2: return "avx2";
+    case QUANT_IMPL_AVX512_VNNI: return "avx512vnni";
+    case QUANT_IMPL_COUNT: break;
+    }
+    return "?";
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+/* AVX2 with FMA and F16C, as the kernels are compiled for. Clang 14's __builtin_cpu_supports
+ * does not know "f16c", so that bit comes from CPUID (leaf 1, ECX bit 29); AVX2 implies the OS
+ * saves the YMM state (the builtin checks XGETBV). */
+static int cpu_avx2(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 29 & 1)) return 0;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+static int cpu_avx512_vnni(void)
+{
+    return cpu_avx2() && __builtin_cpu_supports("avx512vnni") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+}
+#else
+static int cpu_avx2(void) { return 0; }
+static int cpu_avx512_vnni(void) { return 0; }
+#endif
+
+/* Bit i set when implementation i runs here. Computed once: CPUID traps to the hypervisor in a
+ * VM (microseconds), too slow to ask at every decode step. Racing first calls compute the same
+ * value. */
+static _Atomic int impl_mask = -1;
+
+static int available_mask(void)
+{
+    int mask = atomic_load_explicit(&impl_mask, memory_order_relaxed);
+    if (mask < 0) {
+        mask = 1 << QUANT_IMPL_SCALAR;
+        if (quant_kernels_avx2() && cpu_avx2()) mask |= 1 << QUANT_IMPL_AVX2;
+        if (quant_kernels_avx512_vnni() && cpu_avx512_vnni()) mask |= 1 << QUANT_IMPL_AVX512_VNNI;
+        atomic_store_explicit(&impl_mask, mask, memory_order_relaxed);
+    }
+    return mask;
+}
+
+static const struct quant_kernels *kernels_of(enum quant_impl impl)
+{
+    if ((unsigned)impl >= QUANT_IMPL_COUNT || !(available_mask() >> impl & 1)) return NULL;
+    switch (impl) {
+    case QUANT_IMPL_SCALAR: return quant_kernels_scalar();
+    case QUANT_IMPL_AVX2: return quant_kernels_avx2();
+    case QUANT_IMPL_AVX512_VNNI: return quant_kernels_avx512_vnni();
+    case QUANT_IMPL_COUNT: break;
+    }
+    return NULL;
+}
+
+int quant_impl_available(enum quant_impl impl) { return kernels_of(impl) != NULL; }
+
+enum quant_impl quant_impl_best(void)
+{
+    for (int impl = QUANT_IMPL_COUNT - 1; impl > QUANT_IMPL_SCALAR; impl--)
+        if (quant_impl_available((enum quant_impl)impl)) return (enum quant_impl)impl;
+    return QUANT_IMPL_SCALAR;
+}
+
+/* ---- the product ---- */
+
+void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, const float *x,
+                       const void *w, int64_t m, int64_t n, int64_t k, void *scratch,
+                       int n_threads)
+{
+    const int slot = slot_of(type);
+    CHECK(slot >= 0, "quant_matmul: unsupported ggml type %d", (int)type);
+    const int bs = type_infos[slot].block_size;
+    CHECK(m >= 0 && n >= 0 && k >= 0 && k % bs == 0,
+          "quant_matmul: %s with m %lld, n %lld, k %lld (k must be a multiple of %d)",
+          type_infos[slot].name, (long long)m, (long long)n, (long long)k, bs);
+    CHECK(n_threads >= 1, "quant_matmul: n_threads %d", n_threads);
+    CHECK(((uintptr_t)w & 1) == 0, "quant_matmul: weight blocks must be 2-byte aligned");
+    const struct quant_kernels *kt = kernels_of(impl);
+    CHECK(kt, "quant_matmul: implementation %s is not available here", quant_impl_name(impl));
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+        memset(y, 0, (size_t)(m * n) * sizeof(float));
+        return;
+    }
+
+    const int64_t nb = k / bs;
+    const size_t xq_row = act_row_bytes(bs, k), w_row = (size_t)nb * type_infos[slot].block_bytes;
+    void *owned = NULL;
+    if (!scratch) {
+        scratch = owned = malloc((size_t)m * xq_row);
+        CHECK(scratch, "quant_matmul: out of memory for %zu bytes of scratch", (size_t)m * xq_row);
+    }
+    const quant_act_fn act = bs == QK_K ? kt->act_q8_k : kt->act_q8;
+    const quant_dot_fn dot = kt->dot[slot];
+    const quant_dot4_fn dot4 = kt->dot4[slot];
+    uint8_t *xq = scratch;
+    const uint8_t *wb = w;
+    const int nt = (double)m * (double)n * (double)k >= QUANT_PARALLEL_MIN ? n_threads : 1;
+
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < m; i++) act(x + i * k, xq + (size_t)i * xq_row, nb);
+        /* The implied barrier: every row of x is quantized before any product reads it. */
+        #pragma omp for schedule(static)
+        for (int64_t j0 = 0; j0 < n; j0 += ROW_TILE) {
+            const int64_t j1 = j0 + ROW_TILE < n ? j0 + ROW_TILE : n;
+            int64_t i = 0;
+            if (dot4)
+                for (; i + 4 <= m; i += 4)
+                    for (int64_t j = j0; j < j1; j++)
+                        dot4(nb, wb + (size_t)j * w_row, xq + (size_t)i * xq_row, xq_row, y + i * n + j, n);
+            for (; i < m; i++)
+                for (int64_t j = j0; j < j1; j++)
+                    y[i * n + j] = dot(nb, wb + (size_t)j * w_row, xq + (size_t)i * xq_row);
+        }
+    }
+    free(owned);
+}
+
+void quant_matmul(enum quant_type type, float *y, const float *x, const void *w, int64_t m,
+                  int64_t n, int64_t k, void *scratch, int n_threads)
+{
+    quant_matmul_impl(quant_impl_best(), type, y, x, w, m, n, k, scratch, n_threads);
+}

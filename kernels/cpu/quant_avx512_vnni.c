@@ -1,0 +1,44 @@
+/* kernels/cpu/quant_avx512_vnni.c - the AVX512-VNNI implementation of the quantized product:
+ * the 32-element types of quant_x86.h over vpdpbusd on 256-bit vectors (AVX512-VNNI with VL:
+ * one instruction where AVX2 needs vpmaddubsw + vpmaddwd, and no 16-bit saturation), the
+ * K-quants and the x quantizers borrowed from quant_avx2.c. Compiled with target attributes;
+ * quant.c asks the CPU.
+ * Not here: AVX-VNNI (the VEX form of the same instruction on CPUs without AVX-512), 512-bit
+ * vectors.
+ * Tests: tests/test_quant.c (against the scalar reference and the f64 product). */
+#include "quant_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+
+#define QX_TARGET __attribute__((target("avx512vnni,avx512vl,avx512bw,avx2,fma,f16c")))
+#include <immintrin.h>
+
+/* Unsigned u times signed s, bytes in groups of four summed into int32. */
+QX_TARGET static inline __m256i dot_u8s8(__m256i u, __m256i s)
+{
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+}
+
+#include "quant_x86.h"
+
+static const struct quant_kernels vnni_kernels = {
+    .dot = {
+        [SLOT_Q4_0] = dot_q4_0, [SLOT_Q4_1] = dot_q4_1, [SLOT_Q5_0] = dot_q5_0,
+        [SLOT_Q5_1] = dot_q5_1, [SLOT_Q8_0] = dot_q8_0, [SLOT_Q4_K] = quant_avx2_dot_q4_k,
+        [SLOT_Q5_K] = quant_avx2_dot_q5_k, [SLOT_Q6_K] = quant_avx2_dot_q6_k,
+    },
+    .dot4 = {
+        [SLOT_Q4_0] = dot4_q4_0, [SLOT_Q4_1] = dot4_q4_1, [SLOT_Q5_0] = dot4_q5_0,
+        [SLOT_Q5_1] = dot4_q5_1, [SLOT_Q8_0] = dot4_q8_0,
+    },
+    .act_q8 = quant_avx2_act_q8,
+    .act_q8_k = quant_avx2_act_q8_k,
+};
+
+const struct quant_kernels *quant_kernels_avx512_vnni(void) { return &vnni_kernels; }
+
+#else
+
+const struct quant_kernels *quant_kernels_avx512_vnni(void) { return NULL; }
+
+#endif

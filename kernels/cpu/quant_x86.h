@@ -1,0 +1,167 @@
+/* kernels/cpu/quant_x86.h - what the two x86 implementations of the quantized product share:
+ * AVX2 helpers (horizontal sum, nibble and fifth-bit unpacking) and the dot products of the
+ * 32-element types, written once over an integer dot `dot_u8s8` that the including file
+ * defines before including this one: quant_avx2.c with vpmaddubsw + vpmaddwd, and
+ * quant_avx512_vnni.c with vpdpbusd. QX_TARGET is the includer's target attribute, so that the
+ * library builds for generic x86-64 and the CPU is asked at run time (quant.c).
+ * Each x86 file includes it once; every function here is static.
+ * Not here: the K-quants (quant_avx2.c, shared by both), the scalar reference (quant_scalar.c).
+ * Tests: tests/test_quant.c. */
+#ifndef SHARDLM_QUANT_X86_H
+#define SHARDLM_QUANT_X86_H
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "quant_impl.h"
+
+#define QX_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+QX_AVX2 static inline float qx_hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+QX_AVX2 static inline float qx_h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+/* The 32 elements of a Q4 block as bytes 0..15: low nibbles (elements 0-15) in the low lane,
+ * high nibbles (16-31) in the high lane. */
+QX_AVX2 static inline __m256i qx_nibbles(const uint8_t qs[16])
+{
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+}
+
+/* Byte i = 0x10 when bit i of the little-endian u32 qh is set: the fifth bits of a Q5 block. */
+QX_AVX2 static inline __m256i qx_fifth_bits(const uint8_t qh[4])
+{
+    uint32_t v;
+    memcpy(&v, qh, 4);
+    /* Bytes 0-7 of the result take qh's byte 0, 8-15 byte 1, and so on; then each byte keeps
+     * its own bit (i mod 8). */
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)v),
+        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+/* v with lane 0 lowered by c: the integer offset of a Q4_0/Q5_0 block, kept exact. */
+QX_AVX2 static inline __m256i qx_sub_lane0(__m256i v, int32_t c)
+{
+    return _mm256_sub_epi32(v, _mm256_zextsi128_si256(_mm_cvtsi32_si128(c)));
+}
+
+/* ---- the 32-element types over dot_u8s8 (defined by the includer) ----
+ * Each type's kernel exists for one row of x (dot_*) and for four (dot4_*, prefill): a weight
+ * block is loaded and unpacked once for the four rows, which is most of the work of Q4/Q5. */
+
+/* Q8_0 for nr (1 or 4, a constant after inlining) rows of x, xs bytes apart; y[r * ys]. The
+ * weights are signed, so their sign moves onto x (vpsign) and |w| is the unsigned operand;
+ * |w| <= 128 and |x| <= 127 keep vpmaddubsw's pair sums below 2^15. */
+QX_TARGET __attribute__((always_inline)) static inline void
+q8_0_rows(int64_t nb, const void *wv, const uint8_t *xb, size_t xs, int nr, float *y, int64_t ys)
+{
+    const struct blk_q8_0 *w = wv;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)w[b].qs);
+        const __m256i aw = _mm256_sign_epi8(qw, qw);
+        const float dw = qx_h2f(w[b].d);
+        for (int r = 0; r < nr; r++) {
+            const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
+            const __m256i qx = _mm256_loadu_si256((const __m256i *)x->qs);
+            const __m256i p = dot_u8s8(aw, _mm256_sign_epi8(qx, qw));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x->d), _mm256_cvtepi32_ps(p), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) y[r * ys] = qx_hsum(acc[r]);
+}
+
+/* A Q4/Q5 block ready for any row of x: unsigned values u and w = d * (u - off) + m. */
+struct qx_block {
+    __m256i u;
+    float   d, m;
+    int32_t off;
+};
+
+QX_AVX2 static inline struct qx_block qx_unpack_q4_0(const void *w, int64_t b)
+{
+    const struct blk_q4_0 *p = (const struct blk_q4_0 *)w + b;
+    return (struct qx_block){qx_nibbles(p->qs), qx_h2f(p->d), 0.0f, 8};
+}
+QX_AVX2 static inline struct qx_block qx_unpack_q4_1(const void *w, int64_t b)
+{
+    const struct blk_q4_1 *p = (const struct blk_q4_1 *)w + b;
+    return (struct qx_block){qx_nibbles(p->qs), qx_h2f(p->d), qx_h2f(p->m), 0};
+}
+QX_AVX2 static inline struct qx_block qx_unpack_q5_0(const void *w, int64_t b)
+{
+    const struct blk_q5_0 *p = (const struct blk_q5_0 *)w + b;
+    return (struct qx_block){_mm256_or_si256(qx_nibbles(p->qs), qx_fifth_bits(p->qh)), qx_h2f(p->d), 0.0f, 16};
+}
+QX_AVX2 static inline struct qx_block qx_unpack_q5_1(const void *w, int64_t b)
+{
+    const struct blk_q5_1 *p = (const struct blk_q5_1 *)w + b;
+    return (struct qx_block){_mm256_or_si256(qx_nibbles(p->qs), qx_fifth_bits(p->qh)), qx_h2f(p->d),
+                             qx_h2f(p->m), 0};
+}
+
+/* Q4_0, Q4_1, Q5_0, Q5_1 for nr rows of x (as q8_0_rows). The offset (8 or 16) times sum(x)
+ * is subtracted in the integers, exactly; the min (has_min: Q4_1, Q5_1) contributes
+ * m * d_x * sum(x), kept apart in a scalar. */
+QX_TARGET __attribute__((always_inline)) static inline void
+q45_rows(int64_t nb, const void *w, struct qx_block (*unpack)(const void *, int64_t), int has_min,
+         const uint8_t *xb, size_t xs, int nr, float *y, int64_t ys)
+{
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float acc_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t b = 0; b < nb; b++) {
+        const struct qx_block q = unpack(w, b);
+        for (int r = 0; r < nr; r++) {
+            const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
+            __m256i p = dot_u8s8(q.u, _mm256_loadu_si256((const __m256i *)x->qs));
+            if (q.off) p = qx_sub_lane0(p, q.off * x->sum);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(q.d * x->d), _mm256_cvtepi32_ps(p), acc[r]);
+            if (has_min) acc_m[r] += q.m * x->d * (float)x->sum;
+        }
+    }
+    for (int r = 0; r < nr; r++) y[r * ys] = qx_hsum(acc[r]) + acc_m[r];
+}
+
+/* The table's entry points: one row (quant_dot_fn) and four rows (quant_dot4_fn). */
+#define QX_Q45(name, has_min)                                                                    \
+    QX_TARGET static float dot_##name(int64_t nb, const void *w, const void *xq)                 \
+    {                                                                                            \
+        float y;                                                                                 \
+        q45_rows(nb, w, qx_unpack_##name, has_min, xq, 0, 1, &y, 0);                            \
+        return y;                                                                                \
+    }                                                                                            \
+    QX_TARGET static void dot4_##name(int64_t nb, const void *w, const void *xq, size_t xs,      \
+                                      float *y, int64_t ys)                                      \
+    {                                                                                            \
+        q45_rows(nb, w, qx_unpack_##name, has_min, xq, xs, 4, y, ys);                           \
+    }
+QX_Q45(q4_0, 0)
+QX_Q45(q4_1, 1)
+QX_Q45(q5_0, 0)
+QX_Q45(q5_1, 1)
+#undef QX_Q45
+
+QX_TARGET static float dot_q8_0(int64_t nb, const void *w, const void *xq)
+{
+    float y;
+    q8_0_rows(nb, w, xq, 0, 1, &y, 0);
+    return y;
+}
+
+QX_TARGET static void dot4_q8_0(int64_t nb, const void *w, const void *xq, size_t xs, float *y, int64_t ys)
+{
+    q8_0_rows(nb, w, xq, xs, 4, y, ys);
+}
+
+#endif

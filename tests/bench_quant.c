@@ -1,0 +1,185 @@
+/* tests/bench_quant.c - speed of the quantized product (kernels/quant.h) on the shapes of
+ * Gemma 3 270M (d_model 640, ffn 2048, 4 heads of 256: q 1024 wide), each next to the f32
+ * product the CPU backend does today on the same weights dequantized (op_matmul: OpenBLAS
+ * sgemv for one row, sgemm otherwise, single-threaded inside the OpenMP threads), measured in
+ * the same run:
+ *   per (shape, m, threads, type): time of one product with the best implementation here, the
+ *   weight bandwidth it reaches (bytes of blocks read per second), the f32 product's time and
+ *   bandwidth, the speed-up (f32 time / quantized time), and for the 32-element types the
+ *   AVX2 time when the best is AVX512-VNNI.
+ * K-quants need k a multiple of 256, so they only appear at k = 2048 (which is why Gemma's
+ * Q4_K_M file stores its 640-wide rows as Q5_0 and Q8_0).
+ * Every figure is the best of several timed repetitions after a warm-up call.
+ *
+ * A benchmark, never a pass/fail gate: it exits 0 whatever the numbers are.
+ * Not here: correctness (tests/test_quant.c).
+ *
+ * Run: bench_quant [--quick]   (about 30 s on 2 idle cores; --quick about 5 s) */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ops.h"
+#include "quant.h"
+
+struct bench {
+    double min_time; /* seconds of timed repetitions per measurement */
+    int    max_reps;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Calls fn(ctx) once to warm up, then repeatedly until min_time has passed (at least 3 and at
+ * most max_reps times); returns the best time of one call. */
+static double time_best(const struct bench *bn, void (*fn)(void *), void *ctx)
+{
+    fn(ctx);
+    double best = INFINITY, start = now_s();
+    for (int rep = 0; rep < bn->max_reps; rep++) {
+        double t0 = now_s();
+        fn(ctx);
+        double t = now_s() - t0;
+        if (t < best) best = t;
+        if (rep >= 2 && now_s() - start > bn->min_time) break;
+    }
+    return best;
+}
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static uint32_t rnd32(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+
+/* Random blocks with every f16 field set to 2^-10 (finite, no NaN from random bits): speed
+ * does not depend on the values. */
+static void fill_blocks(enum quant_type t, uint8_t *w, size_t bytes)
+{
+    for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)rnd32();
+    const size_t bb = quant_block_bytes(t);
+    const uint8_t h[2] = {0x00, 0x14}; /* f16 2^-10 */
+    for (size_t b = 0; b < bytes / bb; b++) {
+        uint8_t *p = w + b * bb;
+        if (t == QUANT_TYPE_Q6_K) {
+            memcpy(p + 208, h, 2);
+        } else {
+            memcpy(p, h, 2);
+            if (t == QUANT_TYPE_Q4_1 || t == QUANT_TYPE_Q5_1 || t == QUANT_TYPE_Q4_K || t == QUANT_TYPE_Q5_K)
+                memcpy(p + 2, h, 2);
+        }
+    }
+}
+
+struct quant_ctx {
+    enum quant_impl impl;
+    enum quant_type type;
+    float          *y;
+    const float    *x;
+    const void     *w;
+    void           *scratch;
+    int64_t         m, n, k;
+    int             threads;
+};
+
+static void run_quant(void *p)
+{
+    struct quant_ctx *c = p;
+    quant_matmul_impl(c->impl, c->type, c->y, c->x, c->w, c->m, c->n, c->k, c->scratch, c->threads);
+}
+
+struct f32_ctx {
+    struct backend *b;
+    struct tensor   y, x, w;
+};
+
+static void run_f32(void *p)
+{
+    struct f32_ctx *c = p;
+    op_matmul(c->b, &c->y, &c->x, &c->w, NULL);
+}
+
+static const enum quant_type types[] = {
+    QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K, QUANT_TYPE_Q5_0,
+    QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1, QUANT_TYPE_Q5_1, QUANT_TYPE_Q5_K,
+};
+
+/* One shape at m rows on b's threads: the f32 product, then every type whose block fits k. */
+static void bench_shape(const struct bench *bn, struct backend *b, const char *label, int64_t m,
+                        int64_t k, int64_t n)
+{
+    float *x = malloc((size_t)(m * k) * sizeof(float)), *y = malloc((size_t)(m * n) * sizeof(float));
+    float *wf = malloc((size_t)(n * k) * sizeof(float));
+    for (int64_t i = 0; i < m * k; i++) x[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+    for (int64_t i = 0; i < n * k; i++) wf[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-4f;
+    struct f32_ctx fc = {b, tensor_make(y, DTYPE_F32, DEVICE_CPU, 2, m, n),
+                         tensor_make(x, DTYPE_F32, DEVICE_CPU, 2, m, k),
+                         tensor_make(wf, DTYPE_F32, DEVICE_CPU, 2, n, k)};
+    const double t_f32 = time_best(bn, run_f32, &fc);
+    const double f32_bytes = (double)(n * k) * 4.0;
+    printf("%-15s m=%-3lld k=%-5lld n=%-5lld threads %d: f32 op_matmul %8.1f us %6.1f GB/s\n", label,
+           (long long)m, (long long)k, (long long)n, b->n_threads, t_f32 * 1e6, f32_bytes / t_f32 * 1e-9);
+    const enum quant_impl best = quant_impl_best();
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const enum quant_type t = types[ti];
+        if (k % quant_block_size(t)) continue;
+        const size_t wbytes = (size_t)n * quant_row_bytes(t, k);
+        uint8_t *w = malloc(wbytes);
+        void *scratch = malloc(quant_matmul_scratch_bytes(t, m, k));
+        fill_blocks(t, w, wbytes);
+        struct quant_ctx qc = {best, t, y, x, w, scratch, m, n, k, b->n_threads};
+        const double tq = time_best(bn, run_quant, &qc);
+        char extra[64] = "";
+        if (best == QUANT_IMPL_AVX512_VNNI && quant_block_size(t) == 32) {
+            qc.impl = QUANT_IMPL_AVX2;
+            snprintf(extra, sizeof extra, "  (avx2 %7.1f us)", time_best(bn, run_quant, &qc) * 1e6);
+        }
+        printf("    %-5s %-10s %8.1f us %6.1f GB/s  %4.2f bytes/weight  speed-up vs f32 %5.2fx%s\n",
+               quant_type_name(t), quant_impl_name(best), tq * 1e6, (double)wbytes / tq * 1e-9,
+               (double)wbytes / (double)(n * k), t_f32 / tq, extra);
+        fflush(stdout);
+        free(scratch);
+        free(w);
+    }
+    free(wf);
+    free(y);
+    free(x);
+}
+
+int main(int argc, char **argv)
+{
+    int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    if (argc > 1 && !quick) {
+        fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+        return 2;
+    }
+    struct bench bn = {quick ? 0.03 : 0.2, quick ? 20 : 2000};
+    printf("quantized products (kernels/quant.h), best implementation here: %s; f32 baseline: the\n"
+           "CPU backend's op_matmul on the dequantized weights. Times are the best of repetitions.\n\n",
+           quant_impl_name(quant_impl_best()));
+    static const struct { const char *label; int64_t k, n; } shapes[] = {
+        {"gemma ffn.up", 640, 2048}, {"gemma ffn.down", 2048, 640}, {"gemma attn.q", 640, 1024},
+    };
+    for (int threads = 1; threads <= 2; threads++) {
+        struct backend *b;
+        if (backend_open(DEVICE_CPU, 0, threads, &b) != STATUS_OK) {
+            fprintf(stderr, "bench_quant: cannot open the cpu backend: %s\n", status_message());
+            return 1;
+        }
+        for (int m = 1; m <= 64; m += 63)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                bench_shape(&bn, b, shapes[s].label, m, shapes[s].k, shapes[s].n);
+        backend_close(b);
+    }
+    return 0;
+}

@@ -1,0 +1,352 @@
+/* tests/test_quant.c - the quantized product (kernels/quant.h) against the formats wing: for
+ * every type, weights built from random bytes with small finite f16 scales are written into a
+ * GGUF file and dequantized by engine/formats (bit-exact with gguf-py, tests/test_gguf.c),
+ * which is the reference:
+ *   - quant_dequantize_row equals it bit for bit, and the geometry (block and row bytes)
+ *     equals the reader's;
+ *   - quant_matmul of every implementation this CPU runs (scalar always, AVX2, AVX512-VNNI:
+ *     each forced through quant_matmul_impl; the others reported SKIP) against the f64
+ *     product of the dequantized W with the exact x, within a bound derived from the int8
+ *     activation rounding: |y - y_ref| <= sum over x blocks b of d_b / 2 * sum_{k in b} |w_k|
+ *     (d_b = max|x_b| / 127) plus an f32 rounding term; and the SIMD results against the
+ *     scalar one within f32 reassociation;
+ *   - odd shapes (m 1, 3, 17; n 1, 7, 33; k one block and several), one and two threads, the
+ *     scratch passed or allocated, guard bytes after y and the scratch, y finite.
+ * Not here: speed (tests/bench_quant.c). Exits 1 on any failure. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "gguf.h"
+#include "quant.h"
+#include "tensor.h"
+
+#define GUARD 64
+#define GUARD_BYTE 0xA5
+
+static const enum quant_type types[] = {
+    QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K, QUANT_TYPE_Q5_0,
+    QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1, QUANT_TYPE_Q5_1, QUANT_TYPE_Q5_K,
+};
+#define N_TYPES (int)(sizeof types / sizeof types[0])
+
+/* ---- random data ---- */
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd32(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static double rnd_uniform(void) { return (rnd32() & 0xFFFFFF) / (double)0x1000000; } /* [0, 1) */
+
+/* A small finite f16: random sign, magnitude 10^[lo, hi). */
+static uint16_t rnd_f16(double lo, double hi)
+{
+    const double v = pow(10.0, lo + (hi - lo) * rnd_uniform());
+    return f32_to_f16((float)(rnd32() & 1 ? -v : v));
+}
+
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+/* nblocks blocks of type: random quants and scales, then the f16 fields made small and finite
+ * so that weights are O(0.1 .. 1). */
+static void fill_blocks(enum quant_type t, uint8_t *w, int64_t nblocks)
+{
+    const size_t bb = quant_block_bytes(t);
+    for (size_t i = 0; i < (size_t)nblocks * bb; i++) w[i] = (uint8_t)rnd32();
+    for (int64_t b = 0; b < nblocks; b++) {
+        uint8_t *p = w + (size_t)b * bb;
+        switch (t) {
+        case QUANT_TYPE_Q8_0: put16(p, rnd_f16(-3, -2)); break;
+        case QUANT_TYPE_Q4_0: case QUANT_TYPE_Q5_0: put16(p, rnd_f16(-2.5, -1)); break;
+        case QUANT_TYPE_Q4_1: case QUANT_TYPE_Q5_1:
+            put16(p, rnd_f16(-2.5, -1));
+            put16(p + 2, rnd_f16(-2, 0));
+            break;
+        case QUANT_TYPE_Q4_K: case QUANT_TYPE_Q5_K:
+            put16(p, rnd_f16(-4, -2.5));
+            put16(p + 2, rnd_f16(-4, -2.5));
+            break;
+        case QUANT_TYPE_Q6_K: put16(p + 208, rnd_f16(-4, -3)); break;
+        }
+    }
+}
+
+/* The 6-bit min of sub-block j of a Q4_K/Q5_K block (ggml-common.h packing). */
+static int k_min(int j, const uint8_t *q)
+{
+    return j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+}
+
+/* |the min part| of element e of a weight row: the term the product computes apart from the
+ * scaled integer sum (Q4_1/Q5_1: m; Q4_K/Q5_K: dmin * m_j), which may cancel against it and
+ * so enters the f32 rounding bound. 0 for the types whose offsets stay in the integers. */
+static double min_part(enum quant_type t, const uint8_t *row, int64_t e)
+{
+    const int bs = quant_block_size(t);
+    const uint8_t *blk = row + (size_t)(e / bs) * quant_block_bytes(t);
+    switch (t) {
+    case QUANT_TYPE_Q4_1: case QUANT_TYPE_Q5_1: return fabs(f16_to_f32(get16(blk + 2)));
+    case QUANT_TYPE_Q4_K: case QUANT_TYPE_Q5_K:
+        return fabs(f16_to_f32(get16(blk + 2)) * k_min((int)(e % bs) / 32, blk + 4));
+    default: return 0.0;
+    }
+}
+
+/* ---- the reference: the formats wing's dequantizer through a GGUF file ---- */
+
+static char tmp_path[64];
+
+static void put_u32(FILE *f, uint32_t v) { CHECK(fwrite(&v, 4, 1, f) == 1, "write"); }
+static void put_u64(FILE *f, uint64_t v) { CHECK(fwrite(&v, 8, 1, f) == 1, "write"); }
+
+/* Writes a GGUF v3 file holding one tensor "w" of n rows of k elements of type t, reads it back
+ * dequantized into ref (n * k), and checks the reader's idea of the geometry. */
+static void reference_dequantize(enum quant_type t, const uint8_t *w, int64_t n, int64_t k, float *ref)
+{
+    const size_t bytes = (size_t)n * quant_row_bytes(t, k);
+    FILE *f = fopen(tmp_path, "wb");
+    CHECK(f, "cannot write %s", tmp_path);
+    fwrite("GGUF", 1, 4, f);
+    put_u32(f, 3);
+    put_u64(f, 1); /* tensors */
+    put_u64(f, 0); /* metadata entries */
+    put_u64(f, 1);
+    fwrite("w", 1, 1, f);
+    put_u32(f, 2);
+    put_u64(f, (uint64_t)k); /* ne[0], innermost */
+    put_u64(f, (uint64_t)n);
+    put_u32(f, (uint32_t)t);
+    put_u64(f, 0);
+    static const uint8_t zeros[32];
+    const long pos = ftell(f);
+    fwrite(zeros, 1, (size_t)((32 - pos % 32) % 32), f);
+    CHECK(fwrite(w, 1, bytes, f) == bytes, "write");
+    CHECK(fclose(f) == 0, "close %s", tmp_path);
+
+    struct gguf *g;
+    CHECK(gguf_open(tmp_path, &g) == STATUS_OK, "gguf_open: %s", status_message());
+    const struct gguf_tensor *gt = gguf_find_tensor(g, "w");
+    CHECK(gt && gt->supported, "tensor w of type %s", quant_type_name(t));
+    CHECK(gt->block_size == quant_block_size(t) && (size_t)gt->type_size == quant_block_bytes(t) &&
+              gt->nbytes == bytes,
+          "%s geometry: reader block %d / %d bytes, tensor %llu bytes; quant.h %d / %zu, %zu",
+          quant_type_name(t), gt->block_size, gt->type_size, (unsigned long long)gt->nbytes,
+          quant_block_size(t), quant_block_bytes(t), bytes);
+    CHECK(gguf_tensor_read_f32(g, gt, ref) == STATUS_OK, "read: %s", status_message());
+    gguf_close(g);
+}
+
+/* ---- the product's checks ---- */
+
+struct worst {
+    double ratio;        /* max |y - y_ref| / bound */
+    double simd_ratio;   /* max |y - y_scalar| / (2 * f32 term) */
+    double q_ratio;      /* max |y - f64 product with int8 x| / (f32 term + tie slack) */
+    int    bad;          /* cases over a bound, non-finite, or guards touched */
+};
+
+static int guard_ok(const uint8_t *p)
+{
+    for (int i = 0; i < GUARD; i++)
+        if (p[i] != GUARD_BYTE) return 0;
+    return 1;
+}
+
+/* One shape: W (n, k) of type t already in w with its dequantization wf; x random. Runs every
+ * available implementation and folds the results into worst[impl]. */
+static void check_shape(enum quant_type t, const uint8_t *w, const float *wf, int64_t m, int64_t n,
+                        int64_t k, struct worst worst[QUANT_IMPL_COUNT])
+{
+    const int bs = quant_block_size(t);
+    const int xbs = bs; /* x is quantized in blocks of the weight's block size */
+    float *x = malloc((size_t)(m * k) * sizeof(float));
+    /* Each block of x gets its own magnitude, some blocks zero: per-block scales matter. */
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t b = 0; b < k / xbs; b++) {
+            const double mag = rnd32() % 7 == 0 ? 0.0 : pow(10.0, 2.0 * rnd_uniform() - 1.0);
+            for (int e = 0; e < xbs; e++)
+                x[i * k + b * xbs + e] = (float)(mag * (2.0 * rnd_uniform() - 1.0));
+        }
+
+    /* Per output: the f64 reference with the exact x and its bound; and the f64 product with x
+     * rounded to int8 as the contract says (d = max|x_b| / 127, q = nearest(x / d)), which the
+     * kernels must match within f32 rounding, plus d |w| where x / d is within 1e-4 of a tie
+     * (x * (1 / d) in f32 may round the other way). */
+    const size_t mn = (size_t)(m * n) * sizeof(double);
+    double *yref = malloc(mn), *bound = malloc(mn), *fterm = malloc(mn), *yq = malloc(mn), *qslack = malloc(mn);
+    const double eps = ldexp(1.0, -23);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            const float *xr = x + i * k, *wr = wf + j * k;
+            const uint8_t *wrow = w + (size_t)j * quant_row_bytes(t, k);
+            double s = 0.0, sq = 0.0, act = 0.0, mag = 0.0, slack = 0.0;
+            for (int64_t b = 0; b < k / xbs; b++) {
+                double amax = 0.0;
+                for (int e = 0; e < xbs; e++) amax = fmax(amax, fabs(xr[b * xbs + e]));
+                const double dx = (double)((float)amax / 127.0f), half_dx = dx / 2.0 * (1.0 + 1e-4);
+                for (int64_t e = b * xbs; e < (b + 1) * xbs; e++) {
+                    s += (double)xr[e] * wr[e];
+                    act += half_dx * fabs(wr[e]);
+                    mag += (fabs(wr[e]) + 2.0 * min_part(t, wrow, e)) * (fabs(xr[e]) + half_dx);
+                    const double r = dx > 0.0 ? xr[e] / dx : 0.0;
+                    sq += dx * nearbyint(r) * wr[e];
+                    if (fabs(fabs(r - floor(r)) - 0.5) < 1e-4) slack += dx * fabs(wr[e]);
+                }
+            }
+            yref[i * n + j] = s;
+            fterm[i * n + j] = (double)(k / bs + 8) * eps * mag + 1e-30;
+            bound[i * n + j] = act + fterm[i * n + j];
+            yq[i * n + j] = sq;
+            qslack[i * n + j] = slack + fterm[i * n + j];
+        }
+
+    float *y_scalar = NULL;
+    const size_t ybytes = (size_t)(m * n) * sizeof(float);
+    const size_t sbytes = quant_matmul_scratch_bytes(t, m, k);
+    for (int impl = 0; impl < QUANT_IMPL_COUNT; impl++) {
+        if (!quant_impl_available((enum quant_impl)impl)) continue;
+        for (int variant = 0; variant < 2; variant++) { /* 0: 1 thread, own scratch; 1: 2 threads, NULL */
+            uint8_t *ybuf = malloc(ybytes + GUARD), *sbuf = malloc(sbytes + GUARD);
+            memset(ybuf, 0x7F, ybytes); /* garbage where y goes: every element must be written */
+            memset(ybuf + ybytes, GUARD_BYTE, GUARD);
+            memset(sbuf + sbytes, GUARD_BYTE, GUARD);
+            float *y = (float *)ybuf;
+            quant_matmul_impl((enum quant_impl)impl, t, y, x, w, m, n, k, variant ? NULL : sbuf,
+                              variant ? 2 : 1);
+            struct worst *wo = &worst[impl];
+            if (!guard_ok(ybuf + ybytes) || !guard_ok(sbuf + sbytes)) {
+                if (!wo->bad) printf("  %s %s m=%lld n=%lld k=%lld: guard bytes overwritten\n",
+                                     quant_type_name(t), quant_impl_name(impl), (long long)m,
+                                     (long long)n, (long long)k);
+                wo->bad++;
+            }
+            for (int64_t e = 0; e < m * n; e++) {
+                const double err = fabs((double)y[e] - yref[e]);
+                const double r = isfinite(y[e]) ? err / bound[e] : INFINITY;
+                if (r > wo->ratio) wo->ratio = r;
+                const double rq = fabs((double)y[e] - yq[e]) / qslack[e];
+                if (rq > wo->q_ratio) wo->q_ratio = rq;
+                double rs = 0.0;
+                if (y_scalar) {
+                    rs = fabs((double)y[e] - y_scalar[e]) / (2.0 * fterm[e]);
+                    if (rs > wo->simd_ratio) wo->simd_ratio = rs;
+                }
+                if (r > 1.0 || rs > 1.0 || rq > 1.0) {
+                    if (!wo->bad)
+                        printf("  %s %s m=%lld n=%lld k=%lld threads=%d: y[%lld] = %.9g, f64 %.9g, "
+                               "bound %.3g (f32 term %.3g), scalar %.9g, f64 of int8 x %.9g\n",
+                               quant_type_name(t), quant_impl_name(impl), (long long)m, (long long)n,
+                               (long long)k, variant ? 2 : 1, (long long)e, y[e], yref[e], bound[e],
+                               fterm[e], y_scalar ? y_scalar[e] : NAN, yq[e]);
+                    wo->bad++;
+                }
+            }
+            if (impl == QUANT_IMPL_SCALAR && variant == 0) {
+                y_scalar = malloc(ybytes);
+                memcpy(y_scalar, y, ybytes);
+            }
+            free(ybuf);
+            free(sbuf);
+        }
+    }
+    free(y_scalar);
+    free(yref);
+    free(bound);
+    free(fterm);
+    free(yq);
+    free(qslack);
+    free(x);
+}
+
+/* quant_dequantize_row against the reference, row by row, bit for bit. */
+static int dequantize_rows_equal(enum quant_type t, const uint8_t *w, const float *wf, int64_t n, int64_t k)
+{
+    float *row = malloc((size_t)k * sizeof(float) + GUARD);
+    int ok = 1;
+    for (int64_t j = 0; j < n && ok; j++) {
+        memset(row + k, GUARD_BYTE, GUARD);
+        quant_dequantize_row(t, w + (size_t)j * quant_row_bytes(t, k), row, k);
+        ok = memcmp(row, wf + j * k, (size_t)k * sizeof(float)) == 0 && guard_ok((uint8_t *)(row + k));
+    }
+    free(row);
+    return ok;
+}
+
+static void check_type(enum quant_type t)
+{
+    static const int64_t ms[] = {1, 3, 17}, ns[] = {1, 7, 33};
+    const int bs = quant_block_size(t);
+    const int64_t ks[] = {bs, 3 * bs, bs == 32 ? 20 * bs : 4 * bs};
+    struct worst worst[QUANT_IMPL_COUNT];
+    memset(worst, 0, sizeof worst);
+    int deq_ok = 1;
+    for (int ik = 0; ik < 3; ik++)
+        for (int in = 0; in < 3; in++) {
+            const int64_t n = ns[in], k = ks[ik];
+            const size_t wbytes = (size_t)n * quant_row_bytes(t, k);
+            uint8_t *w = malloc(wbytes + GUARD);
+            fill_blocks(t, w, (int64_t)(wbytes / quant_block_bytes(t)));
+            float *wf = malloc((size_t)(n * k) * sizeof(float));
+            reference_dequantize(t, w, n, k, wf);
+            deq_ok &= dequantize_rows_equal(t, w, wf, n, k);
+            for (int im = 0; im < 3; im++) check_shape(t, w, wf, ms[im], n, k, worst);
+            free(wf);
+            free(w);
+        }
+    /* One product large enough for the parallel path (m n k >= 2^18) on two threads. */
+    {
+        const int64_t m = 5, n = 301, k = 4 * bs * (bs == 32 ? 8 : 1);
+        const size_t wbytes = (size_t)n * quant_row_bytes(t, k);
+        uint8_t *w = malloc(wbytes);
+        fill_blocks(t, w, (int64_t)(wbytes / quant_block_bytes(t)));
+        float *wf = malloc((size_t)(n * k) * sizeof(float));
+        reference_dequantize(t, w, n, k, wf);
+        check_shape(t, w, wf, m, n, k, worst);
+        free(wf);
+        free(w);
+    }
+    check(deq_ok, "%s: quant_dequantize_row bit-exact with the formats dequantizer", quant_type_name(t));
+    for (int impl = 0; impl < QUANT_IMPL_COUNT; impl++) {
+        if (!quant_impl_available((enum quant_impl)impl)) {
+            printf("SKIP %s %s: not available on this CPU or build\n", quant_type_name(t),
+                   quant_impl_name((enum quant_impl)impl));
+            continue;
+        }
+        check(!worst[impl].bad,
+              "%s %s: product within the int8 bound (worst |err| / bound %.3f), equal to the f64 "
+              "product of the int8-rounded x within f32 rounding (worst %.3f of it), guards intact",
+              quant_type_name(t), quant_impl_name((enum quant_impl)impl), worst[impl].ratio,
+              worst[impl].q_ratio);
+        if (impl) printf("     %s %s vs scalar: worst |diff| / (2 f32 term) %.3f\n", quant_type_name(t),
+                         quant_impl_name((enum quant_impl)impl), worst[impl].simd_ratio);
+    }
+}
+
+int main(void)
+{
+    snprintf(tmp_path, sizeof tmp_path, "/tmp/test_quant_%d.gguf", (int)getpid());
+    printf("best implementation here: %s\n", quant_impl_name(quant_impl_best()));
+    check(quant_type_supported(QUANT_TYPE_Q4_K) && !quant_type_supported(9) &&
+              quant_block_size(QUANT_TYPE_Q6_K) == 256 && quant_block_bytes(QUANT_TYPE_Q6_K) == 210 &&
+              quant_row_bytes(QUANT_TYPE_Q8_0, 640) == 20 * 34 && quant_block_size(1) == 0,
+          "geometry: supported types, block sizes and row bytes");
+    for (int i = 0; i < N_TYPES; i++) check_type(types[i]);
+    /* k == 0: y is zeroed; m == 0 or n == 0: nothing is written. */
+    float y[3] = {1, 2, 3};
+    quant_matmul(QUANT_TYPE_Q8_0, y, NULL, NULL, 1, 2, 0, NULL, 1);
+    quant_matmul(QUANT_TYPE_Q8_0, y + 2, NULL, NULL, 0, 5, 32, NULL, 1);
+    check(y[0] == 0.0f && y[1] == 0.0f && y[2] == 3.0f, "k == 0 zeroes y; m == 0 writes nothing");
+    unlink(tmp_path);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
