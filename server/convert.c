@@ -12,6 +12,7 @@
 #include "shardlm/v1/text_generation.pb-c.h"
 #include "request.h"
 #include "tokenizer.h"
+#include "wire.h"
 
 int utf8_valid(const char *str, size_t len)
 {
@@ -46,6 +47,24 @@ static enum status oom(void) { return status_errorf(STATUS_RESOURCE_EXHAUSTED, "
 static enum status not_a(const char *type)
 {
     return status_errorf(STATUS_INVALID_ARGUMENT, "the request is not a valid %s message", type);
+}
+
+/* Unpacks data[0..len) as a message of type d (named `type` in the error, d's name when NULL),
+ * after wire_prepare: a string holding a NUL is refused by name (protobuf-c would cut it at the
+ * NUL). NULL with *st set on error.
+ * Free the message with protobuf_c_message_free_unpacked(m, NULL). */
+static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *d, const void *data, size_t len, const char *type,
+                                enum status *st)
+{
+    uint8_t *merged;
+    size_t merged_len;
+    *st = wire_prepare(d, data, len, &merged, &merged_len);
+    if (*st != STATUS_OK) return NULL;
+    ProtobufCMessage *m = merged ? protobuf_c_message_unpack(d, NULL, merged_len, merged)
+                                 : protobuf_c_message_unpack(d, NULL, len, data);
+    free(merged);
+    if (!m) *st = not_a(type ? type : d->name);
+    return m;
 }
 
 /* Packs any message into a malloc'd buffer. */
@@ -203,13 +222,15 @@ enum status convert_gen_request(const void *data, size_t len, int is_chat, struc
     r->params = request_params_default();
     enum status st;
     if (is_chat) {
-        Shardlm__V1__ChatRequest *m = shardlm__v1__chat_request__unpack(NULL, len, data);
-        if (!m) return not_a("shardlm.v1.ChatRequest");
+        Shardlm__V1__ChatRequest *m =
+            (Shardlm__V1__ChatRequest *)unpack(&shardlm__v1__chat_request__descriptor, data, len, NULL, &st);
+        if (!m) return st;
         st = convert_chat(m, r);
         shardlm__v1__chat_request__free_unpacked(m, NULL);
     } else {
-        Shardlm__V1__GenerateRequest *m = shardlm__v1__generate_request__unpack(NULL, len, data);
-        if (!m) return not_a("shardlm.v1.GenerateRequest");
+        Shardlm__V1__GenerateRequest *m =
+            (Shardlm__V1__GenerateRequest *)unpack(&shardlm__v1__generate_request__descriptor, data, len, NULL, &st);
+        if (!m) return st;
         st = convert_generate(m, r);
         shardlm__v1__generate_request__free_unpacked(m, NULL);
     }
@@ -387,9 +408,10 @@ enum status convert_gen_response(const struct gen_response_out *o, uint8_t **out
 enum status convert_tokenize_request(const void *data, size_t len, char **text, size_t *text_len, int *add_bos)
 {
     *text = NULL;
-    Shardlm__V1__TokenizeRequest *m = shardlm__v1__tokenize_request__unpack(NULL, len, data);
-    if (!m) return not_a("shardlm.v1.TokenizeRequest");
-    enum status st = STATUS_OK;
+    enum status st;
+    Shardlm__V1__TokenizeRequest *m =
+        (Shardlm__V1__TokenizeRequest *)unpack(&shardlm__v1__tokenize_request__descriptor, data, len, NULL, &st);
+    if (!m) return st;
     size_t n = strlen(m->text);
     if (n > CONVERT_MAX_PROMPT_BYTES)
         st = status_errorf(STATUS_INVALID_ARGUMENT, "text must be at most %d bytes, got %zu", CONVERT_MAX_PROMPT_BYTES, n);
@@ -422,9 +444,10 @@ enum status convert_detokenize_request(const void *data, size_t len, int vocab_s
 {
     *ids = NULL;
     *n = 0;
-    Shardlm__V1__DetokenizeRequest *m = shardlm__v1__detokenize_request__unpack(NULL, len, data);
-    if (!m) return not_a("shardlm.v1.DetokenizeRequest");
-    enum status st = STATUS_OK;
+    enum status st;
+    Shardlm__V1__DetokenizeRequest *m =
+        (Shardlm__V1__DetokenizeRequest *)unpack(&shardlm__v1__detokenize_request__descriptor, data, len, NULL, &st);
+    if (!m) return st;
     for (size_t i = 0; i < m->n_token_ids && st == STATUS_OK; i++)
         if (m->token_ids[i] < 0 || m->token_ids[i] >= vocab_size)
             st = status_errorf(STATUS_INVALID_ARGUMENT, "token_ids[%zu] must be in [0, %d), got %d", i, vocab_size,
@@ -451,9 +474,10 @@ enum status convert_detokenize_response(const char *text, uint8_t **out, size_t 
 enum status convert_cancel_request(const void *data, size_t len, char **request_id)
 {
     *request_id = NULL;
-    Shardlm__V1__CancelRequest *m = shardlm__v1__cancel_request__unpack(NULL, len, data);
-    if (!m) return not_a("shardlm.v1.CancelRequest");
-    enum status st = STATUS_OK;
+    enum status st;
+    Shardlm__V1__CancelRequest *m =
+        (Shardlm__V1__CancelRequest *)unpack(&shardlm__v1__cancel_request__descriptor, data, len, NULL, &st);
+    if (!m) return st;
     if (!m->request_id[0]) st = status_errorf(STATUS_INVALID_ARGUMENT, "request_id must not be empty");
     else st = request_id_check(m->request_id);
     if (st == STATUS_OK && !(*request_id = strdup(m->request_id))) st = oom();
@@ -471,10 +495,10 @@ enum status convert_cancel_response(int cancelled, uint8_t **out, size_t *len)
 enum status convert_empty_request(const void *data, size_t len, const char *what)
 {
     /* Both requests are empty messages: any well-formed message parses as one. */
-    Shardlm__V1__GetModelInfoRequest *m = shardlm__v1__get_model_info_request__unpack(NULL, len, data);
-    if (!m) return not_a(what);
-    shardlm__v1__get_model_info_request__free_unpacked(m, NULL);
-    return STATUS_OK;
+    enum status st;
+    ProtobufCMessage *m = unpack(&shardlm__v1__get_model_info_request__descriptor, data, len, what, &st);
+    if (m) protobuf_c_message_free_unpacked(m, NULL);
+    return st;
 }
 
 enum status convert_model_info_response(const struct model_info_out *mi, uint8_t **out, size_t *len)
@@ -553,8 +577,10 @@ enum status convert_server_stats_response(const struct server_stats_out *s, uint
 enum status convert_health_request(const void *data, size_t len, char **service)
 {
     *service = NULL;
-    Grpc__Health__V1__HealthCheckRequest *m = grpc__health__v1__health_check_request__unpack(NULL, len, data);
-    if (!m) return not_a("grpc.health.v1.HealthCheckRequest");
+    enum status st;
+    Grpc__Health__V1__HealthCheckRequest *m = (Grpc__Health__V1__HealthCheckRequest *)unpack(
+        &grpc__health__v1__health_check_request__descriptor, data, len, NULL, &st);
+    if (!m) return st;
     *service = strdup(m->service);
     grpc__health__v1__health_check_request__free_unpacked(m, NULL);
     return *service ? STATUS_OK : oom();
@@ -572,9 +598,10 @@ enum status convert_health_response(int status, uint8_t **out, size_t *len)
 enum status convert_reflection_request(const void *data, size_t len, struct reflection_query *q)
 {
     memset(q, 0, sizeof *q);
-    Grpc__Reflection__V1alpha__ServerReflectionRequest *m =
-        grpc__reflection__v1alpha__server_reflection_request__unpack(NULL, len, data);
-    if (!m) return not_a("grpc.reflection.v1alpha.ServerReflectionRequest");
+    enum status st;
+    Grpc__Reflection__V1alpha__ServerReflectionRequest *m = (Grpc__Reflection__V1alpha__ServerReflectionRequest *)unpack(
+        &grpc__reflection__v1alpha__server_reflection_request__descriptor, data, len, NULL, &st);
+    if (!m) return st;
     const char *arg = "";
     switch (m->message_request_case) {
     case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES:
@@ -623,9 +650,11 @@ enum status convert_reflection_response(const void *req_data, size_t req_len, co
     Grpc__Reflection__V1alpha__ExtensionNumberResponse ext = GRPC__REFLECTION__V1ALPHA__EXTENSION_NUMBER_RESPONSE__INIT;
     Grpc__Reflection__V1alpha__ServiceResponse *svc = NULL, **svc_ptrs = NULL;
     ProtobufCBinaryData *blobs = NULL;
-    Grpc__Reflection__V1alpha__ServerReflectionRequest *orig =
-        grpc__reflection__v1alpha__server_reflection_request__unpack(NULL, req_len, req_data);
-    enum status st = STATUS_OK;
+    enum status st;
+    /* Parsed once more to be echoed: it parsed a moment ago (convert_reflection_request). */
+    Grpc__Reflection__V1alpha__ServerReflectionRequest *orig = (Grpc__Reflection__V1alpha__ServerReflectionRequest *)unpack(
+        &grpc__reflection__v1alpha__server_reflection_request__descriptor, req_data, req_len, NULL, &st);
+    st = STATUS_OK;
     m.original_request = orig;
     m.valid_host = orig ? orig->host : "";
     if (a->error_code) {

@@ -1,15 +1,15 @@
 /* server/convert.h - the protobuf edge of the server: request bytes become native structs
  * (parsed, not range-checked: the engine owns every numeric limit, in one table that
  * engine_validate applies; see engine/serving/request.h), and native results become response
- * bytes. This file and convert.c are the only ones that see
+ * bytes. This file, convert.c and wire.c are the only ones that see
  * protobuf-c types; the rest of the server, and the engine, never do.
  * Not here: model-dependent checks (engine_validate), tokenization and chat templates
  * (server.c, chat_template.c), gRPC itself (server.c).
  * Tests: tests/server/test_server.py (every method, and the table of invalid requests).
  *
  * Errors: parsing functions return STATUS_INVALID_ARGUMENT for bytes that are not the expected
- * message, or for what only the edge checks (UTF-8, chat roles, sizes of the raw prompt,
- * printable request ids), with a message naming the field. Encoding functions return a malloc'd buffer in *out (caller frees) of
+ * message, or for what only the edge checks (UTF-8, U+0000 in any string (wire.h), chat roles,
+ * sizes of the raw prompt, printable request ids), with a message naming the field. Encoding functions return a malloc'd buffer in *out (caller frees) of
  * *len bytes, or STATUS_RESOURCE_EXHAUSTED. */
 #ifndef SHARDLM_CONVERT_H
 #define SHARDLM_CONVERT_H

@@ -293,6 +293,66 @@ static enum status parse_shape(const cJSON *o, struct http_request *q)
     return st;
 }
 
+/* cJSON ends a string at a NUL ("\u0000", or a raw NUL byte, which it lets through) and drops
+ * the rest, so the server refuses NUL in strings, as gRPC does. To find them by name after
+ * parsing, a copy of the body is parsed in which every NUL inside a string is NUL_MARK, a byte
+ * that the UTF-8 check of the body has ruled out and that cJSON copies through. Returns the
+ * malloc'd copy of *out_len bytes. */
+#define NUL_MARK '\xff'
+static char *mark_nuls(const char *body, size_t len, size_t *out_len)
+{
+    char *out = malloc(len ? len : 1);
+    CHECK(out, "out of memory copying a request body");
+    size_t o = 0;
+    int in_string = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = body[i];
+        if (in_string && c == '\\' && i + 5 < len && !memcmp(body + i + 1, "u0000", 5)) {
+            out[o++] = NUL_MARK;
+            i += 5;
+            continue;
+        }
+        if (in_string && c == '\\' && i + 1 < len) { /* any other escape, "\\" included */
+            out[o++] = c;
+            out[o++] = body[++i];
+            continue;
+        }
+        if (c == '"') in_string = !in_string;
+        out[o++] = in_string && c == 0 ? NUL_MARK : c;
+    }
+    *out_len = o;
+    return out;
+}
+
+/* 1 when a string or member name within v held a NUL; path[0..cap) then names the string as
+ * the API does ("messages[1].content"), or the object holding the name (*in_name set). */
+static int find_nul(const cJSON *v, char *path, size_t cap, int *in_name)
+{
+    if (cJSON_IsString(v)) return strchr(v->valuestring, NUL_MARK) != NULL;
+    if (!cJSON_IsArray(v) && !cJSON_IsObject(v)) return 0;
+    size_t n = strlen(path);
+    int i = 0;
+    for (const cJSON *e = v->child; e; e = e->next, i++) {
+        if (cJSON_IsObject(v) && strchr(e->string, NUL_MARK)) return *in_name = 1;
+        if (cJSON_IsArray(v)) snprintf(path + n, cap - n, "[%d]", i);
+        else snprintf(path + n, cap - n, "%s%s", n ? "." : "", e->string);
+        if (find_nul(e, path, cap, in_name)) return 1;
+        path[n] = 0;
+    }
+    return 0;
+}
+
+static enum status refuse_nul(const cJSON *o)
+{
+    char path[256] = "";
+    int in_name = 0;
+    if (!find_nul(o, path, sizeof path, &in_name)) return STATUS_OK;
+    if (in_name)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "a member name of %s%s%s must not contain U+0000 (NUL)",
+                             path[0] ? "'" : "", path[0] ? path : "the request", path[0] ? "'" : "");
+    return status_errorf(STATUS_INVALID_ARGUMENT, "'%s' must not contain U+0000 (NUL)", path);
+}
+
 enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
                                struct http_request *q)
 {
@@ -300,10 +360,14 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     q->r.params = request_params_default();
     q->is_chat = is_chat;
     if (!utf8_valid(body, len)) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid UTF-8");
-    cJSON *o = cJSON_ParseWithLength(body, len);
+    size_t marked_len;
+    char *marked = mark_nuls(body, len, &marked_len);
+    cJSON *o = cJSON_ParseWithLength(marked, marked_len);
+    free(marked);
     if (!o) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid JSON");
     enum status st = STATUS_OK;
     if (!cJSON_IsObject(o)) st = status_errorf(STATUS_INVALID_ARGUMENT, "the request body must be a JSON object");
+    if (st == STATUS_OK) st = refuse_nul(o);
     const cJSON *model = st == STATUS_OK ? field(o, "model") : NULL;
     if (model && !cJSON_IsString(model)) st = type_error("model", "a string");
     else if (model && strcmp(model->valuestring, served_model))

@@ -15,6 +15,7 @@ prometheus_client's text parser. One group per ctest test:
              HTTP and gRPC requests
   malformed  truncated bodies, huge bodies, wrong content types, invalid UTF-8, invalid JSON,
              garbage request lines: 4xx (or a closed connection), and the server keeps serving
+  nul        U+0000 in a request string is refused (400) naming the field
 
 Usage: test_http.py --shardlm BUILD/cli/shardlm GROUP...  (default: every group)
 Exit 0 when every check passed, 1 on a failure, 77 (SKIP) when the model assets, openai,
@@ -279,6 +280,34 @@ def group_errors(env):
         check(code == 405, f"GET on a POST route: {code}")
 
 
+def group_nul(env):
+    """U+0000 in a request string ("\\u0000", or a raw NUL byte, which cJSON takes) is refused
+    with a 400 naming the field, never cut short."""
+    with Server(env.shardlm, env.model, name="nul") as srv:
+        H = {"Content-Type": "application/json"}
+        table = [
+            ("/v1/completions", {"prompt": "hi\0 and a long tail"}, "'prompt' must not contain U+0000"),
+            ("/v1/completions", {"prompt": ["hi\0"]}, "'prompt[0]' must not contain U+0000"),
+            ("/v1/completions", {"prompt": "hi", "stop": ["ok", "e\0zzz"]}, "'stop[1]' must not contain U+0000"),
+            ("/v1/completions", {"prompt": "hi", "max_tokens\0x": 5}, "a member name of the request"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"},
+                                                   {"role": "user", "content": "hi\0 tail"}]},
+             "'messages[1].content' must not contain U+0000"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a\0b"}]}]},
+             "'messages[0].content[0].text' must not contain U+0000"),
+            ("/v1/chat/completions", {"messages": [{"role": "user\0x", "content": "hi"}]},
+             "'messages[0].role' must not contain U+0000"),
+        ]
+        for path, body, want in table:
+            code, ans = http(srv, "POST", path, body, H)
+            check(code == 400 and want in ans["error"]["message"], f"{body}: {code} {ans}")
+        # A raw NUL byte inside a JSON string, and an escaped backslash before "u0000" (no NUL).
+        code, ans = http(srv, "POST", "/v1/completions", b'{"prompt": "a\x00b", "max_tokens": 2}', H)
+        check(code == 400 and "'prompt' must not contain U+0000" in ans["error"]["message"], f"raw NUL: {code} {ans}")
+        code, ans = http(srv, "POST", "/v1/completions", b'{"prompt": "a\\\\u0000b", "max_tokens": 2}', H)
+        check(code == 200 and ans["usage"]["prompt_tokens"] > 3, f"escaped backslash: {code} {ans}")
+
+
 def group_disconnect(env):
     with Server(env.shardlm, env.model, name="disconnect") as srv, srv.grpc() as g:
         oa = srv.openai()
@@ -400,7 +429,7 @@ def group_malformed(env):
 
 
 GROUPS = {"openai": group_openai, "errors": group_errors, "disconnect": group_disconnect, "sse": group_sse,
-          "metrics": group_metrics, "malformed": group_malformed}
+          "metrics": group_metrics, "malformed": group_malformed, "nul": group_nul}
 
 
 def main():

@@ -17,6 +17,8 @@ port) with the Python grpcio client (clients/python/). One group per ctest test:
   tls          --tls-cert/--tls-key with a throw-away self-signed certificate
   reflection   grpc.reflection.v1alpha lists the services and serves the descriptors, and a
                request built from reflected descriptors alone is answered
+  nul_in       a string holding U+0000 (prompt, chat content and role, stop, request_id,
+               Tokenize text, Cancel id) is refused with INVALID_ARGUMENT naming the field
 
 Usage: test_server.py --shardlm BUILD/server/shardlm GROUP...  (default: every group)
 Exit 0 when every check passed, 1 on a failure, 77 (SKIP) when the model assets, grpcio or
@@ -455,6 +457,45 @@ def group_invalid(env):
         check(all("queue" in d for d in details), f"RESOURCE_EXHAUSTED names the queue: {details[:2]}")
         wait_until(lambda: stats_settled(c), "the queue to empty")
 
+def group_nul_in(env):
+    """U+0000 is valid in a proto3 string, but protobuf-c hands strings over NUL-terminated: every
+    string of a request that holds one is refused, naming the field (never cut short)."""
+    INV = grpc.StatusCode.INVALID_ARGUMENT
+    G, C = Client.generate_request, Client.chat_request
+    with Server(env.shardlm, env.model, name="nul-in") as srv, srv.client() as c:
+        gen = [
+            ("prompt", G("hi\0 and a long tail"), "prompt must not contain U+0000"),
+            ("stop", G("hi", stop=["ok", "e\0zzz"]), "sampling.stop[1] must not contain U+0000"),
+            ("request_id", G("hi", request_id="ab\0cd"), "request_id must not contain U+0000"),
+        ]
+        chat = [("content", C([("user", "a"), ("assistant", "b"), ("user", "hi\0 ...long tail")]),
+                 "messages[2].content must not contain U+0000"),
+                ("role", C([("user\0x", "hi")]), "messages[0].role must not contain U+0000")]
+        failures = []
+        for name, req, sub in gen:
+            for fn in (c.stub.Generate, lambda r: list(c.stub.GenerateStream(r))):
+                try:
+                    expect_error(lambda: fn(req), INV, sub)
+                except Failure as f:
+                    failures.append(f"{name}: {f}")
+        for name, req, sub in chat:
+            for fn in (c.stub.Chat, lambda r: list(c.stub.ChatStream(r))):
+                try:
+                    expect_error(lambda: fn(req), INV, sub)
+                except Failure as f:
+                    failures.append(f"{name}: {f}")
+        for name, fn, sub in (("tokenize", lambda: c.tokenize("a\0bbbbbbb bbbb"), "text must not contain U+0000"),
+                              ("cancel", lambda: c.cancel("ab\0cd"), "request_id must not contain U+0000")):
+            try:
+                expect_error(fn, INV, sub)
+            except Failure as f:
+                failures.append(f"{name}: {f}")
+        check(not failures, "\n    ".join([f"{len(failures)} NUL checks failed:"] + failures))
+        # The same strings without the NUL are fine.
+        check(len(c.tokenize("a bbbb", add_bos=False)) > 0, "tokenize still works")
+        check(len(c.generate("hi", max_tokens=3, stop=["ok"]).token_ids) <= 3, "still serving")
+
+
 def health_check(target, service=""):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     with grpc.insecure_channel(target) as ch:
@@ -591,7 +632,7 @@ def group_reflection(env):
 
 GROUPS = {"basic": group_basic, "concurrency": group_concurrency, "cancel": group_cancel, "deadline": group_deadline,
           "invalid": group_invalid, "drain": group_drain, "auth": group_auth, "tls": group_tls,
-          "reflection": group_reflection}
+          "reflection": group_reflection, "nul_in": group_nul_in}
 
 
 def main():
