@@ -63,7 +63,7 @@ void        gen_request_free(struct gen_request *r); /* accepts a zeroed struct 
 /* One sample's output as the server accumulated it. */
 struct gen_sample_out {
     int            index;
-    const char    *text;          /* text_len bytes */
+    const char    *text;          /* text_len bytes, sent whole even when they hold U+0000 */
     size_t         text_len;
     const int32_t *ids;           /* (n_ids) */
     int            n_ids;
@@ -97,7 +97,8 @@ enum status convert_tokenize_response(const int32_t *ids, int n, const struct to
                                       size_t *len);
 /* *ids is malloc'd (caller frees; non-NULL even when empty). Ids are checked against vocab_size. */
 enum status convert_detokenize_request(const void *data, size_t len, int vocab_size, int32_t **ids, int *n);
-enum status convert_detokenize_response(const char *text, uint8_t **out, size_t *len);
+/* text[0..text_len) may hold U+0000 (token <0x00>): it is sent whole, as GenerateResponse's. */
+enum status convert_detokenize_response(const char *text, size_t text_len, uint8_t **out, size_t *len);
 
 /* Cancel. *request_id is malloc'd. */
 enum status convert_cancel_request(const void *data, size_t len, char **request_id);

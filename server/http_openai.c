@@ -428,6 +428,31 @@ static void token_text(const struct tokenizer *tok, int32_t id, char *out, size_
     out[o] = 0;
 }
 
+/* Adds o[name] = s[0..n). Generated text may hold U+0000 (token <0x00>), which cJSON would cut
+ * (it measures strings with strlen): such text goes in as a raw item escaped here, as cJSON
+ * escapes ("\u0000" for the NUL). */
+static void add_text(cJSON *o, const char *name, const char *s, size_t n)
+{
+    if (!memchr(s, 0, n)) {
+        check_json(cJSON_AddStringToObject(o, name, s));
+        return;
+    }
+    char *lit = NULL;
+    size_t len = 0, cap = 0;
+    http_buf_append(&lit, &len, &cap, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char esc[8];
+        if (c == '"' || c == '\\') snprintf(esc, sizeof esc, "\\%c", c);
+        else if (c < 0x20) snprintf(esc, sizeof esc, "\\u%04x", c);
+        else esc[0] = (char)c, esc[1] = 0;
+        http_buf_append(&lit, &len, &cap, esc, strlen(esc));
+    }
+    http_buf_append(&lit, &len, &cap, "\"", 1);
+    check_json(cJSON_AddRawToObject(o, name, lit));
+    free(lit);
+}
+
 static cJSON *bytes_array(const char *s)
 {
     cJSON *a = check_json(cJSON_CreateArray());
@@ -540,16 +565,16 @@ char *http_response_json(struct http_gen *g)
         if (g->q.is_chat) {
             cJSON *m = check_json(cJSON_AddObjectToObject(c, "message"));
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddStringToObject(m, "content", text);
+            add_text(m, "content", text, b->text_len);
         } else if (offset) {
             char *full = NULL;
             size_t len = 0, cap = 0;
             http_buf_append(&full, &len, &cap, g->echo_text, offset);
             http_buf_append(&full, &len, &cap, text, b->text_len);
-            cJSON_AddStringToObject(c, "text", full);
+            add_text(c, "text", full, len);
             free(full);
         } else {
-            cJSON_AddStringToObject(c, "text", text);
+            add_text(c, "text", text, b->text_len);
         }
         cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, b, 0, b->n, &offset)));
         cJSON_AddItemToObject(c, "finish_reason", check_json(finish_json(b->finish)));
@@ -584,17 +609,17 @@ void http_stream_chunks(struct http_gen *g)
         if (g->q.is_chat) {
             cJSON *d = check_json(cJSON_AddObjectToObject(c, "delta"));
             if (!b->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
-            if (b->text_len || !b->role_sent) cJSON_AddStringToObject(d, "content", text);
+            if (b->text_len || !b->role_sent) add_text(d, "content", text, b->text_len);
         } else if (!b->role_sent && g->q.echo && g->echo_text) {
             char *full = NULL;
             size_t len = 0, cap = 0;
             http_buf_append(&full, &len, &cap, g->echo_text, strlen(g->echo_text));
             http_buf_append(&full, &len, &cap, text, b->text_len);
-            cJSON_AddStringToObject(c, "text", full);
+            add_text(c, "text", full, len);
             b->text_offset += strlen(g->echo_text);
             free(full);
         } else {
-            cJSON_AddStringToObject(c, "text", text);
+            add_text(c, "text", text, b->text_len);
         }
         size_t offset = b->text_offset;
         cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, b, 0, b->n, &offset)));

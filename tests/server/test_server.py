@@ -19,6 +19,7 @@ port) with the Python grpcio client (clients/python/). One group per ctest test:
                request built from reflected descriptors alone is answered
   nul_in       a string holding U+0000 (prompt, chat content and role, stop, request_id,
                Tokenize text, Cancel id) is refused with INVALID_ARGUMENT naming the field
+  nul_out      generated or detokenized text holding U+0000 (token <0x00>) arrives whole
 
 Usage: test_server.py --shardlm BUILD/server/shardlm GROUP...  (default: every group)
 Exit 0 when every check passed, 1 on a failure, 77 (SKIP) when the model assets, grpcio or
@@ -496,6 +497,29 @@ def group_nul_in(env):
         check(len(c.generate("hi", max_tokens=3, stop=["ok"]).token_ids) <= 3, "still serving")
 
 
+def group_nul_out(env):
+    """Token <0x00> (id 3 in stories260K) decodes to U+0000: the text keeps it, so that text
+    and token ids agree (protobuf-c would pack the string only up to the NUL)."""
+    with Server(env.shardlm, env.model, name="nul-out") as srv, srv.client() as c:
+        check(c.detokenize([68, 3, 69]) == "A\0B", f"detokenize [68, 3, 69]: {c.detokenize([68, 3, 69])!r}")
+        check(c.detokenize([3, 3]) == "\0\0", "detokenize of NULs only")
+        # Greedy with a +100 bias on token 3: every generated token is a NUL.
+        kw = dict(max_tokens=8, temperature=0, logit_bias={3: 100.0})
+        g = c.generate("Once upon a time", **kw)
+        check(g.token_ids == [3] * 8 and g.text == "\0" * 8, f"unary: {g.token_ids} {g.text!r}")
+        text, ids, _ = collect(c.generate_stream("Once upon a time", **kw))
+        check(ids == [3] * 8 and text == "\0" * 8, f"stream: {ids} {text!r}")
+        n = c.generate("Once upon a time", n=2, **kw)
+        check([x.text for x in n.completions] == ["\0" * 8] * 2 and n.text == "\0" * 8, f"n=2: {n.completions}")
+        ch = c.chat([("user", "hi")], **kw)
+        check(ch.text == "\0" * 8, f"chat: {ch.text!r}")
+        # NULs among other text: the text is the decoding of the ids, byte for byte.
+        mixed = c.generate("Once upon a time", max_tokens=12, temperature=0, logit_bias={3: 6.0})
+        check(mixed.text == c.detokenize(mixed.token_ids), f"mixed: {mixed.text!r} vs {mixed.token_ids}")
+
+
+
+
 def health_check(target, service=""):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     with grpc.insecure_channel(target) as ch:
@@ -632,7 +656,7 @@ def group_reflection(env):
 
 GROUPS = {"basic": group_basic, "concurrency": group_concurrency, "cancel": group_cancel, "deadline": group_deadline,
           "invalid": group_invalid, "drain": group_drain, "auth": group_auth, "tls": group_tls,
-          "reflection": group_reflection, "nul_in": group_nul_in}
+          "reflection": group_reflection, "nul_in": group_nul_in, "nul_out": group_nul_out}
 
 
 def main():
