@@ -51,7 +51,8 @@ static enum status not_a(const char *type)
 
 /* Unpacks data[0..len) as a message of type d (named `type` in the error, d's name when NULL),
  * after wire_prepare: a string holding a NUL is refused by name (protobuf-c would cut it at the
- * NUL). NULL with *st set on error.
+ * NUL), and a singular message field sent twice is merged as the spec says (protobuf-c's own
+ * merge fails or loses fields). NULL with *st set on error.
  * Free the message with protobuf_c_message_free_unpacked(m, NULL). */
 static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *d, const void *data, size_t len, const char *type,
                                 enum status *st)

@@ -20,6 +20,7 @@ port) with the Python grpcio client (clients/python/). One group per ctest test:
   nul_in       a string holding U+0000 (prompt, chat content and role, stop, request_id,
                Tokenize text, Cancel id) is refused with INVALID_ARGUMENT naming the field
   nul_out      generated or detokenized text holding U+0000 (token <0x00>) arrives whole
+  merge        a singular message field sent twice (sampling) merges as the protobuf spec says
 
 Usage: test_server.py --shardlm BUILD/server/shardlm GROUP...  (default: every group)
 Exit 0 when every check passed, 1 on a failure, 77 (SKIP) when the model assets, grpcio or
@@ -520,6 +521,66 @@ def group_nul_out(env):
 
 
 
+def group_merge(env):
+    """A singular message field sent twice merges (protobuf spec: as if the bytes were
+    concatenated): scalars of the later copy win, repeated fields concatenate, unset fields keep
+    the earlier value."""
+    INV = grpc.StatusCode.INVALID_ARGUMENT
+    gen, chat = "/shardlm.v1.TextGeneration/Generate", "/shardlm.v1.TextGeneration/Chat"
+
+    from shardlm_client.client import sampling_params
+
+    def sampling(**kw):
+        return pb.GenerateRequest(sampling=sampling_params(**kw)).SerializeToString()
+
+    with Server(env.shardlm, env.model, name="merge") as srv, srv.client() as c:
+        base = pb.GenerateRequest(prompt="Once upon a time").SerializeToString()
+        empty = b"\x22\x00"  # field 4 (sampling), an empty message
+        r = pb.GenerateResponse.FromString(raw_call(srv.target, gen, base + empty + empty))
+        check(len(r.token_ids) > 0, "two empty sampling messages are accepted")
+        # Unset in the second copy: the first copy's values stay.
+        ref = c.generate("Once upon a time", max_tokens=40, temperature=0, stop=[" girl"])
+        r = pb.GenerateResponse.FromString(raw_call(srv.target, gen, base + sampling(max_tokens=40, stop=[" girl"]) +
+                                                    sampling(temperature=0.0)))
+        check(r.token_ids == ref.token_ids and r.text == ref.text and r.finish_reason == 2,
+              f"merged sampling: {r.text!r} vs {ref.text!r}")
+        expect_error(lambda: raw_call(srv.target, gen, base + sampling(top_k=9999) + sampling(temperature=0.5)), INV,
+                     "sampling.top_k must be in [0, 512] (0 = off), got 9999")
+        # The later copy wins for a field set in both; repeated fields concatenate.
+        r = pb.GenerateResponse.FromString(raw_call(srv.target, gen, base + sampling(max_tokens=5) +
+                                                    sampling(max_tokens=7, temperature=0.0)))
+        check(len(r.token_ids) == 7, f"the later max_tokens wins: {len(r.token_ids)}")
+        expect_error(lambda: raw_call(srv.target, gen, base + sampling(stop=["x"] * 10) + sampling(stop=["y"] * 10)),
+                     INV, "sampling.stop: at most 16 strings, got 20")
+        expect_error(lambda: raw_call(srv.target, gen, base + sampling(stop=["x"]) + sampling(stop=["y\0"])),
+                     INV, "sampling.stop[1] must not contain U+0000")
+        # Chat, and the map field (logit_bias) inside a merged message.
+        msgs = pb.ChatRequest(messages=[pb.ChatMessage(role="user", content="hi")]).SerializeToString()
+        csamp = lambda **kw: pb.ChatRequest(sampling=sampling_params(**kw)).SerializeToString()  # noqa: E731
+        r = pb.GenerateResponse.FromString(raw_call(srv.target, chat, msgs + csamp(max_tokens=6, logit_bias={3: 100.0}) +
+                                                    csamp(temperature=0.0)))
+        check(r.token_ids == [3] * 6, f"merged chat sampling: {r.token_ids}")
+        # A message member of a oneof sent twice merges too (protobuf-c replaces it); another
+        # member of the oneof in between clears it, as the spec says.
+        from grpc_reflection.v1alpha import reflection_pb2 as rpb
+
+        def ext(**kw):
+            return rpb.ServerReflectionRequest(file_containing_extension=rpb.ExtensionRequest(**kw)).SerializeToString()
+
+        def reflect(payload):
+            with grpc.insecure_channel(srv.target) as ch:
+                call = ch.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                        request_serializer=lambda b: b, response_deserializer=rpb.ServerReflectionResponse.FromString)
+                return next(iter(call(iter([payload]), timeout=10))).error_response.error_message
+
+        msg = reflect(ext(containing_type="shardlm.v1.GenerateRequest") + ext(extension_number=7))
+        check("'shardlm.v1.GenerateRequest'" in msg, f"merged oneof member: {msg!r}")
+        other = rpb.ServerReflectionRequest(file_by_filename="x.proto").SerializeToString()
+        msg = reflect(ext(containing_type="shardlm.v1.GenerateRequest") + other + ext(extension_number=7))
+        check("''" in msg, f"a oneof switch clears the earlier member: {msg!r}")
+
+
+
 def health_check(target, service=""):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     with grpc.insecure_channel(target) as ch:
@@ -656,7 +717,8 @@ def group_reflection(env):
 
 GROUPS = {"basic": group_basic, "concurrency": group_concurrency, "cancel": group_cancel, "deadline": group_deadline,
           "invalid": group_invalid, "drain": group_drain, "auth": group_auth, "tls": group_tls,
-          "reflection": group_reflection, "nul_in": group_nul_in, "nul_out": group_nul_out}
+          "reflection": group_reflection, "nul_in": group_nul_in, "nul_out": group_nul_out,
+          "merge": group_merge}
 
 
 def main():
