@@ -21,6 +21,7 @@ port) with the Python grpcio client (clients/python/). One group per ctest test:
                Tokenize text, Cancel id) is refused with INVALID_ARGUMENT naming the field
   nul_out      generated or detokenized text holding U+0000 (token <0x00>) arrives whole
   merge        a singular message field sent twice (sampling) merges as the protobuf spec says
+  queue_samples --max-queue counts waiting samples; n is bounded by it; the refusal says so
 
 Usage: test_server.py --shardlm BUILD/server/shardlm GROUP...  (default: every group)
 Exit 0 when every check passed, 1 on a failure, 77 (SKIP) when the model assets, grpcio or
@@ -519,8 +520,6 @@ def group_nul_out(env):
         check(mixed.text == c.detokenize(mixed.token_ids), f"mixed: {mixed.text!r} vs {mixed.token_ids}")
 
 
-
-
 def group_merge(env):
     """A singular message field sent twice merges (protobuf spec: as if the bytes were
     concatenated): scalars of the later copy win, repeated fields concatenate, unset fields keep
@@ -579,6 +578,42 @@ def group_merge(env):
         msg = reflect(ext(containing_type="shardlm.v1.GenerateRequest") + other + ext(extension_number=7))
         check("''" in msg, f"a oneof switch clears the earlier member: {msg!r}")
 
+
+def group_queue_samples(env):
+    """--max-queue counts waiting samples (sequences), as GetServerStats.waiting does: a request
+    of n samples takes n places, and n may not exceed the queue."""
+    with Server(env.shardlm, env.model, "--max-seqs", "4", "--max-queue", "3", name="queue-samples") as srv, \
+            srv.client() as c:
+        expect_error(lambda: c.generate("hi", n=4, max_tokens=2), grpc.StatusCode.INVALID_ARGUMENT,
+                     "sampling.n must be in [1, 3]")
+        long_kw = dict(max_tokens=480, ignore_eos=True, temperature=0.8, n=3)
+        streams = [c.generate_stream("Once upon a time", **long_kw) for _ in range(6)]
+        codes, details, peak = [], [], [0]
+        stop = threading.Event()
+
+        def poll():
+            while not stop.is_set():
+                peak[0] = max(peak[0], c.server_stats().waiting)
+                time.sleep(0.005)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        for st in streams:
+            try:
+                for _ in st:
+                    pass
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as e:
+                codes.append(e.code())
+                details.append(e.details() or "")
+        stop.set()
+        poller.join(timeout=10)
+        ok, full = codes.count(grpc.StatusCode.OK), codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+        check(ok >= 1 and full >= 1 and ok + full == len(codes), f"codes {[x.name for x in codes]}")
+        check(peak[0] <= 3, f"waiting reached {peak[0]} samples with --max-queue 3")
+        check(all("samples" in d and "--max-queue 3" in d for d in details),
+              f"the refusal counts samples: {details[:2]}")
+        wait_until(lambda: stats_settled(c), "the queue to empty")
 
 
 def health_check(target, service=""):
@@ -718,7 +753,7 @@ def group_reflection(env):
 GROUPS = {"basic": group_basic, "concurrency": group_concurrency, "cancel": group_cancel, "deadline": group_deadline,
           "invalid": group_invalid, "drain": group_drain, "auth": group_auth, "tls": group_tls,
           "reflection": group_reflection, "nul_in": group_nul_in, "nul_out": group_nul_out,
-          "merge": group_merge}
+          "merge": group_merge, "queue_samples": group_queue_samples}
 
 
 def main():
