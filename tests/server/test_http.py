@@ -262,6 +262,7 @@ def group_errors(env):
             ({"prompt": "hi", "max_tokens": 600}, "context"),
             ({"prompt": "hi", "n": 0}, "n"),
             ({"prompt": "hi", "logprobs": 1000}, "logprobs"),
+            ({"prompt": "Once upon a time " * 60000}, "prompt (at least"),  # refused before tokenizing
             ({"prompt": "hi", "unknown_field": {"a": 1}, "max_tokens": 1}, None),  # ignored
         ]
         for body, want in table:

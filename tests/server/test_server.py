@@ -22,6 +22,7 @@ port) with the Python grpcio client (clients/python/). One group per ctest test:
   nul_out      generated or detokenized text holding U+0000 (token <0x00>) arrives whole
   merge        a singular message field sent twice (sampling) merges as the protobuf spec says
   queue_samples --max-queue counts waiting samples; n is bounded by it; the refusal says so
+  prompt_bound a prompt that cannot fit the context is refused before it is tokenized
 
 Usage: test_server.py --shardlm BUILD/server/shardlm GROUP...  (default: every group)
 Exit 0 when every check passed, 1 on a failure, 77 (SKIP) when the model assets, grpcio or
@@ -616,6 +617,33 @@ def group_queue_samples(env):
         wait_until(lambda: stats_settled(c), "the queue to empty")
 
 
+def group_prompt_bound(env):
+    """A prompt that cannot fit the context is refused before it is tokenized: each token of a
+    byte-fallback SentencePiece model covers at most its longest piece's bytes."""
+    INV = grpc.StatusCode.INVALID_ARGUMENT
+    with Server(env.shardlm, env.model, name="prompt-bound") as srv, srv.client() as c:
+        huge = "Once upon a time " * ((1 << 20) // 17)
+
+        def cpu_seconds():  # the server's user + system time (wall time would depend on the load)
+            fields = Path(f"/proc/{srv.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        c.generate("hi", max_tokens=1)
+        cpu0 = cpu_seconds()
+        for fn in (lambda: c.generate(huge, max_tokens=4), lambda: collect(c.generate_stream(huge, max_tokens=4)),
+                   lambda: c.chat([("user", huge)], max_tokens=4), lambda: c.generate(huge, max_tokens=4)):
+            e = expect_error(fn, INV, "exceeds the model's context of 512 tokens")
+            check("at least" in e.details() and "bytes" in e.details(), f"refused by the byte bound: {e.details()}")
+        # Tokenizing 1 MiB takes about 0.45 s of CPU: four refusals cost far less than one.
+        check(cpu_seconds() - cpu0 < 0.3, f"the refusals took {cpu_seconds() - cpu0:.2f} s of server CPU")
+        fits = "Once upon a time " * 20
+        check(len(c.generate(fits, max_tokens=4).token_ids) <= 4, "a prompt that fits is served")
+        # More tokens than the context but within the byte bound: tokenized, then the exact check.
+        just = "Once upon a time " * 200
+        e = expect_error(lambda: c.generate(just, max_tokens=4), INV, "exceeds the model's context of 512 tokens")
+        check(e.details().startswith(f"prompt ({len(c.tokenize(just))} tokens)"), f"exact count: {e.details()}")
+
+
 def health_check(target, service=""):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     with grpc.insecure_channel(target) as ch:
@@ -753,7 +781,8 @@ def group_reflection(env):
 GROUPS = {"basic": group_basic, "concurrency": group_concurrency, "cancel": group_cancel, "deadline": group_deadline,
           "invalid": group_invalid, "drain": group_drain, "auth": group_auth, "tls": group_tls,
           "reflection": group_reflection, "nul_in": group_nul_in, "nul_out": group_nul_out,
-          "merge": group_merge, "queue_samples": group_queue_samples}
+          "merge": group_merge, "queue_samples": group_queue_samples,
+          "prompt_bound": group_prompt_bound}
 
 
 def main():
