@@ -550,21 +550,9 @@ static void take_prompt_logprobs(struct conductor *c, struct seq *s, int p0, int
 
 /* ---- the step ------------------------------------------------------------------------------ */
 
-/* Waiting samples: a request that has not started counts its n samples (its first sequence
- * forks the others once the prompt is done), as the queue limit does. */
-static int waiting_samples(const struct scheduler *sc)
-{
-    int n = 0;
-    for (int i = 0; i < sc->n_waiting; i++) {
-        const struct seq *s = sc->waiting[i];
-        n += s->req && s->sample == 0 && !s->req->forked ? s->req->p.n : 1;
-    }
-    return n;
-}
-
 static void stats_update(struct conductor *c, int prefill_rows, int hit_tokens)
 {
-    const int waiting = waiting_samples(&c->sched);
+    const int waiting = scheduler_waiting_samples(&c->sched);
     pthread_mutex_lock(&c->mu);
     c->stats.waiting = waiting;
     c->stats.running = c->sched.n_running;

@@ -634,8 +634,11 @@ def group_prompt_bound(env):
                    lambda: c.chat([("user", huge)], max_tokens=4), lambda: c.generate(huge, max_tokens=4)):
             e = expect_error(fn, INV, "exceeds the model's context of 512 tokens")
             check("at least" in e.details() and "bytes" in e.details(), f"refused by the byte bound: {e.details()}")
-        # Tokenizing 1 MiB takes about 0.45 s of CPU: four refusals cost far less than one.
-        check(cpu_seconds() - cpu0 < 0.3, f"the refusals took {cpu_seconds() - cpu0:.2f} s of server CPU")
+        # Tokenizing 1 MiB takes about 0.45 s of CPU (four: 1.9 s); the four refusals take about
+        # 0.01 s (0.3 s under valgrind).
+        used = cpu_seconds() - cpu0
+        print(f"  four refusals of 1 MiB: {used:.3f} s of server CPU")
+        check(used < 0.5, f"the refusals took {used:.2f} s of server CPU")
         fits = "Once upon a time " * 20
         check(len(c.generate(fits, max_tokens=4).token_ids) <= 4, "a prompt that fits is served")
         # More tokens than the context but within the byte bound: tokenized, then the exact check.
