@@ -734,11 +734,10 @@ enum status convert_reflection_response(const void *req_data, size_t req_len, co
     Grpc__Reflection__V1alpha__ExtensionNumberResponse ext = GRPC__REFLECTION__V1ALPHA__EXTENSION_NUMBER_RESPONSE__INIT;
     Grpc__Reflection__V1alpha__ServiceResponse *svc = NULL, **svc_ptrs = NULL;
     ProtobufCBinaryData *blobs = NULL;
-    enum status st;
-    /* Parsed once more to be echoed: it parsed a moment ago (convert_reflection_request). */
+    enum status st = STATUS_OK, parsed;
+    /* Parsed once more to be echoed (merged like the first time, in convert_reflection_request). */
     Grpc__Reflection__V1alpha__ServerReflectionRequest *orig = (Grpc__Reflection__V1alpha__ServerReflectionRequest *)unpack(
-        &grpc__reflection__v1alpha__server_reflection_request__descriptor, req_data, req_len, NULL, &st);
-    st = STATUS_OK;
+        &grpc__reflection__v1alpha__server_reflection_request__descriptor, req_data, req_len, NULL, &parsed);
     m.original_request = orig;
     m.valid_host = orig ? orig->host : "";
     if (a->error_code) {
