@@ -3,8 +3,10 @@
  *   --model DIR              checkpoint directory (required)
  *   --listen HOST:PORT       [127.0.0.1:50051]; port 0 picks a free port (printed on stdout)
  *   --device cpu|cuda        [cpu]        --threads N        CPU threads [0 = all cores]
- *   --max-batch-tokens N     [512]        --max-seqs N       [64]
- *   --max-queue N            [1024]       --block-tokens N   tokens per KV block [16]
+ *   --max-batch-tokens N     [512]        --max-seqs N       running samples [64]
+ *   --max-queue N            waiting samples [1024]: a request of n samples takes n places
+ *                            (refused with RESOURCE_EXHAUSTED when they do not fit; n > N is
+ *                            invalid)                  --block-tokens N   tokens per KV block [16]
  *   --kv-cache-mem BYTES     KV pool size (suffix K, M or G allowed) [enough for max-seqs
  *                            full-context sequences]
  *   --kv-cache-fraction F    KV pool as a fraction (0, 0.95] of the free memory left after the
@@ -53,7 +55,10 @@ static int usage(const char *fmt, const char *arg)
                     "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
                     "         [--chat-template llama2|chatml|gemma|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
                     "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
-                    "         [--lora NAME=DIR ...]\n");
+                    "         [--lora NAME=DIR ...]\n"
+                    "  --max-seqs N   samples (sequences) running at once [64]\n"
+                    "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
+                    "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n");
     return EXIT_USAGE;
 }
 

@@ -12,6 +12,7 @@
 #include "shardlm/v1/text_generation.pb-c.h"
 #include "request.h"
 #include "tokenizer.h"
+#include "wire.h"
 
 int utf8_valid(const char *str, size_t len)
 {
@@ -46,6 +47,25 @@ static enum status oom(void) { return status_errorf(STATUS_RESOURCE_EXHAUSTED, "
 static enum status not_a(const char *type)
 {
     return status_errorf(STATUS_INVALID_ARGUMENT, "the request is not a valid %s message", type);
+}
+
+/* Unpacks data[0..len) as a message of type d (named `type` in the error, d's name when NULL),
+ * after wire_prepare: a string holding a NUL is refused by name (protobuf-c would cut it at the
+ * NUL), and a singular message field sent twice is merged as the spec says (protobuf-c's own
+ * merge fails or loses fields). NULL with *st set on error.
+ * Free the message with protobuf_c_message_free_unpacked(m, NULL). */
+static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *d, const void *data, size_t len, const char *type,
+                                enum status *st)
+{
+    uint8_t *merged;
+    size_t merged_len;
+    *st = wire_prepare(d, data, len, &merged, &merged_len);
+    if (*st != STATUS_OK) return NULL;
+    ProtobufCMessage *m = merged ? protobuf_c_message_unpack(d, NULL, merged_len, merged)
+                                 : protobuf_c_message_unpack(d, NULL, len, data);
+    free(merged);
+    if (!m) *st = not_a(type ? type : d->name);
+    return m;
 }
 
 /* Packs any message into a malloc'd buffer. */
@@ -215,13 +235,15 @@ enum status convert_gen_request(const void *data, size_t len, int is_chat, struc
     r->params = request_params_default();
     enum status st;
     if (is_chat) {
-        Shardlm__V1__ChatRequest *m = shardlm__v1__chat_request__unpack(NULL, len, data);
-        if (!m) return not_a("shardlm.v1.ChatRequest");
+        Shardlm__V1__ChatRequest *m =
+            (Shardlm__V1__ChatRequest *)unpack(&shardlm__v1__chat_request__descriptor, data, len, NULL, &st);
+        if (!m) return st;
         st = convert_chat(m, r);
         shardlm__v1__chat_request__free_unpacked(m, NULL);
     } else {
-        Shardlm__V1__GenerateRequest *m = shardlm__v1__generate_request__unpack(NULL, len, data);
-        if (!m) return not_a("shardlm.v1.GenerateRequest");
+        Shardlm__V1__GenerateRequest *m =
+            (Shardlm__V1__GenerateRequest *)unpack(&shardlm__v1__generate_request__descriptor, data, len, NULL, &st);
+        if (!m) return st;
         st = convert_generate(m, r);
         shardlm__v1__generate_request__free_unpacked(m, NULL);
     }
@@ -313,11 +335,59 @@ static Shardlm__V1__TokenLogprob **build_logprobs(struct arena *a, const struct 
     return ptrs;
 }
 
-static char *text_copy(struct arena *a, const char *s, size_t n)
+/* ---- text fields, written by hand ---------------------------------------------------------
+ * protobuf-c packs a string field with strlen, so a text holding U+0000 (token <0x00> of a
+ * byte-fallback model decodes to it: valid UTF-8, valid proto3) would end at the NUL and
+ * disagree with its token ids. Response text therefore stays empty for protobuf-c and is
+ * written here after the rest of its message: the wire format lets fields come in any order
+ * (a parser takes the message the same), and an empty proto3 string is not written at all. */
+
+static size_t varint_size(uint64_t v)
 {
-    char *t = arena_alloc(a, n + 1);
-    if (t && n) memcpy(t, s, n);
-    return t;
+    size_t n = 1;
+    for (; v >= 0x80; v >>= 7) n++;
+    return n;
+}
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v)
+{
+    for (; v >= 0x80; v >>= 7) *p++ = (uint8_t)(v | 0x80);
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+/* The tag of a length-delimited field. */
+static uint64_t len_tag(uint32_t number) { return (uint64_t)number << 3 | PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED; }
+
+/* Bytes of a length-delimited field of n payload bytes (0 for an empty string: not written). */
+static size_t len_field_size(uint32_t number, size_t n) { return varint_size(len_tag(number)) + varint_size(n) + n; }
+static size_t text_field_size(uint32_t number, size_t n) { return n ? len_field_size(number, n) : 0; }
+
+static uint8_t *put_len_field(uint8_t *p, uint32_t number, const void *data, size_t n)
+{
+    p = put_varint(p, len_tag(number));
+    p = put_varint(p, n);
+    if (n) memcpy(p, data, n);
+    return p + n;
+}
+
+static uint32_t field_number(const ProtobufCMessageDescriptor *d, const char *name)
+{
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(d, name);
+    CHECK(f, "%s has no field %s", d->name, name);
+    return f->id;
+}
+
+/* m packed (its text field left empty), then its field `number` = text[0..n). */
+static size_t message_text_size(const ProtobufCMessage *m, uint32_t number, size_t n)
+{
+    return protobuf_c_message_get_packed_size(m) + text_field_size(number, n);
+}
+
+static uint8_t *put_message_text(uint8_t *p, const ProtobufCMessage *m, uint32_t number, const char *text, size_t n)
+{
+    p += protobuf_c_message_pack(m, p);
+    return n ? put_len_field(p, number, text, n) : p;
 }
 
 static Shardlm__V1__FinishReason finish_to_proto(enum finish_reason r)
@@ -332,6 +402,60 @@ static Shardlm__V1__FinishReason finish_to_proto(enum finish_reason r)
     case FINISH_REASON_ERROR: return SHARDLM__V1__FINISH_REASON__FINISH_REASON_ERROR;
     }
     return SHARDLM__V1__FINISH_REASON__FINISH_REASON_ERROR;
+}
+
+/* The completions of a unary response (every sample), their text left to pack_gen_response. */
+static Shardlm__V1__Completion *build_completions(struct arena *a, const struct gen_response_out *o)
+{
+    Shardlm__V1__Completion *c = arena_alloc(a, (size_t)o->n_samples * sizeof *c);
+    Shardlm__V1__Usage *u = arena_alloc(a, (size_t)o->n_samples * sizeof *u);
+    if (!c || !u) return NULL;
+    for (int i = 0; i < o->n_samples; i++) {
+        const struct gen_sample_out *s = &o->samples[i];
+        shardlm__v1__completion__init(&c[i]);
+        shardlm__v1__usage__init(&u[i]);
+        c[i].index = s->index;
+        c[i].n_token_ids = (size_t)s->n_ids;
+        c[i].token_ids = (int32_t *)s->ids;
+        if (s->logprobs && s->n_ids) {
+            c[i].n_logprobs = (size_t)s->n_ids;
+            c[i].logprobs = build_logprobs(a, o->tok, s->ids, s->logprobs, s->top, s->n_top, s->n_ids);
+        }
+        c[i].finish_reason = finish_to_proto(s->finish);
+        u[i].prompt_tokens = s->prompt_tokens;
+        u[i].completion_tokens = s->completion_tokens;
+        u[i].cached_prompt_tokens = s->cached_prompt_tokens;
+        c[i].usage = &u[i];
+    }
+    return c;
+}
+
+/* m (text and completions left empty) with sample 0's text, then, for a unary response, each
+ * completion c[i] with its text as a `completions` field (see "text fields"). */
+static enum status pack_gen_response(const Shardlm__V1__GenerateResponse *m, const Shardlm__V1__Completion *c,
+                                     const struct gen_response_out *o, uint8_t **out, size_t *len)
+{
+    uint32_t text_no = field_number(&shardlm__v1__generate_response__descriptor, "text");
+    uint32_t completions_no = field_number(&shardlm__v1__generate_response__descriptor, "completions");
+    uint32_t c_text_no = field_number(&shardlm__v1__completion__descriptor, "text");
+    int n_c = c ? o->n_samples : 0;
+    const struct gen_sample_out *s = o->samples;
+    size_t text_len = o->n_samples > 0 ? s[0].text_len : 0;
+    size_t total = message_text_size(&m->base, text_no, text_len);
+    for (int i = 0; i < n_c; i++)
+        total += len_field_size(completions_no, message_text_size(&c[i].base, c_text_no, s[i].text_len));
+    uint8_t *buf = malloc(total ? total : 1), *p = buf;
+    if (!buf) return oom();
+    p = put_message_text(p, &m->base, text_no, text_len ? s[0].text : "", text_len);
+    for (int i = 0; i < n_c; i++) {
+        p = put_varint(p, len_tag(completions_no));
+        p = put_varint(p, message_text_size(&c[i].base, c_text_no, s[i].text_len));
+        p = put_message_text(p, &c[i].base, c_text_no, s[i].text, s[i].text_len);
+    }
+    CHECK((size_t)(p - buf) == total, "GenerateResponse: wrote %zu bytes of %zu", (size_t)(p - buf), total);
+    *out = buf;
+    *len = total;
+    return STATUS_OK;
 }
 
 enum status convert_gen_response(const struct gen_response_out *o, uint8_t **out, size_t *len)
@@ -349,7 +473,6 @@ enum status convert_gen_response(const struct gen_response_out *o, uint8_t **out
     if (o->n_samples > 0) {
         const struct gen_sample_out *s0 = &o->samples[0];
         m.index = s0->index;
-        m.text = text_copy(&a, s0->text, s0->text_len);
         m.n_token_ids = (size_t)s0->n_ids;
         m.token_ids = (int32_t *)s0->ids;
         if (s0->logprobs && s0->n_ids) {
@@ -364,33 +487,8 @@ enum status convert_gen_response(const struct gen_response_out *o, uint8_t **out
             m.usage = &usage;
         }
     }
-    if (o->unary && o->n_samples > 0) {
-        m.n_completions = (size_t)o->n_samples;
-        m.completions = arena_alloc(&a, (size_t)o->n_samples * sizeof *m.completions);
-        Shardlm__V1__Completion *c = arena_alloc(&a, (size_t)o->n_samples * sizeof *c);
-        Shardlm__V1__Usage *u = arena_alloc(&a, (size_t)o->n_samples * sizeof *u);
-        for (int i = 0; m.completions && c && u && i < o->n_samples; i++) {
-            const struct gen_sample_out *s = &o->samples[i];
-            shardlm__v1__completion__init(&c[i]);
-            shardlm__v1__usage__init(&u[i]);
-            c[i].index = s->index;
-            c[i].text = text_copy(&a, s->text, s->text_len);
-            c[i].n_token_ids = (size_t)s->n_ids;
-            c[i].token_ids = (int32_t *)s->ids;
-            if (s->logprobs && s->n_ids) {
-                c[i].n_logprobs = (size_t)s->n_ids;
-                c[i].logprobs = build_logprobs(&a, o->tok, s->ids, s->logprobs, s->top, s->n_top, s->n_ids);
-            }
-            c[i].finish_reason = finish_to_proto(s->finish);
-            u[i].prompt_tokens = s->prompt_tokens;
-            u[i].completion_tokens = s->completion_tokens;
-            u[i].cached_prompt_tokens = s->cached_prompt_tokens;
-            c[i].usage = &u[i];
-            m.completions[i] = &c[i];
-        }
-    }
-    if (!m.text) m.text = "";
-    enum status st = a.failed ? oom() : pack(&m.base, out, len);
+    Shardlm__V1__Completion *c = o->unary ? build_completions(&a, o) : NULL;
+    enum status st = a.failed ? oom() : pack_gen_response(&m, c, o, out, len);
     arena_free(&a);
     return st;
 }
@@ -400,9 +498,10 @@ enum status convert_gen_response(const struct gen_response_out *o, uint8_t **out
 enum status convert_tokenize_request(const void *data, size_t len, char **text, size_t *text_len, int *add_bos)
 {
     *text = NULL;
-    Shardlm__V1__TokenizeRequest *m = shardlm__v1__tokenize_request__unpack(NULL, len, data);
-    if (!m) return not_a("shardlm.v1.TokenizeRequest");
-    enum status st = STATUS_OK;
+    enum status st;
+    Shardlm__V1__TokenizeRequest *m =
+        (Shardlm__V1__TokenizeRequest *)unpack(&shardlm__v1__tokenize_request__descriptor, data, len, NULL, &st);
+    if (!m) return st;
     size_t n = strlen(m->text);
     if (n > CONVERT_MAX_PROMPT_BYTES)
         st = status_errorf(STATUS_INVALID_ARGUMENT, "text must be at most %d bytes, got %zu", CONVERT_MAX_PROMPT_BYTES, n);
@@ -435,9 +534,10 @@ enum status convert_detokenize_request(const void *data, size_t len, int vocab_s
 {
     *ids = NULL;
     *n = 0;
-    Shardlm__V1__DetokenizeRequest *m = shardlm__v1__detokenize_request__unpack(NULL, len, data);
-    if (!m) return not_a("shardlm.v1.DetokenizeRequest");
-    enum status st = STATUS_OK;
+    enum status st;
+    Shardlm__V1__DetokenizeRequest *m =
+        (Shardlm__V1__DetokenizeRequest *)unpack(&shardlm__v1__detokenize_request__descriptor, data, len, NULL, &st);
+    if (!m) return st;
     for (size_t i = 0; i < m->n_token_ids && st == STATUS_OK; i++)
         if (m->token_ids[i] < 0 || m->token_ids[i] >= vocab_size)
             st = status_errorf(STATUS_INVALID_ARGUMENT, "token_ids[%zu] must be in [0, %d), got %d", i, vocab_size,
@@ -454,19 +554,27 @@ enum status convert_detokenize_request(const void *data, size_t len, int vocab_s
     return st;
 }
 
-enum status convert_detokenize_response(const char *text, uint8_t **out, size_t *len)
+enum status convert_detokenize_response(const char *text, size_t text_len, uint8_t **out, size_t *len)
 {
+    /* The text is written by hand (see "text fields"): it may hold U+0000. */
     Shardlm__V1__DetokenizeResponse m = SHARDLM__V1__DETOKENIZE_RESPONSE__INIT;
-    m.text = (char *)text;
-    return pack(&m.base, out, len);
+    uint32_t text_no = field_number(&shardlm__v1__detokenize_response__descriptor, "text");
+    size_t n = message_text_size(&m.base, text_no, text_len);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) return oom();
+    put_message_text(buf, &m.base, text_no, text, text_len);
+    *out = buf;
+    *len = n;
+    return STATUS_OK;
 }
 
 enum status convert_cancel_request(const void *data, size_t len, char **request_id)
 {
     *request_id = NULL;
-    Shardlm__V1__CancelRequest *m = shardlm__v1__cancel_request__unpack(NULL, len, data);
-    if (!m) return not_a("shardlm.v1.CancelRequest");
-    enum status st = STATUS_OK;
+    enum status st;
+    Shardlm__V1__CancelRequest *m =
+        (Shardlm__V1__CancelRequest *)unpack(&shardlm__v1__cancel_request__descriptor, data, len, NULL, &st);
+    if (!m) return st;
     if (!m->request_id[0]) st = status_errorf(STATUS_INVALID_ARGUMENT, "request_id must not be empty");
     else st = request_id_check(m->request_id);
     if (st == STATUS_OK && !(*request_id = strdup(m->request_id))) st = oom();
@@ -484,10 +592,10 @@ enum status convert_cancel_response(int cancelled, uint8_t **out, size_t *len)
 enum status convert_empty_request(const void *data, size_t len, const char *what)
 {
     /* Both requests are empty messages: any well-formed message parses as one. */
-    Shardlm__V1__GetModelInfoRequest *m = shardlm__v1__get_model_info_request__unpack(NULL, len, data);
-    if (!m) return not_a(what);
-    shardlm__v1__get_model_info_request__free_unpacked(m, NULL);
-    return STATUS_OK;
+    enum status st;
+    ProtobufCMessage *m = unpack(&shardlm__v1__get_model_info_request__descriptor, data, len, what, &st);
+    if (m) protobuf_c_message_free_unpacked(m, NULL);
+    return st;
 }
 
 enum status convert_model_info_response(const struct model_info_out *mi, uint8_t **out, size_t *len)
@@ -568,8 +676,10 @@ enum status convert_server_stats_response(const struct server_stats_out *s, uint
 enum status convert_health_request(const void *data, size_t len, char **service)
 {
     *service = NULL;
-    Grpc__Health__V1__HealthCheckRequest *m = grpc__health__v1__health_check_request__unpack(NULL, len, data);
-    if (!m) return not_a("grpc.health.v1.HealthCheckRequest");
+    enum status st;
+    Grpc__Health__V1__HealthCheckRequest *m = (Grpc__Health__V1__HealthCheckRequest *)unpack(
+        &grpc__health__v1__health_check_request__descriptor, data, len, NULL, &st);
+    if (!m) return st;
     *service = strdup(m->service);
     grpc__health__v1__health_check_request__free_unpacked(m, NULL);
     return *service ? STATUS_OK : oom();
@@ -587,9 +697,10 @@ enum status convert_health_response(int status, uint8_t **out, size_t *len)
 enum status convert_reflection_request(const void *data, size_t len, struct reflection_query *q)
 {
     memset(q, 0, sizeof *q);
-    Grpc__Reflection__V1alpha__ServerReflectionRequest *m =
-        grpc__reflection__v1alpha__server_reflection_request__unpack(NULL, len, data);
-    if (!m) return not_a("grpc.reflection.v1alpha.ServerReflectionRequest");
+    enum status st;
+    Grpc__Reflection__V1alpha__ServerReflectionRequest *m = (Grpc__Reflection__V1alpha__ServerReflectionRequest *)unpack(
+        &grpc__reflection__v1alpha__server_reflection_request__descriptor, data, len, NULL, &st);
+    if (!m) return st;
     const char *arg = "";
     switch (m->message_request_case) {
     case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES:
@@ -638,9 +749,10 @@ enum status convert_reflection_response(const void *req_data, size_t req_len, co
     Grpc__Reflection__V1alpha__ExtensionNumberResponse ext = GRPC__REFLECTION__V1ALPHA__EXTENSION_NUMBER_RESPONSE__INIT;
     Grpc__Reflection__V1alpha__ServiceResponse *svc = NULL, **svc_ptrs = NULL;
     ProtobufCBinaryData *blobs = NULL;
-    Grpc__Reflection__V1alpha__ServerReflectionRequest *orig =
-        grpc__reflection__v1alpha__server_reflection_request__unpack(NULL, req_len, req_data);
-    enum status st = STATUS_OK;
+    enum status st = STATUS_OK, parsed;
+    /* Parsed once more to be echoed (merged like the first time, in convert_reflection_request). */
+    Grpc__Reflection__V1alpha__ServerReflectionRequest *orig = (Grpc__Reflection__V1alpha__ServerReflectionRequest *)unpack(
+        &grpc__reflection__v1alpha__server_reflection_request__descriptor, req_data, req_len, NULL, &parsed);
     m.original_request = orig;
     m.valid_host = orig ? orig->host : "";
     if (a->error_code) {

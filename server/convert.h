@@ -1,15 +1,15 @@
 /* server/convert.h - the protobuf edge of the server: request bytes become native structs
  * (parsed, not range-checked: the engine owns every numeric limit, in one table that
  * engine_validate applies; see engine/serving/request.h), and native results become response
- * bytes. This file and convert.c are the only ones that see
+ * bytes. This file, convert.c and wire.c are the only ones that see
  * protobuf-c types; the rest of the server, and the engine, never do.
  * Not here: model-dependent checks (engine_validate), tokenization and chat templates
  * (server.c, chat_template.c), gRPC itself (server.c).
  * Tests: tests/server/test_server.py (every method, and the table of invalid requests).
  *
  * Errors: parsing functions return STATUS_INVALID_ARGUMENT for bytes that are not the expected
- * message, or for what only the edge checks (UTF-8, chat roles, sizes of the raw prompt,
- * printable request ids), with a message naming the field. Encoding functions return a malloc'd buffer in *out (caller frees) of
+ * message, or for what only the edge checks (UTF-8, U+0000 in any string (wire.h), chat roles,
+ * sizes of the raw prompt, printable request ids), with a message naming the field. Encoding functions return a malloc'd buffer in *out (caller frees) of
  * *len bytes, or STATUS_RESOURCE_EXHAUSTED. */
 #ifndef SHARDLM_CONVERT_H
 #define SHARDLM_CONVERT_H
@@ -64,7 +64,7 @@ void        gen_request_free(struct gen_request *r); /* accepts a zeroed struct 
 /* One sample's output as the server accumulated it. */
 struct gen_sample_out {
     int            index;
-    const char    *text;          /* text_len bytes */
+    const char    *text;          /* text_len bytes, sent whole even when they hold U+0000 */
     size_t         text_len;
     const int32_t *ids;           /* (n_ids) */
     int            n_ids;
@@ -98,7 +98,8 @@ enum status convert_tokenize_response(const int32_t *ids, int n, const struct to
                                       size_t *len);
 /* *ids is malloc'd (caller frees; non-NULL even when empty). Ids are checked against vocab_size. */
 enum status convert_detokenize_request(const void *data, size_t len, int vocab_size, int32_t **ids, int *n);
-enum status convert_detokenize_response(const char *text, uint8_t **out, size_t *len);
+/* text[0..text_len) may hold U+0000 (token <0x00>): it is sent whole, as GenerateResponse's. */
+enum status convert_detokenize_response(const char *text, size_t text_len, uint8_t **out, size_t *len);
 
 /* Cancel. *request_id is malloc'd. */
 enum status convert_cancel_request(const void *data, size_t len, char **request_id);

@@ -310,6 +310,66 @@ static enum status parse_model(const cJSON *model, const char *served_model, con
                          model->valuestring, served_model, n_adapters ? " and its adapters" : "");
 }
 
+/* cJSON ends a string at a NUL ("\u0000", or a raw NUL byte, which it lets through) and drops
+ * the rest, so the server refuses NUL in strings, as gRPC does. To find them by name after
+ * parsing, a copy of the body is parsed in which every NUL inside a string is NUL_MARK, a byte
+ * that the UTF-8 check of the body has ruled out and that cJSON copies through. Returns the
+ * malloc'd copy of *out_len bytes. */
+#define NUL_MARK '\xff'
+static char *mark_nuls(const char *body, size_t len, size_t *out_len)
+{
+    char *out = malloc(len ? len : 1);
+    CHECK(out, "out of memory copying a request body");
+    size_t o = 0;
+    int in_string = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = body[i];
+        if (in_string && c == '\\' && i + 5 < len && !memcmp(body + i + 1, "u0000", 5)) {
+            out[o++] = NUL_MARK;
+            i += 5;
+            continue;
+        }
+        if (in_string && c == '\\' && i + 1 < len) { /* any other escape, "\\" included */
+            out[o++] = c;
+            out[o++] = body[++i];
+            continue;
+        }
+        if (c == '"') in_string = !in_string;
+        out[o++] = in_string && c == 0 ? NUL_MARK : c;
+    }
+    *out_len = o;
+    return out;
+}
+
+/* 1 when a string or member name within v held a NUL; path[0..cap) then names the string as
+ * the API does ("messages[1].content"), or the object holding the name (*in_name set). */
+static int find_nul(const cJSON *v, char *path, size_t cap, int *in_name)
+{
+    if (cJSON_IsString(v)) return strchr(v->valuestring, NUL_MARK) != NULL;
+    if (!cJSON_IsArray(v) && !cJSON_IsObject(v)) return 0;
+    size_t n = strlen(path);
+    int i = 0;
+    for (const cJSON *e = v->child; e; e = e->next, i++) {
+        if (cJSON_IsObject(v) && strchr(e->string, NUL_MARK)) return *in_name = 1;
+        if (cJSON_IsArray(v)) snprintf(path + n, cap - n, "[%d]", i);
+        else snprintf(path + n, cap - n, "%s%s", n ? "." : "", e->string);
+        if (find_nul(e, path, cap, in_name)) return 1;
+        path[n] = 0;
+    }
+    return 0;
+}
+
+static enum status refuse_nul(const cJSON *o)
+{
+    char path[256] = "";
+    int in_name = 0;
+    if (!find_nul(o, path, sizeof path, &in_name)) return STATUS_OK;
+    if (in_name)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "a member name of %s%s%s must not contain U+0000 (NUL)",
+                             path[0] ? "'" : "", path[0] ? path : "the request", path[0] ? "'" : "");
+    return status_errorf(STATUS_INVALID_ARGUMENT, "'%s' must not contain U+0000 (NUL)", path);
+}
+
 enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
                                const char *const *adapters, int n_adapters, struct http_request *q)
 {
@@ -317,10 +377,14 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     q->r.params = request_params_default();
     q->is_chat = is_chat;
     if (!utf8_valid(body, len)) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid UTF-8");
-    cJSON *o = cJSON_ParseWithLength(body, len);
+    size_t marked_len;
+    char *marked = mark_nuls(body, len, &marked_len);
+    cJSON *o = cJSON_ParseWithLength(marked, marked_len);
+    free(marked);
     if (!o) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid JSON");
     enum status st = STATUS_OK;
     if (!cJSON_IsObject(o)) st = status_errorf(STATUS_INVALID_ARGUMENT, "the request body must be a JSON object");
+    if (st == STATUS_OK) st = refuse_nul(o);
     if (st == STATUS_OK) st = parse_model(field(o, "model"), served_model, adapters, n_adapters, &q->r);
     if (st == STATUS_OK) st = is_chat ? parse_messages(o, &q->r) : parse_prompt(o, &q->r);
     if (st == STATUS_OK) q->r.add_bos = 1;
@@ -375,6 +439,31 @@ static void token_text(const struct tokenizer *tok, int32_t id, char *out, size_
         }
     }
     out[o] = 0;
+}
+
+/* Adds o[name] = s[0..n). Generated text may hold U+0000 (token <0x00>), which cJSON would cut
+ * (it measures strings with strlen): such text goes in as a raw item escaped here, as cJSON
+ * escapes ("\u0000" for the NUL). */
+static void add_text(cJSON *o, const char *name, const char *s, size_t n)
+{
+    if (!memchr(s, 0, n)) {
+        check_json(cJSON_AddStringToObject(o, name, s));
+        return;
+    }
+    char *lit = NULL;
+    size_t len = 0, cap = 0;
+    http_buf_append(&lit, &len, &cap, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char esc[8];
+        if (c == '"' || c == '\\') snprintf(esc, sizeof esc, "\\%c", c);
+        else if (c < 0x20) snprintf(esc, sizeof esc, "\\u%04x", c);
+        else esc[0] = (char)c, esc[1] = 0;
+        http_buf_append(&lit, &len, &cap, esc, strlen(esc));
+    }
+    http_buf_append(&lit, &len, &cap, "\"", 1);
+    check_json(cJSON_AddRawToObject(o, name, lit));
+    free(lit);
 }
 
 static cJSON *bytes_array(const char *s)
@@ -489,16 +578,16 @@ char *http_response_json(struct http_gen *g)
         if (g->q.is_chat) {
             cJSON *m = check_json(cJSON_AddObjectToObject(c, "message"));
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddStringToObject(m, "content", text);
+            add_text(m, "content", text, b->text_len);
         } else if (offset) {
             char *full = NULL;
             size_t len = 0, cap = 0;
             http_buf_append(&full, &len, &cap, g->echo_text, offset);
             http_buf_append(&full, &len, &cap, text, b->text_len);
-            cJSON_AddStringToObject(c, "text", full);
+            add_text(c, "text", full, len);
             free(full);
         } else {
-            cJSON_AddStringToObject(c, "text", text);
+            add_text(c, "text", text, b->text_len);
         }
         cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, b, 0, b->n, &offset)));
         cJSON_AddItemToObject(c, "finish_reason", check_json(finish_json(b->finish)));
@@ -533,17 +622,17 @@ void http_stream_chunks(struct http_gen *g)
         if (g->q.is_chat) {
             cJSON *d = check_json(cJSON_AddObjectToObject(c, "delta"));
             if (!b->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
-            if (b->text_len || !b->role_sent) cJSON_AddStringToObject(d, "content", text);
+            if (b->text_len || !b->role_sent) add_text(d, "content", text, b->text_len);
         } else if (!b->role_sent && g->q.echo && g->echo_text) {
             char *full = NULL;
             size_t len = 0, cap = 0;
             http_buf_append(&full, &len, &cap, g->echo_text, strlen(g->echo_text));
             http_buf_append(&full, &len, &cap, text, b->text_len);
-            cJSON_AddStringToObject(c, "text", full);
+            add_text(c, "text", full, len);
             b->text_offset += strlen(g->echo_text);
             free(full);
         } else {
-            cJSON_AddStringToObject(c, "text", text);
+            add_text(c, "text", text, b->text_len);
         }
         size_t offset = b->text_offset;
         cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, b, 0, b->n, &offset)));

@@ -38,7 +38,7 @@ static enum status detokenize(struct server *s, const uint8_t *data, size_t len,
     size_t text_len;
     enum status st = convert_detokenize_request(data, len, s->vocab_size, &ids, &n);
     if (st == STATUS_OK) st = tokenizer_decode(s->tok, ids, n, &text, &text_len);
-    if (st == STATUS_OK) st = convert_detokenize_response(text, out, out_len);
+    if (st == STATUS_OK) st = convert_detokenize_response(text, text_len, out, out_len);
     free(ids);
     free(text);
     return st;

@@ -462,6 +462,31 @@ static void test_validation(const char *dir)
     run_until_idle(e);
     check(q[0].finished[0] && q[1].finished[0] && !q[2].events, "accepted requests complete, the refused one gets no events", "%s", "");
     engine_free(e);
+
+    /* The queue counts samples, as stats.waiting does: n = 3 then n = 2 overflow a queue of 4,
+     * n = 1 still fits, and n may not exceed the queue. */
+    o.max_queue = 4;
+    engine_create(&o, &e);
+    static struct result qs[3];
+    memset(qs, 0, sizeof qs);
+    struct request_params g3 = greedy(2), g2 = greedy(2), g1 = greedy(2), g5 = greedy(2);
+    g3.n = 3, g2.n = 2, g5.n = 5;
+    g3.sampling.temperature = g2.sampling.temperature = 0.8f;
+    s1 = engine_submit(e, NULL, ok_prompt, 3, &g3, on_event, &qs[0], &h);
+    s2 = engine_submit(e, NULL, ok_prompt, 3, &g2, on_event, &qs[1], &h);
+    check(s1 == STATUS_OK && s2 == STATUS_RESOURCE_EXHAUSTED && strstr(status_message(), "3 samples waiting + 2 asked"),
+          "the queue counts samples", "%s: %s", status_name(s2), status_message());
+    struct engine_stats qst;
+    engine_get_stats(e, &qst);
+    check(qst.waiting == 3, "stats.waiting counts the request's samples", "%d", qst.waiting);
+    s3 = engine_submit(e, NULL, ok_prompt, 3, &g1, on_event, &qs[2], &h);
+    check(s3 == STATUS_OK, "a sample that fits is taken", "%s", status_message());
+    enum status s5 = engine_validate(e, ok_prompt, 3, &g5);
+    check(s5 == STATUS_INVALID_ARGUMENT && strstr(status_message(), "sampling.n must be in [1, 4]"),
+          "n is bounded by the queue", "%s", status_message());
+    run_until_idle(e);
+    check(qs[0].finished[2] && qs[2].finished[0] && !qs[1].events, "the accepted requests complete", "%s", "");
+    engine_free(e);
 }
 
 /* The KV pool sized as a fraction of free memory, and the range check. */

@@ -2,8 +2,8 @@
  * of tiny blocks, requests built with request_new, steps "run" by scheduler_commit. Checks
  * admission under the token budget and max_seqs (chunked prefill), preemption of the newest
  * running sequence when the pool runs dry (and its return to the front of the queue), prefix
- * block reuse by hash and the blocks' release, and the one limits table (engine and sampler
- * agree, messages name the field and its bounds).
+ * block reuse by hash and the blocks' release, the waiting samples that --max-queue counts, and
+ * the one limits table (engine and sampler agree, messages name the field and its bounds).
  * Not here: anything that needs logits (tests/test_engine.c). Label: unit. */
 #include <stdlib.h>
 
@@ -43,19 +43,23 @@ static void pool_close(struct pool *p)
     backend_close(p->b);
 }
 
-/* A request of n_prompt tokens first, first + 1, ... (its own request; freed by finish). */
-static struct seq *new_seq(int first, int n_prompt, int max_tokens)
+/* A request of n_prompt tokens first, first + 1, ... and n samples (its own request; freed by
+ * finish). */
+static struct seq *new_seq_n(int first, int n_prompt, int max_tokens, int n)
 {
     int32_t prompt[64];
     for (int i = 0; i < n_prompt; i++) prompt[i] = first + i;
     struct request_params rp = request_params_default();
     rp.max_tokens = max_tokens;
+    rp.n = n;
     struct request *r;
     CHECK(request_new(prompt, n_prompt, &rp, on_event, NULL, &r) == STATUS_OK, "request_new");
     struct seq *q = seq_new(r, 0, NULL);
     CHECK(q, "seq_new");
     return q;
 }
+
+static struct seq *new_seq(int first, int n_prompt, int max_tokens) { return new_seq_n(first, n_prompt, max_tokens, 1); }
 
 /* Every planned sequence's rows ran; those that sampled get one more token. */
 static void run_step(struct pool *p, int token)
@@ -243,12 +247,36 @@ static void test_limits(void)
                  "request_id must be at most 100 bytes", NULL);
 }
 
+/* Waiting samples, the unit of --max-queue: a request not started counts its n; once it forks,
+ * each waiting child counts one. */
+static void test_waiting_samples(void)
+{
+    struct pool p;
+    pool_open(&p, 32, 1, 64, 0);
+    struct seq *a = new_seq_n(10, 3, 4, 3), *b = new_seq(20, 3, 4), *kids[2];
+    scheduler_enqueue(&p.s, a);
+    scheduler_enqueue(&p.s, b);
+    check(scheduler_waiting_samples(&p.s) == 4, "n = 3 and n = 1 waiting: 4 samples (%d)",
+          scheduler_waiting_samples(&p.s));
+    scheduler_plan(&p.s);
+    run_step(&p, 99);
+    check(p.s.n_running == 1 && scheduler_waiting_samples(&p.s) == 1, "a admitted (max_seqs 1): b's sample waits");
+    check(scheduler_fork(&p.s, a, NULL, kids) == 2 && kids[0] && kids[1], "a forks 2 children");
+    check(scheduler_waiting_samples(&p.s) == 3 && p.s.n_waiting == 3, "no room: the children wait, one sample each (%d)",
+          scheduler_waiting_samples(&p.s));
+    struct request *ra = a->req, *rb = b->req;
+    pool_close(&p);
+    request_free(ra);
+    request_free(rb);
+}
+
 int main(void)
 {
     test_admission();
     test_preemption();
     test_prefix_reuse();
     test_limits();
+    test_waiting_samples();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

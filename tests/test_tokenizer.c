@@ -1,7 +1,8 @@
 /* tests/test_tokenizer.c - the tokenizer (engine/text/tokenizer.h) on real SentencePiece models:
  * the Llama 2 tokenizer against llama.cpp's test vectors, the stories260K tokenizer (byte
  * fallback), the incremental detokenizer against whole-sequence decoding, random bytes and
- * random ids, bad files, and concurrent use from several threads.
+ * random ids, bad files, concurrent use from several threads, and the lower bound of
+ * tokenizer_min_tokens.
  * Assets: $SHARDLM_ASSETS, else <this file's dir>/../../shared/assets; SKIP (exit 77) when
  * they are missing. Prints one line per check group and "N passed, M failed". */
 #include <errno.h>
@@ -714,6 +715,77 @@ static void test_threads(const struct tokenizer *t)
 
 /* ---- main -------------------------------------------------------------------------------- */
 
+/* The bound checks lean on: tokenizer_min_tokens never exceeds what encoding gives, on texts
+ * made to be hard (runs of spaces, the longest pieces back to back, random bytes), for one text
+ * and for texts encoded apart; and it refuses a 1 MiB prompt for a small context. */
+static int encoded(const struct tokenizer *t, const char *s, size_t n)
+{
+    int32_t *ids = NULL;
+    int k = 0;
+    if (tokenizer_encode(t, s, n, 0, &ids, &k) != STATUS_OK) k = -1;
+    free(ids);
+    return k;
+}
+
+static void test_min_tokens(const struct tokenizer *t, const char *name)
+{
+    static char buf[1 << 16];
+    const char *fixed[] = {"Once upon a time", "a", "", "     ", "Once        upon\t\t\n\n  a time  ",
+                           "h\xc3\xa9llo w\xc3\xb6rld \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80", "\n\n\n\n"};
+    int checked = 0;
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+        size_t n = strlen(fixed[i]);
+        size_t b = tokenizer_min_tokens(t, &fixed[i], &n, 1);
+        EXPECT(b <= (size_t)encoded(t, fixed[i], n), "%s: bound %zu > %d ids for \"%s\"", name, b,
+               encoded(t, fixed[i], n), fixed[i]);
+        checked++;
+    }
+    /* The longest pieces back to back (U+2581 as a space): the bound's worst case. */
+    size_t len = 0;
+    for (int id = 0; id < tokenizer_vocab_size(t) && len < sizeof buf - 64; id++) {
+        const char *p = tokenizer_id_to_piece(t, id);
+        if (tokenizer_is_control(t, id) || tokenizer_is_byte(t, id) || strlen(p) < 6) continue;
+        for (const char *c = p; *c && len < sizeof buf - 8; c++)
+            if (!strncmp(c, "\xe2\x96\x81", 3)) buf[len++] = ' ', c += 2;
+            else buf[len++] = *c;
+    }
+    const char *whole = buf;
+    size_t b = tokenizer_min_tokens(t, &whole, &len, 1);
+    int k = encoded(t, buf, len);
+    EXPECT(b > 0 && b <= (size_t)k, "%s: long pieces: bound %zu, %d ids", name, b, k);
+    /* Two texts encoded apart, or as one: the bound of both holds for either. */
+    const char *two[] = {buf, buf + len / 2};
+    size_t lens[] = {len / 2, len - len / 2};
+    b = tokenizer_min_tokens(t, two, lens, 2);
+    EXPECT(b <= (size_t)(encoded(t, two[0], lens[0]) + encoded(t, two[1], lens[1])) && b <= (size_t)k,
+           "%s: two texts: bound %zu", name, b);
+    /* Random bytes (NUL, invalid UTF-8, spaces) and random runs of the fixed texts. */
+    for (int iter = 0; iter < 300; iter++, checked++) {
+        size_t n = rng_next() % 512, mode = rng_next() % 3;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t r = rng_next();
+            buf[i] = mode == 0   ? (char)r
+                     : mode == 1 ? " \t\na\xc3\xa9"[r % 6]
+                                 : fixed[r % 2][r % strlen(fixed[r % 2])];
+        }
+        const char *s = buf;
+        b = tokenizer_min_tokens(t, &s, &n, 1);
+        EXPECT(b <= (size_t)encoded(t, buf, n), "%s: random (mode %zu): bound %zu > %d ids", name, mode, b,
+               encoded(t, buf, n));
+    }
+    /* 1 MiB of a story: far more than a 4096-token context, without encoding it. */
+    size_t big = 1 << 20;
+    char *huge = malloc(big);
+    for (size_t i = 0; huge && i < big; i++) huge[i] = "Once upon a time "[i % 17];
+    const char *h = huge;
+    b = huge ? tokenizer_min_tokens(t, &h, &big, 1) : 0;
+    EXPECT(b > 4096, "%s: 1 MiB bounds to %zu ids", name, b);
+    free(huge);
+    char detail[96];
+    snprintf(detail, sizeof detail, "%d texts; 1 MiB of a story >= %zu ids", checked, b);
+    group_end(name, detail);
+}
+
 int main(void)
 {
     char assets[4096];
@@ -758,6 +830,8 @@ int main(void)
     test_robustness(lt, "llama2");
     test_robustness(st, "stories260K");
     test_threads(lt);
+    test_min_tokens(lt, "min_tokens llama2");
+    test_min_tokens(st, "min_tokens stories260K");
 
     tokenizer_free(lt);
     tokenizer_free(st);

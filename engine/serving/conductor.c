@@ -66,7 +66,7 @@ struct conductor {
     pthread_t thread;
     int       thread_running, stop_thread, draining;
     struct request *intake, *intake_tail;  /* submitted, not yet seen by the engine thread */
-    int       n_intake;
+    int       n_intake_samples;               /* their samples (n each) */
     struct request *all;                  /* every live request */
     uint64_t  next_handle;
     struct engine_stats stats;            /* under mu */
@@ -318,18 +318,22 @@ enum status conductor_validate(const struct conductor *c, const int32_t *prompt,
 {
     const struct request_bounds b = {.vocab_size = c->m->cfg.vocab_size, .max_positions = c->m->cfg.max_positions,
                                      .block_tokens = c->cache.block_tokens, .n_blocks = c->cache.n_blocks,
-                                     .max_logprobs = c->o.max_logprobs, .max_seqs = c->o.max_seqs};
+                                     .max_logprobs = c->o.max_logprobs, .max_seqs = c->o.max_seqs,
+                                     .max_queue = c->o.max_queue};
     return request_validate(prompt, n_prompt, p, &b);
 }
 
-/* Under mu: why the conductor takes no request now (STATUS_OK: it does). */
-static enum status refusal(struct conductor *c)
+/* Under mu: why the conductor takes no request of n samples now (STATUS_OK: it does). The
+ * queue counts samples, as stats.waiting does: a request takes its n places at once. */
+static enum status refusal(struct conductor *c, int n)
 {
     if (c->failed) return status_errorf(STATUS_UNAVAILABLE, "the engine failed: %s", c->failure);
     if (c->draining || c->stop_thread) return status_errorf(STATUS_UNAVAILABLE, "the server is shutting down");
-    if (c->n_intake + c->stats.waiting >= c->o.max_queue)
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "the request queue is full (%d waiting, --max-queue %d)",
-                             c->n_intake + c->stats.waiting, c->o.max_queue);
+    const int waiting = c->n_intake_samples + c->stats.waiting;
+    if (waiting + n > c->o.max_queue)
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED,
+                             "the request queue is full (%d samples waiting + %d asked > --max-queue %d samples)",
+                             waiting, n, c->o.max_queue);
     return STATUS_OK;
 }
 
@@ -346,7 +350,7 @@ enum status conductor_submit(struct conductor *c, const char *request_id, const 
     r->adapter = adapter;
     r->adapter_key = adapter >= 0 ? c->adapter_keys[adapter] : 0;
     pthread_mutex_lock(&c->mu);
-    if ((st = refusal(c)) != STATUS_OK) {
+    if ((st = refusal(c, p->n)) != STATUS_OK) {
         pthread_mutex_unlock(&c->mu);
         request_free(r);
         return st;
@@ -361,7 +365,7 @@ enum status conductor_submit(struct conductor *c, const char *request_id, const 
     if (c->intake_tail) c->intake_tail->next_in = r;
     else c->intake = r;
     c->intake_tail = r;
-    c->n_intake++;
+    c->n_intake_samples += p->n;
     c->stats.requests_submitted++;
     c->stats.prompt_tokens += (uint64_t)n_prompt;
     *handle = r->handle;
@@ -601,8 +605,9 @@ static void take_prompt_logprobs(struct conductor *c, struct seq *s, int p0, int
 
 static void stats_update(struct conductor *c, int prefill_rows, int hit_tokens)
 {
+    const int waiting = scheduler_waiting_samples(&c->sched);
     pthread_mutex_lock(&c->mu);
-    c->stats.waiting = c->sched.n_waiting;
+    c->stats.waiting = waiting;
     c->stats.running = c->sched.n_running;
     c->stats.kv_blocks_free = c->cache.n_free;
     c->stats.kv_blocks_cached = c->cache.n_cached;
@@ -619,7 +624,10 @@ static void take_intake(struct conductor *c)
     pthread_mutex_lock(&c->mu);
     struct request *in = c->intake;
     c->intake = c->intake_tail = NULL;
-    c->n_intake = 0;
+    /* They wait in the scheduler from now on: counted there until stats_update counts exactly,
+     * so that refusal never sees them in neither place. */
+    c->stats.waiting += c->n_intake_samples;
+    c->n_intake_samples = 0;
     pthread_mutex_unlock(&c->mu);
     for (struct request *r = in, *next; r; r = next) {
         next = r->next_in;
@@ -810,7 +818,7 @@ void conductor_get_stats(struct conductor *c, struct engine_stats *s)
 {
     pthread_mutex_lock(&c->mu);
     *s = c->stats;
-    s->waiting += c->n_intake;
+    s->waiting += c->n_intake_samples;
     pthread_mutex_unlock(&c->mu);
 }
 

@@ -49,7 +49,9 @@ struct engine_options {
                                   for max_seqs sequences of the full context */
     int   max_batch_tokens;    /* token rows per step (decode + prefill); 0 = 512 */
     int   max_seqs;            /* running sequences at once; 0 = 64 */
-    int   max_queue;           /* waiting requests before submit refuses; 0 = 1024 */
+    int   max_queue;           /* waiting samples at most: a request of n samples is refused when
+                                  they would take the waiting samples above it (and n above it
+                                  is invalid); 0 = 1024 */
     int   max_logprobs;        /* largest top-n a request may ask; 0 = 20 */
     int   prefix_caching;      /* 1 = share full prompt blocks between requests by hash */
     /* Multi-rank serving (under mpirun): every rank calls engine_create with the same options;
@@ -199,7 +201,7 @@ enum status engine_start(struct engine *e);
 void engine_drain(struct engine *e, double timeout_s);
 
 struct engine_stats {
-    int      waiting, running;          /* requests (samples) now */
+    int      waiting, running;          /* samples now; a waiting request not started yet counts n */
     int      kv_blocks_total, kv_blocks_free, kv_blocks_cached; /* cached: reusable prefix blocks */
     int      block_tokens;
     uint64_t requests_submitted, requests_finished;

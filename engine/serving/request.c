@@ -81,8 +81,12 @@ static double bound_value(enum request_bound kind, double value, const struct re
         break;
     case REQUEST_BOUND_MAX_LOGPROBS:
         return b->max_logprobs > 0 ? b->max_logprobs : REQUEST_DEFAULT_MAX_LOGPROBS;
-    case REQUEST_BOUND_MAX_SAMPLES:
-        return b->max_seqs > 0 && b->max_seqs < REQUEST_MAX_SAMPLES ? b->max_seqs : REQUEST_MAX_SAMPLES;
+    case REQUEST_BOUND_MAX_SAMPLES: {
+        int n = REQUEST_MAX_SAMPLES;
+        if (b->max_seqs > 0 && b->max_seqs < n) n = b->max_seqs;
+        if (b->max_queue > 0 && b->max_queue < n) n = b->max_queue;
+        return n;
+    }
     case REQUEST_BOUND_MAX_TOKENS: return p->max_tokens;
     }
     *known = 0;

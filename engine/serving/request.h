@@ -36,7 +36,7 @@ enum request_bound {
     REQUEST_BOUND_NONE,         /* unbounded on this side */
     REQUEST_BOUND_VOCAB,        /* vocab_size */
     REQUEST_BOUND_MAX_LOGPROBS, /* engine_options.max_logprobs */
-    REQUEST_BOUND_MAX_SAMPLES,  /* min(REQUEST_MAX_SAMPLES, max_seqs) */
+    REQUEST_BOUND_MAX_SAMPLES,  /* min(REQUEST_MAX_SAMPLES, max_seqs, max_queue) */
     REQUEST_BOUND_MAX_TOKENS,   /* the request's own max_tokens */
 };
 
@@ -69,6 +69,7 @@ struct request_bounds {
     int block_tokens, n_blocks; /* the KV pool */
     int max_logprobs;
     int max_seqs;
+    int max_queue;       /* waiting samples: a request of n samples must fit the queue */
 };
 
 /* Checks every row of the table (only the sampling rows when sampling_only; then p->sampling

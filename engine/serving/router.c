@@ -235,11 +235,13 @@ static int prefix_hashes(const struct router *r, const int32_t *prompt, int n_pr
     return nb;
 }
 
-/* Under mu: the replica for a prompt, or -1 when every replica's queue is full. */
-static int choose_replica(struct router *r, const uint64_t *h, int nb, int *by_prefix)
+/* Under mu: the replica for a prompt of n samples, or -1 when every replica is full: each
+ * holds at most max_seqs running + max_queue waiting samples (the counting unit of
+ * --max-queue everywhere). */
+static int choose_replica(struct router *r, const uint64_t *h, int nb, int n, int *by_prefix)
 {
     *by_prefix = 0;
-    const int cap = r->o.max_seqs + r->o.max_queue;
+    const int cap = r->o.max_seqs + r->o.max_queue - n; /* outstanding samples that still leave room for n */
     int least = -1;
     for (int k = 0; k < r->dp; k++) {
         int d = (r->rr + k) % r->dp;
@@ -255,13 +257,13 @@ static int choose_replica(struct router *r, const uint64_t *h, int nb, int *by_p
         if (ps->hash != h[b]) continue;
         int d = ps->replica;
         if (d >= 0 && d < r->dp && r->rep[d].outstanding <= r->rep[least].outstanding + slack &&
-            r->rep[d].outstanding < cap) {
+            r->rep[d].outstanding <= cap) {
             chosen = d;
             *by_prefix = 1;
         }
         break;
     }
-    if (r->rep[chosen].outstanding >= cap) return -1;
+    if (r->rep[chosen].outstanding > cap) return -1;
     for (int b = 0; b < nb; b++) {
         struct prefix_slot *ps = &r->prefix[h[b] % PREFIX_SLOTS];
         ps->hash = h[b];
@@ -342,13 +344,13 @@ enum status router_submit(struct router *r, const char *request_id, const int32_
         return status_errorf(STATUS_UNAVAILABLE, "the server is shutting down");
     }
     int by_prefix = 0;
-    int d = choose_replica(r, h, nb, &by_prefix);
+    int d = choose_replica(r, h, nb, p->n, &by_prefix);
     if (d < 0) {
         pthread_mutex_unlock(&r->mu);
         free(rt);
         return status_errorf(STATUS_RESOURCE_EXHAUSTED,
-                             "every replica's request queue is full (%d replicas, --max-queue %d each)", r->dp,
-                             r->o.max_queue);
+                             "every replica is full (%d replicas, each at most --max-seqs %d running + --max-queue %d "
+                             "waiting samples; %d asked)", r->dp, r->o.max_seqs, r->o.max_queue, p->n);
     }
     rt->handle = r->next_handle++;
     rt->replica = d;

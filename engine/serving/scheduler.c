@@ -317,6 +317,16 @@ static int share_blocks(struct scheduler *s, struct seq *q, struct seq *c)
     return 1;
 }
 
+int scheduler_waiting_samples(const struct scheduler *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_waiting; i++) {
+        const struct seq *q = s->waiting[i];
+        n += q->req && q->sample == 0 && !q->req->forked ? q->req->p.n : 1;
+    }
+    return n;
+}
+
 int scheduler_fork(struct scheduler *s, struct seq *q, const struct tokenizer *tok, struct seq **children)
 {
     struct request *r = q->req;

@@ -83,6 +83,10 @@ void scheduler_commit(struct scheduler *s, struct seq *q);
 /* Returns q's blocks to the pool (a finished sample; the caller marks it SEQ_DONE). */
 void scheduler_release(struct scheduler *s, struct seq *q);
 
+/* The samples waiting: a request that has not started counts its n (its first sequence forks
+ * the others once the prompt is done), as --max-queue does. */
+int scheduler_waiting_samples(const struct scheduler *s);
+
 /* Frees the sequences marked SEQ_DONE and closes the gaps (a step boundary). */
 void scheduler_drop_finished(struct scheduler *s);
 

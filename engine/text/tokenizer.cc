@@ -45,6 +45,8 @@ struct tokenizer {
      * treat their first piece as the start of the text (and strip its leading space). */
     int32_t     anchor_id = -1;
     std::string anchor_text;
+    /* The most input bytes one id can cover, for tokenizer_min_tokens; 0 when unbounded. */
+    size_t max_token_bytes = 0;
 };
 
 namespace {
@@ -130,6 +132,76 @@ enum status choose_anchor(struct tokenizer *t)
     return STATUS_OK;
 }
 
+/* ---- the bound of tokenizer_min_tokens -------------------------------------------------------
+ * Read from the serialized ModelProto itself (the C++ ModelProto header is not installed):
+ * trainer_spec (field 2) byte_fallback (35), normalizer_spec (field 3) precompiled_charsmap (2). */
+
+/* One field of a serialized protobuf message: its number, and its varint value or its bytes. */
+struct pb_field {
+    uint32_t number;
+    uint64_t value;
+    std::string_view bytes;
+};
+
+bool pb_varint(std::string_view b, size_t *at, uint64_t *v)
+{
+    uint64_t x = 0;
+    for (int shift = 0; shift < 64 && *at < b.size(); shift += 7) {
+        const uint8_t c = (uint8_t)b[(*at)++];
+        x |= (uint64_t)(c & 0x7f) << shift;
+        if (!(c & 0x80)) {
+            *v = x;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The last field `number` of message b into *f (protobuf's rule for a repeated singular
+ * field); false when absent or when b is malformed. */
+bool pb_find(std::string_view b, uint32_t number, struct pb_field *f)
+{
+    bool found = false;
+    for (size_t at = 0; at < b.size();) {
+        uint64_t tag, v = 0;
+        if (!pb_varint(b, &at, &tag)) return false;
+        std::string_view bytes;
+        const size_t fixed = (tag & 7) == 1 ? 8 : (tag & 7) == 5 ? 4 : 0;
+        if ((tag & 7) == 0) {
+            if (!pb_varint(b, &at, &v)) return false;
+        } else if (fixed) {
+            if (b.size() - at < fixed) return false;
+            at += fixed;
+        } else if ((tag & 7) == 2) {
+            if (!pb_varint(b, &at, &v) || v > b.size() - at) return false;
+            bytes = b.substr(at, (size_t)v);
+            at += (size_t)v;
+        } else {
+            return false; /* groups: not in a ModelProto */
+        }
+        if (tag >> 3 == number) *f = pb_field{number, v, bytes}, found = true;
+    }
+    return found;
+}
+
+/* Each id covers at most its piece's bytes of the normalized text (a byte piece one byte,
+ * a control piece none), and the normalized text holds every input byte that is not a space
+ * when (1) byte fallback is on, so that no run of unknown characters becomes one <unk> id, and
+ * (2) there is no normalization rule set (nmt_nfkc and its kin may drop or fold characters);
+ * space only grows (U+2581) or, with remove_extra_whitespaces, folds. 0 otherwise. */
+size_t max_token_bytes(const struct tokenizer *t, std::string_view model)
+{
+    struct pb_field trainer{}, normalizer{}, f{};
+    const bool byte_fallback = pb_find(model, 2, &trainer) && pb_find(trainer.bytes, 35, &f) && f.value;
+    const bool rules = pb_find(model, 3, &normalizer) && pb_find(normalizer.bytes, 2, &f) && !f.bytes.empty();
+    if (!byte_fallback || rules) return 0;
+    size_t most = 1;
+    for (int id = 0; id < t->vocab_size; id++)
+        if (!(t->flags[id] & (PIECE_CONTROL | PIECE_BYTE | PIECE_UNKNOWN | PIECE_UNUSED)))
+            most = t->pieces[id].size() > most ? t->pieces[id].size() : most;
+    return most;
+}
+
 enum status load_proto(std::string_view bytes, const char *name, struct tokenizer **out)
 {
     *out = nullptr;
@@ -173,6 +245,7 @@ enum status load_proto(std::string_view bytes, const char *name, struct tokenize
         t->flags[id] = f;
         t->byte_of[id] = (int16_t)b;
     }
+    t->max_token_bytes = max_token_bytes(t, bytes);
     enum status s = choose_anchor(t);
     if (s != STATUS_OK) {
         delete t;
@@ -362,6 +435,18 @@ int tokenizer_bos_id(const struct tokenizer *t) { return t->bos_id; }
 int tokenizer_eos_id(const struct tokenizer *t) { return t->eos_id; }
 int tokenizer_pad_id(const struct tokenizer *t) { return t->pad_id; }
 int tokenizer_unk_id(const struct tokenizer *t) { return t->unk_id; }
+
+size_t tokenizer_min_tokens(const struct tokenizer *t, const char *const *texts, const size_t *lens, int n)
+{
+    if (!t->max_token_bytes) return 0;
+    size_t counted = 0;
+    for (int i = 0; i < n; i++)
+        for (size_t k = 0; k < lens[i]; k++) {
+            const char c = texts[i][k];
+            counted += !(c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f');
+        }
+    return (counted + t->max_token_bytes - 1) / t->max_token_bytes;
+}
 
 enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int add_bos,
                              int32_t **ids, int *n_ids)

@@ -58,6 +58,16 @@ int tokenizer_unk_id(const struct tokenizer *t);
 enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int add_bos,
                              int32_t **ids, int *n_ids);
 
+/* A lower bound on the number of ids tokenizer_encode gives for any text that holds the n
+ * texts texts[i][0..lens[i]) without overlap (a prompt, or the messages a chat template puts
+ * into its text, whether it encodes them whole or in segments), BOS not counted. O(bytes), no
+ * encoding: for a check that must not pay for encoding a huge text first. Each id covers at
+ * most the bytes of the longest piece, and ASCII whitespace, which the normalizer may fold,
+ * is not counted. 0 when the model allows no such bound: without byte fallback a run of unknown
+ * characters becomes one <unk> id, and a normalization rule set (nmt_nfkc) may drop characters.
+ * Tests: tests/test_tokenizer.c (the bound never exceeds the true count). */
+size_t tokenizer_min_tokens(const struct tokenizer *t, const char *const *texts, const size_t *lens, int n);
+
 /* Decodes ids[0..n) exactly as SentencePiece does: control pieces (BOS, EOS, ...) vanish, U+2581
  * becomes ' ', the leading space of the first piece is dropped (add_dummy_prefix), runs of
  * byte pieces become their bytes with every invalid byte replaced by U+FFFD, so the result is

@@ -15,6 +15,8 @@ prometheus_client's text parser. One group per ctest test:
              HTTP and gRPC requests
   malformed  truncated bodies, huge bodies, wrong content types, invalid UTF-8, invalid JSON,
              garbage request lines: 4xx (or a closed connection), and the server keeps serving
+  nul        U+0000 in a request string is refused (400) naming the field; generated U+0000
+             (token <0x00>) is in the JSON text
 
 Usage: test_http.py --shardlm BUILD/cli/shardlm GROUP...  (default: every group)
 Exit 0 when every check passed, 1 on a failure, 77 (SKIP) when the model assets, openai,
@@ -260,6 +262,7 @@ def group_errors(env):
             ({"prompt": "hi", "max_tokens": 600}, "context"),
             ({"prompt": "hi", "n": 0}, "n"),
             ({"prompt": "hi", "logprobs": 1000}, "logprobs"),
+            ({"prompt": "Once upon a time " * 60000}, "prompt (at least"),  # refused before tokenizing
             ({"prompt": "hi", "unknown_field": {"a": 1}, "max_tokens": 1}, None),  # ignored
         ]
         for body, want in table:
@@ -277,6 +280,56 @@ def group_errors(env):
         check(code == 404 and "error" in ans, f"unknown route {code}")
         code, ans = http(srv, "GET", "/v1/completions", None, H)
         check(code == 405, f"GET on a POST route: {code}")
+
+
+def group_nul(env):
+    """U+0000 in a request string ("\\u0000", or a raw NUL byte, which cJSON takes) is refused
+    with a 400 naming the field, never cut short; U+0000 in generated text reaches the client."""
+    with Server(env.shardlm, env.model, name="nul") as srv:
+        H = {"Content-Type": "application/json"}
+        table = [
+            ("/v1/completions", {"prompt": "hi\0 and a long tail"}, "'prompt' must not contain U+0000"),
+            ("/v1/completions", {"prompt": ["hi\0"]}, "'prompt[0]' must not contain U+0000"),
+            ("/v1/completions", {"prompt": "hi", "stop": ["ok", "e\0zzz"]}, "'stop[1]' must not contain U+0000"),
+            ("/v1/completions", {"prompt": "hi", "max_tokens\0x": 5}, "a member name of the request"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"},
+                                                   {"role": "user", "content": "hi\0 tail"}]},
+             "'messages[1].content' must not contain U+0000"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a\0b"}]}]},
+             "'messages[0].content[0].text' must not contain U+0000"),
+            ("/v1/chat/completions", {"messages": [{"role": "user\0x", "content": "hi"}]},
+             "'messages[0].role' must not contain U+0000"),
+        ]
+        for path, body, want in table:
+            code, ans = http(srv, "POST", path, body, H)
+            check(code == 400 and want in ans["error"]["message"], f"{body}: {code} {ans}")
+        # A raw NUL byte inside a JSON string, and an escaped backslash before "u0000" (no NUL).
+        code, ans = http(srv, "POST", "/v1/completions", b'{"prompt": "a\x00b", "max_tokens": 2}', H)
+        check(code == 400 and "'prompt' must not contain U+0000" in ans["error"]["message"], f"raw NUL: {code} {ans}")
+        code, ans = http(srv, "POST", "/v1/completions", b'{"prompt": "a\\\\u0000b", "max_tokens": 2}', H)
+        check(code == 200 and ans["usage"]["prompt_tokens"] > 3, f"escaped backslash: {code} {ans}")
+        # Generated U+0000 (token 3 is <0x00>): the JSON text holds every one ("\\u0000").
+        nul = {"max_tokens": 6, "temperature": 0, "logit_bias": {"3": 100}}
+        oa = srv.openai()
+        u = oa.completions.create(model=MODEL, prompt="Once", **nul)
+        check(u.choices[0].text == "\0" * 6, f"completion: {u.choices[0].text!r}")
+        st = "".join(c.choices[0].text for c in oa.completions.create(model=MODEL, prompt="Once", stream=True, **nul)
+                     if c.choices)
+        check(st == "\0" * 6, f"completion stream: {st!r}")
+        e = oa.completions.create(model=MODEL, prompt='He said "hi\\".\n', echo=True, **nul)
+        check(e.choices[0].text == 'He said "hi\\".\n' + "\0" * 6, f"echo: {e.choices[0].text!r}")
+        msgs = [{"role": "user", "content": "hi \"there\""}]
+        ch = oa.chat.completions.create(model=MODEL, messages=msgs, **nul)
+        check(ch.choices[0].message.content == "\0" * 6, f"chat: {ch.choices[0].message.content!r}")
+        cs = "".join(c.choices[0].delta.content or "" for c in
+                     oa.chat.completions.create(model=MODEL, messages=msgs, stream=True, **nul) if c.choices)
+        check(cs == "\0" * 6, f"chat stream: {cs!r}")
+        # Mixed text: escaping matches the decoding of the ids (quotes, newlines, NULs).
+        m = oa.completions.create(model=MODEL, prompt="Once", max_tokens=24, temperature=0,
+                                  logit_bias={"3": 20, "13": 10, "37": 16})
+        with srv.grpc() as g:
+            ref = g.generate("Once", max_tokens=24, temperature=0, logit_bias={3: 20.0, 13: 10.0, 37: 16.0})
+        check(m.choices[0].text == ref.text and "\0" in ref.text, f"mixed: {m.choices[0].text!r} vs {ref.text!r}")
 
 
 def group_disconnect(env):
@@ -400,7 +453,7 @@ def group_malformed(env):
 
 
 GROUPS = {"openai": group_openai, "errors": group_errors, "disconnect": group_disconnect, "sse": group_sse,
-          "metrics": group_metrics, "malformed": group_malformed}
+          "metrics": group_metrics, "malformed": group_malformed, "nul": group_nul}
 
 
 def main():

@@ -17,6 +17,12 @@ port) with the Python grpcio client (clients/python/). One group per ctest test:
   tls          --tls-cert/--tls-key with a throw-away self-signed certificate
   reflection   grpc.reflection.v1alpha lists the services and serves the descriptors, and a
                request built from reflected descriptors alone is answered
+  nul_in       a string holding U+0000 (prompt, chat content and role, stop, request_id,
+               Tokenize text, Cancel id) is refused with INVALID_ARGUMENT naming the field
+  nul_out      generated or detokenized text holding U+0000 (token <0x00>) arrives whole
+  merge        a singular message field sent twice (sampling) merges as the protobuf spec says
+  queue_samples --max-queue counts waiting samples; n is bounded by it; the refusal says so
+  prompt_bound a prompt that cannot fit the context is refused before it is tokenized
 
 Usage: test_server.py --shardlm BUILD/server/shardlm GROUP...  (default: every group)
 Exit 0 when every check passed, 1 on a failure, 77 (SKIP) when the model assets, grpcio or
@@ -455,6 +461,192 @@ def group_invalid(env):
         check(all("queue" in d for d in details), f"RESOURCE_EXHAUSTED names the queue: {details[:2]}")
         wait_until(lambda: stats_settled(c), "the queue to empty")
 
+def group_nul_in(env):
+    """U+0000 is valid in a proto3 string, but protobuf-c hands strings over NUL-terminated: every
+    string of a request that holds one is refused, naming the field (never cut short)."""
+    INV = grpc.StatusCode.INVALID_ARGUMENT
+    G, C = Client.generate_request, Client.chat_request
+    with Server(env.shardlm, env.model, name="nul-in") as srv, srv.client() as c:
+        gen = [
+            ("prompt", G("hi\0 and a long tail"), "prompt must not contain U+0000"),
+            ("stop", G("hi", stop=["ok", "e\0zzz"]), "sampling.stop[1] must not contain U+0000"),
+            ("request_id", G("hi", request_id="ab\0cd"), "request_id must not contain U+0000"),
+        ]
+        chat = [("content", C([("user", "a"), ("assistant", "b"), ("user", "hi\0 ...long tail")]),
+                 "messages[2].content must not contain U+0000"),
+                ("role", C([("user\0x", "hi")]), "messages[0].role must not contain U+0000")]
+        failures = []
+        for name, req, sub in gen:
+            for fn in (c.stub.Generate, lambda r: list(c.stub.GenerateStream(r))):
+                try:
+                    expect_error(lambda: fn(req), INV, sub)
+                except Failure as f:
+                    failures.append(f"{name}: {f}")
+        for name, req, sub in chat:
+            for fn in (c.stub.Chat, lambda r: list(c.stub.ChatStream(r))):
+                try:
+                    expect_error(lambda: fn(req), INV, sub)
+                except Failure as f:
+                    failures.append(f"{name}: {f}")
+        for name, fn, sub in (("tokenize", lambda: c.tokenize("a\0bbbbbbb bbbb"), "text must not contain U+0000"),
+                              ("cancel", lambda: c.cancel("ab\0cd"), "request_id must not contain U+0000")):
+            try:
+                expect_error(fn, INV, sub)
+            except Failure as f:
+                failures.append(f"{name}: {f}")
+        check(not failures, "\n    ".join([f"{len(failures)} NUL checks failed:"] + failures))
+        # The same strings without the NUL are fine.
+        check(len(c.tokenize("a bbbb", add_bos=False)) > 0, "tokenize still works")
+        check(len(c.generate("hi", max_tokens=3, stop=["ok"]).token_ids) <= 3, "still serving")
+
+
+def group_nul_out(env):
+    """Token <0x00> (id 3 in stories260K) decodes to U+0000: the text keeps it, so that text
+    and token ids agree (protobuf-c would pack the string only up to the NUL)."""
+    with Server(env.shardlm, env.model, name="nul-out") as srv, srv.client() as c:
+        check(c.detokenize([68, 3, 69]) == "A\0B", f"detokenize [68, 3, 69]: {c.detokenize([68, 3, 69])!r}")
+        check(c.detokenize([3, 3]) == "\0\0", "detokenize of NULs only")
+        # Greedy with a +100 bias on token 3: every generated token is a NUL.
+        kw = dict(max_tokens=8, temperature=0, logit_bias={3: 100.0})
+        g = c.generate("Once upon a time", **kw)
+        check(g.token_ids == [3] * 8 and g.text == "\0" * 8, f"unary: {g.token_ids} {g.text!r}")
+        text, ids, _ = collect(c.generate_stream("Once upon a time", **kw))
+        check(ids == [3] * 8 and text == "\0" * 8, f"stream: {ids} {text!r}")
+        n = c.generate("Once upon a time", n=2, **kw)
+        check([x.text for x in n.completions] == ["\0" * 8] * 2 and n.text == "\0" * 8, f"n=2: {n.completions}")
+        ch = c.chat([("user", "hi")], **kw)
+        check(ch.text == "\0" * 8, f"chat: {ch.text!r}")
+        # NULs among other text: the text is the decoding of the ids, byte for byte.
+        mixed = c.generate("Once upon a time", max_tokens=12, temperature=0, logit_bias={3: 6.0})
+        check(mixed.text == c.detokenize(mixed.token_ids), f"mixed: {mixed.text!r} vs {mixed.token_ids}")
+
+
+def group_merge(env):
+    """A singular message field sent twice merges (protobuf spec: as if the bytes were
+    concatenated): scalars of the later copy win, repeated fields concatenate, unset fields keep
+    the earlier value."""
+    INV = grpc.StatusCode.INVALID_ARGUMENT
+    gen, chat = "/shardlm.v1.TextGeneration/Generate", "/shardlm.v1.TextGeneration/Chat"
+
+    from shardlm_client.client import sampling_params
+
+    def sampling(**kw):
+        return pb.GenerateRequest(sampling=sampling_params(**kw)).SerializeToString()
+
+    with Server(env.shardlm, env.model, name="merge") as srv, srv.client() as c:
+        base = pb.GenerateRequest(prompt="Once upon a time").SerializeToString()
+        empty = b"\x22\x00"  # field 4 (sampling), an empty message
+        r = pb.GenerateResponse.FromString(raw_call(srv.target, gen, base + empty + empty))
+        check(len(r.token_ids) > 0, "two empty sampling messages are accepted")
+        # Unset in the second copy: the first copy's values stay.
+        ref = c.generate("Once upon a time", max_tokens=40, temperature=0, stop=[" girl"])
+        r = pb.GenerateResponse.FromString(raw_call(srv.target, gen, base + sampling(max_tokens=40, stop=[" girl"]) +
+                                                    sampling(temperature=0.0)))
+        check(r.token_ids == ref.token_ids and r.text == ref.text and r.finish_reason == 2,
+              f"merged sampling: {r.text!r} vs {ref.text!r}")
+        expect_error(lambda: raw_call(srv.target, gen, base + sampling(top_k=9999) + sampling(temperature=0.5)), INV,
+                     "sampling.top_k must be in [0, 512] (0 = off), got 9999")
+        # The later copy wins for a field set in both; repeated fields concatenate.
+        r = pb.GenerateResponse.FromString(raw_call(srv.target, gen, base + sampling(max_tokens=5) +
+                                                    sampling(max_tokens=7, temperature=0.0)))
+        check(len(r.token_ids) == 7, f"the later max_tokens wins: {len(r.token_ids)}")
+        expect_error(lambda: raw_call(srv.target, gen, base + sampling(stop=["x"] * 10) + sampling(stop=["y"] * 10)),
+                     INV, "sampling.stop: at most 16 strings, got 20")
+        expect_error(lambda: raw_call(srv.target, gen, base + sampling(stop=["x"]) + sampling(stop=["y\0"])),
+                     INV, "sampling.stop[1] must not contain U+0000")
+        # Chat, and the map field (logit_bias) inside a merged message.
+        msgs = pb.ChatRequest(messages=[pb.ChatMessage(role="user", content="hi")]).SerializeToString()
+        csamp = lambda **kw: pb.ChatRequest(sampling=sampling_params(**kw)).SerializeToString()  # noqa: E731
+        r = pb.GenerateResponse.FromString(raw_call(srv.target, chat, msgs + csamp(max_tokens=6, logit_bias={3: 100.0}) +
+                                                    csamp(temperature=0.0)))
+        check(r.token_ids == [3] * 6, f"merged chat sampling: {r.token_ids}")
+        # A message member of a oneof sent twice merges too (protobuf-c replaces it); another
+        # member of the oneof in between clears it, as the spec says.
+        from grpc_reflection.v1alpha import reflection_pb2 as rpb
+
+        def ext(**kw):
+            return rpb.ServerReflectionRequest(file_containing_extension=rpb.ExtensionRequest(**kw)).SerializeToString()
+
+        def reflect(payload):
+            with grpc.insecure_channel(srv.target) as ch:
+                call = ch.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                        request_serializer=lambda b: b, response_deserializer=rpb.ServerReflectionResponse.FromString)
+                return next(iter(call(iter([payload]), timeout=10))).error_response.error_message
+
+        msg = reflect(ext(containing_type="shardlm.v1.GenerateRequest") + ext(extension_number=7))
+        check("'shardlm.v1.GenerateRequest'" in msg, f"merged oneof member: {msg!r}")
+        other = rpb.ServerReflectionRequest(file_by_filename="x.proto").SerializeToString()
+        msg = reflect(ext(containing_type="shardlm.v1.GenerateRequest") + other + ext(extension_number=7))
+        check("''" in msg, f"a oneof switch clears the earlier member: {msg!r}")
+
+
+def group_queue_samples(env):
+    """--max-queue counts waiting samples (sequences), as GetServerStats.waiting does: a request
+    of n samples takes n places, and n may not exceed the queue."""
+    with Server(env.shardlm, env.model, "--max-seqs", "4", "--max-queue", "3", name="queue-samples") as srv, \
+            srv.client() as c:
+        expect_error(lambda: c.generate("hi", n=4, max_tokens=2), grpc.StatusCode.INVALID_ARGUMENT,
+                     "sampling.n must be in [1, 3]")
+        long_kw = dict(max_tokens=480, ignore_eos=True, temperature=0.8, n=3)
+        streams = [c.generate_stream("Once upon a time", **long_kw) for _ in range(6)]
+        codes, details, peak = [], [], [0]
+        stop = threading.Event()
+
+        def poll():
+            while not stop.is_set():
+                peak[0] = max(peak[0], c.server_stats().waiting)
+                time.sleep(0.005)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        for st in streams:
+            try:
+                for _ in st:
+                    pass
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as e:
+                codes.append(e.code())
+                details.append(e.details() or "")
+        stop.set()
+        poller.join(timeout=10)
+        ok, full = codes.count(grpc.StatusCode.OK), codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+        check(ok >= 1 and full >= 1 and ok + full == len(codes), f"codes {[x.name for x in codes]}")
+        check(peak[0] <= 3, f"waiting reached {peak[0]} samples with --max-queue 3")
+        check(all("samples" in d and "--max-queue 3" in d for d in details),
+              f"the refusal counts samples: {details[:2]}")
+        wait_until(lambda: stats_settled(c), "the queue to empty")
+
+
+def group_prompt_bound(env):
+    """A prompt that cannot fit the context is refused before it is tokenized: each token of a
+    byte-fallback SentencePiece model covers at most its longest piece's bytes."""
+    INV = grpc.StatusCode.INVALID_ARGUMENT
+    with Server(env.shardlm, env.model, name="prompt-bound") as srv, srv.client() as c:
+        huge = "Once upon a time " * ((1 << 20) // 17)
+
+        def cpu_seconds():  # the server's user + system time (wall time would depend on the load)
+            fields = Path(f"/proc/{srv.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        c.generate("hi", max_tokens=1)
+        cpu0 = cpu_seconds()
+        for fn in (lambda: c.generate(huge, max_tokens=4), lambda: collect(c.generate_stream(huge, max_tokens=4)),
+                   lambda: c.chat([("user", huge)], max_tokens=4), lambda: c.generate(huge, max_tokens=4)):
+            e = expect_error(fn, INV, "exceeds the model's context of 512 tokens")
+            check("at least" in e.details() and "bytes" in e.details(), f"refused by the byte bound: {e.details()}")
+        # Tokenizing 1 MiB takes about 0.45 s of CPU (four: 1.9 s); the four refusals take about
+        # 0.01 s (0.3 s under valgrind).
+        used = cpu_seconds() - cpu0
+        print(f"  four refusals of 1 MiB: {used:.3f} s of server CPU")
+        check(used < 0.5, f"the refusals took {used:.2f} s of server CPU")
+        fits = "Once upon a time " * 20
+        check(len(c.generate(fits, max_tokens=4).token_ids) <= 4, "a prompt that fits is served")
+        # More tokens than the context but within the byte bound: tokenized, then the exact check.
+        just = "Once upon a time " * 200
+        e = expect_error(lambda: c.generate(just, max_tokens=4), INV, "exceeds the model's context of 512 tokens")
+        check(e.details().startswith(f"prompt ({len(c.tokenize(just))} tokens)"), f"exact count: {e.details()}")
+
+
 def health_check(target, service=""):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     with grpc.insecure_channel(target) as ch:
@@ -591,7 +783,9 @@ def group_reflection(env):
 
 GROUPS = {"basic": group_basic, "concurrency": group_concurrency, "cancel": group_cancel, "deadline": group_deadline,
           "invalid": group_invalid, "drain": group_drain, "auth": group_auth, "tls": group_tls,
-          "reflection": group_reflection}
+          "reflection": group_reflection, "nul_in": group_nul_in, "nul_out": group_nul_out,
+          "merge": group_merge, "queue_samples": group_queue_samples,
+          "prompt_bound": group_prompt_bound}
 
 
 def main():
