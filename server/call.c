@@ -145,12 +145,9 @@ static void call_log(struct call *c)
     for (int i = 0; i < c->n_samples; i++) completion += c->samples[i].completion_tokens;
     double now = base_now_s();
     const char *status = c->status_sent ? server_grpc_code_name(c->final_code) : c->client_cancelled ? "CLIENT_CANCELLED" : "-";
-    /* Metrics: the mean gap between tokens, once per gap, for single-sample requests. */
-    int gaps = c->n_samples == 1 && completion > 1 ? completion - 1 : 0;
     metrics_observe_request(c->s->metrics, METRICS_API_GRPC,
                             c->status_sent ? server_grpc_code_name(c->final_code) : "CANCELLED",
-                            c->t_first_token > 0 ? c->t_first_token - c->t_start : -1.0, now - c->t_start,
-                            gaps ? (c->t_last_token - c->t_first_token) / gaps : 0.0, gaps);
+                            c->t_first_token > 0 ? c->t_first_token - c->t_start : -1.0, now - c->t_start, c->queue_s);
     if (c->t_first_token > 0)
         LOG_INFO("server", "req=%s method=%s status=%s prompt_tokens=%d completion_tokens=%d ttft_ms=%.1f total_ms=%.1f",
                  c->request_id ? c->request_id : "-", call_method_name(c->method), status, c->n_prompt_tokens, completion,
@@ -267,6 +264,7 @@ void call_on_new(struct request_slot *slot, int ok)
     c->s = s;
     c->call = slot->call;
     c->t_start = base_now_s();
+    c->queue_s = -1.0;
     c->deadline = slot->details.deadline;
     c->recv_tag = (struct tag){TAG_RECV, c};
     c->send_tag = (struct tag){TAG_SEND, c};

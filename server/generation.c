@@ -16,6 +16,7 @@
 
 #include "chat_template.h"
 #include "convert.h"
+#include "metrics.h"
 #include "server_internal.h"
 #include "tokenizer.h"
 
@@ -35,6 +36,8 @@ static void on_engine_event(void *ctx, const struct engine_event *ev)
     char *p = (char *)(q + 1);
     memset(q, 0, sizeof *q);
     q->call = c;
+    q->t = base_now_s();
+    q->queue_seconds = ev->queue_seconds;
     q->kind = ev->kind;
     q->sample = ev->sample;
     q->n_tokens = (int)n;
@@ -93,6 +96,13 @@ void gen_call_release(struct call *c)
     free(c->prompt_top);
     free(c->request_id);
     free(c->end_message);
+}
+
+void sample_buf_note_tokens(struct sample_buf *b, struct metrics *m, int n, double t)
+{
+    if (n <= 0) return;
+    if (b->t_last_token > 0) metrics_observe_itl(m, t - b->t_last_token, n);
+    b->t_last_token = t;
 }
 
 void sample_buf_append(struct sample_buf *b, const int32_t *tokens, int n_tokens, const float *logprobs,
@@ -263,8 +273,10 @@ static void gen_on_event(struct call *c, const struct queued_event *q)
     }
     struct sample_buf *b = &c->samples[q->sample];
     c->seed = q->seed;
-    if (q->n_tokens > 0 && c->t_first_token == 0) c->t_first_token = base_now_s();
-    if (q->n_tokens > 0) c->t_last_token = base_now_s();
+    if (q->n_tokens > 0 && c->t_first_token == 0) c->t_first_token = q->t;
+    sample_buf_note_tokens(b, c->s->metrics, q->n_tokens, q->t);
+    if (q->kind == ENGINE_EVENT_FINISHED && q->queue_seconds >= 0 && (c->queue_s < 0 || q->queue_seconds < c->queue_s))
+        c->queue_s = q->queue_seconds;
     if (!c->close_done) sample_buf_append(b, q->tokens, q->n_tokens, q->logprobs, q->top, q->n_top, q->text, q->text_len);
     b->prompt_tokens = q->prompt_tokens;
     b->completion_tokens = q->completion_tokens;

@@ -118,10 +118,10 @@ static void on_engine_event(void *ctx, const struct engine_event *ev)
     pthread_mutex_lock(&g->mu);
     struct sample_buf *b = &g->samples[ev->sample];
     double now = base_now_s();
-    if (ev->n_tokens > 0) {
-        if (g->t_first == 0) g->t_first = now;
-        g->t_last = now;
-    }
+    if (ev->n_tokens > 0 && g->t_first == 0) g->t_first = now;
+    sample_buf_note_tokens(b, g->s->metrics, ev->n_tokens, now);
+    if (ev->kind == ENGINE_EVENT_FINISHED && ev->queue_seconds >= 0 && (g->queue_s < 0 || ev->queue_seconds < g->queue_s))
+        g->queue_s = ev->queue_seconds;
     sample_buf_append(b, ev->tokens, ev->n_tokens, ev->logprobs, ev->top, ev->n_top, ev->text, ev->text_len);
     b->completion_tokens = ev->completion_tokens;
     g->prompt_tokens = ev->prompt_tokens;
@@ -181,10 +181,8 @@ static void gen_observe(struct http_gen *g, enum status st)
     int completion = 0;
     for (int i = 0; i < g->n_samples; i++) completion += g->samples[i].completion_tokens;
     double now = base_now_s();
-    int gaps = g->n_samples == 1 && completion > 1 ? completion - 1 : 0;
     metrics_observe_request(g->s->metrics, METRICS_API_HTTP, server_grpc_code_name(server_grpc_code(st)),
-                            g->t_first > 0 ? g->t_first - g->t_submit : -1.0, now - g->t_submit,
-                            gaps ? (g->t_last - g->t_first) / gaps : 0.0, gaps);
+                            g->t_first > 0 ? g->t_first - g->t_submit : -1.0, now - g->t_submit, g->queue_s);
     LOG_INFO("http", "req=%s status=%s prompt_tokens=%d completion_tokens=%d total_ms=%.1f", g->id, status_name(st),
              g->prompt_tokens, completion, (now - g->t_submit) * 1e3);
 }
@@ -263,6 +261,7 @@ static enum status gen_submit(struct server *s, struct http_request *q, int fd, 
     g->fd = fd;
     g->created = (long long)time(NULL);
     g->t_submit = base_now_s();
+    g->queue_s = -1.0;
     snprintf(g->id, sizeof g->id, "%s-%llu", q->is_chat ? "chatcmpl" : "cmpl",
              (unsigned long long)atomic_fetch_add(&s->http_next_id, 1) + 1);
     if (q->echo && q->r.prompt) g->echo_text = strdup(q->r.prompt);
@@ -339,7 +338,7 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
         char msg[512];
         snprintf(msg, sizeof msg, "%s", status_message());
         metrics_observe_request(s->metrics, METRICS_API_HTTP, server_grpc_code_name(server_grpc_code(st)), -1.0, 0.0,
-                                0.0, 0);
+                                -1.0);
         return reply_status(c, st, msg);
     }
     hc->g = g;

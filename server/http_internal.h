@@ -57,7 +57,7 @@ struct http_gen {
     enum status     end_status;  /* STATUS_OK, or why the request ended early */
     char            end_message[256];
     char           *echo_text;   /* the prompt's text for echo */
-    double          t_submit, t_first, t_last;
+    double          t_submit, t_first, queue_s; /* queue_s < 0 until known */
     int             hangup;      /* the client went away */
     int             done;        /* a stream sent [DONE] */
     int             fd;          /* the connection's socket, polled for hang-ups */

@@ -39,7 +39,7 @@ struct metrics {
         unsigned long long n;
     } requests[METRICS_MAX_STATUSES * METRICS_API_COUNT];
     int n_requests;
-    struct histogram ttft, itl, e2e;
+    struct histogram ttft, itl, e2e, queue;
 };
 
 static void histogram_init(struct histogram *h, const double *bounds, int n)
@@ -66,6 +66,7 @@ struct metrics *metrics_create(void)
     histogram_init(&m->ttft, ttft_bounds, (int)(sizeof ttft_bounds / sizeof *ttft_bounds));
     histogram_init(&m->itl, itl_bounds, (int)(sizeof itl_bounds / sizeof *itl_bounds));
     histogram_init(&m->e2e, e2e_bounds, (int)(sizeof e2e_bounds / sizeof *e2e_bounds));
+    histogram_init(&m->queue, e2e_bounds, (int)(sizeof e2e_bounds / sizeof *e2e_bounds));
     return m;
 }
 
@@ -77,7 +78,7 @@ void metrics_free(struct metrics *m)
 }
 
 void metrics_observe_request(struct metrics *m, enum metrics_api api, const char *status, double ttft_s,
-                             double e2e_s, double itl_s, int n_itl)
+                             double e2e_s, double queue_s)
 {
     if (!m) return;
     pthread_mutex_lock(&m->mu);
@@ -92,7 +93,15 @@ void metrics_observe_request(struct metrics *m, enum metrics_api api, const char
     if (i < m->n_requests) m->requests[i].n++;
     if (ttft_s >= 0) histogram_observe(&m->ttft, ttft_s, 1);
     histogram_observe(&m->e2e, e2e_s, 1);
-    if (n_itl > 0) histogram_observe(&m->itl, itl_s, n_itl);
+    if (queue_s >= 0) histogram_observe(&m->queue, queue_s, 1);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_observe_itl(struct metrics *m, double gap_s, int n)
+{
+    if (!m || n <= 0 || gap_s < 0) return;
+    pthread_mutex_lock(&m->mu);
+    histogram_observe(&m->itl, gap_s / n, n);
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -211,6 +220,8 @@ enum status metrics_render(struct metrics *m, struct engine *e, char **out, size
         render_histogram(&t, "shardlm_inter_token_latency_seconds", "Time between tokens of a request.", &m->itl);
         render_histogram(&t, "shardlm_e2e_request_latency_seconds", "Time from arrival to the end of a request.",
                          &m->e2e);
+        render_histogram(&t, "shardlm_request_queue_time_seconds",
+                         "Time from arrival to the first step in the engine (the first sample's admission).", &m->queue);
         pthread_mutex_unlock(&m->mu);
     }
     if (t.failed || !t.p) {

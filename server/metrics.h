@@ -25,9 +25,12 @@ void            metrics_free(struct metrics *m); /* accepts NULL */
 
 /* One generation request has ended. status: the gRPC code name it ended with ("OK",
  * "INVALID_ARGUMENT", "CANCELLED", ..., the label vocabulary of both APIs); ttft_s < 0 when no
- * token came; itl_s: the mean gap between its tokens, counted n_itl times (0: none). */
+ * token came; queue_s < 0 when it never left the queue (the engine's queue_seconds). */
 void metrics_observe_request(struct metrics *m, enum metrics_api api, const char *status, double ttft_s,
-                             double e2e_s, double itl_s, int n_itl);
+                             double e2e_s, double queue_s);
+/* n tokens of one sample arrived gap_s seconds after its previous ones: n inter-token latencies
+ * of gap_s / n each (tokens that arrive together share the gap). */
+void metrics_observe_itl(struct metrics *m, double gap_s, int n);
 
 /* The Prometheus text exposition (version 0.0.4) of everything above; e (borrowed, may be NULL
  * while the model loads) gives the engine's gauges and counters. *out is malloc'd (caller

@@ -86,6 +86,7 @@ struct sample_buf {
     int      prompt_tokens, completion_tokens, cached_prompt_tokens;
     size_t   text_offset;      /* HTTP streams: bytes of text already sent before text[0] */
     int      role_sent;        /* HTTP chat streams: the first delta (with the role) went out */
+    double   t_last_token;     /* when its previous tokens arrived (inter-token latency) */
 };
 
 struct call {
@@ -94,7 +95,8 @@ struct call {
     grpc_call     *call;
     enum method    method;
     gpr_timespec   deadline;
-    double         t_start, t_first_token, t_last_token;
+    double         t_start, t_first_token;
+    double         queue_s;       /* the first admission's queue time; < 0 before */
     struct tag     recv_tag, send_tag, close_tag;
     grpc_byte_buffer *recv_buf;
     grpc_byte_buffer *send_buf;   /* owned while a send is in flight */
@@ -150,6 +152,8 @@ struct queued_event {
     enum status          status;
     int                  prompt_tokens, completion_tokens, cached_prompt_tokens;
     uint64_t             seed;
+    double               t;             /* when the engine emitted it */
+    double               queue_seconds; /* FINISHED: engine_event.queue_seconds */
 };
 
 struct server {
@@ -262,6 +266,9 @@ void         gen_call_release(struct call *c);
  * and text to b, growing it; aborts when out of memory. Both fronts use it. */
 void         sample_buf_append(struct sample_buf *b, const int32_t *tokens, int n_tokens, const float *logprobs,
                                const struct top_logprob *top, int n_top, const char *text, size_t text_len);
+/* n tokens of b arrived at time t: n inter-token latencies into m (none for its first tokens,
+ * which the time to first token counts). */
+void         sample_buf_note_tokens(struct sample_buf *b, struct metrics *m, int n, double t);
 void         sample_buf_free(struct sample_buf *b);
 /* Turns a parsed request into the prompt's token ids (*ids malloc'd): the chat template (whose
  * stop string / token id it appends to r's stops, which must have room for one more) or the

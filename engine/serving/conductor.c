@@ -347,6 +347,7 @@ enum status conductor_submit(struct conductor *c, const char *request_id, const 
     if (st != STATUS_OK) return st;
     struct request *r;
     if ((st = request_new(prompt, n_prompt, p, on_event, ctx, &r)) != STATUS_OK) return st;
+    r->t_submit = base_now_s();
     r->adapter = adapter;
     r->adapter_key = adapter >= 0 ? c->adapter_keys[adapter] : 0;
     pthread_mutex_lock(&c->mu);

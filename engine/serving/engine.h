@@ -139,6 +139,8 @@ struct engine_event {
     int            prompt_tokens, completion_tokens; /* usage so far (this sample) */
     uint64_t       seed;          /* the seed used (chosen by the engine when not given) */
     int            cached_prompt_tokens; /* prompt tokens served from the prefix cache */
+    double         queue_seconds; /* FINISHED: from submission to the sample's first step in the
+                                     engine (its first admission), -1 if it never ran */
 };
 
 /* Called on the engine thread (with data parallelism: the thread of the replica serving the

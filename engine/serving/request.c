@@ -320,6 +320,7 @@ void request_emit(struct seq *s, struct engine_event *ev)
     ev->completion_tokens = s->n_generated;
     ev->seed = r->seed;
     ev->cached_prompt_tokens = s->cached_prompt_tokens;
+    ev->queue_seconds = s->t_admit > 0 ? s->t_admit - r->t_submit : -1.0;
     if (!ev->text) ev->text = ""; /* never NULL, so consumers may copy text_len bytes as is */
     r->on_event(r->ctx, ev);
 }
@@ -328,7 +329,8 @@ void request_emit_absent(struct request *r, int sample, enum finish_reason why, 
 {
     struct engine_event ev = {.kind = ENGINE_EVENT_FINISHED, .handle = r->handle, .text = "",
                               .request_id = r->id, .sample = sample, .finish = why, .status = st,
-                              .message = message, .prompt_tokens = r->n_prompt, .seed = r->seed};
+                              .message = message, .prompt_tokens = r->n_prompt, .seed = r->seed,
+                              .queue_seconds = -1.0};
     r->on_event(r->ctx, &ev);
 }
 

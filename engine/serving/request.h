@@ -107,6 +107,7 @@ struct request {
     struct top_logprob *prompt_top; /* (n_prompt, prompt_logprobs) */
     int      prompt_lp_done;      /* rows of prompt_lp filled */
     int      prompt_lp_sent;
+    double   t_submit;            /* base_now_s() at submission (queue time) */
     int      adapter;             /* index into the model's serving adapters; -1 = the base */
     uint64_t adapter_key;         /* 0 for the base, else unique to the adapter: the prefix-cache
                                      hash chains start from it, so no KV is shared across adapters */
@@ -133,6 +134,7 @@ struct seq {
     uint64_t last_hash;           /* prefix hash of block n_registered - 1 */
     int      prefix_checked;      /* the prefix cache was consulted on admission */
     int      cached_prompt_tokens;
+    double   t_admit;             /* base_now_s() at its first admission; 0 before */
     struct rng rng;
     struct detokenizer detok;
     char    *held;                /* (cap_held) text not yet emitted (stop-string look-back) */

@@ -161,7 +161,7 @@ static void fail_route(struct router *r, struct route *rt, enum status st, const
         pthread_mutex_unlock(&r->mu);
         if (done) continue;
         struct engine_event ev = {.kind = ENGINE_EVENT_FINISHED, .sample = s, .finish = FINISH_REASON_ERROR,
-                                  .status = st, .message = message};
+                                  .status = st, .message = message, .queue_seconds = -1.0};
         deliver(r, rt, &ev);
         if (last) return; /* rt is freed */
     }
@@ -471,7 +471,8 @@ static void front_message(struct router *r, int source, const unsigned char *buf
                                   .n_top = h.n_top, .finish = (enum finish_reason)h.finish,
                                   .status = (enum status)h.status, .prompt_tokens = h.prompt_tokens,
                                   .completion_tokens = h.completion_tokens, .seed = h.seed,
-                                  .cached_prompt_tokens = h.cached_prompt_tokens};
+                                  .cached_prompt_tokens = h.cached_prompt_tokens,
+                                  .queue_seconds = h.queue_seconds};
         size_t nt = (size_t)h.n_tokens;
         ev.tokens = get(&rb, nt * sizeof(int32_t));
         ev.text = get(&rb, h.text_len);

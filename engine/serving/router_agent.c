@@ -46,7 +46,8 @@ static void on_remote_event(void *ctx, const struct engine_event *ev)
                            .has_logprobs = ev->logprobs != NULL, .n_top = ev->top ? ev->n_top : 0,
                            .finish = (int32_t)ev->finish, .status = (int32_t)ev->status,
                            .prompt_tokens = ev->prompt_tokens, .completion_tokens = ev->completion_tokens,
-                           .cached_prompt_tokens = ev->cached_prompt_tokens};
+                           .cached_prompt_tokens = ev->cached_prompt_tokens,
+                           .queue_seconds = ev->queue_seconds};
     struct wbuf b = {0};
     put(&b, &h, sizeof h);
     put(&b, ev->tokens, nt * sizeof(int32_t));

@@ -96,6 +96,7 @@ struct event_head {
     uint64_t handle, seed, text_len;
     int32_t  sample, n_tokens, has_logprobs, n_top, finish, status;
     int32_t  prompt_tokens, completion_tokens, cached_prompt_tokens, pad;
+    double   queue_seconds;
 };
 
 struct submit_head {

@@ -237,6 +237,7 @@ static int admit_front(struct scheduler *s, int budget)
     waiting_pop_front(s);
     if (!q->prefix_checked) {
         q->prefix_checked = 1;
+        q->t_admit = base_now_s();
         q->cached_prompt_tokens = q->n_cached < q->req->n_prompt ? q->n_cached : q->req->n_prompt;
         s->batch.hit_tokens += q->cached_prompt_tokens - reused_before;
     }

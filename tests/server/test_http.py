@@ -419,7 +419,17 @@ def group_metrics(env):
                u.usage.prompt_tokens - r.prompt_tokens), "prompt tokens")
         check(d("shardlm_time_to_first_token_seconds_count") == 3, "3 first tokens")
         check(d("shardlm_e2e_request_latency_seconds_count") == 4, "4 ended requests (one invalid)")
-        check(d("shardlm_inter_token_latency_seconds_count") == 9 + 6 + 4, "token gaps")
+        check(d("shardlm_inter_token_latency_seconds_count") == 9 + 6 + 4, "token gaps (one per token after the first)")
+        check(d("shardlm_request_queue_time_seconds_count") == 3, "3 queue times (the invalid request never queued)")
+        check(0 <= d("shardlm_request_queue_time_seconds_sum") < d("shardlm_e2e_request_latency_seconds_sum"),
+              "queue time within the end-to-end time")
+        # Every sample's tokens count: n = 3 samples of 4 tokens are 3 x 3 gaps.
+        g.generate("Once upon a time", max_tokens=4, temperature=0.8, n=3, ignore_eos=True)
+        m2 = wait_until(lambda: (lambda m: m if metric(m, "shardlm_requests_total", api="grpc", status="OK") >=
+                                 metric(m1, "shardlm_requests_total", api="grpc", status="OK") + 1 else None)(metrics(srv)),
+                        "the n = 3 request to be counted")
+        check(metric(m2, "shardlm_inter_token_latency_seconds_count") -
+              metric(m1, "shardlm_inter_token_latency_seconds_count") == 9, "n = 3: 9 token gaps")
         check(metric(m1, "shardlm_time_to_first_token_seconds_bucket", le="+Inf") ==
               metric(m1, "shardlm_time_to_first_token_seconds_count"), "+Inf bucket == count")
 
