@@ -701,7 +701,6 @@ static void take_results(struct conductor *c, enum status st)
 {
     struct scheduler *sc = &c->sched;
     const int V = c->m->cfg.vocab_size;
-    int lrow = 0;
     int n_running = sc->n_running; /* forks append to running; they sample here, not in this loop */
     for (int i = 0; i < n_running; i++) {
         struct seq *s = sc->running[i];
@@ -711,7 +710,7 @@ static void take_results(struct conductor *c, enum status st)
             finish_seq(c, s, FINISH_REASON_ERROR, st, status_message(), 0);
             continue;
         }
-        int p0 = s->n_cached;
+        int p0 = s->n_cached, lrow = s->logit_row; /* the batch is grouped by adapter, not in running order */
         scheduler_commit(sc, s);
         int lp_rows = 0;
         if (r->p.prompt_logprobs >= 0 && !r->prompt_lp_sent && s->sample == 0) {

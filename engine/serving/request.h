@@ -142,6 +142,7 @@ struct seq {
     uint64_t order;               /* admission order; the newest is preempted first */
     /* this step */
     int      row_start, n_rows, wants_sample;
+    int      logit_row;           /* its first row of the step's logits (prompt log-probabilities, then the sample's) */
     enum finish_reason doomed;    /* cancelled or past its deadline, seen at the step's start */
 };
 

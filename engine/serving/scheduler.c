@@ -26,8 +26,9 @@ enum status scheduler_init(struct scheduler *s, struct kv_cache *cache, const st
     b->table = malloc(S * (size_t)o->table_width * sizeof(int32_t));
     b->adapter = malloc(S * sizeof(int32_t));
     s->running = calloc(S, sizeof *s->running);
+    s->planned = calloc(S, sizeof *s->planned);
     if (!b->tokens || !b->pos || !b->slots || !b->rows || !b->qstart || !b->seqlen || !b->table || !b->adapter ||
-        !s->running)
+        !s->running || !s->planned)
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
     return STATUS_OK;
 }
@@ -37,6 +38,7 @@ void scheduler_free(struct scheduler *s)
     for (int i = 0; i < s->n_running; i++) seq_free(s->running[i]);
     for (int i = 0; i < s->n_waiting; i++) seq_free(s->waiting[i]);
     free(s->running);
+    free(s->planned);
     free(s->waiting);
     free(s->copies);
     struct step_batch *b = &s->batch;
@@ -182,6 +184,7 @@ static void plan_rows(struct scheduler *s, struct seq *q, int take)
     const int bt = s->cache->block_tokens;
     q->row_start = b->n_rows;
     q->n_rows = take;
+    q->logit_row = b->n_logits;
     for (int j = 0; j < take; j++) {
         int p = q->n_cached + j, row = b->n_rows + j;
         b->tokens[row] = q->tokens[p];
@@ -244,22 +247,40 @@ static int admit_front(struct scheduler *s, int budget)
     q->state = SEQ_RUNNING;
     q->order = s->next_order++;
     s->running[s->n_running++] = q;
-    plan_rows(s, q, take);
+    q->n_rows = take;
+    s->planned[s->n_planned++] = q;
     return take;
+}
+
+/* The step's sequences enter the batch grouped by serving adapter (stable: otherwise in running
+ * order), so that each adapter's low-rank products run once over one contiguous run of rows
+ * (model.c); the base's rows come first. Insertion sort: at most max_seqs, mostly in order. */
+static void group_by_adapter(struct scheduler *s)
+{
+    for (int i = 1; i < s->n_planned; i++) {
+        struct seq *q = s->planned[i];
+        int j = i;
+        for (; j > 0 && s->planned[j - 1]->req->adapter > q->req->adapter; j--) s->planned[j] = s->planned[j - 1];
+        s->planned[j] = q;
+    }
 }
 
 int scheduler_plan(struct scheduler *s)
 {
     struct step_batch *b = &s->batch;
     b->n_rows = b->n_seqs = b->n_logits = b->prefill_rows = b->hit_tokens = 0;
+    s->n_planned = 0;
     int budget = s->o.max_batch_tokens;
     for (int i = 0; i < s->n_running; i++) s->running[i]->n_rows = 0, s->running[i]->wants_sample = 0;
+    /* Rows are decided (and blocks taken, preempting the newest) in running order, oldest first;
+     * a preempted sequence is always newer than every one planned before it. */
     for (int i = 0; i < s->n_running && budget > 0; i++) {
         struct seq *q = s->running[i];
         int take = rows_for(s, q, budget);
         if (take == 0) continue;
         if (!ensure_blocks(s, q, q->n_cached + take)) break; /* q itself was preempted: it was last */
-        plan_rows(s, q, take);
+        q->n_rows = take;
+        s->planned[s->n_planned++] = q;
         budget -= take;
     }
     while (s->n_waiting > 0 && s->n_running < s->o.max_seqs && budget > 0) {
@@ -267,6 +288,8 @@ int scheduler_plan(struct scheduler *s)
         if (take == 0) break;
         budget -= take;
     }
+    group_by_adapter(s);
+    for (int i = 0; i < s->n_planned; i++) plan_rows(s, s->planned[i], s->planned[i]->n_rows);
     b->qstart[b->n_seqs] = b->n_rows;
     return b->n_rows;
 }

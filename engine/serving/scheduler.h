@@ -56,6 +56,8 @@ struct scheduler {
     int32_t *copies;               /* (cap_copies) pending (dst, src) block copies, flattened */
     int      n_copies;             /* pairs */
     size_t   cap_copies;
+    struct seq **planned;          /* (max_seqs) this step's sequences before they enter the batch */
+    int      n_planned;
     struct step_batch batch;
 };
 
