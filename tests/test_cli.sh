@@ -115,6 +115,28 @@ cp "$model/model.safetensors" "$tmp/nan/"
 set_weight "$tmp/nan" model.norm.weight 3e38 all
 expect "overflowing logits end generation with an error" 1 "NaN or Inf logits" "$shardlm" generate --model "$tmp/nan" --max-tokens 5
 
+# Bad files (issue 18): absurd or missing config fields, a random-bytes tokenizer, a bit-flipped
+# safetensors header: each a clear error naming the file, exit 1, no crash, no huge allocation.
+bad_config() { # bad_config NAME NEEDLE PYTHON-EXPR-ON-c
+  mkdir -p "$tmp/badcfg"
+  cp "$model"/* "$tmp/badcfg/"
+  "${PYTHON:-python3}" -c "import json, sys; p = sys.argv[1]; c = json.load(open(p)); $3; json.dump(c, open(p, 'w'))" \
+    "$tmp/badcfg/config.json"
+  expect "bad config: $1" 1 "$2" timeout 60 "$shardlm" generate --model "$tmp/badcfg" --max-tokens 2
+}
+bad_config "10^9 layers" "n_layers = 1000000000 must be in" "c['num_hidden_layers'] = 10**9"
+bad_config "negative hidden size" "d_model = -64 must be in" "c['hidden_size'] = -64"
+bad_config "zero heads" "'num_attention_heads' = 0 must be > 0" "c['num_attention_heads'] = 0"
+bad_config "vocabulary past 32 bits" "'vocab_size' = 4e+09 is not a 32-bit integer" "c['vocab_size'] = 4 * 10**9"
+bad_config "missing hidden_size" "missing field 'hidden_size'" "del c['hidden_size']"
+cp "$model"/* "$tmp/badcfg/"
+head -c 3000 /dev/urandom > "$tmp/badcfg/tokenizer.model"
+expect "random bytes as tokenizer.model" 1 "tokenizer.model: not a SentencePiece model" "$shardlm" generate --model "$tmp/badcfg"
+cp "$model"/* "$tmp/badcfg/"
+"${PYTHON:-python3}" -c "import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); b[20] ^= 0x40; open(p, 'wb').write(b)" \
+  "$tmp/badcfg/model.safetensors"
+expect "a bit flipped in the safetensors header" 1 "BAD_FORMAT: .*badcfg/model.safetensors: " "$shardlm" generate --model "$tmp/badcfg"
+
 # A tokenizer with more pieces than the model has rows: refused at load by generate, serve and train.
 assets=${SHARDLM_ASSETS:-$(dirname "$0")/../../shared/assets}
 if [ -f "$assets/llama2-tokenizer/tokenizer.model" ]; then
