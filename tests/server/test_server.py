@@ -710,6 +710,45 @@ def group_drain(env):
             expect_error(lambda: [None for _ in st], grpc.StatusCode.UNAVAILABLE, "drain timeout")
 
 
+def group_drain_load(env):
+    """SIGTERM with 64 calls in flight (unary and streamed, Generate and Chat): every accepted call
+    completes with all its tokens or ends with a clean status, the server exits 0, nothing hangs."""
+    srv = Server(env.shardlm, env.model, "--drain-timeout", "30", name="drain-load")
+    results = {}
+    try:
+        def call(i):
+            try:
+                with srv.client(timeout=120) as c:
+                    kw = dict(max_tokens=200, ignore_eos=True, temperature=0.7, seed=i)
+                    msgs = [("user", f"Tell me story number {i}")]
+                    if i % 4 == 0:
+                        results[i] = ("ok", c.generate("Once upon a time", **kw).completion_tokens)
+                    elif i % 4 == 1:
+                        results[i] = ("ok", c.chat(msgs, **kw).completion_tokens)
+                    else:
+                        it = c.generate_stream("Once upon a time", **kw) if i % 4 == 2 else c.chat_stream(msgs, **kw)
+                        results[i] = ("ok", sum(len(ch.token_ids) for ch in it))
+            except grpc.RpcError as e:
+                results[i] = (e.code().name, e.details())
+        threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(64)]
+        with srv.client() as probe:
+            for t in threads:
+                t.start()
+            # Every call accepted (running, waiting, or already done) before the signal.
+            wait_until(lambda: (lambda st: len(results) + st.running + st.waiting >= 64)(probe.server_stats()),
+                       "all 64 calls to be accepted", timeout=60)
+            srv.terminate()
+        for t in threads:
+            t.join(timeout=90)
+        check(not any(t.is_alive() for t in threads), "a call hung during the drain")
+        code = srv.proc.wait(timeout=60)
+        check(code == 0, f"exit code {code} after SIGTERM under load")
+        bad = {i: r for i, r in results.items() if r != ("ok", 200)}
+        check(len(results) == 64 and not bad, f"{len(bad)} calls did not complete during the drain: {list(bad.items())[:3]}")
+    finally:
+        srv.stop()
+
+
 def group_auth(env):
     d = Path(tempfile.mkdtemp(prefix="shardlm-auth-"))
     (d / "keys").write_text("# keys\nsecret-one\n\n  secret-two  \n")
@@ -782,7 +821,7 @@ def group_reflection(env):
 
 
 GROUPS = {"basic": group_basic, "concurrency": group_concurrency, "cancel": group_cancel, "deadline": group_deadline,
-          "invalid": group_invalid, "drain": group_drain, "auth": group_auth, "tls": group_tls,
+          "invalid": group_invalid, "drain": group_drain, "drain_load": group_drain_load, "auth": group_auth, "tls": group_tls,
           "reflection": group_reflection, "nul_in": group_nul_in, "nul_out": group_nul_out,
           "merge": group_merge, "queue_samples": group_queue_samples,
           "prompt_bound": group_prompt_bound}
