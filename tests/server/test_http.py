@@ -462,8 +462,71 @@ def group_malformed(env):
         check(code == 200, "still healthy")
 
 
+def group_fronts(env):
+    """TLS on the HTTP front, the bound on open connections, and SIGTERM draining an HTTP stream."""
+    import ssl
+    # TLS: --tls-cert / --tls-key serve HTTPS on the HTTP port too; plaintext gets nothing.
+    if shutil.which("openssl"):
+        d = Path(tempfile.mkdtemp(prefix="shardlm-http-tls-"))
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                        "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(d / "key.pem"),
+                        "-out", str(d / "cert.pem")], check=True, capture_output=True, timeout=60)
+        with Server(env.shardlm, env.model, "--tls-cert", str(d / "cert.pem"), "--tls-key", str(d / "key.pem"),
+                    name="http-tls") as srv:
+            ctx = ssl.create_default_context(cafile=str(d / "cert.pem"))
+            req = urllib.request.Request(f"https://127.0.0.1:{srv.http_port}/v1/completions", method="POST",
+                                         data=json.dumps({"prompt": "Once", "max_tokens": 4}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30, context=ctx) as r:
+                ans = json.loads(r.read())
+            check(ans["usage"]["completion_tokens"] == 4, f"HTTPS completion {ans}")
+            try:
+                out = raw(srv, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", timeout=3)
+            except OSError:  # reset by the TLS layer
+                out = b""
+            check(not out.startswith(b"HTTP/1.1 200"), f"plaintext HTTP to the TLS port answered {out[:40]!r}")
+        shutil.rmtree(d, ignore_errors=True)
+    else:
+        print("  SKIP http tls: no openssl command")
+    # At most --http-max-connections open connections: one more is closed at once; freed, served again.
+    with Server(env.shardlm, env.model, "--http-max-connections", "4", name="http-limit") as srv:
+        idle = [socket.create_connection(("127.0.0.1", srv.http_port), timeout=5) for _ in range(4)]
+        time.sleep(0.3)
+        extra = socket.create_connection(("127.0.0.1", srv.http_port), timeout=5)
+        extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            got = extra.recv(100)
+        except (ConnectionResetError, socket.timeout):
+            got = b""
+        extra.close()
+        check(got == b"", f"a fifth connection was served past --http-max-connections 4: {got[:40]!r}")
+        check(srv.proc.poll() is None, "the server is still up")
+        for s in idle:
+            s.close()
+        wait_until(lambda: http(srv, "GET", "/health", timeout=5)[0] == 200, "the front to serve again")
+    # Drain: a running stream completes after SIGTERM; new requests get 503; exit 0.
+    srv = Server(env.shardlm, env.model, "--drain-timeout", "30", name="http-drain")
+    try:
+        stream = srv.openai().completions.create(model=MODEL, prompt="Once upon a time", max_tokens=400, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        it = iter(stream)
+        chunks = [next(it)]
+        srv.terminate()
+        code, ans = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(http(srv, "GET", "/health", timeout=5)),
+                               "/health to say 503 while draining")
+        code, ans = http(srv, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        check(code == 503, f"a new request while draining: {code} {ans}")
+        chunks += list(it)
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        check(finish == ["length"] and len(text) > 100, f"the stream finished during the drain: {finish} {len(text)} chars")
+        check(srv.proc.wait(timeout=60) == 0, "exit 0 after the HTTP drain")
+    finally:
+        srv.stop()
+
+
 GROUPS = {"openai": group_openai, "errors": group_errors, "disconnect": group_disconnect, "sse": group_sse,
-          "metrics": group_metrics, "malformed": group_malformed, "nul": group_nul}
+          "metrics": group_metrics, "malformed": group_malformed, "nul": group_nul, "fronts": group_fronts}
 
 
 def main():
