@@ -7,12 +7,16 @@
 #      articles 1-18; articles 19-24 held out) into .cache/chat-data/;
 #   3. trains a LoRA adapter with Gemma's chat template (loss on the model turns only) into
 #      .cache/chat-adapter/ (checkpoints every 50 steps: rerun with RESUME=1 to continue);
-#   4. merges it into .cache/models/gemma-3-270m-chat/ (shardlm merge-lora), which
-#      `shardlm serve --model .cache/models/gemma-3-270m-chat` serves.
-# Knobs (environment): TRAIN_ITERS (240: about two hours on a 2-core machine at ~110 tokens/s),
-# SEQ (512), GBS (8), RANK (16), ALPHA (32), LR (2e-4), MAX_SHAREGPT (4000), RESUME.
-# Status: the pipeline runs end to end (checked with TRAIN_ITERS=2); the full run and its
-# evaluation (issue 15) have not been done yet.
+#   4. rounds the adapter to BF16 (tools/adapter_to_bf16.py: half the size; what is committed
+#      and served) into .cache/chat-adapter/bf16/, and merges that into
+#      .cache/models/gemma-3-270m-chat/ (shardlm merge-lora), which
+#      `shardlm serve --model .cache/models/gemma-3-270m-chat --chat-template gemma` serves.
+# PUBLISH=models/gemma-3-270m-chat also copies the BF16 adapter and the metrics there (the
+# committed adapter that `make run` serves; docs/models.md has the run it came from).
+# Knobs (environment): TRAIN_ITERS (150: about 70 minutes on a 2-core machine at ~110 tokens/s;
+# a step packs about 3,000 tokens), SEQ (512), GBS (8), RANK (16), ALPHA (32), LR (2e-4),
+# MAX_SHAREGPT (4000), RESUME; TRAIN=0 skips training (publish an earlier run), ADAPTER_FROM=iter_N
+# publishes that checkpoint of the run instead of its end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -43,10 +47,24 @@ if [ -n "${RESUME:-}" ]; then
   last=$(ls -d "$out"/checkpoints/iter_* 2> /dev/null | sort | tail -n 1)
   [ -n "$last" ] && resume=(--resume "$last")
 fi
-"$shardlm" train --model "$model" --data "$data/train.jsonl" --eval-data "$data/eval.jsonl" --out "$out" \
-  --chat-template gemma --lora-rank "${RANK:-16}" --lora-alpha "${ALPHA:-32}" \
-  --seq-length "${SEQ:-512}" --micro-batch-size 1 --global-batch-size "${GBS:-8}" \
-  --train-iters "${TRAIN_ITERS:-240}" --lr "${LR:-2e-4}" --min-lr 2e-5 --lr-warmup-iters 10 \
-  --eval-interval 50 --eval-iters 20 --save-interval 50 --log-interval 10 --seed 1 "${resume[@]}"
-"$shardlm" merge-lora --model "$model" --adapter "$out" --out .cache/models/gemma-3-270m-chat
-echo "train_chat_adapter: serve it with: $shardlm serve --model .cache/models/gemma-3-270m-chat"
+if [ "${TRAIN:-1}" != 0 ]; then
+  "$shardlm" train --model "$model" --data "$data/train.jsonl" --eval-data "$data/eval.jsonl" --out "$out" \
+    --chat-template gemma --lora-rank "${RANK:-16}" --lora-alpha "${ALPHA:-32}" \
+    --seq-length "${SEQ:-512}" --micro-batch-size 1 --global-batch-size "${GBS:-8}" \
+    --train-iters "${TRAIN_ITERS:-150}" --lr "${LR:-2e-4}" --min-lr 2e-5 --lr-warmup-iters 10 \
+    --eval-interval 50 --eval-iters 20 --save-interval 50 --log-interval 10 --seed 1 "${resume[@]}"
+fi
+# The adapter to publish: the run's last one, or a checkpoint of it (ADAPTER_FROM=iter_0000100).
+src=$out
+[ -n "${ADAPTER_FROM:-}" ] && src=$out/checkpoints/$ADAPTER_FROM
+[ -f "$src/adapter_model.safetensors" ] || { echo "train_chat_adapter: no adapter in $src" >&2; exit 1; }
+mkdir -p "$out/bf16"
+cp "$src/adapter_config.json" "$out/bf16/"
+python3 tools/adapter_to_bf16.py "$src/adapter_model.safetensors" "$out/bf16/adapter_model.safetensors"
+rm -rf .cache/models/gemma-3-270m-chat
+"$shardlm" merge-lora --model "$model" --adapter "$out/bf16" --out .cache/models/gemma-3-270m-chat
+if [ -n "${PUBLISH:-}" ]; then
+  mkdir -p "$PUBLISH"
+  cp "$out/bf16/adapter_config.json" "$out/bf16/adapter_model.safetensors" "$out/metrics.jsonl" "$PUBLISH/"
+fi
+echo "train_chat_adapter: serve it with: $shardlm serve --model .cache/models/gemma-3-270m-chat --chat-template gemma"
