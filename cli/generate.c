@@ -74,7 +74,7 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         else return cli_usage("generate: unknown option '%s'", a);
         i += takes;
     }
-    if (!f->model_dir) return cli_usage("generate: --model DIR is required%s", "");
+    if (!f->model_dir) return cli_usage("generate: --model DIR or FILE.gguf is required%s", "");
     o->sampling.seed = (uint64_t)f->seed;
     o->max_tokens = (int)f->max_tokens;
     return 0;

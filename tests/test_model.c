@@ -423,7 +423,9 @@ static int run_gemma(const char *dir, const char *ref_path)
  * product of 18 layers (as llama.cpp does). Measured on the golden prompts plus 32 greedy
  * tokens (79 rows x 262,144 logits, |logits| up to 38): max |diff| 1.56 over the whole
  * vocabulary, at most 0.54 at the f32 argmax; the argmax differs only where the f32 top two
- * are within 0.012. The tolerances leave about 30 % and 8x room over those figures. */
+ * are within 0.012 (0.069 at tp 2: int8 rounding is discontinuous, so the f32 reassociation
+ * of the row-parallel sums moves a few activations by a whole int8 step, and near ties fall
+ * either way). The tolerances leave about 20 % and 30 % room over the worst of those. */
 #define GGUF_LOGIT_TOL  2.0
 #define GGUF_TIE_MARGIN 0.1
 
@@ -550,8 +552,11 @@ static int run_gemma_gguf(const char *gguf, const char *dir)
         snprintf(detail, sizeof detail, "%.1f MiB of weights, %.1f MiB as blocks, %.1f MiB mapped zero-copy",
                  eq.m->weight_bytes / 1048576.0, eq.m->weight_bytes_blocks / 1048576.0, eq.m->weight_bytes_mapped / 1048576.0);
     else snprintf(detail, sizeof detail, "%s: %s", status_name(sq), status_message());
+    /* At tp 1 every weight is the file itself; at tp > 1 the column slices of O and DOWN are
+     * copied (rows of them are not contiguous in the file). */
     check(sq == STATUS_OK && eq.m->weight_bytes_blocks > eq.m->weight_bytes / 2 &&
-              eq.m->weight_bytes_mapped == eq.m->weight_bytes,
+              (eq.m->tp_size > 1 ? eq.m->weight_bytes_mapped > eq.m->weight_bytes / 2
+                                 : eq.m->weight_bytes_mapped == eq.m->weight_bytes),
           "load the GGUF natively (blocks, zero-copy)", detail);
     if (st == STATUS_OK && sq == STATUS_OK) {
         /* The prompts of golden_gemma3 (tests/gemma_setup.sh), each its own sequence. */
