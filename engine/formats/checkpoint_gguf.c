@@ -7,8 +7,9 @@
  * (gguf_convert.h), so nothing is rewritten here.
  * Not here: the GGUF reader (gguf.c), slicing and dequantizing on request (checkpoint.c),
  * `convert gguf` (gguf_convert.c).
- * Tests: tests/test_gguf_serve.c (the Gemma 3 GGUF served natively against the converted
- * model; SKIP without the file). */
+ * Tests: tests/test_gguf_serve.c (a tiny Gemma 3 GGUF: config, blocks zero-copy, tp slices and
+ * the block-cutting refusal, the model with blocks against the dequantized one); test_model
+ * gemma-gguf (the real Gemma 3 270M file against its f32 conversion; SKIP without it). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
