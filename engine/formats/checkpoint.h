@@ -7,8 +7,11 @@
  * checkpoint_write_megatron writes the Megatron-style layout from any source (the `reshard`
  * subcommand).
  *
- * Implemented in checkpoint_open.c (opening the three layouts), checkpoint.c (locating and
- * slicing weights) and checkpoint_write.c (the two writers); every tensor name comes from the
+ * A llama.cpp GGUF file opens the same way (checkpoint_open below), its quantized matrices
+ * served as blocks.
+ *
+ * Implemented in checkpoint_open.c (opening the three layouts), checkpoint_gguf.c (a GGUF file),
+ * checkpoint.c (locating and slicing weights) and checkpoint_write.c (the two writers); every tensor name comes from the
  * one table of weight_names.h, which also defines enum weight_kind.
  * Not here: device memory and model structs (engine/model), config.json fields (config.c), the
  * file format itself (safetensors.c).
