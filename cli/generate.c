@@ -74,7 +74,7 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         else return cli_usage("generate: unknown option '%s'", a);
         i += takes;
     }
-    if (!f->model_dir) return cli_usage("generate: --model DIR is required%s", "");
+    if (!f->model_dir) return cli_usage("generate: --model DIR or FILE.gguf is required%s", "");
     o->sampling.seed = (uint64_t)f->seed;
     o->max_tokens = (int)f->max_tokens;
     return 0;
@@ -116,7 +116,7 @@ static enum status generate_setup(const struct generate_flags *f, struct generat
         return st;
     }
     if ((st = model_load(f->model_dir, r->b, f->tp * f->pp > 1 ? &r->par : NULL, &r->m)) != STATUS_OK) return st;
-    return tokenizer_load_for_model(f->model_dir, r->m->cfg.vocab_size, &r->tok);
+    return generate_load_tokenizer(f->model_dir, r->m, &r->tok);
 }
 
 /* The workspace and the KV cache for a prompt of n_ids tokens and o->max_tokens more. */

@@ -1,9 +1,9 @@
 /* cli/main.c - the shardlm command: prints the help and dispatches each subcommand to its
  * file in cli/ (one file per subcommand, entry points in commands.h):
- *   shardlm serve --model DIR [--listen ADDR] [options]      the gRPC server (serve.c)
+ *   shardlm serve --model DIR|FILE.gguf [--listen ADDR] [options]  the gRPC server (serve.c)
  *   shardlm chat|complete|bench|stats --server ADDR ...      gRPC clients (chat.c, complete.c,
  *                                                           bench.c, stats.c over clients/)
- *   shardlm generate --model DIR [--prompt TEXT] [options]  generate text locally (generate.c)
+ *   shardlm generate --model DIR|FILE.gguf [--prompt TEXT] [options]  generate locally (generate.c)
  *   shardlm convert llama2c|gguf ...                         (convert.c)
  *   shardlm reshard --model DIR --out DIR [...]              (reshard.c)
  *   shardlm train --model DIR --data FILE --out DIR [...]    fine-tuning (train.c)
@@ -39,13 +39,13 @@ static void print_help(FILE *f)
 {
     fprintf(f,
             "usage:\n"
-            "  shardlm serve --model DIR [--listen 127.0.0.1:50051] [--device cpu|cuda]\n"
+            "  shardlm serve --model DIR|FILE.gguf [--listen 127.0.0.1:50051] [--device cpu|cuda]\n"
             "                [--dp D --tp T --pp P] [engine limits, TLS, API keys: shardlm serve --help, docs/server.md]\n"
             "  shardlm chat --server ADDR [--system TEXT]       interactive streamed chat\n"
             "  shardlm complete --server ADDR --prompt TEXT     one completion\n"
             "  shardlm bench --server ADDR --concurrency N --requests M\n"
             "  shardlm stats --server ADDR                      model, load, replicas\n"
-            "  shardlm generate --model DIR [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
+            "  shardlm generate --model DIR|FILE.gguf [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
             "                   [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
             "                   [--device cpu|cuda] [--threads N] [--no-bos] [--tp T --pp P]\n"
             "                   [--pp-layers N1,N2,...]\n"

@@ -1,6 +1,7 @@
 /* cli/serve.c - `shardlm serve`: parses the flags into struct server_options and runs the
  * server. Flags (defaults in brackets):
- *   --model DIR              checkpoint directory (required)
+ *   --model DIR|FILE.gguf    checkpoint directory, or a GGUF file (CPU: quantized matrices kept
+ *                            as blocks; docs/quantization.md) (required)
  *   --listen HOST:PORT       [127.0.0.1:50051]; port 0 picks a free port (printed on stdout)
  *   --device cpu|cuda        [cpu]        --threads N        CPU threads [0 = all cores]
  *   --max-batch-tokens N     [512]        --max-seqs N       running samples [64]
@@ -47,7 +48,7 @@ static int usage(const char *fmt, const char *arg)
 {
     fprintf(stderr, "shardlm serve: ");
     fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nusage: shardlm serve --model DIR [--listen 127.0.0.1:50051] [--device cpu|cuda] [--threads N]\n"
+    fprintf(stderr, "\nusage: shardlm serve --model DIR|FILE.gguf [--listen 127.0.0.1:50051] [--device cpu|cuda] [--threads N]\n"
                     "         [--dp D --tp T --pp P (under mpirun -n DxTxP)] [--pp-layers N1,N2,...] [--pp-microbatches M]\n"
                     "         [--rank-timeout S (60)]\n"
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"

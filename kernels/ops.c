@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend_impl.h"
+#include "quant.h"
 
 #define DESC(t) tensor_describe((t), (char[64]){0}, 64)
 
@@ -131,6 +132,20 @@ static void check_vector(const struct tensor *t, int64_t n, enum dtype dtype, co
           dtype_name(dtype), (long long)n, DESC(t));
 }
 
+/* A weight stored as ggml blocks (tensor.h): on the CPU only, beside f32 activations, with rows
+ * of whole blocks. Quantized tensors reach ops only from model loading, which refuses them on
+ * other backends, so a violation here is a bug. */
+static void check_quant_weight(struct backend *b, const struct tensor *w, const struct tensor *act,
+                               const char *what)
+{
+    check_on(b, w, what);
+    CHECK(b->device == DEVICE_CPU, "%s %s: block-quantized weights run on the CPU backend only, not %s",
+          what, DESC(w), b->ops->name);
+    CHECK(act->dtype == DTYPE_F32, "%s %s needs f32 activations, has %s", what, DESC(w), DESC(act));
+    CHECK(w->ndim == 2 && w->shape[1] % quant_block_size(dtype_quant_type(w->dtype)) == 0,
+          "%s %s: rows must be whole blocks", what, DESC(w));
+}
+
 /* ---- forward ops ----------------------------------------------------------------------- */
 
 void op_cast(struct backend *b, const struct tensor *out, const struct tensor *in)
@@ -146,9 +161,13 @@ void op_embedding(struct backend *b, const struct tensor *out, const struct tens
                   const struct tensor *ids, int64_t vocab_start)
 {
     check_float(b, out, "embedding out");
-    check_float(b, table, "embedding table");
+    if (dtype_is_quant(table->dtype)) { /* rows dequantized on lookup */
+        check_quant_weight(b, table, out, "embedding table");
+    } else {
+        check_float(b, table, "embedding table");
+        CHECK(out->dtype == table->dtype, "embedding dtypes %s vs %s", DESC(out), DESC(table));
+    }
     check_i32(b, ids, "embedding ids");
-    CHECK(out->dtype == table->dtype, "embedding dtypes %s vs %s", DESC(out), DESC(table));
     CHECK(table->ndim == 2 && tensor_cols(out) == table->shape[1] &&
               tensor_rows(out) == tensor_numel(ids),
           "embedding: out %s table %s ids %s", DESC(out), DESC(table), DESC(ids));
@@ -175,9 +194,10 @@ void op_matmul(struct backend *b, const struct tensor *y, const struct tensor *x
 {
     check_float(b, y, "matmul y");
     check_float(b, x, "matmul x");
-    check_float(b, w, "matmul w");
-    CHECK(x->dtype == w->dtype && y->dtype == x->dtype, "matmul dtypes y %s x %s w %s", DESC(y),
-          DESC(x), DESC(w));
+    if (dtype_is_quant(w->dtype)) check_quant_weight(b, w, x, "matmul w"); /* quant.h's product */
+    else check_float(b, w, "matmul w");
+    CHECK((x->dtype == w->dtype || dtype_is_quant(w->dtype)) && y->dtype == x->dtype,
+          "matmul dtypes y %s x %s w %s", DESC(y), DESC(x), DESC(w));
     CHECK(w->ndim == 2 && tensor_cols(x) == w->shape[1] && tensor_cols(y) == w->shape[0] &&
               tensor_rows(y) == tensor_rows(x),
           "matmul: y %s = x %s @ w %s^T", DESC(y), DESC(x), DESC(w));

@@ -6,6 +6,29 @@
 #include <stdio.h>
 
 #include "base.h"
+#include "quant.h"
+
+/* DTYPE_Q* <-> ggml type numbers, in enum dtype order from DTYPE_Q4_0. */
+static const uint32_t quant_types[] = {
+    QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1, QUANT_TYPE_Q5_0, QUANT_TYPE_Q5_1,
+    QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q5_K, QUANT_TYPE_Q6_K,
+};
+#define N_QUANT_TYPES (int)(sizeof quant_types / sizeof quant_types[0])
+
+int dtype_is_quant(enum dtype t) { return t >= DTYPE_Q4_0 && t < DTYPE_Q4_0 + N_QUANT_TYPES; }
+
+uint32_t dtype_quant_type(enum dtype t)
+{
+    CHECK(dtype_is_quant(t), "dtype %s is not a block dtype", dtype_name(t));
+    return quant_types[t - DTYPE_Q4_0];
+}
+
+int dtype_of_quant_type(uint32_t ggml_type)
+{
+    for (int i = 0; i < N_QUANT_TYPES; i++)
+        if (quant_types[i] == ggml_type) return DTYPE_Q4_0 + i;
+    return -1;
+}
 
 size_t dtype_size(enum dtype t)
 {
@@ -14,8 +37,9 @@ size_t dtype_size(enum dtype t)
     case DTYPE_BF16: return 2;
     case DTYPE_F16: return 2;
     case DTYPE_I32: return 4;
+    default: break;
     }
-    CHECK(0, "bad dtype %d", (int)t);
+    CHECK(0, "dtype %s has no element size (a block dtype: use tensor_nbytes)", dtype_name(t));
 }
 
 const char *dtype_name(enum dtype t)
@@ -25,6 +49,14 @@ const char *dtype_name(enum dtype t)
     case DTYPE_BF16: return "bf16";
     case DTYPE_F16: return "f16";
     case DTYPE_I32: return "i32";
+    case DTYPE_Q4_0: return "q4_0";
+    case DTYPE_Q4_1: return "q4_1";
+    case DTYPE_Q5_0: return "q5_0";
+    case DTYPE_Q5_1: return "q5_1";
+    case DTYPE_Q8_0: return "q8_0";
+    case DTYPE_Q4_K: return "q4_k";
+    case DTYPE_Q5_K: return "q5_k";
+    case DTYPE_Q6_K: return "q6_k";
     }
     return "?";
 }
@@ -53,7 +85,21 @@ int64_t tensor_numel(const struct tensor *t)
     return n;
 }
 
-size_t tensor_nbytes(const struct tensor *t) { return (size_t)tensor_numel(t) * dtype_size(t->dtype); }
+size_t tensor_nbytes(const struct tensor *t)
+{
+    if (!dtype_is_quant(t->dtype)) return (size_t)tensor_numel(t) * dtype_size(t->dtype);
+    return (size_t)tensor_rows(t) * quant_row_bytes((enum quant_type)dtype_quant_type(t->dtype), tensor_cols(t));
+}
+
+size_t tensor_row_bytes(const struct tensor *t)
+{
+    int64_t inner = 1; /* the entries of one outermost row */
+    for (int i = 1; i < t->ndim; i++) inner *= t->shape[i];
+    if (!dtype_is_quant(t->dtype)) return (size_t)inner * dtype_size(t->dtype);
+    const int64_t cols = tensor_cols(t);
+    return (size_t)(t->ndim > 1 ? inner / cols : 1) *
+           quant_row_bytes((enum quant_type)dtype_quant_type(t->dtype), cols);
+}
 
 int64_t tensor_cols(const struct tensor *t) { return t->shape[t->ndim - 1]; }
 

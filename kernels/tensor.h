@@ -13,12 +13,25 @@
 extern "C" {
 #endif
 
-/* Values reach files (safetensors dtype mapping) only through names, never as numbers. */
+/* Values reach files (safetensors dtype mapping) only through names, never as numbers.
+ * The DTYPE_Q* are ggml block-quantized weights (kernels/quant.h, docs/quantization.md): a
+ * tensor of such a dtype is (rows, cols) of whole blocks, row r at r * quant_row_bytes(cols).
+ * They are weights only, on the CPU only: op_matmul takes one as w and op_embedding as the
+ * table (with f32 x, y, out); every other op refuses them (they are not float dtypes), and
+ * dtype_size, being per element, is a bug for them (CHECK): use tensor_nbytes / tensor_row_bytes. */
 enum dtype {
     DTYPE_F32,
     DTYPE_BF16,
     DTYPE_F16,
     DTYPE_I32,
+    DTYPE_Q4_0,
+    DTYPE_Q4_1,
+    DTYPE_Q5_0,
+    DTYPE_Q5_1,
+    DTYPE_Q8_0,
+    DTYPE_Q4_K,
+    DTYPE_Q5_K,
+    DTYPE_Q6_K,
 };
 
 enum device {
@@ -38,14 +51,22 @@ struct tensor {
     int64_t     shape[TENSOR_MAX_DIMS];
 };
 
-size_t      dtype_size(enum dtype t);
+size_t      dtype_size(enum dtype t);   /* bytes per element; CHECK for block dtypes */
 const char *dtype_name(enum dtype t);
 int         dtype_is_float(enum dtype t);
+int         dtype_is_quant(enum dtype t);  /* one of the DTYPE_Q* */
+/* The ggml type number (enum quant_type) of a DTYPE_Q*, CHECK otherwise; and back: the dtype of
+ * a ggml type number, or -1 when it is none of the DTYPE_Q*. */
+uint32_t    dtype_quant_type(enum dtype t);
+int         dtype_of_quant_type(uint32_t ggml_type);
 
 /* tensor_make(data, dtype, device, ndim, d0, d1, ...): builds a view; unused dims are 1. */
 struct tensor tensor_make(void *data, enum dtype dtype, enum device device, int ndim, ...);
 int64_t       tensor_numel(const struct tensor *t);
+/* Bytes of the data: numel * dtype_size, or rows * quant_row_bytes(cols) for block dtypes. */
 size_t        tensor_nbytes(const struct tensor *t);
+/* Bytes of one entry of the outermost dimension (tensor_nbytes / shape[0] when shape[0] > 0). */
+size_t        tensor_row_bytes(const struct tensor *t);
 /* Size of the last dimension, and the product of all the others (the "rows"). */
 int64_t       tensor_cols(const struct tensor *t);
 int64_t       tensor_rows(const struct tensor *t);
@@ -62,9 +83,7 @@ static inline struct tensor tensor_first_rows(const struct tensor *t, int64_t n)
 static inline struct tensor tensor_rows_at(const struct tensor *t, int64_t r0, int64_t n)
 {
     struct tensor v = *t;
-    int64_t inner = 1;
-    for (int i = 1; i < t->ndim; i++) inner *= t->shape[i];
-    v.data = (char *)t->data + (size_t)(r0 * inner) * dtype_size(t->dtype);
+    v.data = (char *)t->data + (size_t)r0 * tensor_row_bytes(t);
     v.shape[0] = n;
     return v;
 }
@@ -108,6 +127,7 @@ static inline float dtype_load_f32(const void *p, enum dtype t, size_t i)
     case DTYPE_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
     case DTYPE_F16: return f16_to_f32(((const uint16_t *)p)[i]);
     case DTYPE_I32: return (float)((const int32_t *)p)[i];
+    default: break; /* block dtypes have no element i: quant_dequantize_row */
     }
     return 0.0f;
 }
@@ -119,6 +139,7 @@ static inline void dtype_store_f32(void *p, enum dtype t, size_t i, float v)
     case DTYPE_BF16: ((uint16_t *)p)[i] = f32_to_bf16(v); break;
     case DTYPE_F16: ((uint16_t *)p)[i] = f32_to_f16(v); break;
     case DTYPE_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+    default: break; /* block dtypes are never written element by element */
     }
 }
 

@@ -13,3 +13,9 @@ set_tests_properties(gguf_setup PROPERTIES FIXTURES_SETUP gguf LABELS "unit;pyth
 shardlm_test_exe(test_gguf test_gguf.c)
 shardlm_add_test(gguf "unit" test_gguf ${GGUF_FIXTURE_DIR} ${GGUF_MODEL})
 set_tests_properties(gguf PROPERTIES FIXTURES_REQUIRED gguf)
+
+# A GGUF served as it is (checkpoint_gguf.c, blocks kept by model_load) on the tiny Gemma 3 of
+# the same fixture; the real 270M file is golden_gemma3_gguf's.
+shardlm_test_exe(test_gguf_serve test_gguf_serve.c)
+shardlm_add_test(gguf_serve "unit" test_gguf_serve ${GGUF_FIXTURE_DIR})
+set_tests_properties(gguf_serve PROPERTIES FIXTURES_REQUIRED gguf)

@@ -10,6 +10,8 @@ Files written to OUTDIR:
   expected.<TYPE>.f32 gguf-py's dequantization of t.<TYPE>, raw little-endian float32
   nested.gguf         an array of arrays (rejected)
   tok.gguf            a tiny SentencePiece-style vocabulary in tokenizer.ggml.* metadata
+  tiny_gemma3.gguf    a one-layer Gemma 3 with Q8_0 matrices and that vocabulary (served
+                      natively by test_gguf: checkpoint_gguf.c, the model with blocks)
 Quantized tensors hold random block bytes (every bit pattern of quants and packed scales) with
 finite random f16 scale fields, so the test covers the layouts, not only what a quantizer
 emits. Exits 77 (skip) when gguf or numpy is not installed.
@@ -137,7 +139,62 @@ def main():
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    write_tiny_gemma3(os.path.join(out, "tiny_gemma3.gguf"), rng, toks)
     print(f"gguf_setup: wrote fixtures to {out}")
+
+
+def write_tiny_gemma3(path, rng, toks):
+    """A one-layer Gemma 3 with Q8_0 matrices (quantized by gguf-py from random weights) and the
+    tiny vocabulary: d_model 64, 2 query heads and 1 KV head of 48, d_ff 128. Its attention
+    output (64, 96) split for tp 2 gives 48 columns per rank, which cuts the 32-element blocks:
+    checkpoint_gguf's refusal case."""
+    d, hd, nh, ff, vocab = 64, 48, 2, 128, len(toks)
+    w = gguf.GGUFWriter(path, arch="gemma3")
+    w.add_context_length(128)
+    w.add_embedding_length(d)
+    w.add_block_count(1)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(nh)
+    w.add_head_count_kv(1)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_sliding_window(32)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([t[0] for t in toks])
+    w.add_token_scores([t[1] for t in toks])
+    w.add_token_types([t[2] for t in toks])
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+
+    def mat(name, rows, cols, scale):
+        x = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        w.add_tensor(name, gguf.quants.quantize(x, Q.Q8_0), raw_dtype=Q.Q8_0)
+
+    def norm(name, n):  # llama.cpp's Gemma norms already hold the +1
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    mat("token_embd.weight", vocab, d, 0.5)
+    norm("blk.0.attn_norm.weight", d)
+    mat("blk.0.attn_q.weight", nh * hd, d, d ** -0.5)
+    mat("blk.0.attn_k.weight", hd, d, d ** -0.5)
+    mat("blk.0.attn_v.weight", hd, d, d ** -0.5)
+    norm("blk.0.attn_q_norm.weight", hd)
+    norm("blk.0.attn_k_norm.weight", hd)
+    mat("blk.0.attn_output.weight", d, nh * hd, (nh * hd) ** -0.5)
+    norm("blk.0.post_attention_norm.weight", d)
+    norm("blk.0.ffn_norm.weight", d)
+    mat("blk.0.ffn_gate.weight", ff, d, d ** -0.5)
+    mat("blk.0.ffn_up.weight", ff, d, d ** -0.5)
+    mat("blk.0.ffn_down.weight", d, ff, ff ** -0.5)
+    norm("blk.0.post_ffw_norm.weight", d)
+    norm("output_norm.weight", d)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ static struct format format_of(enum dtype t)
     case DTYPE_F32: return (struct format){24, -126, 0x1.fffffep127};
     case DTYPE_BF16: return (struct format){8, -126, 0x1.fep127};
     case DTYPE_F16: return (struct format){11, -14, 65504.0};
-    case DTYPE_I32: break;
+    default: break; /* i32 and the block dtypes */
     }
     CHECK(0, "not a float dtype: %d", (int)t);
 }
@@ -116,7 +116,7 @@ void fmt_store(void *bits, enum dtype t, size_t i, double v)
         return;
     }
     case DTYPE_F16: ((uint16_t *)bits)[i] = f16_encode(v); return;
-    case DTYPE_I32: break;
+    default: break; /* i32 and the block dtypes */
     }
     CHECK(0, "not a float dtype: %d", (int)t);
 }
@@ -132,7 +132,7 @@ double fmt_load(const void *bits, enum dtype t, size_t i)
         return f;
     }
     case DTYPE_F16: return f16_decode(((const uint16_t *)bits)[i]);
-    case DTYPE_I32: break;
+    default: break; /* i32 and the block dtypes */
     }
     CHECK(0, "not a float dtype: %d", (int)t);
 }

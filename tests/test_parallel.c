@@ -110,6 +110,7 @@ static double tolerance(enum dtype dt, int size)
     case DTYPE_BF16: return (1.0 / 256) * size;
     case DTYPE_F16: return (1.0 / 2048) * size;
     case DTYPE_I32: return 0;
+    default: break;
     }
     return 0;
 }

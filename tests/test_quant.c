@@ -12,7 +12,13 @@
  *     scalar one within f32 reassociation;
  *   - odd shapes (m 1, 3, 17; n 1, 7, 33; k one block and several), one and two threads, the
  *     scratch passed or allocated, guard bytes after y and the scratch, y finite.
- * Not here: speed (tests/bench_quant.c). Exits 1 on any failure. */
+ *   - through the op interface (kernels/ops.h, CPU backend at 1 and 2 threads): op_matmul with a
+ *     block-quantized w (DTYPE_Q*), with and without a bias, equals quant_matmul (plus the bias)
+ *     bit for bit, guard bytes after y intact; op_embedding from a quantized table equals
+ *     quant_dequantize_row per row and zeroes ids outside the shard; tensor_nbytes and
+ *     tensor_rows_at of block tensors count real bytes.
+ * Not here: speed (tests/bench_quant.c); whole models (tests/test_gguf_serve.c). Exits 1 on any
+ * failure. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdint.h>
@@ -23,6 +29,7 @@
 
 #include "check.h"
 #include "gguf.h"
+#include "ops.h"
 #include "quant.h"
 #include "tensor.h"
 
@@ -332,6 +339,64 @@ static void check_type(enum quant_type t)
     }
 }
 
+/* op_matmul / op_embedding with w of type t on the CPU backend against quant.h directly. */
+static void check_backend_ops(struct backend *b, int n_threads, enum quant_type t)
+{
+    const enum dtype dt = (enum dtype)dtype_of_quant_type((uint32_t)t);
+    const int bs = quant_block_size(t);
+    const int64_t n = 37, k = bs == 32 ? 9 * bs : 3 * bs, row = (int64_t)quant_row_bytes(t, k);
+    uint8_t *w = malloc((size_t)(n * row));
+    fill_blocks(t, w, n * row / (int64_t)quant_block_bytes(t));
+    struct tensor wt = tensor_make(w, dt, DEVICE_CPU, 2, n, k);
+    struct tensor w3 = tensor_rows_at(&wt, 3, 2);
+    int ok_geom = tensor_nbytes(&wt) == (size_t)(n * row) && tensor_row_bytes(&wt) == (size_t)row &&
+                  w3.data == w + 3 * row && dtype_quant_type(dt) == (uint32_t)t;
+    float bias[37];
+    for (int j = 0; j < n; j++) bias[j] = (float)(rnd_uniform() - 0.5);
+    struct tensor bt = tensor_make(bias, DTYPE_F32, DEVICE_CPU, 1, n);
+    int ok_mm = 1;
+    static const int64_t ms[] = {1, 5, 64};
+    for (int im = 0; im < 3; im++)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            const int64_t m = ms[im];
+            float *x = malloc((size_t)(m * k) * sizeof *x), *ref = malloc((size_t)(m * n) * sizeof *ref);
+            float *y = malloc((size_t)(m * n) * sizeof *y + GUARD);
+            for (int64_t i = 0; i < m * k; i++) x[i] = (float)(rnd_uniform() * 4 - 2);
+            memset(y + m * n, GUARD_BYTE, GUARD);
+            struct tensor xt = tensor_make(x, DTYPE_F32, DEVICE_CPU, 2, m, k);
+            struct tensor yt = tensor_make(y, DTYPE_F32, DEVICE_CPU, 2, m, n);
+            op_matmul(b, &yt, &xt, &wt, with_bias ? &bt : NULL);
+            quant_matmul(t, ref, x, w, m, n, k, NULL, n_threads);
+            for (int64_t i = 0; with_bias && i < m; i++)
+                for (int64_t j = 0; j < n; j++) ref[i * n + j] += bias[j];
+            ok_mm &= memcmp(y, ref, (size_t)(m * n) * sizeof *y) == 0 && guard_ok((uint8_t *)(y + m * n));
+            free(x);
+            free(ref);
+            free(y);
+        }
+    /* Embedding: ids inside the shard [10, 10 + n) and outside it. */
+    int32_t ids[5] = {10, 46, 9, 47, 20};
+    float *out = malloc((size_t)(5 * k) * sizeof *out + GUARD), *want = malloc((size_t)k * sizeof *want);
+    memset(out + 5 * k, GUARD_BYTE, GUARD);
+    struct tensor it = tensor_make(ids, DTYPE_I32, DEVICE_CPU, 1, (int64_t)5);
+    struct tensor ot = tensor_make(out, DTYPE_F32, DEVICE_CPU, 2, (int64_t)5, k);
+    op_embedding(b, &ot, &wt, &it, 10);
+    int ok_emb = guard_ok((uint8_t *)(out + 5 * k));
+    for (int i = 0; i < 5; i++) {
+        const int64_t r = ids[i] - 10;
+        if (r >= 0 && r < n) quant_dequantize_row(t, w + r * row, want, k);
+        else memset(want, 0, (size_t)k * sizeof *want);
+        ok_emb &= memcmp(out + i * k, want, (size_t)k * sizeof *want) == 0;
+    }
+    check(ok_geom && ok_mm && ok_emb,
+          "%s through the CPU backend (%d threads): tensor geometry %s, op_matmul == quant_matmul "
+          "(+ bias) for m 1/5/64 %s, op_embedding rows == quant_dequantize_row, other shards' ids zero %s",
+          quant_type_name(t), n_threads, ok_geom ? "ok" : "WRONG", ok_mm ? "ok" : "WRONG", ok_emb ? "ok" : "WRONG");
+    free(out);
+    free(want);
+    free(w);
+}
+
 int main(void)
 {
     snprintf(tmp_path, sizeof tmp_path, "/tmp/test_quant_%d.gguf", (int)getpid());
@@ -346,6 +411,12 @@ int main(void)
     quant_matmul(QUANT_TYPE_Q8_0, y, NULL, NULL, 1, 2, 0, NULL, 1);
     quant_matmul(QUANT_TYPE_Q8_0, y + 2, NULL, NULL, 0, 5, 32, NULL, 1);
     check(y[0] == 0.0f && y[1] == 0.0f && y[2] == 3.0f, "k == 0 zeroes y; m == 0 writes nothing");
+    for (int nt = 1; nt <= 2; nt++) {
+        struct backend *b = NULL;
+        CHECK(backend_open(DEVICE_CPU, 0, nt, &b) == STATUS_OK, "cpu backend");
+        for (int i = 0; i < N_TYPES; i++) check_backend_ops(b, nt, types[i]);
+        backend_close(b);
+    }
     unlink(tmp_path);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "checkpoint_impl.h"
+#include "quant.h"
 #include "safetensors.h"
 
 void checkpoint_pp_layers(int n_layers, int pp_size, int pp_rank, int *first, int *count)
@@ -59,6 +60,7 @@ struct ck_slice {
 
 static const char *ck_where(const struct checkpoint *ck, int fi)
 {
+    if (ck->files->gguf) return "the GGUF file";
     return fi >= 0 ? ck->files->file_names[fi] : CK_HF_INDEX;
 }
 
@@ -153,6 +155,25 @@ static enum status ck_source_hf_gpt2(const struct checkpoint *ck, enum weight_ki
     return ck_part(ck, s, ck_hf_file(ck), name, ndim, d0, d1);
 }
 
+/* GGUF (llama.cpp names): every tensor as it is; shapes are already (out, in). */
+static enum status ck_source_gguf(const struct checkpoint *ck, enum weight_kind kind, int l,
+                                  struct ck_source *s)
+{
+    const struct weight_names *w = weight_names_of(kind);
+    if (!w->gguf)
+        return status_errorf(STATUS_UNSUPPORTED, "%s: shardlm has no GGUF name for weight %s",
+                             ck->files->dir, weight_kind_name(kind));
+    char name[CK_NAME];
+    (void)weight_names_format(name, sizeof name, NULL, w->gguf, l);
+    s->mode = CK_DIRECT;
+    s->off = 0;
+    enum status st = ck_part(ck, s, 0, name, s->ndim, s->rows, s->cols);
+    if (st == STATUS_OK && s->ndim != 2 && dtype_is_quant(s->part[0]->dtype)) /* rows of blocks only */
+        return status_errorf(STATUS_UNSUPPORTED, "%s: vector %s is stored as %s, which shardlm does not load",
+                             ck->files->dir, name, dtype_name(s->part[0]->dtype));
+    return st;
+}
+
 /* Megatron-style: the tensor of every saved tp rank of the stage that holds the weight. */
 static enum status ck_source_megatron(const struct checkpoint *ck, enum weight_kind kind, int l,
                                       struct ck_source *s)
@@ -225,6 +246,7 @@ static enum status ck_source(const struct checkpoint *ck, enum weight_kind kind,
     if (kind == WEIGHT_KIND_LM_HEAD && ck->cfg.tied_embeddings) kind = WEIGHT_KIND_TOK_EMBEDDING;
     weight_kind_shape(&ck->cfg, kind, &s->ndim, &s->rows, &s->cols);
     if (ck->layout == CHECKPOINT_LAYOUT_MEGATRON) return ck_source_megatron(ck, kind, l, s);
+    if (ck->layout == CHECKPOINT_LAYOUT_GGUF) return ck_source_gguf(ck, kind, l, s);
     if (ck->cfg.family == MODEL_FAMILY_GPT2) return ck_source_hf_gpt2(ck, kind, l, s);
     return ck_source_hf_llama(ck, kind, l, s);
 }
@@ -331,6 +353,43 @@ static enum status ck_plan(const struct model_config *c, enum weight_kind kind, 
     return STATUS_OK;
 }
 
+/* ---- block-quantized weights (GGUF) -------------------------------------------------------- */
+
+/* Bytes of a row of n elements of block dtype dt. */
+static size_t ck_block_bytes(enum dtype dt, int64_t n)
+{
+    return quant_row_bytes((enum quant_type)dtype_quant_type(dt), n);
+}
+
+/* Byte offset of element e (at a block boundary) in a CK_DIRECT part of block dtype dt. */
+static size_t ck_block_offset(const struct ck_source *src, enum dtype dt, int64_t e)
+{
+    const int64_t row = e / src->scols, col = e % src->scols;
+    return (size_t)row * ck_block_bytes(dt, src->scols) + ck_block_bytes(dt, col);
+}
+
+/* A slice handed out as blocks: the weight must be stored in that block dtype, a matrix, and
+ * the slice's columns must start and end on block boundaries (a tp split of O or DOWN at a
+ * column inside a block cannot be served without requantizing). */
+static enum status ck_check_blocks(const struct checkpoint *ck, enum weight_kind kind, int layer,
+                                   int tp_size, enum dtype dtype, const struct ck_source *src,
+                                   const struct ck_slice *sl)
+{
+    const struct st_tensor *t = src->part[0];
+    if (t->dtype != dtype || src->mode != CK_DIRECT || sl->ndim != 2)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: weight %s of layer %d is stored as %s, not %s blocks",
+                             ck->files->dir, weight_kind_name(kind), layer, dtype_name(t->dtype),
+                             dtype_name(dtype));
+    const int bs = quant_block_size(dtype_quant_type(dtype));
+    if (sl->c0 % bs || sl->nc % bs)
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: weight %s of layer %d (%s) cannot be split for tp %d: its slice of "
+                             "columns [%lld, %lld) would cut its %d-element blocks",
+                             ck->files->dir, weight_kind_name(kind), layer, dtype_name(dtype), tp_size,
+                             (long long)sl->c0, (long long)(sl->c0 + sl->nc), bs);
+    return STATUS_OK;
+}
+
 /* Validates a request, plans the slice, locates the source and fills *out (data set only when
  * zero-copy is possible). */
 static enum status ck_prepare(struct checkpoint *ck, enum weight_kind kind, int layer, int tp_rank,
@@ -349,18 +408,20 @@ static enum status ck_prepare(struct checkpoint *ck, enum weight_kind kind, int 
         return status_errorf(STATUS_INVALID_ARGUMENT, "checkpoint %s: layer %d of %d", ck->files->dir,
                              layer, c->n_layers);
     if (!weight_kind_per_layer(kind)) layer = 0;
-    if (!dtype_is_float(dtype))
+    if (!dtype_is_float(dtype) && !dtype_is_quant(dtype))
         return status_errorf(STATUS_INVALID_ARGUMENT, "weights convert to float dtypes, not %s",
                              dtype_name(dtype));
     if ((s = ck_plan(c, kind, tp_rank, tp_size, sl))) return s;
     if ((s = ck_source(ck, kind, layer, src))) return s;
+    if (dtype_is_quant(dtype) && (s = ck_check_blocks(ck, kind, layer, tp_size, dtype, src, sl))) return s;
 
     out->dtype = dtype;
     out->stored_dtype = src->part[0]->dtype;
     out->ndim = sl->ndim;
     out->shape[0] = sl->nr;
     out->shape[1] = sl->ndim == 2 ? sl->nc : 0;
-    out->nbytes = (size_t)(sl->nr * sl->nc) * dtype_size(dtype);
+    out->nbytes = dtype_is_quant(dtype) ? (size_t)sl->nr * ck_block_bytes(dtype, sl->nc)
+                                        : (size_t)(sl->nr * sl->nc) * dtype_size(dtype);
     out->row_start = sl->r0;
     out->col_start = sl->c0;
     out->rows_valid = sl->rows_valid;
@@ -379,8 +440,14 @@ static enum status ck_prepare(struct checkpoint *ck, enum weight_kind kind, int 
         next += sl->nc;
     }
     const struct st_tensor *t = src->part[p0];
+    if (t->dtype != dtype) return STATUS_OK;
+    if (dtype_is_quant(dtype)) { /* blocks need 2-byte alignment, which GGUF data has */
+        out->zero_copy = 1;
+        out->data = (const unsigned char *)t->data + ck_block_offset(src, dtype, e0);
+        return STATUS_OK;
+    }
     const unsigned char *data = (const unsigned char *)t->data + e0 * (int64_t)dtype_size(t->dtype);
-    if (t->dtype != dtype || (uintptr_t)data % dtype_size(dtype)) return STATUS_OK;
+    if ((uintptr_t)data % dtype_size(dtype)) return STATUS_OK;
     out->zero_copy = 1;
     out->data = data;
     return STATUS_OK;
@@ -414,6 +481,54 @@ static enum status ck_get_from_source(struct checkpoint *ck, enum weight_kind ki
     return s;
 }
 
+/* The slice as blocks, row by row (block boundaries checked by ck_check_blocks): the column
+ * slices of row-parallel weights, and vocabulary padding, whose zero bytes are zero blocks
+ * (every scale zero). */
+static void ck_get_blocks(const struct ck_source *src, const struct ck_slice *sl, enum dtype dt,
+                          void *buf)
+{
+    const size_t row_bytes = ck_block_bytes(dt, sl->nc);
+    const struct st_tensor *t = src->part[0];
+    for (int64_t i = 0; i < sl->nr; i++) {
+        unsigned char *row = (unsigned char *)buf + (size_t)i * row_bytes;
+        if (i >= sl->rows_valid) {
+            memset(row, 0, row_bytes);
+            continue;
+        }
+        const size_t off = ck_block_offset(src, dt, (src->off + sl->r0 + i) * src->scols + sl->c0);
+        CHECK(off + row_bytes <= t->nbytes, "tensor %s: row %lld out of range", t->name, (long long)(sl->r0 + i));
+        memcpy(row, (const unsigned char *)t->data + off, row_bytes);
+    }
+}
+
+/* The slice of a block-quantized weight in a float dtype: each source row dequantized whole
+ * (bit-exact with ggml), then its columns converted. */
+static enum status ck_get_dequantized(const struct ck_source *src, const struct ck_slice *sl,
+                                      enum weight_kind kind, enum dtype dtype, void *buf,
+                                      struct host_weight *out)
+{
+    const struct st_tensor *t = src->part[0];
+    const enum quant_type qt = (enum quant_type)dtype_quant_type(t->dtype);
+    CHECK(src->mode == CK_DIRECT, "weight %s: blocks only in direct layouts", weight_kind_name(kind));
+    float *tmp = malloc((size_t)src->scols * sizeof *tmp);
+    if (!tmp) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "weight %s: out of memory", weight_kind_name(kind));
+    const size_t es = dtype_size(dtype), src_row = ck_block_bytes(t->dtype, src->scols);
+    for (int64_t i = 0; i < sl->nr; i++) {
+        unsigned char *row = (unsigned char *)buf + (size_t)(i * sl->nc) * es;
+        if (i >= sl->rows_valid) {
+            memset(row, 0, (size_t)sl->nc * es);
+            continue;
+        }
+        const int64_t r = src->off + sl->r0 + i;
+        CHECK((size_t)(r + 1) * src_row <= t->nbytes, "tensor %s: row %lld out of range", t->name, (long long)r);
+        quant_dequantize_row(qt, (const unsigned char *)t->data + (size_t)r * src_row, tmp, src->scols);
+        safetensors_gather(row, dtype, tmp + sl->c0, DTYPE_F32, (size_t)sl->nc, 1);
+    }
+    free(tmp);
+    out->data = buf;
+    return STATUS_OK;
+}
+
 enum status checkpoint_describe(struct checkpoint *ck, enum weight_kind kind, int layer,
                                 int tp_rank, int tp_size, enum dtype dtype,
                                 struct host_weight *out)
@@ -434,14 +549,23 @@ enum status checkpoint_get(struct checkpoint *ck, enum weight_kind kind, int lay
     if (out->zero_copy && (flags & CHECKPOINT_GET_ZERO_COPY_OK) && !ck->source) return STATUS_OK;
     out->zero_copy = 0;
     out->data = NULL;
-    size_t es = dtype_size(dtype);
     if (!buf || buf_size < out->nbytes)
         return status_errorf(STATUS_INVALID_ARGUMENT, "weight %s: needs a %zu-byte buffer, got %zu",
                              weight_kind_name(kind), out->nbytes, buf ? buf_size : 0);
+    if (dtype_is_quant(dtype)) {
+        if (ck->source)
+            return status_errorf(STATUS_UNSUPPORTED, "weight %s: a memory source has no %s blocks",
+                                 weight_kind_name(kind), dtype_name(dtype));
+        ck_get_blocks(&src, &sl, dtype, buf);
+        out->data = buf;
+        return STATUS_OK;
+    }
+    size_t es = dtype_size(dtype);
     if ((uintptr_t)buf % es)
         return status_errorf(STATUS_INVALID_ARGUMENT, "weight %s: buffer not aligned to %zu bytes",
                              weight_kind_name(kind), es);
     if (ck->source) return ck_get_from_source(ck, kind, layer, dtype, &sl, buf, out);
+    if (dtype_is_quant(src.part[0]->dtype)) return ck_get_dequantized(&src, &sl, kind, dtype, buf, out);
     unsigned char *dst = buf;
     for (int64_t i = 0; i < sl.nr; i++) {
         unsigned char *row = dst + (size_t)(i * sl.nc) * es;

@@ -7,8 +7,11 @@
  * checkpoint_write_megatron writes the Megatron-style layout from any source (the `reshard`
  * subcommand).
  *
- * Implemented in checkpoint_open.c (opening the three layouts), checkpoint.c (locating and
- * slicing weights) and checkpoint_write.c (the two writers); every tensor name comes from the
+ * A llama.cpp GGUF file opens the same way (checkpoint_open below), its quantized matrices
+ * served as blocks.
+ *
+ * Implemented in checkpoint_open.c (opening the three layouts), checkpoint_gguf.c (a GGUF file),
+ * checkpoint.c (locating and slicing weights) and checkpoint_write.c (the two writers); every tensor name comes from the
  * one table of weight_names.h, which also defines enum weight_kind.
  * Not here: device memory and model structs (engine/model), config.json fields (config.c), the
  * file format itself (safetensors.c).
@@ -115,6 +118,7 @@ enum checkpoint_layout {
     CHECKPOINT_LAYOUT_HF,          /* model.safetensors */
     CHECKPOINT_LAYOUT_HF_SHARDED,  /* model.safetensors.index.json + shards */
     CHECKPOINT_LAYOUT_MEGATRON,    /* shardlm_megatron.json + mp_rank_TT_PPP/ */
+    CHECKPOINT_LAYOUT_GGUF,        /* one llama.cpp .gguf file (checkpoint_gguf.c) */
 };
 
 struct checkpoint_files; /* private */
@@ -133,6 +137,10 @@ struct checkpoint {
     struct checkpoint_files *files;
     checkpoint_source_fn    source;  /* NULL: the files; see checkpoint_set_source */
     void                   *source_ctx;
+    /* GGUF: the SentencePiece ModelProto built from the tokenizer metadata (owned; load it with
+     * tokenizer_load_from_memory). NULL for directories, which hold a tokenizer.model. */
+    void                   *tokenizer_proto;
+    size_t                  tokenizer_proto_n;
 };
 
 /* Makes checkpoint_get (and so both writers) take every tensor's values from fn instead of the
@@ -151,6 +159,17 @@ void checkpoint_set_source(struct checkpoint *ck, checkpoint_source_fn fn, void 
  * file, and expected and found shapes), STATUS_UNSUPPORTED (a dtype shardlm does not load, a
  * newer metadata version). On success *out owns the mappings; checkpoint_close frees. */
 enum status checkpoint_open(const char *dir, struct checkpoint **out);
+/* dir may also be a llama.cpp GGUF file (a regular file whose first bytes are "GGUF"): then the
+ * config comes from its metadata (gguf_model_config: Gemma 3 only, for now), the tokenizer from
+ * its tokenizer.ggml.* keys (tokenizer_proto), and the weights from the mapped file under
+ * their llama.cpp names (weight_names.c). F32/F16/BF16 tensors behave as safetensors ones.
+ * Block-quantized tensors (Q4_0 ... Q6_K) have stored_dtype DTYPE_Q*: requested in a float
+ * dtype they are dequantized (bit-exact with ggml); requested in their own DTYPE_Q* they are
+ * handed out as blocks, zero-copy when the slice is whole rows (tp slices of Q, K, V, gate,
+ * up, the vocabulary), else copied block by block (the column slices of O and DOWN). A slice
+ * that would cut a block (a tp column split not a multiple of the block size) is
+ * STATUS_UNSUPPORTED naming the weight; other tensor types are STATUS_UNSUPPORTED at open.
+ * The writers refuse a GGUF source (`shardlm convert gguf` writes a directory). */
 /* Unmaps everything; accepts NULL. Zero-copy pointers handed out die here. */
 void        checkpoint_close(struct checkpoint *ck);
 
@@ -165,7 +184,7 @@ struct host_weight {
                                  zero_copy (valid until checkpoint_close), else the caller's buf;
                                  NULL from checkpoint_describe when not zero_copy */
     enum dtype  dtype;        /* the requested dtype */
-    enum dtype  stored_dtype; /* the dtype in the file */
+    enum dtype  stored_dtype; /* the dtype in the file (a DTYPE_Q* for GGUF blocks) */
     int         ndim;         /* 1 or 2 */
     int64_t     shape[2];     /* of the slice (shape[1] unused when ndim == 1) */
     size_t      nbytes;
@@ -181,9 +200,11 @@ struct host_weight {
 /* Describes the slice of weight `kind` of global layer `layer` (ignored for kinds that are not
  * per layer) for tensor rank tp_rank of tp_size, in `dtype`: shape, bytes, and whether it can be
  * served zero-copy (no conversion, one contiguous run in one file, aligned to the element
- * size; data is then set). STATUS_INVALID_ARGUMENT for a weight the model lacks, a layer or
- * rank out of range or an integer dtype; STATUS_UNSUPPORTED for a tp_size that does not
- * partition the model. */
+ * size; data is then set). dtype is a float dtype, or the weight's own stored DTYPE_Q* (blocks
+ * as stored; nbytes is then rows * quant_row_bytes(cols)). STATUS_INVALID_ARGUMENT for a weight
+ * the model lacks, a layer or rank out of range, an integer dtype or a block dtype the weight
+ * is not stored in; STATUS_UNSUPPORTED for a tp_size that does not partition the model or
+ * that would cut a block. */
 enum status checkpoint_describe(struct checkpoint *ck, enum weight_kind kind, int layer,
                                 int tp_rank, int tp_size, enum dtype dtype,
                                 struct host_weight *out);

@@ -1,8 +1,8 @@
 /* engine/formats/checkpoint_impl.h - what the checkpoint files share: the private part of an open
  * checkpoint (its mapped files and name index), the layout's file names and limits, and the
  * path and JSON helpers. Private to engine/formats: checkpoint.c (locating and slicing
- * weights), checkpoint_open.c (opening the three layouts) and checkpoint_write.c (the
- * writers) include it; nothing else does.
+ * weights), checkpoint_open.c (opening the three directory layouts), checkpoint_gguf.c (a GGUF
+ * file as a checkpoint) and checkpoint_write.c (the writers) include it; nothing else does.
  * Not here: the public contract (checkpoint.h), weight names (weight_names.h).
  * Tests: tests/test_formats.c. */
 #ifndef SHARDLM_CHECKPOINT_IMPL_H
@@ -45,6 +45,10 @@ struct checkpoint_files {
     const char          *hf_head;     /* the untied LM head: "lm_head.weight" or
                                          "language_model.lm_head.weight" */
     int                  padded_vocab;    /* Megatron */
+    struct gguf         *gguf;        /* GGUF layout: the mapped file, else NULL */
+    struct st_tensor    *gguf_tensors; /* (gguf_n_tensors) the file's tensors described as
+                                          safetensors ones, in file order (dtype DTYPE_Q* for
+                                          blocks), so that the slicing code serves both */
     int                  stage_first[CK_MAX_PP + 1];
 };
 
@@ -58,6 +62,15 @@ enum status ck_read_json(const char *path, cJSON **out);
 /* Tensor `name` in file fi (Megatron, single-file HF) or in the weight map (fi < 0); NULL when
  * absent. */
 const struct st_tensor *ck_try(const struct checkpoint *ck, int fi, const char *name);
+
+/* checkpoint_gguf.c */
+/* Opens the GGUF file ck->files->dir: config, tokenizer proto, tensor table. */
+enum status ck_open_gguf(struct checkpoint *ck);
+/* The tensor called name, or NULL. */
+const struct st_tensor *ck_gguf_find(const struct checkpoint *ck, const char *name);
+/* 1 when path is a regular file that starts with the GGUF magic. */
+int ck_is_gguf(const char *path);
+void ck_close_gguf(struct checkpoint_files *cf);
 
 /* checkpoint.c */
 /* Locates weight kind of layer l (one the model has) in the files and checks its shape and

@@ -1,7 +1,8 @@
 /* engine/formats/checkpoint_open.c - opening a checkpoint directory: config.json, then the
  * weights in whichever layout is there (shardlm_megatron.json and its rank folders,
- * model.safetensors, or model.safetensors.index.json and its shards), every file mapped once
- * and every weight located and checked before checkpoint_open returns (checkpoint.h).
+ * model.safetensors, or model.safetensors.index.json and its shards), or a GGUF file
+ * (checkpoint_gguf.c), every file mapped once and every weight located and checked before
+ * checkpoint_open returns (checkpoint.h).
  * Not here: where a weight lives inside a layout and slicing (checkpoint.c), writing
  * (checkpoint_write.c).
  * Tests: tests/test_formats.c (the three layouts, missing and inconsistent files). */
@@ -89,6 +90,7 @@ static int ck_cmp_name(const void *a, const void *b)
 const struct st_tensor *ck_try(const struct checkpoint *ck, int fi, const char *name)
 {
     const struct checkpoint_files *cf = ck->files;
+    if (cf->gguf) return ck_gguf_find(ck, name);
     if (fi >= 0) return safetensors_find(cf->files[fi], name);
     struct ck_name key = {.name = name};
     const struct ck_name *e = bsearch(&key, cf->names, (size_t)cf->n_names, sizeof key, ck_cmp_name);
@@ -290,6 +292,11 @@ enum status checkpoint_open(const char *dir, struct checkpoint **out)
     cf->hf_prefix = "model.";
     cf->hf_head = "lm_head.weight";
     ck->saved_tp = ck->saved_pp = 1;
+    if (ck_is_gguf(dir)) {
+        ck->layout = CHECKPOINT_LAYOUT_GGUF;
+        if ((s = ck_open_gguf(ck))) goto out;
+        goto locate;
+    }
     if (!ck_is_dir(dir)) {
         s = status_errorf(STATUS_NOT_FOUND, "checkpoint %s: no such directory", dir);
         goto out;
@@ -334,6 +341,7 @@ enum status checkpoint_open(const char *dir, struct checkpoint **out)
         }
     }
 
+locate:
     /* Locate and check every weight now, so that checkpoint_get cannot fail on the format. */
     for (int k = 0; k < WEIGHT_KIND_COUNT; k++) {
         if (!weight_kind_exists(&ck->cfg, (enum weight_kind)k)) continue;
@@ -344,6 +352,7 @@ enum status checkpoint_open(const char *dir, struct checkpoint **out)
     LOG_DEBUG("checkpoint", "%s: %s, %d file(s), tp %d pp %d as saved", dir,
               ck->layout == CHECKPOINT_LAYOUT_MEGATRON ? "megatron"
               : ck->layout == CHECKPOINT_LAYOUT_HF     ? "hf"
+              : ck->layout == CHECKPOINT_LAYOUT_GGUF   ? "gguf"
                                                        : "hf sharded",
               cf->n_files, ck->saved_tp, ck->saved_pp);
     *out = ck;
@@ -365,8 +374,10 @@ void checkpoint_close(struct checkpoint *ck)
         free(cf->files);
         free(cf->file_names);
         free(cf->names);
+        if (cf->gguf) ck_close_gguf(cf);
         free(cf->dir);
         free(cf);
     }
+    free(ck->tokenizer_proto);
     free(ck);
 }

@@ -323,12 +323,21 @@ out:
     return s;
 }
 
+/* The writers keep each tensor's stored dtype, and safetensors has no ggml blocks. */
+static enum status ck_refuse_gguf(const struct checkpoint *src)
+{
+    return status_errorf(STATUS_UNSUPPORTED,
+                         "%s is a GGUF file: `shardlm convert gguf` writes it as a checkpoint directory, "
+                         "which reshards and saves like any other", src->files->dir);
+}
+
 enum status checkpoint_write_megatron(const char *dir_out, struct checkpoint *src, int tp_size,
                                       int pp_size)
 {
     const struct model_config *c = &src->cfg;
     enum status s;
     char meta[CK_PATH];
+    if (src->layout == CHECKPOINT_LAYOUT_GGUF) return ck_refuse_gguf(src);
     if (tp_size < 1 || tp_size > 99 || pp_size < 1 || pp_size > CK_MAX_PP)
         return status_errorf(STATUS_INVALID_ARGUMENT, "tp size %d / pp size %d out of range (1..99 / 1..%d)",
                              tp_size, pp_size, CK_MAX_PP);
@@ -440,6 +449,7 @@ static int hfw_name(const struct model_config *c, enum weight_kind kind, int l, 
 enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
 {
     const struct model_config *c = &src->cfg;
+    if (src->layout == CHECKPOINT_LAYOUT_GGUF) return ck_refuse_gguf(src);
     if (c->family != MODEL_FAMILY_LLAMA && c->family != MODEL_FAMILY_GEMMA3 && c->family != MODEL_FAMILY_GPT2)
         return status_errorf(STATUS_UNSUPPORTED,
                              "writing the Hugging Face layout is implemented for Llama-family models "

@@ -2,6 +2,7 @@
  * gguf_convert.h). The model's meaning comes from llama.cpp's gemma3 loader and its
  * convert_hf_to_gguf.py (Gemma3Model), inverted here; the tensor names of both sides come from
  * the one table (weight_names.c: its gguf and hf columns).
+ * gguf_model_config is also what checkpoint_gguf.c serves a GGUF file with.
  * Not here: reading GGUF (gguf.c, gguf_tensor.c), the tokenizer proto (gguf_tokenizer.c).
  * Tests: none automated without a real GGUF (gguf_convert.h); checked by hand on
  * gemma-3-270m-q4_k_m.gguf (docs/models.md), and by golden_gemma3 when that file is fetched. */
@@ -97,8 +98,7 @@ static enum status gc_token_id(const struct gguf *g, const char *key, int vocab,
     return STATUS_OK;
 }
 
-/* The Gemma3ForCausalLM config that the metadata describes. */
-static enum status gc_config(const struct gguf *g, enum dtype dtype, struct model_config *c)
+enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct model_config *c)
 {
     enum status s;
     const char *path = gguf_path(g), *arch = NULL;
@@ -229,7 +229,7 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
                              dtype_name(out_dtype));
     if (snprintf(path, sizeof path, "%s/model.safetensors", out_dir) >= (int)sizeof path)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", out_dir);
-    if ((s = gguf_open(gguf_path, &g)) || (s = gc_config(g, out_dtype, &c))) goto out;
+    if ((s = gguf_open(gguf_path, &g)) || (s = gguf_model_config(g, out_dtype, &c))) goto out;
     /* The tokenizer first: cheap, and it fails early on a file that has none. */
     if ((s = gguf_tokenizer_model_proto(g, &proto, &proto_n))) goto out;
     if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {

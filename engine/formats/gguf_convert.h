@@ -34,6 +34,14 @@ extern "C" {
  * STATUS_INVALID_ARGUMENT for an out_dtype other than f32 / bf16; STATUS_IO. */
 enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype out_dtype);
 
+struct gguf;
+struct model_config;
+/* The Gemma3ForCausalLM config that g's metadata describes (what convert writes as config.json,
+ * and what checkpoint_open serves a GGUF file with): norm_weight_offset 0, rope halves, no
+ * q/k permutation, dtype as given. Errors: STATUS_UNSUPPORTED for another architecture, rope
+ * scaling or softcapping; STATUS_BAD_FORMAT for missing or out-of-range metadata (named). */
+enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct model_config *c);
+
 #ifdef __cplusplus
 }
 #endif

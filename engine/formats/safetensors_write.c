@@ -20,6 +20,7 @@ static const char *st_dtype_string(enum dtype t)
     case DTYPE_BF16: return "BF16";
     case DTYPE_F16: return "F16";
     case DTYPE_I32: return "I32";
+    default: break; /* block dtypes have no safetensors name */
     }
     return "?";
 }
@@ -148,6 +149,9 @@ static enum status st_writer_push(struct safetensors_writer *w, const char *name
     if (ndim < 0 || ndim > ST_MAX_DIMS)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: tensor '%s': %d dimensions", w->path, name,
                              ndim);
+    if (dtype_is_quant(dtype))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: tensor '%s': safetensors has no %s blocks",
+                             w->path, name, dtype_name(dtype));
     uint64_t bytes = dtype_size(dtype);
     for (int d = 0; d < ndim; d++) {
         if (shape[d] < 0 || __builtin_mul_overflow(bytes, (uint64_t)shape[d], &bytes))

@@ -84,6 +84,9 @@ struct model {
     struct checkpoint *checkpoint;
     size_t weight_bytes;           /* device bytes of all local weights */
     size_t weight_bytes_mapped;    /* of which served zero-copy from the mapping */
+    size_t weight_bytes_blocks;    /* of which ggml blocks (DTYPE_Q*: GGUF on the CPU) */
+    int keep_blocks;               /* weights stored as ggml blocks are kept so (CPU serving) */
+    int dtype_explicit;            /* loaded with model_load_as and a chosen dtype */
 
     struct model_workspace ws;
     struct train_activations *train; /* model_reserve_train (model_train.c); NULL until then */
@@ -95,18 +98,21 @@ struct model {
     int max_adapter_rank;
 };
 
-/* Loads the checkpoint directory `dir` for this rank's (tp, pp) shard onto b, in the backend's
- * compute dtype (f32 on CPU; bf16 on CUDA unless the checkpoint is f16). par == NULL means a
- * world of one (tp = pp = 1); otherwise the model borrows par's world and groups. On the CPU
- * with an f32 checkpoint, weights that need no conversion point into the checkpoint's
- * read-only mapping instead of being copied. Errors (missing files, bad shapes, a tp that does
+/* Loads the checkpoint directory `dir` (or GGUF file: checkpoint_open) for this rank's (tp, pp)
+ * shard onto b, in the backend's compute dtype (f32 on CPU; bf16 on CUDA unless the checkpoint
+ * is f16). par == NULL means a world of one (tp = pp = 1); otherwise the model borrows par's
+ * world and groups. On the CPU with an f32 checkpoint, weights that need no conversion point
+ * into the checkpoint's read-only mapping instead of being copied; a GGUF's block-quantized
+ * matrices stay blocks (DTYPE_Q*, zero-copy where whole rows), which op_matmul and
+ * op_embedding take; on CUDA they are STATUS_UNSUPPORTED (no kernels yet). Errors (missing files, bad shapes, a tp that does
  * not partition the model) come back as a status with a message; *out is then NULL. The model
  * borrows b. */
 enum status model_load(const char *dir, struct backend *b, const struct model_parallel *par,
                        struct model **out);
 
 /* model_load with a chosen compute dtype (f32, bf16 or f16; -1 = the default above): training
- * computes in f32 on every backend. */
+ * computes in f32 on every backend. With a chosen dtype every weight is in it: GGUF blocks are
+ * dequantized at load. */
 enum status model_load_as(const char *dir, struct backend *b, const struct model_parallel *par,
                           int dtype, struct model **out);
 

@@ -1,5 +1,6 @@
 /* engine/model/model_load.c - model_load: builds a struct model for one (tp, pp) shard from any
- * checkpoint layout through checkpoint_get, in the backend's compute dtype.
+ * checkpoint layout through checkpoint_get, in the backend's compute dtype; GGUF weights stored
+ * as ggml blocks stay blocks on the CPU (mapped zero-copy where the slice is whole rows).
  * Not here: the forward pass and workspace (model.c), file formats (checkpoint.c).
  * Tests: tests/test_model.c. */
 #include <stdlib.h>
@@ -54,13 +55,35 @@ static int64_t first_non_finite(const void *data, enum dtype dt, size_t n)
     return -1;
 }
 
-static enum status check_finite(const struct model *m, const char *dir, enum weight_kind kind, int layer,
+static enum status check_finite(const char *dir, enum weight_kind kind, int layer, enum dtype dt,
                                 const void *data, size_t nbytes)
 {
-    const int64_t at = first_non_finite(data, m->dtype, nbytes / dtype_size(m->dtype));
+    if (dtype_is_quant(dt)) return STATUS_OK; /* blocks: their f16 scales are not scanned */
+    const int64_t at = first_non_finite(data, dt, nbytes / dtype_size(dt));
     if (at < 0) return STATUS_OK;
     return status_errorf(STATUS_BAD_FORMAT, "%s: weight %s of layer %d holds a NaN or Inf (element %lld): the "
                          "checkpoint is corrupt", dir, weight_kind_name(kind), layer, (long long)at);
+}
+
+/* The dtype a weight stored as ggml blocks (GGUF) is loaded in: its own block dtype when the
+ * model keeps blocks (CPU serving) and only op_matmul / op_embedding read it (matrices other
+ * than the learned positions), else m->dtype (dequantized at load: training, merging).
+ * Serving on another backend refuses, since only the CPU has kernels for blocks. */
+static enum status block_dtype(const struct model *m, const char *dir, enum weight_kind kind,
+                               int layer, const struct host_weight *hw, enum dtype *dt)
+{
+    *dt = m->dtype;
+    if (!m->keep_blocks) {
+        if (m->b->device == DEVICE_CPU || m->dtype_explicit) return STATUS_OK;
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: weight %s of layer %d is stored as %s blocks, which only the CPU backend "
+                             "serves (no CUDA kernels for quantized weights yet): serve it with --device cpu, "
+                             "or convert it first (shardlm convert gguf)",
+                             dir, weight_kind_name(kind), layer,
+                             dtype_name(hw->stored_dtype));
+    }
+    if (hw->ndim == 2 && kind != WEIGHT_KIND_POS_EMBEDDING) *dt = hw->stored_dtype;
+    return STATUS_OK;
 }
 
 /* Loads one weight slice into *t on the model's device, refusing NaN and Inf. */
@@ -73,17 +96,25 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     enum status st = checkpoint_describe(m->checkpoint, kind, layer, m->tp_rank, m->tp_size,
                                          m->dtype, &hw);
     if (st != STATUS_OK) return st;
-    *t = hw.ndim == 1 ? tensor_make(NULL, m->dtype, b->device, 1, hw.shape[0])
-                      : tensor_make(NULL, m->dtype, b->device, 2, hw.shape[0], hw.shape[1]);
+    enum dtype dt = m->dtype;
+    if (dtype_is_quant(hw.stored_dtype)) {
+        if ((st = block_dtype(m, stg->dir, kind, layer, &hw, &dt)) != STATUS_OK) return st;
+        if (dt != m->dtype &&
+            (st = checkpoint_describe(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, &hw)) != STATUS_OK)
+            return st;
+    }
+    *t = hw.ndim == 1 ? tensor_make(NULL, dt, b->device, 1, hw.shape[0])
+                      : tensor_make(NULL, dt, b->device, 2, hw.shape[0], hw.shape[1]);
     m->weight_bytes += hw.nbytes;
+    if (dtype_is_quant(dt)) m->weight_bytes_blocks += hw.nbytes;
     if (b->device == DEVICE_CPU && hw.zero_copy && offset == 0.0f) {
         /* The mapping is read-only, and ops only read weights. */
-        st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, m->dtype, NULL, 0,
+        st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, NULL, 0,
                             CHECKPOINT_GET_ZERO_COPY_OK, &hw);
         if (st != STATUS_OK) return st;
         t->data = (void *)hw.data;
         m->weight_bytes_mapped += hw.nbytes;
-        return check_finite(m, stg->dir, kind, layer, hw.data, hw.nbytes);
+        return check_finite(stg->dir, kind, layer, dt, hw.data, hw.nbytes);
     }
     void *dev = NULL;
     if ((st = backend_alloc(b, hw.nbytes, &dev)) != STATUS_OK) return st;
@@ -93,10 +124,10 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     }
     t->data = dev;
     if (b->device == DEVICE_CPU) {
-        st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, m->dtype, dev,
+        st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, dev,
                             hw.nbytes, 0, &hw);
-        if (st == STATUS_OK && offset != 0.0f) add_offset(dev, m->dtype, hw.nbytes / dtype_size(m->dtype), offset);
-        return st == STATUS_OK ? check_finite(m, stg->dir, kind, layer, dev, hw.nbytes) : st;
+        if (st == STATUS_OK && offset != 0.0f) add_offset(dev, dt, hw.nbytes / dtype_size(dt), offset);
+        return st == STATUS_OK ? check_finite(stg->dir, kind, layer, dt, dev, hw.nbytes) : st;
     }
     if (stg->size < hw.nbytes) {
         free(stg->buf);
@@ -108,7 +139,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
                         stg->size, 0, &hw);
     if (st != STATUS_OK) return st;
     if (offset != 0.0f) add_offset(stg->buf, m->dtype, hw.nbytes / dtype_size(m->dtype), offset);
-    if ((st = check_finite(m, stg->dir, kind, layer, stg->buf, hw.nbytes)) != STATUS_OK) return st;
+    if ((st = check_finite(stg->dir, kind, layer, m->dtype, stg->buf, hw.nbytes)) != STATUS_OK) return st;
     backend_upload(b, dev, stg->buf, hw.nbytes);
     return STATUS_OK;
 }
@@ -226,6 +257,10 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     /* CPUs compute in f32; GPUs in bf16, or f16 for checkpoints trained in f16. */
     m->dtype = b->device == DEVICE_CPU ? DTYPE_F32 : (c->dtype == DTYPE_F16 ? DTYPE_F16 : DTYPE_BF16);
     if (dtype >= 0) m->dtype = (enum dtype)dtype;
+    /* GGUF blocks stay blocks when serving on the CPU; a chosen dtype (training, merging)
+     * means every weight in that dtype. */
+    m->dtype_explicit = dtype >= 0;
+    m->keep_blocks = dtype < 0 && b->device == DEVICE_CPU;
 
     /* Local sizes follow the slices the checkpoint hands out (heads, KV replication, vocab). */
     struct host_weight hw;
@@ -248,10 +283,11 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     }
     if ((st = load_weights(m, &stg)) != STATUS_OK) goto fail;
     free(stg.buf);
-    LOG_INFO("model", "loaded %s: %d layers [%d, %d) of %d, tp %d/%d, %s, %.1f MiB of weights (%.1f MiB mapped zero-copy)",
+    LOG_INFO("model", "loaded %s: %d layers [%d, %d) of %d, tp %d/%d, %s, %.1f MiB of weights (%.1f MiB mapped zero-copy, "
+             "%.1f MiB as quantized blocks)",
              c->architecture, m->n_layers_local, m->layer_first, m->layer_first + m->n_layers_local,
              c->n_layers, tp_rank, tp_size, dtype_name(m->dtype), (double)m->weight_bytes / 1048576.0,
-             (double)m->weight_bytes_mapped / 1048576.0);
+             (double)m->weight_bytes_mapped / 1048576.0, (double)m->weight_bytes_blocks / 1048576.0);
     *out = m;
     return STATUS_OK;
 fail:

@@ -64,6 +64,7 @@ static ncclDataType_t nccl_dtype(enum dtype t)
     case DTYPE_BF16: return ncclBfloat16;
     case DTYPE_F16: return ncclFloat16;
     case DTYPE_I32: return ncclInt32;
+    default: break; /* block dtypes are weights: never communicated */
     }
     CHECK(0, "no NCCL type for dtype %d", (int)t);
     return ncclFloat32;

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "generate.h"
 #include "kv_cache.h"
 #include "lora.h"
 #include "model.h"
@@ -191,7 +192,7 @@ static enum status load_model(struct conductor *c)
         c->par.pp_layers = o->pp_layers;
     }
     st = model_load(o->model_dir, c->b, multi ? &c->par : NULL, &c->m);
-    if (st == STATUS_OK) st = tokenizer_load_for_model(o->model_dir, c->m->cfg.vocab_size, &c->tok);
+    if (st == STATUS_OK) st = generate_load_tokenizer(o->model_dir, c->m, &c->tok);
     if (multi) st = parallel_agree(o->world, st); /* every rank fails together, none waits alone */
     return st;
 }

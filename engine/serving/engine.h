@@ -36,7 +36,7 @@ enum finish_reason {
 const char *finish_reason_name(enum finish_reason r); /* "length", "stop", ... */
 
 struct engine_options {
-    const char *model_dir;     /* checkpoint directory (config.json, tokenizer.model, weights) */
+    const char *model_dir;     /* checkpoint directory (config.json, tokenizer.model, weights), or a GGUF file */
     int   device;              /* enum device: DEVICE_CPU or DEVICE_CUDA */
     int   device_id;
     int   n_threads;           /* CPU threads; 0 = all cores */

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "tokenizer.h"
+
 /* The next token from the last stage's logits, or -1 when they hold NaN or Inf. */
 static int32_t sample_finite(const struct model *m, struct sampler *smp, const struct generate_options *o,
                              struct rng *rng, float *logits, const int32_t *prompt, int n_prompt,
@@ -124,5 +126,20 @@ done:
     free(table);
     free(rows);
     free(logits);
+    return st;
+}
+
+enum status generate_load_tokenizer(const char *model_path, const struct model *m,
+                                    struct tokenizer **out)
+{
+    const struct checkpoint *ck = m->checkpoint;
+    if (!ck->tokenizer_proto) return tokenizer_load_for_model(model_path, m->cfg.vocab_size, out);
+    enum status st = tokenizer_load_from_memory(ck->tokenizer_proto, ck->tokenizer_proto_n, out);
+    if (st == STATUS_OK && tokenizer_vocab_size(*out) > m->cfg.vocab_size) {
+        st = status_errorf(STATUS_BAD_FORMAT, "%s: the tokenizer has %d pieces, the model only %d rows of embeddings",
+                           model_path, tokenizer_vocab_size(*out), m->cfg.vocab_size);
+        tokenizer_free(*out);
+        *out = NULL;
+    }
     return st;
 }

@@ -39,6 +39,14 @@ enum status generate_run(struct model *m, struct kv_cache *cache, const int32_t 
                          int n_prompt, const struct generate_options *o, generate_token_fn on_token,
                          void *ctx, int32_t *out, int *n_out, struct generate_stats *stats);
 
+struct tokenizer;
+/* The tokenizer of the model m loaded from model_path: a GGUF file's, built from its metadata
+ * (checkpoint.tokenizer_proto), or model_path/tokenizer.model for a directory; one with more
+ * pieces than the model has rows is refused (tokenizer_load_for_model). What `generate` and
+ * the conductor (serve) both load. *out owned by the caller (tokenizer_free). */
+enum status generate_load_tokenizer(const char *model_path, const struct model *m,
+                                    struct tokenizer **out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,14 +1,38 @@
 /* kernels/cpu/embedding.c - op_embedding on the CPU: masked row lookup for a (possibly
  * vocab-parallel) embedding table; its backward, the masked scatter-add, and the row
- * scatter-add that position_embedding_add.c shares.
- * Tests: tests/test_ops.c (embedding cases), tests/test_ops_backward.c (embedding_backward). */
+ * scatter-add that position_embedding_add.c shares. A block-quantized table (DTYPE_Q*) has its
+ * looked-up rows dequantized.
+ * Tests: tests/test_ops.c (embedding cases), tests/test_ops_backward.c (embedding_backward),
+ * tests/test_quant.c (a quantized table). */
 #include <string.h>
 
 #include "cpu_ops.h"
+#include "quant.h"
+
+/* The lookup from a block-quantized table: each row dequantized into out (f32). */
+static void embedding_quant(struct backend *b, const struct tensor *out, const struct tensor *table,
+                            const struct tensor *ids, int64_t vocab_start)
+{
+    const int64_t n = tensor_numel(ids), d = table->shape[1], rows = table->shape[0];
+    const enum quant_type qt = (enum quant_type)dtype_quant_type(table->dtype);
+    const size_t row_bytes = quant_row_bytes(qt, d);
+    const int32_t *id = ids->data;
+    #pragma omp parallel for schedule(static) if (n * d > CPU_PARALLEL_MIN) num_threads(b->n_threads)
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = (int64_t)id[i] - vocab_start;
+        float *dst = (float *)out->data + i * d;
+        if (r < 0 || r >= rows) memset(dst, 0, (size_t)d * sizeof *dst); /* another shard's id */
+        else quant_dequantize_row(qt, (const char *)table->data + (size_t)r * row_bytes, dst, d);
+    }
+}
 
 void cpu_embedding(struct backend *b, const struct tensor *out, const struct tensor *table,
                    const struct tensor *ids, int64_t vocab_start)
 {
+    if (dtype_is_quant(table->dtype)) {
+        embedding_quant(b, out, table, ids, vocab_start);
+        return;
+    }
     int64_t n = tensor_numel(ids), d = table->shape[1], rows = table->shape[0];
     size_t row_bytes = (size_t)d * dtype_size(out->dtype);
     const int32_t *id = ids->data;

@@ -5,15 +5,18 @@
  * for the other ops, OpenBLAS's pthreads here) fight for the cores: OpenMP workers spin after
  * each region while OpenBLAS needs them, which was measured at 60x slower decode on 2 cores.
  * f32 multiplies the tensors in place (sgemv for one row); bf16/f16 widen x once and blocks of
- * w per thread into the scratch arena, multiply in f32, and round y once.
+ * w per thread into the scratch arena, multiply in f32, and round y once; block-quantized w
+ * (DTYPE_Q*) goes to quant_matmul (kernels/quant.h) with x's int8 copy in the scratch arena.
  * The backward converts dy and x to f32 once, and w and a half-precision dw a block of rows at a
  * time, so that scratch never holds a whole weight.
- * Tests: tests/test_ops.c (matmul cases), tests/test_ops_backward.c (matmul_backward cases);
+ * Tests: tests/test_ops.c (matmul cases), tests/test_ops_backward.c (matmul_backward cases),
+ * tests/test_quant.c (quantized w through op_matmul equals quant_matmul);
  * benchmark: tests/bench_ops.c. */
 #include <cblas.h>
 #include <string.h>
 
 #include "cpu_ops.h"
+#include "quant.h"
 
 /* Rows of w widened per block in the bf16/f16 path: bounds scratch at W_BLOCK * k floats per
  * thread. */
@@ -46,11 +49,29 @@ static void gemm_cols(float *y_cols, const float *x, const float *w_rows, int64_
                     (int)k, w_rows, (int)k, 0.0f, y_cols, (int)n);
 }
 
+/* y (m, n) f32 = x (m, k) f32 @ w^T (+ bias) with w as ggml blocks. The int8 copy of x that
+ * quant_matmul makes lives in the scratch arena, which is sized once for the largest call, so
+ * serving allocates nothing per step; quant_matmul threads over w's rows itself. */
+static void matmul_quant(struct backend *b, const struct tensor *y, const struct tensor *x,
+                         const struct tensor *w, const struct tensor *bias, int64_t m, int64_t n,
+                         int64_t k)
+{
+    const enum quant_type qt = (enum quant_type)dtype_quant_type(w->dtype);
+    const size_t floats = (quant_matmul_scratch_bytes(qt, m, k) + sizeof(float) - 1) / sizeof(float);
+    void *scratch = cpu_scratch(b, (floats + (size_t)b->n_threads - 1) / (size_t)b->n_threads);
+    quant_matmul(qt, y->data, x->data, w->data, m, n, k, scratch, b->n_threads);
+    if (bias) add_bias(y->data, bias, m, n);
+}
+
 void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *x,
                 const struct tensor *w, const struct tensor *bias)
 {
     const int64_t m = tensor_rows(x), k = tensor_cols(x), n = w->shape[0];
     if (m == 0 || n == 0) return;
+    if (dtype_is_quant(w->dtype)) {
+        matmul_quant(b, y, x, w, bias, m, n, k);
+        return;
+    }
     const int nt = m * n * k >= MATMUL_PARALLEL_MIN ? b->n_threads : 1;
 
     if (x->dtype == DTYPE_F32) {
