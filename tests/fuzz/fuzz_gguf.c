@@ -2,7 +2,8 @@
  * the input is a whole file, written to the scratch directory and opened with gguf_open; then
  * every metadata entry is read through the typed getters, every dequantizable tensor is read
  * whole (f32) and by rows (bf16), the tokenizer metadata is turned into a SentencePiece
- * ModelProto, and gguf_inspect prints it all (to /dev/null).
+ * ModelProto that SentencePiece then loads (as `shardlm convert gguf` does), and gguf_inspect
+ * prints it all (to /dev/null).
  * Corpus: tests/fuzz/corpus/gguf (tests/fuzz/make_seeds.py, with gguf-py). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include "fuzz_util.h"
 #include "gguf.h"
 #include "gguf_tokenizer.h"
+#include "tokenizer.h"
 
 static FILE *devnull;
 
@@ -64,7 +66,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i < gguf_n_tensors(g); i++) read_tensor(g, gguf_tensor_at(g, i));
     void *proto = NULL;
     size_t n = 0;
-    if (fuzz_report(gguf_tokenizer_model_proto(g, &proto, &n)) == STATUS_OK) free(proto);
+    if (fuzz_report(gguf_tokenizer_model_proto(g, &proto, &n)) == STATUS_OK) {
+        struct tokenizer *tok = NULL;
+        if (fuzz_report(tokenizer_load_from_memory(proto, n, &tok)) == STATUS_OK) tokenizer_free(tok);
+        free(proto);
+    }
     gguf_close(g);
     (void)gguf_inspect(path, devnull);
     return 0;

@@ -6,6 +6,8 @@
 # BUILD_DIR/fuzz-findings/<target>-*. Prints one line per target: executions, seconds, corpus
 # size, findings; exits 1 when any target found something. Limits: 2 GB RSS, 1 GB per
 # allocation (a parser must refuse a huge size, not allocate it), 10 s per input.
+# Every run appends "date target executions seconds exit findings" to
+# BUILD_DIR/fuzz-logs/history.tsv (the totals of docs/reliability.md are its sums).
 # Environment: FUZZ_JOBS (default 1) runs that many targets at once.
 set -u
 build=${1:?usage: run.sh BUILD_DIR SECONDS [TARGET...]}
@@ -32,6 +34,8 @@ run_one() {
     secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log" | tail -1)
     local found
     found=$(ls "$build/fuzz-findings" | grep -c "^$t-" || true)
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$t" "${runs:-0}" "${secs:-0}" "$rc" "$found" \
+        >>"$build/fuzz-logs/history.tsv"
     echo "$t: ${runs:-?} executions in ${secs:-?} s, corpus $(ls "$build/fuzz-corpus/$t" | wc -l) files," \
          "exit $rc, findings so far: $found (log: $log)"
     [ $rc -eq 0 ]
