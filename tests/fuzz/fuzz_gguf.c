@@ -1,25 +1,31 @@
-/* tests/fuzz/fuzz_gguf.c - GGUF files (engine/formats/gguf.c, gguf_tensor.c, gguf_tokenizer.c):
- * the input is a whole file, written to the scratch directory and opened with gguf_open; then
+/* tests/fuzz/fuzz_gguf.c - GGUF files (engine/formats/gguf.c, gguf_tensor.c, gguf_tokenizer.c,
+ * gguf_convert.c): the input is a whole file, written to the scratch directory and opened with
+ * gguf_open; then
  * every metadata entry is read through the typed getters, every dequantizable tensor is read
  * whole (f32) and by rows (bf16), the tokenizer metadata is turned into a SentencePiece
  * ModelProto that SentencePiece then loads (as `shardlm convert gguf` does), and gguf_inspect
- * prints it all (to /dev/null).
+ * prints it all (to /dev/null); a gemma3 file is then imported whole with gguf_convert (the
+ * path of `shardlm convert gguf`) into the scratch directory.
  * Corpus: tests/fuzz/corpus/gguf (tests/fuzz/make_seeds.py, with gguf-py). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "fuzz_util.h"
 #include "gguf.h"
+#include "gguf_convert.h"
 #include "gguf_tokenizer.h"
 #include "tokenizer.h"
 
 static FILE *devnull;
+static char converted[512]; /* gguf_convert's output directory */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
     fuzz_init();
     devnull = fopen("/dev/null", "w");
+    snprintf(converted, sizeof converted, "%s", fuzz_path("converted"));
     return 0;
 }
 
@@ -71,7 +77,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (fuzz_report(tokenizer_load_from_memory(proto, n, &tok)) == STATUS_OK) tokenizer_free(tok);
         free(proto);
     }
+    const char *arch = NULL;
+    int gemma3 = gguf_get_str(g, "general.architecture", &arch) == STATUS_OK && !strcmp(arch, "gemma3");
     gguf_close(g);
     (void)gguf_inspect(path, devnull);
+    if (gemma3) (void)fuzz_report(gguf_convert(path, converted, DTYPE_BF16));
     return 0;
 }

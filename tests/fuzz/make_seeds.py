@@ -158,9 +158,10 @@ def gguf_seeds():
             raw[:, 0:2] = np.array([0x3C00 & 0xFF, 0x3C00 >> 8], dtype=np.uint8)  # scale 1.0
             w.add_tensor("t." + q.name, raw, raw_dtype=q)
 
-    def tokenizer(w):
-        toks = [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3), ("<0x41>", 0.0, 6), ("\u2581a", -1.0, 1),
-                ("b", -2.0, 1)]
+    def tokenizer(w, byte_piece=True):
+        # One byte piece: SentencePiece then wants all 256 (byte_fallback), and refuses it.
+        toks = [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3),
+                ("<0x41>", 0.0, 6) if byte_piece else ("c", -3.0, 1), ("\u2581a", -1.0, 1), ("b", -2.0, 1)]
         w.add_tokenizer_model("llama")
         w.add_token_list([t[0] for t in toks])
         w.add_token_scores([t[1] for t in toks])
@@ -169,8 +170,41 @@ def gguf_seeds():
         w.add_eos_token_id(2)
         w.add_unk_token_id(0)
 
+    def gemma3(w):
+        # A whole (tiny) Gemma 3 that gguf_convert imports: d 8, 2 heads of 4, 1 KV head, ffn 16.
+        d, nh, nkv, hd, ffn = 8, 2, 1, 4, 16
+        w.add_context_length(32)
+        w.add_embedding_length(d)
+        w.add_block_count(1)
+        w.add_feed_forward_length(ffn)
+        w.add_head_count(nh)
+        w.add_head_count_kv(nkv)
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_sliding_window(16)
+        w.add_layer_norm_rms_eps(1e-6)
+        tokenizer(w, byte_piece=False)
+        vocab = 6
+        shapes = {"token_embd.weight": (vocab, d), "output_norm.weight": (d,)}
+        for name, shape in [("attn_norm", (d,)), ("attn_q", (nh * hd, d)), ("attn_k", (nkv * hd, d)),
+                            ("attn_v", (nkv * hd, d)), ("attn_output", (d, nh * hd)), ("attn_q_norm", (hd,)),
+                            ("attn_k_norm", (hd,)), ("post_attention_norm", (d,)), ("ffn_norm", (d,)),
+                            ("ffn_gate", (ffn, d)), ("ffn_up", (ffn, d)), ("ffn_down", (d, ffn)),
+                            ("post_ffw_norm", (d,))]:
+            shapes[f"blk.0.{name}.weight"] = shape
+        for name, shape in shapes.items():
+            w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+
     write("tensors", tensors)
     write("tokenizer", tokenizer)
+    path = os.path.join(tmp, "gemma3.gguf")
+    w = gguf.GGUFWriter(path, arch="gemma3")
+    gemma3(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    put("gguf", "gemma3", open(path, "rb").read())
 
 
 # ---- JSON inputs ------------------------------------------------------------------------------
