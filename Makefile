@@ -1,17 +1,22 @@
 # The two commands a newcomer runs; everything else lives in CMake.
 #   make run   - install what is missing, build, and run shardlm on the default model
 #   make test  - install what is missing, build (Release, sanitizer, and a clang compile check),
-#                run every test
+#                run every test (the fuzz corpora are replayed in the sanitizer build)
+#   make fuzz SECONDS=N [TARGETS="gguf config"] - build the clang libFuzzer targets (build-fuzz)
+#                and fuzz each for N seconds (tests/fuzz/run.sh; docs/reliability.md)
 # A user's build never fails on a compiler's new warning; make test builds with SHARDLM_WERROR=ON
 # (warnings are errors), with gcc at -O3 (Release) and Debug+ASan, and compiles with clang too.
 BUILD    ?= build
 ASAN     ?= build-asan
 CLANG    ?= build-clang
+FUZZDIR  ?= build-fuzz
+SECONDS  ?= 60
+TARGETS  ?=
 JOBS     ?= $(shell nproc)
 ASSETS   ?= $(if $(SHARDLM_ASSETS),$(SHARDLM_ASSETS),$(CURDIR)/../shared/assets)
 WERROR   ?= OFF
 
-.PHONY: all deps build build-asan build-clang test test-fast run bench clean
+.PHONY: all deps build build-asan build-clang build-fuzz fuzz test test-fast run bench clean
 
 all: build
 
@@ -32,6 +37,18 @@ build-clang: deps
 	CC=clang CXX=clang++ cmake -S . -B $(CLANG) -DCMAKE_BUILD_TYPE=Release -DSHARDLM_CUDA=OFF -DSHARDLM_WERROR=$(WERROR)
 	cmake --build $(CLANG) -j $(JOBS)
 
+# The libFuzzer targets (tests/fuzz/): clang, every library instrumented (SHARDLM_FUZZ=ON), only
+# the fuzz executables built. Not part of make test, which replays the same targets' corpora
+# through tests/fuzz/fuzz_replay.c in the ASan build instead.
+build-fuzz: deps
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZDIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDLM_CUDA=OFF -DSHARDLM_FUZZ=ON -DSHARDLM_WERROR=$(WERROR)
+	cmake --build $(FUZZDIR) -j $(JOBS) --target fuzz
+
+# Each target for SECONDS seconds, starting from tests/fuzz/corpus/<target>/; findings are left
+# in $(FUZZDIR)/fuzz-findings/, new inputs in $(FUZZDIR)/fuzz-corpus/<target>/.
+fuzz: build-fuzz
+	SHARDLM_ASSETS=$(ASSETS) bash tests/fuzz/run.sh $(FUZZDIR) $(SECONDS) $(TARGETS)
+
 # The whole suite: every test of the main build, then the unit tests under ASan + UBSan.
 # --repeat until-pass:2: a test that fails is run once more and fails the suite only if it fails
 # again. This is there for one known, not yet understood defect (docs/parallel.md, "Known
@@ -49,4 +66,4 @@ bench: build
 	$(BUILD)/tests/bench_ops
 
 clean:
-	rm -rf $(BUILD) $(ASAN) $(CLANG)
+	rm -rf $(BUILD) $(ASAN) $(CLANG) $(FUZZDIR)

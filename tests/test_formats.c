@@ -273,6 +273,10 @@ static void test_safetensors_corrupt(void)
     expect_corrupt("corrupt: header not an object", "array.st", UINT64_MAX, "[1, 2]", 0,
                    "does not start with '{'");
     expect_corrupt("corrupt: garbage after the JSON", "garbage.st", UINT64_MAX, "{} xyz", 0, "garbage");
+    /* Found by tests/fuzz/fuzz_safetensors (a heap overflow before the fix). */
+    expect_corrupt("corrupt: __metadata__ twice", "meta2.st", UINT64_MAX,
+                   "{\"__metadata__\":{\"a\":\"b\",\"c\":\"d\"},\"__metadata__\":{\"e\":\"f\"}}", 0,
+                   "__metadata__ appears twice");
     expect_corrupt("corrupt: data_offsets out of bounds", "oob.st", UINT64_MAX,
                    "{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8,
                    "out of bounds");

@@ -250,7 +250,10 @@ static enum status parse_gpt2(const cJSON *root, const char *name, struct model_
     if (c->n_heads <= 0 || c->d_model <= 0 || c->d_model % c->n_heads)
         return status_errorf(STATUS_BAD_FORMAT, "%s: n_embd %d is not a positive multiple of n_head %d",
                              name, c->d_model, c->n_heads);
-    if ((st = get_int(root, name, "n_inner", 0, 4 * c->d_model, &c->ffn_hidden))) return st;
+    /* 4 * n_embd overflows int for n_embd past INT_MAX / 4, which config_validate refuses later
+     * (d_model in 1..2^24): the default only needs to be an int until then. */
+    const int inner = c->d_model <= INT_MAX / 4 ? 4 * c->d_model : INT_MAX;
+    if ((st = get_int(root, name, "n_inner", 0, inner, &c->ffn_hidden))) return st;
 
     const char *act;
     if ((st = get_string(root, name, "activation_function", &act))) return st;

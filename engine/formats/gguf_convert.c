@@ -237,8 +237,10 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
         goto out;
     }
 
-    int n_items = WEIGHT_KIND_COUNT * (c.n_layers + 1), used = 0;
-    if (!(items = calloc((size_t)n_items, sizeof *items))) {
+    /* One item per tensor taken, and every tensor is taken at most once (names are unique): the
+     * file's tensor count bounds them, where the metadata's block_count (up to 2^24) does not. */
+    int n_items = gguf_n_tensors(g), used = 0;
+    if (!(items = calloc((size_t)n_items + 1, sizeof *items))) {
         s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
@@ -261,6 +263,7 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
                 int ndim;
                 int64_t d0, d1;
                 weight_kind_shape(&c, wn->kind, &ndim, &d0, &d1);
+                CHECK(used <= n_items, "more GGUF tensors taken than the file has");
                 if ((s = gc_add(w, g, gname, hname, ndim, d0, d1, out_dtype, &items[used], &used))) goto out;
             }
         }

@@ -145,6 +145,8 @@ static enum status st_parse_metadata(struct safetensors *st, const cJSON *it)
     const char *path = st->path;
     if (!cJSON_IsObject(it))
         return status_errorf(STATUS_BAD_FORMAT, "%s: __metadata__ is not a JSON object", path);
+    /* A second __metadata__ would be parsed into a new array while n_meta counts on. */
+    if (st->meta) return status_errorf(STATUS_BAD_FORMAT, "%s: __metadata__ appears twice in the header", path);
     int nm = cJSON_GetArraySize(it);
     st->meta = calloc((size_t)nm + 1, sizeof *st->meta);
     if (!st->meta) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);

@@ -48,7 +48,7 @@ static enum status add_example(struct train_dataset *ds, const struct data_optio
         ds->n_truncated++;
     }
     int targets = 0;
-    e.loss[0] = 0;
+    if (e.n > 0) e.loss[0] = 0; /* n is 0 for an empty text with a tokenizer without BOS and EOS */
     for (int i = 1; i < e.n; i++) targets += e.loss[i];
     if (targets == 0) { /* nothing to learn from (e.g. a completion cut off by truncation) */
         ds->n_no_target++;

@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""tests/fuzz/make_seeds.py - writes the seed corpora of the fuzz targets into
+tests/fuzz/corpus/<target>/seed-*: small valid inputs of each format, hand-encoded (protobuf,
+safetensors) or written with gguf-py (GGUF; skipped when gguf-py is not installed), plus the
+stories260K config.json when the shared assets are there. Inputs that campaigns found are
+kept beside them (tests/fuzz/corpus/<target>/<sha1>, regressions named regress-*); this script
+only rewrites seed-* files. Run: python3 tests/fuzz/make_seeds.py"""
+import json
+import os
+import struct
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def put(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    with open(os.path.join(d, "seed-" + name), "wb") as f:
+        f.write(data)
+
+
+# ---- protobuf, by hand ------------------------------------------------------------------------
+def varint(v):
+    v &= (1 << 64) - 1
+    out = b""
+    while v >= 0x80:
+        out += bytes([v & 0x7F | 0x80])
+        v >>= 7
+    return out + bytes([v])
+
+
+def f_varint(n, v):
+    return varint(n << 3) + varint(v)
+
+
+def f_bytes(n, b):
+    if isinstance(b, str):
+        b = b.encode()
+    return varint(n << 3 | 2) + varint(len(b)) + b
+
+
+def f_float(n, x):
+    return varint(n << 3 | 5) + struct.pack("<f", x)
+
+
+def packed(n, values):
+    return f_bytes(n, b"".join(varint(v) for v in values))
+
+
+def sampling_full():
+    return (f_varint(1, 16) + f_float(2, 0.8) + f_varint(3, 40) + f_float(4, 0.9) + f_float(5, 0.05)
+            + f_float(6, 1.1) + f_float(7, 0.5) + f_float(8, 0.25) + f_varint(9, 7) + f_bytes(10, ".")
+            + f_bytes(10, "The end") + packed(11, [2]) + f_varint(12, 0) + f_varint(13, 1) + f_varint(14, 2)
+            + f_varint(15, 1) + f_varint(16, 2) + f_bytes(17, f_varint(1, 5) + f_float(2, 1.5)))
+
+
+def convert_seeds():
+    gen = lambda body: b"\x00" + body
+    put("convert", "generate-text", gen(f_bytes(1, "r1") + f_bytes(2, "Once upon a time") + f_bytes(4, sampling_full())
+                                        + f_varint(5, 1)))
+    put("convert", "generate-ids", gen(packed(3, [1, 403, 407]) + f_bytes(4, f_varint(1, 4)) + f_bytes(6, "tiny-lora")))
+    put("convert", "generate-merge", gen(f_bytes(2, "Hi") + f_bytes(4, f_varint(1, 4)) + f_bytes(4, f_float(2, 0.5))))
+    put("convert", "generate-nul", gen(f_bytes(2, "a\0b")))
+    msg = lambda role, text: f_bytes(2, f_bytes(1, role) + f_bytes(2, text))
+    put("convert", "chat", b"\x01" + f_bytes(1, "c1") + msg("system", "Be brief.") + msg("user", "Hi")
+        + msg("assistant", "Hello.") + msg("user", "Tell a story.") + f_bytes(3, f_varint(1, 8)) + f_bytes(4, "tiny-lora"))
+    put("convert", "tokenize", b"\x02" + f_bytes(1, "Hello world") + f_varint(2, 1))
+    put("convert", "detokenize", b"\x03" + packed(1, [68, 3, 69]))
+    put("convert", "cancel", b"\x04" + f_bytes(1, "r1"))
+    put("convert", "model-info", b"\x05")
+    put("convert", "health", b"\x06" + f_bytes(1, "shardlm.v1.TextGeneration"))
+    put("convert", "reflection-list", b"\x07" + f_bytes(1, "localhost") + f_bytes(7, "*"))
+    put("convert", "reflection-symbol", b"\x07" + f_bytes(4, "shardlm.v1.TextGeneration"))
+
+
+# ---- OpenAI bodies ----------------------------------------------------------------------------
+def http_seeds():
+    put("http_openai", "completion", b"\x00" + json.dumps({
+        "model": "stories260K", "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0.7,
+        "top_p": 0.9, "n": 2, "stop": [".", "\n"], "seed": 3, "logprobs": 2,
+        "presence_penalty": 0.5, "frequency_penalty": 0.1, "logit_bias": {"5": -100},
+        "stream": True, "stream_options": {"include_usage": True}, "user": "u"}).encode())
+    put("http_openai", "completion-echo", b"\x00" + json.dumps({"model": "stories260K", "prompt": "Once",
+                                                               "echo": True, "max_tokens": 2}).encode())
+    put("http_openai", "completion-ids", b"\x00" + json.dumps({"model": "tiny-lora", "prompt": [1, 403, 407],
+                                                              "max_tokens": 4}).encode())
+    put("http_openai", "chat", b"\x01" + json.dumps({
+        "model": "stories260K", "messages": [
+            {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": [{"type": "text", "text": "Tell a story."}]}],
+        "max_completion_tokens": 8, "logprobs": True, "top_logprobs": 2, "stop": "The end"}).encode())
+    put("http_openai", "chat-nul", b"\x01" + b'{"messages": [{"role": "user", "content": "a\\u0000b"}]}')
+
+
+# ---- safetensors ------------------------------------------------------------------------------
+def safetensors(tensors, metadata=None, pad_to=8):
+    header, data = {}, b""
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % pad_to)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def safetensors_seeds():
+    f32 = struct.pack("<6f", 1, -2, 3.5, 0, 1e-3, -7)
+    put("safetensors", "dtypes", safetensors([
+        ("a.f32", "F32", [2, 3], f32), ("b.bf16", "BF16", [4], struct.pack("<4H", 0x3F80, 0xC000, 0x7F80, 1)),
+        ("c.f16", "F16", [2, 1], struct.pack("<2H", 0x3C00, 0x8001)), ("d.i32", "I32", [2], struct.pack("<2i", 7, -7)),
+        ("e.f64", "F64", [1], struct.pack("<d", 2.0)), ("f.scalar", "F32", [], struct.pack("<f", 5)),
+        ("g.empty", "F32", [0, 4], b"")], {"format": "pt"}))
+    put("safetensors", "empty", safetensors([]))
+    put("safetensors", "unknown-dtype", safetensors([("x", "F8_E4M3", [3], b"\x01\x02\x03"), ("y", "U8", [1], b"\x09")]))
+
+
+# ---- GGUF (gguf-py) ---------------------------------------------------------------------------
+def gguf_seeds():
+    try:
+        import numpy as np
+        import gguf
+        from gguf import GGMLQuantizationType as Q
+    except ImportError as e:
+        print(f"make_seeds: no GGUF seeds ({e})")
+        return
+    import tempfile
+    rng = np.random.default_rng(5)
+    tmp = tempfile.mkdtemp()
+
+    def write(name, fill):
+        path = os.path.join(tmp, name + ".gguf")
+        w = gguf.GGUFWriter(path, arch="llama")
+        fill(w)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        put("gguf", name, open(path, "rb").read())
+
+    def tensors(w):
+        w.add_uint32("llama.block_count", 1)
+        w.add_float32("t.f32", 0.5)
+        w.add_int64("t.i64", -3)
+        w.add_bool("t.bool", True)
+        w.add_string("t.str", "héllo")
+        w.add_array("t.arr_f32", [0.5, -1.25])
+        w.add_tensor("t.F32", rng.standard_normal((2, 8)).astype(np.float32))
+        w.add_tensor("t.F16", rng.standard_normal((1, 8)).astype(np.float16))
+        for q in (Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K):
+            block, size = gguf.GGML_QUANT_SIZES[q]
+            raw = rng.integers(0, 256, size=(1, size), dtype=np.uint8)
+            raw[:, 0:2] = np.array([0x3C00 & 0xFF, 0x3C00 >> 8], dtype=np.uint8)  # scale 1.0
+            w.add_tensor("t." + q.name, raw, raw_dtype=q)
+
+    def tokenizer(w, byte_piece=True):
+        # One byte piece: SentencePiece then wants all 256 (byte_fallback), and refuses it.
+        toks = [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3),
+                ("<0x41>", 0.0, 6) if byte_piece else ("c", -3.0, 1), ("\u2581a", -1.0, 1), ("b", -2.0, 1)]
+        w.add_tokenizer_model("llama")
+        w.add_token_list([t[0] for t in toks])
+        w.add_token_scores([t[1] for t in toks])
+        w.add_token_types([t[2] for t in toks])
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+
+    def gemma3(w):
+        # A whole (tiny) Gemma 3 that gguf_convert imports: d 8, 2 heads of 4, 1 KV head, ffn 16.
+        d, nh, nkv, hd, ffn = 8, 2, 1, 4, 16
+        w.add_context_length(32)
+        w.add_embedding_length(d)
+        w.add_block_count(1)
+        w.add_feed_forward_length(ffn)
+        w.add_head_count(nh)
+        w.add_head_count_kv(nkv)
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_sliding_window(16)
+        w.add_layer_norm_rms_eps(1e-6)
+        tokenizer(w, byte_piece=False)
+        vocab = 6
+        shapes = {"token_embd.weight": (vocab, d), "output_norm.weight": (d,)}
+        for name, shape in [("attn_norm", (d,)), ("attn_q", (nh * hd, d)), ("attn_k", (nkv * hd, d)),
+                            ("attn_v", (nkv * hd, d)), ("attn_output", (d, nh * hd)), ("attn_q_norm", (hd,)),
+                            ("attn_k_norm", (hd,)), ("post_attention_norm", (d,)), ("ffn_norm", (d,)),
+                            ("ffn_gate", (ffn, d)), ("ffn_up", (ffn, d)), ("ffn_down", (d, ffn)),
+                            ("post_ffw_norm", (d,))]:
+            shapes[f"blk.0.{name}.weight"] = shape
+        for name, shape in shapes.items():
+            w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+
+    write("tensors", tensors)
+    write("tokenizer", tokenizer)
+    path = os.path.join(tmp, "gemma3.gguf")
+    w = gguf.GGUFWriter(path, arch="gemma3")
+    gemma3(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    put("gguf", "gemma3", open(path, "rb").read())
+
+
+# ---- JSON inputs ------------------------------------------------------------------------------
+def config_seeds():
+    llama = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 172,
+             "num_hidden_layers": 5, "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 512,
+             "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_style": "pairs",
+             "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"}
+    put("config", "stories260K", json.dumps(llama, indent=1))
+    put("config", "mistral", json.dumps({"architectures": ["MistralForCausalLM"], "hidden_size": 32,
+                                         "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                         "num_key_value_heads": 2, "vocab_size": 100, "sliding_window": None,
+                                         "eos_token_id": [2, 3], "torch_dtype": "bfloat16"}))
+    put("config", "gpt2", json.dumps({"architectures": ["GPT2LMHeadModel"], "n_embd": 32, "n_layer": 2, "n_head": 4,
+                                      "vocab_size": 100, "n_positions": 64, "n_inner": None,
+                                      "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}))
+    put("config", "gemma3", json.dumps({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                                        "text_config": {"model_type": "gemma3_text", "hidden_size": 64,
+                                                        "intermediate_size": 128, "num_hidden_layers": 6,
+                                                        "num_attention_heads": 4, "num_key_value_heads": 1,
+                                                        "head_dim": 16, "vocab_size": 300,
+                                                        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+                                                        "rope_scaling": None, "query_pre_attn_scalar": 16},
+                                        "torch_dtype": "bfloat16"}))
+
+
+def megatron_seeds():
+    meta = {"format": "shardlm-megatron", "version": 1, "tp_size": 2, "pp_size": 2, "n_layers": 2,
+            "layers_per_stage": [1, 1], "vocab_size": 10, "padded_vocab_size": 10,
+            "tensor_names": "megatron-core-local", "qkv_layout": "megatron-core-grouped",
+            "fc1_layout": "gate-up-per-rank"}
+    put("megatron", "tp2-pp2", json.dumps(meta, indent=1))
+    put("megatron", "tp1-pp1", json.dumps(dict(meta, tp_size=1, pp_size=1, layers_per_stage=[2])))
+    put("megatron", "padded", json.dumps(dict(meta, padded_vocab_size=12)))
+
+
+def chat_seeds():
+    def msgs(*pairs):
+        return b"\0".join(bytes([role]) + (text if isinstance(text, bytes) else text.encode()) for role, text in pairs)
+    conv = msgs((0, "Be brief."), (1, "Hi"), (2, "Hello."), (1, "Tell a story."))
+    for k, name in enumerate(["plain", "llama2", "chatml", "gemma"]):
+        put("chat_template", name, bytes([k, 0]) + conv)
+    put("chat_template", "llama2-train", bytes([1, 1]) + conv + b"\0" + msgs((2, "Once upon a time.")))
+    put("chat_template", "bytes", bytes([0, 0]) + msgs((1, "\u00e9\u2581<s>".encode() + b"\xff\xc3")))
+
+
+def detokenize_seeds():
+    ids = lambda *v: struct.pack(f"<{len(v)}H", *v)
+    put("detokenize", "text", ids(1, 403, 407, 261, 378, 2))
+    put("detokenize", "bytes", ids(68, 3, 69, 0xE2 + 3, 0x82 + 3, 0xAC + 3, 0x8000 | 0xF0 + 3, 300))
+    put("detokenize", "out-of-range", ids(511, 512, 0x7FFF, 1))
+
+
+def train_seeds():
+    lines = [{"text": "Once upon a time there was a dog."},
+             {"prompt": "Once upon a time", "completion": " there was a cat."},
+             {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who?"},
+                           {"role": "assistant", "content": "Lily."}]},
+             {"conversations": [{"from": "human", "value": "Where?"}, {"from": "gpt", "value": "The park."}]}]
+    body = "\n".join(json.dumps(x) for x in lines) + "\n\n"
+    for k in range(4):
+        put("train_data", f"template{k}", bytes([k, 56]) + body.encode())
+    put("train_data", "short-seq-truncate", bytes([4 * 0 + 1, 0]) + body.encode())
+    put("train_data", "short-seq-skip", bytes([4 * 1 + 0, 0]) + body.encode())
+
+
+def main():
+    convert_seeds()
+    http_seeds()
+    safetensors_seeds()
+    gguf_seeds()
+    config_seeds()
+    megatron_seeds()
+    chat_seeds()
+    detokenize_seeds()
+    train_seeds()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
