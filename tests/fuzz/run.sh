@@ -8,7 +8,9 @@
 # allocation (a parser must refuse a huge size, not allocate it), 10 s per input.
 # Every run appends "date target executions seconds exit findings" to
 # BUILD_DIR/fuzz-logs/history.tsv (the totals of docs/reliability.md are its sums).
-# Environment: FUZZ_JOBS (default 1) runs that many targets at once.
+# Environment: FUZZ_JOBS (default 1) runs that many targets at once; ASAN_OPTIONS passes
+# through (ASAN_OPTIONS=malloc_context_size=0 doubles the speed of the SentencePiece-bound
+# targets, whose time goes to recording allocation stacks; rerun a finding without it).
 set -u
 build=${1:?usage: run.sh BUILD_DIR SECONDS [TARGET...]}
 seconds=${2:?usage: run.sh BUILD_DIR SECONDS [TARGET...]}
