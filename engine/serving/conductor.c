@@ -1,5 +1,6 @@
-/* engine/serving/conductor.c - one replica (see conductor.h): intake, the step, the step-plan
- * broadcast, worker replay and the engine thread.
+/* engine/serving/conductor.c - one replica (see conductor.h): intake, the step and the engine
+ * thread; the multi-rank side of a step (plan broadcast, worker replay) is conductor_ranks.c,
+ * the served LoRA adapters adapters.c.
  *
  * Each step (conductor_step):
  *   1. take_intake: newly submitted requests join the waiting queue (FCFS); cancellations and
@@ -13,7 +14,7 @@
  *      request's first sample when its prompt is done), then text, stop checks and events.
  * Not here: the arithmetic (model.c), block bookkeeping (scheduler.c, kv_cache.c), requests and
  * stops (request.c), sampling maths (sampler.c). Tests: tests/test_engine.c. */
-#include "conductor.h"
+#include "conductor_impl.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -23,55 +24,8 @@
 #include <time.h>
 
 #include "generate.h"
-#include "kv_cache.h"
-#include "lora.h"
-#include "model.h"
-#include "parallel.h"
-#include "request.h"
-#include "scheduler.h"
 #include "tokenizer.h"
 
-#define MODULE "engine"
-
-/* The step plan the first rank broadcasts to every rank: this header, then the arrays. */
-struct step_plan_header {
-    int32_t stop;                 /* 1: workers leave conductor_run_worker */
-    int32_t n_tokens, n_seqs, table_width, n_logits, n_copies;
-    int32_t n_micro;              /* pipeline micro-batches of the step */
-};
-
-struct conductor {
-    struct engine_options o;      /* resolved */
-    struct model_parallel par;    /* world of one when par.world is NULL */
-    struct parallel_groups groups;
-    int32_t *plan;                /* (cap_plan) the packed arrays of a step plan */
-    size_t   cap_plan;
-    uint64_t worker_steps;        /* forwards run by conductor_run_worker */
-    int32_t *mb_qstart, *mb_rows; /* (max_seqs + 1), (max_logits): one micro-batch's offsets */
-    int      failed;              /* the world broke: everything fails with UNAVAILABLE */
-    char     failure[512];
-    struct backend *b;
-    struct model   *m;
-    struct tokenizer *tok;
-    struct lora   **adapters;     /* (o.n_adapters) served LoRA adapters; the model borrows them */
-    uint64_t       *adapter_keys; /* (o.n_adapters) unique per loaded adapter (prefix-cache keys) */
-    struct kv_cache cache;
-    struct scheduler sched;
-    struct sampler  smp;
-    int      max_logits;
-    float   *logits;              /* (max_logits, vocab) host */
-    float   *scratch;             /* (2, vocab) log-softmax and a logits copy */
-
-    pthread_mutex_t mu;
-    pthread_cond_t  cv;
-    pthread_t thread;
-    int       thread_running, stop_thread, draining;
-    struct request *intake, *intake_tail;  /* submitted, not yet seen by the engine thread */
-    int       n_intake_samples;               /* their samples (n each) */
-    struct request *all;                  /* every live request */
-    uint64_t  next_handle;
-    struct engine_stats stats;            /* under mu */
-};
 
 static int eos_id(const struct conductor *c)
 {
@@ -197,50 +151,6 @@ static enum status load_model(struct conductor *c)
     return st;
 }
 
-/* The LoRA adapters served without merging (engine_options.adapters): each loaded for this rank's
- * layers; the model borrows the list and applies adapter i to the sequences that ask for it. */
-static enum status load_adapters(struct conductor *c)
-{
-    const struct engine_options *o = &c->o;
-    if (o->n_adapters == 0) return STATUS_OK;
-    if (c->m->tp_size > 1 || c->m->dtype != DTYPE_F32)
-        return status_errorf(STATUS_UNSUPPORTED, "--lora: serving adapters needs tp 1 and f32 compute (the CPU "
-                             "backend) for now; merge the adapter instead (shardlm merge-lora)");
-    c->adapters = calloc((size_t)o->n_adapters, sizeof *c->adapters);
-    c->adapter_keys = calloc((size_t)o->n_adapters, sizeof *c->adapter_keys);
-    if (!c->adapters || !c->adapter_keys) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory");
-    int max_rank = 0;
-    for (int i = 0; i < o->n_adapters; i++) {
-        for (int j = 0; j < i; j++)
-            if (!strcmp(o->adapter_names[i], o->adapter_names[j]))
-                return status_errorf(STATUS_INVALID_ARGUMENT, "--lora: the name '%s' is given twice", o->adapter_names[i]);
-        enum status st = lora_load_peft(c->m, o->adapter_dirs[i], &c->adapters[i]);
-        if (st != STATUS_OK) return st;
-        c->adapter_keys[i] = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1) ^ 0x5a17ed5eedull;
-        if (c->adapters[i]->rank > max_rank) max_rank = c->adapters[i]->rank;
-        LOG_INFO(MODULE, "adapter '%s' from %s: rank %d, alpha %g", o->adapter_names[i], o->adapter_dirs[i],
-                 c->adapters[i]->rank, (double)c->adapters[i]->alpha);
-    }
-    c->m->adapters = c->adapters;
-    c->m->n_adapters = o->n_adapters;
-    c->m->max_adapter_rank = max_rank;
-    return STATUS_OK;
-}
-
-/* The index of the adapter a request names: -1 for the base (NULL or ""), NOT_FOUND otherwise. */
-static enum status resolve_adapter(const struct conductor *c, const char *name, int *index)
-{
-    *index = -1;
-    if (!name || !*name) return STATUS_OK;
-    for (int i = 0; i < c->o.n_adapters; i++)
-        if (!strcmp(name, c->o.adapter_names[i])) {
-            *index = i;
-            return STATUS_OK;
-        }
-    return status_errorf(STATUS_NOT_FOUND, "no adapter named '%.100s' is loaded (%d loaded; see GetModelInfo)", name,
-                         c->o.n_adapters);
-}
-
 enum status conductor_create(const struct engine_options *opt, struct conductor **out)
 {
     *out = NULL;
@@ -252,7 +162,7 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     pthread_cond_init(&c->cv, NULL);
     c->next_handle = 1;
     enum status st = load_model(c);
-    if (st == STATUS_OK) st = load_adapters(c);
+    if (st == STATUS_OK) st = adapter_set_load(&c->adapters, c->m, o->adapter_names, o->adapter_dirs, o->n_adapters);
     if (st != STATUS_OK) goto fail;
     const struct model_config *cfg = &c->m->cfg;
     const int bt = o->block_tokens;
@@ -344,13 +254,13 @@ enum status conductor_submit(struct conductor *c, const char *request_id, const 
     enum status st = conductor_validate(c, prompt, n_prompt, p);
     if (st == STATUS_OK) st = request_id_check(request_id);
     int adapter = -1;
-    if (st == STATUS_OK) st = resolve_adapter(c, p->adapter, &adapter);
+    if (st == STATUS_OK) st = adapter_set_find(&c->adapters, p->adapter, &adapter);
     if (st != STATUS_OK) return st;
     struct request *r;
     if ((st = request_new(prompt, n_prompt, p, on_event, ctx, &r)) != STATUS_OK) return st;
     r->t_submit = base_now_s();
     r->adapter = adapter;
-    r->adapter_key = adapter >= 0 ? c->adapter_keys[adapter] : 0;
+    r->adapter_key = adapter_key(adapter);
     pthread_mutex_lock(&c->mu);
     if ((st = refusal(c, p->n)) != STATUS_OK) {
         pthread_mutex_unlock(&c->mu);
@@ -389,138 +299,6 @@ enum status conductor_cancel(struct conductor *c, uint64_t handle, const char *i
     pthread_mutex_unlock(&c->mu);
     if (st != STATUS_OK) status_errorf(st, "no running request %s", id ? id : "with that handle");
     return st;
-}
-
-/* ---- multi-rank: the step plan and the workers -------------------------------------------- */
-
-/* The first rank packs and broadcasts the step's arrays (header first); a worker receives them
- * into the same fields and repeats the step's block copies. */
-static enum status plan_exchange(struct conductor *c, struct step_plan_header *h)
-{
-    struct parallel_world *w = c->par.world;
-    struct step_batch *b = &c->sched.batch;
-    struct scheduler *sc = &c->sched;
-    enum status st = parallel_bcast_bytes(w, h, sizeof *h, 0);
-    if (st != STATUS_OK || h->stop) return st;
-    const int T = h->n_tokens, S = h->n_seqs, W = h->table_width, L = h->n_logits, C = h->n_copies;
-    CHECK(T >= 0 && T <= c->o.max_batch_tokens && S >= 0 && S <= c->o.max_seqs && W == b->table_width &&
-              L >= 0 && L <= c->max_logits && C >= 0,
-          "step plan out of range (tokens %d seqs %d width %d logits %d copies %d)", T, S, W, L, C);
-    const size_t n = 3 * (size_t)T + (size_t)(S + 1) + 2 * (size_t)S + (size_t)S * W + (size_t)L + 2 * (size_t)C;
-    if (base_grow((void **)&c->plan, &c->cap_plan, n, sizeof *c->plan) != 0) return STATUS_RESOURCE_EXHAUSTED;
-    const int first = conductor_is_first_rank(c);
-    if (!first && C > 0 && base_grow((void **)&sc->copies, &sc->cap_copies, 2 * (size_t)C, sizeof *sc->copies) != 0)
-        return STATUS_RESOURCE_EXHAUSTED;
-    struct { int32_t *p; int n; } parts[] = {
-        {b->tokens, T}, {b->pos, T}, {b->slots, T}, {b->qstart, S + 1}, {b->seqlen, S},
-        {b->table, S * W}, {b->rows, L}, {sc->copies, 2 * C}, {b->adapter, S},
-    };
-    size_t off = 0;
-    if (first)
-        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; off += (size_t)parts[i].n, i++)
-            if (parts[i].n) memcpy(c->plan + off, parts[i].p, (size_t)parts[i].n * sizeof *c->plan);
-    if ((st = parallel_bcast_bytes(w, c->plan, n * sizeof *c->plan, 0)) != STATUS_OK) return st;
-    if (first) return STATUS_OK;
-    off = 0;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; off += (size_t)parts[i].n, i++)
-        if (parts[i].n) memcpy(parts[i].p, c->plan + off, (size_t)parts[i].n * sizeof *c->plan);
-    for (int i = 0; i < C; i++) kv_cache_copy_block(&c->cache, sc->copies[2 * i], sc->copies[2 * i + 1]);
-    return STATUS_OK;
-}
-
-/* With pp > 1 the logits are on the last stage: its first rank sends them to the first rank,
- * which samples (a departure from sampling on the last stage: the sampler's per-request state
- * then lives in one place; the cost is n_logits x vocab floats per step over MPI). */
-static enum status logits_to_first_rank(struct conductor *c, int n_logits)
-{
-    const struct parallel_layout *l = &c->par.layout;
-    if (!c->par.world || l->pp_size == 1 || n_logits == 0) return STATUS_OK;
-    struct tensor t = tensor_make(c->logits, DTYPE_F32, DEVICE_CPU, 2, (int64_t)n_logits,
-                                  (int64_t)c->m->cfg.vocab_size);
-    int last = parallel_layout_rank(l, 0, l->pp_size - 1, 0);
-    if (conductor_is_first_rank(c)) return comm_recv(c->par.world->control, &t, last);
-    if (l->rank == last) return comm_send(c->par.world->control, &t, 0);
-    return STATUS_OK;
-}
-
-/* Micro-batches per step (pp > 1, --pp-microbatches): the step's sequences are split so that
- * stages overlap (stage k runs micro-batch j while stage k+1 runs j-1). Off by default: decode
- * is bound by weight reads, and each micro-batch reads the stage's weights again (measured on 2
- * CPU cores: pp 2 at 16 streams, 94 tok/s as one micro-batch, 84 tok/s as two). */
-static int micro_batches(const struct conductor *c, int n_seqs)
-{
-    if (c->par.layout.pp_size <= 1 || c->o.pp_microbatches <= 1) return 1;
-    return c->o.pp_microbatches < n_seqs ? c->o.pp_microbatches : n_seqs;
-}
-
-/* Runs the step held in the step batch as n_micro micro-batches of contiguous sequences, in
- * the same order on every rank. Activations flow one way (stage to stage); the last stage
- * sends all logits to the first rank only after its last micro-batch, so no rank ever waits on
- * a rank that waits on it. Logit rows are ascending, so each micro-batch's are contiguous. */
-static enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logits, int n_micro)
-{
-    const struct step_batch *b = &c->sched.batch;
-    const int V = c->m->cfg.vocab_size, per = (n_seqs + n_micro - 1) / n_micro;
-    int l0 = 0;
-    enum status st = STATUS_OK;
-    for (int s0 = 0; s0 < n_seqs && st == STATUS_OK; s0 += per) {
-        const int s1 = s0 + per < n_seqs ? s0 + per : n_seqs;
-        const int r0 = b->qstart[s0], r1 = s1 < n_seqs ? b->qstart[s1] : n_rows;
-        int l1 = l0;
-        while (l1 < n_logits && b->rows[l1] < r1) l1++;
-        for (int i = s0; i <= s1; i++) c->mb_qstart[i - s0] = (i < n_seqs ? b->qstart[i] : n_rows) - r0;
-        for (int i = l0; i < l1; i++) c->mb_rows[i - l0] = b->rows[i] - r0;
-        struct forward_batch fb = {.n_tokens = r1 - r0, .tokens = b->tokens + r0, .positions = b->pos + r0,
-                                   .slots = b->slots + r0, .n_seqs = s1 - s0, .q_start = c->mb_qstart,
-                                   .seq_len = b->seqlen + s0,
-                                   .block_table = b->table + (size_t)s0 * (size_t)b->table_width,
-                                   .max_blocks = b->table_width, .n_logits = l1 - l0, .logit_rows = c->mb_rows,
-                                   .seq_adapter = c->m->n_adapters ? b->adapter + s0 : NULL};
-        st = model_forward(c->m, &c->cache, &fb, c->logits + (size_t)l0 * (size_t)V);
-        l0 = l1;
-    }
-    if (st == STATUS_OK) st = logits_to_first_rank(c, n_logits);
-    return st;
-}
-
-enum status conductor_run_worker(struct conductor *c)
-{
-    CHECK(!conductor_is_first_rank(c), "conductor_run_worker on the first rank");
-    for (;;) {
-        struct step_plan_header h;
-        enum status st = plan_exchange(c, &h);
-        if (st != STATUS_OK) return st;
-        if (h.stop) return STATUS_OK;
-        if (h.n_tokens == 0) continue;
-        CHECK(h.n_micro >= 1 && h.n_micro <= h.n_seqs, "step plan: %d micro-batches for %d sequences", h.n_micro, h.n_seqs);
-        if ((st = run_forward(c, h.n_tokens, h.n_seqs, h.n_logits, h.n_micro)) != STATUS_OK) return st;
-        c->worker_steps++;
-    }
-}
-
-/* One line per rank at shutdown: time spent in each communicator per forward step. */
-static void log_comm_time(struct conductor *c)
-{
-    uint64_t steps = conductor_is_first_rank(c) ? c->stats.steps : c->worker_steps;
-    if (!c->groups.tp || steps == 0) return;
-    const struct comm *cm[] = {c->groups.tp, c->groups.pp, c->par.world ? c->par.world->control : NULL};
-    const char *names[] = {"tp", "pp", "control"};
-    char line[256];
-    int n = 0;
-    for (int i = 0; i < 3; i++)
-        if (cm[i] && cm[i]->size > 1)
-            n += snprintf(line + n, sizeof line - (size_t)n, " %s %.3f ms/step (%.1f calls)", names[i],
-                          1e3 * cm[i]->seconds / (double)steps, (double)cm[i]->n_calls / (double)steps);
-    if (n) LOG_INFO(MODULE, "rank %d: %llu steps; communication:%s", c->par.layout.rank, (unsigned long long)steps, line);
-}
-
-/* Tells the workers to leave conductor_run_worker (first rank only, once). */
-static void stop_workers(struct conductor *c)
-{
-    if (!c->par.world || !conductor_is_first_rank(c) || !c->m || c->failed) return;
-    struct step_plan_header h = {.stop = 1};
-    if (plan_exchange(c, &h) != STATUS_OK) LOG_WARN(MODULE, "could not tell the workers to stop: %s", status_message());
-    c->par.world = NULL; /* nothing more goes to them */
 }
 
 /* The world broke (a rank gone or hung): every request fails with UNAVAILABLE, new ones are
@@ -838,9 +616,7 @@ void conductor_free(struct conductor *c)
     free(c->scratch);
     sampler_free(&c->smp);
     if (c->cache.b) kv_cache_free(&c->cache);
-    for (int i = 0; c->adapters && i < c->o.n_adapters; i++) lora_free(c->adapters[i], c->b);
-    free(c->adapters);
-    free(c->adapter_keys);
+    adapter_set_free(&c->adapters, c->b);
     model_free(c->m);
     tokenizer_free(c->tok);
     backend_close(c->b);

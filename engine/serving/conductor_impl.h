@@ -1,0 +1,67 @@
+/* engine/serving/conductor_impl.h - private to conductor.c and conductor_ranks.c: struct
+ * conductor and the step plan, which only the conductor's own files read.
+ * Not here: the public API (conductor.h). */
+#ifndef SHARDLM_CONDUCTOR_IMPL_H
+#define SHARDLM_CONDUCTOR_IMPL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "adapters.h"
+#include "conductor.h"
+#include "kv_cache.h"
+#include "model.h"
+#include "parallel.h"
+#include "request.h"
+#include "sampler.h"
+#include "scheduler.h"
+
+#define MODULE "engine"
+
+/* The step plan the first rank broadcasts to every rank: this header, then the arrays. */
+struct step_plan_header {
+    int32_t stop;                 /* 1: workers leave conductor_run_worker */
+    int32_t n_tokens, n_seqs, table_width, n_logits, n_copies;
+    int32_t n_micro;              /* pipeline micro-batches of the step */
+};
+
+struct conductor {
+    struct engine_options o;      /* resolved */
+    struct model_parallel par;    /* world of one when par.world is NULL */
+    struct parallel_groups groups;
+    int32_t *plan;                /* (cap_plan) the packed arrays of a step plan */
+    size_t   cap_plan;
+    uint64_t worker_steps;        /* forwards run by conductor_run_worker */
+    int32_t *mb_qstart, *mb_rows; /* (max_seqs + 1), (max_logits): one micro-batch's offsets */
+    int      failed;              /* the world broke: everything fails with UNAVAILABLE */
+    char     failure[512];
+    struct backend *b;
+    struct model   *m;
+    struct tokenizer *tok;
+    struct adapter_set adapters;  /* served LoRA adapters; the model borrows them */
+    struct kv_cache cache;
+    struct scheduler sched;
+    struct sampler  smp;
+    int      max_logits;
+    float   *logits;              /* (max_logits, vocab) host */
+    float   *scratch;             /* (2, vocab) log-softmax and a logits copy */
+
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    pthread_t thread;
+    int       thread_running, stop_thread, draining;
+    struct request *intake, *intake_tail;  /* submitted, not yet seen by the engine thread */
+    int       n_intake_samples;               /* their samples (n each) */
+    struct request *all;                  /* every live request */
+    uint64_t  next_handle;
+    struct engine_stats stats;            /* under mu */
+};
+
+/* conductor_ranks.c: the multi-rank side of a step. */
+enum status plan_exchange(struct conductor *c, struct step_plan_header *h);
+int         micro_batches(const struct conductor *c, int n_seqs);
+enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logits, int n_micro);
+void        log_comm_time(struct conductor *c);
+void        stop_workers(struct conductor *c);
+
+#endif
