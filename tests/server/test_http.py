@@ -466,11 +466,8 @@ def group_fronts(env):
     """TLS on the HTTP front, the bound on open connections, and SIGTERM draining an HTTP stream."""
     import ssl
     # TLS: --tls-cert / --tls-key serve HTTPS on the HTTP port too; plaintext gets nothing.
-    if shutil.which("openssl"):
-        d = Path(tempfile.mkdtemp(prefix="shardlm-http-tls-"))
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-                        "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(d / "key.pem"),
-                        "-out", str(d / "cert.pem")], check=True, capture_output=True, timeout=60)
+    d = TS.self_signed_cert("shardlm-http-tls-")
+    if d is not None:
         with Server(env.shardlm, env.model, "--tls-cert", str(d / "cert.pem"), "--tls-key", str(d / "key.pem"),
                     name="http-tls") as srv:
             ctx = ssl.create_default_context(cafile=str(d / "cert.pem"))
@@ -547,8 +544,7 @@ def main():
     env = Env()
     env.shardlm = args.shardlm
     env.model = work / MODEL
-    subprocess.run([args.shardlm, "convert", "llama2c", "--checkpoint", str(src / "stories260K.bin"), "--tokenizer",
-                    str(src / "tok512.model"), "--out", str(env.model)], check=True, capture_output=True, timeout=120)
+    TS.convert_stories260k(args.shardlm, src, env.model)
     failed = passed = 0
     try:
         for name in args.groups or list(GROUPS):

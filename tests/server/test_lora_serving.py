@@ -54,8 +54,7 @@ def alone(client, prompt, adapter):
 def run(shardlm, work, assets):
     model = work / "stories260K"
     src = assets / "stories260K"
-    subprocess.run([shardlm, "convert", "llama2c", "--checkpoint", str(src / "stories260K.bin"), "--tokenizer",
-                    str(src / "tok512.model"), "--out", str(model)], check=True, capture_output=True, timeout=120)
+    TS.convert_stories260k(shardlm, src, model)
     data = work / "stories.txt"
     data.write_text(" ".join(PROMPTS * 40))
     ads = {"a1": (4, "q,k,v,o,gate,up,down", 1), "a2": (8, "q,v", 2), "a3": (2, "gate,up,down", 3)}

@@ -768,14 +768,30 @@ def group_auth(env):
     shutil.rmtree(d, ignore_errors=True)
 
 
-def group_tls(env):
+def self_signed_cert(prefix):
+    """A fresh directory with cert.pem and key.pem for localhost / 127.0.0.1 (openssl), or None
+    without an openssl command. test_http.py uses it too."""
     if not shutil.which("openssl"):
-        print("  SKIP tls: no openssl command")
-        return "skip"
-    d = Path(tempfile.mkdtemp(prefix="shardlm-tls-"))
+        return None
+    d = Path(tempfile.mkdtemp(prefix=prefix))
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(d / "key.pem"),
                     "-out", str(d / "cert.pem")], check=True, capture_output=True, timeout=60)
+    return d
+
+
+def convert_stories260k(shardlm, src, out):
+    """The stories260K assets (src) converted into the serving layout at out; the three server test
+    files start their servers on it."""
+    subprocess.run([shardlm, "convert", "llama2c", "--checkpoint", str(src / "stories260K.bin"), "--tokenizer",
+                    str(src / "tok512.model"), "--out", str(out)], check=True, capture_output=True, timeout=120)
+
+
+def group_tls(env):
+    d = self_signed_cert("shardlm-tls-")
+    if d is None:
+        print("  SKIP tls: no openssl command")
+        return "skip"
     with Server(env.shardlm, env.model, "--tls-cert", str(d / "cert.pem"), "--tls-key", str(d / "key.pem"),
                 name="tls") as srv:
         cert = (d / "cert.pem").read_bytes()
@@ -850,8 +866,7 @@ def main():
     env = Env()
     env.shardlm = args.shardlm
     env.model = work / "stories260K"
-    subprocess.run([args.shardlm, "convert", "llama2c", "--checkpoint", str(src / "stories260K.bin"), "--tokenizer",
-                    str(src / "tok512.model"), "--out", str(env.model)], check=True, capture_output=True, timeout=120)
+    convert_stories260k(args.shardlm, src, env.model)
     passed = failed = skipped = 0
     try:
         for g in groups:
