@@ -43,6 +43,14 @@ static const char *const train_help =
     "  --resume DIR            continue a checkpoint written by shardlm train\n"
     "  --metrics FILE          JSONL metrics [OUT/metrics.jsonl]\n"
     "  --device cpu|cuda [cpu]  --threads N [0 = all cores]\n"
+    "parallelism (launch with mpirun -n TP*PP*DP; dp is what is left):\n"
+    "  --tensor-model-parallel-size|--tp N [1]  --pipeline-model-parallel-size|--pp N [1]\n"
+    "  --sequence-parallel     split the norm and residual regions over tp (tp > 1)\n"
+    "  --use-distributed-optimizer   shard the AdamW state over dp (ZeRO-1)\n"
+    "  --recompute-granularity selective|full   [none]\n"
+    "  --recompute-modules LIST      selective: core_attn,mlp,layernorm [core_attn]\n"
+    "  --recompute-method uniform|block  --recompute-num-layers N [1]   full\n"
+    "  --rank-timeout S        a rank silent for S seconds ends the job, naming it [0 = wait]\n"
     "LoRA (the base frozen; the output is a PEFT adapter: adapter_config.json +\n"
     "adapter_model.safetensors; shardlm merge-lora makes a servable checkpoint of it):\n"
     "  --lora-rank R [off; 32 when any --lora-* is given]  --lora-alpha A [32]\n"
@@ -79,6 +87,8 @@ static int parse_double(const char *v, double *out)
 }
 
 /* Parses the flag a (value v) into o. Returns 0, or an exit code after printing the error. */
+static int recompute_block; /* --recompute-method block (applied once all flags are read) */
+
 static int parse_flag(struct train_options *o, const char *a, const char *v)
 {
     long n;
@@ -138,6 +148,32 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
     } else if (!strcmp(a, "--chat-template")) {
         if (chat_template_parse(v, &o->data_opt.chat_template) != STATUS_OK)
             return bad("--chat-template must be llama2, chatml, gemma or plain, got '%s'", v);
+    } else if (!strcmp(a, "--tensor-model-parallel-size") || !strcmp(a, "--tp")) {
+        if (parse_int(v, 1, 4096, &o->tp)) return bad("--tensor-model-parallel-size must be an integer in [1, 4096], got '%s'", v);
+    } else if (!strcmp(a, "--pipeline-model-parallel-size") || !strcmp(a, "--pp")) {
+        if (parse_int(v, 1, 4096, &o->pp)) return bad("--pipeline-model-parallel-size must be an integer in [1, 4096], got '%s'", v);
+    } else if (!strcmp(a, "--recompute-granularity")) {
+        if (!strcmp(v, "selective")) o->memory.recompute = TRAIN_RECOMPUTE_SELECTIVE;
+        else if (!strcmp(v, "full")) o->memory.recompute = o->memory.recompute == TRAIN_RECOMPUTE_BLOCK ? TRAIN_RECOMPUTE_BLOCK : TRAIN_RECOMPUTE_UNIFORM;
+        else return bad("--recompute-granularity must be selective or full, got '%s'", v);
+    } else if (!strcmp(a, "--recompute-method")) {
+        if (strcmp(v, "uniform") && strcmp(v, "block")) return bad("--recompute-method must be uniform or block, got '%s'", v);
+        recompute_block = !strcmp(v, "block");
+    } else if (!strcmp(a, "--recompute-num-layers")) {
+        if (parse_int(v, 1, 1 << 20, &o->memory.num_layers)) return bad("--recompute-num-layers must be a positive integer, got '%s'", v);
+    } else if (!strcmp(a, "--recompute-modules")) {
+        o->memory.modules = 0;
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", v);
+        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            if (!strcmp(tok, "core_attn")) o->memory.modules |= TRAIN_RECOMPUTE_CORE_ATTN;
+            else if (!strcmp(tok, "mlp")) o->memory.modules |= TRAIN_RECOMPUTE_MLP;
+            else if (!strcmp(tok, "layernorm")) o->memory.modules |= TRAIN_RECOMPUTE_LAYERNORM;
+            else return bad("--recompute-modules: unknown module '%s' (core_attn, mlp, layernorm)", tok);
+        }
+        if (!o->memory.modules) return bad("--recompute-modules needs at least one module, got '%s'", v);
+    } else if (!strcmp(a, "--rank-timeout")) {
+        if (parse_double(v, &o->rank_timeout_s) || !(o->rank_timeout_s >= 0)) return bad("--rank-timeout must be a non-negative number of seconds, got '%s'", v);
     } else return bad("unknown option '%s'", a);
     return 0;
 }
@@ -160,6 +196,14 @@ int train_main(int argc, char **argv)
             fputs(train_help, stdout);
             return 0;
         }
+        if (!strcmp(a, "--sequence-parallel")) {
+            o.memory.sequence_parallel = 1;
+            continue;
+        }
+        if (!strcmp(a, "--use-distributed-optimizer")) {
+            o.distributed_optimizer = 1;
+            continue;
+        }
         if (!strcmp(a, "--bf16") || !strcmp(a, "--fp16")) {
             enum train_precision p = a[2] == 'b' ? TRAIN_PRECISION_BF16 : TRAIN_PRECISION_FP16;
             if (o.precision != TRAIN_PRECISION_F32 && o.precision != p) return bad("%s: give --bf16 or --fp16, not both", a);
@@ -176,6 +220,12 @@ int train_main(int argc, char **argv)
     if (!o.data) return bad("--data FILE is required%s", "");
     if (!o.out_dir) return bad("--out DIR is required%s", "");
     if (o.global_batch_size == 0) o.global_batch_size = o.micro_batch_size;
+    if (o.memory.recompute == TRAIN_RECOMPUTE_UNIFORM && recompute_block) o.memory.recompute = TRAIN_RECOMPUTE_BLOCK;
+    if (o.memory.recompute == TRAIN_RECOMPUTE_SELECTIVE && !o.memory.modules) o.memory.modules = TRAIN_RECOMPUTE_CORE_ATTN;
+    if (o.memory.recompute != TRAIN_RECOMPUTE_SELECTIVE && o.memory.modules)
+        return bad("--recompute-modules applies to --recompute-granularity selective%s", "");
+    if ((o.memory.recompute == TRAIN_RECOMPUTE_UNIFORM || o.memory.recompute == TRAIN_RECOMPUTE_BLOCK) && !o.memory.num_layers)
+        o.memory.num_layers = 1;
     if (!chat_template_set) o.data_opt.chat_template = CHAT_TEMPLATE_PLAIN; /* resolved from the model below */
     o.data_opt.seq_length = o.seq_length;
     o.progress = isatty(STDERR_FILENO);

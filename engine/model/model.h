@@ -26,6 +26,7 @@ extern "C" {
 #endif
 
 struct train_activations;
+struct train_memory;
 struct lora;
 
 /* How one rank's model joins the others. */
@@ -89,7 +90,13 @@ struct model {
     int dtype_explicit;            /* loaded with model_load_as and a chosen dtype */
 
     struct model_workspace ws;
-    struct train_activations *train; /* model_reserve_train (model_train.c); NULL until then */
+    /* Training (model_train.h): the activation sets (one per micro-batch in flight), the one
+     * in use, and how memory is spent (recomputation, sequence parallelism). NULL until
+     * model_reserve_train. */
+    struct train_activations *train;
+    struct train_activations **train_sets;
+    int n_train_sets;
+    struct train_memory *train_memory;
     struct lora *lora;             /* borrowed: adapters the training passes apply (lora.h), or NULL */
     /* Serving adapters (borrowed; the conductor loads them): forward_batch.seq_adapter picks one
      * of them per sequence. model_reserve sizes their scratch for ranks up to max_adapter_rank. */

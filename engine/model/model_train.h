@@ -8,14 +8,22 @@
  * and Gemma 3 models), tests/test_train.c.
  *
  * Contracts:
- * - One rank (tp = pp = 1) for now: model_reserve_train refuses other layouts with
- *   STATUS_UNSUPPORTED. The code is written as Megatron's: row-parallel biases join on tp rank
- *   0, the loss is the vocab-parallel cross-entropy's, so that tensor parallelism adds the
- *   collectives and nothing else.
+ * - Parallelism as Megatron's: with tp > 1 the column- and row-parallel products of serving
+ *   with their conjugate collectives in backward (an all-reduce of the column-parallel inputs'
+ *   gradients; none for the row-parallel outputs' gradients), the vocab-parallel embedding and
+ *   the vocab-parallel cross-entropy (each rank its shard of the logits; the per-row statistics
+ *   gathered, never the logits). Every rank of a tp group calls every function with the same
+ *   batch. Sequence parallelism (struct train_memory) splits the norm and residual regions
+ *   along the rows: all-gather before the column-parallel products, reduce-scatter after the
+ *   row-parallel ones, forward and backward. With pp > 1 each stage runs its layers; the
+ *   caller moves the stage boundary (model_train_boundary) between stages.
+ * - Gradients of weights that every tp rank holds but sees only part of the rows or heads of
+ *   (model_train_grad_partial: the QK norms; with sequence parallelism every norm and the
+ *   learned positions) are this rank's part: the caller all-reduces them over tp.
  * - The weights must be writable device memory (model_weights_make_writable) before an
  *   optimizer updates them; the forward and backward only read them.
- * - Activations are kept for every layer of the micro-batch (no recomputation yet): about
- *   T x (10 d + 4 ffn + 3 heads x head_dim) elements per layer for T tokens. */
+ * - Activations are kept per layer unless recomputed (struct train_memory); the formula of
+ *   what is kept is in docs/training.md. */
 #ifndef SHARDLM_MODEL_TRAIN_H
 #define SHARDLM_MODEL_TRAIN_H
 
@@ -41,16 +49,65 @@ struct train_batch {
                                   gives Megatron's per-token mean over the whole batch */
 };
 
+/* Modules whose insides selective recomputation recomputes (Megatron's --recompute-modules). */
+enum train_recompute_module {
+    TRAIN_RECOMPUTE_CORE_ATTN = 1u, /* the attention kernel: its log-sum-exp (q, k, v and the
+                                       output, the projection's input, stay) */
+    TRAIN_RECOMPUTE_MLP = 2u,       /* gate, up and the activation, from the normed input */
+    TRAIN_RECOMPUTE_LAYERNORM = 4u, /* the two pre-norms' outputs, from their inputs */
+};
+
+enum train_recompute {
+    TRAIN_RECOMPUTE_NONE,
+    TRAIN_RECOMPUTE_SELECTIVE,      /* the modules of `modules`, every layer */
+    TRAIN_RECOMPUTE_UNIFORM,        /* full: chunks of num_layers layers keep only their input */
+    TRAIN_RECOMPUTE_BLOCK,          /* full: the first num_layers layers of the stage keep only
+                                       their input; the others keep everything */
+};
+
+/* How the training passes spend memory. */
+struct train_memory {
+    enum train_recompute recompute;
+    unsigned modules;               /* selective: enum train_recompute_module bits */
+    int num_layers;                 /* uniform / block */
+    int sequence_parallel;          /* tp > 1 only; batches' rows must be a multiple of tp */
+    int sets;                       /* activation sets: micro-batches in flight (>= 1) */
+};
+
 /* Sizes the training activations for micro-batches of at most max_tokens rows (again to
- * grow). STATUS_UNSUPPORTED for tp or pp > 1, STATUS_RESOURCE_EXHAUSTED when out of memory. */
+ * grow): one set, nothing recomputed. STATUS_RESOURCE_EXHAUSTED when out of memory. */
 enum status model_reserve_train(struct model *m, int max_tokens);
+/* The same with a memory plan; STATUS_INVALID_ARGUMENT for a plan that does not fit the model
+ * (sequence parallelism with max_tokens not a multiple of tp, num_layers out of range),
+ * STATUS_UNSUPPORTED for a tp the training passes cannot run (a vocabulary or KV heads that
+ * do not split evenly). */
+enum status model_reserve_train_with(struct model *m, int max_tokens, const struct train_memory *mem);
+/* Picks the activation set the next forward writes and the next backward reads (0 ..
+ * sets - 1): a pipeline keeps one per micro-batch in flight. */
+void model_train_use_set(struct model *m, int set);
+/* Device bytes of the training activations (all sets). */
+size_t model_train_activation_bytes(const struct model *m);
+
+/* The stage boundary of the current set, (rows, d) with rows = n_tokens (n_tokens / tp under
+ * sequence parallelism): before model_forward_train on a stage after the first, the caller
+ * writes the previous stage's output into model_train_boundary; after it, on a stage before
+ * the last, the stage's output is there. Before model_backward on a stage before the last,
+ * the caller writes the gradient of that output into model_train_boundary_grad; after it, on a
+ * stage after the first, the gradient of the stage's input is there. */
+struct tensor model_train_boundary(struct model *m, int n_tokens);
+struct tensor model_train_boundary_grad(struct model *m, int n_tokens);
+
+/* Whether the gradient of weight kind `kind` is a per-rank part to all-reduce over tp (see the
+ * contracts above). */
+int model_train_grad_partial(const struct model *m, enum weight_kind kind);
 
 /* Copies every weight that points into the read-only checkpoint mapping (CPU zero-copy
  * loading) into memory the model owns, so that an optimizer may update the weights in place. */
 enum status model_weights_make_writable(struct model *m);
 
-/* Forward over tb keeping the activations, then the loss. *loss_sum receives the sum of the
- * per-token losses (natural log) over the unmasked rows, *n_real their number. */
+/* Forward over tb keeping the activations, then the loss (last stage). *loss_sum receives the
+ * sum of the per-token losses (natural log) over the unmasked rows, *n_real their number (0
+ * and 0 on other stages). STATUS_UNAVAILABLE when a collective fails. */
 enum status model_forward_train(struct model *m, const struct train_batch *tb, double *loss_sum,
                                 int *n_real);
 

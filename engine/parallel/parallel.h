@@ -171,6 +171,8 @@ struct comm_ops {
     enum status (*broadcast)(struct comm *c, const struct tensor *x, int root);
     enum status (*send)(struct comm *c, const struct tensor *x, int peer);
     enum status (*recv)(struct comm *c, const struct tensor *x, int peer);
+    enum status (*sendrecv)(struct comm *c, const struct tensor *send, int send_peer,
+                            const struct tensor *recv, int recv_peer);
     enum status (*reserve)(struct comm *c, size_t max_numel);
     enum status (*synchronize)(struct comm *c);
     void (*free)(struct comm *c);
@@ -251,6 +253,12 @@ enum status comm_broadcast(struct comm *c, const struct tensor *x, int root);
  * must order them (send then recv on one rank, recv then send on the others). */
 enum status comm_send(struct comm *c, const struct tensor *x, int peer);
 enum status comm_recv(struct comm *c, const struct tensor *x, int peer);
+
+/* send to send_peer and recv from recv_peer at once (both posted before either is waited on),
+ * so that neighbours exchanging in opposite directions never deadlock: the pipeline
+ * schedule's send-forward-receive-backward. send and recv must not overlap. */
+enum status comm_sendrecv(struct comm *c, const struct tensor *send, int send_peer,
+                          const struct tensor *recv, int recv_peer);
 
 /* Sizes the comm's scratch for operations on tensors of up to max_numel elements (the larger
  * of in and out), so that no later call allocates (call it from model_reserve). Without it

@@ -138,6 +138,18 @@ enum status comm_recv(struct comm *c, const struct tensor *x, int peer)
     COMM_RUN(c, tensor_nbytes(x), c->ops->recv(c, x, peer));
 }
 
+enum status comm_sendrecv(struct comm *c, const struct tensor *send, int send_peer,
+                          const struct tensor *recv, int recv_peer)
+{
+    check_tensor(c, send, "send");
+    check_tensor(c, recv, "recv");
+    CHECK(send_peer >= 0 && send_peer < c->size && send_peer != c->rank && recv_peer >= 0 &&
+              recv_peer < c->size && recv_peer != c->rank,
+          "%s comm: rank %d cannot exchange with %d / %d in a group of %d", c->name, c->rank,
+          send_peer, recv_peer, c->size);
+    COMM_RUN(c, tensor_nbytes(send), c->ops->sendrecv(c, send, send_peer, recv, recv_peer));
+}
+
 enum status comm_reserve(struct comm *c, size_t max_numel) { return c->ops->reserve(c, max_numel); }
 
 enum status comm_synchronize(struct comm *c)
@@ -375,6 +387,28 @@ static enum status mpi_recv(struct comm *c, const struct tensor *x, int peer)
     return STATUS_OK;
 }
 
+static enum status mpi_sendrecv(struct comm *c, const struct tensor *send, int send_peer,
+                                const struct tensor *recv, int recv_peer)
+{
+    struct mpi_comm *m = c->impl;
+    int scount = 0, rcount = 0, got = 0;
+    enum status st = parallel_mpi_int_count(tensor_nbytes(send), "sendrecv (bytes)", c->name, &scount);
+    if (st == STATUS_OK) st = parallel_mpi_int_count(tensor_nbytes(recv), "sendrecv (bytes)", c->name, &rcount);
+    if (st != STATUS_OK) return st;
+    MPI_Request req[2];
+    MPI_Status mst;
+    MPI_TRY(c->world, c->name, MPI_Irecv(recv->data, rcount, MPI_BYTE, recv_peer, PARALLEL_P2P_TAG,
+                                         m->comm, &req[0]));
+    MPI_TRY(c->world, c->name, MPI_Isend(send->data, scount, MPI_BYTE, send_peer, PARALLEL_P2P_TAG,
+                                         m->comm, &req[1]));
+    if ((st = parallel_mpi_wait(c->world, &req[1], NULL, "sendrecv (send)", c->name)) != STATUS_OK) return st;
+    if ((st = parallel_mpi_wait(c->world, &req[0], &mst, "sendrecv (recv)", c->name)) != STATUS_OK) return st;
+    MPI_TRY(c->world, c->name, MPI_Get_count(&mst, MPI_BYTE, &got));
+    CHECK(got == rcount, "%s comm: rank %d received %d bytes from %d, expected %d", c->name, c->rank,
+          got, recv_peer, rcount);
+    return STATUS_OK;
+}
+
 static enum status mpi_synchronize(struct comm *c)
 {
     (void)c;
@@ -390,6 +424,7 @@ static const struct comm_ops mpi_comm_ops = {
     .broadcast = mpi_broadcast,
     .send = mpi_send,
     .recv = mpi_recv,
+    .sendrecv = mpi_sendrecv,
     .reserve = mpi_comm_reserve,
     .synchronize = mpi_synchronize,
     .free = mpi_comm_free,

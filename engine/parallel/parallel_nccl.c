@@ -291,6 +291,21 @@ static enum status nccl_recv(struct comm *c, const struct tensor *x, int peer)
     return STATUS_OK;
 }
 
+static enum status nccl_sendrecv(struct comm *c, const struct tensor *send, int send_peer,
+                                 const struct tensor *recv, int recv_peer)
+{
+    enum status st;
+    struct nccl_comm *n = nccl_enter(c, &st);
+    if (st != STATUS_OK) return st;
+    NCCL_TRY(c->world, n->comm, c->name, ncclGroupStart());
+    NCCL_TRY(c->world, n->comm, c->name,
+             ncclSend(send->data, tensor_nbytes(send), ncclInt8, send_peer, n->comm, n->stream));
+    NCCL_TRY(c->world, n->comm, c->name,
+             ncclRecv(recv->data, tensor_nbytes(recv), ncclInt8, recv_peer, n->comm, n->stream));
+    NCCL_TRY(c->world, n->comm, c->name, ncclGroupEnd());
+    return STATUS_OK;
+}
+
 /* Polls the stream rather than blocking in cudaStreamSynchronize, so that an asynchronous NCCL
  * error (a peer gone) or the world's timeout ends the wait; either aborts the communicator. */
 static enum status nccl_synchronize(struct comm *c)
@@ -332,6 +347,7 @@ static const struct comm_ops nccl_comm_ops = {
     .broadcast = nccl_broadcast,
     .send = nccl_send,
     .recv = nccl_recv,
+    .sendrecv = nccl_sendrecv,
     .reserve = nccl_reserve,
     .synchronize = nccl_synchronize,
     .free = nccl_comm_free,

@@ -62,9 +62,11 @@ void optimizer_free(struct optimizer *opt, struct backend *b)
 double optimizer_grad_norm(struct optimizer *opt, struct backend *b, const struct param_table *grads)
 {
     backend_memset_zero(b, opt->norm_acc.data, sizeof(float));
-    for (size_t i = 0; i < grads->n; i++) op_sum_squares(b, &opt->norm_acc, grads->p[i].t);
+    for (size_t i = 0; i < grads->n; i++)
+        if (grads->p[i].counted) op_sum_squares(b, &opt->norm_acc, grads->p[i].t);
     float sum = 0.0f;
     backend_download(b, &sum, opt->norm_acc.data, sizeof sum);
+    if (opt->reduce_sumsq) sum = (float)opt->reduce_sumsq(opt->reduce_ctx, (double)sum);
     return sqrt((double)sum);
 }
 

@@ -31,6 +31,11 @@ struct optimizer {
     void *mem;                 /* one device allocation behind m and v */
     int64_t step;              /* AdamW steps taken */
     struct tensor norm_acc;    /* f32 (1) on the device: sum of squares */
+    /* Across ranks: the sum of squares of this rank's counted gradients in, the whole model's
+     * out (the trainer's all-reduce over tp, pp and, with a distributed optimizer, dp); NULL on
+     * one rank. A NaN stays NaN. */
+    double (*reduce_sumsq)(void *ctx, double local);
+    void *reduce_ctx;
 };
 
 /* The learning rate after `it` updates (0-based): Megatron's OptimizerParamScheduler, warm-up
@@ -42,8 +47,9 @@ enum status optimizer_init(struct optimizer *opt, struct backend *b, const struc
                            const struct optimizer_options *o);
 void optimizer_free(struct optimizer *opt, struct backend *b);
 
-/* The global L2 norm of the gradient table (f32), as a double on the host; Inf or NaN when any
- * gradient is (the overflow check). */
+/* The global L2 norm of the gradient table (f32; the rows marked counted, summed over ranks by
+ * reduce_sumsq), as a double on the host; Inf or NaN when any gradient is (the overflow
+ * check). */
 double optimizer_grad_norm(struct optimizer *opt, struct backend *b, const struct param_table *grads);
 
 /* One AdamW step of params from grads (row for row) at learning rate lr, grads first multiplied

@@ -15,6 +15,10 @@ struct param {
     char           name[96];  /* "q/3" (kind/layer) for weights, "lora/q/3/A" for adapters */
     struct tensor *t;         /* borrowed */
     int            decay;     /* AdamW weight decay applies (matrices; not biases and norms) */
+    int            kind;      /* enum weight_kind for weights, -1 for adapters */
+    int            counted;   /* 1: its gradient counts in the global norm on this rank; 0 for a
+                                 copy another rank counts (a tp-replicated weight off tp rank 0,
+                                 the last stage's tied embedding) */
 };
 
 struct param_table {

@@ -11,6 +11,7 @@
 #include "model_train.h"
 #include "tokenizer.h"
 #include "train_checkpoint.h"
+#include "train_parallel.h"
 
 struct trainer {
     const struct train_options *o;
@@ -31,7 +32,9 @@ struct trainer {
     struct optimizer opt;
     struct train_dataset train, eval;
     struct micro_batch *mbs;      /* (num_microbatches) of the current iteration */
+    struct train_batch *tbs;      /* (num_microbatches): the non-empty ones, in order */
     int num_microbatches;
+    struct train_ranks ranks;     /* the world, its layout and groups (a world of one alone) */
     struct train_state state;
     int64_t train_iters;
     FILE *metrics;
@@ -163,9 +166,17 @@ static enum status setup(struct trainer *t)
     if (o->lora_rank > 0 && o->precision != TRAIN_PRECISION_F32)
         return status_errorf(STATUS_UNSUPPORTED, "--lora-rank with --bf16 or --fp16 is not built yet (f32 LoRA only)");
     char path[4200];
-    if ((st = backend_open(o->device, 0, o->threads, &t->b)) != STATUS_OK) return st;
+    if ((st = train_ranks_init(&t->ranks, o, t->num_microbatches)) != STATUS_OK) return st;
+    const int multi = t->ranks.world->size > 1;
+    if (multi && o->lora_rank > 0)
+        return status_errorf(STATUS_UNSUPPORTED, "LoRA training runs on one rank for now (this world has %d)",
+                             t->ranks.world->size);
+    if ((st = backend_open(o->device, o->device == DEVICE_CUDA ? t->ranks.world->local_rank : 0, o->threads, &t->b)) !=
+        STATUS_OK)
+        return st;
     /* Loaded in f32: these are the master weights; mixed precision adds a compute copy below. */
-    if ((st = model_load_as(start, t->b, NULL, DTYPE_F32, &t->m)) != STATUS_OK) return st;
+    st = model_load_as(start, t->b, &t->ranks.par, DTYPE_F32, &t->m);
+    if ((st = parallel_agree(t->ranks.world, st)) != STATUS_OK) return st;
     if ((st = tokenizer_load_for_model(start, t->m->cfg.vocab_size, &t->tok)) != STATUS_OK) return st;
     if ((st = model_weights_make_writable(t->m)) != STATUS_OK) return st;
     t->master = &t->m->w;
@@ -178,7 +189,8 @@ static enum status setup(struct trainer *t)
     }
     struct optimizer_options opt = o->opt;
     t->mbs = calloc((size_t)t->num_microbatches, sizeof *t->mbs);
-    if (!t->mbs) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of memory");
+    t->tbs = calloc((size_t)t->num_microbatches, sizeof *t->tbs);
+    if (!t->mbs || !t->tbs) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of memory");
     for (int i = 0; i < t->num_microbatches; i++)
         if ((st = micro_batch_init(&t->mbs[i], o->micro_batch_size, o->seq_length)) != STATUS_OK) return st;
     if ((st = load_data(t)) != STATUS_OK) return st;
@@ -194,6 +206,7 @@ static enum status setup(struct trainer *t)
         st = param_table_from_weights(&t->gparams, &t->grads, t->m->layer_first);
     if (st != STATUS_OK) return st;
     if ((st = optimizer_init(&t->opt, t->b, &t->params, &opt)) != STATUS_OK) return st;
+    if ((st = train_ranks_attach(&t->ranks, t->m, &t->gparams, &t->opt)) != STATUS_OK) return st;
     t->state = (struct train_state){.cursor = {.seed = o->seed}, .scaler = loss_scaler_constant(1.0)};
     if (o->precision == TRAIN_PRECISION_FP16)
         t->state.scaler = o->loss_scale > 0 ? loss_scaler_constant(o->loss_scale)
@@ -206,10 +219,18 @@ static enum status setup(struct trainer *t)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--seed %llu differs from the checkpoint's %llu",
                              (unsigned long long)o->seed, (unsigned long long)t->state.cursor.seed);
     if (t->master != &t->m->w) sync_compute(t); /* the compute copy of the (restored) masters */
-    if ((st = model_reserve_train(t->m, o->micro_batch_size * o->seq_length)) != STATUS_OK) return st;
+    struct train_memory mem = o->memory;
+    const int in_flight = t->ranks.pp - t->m->pp_rank; /* 1F1B's micro-batches in flight */
+    mem.sets = in_flight < t->ranks.micro_per_replica ? in_flight : t->ranks.micro_per_replica;
+    if (mem.sets < 1) mem.sets = 1;
+    if (mem.sequence_parallel && t->ranks.tp > 1 && (o->micro_batch_size * o->seq_length) % t->ranks.tp)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--sequence-parallel: --micro-batch-size x --seq-length (%d) "
+                             "must be a multiple of tp %d", o->micro_batch_size * o->seq_length, t->ranks.tp);
+    if ((st = model_reserve_train_with(t->m, o->micro_batch_size * o->seq_length, &mem)) != STATUS_OK) return st;
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
     const char *mp = o->metrics_path ? o->metrics_path : path;
     if ((st = train_checkpoint_make_dir(o->out_dir)) != STATUS_OK) return st;
+    if (!train_ranks_leader(&t->ranks)) return STATUS_OK;
     t->metrics = fopen(mp, o->resume_dir ? "a" : "w");
     if (!t->metrics) return status_errorf(STATUS_IO, "%s: cannot open the metrics file", mp);
     LOG_INFO("train", "%s: %lld parameters, %d layers; %lld iterations of %d packed sequences of up to %d tokens "
@@ -217,6 +238,13 @@ static enum status setup(struct trainer *t)
              t->m->cfg.architecture, (long long)weights_numel(&t->m->w), t->m->cfg.n_layers,
              (long long)t->train_iters, o->global_batch_size, o->seq_length, t->num_microbatches,
              o->micro_batch_size, o->resume_dir ? ", resumed" : "");
+    if (multi)
+        LOG_INFO("train", "%d ranks: tp %d x pp %d x dp %d%s%s; recomputation %s; %d activation set(s) on this stage",
+                 t->ranks.world->size, t->ranks.tp, t->ranks.pp, t->ranks.dp,
+                 o->memory.sequence_parallel && t->ranks.tp > 1 ? ", sequence parallel" : "",
+                 t->ranks.dist_opt ? ", distributed optimizer" : "",
+                 mem.recompute == TRAIN_RECOMPUTE_NONE ? "none" : mem.recompute == TRAIN_RECOMPUTE_SELECTIVE ? "selective" : "full",
+                 mem.sets);
     return STATUS_OK;
 }
 
@@ -225,6 +253,7 @@ static void teardown(struct trainer *t)
     if (t->metrics) fclose(t->metrics);
     for (int i = 0; t->mbs && i < t->num_microbatches; i++) micro_batch_free(&t->mbs[i]);
     free(t->mbs);
+    free(t->tbs);
     data_free(&t->train);
     data_free(&t->eval);
     if (t->b) {
@@ -241,6 +270,7 @@ static void teardown(struct trainer *t)
     model_free(t->m);
     tokenizer_free(t->tok);
     backend_close(t->b);
+    if (t->ranks.world) train_ranks_free(&t->ranks);
 }
 
 /* ---- one iteration ----------------------------------------------------------------------- */
@@ -263,31 +293,65 @@ struct step_result {
     int64_t tokens, targets;
 };
 
-static enum status train_step(struct trainer *t, struct step_result *r)
+/* Sequence parallelism splits the rows over tp: a micro-batch is padded to a multiple of tp
+ * with one more document of masked rows (no loss, and no gradient reaches the others). */
+static void pad_rows(struct micro_batch *mb, int multiple)
+{
+    if (multiple <= 1 || mb->n_tokens % multiple == 0) return;
+    const int n = mb->n_tokens, pad = multiple - n % multiple;
+    CHECK(n + pad <= mb->capacity, "padding beyond the micro-batch");
+    for (int i = n; i < n + pad; i++) {
+        mb->tokens[i] = 0;
+        mb->targets[i] = -1;
+        mb->positions[i] = i - n;
+    }
+    mb->n_tokens = n + pad;
+    mb->doc_start[++mb->n_docs] = mb->n_tokens;
+}
+
+/* Reads the step's micro-batches (every rank reads all of them, so that every rank knows every
+ * size), and lays this replica's non-empty ones out as train batches. */
+static int next_micro_batches(struct trainer *t, int64_t *targets, int64_t *tokens, float *scale_out, double loss_scale)
 {
     const struct train_options *o = t->o;
-    int64_t targets = 0, tokens = 0;
+    *targets = *tokens = 0;
     for (int i = 0; i < t->num_microbatches; i++) {
         data_next_micro_batch(&t->train, &t->state.cursor, o->micro_batch_size, o->seq_length, &t->mbs[i]);
-        targets += t->mbs[i].n_targets;
-        tokens += t->mbs[i].n_tokens;
+        *targets += t->mbs[i].n_targets;
+        *tokens += t->mbs[i].n_tokens;
+        if (o->memory.sequence_parallel) pad_rows(&t->mbs[i], t->ranks.tp);
     }
-    weights_zero(t->b, &t->grads);
-    if (t->lora) lora_zero_grads(t->lora, t->b);
-    double loss_sum = 0.0;
     /* Every micro-batch's gradient is scaled by (loss scale) / (targets of the whole global
      * batch): the mean per-token loss of the global batch, times the fp16 loss scale. */
+    *scale_out = *targets > 0 ? (float)(loss_scale / (double)*targets) : 0.0f;
+    const int per = t->ranks.micro_per_replica, first = t->ranks.dp_rank * per;
+    int n = 0;
+    for (int i = first; i < first + per; i++)
+        if (t->mbs[i].n_tokens > 0) t->tbs[n++] = batch_of(&t->mbs[i], *scale_out);
+    return n;
+}
+
+/* Whether this rank holds a share of the loss that the world's sum should count once: the
+ * last stage's tp rank 0, of every replica (train) or of the first (evaluation). */
+static int loss_owner(const struct trainer *t, int all_replicas)
+{
+    return model_is_last_stage(t->m) && t->m->tp_rank == 0 && (all_replicas || t->ranks.dp_rank == 0);
+}
+
+static enum status train_step(struct trainer *t, struct step_result *r)
+{
+    int64_t targets = 0, tokens = 0;
+    weights_zero(t->b, &t->grads);
+    if (t->lora) lora_zero_grads(t->lora, t->b);
     const double loss_scale = t->state.scaler.scale;
-    const float grad_scale = targets > 0 ? (float)(loss_scale / (double)targets) : 0.0f;
-    enum status st = STATUS_OK;
-    for (int i = 0; i < t->num_microbatches && st == STATUS_OK; i++) {
-        if (t->mbs[i].n_tokens == 0) continue;
-        struct train_batch tb = batch_of(&t->mbs[i], grad_scale);
-        double ls = 0.0;
-        int nr = 0;
-        if ((st = model_forward_train(t->m, &tb, &ls, &nr)) == STATUS_OK) st = model_backward(t->m, &tb, &t->grads);
-        loss_sum += ls;
-    }
+    float grad_scale = 0.0f;
+    const int n = next_micro_batches(t, &targets, &tokens, &grad_scale, loss_scale);
+    double loss_sum = 0.0;
+    enum status st = train_ranks_step(&t->ranks, t->m, t->tbs, n, &t->grads, &loss_sum);
+    if (st == STATUS_OK) st = train_ranks_reduce_grads(&t->ranks, t->m, &t->grads, &t->gparams);
+    double v[1] = {loss_owner(t, 1) ? loss_sum : 0.0};
+    if (st == STATUS_OK) st = train_ranks_sum(&t->ranks, v, 1);
+    loss_sum = v[0];
     if (st != STATUS_OK) return st;
     r->loss = targets > 0 ? loss_sum / (double)targets : 0.0;
     const double scaled_norm = optimizer_grad_norm(&t->opt, t->b, &t->gparams);
@@ -320,21 +384,26 @@ static enum status evaluate(struct trainer *t, double *loss, int64_t *targets)
 {
     const struct train_options *o = t->o;
     struct data_cursor cur = {.seed = o->seed, .epoch = 0, .index = 0};
-    double sum = 0.0;
-    int64_t n = 0;
+    double v[2] = {0.0, 0.0};
     for (int it = 0; it < o->eval_iters; it++) {
         data_next_micro_batch(&t->eval, &cur, o->micro_batch_size, o->seq_length, &t->mbs[0]);
+        if (o->memory.sequence_parallel) pad_rows(&t->mbs[0], t->ranks.tp);
+        if (t->mbs[0].n_tokens == 0) break;
         struct train_batch tb = batch_of(&t->mbs[0], 0.0f);
         double ls = 0.0;
         int nr = 0;
-        enum status st = model_forward_train(t->m, &tb, &ls, &nr);
+        enum status st = train_ranks_forward(&t->ranks, t->m, &tb, &ls, &nr);
         if (st != STATUS_OK) return st;
-        sum += ls;
-        n += nr;
+        if (loss_owner(t, 0)) {
+            v[0] += ls;
+            v[1] += nr;
+        }
         if (cur.epoch > 0) break; /* the whole held-out set was read */
     }
-    *loss = n > 0 ? sum / (double)n : 0.0;
-    *targets = n;
+    enum status st = train_ranks_sum(&t->ranks, v, 2);
+    if (st != STATUS_OK) return st;
+    *loss = v[1] > 0 ? v[0] / v[1] : 0.0;
+    *targets = (int64_t)v[1];
     return STATUS_OK;
 }
 
@@ -350,6 +419,7 @@ static void fmt_duration(char *buf, size_t n, double s)
 
 static void report(struct trainer *t, const struct step_result *r, double step_s)
 {
+    if (!t->metrics) return; /* not the leader */
     const int64_t it = t->state.iteration;
     const double elapsed = base_now_s() - t->t_start, tps = step_s > 0 ? (double)r->tokens / step_s : 0.0;
     char norm[32]; /* JSON has no NaN or Inf: an overflowed norm is null */
@@ -384,7 +454,7 @@ static enum status maybe_evaluate(struct trainer *t, int force)
     double loss = 0.0;
     int64_t n = 0;
     enum status st = evaluate(t, &loss, &n);
-    if (st != STATUS_OK) return st;
+    if (st != STATUS_OK || !t->metrics) return st;
     fprintf(t->metrics, "{\"iter\": %lld, \"eval_loss\": %.6f, \"eval_ppl\": %.4f, \"eval_targets\": %lld}\n",
             (long long)it, loss, exp(loss), (long long)n);
     fflush(t->metrics);
@@ -405,6 +475,7 @@ enum status train_run(const struct train_options *o)
 {
     struct trainer t = {.o = o};
     enum status st = setup(&t);
+    if (t.ranks.world) st = parallel_agree(t.ranks.world, st);
     t.t_start = base_now_s();
     if (st == STATUS_OK && t.state.iteration == 0) st = maybe_evaluate(&t, 1);
     while (st == STATUS_OK && t.state.iteration < t.train_iters) {

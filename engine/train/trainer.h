@@ -16,6 +16,7 @@
 #include "data.h"
 #include "loss_scaler.h"
 #include "ops.h"
+#include "model_train.h"
 #include "optimizer.h"
 
 /* The compute precision (--bf16, --fp16): weights and activations in that dtype with f32 math,
@@ -45,6 +46,11 @@ struct train_options {
     int         lora_rank;        /* > 0: train LoRA adapters on a frozen base (lora.h) */
     float       lora_alpha;
     unsigned    lora_targets;     /* bit mask of enum lora_target */
+    /* Parallelism (mpirun -n tp x pp x dp): Megatron's flags. */
+    int         tp, pp;             /* --tensor-model-parallel-size, --pipeline-model-parallel-size */
+    int         distributed_optimizer; /* --use-distributed-optimizer: ZeRO-1 over dp */
+    struct train_memory memory;     /* --sequence-parallel, --recompute-*: model_train.h */
+    double      rank_timeout_s;     /* --rank-timeout: a peer silent this long ends the job */
     enum device device;
     int         threads;
     int         progress;         /* 1: a live progress line (a terminal), 0: plain log lines */

@@ -1,0 +1,61 @@
+/* engine/model/model_train_impl.h - private to model_train.c and model_train_mem.c: what the
+ * training passes keep between forward and backward, and how it is laid out in memory.
+ *
+ * Per layer, each tensor is either the layer's own (kept from forward to backward) or shared
+ * by every layer (a recomputed module's insides: written by each layer's forward, thrown away,
+ * and written again by the recomputation just before that layer's backward reads it). Which
+ * tensors are shared follows struct train_memory (model_train.h). Under sequence parallelism
+ * the residual-stream tensors (x_in, xn1, attn_out, x_mid, xn2, mlp_out) hold this rank's
+ * T / tp rows; the tensor-parallel region (q .. hact) holds all T rows of its heads / columns. */
+#ifndef SHARDLM_MODEL_TRAIN_IMPL_H
+#define SHARDLM_MODEL_TRAIN_IMPL_H
+
+#include "model_train.h"
+
+/* What one layer keeps from its forward for its backward. (T = max_tokens rows; Tl = local.) */
+struct layer_acts {
+    struct tensor x_in;        /* (Tl, d): the layer's input, the residual stream */
+    struct tensor xn1;         /* (Tl, d): attention norm of x_in */
+    struct tensor q_pre, k_pre;/* (T*heads_local, hd), (T*kv_local, hd): q, k before the QK norm */
+    struct tensor q, k, v;     /* (T, heads_local|kv_local, hd): as attention read them */
+    struct tensor att;         /* (T, heads_local, hd): attention output */
+    struct tensor lse;         /* f32 (T, heads_local): its log-sum-exp */
+    struct tensor attn_out;    /* (Tl, d): output projection, before the sandwich norm */
+    struct tensor x_mid;       /* (Tl, d): x_in + attention block */
+    struct tensor xn2;         /* (Tl, d): MLP norm of x_mid */
+    struct tensor gate, up;    /* (T, ffn_local): before the activation */
+    struct tensor hact;        /* (T, ffn_local): act(gate) * up, or act(up) */
+    struct tensor mlp_out;     /* (Tl, d): down projection, before the sandwich norm */
+};
+
+/* One set of activations: one micro-batch in flight. */
+struct train_activations {
+    int max_tokens;                /* T */
+    void *mem;                     /* one device allocation */
+    size_t bytes;                  /* its size */
+    struct layer_acts *layers;     /* (n_layers_local) */
+    struct tensor x_final, h_final;/* (Tl, d): the residual stream / after the final norm */
+    /* backward scratch, and sequence parallelism's full-row buffers */
+    struct tensor dres, dtmp;      /* (Tl, d) */
+    struct tensor dxn;             /* (T, d): column-parallel input gradients (partial sums) */
+    struct tensor gath, dfull;     /* (T, d): all-gathered rows; row-parallel partial outputs and
+                                      all-gathered output gradients (sequence parallel only) */
+    struct tensor dq, datt;        /* (T, heads_local * hd) */
+    struct tensor dk, dv;          /* (T, kv_local * hd) */
+    struct tensor dgate, dup;      /* (T, ffn_local) */
+    /* loss */
+    struct tensor stats;           /* f32 (T, 3): this shard's cross-entropy statistics */
+    struct tensor stats_all;       /* f32 (tp * T, 3): every shard's */
+    struct tensor loss, lse;       /* f32 (T) */
+    float *host_loss;              /* (T) */
+    struct tensor tokens, targets, positions; /* i32 (T) */
+    struct tensor doc_start;       /* i32 (T + 1) */
+};
+
+/* Whether layer l (local) of m recomputes everything from its input in backward, and the
+ * first local layer of its recomputation chunk (full recomputation; model_train_mem.c). */
+int train_layer_full(const struct model *m, int l, int *chunk_first, int *chunk_last);
+/* Sequence parallelism in effect (asked for, and tp > 1). */
+int train_sp(const struct model *m);
+
+#endif

@@ -1,0 +1,365 @@
+/* engine/model/model_train_mem.c - the training activations' memory (model_train.h): the
+ * plan of what each layer keeps (recomputation, sequence parallelism), activation sets for the
+ * micro-batches a pipeline keeps in flight, and the stage boundary.
+ * Tests: tests/test_train_parallel.sh (every plan against one rank), tests/bench_train_memory.c. */
+#include "model_train_impl.h"
+
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+int train_sp(const struct model *m)
+{
+    return m->train_memory && m->train_memory->sequence_parallel && m->tp_size > 1;
+}
+
+int train_layer_full(const struct model *m, int l, int *chunk_first, int *chunk_last)
+{
+    const struct train_memory *mm = m->train_memory;
+    if (!mm) return 0;
+    if (mm->recompute == TRAIN_RECOMPUTE_UNIFORM) {
+        const int k = mm->num_layers;
+        *chunk_first = l / k * k;
+        *chunk_last = *chunk_first + k - 1 < m->n_layers_local - 1 ? *chunk_first + k - 1 : m->n_layers_local - 1;
+        return 1;
+    }
+    if (mm->recompute == TRAIN_RECOMPUTE_BLOCK && l < mm->num_layers) {
+        *chunk_first = *chunk_last = l;
+        return 1;
+    }
+    return 0;
+}
+
+int model_train_grad_partial(const struct model *m, enum weight_kind kind)
+{
+    if (m->tp_size == 1) return 0;
+    if (kind == WEIGHT_KIND_Q_NORM || kind == WEIGHT_KIND_K_NORM) return 1; /* per local head */
+    if (!train_sp(m)) return 0;
+    return weight_kind_is_norm(kind) || kind == WEIGHT_KIND_ATTN_NORM_BIAS || kind == WEIGHT_KIND_MLP_NORM_BIAS ||
+           kind == WEIGHT_KIND_FINAL_NORM_BIAS || kind == WEIGHT_KIND_POS_EMBEDDING;
+}
+
+/* ---- the plan ---------------------------------------------------------------------------- */
+
+enum field {
+    F_X_IN, F_XN1, F_Q_PRE, F_K_PRE, F_Q, F_K, F_V, F_ATT, F_LSE, F_ATTN_OUT, F_X_MID, F_XN2,
+    F_GATE, F_UP, F_HACT, F_MLP_OUT, F_COUNT
+};
+
+static const size_t field_offset[F_COUNT] = {
+    offsetof(struct layer_acts, x_in), offsetof(struct layer_acts, xn1), offsetof(struct layer_acts, q_pre),
+    offsetof(struct layer_acts, k_pre), offsetof(struct layer_acts, q), offsetof(struct layer_acts, k),
+    offsetof(struct layer_acts, v), offsetof(struct layer_acts, att), offsetof(struct layer_acts, lse),
+    offsetof(struct layer_acts, attn_out), offsetof(struct layer_acts, x_mid), offsetof(struct layer_acts, xn2),
+    offsetof(struct layer_acts, gate), offsetof(struct layer_acts, up), offsetof(struct layer_acts, hact),
+    offsetof(struct layer_acts, mlp_out),
+};
+
+static struct tensor *field(struct layer_acts *la, int f) { return (struct tensor *)((char *)la + field_offset[f]); }
+
+/* The shape of a per-layer tensor for T rows (Tl local rows of the residual stream). */
+static void field_shape(const struct model *m, int f, int64_t T, int64_t Tl, enum dtype *dt, int64_t *rows,
+                        int64_t *cols)
+{
+    const struct model_config *c = &m->cfg;
+    const int64_t d = c->d_model, hd = c->head_dim, hq = (int64_t)m->n_heads_local * hd;
+    const int64_t hkv = (int64_t)m->n_kv_local * hd, ffn = m->ffn_local;
+    const int64_t qk = c->qk_norm ? 1 : 0, sw = c->sandwich_norms ? 1 : 0;
+    *dt = m->dtype;
+    switch (f) {
+    case F_X_IN: case F_XN1: case F_X_MID: case F_XN2: *rows = Tl; *cols = d; break;
+    case F_ATTN_OUT: case F_MLP_OUT: *rows = sw * Tl; *cols = d; break;
+    case F_Q_PRE: *rows = qk * T; *cols = hq; break;
+    case F_K_PRE: *rows = qk * T; *cols = hkv; break;
+    case F_Q: case F_ATT: *rows = T; *cols = hq; break;
+    case F_K: case F_V: *rows = T; *cols = hkv; break;
+    case F_LSE: *dt = DTYPE_F32; *rows = T; *cols = m->n_heads_local; break;
+    case F_GATE: *rows = c->gated_mlp ? T : 0; *cols = ffn; break;
+    default: *rows = T; *cols = ffn; break; /* F_UP, F_HACT */
+    }
+}
+
+/* Whether layer l's tensor f is recomputed (so shared), and by which shared set (*pos). */
+static int field_shared(const struct model *m, int l, int f, int *pos)
+{
+    const struct train_memory *mm = m->train_memory;
+    int first = 0, last = 0;
+    *pos = 0;
+    if (train_layer_full(m, l, &first, &last)) {
+        *pos = l - first;
+        return !(f == F_X_IN && l == first);
+    }
+    if (mm->recompute != TRAIN_RECOMPUTE_SELECTIVE) return 0;
+    if (mm->modules & TRAIN_RECOMPUTE_CORE_ATTN && f == F_LSE) return 1;
+    if (mm->modules & TRAIN_RECOMPUTE_MLP && (f == F_GATE || f == F_UP || f == F_HACT)) return 1;
+    if (mm->modules & TRAIN_RECOMPUTE_LAYERNORM && (f == F_XN1 || f == F_XN2)) return 1;
+    return 0;
+}
+
+/* ---- carving ----------------------------------------------------------------------------- */
+
+struct carve {
+    struct tensor **t;
+    enum dtype *dt;
+    int64_t (*shape)[2];
+    int n, cap;
+};
+
+static void carve_add(struct carve *cv, struct tensor *t, enum dtype dt, int64_t rows, int64_t cols)
+{
+    CHECK(cv->n < cv->cap, "carve table full");
+    cv->t[cv->n] = t;
+    cv->dt[cv->n] = dt;
+    cv->shape[cv->n][0] = rows;
+    cv->shape[cv->n][1] = cols;
+    cv->n++;
+}
+
+/* One device allocation for the tensors of cv (each 256-byte aligned). */
+static enum status carve_alloc(struct model *m, struct carve *cv, void **mem, size_t *bytes)
+{
+    size_t total = 0;
+    for (int i = 0; i < cv->n; i++) {
+        struct tensor t = tensor_make(NULL, cv->dt[i], m->b->device, 2, cv->shape[i][0], cv->shape[i][1]);
+        total += (tensor_nbytes(&t) + 255) / 256 * 256;
+    }
+    *bytes = total;
+    *mem = NULL;
+    enum status st = total ? backend_alloc(m->b, total, mem) : STATUS_OK;
+    if (st != STATUS_OK) return st;
+    size_t off = 0;
+    for (int i = 0; i < cv->n; i++) {
+        *cv->t[i] = tensor_make((char *)*mem + off, cv->dt[i], m->b->device, 2, cv->shape[i][0], cv->shape[i][1]);
+        off += (tensor_nbytes(cv->t[i]) + 255) / 256 * 256;
+    }
+    cv->n = 0;
+    return STATUS_OK;
+}
+
+static struct tensor vec(const struct tensor *t, int64_t n)
+{
+    return tensor_make(t->data, t->dtype, t->device, 1, n);
+}
+
+/* ---- sets -------------------------------------------------------------------------------- */
+
+/* The common part (sets[0]->mem holds the first set; common memory is kept in the last entry
+ * of train_sets, index n_train_sets). */
+static void free_set(struct model *m, struct train_activations *a)
+{
+    if (!a) return;
+    backend_free(m->b, a->mem);
+    free(a->layers);
+    free(a);
+}
+
+void model_train_free(struct model *m)
+{
+    if (!m || !m->train_sets) return;
+    struct train_activations *common = m->train_sets[m->n_train_sets];
+    if (common) free(common->host_loss); /* the sets borrow it */
+    for (int i = 0; i <= m->n_train_sets; i++) free_set(m, m->train_sets[i]);
+    free(m->train_sets);
+    free(m->train_memory);
+    m->train_sets = NULL;
+    m->train_memory = NULL;
+    m->n_train_sets = 0;
+    m->train = NULL;
+}
+
+static enum status check_plan(const struct model *m, int max_tokens, const struct train_memory *mm)
+{
+    if (max_tokens <= 0) return status_errorf(STATUS_INVALID_ARGUMENT, "training micro-batch of %d tokens", max_tokens);
+    if (mm->sets < 1 || mm->sets > 1024) return status_errorf(STATUS_INVALID_ARGUMENT, "%d activation sets", mm->sets);
+    if ((mm->recompute == TRAIN_RECOMPUTE_UNIFORM || mm->recompute == TRAIN_RECOMPUTE_BLOCK) &&
+        (mm->num_layers < 1 || mm->num_layers > m->n_layers_local))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--recompute-num-layers %d: this stage has %d layers",
+                             mm->num_layers, m->n_layers_local);
+    if (mm->recompute == TRAIN_RECOMPUTE_SELECTIVE && mm->modules == 0)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "selective recomputation of no module");
+    if (m->tp_size > 1) {
+        if ((int64_t)m->vocab_local * m->tp_size != m->cfg.vocab_size)
+            return status_errorf(STATUS_UNSUPPORTED, "training at tp %d needs a vocabulary (%d) that tp divides "
+                                 "(padded vocabularies are served, not trained)", m->tp_size, m->cfg.vocab_size);
+        if (m->cfg.n_kv_heads % m->tp_size)
+            return status_errorf(STATUS_UNSUPPORTED, "training at tp %d needs KV heads (%d) that tp divides "
+                                 "(replicated KV heads are served, not trained)", m->tp_size, m->cfg.n_kv_heads);
+        if (mm->sequence_parallel && max_tokens % m->tp_size)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "sequence parallelism: %d rows is not a multiple of tp %d",
+                                 max_tokens, m->tp_size);
+    }
+    return STATUS_OK;
+}
+
+enum status model_reserve_train(struct model *m, int max_tokens)
+{
+    const struct train_memory one = {.recompute = TRAIN_RECOMPUTE_NONE, .sets = 1};
+    return model_reserve_train_with(m, max_tokens, &one);
+}
+
+enum status model_reserve_train_with(struct model *m, int max_tokens, const struct train_memory *mem)
+{
+    enum status st = check_plan(m, max_tokens, mem);
+    if (st != STATUS_OK) return st;
+    model_train_free(m);
+    const int S = mem->sets, L = m->n_layers_local;
+    m->train_memory = malloc(sizeof *m->train_memory);
+    m->train_sets = calloc((size_t)S + 1, sizeof *m->train_sets);
+    if (!m->train_memory || !m->train_sets) {
+        free(m->train_memory);
+        m->train_memory = NULL;
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+    }
+    *m->train_memory = *mem;
+    m->n_train_sets = S;
+    const int sp = train_sp(m);
+    const int64_t T = max_tokens, Tl = sp ? T / m->tp_size : T, d = m->cfg.d_model;
+    const int64_t hq = (int64_t)m->n_heads_local * m->cfg.head_dim, hkv = (int64_t)m->n_kv_local * m->cfg.head_dim;
+    const int64_t ffn = m->ffn_local, tp = m->tp_size;
+    const int K = mem->recompute == TRAIN_RECOMPUTE_UNIFORM ? mem->num_layers : 1; /* shared layer sets */
+    const int cap = (L + K) * F_COUNT + 40;
+    struct carve cv = {malloc((size_t)cap * sizeof *cv.t), malloc((size_t)cap * sizeof *cv.dt),
+                       malloc((size_t)cap * sizeof *cv.shape), 0, cap};
+    struct train_activations *common = calloc(1, sizeof *common);
+    struct layer_acts *shared = calloc((size_t)K, sizeof *shared);
+    m->train_sets[S] = common;
+    if (!cv.t || !cv.dt || !cv.shape || !common || !shared) {
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+        goto out;
+    }
+    /* Common: the recomputed tensors (one copy per shared set), backward scratch, loss scratch. */
+    enum dtype dt;
+    int64_t rows, cols;
+    for (int j = 0; j < K; j++)
+        for (int f = 0; f < F_COUNT; f++) {
+            field_shape(m, f, T, Tl, &dt, &rows, &cols);
+            int used = 0, pos = 0;
+            for (int l = 0; l < L && !used; l++) used = field_shared(m, l, f, &pos) && pos == j;
+            carve_add(&cv, field(&shared[j], f), dt, used ? rows : 0, cols);
+        }
+    common->max_tokens = max_tokens;
+    carve_add(&cv, &common->dres, m->dtype, Tl, d);
+    carve_add(&cv, &common->dtmp, m->dtype, Tl, d);
+    carve_add(&cv, &common->dxn, m->dtype, T, d);
+    carve_add(&cv, &common->gath, m->dtype, sp ? T : 0, d);
+    carve_add(&cv, &common->dfull, m->dtype, sp ? T : 0, d);
+    carve_add(&cv, &common->dq, m->dtype, T, hq);
+    carve_add(&cv, &common->datt, m->dtype, T, hq);
+    carve_add(&cv, &common->dk, m->dtype, T, hkv);
+    carve_add(&cv, &common->dv, m->dtype, T, hkv);
+    carve_add(&cv, &common->dgate, m->dtype, T, ffn);
+    carve_add(&cv, &common->dup, m->dtype, T, ffn);
+    carve_add(&cv, &common->stats_all, DTYPE_F32, tp * T, 3);
+    if ((st = carve_alloc(m, &cv, &common->mem, &common->bytes)) != STATUS_OK) goto out;
+    common->host_loss = malloc((size_t)T * sizeof *common->host_loss);
+    if (!common->host_loss) {
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+        goto out;
+    }
+    for (int s = 0; s < S; s++) {
+        struct train_activations *a = calloc(1, sizeof *a);
+        m->train_sets[s] = a;
+        if (!a || !(a->layers = calloc((size_t)(L > 0 ? L : 1), sizeof *a->layers))) {
+            st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+            goto out;
+        }
+        for (int l = 0; l < L; l++)
+            for (int f = 0; f < F_COUNT; f++) {
+                int pos = 0;
+                field_shape(m, f, T, Tl, &dt, &rows, &cols);
+                if (field_shared(m, l, f, &pos)) continue; /* aliased below */
+                carve_add(&cv, field(&a->layers[l], f), dt, rows, cols);
+            }
+        carve_add(&cv, &a->x_final, m->dtype, Tl, d);
+        carve_add(&cv, &a->h_final, m->dtype, model_is_last_stage(m) ? Tl : 0, d);
+        carve_add(&cv, &a->stats, DTYPE_F32, model_is_last_stage(m) ? T : 0, 3);
+        carve_add(&cv, &a->loss, DTYPE_F32, T, 1);
+        carve_add(&cv, &a->lse, DTYPE_F32, T, 1);
+        carve_add(&cv, &a->tokens, DTYPE_I32, T, 1);
+        carve_add(&cv, &a->targets, DTYPE_I32, T, 1);
+        carve_add(&cv, &a->positions, DTYPE_I32, T, 1);
+        carve_add(&cv, &a->doc_start, DTYPE_I32, T + 1, 1);
+        if ((st = carve_alloc(m, &cv, &a->mem, &a->bytes)) != STATUS_OK) goto out;
+        for (int l = 0; l < L; l++)
+            for (int f = 0; f < F_COUNT; f++) {
+                int pos = 0;
+                if (field_shared(m, l, f, &pos)) *field(&a->layers[l], f) = *field(&shared[pos], f);
+            }
+        a->max_tokens = max_tokens;
+        a->loss = vec(&a->loss, T);
+        a->lse = vec(&a->lse, T);
+        a->tokens = vec(&a->tokens, T);
+        a->targets = vec(&a->targets, T);
+        a->positions = vec(&a->positions, T);
+        a->doc_start = vec(&a->doc_start, T + 1);
+        /* The common scratch, seen from every set. */
+        a->dres = common->dres, a->dtmp = common->dtmp, a->dxn = common->dxn, a->gath = common->gath;
+        a->dfull = common->dfull, a->dq = common->dq, a->datt = common->datt, a->dk = common->dk;
+        a->dv = common->dv, a->dgate = common->dgate, a->dup = common->dup, a->stats_all = common->stats_all;
+        a->host_loss = common->host_loss;
+    }
+    m->train = m->train_sets[0];
+out:
+    free(cv.t);
+    free(cv.dt);
+    free(cv.shape);
+    free(shared);
+    if (st != STATUS_OK) model_train_free(m);
+    return st;
+}
+
+void model_train_use_set(struct model *m, int set)
+{
+    CHECK(m->train_sets && set >= 0 && set < m->n_train_sets, "activation set %d of %d", set, m->n_train_sets);
+    m->train = m->train_sets[set];
+}
+
+size_t model_train_activation_bytes(const struct model *m)
+{
+    size_t n = 0;
+    for (int i = 0; m->train_sets && i <= m->n_train_sets; i++) n += m->train_sets[i] ? m->train_sets[i]->bytes : 0;
+    return n;
+}
+
+struct tensor model_train_boundary(struct model *m, int n_tokens)
+{
+    CHECK(m->train, "model_reserve_train first");
+    return tensor_first_rows(&m->train->x_final, train_sp(m) ? n_tokens / m->tp_size : n_tokens);
+}
+
+struct tensor model_train_boundary_grad(struct model *m, int n_tokens)
+{
+    CHECK(m->train, "model_reserve_train first");
+    return tensor_first_rows(&m->train->dres, train_sp(m) ? n_tokens / m->tp_size : n_tokens);
+}
+
+enum status model_weights_make_writable(struct model *m)
+{
+    if (m->weight_bytes_mapped == 0) return STATUS_OK;
+    struct weight_ref *table = malloc((size_t)weights_table_max(m->w.n_layers) * sizeof *table);
+    if (!table) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+    const int n = weights_table(&m->w, m->layer_first, 1, table);
+    enum status st = STATUS_OK;
+    for (int i = 0; i < n && st == STATUS_OK; i++) {
+        struct tensor *t = table[i].t;
+        int owned = 0;
+        for (size_t j = 0; j < m->n_owned && !owned; j++) owned = m->owned[j] == t->data;
+        if (owned) continue;
+        void *mem = NULL;
+        if ((st = backend_alloc(m->b, tensor_nbytes(t), &mem)) != STATUS_OK) break;
+        if (base_grow((void **)&m->owned, &m->cap_owned, m->n_owned + 1, sizeof *m->owned)) {
+            backend_free(m->b, mem);
+            st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+            break;
+        }
+        m->owned[m->n_owned++] = mem;
+        backend_copy(m->b, mem, t->data, tensor_nbytes(t));
+        t->data = mem;
+    }
+    free(table);
+    if (st == STATUS_OK) {
+        if (m->w.tied) m->w.lm_head = m->w.tok_embedding;
+        m->weight_bytes_mapped = 0;
+    }
+    return st;
+}

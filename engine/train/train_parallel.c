@@ -1,0 +1,267 @@
+/* engine/train/train_parallel.c - the ranks of a training job (train_parallel.h).
+ * Tests: tests/test_train_parallel.sh. */
+#include "train_parallel.h"
+
+#include "weight_names.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        enum status try_st_ = (call);                                                              \
+        if (try_st_ != STATUS_OK) return try_st_;                                                  \
+    } while (0)
+
+enum status train_ranks_init(struct train_ranks *r, const struct train_options *o, int num_microbatches)
+{
+    memset(r, 0, sizeof *r);
+    TRY(parallel_init(NULL, NULL, &r->world));
+    r->world->timeout_s = o->rank_timeout_s;
+    const int tp = o->tp > 0 ? o->tp : 1, pp = o->pp > 0 ? o->pp : 1;
+    struct parallel_layout *l = &r->par.layout;
+    TRY(parallel_layout(r->world, tp, pp, l));
+    r->tp = l->tp_size;
+    r->pp = l->pp_size;
+    r->dp = l->dp_size;
+    r->dp_rank = l->dp_rank;
+    if (num_microbatches % r->dp)
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "--global-batch-size / --micro-batch-size = %d micro-batches do not split over %d "
+                             "data-parallel replicas (world %d = tp %d x pp %d x dp %d)",
+                             num_microbatches, r->dp, r->world->size, tp, pp, r->dp);
+    r->micro_per_replica = num_microbatches / r->dp;
+    if (o->memory.sequence_parallel && tp == 1)
+        LOG_WARN("train", "--sequence-parallel has no effect at tp 1");
+    if (o->device != DEVICE_CPU && o->device != DEVICE_CUDA)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "training runs on cpu or cuda");
+    TRY(parallel_groups_init(r->world, l, o->device, r->world->local_rank, NULL, &r->groups));
+    r->par.world = r->world;
+    r->par.groups = &r->groups;
+    return STATUS_OK;
+}
+
+int train_ranks_leader(const struct train_ranks *r) { return r->world->rank == 0; }
+
+/* Norm of the gradients over the ranks of one replica: tp then pp (the replicas hold the same
+ * reduced gradients). */
+static double reduce_sumsq(void *ctx, double local)
+{
+    struct train_ranks *r = ctx;
+    float v = (float)local;
+    struct tensor t = tensor_make(&v, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
+    enum status st = STATUS_OK;
+    if (r->tp > 1) st = comm_all_reduce(r->groups.tp, &t);
+    if (st == STATUS_OK && r->pp > 1) st = comm_all_reduce(r->groups.pp, &t);
+    if (st == STATUS_OK && r->dist_opt && r->dp > 1) st = comm_all_reduce(r->groups.dp, &t);
+    return st == STATUS_OK ? (double)v : (double)NAN;
+}
+
+enum status train_ranks_attach(struct train_ranks *r, struct model *m, struct param_table *gparams,
+                               struct optimizer *opt)
+{
+    r->b = m->b;
+    if (m->b->device != DEVICE_CPU && (r->tp > 1 || r->pp > 1))
+        return status_errorf(STATUS_UNSUPPORTED, "multi-rank training on cuda is not built yet (NCCL norms); use --device cpu");
+    for (size_t i = 0; i < gparams->n; i++) {
+        struct param *p = &gparams->p[i];
+        if (p->kind < 0) continue;
+        const enum weight_kind k = (enum weight_kind)p->kind;
+        const int replicated = weight_names_of(k)->megatron_layout == WEIGHT_MEGATRON_REPLICATED;
+        if (r->tp > 1 && replicated && m->tp_rank != 0) p->counted = 0;
+        if (r->pp > 1 && m->cfg.tied_embeddings && k == WEIGHT_KIND_LM_HEAD) p->counted = 0; /* the first stage's */
+    }
+    if (r->tp > 1 || r->pp > 1) {
+        opt->reduce_sumsq = reduce_sumsq;
+        opt->reduce_ctx = r;
+    }
+    /* Tied embeddings split over stages: the first holds the lookup table, the last a copy as its
+     * LM head (model_load.c); their gradients are summed on both, so the copies stay equal. */
+    if (r->pp > 1 && m->cfg.tied_embeddings && (m->pp_rank == 0 || model_is_last_stage(m))) {
+        const struct tensor *e = m->pp_rank == 0 ? &m->w.tok_embedding : &m->w.lm_head;
+        TRY(backend_alloc(m->b, (size_t)tensor_numel(e) * sizeof(float), &r->tied_mem));
+        r->tied_tmp = tensor_make(r->tied_mem, DTYPE_F32, m->b->device, 2, e->shape[0], e->shape[1]);
+    }
+    return STATUS_OK;
+}
+
+void train_ranks_free(struct train_ranks *r)
+{
+    if (r->b) backend_free(r->b, r->tied_mem);
+    parallel_groups_free(&r->groups);
+    parallel_finalize(r->world);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- the pipeline schedule ---------------------------------------------------------------- */
+
+static int first_stage(const struct model *m) { return m->pp_rank == 0; }
+
+/* The point-to-point steps of 1F1B between neighbouring stages (Megatron's p2p_communication):
+ * every send is matched by the neighbour's receive of the same micro-batch, whose size both
+ * know (every rank builds every micro-batch). Combined steps post both directions at once. */
+static enum status recv_forward(struct model *m, const struct train_batch *tb)
+{
+    if (first_stage(m)) return STATUS_OK;
+    struct tensor x = model_train_boundary(m, tb->n_tokens);
+    return comm_recv(m->par.groups->pp, &x, m->pp_rank - 1);
+}
+
+static enum status send_backward(struct model *m, const struct train_batch *tb)
+{
+    if (first_stage(m)) return STATUS_OK;
+    struct tensor g = model_train_boundary_grad(m, tb->n_tokens);
+    return comm_send(m->par.groups->pp, &g, m->pp_rank - 1);
+}
+
+static enum status send_forward(struct model *m, const struct train_batch *tb)
+{
+    if (model_is_last_stage(m)) return STATUS_OK;
+    struct tensor x = model_train_boundary(m, tb->n_tokens);
+    return comm_send(m->par.groups->pp, &x, m->pp_rank + 1);
+}
+
+static enum status recv_backward(struct model *m, const struct train_batch *tb)
+{
+    if (model_is_last_stage(m)) return STATUS_OK;
+    struct tensor g = model_train_boundary_grad(m, tb->n_tokens);
+    return comm_recv(m->par.groups->pp, &g, m->pp_rank + 1);
+}
+
+/* Sends the output of the forward of fwd (set sf) and receives the gradient for the backward of
+ * bwd (into the common gradient boundary) from the next stage, both at once. */
+static enum status send_forward_recv_backward(struct model *m, int sf, const struct train_batch *fwd,
+                                              const struct train_batch *bwd)
+{
+    if (model_is_last_stage(m)) return STATUS_OK;
+    model_train_use_set(m, sf);
+    struct tensor x = model_train_boundary(m, fwd->n_tokens), g = model_train_boundary_grad(m, bwd->n_tokens);
+    return comm_sendrecv(m->par.groups->pp, &x, m->pp_rank + 1, &g, m->pp_rank + 1);
+}
+
+/* Sends the input gradient of a backward to the previous stage and receives the input of the
+ * forward of fwd (into set sf) from it, both at once. */
+static enum status send_backward_recv_forward(struct model *m, const struct train_batch *bwd, int sf,
+                                              const struct train_batch *fwd)
+{
+    if (first_stage(m)) return STATUS_OK;
+    struct tensor g = model_train_boundary_grad(m, bwd->n_tokens);
+    model_train_use_set(m, sf);
+    struct tensor x = model_train_boundary(m, fwd->n_tokens);
+    return comm_sendrecv(m->par.groups->pp, &g, m->pp_rank - 1, &x, m->pp_rank - 1);
+}
+
+static enum status forward_step(struct model *m, int set, const struct train_batch *tb, double *loss_sum)
+{
+    model_train_use_set(m, set);
+    double ls = 0.0;
+    int nr = 0;
+    TRY(model_forward_train(m, tb, &ls, &nr));
+    *loss_sum += ls;
+    return STATUS_OK;
+}
+
+static enum status backward_step(struct model *m, int set, const struct train_batch *tb, struct model_weights *grads)
+{
+    model_train_use_set(m, set);
+    return model_backward(m, tb, grads);
+}
+
+enum status train_ranks_step(struct train_ranks *r, struct model *m, const struct train_batch *tbs, int n,
+                             struct model_weights *grads, double *loss_sum)
+{
+    *loss_sum = 0.0;
+    if (r->pp == 1) {
+        for (int i = 0; i < n; i++) {
+            TRY(forward_step(m, 0, &tbs[i], loss_sum));
+            TRY(backward_step(m, 0, &tbs[i], grads));
+        }
+        return STATUS_OK;
+    }
+    /* 1F1B: stage p runs pp - p - 1 warm-up forwards, then alternates one forward and one
+     * backward, then the cool-down backwards; micro-batch i uses activation set i mod sets. */
+    const int sets = m->n_train_sets;
+    int warmup = r->pp - m->pp_rank - 1;
+    if (warmup > n) warmup = n;
+    const int steady = n - warmup;
+    CHECK(sets >= warmup + 1 || steady == 0, "1F1B needs %d activation sets, has %d", warmup + 1, sets);
+    for (int i = 0; i < warmup; i++) {
+        model_train_use_set(m, i % sets);
+        TRY(recv_forward(m, &tbs[i]));
+        TRY(forward_step(m, i % sets, &tbs[i], loss_sum));
+        TRY(send_forward(m, &tbs[i]));
+    }
+    if (steady > 0) {
+        model_train_use_set(m, warmup % sets);
+        TRY(recv_forward(m, &tbs[warmup]));
+    }
+    for (int k = 0; k < steady; k++) {
+        const int f = warmup + k;
+        TRY(forward_step(m, f % sets, &tbs[f], loss_sum));
+        TRY(send_forward_recv_backward(m, f % sets, &tbs[f], &tbs[k]));
+        TRY(backward_step(m, k % sets, &tbs[k], grads));
+        if (k == steady - 1) TRY(send_backward(m, &tbs[k]));
+        else TRY(send_backward_recv_forward(m, &tbs[k], (f + 1) % sets, &tbs[f + 1]));
+    }
+    for (int k = steady; k < n; k++) {
+        model_train_use_set(m, k % sets);
+        TRY(recv_backward(m, &tbs[k]));
+        TRY(backward_step(m, k % sets, &tbs[k], grads));
+        TRY(send_backward(m, &tbs[k]));
+    }
+    return STATUS_OK;
+}
+
+enum status train_ranks_forward(struct train_ranks *r, struct model *m, const struct train_batch *tb,
+                                double *loss_sum, int *n_real)
+{
+    (void)r;
+    model_train_use_set(m, 0);
+    TRY(recv_forward(m, tb));
+    TRY(model_forward_train(m, tb, loss_sum, n_real));
+    return send_forward(m, tb);
+}
+
+/* ---- gradients ------------------------------------------------------------------------------ */
+
+enum status train_ranks_reduce_grads(struct train_ranks *r, struct model *m, struct model_weights *grads,
+                                     const struct param_table *gparams)
+{
+    /* The tied embedding: the first stage's (lookup) and the last's (head) gradients summed on
+     * both, exchanged over pp (a + b on one, b + a on the other: the same bits). */
+    if (r->tied_mem && (first_stage(m) || model_is_last_stage(m))) {
+        struct tensor *g = first_stage(m) ? &grads->tok_embedding : &grads->lm_head;
+        const int peer = first_stage(m) ? r->pp - 1 : 0;
+        TRY(comm_sendrecv(m->par.groups->pp, g, peer, &r->tied_tmp, peer));
+        op_add(m->b, g, g, &r->tied_tmp);
+    }
+    for (size_t i = 0; i < gparams->n; i++) {
+        const struct param *p = &gparams->p[i];
+        if (r->tp > 1 && p->kind >= 0 && model_train_grad_partial(m, (enum weight_kind)p->kind))
+            TRY(comm_all_reduce(m->par.groups->tp, p->t));
+        if (r->dp > 1 && !r->dist_opt) TRY(comm_all_reduce(r->groups.dp, p->t));
+    }
+    return STATUS_OK;
+}
+
+enum status train_ranks_sum(struct train_ranks *r, double *v, int n)
+{
+    if (r->world->size == 1) return STATUS_OK;
+    const int W = r->world->size;
+    int32_t *all = malloc((size_t)W * (size_t)n * sizeof(double));
+    if (!all) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of host memory");
+    struct tensor in = tensor_make(v, DTYPE_I32, DEVICE_CPU, 1, (int64_t)n * 2);
+    struct tensor out = tensor_make(all, DTYPE_I32, DEVICE_CPU, 1, (int64_t)W * n * 2);
+    enum status st = comm_all_gather(r->world->control, &out, &in);
+    if (st == STATUS_OK) {
+        const double *d = (const double *)all;
+        for (int j = 0; j < n; j++) {
+            double s = 0.0;
+            for (int w = 0; w < W; w++) s += d[(size_t)w * n + j];
+            v[j] = s;
+        }
+    }
+    free(all);
+    return st;
+}
