@@ -72,7 +72,7 @@ enum status train_ranks_attach(struct train_ranks *r, struct model *m, struct pa
         if (r->tp > 1 && replicated && m->tp_rank != 0) p->counted = 0;
         if (r->pp > 1 && m->cfg.tied_embeddings && k == WEIGHT_KIND_LM_HEAD) p->counted = 0; /* the first stage's */
     }
-    if (r->tp > 1 || r->pp > 1) {
+    if (r->tp > 1 || r->pp > 1 || (r->dist_opt && r->dp > 1)) {
         opt->reduce_sumsq = reduce_sumsq;
         opt->reduce_ctx = r;
     }
@@ -240,7 +240,7 @@ enum status train_ranks_reduce_grads(struct train_ranks *r, struct model *m, str
         const struct param *p = &gparams->p[i];
         if (r->tp > 1 && p->kind >= 0 && model_train_grad_partial(m, (enum weight_kind)p->kind))
             TRY(comm_all_reduce(m->par.groups->tp, p->t));
-        if (r->dp > 1 && !r->dist_opt) TRY(comm_all_reduce(r->groups.dp, p->t));
+        if (r->dp > 1 && !r->dist_opt) TRY(comm_all_reduce(r->groups.dp, p->t)); /* else reduce-scattered */
     }
     return STATUS_OK;
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist_optimizer.h"
 #include "lora.h"
 #include "model_train.h"
 #include "tokenizer.h"
@@ -29,7 +30,9 @@ struct trainer {
     struct param_table compute;   /* mixed precision: the model's compute copy, row for row with params */
     struct lora *lora;            /* LoRA training: the adapters (the base is frozen) */
     const char *start;            /* the directory the model (and tokenizer) came from */
-    struct optimizer opt;
+    struct optimizer opt;         /* with the distributed optimizer: its options and step only */
+    struct dist_optimizer dist;   /* --use-distributed-optimizer at dp > 1 */
+    int use_dist;
     struct train_dataset train, eval;
     struct micro_batch *mbs;      /* (num_microbatches) of the current iteration */
     struct train_batch *tbs;      /* (num_microbatches): the non-empty ones, in order */
@@ -152,6 +155,21 @@ static enum status setup_lora(struct trainer *t)
     return st;
 }
 
+/* The training state of --resume; the distributed optimizer takes its shard of the moments. */
+static enum status load_state(struct trainer *t)
+{
+    if (!t->use_dist) return train_checkpoint_load_state(t->o->resume_dir, t->b, &t->params, &t->opt, &t->state);
+    struct optimizer full;
+    enum status st = optimizer_init(&full, t->b, &t->params, &t->opt.o);
+    if (st == STATUS_OK) st = train_checkpoint_load_state(t->o->resume_dir, t->b, &t->params, &full, &t->state);
+    if (st == STATUS_OK) {
+        dist_optimizer_scatter_state(&t->dist, &full);
+        t->opt.step = full.step;
+    }
+    optimizer_free(&full, t->b);
+    return st;
+}
+
 static enum status setup(struct trainer *t)
 {
     const struct train_options *o = t->o;
@@ -205,16 +223,27 @@ static enum status setup(struct trainer *t)
     else if ((st = param_table_from_weights(&t->params, t->master, t->m->layer_first)) == STATUS_OK)
         st = param_table_from_weights(&t->gparams, &t->grads, t->m->layer_first);
     if (st != STATUS_OK) return st;
-    if ((st = optimizer_init(&t->opt, t->b, &t->params, &opt)) != STATUS_OK) return st;
+    t->use_dist = o->distributed_optimizer && t->ranks.dp > 1 && !t->lora;
+    if (o->distributed_optimizer && !t->use_dist && train_ranks_leader(&t->ranks))
+        LOG_WARN("train", "--use-distributed-optimizer has no effect at dp 1");
+    if (t->use_dist) { /* moments for this rank's shard only */
+        t->ranks.dist_opt = 1;
+        if ((st = dist_optimizer_init(&t->dist, t->b, t->ranks.groups.dp, &t->params, &t->gparams, &t->grads_mem,
+                                      &opt)) != STATUS_OK)
+            return st;
+        if (t->grads.tied) t->grads.lm_head = t->grads.tok_embedding; /* moved with the table */
+        t->opt.o = opt;
+        t->opt.n = t->params.n;
+    } else if ((st = optimizer_init(&t->opt, t->b, &t->params, &opt)) != STATUS_OK) {
+        return st;
+    }
     if ((st = train_ranks_attach(&t->ranks, t->m, &t->gparams, &t->opt)) != STATUS_OK) return st;
     t->state = (struct train_state){.cursor = {.seed = o->seed}, .scaler = loss_scaler_constant(1.0)};
     if (o->precision == TRAIN_PRECISION_FP16)
         t->state.scaler = o->loss_scale > 0 ? loss_scaler_constant(o->loss_scale)
                                             : loss_scaler_dynamic(o->initial_loss_scale, o->min_loss_scale,
                                                                   o->loss_scale_window, o->hysteresis);
-    if (o->resume_dir &&
-        (st = train_checkpoint_load_state(o->resume_dir, t->b, &t->params, &t->opt, &t->state)) != STATUS_OK)
-        return st;
+    if (o->resume_dir && (st = load_state(t)) != STATUS_OK) return st;
     if (o->resume_dir && t->state.cursor.seed != o->seed)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--seed %llu differs from the checkpoint's %llu",
                              (unsigned long long)o->seed, (unsigned long long)t->state.cursor.seed);
@@ -258,6 +287,7 @@ static void teardown(struct trainer *t)
     data_free(&t->eval);
     if (t->b) {
         optimizer_free(&t->opt, t->b);
+        dist_optimizer_free(&t->dist);
         param_table_free(&t->params);
         param_table_free(&t->gparams);
         param_table_free(&t->compute);
@@ -354,7 +384,14 @@ static enum status train_step(struct trainer *t, struct step_result *r)
     loss_sum = v[0];
     if (st != STATUS_OK) return st;
     r->loss = targets > 0 ? loss_sum / (double)targets : 0.0;
-    const double scaled_norm = optimizer_grad_norm(&t->opt, t->b, &t->gparams);
+    double scaled_norm;
+    if (t->use_dist) {
+        if ((st = dist_optimizer_reduce(&t->dist)) != STATUS_OK) return st;
+        const double local = dist_optimizer_sumsq(&t->dist, &t->gparams);
+        scaled_norm = sqrt(t->opt.reduce_sumsq ? t->opt.reduce_sumsq(t->opt.reduce_ctx, local) : local);
+    } else {
+        scaled_norm = optimizer_grad_norm(&t->opt, t->b, &t->gparams);
+    }
     r->grad_norm = scaled_norm / loss_scale;
     /* The schedule advances with the updates taken (Megatron: skipped steps do not move it). */
     r->lr = optimizer_lr(&t->opt.o, t->opt.step);
@@ -370,7 +407,13 @@ static enum status train_step(struct trainer *t, struct step_result *r)
                              (long long)t->state.iteration + 1, r->loss, r->grad_norm);
     }
     if (!r->skipped) {
-        optimizer_step(&t->opt, t->b, &t->params, &t->gparams, r->lr, r->grad_norm, 1.0 / loss_scale);
+        if (t->use_dist) {
+            if ((st = dist_optimizer_step(&t->dist, &t->params, r->lr, r->grad_norm, 1.0 / loss_scale)) != STATUS_OK)
+                return st;
+            t->opt.step = t->dist.step;
+        } else {
+            optimizer_step(&t->opt, t->b, &t->params, &t->gparams, r->lr, r->grad_norm, 1.0 / loss_scale);
+        }
         if (t->master != &t->m->w) sync_compute(t);
     }
     t->state.iteration++;
@@ -468,7 +511,13 @@ static enum status save_checkpoint(struct trainer *t, const char *dir)
 {
     if (t->lora)
         return train_checkpoint_save_adapter(dir, t->m, t->lora, t->o->model_dir, &t->params, &t->opt, &t->state);
-    return train_checkpoint_save(dir, t->m, t->master, &t->params, &t->opt, &t->state);
+    if (!t->use_dist) return train_checkpoint_save(dir, t->m, t->master, &t->params, &t->opt, &t->state);
+    struct optimizer full; /* the whole moments, for the file */
+    enum status st = optimizer_init(&full, t->b, &t->params, &t->opt.o);
+    if (st == STATUS_OK) st = dist_optimizer_gather_state(&t->dist, &full);
+    if (st == STATUS_OK) st = train_checkpoint_save(dir, t->m, t->master, &t->params, &full, &t->state);
+    optimizer_free(&full, t->b);
+    return st;
 }
 
 enum status train_run(const struct train_options *o)

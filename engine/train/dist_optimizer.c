@@ -1,0 +1,173 @@
+/* engine/train/dist_optimizer.c - the distributed optimizer (dist_optimizer.h).
+ * Tests: tests/test_train_parallel.sh. */
+#include "dist_optimizer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct tensor f32_view(const struct tensor *base, int64_t at, int64_t n)
+{
+    return tensor_make((float *)base->data + at, DTYPE_F32, base->device, 1, n);
+}
+
+enum status dist_optimizer_init(struct dist_optimizer *d, struct backend *b, struct comm *dp,
+                                const struct param_table *params, struct param_table *grads, void **grads_mem,
+                                const struct optimizer_options *o)
+{
+    memset(d, 0, sizeof *d);
+    d->o = *o;
+    d->dp = dp;
+    d->b = b;
+    CHECK(params->n == grads->n, "parameter and gradient tables differ");
+    /* The flat layout: the rows one after another, each at a 64-element boundary. */
+    int64_t total = 0;
+    int64_t *start = malloc((params->n + 1) * sizeof *start);
+    if (!start) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of host memory");
+    for (size_t i = 0; i < grads->n; i++) {
+        CHECK(grads->p[i].t->dtype == DTYPE_F32, "f32 gradients expected");
+        start[i] = total;
+        total += (tensor_numel(grads->p[i].t) + 63) / 64 * 64;
+    }
+    d->shard = (total + dp->size - 1) / dp->size;
+    d->padded = d->shard * dp->size;
+    enum status st = backend_alloc(b, (size_t)d->padded * sizeof(float), &d->flat_mem);
+    if (st == STATUS_OK) st = backend_alloc(b, (size_t)d->shard * 3 * sizeof(float), &d->mem);
+    if (st == STATUS_OK) st = backend_alloc_tensor(b, &d->acc, DTYPE_F32, 1, (int64_t[]){1});
+    if (st != STATUS_OK) {
+        free(start);
+        dist_optimizer_free(d);
+        return st;
+    }
+    backend_memset_zero(b, d->flat_mem, (size_t)d->padded * sizeof(float));
+    backend_memset_zero(b, d->mem, (size_t)d->shard * 3 * sizeof(float));
+    d->flat = tensor_make(d->flat_mem, DTYPE_F32, b->device, 1, d->padded);
+    struct tensor whole = tensor_make(d->mem, DTYPE_F32, b->device, 1, d->shard * 3);
+    d->buf = f32_view(&whole, 0, d->shard);
+    d->m = f32_view(&whole, d->shard, d->shard);
+    d->v = f32_view(&whole, 2 * d->shard, d->shard);
+    /* Re-point the gradients into the flat buffer (their values are zero: a step starts). */
+    for (size_t i = 0; i < grads->n; i++) grads->p[i].t->data = (float *)d->flat_mem + start[i];
+    backend_free(b, *grads_mem);
+    *grads_mem = NULL;
+    /* This rank's pieces. */
+    const int64_t lo = (int64_t)dp->rank * d->shard, hi = lo + d->shard;
+    d->pieces = calloc(params->n + 1, sizeof *d->pieces);
+    if (!d->pieces) {
+        free(start);
+        dist_optimizer_free(d);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of host memory");
+    }
+    for (size_t i = 0; i < params->n; i++) {
+        const int64_t a = start[i] > lo ? start[i] : lo, e = start[i] + tensor_numel(params->p[i].t);
+        const int64_t z = e < hi ? e : hi;
+        if (a < z) d->pieces[d->n_pieces++] = (struct dist_piece){.row = i, .lo = a, .hi = z, .start = start[i]};
+    }
+    d->starts = start;
+    d->n_rows = params->n;
+    return STATUS_OK;
+}
+
+void dist_optimizer_free(struct dist_optimizer *d)
+{
+    if (!d->b) return;
+    backend_free(d->b, d->flat_mem);
+    backend_free(d->b, d->mem);
+    backend_free(d->b, d->acc.data);
+    free(d->pieces);
+    free(d->starts);
+    memset(d, 0, sizeof *d);
+}
+
+enum status dist_optimizer_reduce(struct dist_optimizer *d)
+{
+    return comm_reduce_scatter(d->dp, &d->buf, &d->flat);
+}
+
+double dist_optimizer_sumsq(struct dist_optimizer *d, const struct param_table *grads)
+{
+    const int64_t base = (int64_t)d->dp->rank * d->shard;
+    backend_memset_zero(d->b, d->acc.data, sizeof(float));
+    for (size_t k = 0; k < d->n_pieces; k++) {
+        const struct dist_piece *p = &d->pieces[k];
+        if (!grads->p[p->row].counted) continue;
+        struct tensor g = f32_view(&d->buf, p->lo - base, p->hi - p->lo);
+        op_sum_squares(d->b, &d->acc, &g);
+    }
+    float s = 0.0f;
+    backend_download(d->b, &s, d->acc.data, sizeof s);
+    return (double)s;
+}
+
+enum status dist_optimizer_step(struct dist_optimizer *d, const struct param_table *params, double lr,
+                                double grad_norm, double unscale)
+{
+    const int64_t base = (int64_t)d->dp->rank * d->shard;
+    d->step++;
+    double clip = 1.0;
+    if (d->o.clip_grad > 0.0 && grad_norm > d->o.clip_grad) clip = d->o.clip_grad / (grad_norm + 1e-6);
+    for (size_t k = 0; k < d->n_pieces; k++) {
+        const struct dist_piece *p = &d->pieces[k];
+        const struct param *pr = &params->p[p->row];
+        const int64_t n = p->hi - p->lo;
+        struct tensor w = tensor_make((float *)pr->t->data + (p->lo - p->start), DTYPE_F32, pr->t->device, 1, n);
+        struct tensor g = f32_view(&d->buf, p->lo - base, n), m = f32_view(&d->m, p->lo - base, n);
+        struct tensor v = f32_view(&d->v, p->lo - base, n);
+        struct adamw_params hp = {
+            .lr = (float)lr,
+            .beta1 = (float)d->o.beta1,
+            .beta2 = (float)d->o.beta2,
+            .eps = (float)d->o.eps,
+            .weight_decay = pr->decay ? (float)d->o.weight_decay : 0.0f,
+            .step = d->step,
+            .grad_scale = (float)(clip * unscale),
+        };
+        op_adamw(d->b, &w, &g, &m, &v, &hp);
+        /* The updated piece into the shard buffer, which the all-gather sends. */
+        backend_copy(d->b, g.data, w.data, (size_t)n * sizeof(float));
+    }
+    enum status st = comm_all_gather(d->dp, &d->flat, &d->buf);
+    if (st != STATUS_OK) return st;
+    /* Every row from the gathered buffer (this rank's own pieces come back unchanged). */
+    for (size_t i = 0; i < params->n; i++)
+        backend_copy(d->b, params->p[i].t->data, (float *)d->flat_mem + d->starts[i], tensor_nbytes(params->p[i].t));
+    return STATUS_OK;
+}
+
+/* Moves every row of rows (tensors shaped like the parameters) to or from the flat buffer. */
+static void rows_flat(struct dist_optimizer *d, const struct tensor *rows, int to_flat)
+{
+    for (size_t i = 0; i < d->n_rows; i++) {
+        float *f = (float *)d->flat_mem + d->starts[i];
+        if (to_flat) backend_copy(d->b, f, rows[i].data, tensor_nbytes(&rows[i]));
+        else backend_copy(d->b, rows[i].data, f, tensor_nbytes(&rows[i]));
+    }
+}
+
+enum status dist_optimizer_gather_state(struct dist_optimizer *d, struct optimizer *full)
+{
+    CHECK(full->n == d->n_rows, "the whole moments were made for another table");
+    const struct tensor *mine[2] = {&d->m, &d->v};
+    struct tensor *rows[2] = {full->m, full->v};
+    for (int k = 0; k < 2; k++) {
+        enum status st = comm_all_gather(d->dp, &d->flat, mine[k]);
+        if (st != STATUS_OK) return st;
+        rows_flat(d, rows[k], 0);
+    }
+    full->step = d->step;
+    return STATUS_OK;
+}
+
+void dist_optimizer_scatter_state(struct dist_optimizer *d, const struct optimizer *full)
+{
+    CHECK(full->n == d->n_rows, "the whole moments were made for another table");
+    const int64_t base = (int64_t)d->dp->rank * d->shard;
+    const struct tensor *mine[2] = {&d->m, &d->v};
+    const struct tensor *rows[2] = {full->m, full->v};
+    for (int k = 0; k < 2; k++) {
+        rows_flat(d, rows[k], 1);
+        backend_copy(d->b, mine[k]->data, (float *)d->flat_mem + base, (size_t)d->shard * sizeof(float));
+    }
+    backend_memset_zero(d->b, d->flat_mem, (size_t)d->padded * sizeof(float));
+    d->step = full->step;
+}
