@@ -16,6 +16,8 @@
 #include "params.h"
 #include "trainer.h"
 
+struct rank_monitor;
+
 struct train_ranks {
     struct parallel_world *world;   /* owned */
     struct parallel_groups groups;
@@ -26,6 +28,7 @@ struct train_ranks {
     struct tensor tied_tmp;         /* pp > 1 with tied embeddings: the other stage's gradient */
     void *tied_mem;
     struct backend *b;              /* borrowed, once train_ranks_attach */
+    struct rank_monitor *monitor;   /* --rank-timeout > 0 with several ranks: heartbeats */
 };
 
 /* Starts the world (mpirun, or a world of one) and splits it for o->tp x o->pp; the data-parallel
@@ -54,6 +57,9 @@ enum status train_ranks_reduce_grads(struct train_ranks *r, struct model *m, str
 /* v[0 .. n) summed over the whole world (each value given by the ranks it belongs to, 0
  * elsewhere), in f64 on the host: losses and token counts for the log. */
 enum status train_ranks_sum(struct train_ranks *r, double *v, int n);
+/* After a failed step (STATUS_UNAVAILABLE): a sentence naming the ranks whose heartbeats
+ * stopped (hung or dead) into buf, or "" when none is known. */
+void train_ranks_explain(struct train_ranks *r, char *buf, size_t n);
 /* Whether this rank writes logs and metrics (world rank 0). */
 int train_ranks_leader(const struct train_ranks *r);
 

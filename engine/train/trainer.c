@@ -299,8 +299,8 @@ static void teardown(struct trainer *t)
     }
     model_free(t->m);
     tokenizer_free(t->tok);
-    backend_close(t->b);
     if (t->ranks.world) train_ranks_free(&t->ranks);
+    backend_close(t->b);
 }
 
 /* ---- one iteration ----------------------------------------------------------------------- */
@@ -545,6 +545,14 @@ enum status train_run(const struct train_options *o)
     if (st == STATUS_OK)
         LOG_INFO("train", "wrote %s after %lld iterations (%.1f s)", o->out_dir, (long long)t.state.iteration,
                  base_now_s() - t.t_start);
-    teardown(&t);
+    char why[1024] = "", who[512] = "";
+    const int rank = t.ranks.world ? t.ranks.world->rank : 0;
+    if (st != STATUS_OK) snprintf(why, sizeof why, "%s", status_message());
+    if (st == STATUS_UNAVAILABLE && t.ranks.world) train_ranks_explain(&t.ranks, who, sizeof who);
+    teardown(&t); /* may leave messages of its own: the failure is told after it */
+    if (st == STATUS_UNAVAILABLE) /* a peer failed: say where, and which one, if known */
+        return status_errorf(st, "rank %d, iteration %lld: %s%s%s", rank, (long long)t.state.iteration + 1, why,
+                             who[0] ? "; " : "", who);
+    if (st != STATUS_OK) return status_errorf(st, "%s", why);
     return st;
 }
