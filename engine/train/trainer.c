@@ -200,7 +200,7 @@ static enum status setup(struct trainer *t)
                                             : loss_scaler_dynamic(o->initial_loss_scale, o->min_loss_scale,
                                                                   o->loss_scale_window, o->hysteresis);
     if (o->resume_dir &&
-        (st = train_checkpoint_load_state(o->resume_dir, t->b, &t->params, &t->opt, &t->state)) != STATUS_OK)
+        (st = train_checkpoint_load_state(o->resume_dir, t->m, &t->params, &t->opt, &t->state)) != STATUS_OK)
         return st;
     if (o->resume_dir && t->state.cursor.seed != o->seed)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--seed %llu differs from the checkpoint's %llu",
