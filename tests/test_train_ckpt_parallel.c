@@ -100,8 +100,8 @@ static int param_kind(const char *name, enum weight_kind *kind, int *layer)
     return 0;
 }
 
-/* Walks the local elements of row i: fn(kind, layer, canonical index or -1 for padding). The
- * local tensor is hw's slice of the canonical (rows, cols) tensor. */
+/* The geometry of parameter row i: its (kind, layer), its slice hw of the canonical tensor, and
+ * the canonical tensor's cols. 0 when the row is not a weight. */
 static int row_geometry(struct shard *s, size_t i, enum weight_kind *kind, int *layer, struct host_weight *hw,
                         int64_t *cols)
 {
@@ -109,9 +109,11 @@ static int row_geometry(struct shard *s, size_t i, enum weight_kind *kind, int *
     int64_t rows;
     if (!param_kind(s->params.p[i].name, kind, layer)) return 0;
     weight_kind_shape(&s->m->cfg, *kind, &ndim, &rows, cols);
-    return checkpoint_describe(s->m->checkpoint, *kind, *layer, s->m->tp_rank, s->m->tp_size, DTYPE_F32, hw) == STATUS_OK;
+    return checkpoint_describe(s->m->checkpoint, *kind, *layer, s->m->tp_rank, s->m->tp_size, DTYPE_F32, hw) ==
+           STATUS_OK;
 }
 
+/* The canonical index of local element j of slice hw; -1 for vocab padding. */
 static int64_t canon_index(const struct host_weight *hw, int64_t cols, int64_t j)
 {
     const int64_t sc = hw->ndim == 2 ? hw->shape[1] : 1, r = j / sc, c = j % sc;
@@ -277,7 +279,8 @@ static void run(const char *model_dir, const char *other_dir, const char *work)
                 ok = same_file(a, b);
             }
         }
-        snprintf(name, sizeof name, "saved at %s: the source's tensors, the one-rank files byte for byte", saves[i].name);
+        snprintf(name, sizeof name, "saved at %s: the source's tensors, the one-rank files byte for byte",
+                 saves[i].name);
         verdict(name, ok);
     }
     /* 3. Resumes of the tp 2 x pp 2 save. */

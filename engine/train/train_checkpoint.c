@@ -248,7 +248,8 @@ enum status train_checkpoint_save(const char *dir, struct model *m, struct model
     struct ckpt_gathered g;
     enum status s = ckpt_gather(m, master, params, opt, with_master, &g);
     if (s == STATUS_OK && m->par.world->rank == 0) {
-        struct optimizer host_opt = {.n = g.params.n, .m = g.tensors + g.n, .v = g.tensors + 2 * g.n, .step = opt->step};
+        struct optimizer host_opt = {
+            .n = g.params.n, .m = g.tensors + g.n, .v = g.tensors + 2 * g.n, .step = opt->step};
         const struct ckpt_payload p = {.m = m, .gathered = &g};
         s = save(dir, &p, &g.params, &host_opt, st, with_master);
     }
@@ -261,7 +262,8 @@ enum status train_checkpoint_save_adapter(const char *dir, struct model *m, cons
                                           struct optimizer *opt, const struct train_state *st)
 {
     if (ckpt_multi_rank(m))
-        return status_errorf(STATUS_UNSUPPORTED, "checkpoint: LoRA checkpoints across ranks are not built yet (one rank only)");
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "checkpoint: LoRA checkpoints across ranks are not built yet (one rank only)");
     const struct ckpt_payload p = {.m = m, .lora = lora, .base_model = base_model};
     return save(dir, &p, params, opt, st, 0); /* the adapter file is f32: exact */
 }
@@ -269,7 +271,8 @@ enum status train_checkpoint_save_adapter(const char *dir, struct model *m, cons
 enum status train_checkpoint_write_model(const char *dir, struct model *m)
 {
     if (ckpt_multi_rank(m))
-        return status_errorf(STATUS_UNSUPPORTED, "checkpoint: writing a model split over ranks is train_checkpoint_save's");
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "checkpoint: writing a model split over ranks is train_checkpoint_save's");
     const struct ckpt_payload p = {.m = m, .master = &m->w};
     return save(dir, &p, NULL, NULL, NULL, 0);
 }

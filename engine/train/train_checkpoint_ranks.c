@@ -109,7 +109,8 @@ static enum status local_fields(struct model *m, const struct weight_ref *refs, 
     enum status s = checkpoint_describe(m->checkpoint, e->kind, e->layer, m->tp_rank, m->tp_size, DTYPE_F32, &hw);
     for (int k = 0; k < N_FIELDS && s == STATUS_OK; k++)
         if (f[k]->dtype != DTYPE_F32 || tensor_numel(f[k]) != slice_numel(&hw))
-            s = status_errorf(STATUS_INTERNAL, "checkpoint: %s on rank %d has %lld elements (f32 expected), its slice %lld",
+            s = status_errorf(STATUS_INTERNAL,
+                              "checkpoint: %s on rank %d has %lld elements (f32 expected), its slice %lld",
                               name, m->par.world->rank, (long long)tensor_numel(f[k]), (long long)slice_numel(&hw));
     return s;
 }
@@ -165,8 +166,9 @@ static enum status gathered_state(struct ckpt_gathered *g, int with_master)
         const struct ckpt_canon *e = &g->t[i];
         float *data[3] = {with_master ? e->master : e->w, e->m, e->v};
         for (int k = 0; k < 3; k++)
-            g->tensors[(size_t)k * g->n + i] = e->ndim == 2 ? tensor_make(data[k], DTYPE_F32, DEVICE_CPU, 2, e->rows, e->cols)
-                                                            : tensor_make(data[k], DTYPE_F32, DEVICE_CPU, 1, e->rows);
+            g->tensors[(size_t)k * g->n + i] = e->ndim == 2
+                                                   ? tensor_make(data[k], DTYPE_F32, DEVICE_CPU, 2, e->rows, e->cols)
+                                                   : tensor_make(data[k], DTYPE_F32, DEVICE_CPU, 1, e->rows);
         snprintf(name, sizeof name, "%s/%d", weight_kind_name(e->kind), e->layer);
         s = param_table_add(&g->params, name, &g->tensors[i], e->ndim == 2);
     }
@@ -215,8 +217,8 @@ enum status ckpt_gather(struct model *m, struct model_weights *master, const str
     struct weight_ref *refs = malloc((size_t)weights_table_max(master->n_layers) * sizeof *refs);
     const struct tensor *(*local)[N_FIELDS] = NULL;
     float *stage = NULL;
-    enum status s = all && stage_first && refs ? STATUS_OK
-                                               : status_errorf(STATUS_RESOURCE_EXHAUSTED, "checkpoint: out of host memory");
+    enum status s = STATUS_OK;
+    if (!all || !stage_first || !refs) s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "checkpoint: out of host memory");
     if ((s = parallel_agree(w, s)) == STATUS_OK) s = stage_firsts(m, all, stage_first);
     if (s == STATUS_OK) s = canon_list(g, &m->cfg, stage_first, m->pp_size);
     if (s == STATUS_OK && !(local = calloc((size_t)g->n + 1, sizeof *local)))
@@ -287,7 +289,8 @@ enum status ckpt_state_slice(struct checkpoint *ck, const struct st_tensor *t, c
     if (!t->supported || t->dtype != DTYPE_F32 || t->ndim != ndim || t->shape[0] != rows ||
         (ndim == 2 && t->shape[1] != cols))
         return status_errorf(STATUS_BAD_FORMAT,
-                             "%s: state tensor %s is %s[%lld%s%lld], the model's %s is f32[%lld%s%lld] (another model?)",
+                             "%s: state tensor %s is %s[%lld%s%lld], the model's %s is f32[%lld%s%lld] "
+                             "(another model?)",
                              path, t->name, t->dtype_name, (long long)t->shape[0], t->ndim == 2 ? "," : "",
                              t->ndim == 2 ? (long long)t->shape[1] : 0LL, weight_kind_name(kind), (long long)rows,
                              ndim == 2 ? "," : "", ndim == 2 ? (long long)cols : 0LL);
@@ -295,7 +298,8 @@ enum status ckpt_state_slice(struct checkpoint *ck, const struct st_tensor *t, c
     enum status s = checkpoint_describe(ck, kind, layer, tp_rank, tp_size, DTYPE_F32, &hw);
     if (s != STATUS_OK) return s;
     if (slice_numel(&hw) != n)
-        return status_errorf(STATUS_BAD_FORMAT, "%s: %s: the local tensor has %lld elements, its slice at tp %d/%d %lld",
+        return status_errorf(STATUS_BAD_FORMAT,
+                             "%s: %s: the local tensor has %lld elements, its slice at tp %d/%d %lld",
                              path, t->name, (long long)n, tp_rank, tp_size, (long long)slice_numel(&hw));
     const int64_t sc = hw.ndim == 2 ? hw.shape[1] : 1;
     memset(dst, 0, (size_t)n * sizeof *dst);
