@@ -45,7 +45,8 @@ enum status train_checkpoint_make_dir(const char *dir);
  * save writes. Other data-parallel replicas send nothing (their values must be identical), nor
  * does the last stage's copy of tied embeddings at pp > 1 (its row "lm_head/-1": the first
  * stage's embedding is the one parameter written; the trainer keeps the two equal).
- * Every rank returns the same status (parallel_agree). The one-rank path is unchanged. */
+ * The metadata (st, opt->step) are world rank 0's. Every rank returns the same status
+ * (parallel_agree). The one-rank path is unchanged. */
 enum status train_checkpoint_save(const char *dir, struct model *m, struct model_weights *master,
                                   const struct param_table *params, struct optimizer *opt,
                                   const struct train_state *st);
