@@ -13,6 +13,7 @@
 
 #include "checkpoint.h"
 #include "safetensors.h"
+#include "train_checkpoint_ranks.h"
 
 #define STATE_FILE "train_state.safetensors"
 #define STATE_FORMAT "shardlm-train-state-1"
@@ -91,7 +92,7 @@ static enum status model_source(void *ctx, enum weight_kind kind, int layer, flo
 /* ---- the training state -------------------------------------------------------------------- */
 
 struct state_item {
-    struct backend *b;
+    struct backend *b;         /* NULL: the tensor is in host memory (a multi-rank gather) */
     const struct tensor *t;
 };
 
@@ -99,12 +100,14 @@ static enum status fill_from_device(void *ctx, void *dst, size_t nbytes)
 {
     const struct state_item *it = ctx;
     CHECK(nbytes == tensor_nbytes(it->t), "state tensor size");
-    backend_download(it->b, dst, it->t->data, nbytes);
+    if (it->b) backend_download(it->b, dst, it->t->data, nbytes);
+    else memcpy(dst, it->t->data, nbytes);
     return STATUS_OK;
 }
 
 /* The state of a parameter table: per row its two moments, and its f32 value when the model
- * file cannot hold it exactly (with_master), named "<group>/<row name>". */
+ * file cannot hold it exactly (with_master), named "<group>/<row name>". b NULL: every tensor
+ * is in host memory. */
 static enum status write_state(const char *dir, struct backend *b, const struct param_table *params,
                                struct optimizer *opt, const struct train_state *st, int with_master)
 {
@@ -181,19 +184,22 @@ static enum status move_files(const char *src, const char *dst)
     return s;
 }
 
-/* What a checkpoint holds besides the training state: the model (from master) or an adapter. */
+/* What a checkpoint holds besides the training state: the model (from master, or from a
+ * multi-rank gather when `gathered`) or an adapter. */
 struct ckpt_payload {
     struct model *m;
     struct model_weights *master;
     const struct lora *lora;
     const char *base_model;
+    struct ckpt_gathered *gathered; /* rank 0 of a multi-rank save: the model and state in host memory */
 };
 
 static enum status write_payload(const char *dir, const struct ckpt_payload *p)
 {
     if (p->lora) return lora_save_peft(p->lora, p->m, p->m->b, dir, p->base_model);
     struct source_ctx sc = {p->m, p->master};
-    checkpoint_set_source(p->m->checkpoint, model_source, &sc);
+    if (p->gathered) checkpoint_set_source(p->m->checkpoint, ckpt_gathered_source, p->gathered);
+    else checkpoint_set_source(p->m->checkpoint, model_source, &sc);
     enum status s = checkpoint_write_hf(dir, p->m->checkpoint);
     checkpoint_set_source(p->m->checkpoint, NULL, NULL);
     return s;
@@ -210,7 +216,8 @@ static enum status save(const char *dir, const struct ckpt_payload *p, const str
     remove_flat_dir(tmp);
     enum status s = train_checkpoint_make_dir(tmp);
     if (s == STATUS_OK) s = write_payload(tmp, p);
-    if (s == STATUS_OK && params) s = write_state(tmp, p->m->b, params, opt, st, with_master);
+    if (s == STATUS_OK && params)
+        s = write_state(tmp, p->gathered ? NULL : p->m->b, params, opt, st, with_master);
     if (s != STATUS_OK) {
         remove_flat_dir(tmp);
         return s;
@@ -231,20 +238,41 @@ enum status train_checkpoint_save(const char *dir, struct model *m, struct model
 {
     /* The model file holds the weights exactly only in f32 and without a norm offset. */
     const int with_master = m->checkpoint->cfg.dtype != DTYPE_F32 || m->cfg.norm_weight_offset != 0.0f;
-    const struct ckpt_payload p = {.m = m, .master = master};
-    return save(dir, &p, params, opt, st, with_master);
+    if (!ckpt_multi_rank(m)) {
+        const struct ckpt_payload p = {.m = m, .master = master};
+        return save(dir, &p, params, opt, st, with_master);
+    }
+    /* Many ranks: everything onto world rank 0, which writes the one-rank files from host memory
+     * (its own model holds only its stage; config.json and the tokenizer come from its
+     * checkpoint as above). */
+    struct ckpt_gathered g;
+    enum status s = ckpt_gather(m, master, params, opt, with_master, &g);
+    if (s == STATUS_OK && m->par.world->rank == 0) {
+        struct optimizer host_opt = {
+            .n = g.params.n, .m = g.tensors + g.n, .v = g.tensors + 2 * g.n, .step = opt->step};
+        const struct ckpt_payload p = {.m = m, .gathered = &g};
+        s = save(dir, &p, &g.params, &host_opt, st, with_master);
+    }
+    ckpt_gathered_free(&g);
+    return parallel_agree(m->par.world, s);
 }
 
 enum status train_checkpoint_save_adapter(const char *dir, struct model *m, const struct lora *lora,
                                           const char *base_model, const struct param_table *params,
                                           struct optimizer *opt, const struct train_state *st)
 {
+    if (ckpt_multi_rank(m))
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "checkpoint: LoRA checkpoints across ranks are not built yet (one rank only)");
     const struct ckpt_payload p = {.m = m, .lora = lora, .base_model = base_model};
     return save(dir, &p, params, opt, st, 0); /* the adapter file is f32: exact */
 }
 
 enum status train_checkpoint_write_model(const char *dir, struct model *m)
 {
+    if (ckpt_multi_rank(m))
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "checkpoint: writing a model split over ranks is train_checkpoint_save's");
     const struct ckpt_payload p = {.m = m, .master = &m->w};
     return save(dir, &p, NULL, NULL, NULL, 0);
 }
@@ -262,27 +290,50 @@ static int64_t meta_i64(const struct safetensors *sf, const char *key, int *ok)
     return (int64_t)x;
 }
 
-static enum status read_group(struct safetensors *sf, const char *path, struct backend *b, const char *group,
+/* Reads one group of the state into dst (row for row with params; NULL: the parameters
+ * themselves). A weight's row takes its (tp_rank, tp_size) slice of the canonical tensor;
+ * other rows (LoRA's) are read whole. */
+static enum status read_group(struct safetensors *sf, const char *path, struct model *m, const char *group,
                               const struct param_table *params, const struct tensor *dst, int required)
 {
     char name[256];
-    for (size_t i = 0; i < params->n; i++) {
+    enum weight_kind kind;
+    int layer;
+    float *slice = NULL;
+    enum status s = STATUS_OK;
+    for (size_t i = 0; i < params->n && s == STATUS_OK; i++) {
         snprintf(name, sizeof name, "%s/%s", group, params->p[i].name);
         const struct st_tensor *t = safetensors_find(sf, name);
         const struct tensor *d = dst ? &dst[i] : params->p[i].t;
-        if (!t) {
-            if (!required) return STATUS_OK;
-            return status_errorf(STATUS_BAD_FORMAT, "%s: no tensor %s", path, name);
+        /* Tied embeddings at pp > 1: the last stage's LM head is its own copy of the embedding
+         * (kept equal by the trainer), one tensor in the file. */
+        if (!t && m->cfg.tied_embeddings && ckpt_param_kind(params->p[i].name, &kind, &layer) &&
+            kind == WEIGHT_KIND_LM_HEAD) {
+            snprintf(name, sizeof name, "%s/%s/-1", group, weight_kind_name(WEIGHT_KIND_TOK_EMBEDDING));
+            t = safetensors_find(sf, name);
         }
-        if (t->dtype != DTYPE_F32 || t->numel != tensor_numel(d))
-            return status_errorf(STATUS_BAD_FORMAT, "%s: tensor %s has %lld elements, the model %lld", path, name,
-                                 (long long)t->numel, (long long)tensor_numel(d));
-        backend_upload(b, d->data, t->data, t->nbytes);
+        const int64_t n = tensor_numel(d);
+        if (!t) {
+            if (!required) break;
+            s = status_errorf(STATUS_BAD_FORMAT, "%s: no tensor %s", path, name);
+        } else if (ckpt_param_kind(params->p[i].name, &kind, &layer)) {
+            float *grown = realloc(slice, (size_t)n * sizeof *slice + 1);
+            if (!grown) s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "checkpoint: out of host memory");
+            else if ((s = ckpt_state_slice(m->checkpoint, t, path, kind, layer, m->tp_rank, m->tp_size, slice = grown,
+                                           n)) == STATUS_OK)
+                backend_upload(m->b, d->data, slice, (size_t)n * sizeof *slice);
+        } else if (t->dtype != DTYPE_F32 || t->numel != n) {
+            s = status_errorf(STATUS_BAD_FORMAT, "%s: tensor %s has %lld elements, the model %lld", path, name,
+                              (long long)t->numel, (long long)n);
+        } else {
+            backend_upload(m->b, d->data, t->data, t->nbytes);
+        }
     }
-    return STATUS_OK;
+    free(slice);
+    return s;
 }
 
-enum status train_checkpoint_load_state(const char *dir, struct backend *b, const struct param_table *params,
+enum status train_checkpoint_load_state(const char *dir, struct model *m, const struct param_table *params,
                                         struct optimizer *opt, struct train_state *st)
 {
     char path[4200];
@@ -315,9 +366,9 @@ enum status train_checkpoint_load_state(const char *dir, struct backend *b, cons
         st->scaler.scale = strtod(scale, NULL);
     }
     if (!ok) s = status_errorf(STATUS_BAD_FORMAT, "%s: not a shardlm training state (format %s)", path, fmt ? fmt : "none");
-    if (s == STATUS_OK && (s = read_group(sf, path, b, "exp_avg", params, opt->m, 1)) == STATUS_OK &&
-        (s = read_group(sf, path, b, "exp_avg_sq", params, opt->v, 1)) == STATUS_OK)
-        s = read_group(sf, path, b, "master", params, NULL, 0);
+    if (s == STATUS_OK && (s = read_group(sf, path, m, "exp_avg", params, opt->m, 1)) == STATUS_OK &&
+        (s = read_group(sf, path, m, "exp_avg_sq", params, opt->v, 1)) == STATUS_OK)
+        s = read_group(sf, path, m, "master", params, NULL, 0);
     opt->step = step;
     safetensors_close(sf);
     return s;

@@ -158,10 +158,10 @@ static enum status setup_lora(struct trainer *t)
 /* The training state of --resume; the distributed optimizer takes its shard of the moments. */
 static enum status load_state(struct trainer *t)
 {
-    if (!t->use_dist) return train_checkpoint_load_state(t->o->resume_dir, t->b, &t->params, &t->opt, &t->state);
+    if (!t->use_dist) return train_checkpoint_load_state(t->o->resume_dir, t->m, &t->params, &t->opt, &t->state);
     struct optimizer full;
     enum status st = optimizer_init(&full, t->b, &t->params, &t->opt.o);
-    if (st == STATUS_OK) st = train_checkpoint_load_state(t->o->resume_dir, t->b, &t->params, &full, &t->state);
+    if (st == STATUS_OK) st = train_checkpoint_load_state(t->o->resume_dir, t->m, &t->params, &full, &t->state);
     if (st == STATUS_OK) {
         dist_optimizer_scatter_state(&t->dist, &full);
         t->opt.step = full.step;
