@@ -25,88 +25,14 @@
 #include "model_train.h"
 #include "optimizer.h"
 #include "params.h"
+#include "bench_model.h"
 #include "safetensors.h"
-
-static long vm_hwm_kib(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long kib = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmHWM:", 6)) kib = atol(line + 6);
-    if (f) fclose(f);
-    return kib;
-}
-
-static uint64_t rng_state = 88172645463325252ull;
-static float rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 11) / 9007199254740992.0 - 0.5);
-}
-
-static enum status fill_random(void *ctx, void *dst, size_t nbytes)
-{
-    const float scale = *(const float *)ctx;
-    float *p = dst;
-    for (size_t i = 0; i < nbytes / sizeof *p; i++) p[i] = scale < 0 ? 1.0f + 0.1f * rnd() : scale * rnd();
-    return STATUS_OK;
-}
-
-/* A stories110M-shaped Llama checkpoint with random weights in dir. */
-static enum status write_model(const char *dir, int d, int layers, int heads, int ffn, int vocab, int ctx)
-{
-    char path[512];
-    mkdir(dir, 0755);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return status_errorf(STATUS_IO, "%s", path);
-    fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": %d, "
-               "\"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
-               "\"num_key_value_heads\": %d, \"vocab_size\": %d, \"max_position_embeddings\": %d, "
-               "\"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false, \"torch_dtype\": \"float32\"}\n",
-            d, ffn, layers, heads, heads, vocab, ctx);
-    fclose(f);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    struct safetensors_writer *w = NULL;
-    enum status st = safetensors_writer_begin(path, &w);
-    static float s_w = 0.05f, s_e = 0.5f, one = -1.0f; /* -1: a norm weight, 1 + noise */
-    char name[128];
-#define ADD(nm, scale, ...) \
-    if (st == STATUS_OK) st = safetensors_writer_add_deferred(w, nm, DTYPE_F32, sizeof((int64_t[]){__VA_ARGS__}) / 8, (int64_t[]){__VA_ARGS__}, fill_random, (void *)(scale))
-    ADD("model.embed_tokens.weight", &s_e, vocab, d);
-    ADD("lm_head.weight", &s_w, vocab, d);
-    ADD("model.norm.weight", &one, d);
-    for (int l = 0; l < layers; l++) {
-        static const char *mats[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"};
-        for (int i = 0; i < 4; i++) {
-            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, mats[i]);
-            ADD(name, &s_w, d, d);
-        }
-        snprintf(name, sizeof name, "model.layers.%d.mlp.gate_proj.weight", l);
-        ADD(name, &s_w, ffn, d);
-        snprintf(name, sizeof name, "model.layers.%d.mlp.up_proj.weight", l);
-        ADD(name, &s_w, ffn, d);
-        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", l);
-        ADD(name, &s_w, d, ffn);
-        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
-        ADD(name, &one, d);
-        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
-        ADD(name, &one, d);
-    }
-#undef ADD
-    if (st == STATUS_OK) return safetensors_writer_finish(w);
-    safetensors_writer_free(w);
-    return st;
-}
 
 static double sgemm_gflops(int m, int k, int n)
 {
     float *a = malloc((size_t)m * k * 4), *b = malloc((size_t)n * k * 4), *c = malloc((size_t)m * n * 4);
-    for (size_t i = 0; i < (size_t)m * k; i++) a[i] = rnd();
-    for (size_t i = 0; i < (size_t)n * k; i++) b[i] = rnd();
+    for (size_t i = 0; i < (size_t)m * k; i++) a[i] = bench_rnd();
+    for (size_t i = 0; i < (size_t)n * k; i++) b[i] = bench_rnd();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);
     double best = 1e30;
     for (int r = 0; r < 5; r++) {
