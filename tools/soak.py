@@ -70,15 +70,23 @@ RSS_GROWTH = 0.05      # allowed RSS growth from warm-up to the end
 
 # ---- the plan: every call decided up front from --seed ----------------------------------------
 
-def plan_call(rng, i, max_n):
+def plan_call(rng, i, max_n, pool_tokens, block_tokens):
     """One call: method, streamed or not, its fate (plain / cancel / deadline) and its request
-    fields. Prompts stay under 200 tokens and max_tokens under 256: every request fits the
-    512-token context of stories260K."""
+    fields. Every request fits the model's context (512 tokens for stories260K: prompts of at
+    most about 250 tokens, max_tokens at most 256) and, with all its n samples, the KV pool of
+    pool_tokens tokens, so that INVALID_ARGUMENT is never an expected answer."""
     method = rng.choice(("Generate", "Chat"))
     stream = rng.random() < 0.5
     r = rng.random()
     fate = "cancel" if r < 0.20 else "deadline" if r < 0.30 else "plain"
-    s = {"max_tokens": min(256, 1 + int(rng.expovariate(1 / 40)))}
+    # Shared long prefixes now and then, for the prefix cache (14 tokens a repeat; the prompts
+    # below and a chat template's framing add at most about 45).
+    prompt = rng.choice(PROMPTS)
+    if rng.random() < 0.2:
+        repeats = min(rng.randint(1, 15), max(0, (pool_tokens // 2 - 45) // 14))
+        prompt = "Once upon a time, there was a little house. " * repeats + prompt
+    prompt_max = 14 * prompt.count("little house") + 45
+    s = {"max_tokens": max(1, min(256, 1 + int(rng.expovariate(1 / 40)), pool_tokens - prompt_max - block_tokens))}
     if rng.random() < 0.75:
         s["temperature"] = 0.0 if rng.random() < 0.3 else round(rng.uniform(0.1, 1.5), 3)
     if rng.random() < 0.4:
@@ -103,11 +111,8 @@ def plan_call(rng, i, max_n):
     if rng.random() < 0.05:
         s["min_tokens"] = rng.randint(0, s["max_tokens"])
     if max_n > 1 and rng.random() < 0.15:
-        s["n"] = rng.randint(2, max_n)
-    # Shared long prefixes now and then, for the prefix cache.
-    prompt = rng.choice(PROMPTS)
-    if rng.random() < 0.2:
-        prompt = "Once upon a time, there was a little house. " * rng.randint(1, 15) + prompt
+        fits = pool_tokens // (prompt_max + s["max_tokens"] + block_tokens)
+        s["n"] = max(1, min(rng.randint(2, max_n), fits))
     call = {"i": i, "method": method, "stream": stream, "fate": fate, "sampling": s,
             "request_id": f"soak-{i}"}
     if method == "Generate":
@@ -193,8 +198,8 @@ def check_stream(call, finishes, tokens):
 
 
 def run_call(call, stub, cancel_stub, canceller, call_timeout):
-    """Runs one call to its end. Returns (status name, problem): problem is '' unless an OK
-    result is not whole."""
+    """Runs one call to its end. Returns (status name, text): for OK, what is wrong with the
+    result ('' when it is whole); otherwise the status message."""
     req = request_of(call)
     timeout = call.get("deadline", call_timeout)
     how = call.get("cancel")
@@ -208,7 +213,7 @@ def run_call(call, stub, cancel_stub, canceller, call_timeout):
         except grpc.FutureCancelledError:
             return "CANCELLED", ""
         except grpc.RpcError as e:
-            return e.code().name, ""
+            return e.code().name, e.details() or ""
     it = getattr(stub, call["method"] + "Stream")(req, timeout=timeout)
     if how in ("timer", "rpc"):
         canceller.at(call["cancel_after"], it.cancel if how == "timer" else cancel_rpc)
@@ -225,7 +230,7 @@ def run_call(call, stub, cancel_stub, canceller, call_timeout):
                 it.cancel()
         return "OK", check_stream(call, finishes, tokens)
     except grpc.RpcError as e:
-        return e.code().name, ""
+        return e.code().name, e.details() or ""
 
 
 def expected(call, status, max_queue):
@@ -317,7 +322,10 @@ def find_model(args, work):
 def soak(args, target, pid, max_queue):
     rng = random.Random(args.seed)
     max_n = 4 if not max_queue else max(1, min(4, max_queue))
-    plan = [plan_call(rng, i, max_n) for i in range(args.requests)]
+    with grpc.insecure_channel(target) as ch:
+        info = pb_grpc.TextGenerationStub(ch).GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
+    plan = [plan_call(rng, i, max_n, info.kv_blocks * info.kv_block_tokens, info.kv_block_tokens)
+            for i in range(args.requests)]
     # Distinct connections (a local subchannel pool per channel): calls spread over several
     # HTTP/2 connections, each open for the whole soak, so the server's descriptors stay put.
     n_channels = max(1, min(args.channels, args.concurrency))
@@ -352,6 +360,8 @@ def soak(args, target, pid, max_queue):
             except Exception as e:  # noqa: BLE001 - anything else is counted as unexpected
                 status, problem = "EXCEPTION", repr(e)
             results[i] = (status, problem, time.monotonic() - t)
+            if status == "RESOURCE_EXHAUSTED":  # a full queue: back off, as a client would
+                time.sleep(random.uniform(0.01, 0.05))
             with lock:
                 done[0] += 1
             if args.duration and time.monotonic() - t0 > args.duration:
@@ -361,9 +371,11 @@ def soak(args, target, pid, max_queue):
 
     def sampler():
         """Every 100 ms: the server's RSS (for the peak) and free KV blocks. Warm-up ends once 10 %
-        of the calls finished and the KV pool has been used up once (free blocks below 5 %: the
-        pool's pages are touched only when a block is first written, and prefix-cached blocks
-        leave the free list, so RSS grows by the pool's size until then), or at half the calls."""
+        of the calls finished and the KV pool has been used up once (at most 1 % of its blocks
+        never taken), or at half the calls. The pool's pages are touched only when a block is
+        first written, and prefix-cached blocks stay off the free list (a stack), so until then RSS
+        grows by the pool's size (2048 blocks of 20 KiB for stories260K); the blocks never taken
+        are exactly the fewest ever free."""
         while not all_done.is_set():
             try:
                 rss = rss_kib(pid)
@@ -372,9 +384,10 @@ def soak(args, target, pid, max_queue):
                 return
             rss_peak[0] = max(rss_peak[0], rss)
             pool["min_free"] = free if pool["min_free"] is None else min(pool["min_free"], free)
-            cycled = pool["min_free"] <= 0.05 * pool["total"]
+            cycled = pool["min_free"] <= 0.01 * pool["total"]
             if "warm" not in mem and ((done[0] >= warm_at and cycled) or done[0] >= len(plan) // 2):
-                mem["warm"] = (rss, n_fds(pid), done[0], "KV pool used up" if cycled else "half the calls")
+                mem["warm"] = (rss, n_fds(pid), done[0], "KV pool used up" if cycled else "half the calls",
+                               pool["min_free"])
             all_done.wait(0.1)
 
     all_done = threading.Event()
@@ -390,8 +403,11 @@ def soak(args, target, pid, max_queue):
     elapsed = time.monotonic() - t0
     all_done.set()
     canceller.close()
+    block_kib = 2 * info.n_layers * info.kv_block_tokens * info.n_kv_heads * info.head_dim * \
+        {"bf16": 2, "f16": 2}.get(info.dtype, 4) / 1024
     return dict(plan=plan, results=results, hung=hung, elapsed=elapsed, stats0=stats0, mem=mem,
-                rss_peak=rss_peak[0], control=control, channels=channels, warm_at=warm_at)
+                rss_peak=rss_peak[0], control=control, channels=channels, warm_at=warm_at, pool=pool,
+                block_kib=block_kib)
 
 
 def report(args, r, pid, max_queue, server):
@@ -404,7 +420,7 @@ def report(args, r, pid, max_queue, server):
         kind = f"{c['method']}{'Stream' if c['stream'] else ''} {c['fate']}"
         table[kind][status] += 1
         table["all"][status] += 1
-        if problem or not expected(c, status, max_queue):
+        if (status == "OK" and problem) or not expected(c, status, max_queue):
             unexpected.append((c, status, problem))
     statuses = sorted(table["all"], key=lambda s: (s != "OK", s))
     w = max(len(k) for k in table) + 2
@@ -455,6 +471,8 @@ def report(args, r, pid, max_queue, server):
             print(f"RSS (MiB): start {start[0] / 1024:.1f}, after warm-up ({warm[2]} calls done, {warm[3]}) "
                   f"{warm[0] / 1024:.1f}, peak {r['rss_peak'] / 1024:.1f}, end {end_mem[0] / 1024:.1f} "
                   f"({growth * 100:+.1f} % from warm-up)")
+            print(f"KV blocks never taken (of {r['pool']['total']}, {r['block_kib']:.0f} KiB each): {warm[4]} at "
+                  f"warm-up, {r['pool']['min_free']} at the end")
             print(f"open fds: start {start[1]}, after warm-up {warm[1]}, end {end_mem[1]}")
             if growth > RSS_GROWTH:
                 failures.append(f"RSS grew {growth * 100:.1f} % after warm-up (limit {RSS_GROWTH * 100:.0f} %)")
