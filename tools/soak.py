@@ -351,10 +351,6 @@ def find_model(args, work):
 def soak(args, target, pid, max_queue):
     rng = random.Random(args.seed)
     max_n = 4 if not max_queue else max(1, min(4, max_queue))
-    with grpc.insecure_channel(target) as ch:
-        info = pb_grpc.TextGenerationStub(ch).GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
-    plan = [plan_call(rng, i, max_n, info.kv_blocks * info.kv_block_tokens, info.kv_block_tokens)
-            for i in range(args.requests)]
     # Distinct connections (a local subchannel pool per channel): calls spread over several
     # HTTP/2 connections, each open for the whole soak, so the server's descriptors stay put.
     n_channels = max(1, min(args.channels, args.concurrency))
@@ -363,6 +359,9 @@ def soak(args, target, pid, max_queue):
         grpc.channel_ready_future(ch).result(timeout=30)
     stubs = [pb_grpc.TextGenerationStub(ch) for ch in channels[:-1]]
     control = pb_grpc.TextGenerationStub(channels[-1])  # Cancel by id, stats, the final request
+    info = control.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
+    plan = [plan_call(rng, i, max_n, info.kv_blocks * info.kv_block_tokens, info.kv_block_tokens)
+            for i in range(args.requests)]
     control.Generate(Client.generate_request("hi", max_tokens=2), timeout=30)
     stats0 = control.GetServerStats(pb.GetServerStatsRequest(), timeout=10)
     mem = {"start": (rss_kib(pid), n_fds(pid)) if pid else None}
