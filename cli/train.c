@@ -45,6 +45,7 @@ static const char *const train_help =
     "  --device cpu|cuda [cpu]  --threads N [0 = all cores]\n"
     "parallelism (launch with mpirun -n TP*PP*DP; dp is what is left):\n"
     "  --tensor-model-parallel-size|--tp N [1]  --pipeline-model-parallel-size|--pp N [1]\n"
+    "  --pp-layers N,N,...     layers per pipeline stage [balanced]\n"
     "  --sequence-parallel     split the norm and residual regions over tp (tp > 1)\n"
     "  --use-distributed-optimizer   shard the AdamW state over dp (ZeRO-1)\n"
     "  --recompute-granularity selective|full   [none]\n"
@@ -152,6 +153,8 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
         if (parse_int(v, 1, 4096, &o->tp)) return bad("--tensor-model-parallel-size must be an integer in [1, 4096], got '%s'", v);
     } else if (!strcmp(a, "--pipeline-model-parallel-size") || !strcmp(a, "--pp")) {
         if (parse_int(v, 1, 4096, &o->pp)) return bad("--pipeline-model-parallel-size must be an integer in [1, 4096], got '%s'", v);
+    } else if (!strcmp(a, "--pp-layers")) {
+        o->pp_layers = v;
     } else if (!strcmp(a, "--recompute-granularity")) {
         if (!strcmp(v, "selective")) o->memory.recompute = TRAIN_RECOMPUTE_SELECTIVE;
         else if (!strcmp(v, "full")) o->memory.recompute = o->memory.recompute == TRAIN_RECOMPUTE_BLOCK ? TRAIN_RECOMPUTE_BLOCK : TRAIN_RECOMPUTE_UNIFORM;

@@ -11,6 +11,8 @@
 #   4. a stopped rank (SIGSTOP) and a killed one (SIGKILL): the job ends within the timeout
 #      with the rank named, and the last checkpoint on disk loads;
 #   5. layouts that cannot run: a message, exit 1.
+# With DEVICE=cuda (the `gpu` test): the layouts of 1 without recomputation on GPUs, NCCL between
+# ranks (one GPU per rank: SKIP with fewer than 4), losses and weights within 1e-4.
 # Adam's eps is 1e-3 here: with eps 1e-8 a gradient element that is zero up to f32 rounding
 # takes a full-size step whose sign the rounding decides, in any two implementations
 # (docs/training.md). Every wait is bounded.
@@ -21,6 +23,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 ASSETS=${SHARDLM_ASSETS:-$here/../../shared/assets}
 TEXT=$ASSETS/datasets/tinyshakespeare.txt
 command -v mpirun > /dev/null || { echo "SKIP: train_parallel: no mpirun"; exit 77; }
+DEVICE=${DEVICE:-cpu}
+RTOL=1e-5
+if [ "$DEVICE" = cuda ]; then
+  gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
+  [ "$gpus" -ge 4 ] || { echo "SKIP: train_parallel on cuda needs 4 GPUs (NCCL: one per rank), found $gpus"; exit 77; }
+  RTOL=1e-4
+fi
 if [ ! -f "$GOLDEN/stories260K/model.safetensors" ] || [ ! -f "$TEXT" ]; then
   echo "SKIP: train_parallel: no golden stories260K in $GOLDEN or no $TEXT (shared assets)"
   exit 77
@@ -49,7 +58,7 @@ cp "$GOLDEN/stories260K/tokenizer.model" "$WORK/llama/"
 
 common() { # common MODEL: the flags of every run
   echo "--model $1 --data $TEXT --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-        --adam-eps 1e-3 --threads 1 --eval-iters 0 --log-interval 100 --seed 7"
+        --adam-eps 1e-3 --threads 1 --eval-iters 0 --log-interval 100 --seed 7 --device $DEVICE"
 }
 
 # run NAME N MODEL ITERS EXTRA...: mpirun -n N shardlm train into $WORK/NAME
@@ -64,7 +73,8 @@ run() {
 # same NAME REF: losses and weights of run NAME against run REF
 same() {
   local out rc
-  out=$($COMPARE losses "$WORK/$2/metrics.jsonl" "$WORK/$1/metrics.jsonl" && $COMPARE weights "$WORK/$2" "$WORK/$1")
+  out=$($COMPARE losses "$WORK/$2/metrics.jsonl" "$WORK/$1/metrics.jsonl" --rtol $RTOL &&
+        $COMPARE weights "$WORK/$2" "$WORK/$1" --rtol $RTOL)
   rc=$?
   check "$1: $(echo "$out" | tr '\n' ';' | sed 's/PASS //g')" $rc
 }
@@ -80,6 +90,7 @@ for i in "${!layouts[@]}"; do
   n=${layouts[$i]%%|*}
   flags=${layouts[$i]#*|}
   for j in 0 1 2; do
+    [ "$DEVICE" = cuda ] && [ "$j" != 0 ] && continue
     rc=${recomputes[$j]}
     # pp 2 splits 5 layers 3 + 2: full recomputation as blocks of the first 2 layers there
     if [ "$j" = 2 ] && [ "${lnames[$i]}" = pp2 ]; then rc="--recompute-granularity full --recompute-method block --recompute-num-layers 2"; fi
@@ -89,6 +100,12 @@ for i in "${!layouts[@]}"; do
     else check "$name runs ($(grep -v '^I' "$WORK/$name.log" | tail -3 | tr '\n' ' '))" 1; fi
   done
 done
+
+if [ "$DEVICE" = cuda ]; then
+  echo "$n_pass passed, $n_fail failed"
+  [ "$n_fail" = 0 ]
+  exit
+fi
 
 # Other families.
 run gpt2_one 1 "$WORK/gpt2" 10 && run gpt2_tp2pp2_sp 4 "$WORK/gpt2" 10 --tp 2 --pp 2 --sequence-parallel \

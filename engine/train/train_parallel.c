@@ -43,6 +43,7 @@ enum status train_ranks_init(struct train_ranks *r, const struct train_options *
     TRY(parallel_groups_init(r->world, l, o->device, r->world->local_rank, NULL, &r->groups));
     r->par.world = r->world;
     r->par.groups = &r->groups;
+    r->par.pp_layers = o->pp_layers;
     monitor_start(r);
     return STATUS_OK;
 }
@@ -55,20 +56,26 @@ static double reduce_sumsq(void *ctx, double local)
 {
     struct train_ranks *r = ctx;
     float v = (float)local;
-    struct tensor t = tensor_make(&v, DTYPE_F32, DEVICE_CPU, 1, (int64_t)1);
+    const struct tensor *t = &r->sumsq; /* on the device the groups carry */
+    backend_upload(r->b, t->data, &v, sizeof v);
     enum status st = STATUS_OK;
-    if (r->tp > 1) st = comm_all_reduce(r->groups.tp, &t);
-    if (st == STATUS_OK && r->pp > 1) st = comm_all_reduce(r->groups.pp, &t);
-    if (st == STATUS_OK && r->dist_opt && r->dp > 1) st = comm_all_reduce(r->groups.dp, &t);
-    return st == STATUS_OK ? (double)v : (double)NAN;
+    struct comm *groups[3] = {r->tp > 1 ? r->groups.tp : NULL, r->pp > 1 ? r->groups.pp : NULL,
+                              r->dist_opt && r->dp > 1 ? r->groups.dp : NULL};
+    for (int i = 0; i < 3 && st == STATUS_OK; i++)
+        if (groups[i] && (st = comm_all_reduce(groups[i], t)) == STATUS_OK) st = comm_synchronize(groups[i]);
+    if (st != STATUS_OK) {
+        r->failed = st;
+        return (double)NAN;
+    }
+    backend_download(r->b, &v, t->data, sizeof v);
+    return (double)v;
 }
 
 enum status train_ranks_attach(struct train_ranks *r, struct model *m, struct param_table *gparams,
                                struct optimizer *opt)
 {
     r->b = m->b;
-    if (m->b->device != DEVICE_CPU && (r->tp > 1 || r->pp > 1))
-        return status_errorf(STATUS_UNSUPPORTED, "multi-rank training on cuda is not built yet (NCCL norms); use --device cpu");
+    TRY(backend_alloc_tensor(m->b, &r->sumsq, DTYPE_F32, 1, (int64_t[]){1}));
     for (size_t i = 0; i < gparams->n; i++) {
         struct param *p = &gparams->p[i];
         if (p->kind < 0) continue;
@@ -96,7 +103,10 @@ static void monitor_stop(struct train_ranks *r);
 void train_ranks_free(struct train_ranks *r)
 {
     monitor_stop(r);
-    if (r->b) backend_free(r->b, r->tied_mem);
+    if (r->b) {
+        backend_free(r->b, r->tied_mem);
+        backend_free(r->b, r->sumsq.data);
+    }
     parallel_groups_free(&r->groups);
     parallel_finalize(r->world);
     memset(r, 0, sizeof *r);

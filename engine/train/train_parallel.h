@@ -28,6 +28,8 @@ struct train_ranks {
     struct tensor tied_tmp;         /* pp > 1 with tied embeddings: the other stage's gradient */
     void *tied_mem;
     struct backend *b;              /* borrowed, once train_ranks_attach */
+    struct tensor sumsq;            /* f32 (1) on the device: the norm's all-reduce */
+    enum status failed;             /* a failure inside the norm's reduction (it returns NaN) */
     struct rank_monitor *monitor;   /* --rank-timeout > 0 with several ranks: heartbeats */
 };
 

@@ -392,6 +392,7 @@ static enum status train_step(struct trainer *t, struct step_result *r)
     } else {
         scaled_norm = optimizer_grad_norm(&t->opt, t->b, &t->gparams);
     }
+    if (t->ranks.failed != STATUS_OK) return t->ranks.failed; /* the norm's collective failed */
     r->grad_norm = scaled_norm / loss_scale;
     /* The schedule advances with the updates taken (Megatron: skipped steps do not move it). */
     r->lr = optimizer_lr(&t->opt.o, t->opt.step);

@@ -48,6 +48,7 @@ struct train_options {
     unsigned    lora_targets;     /* bit mask of enum lora_target */
     /* Parallelism (mpirun -n tp x pp x dp): Megatron's flags. */
     int         tp, pp;             /* --tensor-model-parallel-size, --pipeline-model-parallel-size */
+    const char *pp_layers;          /* --pp-layers 8,4: layers per stage (NULL: balanced) */
     int         distributed_optimizer; /* --use-distributed-optimizer: ZeRO-1 over dp */
     struct train_memory memory;     /* --sequence-parallel, --recompute-*: model_train.h */
     double      rank_timeout_s;     /* --rank-timeout: a peer silent this long ends the job */
