@@ -54,6 +54,13 @@ extern "C" {
 
 struct comm;
 
+/* An all-reduce in flight (comm_all_reduce_start .. comm_wait). Opaque storage for the
+ * implementation's handle (an MPI_Request); zeroed = nothing in flight. */
+struct comm_request {
+    int active;
+    unsigned char handle[16];
+};
+
 /* ---- the world ---------------------------------------------------------------------- */
 
 /* One per process. Fields other than timeout_s are read-only for callers. */
@@ -173,6 +180,8 @@ struct comm_ops {
     enum status (*recv)(struct comm *c, const struct tensor *x, int peer);
     enum status (*sendrecv)(struct comm *c, const struct tensor *send, int send_peer,
                             const struct tensor *recv, int recv_peer);
+    enum status (*all_reduce_start)(struct comm *c, const struct tensor *x, struct comm_request *req);
+    enum status (*wait)(struct comm *c, struct comm_request *req);
     enum status (*reserve)(struct comm *c, size_t max_numel);
     enum status (*synchronize)(struct comm *c);
     void (*free)(struct comm *c);
@@ -225,6 +234,14 @@ void parallel_groups_free(struct parallel_groups *g); /* accepts a zeroed struct
  * rounds once; NCCL sums in the dtype, rounding at each hop (as Megatron does). Every rank
  * ends with bit-identical values. */
 enum status comm_all_reduce(struct comm *c, const struct tensor *x);
+
+/* comm_all_reduce of an f32 tensor, started and not waited for: the sum lands in x by the time
+ * comm_wait(req) returns (MPI: MPI_Iallreduce, progressed by this and later MPI calls of the
+ * process; NCCL: queued on the stream, so later work on the stream sees the sum and comm_wait
+ * has nothing to do). x must not be read or written in between. Data parallelism overlaps the
+ * gradients' reduction with the rest of the backward this way. */
+enum status comm_all_reduce_start(struct comm *c, const struct tensor *x, struct comm_request *req);
+enum status comm_wait(struct comm *c, struct comm_request *req);
 
 /* Concatenation along the outermost dimension: out (size * n, ...) holds rank r's in (n, ...)
  * at rows r*n .. r*n+n-1. Any dtype; out must not overlap in. */

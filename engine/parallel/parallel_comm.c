@@ -84,6 +84,26 @@ enum status comm_all_reduce(struct comm *c, const struct tensor *x)
     COMM_RUN(c, tensor_nbytes(x), c->ops->all_reduce(c, x));
 }
 
+enum status comm_all_reduce_start(struct comm *c, const struct tensor *x, struct comm_request *req)
+{
+    check_tensor(c, x, "x");
+    CHECK(x->dtype == DTYPE_F32, "%s comm: an asynchronous all-reduce takes f32", c->name);
+    CHECK(!req->active, "%s comm: a request still in flight", c->name);
+    COMM_RUN(c, tensor_nbytes(x), c->ops->all_reduce_start(c, x, req));
+}
+
+enum status comm_wait(struct comm *c, struct comm_request *req)
+{
+    if (!req->active) return STATUS_OK;
+    enum status st = parallel_world_usable(c->world);
+    if (st != STATUS_OK) return st;
+    const double t0 = base_now_s();
+    st = c->ops->wait(c, req);
+    c->seconds += base_now_s() - t0;
+    req->active = 0;
+    return st;
+}
+
 enum status comm_all_gather(struct comm *c, const struct tensor *out, const struct tensor *in)
 {
     check_tensor(c, out, "out");
@@ -249,6 +269,29 @@ static enum status mpi_sum(struct comm *c, void *buf, size_t n, MPI_Datatype typ
     MPI_TRY(c->world, c->name, MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, MPI_SUM, m->comm,
                                               &req));
     return parallel_mpi_wait(c->world, &req, NULL, "all_reduce", c->name);
+}
+
+_Static_assert(sizeof(MPI_Request) <= sizeof(((struct comm_request *)0)->handle), "MPI_Request fits");
+
+static enum status mpi_all_reduce_start(struct comm *c, const struct tensor *x, struct comm_request *req)
+{
+    if (c->size == 1) return STATUS_OK;
+    struct mpi_comm *m = c->impl;
+    int count = 0;
+    enum status st = parallel_mpi_int_count((size_t)tensor_numel(x), "all_reduce", c->name, &count);
+    if (st != STATUS_OK) return st;
+    MPI_Request r;
+    MPI_TRY(c->world, c->name, MPI_Iallreduce(MPI_IN_PLACE, x->data, count, MPI_FLOAT, MPI_SUM, m->comm, &r));
+    memcpy(req->handle, &r, sizeof r);
+    req->active = 1;
+    return STATUS_OK;
+}
+
+static enum status mpi_wait(struct comm *c, struct comm_request *req)
+{
+    MPI_Request r;
+    memcpy(&r, req->handle, sizeof r);
+    return parallel_mpi_wait(c->world, &r, NULL, "all_reduce (started earlier)", c->name);
 }
 
 static enum status mpi_all_reduce(struct comm *c, const struct tensor *x)
@@ -425,6 +468,8 @@ static const struct comm_ops mpi_comm_ops = {
     .send = mpi_send,
     .recv = mpi_recv,
     .sendrecv = mpi_sendrecv,
+    .all_reduce_start = mpi_all_reduce_start,
+    .wait = mpi_wait,
     .reserve = mpi_comm_reserve,
     .synchronize = mpi_synchronize,
     .free = mpi_comm_free,

@@ -306,6 +306,20 @@ static enum status nccl_sendrecv(struct comm *c, const struct tensor *send, int 
     return STATUS_OK;
 }
 
+/* Queued on the stream: later work on it sees the sum, so there is nothing to wait for. */
+static enum status nccl_all_reduce_start(struct comm *c, const struct tensor *x, struct comm_request *req)
+{
+    req->active = 0;
+    return nccl_all_reduce(c, x);
+}
+
+static enum status nccl_wait(struct comm *c, struct comm_request *req)
+{
+    (void)c;
+    (void)req;
+    return STATUS_OK;
+}
+
 /* Polls the stream rather than blocking in cudaStreamSynchronize, so that an asynchronous NCCL
  * error (a peer gone) or the world's timeout ends the wait; either aborts the communicator. */
 static enum status nccl_synchronize(struct comm *c)
@@ -348,6 +362,8 @@ static const struct comm_ops nccl_comm_ops = {
     .send = nccl_send,
     .recv = nccl_recv,
     .sendrecv = nccl_sendrecv,
+    .all_reduce_start = nccl_all_reduce_start,
+    .wait = nccl_wait,
     .reserve = nccl_reserve,
     .synchronize = nccl_synchronize,
     .free = nccl_comm_free,
