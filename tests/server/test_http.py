@@ -21,7 +21,8 @@ prometheus_client's text parser. One group per ctest test:
              the same prompt alone (greedy), unary and streamed; prompt-major indices with n > 1;
              an invalid prompt among valid ones refuses the whole request (400 naming it) and
              submits nothing; the bound on prompts; a stream of several prompts that the client
-             closes frees every block
+             closes frees every block; a prompt that the full queue refuses (429) cancels the
+             others
   echo       echo: the text starts with the prompt (token-id prompts: their decoded text); with
              logprobs, the prompt's tokens and log-probabilities (the first null) equal gRPC's
              prompt_logprobs of the same prompt, unary and streamed, n > 1, max_tokens 0
@@ -602,6 +603,24 @@ def group_prompts(env):
         st = wait_until(lambda: settled(g), "blocks to return after a disconnect")
         check(st.requests_finished == st.requests_submitted, "every request finished")
         check(oa.completions.create(model=MODEL, prompt="hi", max_tokens=3).usage.completion_tokens == 3, "serving")
+    # A prompt that the engine's queue cannot take: 429, and the prompts submitted before it
+    # are cancelled (their blocks and queue places come back).
+    with Server(env.shardlm, env.model, "--max-seqs", "2", "--max-queue", "4", name="prompts-queue") as srv, \
+            srv.grpc() as g:
+        oa = srv.openai()
+        busy = oa.completions.create(model=MODEL, prompt="Once", stream=True, max_tokens=480, temperature=0, n=2,
+                                     extra_body={"ignore_eos": True})
+        it = iter(busy)
+        next(it)
+        wait_until(lambda: g.server_stats().running == 2, "the running slots to fill")
+        code, ans = http(srv, "POST", "/v1/completions", {"prompt": ["Once", "Lily", "Tom"], "n": 2, "max_tokens": 4})
+        check(code == 429 and "other prompts were cancelled" in ans["error"]["message"], f"full queue: {code} {ans}")
+        check(wait_until(lambda: g.server_stats().waiting == 0, "the cancelled prompts to leave the queue"), "queue")
+        busy.close()
+        st = wait_until(lambda: settled(g), "blocks to return")
+        check(st.requests_finished == st.requests_submitted, "every request finished")
+        code, ans = http(srv, "POST", "/v1/completions", {"prompt": ["Once", "Lily"], "n": 2, "max_tokens": 4})
+        check(code == 200 and len(ans["choices"]) == 4, f"serving after the refusal: {code}")
 
 
 def group_echo(env):
