@@ -21,6 +21,7 @@
 
 #include "http_internal.h"
 #include "metrics.h"
+#include "tokenizer.h"
 
 #define HTTP_WAIT_MS 100 /* how often a waiting request checks its client's socket */
 
@@ -100,9 +101,16 @@ static void gen_unref(struct http_gen *g)
     struct server *s = g->s;
     for (int i = 0; i < g->n_samples; i++) sample_buf_free(&g->samples[i]);
     free(g->samples);
-    free(g->echo_text);
+    for (int i = 0; i < g->n_runs; i++) {
+        struct http_run *r = &g->runs[i];
+        free(r->echo);
+        free(r->prompt_ids);
+        free(r->prompt_lp);
+        free(r->prompt_top);
+    }
+    free(g->runs);
     free(g->out);
-    gen_request_free(&g->q.r);
+    http_request_free(&g->q);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     free(g);
@@ -110,13 +118,39 @@ static void gen_unref(struct http_gen *g)
 }
 
 
-/* Engine thread: append, signal; the engine's reference goes with the last FINISHED. */
+/* Engine thread: a copy of the prompt's log-probabilities for echo; with g->mu held. */
+static void take_prompt_logprobs(struct http_run *r, const struct engine_event *ev)
+{
+    if (r->prompt_lp_ready || !r->g->q.echo || ev->n_tokens <= 0 || !ev->logprobs) return;
+    size_t n = (size_t)ev->n_tokens, k = ev->top && ev->n_top > 0 ? (size_t)ev->n_top : 0;
+    r->prompt_ids = malloc(n * sizeof *r->prompt_ids);
+    r->prompt_lp = malloc(n * sizeof *r->prompt_lp);
+    r->prompt_top = k ? malloc(n * k * sizeof *r->prompt_top) : NULL;
+    CHECK(r->prompt_ids && r->prompt_lp && (!k || r->prompt_top), "out of memory");
+    memcpy(r->prompt_ids, ev->tokens, n * sizeof *r->prompt_ids);
+    memcpy(r->prompt_lp, ev->logprobs, n * sizeof *r->prompt_lp);
+    if (k) memcpy(r->prompt_top, ev->top, n * k * sizeof *r->prompt_top);
+    r->n_prompt = ev->n_tokens;
+    r->n_prompt_top = (int)k;
+    r->prompt_lp_ready = 1;
+}
+
+/* Engine thread (ctx: the run): append, signal; the engine's reference goes with the last
+ * FINISHED of the last run. */
 static void on_engine_event(void *ctx, const struct engine_event *ev)
 {
-    struct http_gen *g = ctx;
-    if (ev->kind == ENGINE_EVENT_PROMPT_LOGPROBS || ev->sample < 0 || ev->sample >= g->n_samples) return;
+    struct http_run *r = ctx;
+    struct http_gen *g = r->g;
+    if (ev->kind == ENGINE_EVENT_PROMPT_LOGPROBS) {
+        pthread_mutex_lock(&g->mu);
+        take_prompt_logprobs(r, ev);
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        return;
+    }
+    if (ev->sample < 0 || ev->sample >= g->n_per_run) return;
     pthread_mutex_lock(&g->mu);
-    struct sample_buf *b = &g->samples[ev->sample];
+    struct sample_buf *b = &g->samples[r->index * g->n_per_run + ev->sample];
     double now = base_now_s();
     if (ev->n_tokens > 0 && g->t_first == 0) g->t_first = now;
     sample_buf_note_tokens(b, g->s->metrics, ev->n_tokens, now);
@@ -124,8 +158,8 @@ static void on_engine_event(void *ctx, const struct engine_event *ev)
         g->queue_s = ev->queue_seconds;
     sample_buf_append(b, ev->tokens, ev->n_tokens, ev->logprobs, ev->top, ev->n_top, ev->text, ev->text_len);
     b->completion_tokens = ev->completion_tokens;
-    g->prompt_tokens = ev->prompt_tokens;
-    g->cached_prompt_tokens = ev->cached_prompt_tokens;
+    r->prompt_tokens = ev->prompt_tokens;
+    r->cached_prompt_tokens = ev->cached_prompt_tokens;
     int last = 0;
     if (ev->kind == ENGINE_EVENT_FINISHED && !b->finished) {
         b->finished = 1;
@@ -173,18 +207,25 @@ static int gen_hangup(struct http_gen *g)
     return g->active > 0;
 }
 
-static void gen_cancel(struct http_gen *g) { engine_cancel(g->s->engine, g->handle); }
+/* Cancels every submitted run (a run that already ended is not found: no harm). Runs are only
+ * submitted before the request is handed to its connection, so reading them is safe here. */
+static void gen_cancel(struct http_gen *g)
+{
+    for (int i = 0; i < g->n_runs; i++)
+        if (g->runs[i].submitted) engine_cancel(g->s->engine, g->runs[i].handle);
+}
 
 /* Counts the request once it ended; g->mu held. */
 static void gen_observe(struct http_gen *g, enum status st)
 {
-    int completion = 0;
+    int completion = 0, prompt = 0;
     for (int i = 0; i < g->n_samples; i++) completion += g->samples[i].completion_tokens;
+    for (int i = 0; i < g->n_runs; i++) prompt += g->runs[i].prompt_tokens;
     double now = base_now_s();
     metrics_observe_request(g->s->metrics, METRICS_API_HTTP, server_grpc_code_name(server_grpc_code(st)),
                             g->t_first > 0 ? g->t_first - g->t_submit : -1.0, now - g->t_submit, g->queue_s);
-    LOG_INFO("http", "req=%s status=%s prompt_tokens=%d completion_tokens=%d total_ms=%.1f", g->id, status_name(st),
-             g->prompt_tokens, completion, (now - g->t_submit) * 1e3);
+    LOG_INFO("http", "req=%s status=%s prompts=%d prompt_tokens=%d completion_tokens=%d total_ms=%.1f", g->id,
+             status_name(st), g->n_runs, prompt, completion, (now - g->t_submit) * 1e3);
 }
 
 /* libmicrohttpd's content reader of a stream: blocks until there is something to send. */
@@ -242,14 +283,62 @@ static void stream_free(void *cls)
 
 /* ---- the generation endpoints -------------------------------------------------------------- */
 
+/* Prompt i of g's request as token ids (*ids malloc'd) through gen_prompt, and its echo text:
+ * the prompt as given, or the decoded token ids. Errors name the prompt when there are several. */
+static enum status run_prompt(struct http_gen *g, int i, int32_t **ids, int *n_ids)
+{
+    struct gen_request *r = &g->q.r;
+    struct http_prompt *p = g->q.is_chat ? NULL : &g->q.prompts[i];
+    if (p) { /* gen_prompt reads r's prompt: lend it this one (it takes token ids over) */
+        r->prompt = p->text;
+        r->prompt_len = p->text_len;
+        r->prompt_ids = p->ids;
+        r->n_prompt_ids = p->n_ids;
+        p->ids = NULL;
+    }
+    enum status st = gen_prompt(g->s, r, g->q.is_chat, ids, n_ids);
+    if (p) {
+        free(r->prompt_ids); /* only when gen_prompt failed before taking them */
+        r->prompt = NULL;
+        r->prompt_len = 0;
+        r->prompt_ids = NULL;
+        r->n_prompt_ids = 0;
+    }
+    struct request_params *rp = &r->params;
+    if (st == STATUS_OK && rp->max_tokens < 0) { /* chat's default: the rest of the context */
+        struct engine_model_info info;
+        engine_get_model_info(g->s->engine, &info);
+        rp->max_tokens = info.max_positions > *n_ids ? info.max_positions - *n_ids : 1;
+    }
+    if (st == STATUS_OK) st = engine_validate(g->s->engine, *ids, *n_ids, rp);
+    struct http_run *run = &g->runs[i];
+    if (st == STATUS_OK && p && g->q.echo) {
+        if (p->text) {
+            run->echo = strdup(p->text);
+            run->echo_len = p->text_len;
+            if (!run->echo) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        } else {
+            st = tokenizer_decode(g->s->tok, *ids, *n_ids, &run->echo, &run->echo_len);
+        }
+    }
+    if (st != STATUS_OK && g->n_runs > 1) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        return status_errorf(st, "prompt[%d]: %s", i, msg);
+    }
+    return st;
+}
+
 /* Tokenizes, validates and submits q (whose ownership moves into a new http_gen, *out, holding
- * the caller's reference). On error nothing is left. */
+ * the caller's reference): every prompt is checked before any is submitted, and when one
+ * cannot be submitted (a full queue) those already submitted are cancelled. On error nothing
+ * is left (the engine drops its reference as the cancelled runs finish). */
 static enum status gen_submit(struct server *s, struct http_request *q, int fd, struct http_gen **out)
 {
     *out = NULL;
     struct http_gen *g = calloc(1, sizeof *g);
     if (!g) {
-        gen_request_free(&q->r);
+        http_request_free(q);
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
     atomic_init(&g->refs, 1);
@@ -264,34 +353,56 @@ static enum status gen_submit(struct server *s, struct http_request *q, int fd, 
     g->queue_s = -1.0;
     snprintf(g->id, sizeof g->id, "%s-%llu", q->is_chat ? "chatcmpl" : "cmpl",
              (unsigned long long)atomic_fetch_add(&s->http_next_id, 1) + 1);
-    if (q->echo && q->r.prompt) g->echo_text = strdup(q->r.prompt);
-    int32_t *ids = NULL;
-    int n_ids = 0;
-    enum status st = gen_prompt(s, &g->q.r, g->q.is_chat, &ids, &n_ids);
-    struct request_params *p = &g->q.r.params;
-    if (st == STATUS_OK && p->max_tokens < 0) {
-        /* OpenAI's defaults: 16 for completions; for chat, the rest of the context. */
-        struct engine_model_info info;
-        engine_get_model_info(s->engine, &info);
-        p->max_tokens = g->q.is_chat ? (info.max_positions > n_ids ? info.max_positions - n_ids : 1) : 16;
+    int n_runs = q->is_chat ? 1 : q->n_prompts;
+    if (!q->is_chat && g->q.r.params.max_tokens < 0) g->q.r.params.max_tokens = 16; /* OpenAI's default */
+    int32_t **ids = calloc((size_t)n_runs, sizeof *ids);
+    int *n_ids = calloc((size_t)n_runs, sizeof *n_ids);
+    g->runs = calloc((size_t)n_runs, sizeof *g->runs);
+    enum status st = STATUS_OK;
+    if (!ids || !n_ids || !g->runs) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    else g->n_runs = n_runs;
+    for (int i = 0; st == STATUS_OK && i < n_runs; i++) {
+        g->runs[i].g = g;
+        g->runs[i].index = i;
+        st = run_prompt(g, i, &ids[i], &n_ids[i]);
     }
-    if (st == STATUS_OK) st = engine_validate(s->engine, ids, n_ids, p);
+    struct request_params *p = &g->q.r.params;
     if (st == STATUS_OK) {
-        g->n_samples = p->n;
+        g->n_per_run = p->n;
+        g->n_samples = n_runs * p->n;
         g->samples = calloc((size_t)g->n_samples, sizeof *g->samples);
         if (!g->samples) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
+    int submitted = 0;
     if (st == STATUS_OK) {
-        g->prompt_tokens = n_ids;
-        g->active = g->n_samples;
+        g->active = g->n_samples; /* before submitting: events may arrive at once */
         atomic_fetch_add(&g->refs, 1); /* the engine's, until the last FINISHED */
-        st = engine_submit(s->engine, g->id, ids, n_ids, p, on_engine_event, g, &g->handle);
+        for (; st == STATUS_OK && submitted < n_runs; submitted++) {
+            struct http_run *r = &g->runs[submitted];
+            char id[64];
+            if (n_runs > 1) snprintf(id, sizeof id, "%s-%d", g->id, submitted);
+            else snprintf(id, sizeof id, "%s", g->id);
+            r->prompt_tokens = n_ids[submitted];
+            st = engine_submit(s->engine, id, ids[submitted], n_ids[submitted], p, on_engine_event, r, &r->handle);
+            if (st == STATUS_OK) r->submitted = 1;
+        }
         if (st != STATUS_OK) {
-            g->active = 0;
-            atomic_fetch_sub(&g->refs, 1);
+            submitted--; /* the one that failed */
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", status_message());
+            pthread_mutex_lock(&g->mu);
+            g->active -= (n_runs - submitted) * p->n;
+            int last = g->active == 0;
+            g->hangup = 1; /* nobody waits for the cancelled runs */
+            pthread_mutex_unlock(&g->mu);
+            gen_cancel(g);
+            if (last) atomic_fetch_sub(&g->refs, 1);
+            st = status_errorf(st, "%s%s", msg, submitted ? " (the request's other prompts were cancelled)" : "");
         }
     }
+    for (int i = 0; ids && i < n_runs; i++) free(ids[i]);
     free(ids);
+    free(n_ids);
     if (st != STATUS_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", status_message());
@@ -332,7 +443,7 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     enum status st = http_parse_request(hc->body ? hc->body : "", hc->len, is_chat, s->model_id,
                                         s->opts.engine.adapter_names, s->opts.engine.n_adapters, &q);
     struct http_gen *g = NULL;
-    if (st != STATUS_OK) gen_request_free(&q.r);
+    if (st != STATUS_OK) http_request_free(&q);
     else st = gen_submit(s, &q, connection_fd(c), &g);
     if (st != STATUS_OK) {
         char msg[512];

@@ -22,25 +22,62 @@
 #include "convert.h"
 #include "server_internal.h"
 
+/* The most prompts one /v1/completions request may carry (`prompt` as a list): each becomes
+ * its own engine request. */
+#define HTTP_MAX_PROMPTS 64
+
+/* One prompt of a completions request: a text or token ids (exactly one of them). */
+struct http_prompt {
+    char    *text;         /* NUL-terminated, text_len bytes; NULL for token ids */
+    size_t   text_len;
+    int32_t *ids;          /* (n_ids); NULL for a text */
+    int      n_ids;
+};
+
 /* A parsed OpenAI request: the engine's request plus what shapes the answer. */
 struct http_request {
-    struct gen_request r;  /* params.max_tokens is -1 when the client gave none */
+    struct gen_request r;  /* params.max_tokens is -1 when the client gave none; completions
+                              leave r.prompt and r.prompt_ids NULL (see prompts) */
+    struct http_prompt *prompts; /* completions: (n_prompts), 1 .. HTTP_MAX_PROMPTS */
+    int n_prompts;
     int is_chat;
     int stream, include_usage;
     int logprobs;          /* completions: -1 none, else top-n; chat: -1 or top_logprobs */
-    int echo;              /* completions: the prompt text before the output */
+    int echo;              /* completions: the prompt text before the output (and, with
+                              logprobs, the prompt tokens' log-probabilities) */
 };
 
-/* Parses body[0..len) (borrowed) into *q (free with gen_request_free(&q->r)). served_model:
- * the id that `model` must name (STATUS_NOT_FOUND otherwise). Errors: STATUS_INVALID_ARGUMENT
- * naming the field and the type it must have. */
+/* Parses body[0..len) (borrowed) into *q (free with http_request_free). served_model: the id
+ * that `model` must name (STATUS_NOT_FOUND otherwise). Errors: STATUS_INVALID_ARGUMENT naming
+ * the field and the type it must have. */
 enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
                                const char *const *adapters, int n_adapters,
                                struct http_request *q);
+/* Frees what *q owns; accepts a zeroed struct. */
+void        http_request_free(struct http_request *q);
+
+/* One engine request of an HTTP request: a completions request with several prompts has one
+ * per prompt, every other request exactly one. Its samples are http_gen.samples[index * n ..
+ * index * n + n), so that choice indices are prompt-major (vLLM's). Guarded by http_gen.mu. */
+struct http_run {
+    struct http_gen *g;
+    int         index;          /* the prompt's position in the request */
+    uint64_t    handle;
+    int         submitted;
+    int         prompt_tokens, cached_prompt_tokens;
+    char       *echo;           /* echo: the prompt's text (echo_len bytes); NULL otherwise */
+    size_t      echo_len;
+    /* echo with logprobs: the PROMPT_LOGPROBS event's copy (prompt_lp_ready once it came) */
+    int32_t    *prompt_ids;     /* (n_prompt) */
+    float      *prompt_lp;      /* (n_prompt); entry 0 has no log-probability */
+    struct top_logprob *prompt_top; /* (n_prompt, n_prompt_top), or NULL */
+    int         n_prompt, n_prompt_top, prompt_lp_ready;
+};
 
 
 /* One generation request of the HTTP front. Reference-counted: the connection holds one
- * reference, the engine one until the last sample's FINISHED event, a streaming response one. */
+ * reference, the engine one until the last sample's FINISHED event (over every run), a
+ * streaming response one. */
 struct http_gen {
     atomic_int      refs;
     pthread_mutex_t mu;          /* guards everything below that events change */
@@ -49,14 +86,14 @@ struct http_gen {
     struct http_request q;
     char            id[48];      /* "cmpl-N" / "chatcmpl-N" */
     long long       created;     /* Unix seconds */
-    uint64_t        handle;
-    int             active;      /* samples without FINISHED */
-    struct sample_buf *samples; /* (n_samples) */
+    struct http_run *runs;       /* (n_runs) one per prompt */
+    int             n_runs;
+    int             n_per_run;   /* the request's n: samples per prompt */
+    int             active;      /* samples without FINISHED, over every run */
+    struct sample_buf *samples; /* (n_samples = n_runs * n_per_run), prompt-major */
     int             n_samples;
-    int             prompt_tokens, cached_prompt_tokens;
     enum status     end_status;  /* STATUS_OK, or why the request ended early */
     char            end_message[256];
-    char           *echo_text;   /* the prompt's text for echo */
     double          t_submit, t_first, queue_s; /* queue_s < 0 until known */
     int             hangup;      /* the client went away */
     int             done;        /* a stream sent [DONE] */

@@ -137,34 +137,75 @@ static enum status parse_logit_bias(const cJSON *o, struct gen_request *r)
     return STATUS_OK;
 }
 
-/* prompt: a string, a list of token ids, or a list holding one of those. */
-static enum status parse_prompt(const cJSON *o, struct gen_request *r)
+/* One prompt of the list: a string, or a JSON array of token ids. *total: the raw bytes (or
+ * ids) of the prompts so far, bounded together by the edge's prompt size. */
+static enum status parse_one_prompt(const cJSON *p, const char *name, size_t *total, struct http_prompt *out)
+{
+    if (cJSON_IsString(p)) {
+        enum status st = check_text(name, p->valuestring);
+        if (st != STATUS_OK) return st;
+        out->text_len = strlen(p->valuestring);
+        if ((*total += out->text_len) > CONVERT_MAX_PROMPT_BYTES)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'prompt': the prompts must total at most %d bytes",
+                                 CONVERT_MAX_PROMPT_BYTES);
+        return (out->text = strdup(p->valuestring)) ? STATUS_OK : oom();
+    }
+    if (!cJSON_IsArray(p)) return type_error(name, "a string or a list of token ids");
+    int n = cJSON_GetArraySize(p);
+    if ((*total += (size_t)n) > CONVERT_MAX_PROMPT_BYTES)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "'prompt': at most %d token ids in all", CONVERT_MAX_PROMPT_BYTES);
+    out->ids = malloc(((size_t)n + 1) * sizeof *out->ids);
+    if (!out->ids) return oom();
+    for (const cJSON *e = p->child; e; e = e->next) {
+        int id;
+        if (as_int(e, &id)) return type_error(name, "a string or a list of token ids");
+        out->ids[out->n_ids++] = id;
+    }
+    return STATUS_OK;
+}
+
+/* prompt: a string, a list of token ids, or a list of several prompts (strings or lists of
+ * token ids), at most HTTP_MAX_PROMPTS. */
+static enum status parse_prompt(const cJSON *o, struct http_request *q)
 {
     const cJSON *p = field(o, "prompt");
     if (!p) return status_errorf(STATUS_INVALID_ARGUMENT, "'prompt' is required");
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(cJSON_GetArrayItem(p, 0)))
-        p = cJSON_GetArrayItem(p, 0);
-    if (cJSON_IsString(p)) {
-        enum status st = check_text("prompt", p->valuestring);
-        if (st != STATUS_OK) return st;
-        if (!(r->prompt = strdup(p->valuestring))) return oom();
-        r->prompt_len = strlen(r->prompt);
-        return STATUS_OK;
+    if (!cJSON_IsString(p) && !cJSON_IsArray(p))
+        return type_error("prompt", "a string, a list of strings, a list of token ids or a list of lists of token ids");
+    /* A list whose first item is a number is one prompt of token ids (an empty list too: the
+     * engine refuses it as an empty prompt); otherwise a list of prompts. */
+    const cJSON *first = cJSON_IsArray(p) ? cJSON_GetArrayItem(p, 0) : NULL;
+    int single = cJSON_IsString(p) || !first || cJSON_IsNumber(first);
+    int n = single ? 1 : cJSON_GetArraySize(p);
+    if (n > HTTP_MAX_PROMPTS)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "'prompt': at most %d prompts per request, got %d", HTTP_MAX_PROMPTS,
+                             n);
+    q->prompts = calloc((size_t)n, sizeof *q->prompts);
+    if (!q->prompts) return oom();
+    size_t total = 0;
+    if (single) {
+        q->n_prompts = 1;
+        return parse_one_prompt(p, "prompt", &total, &q->prompts[0]);
     }
-    if (!cJSON_IsArray(p)) return type_error("prompt", "a string or a list of token ids");
-    int n = cJSON_GetArraySize(p);
-    if (n > CONVERT_MAX_PROMPT_BYTES)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "'prompt': at most %d token ids", CONVERT_MAX_PROMPT_BYTES);
-    r->prompt_ids = malloc(((size_t)n + 1) * sizeof *r->prompt_ids);
-    if (!r->prompt_ids) return oom();
     for (const cJSON *e = p->child; e; e = e->next) {
-        int id;
-        if (cJSON_IsString(e) || cJSON_IsArray(e))
-            return status_errorf(STATUS_INVALID_ARGUMENT, "'prompt': a list of several prompts is not supported");
-        if (as_int(e, &id)) return type_error("prompt", "a string or a list of token ids");
-        r->prompt_ids[r->n_prompt_ids++] = id;
+        char name[32];
+        snprintf(name, sizeof name, "prompt[%d]", q->n_prompts);
+        enum status st = parse_one_prompt(e, name, &total, &q->prompts[q->n_prompts++]);
+        if (st != STATUS_OK) return st;
     }
     return STATUS_OK;
+}
+
+void http_request_free(struct http_request *q)
+{
+    for (int i = 0; q->prompts && i < q->n_prompts; i++) {
+        free(q->prompts[i].text);
+        free(q->prompts[i].ids);
+    }
+    free(q->prompts);
+    q->prompts = NULL;
+    q->n_prompts = 0;
+    gen_request_free(&q->r);
 }
 
 /* A message's content: a string, or a list of {"type": "text", "text": ...} parts (joined). */
@@ -282,10 +323,10 @@ static enum status parse_shape(const cJSON *o, struct http_request *q)
         if (st == STATUS_OK) st = get_int(o, "logprobs", &q->logprobs);
         if (st == STATUS_OK && !field(o, "logprobs")) q->logprobs = -1;
         if (st == STATUS_OK) st = get_bool(o, "echo", &q->echo);
-        if (st == STATUS_OK && q->echo && (q->logprobs >= 0 || q->r.prompt_ids))
-            st = status_errorf(STATUS_UNSUPPORTED, "'echo' is supported for text prompts without 'logprobs' only");
     }
     q->r.params.logprobs = q->logprobs;
+    /* echo with logprobs: the prompt tokens' log-probabilities too, with as many alternatives. */
+    if (q->echo && q->logprobs >= 0) q->r.params.prompt_logprobs = q->logprobs;
     if (st == STATUS_OK) st = get_bool(o, "stream", &q->stream);
     const cJSON *so = field(o, "stream_options");
     if (st == STATUS_OK && so && !cJSON_IsObject(so)) st = type_error("stream_options", "an object");
@@ -386,7 +427,7 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     if (!cJSON_IsObject(o)) st = status_errorf(STATUS_INVALID_ARGUMENT, "the request body must be a JSON object");
     if (st == STATUS_OK) st = refuse_nul(o);
     if (st == STATUS_OK) st = parse_model(field(o, "model"), served_model, adapters, n_adapters, &q->r);
-    if (st == STATUS_OK) st = is_chat ? parse_messages(o, &q->r) : parse_prompt(o, &q->r);
+    if (st == STATUS_OK) st = is_chat ? parse_messages(o, &q->r) : parse_prompt(o, q);
     if (st == STATUS_OK) q->r.add_bos = 1;
     if (st == STATUS_OK) st = parse_sampling(o, q);
     if (st == STATUS_OK) st = parse_shape(o, q);
@@ -441,12 +482,13 @@ static void token_text(const struct tokenizer *tok, int32_t id, char *out, size_
     out[o] = 0;
 }
 
-/* Adds o[name] = s[0..n). Generated text may hold U+0000 (token <0x00>), which cJSON would cut
- * (it measures strings with strlen): such text goes in as a raw item escaped here, as cJSON
- * escapes ("\u0000" for the NUL). */
+/* Adds o[name] = s[0..n); s[n] must be readable (s is a NUL-terminated buffer). Generated text
+ * may hold U+0000 (token <0x00>), which cJSON would cut (it measures strings with strlen), and a
+ * sample's buffer holds old text past n after a chunk went out: such text goes in as a raw item
+ * escaped here, as cJSON escapes ("\u0000" for the NUL). */
 static void add_text(cJSON *o, const char *name, const char *s, size_t n)
 {
-    if (!memchr(s, 0, n)) {
+    if (!memchr(s, 0, n) && s[n] == 0) {
         check_json(cJSON_AddStringToObject(o, name, s));
         return;
     }
@@ -473,16 +515,32 @@ static cJSON *bytes_array(const char *s)
     return a;
 }
 
-/* Log-probabilities of tokens [from, to) of a sample, in the endpoint's shape; NULL (JSON null)
- * when not asked. *offset: completions' text_offset, advanced by each token's text. */
-static cJSON *logprobs_json(const struct http_gen *g, const struct sample_buf *b, int from, int to, size_t *offset)
+/* A completions top_logprobs entry: {"token text": logprob, ...} of top[0..n_top). */
+static cJSON *top_dict(const struct tokenizer *tok, const struct top_logprob *top, int n_top)
 {
-    if (g->q.logprobs < 0 || !b->lp) return cJSON_CreateNull();
+    char t[256];
+    cJSON *d = check_json(cJSON_CreateObject());
+    for (int k = 0; top && k < n_top; k++) {
+        token_text(tok, top[k].id, t, sizeof t);
+        if (!cJSON_GetObjectItemCaseSensitive(d, t)) cJSON_AddNumberToObject(d, t, top[k].logprob);
+    }
+    return d;
+}
+
+/* Log-probabilities of a sample's tokens b->ids[0..b->n), in the endpoint's shape; NULL (JSON
+ * null) when not asked. Completions: *offset is the text_offset of the first token, advanced
+ * by each token's text; with `prompt` (echo with logprobs: the run whose prompt
+ * log-probabilities arrived), the prompt's tokens come first, their offsets counted from 0 by
+ * their texts (as vLLM does), the first one's log-probability and alternatives null. */
+static cJSON *logprobs_json(const struct http_gen *g, const struct http_run *prompt, const struct sample_buf *b,
+                            size_t *offset)
+{
+    if (g->q.logprobs < 0 || (!b->lp && !prompt)) return cJSON_CreateNull();
     const struct tokenizer *tok = g->s->tok;
     char t[256];
     if (g->q.is_chat) {
         cJSON *o = check_json(cJSON_CreateObject()), *content = check_json(cJSON_AddArrayToObject(o, "content"));
-        for (int i = from; i < to; i++) {
+        for (int i = 0; i < b->n; i++) {
             cJSON *e = check_json(cJSON_CreateObject());
             token_text(tok, b->ids[i], t, sizeof t);
             cJSON_AddStringToObject(e, "token", t);
@@ -508,20 +566,26 @@ static cJSON *logprobs_json(const struct http_gen *g, const struct sample_buf *b
     cJSON *tops = g->q.logprobs > 0 ? check_json(cJSON_AddArrayToObject(o, "top_logprobs")) : NULL;
     if (!tops) cJSON_AddNullToObject(o, "top_logprobs");
     cJSON *offs = check_json(cJSON_AddArrayToObject(o, "text_offset"));
-    for (int i = from; i < to; i++) {
+    size_t prompt_offset = 0;
+    for (int i = 0; prompt && i < prompt->n_prompt; i++) {
+        token_text(tok, prompt->prompt_ids[i], t, sizeof t);
+        cJSON_AddItemToArray(tokens, check_json(cJSON_CreateString(t)));
+        cJSON_AddItemToArray(lps, check_json(i ? cJSON_CreateNumber(prompt->prompt_lp[i]) : cJSON_CreateNull()));
+        cJSON_AddItemToArray(offs, check_json(cJSON_CreateNumber((double)prompt_offset)));
+        prompt_offset += strlen(t);
+        if (tops)
+            cJSON_AddItemToArray(tops, i ? top_dict(tok, prompt->prompt_top ? &prompt->prompt_top[(size_t)i * prompt->n_prompt_top]
+                                                                           : NULL,
+                                                    prompt->n_prompt_top)
+                                         : check_json(cJSON_CreateNull()));
+    }
+    for (int i = 0; b->lp && i < b->n; i++) {
         token_text(tok, b->ids[i], t, sizeof t);
         cJSON_AddItemToArray(tokens, check_json(cJSON_CreateString(t)));
         cJSON_AddItemToArray(lps, check_json(cJSON_CreateNumber(b->lp[i])));
         cJSON_AddItemToArray(offs, check_json(cJSON_CreateNumber((double)*offset)));
         *offset += strlen(t);
-        if (!tops) continue;
-        cJSON *d = check_json(cJSON_CreateObject());
-        for (int k = 0; b->top && k < b->n_top; k++) {
-            const struct top_logprob *x = &b->top[(size_t)i * b->n_top + k];
-            token_text(tok, x->id, t, sizeof t);
-            if (!cJSON_GetObjectItemCaseSensitive(d, t)) cJSON_AddNumberToObject(d, t, x->logprob);
-        }
-        cJSON_AddItemToArray(tops, d);
+        if (tops) cJSON_AddItemToArray(tops, top_dict(tok, b->top ? &b->top[(size_t)i * b->n_top] : NULL, b->n_top));
     }
     return o;
 }
@@ -535,14 +599,15 @@ static cJSON *finish_json(enum finish_reason f)
 
 static cJSON *usage_json(const struct http_gen *g)
 {
-    int completion = 0;
+    int completion = 0, prompt = 0, cached = 0;
     for (int i = 0; i < g->n_samples; i++) completion += g->samples[i].completion_tokens;
+    for (int i = 0; i < g->n_runs; i++) prompt += g->runs[i].prompt_tokens, cached += g->runs[i].cached_prompt_tokens;
     cJSON *u = check_json(cJSON_CreateObject());
-    cJSON_AddNumberToObject(u, "prompt_tokens", g->prompt_tokens);
+    cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", completion);
-    cJSON_AddNumberToObject(u, "total_tokens", g->prompt_tokens + completion);
+    cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
     cJSON *d = check_json(cJSON_AddObjectToObject(u, "prompt_tokens_details"));
-    cJSON_AddNumberToObject(d, "cached_tokens", g->cached_prompt_tokens);
+    cJSON_AddNumberToObject(d, "cached_tokens", cached);
     return u;
 }
 
@@ -565,31 +630,50 @@ static char *print_json(cJSON *o)
     return s;
 }
 
+/* The run (prompt) of sample i. */
+static const struct http_run *run_of(const struct http_gen *g, int i) { return &g->runs[i / g->n_per_run]; }
+
+/* The prompt-logprob run to put before sample i's tokens: echo with logprobs, once they came. */
+static const struct http_run *echo_logprobs(const struct http_gen *g, int i)
+{
+    const struct http_run *r = run_of(g, i);
+    return g->q.echo && g->q.logprobs >= 0 && r->prompt_lp_ready ? r : NULL;
+}
+
+/* Adds c.text: the echoed prompt (when given) then text[0..n). */
+static void add_echoed_text(cJSON *c, const struct http_run *r, const char *text, size_t n)
+{
+    if (!r || !r->echo) {
+        add_text(c, "text", text, n);
+        return;
+    }
+    char *full = NULL;
+    size_t len = 0, cap = 0;
+    http_buf_append(&full, &len, &cap, r->echo, r->echo_len);
+    http_buf_append(&full, &len, &cap, text, n);
+    add_text(c, "text", full, len);
+    free(full);
+}
+
 char *http_response_json(struct http_gen *g)
 {
     cJSON *o = envelope(g, g->q.is_chat ? "chat.completion" : "text_completion");
     cJSON *choices = check_json(cJSON_AddArrayToObject(o, "choices"));
     for (int i = 0; i < g->n_samples; i++) {
         struct sample_buf *b = &g->samples[i];
+        const struct http_run *r = run_of(g, i);
         cJSON *c = check_json(cJSON_CreateObject());
         cJSON_AddNumberToObject(c, "index", i);
         const char *text = b->text ? b->text : "";
-        size_t offset = g->q.echo && g->echo_text ? strlen(g->echo_text) : 0;
+        size_t offset = r->echo ? r->echo_len : 0;
         if (g->q.is_chat) {
             cJSON *m = check_json(cJSON_AddObjectToObject(c, "message"));
             cJSON_AddStringToObject(m, "role", "assistant");
             add_text(m, "content", text, b->text_len);
-        } else if (offset) {
-            char *full = NULL;
-            size_t len = 0, cap = 0;
-            http_buf_append(&full, &len, &cap, g->echo_text, offset);
-            http_buf_append(&full, &len, &cap, text, b->text_len);
-            add_text(c, "text", full, len);
-            free(full);
         } else {
-            add_text(c, "text", text, b->text_len);
+            add_echoed_text(c, r, text, b->text_len);
         }
-        cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, b, 0, b->n, &offset)));
+        cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, echo_logprobs(g, i), b, &offset)));
         cJSON_AddItemToObject(c, "finish_reason", check_json(finish_json(b->finish)));
         cJSON_AddItemToArray(choices, c);
     }
@@ -610,10 +694,16 @@ void http_stream_chunks(struct http_gen *g)
 {
     for (int i = 0; i < g->n_samples; i++) {
         struct sample_buf *b = &g->samples[i];
+        const struct http_run *r = run_of(g, i);
         int final = b->finished && !b->final_sent;
+        if (b->final_sent) continue;
         /* Tokens without text yet (an incomplete UTF-8 sequence, a held-back stop prefix) wait
          * for their text unless their log-probabilities were asked. */
         if (b->text_len == 0 && !final && b->role_sent && (b->n == 0 || g->q.logprobs < 0)) continue;
+        /* Echo with logprobs: a sample's first chunk carries its prompt's log-probabilities,
+         * which the engine sends with the first sample's prefill; the others wait for them. */
+        int first = !b->role_sent;
+        if (!g->q.is_chat && first && g->q.echo && g->q.logprobs >= 0 && !r->prompt_lp_ready && !final) continue;
         cJSON *o = envelope(g, g->q.is_chat ? "chat.completion.chunk" : "text_completion");
         cJSON *choices = check_json(cJSON_AddArrayToObject(o, "choices"));
         cJSON *c = check_json(cJSON_CreateObject());
@@ -621,21 +711,14 @@ void http_stream_chunks(struct http_gen *g)
         const char *text = b->text ? b->text : "";
         if (g->q.is_chat) {
             cJSON *d = check_json(cJSON_AddObjectToObject(c, "delta"));
-            if (!b->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
-            if (b->text_len || !b->role_sent) add_text(d, "content", text, b->text_len);
-        } else if (!b->role_sent && g->q.echo && g->echo_text) {
-            char *full = NULL;
-            size_t len = 0, cap = 0;
-            http_buf_append(&full, &len, &cap, g->echo_text, strlen(g->echo_text));
-            http_buf_append(&full, &len, &cap, text, b->text_len);
-            add_text(c, "text", full, len);
-            b->text_offset += strlen(g->echo_text);
-            free(full);
+            if (first) cJSON_AddStringToObject(d, "role", "assistant");
+            if (b->text_len || first) add_text(d, "content", text, b->text_len);
         } else {
-            add_text(c, "text", text, b->text_len);
+            add_echoed_text(c, first ? r : NULL, text, b->text_len);
+            if (first && r->echo) b->text_offset += r->echo_len;
         }
         size_t offset = b->text_offset;
-        cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, b, 0, b->n, &offset)));
+        cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, first ? echo_logprobs(g, i) : NULL, b, &offset)));
         cJSON_AddItemToObject(c, "finish_reason", check_json(final ? finish_json(b->finish) : cJSON_CreateNull()));
         cJSON_AddItemToArray(choices, c);
         if (g->q.include_usage) cJSON_AddNullToObject(o, "usage");

@@ -1,6 +1,7 @@
 /* tests/fuzz/fuzz_http_openai.c - the OpenAI JSON bodies of the HTTP front
  * (server/http_openai.c http_parse_request), then the engine's request validation
- * (request_validate, with a stories260K-sized engine's limits) for what parses.
+ * (request_validate, with a stories260K-sized engine's limits) for what parses, each prompt
+ * of a list of prompts on its own.
  * Input: byte 0 picks the endpoint (even: /v1/completions, odd: /v1/chat/completions); the
  * rest is the body. The served model is "stories260K" with one adapter, "tiny-lora".
  * Corpus: tests/fuzz/corpus/http_openai (tests/fuzz/make_seeds.py). */
@@ -35,12 +36,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(body, data + 1, size - 1);
     if (fuzz_report(http_parse_request(body, size - 1, is_chat, "stories260K", adapters, 1, &q)) == STATUS_OK) {
         static const int32_t one[1] = {1};
-        const int32_t *prompt = q.r.prompt_ids ? q.r.prompt_ids : one;
-        int n = q.r.prompt_ids ? q.r.n_prompt_ids : 1;
         if (q.r.params.max_tokens < 0) q.r.params.max_tokens = 16; /* http.c's default */
-        (void)fuzz_report(request_validate(prompt, n, &q.r.params, &bounds));
+        /* Each prompt of a completions request is its own engine request (chat: one). */
+        for (int i = 0; i < (is_chat ? 1 : q.n_prompts); i++) {
+            const struct http_prompt *p = is_chat ? NULL : &q.prompts[i];
+            const int32_t *prompt = p && p->ids ? p->ids : one;
+            int n = p && p->ids ? p->n_ids : 1;
+            (void)fuzz_report(request_validate(prompt, n, &q.r.params, &bounds));
+        }
     }
-    gen_request_free(&q.r);
+    http_request_free(&q);
     free(body);
     return 0;
 }

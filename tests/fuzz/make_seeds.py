@@ -87,6 +87,9 @@ def http_seeds():
                                                                "echo": True, "max_tokens": 2}).encode())
     put("http_openai", "completion-ids", b"\x00" + json.dumps({"model": "tiny-lora", "prompt": [1, 403, 407],
                                                               "max_tokens": 4}).encode())
+    put("http_openai", "completion-prompts", b"\x00" + json.dumps({"prompt": ["Once", [1, 403, 407], "The dog"],
+                                                                  "n": 2, "echo": True, "logprobs": 1,
+                                                                  "max_tokens": 3}).encode())
     put("http_openai", "chat", b"\x01" + json.dumps({
         "model": "stories260K", "messages": [
             {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},

@@ -17,6 +17,15 @@ prometheus_client's text parser. One group per ctest test:
              garbage request lines: 4xx (or a closed connection), and the server keeps serving
   nul        U+0000 in a request string is refused (400) naming the field; generated U+0000
              (token <0x00>) is in the JSON text
+  prompts    `prompt` as a list of several prompts (strings and token ids): each choice equals
+             the same prompt alone (greedy), unary and streamed; prompt-major indices with n > 1;
+             an invalid prompt among valid ones refuses the whole request (400 naming it) and
+             submits nothing; the bound on prompts; a stream of several prompts that the client
+             closes frees every block; a prompt that the full queue refuses (429) cancels the
+             others
+  echo       echo: the text starts with the prompt (token-id prompts: their decoded text); with
+             logprobs, the prompt's tokens and log-probabilities (the first null) equal gRPC's
+             prompt_logprobs of the same prompt, unary and streamed, n > 1, max_tokens 0
 
 Usage: test_http.py --shardlm BUILD/cli/shardlm GROUP...  (default: every group)
 Exit 0 when every check passed, 1 on a failure, 77 (SKIP) when the model assets, openai,
@@ -520,8 +529,169 @@ def group_fronts(env):
         srv.stop()
 
 
+def group_prompts(env):
+    with Server(env.shardlm, env.model, name="prompts") as srv, srv.grpc() as g:
+        oa = srv.openai()
+        ids = g.tokenize("The little dog")
+        prompts = ["Once upon a time", ids, "Lily and Tom", [ids[0], *g.tokenize("The sun")[1:]]]
+        alone = [oa.completions.create(model=MODEL, prompt=p, max_tokens=24, temperature=0) for p in prompts]
+        # Unary: one choice per prompt, each the prompt alone; usage sums over the prompts.
+        u = oa.completions.create(model=MODEL, prompt=prompts, max_tokens=24, temperature=0)
+        check([c.index for c in u.choices] == [0, 1, 2, 3], f"indices {[c.index for c in u.choices]}")
+        for c, a in zip(u.choices, alone):
+            check(c.text == a.choices[0].text and c.finish_reason == a.choices[0].finish_reason,
+                  f"choice {c.index}: {c.text!r} vs alone {a.choices[0].text!r}")
+        check(u.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone) and
+              u.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone), f"usage {u.usage}")
+        # Streamed: chunks of every prompt, each with its index, one [DONE] (raw SSE below).
+        chunks = list(oa.completions.create(model=MODEL, prompt=prompts, max_tokens=24, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+        for i, a in enumerate(alone):
+            t = "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
+            check(t == a.choices[0].text, f"stream prompt {i}: {t!r} vs {a.choices[0].text!r}")
+            fin = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].index == i]
+            check(fin[-1] == a.choices[0].finish_reason and all(f is None for f in fin[:-1]), f"finish of {i}: {fin}")
+        check(chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == u.usage.prompt_tokens and
+              chunks[-1].usage.completion_tokens == u.usage.completion_tokens, f"usage chunk {chunks[-1]}")
+        body = json.dumps({"prompt": prompts[:2], "max_tokens": 8, "temperature": 0, "stream": True}).encode()
+        out = raw(srv, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        check(out.count(b"data: [DONE]") == 1 and b'"index":1' in out and b'"index":0' in out, f"raw SSE {out[-200:]!r}")
+        # n > 1: prompt-major indices (prompt i, sample j is i * n + j); greedy samples are equal.
+        un = oa.completions.create(model=MODEL, prompt=prompts[:3], max_tokens=12, temperature=0, n=2)
+        check([c.index for c in un.choices] == list(range(6)), f"n=2 indices {[c.index for c in un.choices]}")
+        short = [oa.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0) for p in prompts[:3]]
+        for c in un.choices:
+            check(c.text == short[c.index // 2].choices[0].text, f"n=2 choice {c.index}: {c.text!r}")
+        sn = list(oa.completions.create(model=MODEL, prompt=prompts[:3], max_tokens=12, temperature=0, n=2, stream=True))
+        for i in range(6):
+            t = "".join(c.choices[0].text for c in sn if c.choices and c.choices[0].index == i)
+            check(t == un.choices[i].text, f"n=2 stream choice {i}: {t!r} vs {un.choices[i].text!r}")
+        seeded = [oa.completions.create(model=MODEL, prompt=prompts[:2], max_tokens=12, temperature=1.0, n=3, seed=5)
+                  for _ in range(2)]
+        check([c.text for c in seeded[0].choices] == [c.text for c in seeded[1].choices], "seeded prompts repeat")
+        # A single-item list is that prompt; a list of one list of ids too.
+        one = oa.completions.create(model=MODEL, prompt=[prompts[0]], max_tokens=24, temperature=0)
+        check(one.choices[0].text == alone[0].choices[0].text and len(one.choices) == 1, "a list of one string")
+        one = oa.completions.create(model=MODEL, prompt=[ids], max_tokens=24, temperature=0)
+        check(one.choices[0].text == alone[1].choices[0].text and len(one.choices) == 1, "a list of one list of ids")
+        # An invalid prompt among valid ones: 400 naming it, and nothing was submitted.
+        before = wait_until(lambda: settled(g), "idle").requests_submitted
+        for body, want in (
+                ({"prompt": ["Once", [1, 99999], "Lily"]}, "prompt[1]"),                   # engine_validate
+                ({"prompt": ["Once", "Lily", []]}, "prompt[2]"),                           # empty
+                ({"prompt": ["Once", "Lily " * 600]}, "prompt[1]"),                        # beyond the context
+                ({"prompt": ["Once", 7]}, "'prompt[1]' must be a string or a list of token ids"),
+                ({"prompt": [[1, 2], [3, "x"]]}, "'prompt[1]' must be a string or a list of token ids"),
+                ({"prompt": [1, "x"]}, "'prompt' must be a string or a list of token ids"),
+                ({"prompt": ["a"] * 65}, "at most 64 prompts"),
+                ({"prompt": {"a": 1}}, "'prompt' must be a string, a list of strings")):
+            for stream in (False, True):
+                code, ans = http(srv, "POST", "/v1/completions", dict(body, max_tokens=4, stream=stream))
+                check(code == 400 and want in ans["error"]["message"], f"{body}: {code} {ans}")
+        check(g.server_stats().requests_submitted == before, "nothing was submitted for the invalid requests")
+        code, ans = http(srv, "POST", "/v1/completions", {"prompt": ["a"] * 64, "max_tokens": 1})
+        check(code == 200 and len(ans["choices"]) == 64, f"64 prompts: {code}")
+        # A stream of several long prompts that the client closes: every block comes back.
+        s = oa.completions.create(model=MODEL, prompt=prompts, stream=True, max_tokens=480, temperature=0, n=4,
+                                  extra_body={"ignore_eos": True})
+        it = iter(s)
+        seen = {next(it).choices[0].index for _ in range(40)}
+        check(len(seen) > 1, f"chunks of several prompts interleave: {seen}")
+        wait_until(lambda: g.server_stats().running == 16, "16 running samples")
+        s.close()
+        st = wait_until(lambda: settled(g), "blocks to return after a disconnect")
+        check(st.requests_finished == st.requests_submitted, "every request finished")
+        check(oa.completions.create(model=MODEL, prompt="hi", max_tokens=3).usage.completion_tokens == 3, "serving")
+    # A prompt that the engine's queue cannot take: 429, and the prompts submitted before it
+    # are cancelled (their blocks and queue places come back).
+    with Server(env.shardlm, env.model, "--max-seqs", "2", "--max-queue", "4", name="prompts-queue") as srv, \
+            srv.grpc() as g:
+        oa = srv.openai()
+        busy = oa.completions.create(model=MODEL, prompt="Once", stream=True, max_tokens=480, temperature=0, n=2,
+                                     extra_body={"ignore_eos": True})
+        it = iter(busy)
+        next(it)
+        wait_until(lambda: g.server_stats().running == 2, "the running slots to fill")
+        code, ans = http(srv, "POST", "/v1/completions", {"prompt": ["Once", "Lily", "Tom"], "n": 2, "max_tokens": 4})
+        check(code == 429 and "other prompts were cancelled" in ans["error"]["message"], f"full queue: {code} {ans}")
+        check(wait_until(lambda: g.server_stats().waiting == 0, "the cancelled prompts to leave the queue"), "queue")
+        busy.close()
+        st = wait_until(lambda: settled(g), "blocks to return")
+        check(st.requests_finished == st.requests_submitted, "every request finished")
+        code, ans = http(srv, "POST", "/v1/completions", {"prompt": ["Once", "Lily"], "n": 2, "max_tokens": 4})
+        check(code == 200 and len(ans["choices"]) == 4, f"serving after the refusal: {code}")
+
+
+def group_echo(env):
+    with Server(env.shardlm, env.model, name="echo") as srv, srv.grpc() as g:
+        oa = srv.openai()
+        prompt = "Once upon a time"
+        ids = g.tokenize(prompt)
+        plain = oa.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0, logprobs=2)
+        # echo: the prompt, then the same completion; token-id prompts echo their decoded text.
+        e = oa.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0, echo=True)
+        check(e.choices[0].text == prompt + plain.choices[0].text, f"echo {e.choices[0].text!r}")
+        ei = oa.completions.create(model=MODEL, prompt=ids, max_tokens=10, temperature=0, echo=True)
+        check(ei.choices[0].text == g.detokenize(ids) + plain.choices[0].text, f"echo of ids {ei.choices[0].text!r}")
+        # echo with logprobs: the prompt's tokens first, the first log-probability null, the rest
+        # gRPC's prompt_logprobs of the same prompt; then the completion's as without echo.
+        ref = g.generate(prompt, max_tokens=1, temperature=0, prompt_logprobs=2)
+        want_lp = [x.logprob for x in ref.prompt_logprobs]
+        check(len(want_lp) == len(ids), "gRPC prompt logprobs")
+        pieces = [g.detokenize([i]) for i in ids]
+
+        def check_lp(L, gen, what):
+            n = len(ids)
+            check(len(L.tokens) == len(L.token_logprobs) == len(L.top_logprobs) == len(L.text_offset) == n + len(gen.tokens),
+                  f"{what}: lengths {L}")
+            check(L.token_logprobs[0] is None and L.top_logprobs[0] is None, f"{what}: the first prompt token has none")
+            for i in range(1, n):
+                check(abs(L.token_logprobs[i] - want_lp[i]) < 1e-4, f"{what}: prompt token {i}: {L.token_logprobs[i]} "
+                      f"vs gRPC {want_lp[i]}")
+                check(len(L.top_logprobs[i]) >= 1 and max(L.top_logprobs[i].values()) >= L.token_logprobs[i] - 1e-5,
+                      f"{what}: top of prompt token {i}: {L.top_logprobs[i]}")
+                check(L.tokens[i].strip() == pieces[i].strip(), f"{what}: token {i} {L.tokens[i]!r} vs {pieces[i]!r}")
+            check(L.tokens[n:] == gen.tokens and all(abs(a - b) < 1e-4 for a, b in zip(L.token_logprobs[n:], gen.token_logprobs)),
+                  f"{what}: completion part {L.tokens[n:]} vs {gen.tokens}")
+            check(L.text_offset[n] == len(prompt) and L.text_offset == sorted(L.text_offset), f"{what}: offsets {L.text_offset}")
+
+        el = oa.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0, echo=True, logprobs=2)
+        check(el.choices[0].text == e.choices[0].text, "echo text with logprobs")
+        check_lp(el.choices[0].logprobs, plain.choices[0].logprobs, "unary")
+        # Streamed: the first chunk of each sample carries the prompt and its log-probabilities.
+        for n in (1, 2):
+            chunks = list(oa.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0, echo=True,
+                                                logprobs=2, n=n, stream=True))
+            for j in range(n):
+                mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == j]
+                check("".join(c.text for c in mine) == e.choices[0].text, f"stream echo text, sample {j}: {[c.text for c in mine]} vs {e.choices[0].text!r}")
+                tokens = sum((c.logprobs.tokens for c in mine), [])
+                check(tokens[:len(ids)] == el.choices[0].logprobs.tokens[:len(ids)] and mine[0].logprobs.token_logprobs[0] is None,
+                      f"stream sample {j}: prompt tokens {tokens}")
+                lps = sum((c.logprobs.token_logprobs for c in mine), [])
+                check(all(abs(a - b) < 1e-4 for a, b in zip(lps[1:], el.choices[0].logprobs.token_logprobs[1:])) and
+                      len(lps) == len(el.choices[0].logprobs.token_logprobs), f"stream sample {j}: logprobs")
+        # Several prompts, n = 2: each choice echoes its own prompt.
+        m = oa.completions.create(model=MODEL, prompt=[prompt, ids, "Lily"], max_tokens=6, temperature=0, echo=True,
+                                  logprobs=0, n=2)
+        for c in m.choices:
+            p = [prompt, g.detokenize(ids), "Lily"][c.index // 2]
+            check(c.text.startswith(p) and c.logprobs.token_logprobs[0] is None and c.logprobs.top_logprobs is None,
+                  f"choice {c.index}: {c.text!r}")
+        check(m.choices[0].logprobs.token_logprobs == m.choices[2].logprobs.token_logprobs, "the same prompt, ids or text")
+        # max_tokens 0 with echo and logprobs scores the prompt.
+        sc = oa.completions.create(model=MODEL, prompt=prompt, max_tokens=0, temperature=0, echo=True, logprobs=0)
+        check(sc.choices[0].text == prompt and sc.usage.completion_tokens == 0, f"scoring: {sc.choices[0]}")
+        check(all(abs(a - b) < 1e-4 for a, b in zip(sc.choices[0].logprobs.token_logprobs[1:], want_lp[1:])) and
+              len(sc.choices[0].logprobs.token_logprobs) == len(ids), f"scoring logprobs {sc.choices[0].logprobs}")
+        code, ans = http(srv, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 0, "echo": True})
+        check(code == 400 and "max_tokens" in ans["error"]["message"], f"max_tokens 0 without logprobs: {code} {ans}")
+
+
 GROUPS = {"openai": group_openai, "errors": group_errors, "disconnect": group_disconnect, "sse": group_sse,
-          "metrics": group_metrics, "malformed": group_malformed, "nul": group_nul, "fronts": group_fronts}
+          "metrics": group_metrics, "malformed": group_malformed, "nul": group_nul, "fronts": group_fronts,
+          "prompts": group_prompts, "echo": group_echo}
 
 
 def main():
