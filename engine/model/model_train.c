@@ -505,6 +505,7 @@ enum status model_backward(struct model *m, const struct train_batch *tb,
         int first = 0, last = 0;
         if (train_layer_full(m, l, &first, &last) && l == last) TRY(recompute_chunk(m, first, last, T, &ab));
         TRY(layer_backward(m, l, T, &grads->layers[l], &ab));
+        if (m->train_layer_done) m->train_layer_done(m->train_hook_ctx, m, l);
     }
 
     /* Embedding, in reverse (first stage): x0 = scale * E[tokens] (+ P[positions]). */

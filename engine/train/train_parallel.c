@@ -5,6 +5,7 @@
 #include "weight_names.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <unistd.h>
 #include <stdlib.h>
@@ -17,6 +18,13 @@
     } while (0)
 
 static void monitor_start(struct train_ranks *r);
+
+struct dp_bucket {
+    struct tensor t;            /* f32: the layer's gradient range */
+    struct comm_request req;
+    int started;
+};
+
 
 enum status train_ranks_init(struct train_ranks *r, const struct train_options *o, int num_microbatches)
 {
@@ -71,6 +79,46 @@ static double reduce_sumsq(void *ctx, double local)
     return (double)v;
 }
 
+/* One bucket per local layer: the range its gradient rows span in the gradient allocation
+ * (weights_alloc_like carves the rows in table order, so a layer's rows are one run). */
+static enum status make_buckets(struct train_ranks *r, struct model *m, const struct param_table *g)
+{
+    const int L = m->n_layers_local;
+    r->buckets = calloc((size_t)(L > 0 ? L : 1), sizeof *r->buckets);
+    r->rest = calloc(g->n + 1, sizeof *r->rest);
+    if (!r->buckets || !r->rest) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of host memory");
+    char **lo = calloc((size_t)(L > 0 ? L : 1), sizeof *lo), **hi = calloc((size_t)(L > 0 ? L : 1), sizeof *hi);
+    if (!lo || !hi) {
+        free(lo);
+        free(hi);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of host memory");
+    }
+    for (size_t i = 0; i < g->n; i++) {
+        const struct tensor *t = g->p[i].t;
+        const char *slash = strrchr(g->p[i].name, '/');
+        const int layer = slash ? atoi(slash + 1) - m->layer_first : -1;
+        CHECK(t->dtype == DTYPE_F32, "f32 gradients expected");
+        if (g->p[i].kind < 0 || layer < 0 || layer >= L || !weight_kind_per_layer((enum weight_kind)g->p[i].kind)) {
+            r->rest[r->n_rest++] = *t;
+            continue;
+        }
+        char *a = t->data, *e = a + tensor_nbytes(t);
+        if (!lo[layer] || a < lo[layer]) lo[layer] = a;
+        if (!hi[layer] || e > hi[layer]) hi[layer] = e;
+    }
+    for (int l = 0; l < L; l++) {
+        const int64_t n = lo[l] ? (int64_t)((hi[l] - lo[l]) / (ptrdiff_t)sizeof(float)) : 0;
+        r->buckets[l].t = tensor_make(lo[l], DTYPE_F32, m->b->device, 1, n);
+    }
+    /* The ranges must not overlap (they would if the rows were not carved layer by layer). */
+    for (int l = 0; l + 1 < L; l++)
+        CHECK(!lo[l] || !lo[l + 1] || hi[l] <= lo[l + 1] || hi[l + 1] <= lo[l], "gradient buckets overlap");
+    r->n_buckets = L;
+    free(lo);
+    free(hi);
+    return STATUS_OK;
+}
+
 enum status train_ranks_attach(struct train_ranks *r, struct model *m, struct param_table *gparams,
                                struct optimizer *opt)
 {
@@ -84,6 +132,7 @@ enum status train_ranks_attach(struct train_ranks *r, struct model *m, struct pa
         if (r->tp > 1 && replicated && m->tp_rank != 0) p->counted = 0;
         if (r->pp > 1 && m->cfg.tied_embeddings && k == WEIGHT_KIND_LM_HEAD) p->counted = 0; /* the first stage's */
     }
+    if (r->dp > 1 && !r->dist_opt) TRY(make_buckets(r, m, gparams));
     if (r->tp > 1 || r->pp > 1 || (r->dist_opt && r->dp > 1)) {
         opt->reduce_sumsq = reduce_sumsq;
         opt->reduce_ctx = r;
@@ -103,6 +152,8 @@ static void monitor_stop(struct train_ranks *r);
 void train_ranks_free(struct train_ranks *r)
 {
     monitor_stop(r);
+    free(r->buckets);
+    free(r->rest);
     if (r->b) {
         backend_free(r->b, r->tied_mem);
         backend_free(r->b, r->sumsq.data);
@@ -180,20 +231,55 @@ static enum status forward_step(struct model *m, int set, const struct train_bat
     return STATUS_OK;
 }
 
-static enum status backward_step(struct model *m, int set, const struct train_batch *tb, struct model_weights *grads)
+/* model_backward's hook on the step's last backward: the layer's gradients are final. */
+static void layer_done(void *ctx, struct model *m, int layer)
 {
-    model_train_use_set(m, set);
-    return model_backward(m, tb, grads);
+    struct train_ranks *r = ctx;
+    (void)m;
+    struct dp_bucket *bk = &r->buckets[layer];
+    if (r->bucket_status != STATUS_OK || bk->started) return;
+    bk->started = 1;
+    r->bucket_status = comm_all_reduce_start(r->groups.dp, &bk->t, &bk->req);
 }
 
-enum status train_ranks_step(struct train_ranks *r, struct model *m, const struct train_batch *tbs, int n,
-                             struct model_weights *grads, double *loss_sum)
+/* The backward of one micro-batch; the step's last one starts each layer's dp reduction as soon
+ * as that layer is done. */
+static enum status backward_step(struct train_ranks *r, struct model *m, int set, const struct train_batch *tb,
+                                 struct model_weights *grads, int last)
+{
+    model_train_use_set(m, set);
+    if (last && r->buckets) {
+        m->train_layer_done = layer_done;
+        m->train_hook_ctx = r;
+    }
+    enum status st = model_backward(m, tb, grads);
+    m->train_layer_done = NULL;
+    m->train_hook_ctx = NULL;
+    return st != STATUS_OK ? st : r->bucket_status;
+}
+
+/* After the schedule: the buckets not started (a replica without micro-batches), the waits, and
+ * the gradients outside the layers. */
+static enum status finish_dp(struct train_ranks *r)
+{
+    for (int i = 0; i < r->n_buckets; i++) {
+        struct dp_bucket *bk = &r->buckets[i];
+        if (!bk->started) TRY(comm_all_reduce_start(r->groups.dp, &bk->t, &bk->req));
+        bk->started = 1;
+    }
+    for (int i = 0; i < r->n_buckets; i++) TRY(comm_wait(r->groups.dp, &r->buckets[i].req));
+    for (int i = 0; i < r->n_rest; i++) TRY(comm_all_reduce(r->groups.dp, &r->rest[i]));
+    return STATUS_OK;
+}
+
+static enum status schedule(struct train_ranks *r, struct model *m, const struct train_batch *tbs, int n,
+                            struct model_weights *grads, double *loss_sum)
 {
     *loss_sum = 0.0;
     if (r->pp == 1) {
         for (int i = 0; i < n; i++) {
             TRY(forward_step(m, 0, &tbs[i], loss_sum));
-            TRY(backward_step(m, 0, &tbs[i], grads));
+            TRY(backward_step(r, m, 0, &tbs[i], grads, i == n - 1));
         }
         return STATUS_OK;
     }
@@ -218,17 +304,26 @@ enum status train_ranks_step(struct train_ranks *r, struct model *m, const struc
         const int f = warmup + k;
         TRY(forward_step(m, f % sets, &tbs[f], loss_sum));
         TRY(send_forward_recv_backward(m, f % sets, &tbs[f], &tbs[k]));
-        TRY(backward_step(m, k % sets, &tbs[k], grads));
+        TRY(backward_step(r, m, k % sets, &tbs[k], grads, k == n - 1));
         if (k == steady - 1) TRY(send_backward(m, &tbs[k]));
         else TRY(send_backward_recv_forward(m, &tbs[k], (f + 1) % sets, &tbs[f + 1]));
     }
     for (int k = steady; k < n; k++) {
         model_train_use_set(m, k % sets);
         TRY(recv_backward(m, &tbs[k]));
-        TRY(backward_step(m, k % sets, &tbs[k], grads));
+        TRY(backward_step(r, m, k % sets, &tbs[k], grads, k == n - 1));
         TRY(send_backward(m, &tbs[k]));
     }
     return STATUS_OK;
+}
+
+enum status train_ranks_step(struct train_ranks *r, struct model *m, const struct train_batch *tbs, int n,
+                             struct model_weights *grads, double *loss_sum)
+{
+    r->bucket_status = STATUS_OK;
+    for (int i = 0; i < r->n_buckets; i++) r->buckets[i].started = 0;
+    TRY(schedule(r, m, tbs, n, grads, loss_sum));
+    return r->buckets ? finish_dp(r) : STATUS_OK;
 }
 
 enum status train_ranks_forward(struct train_ranks *r, struct model *m, const struct train_batch *tb,
@@ -258,7 +353,7 @@ enum status train_ranks_reduce_grads(struct train_ranks *r, struct model *m, str
         const struct param *p = &gparams->p[i];
         if (r->tp > 1 && p->kind >= 0 && model_train_grad_partial(m, (enum weight_kind)p->kind))
             TRY(comm_all_reduce(m->par.groups->tp, p->t));
-        if (r->dp > 1 && !r->dist_opt) TRY(comm_all_reduce(r->groups.dp, p->t)); /* else reduce-scattered */
+        /* dp: done in train_ranks_step, or reduce-scattered by the distributed optimizer */
     }
     return STATUS_OK;
 }

@@ -17,6 +17,7 @@
 #include "trainer.h"
 
 struct rank_monitor;
+struct dp_bucket;
 
 struct train_ranks {
     struct parallel_world *world;   /* owned */
@@ -29,6 +30,15 @@ struct train_ranks {
     void *tied_mem;
     struct backend *b;              /* borrowed, once train_ranks_attach */
     struct tensor sumsq;            /* f32 (1) on the device: the norm's all-reduce */
+    /* Data parallelism without the distributed optimizer: one bucket per local layer (its
+     * gradients are one contiguous range of the gradient allocation), all-reduced over dp as
+     * soon as the layer's backward of the step's last micro-batch is done; the gradients outside
+     * the layers (embeddings, final norm, head) are reduced after the backward. */
+    struct dp_bucket *buckets;      /* (n_buckets) */
+    int n_buckets;
+    struct tensor *rest;            /* (n_rest): the gradients outside the layers */
+    int n_rest;
+    enum status bucket_status;      /* the first failure of a start inside the hook */
     enum status failed;             /* a failure inside the norm's reduction (it returns NaN) */
     struct rank_monitor *monitor;   /* --rank-timeout > 0 with several ranks: heartbeats */
 };
@@ -52,8 +62,8 @@ enum status train_ranks_step(struct train_ranks *r, struct model *m, const struc
 /* Forward only through the stages (evaluation); *loss_sum, *n_real on the last stage. */
 enum status train_ranks_forward(struct train_ranks *r, struct model *m, const struct train_batch *tb,
                                 double *loss_sum, int *n_real);
-/* The reductions after the backward (see the top); with a distributed optimizer the dp part
- * is left to it. */
+/* The reductions after the backward (see the top); the dp part was done by train_ranks_step
+ * (overlapped with the backward), or is left to the distributed optimizer. */
 enum status train_ranks_reduce_grads(struct train_ranks *r, struct model *m, struct model_weights *grads,
                                      const struct param_table *gparams);
 /* v[0 .. n) summed over the whole world (each value given by the ranks it belongs to, 0
