@@ -9,9 +9,9 @@
  * Errors: every function returns an enum status; on failure status_message() holds the
  * server's message (or gRPC's, when the call never reached a server). gRPC status codes map
  * onto enum status one to one where a value exists (INVALID_ARGUMENT, NOT_FOUND,
- * RESOURCE_EXHAUSTED, UNAVAILABLE, INTERNAL, CANCELLED, DEADLINE_EXCEEDED); the other codes
- * map to the nearest value (UNAUTHENTICATED, PERMISSION_DENIED, FAILED_PRECONDITION,
- * OUT_OF_RANGE, ALREADY_EXISTS -> STATUS_INVALID_ARGUMENT; UNIMPLEMENTED -> STATUS_UNSUPPORTED;
+ * RESOURCE_EXHAUSTED, UNAVAILABLE, INTERNAL, CANCELLED, DEADLINE_EXCEEDED, ALREADY_EXISTS,
+ * FAILED_PRECONDITION); the other codes map to the nearest value (UNAUTHENTICATED,
+ * PERMISSION_DENIED, OUT_OF_RANGE -> STATUS_INVALID_ARGUMENT; UNIMPLEMENTED -> STATUS_UNSUPPORTED;
  * ABORTED -> STATUS_UNAVAILABLE; UNKNOWN, DATA_LOSS -> STATUS_INTERNAL) and their message
  * then starts with the gRPC code's name ("UNAUTHENTICATED: missing API key"). Functions that
  * fill a struct client_result also store the exact gRPC code there.
