@@ -20,7 +20,8 @@ one `shardlm serve --lora a1=.. --lora a2=.. --lora a3=..` is driven through gRP
   INVALID_ARGUMENT, a load beyond --max-loras RESOURCE_EXHAUSTED; unloading an adapter that a
   streamed request uses is FAILED_PRECONDITION naming the count, and works once it ended; after
   an unload its name is NOT_FOUND; a name reloaded from another directory into the freed slot
-  never reuses the prefix-cache blocks of the adapter it replaced.
+  never reuses the prefix-cache blocks of the adapter it replaced; both RPCs need an API key when
+  the server has --api-key-file (any valid key).
 Prints SKIP (exit 77) without the stories260K assets or grpcio. Loopback only; bounded waits.
 """
 import argparse
@@ -156,6 +157,15 @@ def run_time(shardlm, model, work, want):
     with TS.Server(shardlm, model, "--max-loras", "0", name="lora-none") as s, s.client(timeout=60) as c:
         expect_error(lambda: c.load_adapter("a1", str(work / "a1")), grpc.StatusCode.RESOURCE_EXHAUSTED,
                      "--max-loras 0")
+    # The admin RPCs take the same API keys as every other method: any valid key may call them.
+    (work / "keys").write_text("admin-or-not\n")
+    with TS.Server(shardlm, model, "--api-key-file", str(work / "keys"), name="lora-auth") as s:
+        with s.client(timeout=60) as c:
+            expect_error(lambda: c.load_adapter("a1", str(work / "a1")), grpc.StatusCode.UNAUTHENTICATED, "API key")
+            expect_error(lambda: c.unload_adapter("a1"), grpc.StatusCode.UNAUTHENTICATED, "API key")
+        with s.client(timeout=60, api_key="admin-or-not") as c:
+            c.load_adapter("a1", str(work / "a1"))
+            c.unload_adapter("a1")
 
 
 def run(shardlm, work, assets):
