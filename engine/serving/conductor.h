@@ -8,8 +8,9 @@
  *
  * Contracts are those of the engine.h function of the same name (conductor_submit as
  * engine_submit, ...), for one replica. Threads: conductor_submit, _cancel, _get_stats,
- * _validate and the adapter functions may be called from any thread; conductor_step from one thread only (the engine
- * thread once conductor_start ran); events and on_fatal are called on that thread. */
+ * _validate and the adapter functions may be called from any thread; conductor_step from one
+ * thread only (the engine thread once conductor_start ran); events and on_fatal are called on
+ * that thread. */
 #ifndef SHARDLM_CONDUCTOR_H
 #define SHARDLM_CONDUCTOR_H
 
