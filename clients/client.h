@@ -200,6 +200,9 @@ struct client_model_info {
     int   bos_id, eos_id;
     char *chat_template;
     int   max_logprobs;
+    char **adapters;                    /* (n_adapters) LoRA adapters loaded, in load order */
+    int   n_adapters;
+    int   max_loras, max_lora_rank;
 };
 void client_model_info_free(struct client_model_info *m);
 
@@ -258,6 +261,11 @@ enum status client_tokenize(struct client *c, const char *text, int add_bos, int
 enum status client_detokenize(struct client *c, const int32_t *ids, int n, char **text);
 
 enum status client_model_info(struct client *c, struct client_model_info *out);
+/* LoadAdapter / UnloadAdapter (admin operations; see the proto for their errors, which keep
+ * their codes: STATUS_ALREADY_EXISTS, STATUS_FAILED_PRECONDITION, ...). *rank (may be NULL)
+ * receives the loaded adapter's rank. */
+enum status client_load_adapter(struct client *c, const char *name, const char *path, int *rank);
+enum status client_unload_adapter(struct client *c, const char *name);
 enum status client_server_stats(struct client *c, struct client_server_stats *out);
 
 /* The name of a gRPC status code ("OK", "UNAVAILABLE", ...; "UNKNOWN" for values outside). */

@@ -141,8 +141,16 @@ def run_time(shardlm, model, work, want):
             check(ids == want[(p, "a2")][0], f"a3 reloaded from a2's files on {p[:20]!r}: {ids[:8]} vs a2's "
                   f"{want[(p, 'a2')][0][:8]}")
         check(alone(c, PROMPTS[0], "a1")[0] == want[(PROMPTS[0], "a1")][0], "a1 (start-up) changed")
-        c.unload_adapter("a1")  # a start-up adapter unloads too
-        c.load_adapter("a1", str(work / "a1"))
+        # A start-up adapter unloads too; here through the C client (`shardlm adapters`).
+        cli = [shardlm, "adapters", "--server", s.target]
+        r = subprocess.run(cli + ["unload", "a1"], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0, f"shardlm adapters unload a1: exit {r.returncode}, {r.stderr[-300:]!r}")
+        r = subprocess.run(cli + ["unload", "a1"], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 1 and "NOT_FOUND" in r.stderr, f"shardlm adapters unload a1 twice: {r.stderr[-300:]!r}")
+        r = subprocess.run(cli + ["load", "a1", str(work / "a1")], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0 and "rank 4" in r.stderr, f"shardlm adapters load a1: {r.stderr[-300:]!r}")
+        r = subprocess.run(cli + ["list"], capture_output=True, text=True, timeout=60)
+        check(r.stdout.split() == ["a2", "a3", "a1"], f"shardlm adapters list: {r.stdout!r}")
         check(list(c.model_info().adapters) == ["a2", "a3", "a1"], f"load order: {list(c.model_info().adapters)}")
         stats = TS.wait_until(lambda: TS.stats_settled(c), "the KV blocks to come back")
         check(stats.kv_blocks_free + stats.kv_blocks_cached == stats.kv_blocks_total, "KV blocks leaked")
