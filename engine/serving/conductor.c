@@ -253,6 +253,8 @@ enum status conductor_load_adapter(struct conductor *c, const char *name, const 
     const double t0 = base_now_s();
     struct lora *l = NULL;
     if ((st = adapter_set_read(&c->adapters, c->m, dir, &l)) != STATUS_OK) return st;
+    const int rank = l->rank; /* once added, l may be unloaded and freed by another thread */
+    const double alpha = (double)l->alpha;
     pthread_mutex_lock(&c->mu);
     st = adapter_set_add(&c->adapters, name, dir, l);
     if (st == STATUS_OK) pthread_cond_signal(&c->cv);
@@ -261,8 +263,7 @@ enum status conductor_load_adapter(struct conductor *c, const char *name, const 
         lora_free(l, c->b);
         return st;
     }
-    LOG_INFO(MODULE, "adapter '%s' loaded from %s: rank %d, alpha %g (%.3f s)", name, dir, l->rank, (double)l->alpha,
-             base_now_s() - t0);
+    LOG_INFO(MODULE, "adapter '%s' loaded from %s: rank %d, alpha %g (%.3f s)", name, dir, rank, alpha, base_now_s() - t0);
     return STATUS_OK;
 }
 
@@ -321,7 +322,8 @@ enum status conductor_submit(struct conductor *c, const char *request_id, const 
     r->t_submit = base_now_s();
     pthread_mutex_lock(&c->mu);
     st = refusal(c, p->n);
-    /* The request holds its adapter until its last sample is retired (retire_sample). */
+    /* The request counts as a user of its adapter until just before its last FINISHED event
+     * (drop_adapter_before_last): until then UnloadAdapter refuses. */
     if (st == STATUS_OK) st = adapter_set_acquire(&c->adapters, p->adapter, &r->adapter, &r->adapter_key);
     r->adapter_held = st == STATUS_OK && r->adapter >= 0;
     if (st != STATUS_OK) {
