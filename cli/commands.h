@@ -33,6 +33,7 @@ int client_chat_main(int argc, char **argv);
 int client_complete_main(int argc, char **argv);
 int client_bench_main(int argc, char **argv);
 int client_stats_main(int argc, char **argv);
+int client_adapters_main(int argc, char **argv);
 
 /* Prints "shardlm: error: <STATUS>: <message>" for st and the thread's status message;
  * returns 1. */

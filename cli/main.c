@@ -1,8 +1,8 @@
 /* cli/main.c - the shardlm command: prints the help and dispatches each subcommand to its
  * file in cli/ (one file per subcommand, entry points in commands.h):
  *   shardlm serve --model DIR|FILE.gguf [--listen ADDR] [options]  the gRPC server (serve.c)
- *   shardlm chat|complete|bench|stats --server ADDR ...      gRPC clients (chat.c, complete.c,
- *                                                           bench.c, stats.c over clients/)
+ *   shardlm chat|complete|bench|stats|adapters --server ADDR ...  gRPC clients (chat.c,
+ *                                       complete.c, bench.c, stats.c, adapters.c over clients/)
  *   shardlm generate --model DIR|FILE.gguf [--prompt TEXT] [options]  generate locally (generate.c)
  *   shardlm convert llama2c|gguf ...                         (convert.c)
  *   shardlm reshard --model DIR --out DIR [...]              (reshard.c)
@@ -45,6 +45,7 @@ static void print_help(FILE *f)
             "  shardlm complete --server ADDR --prompt TEXT     one completion\n"
             "  shardlm bench --server ADDR --concurrency N --requests M\n"
             "  shardlm stats --server ADDR                      model, load, replicas\n"
+            "  shardlm adapters list|load NAME PATH|unload NAME --server ADDR   LoRA adapters at run time\n"
             "  shardlm generate --model DIR|FILE.gguf [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
             "                   [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
             "                   [--device cpu|cuda] [--threads N] [--no-bos] [--tp T --pp P]\n"
@@ -97,6 +98,7 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "complete")) return client_complete_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "bench")) return client_bench_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "stats")) return client_stats_main(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "adapters")) return client_adapters_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "generate")) return generate_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "convert")) return convert_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "reshard")) return reshard_main(argc - 2, argv + 2);

@@ -25,6 +25,11 @@
  *   --lora NAME=DIR          serve the PEFT adapter in DIR as NAME (repeatable, at most 64),
  *                            unmerged: a request names it in its `adapter` field (gRPC) or its
  *                            `model` field (HTTP); tp 1 on the CPU for now
+ *   --max-loras K            adapters loaded at once at most, --lora ones included, in [0, 64]
+ *                            [8, or the number of --lora when more]; LoadAdapter beyond it is
+ *                            RESOURCE_EXHAUSTED; 0 = only the --lora ones, no run-time loads
+ *   --max-lora-rank R        the largest adapter rank served (the scratch is sized for it)
+ *                            [16, or the largest --lora rank when more]
  * Under mpirun, rank 0 serves and every other rank replays its conductor's step plans
  * (engine_run_worker). Not here: the server (server/), the engine (engine/serving/).
  * Tests: tests/server/test_server.py, tests/test_serve_mpi.sh. */
@@ -56,7 +61,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
                     "         [--chat-template llama2|chatml|gemma|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
                     "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
-                    "         [--lora NAME=DIR ...]\n"
+                    "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
                     "  --max-seqs N   samples (sequences) running at once [64]\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
                     "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n");
@@ -106,6 +111,7 @@ int serve_main(int argc, char **argv)
     char names[SERVE_MAX_ADAPTERS][65];
     const char *adapter_names[SERVE_MAX_ADAPTERS], *adapter_dirs[SERVE_MAX_ADAPTERS];
     int n_adapters = 0;
+    long max_loras = -1;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
@@ -196,8 +202,19 @@ int serve_main(int argc, char **argv)
             snprintf(names[n_adapters], sizeof names[n_adapters], "%.*s", (int)len, v);
             adapter_names[n_adapters] = names[n_adapters];
             adapter_dirs[n_adapters++] = eq + 1;
+        } else if (!strcmp(a, "--max-loras")) {
+            if (base_parse_long(v, 0, SERVE_MAX_ADAPTERS, &n)) return usage("--max-loras must be an integer in [0, 64], got '%s'", v);
+            max_loras = n;
+        } else if (!strcmp(a, "--max-lora-rank")) {
+            if (base_parse_long(v, 1, 4096, &n)) return usage("--max-lora-rank must be an integer in [1, 4096], got '%s'", v);
+            o.engine.max_lora_rank = (int)n;
         } else return usage("unknown option '%s'", a);
     }
+    if (max_loras > 0 && max_loras < n_adapters)
+        return usage("--max-loras is smaller than the number of --lora adapters%s", "");
+    /* Room for run-time loads by default; --max-loras 0 keeps only the --lora ones. */
+    o.engine.max_loras = max_loras >= 0 ? (max_loras > n_adapters ? (int)max_loras : n_adapters)
+                                        : (n_adapters > 8 ? n_adapters : 8);
     o.engine.adapter_names = adapter_names;
     o.engine.adapter_dirs = adapter_dirs;
     o.engine.n_adapters = n_adapters;

@@ -409,6 +409,8 @@ void client_model_info_free(struct client_model_info *m)
     free(m->dtype);
     free(m->device);
     free(m->chat_template);
+    for (int i = 0; i < m->n_adapters; i++) free(m->adapters[i]);
+    free(m->adapters);
     memset(m, 0, sizeof *m);
 }
 
@@ -441,12 +443,42 @@ enum status client_model_info(struct client *c, struct client_model_info *out)
     out->dtype = client_str_dup(r->dtype);
     out->device = client_str_dup(r->device);
     out->chat_template = client_str_dup(r->chat_template);
+    out->max_loras = r->max_loras;
+    out->max_lora_rank = r->max_lora_rank;
+    int oom = 0;
+    if (r->n_adapters && !(out->adapters = calloc(r->n_adapters, sizeof *out->adapters))) oom = 1;
+    for (size_t i = 0; !oom && i < r->n_adapters; i++, out->n_adapters++)
+        if (!(out->adapters[i] = client_str_dup(r->adapters[i]))) oom = 1;
     protobuf_c_message_free_unpacked(m, NULL);
-    if (!out->architecture || !out->dtype || !out->device || !out->chat_template) {
+    if (oom || !out->architecture || !out->dtype || !out->device || !out->chat_template) {
         client_model_info_free(out);
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
     return STATUS_OK;
+}
+
+enum status client_load_adapter(struct client *c, const char *name, const char *path, int *rank)
+{
+    Shardlm__V1__LoadAdapterRequest req = SHARDLM__V1__LOAD_ADAPTER_REQUEST__INIT;
+    req.name = (char *)name;
+    req.path = (char *)path;
+    ProtobufCMessage *m = NULL;
+    enum status st = unary_call(c, SERVICE "LoadAdapter", &req.base, &shardlm__v1__load_adapter_response__descriptor, &m);
+    if (st != STATUS_OK) return st;
+    if (rank) *rank = ((const Shardlm__V1__LoadAdapterResponse *)m)->rank;
+    protobuf_c_message_free_unpacked(m, NULL);
+    return STATUS_OK;
+}
+
+enum status client_unload_adapter(struct client *c, const char *name)
+{
+    Shardlm__V1__UnloadAdapterRequest req = SHARDLM__V1__UNLOAD_ADAPTER_REQUEST__INIT;
+    req.name = (char *)name;
+    ProtobufCMessage *m = NULL;
+    enum status st =
+        unary_call(c, SERVICE "UnloadAdapter", &req.base, &shardlm__v1__unload_adapter_response__descriptor, &m);
+    if (st == STATUS_OK) protobuf_c_message_free_unpacked(m, NULL);
+    return st;
 }
 
 enum status client_server_stats(struct client *c, struct client_server_stats *out)

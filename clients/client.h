@@ -9,9 +9,9 @@
  * Errors: every function returns an enum status; on failure status_message() holds the
  * server's message (or gRPC's, when the call never reached a server). gRPC status codes map
  * onto enum status one to one where a value exists (INVALID_ARGUMENT, NOT_FOUND,
- * RESOURCE_EXHAUSTED, UNAVAILABLE, INTERNAL, CANCELLED, DEADLINE_EXCEEDED); the other codes
- * map to the nearest value (UNAUTHENTICATED, PERMISSION_DENIED, FAILED_PRECONDITION,
- * OUT_OF_RANGE, ALREADY_EXISTS -> STATUS_INVALID_ARGUMENT; UNIMPLEMENTED -> STATUS_UNSUPPORTED;
+ * RESOURCE_EXHAUSTED, UNAVAILABLE, INTERNAL, CANCELLED, DEADLINE_EXCEEDED, ALREADY_EXISTS,
+ * FAILED_PRECONDITION); the other codes map to the nearest value (UNAUTHENTICATED,
+ * PERMISSION_DENIED, OUT_OF_RANGE -> STATUS_INVALID_ARGUMENT; UNIMPLEMENTED -> STATUS_UNSUPPORTED;
  * ABORTED -> STATUS_UNAVAILABLE; UNKNOWN, DATA_LOSS -> STATUS_INTERNAL) and their message
  * then starts with the gRPC code's name ("UNAUTHENTICATED: missing API key"). Functions that
  * fill a struct client_result also store the exact gRPC code there.
@@ -200,6 +200,9 @@ struct client_model_info {
     int   bos_id, eos_id;
     char *chat_template;
     int   max_logprobs;
+    char **adapters;                    /* (n_adapters) LoRA adapters loaded, in load order */
+    int   n_adapters;
+    int   max_loras, max_lora_rank;
 };
 void client_model_info_free(struct client_model_info *m);
 
@@ -258,6 +261,11 @@ enum status client_tokenize(struct client *c, const char *text, int add_bos, int
 enum status client_detokenize(struct client *c, const int32_t *ids, int n, char **text);
 
 enum status client_model_info(struct client *c, struct client_model_info *out);
+/* LoadAdapter / UnloadAdapter (admin operations; see the proto for their errors, which keep
+ * their codes: STATUS_ALREADY_EXISTS, STATUS_FAILED_PRECONDITION, ...). *rank (may be NULL)
+ * receives the loaded adapter's rank. */
+enum status client_load_adapter(struct client *c, const char *name, const char *path, int *rank);
+enum status client_unload_adapter(struct client *c, const char *name);
 enum status client_server_stats(struct client *c, struct client_server_stats *out);
 
 /* The name of a gRPC status code ("OK", "UNAVAILABLE", ...; "UNKNOWN" for values outside). */

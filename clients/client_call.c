@@ -45,9 +45,9 @@ static enum status status_from_grpc(grpc_status_code code, const char *message)
     case GRPC_STATUS_INTERNAL: st = STATUS_INTERNAL; break;
     case GRPC_STATUS_UNAUTHENTICATED:
     case GRPC_STATUS_PERMISSION_DENIED:
-    case GRPC_STATUS_FAILED_PRECONDITION:
-    case GRPC_STATUS_OUT_OF_RANGE:
-    case GRPC_STATUS_ALREADY_EXISTS: st = STATUS_INVALID_ARGUMENT; exact = 0; break;
+    case GRPC_STATUS_ALREADY_EXISTS: st = STATUS_ALREADY_EXISTS; break;
+    case GRPC_STATUS_FAILED_PRECONDITION: st = STATUS_FAILED_PRECONDITION; break;
+    case GRPC_STATUS_OUT_OF_RANGE: st = STATUS_INVALID_ARGUMENT; exact = 0; break;
     case GRPC_STATUS_UNIMPLEMENTED: st = STATUS_UNSUPPORTED; exact = 0; break;
     case GRPC_STATUS_ABORTED: st = STATUS_UNAVAILABLE; exact = 0; break;
     default: st = STATUS_INTERNAL; exact = 0; break;

@@ -41,6 +41,8 @@ static const struct {
     {"/shardlm.v1.TextGeneration/Cancel", METHOD_CANCEL},
     {"/shardlm.v1.TextGeneration/GetModelInfo", METHOD_MODEL_INFO},
     {"/shardlm.v1.TextGeneration/GetServerStats", METHOD_SERVER_STATS},
+    {"/shardlm.v1.TextGeneration/LoadAdapter", METHOD_LOAD_ADAPTER},
+    {"/shardlm.v1.TextGeneration/UnloadAdapter", METHOD_UNLOAD_ADAPTER},
     {"/grpc.health.v1.Health/Check", METHOD_HEALTH_CHECK},
     {"/grpc.health.v1.Health/Watch", METHOD_HEALTH_WATCH},
     {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", METHOD_REFLECTION},

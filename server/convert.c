@@ -589,6 +589,51 @@ enum status convert_cancel_response(int cancelled, uint8_t **out, size_t *len)
     return pack(&m.base, out, len);
 }
 
+enum status convert_load_adapter_request(const void *data, size_t len, char **name, char **path)
+{
+    *name = *path = NULL;
+    enum status st;
+    Shardlm__V1__LoadAdapterRequest *m =
+        (Shardlm__V1__LoadAdapterRequest *)unpack(&shardlm__v1__load_adapter_request__descriptor, data, len, NULL, &st);
+    if (!m) return st;
+    if (!m->name[0]) st = status_errorf(STATUS_INVALID_ARGUMENT, "name must not be empty");
+    else if (!m->path[0]) st = status_errorf(STATUS_INVALID_ARGUMENT, "path must not be empty");
+    else if (strlen(m->path) > 4000) st = status_errorf(STATUS_INVALID_ARGUMENT, "path: at most 4000 bytes");
+    else if (!(*name = strdup(m->name)) || !(*path = strdup(m->path))) st = oom();
+    shardlm__v1__load_adapter_request__free_unpacked(m, NULL);
+    return st;
+}
+
+enum status convert_load_adapter_response(const struct engine_adapter_info *a, int n_loaded, int max_loras,
+                                          uint8_t **out, size_t *len)
+{
+    Shardlm__V1__LoadAdapterResponse m = SHARDLM__V1__LOAD_ADAPTER_RESPONSE__INIT;
+    m.rank = a->rank;
+    m.alpha = a->alpha;
+    m.n_loaded = n_loaded;
+    m.max_loras = max_loras;
+    return pack(&m.base, out, len);
+}
+
+enum status convert_unload_adapter_request(const void *data, size_t len, char **name)
+{
+    *name = NULL;
+    enum status st;
+    Shardlm__V1__UnloadAdapterRequest *m =
+        (Shardlm__V1__UnloadAdapterRequest *)unpack(&shardlm__v1__unload_adapter_request__descriptor, data, len, NULL, &st);
+    if (!m) return st;
+    if (!m->name[0]) st = status_errorf(STATUS_INVALID_ARGUMENT, "name must not be empty");
+    else if (!(*name = strdup(m->name))) st = oom();
+    shardlm__v1__unload_adapter_request__free_unpacked(m, NULL);
+    return st;
+}
+
+enum status convert_unload_adapter_response(uint8_t **out, size_t *len)
+{
+    Shardlm__V1__UnloadAdapterResponse m = SHARDLM__V1__UNLOAD_ADAPTER_RESPONSE__INIT;
+    return pack(&m.base, out, len);
+}
+
 enum status convert_empty_request(const void *data, size_t len, const char *what)
 {
     /* Both requests are empty messages: any well-formed message parses as one. */
@@ -618,6 +663,8 @@ enum status convert_model_info_response(const struct model_info_out *mi, uint8_t
     m.pp_size = i->pp_size;
     m.kv_block_tokens = i->block_tokens;
     m.kv_blocks = i->kv_blocks;
+    m.max_loras = i->max_loras;
+    m.max_lora_rank = i->max_lora_rank;
     m.bos_id = i->bos_id;
     m.eos_id = i->eos_id;
     m.chat_template = (char *)mi->chat_template;

@@ -105,6 +105,14 @@ enum status convert_detokenize_response(const char *text, size_t text_len, uint8
 enum status convert_cancel_request(const void *data, size_t len, char **request_id);
 enum status convert_cancel_response(int cancelled, uint8_t **out, size_t *len);
 
+/* LoadAdapter / UnloadAdapter. *name and *path are malloc'd (caller frees); path may be NULL
+ * for UnloadAdapter. The name's characters are the engine's to check. */
+enum status convert_load_adapter_request(const void *data, size_t len, char **name, char **path);
+enum status convert_load_adapter_response(const struct engine_adapter_info *a, int n_loaded, int max_loras,
+                                          uint8_t **out, size_t *len);
+enum status convert_unload_adapter_request(const void *data, size_t len, char **name);
+enum status convert_unload_adapter_response(uint8_t **out, size_t *len);
+
 /* GetModelInfo and GetServerStats (their requests carry nothing: only checked to parse). */
 enum status convert_empty_request(const void *data, size_t len, const char *what);
 struct model_info_out {

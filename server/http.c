@@ -38,6 +38,8 @@ static unsigned http_status(enum status s, const char **type)
     case STATUS_UNAVAILABLE: *type = "service_unavailable_error"; return 503;
     case STATUS_DEADLINE_EXCEEDED: *type = "timeout_error"; return 504;
     case STATUS_CANCELLED: *type = "cancelled_error"; return 499;
+    case STATUS_ALREADY_EXISTS:
+    case STATUS_FAILED_PRECONDITION: *type = "conflict_error"; return 409;
     case STATUS_IO:
     case STATUS_INTERNAL: break;
     }
@@ -427,6 +429,22 @@ static int connection_fd(struct MHD_Connection *c)
     return ci ? ci->connect_fd : -1;
 }
 
+/* The adapters loaded now, by name (LoadAdapter and UnloadAdapter change the list). */
+struct adapter_snapshot {
+    char names[ENGINE_MAX_ADAPTERS][65];
+    const char *ptrs[ENGINE_MAX_ADAPTERS];
+    int n;
+};
+
+static void snapshot_adapter(void *ctx, const struct engine_adapter_info *a)
+{
+    struct adapter_snapshot *an = ctx;
+    if (an->n == ENGINE_MAX_ADAPTERS) return;
+    snprintf(an->names[an->n], sizeof an->names[an->n], "%s", a->name);
+    an->ptrs[an->n] = an->names[an->n];
+    an->n++;
+}
+
 static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat)
 {
     const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
@@ -440,8 +458,9 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     }
     if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, STATUS_UNAVAILABLE, "the server is not serving");
     struct http_request q;
-    enum status st = http_parse_request(hc->body ? hc->body : "", hc->len, is_chat, s->model_id,
-                                        s->opts.engine.adapter_names, s->opts.engine.n_adapters, &q);
+    struct adapter_snapshot an = {.n = 0}; /* loaded now: run-time loads change the list */
+    engine_list_adapters(s->engine, snapshot_adapter, &an);
+    enum status st = http_parse_request(hc->body ? hc->body : "", hc->len, is_chat, s->model_id, an.ptrs, an.n, &q);
     struct http_gen *g = NULL;
     if (st != STATUS_OK) http_request_free(&q);
     else st = gen_submit(s, &q, connection_fd(c), &g);
@@ -492,6 +511,35 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
 
 /* ---- routes ---------------------------------------------------------------------------------- */
 
+struct model_list {
+    struct server *s;
+    char         **json;
+    size_t        *len, *cap;
+    int            max_positions;
+};
+
+/* One adapter of /v1/models. Names are [A-Za-z0-9._-]; the directory, which a LoadAdapter
+ * client chose, is escaped for JSON. */
+static void list_adapter(void *ctx, const struct engine_adapter_info *a)
+{
+    struct model_list *ml = ctx;
+    char root[1024];
+    size_t k = 0;
+    for (const char *p = a->dir; *p && k + 8 < sizeof root; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (ch == '"' || ch == '\\') root[k++] = '\\', root[k++] = (char)ch;
+        else if (ch < 0x20) k += (size_t)snprintf(root + k, sizeof root - k, "\\u%04x", ch);
+        else root[k++] = (char)ch;
+    }
+    root[k] = 0;
+    char head[1536];
+    snprintf(head, sizeof head,
+             ",{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"shardlm\",\"root\":\"%s\","
+             "\"parent\":\"%s\",\"max_model_len\":%d}",
+             a->name, (long long)ml->s->t_created, root, ml->s->model_id, ml->max_positions);
+    http_buf_append(ml->json, ml->len, ml->cap, head, strlen(head));
+}
+
 static enum MHD_Result handle_models(struct server *s, struct MHD_Connection *c)
 {
     struct engine_model_info info = {0};
@@ -504,15 +552,9 @@ static enum MHD_Result handle_models(struct server *s, struct MHD_Connection *c)
              "\"root\":\"%s\",\"parent\":null,\"max_model_len\":%d}",
              s->model_id, (long long)s->t_created, s->model_id, info.max_positions);
     http_buf_append(&json, &len, &cap, head, strlen(head));
-    /* The adapters as vLLM lists them: their own ids, the base as parent. Names are [A-Za-z0-9._-]. */
-    for (int i = 0; i < s->opts.engine.n_adapters; i++) {
-        snprintf(head, sizeof head,
-                 ",{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"shardlm\",\"root\":\"%s\","
-                 "\"parent\":\"%s\",\"max_model_len\":%d}",
-                 s->opts.engine.adapter_names[i], (long long)s->t_created, s->opts.engine.adapter_dirs[i], s->model_id,
-                 info.max_positions);
-        http_buf_append(&json, &len, &cap, head, strlen(head));
-    }
+    /* The adapters as vLLM lists them: their own ids, the base as parent. */
+    struct model_list ml = {.s = s, .json = &json, .len = &len, .cap = &cap, .max_positions = info.max_positions};
+    if (s->engine && atomic_load(&s->phase) == PHASE_READY) engine_list_adapters(s->engine, list_adapter, &ml);
     http_buf_append(&json, &len, &cap, "]}", 2);
     return reply(c, 200, "application/json", json, len);
 }

@@ -1,11 +1,14 @@
 /* server/methods.c - the methods that need no engine events: Tokenize, Detokenize, Cancel,
- * GetModelInfo, GetServerStats (unary: one answer, then the status), and each message of a
- * reflection stream.
+ * GetModelInfo, GetServerStats, LoadAdapter, UnloadAdapter (unary: one answer, then the
+ * status), and each message of a reflection stream.
  * Not here: Generate / Chat (generation.c), health (health.c), protobuf (convert.c), the
  * descriptor index (reflection.c).
- * Tests: tests/server/test_server.py (basic, cancel, invalid, reflection). */
+ * Tests: tests/server/test_server.py (basic, cancel, invalid, reflection),
+ * tests/server/test_lora_serving.py (LoadAdapter, UnloadAdapter). */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "convert.h"
 #include "reflection.h"
@@ -62,16 +65,82 @@ static enum status cancel(struct server *s, const uint8_t *data, size_t len, uin
     return st;
 }
 
+/* The loaded adapters' names, copied out of the engine's lock. */
+struct adapter_names {
+    char names[ENGINE_MAX_ADAPTERS][65];
+    const char *ptrs[ENGINE_MAX_ADAPTERS];
+    int n;
+};
+
+static void add_adapter_name(void *ctx, const struct engine_adapter_info *a)
+{
+    struct adapter_names *an = ctx;
+    if (an->n == ENGINE_MAX_ADAPTERS) return;
+    snprintf(an->names[an->n], sizeof an->names[an->n], "%s", a->name);
+    an->ptrs[an->n] = an->names[an->n];
+    an->n++;
+}
+
 static enum status model_info(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
 {
     enum status st = convert_empty_request(data, len, "shardlm.v1.GetModelInfoRequest");
     if (st != STATUS_OK) return st;
+    struct adapter_names an = {.n = 0};
+    engine_list_adapters(s->engine, add_adapter_name, &an);
     struct model_info_out m = {.chat_template = chat_template_name(s->tmpl),
                                .max_logprobs = s->opts.engine.max_logprobs ? s->opts.engine.max_logprobs : 20,
-                               .adapters = s->opts.engine.adapter_names, .n_adapters = s->opts.engine.n_adapters};
+                               .adapters = an.ptrs, .n_adapters = an.n};
     if (m.max_logprobs > CONVERT_MAX_LOGPROBS) m.max_logprobs = CONVERT_MAX_LOGPROBS;
     engine_get_model_info(s->engine, &m.info);
     return convert_model_info_response(&m, out, out_len);
+}
+
+/* The adapter just loaded, for the response (rank and alpha), and how many are loaded. */
+struct adapter_lookup {
+    const char *name;
+    struct engine_adapter_info found;
+    int n;
+};
+
+static void find_adapter(void *ctx, const struct engine_adapter_info *a)
+{
+    struct adapter_lookup *q = ctx;
+    if (!strcmp(a->name, q->name)) q->found = (struct engine_adapter_info){.rank = a->rank, .alpha = a->alpha};
+    q->n++;
+}
+
+/* Admin operations: any valid API key may call them (call.c checks the key as for every method).
+ * The adapter's files are read on this thread (the completion-queue loop): other gRPC calls
+ * wait for the read; the engine keeps stepping. */
+static enum status load_adapter(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+{
+    char *name, *path;
+    enum status st = convert_load_adapter_request(data, len, &name, &path);
+    if (st == STATUS_OK) st = engine_load_adapter(s->engine, name, path);
+    if (st == STATUS_OK) {
+        LOG_INFO("server", "LoadAdapter '%s' from %s", name, path);
+        struct adapter_lookup q = {.name = name};
+        engine_list_adapters(s->engine, find_adapter, &q);
+        struct engine_model_info info;
+        engine_get_model_info(s->engine, &info);
+        st = convert_load_adapter_response(&q.found, q.n, info.max_loras, out, out_len);
+    }
+    free(name);
+    free(path);
+    return st;
+}
+
+static enum status unload_adapter(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+{
+    char *name;
+    enum status st = convert_unload_adapter_request(data, len, &name);
+    if (st == STATUS_OK) st = engine_unload_adapter(s->engine, name);
+    if (st == STATUS_OK) {
+        LOG_INFO("server", "UnloadAdapter '%s'", name);
+        st = convert_unload_adapter_response(out, out_len);
+    }
+    free(name);
+    return st;
 }
 
 static enum status server_stats(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
@@ -124,6 +193,8 @@ void methods_handle(struct call *c, const uint8_t *data, size_t len)
     case METHOD_CANCEL: st = cancel(s, data, len, &out, &out_len); break;
     case METHOD_MODEL_INFO: st = model_info(s, data, len, &out, &out_len); break;
     case METHOD_SERVER_STATS: st = server_stats(s, data, len, &out, &out_len); break;
+    case METHOD_LOAD_ADAPTER: st = load_adapter(s, data, len, &out, &out_len); break;
+    case METHOD_UNLOAD_ADAPTER: st = unload_adapter(s, data, len, &out, &out_len); break;
     case METHOD_REFLECTION: handle_reflection(c, data, len); return;
     default: st = status_errorf(STATUS_INTERNAL, "no handler for %s", call_method_name(c->method));
     }

@@ -7,7 +7,8 @@
  *   call.c        the life of one call: accepting it, its batches (receive, send, close),
  *                 dispatch to a handler, freeing it
  *   generation.c  Generate / Chat and their streams: engine events, output buffers, responses
- *   methods.c     Tokenize, Detokenize, Cancel, GetModelInfo, GetServerStats, reflection
+ *   methods.c     Tokenize, Detokenize, Cancel, GetModelInfo, GetServerStats, LoadAdapter,
+ *                 UnloadAdapter, reflection
  *   health.c      grpc.health.v1 Check and Watch
  *   auth.c        API keys and TLS credentials
  *   http.c        the OpenAI-compatible HTTP front (its own threads; http_internal.h)
@@ -51,6 +52,8 @@ enum method {
     METHOD_HEALTH_CHECK,
     METHOD_HEALTH_WATCH,
     METHOD_REFLECTION,
+    METHOD_LOAD_ADAPTER,
+    METHOD_UNLOAD_ADAPTER,
 };
 
 /* What the server is doing; written by the control thread, read by the loop. */
@@ -278,7 +281,7 @@ enum status  gen_prompt(struct server *s, struct gen_request *r, int is_chat, in
 /* ---- methods.c ----------------------------------------------------------------------------- */
 
 /* Answers every method but Generate / Chat and health: Tokenize, Detokenize, Cancel,
- * GetModelInfo, GetServerStats, and one reflection message. */
+ * GetModelInfo, GetServerStats, LoadAdapter, UnloadAdapter, and one reflection message. */
 void methods_handle(struct call *c, const uint8_t *data, size_t len);
 
 /* ---- health.c ------------------------------------------------------------------------------ */

@@ -36,6 +36,18 @@ int conductor_is_first_rank(const struct conductor *c) { return !c->par.world ||
 
 /* ---- finishing samples ---------------------------------------------------------------------- */
 
+/* Before r's last FINISHED event: r stops counting as a user of its adapter, so that a client that
+ * saw its request end may unload the adapter at once. The sequence is done: no later forward
+ * reads the adapter for it. */
+static void drop_adapter_before_last(struct conductor *c, struct request *r)
+{
+    if (!r->adapter_held || r->live_samples > 1) return;
+    pthread_mutex_lock(&c->mu);
+    adapter_set_release(&c->adapters, r->adapter);
+    r->adapter_held = 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* Drops one live sample of r; the request is freed after its last. */
 static void retire_sample(struct conductor *c, struct request *r, int n_generated)
 {
@@ -48,6 +60,7 @@ static void retire_sample(struct conductor *c, struct request *r, int n_generate
     struct request **pp = &c->all;
     while (*pp != r) pp = &(*pp)->next_all;
     *pp = r->next_all;
+    if (r->adapter_held) adapter_set_release(&c->adapters, r->adapter);
     c->stats.requests_finished++;
     pthread_mutex_unlock(&c->mu);
     request_free(r);
@@ -57,6 +70,7 @@ static void retire_sample(struct conductor *c, struct request *r, int n_generate
 static void finish_absent(struct conductor *c, struct request *r, int sample, enum finish_reason why,
                           enum status st, const char *message)
 {
+    drop_adapter_before_last(c, r);
     request_emit_absent(r, sample, why, st, message);
     retire_sample(c, r, 0);
 }
@@ -72,6 +86,7 @@ static void finish_seq(struct conductor *c, struct seq *s, enum finish_reason wh
     s->state = SEQ_DONE;
     struct engine_event ev = {.kind = ENGINE_EVENT_FINISHED, .finish = why, .status = st,
                               .message = message, .text = s->held, .text_len = text_len};
+    drop_adapter_before_last(c, r); /* (unforked samples still count in live_samples) */
     request_emit(s, &ev);
     if (s->sample == 0 && !r->forked) {
         r->forked = 1;
@@ -162,7 +177,9 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     pthread_cond_init(&c->cv, NULL);
     c->next_handle = 1;
     enum status st = load_model(c);
-    if (st == STATUS_OK) st = adapter_set_load(&c->adapters, c->m, o->adapter_names, o->adapter_dirs, o->n_adapters);
+    if (st == STATUS_OK)
+        st = adapter_set_init(&c->adapters, c->m, o->max_loras, o->max_lora_rank, c->par.world != NULL, o->adapter_names,
+                              o->adapter_dirs, o->n_adapters);
     if (st != STATUS_OK) goto fail;
     const struct model_config *cfg = &c->m->cfg;
     const int bt = o->block_tokens;
@@ -218,8 +235,54 @@ void conductor_get_model_info(const struct conductor *c, struct engine_model_inf
         .dtype = dtype_name(c->m->dtype), .device = c->b->ops->name, .tp_size = c->m->tp_size,
         .pp_size = c->m->pp_size, .dp_size = 1, .block_tokens = c->cache.block_tokens, .kv_blocks = c->cache.n_blocks,
         .bos_id = cfg->bos_id >= 0 ? cfg->bos_id : tokenizer_bos_id(c->tok),
-        .eos_id = eos_id(c),
+        .eos_id = eos_id(c), .max_loras = c->adapters.cap, .max_lora_rank = c->adapters.max_rank,
     };
+}
+
+/* ---- adapters at run time -------------------------------------------------------------------- */
+
+enum status conductor_load_adapter(struct conductor *c, const char *name, const char *dir)
+{
+    enum status st = adapter_name_check(name);
+    if (st != STATUS_OK) return st;
+    pthread_mutex_lock(&c->mu);
+    const int draining = c->draining || c->stop_thread || c->failed;
+    pthread_mutex_unlock(&c->mu);
+    if (draining) return status_errorf(STATUS_UNAVAILABLE, "the server is shutting down");
+    /* Read and checked whole here, off the engine thread; the engine sees it at a step boundary. */
+    const double t0 = base_now_s();
+    struct lora *l = NULL;
+    if ((st = adapter_set_read(&c->adapters, c->m, dir, &l)) != STATUS_OK) return st;
+    const int rank = l->rank; /* once added, l may be unloaded and freed by another thread */
+    const double alpha = (double)l->alpha;
+    pthread_mutex_lock(&c->mu);
+    st = adapter_set_add(&c->adapters, name, dir, l);
+    if (st == STATUS_OK) pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (st != STATUS_OK) {
+        lora_free(l, c->b);
+        return st;
+    }
+    LOG_INFO(MODULE, "adapter '%s' loaded from %s: rank %d, alpha %g (%.3f s)", name, dir, rank, alpha, base_now_s() - t0);
+    return STATUS_OK;
+}
+
+enum status conductor_unload_adapter(struct conductor *c, const char *name)
+{
+    if (c->adapters.no_runtime[0]) return status_errorf(STATUS_UNSUPPORTED, "UnloadAdapter: %s", c->adapters.no_runtime);
+    pthread_mutex_lock(&c->mu);
+    enum status st = adapter_set_remove(&c->adapters, name);
+    if (st == STATUS_OK) pthread_cond_signal(&c->cv); /* the engine thread frees it, idle or not */
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+int conductor_list_adapters(struct conductor *c, void (*fn)(void *ctx, const struct engine_adapter_info *info), void *ctx)
+{
+    pthread_mutex_lock(&c->mu);
+    int n = adapter_set_each(&c->adapters, fn, ctx);
+    pthread_mutex_unlock(&c->mu);
+    return n;
 }
 
 /* ---- validation, submission, cancellation --------------------------------------------------- */
@@ -253,16 +316,17 @@ enum status conductor_submit(struct conductor *c, const char *request_id, const 
 {
     enum status st = conductor_validate(c, prompt, n_prompt, p);
     if (st == STATUS_OK) st = request_id_check(request_id);
-    int adapter = -1;
-    if (st == STATUS_OK) st = adapter_set_find(&c->adapters, p->adapter, &adapter);
     if (st != STATUS_OK) return st;
     struct request *r;
     if ((st = request_new(prompt, n_prompt, p, on_event, ctx, &r)) != STATUS_OK) return st;
     r->t_submit = base_now_s();
-    r->adapter = adapter;
-    r->adapter_key = adapter_key(adapter);
     pthread_mutex_lock(&c->mu);
-    if ((st = refusal(c, p->n)) != STATUS_OK) {
+    st = refusal(c, p->n);
+    /* The request counts as a user of its adapter until just before its last FINISHED event
+     * (drop_adapter_before_last): until then UnloadAdapter refuses. */
+    if (st == STATUS_OK) st = adapter_set_acquire(&c->adapters, p->adapter, &r->adapter, &r->adapter_key);
+    r->adapter_held = st == STATUS_OK && r->adapter >= 0;
+    if (st != STATUS_OK) {
         pthread_mutex_unlock(&c->mu);
         request_free(r);
         return st;
@@ -402,6 +466,7 @@ static void stats_update(struct conductor *c, int prefill_rows, int hit_tokens)
 static void take_intake(struct conductor *c)
 {
     pthread_mutex_lock(&c->mu);
+    adapter_set_sync(&c->adapters, c->b); /* adapters loaded and unloaded since the last step */
     struct request *in = c->intake;
     c->intake = c->intake_tail = NULL;
     /* They wait in the scheduler from now on: counted there until stats_update counts exactly,
@@ -534,7 +599,7 @@ static void *conductor_main(void *arg)
     struct conductor *c = arg;
     for (;;) {
         pthread_mutex_lock(&c->mu);
-        while (!c->stop_thread && !c->intake && c->sched.n_running + c->sched.n_waiting == 0)
+        while (!c->stop_thread && !c->intake && !c->adapters.dirty && c->sched.n_running + c->sched.n_waiting == 0)
             pthread_cond_wait(&c->cv, &c->mu);
         int stop = c->stop_thread;
         pthread_mutex_unlock(&c->mu);

@@ -7,9 +7,10 @@
  * Tests: tests/test_engine.c (also under mpirun: tp, pp and dp).
  *
  * Contracts are those of the engine.h function of the same name (conductor_submit as
- * engine_submit, ...), for one replica. Threads: conductor_submit, _cancel, _get_stats and
- * _validate may be called from any thread; conductor_step from one thread only (the engine
- * thread once conductor_start ran); events and on_fatal are called on that thread. */
+ * engine_submit, ...), for one replica. Threads: conductor_submit, _cancel, _get_stats,
+ * _validate and the adapter functions may be called from any thread; conductor_step from one
+ * thread only (the engine thread once conductor_start ran); events and on_fatal are called on
+ * that thread. */
 #ifndef SHARDLM_CONDUCTOR_H
 #define SHARDLM_CONDUCTOR_H
 
@@ -33,6 +34,12 @@ enum status conductor_submit(struct conductor *c, const char *request_id, const 
                              uint64_t *handle);
 /* By handle (request_id NULL) or by request id. */
 enum status conductor_cancel(struct conductor *c, uint64_t handle, const char *request_id);
+
+/* engine_load_adapter / _unload_adapter / _list_adapters for one replica. */
+enum status conductor_load_adapter(struct conductor *c, const char *name, const char *dir);
+enum status conductor_unload_adapter(struct conductor *c, const char *name);
+int         conductor_list_adapters(struct conductor *c, void (*fn)(void *ctx, const struct engine_adapter_info *info),
+                                    void *ctx);
 
 int         conductor_step(struct conductor *c);
 enum status conductor_start(struct conductor *c);

@@ -158,6 +158,27 @@ void engine_get_stats(struct engine *e, struct engine_stats *s)
     else conductor_get_stats(e->local, s);
 }
 
+enum status engine_load_adapter(struct engine *e, const char *name, const char *dir)
+{
+    if (e->router)
+        return status_errorf(STATUS_UNSUPPORTED, "LoadAdapter with data parallelism (dp %d) is not built: give the "
+                             "adapters at start with --lora NAME=DIR (every replica loads them)", router_replicas(e->router));
+    return conductor_load_adapter(e->local, name, dir);
+}
+
+enum status engine_unload_adapter(struct engine *e, const char *name)
+{
+    if (e->router)
+        return status_errorf(STATUS_UNSUPPORTED, "UnloadAdapter with data parallelism (dp %d) is not built",
+                             router_replicas(e->router));
+    return conductor_unload_adapter(e->local, name);
+}
+
+int engine_list_adapters(struct engine *e, void (*fn)(void *ctx, const struct engine_adapter_info *info), void *ctx)
+{
+    return conductor_list_adapters(local(e), fn, ctx);
+}
+
 int engine_replicas(const struct engine *e) { return e->router ? router_replicas(e->router) : 1; }
 
 void engine_get_replica_stats(struct engine *e, int replica, struct engine_replica_stats *s)

@@ -23,6 +23,8 @@ extern "C" {
 struct engine;
 struct tokenizer;
 
+#define ENGINE_MAX_ADAPTERS 64 /* the largest engine_options.max_loras */
+
 /* Values reach the wire (the server maps them to the proto enum): only ever appended. */
 enum finish_reason {
     FINISH_REASON_NONE = 0,   /* not finished */
@@ -81,6 +83,12 @@ struct engine_options {
     const char *const *adapter_names; /* (n_adapters) */
     const char *const *adapter_dirs;  /* (n_adapters) */
     int   n_adapters;
+    int   max_loras;           /* adapters loaded at once at most, start-up ones included, in
+                                  [0, ENGINE_MAX_ADAPTERS]; 0 = n_adapters (no room for
+                                  engine_load_adapter) */
+    int   max_lora_rank;       /* the largest rank the serving scratch is sized for (start-up and
+                                  run-time adapters); 0 = the largest start-up rank, or 16 when
+                                  it is smaller and max_loras leaves room for run-time loads */
 };
 struct engine_options engine_options_default(void);
 
@@ -227,6 +235,38 @@ struct engine_replica_stats {
 int  engine_replicas(const struct engine *e);  /* dp (1 without data parallelism) */
 void engine_get_replica_stats(struct engine *e, int replica, struct engine_replica_stats *s);
 
+/* LoRA adapters at run time (thread-safe; admin operations). Only a single-rank replica on the
+ * CPU backend with f32 compute (the setup that serves adapters at all) loads at run time;
+ * elsewhere both calls return STATUS_UNSUPPORTED with a message (with data parallelism too).
+ *
+ * engine_load_adapter reads and checks the PEFT adapter in dir on the calling thread (a missing
+ * directory or file: STATUS_NOT_FOUND; shapes the base does not have, another architecture, an
+ * unsupported option or a rank above max_lora_rank: STATUS_INVALID_ARGUMENT /
+ * STATUS_BAD_FORMAT, each naming the file), then hands the finished adapter to the engine
+ * thread, which puts it in the model at the next step boundary. A request submitted after the
+ * call returns may name it. A taken name: STATUS_ALREADY_EXISTS; max_loras adapters loaded:
+ * STATUS_RESOURCE_EXHAUSTED; a bad name: STATUS_INVALID_ARGUMENT.
+ *
+ * engine_unload_adapter refuses while requests (queued or running) use the adapter:
+ * STATUS_FAILED_PRECONDITION naming how many (cancel them or retry when they finish). On
+ * success the name is free at once (new requests naming it fail with STATUS_NOT_FOUND, and it
+ * may be loaded again); the memory is freed at the next step boundary. An unknown name:
+ * STATUS_NOT_FOUND. Prefix-cache blocks computed under an unloaded adapter never serve another. */
+enum status engine_load_adapter(struct engine *e, const char *name, const char *dir);
+enum status engine_unload_adapter(struct engine *e, const char *name);
+
+struct engine_adapter_info {
+    const char *name;
+    const char *dir;
+    int         rank;
+    float       alpha;
+    int         n_requests;            /* queued or running requests that use it */
+};
+/* Calls fn for every loaded adapter, in load order, under the engine's lock (fn must not call
+ * into the engine; what info points to is valid during the call only). Returns how many. With
+ * data parallelism: rank 0's replica (every replica has the same start-up adapters). */
+int engine_list_adapters(struct engine *e, void (*fn)(void *ctx, const struct engine_adapter_info *info), void *ctx);
+
 /* Model facts for GetModelInfo. */
 struct engine_model_info {
     const char *architecture;
@@ -236,6 +276,7 @@ struct engine_model_info {
     int tp_size, pp_size, dp_size;
     int block_tokens, kv_blocks;       /* kv_blocks: per replica (rank 0's) */
     int bos_id, eos_id;
+    int max_loras, max_lora_rank;      /* adapters loaded at once at most, the largest rank */
 };
 void engine_get_model_info(const struct engine *e, struct engine_model_info *info);
 

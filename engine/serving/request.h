@@ -111,6 +111,7 @@ struct request {
     int      adapter;             /* index into the model's serving adapters; -1 = the base */
     uint64_t adapter_key;         /* 0 for the base, else unique to the adapter: the prefix-cache
                                      hash chains start from it, so no KV is shared across adapters */
+    int      adapter_held;        /* the adapter set counts this request (conductor.c) */
     struct request *next_all;     /* the conductor's list of live requests */
     struct request *next_in;      /* the conductor's intake list */
 };

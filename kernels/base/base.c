@@ -33,6 +33,8 @@ const char *status_name(enum status s)
         [STATUS_INTERNAL] = "INTERNAL",
         [STATUS_CANCELLED] = "CANCELLED",
         [STATUS_DEADLINE_EXCEEDED] = "DEADLINE_EXCEEDED",
+        [STATUS_ALREADY_EXISTS] = "ALREADY_EXISTS",
+        [STATUS_FAILED_PRECONDITION] = "FAILED_PRECONDITION",
     };
     if ((unsigned)s < sizeof names / sizeof names[0] && names[s]) return names[s];
     return "UNKNOWN";

@@ -27,6 +27,8 @@ enum status {
     STATUS_INTERNAL,           /* a failure we could not attribute (a library said no) */
     STATUS_CANCELLED,
     STATUS_DEADLINE_EXCEEDED,
+    STATUS_ALREADY_EXISTS,     /* a name that is taken (an adapter loaded twice) */
+    STATUS_FAILED_PRECONDITION,/* not now, in this state (an adapter that requests still use) */
 };
 
 /* Records a message for the calling thread and returns s, so that error paths read

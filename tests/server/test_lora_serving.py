@@ -12,17 +12,28 @@ one `shardlm serve --lora a1=.. --lora a2=.. --lora a3=..` is driven through gRP
   the adapter (the same greedy ids; log-probabilities within 1e-3);
 - Chat takes the adapter field too; an unknown name is NOT_FOUND naming it;
 - bad --lora values (no NAME=, a missing directory, an adapter of another shape) stop the server
-  at start with a message, never a crash.
+  at start with a message, never a crash;
+- run time (LoadAdapter / UnloadAdapter, --max-loras, --max-lora-rank): an adapter loaded at run
+  time gives exactly the ids (and log-probabilities) it gives when loaded at start; GetModelInfo
+  and /v1/models follow loads and unloads; a taken name is ALREADY_EXISTS, a missing directory
+  NOT_FOUND, a bad name, an adapter shaped for another model or a rank above --max-lora-rank
+  INVALID_ARGUMENT, a load beyond --max-loras RESOURCE_EXHAUSTED; unloading an adapter that a
+  streamed request uses is FAILED_PRECONDITION naming the count, and works once it ended; after
+  an unload its name is NOT_FOUND; a name reloaded from another directory into the freed slot
+  never reuses the prefix-cache blocks of the adapter it replaced; both RPCs need an API key when
+  the server has --api-key-file (any valid key).
 Prints SKIP (exit 77) without the stories260K assets or grpcio. Loopback only; bounded waits.
 """
 import argparse
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import traceback
+import urllib.request
 from pathlib import Path
 
 sys.dont_write_bytecode = True
@@ -49,6 +60,120 @@ def train_adapter(shardlm, model, data, out, rank, targets, seed):
 def alone(client, prompt, adapter):
     g = client.generate(prompt, adapter=adapter, **GREEDY) if adapter is not None else client.generate(prompt, **GREEDY)
     return list(g.token_ids), [e.logprob for e in g.logprobs]
+
+
+def write_adapter(src, dst, rank=None, scale_shapes=1):
+    """A PEFT adapter in dst made from the one in src: the same config and tensor names, with zero
+    tensors of rank `rank` (default: src's) and in/out sizes times scale_shapes (an adapter made for
+    a wider model of the same family)."""
+    dst.mkdir()
+    cfg = json.loads((src / "adapter_config.json").read_text())
+    r = rank or cfg["r"]
+    cfg["r"] = r
+    (dst / "adapter_config.json").write_text(json.dumps(cfg))
+    raw = (src / "adapter_model.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    out, off = {}, 0
+    for name, t in head.items():
+        if name == "__metadata__":
+            out[name] = t
+            continue
+        rows, cols = t["shape"]
+        shape = [r, cols * scale_shapes] if "lora_A" in name else [rows * scale_shapes, r]
+        size = shape[0] * shape[1] * 4
+        out[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + size]}
+        off += size
+    h = json.dumps(out).encode()
+    h += b" " * (-len(h) % 8)
+    (dst / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + bytes(off))
+
+
+def run_time(shardlm, model, work, want):
+    """LoadAdapter / UnloadAdapter on a server started with a1 only (--max-loras 3, rank <= 8)."""
+    write_adapter(work / "a1", work / "wide", scale_shapes=2)
+    write_adapter(work / "a1", work / "rank12", rank=12)
+    with TS.Server(shardlm, model, "--lora", f"a1={work / 'a1'}", "--max-loras", "3", "--max-lora-rank", "8",
+                   name="lora-runtime", http=True) as s, s.client(timeout=60) as c:
+        info = c.model_info()
+        check(list(info.adapters) == ["a1"] and info.max_loras == 3 and info.max_lora_rank == 8,
+              f"at start: adapters {list(info.adapters)}, max_loras {info.max_loras}, max_lora_rank {info.max_lora_rank}")
+        r = c.load_adapter("a2", str(work / "a2"))
+        check(r.rank == 8 and r.n_loaded == 2 and r.max_loras == 3, f"LoadAdapter a2 answered {r}")
+        check(list(c.model_info().adapters) == ["a1", "a2"], f"after loading a2: {list(c.model_info().adapters)}")
+        for p in PROMPTS:
+            ids, lps = alone(c, p, "a2")
+            check(ids == want[(p, "a2")][0], f"a2 loaded at run time on {p[:20]!r}: {ids[:8]} vs at start "
+                  f"{want[(p, 'a2')][0][:8]}")
+            check(lps == want[(p, "a2")][1], "a2 loaded at run time: log-probabilities differ from at start")
+        with urllib.request.urlopen(s.base + "/v1/models", timeout=30) as resp:
+            ids = [m["id"] for m in json.loads(resp.read())["data"]]
+        check(ids[1:] == ["a1", "a2"], f"/v1/models lists {ids}")
+        # Refusals, each naming what is wrong.
+        expect_error(lambda: c.load_adapter("a2", str(work / "a3")), grpc.StatusCode.ALREADY_EXISTS, "'a2'")
+        expect_error(lambda: c.load_adapter("x", str(work / "missing")), grpc.StatusCode.NOT_FOUND, "missing")
+        expect_error(lambda: c.load_adapter("a b", str(work / "a3")), grpc.StatusCode.INVALID_ARGUMENT, "name")
+        expect_error(lambda: c.load_adapter("", str(work / "a3")), grpc.StatusCode.INVALID_ARGUMENT, "name")
+        expect_error(lambda: c.load_adapter("w", str(work / "wide")), grpc.StatusCode.INVALID_ARGUMENT, "shape")
+        expect_error(lambda: c.load_adapter("r12", str(work / "rank12")), grpc.StatusCode.INVALID_ARGUMENT,
+                     "--max-lora-rank 8")
+        expect_error(lambda: c.unload_adapter("nope"), grpc.StatusCode.NOT_FOUND, "'nope'")
+        c.load_adapter("a3", str(work / "a3"))
+        expect_error(lambda: c.load_adapter("a4", str(work / "a3")), grpc.StatusCode.RESOURCE_EXHAUSTED, "--max-loras 3")
+        check(list(c.model_info().adapters) == ["a1", "a2", "a3"], f"three loaded: {list(c.model_info().adapters)}")
+        # Unloading an adapter a streamed request uses: refused, naming the count; fine once it ended.
+        check(alone(c, PROMPTS[0], "a3")[0] == want[(PROMPTS[0], "a3")][0], "a3 loaded at run time differs")
+        stream = c.generate_stream(PROMPTS[2], adapter="a3", max_tokens=300, ignore_eos=True, temperature=0)
+        it = iter(stream)
+        next(it)
+        expect_error(lambda: c.unload_adapter("a3"), grpc.StatusCode.FAILED_PRECONDITION, "used by 1 ")
+        stream.cancel()
+        TS.wait_until(lambda: TS.stats_settled(c), "the streamed request to end")
+        c.unload_adapter("a3")
+        check(list(c.model_info().adapters) == ["a1", "a2"], f"after unloading a3: {list(c.model_info().adapters)}")
+        expect_error(lambda: c.generate("Once", adapter="a3", max_tokens=4), grpc.StatusCode.NOT_FOUND, "'a3'")
+        expect_error(lambda: c.unload_adapter("a3"), grpc.StatusCode.NOT_FOUND, "'a3'")
+        # The name again, from a2's directory, in the slot a3 left: the prefix blocks PROMPTS[0]
+        # left under the old a3 must not serve it.
+        c.load_adapter("a3", str(work / "a2"))
+        for p in PROMPTS:
+            ids, _ = alone(c, p, "a3")
+            check(ids == want[(p, "a2")][0], f"a3 reloaded from a2's files on {p[:20]!r}: {ids[:8]} vs a2's "
+                  f"{want[(p, 'a2')][0][:8]}")
+        check(alone(c, PROMPTS[0], "a1")[0] == want[(PROMPTS[0], "a1")][0], "a1 (start-up) changed")
+        # A start-up adapter unloads too; here through the C client (`shardlm adapters`).
+        cli = [shardlm, "adapters", "--server", s.target]
+        r = subprocess.run(cli + ["unload", "a1"], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0, f"shardlm adapters unload a1: exit {r.returncode}, {r.stderr[-300:]!r}")
+        r = subprocess.run(cli + ["unload", "a1"], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 1 and "NOT_FOUND" in r.stderr, f"shardlm adapters unload a1 twice: {r.stderr[-300:]!r}")
+        r = subprocess.run(cli + ["load", "a1", str(work / "a1")], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0 and "rank 4" in r.stderr, f"shardlm adapters load a1: {r.stderr[-300:]!r}")
+        r = subprocess.run(cli + ["list"], capture_output=True, text=True, timeout=60)
+        check(r.stdout.split() == ["a2", "a3", "a1"], f"shardlm adapters list: {r.stdout!r}")
+        check(list(c.model_info().adapters) == ["a2", "a3", "a1"], f"load order: {list(c.model_info().adapters)}")
+        stats = TS.wait_until(lambda: TS.stats_settled(c), "the KV blocks to come back")
+        check(stats.kv_blocks_free + stats.kv_blocks_cached == stats.kv_blocks_total, "KV blocks leaked")
+    # Start-up limits.
+    for flags, needle in [(["--lora", f"a1={work / 'a1'}", "--lora", f"a2={work / 'a2'}", "--max-loras", "1"],
+                           "--max-loras"),
+                          (["--lora", f"a2={work / 'a2'}", "--max-lora-rank", "4"], "--max-lora-rank 4")]:
+        r = subprocess.run([shardlm, "serve", "--model", str(model), "--listen", "127.0.0.1:0", *flags],
+                           capture_output=True, text=True, timeout=60)
+        check(r.returncode != 0 and needle in r.stderr, f"{flags}: exit {r.returncode}, stderr {r.stderr[-300:]!r}")
+    # --max-loras 0: only the --lora ones; LoadAdapter says why.
+    with TS.Server(shardlm, model, "--max-loras", "0", name="lora-none") as s, s.client(timeout=60) as c:
+        expect_error(lambda: c.load_adapter("a1", str(work / "a1")), grpc.StatusCode.RESOURCE_EXHAUSTED,
+                     "--max-loras 0")
+    # The admin RPCs take the same API keys as every other method: any valid key may call them.
+    (work / "keys").write_text("admin-or-not\n")
+    with TS.Server(shardlm, model, "--api-key-file", str(work / "keys"), name="lora-auth") as s:
+        with s.client(timeout=60) as c:
+            expect_error(lambda: c.load_adapter("a1", str(work / "a1")), grpc.StatusCode.UNAUTHENTICATED, "API key")
+            expect_error(lambda: c.unload_adapter("a1"), grpc.StatusCode.UNAUTHENTICATED, "API key")
+        with s.client(timeout=60, api_key="admin-or-not") as c:
+            c.load_adapter("a1", str(work / "a1"))
+            c.unload_adapter("a1")
 
 
 def run(shardlm, work, assets):
@@ -102,6 +227,7 @@ def run(shardlm, work, assets):
                      "no adapter named 'nope'")
         expect_error(lambda: c.chat([("user", "hi")], adapter="x" * 65, max_tokens=4),
                      grpc.StatusCode.INVALID_ARGUMENT, "adapter")
+    run_time(shardlm, model, work, want)
     with TS.Server(shardlm, merged, name="merged") as s, s.client(timeout=60) as c:
         for p in PROMPTS:
             ids, lps = alone(c, p, None)

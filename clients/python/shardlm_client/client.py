@@ -209,3 +209,13 @@ class Client:
 
     def server_stats(self, *, timeout: Optional[float] = None) -> "pb.GetServerStatsResponse":
         return self.stub.GetServerStats(pb.GetServerStatsRequest(), **self._kw(timeout))
+
+    def load_adapter(self, name: str, path: str, *, timeout: Optional[float] = None) -> "pb.LoadAdapterResponse":
+        """Loads the PEFT adapter in `path` (on the server's file system) as `name`; later requests
+        may give adapter=name. Raises grpc.RpcError: ALREADY_EXISTS, NOT_FOUND, INVALID_ARGUMENT,
+        RESOURCE_EXHAUSTED (--max-loras), UNIMPLEMENTED (a server that cannot load at run time)."""
+        return self.stub.LoadAdapter(pb.LoadAdapterRequest(name=name, path=path), **self._kw(timeout))
+
+    def unload_adapter(self, name: str, *, timeout: Optional[float] = None) -> None:
+        """Unloads an adapter; FAILED_PRECONDITION while requests use it, NOT_FOUND when not loaded."""
+        self.stub.UnloadAdapter(pb.UnloadAdapterRequest(name=name), **self._kw(timeout))
