@@ -1,8 +1,9 @@
 /* server/convert.c - protobuf-c messages <-> native structs. The only file that includes
- * generated protobuf-c headers. It parses and checks what only the edge sees (UTF-8, roles,
+ * generated protobuf-c headers (with convert_admin.c, the small RPCs' messages). It parses and checks what only the edge sees (UTF-8, roles,
  * message sizes, printable request ids); numeric ranges are the engine's (engine_validate).
  * Not here: anything about gRPC calls (server.c). Tests: tests/server/test_server.py. */
 #include "convert.h"
+#include "convert_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,7 @@ int utf8_valid(const char *str, size_t len)
     return 1;
 }
 
-static enum status oom(void) { return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory"); }
+enum status convert_oom(void) { return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory"); }
 
 static enum status not_a(const char *type)
 {
@@ -54,8 +55,8 @@ static enum status not_a(const char *type)
  * NUL), and a singular message field sent twice is merged as the spec says (protobuf-c's own
  * merge fails or loses fields). NULL with *st set on error.
  * Free the message with protobuf_c_message_free_unpacked(m, NULL). */
-static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *d, const void *data, size_t len, const char *type,
-                                enum status *st)
+ProtobufCMessage *convert_unpack(const ProtobufCMessageDescriptor *d, const void *data, size_t len,
+                                 const char *type, enum status *st)
 {
     uint8_t *merged;
     size_t merged_len;
@@ -69,11 +70,11 @@ static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *d, const void 
 }
 
 /* Packs any message into a malloc'd buffer. */
-static enum status pack(const ProtobufCMessage *m, uint8_t **out, size_t *len)
+enum status convert_pack(const ProtobufCMessage *m, uint8_t **out, size_t *len)
 {
     size_t n = protobuf_c_message_get_packed_size(m);
     uint8_t *buf = malloc(n ? n : 1);
-    if (!buf) return oom();
+    if (!buf) return convert_oom();
     *len = protobuf_c_message_pack(m, buf);
     *out = buf;
     return STATUS_OK;
@@ -112,15 +113,15 @@ static enum status convert_sampling(const Shardlm__V1__SamplingParams *s, struct
     }
 
     r->stop = calloc(s->n_stop + 1, sizeof *r->stop);
-    if (!r->stop) return oom();
+    if (!r->stop) return convert_oom();
     for (size_t i = 0; i < s->n_stop; i++) {
         if (!utf8_valid(s->stop[i], strlen(s->stop[i])))
             return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop[%zu] is not valid UTF-8", i);
-        if (!(r->stop[i] = strdup(s->stop[i]))) return oom();
+        if (!(r->stop[i] = strdup(s->stop[i]))) return convert_oom();
         r->n_stop++;
     }
     r->stop_token_ids = malloc((s->n_stop_token_ids + 1) * sizeof *r->stop_token_ids);
-    if (!r->stop_token_ids) return oom();
+    if (!r->stop_token_ids) return convert_oom();
     for (size_t i = 0; i < s->n_stop_token_ids; i++) r->stop_token_ids[r->n_stop_token_ids++] = s->stop_token_ids[i];
     p->ignore_eos = s->ignore_eos ? 1 : 0;
     p->min_tokens = s->min_tokens;
@@ -134,7 +135,7 @@ static enum status convert_sampling(const Shardlm__V1__SamplingParams *s, struct
     if (s->n_logit_bias) {
         r->bias_ids = malloc(s->n_logit_bias * sizeof *r->bias_ids);
         r->bias_values = malloc(s->n_logit_bias * sizeof *r->bias_values);
-        if (!r->bias_ids || !r->bias_values) return oom();
+        if (!r->bias_ids || !r->bias_values) return convert_oom();
         for (size_t i = 0; i < s->n_logit_bias; i++) {
             r->bias_ids[r->n_bias] = s->logit_bias[i]->key;
             r->bias_values[r->n_bias++] = s->logit_bias[i]->value;
@@ -157,7 +158,7 @@ static enum status convert_request_id(const char *id, struct gen_request *r)
         if (id[i] < 0x20 || id[i] > 0x7e)
             return status_errorf(STATUS_INVALID_ARGUMENT, "request_id must be printable ASCII (byte %zu is 0x%02x)", i,
                                  (unsigned char)id[i]);
-    return (r->request_id = strdup(id)) ? STATUS_OK : oom();
+    return (r->request_id = strdup(id)) ? STATUS_OK : convert_oom();
 }
 
 /* The adapter a request names ("" = the base); whether it is served is the engine's question. */
@@ -165,7 +166,7 @@ static enum status convert_adapter(const char *name, struct gen_request *r)
 {
     if (!name || !*name) return STATUS_OK;
     if (strlen(name) > 64) return status_errorf(STATUS_INVALID_ARGUMENT, "adapter: a name of at most 64 bytes");
-    if (!(r->adapter = strdup(name))) return oom();
+    if (!(r->adapter = strdup(name))) return convert_oom();
     r->params.adapter = r->adapter;
     return STATUS_OK;
 }
@@ -182,14 +183,14 @@ static enum status convert_generate(const Shardlm__V1__GenerateRequest *m, struc
             return status_errorf(STATUS_INVALID_ARGUMENT, "prompt_token_ids: at most %d ids, got %zu", CONVERT_MAX_PROMPT_BYTES,
                                  m->n_prompt_token_ids);
         r->prompt_ids = malloc(m->n_prompt_token_ids * sizeof *r->prompt_ids);
-        if (!r->prompt_ids) return oom();
+        if (!r->prompt_ids) return convert_oom();
         memcpy(r->prompt_ids, m->prompt_token_ids, m->n_prompt_token_ids * sizeof *r->prompt_ids);
         r->n_prompt_ids = (int)m->n_prompt_token_ids;
     } else {
         if (n > CONVERT_MAX_PROMPT_BYTES)
             return status_errorf(STATUS_INVALID_ARGUMENT, "prompt must be at most %d bytes, got %zu", CONVERT_MAX_PROMPT_BYTES, n);
         if (!utf8_valid(m->prompt, n)) return status_errorf(STATUS_INVALID_ARGUMENT, "prompt is not valid UTF-8");
-        if (!(r->prompt = strdup(m->prompt))) return oom();
+        if (!(r->prompt = strdup(m->prompt))) return convert_oom();
         r->prompt_len = n;
     }
     r->add_bos = m->_add_bos_case == SHARDLM__V1__GENERATE_REQUEST___ADD_BOS_ADD_BOS ? (m->add_bos ? 1 : 0) : 1;
@@ -205,7 +206,7 @@ static enum status convert_chat(const Shardlm__V1__ChatRequest *m, struct gen_re
     if (m->n_messages > 4096)
         return status_errorf(STATUS_INVALID_ARGUMENT, "messages: at most 4096 messages, got %zu", m->n_messages);
     r->messages = calloc(m->n_messages, sizeof *r->messages);
-    if (!r->messages) return oom();
+    if (!r->messages) return convert_oom();
     size_t total = 0;
     for (size_t i = 0; i < m->n_messages; i++) {
         const Shardlm__V1__ChatMessage *cm = m->messages[i];
@@ -221,7 +222,7 @@ static enum status convert_chat(const Shardlm__V1__ChatRequest *m, struct gen_re
         if (!utf8_valid(cm->content, n))
             return status_errorf(STATUS_INVALID_ARGUMENT, "messages[%zu].content is not valid UTF-8", i);
         r->messages[i].role = (enum chat_role)role;
-        if (!(r->messages[i].content = strdup(cm->content))) return oom();
+        if (!(r->messages[i].content = strdup(cm->content))) return convert_oom();
         r->n_messages++;
     }
     r->add_bos = 1;
@@ -236,13 +237,13 @@ enum status convert_gen_request(const void *data, size_t len, int is_chat, struc
     enum status st;
     if (is_chat) {
         Shardlm__V1__ChatRequest *m =
-            (Shardlm__V1__ChatRequest *)unpack(&shardlm__v1__chat_request__descriptor, data, len, NULL, &st);
+            (Shardlm__V1__ChatRequest *)convert_unpack(&shardlm__v1__chat_request__descriptor, data, len, NULL, &st);
         if (!m) return st;
         st = convert_chat(m, r);
         shardlm__v1__chat_request__free_unpacked(m, NULL);
     } else {
         Shardlm__V1__GenerateRequest *m =
-            (Shardlm__V1__GenerateRequest *)unpack(&shardlm__v1__generate_request__descriptor, data, len, NULL, &st);
+            (Shardlm__V1__GenerateRequest *)convert_unpack(&shardlm__v1__generate_request__descriptor, data, len, NULL, &st);
         if (!m) return st;
         st = convert_generate(m, r);
         shardlm__v1__generate_request__free_unpacked(m, NULL);
@@ -445,7 +446,7 @@ static enum status pack_gen_response(const Shardlm__V1__GenerateResponse *m, con
     for (int i = 0; i < n_c; i++)
         total += len_field_size(completions_no, message_text_size(&c[i].base, c_text_no, s[i].text_len));
     uint8_t *buf = malloc(total ? total : 1), *p = buf;
-    if (!buf) return oom();
+    if (!buf) return convert_oom();
     p = put_message_text(p, &m->base, text_no, text_len ? s[0].text : "", text_len);
     for (int i = 0; i < n_c; i++) {
         p = put_varint(p, len_tag(completions_no));
@@ -488,7 +489,7 @@ enum status convert_gen_response(const struct gen_response_out *o, uint8_t **out
         }
     }
     Shardlm__V1__Completion *c = o->unary ? build_completions(&a, o) : NULL;
-    enum status st = a.failed ? oom() : pack_gen_response(&m, c, o, out, len);
+    enum status st = a.failed ? convert_oom() : pack_gen_response(&m, c, o, out, len);
     arena_free(&a);
     return st;
 }
@@ -500,7 +501,7 @@ enum status convert_tokenize_request(const void *data, size_t len, char **text, 
     *text = NULL;
     enum status st;
     Shardlm__V1__TokenizeRequest *m =
-        (Shardlm__V1__TokenizeRequest *)unpack(&shardlm__v1__tokenize_request__descriptor, data, len, NULL, &st);
+        (Shardlm__V1__TokenizeRequest *)convert_unpack(&shardlm__v1__tokenize_request__descriptor, data, len, NULL, &st);
     if (!m) return st;
     size_t n = strlen(m->text);
     if (n > CONVERT_MAX_PROMPT_BYTES)
@@ -508,7 +509,7 @@ enum status convert_tokenize_request(const void *data, size_t len, char **text, 
     else if (!utf8_valid(m->text, n))
         st = status_errorf(STATUS_INVALID_ARGUMENT, "text is not valid UTF-8");
     else if (!(*text = strdup(m->text)))
-        st = oom();
+        st = convert_oom();
     *text_len = n;
     *add_bos = m->_add_bos_case == SHARDLM__V1__TOKENIZE_REQUEST___ADD_BOS_ADD_BOS ? (m->add_bos ? 1 : 0) : 1;
     shardlm__v1__tokenize_request__free_unpacked(m, NULL);
@@ -519,13 +520,13 @@ enum status convert_tokenize_response(const int32_t *ids, int n, const struct to
 {
     Shardlm__V1__TokenizeResponse m = SHARDLM__V1__TOKENIZE_RESPONSE__INIT;
     char **pieces = malloc((size_t)(n ? n : 1) * sizeof *pieces);
-    if (!pieces) return oom();
+    if (!pieces) return convert_oom();
     for (int i = 0; i < n; i++) pieces[i] = piece(tok, ids[i]);
     m.n_token_ids = (size_t)n;
     m.token_ids = (int32_t *)ids;
     m.n_pieces = (size_t)n;
     m.pieces = pieces;
-    enum status st = pack(&m.base, out, len);
+    enum status st = convert_pack(&m.base, out, len);
     free(pieces);
     return st;
 }
@@ -536,7 +537,7 @@ enum status convert_detokenize_request(const void *data, size_t len, int vocab_s
     *n = 0;
     enum status st;
     Shardlm__V1__DetokenizeRequest *m =
-        (Shardlm__V1__DetokenizeRequest *)unpack(&shardlm__v1__detokenize_request__descriptor, data, len, NULL, &st);
+        (Shardlm__V1__DetokenizeRequest *)convert_unpack(&shardlm__v1__detokenize_request__descriptor, data, len, NULL, &st);
     if (!m) return st;
     for (size_t i = 0; i < m->n_token_ids && st == STATUS_OK; i++)
         if (m->token_ids[i] < 0 || m->token_ids[i] >= vocab_size)
@@ -544,7 +545,7 @@ enum status convert_detokenize_request(const void *data, size_t len, int vocab_s
                                m->token_ids[i]);
     if (st == STATUS_OK) {
         *ids = malloc((m->n_token_ids + 1) * sizeof **ids);
-        if (!*ids) st = oom();
+        if (!*ids) st = convert_oom();
         else {
             if (m->n_token_ids) memcpy(*ids, m->token_ids, m->n_token_ids * sizeof **ids);
             *n = (int)m->n_token_ids;
@@ -561,286 +562,9 @@ enum status convert_detokenize_response(const char *text, size_t text_len, uint8
     uint32_t text_no = field_number(&shardlm__v1__detokenize_response__descriptor, "text");
     size_t n = message_text_size(&m.base, text_no, text_len);
     uint8_t *buf = malloc(n ? n : 1);
-    if (!buf) return oom();
+    if (!buf) return convert_oom();
     put_message_text(buf, &m.base, text_no, text, text_len);
     *out = buf;
     *len = n;
     return STATUS_OK;
-}
-
-enum status convert_cancel_request(const void *data, size_t len, char **request_id)
-{
-    *request_id = NULL;
-    enum status st;
-    Shardlm__V1__CancelRequest *m =
-        (Shardlm__V1__CancelRequest *)unpack(&shardlm__v1__cancel_request__descriptor, data, len, NULL, &st);
-    if (!m) return st;
-    if (!m->request_id[0]) st = status_errorf(STATUS_INVALID_ARGUMENT, "request_id must not be empty");
-    else st = request_id_check(m->request_id);
-    if (st == STATUS_OK && !(*request_id = strdup(m->request_id))) st = oom();
-    shardlm__v1__cancel_request__free_unpacked(m, NULL);
-    return st;
-}
-
-enum status convert_cancel_response(int cancelled, uint8_t **out, size_t *len)
-{
-    Shardlm__V1__CancelResponse m = SHARDLM__V1__CANCEL_RESPONSE__INIT;
-    m.cancelled = cancelled ? 1 : 0;
-    return pack(&m.base, out, len);
-}
-
-enum status convert_load_adapter_request(const void *data, size_t len, char **name, char **path)
-{
-    *name = *path = NULL;
-    enum status st;
-    Shardlm__V1__LoadAdapterRequest *m =
-        (Shardlm__V1__LoadAdapterRequest *)unpack(&shardlm__v1__load_adapter_request__descriptor, data, len, NULL, &st);
-    if (!m) return st;
-    if (!m->name[0]) st = status_errorf(STATUS_INVALID_ARGUMENT, "name must not be empty");
-    else if (!m->path[0]) st = status_errorf(STATUS_INVALID_ARGUMENT, "path must not be empty");
-    else if (strlen(m->path) > 4000) st = status_errorf(STATUS_INVALID_ARGUMENT, "path: at most 4000 bytes");
-    else if (!(*name = strdup(m->name)) || !(*path = strdup(m->path))) st = oom();
-    shardlm__v1__load_adapter_request__free_unpacked(m, NULL);
-    return st;
-}
-
-enum status convert_load_adapter_response(const struct engine_adapter_info *a, int n_loaded, int max_loras,
-                                          uint8_t **out, size_t *len)
-{
-    Shardlm__V1__LoadAdapterResponse m = SHARDLM__V1__LOAD_ADAPTER_RESPONSE__INIT;
-    m.rank = a->rank;
-    m.alpha = a->alpha;
-    m.n_loaded = n_loaded;
-    m.max_loras = max_loras;
-    return pack(&m.base, out, len);
-}
-
-enum status convert_unload_adapter_request(const void *data, size_t len, char **name)
-{
-    *name = NULL;
-    enum status st;
-    Shardlm__V1__UnloadAdapterRequest *m =
-        (Shardlm__V1__UnloadAdapterRequest *)unpack(&shardlm__v1__unload_adapter_request__descriptor, data, len, NULL, &st);
-    if (!m) return st;
-    if (!m->name[0]) st = status_errorf(STATUS_INVALID_ARGUMENT, "name must not be empty");
-    else if (!(*name = strdup(m->name))) st = oom();
-    shardlm__v1__unload_adapter_request__free_unpacked(m, NULL);
-    return st;
-}
-
-enum status convert_unload_adapter_response(uint8_t **out, size_t *len)
-{
-    Shardlm__V1__UnloadAdapterResponse m = SHARDLM__V1__UNLOAD_ADAPTER_RESPONSE__INIT;
-    return pack(&m.base, out, len);
-}
-
-enum status convert_empty_request(const void *data, size_t len, const char *what)
-{
-    /* Both requests are empty messages: any well-formed message parses as one. */
-    enum status st;
-    ProtobufCMessage *m = unpack(&shardlm__v1__get_model_info_request__descriptor, data, len, what, &st);
-    if (m) protobuf_c_message_free_unpacked(m, NULL);
-    return st;
-}
-
-enum status convert_model_info_response(const struct model_info_out *mi, uint8_t **out, size_t *len)
-{
-    Shardlm__V1__GetModelInfoResponse m = SHARDLM__V1__GET_MODEL_INFO_RESPONSE__INIT;
-    const struct engine_model_info *i = &mi->info;
-    m.architecture = (char *)(i->architecture ? i->architecture : "");
-    m.n_layers = i->n_layers;
-    m.d_model = i->d_model;
-    m.n_heads = i->n_heads;
-    m.n_kv_heads = i->n_kv_heads;
-    m.head_dim = i->head_dim;
-    m.ffn_hidden = i->ffn_hidden;
-    m.vocab_size = i->vocab_size;
-    m.context_length = i->max_positions;
-    m.dtype = (char *)(i->dtype ? i->dtype : "");
-    m.device = (char *)(i->device ? i->device : "");
-    m.tp_size = i->tp_size;
-    m.dp_size = i->dp_size;
-    m.pp_size = i->pp_size;
-    m.kv_block_tokens = i->block_tokens;
-    m.kv_blocks = i->kv_blocks;
-    m.max_loras = i->max_loras;
-    m.max_lora_rank = i->max_lora_rank;
-    m.bos_id = i->bos_id;
-    m.eos_id = i->eos_id;
-    m.chat_template = (char *)mi->chat_template;
-    m.max_logprobs = mi->max_logprobs;
-    m.adapters = (char **)mi->adapters;
-    m.n_adapters = (size_t)mi->n_adapters;
-    return pack(&m.base, out, len);
-}
-
-enum status convert_server_stats_response(const struct server_stats_out *s, uint8_t **out, size_t *len)
-{
-    Shardlm__V1__GetServerStatsResponse m = SHARDLM__V1__GET_SERVER_STATS_RESPONSE__INIT;
-    const struct engine_stats *e = &s->engine;
-    m.waiting = e->waiting;
-    m.running = e->running;
-    m.kv_blocks_total = e->kv_blocks_total;
-    m.kv_blocks_free = e->kv_blocks_free;
-    m.kv_blocks_cached = e->kv_blocks_cached;
-    m.kv_usage = e->kv_blocks_total > 0 ? 1.0f - (float)e->kv_blocks_free / (float)e->kv_blocks_total : 0.0f;
-    m.requests_submitted = e->requests_submitted;
-    m.requests_finished = e->requests_finished;
-    m.prompt_tokens = e->prompt_tokens;
-    m.generated_tokens = e->generated_tokens;
-    m.prefix_cache_hit_tokens = e->prefix_cache_hit_tokens;
-    m.prefix_cache_hit_rate = e->prompt_tokens ? (float)((double)e->prefix_cache_hit_tokens / (double)e->prompt_tokens) : 0.0f;
-    m.engine_steps = e->steps;
-    m.preemptions = e->preemptions;
-    m.active_calls = s->active_calls;
-    m.uptime_seconds = s->uptime_seconds;
-    enum { MAX_REPLICAS = 256 };
-    Shardlm__V1__ReplicaStats rs[MAX_REPLICAS], *rp[MAX_REPLICAS];
-    m.n_replicas = s->n_replicas < MAX_REPLICAS ? (size_t)s->n_replicas : MAX_REPLICAS;
-    m.replicas = rp;
-    for (size_t i = 0; i < m.n_replicas; i++) {
-        const struct engine_replica_stats *r = &s->replicas[i];
-        rs[i] = (Shardlm__V1__ReplicaStats)SHARDLM__V1__REPLICA_STATS__INIT;
-        rs[i].leader_rank = r->leader_rank;
-        rs[i].outstanding = r->outstanding;
-        rs[i].routed = r->routed;
-        rs[i].routed_by_prefix = r->routed_by_prefix;
-        rs[i].waiting = r->engine.waiting;
-        rs[i].running = r->engine.running;
-        rs[i].kv_blocks_total = r->engine.kv_blocks_total;
-        rs[i].kv_blocks_free = r->engine.kv_blocks_free;
-        rs[i].requests_finished = r->engine.requests_finished;
-        rs[i].generated_tokens = r->engine.generated_tokens;
-        rs[i].prefix_cache_hit_tokens = r->engine.prefix_cache_hit_tokens;
-        rs[i].report_age_seconds = r->report_age_s;
-        rp[i] = &rs[i];
-    }
-    return pack(&m.base, out, len);
-}
-
-/* ---- grpc.health.v1 -------------------------------------------------------------------- */
-
-enum status convert_health_request(const void *data, size_t len, char **service)
-{
-    *service = NULL;
-    enum status st;
-    Grpc__Health__V1__HealthCheckRequest *m = (Grpc__Health__V1__HealthCheckRequest *)unpack(
-        &grpc__health__v1__health_check_request__descriptor, data, len, NULL, &st);
-    if (!m) return st;
-    *service = strdup(m->service);
-    grpc__health__v1__health_check_request__free_unpacked(m, NULL);
-    return *service ? STATUS_OK : oom();
-}
-
-enum status convert_health_response(int status, uint8_t **out, size_t *len)
-{
-    Grpc__Health__V1__HealthCheckResponse m = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-    m.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)status;
-    return pack(&m.base, out, len);
-}
-
-/* ---- grpc.reflection.v1alpha ------------------------------------------------------------- */
-
-enum status convert_reflection_request(const void *data, size_t len, struct reflection_query *q)
-{
-    memset(q, 0, sizeof *q);
-    enum status st;
-    Grpc__Reflection__V1alpha__ServerReflectionRequest *m = (Grpc__Reflection__V1alpha__ServerReflectionRequest *)unpack(
-        &grpc__reflection__v1alpha__server_reflection_request__descriptor, data, len, NULL, &st);
-    if (!m) return st;
-    const char *arg = "";
-    switch (m->message_request_case) {
-    case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_LIST_SERVICES:
-        q->kind = REFLECTION_QUERY_LIST_SERVICES;
-        break;
-    case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_BY_FILENAME:
-        q->kind = REFLECTION_QUERY_FILE_BY_FILENAME;
-        arg = m->file_by_filename;
-        break;
-    case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_SYMBOL:
-        q->kind = REFLECTION_QUERY_FILE_CONTAINING_SYMBOL;
-        arg = m->file_containing_symbol;
-        break;
-    case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_FILE_CONTAINING_EXTENSION:
-        q->kind = REFLECTION_QUERY_FILE_CONTAINING_EXTENSION;
-        if (m->file_containing_extension && m->file_containing_extension->containing_type)
-            arg = m->file_containing_extension->containing_type;
-        break;
-    case GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_REQUEST__MESSAGE_REQUEST_ALL_EXTENSION_NUMBERS_OF_TYPE:
-        q->kind = REFLECTION_QUERY_EXTENSION_NUMBERS;
-        arg = m->all_extension_numbers_of_type;
-        break;
-    default:
-        q->kind = REFLECTION_QUERY_NONE;
-        break;
-    }
-    q->arg = strdup(arg ? arg : "");
-    grpc__reflection__v1alpha__server_reflection_request__free_unpacked(m, NULL);
-    return q->arg ? STATUS_OK : oom();
-}
-
-void reflection_query_free(struct reflection_query *q)
-{
-    if (!q) return;
-    free(q->arg);
-    q->arg = NULL;
-}
-
-enum status convert_reflection_response(const void *req_data, size_t req_len, const struct reflection_answer *a,
-                                        uint8_t **out, size_t *len)
-{
-    Grpc__Reflection__V1alpha__ServerReflectionResponse m = GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_RESPONSE__INIT;
-    Grpc__Reflection__V1alpha__ListServiceResponse list = GRPC__REFLECTION__V1ALPHA__LIST_SERVICE_RESPONSE__INIT;
-    Grpc__Reflection__V1alpha__FileDescriptorResponse files = GRPC__REFLECTION__V1ALPHA__FILE_DESCRIPTOR_RESPONSE__INIT;
-    Grpc__Reflection__V1alpha__ErrorResponse err = GRPC__REFLECTION__V1ALPHA__ERROR_RESPONSE__INIT;
-    Grpc__Reflection__V1alpha__ExtensionNumberResponse ext = GRPC__REFLECTION__V1ALPHA__EXTENSION_NUMBER_RESPONSE__INIT;
-    Grpc__Reflection__V1alpha__ServiceResponse *svc = NULL, **svc_ptrs = NULL;
-    ProtobufCBinaryData *blobs = NULL;
-    enum status st = STATUS_OK, parsed;
-    /* Parsed once more to be echoed (merged like the first time, in convert_reflection_request). */
-    Grpc__Reflection__V1alpha__ServerReflectionRequest *orig = (Grpc__Reflection__V1alpha__ServerReflectionRequest *)unpack(
-        &grpc__reflection__v1alpha__server_reflection_request__descriptor, req_data, req_len, NULL, &parsed);
-    m.original_request = orig;
-    m.valid_host = orig ? orig->host : "";
-    if (a->error_code) {
-        err.error_code = a->error_code;
-        err.error_message = (char *)(a->error_message ? a->error_message : "");
-        m.message_response_case = GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_ERROR_RESPONSE;
-        m.error_response = &err;
-    } else if (a->base_type_name) {
-        ext.base_type_name = (char *)a->base_type_name;
-        m.message_response_case =
-            GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_ALL_EXTENSION_NUMBERS_RESPONSE;
-        m.all_extension_numbers_response = &ext;
-    } else if (a->services) {
-        svc = calloc((size_t)a->n_services + 1, sizeof *svc);
-        svc_ptrs = calloc((size_t)a->n_services + 1, sizeof *svc_ptrs);
-        if (!svc || !svc_ptrs) st = oom();
-        for (int i = 0; st == STATUS_OK && i < a->n_services; i++) {
-            grpc__reflection__v1alpha__service_response__init(&svc[i]);
-            svc[i].name = (char *)a->services[i];
-            svc_ptrs[i] = &svc[i];
-        }
-        list.n_service = (size_t)a->n_services;
-        list.service = svc_ptrs;
-        m.message_response_case = GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_LIST_SERVICES_RESPONSE;
-        m.list_services_response = &list;
-    } else {
-        blobs = calloc((size_t)a->n_files + 1, sizeof *blobs);
-        if (!blobs) st = oom();
-        for (int i = 0; st == STATUS_OK && i < a->n_files; i++) {
-            blobs[i].data = (uint8_t *)a->files[i];
-            blobs[i].len = a->file_lens[i];
-        }
-        files.n_file_descriptor_proto = (size_t)a->n_files;
-        files.file_descriptor_proto = blobs;
-        m.message_response_case = GRPC__REFLECTION__V1ALPHA__SERVER_REFLECTION_RESPONSE__MESSAGE_RESPONSE_FILE_DESCRIPTOR_RESPONSE;
-        m.file_descriptor_response = &files;
-    }
-    if (st == STATUS_OK) st = pack(&m.base, out, len);
-    free(svc);
-    free(svc_ptrs);
-    free(blobs);
-    if (orig) grpc__reflection__v1alpha__server_reflection_request__free_unpacked(orig, NULL);
-    return st;
 }
