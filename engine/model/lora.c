@@ -56,6 +56,41 @@ static const struct tensor *base_weight(const struct model *m, int l, enum lora_
     return ts[t]->data ? ts[t] : NULL;
 }
 
+/* Tensor parallelism: the column-parallel targets (q, k, v, gate, up) split their outputs, so B
+ * is split along its rows and A is whole; the row-parallel ones (o, down) split their inputs, so
+ * A is split along its columns and B is whole (Megatron-Bridge's scheme: no collective of the
+ * adapters' own). The whole A (rank, *in) and B (*out, rank) shapes of a target, and where this
+ * rank's slice starts (*start: B's first row, or A's first column). */
+static int row_parallel_target(enum lora_target t) { return t == LORA_TARGET_O || t == LORA_TARGET_DOWN; }
+
+static enum status site_geometry(const struct model *m, int layer, enum lora_target t, int64_t *out, int64_t *in,
+                                 int64_t *start)
+{
+    struct host_weight whole, mine;
+    enum status st = checkpoint_describe(m->checkpoint, targets[t].kind, layer, 0, 1, DTYPE_F32, &whole);
+    if (st == STATUS_OK)
+        st = checkpoint_describe(m->checkpoint, targets[t].kind, layer, m->tp_rank, m->tp_size, DTYPE_F32, &mine);
+    if (st != STATUS_OK) return st;
+    *out = whole.shape[0];
+    *in = whole.shape[1];
+    *start = row_parallel_target(t) ? mine.col_start : mine.row_start;
+    return STATUS_OK;
+}
+
+/* Copies this rank's slice of the whole A (ab 0) or B (ab 1), h (rows x cols, host f32), into x. */
+static void upload_slice(struct backend *b, const struct tensor *x, const float *h, int64_t cols, int ab,
+                         enum lora_target t, int64_t start)
+{
+    const int64_t xr = x->shape[0], xc = x->shape[1];
+    if (ab == 1 && !row_parallel_target(t)) { /* B's rows start..start + xr */
+        backend_upload(b, x->data, h + start * cols, (size_t)(xr * xc) * sizeof *h);
+        return;
+    }
+    const int64_t c0 = ab == 0 && row_parallel_target(t) ? start : 0; /* A's columns */
+    for (int64_t r = 0; r < xr; r++)
+        backend_upload(b, (float *)x->data + r * xc, h + r * cols + c0, (size_t)xc * sizeof *h);
+}
+
 static uint64_t splitmix(uint64_t *s)
 {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
@@ -114,8 +149,6 @@ static struct lora *lora_new(const struct model *m, int rank, float alpha, unsig
 enum status lora_create(struct model *m, int rank, float alpha, unsigned mask, uint64_t seed, struct lora **out)
 {
     *out = NULL;
-    if (m->tp_size != 1 || m->pp_size != 1)
-        return status_errorf(STATUS_UNSUPPORTED, "LoRA training runs on one rank for now");
     if (rank < 1 || rank > 4096 || !(alpha > 0))
         return status_errorf(STATUS_INVALID_ARGUMENT, "--lora-rank must be in [1, 4096] and --lora-alpha > 0");
     struct lora *l = lora_new(m, rank, alpha, mask);
@@ -125,23 +158,32 @@ enum status lora_create(struct model *m, int rank, float alpha, unsigned mask, u
         lora_free(l, m->b);
         return st;
     }
+    /* The whole A of every layer of the model is drawn in order, and each rank keeps its slice
+     * of its own layers, so that any tp x pp split starts from the one-rank initialisation. */
     uint64_t s = seed * 0x9e3779b97f4a7c15ULL + 17;
-    for (int i = 0; i < l->n_layers; i++)
-        for (int t = 0; t < LORA_TARGET_COUNT; t++) {
-            struct tensor *a = &l->sites[i][t].a;
-            if (!a->data) continue;
-            const int64_t n = tensor_numel(a);
+    enum status st2 = STATUS_OK;
+    for (int g = 0; g < m->layer_first + l->n_layers && st2 == STATUS_OK; g++)
+        for (int t = 0; t < LORA_TARGET_COUNT && st2 == STATUS_OK; t++) {
+            const int i = g - m->layer_first, li = i >= 0 ? i : 0; /* earlier stages: the same structure */
+            if (!(l->targets & (1u << t)) || !base_weight(m, li, (enum lora_target)t)) continue;
+            int64_t out_w = 0, in_w = 0, start = 0;
+            if ((st2 = site_geometry(m, g, (enum lora_target)t, &out_w, &in_w, &start)) != STATUS_OK) break;
+            const int64_t n = (int64_t)rank * in_w;
             float *h = malloc((size_t)n * sizeof *h);
             if (!h) {
-                lora_free(l, m->b);
-                return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
+                st2 = status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
+                break;
             }
-            const double bound = 1.0 / sqrt((double)a->shape[1]);
+            const double bound = 1.0 / sqrt((double)in_w);
             for (int64_t k = 0; k < n; k++)
                 h[k] = (float)(bound * (2.0 * ((double)(splitmix(&s) >> 11) / 9007199254740992.0) - 1.0));
-            backend_upload(m->b, a->data, h, (size_t)n * sizeof *h);
+            if (i >= 0) upload_slice(m->b, &l->sites[i][t].a, h, in_w, 0, (enum lora_target)t, start);
             free(h);
         }
+    if (st2 != STATUS_OK) {
+        lora_free(l, m->b);
+        return st2;
+    }
     m->lora = l;
     *out = l;
     return STATUS_OK;
@@ -401,21 +443,25 @@ enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
         for (int t = 0; t < LORA_TARGET_COUNT && st == STATUS_OK; t++) {
             struct lora_site *s = &l->sites[i][t];
             if (!s->a.data) continue;
+            int64_t out_w = 0, in_w = 0, start = 0;
+            st = site_geometry(m, m->layer_first + i, (enum lora_target)t, &out_w, &in_w, &start);
             for (int ab = 0; ab < 2 && st == STATUS_OK; ab++) {
                 struct tensor *x = ab ? &s->b : &s->a;
+                const int64_t rows = ab ? out_w : rank, cols = ab ? rank : in_w; /* the whole tensor */
                 peft_name(name, sizeof name, m->layer_first + i, (enum lora_target)t, ab ? 'B' : 'A');
                 const struct st_tensor *f = safetensors_find(sf, name);
                 if (!f) {
                     st = status_errorf(STATUS_BAD_FORMAT, "%s: no tensor %s", path, name);
-                } else if (f->ndim != 2 || f->shape[0] != x->shape[0] || f->shape[1] != x->shape[1] || !f->supported) {
+                } else if (f->ndim != 2 || f->shape[0] != rows || f->shape[1] != cols || !f->supported) {
                     st = status_errorf(STATUS_BAD_FORMAT, "%s: %s has shape [%lld, %lld] (%s), the model needs [%lld, %lld]",
                                        path, name, (long long)f->shape[0], (long long)(f->ndim > 1 ? f->shape[1] : 0),
-                                       f->dtype_name, (long long)x->shape[0], (long long)x->shape[1]);
+                                       f->dtype_name, (long long)rows, (long long)cols);
                 } else {
-                    float *h = malloc(tensor_nbytes(x));
-                    st = h ? safetensors_read(f, DTYPE_F32, h, tensor_nbytes(x))
+                    const size_t nb = (size_t)(rows * cols) * sizeof(float);
+                    float *h = malloc(nb);
+                    st = h ? safetensors_read(f, DTYPE_F32, h, nb)
                            : status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
-                    if (st == STATUS_OK) backend_upload(m->b, x->data, h, tensor_nbytes(x));
+                    if (st == STATUS_OK) upload_slice(m->b, x, h, cols, ab, (enum lora_target)t, start);
                     free(h);
                 }
             }

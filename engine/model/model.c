@@ -147,16 +147,6 @@ static void upload_i32(struct backend *b, const struct tensor *dst, const int32_
     if (n > 0) backend_upload(b, dst->data, src, (size_t)n * sizeof(int32_t));
 }
 
-/* Row-parallel projections: each tp rank holds a slice of the input features, so the
- * partial outputs are summed; the (replicated) bias joins on tp rank 0 only. */
-static enum status row_parallel(struct model *m, const struct tensor *y, const struct tensor *x,
-                                const struct tensor *w, const struct tensor *bias)
-{
-    op_matmul(m->b, y, x, w, m->tp_rank == 0 ? opt(bias) : NULL);
-    if (m->tp_size > 1) return comm_all_reduce(m->par.groups->tp, y);
-    return STATUS_OK;
-}
-
 /* Serving adapters: y += s (x A^T) B^T for the rows of each sequence that asks for one; a run of
  * consecutive sequences with the same adapter is one product (the scheduler's order decides how
  * long the runs are). Rows of the base model are left alone. */
@@ -172,6 +162,20 @@ static void adapt_rows(struct model *m, int l, enum lora_target t, const struct 
         struct tensor yr = tensor_rows_at(y, r0, n), xr = tensor_rows_at(x, r0, n);
         lora_apply(m->adapters[a], m->b, l, t, &yr, &xr, &m->ws.lora_u, &m->ws.lora_z);
     }
+}
+
+/* Row-parallel projections: each tp rank holds a slice of the input features, so the
+ * partial outputs are summed; the (replicated) bias joins on tp rank 0 only. An adapter's
+ * low-rank product joins the partial sum before it (A is split along the inputs like W, so
+ * the all-reduce sums its parts too: no collective of its own). */
+static enum status row_parallel(struct model *m, int l, enum lora_target t, const struct tensor *y,
+                                const struct tensor *x, const struct tensor *w, const struct tensor *bias,
+                                const struct forward_batch *fb)
+{
+    op_matmul(m->b, y, x, w, m->tp_rank == 0 ? opt(bias) : NULL);
+    adapt_rows(m, l, t, y, x, fb);
+    if (m->tp_size > 1) return comm_all_reduce(m->par.groups->tp, y);
+    return STATUS_OK;
 }
 
 /* One decoder layer on the residual stream x (T, d), in the order of the math. */
@@ -221,8 +225,7 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
     /* The new tokens' K/V join the cache first, so attention reads them like any other. */
     op_kv_write(b, &cache->k[l], &cache->v[l], &k3, &v3, &slots);
     op_attention(b, &att3, &q3, &cache->k[l], &cache->v[l], ab);
-    if ((st = row_parallel(m, &proj, &att, &w->wo, &w->bo)) != STATUS_OK) return st;
-    adapt_rows(m, l, LORA_TARGET_O, &proj, &att, fb); /* adapters only at tp 1 (the conductor checks) */
+    if ((st = row_parallel(m, l, LORA_TARGET_O, &proj, &att, &w->wo, &w->bo, fb)) != STATUS_OK) return st;
     if (c->sandwich_norms) norm(m, &proj, &proj, &w->post_attn_norm, NULL);
     op_add(b, &x, &x, &proj);
 
@@ -239,8 +242,7 @@ static enum status layer_forward(struct model *m, int l, struct kv_cache *cache,
     } else {
         op_activation(b, &up, &up, c->activation);
     }
-    if ((st = row_parallel(m, &proj, &up, &w->w_down, &w->b_down)) != STATUS_OK) return st;
-    adapt_rows(m, l, LORA_TARGET_DOWN, &proj, &up, fb);
+    if ((st = row_parallel(m, l, LORA_TARGET_DOWN, &proj, &up, &w->w_down, &w->b_down, fb)) != STATUS_OK) return st;
     if (c->sandwich_norms) norm(m, &proj, &proj, &w->post_mlp_norm, NULL);
     op_add(b, &x, &x, &proj);
     return STATUS_OK;

@@ -48,10 +48,10 @@ enum status adapter_set_init(struct adapter_set *s, struct model *m, int max_lor
                              ADAPTER_MAX_LOADED);
     if (n > max_loras)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%d --lora adapters are more than --max-loras %d", n, max_loras);
-    if (m->tp_size > 1 || m->dtype != DTYPE_F32 || m->b->device != DEVICE_CPU) {
-        snprintf(s->no_runtime, sizeof s->no_runtime, "serving adapters needs tp 1 and f32 compute on the CPU backend "
-                 "for now (this server runs tp %d, %s on %s); merge the adapter instead (shardlm merge-lora)",
-                 m->tp_size, dtype_name(m->dtype), m->b->ops->name);
+    if (m->dtype != DTYPE_F32 || m->b->device != DEVICE_CPU) {
+        snprintf(s->no_runtime, sizeof s->no_runtime, "serving adapters needs f32 compute on the CPU backend for now "
+                 "(this server runs %s on %s); merge the adapter instead (shardlm merge-lora)",
+                 dtype_name(m->dtype), m->b->ops->name);
         if (n > 0) return status_errorf(STATUS_UNSUPPORTED, "--lora: %s", s->no_runtime);
         return STATUS_OK; /* no slots: nothing is reserved */
     } else if (multi_rank) {
