@@ -10,7 +10,9 @@
 #      6-10 and the final weights as the uninterrupted run's;
 #   4. a stopped rank (SIGSTOP) and a killed one (SIGKILL): the job ends within the timeout
 #      with the rank named, and the last checkpoint on disk loads;
-#   5. layouts that cannot run: a message, exit 1.
+#   5. layouts that cannot run: a message, exit 1;
+#   6. LoRA at tp 2, dp 2 and dp 2 x tp 2 with sequence parallelism: losses as one rank's, the
+#      gathered PEFT file's tensors within 1e-4.
 # With DEVICE=cuda (the `gpu` test): the layouts of 1 without recomputation on GPUs, NCCL between
 # ranks (one GPU per rank: SKIP with fewer than 4), losses and weights within 1e-4.
 # Adam's eps is 1e-3 here: with eps 1e-8 a gradient element that is zero up to f32 rounding
@@ -115,6 +117,28 @@ same gpt2_tp2pp2_sp gpt2_one
 run llama_one 1 "$WORK/llama" 10 && run llama_dp2tp2_distopt 4 "$WORK/llama" 10 --tp 2 --use-distributed-optimizer
 check "llama (untied, f16 file) runs at one rank and at dp 2 x tp 2 with the distributed optimizer" $?
 same llama_dp2tp2_distopt llama_one
+
+# LoRA (rank 4 on every projection): B split along the outputs of q, k, v, gate, up and A along
+# the inputs of o, down at tp 2; the PEFT file gathered whole on rank 0. The adapters start
+# from B = 0, so Adam's relative noise on their small values is larger: 1e-4 for the tensors.
+LORA=(--lora-rank 4 --lora-alpha 8)
+run lora_one 1 "$GOLDEN/stories260K" 10 "${LORA[@]}"
+check "LoRA at one rank (reference)" $?
+for target in "2|--tp 2|lora_tp2" "2||lora_dp2" "4|--tp 2 --sequence-parallel --recompute-granularity selective --recompute-modules mlp,layernorm|lora_dp2tp2_sp"; do
+  n=${target%%|*}
+  rest=${target#*|}
+  flags=${rest%|*}
+  name=${rest##*|}
+  # shellcheck disable=SC2086
+  if run "$name" "$n" "$GOLDEN/stories260K" 10 "${LORA[@]}" $flags; then
+    out=$($COMPARE losses "$WORK/lora_one/metrics.jsonl" "$WORK/$name/metrics.jsonl" --rtol $RTOL &&
+          $COMPARE adapter "$WORK/lora_one" "$WORK/$name" --rtol 1e-4)
+    rc=$?
+    check "$name: $(echo "$out" | tr '\n' ';' | sed 's/PASS //g')" $rc
+  else
+    check "$name runs ($(grep -v '^I' "$WORK/$name.log" | tail -3 | tr '\n' ' '))" 1
+  fi
+done
 
 # Resume at other parallel sizes: 5 steps at tp 2 x pp 2, then 5 more at tp 1 and at dp 2.
 run half 4 "$GOLDEN/stories260K" 10 --tp 2 --pp 2 --save-interval 5

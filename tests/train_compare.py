@@ -4,6 +4,8 @@
   train_compare.py losses REF_METRICS GOT_METRICS [--rtol R] [--skip N]
       every training step's loss (and gradient norm) in GOT within R relative of REF's, for the
       steps both have (GOT's first N steps skipped: a resumed run's metrics continue REF's)
+  train_compare.py adapter REF_DIR GOT_DIR [--rtol R]
+      the same for adapter_model.safetensors (LoRA)
   train_compare.py weights REF_DIR GOT_DIR [--rtol R]
       every tensor of GOT_DIR/model.safetensors within R (relative to the tensor's largest
       magnitude) of REF_DIR's, same names, same shapes; the f32 masters of train_state.safetensors
@@ -49,6 +51,28 @@ def steps(path):
     return rows
 
 
+def compare_tensors(r, g, rtol):
+    """Every tensor of g within rtol (of the tensor's largest magnitude) of r's; returns the
+    number of failures (printed)."""
+    if set(r) != set(g):
+        print(f"FAIL tensor names differ: {sorted(set(r) ^ set(g))[:5]}")
+        return 1
+    bad, worst = 0, 0.0
+    for name in sorted(r):
+        if r[name].shape != g[name].shape:
+            print(f"FAIL {name}: shape {g[name].shape} vs {r[name].shape}")
+            bad += 1
+            continue
+        scale = max(np.abs(r[name]).max(), 1e-12)
+        rel = float(np.abs(r[name] - g[name]).max() / scale)
+        worst = max(worst, rel)
+        if rel > rtol:
+            print(f"FAIL {name}: differs by {rel:.2e} of its largest magnitude (bound {rtol:g})")
+            bad += 1
+    print(f"{'PASS' if not bad else 'FAIL'} {len(r)} tensors within {worst:.2e} (bound {rtol:g})")
+    return bad
+
+
 def main():
     mode, ref, got = sys.argv[1:4]
     rtol = 1e-5
@@ -77,6 +101,10 @@ def main():
                     bad += 1
         print(f"{'PASS' if not bad else 'FAIL'} {len(common)} steps, losses and grad norms within "
               f"{worst:.2e} relative (bound {rtol:g})")
+    elif mode == "adapter":
+        r = read_safetensors(ref + "/adapter_model.safetensors")
+        g = read_safetensors(got + "/adapter_model.safetensors")
+        bad = compare_tensors(r, g, rtol)
     else:
         r = read_safetensors(ref + "/model.safetensors")
         g = read_safetensors(got + "/model.safetensors")
@@ -88,22 +116,7 @@ def main():
             r = masters
             g = {k: v for k, v in read_safetensors(got + "/train_state.safetensors").items()
                  if k.startswith("master/")}
-        if set(r) != set(g):
-            print(f"FAIL tensor names differ: {sorted(set(r) ^ set(g))[:5]}")
-            return 1
-        worst = 0.0
-        for name in sorted(r):
-            if r[name].shape != g[name].shape:
-                print(f"FAIL {name}: shape {g[name].shape} vs {r[name].shape}")
-                bad += 1
-                continue
-            scale = max(np.abs(r[name]).max(), 1e-12)
-            rel = float(np.abs(r[name] - g[name]).max() / scale)
-            worst = max(worst, rel)
-            if rel > rtol:
-                print(f"FAIL {name}: differs by {rel:.2e} of its largest magnitude (bound {rtol:g})")
-                bad += 1
-        print(f"{'PASS' if not bad else 'FAIL'} {len(r)} tensors within {worst:.2e} (bound {rtol:g})")
+        bad = compare_tensors(r, g, rtol)
     return 1 if bad else 0
 
 

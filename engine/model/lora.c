@@ -63,18 +63,27 @@ static const struct tensor *base_weight(const struct model *m, int l, enum lora_
  * rank's slice starts (*start: B's first row, or A's first column). */
 static int row_parallel_target(enum lora_target t) { return t == LORA_TARGET_O || t == LORA_TARGET_DOWN; }
 
-static enum status site_geometry(const struct model *m, int layer, enum lora_target t, int64_t *out, int64_t *in,
-                                 int64_t *start)
+int lora_target_row_parallel(enum lora_target t) { return row_parallel_target(t); }
+
+enum status lora_site_geometry(const struct model *m, int layer, enum lora_target t, int tp_rank, int64_t *out,
+                               int64_t *in, int64_t *start, int64_t *len)
 {
     struct host_weight whole, mine;
     enum status st = checkpoint_describe(m->checkpoint, targets[t].kind, layer, 0, 1, DTYPE_F32, &whole);
     if (st == STATUS_OK)
-        st = checkpoint_describe(m->checkpoint, targets[t].kind, layer, m->tp_rank, m->tp_size, DTYPE_F32, &mine);
+        st = checkpoint_describe(m->checkpoint, targets[t].kind, layer, tp_rank, m->tp_size, DTYPE_F32, &mine);
     if (st != STATUS_OK) return st;
     *out = whole.shape[0];
     *in = whole.shape[1];
     *start = row_parallel_target(t) ? mine.col_start : mine.row_start;
+    if (len) *len = row_parallel_target(t) ? mine.shape[1] : mine.shape[0];
     return STATUS_OK;
+}
+
+static enum status site_geometry(const struct model *m, int layer, enum lora_target t, int64_t *out, int64_t *in,
+                                 int64_t *start)
+{
+    return lora_site_geometry(m, layer, t, m->tp_rank, out, in, start, NULL);
 }
 
 /* Copies this rank's slice of the whole A (ab 0) or B (ab 1), h (rows x cols, host f32), into x. */
@@ -138,6 +147,7 @@ static struct lora *lora_new(const struct model *m, int rank, float alpha, unsig
     l->scale = alpha / (float)rank;
     l->targets = mask;
     l->n_layers = m->n_layers_local;
+    l->layer_first = m->layer_first;
     l->sites = calloc((size_t)(l->n_layers > 0 ? l->n_layers : 1), sizeof *l->sites);
     if (!l->sites) {
         free(l);
@@ -185,6 +195,49 @@ enum status lora_create(struct model *m, int rank, float alpha, unsigned mask, u
         return st2;
     }
     m->lora = l;
+    *out = l;
+    return STATUS_OK;
+}
+
+enum status lora_create_whole(const struct model *m, int rank, float alpha, unsigned mask, struct lora **out)
+{
+    *out = NULL;
+    const int L = m->cfg.n_layers;
+    struct lora *l = calloc(1, sizeof *l);
+    if (!l || !(l->sites = calloc((size_t)(L > 0 ? L : 1), sizeof *l->sites))) {
+        free(l);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
+    }
+    l->rank = rank;
+    l->alpha = alpha;
+    l->scale = alpha / (float)rank;
+    l->targets = mask;
+    l->n_layers = L;
+    size_t total = 0;
+    enum status st = STATUS_OK;
+    for (int pass = 0; pass < 2 && st == STATUS_OK; pass++) {
+        size_t off = 0;
+        for (int g = 0; g < L && st == STATUS_OK; g++)
+            for (int t = 0; t < LORA_TARGET_COUNT && st == STATUS_OK; t++) {
+                if (!(mask & (1u << t)) || !base_weight(m, 0, (enum lora_target)t)) continue;
+                int64_t o = 0, in = 0, start = 0;
+                if ((st = site_geometry(m, g, (enum lora_target)t, &o, &in, &start)) != STATUS_OK) break;
+                struct lora_site *s = &l->sites[g][t];
+                s->a = tensor_make(pass ? (char *)l->mem + off : NULL, DTYPE_F32, m->b->device, 2, (int64_t)rank, in);
+                off += (tensor_nbytes(&s->a) + 255) / 256 * 256;
+                s->b = tensor_make(pass ? (char *)l->mem + off : NULL, DTYPE_F32, m->b->device, 2, o, (int64_t)rank);
+                off += (tensor_nbytes(&s->b) + 255) / 256 * 256;
+            }
+        if (pass == 0 && st == STATUS_OK) {
+            total = off;
+            if ((st = backend_alloc(m->b, total ? total : 256, &l->mem)) == STATUS_OK)
+                backend_memset_zero(m->b, l->mem, total ? total : 256);
+        }
+    }
+    if (st != STATUS_OK) {
+        lora_free(l, m->b);
+        return st;
+    }
     *out = l;
     return STATUS_OK;
 }
@@ -355,7 +408,7 @@ enum status lora_save_peft(const struct lora *l, const struct model *m, struct b
             for (int ab = 0; ab < 2 && st == STATUS_OK; ab++) {
                 const struct tensor *x = ab ? &s->b : &s->a;
                 items[k] = (struct peft_item){b, x};
-                peft_name(name, sizeof name, m->layer_first + i, (enum lora_target)t, ab ? 'B' : 'A');
+                peft_name(name, sizeof name, l->layer_first + i, (enum lora_target)t, ab ? 'B' : 'A');
                 st = safetensors_writer_add_deferred(w, name, DTYPE_F32, 2, x->shape, peft_fill, &items[k++]);
             }
         }
@@ -448,7 +501,7 @@ enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
             for (int ab = 0; ab < 2 && st == STATUS_OK; ab++) {
                 struct tensor *x = ab ? &s->b : &s->a;
                 const int64_t rows = ab ? out_w : rank, cols = ab ? rank : in_w; /* the whole tensor */
-                peft_name(name, sizeof name, m->layer_first + i, (enum lora_target)t, ab ? 'B' : 'A');
+                peft_name(name, sizeof name, l->layer_first + i, (enum lora_target)t, ab ? 'B' : 'A');
                 const struct st_tensor *f = safetensors_find(sf, name);
                 if (!f) {
                     st = status_errorf(STATUS_BAD_FORMAT, "%s: no tensor %s", path, name);

@@ -47,6 +47,7 @@ struct lora {
     float    alpha, scale;     /* scale = alpha / rank */
     unsigned targets;          /* bit mask of enum lora_target */
     int      n_layers;         /* the model's local layers */
+    int      layer_first;      /* the global index of the first (names in the PEFT files) */
     struct lora_site (*sites)[LORA_TARGET_COUNT]; /* (n_layers) */
     void    *mem;              /* A, B, dA, dB */
     void    *act_mem;          /* u and the scratch below, sized by lora_reserve */
@@ -55,10 +56,23 @@ struct lora {
     struct tensor du;          /* (max_tokens, rank) */
 };
 
-/* New adapters for m's layers (tp = pp = 1), initialised as above from seed. The model keeps
+/* New adapters for m's layers (this rank's slices), initialised as above from seed. The model keeps
  * a borrowed pointer (m->lora) so that its training forward and backward use them. */
 enum status lora_create(struct model *m, int rank, float alpha, unsigned targets, uint64_t seed,
                         struct lora **out);
+/* Tensor parallelism: column-parallel targets (q, k, v, gate, up) hold B's rows of their output
+ * slice and the whole A; row-parallel ones (o, down: lora_target_row_parallel) A's columns of
+ * their input slice and the whole B. For global layer `layer` and tp rank tp_rank of m's tp
+ * size: the whole base weight's (*out, *in), and the slice of the split dimension (*start, *len;
+ * len may be NULL). lora_create draws every layer's whole A in order and keeps its slice, and
+ * lora_load_peft slices the whole PEFT tensors, so any split computes what one rank does. */
+int lora_target_row_parallel(enum lora_target t);
+enum status lora_site_geometry(const struct model *m, int layer, enum lora_target t, int tp_rank, int64_t *out,
+                               int64_t *in, int64_t *start, int64_t *len);
+/* Zeroed whole adapters (A and B only) for every layer of m's model (layer_first 0): what rank 0
+ * of a job assembles to write one PEFT file. */
+enum status lora_create_whole(const struct model *m, int rank, float alpha, unsigned targets, struct lora **out);
+
 /* Sizes the saved products and scratch for micro-batches of max_tokens rows. */
 enum status lora_reserve(struct lora *l, struct backend *b, int max_tokens);
 void lora_free(struct lora *l, struct backend *b); /* accepts NULL */

@@ -16,6 +16,7 @@ enum status param_table_add(struct param_table *pt, const char *name, struct ten
     p->decay = decay;
     p->kind = -1;
     p->counted = 1;
+    p->tp_partial = 0;
     return STATUS_OK;
 }
 

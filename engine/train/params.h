@@ -19,6 +19,8 @@ struct param {
     int            counted;   /* 1: its gradient counts in the global norm on this rank; 0 for a
                                  copy another rank counts (a tp-replicated weight off tp rank 0,
                                  the last stage's tied embedding) */
+    int            tp_partial;/* its gradient is this rank's part of a sum over tp (all-reduced
+                                 after the backward): LoRA's lora_ranks_mark sets it */
 };
 
 struct param_table {

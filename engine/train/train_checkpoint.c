@@ -263,7 +263,14 @@ enum status train_checkpoint_save_adapter(const char *dir, struct model *m, cons
 {
     if (ckpt_multi_rank(m))
         return status_errorf(STATUS_UNSUPPORTED,
-                             "checkpoint: LoRA checkpoints across ranks are not built yet (one rank only)");
+                             "checkpoint: a LoRA checkpoint across ranks is gathered first (lora_ranks_save)");
+    return train_checkpoint_save_adapter_whole(dir, m, lora, base_model, params, opt, st);
+}
+
+enum status train_checkpoint_save_adapter_whole(const char *dir, struct model *m, const struct lora *lora,
+                                                const char *base_model, const struct param_table *params,
+                                                struct optimizer *opt, const struct train_state *st)
+{
     const struct ckpt_payload p = {.m = m, .lora = lora, .base_model = base_model};
     return save(dir, &p, params, opt, st, 0); /* the adapter file is f32: exact */
 }

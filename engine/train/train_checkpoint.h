@@ -58,6 +58,12 @@ enum status train_checkpoint_save_adapter(const char *dir, struct model *m, cons
                                           const char *base_model, const struct param_table *params,
                                           struct optimizer *opt, const struct train_state *st);
 
+/* The same written by one rank for adapters that cover the whole model (lora_create_whole: rank
+ * 0 of a job, after lora_ranks_save gathered them), whatever m's layout. */
+enum status train_checkpoint_save_adapter_whole(const char *dir, struct model *m, const struct lora *lora,
+                                                const char *base_model, const struct param_table *params,
+                                                struct optimizer *opt, const struct train_state *st);
+
 /* Writes m's weights as a checkpoint in the serving layout of its family (shardlm merge-lora).
  * One rank only: STATUS_UNSUPPORTED when m is split over several ranks. */
 enum status train_checkpoint_write_model(const char *dir, struct model *m);

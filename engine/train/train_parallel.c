@@ -351,7 +351,7 @@ enum status train_ranks_reduce_grads(struct train_ranks *r, struct model *m, str
     }
     for (size_t i = 0; i < gparams->n; i++) {
         const struct param *p = &gparams->p[i];
-        if (r->tp > 1 && p->kind >= 0 && model_train_grad_partial(m, (enum weight_kind)p->kind))
+        if (r->tp > 1 && (p->tp_partial || (p->kind >= 0 && model_train_grad_partial(m, (enum weight_kind)p->kind))))
             TRY(comm_all_reduce(m->par.groups->tp, p->t));
         /* dp: done in train_ranks_step, or reduce-scattered by the distributed optimizer */
     }

@@ -9,6 +9,7 @@
 
 #include "dist_optimizer.h"
 #include "lora.h"
+#include "lora_ranks.h"
 #include "model_train.h"
 #include "tokenizer.h"
 #include "train_checkpoint.h"
@@ -186,9 +187,12 @@ static enum status setup(struct trainer *t)
     char path[4200];
     if ((st = train_ranks_init(&t->ranks, o, t->num_microbatches)) != STATUS_OK) return st;
     const int multi = t->ranks.world->size > 1;
-    if (multi && o->lora_rank > 0)
-        return status_errorf(STATUS_UNSUPPORTED, "LoRA training runs on one rank for now (this world has %d)",
-                             t->ranks.world->size);
+    if (multi && o->lora_rank > 0 && t->ranks.pp > 1)
+        return status_errorf(STATUS_UNSUPPORTED, "LoRA training at pp > 1 is not built (the adapters keep one saved "
+                             "product per layer, not one per micro-batch in flight); use tp and dp");
+    if (multi && o->lora_rank > 0 && o->resume_dir)
+        return status_errorf(STATUS_UNSUPPORTED, "resuming LoRA training on several ranks is not built (the state "
+                             "file's moments are whole, not sliced on resume); resume on one rank");
     if ((st = backend_open(o->device, o->device == DEVICE_CUDA ? t->ranks.world->local_rank : 0, o->threads, &t->b)) !=
         STATUS_OK)
         return st;
@@ -219,9 +223,11 @@ static enum status setup(struct trainer *t)
         ((st = make_compute_copy(t)) != STATUS_OK ||
          (st = param_table_from_weights(&t->compute, &t->m->w, t->m->layer_first)) != STATUS_OK))
         return st;
-    if (o->lora_rank > 0) st = setup_lora(t);
-    else if ((st = param_table_from_weights(&t->params, t->master, t->m->layer_first)) == STATUS_OK)
+    if (o->lora_rank > 0) {
+        if ((st = setup_lora(t)) == STATUS_OK) lora_ranks_mark(t->m, &t->params, &t->gparams);
+    } else if ((st = param_table_from_weights(&t->params, t->master, t->m->layer_first)) == STATUS_OK) {
         st = param_table_from_weights(&t->gparams, &t->grads, t->m->layer_first);
+    }
     if (st != STATUS_OK) return st;
     t->use_dist = o->distributed_optimizer && t->ranks.dp > 1 && !t->lora;
     if (o->distributed_optimizer && !t->use_dist && train_ranks_leader(&t->ranks))
@@ -510,6 +516,8 @@ static enum status maybe_evaluate(struct trainer *t, int force)
 
 static enum status save_checkpoint(struct trainer *t, const char *dir)
 {
+    if (t->lora && t->ranks.world->size > 1)
+        return lora_ranks_save(dir, t->m, t->lora, t->o->model_dir, &t->params, &t->opt, &t->state);
     if (t->lora)
         return train_checkpoint_save_adapter(dir, t->m, t->lora, t->o->model_dir, &t->params, &t->opt, &t->state);
     if (!t->use_dist) return train_checkpoint_save(dir, t->m, t->master, &t->params, &t->opt, &t->state);
