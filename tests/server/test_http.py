@@ -27,9 +27,10 @@ prometheus_client's text parser. One group per ctest test:
              logprobs, the prompt's tokens and log-probabilities (the first null) equal gRPC's
              prompt_logprobs of the same prompt, unary and streamed, n > 1, max_tokens 0
 
-Usage: test_http.py --shardlm BUILD/cli/shardlm GROUP...  (default: every group)
+Usage: SHARDLM_PY_CLIENT=BUILD/clients/python/site-packages test_http.py --shardlm BUILD/cli/shardlm
+GROUP...  (default: every group; the gRPC client as in test_server.py: import_client)
 Exit 0 when every check passed, 1 on a failure, 77 (SKIP) when the model assets, openai,
-prometheus_client or grpcio are missing. Every server is killed at the end; loops are bounded."""
+prometheus_client, grpcio or the installed client are missing. Every server is killed at the end; loops are bounded."""
 import argparse
 import json
 import os
@@ -50,15 +51,15 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 try:
     import openai
     from prometheus_client.parser import text_string_to_metric_families
-    import grpc
-    sys.path.insert(0, str(ROOT / "clients/python"))
-    from shardlm_client import Client
 except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
     sys.exit(SKIP)
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-import test_server as TS  # noqa: E402  (the server harness: start, ports, SIGTERM, logs)
+# The server harness (start, ports, SIGTERM, logs); it imports shardlm_client from the installed
+# copy ($SHARDLM_PY_CLIENT, test_server.import_client) or SKIPs without grpcio.
+import test_server as TS  # noqa: E402
+from shardlm_client import Client  # noqa: E402
 
 SERVERS = TS.SERVERS
 LOG_DIR = TS.LOG_DIR

@@ -22,7 +22,8 @@ one `shardlm serve --lora a1=.. --lora a2=.. --lora a3=..` is driven through gRP
   an unload its name is NOT_FOUND; a name reloaded from another directory into the freed slot
   never reuses the prefix-cache blocks of the adapter it replaced; both RPCs need an API key when
   the server has --api-key-file (any valid key).
-Prints SKIP (exit 77) without the stories260K assets or grpcio. Loopback only; bounded waits.
+Prints SKIP (exit 77) without the stories260K assets, grpcio or the client installed by the build
+($SHARDLM_PY_CLIENT: test_server.import_client). Loopback only; bounded waits.
 """
 import argparse
 import json
@@ -39,7 +40,7 @@ from pathlib import Path
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_server as TS  # noqa: E402  (the server harness; SKIPs without grpcio)
+import test_server as TS  # noqa: E402  (the server harness and shardlm_client; SKIPs without grpcio)
 
 grpc = TS.grpc
 check, expect_error, Failure = TS.check, TS.expect_error, TS.Failure

@@ -3,10 +3,11 @@ installed package, those that setup.py generated at build time (shardlm_client/_
 from a source checkout, made on first use from protos/ with grpc_tools.protoc (grpcio-tools)
 and cached. Never committed.
 
-Where they go: $SHARDLM_PY_STUBS_DIR when set (the tests point it into the build tree), else
+Where they go: $SHARDLM_PY_STUBS_DIR when set, else
 ~/.cache/shardlm/python-stubs/<hash of the .proto>. Where the .proto comes from:
 $SHARDLM_PROTO_DIR, else the protos/ folder of the checkout this package lives in.
-Not here: the typed wrapper (client.py). Tests: tests/server/test_server.py imports it."""
+Not here: the typed wrapper (client.py). Tests: tests/server/ import the package as the build
+installed it (clients/python.cmake), with bundled stubs; tests/test_python_package.sh a wheel."""
 import hashlib
 import importlib
 import os
