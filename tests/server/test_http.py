@@ -680,7 +680,11 @@ def group_echo(env):
             p = [prompt, g.detokenize(ids), "Lily"][c.index // 2]
             check(c.text.startswith(p) and c.logprobs.token_logprobs[0] is None and c.logprobs.top_logprobs is None,
                   f"choice {c.index}: {c.text!r}")
-        check(m.choices[0].logprobs.token_logprobs == m.choices[2].logprobs.token_logprobs, "the same prompt, ids or text")
+        # The two run in one batch at different rows: the sums inside the kernels may round
+        # differently (seen: 8e-7), so equal within 1e-5, not bit for bit.
+        a0, a2 = m.choices[0].logprobs.token_logprobs, m.choices[2].logprobs.token_logprobs
+        check(len(a0) == len(a2) and a0[0] is None and a2[0] is None and
+              all(abs(x - y) < 1e-5 for x, y in zip(a0[1:], a2[1:])), "the same prompt, ids or text")
         # max_tokens 0 with echo and logprobs scores the prompt.
         sc = oa.completions.create(model=MODEL, prompt=prompt, max_tokens=0, temperature=0, echo=True, logprobs=0)
         check(sc.choices[0].text == prompt and sc.usage.completion_tokens == 0, f"scoring: {sc.choices[0]}")
