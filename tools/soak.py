@@ -40,7 +40,6 @@ Figures and commands: docs/reliability.md.
 """
 import argparse
 import heapq
-import importlib
 import itertools
 import os
 import queue
@@ -62,34 +61,8 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 
-def import_client():
-    """shardlm_client from $SHARDLM_PY_CLIENT (the copy the build installed, which ctest names),
-    else from the checkout's clients/python with a note; SKIP (77) when the build could not
-    install it, 1 when that install failed or the import came from elsewhere. A copy of
-    tests/server/test_server.py's import_client, which says more."""
-    where = os.environ.get("SHARDLM_PY_CLIENT")
-    if not where:
-        print(f"note: $SHARDLM_PY_CLIENT is not set: shardlm_client from the checkout ({ROOT / 'clients/python'})")
-        sys.path.insert(0, str(ROOT / "clients/python"))
-        return importlib.import_module("shardlm_client")
-    where = Path(where).resolve()
-    if (where / "FAILED.log").exists():
-        print(f"FAIL: the build's pip install of the Python client failed:\n{(where / 'FAILED.log').read_text()}")
-        sys.exit(1)
-    if (where / "SKIP").exists() or not (where / "shardlm_client").is_dir():
-        why = (where / "SKIP").read_text().strip() if (where / "SKIP").exists() else \
-            f"no shardlm_client in {where}: build the python_client target"
-        print(f"SKIP: {why}")
-        sys.exit(SKIP)
-    sys.path.insert(0, str(where))
-    client = importlib.import_module("shardlm_client")
-    stubs = Path(client.pb.__file__).resolve()
-    if not Path(client.__file__).resolve().is_relative_to(where) or \
-            not stubs.is_relative_to(where / "shardlm_client/_generated"):
-        print(f"FAIL: shardlm_client ({client.__file__}, stubs {stubs}) not imported from {where}")
-        sys.exit(1)
-    return client
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from client_import import import_client  # noqa: E402
 
 try:
     import grpc
