@@ -21,6 +21,7 @@
 
 #include "check.h"
 #include "checkpoint.h"
+#include "gguf.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "quant.h"
@@ -139,6 +140,43 @@ static void test_model(const char *path)
     backend_close(b);
 }
 
+/* A copy of the fixture whose Q8_0 attn_q block 3 has a NaN scale (f16 0x7e00): model_load, with
+ * blocks kept or dequantized, refuses it naming the weight (a NaN scale makes every logit NaN). */
+static void test_nan_scale(const char *path)
+{
+    struct gguf *g = NULL;
+    CHECK(gguf_open(path, &g) == STATUS_OK, "open the fixture");
+    const struct gguf_tensor *t = gguf_find_tensor(g, "blk.0.attn_q.weight");
+    CHECK(t && t->type_size == 34, "attn_q is Q8_0 (34-byte blocks)");
+    const uint64_t at = t->file_offset + 3 * 34; /* block 3's f16 scale comes first */
+    gguf_close(g);
+    char bad[] = "/tmp/shardlm_nan_scale_XXXXXX";
+    const int fd = mkstemp(bad);
+    CHECK(fd >= 0, "temporary file");
+    close(fd);
+    FILE *in = fopen(path, "rb"), *out = fopen(bad, "wb");
+    CHECK(in && out, "copy the fixture");
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) CHECK(fwrite(buf, 1, n, out) == n, "copy");
+    fclose(in);
+    const unsigned char nan16[2] = {0x00, 0x7e};
+    CHECK(fseek(out, (long)at, SEEK_SET) == 0 && fwrite(nan16, 1, 2, out) == 2, "patch the scale");
+    fclose(out);
+    struct backend *b = NULL;
+    CHECK(backend_open(DEVICE_CPU, 0, 1, &b) == STATUS_OK, "cpu backend");
+    for (int as_f32 = 0; as_f32 < 2; as_f32++) {
+        struct model *m = NULL;
+        enum status st = model_load_as(bad, b, NULL, as_f32 ? DTYPE_F32 : -1, &m);
+        check_status(st, STATUS_BAD_FORMAT, as_f32 ? "a NaN block scale, dequantized at load: refused"
+                                                    : "a NaN block scale, blocks kept: refused",
+                     "q", "NaN", NULL);
+        model_free(m);
+    }
+    backend_close(b);
+    unlink(bad);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -154,6 +192,7 @@ int main(int argc, char **argv)
     log_set_level(LOG_LEVEL_WARN);
     test_checkpoint(path);
     test_model(path);
+    test_nan_scale(path);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

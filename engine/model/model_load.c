@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "quant.h"
 
 static enum status own(struct model *m, void *ptr)
 {
@@ -55,11 +56,33 @@ static int64_t first_non_finite(const void *data, enum dtype dt, size_t n)
     return -1;
 }
 
-static enum status check_finite(const char *dir, enum weight_kind kind, int layer, enum dtype dt,
-                                const void *data, size_t nbytes)
+/* The first non-finite value of ggml blocks (rows of k values), found by dequantizing each row:
+ * a NaN or Inf can only come from a block's f16 scales (the quants are integers). About one
+ * dequantization of the weights at load. */
+static int64_t first_non_finite_blocks(const void *data, enum dtype dt, size_t nbytes, int64_t k)
 {
-    if (dtype_is_quant(dt)) return STATUS_OK; /* blocks: their f16 scales are not scanned */
-    const int64_t at = first_non_finite(data, dt, nbytes / dtype_size(dt));
+    const enum quant_type qt = (enum quant_type)dtype_quant_type(dt);
+    const size_t row = quant_row_bytes(qt, k);
+    float *buf = malloc((size_t)k * sizeof *buf);
+    if (!buf || row == 0) {
+        free(buf);
+        return -1;
+    }
+    int64_t found = -1;
+    for (size_t r = 0; r < nbytes / row && found < 0; r++) {
+        quant_dequantize_row(qt, (const char *)data + r * row, buf, k);
+        const int64_t at = first_non_finite(buf, DTYPE_F32, (size_t)k);
+        if (at >= 0) found = (int64_t)r * k + at;
+    }
+    free(buf);
+    return found;
+}
+
+static enum status check_finite(const char *dir, enum weight_kind kind, int layer, enum dtype dt,
+                                const void *data, size_t nbytes, int64_t cols)
+{
+    const int64_t at = dtype_is_quant(dt) ? first_non_finite_blocks(data, dt, nbytes, cols)
+                                          : first_non_finite(data, dt, nbytes / dtype_size(dt));
     if (at < 0) return STATUS_OK;
     return status_errorf(STATUS_BAD_FORMAT, "%s: weight %s of layer %d holds a NaN or Inf (element %lld): the "
                          "checkpoint is corrupt", dir, weight_kind_name(kind), layer, (long long)at);
@@ -114,7 +137,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
         if (st != STATUS_OK) return st;
         t->data = (void *)hw.data;
         m->weight_bytes_mapped += hw.nbytes;
-        return check_finite(stg->dir, kind, layer, dt, hw.data, hw.nbytes);
+        return check_finite(stg->dir, kind, layer, dt, hw.data, hw.nbytes, hw.ndim == 2 ? hw.shape[1] : hw.shape[0]);
     }
     void *dev = NULL;
     if ((st = backend_alloc(b, hw.nbytes, &dev)) != STATUS_OK) return st;
@@ -127,7 +150,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
         st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, dev,
                             hw.nbytes, 0, &hw);
         if (st == STATUS_OK && offset != 0.0f) add_offset(dev, dt, hw.nbytes / dtype_size(dt), offset);
-        return st == STATUS_OK ? check_finite(stg->dir, kind, layer, dt, dev, hw.nbytes) : st;
+        return st == STATUS_OK ? check_finite(stg->dir, kind, layer, dt, dev, hw.nbytes, hw.ndim == 2 ? hw.shape[1] : hw.shape[0]) : st;
     }
     if (stg->size < hw.nbytes) {
         free(stg->buf);
@@ -139,7 +162,8 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
                         stg->size, 0, &hw);
     if (st != STATUS_OK) return st;
     if (offset != 0.0f) add_offset(stg->buf, m->dtype, hw.nbytes / dtype_size(m->dtype), offset);
-    if ((st = check_finite(stg->dir, kind, layer, m->dtype, stg->buf, hw.nbytes)) != STATUS_OK) return st;
+    if ((st = check_finite(stg->dir, kind, layer, m->dtype, stg->buf, hw.nbytes, hw.ndim == 2 ? hw.shape[1] : hw.shape[0])) != STATUS_OK)
+        return st;
     backend_upload(b, dev, stg->buf, hw.nbytes);
     return STATUS_OK;
 }
