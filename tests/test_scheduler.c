@@ -3,8 +3,8 @@
  * admission under the token budget and max_seqs (chunked prefill), preemption of the newest
  * running sequence when the pool runs dry (and its return to the front of the queue), prefix
  * block reuse by hash and the blocks' release, the waiting samples that --max-queue counts, the
- * admission order of each scheduling policy (fcfs, fair between clients, priority with its
- * preemption), and the one limits table (engine and sampler agree, messages name the field and
+ * admission order of each scheduling policy (fcfs; fair between clients and priority, each with
+ * its preemption), and the one limits table (engine and sampler agree, messages name the field and
  * its bounds).
  * Not here: anything that needs logits (tests/test_engine.c). Label: unit. */
 #include <stdlib.h>
@@ -331,6 +331,34 @@ static void test_policy_fcfs_fair(void)
     for (int i = 0; i < 7; i++) finish(&p, q[i]);
     scheduler_drop_finished(&p.s);
     pool_close(&p);
+
+    /* Fair with every slot taken by one client: a newcomer preempts that client's newest
+     * sample while the client runs at least two more than the newcomer's; one client alone
+     * never preempts itself. */
+    pool_open_policy(&p, 64, 4, 64, 0, SCHEDULING_FAIR);
+    struct seq *a[6], *nc[4];
+    for (int i = 0; i < 6; i++) scheduler_enqueue(&p.s, a[i] = new_seq_full(10 * i, 2, 8, 1, "a", 0));
+    scheduler_plan(&p.s);
+    run_step(&p, 7);
+    scheduler_plan(&p.s);
+    check(p.s.n_running == 4 && p.s.preemptions == 0 && p.s.n_waiting == 2, "one client alone: FCFS, no preemption");
+    const char *names[4] = {"b", "c", "d", "e"};
+    for (int k = 0; k < 4; k++) {
+        run_step(&p, 7);
+        scheduler_enqueue(&p.s, nc[k] = new_seq_full(80 + k, 2, 8, 1, names[k], 0));
+        scheduler_plan(&p.s);
+    }
+    check(p.s.preemptions == 3 && a[0]->state == SEQ_RUNNING && a[1]->state == SEQ_WAITING &&
+              a[2]->state == SEQ_WAITING && a[3]->state == SEQ_WAITING,
+          "b, c and d each preempt a's newest running sample (a: 4, 3, 2 running)");
+    check(nc[0]->state == SEQ_RUNNING && nc[1]->state == SEQ_RUNNING && nc[2]->state == SEQ_RUNNING &&
+              nc[3]->state == SEQ_WAITING,
+          "e waits: every client runs one, so nobody runs two more than e");
+    struct request *ra[10];
+    for (int i = 0; i < 6; i++) ra[i] = a[i]->req;
+    for (int k = 0; k < 4; k++) ra[6 + k] = nc[k]->req;
+    pool_close(&p);
+    for (int i = 0; i < 10; i++) request_free(ra[i]);
 }
 
 /* Priority: lower values first, ties in arrival order; an arrival that outranks the running

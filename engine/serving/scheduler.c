@@ -352,23 +352,46 @@ static void group_by_adapter(struct scheduler *s)
     }
 }
 
-/* SCHEDULING_PRIORITY, before the running sequences are planned: when the best waiting
- * sequence finds no slot, or too few free blocks for its first chunk, the last running
- * sequences of a strictly lower priority (higher value) are preempted until it would. Blocks
- * its prefix could reuse are not counted, so this may preempt one more than needed; it never
- * preempts for a sequence of equal priority, so two cannot preempt each other in turn. */
-static void preempt_for_priority(struct scheduler *s)
+/* Whether waiting q would find a running slot and the blocks of its first chunk (blocks its
+ * prefix could reuse are not counted: making room may preempt one sequence more than needed). */
+static int room_for(const struct scheduler *s, const struct seq *q)
 {
-    if (s->n_waiting == 0) return;
-    const struct seq *q = s->waiting[next_waiting(s)];
     const int bt = s->cache->block_tokens;
     int first = q->n_tokens - q->n_cached;
     if (first > s->o.max_batch_tokens) first = s->o.max_batch_tokens;
     const int need = (q->n_cached + first + bt - 1) / bt - q->n_blocks;
-    while (s->n_running > 0 && priority_of(s->running[s->n_running - 1]) > priority_of(q) &&
-           (s->n_running >= s->o.max_seqs || kv_cache_available(s->cache) < need)) {
-        struct seq *victim = s->running[--s->n_running];
-        victim->n_rows = 0;
+    return s->n_running < s->o.max_seqs && kv_cache_available(s->cache) >= need;
+}
+
+/* Before the running sequences are planned (none is planned yet, so any may leave): the
+ * sequence the policy admits next takes running ones' place when it finds no room.
+ *   SCHEDULING_PRIORITY: the last running sequences while their priority is strictly lower
+ *     (a higher value) than its own; equal priorities never preempt each other.
+ *   SCHEDULING_FAIR: the newest running sequence of the most-served client, while that client
+ *     has at least two running sequences more than the waiting one's client: after the swap the
+ *     waiting client still has no more than the other, so the two never preempt each other in
+ *     turn. One client alone (or requests without a client) never preempts: FCFS exactly.
+ * Only one waiting sequence a step makes room; the victims wait at the queue's front. */
+static void preempt_for_policy(struct scheduler *s)
+{
+    if (s->n_waiting == 0 || s->o.policy == SCHEDULING_FCFS) return;
+    if (s->o.policy == SCHEDULING_FAIR) clients_count(s);
+    const struct seq *q = s->waiting[next_waiting(s)];
+    while (s->n_running > 0 && !room_for(s, q)) {
+        int v = s->n_running - 1;
+        if (s->o.policy == SCHEDULING_PRIORITY) {
+            if (priority_of(s->running[v]) <= priority_of(q)) return;
+        } else {
+            int top = 0, mine = client_slot(s, client_of(q));
+            for (int c = 1; c < s->n_clients; c++)
+                if (s->client_running[c] > s->client_running[top]) top = c;
+            if ((mine < 0 ? 0 : s->client_running[mine]) + 1 >= s->client_running[top]) return;
+            while (client_of(s->running[v]) != s->client_keys[top]) v--;
+            s->client_running[top]--;
+        }
+        struct seq *victim = s->running[v];
+        memmove(s->running + v, s->running + v + 1, (size_t)(s->n_running - 1 - v) * sizeof *s->running);
+        s->n_running--;
         preempt(s, victim);
     }
 }
@@ -380,10 +403,8 @@ int scheduler_plan(struct scheduler *s)
     s->n_planned = 0;
     int budget = s->o.max_batch_tokens;
     for (int i = 0; i < s->n_running; i++) s->running[i]->n_rows = 0, s->running[i]->wants_sample = 0;
-    if (s->o.policy == SCHEDULING_PRIORITY) {
-        running_sort_by_priority(s);
-        preempt_for_priority(s);
-    }
+    if (s->o.policy == SCHEDULING_PRIORITY) running_sort_by_priority(s);
+    preempt_for_policy(s);
     /* Rows are decided (and blocks taken, preempting the last) in running order; a preempted
      * sequence always comes after every one planned before it. */
     for (int i = 0; i < s->n_running && budget > 0; i++) {

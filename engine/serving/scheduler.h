@@ -85,10 +85,13 @@ void scheduler_enqueue(struct scheduler *s, struct seq *q);
  *   SCHEDULING_FCFS      the queue's order (preempted sequences first, then arrival);
  *   SCHEDULING_FAIR      the first waiting sequence of the client with the fewest running
  *                        sequences (counting those admitted in this plan), ties in queue order;
+ *                        before planning, when it finds no slot or no blocks for its first
+ *                        chunk, the newest sequences of the most-served client are preempted
+ *                        while that client runs at least two more than its own;
  *   SCHEDULING_PRIORITY  the lowest request priority, ties in queue order; before planning,
- *                        when the best waiting sequence outranks the last running one and
- *                        finds no slot or no blocks for its first chunk, the last running
- *                        sequences of lower priority are preempted to make that room.
+ *                        when the best waiting sequence finds no slot or no blocks for its
+ *                        first chunk, the last running sequences of a lower priority are
+ *                        preempted to make that room.
  * The first sequence in that order that cannot be admitted stops admission for the step (no
  * smaller one overtakes it, so none starves). Sequences with rows have n_rows > 0
  * (wants_sample: their last row ends their pending tokens). Returns the number of rows (0:
