@@ -180,7 +180,7 @@ enum status request_validate(const int32_t *prompt, int n_prompt, const struct r
                              "sampling.max_tokens must be >= 1 unless prompt_logprobs is set (0 = score the prompt only)");
     if (p->priority != 0 && b->scheduling != SCHEDULING_PRIORITY)
         return status_errorf(STATUS_INVALID_ARGUMENT,
-                             "priority must be 0 unless the server schedules by priority (serve --scheduling "
+                             "priority must be 0 unless the server schedules by priority (serve --scheduling-policy "
                              "priority), got %d",
                              p->priority);
     if (b->max_positions > 0 && (long long)n_prompt + p->max_tokens > b->max_positions)
