@@ -67,6 +67,7 @@ def main():
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=500)
     ap.add_argument("--logprobs", type=int, default=20, help="-1: none")
+    ap.add_argument("--keep-log", help="copy the server's log here (SHARDLM_LOG=info names each call's end)")
     ap.add_argument("--client", help=argparse.SUPPRESS)  # the stalled client's mode: the target
     args = ap.parse_args()
     if args.client:
@@ -133,6 +134,8 @@ def main():
                 if " status=" in line and "req=s-" in line:
                     code = line.split(" status=")[1].split()[0]
                     ends[code] = ends.get(code, 0) + 1
+            if args.keep_log:
+                Path(args.keep_log).write_text((work / "server.log").read_text())
             print("calls' final statuses (server log): " + ", ".join(f"{k} {v}" for k, v in sorted(ends.items())))
             for c in chans:
                 c.close()

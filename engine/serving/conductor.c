@@ -214,9 +214,11 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->stats.block_tokens = bt;
     /* Only the first rank times out: workers legitimately wait for the next plan forever. */
     if (c->par.world && c->par.world->rank == 0) c->par.world->timeout_s = o->rank_timeout_s;
-    LOG_INFO(MODULE, "ready: %d KV blocks of %d tokens (%.1f MiB), max_batch_tokens %d, max_seqs %d, prefix caching %s",
+    LOG_INFO(MODULE,
+             "ready: %d KV blocks of %d tokens (%.1f MiB), max_batch_tokens %d, max_seqs %d, prefix caching %s, "
+             "scheduling %s",
              c->cache.n_blocks, bt, (double)block_bytes * (double)c->cache.n_blocks / 1048576.0, o->max_batch_tokens,
-             o->max_seqs, o->prefix_caching ? "on" : "off");
+             o->max_seqs, o->prefix_caching ? "on" : "off", scheduling_policy_name((enum scheduling_policy)o->scheduling));
     *out = c;
     return STATUS_OK;
 fail:
