@@ -14,6 +14,10 @@
  *                            model is loaded (host memory on the CPU, GPU memory on CUDA)
  *   --kv-cache-blocks N      KV pool size in blocks, when neither of the above is given
  *   --no-prefix-caching      do not share prompt blocks between requests
+ *   --scheduling-policy fcfs|fair|priority  which waiting sample is admitted next [fcfs]: first
+ *                            come first served; the client (API key, else connection, HTTP
+ *                            `user`) with the fewest running samples; the lowest request
+ *                            `priority` (docs/engine.md, "Scheduling policies")
  *   --chat-template llama2|chatml|gemma|plain   [chosen from the model, see chat_template.h]
  *   --api-key-file F         require "authorization: Bearer <key>" with a key of F
  *   --tls-cert F --tls-key F serve TLS with this PEM certificate chain and key
@@ -59,6 +63,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
                     "         [--kv-cache-fraction F]\n"
                     "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
+                    "         [--scheduling-policy fcfs|fair|priority]\n"
                     "         [--chat-template llama2|chatml|gemma|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
                     "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
@@ -158,6 +163,11 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--max-queue")) {
             if (base_parse_long(v, 1, 1 << 20, &n)) return usage("--max-queue must be an integer in [1, 1048576], got '%s'", v);
             o.engine.max_queue = (int)n;
+        } else if (!strcmp(a, "--scheduling-policy")) {
+            if (!strcmp(v, "fcfs")) o.engine.scheduling = SCHEDULING_FCFS;
+            else if (!strcmp(v, "fair")) o.engine.scheduling = SCHEDULING_FAIR;
+            else if (!strcmp(v, "priority")) o.engine.scheduling = SCHEDULING_PRIORITY;
+            else return usage("--scheduling-policy must be fcfs, fair or priority, got '%s'", v);
         } else if (!strcmp(a, "--block-tokens")) {
             if (base_parse_long(v, 1, 1024, &n)) return usage("--block-tokens must be an integer in [1, 1024], got '%s'", v);
             o.engine.block_tokens = (int)n;

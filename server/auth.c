@@ -1,6 +1,6 @@
 /* server/auth.c - API keys (--api-key-file: metadata "authorization: Bearer <key>") and the
  * server's credentials (insecure, or TLS from --tls-cert / --tls-key).
- * The HTTP front checks the same keys (Authorization: Bearer) with auth_key_valid.
+ * The HTTP front checks the same keys (Authorization: Bearer) with auth_key_index.
  * Not here: where a call is refused (call.c: UNAUTHENTICATED before its message is read).
  * Tests: tests/server/test_server.py (auth, tls). */
 #include <errno.h>
@@ -58,8 +58,9 @@ enum status auth_make_credentials(const struct server_options *o, grpc_server_cr
 
 
 /* Compared in constant time per key. */
-int auth_authorized(const struct server *s, const grpc_metadata_array *md)
+int auth_authorized(const struct server *s, const grpc_metadata_array *md, int *key)
 {
+    *key = -1;
     if (s->n_keys == 0) return 1;
     for (size_t i = 0; i < md->count; i++) {
         const grpc_metadata *m = &md->metadata[i];
@@ -67,19 +68,22 @@ int auth_authorized(const struct server *s, const grpc_metadata_array *md)
         const char *v = (const char *)GRPC_SLICE_START_PTR(m->value);
         size_t n = GRPC_SLICE_LENGTH(m->value);
         if (n < 7 || memcmp(v, "Bearer ", 7)) continue;
-        return auth_key_valid(s, v + 7, n - 7);
+        *key = auth_key_index(s, v + 7, n - 7);
+        return *key >= 0;
     }
     return 0;
 }
 
-int auth_key_valid(const struct server *s, const char *v, size_t n)
+int auth_key_index(const struct server *s, const char *v, size_t n)
 {
-    int ok = 0;
+    int found = -1;
     for (int k = 0; k < s->n_keys; k++) {
         size_t kn = strlen(s->keys[k]);
         unsigned diff = kn != n;
         for (size_t j = 0; j < n; j++) diff |= (unsigned char)v[j] ^ (unsigned char)s->keys[k][j < kn ? j : 0];
-        ok |= diff == 0;
+        if (diff == 0) found = k;
     }
-    return ok;
+    return found;
 }
+
+void auth_client_name(int key, char *out, size_t cap) { snprintf(out, cap, "key:%d", key); }

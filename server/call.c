@@ -21,6 +21,7 @@
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/slice.h>
+#include <grpc/support/alloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -280,7 +281,16 @@ void call_on_new(struct request_slot *slot, int ok)
     s->calls = c;
     s->n_calls++;
     if (is_generation(c->method)) s->n_gen_calls++;
-    int authed = c->method == METHOD_HEALTH_CHECK || c->method == METHOD_HEALTH_WATCH || auth_authorized(s, &slot->md);
+    int key = -1;
+    int authed = c->method == METHOD_HEALTH_CHECK || c->method == METHOD_HEALTH_WATCH || auth_authorized(s, &slot->md, &key);
+    if (is_generation(c->method)) { /* the client the fair policy shares turns between */
+        char name[32];
+        char *peer = key >= 0 ? NULL : grpc_call_get_peer(c->call);
+        if (key >= 0) auth_client_name(key, name, sizeof name);
+        c->client = strdup(peer ? peer : name);
+        gpr_free(peer);
+        CHECK(c->client, "out of memory");
+    }
     char unknown[300];
     snprintf(unknown, sizeof unknown, "unknown method %.*s", (int)(path_len < 200 ? path_len : 200), path);
     grpc_call_details_destroy(&slot->details);

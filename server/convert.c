@@ -195,6 +195,7 @@ static enum status convert_generate(const Shardlm__V1__GenerateRequest *m, struc
     }
     r->add_bos = m->_add_bos_case == SHARDLM__V1__GENERATE_REQUEST___ADD_BOS_ADD_BOS ? (m->add_bos ? 1 : 0) : 1;
     if ((st = convert_adapter(m->adapter, r)) != STATUS_OK) return st;
+    r->params.priority = m->priority;
     return convert_sampling(m->sampling, r);
 }
 
@@ -227,6 +228,7 @@ static enum status convert_chat(const Shardlm__V1__ChatRequest *m, struct gen_re
     }
     r->add_bos = 1;
     if ((st = convert_adapter(m->adapter, r)) != STATUS_OK) return st;
+    r->params.priority = m->priority;
     return convert_sampling(m->sampling, r);
 }
 
@@ -265,6 +267,7 @@ void gen_request_free(struct gen_request *r)
     free(r->bias_ids);
     free(r->bias_values);
     free(r->adapter);
+    free(r->client);
     memset(r, 0, sizeof *r);
 }
 

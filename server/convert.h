@@ -53,6 +53,8 @@ struct gen_request {
     float   *bias_values;         /* (n_bias) */
     int      n_bias;
     char    *adapter;             /* the adapter's name; NULL = the base (params.adapter points here) */
+    char    *client;              /* who asked, for --scheduling-policy fair (params.client points
+                                     here); NULL: the caller sets it (gRPC: from the call) */
 };
 
 /* Parses GenerateRequest (is_chat 0) or ChatRequest (is_chat 1) bytes into *r, which is left

@@ -95,6 +95,7 @@ void gen_call_release(struct call *c)
     free(c->prompt_lp);
     free(c->prompt_top);
     free(c->request_id);
+    free(c->client);
     free(c->end_message);
 }
 
@@ -428,6 +429,7 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
         if (left <= 0) st = status_errorf(STATUS_DEADLINE_EXCEEDED, "the deadline passed before the request started");
         else r.params.deadline = base_now_s() + left;
     }
+    r.params.client = c->client;
     if (st == STATUS_OK) st = engine_validate(s->engine, ids, n_ids, &r.params);
     if (st == STATUS_OK) {
         c->n_samples = r.params.n;

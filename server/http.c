@@ -9,6 +9,7 @@
  * Not here: the JSON (http_openai.c), gRPC (server.c), metrics (metrics.c).
  * Tests: tests/server/test_http.py. */
 #define _GNU_SOURCE /* POLLRDHUP */
+#include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <poll.h>
@@ -85,7 +86,40 @@ static int authorized(struct server *s, struct MHD_Connection *c)
     if (s->n_keys == 0) return 1;
     const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!v || strncmp(v, "Bearer ", 7)) return 0;
-    return auth_key_valid(s, v + 7, strlen(v + 7));
+    return auth_key_index(s, v + 7, strlen(v + 7)) >= 0;
+}
+
+/* Who asks, for --scheduling-policy fair: the API key ("key:<index>", as over gRPC) when keys
+ * are in use; else the request's `user` field when given ("user:<name>"); else the connection's
+ * peer ("http:127.0.0.1:40312"). Replaces q->r.client. */
+static void set_client(struct server *s, struct MHD_Connection *c, struct http_request *q)
+{
+    char name[128];
+    const char *v = s->n_keys ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION) : NULL;
+    if (v && !strncmp(v, "Bearer ", 7)) {
+        auth_client_name(auth_key_index(s, v + 7, strlen(v + 7)), name, sizeof name);
+    } else if (q->r.client) {
+        return; /* http_parse_request made it "user:<name>" */
+    } else {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        char host[64] = "?";
+        int port = 0;
+        const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+        if (sa && sa->sa_family == AF_INET) {
+            const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+            inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+            port = ntohs(in->sin_port);
+        } else if (sa && sa->sa_family == AF_INET6) {
+            const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+            inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+            port = ntohs(in6->sin6_port);
+        }
+        snprintf(name, sizeof name, "http:%s:%d", host, port);
+    }
+    free(q->r.client);
+    q->r.client = strdup(name);
+    CHECK(q->r.client, "out of memory");
+    q->r.params.client = q->r.client;
 }
 
 static int peer_gone(int fd)
@@ -463,7 +497,7 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     enum status st = http_parse_request(hc->body ? hc->body : "", hc->len, is_chat, s->model_id, an.ptrs, an.n, &q);
     struct http_gen *g = NULL;
     if (st != STATUS_OK) http_request_free(&q);
-    else st = gen_submit(s, &q, connection_fd(c), &g);
+    else set_client(s, c, &q), st = gen_submit(s, &q, connection_fd(c), &g);
     if (st != STATUS_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", status_message());

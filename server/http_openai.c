@@ -304,6 +304,15 @@ static enum status parse_sampling(const cJSON *o, struct http_request *q)
     if (st == STATUS_OK) st = parse_logit_bias(o, &q->r);
     const cJSON *user = field(o, "user");
     if (st == STATUS_OK && user && !cJSON_IsString(user)) st = type_error("user", "a string");
+    if (st == STATUS_OK && user && user->valuestring[0]) { /* the client, for --scheduling-policy fair */
+        size_t n = strlen(user->valuestring);
+        if (n > 256) return status_errorf(STATUS_INVALID_ARGUMENT, "'user' must be at most 256 bytes, got %zu", n);
+        if (!(q->r.client = malloc(n + 6))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        memcpy(q->r.client, "user:", 5);
+        memcpy(q->r.client + 5, user->valuestring, n + 1);
+        p->client = q->r.client;
+    }
+    if (st == STATUS_OK) st = get_int(o, "priority", &p->priority); /* vLLM's extra field */
     return st;
 }
 

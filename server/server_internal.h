@@ -114,6 +114,8 @@ struct call {
     uint64_t       handle;
     int            engine_active; /* samples without their FINISHED event yet */
     char          *request_id;
+    char          *client;        /* who calls (--scheduling-policy fair): "key:<index>" with API
+                                     keys, else the connection's peer ("ipv4:127.0.0.1:40312") */
     struct sample_buf *samples;   /* (n_samples) */
     int            n_samples, rr;
     int32_t       *prompt_ids;    /* prompt logprobs, when asked: (n_prompt) */
@@ -296,10 +298,14 @@ void health_changed(struct server *s);  /* after a phase change: tells the watch
 enum status auth_load_keys(struct server *s, const char *path);
 /* Insecure credentials, or TLS ones from --tls-cert / --tls-key. */
 enum status auth_make_credentials(const struct server_options *o, grpc_server_credentials **out);
-/* 1 when no key is required, or the metadata carry "authorization: Bearer <one of the keys>". */
-int         auth_authorized(const struct server *s, const grpc_metadata_array *md);
-/* 1 when key[0..n) is one of s->keys (constant time per key). */
-int         auth_key_valid(const struct server *s, const char *key, size_t n);
+/* 1 when no key is required (*key = -1), or the metadata carry "authorization: Bearer <one of
+ * the keys>" (*key = its line among the keys). */
+int         auth_authorized(const struct server *s, const grpc_metadata_array *md, int *key);
+/* The index of key[0..n) in s->keys, or -1 (constant time per key). */
+int         auth_key_index(const struct server *s, const char *key, size_t n);
+/* The client name of API key `key` for --scheduling-policy fair ("key:<index>": the key itself
+ * never leaves auth.c). Both fronts use it, so that one key is one client over gRPC and HTTP. */
+void        auth_client_name(int key, char *out, size_t cap);
 
 /* ---- http.c -------------------------------------------------------------------------------- */
 

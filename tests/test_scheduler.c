@@ -2,8 +2,10 @@
  * of tiny blocks, requests built with request_new, steps "run" by scheduler_commit. Checks
  * admission under the token budget and max_seqs (chunked prefill), preemption of the newest
  * running sequence when the pool runs dry (and its return to the front of the queue), prefix
- * block reuse by hash and the blocks' release, the waiting samples that --max-queue counts, and
- * the one limits table (engine and sampler agree, messages name the field and its bounds).
+ * block reuse by hash and the blocks' release, the waiting samples that --max-queue counts, the
+ * admission order of each scheduling policy (fcfs; fair between clients and priority, each with
+ * its preemption), and the one limits table (engine and sampler agree, messages name the field and
+ * its bounds).
  * Not here: anything that needs logits (tests/test_engine.c). Label: unit. */
 #include <stdlib.h>
 
@@ -26,14 +28,20 @@ struct pool {
     struct scheduler s;
 };
 
-static void pool_open(struct pool *p, int n_blocks, int max_seqs, int max_batch_tokens, int prefix_caching)
+static void pool_open_policy(struct pool *p, int n_blocks, int max_seqs, int max_batch_tokens, int prefix_caching,
+                             enum scheduling_policy policy)
 {
     memset(p, 0, sizeof *p);
     CHECK(backend_open(DEVICE_CPU, 0, 1, &p->b) == STATUS_OK, "cpu backend: %s", status_message());
     CHECK(kv_cache_init(&p->cache, p->b, 1, n_blocks, BT, 1, 4, DTYPE_F32) == STATUS_OK, "kv: %s", status_message());
     struct scheduler_options o = {.max_seqs = max_seqs, .max_batch_tokens = max_batch_tokens, .max_logits = 16,
-                                  .table_width = 16, .prefix_caching = prefix_caching};
+                                  .table_width = 16, .prefix_caching = prefix_caching, .policy = policy};
     CHECK(scheduler_init(&p->s, &p->cache, &o) == STATUS_OK, "scheduler: %s", status_message());
+}
+
+static void pool_open(struct pool *p, int n_blocks, int max_seqs, int max_batch_tokens, int prefix_caching)
+{
+    pool_open_policy(p, n_blocks, max_seqs, max_batch_tokens, prefix_caching, SCHEDULING_FCFS);
 }
 
 static void pool_close(struct pool *p)
@@ -45,13 +53,15 @@ static void pool_close(struct pool *p)
 
 /* A request of n_prompt tokens first, first + 1, ... and n samples (its own request; freed by
  * finish). */
-static struct seq *new_seq_n(int first, int n_prompt, int max_tokens, int n)
+static struct seq *new_seq_full(int first, int n_prompt, int max_tokens, int n, const char *client, int priority)
 {
     int32_t prompt[64];
     for (int i = 0; i < n_prompt; i++) prompt[i] = first + i;
     struct request_params rp = request_params_default();
     rp.max_tokens = max_tokens;
     rp.n = n;
+    rp.client = client;
+    rp.priority = priority;
     struct request *r;
     CHECK(request_new(prompt, n_prompt, &rp, on_event, NULL, &r) == STATUS_OK, "request_new");
     struct seq *q = seq_new(r, 0, NULL);
@@ -59,6 +69,10 @@ static struct seq *new_seq_n(int first, int n_prompt, int max_tokens, int n)
     return q;
 }
 
+static struct seq *new_seq_n(int first, int n_prompt, int max_tokens, int n)
+{
+    return new_seq_full(first, n_prompt, max_tokens, n, NULL, 0);
+}
 static struct seq *new_seq(int first, int n_prompt, int max_tokens) { return new_seq_n(first, n_prompt, max_tokens, 1); }
 
 /* Every planned sequence's rows ran; those that sampled get one more token. */
@@ -270,6 +284,162 @@ static void test_waiting_samples(void)
     request_free(rb);
 }
 
+/* The defect of issue 18: client A queues many samples, client B one short request, with room
+ * for 2 running at once. FCFS admits A's in arrival order before B's; fair admits B as soon as
+ * it has fewer running than A (at once here: A has 1 running when B's turn is weighed). */
+static void test_policy_fcfs_fair(void)
+{
+    for (int fair = 0; fair < 2; fair++) {
+        struct pool p;
+        pool_open_policy(&p, 64, 2, 64, 0, fair ? SCHEDULING_FAIR : SCHEDULING_FCFS);
+        struct seq *a[4], *b;
+        for (int i = 0; i < 4; i++) scheduler_enqueue(&p.s, a[i] = new_seq_full(10 * i, 3, 4, 1, "key-a", 0));
+        scheduler_enqueue(&p.s, b = new_seq_full(90, 3, 4, 1, "key-b", 0));
+        scheduler_plan(&p.s);
+        if (!fair)
+            check(p.s.running[0] == a[0] && p.s.running[1] == a[1] && b->state == SEQ_WAITING,
+                  "fcfs: A's first two samples run, B waits behind A's other two");
+        else
+            check(p.s.running[0] == a[0] && p.s.running[1] == b && p.s.n_waiting == 3 && p.s.waiting[0] == a[1],
+                  "fair: A's first sample, then B's (A already has one running); A's others wait in order");
+        run_step(&p, 7);
+        finish(&p, a[0]);
+        scheduler_drop_finished(&p.s);
+        scheduler_plan(&p.s);
+        if (!fair)
+            check(p.s.running[1] == a[2] && b->state == SEQ_WAITING, "fcfs: A's third sample takes the freed slot");
+        else
+            check(p.s.running[1] == a[1] && p.s.waiting[0] == a[2],
+                  "fair: A (0 running) takes the slot A freed; B keeps its own");
+        for (int i = 1; i < 4; i++) finish(&p, a[i]);
+        finish(&p, b);
+        scheduler_drop_finished(&p.s);
+        pool_close(&p);
+    }
+    /* Fair between three clients: admission takes the least-served client's first waiting
+     * sample, ties in queue order; anonymous requests (no client) are one client. */
+    struct pool p;
+    pool_open_policy(&p, 64, 5, 64, 0, SCHEDULING_FAIR);
+    struct seq *q[7];
+    const char *who[7] = {"a", "a", "a", "b", "b", NULL, NULL};
+    for (int i = 0; i < 7; i++) scheduler_enqueue(&p.s, q[i] = new_seq_full(10 * i, 2, 4, 1, who[i], 0));
+    scheduler_plan(&p.s);
+    check(p.s.n_running == 5 && p.s.running[0] == q[0] && p.s.running[1] == q[3] && p.s.running[2] == q[5] &&
+              p.s.running[3] == q[1] && p.s.running[4] == q[4],
+          "fair: a, b, anonymous, then a and b again (round robin by running count)");
+    check(p.s.n_waiting == 2 && p.s.waiting[0] == q[2] && p.s.waiting[1] == q[6], "the rest wait in arrival order");
+    for (int i = 0; i < 7; i++) finish(&p, q[i]);
+    scheduler_drop_finished(&p.s);
+    pool_close(&p);
+
+    /* Fair with every slot taken by one client: a newcomer preempts that client's newest
+     * sample while the client runs at least two more than the newcomer's; one client alone
+     * never preempts itself. */
+    pool_open_policy(&p, 64, 4, 64, 0, SCHEDULING_FAIR);
+    struct seq *a[6], *nc[4];
+    for (int i = 0; i < 6; i++) scheduler_enqueue(&p.s, a[i] = new_seq_full(10 * i, 2, 8, 1, "a", 0));
+    scheduler_plan(&p.s);
+    run_step(&p, 7);
+    scheduler_plan(&p.s);
+    check(p.s.n_running == 4 && p.s.preemptions == 0 && p.s.n_waiting == 2, "one client alone: FCFS, no preemption");
+    const char *names[4] = {"b", "c", "d", "e"};
+    for (int k = 0; k < 4; k++) {
+        run_step(&p, 7);
+        scheduler_enqueue(&p.s, nc[k] = new_seq_full(80 + k, 2, 8, 1, names[k], 0));
+        scheduler_plan(&p.s);
+    }
+    check(p.s.preemptions == 3 && a[0]->state == SEQ_RUNNING && a[1]->state == SEQ_WAITING &&
+              a[2]->state == SEQ_WAITING && a[3]->state == SEQ_WAITING,
+          "b, c and d each preempt a's newest running sample (a: 4, 3, 2 running)");
+    check(nc[0]->state == SEQ_RUNNING && nc[1]->state == SEQ_RUNNING && nc[2]->state == SEQ_RUNNING &&
+              nc[3]->state == SEQ_WAITING,
+          "e waits: every client runs one, so nobody runs two more than e");
+    struct request *ra[10];
+    for (int i = 0; i < 6; i++) ra[i] = a[i]->req;
+    for (int k = 0; k < 4; k++) ra[6 + k] = nc[k]->req;
+    pool_close(&p);
+    for (int i = 0; i < 10; i++) request_free(ra[i]);
+}
+
+/* Priority: lower values first, ties in arrival order; an arrival that outranks the running
+ * set preempts its lowest-priority, newest sequence for a slot or for blocks; equal priority
+ * never preempts. */
+static void test_policy_priority(void)
+{
+    struct pool p;
+    pool_open_policy(&p, 64, 2, 64, 0, SCHEDULING_PRIORITY);
+    struct seq *a = new_seq_full(10, 3, 8, 1, NULL, 5), *b = new_seq_full(20, 3, 8, 1, NULL, 1),
+               *c = new_seq_full(30, 3, 8, 1, NULL, 1), *d = new_seq_full(40, 3, 8, 1, NULL, -2);
+    scheduler_enqueue(&p.s, a);
+    scheduler_enqueue(&p.s, b);
+    scheduler_enqueue(&p.s, c);
+    scheduler_enqueue(&p.s, d);
+    scheduler_plan(&p.s);
+    check(p.s.n_running == 2 && p.s.running[0] == d && p.s.running[1] == b && p.s.preemptions == 0,
+          "priority: -2 then the first of the two 1s");
+    run_step(&p, 7);
+    struct seq *e = new_seq_full(50, 3, 8, 1, NULL, 1);
+    scheduler_enqueue(&p.s, e);
+    scheduler_plan(&p.s);
+    check(p.s.preemptions == 0 && c->state == SEQ_WAITING && e->state == SEQ_WAITING,
+          "a waiting 1 does not preempt a running 1 (max_seqs full)");
+    run_step(&p, 7);
+    struct seq *f = new_seq_full(60, 3, 8, 1, NULL, 0);
+    scheduler_enqueue(&p.s, f);
+    scheduler_plan(&p.s);
+    check(p.s.preemptions == 1 && b->state == SEQ_WAITING && b->n_blocks == 0 && f->state == SEQ_RUNNING &&
+              p.s.running[0] == d && p.s.running[1] == f,
+          "a 0 arrives: the running 1 (the lowest priority) is preempted and the 0 admitted in the same plan");
+    check(p.s.n_waiting == 4 && p.s.waiting[0] == b && p.s.waiting[3] == e,
+          "the preempted 1 waits at the front, ahead of the 1s that never ran");
+    run_step(&p, 7);
+    finish(&p, d);
+    scheduler_drop_finished(&p.s);
+    scheduler_plan(&p.s);
+    check(p.s.running[1] == b && b->n_rows == b->n_tokens, "the freed slot goes to the preempted 1 (recomputed)");
+    struct request *rs[6] = {a->req, b->req, c->req, e->req, f->req};
+    pool_close(&p);
+    for (int i = 0; i < 5; i++) request_free(rs[i]);
+
+    /* Pool dry: growing sequences preempt the lowest priority first (here the oldest one), and
+     * an urgent arrival preempts for blocks, not only for slots. */
+    pool_open_policy(&p, 4, 4, 64, 0, SCHEDULING_PRIORITY);
+    struct seq *low = new_seq_full(10, BT, 8, 1, NULL, 3), *mid = new_seq_full(20, BT, 8, 1, NULL, 1),
+               *top = new_seq_full(30, BT, 8, 1, NULL, 0);
+    scheduler_enqueue(&p.s, low);
+    scheduler_plan(&p.s);
+    run_step(&p, 7);
+    scheduler_enqueue(&p.s, mid);
+    scheduler_enqueue(&p.s, top);
+    scheduler_plan(&p.s); /* low takes its second block, mid and top one each: the pool is empty */
+    check(p.s.n_running == 3 && p.cache.n_free == 0 && p.s.running[0] == low,
+          "three run (the newcomers appended; the next plan sorts them by priority)");
+    run_step(&p, 7);
+    scheduler_plan(&p.s);
+    check(p.s.preemptions == 1 && low->state == SEQ_WAITING && mid->n_blocks == 2 && top->n_blocks == 2,
+          "the pool runs dry: the lowest priority is preempted, though the oldest");
+    struct seq *urgent = new_seq_full(40, 2 * BT, 8, 1, NULL, -1);
+    run_step(&p, 7);
+    scheduler_enqueue(&p.s, urgent);
+    scheduler_plan(&p.s);
+    check(urgent->state == SEQ_RUNNING && mid->state == SEQ_WAITING && top->state == SEQ_RUNNING &&
+              p.s.preemptions == 2,
+          "an arrival of priority -1 needing 2 blocks preempts the 1 for them (the 0 keeps running)");
+    struct request *rq[4] = {low->req, mid->req, top->req, urgent->req};
+    pool_close(&p);
+    for (int i = 0; i < 4; i++) request_free(rq[i]);
+
+    /* A priority other than 0 is refused unless the engine schedules by priority (as vLLM). */
+    const struct request_bounds bf = {.vocab_size = 512, .max_positions = 512}, bp = {
+        .vocab_size = 512, .max_positions = 512, .scheduling = SCHEDULING_PRIORITY};
+    int32_t prompt[2] = {1, 2};
+    struct request_params rp = request_params_default();
+    rp.priority = 3;
+    check_status(request_validate(prompt, 2, &rp, &bf), STATUS_INVALID_ARGUMENT, "priority 3 under fcfs",
+                 "priority must be 0 unless the server schedules by priority", NULL);
+    check(request_validate(prompt, 2, &rp, &bp) == STATUS_OK, "priority 3 under the priority policy");
+}
+
 int main(void)
 {
     test_admission();
@@ -277,6 +447,8 @@ int main(void)
     test_prefix_reuse();
     test_limits();
     test_waiting_samples();
+    test_policy_fcfs_fair();
+    test_policy_priority();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

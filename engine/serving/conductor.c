@@ -196,7 +196,8 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
         goto fail;
     const struct scheduler_options so = {.max_seqs = o->max_seqs, .max_batch_tokens = o->max_batch_tokens,
                                          .max_logits = c->max_logits, .table_width = table_width,
-                                         .prefix_caching = o->prefix_caching, .record_copies = c->par.world != NULL};
+                                         .prefix_caching = o->prefix_caching, .record_copies = c->par.world != NULL,
+                                         .policy = (enum scheduling_policy)o->scheduling};
     if ((st = scheduler_init(&c->sched, &c->cache, &so)) != STATUS_OK) goto fail;
     if ((st = sampler_init(&c->smp, cfg->vocab_size)) != STATUS_OK) goto fail;
     const size_t V = (size_t)cfg->vocab_size;
@@ -213,9 +214,11 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->stats.block_tokens = bt;
     /* Only the first rank times out: workers legitimately wait for the next plan forever. */
     if (c->par.world && c->par.world->rank == 0) c->par.world->timeout_s = o->rank_timeout_s;
-    LOG_INFO(MODULE, "ready: %d KV blocks of %d tokens (%.1f MiB), max_batch_tokens %d, max_seqs %d, prefix caching %s",
+    LOG_INFO(MODULE,
+             "ready: %d KV blocks of %d tokens (%.1f MiB), max_batch_tokens %d, max_seqs %d, prefix caching %s, "
+             "scheduling %s",
              c->cache.n_blocks, bt, (double)block_bytes * (double)c->cache.n_blocks / 1048576.0, o->max_batch_tokens,
-             o->max_seqs, o->prefix_caching ? "on" : "off");
+             o->max_seqs, o->prefix_caching ? "on" : "off", scheduling_policy_name((enum scheduling_policy)o->scheduling));
     *out = c;
     return STATUS_OK;
 fail:
@@ -293,7 +296,7 @@ enum status conductor_validate(const struct conductor *c, const int32_t *prompt,
     const struct request_bounds b = {.vocab_size = c->m->cfg.vocab_size, .max_positions = c->m->cfg.max_positions,
                                      .block_tokens = c->cache.block_tokens, .n_blocks = c->cache.n_blocks,
                                      .max_logprobs = c->o.max_logprobs, .max_seqs = c->o.max_seqs,
-                                     .max_queue = c->o.max_queue};
+                                     .max_queue = c->o.max_queue, .scheduling = c->o.scheduling};
     return request_validate(prompt, n_prompt, p, &b);
 }
 

@@ -26,6 +26,16 @@ struct engine_options engine_options_default(void)
                                    .max_logprobs = REQUEST_DEFAULT_MAX_LOGPROBS, .prefix_caching = 1};
 }
 
+const char *scheduling_policy_name(enum scheduling_policy p)
+{
+    switch (p) {
+    case SCHEDULING_FCFS: return "fcfs";
+    case SCHEDULING_FAIR: return "fair";
+    case SCHEDULING_PRIORITY: return "priority";
+    }
+    return "unknown";
+}
+
 /* Applies the defaults and checks the options; *dp is the number of replicas. */
 static enum status resolve_options(const struct engine_options *opt, struct engine_options *out, int *dp)
 {
@@ -44,6 +54,9 @@ static enum status resolve_options(const struct engine_options *opt, struct engi
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "engine limits must be positive (max_batch_tokens %d, max_seqs %d <= 4096, max_queue %d)",
                              o.max_batch_tokens, o.max_seqs, o.max_queue);
+    if (o.scheduling < SCHEDULING_FCFS || o.scheduling > SCHEDULING_PRIORITY)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "scheduling must be fcfs (0), fair (1) or priority (2), got %d",
+                             o.scheduling);
     if (o.max_batch_tokens < o.max_seqs)
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "max_batch_tokens (%d) must be at least max_seqs (%d): every running sequence decodes one token per step",

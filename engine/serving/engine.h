@@ -37,6 +37,16 @@ enum finish_reason {
 };
 const char *finish_reason_name(enum finish_reason r); /* "length", "stop", ... */
 
+/* Which waiting sample a replica admits next (engine_options.scheduling; docs/engine.md,
+ * "Scheduling policies"). Values reach flags and the wire: only ever appended. */
+enum scheduling_policy {
+    SCHEDULING_FCFS = 0,      /* first come, first served (preempted samples first) */
+    SCHEDULING_FAIR,          /* the client with the fewest running samples first, then FCFS */
+    SCHEDULING_PRIORITY,      /* the lowest request_params.priority first, then FCFS; a sample
+                                 that outranks running ones preempts them for its room */
+};
+const char *scheduling_policy_name(enum scheduling_policy p); /* "fcfs", "fair", "priority" */
+
 struct engine_options {
     const char *model_dir;     /* checkpoint directory (config.json, tokenizer.model, weights), or a GGUF file */
     int   device;              /* enum device: DEVICE_CPU or DEVICE_CUDA */
@@ -56,6 +66,7 @@ struct engine_options {
                                   is invalid); 0 = 1024 */
     int   max_logprobs;        /* largest top-n a request may ask; 0 = 20 */
     int   prefix_caching;      /* 1 = share full prompt blocks between requests by hash */
+    int   scheduling;          /* enum scheduling_policy; 0 = SCHEDULING_FCFS */
     /* Multi-rank serving (under mpirun): every rank calls engine_create with the same options;
      * rank 0 conducts (requests, scheduler, sampling) and every other rank runs
      * engine_run_worker. world NULL or a world of one: one rank. The world holds
@@ -113,6 +124,11 @@ struct request_params {
     int      n_logit_bias;
     double   deadline;                /* CLOCK_MONOTONIC seconds; 0 = none */
     const char *adapter;              /* a served LoRA adapter's name; NULL or "" = the base model */
+    const char *client;               /* who asked (an API key's name, a connection's peer, a
+                                         user field), for SCHEDULING_FAIR: samples of one
+                                         client share its turn; NULL or "" = one anonymous client */
+    int      priority;                /* SCHEDULING_PRIORITY: lower runs first (vLLM's
+                                         convention); must be 0 under the other policies */
 };
 struct request_params request_params_default(void);
 

@@ -178,6 +178,11 @@ enum status request_validate(const int32_t *prompt, int n_prompt, const struct r
     if (p->max_tokens == 0 && p->prompt_logprobs < 0)
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "sampling.max_tokens must be >= 1 unless prompt_logprobs is set (0 = score the prompt only)");
+    if (p->priority != 0 && b->scheduling != SCHEDULING_PRIORITY)
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "priority must be 0 unless the server schedules by priority (serve --scheduling-policy "
+                             "priority), got %d",
+                             p->priority);
     if (b->max_positions > 0 && (long long)n_prompt + p->max_tokens > b->max_positions)
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "prompt (%d tokens) + max_tokens (%d) exceeds the model's context of %d tokens",
@@ -218,6 +223,15 @@ void request_free(struct request *r)
     free(r->prompt_lp);
     free(r->prompt_top);
     free(r);
+}
+
+/* FNV-1a of the client's name; 0 is kept for "none given". */
+static uint64_t client_key(const char *client)
+{
+    if (!client || !client[0]) return 0;
+    uint64_t h = 14695981039346656037ull;
+    for (const unsigned char *c = (const unsigned char *)client; *c; c++) h = (h ^ *c) * 1099511628211ull;
+    return h ? h : 1;
 }
 
 enum status request_new(const int32_t *prompt, int n_prompt, const struct request_params *p,
@@ -262,6 +276,8 @@ enum status request_new(const int32_t *prompt, int n_prompt, const struct reques
     r->live_samples = p->n;
     r->adapter = -1;
     r->p.adapter = NULL; /* borrowed: resolved into adapter / adapter_key at submission */
+    r->client_key = client_key(p->client);
+    r->p.client = NULL;  /* borrowed: only its hash is kept */
     *out = r;
     return STATUS_OK;
 }

@@ -70,6 +70,8 @@ struct request_bounds {
     int max_logprobs;
     int max_seqs;
     int max_queue;       /* waiting samples: a request of n samples must fit the queue */
+    int scheduling;      /* enum scheduling_policy: a priority other than 0 is refused unless
+                            SCHEDULING_PRIORITY (as vLLM does) */
 };
 
 /* Checks every row of the table (only the sampling rows when sampling_only; then p->sampling
@@ -112,6 +114,8 @@ struct request {
     uint64_t adapter_key;         /* 0 for the base, else unique to the adapter: the prefix-cache
                                      hash chains start from it, so no KV is shared across adapters */
     int      adapter_held;        /* the adapter set counts this request (conductor.c) */
+    uint64_t client_key;          /* a hash of p.client (0: none given), the unit of
+                                     SCHEDULING_FAIR; a collision merges two clients' turns */
     struct request *next_all;     /* the conductor's list of live requests */
     struct request *next_in;      /* the conductor's intake list */
 };

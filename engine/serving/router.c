@@ -299,6 +299,7 @@ static enum status send_submit(struct router *r, const struct route *rt, const i
     put(&b, p->logit_bias_ids, (size_t)p->n_logit_bias * sizeof *p->logit_bias_ids);
     put(&b, p->logit_bias_values, (size_t)p->n_logit_bias * sizeof *p->logit_bias_values);
     put_str(&b, p->adapter ? p->adapter : "");
+    put_str(&b, p->client ? p->client : "");
     return router_send_to(r, r->rep[rt->replica].leader, &b);
 }
 

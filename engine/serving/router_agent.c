@@ -92,6 +92,7 @@ static void leader_submit(struct router *r, struct rbuf *rb)
     p.logit_bias_ids = get(rb, (size_t)p.n_logit_bias * sizeof(int32_t));
     p.logit_bias_values = get(rb, (size_t)p.n_logit_bias * sizeof(float));
     p.adapter = get_str(rb);
+    p.client = get_str(rb);
     p.deadline = h.deadline_in >= 0 ? base_now_s() + h.deadline_in : 0;
     if (rb->bad) {
         router_on_local_fatal(r, STATUS_INTERNAL, "router: a truncated SUBMIT from rank 0");

@@ -27,8 +27,10 @@ enum status scheduler_init(struct scheduler *s, struct kv_cache *cache, const st
     b->adapter = malloc(S * sizeof(int32_t));
     s->running = calloc(S, sizeof *s->running);
     s->planned = calloc(S, sizeof *s->planned);
+    s->client_keys = calloc(S, sizeof *s->client_keys);
+    s->client_running = calloc(S, sizeof *s->client_running);
     if (!b->tokens || !b->pos || !b->slots || !b->rows || !b->qstart || !b->seqlen || !b->table || !b->adapter ||
-        !s->running || !s->planned)
+        !s->running || !s->planned || !s->client_keys || !s->client_running)
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
     return STATUS_OK;
 }
@@ -39,6 +41,8 @@ void scheduler_free(struct scheduler *s)
     for (int i = 0; i < s->n_waiting; i++) seq_free(s->waiting[i]);
     free(s->running);
     free(s->planned);
+    free(s->client_keys);
+    free(s->client_running);
     free(s->waiting);
     free(s->copies);
     struct step_batch *b = &s->batch;
@@ -71,13 +75,89 @@ static void waiting_push(struct scheduler *s, struct seq *q, int front)
     q->state = SEQ_WAITING;
 }
 
-static void waiting_pop_front(struct scheduler *s)
+static void waiting_remove(struct scheduler *s, int i)
 {
-    memmove(s->waiting, s->waiting + 1, (size_t)(s->n_waiting - 1) * sizeof *s->waiting);
+    memmove(s->waiting + i, s->waiting + i + 1, (size_t)(s->n_waiting - 1 - i) * sizeof *s->waiting);
     s->n_waiting--;
 }
 
 void scheduler_enqueue(struct scheduler *s, struct seq *q) { waiting_push(s, q, 0); }
+
+/* ---- the running set ------------------------------------------------------------------------ */
+
+static int priority_of(const struct seq *q) { return q->req ? q->req->p.priority : 0; }
+
+/* Appends q to the running set (SEQ_RUNNING); the caller has checked that there is room.
+ * Appending, never inserting: the conductor walks running[0..n) of a step while forks join. */
+static void running_add(struct scheduler *s, struct seq *q)
+{
+    s->running[s->n_running++] = q;
+    q->state = SEQ_RUNNING;
+    q->order = s->next_order++;
+}
+
+/* SCHEDULING_PRIORITY, at the start of a plan: the running set by priority (lower first), in
+ * admission order within one (a stable insertion sort: at most max_seqs, mostly in order), so
+ * that the last running sequence is always the one to preempt. */
+static void running_sort_by_priority(struct scheduler *s)
+{
+    for (int i = 1; i < s->n_running; i++) {
+        struct seq *q = s->running[i];
+        int j = i;
+        for (; j > 0 && priority_of(s->running[j - 1]) > priority_of(q); j--) s->running[j] = s->running[j - 1];
+        s->running[j] = q;
+    }
+}
+
+/* ---- admission order ------------------------------------------------------------------------ */
+
+static uint64_t client_of(const struct seq *q) { return q->req ? q->req->client_key : 0; }
+
+/* SCHEDULING_FAIR: the running sequences of client key (linear: a few clients at most max_seqs). */
+static int client_slot(const struct scheduler *s, uint64_t key)
+{
+    for (int i = 0; i < s->n_clients; i++)
+        if (s->client_keys[i] == key) return i;
+    return -1;
+}
+
+static void clients_count(struct scheduler *s)
+{
+    s->n_clients = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        uint64_t key = client_of(s->running[i]);
+        int c = client_slot(s, key);
+        if (c < 0) {
+            c = s->n_clients++;
+            s->client_keys[c] = key;
+            s->client_running[c] = 0;
+        }
+        s->client_running[c]++;
+    }
+}
+
+/* The index in the waiting queue of the sequence the policy admits next (n_waiting > 0). */
+static int next_waiting(const struct scheduler *s)
+{
+    int best = 0;
+    switch (s->o.policy) {
+    case SCHEDULING_FCFS: break;
+    case SCHEDULING_FAIR: {
+        int best_n = 1 << 30;
+        for (int i = 0; i < s->n_waiting && best_n > 0; i++) {
+            int c = client_slot(s, client_of(s->waiting[i]));
+            int n = c < 0 ? 0 : s->client_running[c];
+            if (n < best_n) best = i, best_n = n;
+        }
+        break;
+    }
+    case SCHEDULING_PRIORITY:
+        for (int i = 1; i < s->n_waiting; i++)
+            if (priority_of(s->waiting[i]) < priority_of(s->waiting[best])) best = i;
+        break;
+    }
+    return best;
+}
 
 /* ---- blocks --------------------------------------------------------------------------------- */
 
@@ -219,11 +299,11 @@ static int rows_for(const struct scheduler *s, const struct seq *q, int budget)
     return take > 0 ? take : 0;
 }
 
-/* Admits the front of the queue if its rows and blocks fit; returns the rows planned (0: it
- * stays waiting, and so does everything behind it). */
-static int admit_front(struct scheduler *s, int budget)
+/* Admits waiting[i] if its rows and blocks fit; returns the rows planned (0: it stays waiting,
+ * and so does every sequence the policy orders after it). */
+static int admit(struct scheduler *s, int i, int budget)
 {
-    struct seq *q = s->waiting[0];
+    struct seq *q = s->waiting[i];
     int reused_before = q->n_cached;
     reuse_prefix(s, q);
     int take = rows_for(s, q, budget);
@@ -237,18 +317,25 @@ static int admit_front(struct scheduler *s, int budget)
     }
     CHECK(kv_cache_alloc(s->cache, need, q->blocks + q->n_blocks) == STATUS_OK, "kv alloc after check");
     q->n_blocks += need;
-    waiting_pop_front(s);
+    waiting_remove(s, i);
     if (!q->prefix_checked) {
         q->prefix_checked = 1;
         q->t_admit = base_now_s();
         q->cached_prompt_tokens = q->n_cached < q->req->n_prompt ? q->n_cached : q->req->n_prompt;
         s->batch.hit_tokens += q->cached_prompt_tokens - reused_before;
     }
-    q->state = SEQ_RUNNING;
-    q->order = s->next_order++;
-    s->running[s->n_running++] = q;
+    running_add(s, q);
     q->n_rows = take;
     s->planned[s->n_planned++] = q;
+    if (s->o.policy == SCHEDULING_FAIR) {
+        int c = client_slot(s, client_of(q));
+        if (c < 0) {
+            c = s->n_clients++;
+            s->client_keys[c] = client_of(q);
+            s->client_running[c] = 0;
+        }
+        s->client_running[c]++;
+    }
     return take;
 }
 
@@ -265,6 +352,50 @@ static void group_by_adapter(struct scheduler *s)
     }
 }
 
+/* Whether waiting q would find a running slot and the blocks of its first chunk (blocks its
+ * prefix could reuse are not counted: making room may preempt one sequence more than needed). */
+static int room_for(const struct scheduler *s, const struct seq *q)
+{
+    const int bt = s->cache->block_tokens;
+    int first = q->n_tokens - q->n_cached;
+    if (first > s->o.max_batch_tokens) first = s->o.max_batch_tokens;
+    const int need = (q->n_cached + first + bt - 1) / bt - q->n_blocks;
+    return s->n_running < s->o.max_seqs && kv_cache_available(s->cache) >= need;
+}
+
+/* Before the running sequences are planned (none is planned yet, so any may leave): the
+ * sequence the policy admits next takes running ones' place when it finds no room.
+ *   SCHEDULING_PRIORITY: the last running sequences while their priority is strictly lower
+ *     (a higher value) than its own; equal priorities never preempt each other.
+ *   SCHEDULING_FAIR: the newest running sequence of the most-served client, while that client
+ *     has at least two running sequences more than the waiting one's client: after the swap the
+ *     waiting client still has no more than the other, so the two never preempt each other in
+ *     turn. One client alone (or requests without a client) never preempts: FCFS exactly.
+ * Only one waiting sequence a step makes room; the victims wait at the queue's front. */
+static void preempt_for_policy(struct scheduler *s)
+{
+    if (s->n_waiting == 0 || s->o.policy == SCHEDULING_FCFS) return;
+    if (s->o.policy == SCHEDULING_FAIR) clients_count(s);
+    const struct seq *q = s->waiting[next_waiting(s)];
+    while (s->n_running > 0 && !room_for(s, q)) {
+        int v = s->n_running - 1;
+        if (s->o.policy == SCHEDULING_PRIORITY) {
+            if (priority_of(s->running[v]) <= priority_of(q)) return;
+        } else {
+            int top = 0, mine = client_slot(s, client_of(q));
+            for (int c = 1; c < s->n_clients; c++)
+                if (s->client_running[c] > s->client_running[top]) top = c;
+            if ((mine < 0 ? 0 : s->client_running[mine]) + 1 >= s->client_running[top]) return;
+            while (client_of(s->running[v]) != s->client_keys[top]) v--;
+            s->client_running[top]--;
+        }
+        struct seq *victim = s->running[v];
+        memmove(s->running + v, s->running + v + 1, (size_t)(s->n_running - 1 - v) * sizeof *s->running);
+        s->n_running--;
+        preempt(s, victim);
+    }
+}
+
 int scheduler_plan(struct scheduler *s)
 {
     struct step_batch *b = &s->batch;
@@ -272,8 +403,10 @@ int scheduler_plan(struct scheduler *s)
     s->n_planned = 0;
     int budget = s->o.max_batch_tokens;
     for (int i = 0; i < s->n_running; i++) s->running[i]->n_rows = 0, s->running[i]->wants_sample = 0;
-    /* Rows are decided (and blocks taken, preempting the newest) in running order, oldest first;
-     * a preempted sequence is always newer than every one planned before it. */
+    if (s->o.policy == SCHEDULING_PRIORITY) running_sort_by_priority(s);
+    preempt_for_policy(s);
+    /* Rows are decided (and blocks taken, preempting the last) in running order; a preempted
+     * sequence always comes after every one planned before it. */
     for (int i = 0; i < s->n_running && budget > 0; i++) {
         struct seq *q = s->running[i];
         int take = rows_for(s, q, budget);
@@ -283,8 +416,9 @@ int scheduler_plan(struct scheduler *s)
         s->planned[s->n_planned++] = q;
         budget -= take;
     }
+    if (s->o.policy == SCHEDULING_FAIR) clients_count(s);
     while (s->n_waiting > 0 && s->n_running < s->o.max_seqs && budget > 0) {
-        int take = admit_front(s, budget);
+        int take = admit(s, next_waiting(s), budget);
         if (take == 0) break;
         budget -= take;
     }
@@ -366,9 +500,7 @@ int scheduler_fork(struct scheduler *s, struct seq *q, const struct tokenizer *t
         struct seq *c = children[k - 1];
         if (!c) continue;
         if (c->n_cached > 0 && s->n_running < s->o.max_seqs) {
-            c->state = SEQ_RUNNING;
-            c->order = s->next_order++;
-            s->running[s->n_running++] = c;
+            running_add(s, c);
         } else { /* no block or no room: it recomputes when admitted */
             forget_blocks(s, c);
             waiting_push(s, c, 0);

@@ -1,5 +1,6 @@
-/* engine/serving/scheduler.h - continuous batching for one replica: the waiting queue (FCFS,
- * preempted sequences at its front), the running set, admission under a token budget,
+/* engine/serving/scheduler.h - continuous batching for one replica: the waiting queue (in
+ * arrival order, preempted sequences at its front), the admission policy (FCFS, fair between
+ * clients, or by priority), the running set, admission under a token budget,
  * preemption by recomputation when the KV pool runs dry, prefix-block reuse, and the rows of
  * the next step (struct step_batch).
  * Not here: requests, text and events (request.c), the forward pass and the plan broadcast
@@ -41,12 +42,15 @@ struct scheduler_options {
     int table_width;               /* blocks per sequence (the model's context / block_tokens) */
     int prefix_caching;            /* share full blocks by hash */
     int record_copies;             /* keep the block copies of forks for other ranks */
+    enum scheduling_policy policy; /* which waiting sequence is admitted next */
 };
 
 struct scheduler {
     struct scheduler_options o;
     struct kv_cache *cache;        /* borrowed */
-    struct seq **running;          /* (max_seqs), oldest admission first */
+    struct seq **running;          /* (max_seqs), oldest admission first (SCHEDULING_PRIORITY:
+                                      sorted by priority at each plan's start, then by
+                                      admission); preemption takes the last */
     int      n_running;
     struct seq **waiting;          /* (cap_waiting), front at 0 */
     int      n_waiting;
@@ -57,6 +61,9 @@ struct scheduler {
     int      n_copies;             /* pairs */
     size_t   cap_copies;
     struct seq **planned;          /* (max_seqs) this step's sequences before they enter the batch */
+    uint64_t *client_keys;         /* (max_seqs) SCHEDULING_FAIR: the clients of the running set */
+    int      *client_running;      /* (max_seqs) and how many running sequences each has */
+    int      n_clients;
     int      n_planned;
     struct step_batch batch;
 };
@@ -70,12 +77,25 @@ void scheduler_free(struct scheduler *s);
 /* Appends a new sequence to the waiting queue (state SEQ_WAITING). Takes ownership. */
 void scheduler_enqueue(struct scheduler *s, struct seq *q);
 
-/* Plans the next step into s->batch: running sequences first (oldest first; decode rows are 1
- * each, prompts in chunks), taking blocks as they grow and preempting the newest running
- * sequences when the pool is dry; then waiting sequences are admitted in order while the
- * token budget, max_seqs and the pool allow, after reusing cached prefix blocks. Sequences
- * with rows have n_rows > 0 (wants_sample: their last row ends their pending tokens). Returns
- * the number of rows (0: nothing can run). */
+/* Plans the next step into s->batch: running sequences first (in running order; decode rows
+ * are 1 each, prompts in chunks), taking blocks as they grow and preempting the last running
+ * sequences (the newest; SCHEDULING_PRIORITY: the lowest priority, then the newest) when the
+ * pool is dry; then waiting sequences are admitted while the token budget, max_seqs and the
+ * pool allow, after reusing cached prefix blocks, in the policy's order:
+ *   SCHEDULING_FCFS      the queue's order (preempted sequences first, then arrival);
+ *   SCHEDULING_FAIR      the first waiting sequence of the client with the fewest running
+ *                        sequences (counting those admitted in this plan), ties in queue order;
+ *                        before planning, when it finds no slot or no blocks for its first
+ *                        chunk, the newest sequences of the most-served client are preempted
+ *                        while that client runs at least two more than its own;
+ *   SCHEDULING_PRIORITY  the lowest request priority, ties in queue order; before planning,
+ *                        when the best waiting sequence finds no slot or no blocks for its
+ *                        first chunk, the last running sequences of a lower priority are
+ *                        preempted to make that room.
+ * The first sequence in that order that cannot be admitted stops admission for the step (no
+ * smaller one overtakes it, so none starves). Sequences with rows have n_rows > 0
+ * (wants_sample: their last row ends their pending tokens). Returns the number of rows (0:
+ * nothing can run). */
 int scheduler_plan(struct scheduler *s);
 
 /* After the step ran: q's planned rows are in the cache; its newly full blocks are
