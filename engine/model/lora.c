@@ -367,7 +367,8 @@ static void add_f32(struct lora *l, struct backend *b, const struct tensor *y, c
         op_add(b, y, y, v);
         return;
     }
-    CHECK(l->c.data && l->c.dtype == y->dtype, "LoRA: lora_reserve was not told of %s activations", dtype_name(y->dtype));
+    CHECK(l->c.data && l->c.dtype == y->dtype, "LoRA: lora_reserve was not told of %s activations",
+          dtype_name(y->dtype));
     struct tensor c = tensor_view2(&l->c, v->shape[0], v->shape[1]);
     op_cast(b, &c, v);
     op_add(b, y, y, &c);
@@ -447,7 +448,8 @@ static enum status write_peft_config(const struct lora *l, const char *dir, cons
     cJSON_AddStringToObject(root, "base_model_name_or_path", base_model ? base_model : "");
     cJSON_AddNumberToObject(root, "r", l->rank);
     cJSON_AddNumberToObject(root, "lora_alpha", l->alpha);
-    cJSON_AddNumberToObject(root, "lora_dropout", floor((double)l->dropout * 1e6 + 0.5) / 1e6); /* 0.1, not 0.1000000015 */
+    /* p is a float: rounded to 6 digits, 0.1 is written as 0.1, not 0.10000000149011612 */
+    cJSON_AddNumberToObject(root, "lora_dropout", floor((double)l->dropout * 1e6 + 0.5) / 1e6);
     cJSON_AddItemToObject(root, "target_modules", mods);
     cJSON_AddStringToObject(root, "bias", "none");
     cJSON_AddBoolToObject(root, "fan_in_fan_out", 0);
