@@ -56,6 +56,8 @@ static const char *const train_help =
     "adapter_model.safetensors; shardlm merge-lora makes a servable checkpoint of it):\n"
     "  --lora-rank R [off; 32 when any --lora-* is given]  --lora-alpha A [32]\n"
     "  --lora-targets LIST [q,k,v,o,gate,up,down]\n"
+    "  --lora-dropout P [0]    dropout on the adapters' input in training, as PEFT's\n"
+    "  with --bf16 / --fp16 the base is loaded in that dtype (no master copy); A, B f32\n"
     "precision (fp32 master weights, gradients and moments in every mode):\n"
     "  --bf16                  weights and activations in bf16 (f32 math)\n"
     "  --fp16                  in fp16, with a loss scaler: dynamic by default (Megatron's\n"
@@ -127,7 +129,7 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
     else if (!strcmp(a, "--lora-rank")) { if (parse_int(v, 1, 4096, &o->lora_rank)) return bad("--lora-rank must be an integer in [1, 4096], got '%s'", v); }
     else if (!strcmp(a, "--lora-alpha")) { double x; if (parse_double(v, &x) || !(x > 0)) return bad("--lora-alpha must be a positive number, got '%s'", v); o->lora_alpha = (float)x; if (!o->lora_rank) o->lora_rank = 32; }
     else if (!strcmp(a, "--lora-targets")) { if (lora_parse_targets(v, &o->lora_targets) != STATUS_OK) return bad("%s", status_message()); if (!o->lora_rank) o->lora_rank = 32; }
-    else if (!strcmp(a, "--lora-dropout")) { double x; if (parse_double(v, &x) || x != 0.0) return bad("--lora-dropout: only 0 is supported (no dropout), got '%s'", v); }
+    else if (!strcmp(a, "--lora-dropout")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x < 1.0)) return bad("--lora-dropout must be in [0, 1), got '%s'", v); o->lora_dropout = (float)x; if (!o->lora_rank) o->lora_rank = 32; }
     else if (!strcmp(a, "--loss-scale")) { if (parse_double(v, &o->loss_scale) || !(o->loss_scale > 0)) return bad("--loss-scale must be a positive number, got '%s'", v); }
     else if (!strcmp(a, "--initial-loss-scale")) { if (parse_double(v, &o->initial_loss_scale) || !(o->initial_loss_scale > 0)) return bad("--initial-loss-scale must be a positive number, got '%s'", v); }
     else if (!strcmp(a, "--min-loss-scale")) { if (parse_double(v, &o->min_loss_scale) || !(o->min_loss_scale > 0)) return bad("--min-loss-scale must be a positive number, got '%s'", v); }

@@ -261,6 +261,18 @@ void op_scale(struct backend *b, const struct tensor *out, const struct tensor *
     after_op(b);
 }
 
+void op_dropout(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key,
+                int64_t col0, float p)
+{
+    check_float(b, out, "dropout out");
+    check_float(b, x, "dropout x");
+    check_same(out, x, "dropout out/x");
+    CHECK(out->ndim == 2 && col0 >= 0 && p >= 0.0f && p < 1.0f, "dropout: %s, col0 %lld, p %g", DESC(out),
+          (long long)col0, (double)p);
+    b->ops->dropout(b, out, x, key, col0, p);
+    after_op(b);
+}
+
 void op_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
              int rot_dim, float theta, enum rope_style style)
 {

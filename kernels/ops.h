@@ -142,6 +142,8 @@ struct backend_ops {
     void (*add)(struct backend *b, const struct tensor *out, const struct tensor *a,
                 const struct tensor *c);
     void (*scale)(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha);
+    void (*dropout)(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key,
+                    int64_t col0, float p);
     void (*rope)(struct backend *b, const struct tensor *x, const struct tensor *positions,
                  int rot_dim, float theta, enum rope_style style);
     void (*kv_write)(struct backend *b, const struct tensor *k_cache, const struct tensor *v_cache,
@@ -339,6 +341,24 @@ void op_add(struct backend *b, const struct tensor *out, const struct tensor *a,
 
 /* out = alpha * x, same shape. out may alias x. */
 void op_scale(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha);
+
+/* Dropout by a counter-based mask, nothing stored: the backward, and a recomputation, draw the
+ * same mask from the same key. For x (n, d):
+ *   out[i, j] = keep(i, col0 + j) ? x[i, j] / (1 - p) : 0,
+ *   keep(r, c) = (op_dropout_hash(key ^ (r << 32 | c)) >> 40) >= op_dropout_threshold(p),
+ * the hash being splitmix64's finaliser and the threshold round(p 2^24) (below: one formula for
+ * both backends and the tests' references). A global column offset col0 lets a tensor-parallel
+ * slice draw the columns one rank would. Being a multiplication by a fixed mask, its backward is
+ * itself with the same key. p in [0, 1); out may alias x. */
+void op_dropout(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key,
+                int64_t col0, float p);
+static inline uint64_t op_dropout_hash(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static inline uint32_t op_dropout_threshold(float p) { return (uint32_t)((double)p * 16777216.0 + 0.5); }
 
 /* Rotary position embedding, in place, on x (n, n_heads, head_dim) with positions i32 (n):
  * within each head the first rot_dim (even, <= head_dim) features are rotated, pair i by angle

@@ -7,6 +7,8 @@
 #      identical losses for steps 6-10;
 #   2b. bf16 and fp16 (dynamic loss scaler: skipped steps and the falling scale at the start);
 #   2c. LoRA: PEFT files, the loss falls, merge-lora equals base + adapter, bitwise resume;
+#       --lora-dropout (none in evaluation, the loss still falls), bf16 / fp16 bases against f32
+#       (losses, the base's bytes, the fp16 loss scaler on the adapters' gradients);
 #   3. chat JSONL (messages and ShareGPT) and prompt/completion data train;
 #   4. bad data and bad flags: a message naming the file and line, exit 1 (errors) or 2
 #      (usage), never a crash.
@@ -134,7 +136,7 @@ expect "flags: --loss-scale needs --fp16" 2 "--loss-scale applies to --fp16 only
 LO=(--model "$MODEL" --data "$TEXT" "${COMMON[@]}" --split 98,2 --eval-iters 8 --lora-rank 8 --lora-alpha 16)
 "$BIN" train "${LO[@]}" --out "$WORK/lora" --train-iters 40 2> "$WORK/lora.err"
 check "lora: 40 steps train the adapters" $?
-grep -q "LoRA rank 8, alpha 16 on q k v o gate up down" "$WORK/lora.err"
+grep -q "LoRA rank 8, alpha 16, dropout 0 on q k v o gate up down" "$WORK/lora.err"
 check "lora: the log names rank, alpha and targets" $?
 python3 - "$WORK/lora" <<'PYEOF'
 import json, struct, sys
@@ -165,8 +167,62 @@ check "merge-lora: the merged checkpoint generates" $?
 "$BIN" train "${LO[@]}" --out "$WORK/lora55" --train-iters 10 --resume "$WORK/lora10/checkpoints/iter_0000005" 2> /dev/null
 cmp -s "$WORK/lora10/adapter_model.safetensors" "$WORK/lora55/adapter_model.safetensors"
 check "lora: 5 + resume + 5 steps give the adapter of 10 straight steps, bit for bit" $?
-expect "lora: with --bf16 refused" 1 "not built yet" \
-  "$BIN" train "${LO[@]}" --out "$WORK/x" --train-iters 1 --bf16
+# Dropout (PEFT's lora_dropout) and frozen bases in bf16 / fp16, against the f32 run above.
+"$BIN" train "${LO[@]}" --out "$WORK/lora_drop" --train-iters 40 --lora-dropout 0.1 2> "$WORK/lora_drop.err"
+check "lora: 40 steps with --lora-dropout 0.1" $?
+"$BIN" train "${LO[@]}" --out "$WORK/lora_bf16" --train-iters 40 --bf16 2> "$WORK/lora_bf16.err"
+check "lora: 40 steps on a bf16 base" $?
+"$BIN" train "${LO[@]}" --out "$WORK/lora_fp16" --train-iters 40 --fp16 2> "$WORK/lora_fp16.err"
+check "lora: 40 steps on an fp16 base with the dynamic loss scaler" $?
+"$BIN" train "${LO[@]}" --out "$WORK/lora_fp16c" --train-iters 40 --fp16 --loss-scale 1024 2> /dev/null
+check "lora: 40 steps on an fp16 base with a constant loss scale" $?
+python3 - "$WORK" <<'PYEOF'
+import json, re, sys
+w = sys.argv[1]
+def read(name):
+    rows = [json.loads(l) for l in open("%s/%s/metrics.jsonl" % (w, name))]
+    return [r for r in rows if "loss" in r], [r["eval_loss"] for r in rows if "eval_loss" in r]
+def weight_bytes(name):
+    m = re.search(r"the base frozen in (\w+), (\d+) bytes of weights", open("%s/%s.err" % (w, name)).read())
+    return m.group(1), int(m.group(2))
+ok = True
+def say(cond, msg):
+    global ok
+    print(("PYPASS " if cond else "PYFAIL ") + msg)
+    ok &= cond
+f32, e32 = read("lora")
+drop, ed = read("lora_drop")
+cfg = json.load(open(w + "/lora_drop/adapter_config.json"))
+say(cfg["lora_dropout"] == 0.1 and json.load(open(w + "/lora/adapter_config.json"))["lora_dropout"] == 0,
+    "lora_dropout 0.1 (and 0) written into adapter_config.json")
+say(ed[0] == e32[0], "dropout: none in evaluation (held-out loss before training %.6f, as without: %.6f)" % (ed[0], e32[0]))
+say(drop[1]["loss"] != f32[1]["loss"], "dropout: the training losses differ from no dropout's (step 2: %.6f vs %.6f)"
+    % (drop[1]["loss"], f32[1]["loss"]))
+say(ed[-1] < ed[0] - 0.5 and abs(ed[-1] - e32[-1]) < 0.1,
+    "dropout 0.1: the held-out loss falls by 0.5 (%.4f -> %.4f), near no dropout's %.4f" % (ed[0], ed[-1], e32[-1]))
+b16, eb = read("lora_bf16")
+d20 = max(abs(a["loss"] - b["loss"]) for a, b in zip(f32[:20], b16[:20]))
+say(d20 < 0.03, "bf16 base: the first 20 training losses within 0.03 of f32's (worst %.4f)" % d20)
+say(abs(eb[-1] - e32[-1]) < 0.02, "bf16 base: held-out loss %.4f within 0.02 of f32's %.4f after 40 steps" % (eb[-1], e32[-1]))
+(d32, n32), (db, nb) = weight_bytes("lora"), weight_bytes("lora_bf16")
+say(d32 == "f32" and db == "bf16" and 2 * nb == n32, "bf16 base: the base held once, in bf16: %d bytes of weights, "
+    "half of f32's %d (no master copy)" % (nb, n32))
+h16, eh = read("lora_fp16")
+skipped = [r["iter"] for r in h16 if r["skipped"]]
+say(len(skipped) > 0 and skipped == list(range(1, len(skipped) + 1)) and eh[-1] < eh[0] - 0.3,
+    "fp16 base: the adapters' gradients overflow at scale 2^32 (steps %s skipped), then train (%.4f -> %.4f)"
+    % (skipped, eh[0], eh[-1]))
+c16, _ = read("lora_fp16c")
+gn = abs(c16[0]["grad_norm"] - f32[0]["grad_norm"]) / f32[0]["grad_norm"]
+dl = max(abs(a["loss"] - b["loss"]) for a, b in zip(f32[:20], c16[:20]))
+say(not any(r["skipped"] for r in c16) and gn < 0.05 and dl < 0.05, "fp16 base at loss scale 1024: the adapter "
+    "gradients unscaled (step-1 norm %.5g vs f32's %.5g), 20 losses within 0.05 of f32's (worst %.4f)"
+    % (c16[0]["grad_norm"], f32[0]["grad_norm"], dl))
+sys.exit(0 if ok else 1)
+PYEOF
+check "lora: dropout, bf16 and fp16 bases against f32 (see PYPASS/PYFAIL above)" $?
+expect "lora: --lora-dropout 1 refused" 2 "--lora-dropout must be in \[0, 1)" \
+  "$BIN" train "${LO[@]}" --out "$WORK/x" --train-iters 1 --lora-dropout 1
 expect "lora: an unknown target" 2 "LoRA target 'qq'" \
   "$BIN" train "${LO[@]}" --out "$WORK/x" --train-iters 1 --lora-targets q,qq
 expect "merge-lora: a directory without an adapter" 1 "adapter_config.json" \

@@ -4,11 +4,14 @@
  * the weights as loaded and the accumulated gradients, so that the Python test can recompute
  * both with JAX (an independent autodiff) from the same weights.
  *
- * Usage: test_train_grad MODEL_DIR BATCH_FILE OUT_PREFIX [REPEAT [cpu|cuda [LORA_RANK LORA_ALPHA]]]
+ * Usage: test_train_grad MODEL_DIR BATCH_FILE OUT_PREFIX [REPEAT [cpu|cuda [LORA_RANK LORA_ALPHA
+ *        [LORA_DROPOUT]]]]
  * With LORA_RANK > 0 the base is frozen and adapters on every projection are trained: B is
  * drawn at random too (a fresh adapter's B is zero, which would leave dA zero), and the dump
  * holds the base weights (gradient offsets -1) and "lora_A" / "lora_B" rows with their
- * gradients; OUT_PREFIX.peft/ receives the adapter in the PEFT layout.
+ * gradients; OUT_PREFIX.peft/ receives the adapter in the PEFT layout. With LORA_DROPOUT > 0
+ * the micro-batch draws its masks as training does (seed 11, step 3, micro-batch 2, written
+ * to the JSON), for the Python reference to draw them again from lora.h's formula.
  * With cuda it prints "SKIP: ..." and exits 77 when the build or the machine has no GPU.
  * BATCH_FILE (text): "n_tokens n_docs grad_scale", then n_tokens tokens, n_tokens targets,
  * n_tokens positions, n_docs + 1 document offsets.
@@ -69,7 +72,11 @@ int main(int argc, char **argv)
         g.n_layers = m->w.n_layers;
         g.layers = calloc((size_t)g.n_layers, sizeof *g.layers);
         st = lora_create(m, lora_rank, (float)atof(argv[7]), (1u << LORA_TARGET_COUNT) - 1, 5, &lora);
-        if (st == STATUS_OK) st = lora_reserve(lora, b, tb.n_tokens);
+        if (st == STATUS_OK) lora_set_dropout(lora, argc > 8 ? (float)atof(argv[8]) : 0.0f, 11);
+        tb.dropout = 1;
+        tb.step = 3;
+        tb.micro = 2;
+        if (st == STATUS_OK) st = lora_reserve(lora, b, tb.n_tokens, m->dtype);
         for (int i = 0; st == STATUS_OK && i < lora->n_layers; i++)
             for (int t = 0; t < LORA_TARGET_COUNT; t++) {
                 struct tensor *bt = &lora->sites[i][t].b;
@@ -139,7 +146,9 @@ int main(int argc, char **argv)
                 free(hw);
                 free(hg);
             }
-    fprintf(js, "], \"tied\": %d, \"lora_scale\": %.9g}\n", m->w.tied, lora ? lora->scale : 0.0);
+    fprintf(js, "], \"tied\": %d, \"lora_scale\": %.9g, \"lora_dropout\": %.9g, \"dropout_seed\": 11, "
+            "\"step\": %lld, \"micro\": %d}\n", m->w.tied, lora ? lora->scale : 0.0,
+            lora ? (double)lora->dropout : 0.0, (long long)tb.step, tb.micro);
     if (lora) {
         snprintf(path, sizeof path, "%s.peft", argv[3]);
         CHECK(lora_save_peft(lora, m, b, path, argv[1]) == STATUS_OK, "PEFT save: %s", status_message());

@@ -146,11 +146,21 @@ def rope_halves(x, pos, theta):  # x (T, h, hd), rotate (x[i], x[i + hd/2])
     return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
 
 
-def forward_loss(P, spec, batch):
+def forward_loss(P, spec, batch, lora=None):
+    """The summed loss. lora: adapters applied beside the base, x W^T + s (drop(x) A^T) B^T, as
+    {"A": {"q/0": ...}, "B": {...}, "s": scale, "masks": {"q/0": mask with 1 / (1 - p) or 0}}."""
     kind, L = spec["kind"], spec["n_layers"]
     tok, tgt, pos, doc = batch["tokens"], batch["targets"], batch["positions"], batch["doc_id"]
     T = tok.shape[0]
     g = lambda k, l=-1: P["%s/%d" % (k, l)]  # noqa: E731
+
+    def lin(k, l, x):  # x W^T, plus the adapter of (k, l) when there is one
+        y = x @ g(k, l).T
+        key = "%s/%d" % (k, l)
+        if lora is not None and key in lora["A"]:
+            xa = x * lora["masks"][key] if key in lora["masks"] else x
+            y = y + lora["s"] * ((xa @ lora["A"][key].T) @ lora["B"][key].T)
+        return y
     x = g("tok_embedding")[tok]
     if kind == "gemma3":
         x = x * math.sqrt(spec["d"])
@@ -165,9 +175,9 @@ def forward_loss(P, spec, batch):
             xn = layernorm(x, g("attn_norm", l), g("attn_norm_bias", l), 1e-5)
         else:
             xn = rmsnorm(x, g("attn_norm", l), spec["eps"])
-        q = xn @ g("q", l).T
-        k = xn @ g("k", l).T
-        v = xn @ g("v", l).T
+        q = lin("q", l, xn)
+        k = lin("k", l, xn)
+        v = lin("v", l, xn)
         if kind == "gpt2":
             q, k, v = q + g("q_bias", l), k + g("k_bias", l), v + g("v_bias", l)
         q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
@@ -187,7 +197,7 @@ def forward_loss(P, spec, batch):
         s = jnp.where(mask[None], s, -jnp.inf)
         p = jax.nn.softmax(s, axis=-1)
         att = jnp.einsum("hij,jhd->ihd", p, vv).reshape(T, nh * hd)
-        proj = att @ g("o", l).T
+        proj = lin("o", l, att)
         if kind == "gpt2":
             proj = proj + g("o_bias", l)
         if kind == "gemma3":
@@ -200,8 +210,8 @@ def forward_loss(P, spec, batch):
         else:
             xn = rmsnorm(x, g("mlp_norm", l), spec["eps"])
             act = gelu_tanh if kind == "gemma3" else silu
-            h = act(xn @ g("gate", l).T) * (xn @ g("up", l).T)
-            proj = h @ g("down", l).T
+            h = act(lin("gate", l, xn)) * lin("up", l, xn)
+            proj = lin("down", l, h)
             if kind == "gemma3":
                 proj = rmsnorm(proj, g("post_mlp_norm", l), spec["eps"])
         x = x + proj
@@ -264,7 +274,7 @@ DEVICE = "cpu"
 
 
 def run_driver(driver, model_dir, batch_path, prefix, repeat, lora=None):
-    extra = [str(lora[0]), repr(lora[1])] if lora else []
+    extra = [repr(v) for v in lora] if lora else []
     r = subprocess.run([driver, model_dir, batch_path, prefix, str(repeat), DEVICE] + extra, capture_output=True,
                        text=True)
     if r.returncode == 77:
@@ -325,6 +335,77 @@ def lora_check(driver, tmp, kind, mdir, bpath, spec, batch, grad_scale):
     return meta, os.path.join(tmp, kind + "_lora.peft")
 
 
+M64 = (1 << 64) - 1
+
+
+def mix64(z):
+    """splitmix64's finaliser, on Python ints or numpy uint64 arrays (wrapping mod 2^64)."""
+    if isinstance(z, int):
+        z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & M64
+        z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & M64
+        return z ^ (z >> 31)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xbf58476d1ce4e5b9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94d049bb133111eb)
+        return z ^ (z >> np.uint64(31))
+
+
+def dropout_mask(p, seed, step, micro, layer, target, rows, cols):
+    """The mask lora.h documents, drawn again here: the keep decisions times 1 / (1 - p) (the
+    f32 factor the kernels use), as float64 (rows, cols)."""
+    k = mix64((seed + 0x9e3779b97f4a7c15) & M64)
+    k = mix64(mix64(k ^ step) ^ micro)
+    k = mix64(k ^ ((layer << 8) | target))
+    r = np.arange(rows, dtype=np.uint64)[:, None] << np.uint64(32)
+    c = np.arange(cols, dtype=np.uint64)[None, :]
+    h = mix64(np.uint64(k) ^ (r | c))
+    p32 = np.float32(p)
+    keep = (h >> np.uint64(40)) >= np.uint64(int(float(p32) * 16777216.0 + 0.5))
+    return np.where(keep, float(np.float32(1.0) / (np.float32(1.0) - p32)), 0.0)
+
+
+def lora_dropout_check(driver, tmp, kind, mdir, bpath, spec, batch, grad_scale, p=0.3):
+    """LoRA with dropout: the masked path x W^T + s (drop(x) A^T) B^T, the masks drawn from the
+    counter formula; the loss and the gradients of A and B against JAX."""
+    meta, params, grads = run_driver(driver, mdir, bpath, os.path.join(tmp, kind + "_lora_drop"), 1,
+                                     lora=(4, 8.0, p))
+    base = {k: jnp.asarray(v) for k, v in params.items() if not k.startswith("lora_")}
+    ad = {k: jnp.asarray(v) for k, v in params.items() if k.startswith("lora_")}
+    T = len(batch["tokens"])
+    masks, dropped = {}, []
+    for ti, t in enumerate(LORA_TARGETS):
+        for l in range(spec["n_layers"]):
+            a = params.get("lora_A_%s/%d" % (t, l))
+            if a is not None:
+                mk = dropout_mask(meta["lora_dropout"], meta["dropout_seed"], meta["step"], meta["micro"], l, ti,
+                                  T, a.shape[1])
+                masks["%s/%d" % (t, l)] = jnp.asarray(mk)
+                dropped.append(float(np.mean(mk == 0)))
+    jb = {k: jnp.asarray(v) for k, v in batch.items() if k != "doc_start"}
+
+    def loss_of(adp):
+        lora = {"A": {k[len("lora_A_"):]: v for k, v in adp.items() if k.startswith("lora_A_")},
+                "B": {k[len("lora_B_"):]: v for k, v in adp.items() if k.startswith("lora_B_")},
+                "s": meta["lora_scale"], "masks": masks}
+        return forward_loss(base, spec, jb, lora)
+
+    loss, jg = jax.value_and_grad(loss_of)(ad)
+    rel = abs(meta["loss_sum"] - float(loss)) / abs(float(loss))
+    check(rel < 1e-5 and abs(np.mean(dropped) - p) < 0.05,
+          "%s LoRA dropout %.1f: loss %.8f, JAX with the same masks %.8f (rel %.1e; %.3f of inputs dropped)"
+          % (kind, p, meta["loss_sum"], float(loss), rel, np.mean(dropped)))
+    refs = {k: np.asarray(jg[k]) * grad_scale for k in ad}
+    gmax = max(np.max(np.abs(r)) for r in refs.values())
+    worst, wkey = 0.0, ""
+    for k, r in refs.items():
+        e = np.max(np.abs(grads[k] - r)) / max(np.max(np.abs(r)), 1e-2 * gmax)
+        if e > worst:
+            worst, wkey = e, k
+    check(worst < 1e-4 and len(refs) == 2 * len(LORA_TARGETS) * spec["n_layers"],
+          "%s LoRA dropout: all %d adapter gradients within 1e-4 of JAX with the masks (worst %.1e, %s)"
+          % (kind, len(refs), worst, wkey))
+
+
 def main():
     global DEVICE
     driver = sys.argv[1]
@@ -371,6 +452,7 @@ def main():
             check(acc < 1e-5, "%s: two micro-batches accumulate to twice the gradients (rel %.1e)" % (kind, acc))
             if kind != "gpt2":  # adapters are written for Llama-family names
                 lora_check(driver, tmp, kind, mdir, bpath, spec, batch, grad_scale)
+                lora_dropout_check(driver, tmp, kind, mdir, bpath, spec, batch, grad_scale)
     print("%d passed, %d failed" % (N_PASS, N_FAIL))
     return 1 if N_FAIL else 0
 

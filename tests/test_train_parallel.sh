@@ -11,8 +11,8 @@
 #   4. a stopped rank (SIGSTOP) and a killed one (SIGKILL): the job ends within the timeout
 #      with the rank named, and the last checkpoint on disk loads;
 #   5. layouts that cannot run: a message, exit 1;
-#   6. LoRA at tp 2, dp 2 and dp 2 x tp 2 with sequence parallelism: losses as one rank's, the
-#      gathered PEFT file's tensors within 1e-4.
+#   6. LoRA at tp 2, dp 2 and dp 2 x tp 2 with sequence parallelism (and with --lora-dropout):
+#      losses as one rank's, the gathered PEFT file's tensors within 1e-4.
 # With DEVICE=cuda (the `gpu` test): the layouts of 1 without recomputation on GPUs, NCCL between
 # ranks (one GPU per rank: SKIP with fewer than 4), losses and weights within 1e-4.
 # Adam's eps is 1e-3 here: with eps 1e-8 a gradient element that is zero up to f32 rounding
@@ -122,17 +122,24 @@ same llama_dp2tp2_distopt llama_one
 # the inputs of o, down at tp 2; the PEFT file gathered whole on rank 0. The adapters start
 # from B = 0, so Adam's relative noise on their small values is larger: 1e-4 for the tensors.
 LORA=(--lora-rank 4 --lora-alpha 8)
-run lora_one 1 "$GOLDEN/stories260K" 10 "${LORA[@]}"
-check "LoRA at one rank (reference)" $?
-for target in "2|--tp 2|lora_tp2" "2||lora_dp2" "4|--tp 2 --sequence-parallel --recompute-granularity selective --recompute-modules mlp,layernorm|lora_dp2tp2_sp"; do
-  n=${target%%|*}
+# With --lora-dropout the masks are keyed by global rows, columns, layers and micro-batches, so
+# that the split (and the recomputed MLP) draws what one rank draws.
+run lora_one 1 "$GOLDEN/stories260K" 10 "${LORA[@]}" && run lora_drop_one 1 "$GOLDEN/stories260K" 10 "${LORA[@]}" \
+  --lora-dropout 0.1
+check "LoRA at one rank, without and with dropout (references)" $?
+SP_MLP="--tp 2 --sequence-parallel --recompute-granularity selective --recompute-modules mlp,layernorm"
+for target in "lora_one|2|--tp 2|lora_tp2" "lora_one|2||lora_dp2" "lora_one|4|$SP_MLP|lora_dp2tp2_sp" \
+              "lora_drop_one|4|$SP_MLP --lora-dropout 0.1|lora_drop_dp2tp2_sp"; do
+  ref=${target%%|*}
   rest=${target#*|}
+  n=${rest%%|*}
+  rest=${rest#*|}
   flags=${rest%|*}
   name=${rest##*|}
   # shellcheck disable=SC2086
   if run "$name" "$n" "$GOLDEN/stories260K" 10 "${LORA[@]}" $flags; then
-    out=$($COMPARE losses "$WORK/lora_one/metrics.jsonl" "$WORK/$name/metrics.jsonl" --rtol $RTOL &&
-          $COMPARE adapter "$WORK/lora_one" "$WORK/$name" --rtol 1e-4)
+    out=$($COMPARE losses "$WORK/$ref/metrics.jsonl" "$WORK/$name/metrics.jsonl" --rtol $RTOL &&
+          $COMPARE adapter "$WORK/$ref" "$WORK/$name" --rtol 1e-4)
     rc=$?
     check "$name: $(echo "$out" | tr '\n' ';' | sed 's/PASS //g')" $rc
   else

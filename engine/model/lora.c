@@ -120,6 +120,11 @@ static enum status lora_alloc(struct lora *l, const struct model *m)
                 if (!(l->targets & (1u << t)) || !w) continue;
                 const int64_t out = w->shape[0], in = w->shape[1], r = l->rank;
                 struct lora_site *s = &l->sites[i][t];
+                if (pass == 0 && row_parallel_target((enum lora_target)t)) { /* A's global columns */
+                    int64_t o = 0, n = 0;
+                    enum status st = site_geometry(m, m->layer_first + i, (enum lora_target)t, &o, &n, &s->col0);
+                    if (st != STATUS_OK) return st;
+                }
                 struct tensor *ts[4] = {&s->a, &s->b, &s->da, &s->db};
                 const int64_t rows[4] = {r, out, r, out}, cols[4] = {in, r, in, r};
                 for (int k = 0; k < 4; k++) {
@@ -242,33 +247,65 @@ enum status lora_create_whole(const struct model *m, int rank, float alpha, unsi
     return STATUS_OK;
 }
 
-enum status lora_reserve(struct lora *l, struct backend *b, int max_tokens)
+void lora_set_dropout(struct lora *l, float p, uint64_t seed)
 {
-    if (l->act_mem && max_tokens <= l->max_tokens) return STATUS_OK;
+    l->dropout = p;
+    l->dropout_seed = seed;
+}
+
+void lora_dropout_batch(struct lora *l, int on, int64_t step, int micro)
+{
+    l->dropout_on = on && l->dropout > 0.0f;
+    const uint64_t k = op_dropout_hash(l->dropout_seed + 0x9e3779b97f4a7c15ULL);
+    l->batch_key = op_dropout_hash(op_dropout_hash(k ^ (uint64_t)step) ^ (uint64_t)micro);
+}
+
+/* The key of a site's mask in the current micro-batch: the same on every rank that holds a
+ * slice of it (global layer index; op_dropout adds the global column). */
+static uint64_t site_key(const struct lora *l, int layer, enum lora_target t)
+{
+    return op_dropout_hash(l->batch_key ^ ((uint64_t)(l->layer_first + layer) << 8 | (uint64_t)t));
+}
+
+enum status lora_reserve(struct lora *l, struct backend *b, int max_tokens, enum dtype act)
+{
+    if (l->act_mem && max_tokens <= l->max_tokens && act == l->c.dtype) return STATUS_OK;
     backend_free(b, l->act_mem);
     l->act_mem = NULL;
-    int64_t widest = 0, n_sites = 0;
+    int64_t widest = 0, widest_in = 0, n_sites = 0;
     for (int i = 0; i < l->n_layers; i++)
         for (int t = 0; t < LORA_TARGET_COUNT; t++)
             if (l->sites[i][t].b.data) {
                 n_sites++;
                 if (l->sites[i][t].b.shape[0] > widest) widest = l->sites[i][t].b.shape[0];
+                if (l->sites[i][t].a.shape[1] > widest_in) widest_in = l->sites[i][t].a.shape[1];
             }
-    const size_t u_bytes = ((size_t)max_tokens * (size_t)l->rank * 4 + 255) / 256 * 256;
-    const size_t z_bytes = ((size_t)max_tokens * (size_t)widest * 4 + 255) / 256 * 256;
-    enum status st = backend_alloc(b, (size_t)(n_sites + 1) * u_bytes + z_bytes, &l->act_mem);
+    /* The f32 scratch of the input only when it is cast or masked, the rounded sum's only when
+     * the activations are not f32: an f32 run without dropout keeps its old footprint. */
+    const int64_t T = max_tokens, in_rows = act != DTYPE_F32 || l->dropout > 0.0f ? T : 0;
+    const int64_t c_rows = act != DTYPE_F32 ? T : 0, c_cols = widest > widest_in ? widest : widest_in;
+    const size_t u_bytes = ((size_t)T * (size_t)l->rank * 4 + 255) / 256 * 256;
+    const size_t z_bytes = ((size_t)T * (size_t)widest * 4 + 255) / 256 * 256;
+    const size_t x_bytes = ((size_t)in_rows * (size_t)widest_in * 4 + 255) / 256 * 256;
+    const size_t c_bytes = ((size_t)c_rows * (size_t)c_cols * dtype_size(act) + 255) / 256 * 256;
+    enum status st = backend_alloc(b, (size_t)(n_sites + 1) * u_bytes + z_bytes + 2 * x_bytes + c_bytes, &l->act_mem);
     if (st != STATUS_OK) return st;
-    size_t off = 0;
+    char *p = l->act_mem;
     for (int i = 0; i < l->n_layers; i++)
         for (int t = 0; t < LORA_TARGET_COUNT; t++)
             if (l->sites[i][t].b.data) {
-                l->sites[i][t].u = tensor_make((char *)l->act_mem + off, DTYPE_F32, b->device, 2, (int64_t)max_tokens,
-                                               (int64_t)l->rank);
-                off += u_bytes;
+                l->sites[i][t].u = tensor_make(p, DTYPE_F32, b->device, 2, T, (int64_t)l->rank);
+                p += u_bytes;
             }
-    l->du = tensor_make((char *)l->act_mem + off, DTYPE_F32, b->device, 2, (int64_t)max_tokens, (int64_t)l->rank);
-    off += u_bytes;
-    l->z = tensor_make((char *)l->act_mem + off, DTYPE_F32, b->device, 2, (int64_t)max_tokens, widest);
+    l->du = tensor_make(p, DTYPE_F32, b->device, 2, T, (int64_t)l->rank);
+    p += u_bytes;
+    l->z = tensor_make(p, DTYPE_F32, b->device, 2, T, widest);
+    p += z_bytes;
+    l->xs = tensor_make(in_rows ? p : NULL, DTYPE_F32, b->device, 2, T, widest_in);
+    p += x_bytes;
+    l->xt = tensor_make(in_rows ? p : NULL, DTYPE_F32, b->device, 2, T, widest_in);
+    p += x_bytes;
+    l->c = tensor_make(c_rows ? p : NULL, act, b->device, 2, T, c_cols);
     l->max_tokens = max_tokens;
     return STATUS_OK;
 }
@@ -309,14 +346,47 @@ void lora_apply(const struct lora *l, struct backend *b, int layer, enum lora_ta
     op_add(b, y, y, &z);
 }
 
+/* The adapter's input x' (T, in) in f32: x itself when it is f32 and no mask is drawn, else x
+ * cast and/or masked into xs. */
+static struct tensor adapter_input(struct lora *l, struct backend *b, int layer, enum lora_target t,
+                                   const struct tensor *x)
+{
+    if (x->dtype == DTYPE_F32 && !l->dropout_on) return *x;
+    CHECK(l->xs.data, "LoRA: lora_reserve was not told of %s activations or dropout", dtype_name(x->dtype));
+    struct tensor xs = tensor_view2(&l->xs, x->shape[0], x->shape[1]);
+    if (x->dtype != DTYPE_F32) op_cast(b, &xs, x);
+    if (l->dropout_on)
+        op_dropout(b, &xs, x->dtype == DTYPE_F32 ? x : &xs, site_key(l, layer, t), l->sites[layer][t].col0, l->dropout);
+    return xs;
+}
+
+/* y += v, v f32 (T, cols), y in the activations' dtype: v rounded once into c first. */
+static void add_f32(struct lora *l, struct backend *b, const struct tensor *y, const struct tensor *v)
+{
+    if (y->dtype == DTYPE_F32) {
+        op_add(b, y, y, v);
+        return;
+    }
+    CHECK(l->c.data && l->c.dtype == y->dtype, "LoRA: lora_reserve was not told of %s activations",
+          dtype_name(y->dtype));
+    struct tensor c = tensor_view2(&l->c, v->shape[0], v->shape[1]);
+    op_cast(b, &c, v);
+    op_add(b, y, y, &c);
+}
+
 void lora_forward(struct lora *l, struct backend *b, int layer, enum lora_target t, const struct tensor *y,
                   const struct tensor *x)
 {
     struct lora_site *s = &l->sites[layer][t];
     if (!s->a.data) return;
-    CHECK(x->shape[0] <= l->max_tokens, "LoRA: %lld rows exceed the reservation of %d", (long long)x->shape[0],
-          l->max_tokens);
-    lora_apply(l, b, layer, t, y, x, &s->u, &l->z); /* u kept: the backward reads it */
+    const int64_t T = x->shape[0];
+    CHECK(T <= l->max_tokens, "LoRA: %lld rows exceed the reservation of %d", (long long)T, l->max_tokens);
+    struct tensor xa = adapter_input(l, b, layer, t, x);
+    struct tensor u = tensor_first_rows(&s->u, T), z = tensor_view2(&l->z, T, s->b.shape[0]);
+    op_matmul(b, &u, &xa, &s->a, NULL); /* u = x' A^T (T, r) */
+    op_scale(b, &u, &u, l->scale);      /* u = s x' A^T, kept: the backward reads it */
+    op_matmul(b, &z, &u, &s->b, NULL);  /* z = u B^T (T, out) */
+    add_f32(l, b, y, &z);
 }
 
 void lora_backward(struct lora *l, struct backend *b, int layer, enum lora_target t, const struct tensor *dx,
@@ -325,10 +395,22 @@ void lora_backward(struct lora *l, struct backend *b, int layer, enum lora_targe
     struct lora_site *s = &l->sites[layer][t];
     if (!s->a.data) return;
     const int64_t T = x->shape[0];
-    struct tensor u = tensor_first_rows(&s->u, T), du = tensor_first_rows(&l->du, T);
-    op_matmul_backward(b, &du, &s->db, NULL, dy, &u, &s->b, 0); /* du = dy B; dB += dy^T u */
-    op_scale(b, &du, &du, l->scale);                           /* du = s dy B = dL/d(x A^T) */
-    op_matmul_backward(b, dx, &s->da, NULL, &du, x, &s->a, 1);  /* dA += du^T x; dx += du A */
+    struct tensor u = tensor_first_rows(&s->u, T), du = tensor_first_rows(&l->du, T), dy32 = *dy;
+    if (dy->dtype != DTYPE_F32) { /* z is free in the backward */
+        dy32 = tensor_view2(&l->z, T, s->b.shape[0]);
+        op_cast(b, &dy32, dy);
+    }
+    op_matmul_backward(b, &du, &s->db, NULL, &dy32, &u, &s->b, 0); /* du = dy B; dB += dy^T u */
+    op_scale(b, &du, &du, l->scale);                              /* du = s dy B = dL/d(x' A^T) */
+    if (x->dtype == DTYPE_F32 && !l->dropout_on) {
+        op_matmul_backward(b, dx, &s->da, NULL, &du, x, &s->a, 1); /* dA += du^T x; dx += du A */
+        return;
+    }
+    struct tensor xa = adapter_input(l, b, layer, t, x); /* x' again: the same mask */
+    struct tensor xt = tensor_view2(&l->xt, T, x->shape[1]);
+    op_matmul_backward(b, &xt, &s->da, NULL, &du, &xa, &s->a, 0); /* dA += du^T x'; xt = du A */
+    if (l->dropout_on) op_dropout(b, &xt, &xt, site_key(l, layer, t), s->col0, l->dropout);
+    add_f32(l, b, dx, &xt);
 }
 
 /* ---- PEFT files ------------------------------------------------------------------------------ */
@@ -366,7 +448,8 @@ static enum status write_peft_config(const struct lora *l, const char *dir, cons
     cJSON_AddStringToObject(root, "base_model_name_or_path", base_model ? base_model : "");
     cJSON_AddNumberToObject(root, "r", l->rank);
     cJSON_AddNumberToObject(root, "lora_alpha", l->alpha);
-    cJSON_AddNumberToObject(root, "lora_dropout", 0.0);
+    /* p is a float: rounded to 6 digits, 0.1 is written as 0.1, not 0.10000000149011612 */
+    cJSON_AddNumberToObject(root, "lora_dropout", floor((double)l->dropout * 1e6 + 0.5) / 1e6);
     cJSON_AddItemToObject(root, "target_modules", mods);
     cJSON_AddStringToObject(root, "bias", "none");
     cJSON_AddBoolToObject(root, "fan_in_fan_out", 0);

@@ -7,10 +7,19 @@
  * Hugging Face PEFT layout (adapter_config.json + adapter_model.safetensors, tensor names
  * base_model.model.model.layers.L.self_attn.q_proj.lora_A.weight ...), so that they load in
  * PEFT / vLLM and PEFT adapters load here.
+ * Training may apply dropout to the adapter's input, as PEFT's lora_dropout does:
+ *     y = x W^T + s (drop(x) A^T) B^T,
+ * the mask drawn by op_dropout (kernels/ops.h) from a key of (seed, step, micro-batch, global
+ * layer, target) and the element's row and global column (lora_dropout_batch, site_key in
+ * lora.c), so that the backward and any recomputation draw it again instead of storing it, and
+ * tensor- or data-parallel runs draw what one rank draws. Activations (x, y and their
+ * gradients) may be bf16 / f16 around f32 A and B: the adapter computes in f32 (x cast into a
+ * scratch) and adds its result rounded once.
  * Serving applies several adapters in one batch (lora_apply, per run of sequences: model.c); the
  * conductor loads them (--lora NAME=DIR). Not here: the optimizer (engine/train).
- * Tests: tests/test_train_grad.py (the gradients of A and B against JAX; merged = base +
- * adapter), tests/test_train.sh (--lora-rank, merge-lora). */
+ * Tests: tests/test_train_grad.py (the gradients of A and B against JAX, with and without
+ * dropout; merged = base + adapter), tests/test_train.sh (--lora-rank, --lora-dropout, bf16 /
+ * fp16 bases, merge-lora). */
 #ifndef SHARDLM_LORA_H
 #define SHARDLM_LORA_H
 
@@ -40,6 +49,7 @@ struct lora_site {
     struct tensor a, b;       /* (rank, in), (out, rank); f32; data NULL when not a target */
     struct tensor da, db;     /* their gradients, accumulated */
     struct tensor u;          /* (max_tokens, rank): s x A^T of the last training forward */
+    int64_t col0;             /* A's first column in the whole A (row-parallel targets under tp) */
 };
 
 struct lora {
@@ -54,6 +64,15 @@ struct lora {
     int      max_tokens;
     struct tensor z;           /* (max_tokens, largest out): the low-rank product */
     struct tensor du;          /* (max_tokens, rank) */
+    struct tensor xs, xt;      /* (max_tokens, largest in), f32: the adapter's input cast and/or
+                                  masked, and the gradient it sends back (data NULL when
+                                  activations are f32 and there is no dropout) */
+    struct tensor c;           /* (max_tokens, largest in or out), the activations' dtype: what is
+                                  added into y or dx, rounded (data NULL for f32 activations) */
+    float    dropout;          /* p in [0, 1) (lora_set_dropout) */
+    uint64_t dropout_seed;
+    uint64_t batch_key;        /* of the current micro-batch (lora_dropout_batch) */
+    int      dropout_on;       /* masks drawn in this micro-batch: training, p > 0 */
 };
 
 /* New adapters for m's layers (this rank's slices), initialised as above from seed. The model keeps
@@ -73,8 +92,17 @@ enum status lora_site_geometry(const struct model *m, int layer, enum lora_targe
  * of a job assembles to write one PEFT file. */
 enum status lora_create_whole(const struct model *m, int rank, float alpha, unsigned targets, struct lora **out);
 
-/* Sizes the saved products and scratch for micro-batches of max_tokens rows. */
-enum status lora_reserve(struct lora *l, struct backend *b, int max_tokens);
+/* Dropout on the adapters' input in training forwards (p in [0, 1); 0, the default, is none),
+ * masks keyed by seed. Before lora_reserve. */
+void lora_set_dropout(struct lora *l, float p, uint64_t seed);
+/* The micro-batch the next training forward and backward compute: with on, the masks of
+ * (step, micro), micro the micro-batch's index in the global batch; without, no dropout
+ * (evaluation). The key: k = h(h(h(seed + 0x9e3779b97f4a7c15) ^ step) ^ micro), then per site
+ * h(k ^ (global layer << 8 | target)), h splitmix64's finaliser (op_dropout_hash). */
+void lora_dropout_batch(struct lora *l, int on, int64_t step, int micro);
+/* Sizes the saved products and scratch for micro-batches of max_tokens rows of activations in
+ * act (the model's compute dtype). */
+enum status lora_reserve(struct lora *l, struct backend *b, int max_tokens, enum dtype act);
 void lora_free(struct lora *l, struct backend *b); /* accepts NULL */
 /* Zeroes every dA, dB. */
 void lora_zero_grads(struct lora *l, struct backend *b);
@@ -86,16 +114,17 @@ void lora_apply(const struct lora *l, struct backend *b, int layer, enum lora_ta
                 const struct tensor *x, const struct tensor *u_buf, const struct tensor *z_buf);
 
 /* The forward and backward of one target of local layer `layer` (model_train.c calls them
- * after the base projection): y (T, out) += s (x A^T) B^T, keeping u; and, with dy the
- * gradient of y: dB += dy^T u, dA += s (dy B)^T x, dx += s (dy B) A. No-ops for a layer or
- * target without an adapter. */
+ * after the base projection): y (T, out) += s (x' A^T) B^T with x' = drop(x) (x without
+ * dropout), keeping u; and, with dy the gradient of y: dB += dy^T u, dA += s (dy B)^T x',
+ * dx += drop(s (dy B) A) (the same mask). x, y, dx, dy share the activations' dtype (the one
+ * lora_reserve was given). No-ops for a layer or target without an adapter. */
 void lora_forward(struct lora *l, struct backend *b, int layer, enum lora_target t, const struct tensor *y,
                   const struct tensor *x);
 void lora_backward(struct lora *l, struct backend *b, int layer, enum lora_target t, const struct tensor *dx,
                    const struct tensor *dy, const struct tensor *x);
 
-/* The PEFT layout: writes dir/adapter_config.json and dir/adapter_model.safetensors (f32),
- * creating dir; base_model names the base checkpoint in the config. Llama-family models only
+/* The PEFT layout: writes dir/adapter_config.json (with lora_dropout) and
+ * dir/adapter_model.safetensors (f32), creating dir; base_model names the base checkpoint in the config. Llama-family models only
  * (HF module names); STATUS_UNSUPPORTED otherwise. */
 enum status lora_save_peft(const struct lora *l, const struct model *m, struct backend *b, const char *dir,
                            const char *base_model);

@@ -295,6 +295,7 @@ enum status model_forward_train(struct model *m, const struct train_batch *tb, d
     const int64_t T = tb->n_tokens, Tl = local_rows(m, T);
     *loss_sum = 0.0;
     *n_real = 0;
+    if (m->lora) lora_dropout_batch(m->lora, tb->dropout, tb->step, tb->micro);
     backend_upload(b, a->tokens.data, tb->tokens, (size_t)T * sizeof(int32_t));
     backend_upload(b, a->targets.data, tb->targets, (size_t)T * sizeof(int32_t));
     backend_upload(b, a->positions.data, tb->positions, (size_t)T * sizeof(int32_t));
@@ -487,6 +488,7 @@ enum status model_backward(struct model *m, const struct train_batch *tb,
     const int64_t T = tb->n_tokens, Tl = local_rows(m, T);
     const struct attention_train_batch ab = attention_batch(m, tb);
     struct tensor dres = tensor_first_rows(&a->dres, Tl), dsum;
+    if (m->lora) lora_dropout_batch(m->lora, tb->dropout, tb->step, tb->micro); /* the forward's masks again */
 
     /* Loss and final norm, in reverse (last stage): dh from the cross-entropy (its shard's part,
      * summed over tp), then dres = dL/dx. Other stages received dres from the next one. */

@@ -47,6 +47,9 @@ struct train_batch {
     float          grad_scale; /* the loss whose gradient is taken is grad_scale x the summed
                                   per-token loss: loss_scale / (real tokens of the global batch)
                                   gives Megatron's per-token mean over the whole batch */
+    int            dropout;    /* training: LoRA dropout masks are drawn (lora.h), keyed by */
+    int64_t        step;       /* the optimizer step and */
+    int            micro;      /* the micro-batch's index in the global batch; 0: evaluation */
 };
 
 /* Modules whose insides selective recomputation recomputes (Megatron's --recompute-modules). */

@@ -135,7 +135,8 @@ static enum status setup_lora(struct trainer *t)
                                    : lora_create(t->m, o->lora_rank, o->lora_alpha, o->lora_targets, o->seed, &t->lora);
     if (st != STATUS_OK) return st;
     t->m->lora = t->lora;
-    if ((st = lora_reserve(t->lora, t->b, o->micro_batch_size * o->seq_length)) != STATUS_OK) return st;
+    lora_set_dropout(t->lora, o->lora_dropout, o->seed);
+    if ((st = lora_reserve(t->lora, t->b, o->micro_batch_size * o->seq_length, t->m->dtype)) != STATUS_OK) return st;
     char name[96];
     for (int i = 0; i < t->lora->n_layers && st == STATUS_OK; i++)
         for (int k = 0; k < LORA_TARGET_COUNT && st == STATUS_OK; k++) {
@@ -148,11 +149,13 @@ static enum status setup_lora(struct trainer *t)
             if (st == STATUS_OK && (st = param_table_add(&t->params, name, &s->b, 1)) == STATUS_OK)
                 st = param_table_add(&t->gparams, name, &s->db, 1);
         }
-    LOG_INFO("train", "LoRA rank %d, alpha %g on %s%s%s%s%s%s%s: %lld trainable parameters (base frozen)%s",
-             t->lora->rank, t->lora->alpha, t->lora->targets & 1 ? "q " : "", t->lora->targets & 2 ? "k " : "",
-             t->lora->targets & 4 ? "v " : "", t->lora->targets & 8 ? "o " : "", t->lora->targets & 16 ? "gate " : "",
-             t->lora->targets & 32 ? "up " : "", t->lora->targets & 64 ? "down" : "",
-             (long long)param_table_numel(&t->params), o->resume_dir ? ", resumed" : "");
+    LOG_INFO("train", "LoRA rank %d, alpha %g, dropout %g on %s%s%s%s%s%s%s: %lld trainable parameters (f32); "
+             "the base frozen in %s, %zu bytes of weights on this rank%s",
+             t->lora->rank, t->lora->alpha, (double)t->lora->dropout, t->lora->targets & 1 ? "q " : "",
+             t->lora->targets & 2 ? "k " : "", t->lora->targets & 4 ? "v " : "", t->lora->targets & 8 ? "o " : "",
+             t->lora->targets & 16 ? "gate " : "", t->lora->targets & 32 ? "up " : "", t->lora->targets & 64 ? "down" : "",
+             (long long)param_table_numel(&t->params), dtype_name(t->m->dtype), t->m->weight_bytes,
+             o->resume_dir ? ", resumed" : "");
     return st;
 }
 
@@ -182,8 +185,6 @@ static enum status setup(struct trainer *t)
     t->start = start;
     if (o->lora_rank > 0 && !o->model_dir)
         return status_errorf(STATUS_INVALID_ARGUMENT, "LoRA training needs --model (the base) also with --resume");
-    if (o->lora_rank > 0 && o->precision != TRAIN_PRECISION_F32)
-        return status_errorf(STATUS_UNSUPPORTED, "--lora-rank with --bf16 or --fp16 is not built yet (f32 LoRA only)");
     char path[4200];
     if ((st = train_ranks_init(&t->ranks, o, t->num_microbatches)) != STATUS_OK) return st;
     const int multi = t->ranks.world->size > 1;
@@ -196,8 +197,11 @@ static enum status setup(struct trainer *t)
     if ((st = backend_open(o->device, o->device == DEVICE_CUDA ? t->ranks.world->local_rank : 0, o->threads, &t->b)) !=
         STATUS_OK)
         return st;
-    /* Loaded in f32: these are the master weights; mixed precision adds a compute copy below. */
-    st = model_load_as(start, t->b, &t->ranks.par, DTYPE_F32, &t->m);
+    /* Loaded in f32: these are the master weights; mixed precision adds a compute copy below.
+     * A LoRA base is frozen, so it needs no master: it is loaded in the compute dtype itself. */
+    const enum dtype compute_dt = o->precision == TRAIN_PRECISION_BF16 ? DTYPE_BF16
+                                : o->precision == TRAIN_PRECISION_FP16 ? DTYPE_F16 : DTYPE_F32;
+    st = model_load_as(start, t->b, &t->ranks.par, o->lora_rank > 0 ? compute_dt : DTYPE_F32, &t->m);
     if ((st = parallel_agree(t->ranks.world, st)) != STATUS_OK) return st;
     if ((st = tokenizer_load_for_model(start, t->m->cfg.vocab_size, &t->tok)) != STATUS_OK) return st;
     if ((st = model_weights_make_writable(t->m)) != STATUS_OK) return st;
@@ -219,7 +223,7 @@ static enum status setup(struct trainer *t)
     t->train_iters = o->train_iters > 0 ? o->train_iters : iters_for_epochs(t);
     if (opt.decay_iters <= 0) opt.decay_iters = t->train_iters;
     /* Mixed precision: the f32 weights become the master copy before the tables point at them. */
-    if (o->precision != TRAIN_PRECISION_F32 &&
+    if (o->precision != TRAIN_PRECISION_F32 && o->lora_rank <= 0 &&
         ((st = make_compute_copy(t)) != STATUS_OK ||
          (st = param_table_from_weights(&t->compute, &t->m->w, t->m->layer_first)) != STATUS_OK))
         return st;
@@ -363,7 +367,12 @@ static int next_micro_batches(struct trainer *t, int64_t *targets, int64_t *toke
     const int per = t->ranks.micro_per_replica, first = t->ranks.dp_rank * per;
     int n = 0;
     for (int i = first; i < first + per; i++)
-        if (t->mbs[i].n_tokens > 0) t->tbs[n++] = batch_of(&t->mbs[i], *scale_out);
+        if (t->mbs[i].n_tokens > 0) {
+            t->tbs[n] = batch_of(&t->mbs[i], *scale_out);
+            t->tbs[n].dropout = 1; /* LoRA's masks: keyed by the step and the global micro-batch */
+            t->tbs[n].step = t->state.iteration;
+            t->tbs[n++].micro = i;
+        }
     return n;
 }
 

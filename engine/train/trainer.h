@@ -46,6 +46,7 @@ struct train_options {
     int         lora_rank;        /* > 0: train LoRA adapters on a frozen base (lora.h) */
     float       lora_alpha;
     unsigned    lora_targets;     /* bit mask of enum lora_target */
+    float       lora_dropout;     /* p in [0, 1) on the adapters' input in training (lora.h) */
     /* Parallelism (mpirun -n tp x pp x dp): Megatron's flags. */
     int         tp, pp;             /* --tensor-model-parallel-size, --pipeline-model-parallel-size */
     const char *pp_layers;          /* --pp-layers 8,4: layers per stage (NULL: balanced) */

@@ -66,6 +66,8 @@ void cpu_layernorm(struct backend *b, const struct tensor *out, const struct ten
 void cpu_add(struct backend *b, const struct tensor *out, const struct tensor *a,
              const struct tensor *c);
 void cpu_scale(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha);
+void cpu_dropout(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key, int64_t col0,
+                 float p);
 void cpu_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
               int rot_dim, float theta, enum rope_style style);
 void cpu_kv_write(struct backend *b, const struct tensor *k_cache, const struct tensor *v_cache,

@@ -142,6 +142,7 @@ static const struct backend_ops cuda_backend_ops = {
     .layernorm = cuda_layernorm,
     .add = cuda_add,
     .scale = cuda_scale,
+    .dropout = cuda_dropout,
     .rope = cuda_rope,
     .kv_write = cuda_kv_write,
     .attention = cuda_attention,

@@ -33,6 +33,8 @@ void cuda_layernorm(struct backend *b, const struct tensor *out, const struct te
 void cuda_add(struct backend *b, const struct tensor *out, const struct tensor *a,
               const struct tensor *c);
 void cuda_scale(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha);
+void cuda_dropout(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key, int64_t col0,
+                  float p);
 void cuda_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
                int rot_dim, float theta, enum rope_style style);
 void cuda_kv_write(struct backend *b, const struct tensor *k_cache, const struct tensor *v_cache,
