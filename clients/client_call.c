@@ -44,7 +44,7 @@ static enum status status_from_grpc(grpc_status_code code, const char *message)
     case GRPC_STATUS_UNAVAILABLE: st = STATUS_UNAVAILABLE; break;
     case GRPC_STATUS_INTERNAL: st = STATUS_INTERNAL; break;
     case GRPC_STATUS_UNAUTHENTICATED:
-    case GRPC_STATUS_PERMISSION_DENIED:
+    case GRPC_STATUS_PERMISSION_DENIED: st = STATUS_INVALID_ARGUMENT; exact = 0; break; /* named in the message */
     case GRPC_STATUS_ALREADY_EXISTS: st = STATUS_ALREADY_EXISTS; break;
     case GRPC_STATUS_FAILED_PRECONDITION: st = STATUS_FAILED_PRECONDITION; break;
     case GRPC_STATUS_OUT_OF_RANGE: st = STATUS_INVALID_ARGUMENT; exact = 0; break;
