@@ -231,15 +231,17 @@ def run(shardlm, work, assets):
                      grpc.StatusCode.INVALID_ARGUMENT, "adapter")
     # Tensor-parallel adapters: B split along the outputs of q, k, v, gate, up, A along the inputs
     # of o, down; a server of 2 ranks gives every (prompt, adapter) the one-rank answer.
+    # The same at pp 2: each stage loads its layers' adapters.
     if shutil.which("mpirun"):
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        with TS.Server(shardlm, model, "--tp", "2", *lora_flags, name="lora-tp2", env=env,
-                       launcher=["mpirun", "--oversubscribe", "-n", "2"]) as s, s.client(timeout=60) as c:
-            for key, (want_ids, want_lps) in want.items():
-                ids, lps = alone(c, *key)
-                check(ids == want_ids, f"tp 2: {key} gave {ids[:8]}..., one rank {want_ids[:8]}...")
-                worst = max((abs(x - y) for x, y in zip(lps, want_lps)), default=0.0)
-                check(worst < 1e-3, f"tp 2: {key}: log-probabilities differ from one rank's by {worst:.2e}")
+        for split in ("--tp", "--pp"):
+            with TS.Server(shardlm, model, split, "2", *lora_flags, name=f"lora{split[1:]}2", env=env,
+                           launcher=["mpirun", "--oversubscribe", "-n", "2"]) as s, s.client(timeout=60) as c:
+                for key, (want_ids, want_lps) in want.items():
+                    ids, lps = alone(c, *key)
+                    check(ids == want_ids, f"{split[2:]} 2: {key} gave {ids[:8]}..., one rank {want_ids[:8]}...")
+                    worst = max((abs(x - y) for x, y in zip(lps, want_lps)), default=0.0)
+                    check(worst < 1e-3, f"{split[2:]} 2: {key}: log-probabilities differ from one rank's by {worst:.2e}")
     else:
         print("SKIP lora at tp 2: no mpirun")
     run_time(shardlm, model, work, want)
