@@ -280,12 +280,12 @@ def expected(call, status, max_queue):
 class Server:
     """`shardlm serve` on 127.0.0.1:0 (the port read from its stdout), its stderr in a log file."""
 
-    def __init__(self, shardlm, model, extra, log_path):
+    def __init__(self, shardlm, model, extra, log_path, launcher=()):
         self.log_path = log_path
         self.log = open(log_path, "w")
-        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         env.setdefault("SHARDLM_LOG", "warn")
-        self.proc = subprocess.Popen([shardlm, "serve", "--model", str(model), "--listen", "127.0.0.1:0",
+        self.proc = subprocess.Popen([*launcher, shardlm, "serve", "--model", str(model), "--listen", "127.0.0.1:0",
                                       "--threads", "1", *extra], stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      env=env)
         lines = queue.Queue()
@@ -303,10 +303,13 @@ class Server:
             self.kill()
             raise RuntimeError(f"the server did not start; log:\n{log_path.read_text()}")
         self.target, self.pid = f"127.0.0.1:{self.port}", self.proc.pid
+        if launcher:  # mpirun: the checks and the SIGTERM go to rank 0, the serving process
+            self.pid = rank_zero(self.proc.pid)
 
     def terminate(self, timeout=60):
-        """SIGTERM, then the exit code (None when it had to be killed)."""
-        self.proc.send_signal(signal.SIGTERM)
+        """SIGTERM (to rank 0 under mpirun, which then stops the other ranks; mpirun's own
+        forwarding SIGKILLs them a second later), then the exit code (None when killed)."""
+        os.kill(self.pid, signal.SIGTERM)
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -318,6 +321,18 @@ class Server:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.log.close()
+
+
+def rank_zero(mpirun_pid):
+    """The child of mpirun that is world rank 0."""
+    out = subprocess.run(["pgrep", "-P", str(mpirun_pid)], capture_output=True, text=True).stdout.split()
+    for pid in out:
+        try:
+            if b"OMPI_COMM_WORLD_RANK=0" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return int(pid)
+        except OSError:
+            pass
+    raise RuntimeError(f"no rank 0 among mpirun {mpirun_pid}'s children {out}")
 
 
 def rss_kib(pid):
@@ -552,6 +567,8 @@ def main():
     ap.add_argument("--server-pid", type=int, help="with --target: the server's pid, for the RSS and fd checks")
     ap.add_argument("--model", help="a serving directory, or the stories260K assets (default: $SHARDLM_ASSETS)")
     ap.add_argument("--serve-args", default="", help="extra arguments of shardlm serve, e.g. \"--max-queue 64\"")
+    ap.add_argument("--launcher", default="", help="e.g. \"mpirun --oversubscribe -n 4\" with --serve-args "
+                    "\"--dp 2 --tp 2\": the RSS and fd checks then read rank 0")
     ap.add_argument("--requests", type=int, default=10000)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--duration", type=float, default=0, help="stop issuing calls after this many seconds")
@@ -576,7 +593,7 @@ def main():
             if model is None:
                 print("SKIP: stories260K not found (set SHARDLM_ASSETS or --model)")
                 return SKIP
-            server = Server(args.shardlm, model, serve_args, work / "server.log")
+            server = Server(args.shardlm, model, serve_args, work / "server.log", shlex.split(args.launcher))
             target, pid = server.target, server.pid
         print(f"soak: {args.requests} calls at concurrency {args.concurrency} on {target} (pid {pid}), seed {args.seed}"
               + (f", at most {args.duration:.0f} s of issuing" if args.duration else ""), flush=True)
