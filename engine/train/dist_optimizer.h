@@ -3,8 +3,9 @@
  * reduce-scattered so that dp rank r holds the summed gradients of the r-th 1/dp of it; each
  * rank keeps the AdamW moments of its shard only and updates the parameter elements of its
  * shard; the updated parameters are all-gathered back into every replica. Per parameter, the
- * moments cost 8 / dp bytes instead of 8 (with bf16 weights and f32 masters, 6 + 12 / dp bytes
- * in all instead of 18). The shard boundaries cut tensors anywhere: a tensor is updated in
+ * moments cost 8 / dp bytes instead of 8. The f32 masters stay whole on every rank (Megatron
+ * shards them too: 6 + 12 / dp bytes with bf16 weights, where this holds 10 + 8 / dp). The
+ * shard boundaries cut tensors anywhere: a tensor is updated in
  * pieces by the ranks that own them (AdamW is elementwise, so the update is the same).
  * Not here: the global norm's reduction over tp and pp (train_parallel.c), the schedule.
  * Tests: tests/test_train_parallel.sh (dp 2 x tp 2 with the distributed optimizer against one
