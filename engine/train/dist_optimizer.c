@@ -74,6 +74,7 @@ void dist_optimizer_free(struct dist_optimizer *d)
     backend_free(d->b, d->flat_mem);
     backend_free(d->b, d->mem);
     backend_free(d->b, d->acc.data);
+    backend_free(d->b, d->master_mem);
     free(d->pieces);
     free(d->starts);
     memset(d, 0, sizeof *d);
@@ -110,7 +111,8 @@ enum status dist_optimizer_step(struct dist_optimizer *d, const struct param_tab
         const struct dist_piece *p = &d->pieces[k];
         const struct param *pr = &params->p[p->row];
         const int64_t n = p->hi - p->lo;
-        struct tensor w = tensor_make((float *)pr->t->data + (p->lo - p->start), DTYPE_F32, pr->t->device, 1, n);
+        struct tensor w = d->compute ? f32_view(&d->master, p->lo - base, n)
+                                     : tensor_make((float *)pr->t->data + (p->lo - p->start), DTYPE_F32, pr->t->device, 1, n);
         struct tensor g = f32_view(&d->buf, p->lo - base, n), m = f32_view(&d->m, p->lo - base, n);
         struct tensor v = f32_view(&d->v, p->lo - base, n);
         struct adamw_params hp = {
@@ -128,9 +130,39 @@ enum status dist_optimizer_step(struct dist_optimizer *d, const struct param_tab
     }
     enum status st = comm_all_gather(d->dp, &d->flat, &d->buf);
     if (st != STATUS_OK) return st;
-    /* Every row from the gathered buffer (this rank's own pieces come back unchanged). */
-    for (size_t i = 0; i < params->n; i++)
-        backend_copy(d->b, params->p[i].t->data, (float *)d->flat_mem + d->starts[i], tensor_nbytes(params->p[i].t));
+    /* Every row from the gathered buffer (this rank's own pieces come back unchanged): into the
+     * f32 weights, or rounded into the compute copy when the masters are sharded. */
+    for (size_t i = 0; i < params->n; i++) {
+        if (!d->compute) {
+            backend_copy(d->b, params->p[i].t->data, (float *)d->flat_mem + d->starts[i],
+                         tensor_nbytes(params->p[i].t));
+            continue;
+        }
+        const struct tensor *c = d->compute->p[i].t;
+        struct tensor src = *c;
+        src.data = (float *)d->flat_mem + d->starts[i];
+        src.dtype = DTYPE_F32;
+        op_cast(d->b, c, &src);
+    }
+    return STATUS_OK;
+}
+
+enum status dist_optimizer_shard_masters(struct dist_optimizer *d, const struct param_table *params,
+                                         const struct param_table *compute)
+{
+    CHECK(compute->n == d->n_rows && params->n == d->n_rows, "tables differ from the optimizer's");
+    enum status st = backend_alloc(d->b, (size_t)d->shard * sizeof(float), &d->master_mem);
+    if (st != STATUS_OK) return st;
+    backend_memset_zero(d->b, d->master_mem, (size_t)d->shard * sizeof(float));
+    d->master = tensor_make(d->master_mem, DTYPE_F32, d->b->device, 1, d->shard);
+    const int64_t base = (int64_t)d->dp->rank * d->shard;
+    for (size_t k = 0; k < d->n_pieces; k++) {
+        const struct dist_piece *p = &d->pieces[k];
+        backend_copy(d->b, (float *)d->master_mem + (p->lo - base),
+                     (const float *)params->p[p->row].t->data + (p->lo - p->start),
+                     (size_t)(p->hi - p->lo) * sizeof(float));
+    }
+    d->compute = compute;
     return STATUS_OK;
 }
 
@@ -142,6 +174,16 @@ static void rows_flat(struct dist_optimizer *d, const struct tensor *rows, int t
         if (to_flat) backend_copy(d->b, f, rows[i].data, tensor_nbytes(&rows[i]));
         else backend_copy(d->b, rows[i].data, f, tensor_nbytes(&rows[i]));
     }
+}
+
+enum status dist_optimizer_gather_masters(struct dist_optimizer *d, const struct param_table *rows)
+{
+    CHECK(d->compute && rows->n == d->n_rows, "no sharded masters, or another table");
+    enum status st = comm_all_gather(d->dp, &d->flat, &d->master);
+    if (st != STATUS_OK) return st;
+    for (size_t i = 0; i < rows->n; i++)
+        backend_copy(d->b, rows->p[i].t->data, (float *)d->flat_mem + d->starts[i], tensor_nbytes(rows->p[i].t));
+    return STATUS_OK;
 }
 
 enum status dist_optimizer_gather_state(struct dist_optimizer *d, struct optimizer *full)

@@ -3,9 +3,9 @@
  * reduce-scattered so that dp rank r holds the summed gradients of the r-th 1/dp of it; each
  * rank keeps the AdamW moments of its shard only and updates the parameter elements of its
  * shard; the updated parameters are all-gathered back into every replica. Per parameter, the
- * moments cost 8 / dp bytes instead of 8. The f32 masters stay whole on every rank (Megatron
- * shards them too: 6 + 12 / dp bytes with bf16 weights, where this holds 10 + 8 / dp). The
- * shard boundaries cut tensors anywhere: a tensor is updated in
+ * moments cost 8 / dp bytes instead of 8; with mixed precision the f32 masters are sharded
+ * too (dist_optimizer_shard_masters): 6 + 12 / dp bytes per parameter with bf16 weights
+ * instead of 18, as Megatron's. The shard boundaries cut tensors anywhere: a tensor is updated in
  * pieces by the ranks that own them (AdamW is elementwise, so the update is the same).
  * Not here: the global norm's reduction over tp and pp (train_parallel.c), the schedule.
  * Tests: tests/test_train_parallel.sh (dp 2 x tp 2 with the distributed optimizer against one
@@ -37,6 +37,11 @@ struct dist_optimizer {
     size_t n_rows;
     struct tensor acc;         /* f32 (1): sum of squares */
     int64_t step;
+    /* Mixed precision (dist_optimizer_shard_masters): the f32 masters of this rank's shard only,
+     * and the compute copy (bf16 / fp16) the all-gathered values are rounded into. */
+    void *master_mem;
+    struct tensor master;      /* f32 (shard) */
+    const struct param_table *compute; /* borrowed; NULL: the parameters are the f32 weights */
 };
 
 /* Lays the gradients of grads (a table whose tensors were carved from one allocation, e.g.
@@ -56,6 +61,17 @@ double dist_optimizer_sumsq(struct dist_optimizer *d, const struct param_table *
  * updated parameters (through the flat buffer: the gradients are gone afterwards). */
 enum status dist_optimizer_step(struct dist_optimizer *d, const struct param_table *params, double lr,
                                 double grad_norm, double unscale);
+/* Mixed precision: keeps the f32 masters of this rank's shard (copied from the whole masters
+ * params, which the caller may free afterwards) and from then on writes each step's
+ * all-gathered values into compute (row for row with params) rounded to its dtype, so that no
+ * rank holds whole f32 masters: with bf16 weights, 6 + 12 / dp bytes per parameter plus the
+ * f32 gradients. Local. */
+enum status dist_optimizer_shard_masters(struct dist_optimizer *d, const struct param_table *params,
+                                         const struct param_table *compute);
+/* The whole masters for a checkpoint into rows (f32 tensors shaped like the parameters), all-
+ * gathered over dp (through the flat buffer). A collective over dp. */
+enum status dist_optimizer_gather_masters(struct dist_optimizer *d, const struct param_table *rows);
+
 /* Whole moments for a checkpoint: full (made by optimizer_init for params) receives every
  * element's moments, all-gathered over dp. A collective over dp. */
 enum status dist_optimizer_gather_state(struct dist_optimizer *d, struct optimizer *full);

@@ -34,6 +34,7 @@ struct trainer {
     struct optimizer opt;         /* with the distributed optimizer: its options and step only */
     struct dist_optimizer dist;   /* --use-distributed-optimizer at dp > 1 */
     int use_dist;
+    int masters_sharded;          /* mixed precision + dist: no whole f32 masters (shard_masters) */
     struct train_dataset train, eval;
     struct micro_batch *mbs;      /* (num_microbatches) of the current iteration */
     struct train_batch *tbs;      /* (num_microbatches): the non-empty ones, in order */
@@ -159,6 +160,33 @@ static enum status setup_lora(struct trainer *t)
     return st;
 }
 
+/* Mixed precision with the distributed optimizer: each rank keeps the f32 masters of its shard
+ * only; the whole masters (the model's f32 weights, loaded before the compute copy took their
+ * place) are freed. From here on the masters exist whole only while a checkpoint is written. */
+static enum status shard_masters(struct trainer *t)
+{
+    enum status st = dist_optimizer_shard_masters(&t->dist, &t->params, &t->compute);
+    if (st != STATUS_OK) return st;
+    size_t freed = 0;
+    for (size_t i = 0; i < t->params.n; i++) {
+        struct tensor *w = t->params.p[i].t;
+        for (size_t j = 0; j < t->m->n_owned; j++)
+            if (t->m->owned[j] == w->data) { /* the model owns it (model_weights_make_writable) */
+                backend_free(t->b, w->data);
+                t->m->owned[j] = t->m->owned[--t->m->n_owned];
+                freed += tensor_nbytes(w);
+                break;
+            }
+        w->data = NULL;
+    }
+    if (t->master_store.tied) t->master_store.lm_head.data = NULL;
+    t->masters_sharded = 1;
+    if (train_ranks_leader(&t->ranks))
+        LOG_INFO("train", "distributed optimizer: %.1f MiB of whole f32 masters freed; each rank keeps %.1f MiB of its "
+                 "shard", (double)freed / 1048576.0, (double)t->dist.shard * 4.0 / 1048576.0);
+    return STATUS_OK;
+}
+
 /* The training state of --resume; the distributed optimizer takes its shard of the moments. */
 static enum status load_state(struct trainer *t)
 {
@@ -258,6 +286,7 @@ static enum status setup(struct trainer *t)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--seed %llu differs from the checkpoint's %llu",
                              (unsigned long long)o->seed, (unsigned long long)t->state.cursor.seed);
     if (t->master != &t->m->w) sync_compute(t); /* the compute copy of the (restored) masters */
+    if (t->use_dist && t->master != &t->m->w && (st = shard_masters(t)) != STATUS_OK) return st;
     struct train_memory mem = o->memory;
     const int in_flight = t->ranks.pp - t->m->pp_rank; /* 1F1B's micro-batches in flight */
     mem.sets = in_flight < t->ranks.micro_per_replica ? in_flight : t->ranks.micro_per_replica;
@@ -430,7 +459,7 @@ static enum status train_step(struct trainer *t, struct step_result *r)
         } else {
             optimizer_step(&t->opt, t->b, &t->params, &t->gparams, r->lr, r->grad_norm, 1.0 / loss_scale);
         }
-        if (t->master != &t->m->w) sync_compute(t);
+        if (t->master != &t->m->w && !t->masters_sharded) sync_compute(t); /* else done by the all-gather */
     }
     t->state.iteration++;
     t->state.consumed_tokens += tokens;
@@ -531,10 +560,22 @@ static enum status save_checkpoint(struct trainer *t, const char *dir)
         return train_checkpoint_save_adapter(dir, t->m, t->lora, t->o->model_dir, &t->params, &t->opt, &t->state);
     if (!t->use_dist) return train_checkpoint_save(dir, t->m, t->master, &t->params, &t->opt, &t->state);
     struct optimizer full; /* the whole moments, for the file */
+    struct model_weights whole = {0}; /* and the whole masters when they are sharded */
+    struct param_table whole_rows = {0};
+    void *whole_mem = NULL;
     enum status st = optimizer_init(&full, t->b, &t->params, &t->opt.o);
     if (st == STATUS_OK) st = dist_optimizer_gather_state(&t->dist, &full);
-    if (st == STATUS_OK) st = train_checkpoint_save(dir, t->m, t->master, &t->params, &full, &t->state);
+    if (st == STATUS_OK && t->masters_sharded &&
+        (st = weights_alloc_like(t->b, &t->m->w, DTYPE_F32, &whole, &whole_mem)) == STATUS_OK &&
+        (st = param_table_from_weights(&whole_rows, &whole, t->m->layer_first)) == STATUS_OK)
+        st = dist_optimizer_gather_masters(&t->dist, &whole_rows);
+    if (st == STATUS_OK)
+        st = t->masters_sharded ? train_checkpoint_save(dir, t->m, &whole, &whole_rows, &full, &t->state)
+                                : train_checkpoint_save(dir, t->m, t->master, &t->params, &full, &t->state);
     optimizer_free(&full, t->b);
+    param_table_free(&whole_rows);
+    weights_free_layers(&whole);
+    backend_free(t->b, whole_mem);
     return st;
 }
 
