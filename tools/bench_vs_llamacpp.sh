@@ -49,8 +49,9 @@ log() { echo "bench_vs_llamacpp: $*" >&2; }
 # --- llama-bench, built once into .cache/llama.cpp -------------------------------------------
 llama_bench=$cache/llama.cpp/build/bin/llama-bench
 build_llama_bench() {
-  [ -x "$llama_bench" ] && return 0
   local dir=$cache/llama.cpp src
+  # Reused while it was built from the same version.
+  if [ -x "$llama_bench" ] && grep -q "==$version\( \|$\)" "$dir/VERSION" 2>/dev/null; then return 0; fi
   src=$dir/llama_cpp_python-$version/vendor/llama.cpp
   mkdir -p "$dir"
   if [ ! -f "$src/CMakeLists.txt" ]; then
@@ -108,7 +109,7 @@ mkdir -p "$work"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores," \
      "$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo); $(date -u '+%Y-%m-%d %H:%M UTC');" \
      "load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "shardlm: $shardlm ($(git rev-parse --short HEAD 2>/dev/null || echo '?')); llama.cpp: llama-cpp-python==$version" \
+echo "shardlm: $shardlm ($(git describe --always --dirty 2>/dev/null || echo '?')); llama.cpp: $(cat "$cache/llama.cpp/VERSION" 2>/dev/null)" \
      "vendor/llama.cpp; llama2.c: $peers/llama2c/run.c ($(cat "$peers/llama2c/COMMIT" 2>/dev/null | cut -c1-12))"
 
 exec "$py" - "$shardlm" "$gguf" "$llama_bench" "$runfast" "$work" "$assets" "$reps" "$only" <<'PY'
@@ -172,21 +173,27 @@ EXTRA = ("Today it is known for its bridges, its markets, its music and its long
 
 def prompt512():
     """A prompt of exactly 512 tokens with BOS (llama-bench's pp512 counts 512 tokens): eight
-    copies of P64's text and as many further words as needed, counted by shardlm's own
-    tokenizer (generate --max-tokens 0) once and cached."""
+    copies of P64's text, then words of EXTRA and " the"s, counted by shardlm's own tokenizer
+    (generate --max-tokens 0, a prefill each) and cached."""
     path = os.path.join(work, "prompt512.txt")
     if os.path.exists(path):
         return open(path).read()
+    count = lambda text: shardlm_generate(gguf, text, 0, 2)[0]
     base = " ".join([P64] * 8)
-    for k in range(len(EXTRA) + 1):
+    k = max(0, min(len(EXTRA), 512 - count(base) - 2))  # about one token a word
+    while True:
         text = " ".join([base] + EXTRA[:k])
-        n = shardlm_generate(gguf, text, 0, 2)[0]
-        if n == 512:
-            open(path, "w").write(text)
-            return text
-        if n > 512:
+        n = count(text)
+        if n <= 512 or k == 0:
             break
-    sys.exit("bench_vs_llamacpp: could not build a 512-token prompt (got %d tokens)" % n)
+        k -= 1
+    if n < 512:
+        text += " the" * (512 - n)  # one token each, after a space
+        n = count(text)
+    if n != 512:
+        sys.exit("bench_vs_llamacpp: could not build a 512-token prompt (got %d tokens)" % n)
+    open(path, "w").write(text)
+    return text
 
 
 def llamacpp_one(threads, n_prompt, n_gen):
@@ -223,7 +230,8 @@ def bench_llamacpp():
     print("## Gemma 3 270M Q4_K_M (%s, %.1f MiB), shardlm generate against llama-bench (%s, build %s, %s)"
           % (os.path.basename(gguf), os.path.getsize(gguf) / 2**20, info.get("cpu_info", "?"),
              info.get("build_commit", "?"), info.get("backends", "?")))
-    print("best of %d alternating runs; tok/s; ratio = shardlm / llama.cpp (above 1: shardlm faster)" % reps)
+    print("best of %d alternating runs; tok/s; ratio = shardlm / llama.cpp (above 1: shardlm faster; for RSS, larger)"
+          % reps)
     print()
     print("| test | threads | shardlm | llama.cpp | ratio |")
     print("| --- | --- | --- | --- | --- |")
