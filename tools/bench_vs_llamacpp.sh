@@ -175,7 +175,7 @@ def prompt512():
     """A prompt of exactly 512 tokens with BOS (llama-bench's pp512 counts 512 tokens): eight
     copies of P64's text, then words of EXTRA and " the"s, counted by shardlm's own tokenizer
     (generate --max-tokens 0, a prefill each) and cached."""
-    path = os.path.join(work, "prompt512.txt")
+    path = os.path.join(work, "prompt512-%s.txt" % os.path.basename(gguf))  # per tokenizer
     if os.path.exists(path):
         return open(path).read()
     count = lambda text: shardlm_generate(gguf, text, 0, 2)[0]
@@ -395,4 +395,7 @@ if only in ("all", "llamacpp"):
     bench_llamacpp()
 if only in ("all", "llama2c"):
     bench_llama2c()
+print()
+print("done %s; load average %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                    " ".join(open("/proc/loadavg").read().split()[:3])))
 PY
