@@ -109,25 +109,30 @@ static uint64_t splitmix(uint64_t *s)
 }
 
 /* Allocates A, B, dA, dB of every adapted site from one block (zeroed). */
-static enum status lora_alloc(struct lora *l, const struct model *m)
+static enum status lora_alloc(struct lora *l, const struct model *m, int whole)
 {
     size_t total = 0;
     for (int pass = 0; pass < 2; pass++) {
         size_t off = 0;
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_TARGET_COUNT; t++) {
-                const struct tensor *w = base_weight(m, i, (enum lora_target)t);
+                /* Every layer has the same projections: a whole adapter asks the local layer 0. */
+                const struct tensor *w = base_weight(m, whole ? 0 : i, (enum lora_target)t);
                 if (!(l->targets & (1u << t)) || !w) continue;
-                const int64_t out = w->shape[0], in = w->shape[1], r = l->rank;
+                int64_t out = w->shape[0], in = w->shape[1], start = 0;
+                const int64_t r = l->rank;
                 struct lora_site *s = &l->sites[i][t];
-                if (pass == 0 && row_parallel_target((enum lora_target)t)) { /* A's global columns */
+                if (whole) { /* the unsplit shapes of global layer i */
+                    enum status st = site_geometry(m, i, (enum lora_target)t, &out, &in, &start);
+                    if (st != STATUS_OK) return st;
+                } else if (pass == 0 && row_parallel_target((enum lora_target)t)) { /* A's global columns */
                     int64_t o = 0, n = 0;
                     enum status st = site_geometry(m, m->layer_first + i, (enum lora_target)t, &o, &n, &s->col0);
                     if (st != STATUS_OK) return st;
                 }
                 struct tensor *ts[4] = {&s->a, &s->b, &s->da, &s->db};
                 const int64_t rows[4] = {r, out, r, out}, cols[4] = {in, r, in, r};
-                for (int k = 0; k < 4; k++) {
+                for (int k = 0; k < (whole ? 2 : 4); k++) { /* a whole adapter has no gradients */
                     *ts[k] = tensor_make(pass ? (char *)l->mem + off : NULL, DTYPE_F32, m->b->device, 2, rows[k], cols[k]);
                     off += (tensor_nbytes(ts[k]) + 255) / 256 * 256;
                 }
@@ -143,7 +148,7 @@ static enum status lora_alloc(struct lora *l, const struct model *m)
     return STATUS_OK;
 }
 
-static struct lora *lora_new(const struct model *m, int rank, float alpha, unsigned mask)
+static struct lora *lora_new(const struct model *m, int rank, float alpha, unsigned mask, int whole)
 {
     struct lora *l = calloc(1, sizeof *l);
     if (!l) return NULL;
@@ -151,8 +156,8 @@ static struct lora *lora_new(const struct model *m, int rank, float alpha, unsig
     l->alpha = alpha;
     l->scale = alpha / (float)rank;
     l->targets = mask;
-    l->n_layers = m->n_layers_local;
-    l->layer_first = m->layer_first;
+    l->n_layers = whole ? m->cfg.n_layers : m->n_layers_local;
+    l->layer_first = whole ? 0 : m->layer_first;
     l->sites = calloc((size_t)(l->n_layers > 0 ? l->n_layers : 1), sizeof *l->sites);
     if (!l->sites) {
         free(l);
@@ -166,9 +171,9 @@ enum status lora_create(struct model *m, int rank, float alpha, unsigned mask, u
     *out = NULL;
     if (rank < 1 || rank > 4096 || !(alpha > 0))
         return status_errorf(STATUS_INVALID_ARGUMENT, "--lora-rank must be in [1, 4096] and --lora-alpha > 0");
-    struct lora *l = lora_new(m, rank, alpha, mask);
+    struct lora *l = lora_new(m, rank, alpha, mask, 0);
     if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
-    enum status st = lora_alloc(l, m);
+    enum status st = lora_alloc(l, m, 0);
     if (st != STATUS_OK) {
         lora_free(l, m->b);
         return st;
@@ -207,38 +212,9 @@ enum status lora_create(struct model *m, int rank, float alpha, unsigned mask, u
 enum status lora_create_whole(const struct model *m, int rank, float alpha, unsigned mask, struct lora **out)
 {
     *out = NULL;
-    const int L = m->cfg.n_layers;
-    struct lora *l = calloc(1, sizeof *l);
-    if (!l || !(l->sites = calloc((size_t)(L > 0 ? L : 1), sizeof *l->sites))) {
-        free(l);
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
-    }
-    l->rank = rank;
-    l->alpha = alpha;
-    l->scale = alpha / (float)rank;
-    l->targets = mask;
-    l->n_layers = L;
-    size_t total = 0;
-    enum status st = STATUS_OK;
-    for (int pass = 0; pass < 2 && st == STATUS_OK; pass++) {
-        size_t off = 0;
-        for (int g = 0; g < L && st == STATUS_OK; g++)
-            for (int t = 0; t < LORA_TARGET_COUNT && st == STATUS_OK; t++) {
-                if (!(mask & (1u << t)) || !base_weight(m, 0, (enum lora_target)t)) continue;
-                int64_t o = 0, in = 0, start = 0;
-                if ((st = site_geometry(m, g, (enum lora_target)t, &o, &in, &start)) != STATUS_OK) break;
-                struct lora_site *s = &l->sites[g][t];
-                s->a = tensor_make(pass ? (char *)l->mem + off : NULL, DTYPE_F32, m->b->device, 2, (int64_t)rank, in);
-                off += (tensor_nbytes(&s->a) + 255) / 256 * 256;
-                s->b = tensor_make(pass ? (char *)l->mem + off : NULL, DTYPE_F32, m->b->device, 2, o, (int64_t)rank);
-                off += (tensor_nbytes(&s->b) + 255) / 256 * 256;
-            }
-        if (pass == 0 && st == STATUS_OK) {
-            total = off;
-            if ((st = backend_alloc(m->b, total ? total : 256, &l->mem)) == STATUS_OK)
-                backend_memset_zero(m->b, l->mem, total ? total : 256);
-        }
-    }
+    struct lora *l = lora_new(m, rank, alpha, mask, 1);
+    if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
+    enum status st = lora_alloc(l, m, 1);
     if (st != STATUS_OK) {
         lora_free(l, m->b);
         return st;
@@ -562,9 +538,9 @@ enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
     if (st != STATUS_OK) return st;
     if (rank < 1 || rank > 4096 || !(alpha > 0))
         return status_errorf(STATUS_BAD_FORMAT, "%s/adapter_config.json: r %d or lora_alpha %g out of range", dir, rank, alpha);
-    struct lora *l = lora_new(m, rank, alpha, mask);
+    struct lora *l = lora_new(m, rank, alpha, mask, 0);
     if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
-    if ((st = lora_alloc(l, m)) != STATUS_OK) {
+    if ((st = lora_alloc(l, m, 0)) != STATUS_OK) {
         lora_free(l, m->b);
         return st;
     }

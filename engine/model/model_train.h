@@ -107,6 +107,10 @@ int model_train_grad_partial(const struct model *m, enum weight_kind kind);
 /* Copies every weight that points into the read-only checkpoint mapping (CPU zero-copy
  * loading) into memory the model owns, so that an optimizer may update the weights in place. */
 enum status model_weights_make_writable(struct model *m);
+/* Frees the memory behind t, one of the model's own weight allocations (made writable above),
+ * and leaves t->data NULL; returns the bytes freed (0 when t did not own an allocation of the
+ * model). The trainer's distributed optimizer drops the whole f32 masters this way. */
+size_t model_release_weight(struct model *m, struct tensor *t);
 
 /* Forward over tb keeping the activations, then the loss (last stage). *loss_sum receives the
  * sum of the per-token losses (natural log) over the unmasked rows, *n_real their number (0

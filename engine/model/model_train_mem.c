@@ -363,3 +363,17 @@ enum status model_weights_make_writable(struct model *m)
     }
     return st;
 }
+
+size_t model_release_weight(struct model *m, struct tensor *t)
+{
+    size_t freed = 0;
+    for (size_t j = 0; t->data && j < m->n_owned; j++)
+        if (m->owned[j] == t->data) {
+            backend_free(m->b, t->data);
+            m->owned[j] = m->owned[--m->n_owned];
+            freed = tensor_nbytes(t);
+            break;
+        }
+    t->data = NULL;
+    return freed;
+}

@@ -15,6 +15,7 @@ enum status param_table_add(struct param_table *pt, const char *name, struct ten
     p->t = t;
     p->decay = decay;
     p->kind = -1;
+    p->layer = -1;
     p->counted = 1;
     p->tp_partial = 0;
     return STATUS_OK;
@@ -30,7 +31,10 @@ enum status param_table_from_weights(struct param_table *pt, struct model_weight
     for (int i = 0; i < n && st == STATUS_OK; i++) {
         snprintf(name, sizeof name, "%s/%d", weight_kind_name(t[i].kind), t[i].layer);
         st = param_table_add(pt, name, t[i].t, t[i].t->ndim == 2);
-        if (st == STATUS_OK) pt->p[pt->n - 1].kind = (int)t[i].kind;
+        if (st == STATUS_OK) {
+            pt->p[pt->n - 1].kind = (int)t[i].kind;
+            pt->p[pt->n - 1].layer = t[i].layer;
+        }
     }
     free(t);
     return st;

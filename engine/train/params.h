@@ -16,6 +16,7 @@ struct param {
     struct tensor *t;         /* borrowed */
     int            decay;     /* AdamW weight decay applies (matrices; not biases and norms) */
     int            kind;      /* enum weight_kind for weights, -1 for adapters */
+    int            layer;     /* the global layer of a per-layer weight, else -1 */
     int            counted;   /* 1: its gradient counts in the global norm on this rank; 0 for a
                                  copy another rank counts (a tp-replicated weight off tp rank 0,
                                  the last stage's tied embedding) */

@@ -95,10 +95,9 @@ static enum status make_buckets(struct train_ranks *r, struct model *m, const st
     }
     for (size_t i = 0; i < g->n; i++) {
         const struct tensor *t = g->p[i].t;
-        const char *slash = strrchr(g->p[i].name, '/');
-        const int layer = slash ? atoi(slash + 1) - m->layer_first : -1;
+        const int layer = g->p[i].layer - m->layer_first;
         CHECK(t->dtype == DTYPE_F32, "f32 gradients expected");
-        if (g->p[i].kind < 0 || layer < 0 || layer >= L || !weight_kind_per_layer((enum weight_kind)g->p[i].kind)) {
+        if (g->p[i].kind < 0 || g->p[i].layer < 0 || layer >= L) {
             r->rest[r->n_rest++] = *t;
             continue;
         }

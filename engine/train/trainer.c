@@ -168,17 +168,7 @@ static enum status shard_masters(struct trainer *t)
     enum status st = dist_optimizer_shard_masters(&t->dist, &t->params, &t->compute);
     if (st != STATUS_OK) return st;
     size_t freed = 0;
-    for (size_t i = 0; i < t->params.n; i++) {
-        struct tensor *w = t->params.p[i].t;
-        for (size_t j = 0; j < t->m->n_owned; j++)
-            if (t->m->owned[j] == w->data) { /* the model owns it (model_weights_make_writable) */
-                backend_free(t->b, w->data);
-                t->m->owned[j] = t->m->owned[--t->m->n_owned];
-                freed += tensor_nbytes(w);
-                break;
-            }
-        w->data = NULL;
-    }
+    for (size_t i = 0; i < t->params.n; i++) freed += model_release_weight(t->m, t->params.p[i].t);
     if (t->master_store.tied) t->master_store.lm_head.data = NULL;
     t->masters_sharded = 1;
     if (train_ranks_leader(&t->ranks))
