@@ -83,6 +83,10 @@ const char     *quant_impl_name(enum quant_impl impl);    /* "scalar", "avx2", "
 int             quant_impl_available(enum quant_impl impl);
 /* The implementation quant_matmul uses on this CPU. */
 enum quant_impl quant_impl_best(void);
+/* quant_dequantize_row with the given implementation (the x86 ones share one AVX2 dequantizer),
+ * which must be available (CHECK). Every implementation gives the same bits. */
+void quant_dequantize_row_impl(enum quant_impl impl, enum quant_type type, const void *src,
+                               float *dst, int64_t k);
 /* quant_matmul with the given implementation, which must be available (CHECK). */
 void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, const float *x,
                        const void *w, int64_t m, int64_t n, int64_t k, void *scratch,

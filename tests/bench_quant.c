@@ -139,14 +139,19 @@ static void bench_shape(const struct bench *bn, struct backend *b, const char *l
         fill_blocks(t, w, wbytes);
         struct quant_ctx qc = {best, t, y, x, w, scratch, m, n, k, b->n_threads};
         const double tq = time_best(bn, run_quant, &qc);
+        /* What serving runs: op_matmul with the block tensor (int8 dots for few rows, tiles
+         * dequantized for sgemm from QUANT_SGEMM_MIN_M rows on: kernels/cpu/matmul.c). */
+        struct f32_ctx oc = {b, fc.y, fc.x, tensor_make(w, (enum dtype)dtype_of_quant_type((uint32_t)t), DEVICE_CPU, 2, n, k)};
+        const double to = time_best(bn, run_f32, &oc);
         char extra[64] = "";
         if (best == QUANT_IMPL_AVX512_VNNI && quant_block_size(t) == 32) {
             qc.impl = QUANT_IMPL_AVX2;
             snprintf(extra, sizeof extra, "  (avx2 %7.1f us)", time_best(bn, run_quant, &qc) * 1e6);
         }
-        printf("    %-5s %-10s %8.1f us %6.1f GB/s  %4.2f bytes/weight  speed-up vs f32 %5.2fx%s\n",
+        printf("    %-5s %-10s int8 %8.1f us %6.1f GB/s  %4.2f bytes/weight  speed-up vs f32 %5.2fx%s"
+               "  | op_matmul %8.1f us (%5.2fx f32)\n",
                quant_type_name(t), quant_impl_name(best), tq * 1e6, (double)wbytes / tq * 1e-9,
-               (double)wbytes / (double)(n * k), t_f32 / tq, extra);
+               (double)wbytes / (double)(n * k), t_f32 / tq, extra, to * 1e6, t_f32 / to);
         fflush(stdout);
         free(scratch);
         free(w);
@@ -176,9 +181,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_quant: cannot open the cpu backend: %s\n", status_message());
             return 1;
         }
-        for (int m = 1; m <= 64; m += 63)
+        static const int64_t ms[] = {1, 4, 8, 16, 32, 64, 512};
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-                bench_shape(&bn, b, shapes[s].label, m, shapes[s].k, shapes[s].n);
+                bench_shape(&bn, b, shapes[s].label, ms[mi], shapes[s].k, shapes[s].n);
         backend_close(b);
     }
     return 0;

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "quant_impl.h"
+#include "quant_x86_unpack.h"
 
 #define QX_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -26,29 +27,6 @@ QX_AVX2 static inline float qx_hsum(__m256 v)
 }
 
 QX_AVX2 static inline float qx_h2f(uint16_t h) { return _cvtsh_ss(h); }
-
-/* The 32 elements of a Q4 block as bytes 0..15: low nibbles (elements 0-15) in the low lane,
- * high nibbles (16-31) in the high lane. */
-QX_AVX2 static inline __m256i qx_nibbles(const uint8_t qs[16])
-{
-    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
-}
-
-/* Byte i = 0x10 when bit i of the little-endian u32 qh is set: the fifth bits of a Q5 block. */
-QX_AVX2 static inline __m256i qx_fifth_bits(const uint8_t qh[4])
-{
-    uint32_t v;
-    memcpy(&v, qh, 4);
-    /* Bytes 0-7 of the result take qh's byte 0, 8-15 byte 1, and so on; then each byte keeps
-     * its own bit (i mod 8). */
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int)v),
-        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
-}
 
 /* v with lane 0 lowered by c: the integer offset of a Q4_0/Q5_0 block, kept exact. */
 QX_AVX2 static inline __m256i qx_sub_lane0(__m256i v, int32_t c)
