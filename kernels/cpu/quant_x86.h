@@ -47,6 +47,7 @@ q8_0_rows(int64_t nb, const void *wv, const uint8_t *xb, size_t xs, int nr, floa
     const struct blk_q8_0 *w = wv;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < nb; b++) {
+        qx_prefetch(w + b, 1);
         const __m256i qw = _mm256_loadu_si256((const __m256i *)w[b].qs);
         const __m256i aw = _mm256_sign_epi8(qw, qw);
         const float dw = qx_h2f(w[b].d);
@@ -93,12 +94,13 @@ QX_AVX2 static inline struct qx_block qx_unpack_q5_1(const void *w, int64_t b)
  * is subtracted in the integers, exactly; the min (has_min: Q4_1, Q5_1) contributes
  * m * d_x * sum(x), kept apart in a scalar. */
 QX_TARGET __attribute__((always_inline)) static inline void
-q45_rows(int64_t nb, const void *w, struct qx_block (*unpack)(const void *, int64_t), int has_min,
-         const uint8_t *xb, size_t xs, int nr, float *y, int64_t ys)
+q45_rows(int64_t nb, const void *w, size_t block_bytes, struct qx_block (*unpack)(const void *, int64_t),
+         int has_min, const uint8_t *xb, size_t xs, int nr, float *y, int64_t ys)
 {
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     float acc_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t b = 0; b < nb; b++) {
+        qx_prefetch((const uint8_t *)w + (size_t)b * block_bytes, 1); /* 18-24 bytes: a line each */
         const struct qx_block q = unpack(w, b);
         for (int r = 0; r < nr; r++) {
             const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
@@ -116,13 +118,13 @@ q45_rows(int64_t nb, const void *w, struct qx_block (*unpack)(const void *, int6
     QX_TARGET static float dot_##name(int64_t nb, const void *w, const void *xq)                 \
     {                                                                                            \
         float y;                                                                                 \
-        q45_rows(nb, w, qx_unpack_##name, has_min, xq, 0, 1, &y, 0);                            \
+        q45_rows(nb, w, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, 0, 1, &y, 0);                            \
         return y;                                                                                \
     }                                                                                            \
     QX_TARGET static void dot4_##name(int64_t nb, const void *w, const void *xq, size_t xs,      \
                                       float *y, int64_t ys)                                      \
     {                                                                                            \
-        q45_rows(nb, w, qx_unpack_##name, has_min, xq, xs, 4, y, ys);                           \
+        q45_rows(nb, w, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, xs, 4, y, ys);                           \
     }
 QX_Q45(q4_0, 0)
 QX_Q45(q4_1, 1)

@@ -11,6 +11,18 @@
 
 #define QX_UNPACK __attribute__((target("avx2")))
 
+/* Decode streams the weights from L3 or DRAM once per token, row after row: the products ask
+ * for the lines QX_PREFETCH_AHEAD bytes ahead of the block they read (a row ends where the next
+ * one starts, so this runs on into the next row). On the 2-core Xeon with other work running, Gemma
+ * 3 270M's decode took 1.2 % less CPU time with it (perf stat task-clock, three alternating runs
+ * each); distances of 0 to 8 KB could not be told apart in bench_quant's LM head there. */
+#define QX_PREFETCH_AHEAD 640
+static inline void qx_prefetch(const void *block, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64)
+        _mm_prefetch((const char *)block + QX_PREFETCH_AHEAD + o, _MM_HINT_T0);
+}
+
 /* The 32 elements of a Q4 block as bytes 0..15: low nibbles (elements 0-15) in the low lane,
  * high nibbles (16-31) in the high lane. */
 QX_UNPACK static inline __m256i qx_nibbles(const uint8_t qs[16])
