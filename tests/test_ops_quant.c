@@ -26,10 +26,11 @@
  * bf16/f16 y once more (its unit roundoff u_T |y|, or half its subnormal spacing). So
  *     tol = u_T |want| + (1 + u_T) (2 u |want| + 2 u k sum_l |x_l wd_l|) + floor_T,
  * with a factor 2 of slack on the f32 terms; the CPU's f32 product obeys the same bound, and
- * CUDA against CPU is held to twice it (op_check.h). A weight decoded from the wrong nibble,
- * bit or scale moves y by about |x_l wd_l| ~ sum / k, 30 to 10^4 times this bound at the k
- * here; a wrong row or tile offset by far more. The embedding cases check the decoding itself
- * bit for bit.
+ * CUDA against CPU is held to twice it (op_check.h). One weight decoded from the wrong nibble,
+ * bit or scale moves y by about |x_l wd_l| ~ sum / k: 1 / (2 u k^2), i.e. 14 (k 768) to 8000
+ * (k 32) times the f32 part of the bound; in bf16/f16 outputs the storage rounding dominates
+ * and a single wrong weight may hide, a wrong row or tile offset never. The embedding cases
+ * check the decoding itself bit for bit, in every dtype.
  *
  * --backend cuda: the above; SKIP (77) without a GPU. --backend cpu: the reference half only
  * (the CPU's f32 product of wd against the double one, the CPU's block lookup against wd; the
