@@ -3,7 +3,8 @@
  * y = x W^T with the activations quantized per block to int8 and integer dot products, as
  * ggml does. Self-contained: it knows nothing of GGUF files, tensors or backends, so that model
  * code can hand it the blocks of a mapped file as they are.
- * Not here: reading GGUF (engine/formats/gguf.h), the f32/bf16 op interface (ops.h), CUDA.
+ * Not here: reading GGUF (engine/formats/gguf.h), the f32/bf16 op interface (ops.h), CUDA (the
+ * same blocks read by kernels/cuda/quant_blocks.cuh, dequantized inside the kernels).
  * Tests: tests/test_quant.c (every type and implementation against the formats wing's
  * dequantizer and an f64 product, with a bound derived from the int8 rounding); benchmark:
  * tests/bench_quant.c. docs/quantization.md.
