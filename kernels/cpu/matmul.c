@@ -114,7 +114,11 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
     /* Half-precision or block w (and x, y in any float dtype): x (m, k) | y (m, n) in f32 where
      * they are not f32 already, then a block of w (w_block, k) per thread, widened to f32, all
      * carved from one scratch request. */
-    const int64_t w_block = dtype_is_quant(w->dtype) ? QUANT_W_BLOCK : W_BLOCK;
+    /* Blocks no larger than an equal share of w's rows, so that every thread has work (Gemma's
+     * K and V have 256 rows, its O and DOWN 640). */
+    const int64_t w_block_max = dtype_is_quant(w->dtype) ? QUANT_W_BLOCK : W_BLOCK;
+    const int64_t share = ((n + nt - 1) / nt + 15) / 16 * 16;
+    const int64_t w_block = share < w_block_max ? share : w_block_max;
     const size_t xs = x->dtype == DTYPE_F32 ? 0 : (size_t)(m * k);
     const size_t ys = y->dtype == DTYPE_F32 ? 0 : (size_t)(m * n), ws = (size_t)w_block * (size_t)k;
     const size_t total = xs + ys + (size_t)b->n_threads * ws;
