@@ -43,10 +43,11 @@ static inline float act_exp(float x)
  * are built with -fno-trapping-math (kernels/CMakeLists.txt): GCC otherwise keeps act_exp's
  * clamp as branches. */
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
-/* One copy per vector width, chosen at load time by the CPU (an ifunc). */
+/* One copy per vector width, chosen at load time by the CPU (an ifunc). Static and called
+ * through cpu_activate_rows: clang 14 resolves clones only within their own file. */
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-void cpu_activate_rows(float *out, const float *x, size_t len, enum activation act)
+static void activate_rows(float *out, const float *x, size_t len, enum activation act)
 {
     switch (act) {
     case ACTIVATION_SILU:
@@ -64,6 +65,11 @@ void cpu_activate_rows(float *out, const float *x, size_t len, enum activation a
         for (size_t j = 0; j < len; j++) out[j] = cpu_activate(x[j], act);
         break;
     }
+}
+
+void cpu_activate_rows(float *out, const float *x, size_t len, enum activation act)
+{
+    activate_rows(out, x, len, act);
 }
 
 float cpu_activate(float x, enum activation act)
