@@ -425,9 +425,15 @@ static int run_gemma(const char *dir, const char *ref_path)
  * vocabulary, at most 0.54 at the f32 argmax; the argmax differs only where the f32 top two
  * are within 0.012 (0.069 at tp 2: int8 rounding is discontinuous, so the f32 reassociation
  * of the row-parallel sums moves a few activations by a whole int8 step, and near ties fall
- * either way). The tolerances leave about 20 % and 30 % room over the worst of those. */
+ * either way). The same discontinuity makes the flips depend on the f32 summation order of
+ * every kernel upstream: with the tiled attention of kernels/cpu/attention.c (AVX-512, or its
+ * portable kernels: both 2.0e-5 from float64 on the f32 path, as the old kernel), the argmax
+ * differs where the f32 top two are up to 0.216 and 0.235 apart (0.341 at tp 2), below the
+ * 0.45-0.70 by which int8 rounding moves the logit at the f32 argmax (max |diff| 1.26-1.35 over
+ * the vocabulary, tp 1 and 2). The logit tolerance leaves about 20 % room over the worst
+ * difference measured with either kernel, the tie margin about 45 % over the worst flip. */
 #define GGUF_LOGIT_TOL  2.0
-#define GGUF_TIE_MARGIN 0.1
+#define GGUF_TIE_MARGIN 0.5
 
 /* Index of the largest of v[0..n). */
 static int argmax_of(const float *v, int n)
