@@ -37,8 +37,8 @@
 #define ATTN_TILE_QV 128    /* query vectors (rows x group heads) per tile, at most */
 #define ATTN_KEY_TILE 64    /* keys per pass of a tile */
 #define ATTN_TILE_MIN_QV 16 /* a sequence's rows go through tiles from this many query vectors */
-/* The row path prefetches when its rows read at least this many K+V bytes in one call: more
- * than the last-level caches of most machines hold once every layer's share is counted. */
+/* The row path prefetches when its rows read at least this many K+V bytes in one call (see
+ * prefetch_rows). */
 #define ATTN_PREFETCH_MIN_BYTES ((size_t)16 << 20)
 
 /* ---- the kernel table ---- */
@@ -118,9 +118,10 @@ static void cache_rows(const struct attn_ctx *c, const struct tensor *cache, con
 /* Asks for the rows of KV heads kv0 .. kv0 + nkv - 1 at the np cache positions from p0 to be
  * brought into L2, a pass ahead of their use (the row path, when c->prefetch). The blocks of a
  * paged cache lie anywhere, and the hardware prefetchers restart at every block; measured with
- * tests/bench_attention.c, this lifts decode from DRAM by 15-20 %, but costs as much when the
- * rows are in the last-level cache already (the prefetches occupy the fill buffers that the
- * kernels' own loads need), hence the threshold ATTN_PREFETCH_MIN_BYTES. */
+ * tests/bench_attention.c, this lifts decode from DRAM by 3-10 %, but costs 20-25 % when the
+ * rows are in L2 or L3 already (the prefetches occupy the fill buffers that the kernels' own
+ * loads need), hence the threshold ATTN_PREFETCH_MIN_BYTES: a call that reads that much, times
+ * a model's layers, is past the last-level cache of most machines. */
 static void prefetch_rows(const struct attn_ctx *c, const struct tensor *cache,
                           const int32_t *blocks, int64_t kv0, int64_t nkv, int64_t p0, int np)
 {
