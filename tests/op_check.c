@@ -437,7 +437,7 @@ const char *act_name(enum activation act)
 
 static int usage(const char *argv0)
 {
-    fprintf(stderr, "usage: %s --backend cpu|cuda [--filter SUBSTR] [--seed N]\n", argv0);
+    fprintf(stderr, "usage: %s --backend cpu|cuda [--filter SUBSTR] [--seed N] [--threads N]\n", argv0);
     return 2;
 }
 
@@ -446,10 +446,12 @@ int suite_main(int argc, char **argv, const char *prog, const char *skip_name,
 {
     const char *backend_arg = NULL, *filter = NULL;
     uint64_t seed = 0x5eed0f0b5ull;
+    int threads = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend_arg = argv[++i];
         else if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else return usage(argv[0]);
     }
     enum device device;
@@ -458,7 +460,8 @@ int suite_main(int argc, char **argv, const char *prog, const char *skip_name,
 
     struct suite s = {.filter = filter, .seed = seed};
     struct backend *b = NULL;
-    enum status st = backend_open(device, 0, 0, &b);
+    if (threads < 0) return usage(argv[0]);
+    enum status st = backend_open(device, 0, threads, &b);
     if (st != STATUS_OK) {
         if (device == DEVICE_CUDA && st == STATUS_UNAVAILABLE) {
             printf("SKIP: %s: %s\n", skip_name, status_message());

@@ -152,8 +152,9 @@ void case_end(struct suite *s, const char *name, const struct verdict *v);
                          (b)->ops->name),                                                    \
             0))
 
-/* The test's main: parses "--backend cpu|cuda [--filter SUBSTR] [--seed N]", opens the backend
- * (and the CPU one beside CUDA), prints a header line, calls run_all, prints the time and
+/* The test's main: parses "--backend cpu|cuda [--filter SUBSTR] [--seed N] [--threads N]",
+ * opens the backend with N threads (0, the default: one per core; the CPU one beside CUDA
+ * always with the default), prints a header line, calls run_all, prints the time and
  * "N passed, M failed". Returns the exit status: 0 all passed, 1 a failure (or a backend that
  * cannot be opened), 2 bad usage, 77 with "SKIP: <skip_name>: ..." when CUDA is unavailable.
  * prog names the program in messages. */

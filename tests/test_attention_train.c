@@ -48,7 +48,7 @@
  * Finite differences: h = 1e-5, whose truncation and rounding errors (about 1e-9 here) sit far
  * below the bound of 1e-6 (|g| + max |g| of the tensor).
  *
- * Run:  test_attention_train --backend cpu|cuda [--filter SUBSTR] [--seed N]
+ * Run:  test_attention_train --backend cpu|cuda [--filter SUBSTR] [--seed N] [--threads N]
  * Each case prints "ok" with its name and worst err/tol ratio, or "FAIL" with its name and every
  * failed check indented below; the last line is "N passed, M failed". Exit status: 0 all
  * passed, 1 a failure, 2 bad usage, 77 skipped. Inputs are drawn from the seed and the case's

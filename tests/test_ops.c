@@ -19,7 +19,7 @@
  *
  * Not here: backward ops (tests/test_ops_backward.c), models (the golden tests).
  *
- * Run:  test_ops --backend cpu|cuda [--filter SUBSTR] [--seed N]
+ * Run:  test_ops --backend cpu|cuda [--filter SUBSTR] [--seed N] [--threads N]
  * Each case prints one line: "ok" with its name and its worst err/tol ratio (how close it came
  * to the tolerance), or "FAIL" with its name and, indented below, every failed check (worst
  * element with got/want/tol, max abs and rel errors with their [row, col]); the last line is
@@ -1191,6 +1191,25 @@ static const struct attn_spec attn_specs[] = {
     {"block-aligned scale=0.3", 8, 2, 128, 16, 0, 0.3, 2, {64, 16}, {64, 1}},
     {"prefill chunk window=32", 4, 1, 64, 16, 32, 0, 1, {200}, {50}},
     {"head_dim=8 decode batch", 4, 2, 8, 16, 0, 0, 6, {1, 2, 15, 16, 17, 100}, {1, 1, 1, 1, 1, 1}},
+    /* The CPU backend's two paths (kernels/cpu/attention.c): a sequence bringing 16 query vectors
+     * or more (rows x group) goes through tiles of 128 / group rows and 64 keys, the others row
+     * by row, 32 keys a pass. These cases put every tile boundary somewhere: several tiles and a
+     * last partial one for each group size, head_dim off the 16-lane vectors, windows shorter
+     * than a tile (rows that see none of a key tile), chunks continuing a cached prefix, the
+     * threshold on either side, a row's KV heads split across threads or kept together, and a
+     * decode batch large enough (16 MiB of K+V) for the row path's prefetching. */
+    {"prefill tiles gqa4 300 rows", 8, 2, 64, 16, 0, 0, 1, {300}, {300}},
+    {"prefill tiles mha 200 rows", 4, 4, 32, 16, 0, 0, 1, {200}, {200}},
+    {"prefill tiles gqa2 head_dim=72", 8, 4, 72, 16, 0, 0, 1, {150}, {150}},
+    {"prefill head_dim=36 window=5", 4, 1, 36, 8, 5, 0, 1, {130}, {130}},
+    {"prefill chunk after 160 cached window=40", 4, 2, 48, 16, 40, 0, 1, {260}, {100}},
+    {"mixed chunks, decode, threshold", 8, 2, 64, 16, 0, 0, 6, {250, 77, 70, 40, 5, 100},
+     {120, 1, 70, 3, 4, 1}},
+    {"group 8 two-row tile", 8, 1, 16, 4, 0, 0, 3, {9, 30, 2}, {2, 1, 2}},
+    {"decode kv heads split", 16, 8, 64, 16, 0, 0, 1, {700}, {1}},
+    {"decode batch kv heads together", 16, 8, 32, 16, 0, 0, 6, {50, 300, 17, 64, 129, 1},
+     {1, 1, 1, 1, 1, 1}},
+    {"decode 16 MiB prefetched", 8, 1, 128, 16, 0, 0, 4, {8192, 8192, 8192, 8192}, {1, 1, 1, 1}},
 };
 
 static void run_all(struct suite *s)

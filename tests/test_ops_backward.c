@@ -25,7 +25,7 @@
  *
  * Not here: the forward ops (tests/test_ops.c), attention's backward, a whole training step.
  *
- * Run:  test_ops_backward --backend cpu|cuda [--filter SUBSTR] [--seed N]
+ * Run:  test_ops_backward --backend cpu|cuda [--filter SUBSTR] [--seed N] [--threads N]
  * One line per case ("ok" with its worst err/tol, or "FAIL" with every failed check); the last
  * line is "N passed, M failed". Exit status: 0 all passed, 1 a failure, 2 bad usage, 77 skipped. */
 #include <math.h>

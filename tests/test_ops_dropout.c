@@ -4,7 +4,7 @@
  * 1 / (1 - p); a global column offset; out aliasing x; the kept fraction near 1 - p; f32, bf16
  * and f16; guard bytes and NaN checks by the harness (op_check.c). With --backend cuda, CUDA
  * against the reference and the CPU.
- * Run:  test_ops_dropout --backend cpu|cuda [--filter SUBSTR] [--seed N] */
+ * Run:  test_ops_dropout --backend cpu|cuda [--filter SUBSTR] [--seed N] [--threads N] */
 #include <math.h>
 #include <stdio.h>
 

@@ -1,15 +1,307 @@
 /* kernels/cpu/attention.c - op_attention on the CPU: causal grouped-query attention over the
- * paged KV cache for a batch mixing prefill chunks and decode rows.
- * One work item is (query row, KV head): the query heads that share a KV head are processed
- * together so that each K/V row is read once per group. Keys are visited in tiles of
- * ATTN_TILE positions with an online softmax (running max and sum, rescaled once per tile), so
- * the result is stable for any context length and no (context)-sized buffer is needed.
- * Tests: tests/test_ops.c (attention cases); benchmark: tests/bench_ops.c. */
+ * paged KV cache for a batch mixing prefill chunks and decode rows, with an online softmax
+ * (running max and sum per query vector, rescaled when the max grows), so that no
+ * (context)-sized buffer is needed and the result is stable at any context length.
+ *
+ * Two paths, chosen per sequence by how many query vectors (new rows x the group's query
+ * heads) it brings this step:
+ * - Tiles (prefill chunks, ATTN_TILE_MIN_QV query vectors or more): a work item is (tile of up
+ *   to ATTN_TILE_QV query vectors: consecutive rows x the query heads of one KV head, KV head).
+ *   The tile's queries, scaled, are copied into scratch; keys are visited ATTN_KEY_TILE at a
+ *   time over the union of the rows' ranges, S = Q K^T and O += P V as register-tiled products
+ *   (the kernel table of attention_impl.h) that read K and V rows where they lie in the cache
+ *   (f32) or where they were widened (bf16, f16). Each row's causal and sliding-window range
+ *   masks its scores. A K/V row is read once per tile instead of once per query vector.
+ * - Rows (decode, and chunks too short for a tile): a work item is (query row, its KV heads, or
+ *   a part of them when there are too few rows to keep the threads busy); the query heads of a
+ *   group go together through the same kernels, ATTN_ROW_KEYS keys per pass, so each K/V row
+ *   is read once per group while it is in L1 and registers, and a pass reads whole cache slots.
+ *   When the rows read ATTN_PREFETCH_MIN_BYTES or more, each pass prefetches the next one.
+ * Work items go to the backend's OpenMP threads dynamically; a sequence's tiles are issued
+ * last-first (the causal tiles near the end of a chunk have the most keys), tiles before rows.
+ * One work item is never split across threads: a single decode row of a model with one KV head
+ * runs on one thread.
+ * All arithmetic is f32 whatever the storage dtype; the result is rounded once on store.
+ * Not here: the inner kernels (attention_portable.c, attention_avx512.c), training attention
+ * (attention_train.c).
+ * Tests: tests/test_ops.c (attention cases), tests/test_attention_kernels.c (the kernels);
+ * benchmarks: tests/bench_attention.c, tests/bench_ops.c. */
 #include <math.h>
+#include <stdatomic.h>
+#include <string.h>
 
+#include "attention_impl.h"
 #include "cpu_ops.h"
 
-#define ATTN_TILE 32
+#define ATTN_ROW_KEYS 32    /* keys per pass of the row path */
+#define ATTN_TILE_QV 128    /* query vectors (rows x group heads) per tile, at most */
+#define ATTN_KEY_TILE 64    /* keys per pass of a tile */
+#define ATTN_TILE_MIN_QV 16 /* a sequence's rows go through tiles from this many query vectors */
+/* The row path prefetches when its rows read at least this many K+V bytes in one call (see
+ * prefetch_rows). */
+#define ATTN_PREFETCH_MIN_BYTES ((size_t)16 << 20)
+
+/* ---- the kernel table ---- */
+
+#if defined(__x86_64__) || defined(__i386__)
+static int cpu_avx512(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f"); /* also checks that the OS saves the ZMM state */
+}
+#else
+static int cpu_avx512(void) { return 0; }
+#endif
+
+/* Asked once: CPUID traps to the hypervisor in a VM. Racing first calls pick the same table. */
+static _Atomic(const struct attn_kernels *) best_kernels;
+
+const struct attn_kernels *attn_kernels_best(void)
+{
+    const struct attn_kernels *kt = atomic_load_explicit(&best_kernels, memory_order_relaxed);
+    if (!kt) {
+        kt = attn_kernels_avx512() && cpu_avx512() ? attn_kernels_avx512() : attn_kernels_portable();
+        atomic_store_explicit(&best_kernels, kt, memory_order_relaxed);
+    }
+    return kt;
+}
+
+/* ---- geometry ---- */
+
+struct attn_ctx {
+    const struct tensor          *out, *q, *k_cache, *v_cache;
+    const struct attention_batch *batch;
+    const struct attn_kernels    *kt;
+    const int32_t                *q_start, *seq_len, *table;
+    int64_t                       n_heads, hd, n_kv, group, bt;
+    int64_t                       tile_rows; /* rows per tile: ATTN_TILE_QV / group, at least 1 */
+    size_t                        row;       /* elements per cache slot: n_kv * hd */
+    int64_t                       row_kv;    /* KV heads per work item of the row path */
+    int                           prefetch;  /* the row path prefetches its next pass */
+};
+
+/* The first cache position that position pos attends to (its window's start, or 0). */
+static int64_t first_key(const struct attn_ctx *c, int64_t pos)
+{
+    const int64_t w = c->batch->window;
+    return w > 0 && pos - w + 1 > 0 ? pos - w + 1 : 0;
+}
+
+/* Whether sequence s's rows go through tiles. */
+static int uses_tiles(const struct attn_ctx *c, int s)
+{
+    const int64_t n_new = c->q_start[s + 1] - c->q_start[s];
+    return n_new >= 2 && n_new * c->group >= ATTN_TILE_MIN_QV;
+}
+
+/* Pointers to the f32 rows of KV head kvh at the np cache positions from p0 (blocks: the
+ * sequence's block table): into the cache when it is f32, otherwise into buf (np, hd), where the
+ * rows are widened. */
+static void cache_rows(const struct attn_ctx *c, const struct tensor *cache, const int32_t *blocks,
+                       int64_t kvh, int64_t p0, int np, float *buf, const float **rows)
+{
+    const int64_t bt = c->bt, hd = c->hd;
+    for (int i = 0; i < np; i++) {
+        const int64_t p = p0 + i;
+        const size_t off = ((size_t)blocks[p / bt] * (size_t)bt + (size_t)(p % bt)) * c->row +
+                           (size_t)(kvh * hd);
+        if (cache->dtype == DTYPE_F32) {
+            rows[i] = (const float *)cache->data + off;
+        } else {
+            c->kt->widen(buf + (size_t)i * (size_t)hd, (const uint16_t *)cache->data + off,
+                         cache->dtype, (size_t)hd);
+            rows[i] = buf + (size_t)i * (size_t)hd;
+        }
+    }
+}
+
+/* Asks for the rows of KV heads kv0 .. kv0 + nkv - 1 at the np cache positions from p0 to be
+ * brought into L2, a pass ahead of their use (the row path, when c->prefetch). The blocks of a
+ * paged cache lie anywhere, and the hardware prefetchers restart at every block; measured with
+ * tests/bench_attention.c, this lifts decode from DRAM by 3-10 %, but costs 20-25 % when the
+ * rows are in L2 or L3 already (the prefetches occupy the fill buffers that the kernels' own
+ * loads need), hence the threshold ATTN_PREFETCH_MIN_BYTES: a call that reads that much, times
+ * a model's layers, is past the last-level cache of most machines. */
+static void prefetch_rows(const struct attn_ctx *c, const struct tensor *cache,
+                          const int32_t *blocks, int64_t kv0, int64_t nkv, int64_t p0, int np)
+{
+    const int64_t bt = c->bt;
+    const size_t es = dtype_size(cache->dtype), bytes = (size_t)(nkv * c->hd) * es;
+    for (int i = 0; i < np; i++) {
+        const int64_t p = p0 + i;
+        const size_t off = ((size_t)blocks[p / bt] * (size_t)bt + (size_t)(p % bt)) * c->row +
+                           (size_t)(kv0 * c->hd);
+        const char *r = (const char *)cache->data + off * es;
+        for (size_t j = 0; j < bytes; j += 64) __builtin_prefetch(r + j, 0, 2);
+    }
+}
+
+/* Query vector (row t, head h) times the scale into dst (hd). */
+static void load_query(const struct attn_ctx *c, int64_t t, int64_t h, float *dst)
+{
+    const size_t off = (size_t)((t * c->n_heads + h) * c->hd);
+    const float *src = cpu_load_row(c->q, off, (size_t)c->hd, dst); /* dst when not f32 */
+    const float scale = c->batch->scale;
+    for (int64_t d = 0; d < c->hd; d++) dst[d] = src[d] * scale;
+}
+
+/* Output (row t, head h) = acc / l; tmp (hd) for a half-precision output. */
+static void store_output(const struct attn_ctx *c, int64_t t, int64_t h, const float *acc, float l,
+                         float *tmp)
+{
+    const size_t off = (size_t)((t * c->n_heads + h) * c->hd);
+    float *o = cpu_out_row(c->out, off, tmp);
+    const float inv = 1.0f / l; /* l >= 1: the max term contributes exp(0) */
+    for (int64_t d = 0; d < c->hd; d++) o[d] = acc[d] * inv;
+    cpu_store_row(c->out, off, (size_t)c->hd, o);
+}
+
+/* One query vector's online-softmax step over the scores s[a..b] (inclusive) of a pass of n
+ * keys: the running max *mx grows to their max (acc (hd) and the running sum *l rescaled under
+ * the new max), s[a..b] becomes exp(s - max) and is added to *l, the rest of s[0..n) becomes 0
+ * (keys this query does not attend to). a > b: none attended. */
+static void softmax_step(float *s, int n, int a, int b, float *mx, float *l, float *acc, int64_t hd)
+{
+    if (a > b) {
+        memset(s, 0, (size_t)n * sizeof(float));
+        return;
+    }
+    float m = *mx;
+    for (int i = a; i <= b; i++) m = s[i] > m ? s[i] : m;
+    if (m > *mx) { /* rescale what was accumulated under the old max (nothing yet at -inf) */
+        if (*mx != -INFINITY) {
+            const float corr = expf(*mx - m);
+            *l *= corr;
+            for (int64_t d = 0; d < hd; d++) acc[d] *= corr;
+        }
+        *mx = m;
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < a; i++) s[i] = 0.0f;
+    for (int i = a; i <= b; i++) {
+        s[i] = expf(s[i] - m);
+        sum += s[i];
+    }
+    for (int i = b + 1; i < n; i++) s[i] = 0.0f;
+    *l += sum;
+}
+
+/* ---- the row path ---- */
+
+/* Floats of scratch the row path needs per thread; its layout in attend_row. */
+static size_t row_scratch(const struct attn_ctx *c)
+{
+    const size_t h = (size_t)(c->row_kv * c->group), hd = (size_t)c->hd;
+    return 2 * h * hd + h * ATTN_ROW_KEYS + 2 * h + 2 * ATTN_ROW_KEYS * hd + hd;
+}
+
+/* Query row t (of sequence s), KV heads kv0 .. kv0 + nkv - 1: each group's query vectors
+ * against every key of the row's range, ATTN_ROW_KEYS at a time, the KV heads of a pass one
+ * after the other, so that the pass reads whole cache slots (n_kv * hd contiguous elements)
+ * rather than one head's slice of each. */
+static void attend_row(const struct attn_ctx *c, float *ws, int s, int64_t t, int64_t kv0,
+                       int64_t nkv)
+{
+    const int64_t group = c->group, hd = c->hd, nh = nkv * group; /* nh query vectors */
+    /* q (nh, hd) | acc (nh, hd) | sc (nh, ATTN_ROW_KEYS) | mx, l (nh) | kb, vb (ATTN_ROW_KEYS, hd)
+     * | tmp (hd); vector j * group + g is head (kv0 + j) * group + g. */
+    float *qb = ws, *acc = qb + nh * hd, *sc = acc + nh * hd, *mx = sc + nh * ATTN_ROW_KEYS;
+    float *l = mx + nh, *kb = l + nh, *vb = kb + ATTN_ROW_KEYS * hd, *tmp = vb + ATTN_ROW_KEYS * hd;
+    const float *kp[ATTN_ROW_KEYS], *vp[ATTN_ROW_KEYS];
+
+    const int64_t n_new = c->q_start[s + 1] - c->q_start[s];
+    const int64_t pos = c->seq_len[s] - n_new + (t - c->q_start[s]);
+    const int32_t *blocks = c->table + (int64_t)s * c->batch->max_blocks;
+
+    for (int64_t i = 0; i < nh; i++) {
+        load_query(c, t, kv0 * group + i, qb + i * hd);
+        mx[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    memset(acc, 0, (size_t)(nh * hd) * sizeof(float));
+
+    for (int64_t p0 = first_key(c, pos); p0 <= pos; p0 += ATTN_ROW_KEYS) {
+        const int np = (int)(pos + 1 - p0 < ATTN_ROW_KEYS ? pos + 1 - p0 : ATTN_ROW_KEYS);
+        const int64_t p1 = p0 + ATTN_ROW_KEYS; /* the next pass */
+        if (c->prefetch && p1 <= pos) {
+            const int np1 = (int)(pos + 1 - p1 < ATTN_ROW_KEYS ? pos + 1 - p1 : ATTN_ROW_KEYS);
+            prefetch_rows(c, c->k_cache, blocks, kv0, nkv, p1, np1);
+            prefetch_rows(c, c->v_cache, blocks, kv0, nkv, p1, np1);
+        }
+        for (int64_t j = 0; j < nkv; j++) {
+            float *qj = qb + j * group * hd, *aj = acc + j * group * hd;
+            float *sj = sc + j * group * ATTN_ROW_KEYS;
+            cache_rows(c, c->k_cache, blocks, kv0 + j, p0, np, kb, kp);
+            c->kt->scores(qj, (int)group, (int)hd, kp, np, sj, ATTN_ROW_KEYS);
+            for (int64_t g = 0; g < group; g++) {
+                const int64_t i = j * group + g;
+                softmax_step(sj + g * ATTN_ROW_KEYS, np, 0, np - 1, &mx[i], &l[i], aj + g * hd, hd);
+            }
+            cache_rows(c, c->v_cache, blocks, kv0 + j, p0, np, vb, vp);
+            c->kt->accumulate(aj, (int)group, (int)hd, sj, ATTN_ROW_KEYS, vp, np);
+        }
+    }
+    for (int64_t i = 0; i < nh; i++) store_output(c, t, kv0 * group + i, acc + i * hd, l[i], tmp);
+}
+
+/* ---- the tile path ---- */
+
+static size_t tile_scratch(const struct attn_ctx *c)
+{
+    const size_t m = (size_t)(c->tile_rows * c->group), hd = (size_t)c->hd;
+    return 2 * m * hd + m * ATTN_KEY_TILE + 2 * m + 2 * ATTN_KEY_TILE * hd + hd;
+}
+
+/* Rows t0 .. t0 + nr - 1 of sequence s, KV head kvh: their nr x group query vectors (vector
+ * r * group + g is row t0 + r, head kvh * group + g) against the union of the rows' key ranges,
+ * ATTN_KEY_TILE keys at a time, each vector masked to its own row's range. */
+static void attend_tile(const struct attn_ctx *c, float *ws, int s, int64_t t0, int64_t nr,
+                        int64_t kvh)
+{
+    const int64_t group = c->group, hd = c->hd, m = nr * group;
+    const int64_t mcap = c->tile_rows * group;
+    /* q (mcap, hd) | acc (mcap, hd) | sc (mcap, ATTN_KEY_TILE) | mx, l (mcap) |
+     * kb, vb (ATTN_KEY_TILE, hd) | tmp (hd) */
+    float *qb = ws, *acc = qb + mcap * hd, *sc = acc + mcap * hd, *mx = sc + mcap * ATTN_KEY_TILE;
+    float *l = mx + mcap, *kb = l + mcap, *vb = kb + ATTN_KEY_TILE * hd, *tmp = vb + ATTN_KEY_TILE * hd;
+    const float *kp[ATTN_KEY_TILE], *vp[ATTN_KEY_TILE];
+
+    const int64_t n_new = c->q_start[s + 1] - c->q_start[s];
+    const int64_t pos0 = c->seq_len[s] - n_new + (t0 - c->q_start[s]); /* position of row t0 */
+    const int64_t pos_last = pos0 + nr - 1;
+    const int32_t *blocks = c->table + (int64_t)s * c->batch->max_blocks;
+
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t g = 0; g < group; g++) load_query(c, t0 + r, kvh * group + g, qb + (r * group + g) * hd);
+    for (int64_t i = 0; i < m; i++) {
+        mx[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    memset(acc, 0, (size_t)(m * hd) * sizeof(float));
+
+    for (int64_t p0 = first_key(c, pos0); p0 <= pos_last; p0 += ATTN_KEY_TILE) {
+        const int np = (int)(pos_last + 1 - p0 < ATTN_KEY_TILE ? pos_last + 1 - p0 : ATTN_KEY_TILE);
+        cache_rows(c, c->k_cache, blocks, kvh, p0, np, kb, kp);
+        c->kt->scores(qb, (int)m, (int)hd, kp, np, sc, ATTN_KEY_TILE);
+        for (int64_t r = 0; r < nr; r++) {
+            /* Row r attends to positions first_key(pos) .. pos, pos = pos0 + r. */
+            const int64_t pos = pos0 + r, lo = first_key(c, pos);
+            const int a = (int)(lo > p0 ? lo - p0 : 0);
+            const int b = (int)(pos < p0 + np - 1 ? pos - p0 : np - 1);
+            for (int64_t g = 0; g < group; g++) {
+                const int64_t i = r * group + g;
+                softmax_step(sc + i * ATTN_KEY_TILE, np, a, b, &mx[i], &l[i], acc + i * hd, hd);
+            }
+        }
+        cache_rows(c, c->v_cache, blocks, kvh, p0, np, vb, vp);
+        c->kt->accumulate(acc, (int)m, (int)hd, sc, ATTN_KEY_TILE, vp, np);
+    }
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t g = 0; g < group; g++)
+            store_output(c, t0 + r, kvh * group + g, acc + (r * group + g) * hd, l[r * group + g], tmp);
+}
+
+/* ---- the op ---- */
 
 /* The sequence whose query rows contain row t: the last s with q_start[s] <= t. */
 static int seq_of_row(const int32_t *q_start, int n_seqs, int64_t t)
@@ -23,104 +315,100 @@ static int seq_of_row(const int32_t *q_start, int n_seqs, int64_t t)
     return lo;
 }
 
-void cpu_attention(struct backend *b, const struct tensor *out, const struct tensor *q,
-                   const struct tensor *k_cache, const struct tensor *v_cache,
-                   const struct attention_batch *batch)
+/* The contract on the batch's index data (ops.h), checked where it lives. */
+static void check_batch(const struct attn_ctx *c, int64_t n, int64_t n_blocks)
 {
-    const int64_t n = q->shape[0], n_heads = q->shape[1], hd = q->shape[2];
-    const int64_t n_kv = k_cache->shape[2], group = n_heads / n_kv;
-    const int64_t bt = batch->block_tokens, n_blocks = k_cache->shape[0];
-    const int32_t *q_start = batch->q_start.data, *seq_len = batch->seq_len.data;
-    const int32_t *table = batch->block_table.data;
-    if (n == 0 || batch->n_seqs == 0) return;
-    CHECK(q_start[0] == 0 && q_start[batch->n_seqs] == n, "attention: q_start must span 0..%lld",
-          (long long)n);
+    const struct attention_batch *batch = c->batch;
+    const int64_t bt = c->bt;
+    CHECK(c->q_start[0] == 0 && c->q_start[batch->n_seqs] == n,
+          "attention: q_start must span 0..%lld", (long long)n);
     for (int s = 0; s < batch->n_seqs; s++) {
-        int32_t n_new = q_start[s + 1] - q_start[s];
-        CHECK(n_new >= 0 && seq_len[s] >= n_new && seq_len[s] <= (int64_t)batch->max_blocks * bt,
+        int32_t n_new = c->q_start[s + 1] - c->q_start[s];
+        CHECK(n_new >= 0 && c->seq_len[s] >= n_new && c->seq_len[s] <= (int64_t)batch->max_blocks * bt,
               "attention: sequence %d has %d new rows, seq_len %d, room for %lld", s, n_new,
-              seq_len[s], (long long)batch->max_blocks * bt);
-        for (int64_t j = 0; j < (seq_len[s] + bt - 1) / bt; j++) {
-            int32_t blk = table[(int64_t)s * batch->max_blocks + j];
+              c->seq_len[s], (long long)batch->max_blocks * bt);
+        for (int64_t j = 0; j < (c->seq_len[s] + bt - 1) / bt; j++) {
+            int32_t blk = c->table[(int64_t)s * batch->max_blocks + j];
             CHECK(blk >= 0 && blk < n_blocks, "attention: sequence %d block %lld is %d (pool %lld)",
                   s, (long long)j, blk, (long long)n_blocks);
         }
     }
+}
 
-    /* Per thread: q (group, hd) | acc (group, hd) | scores (group, TILE) | m, l (group) | k, v rows */
-    const size_t per = (size_t)(2 * group * hd + group * ATTN_TILE + 2 * group + 2 * hd);
+void cpu_attention(struct backend *b, const struct tensor *out, const struct tensor *q,
+                   const struct tensor *k_cache, const struct tensor *v_cache,
+                   const struct attention_batch *batch)
+{
+    const int64_t n = q->shape[0];
+    if (n == 0 || batch->n_seqs == 0) return;
+    struct attn_ctx c = {
+        .out = out, .q = q, .k_cache = k_cache, .v_cache = v_cache, .batch = batch,
+        .kt = attn_kernels_best(),
+        .q_start = batch->q_start.data, .seq_len = batch->seq_len.data,
+        .table = batch->block_table.data,
+        .n_heads = q->shape[1], .hd = q->shape[2], .n_kv = k_cache->shape[2],
+        .bt = batch->block_tokens,
+    };
+    c.group = c.n_heads / c.n_kv;
+    c.tile_rows = ATTN_TILE_QV / c.group > 1 ? ATTN_TILE_QV / c.group : 1;
+    c.row = (size_t)(c.n_kv * c.hd);
+    check_batch(&c, n, k_cache->shape[0]);
+
+    int any_tiles = 0;
+    int64_t row_items = 0;  /* query rows that take the row path */
+    double row_bytes = 0.0; /* K+V bytes they read */
+    for (int s = 0; s < batch->n_seqs; s++) {
+        const int64_t n_new = c.q_start[s + 1] - c.q_start[s];
+        if (uses_tiles(&c, s)) {
+            any_tiles = 1;
+            continue;
+        }
+        row_items += n_new;
+        for (int64_t j = 0; j < n_new; j++) {
+            const int64_t pos = c.seq_len[s] - n_new + j;
+            row_bytes += (double)(pos + 1 - first_key(&c, pos)) * 2.0 * (double)c.row *
+                         (double)dtype_size(k_cache->dtype);
+        }
+    }
+    c.prefetch = row_bytes >= (double)ATTN_PREFETCH_MIN_BYTES;
+    /* A row's KV heads go together (whole cache slots per pass) unless that leaves several
+     * threads with fewer than two work items each: then they are split into as few parts as
+     * give that. */
+    const int64_t want = b->n_threads > 1 ? 2 * (int64_t)b->n_threads : 1;
+    int64_t split = row_items == 0 || row_items >= want ? 1 : (want + row_items - 1) / row_items;
+    if (split > c.n_kv) split = c.n_kv;
+    c.row_kv = (c.n_kv + split - 1) / split;
+    const int64_t row_parts = (c.n_kv + c.row_kv - 1) / c.row_kv;
+    size_t per = row_scratch(&c);
+    if (any_tiles && tile_scratch(&c) > per) per = tile_scratch(&c);
     float *scratch = cpu_scratch(b, per);
-    const size_t row = (size_t)(n_kv * hd); /* elements per cache slot */
+    const size_t stride = cpu_scratch_stride(per);
+    const int64_t n_kv = c.n_kv;
 
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(b->n_threads)
-    for (int64_t item = 0; item < n * n_kv; item++) {
-        const int64_t t = item / n_kv, kvh = item % n_kv;
-        float *qb = scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(per);
-        float *acc = qb + group * hd, *sc = acc + group * hd, *mx = sc + group * ATTN_TILE;
-        float *sum = mx + group, *kb = sum + group, *vb = kb + hd;
-
-        const int s = seq_of_row(q_start, batch->n_seqs, t);
-        const int64_t n_new = q_start[s + 1] - q_start[s];
-        const int64_t pos = seq_len[s] - n_new + (t - q_start[s]);
-        const int64_t first = batch->window > 0 && pos - batch->window + 1 > 0 ? pos - batch->window + 1 : 0;
-        const int32_t *blocks = table + (int64_t)s * batch->max_blocks;
-
-        for (int64_t g = 0; g < group; g++) {
-            size_t off = (size_t)((t * n_heads + kvh * group + g) * hd);
-            const float *qr = cpu_load_row(q, off, (size_t)hd, qb + g * hd);
-            for (int64_t d = 0; d < hd; d++) qb[g * hd + d] = qr[d] * batch->scale;
-            for (int64_t d = 0; d < hd; d++) acc[g * hd + d] = 0.0f;
-            mx[g] = -INFINITY;
-            sum[g] = 0.0f;
-        }
-
-        for (int64_t p0 = first; p0 <= pos; p0 += ATTN_TILE) {
-            const int64_t np = pos + 1 - p0 < ATTN_TILE ? pos + 1 - p0 : ATTN_TILE;
-            for (int64_t i = 0; i < np; i++) {
-                int64_t p = p0 + i;
-                size_t off = ((size_t)blocks[p / bt] * (size_t)bt + (size_t)(p % bt)) * row + (size_t)(kvh * hd);
-                const float *kr = cpu_load_row(k_cache, off, (size_t)hd, kb);
-                for (int64_t g = 0; g < group; g++) {
-                    const float *qg = qb + g * hd;
-                    float dot = 0.0f;
-                    /* Vectorised: the reduction may be reordered (still f32, still per item). */
-                    #pragma omp simd reduction(+ : dot)
-                    for (int64_t d = 0; d < hd; d++) dot += qg[d] * kr[d];
-                    sc[g * ATTN_TILE + i] = dot;
-                }
-            }
-            for (int64_t g = 0; g < group; g++) {
-                float *sg = sc + g * ATTN_TILE, tile_max = mx[g];
-                for (int64_t i = 0; i < np; i++) tile_max = sg[i] > tile_max ? sg[i] : tile_max;
-                if (tile_max > mx[g]) { /* rescale what was accumulated under the old max */
-                    float corr = expf(mx[g] - tile_max);
-                    sum[g] *= corr;
-                    for (int64_t d = 0; d < hd; d++) acc[g * hd + d] *= corr;
-                    mx[g] = tile_max;
-                }
-                for (int64_t i = 0; i < np; i++) {
-                    sg[i] = expf(sg[i] - mx[g]);
-                    sum[g] += sg[i];
-                }
-            }
-            for (int64_t i = 0; i < np; i++) {
-                int64_t p = p0 + i;
-                size_t off = ((size_t)blocks[p / bt] * (size_t)bt + (size_t)(p % bt)) * row + (size_t)(kvh * hd);
-                const float *vr = cpu_load_row(v_cache, off, (size_t)hd, vb);
-                for (int64_t g = 0; g < group; g++) {
-                    float w = sc[g * ATTN_TILE + i];
-                    float *ag = acc + g * hd;
-                    for (int64_t d = 0; d < hd; d++) ag[d] += w * vr[d];
-                }
+    #pragma omp parallel num_threads(b->n_threads)
+    {
+        float *ws = scratch + (size_t)omp_get_thread_num() * stride;
+        /* Every thread meets the same loops in the same order; nowait lets a thread that runs
+         * out of one sequence's tiles start on the next one's. */
+        for (int s = 0; any_tiles && s < batch->n_seqs; s++) {
+            if (!uses_tiles(&c, s)) continue;
+            const int64_t n_new = c.q_start[s + 1] - c.q_start[s];
+            const int64_t n_tiles = (n_new + c.tile_rows - 1) / c.tile_rows;
+            #pragma omp for schedule(dynamic, 1) nowait
+            for (int64_t j = 0; j < n_tiles * n_kv; j++) {
+                const int64_t tile = n_tiles - 1 - j / n_kv, r0 = tile * c.tile_rows;
+                const int64_t nr = n_new - r0 < c.tile_rows ? n_new - r0 : c.tile_rows;
+                attend_tile(&c, ws, s, c.q_start[s] + r0, nr, j % n_kv);
             }
         }
-
-        for (int64_t g = 0; g < group; g++) {
-            size_t off = (size_t)((t * n_heads + kvh * group + g) * hd);
-            float *o = cpu_out_row(out, off, acc + g * hd);
-            float inv = 1.0f / sum[g]; /* sum >= 1: the max term contributes exp(0) */
-            for (int64_t d = 0; d < hd; d++) o[d] = acc[g * hd + d] * inv;
-            cpu_store_row(out, off, (size_t)hd, o);
+        if (row_items > 0) {
+            #pragma omp for schedule(dynamic, 1) nowait
+            for (int64_t item = 0; item < n * row_parts; item++) {
+                const int64_t t = item / row_parts, kv0 = item % row_parts * c.row_kv;
+                const int s = seq_of_row(c.q_start, batch->n_seqs, t);
+                if (!uses_tiles(&c, s))
+                    attend_row(&c, ws, s, t, kv0, n_kv - kv0 < c.row_kv ? n_kv - kv0 : c.row_kv);
+            }
         }
     }
 }
