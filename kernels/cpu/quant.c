@@ -197,6 +197,7 @@ void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, con
     const quant_act_fn act = bs == QK_K ? kt->act_q8_k : kt->act_q8;
     const quant_dot_fn dot = kt->dot[slot];
     const quant_dot4_fn dot4 = kt->dot4[slot];
+    const quant_dotw4_fn dotw4 = kt->dotw4[slot];
     uint8_t *xq = scratch;
     const uint8_t *wb = w;
     const int nt = (double)m * (double)n * (double)k >= QUANT_PARALLEL_MIN ? n_threads : 1;
@@ -214,9 +215,16 @@ void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, con
                 for (; i + 4 <= m; i += 4)
                     for (int64_t j = j0; j < j1; j++)
                         dot4(nb, wb + (size_t)j * w_row, xq + (size_t)i * xq_row, xq_row, y + i * n + j, n);
-            for (; i < m; i++)
-                for (int64_t j = j0; j < j1; j++)
-                    y[i * n + j] = dot(nb, wb + (size_t)j * w_row, xq + (size_t)i * xq_row);
+            for (; i < m; i++) {
+                int64_t j = j0;
+                if (dotw4)
+                    for (; j + 4 <= j1; j += 4) {
+                        float y4[4];
+                        dotw4(nb, wb + (size_t)j * w_row, w_row, xq + (size_t)i * xq_row, y4);
+                        for (int r = 0; r < 4; r++) y[i * n + j + r] = y4[r];
+                    }
+                for (; j < j1; j++) y[i * n + j] = dot(nb, wb + (size_t)j * w_row, xq + (size_t)i * xq_row);
+            }
         }
     }
     free(owned);

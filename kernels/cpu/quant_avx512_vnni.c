@@ -31,6 +31,10 @@ static const struct quant_kernels vnni_kernels = {
         [SLOT_Q4_0] = dot4_q4_0, [SLOT_Q4_1] = dot4_q4_1, [SLOT_Q5_0] = dot4_q5_0,
         [SLOT_Q5_1] = dot4_q5_1, [SLOT_Q8_0] = dot4_q8_0,
     },
+    .dotw4 = {
+        [SLOT_Q4_0] = dotw4_q4_0, [SLOT_Q4_1] = dotw4_q4_1, [SLOT_Q5_0] = dotw4_q5_0,
+        [SLOT_Q5_1] = dotw4_q5_1,
+    },
     .act_q8 = quant_avx2_act_q8,
     .act_q8_k = quant_avx2_act_q8_k,
 };

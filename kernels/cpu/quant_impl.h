@@ -76,12 +76,16 @@ typedef float (*quant_dot_fn)(int64_t nb, const void *w, const void *xq);
  * y[3 ys]: prefill, where a weight block is unpacked once for four rows. */
 typedef void (*quant_dot4_fn)(int64_t nb, const void *w, const void *xq, size_t xs, float *y,
                               int64_t ys);
+/* One row of x against four rows of W (w, w + ws, w + 2 ws, w + 3 ws bytes) into y[0..4):
+ * decode, where the four rows' loads overlap. */
+typedef void (*quant_dotw4_fn)(int64_t nb, const void *w, size_t ws, const void *xq, float *y);
 /* Quantizes nb blocks of x into activation blocks. */
 typedef void (*quant_act_fn)(const float *x, void *xq, int64_t nb);
 
 struct quant_kernels {
     quant_dot_fn  dot[SLOT_COUNT];
     quant_dot4_fn dot4[SLOT_COUNT]; /* NULL: four calls of dot */
+    quant_dotw4_fn dotw4[SLOT_COUNT]; /* NULL: dot row by row */
     quant_act_fn act_q8;   /* to struct act_q8 */
     quant_act_fn act_q8_k; /* to struct act_q8_k */
 };
