@@ -24,8 +24,16 @@ adapter is a random PEFT adapter (rank 4, every projection) written here. Checke
   answers otherwise; `shardlm stats` names the model id and the default;
 - a --default-adapter naming no --lora adapter (or with none) stops the server at start with a
   message.
-Prints SKIP (exit 77) without the fixture, numpy / gguf-py (the reference), grpcio or the
-installed client. Loopback only; bounded waits.
+With --gemma GGUF DIR ADAPTER instead (ctest golden_gemma3_chat_gguf, fixture gemma): what
+`make run` serves, Gemma 3 270M Q4_K_M as blocks with the committed chat adapter unmerged as the
+default and `--chat-template gemma`, against DIR (the f32 conversion of that file) with the same
+adapter unmerged (the f32 path that server_lora proves equal to merge-lora) and the same
+template: Chat renders the same prompt ids through the GGUF's tokenizer as through
+tokenizer.model; teacher-forced over that prompt and the f32 path's greedy reply, every
+log-probability (the token's and the top 5) is within GEMMA_TOL, while the base (named by the
+model id) is moved by more than 2 x GEMMA_TOL somewhere: the adapter is applied.
+Prints SKIP (exit 77) without the fixture (or the Gemma file), numpy / gguf-py (the
+reference), grpcio or the installed client. Loopback only; bounded waits.
 """
 import argparse
 import json
@@ -211,18 +219,63 @@ def run(shardlm, fixtures, work):
               f"{extra}: exit {r.returncode}, stderr {r.stderr[-300:]!r}")
 
 
+# test_model gemma-gguf measures up to 1.56 between the two paths' logits over the whole vocabulary
+# (int8 activations) and allows 2.0; a log-probability is a logit minus the log-sum-exp.
+GEMMA_TOL = 2.0
+GEMMA_CHAT = [("user", "What is the capital of France?")]
+
+
+def run_gemma(shardlm, gguf, f32, adapter):
+    """make run's configuration against the f32 conversion with the same adapter, unmerged."""
+    flags = ["--lora", f"chat={adapter}", "--default-adapter", "chat", "--chat-template", "gemma"]
+    with TS.Server(shardlm, f32, *flags, name="gemma-f32") as s, s.client(timeout=300) as c:
+        want = c.chat(GEMMA_CHAT, max_tokens=24, temperature=0, prompt_logprobs=0)
+        prompt = [e.token_id for e in want.prompt_logprobs]
+        ids = prompt + list(want.token_ids)
+        want_lp = c.generate(prompt_token_ids=ids, max_tokens=0, prompt_logprobs=5).prompt_logprobs
+    with TS.Server(shardlm, gguf, *flags, name="gemma-gguf") as s, s.client(timeout=300) as c:
+        info = c.model_info()
+        check(info.chat_template == "gemma" and info.default_adapter == "chat", f"GetModelInfo: {info}")
+        got = c.chat(GEMMA_CHAT, max_tokens=24, temperature=0, prompt_logprobs=0)
+        check([e.token_id for e in got.prompt_logprobs] == prompt,
+              "Chat with the gemma template: the GGUF's tokenizer renders other prompt ids than tokenizer.model")
+        got_lp = c.generate(prompt_token_ids=ids, max_tokens=0, prompt_logprobs=5).prompt_logprobs
+        base_lp = c.generate(prompt_token_ids=ids, max_tokens=0, prompt_logprobs=0, adapter=gguf.name).prompt_logprobs
+    worst = 0.0
+    for g, w in zip(got_lp[1:], want_lp[1:]):
+        alts = {t.token_id: t.logprob for t in w.top}
+        worst = max(worst, abs(g.logprob - w.logprob))
+        for t in g.top:
+            if t.token_id in alts:
+                worst = max(worst, abs(t.logprob - alts[t.token_id]))
+    moved = max(abs(b.logprob - w.logprob) for b, w in zip(base_lp[1:], want_lp[1:]))
+    print(f"Gemma 3 270M: GGUF + adapter vs f32 + adapter over {len(ids)} tokens: max |diff| {worst:.3f} "
+          f"(tolerance {GEMMA_TOL}); the base differs by up to {moved:.2f}; replies {got.text!r} / {want.text!r}")
+    check(worst <= GEMMA_TOL, f"GGUF + adapter vs f32 + adapter: max |diff| {worst:.3f} > {GEMMA_TOL}")
+    check(moved > 2 * GEMMA_TOL, f"the base differs from the adapter by only {moved:.2f}: is the adapter applied?")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
-    ap.add_argument("--fixtures", required=True, help="tests/gguf_setup.py's output directory")
+    ap.add_argument("--fixtures", help="tests/gguf_setup.py's output directory")
+    ap.add_argument("--gemma", nargs=3, metavar=("GGUF", "F32_DIR", "ADAPTER"),
+                    help="the real model instead: the GGUF, its f32 conversion and a PEFT adapter")
     args = ap.parse_args()
-    fixtures = Path(args.fixtures)
-    if not (fixtures / "tiny_gemma3.gguf").exists():
-        print(f"SKIP: {fixtures / 'tiny_gemma3.gguf'} not found (tests/gguf_setup.py needs pip install gguf numpy)")
+    if args.gemma:
+        gguf, f32, adapter = (Path(p) for p in args.gemma)
+        if not gguf.exists() or not (f32 / "model.safetensors").exists():
+            print(f"SKIP: no {gguf} or no conversion in {f32} (the model is fetched by make run)")
+            return TS.SKIP
+    elif not args.fixtures or not (Path(args.fixtures) / "tiny_gemma3.gguf").exists():
+        print(f"SKIP: tiny_gemma3.gguf not found in {args.fixtures} (tests/gguf_setup.py needs pip install gguf numpy)")
         return TS.SKIP
     work = Path(tempfile.mkdtemp(prefix="shardlm-ggufloratest-"))
     try:
-        run(args.shardlm, fixtures, work)
+        if args.gemma:
+            run_gemma(args.shardlm, gguf, f32, adapter)
+        else:
+            run(args.shardlm, Path(args.fixtures), work)
         print("PASS gguf lora")
         return 0
     except Exception as e:  # noqa: BLE001
