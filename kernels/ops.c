@@ -132,16 +132,17 @@ static void check_vector(const struct tensor *t, int64_t n, enum dtype dtype, co
           dtype_name(dtype), (long long)n, DESC(t));
 }
 
-/* A weight stored as ggml blocks (tensor.h): on the CPU only, beside f32 activations, with rows
- * of whole blocks. Quantized tensors reach ops only from model loading, which refuses them on
- * other backends, so a violation here is a bug. */
+/* A weight stored as ggml blocks (tensor.h), with rows of whole blocks: beside f32 activations
+ * on the CPU (quant.h's int8 product), beside any float activations on CUDA (dequantized inside
+ * the kernels). Model loading keeps blocks only where that holds, so a violation is a bug. */
 static void check_quant_weight(struct backend *b, const struct tensor *w, const struct tensor *act,
                                const char *what)
 {
     check_on(b, w, what);
-    CHECK(b->device == DEVICE_CPU, "%s %s: block-quantized weights run on the CPU backend only, not %s",
-          what, DESC(w), b->ops->name);
-    CHECK(act->dtype == DTYPE_F32, "%s %s needs f32 activations, has %s", what, DESC(w), DESC(act));
+    CHECK(b->device == DEVICE_CPU || b->device == DEVICE_CUDA,
+          "%s %s: backend %s has no kernels for block-quantized weights", what, DESC(w), b->ops->name);
+    CHECK(act->dtype == DTYPE_F32 || b->device == DEVICE_CUDA,
+          "%s %s needs f32 activations on the CPU backend, has %s", what, DESC(w), DESC(act));
     CHECK(w->ndim == 2 && w->shape[1] % quant_block_size(dtype_quant_type(w->dtype)) == 0,
           "%s %s: rows must be whole blocks", what, DESC(w));
 }

@@ -265,9 +265,10 @@ void op_cast(struct backend *b, const struct tensor *out, const struct tensor *i
 
 /* out[i,:] = table[ids[i] - vocab_start, :] when vocab_start <= ids[i] < vocab_start + rows of
  * table, else zeros (the masked lookup of a vocab-parallel shard; vocab_start = 0 and a full
- * table for tp = 1). out (n, d), table (vocab_local, d), ids i32 (n). On the CPU the table may
- * be block-quantized (a DTYPE_Q*, tensor.h) with an f32 out: looked-up rows are dequantized
- * (quant_dequantize_row, bit-exact with ggml). */
+ * table for tp = 1). out (n, d), table (vocab_local, d), ids i32 (n). The table may be
+ * block-quantized (a DTYPE_Q*, tensor.h): looked-up rows are dequantized bit-exactly with
+ * quant_dequantize_row (ggml's values), into an f32 out on the CPU, into an out of any float
+ * dtype on CUDA (rounded once to it). */
 void op_embedding(struct backend *b, const struct tensor *out, const struct tensor *table,
                   const struct tensor *ids, int64_t vocab_start);
 /* Backward: dtable[ids[i] - vocab_start, :] += dout[i, :] for the ids inside the shard (the
@@ -291,10 +292,14 @@ void op_position_embedding_add_backward(struct backend *b, const struct tensor *
                                         const struct tensor *positions);
 
 /* y = x @ w^T (+ bias). x (m, k), w (n, k) stored output-major as checkpoints store linear
- * layers, bias (n) or NULL, y (m, n). y must not alias x or w. On the CPU w may be
- * block-quantized (a DTYPE_Q*, tensor.h; k a multiple of its block size) with f32 x and y:
- * quant_matmul's product (x quantized per block to int8, integer dots; its error bound is in
- * kernels/quant.h), x's int8 copy in the backend's scratch arena. No backward for those. */
+ * layers, bias (n) or NULL, y (m, n). y must not alias x or w. w may be block-quantized (a
+ * DTYPE_Q*, tensor.h; k a multiple of its block size), with x, y and bias of one float dtype:
+ * - CPU: f32 only; quant_matmul's product (x quantized per block to int8, integer dots; its
+ *   error bound is in kernels/quant.h), x's int8 copy in the backend's scratch arena.
+ * - CUDA: f32, bf16 or f16; w dequantized inside the kernels (values bit-exact with
+ *   quant_dequantize_row), x not quantized: the f32 product of x and the dequantized w, as for
+ *   a float w (kernels/cuda/matmul_quant.cu).
+ * No backward for those. */
 void op_matmul(struct backend *b, const struct tensor *y, const struct tensor *x,
                const struct tensor *w, const struct tensor *bias);
 /* Backward of y = x @ w^T + bias, for dy (m, n):

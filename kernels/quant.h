@@ -3,7 +3,8 @@
  * y = x W^T with the activations quantized per block to int8 and integer dot products, as
  * ggml does. Self-contained: it knows nothing of GGUF files, tensors or backends, so that model
  * code can hand it the blocks of a mapped file as they are.
- * Not here: reading GGUF (engine/formats/gguf.h), the f32/bf16 op interface (ops.h), CUDA.
+ * Not here: reading GGUF (engine/formats/gguf.h), the f32/bf16 op interface (ops.h), CUDA (the
+ * same blocks read by kernels/cuda/quant_blocks.cuh, dequantized inside the kernels).
  * Tests: tests/test_quant.c (every type and implementation against the formats wing's
  * dequantizer and an f64 product, with a bound derived from the int8 rounding); benchmark:
  * tests/bench_quant.c. docs/quantization.md.
@@ -83,6 +84,10 @@ const char     *quant_impl_name(enum quant_impl impl);    /* "scalar", "avx2", "
 int             quant_impl_available(enum quant_impl impl);
 /* The implementation quant_matmul uses on this CPU. */
 enum quant_impl quant_impl_best(void);
+/* quant_dequantize_row with the given implementation (the x86 ones share one AVX2 dequantizer),
+ * which must be available (CHECK). Every implementation gives the same bits. */
+void quant_dequantize_row_impl(enum quant_impl impl, enum quant_type type, const void *src,
+                               float *dst, int64_t k);
 /* quant_matmul with the given implementation, which must be available (CHECK). */
 void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, const float *x,
                        const void *w, int64_t m, int64_t n, int64_t k, void *scratch,

@@ -16,9 +16,10 @@ extern "C" {
 /* Values reach files (safetensors dtype mapping) only through names, never as numbers.
  * The DTYPE_Q* are ggml block-quantized weights (kernels/quant.h, docs/quantization.md): a
  * tensor of such a dtype is (rows, cols) of whole blocks, row r at r * quant_row_bytes(cols).
- * They are weights only, on the CPU only: op_matmul takes one as w and op_embedding as the
- * table (with f32 x, y, out); every other op refuses them (they are not float dtypes), and
- * dtype_size, being per element, is a bug for them (CHECK): use tensor_nbytes / tensor_row_bytes. */
+ * They are weights only: op_matmul takes one as w and op_embedding as the table (with f32
+ * x, y, out on the CPU; any float dtype on CUDA); every other op refuses them (they are not
+ * float dtypes), and dtype_size, being per element, is a bug for them (CHECK): use
+ * tensor_nbytes / tensor_row_bytes. */
 enum dtype {
     DTYPE_F32,
     DTYPE_BF16,

@@ -14,7 +14,11 @@
  * A benchmark, never a pass/fail gate: it exits 0 whatever the numbers are.
  * Not here: correctness (tests/test_quant.c).
  *
- * Run: bench_quant [--quick]   (about 30 s on 2 idle cores; --quick about 5 s) */
+ * Also decode's largest product, the LM head (178 MB of Q8_0), next to a plain read of as many
+ * bytes in the same run (the kernel's fraction of the read bandwidth).
+ *
+ * Run: bench_quant [--quick | --lm-head]   (about a minute on 2 idle cores; --quick about 15 s;
+ * --lm-head only the LM head at one thread) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -139,14 +143,19 @@ static void bench_shape(const struct bench *bn, struct backend *b, const char *l
         fill_blocks(t, w, wbytes);
         struct quant_ctx qc = {best, t, y, x, w, scratch, m, n, k, b->n_threads};
         const double tq = time_best(bn, run_quant, &qc);
+        /* What serving runs: op_matmul with the block tensor (int8 dots for few rows, tiles
+         * dequantized for sgemm from QUANT_SGEMM_MIN_M rows on: kernels/cpu/matmul.c). */
+        struct f32_ctx oc = {b, fc.y, fc.x, tensor_make(w, (enum dtype)dtype_of_quant_type((uint32_t)t), DEVICE_CPU, 2, n, k)};
+        const double to = time_best(bn, run_f32, &oc);
         char extra[64] = "";
         if (best == QUANT_IMPL_AVX512_VNNI && quant_block_size(t) == 32) {
             qc.impl = QUANT_IMPL_AVX2;
             snprintf(extra, sizeof extra, "  (avx2 %7.1f us)", time_best(bn, run_quant, &qc) * 1e6);
         }
-        printf("    %-5s %-10s %8.1f us %6.1f GB/s  %4.2f bytes/weight  speed-up vs f32 %5.2fx%s\n",
+        printf("    %-5s %-10s int8 %8.1f us %6.1f GB/s  %4.2f bytes/weight  speed-up vs f32 %5.2fx%s"
+               "  | op_matmul %8.1f us (%5.2fx f32)\n",
                quant_type_name(t), quant_impl_name(best), tq * 1e6, (double)wbytes / tq * 1e-9,
-               (double)wbytes / (double)(n * k), t_f32 / tq, extra);
+               (double)wbytes / (double)(n * k), t_f32 / tq, extra, to * 1e6, t_f32 / to);
         fflush(stdout);
         free(scratch);
         free(w);
@@ -156,14 +165,66 @@ static void bench_shape(const struct bench *bn, struct backend *b, const char *l
     free(x);
 }
 
+struct read_ctx {
+    const uint64_t *p;
+    size_t          n;
+};
+
+static volatile uint64_t read_sink; /* keeps the sums, so the reads are not dropped */
+
+/* The plain read bandwidth: four running sums over the buffer. */
+static void run_read(void *p)
+{
+    struct read_ctx *c = p;
+    uint64_t s[4] = {0, 0, 0, 0};
+    for (size_t i = 0; i + 4 <= c->n; i += 4)
+        for (int j = 0; j < 4; j++) s[j] += c->p[i + j];
+    read_sink = read_sink + s[0] + s[1] + s[2] + s[3];
+}
+
+/* Decode's largest product: Gemma 3 270M's tied LM head (262,144 x 640, Q8_0 in the Q4_K_M
+ * file: 178 MB, beyond every private cache) for one row of x, against a plain read of as many
+ * bytes in the same run: the fraction of the read bandwidth the kernel reaches. */
+static void bench_lm_head(const struct bench *bn, int threads)
+{
+    const int64_t n = 262144, k = 640;
+    static const enum quant_type lm_types[] = {QUANT_TYPE_Q8_0, QUANT_TYPE_Q5_0, QUANT_TYPE_Q4_0};
+    float *x = malloc((size_t)k * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < k; i++) x[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+    for (size_t ti = 0; ti < sizeof lm_types / sizeof lm_types[0]; ti++) {
+        const enum quant_type t = lm_types[ti];
+        const size_t wbytes = (size_t)n * quant_row_bytes(t, k);
+        uint8_t *w = malloc(wbytes);
+        fill_blocks(t, w, wbytes);
+        void *scratch = malloc(quant_matmul_scratch_bytes(t, 1, k));
+        struct quant_ctx qc = {quant_impl_best(), t, y, x, w, scratch, 1, n, k, threads};
+        struct read_ctx rc = {(const uint64_t *)w, wbytes / 8};
+        const double tr = time_best(bn, run_read, &rc), tq = time_best(bn, run_quant, &qc);
+        printf("gemma lm_head   m=1   k=%-5lld n=%-6lld threads %d: %-5s %8.1f us %6.1f GB/s; plain "
+               "read of %.0f MB %6.1f GB/s (1 thread); kernel / read %.2f\n", (long long)k, (long long)n,
+               threads, quant_type_name(t), tq * 1e6, (double)wbytes / tq * 1e-9, (double)wbytes * 1e-6,
+               (double)wbytes / tr * 1e-9, tr / tq);
+        fflush(stdout);
+        free(scratch);
+        free(w);
+    }
+    free(y);
+    free(x);
+}
+
 int main(int argc, char **argv)
 {
     int quick = argc > 1 && !strcmp(argv[1], "--quick");
-    if (argc > 1 && !quick) {
-        fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+    int lm_only = argc > 1 && !strcmp(argv[1], "--lm-head");
+    if (argc > 1 && !quick && !lm_only) {
+        fprintf(stderr, "usage: %s [--quick | --lm-head]\n", argv[0]);
         return 2;
     }
     struct bench bn = {quick ? 0.03 : 0.2, quick ? 20 : 2000};
+    if (lm_only) {
+        bench_lm_head(&bn, 1);
+        return 0;
+    }
     printf("quantized products (kernels/quant.h), best implementation here: %s; f32 baseline: the\n"
            "CPU backend's op_matmul on the dequantized weights. Times are the best of repetitions.\n\n",
            quant_impl_name(quant_impl_best()));
@@ -176,9 +237,11 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_quant: cannot open the cpu backend: %s\n", status_message());
             return 1;
         }
-        for (int m = 1; m <= 64; m += 63)
+        static const int64_t ms[] = {1, 4, 8, 16, 32, 64, 512};
+        bench_lm_head(&bn, threads);
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-                bench_shape(&bn, b, shapes[s].label, m, shapes[s].k, shapes[s].n);
+                bench_shape(&bn, b, shapes[s].label, ms[mi], shapes[s].k, shapes[s].n);
         backend_close(b);
     }
     return 0;

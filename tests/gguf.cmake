@@ -19,6 +19,9 @@ set_tests_properties(gguf PROPERTIES FIXTURES_REQUIRED gguf)
 shardlm_test_exe(test_gguf_serve test_gguf_serve.c)
 shardlm_add_test(gguf_serve "unit" test_gguf_serve ${GGUF_FIXTURE_DIR})
 set_tests_properties(gguf_serve PROPERTIES FIXTURES_REQUIRED gguf)
+# The same file served on CUDA with its blocks against the CPU's dequantized f32 model.
+shardlm_add_test(gguf_serve_cuda "gpu" test_gguf_serve ${GGUF_FIXTURE_DIR} --cuda)
+set_tests_properties(gguf_serve_cuda PROPERTIES FIXTURES_REQUIRED gguf)
 
 # A GGUF served with a LoRA adapter unmerged, against the float64 reference with the adapter
 # merged (tests/reference/gemma3_ref.py) and against `convert gguf` + `merge-lora`; the server's

@@ -240,8 +240,9 @@ static struct tensor arena_add(struct arena *a, const char *name, enum dtype t, 
     struct tensor x = {.dtype = t, .device = a->b->device, .ndim = sh.ndim};
     for (int i = 0; i < TENSOR_MAX_DIMS; i++) x.shape[i] = i < sh.ndim ? sh.d[i] : 1;
     struct dbuf *d = &a->bufs[a->n++];
-    *d = (struct dbuf){.name = name, .nbytes = tensor_nbytes(&x), .elsize = dtype_size(t),
-                       .expect = expect, .result = result};
+    /* A block-quantized tensor (DTYPE_Q*) has no element size: its bytes are counted one by one. */
+    *d = (struct dbuf){.name = name, .nbytes = tensor_nbytes(&x),
+                       .elsize = dtype_is_quant(t) ? 1 : dtype_size(t), .expect = expect, .result = result};
     size_t total = d->nbytes + 2 * GUARD_BYTES;
     enum status st = backend_alloc(a->b, total, &d->base);
     CHECK(st == STATUS_OK, "backend_alloc(%zu): %s", total, status_message());

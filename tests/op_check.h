@@ -209,7 +209,7 @@ struct shape {
 #define S4(a, b, c, d) ((struct shape){4, {(a), (b), (c), (d)}})
 
 /* An input holding host's bytes (borrowed until arena_finish), which must come back
- * unchanged after the op. */
+ * unchanged after the op. t may be a block-quantized dtype (a weight: tensor_nbytes bytes). */
 struct tensor arena_in(struct arena *a, const char *name, enum dtype t, struct shape sh,
                        const void *host);
 

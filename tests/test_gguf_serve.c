@@ -11,14 +11,22 @@
  *   - the model loaded natively (blocks, zero-copy) against the same file loaded with every
  *     weight dequantized to f32 (model_load_as): logits of a prompt within a tolerance derived
  *     from the int8 activation rounding, the same argmax.
+ * With --cuda (label gpu): the same file served on the CUDA backend, blocks kept and uploaded
+ * as they are (bf16 activations, the blocks dequantized inside the kernels), against the CPU
+ * backend's model with every weight dequantized to f32: logits within test_model cuda's bf16
+ * criterion (0.05 (1 + max |logit|)), the same argmax where the f32 top-2 margin exceeds it;
+ * and LoRA adapters refused on that model (STATUS_UNSUPPORTED naming merge-lora). Never run on
+ * a GPU yet.
  * The real Gemma 3 270M file is checked by test_model gemma-gguf (golden).
- * Usage: test_gguf_serve FIXTURE_DIR; exits 77 (skip) without tiny_gemma3.gguf. */
+ * Usage: test_gguf_serve FIXTURE_DIR [--cuda]; exits 77 (skip) without tiny_gemma3.gguf, or with
+ * --cuda and no usable GPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "adapters.h"
 #include "check.h"
 #include "checkpoint.h"
 #include "gguf.h"
@@ -140,6 +148,74 @@ static void test_model(const char *path)
     backend_close(b);
 }
 
+/* The file served on CUDA with its blocks (bf16 activations) against the CPU's f32 model of the
+ * dequantized weights. Both use bit-identical weight values (the CUDA kernels decode the blocks
+ * as quant_dequantize_row does), so the difference is the bf16 rounding of activations: the
+ * criterion of test_model cuda, 0.05 (1 + max |logit|), and the argmax wherever the CPU's top
+ * two differ by more. A wrong block offset or row moves logits by O(10) (test_model above). */
+static int test_model_cuda(const char *path)
+{
+    struct backend *gpu = NULL, *cpu = NULL;
+    enum status st = backend_open(DEVICE_CUDA, 0, 0, &gpu);
+    if (st != STATUS_OK) {
+        printf("SKIP: gguf_serve_cuda: %s\n", status_message());
+        return 77;
+    }
+    CHECK(backend_open(DEVICE_CPU, 0, 1, &cpu) == STATUS_OK, "cpu backend");
+    static const int32_t ids[] = {2, 278, 271, 272, 279, 269, 5, 100};
+    const int n = 8, V = 279;
+    float *lg = malloc((size_t)n * V * sizeof *lg), *lc = malloc((size_t)n * V * sizeof *lc);
+    size_t bg = 0, bc = 0;
+    enum status sg = tiny_logits(gpu, path, -1, ids, n, lg, &bg);
+    check_status(sg, STATUS_OK, "CUDA: model_load with blocks + forward", NULL);
+    enum status sc = tiny_logits(cpu, path, DTYPE_F32, ids, n, lc, &bc);
+    check_status(sc, STATUS_OK, "CPU: model_load_as(f32) + forward, dequantized", NULL);
+    if (!sg && !sc) {
+        double worst = 0, scale = 0;
+        for (int i = 0; i < n * V; i++) {
+            worst = fmax(worst, fabs((double)lg[i] - lc[i]));
+            scale = fmax(scale, fabs((double)lc[i]));
+        }
+        const double tol = 0.05 * (1 + scale);
+        int argmax_same = 1;
+        for (int i = 0; i < n; i++) {
+            const float *a = lg + (size_t)i * V, *c = lc + (size_t)i * V;
+            int ia = 0, ic = 0, ic2 = -1;
+            for (int j = 0; j < V; j++) {
+                if (a[j] > a[ia]) ia = j;
+                if (c[j] > c[ic]) {
+                    ic2 = ic;
+                    ic = j;
+                } else if (ic2 < 0 || c[j] > c[ic2]) {
+                    ic2 = j;
+                }
+            }
+            if (ia != ic && c[ic] - c[ic2] > tol) argmax_same = 0;
+        }
+        check(bg > 0 && bc == 0 && worst <= tol && scale > 1.0 && argmax_same,
+              "CUDA blocks (%zu bytes, bf16) vs CPU dequantized f32: max |diff| %.4f (tol %.3f; logits up to "
+              "%.2f), argmax %s", bg, worst, tol, scale, argmax_same ? "equal beyond the margin" : "DIFFERS");
+    }
+    free(lg);
+    free(lc);
+
+    struct model *m = NULL;
+    st = model_load(path, gpu, NULL, &m);
+    check_status(st, STATUS_OK, "CUDA: model_load with blocks", NULL);
+    if (!st) {
+        struct adapter_set set;
+        const char *names[] = {"a"}, *dirs[] = {"/nonexistent-adapter"};
+        st = adapter_set_init(&set, m, 0, 0, 0, names, dirs, 1);
+        check_status(st, STATUS_UNSUPPORTED, "CUDA: --lora on a model with blocks", "merge-lora", NULL);
+        adapter_set_free(&set, gpu);
+    }
+    model_free(m);
+    backend_close(gpu);
+    backend_close(cpu);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
+
 /* A copy of the fixture whose Q8_0 attn_q block 3 has a NaN scale (f16 0x7e00): model_load, with
  * blocks kept or dequantized, refuses it naming the weight (a NaN scale makes every logit NaN). */
 static void test_nan_scale(const char *path)
@@ -179,8 +255,9 @@ static void test_nan_scale(const char *path)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: test_gguf_serve FIXTURE_DIR\n");
+    const int cuda = argc == 3 && !strcmp(argv[2], "--cuda");
+    if (argc < 2 || (argc == 3 && !cuda) || argc > 3) {
+        fprintf(stderr, "usage: test_gguf_serve FIXTURE_DIR [--cuda]\n");
         return 2;
     }
     char path[4096];
@@ -190,6 +267,7 @@ int main(int argc, char **argv)
         return 77;
     }
     log_set_level(LOG_LEVEL_WARN);
+    if (cuda) return test_model_cuda(path);
     test_checkpoint(path);
     test_model(path);
     test_nan_scale(path);

@@ -85,9 +85,8 @@ struct model {
     struct checkpoint *checkpoint;
     size_t weight_bytes;           /* device bytes of all local weights */
     size_t weight_bytes_mapped;    /* of which served zero-copy from the mapping */
-    size_t weight_bytes_blocks;    /* of which ggml blocks (DTYPE_Q*: GGUF on the CPU) */
-    int keep_blocks;               /* weights stored as ggml blocks are kept so (CPU serving) */
-    int dtype_explicit;            /* loaded with model_load_as and a chosen dtype */
+    size_t weight_bytes_blocks;    /* of which ggml blocks (DTYPE_Q*: a GGUF served) */
+    int keep_blocks;               /* weights stored as ggml blocks are kept so (serving) */
 
     struct model_workspace ws;
     /* Training (model_train.h): the activation sets (one per micro-batch in flight), the one
@@ -115,8 +114,8 @@ struct model {
  * is f16). par == NULL means a world of one (tp = pp = 1); otherwise the model borrows par's
  * world and groups. On the CPU with an f32 checkpoint, weights that need no conversion point
  * into the checkpoint's read-only mapping instead of being copied; a GGUF's block-quantized
- * matrices stay blocks (DTYPE_Q*, zero-copy where whole rows), which op_matmul and
- * op_embedding take; on CUDA they are STATUS_UNSUPPORTED (no kernels yet). Errors (missing files, bad shapes, a tp that does
+ * matrices stay blocks (DTYPE_Q*; on the CPU zero-copy where whole rows, on CUDA uploaded as
+ * the same bytes), which op_matmul and op_embedding take. Errors (missing files, bad shapes, a tp that does
  * not partition the model) come back as a status with a message; *out is then NULL. The model
  * borrows b. */
 enum status model_load(const char *dir, struct backend *b, const struct model_parallel *par,

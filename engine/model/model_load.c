@@ -1,6 +1,7 @@
 /* engine/model/model_load.c - model_load: builds a struct model for one (tp, pp) shard from any
  * checkpoint layout through checkpoint_get, in the backend's compute dtype; GGUF weights stored
- * as ggml blocks stay blocks on the CPU (mapped zero-copy where the slice is whole rows).
+ * as ggml blocks stay blocks (on the CPU mapped zero-copy where the slice is whole rows; on CUDA
+ * uploaded as the same bytes).
  * Not here: the forward pass and workspace (model.c), file formats (checkpoint.c).
  * Tests: tests/test_model.c. */
 #include <stdlib.h>
@@ -89,24 +90,11 @@ static enum status check_finite(const char *dir, enum weight_kind kind, int laye
 }
 
 /* The dtype a weight stored as ggml blocks (GGUF) is loaded in: its own block dtype when the
- * model keeps blocks (CPU serving) and only op_matmul / op_embedding read it (matrices other
- * than the learned positions), else m->dtype (dequantized at load: training, merging).
- * Serving on another backend refuses, since only the CPU has kernels for blocks. */
-static enum status block_dtype(const struct model *m, const char *dir, enum weight_kind kind,
-                               int layer, const struct host_weight *hw, enum dtype *dt)
+ * model keeps blocks (serving, CPU or CUDA) and only op_matmul / op_embedding read it (matrices
+ * other than the learned positions), else m->dtype (dequantized at load: training, merging). */
+static enum dtype block_dtype(const struct model *m, enum weight_kind kind, const struct host_weight *hw)
 {
-    *dt = m->dtype;
-    if (!m->keep_blocks) {
-        if (m->b->device == DEVICE_CPU || m->dtype_explicit) return STATUS_OK;
-        return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: weight %s of layer %d is stored as %s blocks, which only the CPU backend "
-                             "serves (no CUDA kernels for quantized weights yet): serve it with --device cpu, "
-                             "or convert it first (shardlm convert gguf)",
-                             dir, weight_kind_name(kind), layer,
-                             dtype_name(hw->stored_dtype));
-    }
-    if (hw->ndim == 2 && kind != WEIGHT_KIND_POS_EMBEDDING) *dt = hw->stored_dtype;
-    return STATUS_OK;
+    return m->keep_blocks && hw->ndim == 2 && kind != WEIGHT_KIND_POS_EMBEDDING ? hw->stored_dtype : m->dtype;
 }
 
 /* Loads one weight slice into *t on the model's device, refusing NaN and Inf. */
@@ -121,7 +109,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     if (st != STATUS_OK) return st;
     enum dtype dt = m->dtype;
     if (dtype_is_quant(hw.stored_dtype)) {
-        if ((st = block_dtype(m, stg->dir, kind, layer, &hw, &dt)) != STATUS_OK) return st;
+        dt = block_dtype(m, kind, &hw);
         if (dt != m->dtype &&
             (st = checkpoint_describe(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, &hw)) != STATUS_OK)
             return st;
@@ -158,11 +146,12 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
         stg->size = stg->buf ? hw.nbytes : 0;
         if (!stg->buf) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory staging %zu bytes", hw.nbytes);
     }
-    st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, m->dtype, stg->buf,
-                        stg->size, 0, &hw);
+    /* dt is m->dtype, or a block dtype (the blocks' bytes, uploaded as they are; never a norm,
+     * so never an offset). */
+    st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, stg->buf, stg->size, 0, &hw);
     if (st != STATUS_OK) return st;
-    if (offset != 0.0f) add_offset(stg->buf, m->dtype, hw.nbytes / dtype_size(m->dtype), offset);
-    if ((st = check_finite(stg->dir, kind, layer, m->dtype, stg->buf, hw.nbytes, hw.ndim == 2 ? hw.shape[1] : hw.shape[0])) != STATUS_OK)
+    if (offset != 0.0f) add_offset(stg->buf, dt, hw.nbytes / dtype_size(dt), offset);
+    if ((st = check_finite(stg->dir, kind, layer, dt, stg->buf, hw.nbytes, hw.ndim == 2 ? hw.shape[1] : hw.shape[0])) != STATUS_OK)
         return st;
     backend_upload(b, dev, stg->buf, hw.nbytes);
     return STATUS_OK;
@@ -281,10 +270,9 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     /* CPUs compute in f32; GPUs in bf16, or f16 for checkpoints trained in f16. */
     m->dtype = b->device == DEVICE_CPU ? DTYPE_F32 : (c->dtype == DTYPE_F16 ? DTYPE_F16 : DTYPE_BF16);
     if (dtype >= 0) m->dtype = (enum dtype)dtype;
-    /* GGUF blocks stay blocks when serving on the CPU; a chosen dtype (training, merging)
-     * means every weight in that dtype. */
-    m->dtype_explicit = dtype >= 0;
-    m->keep_blocks = dtype < 0 && b->device == DEVICE_CPU;
+    /* GGUF blocks stay blocks when serving (both backends have kernels for them, ops.h); a
+     * chosen dtype (training, merging) means every weight in that dtype. */
+    m->keep_blocks = dtype < 0;
 
     /* Local sizes follow the slices the checkpoint hands out (heads, KV replication, vocab). */
     struct host_weight hw;

@@ -139,6 +139,8 @@ void cpu_sum_squares(struct backend *b, const struct tensor *out, const struct t
 
 /* Shared by activation.c and gated_activation.c: the activation and its derivative. */
 float cpu_activate(float x, enum activation act);
+/* out[j] = act(x[j]) for j < len, vectorised (activation.c); out may alias x. */
+void  cpu_activate_rows(float *out, const float *x, size_t len, enum activation act);
 float cpu_activate_grad(float x, enum activation act);
 
 /* Shared by embedding.c and position_embedding_add.c: dst[idx[i] - offset, :] += src[i, :] for

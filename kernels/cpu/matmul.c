@@ -21,6 +21,11 @@
 /* Rows of w widened per block in the bf16/f16 path: bounds scratch at W_BLOCK * k floats per
  * thread. */
 #define W_BLOCK 256
+/* Block-quantized w: from this many rows of x on, tiles of QUANT_W_BLOCK rows of w are
+ * dequantized to f32 and multiplied by OpenBLAS's register-tiled sgemm; below it, int8 dot
+ * products per (row of x, row of w) (quant_matmul) win. Measured by tests/bench_quant.c. */
+#define QUANT_SGEMM_MIN_M 32
+#define QUANT_W_BLOCK 256
 /* Below this many multiply-adds one thread does the whole product. */
 #define MATMUL_PARALLEL_MIN (1 << 18)
 
@@ -49,9 +54,25 @@ static void gemm_cols(float *y_cols, const float *x, const float *w_rows, int64_
                     (int)k, w_rows, (int)k, 0.0f, y_cols, (int)n);
 }
 
-/* y (m, n) f32 = x (m, k) f32 @ w^T (+ bias) with w as ggml blocks. The int8 copy of x that
- * quant_matmul makes lives in the scratch arena, which is sized once for the largest call, so
- * serving allocates nothing per step; quant_matmul threads over w's rows itself. */
+/* Rows j0 .. j0 + nb of w (n, k) in f32 at wf (nb, k): half precision widened, blocks
+ * dequantized (bit-exact with ggml's dequantizers). */
+static void widen_rows(float *wf, const struct tensor *w, int64_t j0, int64_t nb, int64_t k)
+{
+    if (dtype_is_quant(w->dtype)) {
+        const enum quant_type qt = (enum quant_type)dtype_quant_type(w->dtype);
+        const size_t row = quant_row_bytes(qt, k);
+        for (int64_t i = 0; i < nb; i++)
+            quant_dequantize_row(qt, (const char *)w->data + (size_t)(j0 + i) * row, wf + i * k, k);
+    } else {
+        dtype_convert(wf, DTYPE_F32, (const char *)w->data + (size_t)(j0 * k) * dtype_size(w->dtype),
+                      w->dtype, (size_t)(nb * k));
+    }
+}
+
+/* y (m, n) f32 = x (m, k) f32 @ w^T (+ bias) with w as ggml blocks and fewer than
+ * QUANT_SGEMM_MIN_M rows: quant_matmul's int8 dot products. Its int8 copy of x lives in the
+ * scratch arena, which is sized once for the largest call, so serving allocates nothing per
+ * step; quant_matmul threads over w's rows itself. */
 static void matmul_quant(struct backend *b, const struct tensor *y, const struct tensor *x,
                          const struct tensor *w, const struct tensor *bias, int64_t m, int64_t n,
                          int64_t k)
@@ -68,13 +89,13 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
 {
     const int64_t m = tensor_rows(x), k = tensor_cols(x), n = w->shape[0];
     if (m == 0 || n == 0) return;
-    if (dtype_is_quant(w->dtype)) {
+    if (dtype_is_quant(w->dtype) && m < QUANT_SGEMM_MIN_M) {
         matmul_quant(b, y, x, w, bias, m, n, k);
         return;
     }
     const int nt = m * n * k >= MATMUL_PARALLEL_MIN ? b->n_threads : 1;
 
-    if (x->dtype == DTYPE_F32) {
+    if (w->dtype == DTYPE_F32) {
         float *yf = y->data;
         if (k == 0) {
             memset(yf, 0, tensor_nbytes(y));
@@ -90,25 +111,30 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
         return;
     }
 
-    /* Half-precision storage: x (m, k) | y (m, n) shared, then a w block (W_BLOCK, k) per
-     * thread, all f32, carved from one scratch request. */
-    const size_t xs = (size_t)(m * k), ys = (size_t)(m * n), ws = (size_t)W_BLOCK * (size_t)k;
+    /* Half-precision or block w (and x, y in any float dtype): x (m, k) | y (m, n) in f32 where
+     * they are not f32 already, then a block of w (w_block, k) per thread, widened to f32, all
+     * carved from one scratch request. */
+    /* Blocks no larger than an equal share of w's rows, so that every thread has work (Gemma's
+     * K and V have 256 rows, its O and DOWN 640). */
+    const int64_t w_block_max = dtype_is_quant(w->dtype) ? QUANT_W_BLOCK : W_BLOCK;
+    const int64_t share = ((n + nt - 1) / nt + 15) / 16 * 16;
+    const int64_t w_block = share < w_block_max ? share : w_block_max;
+    const size_t xs = x->dtype == DTYPE_F32 ? 0 : (size_t)(m * k);
+    const size_t ys = y->dtype == DTYPE_F32 ? 0 : (size_t)(m * n), ws = (size_t)w_block * (size_t)k;
     const size_t total = xs + ys + (size_t)b->n_threads * ws;
-    float *xf = cpu_scratch(b, (total + (size_t)b->n_threads - 1) / (size_t)b->n_threads);
-    float *yf = xf + xs, *wf_all = yf + ys;
-    dtype_convert(xf, DTYPE_F32, x->data, x->dtype, xs);
-    if (k == 0) memset(yf, 0, ys * sizeof(float));
-    const size_t wsize = dtype_size(w->dtype);
+    float *scratch = cpu_scratch(b, (total + (size_t)b->n_threads - 1) / (size_t)b->n_threads);
+    float *xf = xs ? scratch : x->data, *yf = ys ? scratch + xs : y->data, *wf_all = scratch + xs + ys;
+    if (xs) dtype_convert(xf, DTYPE_F32, x->data, x->dtype, xs);
+    if (k == 0) memset(yf, 0, (size_t)(m * n) * sizeof(float));
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && k > 0)
-    for (int64_t j0 = 0; j0 < (k > 0 ? n : 0); j0 += W_BLOCK) {
+    for (int64_t j0 = 0; j0 < (k > 0 ? n : 0); j0 += w_block) {
         float *wf = wf_all + (size_t)omp_get_thread_num() * ws;
-        int64_t nb = n - j0 < W_BLOCK ? n - j0 : W_BLOCK;
-        dtype_convert(wf, DTYPE_F32, (const char *)w->data + (size_t)(j0 * k) * wsize, w->dtype,
-                      (size_t)(nb * k));
+        int64_t nb = n - j0 < w_block ? n - j0 : w_block;
+        widen_rows(wf, w, j0, nb, k);
         gemm_cols(yf + j0, xf, wf, m, n, k, nb);
     }
     if (bias) add_bias(yf, bias, m, n);
-    dtype_convert(y->data, y->dtype, yf, DTYPE_F32, ys);
+    if (ys) dtype_convert(y->data, y->dtype, yf, DTYPE_F32, ys);
 }
 
 /* ---- the threaded f32 products --------------------------------------------------------- */

@@ -127,6 +127,7 @@ QX_AVX2 float quant_avx2_dot_q4_k(int64_t nb, const void *wv, const void *xv)
     const struct act_q8_k *x = xv;
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
+        qx_prefetch(w + b, sizeof *w);
         const uint16_t dd[2] = {w[b].d, w[b].dmin};
         acc += dot_k_sc_min(dd, w[b].scales, w[b].qs, NULL, &x[b]);
     }
@@ -139,6 +140,7 @@ QX_AVX2 float quant_avx2_dot_q5_k(int64_t nb, const void *wv, const void *xv)
     const struct act_q8_k *x = xv;
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
+        qx_prefetch(w + b, sizeof *w);
         const uint16_t dd[2] = {w[b].d, w[b].dmin};
         acc += dot_k_sc_min(dd, w[b].scales, w[b].qs, w[b].qh, &x[b]);
     }
@@ -165,6 +167,7 @@ QX_AVX2 float quant_avx2_dot_q6_k(int64_t nb, const void *wv, const void *xv)
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        qx_prefetch(w + b, sizeof *w);
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)w[b].scales);
         __m256i sumi = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {

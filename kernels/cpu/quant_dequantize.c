@@ -1,8 +1,10 @@
 /* kernels/cpu/quant_dequantize.c - quant_dequantize_row: one row of ggml blocks to f32 (for
- * embedding lookups of a quantized table). The arithmetic is ggml's dequantize_row_* (the same
+ * embedding lookups of a quantized table, and tiles of W in the prefill product). The arithmetic is ggml's dequantize_row_* (the same
  * f32 operations in the same order), so results are bit-exact with ggml and with
  * engine/formats/gguf_tensor.c as long as the compiler does not fuse a*b+c (this file is
  * built without FMA target flags).
+ * quant_dequantize_row takes the AVX2 dequantizer (quant_dequantize_avx2.c, bit-exact with these
+ * loops) where the CPU has it; these loops are the reference and the fallback.
  * Not here: the product (quant.c and its kernels).
  * Tests: tests/test_quant.c (bit-exact against gguf_tensor_read_f32). */
 #include "base.h"
@@ -117,11 +119,16 @@ static void deq_q6_k(const struct blk_q6_k *x, int64_t nb, float *y)
     }
 }
 
-void quant_dequantize_row(enum quant_type type, const void *src, float *dst, int64_t k)
+void quant_dequantize_row_impl(enum quant_impl impl, enum quant_type type, const void *src,
+                               float *dst, int64_t k)
 {
     CHECK(quant_type_supported(type) && k >= 0 && k % quant_block_size(type) == 0,
           "quant_dequantize_row: type %d, k %lld", (int)type, (long long)k);
+    CHECK(quant_impl_available(impl), "quant_dequantize_row: implementation %s is not available here",
+          quant_impl_name(impl));
     const int64_t nb = k / quant_block_size(type);
+    /* AVX512-VNNI has nothing to add to a dequantizer: both x86 implementations use AVX2's. */
+    if (impl != QUANT_IMPL_SCALAR && quant_avx2_dequantize(type, src, dst, nb)) return;
     switch (type) {
     case QUANT_TYPE_Q4_0: deq_q4_0(src, nb, dst); return;
     case QUANT_TYPE_Q4_1: deq_q4_1(src, nb, dst); return;
@@ -138,4 +145,9 @@ void quant_dequantize_row(enum quant_type type, const void *src, float *dst, int
         return;
     case QUANT_TYPE_Q6_K: deq_q6_k(src, nb, dst); return;
     }
+}
+
+void quant_dequantize_row(enum quant_type type, const void *src, float *dst, int64_t k)
+{
+    quant_dequantize_row_impl(quant_impl_best(), type, src, dst, k);
 }

@@ -99,5 +99,9 @@ float quant_avx2_dot_q5_k(int64_t nb, const void *w, const void *xq);
 float quant_avx2_dot_q6_k(int64_t nb, const void *w, const void *xq);
 void  quant_avx2_act_q8(const float *x, void *xq, int64_t nb);
 void  quant_avx2_act_q8_k(const float *x, void *xq, int64_t nb);
+/* nb blocks of `type` at src to f32 at dst, bit-exact with the scalar dequantizer
+ * (quant_dequantize_avx2.c); returns 0 (doing nothing) where AVX2 is not compiled in. The
+ * caller checks the CPU. */
+int   quant_avx2_dequantize(enum quant_type type, const void *src, float *dst, int64_t nb);
 
 #endif

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "quant_impl.h"
+#include "quant_x86_unpack.h"
 
 #define QX_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -26,29 +27,6 @@ QX_AVX2 static inline float qx_hsum(__m256 v)
 }
 
 QX_AVX2 static inline float qx_h2f(uint16_t h) { return _cvtsh_ss(h); }
-
-/* The 32 elements of a Q4 block as bytes 0..15: low nibbles (elements 0-15) in the low lane,
- * high nibbles (16-31) in the high lane. */
-QX_AVX2 static inline __m256i qx_nibbles(const uint8_t qs[16])
-{
-    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
-}
-
-/* Byte i = 0x10 when bit i of the little-endian u32 qh is set: the fifth bits of a Q5 block. */
-QX_AVX2 static inline __m256i qx_fifth_bits(const uint8_t qh[4])
-{
-    uint32_t v;
-    memcpy(&v, qh, 4);
-    /* Bytes 0-7 of the result take qh's byte 0, 8-15 byte 1, and so on; then each byte keeps
-     * its own bit (i mod 8). */
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int)v),
-        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
-}
 
 /* v with lane 0 lowered by c: the integer offset of a Q4_0/Q5_0 block, kept exact. */
 QX_AVX2 static inline __m256i qx_sub_lane0(__m256i v, int32_t c)
@@ -69,6 +47,7 @@ q8_0_rows(int64_t nb, const void *wv, const uint8_t *xb, size_t xs, int nr, floa
     const struct blk_q8_0 *w = wv;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < nb; b++) {
+        qx_prefetch(w + b, 1);
         const __m256i qw = _mm256_loadu_si256((const __m256i *)w[b].qs);
         const __m256i aw = _mm256_sign_epi8(qw, qw);
         const float dw = qx_h2f(w[b].d);
@@ -115,12 +94,13 @@ QX_AVX2 static inline struct qx_block qx_unpack_q5_1(const void *w, int64_t b)
  * is subtracted in the integers, exactly; the min (has_min: Q4_1, Q5_1) contributes
  * m * d_x * sum(x), kept apart in a scalar. */
 QX_TARGET __attribute__((always_inline)) static inline void
-q45_rows(int64_t nb, const void *w, struct qx_block (*unpack)(const void *, int64_t), int has_min,
-         const uint8_t *xb, size_t xs, int nr, float *y, int64_t ys)
+q45_rows(int64_t nb, const void *w, size_t block_bytes, struct qx_block (*unpack)(const void *, int64_t),
+         int has_min, const uint8_t *xb, size_t xs, int nr, float *y, int64_t ys)
 {
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     float acc_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t b = 0; b < nb; b++) {
+        qx_prefetch((const uint8_t *)w + (size_t)b * block_bytes, 1); /* 18-24 bytes: a line each */
         const struct qx_block q = unpack(w, b);
         for (int r = 0; r < nr; r++) {
             const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
@@ -138,13 +118,13 @@ q45_rows(int64_t nb, const void *w, struct qx_block (*unpack)(const void *, int6
     QX_TARGET static float dot_##name(int64_t nb, const void *w, const void *xq)                 \
     {                                                                                            \
         float y;                                                                                 \
-        q45_rows(nb, w, qx_unpack_##name, has_min, xq, 0, 1, &y, 0);                            \
+        q45_rows(nb, w, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, 0, 1, &y, 0);                            \
         return y;                                                                                \
     }                                                                                            \
     QX_TARGET static void dot4_##name(int64_t nb, const void *w, const void *xq, size_t xs,      \
                                       float *y, int64_t ys)                                      \
     {                                                                                            \
-        q45_rows(nb, w, qx_unpack_##name, has_min, xq, xs, 4, y, ys);                           \
+        q45_rows(nb, w, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, xs, 4, y, ys);                           \
     }
 QX_Q45(q4_0, 0)
 QX_Q45(q4_1, 1)

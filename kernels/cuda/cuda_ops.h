@@ -103,6 +103,15 @@ void cuda_adamw(struct backend *b, const struct tensor *p, const struct tensor *
                 const struct tensor *m, const struct tensor *v, const struct adamw_params *hp);
 void cuda_sum_squares(struct backend *b, const struct tensor *out, const struct tensor *x);
 
+/* Block-quantized weights (a DTYPE_Q* w or table, kernels/quant.h), dequantized inside the
+ * kernels bit-exactly with the CPU (quant_blocks.cuh): cuda_matmul and cuda_embedding hand them
+ * on to these. x, y, bias and out may be f32, bf16 or f16; arithmetic in f32, one rounding on
+ * store. */
+void cuda_matmul_quant(struct backend *b, const struct tensor *y, const struct tensor *x,
+                       const struct tensor *w, const struct tensor *bias);   /* matmul_quant.cu */
+void cuda_embedding_quant(struct backend *b, const struct tensor *out, const struct tensor *table,
+                          const struct tensor *ids, int64_t vocab_start);   /* embedding.cu */
+
 /* Shared by embedding.cu and position_embedding_add.cu: dst[idx[i] - offset, :] += src[i, :]
  * with atomics, skipping rows outside dst, or (check_range) stopping the kernel on them. */
 void cuda_scatter_add_rows(struct backend *b, const struct tensor *dst, const struct tensor *src,

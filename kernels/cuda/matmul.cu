@@ -2,7 +2,8 @@
  * bias added by a kernel of its own), the life of the cuBLAS handle and of the f32 scratch, and
  * cuda_gemm, the row-major product the fused cross-entropy uses. This is the only file of the
  * backend that calls cuBLAS.
- * Not here: attention's products (attention.cu computes them itself).
+ * Not here: attention's products (attention.cu computes them itself); products with a
+ * block-quantized w (matmul_quant.cu, which reaches cuBLAS through cuda_gemm).
  * Tests: tests/test_ops.c --backend cuda (matmul against the CPU reference, every dtype, with
  * and without bias, odd sizes and one-row decode shapes); tests/test_ops_backward.c --backend
  * cuda (matmul_backward, cross_entropy). */
@@ -78,6 +79,10 @@ static cudaDataType_t matmul_data_type(enum dtype t)
 void cuda_matmul(struct backend *b, const struct tensor *y, const struct tensor *x,
                  const struct tensor *w, const struct tensor *bias)
 {
+    if (dtype_is_quant(w->dtype)) { /* ggml blocks, dequantized inside the kernels */
+        cuda_matmul_quant(b, y, x, w, bias);
+        return;
+    }
     struct cuda_state *s = cuda_state_enter(b);
     int64_t m = tensor_rows(x), k = w->shape[1], n = w->shape[0];
     if (m == 0 || n == 0) return;
