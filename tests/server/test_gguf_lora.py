@@ -29,9 +29,11 @@ With --gemma GGUF DIR ADAPTER instead (ctest golden_gemma3_chat_gguf, fixture ge
 default and `--chat-template gemma`, against DIR (the f32 conversion of that file) with the same
 adapter unmerged (the f32 path that server_lora proves equal to merge-lora) and the same
 template: Chat renders the same prompt ids through the GGUF's tokenizer as through
-tokenizer.model; teacher-forced over that prompt and the f32 path's greedy reply, every
-log-probability (the token's and the top 5) is within GEMMA_TOL, while the base (named by the
-model id) is moved by more than 2 x GEMMA_TOL somewhere: the adapter is applied.
+tokenizer.model; teacher-forced over that prompt and the f32 path's greedy reply (one prefill of
+40 rows: dequantized tiles and sgemm), every log-probability (the token's and the top 5) is
+within GEMMA_TOL_SGEMM, and within GEMMA_TOL_INT8 when the server prefills in chunks of 16 rows
+(decode's int8 products), while the base (named by the model id) is moved by more than 2 x
+GEMMA_TOL_INT8 somewhere: the adapter is applied.
 Prints SKIP (exit 77) without the fixture (or the Gemma file), numpy / gguf-py (the
 reference), grpcio or the installed client. Loopback only; bounded waits.
 """
@@ -219,10 +221,26 @@ def run(shardlm, fixtures, work):
               f"{extra}: exit {r.returncode}, stderr {r.stderr[-300:]!r}")
 
 
-# test_model gemma-gguf measures up to 1.56 between the two paths' logits over the whole vocabulary
-# (int8 activations) and allows 2.0; a log-probability is a logit minus the log-sum-exp.
-GEMMA_TOL = 2.0
+# Gemma 3 270M, make run's configuration against the f32 conversion. The GGUF's products use int8
+# activations below 32 rows of x (decode; kernels/cpu/matmul.c) and dequantized tiles with sgemm
+# from 32 rows on. Int8: test_model gemma-gguf allows 2.0 between the two paths' logits; a
+# log-probability is a logit minus the log-sum-exp. Sgemm on the dequantized blocks computes what
+# the f32 conversion computes, up to the order of the sums.
+GEMMA_TOL_INT8 = 2.0
+GEMMA_TOL_SGEMM = 0.01
 GEMMA_CHAT = [("user", "What is the capital of France?")]
+
+
+def worst_lp(got_lp, want_lp):
+    """Largest |difference| over the tokens' log-probabilities and the top alternatives both give."""
+    worst = 0.0
+    for g, w in zip(got_lp[1:], want_lp[1:]):
+        alts = {t.token_id: t.logprob for t in w.top}
+        worst = max(worst, abs(g.logprob - w.logprob))
+        for t in g.top:
+            if t.token_id in alts:
+                worst = max(worst, abs(t.logprob - alts[t.token_id]))
+    return worst
 
 
 def run_gemma(shardlm, gguf, f32, adapter):
@@ -233,26 +251,29 @@ def run_gemma(shardlm, gguf, f32, adapter):
         prompt = [e.token_id for e in want.prompt_logprobs]
         ids = prompt + list(want.token_ids)
         want_lp = c.generate(prompt_token_ids=ids, max_tokens=0, prompt_logprobs=5).prompt_logprobs
-    with TS.Server(shardlm, gguf, *flags, name="gemma-gguf") as s, s.client(timeout=300) as c:
-        info = c.model_info()
-        check(info.chat_template == "gemma" and info.default_adapter == "chat", f"GetModelInfo: {info}")
-        got = c.chat(GEMMA_CHAT, max_tokens=24, temperature=0, prompt_logprobs=0)
-        check([e.token_id for e in got.prompt_logprobs] == prompt,
-              "Chat with the gemma template: the GGUF's tokenizer renders other prompt ids than tokenizer.model")
-        got_lp = c.generate(prompt_token_ids=ids, max_tokens=0, prompt_logprobs=5).prompt_logprobs
-        base_lp = c.generate(prompt_token_ids=ids, max_tokens=0, prompt_logprobs=0, adapter=gguf.name).prompt_logprobs
-    worst = 0.0
-    for g, w in zip(got_lp[1:], want_lp[1:]):
-        alts = {t.token_id: t.logprob for t in w.top}
-        worst = max(worst, abs(g.logprob - w.logprob))
-        for t in g.top:
-            if t.token_id in alts:
-                worst = max(worst, abs(t.logprob - alts[t.token_id]))
+    check(len(ids) >= 32, f"{len(ids)} tokens: too few for the sgemm path")
+    # As make run serves it (the teacher-forced ids are one prefill of >= 32 rows: sgemm), then
+    # with prefill chunks of 16 rows, which go through decode's int8 products.
+    worst = {}
+    for name, extra in (("sgemm", []), ("int8", ["--max-batch-tokens", "16", "--max-seqs", "4"])):
+        with TS.Server(shardlm, gguf, *flags, *extra, name=f"gemma-gguf-{name}") as s, s.client(timeout=300) as c:
+            info = c.model_info()
+            check(info.chat_template == "gemma" and info.default_adapter == "chat", f"GetModelInfo: {info}")
+            got = c.chat(GEMMA_CHAT, max_tokens=24, temperature=0, prompt_logprobs=0)
+            check([e.token_id for e in got.prompt_logprobs] == prompt,
+                  "Chat with the gemma template: the GGUF's tokenizer renders other prompt ids than tokenizer.model")
+            worst[name] = worst_lp(c.generate(prompt_token_ids=ids, max_tokens=0, prompt_logprobs=5).prompt_logprobs,
+                                   want_lp)
+            if name == "int8":
+                base_lp = c.generate(prompt_token_ids=ids, max_tokens=0, prompt_logprobs=0,
+                                     adapter=gguf.name).prompt_logprobs
     moved = max(abs(b.logprob - w.logprob) for b, w in zip(base_lp[1:], want_lp[1:]))
-    print(f"Gemma 3 270M: GGUF + adapter vs f32 + adapter over {len(ids)} tokens: max |diff| {worst:.3f} "
-          f"(tolerance {GEMMA_TOL}); the base differs by up to {moved:.2f}; replies {got.text!r} / {want.text!r}")
-    check(worst <= GEMMA_TOL, f"GGUF + adapter vs f32 + adapter: max |diff| {worst:.3f} > {GEMMA_TOL}")
-    check(moved > 2 * GEMMA_TOL, f"the base differs from the adapter by only {moved:.2f}: is the adapter applied?")
+    print(f"Gemma 3 270M: GGUF + adapter vs f32 + adapter over {len(ids)} tokens: max |diff| {worst['sgemm']:.2e} "
+          f"in one prefill (tolerance {GEMMA_TOL_SGEMM}), {worst['int8']:.3f} in chunks of 16 (tolerance "
+          f"{GEMMA_TOL_INT8}); the base differs by up to {moved:.2f}; greedy replies {got.text!r} / {want.text!r}")
+    check(worst["sgemm"] <= GEMMA_TOL_SGEMM, f"one prefill: max |diff| {worst['sgemm']:.2e} > {GEMMA_TOL_SGEMM}")
+    check(worst["int8"] <= GEMMA_TOL_INT8, f"chunks of 16: max |diff| {worst['int8']:.3f} > {GEMMA_TOL_INT8}")
+    check(moved > 2 * GEMMA_TOL_INT8, f"the base differs from the adapter by only {moved:.2f}: is the adapter applied?")
 
 
 def main():
