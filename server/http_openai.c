@@ -353,10 +353,7 @@ static enum status parse_model(const cJSON *model, const char *served_model, con
     if (!cJSON_IsString(model)) return type_error("model", "a string");
     int known = !strcmp(model->valuestring, served_model);
     for (int i = 0; !known && i < n_adapters; i++) known = !strcmp(model->valuestring, adapters[i]);
-    if (known) {
-        if (!(r->adapter = strdup(model->valuestring))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        return STATUS_OK;
-    }
+    if (known) return (r->adapter = strdup(model->valuestring)) ? STATUS_OK : oom();
     return status_errorf(STATUS_NOT_FOUND, "The model '%.128s' does not exist (this server serves '%s'%s; see /v1/models)",
                          model->valuestring, served_model, n_adapters ? " and its adapters" : "");
 }

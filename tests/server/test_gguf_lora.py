@@ -9,8 +9,9 @@ adapter is a random PEFT adapter (rank 4, every projection) written here. Checke
   dequantization) with the adapter merged in float64 (W + alpha/r B A). The server's
   log-probabilities of a teacher-forced prompt (prompt_logprobs, the prompt token's and the top
   alternatives') must be within LOGPROB_TOL of it: the base product multiplies int8-rounded
-  activations with the blocks (test_gguf_serve measures up to 0.15 on this model's logits and
-  allows 0.3), the adapter's product is f32. Measured here: 0.077 with the adapter, 0.083
+  activations with the blocks (PROMPT's 16 rows are below the 32 from which prefill dequantizes
+  tiles for sgemm instead; test_gguf_serve measures up to 0.15 on this model's logits and allows
+  0.3), the adapter's product is f32. Measured here: 0.077 with the adapter, 0.083
   without. The adapter must move the reference by more than 4 x LOGPROB_TOL somewhere (it moves
   it by 3.4), so that a server that ignored it fails;
 - the same through shardlm's own f32 path: `convert gguf` + `merge-lora`, served without
