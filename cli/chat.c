@@ -141,6 +141,7 @@ static void chat_help(FILE *f)
             "\"/reset\" (forget the conversation) and \"/exit\" are commands.\n"
             "  --system TEXT          a system message that opens the conversation\n"
             "  --stats                after each reply, print its token counts and timing to stderr\n"
+            ADAPTER_HELP
             SAMPLING_HELP
             COMMON_HELP);
 }
@@ -162,8 +163,10 @@ int client_chat_main(int argc, char **argv)
         if ((r = cli_parse_common(cmd, &cf, a, v, &used)) || (r = cli_parse_sampling(cmd, &req.sampling, a, v, &used))) {
             if (r < 0) return EXIT_USAGE;
         } else if (!strcmp(a, "--stats")) { stats = 1; used = 0; }
-        else if (strcmp(a, "--system")) return cli_usage_error(cmd, "unknown flag '%s'", a);
+        else if (strcmp(a, "--system") && strcmp(a, "--adapter"))
+            return cli_usage_error(cmd, "unknown flag '%s'", a);
         else if (!v) return cli_usage_error(cmd, "%s needs a value", a);
+        else if (!strcmp(a, "--adapter")) req.adapter = v;
         else system = v;
         i += used;
     }

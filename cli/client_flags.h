@@ -34,6 +34,11 @@ struct common_flags {
     "  --tls-ca FILE          use TLS trusting the PEM certificates in FILE\n"               \
     "  --tls-server-name N    the name to check the server's certificate against\n"         \
     "  --timeout S            deadline of each call in seconds (default none)\n"
+
+#define ADAPTER_HELP                                                                         \
+    "  --adapter NAME         the server's LoRA adapter NAME, or the served model's id for\n" \
+    "                         the base model (default: the server's --default-adapter)\n"
+
 #define SAMPLING_HELP                                                                        \
     "  --max-tokens N         most tokens to generate (server default 128)\n"                \
     "  --temperature T        in [0, 100]; 0 = greedy\n"                                     \

@@ -24,6 +24,7 @@ static void complete_help(FILE *f)
             "  --logprobs K           print each token's log-probability and its K most likely\n"
             "                         alternatives (K in [0, 20]) after the completion\n"
             "  --request-id ID        the request's id (default: the server's)\n"
+            ADAPTER_HELP
             SAMPLING_HELP
             "                         (--temperature defaults to 0 here, as in `generate`)\n"
             COMMON_HELP);
@@ -101,11 +102,12 @@ int client_complete_main(int argc, char **argv)
         else if (!strcmp(a, "--no-echo")) { echo = 0; used = 0; }
         else if (!strcmp(a, "--no-bos")) { req.has_add_bos = 1; req.add_bos = 0; used = 0; }
         else if (strcmp(a, "--prompt") && strcmp(a, "--stop") && strcmp(a, "--logprobs") &&
-                 strcmp(a, "--request-id"))
+                 strcmp(a, "--request-id") && strcmp(a, "--adapter"))
             return cli_usage_error(cmd, "unknown flag '%s'", a);
         else if (!v) return cli_usage_error(cmd, "%s needs a value", a);
         else if (!strcmp(a, "--prompt")) req.prompt = v;
         else if (!strcmp(a, "--request-id")) req.request_id = v;
+        else if (!strcmp(a, "--adapter")) req.adapter = v;
         else if (!strcmp(a, "--stop")) {
             if (n_stop == MAX_STOP) return cli_usage_error(cmd, "at most 16 --stop strings%s", "");
             stop[n_stop++] = v;

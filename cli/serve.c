@@ -34,9 +34,14 @@
  *                            RESOURCE_EXHAUSTED; 0 = only the --lora ones, no run-time loads
  *   --max-lora-rank R        the largest adapter rank served (the scratch is sized for it)
  *                            [16, or the largest --lora rank when more]
+ *   --default-adapter NAME   requests that name no adapter (gRPC `adapter` "", HTTP without
+ *                            `model`) get the --lora adapter NAME; the base stays reachable by
+ *                            the served model's id (the last component of --model) [none: the
+ *                            base]; NAME must be a --lora one, and cannot be unloaded
  * Under mpirun, rank 0 serves and every other rank replays its conductor's step plans
  * (engine_run_worker). Not here: the server (server/), the engine (engine/serving/).
- * Tests: tests/server/test_server.py, tests/test_serve_mpi.sh. */
+ * Tests: tests/server/test_server.py, tests/test_serve_mpi.sh, tests/server/test_gguf_lora.py
+ * (--default-adapter). */
 #include "commands.h"
 
 #include <errno.h>
@@ -67,9 +72,15 @@ static int usage(const char *fmt, const char *arg)
                     "         [--chat-template llama2|chatml|gemma|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
                     "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
+                    "         [--default-adapter NAME]\n"
                     "  --max-seqs N   samples (sequences) running at once [64]\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
-                    "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n");
+                    "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n"
+                    "  --lora NAME=DIR          serve the PEFT adapter in DIR unmerged as NAME; a request picks it by\n"
+                    "                           name (gRPC `adapter`, HTTP `model`)\n"
+                    "  --default-adapter NAME   requests that name no adapter get the --lora adapter NAME (it cannot\n"
+                    "                           be unloaded); the base model stays reachable by the served model's id\n"
+                    "                           (the last component of --model, GetModelInfo.model_id)\n");
     return EXIT_USAGE;
 }
 
@@ -215,6 +226,9 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--max-loras")) {
             if (base_parse_long(v, 0, SERVE_MAX_ADAPTERS, &n)) return usage("--max-loras must be an integer in [0, 64], got '%s'", v);
             max_loras = n;
+        } else if (!strcmp(a, "--default-adapter")) {
+            if (!*v) return usage("--default-adapter needs an adapter's NAME%s", "");
+            o.default_adapter = v;
         } else if (!strcmp(a, "--max-lora-rank")) {
             if (base_parse_long(v, 1, 4096, &n)) return usage("--max-lora-rank must be an integer in [1, 4096], got '%s'", v);
             o.engine.max_lora_rank = (int)n;

@@ -39,6 +39,9 @@ int client_stats_main(int argc, char **argv)
         printf("model: %s, %d layers, d_model %d, vocab %d, context %d, %s on %s\n", mi.architecture, mi.n_layers,
                mi.d_model, mi.vocab_size, mi.context_length, mi.dtype, mi.device);
         printf("parallel: dp %d x tp %d x pp %d\n", mi.dp_size > 0 ? mi.dp_size : 1, mi.tp_size, mi.pp_size);
+        printf("id: %s; adapters: %d loaded", mi.model_id, mi.n_adapters);
+        for (int i = 0; i < mi.n_adapters; i++) printf("%s %s", i ? "," : ":", mi.adapters[i]);
+        printf("; default: %s\n", *mi.default_adapter ? mi.default_adapter : "the base model");
         printf("requests: %d waiting, %d running, %llu submitted, %llu finished\n", s.waiting, s.running,
                (unsigned long long)s.requests_submitted, (unsigned long long)s.requests_finished);
         printf("tokens: %llu prompt, %llu generated, %llu from the prefix cache\n",

@@ -409,6 +409,8 @@ void client_model_info_free(struct client_model_info *m)
     free(m->dtype);
     free(m->device);
     free(m->chat_template);
+    free(m->model_id);
+    free(m->default_adapter);
     for (int i = 0; i < m->n_adapters; i++) free(m->adapters[i]);
     free(m->adapters);
     memset(m, 0, sizeof *m);
@@ -445,7 +447,9 @@ enum status client_model_info(struct client *c, struct client_model_info *out)
     out->chat_template = client_str_dup(r->chat_template);
     out->max_loras = r->max_loras;
     out->max_lora_rank = r->max_lora_rank;
-    int oom = 0;
+    out->model_id = client_str_dup(r->model_id);
+    out->default_adapter = client_str_dup(r->default_adapter);
+    int oom = !out->model_id || !out->default_adapter;
     if (r->n_adapters && !(out->adapters = calloc(r->n_adapters, sizeof *out->adapters))) oom = 1;
     for (size_t i = 0; !oom && i < r->n_adapters; i++, out->n_adapters++)
         if (!(out->adapters[i] = client_str_dup(r->adapters[i]))) oom = 1;

@@ -107,6 +107,9 @@ struct client_request {
     int         n_messages;
     struct client_sampling sampling;
     int         has_add_bos;  int add_bos; /* default true */
+    /* The LoRA adapter: NULL or "" = the server's default adapter (the base model when it has
+     * none); an adapter's name; the served model's id (client_model_info.model_id) = the base. */
+    const char *adapter;
     /* Deadline of this call in seconds; 0: the client's timeout_s. */
     double      timeout_s;
     /* Polled every few tens of milliseconds while the call runs: once it reads non-zero, the
@@ -203,6 +206,8 @@ struct client_model_info {
     char **adapters;                    /* (n_adapters) LoRA adapters loaded, in load order */
     int   n_adapters;
     int   max_loras, max_lora_rank;
+    char *model_id;                     /* the served model's id: the base in client_request.adapter */
+    char *default_adapter;              /* what requests naming no adapter get; "" = the base */
 };
 void client_model_info_free(struct client_model_info *m);
 

@@ -242,6 +242,7 @@ enum status client_request_to_pb(const struct client_request *req, struct reques
     if (req->n_messages < 0 || req->n_prompt_token_ids < 0)
         return status_errorf(STATUS_INVALID_ARGUMENT, "negative array length in client_request");
     char *id = (char *)(req->request_id ? req->request_id : "");
+    char *adapter = (char *)(req->adapter ? req->adapter : "");
     if (req->n_messages > 0) {
         if ((req->prompt && *req->prompt) || req->n_prompt_token_ids || req->has_add_bos)
             return status_errorf(STATUS_INVALID_ARGUMENT,
@@ -261,6 +262,7 @@ enum status client_request_to_pb(const struct client_request *req, struct reques
         r->chat_req.n_messages = (size_t)req->n_messages;
         r->chat_req.messages = r->msg_ptrs;
         r->chat_req.sampling = &r->sampling;
+        r->chat_req.adapter = adapter;
     } else {
         shardlm__v1__generate_request__init(&r->gen);
         r->gen.request_id = id;
@@ -268,6 +270,7 @@ enum status client_request_to_pb(const struct client_request *req, struct reques
         r->gen.n_prompt_token_ids = (size_t)req->n_prompt_token_ids;
         r->gen.prompt_token_ids = (int32_t *)req->prompt_token_ids;
         r->gen.sampling = &r->sampling;
+        r->gen.adapter = adapter;
         if (req->has_add_bos) {
             r->gen._add_bos_case = SHARDLM__V1__GENERATE_REQUEST___ADD_BOS_ADD_BOS;
             r->gen.add_bos = req->add_bos != 0;

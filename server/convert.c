@@ -161,14 +161,16 @@ static enum status convert_request_id(const char *id, struct gen_request *r)
     return (r->request_id = strdup(id)) ? STATUS_OK : convert_oom();
 }
 
-/* The adapter a request names ("" = the base); whether it is served is the engine's question. */
+/* The adapter a request names ("" = none); what the name means is the server's question
+ * (gen_resolve_adapter: the default adapter, the base, an adapter), whether it is served the
+ * engine's. */
 static enum status convert_adapter(const char *name, struct gen_request *r)
 {
     if (!name || !*name) return STATUS_OK;
-    if (strlen(name) > 64) return status_errorf(STATUS_INVALID_ARGUMENT, "adapter: a name of at most 64 bytes");
-    if (!(r->adapter = strdup(name))) return convert_oom();
-    r->params.adapter = r->adapter;
-    return STATUS_OK;
+    if (strlen(name) > 255)
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "adapter: an adapter's name of at most 64 bytes, or the served model's id");
+    return (r->adapter = strdup(name)) ? STATUS_OK : convert_oom();
 }
 
 static enum status convert_generate(const Shardlm__V1__GenerateRequest *m, struct gen_request *r)

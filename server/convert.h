@@ -52,7 +52,8 @@ struct gen_request {
     int32_t *bias_ids;            /* (n_bias) */
     float   *bias_values;         /* (n_bias) */
     int      n_bias;
-    char    *adapter;             /* the adapter's name; NULL = the base (params.adapter points here) */
+    char    *adapter;             /* the name the request gave (an adapter's, or the served model's
+                                     id); NULL = none. gen_resolve_adapter sets params.adapter */
     char    *client;              /* who asked, for --scheduling-policy fair (params.client points
                                      here); NULL: the caller sets it (gRPC: from the call) */
 };
@@ -123,6 +124,8 @@ struct model_info_out {
     int         max_logprobs;
     const char *const *adapters;  /* (n_adapters) served adapter names */
     int         n_adapters;
+    const char *model_id;         /* the served model's id: the base in a request's adapter field */
+    const char *default_adapter;  /* --default-adapter, "" without one */
 };
 enum status convert_model_info_response(const struct model_info_out *m, uint8_t **out, size_t *len);
 struct server_stats_out {

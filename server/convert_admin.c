@@ -115,6 +115,8 @@ enum status convert_model_info_response(const struct model_info_out *mi, uint8_t
     m.max_logprobs = mi->max_logprobs;
     m.adapters = (char **)mi->adapters;
     m.n_adapters = (size_t)mi->n_adapters;
+    m.model_id = (char *)(mi->model_id ? mi->model_id : "");
+    m.default_adapter = (char *)(mi->default_adapter ? mi->default_adapter : "");
     return convert_pack(&m.base, out, len);
 }
 

@@ -5,7 +5,8 @@
  * engine step for streams (what arrives while a message is on the wire is coalesced into the
  * next one), one message once every sample has finished for unary calls.
  * Not here: the call's batches (call.c), protobuf (convert.c), templates (engine/text).
- * Tests: tests/server/test_server.py (basic, concurrency, cancel, deadline, invalid, drain). */
+ * Tests: tests/server/test_server.py (basic, concurrency, cancel, deadline, invalid, drain),
+ * tests/server/test_gguf_lora.py (the adapter a request runs with: gen_resolve_adapter). */
 #include <grpc/grpc.h>
 #include <grpc/support/time.h>
 #include <pthread.h>
@@ -396,6 +397,19 @@ enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int
     return tokenizer_encode(s->tok, r->prompt, r->prompt_len, r->add_bos, ids, n);
 }
 
+enum status gen_resolve_adapter(const struct server *s, struct gen_request *r)
+{
+    r->params.adapter = NULL;
+    if (!r->adapter || !*r->adapter) r->params.adapter = s->opts.default_adapter;
+    else if (strcmp(r->adapter, s->model_id)) {
+        if (strlen(r->adapter) > 64)
+            return status_errorf(STATUS_INVALID_ARGUMENT,
+                                 "adapter: an adapter's name of at most 64 bytes, or the served model's id");
+        r->params.adapter = r->adapter;
+    }
+    return STATUS_OK;
+}
+
 void gen_start(struct call *c, const uint8_t *data, size_t len)
 {
     struct server *s = c->s;
@@ -430,6 +444,7 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
         else r.params.deadline = base_now_s() + left;
     }
     r.params.client = c->client;
+    if (st == STATUS_OK) st = gen_resolve_adapter(s, &r);
     if (st == STATUS_OK) st = engine_validate(s->engine, ids, n_ids, &r.params);
     if (st == STATUS_OK) {
         c->n_samples = r.params.n;

@@ -403,6 +403,7 @@ static enum status gen_submit(struct server *s, struct http_request *q, int fd, 
         st = run_prompt(g, i, &ids[i], &n_ids[i]);
     }
     struct request_params *p = &g->q.r.params;
+    if (st == STATUS_OK) st = gen_resolve_adapter(s, &g->q.r);
     if (st == STATUS_OK) {
         g->n_per_run = p->n;
         g->n_samples = n_runs * p->n;

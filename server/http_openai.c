@@ -343,19 +343,17 @@ static enum status parse_shape(const cJSON *o, struct http_request *q)
     return st;
 }
 
-/* The `model` field: the served model's id (the base) or the name of a served adapter. */
+/* The `model` field: the served model's id (the base) or the name of a served adapter, kept in
+ * r->adapter as given (absent: NULL); the server decides what it means (gen_resolve_adapter:
+ * absent is its default adapter, if it has one). */
 static enum status parse_model(const cJSON *model, const char *served_model, const char *const *adapters,
                                int n_adapters, struct gen_request *r)
 {
     if (!model) return STATUS_OK;
     if (!cJSON_IsString(model)) return type_error("model", "a string");
-    if (!strcmp(model->valuestring, served_model)) return STATUS_OK;
-    for (int i = 0; i < n_adapters; i++)
-        if (!strcmp(model->valuestring, adapters[i])) {
-            if (!(r->adapter = strdup(adapters[i]))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-            r->params.adapter = r->adapter;
-            return STATUS_OK;
-        }
+    int known = !strcmp(model->valuestring, served_model);
+    for (int i = 0; !known && i < n_adapters; i++) known = !strcmp(model->valuestring, adapters[i]);
+    if (known) return (r->adapter = strdup(model->valuestring)) ? STATUS_OK : oom();
     return status_errorf(STATUS_NOT_FOUND, "The model '%.128s' does not exist (this server serves '%s'%s; see /v1/models)",
                          model->valuestring, served_model, n_adapters ? " and its adapters" : "");
 }
@@ -627,7 +625,9 @@ static cJSON *envelope(const struct http_gen *g, const char *object)
     cJSON_AddStringToObject(o, "id", g->id);
     cJSON_AddStringToObject(o, "object", object);
     cJSON_AddNumberToObject(o, "created", (double)g->created);
-    cJSON_AddStringToObject(o, "model", g->s->model_id);
+    /* The model that answers (vLLM's): the adapter's name, or the base's id. */
+    const char *adapter = g->q.r.params.adapter;
+    cJSON_AddStringToObject(o, "model", adapter && *adapter ? adapter : g->s->model_id);
     return o;
 }
 

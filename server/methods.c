@@ -89,7 +89,8 @@ static enum status model_info(struct server *s, const uint8_t *data, size_t len,
     engine_list_adapters(s->engine, add_adapter_name, &an);
     struct model_info_out m = {.chat_template = chat_template_name(s->tmpl),
                                .max_logprobs = s->opts.engine.max_logprobs ? s->opts.engine.max_logprobs : 20,
-                               .adapters = an.ptrs, .n_adapters = an.n};
+                               .adapters = an.ptrs, .n_adapters = an.n, .model_id = s->model_id,
+                               .default_adapter = s->opts.default_adapter ? s->opts.default_adapter : ""};
     if (m.max_logprobs > CONVERT_MAX_LOGPROBS) m.max_logprobs = CONVERT_MAX_LOGPROBS;
     engine_get_model_info(s->engine, &m.info);
     return convert_model_info_response(&m, out, out_len);
@@ -134,6 +135,12 @@ static enum status unload_adapter(struct server *s, const uint8_t *data, size_t 
 {
     char *name;
     enum status st = convert_unload_adapter_request(data, len, &name);
+    /* Requests that name no adapter run with the default: it stays as long as the server. */
+    if (st == STATUS_OK && s->opts.default_adapter && !strcmp(name, s->opts.default_adapter))
+        st = status_errorf(STATUS_FAILED_PRECONDITION,
+                           "adapter '%s' is the server's default adapter (--default-adapter): requests that name "
+                           "no adapter use it, so it is not unloaded",
+                           name);
     if (st == STATUS_OK) st = engine_unload_adapter(s->engine, name);
     if (st == STATUS_OK) {
         LOG_INFO("server", "UnloadAdapter '%s'", name);

@@ -234,6 +234,18 @@ static void server_model_id(struct server *s)
     s->t_created = (long long)time(NULL);
 }
 
+/* --default-adapter must name one of the adapters loaded at start (the only ones there are
+ * before the server runs). */
+static enum status check_default_adapter(const struct server_options *o)
+{
+    const char *d = o->default_adapter;
+    if (!d) return STATUS_OK;
+    for (int i = 0; i < o->engine.n_adapters; i++)
+        if (!strcmp(d, o->engine.adapter_names[i])) return STATUS_OK;
+    return status_errorf(STATUS_INVALID_ARGUMENT, "--default-adapter '%s' names no adapter given with --lora%s", d,
+                         o->engine.n_adapters ? "" : " (there is none)");
+}
+
 enum status server_run(const struct server_options *o)
 {
     struct server *s = calloc(1, sizeof *s);
@@ -258,6 +270,7 @@ enum status server_run(const struct server_options *o)
     install_stop_handlers();
     signal(SIGPIPE, SIG_IGN);
 
+    if ((st = check_default_adapter(o)) != STATUS_OK) goto out_early;
     if (o->api_key_file && (st = auth_load_keys(s, o->api_key_file)) != STATUS_OK) goto out_early;
     if ((st = auth_make_credentials(o, &creds)) != STATUS_OK) goto out_early;
     if ((st = reflection_init(&s->refl)) != STATUS_OK) goto out_early;

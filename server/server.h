@@ -4,7 +4,8 @@
  * With http_listen, the same engine also answers the OpenAI-compatible HTTP API (http.c).
  * Not here: command-line parsing (serve.c), protobuf (convert.c), chat templates
  * (chat_template.c), the descriptor index (reflection.c).
- * Tests: tests/server/test_server.py, tests/server/test_http.py.
+ * Tests: tests/server/test_server.py, tests/server/test_http.py, tests/server/test_gguf_lora.py
+ * (default_adapter).
  *
  * Threads: server_run's caller becomes the completion-queue thread; a control thread loads the
  * model (so that health answers NOT_SERVING meanwhile), then waits for SIGTERM / SIGINT (a
@@ -28,6 +29,11 @@ struct server_options {
     const char *http_listen;     /* the OpenAI-compatible HTTP API and /metrics on HOST:PORT
                                     (":PORT" or "PORT": 127.0.0.1); NULL: off */
     int         http_max_connections; /* open HTTP connections at most; 0 = 256 */
+    const char *default_adapter; /* the adapter requests that name none get: one of
+                                    engine.adapter_names (STATUS_INVALID_ARGUMENT otherwise, before
+                                    anything starts); it cannot be unloaded. A request reaches the
+                                    base by naming the served model's id. NULL: no default (such
+                                    requests get the base) */
 };
 
 /* Runs the server until a signal and the drain that follows. Installs handlers for SIGTERM and

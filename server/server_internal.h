@@ -208,7 +208,8 @@ struct server {
     char                 *http_cert, *http_key; /* PEM, while the daemon runs */
     atomic_int            http_active;          /* HTTP generation requests alive */
     atomic_ullong         http_next_id;
-    char                  model_id[256];        /* the served model's name (its directory's) */
+    char                  model_id[256];        /* the served model's name (its directory's or
+                                                   file's): the base in requests' adapter / model */
     long long             t_created;            /* Unix seconds at start */
     struct metrics       *metrics;
 };
@@ -279,6 +280,13 @@ void         sample_buf_free(struct sample_buf *b);
  * stop string / token id it appends to r's stops, which must have room for one more) or the
  * tokenizer, or the given ids. Any thread (the HTTP front calls it from its own). */
 enum status  gen_prompt(struct server *s, struct gen_request *r, int is_chat, int32_t **ids, int *n);
+/* Sets r->params.adapter, the adapter the request runs with, from r->adapter, the name it gave:
+ * none (NULL or "") = the server's --default-adapter (the base without one); the served model's
+ * id (s->model_id) = the base (NULL); any other name as given (the engine says NOT_FOUND for one
+ * not loaded; STATUS_INVALID_ARGUMENT here for one longer than an adapter name may be). Both
+ * fronts call it once the request is parsed; params.adapter then borrows from r or from the
+ * server's options. */
+enum status  gen_resolve_adapter(const struct server *s, struct gen_request *r);
 
 /* ---- methods.c ----------------------------------------------------------------------------- */
 

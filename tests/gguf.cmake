@@ -22,3 +22,13 @@ set_tests_properties(gguf_serve PROPERTIES FIXTURES_REQUIRED gguf)
 # The same file served on CUDA with its blocks against the CPU's dequantized f32 model.
 shardlm_add_test(gguf_serve_cuda "gpu" test_gguf_serve ${GGUF_FIXTURE_DIR} --cuda)
 set_tests_properties(gguf_serve_cuda PROPERTIES FIXTURES_REQUIRED gguf)
+
+# A GGUF served with a LoRA adapter unmerged, against the float64 reference with the adapter
+# merged (tests/reference/gemma3_ref.py) and against `convert gguf` + `merge-lora`; the server's
+# default adapter (--default-adapter, what `make run` serves). Drives a real server over gRPC and
+# HTTP, so labelled as the server tests are.
+add_test(NAME server_gguf_lora
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/server/test_gguf_lora.py
+                 --shardlm $<TARGET_FILE:shardlm> --fixtures ${GGUF_FIXTURE_DIR})
+set_tests_properties(server_gguf_lora PROPERTIES FIXTURES_REQUIRED gguf LABELS "server;python" SKIP_RETURN_CODE 77
+                     TIMEOUT 300 ENVIRONMENT "SHARDLM_PY_CLIENT=${SHARDLM_PY_CLIENT_DIR}")

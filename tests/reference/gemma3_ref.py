@@ -43,7 +43,7 @@ numpy array (out, in), the nn.Linear layout (checked against the metadata below)
 
 CLI:
   python3 gemma3_ref.py --gguf FILE [--ids 2,818,5279,...] [--json OUT] [--top 5]
-                        [--steps N] [--prompt TEXT]
+                        [--steps N] [--prompt TEXT] [--adapter PEFT_DIR]
   Runs the prompt ids (default: DEFAULT_IDS, "<bos>The capital of France is") through the
   model and prints per-position argmax / top tokens and timing. With --json OUT writes
     {"gguf", "ids", "logits_last": [vocab floats, last position],
@@ -53,8 +53,16 @@ CLI:
   --prompt TEXT tokenizes TEXT with a naive greedy longest-match over the GGUF vocabulary
   (' ' -> '\u2581', BOS prepended). It is NOT SentencePiece's algorithm; sanity checks only.
 
+LoRA (PEFT layout; `--adapter DIR`, or with_lora below): an adapter in Hugging Face PEFT's files
+(adapter_config.json: r, lora_alpha; adapter_model.safetensors: lora_A (r, in) and lora_B
+(out, r) per module, base_model.model.model.layers.L.{self_attn.{q,k,v,o}_proj,
+mlp.{gate,up,down}_proj}.lora_{A,B}.weight) replaces each adapted weight W by
+  W + (lora_alpha / r) B @ A          (PEFT's LoraLayer, merged; plain LoRA only)
+computed in float64. The safetensors file is read here (F32, F16, BF16), not by shardlm.
+
 Importable API:
   load_model(path) -> Model        (weights float32 as dequantized, config, vocabulary)
+  with_lora(model, adapter_dir) -> Model  (a copy with the adapter merged, float64 weights)
   forward(ids, model=None, gguf_path=None, window=None) -> logits (T, vocab) float64
   greedy(ids, steps, model=None) -> generated ids
   decode(model, ids) -> str
@@ -62,9 +70,11 @@ The default model path is $SHARDLM_GEMMA3_GGUF or <repo>/.cache/gemma3-270m/gemm
 """
 
 import argparse
+import copy
 import json
 import math
 import os
+import struct
 import sys
 import time
 
@@ -187,6 +197,69 @@ def load_model(path=None):
     if path not in _MODELS:
         _MODELS[path] = Model(path)
     return _MODELS[path]
+
+
+# --------------------------------------------------------------------------- LoRA (PEFT)
+
+# PEFT module name -> this reference's weight key
+_LORA_MODULES = {"self_attn.q_proj": "wq", "self_attn.k_proj": "wk", "self_attn.v_proj": "wv",
+                 "self_attn.o_proj": "wo", "mlp.gate_proj": "gate", "mlp.up_proj": "up",
+                 "mlp.down_proj": "down"}
+
+
+def _read_safetensors(path):
+    """{name: float64 array} of a safetensors file (F32, F16, BF16 tensors)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    out = {}
+    for name, t in head.items():
+        if name == "__metadata__":
+            continue
+        b0, b1 = t["data_offsets"]
+        buf = data[b0:b1]
+        if t["dtype"] == "F32":
+            a = np.frombuffer(buf, dtype="<f4")
+        elif t["dtype"] == "F16":
+            a = np.frombuffer(buf, dtype="<f2")
+        elif t["dtype"] == "BF16":
+            a = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise ValueError("%s: %s is %s (F32, F16 or BF16 only)" % (path, name, t["dtype"]))
+        out[name] = a.astype(np.float64).reshape(t["shape"])
+    return out
+
+
+def with_lora(model, adapter_dir):
+    """A copy of model whose adapted weights are W + (lora_alpha / r) B @ A (float64)."""
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        cfg = json.load(f)
+    if cfg.get("peft_type", "LORA") != "LORA" or cfg.get("use_dora") or cfg.get("use_rslora"):
+        raise ValueError("%s: plain LoRA only" % adapter_dir)
+    scale = float(cfg["lora_alpha"]) / float(cfg["r"])
+    t = _read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    m = copy.copy(model)
+    m.layers = [dict(w) for w in model.layers]
+    merged = 0
+    for name, a in t.items():
+        pre, sep, _ = name.partition(".lora_A.weight")
+        if not sep:
+            continue
+        b = t[pre + ".lora_B.weight"]
+        parts = pre.split(".")  # base_model model model layers L <block> <proj>
+        if parts[:4] != ["base_model", "model", "model", "layers"]:
+            raise ValueError("%s: unexpected tensor name %s" % (adapter_dir, name))
+        il, key = int(parts[4]), _LORA_MODULES[".".join(parts[5:])]
+        w = m.layers[il][key]
+        if (b.shape[0], a.shape[1]) != w.shape or a.shape[0] != b.shape[1]:
+            raise ValueError("%s: A %s, B %s do not fit %s %s" % (name, a.shape, b.shape, key, w.shape))
+        m.layers[il][key] = w.astype(np.float64) + scale * (b @ a)
+        merged += 1
+    if merged == 0:
+        raise ValueError("%s: no lora_A / lora_B pairs" % adapter_dir)
+    return m
 
 
 # --------------------------------------------------------------------------- math (float64)
@@ -351,10 +424,13 @@ def main(argv=None):
     ap.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT")
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--steps", type=int, default=0, help="also greedy-decode N tokens")
+    ap.add_argument("--adapter", metavar="PEFT_DIR", help="merge this LoRA adapter (float64) first")
     args = ap.parse_args(argv)
 
     t0 = time.time()
     m = load_model(args.gguf)
+    if args.adapter:
+        m = with_lora(m, args.adapter)
     t1 = time.time()
     if args.ids and args.prompt:
         ap.error("--ids and --prompt are exclusive")

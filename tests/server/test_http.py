@@ -508,7 +508,13 @@ def group_fronts(env):
         check(srv.proc.poll() is None, "the server is still up")
         for s in idle:
             s.close()
-        wait_until(lambda: http(srv, "GET", "/health", timeout=5)[0] == 200, "the front to serve again")
+
+        def serves_again():  # until the front has seen the closes, a new connection is still reset
+            try:
+                return http(srv, "GET", "/health", timeout=5)[0] == 200
+            except OSError:
+                return False
+        wait_until(serves_again, "the front to serve again")
     # Drain: a running stream completes after SIGTERM; new requests get 503; exit 0.
     srv = Server(env.shardlm, env.model, "--drain-timeout", "30", name="http-drain")
     try:

@@ -217,5 +217,6 @@ class Client:
         return self.stub.LoadAdapter(pb.LoadAdapterRequest(name=name, path=path), **self._kw(timeout))
 
     def unload_adapter(self, name: str, *, timeout: Optional[float] = None) -> None:
-        """Unloads an adapter; FAILED_PRECONDITION while requests use it, NOT_FOUND when not loaded."""
+        """Unloads an adapter; FAILED_PRECONDITION while requests use it and for the server's default
+        adapter (GetModelInfo.default_adapter), NOT_FOUND when not loaded."""
         self.stub.UnloadAdapter(pb.UnloadAdapterRequest(name=name), **self._kw(timeout))
