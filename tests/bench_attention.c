@@ -32,6 +32,7 @@
 #include <unistd.h>
 #include <omp.h>
 
+#include "bench_common.h"
 #include "ops.h"
 
 struct bench {
@@ -50,66 +51,17 @@ static int selected(const struct bench *bn, const char *kind, const char *label,
     return !bn->filter || strstr(name, bn->filter);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Calls fn(ctx) once to warm up, then repeatedly until min_time has passed (at least 2 and at
- * most max_reps times); returns the best time of one call. */
 static double time_best(const struct bench *bn, void (*fn)(void *), void *ctx)
 {
-    fn(ctx);
-    double best = INFINITY, start = now_s();
-    for (int rep = 0; rep < bn->max_reps; rep++) {
-        double t0 = now_s();
-        fn(ctx);
-        double t = now_s() - t0;
-        if (t < best) best = t;
-        if (rep >= 1 && now_s() - start > bn->min_time) break;
-    }
-    return best;
-}
-
-static void *alloc_host(struct backend *b, size_t nbytes)
-{
-    void *p = NULL;
-    enum status st = backend_alloc(b, nbytes, &p);
-    CHECK(st == STATUS_OK, "backend_alloc(%zu): %s", nbytes, status_message());
-    return p;
-}
-
-/* Fills n floats with a cheap deterministic pattern in [-1, 1). */
-static void fill_f32(float *p, size_t n, uint32_t seed)
-{
-    uint32_t s = seed * 2654435761u + 1u;
-    for (size_t i = 0; i < n; i++) {
-        s = s * 1664525u + 1013904223u;
-        p[i] = (float)(s >> 8) * 0x1p-23f - 1.0f;
-    }
+    return bench_time_best(bn->min_time, 2, bn->max_reps, fn, ctx);
 }
 
 static void print_machine(const struct bench *bn)
 {
-    char model[256] = "unknown";
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (f) {
-        char line[512];
-        while (fgets(line, sizeof line, f)) {
-            if (strncmp(line, "model name", 10)) continue;
-            const char *c = strchr(line, ':');
-            if (!c) continue;
-            for (c++; *c == ' ' || *c == '\t'; c++) {}
-            snprintf(model, sizeof model, "%s", c);
-            model[strcspn(model, "\n")] = 0;
-            break;
-        }
-        fclose(f);
-    }
+    char model[256];
+    bench_cpu_model(model, sizeof model);
     double load[3] = {0};
-    f = fopen("/proc/loadavg", "r");
+    FILE *f = fopen("/proc/loadavg", "r");
     if (f) {
         if (fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
         fclose(f);
@@ -172,9 +124,9 @@ static void run_read(void *p)
 static double time_read(const struct bench *bn, const void *a, const void *b, size_t n)
 {
     struct read_ctx c = {{a, b}, {n & ~(size_t)63, n & ~(size_t)63}, bn->b->n_threads, 0};
-    double t0 = now_s();
+    double t0 = bench_now_s();
     run_read(&c);
-    double t = now_s() - t0;
+    double t = bench_now_s() - t0;
     if (c.sink == 42) printf(" "); /* keeps the sums alive */
     return t;
 }
@@ -227,27 +179,27 @@ static void case_make(struct attn_case *c, struct backend *b, enum dtype dt, int
     size_t nq = (size_t)n * n_heads * hd, chunk = 1 << 20;
     memset(c, 0, sizeof *c);
     c->b = b;
-    void *kc = alloc_host(b, ncache * es), *vc = alloc_host(b, ncache * es);
-    void *q = alloc_host(b, nq * es), *out = alloc_host(b, nq * es);
+    void *kc = bench_alloc_host(b, ncache * es), *vc = bench_alloc_host(b, ncache * es);
+    void *q = bench_alloc_host(b, nq * es), *out = bench_alloc_host(b, nq * es);
     float *tmp = malloc(chunk * sizeof(float));
     CHECK(tmp, "out of memory");
     for (size_t i = 0; i < ncache; i += chunk) { /* touches every page before timing */
         size_t len = ncache - i < chunk ? ncache - i : chunk;
-        fill_f32(tmp, len, (uint32_t)(i / chunk) * 2 + 3);
+        bench_fill_f32(tmp, len, (uint32_t)(i / chunk) * 2 + 3);
         dtype_convert((char *)kc + i * es, dt, tmp, DTYPE_F32, len);
-        fill_f32(tmp, len, (uint32_t)(i / chunk) * 2 + 4);
+        bench_fill_f32(tmp, len, (uint32_t)(i / chunk) * 2 + 4);
         dtype_convert((char *)vc + i * es, dt, tmp, DTYPE_F32, len);
     }
     for (size_t i = 0; i < nq; i += chunk) {
         size_t len = nq - i < chunk ? nq - i : chunk;
-        fill_f32(tmp, len, (uint32_t)(i / chunk) + 5);
+        bench_fill_f32(tmp, len, (uint32_t)(i / chunk) + 5);
         dtype_convert((char *)q + i * es, dt, tmp, DTYPE_F32, len);
     }
     free(tmp);
 
-    int32_t *q_start = alloc_host(b, (size_t)(n_seqs + 1) * 4);
-    int32_t *seq_len = alloc_host(b, (size_t)n_seqs * 4);
-    int32_t *table = alloc_host(b, (size_t)n_blocks * 4);
+    int32_t *q_start = bench_alloc_host(b, (size_t)(n_seqs + 1) * 4);
+    int32_t *seq_len = bench_alloc_host(b, (size_t)n_seqs * 4);
+    int32_t *table = bench_alloc_host(b, (size_t)n_blocks * 4);
     for (int i = 0; i < n_blocks; i++) table[i] = i;
     uint32_t s = 12345u;
     for (int i = shuffled ? n_blocks - 1 : 0; i > 0; i--) { /* Fisher-Yates with a small LCG */
@@ -302,19 +254,19 @@ static void bench_decode(const struct bench *bn, const char *label, enum dtype d
     struct block_read br = {c.kc.data, c.vc.data, c.batch.block_table.data,
                             n_seqs * c.batch.max_blocks, (size_t)bt * n_kv * hd * dtype_size(dt), 0};
     run_attention(&c); /* warm-up */
-    double t = INFINITY, t_rd = INFINITY, t_br = INFINITY, start = now_s();
+    double t = INFINITY, t_rd = INFINITY, t_br = INFINITY, start = bench_now_s();
     for (int rep = 0; rep < bn->max_reps; rep++) {
         double tr = time_read(bn, c.kc.data, c.vc.data, half);
-        double t0 = now_s();
+        double t0 = bench_now_s();
         run_block_read(&br);
-        double tb = now_s() - t0;
-        t0 = now_s();
+        double tb = bench_now_s() - t0;
+        t0 = bench_now_s();
         run_attention(&c);
-        double ta = now_s() - t0;
+        double ta = bench_now_s() - t0;
         if (tr < t_rd) t_rd = tr;
         if (tb < t_br) t_br = tb;
         if (ta < t) t = ta;
-        if (rep >= 2 && now_s() - start > bn->min_time) break;
+        if (rep >= 2 && bench_now_s() - start > bn->min_time) break;
     }
     if (br.sink == 42) printf(" "); /* keeps the sums alive */
     double bytes = 2.0 * n_seqs * (double)ctx * n_kv * hd * (double)dtype_size(dt);
@@ -374,8 +326,8 @@ static void bench_sgemm(const struct bench *bn, int m, int n, int k)
     if (bn->filter && !strstr("sgemm", bn->filter)) return;
     float *a = malloc((size_t)m * k * 4), *b = malloc((size_t)n * k * 4), *c = malloc((size_t)m * n * 4);
     CHECK(a && b && c, "out of memory");
-    fill_f32(a, (size_t)m * k, 1);
-    fill_f32(b, (size_t)n * k, 2);
+    bench_fill_f32(a, (size_t)m * k, 1);
+    bench_fill_f32(b, (size_t)n * k, 2);
     struct sgemm_ctx s = {bn->b->n_threads, m, n, k, a, b, c};
     double t = time_best(bn, run_sgemm, &s);
     printf("  raw cblas_sgemm m=%d n=%d k=%d (c = a b^T, rows split over %d threads): %8.3f ms, "
@@ -407,7 +359,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_attention: cannot open the cpu backend: %s\n", status_message());
         return 1;
     }
-    double t0 = now_s();
+    double t0 = bench_now_s();
     print_machine(&bn);
 
     printf("decode (one query row per sequence, block_tokens 16; GB/s of K+V read by op_attention;\n"
@@ -429,7 +381,7 @@ int main(int argc, char **argv)
     bench_prefill(&bn, "gemma3", DTYPE_BF16, 505, 4, 1, 256, 0);
     bench_sgemm(&bn, 505 * 4, 505, 256);
 
-    printf("\nbench_attention: %.1f s\n", now_s() - t0);
+    printf("\nbench_attention: %.1f s\n", bench_now_s() - t0);
     backend_close(bn.b);
     return 0;
 }

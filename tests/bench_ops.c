@@ -26,6 +26,7 @@
 #include <omp.h>
 #endif
 
+#include "bench_common.h"
 #include "ops.h"
 
 struct bench {
@@ -37,66 +38,17 @@ struct bench {
     double          memcpy_gbs_n;  /* all threads */
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Calls fn(ctx) once to warm up, then repeatedly until min_time has passed (at least 2 and at
- * most max_reps times); returns the best time of one call. */
 static double time_best(const struct bench *bn, void (*fn)(void *), void *ctx)
 {
-    fn(ctx);
-    double best = INFINITY, start = now_s();
-    for (int rep = 0; rep < bn->max_reps; rep++) {
-        double t0 = now_s();
-        fn(ctx);
-        double t = now_s() - t0;
-        if (t < best) best = t;
-        if (rep >= 1 && now_s() - start > bn->min_time) break;
-    }
-    return best;
-}
-
-static void *alloc_host(struct backend *b, size_t nbytes)
-{
-    void *p = NULL;
-    enum status st = backend_alloc(b, nbytes, &p);
-    CHECK(st == STATUS_OK, "backend_alloc(%zu): %s", nbytes, status_message());
-    return p;
-}
-
-/* Fills n floats with a cheap deterministic pattern in [-1, 1). */
-static void fill_f32(float *p, size_t n, uint32_t seed)
-{
-    uint32_t s = seed * 2654435761u + 1u;
-    for (size_t i = 0; i < n; i++) {
-        s = s * 1664525u + 1013904223u;
-        p[i] = (float)(s >> 8) * 0x1p-23f - 1.0f;
-    }
+    return bench_time_best(bn->min_time, 2, bn->max_reps, fn, ctx);
 }
 
 /* ---- machine and memory bandwidth ------------------------------------------------------ */
 
 static void print_machine(const struct bench *bn)
 {
-    char model[256] = "unknown";
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (f) {
-        char line[512];
-        while (fgets(line, sizeof line, f)) {
-            if (strncmp(line, "model name", 10)) continue;
-            const char *c = strchr(line, ':');
-            if (!c) continue;
-            for (c++; *c == ' ' || *c == '\t'; c++) {}
-            snprintf(model, sizeof model, "%s", c);
-            model[strcspn(model, "\n")] = 0;
-            break;
-        }
-        fclose(f);
-    }
+    char model[256];
+    bench_cpu_model(model, sizeof model);
     printf("machine: nproc %ld, cpu %s\n", sysconf(_SC_NPROCESSORS_ONLN), model);
     printf("backend: %s, %d threads; %s (core %s)\n", bn->b->ops->name, bn->b->n_threads,
            openblas_get_config(), openblas_get_corename());
@@ -202,9 +154,9 @@ static void bench_matmul(struct bench *bn, const char *label, int m, int k, int 
     struct backend *b = bn->b;
     size_t nx = (size_t)m * k, nw = (size_t)n * k, ny = (size_t)m * n;
     struct matmul_ctx c = {.b = b, .m = m, .k = k, .n = n};
-    float *x = alloc_host(b, nx * 4), *w = alloc_host(b, nw * 4), *y = alloc_host(b, ny * 4);
-    fill_f32(x, nx, 1);
-    fill_f32(w, nw, 2);
+    float *x = bench_alloc_host(b, nx * 4), *w = bench_alloc_host(b, nw * 4), *y = bench_alloc_host(b, ny * 4);
+    bench_fill_f32(x, nx, 1);
+    bench_fill_f32(w, nw, 2);
     c.x = tensor_make(x, DTYPE_F32, DEVICE_CPU, 2, (int64_t)m, (int64_t)k);
     c.w = tensor_make(w, DTYPE_F32, DEVICE_CPU, 2, (int64_t)n, (int64_t)k);
     c.y = tensor_make(y, DTYPE_F32, DEVICE_CPU, 2, (int64_t)m, (int64_t)n);
@@ -214,7 +166,7 @@ static void bench_matmul(struct bench *bn, const char *label, int m, int k, int 
     double t_gemv = m == 1 ? time_blas(bn, run_sgemv, &c) : 0.0;
 
     /* The same product with bf16 storage. */
-    uint16_t *xh = alloc_host(b, nx * 2), *wh = alloc_host(b, nw * 2), *yh = alloc_host(b, ny * 2);
+    uint16_t *xh = bench_alloc_host(b, nx * 2), *wh = bench_alloc_host(b, nw * 2), *yh = bench_alloc_host(b, ny * 2);
     dtype_convert(xh, DTYPE_BF16, x, DTYPE_F32, nx);
     dtype_convert(wh, DTYPE_BF16, w, DTYPE_F32, nw);
     struct matmul_ctx ch = c;
@@ -265,19 +217,19 @@ static void bench_attention(struct bench *bn, const char *label, enum dtype dt, 
     size_t nq = (size_t)n_seqs * n_heads * hd;
     float *tmp = malloc((ncache > nq ? ncache : nq) * sizeof(float));
     CHECK(tmp, "out of memory");
-    void *kc = alloc_host(b, ncache * es), *vc = alloc_host(b, ncache * es);
-    void *q = alloc_host(b, nq * es), *out = alloc_host(b, nq * es);
-    fill_f32(tmp, ncache, 3);
+    void *kc = bench_alloc_host(b, ncache * es), *vc = bench_alloc_host(b, ncache * es);
+    void *q = bench_alloc_host(b, nq * es), *out = bench_alloc_host(b, nq * es);
+    bench_fill_f32(tmp, ncache, 3);
     dtype_convert(kc, dt, tmp, DTYPE_F32, ncache);
-    fill_f32(tmp, ncache, 4);
+    bench_fill_f32(tmp, ncache, 4);
     dtype_convert(vc, dt, tmp, DTYPE_F32, ncache);
-    fill_f32(tmp, nq, 5);
+    bench_fill_f32(tmp, nq, 5);
     dtype_convert(q, dt, tmp, DTYPE_F32, nq);
     free(tmp);
 
-    int32_t *q_start = alloc_host(b, (size_t)(n_seqs + 1) * 4);
-    int32_t *seq_len = alloc_host(b, (size_t)n_seqs * 4);
-    int32_t *table = alloc_host(b, (size_t)n_blocks * 4);
+    int32_t *q_start = bench_alloc_host(b, (size_t)(n_seqs + 1) * 4);
+    int32_t *seq_len = bench_alloc_host(b, (size_t)n_seqs * 4);
+    int32_t *table = bench_alloc_host(b, (size_t)n_blocks * 4);
     for (int i = 0; i < n_blocks; i++) table[i] = i;
     uint32_t s = 12345u;
     for (int i = n_blocks - 1; i > 0; i--) { /* Fisher-Yates with a small LCG */
@@ -342,7 +294,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_ops: cannot open the cpu backend: %s\n", status_message());
         return 1;
     }
-    double t0 = now_s();
+    double t0 = bench_now_s();
     print_machine(&bn);
     bench_memcpy(&bn);
 
@@ -374,7 +326,7 @@ int main(int argc, char **argv)
     bench_attention(&bn, "small mha", DTYPE_F32, 8, 1024, 12, 12, 64, 16);
     bench_attention(&bn, "small mha", DTYPE_BF16, 8, 1024, 12, 12, 64, 16);
 
-    printf("\nbench_ops: %.1f s\n", now_s() - t0);
+    printf("\nbench_ops: %.1f s\n", bench_now_s() - t0);
     backend_close(bn.b);
     return 0;
 }

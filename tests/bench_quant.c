@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "ops.h"
 #include "quant.h"
 
@@ -34,27 +35,9 @@ struct bench {
     int    max_reps;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Calls fn(ctx) once to warm up, then repeatedly until min_time has passed (at least 3 and at
- * most max_reps times); returns the best time of one call. */
 static double time_best(const struct bench *bn, void (*fn)(void *), void *ctx)
 {
-    fn(ctx);
-    double best = INFINITY, start = now_s();
-    for (int rep = 0; rep < bn->max_reps; rep++) {
-        double t0 = now_s();
-        fn(ctx);
-        double t = now_s() - t0;
-        if (t < best) best = t;
-        if (rep >= 2 && now_s() - start > bn->min_time) break;
-    }
-    return best;
+    return bench_time_best(bn->min_time, 3, bn->max_reps, fn, ctx);
 }
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;

@@ -44,8 +44,6 @@ import os
 import struct
 import subprocess
 import sys
-import tempfile
-import traceback
 import urllib.request
 from pathlib import Path
 
@@ -292,25 +290,9 @@ def main():
     elif not args.fixtures or not (Path(args.fixtures) / "tiny_gemma3.gguf").exists():
         print(f"SKIP: tiny_gemma3.gguf not found in {args.fixtures} (tests/gguf_setup.py needs pip install gguf numpy)")
         return TS.SKIP
-    work = Path(tempfile.mkdtemp(prefix="shardlm-ggufloratest-"))
-    try:
-        if args.gemma:
-            run_gemma(args.shardlm, gguf, f32, adapter)
-        else:
-            run(args.shardlm, Path(args.fixtures), work)
-        print("PASS gguf lora")
-        return 0
-    except Exception as e:  # noqa: BLE001
-        print(f"FAIL gguf lora: {e}")
-        for log in sorted(TS.LOG_DIR.glob("*.log")):
-            print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
-        if not isinstance(e, Failure):
-            traceback.print_exc()
-        return 1
-    finally:
-        TS.kill_all()
-        subprocess.run(["rm", "-rf", str(work)])
-
+    if args.gemma:
+        return TS.run_test("gguf lora", "shardlm-ggufloratest-", lambda work: run_gemma(args.shardlm, gguf, f32, adapter))
+    return TS.run_test("gguf lora", "shardlm-ggufloratest-", lambda work: run(args.shardlm, Path(args.fixtures), work))
 
 if __name__ == "__main__":
     sys.exit(main())

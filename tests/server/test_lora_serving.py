@@ -32,9 +32,7 @@ import os
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
-import traceback
 import urllib.request
 from pathlib import Path
 
@@ -276,22 +274,7 @@ def main():
     if not (assets / "stories260K" / "stories260K.bin").exists():
         print(f"SKIP: stories260K not found under {assets} (set SHARDLM_ASSETS)")
         return TS.SKIP
-    work = Path(tempfile.mkdtemp(prefix="shardlm-loratest-"))
-    try:
-        run(args.shardlm, work, assets)
-        print("PASS lora serving")
-        return 0
-    except Exception as e:  # noqa: BLE001
-        print(f"FAIL lora serving: {e}")
-        for log in sorted(TS.LOG_DIR.glob("*.log")):
-            print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
-        if not isinstance(e, Failure):
-            traceback.print_exc()
-        return 1
-    finally:
-        TS.kill_all()
-        subprocess.run(["rm", "-rf", str(work)])
-
+    return TS.run_test("lora serving", "shardlm-loratest-", lambda work: run(args.shardlm, work, assets))
 
 if __name__ == "__main__":
     sys.exit(main())

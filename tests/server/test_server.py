@@ -169,6 +169,27 @@ def check(cond, what):
         raise Failure(what)
 
 
+def run_test(name, work_prefix, body):
+    """The main of a server test script: body(work) in a fresh work directory; prints PASS name
+    or FAIL name with the reason and the tail of every server log; kills every server started
+    and removes the directory. Returns the exit code (0 or 1)."""
+    work = Path(tempfile.mkdtemp(prefix=work_prefix))
+    try:
+        body(work)
+        print(f"PASS {name}")
+        return 0
+    except Exception as e:  # noqa: BLE001
+        print(f"FAIL {name}: {e}")
+        for log in sorted(LOG_DIR.glob("*.log")):
+            print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
+        if not isinstance(e, Failure):
+            traceback.print_exc()
+        return 1
+    finally:
+        kill_all()
+        subprocess.run(["rm", "-rf", str(work)])
+
+
 def expect_error(fn, code, substring=""):
     try:
         fn()
