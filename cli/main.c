@@ -63,28 +63,43 @@ static void print_help(FILE *f)
             "T x P ranks (e.g. mpirun -n 4 shardlm generate --tp 2 --pp 2 ...).\n");
 }
 
-/* libgomp reads its wait policy once, in a library constructor that runs before main. Its
- * default lets idle workers spin for a long while after every parallel region, which steals
- * the core the next serial step needs as soon as anything else runs on the machine (another
- * process, the gRPC threads): Gemma 3 270M decoding was measured at 4.5 tok/s that way and
- * 25 tok/s with a short spin on the 2-core build machine. So unless the user chose a policy,
- * shardlm runs itself again once with GOMP_SPINCOUNT=1000 (execv keeps the pid, so mpirun and
- * process supervisors see no difference). */
-static void set_openmp_wait_policy(char **argv)
+/* Two thread pools read their settings once, in library constructors that run before main:
+ * - libgomp's wait policy. Its default lets idle workers spin for a long while after every
+ *   parallel region, which steals the core the next serial step needs as soon as anything else
+ *   runs on the machine (another process, the gRPC threads): Gemma 3 270M decoding was measured
+ *   at 4.5 tok/s that way and 25 tok/s with a short spin on the 2-core build machine. So unless
+ *   the user chose a policy, GOMP_SPINCOUNT=1000.
+ * - OpenBLAS's own pthread pool. shardlm calls OpenBLAS single-threaded inside its OpenMP
+ *   threads (kernels/cpu/matmul.c), yet the library starts one worker per core at load, and each
+ *   spins in sched_yield for about 0.1 s before it sleeps: 38 % of perf's samples over six short
+ *   stories260K runs (the worker's, not the main thread's). On the speed of a run the effect was
+ *   within noise (2026-11-25, 1 and 2 threads). Unless the user set it, OPENBLAS_NUM_THREADS=1,
+ *   so that no worker is started.
+ * When either is missing, shardlm sets it and runs itself again once (execv keeps the pid, so
+ * mpirun and process supervisors see no difference). */
+static void set_thread_pools(char **argv)
 {
-    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    int again = 0;
+    if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
+        if (setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
+        again = 1;
+    }
+    if (!getenv("OPENBLAS_NUM_THREADS")) {
+        if (setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0) return;
+        again = 1;
+    }
+    if (!again) return;
     /* The resolved path, not /proc/self/exe, so that the process keeps its name in ps. */
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return;
     self[n] = 0;
-    if (setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
-    execv(self, argv); /* returns only on failure: keep the default policy */
+    execv(self, argv); /* returns only on failure: keep the defaults */
 }
 
 int main(int argc, char **argv)
 {
-    set_openmp_wait_policy(argv);
+    set_thread_pools(argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         print_help(argc < 2 ? stderr : stdout);
         return argc < 2 ? EXIT_USAGE : 0;
