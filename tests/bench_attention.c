@@ -217,17 +217,7 @@ static void case_make(struct attn_case *c, struct backend *b, enum dtype dt, int
                         (int64_t)hd);
     c->vc = c->kc;
     c->vc.data = vc;
-    c->batch = (struct attention_batch){
-        .n_seqs = n_seqs,
-        .block_tokens = bt,
-        .max_blocks = per_seq,
-        .q_start = tensor_make(q_start, DTYPE_I32, DEVICE_CPU, 1, (int64_t)(n_seqs + 1)),
-        .seq_len = tensor_make(seq_len, DTYPE_I32, DEVICE_CPU, 1, (int64_t)n_seqs),
-        .block_table = tensor_make(table, DTYPE_I32, DEVICE_CPU, 2, (int64_t)n_seqs,
-                                   (int64_t)per_seq),
-        .scale = 1.0f / sqrtf((float)hd),
-        .window = window,
-    };
+    c->batch = bench_attention_batch(n_seqs, bt, per_seq, q_start, seq_len, table, hd, window);
     void *mem[7] = {kc, vc, q, out, q_start, seq_len, table};
     memcpy(c->mem, mem, sizeof mem);
 }

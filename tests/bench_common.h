@@ -1,6 +1,6 @@
 /* tests/bench_common.h - what the C benchmarks share (bench_ops, bench_attention, bench_quant):
- * the clock, the best-of-repetitions timer, the CPU's name, and host buffers of a backend with
- * a cheap deterministic fill. Header-only (static functions): each benchmark is one program.
+ * the clock, the best-of-repetitions timer, the CPU's name, host buffers of a backend with a
+ * cheap deterministic fill, and the paged-attention batch description. Header-only (static functions): each benchmark is one program.
  * Not here: any figure or comparison (each benchmark prints its own). */
 #ifndef SHARDLM_BENCH_COMMON_H
 #define SHARDLM_BENCH_COMMON_H
@@ -71,6 +71,24 @@ static inline void bench_fill_f32(float *p, size_t n, uint32_t seed)
         s = s * 1664525u + 1013904223u;
         p[i] = (float)(s >> 8) * 0x1p-23f - 1.0f;
     }
+}
+
+/* The paged-attention batch over host arrays: n_seqs sequences with q_start (n_seqs + 1),
+ * seq_len (n_seqs) and block tables (n_seqs, per_seq) of bt-token blocks; scale 1/sqrt(hd). */
+static inline struct attention_batch bench_attention_batch(int n_seqs, int bt, int per_seq, int32_t *q_start,
+                                                           int32_t *seq_len, int32_t *table, int64_t hd,
+                                                           int window)
+{
+    return (struct attention_batch){
+        .n_seqs = n_seqs,
+        .block_tokens = bt,
+        .max_blocks = per_seq,
+        .q_start = tensor_make(q_start, DTYPE_I32, DEVICE_CPU, 1, (int64_t)(n_seqs + 1)),
+        .seq_len = tensor_make(seq_len, DTYPE_I32, DEVICE_CPU, 1, (int64_t)n_seqs),
+        .block_table = tensor_make(table, DTYPE_I32, DEVICE_CPU, 2, (int64_t)n_seqs, (int64_t)per_seq),
+        .scale = 1.0f / sqrtf((float)hd),
+        .window = window,
+    };
 }
 
 #endif

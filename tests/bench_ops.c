@@ -248,17 +248,7 @@ static void bench_attention(struct bench *bn, const char *label, enum dtype dt, 
                        (int64_t)hd);
     c.vc = c.kc;
     c.vc.data = vc;
-    c.batch = (struct attention_batch){
-        .n_seqs = n_seqs,
-        .block_tokens = bt,
-        .max_blocks = per_seq,
-        .q_start = tensor_make(q_start, DTYPE_I32, DEVICE_CPU, 1, (int64_t)(n_seqs + 1)),
-        .seq_len = tensor_make(seq_len, DTYPE_I32, DEVICE_CPU, 1, (int64_t)n_seqs),
-        .block_table = tensor_make(table, DTYPE_I32, DEVICE_CPU, 2, (int64_t)n_seqs,
-                                   (int64_t)per_seq),
-        .scale = 1.0f / sqrtf((float)hd),
-        .window = 0,
-    };
+    c.batch = bench_attention_batch(n_seqs, bt, per_seq, q_start, seq_len, table, hd, 0);
     double t = time_best(bn, run_attention, &c);
     /* K and V rows of every attended position, once each: what a decode step must read. */
     double bytes = 2.0 * n_seqs * (double)ctx * n_kv * hd * (double)es;
