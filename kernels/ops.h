@@ -234,6 +234,13 @@ enum status backend_open(enum device device, int device_id, int n_threads, struc
 void        backend_close(struct backend *b); /* accepts NULL */
 /* Whether this build contains the CUDA backend (it may still find no GPU at runtime). */
 int         backend_cuda_compiled(void);
+/* The CPU backend's matrix products on AMX tiles (kernels/cpu/amx.c): x rounded to bf16, w bf16
+ * or blocks dequantized and rounded to bf16, sums in f32; used for bf16 w, and for block w
+ * from 32 rows of x, where the CPU has AMX-BF16. cpu_amx_enabled says whether they are in use
+ * (off when SHARDLM_CPU_AMX=0 at the first call); cpu_amx_set_enabled switches them process-wide
+ * (on only where available; tests compare both paths) and returns the previous state. */
+int         cpu_amx_enabled(void);
+int         cpu_amx_set_enabled(int on);
 /* Parses "cpu" / "cuda" into *out; STATUS_INVALID_ARGUMENT otherwise. */
 enum status backend_parse_device(const char *name, enum device *out);
 

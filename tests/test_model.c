@@ -439,6 +439,9 @@ static int run_gemma(const char *dir, const char *ref_path)
  * order whatever the tiling of w's rows); measured: identical logits (max |diff| 0). The
  * tolerance allows f32 reassociation, should the tiling or the BLAS change it. */
 #define GGUF_PREFILL_TOL 0.02
+/* The same one-chunk prefill on AMX tiles (x and w rounded to bf16; kernels/cpu/amx.c): seen
+ * 0.16-0.18 (2026-11-25), a tenth of the int8 path's difference. */
+#define GGUF_AMX_TOL 0.5
 
 /* Index of the largest of v[0..n). */
 static int argmax_of(const float *v, int n)
@@ -501,7 +504,8 @@ static enum status greedy32(struct env *e, const int32_t *prompt, int n, int32_t
  * forced twice: in chunks of 8 rows, where every product has under 32 rows of x and takes the
  * int8 dot products (as decode does), and in one chunk of all rows, where the block weights are
  * dequantized for sgemm (prefill: kernels/cpu/matmul.c) and so equal the conversion's weights:
- * that path must match the f32 conversion up to f32 reassociation (GGUF_PREFILL_TOL). */
+ * that path (AMX off) must match the f32 conversion up to f32 reassociation (GGUF_PREFILL_TOL);
+ * on a CPU with AMX the one chunk runs again on its bf16 tiles, within GGUF_AMX_TOL. */
 static void gemma_gguf_prompt(struct env *ef, struct env *eq, const int32_t *prompt, int n, const char *name)
 {
     char detail[512];
@@ -514,13 +518,27 @@ static void gemma_gguf_prompt(struct env *ef, struct env *eq, const int32_t *pro
     float *lp = malloc((size_t)T * V * sizeof *lp);
     if (st == STATUS_OK) st = prompt_logits(ef, seq, T, T, lf);
     if (st == STATUS_OK) st = prompt_logits(eq, seq, T, 8, lq);
+    const int amx = cpu_amx_set_enabled(0);
     if (st == STATUS_OK) st = prompt_logits(eq, seq, T, T, lp);
     double worst_p = 0;
     for (size_t i = 0; st == STATUS_OK && i < (size_t)T * V; i++) worst_p = fmax(worst_p, fabs((double)lf[i] - lp[i]));
     snprintf(detail, sizeof detail, "%s: %d rows in one chunk: max |diff| %.2e (tol %.2e)", name, T, worst_p,
              GGUF_PREFILL_TOL);
     check(st == STATUS_OK && worst_p <= GGUF_PREFILL_TOL,
-          "GGUF blocks dequantized for the prefill product vs f32 conversion: logits", detail);
+          "GGUF blocks dequantized for the prefill product (f32 tiles) vs f32 conversion: logits", detail);
+    cpu_amx_set_enabled(amx);
+    if (amx) {
+        if (st == STATUS_OK) st = prompt_logits(eq, seq, T, T, lp);
+        worst_p = 0;
+        for (size_t i = 0; st == STATUS_OK && i < (size_t)T * V; i++)
+            worst_p = fmax(worst_p, fabs((double)lf[i] - lp[i]));
+        snprintf(detail, sizeof detail, "%s: %d rows in one chunk: max |diff| %.2e (tol %.2e)", name, T, worst_p,
+                 GGUF_AMX_TOL);
+        check(st == STATUS_OK && worst_p <= GGUF_AMX_TOL,
+              "GGUF blocks dequantized for the prefill product (AMX bf16 tiles) vs f32 conversion: logits", detail);
+    } else {
+        printf("SKIP GGUF prefill on AMX tiles (%s): this CPU has no AMX-BF16 or SHARDLM_CPU_AMX=0\n", name);
+    }
     free(lp);
     double worst = 0, range = 0, worst_margin = 0, worst_top = 0, sum = 0;
     int disagree = 0, first_diff = -1;

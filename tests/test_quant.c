@@ -345,6 +345,30 @@ static void check_type(enum quant_type t)
     }
 }
 
+/* The value x rounded to bf16 and back. */
+static double bf16_round(float v) { return (double)bf16_to_f32(f32_to_bf16(v)); }
+
+/* Whether every y[i][j] is within f32 reassociation of the f64 product x @ w^T (+ bias),
+ * |err| <= (k + 2) u sum |x w| (u = 2^-24), with x and w first rounded to bf16 when bf16 (the
+ * AMX tiles' operands; their products are exact in f32). */
+static int close_to_f64(const float *y, const float *x, const float *wf, const float *bias, int64_t m,
+                        int64_t n, int64_t k, int bf16)
+{
+    int ok = 1;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double exact = bias ? bias[j] : 0.0, mag = fabs(exact);
+            for (int64_t c = 0; c < k; c++) {
+                const float xv = x[i * k + c], wv = wf[j * k + c];
+                const double p = bf16 ? bf16_round(xv) * bf16_round(wv) : (double)xv * (double)wv;
+                exact += p;
+                mag += fabs(p);
+            }
+            ok &= fabs((double)y[i * n + j] - exact) <= (double)(k + 2) * 0x1p-24 * mag;
+        }
+    return ok;
+}
+
 /* op_matmul / op_embedding with w of type t on the CPU backend against quant.h directly. */
 static void check_backend_ops(struct backend *b, int n_threads, enum quant_type t)
 {
@@ -362,42 +386,44 @@ static void check_backend_ops(struct backend *b, int n_threads, enum quant_type 
     struct tensor bt = tensor_make(bias, DTYPE_F32, DEVICE_CPU, 1, n);
     /* m = 1 (decode) must be quant_matmul's int8 product bit for bit; m = 64 and 67 (prefill)
      * the f32 product of the dequantized w (tiles for sgemm): within f32 reassociation of the
-     * f64 product, |err| <= (k + 2) u sum |x w| (u = 2^-24), far below the int8 rounding of x,
-     * so an int8 product fails it; m = 5 may take either path. */
+     * f64 product (close_to_f64), far below the int8 rounding of x, so an int8 product fails
+     * it; m = 5 may take either path. Where the CPU has AMX, m = 64 and 67 run once more on the
+     * tiles: the f32-summed product of x and w rounded to bf16, to the same bound (a product
+     * of unrounded operands, or an int8 one, fails it). */
     float *wf = malloc((size_t)(n * k) * sizeof *wf);
     for (int64_t j = 0; j < n; j++) quant_dequantize_row(t, w + j * row, wf + j * k, k);
-    int ok_mm = 1;
+    int ok_mm = 1, ok_amx = 1;
+    const int amx_before = cpu_amx_set_enabled(1), amx = cpu_amx_enabled();
     static const int64_t ms[] = {1, 5, 64, 67};
     for (int im = 0; im < 4; im++)
-        for (int with_bias = 0; with_bias < 2; with_bias++) {
-            const int64_t m = ms[im];
-            float *x = malloc((size_t)(m * k) * sizeof *x), *ref = malloc((size_t)(m * n) * sizeof *ref);
-            float *y = malloc((size_t)(m * n) * sizeof *y + GUARD);
-            for (int64_t i = 0; i < m * k; i++) x[i] = (float)(rnd_uniform() * 4 - 2);
-            memset(y + m * n, GUARD_BYTE, GUARD);
-            struct tensor xt = tensor_make(x, DTYPE_F32, DEVICE_CPU, 2, m, k);
-            struct tensor yt = tensor_make(y, DTYPE_F32, DEVICE_CPU, 2, m, n);
-            op_matmul(b, &yt, &xt, &wt, with_bias ? &bt : NULL);
-            quant_matmul(t, ref, x, w, m, n, k, NULL, n_threads);
-            for (int64_t i = 0; with_bias && i < m; i++)
-                for (int64_t j = 0; j < n; j++) ref[i * n + j] += bias[j];
-            const int int8_equal = memcmp(y, ref, (size_t)(m * n) * sizeof *y) == 0;
-            int f32_close = 1;
-            for (int64_t i = 0; i < m; i++)
-                for (int64_t j = 0; j < n; j++) {
-                    double exact = with_bias ? bias[j] : 0.0, mag = fabs(exact);
-                    for (int64_t c = 0; c < k; c++) {
-                        exact += (double)x[i * k + c] * (double)wf[j * k + c];
-                        mag += fabs((double)x[i * k + c] * (double)wf[j * k + c]);
-                    }
-                    f32_close &= fabs((double)y[i * n + j] - exact) <= (double)(k + 2) * 0x1p-24 * mag;
-                }
-            ok_mm &= guard_ok((uint8_t *)(y + m * n)) && (m == 1 ? int8_equal : m >= 64 ? f32_close
-                                                                              : int8_equal || f32_close);
-            free(x);
-            free(ref);
-            free(y);
-        }
+        for (int with_bias = 0; with_bias < 2; with_bias++)
+            for (int use_amx = 0; use_amx <= (amx && ms[im] >= 64); use_amx++) {
+                const int64_t m = ms[im];
+                float *x = malloc((size_t)(m * k) * sizeof *x), *ref = malloc((size_t)(m * n) * sizeof *ref);
+                float *y = malloc((size_t)(m * n) * sizeof *y + GUARD);
+                for (int64_t i = 0; i < m * k; i++) x[i] = (float)(rnd_uniform() * 4 - 2);
+                memset(y + m * n, GUARD_BYTE, GUARD);
+                struct tensor xt = tensor_make(x, DTYPE_F32, DEVICE_CPU, 2, m, k);
+                struct tensor yt = tensor_make(y, DTYPE_F32, DEVICE_CPU, 2, m, n);
+                cpu_amx_set_enabled(use_amx);
+                op_matmul(b, &yt, &xt, &wt, with_bias ? &bt : NULL);
+                quant_matmul(t, ref, x, w, m, n, k, NULL, n_threads);
+                for (int64_t i = 0; with_bias && i < m; i++)
+                    for (int64_t j = 0; j < n; j++) ref[i * n + j] += bias[j];
+                const int int8_equal = memcmp(y, ref, (size_t)(m * n) * sizeof *y) == 0;
+                const int f32_close = close_to_f64(y, x, wf, with_bias ? bias : NULL, m, n, k, use_amx);
+                const int ok = guard_ok((uint8_t *)(y + m * n)) &&
+                               (m == 1 ? int8_equal : m >= 64 ? f32_close : int8_equal || f32_close);
+                if (use_amx) ok_amx &= ok;
+                else ok_mm &= ok;
+                free(x);
+                free(ref);
+                free(y);
+            }
+    cpu_amx_set_enabled(amx_before);
+    if (amx) check(ok_amx, "%s through the CPU backend (%d threads) on AMX tiles at m 64/67: the f32 sum of the "
+                   "bf16-rounded x and w within f32 reassociation", quant_type_name(t), n_threads);
+    else printf("SKIP %s on AMX tiles: this CPU has no AMX-BF16\n", quant_type_name(t));
     free(wf);
     /* Embedding: ids inside the shard [10, 10 + n) and outside it. */
     int32_t ids[5] = {10, 46, 9, 47, 20};

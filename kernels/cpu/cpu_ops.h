@@ -45,6 +45,18 @@ static inline void cpu_store_row(const struct tensor *t, size_t offset, size_t n
     for (size_t i = 0; i < n; i++) dtype_store_f32(t->data, t->dtype, offset + i, src[i]);
 }
 
+/* AMX-BF16 tile products (amx.c; whether they are on: cpu_amx_enabled, ops.h). x is packed
+ * with cpu_amx_pack_x into cpu_amx_x_elems(m, k) bf16 (k a multiple of 32), a group of 16 rows at a time; w is bf16
+ * rows (ldw apart) of which (nb + 15) / 16 * 16 are readable; cpu_amx_gemm writes
+ * y (m rows, ldy apart) columns 0 .. nb = x @ w^T. cpu_amx_round_rows: n (a multiple of 32)
+ * floats to bf16. */
+size_t cpu_amx_x_elems(int64_t m, int64_t k);
+void   cpu_amx_pack_x(uint16_t *xv, const float *x, int64_t m, int64_t k, int64_t h0, int64_t h1,
+                      uint16_t *tmp);
+void   cpu_amx_round_rows(uint16_t *dst, const float *src, int64_t n);
+void   cpu_amx_gemm(float *y, int64_t ldy, const uint16_t *xv, const uint16_t *w, int64_t ldw,
+                    int64_t m, int64_t nb, int64_t k);
+
 /* Every parallel region names its team size, num_threads(b->n_threads): OpenMP's default team
  * size is a per-thread setting, and the engine runs ops on its own thread, where the default
  * is every core; the scratch arena is sized for b->n_threads slices. */

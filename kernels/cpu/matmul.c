@@ -84,6 +84,53 @@ static void matmul_quant(struct backend *b, const struct tensor *y, const struct
     if (bias) add_bias(y->data, bias, m, n);
 }
 
+/* AMX tiles take bf16 w and block w (dequantized), with k a multiple of their 32-wide chunks;
+ * block w only from QUANT_SGEMM_MIN_M rows of x (the int8 products win below). */
+static int matmul_amx_fits(const struct tensor *w, int64_t m, int64_t k)
+{
+    if (k == 0 || k % 32 || !cpu_amx_enabled()) return 0;
+    return w->dtype == DTYPE_BF16 || (dtype_is_quant(w->dtype) && m >= QUANT_SGEMM_MIN_M);
+}
+
+/* The AMX product: x packed into xv (groups of 16 rows spread over the threads), then per block
+ * of w's rows: bf16 w in place where 16-row groups stay inside w, otherwise the rows rounded
+ * (dequantized first for blocks) into the thread's wb with zero rows up to the next 16. */
+static void matmul_amx(float *yf, const float *xf, uint16_t *xv, float *w_all,
+                       size_t ws, const struct tensor *w, int64_t m, int64_t n, int64_t k,
+                       int64_t w_block, int nt)
+{
+    const int64_t groups = (m + 15) / 16, wrows = (w_block + 15) / 16 * 16;
+    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && groups > 1)
+    for (int64_t h = 0; h < groups; h++) {
+        uint16_t *tmp = (uint16_t *)(w_all + (size_t)omp_get_thread_num() * ws);
+        cpu_amx_pack_x(xv, xf, m, k, h, h + 1, tmp);
+    }
+    const enum quant_type qt = dtype_is_quant(w->dtype) ? (enum quant_type)dtype_quant_type(w->dtype) : (enum quant_type)0;
+    const size_t row_bytes = dtype_is_quant(w->dtype) ? quant_row_bytes(qt, k) : (size_t)k * 2;
+    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t j0 = 0; j0 < n; j0 += w_block) {
+        uint16_t *wb = (uint16_t *)(w_all + (size_t)omp_get_thread_num() * ws);
+        float *row = (float *)(wb + (size_t)wrows * (size_t)k);
+        const int64_t nb = n - j0 < w_block ? n - j0 : w_block, padded = (nb + 15) / 16 * 16;
+        const char *src = (const char *)w->data + (size_t)j0 * row_bytes;
+        const uint16_t *wp = wb;
+        if (w->dtype == DTYPE_BF16 && j0 + padded <= n) {
+            wp = (const uint16_t *)src;
+        } else {
+            for (int64_t i = 0; i < nb; i++) {
+                if (w->dtype == DTYPE_BF16) {
+                    memcpy(wb + i * k, src + (size_t)i * row_bytes, row_bytes);
+                } else {
+                    quant_dequantize_row(qt, src + (size_t)i * row_bytes, row, k);
+                    cpu_amx_round_rows(wb + i * k, row, k);
+                }
+            }
+            memset(wb + nb * k, 0, (size_t)((padded - nb) * k) * sizeof *wb);
+        }
+        cpu_amx_gemm(yf + j0, n, xv, wp, k, m, nb, k);
+    }
+}
+
 void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *x,
                 const struct tensor *w, const struct tensor *bias)
 {
@@ -113,25 +160,36 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
 
     /* Half-precision or block w (and x, y in any float dtype): x (m, k) | y (m, n) in f32 where
      * they are not f32 already, then a block of w (w_block, k) per thread, widened to f32, all
-     * carved from one scratch request. */
+     * carved from one scratch request. On AMX the block goes to bf16 instead (bf16 w is read
+     * in place) and x is packed for the tiles once. */
     /* Blocks no larger than an equal share of w's rows, so that every thread has work (Gemma's
      * K and V have 256 rows, its O and DOWN 640). */
+    const int amx = matmul_amx_fits(w, m, k);
     const int64_t w_block_max = dtype_is_quant(w->dtype) ? QUANT_W_BLOCK : W_BLOCK;
     const int64_t share = ((n + nt - 1) / nt + 15) / 16 * 16;
     const int64_t w_block = share < w_block_max ? share : w_block_max;
     const size_t xs = x->dtype == DTYPE_F32 ? 0 : (size_t)(m * k);
-    const size_t ys = y->dtype == DTYPE_F32 ? 0 : (size_t)(m * n), ws = (size_t)w_block * (size_t)k;
-    const size_t total = xs + ys + (size_t)b->n_threads * ws;
+    const size_t ys = y->dtype == DTYPE_F32 ? 0 : (size_t)(m * n);
+    /* Per thread: f32 rows, or bf16 rows (padded to 16) and one f32 row; shared: packed x. */
+    const size_t ws = amx ? (size_t)((w_block + 15) / 16 * 16) * (size_t)k / 2 + (size_t)k
+                          : (size_t)w_block * (size_t)k;
+    const size_t xv = amx ? cpu_amx_x_elems(m, k) / 2 : 0;
+    const size_t total = xs + ys + xv + (size_t)b->n_threads * ws;
     float *scratch = cpu_scratch(b, (total + (size_t)b->n_threads - 1) / (size_t)b->n_threads);
-    float *xf = xs ? scratch : x->data, *yf = ys ? scratch + xs : y->data, *wf_all = scratch + xs + ys;
+    float *xf = xs ? scratch : x->data, *yf = ys ? scratch + xs : y->data;
+    float *wf_all = scratch + xs + ys + xv;
     if (xs) dtype_convert(xf, DTYPE_F32, x->data, x->dtype, xs);
     if (k == 0) memset(yf, 0, (size_t)(m * n) * sizeof(float));
-    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && k > 0)
-    for (int64_t j0 = 0; j0 < (k > 0 ? n : 0); j0 += w_block) {
-        float *wf = wf_all + (size_t)omp_get_thread_num() * ws;
-        int64_t nb = n - j0 < w_block ? n - j0 : w_block;
-        widen_rows(wf, w, j0, nb, k);
-        gemm_cols(yf + j0, xf, wf, m, n, k, nb);
+    if (amx) {
+        matmul_amx(yf, xf, (uint16_t *)(scratch + xs + ys), wf_all, ws, w, m, n, k, w_block, nt);
+    } else {
+        #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && k > 0)
+        for (int64_t j0 = 0; j0 < (k > 0 ? n : 0); j0 += w_block) {
+            float *wf = wf_all + (size_t)omp_get_thread_num() * ws;
+            int64_t nb = n - j0 < w_block ? n - j0 : w_block;
+            widen_rows(wf, w, j0, nb, k);
+            gemm_cols(yf + j0, xf, wf, m, n, k, nb);
+        }
     }
     if (bias) add_bias(yf, bias, m, n);
     if (ys) dtype_convert(y->data, y->dtype, yf, DTYPE_F32, ys);

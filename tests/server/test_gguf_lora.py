@@ -31,9 +31,10 @@ default and `--chat-template gemma`, against DIR (the f32 conversion of that fil
 adapter unmerged (the f32 path that server_lora proves equal to merge-lora) and the same
 template: Chat renders the same prompt ids through the GGUF's tokenizer as through
 tokenizer.model; teacher-forced over that prompt and the f32 path's greedy reply (one prefill of
-40 rows: dequantized tiles and sgemm), every log-probability (the token's and the top 5) is
-within GEMMA_TOL_SGEMM, and within GEMMA_TOL_INT8 when the server prefills in chunks of 16 rows
-(decode's int8 products), while the base (named by the model id) is moved by more than 2 x
+40 rows: dequantized tiles and sgemm, SHARDLM_CPU_AMX=0), every log-probability (the token's and
+the top 5) is within GEMMA_TOL_SGEMM; within GEMMA_TOL_AMX as served by default (on a CPU with
+AMX the tiles round x and w to bf16; elsewhere the sgemm path again), and within GEMMA_TOL_INT8
+when the server prefills in chunks of 16 rows (decode's int8 products), while the base (named by the model id) is moved by more than 2 x
 GEMMA_TOL_INT8 somewhere: the adapter is applied.
 Prints SKIP (exit 77) without the fixture (or the Gemma file), numpy / gguf-py (the
 reference), grpcio or the installed client. Loopback only; bounded waits.
@@ -227,6 +228,7 @@ def run(shardlm, fixtures, work):
 # the f32 conversion computes, up to the order of the sums.
 GEMMA_TOL_INT8 = 2.0
 GEMMA_TOL_SGEMM = 0.01
+GEMMA_TOL_AMX = 0.5  # seen 0.17 (2026-11-25)
 GEMMA_CHAT = [("user", "What is the capital of France?")]
 
 
@@ -251,11 +253,15 @@ def run_gemma(shardlm, gguf, f32, adapter):
         ids = prompt + list(want.token_ids)
         want_lp = c.generate(prompt_token_ids=ids, max_tokens=0, prompt_logprobs=5).prompt_logprobs
     check(len(ids) >= 32, f"{len(ids)} tokens: too few for the sgemm path")
-    # As make run serves it (the teacher-forced ids are one prefill of >= 32 rows: sgemm), then
-    # with prefill chunks of 16 rows, which go through decode's int8 products.
+    # As make run serves it (the teacher-forced ids are one prefill of >= 32 rows: AMX tiles where
+    # the CPU has them, else sgemm), with AMX off (sgemm), then with prefill chunks of 16 rows,
+    # which go through decode's int8 products.
     worst = {}
-    for name, extra in (("sgemm", []), ("int8", ["--max-batch-tokens", "16", "--max-seqs", "4"])):
-        with TS.Server(shardlm, gguf, *flags, *extra, name=f"gemma-gguf-{name}") as s, s.client(timeout=300) as c:
+    no_amx = dict(os.environ, SHARDLM_CPU_AMX="0")
+    for name, extra, env in (("default", [], None), ("sgemm", [], no_amx),
+                             ("int8", ["--max-batch-tokens", "16", "--max-seqs", "4"], None)):
+        with TS.Server(shardlm, gguf, *flags, *extra, name=f"gemma-gguf-{name}", env=env) as s, \
+                s.client(timeout=300) as c:
             info = c.model_info()
             check(info.chat_template == "gemma" and info.default_adapter == "chat", f"GetModelInfo: {info}")
             got = c.chat(GEMMA_CHAT, max_tokens=24, temperature=0, prompt_logprobs=0)
@@ -268,9 +274,11 @@ def run_gemma(shardlm, gguf, f32, adapter):
                                      adapter=gguf.name).prompt_logprobs
     moved = max(abs(b.logprob - w.logprob) for b, w in zip(base_lp[1:], want_lp[1:]))
     print(f"Gemma 3 270M: GGUF + adapter vs f32 + adapter over {len(ids)} tokens: max |diff| {worst['sgemm']:.2e} "
-          f"in one prefill (tolerance {GEMMA_TOL_SGEMM}), {worst['int8']:.3f} in chunks of 16 (tolerance "
+          f"in one prefill without AMX (tolerance {GEMMA_TOL_SGEMM}), {worst['default']:.2e} as served by default "
+          f"(tolerance {GEMMA_TOL_AMX}), {worst['int8']:.3f} in chunks of 16 (tolerance "
           f"{GEMMA_TOL_INT8}); the base differs by up to {moved:.2f}; greedy replies {got.text!r} / {want.text!r}")
     check(worst["sgemm"] <= GEMMA_TOL_SGEMM, f"one prefill: max |diff| {worst['sgemm']:.2e} > {GEMMA_TOL_SGEMM}")
+    check(worst["default"] <= GEMMA_TOL_AMX, f"one prefill as served: max |diff| {worst['default']:.2e} > {GEMMA_TOL_AMX}")
     check(worst["int8"] <= GEMMA_TOL_INT8, f"chunks of 16: max |diff| {worst['int8']:.3f} > {GEMMA_TOL_INT8}")
     check(moved > 2 * GEMMA_TOL_INT8, f"the base differs from the adapter by only {moved:.2f}: is the adapter applied?")
 
