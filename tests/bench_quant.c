@@ -129,16 +129,23 @@ static void bench_shape(const struct bench *bn, struct backend *b, const char *l
         /* What serving runs: op_matmul with the block tensor (int8 dots for few rows, tiles
          * dequantized for sgemm from QUANT_SGEMM_MIN_M rows on: kernels/cpu/matmul.c). */
         struct f32_ctx oc = {b, fc.y, fc.x, tensor_make(w, (enum dtype)dtype_of_quant_type((uint32_t)t), DEVICE_CPU, 2, n, k)};
+        const int amx = cpu_amx_set_enabled(0);
         const double to = time_best(bn, run_f32, &oc);
+        char amx_note[64] = "";
+        if (amx) {
+            cpu_amx_set_enabled(1);
+            const double ta = time_best(bn, run_f32, &oc);
+            snprintf(amx_note, sizeof amx_note, ", with AMX %8.1f us (%5.2fx)", ta * 1e6, t_f32 / ta);
+        }
         char extra[64] = "";
         if (best == QUANT_IMPL_AVX512_VNNI && quant_block_size(t) == 32) {
             qc.impl = QUANT_IMPL_AVX2;
             snprintf(extra, sizeof extra, "  (avx2 %7.1f us)", time_best(bn, run_quant, &qc) * 1e6);
         }
         printf("    %-5s %-10s int8 %8.1f us %6.1f GB/s  %4.2f bytes/weight  speed-up vs f32 %5.2fx%s"
-               "  | op_matmul %8.1f us (%5.2fx f32)\n",
+               "  | op_matmul %8.1f us (%5.2fx f32)%s\n",
                quant_type_name(t), quant_impl_name(best), tq * 1e6, (double)wbytes / tq * 1e-9,
-               (double)wbytes / (double)(n * k), t_f32 / tq, extra, to * 1e6, t_f32 / to);
+               (double)wbytes / (double)(n * k), t_f32 / tq, extra, to * 1e6, t_f32 / to, amx_note);
         fflush(stdout);
         free(scratch);
         free(w);

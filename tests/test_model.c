@@ -501,8 +501,8 @@ static enum status greedy32(struct env *e, const int32_t *prompt, int n, int32_t
 
 /* One golden prompt: the f32 path's greedy continuation teacher-forced through both paths
  * (logits at every row compared), and each path's own greedy continuation. The GGUF path is
- * forced twice: in chunks of 8 rows, where every product has under 32 rows of x and takes the
- * int8 dot products (as decode does), and in one chunk of all rows, where the block weights are
+ * forced twice with AMX off: in chunks of 8 rows, where every product has under 32 rows of x and
+ * takes the int8 dot products (as decode does), and in one chunk of all rows, where the block weights are
  * dequantized for sgemm (prefill: kernels/cpu/matmul.c) and so equal the conversion's weights:
  * that path (AMX off) must match the f32 conversion up to f32 reassociation (GGUF_PREFILL_TOL);
  * on a CPU with AMX the one chunk runs again on its bf16 tiles, within GGUF_AMX_TOL. */
@@ -517,8 +517,8 @@ static void gemma_gguf_prompt(struct env *ef, struct env *eq, const int32_t *pro
     float *lf = malloc((size_t)T * V * sizeof *lf), *lq = malloc((size_t)T * V * sizeof *lq);
     float *lp = malloc((size_t)T * V * sizeof *lp);
     if (st == STATUS_OK) st = prompt_logits(ef, seq, T, T, lf);
+    const int amx = cpu_amx_set_enabled(0); /* 8 rows would take AMX tiles (matmul.c) */
     if (st == STATUS_OK) st = prompt_logits(eq, seq, T, 8, lq);
-    const int amx = cpu_amx_set_enabled(0);
     if (st == STATUS_OK) st = prompt_logits(eq, seq, T, T, lp);
     double worst_p = 0;
     for (size_t i = 0; st == STATUS_OK && i < (size_t)T * V; i++) worst_p = fmax(worst_p, fabs((double)lf[i] - lp[i]));

@@ -25,6 +25,10 @@
  * dequantized to f32 and multiplied by OpenBLAS's register-tiled sgemm; below it, int8 dot
  * products per (row of x, row of w) (quant_matmul) win. Measured by tests/bench_quant.c. */
 #define QUANT_SGEMM_MIN_M 32
+/* The same on AMX tiles (amx.c): from 8 rows (a decode batch of 8 sequences included) the
+ * tiles beat the int8 dot products (bench_quant, 2026-11-25: Gemma's ffn.down at one thread,
+ * m 4: 232 us against 205; m 8: 231 against 410; m 64: 363 against 1394 for f32 tiles). */
+#define QUANT_AMX_MIN_M 8
 #define QUANT_W_BLOCK 256
 /* Below this many multiply-adds one thread does the whole product. */
 #define MATMUL_PARALLEL_MIN (1 << 18)
@@ -85,11 +89,11 @@ static void matmul_quant(struct backend *b, const struct tensor *y, const struct
 }
 
 /* AMX tiles take bf16 w and block w (dequantized), with k a multiple of their 32-wide chunks;
- * block w only from QUANT_SGEMM_MIN_M rows of x (the int8 products win below). */
+ * block w only from QUANT_AMX_MIN_M rows of x (the int8 products win below). */
 static int matmul_amx_fits(const struct tensor *w, int64_t m, int64_t k)
 {
     if (k == 0 || k % 32 || !cpu_amx_enabled()) return 0;
-    return w->dtype == DTYPE_BF16 || (dtype_is_quant(w->dtype) && m >= QUANT_SGEMM_MIN_M);
+    return w->dtype == DTYPE_BF16 || (dtype_is_quant(w->dtype) && m >= QUANT_AMX_MIN_M);
 }
 
 /* The AMX product: x packed into xv (groups of 16 rows spread over the threads), then per block
@@ -136,7 +140,7 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
 {
     const int64_t m = tensor_rows(x), k = tensor_cols(x), n = w->shape[0];
     if (m == 0 || n == 0) return;
-    if (dtype_is_quant(w->dtype) && m < QUANT_SGEMM_MIN_M) {
+    if (dtype_is_quant(w->dtype) && !matmul_amx_fits(w, m, k) && m < QUANT_SGEMM_MIN_M) {
         matmul_quant(b, y, x, w, bias, m, n, k);
         return;
     }

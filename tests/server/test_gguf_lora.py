@@ -34,8 +34,9 @@ tokenizer.model; teacher-forced over that prompt and the f32 path's greedy reply
 40 rows: dequantized tiles and sgemm, SHARDLM_CPU_AMX=0), every log-probability (the token's and
 the top 5) is within GEMMA_TOL_SGEMM; within GEMMA_TOL_AMX as served by default (on a CPU with
 AMX the tiles round x and w to bf16; elsewhere the sgemm path again), and within GEMMA_TOL_INT8
-when the server prefills in chunks of 16 rows (decode's int8 products), while the base (named by the model id) is moved by more than 2 x
-GEMMA_TOL_INT8 somewhere: the adapter is applied.
+when the server prefills in chunks of 16 rows with AMX off (decode's int8 products), while the
+base (named by the model id) is moved by more than 2 x GEMMA_TOL_INT8 somewhere: the adapter is
+applied.
 Prints SKIP (exit 77) without the fixture (or the Gemma file), numpy / gguf-py (the
 reference), grpcio or the installed client. Loopback only; bounded waits.
 """
@@ -254,12 +255,12 @@ def run_gemma(shardlm, gguf, f32, adapter):
         want_lp = c.generate(prompt_token_ids=ids, max_tokens=0, prompt_logprobs=5).prompt_logprobs
     check(len(ids) >= 32, f"{len(ids)} tokens: too few for the sgemm path")
     # As make run serves it (the teacher-forced ids are one prefill of >= 32 rows: AMX tiles where
-    # the CPU has them, else sgemm), with AMX off (sgemm), then with prefill chunks of 16 rows,
-    # which go through decode's int8 products.
+    # the CPU has them, else sgemm), with AMX off (sgemm), then with prefill chunks of 16 rows
+    # and AMX off, which go through decode's int8 products.
     worst = {}
     no_amx = dict(os.environ, SHARDLM_CPU_AMX="0")
     for name, extra, env in (("default", [], None), ("sgemm", [], no_amx),
-                             ("int8", ["--max-batch-tokens", "16", "--max-seqs", "4"], None)):
+                             ("int8", ["--max-batch-tokens", "16", "--max-seqs", "4"], no_amx)):
         with TS.Server(shardlm, gguf, *flags, *extra, name=f"gemma-gguf-{name}", env=env) as s, \
                 s.client(timeout=300) as c:
             info = c.model_info()
