@@ -32,3 +32,10 @@ add_test(NAME server_gguf_lora
                  --shardlm $<TARGET_FILE:shardlm> --fixtures ${GGUF_FIXTURE_DIR})
 set_tests_properties(server_gguf_lora PROPERTIES FIXTURES_REQUIRED gguf LABELS "server;python" SKIP_RETURN_CODE 77
                      TIMEOUT 300 ENVIRONMENT "SHARDLM_PY_CLIENT=${SHARDLM_PY_CLIENT_DIR}")
+
+# Kept-blocks checkpoints: ggml blocks in safetensors files, `convert gguf --keep-blocks`, reshard
+# with blocks (tp 2 on block boundaries, the tp 4 refusal), on the fixture's tiny Gemma 3 files.
+shardlm_test_exe(test_keep_blocks test_keep_blocks.c)
+target_link_libraries(test_keep_blocks PRIVATE PkgConfig::CJSON)
+shardlm_add_test(keep_blocks "unit" test_keep_blocks ${GGUF_FIXTURE_DIR})
+set_tests_properties(keep_blocks PROPERTIES FIXTURES_REQUIRED gguf)

@@ -333,9 +333,9 @@ static enum status st_make_block_tensor(const char *path, struct st_tensor *t, e
                              path, SAFETENSORS_BLOCKS_KEY, t->name, quant_type_name(qt), t->dtype_name, t->ndim);
     if (t->shape[1] == 0 || (uint64_t)t->shape[1] % bb)
         return status_errorf(STATUS_BAD_FORMAT,
-                             "%s: tensor '%s': rows of %lld bytes are not a whole number of %s blocks "
+                             "%s: %s: tensor '%s': rows of %lld bytes are not a whole number of %s blocks "
                              "(%zu bytes each)",
-                             path, t->name, (long long)t->shape[1], quant_type_name(qt), bb);
+                             path, SAFETENSORS_BLOCKS_KEY, t->name, (long long)t->shape[1], quant_type_name(qt), bb);
     t->dtype = dt;
     t->supported = 1;
     t->elem_size = 0;
