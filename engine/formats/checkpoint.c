@@ -4,7 +4,9 @@
  * in checkpoint.h; the names come from weight_names.c.
  * Not here: opening the directory (checkpoint_open.c), the writers (checkpoint_write.c), the
  * safetensors format (safetensors.c), config.json (config.c), device memory (engine/model).
- * Tests: tests/test_formats.c (every weight, every tp, from HF, sharded HF and Megatron sources).
+ * Tests: tests/test_formats.c (every weight, every tp, from HF, sharded HF and Megatron sources);
+ * tests/test_gguf_serve.c and tests/test_keep_blocks.c (blocks from a GGUF, a kept-blocks
+ * directory and its Megatron reshard, at tp 1 and 2; the block-cutting refusal).
  *
  * How a slice is produced: every weight is a canonical matrix (rows, cols) (vectors are
  * (n, 1)). A "source" says where canonical element (r, c) lives: which file tensor ("part"),

@@ -17,7 +17,9 @@
  * one table of weight_names.h, which also defines enum weight_kind.
  * Not here: device memory and model structs (engine/model), config.json fields (config.c), the
  * file format itself (safetensors.c).
- * Tests: tests/test_formats.c (every weight, every tp, from HF, sharded HF and Megatron sources).
+ * Tests: tests/test_formats.c (every weight, every tp, from HF, sharded HF and Megatron sources);
+ * tests/test_gguf_serve.c and tests/test_keep_blocks.c (blocks from a GGUF, a kept-blocks
+ * directory and its Megatron reshard, at tp 1 and 2; the block-cutting refusal).
  *
  * ---- Canonical layout (what checkpoint_get returns) ---------------------------------------
  * Row-major, nn.Linear orientation (out_features, in_features), unfused, HF-Llama-like:
