@@ -1,7 +1,8 @@
 /* cli/convert.c - `shardlm convert llama2c|gguf`: write a checkpoint directory (config.json,
- * model.safetensors, tokenizer.model) from a llama2.c or GGUF file.
+ * model.safetensors, tokenizer.model) from a llama2.c or GGUF file (its quantized matrices
+ * dequantized, or kept as blocks with --keep-blocks).
  * Not here: the converters (engine/formats/llama2c.c, gguf_convert.c).
- * Tests: tests/test_cli.sh, tests/test_gguf.c. */
+ * Tests: tests/test_cli.sh, tests/test_gguf.c, tests/test_keep_blocks.sh. */
 #include "commands.h"
 
 #include <stdio.h>
@@ -11,10 +12,17 @@
 #include "llama2c.h"
 #include "tensor.h"
 
+/* --keep-blocks: the quantized matrices as ggml blocks (gguf_convert.h); --dtype: the rest. */
 static int cmd_convert_gguf(int argc, char **argv)
 {
     const char *gguf = NULL, *out = NULL, *dt = "f32";
+    int keep_blocks = 0;
     for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--keep-blocks")) {
+            keep_blocks = 1;
+            i--; /* a flag: no value */
+            continue;
+        }
         if (i + 1 >= argc) return cli_usage("convert: %s needs a value", argv[i]);
         if (!strcmp(argv[i], "--gguf")) gguf = argv[i + 1];
         else if (!strcmp(argv[i], "--out")) out = argv[i + 1];
@@ -22,10 +30,11 @@ static int cmd_convert_gguf(int argc, char **argv)
         else return cli_usage("convert: unknown option '%s'", argv[i]);
     }
     if (!gguf || !out || (strcmp(dt, "f32") && strcmp(dt, "bf16")))
-        return cli_usage("convert gguf needs --gguf FILE --out DIR [--dtype f32|bf16]%s", "");
-    enum status st = gguf_convert(gguf, out, !strcmp(dt, "bf16") ? DTYPE_BF16 : DTYPE_F32);
+        return cli_usage("convert gguf needs --gguf FILE --out DIR [--dtype f32|bf16] [--keep-blocks]%s", "");
+    enum status st = gguf_convert(gguf, out, !strcmp(dt, "bf16") ? DTYPE_BF16 : DTYPE_F32, keep_blocks);
     if (st != STATUS_OK) return cli_fail(st);
-    fprintf(stderr, "shardlm: wrote %s (config.json, model.safetensors, tokenizer.model)\n", out);
+    fprintf(stderr, "shardlm: wrote %s (config.json, model.safetensors%s, tokenizer.model)\n", out,
+            keep_blocks ? " with the quantized matrices as blocks" : "");
     return 0;
 }
 

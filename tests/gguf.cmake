@@ -32,3 +32,20 @@ add_test(NAME server_gguf_lora
                  --shardlm $<TARGET_FILE:shardlm> --fixtures ${GGUF_FIXTURE_DIR})
 set_tests_properties(server_gguf_lora PROPERTIES FIXTURES_REQUIRED gguf LABELS "server;python" SKIP_RETURN_CODE 77
                      TIMEOUT 300 ENVIRONMENT "SHARDLM_PY_CLIENT=${SHARDLM_PY_CLIENT_DIR}")
+
+# Kept-blocks checkpoints: ggml blocks in safetensors files, `convert gguf --keep-blocks`, reshard
+# with blocks (tp 2 on block boundaries, the tp 4 refusal), on the fixture's tiny Gemma 3 files.
+shardlm_test_exe(test_keep_blocks test_keep_blocks.c)
+target_link_libraries(test_keep_blocks PRIVATE PkgConfig::CJSON)
+shardlm_add_test(keep_blocks "unit" test_keep_blocks ${GGUF_FIXTURE_DIR})
+set_tests_properties(keep_blocks PROPERTIES FIXTURES_REQUIRED gguf)
+# The command line (convert --keep-blocks, generate, reshard --format hf of a GGUF, train and
+# merge-lora on a kept-blocks directory) on the tiny file, and on the real Gemma 3 270M file when
+# fetched (SKIP otherwise): its size, and generate from the kept-blocks directory and from
+# `reshard --format hf` of the GGUF against the GGUF itself.
+add_test(NAME keep_blocks_cli COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_keep_blocks.sh
+         $<TARGET_FILE:shardlm> ${GGUF_FIXTURE_DIR}/tiny_gemma3_blocks.gguf)
+set_tests_properties(keep_blocks_cli PROPERTIES FIXTURES_REQUIRED gguf LABELS "unit" SKIP_RETURN_CODE 77 TIMEOUT 120)
+add_test(NAME gemma3_gguf_keep_blocks COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_keep_blocks.sh
+         $<TARGET_FILE:shardlm> ${GGUF_MODEL})
+set_tests_properties(gemma3_gguf_keep_blocks PROPERTIES LABELS "golden" SKIP_RETURN_CODE 77 TIMEOUT 300)

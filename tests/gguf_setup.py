@@ -12,6 +12,10 @@ Files written to OUTDIR:
   tok.gguf            a tiny SentencePiece-style vocabulary in tokenizer.ggml.* metadata
   tiny_gemma3.gguf    a one-layer Gemma 3 with Q8_0 matrices and that vocabulary (served
                       natively by test_gguf: checkpoint_gguf.c, the model with blocks)
+  tiny_gemma3_blocks.gguf  a two-layer Gemma 3 whose matrices cover the eight block types and
+                      an F16 matrix, and split at tp 2 on block boundaries (test_keep_blocks)
+  tiny_gemma3_mixed.gguf   the same with layer 1's attn_v in Q8_0, unlike its q and k (Q5_1):
+                      a fused Megatron linear_qkv of mixed block types
 Quantized tensors hold random block bytes (every bit pattern of quants and packed scales) with
 finite random f16 scale fields, so the test covers the layouts, not only what a quantizer
 emits. Exits 77 (skip) when gguf or numpy is not installed.
@@ -140,6 +144,8 @@ def main():
     w.write_tensors_to_file()
     w.close()
     write_tiny_gemma3(os.path.join(out, "tiny_gemma3.gguf"), rng, toks)
+    write_tiny_gemma3_blocks(os.path.join(out, "tiny_gemma3_blocks.gguf"), np.random.default_rng(7), toks, Q.Q5_1)
+    write_tiny_gemma3_blocks(os.path.join(out, "tiny_gemma3_mixed.gguf"), np.random.default_rng(7), toks, Q.Q8_0)
     print(f"gguf_setup: wrote fixtures to {out}")
 
 
@@ -190,6 +196,83 @@ def write_tiny_gemma3(path, rng, toks):
     mat("blk.0.ffn_up.weight", ff, d, d ** -0.5)
     mat("blk.0.ffn_down.weight", d, ff, ff ** -0.5)
     norm("blk.0.post_ffw_norm.weight", d)
+    norm("output_norm.weight", d)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# Scale of the random f16 super-block scales (d, dmin) of the K-quants, which gguf-py cannot
+# quantize: weights of magnitude ~0.3 (Q4_K: d * 6-bit scale * 4-bit quant).
+K_SCALE = {Q.Q4_K: 0.001, Q.Q5_K: 0.0005, Q.Q6_K: 0.0003}
+
+
+def write_tiny_gemma3_blocks(path, rng, toks, v1_type):
+    """A two-layer Gemma 3 for tests/test_keep_blocks.c: d_model 256, 4 query and 4 KV heads of
+    64, d_ff 512, with every block type shardlm keeps (token_embd Q6_K; layer 0: q, k, v Q5_K,
+    output Q4_0, gate and up Q4_1, down Q4_K; layer 1: q and k Q5_1, v v1_type, output F16 (a
+    matrix that stays float), gate and up Q5_0, down Q8_0). At tp 2 every column split (output
+    128 of 256, down 256 of 512) falls on block boundaries; at tp 4 layer 0's Q4_K down (128 of
+    512 columns) cuts its 256-element blocks. v1_type Q5_1: every fused Megatron tensor
+    (linear_qkv, linear_fc1) has one block type; Q8_0: layer 1's linear_qkv mixes two."""
+    d, hd, nh, ff, vocab = 256, 64, 4, 512, len(toks)
+    w = gguf.GGUFWriter(path, arch="gemma3")
+    w.add_context_length(128)
+    w.add_embedding_length(d)
+    w.add_block_count(2)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nh)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_sliding_window(32)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([t[0] for t in toks])
+    w.add_token_scores([t[1] for t in toks])
+    w.add_token_types([t[2] for t in toks])
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+
+    def mat(name, rows, cols, qtype):
+        if qtype in K_SCALE:  # random blocks, small finite scales
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            nb = rows * cols // block
+            raw = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
+            for off in F16_FIELDS[qtype]:
+                h = (np.abs(rng.standard_normal(nb)) * K_SCALE[qtype]).astype(np.float16)
+                raw[:, off:off + 2] = h.view(np.uint8).reshape(nb, 2)
+            w.add_tensor(name, raw.reshape(rows, -1), raw_dtype=qtype)
+            return
+        x = (rng.standard_normal((rows, cols)) * cols ** -0.5).astype(np.float32)
+        if qtype == Q.F16:
+            w.add_tensor(name, x.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
+
+    def norm(name, n):
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    layers = [dict(q=Q.Q5_K, k=Q.Q5_K, v=Q.Q5_K, o=Q.Q4_0, gate=Q.Q4_1, up=Q.Q4_1, down=Q.Q4_K),
+              dict(q=Q.Q5_1, k=Q.Q5_1, v=v1_type, o=Q.F16, gate=Q.Q5_0, up=Q.Q5_0, down=Q.Q8_0)]
+    mat("token_embd.weight", vocab, d, Q.Q6_K)
+    for i, t in enumerate(layers):
+        norm(f"blk.{i}.attn_norm.weight", d)
+        mat(f"blk.{i}.attn_q.weight", nh * hd, d, t["q"])
+        mat(f"blk.{i}.attn_k.weight", nh * hd, d, t["k"])
+        mat(f"blk.{i}.attn_v.weight", nh * hd, d, t["v"])
+        norm(f"blk.{i}.attn_q_norm.weight", hd)
+        norm(f"blk.{i}.attn_k_norm.weight", hd)
+        mat(f"blk.{i}.attn_output.weight", d, nh * hd, t["o"])
+        norm(f"blk.{i}.post_attention_norm.weight", d)
+        norm(f"blk.{i}.ffn_norm.weight", d)
+        mat(f"blk.{i}.ffn_gate.weight", ff, d, t["gate"])
+        mat(f"blk.{i}.ffn_up.weight", ff, d, t["up"])
+        mat(f"blk.{i}.ffn_down.weight", d, ff, t["down"])
+        norm(f"blk.{i}.post_ffw_norm.weight", d)
     norm("output_norm.weight", d)
     w.write_header_to_file()
     w.write_kv_data_to_file()

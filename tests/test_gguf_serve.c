@@ -6,8 +6,8 @@
  *     dequantize bit-exactly; a block dtype the weight is not stored in is refused;
  *   - tensor parallelism: the row slices of Q at tp 2 are zero-copy blocks; the column slice of
  *     the attention output at tp 2 (48 of 96 columns) would cut its 32-element blocks and is
- *     STATUS_UNSUPPORTED naming the weight, while the same slice in f32 is served; the
- *     writers refuse a GGUF source;
+ *     STATUS_UNSUPPORTED naming the weight, while the same slice in f32 is served; the HF
+ *     writer from the GGUF keeps its blocks;
  *   - the model loaded natively (blocks, zero-copy) against the same file loaded with every
  *     weight dequantized to f32 (model_load_as): logits of a prompt within a tolerance derived
  *     from the int8 activation rounding, the same argmax.
@@ -76,10 +76,25 @@ static void test_checkpoint(const char *path)
     check(s == STATUS_OK && hf.shape[1] == 48, "tp 2: the same slice in f32 is served (dequantized)");
     s = checkpoint_describe(ck, WEIGHT_KIND_DOWN, 0, 1, 2, DTYPE_Q8_0, &hq);
     check(s == STATUS_OK && !hq.zero_copy && hq.shape[1] == 64, "tp 2: DOWN's 64 columns as blocks (copied)");
-    char out[64];
+    char out[64], file[128];
     snprintf(out, sizeof out, "/tmp/shardlm_gguf_serve_%d", (int)getpid());
     s = checkpoint_write_hf(out, ck);
-    check_status(s, STATUS_UNSUPPORTED, "checkpoint_write_hf from a GGUF", "convert gguf", NULL);
+    check_status(s, STATUS_OK, "checkpoint_write_hf from a GGUF", NULL);
+    struct checkpoint *copy = NULL;
+    struct host_weight hw;
+    if (!s) s = checkpoint_open(out, &copy);
+    if (!s) s = checkpoint_describe(ck, WEIGHT_KIND_Q, 0, 0, 1, DTYPE_Q8_0, &hq);
+    if (!s) s = checkpoint_describe(copy, WEIGHT_KIND_Q, 0, 0, 1, DTYPE_Q8_0, &hw);
+    check(!s && hw.stored_dtype == DTYPE_Q8_0 && hw.zero_copy && hw.nbytes == hq.nbytes &&
+              !memcmp(hw.data, hq.data, hq.nbytes),
+          "its HF directory keeps Q as the GGUF's Q8_0 blocks, byte for byte (tests/test_keep_blocks.c: the rest)");
+    checkpoint_close(copy);
+    static const char *const files[] = {"model.safetensors", "config.json", "tokenizer.model"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(file, sizeof file, "%s/%s", out, files[i]);
+        unlink(file);
+    }
+    rmdir(out);
     checkpoint_close(ck);
 }
 

@@ -4,7 +4,9 @@
  * in checkpoint.h; the names come from weight_names.c.
  * Not here: opening the directory (checkpoint_open.c), the writers (checkpoint_write.c), the
  * safetensors format (safetensors.c), config.json (config.c), device memory (engine/model).
- * Tests: tests/test_formats.c (every weight, every tp, from HF, sharded HF and Megatron sources).
+ * Tests: tests/test_formats.c (every weight, every tp, from HF, sharded HF and Megatron sources);
+ * tests/test_gguf_serve.c and tests/test_keep_blocks.c (blocks from a GGUF, a kept-blocks
+ * directory and its Megatron reshard, at tp 1 and 2; the block-cutting refusal).
  *
  * How a slice is produced: every weight is a canonical matrix (rows, cols) (vectors are
  * (n, 1)). A "source" says where canonical element (r, c) lives: which file tensor ("part"),
@@ -100,6 +102,14 @@ static enum status ck_part(const struct checkpoint *ck, struct ck_source *s, int
                              "config.json",
                              ck->files->dir, name, where, found, expected);
     }
+    if ((dtype_is_quant(t->dtype) || (s->n_parts && dtype_is_quant(s->part[0]->dtype))) &&
+        (s->mode == CK_TRANSPOSED || (s->n_parts && s->part[0]->dtype != t->dtype)))
+        return status_errorf(STATUS_BAD_FORMAT,
+                             "checkpoint %s: tensor '%s' in %s is stored as %s, which %s", ck->files->dir, name,
+                             where, dtype_name(t->dtype),
+                             s->mode == CK_TRANSPOSED ? "a transposed (Conv1D) weight cannot be: blocks are rows"
+                                                      : "the other ranks' parts of the weight are not: blocks "
+                                                        "must be of one type");
     CHECK(s->n_parts < CK_MAX_TP, "too many parts");
     s->part[s->n_parts++] = t;
     s->scols = ndim == 2 ? d1 : 1;
@@ -353,7 +363,11 @@ static enum status ck_plan(const struct model_config *c, enum weight_kind kind, 
     return STATUS_OK;
 }
 
-/* ---- block-quantized weights (GGUF) -------------------------------------------------------- */
+/* ---- block-quantized weights (GGUF, kept-blocks directories) -------------------------------
+ * Every part of a block weight has the same block dtype and whole blocks per row (checked by
+ * ck_part and the safetensors reader), and no layout transposes blocks; a slice whose columns
+ * start and end on block boundaries therefore resolves into runs of whole blocks in any
+ * layout, part boundaries included (the Megatron column split of O and DOWN). */
 
 /* Bytes of a row of n elements of block dtype dt. */
 static size_t ck_block_bytes(enum dtype dt, int64_t n)
@@ -361,7 +375,7 @@ static size_t ck_block_bytes(enum dtype dt, int64_t n)
     return quant_row_bytes((enum quant_type)dtype_quant_type(dt), n);
 }
 
-/* Byte offset of element e (at a block boundary) in a CK_DIRECT part of block dtype dt. */
+/* Byte offset of element e (at a block boundary) in a part of block dtype dt. */
 static size_t ck_block_offset(const struct ck_source *src, enum dtype dt, int64_t e)
 {
     const int64_t row = e / src->scols, col = e % src->scols;
@@ -376,7 +390,7 @@ static enum status ck_check_blocks(const struct checkpoint *ck, enum weight_kind
                                    const struct ck_slice *sl)
 {
     const struct st_tensor *t = src->part[0];
-    if (t->dtype != dtype || src->mode != CK_DIRECT || sl->ndim != 2)
+    if (t->dtype != dtype || src->mode == CK_TRANSPOSED || sl->ndim != 2)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: weight %s of layer %d is stored as %s, not %s blocks",
                              ck->files->dir, weight_kind_name(kind), layer, dtype_name(t->dtype),
                              dtype_name(dtype));
@@ -441,9 +455,10 @@ static enum status ck_prepare(struct checkpoint *ck, enum weight_kind kind, int 
     }
     const struct st_tensor *t = src->part[p0];
     if (t->dtype != dtype) return STATUS_OK;
-    if (dtype_is_quant(dtype)) { /* blocks need 2-byte alignment, which GGUF data has */
-        out->zero_copy = 1;
-        out->data = (const unsigned char *)t->data + ck_block_offset(src, dtype, e0);
+    if (dtype_is_quant(dtype)) { /* blocks need 2-byte alignment (quant.h): GGUF's and our writer's have it */
+        const unsigned char *blocks = (const unsigned char *)t->data + ck_block_offset(src, dtype, e0);
+        out->zero_copy = (uintptr_t)blocks % 2 == 0;
+        out->data = out->zero_copy ? blocks : NULL;
         return STATUS_OK;
     }
     const unsigned char *data = (const unsigned char *)t->data + e0 * (int64_t)dtype_size(t->dtype);
@@ -481,48 +496,68 @@ static enum status ck_get_from_source(struct checkpoint *ck, enum weight_kind ki
     return s;
 }
 
-/* The slice as blocks, row by row (block boundaries checked by ck_check_blocks): the column
- * slices of row-parallel weights, and vocabulary padding, whose zero bytes are zero blocks
- * (every scale zero). */
+/* The slice as blocks, run by run (block boundaries checked by ck_check_blocks): the column
+ * slices of row-parallel weights, the parts of a Megatron layout, and vocabulary padding, whose
+ * zero bytes are zero blocks (every scale zero). */
 static void ck_get_blocks(const struct ck_source *src, const struct ck_slice *sl, enum dtype dt,
                           void *buf)
 {
     const size_t row_bytes = ck_block_bytes(dt, sl->nc);
-    const struct st_tensor *t = src->part[0];
     for (int64_t i = 0; i < sl->nr; i++) {
         unsigned char *row = (unsigned char *)buf + (size_t)i * row_bytes;
         if (i >= sl->rows_valid) {
             memset(row, 0, row_bytes);
             continue;
         }
-        const size_t off = ck_block_offset(src, dt, (src->off + sl->r0 + i) * src->scols + sl->c0);
-        CHECK(off + row_bytes <= t->nbytes, "tensor %s: row %lld out of range", t->name, (long long)(sl->r0 + i));
-        memcpy(row, (const unsigned char *)t->data + off, row_bytes);
+        for (int64_t c = sl->c0; c < sl->c0 + sl->nc;) {
+            int p = 0;
+            int64_t e = 0, run = 0, stride = 0;
+            ck_resolve(src, sl->r0 + i, c, &p, &e, &run, &stride);
+            const int64_t n = run < sl->c0 + sl->nc - c ? run : sl->c0 + sl->nc - c;
+            const struct st_tensor *t = src->part[p];
+            const size_t off = ck_block_offset(src, dt, e), len = ck_block_bytes(dt, n);
+            CHECK(stride == 1 && off + len <= t->nbytes, "tensor %s: row %lld out of range", t->name,
+                  (long long)(sl->r0 + i));
+            memcpy(row + ck_block_bytes(dt, c - sl->c0), (const unsigned char *)t->data + off, len);
+            c += n;
+        }
     }
 }
 
-/* The slice of a block-quantized weight in a float dtype: each source row dequantized whole
- * (bit-exact with ggml), then its columns converted. */
+/* The slice of a block-quantized weight in a float dtype, run by run: each source row a run
+ * lies in is dequantized whole (bit-exact with ggml), then the run's columns converted. */
 static enum status ck_get_dequantized(const struct ck_source *src, const struct ck_slice *sl,
                                       enum weight_kind kind, enum dtype dtype, void *buf,
                                       struct host_weight *out)
 {
-    const struct st_tensor *t = src->part[0];
-    const enum quant_type qt = (enum quant_type)dtype_quant_type(t->dtype);
-    CHECK(src->mode == CK_DIRECT, "weight %s: blocks only in direct layouts", weight_kind_name(kind));
+    const enum dtype qd = src->part[0]->dtype;
+    const enum quant_type qt = (enum quant_type)dtype_quant_type(qd);
     float *tmp = malloc((size_t)src->scols * sizeof *tmp);
     if (!tmp) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "weight %s: out of memory", weight_kind_name(kind));
-    const size_t es = dtype_size(dtype), src_row = ck_block_bytes(t->dtype, src->scols);
+    const size_t es = dtype_size(dtype), src_row = ck_block_bytes(qd, src->scols);
+    int last_part = -1;
+    int64_t last_row = -1;
     for (int64_t i = 0; i < sl->nr; i++) {
         unsigned char *row = (unsigned char *)buf + (size_t)(i * sl->nc) * es;
         if (i >= sl->rows_valid) {
             memset(row, 0, (size_t)sl->nc * es);
             continue;
         }
-        const int64_t r = src->off + sl->r0 + i;
-        CHECK((size_t)(r + 1) * src_row <= t->nbytes, "tensor %s: row %lld out of range", t->name, (long long)r);
-        quant_dequantize_row(qt, (const unsigned char *)t->data + (size_t)r * src_row, tmp, src->scols);
-        safetensors_gather(row, dtype, tmp + sl->c0, DTYPE_F32, (size_t)sl->nc, 1);
+        for (int64_t c = sl->c0; c < sl->c0 + sl->nc;) {
+            int p = 0;
+            int64_t e = 0, run = 0, stride = 0;
+            ck_resolve(src, sl->r0 + i, c, &p, &e, &run, &stride);
+            const int64_t n = run < sl->c0 + sl->nc - c ? run : sl->c0 + sl->nc - c;
+            const int64_t r = e / src->scols;
+            const struct st_tensor *t = src->part[p];
+            CHECK(stride == 1 && (size_t)(r + 1) * src_row <= t->nbytes, "tensor %s: row %lld out of range",
+                  t->name, (long long)r);
+            if (p != last_part || r != last_row)
+                quant_dequantize_row(qt, (const unsigned char *)t->data + (size_t)r * src_row, tmp, src->scols);
+            last_part = p, last_row = r;
+            safetensors_gather(row + (size_t)(c - sl->c0) * es, dtype, tmp + e % src->scols, DTYPE_F32, (size_t)n, 1);
+            c += n;
+        }
     }
     free(tmp);
     out->data = buf;

@@ -8,14 +8,18 @@
  * subcommand).
  *
  * A llama.cpp GGUF file opens the same way (checkpoint_open below), its quantized matrices
- * served as blocks.
+ * served as blocks; so do the block tensors of a directory's safetensors files (safetensors.h:
+ * U8 tensors named in __metadata__ "shardlm.blocks", written by `convert gguf --keep-blocks` and
+ * by both writers), in any of the layouts.
  *
  * Implemented in checkpoint_open.c (opening the three layouts), checkpoint_gguf.c (a GGUF file),
  * checkpoint.c (locating and slicing weights) and checkpoint_write.c (the two writers); every tensor name comes from the
  * one table of weight_names.h, which also defines enum weight_kind.
  * Not here: device memory and model structs (engine/model), config.json fields (config.c), the
  * file format itself (safetensors.c).
- * Tests: tests/test_formats.c (every weight, every tp, from HF, sharded HF and Megatron sources).
+ * Tests: tests/test_formats.c (every weight, every tp, from HF, sharded HF and Megatron sources);
+ * tests/test_gguf_serve.c and tests/test_keep_blocks.c (blocks from a GGUF, a kept-blocks
+ * directory and its Megatron reshard, at tp 1 and 2; the block-cutting refusal).
  *
  * ---- Canonical layout (what checkpoint_get returns) ---------------------------------------
  * Row-major, nn.Linear orientation (out_features, in_features), unfused, HF-Llama-like:
@@ -98,7 +102,7 @@
  *                                                           the embeddings are tied
  * The reader also accepts Transformer-Engine-style norm names
  * (self_attention.linear_qkv.layer_norm_weight / _bias, mlp.linear_fc1.layer_norm_weight / _bias).
- * Each tensor is stored in the dtype its source had. */
+ * Each tensor is stored in the dtype its source had (blocks as block tensors: safetensors.h). */
 #ifndef SHARDLM_CHECKPOINT_H
 #define SHARDLM_CHECKPOINT_H
 
@@ -169,7 +173,10 @@ enum status checkpoint_open(const char *dir, struct checkpoint **out);
  * up, the vocabulary), else copied block by block (the column slices of O and DOWN). A slice
  * that would cut a block (a tp column split not a multiple of the block size) is
  * STATUS_UNSUPPORTED naming the weight; other tensor types are STATUS_UNSUPPORTED at open.
- * The writers refuse a GGUF source (`shardlm convert gguf` writes a directory). */
+ * Block tensors of a directory behave the same, the Megatron layout's parts included (a column
+ * split across parts is copied block by block); every part of one weight must have the same
+ * block type, and a transposed (GPT-2 Conv1D) weight cannot be blocks (STATUS_BAD_FORMAT at
+ * open). */
 /* Unmaps everything; accepts NULL. Zero-copy pointers handed out die here. */
 void        checkpoint_close(struct checkpoint *ck);
 
@@ -184,7 +191,7 @@ struct host_weight {
                                  zero_copy (valid until checkpoint_close), else the caller's buf;
                                  NULL from checkpoint_describe when not zero_copy */
     enum dtype  dtype;        /* the requested dtype */
-    enum dtype  stored_dtype; /* the dtype in the file (a DTYPE_Q* for GGUF blocks) */
+    enum dtype  stored_dtype; /* the dtype in the file (a DTYPE_Q* for blocks) */
     int         ndim;         /* 1 or 2 */
     int64_t     shape[2];     /* of the slice (shape[1] unused when ndim == 1) */
     size_t      nbytes;
@@ -220,17 +227,24 @@ enum status checkpoint_get(struct checkpoint *ck, enum weight_kind kind, int lay
 
 /* Writes the Megatron-style layout (see the top of this file) of src into dir_out at tensor
  * parallel size tp_size and pipeline size pp_size: each tensor in its source dtype, one
- * tensor in memory at a time, every file atomically; config.json, tokenizer files, and
- * shardlm_megatron.json last. dir_out is created if missing and should be empty (stale rank
- * folders of an earlier, larger split are not removed); it must not be src's directory.
+ * tensor in memory at a time, every file atomically; config.json, tokenizer files (a GGUF
+ * source: tokenizer.model from its metadata), and shardlm_megatron.json last. dir_out is created
+ * if missing and should be empty (stale rank folders of an earlier, larger split are not
+ * removed); it must not be src's directory.
+ * Blocks (a GGUF source, a kept-blocks directory) stay blocks, split on block boundaries, with
+ * two exceptions: a fused tensor (linear_qkv, linear_fc1) whose weights have different block
+ * types is written dequantized in f32 (exact; logged), and with a memory source
+ * (checkpoint_set_source) every block weight is written in the config's float dtype.
  * STATUS_UNSUPPORTED when tp_size does not divide n_heads, n_kv_heads (Megatron-Core's
- * requirement) or ffn_hidden, or pp_size exceeds n_layers; STATUS_IO on file errors. */
+ * requirement) or ffn_hidden, pp_size exceeds n_layers, or a split would cut a weight's blocks
+ * (checked before anything is written); STATUS_IO on file errors. */
 enum status checkpoint_write_megatron(const char *dir_out, struct checkpoint *src, int tp_size,
                                       int pp_size);
 
 /* Writes src as a Hugging Face-layout directory (one model.safetensors with HF tensor names,
- * every tensor in its source dtype, joined from whatever layout src has; config.json and the
- * tokenizer files): the inverse of reading. Llama-family models (Llama, Mistral, Gemma 3:
+ * every tensor in its source dtype, blocks as blocks (in the config's float dtype from a memory
+ * source), joined from whatever layout src has; config.json and the tokenizer files): the
+ * inverse of reading. Llama-family models (Llama, Mistral, Gemma 3:
  * "model." names) and GPT-2 ("transformer." names, Q/K/V fused into c_attn and the Conv1D
  * weights transposed back); others are STATUS_UNSUPPORTED. Same directory rules as
  * checkpoint_write_megatron. */

@@ -3,10 +3,14 @@
  * (checkpoint_write_hf), both from any open checkpoint, one tensor in memory at a time, every
  * file written atomically. Names come from weight_names.c; layouts are described in
  * checkpoint.h.
+ * Weights stored as ggml blocks (a GGUF file, a kept-blocks directory) are written as blocks
+ * (safetensors.h: U8 block tensors), except where one Megatron tensor fuses weights of different
+ * block types, and when a memory source replaces the values (ck_write_dtype, mw_dtype).
  * Not here: reading (checkpoint.c, checkpoint_open.c), the safetensors format
  * (safetensors_write.c), config.json (config_write.c).
  * Tests: tests/test_formats.c (write, reopen, every weight equal), the reshard tests
- * (tests/test_cli.sh: GPT-2 HF -> tp2 pp2 -> HF bit for bit) and the golden_megatron_* tests. */
+ * (tests/test_cli.sh: GPT-2 HF -> tp2 pp2 -> HF bit for bit), the golden_megatron_* tests and
+ * tests/test_keep_blocks.c (blocks through both writers, tp 2, the block-cutting refusal). */
 #include "checkpoint.h"
 
 #include <cjson/cJSON.h>
@@ -19,6 +23,7 @@
 #include <unistd.h>
 
 #include "checkpoint_impl.h"
+#include "quant.h"
 #include "safetensors.h"
 
 /* ---- output directory and extras --------------------------------------------------------- */
@@ -127,18 +132,48 @@ static enum status ck_out_dir(const char *dir_out, const struct checkpoint *src)
     return STATUS_OK;
 }
 
-/* Copies the tokenizer files that are present and writes config.json (every writer's last
- * files besides its own metadata). */
+/* Writes n bytes to dir_out/name through name.tmp. */
+static enum status ck_write_bytes(const char *dir_out, const char *name, const void *data, size_t n)
+{
+    enum status s;
+    char path[CK_PATH], tmp[CK_PATH + 8];
+    if ((s = ck_pathf(path, dir_out, name))) return s;
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+    int bad = fwrite(data, 1, n, f) != n;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        s = status_errorf(STATUS_IO, "%s: %s", bad ? tmp : path, strerror(errno));
+        remove(tmp);
+    }
+    return s;
+}
+
+/* Copies the tokenizer files that are present (a GGUF source: writes tokenizer.model from its
+ * metadata) and writes config.json (every writer's last files besides its own metadata). */
 static enum status ck_write_extras(const char *dir_out, const struct checkpoint *src)
 {
     static const char *const extras[] = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
                                          "special_tokens_map.json", "generation_config.json"};
     enum status s;
     char config[CK_PATH];
-    for (size_t i = 0; i < sizeof extras / sizeof extras[0]; i++)
+    if (src->layout == CHECKPOINT_LAYOUT_GGUF &&
+        (s = ck_write_bytes(dir_out, "tokenizer.model", src->tokenizer_proto, src->tokenizer_proto_n)))
+        return s;
+    for (size_t i = 0; src->layout != CHECKPOINT_LAYOUT_GGUF && i < sizeof extras / sizeof extras[0]; i++)
         if ((s = ck_copy_file(src->files->dir, dir_out, extras[i]))) return s;
     if ((s = ck_pathf(config, dir_out, "config.json")) || (s = config_save(config, &src->cfg))) return s;
     return STATUS_OK;
+}
+
+/* The dtype a writer stores a weight of stored dtype `stored` in: as stored, except blocks when
+ * a memory source replaces the values (a trained or merged model: its weights are new floats,
+ * and blocks are never requantized): then the config's float dtype. */
+static enum dtype ck_write_dtype(const struct checkpoint *src, enum dtype stored)
+{
+    if (!dtype_is_quant(stored) || !src->source) return stored;
+    return dtype_is_float(src->cfg.dtype) ? src->cfg.dtype : DTYPE_F32;
 }
 
 /* ---- the Megatron writer ---------------------------------------------------------------- */
@@ -158,6 +193,7 @@ struct mw_item {
     int              ndim;
     int64_t          shape[2];
     enum dtype       dtype;
+    int              dequantized; /* fused weights of different block types, written in f32 */
 };
 
 struct mw_fill {
@@ -165,6 +201,13 @@ struct mw_fill {
     const struct mw_item *item;
     int                   tp_rank, tp_size;
 };
+
+/* Bytes of one row of cols elements of dtype dt (blocks: whole blocks). */
+static size_t mw_row_bytes(enum dtype dt, int64_t cols)
+{
+    if (dtype_is_quant(dt)) return quant_row_bytes((enum quant_type)dtype_quant_type(dt), cols);
+    return (size_t)cols * dtype_size(dt);
+}
 
 /* Writes one canonical slice of kind into dst (exactly nbytes). */
 static enum status mw_get(struct mw_fill *f, enum weight_kind kind, void *dst, size_t nbytes)
@@ -180,18 +223,17 @@ static enum status mw_fill_fn(void *ctx, void *dst, size_t nbytes)
     const struct mw_item *it = f->item;
     const struct model_config *c = &f->ck->cfg;
     enum status s = STATUS_OK;
-    size_t es = dtype_size(it->dtype);
-    int64_t cols = it->bias ? 1 : c->d_model;
     if (it->what == MW_KIND) return mw_get(f, it->kind, dst, nbytes);
+    const size_t row = mw_row_bytes(it->dtype, it->bias ? 1 : c->d_model);
     if (it->what == MW_FC1) {
-        size_t part = (size_t)(c->ffn_hidden / f->tp_size * cols) * es;
+        size_t part = (size_t)(c->ffn_hidden / f->tp_size) * row;
         if (!c->gated_mlp) return mw_get(f, it->bias ? WEIGHT_KIND_UP_BIAS : WEIGHT_KIND_UP, dst, nbytes);
         if ((s = mw_get(f, it->bias ? WEIGHT_KIND_GATE_BIAS : WEIGHT_KIND_GATE, dst, part))) return s;
         return mw_get(f, it->bias ? WEIGHT_KIND_UP_BIAS : WEIGHT_KIND_UP, (char *)dst + part, part);
     }
     /* MW_QKV: per local group, its q heads, then its k head, then its v head. */
     int64_t hd = c->head_dim, qpg = c->n_heads / c->n_kv_heads, groups = c->n_kv_heads / f->tp_size;
-    size_t head = (size_t)(hd * cols) * es;
+    size_t head = (size_t)hd * row;
     size_t qn = (size_t)(groups * qpg) * head, kn = (size_t)groups * head;
     char *q = malloc(qn), *k = malloc(kn), *v = malloc(kn);
     if (!q || !k || !v) {
@@ -219,6 +261,30 @@ out:
     return s;
 }
 
+/* The dtype of item it, whose tensor holds the weights kinds[0..n) (fused: Q, K, V or GATE, UP),
+ * and checks that blocks split at this tp: the weights' stored dtype (the first's: floats
+ * convert), as ck_write_dtype keeps it; but one tensor holds one block type, so weights of
+ * different block types fused together are written dequantized, in f32 (exact). */
+static enum status mw_dtype(struct checkpoint *ck, const enum weight_kind *kinds, int n, int rank, int tp,
+                            struct mw_item *it)
+{
+    struct host_weight hw;
+    enum status s;
+    int mixed = 0, blocks = 0;
+    for (int i = 0; i < n; i++) {
+        if ((s = checkpoint_describe(ck, kinds[i], it->layer, rank, tp, DTYPE_F32, &hw))) return s;
+        if (i == 0) it->dtype = hw.stored_dtype;
+        blocks |= dtype_is_quant(hw.stored_dtype);
+        mixed |= hw.stored_dtype != it->dtype;
+    }
+    it->dtype = ck_write_dtype(ck, it->dtype);
+    it->dequantized = blocks && mixed;
+    if (it->dequantized) it->dtype = DTYPE_F32;
+    for (int i = 0; dtype_is_quant(it->dtype) && i < n; i++) /* refuses a split that cuts blocks */
+        if ((s = checkpoint_describe(ck, kinds[i], it->layer, rank, tp, it->dtype, &hw))) return s;
+    return STATUS_OK;
+}
+
 /* Appends the item of table row w for file (stage, rank): layer is global (0 for whole-model
  * weights), local its index in the stage. Q and Q_BIAS carry the whole linear_qkv, UP and
  * UP_BIAS the whole linear_fc1; K, V, GATE and their biases are inside those. */
@@ -230,20 +296,29 @@ static enum status mw_add(struct checkpoint *ck, const struct weight_names *w, i
     enum status s;
     int bias = w->cols == WEIGHT_DIM_ONE;
     struct mw_item it = {.what = MW_KIND, .kind = w->kind, .layer = layer};
+    enum weight_kind kinds[3] = {w->kind};
+    int n_kinds = 1;
     if (w->megatron_layout == WEIGHT_MEGATRON_QKV) {
         if (weight_names_qkv_part(w->kind) != 0) return STATUS_OK;
         int64_t rows = (int64_t)(c->n_heads + 2 * c->n_kv_heads) / tp * c->head_dim;
         it = (struct mw_item){.what = MW_QKV, .kind = w->kind, .bias = bias, .layer = layer,
                               .ndim = bias ? 1 : 2, .shape = {rows, bias ? 0 : c->d_model}};
+        kinds[1] = bias ? WEIGHT_KIND_K_BIAS : WEIGHT_KIND_K;
+        kinds[2] = bias ? WEIGHT_KIND_V_BIAS : WEIGHT_KIND_V;
+        n_kinds = 3;
     } else if (w->megatron_layout == WEIGHT_MEGATRON_FC1) {
         if (w->kind != WEIGHT_KIND_UP && w->kind != WEIGHT_KIND_UP_BIAS) return STATUS_OK;
         int64_t rows = (int64_t)(c->gated_mlp ? 2 : 1) * c->ffn_hidden / tp;
         it = (struct mw_item){.what = MW_FC1, .kind = w->kind, .bias = bias, .layer = layer,
                               .ndim = bias ? 1 : 2, .shape = {rows, bias ? 0 : c->d_model}};
+        if (c->gated_mlp) {
+            kinds[1] = bias ? WEIGHT_KIND_GATE_BIAS : WEIGHT_KIND_GATE;
+            n_kinds = 2;
+        }
     }
     (void)weight_names_format(it.name, sizeof it.name, NULL, w->megatron, local);
+    if ((s = mw_dtype(ck, kinds, n_kinds, rank, tp, &it))) return s;
     if ((s = checkpoint_describe(ck, w->kind, layer, rank, tp, DTYPE_F32, &hw))) return s;
-    it.dtype = hw.stored_dtype;
     if (it.what == MW_KIND) {
         it.ndim = hw.ndim;
         it.shape[0] = hw.shape[0];
@@ -323,12 +398,25 @@ out:
     return s;
 }
 
-/* The writers keep each tensor's stored dtype, and safetensors has no ggml blocks. */
-static enum status ck_refuse_gguf(const struct checkpoint *src)
+/* Lists the tensors of every file before any is written: a refusal (a tp split that would cut
+ * blocks) leaves no partial checkpoint behind. */
+static enum status mw_check(struct checkpoint *src, int tp, int pp)
 {
-    return status_errorf(STATUS_UNSUPPORTED,
-                         "%s is a GGUF file: `shardlm convert gguf` writes it as a checkpoint directory, "
-                         "which reshards and saves like any other", src->files->dir);
+    enum status s = STATUS_OK;
+    for (int p = 0; p < pp && !s; p++) {
+        for (int t = 0; t < tp && !s; t++) {
+            struct mw_item *items = NULL;
+            int n = 0;
+            size_t cap = 0;
+            s = mw_list(src, p, t, tp, pp, &items, &n, &cap);
+            for (int i = 0; !s && t == 0 && i < n; i++)
+                if (items[i].dequantized)
+                    LOG_INFO("checkpoint", "%s of layer %d fuses weights of different block types: written "
+                             "dequantized, in f32", items[i].name, items[i].layer);
+            free(items);
+        }
+    }
+    return s;
 }
 
 enum status checkpoint_write_megatron(const char *dir_out, struct checkpoint *src, int tp_size,
@@ -337,7 +425,6 @@ enum status checkpoint_write_megatron(const char *dir_out, struct checkpoint *sr
     const struct model_config *c = &src->cfg;
     enum status s;
     char meta[CK_PATH];
-    if (src->layout == CHECKPOINT_LAYOUT_GGUF) return ck_refuse_gguf(src);
     if (tp_size < 1 || tp_size > 99 || pp_size < 1 || pp_size > CK_MAX_PP)
         return status_errorf(STATUS_INVALID_ARGUMENT, "tp size %d / pp size %d out of range (1..99 / 1..%d)",
                              tp_size, pp_size, CK_MAX_PP);
@@ -349,7 +436,7 @@ enum status checkpoint_write_megatron(const char *dir_out, struct checkpoint *sr
     if (pp_size > c->n_layers)
         return status_errorf(STATUS_UNSUPPORTED, "pp size %d exceeds the %d layers", pp_size,
                              c->n_layers);
-    if ((s = ck_out_dir(dir_out, src))) return s;
+    if ((s = mw_check(src, tp_size, pp_size)) || (s = ck_out_dir(dir_out, src))) return s;
     /* Without its metadata a directory does not open: remove it first, write it last. */
     if ((s = ck_pathf(meta, dir_out, CK_MEGATRON_META))) return s;
     if (unlink(meta) != 0 && errno != ENOENT)
@@ -449,7 +536,6 @@ static int hfw_name(const struct model_config *c, enum weight_kind kind, int l, 
 enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
 {
     const struct model_config *c = &src->cfg;
-    if (src->layout == CHECKPOINT_LAYOUT_GGUF) return ck_refuse_gguf(src);
     if (c->family != MODEL_FAMILY_LLAMA && c->family != MODEL_FAMILY_GEMMA3 && c->family != MODEL_FAMILY_GPT2)
         return status_errorf(STATUS_UNSUPPORTED,
                              "writing the Hugging Face layout is implemented for Llama-family models "
@@ -472,18 +558,19 @@ enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
             if (!hfw_name(c, kind, l, name, sizeof name, &g)) continue;
             /* The stored dtype first (describe in f32 reports it), then the real description. */
             if ((s = checkpoint_describe(src, kind, l, 0, 1, DTYPE_F32, &hw))) goto out;
-            g.ck = src, g.kind = kind, g.layer = l, g.dtype = hw.stored_dtype;
+            g.ck = src, g.kind = kind, g.layer = l, g.dtype = ck_write_dtype(src, hw.stored_dtype);
+            CHECK(!dtype_is_quant(g.dtype) || g.n_kinds == 0, "GPT-2 blocks are refused at open (ck_part)");
             items[n] = g;
-            if ((s = checkpoint_describe(src, kind, l, 0, 1, hw.stored_dtype, &hw))) goto out;
+            if ((s = checkpoint_describe(src, kind, l, 0, 1, g.dtype, &hw))) goto out;
             int64_t shape[2] = {hw.shape[0], hw.ndim == 2 ? hw.shape[1] : 1};
             for (int i = 1; i < g.n_kinds; i++) { /* c_attn: Q, K and V rows together */
                 struct host_weight part;
-                if ((s = checkpoint_describe(src, g.kinds[i], l, 0, 1, hw.stored_dtype, &part))) goto out;
+                if ((s = checkpoint_describe(src, g.kinds[i], l, 0, 1, g.dtype, &part))) goto out;
                 shape[0] += part.shape[0];
             }
             if (g.transposed) hw.shape[0] = shape[1], hw.shape[1] = shape[0];
             else hw.shape[0] = shape[0];
-            if ((s = safetensors_writer_add_deferred(w, name, hw.stored_dtype, hw.ndim, hw.shape, hfw_fill, &items[n])))
+            if ((s = safetensors_writer_add_deferred(w, name, g.dtype, hw.ndim, hw.shape, hfw_fill, &items[n])))
                 goto out;
             n++;
         }

@@ -4,8 +4,9 @@
  * the one table (weight_names.c: its gguf and hf columns).
  * gguf_model_config is also what checkpoint_gguf.c serves a GGUF file with.
  * Not here: reading GGUF (gguf.c, gguf_tensor.c), the tokenizer proto (gguf_tokenizer.c).
- * Tests: none automated without a real GGUF (gguf_convert.h); checked by hand on
- * gemma-3-270m-q4_k_m.gguf (docs/models.md), and by golden_gemma3 when that file is fetched. */
+ * Tests: tests/test_keep_blocks.c (--keep-blocks on gguf-py fixtures: bytes, logits, reshard);
+ * golden_gemma3 (the f32 conversion of gemma-3-270m-q4_k_m.gguf) and gemma3_gguf_keep_blocks
+ * (its kept-blocks conversion) when that file is fetched. */
 #include "gguf_convert.h"
 
 #include <errno.h>
@@ -27,13 +28,19 @@
 struct gc_item {
     const struct gguf        *g;
     const struct gguf_tensor *t;
-    enum dtype                dtype;
+    enum dtype                dtype; /* a float dtype, or the tensor's own block dtype (kept) */
 };
 
 static enum status gc_fill(void *ctx, void *dst, size_t nbytes)
 {
     const struct gc_item *it = ctx;
     const struct gguf_tensor *t = it->t;
+    if (dtype_is_quant(it->dtype)) { /* kept: the file's bytes, row for row */
+        CHECK(nbytes == t->nbytes, "tensor %s: %zu bytes of blocks, the file has %llu", t->name, nbytes,
+              (unsigned long long)t->nbytes);
+        memcpy(dst, t->data, nbytes);
+        return STATUS_OK;
+    }
     CHECK(nbytes == (size_t)t->numel * dtype_size(it->dtype), "tensor %s: %zu bytes", t->name, nbytes);
     if (it->dtype == DTYPE_F32) return gguf_tensor_read_f32(it->g, t, dst);
     if (t->n_dims > 1) return gguf_tensor_read_rows_bf16(it->g, t, 0, t->shape[0], dst);
@@ -190,10 +197,11 @@ static enum status gc_write_file(const char *path, const void *data, size_t n)
     return STATUS_OK;
 }
 
-/* Looks up name, checks that it can be read and has shape (d0) or (d0, d1), and queues it. */
+/* Looks up name, checks that it can be read and has shape (d0) or (d0, d1), and queues it: in
+ * dtype, or as its blocks when keep_blocks and it is a matrix of a block type. */
 static enum status gc_add(struct safetensors_writer *w, const struct gguf *g, const char *name,
                           const char *hf_name, int ndim, int64_t d0, int64_t d1, enum dtype dtype,
-                          struct gc_item *item, int *n_used)
+                          int keep_blocks, struct gc_item *item, int *n_used)
 {
     const struct gguf_tensor *t;
     enum status s = gguf_get_tensor(g, name, &t);
@@ -207,13 +215,16 @@ static enum status gc_add(struct safetensors_writer *w, const struct gguf *g, co
                              gguf_path(g), name, (long long)t->shape[0],
                              (long long)(t->n_dims > 1 ? t->shape[1] : 0), t->n_dims, (long long)d0,
                              (long long)(ndim > 1 ? d1 : 0));
+    /* Kept blocks: a matrix whose GGUF type is one of the DTYPE_Q* (its rows are whole blocks). */
+    const int block = dtype_of_quant_type(t->type);
+    if (keep_blocks && ndim == 2 && block >= 0) dtype = (enum dtype)block;
     *item = (struct gc_item){g, t, dtype};
     (*n_used)++;
     int64_t shape[2] = {d0, d1};
     return safetensors_writer_add_deferred(w, hf_name, dtype, ndim, shape, gc_fill, item);
 }
 
-enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype out_dtype)
+enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype out_dtype, int keep_blocks)
 {
     enum status s;
     struct gguf *g = NULL;
@@ -264,7 +275,8 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
                 int64_t d0, d1;
                 weight_kind_shape(&c, wn->kind, &ndim, &d0, &d1);
                 CHECK(used <= n_items, "more GGUF tensors taken than the file has");
-                if ((s = gc_add(w, g, gname, hname, ndim, d0, d1, out_dtype, &items[used], &used))) goto out;
+                if ((s = gc_add(w, g, gname, hname, ndim, d0, d1, out_dtype, keep_blocks, &items[used], &used)))
+                    goto out;
             }
         }
     }
@@ -281,7 +293,10 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
             }
         }
     }
-    LOG_INFO("gguf_convert", "%s: %d tensors to %s as %s", gguf_path, used, path, dtype_name(out_dtype));
+    int kept = 0;
+    for (int i = 0; i < used; i++) kept += dtype_is_quant(items[i].dtype);
+    LOG_INFO("gguf_convert", "%s: %d tensors to %s: %d kept as blocks, %d as %s", gguf_path, used, path, kept,
+             used - kept, dtype_name(out_dtype));
     s = safetensors_writer_finish(w); /* frees w */
     w = NULL;
     if (s) goto out;

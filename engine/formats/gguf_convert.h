@@ -2,8 +2,8 @@
  * that every other path of shardlm loads (checkpoint.h). Gemma 3 (general.architecture
  * "gemma3") only, for now.
  * Not here: reading GGUF itself or dequantizing (gguf.h), checkpoint layouts (checkpoint.c).
- * Tests: tests/test_formats.c does not cover it (it needs a real GGUF); checked by hand on
- * gemma-3-270m-q4_k_m.gguf (docs/models.md). */
+ * Tests: tests/test_keep_blocks.c (gguf-py fixtures, --keep-blocks); golden_gemma3 and
+ * gemma3_gguf_keep_blocks on gemma-3-270m-q4_k_m.gguf when fetched (docs/models.md). */
 #ifndef SHARDLM_GGUF_CONVERT_H
 #define SHARDLM_GGUF_CONVERT_H
 
@@ -28,11 +28,17 @@ extern "C" {
  *                      Gemma's +1 to every norm weight.
  * Rows of q and k are not permuted: Gemma rotates halves (NeoX style) and llama.cpp's Gemma 3
  * converter keeps Hugging Face's row order.
+ * keep_blocks: every matrix (2-D tensor) stored in one of the block types of kernels/quant.h
+ * (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) is written as a block tensor instead
+ * (safetensors.h: U8 [rows, row bytes], named in __metadata__ "shardlm.blocks"), its bytes
+ * those of the file: no tensor is permuted or transformed, so none needs dequantizing. Vectors
+ * and F32/F16/BF16 tensors are still written in out_dtype. The directory then serves, reshards
+ * and tp-splits with its blocks, as the GGUF does (checkpoint.h).
  * Errors: those of gguf_open; STATUS_UNSUPPORTED for another architecture, a GGUF with rope
  * scaling or softcapping, a tensor shardlm cannot dequantize or does not know (named);
  * STATUS_BAD_FORMAT for missing metadata or a tensor missing or of the wrong shape (named);
  * STATUS_INVALID_ARGUMENT for an out_dtype other than f32 / bf16; STATUS_IO. */
-enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype out_dtype);
+enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype out_dtype, int keep_blocks);
 
 struct gguf;
 struct model_config;

@@ -1,9 +1,10 @@
 /* engine/formats/safetensors.c - the safetensors reader: mmap, and full validation of the header
- * (st_parse_header, one function per stage). See safetensors.h for the format and the
- * contracts.
+ * (st_parse_header, one function per stage, the last of which presents shardlm's ggml block
+ * tensors). See safetensors.h for the format and the contracts.
  * Not here: the writer (safetensors_write.c), model tensor names and layouts (checkpoint.c,
  * weight_names.c).
- * Tests: tests/test_formats.c (every kind of corrupt file). */
+ * Tests: tests/test_formats.c (every kind of corrupt file); tests/test_keep_blocks.c (block
+ * tensors: round trip and every malformed SAFETENSORS_BLOCKS_KEY). */
 #include "safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -16,6 +17,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "quant.h"
 
 #define ST_MAX_EXACT 9007199254740992.0 /* 2^53: JSON numbers above it are not exact doubles */
 
@@ -307,6 +310,78 @@ static enum status st_index_names(struct safetensors *st)
     return STATUS_OK;
 }
 
+/* The block dtype whose ggml type name (quant_type_name: "Q4_K", ...) is name, or -1. */
+static int st_block_dtype(const char *name)
+{
+    for (int d = DTYPE_Q4_0; dtype_is_quant((enum dtype)d); d++)
+        if (!strcmp(name, quant_type_name(dtype_quant_type((enum dtype)d)))) return d;
+    return -1;
+}
+
+/* Presents U8 tensor t, [rows, row bytes], as a tensor of block dtype dt, [rows, cols]. */
+static enum status st_make_block_tensor(const char *path, struct st_tensor *t, enum dtype dt)
+{
+    const uint32_t qt = dtype_quant_type(dt);
+    const size_t bb = quant_block_bytes(qt);
+    if (t->supported && dtype_is_quant(t->dtype))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: %s names tensor '%s' twice", path, SAFETENSORS_BLOCKS_KEY,
+                             t->name);
+    if (strcmp(t->dtype_name, "U8") || t->ndim != 2)
+        return status_errorf(STATUS_BAD_FORMAT,
+                             "%s: %s names tensor '%s' as %s blocks, but it is %s with %d dimensions "
+                             "(block tensors are U8 [rows, row bytes])",
+                             path, SAFETENSORS_BLOCKS_KEY, t->name, quant_type_name(qt), t->dtype_name, t->ndim);
+    if (t->shape[1] == 0 || (uint64_t)t->shape[1] % bb)
+        return status_errorf(STATUS_BAD_FORMAT,
+                             "%s: %s: tensor '%s': rows of %lld bytes are not a whole number of %s blocks "
+                             "(%zu bytes each)",
+                             path, SAFETENSORS_BLOCKS_KEY, t->name, (long long)t->shape[1], quant_type_name(qt), bb);
+    t->dtype = dt;
+    t->supported = 1;
+    t->elem_size = 0;
+    t->shape[1] = t->shape[1] / (int64_t)bb * quant_block_size(qt);
+    t->numel = t->shape[0] * t->shape[1];
+    return STATUS_OK;
+}
+
+/* Stage 6: the tensors that __metadata__[SAFETENSORS_BLOCKS_KEY] names are ggml blocks. */
+static enum status st_apply_blocks(struct safetensors *st)
+{
+    const char *value = safetensors_metadata(st, SAFETENSORS_BLOCKS_KEY), *path = st->path;
+    if (!value) return STATUS_OK;
+    enum status s = STATUS_OK;
+    cJSON *map = cJSON_ParseWithOpts(value, NULL, 1);
+    if (!cJSON_IsObject(map)) {
+        s = status_errorf(STATUS_BAD_FORMAT,
+                          "%s: __metadata__ \"%s\" is not a JSON object of tensor name to ggml type", path,
+                          SAFETENSORS_BLOCKS_KEY);
+        goto out;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, map) {
+        const int dt = cJSON_IsString(it) ? st_block_dtype(it->valuestring) : -1;
+        /* The entry is ours (the struct's), only its public view is const. */
+        struct st_tensor *t = (struct st_tensor *)safetensors_find(st, it->string);
+        if (!cJSON_IsString(it))
+            s = status_errorf(STATUS_BAD_FORMAT, "%s: %s: the entry of tensor '%s' is not a string", path,
+                              SAFETENSORS_BLOCKS_KEY, it->string);
+        else if (dt < 0)
+            s = status_errorf(STATUS_BAD_FORMAT,
+                              "%s: %s: tensor '%s' has unknown block type '%s' (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+                              "Q4_K, Q5_K or Q6_K)",
+                              path, SAFETENSORS_BLOCKS_KEY, it->string, it->valuestring);
+        else if (!t)
+            s = status_errorf(STATUS_BAD_FORMAT, "%s: %s names tensor '%s', which the file does not have", path,
+                              SAFETENSORS_BLOCKS_KEY, it->string);
+        else
+            s = st_make_block_tensor(path, t, (enum dtype)dt);
+        if (s) break;
+    }
+out:
+    cJSON_Delete(map);
+    return s;
+}
+
 /* Parses and validates the header of an open mapping into st, stage by stage. */
 static enum status st_parse_header(struct safetensors *st, const unsigned char *base, size_t size)
 {
@@ -317,8 +392,9 @@ static enum status st_parse_header(struct safetensors *st, const unsigned char *
     if ((s = st_read_header_len(st->path, base, size, &n))) return s;
     const struct st_data data = {base + 8 + n, size - 8 - n, 8 + n};
     if (!(s = st_parse_json(st->path, (const char *)base + 8, n, &root)) &&
-        !(s = st_parse_entries(st, root, &data, &ranges)) && !(s = st_check_overlaps(st, ranges)))
-        s = st_index_names(st);
+        !(s = st_parse_entries(st, root, &data, &ranges)) && !(s = st_check_overlaps(st, ranges)) &&
+        !(s = st_index_names(st)))
+        s = st_apply_blocks(st);
     free(ranges);
     cJSON_Delete(root);
     return s;
@@ -480,6 +556,9 @@ enum status safetensors_read(const struct st_tensor *t, enum dtype dtype, void *
     if (!t->supported)
         return status_errorf(STATUS_UNSUPPORTED, "tensor %s has dtype %s which shardlm does not load",
                              t->name, t->dtype_name);
+    if (dtype_is_quant(t->dtype) || dtype_is_quant(dtype))
+        return status_errorf(STATUS_UNSUPPORTED, "tensor %s: %s blocks are read through a checkpoint, not copied as %s",
+                             t->name, dtype_name(t->dtype), dtype_name(dtype));
     if ((dtype == DTYPE_I32) != (t->dtype == DTYPE_I32))
         return status_errorf(STATUS_UNSUPPORTED, "tensor %s: no conversion from %s to %s", t->name,
                              dtype_name(t->dtype), dtype_name(dtype));

@@ -5,6 +5,15 @@
  * section. The header maps each tensor name to {"dtype", "shape", "data_offsets": [begin, end]}
  * (offsets relative to the data section) plus an optional "__metadata__" string-to-string map.
  *
+ * ggml block tensors (shardlm's extension, docs/models.md "Kept-blocks directories"): a weight
+ * matrix of R rows and C columns kept as ggml blocks (Q4_0 ... Q6_K, kernels/quant.h) is stored
+ * as a standard tensor of dtype "U8" and shape [R, quant_row_bytes(type, C)], its bytes those of
+ * a GGUF file (row r at r * row bytes, ggml's block layout), and __metadata__ holds one key,
+ * SAFETENSORS_BLOCKS_KEY, whose value is a JSON object (as a string) mapping each such tensor's
+ * name to its ggml type name, e.g. {"model.layers.0.mlp.down_proj.weight": "Q4_K"}. Other
+ * safetensors readers see plain uint8 arrays; this one presents those tensors with dtype
+ * DTYPE_Q* and their logical shape [R, C].
+ *
  * Not here: which tensors a model has or how they are laid out (checkpoint.c).
  * Tests: tests/test_formats.c (round trip, every kind of corrupt file). */
 #ifndef SHARDLM_SAFETENSORS_H
@@ -22,6 +31,7 @@ extern "C" {
 
 #define ST_MAX_DIMS        8
 #define ST_MAX_HEADER_SIZE 100000000 /* as the reference implementation: 100 MB */
+#define SAFETENSORS_BLOCKS_KEY "shardlm.blocks" /* __metadata__ key of the block tensors (above) */
 
 /* One tensor of an open file. Everything here is owned by the struct safetensors and valid
  * until safetensors_close.
@@ -32,13 +42,17 @@ extern "C" {
  * semantics), or check st_tensor_aligned before casting it to float * etc. */
 struct st_tensor {
     const char *name;
-    char        dtype_name[16];      /* as written in the header, e.g. "BF16", "F64" */
-    int         supported;           /* 1 when dtype_name is F32, BF16, F16 or I32 */
-    enum dtype  dtype;               /* valid when supported */
-    int         elem_size;           /* bytes per element; 0 for a dtype this reader does not know */
+    char        dtype_name[16];      /* as written in the header, e.g. "BF16", "F64" ("U8" for
+                                        block tensors) */
+    int         supported;           /* 1 when dtype_name is F32, BF16, F16 or I32, or for a block
+                                        tensor (named in SAFETENSORS_BLOCKS_KEY) */
+    enum dtype  dtype;               /* valid when supported; a DTYPE_Q* for block tensors */
+    int         elem_size;           /* bytes per element; 0 for a dtype this reader does not know
+                                        and for block tensors */
     int         ndim;                /* 0 (a scalar) .. ST_MAX_DIMS */
-    int64_t     shape[ST_MAX_DIMS];
-    int64_t     numel;
+    int64_t     shape[ST_MAX_DIMS];  /* block tensors: the logical [rows, cols], not the header's
+                                        [rows, row bytes] */
+    int64_t     numel;               /* block tensors: rows * cols */
     size_t      nbytes;              /* end - begin */
     uint64_t    file_offset;         /* absolute offset of the first byte in the file */
     const void *data;                /* read-only, into the mapping */
@@ -59,6 +73,10 @@ struct safetensors;
  * shardlm does not load (F64, I64, I8, U8, BOOL, F8_E4M3, ...) is not an error here, only when
  * such a tensor is fetched through safetensors_get. Unknown dtype names are accepted the same
  * way (their byte size cannot be checked, only their bounds). Holes between tensors are allowed.
+ * The SAFETENSORS_BLOCKS_KEY entry, when present, must be a JSON object of strings naming
+ * tensors of the file that are U8, 2-D, with rows of a whole number of blocks of a type this
+ * build knows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K); those tensors then read as
+ * block tensors (struct st_tensor). Other metadata keys are not interpreted.
  * Errors: STATUS_NOT_FOUND (no such file), STATUS_IO, STATUS_BAD_FORMAT naming the file and
  * the fault. On success *out owns the mapping; close it with safetensors_close. The file must not
  * be truncated while mapped (reading a vanished page raises SIGBUS, as with any mmap). */
@@ -84,7 +102,8 @@ void        safetensors_metadata_at(const struct safetensors *st, int i, const c
 
 /* Copies tensor t, converted to dtype, into dst (dst_size bytes, aligned to dtype_size(dtype)).
  * Float dtypes convert among themselves (round to nearest even); I32 only to I32.
- * STATUS_UNSUPPORTED for a dtype shardlm does not load or a conversion it does not do;
+ * STATUS_UNSUPPORTED for a dtype shardlm does not load or a conversion it does not do (block
+ * tensors: checkpoint_get dequantizes them);
  * STATUS_INVALID_ARGUMENT when dst_size is too small. */
 enum status safetensors_read(const struct st_tensor *t, enum dtype dtype, void *dst,
                              size_t dst_size);
@@ -110,7 +129,11 @@ typedef enum status (*safetensors_fill_fn)(void *ctx, void *dst, size_t nbytes);
 enum status safetensors_writer_begin(const char *path, struct safetensors_writer **out);
 /* Adds a tensor of shape[0..ndim) (ndim 0 .. ST_MAX_DIMS). Borrows data: it must stay valid and
  * unchanged until finish or free returns. Name and shape are copied. A duplicate or empty name
- * or a bad shape is STATUS_INVALID_ARGUMENT and adds nothing. */
+ * or a bad shape is STATUS_INVALID_ARGUMENT and adds nothing. A block dtype (DTYPE_Q*) takes the
+ * logical shape [rows, cols] (cols a multiple of the block size) and rows * quant_row_bytes
+ * bytes; finish writes it as a U8 block tensor and records it in SAFETENSORS_BLOCKS_KEY (top of
+ * this file). Block data is placed after the 4-byte dtypes, so it stays 2-byte aligned, which
+ * the quantized kernels need (quant.h). */
 enum status safetensors_writer_add(struct safetensors_writer *w, const char *name,
                                    enum dtype dtype, int ndim, const int64_t *shape,
                                    const void *data);
@@ -120,7 +143,8 @@ enum status safetensors_writer_add(struct safetensors_writer *w, const char *nam
 enum status safetensors_writer_add_deferred(struct safetensors_writer *w, const char *name,
                                             enum dtype dtype, int ndim, const int64_t *shape,
                                             safetensors_fill_fn fill, void *ctx);
-/* Sets __metadata__[key] = value (both copied; a second call with the same key replaces). */
+/* Sets __metadata__[key] = value (both copied; a second call with the same key replaces).
+ * SAFETENSORS_BLOCKS_KEY is the writer's own (STATUS_INVALID_ARGUMENT). */
 enum status safetensors_writer_set_metadata(struct safetensors_writer *w, const char *key,
                                             const char *value);
 /* Writes header and data, then renames path.tmp to path. Frees w whatever the outcome; on

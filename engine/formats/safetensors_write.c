@@ -1,8 +1,9 @@
 /* engine/formats/safetensors_write.c - the safetensors writer: tensors added by pointer or by a
- * fill callback, written in one pass through PATH.tmp and renamed into place (see
- * safetensors.h for the contracts).
+ * fill callback, written in one pass through PATH.tmp and renamed into place; ggml block tensors
+ * as U8 with their types in __metadata__ (see safetensors.h for the contracts).
  * Not here: the reader (safetensors.c), which tensors a checkpoint holds (checkpoint_write.c).
- * Tests: tests/test_formats.c (round trip, metadata, alignment of the data). */
+ * Tests: tests/test_formats.c (round trip, metadata, alignment of the data);
+ * tests/test_keep_blocks.c (block tensors). */
 #include "safetensors.h"
 
 #include <errno.h>
@@ -13,6 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "quant.h"
+
 static const char *st_dtype_string(enum dtype t)
 {
     switch (t) {
@@ -20,9 +23,33 @@ static const char *st_dtype_string(enum dtype t)
     case DTYPE_BF16: return "BF16";
     case DTYPE_F16: return "F16";
     case DTYPE_I32: return "I32";
-    default: break; /* block dtypes have no safetensors name */
+    default: break;
     }
-    return "?";
+    return "U8"; /* block dtypes: their bytes, named in SAFETENSORS_BLOCKS_KEY */
+}
+
+/* The alignment a tensor's data keeps in the file (st_cmp_entry): its element size, 2 for
+ * blocks (quant.h). */
+static size_t st_align(enum dtype t) { return dtype_is_quant(t) ? 2 : dtype_size(t); }
+
+/* Bytes of a tensor of dtype and shape, or 0 with *bad set when they do not fit or a block
+ * tensor is not [rows, cols] of whole blocks. */
+static uint64_t st_tensor_bytes(enum dtype dtype, int ndim, const int64_t *shape, int *bad)
+{
+    uint64_t bytes = 1;
+    *bad = 0;
+    if (dtype_is_quant(dtype)) {
+        const int bs = quant_block_size(dtype_quant_type(dtype));
+        *bad = ndim != 2 || shape[0] < 0 || shape[1] < 0 || shape[1] % bs;
+        if (*bad) return 0;
+        bytes = quant_row_bytes((enum quant_type)dtype_quant_type(dtype), shape[1]);
+        *bad = __builtin_mul_overflow(bytes, (uint64_t)shape[0], &bytes);
+        return bytes;
+    }
+    bytes = dtype_size(dtype);
+    for (int d = 0; d < ndim && !*bad; d++)
+        *bad = shape[d] < 0 || __builtin_mul_overflow(bytes, (uint64_t)shape[d], &bytes);
+    return bytes;
 }
 
 struct st_entry {
@@ -149,14 +176,11 @@ static enum status st_writer_push(struct safetensors_writer *w, const char *name
     if (ndim < 0 || ndim > ST_MAX_DIMS)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: tensor '%s': %d dimensions", w->path, name,
                              ndim);
-    if (dtype_is_quant(dtype))
-        return status_errorf(STATUS_UNSUPPORTED, "%s: tensor '%s': safetensors has no %s blocks",
-                             w->path, name, dtype_name(dtype));
-    uint64_t bytes = dtype_size(dtype);
-    for (int d = 0; d < ndim; d++) {
-        if (shape[d] < 0 || __builtin_mul_overflow(bytes, (uint64_t)shape[d], &bytes))
-            return status_errorf(STATUS_INVALID_ARGUMENT, "%s: tensor '%s': bad shape", w->path, name);
-    }
+    int bad;
+    uint64_t bytes = st_tensor_bytes(dtype, ndim, shape, &bad);
+    if (bad)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: tensor '%s': bad shape%s", w->path, name,
+                             dtype_is_quant(dtype) ? " (blocks are [rows, cols of whole blocks])" : "");
     if (!data && !fill && bytes)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: tensor '%s': no data", w->path, name);
     for (int i = 0; i < w->n_entries; i++)
@@ -197,6 +221,9 @@ enum status safetensors_writer_add_deferred(struct safetensors_writer *w, const 
 enum status safetensors_writer_set_metadata(struct safetensors_writer *w, const char *key,
                                             const char *value)
 {
+    if (!strcmp(key, SAFETENSORS_BLOCKS_KEY))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: __metadata__ key %s is written from the block tensors",
+                             w->path, key);
     for (int i = 0; i < w->n_meta; i++) {
         if (!strcmp(w->meta[i].key, key)) {
             char *v = strdup(value);
@@ -220,12 +247,35 @@ enum status safetensors_writer_set_metadata(struct safetensors_writer *w, const 
     return STATUS_OK;
 }
 
+/* Dimension d of e as the header gives it: a block tensor's is [rows, row bytes]. */
+static int64_t st_header_dim(const struct st_entry *e, int d)
+{
+    if (d != 1 || !dtype_is_quant(e->dtype)) return e->shape[d];
+    return (int64_t)quant_row_bytes((enum quant_type)dtype_quant_type(e->dtype), e->shape[1]);
+}
+
+/* The value of SAFETENSORS_BLOCKS_KEY: a JSON object of each block tensor's name and ggml type
+ * name, in *out (empty when the file has no block tensor). */
+static enum status st_blocks_metadata(const struct safetensors_writer *w, struct st_buf *out)
+{
+    for (int i = 0; i < w->n_entries; i++) {
+        const struct st_entry *e = &w->entries[i];
+        if (!dtype_is_quant(e->dtype)) continue;
+        buf_puts(out, out->len ? "," : "{");
+        buf_json_string(out, e->name);
+        buf_printf(out, ":\"%s\"", quant_type_name(dtype_quant_type(e->dtype)));
+    }
+    if (out->len) buf_puts(out, "}");
+    if (out->failed) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory for the header", w->path);
+    return STATUS_OK;
+}
+
 /* Data order: larger elements first (stable), so each tensor stays aligned to its element size
  * given an 8-aligned data section. */
 static int st_cmp_entry(const void *a, const void *b)
 {
     const struct st_entry *const *x = a, *const *y = b;
-    size_t sx = dtype_size((*x)->dtype), sy = dtype_size((*y)->dtype);
+    size_t sx = st_align((*x)->dtype), sy = st_align((*y)->dtype);
     if (sx != sy) return sx > sy ? -1 : 1;
     return *x < *y ? -1 : *x > *y;
 }
@@ -233,7 +283,7 @@ static int st_cmp_entry(const void *a, const void *b)
 enum status safetensors_writer_finish(struct safetensors_writer *w)
 {
     enum status s = STATUS_OK;
-    struct st_buf h = {0};
+    struct st_buf h = {0}, blocks = {0};
     struct st_entry **order = NULL;
     void *scratch = NULL;
     size_t scratch_size = 0;
@@ -246,14 +296,21 @@ enum status safetensors_writer_finish(struct safetensors_writer *w)
     for (int i = 0; i < w->n_entries; i++) order[i] = &w->entries[i];
     qsort(order, (size_t)w->n_entries, sizeof *order, st_cmp_entry);
 
+    if ((s = st_blocks_metadata(w, &blocks))) goto out;
     buf_puts(&h, "{");
-    if (w->n_meta) {
+    if (w->n_meta || blocks.len) {
         buf_puts(&h, "\"__metadata__\":{");
         for (int i = 0; i < w->n_meta; i++) {
             if (i) buf_puts(&h, ",");
             buf_json_string(&h, w->meta[i].key);
             buf_puts(&h, ":");
             buf_json_string(&h, w->meta[i].value);
+        }
+        if (blocks.len) {
+            if (w->n_meta) buf_puts(&h, ",");
+            buf_json_string(&h, SAFETENSORS_BLOCKS_KEY);
+            buf_puts(&h, ":");
+            buf_json_string(&h, blocks.p);
         }
         buf_puts(&h, "}");
     }
@@ -262,10 +319,10 @@ enum status safetensors_writer_finish(struct safetensors_writer *w)
         struct st_entry *e = order[i];
         e->begin = offset;
         offset += e->nbytes;
-        if (i || w->n_meta) buf_puts(&h, ",");
+        if (i || w->n_meta || blocks.len) buf_puts(&h, ",");
         buf_json_string(&h, e->name);
         buf_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_string(e->dtype));
-        for (int d = 0; d < e->ndim; d++) buf_printf(&h, d ? ",%lld" : "%lld", (long long)e->shape[d]);
+        for (int d = 0; d < e->ndim; d++) buf_printf(&h, d ? ",%lld" : "%lld", (long long)st_header_dim(e, d));
         buf_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)e->begin,
                    (unsigned long long)offset);
     }
@@ -323,6 +380,7 @@ out:
     free(scratch);
     free(order);
     free(h.p);
+    free(blocks.p);
     safetensors_writer_free(w); /* removes path.tmp when it is still open */
     return s;
 }

@@ -5,7 +5,7 @@
  * whole (f32) and by rows (bf16), the tokenizer metadata is turned into a SentencePiece
  * ModelProto that SentencePiece then loads (as `shardlm convert gguf` does), and gguf_inspect
  * prints it all (to /dev/null); a gemma3 file is then imported whole with gguf_convert (the
- * path of `shardlm convert gguf`) into the scratch directory.
+ * path of `shardlm convert gguf`, --keep-blocks on odd-sized inputs) into the scratch directory.
  * Corpus: tests/fuzz/corpus/gguf (tests/fuzz/make_seeds.py, with gguf-py). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +81,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int gemma3 = gguf_get_str(g, "general.architecture", &arch) == STATUS_OK && !strcmp(arch, "gemma3");
     gguf_close(g);
     (void)gguf_inspect(path, devnull);
-    if (gemma3) (void)fuzz_report(gguf_convert(path, converted, DTYPE_BF16));
+    /* Both conversions, the kept-blocks one on odd-sized inputs. */
+    if (gemma3) (void)fuzz_report(gguf_convert(path, converted, DTYPE_BF16, (int)(size & 1)));
     return 0;
 }

@@ -121,6 +121,10 @@ def safetensors_seeds():
         ("g.empty", "F32", [0, 4], b"")], {"format": "pt"}))
     put("safetensors", "empty", safetensors([]))
     put("safetensors", "unknown-dtype", safetensors([("x", "F8_E4M3", [3], b"\x01\x02\x03"), ("y", "U8", [1], b"\x09")]))
+    # shardlm's block tensors: a Q8_0 matrix [2, 32] as U8 [2, 34], named in "shardlm.blocks".
+    q8 = (struct.pack("<e", 0.5) + bytes(range(32))) * 2
+    put("safetensors", "blocks", safetensors([("w", "U8", [2, 34], q8), ("n", "F32", [2], struct.pack("<2f", 1, 2))],
+                                             {"format": "pt", "shardlm.blocks": json.dumps({"w": "Q8_0"})}))
 
 
 # ---- GGUF (gguf-py) ---------------------------------------------------------------------------
