@@ -8,7 +8,7 @@
 # size against the GGUF's (printed; within 5 %: the same blocks and f32 norms).
 # On a small file (tests/gguf_setup.py's tiny_gemma3_blocks.gguf; test keep_blocks_cli) the sizes
 # are printed only (its metadata and an F16 matrix written as f32 weigh more than 5 %), and the
-# float paths run too: `train` on the directory (a LoRA adapter) and `merge-lora` into it write
+# float paths run too: `train` on the directory and on the GGUF (a LoRA adapter) and `merge-lora` into it write
 # float weights, no blocks, that generate.
 # The library checks of the same paths: test_keep_blocks.c. SKIP (77) without the file.
 set -u
@@ -68,6 +68,10 @@ if [ "$small" = 1 ]; then
     ! grep -q shardlm.blocks "$tmp/merged/model.safetensors" &&
     "$shardlm" generate --model "$tmp/merged" --prompt "hello" --max-tokens 4 --threads 1 > /dev/null 2>&1
   check "train a LoRA adapter on the kept-blocks directory, merge-lora it in: float weights, no blocks, generate runs" $?
+  # A GGUF file itself: the tokenizer from its metadata, as serve and generate take it.
+  "$shardlm" train --model "$gguf" --data "$tmp/data.txt" --out "$tmp/lora-gguf" --lora-rank 2 --train-iters 1 \
+    --seq-length 16 --threads 1 > /dev/null 2> "$tmp/err" && [ -f "$tmp/lora-gguf/adapter_config.json" ]
+  check "train a LoRA adapter on the GGUF file directly ($(tail -c 200 "$tmp/err" | tr '\n' ' '))" $?
 fi
 
 echo "$pass passed, $fail failed"

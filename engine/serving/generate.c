@@ -133,13 +133,5 @@ enum status generate_load_tokenizer(const char *model_path, const struct model *
                                     struct tokenizer **out)
 {
     const struct checkpoint *ck = m->checkpoint;
-    if (!ck->tokenizer_proto) return tokenizer_load_for_model(model_path, m->cfg.vocab_size, out);
-    enum status st = tokenizer_load_from_memory(ck->tokenizer_proto, ck->tokenizer_proto_n, out);
-    if (st == STATUS_OK && tokenizer_vocab_size(*out) > m->cfg.vocab_size) {
-        st = status_errorf(STATUS_BAD_FORMAT, "%s: the tokenizer has %d pieces, the model only %d rows of embeddings",
-                           model_path, tokenizer_vocab_size(*out), m->cfg.vocab_size);
-        tokenizer_free(*out);
-        *out = NULL;
-    }
-    return st;
+    return tokenizer_load_for_model(model_path, ck->tokenizer_proto, ck->tokenizer_proto_n, m->cfg.vocab_size, out);
 }

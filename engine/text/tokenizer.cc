@@ -386,14 +386,15 @@ enum status tokenizer_load(const char *path, struct tokenizer **out)
     return s;
 }
 
-enum status tokenizer_load_for_model(const char *model_dir, int model_vocab, struct tokenizer **out)
+enum status tokenizer_load_for_model(const char *model, const void *proto, size_t proto_n, int model_vocab,
+                                     struct tokenizer **out)
 {
     *out = nullptr;
     char path[4200];
-    if (snprintf(path, sizeof path, "%s/tokenizer.model", model_dir) >= (int)sizeof path)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: model directory name too long");
+    if (snprintf(path, sizeof path, proto ? "%s" : "%s/tokenizer.model", model) >= (int)sizeof path)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: model path too long");
     struct tokenizer *t = nullptr;
-    enum status s = tokenizer_load(path, &t);
+    enum status s = proto ? tokenizer_load_from_memory(proto, proto_n, &t) : tokenizer_load(path, &t);
     if (s != STATUS_OK) return s;
     if (tokenizer_vocab_size(t) > model_vocab) {
         s = status_errorf(STATUS_BAD_FORMAT, "%s: the tokenizer has %d pieces, the model only %d rows of embeddings",

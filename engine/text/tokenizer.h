@@ -29,11 +29,14 @@ struct tokenizer; /* opaque */
  * STATUS_RESOURCE_EXHAUSTED. *out is left NULL on error. */
 enum status tokenizer_load(const char *path, struct tokenizer **out);
 
-/* Loads DIR/tokenizer.model, the tokenizer of a model directory, for a model of model_vocab rows:
- * one with more pieces than that is refused (STATUS_BAD_FORMAT, naming both sizes), since the
- * model has no row for its last ids; fewer is fine (vocabularies padded for tensor parallelism).
- * The one check `serve`, `generate` and `train` share, made at load. */
-enum status tokenizer_load_for_model(const char *model_dir, int model_vocab, struct tokenizer **out);
+/* Loads the tokenizer of a model for a model of model_vocab rows: the serialized ModelProto
+ * proto[0..proto_n) when proto is not NULL (a GGUF file's, built from its metadata), otherwise
+ * MODEL/tokenizer.model of a model directory. One with more pieces than model_vocab is refused
+ * (STATUS_BAD_FORMAT, naming both sizes), since the model has no row for its last ids; fewer is
+ * fine (vocabularies padded for tensor parallelism). The one check `serve`, `generate` and
+ * `train` share, made at load. */
+enum status tokenizer_load_for_model(const char *model, const void *proto, size_t proto_n, int model_vocab,
+                                     struct tokenizer **out);
 
 /* Same from a serialized ModelProto (data[0..n), for example embedded in another file). The
  * bytes are copied: data is borrowed for the duration of the call only. */

@@ -221,7 +221,10 @@ static enum status setup(struct trainer *t)
                                 : o->precision == TRAIN_PRECISION_FP16 ? DTYPE_F16 : DTYPE_F32;
     st = model_load_as(start, t->b, &t->ranks.par, o->lora_rank > 0 ? compute_dt : DTYPE_F32, &t->m);
     if ((st = parallel_agree(t->ranks.world, st)) != STATUS_OK) return st;
-    if ((st = tokenizer_load_for_model(start, t->m->cfg.vocab_size, &t->tok)) != STATUS_OK) return st;
+    const struct checkpoint *ck = t->m->checkpoint;
+    if ((st = tokenizer_load_for_model(start, ck->tokenizer_proto, ck->tokenizer_proto_n, t->m->cfg.vocab_size,
+                                       &t->tok)) != STATUS_OK)
+        return st;
     if ((st = model_weights_make_writable(t->m)) != STATUS_OK) return st;
     t->master = &t->m->w;
     if (o->lora_rank > 0) { /* the base frozen: a gradient struct without tensors */
