@@ -135,19 +135,9 @@ static enum status ck_out_dir(const char *dir_out, const struct checkpoint *src)
 /* Writes n bytes to dir_out/name through name.tmp. */
 static enum status ck_write_bytes(const char *dir_out, const char *name, const void *data, size_t n)
 {
-    enum status s;
-    char path[CK_PATH], tmp[CK_PATH + 8];
-    if ((s = ck_pathf(path, dir_out, name))) return s;
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-    int bad = fwrite(data, 1, n, f) != n;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        s = status_errorf(STATUS_IO, "%s: %s", bad ? tmp : path, strerror(errno));
-        remove(tmp);
-    }
-    return s;
+    char path[CK_PATH];
+    enum status s = ck_pathf(path, dir_out, name);
+    return s ? s : base_write_file(path, data, n);
 }
 
 /* Copies the tokenizer files that are present (a GGUF source: writes tokenizer.model from its

@@ -180,23 +180,6 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
     return config_validate(c, path);
 }
 
-/* Writes data (n bytes) to path through path.tmp. */
-static enum status gc_write_file(const char *path, const void *data, size_t n)
-{
-    char tmp[GC_PATH + 8];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-    int bad = fwrite(data, 1, n, f) != n;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        enum status s = status_errorf(STATUS_IO, "%s: %s", bad ? tmp : path, strerror(errno));
-        remove(tmp);
-        return s;
-    }
-    return STATUS_OK;
-}
-
 /* Looks up name, checks that it can be read and has shape (d0) or (d0, d1), and queues it: in
  * dtype, or as its blocks when keep_blocks and it is a matrix of a block type. */
 static enum status gc_add(struct safetensors_writer *w, const struct gguf *g, const char *name,
@@ -302,7 +285,7 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
     if (s) goto out;
 
     snprintf(path, sizeof path, "%s/tokenizer.model", out_dir);
-    if ((s = gc_write_file(path, proto, proto_n))) goto out;
+    if ((s = base_write_file(path, proto, proto_n))) goto out;
     snprintf(path, sizeof path, "%s/config.json", out_dir);
     s = config_save(path, &c);
 out:

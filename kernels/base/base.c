@@ -162,6 +162,28 @@ enum status base_read_file(const char *path, size_t max_bytes, const char *what,
     return STATUS_OK;
 }
 
+enum status base_write_file(const char *path, const void *data, size_t n)
+{
+    const size_t len = strlen(path) + 5;
+    char *tmp = malloc(len);
+    if (!tmp) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
+    snprintf(tmp, len, "%s.tmp", path);
+    enum status s = STATUS_OK;
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        s = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+    } else {
+        int bad = fwrite(data, 1, n, f) != n;
+        bad |= fclose(f) != 0;
+        if (bad || rename(tmp, path) != 0) {
+            s = status_errorf(STATUS_IO, "%s: %s", bad ? tmp : path, strerror(errno));
+            remove(tmp);
+        }
+    }
+    free(tmp);
+    return s;
+}
+
 double base_now_s(void)
 {
     struct timespec ts;

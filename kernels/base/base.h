@@ -71,6 +71,10 @@ int base_grow(void **p, size_t *cap, size_t need, size_t elem);
  * of the project (configs, JSON, data, key files). */
 enum status base_read_file(const char *path, size_t max_bytes, const char *what, char **text, size_t *len);
 
+/* Writes data[0..n) to path through path.tmp, renamed over path once complete (a reader never
+ * sees a partial file; the temporary is removed on failure). STATUS_IO naming the file. */
+enum status base_write_file(const char *path, const void *data, size_t n);
+
 enum log_level { LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR };
 
 /* The threshold is read once from SHARDLM_LOG (debug|info|warn|error, default info) and may be
