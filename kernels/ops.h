@@ -301,8 +301,10 @@ void op_position_embedding_add_backward(struct backend *b, const struct tensor *
 /* y = x @ w^T (+ bias). x (m, k), w (n, k) stored output-major as checkpoints store linear
  * layers, bias (n) or NULL, y (m, n). y must not alias x or w. w may be block-quantized (a
  * DTYPE_Q*, tensor.h; k a multiple of its block size), with x, y and bias of one float dtype:
- * - CPU: f32 only; quant_matmul's product (x quantized per block to int8, integer dots; its
- *   error bound is in kernels/quant.h), x's int8 copy in the backend's scratch arena.
+ * - CPU: f32 only; below 32 rows of x (8 on AMX) quant_matmul's product (x quantized per block
+ *   to int8, integer dots; its error bound is in kernels/quant.h), x's int8 copy in the
+ *   backend's scratch arena; from there the dequantized w in tiles: f32 with sgemm, or on AMX
+ *   bf16 (x and w rounded to bf16, f32 sums; cpu_amx_enabled below).
  * - CUDA: f32, bf16 or f16; w dequantized inside the kernels (values bit-exact with
  *   quant_dequantize_row), x not quantized: the f32 product of x and the dequantized w, as for
  *   a float w (kernels/cuda/matmul_quant.cu).
