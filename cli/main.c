@@ -68,7 +68,10 @@ static void print_help(FILE *f)
  *   parallel region, which steals the core the next serial step needs as soon as anything else
  *   runs on the machine (another process, the gRPC threads): Gemma 3 270M decoding was measured
  *   at 4.5 tok/s that way and 25 tok/s with a short spin on the 2-core build machine. So unless
- *   the user chose a policy, GOMP_SPINCOUNT=1000.
+ *   the user chose a policy, GOMP_SPINCOUNT=3000: on an idle machine (2026-11-25, 2 threads)
+ *   it decodes the stories110M shape at 59-60 tok/s against 55-56 with 1000 (10000: 60), and a
+ *   served Gemma at 75 tok/s for 4 streams against 66-69; with one busy process beside it, 25.5
+ *   against 28 (10000: 19).
  * - OpenBLAS's own pthread pool. shardlm calls OpenBLAS single-threaded inside its OpenMP
  *   threads (kernels/cpu/matmul.c), yet the library starts one worker per core at load, and each
  *   spins in sched_yield for about 0.1 s before it sleeps: 38 % of perf's samples over six short
@@ -81,7 +84,7 @@ static void set_thread_pools(char **argv)
 {
     int again = 0;
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
-        if (setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
+        if (setenv("GOMP_SPINCOUNT", "3000", 1) != 0) return;
         again = 1;
     }
     if (!getenv("OPENBLAS_NUM_THREADS")) {
