@@ -10,37 +10,11 @@
 
 #define ACT_CHUNK 1024
 
-/* e^x for the forward activations, in plain arithmetic that GCC and clang vectorise (libm's
- * expf and tanhf are calls per element, which cost a twentieth of a Gemma decode step): x
- * clamped to [-87, 88], n = round(x log2 e) through the 1.5 * 2^23 trick, r = x - n ln 2 in
- * two parts (Cody-Waite), e^r by Cephes' degree-7 polynomial, 2^n built in the exponent bits.
- * Relative error about 2e-7 (tests/test_ops.c checks the activations against float64). */
-static inline float act_exp(float x)
-{
-    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
-    const float z = x * 1.44269504088896341f + 12582912.0f;
-    const float n = z - 12582912.0f;
-    const float r = x - n * 0.693359375f - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t zi;
-    memcpy(&zi, &z, sizeof zi);
-    const int32_t bits = (zi - 0x4B400000 + 127) * (1 << 23); /* n + 127 in the exponent field */
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
 /* out[j] = act(x[j]) for j < len: the forward of op_activation and op_gated_activation, one
  * loop per activation so that each vectorises.
  * SiLU is x / (1 + e^-x); GELU tanh 0.5 x (1 + tanh u) is x / (1 + e^(-2u)), the same function;
  * GELU erf keeps libm's erff. out may alias x. The loops vectorise because the kernels
- * are built with -fno-trapping-math (kernels/CMakeLists.txt): GCC otherwise keeps act_exp's
+ * are built with -fno-trapping-math (kernels/CMakeLists.txt): GCC otherwise keeps cpu_exp's
  * clamp as branches. */
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
 /* One copy per vector width, chosen at load time by the CPU (an ifunc). Static and called
@@ -51,13 +25,13 @@ static void activate_rows(float *out, const float *x, size_t len, enum activatio
 {
     switch (act) {
     case ACTIVATION_SILU:
-        for (size_t j = 0; j < len; j++) out[j] = x[j] / (1.0f + act_exp(-x[j]));
+        for (size_t j = 0; j < len; j++) out[j] = x[j] / (1.0f + cpu_exp(-x[j]));
         break;
     case ACTIVATION_GELU_TANH: {
         const float k2 = 2.0f * 0.7978845608028654f; /* 2 sqrt(2/pi) */
         for (size_t j = 0; j < len; j++) {
             const float v = x[j], u2 = k2 * (v + 0.044715f * v * v * v);
-            out[j] = v / (1.0f + act_exp(-u2));
+            out[j] = v / (1.0f + cpu_exp(-u2));
         }
         break;
     }

@@ -94,17 +94,26 @@ static int uses_tiles(const struct attn_ctx *c, int s)
     return n_new >= 2 && n_new * c->group >= ATTN_TILE_MIN_QV;
 }
 
-/* Pointers to the f32 rows of KV head kvh at the np cache positions from p0 (blocks: the
- * sequence's block table): into the cache when it is f32, otherwise into buf (np, hd), where the
- * rows are widened. */
-static void cache_rows(const struct attn_ctx *c, const struct tensor *cache, const int32_t *blocks,
-                       int64_t kvh, int64_t p0, int np, float *buf, const float **rows)
+/* The element offsets of the cache slots of the np positions from p0 (blocks: the sequence's
+ * block table), once per pass: K and V and every KV head share them. */
+static void slot_offsets(const struct attn_ctx *c, const int32_t *blocks, int64_t p0, int np, size_t *slots)
 {
-    const int64_t bt = c->bt, hd = c->hd;
+    const int64_t bt = c->bt;
+    int64_t blk = p0 / bt, in = p0 % bt;
     for (int i = 0; i < np; i++) {
-        const int64_t p = p0 + i;
-        const size_t off = ((size_t)blocks[p / bt] * (size_t)bt + (size_t)(p % bt)) * c->row +
-                           (size_t)(kvh * hd);
+        slots[i] = ((size_t)blocks[blk] * (size_t)bt + (size_t)in) * c->row;
+        if (++in == bt) in = 0, blk++;
+    }
+}
+
+/* Pointers to the f32 rows of KV head kvh at the np slots: into the cache when it is f32,
+ * otherwise into buf (np, hd), where the rows are widened. */
+static void cache_rows(const struct attn_ctx *c, const struct tensor *cache, const size_t *slots, int64_t kvh,
+                       int np, float *buf, const float **rows)
+{
+    const int64_t hd = c->hd;
+    for (int i = 0; i < np; i++) {
+        const size_t off = slots[i] + (size_t)(kvh * hd);
         if (cache->dtype == DTYPE_F32) {
             rows[i] = (const float *)cache->data + off;
         } else {
@@ -170,7 +179,7 @@ static void softmax_step(float *s, int n, int a, int b, float *mx, float *l, flo
     for (int i = a; i <= b; i++) m = s[i] > m ? s[i] : m;
     if (m > *mx) { /* rescale what was accumulated under the old max (nothing yet at -inf) */
         if (*mx != -INFINITY) {
-            const float corr = expf(*mx - m);
+            const float corr = cpu_exp(*mx - m);
             *l *= corr;
             for (int64_t d = 0; d < hd; d++) acc[d] *= corr;
         }
@@ -178,10 +187,8 @@ static void softmax_step(float *s, int n, int a, int b, float *mx, float *l, flo
     }
     float sum = 0.0f;
     for (int i = 0; i < a; i++) s[i] = 0.0f;
-    for (int i = a; i <= b; i++) {
-        s[i] = expf(s[i] - m);
-        sum += s[i];
-    }
+    for (int i = a; i <= b; i++) s[i] = cpu_exp(s[i] - m); /* vectorised; the sum apart */
+    for (int i = a; i <= b; i++) sum += s[i];
     for (int i = b + 1; i < n; i++) s[i] = 0.0f;
     *l += sum;
 }
@@ -228,16 +235,18 @@ static void attend_row(const struct attn_ctx *c, float *ws, int s, int64_t t, in
             prefetch_rows(c, c->k_cache, blocks, kv0, nkv, p1, np1);
             prefetch_rows(c, c->v_cache, blocks, kv0, nkv, p1, np1);
         }
+        size_t slots[ATTN_ROW_KEYS];
+        slot_offsets(c, blocks, p0, np, slots);
         for (int64_t j = 0; j < nkv; j++) {
             float *qj = qb + j * group * hd, *aj = acc + j * group * hd;
             float *sj = sc + j * group * ATTN_ROW_KEYS;
-            cache_rows(c, c->k_cache, blocks, kv0 + j, p0, np, kb, kp);
+            cache_rows(c, c->k_cache, slots, kv0 + j, np, kb, kp);
             c->kt->scores(qj, (int)group, (int)hd, kp, np, sj, ATTN_ROW_KEYS);
             for (int64_t g = 0; g < group; g++) {
                 const int64_t i = j * group + g;
                 softmax_step(sj + g * ATTN_ROW_KEYS, np, 0, np - 1, &mx[i], &l[i], aj + g * hd, hd);
             }
-            cache_rows(c, c->v_cache, blocks, kv0 + j, p0, np, vb, vp);
+            cache_rows(c, c->v_cache, slots, kv0 + j, np, vb, vp);
             c->kt->accumulate(aj, (int)group, (int)hd, sj, ATTN_ROW_KEYS, vp, np);
         }
     }
@@ -281,7 +290,9 @@ static void attend_tile(const struct attn_ctx *c, float *ws, int s, int64_t t0, 
 
     for (int64_t p0 = first_key(c, pos0); p0 <= pos_last; p0 += ATTN_KEY_TILE) {
         const int np = (int)(pos_last + 1 - p0 < ATTN_KEY_TILE ? pos_last + 1 - p0 : ATTN_KEY_TILE);
-        cache_rows(c, c->k_cache, blocks, kvh, p0, np, kb, kp);
+        size_t slots[ATTN_KEY_TILE];
+        slot_offsets(c, blocks, p0, np, slots);
+        cache_rows(c, c->k_cache, slots, kvh, np, kb, kp);
         c->kt->scores(qb, (int)m, (int)hd, kp, np, sc, ATTN_KEY_TILE);
         for (int64_t r = 0; r < nr; r++) {
             /* Row r attends to positions first_key(pos) .. pos, pos = pos0 + r. */
@@ -293,7 +304,7 @@ static void attend_tile(const struct attn_ctx *c, float *ws, int s, int64_t t0, 
                 softmax_step(sc + i * ATTN_KEY_TILE, np, a, b, &mx[i], &l[i], acc + i * hd, hd);
             }
         }
-        cache_rows(c, c->v_cache, blocks, kvh, p0, np, vb, vp);
+        cache_rows(c, c->v_cache, slots, kvh, np, vb, vp);
         c->kt->accumulate(acc, (int)m, (int)hd, sc, ATTN_KEY_TILE, vp, np);
     }
     for (int64_t r = 0; r < nr; r++)
