@@ -149,19 +149,16 @@ def main():
     print(f"gguf_setup: wrote fixtures to {out}")
 
 
-def write_tiny_gemma3(path, rng, toks):
-    """A one-layer Gemma 3 with Q8_0 matrices (quantized by gguf-py from random weights) and the
-    tiny vocabulary: d_model 64, 2 query heads and 1 KV head of 48, d_ff 128. Its attention
-    output (64, 96) split for tp 2 gives 48 columns per rank, which cuts the 32-element blocks:
-    checkpoint_gguf's refusal case."""
-    d, hd, nh, ff, vocab = 64, 48, 2, 128, len(toks)
+def gemma3_writer(path, toks, d, n_layers, ff, nh, nkv, hd):
+    """A GGUFWriter for a tiny Gemma 3 (context 128, sliding window 32) with the tiny vocabulary's
+    tokenizer metadata written; the caller adds the tensors and writes the file."""
     w = gguf.GGUFWriter(path, arch="gemma3")
     w.add_context_length(128)
     w.add_embedding_length(d)
-    w.add_block_count(1)
+    w.add_block_count(n_layers)
     w.add_feed_forward_length(ff)
     w.add_head_count(nh)
-    w.add_head_count_kv(1)
+    w.add_head_count_kv(nkv)
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_sliding_window(32)
@@ -174,6 +171,16 @@ def write_tiny_gemma3(path, rng, toks):
     w.add_bos_token_id(2)
     w.add_eos_token_id(1)
     w.add_unk_token_id(3)
+    return w
+
+
+def write_tiny_gemma3(path, rng, toks):
+    """A one-layer Gemma 3 with Q8_0 matrices (quantized by gguf-py from random weights) and the
+    tiny vocabulary: d_model 64, 2 query heads and 1 KV head of 48, d_ff 128. Its attention
+    output (64, 96) split for tp 2 gives 48 columns per rank, which cuts the 32-element blocks:
+    checkpoint_gguf's refusal case."""
+    d, hd, nh, ff, vocab = 64, 48, 2, 128, len(toks)
+    w = gemma3_writer(path, toks, d, 1, ff, nh, 1, hd)
 
     def mat(name, rows, cols, scale):
         x = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
@@ -217,25 +224,7 @@ def write_tiny_gemma3_blocks(path, rng, toks, v1_type):
     512 columns) cuts its 256-element blocks. v1_type Q5_1: every fused Megatron tensor
     (linear_qkv, linear_fc1) has one block type; Q8_0: layer 1's linear_qkv mixes two."""
     d, hd, nh, ff, vocab = 256, 64, 4, 512, len(toks)
-    w = gguf.GGUFWriter(path, arch="gemma3")
-    w.add_context_length(128)
-    w.add_embedding_length(d)
-    w.add_block_count(2)
-    w.add_feed_forward_length(ff)
-    w.add_head_count(nh)
-    w.add_head_count_kv(nh)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_sliding_window(32)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
-    w.add_tokenizer_model("llama")
-    w.add_token_list([t[0] for t in toks])
-    w.add_token_scores([t[1] for t in toks])
-    w.add_token_types([t[2] for t in toks])
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
-    w.add_unk_token_id(3)
+    w = gemma3_writer(path, toks, d, 2, ff, nh, nh, hd)
 
     def mat(name, rows, cols, qtype):
         if qtype in K_SCALE:  # random blocks, small finite scales
