@@ -10,13 +10,7 @@ if [ ! -f "$model/model.safetensors" ]; then
   echo "SKIP: no converted stories260K in $data (no shared assets)"
   exit 77
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-check() { # check NAME COND-EXIT-CODE
-  if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "PASS $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi
-}
+. "$(dirname "$0")/check.sh"
 expect() { # expect NAME WANT_RC NEEDLE CMD...: exit code and a message containing NEEDLE
   local name=$1 want=$2 needle=$3
   shift 3
@@ -154,5 +148,4 @@ else
   echo "SKIP tokenizer larger than the vocabulary: no $assets/llama2-tokenizer"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+check_summary

@@ -19,13 +19,7 @@ if [ ! -f "$gguf" ] || [ ! -f "$dir/model.safetensors" ]; then
   echo "SKIP: no $gguf or no conversion in $dir (the model is fetched by make run)"
   exit 77
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-check() { # check NAME COND-EXIT-CODE
-  if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "PASS $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi
-}
+. "$(dirname "$0")/check.sh"
 # peak_rss OUT CMD...: runs CMD with stdout to OUT, prints its peak RSS in MiB.
 peak_rss() {
   local out=$1
@@ -61,5 +55,4 @@ for spec in "16|1|Once upon a time, there was a little" "5|1|The capital of Fran
   check "peak RSS of the GGUF ($rss_gguf MiB) under half the f32 conversion's ($rss_f32 MiB)" $?
 done
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+check_summary

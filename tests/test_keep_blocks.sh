@@ -18,13 +18,7 @@ if [ ! -f "$gguf" ]; then
   echo "SKIP: no $gguf (the model is fetched by make run)"
   exit 77
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-check() { # check NAME COND-EXIT-CODE
-  if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "PASS $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi
-}
+. "$(dirname "$0")/check.sh"
 
 "$shardlm" convert gguf --gguf "$gguf" --out "$tmp/kept" --keep-blocks 2> "$tmp/err"
 check "convert gguf --keep-blocks" $?
@@ -74,5 +68,4 @@ if [ "$small" = 1 ]; then
   check "train a LoRA adapter on the GGUF file directly ($(tail -c 200 "$tmp/err" | tr '\n' ' '))" $?
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+check_summary
