@@ -275,7 +275,8 @@ void op_cast(struct backend *b, const struct tensor *out, const struct tensor *i
  * table for tp = 1). out (n, d), table (vocab_local, d), ids i32 (n). The table may be
  * block-quantized (a DTYPE_Q*, tensor.h): looked-up rows are dequantized bit-exactly with
  * quant_dequantize_row (ggml's values), into an f32 out on the CPU, into an out of any float
- * dtype on CUDA (rounded once to it). */
+ * dtype on CUDA (rounded once to it). On the CPU a bf16 table may also fill an f32 out (bf16
+ * weights served beside f32 activations on AMX CPUs: model_load). */
 void op_embedding(struct backend *b, const struct tensor *out, const struct tensor *table,
                   const struct tensor *ids, int64_t vocab_start);
 /* Backward: dtable[ids[i] - vocab_start, :] += dout[i, :] for the ids inside the shard (the
@@ -308,7 +309,8 @@ void op_position_embedding_add_backward(struct backend *b, const struct tensor *
  * - CUDA: f32, bf16 or f16; w dequantized inside the kernels (values bit-exact with
  *   quant_dequantize_row), x not quantized: the f32 product of x and the dequantized w, as for
  *   a float w (kernels/cuda/matmul_quant.cu).
- * No backward for those. */
+ * No backward for those. On the CPU w may also be bf16 beside f32 x, y and bias (bf16 weights
+ * served on AMX CPUs: model_load; the tiles round x to bf16, elsewhere w is widened). */
 void op_matmul(struct backend *b, const struct tensor *y, const struct tensor *x,
                const struct tensor *w, const struct tensor *bias);
 /* Backward of y = x @ w^T + bias, for dy (m, n):

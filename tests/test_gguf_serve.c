@@ -10,7 +10,11 @@
  *     writer from the GGUF keeps its blocks;
  *   - the model loaded natively (blocks, zero-copy) against the same file loaded with every
  *     weight dequantized to f32 (model_load_as): logits of a prompt within a tolerance derived
- *     from the int8 activation rounding, the same argmax.
+ *     from the int8 activation rounding, the same argmax;
+ *   - a bf16 conversion of the file (convert gguf --dtype bf16) served on the CPU: with AMX its
+ *     matrices stay bf16 (half the bytes of f32) and multiply on the tiles, within a bf16
+ *     tolerance of the same directory served with AMX off (widened to f32 at load); SKIP
+ *     without AMX.
  * With --cuda (label gpu): the same file served on the CUDA backend, blocks kept and uploaded
  * as they are (bf16 activations, the blocks dequantized inside the kernels), against the CPU
  * backend's model with every weight dequantized to f32: logits within test_model cuda's bf16
@@ -30,6 +34,7 @@
 #include "check.h"
 #include "checkpoint.h"
 #include "gguf.h"
+#include "gguf_convert.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "quant.h"
@@ -103,9 +108,10 @@ struct tiny {
     struct kv_cache cache;
 };
 
-/* Logits of every row of ids (n <= 16) on the model loaded from path. */
-static enum status tiny_logits(struct backend *b, const char *path, int dtype, const int32_t *ids, int n,
-                               float *logits, size_t *blocks)
+/* Logits of every row of ids (n <= 16) on the model loaded from path; *weight_bytes (may be
+ * NULL) the model's bytes of weights, *blocks those kept as blocks. */
+static enum status tiny_logits_w(struct backend *b, const char *path, int dtype, const int32_t *ids, int n,
+                                 float *logits, size_t *blocks, size_t *weight_bytes)
 {
     struct tiny t = {0};
     enum status s = model_load_as(path, b, NULL, dtype, &t.m);
@@ -120,9 +126,16 @@ static enum status tiny_logits(struct backend *b, const char *path, int dtype, c
                                .n_logits = n, .logit_rows = rows};
     if (!s) s = model_forward(t.m, &t.cache, &fb, logits);
     if (t.m) *blocks = t.m->weight_bytes_blocks;
+    if (t.m && weight_bytes) *weight_bytes = t.m->weight_bytes;
     if (t.cache.n_blocks) kv_cache_free(&t.cache);
     model_free(t.m);
     return s;
+}
+
+static enum status tiny_logits(struct backend *b, const char *path, int dtype, const int32_t *ids, int n,
+                               float *logits, size_t *blocks)
+{
+    return tiny_logits_w(b, path, dtype, ids, n, logits, blocks, NULL);
 }
 
 /* The model with its matrices as blocks against the same weights dequantized. The products
@@ -161,6 +174,47 @@ static void test_model(const char *path)
     free(lq);
     free(lf);
     backend_close(b);
+}
+
+/* The file converted to bf16 and served on the CPU: on AMX the matrices stay bf16 (model_load)
+ * and the tiles round x to bf16 (relative 2^-9) where AMX off widens them to f32 at load; the
+ * weights' values are the same. Measured max |diff| 0.063 on logits up to 34 (2026-11-25);
+ * tolerance 0.005 (1 + max |logit|), 0.17 here; a misread row moves logits by O(10). */
+static void test_bf16(const char *path)
+{
+    if (!cpu_amx_enabled()) {
+        printf("SKIP bf16 weights on AMX tiles: this CPU has no AMX-BF16 (or SHARDLM_CPU_AMX=0)\n");
+        return;
+    }
+    char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/shardlm_gguf_bf16_%d", (int)getpid());
+    enum status st = gguf_convert(path, dir, DTYPE_BF16, 0);
+    check_status(st, STATUS_OK, "convert gguf --dtype bf16 of the fixture", NULL);
+    if (st) return;
+    struct backend *b = NULL;
+    CHECK(backend_open(DEVICE_CPU, 0, 2, &b) == STATUS_OK, "cpu backend");
+    static const int32_t ids[] = {2, 278, 271, 272, 279, 269, 5, 100};
+    const int n = 8, V = 279;
+    float *la = malloc((size_t)n * V * sizeof *la), *lf = malloc((size_t)n * V * sizeof *lf);
+    size_t blk = 0, bytes_amx = 0, bytes_f32 = 0;
+    enum status sa = tiny_logits_w(b, dir, -1, ids, n, la, &blk, &bytes_amx);
+    cpu_amx_set_enabled(0);
+    enum status sf = tiny_logits_w(b, dir, -1, ids, n, lf, &blk, &bytes_f32);
+    cpu_amx_set_enabled(1);
+    double worst = 0, range = 0;
+    for (int i = 0; !sa && !sf && i < n * V; i++) {
+        worst = fmax(worst, fabs((double)la[i] - lf[i]));
+        range = fmax(range, fabs((double)lf[i]));
+    }
+    check(!sa && !sf && bytes_amx * 10 < bytes_f32 * 6 && range > 1.0 && worst <= 0.005 * (1.0 + range),
+          "bf16 directory served on AMX tiles (%zu bytes of weights) vs widened to f32 (%zu): max |diff| %.4f "
+          "(tol %.3f; logits up to %.2f)", bytes_amx, bytes_f32, worst, 0.005 * (1.0 + range), range);
+    free(la);
+    free(lf);
+    backend_close(b);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
 /* The file served on CUDA with its blocks (bf16 activations) against the CPU's f32 model of the
@@ -285,6 +339,7 @@ int main(int argc, char **argv)
     if (cuda) return test_model_cuda(path);
     test_checkpoint(path);
     test_model(path);
+    test_bf16(path);
     test_nan_scale(path);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

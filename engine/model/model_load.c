@@ -89,12 +89,19 @@ static enum status check_finite(const char *dir, enum weight_kind kind, int laye
                          "checkpoint is corrupt", dir, weight_kind_name(kind), layer, (long long)at);
 }
 
-/* The dtype a weight stored as ggml blocks (GGUF) is loaded in: its own block dtype when the
- * model keeps blocks (serving, CPU or CUDA) and only op_matmul / op_embedding read it (matrices
- * other than the learned positions), else m->dtype (dequantized at load: training, merging). */
-static enum dtype block_dtype(const struct model *m, enum weight_kind kind, const struct host_weight *hw)
+/* The dtype a weight is loaded in when it is not m->dtype: a weight stored as ggml blocks (GGUF)
+ * keeps its block dtype when the model keeps blocks (serving, CPU or CUDA) and only op_matmul /
+ * op_embedding read it (matrices other than the learned positions); so does a bf16 matrix served
+ * on a CPU with AMX, whose tiles multiply bf16 weights in place (kernels/cpu/amx.c: half the
+ * memory of the f32 copy, and faster). Otherwise m->dtype (converted at load: training,
+ * merging). */
+static enum dtype stored_dtype(const struct model *m, enum weight_kind kind, const struct host_weight *hw)
 {
-    return m->keep_blocks && hw->ndim == 2 && kind != WEIGHT_KIND_POS_EMBEDDING ? hw->stored_dtype : m->dtype;
+    if (!m->keep_blocks || hw->ndim != 2 || kind == WEIGHT_KIND_POS_EMBEDDING) return m->dtype;
+    if (dtype_is_quant(hw->stored_dtype)) return hw->stored_dtype;
+    if (hw->stored_dtype == DTYPE_BF16 && m->dtype == DTYPE_F32 && m->b->device == DEVICE_CPU && cpu_amx_enabled())
+        return DTYPE_BF16;
+    return m->dtype;
 }
 
 /* Loads one weight slice into *t on the model's device, refusing NaN and Inf. */
@@ -108,8 +115,8 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
                                          m->dtype, &hw);
     if (st != STATUS_OK) return st;
     enum dtype dt = m->dtype;
-    if (dtype_is_quant(hw.stored_dtype)) {
-        dt = block_dtype(m, kind, &hw);
+    if (dtype_is_quant(hw.stored_dtype) || hw.stored_dtype == DTYPE_BF16) {
+        dt = stored_dtype(m, kind, &hw);
         if (dt != m->dtype &&
             (st = checkpoint_describe(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, &hw)) != STATUS_OK)
             return st;

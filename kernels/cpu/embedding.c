@@ -44,7 +44,9 @@ void cpu_embedding(struct backend *b, const struct tensor *out, const struct ten
             memset(dst, 0, row_bytes); /* another vocab shard owns this id */
             continue;
         }
-        memcpy(dst, (const char *)table->data + (size_t)r * row_bytes, row_bytes);
+        if (table->dtype == out->dtype) memcpy(dst, (const char *)table->data + (size_t)r * row_bytes, row_bytes);
+        else dtype_convert(dst, out->dtype, (const char *)table->data + (size_t)(r * d) * dtype_size(table->dtype),
+                           table->dtype, (size_t)d); /* a bf16 table, f32 rows (ops.h) */
     }
 }
 
