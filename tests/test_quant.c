@@ -384,20 +384,21 @@ static void check_backend_ops(struct backend *b, int n_threads, enum quant_type 
     float bias[37];
     for (int j = 0; j < n; j++) bias[j] = (float)(rnd_uniform() - 0.5);
     struct tensor bt = tensor_make(bias, DTYPE_F32, DEVICE_CPU, 1, n);
-    /* m = 1 (decode) must be quant_matmul's int8 product bit for bit; m = 64 and 67 (prefill)
-     * the f32 product of the dequantized w (tiles for sgemm): within f32 reassociation of the
-     * f64 product (close_to_f64), far below the int8 rounding of x, so an int8 product fails
-     * it; m = 5 may take either path. Where the CPU has AMX, m = 64 and 67 run once more on the
-     * tiles: the f32-summed product of x and w rounded to bf16, to the same bound (a product
-     * of unrounded operands, or an int8 one, fails it). */
+    /* With AMX off: m = 1 and 16 (decode, small batches) must be quant_matmul's int8 product bit
+     * for bit; m = 64 and 67 (prefill) the f32 product of the dequantized w (tiles for sgemm):
+     * within f32 reassociation of the f64 product (close_to_f64), far below the int8 rounding
+     * of x, so an int8 product fails it; m = 5 may take either path. Where the CPU has AMX,
+     * m = 16, 64 and 67 run once more on the tiles (from 8 rows): the f32-summed product of x
+     * and w rounded to bf16, to the same bound (a product of unrounded operands, or an int8
+     * one, fails it). */
     float *wf = malloc((size_t)(n * k) * sizeof *wf);
     for (int64_t j = 0; j < n; j++) quant_dequantize_row(t, w + j * row, wf + j * k, k);
     int ok_mm = 1, ok_amx = 1;
     const int amx_before = cpu_amx_set_enabled(1), amx = cpu_amx_enabled();
-    static const int64_t ms[] = {1, 5, 64, 67};
-    for (int im = 0; im < 4; im++)
+    static const int64_t ms[] = {1, 5, 16, 64, 67};
+    for (int im = 0; im < 5; im++)
         for (int with_bias = 0; with_bias < 2; with_bias++)
-            for (int use_amx = 0; use_amx <= (amx && ms[im] >= 64); use_amx++) {
+            for (int use_amx = 0; use_amx <= (amx && ms[im] >= 16); use_amx++) {
                 const int64_t m = ms[im];
                 float *x = malloc((size_t)(m * k) * sizeof *x), *ref = malloc((size_t)(m * n) * sizeof *ref);
                 float *y = malloc((size_t)(m * n) * sizeof *y + GUARD);
@@ -413,7 +414,7 @@ static void check_backend_ops(struct backend *b, int n_threads, enum quant_type 
                 const int int8_equal = memcmp(y, ref, (size_t)(m * n) * sizeof *y) == 0;
                 const int f32_close = close_to_f64(y, x, wf, with_bias ? bias : NULL, m, n, k, use_amx);
                 const int ok = guard_ok((uint8_t *)(y + m * n)) &&
-                               (m == 1 ? int8_equal : m >= 64 ? f32_close : int8_equal || f32_close);
+                               (use_amx || m >= 64 ? f32_close : m == 5 ? int8_equal || f32_close : int8_equal);
                 if (use_amx) ok_amx &= ok;
                 else ok_mm &= ok;
                 free(x);
@@ -421,7 +422,7 @@ static void check_backend_ops(struct backend *b, int n_threads, enum quant_type 
                 free(y);
             }
     cpu_amx_set_enabled(amx_before);
-    if (amx) check(ok_amx, "%s through the CPU backend (%d threads) on AMX tiles at m 64/67: the f32 sum of the "
+    if (amx) check(ok_amx, "%s through the CPU backend (%d threads) on AMX tiles at m 16/64/67: the f32 sum of the "
                    "bf16-rounded x and w within f32 reassociation", quant_type_name(t), n_threads);
     else printf("SKIP %s on AMX tiles: this CPU has no AMX-BF16\n", quant_type_name(t));
     free(wf);
@@ -441,7 +442,7 @@ static void check_backend_ops(struct backend *b, int n_threads, enum quant_type 
     }
     check(ok_geom && ok_mm && ok_emb,
           "%s through the CPU backend (%d threads): tensor geometry %s, op_matmul (+ bias) == "
-          "quant_matmul at m 1, the f32 product of the dequantized w at m 64/67 %s, op_embedding rows == quant_dequantize_row, other shards' ids zero %s",
+          "quant_matmul at m 1/16, the f32 product of the dequantized w at m 64/67 %s, op_embedding rows == quant_dequantize_row, other shards' ids zero %s",
           quant_type_name(t), n_threads, ok_geom ? "ok" : "WRONG", ok_mm ? "ok" : "WRONG", ok_emb ? "ok" : "WRONG");
     free(out);
     free(want);
