@@ -73,6 +73,22 @@ static inline void bench_fill_f32(float *p, size_t n, uint32_t seed)
     }
 }
 
+/* A block table of n_blocks entries, 0 .. n_blocks - 1, in a Fisher-Yates order when shuffled
+ * (a long-running server's pool), else in order. */
+static inline int32_t *bench_block_table(struct backend *b, int n_blocks, int shuffled)
+{
+    int32_t *table = bench_alloc_host(b, (size_t)n_blocks * 4);
+    for (int i = 0; i < n_blocks; i++) table[i] = i;
+    uint32_t s = 12345u;
+    for (int i = shuffled ? n_blocks - 1 : 0; i > 0; i--) { /* with a small LCG */
+        s = s * 1664525u + 1013904223u;
+        int j = (int)((s >> 8) % (uint32_t)(i + 1)), t = table[i];
+        table[i] = table[j];
+        table[j] = t;
+    }
+    return table;
+}
+
 /* The paged-attention batch over host arrays: n_seqs sequences with q_start (n_seqs + 1),
  * seq_len (n_seqs) and block tables (n_seqs, per_seq) of bt-token blocks; scale 1/sqrt(hd). */
 static inline struct attention_batch bench_attention_batch(int n_seqs, int bt, int per_seq, int32_t *q_start,

@@ -237,15 +237,7 @@ static void bench_attention(struct bench *bn, const char *label, enum dtype dt, 
 
     int32_t *q_start = bench_alloc_host(b, (size_t)(n_seqs + 1) * 4);
     int32_t *seq_len = bench_alloc_host(b, (size_t)n_seqs * 4);
-    int32_t *table = bench_alloc_host(b, (size_t)n_blocks * 4);
-    for (int i = 0; i < n_blocks; i++) table[i] = i;
-    uint32_t s = 12345u;
-    for (int i = n_blocks - 1; i > 0; i--) { /* Fisher-Yates with a small LCG */
-        s = s * 1664525u + 1013904223u;
-        int j = (int)((s >> 8) % (uint32_t)(i + 1)), t = table[i];
-        table[i] = table[j];
-        table[j] = t;
-    }
+    int32_t *table = bench_block_table(b, n_blocks, 1);
     for (int i = 0; i <= n_seqs; i++) q_start[i] = i;
     for (int i = 0; i < n_seqs; i++) seq_len[i] = ctx;
 

@@ -3,9 +3,12 @@
 #ifndef SHARDLM_TESTS_CHECK_H
 #define SHARDLM_TESTS_CHECK_H
 
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "base.h"
 
@@ -40,6 +43,27 @@ static void check_status(enum status got, enum status want, const char *what, ..
     va_end(ap);
     check(ok, "%s -> %s%s%s%s", what, status_name(got), got ? " \"" : "", got ? msg : "",
           got ? "\"" : "");
+}
+
+/* Removes path and, for a directory, everything under it (symbolic links are not followed): a
+ * test's scratch tree. Best effort; returns 0 when everything went. */
+static int check_remove_tree(const char *path) __attribute__((unused));
+static int check_remove_tree(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) return unlink(path);
+    int bad = 0;
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char sub[4096];
+        if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) >= (int)sizeof sub) bad = -1;
+        else bad |= check_remove_tree(sub);
+    }
+    if (d) closedir(d);
+    return rmdir(path) != 0 ? -1 : bad;
 }
 
 #endif

@@ -110,8 +110,8 @@ struct tiny {
 
 /* Logits of every row of ids (n <= 16) on the model loaded from path; *weight_bytes (may be
  * NULL) the model's bytes of weights, *blocks those kept as blocks. */
-static enum status tiny_logits_w(struct backend *b, const char *path, int dtype, const int32_t *ids, int n,
-                                 float *logits, size_t *blocks, size_t *weight_bytes)
+static enum status tiny_logits(struct backend *b, const char *path, int dtype, const int32_t *ids, int n,
+                               float *logits, size_t *blocks, size_t *weight_bytes)
 {
     struct tiny t = {0};
     enum status s = model_load_as(path, b, NULL, dtype, &t.m);
@@ -132,11 +132,6 @@ static enum status tiny_logits_w(struct backend *b, const char *path, int dtype,
     return s;
 }
 
-static enum status tiny_logits(struct backend *b, const char *path, int dtype, const int32_t *ids, int n,
-                               float *logits, size_t *blocks)
-{
-    return tiny_logits_w(b, path, dtype, ids, n, logits, blocks, NULL);
-}
 
 /* The model with its matrices as blocks against the same weights dequantized. The products
  * differ by the int8 rounding of activations: measured max |diff| 0.15 on logits up to 34
@@ -150,9 +145,9 @@ static void test_model(const char *path)
     const int n = 8, V = 279;
     float *lq = malloc((size_t)n * V * sizeof *lq), *lf = malloc((size_t)n * V * sizeof *lf);
     size_t bq = 0, bf = 0;
-    enum status sq = tiny_logits(b, path, -1, ids, n, lq, &bq);
+    enum status sq = tiny_logits(b, path, -1, ids, n, lq, &bq, NULL);
     check_status(sq, STATUS_OK, "model_load + forward with blocks", NULL);
-    enum status sf = tiny_logits(b, path, DTYPE_F32, ids, n, lf, &bf);
+    enum status sf = tiny_logits(b, path, DTYPE_F32, ids, n, lf, &bf, NULL);
     check_status(sf, STATUS_OK, "model_load_as(f32) + forward, dequantized", NULL);
     if (!sq && !sf) {
         double worst = 0, range = 0;
@@ -197,9 +192,9 @@ static void test_bf16(const char *path)
     const int n = 8, V = 279;
     float *la = malloc((size_t)n * V * sizeof *la), *lf = malloc((size_t)n * V * sizeof *lf);
     size_t blk = 0, bytes_amx = 0, bytes_f32 = 0;
-    enum status sa = tiny_logits_w(b, dir, -1, ids, n, la, &blk, &bytes_amx);
+    enum status sa = tiny_logits(b, dir, -1, ids, n, la, &blk, &bytes_amx);
     cpu_amx_set_enabled(0);
-    enum status sf = tiny_logits_w(b, dir, -1, ids, n, lf, &blk, &bytes_f32);
+    enum status sf = tiny_logits(b, dir, -1, ids, n, lf, &blk, &bytes_f32);
     cpu_amx_set_enabled(1);
     double worst = 0, range = 0;
     for (int i = 0; !sa && !sf && i < n * V; i++) {
@@ -212,9 +207,7 @@ static void test_bf16(const char *path)
     free(la);
     free(lf);
     backend_close(b);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    check_remove_tree(dir);
 }
 
 /* The file served on CUDA with its blocks (bf16 activations) against the CPU's f32 model of the
@@ -235,9 +228,9 @@ static int test_model_cuda(const char *path)
     const int n = 8, V = 279;
     float *lg = malloc((size_t)n * V * sizeof *lg), *lc = malloc((size_t)n * V * sizeof *lc);
     size_t bg = 0, bc = 0;
-    enum status sg = tiny_logits(gpu, path, -1, ids, n, lg, &bg);
+    enum status sg = tiny_logits(gpu, path, -1, ids, n, lg, &bg, NULL);
     check_status(sg, STATUS_OK, "CUDA: model_load with blocks + forward", NULL);
-    enum status sc = tiny_logits(cpu, path, DTYPE_F32, ids, n, lc, &bc);
+    enum status sc = tiny_logits(cpu, path, DTYPE_F32, ids, n, lc, &bc, NULL);
     check_status(sc, STATUS_OK, "CPU: model_load_as(f32) + forward, dequantized", NULL);
     if (!sg && !sc) {
         double worst = 0, scale = 0;

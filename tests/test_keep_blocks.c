@@ -20,9 +20,8 @@
  *     and merge-lora save through) writes the block weights as floats, not blocks.
  * The real Gemma 3 270M file: tests/test_keep_blocks.sh.
  * Usage: test_keep_blocks FIXTURE_DIR; exits 77 (skip) without the fixtures. */
-#define _GNU_SOURCE /* nftw */
+#define _GNU_SOURCE
 #include <cjson/cJSON.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,12 +59,6 @@ static long long file_size(const char *path)
 {
     struct stat sb;
     return stat(path, &sb) == 0 ? (long long)sb.st_size : -1;
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
 }
 
 /* The header JSON of a safetensors file, parsed by cJSON (not by our reader); NULL on failure. */
@@ -496,7 +489,7 @@ int main(int argc, char **argv)
     test_bad_metadata();
     test_checkpoints(argv[1]);
     test_memory_source();
-    nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    check_remove_tree(root);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

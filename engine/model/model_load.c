@@ -89,13 +89,13 @@ static enum status check_finite(const char *dir, enum weight_kind kind, int laye
                          "checkpoint is corrupt", dir, weight_kind_name(kind), layer, (long long)at);
 }
 
-/* The dtype a weight is loaded in when it is not m->dtype: a weight stored as ggml blocks (GGUF)
+/* The dtype a weight is loaded in, m->dtype unless: a weight stored as ggml blocks (GGUF)
  * keeps its block dtype when the model keeps blocks (serving, CPU or CUDA) and only op_matmul /
  * op_embedding read it (matrices other than the learned positions); so does a bf16 matrix served
  * on a CPU with AMX, whose tiles multiply bf16 weights in place (kernels/cpu/amx.c: half the
  * memory of the f32 copy, and faster). Otherwise m->dtype (converted at load: training,
  * merging). */
-static enum dtype stored_dtype(const struct model *m, enum weight_kind kind, const struct host_weight *hw)
+static enum dtype load_dtype(const struct model *m, enum weight_kind kind, const struct host_weight *hw)
 {
     if (!m->keep_blocks || hw->ndim != 2 || kind == WEIGHT_KIND_POS_EMBEDDING) return m->dtype;
     if (dtype_is_quant(hw->stored_dtype)) return hw->stored_dtype;
@@ -114,13 +114,10 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     enum status st = checkpoint_describe(m->checkpoint, kind, layer, m->tp_rank, m->tp_size,
                                          m->dtype, &hw);
     if (st != STATUS_OK) return st;
-    enum dtype dt = m->dtype;
-    if (dtype_is_quant(hw.stored_dtype) || hw.stored_dtype == DTYPE_BF16) {
-        dt = stored_dtype(m, kind, &hw);
-        if (dt != m->dtype &&
-            (st = checkpoint_describe(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, &hw)) != STATUS_OK)
-            return st;
-    }
+    const enum dtype dt = load_dtype(m, kind, &hw);
+    if (dt != m->dtype &&
+        (st = checkpoint_describe(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, &hw)) != STATUS_OK)
+        return st;
     *t = hw.ndim == 1 ? tensor_make(NULL, dt, b->device, 1, hw.shape[0])
                       : tensor_make(NULL, dt, b->device, 2, hw.shape[0], hw.shape[1]);
     m->weight_bytes += hw.nbytes;

@@ -122,16 +122,15 @@ size_t cpu_amx_x_elems(int64_t m, int64_t k) { return (size_t)((m + 15) / 16 * 1
 
 void cpu_amx_round_rows(uint16_t *dst, const float *src, int64_t n) { round_bf16_x32(dst, src, n); }
 
-/* Groups h0 .. h1 of 16 rows of x (m, k) f32 into xv (cpu_amx_x_elems bf16): for each group h
- * and chunk c of 32 columns, 16 lines of 16 dwords, line r of which holds
- * x[h*16 + i][c*32 + 2r .. + 1] at dword i. Rows past m are zero. tmp: k uint16_t. */
-void cpu_amx_pack_x(uint16_t *xv, const float *x, int64_t m, int64_t k, int64_t h0, int64_t h1,
-                    uint16_t *tmp)
+/* Group h of 16 rows of x (m, k) f32 into xv (cpu_amx_x_elems bf16): for each group h and chunk
+ * c of 32 columns, 16 lines of 16 dwords, line r of which holds x[h*16 + i][c*32 + 2r .. + 1]
+ * at dword i. Rows past m are zero. tmp: k uint16_t. */
+void cpu_amx_pack_x(uint16_t *xv, const float *x, int64_t m, int64_t k, int64_t h, uint16_t *tmp)
 {
     const int64_t chunks = k / 32;
     uint32_t *dst = (uint32_t *)xv;
-    for (int64_t i = h0 * 16; i < h1 * 16; i++) {
-        const int64_t h = i / 16, col = i % 16;
+    for (int64_t i = h * 16; i < (h + 1) * 16; i++) {
+        const int64_t col = i % 16;
         if (i < m) round_bf16_x32(tmp, x + i * k, k);
         else memset(tmp, 0, (size_t)k * sizeof *tmp);
         const uint32_t *pairs = (const uint32_t *)tmp;
@@ -200,10 +199,9 @@ void cpu_amx_gemm(float *y, int64_t ldy, const uint16_t *xv, const uint16_t *w, 
 }
 #else
 void cpu_amx_round_rows(uint16_t *dst, const float *src, int64_t n) { (void)dst, (void)src, (void)n; }
-void cpu_amx_pack_x(uint16_t *xv, const float *x, int64_t m, int64_t k, int64_t h0, int64_t h1,
-                    uint16_t *tmp)
+void cpu_amx_pack_x(uint16_t *xv, const float *x, int64_t m, int64_t k, int64_t h, uint16_t *tmp)
 {
-    (void)xv, (void)x, (void)m, (void)k, (void)h0, (void)h1, (void)tmp;
+    (void)xv, (void)x, (void)m, (void)k, (void)h, (void)tmp;
 }
 void cpu_amx_gemm(float *y, int64_t ldy, const uint16_t *xv, const uint16_t *w, int64_t ldw,
                   int64_t m, int64_t nb, int64_t k)

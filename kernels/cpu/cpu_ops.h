@@ -48,13 +48,12 @@ static inline void cpu_store_row(const struct tensor *t, size_t offset, size_t n
 }
 
 /* AMX-BF16 tile products (amx.c; whether they are on: cpu_amx_enabled, ops.h). x is packed
- * with cpu_amx_pack_x into cpu_amx_x_elems(m, k) bf16 (k a multiple of 32), a group of 16 rows at a time; w is bf16
- * rows (ldw apart) of which (nb + 15) / 16 * 16 are readable; cpu_amx_gemm writes
- * y (m rows, ldy apart) columns 0 .. nb = x @ w^T. cpu_amx_round_rows: n (a multiple of 32)
- * floats to bf16. */
+ * with cpu_amx_pack_x into cpu_amx_x_elems(m, k) bf16 (k a multiple of 32), group h of 16 rows
+ * per call; w is bf16 rows (ldw apart) of which (nb + 15) / 16 * 16 are readable; cpu_amx_gemm
+ * writes y (m rows, ldy apart) columns 0 .. nb = x @ w^T. cpu_amx_round_rows: n (a multiple of
+ * 32) floats to bf16. */
 size_t cpu_amx_x_elems(int64_t m, int64_t k);
-void   cpu_amx_pack_x(uint16_t *xv, const float *x, int64_t m, int64_t k, int64_t h0, int64_t h1,
-                      uint16_t *tmp);
+void   cpu_amx_pack_x(uint16_t *xv, const float *x, int64_t m, int64_t k, int64_t h, uint16_t *tmp);
 void   cpu_amx_round_rows(uint16_t *dst, const float *src, int64_t n);
 void   cpu_amx_gemm(float *y, int64_t ldy, const uint16_t *xv, const uint16_t *w, int64_t ldw,
                     int64_t m, int64_t nb, int64_t k);

@@ -160,7 +160,7 @@ static void matmul_amx(float *yf, const float *xf, uint16_t *xv, float *w_all,
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && groups > 1)
     for (int64_t h = 0; h < groups; h++) {
         uint16_t *tmp = (uint16_t *)(w_all + (size_t)omp_get_thread_num() * ws);
-        cpu_amx_pack_x(xv, xf, m, k, h, h + 1, tmp);
+        cpu_amx_pack_x(xv, xf, m, k, h, tmp);
     }
     const enum quant_type qt = dtype_is_quant(w->dtype) ? (enum quant_type)dtype_quant_type(w->dtype) : (enum quant_type)0;
     const size_t row_bytes = dtype_is_quant(w->dtype) ? quant_row_bytes(qt, k) : (size_t)k * 2;

@@ -90,41 +90,57 @@ QX_AVX2 static inline struct qx_block qx_unpack_q5_1(const void *w, int64_t b)
                              qx_h2f(p->m), 0};
 }
 
-/* Q4_0, Q4_1, Q5_0, Q5_1 for nr rows of x (as q8_0_rows). The offset (8 or 16) times sum(x)
- * is subtracted in the integers, exactly; the min (has_min: Q4_1, Q5_1) contributes
- * m * d_x * sum(x), kept apart in a scalar. */
+/* Q4_0, Q4_1, Q5_0, Q5_1: nw rows of W (ws bytes apart) against nr rows of x (xs bytes apart),
+ * nw * nr <= 4, y[rw * yw + rx * ys]: one row of W against four of x (prefill tiles, as
+ * q8_0_rows), or four rows of W against one of x (decode: four weight streams in flight, x's
+ * block loaded once). The offset (8 or 16) times sum(x) is subtracted in the integers, exactly;
+ * the min (has_min: Q4_1, Q5_1) contributes m * d_x * sum(x), kept apart in a scalar. */
 QX_TARGET __attribute__((always_inline)) static inline void
-q45_rows(int64_t nb, const void *w, size_t block_bytes, struct qx_block (*unpack)(const void *, int64_t),
-         int has_min, const uint8_t *xb, size_t xs, int nr, float *y, int64_t ys)
+q45_tile(int64_t nb, const void *w, size_t ws, int nw, size_t block_bytes,
+         struct qx_block (*unpack)(const void *, int64_t), int has_min, const uint8_t *xb, size_t xs, int nr,
+         float *y, int64_t yw, int64_t ys)
 {
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     float acc_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t b = 0; b < nb; b++) {
-        qx_prefetch((const uint8_t *)w + (size_t)b * block_bytes, 1); /* 18-24 bytes: a line each */
-        const struct qx_block q = unpack(w, b);
-        for (int r = 0; r < nr; r++) {
-            const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
-            __m256i p = dot_u8s8(q.u, _mm256_loadu_si256((const __m256i *)x->qs));
-            if (q.off) p = qx_sub_lane0(p, q.off * x->sum);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(q.d * x->d), _mm256_cvtepi32_ps(p), acc[r]);
-            if (has_min) acc_m[r] += q.m * x->d * (float)x->sum;
+        for (int rw = 0; rw < nw; rw++) {
+            const uint8_t *wr = (const uint8_t *)w + (size_t)rw * ws;
+            qx_prefetch(wr + (size_t)b * block_bytes, 1); /* 18-24 bytes: a line each */
+            const struct qx_block q = unpack(wr, b);
+            for (int rx = 0; rx < nr; rx++) {
+                const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)rx * xs) + b;
+                const int a = rw * nr + rx;
+                __m256i p = dot_u8s8(q.u, _mm256_loadu_si256((const __m256i *)x->qs));
+                if (q.off) p = qx_sub_lane0(p, q.off * x->sum);
+                acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(q.d * x->d), _mm256_cvtepi32_ps(p), acc[a]);
+                if (has_min) acc_m[a] += q.m * x->d * (float)x->sum;
+            }
         }
     }
-    for (int r = 0; r < nr; r++) y[r * ys] = qx_hsum(acc[r]) + acc_m[r];
+    for (int rw = 0; rw < nw; rw++)
+        for (int rx = 0; rx < nr; rx++) y[rw * yw + rx * ys] = qx_hsum(acc[rw * nr + rx]) + acc_m[rw * nr + rx];
 }
 
-/* The table's entry points: one row (quant_dot_fn) and four rows (quant_dot4_fn). */
+/* The table's entry points: one row (quant_dot_fn), four rows of x (quant_dot4_fn) and four
+ * rows of W (quant_dotw4_fn; not for Q8_0, whose row-by-row kernel was 10 % faster than four
+ * rows: 23.5 against 25.6-26.0 ms in bench_quant --lm-head). Four rows of W measured
+ * (bench_quant --lm-head: 262,144 x 640, one thread, VNNI, 2026-11-25): Q5_0 22.3 ms against
+ * 28.7-30.3 ms row by row, Q4_0 16.6 against 25.5-26.3 ms. */
 #define QX_Q45(name, has_min)                                                                    \
     QX_TARGET static float dot_##name(int64_t nb, const void *w, const void *xq)                 \
     {                                                                                            \
         float y;                                                                                 \
-        q45_rows(nb, w, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, 0, 1, &y, 0);                            \
+        q45_tile(nb, w, 0, 1, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, 0, 1, &y, 0, 0); \
         return y;                                                                                \
     }                                                                                            \
     QX_TARGET static void dot4_##name(int64_t nb, const void *w, const void *xq, size_t xs,      \
                                       float *y, int64_t ys)                                      \
     {                                                                                            \
-        q45_rows(nb, w, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, xs, 4, y, ys);                           \
+        q45_tile(nb, w, 0, 1, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, xs, 4, y, 0, ys); \
+    }                                                                                            \
+    QX_TARGET static void dotw4_##name(int64_t nb, const void *w, size_t ws, const void *xq, float *y) \
+    {                                                                                            \
+        q45_tile(nb, w, ws, 4, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, 0, 1, y, 1, 0); \
     }
 QX_Q45(q4_0, 0)
 QX_Q45(q4_1, 1)
@@ -144,44 +160,5 @@ QX_TARGET static void dot4_q8_0(int64_t nb, const void *w, const void *xq, size_
     q8_0_rows(nb, w, xq, xs, 4, y, ys);
 }
 
-/* ---- one row of x against four rows of W (decode) ----
- * Four independent accumulations whose weight loads are in flight together, x's block loaded
- * once: a decode step streams W from L3 or DRAM. Measured (bench_quant --lm-head: 262,144 x
- * 640, one thread, VNNI, 2026-11-25): Q5_0 22.3 ms against 28.7-30.3 ms row by row, Q4_0 16.6
- * against 25.5-26.3 ms. Not for Q8_0, whose row-by-row kernel was 10 % faster than four rows
- * (23.5 against 25.6-26.0 ms). */
-
-QX_TARGET __attribute__((always_inline)) static inline void
-q45_wrows4(int64_t nb, const void *w, size_t ws, size_t block_bytes,
-           struct qx_block (*unpack)(const void *, int64_t), int has_min, const void *xq, float *y)
-{
-    const struct act_q8 *x = xq;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    float acc_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        for (int r = 0; r < 4; r++) {
-            const uint8_t *wr = (const uint8_t *)w + (size_t)r * ws;
-            qx_prefetch(wr + (size_t)b * block_bytes, 1);
-            const struct qx_block q = unpack(wr, b);
-            __m256i p = dot_u8s8(q.u, qx);
-            if (q.off) p = qx_sub_lane0(p, q.off * x[b].sum);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(q.d * x[b].d), _mm256_cvtepi32_ps(p), acc[r]);
-            if (has_min) acc_m[r] += q.m * x[b].d * (float)x[b].sum;
-        }
-    }
-    for (int r = 0; r < 4; r++) y[r] = qx_hsum(acc[r]) + acc_m[r];
-}
-
-#define QX_Q45_W4(name, has_min)                                                                   \
-    QX_TARGET static void dotw4_##name(int64_t nb, const void *w, size_t ws, const void *xq, float *y) \
-    {                                                                                              \
-        q45_wrows4(nb, w, ws, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, y);        \
-    }
-QX_Q45_W4(q4_0, 0)
-QX_Q45_W4(q4_1, 1)
-QX_Q45_W4(q5_0, 0)
-QX_Q45_W4(q5_1, 1)
-#undef QX_Q45_W4
 
 #endif
