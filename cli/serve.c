@@ -25,7 +25,13 @@
  *   --max-message-bytes N    largest request message (gRPC) or body (HTTP) [4194304]
  *   --http ADDR              also serve the OpenAI-compatible HTTP API and /metrics on ADDR
  *                            (HOST:PORT; ":PORT" or "PORT" = 127.0.0.1) [off]
- *   --http-max-connections N open HTTP connections at most [256]
+ *   --http-max-connections N open HTTP connections at most [256]; more are answered 503
+ *   --http-max-connections-per-address N   open HTTP connections from one peer address at
+ *                            most [64]; 0 = no cap (behind a proxy, where every client has its
+ *                            address); more are answered 503
+ *   --http-header-timeout S  seconds from a connection's accept (or its previous response) to
+ *                            the end of a request's headers [10]; then the connection is closed
+ *   --http-body-timeout S    seconds from the end of the headers to the body's last byte [60]
  *   --lora NAME=DIR          serve the PEFT adapter in DIR as NAME (repeatable, at most 64),
  *                            unmerged: a request names it in its `adapter` field (gRPC) or its
  *                            `model` field (HTTP); tp 1 on the CPU for now
@@ -71,6 +77,8 @@ static int usage(const char *fmt, const char *arg)
                     "         [--scheduling-policy fcfs|fair|priority]\n"
                     "         [--chat-template llama2|chatml|gemma|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
                     "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
+                    "         [--http-max-connections-per-address N (64; 0 = no cap)] [--http-header-timeout S (10)]\n"
+                    "         [--http-body-timeout S (60)]\n"
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
                     "         [--default-adapter NAME]\n"
                     "  --max-seqs N   samples (sequences) running at once [64]\n"
@@ -202,6 +210,20 @@ int serve_main(int argc, char **argv)
         else if (!strcmp(a, "--http-max-connections")) {
             if (base_parse_long(v, 1, 65536, &n)) return usage("--http-max-connections must be an integer in [1, 65536], got '%s'", v);
             o.http_max_connections = (int)n;
+        } else if (!strcmp(a, "--http-max-connections-per-address")) {
+            if (base_parse_long(v, 0, 65536, &n))
+                return usage("--http-max-connections-per-address must be an integer in [0, 65536], got '%s'", v);
+            o.http_max_per_address = n ? (int)n : -1;
+        } else if (!strcmp(a, "--http-header-timeout") || !strcmp(a, "--http-body-timeout")) {
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !isfinite(d) || d <= 0 || d > 86400)
+                return usage(!strcmp(a, "--http-header-timeout")
+                                 ? "--http-header-timeout must be a number of seconds in (0, 86400], got '%s'"
+                                 : "--http-body-timeout must be a number of seconds in (0, 86400], got '%s'",
+                             v);
+            if (!strcmp(a, "--http-header-timeout")) o.http_header_timeout_s = d;
+            else o.http_body_timeout_s = d;
         } else if (!strcmp(a, "--api-key-file")) o.api_key_file = v;
         else if (!strcmp(a, "--tls-cert")) o.tls_cert = v;
         else if (!strcmp(a, "--tls-key")) o.tls_key = v;

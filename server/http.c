@@ -25,6 +25,7 @@
 #include "tokenizer.h"
 
 #define HTTP_WAIT_MS 100 /* how often a waiting request checks its client's socket */
+#define HTTP_HALF_CLOSE_GRACE_S 1.0 /* a FIN this soon after the request is a half-close (peer_gone) */
 
 /* The one mapping from shardlm errors to HTTP codes and OpenAI error types. */
 static unsigned http_status(enum status s, const char **type)
@@ -48,8 +49,10 @@ static unsigned http_status(enum status s, const char **type)
     return 500;
 }
 
-/* Queues a response that takes body[0..len) (malloc'd). */
-static enum MHD_Result reply(struct MHD_Connection *c, unsigned code, const char *ctype, char *body, size_t len)
+/* Queues a response that takes body[0..len) (malloc'd), with up to two more headers (name,
+ * value pairs; NULL names end the list). */
+static enum MHD_Result reply_with(struct MHD_Connection *c, unsigned code, const char *ctype, char *body, size_t len,
+                                  const char *h1, const char *v1, const char *h2, const char *v2)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
@@ -57,9 +60,16 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned code, const char
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (h1) MHD_add_response_header(r, h1, v1);
+    if (h1 && h2) MHD_add_response_header(r, h2, v2);
     enum MHD_Result ret = MHD_queue_response(c, code, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned code, const char *ctype, char *body, size_t len)
+{
+    return reply_with(c, code, ctype, body, len, NULL, NULL, NULL, NULL);
 }
 
 static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned code, char *json)
@@ -122,11 +132,27 @@ static void set_client(struct server *s, struct MHD_Connection *c, struct http_r
     q->r.params.client = q->r.client;
 }
 
-static int peer_gone(int fd)
+/* Whether the client of g is gone; with g->mu held. A reset or a socket error means gone. An
+ * end of file (the client shut down its sending side: a FIN) is ambiguous: a client that
+ * half-closes right after its request (`nc -N`, some proxies) still reads the answer, while a
+ * client that gave up and closed its socket sends the same FIN, and only a write could tell
+ * the two apart (a unary answer has nothing to write until the end). The rule: a FIN seen
+ * within HTTP_HALF_CLOSE_GRACE_S of the request's submission is a half-close, and the answer
+ * is sent; a FIN that comes later is a client that went away (nginx and uvicorn read every
+ * FIN so), and its request is cancelled. A write that fails always means gone
+ * (libmicrohttpd ends the response: stream_free, on_completed). */
+static int peer_gone(struct http_gen *g)
 {
-    if (fd < 0) return 0;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+    if (g->fd < 0) return 0;
+    struct pollfd p = {.fd = g->fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return 0;
+    if (p.revents & (POLLHUP | POLLERR)) return 1;
+    if (!(p.revents & POLLRDHUP) || g->half_closed) return 0;
+    if (base_now_s() - g->t_submit <= HTTP_HALF_CLOSE_GRACE_S) {
+        g->half_closed = 1;
+        return 0;
+    }
+    return 1;
 }
 
 /* ---- one generation request ---------------------------------------------------------------- */
@@ -292,7 +318,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         }
         if (g->out_len) continue;
         gen_wait(g);
-        if (peer_gone(g->fd)) {
+        if (peer_gone(g)) {
             int cancel = gen_hangup(g);
             pthread_mutex_unlock(&g->mu);
             if (cancel) gen_cancel(g);
@@ -403,6 +429,7 @@ static enum status gen_submit(struct server *s, struct http_request *q, int fd, 
         st = run_prompt(g, i, &ids[i], &n_ids[i]);
     }
     struct request_params *p = &g->q.r.params;
+    if (st == STATUS_OK && n_runs > 1) st = engine_validate_prompts(s->engine, n_runs, p->n);
     if (st == STATUS_OK) st = gen_resolve_adapter(s, &g->q.r);
     if (st == STATUS_OK) {
         g->n_per_run = p->n;
@@ -450,11 +477,39 @@ static enum status gen_submit(struct server *s, struct http_request *q, int fd, 
     return STATUS_OK;
 }
 
+/* The routes, each with the methods it allows. */
+enum route { ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_HEALTH, ROUTE_METRICS };
+
+/* The URL as it came (no percent-decoding: see unescape_none), without its query string. */
+static enum route route_of(const char *url)
+{
+    if (!strcmp(url, "/v1/completions")) return ROUTE_COMPLETIONS;
+    if (!strcmp(url, "/v1/chat/completions")) return ROUTE_CHAT;
+    if (!strcmp(url, "/v1/models")) return ROUTE_MODELS;
+    if (!strcmp(url, "/health")) return ROUTE_HEALTH;
+    if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
+    return ROUTE_NONE;
+}
+
+static int route_generates(enum route r) { return r == ROUTE_COMPLETIONS || r == ROUTE_CHAT; }
+
+/* The Allow header of a route: generation is POST, the rest GET (and HEAD, which
+ * libmicrohttpd answers as GET without the body). */
+static const char *route_allow(enum route r) { return route_generates(r) ? "POST" : "GET, HEAD"; }
+
+static int method_allowed(enum route r, const char *method)
+{
+    if (route_generates(r)) return !strcmp(method, "POST");
+    return !strcmp(method, "GET") || !strcmp(method, "HEAD");
+}
+
 /* The state of one HTTP request across libmicrohttpd's calls of the handler. */
 struct http_conn {
     char   *body;
     size_t  len, cap;
     int     too_big;
+    enum route route;
+    struct http_slot *slot; /* the connection's (http_guard.c) */
     struct http_gen *g;  /* a submitted generation request (one reference) */
 };
 
@@ -482,11 +537,7 @@ static void snapshot_adapter(void *ctx, const struct engine_adapter_info *a)
 
 static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat)
 {
-    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-    if (!ct || strncasecmp(ct, "application/json", 16) || (ct[16] && ct[16] != ';' && ct[16] != ' '))
-        return reply_error(c, 415, "invalid_request_error", "unsupported_media_type",
-                           "the request body must be JSON (Content-Type: application/json)");
-    if (hc->too_big) {
+    if (hc->too_big) { /* a body without Content-Length (chunked) that grew past the limit */
         char msg[128];
         snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
         return reply_error(c, 413, "invalid_request_error", "request_too_large", msg);
@@ -523,7 +574,7 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     pthread_mutex_lock(&g->mu);
     while (g->active > 0) {
         gen_wait(g);
-        if (peer_gone(g->fd) && gen_hangup(g)) {
+        if (peer_gone(g) && gen_hangup(g)) {
             pthread_mutex_unlock(&g->mu);
             gen_cancel(g);
             pthread_mutex_lock(&g->mu);
@@ -553,25 +604,17 @@ struct model_list {
     int            max_positions;
 };
 
-/* One adapter of /v1/models. Names are [A-Za-z0-9._-]; the directory, which a LoadAdapter
- * client chose, is escaped for JSON. */
+/* One adapter of /v1/models. Names are [A-Za-z0-9._-]. Its root is its own name, not the
+ * server-side directory it was loaded from (vLLM shows the path: any key holder would learn
+ * the server's file layout). */
 static void list_adapter(void *ctx, const struct engine_adapter_info *a)
 {
     struct model_list *ml = ctx;
-    char root[1024];
-    size_t k = 0;
-    for (const char *p = a->dir; *p && k + 8 < sizeof root; p++) {
-        unsigned char ch = (unsigned char)*p;
-        if (ch == '"' || ch == '\\') root[k++] = '\\', root[k++] = (char)ch;
-        else if (ch < 0x20) k += (size_t)snprintf(root + k, sizeof root - k, "\\u%04x", ch);
-        else root[k++] = (char)ch;
-    }
-    root[k] = 0;
-    char head[1536];
+    char head[1024];
     snprintf(head, sizeof head,
              ",{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"shardlm\",\"root\":\"%s\","
              "\"parent\":\"%s\",\"max_model_len\":%d}",
-             a->name, (long long)ml->s->t_created, root, ml->s->model_id, ml->max_positions);
+             a->name, (long long)ml->s->t_created, a->name, ml->s->model_id, ml->max_positions);
     http_buf_append(ml->json, ml->len, ml->cap, head, strlen(head));
 }
 
@@ -604,17 +647,81 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
     return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
 }
 
+static struct http_slot *slot_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Everything that is decided by the headers alone, before a byte of the body is read: the
+ * connection's admission, route, method, API key, content type and declared length. Returns 1
+ * with *ret set when it answered (libmicrohttpd then closes the connection without reading
+ * the body: a client without a key cannot make the server hold its 4 MB body). */
+static int refuse_early(struct server *s, struct MHD_Connection *c, struct http_conn *hc, const char *method,
+                        enum MHD_Result *ret)
+{
+    const char *why = http_guard_refusal(hc->slot);
+    if (why) {
+        char *json = http_error_json(why, "service_unavailable_error", NULL, "too_many_connections");
+        *ret = reply_with(c, 503, "application/json", json, strlen(json), MHD_HTTP_HEADER_RETRY_AFTER, "1",
+                          MHD_HTTP_HEADER_CONNECTION, "close");
+        return 1;
+    }
+    if (hc->route == ROUTE_NONE) {
+        *ret = reply_error(c, 404, "not_found_error", "not_found", "no such route (see docs/server.md)");
+        return 1;
+    }
+    if (!method_allowed(hc->route, method)) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "method %.16s is not allowed here: use %s", method, route_allow(hc->route));
+        char *json = http_error_json(msg, "invalid_request_error", NULL, "method_not_allowed");
+        *ret = reply_with(c, 405, "application/json", json, strlen(json), MHD_HTTP_HEADER_ALLOW, route_allow(hc->route),
+                          NULL, NULL);
+        return 1;
+    }
+    if (hc->route == ROUTE_HEALTH || hc->route == ROUTE_METRICS) return 0; /* open to probes and scrapers */
+    if (!authorized(s, c)) {
+        *ret = reply_error(c, 401, "authentication_error", "invalid_api_key",
+                           "a valid API key is required (Authorization: Bearer <key>)");
+        return 1;
+    }
+    if (!route_generates(hc->route)) return 0;
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (!ct || strncasecmp(ct, "application/json", 16) || (ct[16] && ct[16] != ';' && ct[16] != ' ')) {
+        *ret = reply_error(c, 415, "invalid_request_error", "unsupported_media_type",
+                           "the request body must be JSON (Content-Type: application/json)");
+        return 1;
+    }
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    char *end = NULL;
+    unsigned long long declared = cl ? strtoull(cl, &end, 10) : 0;
+    if (cl && end != cl && declared > (unsigned long long)s->opts.max_receive_bytes) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
+        *ret = reply_error(c, 413, "invalid_request_error", "request_too_large", msg);
+        return 1;
+    }
+    return 0;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
     (void)version;
     struct server *s = cls;
     struct http_conn *hc = *con_cls;
-    int post = !strcmp(method, "POST");
-    if (!hc) {
+    if (!hc) { /* the headers are in; the body (if any) follows */
         if (!(hc = calloc(1, sizeof *hc))) return MHD_NO;
         *con_cls = hc;
-        return MHD_YES; /* the headers; the body (if any) follows */
+        hc->slot = slot_of(c);
+        hc->route = route_of(url);
+        enum MHD_Result ret;
+        if (refuse_early(s, c, hc, method, &ret)) {
+            http_guard_phase(s->http_guard, hc->slot, HTTP_PHASE_HANDLING);
+            return ret;
+        }
+        http_guard_phase(s->http_guard, hc->slot, HTTP_PHASE_BODY);
+        return MHD_YES;
     }
     if (*upload_size) {
         if (hc->len + *upload_size > (size_t)s->opts.max_receive_bytes) hc->too_big = 1;
@@ -622,32 +729,31 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
-    int is_completions = !strcmp(url, "/v1/completions"), is_chat = !strcmp(url, "/v1/chat/completions");
-    int is_models = !strcmp(url, "/v1/models");
-    if (!strcmp(url, "/health") && !post) {
+    http_guard_phase(s->http_guard, hc->slot, HTTP_PHASE_HANDLING);
+    switch (hc->route) {
+    case ROUTE_HEALTH: {
         int ok = atomic_load(&s->phase) == PHASE_READY;
         char *body = strdup(ok ? "{\"status\":\"SERVING\"}" : "{\"status\":\"NOT_SERVING\"}");
         return body ? reply_json(c, ok ? 200 : 503, body) : MHD_NO;
     }
-    if (!strcmp(url, "/metrics") && !post) return handle_metrics(s, c);
-    if (!is_completions && !is_chat && !is_models)
-        return reply_error(c, 404, "not_found_error", "not_found", "no such route (see docs/server.md)");
-    if (!authorized(s, c))
-        return reply_error(c, 401, "authentication_error", "invalid_api_key",
-                           "a valid API key is required (Authorization: Bearer <key>)");
-    if (is_models) return post ? reply_error(c, 405, "invalid_request_error", "method_not_allowed", "use GET")
-                               : handle_models(s, c);
-    if (!post) return reply_error(c, 405, "invalid_request_error", "method_not_allowed", "use POST");
-    return handle_generation(s, c, hc, is_chat);
+    case ROUTE_METRICS: return handle_metrics(s, c);
+    case ROUTE_MODELS: return handle_models(s, c);
+    case ROUTE_COMPLETIONS:
+    case ROUTE_CHAT: return handle_generation(s, c, hc, hc->route == ROUTE_CHAT);
+    case ROUTE_NONE: break;
+    }
+    return MHD_NO; /* refuse_early answered every other route */
 }
 
 /* A request ended (answered, or its connection died): drop its reference. */
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
     (void)c;
+    struct server *s = cls;
     struct http_conn *hc = *con_cls;
     if (!hc) return;
+    /* A kept-alive connection now waits for its next request's headers, under their deadline. */
+    http_guard_phase(s->http_guard, hc->slot, HTTP_PHASE_HEADERS);
     if (hc->g) {
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
             pthread_mutex_lock(&hc->g->mu);
@@ -663,6 +769,30 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 }
 
 /* ---- the daemon ------------------------------------------------------------------------------ */
+
+/* Connections come and go: each is a slot of http_guard.c (admission, deadlines). */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    struct server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        *socket_context = http_guard_open(s->http_guard, fi ? fi->connect_fd : -1, ai ? ai->client_addr : NULL);
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        http_guard_close(s->http_guard, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
+/* URLs are matched as they came: libmicrohttpd's percent-decoding made "/v1/completions%00"
+ * the route "/v1/completions" (the NUL ended the string). No route has an escaped byte. */
+static size_t unescape_none(void *cls, struct MHD_Connection *c, char *s)
+{
+    (void)cls;
+    (void)c;
+    return strlen(s);
+}
 
 /* "HOST:PORT", "[V6]:PORT", or ":PORT" / "PORT" (the loopback address). */
 static enum status parse_address(const char *addr, struct sockaddr_storage *ss, socklen_t *sl, char *host, size_t cap)
@@ -704,11 +834,23 @@ enum status http_start(struct server *s)
         flags |= MHD_USE_TLS;
     }
     unsigned max_conn = o->http_max_connections > 0 ? (unsigned)o->http_max_connections : 256;
+    int per_addr = o->http_max_per_address > 0 ? o->http_max_per_address : o->http_max_per_address < 0 ? 0 : 64;
+    double header_s = o->http_header_timeout_s > 0 ? o->http_header_timeout_s : 10.0;
+    double body_s = o->http_body_timeout_s > 0 ? o->http_body_timeout_s : 60.0;
+    /* Connections past max_conn (or past the per-address cap) are taken to be answered 503;
+     * past max_conn + overflow libmicrohttpd closes them unanswered. */
+    unsigned overflow = max_conn / 4 > 16 ? max_conn / 4 : 16;
+    if ((st = http_guard_start(header_s, body_s, (int)max_conn, per_addr, &s->http_guard)) != STATUS_OK) {
+        free(cert);
+        free(key);
+        return st;
+    }
     struct MHD_OptionItem tls[] = {{MHD_OPTION_HTTPS_MEM_CERT, 0, cert}, {MHD_OPTION_HTTPS_MEM_KEY, 0, key},
                                    {MHD_OPTION_END, 0, NULL}};
     s->http = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                               MHD_OPTION_CONNECTION_LIMIT, max_conn, MHD_OPTION_CONNECTION_TIMEOUT, 300u,
-                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                               MHD_OPTION_CONNECTION_LIMIT, max_conn + overflow, MHD_OPTION_CONNECTION_TIMEOUT, 300u,
+                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+                               on_connection, s, MHD_OPTION_UNESCAPE_CALLBACK, unescape_none, NULL,
                                MHD_OPTION_ARRAY, cert ? tls : &tls[2], MHD_OPTION_END);
     s->http_cert = cert; /* libmicrohttpd reads them while it runs: freed by http_stop */
     s->http_key = key;
@@ -719,23 +861,23 @@ enum status http_start(struct server *s)
     int port = di ? di->port : 0;
     printf("shardlm: http listening on %s:%d%s\n", host, port, o->tls_cert ? " (TLS)" : "");
     fflush(stdout);
-    LOG_INFO("http", "OpenAI-compatible API on %s:%d, at most %u connections%s", host, port, max_conn,
-             s->n_keys ? ", API keys" : "");
+    LOG_INFO("http",
+             "OpenAI-compatible API on %s:%d, at most %u connections (%d per address), headers within %.0f s, "
+             "bodies within %.0f s%s",
+             host, port, max_conn, per_addr, header_s, body_s, s->n_keys ? ", API keys" : "");
     return STATUS_OK;
 }
 
 void http_stop(struct server *s)
 {
-    if (!s->http) {
-        free(s->http_cert);
-        free(s->http_key);
-        s->http_cert = s->http_key = NULL;
-        return;
+    if (s->http) {
+        /* The engine has drained: the streams still open write their last events (briefly). */
+        for (int i = 0; i < 200 && atomic_load(&s->http_active) > 0; i++) usleep(10000);
+        MHD_stop_daemon(s->http);
+        s->http = NULL;
     }
-    /* The engine has drained: the streams still open write their last events (briefly). */
-    for (int i = 0; i < 200 && atomic_load(&s->http_active) > 0; i++) usleep(10000);
-    MHD_stop_daemon(s->http);
-    s->http = NULL;
+    http_guard_stop(s->http_guard); /* after the daemon: no connection is left */
+    s->http_guard = NULL;
     free(s->http_cert);
     free(s->http_key);
     s->http_cert = s->http_key = NULL;

@@ -96,6 +96,8 @@ struct http_gen {
     char            end_message[256];
     double          t_submit, t_first, queue_s; /* queue_s < 0 until known */
     int             hangup;      /* the client went away */
+    int             half_closed; /* the client shut its sending side right after the request
+                                    and still reads (http.c, peer_gone) */
     int             done;        /* a stream sent [DONE] */
     int             fd;          /* the connection's socket, polled for hang-ups */
     char           *out;         /* a stream's bytes not yet handed to libmicrohttpd */
@@ -114,5 +116,32 @@ void  http_stream_chunks(struct http_gen *g);
 void  http_stream_finish(struct http_gen *g);
 /* {"error": {...}} with the given message, type and code; malloc'd. */
 char *http_error_json(const char *message, const char *type, const char *param, const char *code);
+
+/* ---- http_guard.c: connection slots and the deadlines before a request is read ---------- */
+
+/* Where a connection's current request is: its headers are being read (also while a
+ * kept-alive connection waits for its next request), its body is, or it is being handled
+ * (no deadline: generation and streaming take what they take). */
+enum http_phase { HTTP_PHASE_HEADERS, HTTP_PHASE_BODY, HTTP_PHASE_HANDLING };
+
+struct http_guard;
+struct http_slot;
+struct sockaddr;
+
+/* Starts the watchdog. header_s, body_s: the deadlines of HEADERS and BODY; max_conn:
+ * connections admitted at most; max_per_addr: at most from one peer address (0: no cap). */
+enum status http_guard_start(double header_s, double body_s, int max_conn, int max_per_addr,
+                             struct http_guard **out);
+/* Stops the watchdog and frees g, after the daemon has stopped (every slot closed). Accepts NULL. */
+void        http_guard_stop(struct http_guard *g);
+/* A connection was accepted on socket fd (borrowed: the slot keeps a duplicate) from peer.
+ * Returns its slot (NULL when out of memory: refuse the connection). Thread-safe. */
+struct http_slot *http_guard_open(struct http_guard *g, int fd, const struct sockaddr *peer);
+/* The connection is gone: frees s. Accepts NULL. */
+void        http_guard_close(struct http_guard *g, struct http_slot *s);
+/* NULL when s was admitted; else why not (the 503's message). Accepts NULL. */
+const char *http_guard_refusal(const struct http_slot *s);
+/* s entered phase p now (its deadline restarts). Accepts NULL. */
+void        http_guard_phase(struct http_guard *g, struct http_slot *s, enum http_phase p);
 
 #endif

@@ -29,6 +29,12 @@ struct server_options {
     const char *http_listen;     /* the OpenAI-compatible HTTP API and /metrics on HOST:PORT
                                     (":PORT" or "PORT": 127.0.0.1); NULL: off */
     int         http_max_connections; /* open HTTP connections at most; 0 = 256 */
+    int         http_max_per_address; /* open HTTP connections from one peer address at most;
+                                         0 = 64, -1 = no cap (behind a proxy) */
+    double      http_header_timeout_s; /* from accept (or the previous response) to the end of
+                                          a request's headers; 0 = 10 s */
+    double      http_body_timeout_s;   /* from the end of the headers to the body's last byte;
+                                          0 = 60 s */
     const char *default_adapter; /* the adapter requests that name none get: one of
                                     engine.adapter_names (STATUS_INVALID_ARGUMENT otherwise, before
                                     anything starts); it cannot be unloaded. A request reaches the

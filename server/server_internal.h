@@ -34,6 +34,7 @@
 
 struct gen_request;  /* convert.h */
 struct MHD_Daemon;   /* libmicrohttpd */
+struct http_guard;   /* http_guard.c */
 struct metrics;      /* metrics.h */
 
 #define N_REQUEST_SLOTS 8
@@ -205,6 +206,7 @@ struct server {
     int                   health_serving;
     /* the HTTP front and metrics */
     struct MHD_Daemon    *http;
+    struct http_guard    *http_guard;           /* its connection slots and deadlines */
     char                 *http_cert, *http_key; /* PEM, while the daemon runs */
     atomic_int            http_active;          /* HTTP generation requests alive */
     atomic_ullong         http_next_id;

@@ -118,6 +118,18 @@ enum status engine_validate(const struct engine *e, const int32_t *prompt, int n
     return conductor_validate(local(e), prompt, n_prompt, p);
 }
 
+enum status engine_validate_prompts(const struct engine *e, int n_prompts, int n)
+{
+    struct engine_model_info info;
+    engine_get_model_info(e, &info);
+    long long total = (long long)n_prompts * n, cap = (long long)info.max_queue * info.dp_size;
+    if (total <= cap) return STATUS_OK;
+    return status_errorf(STATUS_INVALID_ARGUMENT,
+                         "the request asks for %lld samples (%d prompts x n %d), more than the server ever queues at "
+                         "once (--max-queue %d samples%s): send fewer prompts or a smaller n per request",
+                         total, n_prompts, n, info.max_queue, info.dp_size > 1 ? " on each replica" : "");
+}
+
 enum status engine_submit(struct engine *e, const char *request_id, const int32_t *prompt, int n_prompt,
                           const struct request_params *p, engine_event_fn on_event, void *ctx, uint64_t *handle)
 {

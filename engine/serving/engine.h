@@ -190,6 +190,13 @@ const struct tokenizer *engine_tokenizer(const struct engine *e);
 enum status engine_validate(const struct engine *e, const int32_t *prompt, int n_prompt,
                             const struct request_params *p);
 
+/* Whether a request of n_prompts prompts with n samples each, submitted together (an HTTP
+ * completions request with a list of prompts), could ever be queued whole: STATUS_INVALID_ARGUMENT
+ * when its samples exceed what the waiting queues hold (--max-queue on each data-parallel
+ * replica), which no retry changes; engine_submit's STATUS_RESOURCE_EXHAUSTED for a full queue
+ * is then kept for what a retry can cure. */
+enum status engine_validate_prompts(const struct engine *e, int n_prompts, int n);
+
 /* Queues a request (thread-safe). Copies prompt, params' arrays and request_id (NULL or "":
  * the engine assigns one; read it back from events). On success *handle identifies the request
  * and on_event will eventually receive a FINISHED event for every sample. Errors: as
@@ -293,6 +300,7 @@ struct engine_model_info {
     int block_tokens, kv_blocks;       /* kv_blocks: per replica (rank 0's) */
     int bos_id, eos_id;
     int max_loras, max_lora_rank;      /* adapters loaded at once at most, the largest rank */
+    int max_queue;                     /* samples waiting per replica at most (--max-queue) */
 };
 void engine_get_model_info(const struct engine *e, struct engine_model_info *info);
 

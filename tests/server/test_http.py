@@ -23,6 +23,13 @@ prometheus_client's text parser. One group per ctest test:
              submits nothing; the bound on prompts; a stream of several prompts that the client
              closes frees every block; a prompt that the full queue refuses (429) cancels the
              others
+  hardening  issue 35: refusals decided from the headers before a body byte is read (key,
+             route, method, content type and length); 405 with Allow for every other method;
+             escaped routes are no routes; duplicate member names, trailing bytes and
+             non-canonical logit_bias ids are refused; 200,000-item stop lists cost little CPU;
+             a request that can never be queued is 400; half-closed clients get their answers;
+             slow headers and bodies are cut at their deadlines; the per-address and total
+             connection caps answer 503
   echo       echo: the text starts with the prompt (token-id prompts: their decoded text); with
              logprobs, the prompt's tokens and log-probabilities (the first null) equal gRPC's
              prompt_logprobs of the same prompt, unary and streamed, n > 1, max_tokens 0
@@ -38,6 +45,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import urllib.error
@@ -367,6 +375,9 @@ def group_disconnect(env):
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
         wait_until(lambda: g.server_stats().running > 0, "the unary request to run")
+        # A FIN within a second of the request is a half-close (the client still reads: group
+        # hardening); a later one, as here, a client that went away.
+        time.sleep(1.5)
         sock.close()
         st2 = wait_until(lambda: settled(g), "blocks to return after a unary disconnect")
         check(st2.generated_tokens - st.generated_tokens < 16 * 480, "the unary request stopped early")
@@ -494,7 +505,7 @@ def group_fronts(env):
         shutil.rmtree(d, ignore_errors=True)
     else:
         print("  SKIP http tls: no openssl command")
-    # At most --http-max-connections open connections: one more is closed at once; freed, served again.
+    # At most --http-max-connections open connections: one more is answered 503; freed, served again.
     with Server(env.shardlm, env.model, "--http-max-connections", "4", name="http-limit") as srv:
         idle = [socket.create_connection(("127.0.0.1", srv.http_port), timeout=5) for _ in range(4)]
         time.sleep(0.3)
@@ -504,7 +515,7 @@ def group_fronts(env):
                 got = extra.recv(100)
         except OSError:
             got = b""
-        check(got == b"", f"a fifth connection was served past --http-max-connections 4: {got[:40]!r}")
+        check(got.startswith(b"HTTP/1.1 503"), f"a fifth connection past --http-max-connections 4: {got[:40]!r}")
         check(srv.proc.poll() is None, "the server is still up")
         for s in idle:
             s.close()
@@ -620,10 +631,19 @@ def group_prompts(env):
         it = iter(busy)
         next(it)
         wait_until(lambda: g.server_stats().running == 2, "the running slots to fill")
-        code, ans = http(srv, "POST", "/v1/completions", {"prompt": ["Once", "Lily", "Tom"], "n": 2, "max_tokens": 4})
+        # Two samples of another request wait; then 3 prompts (3 samples, which the queue of 4
+        # could hold: a 6-sample request would be invalid, group hardening) find 2 places.
+        filler = []
+        t = threading.Thread(target=lambda: filler.append(
+            http(srv, "POST", "/v1/completions", {"prompt": "Tom", "n": 2, "max_tokens": 4})))
+        t.start()
+        wait_until(lambda: g.server_stats().waiting == 2, "two samples to wait")
+        code, ans = http(srv, "POST", "/v1/completions", {"prompt": ["Once", "Lily", "Sue"], "max_tokens": 4})
         check(code == 429 and "other prompts were cancelled" in ans["error"]["message"], f"full queue: {code} {ans}")
-        check(wait_until(lambda: g.server_stats().waiting == 0, "the cancelled prompts to leave the queue"), "queue")
+        check(wait_until(lambda: g.server_stats().waiting == 2, "the cancelled prompts to leave the queue"), "queue")
         busy.close()
+        t.join(timeout=60)
+        check(filler and filler[0][0] == 200, f"the waiting request was served: {filler}")
         st = wait_until(lambda: settled(g), "blocks to return")
         check(st.requests_finished == st.requests_submitted, "every request finished")
         code, ans = http(srv, "POST", "/v1/completions", {"prompt": ["Once", "Lily"], "n": 2, "max_tokens": 4})
@@ -700,9 +720,180 @@ def group_echo(env):
         check(code == 400 and "max_tokens" in ans["error"]["message"], f"max_tokens 0 without logprobs: {code} {ans}")
 
 
+def cpu_seconds(pid):
+    """A process's user + system CPU time: a bound on work done that does not depend on the load."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def connect(srv, source="127.0.0.1", timeout=10):
+    """A TCP connection to the HTTP front from a chosen loopback source address (127.0.0.0/8 is
+    all loopback on Linux: distinct client addresses without network namespaces)."""
+    return socket.create_connection(("127.0.0.1", srv.http_port), timeout=timeout, source_address=(source, 0))
+
+
+def read_answer(sock, timeout):
+    """The bytes of one HTTP answer (head and Content-Length body) or what came before the
+    server closed, within timeout seconds."""
+    sock.settimeout(timeout)
+    out = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+            head, sep, body = out.partition(b"\r\n\r\n")
+            if sep:
+                n = [x for x in head.split(b"\r\n") if x.lower().startswith(b"content-length:")]
+                if n and len(body) >= int(n[0].split(b":")[1]):
+                    break
+    except socket.timeout:
+        pass
+    return out
+
+
+def closed_by_server(sock, timeout):
+    """True when the server closes sock (end of file or reset) within timeout seconds."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
+def post_head(path, length, extra=b""):
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (path, length)
+            + extra + b"\r\n")
+
+
+def group_hardening(env):
+    """Issue 35's HTTP defects, each checked as the probe found it: what is decided before a
+    body is read (3), slow clients and the per-address cap (4), half-closed clients (8), the
+    JSON parser differential (9), methods and escaped routes (10), the linear stop lists (5),
+    a request that can never be queued (11)."""
+    keys = Path(tempfile.mkdtemp()) / "keys"
+    keys.write_text("secret-1\n")
+    with Server(env.shardlm, env.model, "--api-key-file", str(keys), "--max-queue", "32", name="hardening") as srv:
+        KEY = b"Authorization: Bearer secret-1\r\n"
+        # (3) Refused from the headers alone: the answer comes while the 4 MB body is still unsent.
+        for extra, want in ((b"", b"HTTP/1.1 401"), (b"Authorization: Bearer wrong\r\n", b"HTTP/1.1 401")):
+            with connect(srv) as s:
+                s.sendall(post_head(b"/v1/completions", 4 << 20, extra))
+                out = read_answer(s, 5)
+                check(out.startswith(want), f"no key, body unsent: {out[:60]!r}")
+        with connect(srv) as s:
+            s.sendall(post_head(b"/v1/completions", 64 << 20, KEY))
+            out = read_answer(s, 5)
+            check(out.startswith(b"HTTP/1.1 413"), f"a declared body over --max-message-bytes: {out[:60]!r}")
+        with connect(srv) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 4194304\r\n"
+                      + KEY + b"\r\n")
+            out = read_answer(s, 5)
+            check(out.startswith(b"HTTP/1.1 415"), f"wrong content type before the body: {out[:60]!r}")
+        # (10) Methods and escaped routes.
+        H = {"Authorization": "Bearer secret-1"}
+        for path in ("/v1/models", "/health", "/metrics", "/v1/completions", "/v1/chat/completions"):
+            for method in ("PUT", "DELETE", "PATCH", "OPTIONS", "FROB"):
+                with connect(srv) as s:
+                    s.sendall(b"%s %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret-1\r\nContent-Length: 0\r\n\r\n"
+                              % (method.encode(), path.encode()))
+                    out = read_answer(s, 5)
+                head = out.partition(b"\r\n\r\n")[0].lower()
+                check(out.startswith(b"HTTP/1.1 405") and b"\r\nallow: " in head, f"{method} {path}: {out[:120]!r}")
+        for path in ("/v1/models", "/health", "/metrics"):
+            code, _ = http(srv, "GET", path, None, H)
+            check(code == 200, f"GET {path}: {code}")
+        for path in ("/v1/completions%00", "/v1/completions%2F", "/v1/%63ompletions"):
+            code, ans = http(srv, "POST", path, {"prompt": "hi", "max_tokens": 1}, H)
+            check(code == 404, f"POST {path} is no route: {code} {ans}")
+        # (9) One reading of a body: duplicate names, trailing bytes, token ids as keys.
+        HJ = dict(H, **{"Content-Type": "application/json"})
+        table = [
+            (b'{"prompt": "hi", "max_tokens": 100000, "max_tokens": 1}', "'max_tokens' appears twice"),
+            (b'{"prompt": "hi", "stream_options": {"include_usage": true, "include_usage": false}}', "appears twice"),
+            (b'{"prompt": "hi", "max_tokens": 1} {"prompt": "x"}', "after its JSON value"),
+            (b'{"prompt": "hi", "max_tokens": 1}xyz', "after its JSON value"),
+        ] + [(json.dumps({"prompt": "hi", "max_tokens": 1, "logit_bias": {k: 1}}).encode(), "is not a token id")
+             for k in ("05", " 5", "+5", "5 ", "-0", "5.0", "0x5", "")]
+        for body, want in table:
+            code, ans = http(srv, "POST", "/v1/completions", body, HJ)
+            check(code == 400 and want in ans["error"]["message"], f"{body[:60]!r}: {code} {ans}")
+        code, ans = http(srv, "POST", "/v1/completions", b'{"prompt": "hi", "max_tokens": 1, "logit_bias": {"5": 1, "0": -1}}\n ',
+                         HJ)
+        check(code == 200, f"canonical ids and trailing whitespace: {code} {ans}")
+        # (5) Long stop lists are refused by their count, in linear time: 200,000 ids took 31 s of
+        # server CPU when the list was walked by index.
+        cpu0 = cpu_seconds(srv.proc.pid)
+        for name, items in (("stop_token_ids", [5] * 200000), ("stop", ["a"] * 200000)):
+            code, ans = http(srv, "POST", "/v1/completions", {"prompt": "hi", name: items}, H)
+            check(code == 400 and "at most" in ans["error"]["message"], f"{name} x 200000: {code} {ans}")
+        spent = cpu_seconds(srv.proc.pid) - cpu0
+        check(spent < 3.0, f"two 200,000-item lists cost {spent:.1f} s of server CPU")
+        # (11) A request that can never be queued is invalid (400), not a retryable 429.
+        code, ans = http(srv, "POST", "/v1/completions", {"prompt": ["a", "b", "c"], "n": 16, "max_tokens": 1}, H)
+        check(code == 400 and "--max-queue" in ans["error"]["message"], f"48 samples vs --max-queue 32: {code} {ans}")
+        code, ans = http(srv, "POST", "/v1/completions", {"prompt": ["a", "b"], "n": 16, "max_tokens": 1}, H)
+        check(code == 200, f"32 samples fit --max-queue 32: {code} {ans}")
+        # (8) A client that half-closes after its request gets its whole answer, unary and streamed.
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0}).encode()
+        _, want = http(srv, "POST", "/v1/completions", body, HJ)
+        for stream in (False, True):
+            b = json.dumps({"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "stream": stream}).encode()
+            with connect(srv) as s:
+                s.sendall(post_head(b"/v1/completions", len(b), KEY + b"Connection: close\r\n") + b)
+                s.shutdown(socket.SHUT_WR)
+                out = b""
+                s.settimeout(30)
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    out += chunk
+            check(out.startswith(b"HTTP/1.1 200"), f"half-closed, stream={stream}: {out[:80]!r}")
+            if stream:
+                check(b"data: [DONE]" in out and b'"finish_reason":"length"' in out, f"the stream ran to its end: {out[-200:]!r}")
+            else:
+                got = json.loads(out.partition(b"\r\n\r\n")[2])
+                check(got["choices"][0]["text"] == want["choices"][0]["text"], "the half-closed client's answer")
+    # (4) Slow clients. A header sent a byte at a time is cut at --http-header-timeout, a body at
+    # --http-body-timeout (the idle timeout, 300 s, never comes into it); meanwhile the fifth
+    # connection from one address and the thirteenth in all are answered 503, and others served.
+    with Server(env.shardlm, env.model, "--http-header-timeout", "3", "--http-body-timeout", "3",
+                "--http-max-connections", "12", "--http-max-connections-per-address", "4", name="slow-clients") as srv:
+        KEY = b""
+        slow = [connect(srv) for _ in range(4)]
+        for s in slow:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        with connect(srv) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            out = read_answer(s, 5)
+            check(out.startswith(b"HTTP/1.1 503") and b"too_many_connections" in out and b"-per-address" in out,
+                  f"a fifth connection from 127.0.0.1: {out[:200]!r}")
+        others = [connect(srv, f"127.0.0.{i}") for i in (2, 2, 2, 2, 3, 3, 3, 3)]
+        with connect(srv, "127.0.0.4") as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            out = read_answer(s, 5)
+            check(out.startswith(b"HTTP/1.1 503") and b"--http-max-connections)" in out, f"a thirteenth connection: {out[:200]!r}")
+        slow_body = others.pop()
+        slow_body.sendall(post_head(b"/v1/completions", 100, KEY) + b'{"prompt"')
+        for s in slow:  # a byte now and then keeps an idle timer alive, not a deadline
+            s.sendall(b"X")
+        check(all(closed_by_server(s, 15) for s in slow + [slow_body]), "slow headers and a slow body were cut")
+        for s in slow + others + [slow_body]:
+            s.close()
+        wait_until(lambda: http(srv, "GET", "/health", timeout=5)[0] == 200, "the front to serve again")
+        code, ans = http(srv, "POST", "/v1/completions", {"prompt": "Once", "max_tokens": 3}, H)
+        check(code == 200 and ans["usage"]["completion_tokens"] == 3, f"served after the slow clients: {code} {ans}")
+
+
 GROUPS = {"openai": group_openai, "errors": group_errors, "disconnect": group_disconnect, "sse": group_sse,
           "metrics": group_metrics, "malformed": group_malformed, "nul": group_nul, "fronts": group_fronts,
-          "prompts": group_prompts, "echo": group_echo}
+          "prompts": group_prompts, "echo": group_echo, "hardening": group_hardening}
 
 
 def main():
