@@ -177,8 +177,9 @@ void parallel_watch_explain(const struct parallel_world *w, char *buf, size_t n)
 {
     struct world_impl *root = root_of(w);
     if (!root || !root->watch) {
-        snprintf(buf, n, "a rank is hung or gone (which one is not known here: no heartbeats%s)",
-                 w->mpi && !w->thread_multiple ? ", MPI lacks MPI_THREAD_MULTIPLE" : "");
+        /* Without a watch the caller may name the rank itself (training's monitor). */
+        snprintf(buf, n, "a rank is hung or gone%s",
+                 w->mpi && !w->thread_multiple ? " (not named: MPI lacks MPI_THREAD_MULTIPLE)" : "");
         return;
     }
     char who[320];
