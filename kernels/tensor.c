@@ -182,3 +182,26 @@ void dtype_convert(void *dst, enum dtype dst_t, const void *src, enum dtype src_
     }
     for (size_t i = 0; i < n; i++) dtype_store_f32(dst, dst_t, i, dtype_load_f32(src, src_t, i));
 }
+
+/* See tensor.h. The exponent field all ones is the test; the scan is a blocked OR (vectorised)
+ * that only looks closer in a block that hit. */
+int64_t dtype_first_non_finite(const void *data, enum dtype dt, size_t n)
+{
+    if (dt != DTYPE_F32 && dt != DTYPE_BF16 && dt != DTYPE_F16) return -1;
+    const uint32_t *f = data;
+    const uint16_t *h = data;
+    const uint32_t m32 = 0x7f800000u;
+    const uint16_t m16 = dt == DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+    for (size_t i0 = 0; i0 < n; i0 += 4096) {
+        const size_t i1 = n - i0 < 4096 ? n : i0 + 4096;
+        int hit = 0;
+        if (dt == DTYPE_F32)
+            for (size_t i = i0; i < i1; i++) hit |= (f[i] & m32) == m32;
+        else
+            for (size_t i = i0; i < i1; i++) hit |= (h[i] & m16) == m16;
+        if (!hit) continue;
+        for (size_t i = i0; i < i1; i++)
+            if (dt == DTYPE_F32 ? (f[i] & m32) == m32 : (h[i] & m16) == m16) return (int64_t)i;
+    }
+    return -1;
+}

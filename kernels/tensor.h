@@ -60,6 +60,12 @@ int         dtype_is_quant(enum dtype t);  /* one of the DTYPE_Q* */
  * a ggml type number, or -1 when it is none of the DTYPE_Q*. */
 uint32_t    dtype_quant_type(enum dtype t);
 int         dtype_of_quant_type(uint32_t ggml_type);
+/* The index of the first NaN or Inf among n values of dt (f32, bf16 or f16; -1 for any other
+ * dtype) at data (host memory), or -1. The one finiteness check of weights read from files: one
+ * weight that is not finite makes every logit NaN, so model_load and lora_load_peft refuse it
+ * at load, naming it, where at run time the model would emit <unk> and `nan` log-probabilities.
+ * About one read of the data (measured in docs/engine.md). */
+int64_t     dtype_first_non_finite(const void *data, enum dtype dt, size_t n);
 
 /* tensor_make(data, dtype, device, ndim, d0, d1, ...): builds a view; unused dims are 1. */
 struct tensor tensor_make(void *data, enum dtype dtype, enum device device, int ndim, ...);

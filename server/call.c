@@ -11,9 +11,9 @@
  *                           meanwhile are coalesced into the next message; status last;
  *     Health.Watch:         a message whenever the serving status changes (health.c);
  *     reflection:           receive, answer, receive ... until the client half-closes.
- *   -> freed (call_maybe_free) when the close has completed, no batch is in flight and the
+ *   -> freed (call_maybe_free) when the close has completed, no batch is in flight, the
  *   engine holds no sample of it (the engine calls back until the FINISHED event of every
- *   sample).
+ *   sample) and no adapter load of it is out (LoadAdapter runs on the loader thread: loader.c).
  *
  * Not here: what the methods answer (generation.c, methods.c, health.c), the loop (server.c).
  * Tests: tests/server/test_server.py. */
@@ -164,7 +164,7 @@ static void call_log(struct call *c)
 /* Frees the call once nothing can refer to it any more. */
 void call_maybe_free(struct call *c)
 {
-    if (!c->close_done || c->send_inflight || c->recv_inflight || c->engine_active > 0) return;
+    if (!c->close_done || c->send_inflight || c->recv_inflight || c->engine_active > 0 || c->load_job) return;
     struct server *s = c->s;
     call_log(c);
     if (c->prev) c->prev->next = c->next;
@@ -243,6 +243,7 @@ void call_on_send(struct call *c, int ok)
 void call_on_close(struct call *c)
 {
     c->close_done = 1;
+    if (c->load_job) atomic_store(&c->load_job->abandoned, 1); /* not started yet: skipped */
     if (c->client_cancelled && !c->status_sent && c->engine_active > 0) {
         LOG_INFO("server", "req=%s: the client cancelled or went away; cancelling the request", c->request_id);
         engine_cancel(c->s->engine, c->handle);

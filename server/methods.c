@@ -2,7 +2,7 @@
  * GetModelInfo, GetServerStats, LoadAdapter, UnloadAdapter (unary: one answer, then the
  * status), and each message of a reflection stream.
  * Not here: Generate / Chat (generation.c), health (health.c), protobuf (convert.c), the
- * descriptor index (reflection.c).
+ * descriptor index (reflection.c), LoadAdapter's load (loader.c: off this thread).
  * Tests: tests/server/test_server.py (basic, cancel, invalid, reflection),
  * tests/server/test_lora_serving.py (LoadAdapter, UnloadAdapter). */
 #include <stdint.h>
@@ -96,35 +96,17 @@ static enum status model_info(struct server *s, const uint8_t *data, size_t len,
     return convert_model_info_response(&m, out, out_len);
 }
 
-/* The adapter just loaded, for the response (rank and alpha), and how many are loaded. */
-struct adapter_lookup {
-    const char *name;
-    struct engine_adapter_info found;
-    int n;
-};
-
-static void find_adapter(void *ctx, const struct engine_adapter_info *a)
-{
-    struct adapter_lookup *q = ctx;
-    if (!strcmp(a->name, q->name)) q->found = (struct engine_adapter_info){.rank = a->rank, .alpha = a->alpha};
-    q->n++;
-}
-
 /* Admin operations: any valid API key may call them (call.c checks the key as for every method).
- * The adapter's files are read on this thread (the completion-queue loop): other gRPC calls
- * wait for the read; the engine keeps stepping. */
-static enum status load_adapter(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+ * LoadAdapter is parsed here and loaded on the loader thread (loader.c), which answers the call:
+ * reading the adapter's files never holds up the loop. Returns STATUS_OK when the load is
+ * queued (no answer here). */
+static enum status load_adapter(struct call *c, const uint8_t *data, size_t len)
 {
     char *name, *path;
     enum status st = convert_load_adapter_request(data, len, &name, &path);
-    if (st == STATUS_OK) st = engine_load_adapter(s->engine, name, path);
     if (st == STATUS_OK) {
-        LOG_INFO("server", "LoadAdapter '%s' from %s", name, path);
-        struct adapter_lookup q = {.name = name};
-        engine_list_adapters(s->engine, find_adapter, &q);
-        struct engine_model_info info;
-        engine_get_model_info(s->engine, &info);
-        st = convert_load_adapter_response(&q.found, q.n, info.max_loras, out, out_len);
+        loader_submit(c, name, path); /* takes name and path */
+        return STATUS_OK;
     }
     free(name);
     free(path);
@@ -200,7 +182,9 @@ void methods_handle(struct call *c, const uint8_t *data, size_t len)
     case METHOD_CANCEL: st = cancel(s, data, len, &out, &out_len); break;
     case METHOD_MODEL_INFO: st = model_info(s, data, len, &out, &out_len); break;
     case METHOD_SERVER_STATS: st = server_stats(s, data, len, &out, &out_len); break;
-    case METHOD_LOAD_ADAPTER: st = load_adapter(s, data, len, &out, &out_len); break;
+    case METHOD_LOAD_ADAPTER:
+        if ((st = load_adapter(c, data, len)) == STATUS_OK) return; /* answered by loader.c */
+        break;
     case METHOD_UNLOAD_ADAPTER: st = unload_adapter(s, data, len, &out, &out_len); break;
     case METHOD_REFLECTION: handle_reflection(c, data, len); return;
     default: st = status_errorf(STATUS_INTERNAL, "no handler for %s", call_method_name(c->method));

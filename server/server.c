@@ -11,7 +11,7 @@
  * microseconds of being sampled. Wakes are coalesced (one in flight at a time).
  *
  * Not here: one call's state machine (call.c), the methods (generation.c, methods.c,
- * health.c), API keys and TLS (auth.c), flags (cli/serve.c), protobuf (convert.c).
+ * health.c), adapter loads (loader.c), API keys and TLS (auth.c), flags (cli/serve.c), protobuf (convert.c).
  * Tests: tests/server/test_server.py. */
 #include "server.h"
 
@@ -163,6 +163,7 @@ static void *control_main(void *arg)
 static void loop_tick(struct server *s)
 {
     gen_drain_events(s);
+    loader_drain(s);
     enum phase ph = atomic_load(&s->phase);
     if (ph != s->phase_seen) {
         s->phase_seen = ph;
@@ -260,6 +261,7 @@ enum status server_run(const struct server_options *o)
     s->health_serving = HEALTH_NOT_SERVING;
     pthread_mutex_init(&s->wake_mu, NULL);
     pthread_mutex_init(&s->ev_mu, NULL);
+    loader_init(s);
     enum status st = STATUS_OK;
     grpc_server_credentials *creds = NULL;
 
@@ -324,6 +326,7 @@ enum status server_run(const struct server_options *o)
     if (atomic_load(&s->phase) == PHASE_READY) sem_post(&s->stop_sem);
     pthread_join(s->control, NULL);
     gen_drain_events(s); /* nothing should be left; the calls are gone */
+    loader_stop(s);      /* idle: a load holds its call, and every call is gone */
     if (atomic_load(&s->phase) == PHASE_FAILED) st = status_errorf(s->load_status, "%s", s->load_message);
     if (s->fatal) st = status_errorf(STATUS_UNAVAILABLE, "%s", s->fatal_message);
 
@@ -351,6 +354,7 @@ out_early:
     sem_destroy(&s->stop_sem);
     pthread_mutex_destroy(&s->wake_mu);
     pthread_mutex_destroy(&s->ev_mu);
+    loader_destroy(s);
     free(s);
     return st;
 }

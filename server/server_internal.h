@@ -15,7 +15,8 @@
  *   metrics.c     Prometheus metrics of both fronts (metrics.h)
  *
  * Threads: everything here runs on the completion-queue thread, except server_wake (any
- * thread) and the engine callback in generation.c (engine thread), which only queue and wake.
+ * thread), the engine callback in generation.c (engine thread) and the loader thread's loads
+ * (loader.c), which only queue and wake.
  * Not here: protobuf (convert.c), the descriptor index (reflection.c), flags (cli/serve.c).
  * Tests: tests/server/test_server.py. */
 #ifndef SHARDLM_SERVER_INTERNAL_H
@@ -131,6 +132,23 @@ struct call {
     /* health watch */
     int            watch_last;    /* last status sent, 0 = none */
     int            watch_unknown; /* watching a service we do not know */
+    /* LoadAdapter */
+    struct load_job *load_job;    /* its load while the loader thread has it: the call is not
+                                     freed before the job comes back (loader.c) */
+};
+
+/* One LoadAdapter's work, done on the loader thread (loader.c). The loop thread owns it except
+ * between loader_submit and its return on the done list. */
+struct load_job {
+    struct load_job *next;
+    struct call     *call;       /* the call to answer (borrowed; kept alive by call.load_job) */
+    char            *name, *path;
+    atomic_int       abandoned;  /* the call ended (client cancel, deadline, shutdown) before
+                                    the load started: the loader skips it */
+    enum status      st;         /* the outcome, set on the loader thread */
+    char             message[1024];
+    uint8_t         *out;        /* the response when st is STATUS_OK (out_len bytes) */
+    size_t           out_len;
 };
 
 struct request_slot {
@@ -214,6 +232,14 @@ struct server {
                                                    file's): the base in requests' adapter / model */
     long long             t_created;            /* Unix seconds at start */
     struct metrics       *metrics;
+    /* the loader thread (LoadAdapter off the loop: loader.c) */
+    pthread_t             loader;
+    int                   loader_started, loader_stop;
+    pthread_mutex_t       load_mu;
+    pthread_cond_t        load_cv;
+    struct load_job      *load_todo, *load_todo_tail; /* waiting for the loader, in order */
+    struct load_job      *load_done;                  /* finished, for the loop to answer */
+    double                load_test_delay_s;          /* $SHARDLM_TEST_LOAD_DELAY_S (tests) */
 };
 
 /* The values of grpc.health.v1.HealthCheckResponse.ServingStatus that the server sends. */
@@ -248,7 +274,7 @@ void call_reply(struct call *c, uint8_t *msg, size_t len);
 /* Starts RECV_MESSAGE (reflection asks for the next message after each answer). */
 void call_recv(struct call *c);
 /* Frees the call once nothing can refer to it any more (close done, no batch in flight, no
- * sample held by the engine); does nothing otherwise. */
+ * sample held by the engine, no adapter load out); does nothing otherwise. */
 void call_maybe_free(struct call *c);
 /* Asks gRPC for the next incoming call into this slot. */
 void call_slot_arm(struct request_slot *slot);
@@ -295,6 +321,19 @@ enum status  gen_resolve_adapter(const struct server *s, struct gen_request *r);
 /* Answers every method but Generate / Chat and health: Tokenize, Detokenize, Cancel,
  * GetModelInfo, GetServerStats, LoadAdapter, UnloadAdapter, and one reflection message. */
 void methods_handle(struct call *c, const uint8_t *data, size_t len);
+
+/* ---- loader.c ------------------------------------------------------------------------------ */
+
+/* Loop thread. Queues c's LoadAdapter of adapter name from path (taking ownership of both) for
+ * the loader thread, started on first use; the answer goes out from loader_drain. */
+void loader_submit(struct call *c, char *name, char *path);
+/* Loop thread: answers the calls whose loads have finished, and frees the jobs. */
+void loader_drain(struct server *s);
+/* After the loop, once no call is left (so no job is out): stops and joins the loader thread. */
+void loader_stop(struct server *s);
+/* Init / destroy of the loader's lock and condition (server_run). */
+void loader_init(struct server *s);
+void loader_destroy(struct server *s);
 
 /* ---- health.c ------------------------------------------------------------------------------ */
 

@@ -12,8 +12,8 @@
  *   sampled tokens back to rank 0;
  * - the control plane: a step-plan-like byte buffer broadcast from rank 0 and the last rank,
  *   parallel_agree, barrier; asking for NCCL groups where there is no NCCL is an agreed error;
- * - --hang (mpirun -n 2): rank 1 hangs; rank 0 must fail with STATUS_UNAVAILABLE after its
- *   timeout, and every later call must fail at once;
+ * - --hang (mpirun -n 2): rank 1 hangs (its heartbeats stopped); rank 0 must fail with
+ *   STATUS_UNAVAILABLE naming rank 1 after its timeout, and every later call must fail at once;
  * - --nccl: the same collectives on CUDA tensors through NCCL (label gpu): SKIP (exit 77)
  *   without NCCL or without one GPU per rank.
  * Rank 0 prints "N passed, M failed" for the whole world; every rank exits 1 when any failed. */
@@ -673,18 +673,21 @@ static int run_hang(struct parallel_world *w)
         printf("SKIP: --hang needs mpirun -n 2 or more\n");
         return 77;
     }
+    EXPECT_OK(parallel_watch_start(w));
     EXPECT_OK(parallel_barrier(w));
     if (w->rank != 0) {
+        parallel_watch_stop(w); /* silent, as a stopped process is */
         sleep(60); /* hung: mpirun ends this rank once rank 0 has exited */
         return 0;
     }
-    w->timeout_s = 1.0;
+    w->timeout_s = 1.5;
     double t0 = now_s();
     enum status st = parallel_barrier(w);
     double dt = now_s() - t0;
     EXPECT(st == STATUS_UNAVAILABLE && strstr(status_message(), "no progress"),
            "hung peer: %s (%s)", status_name(st), status_message());
-    EXPECT(dt >= 0.9 && dt < 10, "hung peer detected after %.2f s (timeout 1 s)", dt);
+    EXPECT(strstr(status_message(), "rank 1 (silent for") != NULL, "the silent rank is named: %s", status_message());
+    EXPECT(dt >= 1.4 && dt < 10, "hung peer detected after %.2f s (timeout 1.5 s)", dt);
     EXPECT(w->broken, "world not marked broken");
     int32_t v = 1;
     struct tensor t = tensor_make(&v, DTYPE_I32, DEVICE_CPU, 1, (int64_t)1);

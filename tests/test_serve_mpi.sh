@@ -8,7 +8,8 @@
 # With `kill`: rank 1 (a worker, or replica 1's leader when DP > 1) is killed (SIGKILL) in the middle of a long streamed generation;
 # the client must get an error (not hang), and every rank must be gone within 20 s.
 # With `hang`: a worker rank is stopped (SIGSTOP) instead; rank 0 notices after --rank-timeout
-# (2 s here), fails the requests with UNAVAILABLE, goes NOT_SERVING and exits non-zero.
+# (2 s here), names rank 1 (heartbeats: parallel_watch.c), fails the requests with UNAVAILABLE,
+# goes NOT_SERVING and exits non-zero.
 set -u
 shardlm=$1
 data=$2
@@ -58,6 +59,9 @@ if [ "$mode" = kill ] || [ "$mode" = hang ]; then
   if [ "$mode" = hang ]; then
     kill -9 "$worker" 2> /dev/null
     grep -q "the engine failed" "$tmp/serve.log"; check "rank 0 detected the hung rank" $?
+    # ... and named it (issue 35: the message said only "a rank is hung or gone").
+    grep -Eq 'rank 1 \(silent|\(rank 1\) silent' "$tmp/serve.log"
+    check "rank 0 named rank 1 ($(grep -Eo 'rank 1 \(silent[^:;)]*|\(rank 1\) silent[^:;]*' "$tmp/serve.log" | head -1))" $?
     grep -q "NOT_SERVING" "$tmp/serve.log"; check "health went NOT_SERVING" $?
   fi
   wait "$client"

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tokenizer.h"
@@ -193,7 +194,20 @@ static void test_load_errors(const char *llama_path)
     }
 
     s = tokenizer_load("/tmp", &t);
-    EXPECT(s == STATUS_IO, "directory: %s", status_name(s));
+    EXPECT(s == STATUS_BAD_FORMAT && strstr(status_message(), "not a regular file (a directory)"),
+           "directory: %s (%s)", status_name(s), status_message());
+    /* A FIFO is refused at once, never waited on for a writer (base_open_file, issue 35). */
+    char fifo[] = "/tmp/shardlm_tok_fifoXXXXXX";
+    if (mkdtemp(fifo)) {
+        char path[64];
+        snprintf(path, sizeof path, "%s/tokenizer.model", fifo);
+        EXPECT(mkfifo(path, 0600) == 0, "mkfifo: %s", strerror(errno));
+        s = tokenizer_load(path, &t);
+        EXPECT(s == STATUS_BAD_FORMAT && strstr(status_message(), "not a regular file (a FIFO)"), "FIFO: %s (%s)",
+               status_name(s), status_message());
+        unlink(path);
+        rmdir(fifo);
+    }
 
     s = tokenizer_load_from_memory("", 0, &t);
     EXPECT(s == STATUS_BAD_FORMAT, "empty proto: %s (%s)", status_name(s), status_message());
@@ -218,7 +232,7 @@ static void test_load_errors(const char *llama_path)
         free(bytes);
     }
     tokenizer_free(NULL);
-    group_end("load errors", "missing -> NOT_FOUND, garbage/truncated/empty -> BAD_FORMAT, dir -> IO");
+    group_end("load errors", "missing -> NOT_FOUND, garbage/truncated/empty -> BAD_FORMAT, dir / FIFO -> BAD_FORMAT");
 }
 
 static void test_llama_vocab(const struct tokenizer *t)

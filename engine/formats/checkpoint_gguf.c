@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint_impl.h"
 #include "gguf.h"
@@ -21,11 +22,11 @@
 
 int ck_is_gguf(const char *path)
 {
-    if (!ck_is_file(path)) return 0;
-    FILE *f = fopen(path, "rb");
+    int fd;
+    if (base_open_file(path, &fd, NULL) != STATUS_OK) return 0;
     char magic[4] = {0};
-    int ok = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
-    if (f) fclose(f);
+    const int ok = read(fd, magic, 4) == 4 && !memcmp(magic, "GGUF", 4);
+    close(fd);
     return ok;
 }
 

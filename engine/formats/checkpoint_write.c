@@ -36,8 +36,13 @@ static enum status ck_copy_file(const char *dir_in, const char *dir_out, const c
     if ((s = ck_pathf(in, dir_in, name)) || (s = ck_pathf(out, dir_out, name))) return s;
     if (!ck_is_file(in)) return STATUS_OK;
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
-    FILE *fi = fopen(in, "rb"), *fo = NULL;
-    if (!fi) return status_errorf(STATUS_IO, "%s: %s", in, strerror(errno));
+    int fd;
+    if ((s = base_open_file(in, &fd, NULL)) != STATUS_OK) return s;
+    FILE *fi = fdopen(fd, "rb"), *fo = NULL;
+    if (!fi) {
+        close(fd);
+        return status_errorf(STATUS_IO, "%s: %s", in, strerror(errno));
+    }
     if (!(fo = fopen(tmp, "wb"))) {
         s = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
         goto out;

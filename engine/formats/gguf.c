@@ -435,20 +435,8 @@ enum status gguf_open(const char *path, struct gguf **out)
         free(g);
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
     }
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        s = status_errorf(errno == ENOENT ? STATUS_NOT_FOUND : STATUS_IO, "%s: %s", path, strerror(errno));
-        goto fail;
-    }
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        s = status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        s = status_errorf(STATUS_IO, "%s: not a regular file", path);
-        goto fail;
-    }
+    if ((s = base_open_file(path, &fd, &st)) != STATUS_OK) goto fail;
     if (st.st_size < 24) {
         s = status_errorf(STATUS_BAD_FORMAT, "%s: %lld bytes is too short for a GGUF header (truncated?)", path,
                           (long long)st.st_size);

@@ -42,8 +42,13 @@ static enum status fill_permuted(void *ctx, void *dst, size_t nbytes)
 static enum status copy_file(const char *from, const char *to)
 {
     enum status st = STATUS_OK;
-    FILE *in = fopen(from, "rb"), *out = NULL;
-    if (!in) return status_errorf(STATUS_NOT_FOUND, "%s: %s", from, strerror(errno));
+    int fd;
+    if ((st = base_open_file(from, &fd, NULL)) != STATUS_OK) return st;
+    FILE *in = fdopen(fd, "rb"), *out = NULL;
+    if (!in) {
+        close(fd);
+        return status_errorf(STATUS_IO, "%s: %s", from, strerror(errno));
+    }
     out = fopen(to, "wb");
     if (!out) {
         st = status_errorf(STATUS_IO, "%s: %s", to, strerror(errno));
@@ -72,10 +77,10 @@ enum status llama2c_convert(const char *checkpoint, const char *tokenizer, const
     size_t size = 0;
     char path[4096];
 
-    int fd = open(checkpoint, O_RDONLY);
-    if (fd < 0) return status_errorf(errno == ENOENT ? STATUS_NOT_FOUND : STATUS_IO, "%s: %s", checkpoint, strerror(errno));
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || sb.st_size < (off_t)sizeof(struct l2c_header)) {
+    if ((st = base_open_file(checkpoint, &fd, &sb)) != STATUS_OK) return st;
+    if (sb.st_size < (off_t)sizeof(struct l2c_header)) {
         st = status_errorf(STATUS_BAD_FORMAT, "%s: too short for a llama2.c header", checkpoint);
         goto done;
     }

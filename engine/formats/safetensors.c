@@ -405,20 +405,9 @@ enum status safetensors_open(const char *path, struct safetensors **out)
     enum status s = STATUS_OK;
     struct safetensors *st = NULL;
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT) return status_errorf(STATUS_NOT_FOUND, "%s: no such file", path);
-        return status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
-    }
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        s = status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
-        goto out;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        s = status_errorf(STATUS_BAD_FORMAT, "%s: not a regular file", path);
-        goto out;
-    }
+    if ((s = base_open_file(path, &fd, &sb)) != STATUS_OK) return s;
     if (sb.st_size < 8) {
         s = status_errorf(STATUS_BAD_FORMAT,
                           "%s: file is %lld bytes, too short for the 8-byte header length", path,

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "safetensors.h"
 
@@ -169,8 +170,9 @@ static struct lora *lora_new(const struct model *m, int rank, float alpha, unsig
 enum status lora_create(struct model *m, int rank, float alpha, unsigned mask, uint64_t seed, struct lora **out)
 {
     *out = NULL;
-    if (rank < 1 || rank > 4096 || !(alpha > 0))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "--lora-rank must be in [1, 4096] and --lora-alpha > 0");
+    if (rank < 1 || rank > LORA_MAX_RANK || !isfinite(alpha) || !(alpha > 0) || alpha > LORA_MAX_ALPHA)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--lora-rank must be in [1, %d] and --lora-alpha in (0, %g]",
+                             LORA_MAX_RANK, LORA_MAX_ALPHA);
     struct lora *l = lora_new(m, rank, alpha, mask, 0);
     if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
     enum status st = lora_alloc(l, m, 0);
@@ -518,12 +520,40 @@ static enum status read_peft_config(const char *dir, int *rank, float *alpha, un
         else if ((st = lora_parse_targets(it->valuestring, &one)) != STATUS_OK) st = status_errorf(st, "%s: %s", path, it->valuestring);
         *mask |= one;
     }
+    /* alpha is read as a double: 1e39 is finite there and infinite as a float. */
+    if (st == STATUS_OK && (!isfinite(r->valuedouble) || r->valuedouble != floor(r->valuedouble) ||
+                            r->valuedouble < 1 || r->valuedouble > LORA_MAX_RANK))
+        st = status_errorf(STATUS_BAD_FORMAT, "%s: r %g is not an integer in [1, %d]", path, r->valuedouble,
+                           LORA_MAX_RANK);
+    else if (st == STATUS_OK && (!isfinite(a->valuedouble) || !(a->valuedouble > 0) ||
+                                 a->valuedouble > LORA_MAX_ALPHA))
+        st = status_errorf(STATUS_BAD_FORMAT, "%s: lora_alpha %g is not a number in (0, %g]", path, a->valuedouble,
+                           LORA_MAX_ALPHA);
     if (st == STATUS_OK) {
-        *rank = r->valueint;
+        *rank = (int)r->valuedouble;
         *alpha = (float)a->valuedouble;
     }
     cJSON_Delete(root);
     return st;
+}
+
+/* Both files of the adapter in dir open as regular files, or STATUS_NOT_FOUND whatever kept one
+ * from opening (lora.h: callers answer every unreachable path alike). */
+static enum status peft_files_reachable(const char *dir)
+{
+    static const char *const names[] = {"adapter_config.json", "adapter_model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        int fd;
+        if (base_open_file(path, &fd, NULL) != STATUS_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", status_message());
+            return status_errorf(STATUS_NOT_FOUND, "%s", msg);
+        }
+        close(fd);
+    }
+    return STATUS_OK;
 }
 
 enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
@@ -534,10 +564,9 @@ enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
     int rank = 0;
     float alpha = 0;
     unsigned mask = 0;
-    enum status st = read_peft_config(dir, &rank, &alpha, &mask);
+    enum status st = peft_files_reachable(dir);
     if (st != STATUS_OK) return st;
-    if (rank < 1 || rank > 4096 || !(alpha > 0))
-        return status_errorf(STATUS_BAD_FORMAT, "%s/adapter_config.json: r %d or lora_alpha %g out of range", dir, rank, alpha);
+    if ((st = read_peft_config(dir, &rank, &alpha, &mask)) != STATUS_OK) return st == STATUS_NOT_FOUND ? STATUS_IO : st;
     struct lora *l = lora_new(m, rank, alpha, mask, 0);
     if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
     if ((st = lora_alloc(l, m, 0)) != STATUS_OK) {
@@ -549,7 +578,7 @@ enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
     struct safetensors *sf = NULL;
     if ((st = safetensors_open(path, &sf)) != STATUS_OK) {
         lora_free(l, m->b);
-        return st;
+        return st == STATUS_NOT_FOUND ? STATUS_IO : st; /* gone since peft_files_reachable */
     }
     for (int i = 0; i < l->n_layers && st == STATUS_OK; i++)
         for (int t = 0; t < LORA_TARGET_COUNT && st == STATUS_OK; t++) {
@@ -573,6 +602,10 @@ enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
                     float *h = malloc(nb);
                     st = h ? safetensors_read(f, DTYPE_F32, h, nb)
                            : status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
+                    const int64_t bad = st == STATUS_OK ? dtype_first_non_finite(h, DTYPE_F32, (size_t)(rows * cols)) : -1;
+                    if (bad >= 0)
+                        st = status_errorf(STATUS_BAD_FORMAT, "%s: tensor %s holds a NaN or Inf (element %lld): the "
+                                           "adapter is corrupt", path, name, (long long)bad);
                     if (st == STATUS_OK) upload_slice(m->b, x, h, cols, ab, (enum lora_target)t, start);
                     free(h);
                 }

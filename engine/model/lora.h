@@ -27,6 +27,11 @@
 
 #include "model.h"
 
+/* The bounds of an adapter's rank and alpha, at creation and when read: a finite alpha in (0,
+ * LORA_MAX_ALPHA] (an infinite or huge scale can only give NaN logits). */
+#define LORA_MAX_RANK 4096
+#define LORA_MAX_ALPHA 65536.0
+
 enum lora_target {
     LORA_TARGET_Q,
     LORA_TARGET_K,
@@ -130,7 +135,11 @@ enum status lora_save_peft(const struct lora *l, const struct model *m, struct b
                            const char *base_model);
 /* Reads a PEFT adapter for m: rank, alpha and targets from adapter_config.json, A and B from
  * adapter_model.safetensors (any float dtype). Errors name the file and the tensor: a missing
- * tensor, a shape that does not match the model, an unsupported option (DoRA, rsLoRA, bias). */
+ * tensor, a shape that does not match the model, a NaN or Inf in a tensor, r or lora_alpha out
+ * of bounds (LORA_MAX_*), an unsupported option (DoRA, rsLoRA, bias): STATUS_BAD_FORMAT or
+ * STATUS_UNSUPPORTED. Either file missing, unreadable or not a regular file (a FIFO is refused
+ * without blocking: base_open_file) is STATUS_NOT_FOUND, its message saying which and why, and
+ * no other failure is STATUS_NOT_FOUND: a caller may answer all unreachable paths alike. */
 enum status lora_load_peft(struct model *m, const char *dir, struct lora **out);
 
 /* W += s B A for every adapted weight of m, in place (m's weights must be writable f32): the

@@ -31,32 +31,6 @@ static void add_offset(void *data, enum dtype dt, size_t n, float offset)
     for (size_t i = 0; i < n; i++) dtype_store_f32(data, dt, i, dtype_load_f32(data, dt, i) + offset);
 }
 
-/* The index of the first NaN or Inf among n values of dt at data, or -1. One weight that is not
- * finite makes every logit NaN; found here, at load, the error names it, where at run time the
- * model would emit <unk> and `nan` log-probabilities. The exponent field all ones is the test; the
- * scan is a blocked OR (vectorised) that only looks closer in a block that hit, so it costs about
- * one read of the weights (measured in docs/engine.md). */
-static int64_t first_non_finite(const void *data, enum dtype dt, size_t n)
-{
-    if (dt != DTYPE_F32 && dt != DTYPE_BF16 && dt != DTYPE_F16) return -1;
-    const uint32_t *f = data;
-    const uint16_t *h = data;
-    const uint32_t m32 = 0x7f800000u;
-    const uint16_t m16 = dt == DTYPE_BF16 ? 0x7f80u : 0x7c00u;
-    for (size_t i0 = 0; i0 < n; i0 += 4096) {
-        const size_t i1 = n - i0 < 4096 ? n : i0 + 4096;
-        int hit = 0;
-        if (dt == DTYPE_F32)
-            for (size_t i = i0; i < i1; i++) hit |= (f[i] & m32) == m32;
-        else
-            for (size_t i = i0; i < i1; i++) hit |= (h[i] & m16) == m16;
-        if (!hit) continue;
-        for (size_t i = i0; i < i1; i++)
-            if (dt == DTYPE_F32 ? (f[i] & m32) == m32 : (h[i] & m16) == m16) return (int64_t)i;
-    }
-    return -1;
-}
-
 /* The first non-finite value of ggml blocks (rows of k values), found by dequantizing each row:
  * a NaN or Inf can only come from a block's f16 scales (the quants are integers). About one
  * dequantization of the weights at load. */
@@ -72,7 +46,7 @@ static int64_t first_non_finite_blocks(const void *data, enum dtype dt, size_t n
     int64_t found = -1;
     for (size_t r = 0; r < nbytes / row && found < 0; r++) {
         quant_dequantize_row(qt, (const char *)data + r * row, buf, k);
-        const int64_t at = first_non_finite(buf, DTYPE_F32, (size_t)k);
+        const int64_t at = dtype_first_non_finite(buf, DTYPE_F32, (size_t)k);
         if (at >= 0) found = (int64_t)r * k + at;
     }
     free(buf);
@@ -83,7 +57,7 @@ static enum status check_finite(const char *dir, enum weight_kind kind, int laye
                                 const void *data, size_t nbytes, int64_t cols)
 {
     const int64_t at = dtype_is_quant(dt) ? first_non_finite_blocks(data, dt, nbytes, cols)
-                                          : first_non_finite(data, dt, nbytes / dtype_size(dt));
+                                          : dtype_first_non_finite(data, dt, nbytes / dtype_size(dt));
     if (at < 0) return STATUS_OK;
     return status_errorf(STATUS_BAD_FORMAT, "%s: weight %s of layer %d holds a NaN or Inf (element %lld): the "
                          "checkpoint is corrupt", dir, weight_kind_name(kind), layer, (long long)at);

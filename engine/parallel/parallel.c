@@ -79,10 +79,10 @@ enum status parallel_mpi_wait(struct parallel_world *w, MPI_Request *req, MPI_St
         if (spin >= 1000) sched_yield();
         if ((spin & 15) == 0 && base_now_s() - start > w->timeout_s) {
             ((struct world_impl *)w->impl)->n_abandoned++;
-            return parallel_world_fail(w,
-                                       "%s on the %s group made no progress in %.1f s: a rank "
-                                       "is hung or gone",
-                                       what, group, w->timeout_s);
+            char who[400];
+            parallel_watch_explain(w, who, sizeof who);
+            return parallel_world_fail(w, "%s on the %s group made no progress in %.1f s: %s", what, group,
+                                       w->timeout_s, who);
         }
     }
 }
@@ -212,6 +212,7 @@ void parallel_finalize(struct parallel_world *w)
 {
     if (!w) return;
     struct world_impl *wi = w->impl;
+    if (!wi->parent) parallel_watch_stop(w);
     comm_free(w->control);
     w->control = NULL;
     if (w->mpi) {

@@ -295,6 +295,28 @@ void comm_free(struct comm *c); /* accepts NULL; frees the implementation's reso
  * whose functions return STATUS_UNAVAILABLE (and 0). */
 #define PARALLEL_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId), checked in parallel_nccl.c */
 
+/* ---- heartbeats: naming the rank a timeout waited for (parallel_watch.c) ---------------- */
+
+/* A collective that times out cannot say who is missing (MPI and NCCL report completion only).
+ * With the watch started, a thread on every rank sends a one-byte beat to every other rank of
+ * the whole job every 0.25 s, on a communicator of its own, and notes when it last heard from
+ * each: a stopped or dead rank falls silent while the live ones, blocked in the collective,
+ * keep beating. Every timeout message (parallel_mpi_wait, comm_synchronize) then names the ranks
+ * silent for over 1 s ("rank 1 (silent for 2.3 s): hung or gone", ranks of the whole job as
+ * mpirun numbers them). Start it on every rank of the job, once (w may be a sub-world: the watch
+ * is the whole job's; later calls do nothing), after the groups exist; it needs
+ * MPI_THREAD_MULTIPLE (otherwise it warns, does nothing, and timeouts say the rank cannot be
+ * named). parallel_finalize of the top-level world stops it; parallel_watch_stop may stop it
+ * earlier (any sub-world, accepts NULL and no watch). Errors: STATUS_RESOURCE_EXHAUSTED, or an
+ * MPI failure as every call here. */
+enum status parallel_watch_start(struct parallel_world *w);
+void        parallel_watch_stop(struct parallel_world *w);
+/* "rank 2 (silent for 3.1 s), rank 3 (...)" into buf (n bytes) for the ranks silent for over 1 s;
+ * "" without a watch or when every rank beats. Returns the length written. Any thread. */
+size_t      parallel_watch_silent(const struct parallel_world *w, char *buf, size_t n);
+/* What a timeout message says about who: the silent ranks, or why none can be named. */
+void        parallel_watch_explain(const struct parallel_world *w, char *buf, size_t n);
+
 /* Marks w broken, keeps the first failure's message in w->failure, and returns
  * STATUS_UNAVAILABLE with the message (printf-style). */
 enum status parallel_world_fail(struct parallel_world *w, const char *fmt, ...)

@@ -409,7 +409,9 @@ static enum status mpi_send(struct comm *c, const struct tensor *x, int peer)
     MPI_Request req;
     MPI_TRY(c->world, c->name, MPI_Isend(x->data, count, MPI_BYTE, peer, PARALLEL_P2P_TAG,
                                          m->comm, &req));
-    return parallel_mpi_wait(c->world, &req, NULL, "send", c->name);
+    char what[48];
+    snprintf(what, sizeof what, "send to %s rank %d", c->name, peer); /* the one rank it waits for */
+    return parallel_mpi_wait(c->world, &req, NULL, what, c->name);
 }
 
 static enum status mpi_recv(struct comm *c, const struct tensor *x, int peer)
@@ -422,7 +424,9 @@ static enum status mpi_recv(struct comm *c, const struct tensor *x, int peer)
     MPI_Status mst;
     MPI_TRY(c->world, c->name, MPI_Irecv(x->data, count, MPI_BYTE, peer, PARALLEL_P2P_TAG, m->comm,
                                          &req));
-    if ((st = parallel_mpi_wait(c->world, &req, &mst, "recv", c->name)) != STATUS_OK) return st;
+    char what[48];
+    snprintf(what, sizeof what, "recv from %s rank %d", c->name, peer);
+    if ((st = parallel_mpi_wait(c->world, &req, &mst, what, c->name)) != STATUS_OK) return st;
     MPI_TRY(c->world, c->name, MPI_Get_count(&mst, MPI_BYTE, &got));
     /* A longer message fails inside MPI (truncation); a shorter one is a mismatched pair. */
     CHECK(got == count, "%s comm: rank %d received %d bytes from %d, expected %d", c->name,
@@ -444,8 +448,11 @@ static enum status mpi_sendrecv(struct comm *c, const struct tensor *send, int s
                                          m->comm, &req[0]));
     MPI_TRY(c->world, c->name, MPI_Isend(send->data, scount, MPI_BYTE, send_peer, PARALLEL_P2P_TAG,
                                          m->comm, &req[1]));
-    if ((st = parallel_mpi_wait(c->world, &req[1], NULL, "sendrecv (send)", c->name)) != STATUS_OK) return st;
-    if ((st = parallel_mpi_wait(c->world, &req[0], &mst, "sendrecv (recv)", c->name)) != STATUS_OK) return st;
+    char what[64];
+    snprintf(what, sizeof what, "sendrecv (send to %s rank %d)", c->name, send_peer);
+    if ((st = parallel_mpi_wait(c->world, &req[1], NULL, what, c->name)) != STATUS_OK) return st;
+    snprintf(what, sizeof what, "sendrecv (recv from %s rank %d)", c->name, recv_peer);
+    if ((st = parallel_mpi_wait(c->world, &req[0], &mst, what, c->name)) != STATUS_OK) return st;
     MPI_TRY(c->world, c->name, MPI_Get_count(&mst, MPI_BYTE, &got));
     CHECK(got == rcount, "%s comm: rank %d received %d bytes from %d, expected %d", c->name, c->rank,
           got, recv_peer, rcount);

@@ -28,6 +28,8 @@ struct world_impl {
     int n_abandoned;   /* operations left pending by a timeout: MPI_Finalize would wait on them */
     int mpi_failed;    /* an MPI call returned an error */
     struct world_impl *parent; /* a sub-world's parent (its failures count there too) */
+    struct parallel_watch *watch; /* the job's heartbeats (the top-level world's only):
+                                     parallel_watch.c */
     pthread_mutex_t send_mu;   /* pending sends: any thread may post, any may progress */
     struct pending_send *sends; /* (cap_sends), n_sends of them */
     size_t cap_sends;

@@ -341,9 +341,10 @@ static enum status nccl_synchronize(struct comm *c)
         if (e == cudaSuccess) return STATUS_OK;
         if (e != cudaErrorNotReady) return cuda_fail(c->world, e, "cudaStreamQuery", c->name);
         if (c->world->timeout_s > 0 && base_now_s() - start > c->world->timeout_s) {
-            st = parallel_world_fail(c->world,
-                                     "NCCL work on the %s group made no progress in %.1f s: a "
-                                     "rank is hung or gone", c->name, c->world->timeout_s);
+            char who[400];
+            parallel_watch_explain(c->world, who, sizeof who);
+            st = parallel_world_fail(c->world, "NCCL work on the %s group made no progress in %.1f s: %s", c->name,
+                                     c->world->timeout_s, who);
             ncclCommAbort(n->comm);
             n->comm = NULL;
             return st;

@@ -120,6 +120,14 @@ enum status adapter_set_read(const struct adapter_set *s, struct model *m, const
     if (!dir || !*dir) return status_errorf(STATUS_INVALID_ARGUMENT, "LoadAdapter: path is empty");
     struct lora *l = NULL;
     enum status st = lora_load_peft(m, dir, &l);
+    if (st == STATUS_NOT_FOUND) {
+        /* Missing, unreadable, not a regular file: the caller learns no more than that nothing
+         * loadable is there (a key holder must not map the server's files); the log has why. */
+        LOG_WARN(MODULE, "LoadAdapter from %s: %s", dir, status_message());
+        return status_errorf(STATUS_NOT_FOUND, "LoadAdapter: no adapter can be read at '%.512s' (it needs "
+                             "adapter_config.json and adapter_model.safetensors there, regular files this server "
+                             "can read)", dir);
+    }
     if (st != STATUS_OK) return st;
     if (l->rank > s->max_rank) {
         status_errorf(STATUS_INVALID_ARGUMENT, "%s: rank %d is above this server's --max-lora-rank %d (the scratch "

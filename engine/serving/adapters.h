@@ -78,7 +78,10 @@ void        adapter_set_free(struct adapter_set *s, struct backend *b); /* accep
 enum status adapter_name_check(const char *name);
 
 /* Any thread, no lock: reads the PEFT adapter in dir for m and checks it against the set's
- * limits (run-time loads allowed, rank <= max_rank). *out is owned by the caller. */
+ * limits (run-time loads allowed, rank <= max_rank). *out is owned by the caller. A directory
+ * whose files cannot be opened (missing, unreadable, not regular files) is STATUS_NOT_FOUND with
+ * one message for every such cause (logged in detail): the answer to a client tells nothing
+ * more about the server's files. */
 enum status adapter_set_read(const struct adapter_set *s, struct model *m, const char *dir, struct lora **out);
 /* Under the lock: adds the adapter read by adapter_set_read as name (PENDING), taking ownership
  * of l and a copy of dir on success only. STATUS_ALREADY_EXISTS when the name is taken,

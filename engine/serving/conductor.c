@@ -212,8 +212,10 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->stats.kv_blocks_total = c->cache.n_blocks;
     c->stats.kv_blocks_free = c->cache.n_blocks; /* true before the first step too */
     c->stats.block_tokens = bt;
-    /* Only the first rank times out: workers legitimately wait for the next plan forever. */
+    /* Only the first rank times out: workers legitimately wait for the next plan forever. Every
+     * rank beats (parallel_watch_start), so that the timeout names the rank that stopped. */
     if (c->par.world && c->par.world->rank == 0) c->par.world->timeout_s = o->rank_timeout_s;
+    if (c->par.world && o->rank_timeout_s > 0 && (st = parallel_watch_start(c->par.world)) != STATUS_OK) goto fail;
     LOG_INFO(MODULE,
              "ready: %d KV blocks of %d tokens (%.1f MiB), max_batch_tokens %d, max_seqs %d, prefix caching %s, "
              "scheduling %s",

@@ -91,6 +91,7 @@ enum status router_create(const struct engine_options *opt, int dp, struct route
     /* Messages between rank 0 and the leaders: a peer that stops in the middle of one is gone
      * after rank_timeout_s (the whole world is used for nothing else from here on). */
     if (r->role != ROLE_WORKER) w->timeout_s = opt->rank_timeout_s;
+    if (opt->rank_timeout_s > 0 && (st = parallel_watch_start(w)) != STATUS_OK) goto fail; /* names a stopped rank */
     if (r->role == ROLE_FRONT) {
         LOG_INFO(MODULE, "%d data-parallel replicas of tp %d x pp %d; replica leaders at ranks %d, %d, ...", dp,
                  tp, pp, r->rep[0].leader, r->rep[1].leader);

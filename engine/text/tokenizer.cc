@@ -343,21 +343,13 @@ enum status tokenizer_load(const char *path, struct tokenizer **out)
 {
     *out = nullptr;
     if (!path) return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: no path given");
-    const int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        const int e = errno;
-        return status_errorf(e == ENOENT || e == ENOTDIR ? STATUS_NOT_FOUND : STATUS_IO,
-                             "%s: cannot open tokenizer model: %s", path, strerror(e));
-    }
-    enum status s = STATUS_OK;
+    int fd = -1;
+    struct stat sb;
+    enum status s = base_open_file(path, &fd, &sb);
+    if (s != STATUS_OK) return s;
     try {
-        struct stat sb;
         std::string bytes;
-        if (fstat(fd, &sb) != 0) {
-            s = status_errorf(STATUS_IO, "%s: stat: %s", path, strerror(errno));
-        } else if (!S_ISREG(sb.st_mode)) {
-            s = status_errorf(STATUS_IO, "%s: not a regular file", path);
-        } else {
+        {
             bytes.resize((size_t)sb.st_size);
             size_t got = 0;
             while (got < bytes.size()) {

@@ -2,9 +2,12 @@
 #include "base.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static _Thread_local char status_msg[1024];
 
@@ -122,18 +125,57 @@ int base_grow(void **p, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
+static const char *file_kind(mode_t m)
+{
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    return "not a file";
+}
+
+enum status base_open_file(const char *path, int *fd, struct stat *st)
+{
+    *fd = -1;
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer. */
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (f < 0) {
+        if (errno == ENOENT) return status_errorf(STATUS_NOT_FOUND, "%s: no such file", path);
+        return status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
+    }
+    struct stat sb;
+    if (fstat(f, &sb) != 0) {
+        const int e = errno;
+        close(f);
+        return status_errorf(STATUS_IO, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(f);
+        return status_errorf(STATUS_BAD_FORMAT, "%s: not a regular file (%s): refused", path, file_kind(sb.st_mode));
+    }
+    const int flags = fcntl(f, F_GETFL);
+    if (flags >= 0) (void)fcntl(f, F_SETFL, flags & ~O_NONBLOCK); /* regular files ignore it; reads stay plain */
+    if (st) *st = sb;
+    *fd = f;
+    return STATUS_OK;
+}
+
 enum status base_read_file(const char *path, size_t max_bytes, const char *what, char **text, size_t *len)
 {
     *text = NULL;
     if (len) *len = 0;
-    FILE *f = fopen(path, "rb");
+    int fd;
+    enum status st = base_open_file(path, &fd, NULL);
+    if (st != STATUS_OK) return st;
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
-        if (errno == ENOENT) return status_errorf(STATUS_NOT_FOUND, "%s: no such file", path);
-        return status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: %s", path, strerror(errno));
+        close(fd);
+        return st;
     }
     char *buf = NULL;
     size_t n = 0, cap = 0;
-    enum status st = STATUS_OK;
     for (;;) {
         if (base_grow((void **)&buf, &cap, n + 65536 + 1, 1)) {
             st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);

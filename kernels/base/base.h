@@ -64,11 +64,21 @@ double base_now_s(void);
  * caller turns that into STATUS_RESOURCE_EXHAUSTED). */
 int base_grow(void **p, size_t *cap, size_t need, size_t elem);
 
+/* Opens path for reading and returns its descriptor in *fd (the caller closes it) and, when st
+ * is not NULL, its fstat. Only a regular file is accepted: the open never blocks (O_NONBLOCK,
+ * cleared once the file is known to be regular), so that a FIFO or a device named by a user
+ * cannot stop the calling thread; anything else is STATUS_BAD_FORMAT ("PATH: not a regular file
+ * (a FIFO)"). A missing file is STATUS_NOT_FOUND ("PATH: no such file"), other failures
+ * STATUS_IO with the system's reason. The one way the project opens a file it reads (every
+ * reader below, safetensors, GGUF, llama2.c checkpoints). */
+struct stat;
+enum status base_open_file(const char *path, int *fd, struct stat *st);
+
 /* Reads the whole file at path into *text (malloc'd, NUL-terminated, the caller frees) and its
- * length into *len (may be NULL). A file over max_bytes (0: no limit) is STATUS_BAD_FORMAT
- * ("PATH: more than N bytes, not a plausible <what>"); a missing file STATUS_NOT_FOUND ("PATH:
- * no such file"); other failures STATUS_IO or STATUS_RESOURCE_EXHAUSTED. The one file reader
- * of the project (configs, JSON, data, key files). */
+ * length into *len (may be NULL), opened by base_open_file (its errors). A file over max_bytes
+ * (0: no limit) is STATUS_BAD_FORMAT ("PATH: more than N bytes, not a plausible <what>"); other
+ * failures STATUS_IO or STATUS_RESOURCE_EXHAUSTED. The one file reader of the project (configs,
+ * JSON, data, key files). */
 enum status base_read_file(const char *path, size_t max_bytes, const char *what, char **text, size_t *len);
 
 /* Writes data[0..n) to path through path.tmp, renamed over path once complete (a reader never
