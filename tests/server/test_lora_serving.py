@@ -108,8 +108,13 @@ def run_time(shardlm, model, work, want):
                   f"{want[(p, 'a2')][0][:8]}")
             check(lps == want[(p, "a2")][1], "a2 loaded at run time: log-probabilities differ from at start")
         with urllib.request.urlopen(s.base + "/v1/models", timeout=30) as resp:
-            ids = [m["id"] for m in json.loads(resp.read())["data"]]
+            data = json.loads(resp.read())["data"]
+        ids = [m["id"] for m in data]
         check(ids[1:] == ["a1", "a2"], f"/v1/models lists {ids}")
+        # An adapter's root is its name: the server-side directory is nobody's business (issue 35,
+        # defect 14; it was the absolute path).
+        check([m["root"] for m in data[1:]] == ["a1", "a2"] and str(work) not in json.dumps(data),
+              f"/v1/models shows no server path: {data}")
         # Refusals, each naming what is wrong.
         expect_error(lambda: c.load_adapter("a2", str(work / "a3")), grpc.StatusCode.ALREADY_EXISTS, "'a2'")
         expect_error(lambda: c.load_adapter("x", str(work / "missing")), grpc.StatusCode.NOT_FOUND, "missing")
