@@ -96,9 +96,9 @@ static enum status load_data(struct trainer *t)
     if (st != STATUS_OK) return st;
     const struct train_dataset *d = &t->train;
     LOG_INFO("train", "data: %zu examples, %lld tokens (%lld targets); %ld JSONL lines, %ld blank, %ld truncated, "
-             "%ld skipped as too long, %ld without a target; held out: %zu examples",
+             "%ld skipped as too long, %ld without a target; held out: %zu examples; %lld ids tokenized",
              d->n, (long long)d->n_tokens, (long long)d->n_target_tokens, d->n_lines, d->n_blank,
-             d->n_truncated, d->n_skipped, d->n_no_target, t->eval.n);
+             d->n_truncated, d->n_skipped, d->n_no_target, t->eval.n, (long long)d->n_tokenized);
     if (d->n == 0) return status_errorf(STATUS_INVALID_ARGUMENT, "no training example left after the split");
     return STATUS_OK;
 }
