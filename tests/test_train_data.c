@@ -340,6 +340,33 @@ static void test_streaming(const char *assets)
     free(ids);
     data_free(&ds);
     unlink(line_path);
+    /* 4. A chat whose assistant turn is the whole play (1.1 MB): the content is cut before it is
+     * rendered, and the kept 64 ids and flags are those of rendering it whole. */
+    char *chat_path = write_tmp("long_chat.jsonl", "");
+    f = fopen(chat_path, "wb");
+    CHECK(f, "cannot write %s", chat_path);
+    fputs("{\"messages\": [{\"role\": \"user\", \"content\": \"Recite it.\"}, {\"role\": \"assistant\", "
+          "\"content\": \"", f);
+    for (size_t i = 0; i < len; i++) {
+        const char c = text[i];
+        if (c == '\n') fputs("\\n", f);
+        else if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else fputc(c, f);
+    }
+    fputs("\"}, {\"role\": \"user\", \"content\": \"Thanks.\"}]}\n", f);
+    fclose(f);
+    st = data_load(chat_path, tok, &o, &ds);
+    struct chat_message m[3] = {{CHAT_ROLE_USER, "Recite it."}, {CHAT_ROLE_ASSISTANT, text}, {CHAT_ROLE_USER, "Thanks."}};
+    uint8_t *flags = NULL;
+    CHECK(chat_template_render_train(CHAT_TEMPLATE_PLAIN, tok, m, 3, &ids, &flags, &n) == STATUS_OK, "render");
+    same = st == STATUS_OK && ds.n == 1 && data_example_len(&ds, 0) == 64 && n > 64;
+    for (int j = 1; same && j < 64; j++) same = id_at(&ds, 0, j) == ids[j] && loss_at(&ds, 0, j) == flags[j];
+    check(same && ds.n_tokenized <= 3000, "streaming: a chat with a 1.1 MB turn under --seq-length 64 tokenizes %lld "
+          "ids (at most 3000), its first 64 and their flags as the whole rendering's", (long long)ds.n_tokenized);
+    free(ids);
+    free(flags);
+    data_free(&ds);
+    unlink(chat_path);
     free(text);
 }
 

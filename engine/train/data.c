@@ -59,7 +59,7 @@ static enum status example_close(struct train_dataset *ds, const struct data_opt
     if (len > o->seq_length) {
         if (o->overflow == DATA_OVERFLOW_ERROR)
             return status_errorf(STATUS_INVALID_ARGUMENT,
-                                 "%s:%ld: the example has more than %d tokens (--seq-length) "
+                                 "%s:%ld: the example has more than --seq-length %d tokens "
                                  "(--data-overflow truncate|skip to accept such lines)",
                                  path, line, o->seq_length);
         if (o->overflow == DATA_OVERFLOW_SKIP) {
@@ -124,6 +124,32 @@ static size_t cut_before_space(const char *text, size_t len, size_t at)
     return 0;
 }
 
+/* The shortest prefix text[0..cut) of the ones tried (cut before a space, the byte budget
+ * doubled each time) whose ids number at least `want` + PREFIX_MARGIN, or the whole text
+ * (cut = len). Its ids, when ids is not NULL, go to *ids (malloc'd) and *n. */
+static enum status bounded_prefix(struct train_dataset *ds, const struct tokenizer *tok, const char *text,
+                                  size_t len, int64_t want, size_t *cut_out, int32_t **ids, int *n)
+{
+    size_t budget = 16 * (size_t)(want + PREFIX_MARGIN);
+    for (;;) {
+        size_t cut = budget < len ? cut_before_space(text, len, budget) : len;
+        if (cut == 0) cut = len;
+        int32_t *got = NULL;
+        int n_got = 0;
+        enum status st = tokenizer_encode(tok, text, cut, 0, &got, &n_got);
+        if (st != STATUS_OK) return st;
+        ds->n_tokenized += n_got;
+        if (cut == len || n_got >= want + PREFIX_MARGIN) {
+            *cut_out = cut;
+            if (ids) *ids = got, *n = n_got;
+            else free(got);
+            return STATUS_OK;
+        }
+        free(got);
+        budget *= 2;
+    }
+}
+
 /* Appends the ids of text[0..len) to the open example, each with `loss`, stopping once the
  * example holds `limit` ids (what is past them would be truncated or skipped anyway). */
 static enum status push_text(struct train_dataset *ds, int64_t *open_len, const struct tokenizer *tok,
@@ -131,23 +157,13 @@ static enum status push_text(struct train_dataset *ds, int64_t *open_len, const 
 {
     const int64_t room = limit - *open_len;
     if (room <= 0 || len == 0) return STATUS_OK;
-    size_t budget = 16 * (size_t)(room + PREFIX_MARGIN);
-    for (;;) {
-        size_t cut = budget < len ? cut_before_space(text, len, budget) : len;
-        if (cut == 0) cut = len;
-        int32_t *ids = NULL;
-        int n = 0;
-        enum status st = tokenizer_encode(tok, text, cut, 0, &ids, &n);
-        if (st != STATUS_OK) return st;
-        ds->n_tokenized += n;
-        if (cut == len || n >= room + PREFIX_MARGIN) {
-            st = push_ids(ds, open_len, ids, n < room ? n : (int)room, loss);
-            free(ids);
-            return st;
-        }
-        free(ids);
-        budget *= 2;
-    }
+    int32_t *ids = NULL;
+    int n = 0;
+    size_t cut = 0;
+    enum status st = bounded_prefix(ds, tok, text, len, room, &cut, &ids, &n);
+    if (st == STATUS_OK) st = push_ids(ds, open_len, ids, n < room ? n : (int)room, loss);
+    free(ids);
+    return st;
 }
 
 /* ---- checks on the text itself ----------------------------------------------------------- */
@@ -318,7 +334,7 @@ static int parse_role(const char *s)
     return -1;
 }
 
-static enum status load_chat(const cJSON *list, const char *role_key, const char *content_key,
+static enum status load_chat(cJSON *list, const char *role_key, const char *content_key,
                              const char *path, long line, const struct tokenizer *tok,
                              const struct data_options *o, struct train_dataset *ds, int64_t *open_len)
 {
@@ -344,6 +360,24 @@ static enum status load_chat(const cJSON *list, const char *role_key, const char
         }
         msgs[i].role = (enum chat_role)r;
         msgs[i].content = (char *)content;
+    }
+    /* A content that alone gives more ids than the example holds is cut (before a space, in
+     * cJSON's own copy) and the later contents emptied: the rendering's first seq_length + 1
+     * ids are the same, and the roles are still checked whole. */
+    static char empty[1];
+    for (int i = 0, cut_at = -1; i < n && st == STATUS_OK; i++) {
+        if (cut_at >= 0) {
+            msgs[i].content = empty;
+            continue;
+        }
+        const size_t len = strlen(msgs[i].content);
+        if (len <= 16 * (size_t)(o->seq_length + 1 + PREFIX_MARGIN)) continue;
+        size_t cut = len;
+        st = bounded_prefix(ds, tok, msgs[i].content, len, o->seq_length + 1, &cut, NULL, NULL);
+        if (st == STATUS_OK && cut < len) {
+            msgs[i].content[cut] = 0;
+            cut_at = i;
+        }
     }
     int32_t *ids = NULL;
     uint8_t *loss = NULL;
@@ -387,8 +421,8 @@ static enum status load_json_line(const char *path, long line, const char *text,
     int64_t open_len = 0;
     const char *t = json_string(root, "text"), *prompt = json_string(root, "prompt");
     const char *completion = json_string(root, "completion");
-    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
-    const cJSON *conv = cJSON_GetObjectItemCaseSensitive(root, "conversations");
+    cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    cJSON *conv = cJSON_GetObjectItemCaseSensitive(root, "conversations");
     if ((st = reserve(ds, 0)) != STATUS_OK) {
     } else if (cJSON_IsArray(msgs)) {
         st = load_chat(msgs, "role", "content", path, line, tok, o, ds, &open_len);

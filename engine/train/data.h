@@ -80,7 +80,8 @@ enum status data_append(struct train_dataset *ds, const int32_t *ids, const uint
  * chunk of 64 to 128 KiB cut before a space, at a time), so memory holds the tokens, not the text.
  * A text (or prompt + completion) longer than seq_length is tokenized only as far as needed:
  * a prefix of its bytes that gives seq_length + 1 tokens with a margin (cut before a space,
- * where SentencePiece starts a piece, so the kept tokens are those of the whole text).
+ * where SentencePiece starts a piece, so the kept tokens are those of the whole text); a chat
+ * message's content that alone overflows is cut so before the template renders it.
  * Errors name the file and line: a malformed JSON line, an unknown role, a line of no known
  * format, an empty file, a NUL byte (or \u0000) or invalid UTF-8 anywhere, an empty "text",
  * "prompt" or "completion", an example over seq_length under DATA_OVERFLOW_ERROR. */

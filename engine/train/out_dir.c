@@ -150,8 +150,11 @@ static enum status list_checkpoints(const char *out, struct ckpt_list *l)
     return st;
 }
 
-enum status out_dir_clear_checkpoints(const char *out)
+enum status out_dir_clear_checkpoints(const char *out, const char *resume)
 {
+    struct stat so, sr;
+    if (resume && stat(out, &so) == 0 && stat(resume, &sr) == 0 && lies_under(resume, &so))
+        return STATUS_OK; /* the run continues in out: its checkpoints are this run's */
     struct ckpt_list l;
     enum status st = list_checkpoints(out, &l);
     char path[4200];

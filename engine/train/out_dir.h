@@ -26,8 +26,9 @@ enum status out_dir_check(const char *out, const char *model, const char *resume
 
 /* --overwrite-out: removes out/checkpoints/iter_* of an earlier run (flat directories), so that
  * neither --resume nor --keep-checkpoints mistakes them for this run's. Nothing else is removed;
- * the final checkpoint's files are replaced when the run writes its own. */
-enum status out_dir_clear_checkpoints(const char *out);
+ * the final checkpoint's files are replaced when the run writes its own. Nothing at all when
+ * resume (the resolved --resume, or NULL) lies inside out: that run is the one continued. */
+enum status out_dir_clear_checkpoints(const char *out, const char *resume);
 
 /* The checkpoint `dir` names for --resume: dir itself when it holds a training state and no
  * later complete checkpoint lies under dir/checkpoints/, else the complete iter_* with the

@@ -207,7 +207,8 @@ static enum status setup(struct trainer *t)
     char path[4200];
     if ((st = train_ranks_init(&t->ranks, o, t->num_microbatches)) != STATUS_OK) return st;
     if ((st = out_dir_check(o->out_dir, o->model_dir, o->resume_dir, o->overwrite_out)) != STATUS_OK) return st;
-    if (o->overwrite_out && train_ranks_leader(&t->ranks) && (st = out_dir_clear_checkpoints(o->out_dir)) != STATUS_OK)
+    if (o->overwrite_out && train_ranks_leader(&t->ranks) &&
+        (st = out_dir_clear_checkpoints(o->out_dir, o->resume_dir)) != STATUS_OK)
         return st;
     const int multi = t->ranks.world->size > 1;
     if (multi && o->lora_rank > 0 && t->ranks.pp > 1)
