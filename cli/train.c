@@ -5,6 +5,7 @@
 #include "commands.h"
 
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +41,14 @@ static const char *const train_help =
     "run:\n"
     "  --seed N [1234]  --log-interval N [1]  --eval-interval N [0 = at the end only]\n"
     "  --eval-iters N [10]  --save-interval N [0 = at the end only]\n"
-    "  --resume DIR            continue a checkpoint written by shardlm train\n"
+    "  --keep-checkpoints N    interval checkpoints kept under OUT/checkpoints, the latest N\n"
+    "                          [3; 0 = all]\n"
+    "  --resume DIR            continue a checkpoint written by shardlm train; DIR may be the\n"
+    "                          --out of an interrupted run (its latest complete checkpoint)\n"
+    "  --overwrite-out         replace a model or run already in --out (refused otherwise; never\n"
+    "                          the --model itself)\n"
+    "  SIGTERM, SIGINT or SIGUSR1 (under mpirun: SIGUSR1 to mpirun) ends the run after the\n"
+    "  current step with a checkpoint under OUT/checkpoints; exit status 128 + the signal\n"
     "  --metrics FILE          JSONL metrics [OUT/metrics.jsonl]\n"
     "  --device cpu|cuda [cpu]  --threads N [0 = all cores]\n"
     "parallelism (launch with mpirun -n TP*PP*DP; dp is what is left):\n"
@@ -139,6 +147,7 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
     else if (!strcmp(a, "--log-interval")) { if (parse_int(v, 1, INT_MAX, &o->log_interval)) return bad("--log-interval must be a positive integer, got '%s'", v); }
     else if (!strcmp(a, "--eval-interval")) { if (parse_int(v, 0, INT_MAX, &o->eval_interval)) return bad("--eval-interval must be a non-negative integer, got '%s'", v); }
     else if (!strcmp(a, "--eval-iters")) { if (parse_int(v, 0, INT_MAX, &o->eval_iters)) return bad("--eval-iters must be a non-negative integer, got '%s'", v); }
+    else if (!strcmp(a, "--keep-checkpoints")) { if (parse_int(v, 0, INT_MAX, &o->keep_checkpoints)) return bad("--keep-checkpoints must be a non-negative integer, got '%s'", v); }
     else if (!strcmp(a, "--save-interval")) { if (parse_int(v, 0, INT_MAX, &o->save_interval)) return bad("--save-interval must be a non-negative integer, got '%s'", v); }
     else if (!strcmp(a, "--threads")) { if (parse_int(v, 0, 1024, &o->threads)) return bad("--threads must be an integer in [0, 1024], got '%s'", v); }
     else if (!strcmp(a, "--device")) {
@@ -183,6 +192,28 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
     return 0;
 }
 
+/* The stop request of a signal (the one process-wide flag a handler may write). The first
+ * SIGTERM / SIGINT / SIGUSR1 asks for a checkpoint and a clean stop; the handler then resets
+ * itself (SA_RESETHAND), so a second one ends the process at once. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig)
+{
+    stop_signal = sig;
+}
+
+static void catch_stop_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL); /* Open MPI's mpirun forwards it (its SIGTERM is followed by SIGKILL) */
+}
+
 int train_main(int argc, char **argv)
 {
     struct train_options o = {
@@ -193,6 +224,7 @@ int train_main(int argc, char **argv)
         .data_opt = {.overflow = DATA_OVERFLOW_TRUNCATE},
         .initial_loss_scale = 4294967296.0, .min_loss_scale = 1.0, .loss_scale_window = 1000, .hysteresis = 2,
         .lora_alpha = 32.0f, .lora_targets = (1u << LORA_TARGET_COUNT) - 1,
+        .keep_checkpoints = 3, .stop_signal = &stop_signal,
     };
     int chat_template_set = 0;
     for (int i = 0; i < argc; i++) {
@@ -203,6 +235,10 @@ int train_main(int argc, char **argv)
         }
         if (!strcmp(a, "--sequence-parallel")) {
             o.memory.sequence_parallel = 1;
+            continue;
+        }
+        if (!strcmp(a, "--overwrite-out")) {
+            o.overwrite_out = 1;
             continue;
         }
         if (!strcmp(a, "--use-distributed-optimizer")) {
@@ -235,6 +271,11 @@ int train_main(int argc, char **argv)
     o.data_opt.seq_length = o.seq_length;
     o.progress = isatty(STDERR_FILENO);
     o.chat_template_auto = !chat_template_set;
+    catch_stop_signals();
     enum status st = train_run(&o);
+    if (st == STATUS_CANCELLED) { /* stopped by a signal, with a checkpoint: 128 + the signal, as a shell says */
+        fprintf(stderr, "shardlm train: %s\n", status_message());
+        return 128 + (stop_signal ? (int)stop_signal : SIGTERM);
+    }
     return st == STATUS_OK ? 0 : cli_fail(st);
 }

@@ -17,30 +17,7 @@
 
 int utf8_valid(const char *str, size_t len)
 {
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        int n;
-        unsigned cp;
-        if (c >= 0xc2 && c <= 0xdf) n = 1, cp = c & 0x1f;
-        else if (c >= 0xe0 && c <= 0xef) n = 2, cp = c & 0x0f;
-        else if (c >= 0xf0 && c <= 0xf4) n = 3, cp = c & 0x07;
-        else return 0;
-        if (i + (size_t)n >= len) return 0; /* truncated sequence */
-        for (int k = 1; k <= n; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) return 0;
-            cp = (cp << 6) | (s[i + k] & 0x3f);
-        }
-        if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
-            return 0;
-        i += (size_t)n + 1;
-    }
-    return 1;
+    return base_utf8_valid_prefix(str, len) == len;
 }
 
 enum status convert_oom(void) { return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory"); }

@@ -22,13 +22,11 @@
 
 struct tokenizer;
 
-/* One tokenized example. loss[i] = 1 when token i is a target (the loss of predicting it from
- * the tokens before it counts); loss[0] is always 0. */
-struct train_example {
-    int32_t *ids;  /* (n), owned */
-    uint8_t *loss; /* (n), owned */
-    int      n;
-};
+/* Every example's tokens are held back to back in one array of 32-bit words: the id in the low
+ * 31 bits, the loss flag in bit 31 (1 when the token is a target: the loss of predicting it
+ * from the tokens before it counts; an example's first token never is). 4 bytes a token and 8
+ * an example (its start), whatever the format: no per-example allocations. */
+#define DATA_LOSS_FLAG 0x80000000u
 
 /* What to do with an example longer than seq_length. */
 enum data_overflow {
@@ -44,11 +42,15 @@ struct data_options {
 };
 
 struct train_dataset {
-    struct train_example *ex;   /* (n), owned */
-    size_t n, cap;
+    uint32_t *tokens;      /* (start[n]) every example's tokens: id | loss flag (DATA_LOSS_FLAG) */
+    int64_t  *start;       /* (n + 1) example i is tokens[start[i] .. start[i + 1]) */
+    size_t n, cap;         /* examples; cap: capacity of start */
+    size_t tok_cap;        /* capacity of tokens */
     /* What loading did, for the log: nothing is dropped silently. */
     long n_lines, n_blank, n_truncated, n_skipped, n_no_target;
     int64_t n_tokens, n_target_tokens;
+    int64_t n_tokenized;   /* ids the tokenizer produced (a long example is tokenized only as far
+                            * as --seq-length needs: a bounded prefix of its text) */
     /* The last order data_next_micro_batch built (a cache: rebuilt when the seed, the epoch or
      * the example count differs), so that a micro-batch costs its examples, not O(n). */
     size_t *order;         /* (order_n) */
@@ -57,10 +59,32 @@ struct train_dataset {
     int64_t order_epoch;
 };
 
+/* Example i: its length and its tokens (id | loss flag). */
+static inline int data_example_len(const struct train_dataset *ds, size_t i)
+{
+    return (int)(ds->start[i + 1] - ds->start[i]);
+}
+static inline const uint32_t *data_example_tokens(const struct train_dataset *ds, size_t i)
+{
+    return ds->tokens + ds->start[i];
+}
+static inline int32_t data_token_id(uint32_t t) { return (int32_t)(t & ~DATA_LOSS_FLAG); }
+static inline int data_token_loss(uint32_t t) { return (int)(t >> 31); }
+
+/* Appends one example as it is (ids[0..n), loss[i] = 1 for a target; no overflow policy, the
+ * first token's flag cleared), for examples built elsewhere (tests). */
+enum status data_append(struct train_dataset *ds, const int32_t *ids, const uint8_t *loss, int n);
+
 /* Loads every file of the comma-separated list `paths` (each .txt, or JSONL of the formats
- * above) and appends its examples to *ds. Errors name the file and line: a malformed JSON
- * line, an unknown role, a line of no known format, an empty file, an example over
- * seq_length under DATA_OVERFLOW_ERROR. */
+ * above) and appends its examples to *ds. Files are read as streams (a JSONL line, or a .txt
+ * chunk of 64 to 128 KiB cut before a space, at a time), so memory holds the tokens, not the text.
+ * A text (or prompt + completion) longer than seq_length is tokenized only as far as needed:
+ * a prefix of its bytes that gives seq_length + 1 tokens with a margin (cut before a space,
+ * where SentencePiece starts a piece, so the kept tokens are those of the whole text); a chat
+ * message's content that alone overflows is cut so before the template renders it.
+ * Errors name the file and line: a malformed JSON line, an unknown role, a line of no known
+ * format, an empty file, a NUL byte (or \u0000) or invalid UTF-8 anywhere, an empty "text",
+ * "prompt" or "completion", an example over seq_length under DATA_OVERFLOW_ERROR. */
 enum status data_load(const char *paths, const struct tokenizer *tok, const struct data_options *o,
                       struct train_dataset *ds);
 void data_free(struct train_dataset *ds);

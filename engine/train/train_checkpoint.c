@@ -52,6 +52,14 @@ static void remove_flat_dir(const char *dir)
     rmdir(dir);
 }
 
+enum status train_checkpoint_remove(const char *dir)
+{
+    remove_flat_dir(dir);
+    struct stat sb;
+    if (stat(dir, &sb) == 0) return status_errorf(STATUS_IO, "%s: could not remove the checkpoint", dir);
+    return STATUS_OK;
+}
+
 /* ---- the model's weights as the checkpoint writers' source --------------------------------- */
 
 static struct tensor *find_weight(struct model_weights *w, int layer_first, enum weight_kind kind, int layer)
@@ -338,6 +346,21 @@ static enum status read_group(struct safetensors *sf, const char *path, struct m
     }
     free(slice);
     return s;
+}
+
+enum status train_checkpoint_iteration(const char *dir, int64_t *iteration)
+{
+    char path[4200];
+    if (snprintf(path, sizeof path, "%s/" STATE_FILE, dir) >= (int)sizeof path)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", dir);
+    struct safetensors *sf = NULL;
+    enum status s = safetensors_open(path, &sf);
+    if (s != STATUS_OK) return s;
+    const char *fmt = safetensors_metadata(sf, "format");
+    int ok = fmt && !strcmp(fmt, STATE_FORMAT);
+    *iteration = meta_i64(sf, "iteration", &ok);
+    safetensors_close(sf);
+    return ok ? STATUS_OK : status_errorf(STATUS_BAD_FORMAT, "%s: not a shardlm training state", path);
 }
 
 enum status train_checkpoint_load_state(const char *dir, struct model *m, const struct param_table *params,

@@ -68,6 +68,13 @@ enum status train_checkpoint_save_adapter_whole(const char *dir, struct model *m
  * One rank only: STATUS_UNSUPPORTED when m is split over several ranks. */
 enum status train_checkpoint_write_model(const char *dir, struct model *m);
 
+/* Removes a checkpoint directory (its files, then the directory: checkpoints are flat).
+ * STATUS_IO when it is still there afterwards. */
+enum status train_checkpoint_remove(const char *dir);
+
+/* The iteration recorded in dir/train_state.safetensors (its metadata only). */
+enum status train_checkpoint_iteration(const char *dir, int64_t *iteration);
+
 /* Reads dir/train_state.safetensors into opt and *st for the trained parameters `params` of m
  * (on m->b; the f32 values, when stored, replace the parameters'). A row named "kind/layer"
  * (a weight) receives the slice of the canonical tensor that m's (tp_rank, tp_size) shard holds,

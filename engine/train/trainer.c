@@ -11,6 +11,7 @@
 #include "lora.h"
 #include "lora_ranks.h"
 #include "model_train.h"
+#include "out_dir.h"
 #include "tokenizer.h"
 #include "train_checkpoint.h"
 #include "train_parallel.h"
@@ -95,9 +96,9 @@ static enum status load_data(struct trainer *t)
     if (st != STATUS_OK) return st;
     const struct train_dataset *d = &t->train;
     LOG_INFO("train", "data: %zu examples, %lld tokens (%lld targets); %ld JSONL lines, %ld blank, %ld truncated, "
-             "%ld skipped as too long, %ld without a target; held out: %zu examples",
+             "%ld skipped as too long, %ld without a target; held out: %zu examples; %lld ids tokenized",
              d->n, (long long)d->n_tokens, (long long)d->n_target_tokens, d->n_lines, d->n_blank,
-             d->n_truncated, d->n_skipped, d->n_no_target, t->eval.n);
+             d->n_truncated, d->n_skipped, d->n_no_target, t->eval.n, (long long)d->n_tokenized);
     if (d->n == 0) return status_errorf(STATUS_INVALID_ARGUMENT, "no training example left after the split");
     return STATUS_OK;
 }
@@ -205,6 +206,10 @@ static enum status setup(struct trainer *t)
         return status_errorf(STATUS_INVALID_ARGUMENT, "LoRA training needs --model (the base) also with --resume");
     char path[4200];
     if ((st = train_ranks_init(&t->ranks, o, t->num_microbatches)) != STATUS_OK) return st;
+    if ((st = out_dir_check(o->out_dir, o->model_dir, o->resume_dir, o->overwrite_out)) != STATUS_OK) return st;
+    if (o->overwrite_out && train_ranks_leader(&t->ranks) &&
+        (st = out_dir_clear_checkpoints(o->out_dir, o->resume_dir)) != STATUS_OK)
+        return st;
     const int multi = t->ranks.world->size > 1;
     if (multi && o->lora_rank > 0 && t->ranks.pp > 1)
         return status_errorf(STATUS_UNSUPPORTED, "LoRA training at pp > 1 is not built (the adapters keep one saved "
@@ -348,6 +353,7 @@ static struct train_batch batch_of(const struct micro_batch *mb, float grad_scal
 
 struct step_result {
     double loss;        /* mean per-token loss of the global batch */
+    int stop;           /* a stop signal reached some rank: every rank stops after this step */
     double grad_norm;   /* of the unscaled gradients */
     double lr;
     double loss_scale;
@@ -416,9 +422,12 @@ static enum status train_step(struct trainer *t, struct step_result *r)
     double loss_sum = 0.0;
     enum status st = train_ranks_step(&t->ranks, t->m, t->tbs, n, &t->grads, &loss_sum);
     if (st == STATUS_OK) st = train_ranks_reduce_grads(&t->ranks, t->m, &t->grads, &t->gparams);
-    double v[1] = {loss_owner(t, 1) ? loss_sum : 0.0};
-    if (st == STATUS_OK) st = train_ranks_sum(&t->ranks, v, 1);
+    /* The stop flag travels with the loss: the world's sum is the same on every rank, so every
+     * rank stops after the same iteration, whichever ranks the signal reached. */
+    double v[2] = {loss_owner(t, 1) ? loss_sum : 0.0, t->o->stop_signal && *t->o->stop_signal ? 1.0 : 0.0};
+    if (st == STATUS_OK) st = train_ranks_sum(&t->ranks, v, 2);
     loss_sum = v[0];
+    r->stop = v[1] > 0.0;
     if (st != STATUS_OK) return st;
     r->loss = targets > 0 ? loss_sum / (double)targets : 0.0;
     double scaled_norm;
@@ -572,28 +581,49 @@ static enum status save_checkpoint(struct trainer *t, const char *dir)
     return st;
 }
 
-enum status train_run(const struct train_options *o)
+enum status train_run(const struct train_options *given)
 {
+    /* --resume DIR: DIR itself, or the latest complete checkpoint under it. */
+    struct train_options resolved = *given;
+    char resume[4200];
+    long long resume_iter = -1;
+    if (given->resume_dir) {
+        enum status st = out_dir_resolve_resume(given->resume_dir, resume, sizeof resume, &resume_iter);
+        if (st != STATUS_OK) return st;
+        resolved.resume_dir = resume;
+    }
+    const struct train_options *o = &resolved;
     struct trainer t = {.o = o};
     enum status st = setup(&t);
+    if (st == STATUS_OK && o->resume_dir && train_ranks_leader(&t.ranks))
+        LOG_INFO("train", "resuming from %s (iteration %lld)", o->resume_dir, resume_iter);
     if (t.ranks.world) st = parallel_agree(t.ranks.world, st);
     t.t_start = base_now_s();
     if (st == STATUS_OK && t.state.iteration == 0) st = maybe_evaluate(&t, 1);
+    int stopped = 0;
+    char stop_dir[4200] = "";
     while (st == STATUS_OK && t.state.iteration < t.train_iters) {
         struct step_result r = {0};
         const double t0 = base_now_s();
         if ((st = train_step(&t, &r)) != STATUS_OK) break;
         report(&t, &r, base_now_s() - t0);
         if ((st = maybe_evaluate(&t, t.state.iteration == t.train_iters)) != STATUS_OK) break;
-        if (o->save_interval > 0 && t.state.iteration % o->save_interval == 0 && t.state.iteration < t.train_iters) {
-            char dir[4200];
-            snprintf(dir, sizeof dir, "%s/checkpoints/iter_%07lld", o->out_dir, (long long)t.state.iteration);
+        stopped = r.stop && t.state.iteration < t.train_iters;
+        if (stopped || (o->save_interval > 0 && t.state.iteration % o->save_interval == 0 &&
+                        t.state.iteration < t.train_iters)) {
+            snprintf(stop_dir, sizeof stop_dir, "%s/checkpoints/iter_%07lld", o->out_dir, (long long)t.state.iteration);
             if (o->progress) fputc('\n', stderr);
-            st = save_checkpoint(&t, dir);
+            if ((st = save_checkpoint(&t, stop_dir)) == STATUS_OK && train_ranks_leader(&t.ranks))
+                st = out_dir_prune(o->out_dir, o->keep_checkpoints);
         }
+        if (stopped) break;
     }
     if (o->progress && st == STATUS_OK) fputc('\n', stderr);
-    if (st == STATUS_OK) st = save_checkpoint(&t, o->out_dir);
+    if (st == STATUS_OK && stopped)
+        st = status_errorf(STATUS_CANCELLED, "stopped by a signal after iteration %lld of %lld; checkpoint %s written "
+                           "(continue with --resume %s)", (long long)t.state.iteration, (long long)t.train_iters,
+                           stop_dir, o->out_dir);
+    else if (st == STATUS_OK) st = save_checkpoint(&t, o->out_dir);
     if (st == STATUS_OK)
         LOG_INFO("train", "wrote %s after %lld iterations (%.1f s)", o->out_dir, (long long)t.state.iteration,
                  base_now_s() - t.t_start);

@@ -11,6 +11,7 @@
 #ifndef SHARDLM_TRAINER_H
 #define SHARDLM_TRAINER_H
 
+#include <signal.h>
 #include <stdint.h>
 
 #include "data.h"
@@ -37,6 +38,11 @@ struct train_options {
     struct optimizer_options opt;
     uint64_t    seed;
     int         eval_interval, eval_iters, save_interval, log_interval;
+    int         keep_checkpoints; /* interval checkpoints kept under out_dir/checkpoints (0: all) */
+    int         overwrite_out;    /* --overwrite-out: an out_dir holding a model may be replaced (out_dir.h) */
+    /* Set (to the signal's number) by the command's SIGTERM / SIGINT / SIGUSR1 handler; NULL:
+     * no handler. Read once per iteration; the ranks agree through the step's loss sum. */
+    volatile sig_atomic_t *stop_signal;
     struct data_options data_opt;
     int         chat_template_auto; /* 1: the chat template is chosen from the model */
     enum train_precision precision;
@@ -59,7 +65,12 @@ struct train_options {
 };
 
 /* Runs the whole training; returns STATUS_OK after writing out_dir. Errors (bad flags, data,
- * files, a non-finite loss) come back with a message. */
+ * files, a non-finite loss, an out_dir that holds a model: out_dir.h) come back with a message.
+ * A resume_dir is resolved first (out_dir_resolve_resume: an interrupted run's directory
+ * continues from its latest complete checkpoint). When *stop_signal becomes non-zero on any
+ * rank, every rank finishes the same iteration, the checkpoint of that iteration is written
+ * under out_dir/checkpoints/ and STATUS_CANCELLED comes back saying where (unless it was the
+ * last iteration: then the run ends as usual). */
 enum status train_run(const struct train_options *o);
 
 #endif

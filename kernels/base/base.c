@@ -111,6 +111,34 @@ void log_write(enum log_level level, const char *module, const char *fmt, ...)
     fprintf(stderr, "%s\n", line); /* one call per line, so concurrent lines do not interleave */
 }
 
+size_t base_utf8_valid_prefix(const char *str, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int n;
+        unsigned cp;
+        if (c >= 0xc2 && c <= 0xdf) n = 1, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef) n = 2, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4) n = 3, cp = c & 0x07;
+        else return i;
+        if (i + (size_t)n >= len) return i; /* truncated sequence */
+        for (int k = 1; k <= n; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) return i;
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
+            return i;
+        i += (size_t)n + 1;
+    }
+    return len;
+}
+
 int base_grow(void **p, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap) return 0;

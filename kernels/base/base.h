@@ -74,6 +74,11 @@ int base_grow(void **p, size_t *cap, size_t need, size_t elem);
 struct stat;
 enum status base_open_file(const char *path, int *fd, struct stat *st);
 
+/* The length of the longest prefix of s[0..len) that is valid UTF-8 (no overlongs, no
+ * surrogates, nothing above U+10FFFF; a sequence cut off by len is invalid): len when all of it
+ * is. The one UTF-8 rule of the project (the server's request checks, the training data). */
+size_t base_utf8_valid_prefix(const char *s, size_t len);
+
 /* Reads the whole file at path into *text (malloc'd, NUL-terminated, the caller frees) and its
  * length into *len (may be NULL), opened by base_open_file (its errors). A file over max_bytes
  * (0: no limit) is STATUS_BAD_FORMAT ("PATH: more than N bytes, not a plausible <what>"); other

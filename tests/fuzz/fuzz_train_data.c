@@ -25,9 +25,12 @@ static void use(struct train_dataset *ds, int seq_length, int vocab)
     struct micro_batch mb;
     struct data_cursor cur = {.seed = 7};
     for (size_t i = 0; i < ds->n; i++) {
-        CHECK(ds->ex[i].n <= seq_length, "example %zu has %d tokens, over seq_length %d", i, ds->ex[i].n, seq_length);
-        for (int j = 0; j < ds->ex[i].n; j++)
-            CHECK(ds->ex[i].ids[j] >= 0 && ds->ex[i].ids[j] < vocab, "id outside the vocabulary");
+        const int n = data_example_len(ds, i);
+        CHECK(n <= seq_length, "example %zu has %d tokens, over seq_length %d", i, n, seq_length);
+        for (int j = 0; j < n; j++) {
+            const int32_t id = data_token_id(data_example_tokens(ds, i)[j]);
+            CHECK(id >= 0 && id < vocab, "id outside the vocabulary");
+        }
     }
     if (data_split(ds, 20, 3, &held) == STATUS_OK && ds->n > 0 &&
         micro_batch_init(&mb, 2, seq_length) == STATUS_OK) {
