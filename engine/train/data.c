@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/types.h>
 
 #include "tokenizer.h"
@@ -463,10 +464,14 @@ static int ends_with(const char *s, const char *suffix)
 static enum status load_one(const char *path, const struct tokenizer *tok, const struct data_options *o,
                             struct train_dataset *ds)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return status_errorf(errno == ENOENT ? STATUS_NOT_FOUND : STATUS_IO, "%s: %s", path,
-                             errno == ENOENT ? "no such file" : strerror(errno));
+    int fd;
+    enum status opened = base_open_file(path, &fd, NULL); /* regular files only: a FIFO never blocks */
+    if (opened != STATUS_OK) return opened;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
+    }
     const size_t before = ds->n;
     enum status st = STATUS_OK;
     const int c = fgetc(f);
