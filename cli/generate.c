@@ -106,7 +106,7 @@ static enum status generate_setup(const struct generate_flags *f, struct generat
         r->printer = r->world->rank == 0;
         /* One GPU per rank on a node: the local rank picks it. */
         if ((st = backend_open(dev, r->world->local_rank, (int)f->threads, &r->b)) != STATUS_OK) return st;
-        if ((st = parallel_groups_init(r->world, &r->par.layout, dev, r->world->local_rank, NULL, &r->groups)) !=
+        if ((st = parallel_groups_init(r->world, &r->par.layout, dev, r->world->local_rank, r->b->stream, &r->groups)) !=
             STATUS_OK)
             return st;
         r->par.world = r->world;

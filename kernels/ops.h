@@ -224,6 +224,10 @@ struct backend {
     int         device_id;   /* CUDA ordinal; 0 on CPU */
     int         n_threads;   /* CPU worker threads (OpenMP and OpenBLAS); 0 on CUDA */
     int         sync_check;  /* SHARDLM_SYNC_CHECK=1: synchronize and check after every op */
+    void       *stream;      /* the queue every op of this backend runs on, in order: CUDA's
+                                cudaStream_t (a non-blocking stream); NULL on the CPU. Give it to
+                                parallel_groups_init, so that communication queues on it too and
+                                is ordered with the ops without any synchronisation */
     void       *impl;        /* backend-private state: handles, streams, workspaces */
 };
 

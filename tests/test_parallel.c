@@ -353,6 +353,49 @@ static void check_collectives(struct comm *c, struct backend *b, const char *lab
     }
 }
 
+/* The ordering contract of parallel.h: an op, the all-reduce of its output and an op on the
+ * sum, queued back to back without any synchronisation, then one download (which waits for the
+ * backend's stream). On CUDA all three run on the backend's stream, in order; communicators on
+ * another stream (the legacy default one, before issue 25) could reduce y before op_scale wrote
+ * it, or let the second op_scale read y before the sum landed. 4M floats, so that a race has
+ * room to show (on the CPU every call is synchronous and the check holds trivially: 16K). */
+static void check_stream_order(struct comm *c, struct backend *b, const char *label)
+{
+    const int64_t n = b->device == DEVICE_CUDA ? (int64_t)1 << 22 : (int64_t)1 << 14;
+    const size_t bytes = (size_t)n * sizeof(float);
+    float *host = malloc(bytes);
+    CHECK(host, "out of memory");
+    for (int64_t i = 0; i < n; i++) host[i] = (float)(i % 13 + c->rank);
+    struct tensor x, y, z;
+    EXPECT_OK(backend_alloc_tensor(b, &x, DTYPE_F32, 1, &n));
+    EXPECT_OK(backend_alloc_tensor(b, &y, DTYPE_F32, 1, &n));
+    EXPECT_OK(backend_alloc_tensor(b, &z, DTYPE_F32, 1, &n));
+    for (int round = 0; round < 3; round++) {
+        backend_upload(b, x.data, host, bytes);
+        op_scale(b, &y, &x, 2.0f);
+        enum status st = comm_all_reduce(c, &y);
+        op_scale(b, &z, &y, 0.5f);
+        float *got = calloc((size_t)n, sizeof *got);
+        CHECK(got, "out of memory");
+        backend_download(b, got, z.data, bytes);
+        if (st == STATUS_OK) st = comm_synchronize(c);
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < n; i++) {
+            /* sum over ranks of (i % 13 + rank): exact in f32 */
+            float want = (float)(c->size * (i % 13) + c->size * (c->size - 1) / 2);
+            if (got[i] != want && !bad++) first = i;
+        }
+        EXPECT(st == STATUS_OK, "%s ordered all_reduce: %s", label, status_message());
+        EXPECT(bad == 0, "%s: op -> all_reduce -> op queued without synchronisation: %lld of %lld wrong (first at %lld)",
+               label, (long long)bad, (long long)n, (long long)first);
+        free(got);
+    }
+    backend_free(b, x.data);
+    backend_free(b, y.data);
+    backend_free(b, z.data);
+    free(host);
+}
+
 /* ---- point to point ---------------------------------------------------------------------- */
 
 /* A token ring: rank 0 sends first, the others receive first, so blocking sends cannot form a
@@ -532,7 +575,7 @@ static void check_groups(struct parallel_world *w, struct backend *b, enum devic
             struct parallel_layout l;
             EXPECT_OK(parallel_layout(w, tp, pp, &l));
             struct parallel_groups g;
-            enum status st = parallel_groups_init(w, &l, dev, b->device_id, NULL, &g);
+            enum status st = parallel_groups_init(w, &l, dev, b->device_id, b->stream, &g);
             if (!EXPECT(st == STATUS_OK, "groups tp %d pp %d: %s", tp, pp, status_message())) continue;
             EXPECT(g.tp->size == tp && g.tp->rank == l.tp_rank && g.pp->size == pp &&
                        g.pp->rank == l.pp_rank && g.dp->size == l.dp_size && g.dp->rank == l.dp_rank,
@@ -545,6 +588,7 @@ static void check_groups(struct parallel_world *w, struct backend *b, enum devic
             char label[64];
             snprintf(label, sizeof label, "tp%d.pp%d/tp", tp, pp);
             check_collectives(g.tp, b, label, n_shapes);
+            check_stream_order(g.tp, b, label);
             snprintf(label, sizeof label, "tp%d.pp%d/pp", tp, pp);
             check_ring(g.pp, b, DTYPE_BF16, 1, 1001, label);
             check_pipeline(w, &l, g.pp, b, label);

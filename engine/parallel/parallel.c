@@ -449,6 +449,7 @@ enum status parallel_groups_init(struct parallel_world *w, const struct parallel
     if (device == DEVICE_CUDA) {
         st = parallel_nccl_check_device(device_id);
         if ((st = parallel_agree(w, st)) != STATUS_OK) return st;
+        CHECK(stream, "NCCL groups without the backend's stream: their operations would not be ordered with its ops");
     }
     /* Colors number the groups; keys order ranks inside them by their coordinate. */
     st = group_create(w, "tp", l->dp_rank * l->pp_size + l->pp_rank, l->tp_rank, l->tp_size,

@@ -213,10 +213,18 @@ struct parallel_groups {
 };
 
 /* Creates this rank's groups for layout l: a collective over the whole world (every rank
- * calls it with the same tp/pp). device CPU gives MPI communicators; device CUDA gives NCCL
- * communicators on GPU device_id with their operations queued on `stream` (a cudaStream_t;
- * NULL = the legacy default stream), the NCCL unique id of each group being created on the
- * group's rank 0 and broadcast over MPI. NCCL needs one GPU per rank of a group. Errors on
+ * calls it with the same tp/pp). device CPU gives MPI communicators (stream: NULL); device CUDA
+ * gives NCCL communicators on GPU device_id with their operations queued on `stream`, which
+ * must be the backend's (struct backend.stream; NULL is a bug: CHECK), the NCCL unique id of
+ * each group being created on the group's rank 0 and broadcast over MPI.
+ *
+ * The ordering contract on GPUs: the backend's ops and the groups' operations are queued on
+ * one stream, so each runs after everything queued before it and before everything queued
+ * after it. An all-reduce reads the finished output of the matmul that fed it, the op after it
+ * reads the reduced sum, a send reads a finished tensor and the op after a recv its data, with
+ * no synchronisation and no event. (Communicators on the legacy default stream would not be
+ * ordered at all with the backend's cudaStreamNonBlocking stream: that was the race of issue
+ * 25.) Host code that reads a result downloads it (backend_download waits for the stream). NCCL needs one GPU per rank of a group. Errors on
  * any rank (no CUDA in this build: STATUS_UNAVAILABLE; no GPU; NCCL failing) are agreed on, so
  * every rank returns the same status and *out is then zeroed. Free with
  * parallel_groups_free. */

@@ -154,7 +154,8 @@ static enum status load_model(struct conductor *c)
     }
     if ((st = backend_open((enum device)o->device, device_id, o->n_threads, &c->b)) != STATUS_OK) return st;
     if (multi) {
-        st = parallel_groups_init(o->world, &c->par.layout, (enum device)o->device, device_id, NULL, &c->groups);
+        st = parallel_groups_init(o->world, &c->par.layout, (enum device)o->device, device_id, c->b->stream,
+                                  &c->groups);
         if (st != STATUS_OK) return st;
         c->par.world = o->world;
         c->par.groups = &c->groups;

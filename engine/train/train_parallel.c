@@ -48,10 +48,15 @@ enum status train_ranks_init(struct train_ranks *r, const struct train_options *
         LOG_WARN("train", "--sequence-parallel has no effect at tp 1");
     if (o->device != DEVICE_CPU && o->device != DEVICE_CUDA)
         return status_errorf(STATUS_INVALID_ARGUMENT, "training runs on cpu or cuda");
-    TRY(parallel_groups_init(r->world, l, o->device, r->world->local_rank, NULL, &r->groups));
     r->par.world = r->world;
-    r->par.groups = &r->groups;
     r->par.pp_layers = o->pp_layers;
+    return STATUS_OK;
+}
+
+enum status train_ranks_connect(struct train_ranks *r, const struct backend *b)
+{
+    TRY(parallel_groups_init(r->world, &r->par.layout, b->device, b->device_id, b->stream, &r->groups));
+    r->par.groups = &r->groups;
     monitor_start(r);
     return STATUS_OK;
 }

@@ -233,6 +233,7 @@ extern "C" enum status cuda_backend_open(int device_id, struct backend **out)
     b->device = DEVICE_CUDA;
     b->device_id = device_id;
     b->n_threads = 0;
+    b->stream = s->stream;
     b->impl = s;
     *out = b;
     return STATUS_OK;
