@@ -177,7 +177,7 @@ void parallel_watch_explain(const struct parallel_world *w, char *buf, size_t n)
 {
     struct world_impl *root = root_of(w);
     if (!root || !root->watch) {
-        /* Without a watch the caller may name the rank itself (training's monitor). */
+        /* No watch: --rank-timeout 0, a world of one, or not started. */
         snprintf(buf, n, "a rank is hung or gone%s",
                  w->mpi && !w->thread_multiple ? " (not named: MPI lacks MPI_THREAD_MULTIPLE)" : "");
         return;

@@ -17,7 +17,6 @@
         if (try_st_ != STATUS_OK) return try_st_;                                                  \
     } while (0)
 
-static void monitor_start(struct train_ranks *r);
 
 struct dp_bucket {
     struct tensor t;            /* f32: the layer's gradient range */
@@ -57,7 +56,7 @@ enum status train_ranks_connect(struct train_ranks *r, const struct backend *b)
 {
     TRY(parallel_groups_init(r->world, &r->par.layout, b->device, b->device_id, b->stream, &r->groups));
     r->par.groups = &r->groups;
-    monitor_start(r);
+    if (r->world->size > 1 && r->world->timeout_s > 0) TRY(parallel_watch_start(r->world));
     return STATUS_OK;
 }
 
@@ -151,11 +150,10 @@ enum status train_ranks_attach(struct train_ranks *r, struct model *m, struct pa
     return STATUS_OK;
 }
 
-static void monitor_stop(struct train_ranks *r);
 
 void train_ranks_free(struct train_ranks *r)
 {
-    monitor_stop(r);
+    if (r->world) parallel_watch_stop(r->world);
     free(r->buckets);
     free(r->rest);
     if (r->b) {
@@ -383,128 +381,13 @@ enum status train_ranks_sum(struct train_ranks *r, double *v, int n)
     return st;
 }
 
-/* ---- faults: heartbeats --------------------------------------------------------------------
- * With --rank-timeout, a thread on every rank sends a small message to every other rank every
- * HEARTBEAT_S and notes when it last heard from each. A rank that is stopped or dead falls
- * silent while the others, blocked in a collective that waits for it, keep beating; when the
- * collective times out, the silent ranks are the ones to name. */
-#include <pthread.h>
-
-#define HEARTBEAT_S 0.25
-
-struct rank_monitor {
-    struct parallel_world *w;
-    pthread_t thread;
-    pthread_mutex_t lock;
-    int stop;
-    double *last;       /* (world size): when each rank was last heard from */
-};
-
-static void *monitor_main(void *arg)
-{
-    struct rank_monitor *mo = arg;
-    struct parallel_world *w = mo->w;
-    double next = 0.0;
-    for (;;) {
-        pthread_mutex_lock(&mo->lock);
-        const int stop = mo->stop;
-        pthread_mutex_unlock(&mo->lock);
-        if (stop) break;
-        const double now = base_now_s();
-        if (now >= next) {
-            for (int d = 0; d < w->size; d++) {
-                if (d == w->rank) continue;
-                char *beat = malloc(1);
-                if (beat && parallel_msg_send(w, d, beat, 1) != STATUS_OK) break;
-            }
-            next = now + HEARTBEAT_S;
-        }
-        int pending = 0, got = 1, src = 0;
-        double oldest = 0.0;
-        (void)parallel_msg_progress(w, &pending, &oldest);
-        while (got) {
-            size_t n = 0;
-            char buf[16];
-            if (parallel_msg_poll(w, &got, &src, &n) != STATUS_OK || !got) break;
-            if (n > sizeof buf || parallel_msg_recv(w, src, buf, n) != STATUS_OK) break;
-            pthread_mutex_lock(&mo->lock);
-            mo->last[src] = base_now_s();
-            pthread_mutex_unlock(&mo->lock);
-        }
-        usleep(20000);
-    }
-    return NULL;
-}
-
-static void monitor_start(struct train_ranks *r)
-{
-    struct parallel_world *w = r->world;
-    if (w->size < 2 || w->timeout_s <= 0) return;
-    if (!w->thread_multiple) {
-        LOG_WARN("train", "--rank-timeout: MPI lacks MPI_THREAD_MULTIPLE, so a hung rank is detected but not named");
-        return;
-    }
-    struct rank_monitor *mo = calloc(1, sizeof *mo);
-    if (!mo || !(mo->last = calloc((size_t)w->size, sizeof *mo->last))) {
-        free(mo);
-        return;
-    }
-    mo->w = w;
-    const double now = base_now_s();
-    for (int i = 0; i < w->size; i++) mo->last[i] = now;
-    pthread_mutex_init(&mo->lock, NULL);
-    if (pthread_create(&mo->thread, NULL, monitor_main, mo) != 0) {
-        pthread_mutex_destroy(&mo->lock);
-        free(mo->last);
-        free(mo);
-        return;
-    }
-    r->monitor = mo;
-}
-
-/* Stops the heartbeats and lets the messages in flight land before MPI finishes. */
-static void monitor_stop(struct train_ranks *r)
-{
-    struct rank_monitor *mo = r->monitor;
-    if (!mo) return;
-    pthread_mutex_lock(&mo->lock);
-    mo->stop = 1;
-    pthread_mutex_unlock(&mo->lock);
-    pthread_join(mo->thread, NULL);
-    struct parallel_world *w = r->world;
-    if (!w->broken && parallel_barrier(w) == STATUS_OK) {
-        /* Every rank has stopped sending: take what arrived, finish what was sent. */
-        int pending = 1, got = 1, src = 0;
-        double oldest = 0.0;
-        const double until = base_now_s() + 5.0;
-        while ((pending || got) && base_now_s() < until) {
-            size_t n = 0;
-            char buf[16];
-            if (parallel_msg_poll(w, &got, &src, &n) != STATUS_OK) break;
-            if (got && (n > sizeof buf || parallel_msg_recv(w, src, buf, n) != STATUS_OK)) break;
-            if (parallel_msg_progress(w, &pending, &oldest) != STATUS_OK) break;
-        }
-        (void)parallel_barrier(w);
-    }
-    pthread_mutex_destroy(&mo->lock);
-    free(mo->last);
-    free(mo);
-    r->monitor = NULL;
-}
-
+/* ---- faults: naming a hung rank -------------------------------------------------------------
+ * The heartbeats are the parallel runtime's (parallel_watch.c, started by train_ranks_connect
+ * with --rank-timeout): every timeout message names the silent ranks itself. */
 void train_ranks_explain(struct train_ranks *r, char *buf, size_t n)
 {
-    buf[0] = 0;
-    struct rank_monitor *mo = r->monitor;
-    if (!mo) return;
-    const double now = base_now_s();
-    size_t len = 0;
-    pthread_mutex_lock(&mo->lock);
-    for (int i = 0; i < r->world->size && len < n; i++) {
-        if (i == r->world->rank || now - mo->last[i] < 4 * HEARTBEAT_S + 1.0) continue;
-        len += (size_t)snprintf(buf + len, n - len, "%srank %d (silent for %.1f s)", len ? ", " : "", i,
-                                now - mo->last[i]);
+    if (parallel_watch_silent(r->world, buf, n) > 0) {
+        size_t len = strlen(buf);
+        if (len + 1 < n) snprintf(buf + len, n - len, " stopped responding: hung or dead");
     }
-    pthread_mutex_unlock(&mo->lock);
-    if (len && len < n) snprintf(buf + len, n - len, " stopped responding: hung or dead");
 }

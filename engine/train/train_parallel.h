@@ -16,7 +16,6 @@
 #include "params.h"
 #include "trainer.h"
 
-struct rank_monitor;
 struct dp_bucket;
 
 struct train_ranks {
@@ -40,7 +39,6 @@ struct train_ranks {
     int n_rest;
     enum status bucket_status;      /* the first failure of a start inside the hook */
     enum status failed;             /* a failure inside the norm's reduction (it returns NaN) */
-    struct rank_monitor *monitor;   /* --rank-timeout > 0 with several ranks: heartbeats */
 };
 
 /* Starts the world (mpirun, or a world of one) and splits it for o->tp x o->pp; the data-parallel
@@ -49,7 +47,8 @@ struct train_ranks {
  * partly set up: train_ranks_free it. */
 enum status train_ranks_init(struct train_ranks *r, const struct train_options *o, int num_microbatches);
 /* Once the backend b is open: the tp / pp / dp groups, their communicators on b's stream
- * (parallel.h, the ordering contract), and the --rank-timeout monitor. On error
+ * (parallel.h, the ordering contract), and with --rank-timeout the heartbeats that name a hung
+ * rank (parallel_watch_start). On error
  * train_ranks_free r. */
 enum status train_ranks_connect(struct train_ranks *r, const struct backend *b);
 /* After the model is loaded: buffers that depend on it; marks which gradients count in the

@@ -632,7 +632,9 @@ enum status train_run(const struct train_options *given)
     char why[1024] = "", who[512] = "";
     const int rank = t.ranks.world ? t.ranks.world->rank : 0;
     if (st != STATUS_OK) snprintf(why, sizeof why, "%s", status_message());
-    if (st == STATUS_UNAVAILABLE && t.ranks.world) train_ranks_explain(&t.ranks, who, sizeof who);
+    /* Named once: a timeout's own message already names the silent ranks (parallel_watch). */
+    if (st == STATUS_UNAVAILABLE && t.ranks.world && !strstr(why, "silent for"))
+        train_ranks_explain(&t.ranks, who, sizeof who);
     teardown(&t); /* may leave messages of its own: the failure is told after it */
     if (st == STATUS_UNAVAILABLE) /* a peer failed: say where, and which one, if known */
         return status_errorf(st, "rank %d, iteration %lld: %s%s%s", rank, (long long)t.state.iteration + 1, why,
