@@ -2,16 +2,17 @@
  * dequantization of ggml's block-quantized types into f32, and the gguf_tensor_read_* calls of
  * gguf.h (whole tensors or row ranges, f32 or bf16).
  *
- * The block layouts follow ggml-common.h and the arithmetic ggml's dequantize_row_* (the
- * same float32 operations in the same order as gguf-py's gguf.quants, so results are
- * bit-exact as long as the compiler does not fuse a*b-c into an FMA: GCC/Clang on x86-64
- * without -march flags never do).
+ * The block types are dequantized by the kernels' quant_dequantize_row (kernels/cpu/
+ * quant_dequantize.c: ggml's block layouts and the same float32 operations in the same order
+ * as gguf-py's gguf.quants, so results are bit-exact); this file had a second copy until
+ * issue 25.
  * Not here: parsing the file (gguf.c), what the tensors mean (gguf_convert.c, the model).
  * Tests: tests/test_gguf.c (every supported type bit-exact against gguf-py). */
 #include <inttypes.h>
 #include <string.h>
 
 #include "gguf_impl.h"
+#include "quant.h"
 #include "tensor.h"
 
 /* ---- ggml tensor types ------------------------------------------------------------------ */
@@ -68,162 +69,23 @@ const char *gguf_ggml_type_name(uint32_t type)
 }
 
 /* ---- dequantization -------------------------------------------------------------------- */
-static float h2f(const uint8_t *p) { return f16_to_f32(gguf_rd16(p)); }
 
-/* Each dequantizes nb consecutive blocks at x into y[0 .. nb * block_size). */
-
-static void deq_q4_0(const uint8_t *x, int64_t nb, float *y)
-{
-    for (int64_t b = 0; b < nb; b++, x += 18, y += 32) { /* {d f16, qs[16]} */
-        const float d = h2f(x);
-        const uint8_t *qs = x + 2;
-        for (int j = 0; j < 16; j++) {
-            y[j] = (float)((qs[j] & 0x0F) - 8) * d;
-            y[j + 16] = (float)((qs[j] >> 4) - 8) * d;
-        }
-    }
-}
-
-static void deq_q4_1(const uint8_t *x, int64_t nb, float *y)
-{
-    for (int64_t b = 0; b < nb; b++, x += 20, y += 32) { /* {d f16, m f16, qs[16]} */
-        const float d = h2f(x), m = h2f(x + 2);
-        const uint8_t *qs = x + 4;
-        for (int j = 0; j < 16; j++) {
-            y[j] = d * (float)(qs[j] & 0x0F) + m;
-            y[j + 16] = d * (float)(qs[j] >> 4) + m;
-        }
-    }
-}
-
-static void deq_q5_0(const uint8_t *x, int64_t nb, float *y)
-{
-    for (int64_t b = 0; b < nb; b++, x += 22, y += 32) { /* {d f16, qh[4] (u32 LE), qs[16]} */
-        const float d = h2f(x);
-        const uint32_t qh = gguf_rd32(x + 2);
-        const uint8_t *qs = x + 6;
-        for (int j = 0; j < 16; j++) {
-            const int hi0 = (int)((qh >> j) & 1) << 4, hi1 = (int)((qh >> (j + 16)) & 1) << 4;
-            y[j] = (float)(((qs[j] & 0x0F) | hi0) - 16) * d;
-            y[j + 16] = (float)(((qs[j] >> 4) | hi1) - 16) * d;
-        }
-    }
-}
-
-static void deq_q5_1(const uint8_t *x, int64_t nb, float *y)
-{
-    for (int64_t b = 0; b < nb; b++, x += 24, y += 32) { /* {d, m, qh[4], qs[16]} */
-        const float d = h2f(x), m = h2f(x + 2);
-        const uint32_t qh = gguf_rd32(x + 4);
-        const uint8_t *qs = x + 8;
-        for (int j = 0; j < 16; j++) {
-            const int hi0 = (int)((qh >> j) & 1) << 4, hi1 = (int)((qh >> (j + 16)) & 1) << 4;
-            y[j] = d * (float)((qs[j] & 0x0F) | hi0) + m;
-            y[j + 16] = d * (float)((qs[j] >> 4) | hi1) + m;
-        }
-    }
-}
-
-static void deq_q8_0(const uint8_t *x, int64_t nb, float *y)
-{
-    for (int64_t b = 0; b < nb; b++, x += 34, y += 32) { /* {d f16, qs[32] int8} */
-        const float d = h2f(x);
-        for (int j = 0; j < 32; j++) y[j] = (float)(int8_t)x[2 + j] * d;
-    }
-}
-
-/* The j-th (0..7) 6-bit scale and min of a Q4_K/Q5_K block's 12 packed bytes: bytes 0-3 hold
- * scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7; bytes 4-7 the same for mins;
- * bytes 8-11 the low 4 bits of scale (low nibble) and min (high nibble) 4-7. */
-static void k_scale_min(int j, const uint8_t *q, int *sc, int *m)
-{
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
-static void deq_q4_k(const uint8_t *x, int64_t nb, float *y)
-{
-    for (int64_t b = 0; b < nb; b++, x += 144) { /* {d, dmin, scales[12], qs[128]} */
-        const float d = h2f(x), dmin = h2f(x + 2);
-        const uint8_t *scales = x + 4, *q = x + 16;
-        for (int j = 0; j < QK_K / 64; j++, q += 32) { /* 64 values: 32 low nibbles, 32 high */
-            int sc, m;
-            k_scale_min(2 * j, scales, &sc, &m);
-            const float d1 = d * (float)sc, m1 = dmin * (float)m;
-            k_scale_min(2 * j + 1, scales, &sc, &m);
-            const float d2 = d * (float)sc, m2 = dmin * (float)m;
-            for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0x0F) - m1;
-            for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
-        }
-    }
-}
-
-static void deq_q5_k(const uint8_t *x, int64_t nb, float *y)
-{
-    for (int64_t b = 0; b < nb; b++, x += 176) { /* {d, dmin, scales[12], qh[32], qs[128]} */
-        const float d = h2f(x), dmin = h2f(x + 2);
-        const uint8_t *scales = x + 4, *qh = x + 16, *ql = x + 48;
-        for (int j = 0; j < QK_K / 64; j++, ql += 32) {
-            int sc, m;
-            k_scale_min(2 * j, scales, &sc, &m);
-            const float d1 = d * (float)sc, m1 = dmin * (float)m;
-            k_scale_min(2 * j + 1, scales, &sc, &m);
-            const float d2 = d * (float)sc, m2 = dmin * (float)m;
-            const int u1 = 1 << (2 * j), u2 = 2 << (2 * j);
-            for (int l = 0; l < 32; l++) *y++ = d1 * (float)((ql[l] & 0x0F) + (qh[l] & u1 ? 16 : 0)) - m1;
-            for (int l = 0; l < 32; l++) *y++ = d2 * (float)((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
-        }
-    }
-}
-
-static void deq_q6_k(const uint8_t *x, int64_t nb, float *y)
-{
-    for (int64_t b = 0; b < nb; b++, x += 210) { /* {ql[128], qh[64], scales[16] int8, d f16} */
-        const float d = h2f(x + 208);
-        const uint8_t *ql = x, *qh = x + 128;
-        const int8_t *sc = (const int8_t *)(x + 192);
-        for (int n = 0; n < QK_K; n += 128, y += 128, ql += 64, qh += 32, sc += 8) {
-            for (int l = 0; l < 32; l++) {
-                const int is = l / 16;
-                const int q1 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                const int q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                y[l] = (d * (float)sc[is]) * (float)q1;
-                y[l + 32] = (d * (float)sc[is + 2]) * (float)q2;
-                y[l + 64] = (d * (float)sc[is + 4]) * (float)q3;
-                y[l + 96] = (d * (float)sc[is + 6]) * (float)q4;
-            }
-        }
-    }
-}
-
-/* Dequantizes n elements (a whole number of blocks) of type at x. */
+/* Dequantizes n elements (a whole number of blocks) of type at x. The block types are the
+ * kernels' one dequantizer (quant_dequantize_row, kernels/quant.h: bit-exact with ggml's
+ * dequantize_row_*), which the CPU products use too. */
 static void gguf_dequantize(uint32_t type, const uint8_t *x, int64_t n, float *y)
 {
     switch (type) {
     case GGML_TYPE_F32: memcpy(y, x, (size_t)n * 4); return;
     case GGML_TYPE_F16:
-        for (int64_t i = 0; i < n; i++) y[i] = h2f(x + 2 * i);
+        for (int64_t i = 0; i < n; i++) y[i] = f16_to_f32(gguf_rd16(x + 2 * i));
         return;
     case GGML_TYPE_BF16:
         for (int64_t i = 0; i < n; i++) y[i] = bf16_to_f32(gguf_rd16(x + 2 * i));
         return;
-    case GGML_TYPE_Q4_0: deq_q4_0(x, n / 32, y); return;
-    case GGML_TYPE_Q4_1: deq_q4_1(x, n / 32, y); return;
-    case GGML_TYPE_Q5_0: deq_q5_0(x, n / 32, y); return;
-    case GGML_TYPE_Q5_1: deq_q5_1(x, n / 32, y); return;
-    case GGML_TYPE_Q8_0: deq_q8_0(x, n / 32, y); return;
-    case GGML_TYPE_Q4_K: deq_q4_k(x, n / QK_K, y); return;
-    case GGML_TYPE_Q5_K: deq_q5_k(x, n / QK_K, y); return;
-    case GGML_TYPE_Q6_K: deq_q6_k(x, n / QK_K, y); return;
     }
-    CHECK(0, "gguf_dequantize: type %" PRIu32 " marked supported but not implemented", type);
+    CHECK(quant_type_supported(type), "gguf_dequantize: type %" PRIu32 " marked supported but not implemented", type);
+    quant_dequantize_row((enum quant_type)type, x, y, n);
 }
 
 static enum status gguf_check_tensor(const struct gguf *g, const struct gguf_tensor *t)
