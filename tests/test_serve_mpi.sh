@@ -9,7 +9,8 @@
 # the client must get an error (not hang), and every rank must be gone within 20 s.
 # With `hang`: a worker rank is stopped (SIGSTOP) instead; rank 0 notices after --rank-timeout
 # (2 s here), names rank 1 (heartbeats: parallel_watch.c), fails the requests with UNAVAILABLE,
-# goes NOT_SERVING and exits non-zero.
+# goes NOT_SERVING and exits non-zero. With `hang_idle`: the same with no request running (no
+# collective waits for the stopped rank: the heartbeats alone tell the idle conductor).
 set -u
 shardlm=$1
 data=$2
@@ -43,20 +44,25 @@ done
 [ -n "$addr" ]; check "mpirun -n $n serve --dp $dp --tp $tp --pp $pp listens" $?
 if [ -z "$addr" ]; then cat "$tmp/serve.log"; echo "$pass passed, $fail failed"; exit 1; fi
 
-if [ "$mode" = kill ] || [ "$mode" = hang ]; then
-  # Enough streaming work to outlast the kill by far (stories260K decodes ~1,000 tok/s).
-  "$shardlm" bench --server "$addr" --concurrency 8 --requests 400 --max-tokens 400 \
-    > "$tmp/long" 2> "$tmp/long.err" &
-  client=$!
+if [ "$mode" = kill ] || [ "$mode" = hang ] || [ "$mode" = hang_idle ]; then
+  client=
+  if [ "$mode" != hang_idle ]; then
+    # Enough streaming work to outlast the kill by far (stories260K decodes ~1,000 tok/s).
+    "$shardlm" bench --server "$addr" --concurrency 8 --requests 400 --max-tokens 400 \
+      > "$tmp/long" 2> "$tmp/long.err" &
+    client=$!
+  fi
   sleep 1.5
   # This job's rank 1: a child of our own mpirun (other tests may run the same command line).
   worker=$(pgrep -P "$pid" | while read -r p; do
     tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && echo "$p"; done | head -1)
   [ -n "$worker" ]; check "found a rank to kill" $?
   if [ "$mode" = kill ]; then kill -9 "$worker" 2> /dev/null; else kill -STOP "$worker" 2> /dev/null; fi
+  [ "$mode" = hang_idle ] && mode_hang=1 || mode_hang=
+  [ "$mode" = hang ] && mode_hang=1
   for _ in $(seq 1 200); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
   ! kill -0 "$pid" 2> /dev/null; check "a $mode rank takes the job down within 20 s (no hang)" $?
-  if [ "$mode" = hang ]; then
+  if [ -n "$mode_hang" ]; then
     kill -9 "$worker" 2> /dev/null
     grep -q "the engine failed" "$tmp/serve.log"; check "rank 0 detected the hung rank" $?
     # ... and named it (issue 35: the message said only "a rank is hung or gone").
@@ -64,12 +70,17 @@ if [ "$mode" = kill ] || [ "$mode" = hang ]; then
     check "rank 0 named rank 1 ($(grep -Eo 'rank 1 \(silent[^:;)]*|\(rank 1\) silent[^:;]*' "$tmp/serve.log" | head -1))" $?
     grep -q "NOT_SERVING" "$tmp/serve.log"; check "health went NOT_SERVING" $?
   fi
-  wait "$client"
-  crc=$?
-  [ "$crc" = 1 ] && grep -q "UNAVAILABLE" "$tmp/long" "$tmp/long.err"
-  check "the streaming clients end with UNAVAILABLE (bench rc $crc)" $?
+  if [ "$mode" = hang_idle ]; then
+    grep -q "while idle" "$tmp/serve.log"; check "the idle conductor noticed through the heartbeats" $?
+  else
+    wait "$client"
+    crc=$?
+    [ "$crc" = 1 ] && grep -q "UNAVAILABLE" "$tmp/long" "$tmp/long.err"
+    check "the streaming clients end with UNAVAILABLE (bench rc $crc)" $?
+  fi
   if [ "$fail" != 0 ]; then # enough to tell what happened
-    echo "--- bench"; tail -12 "$tmp/long" "$tmp/long.err"; echo "--- server"; tail -25 "$tmp/serve.log"
+    [ -n "$client" ] && { echo "--- bench"; tail -12 "$tmp/long" "$tmp/long.err"; }
+    echo "--- server"; tail -25 "$tmp/serve.log"
   fi
   pid=
   echo "$pass passed, $fail failed"

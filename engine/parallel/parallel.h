@@ -322,6 +322,9 @@ void        parallel_watch_stop(struct parallel_world *w);
 /* "rank 2 (silent for 3.1 s), rank 3 (...)" into buf (n bytes) for the ranks silent for over 1 s;
  * "" without a watch or when every rank beats. Returns the length written. Any thread. */
 size_t      parallel_watch_silent(const struct parallel_world *w, char *buf, size_t n);
+/* The same for the ranks silent for over `seconds` (a rank that misses its beats that long is
+ * hung or gone even when no collective waits for it: an idle server checks this). */
+size_t      parallel_watch_silent_over(const struct parallel_world *w, double seconds, char *buf, size_t n);
 /* What a timeout message says about who: the silent ranks, or why none can be named. */
 void        parallel_watch_explain(const struct parallel_world *w, char *buf, size_t n);
 

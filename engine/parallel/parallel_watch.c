@@ -157,6 +157,11 @@ void parallel_watch_stop(struct parallel_world *w)
 
 size_t parallel_watch_silent(const struct parallel_world *w, char *buf, size_t n)
 {
+    return parallel_watch_silent_over(w, WATCH_SILENT_S, buf, n);
+}
+
+size_t parallel_watch_silent_over(const struct parallel_world *w, double seconds, char *buf, size_t n)
+{
     if (n) buf[0] = 0;
     struct world_impl *root = root_of(w);
     struct parallel_watch *pw = root ? root->watch : NULL;
@@ -165,7 +170,7 @@ size_t parallel_watch_silent(const struct parallel_world *w, char *buf, size_t n
     size_t len = 0;
     pthread_mutex_lock(&pw->lock);
     for (int i = 0; i < pw->size && len < n; i++) {
-        if (i == pw->rank || now - pw->last[i] < WATCH_SILENT_S) continue;
+        if (i == pw->rank || now - pw->last[i] < seconds) continue;
         len += (size_t)snprintf(buf + len, n - len, "%srank %d (silent for %.1f s)", len ? ", " : "", i,
                                 now - pw->last[i]);
     }

@@ -601,17 +601,48 @@ int conductor_step(struct conductor *c)
 
 /* ---- the engine thread ---------------------------------------------------------------------- */
 
+/* An idle conductor of several ranks still learns of a hung or dead one: a collective's
+ * timeout only fires while a step waits for it, so a worker stopped while nothing runs would go
+ * unnoticed until the next request (and the server would say SERVING meanwhile). The ranks'
+ * heartbeats (parallel_watch.c) tell it: a rank silent for longer than --rank-timeout fails
+ * the engine as a timed-out collective would. */
+static void check_idle_ranks(struct conductor *c)
+{
+    struct parallel_world *w = c->par.world;
+    char who[320];
+    if (c->failed || w->broken || parallel_watch_silent_over(w, w->timeout_s, who, sizeof who) == 0) return;
+    enum status st = parallel_world_fail(w, "no heartbeat for more than --rank-timeout %.1f s while idle: %s: hung or gone",
+                                         w->timeout_s, who);
+    fail_conductor(c, st);
+}
+
 static void *conductor_main(void *arg)
 {
     struct conductor *c = arg;
+    struct parallel_world *w = c->par.world;
+    const int watch = w && w->size > 1 && w->timeout_s > 0;
     for (;;) {
         pthread_mutex_lock(&c->mu);
-        while (!c->stop_thread && !c->intake && !c->adapters.dirty && c->sched.n_running + c->sched.n_waiting == 0)
-            pthread_cond_wait(&c->cv, &c->mu);
+        int idle = 0;
+        while (!c->stop_thread && !c->intake && !c->adapters.dirty && c->sched.n_running + c->sched.n_waiting == 0) {
+            if (!watch) {
+                pthread_cond_wait(&c->cv, &c->mu);
+                continue;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 250 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+            if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0) {
+                idle = 1;
+                break;
+            }
+        }
         int stop = c->stop_thread;
         pthread_mutex_unlock(&c->mu);
         if (stop) break;
-        conductor_step(c);
+        if (idle) check_idle_ranks(c);
+        else conductor_step(c);
     }
     return NULL;
 }
