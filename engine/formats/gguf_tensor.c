@@ -71,8 +71,9 @@ const char *gguf_ggml_type_name(uint32_t type)
 /* ---- dequantization -------------------------------------------------------------------- */
 
 /* Dequantizes n elements (a whole number of blocks) of type at x. The block types are the
- * kernels' one dequantizer (quant_dequantize_row, kernels/quant.h: bit-exact with ggml's
- * dequantize_row_*), which the CPU products use too. */
+ * kernels' one dequantizer (kernels/quant.h: bit-exact with ggml's dequantize_row_*), in its
+ * plain C implementation: the reference that test_gguf holds against gguf-py and test_quant
+ * holds the SIMD implementations against. */
 static void gguf_dequantize(uint32_t type, const uint8_t *x, int64_t n, float *y)
 {
     switch (type) {
@@ -85,7 +86,7 @@ static void gguf_dequantize(uint32_t type, const uint8_t *x, int64_t n, float *y
         return;
     }
     CHECK(quant_type_supported(type), "gguf_dequantize: type %" PRIu32 " marked supported but not implemented", type);
-    quant_dequantize_row((enum quant_type)type, x, y, n);
+    quant_dequantize_row_impl(QUANT_IMPL_SCALAR, (enum quant_type)type, x, y, n);
 }
 
 static enum status gguf_check_tensor(const struct gguf *g, const struct gguf_tensor *t)
