@@ -32,42 +32,10 @@
 static enum status ck_copy_file(const char *dir_in, const char *dir_out, const char *name)
 {
     enum status s = STATUS_OK;
-    char in[CK_PATH], out[CK_PATH], tmp[CK_PATH + 8];
+    char in[CK_PATH], out[CK_PATH];
     if ((s = ck_pathf(in, dir_in, name)) || (s = ck_pathf(out, dir_out, name))) return s;
     if (!ck_is_file(in)) return STATUS_OK;
-    snprintf(tmp, sizeof tmp, "%s.tmp", out);
-    int fd;
-    if ((s = base_open_file(in, &fd, NULL)) != STATUS_OK) return s;
-    FILE *fi = fdopen(fd, "rb"), *fo = NULL;
-    if (!fi) {
-        close(fd);
-        return status_errorf(STATUS_IO, "%s: %s", in, strerror(errno));
-    }
-    if (!(fo = fopen(tmp, "wb"))) {
-        s = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    char buf[1 << 16];
-    size_t got;
-    while ((got = fread(buf, 1, sizeof buf, fi)) > 0) {
-        if (fwrite(buf, 1, got, fo) != got) {
-            s = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-            goto out;
-        }
-    }
-    if (ferror(fi)) {
-        s = status_errorf(STATUS_IO, "%s: read error", in);
-        goto out;
-    }
-    int rc = fclose(fo);
-    fo = NULL;
-    if (rc != 0) s = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
-    else if (rename(tmp, out) != 0) s = status_errorf(STATUS_IO, "rename %s: %s", tmp, strerror(errno));
-out:
-    if (fo) fclose(fo);
-    if (s) remove(tmp);
-    fclose(fi);
-    return s;
+    return base_copy_file(in, out);
 }
 
 static enum status mw_write_meta(const char *dir_out, const struct model_config *c, int tp, int pp)

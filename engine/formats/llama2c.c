@@ -39,35 +39,6 @@ static enum status fill_permuted(void *ctx, void *dst, size_t nbytes)
     return STATUS_OK;
 }
 
-static enum status copy_file(const char *from, const char *to)
-{
-    enum status st = STATUS_OK;
-    int fd;
-    if ((st = base_open_file(from, &fd, NULL)) != STATUS_OK) return st;
-    FILE *in = fdopen(fd, "rb"), *out = NULL;
-    if (!in) {
-        close(fd);
-        return status_errorf(STATUS_IO, "%s: %s", from, strerror(errno));
-    }
-    out = fopen(to, "wb");
-    if (!out) {
-        st = status_errorf(STATUS_IO, "%s: %s", to, strerror(errno));
-        goto done;
-    }
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, n, out) != n) {
-            st = status_errorf(STATUS_IO, "%s: write failed: %s", to, strerror(errno));
-            goto done;
-        }
-    if (ferror(in)) st = status_errorf(STATUS_IO, "%s: read failed", from);
-done:
-    if (out && fclose(out) != 0 && st == STATUS_OK) st = status_errorf(STATUS_IO, "%s: %s", to, strerror(errno));
-    fclose(in);
-    return st;
-}
-
 enum status llama2c_convert(const char *checkpoint, const char *tokenizer, const char *out_dir)
 {
     enum status st = STATUS_OK;
@@ -188,7 +159,7 @@ enum status llama2c_convert(const char *checkpoint, const char *tokenizer, const
     if (st != STATUS_OK) goto done;
 
     snprintf(path, sizeof path, "%s/tokenizer.model", out_dir);
-    st = copy_file(tokenizer, path);
+    st = base_copy_file(tokenizer, path);
 done:
     safetensors_writer_free(w);
     free(perm);

@@ -189,6 +189,42 @@ enum status base_open_file(const char *path, int *fd, struct stat *st)
     return STATUS_OK;
 }
 
+enum status base_copy_file(const char *from, const char *to)
+{
+    char tmp[4096 + 8];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", to) >= (int)sizeof tmp)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", to);
+    int fd;
+    enum status st = base_open_file(from, &fd, NULL);
+    if (st != STATUS_OK) return st;
+    FILE *in = fdopen(fd, "rb"), *out = NULL;
+    if (!in) {
+        close(fd);
+        return status_errorf(STATUS_IO, "%s: %s", from, strerror(errno));
+    }
+    if (!(out = fopen(tmp, "wb"))) {
+        st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+        goto done;
+    }
+    char buf[1 << 16];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, got, out) != got) {
+            st = status_errorf(STATUS_IO, "%s: write failed: %s", tmp, strerror(errno));
+            goto done;
+        }
+    if (ferror(in)) st = status_errorf(STATUS_IO, "%s: read failed", from);
+    int rc = fclose(out);
+    out = NULL;
+    if (st == STATUS_OK && rc != 0) st = status_errorf(STATUS_IO, "%s: %s", tmp, strerror(errno));
+    if (st == STATUS_OK && rename(tmp, to) != 0) st = status_errorf(STATUS_IO, "rename %s: %s", tmp, strerror(errno));
+done:
+    if (out) fclose(out);
+    if (st != STATUS_OK) remove(tmp);
+    fclose(in);
+    return st;
+}
+
 enum status base_read_file(const char *path, size_t max_bytes, const char *what, char **text, size_t *len)
 {
     *text = NULL;

@@ -89,6 +89,10 @@ enum status base_read_file(const char *path, size_t max_bytes, const char *what,
 /* Writes data[0..n) to path through path.tmp, renamed over path once complete (a reader never
  * sees a partial file; the temporary is removed on failure). STATUS_IO naming the file. */
 enum status base_write_file(const char *path, const void *data, size_t n);
+/* Copies the file at from (opened by base_open_file: a regular file only) to `to` through
+ * to.tmp, renamed over `to` once complete (a reader never sees half a file; the .tmp is removed
+ * on failure). Errors: base_open_file's, STATUS_IO naming the file. */
+enum status base_copy_file(const char *from, const char *to);
 
 enum log_level { LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR };
 
