@@ -558,6 +558,12 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
         return reply_status(c, st, msg);
     }
     hc->g = g;
+    /* A FIN that came with the request (`nc -N`) is classed now, whatever the load does to the
+     * first wait's timing: a half-close, not a client gone (peer_gone marks it; a reset is
+     * found again by the waits below). */
+    pthread_mutex_lock(&g->mu);
+    (void)peer_gone(g);
+    pthread_mutex_unlock(&g->mu);
     if (g->q.stream) {
         atomic_fetch_add(&g->refs, 1); /* the response's */
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, g, stream_free);

@@ -371,16 +371,21 @@ def group_disconnect(env):
         # A unary request whose socket closes.
         body = json.dumps({"prompt": "Once upon a time", "max_tokens": 480, "n": 16, "temperature": 0,
                            "ignore_eos": True}).encode()
-        sock = socket.create_connection(("127.0.0.1", srv.http_port), timeout=10)
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        wait_until(lambda: g.server_stats().running > 0, "the unary request to run")
-        # A FIN within a second of the request is a half-close (the client still reads: group
-        # hardening); a later one, as here, a client that went away.
+        # Four of them (64 samples, 4 x 16 x 480 tokens: several seconds), so that they still run
+        # when their clients close: a FIN within a second of the request is a half-close (the
+        # client still reads: group hardening); a later one, as here, a client that went away.
+        socks = []
+        for _ in range(4):
+            sock = socket.create_connection(("127.0.0.1", srv.http_port), timeout=10)
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            socks.append(sock)
+        wait_until(lambda: g.server_stats().running > 0, "the unary requests to run")
         time.sleep(1.5)
-        sock.close()
+        for sock in socks:
+            sock.close()
         st2 = wait_until(lambda: settled(g), "blocks to return after a unary disconnect")
-        check(st2.generated_tokens - st.generated_tokens < 16 * 480, "the unary request stopped early")
+        check(st2.generated_tokens - st.generated_tokens < 4 * 16 * 480, "the unary requests stopped early")
         check(oa.completions.create(model=MODEL, prompt="hi", max_tokens=3).usage.completion_tokens == 3, "serving")
 
 
@@ -863,7 +868,7 @@ def group_hardening(env):
     # (4) Slow clients. A header sent a byte at a time is cut at --http-header-timeout, a body at
     # --http-body-timeout (the idle timeout, 300 s, never comes into it); meanwhile the fifth
     # connection from one address and the thirteenth in all are answered 503, and others served.
-    with Server(env.shardlm, env.model, "--http-header-timeout", "3", "--http-body-timeout", "3",
+    with Server(env.shardlm, env.model, "--http-header-timeout", "5", "--http-body-timeout", "5",
                 "--http-max-connections", "12", "--http-max-connections-per-address", "4", name="slow-clients") as srv:
         KEY = b""
         slow = [connect(srv) for _ in range(4)]
