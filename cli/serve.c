@@ -27,8 +27,8 @@
  *                            (HOST:PORT; ":PORT" or "PORT" = 127.0.0.1) [off]
  *   --http-max-connections N open HTTP connections at most [256]; more are answered 503
  *   --http-max-connections-per-address N   open HTTP connections from one peer address at
- *                            most [64]; 0 = no cap (behind a proxy, where every client has its
- *                            address); more are answered 503
+ *                            most [3/4 of --http-max-connections: 192]; 0 = no cap (behind a
+ *                            proxy, where every client has its address); more are answered 503
  *   --http-header-timeout S  seconds from a connection's accept (or its previous response) to
  *                            the end of a request's headers [10]; then the connection is closed
  *   --http-body-timeout S    seconds from the end of the headers to the body's last byte [60]
@@ -77,7 +77,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--scheduling-policy fcfs|fair|priority]\n"
                     "         [--chat-template llama2|chatml|gemma|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
                     "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
-                    "         [--http-max-connections-per-address N (64; 0 = no cap)] [--http-header-timeout S (10)]\n"
+                    "         [--http-max-connections-per-address N (3/4 of the above; 0 = no cap)] [--http-header-timeout S (10)]\n"
                     "         [--http-body-timeout S (60)]\n"
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
                     "         [--default-adapter NAME]\n"

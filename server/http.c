@@ -840,7 +840,12 @@ enum status http_start(struct server *s)
         flags |= MHD_USE_TLS;
     }
     unsigned max_conn = o->http_max_connections > 0 ? (unsigned)o->http_max_connections : 256;
-    int per_addr = o->http_max_per_address > 0 ? o->http_max_per_address : o->http_max_per_address < 0 ? 0 : 64;
+    /* One address may hold three quarters of the slots by default: a single application server
+     * in front of shardlm (the usual chatbot backend) keeps 192 streams of 256, and one client
+     * alone cannot take every slot. */
+    int per_addr = o->http_max_per_address > 0   ? o->http_max_per_address
+                   : o->http_max_per_address < 0 ? 0
+                                                 : (int)(max_conn * 3 / 4 > 0 ? max_conn * 3 / 4 : 1);
     double header_s = o->http_header_timeout_s > 0 ? o->http_header_timeout_s : 10.0;
     double body_s = o->http_body_timeout_s > 0 ? o->http_body_timeout_s : 60.0;
     /* Connections past max_conn (or past the per-address cap) are taken to be answered 503;

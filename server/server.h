@@ -30,7 +30,8 @@ struct server_options {
                                     (":PORT" or "PORT": 127.0.0.1); NULL: off */
     int         http_max_connections; /* open HTTP connections at most; 0 = 256 */
     int         http_max_per_address; /* open HTTP connections from one peer address at most;
-                                         0 = 64, -1 = no cap (behind a proxy) */
+                                         0 = 3/4 of http_max_connections, -1 = no cap (behind a
+                                         proxy) */
     double      http_header_timeout_s; /* from accept (or the previous response) to the end of
                                           a request's headers; 0 = 10 s */
     double      http_body_timeout_s;   /* from the end of the headers to the body's last byte;
