@@ -6,13 +6,12 @@
  * (http_status). Requests go through the same path as gRPC's: gen_prompt (template,
  * tokenizer), engine_validate (the one validator), engine_submit. A client that goes away
  * (its socket hung up, or a write failed) cancels its request, which frees its KV blocks.
- * Not here: the JSON (http_openai.c), gRPC (server.c), metrics (metrics.c).
+ * Not here: a generation request's life with the engine (http_gen.c), connection slots and
+ * deadlines (http_guard.c), the JSON (http_openai.c), gRPC (server.c), metrics (metrics.c).
  * Tests: tests/server/test_http.py. */
-#define _GNU_SOURCE /* POLLRDHUP */
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netdb.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,8 +23,6 @@
 #include "metrics.h"
 #include "tokenizer.h"
 
-#define HTTP_WAIT_MS 100 /* how often a waiting request checks its client's socket */
-#define HTTP_HALF_CLOSE_GRACE_S 1.0 /* a FIN this soon after the request is a half-close (peer_gone) */
 
 /* The one mapping from shardlm errors to HTTP codes and OpenAI error types. */
 static unsigned http_status(enum status s, const char **type)
@@ -132,350 +129,6 @@ static void set_client(struct server *s, struct MHD_Connection *c, struct http_r
     q->r.params.client = q->r.client;
 }
 
-/* Whether the client of g is gone; with g->mu held. A reset or a socket error means gone. An
- * end of file (the client shut down its sending side: a FIN) is ambiguous: a client that
- * half-closes right after its request (`nc -N`, some proxies) still reads the answer, while a
- * client that gave up and closed its socket sends the same FIN, and only a write could tell
- * the two apart (a unary answer has nothing to write until the end). The rule: a FIN seen
- * within HTTP_HALF_CLOSE_GRACE_S of the request's submission is a half-close, and the answer
- * is sent; a FIN that comes later is a client that went away (nginx and uvicorn read every
- * FIN so), and its request is cancelled. A write that fails always means gone
- * (libmicrohttpd ends the response: stream_free, on_completed). */
-static int peer_gone(struct http_gen *g)
-{
-    if (g->fd < 0) return 0;
-    struct pollfd p = {.fd = g->fd, .events = POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return 0;
-    if (p.revents & (POLLHUP | POLLERR)) return 1;
-    if (!(p.revents & POLLRDHUP) || g->half_closed) return 0;
-    if (base_now_s() - g->t_submit <= HTTP_HALF_CLOSE_GRACE_S) {
-        g->half_closed = 1;
-        return 0;
-    }
-    return 1;
-}
-
-/* ---- one generation request ---------------------------------------------------------------- */
-
-static void gen_unref(struct http_gen *g)
-{
-    if (atomic_fetch_sub(&g->refs, 1) != 1) return;
-    struct server *s = g->s;
-    for (int i = 0; i < g->n_samples; i++) sample_buf_free(&g->samples[i]);
-    free(g->samples);
-    for (int i = 0; i < g->n_runs; i++) {
-        struct http_run *r = &g->runs[i];
-        free(r->echo);
-        free(r->prompt_ids);
-        free(r->prompt_lp);
-        free(r->prompt_top);
-    }
-    free(g->runs);
-    free(g->out);
-    http_request_free(&g->q);
-    pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->cv);
-    free(g);
-    atomic_fetch_sub(&s->http_active, 1);
-}
-
-
-/* Engine thread: a copy of the prompt's log-probabilities for echo; with g->mu held. */
-static void take_prompt_logprobs(struct http_run *r, const struct engine_event *ev)
-{
-    if (r->prompt_lp_ready || !r->g->q.echo || ev->n_tokens <= 0 || !ev->logprobs) return;
-    size_t n = (size_t)ev->n_tokens, k = ev->top && ev->n_top > 0 ? (size_t)ev->n_top : 0;
-    r->prompt_ids = malloc(n * sizeof *r->prompt_ids);
-    r->prompt_lp = malloc(n * sizeof *r->prompt_lp);
-    r->prompt_top = k ? malloc(n * k * sizeof *r->prompt_top) : NULL;
-    CHECK(r->prompt_ids && r->prompt_lp && (!k || r->prompt_top), "out of memory");
-    memcpy(r->prompt_ids, ev->tokens, n * sizeof *r->prompt_ids);
-    memcpy(r->prompt_lp, ev->logprobs, n * sizeof *r->prompt_lp);
-    if (k) memcpy(r->prompt_top, ev->top, n * k * sizeof *r->prompt_top);
-    r->n_prompt = ev->n_tokens;
-    r->n_prompt_top = (int)k;
-    r->prompt_lp_ready = 1;
-}
-
-/* Engine thread (ctx: the run): append, signal; the engine's reference goes with the last
- * FINISHED of the last run. */
-static void on_engine_event(void *ctx, const struct engine_event *ev)
-{
-    struct http_run *r = ctx;
-    struct http_gen *g = r->g;
-    if (ev->kind == ENGINE_EVENT_PROMPT_LOGPROBS) {
-        pthread_mutex_lock(&g->mu);
-        take_prompt_logprobs(r, ev);
-        pthread_cond_broadcast(&g->cv);
-        pthread_mutex_unlock(&g->mu);
-        return;
-    }
-    if (ev->sample < 0 || ev->sample >= g->n_per_run) return;
-    pthread_mutex_lock(&g->mu);
-    struct sample_buf *b = &g->samples[r->index * g->n_per_run + ev->sample];
-    double now = base_now_s();
-    if (ev->n_tokens > 0 && g->t_first == 0) g->t_first = now;
-    sample_buf_note_tokens(b, g->s->metrics, ev->n_tokens, now);
-    if (ev->kind == ENGINE_EVENT_FINISHED && ev->queue_seconds >= 0 && (g->queue_s < 0 || ev->queue_seconds < g->queue_s))
-        g->queue_s = ev->queue_seconds;
-    sample_buf_append(b, ev->tokens, ev->n_tokens, ev->logprobs, ev->top, ev->n_top, ev->text, ev->text_len);
-    b->completion_tokens = ev->completion_tokens;
-    r->prompt_tokens = ev->prompt_tokens;
-    r->cached_prompt_tokens = ev->cached_prompt_tokens;
-    int last = 0;
-    if (ev->kind == ENGINE_EVENT_FINISHED && !b->finished) {
-        b->finished = 1;
-        b->finish = ev->finish;
-        last = --g->active == 0;
-        enum status st = STATUS_OK;
-        const char *msg = "";
-        if (ev->finish == FINISH_REASON_CANCELLED) {
-            int draining = atomic_load(&g->s->phase) >= PHASE_DRAINING;
-            st = draining && !g->hangup ? STATUS_UNAVAILABLE : STATUS_CANCELLED;
-            msg = draining && !g->hangup ? "the server shut down before the request finished (drain timeout)"
-                                         : "cancelled: the client went away";
-        } else if (ev->finish == FINISH_REASON_DEADLINE) {
-            st = STATUS_DEADLINE_EXCEEDED, msg = "the request's deadline passed";
-        } else if (ev->finish == FINISH_REASON_ERROR) {
-            st = ev->status != STATUS_OK ? ev->status : STATUS_INTERNAL, msg = ev->message ? ev->message : "";
-        }
-        if (st != STATUS_OK && g->end_status == STATUS_OK) {
-            g->end_status = st;
-            snprintf(g->end_message, sizeof g->end_message, "%s", msg);
-        }
-    }
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-    if (last) gen_unref(g);
-}
-
-/* Waits up to HTTP_WAIT_MS for an event; with g->mu held. */
-static void gen_wait(struct http_gen *g)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += HTTP_WAIT_MS * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    pthread_cond_timedwait(&g->cv, &g->mu, &ts);
-}
-
-/* The client went away; with g->mu held. Returns 1 when the caller must engine_cancel the
- * request after unlocking (the engine frees its blocks at the next step); engine_cancel is
- * never called under g->mu, which the engine thread takes in on_engine_event. */
-static int gen_hangup(struct http_gen *g)
-{
-    if (g->hangup) return 0;
-    g->hangup = 1;
-    return g->active > 0;
-}
-
-/* Cancels every submitted run (a run that already ended is not found: no harm). Runs are only
- * submitted before the request is handed to its connection, so reading them is safe here. */
-static void gen_cancel(struct http_gen *g)
-{
-    for (int i = 0; i < g->n_runs; i++)
-        if (g->runs[i].submitted) engine_cancel(g->s->engine, g->runs[i].handle);
-}
-
-/* Counts the request once it ended; g->mu held. */
-static void gen_observe(struct http_gen *g, enum status st)
-{
-    int completion = 0, prompt = 0;
-    for (int i = 0; i < g->n_samples; i++) completion += g->samples[i].completion_tokens;
-    for (int i = 0; i < g->n_runs; i++) prompt += g->runs[i].prompt_tokens;
-    double now = base_now_s();
-    metrics_observe_request(g->s->metrics, METRICS_API_HTTP, server_grpc_code_name(server_grpc_code(st)),
-                            g->t_first > 0 ? g->t_first - g->t_submit : -1.0, now - g->t_submit, g->queue_s);
-    LOG_INFO("http", "req=%s status=%s prompts=%d prompt_tokens=%d completion_tokens=%d total_ms=%.1f", g->id,
-             status_name(st), g->n_runs, prompt, completion, (now - g->t_submit) * 1e3);
-}
-
-/* libmicrohttpd's content reader of a stream: blocks until there is something to send. */
-static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
-{
-    (void)pos;
-    struct http_gen *g = cls;
-    pthread_mutex_lock(&g->mu);
-    for (;;) {
-        if (g->out_pos < g->out_len) {
-            size_t n = g->out_len - g->out_pos < max ? g->out_len - g->out_pos : max;
-            memcpy(buf, g->out + g->out_pos, n);
-            g->out_pos += n;
-            pthread_mutex_unlock(&g->mu);
-            return (ssize_t)n;
-        }
-        if (g->done) {
-            pthread_mutex_unlock(&g->mu);
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        }
-        g->out_len = g->out_pos = 0;
-        http_stream_chunks(g);
-        int all_sent = 1;
-        for (int i = 0; i < g->n_samples; i++) all_sent &= g->samples[i].final_sent;
-        if (g->active == 0 && all_sent && !g->out_len) {
-            http_stream_finish(g);
-            gen_observe(g, g->end_status);
-        }
-        if (g->out_len) continue;
-        gen_wait(g);
-        if (peer_gone(g)) {
-            int cancel = gen_hangup(g);
-            pthread_mutex_unlock(&g->mu);
-            if (cancel) gen_cancel(g);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-    }
-}
-
-/* The stream's response is gone (sent, or its connection died): cancel what still runs. */
-static void stream_free(void *cls)
-{
-    struct http_gen *g = cls;
-    pthread_mutex_lock(&g->mu);
-    int cancel = 0;
-    if (!g->done) {
-        cancel = gen_hangup(g);
-        gen_observe(g, STATUS_CANCELLED);
-        g->done = 1;
-    }
-    pthread_mutex_unlock(&g->mu);
-    if (cancel) gen_cancel(g);
-    gen_unref(g);
-}
-
-/* ---- the generation endpoints -------------------------------------------------------------- */
-
-/* Prompt i of g's request as token ids (*ids malloc'd) through gen_prompt, and its echo text:
- * the prompt as given, or the decoded token ids. Errors name the prompt when there are several. */
-static enum status run_prompt(struct http_gen *g, int i, int32_t **ids, int *n_ids)
-{
-    struct gen_request *r = &g->q.r;
-    struct http_prompt *p = g->q.is_chat ? NULL : &g->q.prompts[i];
-    if (p) { /* gen_prompt reads r's prompt: lend it this one (it takes token ids over) */
-        r->prompt = p->text;
-        r->prompt_len = p->text_len;
-        r->prompt_ids = p->ids;
-        r->n_prompt_ids = p->n_ids;
-        p->ids = NULL;
-    }
-    enum status st = gen_prompt(g->s, r, g->q.is_chat, ids, n_ids);
-    if (p) {
-        free(r->prompt_ids); /* only when gen_prompt failed before taking them */
-        r->prompt = NULL;
-        r->prompt_len = 0;
-        r->prompt_ids = NULL;
-        r->n_prompt_ids = 0;
-    }
-    struct request_params *rp = &r->params;
-    if (st == STATUS_OK && rp->max_tokens < 0) { /* chat's default: the rest of the context */
-        struct engine_model_info info;
-        engine_get_model_info(g->s->engine, &info);
-        rp->max_tokens = info.max_positions > *n_ids ? info.max_positions - *n_ids : 1;
-    }
-    if (st == STATUS_OK) st = engine_validate(g->s->engine, *ids, *n_ids, rp);
-    struct http_run *run = &g->runs[i];
-    if (st == STATUS_OK && p && g->q.echo) {
-        if (p->text) {
-            run->echo = strdup(p->text);
-            run->echo_len = p->text_len;
-            if (!run->echo) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        } else {
-            st = tokenizer_decode(g->s->tok, *ids, *n_ids, &run->echo, &run->echo_len);
-        }
-    }
-    if (st != STATUS_OK && g->n_runs > 1) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", status_message());
-        return status_errorf(st, "prompt[%d]: %s", i, msg);
-    }
-    return st;
-}
-
-/* Tokenizes, validates and submits q (whose ownership moves into a new http_gen, *out, holding
- * the caller's reference): every prompt is checked before any is submitted, and when one
- * cannot be submitted (a full queue) those already submitted are cancelled. On error nothing
- * is left (the engine drops its reference as the cancelled runs finish). */
-static enum status gen_submit(struct server *s, struct http_request *q, int fd, struct http_gen **out)
-{
-    *out = NULL;
-    struct http_gen *g = calloc(1, sizeof *g);
-    if (!g) {
-        http_request_free(q);
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    atomic_init(&g->refs, 1);
-    atomic_fetch_add(&s->http_active, 1);
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv, NULL);
-    g->s = s;
-    g->q = *q;
-    g->fd = fd;
-    g->created = (long long)time(NULL);
-    g->t_submit = base_now_s();
-    g->queue_s = -1.0;
-    snprintf(g->id, sizeof g->id, "%s-%llu", q->is_chat ? "chatcmpl" : "cmpl",
-             (unsigned long long)atomic_fetch_add(&s->http_next_id, 1) + 1);
-    int n_runs = q->is_chat ? 1 : q->n_prompts;
-    if (!q->is_chat && g->q.r.params.max_tokens < 0) g->q.r.params.max_tokens = 16; /* OpenAI's default */
-    int32_t **ids = calloc((size_t)n_runs, sizeof *ids);
-    int *n_ids = calloc((size_t)n_runs, sizeof *n_ids);
-    g->runs = calloc((size_t)n_runs, sizeof *g->runs);
-    enum status st = STATUS_OK;
-    if (!ids || !n_ids || !g->runs) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    else g->n_runs = n_runs;
-    for (int i = 0; st == STATUS_OK && i < n_runs; i++) {
-        g->runs[i].g = g;
-        g->runs[i].index = i;
-        st = run_prompt(g, i, &ids[i], &n_ids[i]);
-    }
-    struct request_params *p = &g->q.r.params;
-    if (st == STATUS_OK && n_runs > 1) st = engine_validate_prompts(s->engine, n_runs, p->n);
-    if (st == STATUS_OK) st = gen_resolve_adapter(s, &g->q.r);
-    if (st == STATUS_OK) {
-        g->n_per_run = p->n;
-        g->n_samples = n_runs * p->n;
-        g->samples = calloc((size_t)g->n_samples, sizeof *g->samples);
-        if (!g->samples) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    int submitted = 0;
-    if (st == STATUS_OK) {
-        g->active = g->n_samples; /* before submitting: events may arrive at once */
-        atomic_fetch_add(&g->refs, 1); /* the engine's, until the last FINISHED */
-        for (; st == STATUS_OK && submitted < n_runs; submitted++) {
-            struct http_run *r = &g->runs[submitted];
-            char id[64];
-            if (n_runs > 1) snprintf(id, sizeof id, "%s-%d", g->id, submitted);
-            else snprintf(id, sizeof id, "%s", g->id);
-            r->prompt_tokens = n_ids[submitted];
-            st = engine_submit(s->engine, id, ids[submitted], n_ids[submitted], p, on_engine_event, r, &r->handle);
-            if (st == STATUS_OK) r->submitted = 1;
-        }
-        if (st != STATUS_OK) {
-            submitted--; /* the one that failed */
-            char msg[512];
-            snprintf(msg, sizeof msg, "%s", status_message());
-            pthread_mutex_lock(&g->mu);
-            g->active -= (n_runs - submitted) * p->n;
-            int last = g->active == 0;
-            g->hangup = 1; /* nobody waits for the cancelled runs */
-            pthread_mutex_unlock(&g->mu);
-            gen_cancel(g);
-            if (last) atomic_fetch_sub(&g->refs, 1);
-            st = status_errorf(st, "%s%s", msg, submitted ? " (the request's other prompts were cancelled)" : "");
-        }
-    }
-    for (int i = 0; ids && i < n_runs; i++) free(ids[i]);
-    free(ids);
-    free(n_ids);
-    if (st != STATUS_OK) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", status_message());
-        gen_unref(g);
-        return status_errorf(st, "%s", msg);
-    }
-    *out = g;
-    return STATUS_OK;
-}
 
 /* The routes, each with the methods it allows. */
 enum route { ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_HEALTH, ROUTE_METRICS };
@@ -549,7 +202,7 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     enum status st = http_parse_request(hc->body ? hc->body : "", hc->len, is_chat, s->model_id, an.ptrs, an.n, &q);
     struct http_gen *g = NULL;
     if (st != STATUS_OK) http_request_free(&q);
-    else set_client(s, c, &q), st = gen_submit(s, &q, connection_fd(c), &g);
+    else set_client(s, c, &q), st = http_gen_submit(s, &q, connection_fd(c), &g);
     if (st != STATUS_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", status_message());
@@ -562,13 +215,13 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
      * first wait's timing: a half-close, not a client gone (peer_gone marks it; a reset is
      * found again by the waits below). */
     pthread_mutex_lock(&g->mu);
-    (void)peer_gone(g);
+    (void)http_peer_gone(g);
     pthread_mutex_unlock(&g->mu);
     if (g->q.stream) {
         atomic_fetch_add(&g->refs, 1); /* the response's */
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, g, stream_free);
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, http_stream_read, g, http_stream_free);
         if (!r) {
-            stream_free(g);
+            http_stream_free(g);
             return MHD_NO;
         }
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
@@ -579,15 +232,15 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     }
     pthread_mutex_lock(&g->mu);
     while (g->active > 0) {
-        gen_wait(g);
-        if (peer_gone(g) && gen_hangup(g)) {
+        http_gen_wait(g);
+        if (http_peer_gone(g) && http_gen_hangup(g)) {
             pthread_mutex_unlock(&g->mu);
-            gen_cancel(g);
+            http_gen_cancel(g);
             pthread_mutex_lock(&g->mu);
         }
     }
     enum status end = g->end_status;
-    gen_observe(g, end);
+    http_gen_observe(g, end);
     char *json = end == STATUS_OK ? http_response_json(g) : NULL;
     char msg[256];
     snprintf(msg, sizeof msg, "%s", g->end_message);
@@ -763,11 +416,11 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (hc->g) {
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
             pthread_mutex_lock(&hc->g->mu);
-            int cancel = gen_hangup(hc->g);
+            int cancel = http_gen_hangup(hc->g);
             pthread_mutex_unlock(&hc->g->mu);
-            if (cancel) gen_cancel(hc->g);
+            if (cancel) http_gen_cancel(hc->g);
         }
-        gen_unref(hc->g);
+        http_gen_unref(hc->g);
     }
     free(hc->body);
     free(hc);

@@ -1,5 +1,8 @@
 /* server/http_internal.h - what the two files of the HTTP front share:
  *
+ *   http_gen.c     one generation request: submitting, waiting for events, SSE, client
+ *                  disconnects (engine_cancel)
+ *   http_guard.c   connection slots, the header and body deadlines, the connection caps
  *   http.c         the libmicrohttpd daemon (a thread per connection, a bounded number of
  *                  connections), routing, API keys, the one status-to-HTTP mapping with its
  *                  OpenAI error objects, submitting to the engine, waiting for events, SSE,
@@ -18,6 +21,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "convert.h"
 #include "server_internal.h"
@@ -116,6 +120,28 @@ void  http_stream_chunks(struct http_gen *g);
 void  http_stream_finish(struct http_gen *g);
 /* {"error": {...}} with the given message, type and code; malloc'd. */
 char *http_error_json(const char *message, const char *type, const char *param, const char *code);
+
+/* ---- http_gen.c: one generation request ---------------------------------------------------- */
+
+/* Tokenizes, validates and submits q (whose ownership moves into a new http_gen, *out, holding
+ * the caller's reference; fd: the connection's socket, polled for hang-ups): every prompt is
+ * checked before any is submitted; on error nothing is left. */
+enum status http_gen_submit(struct server *s, struct http_request *q, int fd, struct http_gen **out);
+/* Drops one reference; the last frees g. */
+void        http_gen_unref(struct http_gen *g);
+/* With g->mu held: waits up to HTTP_WAIT_MS for an event. */
+void        http_gen_wait(struct http_gen *g);
+/* With g->mu held: the client went away; 1 when the caller must http_gen_cancel after unlocking. */
+int         http_gen_hangup(struct http_gen *g);
+/* Cancels every submitted run (never under g->mu). */
+void        http_gen_cancel(struct http_gen *g);
+/* With g->mu held: counts the ended request (metrics, log). */
+void        http_gen_observe(struct http_gen *g, enum status st);
+/* With g->mu held: whether the client is gone (the half-close rule: http_gen.c). */
+int         http_peer_gone(struct http_gen *g);
+/* libmicrohttpd's content reader and its free callback for a streamed response (cls: g). */
+ssize_t     http_stream_read(void *cls, uint64_t pos, char *buf, size_t max);
+void        http_stream_free(void *cls);
 
 /* ---- http_guard.c: connection slots and the deadlines before a request is read ---------- */
 
