@@ -299,6 +299,33 @@ static enum status parse_messages(const cJSON *o, struct gen_request *r)
     return STATUS_OK;
 }
 
+/* OpenAI and vLLM fields this server does not honour yet (structured outputs, tools: issue 28;
+ * suffix, best_of): a request that sets one is refused by name, never answered as if the field
+ * were not there. Absent, null, or the value that asks for nothing special is accepted. */
+static enum status refuse_unhonoured(const cJSON *o)
+{
+    static const char *const always[] = {"functions", "function_call", "suffix", "guided_json", "guided_regex",
+                                         "guided_choice", "guided_grammar", "structured_outputs", "response_format"};
+    for (size_t i = 0; i < sizeof always / sizeof always[0]; i++) {
+        const cJSON *v = field(o, always[i]);
+        if (!v) continue;
+        if (!strcmp(always[i], "response_format")) { /* {"type": "text"} asks for nothing */
+            const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
+            if (cJSON_IsString(t) && !strcmp(t->valuestring, "text")) continue;
+        }
+        return status_errorf(STATUS_UNSUPPORTED, "'%s' is not supported by this server yet (no structured outputs)",
+                             always[i]);
+    }
+    const cJSON *tools = field(o, "tools"), *choice = field(o, "tool_choice"), *best = field(o, "best_of");
+    if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
+        return status_errorf(STATUS_UNSUPPORTED, "'tools' is not supported by this server yet (no tool calling)");
+    if (choice && !(cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")))
+        return status_errorf(STATUS_UNSUPPORTED, "'tool_choice' is not supported by this server yet (no tool calling)");
+    if (best && !(cJSON_IsNumber(best) && best->valuedouble == 1.0))
+        return status_errorf(STATUS_UNSUPPORTED, "'best_of' other than 1 is not supported by this server");
+    return STATUS_OK;
+}
+
 /* The sampling fields common to both endpoints. */
 static enum status parse_sampling(const cJSON *o, struct http_request *q)
 {
@@ -499,6 +526,7 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     if (st == STATUS_OK) st = refuse_nul(o);
     if (st == STATUS_OK && find_duplicate(o, &dup))
         st = status_errorf(STATUS_INVALID_ARGUMENT, "the member name '%.64s' appears twice in one object", dup);
+    if (st == STATUS_OK) st = refuse_unhonoured(o);
     if (st == STATUS_OK) st = parse_model(field(o, "model"), served_model, adapters, n_adapters, &q->r);
     if (st == STATUS_OK) st = is_chat ? parse_messages(o, &q->r) : parse_prompt(o, q);
     if (st == STATUS_OK) q->r.add_bos = 1;
