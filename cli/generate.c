@@ -104,9 +104,8 @@ static enum status generate_setup(const struct generate_flags *f, struct generat
         if ((st = parallel_init(NULL, NULL, &r->world)) != STATUS_OK) return st;
         if ((st = parallel_layout(r->world, (int)f->tp, (int)f->pp, &r->par.layout)) != STATUS_OK) return st;
         r->printer = r->world->rank == 0;
-        /* One GPU per rank on a node: the local rank picks it. */
-        if ((st = backend_open(dev, r->world->local_rank, (int)f->threads, &r->b)) != STATUS_OK) return st;
-        if ((st = parallel_groups_init(r->world, &r->par.layout, dev, r->world->local_rank, r->b->stream, &r->groups)) !=
+        if ((st = backend_open(dev, r->world->gpu, (int)f->threads, &r->b)) != STATUS_OK) return st;
+        if ((st = parallel_groups_init(r->world, &r->par.layout, dev, r->world->gpu, r->b->stream, &r->groups)) !=
             STATUS_OK)
             return st;
         r->par.world = r->world;

@@ -42,3 +42,6 @@ set_tests_properties(parallel_mpi2_hang PROPERTIES PASS_REGULAR_EXPRESSION "hang
 add_test(NAME parallel_nccl_world1 COMMAND test_parallel --nccl)
 set_tests_properties(parallel_nccl_world1 PROPERTIES LABELS "gpu" SKIP_RETURN_CODE 77 TIMEOUT 120)
 shardlm_mpi_test(parallel_nccl_mpi2 2 "gpu;mpi" --nccl)
+# Two ranks on one GPU (SHARDLM_SHARE_GPU=1: NCCL over loopback sockets), for machines with one.
+shardlm_mpi_test(parallel_nccl_mpi2_shared 2 "gpu;mpi" --nccl)
+set_tests_properties(parallel_nccl_mpi2_shared PROPERTIES ENVIRONMENT "${SHARDLM_MPI_TEST_ENV};SHARDLM_SHARE_GPU=1")

@@ -752,11 +752,11 @@ static int run_nccl(struct parallel_world *w)
     enum status st = STATUS_OK;
     if (!parallel_nccl_compiled())
         st = status_errorf(STATUS_UNAVAILABLE, "built without NCCL");
-    else if (parallel_nccl_device_count() < w->local_size)
-        st = status_errorf(STATUS_UNAVAILABLE, "NCCL needs one GPU per rank: %d GPU(s) for %d rank(s) on this node",
-                           parallel_nccl_device_count(), w->local_size);
+    else if (parallel_nccl_device_count() <= w->gpu)
+        st = status_errorf(STATUS_UNAVAILABLE, "NCCL needs one GPU per rank (or SHARDLM_SHARE_GPU=1): %d GPU(s) "
+                           "for %d rank(s) on this node", parallel_nccl_device_count(), w->local_size);
     struct backend *b = NULL;
-    if (st == STATUS_OK) st = backend_open(DEVICE_CUDA, w->local_rank, 0, &b);
+    if (st == STATUS_OK) st = backend_open(DEVICE_CUDA, w->gpu, 0, &b);
     st = parallel_agree(w, st);
     if (st != STATUS_OK) {
         if (w->rank == 0) printf("SKIP: %s\n", status_message());

@@ -11,6 +11,8 @@
 # (2 s here), names rank 1 (heartbeats: parallel_watch.c), fails the requests with UNAVAILABLE,
 # goes NOT_SERVING and exits non-zero. With `hang_idle`: the same with no request running (no
 # collective waits for the stopped rank: the heartbeats alone tell the idle conductor).
+# DEVICE=cuda serves on GPUs (one per rank, or all on one with SHARDLM_SHARE_GPU=1); the
+# reference `generate` runs on REF_DEVICE (default: DEVICE; the `gpu` test serve_cuda sets cpu).
 set -u
 shardlm=$1
 data=$2
@@ -19,9 +21,12 @@ pp=$4
 dp=${5:-1}
 mode=${6:-}
 n=$((dp * tp * pp))
+DEVICE=${DEVICE:-cpu}
+REF_DEVICE=${REF_DEVICE:-$DEVICE}
 model=$data/stories260K
 [ -f "$model/model.safetensors" ] || { echo "SKIP: no converted stories260K in $data"; exit 77; }
 command -v mpirun > /dev/null || { echo "SKIP: no mpirun"; exit 77; }
+if [ "${DEVICE:-cpu}" = cuda ] && ! nvidia-smi -L 2> /dev/null | grep -q '^GPU'; then echo "SKIP: no GPU"; exit 77; fi
 tmp=$(mktemp -d)
 pid=
 # mpirun killed with SIGKILL orphans its ranks: kill them (its children) first.
@@ -31,7 +36,7 @@ pass=0
 fail=0
 check() { if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "PASS $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi; }
 
-OMP_NUM_THREADS=1 mpirun -n "$n" -x OMP_NUM_THREADS "$shardlm" serve --model "$model" \
+OMP_NUM_THREADS=1 mpirun -n "$n" -x OMP_NUM_THREADS "$shardlm" serve --model "$model" --device "$DEVICE" \
   --listen 127.0.0.1:0 --dp "$dp" --tp "$tp" --pp "$pp" --drain-timeout 5 --rank-timeout 2 > "$tmp/serve.log" 2>&1 &
 pid=$!
 addr=
@@ -89,7 +94,7 @@ if [ "$mode" = kill ] || [ "$mode" = hang ] || [ "$mode" = hang_idle ]; then
 fi
 
 for prompt in "" "Once upon a time" "The cat"; do
-  "$shardlm" generate --model "$model" --prompt "$prompt" --max-tokens 40 > "$tmp/want" 2> /dev/null
+  "$shardlm" generate --model "$model" --device "$REF_DEVICE" --prompt "$prompt" --max-tokens 40 > "$tmp/want" 2> /dev/null
   "$shardlm" complete --server "$addr" --prompt "$prompt" --max-tokens 40 > "$tmp/got" 2> /dev/null
   cmp -s "$tmp/want" "$tmp/got"; check "unary completion of '$prompt' equals one-rank generate" $?
   "$shardlm" complete --server "$addr" --prompt "$prompt" --max-tokens 40 --stream > "$tmp/got" 2> /dev/null

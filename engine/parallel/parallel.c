@@ -108,6 +108,28 @@ static int launched_by_mpi(void)
     return 0;
 }
 
+/* w->gpu. One GPU per rank on a node, or, with SHARDLM_SHARE_GPU=1, every rank on device 0: a
+ * test mode for machines with one GPU (tp 2, pp 2, dp 2 on it; correctness only, timings mean
+ * nothing). NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected")
+ * unless each believes it runs on a host of its own, so each rank gets its own NCCL_HOSTID and
+ * the ranks talk through sockets over loopback. Set before any NCCL call of this process. */
+static void world_pick_gpu(struct parallel_world *w)
+{
+    const char *share = getenv("SHARDLM_SHARE_GPU");
+    if (!share || strcmp(share, "1") != 0) {
+        w->gpu = w->local_rank;
+        return;
+    }
+    w->gpu = 0;
+    if (w->size > 1) {
+        char host_id[64];
+        snprintf(host_id, sizeof host_id, "shardlm-shared-gpu-rank-%d", w->rank);
+        setenv("NCCL_HOSTID", host_id, 1);
+        setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+        setenv("NCCL_IB_DISABLE", "1", 0);
+    }
+}
+
 static enum status world_init_mpi(struct parallel_world *w, struct world_impl *wi, int *argc,
                                   char ***argv)
 {
@@ -138,6 +160,7 @@ static enum status world_init_mpi(struct parallel_world *w, struct world_impl *w
     MPI_TRY(w, "node", MPI_Comm_rank(node, &w->local_rank));
     MPI_TRY(w, "node", MPI_Comm_size(node, &w->local_size));
     MPI_TRY(w, "node", MPI_Comm_free(&node));
+    world_pick_gpu(w);
 
     MPI_TRY(w, "world", MPI_Comm_dup(wi->comm, &wi->msgs));
     MPI_Comm control;

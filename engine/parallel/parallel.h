@@ -66,7 +66,10 @@ struct comm_request {
 /* One per process. Fields other than timeout_s are read-only for callers. */
 struct parallel_world {
     int    rank, size;              /* this process in the world, and the number of ranks */
-    int    local_rank, local_size;  /* among the ranks on this node: picks the GPU */
+    int    local_rank, local_size;  /* among the ranks on this node */
+    int    gpu;                     /* the CUDA device this rank uses: local_rank (one GPU
+                                     * per rank on a node), or 0 for every rank when
+                                     * SHARDLM_SHARE_GPU=1 (parallel_init: a test mode) */
     int    mpi;                     /* 1 when MPI was initialised (launched by mpirun) */
     double timeout_s;               /* > 0: a wait on peers longer than this fails with
                                      * STATUS_UNAVAILABLE (a hung or dead rank); 0 (default):

@@ -150,7 +150,7 @@ static enum status load_model(struct conductor *c)
     enum status st;
     if (multi) {
         if ((st = parallel_layout(o->world, o->tp, o->pp, &c->par.layout)) != STATUS_OK) return st;
-        device_id = o->world->local_rank; /* one GPU per rank on a node */
+        device_id = o->world->gpu;
     }
     if ((st = backend_open((enum device)o->device, device_id, o->n_threads, &c->b)) != STATUS_OK) return st;
     if (multi) {

@@ -217,7 +217,7 @@ static enum status setup(struct trainer *t)
     if (multi && o->lora_rank > 0 && o->resume_dir)
         return status_errorf(STATUS_UNSUPPORTED, "resuming LoRA training on several ranks is not built (the state "
                              "file's moments are whole, not sliced on resume); resume on one rank");
-    st = backend_open(o->device, o->device == DEVICE_CUDA ? t->ranks.world->local_rank : 0, o->threads, &t->b);
+    st = backend_open(o->device, o->device == DEVICE_CUDA ? t->ranks.world->gpu : 0, o->threads, &t->b);
     /* Agreed: a rank whose GPU cannot open must not leave the others waiting in the groups'
      * creation, a collective. */
     if ((st = parallel_agree(t->ranks.world, st)) != STATUS_OK) return st;

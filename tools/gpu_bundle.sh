@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# tools/gpu_bundle.sh [BUILD_DIR] - packs, on the build machine (nvcc, no GPU), everything the
+# lent GPU machine lacks into .gpu/bundle.tar.xz (under 60 MiB), for tools/gpu_check.sh there:
+#   b/build/...        the binaries the `gpu` tests and the GPU benchmarks run (same relative
+#                      paths as in BUILD_DIR), every CTestTestfile.cmake, the golden and GGUF
+#                      fixtures the tests read (made here by their ctest fixtures)
+#   b/lib/             the Debian libraries they link (OpenBLAS, SentencePiece, gRPC, ...), not
+#                      glibc, libstdc++, libgcc_s (the GPU machine's own are newer) nor CUDA's
+#                      libraries (the GPU machine's own: libcudart, cuBLAS, NCCL)
+#   b/mpi/usr/...      Open MPI and PMIx as Debian installs them (relocated there by OPAL_PREFIX
+#                      and PMIX_INSTALL_PREFIX)
+#   b/assets/          the shared assets the tests read (stories260K, tinyshakespeare)
+#   b/manifest         where it came from: paths to rewrite, the commit, the CUDA version
+# BUILD_DIR (default build/) must be a CUDA build with the fixtures made (make test, or
+# `ctest -R 'golden_setup|gguf_setup'`). docs/cuda.md says how the two scripts are used.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+assets=${SHARDLM_ASSETS:-$root/../shared/assets}
+out=$root/.gpu
+ldd "$build/cli/shardlm" 2> /dev/null | grep -q libcudart ||
+  { echo "gpu_bundle: $build is not a CUDA build (its shardlm does not link libcudart)" >&2; exit 1; }
+[ -f "$build/golden/stories260K/model.safetensors" ] ||
+  { echo "gpu_bundle: no fixtures in $build (run ctest -R 'golden_setup|gguf_setup' there)" >&2; exit 1; }
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+B=$stage/b
+mkdir -p "$B/build" "$B/lib" "$B/mpi" "$B/assets"
+
+# The binaries: every executable the gpu-labelled tests and the GPU benchmarks name.
+bins=(cli/shardlm tests/test_ops tests/test_ops_dropout tests/test_attention_train tests/test_ops_backward
+      tests/test_ops_quant tests/test_parallel tests/test_train_grad tests/test_model tests/test_gguf_serve
+      tests/bench_engine tests/bench_train tests/bench_cuda)
+for f in "${bins[@]}"; do
+  [ -x "$build/$f" ] || { echo "gpu_bundle: SKIP $f (not built)"; continue; }
+  mkdir -p "$B/build/$(dirname "$f")"
+  strip --strip-debug -o "$B/build/$f" "$build/$f"
+done
+(cd "$build" && find . -name CTestTestfile.cmake -not -path '*/CMakeFiles/*' | while read -r f; do
+  mkdir -p "$B/build/$(dirname "$f")"; cp "$f" "$B/build/$f"; done)
+cp -r "$build/golden" "$B/build/golden"
+[ -d "$build/gguf_fixtures" ] && cp -r "$build/gguf_fixtures" "$B/build/gguf_fixtures"
+
+mkdir -p "$B/assets/stories260K" "$B/assets/datasets"
+cp "$assets/stories260K/stories260K.bin" "$assets/stories260K/tok512.model" "$B/assets/stories260K/"
+cp "$assets/datasets/tinyshakespeare.txt" "$B/assets/datasets/"
+
+# Open MPI and PMIx, file by file as their packages install them.
+for pkg in openmpi-bin openmpi-common libopenmpi3 libpmix2; do
+  dpkg -L "$pkg" | while read -r f; do
+    case $f in /usr/share/doc/* | /usr/share/man/* | /usr/share/lintian/*) continue ;; esac
+    if [ -f "$f" ] && [ ! -L "$f" ]; then mkdir -p "$B/mpi$(dirname "$f")"; cp "$f" "$B/mpi$f"
+    elif [ -L "$f" ]; then mkdir -p "$B/mpi$(dirname "$f")"; cp -P "$f" "$B/mpi$f"; fi
+  done
+done
+ln -sf orterun "$B/mpi/usr/bin/mpirun"
+
+# The libraries every ELF file in the bundle links, less the base system and CUDA's own.
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libstdc\+\+|libgcc_s|libcuda\.so|libcudart|libcublas|libnccl|libutil\.so|libresolv\.so)'
+find "$B/build" "$B/mpi" -type f | while read -r f; do
+  file -b "$f" | grep -q '^ELF' || continue
+  ldd "$f" 2> /dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }'
+done | sort -u | while read -r name path; do
+  [[ $name =~ $skip ]] && continue
+  case $path in "$B"/*) continue ;; esac
+  [ -f "$B/lib/$name" ] || cp -L "$path" "$B/lib/$name"
+done
+
+cat > "$B/manifest" << EOF
+build_dir=$build
+source_dir=$root
+python=$(grep '^_Python3_EXECUTABLE:' "$build/CMakeCache.txt" | cut -d= -f2)
+mpiexec=$(grep '^MPIEXEC_EXECUTABLE:' "$build/CMakeCache.txt" | cut -d= -f2)
+commit=$(git -C "$root" rev-parse HEAD)$(git -C "$root" diff --quiet HEAD || echo "+uncommitted")
+cuda=$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+made=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+EOF
+mkdir -p "$out"
+tar -C "$stage" -cf - b | xz -T2 -6 > "$out/bundle.tar.xz.tmp"
+mv "$out/bundle.tar.xz.tmp" "$out/bundle.tar.xz"
+size=$(stat -c %s "$out/bundle.tar.xz")
+echo "gpu_bundle: $out/bundle.tar.xz: $((size / 1048576)) MiB ($(du -sh "$B" | cut -f1) unpacked)"
+[ "$size" -lt $((60 * 1048576)) ] || { echo "gpu_bundle: over 60 MiB" >&2; exit 1; }

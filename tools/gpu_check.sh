@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# tools/gpu_check.sh tests|bench|all - run on the lent GPU machine, in the repository root, with
+# .gpu/bundle.tar.xz made by tools/gpu_bundle.sh on the build machine (carried there). Writes
+# its logs and figures under $OUT (default ./gpu-out), at most 8 files:
+#   summary.txt   the machine, the bundle's commit, one line per step with its result
+#   tests.log     ctest -L gpu (every gpu-labelled test; fixtures made on the build machine)
+#   sanitizer.log compute-sanitizer memcheck / racecheck on the op tests
+#   bench.log     bench_cuda (copy bandwidth, decode attention, matmul), bench_engine on CUDA
+#                 (stories260K, and a random Llama-3.2-1B-shape model) and transformers on the
+#                 same model (tools/bench_hf_gpu.py)
+# Each step has its own time limit (GPU_CHECK_BUDGET_S, default 540 s in all, spread over the
+# steps); a step past its limit is killed and reported, and the others still run.
+# docs/cuda.md: how to run it with the device tool, what ran and what did not.
+set -u
+mode=${1:-all}
+repo=$(pwd)
+OUT=${OUT:-$repo/gpu-out}
+mkdir -p "$OUT"
+summary=$OUT/summary.txt
+rm -f "$OUT"/*.log "$OUT"/*.txt
+: > "$summary"
+start=$(date +%s)
+budget=${GPU_CHECK_BUDGET_S:-540}
+say() { echo "$*" | tee -a "$summary"; }
+left() { echo $((budget - ($(date +%s) - start))); }
+# step NAME LIMIT_S LOG CMD...: runs CMD with at most LIMIT_S (and what is left of the budget),
+# its output appended to LOG; one summary line.
+step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  local l
+  l=$(left)
+  [ "$limit" -gt "$l" ] && limit=$l
+  if [ "$limit" -lt 10 ]; then say "SKIP $name: the budget is spent"; return 0; fi
+  echo "==== $name (limit ${limit}s): $*" >> "$log"
+  local t0 rc
+  t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" >> "$log" 2>&1
+  rc=$?
+  local verdict=ok
+  [ "$rc" = 0 ] || verdict="FAILED rc=$rc"
+  [ "$rc" = 124 ] || [ "$rc" = 137 ] && verdict="TIMED OUT after ${limit}s"
+  say "$name: $verdict ($(($(date +%s) - t0)) s)"
+  return 0
+}
+
+[ -f .gpu/bundle.tar.xz ] || { say "no .gpu/bundle.tar.xz: run tools/gpu_bundle.sh and carry .gpu"; exit 1; }
+G=/tmp/shardlm-gpu
+rm -rf "$G" && mkdir -p "$G" && tar -C "$G" -xJf .gpu/bundle.tar.xz
+B=$G/b
+# shellcheck disable=SC1091
+. "$B/manifest" 2> /dev/null || true
+say "gpu_check $mode: bundle of commit ${commit:-?} (CUDA ${cuda:-?}, made ${made:-?}), repo $repo"
+say "$(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2> /dev/null || echo 'nvidia-smi: none')"
+say "$(nproc) CPU cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), $(uname -r)"
+
+# CUDA's libraries from the GPU machine itself (its toolkit, or the Python wheels PyTorch uses).
+cuda_dirs=$(find /usr/local /opt /usr/lib -xdev \( -name 'libcublasLt.so.13' -o -name 'libcudart.so.13' \
+  -o -name 'libnccl.so.2' -o -name 'libcublas.so.13' \) 2> /dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+export LD_LIBRARY_PATH=$B/lib:${cuda_dirs}${LD_LIBRARY_PATH:-}
+export PATH=$B/mpi/usr/bin:$PATH
+export OPAL_PREFIX=$B/mpi/usr
+export PMIX_INSTALL_PREFIX=$B/mpi/usr/lib/x86_64-linux-gnu/pmix2
+export PMIX_MCA_pcompress_base_silence_warning=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
+export SHARDLM_ASSETS=$B/assets
+py=$(command -v python3)
+missing=$(ldd "$B/build/cli/shardlm" | grep 'not found' | tr -s ' \t' ' ')
+[ -z "$missing" ] || say "shardlm: missing libraries:$missing"
+say "CUDA libraries from: ${cuda_dirs:-none found}"
+
+# The build tree's ctest files name the build machine's paths: rewrite them to these.
+rewrite=()
+[ -n "${build_dir:-}" ] && rewrite+=(-e "s#${build_dir}#$B/build#g")
+[ -n "${source_dir:-}" ] && rewrite+=(-e "s#${source_dir}#$repo#g")
+[ -n "${python:-}" ] && rewrite+=(-e "s#${python}#$py#g")
+[ -n "${mpiexec:-}" ] && rewrite+=(-e "s#${mpiexec}#$B/mpi/usr/bin/mpirun#g")
+[ ${#rewrite[@]} -gt 0 ] && find "$B/build" -name CTestTestfile.cmake -exec sed -i "${rewrite[@]}" {} +
+
+run_tests() {
+  local log=$OUT/tests.log
+  step "mpirun works" 30 "$log" mpirun -n 2 hostname
+  # Fixtures (golden, GGUF) were made on the build machine: their setup tests are not rerun.
+  (cd "$B/build" && step "ctest -L gpu" "${GPU_CHECK_CTEST_S:-300}" "$log" \
+    ctest -L gpu -FS 'golden|gguf' -j "${GPU_CHECK_JOBS:-4}" --output-on-failure --timeout 240)
+  grep -E '^ *[0-9]+/[0-9]+ Test|tests passed|tests failed|Failed|\*\*\*' "$log" | tail -40 >> "$summary"
+  local slog=$OUT/sanitizer.log
+  export SHARDLM_SYNC_CHECK=1
+  step "memcheck test_ops (attention)" 90 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$B/build/tests/test_ops" --backend cuda --filter attention
+  step "memcheck test_model gpt2" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$B/build/tests/test_model" cuda "$B/build/golden" gpt2
+  step "racecheck test_ops (attention)" 90 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
+    "$B/build/tests/test_ops" --backend cuda --filter attention
+  unset SHARDLM_SYNC_CHECK
+  grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$slog" >> "$summary"
+}
+
+run_bench() {
+  local log=$OUT/bench.log
+  step "bench_cuda" 90 "$log" "$B/build/tests/bench_cuda"
+  local bw
+  bw=$(sed -n 's/.*copy bandwidth.* \([0-9.]*\) GB\/s read.*/\1/p' "$log" | head -1)
+  step "bench_engine stories260K cuda" 60 "$log" "$B/build/tests/bench_engine" --device cuda \
+    --model "$B/build/golden/stories260K" --concurrency 1,16,64 --tokens 64
+  local m=/tmp/llama1b
+  step "make_random_model llama3.2-1b" 120 "$log" "$py" tools/make_random_model.py --preset llama3.2-1b --out "$m"
+  if [ -f "$m/config.json" ]; then
+    step "bench_engine llama1b cuda" 120 "$log" "$B/build/tests/bench_engine" --device cuda --model "$m" \
+      --concurrency 1,64 --prompt 32 --tokens 64 ${bw:+--bandwidth-gbs "$bw"}
+    step "transformers llama1b" 200 "$log" env PYTHONUNBUFFERED=1 "$py" tools/bench_hf_gpu.py --model "$m"
+  fi
+  grep -E '^(GPU|copy|decode|matmul|model|  *[0-9]+ |floor|transformers|hf )' "$log" | head -60 >> "$summary"
+}
+
+case $mode in
+  tests) run_tests ;;
+  bench) run_bench ;;
+  all) run_tests; run_bench ;;
+  *) say "usage: tools/gpu_check.sh tests|bench|all"; exit 2 ;;
+esac
+say "gpu_check: done in $(($(date +%s) - start)) s"
