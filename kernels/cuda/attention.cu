@@ -1,14 +1,24 @@
 /* kernels/cuda/attention.cu - op_attention: causal grouped-query attention over the paged KV
  * cache for a batch that mixes prefill chunks and decode rows (struct attention_batch).
- * The simple, correct form: one thread block per (query row, query head). Its warps share the
- * key positions round-robin; each warp runs an online softmax in f32 over its positions (lane
- * l holds features l, l + 32, ... of q and of the output accumulator), and the warps' partial
- * results are merged at the end. Like the CPU reference, q is scaled before the dot products
- * and the output is acc * (1 / sum).
- * Not here: writing the cache (kv_write.cu); a split-K decode kernel or tensor-core prefill
- * kernel (none yet: this one is the reference-shaped version).
+ * Two kernels:
+ * - attention_kernel, the simple one and the reference-shaped version: one thread block per
+ *   (query row, query head). Its warps share the key positions round-robin; each warp runs an
+ *   online softmax in f32 over its positions (lane l holds features l, l + 32, ... of q and of
+ *   the output accumulator), and the warps' partial results are merged at the end.
+ * - attention_decode_split_k, for decode (FlashDecoding / paged attention v2): one thread block
+ *   per (query row, KV head, tile of up to 8 of its query heads, split of the row's range),
+ *   so that a K/V row is read once for all the query heads of a GQA group; 16-byte loads of
+ *   K/V rows, the chunk's block ids staged in shared memory; each split writes an f32 partial
+ *   (max, sum, acc) and a combine kernel merges them by log-sum-exp. It handles any batch (one
+ *   query row at a time), but is chosen for decode batches (attention_batch.decode_only) with
+ *   head_dim a multiple of 8; SHARDLM_CUDA_ATTENTION=simple|split (enum cuda_attention_mode)
+ *   forces one or the other. It has NOT run on a GPU yet (docs/cuda.md).
+ * Like the CPU reference, both scale q before the dot products and output acc * (1 / sum).
+ * Not here: writing the cache (kv_write.cu); a tensor-core prefill kernel (none yet).
  * Tests: tests/test_ops.c --backend cuda (prefill, decode, mixed batches, GQA, windows, block
- * sizes that do not divide the length, head_dim up to 256); benchmark: tests/bench_ops.c. */
+ * sizes that do not divide the length, head_dim up to 256; "split decode" cases for the
+ * split-K kernel; ctest runs the attention cases again with each kernel forced); benchmark:
+ * tests/bench_cuda.c (both kernels against the device's copy bandwidth). */
 #include <limits.h>
 
 #include "cuda_common.cuh"
