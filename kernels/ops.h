@@ -77,6 +77,12 @@ struct attention_batch {
     struct tensor block_table;    /* i32 (n_seqs, max_blocks): physical block ids */
     float         scale;          /* usually 1/sqrt(head_dim) */
     int           window;         /* sliding-window size in tokens; 0 = full causal */
+    /* A host-side hint, 0 = unknown: 1 says that every sequence brings exactly one new row
+     * (q_start[s+1] - q_start[s] == 1 for all s: a decode step), which a backend whose index
+     * tensors live on the device cannot see without reading them back. The CUDA backend picks
+     * its split-K decode kernel by it; the CPU backend ignores it. The result does not depend
+     * on it (a wrong 1 costs speed, not correctness). */
+    int           decode_only;
 };
 
 /* ---- training attention: batch description (op_attention_train and its backward) ---- */

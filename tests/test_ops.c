@@ -836,6 +836,10 @@ static void case_attention(struct suite *s, enum dtype dt, const struct attn_spe
         if (nb + 1 > max_blocks) max_blocks = nb + 1; /* +1: every row has an unused entry */
     }
     int n_rows = q_start[n_seqs], n_blocks = used + 3;
+    /* The hint as the engine sets it (every sequence brings one row): on CUDA it selects the
+     * split-K decode kernel, unless SHARDLM_CUDA_ATTENTION says otherwise. */
+    int decode_only = n_seqs > 0;
+    for (int i = 0; i < n_seqs; i++) decode_only = decode_only && sp->n_new[i] == 1;
     int *perm = case_alloc(s, (size_t)n_blocks, sizeof(int));
     for (int i = 0; i < n_blocks; i++) perm[i] = i;
     rng_shuffle(&r, perm, n_blocks);
@@ -886,6 +890,7 @@ static void case_attention(struct suite *s, enum dtype dt, const struct attn_spe
             .block_table = arena_in(&a, "block_table", DTYPE_I32, S2(n_seqs, max_blocks), table),
             .scale = scale,
             .window = sp->window,
+            .decode_only = decode_only,
         };
         if (SUPPORTED(&v, b, attention)) op_attention(b, &to, &tq, &tkc, &tvc, &batch);
         arena_finish(&a, &v);
@@ -1210,6 +1215,24 @@ static const struct attn_spec attn_specs[] = {
     {"decode batch kv heads together", 16, 8, 32, 16, 0, 0, 6, {50, 300, 17, 64, 129, 1},
      {1, 1, 1, 1, 1, 1}},
     {"decode 16 MiB prefetched", 8, 1, 128, 16, 0, 0, 4, {8192, 8192, 8192, 8192}, {1, 1, 1, 1}},
+    /* Decode batches (decode_only set): on CUDA the split-K decode kernel (kernels/cuda/
+     * attention.cu), whose split count comes from max_blocks * block_tokens, so the short
+     * sequences beside a long one leave most of their splits empty. Head tiles of 1, 2, 4 and 8
+     * query heads (a group of 3 fills 3 of 4, a group of 16 takes two tiles), 1 to 32 lanes per
+     * key (head_dim 8 to 256), block_tokens 16 and 32 and one that divides nothing, windows
+     * shorter and longer than a split, a window of 1. */
+    {"split decode gqa4 head_dim=128", 32, 8, 128, 16, 0, 0, 4, {1, 17, 4100, 300}, {1, 1, 1, 1}},
+    {"split decode gqa8 head_dim=256", 8, 1, 256, 32, 0, 0, 3, {4097, 1, 17}, {1, 1, 1}},
+    {"split decode gqa4 head_dim=256 window=1000", 4, 1, 256, 16, 1000, 0, 3, {4500, 17, 1},
+     {1, 1, 1}},
+    {"split decode gqa4 head_dim=64 window=100", 32, 8, 64, 32, 100, 0, 4, {1, 17, 4096, 129},
+     {1, 1, 1, 1}},
+    {"split decode gqa3 head_dim=80", 12, 4, 80, 16, 0, 0, 3, {1, 17, 600}, {1, 1, 1}},
+    {"split decode gqa16 head_dim=128", 16, 1, 128, 16, 0, 0, 3, {1, 2000, 17}, {1, 1, 1}},
+    {"split decode gqa2 head_dim=96 block_tokens=7", 4, 2, 96, 7, 0, 0, 3, {300, 1, 1030},
+     {1, 1, 1}},
+    {"split decode mha head_dim=16 window=1", 4, 4, 16, 16, 1, 0.5, 2, {50, 1}, {1, 1}},
+    {"split decode one long sequence", 8, 2, 128, 16, 0, 0, 1, {8300}, {1}},
 };
 
 static void run_all(struct suite *s)

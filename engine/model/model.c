@@ -287,6 +287,11 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
         .scale = m->cfg.attn_scale > 0.0f ? m->cfg.attn_scale : 1.0f / sqrtf((float)m->cfg.head_dim),
         .window = m->cfg.sliding_window,
     };
+    /* The host knows what the device-side q_start says: a decode step lets the backend pick its
+     * decode kernel (struct attention_batch.decode_only). */
+    ab.decode_only = T == fb->n_seqs;
+    for (int s = 0; s < fb->n_seqs && ab.decode_only; s++)
+        ab.decode_only = fb->q_start[s + 1] - fb->q_start[s] == 1;
 
     struct tensor x = tensor_first_rows(&m->ws.x, T), tokens = tensor_first_rows(&m->ws.tokens, T);
     struct tensor pos = tensor_first_rows(&m->ws.positions, T);

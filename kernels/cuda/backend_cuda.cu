@@ -4,6 +4,7 @@
  * (matmul.cu).
  * Tests: tests/test_ops.c --backend cuda (SKIP when no GPU is present). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend_impl.h"
 #include "cuda_common.cuh"
@@ -169,6 +170,21 @@ static const struct backend_ops cuda_backend_ops = {
     .sum_squares = cuda_sum_squares,
 };
 
+/* SHARDLM_CUDA_ATTENTION (see enum cuda_attention_mode); an unknown value is refused rather
+ * than ignored, so that a benchmark never measures another kernel than it names. */
+static enum status cuda_attention_mode_from_env(enum cuda_attention_mode *mode)
+{
+    const char *v = getenv("SHARDLM_CUDA_ATTENTION");
+    *mode = CUDA_ATTENTION_AUTO;
+    if (!v || !*v || !strcmp(v, "auto")) return STATUS_OK;
+    if (!strcmp(v, "simple")) *mode = CUDA_ATTENTION_SIMPLE;
+    else if (!strcmp(v, "split")) *mode = CUDA_ATTENTION_SPLIT;
+    else
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "SHARDLM_CUDA_ATTENTION=%s: expected auto, simple or split", v);
+    return STATUS_OK;
+}
+
 /* No GPU, a driver too old for this runtime, a device out of range or too old, a device in
  * exclusive use by another process: all are STATUS_UNAVAILABLE with a message, never an
  * abort, so that a caller can fall back to the CPU or report it. */
@@ -218,6 +234,9 @@ extern "C" enum status cuda_backend_open(int device_id, struct backend **out)
         goto fail;
     }
     s->device_id = device_id;
+    s->n_sms = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+    st = cuda_attention_mode_from_env(&s->attention_mode);
+    if (st != STATUS_OK) goto fail;
     err = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();

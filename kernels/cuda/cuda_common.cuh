@@ -42,10 +42,22 @@
  * SHARDLM_SYNC_CHECK=1). */
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
+/* Which kernel op_attention uses (attention.cu), read once at backend open from the
+ * environment variable SHARDLM_CUDA_ATTENTION: unset or "auto", the split-K decode kernel for
+ * decode batches (attention_batch.decode_only) and the simple kernel otherwise; "simple", always
+ * the simple kernel; "split", the split-K kernel wherever its shape limits allow (any batch). */
+enum cuda_attention_mode {
+    CUDA_ATTENTION_AUTO,
+    CUDA_ATTENTION_SIMPLE,
+    CUDA_ATTENTION_SPLIT,
+};
+
 /* The backend's private state (struct backend.impl). One stream per backend: every op and
  * every copy is queued on it, in call order. */
 struct cuda_state {
     int            device_id;
+    int            n_sms;          /* streaming multiprocessors of the device */
+    enum cuda_attention_mode attention_mode;
     cudaStream_t   stream;
     cublasHandle_t cublas; /* bound to stream; created, used and destroyed only by matmul.cu */
     void          *scratch;       /* device memory for ops' temporaries (cuda_scratch) */

@@ -1,0 +1,370 @@
+/* tests/bench_cuda.c - throughput of the CUDA backend's memory-bound ops, next to the device's
+ * own copy bandwidth measured in the same run:
+ *   - baseline: cudaMemcpyAsync device to device of 1 GiB, in GB/s of bytes read + written
+ *     (and half of it, the read side alone);
+ *   - op_attention decode (bf16, GQA 32 query heads / 8 KV heads, head_dim 128, block_tokens
+ *     16; 1, 8 and 32 sequences of 4096 tokens, one new row each) in GB/s of K and V read, and
+ *     that over the copy bandwidth, for both kernels (SHARDLM_CUDA_ATTENTION=simple and
+ *     =split, one backend opened under each);
+ *   - op_matmul bf16 at m = 1 and m = 64, k = 2048, n = 8192 (the Llama-3.2-1B MLP), in GB/s
+ *     of weights and TFLOP/s.
+ * Successive calls rotate through at least 256 MiB of distinct KV blocks or weights (several
+ * block tables over one pool; several weight copies), so that nothing is served from the L2
+ * (50 MB on an H100). Times come from CUDA events around many back-to-back calls on the
+ * backend's stream; each figure is the best of a few such runs.
+ *
+ * A benchmark, never a pass/fail gate: it exits 0 whatever the numbers are, and 77 with
+ * "SKIP: no CUDA device" when the CUDA backend cannot be opened. It sets
+ * SHARDLM_CUDA_ATTENTION itself (overriding the environment's).
+ * Not here: correctness (tests/test_ops.c --backend cuda), the CPU backend (bench_ops.c).
+ *
+ * Run: bench_cuda [--quick] [--filter SUBSTR]   (well under 60 s on an H100) */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+
+#define BENCH_CUDA_CHECK(call)                                                                  \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        CHECK(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                     \
+    } while (0)
+
+#define MIB ((size_t)1 << 20)
+#define ROTATE_BYTES (256 * MIB) /* distinct bytes successive calls cycle through, at least */
+
+struct bench {
+    struct backend *simple, *split; /* the same device, one backend per attention kernel */
+    int             quick;
+    const char     *filter;
+    int             reps;       /* timed runs per figure; the best counts */
+    double          run_time_s; /* seconds one timed run aims for */
+    double          copy_gbs;   /* device-to-device copy, read + written */
+};
+
+static int bench_selected(const struct bench *bn, const char *name)
+{
+    return !bn->filter || strstr(name, bn->filter);
+}
+
+static void *bench_dev_alloc(struct backend *b, size_t nbytes)
+{
+    void *p = NULL;
+    enum status st = backend_alloc(b, nbytes, &p);
+    CHECK(st == STATUS_OK, "backend_alloc(%zu): %s", nbytes, status_message());
+    return p;
+}
+
+/* bf16 bits of a cheap deterministic pattern in [-1, 1) (truncated f32). */
+static void bench_fill_bf16(uint16_t *p, size_t n, uint32_t seed)
+{
+    uint32_t s = seed * 2654435761u + 1u;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        float f = (float)(s >> 8) * 0x1p-23f - 1.0f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        p[i] = (uint16_t)(u >> 16);
+    }
+}
+
+/* Fills nbytes of device memory with the bf16 pattern, through a 16 MiB host buffer. */
+static void bench_dev_fill_bf16(struct backend *b, void *dst, size_t nbytes, uint32_t seed)
+{
+    const size_t chunk = 16 * MIB;
+    uint16_t *host = malloc(chunk);
+    CHECK(host, "out of host memory");
+    bench_fill_bf16(host, chunk / 2, seed);
+    for (size_t off = 0; off < nbytes; off += chunk)
+        backend_upload(b, (char *)dst + off, host, nbytes - off < chunk ? nbytes - off : chunk);
+    backend_synchronize(b);
+    free(host);
+}
+
+/* Runs fn(ctx, i) for i = 0, 1, ... back to back on b's stream, between CUDA events: once to
+ * warm up, once to size a run to about run_time_s, then bn->reps runs; returns the best
+ * seconds per call. */
+static double bench_time_calls(const struct bench *bn, struct backend *b,
+                               void (*fn)(void *ctx, int i), void *ctx)
+{
+    cudaStream_t stream = (cudaStream_t)b->stream;
+    cudaEvent_t start, stop;
+    BENCH_CUDA_CHECK(cudaEventCreate(&start));
+    BENCH_CUDA_CHECK(cudaEventCreate(&stop));
+    int calls = 4, call = 0;
+    double best = INFINITY;
+    for (int rep = -1; rep < bn->reps; rep++) {
+        BENCH_CUDA_CHECK(cudaEventRecord(start, stream));
+        for (int i = 0; i < calls; i++) fn(ctx, call++);
+        BENCH_CUDA_CHECK(cudaEventRecord(stop, stream));
+        BENCH_CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0.0f;
+        BENCH_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        const double per = 1e-3 * (double)ms / calls;
+        if (rep < 0) { /* the warm-up run sizes the others */
+            double want = bn->run_time_s / (per > 1e-7 ? per : 1e-7);
+            calls = want < 4 ? 4 : want > 2000 ? 2000 : (int)want;
+            continue;
+        }
+        if (per < best) best = per;
+    }
+    backend_synchronize(b); /* reports any fault of the calls */
+    BENCH_CUDA_CHECK(cudaEventDestroy(start));
+    BENCH_CUDA_CHECK(cudaEventDestroy(stop));
+    return best;
+}
+
+/* ---- the baseline: device-to-device copy ------------------------------------------------- */
+
+struct copy_ctx {
+    struct backend *b;
+    void           *dst, *src;
+    size_t          nbytes;
+};
+
+static void copy_call(void *ctx, int i)
+{
+    struct copy_ctx *c = ctx;
+    (void)i;
+    BENCH_CUDA_CHECK(cudaMemcpyAsync(c->dst, c->src, c->nbytes, cudaMemcpyDeviceToDevice,
+                                     (cudaStream_t)c->b->stream));
+}
+
+static void bench_copy(struct bench *bn)
+{
+    struct copy_ctx c = {.b = bn->split, .nbytes = 1024 * MIB};
+    c.src = bench_dev_alloc(c.b, c.nbytes);
+    c.dst = bench_dev_alloc(c.b, c.nbytes);
+    bench_dev_fill_bf16(c.b, c.src, c.nbytes, 1);
+    const double t = bench_time_calls(bn, c.b, copy_call, &c);
+    bn->copy_gbs = 2.0 * (double)c.nbytes / t * 1e-9;
+    printf("copy d2d 1 GiB            %8.3f ms   %7.1f GB/s read+written   %7.1f GB/s read\n",
+           t * 1e3, bn->copy_gbs, bn->copy_gbs / 2);
+    backend_free(c.b, c.src);
+    backend_free(c.b, c.dst);
+}
+
+/* ---- decode attention --------------------------------------------------------------------- */
+
+#define ATT_HEADS 32
+#define ATT_KV_HEADS 8
+#define ATT_HEAD_DIM 128
+#define ATT_BLOCK_TOKENS 16
+#define ATT_TOKENS 4096
+#define ATT_MAX_SEQS 32
+#define ATT_BLOCKS_PER_SEQ (ATT_TOKENS / ATT_BLOCK_TOKENS)
+
+/* One pool of KV blocks for every case: the largest batch's blocks, at least ROTATE_BYTES of
+ * K + V. A case of n sequences has pool / (n * ATT_BLOCKS_PER_SEQ) block tables ("copies"),
+ * each over distinct blocks in a shuffled order, and call i uses copy i % copies. */
+struct attention_ctx {
+    struct backend *b;
+    struct tensor   q, out, k_cache, v_cache;
+    int32_t        *q_start, *seq_len, *tables; /* device */
+    int             n_seqs, copies;
+    struct attention_batch batch;
+};
+
+static void attention_call(void *ctx, int i)
+{
+    struct attention_ctx *c = ctx;
+    struct attention_batch batch = c->batch;
+    const int64_t per_copy = (int64_t)c->n_seqs * ATT_BLOCKS_PER_SEQ;
+    batch.block_table = tensor_make(c->tables + (i % c->copies) * per_copy, DTYPE_I32,
+                                    DEVICE_CUDA, 2, (int64_t)c->n_seqs,
+                                    (int64_t)ATT_BLOCKS_PER_SEQ);
+    op_attention(c->b, &c->out, &c->q, &c->k_cache, &c->v_cache, &batch);
+}
+
+static void bench_attention(struct bench *bn)
+{
+    static const int seqs[] = {1, 8, 32};
+    struct backend *b = bn->split;
+    const size_t block_bytes = (size_t)ATT_BLOCK_TOKENS * ATT_KV_HEADS * ATT_HEAD_DIM * 2;
+    int64_t n_blocks = (int64_t)ATT_MAX_SEQS * ATT_BLOCKS_PER_SEQ;
+    while ((size_t)n_blocks * block_bytes * 2 < ROTATE_BYTES) n_blocks *= 2;
+    const size_t pool_bytes = (size_t)n_blocks * block_bytes;
+    void *k = bench_dev_alloc(b, pool_bytes), *v = bench_dev_alloc(b, pool_bytes);
+    bench_dev_fill_bf16(b, k, pool_bytes, 2);
+    bench_dev_fill_bf16(b, v, pool_bytes, 3);
+    const size_t q_elems = (size_t)ATT_MAX_SEQS * ATT_HEADS * ATT_HEAD_DIM;
+    void *q = bench_dev_alloc(b, q_elems * 2), *out = bench_dev_alloc(b, q_elems * 2);
+    bench_dev_fill_bf16(b, q, q_elems * 2, 4);
+
+    /* Every block of the pool once, shuffled; copy c of an n-sequence case takes the entries
+     * from c * n * ATT_BLOCKS_PER_SEQ on. */
+    int32_t *perm = malloc((size_t)n_blocks * sizeof(int32_t));
+    int32_t *host_idx = malloc((ATT_MAX_SEQS + 1) * sizeof(int32_t) * 2);
+    CHECK(perm && host_idx, "out of host memory");
+    for (int64_t i = 0; i < n_blocks; i++) perm[i] = (int32_t)i;
+    uint32_t s = 12345u;
+    for (int64_t i = n_blocks - 1; i > 0; i--) {
+        s = s * 1664525u + 1013904223u;
+        int64_t j = (int64_t)((s >> 8) % (uint32_t)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t *tables = bench_dev_alloc(b, (size_t)n_blocks * sizeof(int32_t));
+    backend_upload(b, tables, perm, (size_t)n_blocks * sizeof(int32_t));
+    int32_t *q_start_h = host_idx, *seq_len_h = host_idx + ATT_MAX_SEQS + 1;
+    for (int i = 0; i <= ATT_MAX_SEQS; i++) q_start_h[i] = i;
+    for (int i = 0; i < ATT_MAX_SEQS; i++) seq_len_h[i] = ATT_TOKENS;
+    int32_t *q_start = bench_dev_alloc(b, (ATT_MAX_SEQS + 1) * sizeof(int32_t));
+    int32_t *seq_len = bench_dev_alloc(b, ATT_MAX_SEQS * sizeof(int32_t));
+    backend_upload(b, q_start, q_start_h, (ATT_MAX_SEQS + 1) * sizeof(int32_t));
+    backend_upload(b, seq_len, seq_len_h, ATT_MAX_SEQS * sizeof(int32_t));
+    backend_synchronize(b);
+
+    for (size_t si = 0; si < sizeof seqs / sizeof seqs[0]; si++) {
+        const int n = seqs[si];
+        for (int mode = 0; mode < 2; mode++) {
+            char name[96];
+            snprintf(name, sizeof name, "attention decode %s %d x %d", mode ? "split" : "simple",
+                     n, ATT_TOKENS);
+            if (!bench_selected(bn, name)) continue;
+            struct attention_ctx c = {
+                .b = mode ? bn->split : bn->simple,
+                .q = tensor_make(q, DTYPE_BF16, DEVICE_CUDA, 3, (int64_t)n, (int64_t)ATT_HEADS,
+                                 (int64_t)ATT_HEAD_DIM),
+                .out = tensor_make(out, DTYPE_BF16, DEVICE_CUDA, 3, (int64_t)n,
+                                   (int64_t)ATT_HEADS, (int64_t)ATT_HEAD_DIM),
+                .k_cache = tensor_make(k, DTYPE_BF16, DEVICE_CUDA, 4, n_blocks,
+                                       (int64_t)ATT_BLOCK_TOKENS, (int64_t)ATT_KV_HEADS,
+                                       (int64_t)ATT_HEAD_DIM),
+                .v_cache = tensor_make(v, DTYPE_BF16, DEVICE_CUDA, 4, n_blocks,
+                                       (int64_t)ATT_BLOCK_TOKENS, (int64_t)ATT_KV_HEADS,
+                                       (int64_t)ATT_HEAD_DIM),
+                .tables = tables,
+                .n_seqs = n,
+                .copies = (int)(n_blocks / ((int64_t)n * ATT_BLOCKS_PER_SEQ)),
+                .batch = {
+                    .n_seqs = n,
+                    .block_tokens = ATT_BLOCK_TOKENS,
+                    .max_blocks = ATT_BLOCKS_PER_SEQ,
+                    .q_start = tensor_make(q_start, DTYPE_I32, DEVICE_CUDA, 1, (int64_t)n + 1),
+                    .seq_len = tensor_make(seq_len, DTYPE_I32, DEVICE_CUDA, 1, (int64_t)n),
+                    .scale = 1.0f / sqrtf((float)ATT_HEAD_DIM),
+                    .decode_only = 1,
+                },
+            };
+            const double t = bench_time_calls(bn, c.b, attention_call, &c);
+            const double kv = (double)n * ATT_TOKENS * 2.0 * ATT_KV_HEADS * ATT_HEAD_DIM * 2.0;
+            const double gbs = kv / t * 1e-9;
+            printf("%-34s %8.1f us   %7.1f GB/s K+V   %5.1f %% of copy   (%d MiB rotated)\n",
+                   name, t * 1e6, gbs, 100.0 * gbs / bn->copy_gbs,
+                   (int)((size_t)c.copies * n * ATT_BLOCKS_PER_SEQ * block_bytes * 2 / MIB));
+        }
+    }
+    free(perm);
+    free(host_idx);
+    backend_free(b, tables);
+    backend_free(b, q_start);
+    backend_free(b, seq_len);
+    backend_free(b, q);
+    backend_free(b, out);
+    backend_free(b, k);
+    backend_free(b, v);
+}
+
+/* ---- matmul ------------------------------------------------------------------------------- */
+
+#define MM_K 2048
+#define MM_N 8192
+
+struct matmul_ctx {
+    struct backend *b;
+    struct tensor   y, x;
+    char           *w; /* copies of (MM_N, MM_K) bf16, back to back */
+    int             copies;
+};
+
+static void matmul_call(void *ctx, int i)
+{
+    struct matmul_ctx *c = ctx;
+    const size_t w_bytes = (size_t)MM_N * MM_K * 2;
+    struct tensor w = tensor_make(c->w + (size_t)(i % c->copies) * w_bytes, DTYPE_BF16,
+                                  DEVICE_CUDA, 2, (int64_t)MM_N, (int64_t)MM_K);
+    op_matmul(c->b, &c->y, &c->x, &w, NULL);
+}
+
+static void bench_matmul(struct bench *bn)
+{
+    static const int ms[] = {1, 64};
+    struct backend *b = bn->split;
+    const size_t w_bytes = (size_t)MM_N * MM_K * 2;
+    const int copies = (int)((ROTATE_BYTES + w_bytes - 1) / w_bytes);
+    char *w = bench_dev_alloc(b, (size_t)copies * w_bytes);
+    bench_dev_fill_bf16(b, w, (size_t)copies * w_bytes, 5);
+    void *x = bench_dev_alloc(b, (size_t)64 * MM_K * 2), *y = bench_dev_alloc(b, (size_t)64 * MM_N * 2);
+    bench_dev_fill_bf16(b, x, (size_t)64 * MM_K * 2, 6);
+    for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+        const int m = ms[mi];
+        char name[96];
+        snprintf(name, sizeof name, "matmul bf16 m=%d k=%d n=%d", m, MM_K, MM_N);
+        if (!bench_selected(bn, name)) continue;
+        struct matmul_ctx c = {
+            .b = b,
+            .y = tensor_make(y, DTYPE_BF16, DEVICE_CUDA, 2, (int64_t)m, (int64_t)MM_N),
+            .x = tensor_make(x, DTYPE_BF16, DEVICE_CUDA, 2, (int64_t)m, (int64_t)MM_K),
+            .w = w,
+            .copies = copies,
+        };
+        const double t = bench_time_calls(bn, b, matmul_call, &c);
+        const double gbs = (double)w_bytes / t * 1e-9;
+        printf("%-34s %8.1f us   %7.1f GB/s weights   %5.1f %% of copy   %6.2f TFLOP/s   "
+               "(%d MiB rotated)\n",
+               name, t * 1e6, gbs, 100.0 * gbs / bn->copy_gbs,
+               2.0 * m * MM_K * MM_N / t * 1e-12, (int)((size_t)copies * w_bytes / MIB));
+    }
+    backend_free(b, w);
+    backend_free(b, x);
+    backend_free(b, y);
+}
+
+/* ---- main --------------------------------------------------------------------------------- */
+
+/* Opens the CUDA backend with SHARDLM_CUDA_ATTENTION=mode (read once, at open). */
+static enum status bench_open(const char *mode, struct backend **b)
+{
+    setenv("SHARDLM_CUDA_ATTENTION", mode, 1);
+    return backend_open(DEVICE_CUDA, 0, 0, b);
+}
+
+int main(int argc, char **argv)
+{
+    struct bench bn = {0};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) bn.quick = 1;
+        else if (!strcmp(argv[i], "--filter") && i + 1 < argc) bn.filter = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--filter SUBSTR]\n", argv[0]);
+            return 2;
+        }
+    }
+    bn.reps = bn.quick ? 2 : 5;
+    bn.run_time_s = bn.quick ? 0.02 : 0.1;
+    if (bench_open("simple", &bn.simple) != STATUS_OK ||
+        bench_open("split", &bn.split) != STATUS_OK) {
+        printf("SKIP: no CUDA device (%s)\n", status_message());
+        backend_close(bn.simple);
+        return 77;
+    }
+    struct cudaDeviceProp prop;
+    BENCH_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("bench_cuda: %s (%d SMs, %.0f MiB L2, %.1f GiB)%s\n", prop.name,
+           prop.multiProcessorCount, prop.l2CacheSize / 1048576.0,
+           (double)prop.totalGlobalMem / (1 << 30), bn.quick ? ", quick" : "");
+
+    bench_copy(&bn); /* always: the other figures are given against it */
+    bench_attention(&bn);
+    bench_matmul(&bn);
+
+    backend_close(bn.simple);
+    backend_close(bn.split);
+    return 0;
+}
