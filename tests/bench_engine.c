@@ -241,7 +241,7 @@ int main(int argc, char **argv)
 
     printf("%11s %12s %10s %10s %10s %10s %10s %12s %10s\n", "concurrency", "tokens/s", "TTFT p50", "TTFT p99",
            "ITL p50", "ITL p99", "ITL mean", "x tokens/s", "x step");
-    struct round first = {0}, batch1 = {0}, batch64 = {0};
+    struct round first = {0}, batch1 = {0}, batch64 = {0}, results[64];
     for (int k = 0; k < n_conc; k++) {
         int c = conc_list[k];
         if (run_round(e, &info, c, prompt_len, tokens, &r)) return 1;
@@ -252,8 +252,14 @@ int main(int argc, char **argv)
                1e3 * r.ttft_p50, 1e3 * r.ttft_p99, 1e3 * r.itl_p50, 1e3 * r.itl_p99, 1e3 * r.itl_mean,
                r.tokens_per_s / first.tokens_per_s,
                first.itl_p50 > 0 ? r.itl_p50 / first.itl_p50 : 0);
+        results[k] = r;
         fflush(stdout);
     }
+    for (int k = 0; k < n_conc; k++) /* for scripts: the figures tools/bench_hf_gpu.py prints */
+        printf("RESULT engine=shardlm device=%s batch=%d prompt=%d tokens=%d ttft_ms=%.3f step_ms=%.4f itl_mean_ms=%.4f "
+               "decode_tok_s=%.1f e2e_tok_s=%.1f\n", info.device, conc_list[k], prompt_len, tokens,
+               1e3 * results[k].ttft_p50, 1e3 * results[k].itl_p50, 1e3 * results[k].itl_mean,
+               results[k].itl_mean > 0 ? conc_list[k] / results[k].itl_mean : 0, results[k].tokens_per_s);
     printf("(tokens/s: all generated tokens over the wall time, prefill included; x tokens/s and x step: against\n"
            " the first row; decode step time = ITL p50; decode tokens/s = sequences / ITL mean)\n");
     if (batch1.itl_p50 > 0)
