@@ -142,8 +142,9 @@ static int run_round(struct engine *e, const struct engine_model_info *info, int
 /* Bytes one decode step reads from the weights, from the shape alone: q, k, v, o, the MLP (three
  * matrices with a gated activation, two for GPT-2), the LM head (vocab x d_model, tied or not:
  * the embedding is otherwise read one row per token), norms ignored. Assumes the weights are
- * stored in the compute dtype (not a GGUF served as quantized blocks); 0 when the dtype is not
- * f32, bf16 or f16. */
+ * stored in the compute dtype (not a GGUF served as quantized blocks, nor bf16 matrices kept bf16
+ * on a CPU with AMX while the compute dtype says f32: there the floor counts twice the bytes);
+ * 0 when the dtype is not f32, bf16 or f16. Exact on CUDA for a bf16 or f16 checkpoint. */
 static double decode_weight_bytes(const struct engine_model_info *info)
 {
     double elem = !strcmp(info->dtype, "f32") ? 4 : (!strcmp(info->dtype, "bf16") || !strcmp(info->dtype, "f16")) ? 2 : 0;

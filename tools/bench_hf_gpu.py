@@ -14,8 +14,9 @@ token), decode step = (time of the last token - time of the first) / (tokens - 1
 tokens/s = batch / decode step, and end-to-end tokens/s = batch x tokens / the generate call.
 The same figures bench_engine prints (ITL mean, "decode tokens/s").
 
-If compiling fails (an exception at the warm-up), the run goes on without it (disable_compile)
-and says so on the "compile" line and in every RESULT line.
+If compiling fails (an exception at the warm-up), the run goes on without it (disable_compile),
+and if the static cache fails too, with the default cache; the last "hf:" line and every RESULT
+line say which (compile=0/1, static_cache=0/1).
 
 usage: tools/bench_hf_gpu.py --model DIR [--batches 1,64] [--prompt 32] [--tokens 64] [--reps 3]
                              [--no-compile] [--seed 0]
@@ -91,11 +92,14 @@ def main(argv=None):
 
     gen = torch.Generator().manual_seed(a.seed)
     compile_on, compile_note = not a.no_compile, "off (--no-compile)" if a.no_compile else "on"
+    static_on, cache_note = True, "static"
 
     def generate(batch, streamer=None):
         ids = torch.randint(3, cfg.vocab_size, (batch, a.prompt), generator=gen).to(dev)
         kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=a.tokens,
-                  min_new_tokens=a.tokens, cache_implementation="static", pad_token_id=0, streamer=streamer)
+                  min_new_tokens=a.tokens, pad_token_id=0, streamer=streamer)
+        if static_on:
+            kw["cache_implementation"] = "static"
         if not compile_on:
             kw["disable_compile"] = True
         torch.cuda.synchronize()
@@ -111,23 +115,29 @@ def main(argv=None):
 
     results = {}
     for batch in a.batches:
-        t = time.perf_counter()
-        try:
-            generate(batch)
-        except Exception as e:  # noqa: BLE001 - any compile failure: go on eagerly, and say so
-            if not compile_on:
-                raise
-            compile_on = False
-            first_line = (str(e).splitlines() or [""])[0][:200]
-            compile_note = "off (compiling failed: %s: %s)" % (type(e).__name__, first_line)
-            log("hf: compile failed at batch %d, continuing without it: %s" % (batch, compile_note))
-            try:
-                import torch._dynamo
-                torch._dynamo.reset()
-            except Exception:  # noqa: BLE001
-                pass
+        while True:  # the warm-up; on failure step down: compiled -> eager -> dynamic cache, and say so
             t = time.perf_counter()
-            generate(batch)
+            try:
+                generate(batch)
+                break
+            except Exception as e:  # noqa: BLE001 - whatever this transformers/torch pair raises
+                first_line = (str(e).splitlines() or [""])[0][:200]
+                why = "%s: %s" % (type(e).__name__, first_line)
+                if compile_on:
+                    compile_on = False
+                    compile_note = "off (compiling failed: %s)" % why
+                    log("hf: batch %d failed compiled, going on without compiling: %s" % (batch, why))
+                    try:
+                        import torch._dynamo
+                        torch._dynamo.reset()
+                    except Exception:  # noqa: BLE001
+                        pass
+                elif static_on:
+                    static_on = False
+                    cache_note = "dynamic (the static cache failed: %s)" % why
+                    log("hf: batch %d failed with a static cache, going on with the default cache: %s" % (batch, why))
+                else:
+                    raise
         warm = time.perf_counter() - t
         compiled = compile_on and getattr(model, "_compiled_call", None) is not None
         if compile_on and not compiled:
@@ -150,9 +160,10 @@ def main(argv=None):
                                                                      batch / step, batch * a.tokens / total, batch,
                                                                      a.tokens, total))
         log("RESULT engine=hf batch=%d prompt=%d tokens=%d prefill_ms=%.3f step_ms=%.4f decode_tok_s=%.1f "
-            "e2e_tok_s=%.1f compile=%d" % (batch, a.prompt, a.tokens, 1e3 * prefill, 1e3 * step, batch / step,
-                                           batch * a.tokens / total, int(compiled)))
-    log("hf: compile %s; static cache; greedy; %.1f s in all" % (compile_note, time.perf_counter() - t_start))
+            "e2e_tok_s=%.1f compile=%d static_cache=%d" % (batch, a.prompt, a.tokens, 1e3 * prefill, 1e3 * step,
+                                                           batch / step, batch * a.tokens / total, int(compiled),
+                                                           int(static_on)))
+    log("hf: compile %s; %s cache; greedy; %.1f s in all" % (compile_note, cache_note, time.perf_counter() - t_start))
     if 1 in results and 64 in results:
         log("hf: step time batch 64 / batch 1: %.2f; decode tokens/s batch 64 / batch 1: %.1f"
             % (results[64] / results[1], 64 * results[1] / results[64]))
