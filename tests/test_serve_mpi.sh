@@ -12,7 +12,7 @@
 # goes NOT_SERVING and exits non-zero. With `hang_idle`: the same with no request running (no
 # collective waits for the stopped rank: the heartbeats alone tell the idle conductor).
 # DEVICE=cuda serves on GPUs (one per rank, or all on one with SHARDLM_SHARE_GPU=1); the
-# reference `generate` runs on REF_DEVICE (default: DEVICE; the `gpu` test serve_cuda sets cpu).
+# reference `generate` runs on REF_DEVICE (default: DEVICE).
 set -u
 shardlm=$1
 data=$2
@@ -97,6 +97,7 @@ for prompt in "" "Once upon a time" "The cat"; do
   "$shardlm" generate --model "$model" --device "$REF_DEVICE" --prompt "$prompt" --max-tokens 40 > "$tmp/want" 2> /dev/null
   "$shardlm" complete --server "$addr" --prompt "$prompt" --max-tokens 40 > "$tmp/got" 2> /dev/null
   cmp -s "$tmp/want" "$tmp/got"; check "unary completion of '$prompt' equals one-rank generate" $?
+  cmp -s "$tmp/want" "$tmp/got" || { echo "  want: $(head -c 300 "$tmp/want")"; echo "  got:  $(head -c 300 "$tmp/got")"; }
   "$shardlm" complete --server "$addr" --prompt "$prompt" --max-tokens 40 --stream > "$tmp/got" 2> /dev/null
   cmp -s "$tmp/want" "$tmp/got"; check "streamed completion of '$prompt' equals one-rank generate" $?
 done
@@ -126,5 +127,6 @@ for _ in $(seq 1 100); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
 ! kill -0 "$pid" 2> /dev/null; check "SIGTERM: mpirun and every rank are gone within 10 s" $?
 pid=
 grep -q "drained; exiting" "$tmp/serve.log"; check "SIGTERM: rank 0 drained before exiting" $?
+[ "$fail" = 0 ] || { echo "---- the server's log (its last 40 lines):"; tail -40 "$tmp/serve.log"; }
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

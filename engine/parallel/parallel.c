@@ -118,9 +118,11 @@ static void world_pick_gpu(struct parallel_world *w)
     const char *share = getenv("SHARDLM_SHARE_GPU");
     if (!share || strcmp(share, "1") != 0) {
         w->gpu = w->local_rank;
+        w->gpu_sharers = 1;
         return;
     }
     w->gpu = 0;
+    w->gpu_sharers = w->local_size;
     if (w->size > 1) {
         char host_id[64];
         snprintf(host_id, sizeof host_id, "shardlm-shared-gpu-rank-%d", w->rank);
@@ -215,6 +217,7 @@ enum status parallel_init(int *argc, char ***argv, struct parallel_world **out)
     w->size = 1;
     w->local_rank = 0;
     w->local_size = 1;
+    w->gpu_sharers = 1;
     enum status st;
     if (launched_by_mpi()) {
         w->mpi = 1;
@@ -308,6 +311,17 @@ enum status parallel_bcast_bytes(struct parallel_world *w, void *buf, size_t n, 
     return parallel_mpi_wait(w, &req, NULL, "byte broadcast", "world");
 }
 
+enum status parallel_min_i64(struct parallel_world *w, int64_t *v)
+{
+    enum status st = parallel_world_usable(w);
+    if (st != STATUS_OK || w->size == 1) return st;
+    struct world_impl *wi = w->impl;
+    int64_t mine = *v;
+    MPI_Request req;
+    MPI_TRY(w, "world", MPI_Iallreduce(&mine, v, 1, MPI_INT64_T, MPI_MIN, wi->comm, &req));
+    return parallel_mpi_wait(w, &req, NULL, "minimum", "world");
+}
+
 enum status parallel_barrier(struct parallel_world *w)
 {
     enum status st = parallel_world_usable(w);
@@ -340,6 +354,8 @@ enum status parallel_world_split(struct parallel_world *w, int color, int key,
     sub->thread_multiple = w->thread_multiple;
     sub->local_rank = w->local_rank; /* the node's GPU numbering does not change */
     sub->local_size = w->local_size;
+    sub->gpu = w->gpu;
+    sub->gpu_sharers = w->gpu_sharers;
     sub->rank = 0;
     sub->size = 1;
     MPI_Comm control = MPI_COMM_NULL;

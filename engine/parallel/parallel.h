@@ -70,6 +70,8 @@ struct parallel_world {
     int    gpu;                     /* the CUDA device this rank uses: local_rank (one GPU
                                      * per rank on a node), or 0 for every rank when
                                      * SHARDLM_SHARE_GPU=1 (parallel_init: a test mode) */
+    int    gpu_sharers;             /* ranks of this node on that GPU: 1, or local_size when
+                                     * shared (memory sized by free fractions is split) */
     int    mpi;                     /* 1 when MPI was initialised (launched by mpirun) */
     double timeout_s;               /* > 0: a wait on peers longer than this fails with
                                      * STATUS_UNAVAILABLE (a hung or dead rank); 0 (default):
@@ -110,6 +112,8 @@ enum status parallel_agree(struct parallel_world *w, enum status local);
  * (rank 0's step plan). buf is read on root and written elsewhere. A collective. */
 enum status parallel_bcast_bytes(struct parallel_world *w, void *buf, size_t n, int root);
 enum status parallel_barrier(struct parallel_world *w);
+/* *v becomes the smallest of every rank's *v. A collective. */
+enum status parallel_min_i64(struct parallel_world *w, int64_t *v);
 
 /* ---- sub-worlds and messages ---------------------------------------------------------------
  * Data-parallel serving runs one engine per replica, each in its own sub-world (the replica's

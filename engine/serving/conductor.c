@@ -120,16 +120,20 @@ static enum status kv_pool_blocks(struct conductor *c, size_t block_bytes, int t
                                  o->kv_cache_fraction);
         enum status st = backend_mem_info(c->b, &free_bytes, &total_bytes);
         if (st != STATUS_OK) return st;
-        n_blocks = (long long)((double)free_bytes * o->kv_cache_fraction / (double)block_bytes);
-        LOG_INFO(MODULE, "KV pool: %.2f of %.0f MiB free", o->kv_cache_fraction, (double)free_bytes / 1048576.0);
+        /* Ranks sharing one GPU (SHARDLM_SHARE_GPU) split the fraction between them. */
+        const int sharers = o->world ? o->world->gpu_sharers : 1;
+        n_blocks = (long long)((double)free_bytes * o->kv_cache_fraction / sharers / (double)block_bytes);
+        LOG_INFO(MODULE, "KV pool: %.2f of %.0f MiB free%s", o->kv_cache_fraction / sharers,
+                 (double)free_bytes / 1048576.0, sharers > 1 ? " (GPU shared)" : "");
     } else if (!n_blocks) {
         n_blocks = (long long)o->max_seqs * table_width;
         long long cap = (long long)((2ull << 30) / block_bytes);
         if (n_blocks > cap) n_blocks = cap;
     }
-    if (c->par.world) { /* every rank's pool must hold the same blocks: the first rank's count wins */
+    if (c->par.world) { /* every rank's pool must hold the same blocks: the smallest count wins
+                          * (pipeline stages hold different weights, so their free memory differs) */
         int64_t nb = n_blocks;
-        enum status st = parallel_bcast_bytes(c->par.world, &nb, sizeof nb, 0);
+        enum status st = parallel_min_i64(c->par.world, &nb);
         if (st != STATUS_OK) return st;
         n_blocks = nb;
     }
