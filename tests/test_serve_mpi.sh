@@ -39,14 +39,17 @@ check() { if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "PASS $1"; else fail=$(
 OMP_NUM_THREADS=1 mpirun -n "$n" -x OMP_NUM_THREADS "$shardlm" serve --model "$model" --device "$DEVICE" \
   --listen 127.0.0.1:0 --dp "$dp" --tp "$tp" --pp "$pp" --drain-timeout 5 --rank-timeout 2 > "$tmp/serve.log" 2>&1 &
 pid=$!
+# The server listens at once and answers UNAVAILABLE until the model is loaded ("shardlm:
+# ready"), which takes seconds when ranks share one GPU: wait for both.
 addr=
-for _ in $(seq 1 300); do
+for _ in $(seq 1 600); do
   addr=$(sed -n 's/^shardlm: listening on \([0-9.:]*\).*/\1/p' "$tmp/serve.log" | head -1)
-  [ -n "$addr" ] && break
+  [ -n "$addr" ] && grep -q '^shardlm: ready' "$tmp/serve.log" && break
   kill -0 "$pid" 2> /dev/null || break
   sleep 0.1
 done
-[ -n "$addr" ]; check "mpirun -n $n serve --dp $dp --tp $tp --pp $pp listens" $?
+[ -n "$addr" ] && grep -q '^shardlm: ready' "$tmp/serve.log"
+check "mpirun -n $n serve --dp $dp --tp $tp --pp $pp listens and is ready" $?
 if [ -z "$addr" ]; then cat "$tmp/serve.log"; echo "$pass passed, $fail failed"; exit 1; fi
 
 if [ "$mode" = kill ] || [ "$mode" = hang ] || [ "$mode" = hang_idle ]; then

@@ -62,6 +62,7 @@ export PATH=$B/mpi/usr/bin:$PATH
 export OPAL_PREFIX=$B/mpi/usr
 export PMIX_INSTALL_PREFIX=$B/mpi/usr/lib/x86_64-linux-gnu/pmix2
 export PMIX_MCA_pcompress_base_silence_warning=1
+export PMIX_MCA_mca_base_component_path=$PMIX_INSTALL_PREFIX/lib/pmix
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
 export SHARDLM_ASSETS=$B/assets
@@ -94,12 +95,22 @@ run_tests() {
   step "racecheck test_ops (attention)" 90 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$B/build/tests/test_ops" --backend cuda --filter attention
   unset SHARDLM_SYNC_CHECK
+  # The split-K decode kernel under other split policies than the default (bench's sweep).
+  step "test_ops attention, split waves 16, chunk 64" 60 "$log" env SHARDLM_CUDA_SPLIT_WAVES=16 \
+    SHARDLM_CUDA_SPLIT_MIN_CHUNK=64 "$B/build/tests/test_ops" --backend cuda --filter attention
   grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$slog" >> "$summary"
 }
 
 run_bench() {
   local log=$OUT/bench.log
   step "bench_cuda" 90 "$log" "$B/build/tests/bench_cuda"
+  local pol
+  for pol in "8 128" "8 64" "16 64" "32 64"; do # the split-K policy: waves per SM, smallest chunk
+    set -- $pol
+    echo "split policy: waves $1, min chunk $2" >> "$log"
+    step "bench_cuda split waves $1 chunk $2" 30 "$log" env SHARDLM_CUDA_SPLIT_WAVES="$1" \
+      SHARDLM_CUDA_SPLIT_MIN_CHUNK="$2" "$B/build/tests/bench_cuda" --filter "decode split"
+  done
   local bw # the device-to-device copy's bytes read + written per second: the memory's throughput
   bw=$(sed -n 's/^copy d2d.* \([0-9.]*\) GB\/s read+written.*/\1/p' "$log" | head -1)
   step "bench_engine stories260K cuda" 60 "$log" "$B/build/tests/bench_engine" --device cuda \
@@ -108,10 +119,13 @@ run_bench() {
   step "make_random_model llama3.2-1b" 120 "$log" "$py" tools/make_random_model.py --preset llama3.2-1b --out "$m"
   if [ -f "$m/config.json" ]; then
     step "bench_engine llama1b cuda" 150 "$log" "$B/build/tests/bench_engine" --device cuda --model "$m" \
-      --concurrency 1,64 --prompt 32 --tokens 64 ${bw:+--bandwidth-gbs "$bw"}
+      --concurrency 1,16,64 --prompt 32 --tokens 64 ${bw:+--bandwidth-gbs "$bw"}
+    echo "without greedy sampling on the device (SHARDLM_DEVICE_SAMPLING=0):" >> "$log"
+    step "bench_engine llama1b cuda, host sampling" 60 "$log" env SHARDLM_DEVICE_SAMPLING=0 \
+      "$B/build/tests/bench_engine" --device cuda --model "$m" --concurrency 1,64 --prompt 32 --tokens 64
     step "transformers llama1b" "${GPU_CHECK_HF_S:-200}" "$log" env PYTHONUNBUFFERED=1 "$py" tools/bench_hf_gpu.py --model "$m"
   fi
-  grep -E '^(bench_cuda|copy|attention|matmul|RESULT|weight-read|model )' "$log" | head -60 >> "$summary"
+  grep -E '^(bench_cuda|copy|attention|matmul|RESULT|weight-read|model |split policy)' "$log" | head -80 >> "$summary"
 }
 
 case $mode in

@@ -74,6 +74,8 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.positions, DTYPE_I32, 1, {T}},
         {&m->ws.slots, DTYPE_I32, 1, {T}},
         {&m->ws.logit_rows, DTYPE_I32, 1, {max_logits}},
+        {&m->ws.greedy_ids, DTYPE_I32, 1, {max_logits}},
+        {&m->ws.logits_ss, DTYPE_F32, 1, {1}},
         {&m->ws.q_start, DTYPE_I32, 1, {max_seqs + 1}},
         {&m->ws.seq_len, DTYPE_I32, 1, {max_seqs}},
         {&m->ws.block_table, DTYPE_I32, 2, {max_seqs, max_blocks}},
@@ -326,13 +328,28 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
         full = tensor_first_rows(&m->ws.logits_full, fb->n_logits);
         if ((st = comm_all_gather_last(m->par.groups->tp, &full, &lg)) != STATUS_OK) return st;
     }
+    const int64_t V = m->cfg.vocab_size;
+    if (fb->greedy_done) *fb->greedy_done = 0;
+    if (fb->greedy_ids && tensor_cols(&full) == V) {
+        struct tensor ids_dev = tensor_first_rows(&m->ws.greedy_ids, fb->n_logits);
+        float ss = 0.0f;
+        backend_memset_zero(b, m->ws.logits_ss.data, sizeof ss);
+        op_sum_squares(b, &m->ws.logits_ss, &full);
+        op_argmax(b, &ids_dev, &full);
+        backend_download(b, &ss, m->ws.logits_ss.data, sizeof ss);
+        if (isfinite(ss)) {
+            backend_download(b, fb->greedy_ids, ids_dev.data, tensor_nbytes(&ids_dev));
+            *fb->greedy_done = 1;
+            return STATUS_OK;
+        }
+    }
     const struct tensor *host_src = &full;
     struct tensor lg32 = tensor_first_rows(&m->ws.logits_f32, fb->n_logits);
     if (m->dtype != DTYPE_F32) {
         op_cast(b, &lg32, &full);
         host_src = &lg32;
     }
-    const int64_t width = tensor_cols(host_src), V = m->cfg.vocab_size;
+    const int64_t width = tensor_cols(host_src);
     if (width == V) {
         backend_download(b, logits, host_src->data, tensor_nbytes(host_src));
         return STATUS_OK;

@@ -58,6 +58,8 @@ struct model_workspace {
     struct tensor logits_f32;      /* (max_logits, tp * vocab_local) f32, when dtype != f32 */
     float *host_logits;            /* (max_logits, tp * vocab_local) host, when padded (tp > 1) */
     struct tensor tokens, positions, slots, logit_rows; /* i32 (max_tokens) */
+    struct tensor greedy_ids;      /* i32 (max_logits): argmax of each logits row (greedy_ids) */
+    struct tensor logits_ss;       /* f32 (1): sum of squares of the logits (a finiteness check) */
     struct tensor q_start, seq_len, block_table;        /* i32 (max_seqs+1), (max_seqs), (max_seqs, max_blocks) */
     struct tensor lora_u, lora_z;  /* serving adapters' scratch: (max_tokens, max_adapter_rank), (max_tokens, widest) */
 };
@@ -155,6 +157,14 @@ struct forward_batch {
     int            n_logits;
     const int32_t *logit_rows;  /* (n_logits) rows (0 .. n_tokens-1) whose logits are wanted */
     const int32_t *seq_adapter; /* (n_seqs) index into model.adapters, -1 = the base; NULL = all base */
+    /* Greedy sampling on the device: when non-NULL, the last stage writes the argmax of each
+     * logits row here (lowest id on ties, op_argmax) and sets *greedy_done = 1 instead of
+     * downloading the logits (4 bytes a row instead of 4 x vocab). When a logit is not finite
+     * (their sum of squares, computed beside, is not), or the vocabulary is padded (tp > 1 with
+     * a vocabulary not divisible by tp), it sets *greedy_done = 0 and writes the logits as
+     * usual, so the caller samples on the host and reports the bad rows. */
+    int32_t *greedy_ids;
+    int     *greedy_done;
 };
 
 /* Runs the forward pass of this stage over the batch, writing K/V of the new tokens into the

@@ -205,12 +205,16 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
                                          .policy = (enum scheduling_policy)o->scheduling};
     if ((st = scheduler_init(&c->sched, &c->cache, &so)) != STATUS_OK) goto fail;
     if ((st = sampler_init(&c->smp, cfg->vocab_size)) != STATUS_OK) goto fail;
+    const char *dev_sampling = getenv("SHARDLM_DEVICE_SAMPLING");
+    c->device_greedy = dev_sampling && *dev_sampling ? strcmp(dev_sampling, "0") != 0 : c->b->device == DEVICE_CUDA;
+    if (c->par.layout.pp_size > 1) c->device_greedy = 0; /* the logits travel to rank 0 (logits_to_first_rank) */
     const size_t V = (size_t)cfg->vocab_size;
     c->logits = malloc((size_t)c->max_logits * V * sizeof *c->logits);
     c->scratch = malloc(2 * V * sizeof *c->scratch);
     c->mb_qstart = malloc(((size_t)o->max_seqs + 1) * sizeof(int32_t));
     c->mb_rows = malloc((size_t)c->max_logits * sizeof(int32_t));
-    if (!c->logits || !c->scratch || !c->mb_qstart || !c->mb_rows) {
+    c->greedy_ids = malloc((size_t)c->max_logits * sizeof(int32_t));
+    if (!c->logits || !c->scratch || !c->mb_qstart || !c->mb_rows || !c->greedy_ids) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
         goto fail;
     }
@@ -400,10 +404,17 @@ static void fail_conductor(struct conductor *c, enum status st)
 /* Samples the next token of s from the logits row, then emits it and finishes the sample when a
  * stop condition holds. A row holding NaN or Inf (a numerical overflow, or weights that went bad
  * after the load-time check) ends the sample with an error instead of a made-up token. */
-static void take_token(struct conductor *c, struct seq *s, const float *row)
+static void take_token(struct conductor *c, struct seq *s, const float *row, int32_t greedy_id)
 {
     struct request *r = s->req;
     const int V = c->m->cfg.vocab_size, eos = eos_id(c);
+    if (greedy_id >= 0) { /* picked on the device (step_is_plain_greedy); every logit was finite */
+        size_t text_len = 0;
+        enum finish_reason why = request_take_token(s, greedy_id, eos, c->m->cfg.max_positions, NULL, NULL, 0, &text_len);
+        if (why == FINISH_REASON_ERROR) finish_seq(c, s, why, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
+        else if (why != FINISH_REASON_NONE) finish_seq(c, s, why, STATUS_OK, NULL, text_len);
+        return;
+    }
     if (!sampler_logits_finite(row, V)) {
         finish_seq(c, s, FINISH_REASON_ERROR, STATUS_INTERNAL,
                    "the model produced NaN or Inf logits for this sequence; no token was sampled", 0);
@@ -518,6 +529,27 @@ static void take_intake(struct conductor *c)
     scheduler_drop_finished(sc);
 }
 
+/* Whether every logits row of the planned step is sampled by a plain argmax (greedy, no
+ * penalty, no logit bias, no banned ids, no log-probabilities, one sample per request), so the
+ * device can pick the tokens and the logits need not come to the host. */
+static int step_is_plain_greedy(const struct conductor *c)
+{
+    const struct scheduler *sc = &c->sched;
+    for (int i = 0; i < sc->n_running; i++) {
+        const struct seq *s = sc->running[i];
+        if (s->n_rows == 0 || s->state != SEQ_RUNNING) continue;
+        const struct request *r = s->req;
+        const struct sampling_params *sp = &r->p.sampling;
+        if (r->p.prompt_logprobs >= 0) return 0;
+        if (!s->wants_sample) continue;
+        if (sp->temperature != 0.0f || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
+            sp->frequency_penalty != 0.0f || r->p.n_logit_bias > 0 || s->n_generated < r->p.min_tokens ||
+            r->p.logprobs >= 0 || r->p.n > 1 || r->p.max_tokens == 0)
+            return 0;
+    }
+    return 1;
+}
+
 /* Step 3: the plan to every rank of the replica, then the forward pass over the planned rows. */
 static enum status run_planned_step(struct conductor *c)
 {
@@ -530,6 +562,8 @@ static enum status run_planned_step(struct conductor *c)
         st = plan_exchange(c, &ph);
         c->sched.n_copies = 0;
     }
+    c->step_greedy = c->device_greedy && step_is_plain_greedy(c);
+    c->greedy_done = 0;
     if (st == STATUS_OK) st = run_forward(c, b->n_rows, b->n_seqs, b->n_logits, n_micro);
     pthread_mutex_lock(&c->mu);
     c->stats.steps++;
@@ -546,7 +580,7 @@ static void fork_and_take(struct conductor *c, struct seq *s, const float *row)
     int n_children = scheduler_fork(&c->sched, s, c->tok, children);
     for (int k = 0; k < n_children; k++) {
         if (!children[k]) finish_absent(c, r, k + 1, FINISH_REASON_ERROR, STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory");
-        else if (children[k]->state == SEQ_RUNNING) take_token(c, children[k], row);
+        else if (children[k]->state == SEQ_RUNNING) take_token(c, children[k], row, -1);
     }
 }
 
@@ -576,10 +610,11 @@ static void take_results(struct conductor *c, enum status st)
         lrow += lp_rows;
         if (!s->wants_sample) continue;
         const float *row = c->logits + (size_t)lrow * V;
+        const int32_t greedy_id = c->greedy_done ? c->greedy_ids[lrow] : -1;
         lrow++;
         if (s->sample == 0 && !r->forked && r->p.n > 1 && r->p.max_tokens > 0) fork_and_take(c, s, row);
         r->forked = 1;
-        take_token(c, s, row);
+        take_token(c, s, row, greedy_id);
     }
 }
 
@@ -718,6 +753,7 @@ void conductor_free(struct conductor *c)
     free(c->plan);
     free(c->mb_qstart);
     free(c->mb_rows);
+    free(c->greedy_ids);
     scheduler_free(&c->sched);
     free(c->logits);
     free(c->scratch);

@@ -45,6 +45,12 @@ struct conductor {
     int      max_logits;
     float   *logits;              /* (max_logits, vocab) host */
     float   *scratch;             /* (2, vocab) log-softmax and a logits copy */
+    /* Greedy sampling on the device (forward_batch.greedy_ids): device_greedy says whether this
+     * replica may use it (SHARDLM_DEVICE_SAMPLING=1 / 0; default: on CUDA, off on the CPU, where
+     * the host reads the logits in place); step_greedy whether this step does (every sampled
+     * row is a plain argmax); greedy_done whether the forward pass gave ids (greedy_ids). */
+    int      device_greedy, step_greedy, greedy_done;
+    int32_t *greedy_ids;          /* (max_logits) */
 
     pthread_mutex_t mu;
     pthread_cond_t  cv;

@@ -93,6 +93,13 @@ enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logit
                                    .block_table = b->table + (size_t)s0 * (size_t)b->table_width,
                                    .max_blocks = b->table_width, .n_logits = l1 - l0, .logit_rows = c->mb_rows,
                                    .seq_adapter = c->m->n_adapters ? b->adapter + s0 : NULL};
+        /* Workers never read their logits: they take the cheap path whenever it exists. */
+        const int greedy = n_micro == 1 && (conductor_is_first_rank(c) ? c->step_greedy : c->device_greedy);
+        if (greedy) {
+            fb.greedy_ids = c->greedy_ids;
+            fb.greedy_done = &c->greedy_done;
+        }
+        c->greedy_done = 0;
         st = model_forward(c->m, &c->cache, &fb, c->logits + (size_t)l0 * (size_t)V);
         l0 = l1;
     }

@@ -150,9 +150,7 @@ attention_kernel(T *out, const T *q, const T *k_cache, const T *v_cache, const i
 #define SPLIT_WARPS 4
 #define SPLIT_THREADS (SPLIT_WARPS * 32)
 #define SPLIT_TILE 256       /* positions whose block ids are staged in shared memory at a time */
-#define SPLIT_MIN_CHUNK 128  /* positions per split, at least */
 #define SPLIT_MAX_SPLITS 128 /* splits per query row, at most (grid.y and the combine's loop) */
-#define SPLIT_TARGET_WAVES 4 /* thread blocks per SM the split count aims for */
 
 /* 16-byte loads of cache rows: N elements of T per uint4, widened to f32. */
 template <typename T> struct attention_vec;
@@ -493,15 +491,15 @@ static void attention_decode_split_k_launch(struct backend *b, struct cuda_state
 
     /* The longest range a row of this batch can attend to, from what the host knows: seq_len
      * lives on the device, bounded by max_blocks * block_tokens, and by the window. Splits fill
-     * the device with about SPLIT_TARGET_WAVES blocks per SM; a split whose chunk lies past
+     * the device with about st->split_waves blocks per SM; a split whose chunk lies past
      * its row's range writes an empty partial. */
     int64_t max_ctx = (int64_t)batch->max_blocks * batch->block_tokens;
     if (batch->window > 0 && batch->window < max_ctx) max_ctx = batch->window;
     if (max_ctx < 1) max_ctx = 1;
-    const int64_t target = (int64_t)SPLIT_TARGET_WAVES * st->n_sms;
+    const int64_t target = (int64_t)st->split_waves * st->n_sms;
     const int64_t want = items >= target ? 1 : (target + items - 1) / items;
     int64_t chunk = (max_ctx + want - 1) / want;
-    if (chunk < SPLIT_MIN_CHUNK) chunk = SPLIT_MIN_CHUNK;
+    if (chunk < st->split_min_chunk) chunk = st->split_min_chunk;
     if (chunk < (max_ctx + SPLIT_MAX_SPLITS - 1) / SPLIT_MAX_SPLITS)
         chunk = (max_ctx + SPLIT_MAX_SPLITS - 1) / SPLIT_MAX_SPLITS;
     chunk = (chunk + 63) / 64 * 64;

@@ -46,6 +46,9 @@
  * environment variable SHARDLM_CUDA_ATTENTION: unset or "auto", the split-K decode kernel for
  * decode batches (attention_batch.decode_only) and the simple kernel otherwise; "simple", always
  * the simple kernel; "split", the split-K kernel wherever its shape limits allow (any batch). */
+#define CUDA_SPLIT_WAVES_DEFAULT 4
+#define CUDA_SPLIT_MIN_CHUNK_DEFAULT 128
+
 enum cuda_attention_mode {
     CUDA_ATTENTION_AUTO,
     CUDA_ATTENTION_SIMPLE,
@@ -58,6 +61,10 @@ struct cuda_state {
     int            device_id;
     int            n_sms;          /* streaming multiprocessors of the device */
     enum cuda_attention_mode attention_mode;
+    /* The split-K decode kernel's split policy (attention.cu): aim at split_waves thread blocks
+     * per SM, chunks of at least split_min_chunk positions. SHARDLM_CUDA_SPLIT_WAVES and
+     * SHARDLM_CUDA_SPLIT_MIN_CHUNK override the defaults (for tuning; bench_cuda). */
+    int            split_waves, split_min_chunk;
     cudaStream_t   stream;
     cublasHandle_t cublas; /* bound to stream; created, used and destroyed only by matmul.cu */
     void          *scratch;       /* device memory for ops' temporaries (cuda_scratch) */
