@@ -100,20 +100,15 @@ static enum status generate_setup(const struct generate_flags *f, struct generat
     enum status st = backend_parse_device(f->device_name, &dev);
     if (st != STATUS_OK) return st;
     r->printer = 1;
+    struct parallel_layout layout;
     if (f->tp * f->pp > 1) {
         if ((st = parallel_init(NULL, NULL, &r->world)) != STATUS_OK) return st;
-        if ((st = parallel_layout(r->world, (int)f->tp, (int)f->pp, &r->par.layout)) != STATUS_OK) return st;
+        if ((st = parallel_layout(r->world, (int)f->tp, (int)f->pp, &layout)) != STATUS_OK) return st;
         r->printer = r->world->rank == 0;
-        if ((st = backend_open(dev, r->world->gpu, (int)f->threads, &r->b)) != STATUS_OK) return st;
-        if ((st = parallel_groups_init(r->world, &r->par.layout, dev, r->world->gpu, r->b->stream, &r->groups)) !=
-            STATUS_OK)
-            return st;
-        r->par.world = r->world;
-        r->par.groups = &r->groups;
-        r->par.pp_layers = f->pp_layers;
-    } else if ((st = backend_open(dev, 0, (int)f->threads, &r->b)) != STATUS_OK) {
-        return st;
     }
+    if ((st = model_ranks_open(r->world, &layout, f->pp_layers, dev, 0, (int)f->threads, &r->b, &r->groups, &r->par)) !=
+        STATUS_OK)
+        return st;
     if ((st = model_load(f->model_dir, r->b, f->tp * f->pp > 1 ? &r->par : NULL, &r->m)) != STATUS_OK) return st;
     return generate_load_tokenizer(f->model_dir, r->m, &r->tok);
 }

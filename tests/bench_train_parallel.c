@@ -111,8 +111,7 @@ int main(int argc, char **argv)
     struct model_weights g;
     void *gmem = NULL;
     struct param_table gt = {0};
-    if (st == STATUS_OK) st = backend_open(DEVICE_CPU, 0, o.threads, &b);
-    if (st == STATUS_OK) st = train_ranks_connect(&r, b);
+    if (st == STATUS_OK) st = train_ranks_connect(&r, DEVICE_CPU, o.threads, &b);
     if (st == STATUS_OK) st = model_load_as(dir, b, &r.par, DTYPE_F32, &m);
     if (st == STATUS_OK) st = model_weights_make_writable(m);
     if (st == STATUS_OK) st = weights_alloc_like(b, &m->w, DTYPE_F32, &g, &gmem);

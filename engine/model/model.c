@@ -2,6 +2,7 @@
  * workspace. Loading weights lives in model_load.c.
  * Tests: tests/test_model.c. */
 #include "model.h"
+#include "layer.h"
 #include "lora.h"
 #include "model_train.h"
 
@@ -9,14 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const struct tensor *opt(const struct tensor *t) { return t && t->data ? t : NULL; }
-
-static void norm(struct model *m, const struct tensor *out, const struct tensor *x,
-                 const struct tensor *w, const struct tensor *bias)
-{
-    if (m->cfg.norm == NORM_KIND_RMSNORM) op_rmsnorm(m->b, out, x, w, m->cfg.norm_eps);
-    else op_layernorm(m->b, out, x, w, opt(bias), m->cfg.norm_eps);
-}
 
 /* ---- workspace --------------------------------------------------------------------------- */
 
@@ -149,12 +142,46 @@ static void upload_i32(struct backend *b, const struct tensor *dst, const int32_
     if (n > 0) backend_upload(b, dst->data, src, (size_t)n * sizeof(int32_t));
 }
 
+/* ---- the layer's serving hooks (layer.h) ----------------------------------------------------- */
+
+struct serve_ctx {
+    struct model *m;
+    struct kv_cache *cache;
+    const struct attention_batch *batch;
+    const struct forward_batch *fb;
+};
+
+static enum status serve_gather(void *ctx, const struct tensor *local, int64_t T, struct tensor *full)
+{
+    (void)ctx, (void)T;
+    *full = *local;
+    return STATUS_OK;
+}
+
+static struct tensor serve_partial(void *ctx, const struct tensor *out, int64_t T)
+{
+    (void)ctx, (void)T;
+    return *out;
+}
+
+/* Row-parallel products: each tp rank holds a slice of the input features, so the partial
+ * outputs are summed in place. */
+static enum status serve_reduce(void *ctx, const struct tensor *partial, const struct tensor *out)
+{
+    struct serve_ctx *sc = ctx;
+    (void)out;
+    if (sc->m->tp_size > 1) return comm_all_reduce(sc->m->par.groups->tp, partial);
+    return STATUS_OK;
+}
+
 /* Serving adapters: y += s (x A^T) B^T for the rows of each sequence that asks for one; a run of
  * consecutive sequences with the same adapter is one product (the scheduler's order decides how
  * long the runs are). Rows of the base model are left alone. */
-static void adapt_rows(struct model *m, int l, enum lora_target t, const struct tensor *y, const struct tensor *x,
-                       const struct forward_batch *fb)
+static void serve_adapt(void *ctx, int l, enum lora_target t, const struct tensor *y, const struct tensor *x)
 {
+    struct serve_ctx *sc = ctx;
+    struct model *m = sc->m;
+    const struct forward_batch *fb = sc->fb;
     if (!fb->seq_adapter || m->n_adapters == 0) return;
     for (int i = 0, j; i < fb->n_seqs; i = j) {
         const int a = fb->seq_adapter[i];
@@ -166,88 +193,33 @@ static void adapt_rows(struct model *m, int l, enum lora_target t, const struct 
     }
 }
 
-/* Row-parallel projections: each tp rank holds a slice of the input features, so the
- * partial outputs are summed; the (replicated) bias joins on tp rank 0 only. An adapter's
- * low-rank product joins the partial sum before it (A is split along the inputs like W, so
- * the all-reduce sums its parts too: no collective of its own). */
-static enum status row_parallel(struct model *m, int l, enum lora_target t, const struct tensor *y,
-                                const struct tensor *x, const struct tensor *w, const struct tensor *bias,
-                                const struct forward_batch *fb)
+/* The new tokens' K/V join the cache first, so attention reads them like any other. */
+static void serve_attend(void *ctx, int l, int window, const struct tensor *q3, const struct tensor *k3,
+                         const struct tensor *v3, const struct tensor *att3, const struct tensor *lse)
 {
-    op_matmul(m->b, y, x, w, m->tp_rank == 0 ? opt(bias) : NULL);
-    adapt_rows(m, l, t, y, x, fb);
-    if (m->tp_size > 1) return comm_all_reduce(m->par.groups->tp, y);
-    return STATUS_OK;
+    struct serve_ctx *sc = ctx;
+    struct model *m = sc->m;
+    (void)lse;
+    const int64_t T = q3->shape[0];
+    struct tensor slots = tensor_first_rows(&m->ws.slots, T);
+    struct attention_batch ab = *sc->batch;
+    ab.window = window;
+    op_kv_write(m->b, &sc->cache->k[l], &sc->cache->v[l], k3, v3, &slots);
+    op_attention(m->b, att3, q3, &sc->cache->k[l], &sc->cache->v[l], &ab);
 }
 
-/* One decoder layer on the residual stream x (T, d), in the order of the math. */
-static enum status layer_forward(struct model *m, int l, struct kv_cache *cache, int64_t T,
-                                 const struct attention_batch *batch, const struct forward_batch *fb)
+/* The serving workspace as one layer's tensors: overwritten in place, layer after layer. */
+static struct layer_tensors serve_tensors(struct model *m, int64_t T)
 {
-    enum status st;
-    /* Interleaved local/global attention (Gemma 3): a global layer every sliding_window_pattern
-     * layers, the others windowed and with their own rotary base. */
-    const int layer = m->layer_first + l, pattern = m->cfg.sliding_window_pattern;
-    const int global = pattern > 0 && (layer + 1) % pattern == 0;
-    struct attention_batch lb = *batch;
-    const struct attention_batch *ab = &lb;
-    lb.window = pattern > 0 && global ? 0 : m->cfg.sliding_window;
-    const float theta = !global && pattern > 0 && m->cfg.rope_theta_local > 0.0f ? m->cfg.rope_theta_local
-                                                                              : m->cfg.rope_theta;
-    struct backend *b = m->b;
-    const struct model_config *c = &m->cfg;
-    const struct layer_weights *w = &m->w.layers[l];
-    const int64_t hd = c->head_dim;
-    struct tensor x = tensor_first_rows(&m->ws.x, T), xn = tensor_first_rows(&m->ws.xn, T), proj = tensor_first_rows(&m->ws.proj, T);
-    struct tensor q = tensor_view2(&m->ws.q, T, m->n_heads_local * hd);
-    struct tensor k = tensor_view2(&m->ws.k, T, m->n_kv_local * hd);
-    struct tensor v = tensor_view2(&m->ws.v, T, m->n_kv_local * hd);
-    struct tensor att = tensor_view2(&m->ws.att, T, m->n_heads_local * hd);
-    struct tensor q3 = tensor_view3(&m->ws.q, T, m->n_heads_local, hd), k3 = tensor_view3(&m->ws.k, T, m->n_kv_local, hd);
-    struct tensor v3 = tensor_view3(&m->ws.v, T, m->n_kv_local, hd), att3 = tensor_view3(&m->ws.att, T, m->n_heads_local, hd);
-    struct tensor pos = tensor_first_rows(&m->ws.positions, T), slots = tensor_first_rows(&m->ws.slots, T);
-
-    /* Attention block: xn = norm(x); q, k, v = xn W^T (+ b); rotary on q, k. */
-    norm(m, &xn, &x, &w->attn_norm, &w->attn_norm_bias);
-    op_matmul(b, &q, &xn, &w->wq, opt(&w->bq));
-    op_matmul(b, &k, &xn, &w->wk, opt(&w->bk));
-    op_matmul(b, &v, &xn, &w->wv, opt(&w->bv));
-    adapt_rows(m, l, LORA_TARGET_Q, &q, &xn, fb);
-    adapt_rows(m, l, LORA_TARGET_K, &k, &xn, fb);
-    adapt_rows(m, l, LORA_TARGET_V, &v, &xn, fb);
-    if (c->qk_norm) { /* RMSNorm over each head's features */
-        struct tensor qh = tensor_view2(&m->ws.q, T * m->n_heads_local, hd), kh = tensor_view2(&m->ws.k, T * m->n_kv_local, hd);
-        op_rmsnorm(b, &qh, &qh, &w->q_norm, c->norm_eps);
-        op_rmsnorm(b, &kh, &kh, &w->k_norm, c->norm_eps);
-    }
-    if (c->positions == POSITION_KIND_ROTARY) {
-        op_rope(b, &q3, &pos, c->rot_dim, theta, c->rope_style);
-        op_rope(b, &k3, &pos, c->rot_dim, theta, c->rope_style);
-    }
-    /* The new tokens' K/V join the cache first, so attention reads them like any other. */
-    op_kv_write(b, &cache->k[l], &cache->v[l], &k3, &v3, &slots);
-    op_attention(b, &att3, &q3, &cache->k[l], &cache->v[l], ab);
-    if ((st = row_parallel(m, l, LORA_TARGET_O, &proj, &att, &w->wo, &w->bo, fb)) != STATUS_OK) return st;
-    if (c->sandwich_norms) norm(m, &proj, &proj, &w->post_attn_norm, NULL);
-    op_add(b, &x, &x, &proj);
-
-    /* MLP block: x += down(act(gate(xn)) * up(xn)), or down(act(up(xn))) for GPT-2. */
-    norm(m, &xn, &x, &w->mlp_norm, &w->mlp_norm_bias);
-    struct tensor up = tensor_first_rows(&m->ws.up, T);
-    op_matmul(b, &up, &xn, &w->w_up, opt(&w->b_up));
-    adapt_rows(m, l, LORA_TARGET_UP, &up, &xn, fb);
-    if (c->gated_mlp) {
-        struct tensor gate = tensor_first_rows(&m->ws.gate, T);
-        op_matmul(b, &gate, &xn, &w->w_gate, opt(&w->b_gate));
-        adapt_rows(m, l, LORA_TARGET_GATE, &gate, &xn, fb);
-        op_gated_activation(b, &up, &gate, &up, c->activation);
-    } else {
-        op_activation(b, &up, &up, c->activation);
-    }
-    if ((st = row_parallel(m, l, LORA_TARGET_DOWN, &proj, &up, &w->w_down, &w->b_down, fb)) != STATUS_OK) return st;
-    if (c->sandwich_norms) norm(m, &proj, &proj, &w->post_mlp_norm, NULL);
-    op_add(b, &x, &x, &proj);
-    return STATUS_OK;
+    struct tensor x = tensor_first_rows(&m->ws.x, T), xn = tensor_first_rows(&m->ws.xn, T);
+    struct tensor proj = tensor_first_rows(&m->ws.proj, T), up = tensor_first_rows(&m->ws.up, T);
+    return (struct layer_tensors){
+        .x = x, .x_in = x, .x_mid = x, .xn1 = xn, .xn2 = xn,
+        .q_pre = m->ws.q, .k_pre = m->ws.k, .q = m->ws.q, .k = m->ws.k, .v = m->ws.v, .att = m->ws.att,
+        .gate = m->ws.gate, .up = up, .hact = up,
+        .attn_out = proj, .mlp_out = proj, .normed = proj,
+        .pos = m->ws.positions,
+    };
 }
 
 enum status model_forward(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
@@ -308,8 +280,12 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
         return st;
     }
 
+    struct serve_ctx sc = {.m = m, .cache = cache, .batch = &ab, .fb = fb};
+    const struct layer_hooks hooks = {.ctx = &sc, .gather = serve_gather, .partial = serve_partial,
+                                      .reduce = serve_reduce, .adapt = serve_adapt, .attend = serve_attend};
+    const struct layer_tensors lt = serve_tensors(m, T);
     for (int l = 0; l < m->n_layers_local; l++)
-        if ((st = layer_forward(m, l, cache, T, &ab, fb)) != STATUS_OK) return st;
+        if ((st = layer_forward(m, l, T, &lt, &hooks)) != STATUS_OK) return st;
 
     if (!model_is_last_stage(m)) return comm_send(m->par.groups->pp, &x, m->pp_rank + 1);
     if (fb->n_logits == 0) {
@@ -320,7 +296,7 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
      * is the embedding lookup with the residual stream as the table. */
     struct tensor rows = tensor_first_rows(&m->ws.rows, fb->n_logits), ids = tensor_first_rows(&m->ws.logit_rows, fb->n_logits);
     op_embedding(b, &rows, &x, &ids, 0);
-    norm(m, &rows, &rows, &m->w.final_norm, &m->w.final_norm_bias);
+    layer_norm(m, &rows, &rows, &m->w.final_norm, &m->w.final_norm_bias);
     struct tensor lg = tensor_first_rows(&m->ws.logits, fb->n_logits);
     op_matmul(b, &lg, &rows, &m->w.lm_head, NULL);
     struct tensor full = lg;

@@ -111,6 +111,17 @@ struct model {
     int max_adapter_rank;
 };
 
+/* One rank's bring-up, the same for `generate`, the serving conductor and the trainer: the
+ * backend on this rank's device (w->gpu on CUDA when w is given: parallel_world.gpu; else
+ * device_id), agreed over the world, so that a rank whose device fails does not leave the
+ * others waiting in the collective that follows; then, when w is given, the tp/pp/dp
+ * communicators for layout l on the backend's stream (parallel.h's ordering contract) and par
+ * for model_load (pp_layers borrowed). On error what was opened stays in *b and *groups for the
+ * caller's teardown. (engine/model/model_ranks.c) */
+enum status model_ranks_open(struct parallel_world *w, const struct parallel_layout *l, const char *pp_layers,
+                             enum device dev, int device_id, int threads, struct backend **b,
+                             struct parallel_groups *groups, struct model_parallel *par);
+
 /* Loads the checkpoint directory `dir` (or GGUF file: checkpoint_open) for this rank's (tp, pp)
  * shard onto b, in the backend's compute dtype (f32 on CPU; bf16 on CUDA unless the checkpoint
  * is f16). par == NULL means a world of one (tp = pp = 1); otherwise the model borrows par's

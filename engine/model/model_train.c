@@ -4,6 +4,8 @@
  * Tests: tests/test_train_grad.py (gradients against JAX), tests/test_train.c. */
 #include "model_train_impl.h"
 
+#include "layer.h"
+
 #include "lora.h"
 
 #include <math.h>
@@ -14,13 +16,6 @@ static const struct tensor *opt(const struct tensor *t) { return t && t->data ? 
 
 /* ---- forward ----------------------------------------------------------------------------- */
 
-static void norm_fwd(const struct model *m, const struct tensor *out, const struct tensor *x,
-                     const struct tensor *w, const struct tensor *bias)
-{
-    if (m->cfg.norm == NORM_KIND_RMSNORM) op_rmsnorm(m->b, out, x, w, m->cfg.norm_eps);
-    else op_layernorm(m->b, out, x, w, opt(bias), m->cfg.norm_eps);
-}
-
 /* dx = d norm(x) / dx applied to dout; dweight/dbias += (NULL-data tensors are skipped). */
 static void norm_bwd(const struct model *m, const struct tensor *dx, const struct tensor *dw,
                      const struct tensor *dbias, const struct tensor *dout, const struct tensor *x,
@@ -28,17 +23,6 @@ static void norm_bwd(const struct model *m, const struct tensor *dx, const struc
 {
     if (m->cfg.norm == NORM_KIND_RMSNORM) op_rmsnorm_backward(m->b, dx, opt(dw), dout, x, w, m->cfg.norm_eps);
     else op_layernorm_backward(m->b, dx, opt(dw), opt(dbias), dout, x, w, m->cfg.norm_eps);
-}
-
-/* The attention variant of a layer: Gemma 3 interleaves sliding-window layers (with their own
- * rotary base) and a global layer every sliding_window_pattern layers. */
-static void layer_attention_kind(const struct model *m, int layer, int *window, float *theta)
-{
-    const int pattern = m->cfg.sliding_window_pattern;
-    const int global = pattern > 0 && (layer + 1) % pattern == 0;
-    *window = pattern > 0 && global ? 0 : m->cfg.sliding_window;
-    *theta = !global && pattern > 0 && m->cfg.rope_theta_local > 0.0f ? m->cfg.rope_theta_local
-                                                                      : m->cfg.rope_theta;
 }
 
 static struct attention_train_batch attention_batch(const struct model *m, const struct train_batch *tb)
@@ -117,119 +101,79 @@ static enum status sum_input_grad(struct model *m, int64_t T, struct tensor *out
 
 /* ---- one layer, forward --------------------------------------------------------------------- */
 
-/* q, k, v from the normed rows (all T), the QK norm, rotary and attention. */
-static void attention_inner_fwd(struct model *m, int l, int64_t T, const struct tensor *xn,
-                                const struct attention_train_batch *ab, float theta)
+/* The layer's training hooks (layer.h): sequence parallelism's gathers and reduce-scatters,
+ * the trained adapters, attention within the micro-batch's documents. */
+struct train_ctx {
+    struct model *m;
+    const struct attention_train_batch *batch;
+};
+
+static enum status train_gather(void *ctx, const struct tensor *local, int64_t T, struct tensor *full)
 {
-    struct backend *b = m->b;
-    const struct model_config *c = &m->cfg;
-    const struct layer_weights *w = &m->w.layers[l];
-    struct layer_acts *la = &m->train->layers[l];
-    const int64_t hd = c->head_dim, hq = (int64_t)m->n_heads_local * hd, hkv = (int64_t)m->n_kv_local * hd;
-    struct tensor pos = tensor_first_rows(&m->train->positions, T);
-    struct tensor q = tensor_view2(&la->q, T, hq), k = tensor_view2(&la->k, T, hkv), v = tensor_view2(&la->v, T, hkv);
-    struct tensor q3 = tensor_view3(&la->q, T, m->n_heads_local, hd), k3 = tensor_view3(&la->k, T, m->n_kv_local, hd);
-    struct tensor v3 = tensor_view3(&la->v, T, m->n_kv_local, hd), att3 = tensor_view3(&la->att, T, m->n_heads_local, hd);
-    struct tensor lse = tensor_first_rows(&la->lse, T);
-    if (c->qk_norm) {
-        struct tensor qp = tensor_view2(&la->q_pre, T, hq), kp = tensor_view2(&la->k_pre, T, hkv);
-        op_matmul(b, &qp, xn, &w->wq, opt(&w->bq));
-        op_matmul(b, &kp, xn, &w->wk, opt(&w->bk));
-        adapt(m, l, LORA_TARGET_Q, &qp, xn);
-        adapt(m, l, LORA_TARGET_K, &kp, xn);
-        struct tensor qph = tensor_view2(&la->q_pre, T * m->n_heads_local, hd), kph = tensor_view2(&la->k_pre, T * m->n_kv_local, hd);
-        struct tensor qh = tensor_view2(&la->q, T * m->n_heads_local, hd), kh = tensor_view2(&la->k, T * m->n_kv_local, hd);
-        op_rmsnorm(b, &qh, &qph, &w->q_norm, c->norm_eps);
-        op_rmsnorm(b, &kh, &kph, &w->k_norm, c->norm_eps);
-    } else {
-        op_matmul(b, &q, xn, &w->wq, opt(&w->bq));
-        op_matmul(b, &k, xn, &w->wk, opt(&w->bk));
-        adapt(m, l, LORA_TARGET_Q, &q, xn);
-        adapt(m, l, LORA_TARGET_K, &k, xn);
-    }
-    op_matmul(b, &v, xn, &w->wv, opt(&w->bv));
-    adapt(m, l, LORA_TARGET_V, &v, xn);
-    if (c->positions == POSITION_KIND_ROTARY) {
-        op_rope(b, &q3, &pos, c->rot_dim, theta, c->rope_style);
-        op_rope(b, &k3, &pos, c->rot_dim, theta, c->rope_style);
-    }
-    op_attention_train(b, &att3, &lse, &q3, &k3, &v3, ab);
+    struct model *m = ((struct train_ctx *)ctx)->m;
+    return gather_rows(m, local, &m->train->gath, T, full);
 }
 
-/* gate, up and the activation from the normed rows (all T). */
-static void mlp_inner_fwd(struct model *m, int l, int64_t T, const struct tensor *xn)
+static struct tensor train_partial(void *ctx, const struct tensor *out, int64_t T)
 {
-    struct backend *b = m->b;
-    const struct model_config *c = &m->cfg;
-    const struct layer_weights *w = &m->w.layers[l];
-    struct layer_acts *la = &m->train->layers[l];
-    struct tensor up = tensor_first_rows(&la->up, T), hact = tensor_first_rows(&la->hact, T);
-    op_matmul(b, &up, xn, &w->w_up, opt(&w->b_up));
-    adapt(m, l, LORA_TARGET_UP, &up, xn);
-    if (c->gated_mlp) {
-        struct tensor gate = tensor_first_rows(&la->gate, T);
-        op_matmul(b, &gate, xn, &w->w_gate, opt(&w->b_gate));
-        adapt(m, l, LORA_TARGET_GATE, &gate, xn);
-        op_gated_activation(b, &hact, &gate, &up, c->activation);
-    } else {
-        op_activation(b, &hact, &up, c->activation);
-    }
+    return partial_rows(((struct train_ctx *)ctx)->m, out, T);
 }
 
-/* out = x + [sandwich norm](row-parallel product of in by w), the product summed over tp into
- * the local rows (kept in *kept when sandwich norms need it). */
-static enum status row_parallel_residual(struct model *m, int l, enum lora_target target, int64_t T,
-                                         const struct tensor *out, const struct tensor *x, const struct tensor *in,
-                                         const struct tensor *w, const struct tensor *bias,
-                                         const struct tensor *kept, const struct tensor *post_norm)
+static enum status train_reduce(void *ctx, const struct tensor *partial, const struct tensor *out)
 {
-    struct backend *b = m->b;
+    return reduce_rows(((struct train_ctx *)ctx)->m, partial, out);
+}
+
+static void train_adapt(void *ctx, int l, enum lora_target t, const struct tensor *y, const struct tensor *x)
+{
+    adapt(((struct train_ctx *)ctx)->m, l, t, y, x);
+}
+
+static void train_attend(void *ctx, int l, int window, const struct tensor *q3, const struct tensor *k3,
+                         const struct tensor *v3, const struct tensor *att3, const struct tensor *lse)
+{
+    struct train_ctx *tc = ctx;
+    (void)l;
+    struct attention_train_batch ab = *tc->batch;
+    ab.window = window;
+    op_attention_train(tc->m->b, att3, lse, q3, k3, v3, &ab);
+}
+
+static struct layer_hooks train_hooks(struct train_ctx *tc)
+{
+    return (struct layer_hooks){.ctx = tc, .gather = train_gather, .partial = train_partial, .reduce = train_reduce,
+                                .adapt = train_adapt, .attend = train_attend};
+}
+
+/* Layer l's activation set as the layer's tensors (layer.h); x (Tl rows) is the residual
+ * stream (NULL: none, for a recomputation of the layer's insides). */
+static struct layer_tensors train_tensors(struct model *m, int l, int64_t T, const struct tensor *x)
+{
+    struct layer_acts *la = &m->train->layers[l];
     const int64_t Tl = local_rows(m, T);
-    struct tensor proj = m->cfg.sandwich_norms ? tensor_first_rows(kept, Tl) : tensor_first_rows(&m->train->dtmp, Tl);
-    struct tensor part = partial_rows(m, &proj, T);
-    op_matmul(b, &part, in, w, m->tp_rank == 0 ? opt(bias) : NULL);
-    adapt(m, l, target, &part, in);
-    TRY(reduce_rows(m, &part, &proj));
-    if (m->cfg.sandwich_norms) {
-        struct tensor normed = tensor_first_rows(&m->train->dtmp, Tl);
-        norm_fwd(m, &normed, &proj, post_norm, NULL);
-        op_add(b, out, x, &normed);
-    } else {
-        op_add(b, out, x, &proj);
-    }
-    return STATUS_OK;
+    const int qk = m->cfg.qk_norm, sandwich = m->cfg.sandwich_norms;
+    struct tensor dtmp = tensor_first_rows(&m->train->dtmp, Tl);
+    return (struct layer_tensors){
+        .x = x ? *x : dtmp, .x_in = tensor_first_rows(&la->x_in, Tl), .x_mid = tensor_first_rows(&la->x_mid, Tl),
+        .xn1 = tensor_first_rows(&la->xn1, Tl), .xn2 = tensor_first_rows(&la->xn2, Tl),
+        .q_pre = qk ? la->q_pre : la->q, .k_pre = qk ? la->k_pre : la->k,
+        .q = la->q, .k = la->k, .v = la->v, .att = la->att, .lse = la->lse,
+        .gate = la->gate, .up = la->up, .hact = la->hact,
+        .attn_out = sandwich ? tensor_first_rows(&la->attn_out, Tl) : dtmp,
+        .mlp_out = sandwich ? tensor_first_rows(&la->mlp_out, Tl) : dtmp,
+        .normed = dtmp, .pos = m->train->positions,
+    };
 }
 
-/* One decoder layer, in the order of the math (as layer_forward in model.c), keeping what the
- * backward needs. x (Tl, d) is the residual stream, read and updated in place. */
+/* One decoder layer (layer.c), keeping what the backward needs. x (Tl, d) is the residual
+ * stream, read and updated in place. */
 static enum status layer_forward_train(struct model *m, int l, int64_t T, const struct tensor *x,
                                        const struct attention_train_batch *batch)
 {
-    const struct layer_weights *w = &m->w.layers[l];
-    struct layer_acts *la = &m->train->layers[l];
-    const int64_t Tl = local_rows(m, T), hq = (int64_t)m->n_heads_local * m->cfg.head_dim;
-    struct attention_train_batch ab = *batch;
-    float theta;
-    layer_attention_kind(m, m->layer_first + l, &ab.window, &theta);
-    struct tensor x_in = tensor_first_rows(&la->x_in, Tl), xn1 = tensor_first_rows(&la->xn1, Tl), full;
-
-    /* Attention block: x_mid = x + [norm](attention(norm(x)) W_o^T). */
-    if (x_in.data != x->data) backend_copy(m->b, x_in.data, x->data, tensor_nbytes(x));
-    norm_fwd(m, &xn1, &x_in, &w->attn_norm, &w->attn_norm_bias);
-    TRY(gather_rows(m, &xn1, &m->train->gath, T, &full));
-    attention_inner_fwd(m, l, T, &full, &ab, theta);
-    struct tensor att = tensor_view2(&la->att, T, hq), x_mid = tensor_first_rows(&la->x_mid, Tl);
-    TRY(row_parallel_residual(m, l, LORA_TARGET_O, T, &x_mid, &x_in, &att, &w->wo, &w->bo, &la->attn_out,
-                              &w->post_attn_norm));
-
-    /* MLP block: x = x_mid + [norm](down(act(gate(xn2)) * up(xn2))). */
-    struct tensor xn2 = tensor_first_rows(&la->xn2, Tl);
-    norm_fwd(m, &xn2, &x_mid, &w->mlp_norm, &w->mlp_norm_bias);
-    TRY(gather_rows(m, &xn2, &m->train->gath, T, &full));
-    mlp_inner_fwd(m, l, T, &full);
-    struct tensor hact = tensor_first_rows(&la->hact, T);
-    return row_parallel_residual(m, l, LORA_TARGET_DOWN, T, x, &x_mid, &hact, &w->w_down, &w->b_down, &la->mlp_out,
-                                 &w->post_mlp_norm);
+    struct train_ctx tc = {.m = m, .batch = batch};
+    const struct layer_tensors t = train_tensors(m, l, T, x);
+    const struct layer_hooks h = train_hooks(&tc);
+    return layer_forward(m, l, T, &t, &h);
 }
 
 static enum status check_batch(const struct model *m, const struct train_batch *tb)
@@ -318,7 +262,7 @@ enum status model_forward_train(struct model *m, const struct train_batch *tb, d
 
     /* Final norm and the loss: the fused, vocab-parallel cross-entropy. */
     struct tensor h = tensor_first_rows(&a->h_final, Tl), h_full;
-    norm_fwd(m, &h, &x, &m->w.final_norm, &m->w.final_norm_bias);
+    layer_norm(m, &h, &x, &m->w.final_norm, &m->w.final_norm_bias);
     TRY(gather_rows(m, &h, &a->gath, T, &h_full));
     TRY(loss_fwd(m, T, &h_full));
     backend_download(b, a->host_loss, a->loss.data, (size_t)T * sizeof(float));
@@ -343,9 +287,14 @@ static enum status recompute_mlp(struct model *m, int l, int64_t T, struct tenso
     struct layer_acts *la = &m->train->layers[l];
     const unsigned mods = m->train_memory->recompute == TRAIN_RECOMPUTE_SELECTIVE ? m->train_memory->modules : 0;
     struct tensor xn2 = tensor_first_rows(&la->xn2, local_rows(m, T)), x_mid = tensor_first_rows(&la->x_mid, local_rows(m, T));
-    if (mods & TRAIN_RECOMPUTE_LAYERNORM) norm_fwd(m, &xn2, &x_mid, &w->mlp_norm, &w->mlp_norm_bias);
+    if (mods & TRAIN_RECOMPUTE_LAYERNORM) layer_norm(m, &xn2, &x_mid, &w->mlp_norm, &w->mlp_norm_bias);
     TRY(gather_rows(m, &xn2, &m->train->gath, T, xn2_full));
-    if (mods & TRAIN_RECOMPUTE_MLP) mlp_inner_fwd(m, l, T, xn2_full);
+    if (mods & TRAIN_RECOMPUTE_MLP) {
+        struct train_ctx tc = {.m = m, .batch = NULL};
+        const struct layer_tensors t = train_tensors(m, l, T, NULL);
+        const struct layer_hooks h = train_hooks(&tc);
+        layer_mlp_inner(m, l, T, xn2_full, &t, &h);
+    }
     return STATUS_OK;
 }
 
@@ -363,7 +312,7 @@ static enum status recompute_attention(struct model *m, int l, int64_t T, const 
         op_attention_train(m->b, &att3, &lse, &q3, &k3, &v3, ab);
     }
     struct tensor xn1 = tensor_first_rows(&la->xn1, local_rows(m, T)), x_in = tensor_first_rows(&la->x_in, local_rows(m, T));
-    if (mods & TRAIN_RECOMPUTE_LAYERNORM) norm_fwd(m, &xn1, &x_in, &w->attn_norm, &w->attn_norm_bias);
+    if (mods & TRAIN_RECOMPUTE_LAYERNORM) layer_norm(m, &xn1, &x_in, &w->attn_norm, &w->attn_norm_bias);
     return gather_rows(m, &xn1, &m->train->gath, T, xn1_full);
 }
 

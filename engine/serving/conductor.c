@@ -150,21 +150,12 @@ static enum status load_model(struct conductor *c)
 {
     const struct engine_options *o = &c->o;
     const int multi = o->world && o->world->size > 1;
-    int device_id = o->device_id;
     enum status st;
-    if (multi) {
-        if ((st = parallel_layout(o->world, o->tp, o->pp, &c->par.layout)) != STATUS_OK) return st;
-        device_id = o->world->gpu;
-    }
-    if ((st = backend_open((enum device)o->device, device_id, o->n_threads, &c->b)) != STATUS_OK) return st;
-    if (multi) {
-        st = parallel_groups_init(o->world, &c->par.layout, (enum device)o->device, device_id, c->b->stream,
-                                  &c->groups);
-        if (st != STATUS_OK) return st;
-        c->par.world = o->world;
-        c->par.groups = &c->groups;
-        c->par.pp_layers = o->pp_layers;
-    }
+    struct parallel_layout layout;
+    if (multi && (st = parallel_layout(o->world, o->tp, o->pp, &layout)) != STATUS_OK) return st;
+    if ((st = model_ranks_open(multi ? o->world : NULL, &layout, o->pp_layers, (enum device)o->device, o->device_id,
+                               o->n_threads, &c->b, &c->groups, &c->par)) != STATUS_OK)
+        return st;
     st = model_load(o->model_dir, c->b, multi ? &c->par : NULL, &c->m);
     if (st == STATUS_OK) st = generate_load_tokenizer(o->model_dir, c->m, &c->tok);
     if (multi) st = parallel_agree(o->world, st); /* every rank fails together, none waits alone */

@@ -52,10 +52,9 @@ enum status train_ranks_init(struct train_ranks *r, const struct train_options *
     return STATUS_OK;
 }
 
-enum status train_ranks_connect(struct train_ranks *r, const struct backend *b)
+enum status train_ranks_connect(struct train_ranks *r, enum device dev, int threads, struct backend **b)
 {
-    TRY(parallel_groups_init(r->world, &r->par.layout, b->device, b->device_id, b->stream, &r->groups));
-    r->par.groups = &r->groups;
+    TRY(model_ranks_open(r->world, &r->par.layout, r->par.pp_layers, dev, 0, threads, b, &r->groups, &r->par));
     if (r->world->size > 1 && r->world->timeout_s > 0) TRY(parallel_watch_start(r->world));
     return STATUS_OK;
 }

@@ -46,11 +46,11 @@ struct train_ranks {
  * global batch whose micro-batches do not split over the replicas). On error *r may be
  * partly set up: train_ranks_free it. */
 enum status train_ranks_init(struct train_ranks *r, const struct train_options *o, int num_microbatches);
-/* Once the backend b is open: the tp / pp / dp groups, their communicators on b's stream
- * (parallel.h, the ordering contract), and with --rank-timeout the heartbeats that name a hung
- * rank (parallel_watch_start). On error
- * train_ranks_free r. */
-enum status train_ranks_connect(struct train_ranks *r, const struct backend *b);
+/* The backend (*b, on this rank's GPU for cuda), agreed over the ranks, the tp / pp / dp groups
+ * with their communicators on its stream (model_ranks_open, the one bring-up), and with
+ * --rank-timeout the heartbeats that name a hung rank (parallel_watch_start). On error
+ * train_ranks_free r (and close *b if set). */
+enum status train_ranks_connect(struct train_ranks *r, enum device dev, int threads, struct backend **b);
 /* After the model is loaded: buffers that depend on it; marks which gradients count in the
  * norm (params.h counted) and hooks the norm's reduction into opt. */
 enum status train_ranks_attach(struct train_ranks *r, struct model *m, struct param_table *gparams,

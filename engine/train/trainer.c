@@ -217,11 +217,7 @@ static enum status setup(struct trainer *t)
     if (multi && o->lora_rank > 0 && o->resume_dir)
         return status_errorf(STATUS_UNSUPPORTED, "resuming LoRA training on several ranks is not built (the state "
                              "file's moments are whole, not sliced on resume); resume on one rank");
-    st = backend_open(o->device, o->device == DEVICE_CUDA ? t->ranks.world->gpu : 0, o->threads, &t->b);
-    /* Agreed: a rank whose GPU cannot open must not leave the others waiting in the groups'
-     * creation, a collective. */
-    if ((st = parallel_agree(t->ranks.world, st)) != STATUS_OK) return st;
-    if ((st = train_ranks_connect(&t->ranks, t->b)) != STATUS_OK) return st;
+    if ((st = train_ranks_connect(&t->ranks, o->device, o->threads, &t->b)) != STATUS_OK) return st;
     /* Loaded in f32: these are the master weights; mixed precision adds a compute copy below.
      * A LoRA base is frozen, so it needs no master: it is loaded in the compute dtype itself. */
     const enum dtype compute_dt = o->precision == TRAIN_PRECISION_BF16 ? DTYPE_BF16

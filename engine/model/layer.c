@@ -1,0 +1,125 @@
+/* engine/model/layer.c - one decoder layer's forward, for serving and training (layer.h).
+ * Tests: tests/test_model.c, tests/test_train_grad.py, the tp/pp invariance tests. */
+#include "layer.h"
+
+static const struct tensor *opt(const struct tensor *t) { return t && t->data ? t : NULL; }
+
+void layer_attention_kind(const struct model *m, int layer, int *window, float *theta)
+{
+    const int pattern = m->cfg.sliding_window_pattern;
+    const int global = pattern > 0 && (layer + 1) % pattern == 0;
+    *window = pattern > 0 && global ? 0 : m->cfg.sliding_window;
+    *theta = !global && pattern > 0 && m->cfg.rope_theta_local > 0.0f ? m->cfg.rope_theta_local
+                                                                      : m->cfg.rope_theta;
+}
+
+void layer_norm(const struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *w,
+                const struct tensor *bias)
+{
+    if (m->cfg.norm == NORM_KIND_RMSNORM) op_rmsnorm(m->b, out, x, w, m->cfg.norm_eps);
+    else op_layernorm(m->b, out, x, w, opt(bias), m->cfg.norm_eps);
+}
+
+void layer_attention_inner(struct model *m, int l, int64_t T, const struct tensor *xn, const struct layer_tensors *t,
+                           const struct layer_hooks *h)
+{
+    struct backend *b = m->b;
+    const struct model_config *c = &m->cfg;
+    const struct layer_weights *w = &m->w.layers[l];
+    const int64_t hd = c->head_dim, nh = m->n_heads_local, nkv = m->n_kv_local;
+    int window;
+    float theta;
+    layer_attention_kind(m, m->layer_first + l, &window, &theta);
+    struct tensor q3 = tensor_view3(&t->q, T, nh, hd), k3 = tensor_view3(&t->k, T, nkv, hd);
+    struct tensor v3 = tensor_view3(&t->v, T, nkv, hd), att3 = tensor_view3(&t->att, T, nh, hd);
+    struct tensor qp = tensor_view2(&t->q_pre, T, nh * hd), kp = tensor_view2(&t->k_pre, T, nkv * hd);
+    struct tensor v = tensor_view2(&t->v, T, nkv * hd);
+    op_matmul(b, &qp, xn, &w->wq, opt(&w->bq));
+    op_matmul(b, &kp, xn, &w->wk, opt(&w->bk));
+    op_matmul(b, &v, xn, &w->wv, opt(&w->bv));
+    h->adapt(h->ctx, l, LORA_TARGET_Q, &qp, xn);
+    h->adapt(h->ctx, l, LORA_TARGET_K, &kp, xn);
+    h->adapt(h->ctx, l, LORA_TARGET_V, &v, xn);
+    if (c->qk_norm) { /* RMSNorm over each head's features (in place when q_pre is q) */
+        struct tensor qph = tensor_view2(&t->q_pre, T * nh, hd), kph = tensor_view2(&t->k_pre, T * nkv, hd);
+        struct tensor qh = tensor_view2(&t->q, T * nh, hd), kh = tensor_view2(&t->k, T * nkv, hd);
+        op_rmsnorm(b, &qh, &qph, &w->q_norm, c->norm_eps);
+        op_rmsnorm(b, &kh, &kph, &w->k_norm, c->norm_eps);
+    }
+    if (c->positions == POSITION_KIND_ROTARY) {
+        struct tensor pos = tensor_first_rows(&t->pos, T);
+        op_rope(b, &q3, &pos, c->rot_dim, theta, c->rope_style);
+        op_rope(b, &k3, &pos, c->rot_dim, theta, c->rope_style);
+    }
+    struct tensor lse = t->lse.data ? tensor_first_rows(&t->lse, T) : t->lse;
+    h->attend(h->ctx, l, window, &q3, &k3, &v3, &att3, &lse);
+}
+
+void layer_mlp_inner(struct model *m, int l, int64_t T, const struct tensor *xn, const struct layer_tensors *t,
+                     const struct layer_hooks *h)
+{
+    struct backend *b = m->b;
+    const struct model_config *c = &m->cfg;
+    const struct layer_weights *w = &m->w.layers[l];
+    struct tensor up = tensor_first_rows(&t->up, T), hact = tensor_first_rows(&t->hact, T);
+    op_matmul(b, &up, xn, &w->w_up, opt(&w->b_up));
+    h->adapt(h->ctx, l, LORA_TARGET_UP, &up, xn);
+    if (c->gated_mlp) { /* act(gate) * up (SwiGLU, GeGLU) */
+        struct tensor gate = tensor_first_rows(&t->gate, T);
+        op_matmul(b, &gate, xn, &w->w_gate, opt(&w->b_gate));
+        h->adapt(h->ctx, l, LORA_TARGET_GATE, &gate, xn);
+        op_gated_activation(b, &hact, &gate, &up, c->activation);
+    } else { /* act(up) (GPT-2) */
+        op_activation(b, &hact, &up, c->activation);
+    }
+}
+
+/* out = x + [sandwich norm](the row-parallel product of in (T rows) by w, summed over tp into
+ * proj (local rows)). The bias, replicated, joins on tp rank 0 only; an adapter's low-rank
+ * product joins the partial sum before the reduction (A is split along the inputs like W). */
+static enum status row_parallel_residual(struct model *m, int l, enum lora_target target, int64_t T,
+                                         const struct tensor *out, const struct tensor *x, const struct tensor *in,
+                                         const struct tensor *w, const struct tensor *bias,
+                                         const struct tensor *proj, const struct tensor *normed,
+                                         const struct tensor *post_norm, const struct layer_hooks *h)
+{
+    struct tensor part = h->partial(h->ctx, proj, T);
+    op_matmul(m->b, &part, in, w, m->tp_rank == 0 ? opt(bias) : NULL);
+    h->adapt(h->ctx, l, target, &part, in);
+    enum status st = h->reduce(h->ctx, &part, proj);
+    if (st != STATUS_OK) return st;
+    const struct tensor *add = proj;
+    if (m->cfg.sandwich_norms) {
+        layer_norm(m, normed, proj, post_norm, NULL);
+        add = normed;
+    }
+    op_add(m->b, out, x, add);
+    return STATUS_OK;
+}
+
+enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_tensors *t,
+                          const struct layer_hooks *h)
+{
+    const struct layer_weights *w = &m->w.layers[l];
+    const int64_t hq = (int64_t)m->n_heads_local * m->cfg.head_dim;
+    struct tensor full;
+    enum status st;
+
+    /* Attention block: x_mid = x_in + [norm](attention(norm(x_in)) W_o^T). */
+    if (t->x_in.data != t->x.data) backend_copy(m->b, t->x_in.data, t->x.data, tensor_nbytes(&t->x));
+    layer_norm(m, &t->xn1, &t->x_in, &w->attn_norm, &w->attn_norm_bias);
+    if ((st = h->gather(h->ctx, &t->xn1, T, &full)) != STATUS_OK) return st;
+    layer_attention_inner(m, l, T, &full, t, h);
+    struct tensor att = tensor_view2(&t->att, T, hq);
+    if ((st = row_parallel_residual(m, l, LORA_TARGET_O, T, &t->x_mid, &t->x_in, &att, &w->wo, &w->bo, &t->attn_out,
+                                    &t->normed, &w->post_attn_norm, h)) != STATUS_OK)
+        return st;
+
+    /* MLP block: x = x_mid + [norm](down(act(gate(xn2)) * up(xn2))), or down(act(up(xn2))). */
+    layer_norm(m, &t->xn2, &t->x_mid, &w->mlp_norm, &w->mlp_norm_bias);
+    if ((st = h->gather(h->ctx, &t->xn2, T, &full)) != STATUS_OK) return st;
+    layer_mlp_inner(m, l, T, &full, t, h);
+    struct tensor hact = tensor_first_rows(&t->hact, T);
+    return row_parallel_residual(m, l, LORA_TARGET_DOWN, T, &t->x, &t->x_mid, &hact, &w->w_down, &w->b_down,
+                                 &t->mlp_out, &t->normed, &w->post_mlp_norm, h);
+}

@@ -1,0 +1,85 @@
+/* engine/model/layer.h - one decoder layer's forward math, shared by serving (model.c: paged KV
+ * cache, a workspace overwritten layer after layer) and training (model_train.c: activations
+ * kept for the backward, sequence parallelism, recomputation). Every architecture feature of
+ * the forward (biases, the QK norm, rotary and its per-layer base, Gemma's local/global
+ * layers, sandwich norms, gated or plain MLP, LoRA on each projection) is spelled out here
+ * once; the backward in model_train.c mirrors these blocks one by one.
+ * What differs between the two callers is theirs, given as struct layer_hooks: how rows are
+ * gathered and partial sums reduced over tp, how adapters apply, and how attention reads K/V.
+ * Not here: embeddings, the final norm and the LM head (model.c, model_train.c).
+ * Tests: tests/test_model.c (serving goldens), tests/test_train_grad.py (training vs JAX). */
+#ifndef SHARDLM_LAYER_H
+#define SHARDLM_LAYER_H
+
+#include "lora.h"
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where one call's tensors live. Rows: T for the tensor-parallel region (q .. hact), Tl (the
+ * rank's rows of the residual stream: T / tp under sequence parallelism, else T) for the rest.
+ * Tensors whose data pointers are equal share storage, and the math then runs in place:
+ * serving passes x_in = x_mid = x, q_pre = q, k_pre = k, hact = up, normed = attn_out =
+ * mlp_out (its workspace); training passes distinct tensors it keeps. */
+struct layer_tensors {
+    struct tensor x;                /* (Tl, d): the residual stream, in and out */
+    struct tensor x_in, x_mid;      /* (Tl, d): the layer's input, and after attention */
+    struct tensor xn1, xn2;         /* (Tl, d): the attention and MLP norms' outputs */
+    struct tensor q_pre, k_pre;     /* (T, heads * hd): q, k before the QK norm; the same as
+                                     * q, k when the model has none */
+    struct tensor q, k, v, att;     /* (T, heads, hd) */
+    struct tensor lse;              /* f32 (T, heads): training attention's log-sum-exp */
+    struct tensor gate, up, hact;   /* (T, ffn_local) */
+    struct tensor attn_out, mlp_out;/* (Tl, d): the row-parallel products (summed over tp) */
+    struct tensor normed;           /* (Tl, d): a sandwich norm's output before the residual add */
+    struct tensor pos;              /* i32 (T): positions, for rotary */
+};
+
+/* What the caller decides. ctx is passed back to each. */
+struct layer_hooks {
+    void *ctx;
+    /* All T rows of a tensor held as local rows (identity, or an all-gather). */
+    enum status (*gather)(void *ctx, const struct tensor *local, int64_t T, struct tensor *full);
+    /* The tensor a row-parallel product of T rows writes its partial sums into, for out. */
+    struct tensor (*partial)(void *ctx, const struct tensor *out, int64_t T);
+    /* Sums partial over tp into out (an all-reduce in place, or a reduce-scatter). */
+    enum status (*reduce)(void *ctx, const struct tensor *partial, const struct tensor *out);
+    /* y += the adapters' low-rank product of x for projection t of local layer l. */
+    void (*adapt)(void *ctx, int l, enum lora_target t, const struct tensor *y, const struct tensor *x);
+    /* att = causal attention of q over k, v for local layer l, windowed when window > 0
+     * (serving writes the new K/V into its cache and reads it; training attends within the
+     * micro-batch's documents and writes lse). */
+    void (*attend)(void *ctx, int l, int window, const struct tensor *q3, const struct tensor *k3,
+                   const struct tensor *v3, const struct tensor *att3, const struct tensor *lse);
+};
+
+/* The attention variant of global layer `layer`: Gemma 3 interleaves sliding-window layers
+ * (with their own rotary base) and a global layer every sliding_window_pattern layers. */
+void layer_attention_kind(const struct model *m, int layer, int *window, float *theta);
+
+/* norm(x) with the model's norm (RMSNorm, or LayerNorm with its optional bias). */
+void layer_norm(const struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *w,
+                const struct tensor *bias);
+
+/* The attention block's inside from the normed rows xn (T rows): q, k, v (+ biases, adapters),
+ * the QK norm, rotary, attention into t->att. */
+void layer_attention_inner(struct model *m, int l, int64_t T, const struct tensor *xn, const struct layer_tensors *t,
+                           const struct layer_hooks *h);
+
+/* The MLP's inside from the normed rows xn (T rows): up, gate (+ biases, adapters) and the
+ * activation into t->hact. */
+void layer_mlp_inner(struct model *m, int l, int64_t T, const struct tensor *xn, const struct layer_tensors *t,
+                     const struct layer_hooks *h);
+
+/* One decoder layer of local index l over T rows, in the order of the math:
+ *   x_mid = x_in + [norm](attention(norm(x_in)) W_o^T),  x = x_mid + [norm](mlp(norm(x_mid))). */
+enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_tensors *t,
+                          const struct layer_hooks *h);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
