@@ -1,0 +1,338 @@
+/* server/http_openai_out.c - the OpenAI-compatible response bodies: completion and chat
+ * completion objects (choices, logprobs, usage), their SSE chunks, and error bodies.
+ * Not here: parsing requests (http_openai.c), connections and routes (http.c, http_gen.c).
+ * Tests: tests/server/test_http.py (the openai package reads every body). */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http_internal.h"
+#include "tokenizer.h"
+
+/* ---- responses ----------------------------------------------------------------------------- */
+
+void http_buf_append(char **p, size_t *len, size_t *cap, const char *data, size_t n)
+{
+    CHECK(base_grow((void **)p, cap, *len + n + 1, 1) == 0, "out of memory");
+    if (n) memcpy(*p + *len, data, n);
+    *len += n;
+    (*p)[*len] = 0;
+}
+
+static cJSON *check_json(cJSON *j)
+{
+    CHECK(j, "out of memory building JSON");
+    return j;
+}
+
+/* The text of one token for logprob entries: the piece with U+2581 as a space; a byte piece
+ * "<0xNN>" is that byte when ASCII (otherwise the piece as it is, to keep the JSON UTF-8). */
+static void token_text(const struct tokenizer *tok, int32_t id, char *out, size_t cap)
+{
+    const char *p = tokenizer_id_to_piece(tok, id);
+    if (!p) p = "";
+    unsigned byte;
+    if (strlen(p) == 6 && sscanf(p, "<0x%2X>", &byte) == 1 && byte < 0x80 && byte >= 0x20) {
+        snprintf(out, cap, "%c", (char)byte);
+        return;
+    }
+    size_t o = 0;
+    for (size_t i = 0; p[i] && o + 4 < cap; i++) {
+        if ((unsigned char)p[i] == 0xE2 && (unsigned char)p[i + 1] == 0x96 && (unsigned char)p[i + 2] == 0x81) {
+            out[o++] = ' ';
+            i += 2;
+        } else {
+            out[o++] = p[i];
+        }
+    }
+    out[o] = 0;
+}
+
+/* Adds o[name] = s[0..n); s[n] must be readable (s is a NUL-terminated buffer). Generated text
+ * may hold U+0000 (token <0x00>), which cJSON would cut (it measures strings with strlen), and a
+ * sample's buffer holds old text past n after a chunk went out: such text goes in as a raw item
+ * escaped here, as cJSON escapes ("\u0000" for the NUL). */
+static void add_text(cJSON *o, const char *name, const char *s, size_t n)
+{
+    if (!memchr(s, 0, n) && s[n] == 0) {
+        check_json(cJSON_AddStringToObject(o, name, s));
+        return;
+    }
+    char *lit = NULL;
+    size_t len = 0, cap = 0;
+    http_buf_append(&lit, &len, &cap, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char esc[8];
+        if (c == '"' || c == '\\') snprintf(esc, sizeof esc, "\\%c", c);
+        else if (c < 0x20) snprintf(esc, sizeof esc, "\\u%04x", c);
+        else esc[0] = (char)c, esc[1] = 0;
+        http_buf_append(&lit, &len, &cap, esc, strlen(esc));
+    }
+    http_buf_append(&lit, &len, &cap, "\"", 1);
+    check_json(cJSON_AddRawToObject(o, name, lit));
+    free(lit);
+}
+
+static cJSON *bytes_array(const char *s)
+{
+    cJSON *a = check_json(cJSON_CreateArray());
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) cJSON_AddItemToArray(a, check_json(cJSON_CreateNumber(*p)));
+    return a;
+}
+
+/* A completions top_logprobs entry: {"token text": logprob, ...} of top[0..n_top). */
+static cJSON *top_dict(const struct tokenizer *tok, const struct top_logprob *top, int n_top)
+{
+    char t[256];
+    cJSON *d = check_json(cJSON_CreateObject());
+    for (int k = 0; top && k < n_top; k++) {
+        token_text(tok, top[k].id, t, sizeof t);
+        if (!cJSON_GetObjectItemCaseSensitive(d, t)) cJSON_AddNumberToObject(d, t, top[k].logprob);
+    }
+    return d;
+}
+
+/* Log-probabilities of a sample's tokens b->ids[0..b->n), in the endpoint's shape; NULL (JSON
+ * null) when not asked. Completions: *offset is the text_offset of the first token, advanced
+ * by each token's text; with `prompt` (echo with logprobs: the run whose prompt
+ * log-probabilities arrived), the prompt's tokens come first, their offsets counted from 0 by
+ * their texts (as vLLM does), the first one's log-probability and alternatives null. */
+static cJSON *logprobs_json(const struct http_gen *g, const struct http_run *prompt, const struct sample_buf *b,
+                            size_t *offset)
+{
+    if (g->q.logprobs < 0 || (!b->lp && !prompt)) return cJSON_CreateNull();
+    const struct tokenizer *tok = g->s->tok;
+    char t[256];
+    if (g->q.is_chat) {
+        cJSON *o = check_json(cJSON_CreateObject()), *content = check_json(cJSON_AddArrayToObject(o, "content"));
+        for (int i = 0; i < b->n; i++) {
+            cJSON *e = check_json(cJSON_CreateObject());
+            token_text(tok, b->ids[i], t, sizeof t);
+            cJSON_AddStringToObject(e, "token", t);
+            cJSON_AddNumberToObject(e, "logprob", b->lp[i]);
+            cJSON_AddItemToObject(e, "bytes", bytes_array(t));
+            cJSON *tops = check_json(cJSON_AddArrayToObject(e, "top_logprobs"));
+            for (int k = 0; b->top && k < b->n_top; k++) {
+                const struct top_logprob *x = &b->top[(size_t)i * b->n_top + k];
+                cJSON *te = check_json(cJSON_CreateObject());
+                token_text(tok, x->id, t, sizeof t);
+                cJSON_AddStringToObject(te, "token", t);
+                cJSON_AddNumberToObject(te, "logprob", x->logprob);
+                cJSON_AddItemToObject(te, "bytes", bytes_array(t));
+                cJSON_AddItemToArray(tops, te);
+            }
+            cJSON_AddItemToArray(content, e);
+        }
+        return o;
+    }
+    cJSON *o = check_json(cJSON_CreateObject());
+    cJSON *tokens = check_json(cJSON_AddArrayToObject(o, "tokens"));
+    cJSON *lps = check_json(cJSON_AddArrayToObject(o, "token_logprobs"));
+    cJSON *tops = g->q.logprobs > 0 ? check_json(cJSON_AddArrayToObject(o, "top_logprobs")) : NULL;
+    if (!tops) cJSON_AddNullToObject(o, "top_logprobs");
+    cJSON *offs = check_json(cJSON_AddArrayToObject(o, "text_offset"));
+    size_t prompt_offset = 0;
+    for (int i = 0; prompt && i < prompt->n_prompt; i++) {
+        token_text(tok, prompt->prompt_ids[i], t, sizeof t);
+        cJSON_AddItemToArray(tokens, check_json(cJSON_CreateString(t)));
+        cJSON_AddItemToArray(lps, check_json(i ? cJSON_CreateNumber(prompt->prompt_lp[i]) : cJSON_CreateNull()));
+        cJSON_AddItemToArray(offs, check_json(cJSON_CreateNumber((double)prompt_offset)));
+        prompt_offset += strlen(t);
+        if (tops)
+            cJSON_AddItemToArray(tops, i ? top_dict(tok, prompt->prompt_top ? &prompt->prompt_top[(size_t)i * prompt->n_prompt_top]
+                                                                           : NULL,
+                                                    prompt->n_prompt_top)
+                                         : check_json(cJSON_CreateNull()));
+    }
+    for (int i = 0; b->lp && i < b->n; i++) {
+        token_text(tok, b->ids[i], t, sizeof t);
+        cJSON_AddItemToArray(tokens, check_json(cJSON_CreateString(t)));
+        cJSON_AddItemToArray(lps, check_json(cJSON_CreateNumber(b->lp[i])));
+        cJSON_AddItemToArray(offs, check_json(cJSON_CreateNumber((double)*offset)));
+        *offset += strlen(t);
+        if (tops) cJSON_AddItemToArray(tops, top_dict(tok, b->top ? &b->top[(size_t)i * b->n_top] : NULL, b->n_top));
+    }
+    return o;
+}
+
+static cJSON *finish_json(enum finish_reason f)
+{
+    if (f == FINISH_REASON_LENGTH) return cJSON_CreateString("length");
+    if (f == FINISH_REASON_STOP || f == FINISH_REASON_EOS) return cJSON_CreateString("stop");
+    return cJSON_CreateNull();
+}
+
+static cJSON *usage_json(const struct http_gen *g)
+{
+    int completion = 0, prompt = 0, cached = 0;
+    for (int i = 0; i < g->n_samples; i++) completion += g->samples[i].completion_tokens;
+    for (int i = 0; i < g->n_runs; i++) prompt += g->runs[i].prompt_tokens, cached += g->runs[i].cached_prompt_tokens;
+    cJSON *u = check_json(cJSON_CreateObject());
+    cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", completion);
+    cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
+    cJSON *d = check_json(cJSON_AddObjectToObject(u, "prompt_tokens_details"));
+    cJSON_AddNumberToObject(d, "cached_tokens", cached);
+    return u;
+}
+
+/* The fields every response and chunk opens with. */
+static cJSON *envelope(const struct http_gen *g, const char *object)
+{
+    cJSON *o = check_json(cJSON_CreateObject());
+    cJSON_AddStringToObject(o, "id", g->id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)g->created);
+    /* The model that answers (vLLM's): the adapter's name, or the base's id. */
+    const char *adapter = g->q.r.params.adapter;
+    cJSON_AddStringToObject(o, "model", adapter && *adapter ? adapter : g->s->model_id);
+    return o;
+}
+
+static char *print_json(cJSON *o)
+{
+    char *s = cJSON_PrintUnformatted(o);
+    CHECK(s, "out of memory printing JSON");
+    cJSON_Delete(o);
+    return s;
+}
+
+/* The run (prompt) of sample i. */
+static const struct http_run *run_of(const struct http_gen *g, int i) { return &g->runs[i / g->n_per_run]; }
+
+/* The prompt-logprob run to put before sample i's tokens: echo with logprobs, once they came. */
+static const struct http_run *echo_logprobs(const struct http_gen *g, int i)
+{
+    const struct http_run *r = run_of(g, i);
+    return g->q.echo && g->q.logprobs >= 0 && r->prompt_lp_ready ? r : NULL;
+}
+
+/* Adds c.text: the echoed prompt (when given) then text[0..n). */
+static void add_echoed_text(cJSON *c, const struct http_run *r, const char *text, size_t n)
+{
+    if (!r || !r->echo) {
+        add_text(c, "text", text, n);
+        return;
+    }
+    char *full = NULL;
+    size_t len = 0, cap = 0;
+    http_buf_append(&full, &len, &cap, r->echo, r->echo_len);
+    http_buf_append(&full, &len, &cap, text, n);
+    add_text(c, "text", full, len);
+    free(full);
+}
+
+char *http_response_json(struct http_gen *g)
+{
+    cJSON *o = envelope(g, g->q.is_chat ? "chat.completion" : "text_completion");
+    cJSON *choices = check_json(cJSON_AddArrayToObject(o, "choices"));
+    for (int i = 0; i < g->n_samples; i++) {
+        struct sample_buf *b = &g->samples[i];
+        const struct http_run *r = run_of(g, i);
+        cJSON *c = check_json(cJSON_CreateObject());
+        cJSON_AddNumberToObject(c, "index", i);
+        const char *text = b->text ? b->text : "";
+        size_t offset = r->echo ? r->echo_len : 0;
+        if (g->q.is_chat) {
+            cJSON *m = check_json(cJSON_AddObjectToObject(c, "message"));
+            cJSON_AddStringToObject(m, "role", "assistant");
+            add_text(m, "content", text, b->text_len);
+        } else {
+            add_echoed_text(c, r, text, b->text_len);
+        }
+        cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, echo_logprobs(g, i), b, &offset)));
+        cJSON_AddItemToObject(c, "finish_reason", check_json(finish_json(b->finish)));
+        cJSON_AddItemToArray(choices, c);
+    }
+    cJSON_AddItemToObject(o, "usage", usage_json(g));
+    return print_json(o);
+}
+
+static void sse_event(struct http_gen *g, cJSON *o)
+{
+    char *s = print_json(o);
+    http_buf_append(&g->out, &g->out_len, &g->out_cap, "data: ", 6);
+    http_buf_append(&g->out, &g->out_len, &g->out_cap, s, strlen(s));
+    http_buf_append(&g->out, &g->out_len, &g->out_cap, "\n\n", 2);
+    free(s);
+}
+
+void http_stream_chunks(struct http_gen *g)
+{
+    for (int i = 0; i < g->n_samples; i++) {
+        struct sample_buf *b = &g->samples[i];
+        const struct http_run *r = run_of(g, i);
+        int final = b->finished && !b->final_sent;
+        if (b->final_sent) continue;
+        /* Tokens without text yet (an incomplete UTF-8 sequence, a held-back stop prefix) wait
+         * for their text unless their log-probabilities were asked. */
+        if (b->text_len == 0 && !final && b->role_sent && (b->n == 0 || g->q.logprobs < 0)) continue;
+        /* Echo with logprobs: a sample's first chunk carries its prompt's log-probabilities,
+         * which the engine sends with the first sample's prefill; the others wait for them. */
+        int first = !b->role_sent;
+        if (!g->q.is_chat && first && g->q.echo && g->q.logprobs >= 0 && !r->prompt_lp_ready && !final) continue;
+        cJSON *o = envelope(g, g->q.is_chat ? "chat.completion.chunk" : "text_completion");
+        cJSON *choices = check_json(cJSON_AddArrayToObject(o, "choices"));
+        cJSON *c = check_json(cJSON_CreateObject());
+        cJSON_AddNumberToObject(c, "index", i);
+        const char *text = b->text ? b->text : "";
+        if (g->q.is_chat) {
+            cJSON *d = check_json(cJSON_AddObjectToObject(c, "delta"));
+            if (first) cJSON_AddStringToObject(d, "role", "assistant");
+            if (b->text_len || first) add_text(d, "content", text, b->text_len);
+        } else {
+            add_echoed_text(c, first ? r : NULL, text, b->text_len);
+            if (first && r->echo) b->text_offset += r->echo_len;
+        }
+        size_t offset = b->text_offset;
+        cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, first ? echo_logprobs(g, i) : NULL, b, &offset)));
+        cJSON_AddItemToObject(c, "finish_reason", check_json(final ? finish_json(b->finish) : cJSON_CreateNull()));
+        cJSON_AddItemToArray(choices, c);
+        if (g->q.include_usage) cJSON_AddNullToObject(o, "usage");
+        sse_event(g, o);
+        b->text_offset += b->text_len;
+        b->n = 0;
+        b->text_len = 0;
+        b->role_sent = 1;
+        if (final) b->final_sent = 1;
+    }
+}
+
+void http_stream_finish(struct http_gen *g)
+{
+    if (g->end_status != STATUS_OK) {
+        /* Headers are gone: an error after the first byte travels as an event (vLLM does so). */
+        cJSON *o = check_json(cJSON_CreateObject());
+        cJSON *e = check_json(cJSON_AddObjectToObject(o, "error"));
+        cJSON_AddStringToObject(e, "message", g->end_message);
+        cJSON_AddStringToObject(e, "type", "server_error");
+        cJSON_AddNullToObject(e, "param");
+        cJSON_AddStringToObject(e, "code", status_name(g->end_status));
+        sse_event(g, o);
+    } else if (g->q.include_usage) {
+        cJSON *o = envelope(g, g->q.is_chat ? "chat.completion.chunk" : "text_completion");
+        check_json(cJSON_AddArrayToObject(o, "choices"));
+        cJSON_AddItemToObject(o, "usage", usage_json(g));
+        sse_event(g, o);
+    }
+    http_buf_append(&g->out, &g->out_len, &g->out_cap, "data: [DONE]\n\n", 14);
+    g->done = 1;
+}
+
+char *http_error_json(const char *message, const char *type, const char *param, const char *code)
+{
+    cJSON *o = check_json(cJSON_CreateObject());
+    cJSON *e = check_json(cJSON_AddObjectToObject(o, "error"));
+    cJSON_AddStringToObject(e, "message", message);
+    cJSON_AddStringToObject(e, "type", type);
+    if (param) cJSON_AddStringToObject(e, "param", param);
+    else cJSON_AddNullToObject(e, "param");
+    if (code) cJSON_AddStringToObject(e, "code", code);
+    else cJSON_AddNullToObject(e, "code");
+    return print_json(o);
+}
