@@ -59,8 +59,25 @@ static int as_int(const cJSON *v, int *out)
 static enum status get_int(const cJSON *o, const char *name, int *out)
 {
     const cJSON *v = field(o, name);
-    if (v && as_int(v, out)) return type_error(name, "an integer");
-    return STATUS_OK;
+    if (!v || !as_int(v, out)) return STATUS_OK;
+    const double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (isfinite(d) && d == floor(d)) /* a whole number this server cannot hold: out of range, not a type error */
+        return status_errorf(STATUS_INVALID_ARGUMENT, "'%s' = %.17g is out of range [%d, %d]", name, d, INT_MIN, INT_MAX);
+    return type_error(name, "an integer");
+}
+
+/* A token count the client may leave out (-1 then: the server's default), never negative. */
+static enum status get_count(const cJSON *o, const char *name, int *out)
+{
+    const cJSON *v = field(o, name);
+    if (!v) return STATUS_OK;
+    int n = 0;
+    enum status st = get_int(o, name, &n);
+    if (st == STATUS_OK && n < 0)
+        st = status_errorf(STATUS_INVALID_ARGUMENT, "'%s' must be >= 0 (0 with echo and logprobs scores the prompt "
+                           "only), got %d", name, n);
+    if (st == STATUS_OK) *out = n;
+    return st;
 }
 
 static enum status get_bool(const cJSON *o, const char *name, int *out)
@@ -348,8 +365,8 @@ static enum status parse_sampling(const cJSON *o, struct http_request *q)
         else sp->seed = (uint64_t)(int64_t)d, p->has_seed = 1;
     }
     p->max_tokens = -1;
-    if (st == STATUS_OK) st = get_int(o, "max_tokens", &p->max_tokens);
-    if (st == STATUS_OK && q->is_chat) st = get_int(o, "max_completion_tokens", &p->max_tokens);
+    if (st == STATUS_OK) st = get_count(o, "max_tokens", &p->max_tokens);
+    if (st == STATUS_OK && q->is_chat) st = get_count(o, "max_completion_tokens", &p->max_tokens);
     if (st == STATUS_OK) st = get_int(o, "n", &p->n);
     if (st == STATUS_OK) st = get_int(o, "min_tokens", &p->min_tokens);
     if (st == STATUS_OK) st = get_bool(o, "ignore_eos", &p->ignore_eos);

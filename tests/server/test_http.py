@@ -270,6 +270,8 @@ def group_errors(env):
         table = [
             ({"prompt": "hi", "temperature": "hot"}, "'temperature' must be a number"),
             ({"prompt": "hi", "max_tokens": 1.5}, "'max_tokens' must be an integer"),
+            ({"prompt": "hi", "max_tokens": -5}, "'max_tokens' must be >= 0"),
+            ({"prompt": "hi", "max_tokens": 1e12}, "'max_tokens' = 1000000000000 is out of range"),
             ({"prompt": "hi", "stop": 3}, "'stop' must be a string or a list"),
             ({"prompt": "hi", "stream": "yes"}, "'stream' must be a boolean"),
             ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
@@ -299,6 +301,10 @@ def group_errors(env):
         check(code == 400 and "role" in ans["error"]["message"], f"bad role: {code} {ans}")
         code, ans = http(srv, "POST", "/v1/chat/completions", {"messages": "hi"}, H)
         check(code == 400 and "'messages' must be a list" in ans["error"]["message"], f"messages type: {code} {ans}")
+        code, ans = http(srv, "POST", "/v1/chat/completions",
+                         {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -5}, H)
+        check(code == 400 and "'max_completion_tokens' must be >= 0" in ans["error"]["message"],
+              f"max_completion_tokens -5: {code} {ans}")
         code, ans = http(srv, "GET", "/v1/nothing", None, H)
         check(code == 404 and "error" in ans, f"unknown route {code}")
         code, ans = http(srv, "GET", "/v1/completions", None, H)
