@@ -13,6 +13,7 @@
 #include "shardlm/v1/text_generation.pb-c.h"
 #include "request.h"
 #include "tokenizer.h"
+#include "pbwire.h"
 #include "wire.h"
 
 int utf8_valid(const char *str, size_t len)
@@ -325,31 +326,17 @@ static Shardlm__V1__TokenLogprob **build_logprobs(struct arena *a, const struct 
  * written here after the rest of its message: the wire format lets fields come in any order
  * (a parser takes the message the same), and an empty proto3 string is not written at all. */
 
-static size_t varint_size(uint64_t v)
-{
-    size_t n = 1;
-    for (; v >= 0x80; v >>= 7) n++;
-    return n;
-}
-
-static uint8_t *put_varint(uint8_t *p, uint64_t v)
-{
-    for (; v >= 0x80; v >>= 7) *p++ = (uint8_t)(v | 0x80);
-    *p++ = (uint8_t)v;
-    return p;
-}
-
 /* The tag of a length-delimited field. */
-static uint64_t len_tag(uint32_t number) { return (uint64_t)number << 3 | PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED; }
+static uint64_t len_tag(uint32_t number) { return pb_tag(number, PB_WIRE_LEN); }
 
 /* Bytes of a length-delimited field of n payload bytes (0 for an empty string: not written). */
-static size_t len_field_size(uint32_t number, size_t n) { return varint_size(len_tag(number)) + varint_size(n) + n; }
+static size_t len_field_size(uint32_t number, size_t n) { return pb_varint_size(len_tag(number)) + pb_varint_size(n) + n; }
 static size_t text_field_size(uint32_t number, size_t n) { return n ? len_field_size(number, n) : 0; }
 
 static uint8_t *put_len_field(uint8_t *p, uint32_t number, const void *data, size_t n)
 {
-    p = put_varint(p, len_tag(number));
-    p = put_varint(p, n);
+    p = pb_put_varint(p, len_tag(number));
+    p = pb_put_varint(p, n);
     if (n) memcpy(p, data, n);
     return p + n;
 }
@@ -431,8 +418,8 @@ static enum status pack_gen_response(const Shardlm__V1__GenerateResponse *m, con
     if (!buf) return convert_oom();
     p = put_message_text(p, &m->base, text_no, text_len ? s[0].text : "", text_len);
     for (int i = 0; i < n_c; i++) {
-        p = put_varint(p, len_tag(completions_no));
-        p = put_varint(p, message_text_size(&c[i].base, c_text_no, s[i].text_len));
+        p = pb_put_varint(p, len_tag(completions_no));
+        p = pb_put_varint(p, message_text_size(&c[i].base, c_text_no, s[i].text_len));
         p = put_message_text(p, &c[i].base, c_text_no, s[i].text, s[i].text_len);
     }
     CHECK((size_t)(p - buf) == total, "GenerateResponse: wrote %zu bytes of %zu", (size_t)(p - buf), total);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pbwire.h"
 #include "proto_descriptors.h"
 
 struct rfile {
@@ -41,44 +42,23 @@ struct rd {
     int bad;
 };
 
-static uint64_t rd_varint(struct rd *r)
-{
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-        if (r->p >= r->end) break;
-        uint8_t b = *r->p++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) return v;
-    }
-    r->bad = 1;
-    return 0;
-}
-
 /* Reads the next field: its number, wire type, and for length-delimited fields its bytes.
  * Returns 0 at the end or on malformed input (r->bad set). */
 static int rd_field(struct rd *r, int *num, int *wt, const uint8_t **data, size_t *len)
 {
     if (r->bad || r->p >= r->end) return 0;
-    uint64_t key = rd_varint(r);
-    *num = (int)(key >> 3);
-    *wt = (int)(key & 7);
-    *data = NULL;
-    *len = 0;
-    switch (*wt) {
-    case 0: rd_varint(r); break;
-    case 1: if (r->end - r->p < 8) r->bad = 1; else r->p += 8; break;
-    case 5: if (r->end - r->p < 4) r->bad = 1; else r->p += 4; break;
-    case 2: {
-        uint64_t n = rd_varint(r);
-        if (r->bad || n > (uint64_t)(r->end - r->p)) { r->bad = 1; break; }
-        *data = r->p;
-        *len = (size_t)n;
-        r->p += n;
-        break;
+    struct pb_field f;
+    size_t at = 0, n = (size_t)(r->end - r->p);
+    if (pb_next_field(r->p, n, &at, &f)) {
+        r->bad = 1;
+        return 0;
     }
-    default: r->bad = 1;
-    }
-    return !r->bad;
+    *num = (int)f.number;
+    *wt = f.wire_type;
+    *data = f.wire_type == PB_WIRE_LEN ? r->p + f.payload : NULL;
+    *len = f.wire_type == PB_WIRE_LEN ? f.end - f.payload : 0;
+    r->p += at;
+    return 1;
 }
 
 static char *dupn(const uint8_t *s, size_t n)

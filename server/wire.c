@@ -2,6 +2,7 @@
  * (see wire.h for why): singular message fields sent more than once are merged into one
  * occurrence, then strings holding U+0000 are refused by name.
  * Not here: unpacking (convert.c). Tests: tests/server/test_server.py (nul_in, merge). */
+#include "pbwire.h"
 #include "wire.h"
 
 #include <stdio.h>
@@ -10,62 +11,10 @@
 
 /* Messages nest at most this deep (the API's nest 3 deep); deeper bytes are left to protobuf-c. */
 #define WIRE_MAX_DEPTH 32
-#define WIRE_MAX_FIELD_NUMBER ((1u << 29) - 1)
-
-/* One field of a message: its tag at data[start], its payload data[payload..end) (for varints
- * and fixed-size values too: the bytes after the tag). */
-struct wire_field {
-    uint32_t number;
-    int      wire_type; /* PROTOBUF_C_WIRE_TYPE_* */
-    size_t   start, payload, end;
-};
-
-static int read_varint(const uint8_t *p, size_t len, size_t *at, uint64_t *v)
-{
-    uint64_t x = 0;
-    for (int shift = 0; shift < 64 && *at < len; shift += 7) {
-        uint8_t b = p[(*at)++];
-        x |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) {
-            *v = x;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* Reads the field at data[*at..len) and moves *at past it; -1 when the bytes are not a field
- * (protobuf-c refuses them, groups included). */
-static int next_field(const uint8_t *data, size_t len, size_t *at, struct wire_field *f)
-{
-    uint64_t tag, n = 0;
-    f->start = *at;
-    if (read_varint(data, len, at, &tag) || tag >> 3 == 0 || tag >> 3 > WIRE_MAX_FIELD_NUMBER) return -1;
-    f->number = (uint32_t)(tag >> 3);
-    f->wire_type = (int)(tag & 7);
-    f->payload = *at;
-    switch (f->wire_type) {
-    case PROTOBUF_C_WIRE_TYPE_VARINT:
-        if (read_varint(data, len, at, &n)) return -1;
-        f->end = *at;
-        return 0;
-    case PROTOBUF_C_WIRE_TYPE_64BIT: n = 8; break;
-    case PROTOBUF_C_WIRE_TYPE_32BIT: n = 4; break;
-    case PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED:
-        if (read_varint(data, len, at, &n)) return -1;
-        break;
-    default: return -1;
-    }
-    if (n > len - *at) return -1;
-    f->payload = *at;
-    *at += n;
-    f->end = *at;
-    return 0;
-}
 
 /* The field descriptor of a length-delimited field, or NULL (unknown, or not length-delimited:
  * protobuf-c checks the wire type of known fields itself). */
-static const ProtobufCFieldDescriptor *len_field(const ProtobufCMessageDescriptor *d, const struct wire_field *f)
+static const ProtobufCFieldDescriptor *len_field(const ProtobufCMessageDescriptor *d, const struct pb_field *f)
 {
     if (f->wire_type != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED) return NULL;
     return protobuf_c_message_descriptor_get_field(d, (unsigned)f->number);
@@ -76,8 +25,8 @@ static const ProtobufCFieldDescriptor *len_field(const ProtobufCMessageDescripto
 static size_t occurrence(const uint8_t *data, size_t before, uint32_t number)
 {
     size_t k = 0;
-    struct wire_field f;
-    for (size_t at = 0; at < before && !next_field(data, before, &at, &f);) k += f.number == number;
+    struct pb_field f;
+    for (size_t at = 0; at < before && !pb_next_field(data, before, &at, &f);) k += f.number == number;
     return k;
 }
 
@@ -87,9 +36,9 @@ static size_t occurrence(const uint8_t *data, size_t before, uint32_t number)
 static int find_nul(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len, int depth, char *path,
                     size_t cap)
 {
-    struct wire_field f;
+    struct pb_field f;
     for (size_t at = 0; at < len;) {
-        if (next_field(data, len, &at, &f)) return 0;
+        if (pb_next_field(data, len, &at, &f)) return 0;
         const ProtobufCFieldDescriptor *fd = len_field(d, &f);
         if (!fd) continue;
         const uint8_t *p = data + f.payload;
@@ -132,11 +81,8 @@ static void put(struct wire_buf *b, const void *data, size_t n)
 
 static void put_varint(struct wire_buf *b, uint64_t v)
 {
-    uint8_t t[10];
-    size_t n = 0;
-    for (; v >= 0x80; v >>= 7) t[n++] = (uint8_t)(v | 0x80);
-    t[n++] = (uint8_t)v;
-    put(b, t, n);
+    uint8_t t[PB_VARINT_MAX_BYTES];
+    put(b, t, (size_t)(pb_put_varint(t, v) - t));
 }
 
 static int is_singular_message(const ProtobufCFieldDescriptor *fd)
@@ -159,9 +105,9 @@ static int needs_merge(const ProtobufCMessageDescriptor *d, const uint8_t *data,
     unsigned char *seen = calloc(d->n_fields + 1, 1); /* by field index */
     if (!seen) return 1;
     int need = 0;
-    struct wire_field f;
+    struct pb_field f;
     for (size_t at = 0; at < len && !need;) {
-        if (next_field(data, len, &at, &f)) break;
+        if (pb_next_field(data, len, &at, &f)) break;
         const ProtobufCFieldDescriptor *fd = len_field(d, &f);
         if (!fd || fd->type != PROTOBUF_C_TYPE_MESSAGE) continue;
         if (is_singular_message(fd) && seen[fd - d->fields]++) need = 1;
@@ -180,7 +126,7 @@ static void put_message_field(struct wire_buf *b, uint32_t number, const Protobu
 {
     struct wire_buf m = {0};
     merge_into(&m, d, data, len, depth);
-    put_varint(b, (uint64_t)number << 3 | PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED);
+    put_varint(b, pb_tag(number, PB_WIRE_LEN));
     put_varint(b, m.n);
     put(b, m.p, m.n);
     b->oom |= m.oom;
@@ -195,16 +141,16 @@ static void put_message_field(struct wire_buf *b, uint32_t number, const Protobu
 static void merge_into(struct wire_buf *b, const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len,
                        int depth)
 {
-    struct wire_field f;
+    struct pb_field f;
     size_t n = 0;
     int ok = depth < WIRE_MAX_DEPTH;
-    for (size_t at = 0; ok && at < len; n++) ok = !next_field(data, len, &at, &f);
+    for (size_t at = 0; ok && at < len; n++) ok = !pb_next_field(data, len, &at, &f);
     if (!ok) {
         put(b, data, len); /* too deep, or not a message: protobuf-c judges it */
         return;
     }
     const size_t NONE = (size_t)-1;
-    struct wire_field *fs = malloc((n + 1) * sizeof *fs);
+    struct pb_field *fs = malloc((n + 1) * sizeof *fs);
     size_t *first = malloc((n + 1) * sizeof *first);         /* the first occurrence of the run */
     size_t *next = malloc((n + 1) * sizeof *next);           /* the next occurrence of the run */
     size_t *last = malloc((d->n_fields + 1) * sizeof *last); /* by field index: the open run's latest */
@@ -215,7 +161,7 @@ static void merge_into(struct wire_buf *b, const ProtobufCMessageDescriptor *d, 
     for (unsigned k = 0; k < d->n_fields; k++) last[k] = NONE;
     n = 0;
     for (size_t at = 0; at < len; n++) {
-        next_field(data, len, &at, &fs[n]);
+        pb_next_field(data, len, &at, &fs[n]);
         const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field(d, fs[n].number);
         first[n] = n;
         next[n] = NONE;
@@ -231,7 +177,7 @@ static void merge_into(struct wire_buf *b, const ProtobufCMessageDescriptor *d, 
         last[k] = n;
     }
     for (size_t i = 0; i < n && !b->oom; i++) {
-        const struct wire_field *x = &fs[i];
+        const struct pb_field *x = &fs[i];
         const ProtobufCFieldDescriptor *fd = len_field(d, x);
         if (!fd || fd->type != PROTOBUF_C_TYPE_MESSAGE) {
             put(b, data + x->start, x->end - x->start);
