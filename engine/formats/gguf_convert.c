@@ -105,14 +105,75 @@ static enum status gc_token_id(const struct gguf *g, const char *key, int vocab,
     return STATUS_OK;
 }
 
+/* The vocabulary and the special ids, from the tokenizer's metadata (every architecture). */
+static enum status gc_vocab(const struct gguf *g, struct model_config *c)
+{
+    enum status s;
+    const struct gguf_kv *tokens;
+    if ((s = gguf_get_arr(g, "tokenizer.ggml.tokens", &tokens))) return s;
+    if (tokens->n < 1 || tokens->n > (1u << 30))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: %llu tokens", gguf_path(g), (unsigned long long)tokens->n);
+    c->vocab_size = (int)tokens->n;
+    if ((s = gc_token_id(g, "tokenizer.ggml.bos_token_id", c->vocab_size, &c->bos_id)) ||
+        (s = gc_token_id(g, "tokenizer.ggml.eos_token_id", c->vocab_size, &c->eos_id)))
+        return s;
+    return STATUS_OK;
+}
+
+/* general.architecture "llama" (Llama 1/2, Mistral, SmolLM, TinyLlama ... as
+ * convert_hf_to_gguf.py writes them): llama.cpp's LLM_ARCH_LLAMA. Its converter permutes the
+ * rows of attn_q and attn_k so that rotary rotates adjacent pairs (llama.cpp's rope type NORM):
+ * rope_style pairs over the file's weights as they are. Llama 3's frequency scaling (a
+ * rope_freqs tensor) and expert layers are refused, not ignored. */
+static enum status gguf_llama_config(const struct gguf *g, enum dtype dtype, struct model_config *c)
+{
+    enum status s;
+    const char *path = gguf_path(g);
+    static const char *const unsupported[] = {"llama.expert_count", "llama.rope.scaling.factor",
+                                              "llama.attention.layer_norm_epsilon"};
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
+        if (gguf_find_kv(g, unsupported[i]))
+            return status_errorf(STATUS_UNSUPPORTED, "%s: metadata key '%s' is not supported", path, unsupported[i]);
+    if (gguf_find_tensor(g, "rope_freqs.weight"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: tensor 'rope_freqs.weight' (Llama 3 rotary frequency "
+                             "scaling) is not supported", path);
+    memset(c, 0, sizeof *c);
+    c->family = MODEL_FAMILY_LLAMA;
+    snprintf(c->architecture, sizeof c->architecture, "LlamaForCausalLM");
+    if ((s = gc_int(g, "llama.embedding_length", &c->d_model)) || (s = gc_int(g, "llama.block_count", &c->n_layers)) ||
+        (s = gc_int(g, "llama.feed_forward_length", &c->ffn_hidden)) ||
+        (s = gc_int(g, "llama.attention.head_count", &c->n_heads)) ||
+        (s = gc_int_or(g, "llama.attention.head_count_kv", c->n_heads, &c->n_kv_heads)) ||
+        (s = gc_int_or(g, "llama.attention.key_length", c->d_model / c->n_heads, &c->head_dim)) ||
+        (s = gc_int_or(g, "llama.rope.dimension_count", c->head_dim, &c->rot_dim)) ||
+        (s = gc_int(g, "llama.context_length", &c->max_positions)) ||
+        (s = gc_float_or(g, "llama.attention.layer_norm_rms_epsilon", 1e-5, &c->norm_eps)) ||
+        (s = gc_float_or(g, "llama.rope.freq_base", 10000.0, &c->rope_theta)) || (s = gc_vocab(g, c)))
+        return s;
+    int value_length = c->head_dim;
+    if ((s = gc_int_or(g, "llama.attention.value_length", c->head_dim, &value_length))) return s;
+    if (value_length != c->head_dim)
+        return status_errorf(STATUS_UNSUPPORTED, "%s: key_length %d != value_length %d", path, c->head_dim,
+                             value_length);
+    c->norm = NORM_KIND_RMSNORM;
+    c->activation = ACTIVATION_SILU;
+    c->gated_mlp = 1;
+    c->positions = POSITION_KIND_ROTARY;
+    c->rope_style = ROPE_STYLE_PAIRS;
+    c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
+    c->dtype = dtype;
+    return config_validate(c, path);
+}
+
 enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct model_config *c)
 {
     enum status s;
     const char *path = gguf_path(g), *arch = NULL;
     if ((s = gguf_get_str(g, "general.architecture", &arch))) return s;
+    if (!strcmp(arch, "llama")) return gguf_llama_config(g, dtype, c);
     if (strcmp(arch, "gemma3"))
         return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: general.architecture \"%s\": only gemma3 GGUF files convert", path,
+                             "%s: general.architecture \"%s\": only llama and gemma3 GGUF files load", path,
                              arch);
     static const char *const unsupported[] = {
         "gemma3.final_logit_softcapping", "gemma3.attn_logit_softcapping",
@@ -148,14 +209,7 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
     if (value_length != c->head_dim)
         return status_errorf(STATUS_UNSUPPORTED, "%s: key_length %d != value_length %d", path,
                              c->head_dim, value_length);
-    const struct gguf_kv *tokens;
-    if ((s = gguf_get_arr(g, "tokenizer.ggml.tokens", &tokens))) return s;
-    if (tokens->n < 1 || tokens->n > (1u << 30))
-        return status_errorf(STATUS_BAD_FORMAT, "%s: %llu tokens", path, (unsigned long long)tokens->n);
-    c->vocab_size = (int)tokens->n;
-    if ((s = gc_token_id(g, "tokenizer.ggml.bos_token_id", c->vocab_size, &c->bos_id)) ||
-        (s = gc_token_id(g, "tokenizer.ggml.eos_token_id", c->vocab_size, &c->eos_id)))
-        return s;
+    if ((s = gc_vocab(g, c))) return s;
 
     c->norm = NORM_KIND_RMSNORM;
     c->activation = ACTIVATION_GELU_TANH;
