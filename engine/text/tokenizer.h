@@ -113,6 +113,8 @@ struct detokenizer {
     char    *out;                /* (cap_out) text returned by the last push/flush */
     size_t   cap_out;
     int      started;            /* some non-empty text has been returned */
+    uint8_t  held[4];            /* byte-level BPE: the bytes of an incomplete character */
+    int      n_held;
 };
 
 /* Prepares d for a new sequence; allocates nothing. t is borrowed. */
