@@ -5,6 +5,8 @@
  *   test_bpe_tool encode PATH CORPUS     CORPUS holds texts as "<length>\n<bytes>\n"; prints one
  *                                        JSON line per text: ids, the decode (hex) and whether the
  *                                        streaming detokenizer gave the same bytes
+ *   test_bpe_tool decode PATH IDS        IDS holds one id sequence per line; prints the decode (hex)
+ *                                        and the streaming check per line
  *   test_bpe_tool bench PATH CORPUS REPS encodes the corpus REPS times on one thread; prints
  *                                        bytes, tokens and seconds (a figure, never a verdict)
  * Not a test by itself: test_bpe.py compares its output with Hugging Face tokenizers. */
@@ -64,6 +66,37 @@ static int read_corpus(const char *path, struct text **out, int *n_out)
     return 1;
 }
 
+/* Prints "decode": hex, "stream_ok": bool (no braces); 0 when decoding failed. */
+static int print_decode(const struct tokenizer *t, const int32_t *ids, int n)
+{
+    enum status s;
+        char *dec;
+        size_t dn;
+        if ((s = tokenizer_decode(t, ids, n, &dec, &dn)) != STATUS_OK) {
+            printf("\"error\": \"decode failed\"}\n");
+            return 0;
+        }
+        struct detokenizer d;
+        detokenizer_init(&d, t);
+        char *streamed = malloc(dn + 64);
+        size_t sn = 0;
+        int stream_ok = 1;
+        for (int k = 0; k <= n && stream_ok; k++) {
+            const char *piece;
+            size_t pn;
+            s = k < n ? detokenizer_push(&d, ids[k], &piece, &pn) : detokenizer_flush(&d, &piece, &pn);
+            if (s != STATUS_OK || sn + pn > dn) stream_ok = 0;
+            else memcpy(streamed + sn, piece, pn), sn += pn;
+        }
+        stream_ok = stream_ok && sn == dn && !memcmp(streamed, dec, dn);
+        detokenizer_free(&d);
+    printf("\"decode\": \"");
+    for (size_t k = 0; k < dn; k++) printf("%02x", (unsigned char)dec[k]);
+    printf("\", \"stream_ok\": %s", stream_ok ? "true" : "false");
+    free(streamed), free(dec);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -78,6 +111,25 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "load")) {
         printf("OK vocab=%d bos=%d eos=%d\n", tokenizer_vocab_size(t), tokenizer_bos_id(t), tokenizer_eos_id(t));
+        tokenizer_free(t);
+        return 0;
+    }
+    if (!strcmp(argv[1], "decode") && argc > 3) {
+        FILE *f = fopen(argv[3], "r");
+        if (!f) return 2;
+        char line[1 << 16];
+        while (fgets(line, sizeof line, f)) {
+            int32_t ids[4096];
+            int n = 0;
+            for (char *p = line, *e; n < 4096; p = e) {
+                long v = strtol(p, &e, 10);
+                if (e == p) break;
+                ids[n++] = (int32_t)v;
+            }
+            printf("{");
+            if (print_decode(t, ids, n)) printf("}\n");
+        }
+        fclose(f);
         tokenizer_free(t);
         return 0;
     }
@@ -112,35 +164,17 @@ int main(int argc, char **argv)
             printf("{\"error\": \"encode %d failed\"}\n", i);
             continue;
         }
-        char *dec;
-        size_t dn;
-        if ((s = tokenizer_decode(t, ids, n, &dec, &dn)) != STATUS_OK) {
-            printf("{\"error\": \"decode %d failed\"}\n", i);
+        printf("{\"ids\": [");
+        for (int k = 0; k < n; k++) printf("%s%d", k ? ", " : "", ids[k]);
+        printf("], ");
+        if (!print_decode(t, ids, n)) {
             free(ids);
             continue;
         }
-        struct detokenizer d;
-        detokenizer_init(&d, t);
-        char *streamed = malloc(dn + 64);
-        size_t sn = 0;
-        int stream_ok = 1;
-        for (int k = 0; k <= n && stream_ok; k++) {
-            const char *piece;
-            size_t pn;
-            s = k < n ? detokenizer_push(&d, ids[k], &piece, &pn) : detokenizer_flush(&d, &piece, &pn);
-            if (s != STATUS_OK || sn + pn > dn) stream_ok = 0;
-            else memcpy(streamed + sn, piece, pn), sn += pn;
-        }
-        stream_ok = stream_ok && sn == dn && !memcmp(streamed, dec, dn);
-        detokenizer_free(&d);
-        printf("{\"ids\": [");
-        for (int k = 0; k < n; k++) printf("%s%d", k ? ", " : "", ids[k]);
-        printf("], \"decode\": \"");
-        for (size_t k = 0; k < dn; k++) printf("%02x", (unsigned char)dec[k]);
         const char *least_text = texts[i].p;
         const size_t least = tokenizer_min_tokens(t, &least_text, &texts[i].n, 1);
-        printf("\", \"stream_ok\": %s, \"min_tokens\": %zu}\n", stream_ok ? "true" : "false", least);
-        free(streamed), free(dec), free(ids);
+        printf(", \"min_tokens\": %zu}\n", least);
+        free(ids);
     }
     tokenizer_free(t);
     return 0;

@@ -235,7 +235,7 @@ struct bpe *bpe_alloc(const char *name)
     struct bpe *b = calloc(1, sizeof *b);
     if (!b) return NULL;
     if (!(b->name = strdup(name ? name : "tokenizer"))) return free(b), NULL;
-    b->unk_id = b->bos_id = b->eos_id = b->pad_id = -1;
+    b->unk_id = b->bos_id = b->eos_id = b->pad_id = b->model_unk_id = -1;
     for (int c = 0; c < 256; c++) b->byte_id[c] = -1;
     return b;
 }
@@ -495,7 +495,7 @@ static enum status encode_word(const struct bpe *b, struct scratch *sc, const ui
     /* A byte without a piece becomes <unk> (Hugging Face's BPE), or nothing without one. */
     int m = 0;
     for (size_t i = 0; i < n; i++) {
-        const int32_t x = b->byte_id[w[i]] >= 0 ? b->byte_id[w[i]] : b->unk_id;
+        const int32_t x = b->byte_id[w[i]] >= 0 ? b->byte_id[w[i]] : b->model_unk_id;
         if (x < 0) continue;
         id[m] = x, prev[m] = m - 1, next[m] = m + 1;
         m++;

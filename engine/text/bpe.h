@@ -75,7 +75,9 @@ struct bpe {
     int         add_prefix_space; /* ByteLevel's: a space before each text segment not starting with one */
     int         nfc;              /* normalizer NFC */
     int         ignore_merges;    /* a word that is a piece is taken whole */
-    int32_t     unk_id, bos_id, eos_id, pad_id; /* -1 when none */
+    int32_t     unk_id, bos_id, eos_id, pad_id; /* what tokenizer.h reports; -1 when none */
+    int32_t     model_unk_id;     /* model.unk_token: what a byte without a piece becomes (else
+                                     it is dropped, as Hugging Face and llama.cpp do) */
     int         add_bos;          /* the post-processor puts bos_id first */
 
     /* Built by bpe_finish. */

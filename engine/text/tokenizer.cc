@@ -457,7 +457,9 @@ enum status tokenizer_load(const char *path, struct tokenizer **out)
                 got += (size_t)r;
             }
         }
-        if (s == STATUS_OK && looks_like_json(bytes)) {
+        const size_t plen = strlen(path);
+        const bool json_name = plen >= 5 && !strcmp(path + plen - 5, ".json");
+        if (s == STATUS_OK && (json_name || looks_like_json(bytes))) {
             std::string config;
             s = read_config_beside(path, &config);
             if (s == STATUS_OK)

@@ -323,7 +323,7 @@ enum status bpe_load_json(const char *json, size_t n, const char *name, const ch
     }
     if ((s = check_decoder(b, dec, 0))) goto out;
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
-    if (cJSON_IsString(unk)) b->unk_id = bpe_piece_to_id(b, unk->valuestring, strlen(unk->valuestring));
+    if (cJSON_IsString(unk)) b->unk_id = b->model_unk_id = bpe_piece_to_id(b, unk->valuestring, strlen(unk->valuestring));
     /* What engine/formats/gguf_tokenizer.c writes for a GGUF vocabulary: the metadata's ids. */
     const cJSON *ours = cJSON_GetObjectItemCaseSensitive(root, "shardlm");
     if (cJSON_IsObject(ours)) {
