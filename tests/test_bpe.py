@@ -59,14 +59,17 @@ def gguf_vocab(path):
     return strings("tokenizer.ggml.tokens"), strings("tokenizer.ggml.merges"), types
 
 
-def tokenizer_json(tokens, merges, types, pre, normalizer=None, ignore_merges=False):
+def tokenizer_json(tokens, merges, types, pre, normalizer=None, ignore_merges=False, added_flags=None):
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True}
+             for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 3]
+    for a in added:
+        a.update((added_flags or {}).get(a["content"], {}))
     return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True}
-                         for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 3],
+        "added_tokens": added,
         "normalizer": normalizer,
         "pre_tokenizer": pre,
         "post_processor": None,
@@ -92,6 +95,11 @@ VARIANTS = {
                    ignore_merges=True),
     "qwen2": dict(pre={"type": "Sequence", "pretokenizers": [split(QWEN2_RE), BYTE_LEVEL_NO_REGEX]},
                   normalizer={"type": "NFC"}),
+    # Added-token flags: lstrip, rstrip, single_word, and plain (non-special) added tokens.
+    "added_flags": dict(pre=BYTE_LEVEL_NO_REGEX | {"use_regex": True}, added_flags={
+        "<|im_start|>": {"lstrip": True}, "<|im_end|>": {"rstrip": True},
+        "<|endoftext|>": {"lstrip": True, "rstrip": True, "special": False},
+        "<repo_name>": {"single_word": True}, "<filename>": {"special": False}}),
     "gpt2_prefix": dict(pre={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}),
 }
 
@@ -117,6 +125,8 @@ def corpus(special):
         "URL: https://example.com/path?query=1&x=%20#frag email: someone@example.org",
         "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
         "<|endoftext|><|endoftext|> <|im_end|>x<|im_start|> < |im_start|> <|im_start",
+        "a  <|im_start|>  b \n<|im_end|> \n c\t<|endoftext|>\t d <filename>x.py <repo_name> x<repo_name>y",
+        "\u3000<|im_start|>\u00a0<|im_end|>\u2003 <|endoftext|>\n\n",
     ]
     texts += [s for s in special]
     texts += ["before" + s + "after" for s in special[:8]]
@@ -129,6 +139,10 @@ def corpus(special):
              "tokenizer merges regex whitespace byte level unicode").split()
     for _ in range(40):
         texts.append(" ".join(rng.choice(words) for _ in range(rng.randint(20, 200))))
+    # Long words: many merges in one pre-token (the merge heap's worst case).
+    texts.append("".join(rng.choice("abcdefghijklmnop") for _ in range(20000)))
+    texts.append("".join(rng.choice("日本中文") for _ in range(3000)))
+    texts.append("\t \n" * 3000)
     return texts
 
 
@@ -171,7 +185,7 @@ def compare(name, tool, path, hf, texts, special_strings, tmp):
             continue
         dec = bytes.fromhex(r["decode"]).decode("utf-8")
         check(dec == hf.decode(want, skip_special_tokens=True), "%s: decode of %r" % (name, text[:60]))
-        if not any(s in text for s in special_strings) and name not in ("qwen2", "gpt2_prefix"):
+        if not any(s in text for s in special_strings) and name not in ("qwen2", "gpt2_prefix", "added_flags"):
             check(dec == text, "%s: round trip of %r gave %r" % (name, text[:60], dec[:60]))
         check(r["stream_ok"], "%s: streaming detokenizer differs from decode for %r" % (name, text[:60]))
         check(r["min_tokens"] <= len(want), "%s: min_tokens %d > %d for %r" % (name, r["min_tokens"], len(want), text[:60]))

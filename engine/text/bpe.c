@@ -489,7 +489,8 @@ static enum status encode_word(const struct bpe *b, struct scratch *sc, const ui
     if (base_grow((void **)&sc->sym_id, &sc->cap_sym[0], n, sizeof(int32_t)) ||
         base_grow((void **)&sc->sym_prev, &sc->cap_sym[1], n, sizeof(int32_t)) ||
         base_grow((void **)&sc->sym_next, &sc->cap_sym[2], n, sizeof(int32_t)) ||
-        base_grow((void **)&sc->heap, &sc->cap_heap, n, sizeof(struct merge)))
+        /* The heap starts with at most n-1 pairs; each merge pops one and pushes at most two. */
+        base_grow((void **)&sc->heap, &sc->cap_heap, 2 * n, sizeof(struct merge)))
         return oom();
     int32_t *id = sc->sym_id, *prev = sc->sym_prev, *next = sc->sym_next;
     /* A byte without a piece becomes <unk> (Hugging Face's BPE), or nothing without one. */
