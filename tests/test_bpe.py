@@ -154,7 +154,7 @@ def write_corpus(path, texts_bytes):
 
 def run_tool(tool, *args):
     p = subprocess.run([tool, *args], capture_output=True, timeout=300)
-    if p.returncode < 0 or p.returncode > 1:
+    if p.returncode < 0 or p.returncode > 1 or b"Sanitizer" in p.stderr:
         check(False, "%s %s: exit %d, stderr %s" % (os.path.basename(tool), " ".join(args), p.returncode,
                                                      p.stderr.decode(errors="replace")[-500:]))
     return p

@@ -56,7 +56,10 @@ static int read_corpus(const char *path, struct text **out, int *n_out)
         if (n == cap) v = realloc(v, (size_t)(cap = cap ? 2 * cap : 64) * sizeof *v);
         v[n].p = malloc(len + 1);
         v[n].n = len;
-        if (fread(v[n].p, 1, len, f) != len) break;
+        if (fread(v[n].p, 1, len, f) != len) {
+            free(v[n].p);
+            break;
+        }
         fgetc(f);
         n++;
     }
@@ -64,6 +67,12 @@ static int read_corpus(const char *path, struct text **out, int *n_out)
     *out = v;
     *n_out = n;
     return 1;
+}
+
+static void free_corpus(struct text *v, int n)
+{
+    for (int i = 0; i < n; i++) free(v[i].p);
+    free(v);
 }
 
 /* Prints "decode": hex, "stream_ok": bool (no braces); 0 when decoding failed. */
@@ -155,6 +164,8 @@ int main(int argc, char **argv)
         clock_gettime(CLOCK_MONOTONIC, &b);
         printf("{\"bytes\": %zu, \"tokens\": %zu, \"seconds\": %.6f}\n", bytes, tokens,
                (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec));
+        free_corpus(texts, n_texts);
+        tokenizer_free(t);
         return 0;
     }
     for (int i = 0; i < n_texts; i++) {
@@ -176,6 +187,7 @@ int main(int argc, char **argv)
         printf(", \"min_tokens\": %zu}\n", least);
         free(ids);
     }
+    free_corpus(texts, n_texts);
     tokenizer_free(t);
     return 0;
 }
