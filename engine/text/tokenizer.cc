@@ -1,7 +1,9 @@
 /* engine/text/tokenizer.cc - the tokenizer (see tokenizer.h): SentencePiece's C++ processor behind a
- * C interface, and the incremental detokenizer. The one C++ file of the project: every entry
- * point catches everything, so no exception reaches C code, and nothing here exits.
- * Not here: chat templates or stop sequences (the server).
+ * C interface, the dispatch to the byte-level BPE kind (bpe.h: a tokenizer.json text, from a file
+ * or built from GGUF metadata), and the incremental detokenizer of both kinds. The one C++ file
+ * of the project: every entry point catches everything, so no exception reaches C code, and
+ * nothing here exits.
+ * Not here: chat templates or stop sequences (the server), BPE itself (bpe.c, tokenizer_json.c).
  * Tests: tests/test_tokenizer.c. */
 #include "tokenizer.h"
 
@@ -19,6 +21,8 @@
 
 #include <sentencepiece_processor.h>
 
+#include "bpe.h"
+
 namespace {
 
 /* Per-id flags, cached at load so that the hot paths never call into SentencePiece. */
@@ -34,6 +38,10 @@ const char kSpaceSymbol[] = "\xe2\x96\x81"; /* U+2581, SentencePiece's space */
 }  // namespace
 
 struct tokenizer {
+    /* The kind: byte-level BPE when bpe is set (then only vocab_size, the special ids and
+     * max_token_bytes below are used), SentencePiece otherwise. */
+    struct bpe *bpe = nullptr;
+    ~tokenizer() { bpe_free(bpe); }
     sentencepiece::SentencePieceProcessor sp;
     int vocab_size = 0;
     int bos_id = -1, eos_id = -1, pad_id = -1, unk_id = -1;
@@ -255,6 +263,53 @@ enum status load_proto(std::string_view bytes, const char *name, struct tokenize
     return STATUS_OK;
 }
 
+/* A tokenizer.json text rather than a serialized ModelProto: JSON opens with '{' (after
+ * whitespace), which a ModelProto cannot (0x7B would be field 15 starting a group). */
+bool looks_like_json(std::string_view bytes)
+{
+    size_t i = 0;
+    while (i < bytes.size() && (bytes[i] == ' ' || bytes[i] == '\t' || bytes[i] == '\n' || bytes[i] == '\r')) i++;
+    return i < bytes.size() && bytes[i] == '{';
+}
+
+/* A byte-level BPE tokenizer from a tokenizer.json text (and a tokenizer_config.json text). */
+enum status load_bpe(std::string_view json, const char *name, const char *config, size_t config_n,
+                     struct tokenizer **out)
+{
+    *out = nullptr;
+    struct bpe *b = nullptr;
+    enum status s = bpe_load_json(json.data(), json.size(), name, config, config_n, &b);
+    if (s != STATUS_OK) return s;
+    struct tokenizer *t = new (std::nothrow) tokenizer;
+    if (!t) {
+        bpe_free(b);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", name);
+    }
+    t->bpe = b;
+    t->vocab_size = b->n_vocab;
+    t->bos_id = b->bos_id, t->eos_id = b->eos_id, t->pad_id = b->pad_id, t->unk_id = b->unk_id;
+    t->max_token_bytes = b->max_token_bytes;
+    *out = t;
+    return STATUS_OK;
+}
+
+/* The tokenizer_config.json beside path (same directory), into *config; empty when absent. */
+enum status read_config_beside(const char *path, std::string *config)
+{
+    std::string dir(path);
+    const size_t slash = dir.rfind('/');
+    dir = slash == std::string::npos ? std::string(".") : dir.substr(0, slash);
+    const std::string cfg = dir + "/tokenizer_config.json";
+    if (access(cfg.c_str(), F_OK) != 0) return STATUS_OK;
+    char *text = nullptr;
+    size_t n = 0;
+    enum status s = base_read_file(cfg.c_str(), 64u << 20, "tokenizer_config.json", &text, &n);
+    if (s != STATUS_OK) return s;
+    config->assign(text, n);
+    free(text);
+    return STATUS_OK;
+}
+
 bool id_valid(const struct tokenizer *t, int32_t id) { return id >= 0 && id < t->vocab_size; }
 
 /* Bytes a UTF-8 sequence starting with lead byte b has; 0 if b cannot start one. Lenient
@@ -335,6 +390,42 @@ enum status detok_emit(struct detokenizer *d, int k, const char **text, size_t *
     return STATUS_OK;
 }
 
+/* The byte-level BPE detokenizer: the bytes of each piece are final except a trailing
+ * incomplete character (at most 3 bytes, d->held). Special ids print nothing and do not
+ * interrupt a character (decode skips them); an added token's content ends the run first, as
+ * bpe_decode does. */
+enum status bpe_detok_push(struct detokenizer *d, int32_t id, const char **text, size_t *len)
+{
+    const struct bpe *b = d->tok->bpe;
+    const uint8_t f = b->flags[id];
+    size_t n = 0;
+    enum status st = STATUS_OK;
+    if (base_grow((void **)&d->out, &d->cap_out, 1, 1))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
+    d->out[0] = '\0';
+    if (f & BPE_PIECE_SPECIAL) {
+        /* nothing */
+    } else if (f & BPE_PIECE_ADDED) {
+        if ((st = bpe_utf8_lossy(d->held, (size_t)d->n_held, &d->out, &n, &d->cap_out))) return st;
+        d->n_held = 0;
+        const size_t k = strlen(b->pieces[id]);
+        if (base_grow((void **)&d->out, &d->cap_out, n + k + 1, 1))
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
+        memcpy(d->out + n, b->pieces[id], k + 1);
+        n += k;
+    } else {
+        std::string run((const char *)d->held, (size_t)d->n_held);
+        run.append((const char *)b->bytes[id], b->n_bytes[id]);
+        const size_t tail = bpe_utf8_incomplete_tail((const uint8_t *)run.data(), run.size());
+        if ((st = bpe_utf8_lossy((const uint8_t *)run.data(), run.size() - tail, &d->out, &n, &d->cap_out))) return st;
+        memcpy(d->held, run.data() + run.size() - tail, tail);
+        d->n_held = (int)tail;
+    }
+    *text = d->out;
+    *len = n;
+    return STATUS_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -366,7 +457,16 @@ enum status tokenizer_load(const char *path, struct tokenizer **out)
                 got += (size_t)r;
             }
         }
-        if (s == STATUS_OK) s = load_proto(bytes, path, out);
+        const size_t plen = strlen(path);
+        const bool json_name = plen >= 5 && !strcmp(path + plen - 5, ".json");
+        if (s == STATUS_OK && (json_name || looks_like_json(bytes))) {
+            std::string config;
+            s = read_config_beside(path, &config);
+            if (s == STATUS_OK)
+                s = load_bpe(bytes, path, config.empty() ? nullptr : config.data(), config.size(), out);
+        } else if (s == STATUS_OK) {
+            s = load_proto(bytes, path, out);
+        }
     } catch (const std::bad_alloc &) {
         s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", path);
     } catch (const std::exception &e) {
@@ -385,6 +485,10 @@ enum status tokenizer_load_for_model(const char *model, const void *proto, size_
     char path[4200];
     if (snprintf(path, sizeof path, proto ? "%s" : "%s/tokenizer.model", model) >= (int)sizeof path)
         return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: model path too long");
+    /* A directory without tokenizer.model: its tokenizer.json (byte-level BPE). */
+    if (!proto && access(path, F_OK) != 0 &&
+        snprintf(path, sizeof path, "%s/tokenizer.json", model) < (int)sizeof path && access(path, F_OK) != 0)
+        snprintf(path, sizeof path, "%s/tokenizer.model", model);
     struct tokenizer *t = nullptr;
     enum status s = proto ? tokenizer_load_from_memory(proto, proto_n, &t) : tokenizer_load(path, &t);
     if (s != STATUS_OK) return s;
@@ -403,8 +507,9 @@ enum status tokenizer_load_from_memory(const void *data, size_t n, struct tokeni
     *out = nullptr;
     if (!data && n) return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: NULL data");
     try {
-        return load_proto(std::string_view(n ? (const char *)data : "", n), "tokenizer (memory)",
-                          out);
+        const std::string_view bytes(n ? (const char *)data : "", n);
+        if (looks_like_json(bytes)) return load_bpe(bytes, "tokenizer.json (memory)", nullptr, 0, out);
+        return load_proto(bytes, "tokenizer (memory)", out);
     } catch (const std::bad_alloc &) {
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer (memory): out of memory");
     } catch (const std::exception &e) {
@@ -450,6 +555,22 @@ enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t
     if (len > (size_t)INT_MAX)
         return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: text of %zu bytes is too long",
                              len);
+    if (t->bpe) {
+        size_t n = 0, cap = 0;
+        int32_t *p = nullptr;
+        enum status s = STATUS_OK;
+        if (base_grow((void **)&p, &cap, len / 4 + 2, sizeof *p)) s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory");
+        if (s == STATUS_OK && add_bos && t->bos_id >= 0) p[n++] = t->bos_id;
+        if (s == STATUS_OK) s = bpe_encode(t->bpe, text, len, &p, &n, &cap);
+        if (s == STATUS_OK && n > (size_t)INT_MAX) s = status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: too many tokens");
+        if (s != STATUS_OK) {
+            free(p);
+            return s;
+        }
+        *ids = p;
+        *n_ids = (int)n;
+        return STATUS_OK;
+    }
     if (add_bos && t->bos_id < 0)
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "tokenizer: add_bos asked but the model has no BOS piece");
@@ -489,6 +610,18 @@ enum status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int 
                                  "tokenizer: id %d at position %d is outside the vocabulary "
                                  "[0, %d)",
                                  (int)ids[i], i, t->vocab_size);
+    if (t->bpe) {
+        char *p = nullptr;
+        size_t got = 0, cap = 0;
+        enum status st = bpe_decode(t->bpe, ids, n, &p, &got, &cap);
+        if (st != STATUS_OK) {
+            free(p);
+            return st;
+        }
+        *text = p;
+        *len = got;
+        return STATUS_OK;
+    }
     try {
         std::string s;
         enum status st = decode_ids(t, std::vector<int>(ids, ids + n), &s);
@@ -509,12 +642,14 @@ enum status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int 
 
 const char *tokenizer_id_to_piece(const struct tokenizer *t, int32_t id)
 {
-    return id_valid(t, id) ? t->pieces[id].c_str() : nullptr;
+    if (!id_valid(t, id)) return nullptr;
+    return t->bpe ? t->bpe->pieces[id] : t->pieces[id].c_str();
 }
 
 int32_t tokenizer_piece_to_id(const struct tokenizer *t, const char *piece)
 {
     if (!piece) return -1;
+    if (t->bpe) return bpe_piece_to_id(t->bpe, piece, strlen(piece));
     try {
         const int id = t->sp.PieceToId(piece);
         /* SentencePiece answers the unk id for pieces it does not know. */
@@ -527,12 +662,13 @@ int32_t tokenizer_piece_to_id(const struct tokenizer *t, const char *piece)
 
 int tokenizer_is_byte(const struct tokenizer *t, int32_t id)
 {
-    return id_valid(t, id) && (t->flags[id] & PIECE_BYTE);
+    return id_valid(t, id) && !t->bpe && (t->flags[id] & PIECE_BYTE);
 }
 
 int tokenizer_is_control(const struct tokenizer *t, int32_t id)
 {
-    return id_valid(t, id) && (t->flags[id] & PIECE_CONTROL);
+    if (!id_valid(t, id)) return 0;
+    return t->bpe ? (t->bpe->flags[id] & BPE_PIECE_SPECIAL) != 0 : (t->flags[id] & PIECE_CONTROL) != 0;
 }
 
 void detokenizer_init(struct detokenizer *d, const struct tokenizer *t)
@@ -561,6 +697,13 @@ enum status detokenizer_push(struct detokenizer *d, int32_t id, const char **tex
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "detokenizer: id %d is outside the vocabulary [0, %d)", (int)id,
                              t->vocab_size);
+    if (t->bpe) {
+        try {
+            return bpe_detok_push(d, id, text, len);
+        } catch (...) {
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
+        }
+    }
     if (base_grow((void **)&d->pending, &d->cap_pending, (size_t)d->n_pending + 1, sizeof *d->pending))
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
     d->pending[d->n_pending++] = id;
@@ -592,6 +735,16 @@ enum status detokenizer_flush(struct detokenizer *d, const char **text, size_t *
     CHECK(d->tok != nullptr, "detokenizer_flush before detokenizer_init");
     *text = "";
     *len = 0;
+    if (d->tok->bpe) {
+        /* Whatever is held back is an incomplete character: U+FFFD per maximal subpart. */
+        size_t n = 0;
+        enum status st = bpe_utf8_lossy(d->held, (size_t)d->n_held, &d->out, &n, &d->cap_out);
+        d->n_held = 0;
+        if (st != STATUS_OK) return st;
+        *text = d->out;
+        *len = n;
+        return STATUS_OK;
+    }
     if (d->n_pending == 0) return detok_set_out(d, "", 0, text, len);
     try {
         /* Before any text, pending ids decode to nothing (only control or stripped space

