@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gguf_convert.h"
 #include "llama2c.h"
@@ -33,8 +34,11 @@ static int cmd_convert_gguf(int argc, char **argv)
         return cli_usage("convert gguf needs --gguf FILE --out DIR [--dtype f32|bf16] [--keep-blocks]%s", "");
     enum status st = gguf_convert(gguf, out, !strcmp(dt, "bf16") ? DTYPE_BF16 : DTYPE_F32, keep_blocks);
     if (st != STATUS_OK) return cli_fail(st);
-    fprintf(stderr, "shardlm: wrote %s (config.json, model.safetensors%s, tokenizer.model)\n", out,
-            keep_blocks ? " with the quantized matrices as blocks" : "");
+    char tok[4096];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", out);
+    fprintf(stderr, "shardlm: wrote %s (config.json, model.safetensors%s, %s)\n", out,
+            keep_blocks ? " with the quantized matrices as blocks" : "",
+            access(tok, F_OK) == 0 ? "tokenizer.json" : "tokenizer.model");
     return 0;
 }
 

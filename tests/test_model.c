@@ -10,9 +10,10 @@
  *                                layout at (TP, PP), loaded back at tp = pp = 1.
  *   test_model cuda DATA_DIR NAME  the CUDA backend's forward (bf16) against the CPU backend's
  *                                (f32) on the same prompt (label gpu; SKIP without a GPU).
- *   test_model gemma DIR REF_JSON  a converted Gemma 3 checkpoint against the float64 NumPy
- *                                reference (tests/reference/gemma3_ref.py) on the GGUF file;
- *                                SKIP when the model was not fetched (.cache).
+ *   test_model gemma|ref DIR REF_JSON  a converted GGUF checkpoint (Gemma 3, SmolLM2) against
+ *                                the float64 NumPy reference (tests/reference/gemma3_ref.py,
+ *                                llama_gguf_ref.py) on the GGUF file; SKIP when the model was
+ *                                not fetched (.cache).
  *   test_model gemma-gguf GGUF DIR  the same Gemma 3 served from its GGUF (weights kept as
  *                                ggml blocks) against the f32 conversion DIR: logits of the
  *                                golden prompts and 32 greedy tokens each, teacher-forced,
@@ -387,7 +388,7 @@ static int run_gemma(const char *dir, const char *ref_path)
     struct env e;
     enum status st = env_open(&e, dir, n + 16);
     snprintf(detail, sizeof detail, "%s: %s", status_name(st), status_message());
-    check(st == STATUS_OK, "load converted Gemma 3", st == STATUS_OK ? dir : detail);
+    check(st == STATUS_OK, "load the model", st == STATUS_OK ? dir : detail);
     if (st == STATUS_OK) {
         const int V = e.m->cfg.vocab_size;
         float *logits = malloc((size_t)n * (size_t)V * sizeof *logits);
@@ -685,7 +686,7 @@ static int run_command(int argc, char **argv)
         snprintf(dir, sizeof dir, "%s/%s", argv[2], argv[3]);
         return run_hf(dir);
     }
-    if (argc >= 4 && !strcmp(argv[1], "gemma")) return run_gemma(argv[2], argv[3]);
+    if (argc >= 4 && (!strcmp(argv[1], "gemma") || !strcmp(argv[1], "ref"))) return run_gemma(argv[2], argv[3]);
     if (argc >= 4 && !strcmp(argv[1], "gemma-gguf")) return run_gemma_gguf(argv[2], argv[3]);
     if (argc >= 4 && !strcmp(argv[1], "cuda")) {
         char dir[4096];

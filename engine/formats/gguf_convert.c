@@ -1,5 +1,5 @@
 /* engine/formats/gguf_convert.c - GGUF (llama.cpp) import into a Hugging Face-layout directory (see
- * gguf_convert.h). The model's meaning comes from llama.cpp's gemma3 loader and its
+ * gguf_convert.h). The model's meaning comes from llama.cpp's gemma3 and llama loaders and its
  * convert_hf_to_gguf.py (Gemma3Model), inverted here; the tensor names of both sides come from
  * the one table (weight_names.c: its gguf and hf columns).
  * gguf_model_config is also what checkpoint_gguf.c serves a GGUF file with.
@@ -307,7 +307,7 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
                 CHECK(wn->gguf, "no GGUF name for %s", wn->name);
                 (void)weight_names_format(gname, sizeof gname, NULL, wn->gguf, l);
                 if (wn->kind == WEIGHT_KIND_LM_HEAD) snprintf(hname, sizeof hname, "%s", wn->hf);
-                else (void)weight_names_format(hname, sizeof hname, "model.", weight_names_hf(wn->kind, 1), l);
+                else (void)weight_names_format(hname, sizeof hname, "model.", weight_names_hf(wn->kind, c.family == MODEL_FAMILY_GEMMA3), l);
                 int ndim;
                 int64_t d0, d1;
                 weight_kind_shape(&c, wn->kind, &ndim, &d0, &d1);
@@ -324,8 +324,8 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
             int known = 0;
             for (int j = 0; j < used && !known; j++) known = items[j].t == t;
             if (!known) {
-                s = status_errorf(STATUS_UNSUPPORTED, "%s: tensor '%s' is not part of a Gemma 3 text model",
-                                  gguf_path, t->name);
+                s = status_errorf(STATUS_UNSUPPORTED, "%s: tensor '%s' is not part of a %s text model",
+                                  gguf_path, t->name, c.architecture);
                 goto out;
             }
         }
