@@ -9,6 +9,7 @@
  * (its kept-blocks conversion) when that file is fetched. */
 #include "gguf_convert.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -261,6 +262,69 @@ static enum status gc_add(struct safetensors_writer *w, const struct gguf *g, co
     return safetensors_writer_add_deferred(w, hf_name, dtype, ndim, shape, gc_fill, item);
 }
 
+/* A special token's text for tokenizer_config.json: the piece of id `key` in the metadata, or
+ * NULL (absent, or not an id of the vocabulary). */
+static cJSON *gc_token_text(const struct gguf *g, const char *key)
+{
+    const struct gguf_kv *tokens;
+    int64_t id = -1;
+    uint64_t len = 0;
+    if (!gguf_find_kv(g, key) || gguf_get_int(g, key, &id) || gguf_get_arr(g, "tokenizer.ggml.tokens", &tokens) ||
+        id < 0 || (uint64_t)id >= tokens->n)
+        return NULL;
+    const char *p = gguf_arr_str(tokens, (uint64_t)id, &len);
+    char *t = malloc(len + 1);
+    if (!t) return NULL;
+    memcpy(t, p, len);
+    t[len] = 0;
+    cJSON *j = cJSON_CreateString(t);
+    free(t);
+    return j;
+}
+
+/* OUT/tokenizer.json as Hugging Face tokenizers reads it (gguf_tokenizer.c's text less its
+ * "shardlm" object of special ids, which HF refuses) and OUT/tokenizer_config.json with those
+ * special tokens as HF writes them (bos_token, eos_token, pad_token, unk_token, add_bos_token),
+ * which tokenizer_json.c reads back beside the file. */
+static enum status gc_write_tokenizer_json(const struct gguf *g, const char *out_dir, const void *text, size_t n)
+{
+    char path[GC_PATH];
+    cJSON *root = cJSON_ParseWithLength(text, n), *cfg = cJSON_CreateObject();
+    char *tok = NULL, *conf = NULL;
+    enum status s = STATUS_OK;
+    if (!root || !cfg) {
+        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory writing the tokenizer");
+        goto out;
+    }
+    cJSON *ours = cJSON_DetachItemFromObjectCaseSensitive(root, "shardlm");
+    const cJSON *add = cJSON_GetObjectItemCaseSensitive(ours, "add_bos");
+    cJSON_AddBoolToObject(cfg, "add_bos_token", cJSON_IsTrue(add));
+    cJSON_Delete(ours);
+    static const char *const keys[][2] = {{"tokenizer.ggml.bos_token_id", "bos_token"},
+                                          {"tokenizer.ggml.eos_token_id", "eos_token"},
+                                          {"tokenizer.ggml.padding_token_id", "pad_token"},
+                                          {"tokenizer.ggml.unknown_token_id", "unk_token"}};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        cJSON *t = gc_token_text(g, keys[k][0]);
+        if (t) cJSON_AddItemToObject(cfg, keys[k][1], t);
+    }
+    cJSON_AddStringToObject(cfg, "tokenizer_class", "PreTrainedTokenizerFast");
+    if (!(tok = cJSON_PrintUnformatted(root)) || !(conf = cJSON_Print(cfg))) {
+        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory writing the tokenizer");
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer.json", out_dir);
+    if ((s = base_write_file(path, tok, strlen(tok)))) goto out;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", out_dir);
+    s = base_write_file(path, conf, strlen(conf));
+out:
+    free(tok);
+    free(conf);
+    cJSON_Delete(root);
+    cJSON_Delete(cfg);
+    return s;
+}
+
 enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype out_dtype, int keep_blocks)
 {
     enum status s;
@@ -339,9 +403,9 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
     if (s) goto out;
 
     /* A gpt2 vocabulary comes back as a tokenizer.json text, a llama one as a ModelProto. */
-    snprintf(path, sizeof path, proto_n && ((const char *)proto)[0] == '{' ? "%s/tokenizer.json" : "%s/tokenizer.model",
-             out_dir);
-    if ((s = base_write_file(path, proto, proto_n))) goto out;
+    if (proto_n && ((const char *)proto)[0] == '{') s = gc_write_tokenizer_json(g, out_dir, proto, proto_n);
+    else if (snprintf(path, sizeof path, "%s/tokenizer.model", out_dir) >= 0) s = base_write_file(path, proto, proto_n);
+    if (s) goto out;
     snprintf(path, sizeof path, "%s/config.json", out_dir);
     s = config_save(path, &c);
 out:

@@ -204,8 +204,11 @@ static enum status gguf_tokenizer_json(const struct gguf *g, void **data, size_t
         const int64_t type = types ? gguf_arr_int(types, i) : 1;
         if (ok && (type == 3 || type == 4)) {
             cJSON *a = cJSON_CreateObject();
+            /* Every field Hugging Face's AddedToken has: tokenizers refuses an entry without one. */
             ok = a && cJSON_AddNumberToObject(a, "id", (double)i) && cJSON_AddStringToObject(a, "content", piece->valuestring) &&
-                 cJSON_AddBoolToObject(a, "special", type == 3) && cJSON_AddBoolToObject(a, "normalized", 0);
+                 cJSON_AddBoolToObject(a, "single_word", 0) && cJSON_AddBoolToObject(a, "lstrip", 0) &&
+                 cJSON_AddBoolToObject(a, "rstrip", 0) && cJSON_AddBoolToObject(a, "normalized", 0) &&
+                 cJSON_AddBoolToObject(a, "special", type == 3);
             if (a) cJSON_AddItemToArray(added, a);
         }
         cJSON_Delete(piece);
@@ -228,10 +231,12 @@ static enum status gguf_tokenizer_json(const struct gguf *g, void **data, size_t
         if (st) cJSON_AddItemToArray(steps, st);
     }
     cJSON *bl = cJSON_CreateObject(), *dec = cJSON_AddObjectToObject(root, "decoder"), *ours = cJSON_AddObjectToObject(root, "shardlm");
+    /* Every field Hugging Face's ByteLevel has (tokenizers refuses the file without them). */
     ok = ok && bl && cJSON_AddStringToObject(bl, "type", "ByteLevel") && cJSON_AddBoolToObject(bl, "add_prefix_space", 0) &&
-         cJSON_AddBoolToObject(bl, "use_regex", 0);
+         cJSON_AddBoolToObject(bl, "trim_offsets", 1) && cJSON_AddBoolToObject(bl, "use_regex", 0);
     if (bl) cJSON_AddItemToArray(steps ? steps : root, bl);
-    ok = ok && dec && cJSON_AddStringToObject(dec, "type", "ByteLevel") && ours &&
+    ok = ok && dec && cJSON_AddStringToObject(dec, "type", "ByteLevel") && cJSON_AddBoolToObject(dec, "add_prefix_space", 1) &&
+         cJSON_AddBoolToObject(dec, "trim_offsets", 1) && cJSON_AddBoolToObject(dec, "use_regex", 1) && ours &&
          cJSON_AddNumberToObject(ours, "bos_id", bos) && cJSON_AddNumberToObject(ours, "eos_id", eos) &&
          cJSON_AddNumberToObject(ours, "pad_id", pad) && cJSON_AddNumberToObject(ours, "unk_id", unk) &&
          cJSON_AddBoolToObject(ours, "add_bos", add_bos && bos >= 0);
