@@ -61,30 +61,6 @@ static int find_nul(const ProtobufCMessageDescriptor *d, const uint8_t *data, si
 
 /* ---- merging --------------------------------------------------------------------------------- */
 
-/* The rewritten bytes; oom latches the first allocation failure. */
-struct wire_buf {
-    uint8_t *p;
-    size_t   n, cap;
-    int      oom;
-};
-
-static void put(struct wire_buf *b, const void *data, size_t n)
-{
-    if (b->oom || !n) return;
-    if (base_grow((void **)&b->p, &b->cap, b->n + n, 1)) {
-        b->oom = 1;
-        return;
-    }
-    memcpy(b->p + b->n, data, n);
-    b->n += n;
-}
-
-static void put_varint(struct wire_buf *b, uint64_t v)
-{
-    uint8_t t[PB_VARINT_MAX_BYTES];
-    put(b, t, (size_t)(pb_put_varint(t, v) - t));
-}
-
 static int is_singular_message(const ProtobufCFieldDescriptor *fd)
 {
     return fd && fd->type == PROTOBUF_C_TYPE_MESSAGE && fd->label != PROTOBUF_C_LABEL_REPEATED;
@@ -117,18 +93,16 @@ static int needs_merge(const ProtobufCMessageDescriptor *d, const uint8_t *data,
     return need;
 }
 
-static void merge_into(struct wire_buf *b, const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len,
+static void merge_into(struct pb_buf *b, const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len,
                        int depth);
 
 /* Appends field `number` holding the message data[0..len) of type d, merged within. */
-static void put_message_field(struct wire_buf *b, uint32_t number, const ProtobufCMessageDescriptor *d,
+static void put_message_field(struct pb_buf *b, uint32_t number, const ProtobufCMessageDescriptor *d,
                               const uint8_t *data, size_t len, int depth)
 {
-    struct wire_buf m = {0};
+    struct pb_buf m = {0};
     merge_into(&m, d, data, len, depth);
-    put_varint(b, pb_tag(number, PB_WIRE_LEN));
-    put_varint(b, m.n);
-    put(b, m.p, m.n);
+    pb_buf_len_field(b, number, m.p, m.n);
     b->oom |= m.oom;
     free(m.p);
 }
@@ -138,7 +112,7 @@ static void put_message_field(struct wire_buf *b, uint32_t number, const Protobu
  * defines merging to be), merged again within. An occurrence of another member of the same
  * oneof in between ends a run: protobuf clears a oneof when its member changes, so the earlier
  * run stays as it is (and is replaced on unpacking). Other fields are copied as they are. */
-static void merge_into(struct wire_buf *b, const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len,
+static void merge_into(struct pb_buf *b, const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len,
                        int depth)
 {
     struct pb_field f;
@@ -146,7 +120,7 @@ static void merge_into(struct wire_buf *b, const ProtobufCMessageDescriptor *d, 
     int ok = depth < WIRE_MAX_DEPTH;
     for (size_t at = 0; ok && at < len; n++) ok = !pb_next_field(data, len, &at, &f);
     if (!ok) {
-        put(b, data, len); /* too deep, or not a message: protobuf-c judges it */
+        pb_buf_bytes(b, data, len); /* too deep, or not a message: protobuf-c judges it */
         return;
     }
     const size_t NONE = (size_t)-1;
@@ -180,12 +154,12 @@ static void merge_into(struct wire_buf *b, const ProtobufCMessageDescriptor *d, 
         const struct pb_field *x = &fs[i];
         const ProtobufCFieldDescriptor *fd = len_field(d, x);
         if (!fd || fd->type != PROTOBUF_C_TYPE_MESSAGE) {
-            put(b, data + x->start, x->end - x->start);
+            pb_buf_bytes(b, data + x->start, x->end - x->start);
         } else if (next[i] == NONE && first[i] == i) {
             put_message_field(b, x->number, fd->descriptor, data + x->payload, x->end - x->payload, depth + 1);
         } else if (next[i] == NONE) { /* the last of a run: all of it, here */
-            struct wire_buf run = {0};
-            for (size_t j = first[i]; j != NONE; j = next[j]) put(&run, data + fs[j].payload, fs[j].end - fs[j].payload);
+            struct pb_buf run = {0};
+            for (size_t j = first[i]; j != NONE; j = next[j]) pb_buf_bytes(&run, data + fs[j].payload, fs[j].end - fs[j].payload);
             put_message_field(b, x->number, fd->descriptor, run.p, run.n, depth + 1);
             b->oom |= run.oom;
             free(run.p);
@@ -204,7 +178,7 @@ enum status wire_prepare(const ProtobufCMessageDescriptor *d, const uint8_t *dat
     *out = NULL;
     *out_len = 0;
     if (needs_merge(d, data, len, 0)) {
-        struct wire_buf b = {0};
+        struct pb_buf b = {0};
         merge_into(&b, d, data, len, 0);
         if (b.oom) {
             free(b.p);

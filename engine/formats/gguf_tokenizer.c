@@ -7,6 +7,7 @@
  * SentencePiece; the Gemma 3 vocabulary when the real file is present), tests/test_bpe.py
  * (SmolLM2's gpt2 vocabulary against Hugging Face tokenizers). */
 #include "gguf_tokenizer.h"
+#include "pbwire.h"
 
 #include <cjson/cJSON.h>
 
@@ -17,59 +18,21 @@
 
 /* ---- protobuf wire format (what sentencepiece_model.proto needs) ------------------------ */
 
-/* A growable byte buffer for the protobuf wire format. */
-struct pb {
-    uint8_t *p;
-    size_t   n, cap;
-    int      oom;
-};
-
-static void pb_bytes(struct pb *b, const void *src, size_t n)
+/* The ModelProto's fields over pbwire.h's writer. int32 and enum fields: negative values are
+ * sign-extended to 64 bits, as protobuf does. */
+static void pb_int32(struct pb_buf *b, uint32_t field, int32_t v)
 {
-    if (b->oom) return;
-    if (n > SIZE_MAX - b->n || base_grow((void **)&b->p, &b->cap, b->n + n, 1)) {
-        b->oom = 1;
-        return;
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
+    pb_buf_varint(b, pb_tag(field, PB_WIRE_VARINT));
+    pb_buf_varint(b, (uint64_t)(int64_t)v);
 }
 
-static void pb_varint(struct pb *b, uint64_t v)
-{
-    uint8_t tmp[10];
-    int n = 0;
-    do {
-        tmp[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
-        v >>= 7;
-    } while (v);
-    pb_bytes(b, tmp, (size_t)n);
-}
-
-/* Wire types: 0 varint, 2 length-delimited, 5 fixed32. */
-static void pb_tag(struct pb *b, int field, int wire) { pb_varint(b, (uint64_t)field << 3 | (uint64_t)wire); }
-
-/* int32 and enum fields: negative values are sign-extended to 64 bits, as protobuf does. */
-static void pb_int32(struct pb *b, int field, int32_t v)
-{
-    pb_tag(b, field, 0);
-    pb_varint(b, (uint64_t)(int64_t)v);
-}
-
-static void pb_str(struct pb *b, int field, const void *s, size_t n)
-{
-    pb_tag(b, field, 2);
-    pb_varint(b, n);
-    pb_bytes(b, s, n);
-}
-
-static void pb_float(struct pb *b, int field, float f)
+static void pb_float(struct pb_buf *b, uint32_t field, float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
     uint8_t le[4] = {(uint8_t)u, (uint8_t)(u >> 8), (uint8_t)(u >> 16), (uint8_t)(u >> 24)};
-    pb_tag(b, field, 5);
-    pb_bytes(b, le, 4);
+    pb_buf_varint(b, pb_tag(field, PB_WIRE_32BIT));
+    pb_buf_bytes(b, le, 4);
 }
 
 /* ---- the ModelProto ---------------------------------------------------------------------- */
@@ -304,7 +267,7 @@ enum status gguf_tokenizer_model_proto(const struct gguf *g, void **data, size_t
                                  gguf_path(g));
     }
 
-    struct pb out = {0}, sub = {0};
+    struct pb_buf out = {0}, sub = {0};
     int have_bytes = 0;
     for (uint64_t i = 0; i < nv; i++) {
         uint64_t len;
@@ -315,11 +278,11 @@ enum status gguf_tokenizer_model_proto(const struct gguf *g, void **data, size_t
         else if (type == SP_UNKNOWN) type = SP_CONTROL; /* only one UNKNOWN allowed */
         if (type == SP_BYTE) have_bytes = 1;
         sub.n = 0;
-        pb_str(&sub, 1, p, (size_t)len);
+        pb_buf_len_field(&sub, 1, p, (size_t)len);
         pb_float(&sub, 2, scores ? (float)gguf_arr_float(scores, i) : 0.0f);
         pb_int32(&sub, 3, (int32_t)type);
         if (sub.oom) break;
-        pb_str(&out, 1, sub.p, sub.n);
+        pb_buf_len_field(&out, 1, sub.p, sub.n);
     }
 
     /* TrainerSpec (field 2). Ids and piece names are what SentencePieceProcessor reports as
@@ -337,18 +300,18 @@ enum status gguf_tokenizer_model_proto(const struct gguf *g, void **data, size_t
         if (special[k] < 0) continue;
         uint64_t len;
         const char *p = gguf_arr_str(tokens, (uint64_t)special[k], &len);
-        pb_str(&sub, 45 + k, p, (size_t)len); /* unk_piece, bos_piece, eos_piece, pad_piece */
+        pb_buf_len_field(&sub, 45 + k, p, (size_t)len); /* unk_piece, bos_piece, eos_piece, pad_piece */
     }
-    if (!sub.oom) pb_str(&out, 2, sub.p, sub.n);
+    if (!sub.oom) pb_buf_len_field(&out, 2, sub.p, sub.n);
 
     /* NormalizerSpec (field 3): no Unicode normalization (llama.cpp applies none), spaces
      * escaped to U+2581, runs of spaces kept. */
     sub.n = 0;
-    pb_str(&sub, 1, "identity", 8);
+    pb_buf_len_field(&sub, 1, "identity", 8);
     pb_int32(&sub, 3, add_space_prefix);
     pb_int32(&sub, 4, 0); /* remove_extra_whitespaces */
     pb_int32(&sub, 5, 1); /* escape_whitespaces */
-    if (!sub.oom) pb_str(&out, 3, sub.p, sub.n);
+    if (!sub.oom) pb_buf_len_field(&out, 3, sub.p, sub.n);
 
     int oom = out.oom || sub.oom;
     free(sub.p);

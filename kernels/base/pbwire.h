@@ -10,6 +10,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "base.h"
 
 enum {
     PB_WIRE_VARINT = 0,
@@ -92,6 +95,40 @@ static inline int pb_next_field(const uint8_t *data, size_t len, size_t *at, str
     *at += (size_t)n;
     f->end = *at;
     return 0;
+}
+
+/* ---- writing into a growable buffer ----------------------------------------------------------- */
+
+/* The bytes written so far; oom latches the first allocation failure (later writes do nothing). */
+struct pb_buf {
+    uint8_t *p;
+    size_t   n, cap;
+    int      oom;
+};
+
+static inline void pb_buf_bytes(struct pb_buf *b, const void *src, size_t n)
+{
+    if (b->oom || !n) return;
+    if (n > SIZE_MAX - b->n || base_grow((void **)&b->p, &b->cap, b->n + n, 1)) {
+        b->oom = 1;
+        return;
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+
+static inline void pb_buf_varint(struct pb_buf *b, uint64_t v)
+{
+    uint8_t t[PB_VARINT_MAX_BYTES];
+    pb_buf_bytes(b, t, (size_t)(pb_put_varint(t, v) - t));
+}
+
+/* A length-delimited field: tag, length, the n bytes of s. */
+static inline void pb_buf_len_field(struct pb_buf *b, uint32_t number, const void *s, size_t n)
+{
+    pb_buf_varint(b, pb_tag(number, PB_WIRE_LEN));
+    pb_buf_varint(b, n);
+    pb_buf_bytes(b, s, n);
 }
 
 #endif
