@@ -4,6 +4,7 @@
 # with shardlm itself), and the model directories the C tests load:
 #   OUT/gpt2, OUT/llama_sharded_bf16, OUT/llama_f16     random HF checkpoints + reference.json
 #   OUT/llama_mqa_v509, OUT/gpt2_v509                   odd vocabulary; one KV head (llama)
+#   OUT/qwen2, OUT/qwen3                                 q/k/v biases; QK norm, wide heads
 #   OUT/stories260K                                     `shardlm convert llama2c` of the asset
 #   OUT/stories260K_ref.json                            NumPy greedy ids and logits
 # Without the shared assets the stories260K part is left out (the C test then SKIPs it).
@@ -21,6 +22,9 @@ mkdir -p "$out"
 # Odd vocabulary (vocab-parallel padding) and one KV head (replicated when tp > 1).
 "$py" "$here/reference/make_models.py" llama --out "$out/llama_mqa_v509" --seed 4 --vocab 509 --kv-heads 1
 "$py" "$here/reference/make_models.py" gpt2 --out "$out/gpt2_v509" --seed 5 --vocab 509
+# Qwen 2 (q/k/v biases) and Qwen 3 (QK norm, head_dim 16 with 8 heads on a hidden size of 64).
+"$py" "$here/reference/make_models.py" qwen2 --out "$out/qwen2" --seed 6
+"$py" "$here/reference/make_models.py" qwen3 --out "$out/qwen3" --seed 7
 if [ -f "$assets/stories260K/stories260K.bin" ] && [ -f "$assets/stories260K/tok512.model" ]; then
   "$shardlm" convert llama2c --checkpoint "$assets/stories260K/stories260K.bin" \
     --tokenizer "$assets/stories260K/tok512.model" --out "$out/stories260K"

@@ -618,8 +618,8 @@ static void test_config(void)
     expect_config_error("config: unknown architecture",
                         "{\"architectures\": [\"FalconForCausalLM\"], \"hidden_size\": 64}",
                         STATUS_UNSUPPORTED, "\"FalconForCausalLM\" is not supported (supported: "
-                                            "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel, "
-                                            "Gemma3ForCausalLM");
+                                            "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                                            "Qwen3ForCausalLM, GPT2LMHeadModel, Gemma3ForCausalLM");
     expect_config_error("config: rope_scaling set",
                         "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
                         " \"intermediate_size\": 172, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"

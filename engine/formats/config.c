@@ -16,7 +16,7 @@
 #define CONFIG_MAX_DIM   (1 << 24)  /* bounds every size so that products fit in int64 */
 
 static const char *const supported_architectures =
-    "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel, Gemma3ForCausalLM, "
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel, Gemma3ForCausalLM, "
     "Gemma3ForConditionalGeneration (text only)";
 
 /* ---- reading JSON fields ---------------------------------------------------------------- */
@@ -152,9 +152,18 @@ static enum status get_activation(const char *name, const char *key, const char 
 
 /* ---- architectures ---------------------------------------------------------------------- */
 
-static enum status parse_llama(const cJSON *root, const char *name, int mistral,
+/* The Llama-shaped families: one parser, their differences in defaults. */
+enum llama_flavor {
+    LLAMA_PLAIN,   /* LlamaForCausalLM */
+    LLAMA_MISTRAL, /* MistralForCausalLM: a sliding window by default */
+    LLAMA_QWEN2,   /* Qwen2ForCausalLM: q, k, v biases (always; o has none) */
+    LLAMA_QWEN3,   /* Qwen3ForCausalLM: RMSNorm of each head's q and k before rotary */
+};
+
+static enum status parse_llama(const cJSON *root, const char *name, enum llama_flavor flavor,
                                struct model_config *c)
 {
+    const int mistral = flavor == LLAMA_MISTRAL, qwen = flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN3;
     enum status st;
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
     if (rs && !cJSON_IsNull(rs))
@@ -173,8 +182,8 @@ static enum status parse_llama(const cJSON *root, const char *name, int mistral,
         (st = get_float(root, name, "rms_norm_eps", 1e-6f, &c->norm_eps)) ||
         (st = get_float(root, name, "rope_theta", 10000.0f, &c->rope_theta)) ||
         (st = get_bool(root, name, "tie_word_embeddings", 0, &c->tied_embeddings)) ||
-        (st = get_bool(root, name, "attention_bias", 0, &c->qkv_bias)) ||
-        (st = get_bool(root, name, "attention_out_bias", c->qkv_bias, &c->attn_out_bias)) ||
+        (st = get_bool(root, name, "attention_bias", flavor == LLAMA_QWEN2, &c->qkv_bias)) ||
+        (st = get_bool(root, name, "attention_out_bias", flavor == LLAMA_QWEN2 ? 0 : c->qkv_bias, &c->attn_out_bias)) ||
         (st = get_bool(root, name, "mlp_bias", 0, &c->mlp_bias)))
         return st;
     if (c->n_heads <= 0)
@@ -206,6 +215,14 @@ static enum status parse_llama(const cJSON *root, const char *name, int mistral,
     if (act && (st = get_activation(name, "hidden_act", act, &c->activation))) return st;
 
     c->sliding_window = 0;
+    c->qk_norm = flavor == LLAMA_QWEN3;
+    if (qwen) { /* Qwen's window covers only the layers from max_window_layers on: not modelled */
+        int use = 0;
+        if ((st = get_bool(root, name, "use_sliding_window", 0, &use))) return st;
+        if (use)
+            return status_errorf(STATUS_UNSUPPORTED, "%s: field 'use_sliding_window' is true; Qwen's sliding "
+                                 "window (layers from max_window_layers on) is not supported", name);
+    }
     if (mistral) {
         const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
         if (!sw) c->sliding_window = 4096; /* MistralConfig's default */
@@ -486,6 +503,8 @@ enum status config_parse(const char *json, const char *name, struct model_config
         }
         if (!strcmp(mt, "llama")) arch = "LlamaForCausalLM";
         else if (!strcmp(mt, "mistral")) arch = "MistralForCausalLM";
+        else if (!strcmp(mt, "qwen2")) arch = "Qwen2ForCausalLM";
+        else if (!strcmp(mt, "qwen3")) arch = "Qwen3ForCausalLM";
         else if (!strcmp(mt, "gpt2")) arch = "GPT2LMHeadModel";
         else if (!strcmp(mt, "gemma3_text")) arch = "Gemma3ForCausalLM";
         else if (!strcmp(mt, "gemma3")) arch = "Gemma3ForConditionalGeneration";
@@ -497,8 +516,10 @@ enum status config_parse(const char *json, const char *name, struct model_config
         }
     }
 
-    if (!strcmp(arch, "LlamaForCausalLM")) st = parse_llama(root, name, 0, &c);
-    else if (!strcmp(arch, "MistralForCausalLM")) st = parse_llama(root, name, 1, &c);
+    if (!strcmp(arch, "LlamaForCausalLM")) st = parse_llama(root, name, LLAMA_PLAIN, &c);
+    else if (!strcmp(arch, "MistralForCausalLM")) st = parse_llama(root, name, LLAMA_MISTRAL, &c);
+    else if (!strcmp(arch, "Qwen2ForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN2, &c);
+    else if (!strcmp(arch, "Qwen3ForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN3, &c);
     else if (!strcmp(arch, "GPT2LMHeadModel")) st = parse_gpt2(root, name, &c);
     else if (!strcmp(arch, "Gemma3ForCausalLM")) st = parse_gemma3(root, name, &c);
     else if (!strcmp(arch, "Gemma3ForConditionalGeneration")) {
@@ -601,11 +622,15 @@ enum status config_validate(const struct model_config *c, const char *name)
                              (double)c->rope_theta_local, (double)c->norm_weight_offset,
                              c->sliding_window_pattern);
     /* What each family implies; a loader relies on these. */
+    const int qk_norm_family = c->family == MODEL_FAMILY_GEMMA3 || !strcmp(c->architecture, "Qwen3ForCausalLM");
+    if (c->qk_norm && !qk_norm_family)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: qk_norm belongs to Gemma 3 and Qwen 3, not to %s", name,
+                             c->architecture);
     if (c->family != MODEL_FAMILY_GEMMA3 &&
-        (c->embed_scale != 0.0f || c->qk_norm || c->sandwich_norms || c->norm_weight_offset != 0.0f ||
+        (c->embed_scale != 0.0f || c->sandwich_norms || c->norm_weight_offset != 0.0f ||
          c->attn_scale != 0.0f || c->sliding_window_pattern || c->rope_theta_local != 0.0f))
         return status_errorf(STATUS_BAD_FORMAT,
-                             "%s: embed_scale, qk_norm, sandwich_norms, norm_weight_offset, "
+                             "%s: embed_scale, sandwich_norms, norm_weight_offset, "
                              "attn_scale, sliding_window_pattern and rope_theta_local are Gemma 3 "
                              "features and must be 0 in a %s model",
                              name, c->family == MODEL_FAMILY_GPT2 ? "GPT-2" : "Llama-family");

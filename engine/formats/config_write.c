@@ -62,7 +62,10 @@ static int add_llama_dims(cJSON *root, const struct model_config *c)
 static int add_llama(cJSON *root, const struct model_config *c)
 {
     int mistral = !strcmp(c->architecture, "MistralForCausalLM");
-    int ok = add_str(root, "model_type", mistral ? "mistral" : "llama") && add_llama_dims(root, c) &&
+    const char *type = mistral ? "mistral"
+                     : !strcmp(c->architecture, "Qwen2ForCausalLM") ? "qwen2"
+                     : !strcmp(c->architecture, "Qwen3ForCausalLM") ? "qwen3" : "llama";
+    int ok = add_str(root, "model_type", type) && add_llama_dims(root, c) &&
              add_str(root, "hidden_act", activation_hf_name(c->activation)) &&
              add_bool(root, "attention_bias", c->qkv_bias) &&
              add_bool(root, "mlp_bias", c->mlp_bias) &&
@@ -72,7 +75,7 @@ static int add_llama(cJSON *root, const struct model_config *c)
         ok = c->sliding_window ? add_num(root, "sliding_window", c->sliding_window)
                                : cJSON_AddNullToObject(root, "sliding_window") != NULL;
     if (ok && c->rot_dim != c->head_dim) ok = add_num(root, "rot_dim", c->rot_dim);
-    if (ok && c->attn_out_bias != c->qkv_bias)
+    if (ok && (c->attn_out_bias != c->qkv_bias || !strcmp(type, "qwen2")))
         ok = add_bool(root, "attention_out_bias", c->attn_out_bias);
     return ok;
 }
@@ -127,7 +130,8 @@ enum status config_save(const char *path, const struct model_config *c)
 
     if ((st = config_validate(c, path))) return st;
     if (c->family == MODEL_FAMILY_LLAMA && strcmp(c->architecture, "LlamaForCausalLM") &&
-        strcmp(c->architecture, "MistralForCausalLM"))
+        strcmp(c->architecture, "MistralForCausalLM") && strcmp(c->architecture, "Qwen2ForCausalLM") &&
+        strcmp(c->architecture, "Qwen3ForCausalLM"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
                              c->architecture);
     if (c->family == MODEL_FAMILY_LLAMA && !strcmp(c->architecture, "LlamaForCausalLM") &&

@@ -166,11 +166,27 @@ def init_gpt2(cfg, seed):
     return w
 
 
+def qwen_config(flavor, dtype="f32"):
+    """Qwen2ForCausalLM (q/k/v biases, no o bias) or Qwen3ForCausalLM (per-head RMSNorm of q and
+    k before rotary; head_dim larger than hidden / heads, as in Qwen3's small models)."""
+    cfg = llama_config(dtype)
+    cfg["architectures"] = ["Qwen2ForCausalLM" if flavor == "qwen2" else "Qwen3ForCausalLM"]
+    cfg["model_type"] = flavor
+    cfg["use_sliding_window"] = False
+    cfg["tie_word_embeddings"] = True
+    del cfg["attention_bias"], cfg["mlp_bias"]
+    if flavor == "qwen3":
+        cfg["attention_bias"] = False
+        cfg["head_dim"] = 16  # 8 heads x 16 = 128 != hidden 64
+    return cfg
+
+
 def init_llama(cfg, seed):
     rng = np.random.default_rng(seed)
     H, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = H // nh
+    hd = cfg.get("head_dim") or H // nh
+    flavor = cfg["model_type"]
 
     def lin(fan_out, fan_in):  # nn.Linear layout (out, in)
         return rng.standard_normal((fan_out, fan_in)) / math.sqrt(fan_in)
@@ -188,12 +204,20 @@ def init_llama(cfg, seed):
         w[p + "self_attn.k_proj.weight"] = 2.0 * lin(nkv * hd, H)
         w[p + "self_attn.v_proj.weight"] = lin(nkv * hd, H)
         w[p + "self_attn.o_proj.weight"] = lin(H, nh * hd)
+        if flavor == "qwen2":  # q, k, v biases
+            w[p + "self_attn.q_proj.bias"] = 0.5 * rng.standard_normal(nh * hd)
+            w[p + "self_attn.k_proj.bias"] = 0.5 * rng.standard_normal(nkv * hd)
+            w[p + "self_attn.v_proj.bias"] = 0.5 * rng.standard_normal(nkv * hd)
+        if flavor == "qwen3":  # RMSNorm weights over each head's features
+            w[p + "self_attn.q_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(hd)
+            w[p + "self_attn.k_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(hd)
         w[p + "post_attention_layernorm.weight"] = norm()
         w[p + "mlp.gate_proj.weight"] = lin(I, H)
         w[p + "mlp.up_proj.weight"] = lin(I, H)
         w[p + "mlp.down_proj.weight"] = lin(H, I)
     w["model.norm.weight"] = norm()
-    w["lm_head.weight"] = 0.5 * rng.standard_normal((V, H))
+    if not cfg.get("tie_word_embeddings"):
+        w["lm_head.weight"] = 0.5 * rng.standard_normal((V, H))
     return w
 
 
@@ -400,9 +424,15 @@ def llama_forward(cfg, w, tokens):
     for i in range(cfg["num_hidden_layers"]):
         p = "model.layers.%d." % i
         h = _rmsnorm(x, w[p + "input_layernorm.weight"], eps)
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, nh, hd).transpose(1, 0, 2)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
+        def proj(name, n):  # (heads, T, hd), with the projection's bias when the model has one
+            y = h @ w[p + name + ".weight"].T
+            if p + name + ".bias" in w:
+                y = y + w[p + name + ".bias"]
+            return y.reshape(T, n, hd).transpose(1, 0, 2)
+        q, k, v = proj("self_attn.q_proj", nh), proj("self_attn.k_proj", nkv), proj("self_attn.v_proj", nkv)
+        if p + "self_attn.q_norm.weight" in w:  # Qwen3: RMSNorm of each head, before rotary
+            q = _rmsnorm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = _rmsnorm(k, w[p + "self_attn.k_norm.weight"], eps)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         k = np.repeat(k, n_rep, axis=0)  # repeat_kv: query head h uses kv head h // n_rep
@@ -446,8 +476,8 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
         if vocab:
             cfg["vocab_size"] = vocab
         w = init_gpt2(cfg, seed)
-    elif model == "llama":
-        cfg = llama_config(dtype)
+    elif model in ("llama", "qwen2", "qwen3"):
+        cfg = llama_config(dtype) if model == "llama" else qwen_config(model, dtype)
         if vocab:
             cfg["vocab_size"] = vocab
         if kv_heads:
@@ -485,7 +515,7 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="write a small random HF checkpoint + float64 reference")
-    ap.add_argument("model", choices=["gpt2", "llama"])
+    ap.add_argument("model", choices=["gpt2", "llama", "qwen2", "qwen3"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=list(DTYPES), default="f32")
