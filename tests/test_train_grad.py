@@ -5,7 +5,8 @@
 
 For small random Llama (GQA, SwiGLU, untied head), GPT-2 (LayerNorm with biases, learned
 positions, GELU, tied head) and Gemma 3 (QK norm, sandwich norms, GeGLU, embedding scale,
-interleaved sliding-window layers with their own rotary base, tied head) checkpoints written
+interleaved sliding-window layers with their own rotary base, tied head), Qwen 2 (q/k/v biases,
+tied head) and Qwen 3 (per-head QK norm, head_dim 16 x 8 heads over hidden 64) checkpoints written
 here, the C driver (tests/test_train_grad.c: model_forward_train + model_backward) computes
 the loss and every weight gradient of a packed micro-batch (several documents, masked rows);
 this file recomputes them with jax.grad of a float64 forward written here from the
@@ -109,7 +110,7 @@ def write_model(kind, out):
         cfg = MM.gpt2_config("f32")
         MM.write_checkpoint(out, cfg, MM.init_gpt2(cfg, 3), "f32", 1)
         return cfg
-    cfg = MM.llama_config("f32")
+    cfg = MM.llama_config("f32") if kind == "llama" else MM.qwen_config(kind, "f32")
     MM.write_checkpoint(out, cfg, MM.init_llama(cfg, 5), "f32", 1)
     return cfg
 
@@ -178,13 +179,14 @@ def forward_loss(P, spec, batch, lora=None):
         q = lin("q", l, xn)
         k = lin("k", l, xn)
         v = lin("v", l, xn)
-        if kind == "gpt2":
+        if kind in ("gpt2", "qwen2"):
             q, k, v = q + g("q_bias", l), k + g("k_bias", l), v + g("v_bias", l)
         q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
         window, theta = 0, spec.get("theta", 10000.0)
-        if kind == "gemma3":
+        if kind in ("gemma3", "qwen3"):  # RMSNorm of each head's q and k, before rotary
             q = rmsnorm(q, g("q_norm", l), spec["eps"])
             k = rmsnorm(k, g("k_norm", l), spec["eps"])
+        if kind == "gemma3":
             glob = (l + 1) % spec["pattern"] == 0
             window = 0 if glob else spec["window"]
             theta = spec["theta"] if glob else spec["theta_local"]
@@ -411,7 +413,7 @@ def main():
     driver = sys.argv[1]
     DEVICE = sys.argv[2] if len(sys.argv) > 2 else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("llama", "gpt2", "gemma3"):
+        for kind in ("llama", "gpt2", "gemma3", "qwen2", "qwen3"):
             mdir = os.path.join(tmp, kind)
             cfg = write_model(kind, mdir)
             spec = spec_of(kind, cfg)
