@@ -121,38 +121,47 @@ static enum status gc_vocab(const struct gguf *g, struct model_config *c)
     return STATUS_OK;
 }
 
-/* general.architecture "llama" (Llama 1/2, Mistral, SmolLM, TinyLlama ... as
- * convert_hf_to_gguf.py writes them): llama.cpp's LLM_ARCH_LLAMA. Its converter permutes the
- * rows of attn_q and attn_k so that rotary rotates adjacent pairs (llama.cpp's rope type NORM):
- * rope_style pairs over the file's weights as they are. Llama 3's frequency scaling (a
- * rope_freqs tensor) and expert layers are refused, not ignored. */
-static enum status gguf_llama_config(const struct gguf *g, enum dtype dtype, struct model_config *c)
+/* The Llama-shaped architectures of llama.cpp: "llama" (Llama 1/2, Mistral, SmolLM, TinyLlama
+ * ... as convert_hf_to_gguf.py writes them), "qwen2" (q/k/v biases) and "qwen3" (per-head QK
+ * norm). llama.cpp's converter permutes the rows of a llama model's attn_q and attn_k so that
+ * rotary rotates adjacent pairs (its rope type NORM): rope_style pairs over the file's weights
+ * as they are; Qwen's keep Hugging Face's order and rotate halves (rope type NEOX). Biases come
+ * with the tensors (attn_q.bias). Llama 3's frequency scaling (a rope_freqs tensor) and expert
+ * layers are refused, not ignored. */
+static enum status gguf_llama_config(const struct gguf *g, const char *arch, enum dtype dtype, struct model_config *c)
 {
     enum status s;
     const char *path = gguf_path(g);
-    static const char *const unsupported[] = {"llama.expert_count", "llama.rope.scaling.factor",
-                                              "llama.attention.layer_norm_epsilon"};
-    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
-        if (gguf_find_kv(g, unsupported[i]))
-            return status_errorf(STATUS_UNSUPPORTED, "%s: metadata key '%s' is not supported", path, unsupported[i]);
+    char key[96];
+#define K(name) (snprintf(key, sizeof key, "%s." name, arch), key)
+    static const char *const unsupported[] = {"expert_count", "rope.scaling.factor", "attention.layer_norm_epsilon",
+                                              "attention.sliding_window"};
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, unsupported[i]);
+        if (gguf_find_kv(g, key))
+            return status_errorf(STATUS_UNSUPPORTED, "%s: metadata key '%s' is not supported", path, key);
+    }
     if (gguf_find_tensor(g, "rope_freqs.weight"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: tensor 'rope_freqs.weight' (Llama 3 rotary frequency "
                              "scaling) is not supported", path);
     memset(c, 0, sizeof *c);
     c->family = MODEL_FAMILY_LLAMA;
-    snprintf(c->architecture, sizeof c->architecture, "LlamaForCausalLM");
-    if ((s = gc_int(g, "llama.embedding_length", &c->d_model)) || (s = gc_int(g, "llama.block_count", &c->n_layers)) ||
-        (s = gc_int(g, "llama.feed_forward_length", &c->ffn_hidden)) ||
-        (s = gc_int(g, "llama.attention.head_count", &c->n_heads)) ||
-        (s = gc_int_or(g, "llama.attention.head_count_kv", c->n_heads, &c->n_kv_heads)) ||
-        (s = gc_int_or(g, "llama.attention.key_length", c->d_model / c->n_heads, &c->head_dim)) ||
-        (s = gc_int_or(g, "llama.rope.dimension_count", c->head_dim, &c->rot_dim)) ||
-        (s = gc_int(g, "llama.context_length", &c->max_positions)) ||
-        (s = gc_float_or(g, "llama.attention.layer_norm_rms_epsilon", 1e-5, &c->norm_eps)) ||
-        (s = gc_float_or(g, "llama.rope.freq_base", 10000.0, &c->rope_theta)) || (s = gc_vocab(g, c)))
+    const int qwen2 = !strcmp(arch, "qwen2"), qwen3 = !strcmp(arch, "qwen3");
+    snprintf(c->architecture, sizeof c->architecture, "%s",
+             qwen2 ? "Qwen2ForCausalLM" : qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
+    if ((s = gc_int(g, K("embedding_length"), &c->d_model)) || (s = gc_int(g, K("block_count"), &c->n_layers)) ||
+        (s = gc_int(g, K("feed_forward_length"), &c->ffn_hidden)) ||
+        (s = gc_int(g, K("attention.head_count"), &c->n_heads)) ||
+        (s = gc_int_or(g, K("attention.head_count_kv"), c->n_heads, &c->n_kv_heads)) ||
+        (s = gc_int_or(g, K("attention.key_length"), c->d_model / c->n_heads, &c->head_dim)) ||
+        (s = gc_int_or(g, K("rope.dimension_count"), c->head_dim, &c->rot_dim)) ||
+        (s = gc_int(g, K("context_length"), &c->max_positions)) ||
+        (s = gc_float_or(g, K("attention.layer_norm_rms_epsilon"), 1e-5, &c->norm_eps)) ||
+        (s = gc_float_or(g, K("rope.freq_base"), 10000.0, &c->rope_theta)) || (s = gc_vocab(g, c)))
         return s;
     int value_length = c->head_dim;
-    if ((s = gc_int_or(g, "llama.attention.value_length", c->head_dim, &value_length))) return s;
+    if ((s = gc_int_or(g, K("attention.value_length"), c->head_dim, &value_length))) return s;
+#undef K
     if (value_length != c->head_dim)
         return status_errorf(STATUS_UNSUPPORTED, "%s: key_length %d != value_length %d", path, c->head_dim,
                              value_length);
@@ -160,7 +169,11 @@ static enum status gguf_llama_config(const struct gguf *g, enum dtype dtype, str
     c->activation = ACTIVATION_SILU;
     c->gated_mlp = 1;
     c->positions = POSITION_KIND_ROTARY;
-    c->rope_style = ROPE_STYLE_PAIRS;
+    c->rope_style = qwen2 || qwen3 ? ROPE_STYLE_HALVES : ROPE_STYLE_PAIRS;
+    c->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+    c->attn_out_bias = gguf_find_tensor(g, "blk.0.attn_output.bias") != NULL;
+    c->mlp_bias = gguf_find_tensor(g, "blk.0.ffn_up.bias") != NULL;
+    c->qk_norm = qwen3;
     c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     c->dtype = dtype;
     return config_validate(c, path);
@@ -171,11 +184,12 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
     enum status s;
     const char *path = gguf_path(g), *arch = NULL;
     if ((s = gguf_get_str(g, "general.architecture", &arch))) return s;
-    if (!strcmp(arch, "llama")) return gguf_llama_config(g, dtype, c);
+    if (!strcmp(arch, "llama") || !strcmp(arch, "qwen2") || !strcmp(arch, "qwen3"))
+        return gguf_llama_config(g, arch, dtype, c);
     if (strcmp(arch, "gemma3"))
         return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: general.architecture \"%s\": only llama and gemma3 GGUF files load", path,
-                             arch);
+                             "%s: general.architecture \"%s\": only llama, qwen2, qwen3 and gemma3 GGUF files load",
+                             path, arch);
     static const char *const unsupported[] = {
         "gemma3.final_logit_softcapping", "gemma3.attn_logit_softcapping",
         "gemma3.rope.scaling.factor",     "gemma3.attention.sliding_window_pattern"};

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Writes a small Hugging Face-layout Llama / Qwen 2 / Qwen 3 checkpoint (make_models.py's, f32) as
+a GGUF file with gguf-py, the way llama.cpp's convert_hf_to_gguf.py names and lays it out, and
+the golden JSON that tests/test_model.c's `ref` mode reads, from the checkpoint's float64
+reference.json. Written only for shardlm's golden tests (golden_gguf_<model>); it follows
+convert_hf_to_gguf.py (LlamaModel.permute of q/k for "llama"; Qwen2Model / Qwen3Model keep
+Hugging Face's order), never shardlm's code.
+
+  hf_to_gguf.py --hf DIR --arch llama|qwen2|qwen3 --out FILE.gguf --ref OUT.json
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+try:
+    import gguf
+except ImportError as e:  # pragma: no cover
+    print(f"SKIP: {e} (pip install gguf)")
+    sys.exit(77)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        base = 8 + n
+        out = {}
+        for name, d in header.items():
+            if name == "__metadata__":
+                continue
+            if d["dtype"] != "F32":
+                raise ValueError("%s: %s (f32 checkpoints only)" % (name, d["dtype"]))
+            f.seek(base + d["data_offsets"][0])
+            out[name] = np.frombuffer(f.read(d["data_offsets"][1] - d["data_offsets"][0]), "<f4").reshape(d["shape"])
+    return out
+
+
+def permute(w, n_head):  # convert_hf_to_gguf.py LlamaModel.permute: rotate-half rows -> pairs
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hf", required=True)
+    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3"], required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ref", required=True)
+    a = ap.parse_args()
+    cfg = json.load(open(os.path.join(a.hf, "config.json")))
+    w = read_safetensors(os.path.join(a.hf, "model.safetensors"))
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
+    V = cfg["vocab_size"]
+
+    g = gguf.GGUFWriter(a.out, arch=a.arch)
+    A = a.arch
+    g.add_uint32(A + ".block_count", cfg["num_hidden_layers"])
+    g.add_uint32(A + ".context_length", cfg["max_position_embeddings"])
+    g.add_uint32(A + ".embedding_length", cfg["hidden_size"])
+    g.add_uint32(A + ".feed_forward_length", cfg["intermediate_size"])
+    g.add_uint32(A + ".attention.head_count", nh)
+    g.add_uint32(A + ".attention.head_count_kv", nkv)
+    g.add_uint32(A + ".attention.key_length", hd)
+    g.add_uint32(A + ".attention.value_length", hd)
+    g.add_uint32(A + ".rope.dimension_count", hd)
+    g.add_float32(A + ".attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
+    g.add_float32(A + ".rope.freq_base", cfg["rope_theta"])
+    # A SentencePiece-style vocabulary of V distinct pieces (the model is fed ids, not text).
+    g.add_tokenizer_model("llama")
+    g.add_token_list(["<unk>", "<s>", "</s>"] + ["\u2581t%d" % i for i in range(3, V)])
+    g.add_token_scores([0.0] * V)
+    g.add_token_types([2, 3, 3] + [1] * (V - 3))
+    g.add_bos_token_id(1)
+    g.add_eos_token_id(2)
+
+    def put(name, arr):
+        g.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+
+    put("token_embd.weight", w["model.embed_tokens.weight"])
+    for l in range(cfg["num_hidden_layers"]):
+        p, b = "model.layers.%d." % l, "blk.%d." % l
+        q, k = w[p + "self_attn.q_proj.weight"], w[p + "self_attn.k_proj.weight"]
+        if A == "llama":
+            q, k = permute(q, nh), permute(k, nkv)
+        put(b + "attn_norm.weight", w[p + "input_layernorm.weight"])
+        put(b + "attn_q.weight", q)
+        put(b + "attn_k.weight", k)
+        put(b + "attn_v.weight", w[p + "self_attn.v_proj.weight"])
+        put(b + "attn_output.weight", w[p + "self_attn.o_proj.weight"])
+        for src, dst in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v")):
+            if p + "self_attn.%s_proj.bias" % src in w:
+                put(b + dst + ".bias", w[p + "self_attn.%s_proj.bias" % src])
+        if p + "self_attn.q_norm.weight" in w:
+            put(b + "attn_q_norm.weight", w[p + "self_attn.q_norm.weight"])
+            put(b + "attn_k_norm.weight", w[p + "self_attn.k_norm.weight"])
+        put(b + "ffn_norm.weight", w[p + "post_attention_layernorm.weight"])
+        put(b + "ffn_gate.weight", w[p + "mlp.gate_proj.weight"])
+        put(b + "ffn_up.weight", w[p + "mlp.up_proj.weight"])
+        put(b + "ffn_down.weight", w[p + "mlp.down_proj.weight"])
+    put("output_norm.weight", w["model.norm.weight"])
+    if "lm_head.weight" in w:
+        put("output.weight", w["lm_head.weight"])
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
+
+    ref = json.load(open(os.path.join(a.hf, "reference.json")))
+    logits = np.array(ref["logits"])
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    json.dump({"ids": ref["prompt_ids"], "logits_last": logits[-1].tolist(),
+               "argmax": [int(i) for i in logits.argmax(axis=1)],
+               "margins": (top2[:, 1] - top2[:, 0]).tolist()}, open(a.ref, "w"))
+
+
+if __name__ == "__main__":
+    main()
