@@ -101,6 +101,7 @@ enum status convert_model_info_response(const struct model_info_out *mi, uint8_t
     m.vocab_size = i->vocab_size;
     m.context_length = i->max_positions;
     m.dtype = (char *)(i->dtype ? i->dtype : "");
+    m.quantization = (char *)(i->quantization ? i->quantization : "");
     m.device = (char *)(i->device ? i->device : "");
     m.tp_size = i->tp_size;
     m.dp_size = i->dp_size;

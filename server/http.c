@@ -286,8 +286,11 @@ static enum MHD_Result handle_models(struct server *s, struct MHD_Connection *c)
     char head[1024];
     snprintf(head, sizeof head,
              "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"shardlm\","
-             "\"root\":\"%s\",\"parent\":null,\"max_model_len\":%d}",
-             s->model_id, (long long)s->t_created, s->model_id, info.max_positions);
+             "\"root\":\"%s\",\"parent\":null,\"max_model_len\":%d,\"architecture\":\"%s\",\"quantization\":\"%s\","
+             "\"dtype\":\"%s\",\"chat_template\":\"%s\"}",
+             s->model_id, (long long)s->t_created, s->model_id, info.max_positions,
+             info.architecture ? info.architecture : "", info.quantization ? info.quantization : "",
+             info.dtype ? info.dtype : "", chat_template_name(s->tmpl));
     http_buf_append(&json, &len, &cap, head, strlen(head));
     /* The adapters as vLLM lists them: their own ids, the base as parent. */
     struct model_list ml = {.s = s, .json = &json, .len = &len, .cap = &cap, .max_positions = info.max_positions};

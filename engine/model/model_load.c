@@ -4,11 +4,26 @@
  * uploaded as the same bytes).
  * Not here: the forward pass and workspace (model.c), file formats (checkpoint.c).
  * Tests: tests/test_model.c. */
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model.h"
 #include "quant.h"
+
+/* Adds block type dt to m->quantization ("Q4_1,Q8_0"), once. */
+static void quantization_note(struct model *m, enum dtype dt)
+{
+    char name[16]; /* ggml's spelling: Q4_K */
+    snprintf(name, sizeof name, "%s", dtype_name(dt));
+    for (char *p = name; *p; p++) *p = (char)toupper((unsigned char)*p);
+    char *q = m->quantization;
+    if (!strcmp(q, "none")) q[0] = 0;
+    for (const char *p = q; (p = strstr(p, name)); p += strlen(name))
+        if ((p == q || p[-1] == ',') && (p[strlen(name)] == 0 || p[strlen(name)] == ',')) return;
+    size_t n = strlen(q);
+    snprintf(q + n, sizeof m->quantization - n, "%s%s", n ? "," : "", name);
+}
 
 static enum status own(struct model *m, void *ptr)
 {
@@ -95,7 +110,10 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     *t = hw.ndim == 1 ? tensor_make(NULL, dt, b->device, 1, hw.shape[0])
                       : tensor_make(NULL, dt, b->device, 2, hw.shape[0], hw.shape[1]);
     m->weight_bytes += hw.nbytes;
-    if (dtype_is_quant(dt)) m->weight_bytes_blocks += hw.nbytes;
+    if (dtype_is_quant(dt)) {
+        m->weight_bytes_blocks += hw.nbytes;
+        quantization_note(m, dt);
+    }
     if (b->device == DEVICE_CPU && hw.zero_copy && offset == 0.0f) {
         /* The mapping is read-only, and ops only read weights. */
         st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, NULL, 0,
@@ -212,6 +230,7 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     if ((tp_size > 1 || pp_size > 1) && (!par || !par->groups || !par->world))
         return status_errorf(STATUS_INVALID_ARGUMENT, "model: tp/pp > 1 needs the parallel groups");
     struct model *m = calloc(1, sizeof *m);
+    if (m) snprintf(m->quantization, sizeof m->quantization, "none");
     struct staging stg = {.dir = dir};
     if (!m) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
     enum status st = checkpoint_open(dir, &m->checkpoint);

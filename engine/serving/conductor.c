@@ -241,7 +241,7 @@ void conductor_get_model_info(const struct conductor *c, struct engine_model_inf
         .pp_size = c->m->pp_size, .dp_size = 1, .block_tokens = c->cache.block_tokens, .kv_blocks = c->cache.n_blocks,
         .bos_id = cfg->bos_id >= 0 ? cfg->bos_id : tokenizer_bos_id(c->tok),
         .eos_id = eos_id(c), .max_loras = c->adapters.cap, .max_lora_rank = c->adapters.max_rank,
-        .max_queue = c->o.max_queue,
+        .max_queue = c->o.max_queue, .quantization = c->m->quantization,
     };
 }
 

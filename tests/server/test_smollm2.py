@@ -68,7 +68,16 @@ def main():
             c = oa.completions.create(model=Path(a.gguf).name, prompt="The capital of France is", max_tokens=8,
                                       temperature=0)
             check("Paris" in c.choices[0].text, f"completion: 'The capital of France is' -> {c.choices[0].text!r}")
+            import json as _json
+            import urllib.request
+            models = _json.load(urllib.request.urlopen(srv.base + "/v1/models", timeout=30))["data"][0]
+            check(models["architecture"] == "LlamaForCausalLM" and "Q4_1" in models["quantization"].split(",")
+                  and models["max_model_len"] == 8192,
+                  f"/v1/models: {models['architecture']}, {models['quantization']}, {models['max_model_len']}")
             with Client(srv.target) as g:
+                info = g.model_info()
+                check(info.quantization == models["quantization"] and info.architecture == "LlamaForCausalLM",
+                      f"GetModelInfo: quantization {info.quantization!r}")
                 s = "Héllo wörld! 日本語 and emoji 🙂, code: x += 1\n\ttabs"
                 got = g.tokenize(s, add_bos=False)
                 want = hf.encode(s, add_special_tokens=False).ids
