@@ -63,10 +63,18 @@ def make_env(trim_blocks=True, lstrip_blocks=True):
     return env
 
 
+_ENVS = {}
+_COMPILED = {}
+
+
 def py_render(template, context, options):
-    env = make_env(options.get("trim_blocks", True), options.get("lstrip_blocks", True))
+    key = (options.get("trim_blocks", True), options.get("lstrip_blocks", True))
+    if key not in _ENVS:
+        _ENVS[key] = make_env(*key)
     try:
-        return True, env.from_string(template).render(**context)
+        if (key, template) not in _COMPILED:
+            _COMPILED[(key, template)] = _ENVS[key].from_string(template)
+        return True, _COMPILED[(key, template)].render(**context)
     except Exception as e:  # any jinja2 or Python error: the C side must fail too
         return False, f"{type(e).__name__}: {e}"
 

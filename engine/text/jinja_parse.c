@@ -600,6 +600,8 @@ static struct jnode *parse_postfix(struct parser *p, struct jnode *n)
             if (parts.n == 0) PFAIL(p, t->line, "expected a subscript");
             struct jnode *key = parts.v[0];
             if (parts.n > 1) {
+                for (int k = 0; k < parts.n; k++)
+                    if (parts.v[k]->kind == JN_SLICE) PFAIL(p, t->line, "slices inside a tuple subscript are not supported");
                 key = node(p, JN_TUPLE, t->line);
                 key->kids = parts.v, key->n_kids = parts.n;
             }
