@@ -1,7 +1,8 @@
 /* engine/text/jinja_impl.h - what the files of the Jinja interpreter share (jinja.h is the
  * public contract): the arena that owns a template's syntax tree and a render's values, the
- * value type, the syntax tree, and the helpers between the lexer/parser (jinja_parse.c), the
- * values (jinja_value.c), the evaluator (jinja_eval.c) and the builtins (jinja_builtins.c).
+ * value type, the syntax tree, and the helpers between the lexer (jinja_lex.c), the parser
+ * (jinja_parse.c), the values (jinja_value.c), the evaluator (jinja_eval.c) and the builtins
+ * (jinja_builtins.c, jinja_tests.c).
  * Errors inside a render or a parse unwind with longjmp to the one entry point that set the
  * jmp_buf (jinja_compile, render): everything allocated meanwhile lives in the arena, which
  * the entry point frees, so nothing leaks on the way out. */
@@ -140,6 +141,49 @@ struct jinja_template {
     struct jinja_options opt;
 };
 
+/* ---- lexer and parser (jinja_lex.c, jinja_parse.c) ------------------------------------ */
+enum tok_type {
+    TK_EOF, TK_DATA, TK_VAR_BEGIN, TK_VAR_END, TK_BLOCK_BEGIN, TK_BLOCK_END,
+    TK_NAME, TK_STRING, TK_INT, TK_FLOAT, TK_OP,
+};
+
+struct tok {
+    enum tok_type type;
+    int           line;
+    const char   *p; /* TK_NAME, TK_OP: NUL-terminated copy; TK_DATA, TK_STRING: value */
+    size_t        n;
+    int64_t       i;
+    double        f;
+};
+
+struct parser {
+    struct jstate *st;
+    const struct jinja_options *opt;
+    const char *src;
+    size_t      len, pos;
+    int         line;
+    struct tok *toks;
+    size_t      n_toks, cap_toks, at;
+    int         depth;    /* expression nesting */
+    int         in_loop;  /* for break / continue */
+};
+
+/* Fails the parse at line_ with STATUS_BAD_FORMAT. */
+#define PFAIL(p, line_, ...) ((p)->st->line = (line_), jfail((p)->st, STATUS_BAD_FORMAT, __VA_ARGS__))
+
+/* jinja_lex.c: the token stream of p->src, ending with TK_EOF; and reading it. */
+void jlex(struct parser *p);
+char *jparse_strdup(struct parser *p, const char *s, size_t n);
+struct tok *jtok_cur(struct parser *p);
+struct tok *jtok_peek(struct parser *p, int k);
+struct tok *jtok_next(struct parser *p);
+int jtok_is_op(const struct tok *t, const char *op);
+int jtok_is_name(const struct tok *t, const char *n);
+const char *jtok_desc(const struct tok *t);
+void jtok_expect_op(struct parser *p, const char *op);
+void jtok_expect_type(struct parser *p, enum tok_type type, const char *what);
+const char *jtok_expect_name(struct parser *p);
+
 /* jinja_parse.c: builds t->root from src, or returns STATUS_BAD_FORMAT with the line. */
 enum status jinja_parse(struct jinja_template *t, const char *src, size_t len);
 
@@ -225,7 +269,12 @@ struct jv jcall_value(struct jstate *st, struct jv f, struct jv *args, int n_arg
 struct jv jgetattr(struct jstate *st, struct jv obj, const char *name);
 struct jv jgetitem(struct jstate *st, struct jv obj, struct jv key);
 
-/* jinja_builtins.c: args[0] is the filtered/tested value or the method's object. */
+/* jinja_builtins.c: ASCII case mapping of a string (mode 'u' upper, 'l' lower, 't' str.title,
+ * 'c' capitalize), and the first occurrence of needle in hay (NULL when none). */
+struct jv   jstr_case(struct jstate *st, struct jv s, int mode);
+const char *jstr_find(const char *hay, size_t n_hay, const char *needle, size_t n_needle);
+
+/* jinja_builtins.c (filters, methods) and jinja_tests.c (tests, globals): args[0] is the filtered/tested value or the method's object. */
 struct jv jfilter(struct jstate *st, const char *name, struct jv *args, int n_args,
                   const char **kw_names, struct jv *kw_vals, int n_kw);
 int       jtest(struct jstate *st, const char *name, struct jv *args, int n_args);
