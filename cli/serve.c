@@ -18,7 +18,8 @@
  *                            come first served; the client (API key, else connection, HTTP
  *                            `user`) with the fewest running samples; the lowest request
  *                            `priority` (docs/engine.md, "Scheduling policies")
- *   --chat-template llama2|chatml|gemma|plain   [chosen from the model, see chat_template.h]
+ *   --chat-template llama2|chatml|gemma|plain|FILE.jinja   [the model's own Jinja template for a
+ *                                       byte-level BPE vocabulary, else chosen: chat_template.h]
  *   --api-key-file F         require "authorization: Bearer <key>" with a key of F
  *   --tls-cert F --tls-key F serve TLS with this PEM certificate chain and key
  *   --drain-timeout S        seconds running requests may finish after SIGTERM [30]
@@ -75,7 +76,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--kv-cache-fraction F]\n"
                     "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
                     "         [--scheduling-policy fcfs|fair|priority]\n"
-                    "         [--chat-template llama2|chatml|gemma|plain] [--api-key-file F] [--tls-cert F --tls-key F]\n"
+                    "         [--chat-template llama2|chatml|gemma|plain|FILE.jinja] [--api-key-file F] [--tls-cert F --tls-key F]\n"
                     "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
                     "         [--http-max-connections-per-address N (3/4 of the above; 0 = no cap)] [--http-header-timeout S (10)]\n"
                     "         [--http-body-timeout S (60)]\n"
@@ -203,8 +204,10 @@ int serve_main(int argc, char **argv)
             if (base_parse_long(v, 1, INT_MAX, &n)) return usage("--kv-cache-blocks must be a positive integer, got '%s'", v);
             o.engine.kv_cache_blocks = (int)n;
         } else if (!strcmp(a, "--chat-template")) {
-            if (strcmp(v, "llama2") && strcmp(v, "chatml") && strcmp(v, "gemma") && strcmp(v, "plain"))
-                return usage("--chat-template must be llama2, chatml, gemma or plain, got '%s'", v);
+            const size_t vn = strlen(v);
+            if (strcmp(v, "llama2") && strcmp(v, "chatml") && strcmp(v, "gemma") && strcmp(v, "plain") &&
+                !(vn > 6 && !strcmp(v + vn - 6, ".jinja")))
+                return usage("--chat-template must be llama2, chatml, gemma, plain or a FILE.jinja, got '%s'", v);
             o.chat_template = v;
         } else if (!strcmp(a, "--http")) o.http_listen = v;
         else if (!strcmp(a, "--http-max-connections")) {

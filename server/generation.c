@@ -371,6 +371,15 @@ enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int
     *n = 0;
     enum status bound = check_prompt_bytes(s, r, is_chat);
     if (bound != STATUS_OK) return bound;
+    if (is_chat && s->jtmpl) { /* the model's own template, rendered as text with its special tokens */
+        char *text = NULL;
+        size_t len = 0;
+        enum status st = jinja_render_chat(s->jtmpl, r->messages, r->n_messages, NULL, 1, s->bos_text, s->eos_text,
+                                           &text, &len);
+        if (st == STATUS_OK) st = tokenizer_encode(s->tok, text, len, 0, ids, n);
+        free(text);
+        return st;
+    }
     if (is_chat) {
         struct chat_template_extras extras;
         enum status st = chat_template_apply(s->tmpl, s->tok, r->messages, r->n_messages, ids, n, &extras);

@@ -290,7 +290,7 @@ static enum MHD_Result handle_models(struct server *s, struct MHD_Connection *c)
              "\"dtype\":\"%s\",\"chat_template\":\"%s\"}",
              s->model_id, (long long)s->t_created, s->model_id, info.max_positions,
              info.architecture ? info.architecture : "", info.quantization ? info.quantization : "",
-             info.dtype ? info.dtype : "", chat_template_name(s->tmpl));
+             info.dtype ? info.dtype : "", s->tmpl_name);
     http_buf_append(&json, &len, &cap, head, strlen(head));
     /* The adapters as vLLM lists them: their own ids, the base as parent. */
     struct model_list ml = {.s = s, .json = &json, .len = &len, .cap = &cap, .max_positions = info.max_positions};

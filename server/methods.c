@@ -87,7 +87,7 @@ static enum status model_info(struct server *s, const uint8_t *data, size_t len,
     if (st != STATUS_OK) return st;
     struct adapter_names an = {.n = 0};
     engine_list_adapters(s->engine, add_adapter_name, &an);
-    struct model_info_out m = {.chat_template = chat_template_name(s->tmpl),
+    struct model_info_out m = {.chat_template = s->tmpl_name,
                                .max_logprobs = s->opts.engine.max_logprobs ? s->opts.engine.max_logprobs : 20,
                                .adapters = an.ptrs, .n_adapters = an.n, .model_id = s->model_id,
                                .default_adapter = s->opts.default_adapter ? s->opts.default_adapter : ""};

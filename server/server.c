@@ -112,6 +112,48 @@ static void on_engine_fatal(void *ctx, enum status st, const char *message)
     sem_post(&s->stop_sem);
 }
 
+/* The chat template: --chat-template NAME (a built-in) or FILE.jinja; else the model's own Jinja
+ * template when its tokenizer encodes the special tokens a template writes (byte-level BPE);
+ * else a built-in chosen from the vocabulary (chat_template_detect). A model template that does
+ * not compile falls back to the built-in with a warning; a --chat-template file must compile. */
+static enum status choose_chat_template(struct server *s, struct engine *e)
+{
+    struct engine_model_info info;
+    engine_get_model_info(e, &info);
+    const char *bos = info.bos_id >= 0 ? tokenizer_id_to_piece(s->tok, info.bos_id) : NULL;
+    const char *eos = info.eos_id >= 0 ? tokenizer_id_to_piece(s->tok, info.eos_id) : NULL;
+    snprintf(s->bos_text, sizeof s->bos_text, "%s", bos ? bos : "");
+    snprintf(s->eos_text, sizeof s->eos_text, "%s", eos ? eos : "");
+    const char *opt = s->opts.chat_template;
+    enum status st;
+    if (opt && strlen(opt) > 6 && !strcmp(opt + strlen(opt) - 6, ".jinja")) {
+        char *src = NULL;
+        size_t n = 0;
+        if ((st = base_read_file(opt, 4u << 20, "chat template", &src, &n)) != STATUS_OK) return st;
+        st = jinja_compile(src, n, NULL, &s->jtmpl);
+        free(src);
+        if (st != STATUS_OK) return status_errorf(st, "--chat-template %s: %s", opt, status_message());
+        snprintf(s->tmpl_name, sizeof s->tmpl_name, "jinja (%s)", opt);
+        return STATUS_OK;
+    }
+    if (opt) {
+        if ((st = chat_template_parse(opt, &s->tmpl)) != STATUS_OK) return st;
+    } else {
+        s->tmpl = chat_template_detect(s->opts.engine.model_dir, s->tok);
+        if (info.chat_template && tokenizer_encodes_special(s->tok)) {
+            st = jinja_compile(info.chat_template, strlen(info.chat_template), NULL, &s->jtmpl);
+            if (st == STATUS_OK) {
+                snprintf(s->tmpl_name, sizeof s->tmpl_name, "jinja (model)");
+                return STATUS_OK;
+            }
+            LOG_WARN("server", "the model's chat template does not compile (%s); using %s", status_message(),
+                     chat_template_name(s->tmpl));
+        }
+    }
+    snprintf(s->tmpl_name, sizeof s->tmpl_name, "%s", chat_template_name(s->tmpl));
+    return STATUS_OK;
+}
+
 static void *control_main(void *arg)
 {
     struct server *s = arg;
@@ -122,8 +164,7 @@ static void *control_main(void *arg)
     if (st == STATUS_OK) {
         s->tok = engine_tokenizer(e);
         s->vocab_size = tokenizer_vocab_size(s->tok);
-        if (s->opts.chat_template) st = chat_template_parse(s->opts.chat_template, &s->tmpl);
-        else s->tmpl = chat_template_detect(s->opts.engine.model_dir, s->tok);
+        st = choose_chat_template(s, e);
     }
     if (st == STATUS_OK) st = engine_start(e);
     /* MPI_Init (in engine_create, for the parallel runtime) may install its own SIGTERM / SIGINT
@@ -138,7 +179,7 @@ static void *control_main(void *arg)
         return NULL;
     }
     s->engine = e;
-    LOG_INFO("server", "model %s loaded; chat template %s", s->opts.engine.model_dir, chat_template_name(s->tmpl));
+    LOG_INFO("server", "model %s loaded; chat template %s", s->opts.engine.model_dir, s->tmpl_name);
     atomic_store(&s->phase, PHASE_READY);
     server_wake(s);
 
@@ -338,6 +379,8 @@ enum status server_run(const struct server_options *o)
     grpc_completion_queue_destroy(s->cq);
     http_stop(s); /* before engine_free: its requests hold the engine */
     engine_free(s->engine);
+    jinja_free(s->jtmpl);
+    s->jtmpl = NULL;
     grpc_shutdown();
     if (st == STATUS_OK) LOG_INFO("server", "drained; exiting");
 

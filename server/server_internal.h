@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "chat_template.h"
+#include "jinja.h"
 #include "server.h"
 
 struct gen_request;  /* convert.h */
@@ -207,6 +208,12 @@ struct server {
     const struct tokenizer *tok;
     int                   vocab_size;
     enum chat_template_kind tmpl;
+    /* The Jinja chat template Chat uses instead of tmpl when set: the model's own (a byte-level
+     * BPE vocabulary, whose tokenizer encodes the special tokens the template writes) or
+     * --chat-template FILE.jinja. tmpl_name: "chatml", ..., or "jinja (model)" / "jinja (FILE)". */
+    struct jinja_template *jtmpl;
+    char                  tmpl_name[256];
+    char                  bos_text[64], eos_text[64]; /* bos_token / eos_token for the template */
     /* calls */
     struct call          *calls;
     int                   n_calls, n_gen_calls;

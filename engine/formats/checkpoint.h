@@ -145,6 +145,10 @@ struct checkpoint {
      * tokenizer_load_from_memory). NULL for directories, which hold a tokenizer.model. */
     void                   *tokenizer_proto;
     size_t                  tokenizer_proto_n;
+    /* The model's own Jinja chat template (owned), or NULL: a GGUF's tokenizer.chat_template;
+     * a directory's chat_template.jinja, else tokenizer_config.json's "chat_template" (a string,
+     * or the one named "default" of a list). */
+    char                   *chat_template;
 };
 
 /* Makes checkpoint_get (and so both writers) take every tensor's values from fn instead of the

@@ -63,6 +63,11 @@ enum status ck_open_gguf(struct checkpoint *ck)
     /* dtype f32: what a CUDA load would otherwise pick bf16 from; the CPU computes in f32. */
     if ((s = gguf_model_config(cf->gguf, DTYPE_F32, &ck->cfg))) return s;
     if ((s = gguf_tokenizer_model_proto(cf->gguf, &ck->tokenizer_proto, &ck->tokenizer_proto_n))) return s;
+    const char *tmpl = NULL;
+    if (gguf_find_kv(cf->gguf, "tokenizer.chat_template") &&
+        (s = gguf_get_str(cf->gguf, "tokenizer.chat_template", &tmpl)))
+        return s;
+    if (tmpl && !(ck->chat_template = strdup(tmpl))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     const int n = gguf_n_tensors(cf->gguf);
     if (!(cf->gguf_tensors = calloc((size_t)n + 1, sizeof *cf->gguf_tensors)))
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");

@@ -277,6 +277,39 @@ out:
     return s;
 }
 
+/* ck->chat_template from a directory: chat_template.jinja, else tokenizer_config.json's
+ * "chat_template" (a string, or a list of {"name", "template"}: the one named "default").
+ * Neither is an error (NULL); an unreadable or malformed file is. */
+static enum status ck_read_chat_template(struct checkpoint *ck, const char *dir)
+{
+    char path[CK_PATH];
+    char *text = NULL;
+    size_t n = 0;
+    enum status s;
+    if ((s = ck_pathf(path, dir, "chat_template.jinja"))) return s;
+    if (ck_is_file(path)) return base_read_file(path, 4u << 20, "chat template", &ck->chat_template, &n);
+    if ((s = ck_pathf(path, dir, "tokenizer_config.json"))) return s;
+    if (!ck_is_file(path)) return STATUS_OK;
+    if ((s = base_read_file(path, 64u << 20, "tokenizer config", &text, &n))) return s;
+    cJSON *root = cJSON_ParseWithLength(text, n);
+    free(text);
+    if (!root) return status_errorf(STATUS_BAD_FORMAT, "%s: not JSON", path);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "chat_template"), *pick = NULL;
+    if (cJSON_IsString(t)) pick = t;
+    else if (cJSON_IsArray(t)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, t) {
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
+            if (cJSON_IsString(name) && !strcmp(name->valuestring, "default"))
+                pick = cJSON_GetObjectItemCaseSensitive(e, "template");
+        }
+    }
+    if (pick && cJSON_IsString(pick) && !(ck->chat_template = strdup(pick->valuestring)))
+        s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    cJSON_Delete(root);
+    return s;
+}
+
 enum status checkpoint_open(const char *dir, struct checkpoint **out)
 {
     enum status s = STATUS_OK;
@@ -302,6 +335,7 @@ enum status checkpoint_open(const char *dir, struct checkpoint **out)
         goto out;
     }
     if ((s = ck_pathf(path, dir, "config.json")) || (s = config_load(path, &ck->cfg))) goto out;
+    if ((s = ck_read_chat_template(ck, dir))) goto out;
 
     char meta[CK_PATH], single[CK_PATH], index[CK_PATH];
     if ((s = ck_pathf(meta, dir, CK_MEGATRON_META)) || (s = ck_pathf(single, dir, CK_HF_SINGLE)) ||
@@ -379,5 +413,6 @@ void checkpoint_close(struct checkpoint *ck)
         free(cf);
     }
     free(ck->tokenizer_proto);
+    free(ck->chat_template);
     free(ck);
 }

@@ -242,6 +242,7 @@ void conductor_get_model_info(const struct conductor *c, struct engine_model_inf
         .bos_id = cfg->bos_id >= 0 ? cfg->bos_id : tokenizer_bos_id(c->tok),
         .eos_id = eos_id(c), .max_loras = c->adapters.cap, .max_lora_rank = c->adapters.max_rank,
         .max_queue = c->o.max_queue, .quantization = c->m->quantization,
+        .chat_template = c->m->checkpoint->chat_template,
     };
 }
 

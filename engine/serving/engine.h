@@ -296,6 +296,7 @@ struct engine_model_info {
     int n_layers, d_model, n_heads, n_kv_heads, head_dim, ffn_hidden, vocab_size, max_positions;
     const char *dtype;                 /* compute dtype on the device */
     const char *quantization;          /* block types the weights are kept in ("Q4_1,Q8_0"), "none" */
+    const char *chat_template;         /* the model's own Jinja chat template, or NULL (checkpoint.h) */
     const char *device;                /* "cpu" / "cuda" */
     int tp_size, pp_size, dp_size;
     int block_tokens, kv_blocks;       /* kv_blocks: per replica (rank 0's) */

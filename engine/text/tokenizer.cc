@@ -529,6 +529,8 @@ void tokenizer_free(struct tokenizer *t)
 }
 
 int tokenizer_vocab_size(const struct tokenizer *t) { return t->vocab_size; }
+
+int tokenizer_encodes_special(const struct tokenizer *t) { return t->bpe != nullptr; }
 int tokenizer_bos_id(const struct tokenizer *t) { return t->bos_id; }
 int tokenizer_eos_id(const struct tokenizer *t) { return t->eos_id; }
 int tokenizer_pad_id(const struct tokenizer *t) { return t->pad_id; }

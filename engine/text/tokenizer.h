@@ -52,6 +52,10 @@ void tokenizer_free(struct tokenizer *t);
 
 /* Number of pieces; ids are 0 .. vocab_size-1. */
 int tokenizer_vocab_size(const struct tokenizer *t);
+/* 1 when tokenizer_encode turns the strings of special tokens in a text into their ids (byte-level
+ * BPE: added tokens are matched first), so that a rendered chat template can be encoded whole;
+ * 0 for SentencePiece, which encodes them as text. */
+int tokenizer_encodes_special(const struct tokenizer *t);
 /* Special ids, -1 when the model has none. A byte-level BPE has a BOS id only when it puts one
  * first (a TemplateProcessing post-processor, add_bos_token), since callers push it whenever it
  * is not -1. */

@@ -21,6 +21,8 @@ SKIP = 77
 sys.dont_write_bytecode = True
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 try:
+    import gguf  # noqa: F401
+    import jinja2  # noqa: F401
     import openai
     import tokenizers
 except ImportError as e:
@@ -57,11 +59,25 @@ def main():
         hf = tokenizers.Tokenizer.from_file(str(work / "conv" / "tokenizer.json"))
         with TS.Server(a.shardlm, Path(a.gguf), name="smollm2", http=True) as srv:
             oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
-            q = [{"role": "user", "content": "What is the capital of France?"}]
+            # The model's own chat template (the GGUF's tokenizer.chat_template, with its default
+            # system prompt) rendered by Python jinja2 as transformers does and encoded by HF
+            # tokenizers: the prompt the server must have built.
+            q = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+            import gguf
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+            src = gguf.GGUFReader(a.gguf).fields["tokenizer.chat_template"].contents()
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+            want_prompt = env.from_string(src).render(messages=q, add_generation_prompt=True,
+                                                      bos_token="<|im_start|>", eos_token="<|im_end|>")
+            want_ids = hf.encode(want_prompt, add_special_tokens=False).ids
             r = oa.chat.completions.create(model=Path(a.gguf).name, messages=q, max_tokens=40, temperature=0)
             text = r.choices[0].message.content
             check("Paris" in text and r.choices[0].finish_reason == "stop",
                   f"chat: 'What is the capital of France?' -> {text!r} ({r.choices[0].finish_reason})")
+            check(r.usage.prompt_tokens == len(want_ids),
+                  f"chat prompt = the model's Jinja template as jinja2 renders it ({r.usage.prompt_tokens} vs "
+                  f"{len(want_ids)} tokens)")
             parts = [c.choices[0].delta.content or "" for c in oa.chat.completions.create(
                 model=Path(a.gguf).name, messages=q, max_tokens=40, temperature=0, stream=True) if c.choices]
             check("".join(parts) == text, f"streamed chat equals unary ({len(parts)} chunks)")
@@ -72,7 +88,7 @@ def main():
             import urllib.request
             models = _json.load(urllib.request.urlopen(srv.base + "/v1/models", timeout=30))["data"][0]
             check(models["architecture"] == "LlamaForCausalLM" and "Q4_1" in models["quantization"].split(",")
-                  and models["max_model_len"] == 8192,
+                  and models["max_model_len"] == 8192 and models["chat_template"] == "jinja (model)",
                   f"/v1/models: {models['architecture']}, {models['quantization']}, {models['max_model_len']}")
             with Client(srv.target) as g:
                 info = g.model_info()
@@ -82,8 +98,8 @@ def main():
                 got = g.tokenize(s, add_bos=False)
                 want = hf.encode(s, add_special_tokens=False).ids
                 check(got == want, f"Tokenize equals Hugging Face tokenizers ({len(want)} ids)")
-                ans = g.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=40,
-                             temperature=0)
+                ans = g.chat(q, max_tokens=40, temperature=0)
+                check(g.tokenize(want_prompt, add_bos=False) == want_ids, "Tokenize of the rendered prompt equals HF")
                 check(ans.text == text, f"gRPC Chat equals the HTTP chat: {ans.text!r}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
