@@ -11,8 +11,8 @@
 # (2 s here), names rank 1 (heartbeats: parallel_watch.c), fails the requests with UNAVAILABLE,
 # goes NOT_SERVING and exits non-zero. With `hang_idle`: the same with no request running (no
 # collective waits for the stopped rank: the heartbeats alone tell the idle conductor).
-# DEVICE=cuda serves on GPUs (one per rank, or all on one with SHARDLM_SHARE_GPU=1); the
-# reference `generate` runs on REF_DEVICE (default: DEVICE).
+# DEVICE=cuda serves on GPUs (one per rank, or all on one with SHARDLM_SHARE_GPU=1), and the
+# reference `generate` runs there too.
 set -u
 shardlm=$1
 data=$2
@@ -22,7 +22,6 @@ dp=${5:-1}
 mode=${6:-}
 n=$((dp * tp * pp))
 DEVICE=${DEVICE:-cpu}
-REF_DEVICE=${REF_DEVICE:-$DEVICE}
 model=$data/stories260K
 [ -f "$model/model.safetensors" ] || { echo "SKIP: no converted stories260K in $data"; exit 77; }
 command -v mpirun > /dev/null || { echo "SKIP: no mpirun"; exit 77; }
@@ -97,7 +96,7 @@ if [ "$mode" = kill ] || [ "$mode" = hang ] || [ "$mode" = hang_idle ]; then
 fi
 
 for prompt in "" "Once upon a time" "The cat"; do
-  "$shardlm" generate --model "$model" --device "$REF_DEVICE" --prompt "$prompt" --max-tokens 40 > "$tmp/want" 2> /dev/null
+  "$shardlm" generate --model "$model" --device "$DEVICE" --prompt "$prompt" --max-tokens 40 > "$tmp/want" 2> /dev/null
   "$shardlm" complete --server "$addr" --prompt "$prompt" --max-tokens 40 > "$tmp/got" 2> /dev/null
   cmp -s "$tmp/want" "$tmp/got"; check "unary completion of '$prompt' equals one-rank generate" $?
   cmp -s "$tmp/want" "$tmp/got" || { echo "  want: $(head -c 300 "$tmp/want")"; echo "  got:  $(head -c 300 "$tmp/got")"; }

@@ -62,6 +62,22 @@ static enum status gguf_tokenizer_id(const struct gguf *g, const char *key, uint
     return STATUS_OK;
 }
 
+/* What both vocabulary kinds check and read: token_type, when present, one int per token; the
+ * unknown / BOS / EOS / padding ids (-1 when absent). */
+static enum status gguf_tokenizer_types_and_ids(const struct gguf *g, const struct gguf_kv *types, uint64_t nv,
+                                                int32_t *unk, int32_t *bos, int32_t *eos, int32_t *pad)
+{
+    enum status s;
+    if (types && (types->n != nv || !gguf_tokenizer_int_type(types->arr_type)))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: tokenizer.ggml.token_type has %" PRIu64 " %s, expected %" PRIu64 " INT32",
+                             gguf_path(g), types->n, gguf_type_name(types->arr_type), nv);
+    if ((s = gguf_tokenizer_id(g, "tokenizer.ggml.unknown_token_id", nv, unk)) ||
+        (s = gguf_tokenizer_id(g, "tokenizer.ggml.bos_token_id", nv, bos)) ||
+        (s = gguf_tokenizer_id(g, "tokenizer.ggml.eos_token_id", nv, eos)))
+        return s;
+    return gguf_tokenizer_id(g, "tokenizer.ggml.padding_token_id", nv, pad);
+}
+
 /* ---- GGUF `gpt2` vocabularies as a tokenizer.json --------------------------------------------
  * The pre-tokenizer regexes per tokenizer.ggml.pre, as llama.cpp's llama-vocab.cpp lists them (the
  * Hugging Face originals where llama.cpp rewrote (?i:...) for its own regex engine; PCRE2 takes
@@ -132,15 +148,8 @@ static enum status gguf_tokenizer_json(const struct gguf *g, void **data, size_t
     if (merges->arr_type != GGUF_TYPE_STRING)
         return status_errorf(STATUS_BAD_FORMAT, "%s: tokenizer.ggml.merges is an array of %s, expected STRING", gguf_path(g),
                              gguf_type_name(merges->arr_type));
-    if (types && (types->n != nv || !gguf_tokenizer_int_type(types->arr_type)))
-        return status_errorf(STATUS_BAD_FORMAT, "%s: tokenizer.ggml.token_type has %" PRIu64 " %s, expected %" PRIu64 " INT32",
-                             gguf_path(g), types->n, gguf_type_name(types->arr_type), nv);
     int32_t unk, bos, eos, pad;
-    if ((s = gguf_tokenizer_id(g, "tokenizer.ggml.unknown_token_id", nv, &unk)) ||
-        (s = gguf_tokenizer_id(g, "tokenizer.ggml.bos_token_id", nv, &bos)) ||
-        (s = gguf_tokenizer_id(g, "tokenizer.ggml.eos_token_id", nv, &eos)) ||
-        (s = gguf_tokenizer_id(g, "tokenizer.ggml.padding_token_id", nv, &pad)))
-        return s;
+    if ((s = gguf_tokenizer_types_and_ids(g, types, nv, &unk, &bos, &eos, &pad))) return s;
     int add_bos = 0; /* llama.cpp's default for BPE vocabularies */
     s = gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
     if (s && s != STATUS_NOT_FOUND) return s;
@@ -238,16 +247,8 @@ enum status gguf_tokenizer_model_proto(const struct gguf *g, void **data, size_t
     if (scores && (scores->n != nv || (scores->arr_type != GGUF_TYPE_FLOAT32 && scores->arr_type != GGUF_TYPE_FLOAT64)))
         return status_errorf(STATUS_BAD_FORMAT, "%s: tokenizer.ggml.scores has %" PRIu64 " %s, expected %" PRIu64 " FLOAT32",
                              gguf_path(g), scores->n, gguf_type_name(scores->arr_type), nv);
-    if (types && (types->n != nv || !gguf_tokenizer_int_type(types->arr_type)))
-        return status_errorf(STATUS_BAD_FORMAT, "%s: tokenizer.ggml.token_type has %" PRIu64 " %s, expected %" PRIu64 " INT32",
-                             gguf_path(g), types->n, gguf_type_name(types->arr_type), nv);
-
     int32_t unk, bos, eos, pad;
-    if ((s = gguf_tokenizer_id(g, "tokenizer.ggml.unknown_token_id", nv, &unk)) ||
-        (s = gguf_tokenizer_id(g, "tokenizer.ggml.bos_token_id", nv, &bos)) ||
-        (s = gguf_tokenizer_id(g, "tokenizer.ggml.eos_token_id", nv, &eos)) ||
-        (s = gguf_tokenizer_id(g, "tokenizer.ggml.padding_token_id", nv, &pad)))
-        return s;
+    if ((s = gguf_tokenizer_types_and_ids(g, types, nv, &unk, &bos, &eos, &pad))) return s;
     int add_space_prefix = 1; /* llama.cpp's default for SentencePiece vocabularies */
     s = gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &add_space_prefix);
     if (s && s != STATUS_NOT_FOUND) return s;

@@ -555,7 +555,6 @@ static enum status run_planned_step(struct conductor *c)
         c->sched.n_copies = 0;
     }
     c->step_greedy = c->device_greedy && step_is_plain_greedy(c);
-    c->greedy_done = 0;
     if (st == STATUS_OK) st = run_forward(c, b->n_rows, b->n_seqs, b->n_logits, n_micro);
     pthread_mutex_lock(&c->mu);
     c->stats.steps++;
