@@ -378,6 +378,8 @@ enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int
                                            &text, &len);
         if (st == STATUS_OK) st = tokenizer_encode(s->tok, text, len, 0, ids, n);
         free(text);
+        memcpy(r->params.end_ids, s->end_ids, sizeof s->end_ids);
+        r->params.n_end_ids = s->n_end_ids;
         return st;
     }
     if (is_chat) {

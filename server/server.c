@@ -112,6 +112,49 @@ static void on_engine_fatal(void *ctx, enum status st, const char *message)
     sem_post(&s->stop_sem);
 }
 
+static void add_end_id(struct server *s, int32_t id, int eos)
+{
+    if (id < 0 || id == eos || s->n_end_ids >= REQUEST_MAX_END_IDS) return;
+    for (int i = 0; i < s->n_end_ids; i++)
+        if (s->end_ids[i] == id) return;
+    s->end_ids[s->n_end_ids++] = id;
+}
+
+/* The Jinja template's end-of-turn tokens, which end a chat's generation besides EOS: the special
+ * token the template writes right after an assistant message's content (found by rendering a
+ * turn, not by knowing the template), then the end-of-generation tokens llama.cpp also knows by
+ * name, when the vocabulary has them as special tokens. */
+static void find_end_ids(struct server *s, int eos)
+{
+    static const char sentinel[] = "q7Zx3ENDOFTURNx3Z7q";
+    struct chat_message turn[2] = {{CHAT_ROLE_USER, (char *)"Hi"}, {CHAT_ROLE_ASSISTANT, (char *)sentinel}};
+    char *text = NULL;
+    size_t len = 0;
+    int32_t *ids = NULL;
+    int n = 0;
+    if (jinja_render_chat(s->jtmpl, turn, 2, NULL, 0, s->bos_text, s->eos_text, &text, &len) == STATUS_OK) {
+        const char *after = strstr(text, sentinel);
+        if (after) {
+            after += strlen(sentinel);
+            if (tokenizer_encode(s->tok, after, len - (size_t)(after - text), 0, &ids, &n) == STATUS_OK && n > 0 &&
+                tokenizer_is_control(s->tok, ids[0]))
+                add_end_id(s, ids[0], eos);
+        }
+    }
+    free(text);
+    free(ids);
+    static const char *const named[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|eom_id|>",
+                                        "<|endoftext|>", "<|end_of_text|>", "<EOT>",
+                                        "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>"};
+    for (size_t i = 0; i < sizeof named / sizeof *named; i++) {
+        int32_t id = tokenizer_piece_to_id(s->tok, named[i]);
+        if (id >= 0 && tokenizer_is_control(s->tok, id)) add_end_id(s, id, eos);
+    }
+    for (int i = 0; i < s->n_end_ids; i++)
+        LOG_INFO("server", "chat template: end of turn at token %d %s", s->end_ids[i],
+                 tokenizer_id_to_piece(s->tok, s->end_ids[i]));
+}
+
 /* The chat template: --chat-template NAME (a built-in) or FILE.jinja; else the model's own Jinja
  * template when its tokenizer encodes the special tokens a template writes (byte-level BPE);
  * else a built-in chosen from the vocabulary (chat_template_detect). A model template that does
@@ -134,6 +177,7 @@ static enum status choose_chat_template(struct server *s, struct engine *e)
         free(src);
         if (st != STATUS_OK) return status_errorf(st, "--chat-template %s: %s", opt, status_message());
         snprintf(s->tmpl_name, sizeof s->tmpl_name, "jinja (%s)", opt);
+        find_end_ids(s, info.eos_id);
         return STATUS_OK;
     }
     if (opt) {
@@ -144,6 +188,7 @@ static enum status choose_chat_template(struct server *s, struct engine *e)
             st = jinja_compile(info.chat_template, strlen(info.chat_template), NULL, &s->jtmpl);
             if (st == STATUS_OK) {
                 snprintf(s->tmpl_name, sizeof s->tmpl_name, "jinja (model)");
+                find_end_ids(s, info.eos_id);
                 return STATUS_OK;
             }
             LOG_WARN("server", "the model's chat template does not compile (%s); using %s", status_message(),

@@ -214,6 +214,8 @@ struct server {
     struct jinja_template *jtmpl;
     char                  tmpl_name[256];
     char                  bos_text[64], eos_text[64]; /* bos_token / eos_token for the template */
+    int32_t               end_ids[REQUEST_MAX_END_IDS]; /* the Jinja template's end-of-turn tokens */
+    int                   n_end_ids;
     /* calls */
     struct call          *calls;
     int                   n_calls, n_gen_calls;

@@ -422,6 +422,7 @@ static void take_token(struct conductor *c, struct seq *s, const float *row, int
     if (s->n_generated < r->p.min_tokens) { /* too early to stop: EOS and stop ids are banned */
         if (eos >= 0 && !r->p.ignore_eos) lg[eos] = -INFINITY;
         for (int i = 0; i < r->p.n_stop_token_ids; i++) lg[r->stop_ids[i]] = -INFINITY;
+        for (int i = 0; i < r->p.n_end_ids && !r->p.ignore_eos; i++) lg[r->p.end_ids[i]] = -INFINITY;
     }
     struct sampling_params sp = r->p.sampling;
     int32_t tok = sampler_sample(&c->smp, &sp, &s->rng, lg, r->prompt, r->n_prompt,

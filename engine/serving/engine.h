@@ -104,6 +104,7 @@ struct engine_options {
 struct engine_options engine_options_default(void);
 
 /* What a request asks for. Arrays are borrowed by engine_submit, which copies them. */
+#define REQUEST_MAX_END_IDS 4
 struct request_params {
     struct sampling_params sampling;  /* temperature 0 = greedy */
     int      has_seed;                /* 0: the engine picks a seed and reports it */
@@ -115,6 +116,10 @@ struct request_params {
     const char *const *stop;          /* (n_stop) stop strings, matched on the detokenized text
                                          across token boundaries, not included in the output */
     int      n_stop;
+    int32_t  end_ids[REQUEST_MAX_END_IDS]; /* (n_end_ids) the chat template's end-of-turn tokens:
+                                         they end the sample as EOS does (finish reason EOS,
+                                         banned before min_tokens, not under ignore_eos) */
+    int      n_end_ids;
     int      logprobs;                /* -1: none; 0: the chosen token's; k > 0: and top-k */
     int      prompt_logprobs;         /* -1: none; >= 0: log p of each prompt token after the
                                          first (and top-k alternatives when > 0) */

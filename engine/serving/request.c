@@ -149,6 +149,12 @@ static enum status check_arrays(const struct request_params *p, int V)
         if (p->stop_token_ids[i] < 0 || (V > 0 && p->stop_token_ids[i] >= V))
             return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.stop_token_ids[%d] must be in [0, %d), got %d", i, V,
                                  p->stop_token_ids[i]);
+    if (p->n_end_ids < 0 || p->n_end_ids > REQUEST_MAX_END_IDS)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "end_ids: at most %d ids, got %d", REQUEST_MAX_END_IDS,
+                             p->n_end_ids);
+    for (int i = 0; i < p->n_end_ids; i++)
+        if (p->end_ids[i] < 0 || (V > 0 && p->end_ids[i] >= V))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "end_ids[%d] must be in [0, %d), got %d", i, V, p->end_ids[i]);
     if (p->n_logit_bias < 0 || p->n_logit_bias > REQUEST_MAX_LOGIT_BIAS)
         return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logit_bias: at most %d entries, got %d",
                              REQUEST_MAX_LOGIT_BIAS, p->n_logit_bias);
@@ -393,6 +399,13 @@ static enum status hold_text(struct seq *s, const char *t, size_t n)
     return STATUS_OK;
 }
 
+int request_is_end_id(const struct request *r, int32_t t)
+{
+    for (int i = 0; i < r->p.n_end_ids; i++)
+        if (r->p.end_ids[i] == t) return 1;
+    return 0;
+}
+
 static int is_stop_id(const struct request *r, int32_t t)
 {
     for (int i = 0; i < r->p.n_stop_token_ids; i++)
@@ -429,7 +442,7 @@ enum finish_reason request_take_token(struct seq *s, int32_t tok, int eos, int m
     enum finish_reason why = FINISH_REASON_NONE;
     size_t cut = (size_t)-1;
     if (is_stop_id(r, tok)) why = FINISH_REASON_STOP;
-    else if (tok == eos && !r->p.ignore_eos) why = FINISH_REASON_EOS;
+    else if ((tok == eos || request_is_end_id(r, tok)) && !r->p.ignore_eos) why = FINISH_REASON_EOS;
     if (why == FINISH_REASON_NONE && s->detok.tok) { /* the token's text; a stop token's text is never shown */
         const char *t;
         size_t n;

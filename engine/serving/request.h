@@ -172,6 +172,8 @@ void request_emit_absent(struct request *r, int sample, enum finish_reason why, 
 /* Appends the sampled token tok to s and emits its TOKENS event (text, logprobs). Returns the
  * finish reason it causes (FINISH_REASON_NONE: go on); then s->held[0..*text_len) is the text
  * the FINISHED event carries. FINISH_REASON_ERROR: out of host memory (status set). */
+/* Whether t is one of r's end-of-turn ids (request_params.end_ids). */
+int request_is_end_id(const struct request *r, int32_t t);
 enum finish_reason request_take_token(struct seq *s, int32_t tok, int eos, int max_positions,
                                       const float *tok_lp, const struct top_logprob *top, int n_top,
                                       size_t *text_len);

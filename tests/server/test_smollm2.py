@@ -81,6 +81,19 @@ def main():
             parts = [c.choices[0].delta.content or "" for c in oa.chat.completions.create(
                 model=Path(a.gguf).name, messages=q, max_tokens=40, temperature=0, stream=True) if c.choices]
             check("".join(parts) == text, f"streamed chat equals unary ({len(parts)} chunks)")
+            # End of turn: <|endoftext|> (HF tokenizers' id for it) is not this GGUF's EOS
+            # (<|im_end|>), but it ends a turn in chat as in llama.cpp; a logit bias forces it
+            # first. A plain completion (no template) generates on past it.
+            eot = hf.token_to_id("<|endoftext|>")
+            forced = dict(model=Path(a.gguf).name, max_tokens=5, temperature=0, logit_bias={str(eot): 100})
+            r = oa.chat.completions.create(messages=q, **forced)
+            check(r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 1
+                  and r.choices[0].message.content == "",
+                  f"chat ends at the end-of-turn token {eot} ({r.choices[0].finish_reason}, "
+                  f"{r.usage.completion_tokens} tokens)")
+            c = oa.completions.create(prompt="Hi", **forced)
+            check(c.choices[0].finish_reason == "length" and c.usage.completion_tokens == 5,
+                  f"a completion is not a turn: {c.usage.completion_tokens} tokens ({c.choices[0].finish_reason})")
             c = oa.completions.create(model=Path(a.gguf).name, prompt="The capital of France is", max_tokens=8,
                                       temperature=0)
             check("Paris" in c.choices[0].text, f"completion: 'The capital of France is' -> {c.choices[0].text!r}")
