@@ -27,7 +27,8 @@ static const char *const train_help =
     "  --split T,E             without --eval-data: hold out E%% of the examples (e.g. 98,2)\n"
     "  --seq-length N          tokens per packed sequence [1024]\n"
     "  --data-overflow truncate|skip|error   examples longer than --seq-length [truncate]\n"
-    "  --chat-template llama2|chatml|gemma|plain   [chosen from the model]\n"
+    "  --chat-template llama2|chatml|gemma|plain|FILE.jinja   [the model's own Jinja template (byte-level BPE\n"
+    "                 vocabularies), else a built-in chosen from the model]\n"
     "batch and schedule:\n"
     "  --micro-batch-size N    sequences per micro-batch [1]\n"
     "  --global-batch-size N   sequences per optimizer step [micro-batch size]; gradient\n"
@@ -158,8 +159,10 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
         else if (!strcmp(v, "error")) o->data_opt.overflow = DATA_OVERFLOW_ERROR;
         else return bad("--data-overflow must be truncate, skip or error, got '%s'", v);
     } else if (!strcmp(a, "--chat-template")) {
-        if (chat_template_parse(v, &o->data_opt.chat_template) != STATUS_OK)
-            return bad("--chat-template must be llama2, chatml, gemma or plain, got '%s'", v);
+        size_t n = strlen(v);
+        if (n > 6 && !strcmp(v + n - 6, ".jinja")) o->chat_template_file = v;
+        else if (chat_template_parse(v, &o->data_opt.chat_template) != STATUS_OK)
+            return bad("--chat-template must be llama2, chatml, gemma, plain or FILE.jinja, got '%s'", v);
     } else if (!strcmp(a, "--tensor-model-parallel-size") || !strcmp(a, "--tp")) {
         if (parse_int(v, 1, 4096, &o->tp)) return bad("--tensor-model-parallel-size must be an integer in [1, 4096], got '%s'", v);
     } else if (!strcmp(a, "--pipeline-model-parallel-size") || !strcmp(a, "--pp")) {

@@ -11,13 +11,21 @@
  *                                                    [{"ok": bool, "out": str, "error": str}]
  * Options (all optional): trim_blocks, lstrip_blocks, max_steps, max_output, max_memory,
  * max_depth, now. With "api": "chat" the context's messages (role and content only), tools,
- * add_generation_prompt, bos_token and eos_token go through jinja_render_chat. */
+ * add_generation_prompt, bos_token and eos_token go through jinja_render_chat.
+ *   jinja_render --train TEMPLATE_FILE TOKENIZER CASES_JSON_FILE
+ *                                                    reads [{"messages": [...], "bos_token",
+ *                                                    "eos_token"}, ...], renders each with
+ *                                                    jinja_render_train and the tokenizer
+ *                                                    (tokenizer.json or tokenizer.model), prints
+ *                                                    [{"ok", "ids", "loss", "error"}]
+ *                                                    (tests/test_jinja_train.py) */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "jinja.h"
+#include "tokenizer.h"
 
 static char *read_file(const char *path, size_t *len)
 {
@@ -116,9 +124,62 @@ static int batch(const char *path)
     return 0;
 }
 
+static int train(const char *tpl_path, const char *tok_path, const char *cases_path)
+{
+    size_t tlen, clen;
+    char *tpl = read_file(tpl_path, &tlen), *text = read_file(cases_path, &clen);
+    cJSON *cases = text ? cJSON_Parse(text) : NULL;
+    struct tokenizer *tok = NULL;
+    struct jinja_template *t = NULL;
+    if (!tpl || !cases || tokenizer_load(tok_path, &tok) != STATUS_OK || jinja_compile(tpl, tlen, NULL, &t) != STATUS_OK) {
+        fprintf(stderr, "jinja_render --train: cannot read the inputs: %s\n", status_message());
+        return 1;
+    }
+    cJSON *results = cJSON_CreateArray(), *c;
+    cJSON_ArrayForEach(c, cases)
+    {
+        const cJSON *msgs = cJSON_GetObjectItem(c, "messages"), *m;
+        int n = cJSON_GetArraySize(msgs), i = 0;
+        struct chat_message *cm = calloc((size_t)n + 1, sizeof(*cm));
+        cJSON_ArrayForEach(m, msgs)
+        {
+            cm[i].role = (enum chat_role)chat_role_parse(cJSON_GetObjectItem(m, "role")->valuestring);
+            cm[i++].content = cJSON_GetObjectItem(m, "content")->valuestring;
+        }
+        const cJSON *bos = cJSON_GetObjectItem(c, "bos_token"), *eos = cJSON_GetObjectItem(c, "eos_token");
+        int32_t *ids = NULL;
+        uint8_t *loss = NULL;
+        int n_ids = 0;
+        enum status s = jinja_render_train(t, tok, bos ? bos->valuestring : NULL, eos ? eos->valuestring : NULL, cm, n,
+                                           &ids, &loss, &n_ids);
+        cJSON *r = cJSON_CreateObject(), *ri = cJSON_AddArrayToObject(r, "ids"), *rl = cJSON_AddArrayToObject(r, "loss");
+        cJSON_AddBoolToObject(r, "ok", s == STATUS_OK);
+        for (int k = 0; k < n_ids; k++) {
+            cJSON_AddItemToArray(ri, cJSON_CreateNumber(ids[k]));
+            cJSON_AddItemToArray(rl, cJSON_CreateNumber(loss[k]));
+        }
+        cJSON_AddStringToObject(r, "error", s == STATUS_OK ? "" : status_message());
+        cJSON_AddItemToArray(results, r);
+        free(ids);
+        free(loss);
+        free(cm);
+    }
+    char *printed = cJSON_PrintUnformatted(results);
+    fputs(printed, stdout);
+    free(printed);
+    cJSON_Delete(results);
+    cJSON_Delete(cases);
+    jinja_free(t);
+    tokenizer_free(tok);
+    free(tpl);
+    free(text);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--batch")) return batch(argv[2]);
+    if (argc == 5 && !strcmp(argv[1], "--train")) return train(argv[2], argv[3], argv[4]);
     if (argc < 2 || argc > 3) {
         fprintf(stderr, "usage: jinja_render TEMPLATE [CONTEXT_JSON] | --batch CASES_JSON\n");
         return 2;

@@ -323,6 +323,10 @@ static enum status gc_write_tokenizer_json(const struct gguf *g, const char *out
         if (t) cJSON_AddItemToObject(cfg, keys[k][1], t);
     }
     cJSON_AddStringToObject(cfg, "tokenizer_class", "PreTrainedTokenizerFast");
+    const char *tmpl = NULL; /* the model's chat template, where transformers and the checkpoint reader look */
+    if (gguf_find_kv(g, "tokenizer.chat_template") && gguf_get_str(g, "tokenizer.chat_template", &tmpl) == STATUS_OK &&
+        tmpl)
+        cJSON_AddStringToObject(cfg, "chat_template", tmpl);
     if (!(tok = cJSON_PrintUnformatted(root)) || !(conf = cJSON_Print(cfg))) {
         s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory writing the tokenizer");
         goto out;

@@ -63,4 +63,14 @@ enum status jinja_render_chat(const struct jinja_template *t, const struct chat_
                               int n, const char *tools_json, int add_generation_prompt,
                               const char *bos, const char *eos, char **out, size_t *out_len);
 
+/* The training rendering of a whole conversation in template t (jinja_train.c): ids and a loss
+ * flag per id (malloc'd, caller frees), 1 on each assistant answer and the template's end of
+ * that turn, found by rendering the conversation turn by turn; bos and eos as for
+ * jinja_render_chat. STATUS_INVALID_ARGUMENT naming the message when the template does not
+ * render the conversation as growing prefixes, or when the template raises. */
+struct tokenizer;
+enum status jinja_render_train(const struct jinja_template *t, const struct tokenizer *tok, const char *bos,
+                               const char *eos, const struct chat_message *messages, int n, int32_t **ids,
+                               uint8_t **loss, int *n_ids);
+
 #endif

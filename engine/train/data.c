@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <sys/types.h>
 
+#include "jinja.h"
 #include "tokenizer.h"
 
 /* ---- examples ----------------------------------------------------------------------------
@@ -384,7 +385,8 @@ static enum status load_chat(cJSON *list, const char *role_key, const char *cont
     uint8_t *loss = NULL;
     int n_ids = 0;
     if (st == STATUS_OK) {
-        st = chat_template_render_train(o->chat_template, tok, msgs, n, &ids, &loss, &n_ids);
+        st = o->jinja ? jinja_render_train(o->jinja, tok, o->bos_text, o->eos_text, msgs, n, &ids, &loss, &n_ids)
+                      : chat_template_render_train(o->chat_template, tok, msgs, n, &ids, &loss, &n_ids);
         if (st != STATUS_OK) {
             char why[512];
             snprintf(why, sizeof why, "%s", status_message()); /* status_errorf reuses the buffer */

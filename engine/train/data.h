@@ -20,6 +20,8 @@
 #include "base.h"
 #include "chat_template.h"
 
+struct jinja_template;
+
 struct tokenizer;
 
 /* Every example's tokens are held back to back in one array of 32-bit words: the id in the low
@@ -39,6 +41,9 @@ struct data_options {
     int                     seq_length;
     enum data_overflow      overflow;
     enum chat_template_kind chat_template;
+    const struct jinja_template *jinja; /* the model's own template (or --chat-template FILE.jinja),
+                                           used instead of chat_template when set; borrowed */
+    char bos_text[64], eos_text[64];    /* its bos_token and eos_token */
 };
 
 struct train_dataset {

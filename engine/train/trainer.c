@@ -12,6 +12,7 @@
 #include "lora_ranks.h"
 #include "model_train.h"
 #include "out_dir.h"
+#include "jinja.h"
 #include "tokenizer.h"
 #include "train_checkpoint.h"
 #include "train_parallel.h"
@@ -83,16 +84,55 @@ static int64_t iters_for_epochs(struct trainer *t)
     return n > 0 ? n : 1;
 }
 
+/* The Jinja template that chat examples are rendered with, or *out NULL for a built-in one:
+ * --chat-template FILE.jinja, else (no --chat-template) the model's own template when its
+ * tokenizer encodes the special tokens a template writes, as the server chooses. */
+static enum status chat_jinja(struct trainer *t, struct jinja_template **out)
+{
+    *out = NULL;
+    const struct train_options *o = t->o;
+    enum status st;
+    if (o->chat_template_file) {
+        char *src = NULL;
+        size_t n = 0;
+        if ((st = base_read_file(o->chat_template_file, 4u << 20, "chat template", &src, &n)) != STATUS_OK) return st;
+        st = jinja_compile(src, n, NULL, out);
+        free(src);
+        if (st != STATUS_OK) return status_errorf(st, "--chat-template %s: %s", o->chat_template_file, status_message());
+        return STATUS_OK;
+    }
+    const char *own = t->m->checkpoint ? t->m->checkpoint->chat_template : NULL;
+    if (!o->chat_template_auto || !own || !tokenizer_encodes_special(t->tok)) return STATUS_OK;
+    if (jinja_compile(own, strlen(own), NULL, out) != STATUS_OK) {
+        LOG_WARN("train", "the model's chat template does not compile (%s); chat examples use %s", status_message(),
+                 chat_template_name(o->data_opt.chat_template));
+        *out = NULL;
+        return STATUS_OK;
+    }
+    LOG_INFO("train", "chat examples: the model's own Jinja template");
+    return STATUS_OK;
+}
+
 static enum status load_data(struct trainer *t)
 {
     const struct train_options *o = t->o;
     struct data_options dopt = o->data_opt;
     if (o->chat_template_auto)
         dopt.chat_template = chat_template_detect(t->start, t->tok);
-    enum status st = data_load(o->data, t->tok, &dopt, &t->train);
+    struct jinja_template *jt = NULL;
+    enum status st = chat_jinja(t, &jt);
     if (st != STATUS_OK) return st;
-    if (o->eval_data) st = data_load(o->eval_data, t->tok, &dopt, &t->eval);
-    else if (o->split_percent > 0) st = data_split(&t->train, o->split_percent, o->seed, &t->eval);
+    if (jt) {
+        const int bos = tokenizer_bos_id(t->tok), eos = tokenizer_eos_id(t->tok);
+        const char *b = bos >= 0 ? tokenizer_id_to_piece(t->tok, bos) : NULL, *e = eos >= 0 ? tokenizer_id_to_piece(t->tok, eos) : NULL;
+        snprintf(dopt.bos_text, sizeof dopt.bos_text, "%s", b ? b : "");
+        snprintf(dopt.eos_text, sizeof dopt.eos_text, "%s", e ? e : "");
+        dopt.jinja = jt;
+    }
+    st = data_load(o->data, t->tok, &dopt, &t->train);
+    if (st == STATUS_OK && o->eval_data) st = data_load(o->eval_data, t->tok, &dopt, &t->eval);
+    else if (st == STATUS_OK && o->split_percent > 0) st = data_split(&t->train, o->split_percent, o->seed, &t->eval);
+    jinja_free(jt); /* the data are tokenized */
     if (st != STATUS_OK) return st;
     const struct train_dataset *d = &t->train;
     LOG_INFO("train", "data: %zu examples, %lld tokens (%lld targets); %ld JSONL lines, %ld blank, %ld truncated, "

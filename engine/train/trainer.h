@@ -44,7 +44,10 @@ struct train_options {
      * no handler. Read once per iteration; the ranks agree through the step's loss sum. */
     volatile sig_atomic_t *stop_signal;
     struct data_options data_opt;
-    int         chat_template_auto; /* 1: the chat template is chosen from the model */
+    int         chat_template_auto; /* 1: the chat template is chosen from the model: its own Jinja
+                                       template when its tokenizer encodes special tokens (as
+                                       serving does), else a built-in (chat_template_detect) */
+    const char *chat_template_file; /* --chat-template FILE.jinja, or NULL */
     enum train_precision precision;
     double      loss_scale;       /* fp16: a constant scale; 0 = dynamic (below) */
     double      initial_loss_scale, min_loss_scale;
