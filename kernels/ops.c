@@ -281,8 +281,18 @@ void op_dropout(struct backend *b, const struct tensor *out, const struct tensor
     after_op(b);
 }
 
+static void check_rope(struct backend *b, const struct rope_params *rp, int rot_dim)
+{
+    CHECK(rp && rp->theta > 0.0f && rp->attn_factor > 0.0f, "rope theta %g, attn_factor %g",
+          rp ? (double)rp->theta : 0.0, rp ? (double)rp->attn_factor : 0.0);
+    if (!rp->factors) return;
+    check_on(b, rp->factors, "rope factors");
+    CHECK(rp->factors->dtype == DTYPE_F32, "rope factors must be f32, are %s", DESC(rp->factors));
+    CHECK(tensor_numel(rp->factors) == rot_dim / 2, "rope factors %s for rot_dim %d", DESC(rp->factors), rot_dim);
+}
+
 void op_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
-             int rot_dim, float theta, enum rope_style style)
+             int rot_dim, const struct rope_params *rp, enum rope_style style)
 {
     check_float(b, x, "rope x");
     check_i32(b, positions, "rope positions");
@@ -290,9 +300,9 @@ void op_rope(struct backend *b, const struct tensor *x, const struct tensor *pos
           "rope: x %s must be (n, n_heads, head_dim), positions %s", DESC(x), DESC(positions));
     CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= x->shape[2], "rope: rot_dim %d, head_dim %lld",
           rot_dim, (long long)x->shape[2]);
-    CHECK(theta > 0.0f, "rope theta %g", (double)theta);
+    check_rope(b, rp, rot_dim);
     CHECK(style == ROPE_STYLE_PAIRS || style == ROPE_STYLE_HALVES, "rope style %d", (int)style);
-    b->ops->rope(b, x, positions, rot_dim, theta, style);
+    b->ops->rope(b, x, positions, rot_dim, rp, style);
     after_op(b);
 }
 
@@ -632,7 +642,7 @@ void op_layernorm_backward(struct backend *b, const struct tensor *dx,
 }
 
 void op_rope_backward(struct backend *b, const struct tensor *dx, const struct tensor *positions,
-                      int rot_dim, float theta, enum rope_style style)
+                      int rot_dim, const struct rope_params *rp, enum rope_style style)
 {
     check_float(b, dx, "rope_backward dx");
     check_i32(b, positions, "rope_backward positions");
@@ -641,9 +651,9 @@ void op_rope_backward(struct backend *b, const struct tensor *dx, const struct t
           DESC(positions));
     CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= dx->shape[2],
           "rope_backward: rot_dim %d, head_dim %lld", rot_dim, (long long)dx->shape[2]);
-    CHECK(theta > 0.0f, "rope theta %g", (double)theta);
+    check_rope(b, rp, rot_dim);
     CHECK(style == ROPE_STYLE_PAIRS || style == ROPE_STYLE_HALVES, "rope style %d", (int)style);
-    b->ops->rope_backward(b, dx, positions, rot_dim, theta, style);
+    b->ops->rope_backward(b, dx, positions, rot_dim, rp, style);
     after_op(b);
 }
 

@@ -52,6 +52,16 @@ enum rope_style {
     ROPE_STYLE_HALVES, /* rotate (x[i], x[i + rot_dim/2]): Hugging Face Llama, GPT-NeoX */
 };
 
+/* A rotary embedding's frequencies: pair i turns by pos * theta^(-2i/rot_dim) / factors[i]
+ * (factors NULL: 1; else f32 (rot_dim / 2) on the backend's device: a rope scaling, linear,
+ * llama3 or YaRN, that the model computes at load, or a GGUF's rope_freqs), and the rotated
+ * features are multiplied by attn_factor (YaRN's attention factor on cos and sin; 1 otherwise). */
+struct rope_params {
+    float                theta;
+    const struct tensor *factors;
+    float                attn_factor;
+};
+
 enum activation {
     ACTIVATION_SILU,      /* x * sigmoid(x) */
     ACTIVATION_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
@@ -151,7 +161,7 @@ struct backend_ops {
     void (*dropout)(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key,
                     int64_t col0, float p);
     void (*rope)(struct backend *b, const struct tensor *x, const struct tensor *positions,
-                 int rot_dim, float theta, enum rope_style style);
+                 int rot_dim, const struct rope_params *rp, enum rope_style style);
     void (*kv_write)(struct backend *b, const struct tensor *k_cache, const struct tensor *v_cache,
                      const struct tensor *k, const struct tensor *v, const struct tensor *slots);
     void (*attention)(struct backend *b, const struct tensor *out, const struct tensor *q,
@@ -197,7 +207,7 @@ struct backend_ops {
                                const struct tensor *dout, const struct tensor *x,
                                const struct tensor *weight, float eps);
     void (*rope_backward)(struct backend *b, const struct tensor *dx,
-                          const struct tensor *positions, int rot_dim, float theta,
+                          const struct tensor *positions, int rot_dim, const struct rope_params *rp,
                           enum rope_style style);
     void (*activation_backward)(struct backend *b, const struct tensor *dx,
                                 const struct tensor *dout, const struct tensor *x,
@@ -391,12 +401,12 @@ static inline uint32_t op_dropout_threshold(float p) { return (uint32_t)((double
  * positions[t] * theta^(-2i/rot_dim); the rest pass through. `style` says which features pair
  * up (see enum rope_style). */
 void op_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
-             int rot_dim, float theta, enum rope_style style);
+             int rot_dim, const struct rope_params *rp, enum rope_style style);
 /* Backward, in place on the gradient dx (n, n_heads, head_dim): the rotation is orthogonal, so
  * its gradient is the inverse rotation (angle -positions[t] * freq_i, the same angles as the
  * forward to the bit); the features past rot_dim pass through. */
 void op_rope_backward(struct backend *b, const struct tensor *dx, const struct tensor *positions,
-                      int rot_dim, float theta, enum rope_style style);
+                      int rot_dim, const struct rope_params *rp, enum rope_style style);
 
 /* Writes the K and V rows of new tokens into the paged cache: token t goes to slot
  * slots[t] = block * block_tokens + offset. k_cache, v_cache (n_blocks, block_tokens,

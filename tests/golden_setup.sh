@@ -5,6 +5,7 @@
 #   OUT/gpt2, OUT/llama_sharded_bf16, OUT/llama_f16     random HF checkpoints + reference.json
 #   OUT/llama_mqa_v509, OUT/gpt2_v509                   odd vocabulary; one KV head (llama)
 #   OUT/qwen2, OUT/qwen3                                 q/k/v biases; QK norm, wide heads
+#   OUT/llama3_rope, OUT/yarn_rope                       rope_scaling llama3 and yarn
 #   OUT/stories260K                                     `shardlm convert llama2c` of the asset
 #   OUT/stories260K_ref.json                            NumPy greedy ids and logits
 # Without the shared assets the stories260K part is left out (the C test then SKIPs it).
@@ -25,6 +26,13 @@ mkdir -p "$out"
 # Qwen 2 (q/k/v biases) and Qwen 3 (QK norm, head_dim 16 with 8 heads on a hidden size of 64).
 "$py" "$here/reference/make_models.py" qwen2 --out "$out/qwen2" --seed 6
 "$py" "$here/reference/make_models.py" qwen3 --out "$out/qwen3" --seed 7
+# Scaled rotary embeddings: Llama 3's (every frequency band: kept, smoothed, divided) and YaRN's
+# (a ramp, and the attention factor on cos and sin), with a small original context so that the
+# scaling changes the prompt's logits.
+"$py" "$here/reference/make_models.py" llama --out "$out/llama3_rope" --seed 8 --rope-scaling \
+  '{"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}'
+"$py" "$here/reference/make_models.py" llama --out "$out/yarn_rope" --seed 9 --rope-scaling \
+  '{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}'
 if [ -f "$assets/stories260K/stories260K.bin" ] && [ -f "$assets/stories260K/tok512.model" ]; then
   "$shardlm" convert llama2c --checkpoint "$assets/stories260K/stories260K.bin" \
     --tokenizer "$assets/stories260K/tok512.model" --out "$out/stories260K"

@@ -579,9 +579,13 @@ static void test_config(void)
     expect_config_error("config: Gemma 3 with attn_logit_softcapping",
                         gemma3_small("\"attn_logit_softcapping\": 50.0"), STATUS_UNSUPPORTED,
                         "field 'attn_logit_softcapping'");
-    expect_config_error("config: Gemma 3 with rope_scaling",
-                        gemma3_small("\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8.0}"),
-                        STATUS_UNSUPPORTED, "field 'rope_scaling'");
+    expect_config_error("config: Gemma 3 with rope_scaling dynamic",
+                        gemma3_small("\"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 8.0}"),
+                        STATUS_UNSUPPORTED, "rope_scaling.rope_type \"dynamic\" is not supported");
+    s = config_parse(gemma3_small("\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8.0}"), "g.json", &c);
+    check(s == STATUS_OK && c.rope_scaling.kind == ROPE_SCALING_LINEAR && c.rope_scaling.factor == 8.0f,
+          "config: Gemma 3 with linear rope_scaling (4B and up) %s", s ? status_message() : "");
+    if (!s) config_roundtrip("Gemma 3 with linear rope_scaling", &c);
     expect_config_error("config: Gemma 3 with non-periodic layer_types",
                         gemma3_small("\"layer_types\": [\"sliding_attention\", \"full_attention\","
                                      " \"sliding_attention\", \"sliding_attention\"]"),
@@ -620,11 +624,41 @@ static void test_config(void)
                         STATUS_UNSUPPORTED, "\"FalconForCausalLM\" is not supported (supported: "
                                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
                                             "Qwen3ForCausalLM, GPT2LMHeadModel, Gemma3ForCausalLM");
-    expect_config_error("config: rope_scaling set",
-                        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
-                        " \"intermediate_size\": 172, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"
-                        " \"vocab_size\": 512, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}",
-                        STATUS_UNSUPPORTED, "rope_scaling");
+#define LLAMA_WITH(x)                                                                                              \
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 172,"                     \
+    " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"vocab_size\": 512, " x "}"
+    expect_config_error("config: llama3 rope_scaling without original_max_position_embeddings",
+                        LLAMA_WITH("\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}"), STATUS_BAD_FORMAT,
+                        "missing field 'original_max_position_embeddings'");
+    expect_config_error("config: longrope rope_scaling (Phi-3)",
+                        LLAMA_WITH("\"rope_scaling\": {\"type\": \"longrope\", \"long_factor\": [1], \"short_factor\": [1]}"),
+                        STATUS_UNSUPPORTED, "\"longrope\" is not supported");
+    expect_config_error("config: rope_scaling factor below 1",
+                        LLAMA_WITH("\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 0.5}"), STATUS_BAD_FORMAT,
+                        "factor = 0.5 must be >= 1");
+    expect_config_error("config: YaRN with DeepSeek's mscale",
+                        LLAMA_WITH("\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"mscale\": 1.0}"),
+                        STATUS_UNSUPPORTED, "mscale");
+    {
+        struct model_config c3;
+        enum status s3 = config_parse(LLAMA_WITH("\"max_position_embeddings\": 131072, \"rope_scaling\": {\"rope_type\": "
+                                                 "\"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": "
+                                                 "4.0, \"original_max_position_embeddings\": 8192}"),
+                                      "l31.json", &c3);
+        check(s3 == STATUS_OK && c3.rope_scaling.kind == ROPE_SCALING_LLAMA3 && c3.rope_scaling.factor == 8.0f &&
+                  c3.rope_scaling.original_max_positions == 8192,
+              "config: Llama 3.1 rope_scaling llama3 %s", s3 ? status_message() : "");
+        if (!s3) config_roundtrip("Llama 3.1 rope_scaling", &c3);
+        s3 = config_parse(LLAMA_WITH("\"max_position_embeddings\": 131072, \"rope_scaling\": {\"type\": \"yarn\", "
+                                     "\"factor\": 4.0, \"original_max_position_embeddings\": 32768}"),
+                          "yarn.json", &c3);
+        check(s3 == STATUS_OK && c3.rope_scaling.kind == ROPE_SCALING_YARN && c3.rope_scaling.factor == 4.0f &&
+                  fabsf(c3.rope_scaling.attention_factor - (float)(0.1 * log(4.0) + 1.0)) < 1e-6f,
+              "config: YaRN rope_scaling: factor = max / original, attention factor 0.1 ln(factor) + 1 %s",
+              s3 ? status_message() : "");
+        if (!s3) config_roundtrip("YaRN rope_scaling", &c3);
+    }
+#undef LLAMA_WITH
     expect_config_error("config: n_heads not a multiple of n_kv_heads",
                         "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,"
                         " \"intermediate_size\": 172, \"num_hidden_layers\": 2, \"num_attention_heads\": 8,"

@@ -219,7 +219,8 @@ static void ref_layernorm(int n, int d, const double *x, const double *w, const 
  * pos * theta^(-2i/rot): (a, b) -> (a cos - b sin, a sin + b cos). Features from rot on pass
  * through. mag as documented in the tolerance table (0 for pass-through features). */
 static void ref_rope(int n, int h, int hd, const double *x, const int32_t *pos, int rot,
-                     double theta, enum rope_style style, double *out, double *mag)
+                     double theta, const float *factors, double attn, enum rope_style style, double *out,
+                     double *mag)
 {
     for (int t = 0; t < n; t++)
         for (int hh = 0; hh < h; hh++) {
@@ -231,11 +232,11 @@ static void ref_rope(int n, int h, int hd, const double *x, const int32_t *pos, 
             for (int i = 0; i < rot / 2; i++) {
                 int ia = style == ROPE_STYLE_PAIRS ? 2 * i : i;
                 int ib = style == ROPE_STYLE_PAIRS ? 2 * i + 1 : i + rot / 2;
-                double f = pow(theta, -2.0 * i / rot), ang = pos[t] * f;
+                double f = pow(theta, -2.0 * i / rot) / (factors ? factors[i] : 1.0), ang = pos[t] * f;
                 double a = x[base + ia], b = x[base + ib];
-                out[base + ia] = a * cos(ang) - b * sin(ang);
-                out[base + ib] = a * sin(ang) + b * cos(ang);
-                double m = (fabs(a) + fabs(b)) *
+                out[base + ia] = attn * (a * cos(ang) - b * sin(ang));
+                out[base + ib] = attn * (a * sin(ang) + b * cos(ang));
+                double m = attn * (fabs(a) + fabs(b)) *
                            (2.0 + pos[t] * f * (2.0 * i * log(theta) / rot + 3.0));
                 mag[base + ia] = mag[base + ib] = m;
             }
@@ -718,13 +719,14 @@ static void case_scale(struct suite *s, enum dtype dt, int n, float alpha, int a
 
 /* ---- rope ---------------------------------------------------------------------------------- */
 
+/* scaled: per-pair frequency divisors (a rope scaling's) and an attention factor 1.25. */
 static void case_rope(struct suite *s, enum dtype dt, int n, int h, int hd, int rot, float theta,
-                      enum rope_style style, int max_pos)
+                      enum rope_style style, int max_pos, int scaled)
 {
-    char name[128];
+    char name[160];
     snprintf(name, sizeof name, "rope %s n=%d heads=%d head_dim=%d rot_dim=%d theta=%g %s "
-             "max_pos=%d", dtype_name(dt), n, h, hd, rot, (double)theta,
-             style == ROPE_STYLE_PAIRS ? "pairs" : "halves", max_pos);
+             "max_pos=%d%s", dtype_name(dt), n, h, hd, rot, (double)theta,
+             style == ROPE_STYLE_PAIRS ? "pairs" : "halves", max_pos, scaled ? " scaled" : "");
     struct rng r;
     if (!case_begin(s, name, &r)) return;
     size_t no = (size_t)n * h * hd;
@@ -733,7 +735,10 @@ static void case_rope(struct suite *s, enum dtype dt, int n, int h, int hd, int 
     for (int i = 0; i < n; i++) pos[i] = i == 0 ? max_pos : i == 1 ? 0 : rng_int(&r, max_pos + 1);
     double *want = case_alloc(s, no, sizeof(double)), *mag = case_alloc(s, no, sizeof(double));
     double *tol = case_alloc(s, no, sizeof(double));
-    ref_rope(n, h, hd, x.val, pos, rot, (double)theta, style, want, mag);
+    float *factors = scaled ? case_alloc(s, (size_t)rot / 2, sizeof(float)) : NULL;
+    for (int i = 0; scaled && i < rot / 2; i++) factors[i] = 1.0f + 7.0f * (float)i / (float)rot; /* 1 .. 4.5 */
+    const float attn = scaled ? 1.25f : 1.0f;
+    ref_rope(n, h, hd, x.val, pos, rot, (double)theta, factors, attn, style, want, mag);
     make_tol(tol, OP_ROPE, dt, want, mag, no);
     struct verdict v = {.worst_ratio = -1.0};
     double *got[2] = {0};
@@ -743,7 +748,9 @@ static void case_rope(struct suite *s, enum dtype dt, int n, int h, int hd, int 
         struct arena a = {.b = b};
         struct tensor tx = arena_out(&a, "x", dt, S3(n, h, hd), x.bits, bits);
         struct tensor tp = arena_in(&a, "positions", DTYPE_I32, S1(n), pos);
-        if (SUPPORTED(&v, b, rope)) op_rope(b, &tx, &tp, rot, theta, style);
+        struct tensor tf = scaled ? arena_in(&a, "factors", DTYPE_F32, S1(rot / 2), factors) : (struct tensor){0};
+        const struct rope_params rp = {.theta = theta, .factors = scaled ? &tf : NULL, .attn_factor = attn};
+        if (SUPPORTED(&v, b, rope)) op_rope(b, &tx, &tp, rot, &rp, style);
         arena_finish(&a, &v);
         got[bi] = decode(s, bits, dt, no);
     }
@@ -1305,16 +1312,18 @@ static void run_all(struct suite *s)
 
     for (int di = 0; di < 3; di++) {
         enum dtype dt = float_dtypes[di];
-        case_rope(s, dt, 1, 8, 128, 128, 10000.0f, ROPE_STYLE_PAIRS, 2047);
-        case_rope(s, dt, 3, 8, 128, 128, 10000.0f, ROPE_STYLE_HALVES, 2047);
-        case_rope(s, dt, 17, 4, 64, 32, 500000.0f, ROPE_STYLE_HALVES, 4095);
-        case_rope(s, dt, 5, 2, 80, 80, 10000.0f, ROPE_STYLE_PAIRS, 300);
-        case_rope(s, dt, 5, 2, 80, 24, 1000000.0f, ROPE_STYLE_HALVES, 300);
-        case_rope(s, dt, 4, 3, 8, 8, 10.0f, ROPE_STYLE_PAIRS, 100);
-        case_rope(s, dt, 4, 3, 16, 2, 10000.0f, ROPE_STYLE_HALVES, 100);
-        case_rope(s, dt, 3, 2, 64, 64, 10000.0f, ROPE_STYLE_PAIRS, 32767);
-        case_rope(s, dt, 3, 2, 64, 48, 10000.0f, ROPE_STYLE_HALVES, 32767);
-        case_rope(s, dt, 40, 8, 128, 128, 10000.0f, ROPE_STYLE_HALVES, 4095);
+        case_rope(s, dt, 1, 8, 128, 128, 10000.0f, ROPE_STYLE_PAIRS, 2047, 0);
+        case_rope(s, dt, 3, 8, 128, 128, 10000.0f, ROPE_STYLE_HALVES, 2047, 0);
+        case_rope(s, dt, 17, 4, 64, 32, 500000.0f, ROPE_STYLE_HALVES, 4095, 0);
+        case_rope(s, dt, 5, 2, 80, 80, 10000.0f, ROPE_STYLE_PAIRS, 300, 0);
+        case_rope(s, dt, 5, 2, 80, 24, 1000000.0f, ROPE_STYLE_HALVES, 300, 0);
+        case_rope(s, dt, 4, 3, 8, 8, 10.0f, ROPE_STYLE_PAIRS, 100, 0);
+        case_rope(s, dt, 4, 3, 16, 2, 10000.0f, ROPE_STYLE_HALVES, 100, 0);
+        case_rope(s, dt, 3, 2, 64, 64, 10000.0f, ROPE_STYLE_PAIRS, 32767, 0);
+        case_rope(s, dt, 3, 2, 64, 48, 10000.0f, ROPE_STYLE_HALVES, 32767, 0);
+        case_rope(s, dt, 5, 2, 64, 64, 500000.0f, ROPE_STYLE_HALVES, 8191, 1);
+        case_rope(s, dt, 4, 3, 80, 24, 10000.0f, ROPE_STYLE_PAIRS, 300, 1);
+        case_rope(s, dt, 40, 8, 128, 128, 10000.0f, ROPE_STYLE_HALVES, 4095, 0);
     }
 
     for (int di = 0; di < 3; di++) {

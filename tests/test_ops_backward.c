@@ -630,7 +630,8 @@ static void case_rope_backward(struct suite *s, enum dtype dt, int n, int h, int
         struct arena a = {.b = b};
         struct tensor tx = arena_out(&a, "dx", dt, S3(n, h, hd), dout.bits, bits);
         struct tensor tp = arena_in(&a, "positions", DTYPE_I32, S1(n), pos);
-        if (SUPPORTED(&v, b, rope_backward)) op_rope_backward(b, &tx, &tp, rot, theta, style);
+        const struct rope_params rp = {.theta = theta, .factors = NULL, .attn_factor = 1.0f};
+        if (SUPPORTED(&v, b, rope_backward)) op_rope_backward(b, &tx, &tp, rot, &rp, style);
         arena_finish(&a, &v);
         got[bi] = decode(s, bits, dt, nx);
     }

@@ -110,9 +110,20 @@ def write_model(kind, out):
         cfg = MM.gpt2_config("f32")
         MM.write_checkpoint(out, cfg, MM.init_gpt2(cfg, 3), "f32", 1)
         return cfg
-    cfg = MM.llama_config("f32") if kind == "llama" else MM.qwen_config(kind, "f32")
+    cfg = MM.llama_config("f32") if kind in ROPE_SCALINGS else MM.qwen_config(kind, "f32")
+    cfg["rope_scaling"] = ROPE_SCALINGS.get(kind)
     MM.write_checkpoint(out, cfg, MM.init_llama(cfg, 5), "f32", 1)
     return cfg
+
+
+# Llama with rotary scalings (tests/golden_setup.sh has the same two): the backward through a
+# scaled rotation (frequency divisors, and YaRN's factor on cos and sin).
+ROPE_SCALINGS = {
+    "llama": None,
+    "llama3_rope": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64},
+    "yarn_rope": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+}
 
 
 # --------------------------------------------------------------------------- the reference
@@ -138,11 +149,13 @@ def silu(x):
     return x / (1.0 + jnp.exp(-x))
 
 
-def rope_halves(x, pos, theta):  # x (T, h, hd), rotate (x[i], x[i + hd/2])
+def rope_halves(x, pos, theta, cfg=None):  # x (T, h, hd), rotate (x[i], x[i + hd/2])
     hd = x.shape[-1]
-    inv = theta ** (-np.arange(0, hd, 2) / hd)
+    inv, att = theta ** (-np.arange(0, hd, 2) / hd), 1.0
+    if cfg is not None:  # rope_scaling: transformers' formulas (make_models.scaled_inv_freq)
+        inv, att = MM.scaled_inv_freq(cfg, inv, hd, theta)
     ang = pos[:, None] * inv[None, :]
-    c, s = jnp.cos(ang)[:, None, :], jnp.sin(ang)[:, None, :]
+    c, s = att * jnp.cos(ang)[:, None, :], att * jnp.sin(ang)[:, None, :]
     x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
     return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
 
@@ -191,7 +204,7 @@ def forward_loss(P, spec, batch, lora=None):
             window = 0 if glob else spec["window"]
             theta = spec["theta"] if glob else spec["theta_local"]
         if kind != "gpt2":
-            q, k = rope_halves(q, pos, theta), rope_halves(k, pos, theta)
+            q, k = rope_halves(q, pos, theta, spec.get("cfg")), rope_halves(k, pos, theta, spec.get("cfg"))
         mask = causal if window == 0 else causal & (i_idx - j_idx < window)
         rep = nh // nkv
         kk, vv = jnp.repeat(k, rep, axis=1), jnp.repeat(v, rep, axis=1)
@@ -244,7 +257,7 @@ def spec_of(kind, cfg):
     return {"kind": kind, "n_layers": cfg["num_hidden_layers"], "d": cfg["hidden_size"],
             "n_heads": cfg["num_attention_heads"], "n_kv": cfg["num_key_value_heads"],
             "head_dim": cfg["head_dim"], "scale": 1.0 / math.sqrt(cfg["head_dim"]),
-            "eps": cfg["rms_norm_eps"], "theta": cfg["rope_theta"]}
+            "eps": cfg["rms_norm_eps"], "theta": cfg["rope_theta"], "cfg": cfg}
 
 
 # --------------------------------------------------------------------------- the batch
@@ -413,7 +426,7 @@ def main():
     driver = sys.argv[1]
     DEVICE = sys.argv[2] if len(sys.argv) > 2 else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("llama", "gpt2", "gemma3", "qwen2", "qwen3"):
+        for kind in ("llama", "gpt2", "gemma3", "qwen2", "qwen3", "llama3_rope", "yarn_rope"):
             mdir = os.path.join(tmp, kind)
             cfg = write_model(kind, mdir)
             spec = spec_of(kind, cfg)

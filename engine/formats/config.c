@@ -160,17 +160,74 @@ enum llama_flavor {
     LLAMA_QWEN3,   /* Qwen3ForCausalLM: RMSNorm of each head's q and k before rotary */
 };
 
+/* rope_scaling (or transformers >= 5's rope_parameters) of a model whose max_positions is read:
+ * {"rope_type" (or "type"): "default" | "linear" | "llama3" | "yarn", "factor", ...}. The kinds
+ * that depend on the sequence length at run time (dynamic NTK, longrope / su) are refused by
+ * name. */
+static enum status parse_rope_scaling(const cJSON *rs, const char *name, const char *key, struct model_config *c)
+{
+    struct rope_scaling *s = &c->rope_scaling;
+    *s = (struct rope_scaling){.kind = ROPE_SCALING_NONE, .factor = 1.0f, .attention_factor = 1.0f};
+    if (!rs) return STATUS_OK;
+    if (!cJSON_IsObject(rs)) return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' must be an object", name, key);
+    const char *type;
+    enum status st = get_string(rs, name, "rope_type", &type);
+    if (st == STATUS_OK && !type) st = get_string(rs, name, "type", &type);
+    if (st) return st;
+    if (!type || !strcmp(type, "default")) return STATUS_OK;
+    if (!strcmp(type, "linear")) s->kind = ROPE_SCALING_LINEAR;
+    else if (!strcmp(type, "llama3")) s->kind = ROPE_SCALING_LLAMA3;
+    else if (!strcmp(type, "yarn")) s->kind = ROPE_SCALING_YARN;
+    else
+        return status_errorf(STATUS_UNSUPPORTED,
+                             "%s: %s.rope_type \"%s\" is not supported (default, linear, llama3 and yarn are; dynamic "
+                             "and longrope depend on the sequence length at run time)",
+                             name, key, type);
+    if ((st = get_float(rs, name, "factor", 0.0f, &s->factor))) return st;
+    if (!(s->factor >= 1.0f))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: %s.factor = %g must be >= 1", name, key, (double)s->factor);
+    if (s->kind == ROPE_SCALING_LLAMA3) {
+        if ((st = get_float(rs, name, "low_freq_factor", 1.0f, &s->low_freq_factor)) ||
+            (st = get_float(rs, name, "high_freq_factor", 4.0f, &s->high_freq_factor)) ||
+            (st = get_int(rs, name, "original_max_position_embeddings", 1, 0, &s->original_max_positions)))
+            return st;
+        if (!(s->high_freq_factor > s->low_freq_factor && s->low_freq_factor > 0.0f) || s->original_max_positions <= 0)
+            return status_errorf(STATUS_BAD_FORMAT,
+                                 "%s: %s: llama3 needs high_freq_factor > low_freq_factor > 0 and "
+                                 "original_max_position_embeddings > 0",
+                                 name, key);
+    }
+    if (s->kind == ROPE_SCALING_YARN) {
+        float af = 0.0f;
+        if ((st = get_float(rs, name, "beta_fast", 32.0f, &s->beta_fast)) ||
+            (st = get_float(rs, name, "beta_slow", 1.0f, &s->beta_slow)) ||
+            (st = get_float(rs, name, "attention_factor", 0.0f, &af)) ||
+            (st = get_int(rs, name, "original_max_position_embeddings", 0, c->max_positions,
+                          &s->original_max_positions)))
+            return st;
+        int truncate = 1;
+        if ((st = get_bool(rs, name, "truncate", 1, &truncate))) return st;
+        if (!truncate)
+            return status_errorf(STATUS_UNSUPPORTED, "%s: %s: YaRN with truncate false is not supported", name, key);
+        /* transformers: an original_max_position_embeddings makes the factor max / original. */
+        if (field(rs, "original_max_position_embeddings") && s->original_max_positions > 0)
+            s->factor = (float)c->max_positions / (float)s->original_max_positions;
+        if (field(rs, "mscale") || field(rs, "mscale_all_dim"))
+            return status_errorf(STATUS_UNSUPPORTED, "%s: %s: YaRN's mscale / mscale_all_dim (DeepSeek) are not "
+                                 "supported", name, key);
+        s->attention_factor = af > 0.0f ? af : s->factor <= 1.0f ? 1.0f : (float)(0.1 * log((double)s->factor) + 1.0);
+        if (s->original_max_positions <= 0 || !(s->beta_fast > s->beta_slow && s->beta_slow > 0.0f))
+            return status_errorf(STATUS_BAD_FORMAT, "%s: %s: YaRN needs beta_fast > beta_slow > 0 and a positive "
+                                 "original_max_position_embeddings", name, key);
+    }
+    return STATUS_OK;
+}
+
 static enum status parse_llama(const cJSON *root, const char *name, enum llama_flavor flavor,
                                struct model_config *c)
 {
     const int mistral = flavor == LLAMA_MISTRAL, qwen = flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN3;
     enum status st;
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-    if (rs && !cJSON_IsNull(rs))
-        return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: field 'rope_scaling' is set; scaled rotary embeddings are not "
-                             "supported yet",
-                             name);
     if ((st = get_int(root, name, "hidden_size", 1, 0, &c->d_model)) ||
         (st = get_int(root, name, "intermediate_size", 1, 0, &c->ffn_hidden)) ||
         (st = get_int(root, name, "num_hidden_layers", 1, 0, &c->n_layers)) ||
@@ -199,15 +256,11 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
         if (!cJSON_IsObject(rp))
             return status_errorf(STATUS_BAD_FORMAT, "%s: field 'rope_parameters' must be an object",
                                  name);
-        const char *type;
-        if ((st = get_string(rp, name, "rope_type", &type))) return st;
-        if (type && strcmp(type, "default"))
-            return status_errorf(STATUS_UNSUPPORTED,
-                                 "%s: field 'rope_parameters.rope_type' = \"%s\"; scaled rotary "
-                                 "embeddings are not supported yet",
-                                 name, type);
         if ((st = get_float(rp, name, "rope_theta", c->rope_theta, &c->rope_theta))) return st;
     }
+    if ((st = parse_rope_scaling(rp ? rp : field(root, "rope_scaling"), name, rp ? "rope_parameters" : "rope_scaling",
+                                 c)))
+        return st;
 
     const char *act;
     if ((st = get_string(root, name, "hidden_act", &act))) return st;
@@ -368,14 +421,11 @@ static enum status gemma3_rope_entry(const cJSON *rp, const char *name, const ch
 static enum status parse_gemma3(const cJSON *root, const char *name, struct model_config *c)
 {
     enum status st;
-    static const char *const unsupported_if_set[] = {"rope_scaling", "final_logit_softcapping",
-                                                     "attn_logit_softcapping"};
+    static const char *const unsupported_if_set[] = {"final_logit_softcapping", "attn_logit_softcapping"};
     for (size_t i = 0; i < sizeof unsupported_if_set / sizeof unsupported_if_set[0]; i++)
         if (field(root, unsupported_if_set[i]))
-            return status_errorf(STATUS_UNSUPPORTED,
-                                 "%s: field '%s' is set; Gemma 3 %s is not supported", name,
-                                 unsupported_if_set[i],
-                                 i == 0 ? "with scaled rotary embeddings" : "with logit softcapping");
+            return status_errorf(STATUS_UNSUPPORTED, "%s: field '%s' is set; Gemma 3 with logit softcapping is not "
+                                 "supported", name, unsupported_if_set[i]);
     int flag = 0;
     if ((st = get_bool(root, name, "use_bidirectional_attention", 0, &flag))) return st;
     if (flag)
@@ -408,6 +458,8 @@ static enum status parse_gemma3(const cJSON *root, const char *name, struct mode
     /* shardlm's own exact value, written by config_save when no integer scalar gives it. */
     if ((st = get_float(root, name, "attn_scale", c->attn_scale, &c->attn_scale))) return st;
     c->attn_out_bias = c->qkv_bias;
+    /* rope_scaling (Gemma 3 4B and up: linear, factor 8) applies to the global layers. */
+    if ((st = parse_rope_scaling(field(root, "rope_scaling"), name, "rope_scaling", c))) return st;
 
     const cJSON *rp = field(root, "rope_parameters");
     if (rp) {
@@ -672,9 +724,19 @@ enum status config_validate(const struct model_config *c, const char *name)
     return STATUS_OK;
 }
 
+/* Two rope scalings are the same when both are none, or their kind and parameters agree. */
+static int rope_scaling_equal(const struct rope_scaling *a, const struct rope_scaling *b)
+{
+    if (a->kind != b->kind) return 0;
+    if (a->kind == ROPE_SCALING_NONE) return 1;
+    return a->factor == b->factor && a->low_freq_factor == b->low_freq_factor &&
+           a->high_freq_factor == b->high_freq_factor && a->original_max_positions == b->original_max_positions &&
+           a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow && a->attention_factor == b->attention_factor;
+}
+
 int config_equal(const struct model_config *a, const struct model_config *b)
 {
-    return a->family == b->family && !strcmp(a->architecture, b->architecture) &&
+    return rope_scaling_equal(&a->rope_scaling, &b->rope_scaling) && a->family == b->family && !strcmp(a->architecture, b->architecture) &&
            a->n_layers == b->n_layers && a->d_model == b->d_model && a->n_heads == b->n_heads &&
            a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim &&
            a->ffn_hidden == b->ffn_hidden && a->vocab_size == b->vocab_size &&

@@ -29,6 +29,20 @@ enum model_family {
     MODEL_FAMILY_GEMMA3, /* Gemma3ForCausalLM (text only) */
 };
 
+/* A scaled rotary embedding (Hugging Face's rope_scaling / rope_parameters), as transformers'
+ * _compute_*_parameters define them; the model turns it into per-pair frequency divisors at
+ * load (model_rope_factors). */
+enum rope_scaling_kind { ROPE_SCALING_NONE, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3, ROPE_SCALING_YARN };
+struct rope_scaling {
+    enum rope_scaling_kind kind;
+    float factor;                 /* every kind */
+    float low_freq_factor;        /* llama3 (1) */
+    float high_freq_factor;       /* llama3 (4) */
+    int   original_max_positions; /* llama3, YaRN (YaRN default: max_position_embeddings) */
+    float beta_fast, beta_slow;   /* YaRN (32, 1) */
+    float attention_factor;       /* YaRN: cos and sin scale (0.1 ln(factor) + 1 when unset); 1 else */
+};
+
 struct model_config {
     enum model_family family;
     char     architecture[64];  /* as named in config.json, e.g. "LlamaForCausalLM" */
@@ -72,6 +86,7 @@ struct model_config {
                                    uses sliding_window */
     float    rope_theta_local;  /* rotary base of the sliding-window layers; 0 = rope_theta
                                    (Gemma 3: 10000, global layers rope_theta = 1e6) */
+    struct rope_scaling rope_scaling; /* of the layers that use rope_theta (kind NONE: none) */
 };
 
 /* Parses config.json at `path` into *cfg. Unknown architecture, a missing required field or an

@@ -47,10 +47,32 @@ static int add_float(cJSON *o, const char *key, float v)
 static int add_bool(cJSON *o, const char *key, int v) { return cJSON_AddBoolToObject(o, key, v) != NULL; }
 static int add_str(cJSON *o, const char *key, const char *v) { return cJSON_AddStringToObject(o, key, v) != NULL; }
 
+/* rope_scaling as transformers reads it back (config.c parse_rope_scaling), when there is one. */
+static int add_rope_scaling(cJSON *root, const struct model_config *c)
+{
+    const struct rope_scaling *s = &c->rope_scaling;
+    if (s->kind == ROPE_SCALING_NONE) return 1;
+    cJSON *o = cJSON_AddObjectToObject(root, "rope_scaling");
+    if (!o) return 0;
+    static const char *const names[] = {"default", "linear", "llama3", "yarn"};
+    int ok = add_str(o, "rope_type", names[s->kind]) && add_float(o, "factor", s->factor);
+    if (s->kind == ROPE_SCALING_LLAMA3)
+        ok = ok && add_float(o, "low_freq_factor", s->low_freq_factor) &&
+             add_float(o, "high_freq_factor", s->high_freq_factor) &&
+             add_num(o, "original_max_position_embeddings", s->original_max_positions);
+    if (s->kind == ROPE_SCALING_YARN) { /* an original (when not the default) makes the factor max / original */
+        ok = ok && add_float(o, "beta_fast", s->beta_fast) && add_float(o, "beta_slow", s->beta_slow) &&
+             add_float(o, "attention_factor", s->attention_factor);
+        if (s->original_max_positions != c->max_positions)
+            ok = ok && add_num(o, "original_max_position_embeddings", s->original_max_positions);
+    }
+    return ok;
+}
+
 /* The config.json fields that Llama-family models and Gemma 3 spell alike. */
 static int add_llama_dims(cJSON *root, const struct model_config *c)
 {
-    return add_num(root, "hidden_size", c->d_model) && add_num(root, "intermediate_size", c->ffn_hidden) &&
+    return add_rope_scaling(root, c) && add_num(root, "hidden_size", c->d_model) && add_num(root, "intermediate_size", c->ffn_hidden) &&
            add_num(root, "num_hidden_layers", c->n_layers) && add_num(root, "num_attention_heads", c->n_heads) &&
            add_num(root, "num_key_value_heads", c->n_kv_heads) && add_num(root, "head_dim", c->head_dim) &&
            add_num(root, "vocab_size", c->vocab_size) &&

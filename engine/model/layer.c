@@ -4,13 +4,17 @@
 
 static const struct tensor *opt(const struct tensor *t) { return t && t->data ? t : NULL; }
 
-void layer_attention_kind(const struct model *m, int layer, int *window, float *theta)
+void layer_attention_kind(const struct model *m, int layer, int *window, struct rope_params *rope)
 {
     const int pattern = m->cfg.sliding_window_pattern;
     const int global = pattern > 0 && (layer + 1) % pattern == 0;
+    const int local_theta = !global && pattern > 0 && m->cfg.rope_theta_local > 0.0f;
     *window = pattern > 0 && global ? 0 : m->cfg.sliding_window;
-    *theta = !global && pattern > 0 && m->cfg.rope_theta_local > 0.0f ? m->cfg.rope_theta_local
-                                                                      : m->cfg.rope_theta;
+    /* A rope scaling applies to the layers of rope_theta (Gemma 3: the global ones). */
+    *rope = (struct rope_params){.theta = local_theta ? m->cfg.rope_theta_local : m->cfg.rope_theta,
+                                 .factors = !local_theta && m->rope_factors.data ? &m->rope_factors : NULL,
+                                 .attn_factor = local_theta ? 1.0f : m->cfg.rope_scaling.attention_factor};
+    if (!(rope->attn_factor > 0.0f)) rope->attn_factor = 1.0f; /* a config built by hand, not parsed */
 }
 
 void layer_norm(const struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *w,
@@ -28,8 +32,8 @@ void layer_attention_inner(struct model *m, int l, int64_t T, const struct tenso
     const struct layer_weights *w = &m->w.layers[l];
     const int64_t hd = c->head_dim, nh = m->n_heads_local, nkv = m->n_kv_local;
     int window;
-    float theta;
-    layer_attention_kind(m, m->layer_first + l, &window, &theta);
+    struct rope_params rope;
+    layer_attention_kind(m, m->layer_first + l, &window, &rope);
     struct tensor q3 = tensor_view3(&t->q, T, nh, hd), k3 = tensor_view3(&t->k, T, nkv, hd);
     struct tensor v3 = tensor_view3(&t->v, T, nkv, hd), att3 = tensor_view3(&t->att, T, nh, hd);
     struct tensor qp = tensor_view2(&t->q_pre, T, nh * hd), kp = tensor_view2(&t->k_pre, T, nkv * hd);
@@ -48,8 +52,8 @@ void layer_attention_inner(struct model *m, int l, int64_t T, const struct tenso
     }
     if (c->positions == POSITION_KIND_ROTARY) {
         struct tensor pos = tensor_first_rows(&t->pos, T);
-        op_rope(b, &q3, &pos, c->rot_dim, theta, c->rope_style);
-        op_rope(b, &k3, &pos, c->rot_dim, theta, c->rope_style);
+        op_rope(b, &q3, &pos, c->rot_dim, &rope, c->rope_style);
+        op_rope(b, &k3, &pos, c->rot_dim, &rope, c->rope_style);
     }
     struct tensor lse = t->lse.data ? tensor_first_rows(&t->lse, T) : t->lse;
     h->attend(h->ctx, l, window, &q3, &k3, &v3, &att3, &lse);

@@ -57,7 +57,7 @@ struct layer_hooks {
 
 /* The attention variant of global layer `layer`: Gemma 3 interleaves sliding-window layers
  * (with their own rotary base) and a global layer every sliding_window_pattern layers. */
-void layer_attention_kind(const struct model *m, int layer, int *window, float *theta);
+void layer_attention_kind(const struct model *m, int layer, int *window, struct rope_params *rope);
 
 /* norm(x) with the model's norm (RMSNorm, or LayerNorm with its optional bias). */
 void layer_norm(const struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *w,

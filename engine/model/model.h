@@ -82,6 +82,8 @@ struct model {
      * Tensors loaded zero-copy (CPU, matching dtype) point into the checkpoint's read-only
      * mapping instead, so the checkpoint stays open for the model's lifetime. */
     struct model_weights w;
+    struct tensor rope_factors;    /* f32 (rot_dim / 2) divisors of the rotary frequencies of the
+                                      layers that use rope_theta (cfg.rope_scaling), or absent */
     void **owned;                  /* (n_owned) */
     size_t n_owned, cap_owned;
     struct checkpoint *checkpoint;
@@ -111,6 +113,12 @@ struct model {
     int n_adapters;
     int max_adapter_rank;
 };
+
+/* The rotary frequency divisors of a rope scaling (cfg.rope_scaling): out[i] (rot_dim / 2) =
+ * theta^(-2i/rot_dim) / the scaled frequency, as transformers' _compute_linear_scaling,
+ * _compute_llama3 and _compute_yarn_parameters define it, in double. Returns 0 (out untouched)
+ * for no scaling. (model_load.c) */
+int model_rope_factors(const struct model_config *c, double *out);
 
 /* One rank's bring-up, the same for `generate`, the serving conductor and the trainer: the
  * backend on this rank's device (w->gpu on CUDA when w is given: parallel_world.gpu; else

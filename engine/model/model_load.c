@@ -5,6 +5,7 @@
  * Not here: the forward pass and workspace (model.c), file formats (checkpoint.c).
  * Tests: tests/test_model.c. */
 #include <ctype.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,6 +154,66 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     return STATUS_OK;
 }
 
+int model_rope_factors(const struct model_config *c, double *out)
+{
+    const struct rope_scaling *s = &c->rope_scaling;
+    const int half = c->rot_dim / 2;
+    if (s->kind == ROPE_SCALING_NONE || c->positions != POSITION_KIND_ROTARY || half <= 0) return 0;
+    const double base = c->rope_theta, factor = s->factor, pi = 3.14159265358979323846;
+    double low = 0.0, high = 0.0; /* YaRN's correction range, in pair indices */
+    if (s->kind == ROPE_SCALING_YARN) {
+        const double dim = c->rot_dim, orig = s->original_max_positions;
+        low = floor(dim * log(orig / ((double)s->beta_fast * 2.0 * pi)) / (2.0 * log(base)));
+        high = ceil(dim * log(orig / ((double)s->beta_slow * 2.0 * pi)) / (2.0 * log(base)));
+        if (low < 0.0) low = 0.0;
+        if (high > dim - 1.0) high = dim - 1.0;
+        if (low == high) high += 0.001;
+    }
+    for (int i = 0; i < half; i++) {
+        const double inv = pow(base, -(2.0 * i) / c->rot_dim);
+        double scaled = inv / factor;
+        if (s->kind == ROPE_SCALING_LLAMA3) {
+            const double orig = s->original_max_positions, wavelen = 2.0 * pi / inv;
+            const double low_wavelen = orig / s->low_freq_factor, high_wavelen = orig / s->high_freq_factor;
+            if (wavelen < high_wavelen) scaled = inv;
+            else if (wavelen <= low_wavelen) { /* between: a smooth mix of the two */
+                const double smooth = (orig / wavelen - s->low_freq_factor) / (s->high_freq_factor - s->low_freq_factor);
+                scaled = (1.0 - smooth) * inv / factor + smooth * inv;
+            }
+        } else if (s->kind == ROPE_SCALING_YARN) {
+            double ramp = (i - low) / (high - low);
+            ramp = ramp < 0.0 ? 0.0 : ramp > 1.0 ? 1.0 : ramp;
+            const double extrapolation = 1.0 - ramp; /* 1: the original frequency */
+            scaled = inv / factor * (1.0 - extrapolation) + inv * extrapolation;
+        }
+        out[i] = inv / scaled;
+    }
+    return 1;
+}
+
+/* m->rope_factors from the config's rope scaling (absent without one), on the device. */
+static enum status load_rope_factors(struct model *m)
+{
+    const int half = m->cfg.rot_dim / 2;
+    double *d = half > 0 ? malloc((size_t)half * sizeof *d) : NULL;
+    float *f = half > 0 ? malloc((size_t)half * sizeof *f) : NULL;
+    enum status st = STATUS_OK;
+    if (half > 0 && (!d || !f)) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+    else if (half > 0 && model_rope_factors(&m->cfg, d)) {
+        for (int i = 0; i < half; i++) f[i] = (float)d[i];
+        void *dev = NULL;
+        if ((st = backend_alloc(m->b, (size_t)half * sizeof *f, &dev)) == STATUS_OK && (st = own(m, dev)) != STATUS_OK)
+            backend_free(m->b, dev);
+        if (st == STATUS_OK) {
+            backend_upload(m->b, dev, f, (size_t)half * sizeof *f);
+            m->rope_factors = tensor_make(dev, DTYPE_F32, m->b->device, 1, (int64_t)half);
+        }
+    }
+    free(d);
+    free(f);
+    return st;
+}
+
 /* Loads the weight when the model has it; leaves *t zeroed (absent) otherwise. */
 static enum status load_optional(struct model *m, struct staging *stg, enum weight_kind kind,
                                  int layer, struct tensor *t)
@@ -291,6 +352,7 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
         goto fail;
     }
     if ((st = load_weights(m, &stg)) != STATUS_OK) goto fail;
+    if ((st = load_rope_factors(m)) != STATUS_OK) goto fail;
     free(stg.buf);
     LOG_INFO("model", "loaded %s: %d layers [%d, %d) of %d, tp %d/%d, %s, %.1f MiB of weights (%.1f MiB mapped zero-copy, "
              "%.1f MiB as quantized blocks)",

@@ -353,8 +353,8 @@ static enum status layer_backward(struct model *m, int l, int64_t T, const struc
     const int64_t hd = c->head_dim, hq = (int64_t)m->n_heads_local * hd, hkv = (int64_t)m->n_kv_local * hd;
     const int64_t Tl = local_rows(m, T);
     struct attention_train_batch ab = *batch;
-    float theta;
-    layer_attention_kind(m, m->layer_first + l, &ab.window, &theta);
+    struct rope_params rope;
+    layer_attention_kind(m, m->layer_first + l, &ab.window, &rope);
     struct tensor dres = tensor_first_rows(&a->dres, Tl), dtmp = tensor_first_rows(&a->dtmp, Tl);
     struct tensor pos = tensor_first_rows(&a->positions, T), dxn = tensor_first_rows(&a->dxn, T), full, dsum;
 
@@ -392,8 +392,8 @@ static enum status layer_backward(struct model *m, int l, int64_t T, const struc
     struct tensor lse = tensor_first_rows(&la->lse, T);
     op_attention_train_backward(b, &dq3, &dk3, &dv3, &datt3, &att3, &lse, &q3, &k3, &v3, &ab);
     if (c->positions == POSITION_KIND_ROTARY) {
-        op_rope_backward(b, &dq3, &pos, c->rot_dim, theta, c->rope_style);
-        op_rope_backward(b, &dk3, &pos, c->rot_dim, theta, c->rope_style);
+        op_rope_backward(b, &dq3, &pos, c->rot_dim, &rope, c->rope_style);
+        op_rope_backward(b, &dk3, &pos, c->rot_dim, &rope, c->rope_style);
     }
     if (c->qk_norm) { /* through the per-head RMSNorm, in place on dq, dk */
         struct tensor dqh = tensor_view2(&a->dq, T * m->n_heads_local, hd), dkh = tensor_view2(&a->dk, T * m->n_kv_local, hd);

@@ -109,7 +109,7 @@ void cpu_scale(struct backend *b, const struct tensor *out, const struct tensor 
 void cpu_dropout(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key, int64_t col0,
                  float p);
 void cpu_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
-              int rot_dim, float theta, enum rope_style style);
+              int rot_dim, const struct rope_params *rp, enum rope_style style);
 void cpu_kv_write(struct backend *b, const struct tensor *k_cache, const struct tensor *v_cache,
                   const struct tensor *k, const struct tensor *v, const struct tensor *slots);
 void cpu_attention(struct backend *b, const struct tensor *out, const struct tensor *q,
@@ -155,7 +155,7 @@ void cpu_layernorm_backward(struct backend *b, const struct tensor *dx,
                             const struct tensor *dout, const struct tensor *x,
                             const struct tensor *weight, float eps);
 void cpu_rope_backward(struct backend *b, const struct tensor *dx, const struct tensor *positions,
-                       int rot_dim, float theta, enum rope_style style);
+                       int rot_dim, const struct rope_params *rp, enum rope_style style);
 void cpu_activation_backward(struct backend *b, const struct tensor *dx, const struct tensor *dout,
                              const struct tensor *x, enum activation act);
 void cpu_gated_activation_backward(struct backend *b, const struct tensor *dgate,

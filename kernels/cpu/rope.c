@@ -2,7 +2,9 @@
  * half conventions, partial rotation. Frequencies are computed in f32 as the reference
  * implementations (llama2.c, Hugging Face) do, so that angles match theirs bit for bit in
  * spirit: freq_i = theta^(-2i/rot_dim), angle = pos * freq_i.
- * The backward rotates by the opposite angles (the same cos, sin negated).
+ * A rope scaling divides freq_i by factors[i] and multiplies cos and sin by attn_factor.
+ * The backward rotates by the opposite angles (the same cos, sin negated); with attn_factor a
+ * the forward is a times a rotation, so its transpose is a times the inverse rotation.
  * Tests: tests/test_ops.c (rope cases), tests/test_ops_backward.c (rope_backward). */
 #include <math.h>
 
@@ -10,10 +12,11 @@
 
 /* direction +1: the forward rotation; -1: its inverse (the backward). */
 static void rope_rotate(struct backend *b, const struct tensor *x, const struct tensor *positions,
-                        int rot_dim, float theta, enum rope_style style, float direction)
+                        int rot_dim, const struct rope_params *rp, enum rope_style style, float direction)
 {
     int64_t n = x->shape[0], n_heads = x->shape[1], hd = x->shape[2];
     const int32_t *pos = positions->data;
+    const float *factors = rp->factors ? rp->factors->data : NULL;
     int half = rot_dim / 2;
     size_t per = (size_t)hd + 2 * (size_t)half;
     float *scratch = cpu_scratch(b, per);
@@ -22,10 +25,11 @@ static void rope_rotate(struct backend *b, const struct tensor *x, const struct 
         float *tmp = scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(per);
         float *cs = tmp + hd, *sn = cs + half;
         for (int i = 0; i < half; i++) {
-            float freq = powf(theta, -(float)(2 * i) / (float)rot_dim);
+            float freq = powf(rp->theta, -(float)(2 * i) / (float)rot_dim);
+            if (factors) freq /= factors[i];
             float angle = (float)pos[t] * freq;
-            cs[i] = cosf(angle);
-            sn[i] = direction * sinf(angle);
+            cs[i] = rp->attn_factor * cosf(angle);
+            sn[i] = rp->attn_factor * direction * sinf(angle);
         }
         for (int64_t h = 0; h < n_heads; h++) {
             size_t off = (size_t)((t * n_heads + h) * hd);
@@ -43,13 +47,13 @@ static void rope_rotate(struct backend *b, const struct tensor *x, const struct 
 }
 
 void cpu_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
-              int rot_dim, float theta, enum rope_style style)
+              int rot_dim, const struct rope_params *rp, enum rope_style style)
 {
-    rope_rotate(b, x, positions, rot_dim, theta, style, 1.0f);
+    rope_rotate(b, x, positions, rot_dim, rp, style, 1.0f);
 }
 
 void cpu_rope_backward(struct backend *b, const struct tensor *dx, const struct tensor *positions,
-                       int rot_dim, float theta, enum rope_style style)
+                       int rot_dim, const struct rope_params *rp, enum rope_style style)
 {
-    rope_rotate(b, dx, positions, rot_dim, theta, style, -1.0f);
+    rope_rotate(b, dx, positions, rot_dim, rp, style, -1.0f);
 }

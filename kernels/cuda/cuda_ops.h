@@ -36,7 +36,7 @@ void cuda_scale(struct backend *b, const struct tensor *out, const struct tensor
 void cuda_dropout(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key, int64_t col0,
                   float p);
 void cuda_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
-               int rot_dim, float theta, enum rope_style style);
+               int rot_dim, const struct rope_params *rp, enum rope_style style);
 void cuda_kv_write(struct backend *b, const struct tensor *k_cache, const struct tensor *v_cache,
                    const struct tensor *k, const struct tensor *v, const struct tensor *slots);
 void cuda_attention(struct backend *b, const struct tensor *out, const struct tensor *q,
@@ -80,7 +80,7 @@ void cuda_layernorm_backward(struct backend *b, const struct tensor *dx,
                              const struct tensor *dout, const struct tensor *x,
                              const struct tensor *weight, float eps);
 void cuda_rope_backward(struct backend *b, const struct tensor *dx, const struct tensor *positions,
-                        int rot_dim, float theta, enum rope_style style);
+                        int rot_dim, const struct rope_params *rp, enum rope_style style);
 void cuda_activation_backward(struct backend *b, const struct tensor *dx,
                               const struct tensor *dout, const struct tensor *x,
                               enum activation act);

@@ -1,7 +1,8 @@
 /* kernels/cuda/rope.cu - op_rope: rotary position embedding in place on (n, n_heads,
  * head_dim), pair or half conventions, the first rot_dim features of each head rotated.
  * Angles follow the CPU reference (kernels/cpu/rope.c) formula for formula, in f32:
- * freq_i = theta^(-(2i)/rot_dim), angle = pos * freq_i, then cos and sin.
+ * freq_i = theta^(-(2i)/rot_dim) / factors[i], angle = pos * freq_i, then cos and sin (times
+ * attn_factor).
  * Not here: where positions come from (engine/), learned positions (position_embedding_add.cu).
  * The backward rotates the gradient by the opposite angles (direction -1: sin negated).
  * Tests: tests/test_ops.c --backend cuda (both styles, partial rotation, large positions);
@@ -18,8 +19,8 @@
  * ~0.006 rad. The exponent and the product pos * freq stay f32, as on the CPU. */
 template <typename T>
 static __global__ void rope_kernel(T *x, const int32_t *positions, int64_t n, int64_t n_heads,
-                                   int64_t head_dim, int rot_dim, float theta, int pairs_style,
-                                   float direction)
+                                   int64_t head_dim, int rot_dim, float theta, const float *factors,
+                                   float attn_factor, int pairs_style, float direction)
 {
     int half = rot_dim / 2;
     int64_t total = n * half;
@@ -29,8 +30,9 @@ static __global__ void rope_kernel(T *x, const int32_t *positions, int64_t n, in
         int64_t t = w / half;
         float exponent = -(float)(2 * i) / (float)rot_dim;
         float freq = (float)pow((double)theta, (double)exponent);
+        if (factors) freq /= factors[i];
         float angle = (float)positions[t] * freq;
-        float c = (float)cos((double)angle), sn = direction * (float)sin((double)angle);
+        float c = attn_factor * (float)cos((double)angle), sn = attn_factor * direction * (float)sin((double)angle);
         int i0 = pairs_style ? 2 * i : i;
         int i1 = pairs_style ? 2 * i + 1 : i + half;
         for (int64_t h = 0; h < n_heads; h++) {
@@ -45,7 +47,7 @@ static __global__ void rope_kernel(T *x, const int32_t *positions, int64_t n, in
 /* x (n, n_heads, head_dim), positions i32 (n); rot_dim even, <= head_dim; direction +1 the
  * rotation, -1 its inverse. */
 static void rope_launch(struct backend *b, const struct tensor *x, const struct tensor *positions,
-                        int rot_dim, float theta, enum rope_style style, float direction)
+                        int rot_dim, const struct rope_params *rp, enum rope_style style, float direction)
 {
     struct cuda_state *s = cuda_state_enter(b);
     int64_t n = x->shape[0], n_heads = x->shape[1], head_dim = x->shape[2];
@@ -53,20 +55,21 @@ static void rope_launch(struct backend *b, const struct tensor *x, const struct 
     if (total == 0 || n_heads == 0) return;
     CUDA_DISPATCH_FLOAT(x->dtype, T,
         rope_kernel<T><<<cuda_blocks_for(total, CUDA_THREADS), CUDA_THREADS, 0, s->stream>>>(
-            (T *)x->data, (const int32_t *)positions->data, n, n_heads, head_dim, rot_dim, theta,
-            style == ROPE_STYLE_PAIRS, direction);
+            (T *)x->data, (const int32_t *)positions->data, n, n_heads, head_dim, rot_dim, rp->theta,
+            rp->factors ? (const float *)rp->factors->data : NULL, rp->attn_factor, style == ROPE_STYLE_PAIRS,
+            direction);
         LAUNCH_CHECK());
 }
 
 void cuda_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
-               int rot_dim, float theta, enum rope_style style)
+               int rot_dim, const struct rope_params *rp, enum rope_style style)
 {
-    rope_launch(b, x, positions, rot_dim, theta, style, 1.0f);
+    rope_launch(b, x, positions, rot_dim, rp, style, 1.0f);
 }
 
 /* dx (n, n_heads, head_dim), in place. */
 void cuda_rope_backward(struct backend *b, const struct tensor *dx, const struct tensor *positions,
-                        int rot_dim, float theta, enum rope_style style)
+                        int rot_dim, const struct rope_params *rp, enum rope_style style)
 {
-    rope_launch(b, dx, positions, rot_dim, theta, style, -1.0f);
+    rope_launch(b, dx, positions, rot_dim, rp, style, -1.0f);
 }

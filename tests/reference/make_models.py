@@ -404,11 +404,54 @@ def _rotate_half(x):
     return np.concatenate([-x[..., d:], x[..., :d]], axis=-1)
 
 
-def llama_rope_tables(hd, T, theta):
+def scaled_inv_freq(cfg, inv_freq, dim, theta):
+    """transformers' rope scalings (modeling_rope_utils: _compute_linear_scaling_rope_parameters,
+    _compute_llama3_parameters, _compute_yarn_parameters), in float64. Returns (inv_freq, the
+    attention factor that multiplies cos and sin)."""
+    rs = cfg.get("rope_scaling")
+    if not rs or rs.get("rope_type", rs.get("type")) in (None, "default"):
+        return inv_freq, 1.0
+    kind, factor = rs.get("rope_type", rs.get("type")), rs["factor"]
+    if kind == "linear":
+        return inv_freq / factor, 1.0
+    if kind == "llama3":
+        low, high, old = rs["low_freq_factor"], rs["high_freq_factor"], rs["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old / low, old / high
+        wavelen = 2 * math.pi / inv_freq
+        out = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return np.where(medium, smoothed, out), 1.0
+    if kind == "yarn":
+        orig = rs.get("original_max_position_embeddings")
+        if orig:
+            factor = cfg["max_position_embeddings"] / orig
+        else:
+            orig = cfg["max_position_embeddings"]
+        att = rs.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+        bf, bs = rs.get("beta_fast", 32), rs.get("beta_slow", 1)
+
+        def corr_dim(rot):
+            return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(theta))
+        lo, hi = max(math.floor(corr_dim(bf)), 0), min(math.ceil(corr_dim(bs)), dim - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
+        extra = 1 - ramp
+        pos_freqs = theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+        return (1.0 / (factor * pos_freqs)) * (1 - extra) + (1.0 / pos_freqs) * extra, att
+    raise ValueError(kind)
+
+
+def llama_rope_tables(hd, T, theta, cfg=None):
     inv_freq = 1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)   # (hd/2,)
+    att = 1.0
+    if cfg is not None:
+        inv_freq, att = scaled_inv_freq(cfg, inv_freq, hd, theta)
     freqs = np.arange(T, dtype=np.float64)[:, None] * inv_freq[None, :]      # (T, hd/2)
     emb = np.concatenate([freqs, freqs], axis=-1)                             # (T, hd)
-    return np.cos(emb), np.sin(emb)
+    return np.cos(emb) * att, np.sin(emb) * att
 
 
 def llama_forward(cfg, w, tokens):
@@ -418,7 +461,7 @@ def llama_forward(cfg, w, tokens):
     hd = cfg.get("head_dim") or H // nh
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     T = len(tokens)
-    cos, sin = llama_rope_tables(hd, T, theta)
+    cos, sin = llama_rope_tables(hd, T, theta, cfg)
     n_rep = nh // nkv
     x = w["model.embed_tokens.weight"][tokens].copy()
     for i in range(cfg["num_hidden_layers"]):
@@ -470,7 +513,7 @@ def _margins(logits):
 
 # --------------------------------------------------------------------------- main
 
-def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None, kv_heads=None):
+def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None, kv_heads=None, rope_scaling=None):
     if model == "gpt2":
         cfg = gpt2_config(dtype)
         if vocab:
@@ -482,6 +525,8 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
             cfg["vocab_size"] = vocab
         if kv_heads:
             cfg["num_key_value_heads"] = kv_heads
+        if rope_scaling:
+            cfg["rope_scaling"] = rope_scaling
         w = init_llama(cfg, seed)
     else:
         raise ValueError(model)
@@ -526,6 +571,8 @@ def main(argv=None):
                     help="vocabulary size (default 512; odd sizes exercise vocab-parallel padding)")
     ap.add_argument("--kv-heads", type=int, default=None,
                     help="llama only: KV heads (default 4; 1 = MQA, so tp 2 replicates KV heads)")
+    ap.add_argument("--rope-scaling", default=None,
+                    help="llama family: a rope_scaling object as JSON (linear, llama3, yarn)")
     a = ap.parse_args(argv)
     if a.vocab is not None and not (max(PROMPT_IDS) < a.vocab <= 512):
         ap.error("--vocab must be in (%d, 512]" % max(PROMPT_IDS))
@@ -533,7 +580,8 @@ def main(argv=None):
         ap.error("--shards must be >= 1")
     if a.no_prefix and a.model != "gpt2":
         ap.error("--no-prefix applies to gpt2 only")
-    ref = make(a.model, a.out, a.seed, a.dtype, a.shards, a.no_prefix, a.vocab, a.kv_heads)
+    ref = make(a.model, a.out, a.seed, a.dtype, a.shards, a.no_prefix, a.vocab, a.kv_heads,
+               json.loads(a.rope_scaling) if a.rope_scaling else None)
     print("%s: wrote %s (dtype %s, seed %d); greedy %s; min margin %.4g"
           % (a.model, a.out, a.dtype, a.seed, ref["greedy_ids"], min(ref["greedy_margins"])))
     return 0
