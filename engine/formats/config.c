@@ -175,6 +175,21 @@ static enum status parse_rope_scaling(const cJSON *rs, const char *name, const c
     if (st == STATUS_OK && !type) st = get_string(rs, name, "type", &type);
     if (st) return st;
     if (!type || !strcmp(type, "default")) return STATUS_OK;
+    if (!strcmp(type, "factors")) { /* shardlm's own: a GGUF's rope_freqs, converted */
+        const cJSON *f = field(rs, "factors");
+        const int n = cJSON_IsArray(f) ? cJSON_GetArraySize(f) : -1;
+        if (n != c->rot_dim / 2 || n > ROPE_MAX_FACTORS)
+            return status_errorf(STATUS_BAD_FORMAT, "%s: %s.factors must be a list of rot_dim / 2 = %d numbers",
+                                 name, key, c->rot_dim / 2);
+        int i = 0;
+        for (const cJSON *e = f->child; e; e = e->next, i++) {
+            if (!cJSON_IsNumber(e) || !(e->valuedouble > 0.0) || !isfinite(e->valuedouble))
+                return status_errorf(STATUS_BAD_FORMAT, "%s: %s.factors[%d] must be a positive number", name, key, i);
+            s->factors[i] = (float)e->valuedouble;
+        }
+        s->kind = ROPE_SCALING_FACTORS;
+        return STATUS_OK;
+    }
     if (!strcmp(type, "linear")) s->kind = ROPE_SCALING_LINEAR;
     else if (!strcmp(type, "llama3")) s->kind = ROPE_SCALING_LLAMA3;
     else if (!strcmp(type, "yarn")) s->kind = ROPE_SCALING_YARN;
@@ -729,6 +744,7 @@ static int rope_scaling_equal(const struct rope_scaling *a, const struct rope_sc
 {
     if (a->kind != b->kind) return 0;
     if (a->kind == ROPE_SCALING_NONE) return 1;
+    if (a->kind == ROPE_SCALING_FACTORS) return !memcmp(a->factors, b->factors, sizeof a->factors);
     return a->factor == b->factor && a->low_freq_factor == b->low_freq_factor &&
            a->high_freq_factor == b->high_freq_factor && a->original_max_positions == b->original_max_positions &&
            a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow && a->attention_factor == b->attention_factor;

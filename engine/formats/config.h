@@ -32,9 +32,19 @@ enum model_family {
 /* A scaled rotary embedding (Hugging Face's rope_scaling / rope_parameters), as transformers'
  * _compute_*_parameters define them; the model turns it into per-pair frequency divisors at
  * load (model_rope_factors). */
-enum rope_scaling_kind { ROPE_SCALING_NONE, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3, ROPE_SCALING_YARN };
+enum rope_scaling_kind {
+    ROPE_SCALING_NONE,
+    ROPE_SCALING_LINEAR,
+    ROPE_SCALING_LLAMA3,
+    ROPE_SCALING_YARN,
+    ROPE_SCALING_FACTORS, /* the divisors themselves: a GGUF's rope_freqs tensor (llama.cpp writes Llama
+                             3's scaling so); config.json carries them as shardlm's rope_type
+                             "factors" with a "factors" list */
+};
+#define ROPE_MAX_FACTORS 256 /* rot_dim / 2 at most, for ROPE_SCALING_FACTORS */
 struct rope_scaling {
     enum rope_scaling_kind kind;
+    float factors[ROPE_MAX_FACTORS]; /* FACTORS: rot_dim / 2 divisors */
     float factor;                 /* every kind */
     float low_freq_factor;        /* llama3 (1) */
     float high_freq_factor;       /* llama3 (4) */

@@ -54,7 +54,13 @@ static int add_rope_scaling(cJSON *root, const struct model_config *c)
     if (s->kind == ROPE_SCALING_NONE) return 1;
     cJSON *o = cJSON_AddObjectToObject(root, "rope_scaling");
     if (!o) return 0;
-    static const char *const names[] = {"default", "linear", "llama3", "yarn"};
+    static const char *const names[] = {"default", "linear", "llama3", "yarn", "factors"};
+    if (s->kind == ROPE_SCALING_FACTORS) {
+        cJSON *f = cJSON_AddArrayToObject(o, "factors");
+        int ok = f && add_str(o, "rope_type", names[s->kind]);
+        for (int i = 0; ok && i < c->rot_dim / 2; i++) ok = cJSON_AddItemToArray(f, cJSON_CreateNumber(s->factors[i]));
+        return ok;
+    }
     int ok = add_str(o, "rope_type", names[s->kind]) && add_float(o, "factor", s->factor);
     if (s->kind == ROPE_SCALING_LLAMA3)
         ok = ok && add_float(o, "low_freq_factor", s->low_freq_factor) &&

@@ -128,22 +128,60 @@ static enum status gc_vocab(const struct gguf *g, struct model_config *c)
  * as they are; Qwen's keep Hugging Face's order and rotate halves (rope type NEOX). Biases come
  * with the tensors (attn_q.bias). Llama 3's frequency scaling (a rope_freqs tensor) and expert
  * layers are refused, not ignored. */
+/* A llama-family GGUF's rotary scaling: the rope_freqs tensor (llama.cpp writes Llama 3's scaling
+ * as these per-pair divisors), or rope.scaling.type linear with rope.scaling.factor; the other
+ * types (yarn: llama.cpp's own parameterisation) are refused by name. */
+static enum status gguf_rope_scaling(const struct gguf *g, const char *arch, const char *path, struct model_config *c)
+{
+    char key[96];
+    const char *type = NULL;
+    enum status s;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (gguf_find_kv(g, key) && (s = gguf_get_str(g, key, &type))) return s;
+    const struct gguf_tensor *t = gguf_find_tensor(g, "rope_freqs.weight");
+    c->rope_scaling.attention_factor = 1.0f;
+    c->rope_scaling.factor = 1.0f;
+    if (t) {
+        const int half = c->rot_dim / 2;
+        if (t->numel != half || half > ROPE_MAX_FACTORS)
+            return status_errorf(STATUS_BAD_FORMAT, "%s: tensor 'rope_freqs.weight' has %lld values, rope.dimension_count "
+                                 "/ 2 = %d", path, (long long)t->numel, half);
+        if ((s = gguf_tensor_read_f32(g, t, c->rope_scaling.factors))) return s;
+        for (int i = 0; i < half; i++)
+            if (!(c->rope_scaling.factors[i] > 0.0f) || !isfinite(c->rope_scaling.factors[i]))
+                return status_errorf(STATUS_BAD_FORMAT, "%s: rope_freqs.weight[%d] = %g must be positive", path, i,
+                                     (double)c->rope_scaling.factors[i]);
+        c->rope_scaling.kind = ROPE_SCALING_FACTORS;
+        if (type && strcmp(type, "none") && strcmp(type, "linear"))
+            return status_errorf(STATUS_UNSUPPORTED, "%s: %s \"%s\" with rope_freqs.weight is not supported", path, key,
+                                 type);
+        return STATUS_OK;
+    }
+    if (!type || !strcmp(type, "none")) return STATUS_OK;
+    if (strcmp(type, "linear"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: %s \"%s\" is not supported (none, linear, and Llama 3's "
+                             "rope_freqs tensor are)", path, key, type);
+    double f = 1.0;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+    if ((s = gguf_get_float(g, key, &f))) return s;
+    if (!(f >= 1.0)) return status_errorf(STATUS_BAD_FORMAT, "%s: %s = %g must be >= 1", path, key, f);
+    c->rope_scaling.kind = f > 1.0 ? ROPE_SCALING_LINEAR : ROPE_SCALING_NONE;
+    c->rope_scaling.factor = (float)f;
+    return STATUS_OK;
+}
+
 static enum status gguf_llama_config(const struct gguf *g, const char *arch, enum dtype dtype, struct model_config *c)
 {
     enum status s;
     const char *path = gguf_path(g);
     char key[96];
 #define K(name) (snprintf(key, sizeof key, "%s." name, arch), key)
-    static const char *const unsupported[] = {"expert_count", "rope.scaling.factor", "attention.layer_norm_epsilon",
-                                              "attention.sliding_window"};
+    static const char *const unsupported[] = {"expert_count", "attention.layer_norm_epsilon", "attention.sliding_window"};
     for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
         snprintf(key, sizeof key, "%s.%s", arch, unsupported[i]);
         if (gguf_find_kv(g, key))
             return status_errorf(STATUS_UNSUPPORTED, "%s: metadata key '%s' is not supported", path, key);
     }
-    if (gguf_find_tensor(g, "rope_freqs.weight"))
-        return status_errorf(STATUS_UNSUPPORTED, "%s: tensor 'rope_freqs.weight' (Llama 3 rotary frequency "
-                             "scaling) is not supported", path);
     memset(c, 0, sizeof *c);
     c->family = MODEL_FAMILY_LLAMA;
     const int qwen2 = !strcmp(arch, "qwen2"), qwen3 = !strcmp(arch, "qwen3");
@@ -176,6 +214,7 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     c->qk_norm = qwen3;
     c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     c->dtype = dtype;
+    if ((s = gguf_rope_scaling(g, arch, path, c))) return s;
     return config_validate(c, path);
 }
 
@@ -399,11 +438,13 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
             }
         }
     }
-    /* Every tensor of the file must have been taken: anything else is a feature not modelled. */
-    if (used != gguf_n_tensors(g)) {
+    /* Every tensor of the file must have been taken: anything else is a feature not modelled
+     * (rope_freqs is: the config carries its values, gguf_rope_scaling). */
+    const int in_config = c.rope_scaling.kind == ROPE_SCALING_FACTORS && gguf_find_tensor(g, "rope_freqs.weight");
+    if (used + in_config != gguf_n_tensors(g)) {
         for (int i = 0; i < gguf_n_tensors(g); i++) {
             const struct gguf_tensor *t = gguf_tensor_at(g, i);
-            int known = 0;
+            int known = in_config && !strcmp(t->name, "rope_freqs.weight");
             for (int j = 0; j < used && !known; j++) known = items[j].t == t;
             if (!known) {
                 s = status_errorf(STATUS_UNSUPPORTED, "%s: tensor '%s' is not part of a %s text model",

@@ -169,6 +169,10 @@ int model_rope_factors(const struct model_config *c, double *out)
         if (high > dim - 1.0) high = dim - 1.0;
         if (low == high) high += 0.001;
     }
+    if (s->kind == ROPE_SCALING_FACTORS) {
+        for (int i = 0; i < half; i++) out[i] = s->factors[i];
+        return 1;
+    }
     for (int i = 0; i < half; i++) {
         const double inv = pow(base, -(2.0 * i) / c->rot_dim);
         double scaled = inv / factor;

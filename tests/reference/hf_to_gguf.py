@@ -10,6 +10,7 @@ Hugging Face's order), never shardlm's code.
 """
 import argparse
 import json
+import math
 import os
 import struct
 import sys
@@ -101,6 +102,23 @@ def main():
         put(b + "ffn_gate.weight", w[p + "mlp.gate_proj.weight"])
         put(b + "ffn_up.weight", w[p + "mlp.up_proj.weight"])
         put(b + "ffn_down.weight", w[p + "mlp.down_proj.weight"])
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("rope_type") == "llama3":  # convert_hf_to_gguf.py LlamaModel: the divisors as rope_freqs
+        base, dim = cfg["rope_theta"], hd
+        freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+        factor, lo, hi = rs["factor"], rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+        old = rs.get("original_max_position_embeddings", 8192)
+        factors = []
+        for f in freqs:
+            wavelen = 2 * math.pi / f
+            if wavelen < old / hi:
+                factors.append(1.0)
+            elif wavelen > old / lo:
+                factors.append(factor)
+            else:
+                smooth = (old / wavelen - lo) / (hi - lo)
+                factors.append(1 / ((1 - smooth) / factor + smooth))
+        put("rope_freqs.weight", np.array(factors))
     put("output_norm.weight", w["model.norm.weight"])
     if "lm_head.weight" in w:
         put("output.weight", w["lm_head.weight"])
