@@ -6,6 +6,7 @@
 #   OUT/llama_mqa_v509, OUT/gpt2_v509                   odd vocabulary; one KV head (llama)
 #   OUT/qwen2, OUT/qwen3                                 q/k/v biases; QK norm, wide heads
 #   OUT/llama3_rope, OUT/yarn_rope                       rope_scaling llama3 and yarn
+#   OUT/phi3, OUT/mistral                                fused weights, partial rotary, LongRoPE; windows
 #   OUT/stories260K                                     `shardlm convert llama2c` of the asset
 #   OUT/stories260K_ref.json                            NumPy greedy ids and logits
 # Without the shared assets the stories260K part is left out (the C test then SKIPs it).
@@ -33,6 +34,10 @@ mkdir -p "$out"
   '{"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}'
 "$py" "$here/reference/make_models.py" llama --out "$out/yarn_rope" --seed 9 --rope-scaling \
   '{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}'
+# Phi-3 (fused qkv_proj / gate_up_proj, partial rotary 0.75, LongRoPE, a sliding window of 10) and
+# Mistral (a sliding window of 10): both windows shorter than the prompt and the greedy run.
+"$py" "$here/reference/make_models.py" phi3 --out "$out/phi3" --seed 10
+"$py" "$here/reference/make_models.py" mistral --out "$out/mistral" --seed 11
 if [ -f "$assets/stories260K/stories260K.bin" ] && [ -f "$assets/stories260K/tok512.model" ]; then
   "$shardlm" convert llama2c --checkpoint "$assets/stories260K/stories260K.bin" \
     --tokenizer "$assets/stories260K/tok512.model" --out "$out/stories260K"

@@ -623,16 +623,36 @@ static void test_config(void)
                         "{\"architectures\": [\"FalconForCausalLM\"], \"hidden_size\": 64}",
                         STATUS_UNSUPPORTED, "\"FalconForCausalLM\" is not supported (supported: "
                                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                            "Qwen3ForCausalLM, GPT2LMHeadModel, Gemma3ForCausalLM");
+                                            "Qwen3ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel, Gemma3ForCausalLM");
 #define LLAMA_WITH(x)                                                                                              \
     "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 172,"                     \
     " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"vocab_size\": 512, " x "}"
     expect_config_error("config: llama3 rope_scaling without original_max_position_embeddings",
                         LLAMA_WITH("\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}"), STATUS_BAD_FORMAT,
                         "missing field 'original_max_position_embeddings'");
-    expect_config_error("config: longrope rope_scaling (Phi-3)",
+    expect_config_error("config: longrope rope_scaling with factor lists of the wrong length",
                         LLAMA_WITH("\"rope_scaling\": {\"type\": \"longrope\", \"long_factor\": [1], \"short_factor\": [1]}"),
-                        STATUS_UNSUPPORTED, "\"longrope\" is not supported");
+                        STATUS_BAD_FORMAT, "short_factor must be a list of rot_dim / 2 = 4 numbers");
+    expect_config_error("config: dynamic rope_scaling",
+                        LLAMA_WITH("\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}"), STATUS_UNSUPPORTED,
+                        "\"dynamic\" is not supported");
+    {
+        struct model_config c4;
+        enum status s4 = config_parse(
+            "{\"architectures\": [\"Phi3ForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 172,"
+            " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 512, \"partial_rotary_factor\": 0.75,"
+            " \"max_position_embeddings\": 131072, \"original_max_position_embeddings\": 4096, \"sliding_window\": 262144,"
+            " \"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1, 1.5, 2, 2.5, 3, 3.5],"
+            " \"long_factor\": [2, 3, 4, 5, 6, 7]}}",
+            "phi.json", &c4);
+        check(s4 == STATUS_OK && c4.rot_dim == 12 && c4.head_dim == 16 && c4.max_positions == 4096 &&
+                  c4.sliding_window == 262144 && c4.rope_scaling.kind == ROPE_SCALING_LONGROPE &&
+                  c4.rope_scaling.factors[1] == 1.5f &&
+                  fabsf(c4.rope_scaling.attention_factor - (float)sqrt(1.0 + log(32.0) / log(4096.0))) < 1e-6f,
+              "config: Phi-3 (partial rotary 0.75, longrope: short factors, context capped at the original 4096, "
+              "attention factor) %s", s4 ? status_message() : "");
+        if (!s4) config_roundtrip("Phi-3 longrope", &c4);
+    }
     expect_config_error("config: rope_scaling factor below 1",
                         LLAMA_WITH("\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 0.5}"), STATUS_BAD_FORMAT,
                         "factor = 0.5 must be >= 1");

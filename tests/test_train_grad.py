@@ -110,6 +110,11 @@ def write_model(kind, out):
         cfg = MM.gpt2_config("f32")
         MM.write_checkpoint(out, cfg, MM.init_gpt2(cfg, 3), "f32", 1)
         return cfg
+    if kind in ("phi3", "mistral"):  # Phi-3: fused in the file, partial rotary, LongRoPE, a window; Mistral: a window
+        cfg = MM.phi3_config("f32") if kind == "phi3" else MM.mistral_config("f32")
+        w = MM.init_llama(cfg, 5)
+        MM.write_checkpoint(out, cfg, MM.fuse_phi3(cfg, w) if kind == "phi3" else w, "f32", 1)
+        return cfg
     cfg = MM.llama_config("f32") if kind in ROPE_SCALINGS else MM.qwen_config(kind, "f32")
     cfg["rope_scaling"] = ROPE_SCALINGS.get(kind)
     MM.write_checkpoint(out, cfg, MM.init_llama(cfg, 5), "f32", 1)
@@ -149,15 +154,17 @@ def silu(x):
     return x / (1.0 + jnp.exp(-x))
 
 
-def rope_halves(x, pos, theta, cfg=None):  # x (T, h, hd), rotate (x[i], x[i + hd/2])
-    hd = x.shape[-1]
+def rope_halves(x, pos, theta, cfg=None):  # x (T, h, hd), rotate (x[i], x[i + rot/2]) of the first rot
+    rot = int(x.shape[-1] * (cfg or {}).get("partial_rotary_factor", 1.0))
+    x, rest = x[..., :rot], x[..., rot:]
+    hd = rot
     inv, att = theta ** (-np.arange(0, hd, 2) / hd), 1.0
     if cfg is not None:  # rope_scaling: transformers' formulas (make_models.scaled_inv_freq)
         inv, att = MM.scaled_inv_freq(cfg, inv, hd, theta)
     ang = pos[:, None] * inv[None, :]
     c, s = att * jnp.cos(ang)[:, None, :], att * jnp.sin(ang)[:, None, :]
     x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-    return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
+    return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c, rest], axis=-1)
 
 
 def forward_loss(P, spec, batch, lora=None):
@@ -199,6 +206,8 @@ def forward_loss(P, spec, batch, lora=None):
         if kind in ("gemma3", "qwen3"):  # RMSNorm of each head's q and k, before rotary
             q = rmsnorm(q, g("q_norm", l), spec["eps"])
             k = rmsnorm(k, g("k_norm", l), spec["eps"])
+        if kind in ("phi3", "mistral"):
+            window = spec["cfg"]["sliding_window"]
         if kind == "gemma3":
             glob = (l + 1) % spec["pattern"] == 0
             window = 0 if glob else spec["window"]
@@ -426,7 +435,7 @@ def main():
     driver = sys.argv[1]
     DEVICE = sys.argv[2] if len(sys.argv) > 2 else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("llama", "gpt2", "gemma3", "qwen2", "qwen3", "llama3_rope", "yarn_rope"):
+        for kind in ("llama", "gpt2", "gemma3", "qwen2", "qwen3", "llama3_rope", "yarn_rope", "phi3", "mistral"):
             mdir = os.path.join(tmp, kind)
             cfg = write_model(kind, mdir)
             spec = spec_of(kind, cfg)

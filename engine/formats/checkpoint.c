@@ -132,6 +132,17 @@ static enum status ck_source_hf_llama(const struct checkpoint *ck, enum weight_k
     else (void)weight_names_format(name, sizeof name, ck->files->hf_prefix, pattern, l);
     s->mode = CK_DIRECT;
     s->off = 0;
+    const struct model_config *c = &ck->cfg;
+    const int qkv = kind == WEIGHT_KIND_Q || kind == WEIGHT_KIND_K || kind == WEIGHT_KIND_V;
+    if (config_hf_fused(c) && (qkv || kind == WEIGHT_KIND_GATE || kind == WEIGHT_KIND_UP)) {
+        /* Phi-3: rows [q | k | v] of qkv_proj, [gate | up] of gate_up_proj */
+        const int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+        const int64_t qkv_off[3] = {0, q, q + kv};
+        s->off = qkv ? qkv_off[weight_names_qkv_part(kind)] : kind == WEIGHT_KIND_UP ? c->ffn_hidden : 0;
+        (void)weight_names_format(name, sizeof name, ck->files->hf_prefix,
+                                  qkv ? "layers.%d.self_attn.qkv_proj.weight" : "layers.%d.mlp.gate_up_proj.weight", l);
+        return ck_part(ck, s, ck_hf_file(ck), name, 2, qkv ? q + 2 * kv : 2 * (int64_t)c->ffn_hidden, c->d_model);
+    }
     return ck_part(ck, s, ck_hf_file(ck), name, s->ndim, s->rows, s->cols);
 }
 

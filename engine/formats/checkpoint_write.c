@@ -470,6 +470,19 @@ static int hfw_name(const struct model_config *c, enum weight_kind kind, int l, 
     const struct weight_names *w = weight_names_of(kind);
     it->n_kinds = 0;
     it->transposed = 0;
+    if (config_hf_fused(c)) { /* Phi-3: qkv_proj and gate_up_proj hold their parts' rows together */
+        if (kind == WEIGHT_KIND_K || kind == WEIGHT_KIND_V || kind == WEIGHT_KIND_UP) return 0;
+        if (kind == WEIGHT_KIND_Q) {
+            *it = (struct hfw_item){.kinds = {WEIGHT_KIND_Q, WEIGHT_KIND_K, WEIGHT_KIND_V}, .n_kinds = 3};
+            (void)weight_names_format(name, n, "model.", "layers.%d.self_attn.qkv_proj.weight", l);
+            return 1;
+        }
+        if (kind == WEIGHT_KIND_GATE) {
+            *it = (struct hfw_item){.kinds = {WEIGHT_KIND_GATE, WEIGHT_KIND_UP}, .n_kinds = 2};
+            (void)weight_names_format(name, n, "model.", "layers.%d.mlp.gate_up_proj.weight", l);
+            return 1;
+        }
+    }
     if (c->family != MODEL_FAMILY_GPT2) {
         if (kind == WEIGHT_KIND_LM_HEAD) snprintf(name, n, "%s", w->hf);
         else {

@@ -16,8 +16,8 @@
 #define CONFIG_MAX_DIM   (1 << 24)  /* bounds every size so that products fit in int64 */
 
 static const char *const supported_architectures =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel, Gemma3ForCausalLM, "
-    "Gemma3ForConditionalGeneration (text only)";
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel, "
+    "Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only)";
 
 /* ---- reading JSON fields ---------------------------------------------------------------- */
 
@@ -158,13 +158,66 @@ enum llama_flavor {
     LLAMA_MISTRAL, /* MistralForCausalLM: a sliding window by default */
     LLAMA_QWEN2,   /* Qwen2ForCausalLM: q, k, v biases (always; o has none) */
     LLAMA_QWEN3,   /* Qwen3ForCausalLM: RMSNorm of each head's q and k before rotary */
+    LLAMA_PHI3,    /* Phi3ForCausalLM (Phi-3, 3.5, 4-mini): fused qkv_proj and gate_up_proj (checkpoint.c),
+                      partial_rotary_factor, longrope, the config's sliding_window */
 };
 
 /* rope_scaling (or transformers >= 5's rope_parameters) of a model whose max_positions is read:
  * {"rope_type" (or "type"): "default" | "linear" | "llama3" | "yarn", "factor", ...}. The kinds
  * that depend on the sequence length at run time (dynamic NTK, longrope / su) are refused by
  * name. */
-static enum status parse_rope_scaling(const cJSON *rs, const char *name, const char *key, struct model_config *c)
+/* rot_dim / 2 positive numbers of list `what` of rs into out. */
+static enum status get_factors(const cJSON *rs, const char *name, const char *key, const char *what,
+                               const struct model_config *c, float *out)
+{
+    const cJSON *f = field(rs, what);
+    const int n = cJSON_IsArray(f) ? cJSON_GetArraySize(f) : -1;
+    if (n != c->rot_dim / 2 || n > ROPE_MAX_FACTORS)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: %s.%s must be a list of rot_dim / 2 = %d numbers", name, key,
+                             what, c->rot_dim / 2);
+    int i = 0;
+    for (const cJSON *e = f->child; e; e = e->next, i++) {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble > 0.0) || !isfinite(e->valuedouble))
+            return status_errorf(STATUS_BAD_FORMAT, "%s: %s.%s[%d] must be a positive number", name, key, what, i);
+        out[i] = (float)e->valuedouble;
+    }
+    return STATUS_OK;
+}
+
+/* LongRoPE (Phi-3 "longrope" / "su"), as transformers' _compute_longrope_parameters: frequencies
+ * divided by short_factor up to original_max_position_embeddings tokens and by long_factor past
+ * them, cos and sin times sqrt(1 + ln(max / original) / ln(original)). transformers switches the
+ * whole sequence to the long factors once it outgrows the original context, which a KV cache
+ * cannot follow (the cached keys were rotated with the short ones): shardlm keeps the short
+ * factors and caps the context at the original length, exact within it. */
+static enum status parse_longrope(const cJSON *root, const cJSON *rs, const char *name, const char *key,
+                                  struct model_config *c)
+{
+    struct rope_scaling *s = &c->rope_scaling;
+    int orig = 0;
+    enum status st = get_int(rs, name, "original_max_position_embeddings", 0, 0, &orig);
+    if (st == STATUS_OK && orig == 0) st = get_int(root, name, "original_max_position_embeddings", 0, 0, &orig);
+    float af = 0.0f;
+    if (st || (st = get_factors(rs, name, key, "short_factor", c, s->factors)) ||
+        (st = get_factors(rs, name, key, "long_factor", c, s->long_factors)) ||
+        (st = get_float(rs, name, "attention_factor", 0.0f, &af)))
+        return st;
+    if (orig <= 0) orig = c->max_positions;
+    const double factor = (double)c->max_positions / orig;
+    s->kind = ROPE_SCALING_LONGROPE;
+    s->original_max_positions = orig;
+    s->attention_factor = af > 0.0f ? af : factor <= 1.0 ? 1.0f : (float)sqrt(1.0 + log(factor) / log((double)orig));
+    if (c->max_positions > orig) {
+        LOG_WARN("config", "%s: longrope: the context is capped at original_max_position_embeddings %d (of %d): "
+                 "past it transformers rotates the whole sequence with long_factor, which a KV cache cannot follow",
+                 name, orig, c->max_positions);
+        c->max_positions = orig;
+    }
+    return STATUS_OK;
+}
+
+static enum status parse_rope_scaling(const cJSON *root, const cJSON *rs, const char *name, const char *key,
+                                      struct model_config *c)
 {
     struct rope_scaling *s = &c->rope_scaling;
     *s = (struct rope_scaling){.kind = ROPE_SCALING_NONE, .factor = 1.0f, .attention_factor = 1.0f};
@@ -175,28 +228,23 @@ static enum status parse_rope_scaling(const cJSON *rs, const char *name, const c
     if (st == STATUS_OK && !type) st = get_string(rs, name, "type", &type);
     if (st) return st;
     if (!type || !strcmp(type, "default")) return STATUS_OK;
-    if (!strcmp(type, "factors")) { /* shardlm's own: a GGUF's rope_freqs, converted */
-        const cJSON *f = field(rs, "factors");
-        const int n = cJSON_IsArray(f) ? cJSON_GetArraySize(f) : -1;
-        if (n != c->rot_dim / 2 || n > ROPE_MAX_FACTORS)
-            return status_errorf(STATUS_BAD_FORMAT, "%s: %s.factors must be a list of rot_dim / 2 = %d numbers",
-                                 name, key, c->rot_dim / 2);
-        int i = 0;
-        for (const cJSON *e = f->child; e; e = e->next, i++) {
-            if (!cJSON_IsNumber(e) || !(e->valuedouble > 0.0) || !isfinite(e->valuedouble))
-                return status_errorf(STATUS_BAD_FORMAT, "%s: %s.factors[%d] must be a positive number", name, key, i);
-            s->factors[i] = (float)e->valuedouble;
-        }
+    if (!strcmp(type, "factors")) { /* shardlm's own: a GGUF's rope_freqs, or LongRoPE's short factors */
+        if ((st = get_factors(rs, name, key, "factors", c, s->factors)) ||
+            (st = get_float(rs, name, "attention_factor", 1.0f, &s->attention_factor)))
+            return st;
+        if (!(s->attention_factor > 0.0f))
+            return status_errorf(STATUS_BAD_FORMAT, "%s: %s.attention_factor must be positive", name, key);
         s->kind = ROPE_SCALING_FACTORS;
         return STATUS_OK;
     }
+    if (!strcmp(type, "longrope") || !strcmp(type, "su")) return parse_longrope(root, rs, name, key, c);
     if (!strcmp(type, "linear")) s->kind = ROPE_SCALING_LINEAR;
     else if (!strcmp(type, "llama3")) s->kind = ROPE_SCALING_LLAMA3;
     else if (!strcmp(type, "yarn")) s->kind = ROPE_SCALING_YARN;
     else
         return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: %s.rope_type \"%s\" is not supported (default, linear, llama3 and yarn are; dynamic "
-                             "and longrope depend on the sequence length at run time)",
+                             "%s: %s.rope_type \"%s\" is not supported (default, linear, llama3, yarn and longrope "
+                             "are; dynamic depends on the sequence length at run time)",
                              name, key, type);
     if ((st = get_float(rs, name, "factor", 0.0f, &s->factor))) return st;
     if (!(s->factor >= 1.0f))
@@ -264,6 +312,15 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
     if ((st = get_int(root, name, "head_dim", 0, c->d_model / c->n_heads, &c->head_dim)) ||
         (st = get_int(root, name, "rot_dim", 0, c->head_dim, &c->rot_dim)))
         return st;
+    float partial = 1.0f; /* Phi-4-mini: 0.75 of each head rotated (the first features, rotate-half among them) */
+    if ((st = get_float(root, name, "partial_rotary_factor", 1.0f, &partial))) return st;
+    if (partial != 1.0f && !field(root, "rot_dim")) { /* shardlm's exact rot_dim wins */
+        const double r = (double)c->head_dim * partial;
+        if (!(partial > 0.0f && partial < 1.0f) || r != floor(r) || (int)r % 2)
+            return status_errorf(STATUS_BAD_FORMAT, "%s: partial_rotary_factor %g of head_dim %d is not an even number "
+                                 "of features", name, (double)partial, c->head_dim);
+        c->rot_dim = (int)r;
+    }
 
     /* transformers >= 5 moves rope settings into "rope_parameters". */
     const cJSON *rp = field(root, "rope_parameters");
@@ -273,7 +330,7 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
                                  name);
         if ((st = get_float(rp, name, "rope_theta", c->rope_theta, &c->rope_theta))) return st;
     }
-    if ((st = parse_rope_scaling(rp ? rp : field(root, "rope_scaling"), name, rp ? "rope_parameters" : "rope_scaling",
+    if ((st = parse_rope_scaling(root, rp ? rp : field(root, "rope_scaling"), name, rp ? "rope_parameters" : "rope_scaling",
                                  c)))
         return st;
 
@@ -290,6 +347,10 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
         if (use)
             return status_errorf(STATUS_UNSUPPORTED, "%s: field 'use_sliding_window' is true; Qwen's sliding "
                                  "window (layers from max_window_layers on) is not supported", name);
+    }
+    if (flavor == LLAMA_PHI3) { /* Phi3Config: sliding_window None by default; every layer when set */
+        const cJSON *sw = field(root, "sliding_window");
+        if (sw && (st = json_to_int(sw, name, "sliding_window", &c->sliding_window))) return st;
     }
     if (mistral) {
         const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
@@ -474,7 +535,7 @@ static enum status parse_gemma3(const cJSON *root, const char *name, struct mode
     if ((st = get_float(root, name, "attn_scale", c->attn_scale, &c->attn_scale))) return st;
     c->attn_out_bias = c->qkv_bias;
     /* rope_scaling (Gemma 3 4B and up: linear, factor 8) applies to the global layers. */
-    if ((st = parse_rope_scaling(field(root, "rope_scaling"), name, "rope_scaling", c))) return st;
+    if ((st = parse_rope_scaling(root, field(root, "rope_scaling"), name, "rope_scaling", c))) return st;
 
     const cJSON *rp = field(root, "rope_parameters");
     if (rp) {
@@ -572,6 +633,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
         else if (!strcmp(mt, "mistral")) arch = "MistralForCausalLM";
         else if (!strcmp(mt, "qwen2")) arch = "Qwen2ForCausalLM";
         else if (!strcmp(mt, "qwen3")) arch = "Qwen3ForCausalLM";
+        else if (!strcmp(mt, "phi3")) arch = "Phi3ForCausalLM";
         else if (!strcmp(mt, "gpt2")) arch = "GPT2LMHeadModel";
         else if (!strcmp(mt, "gemma3_text")) arch = "Gemma3ForCausalLM";
         else if (!strcmp(mt, "gemma3")) arch = "Gemma3ForConditionalGeneration";
@@ -587,6 +649,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
     else if (!strcmp(arch, "MistralForCausalLM")) st = parse_llama(root, name, LLAMA_MISTRAL, &c);
     else if (!strcmp(arch, "Qwen2ForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN2, &c);
     else if (!strcmp(arch, "Qwen3ForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN3, &c);
+    else if (!strcmp(arch, "Phi3ForCausalLM")) st = parse_llama(root, name, LLAMA_PHI3, &c);
     else if (!strcmp(arch, "GPT2LMHeadModel")) st = parse_gpt2(root, name, &c);
     else if (!strcmp(arch, "Gemma3ForCausalLM")) st = parse_gemma3(root, name, &c);
     else if (!strcmp(arch, "Gemma3ForConditionalGeneration")) {
@@ -744,7 +807,12 @@ static int rope_scaling_equal(const struct rope_scaling *a, const struct rope_sc
 {
     if (a->kind != b->kind) return 0;
     if (a->kind == ROPE_SCALING_NONE) return 1;
-    if (a->kind == ROPE_SCALING_FACTORS) return !memcmp(a->factors, b->factors, sizeof a->factors);
+    if (a->kind == ROPE_SCALING_FACTORS)
+        return !memcmp(a->factors, b->factors, sizeof a->factors) && a->attention_factor == b->attention_factor;
+    if (a->kind == ROPE_SCALING_LONGROPE)
+        return !memcmp(a->factors, b->factors, sizeof a->factors) &&
+               !memcmp(a->long_factors, b->long_factors, sizeof a->long_factors) &&
+               a->attention_factor == b->attention_factor && a->original_max_positions == b->original_max_positions;
     return a->factor == b->factor && a->low_freq_factor == b->low_freq_factor &&
            a->high_freq_factor == b->high_freq_factor && a->original_max_positions == b->original_max_positions &&
            a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow && a->attention_factor == b->attention_factor;

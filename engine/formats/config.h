@@ -6,6 +6,8 @@
 #ifndef SHARDLM_CONFIG_H
 #define SHARDLM_CONFIG_H
 
+#include <string.h>
+
 #include "base.h"
 #include "ops.h"
 
@@ -40,11 +42,15 @@ enum rope_scaling_kind {
     ROPE_SCALING_FACTORS, /* the divisors themselves: a GGUF's rope_freqs tensor (llama.cpp writes Llama
                              3's scaling so); config.json carries them as shardlm's rope_type
                              "factors" with a "factors" list */
+    ROPE_SCALING_LONGROPE, /* Phi-3's: factors = short_factor (the context capped at the original
+                              length), long_factors kept to be written back */
 };
 #define ROPE_MAX_FACTORS 256 /* rot_dim / 2 at most, for ROPE_SCALING_FACTORS */
 struct rope_scaling {
     enum rope_scaling_kind kind;
     float factors[ROPE_MAX_FACTORS]; /* FACTORS: rot_dim / 2 divisors */
+    float long_factors[ROPE_MAX_FACTORS]; /* LONGROPE: long_factor, read, checked and written back,
+                                             unused (the context is capped at original_max_positions) */
     float factor;                 /* every kind */
     float low_freq_factor;        /* llama3 (1) */
     float high_freq_factor;       /* llama3 (4) */
@@ -98,6 +104,13 @@ struct model_config {
                                    (Gemma 3: 10000, global layers rope_theta = 1e6) */
     struct rope_scaling rope_scaling; /* of the layers that use rope_theta (kind NONE: none) */
 };
+
+/* Whether the Hugging Face layout of c fuses q, k, v into self_attn.qkv_proj and gate, up into
+ * mlp.gate_up_proj (Phi-3: checkpoint.c reads the parts, checkpoint_write.c writes them fused). */
+static inline int config_hf_fused(const struct model_config *c)
+{
+    return c->family == MODEL_FAMILY_LLAMA && !strcmp(c->architecture, "Phi3ForCausalLM");
+}
 
 /* Parses config.json at `path` into *cfg. Unknown architecture, a missing required field or an
  * inconsistent value (head_dim * n_heads, n_heads % n_kv_heads, ...) returns

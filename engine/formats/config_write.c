@@ -54,12 +54,22 @@ static int add_rope_scaling(cJSON *root, const struct model_config *c)
     if (s->kind == ROPE_SCALING_NONE) return 1;
     cJSON *o = cJSON_AddObjectToObject(root, "rope_scaling");
     if (!o) return 0;
-    static const char *const names[] = {"default", "linear", "llama3", "yarn", "factors"};
+    static const char *const names[] = {"default", "linear", "llama3", "yarn", "factors", "longrope"};
+    if (s->kind == ROPE_SCALING_LONGROPE) { /* as transformers reads it: max_position_embeddings is the capped one */
+        cJSON *sf = cJSON_AddArrayToObject(o, "short_factor"), *lf = cJSON_AddArrayToObject(o, "long_factor");
+        int ok = sf && lf && add_str(o, "rope_type", names[s->kind]) &&
+                 add_float(o, "attention_factor", s->attention_factor) &&
+                 add_num(o, "original_max_position_embeddings", s->original_max_positions);
+        for (int i = 0; ok && i < c->rot_dim / 2; i++)
+            ok = cJSON_AddItemToArray(sf, cJSON_CreateNumber(s->factors[i])) &&
+                 cJSON_AddItemToArray(lf, cJSON_CreateNumber(s->long_factors[i]));
+        return ok;
+    }
     if (s->kind == ROPE_SCALING_FACTORS) {
         cJSON *f = cJSON_AddArrayToObject(o, "factors");
         int ok = f && add_str(o, "rope_type", names[s->kind]);
         for (int i = 0; ok && i < c->rot_dim / 2; i++) ok = cJSON_AddItemToArray(f, cJSON_CreateNumber(s->factors[i]));
-        return ok;
+        return ok && add_float(o, "attention_factor", s->attention_factor);
     }
     int ok = add_str(o, "rope_type", names[s->kind]) && add_float(o, "factor", s->factor);
     if (s->kind == ROPE_SCALING_LLAMA3)
@@ -92,14 +102,18 @@ static int add_llama(cJSON *root, const struct model_config *c)
     int mistral = !strcmp(c->architecture, "MistralForCausalLM");
     const char *type = mistral ? "mistral"
                      : !strcmp(c->architecture, "Qwen2ForCausalLM") ? "qwen2"
-                     : !strcmp(c->architecture, "Qwen3ForCausalLM") ? "qwen3" : "llama";
+                     : !strcmp(c->architecture, "Qwen3ForCausalLM") ? "qwen3"
+                     : !strcmp(c->architecture, "Phi3ForCausalLM")  ? "phi3"
+                                                                    : "llama";
     int ok = add_str(root, "model_type", type) && add_llama_dims(root, c) &&
              add_str(root, "hidden_act", activation_hf_name(c->activation)) &&
              add_bool(root, "attention_bias", c->qkv_bias) &&
              add_bool(root, "mlp_bias", c->mlp_bias) &&
              add_bool(root, "tie_word_embeddings", c->tied_embeddings) &&
              add_str(root, "rope_style", c->rope_style == ROPE_STYLE_PAIRS ? "pairs" : "halves");
-    if (ok && mistral)
+    if (ok && !strcmp(type, "phi3") && c->rot_dim != c->head_dim) /* for transformers; rot_dim below for shardlm */
+        ok = add_float(root, "partial_rotary_factor", (float)c->rot_dim / (float)c->head_dim);
+    if (ok && (mistral || !strcmp(type, "phi3")))
         ok = c->sliding_window ? add_num(root, "sliding_window", c->sliding_window)
                                : cJSON_AddNullToObject(root, "sliding_window") != NULL;
     if (ok && c->rot_dim != c->head_dim) ok = add_num(root, "rot_dim", c->rot_dim);
@@ -159,7 +173,7 @@ enum status config_save(const char *path, const struct model_config *c)
     if ((st = config_validate(c, path))) return st;
     if (c->family == MODEL_FAMILY_LLAMA && strcmp(c->architecture, "LlamaForCausalLM") &&
         strcmp(c->architecture, "MistralForCausalLM") && strcmp(c->architecture, "Qwen2ForCausalLM") &&
-        strcmp(c->architecture, "Qwen3ForCausalLM"))
+        strcmp(c->architecture, "Qwen3ForCausalLM") && strcmp(c->architecture, "Phi3ForCausalLM"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
                              c->architecture);
     if (c->family == MODEL_FAMILY_LLAMA && !strcmp(c->architecture, "LlamaForCausalLM") &&

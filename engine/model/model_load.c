@@ -169,7 +169,7 @@ int model_rope_factors(const struct model_config *c, double *out)
         if (high > dim - 1.0) high = dim - 1.0;
         if (low == high) high += 0.001;
     }
-    if (s->kind == ROPE_SCALING_FACTORS) {
+    if (s->kind == ROPE_SCALING_FACTORS || s->kind == ROPE_SCALING_LONGROPE) {
         for (int i = 0; i < half; i++) out[i] = s->factors[i];
         return 1;
     }

@@ -181,6 +181,47 @@ def qwen_config(flavor, dtype="f32"):
     return cfg
 
 
+def phi3_config(dtype="f32"):
+    """Phi3ForCausalLM as Phi-3.5 / Phi-4-mini configure it: partial rotary (0.75 of each head),
+    LongRoPE factors (max_position_embeddings above the original context), a sliding window, GQA."""
+    cfg = llama_config(dtype)
+    cfg["architectures"] = ["Phi3ForCausalLM"]
+    cfg["model_type"] = "phi3"
+    cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"] = 4, 2, 16
+    cfg["partial_rotary_factor"] = 0.75  # 12 of 16 features rotated
+    cfg["original_max_position_embeddings"] = 64
+    cfg["rope_scaling"] = {"type": "longrope", "short_factor": [1.0, 1.3, 1.9, 2.6, 4.1, 7.5],
+                           "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]}
+    cfg["sliding_window"] = 10
+    del cfg["attention_bias"], cfg["mlp_bias"]
+    return cfg
+
+
+def mistral_config(dtype="f32"):
+    """MistralForCausalLM: Llama with a sliding window (10: shorter than the prompt and the greedy run)."""
+    cfg = llama_config(dtype)
+    cfg["architectures"], cfg["model_type"], cfg["sliding_window"] = ["MistralForCausalLM"], "mistral", 10
+    del cfg["attention_bias"], cfg["mlp_bias"]
+    return cfg
+
+
+def fuse_phi3(cfg, w):
+    """The Phi-3 file layout: q, k, v rows in self_attn.qkv_proj, gate and up rows in mlp.gate_up_proj."""
+    out = {}
+    for name, t in w.items():
+        if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight", "mlp.up_proj.weight")):
+            continue
+        if name.endswith("self_attn.q_proj.weight"):
+            p = name[: -len("q_proj.weight")]
+            out[p + "qkv_proj.weight"] = np.concatenate([t, w[p + "k_proj.weight"], w[p + "v_proj.weight"]], axis=0)
+        elif name.endswith("mlp.gate_proj.weight"):
+            p = name[: -len("gate_proj.weight")]
+            out[p + "gate_up_proj.weight"] = np.concatenate([t, w[p + "up_proj.weight"]], axis=0)
+        else:
+            out[name] = t
+    return out
+
+
 def init_llama(cfg, seed):
     rng = np.random.default_rng(seed)
     H, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
@@ -348,10 +389,12 @@ def write_checkpoint(out, cfg, w, dtype, n_shards):
 
 # --------------------------------------------------------------------------- forward passes
 
-def _softmax_causal(scores):
-    """scores (..., T, T); mask j > i; row softmax in float64."""
+def _softmax_causal(scores, window=0):
+    """scores (..., T, T); mask j > i (and i - j >= window when window > 0); row softmax in float64."""
     T = scores.shape[-1]
     mask = np.triu(np.ones((T, T), dtype=bool), k=1)
+    if window:
+        mask |= np.tril(np.ones((T, T), dtype=bool), k=-window)
     s = np.where(mask, -np.inf, scores)
     s = s - s.max(axis=-1, keepdims=True)
     e = np.exp(s)
@@ -411,7 +454,7 @@ def scaled_inv_freq(cfg, inv_freq, dim, theta):
     rs = cfg.get("rope_scaling")
     if not rs or rs.get("rope_type", rs.get("type")) in (None, "default"):
         return inv_freq, 1.0
-    kind, factor = rs.get("rope_type", rs.get("type")), rs["factor"]
+    kind, factor = rs.get("rope_type", rs.get("type")), rs.get("factor")
     if kind == "linear":
         return inv_freq / factor, 1.0
     if kind == "llama3":
@@ -441,6 +484,12 @@ def scaled_inv_freq(cfg, inv_freq, dim, theta):
         extra = 1 - ramp
         pos_freqs = theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
         return (1.0 / (factor * pos_freqs)) * (1 - extra) + (1.0 / pos_freqs) * extra, att
+    if kind in ("longrope", "su"):  # _compute_longrope_parameters, a sequence within the original context
+        orig = cfg.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
+        factor = cfg["max_position_embeddings"] / orig
+        att = rs.get("attention_factor") or (1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig)))
+        ext = np.array(rs["short_factor"], dtype=np.float64)
+        return 1.0 / (ext * theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)), att
     raise ValueError(kind)
 
 
@@ -461,7 +510,12 @@ def llama_forward(cfg, w, tokens):
     hd = cfg.get("head_dim") or H // nh
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     T = len(tokens)
-    cos, sin = llama_rope_tables(hd, T, theta, cfg)
+    rot = int(hd * cfg.get("partial_rotary_factor", 1.0))  # the first rot features of a head rotate
+    cos, sin = llama_rope_tables(rot, T, theta, cfg)
+    window = cfg.get("sliding_window") or 0 if cfg["model_type"] in ("phi3", "mistral") else 0
+
+    def rope(x):
+        return np.concatenate([x[..., :rot] * cos + _rotate_half(x[..., :rot]) * sin, x[..., rot:]], axis=-1)
     n_rep = nh // nkv
     x = w["model.embed_tokens.weight"][tokens].copy()
     for i in range(cfg["num_hidden_layers"]):
@@ -476,11 +530,10 @@ def llama_forward(cfg, w, tokens):
         if p + "self_attn.q_norm.weight" in w:  # Qwen3: RMSNorm of each head, before rotary
             q = _rmsnorm(q, w[p + "self_attn.q_norm.weight"], eps)
             k = _rmsnorm(k, w[p + "self_attn.k_norm.weight"], eps)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k = rope(q), rope(k)
         k = np.repeat(k, n_rep, axis=0)  # repeat_kv: query head h uses kv head h // n_rep
         v = np.repeat(v, n_rep, axis=0)
-        att = _softmax_causal(q @ k.transpose(0, 2, 1) / math.sqrt(hd))
+        att = _softmax_causal(q @ k.transpose(0, 2, 1) / math.sqrt(hd), window)
         a = (att @ v).transpose(1, 0, 2).reshape(T, nh * hd)
         x = x + a @ w[p + "self_attn.o_proj.weight"].T
         h = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
@@ -519,8 +572,9 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
         if vocab:
             cfg["vocab_size"] = vocab
         w = init_gpt2(cfg, seed)
-    elif model in ("llama", "qwen2", "qwen3"):
-        cfg = llama_config(dtype) if model == "llama" else qwen_config(model, dtype)
+    elif model in ("llama", "qwen2", "qwen3", "phi3", "mistral"):
+        configs = {"llama": llama_config, "phi3": phi3_config, "mistral": mistral_config}
+        cfg = configs[model](dtype) if model in configs else qwen_config(model, dtype)
         if vocab:
             cfg["vocab_size"] = vocab
         if kv_heads:
@@ -539,6 +593,8 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
     gen, margins, tops = greedy(fwd, cfg, w, PROMPT_IDS, GREEDY_STEPS)
     if model == "gpt2" and no_prefix:
         w = {k[len("transformer."):]: v for k, v in w.items()}
+    if model == "phi3":
+        w = fuse_phi3(cfg, w)
     write_checkpoint(out, cfg, w, dtype, shards)
     ref = {
         "model_type": model,
@@ -560,7 +616,7 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="write a small random HF checkpoint + float64 reference")
-    ap.add_argument("model", choices=["gpt2", "llama", "qwen2", "qwen3"])
+    ap.add_argument("model", choices=["gpt2", "llama", "qwen2", "qwen3", "phi3", "mistral"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=list(DTYPES), default="f32")
