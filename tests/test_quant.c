@@ -39,6 +39,7 @@
 static const enum quant_type types[] = {
     QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K, QUANT_TYPE_Q5_0,
     QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1, QUANT_TYPE_Q5_1, QUANT_TYPE_Q5_K,
+    QUANT_TYPE_Q2_K, QUANT_TYPE_Q3_K, QUANT_TYPE_IQ4_NL, QUANT_TYPE_IQ4_XS,
 };
 #define N_TYPES (int)(sizeof types / sizeof types[0])
 
@@ -84,6 +85,13 @@ static void fill_blocks(enum quant_type t, uint8_t *w, int64_t nblocks)
             put16(p + 2, rnd_f16(-4, -2.5));
             break;
         case QUANT_TYPE_Q6_K: put16(p + 208, rnd_f16(-4, -3)); break;
+        case QUANT_TYPE_Q2_K:
+            put16(p + 80, rnd_f16(-3, -1.5));
+            put16(p + 82, rnd_f16(-3, -1.5));
+            break;
+        case QUANT_TYPE_Q3_K: put16(p + 108, rnd_f16(-3.5, -2)); break;
+        case QUANT_TYPE_IQ4_NL: put16(p, rnd_f16(-3, -2)); break;
+        case QUANT_TYPE_IQ4_XS: put16(p, rnd_f16(-4.5, -3)); break;
         }
     }
 }
@@ -95,7 +103,7 @@ static int k_min(int j, const uint8_t *q)
 }
 
 /* |the min part| of element e of a weight row: the term the product computes apart from the
- * scaled integer sum (Q4_1/Q5_1: m; Q4_K/Q5_K: dmin * m_j), which may cancel against it and
+ * scaled integer sum (Q4_1/Q5_1: m; Q4_K/Q5_K: dmin * m_j; Q2_K: dmin * m_g), which may cancel against it and
  * so enters the f32 rounding bound. 0 for the types whose offsets stay in the integers. */
 static double min_part(enum quant_type t, const uint8_t *row, int64_t e)
 {
@@ -105,6 +113,7 @@ static double min_part(enum quant_type t, const uint8_t *row, int64_t e)
     case QUANT_TYPE_Q4_1: case QUANT_TYPE_Q5_1: return fabs(f16_to_f32(get16(blk + 2)));
     case QUANT_TYPE_Q4_K: case QUANT_TYPE_Q5_K:
         return fabs(f16_to_f32(get16(blk + 2)) * k_min((int)(e % bs) / 32, blk + 4));
+    case QUANT_TYPE_Q2_K: return fabs(f16_to_f32(get16(blk + 82)) * (blk[(e % bs) / 16] >> 4));
     default: return 0.0;
     }
 }
