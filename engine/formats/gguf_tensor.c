@@ -9,6 +9,7 @@
  * Not here: parsing the file (gguf.c), what the tensors mean (gguf_convert.c, the model).
  * Tests: tests/test_gguf.c (every supported type bit-exact against gguf-py). */
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "gguf_impl.h"
@@ -66,6 +67,15 @@ const char *gguf_ggml_type_name(uint32_t type)
 {
     const struct gguf_ggml_type *tt = gguf_ggml_type(type);
     return tt ? tt->name : NULL;
+}
+
+void gguf_supported_types(char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < GGUF_N_GGML_TYPES && len < n; i++)
+        if (gguf_ggml_types[i].supported)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? ", " : "", gguf_ggml_types[i].name);
 }
 
 /* ---- dequantization -------------------------------------------------------------------- */
