@@ -12,12 +12,12 @@
  * Layout. A weight matrix W of n rows and k columns is n rows of k / quant_block_size(type)
  * consecutive ggml blocks (the byte layout of ggml-common.h, as stored in a GGUF file): row j
  * starts at byte j * quant_row_bytes(type, k). k must be a multiple of the block size (32, or
- * 256 for the K-quants); the blocks must be 2-byte aligned (GGUF data is 32-byte aligned and
+ * 256 for the K-quants and IQ4_XS); the blocks must be 2-byte aligned (GGUF data is 32-byte aligned and
  * every row size is even).
  *
  * Arithmetic. Each row of x is quantized once per call: to blocks of 32 int8 with an f32 scale
  * (d = max|x| / 127) for the 32-element types, to blocks of 256 int8 with an f32 scale and
- * sums of 16 for the K-quants. Within a block the products are exact integer sums; scales are
+ * sums of 16 for the K-quants and IQ4_XS. Within a block the products are exact integer sums; scales are
  * applied in f32. The activation rounding makes |y - x W^T| at most sum over blocks of
  * d_x / 2 * sum |w| (plus f32 rounding); x must be finite. */
 #ifndef SHARDLM_QUANT_H
@@ -37,9 +37,13 @@ enum quant_type {
     QUANT_TYPE_Q5_0 = 6,
     QUANT_TYPE_Q5_1 = 7,
     QUANT_TYPE_Q8_0 = 8,
+    QUANT_TYPE_Q2_K = 10,
+    QUANT_TYPE_Q3_K = 11,
     QUANT_TYPE_Q4_K = 12,
     QUANT_TYPE_Q5_K = 13,
     QUANT_TYPE_Q6_K = 14,
+    QUANT_TYPE_IQ4_NL = 20,
+    QUANT_TYPE_IQ4_XS = 23,
 };
 
 /* Implementations of the product, for tests and benchmarks: quant_matmul picks the best one the

@@ -12,6 +12,7 @@
 static const uint32_t quant_types[] = {
     QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1, QUANT_TYPE_Q5_0, QUANT_TYPE_Q5_1,
     QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q5_K, QUANT_TYPE_Q6_K,
+    QUANT_TYPE_Q2_K, QUANT_TYPE_Q3_K, QUANT_TYPE_IQ4_NL, QUANT_TYPE_IQ4_XS,
 };
 #define N_QUANT_TYPES (int)(sizeof quant_types / sizeof quant_types[0])
 
@@ -57,6 +58,10 @@ const char *dtype_name(enum dtype t)
     case DTYPE_Q4_K: return "q4_k";
     case DTYPE_Q5_K: return "q5_k";
     case DTYPE_Q6_K: return "q6_k";
+    case DTYPE_Q2_K: return "q2_k";
+    case DTYPE_Q3_K: return "q3_k";
+    case DTYPE_IQ4_NL: return "iq4_nl";
+    case DTYPE_IQ4_XS: return "iq4_xs";
     }
     return "?";
 }

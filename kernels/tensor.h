@@ -33,6 +33,10 @@ enum dtype {
     DTYPE_Q4_K,
     DTYPE_Q5_K,
     DTYPE_Q6_K,
+    DTYPE_Q2_K,
+    DTYPE_Q3_K,
+    DTYPE_IQ4_NL,
+    DTYPE_IQ4_XS,
 };
 
 enum device {

@@ -7,7 +7,7 @@
  *   weight bandwidth it reaches (bytes of blocks read per second), the f32 product's time and
  *   bandwidth, the speed-up (f32 time / quantized time), and for the 32-element types the
  *   AVX2 time when the best is AVX512-VNNI.
- * K-quants need k a multiple of 256, so they only appear at k = 2048 (which is why Gemma's
+ * The 256-element types (K-quants, IQ4_XS) need k a multiple of 256, so they only appear at k = 2048 (which is why Gemma's
  * Q4_K_M file stores its 640-wide rows as Q5_0 and Q8_0).
  * Every figure is the best of several timed repetitions after a warm-up call.
  *
@@ -29,6 +29,7 @@
 #include "bench_common.h"
 #include "ops.h"
 #include "quant.h"
+#include "quant_fill.h"
 
 struct bench {
     double min_time; /* seconds of timed repetitions per measurement */
@@ -49,23 +50,12 @@ static uint32_t rnd32(void)
     return (uint32_t)(rng >> 16);
 }
 
-/* Random blocks with every f16 field set to 2^-10 (finite, no NaN from random bits): speed
- * does not depend on the values. */
+/* Random blocks with small finite f16 scales (tests/quant_fill.h): speed does not depend on
+ * the values. */
+static uint64_t fill_seed = 0xbe7c4;
 static void fill_blocks(enum quant_type t, uint8_t *w, size_t bytes)
 {
-    for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)rnd32();
-    const size_t bb = quant_block_bytes(t);
-    const uint8_t h[2] = {0x00, 0x14}; /* f16 2^-10 */
-    for (size_t b = 0; b < bytes / bb; b++) {
-        uint8_t *p = w + b * bb;
-        if (t == QUANT_TYPE_Q6_K) {
-            memcpy(p + 208, h, 2);
-        } else {
-            memcpy(p, h, 2);
-            if (t == QUANT_TYPE_Q4_1 || t == QUANT_TYPE_Q5_1 || t == QUANT_TYPE_Q4_K || t == QUANT_TYPE_Q5_K)
-                memcpy(p + 2, h, 2);
-        }
-    }
+    qfill_blocks(t, w, (int64_t)(bytes / quant_block_bytes(t)), 0, &fill_seed);
 }
 
 struct quant_ctx {
@@ -97,8 +87,8 @@ static void run_f32(void *p)
 }
 
 static const enum quant_type types[] = {
-    QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K, QUANT_TYPE_Q5_0,
-    QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1, QUANT_TYPE_Q5_1, QUANT_TYPE_Q5_K,
+    QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K, QUANT_TYPE_Q5_0, QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1,
+    QUANT_TYPE_Q5_1, QUANT_TYPE_Q5_K, QUANT_TYPE_Q2_K, QUANT_TYPE_Q3_K, QUANT_TYPE_IQ4_NL, QUANT_TYPE_IQ4_XS,
 };
 
 /* One shape at m rows on b's threads: the f32 product, then every type whose block fits k. */
@@ -142,7 +132,7 @@ static void bench_shape(const struct bench *bn, struct backend *b, const char *l
             qc.impl = QUANT_IMPL_AVX2;
             snprintf(extra, sizeof extra, "  (avx2 %7.1f us)", time_best(bn, run_quant, &qc) * 1e6);
         }
-        printf("    %-5s %-10s int8 %8.1f us %6.1f GB/s  %4.2f bytes/weight  speed-up vs f32 %5.2fx%s"
+        printf("    %-6s %-10s int8 %8.1f us %6.1f GB/s  %4.2f bytes/weight  speed-up vs f32 %5.2fx%s"
                "  | op_matmul %8.1f us (%5.2fx f32)%s\n",
                quant_type_name(t), quant_impl_name(best), tq * 1e6, (double)wbytes / tq * 1e-9,
                (double)wbytes / (double)(n * k), t_f32 / tq, extra, to * 1e6, t_f32 / to, amx_note);
@@ -220,9 +210,11 @@ int main(int argc, char **argv)
         bench_lm_head(&bn, 1);
         return 0;
     }
-    printf("quantized products (kernels/quant.h), best implementation here: %s; f32 baseline: the\n"
-           "CPU backend's op_matmul on the dequantized weights. Times are the best of repetitions.\n\n",
-           quant_impl_name(quant_impl_best()));
+    char cpu[128];
+    bench_cpu_model(cpu, sizeof cpu);
+    printf("quantized products (kernels/quant.h) on %s, best implementation here: %s; f32 baseline:\n"
+           "the CPU backend's op_matmul on the dequantized weights. Times are the best of repetitions.\n\n",
+           cpu, quant_impl_name(quant_impl_best()));
     static const struct { const char *label; int64_t k, n; } shapes[] = {
         {"gemma ffn.up", 640, 2048}, {"gemma ffn.down", 2048, 640}, {"gemma attn.q", 640, 1024},
     };

@@ -38,6 +38,7 @@ ROWS, COLS = 3, 512
 F16_FIELDS = {
     Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0],
     Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
+    Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.IQ4_NL: [0], Q.IQ4_XS: [0],
 }
 
 
@@ -74,7 +75,8 @@ def main():
     w.add_array("t.arr_str", ["a", "", "ccc"])
 
     tensors = {}
-    for qtype in (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K):
+    for qtype in (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+                  Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS):
         name = qtype.name
         if qtype == Q.F32:
             data = rng.standard_normal((ROWS, COLS)).astype(np.float32)

@@ -1,5 +1,5 @@
 /* tests/quant_fill.h - random ggml weight blocks for the tests of the CUDA block kernels
- * (tests/test_ops_quant.c, tests/test_quant_blocks.cu): random quants, and f16 scales either
+ * (tests/test_ops_quant.c, tests/test_quant_blocks.cu) and of the CPU product (tests/test_quant.c): random quants, and f16 scales either
  * random bits (every pattern: subnormal, Inf, NaN) or small and finite, so that weights are
  * O(0.1 .. 1), as in tests/test_quant.c. Header-only, C and C++ (nvcc), no state of its own:
  * the caller passes a splitmix64 state.
@@ -56,14 +56,23 @@ static inline void qfill_blocks(enum quant_type t, uint8_t *w, int64_t nblocks, 
             qfill_put16(p + 2, qfill_f16(s, -4, -2.5));
             break;
         case QUANT_TYPE_Q6_K: qfill_put16(p + 208, qfill_f16(s, -4, -3)); break;
+        case QUANT_TYPE_Q2_K:
+            qfill_put16(p + 80, qfill_f16(s, -3, -1.5));
+            qfill_put16(p + 82, qfill_f16(s, -3, -1.5));
+            break;
+        case QUANT_TYPE_Q3_K: qfill_put16(p + 108, qfill_f16(s, -3.5, -2)); break;
+        case QUANT_TYPE_IQ4_NL: qfill_put16(p, qfill_f16(s, -3, -2)); break;
+        case QUANT_TYPE_IQ4_XS: qfill_put16(p, qfill_f16(s, -4.5, -3)); break;
         }
     }
 }
 
-/* The eight block types, in the order the tests iterate them. */
-static const enum quant_type qfill_types[8] = {
+/* The block types, in the order the tests iterate them. */
+static const enum quant_type qfill_types[] = {
     QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1, QUANT_TYPE_Q5_0, QUANT_TYPE_Q5_1,
     QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q5_K, QUANT_TYPE_Q6_K,
+    QUANT_TYPE_Q2_K, QUANT_TYPE_Q3_K, QUANT_TYPE_IQ4_NL, QUANT_TYPE_IQ4_XS,
 };
+#define QFILL_N_TYPES (int)(sizeof qfill_types / sizeof qfill_types[0])
 
 #endif

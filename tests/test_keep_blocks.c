@@ -124,7 +124,7 @@ static void expect_bad(const char *what, const char *name, const char *dtype, in
 /* Malformed "shardlm.blocks" entries, each refused naming the fault; a foreign key ignored. */
 static void test_bad_metadata(void)
 {
-    expect_bad("an unknown block type", "unknown.st", "U8", 2, 2, 34, "{\"w\": \"Q3_K\"}", "unknown block type 'Q3_K'");
+    expect_bad("an unknown block type", "unknown.st", "U8", 2, 2, 34, "{\"w\": \"IQ2_XXS\"}", "unknown block type 'IQ2_XXS'");
     expect_bad("a value that is not JSON", "notjson.st", "U8", 2, 2, 34, "{\"w\": \"Q8_0\"", "not a JSON object");
     expect_bad("a value that is a JSON array", "array.st", "U8", 2, 2, 34, "[\"w\", \"Q8_0\"]", "not a JSON object");
     expect_bad("an entry that is not a string", "number.st", "U8", 2, 2, 34, "{\"w\": 8}", "not a string");

@@ -4,7 +4,7 @@
  *
  * Every case draws random blocks with small finite f16 scales (tests/quant_fill.h) and their
  * f32 values wd = quant_dequantize_row (the CPU's dequantizer, bit-exact with ggml), and:
- *   - matmul, for each of the 8 types, x/y/bias in f32, bf16 and f16, m 1, 3, 8 (the last
+ *   - matmul, for each block type, x/y/bias in f32, bf16 and f16, m 1, 3, 8 (the last
  *     one-pass kernel shape), 9 (the first cuBLAS one), 64; k one block and three; n 37 (odd),
  *     with and without a bias; k = 0; and shapes that cross the cuBLAS path's tiles (n 262221 >
  *     one tile of w's rows at k 32; m 4100 > one chunk of x's rows): the CUDA y against the
@@ -184,7 +184,7 @@ static void run_all(struct suite *s)
 {
     const int cuda = s->n_backends == 2;
     static const int64_t ms[] = {1, 3, 8, 9, 64};
-    for (int ti = 0; ti < 8; ti++) {
+    for (int ti = 0; ti < QFILL_N_TYPES; ti++) {
         const enum quant_type qt = qfill_types[ti];
         const int64_t bs = quant_block_size(qt);
         for (int di = 0; di < 3; di++) {

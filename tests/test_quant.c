@@ -31,6 +31,7 @@
 #include "gguf.h"
 #include "ops.h"
 #include "quant.h"
+#include "quant_fill.h"
 #include "tensor.h"
 
 #define GUARD 64
@@ -39,6 +40,7 @@
 static const enum quant_type types[] = {
     QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K, QUANT_TYPE_Q5_0,
     QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1, QUANT_TYPE_Q5_1, QUANT_TYPE_Q5_K,
+    QUANT_TYPE_Q2_K, QUANT_TYPE_Q3_K, QUANT_TYPE_IQ4_NL, QUANT_TYPE_IQ4_XS,
 };
 #define N_TYPES (int)(sizeof types / sizeof types[0])
 
@@ -54,39 +56,12 @@ static uint32_t rnd32(void)
 }
 static double rnd_uniform(void) { return (rnd32() & 0xFFFFFF) / (double)0x1000000; } /* [0, 1) */
 
-/* A small finite f16: random sign, magnitude 10^[lo, hi). */
-static uint16_t rnd_f16(double lo, double hi)
-{
-    const double v = pow(10.0, lo + (hi - lo) * rnd_uniform());
-    return f32_to_f16((float)(rnd32() & 1 ? -v : v));
-}
-
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
-/* nblocks blocks of type: random quants and scales, then the f16 fields made small and finite
- * so that weights are O(0.1 .. 1). */
-static void fill_blocks(enum quant_type t, uint8_t *w, int64_t nblocks)
-{
-    const size_t bb = quant_block_bytes(t);
-    for (size_t i = 0; i < (size_t)nblocks * bb; i++) w[i] = (uint8_t)rnd32();
-    for (int64_t b = 0; b < nblocks; b++) {
-        uint8_t *p = w + (size_t)b * bb;
-        switch (t) {
-        case QUANT_TYPE_Q8_0: put16(p, rnd_f16(-3, -2)); break;
-        case QUANT_TYPE_Q4_0: case QUANT_TYPE_Q5_0: put16(p, rnd_f16(-2.5, -1)); break;
-        case QUANT_TYPE_Q4_1: case QUANT_TYPE_Q5_1:
-            put16(p, rnd_f16(-2.5, -1));
-            put16(p + 2, rnd_f16(-2, 0));
-            break;
-        case QUANT_TYPE_Q4_K: case QUANT_TYPE_Q5_K:
-            put16(p, rnd_f16(-4, -2.5));
-            put16(p + 2, rnd_f16(-4, -2.5));
-            break;
-        case QUANT_TYPE_Q6_K: put16(p + 208, rnd_f16(-4, -3)); break;
-        }
-    }
-}
+/* nblocks blocks of type: random quants with small finite f16 scales, so that weights are
+ * O(0.1 .. 1) (tests/quant_fill.h, shared with the CUDA block tests). */
+static uint64_t fill_seed = 0x7e57c0de;
+static void fill_blocks(enum quant_type t, uint8_t *w, int64_t nblocks) { qfill_blocks(t, w, nblocks, 0, &fill_seed); }
 
 /* The 6-bit min of sub-block j of a Q4_K/Q5_K block (ggml-common.h packing). */
 static int k_min(int j, const uint8_t *q)
@@ -95,7 +70,7 @@ static int k_min(int j, const uint8_t *q)
 }
 
 /* |the min part| of element e of a weight row: the term the product computes apart from the
- * scaled integer sum (Q4_1/Q5_1: m; Q4_K/Q5_K: dmin * m_j), which may cancel against it and
+ * scaled integer sum (Q4_1/Q5_1: m; Q4_K/Q5_K: dmin * m_j; Q2_K: dmin * m_g), which may cancel against it and
  * so enters the f32 rounding bound. 0 for the types whose offsets stay in the integers. */
 static double min_part(enum quant_type t, const uint8_t *row, int64_t e)
 {
@@ -105,6 +80,7 @@ static double min_part(enum quant_type t, const uint8_t *row, int64_t e)
     case QUANT_TYPE_Q4_1: case QUANT_TYPE_Q5_1: return fabs(f16_to_f32(get16(blk + 2)));
     case QUANT_TYPE_Q4_K: case QUANT_TYPE_Q5_K:
         return fabs(f16_to_f32(get16(blk + 2)) * k_min((int)(e % bs) / 32, blk + 4));
+    case QUANT_TYPE_Q2_K: return fabs(f16_to_f32(get16(blk + 82)) * (blk[(e % bs) / 16] >> 4));
     default: return 0.0;
     }
 }

@@ -1,6 +1,6 @@
 /* tests/test_quant_blocks.cu - the CUDA kernels' block decoder (kernels/cuda/quant_blocks.cuh)
  * run on the host, where it is the same source with plain float operations in place of the
- * device's _rn intrinsics (the same f32 operations, unfused): for each of the 8 types, rows of
+ * device's _rn intrinsics (the same f32 operations, unfused): for each block type, rows of
  * one block and of several, every element quant_row_elem<QT>(row, e) reached through
  * QUANT_DISPATCH equals quant_dequantize_row (the CPU's dequantizer, bit-exact with ggml) bit
  * for bit:
@@ -76,7 +76,7 @@ static int64_t compare_rows(enum quant_type t, int64_t n, int64_t nb, int raw, u
 int main(void)
 {
     uint64_t seed = 0x5eedb10c5ull;
-    for (int ti = 0; ti < 8; ti++) {
+    for (int ti = 0; ti < QFILL_N_TYPES; ti++) {
         const enum quant_type t = qfill_types[ti];
         check(block_elems(t) == quant_block_size(t) && (size_t)block_bytes(t) == quant_block_bytes(t),
               "%s: block of %d elements, %d bytes (quant.h: %d, %zu)", quant_type_name(t), block_elems(t),

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "checkpoint_impl.h"
+#include "gguf.h"
 #include "quant.h"
 #include "safetensors.h"
 
@@ -84,10 +85,14 @@ static enum status ck_part(const struct checkpoint *ck, struct ck_source *s, int
                              ck->files->dir, name, ck_where(ck, fi),
                              fi < 0 ? " (the shards' weight map)" : "");
     const char *where = ck_where(ck, fi);
-    if (!t->supported)
+    if (!t->supported) {
+        char supported[256] = "";
+        if (ck->files->gguf) gguf_supported_types(supported, sizeof supported);
         return status_errorf(STATUS_UNSUPPORTED,
-                             "checkpoint %s: tensor %s in %s has dtype %s which shardlm does not load",
-                             ck->files->dir, name, where, t->dtype_name);
+                             "checkpoint %s: tensor %s in %s has dtype %s which shardlm does not load%s%s%s",
+                             ck->files->dir, name, where, t->dtype_name, *supported ? " (it reads " : "",
+                             supported, *supported ? ")" : "");
+    }
     if (t->dtype == DTYPE_I32)
         return status_errorf(STATUS_BAD_FORMAT,
                              "checkpoint %s: tensor '%s' in %s has dtype I32; weights are floats",

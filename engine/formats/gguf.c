@@ -531,11 +531,14 @@ enum status gguf_get_tensor(const struct gguf *g, const char *name, const struct
     if (!(*out)->supported) {
         const struct gguf_tensor *t = *out;
         *out = NULL;
+        char supported[256];
+        gguf_supported_types(supported, sizeof supported);
         if (!gguf_ggml_type(t->type))
             return status_errorf(STATUS_UNSUPPORTED, "%s: tensor %s has ggml type %" PRIu32
-                                 ", which ggml does not define and shardlm cannot dequantize", g->path, name, t->type);
-        return status_errorf(STATUS_UNSUPPORTED, "%s: tensor %s has ggml type %s, which shardlm cannot dequantize",
-                             g->path, name, t->type_name);
+                                 ", which ggml does not define and shardlm cannot dequantize (it reads %s)",
+                                 g->path, name, t->type, supported);
+        return status_errorf(STATUS_UNSUPPORTED, "%s: tensor %s has ggml type %s, which shardlm cannot dequantize "
+                             "(it reads %s)", g->path, name, t->type_name, supported);
     }
     return STATUS_OK;
 }

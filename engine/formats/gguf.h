@@ -154,6 +154,9 @@ const char *gguf_arr_str(const struct gguf_kv *kv, uint64_t i, uint64_t *len);
 const char *gguf_type_name(enum gguf_type t); /* "UINT32", ..., "?" */
 /* "Q4_K", "F32", ...; NULL for a number ggml does not define. */
 const char *gguf_ggml_type_name(uint32_t type);
+/* The tensor types shardlm reads, "F32, F16, Q4_0, ...", into buf (n bytes, NUL-terminated,
+ * cut short if n is too small; 160 bytes hold them all): for the errors that refuse a type. */
+void        gguf_supported_types(char *buf, size_t n);
 
 /* Tensors in file order: i in 0 .. gguf_n_tensors - 1. */
 int                       gguf_n_tensors(const struct gguf *g);

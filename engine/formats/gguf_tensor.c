@@ -9,6 +9,7 @@
  * Not here: parsing the file (gguf.c), what the tensors mean (gguf_convert.c, the model).
  * Tests: tests/test_gguf.c (every supported type bit-exact against gguf-py). */
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "gguf_impl.h"
@@ -28,8 +29,8 @@ static const struct gguf_ggml_type gguf_ggml_types[] = {
     {7, "Q5_1", 32, 2 + 2 + 4 + 16, 1},
     {8, "Q8_0", 32, 2 + 32, 1},
     {9, "Q8_1", 32, 4 + 4 + 32, 0},
-    {10, "Q2_K", QK_K, 2 + 2 + QK_K / 16 + QK_K / 4, 0},
-    {11, "Q3_K", QK_K, 2 + QK_K / 4 + QK_K / 8 + 12, 0},
+    {10, "Q2_K", QK_K, 2 + 2 + QK_K / 16 + QK_K / 4, 1},
+    {11, "Q3_K", QK_K, 2 + QK_K / 4 + QK_K / 8 + 12, 1},
     {12, "Q4_K", QK_K, 2 + 2 + 12 + QK_K / 2, 1},
     {13, "Q5_K", QK_K, 2 + 2 + 12 + QK_K / 8 + QK_K / 2, 1},
     {14, "Q6_K", QK_K, QK_K / 2 + QK_K / 4 + QK_K / 16 + 2, 1},
@@ -38,10 +39,10 @@ static const struct gguf_ggml_type gguf_ggml_types[] = {
     {17, "IQ2_XS", QK_K, 2 + QK_K / 4 + QK_K / 32, 0},
     {18, "IQ3_XXS", QK_K, 2 + QK_K / 4 + QK_K / 8, 0},
     {19, "IQ1_S", QK_K, 2 + QK_K / 8 + QK_K / 16, 0},
-    {20, "IQ4_NL", 32, 2 + 16, 0},
+    {20, "IQ4_NL", 32, 2 + 16, 1},
     {21, "IQ3_S", QK_K, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4, 0},
     {22, "IQ2_S", QK_K, 2 + QK_K / 4 + QK_K / 16, 0},
-    {23, "IQ4_XS", QK_K, 2 + 2 + QK_K / 2 + QK_K / 64, 0},
+    {23, "IQ4_XS", QK_K, 2 + 2 + QK_K / 2 + QK_K / 64, 1},
     {24, "I8", 1, 1, 0},
     {25, "I16", 1, 2, 0},
     {26, "I32", 1, 4, 0},
@@ -66,6 +67,15 @@ const char *gguf_ggml_type_name(uint32_t type)
 {
     const struct gguf_ggml_type *tt = gguf_ggml_type(type);
     return tt ? tt->name : NULL;
+}
+
+void gguf_supported_types(char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < GGUF_N_GGML_TYPES && len < n; i++)
+        if (gguf_ggml_types[i].supported)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? ", " : "", gguf_ggml_types[i].name);
 }
 
 /* ---- dequantization -------------------------------------------------------------------- */

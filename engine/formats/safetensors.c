@@ -318,6 +318,15 @@ static int st_block_dtype(const char *name)
     return -1;
 }
 
+/* The block types' names, "Q4_0, Q4_1, ...", into buf (n bytes). */
+static void st_block_dtype_names(char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    for (int d = DTYPE_Q4_0; dtype_is_quant((enum dtype)d) && len < n; d++)
+        len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? ", " : "", quant_type_name(dtype_quant_type((enum dtype)d)));
+}
+
 /* Presents U8 tensor t, [rows, row bytes], as a tensor of block dtype dt, [rows, cols]. */
 static enum status st_make_block_tensor(const char *path, struct st_tensor *t, enum dtype dt)
 {
@@ -365,11 +374,12 @@ static enum status st_apply_blocks(struct safetensors *st)
         if (!cJSON_IsString(it))
             s = status_errorf(STATUS_BAD_FORMAT, "%s: %s: the entry of tensor '%s' is not a string", path,
                               SAFETENSORS_BLOCKS_KEY, it->string);
-        else if (dt < 0)
-            s = status_errorf(STATUS_BAD_FORMAT,
-                              "%s: %s: tensor '%s' has unknown block type '%s' (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
-                              "Q4_K, Q5_K or Q6_K)",
-                              path, SAFETENSORS_BLOCKS_KEY, it->string, it->valuestring);
+        else if (dt < 0) {
+            char known[128];
+            st_block_dtype_names(known, sizeof known);
+            s = status_errorf(STATUS_BAD_FORMAT, "%s: %s: tensor '%s' has unknown block type '%s' (%s)", path,
+                              SAFETENSORS_BLOCKS_KEY, it->string, it->valuestring, known);
+        }
         else if (!t)
             s = status_errorf(STATUS_BAD_FORMAT, "%s: %s names tensor '%s', which the file does not have", path,
                               SAFETENSORS_BLOCKS_KEY, it->string);

@@ -40,6 +40,10 @@ static const struct type_info type_infos[SLOT_COUNT] = {
     {QUANT_TYPE_Q4_K, "Q4_K", QK_K, sizeof(struct blk_q4_k)},
     {QUANT_TYPE_Q5_K, "Q5_K", QK_K, sizeof(struct blk_q5_k)},
     {QUANT_TYPE_Q6_K, "Q6_K", QK_K, sizeof(struct blk_q6_k)},
+    {QUANT_TYPE_Q2_K, "Q2_K", QK_K, sizeof(struct blk_q2_k)},
+    {QUANT_TYPE_Q3_K, "Q3_K", QK_K, sizeof(struct blk_q3_k)},
+    {QUANT_TYPE_IQ4_NL, "IQ4_NL", QK, sizeof(struct blk_iq4_nl)},
+    {QUANT_TYPE_IQ4_XS, "IQ4_XS", QK_K, sizeof(struct blk_iq4_xs)},
 };
 
 static int slot_of(uint32_t type)

@@ -157,6 +157,14 @@ static const uint8_t q6_scale_ctrl[8][16] = {
 #undef Q6_CTRL
 };
 
+/* The 16 bytes {v[2c] x 8, v[2c + 1] x 8} of 16 int8 v widened to int16: the scale of each
+ * 16-bit pair sum of chunk c (32 elements, groups 2c and 2c + 1) of a block with one scale per
+ * 16 (Q2_K, Q3_K, Q6_K). */
+QX_AVX2 static inline __m256i k_group_scales(__m128i v, int c)
+{
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)q6_scale_ctrl[c])));
+}
+
 /* Q6_K: per half of 128, ql[0..32) and ql[32..64) give chunks 0 and 1 (low nibbles) and 2 and 3
  * (high nibbles), qh[0..32) their two top bits (bits 2c, 2c + 1 for chunk c). The -32 is
  * taken once per block as 32 * sum_g sc_g * sum(x of g). */
@@ -185,9 +193,7 @@ QX_AVX2 float quant_avx2_dot_q6_k(int64_t nb, const void *wv, const void *xv)
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
             for (int c = 0; c < 4; c++) {
                 const __m256i xq = _mm256_loadu_si256((const __m256i *)(x[b].qs + 128 * h + 32 * c));
-                const __m128i ctrl = _mm_loadu_si128((const __m128i *)q6_scale_ctrl[4 * h + c]);
-                const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, ctrl));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[c], xq), sc));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[c], xq), k_group_scales(sc8, 4 * h + c)));
             }
         }
         const __m256i off = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),
@@ -198,15 +204,102 @@ QX_AVX2 float quant_avx2_dot_q6_k(int64_t nb, const void *wv, const void *xv)
     return qx_hsum(acc);
 }
 
+/* Q2_K: chunk c = 4 h + s (32 elements) is bits 2s, 2s + 1 of qs[32 h ..]; per group g of 16,
+ * sc_g (low nibble) times the pair sums, and the mins m_g (high nibble) through the 16-sums of
+ * x, both in the integers. */
+QX_AVX2 float quant_avx2_dot_q2_k(int64_t nb, const void *wv, const void *xv)
+{
+    const struct blk_q2_k *w = wv;
+    const struct act_q8_k *x = xv;
+    const __m256i m2 = _mm256_set1_epi8(3);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        qx_prefetch(w + b, sizeof *w);
+        const __m128i sc = _mm_loadu_si128((const __m128i *)w[b].scales);
+        const __m128i sc_lo = _mm_and_si128(sc, m4), sc_hi = _mm_and_si128(_mm_srli_epi16(sc, 4), m4);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                const int c = 4 * h + s;
+                /* 16-bit shifts by at most 6: the mask keeps each byte's own bits. */
+                const __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), m2);
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * c));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), k_group_scales(sc_lo, c)));
+            }
+        }
+        const __m256i summ = _mm256_madd_epi16(_mm256_cvtepu8_epi16(sc_hi), _mm256_loadu_si256((const __m256i *)x[b].bsums));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(qx_h2f(w[b].d) * x[b].d), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fnmadd_ps(_mm256_set1_ps(qx_h2f(w[b].dmin) * x[b].d), _mm256_cvtepi32_ps(summ), acc);
+    }
+    return qx_hsum(acc);
+}
+
+/* Q3_K: as Q2_K's bits, plus bit c of hmask[l] as 4 for chunk c: u = q + 4 (0..7); per group,
+ * sc_g * (sum(u x) - 4 sum(x)), the -4 once per block through the 16-sums of x. */
+QX_AVX2 float quant_avx2_dot_q3_k(int64_t nb, const void *wv, const void *xv)
+{
+    const struct blk_q3_k *w = wv;
+    const struct act_q8_k *x = xv;
+    const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        qx_prefetch(w + b, sizeof *w);
+        int8_t sc[16];
+        for (int g = 0; g < 16; g++) sc[g] = (int8_t)quant_q3_k_scale(g, w[b].scales);
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)w[b].hmask);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                const int c = 4 * h + s;
+                const __m256i hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(c)), one);
+                const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * s), m2), _mm256_slli_epi16(hb, 2));
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * c));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), k_group_scales(sc8, c)));
+            }
+        }
+        const __m256i off = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), _mm256_loadu_si256((const __m256i *)x[b].bsums));
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 2));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(qx_h2f(w[b].d) * x[b].d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return qx_hsum(acc);
+}
+
+/* IQ4_XS: sub-block j is an IQ4_NL block (its values looked up, their signs moved onto x as in
+ * s8_rows) whose pair sums take the scale sc_j in vpmaddwd. */
+QX_AVX2 float quant_avx2_dot_iq4_xs(int64_t nb, const void *wv, const void *xv)
+{
+    const struct blk_iq4_xs *w = wv;
+    const struct act_q8_k *x = xv;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        qx_prefetch(w + b, sizeof *w);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < QK_K / 32; j++) {
+            const __m256i v = qx_iq4_lookup(qx_nibbles(w[b].qs + 16 * j));
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
+            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(xq, v));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16((short)quant_iq4_xs_scale(j, &w[b]))));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(qx_h2f(w[b].d) * x[b].d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return qx_hsum(acc);
+}
+
 static const struct quant_kernels avx2_kernels = {
     .dot = {
         [SLOT_Q4_0] = dot_q4_0, [SLOT_Q4_1] = dot_q4_1, [SLOT_Q5_0] = dot_q5_0,
         [SLOT_Q5_1] = dot_q5_1, [SLOT_Q8_0] = dot_q8_0, [SLOT_Q4_K] = quant_avx2_dot_q4_k,
         [SLOT_Q5_K] = quant_avx2_dot_q5_k, [SLOT_Q6_K] = quant_avx2_dot_q6_k,
+        [SLOT_Q2_K] = quant_avx2_dot_q2_k, [SLOT_Q3_K] = quant_avx2_dot_q3_k,
+        [SLOT_IQ4_NL] = dot_iq4_nl, [SLOT_IQ4_XS] = quant_avx2_dot_iq4_xs,
     },
     .dot4 = {
         [SLOT_Q4_0] = dot4_q4_0, [SLOT_Q4_1] = dot4_q4_1, [SLOT_Q5_0] = dot4_q5_0,
-        [SLOT_Q5_1] = dot4_q5_1, [SLOT_Q8_0] = dot4_q8_0,
+        [SLOT_Q5_1] = dot4_q5_1, [SLOT_Q8_0] = dot4_q8_0, [SLOT_IQ4_NL] = dot4_iq4_nl,
     },
     .dotw4 = {
         [SLOT_Q4_0] = dotw4_q4_0, [SLOT_Q4_1] = dotw4_q4_1, [SLOT_Q5_0] = dotw4_q5_0,

@@ -1,7 +1,7 @@
 /* kernels/cpu/quant_avx512_vnni.c - the AVX512-VNNI implementation of the quantized product:
- * the 32-element types of quant_x86.h over vpdpbusd on 256-bit vectors (AVX512-VNNI with VL:
+ * the 32-element types of quant_x86.h (IQ4_NL among them) over vpdpbusd on 256-bit vectors (AVX512-VNNI with VL:
  * one instruction where AVX2 needs vpmaddubsw + vpmaddwd, and no 16-bit saturation), the
- * K-quants and the x quantizers borrowed from quant_avx2.c. Compiled with target attributes;
+ * 256-element types (K-quants, IQ4_XS) and the x quantizers borrowed from quant_avx2.c. Compiled with target attributes;
  * quant.c asks the CPU.
  * Not here: AVX-VNNI (the VEX form of the same instruction on CPUs without AVX-512), 512-bit
  * vectors (except Q8_0's one-row kernel).
@@ -58,10 +58,12 @@ static const struct quant_kernels vnni_kernels = {
         [SLOT_Q4_0] = dot_q4_0, [SLOT_Q4_1] = dot_q4_1, [SLOT_Q5_0] = dot_q5_0,
         [SLOT_Q5_1] = dot_q5_1, [SLOT_Q8_0] = dot_q8_0_zmm, [SLOT_Q4_K] = quant_avx2_dot_q4_k,
         [SLOT_Q5_K] = quant_avx2_dot_q5_k, [SLOT_Q6_K] = quant_avx2_dot_q6_k,
+        [SLOT_Q2_K] = quant_avx2_dot_q2_k, [SLOT_Q3_K] = quant_avx2_dot_q3_k,
+        [SLOT_IQ4_NL] = dot_iq4_nl, [SLOT_IQ4_XS] = quant_avx2_dot_iq4_xs,
     },
     .dot4 = {
         [SLOT_Q4_0] = dot4_q4_0, [SLOT_Q4_1] = dot4_q4_1, [SLOT_Q5_0] = dot4_q5_0,
-        [SLOT_Q5_1] = dot4_q5_1, [SLOT_Q8_0] = dot4_q8_0,
+        [SLOT_Q5_1] = dot4_q5_1, [SLOT_Q8_0] = dot4_q8_0, [SLOT_IQ4_NL] = dot4_iq4_nl,
     },
     .dotw4 = {
         [SLOT_Q4_0] = dotw4_q4_0, [SLOT_Q4_1] = dotw4_q4_1, [SLOT_Q5_0] = dotw4_q5_0,

@@ -119,6 +119,59 @@ static void deq_q6_k(const struct blk_q6_k *x, int64_t nb, float *y)
     }
 }
 
+/* Q2_K: per group g of 16, (d * sc_g) * q - dmin * m_g. */
+static void deq_q2_k(const struct blk_q2_k *x, int64_t nb, float *y)
+{
+    for (int64_t b = 0; b < nb; b++, y += QK_K) {
+        const float d = h2f(x[b].d), dmin = h2f(x[b].dmin);
+        for (int e = 0; e < QK_K; e++) {
+            const int g = e / 16, q = (x[b].qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+            const float dl = d * (float)(x[b].scales[g] & 0x0F), ml = dmin * (float)(x[b].scales[g] >> 4);
+            y[e] = dl * (float)q - ml;
+        }
+    }
+}
+
+/* Q3_K: per group g of 16, (d * sc_g) * q, q = 2 low bits - 4 where the hmask bit is clear. */
+static void deq_q3_k(const struct blk_q3_k *x, int64_t nb, float *y)
+{
+    for (int64_t b = 0; b < nb; b++, y += QK_K) {
+        const float d = h2f(x[b].d);
+        for (int e = 0; e < QK_K; e++) {
+            const int lo = (x[b].qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+            const int q = lo - ((x[b].hmask[e % 32] >> (e / 32)) & 1 ? 0 : 4);
+            y[e] = (d * (float)quant_q3_k_scale(e / 16, x[b].scales)) * (float)q;
+        }
+    }
+}
+
+static void deq_iq4_nl(const struct blk_iq4_nl *x, int64_t nb, float *y)
+{
+    for (int64_t b = 0; b < nb; b++, y += QK) {
+        const float d = h2f(x[b].d);
+        for (int j = 0; j < QK / 2; j++) {
+            y[j] = d * (float)quant_iq4_values[x[b].qs[j] & 0x0F];
+            y[j + 16] = d * (float)quant_iq4_values[x[b].qs[j] >> 4];
+        }
+    }
+}
+
+/* IQ4_XS: sub-block j is an IQ4_NL block of scale d * sc_j. */
+static void deq_iq4_xs(const struct blk_iq4_xs *x, int64_t nb, float *y)
+{
+    for (int64_t b = 0; b < nb; b++) {
+        const float d = h2f(x[b].d);
+        for (int j = 0; j < QK_K / 32; j++, y += 32) {
+            const float dl = d * (float)quant_iq4_xs_scale(j, &x[b]);
+            const uint8_t *qs = x[b].qs + 16 * j;
+            for (int l = 0; l < 16; l++) {
+                y[l] = dl * (float)quant_iq4_values[qs[l] & 0x0F];
+                y[l + 16] = dl * (float)quant_iq4_values[qs[l] >> 4];
+            }
+        }
+    }
+}
+
 void quant_dequantize_row_impl(enum quant_impl impl, enum quant_type type, const void *src,
                                float *dst, int64_t k)
 {
@@ -144,6 +197,10 @@ void quant_dequantize_row_impl(enum quant_impl impl, enum quant_type type, const
             deq_k_sc_min(x->d, x->dmin, x->scales, x->qs, x->qh, dst);
         return;
     case QUANT_TYPE_Q6_K: deq_q6_k(src, nb, dst); return;
+    case QUANT_TYPE_Q2_K: deq_q2_k(src, nb, dst); return;
+    case QUANT_TYPE_Q3_K: deq_q3_k(src, nb, dst); return;
+    case QUANT_TYPE_IQ4_NL: deq_iq4_nl(src, nb, dst); return;
+    case QUANT_TYPE_IQ4_XS: deq_iq4_xs(src, nb, dst); return;
     }
 }
 

@@ -148,6 +148,8 @@ int quant_avx2_dequantize(enum quant_type type, const void *src, float *dst, int
             dq_k_sc_min(x->d, x->dmin, x->scales, x->qs, x->qh, dst);
         return 1;
     case QUANT_TYPE_Q6_K: dq_q6_k(src, nb, dst); return 1;
+    /* Not vectorised yet: the scalar loops of quant_dequantize.c. */
+    case QUANT_TYPE_Q2_K: case QUANT_TYPE_Q3_K: case QUANT_TYPE_IQ4_NL: case QUANT_TYPE_IQ4_XS: return 0;
     }
     return 0;
 }

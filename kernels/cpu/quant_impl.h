@@ -29,6 +29,19 @@ struct blk_q8_0 { uint16_t d; int8_t qs[QK]; };                    /* w = d * q 
 struct blk_q4_k { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; };
 struct blk_q5_k { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; };
 struct blk_q6_k { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; };
+/* Q2_K: 16 groups of 16 with 4-bit scale (low nibble) and min (high nibble) in scales[g],
+ * w = d * sc_g * q - dmin * m_g, q 2 bits. Element e = 128 h + 32 s + l is bits 2s, 2s + 1 of
+ * qs[32 h + l], in group e / 16. */
+struct blk_q2_k { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; };
+/* Q3_K: 16 groups of 16 with 6-bit scales (quant_q3_k_scale) less 32, w = d * sc_g * q with
+ * q = (2 bits as Q2_K's) - 4 where bit e / 32 of hmask[e % 32] is clear. */
+struct blk_q3_k { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; };
+/* IQ4_NL: w = d * quant_iq4_values[q], the nibbles laid out as Q4_0's. */
+struct blk_iq4_nl { uint16_t d; uint8_t qs[QK / 2]; };
+/* IQ4_XS: 8 sub-blocks of 32, each laid out as an IQ4_NL block (qs[16 j ..]), with a 6-bit
+ * scale less 32: low 4 bits in nibble j % 2 of scales_l[j / 2], top 2 bits at bit 2j of
+ * scales_h; w = d * sc_j * quant_iq4_values[q]. */
+struct blk_iq4_xs { uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; };
 
 _Static_assert(sizeof(struct blk_q4_0) == 18, "ggml block_q4_0");
 _Static_assert(sizeof(struct blk_q4_1) == 20, "ggml block_q4_1");
@@ -38,6 +51,14 @@ _Static_assert(sizeof(struct blk_q8_0) == 34, "ggml block_q8_0");
 _Static_assert(sizeof(struct blk_q4_k) == 144, "ggml block_q4_K");
 _Static_assert(sizeof(struct blk_q5_k) == 176, "ggml block_q5_K");
 _Static_assert(sizeof(struct blk_q6_k) == 210, "ggml block_q6_K");
+_Static_assert(sizeof(struct blk_q2_k) == 84, "ggml block_q2_K");
+_Static_assert(sizeof(struct blk_q3_k) == 110, "ggml block_q3_K");
+_Static_assert(sizeof(struct blk_iq4_nl) == 18, "ggml block_iq4_nl");
+_Static_assert(sizeof(struct blk_iq4_xs) == 136, "ggml block_iq4_xs");
+
+/* The 16 values of an IQ4 nibble (ggml's kvalues_iq4nl). */
+static const int8_t quant_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
 
 /* The j-th (0..7) 6-bit scale and min of a Q4_K/Q5_K block: bytes 0-3 hold scales 0-3 (low 6
  * bits) and the top 2 bits of scales 4-7, bytes 4-7 the same for the mins, bytes 8-11 the low
@@ -53,6 +74,20 @@ static inline void quant_k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8
     }
 }
 
+/* The g-th (0..15) scale of a Q3_K block, less 32: the low 4 bits are nibble g / 8 of
+ * scales[g % 8], the top 2 bits bits 2 (g / 4), 2 (g / 4) + 1 of scales[8 + g % 4]. */
+static inline int quant_q3_k_scale(int g, const uint8_t *scales)
+{
+    const int lo = (scales[g % 8] >> (4 * (g / 8))) & 0x0F, hi = (scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+/* The j-th (0..7) scale of an IQ4_XS block, less 32. */
+static inline int quant_iq4_xs_scale(int j, const struct blk_iq4_xs *b)
+{
+    return (((b->scales_l[j / 2] >> (4 * (j % 2))) & 0x0F) | ((b->scales_h >> (2 * j)) & 3) << 4) - 32;
+}
+
 /* ---- activation blocks (x quantized), x_i ~= d * qs[i] ---- */
 struct act_q8 {      /* 32 elements, for the 32-element types */
     float   d;
@@ -62,12 +97,12 @@ struct act_q8 {      /* 32 elements, for the 32-element types */
 struct act_q8_k {    /* 256 elements, for the K-quants */
     float   d;
     int8_t  qs[QK_K];
-    int16_t bsums[QK_K / 16]; /* sums of qs by 16: the mins of Q4_K/Q5_K, the -32 of Q6_K */
+    int16_t bsums[QK_K / 16]; /* sums of qs by 16: the mins of Q2_K/Q4_K/Q5_K, the offsets of Q3_K/Q6_K */
 };
 
 /* The types in table order. */
 enum quant_slot { SLOT_Q4_0, SLOT_Q4_1, SLOT_Q5_0, SLOT_Q5_1, SLOT_Q8_0, SLOT_Q4_K, SLOT_Q5_K,
-                  SLOT_Q6_K, SLOT_COUNT };
+                  SLOT_Q6_K, SLOT_Q2_K, SLOT_Q3_K, SLOT_IQ4_NL, SLOT_IQ4_XS, SLOT_COUNT };
 
 /* The dot product of one weight row (nb blocks) with one quantized x row (nb activation blocks
  * of the matching kind). */
@@ -96,11 +131,14 @@ const struct quant_kernels *quant_kernels_scalar(void);
 const struct quant_kernels *quant_kernels_avx2(void);
 const struct quant_kernels *quant_kernels_avx512_vnni(void);
 
-/* x86 only: the AVX2 K-quant kernels and x quantizers (quant_avx2.c), which the AVX512-VNNI
+/* x86 only: the AVX2 kernels of the 256-element types and x quantizers (quant_avx2.c), which the AVX512-VNNI
  * table reuses. */
 float quant_avx2_dot_q4_k(int64_t nb, const void *w, const void *xq);
 float quant_avx2_dot_q5_k(int64_t nb, const void *w, const void *xq);
 float quant_avx2_dot_q6_k(int64_t nb, const void *w, const void *xq);
+float quant_avx2_dot_q2_k(int64_t nb, const void *w, const void *xq);
+float quant_avx2_dot_q3_k(int64_t nb, const void *w, const void *xq);
+float quant_avx2_dot_iq4_xs(int64_t nb, const void *w, const void *xq);
 void  quant_avx2_act_q8(const float *x, void *xq, int64_t nb);
 void  quant_avx2_act_q8_k(const float *x, void *xq, int64_t nb);
 /* nb blocks of `type` at src to f32 at dst, bit-exact with the scalar dequantizer

@@ -213,11 +213,87 @@ static float dot_q6_k(int64_t nb, const void *wv, const void *xv)
     return acc;
 }
 
+/* Q2_K: per group g of 16, sc_g * sum(q x) and m_g * sum(x), both exact in int32. */
+static float dot_q2_k(int64_t nb, const void *wv, const void *xv)
+{
+    const struct blk_q2_k *w = wv;
+    const struct act_q8_k *x = xv;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t sumi = 0, summ = 0;
+        for (int g = 0; g < QK_K / 16; g++) {
+            int32_t s = 0;
+            for (int e = 16 * g; e < 16 * g + 16; e++)
+                s += ((w[b].qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3) * x[b].qs[e];
+            sumi += (w[b].scales[g] & 0x0F) * s;
+            summ += (w[b].scales[g] >> 4) * x[b].bsums[g];
+        }
+        acc += x[b].d * (h2f(w[b].d) * (float)sumi - h2f(w[b].dmin) * (float)summ);
+    }
+    return acc;
+}
+
+/* Q3_K: q = u - 4 with u = the two low bits + 4 * the hmask bit (0..7); the -4 is taken once
+ * per group through the sums of x: sc * (sum(u x) - 4 sum(x)). */
+static float dot_q3_k(int64_t nb, const void *wv, const void *xv)
+{
+    const struct blk_q3_k *w = wv;
+    const struct act_q8_k *x = xv;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t sumi = 0;
+        for (int g = 0; g < QK_K / 16; g++) {
+            int32_t s = 0;
+            for (int e = 16 * g; e < 16 * g + 16; e++) {
+                const int u = ((w[b].qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3) |
+                              ((w[b].hmask[e % 32] >> (e / 32)) & 1) << 2;
+                s += u * x[b].qs[e];
+            }
+            sumi += quant_q3_k_scale(g, w[b].scales) * (s - 4 * x[b].bsums[g]);
+        }
+        acc += h2f(w[b].d) * x[b].d * (float)sumi;
+    }
+    return acc;
+}
+
+/* sum over a 32-element IQ4 block (nibbles as Q4_0's) of value(q_i) * x_i. */
+static int32_t sum_iq4(const uint8_t *qs, const int8_t *xq)
+{
+    int32_t s = 0;
+    for (int i = 0; i < QK / 2; i++)
+        s += quant_iq4_values[qs[i] & 0x0F] * xq[i] + quant_iq4_values[qs[i] >> 4] * xq[i + 16];
+    return s;
+}
+
+static float dot_iq4_nl(int64_t nb, const void *wv, const void *xv)
+{
+    const struct blk_iq4_nl *w = wv;
+    const struct act_q8 *x = xv;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) acc += h2f(w[b].d) * x[b].d * (float)sum_iq4(w[b].qs, x[b].qs);
+    return acc;
+}
+
+static float dot_iq4_xs(int64_t nb, const void *wv, const void *xv)
+{
+    const struct blk_iq4_xs *w = wv;
+    const struct act_q8_k *x = xv;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t sumi = 0;
+        for (int j = 0; j < QK_K / 32; j++)
+            sumi += quant_iq4_xs_scale(j, &w[b]) * sum_iq4(w[b].qs + 16 * j, x[b].qs + 32 * j);
+        acc += h2f(w[b].d) * x[b].d * (float)sumi;
+    }
+    return acc;
+}
+
 static const struct quant_kernels scalar_kernels = {
     .dot = {
         [SLOT_Q4_0] = dot_q4_0, [SLOT_Q4_1] = dot_q4_1, [SLOT_Q5_0] = dot_q5_0,
         [SLOT_Q5_1] = dot_q5_1, [SLOT_Q8_0] = dot_q8_0, [SLOT_Q4_K] = dot_q4_k,
-        [SLOT_Q5_K] = dot_q5_k, [SLOT_Q6_K] = dot_q6_k,
+        [SLOT_Q5_K] = dot_q5_k, [SLOT_Q6_K] = dot_q6_k, [SLOT_Q2_K] = dot_q2_k,
+        [SLOT_Q3_K] = dot_q3_k, [SLOT_IQ4_NL] = dot_iq4_nl, [SLOT_IQ4_XS] = dot_iq4_xs,
     },
     .act_q8 = act_q8_scalar,
     .act_q8_k = act_q8_k_scalar,

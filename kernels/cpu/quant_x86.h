@@ -1,6 +1,6 @@
 /* kernels/cpu/quant_x86.h - what the two x86 implementations of the quantized product share:
  * AVX2 helpers (horizontal sum, nibble and fifth-bit unpacking) and the dot products of the
- * 32-element types, written once over an integer dot `dot_u8s8` that the including file
+ * 32-element types (Q4_0 ... Q8_0, IQ4_NL), written once over an integer dot `dot_u8s8` that the including file
  * defines before including this one: quant_avx2.c with vpmaddubsw + vpmaddwd, and
  * quant_avx512_vnni.c with vpdpbusd. QX_TARGET is the includer's target attribute, so that the
  * library builds for generic x86-64 and the CPU is asked at run time (quant.c).
@@ -38,19 +38,33 @@ QX_AVX2 static inline __m256i qx_sub_lane0(__m256i v, int32_t c)
  * Each type's kernel exists for one row of x (dot_*) and for four (dot4_*, prefill): a weight
  * block is loaded and unpacked once for the four rows, which is most of the work of Q4/Q5. */
 
-/* Q8_0 for nr (1 or 4, a constant after inlining) rows of x, xs bytes apart; y[r * ys]. The
- * weights are signed, so their sign moves onto x (vpsign) and |w| is the unsigned operand;
+/* The 32 signed weights of a Q8_0 block, and of an IQ4_NL block (its nibbles looked up in
+ * quant_iq4_values, a vpshufb per lane). */
+QX_AVX2 static inline __m256i qx_load_q8_0(const uint8_t *blk) { return _mm256_loadu_si256((const __m256i *)(blk + 2)); }
+QX_AVX2 static inline __m256i qx_iq4_lookup(__m256i nibbles)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)quant_iq4_values);
+    return _mm256_shuffle_epi8(_mm256_set_m128i(v, v), nibbles);
+}
+QX_AVX2 static inline __m256i qx_load_iq4_nl(const uint8_t *blk) { return qx_iq4_lookup(qx_nibbles(blk + 2)); }
+
+/* Q8_0 and IQ4_NL (blocks of block_bytes with an f16 d first, load giving the 32 signed
+ * weights) for nr (1 or 4, a constant after inlining) rows of x, xs bytes apart; y[r * ys].
+ * The weights are signed, so their sign moves onto x (vpsign) and |w| is the unsigned operand;
  * |w| <= 128 and |x| <= 127 keep vpmaddubsw's pair sums below 2^15. */
 QX_TARGET __attribute__((always_inline)) static inline void
-q8_0_rows(int64_t nb, const void *wv, const uint8_t *xb, size_t xs, int nr, float *y, int64_t ys)
+s8_rows(int64_t nb, const void *wv, size_t block_bytes, __m256i (*load)(const uint8_t *), const uint8_t *xb,
+        size_t xs, int nr, float *y, int64_t ys)
 {
-    const struct blk_q8_0 *w = wv;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < nb; b++) {
-        qx_prefetch(w + b, 1);
-        const __m256i qw = _mm256_loadu_si256((const __m256i *)w[b].qs);
+        const uint8_t *blk = (const uint8_t *)wv + (size_t)b * block_bytes;
+        qx_prefetch(blk, 1);
+        const __m256i qw = load(blk);
         const __m256i aw = _mm256_sign_epi8(qw, qw);
-        const float dw = qx_h2f(w[b].d);
+        uint16_t d16;
+        memcpy(&d16, blk, 2);
+        const float dw = qx_h2f(d16);
         for (int r = 0; r < nr; r++) {
             const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
             const __m256i qx = _mm256_loadu_si256((const __m256i *)x->qs);
@@ -92,7 +106,7 @@ QX_AVX2 static inline struct qx_block qx_unpack_q5_1(const void *w, int64_t b)
 
 /* Q4_0, Q4_1, Q5_0, Q5_1: nw rows of W (ws bytes apart) against nr rows of x (xs bytes apart),
  * nw * nr <= 4, y[rw * yw + rx * ys]: one row of W against four of x (prefill tiles, as
- * q8_0_rows), or four rows of W against one of x (decode: four weight streams in flight, x's
+ * s8_rows), or four rows of W against one of x (decode: four weight streams in flight, x's
  * block loaded once). The offset (8 or 16) times sum(x) is subtracted in the integers, exactly;
  * the min (has_min: Q4_1, Q5_1) contributes m * d_x * sum(x), kept apart in a scalar. */
 QX_TARGET __attribute__((always_inline)) static inline void
@@ -148,17 +162,20 @@ QX_Q45(q5_0, 0)
 QX_Q45(q5_1, 1)
 #undef QX_Q45
 
-QX_TARGET static float dot_q8_0(int64_t nb, const void *w, const void *xq)
-{
-    float y;
-    q8_0_rows(nb, w, xq, 0, 1, &y, 0);
-    return y;
-}
-
-QX_TARGET static void dot4_q8_0(int64_t nb, const void *w, const void *xq, size_t xs, float *y, int64_t ys)
-{
-    q8_0_rows(nb, w, xq, xs, 4, y, ys);
-}
-
+#define QX_S8(name)                                                                              \
+    QX_TARGET static float dot_##name(int64_t nb, const void *w, const void *xq)                 \
+    {                                                                                            \
+        float y;                                                                                 \
+        s8_rows(nb, w, sizeof(struct blk_##name), qx_load_##name, xq, 0, 1, &y, 0);               \
+        return y;                                                                                \
+    }                                                                                            \
+    QX_TARGET static void dot4_##name(int64_t nb, const void *w, const void *xq, size_t xs,      \
+                                      float *y, int64_t ys)                                      \
+    {                                                                                            \
+        s8_rows(nb, w, sizeof(struct blk_##name), qx_load_##name, xq, xs, 4, y, ys);              \
+    }
+QX_S8(q8_0)
+QX_S8(iq4_nl)
+#undef QX_S8
 
 #endif

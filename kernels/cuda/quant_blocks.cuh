@@ -13,6 +13,10 @@
  *   Q4_K 144 bytes: d@0, dmin@2, scales[12]@4, qs[128]@16              w = (d sc) q - dmin m
  *   Q5_K 176 bytes: d@0, dmin@2, scales[12]@4, qh[32]@16, qs[128]@48   the same with 5 bits
  *   Q6_K 210 bytes: ql[128]@0, qh[64]@128, scales[16] (int8)@192, d@208  w = (d sc) (q - 32)
+ *   Q2_K  84 bytes: scales[16]@0, qs[64]@16, d@80, dmin@82      w = (d sc) q - dmin m, 16 groups of 16
+ *   Q3_K 110 bytes: hmask[32]@0, qs[64]@32, scales[12]@96, d@108  w = (d (sc - 32)) q, q in -4..3
+ *   IQ4_NL 18 bytes: d@0, qs[16]@2                 w = d v[q], v the 16 IQ4 values
+ *   IQ4_XS 136 bytes: d@0, scales_h@2, scales_l[4]@4, qs[128]@8   w = (d (sc - 32)) v[q], 8 of 32
  * In the 32-element types element j < 16 is the low nibble of qs[j], element j + 16 its high
  * nibble.
  *
@@ -45,6 +49,10 @@ template <> struct quant_block_traits<QUANT_TYPE_Q8_0> { static constexpr int el
 template <> struct quant_block_traits<QUANT_TYPE_Q4_K> { static constexpr int elems = 256, bytes = 144; };
 template <> struct quant_block_traits<QUANT_TYPE_Q5_K> { static constexpr int elems = 256, bytes = 176; };
 template <> struct quant_block_traits<QUANT_TYPE_Q6_K> { static constexpr int elems = 256, bytes = 210; };
+template <> struct quant_block_traits<QUANT_TYPE_Q2_K> { static constexpr int elems = 256, bytes = 84; };
+template <> struct quant_block_traits<QUANT_TYPE_Q3_K> { static constexpr int elems = 256, bytes = 110; };
+template <> struct quant_block_traits<QUANT_TYPE_IQ4_NL> { static constexpr int elems = 32, bytes = 18; };
+template <> struct quant_block_traits<QUANT_TYPE_IQ4_XS> { static constexpr int elems = 256, bytes = 136; };
 
 /* ---- f32 operations that are the CPU's, to the bit ---- */
 
@@ -179,6 +187,54 @@ template <> __host__ __device__ __forceinline__ float quant_block_elem<QUANT_TYP
     return qb_mul(qb_mul(qb_f16(x + 208), (float)sc), (float)(q - 32));
 }
 
+/* Q2_K and Q3_K: the 2 low bits of element j, bits 2s, 2s + 1 of qs[32 h + l] for
+ * j = 128 h + 32 s + l. */
+__host__ __device__ __forceinline__ int qb_k_2bits(const uint8_t *qs, int j)
+{
+    return (qs[32 * (j >> 7) + (j & 31)] >> (2 * ((j >> 5) & 3))) & 3;
+}
+
+template <> __host__ __device__ __forceinline__ float quant_block_elem<QUANT_TYPE_Q2_K>(const uint8_t *x, int j)
+{
+    const int sc = x[j >> 4];
+    const float dl = qb_mul(qb_f16(x + 80), (float)(sc & 0x0F)), ml = qb_mul(qb_f16(x + 82), (float)(sc >> 4));
+    return qb_sub(qb_mul(dl, (float)qb_k_2bits(x + 16, j)), ml);
+}
+
+/* Q3_K: scale g (0..15) has its low 4 bits in nibble g / 8 of scales[g % 8] and its top 2 at
+ * bit 2 (g / 4) of scales[8 + g % 4]; the quant is 4 lower where bit j / 32 of hmask[j % 32]
+ * is clear. */
+template <> __host__ __device__ __forceinline__ float quant_block_elem<QUANT_TYPE_Q3_K>(const uint8_t *x, int j)
+{
+    const uint8_t *scales = x + 96;
+    const int g = j >> 4;
+    const int sc = (((scales[g & 7] >> (4 * (g >> 3))) & 0x0F) | ((scales[8 + (g & 3)] >> (2 * (g >> 2))) & 3) << 4) - 32;
+    const int q = qb_k_2bits(x + 32, j) - ((x[j & 31] >> (j >> 5)) & 1 ? 0 : 4);
+    return qb_mul(qb_mul(qb_f16(x + 108), (float)sc), (float)q);
+}
+
+/* The IQ4 value of nibble q (ggml's kvalues_iq4nl: -127 -104 -83 -65 -49 -35 -22 -10 1 13 25
+ * 38 53 69 89 113), byte q of two packed words: no table in device memory. */
+__host__ __device__ __forceinline__ float qb_iq4_value(int q)
+{
+    const uint64_t lo = 0xf6eaddcfbfad9881ull, hi = 0x7159453526190d01ull;
+    return (float)(int8_t)((q < 8 ? lo : hi) >> (8 * (q & 7)));
+}
+
+template <> __host__ __device__ __forceinline__ float quant_block_elem<QUANT_TYPE_IQ4_NL>(const uint8_t *x, int j)
+{
+    return qb_mul(qb_f16(x), qb_iq4_value(qb_nibble(x + 2, j)));
+}
+
+/* IQ4_XS: sub-block s = j / 32 is an IQ4_NL block at qs + 16 s with scale d (sc_s - 32); sc_s
+ * has its low 4 bits in nibble s % 2 of scales_l[s / 2], its top 2 at bit 2s of scales_h. */
+template <> __host__ __device__ __forceinline__ float quant_block_elem<QUANT_TYPE_IQ4_XS>(const uint8_t *x, int j)
+{
+    const int s = j >> 5, scales_h = x[2] | x[3] << 8;
+    const int sc = (((x[4 + (s >> 1)] >> (4 * (s & 1))) & 0x0F) | ((scales_h >> (2 * s)) & 3) << 4) - 32;
+    return qb_mul(qb_mul(qb_f16(x), (float)sc), qb_iq4_value(qb_nibble(x + 8 + 16 * s, j & 31)));
+}
+
 /* Element e of a row of blocks starting at row (e < the row's k). */
 template <int QT>
 __host__ __device__ __forceinline__ float quant_row_elem(const uint8_t *row, int64_t e)
@@ -205,6 +261,10 @@ __host__ __device__ __forceinline__ float quant_row_elem(const uint8_t *row, int
             QUANT_DISPATCH_CASE_(QUANT_TYPE_Q4_K, QT, __VA_ARGS__)                              \
             QUANT_DISPATCH_CASE_(QUANT_TYPE_Q5_K, QT, __VA_ARGS__)                              \
             QUANT_DISPATCH_CASE_(QUANT_TYPE_Q6_K, QT, __VA_ARGS__)                              \
+            QUANT_DISPATCH_CASE_(QUANT_TYPE_Q2_K, QT, __VA_ARGS__)                              \
+            QUANT_DISPATCH_CASE_(QUANT_TYPE_Q3_K, QT, __VA_ARGS__)                              \
+            QUANT_DISPATCH_CASE_(QUANT_TYPE_IQ4_NL, QT, __VA_ARGS__)                            \
+            QUANT_DISPATCH_CASE_(QUANT_TYPE_IQ4_XS, QT, __VA_ARGS__)                            \
         default: CHECK(0, "quant type %d is not one of the block types", (int)(qtype));         \
         }                                                                                       \
     } while (0)
