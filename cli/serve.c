@@ -83,6 +83,11 @@ static int usage(const char *fmt, const char *arg)
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
                     "         [--default-adapter NAME]\n"
                     "  --max-seqs N   samples (sequences) running at once [64]\n"
+                    "  --speculative ngram [--spec-draft K (5)] [--spec-ngram N (3)] [--spec-max-batch B (4)]\n"
+                    "                 prompt-lookup speculative decoding for greedy requests: up to K drafted\n"
+                    "                 tokens per step, copied from after the latest earlier match of the last\n"
+                    "                 N (down to 2) tokens, verified by the model, while at most B sequences\n"
+                    "                 run (docs/speculative.md)\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
                     "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n"
                     "  --lora NAME=DIR          serve the PEFT adapter in DIR unmerged as NAME; a request picks it by\n"
@@ -180,6 +185,18 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--max-seqs")) {
             if (base_parse_long(v, 1, 4096, &n)) return usage("--max-seqs must be an integer in [1, 4096], got '%s'", v);
             o.engine.max_seqs = (int)n;
+        } else if (!strcmp(a, "--speculative")) {
+            if (strcmp(v, "ngram")) return usage("--speculative must be ngram (prompt lookup), got '%s'", v);
+            if (!o.engine.spec_draft) o.engine.spec_draft = 5;
+        } else if (!strcmp(a, "--spec-draft")) {
+            if (base_parse_long(v, 1, 32, &n)) return usage("--spec-draft must be an integer in [1, 32], got '%s'", v);
+            o.engine.spec_draft = (int)n;
+        } else if (!strcmp(a, "--spec-max-batch")) {
+            if (base_parse_long(v, 1, 4096, &n)) return usage("--spec-max-batch must be an integer in [1, 4096], got '%s'", v);
+            o.engine.spec_max_batch = (int)n;
+        } else if (!strcmp(a, "--spec-ngram")) {
+            if (base_parse_long(v, 2, 16, &n)) return usage("--spec-ngram must be an integer in [2, 16], got '%s'", v);
+            o.engine.spec_ngram = (int)n;
         } else if (!strcmp(a, "--max-queue")) {
             if (base_parse_long(v, 1, 1 << 20, &n)) return usage("--max-queue must be an integer in [1, 1048576], got '%s'", v);
             o.engine.max_queue = (int)n;

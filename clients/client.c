@@ -508,6 +508,8 @@ enum status client_server_stats(struct client *c, struct client_server_stats *ou
     out->prefix_cache_hit_rate = r->prefix_cache_hit_rate;
     out->engine_steps = r->engine_steps;
     out->preemptions = r->preemptions;
+    out->spec_draft_tokens = r->spec_draft_tokens;
+    out->spec_accepted_tokens = r->spec_accepted_tokens;
     out->active_calls = r->active_calls;
     out->uptime_seconds = r->uptime_seconds;
     for (size_t i = 0; i < r->n_replicas && i < CLIENT_MAX_REPLICAS; i++) {

@@ -230,6 +230,7 @@ struct client_server_stats {
     uint64_t prompt_tokens, generated_tokens, prefix_cache_hit_tokens;
     float    prefix_cache_hit_rate;
     uint64_t engine_steps, preemptions;
+    uint64_t spec_draft_tokens, spec_accepted_tokens; /* speculative decoding */
     int      active_calls;
     double   uptime_seconds;
     int      n_replicas;                 /* the first CLIENT_MAX_REPLICAS are kept */

@@ -14,6 +14,7 @@
 #include "request.h"
 #include "tokenizer.h"
 #include "pbwire.h"
+#include <cjson/cJSON.h>
 #include "wire.h"
 
 int utf8_valid(const char *str, size_t len)
@@ -59,6 +60,57 @@ enum status convert_pack(const ProtobufCMessage *m, uint8_t **out, size_t *len)
 }
 
 /* ---- GenerateRequest / ChatRequest ---------------------------------------------------- */
+
+/* SamplingParams.constraint into r->constraint (the source the engine compiles); a choice list
+ * becomes the JSON array of its strings. */
+static enum status convert_constraint(const Shardlm__V1__Constraint *c, struct gen_request *r)
+{
+    if (!c || c->kind_case == SHARDLM__V1__CONSTRAINT__KIND__NOT_SET) return STATUS_OK;
+    enum constraint_kind kind = CONSTRAINT_NONE;
+    const char *text = NULL;
+    switch (c->kind_case) {
+    case SHARDLM__V1__CONSTRAINT__KIND_JSON_SCHEMA: kind = CONSTRAINT_JSON_SCHEMA, text = c->json_schema; break;
+    case SHARDLM__V1__CONSTRAINT__KIND_REGEX: kind = CONSTRAINT_REGEX, text = c->regex; break;
+    case SHARDLM__V1__CONSTRAINT__KIND_GRAMMAR: kind = CONSTRAINT_GRAMMAR, text = c->grammar; break;
+    case SHARDLM__V1__CONSTRAINT__KIND_JSON_OBJECT:
+        if (!c->json_object)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.constraint.json_object must be true when set");
+        kind = CONSTRAINT_JSON_OBJECT, text = "";
+        break;
+    case SHARDLM__V1__CONSTRAINT__KIND_CHOICE: {
+        kind = CONSTRAINT_CHOICE;
+        const Shardlm__V1__ChoiceList *cl = c->choice;
+        if (!cl || cl->n_choices == 0)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.constraint.choice: at least one string");
+        cJSON *a = cJSON_CreateArray();
+        for (size_t i = 0; a && i < cl->n_choices; i++) {
+            if (!utf8_valid(cl->choices[i], strlen(cl->choices[i]))) {
+                cJSON_Delete(a);
+                return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.constraint.choice[%zu] is not valid UTF-8", i);
+            }
+            cJSON *e = cJSON_CreateString(cl->choices[i]);
+            if (!e || !cJSON_AddItemToArray(a, e)) {
+                cJSON_Delete(e);
+                cJSON_Delete(a);
+                a = NULL;
+            }
+        }
+        r->constraint = a ? cJSON_PrintUnformatted(a) : NULL;
+        cJSON_Delete(a);
+        if (!r->constraint) return convert_oom();
+        break;
+    }
+    default: return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.constraint: unknown kind %d", (int)c->kind_case);
+    }
+    if (text && !utf8_valid(text, strlen(text)))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.constraint is not valid UTF-8");
+    if (text && !(r->constraint = strdup(text))) return convert_oom();
+    r->constraint_len = strlen(r->constraint);
+    r->params.constraint_kind = kind;
+    r->params.constraint = r->constraint;
+    r->params.constraint_len = r->constraint_len;
+    return STATUS_OK;
+}
 
 /* Copies the message into *r without checking ranges: every numeric limit is the engine's
  * (request.c's table, through engine_validate), so that the bounds and their messages exist
@@ -119,6 +171,8 @@ static enum status convert_sampling(const Shardlm__V1__SamplingParams *s, struct
             r->bias_values[r->n_bias++] = s->logit_bias[i]->value;
         }
     }
+    enum status st = convert_constraint(s->constraint, r);
+    if (st != STATUS_OK) return st;
     p->stop = (const char *const *)r->stop;
     p->n_stop = r->n_stop;
     p->stop_token_ids = r->stop_token_ids;
@@ -244,6 +298,7 @@ void gen_request_free(struct gen_request *r)
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->stop_token_ids);
+    free(r->constraint);
     free(r->bias_ids);
     free(r->bias_values);
     free(r->adapter);

@@ -54,6 +54,9 @@ struct gen_request {
     int      n_bias;
     char    *adapter;             /* the name the request gave (an adapter's, or the served model's
                                      id); NULL = none. gen_resolve_adapter sets params.adapter */
+    char    *constraint;          /* (constraint_len) the structured-output source params.constraint
+                                     points to (a schema, regex, grammar or choice list); NULL: none */
+    size_t   constraint_len;
     char    *client;              /* who asked, for --scheduling-policy fair (params.client points
                                      here); NULL: the caller sets it (gRPC: from the call) */
 };

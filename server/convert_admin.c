@@ -139,6 +139,8 @@ enum status convert_server_stats_response(const struct server_stats_out *s, uint
     m.prefix_cache_hit_rate = e->prompt_tokens ? (float)((double)e->prefix_cache_hit_tokens / (double)e->prompt_tokens) : 0.0f;
     m.engine_steps = e->steps;
     m.preemptions = e->preemptions;
+    m.spec_draft_tokens = e->spec_drafted;
+    m.spec_accepted_tokens = e->spec_accepted;
     m.active_calls = s->active_calls;
     m.uptime_seconds = s->uptime_seconds;
     enum { MAX_REPLICAS = 256 };

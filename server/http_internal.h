@@ -49,7 +49,19 @@ struct http_request {
     int logprobs;          /* completions: -1 none, else top-n; chat: -1 or top_logprobs */
     int echo;              /* completions: the prompt text before the output (and, with
                               logprobs, the prompt tokens' log-probabilities) */
+    int tools;             /* chat with tools (http_tools.c): the reply is parsed into tool_calls */
 };
+
+/* http_tools.c: tools, tool_choice and parallel_tool_calls of o into q (after its messages and
+ * constraint): the tools' text in the system message, the reply's schema as the constraint. */
+struct cJSON;
+enum status http_tools_parse(const struct cJSON *o, struct http_request *q);
+/* The text of message i of the history when it is a tool result (role "tool") or an assistant's
+ * tool calls (*content malloc'd); *content NULL for any other message. */
+enum status http_tools_message(const struct cJSON *msg, int i, const char *role, char **content);
+/* Parses a tool-calling reply text[0..n) into message (OpenAI's content / tool_calls, the calls'
+ * ids "call_<base>_<k>"). Returns whether it holds tool calls. */
+int http_tools_reply(const char *text, size_t n, const char *call_id_base, struct cJSON *message);
 
 /* Parses body[0..len) (borrowed) into *q (free with http_request_free). served_model: the id
  * that `model` must name (STATUS_NOT_FOUND otherwise). Errors: STATUS_INVALID_ARGUMENT naming

@@ -297,13 +297,19 @@ static enum status parse_messages(const cJSON *o, struct gen_request *r)
         if (!cJSON_IsObject(e)) return status_errorf(STATUS_INVALID_ARGUMENT, "'messages[%d]' must be an object", i);
         const cJSON *role = field(e, "role");
         if (!cJSON_IsString(role)) return status_errorf(STATUS_INVALID_ARGUMENT, "'messages[%d].role' must be a string", i);
-        /* OpenAI's "developer" role is the system message of newer models. */
-        int k = strcmp(role->valuestring, "developer") ? chat_role_parse(role->valuestring) : CHAT_ROLE_SYSTEM;
+        /* OpenAI's "developer" role is the system message of newer models; a tool's result is
+         * a user turn of the tool format (http_tools.c). */
+        int is_tool = !strcmp(role->valuestring, "tool");
+        int k = is_tool ? CHAT_ROLE_USER
+                : strcmp(role->valuestring, "developer") ? chat_role_parse(role->valuestring)
+                                                         : CHAT_ROLE_SYSTEM;
         if (k < 0)
             return status_errorf(STATUS_INVALID_ARGUMENT,
-                                 "'messages[%d].role' must be one of system, developer, user, assistant; got '%.64s'", i,
-                                 role->valuestring);
-        enum status st = message_content(field(e, "content"), i, &r->messages[i].content);
+                                 "'messages[%d].role' must be one of system, developer, user, assistant, tool; got "
+                                 "'%.64s'", i, role->valuestring);
+        enum status st = http_tools_message(e, i, role->valuestring, &r->messages[i].content);
+        if (st == STATUS_OK && !r->messages[i].content)
+            st = message_content(field(e, "content"), i, &r->messages[i].content);
         if (st != STATUS_OK) return st;
         r->messages[i].role = (enum chat_role)k;
         r->n_messages++;
@@ -316,28 +322,103 @@ static enum status parse_messages(const cJSON *o, struct gen_request *r)
     return STATUS_OK;
 }
 
-/* OpenAI and vLLM fields this server does not honour yet (structured outputs, tools: issue 28;
- * suffix, best_of): a request that sets one is refused by name, never answered as if the field
- * were not there. Absent, null, or the value that asks for nothing special is accepted. */
+/* One constraint of the request: kind and source (a JSON value is printed compactly; a string
+ * is taken as it is). */
+static enum status set_constraint(struct gen_request *r, enum constraint_kind kind, const cJSON *v, const char *name)
+{
+    if (r->params.constraint_kind != CONSTRAINT_NONE)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "'%s': the request already has a structured-output constraint "
+                             "(response_format, structured_outputs and guided_* are exclusive)", name);
+    char *src = NULL;
+    if (kind == CONSTRAINT_JSON_OBJECT) src = strdup("");
+    else if (cJSON_IsString(v)) src = strdup(v->valuestring);
+    else if (kind == CONSTRAINT_JSON_SCHEMA ? cJSON_IsObject(v) || cJSON_IsBool(v) : kind == CONSTRAINT_CHOICE && cJSON_IsArray(v))
+        src = cJSON_PrintUnformatted(v);
+    else
+        return type_error(name, kind == CONSTRAINT_JSON_SCHEMA ? "a JSON Schema (an object)"
+                                : kind == CONSTRAINT_CHOICE    ? "a list of strings"
+                                                               : "a string");
+    if (!src) return oom();
+    if (kind == CONSTRAINT_CHOICE && cJSON_IsString(v)) { /* a choice list is a list */
+        free(src);
+        return type_error(name, "a list of strings");
+    }
+    r->constraint = src;
+    r->constraint_len = strlen(src);
+    r->params.constraint_kind = kind;
+    r->params.constraint = src;
+    r->params.constraint_len = r->constraint_len;
+    return STATUS_OK;
+}
+
+/* Structured outputs: OpenAI's response_format (text, json_object, json_schema), vLLM's
+ * structured_outputs {json, regex, choice, grammar, json_object} and its older guided_json,
+ * guided_regex, guided_choice, guided_grammar. At most one of them; each is enforced, never
+ * advisory (json_schema's strict: false is enforced too). */
+static enum status parse_constraint(const cJSON *o, struct gen_request *r)
+{
+    enum status st = STATUS_OK;
+    const cJSON *rf = field(o, "response_format");
+    if (rf) {
+        const cJSON *t = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
+        if (!cJSON_IsString(t))
+            return type_error("response_format", "an object with a 'type' (text, json_object or json_schema)");
+        if (!strcmp(t->valuestring, "json_object")) st = set_constraint(r, CONSTRAINT_JSON_OBJECT, rf, "response_format");
+        else if (!strcmp(t->valuestring, "json_schema")) {
+            const cJSON *js = field(rf, "json_schema"), *schema = js && cJSON_IsObject(js) ? field(js, "schema") : NULL;
+            if (!cJSON_IsObject(js)) return type_error("response_format.json_schema", "an object with a 'schema'");
+            /* OpenAI accepts a json_schema without a schema: any JSON object then. */
+            st = schema ? set_constraint(r, CONSTRAINT_JSON_SCHEMA, schema, "response_format.json_schema.schema")
+                        : set_constraint(r, CONSTRAINT_JSON_OBJECT, js, "response_format.json_schema");
+        } else if (strcmp(t->valuestring, "text"))
+            return status_errorf(STATUS_INVALID_ARGUMENT,
+                                 "'response_format.type' must be text, json_object or json_schema; got '%.64s'",
+                                 t->valuestring);
+        if (st != STATUS_OK) return st;
+    }
+    static const struct {
+        const char *name, *so;
+        enum constraint_kind kind;
+    } guided[] = {{"guided_json", "json", CONSTRAINT_JSON_SCHEMA},
+                  {"guided_regex", "regex", CONSTRAINT_REGEX},
+                  {"guided_choice", "choice", CONSTRAINT_CHOICE},
+                  {"guided_grammar", "grammar", CONSTRAINT_GRAMMAR}};
+    const cJSON *so = field(o, "structured_outputs");
+    if (so && !cJSON_IsObject(so))
+        return type_error("structured_outputs", "an object (json, regex, choice, grammar or json_object)");
+    for (const cJSON *e = so ? so->child : NULL; e; e = e->next) {
+        int found = 0;
+        for (size_t i = 0; i < sizeof guided / sizeof *guided && !found; i++)
+            if (!strcmp(e->string, guided[i].so)) {
+                found = 1;
+                if (!cJSON_IsNull(e)) st = set_constraint(r, guided[i].kind, e, "structured_outputs");
+            }
+        if (!found && !strcmp(e->string, "json_object")) {
+            found = 1;
+            if (cJSON_IsTrue(e)) st = set_constraint(r, CONSTRAINT_JSON_OBJECT, e, "structured_outputs.json_object");
+        }
+        if (!found)
+            return status_errorf(STATUS_UNSUPPORTED, "'structured_outputs.%.64s' is not supported by this server "
+                                 "(json, regex, choice, grammar, json_object are)", e->string);
+        if (st != STATUS_OK) return st;
+    }
+    for (size_t i = 0; i < sizeof guided / sizeof *guided; i++) {
+        const cJSON *v = field(o, guided[i].name);
+        if (v && (st = set_constraint(r, guided[i].kind, v, guided[i].name)) != STATUS_OK) return st;
+    }
+    return STATUS_OK;
+}
+
+/* OpenAI and vLLM fields this server does not honour (suffix, best_of, the legacy functions): a
+ * request that sets one is refused by name, never answered as if the field were not there.
+ * Absent, null, or the value that asks for nothing special is accepted. */
 static enum status refuse_unhonoured(const cJSON *o)
 {
-    static const char *const always[] = {"functions", "function_call", "suffix", "guided_json", "guided_regex",
-                                         "guided_choice", "guided_grammar", "structured_outputs", "response_format"};
-    for (size_t i = 0; i < sizeof always / sizeof always[0]; i++) {
-        const cJSON *v = field(o, always[i]);
-        if (!v) continue;
-        if (!strcmp(always[i], "response_format")) { /* {"type": "text"} asks for nothing */
-            const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
-            if (cJSON_IsString(t) && !strcmp(t->valuestring, "text")) continue;
-        }
-        return status_errorf(STATUS_UNSUPPORTED, "'%s' is not supported by this server yet (no structured outputs)",
-                             always[i]);
-    }
-    const cJSON *tools = field(o, "tools"), *choice = field(o, "tool_choice"), *best = field(o, "best_of");
-    if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
-        return status_errorf(STATUS_UNSUPPORTED, "'tools' is not supported by this server yet (no tool calling)");
-    if (choice && !(cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")))
-        return status_errorf(STATUS_UNSUPPORTED, "'tool_choice' is not supported by this server yet (no tool calling)");
+    static const char *const always[] = {"functions", "function_call", "suffix"};
+    for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
+        if (field(o, always[i]))
+            return status_errorf(STATUS_UNSUPPORTED, "'%s' is not supported by this server", always[i]);
+    const cJSON *best = field(o, "best_of");
     if (best && !(cJSON_IsNumber(best) && best->valuedouble == 1.0))
         return status_errorf(STATUS_UNSUPPORTED, "'best_of' other than 1 is not supported by this server");
     return STATUS_OK;
@@ -549,6 +630,8 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     if (st == STATUS_OK) q->r.add_bos = 1;
     if (st == STATUS_OK) st = parse_sampling(o, q);
     if (st == STATUS_OK) st = parse_shape(o, q);
+    if (st == STATUS_OK) st = parse_constraint(o, &q->r);
+    if (st == STATUS_OK) st = http_tools_parse(o, q);
     cJSON_Delete(o);
     struct request_params *p = &q->r.params;
     p->stop = (const char *const *)q->r.stop;

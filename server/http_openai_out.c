@@ -160,10 +160,11 @@ static cJSON *logprobs_json(const struct http_gen *g, const struct http_run *pro
     return o;
 }
 
-static cJSON *finish_json(enum finish_reason f)
+/* OpenAI's finish_reason; a reply that ended with tool calls is "tool_calls". */
+static cJSON *finish_json(enum finish_reason f, int tool_calls)
 {
     if (f == FINISH_REASON_LENGTH) return cJSON_CreateString("length");
-    if (f == FINISH_REASON_STOP || f == FINISH_REASON_EOS) return cJSON_CreateString("stop");
+    if (f == FINISH_REASON_STOP || f == FINISH_REASON_EOS) return cJSON_CreateString(tool_calls ? "tool_calls" : "stop");
     return cJSON_CreateNull();
 }
 
@@ -179,6 +180,14 @@ static cJSON *usage_json(const struct http_gen *g)
     cJSON *d = check_json(cJSON_AddObjectToObject(u, "prompt_tokens_details"));
     cJSON_AddNumberToObject(d, "cached_tokens", cached);
     return u;
+}
+
+/* The base of sample i's tool-call ids: the response id and the sample. */
+static const char *call_id_base(const struct http_gen *g, int i)
+{
+    static _Thread_local char base[80];
+    snprintf(base, sizeof base, "%s_%d", g->id, i);
+    return base;
 }
 
 /* The fields every response and chunk opens with. */
@@ -238,15 +247,17 @@ char *http_response_json(struct http_gen *g)
         cJSON_AddNumberToObject(c, "index", i);
         const char *text = b->text ? b->text : "";
         size_t offset = r->echo ? r->echo_len : 0;
+        int calls = 0;
         if (g->q.is_chat) {
             cJSON *m = check_json(cJSON_AddObjectToObject(c, "message"));
             cJSON_AddStringToObject(m, "role", "assistant");
-            add_text(m, "content", text, b->text_len);
+            if (g->q.tools) calls = http_tools_reply(text, b->text_len, call_id_base(g, i), m);
+            else add_text(m, "content", text, b->text_len);
         } else {
             add_echoed_text(c, r, text, b->text_len);
         }
         cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, echo_logprobs(g, i), b, &offset)));
-        cJSON_AddItemToObject(c, "finish_reason", check_json(finish_json(b->finish)));
+        cJSON_AddItemToObject(c, "finish_reason", check_json(finish_json(b->finish, calls)));
         cJSON_AddItemToArray(choices, c);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(g));
@@ -272,6 +283,8 @@ void http_stream_chunks(struct http_gen *g)
         /* Tokens without text yet (an incomplete UTF-8 sequence, a held-back stop prefix) wait
          * for their text unless their log-probabilities were asked. */
         if (b->text_len == 0 && !final && b->role_sent && (b->n == 0 || g->q.logprobs < 0)) continue;
+        /* A tool-calling reply is one JSON object: it goes out whole, parsed, in the last chunk. */
+        if (g->q.tools && !final) continue;
         /* Echo with logprobs: a sample's first chunk carries its prompt's log-probabilities,
          * which the engine sends with the first sample's prefill; the others wait for them. */
         int first = !b->role_sent;
@@ -281,17 +294,19 @@ void http_stream_chunks(struct http_gen *g)
         cJSON *c = check_json(cJSON_CreateObject());
         cJSON_AddNumberToObject(c, "index", i);
         const char *text = b->text ? b->text : "";
+        int calls = 0;
         if (g->q.is_chat) {
             cJSON *d = check_json(cJSON_AddObjectToObject(c, "delta"));
             if (first) cJSON_AddStringToObject(d, "role", "assistant");
-            if (b->text_len || first) add_text(d, "content", text, b->text_len);
+            if (g->q.tools) calls = http_tools_reply(text, b->text_len, call_id_base(g, i), d);
+            else if (b->text_len || first) add_text(d, "content", text, b->text_len);
         } else {
             add_echoed_text(c, first ? r : NULL, text, b->text_len);
             if (first && r->echo) b->text_offset += r->echo_len;
         }
         size_t offset = b->text_offset;
         cJSON_AddItemToObject(c, "logprobs", check_json(logprobs_json(g, first ? echo_logprobs(g, i) : NULL, b, &offset)));
-        cJSON_AddItemToObject(c, "finish_reason", check_json(final ? finish_json(b->finish) : cJSON_CreateNull()));
+        cJSON_AddItemToObject(c, "finish_reason", check_json(final ? finish_json(b->finish, calls) : cJSON_CreateNull()));
         cJSON_AddItemToArray(choices, c);
         if (g->q.include_usage) cJSON_AddNullToObject(o, "usage");
         sse_event(g, o);

@@ -182,6 +182,10 @@ static void render_engine(struct text *t, struct engine *e)
          (double)st.prefill_tokens_computed},
         {"shardlm_num_preemptions_total", "counter", "Sequences preempted (recomputed later).", (double)st.preemptions},
         {"shardlm_engine_steps_total", "counter", "Engine steps.", (double)st.steps},
+        {"shardlm_spec_decode_num_draft_tokens_total", "counter", "Speculative draft tokens verified.",
+         (double)st.spec_drafted},
+        {"shardlm_spec_decode_num_accepted_tokens_total", "counter", "Speculative draft tokens accepted.",
+         (double)st.spec_accepted},
     };
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
         render_family(t, rows[i].name, rows[i].type, rows[i].help);

@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "generate.h"
+#include "grammar.h"
 #include "tokenizer.h"
 
 
@@ -170,6 +171,7 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->o = *opt;
     const struct engine_options *o = &c->o;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->gmu, NULL);
     pthread_cond_init(&c->cv, NULL);
     c->next_handle = 1;
     enum status st = load_model(c);
@@ -205,7 +207,8 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->mb_qstart = malloc(((size_t)o->max_seqs + 1) * sizeof(int32_t));
     c->mb_rows = malloc((size_t)c->max_logits * sizeof(int32_t));
     c->greedy_ids = malloc((size_t)c->max_logits * sizeof(int32_t));
-    if (!c->logits || !c->scratch || !c->mb_qstart || !c->mb_rows || !c->greedy_ids) {
+    c->gmask = malloc((V + 31) / 32 * sizeof *c->gmask);
+    if (!c->logits || !c->scratch || !c->mb_qstart || !c->mb_rows || !c->greedy_ids || !c->gmask) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
         goto fail;
     }
@@ -318,14 +321,49 @@ static enum status refusal(struct conductor *c, int n)
     return STATUS_OK;
 }
 
+/* p's constraint compiled for this model's vocabulary (*g a new reference; NULL for none), through
+ * the cache; the vocabulary's token bytes are read at the first constrained request. A source
+ * that does not compile is the request's error (INVALID_ARGUMENT naming the problem). */
+enum status conductor_compile_constraint(struct conductor *c, const struct request_params *p, struct grammar **g)
+{
+    *g = NULL;
+    if (p->constraint_kind == CONSTRAINT_NONE) return STATUS_OK;
+    enum status st = STATUS_OK;
+    pthread_mutex_lock(&c->gmu);
+    if (!c->gcache) {
+        const int32_t eos = eos_id(c);
+        st = grammar_vocab_new(c->tok, c->m->cfg.vocab_size, &eos, eos >= 0, &c->gvocab);
+        if (st == STATUS_OK) st = grammar_cache_new(c->gvocab, 256, &c->gcache);
+        if (st != STATUS_OK) {
+            grammar_vocab_free(c->gvocab);
+            c->gvocab = NULL;
+        }
+    }
+    pthread_mutex_unlock(&c->gmu);
+    if (st != STATUS_OK) return st;
+    static const enum grammar_kind kinds[] = {
+        [CONSTRAINT_JSON_SCHEMA] = GRAMMAR_JSON_SCHEMA, [CONSTRAINT_JSON_OBJECT] = GRAMMAR_JSON_OBJECT,
+        [CONSTRAINT_REGEX] = GRAMMAR_REGEX,             [CONSTRAINT_GRAMMAR] = GRAMMAR_EBNF,
+        [CONSTRAINT_CHOICE] = GRAMMAR_CHOICE,
+    };
+    const char *src = p->constraint ? p->constraint : "";
+    return grammar_cache_get(c->gcache, kinds[p->constraint_kind], src, p->constraint ? p->constraint_len : 0, g);
+}
+
 enum status conductor_submit(struct conductor *c, const char *request_id, const int32_t *prompt, int n_prompt,
                              const struct request_params *p, engine_event_fn on_event, void *ctx, uint64_t *handle)
 {
     enum status st = conductor_validate(c, prompt, n_prompt, p);
     if (st == STATUS_OK) st = request_id_check(request_id);
     if (st != STATUS_OK) return st;
+    struct grammar *g = NULL;
+    if ((st = conductor_compile_constraint(c, p, &g)) != STATUS_OK) return st;
     struct request *r;
-    if ((st = request_new(prompt, n_prompt, p, on_event, ctx, &r)) != STATUS_OK) return st;
+    if ((st = request_new(prompt, n_prompt, p, on_event, ctx, &r)) != STATUS_OK) {
+        if (g) grammar_unref(g);
+        return st;
+    }
+    r->grammar = g;
     r->t_submit = base_now_s();
     pthread_mutex_lock(&c->mu);
     st = refusal(c, p->n);
@@ -393,6 +431,34 @@ static void fail_conductor(struct conductor *c, enum status st)
 
 /* ---- sampling a token and its consequences ------------------------------------------------ */
 
+/* A constrained sample: the logits of the tokens its grammar forbids next become -inf (EOS and
+ * the end-of-turn ids only where the output may end; c->gmask allows EOS from the vocabulary).
+ * Returns 0 after finishing the sample with an error when nothing may follow. */
+static int constrain(struct conductor *c, struct seq *s, float *lg)
+{
+    struct request *r = s->req;
+    const int V = c->m->cfg.vocab_size;
+    if (!s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK) {
+        finish_seq(c, s, FINISH_REASON_ERROR, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
+        return 0;
+    }
+    grammar_matcher_fill_mask(s->gm, c->gmask);
+    if (grammar_matcher_can_end(s->gm))
+        for (int i = 0; i < r->p.n_end_ids; i++) c->gmask[r->p.end_ids[i] >> 5] |= 1u << (r->p.end_ids[i] & 31);
+    int any = 0;
+    for (int i = 0; i < V; i++) {
+        if (c->gmask[i >> 5] >> (i & 31) & 1) any |= lg[i] > -INFINITY;
+        else lg[i] = -INFINITY;
+    }
+    if (!any) {
+        finish_seq(c, s, FINISH_REASON_ERROR, STATUS_INVALID_ARGUMENT,
+                   "constraint: no token the model may produce continues the output (the constraint needs a token "
+                   "banned here, or its end needs EOS before min_tokens)", 0);
+        return 0;
+    }
+    return 1;
+}
+
 /* Samples the next token of s from the logits row, then emits it and finishes the sample when a
  * stop condition holds. A row holding NaN or Inf (a numerical overflow, or weights that went bad
  * after the load-time check) ends the sample with an error instead of a made-up token. */
@@ -424,6 +490,7 @@ static void take_token(struct conductor *c, struct seq *s, const float *row, int
         for (int i = 0; i < r->p.n_stop_token_ids; i++) lg[r->stop_ids[i]] = -INFINITY;
         for (int i = 0; i < r->p.n_end_ids && !r->p.ignore_eos; i++) lg[r->p.end_ids[i]] = -INFINITY;
     }
+    if (r->grammar && !constrain(c, s, lg)) return;
     struct sampling_params sp = r->p.sampling;
     int32_t tok = sampler_sample(&c->smp, &sp, &s->rng, lg, r->prompt, r->n_prompt,
                                  s->tokens + r->n_prompt, s->n_generated);
@@ -436,6 +503,7 @@ static void take_token(struct conductor *c, struct seq *s, const float *row, int
         tok_lp = lp[tok];
         if (n_top) sampler_top_logprobs(lp, V, n_top, top);
     }
+    if (s->gm && grammar_matcher_accept(s->gm, tok) == STATUS_OK) s->grammar_end = grammar_matcher_is_done(s->gm);
     size_t text_len = 0;
     enum finish_reason why = request_take_token(s, tok, eos, c->m->cfg.max_positions,
                                                 r->p.logprobs >= 0 ? &tok_lp : NULL, top, n_top, &text_len);
@@ -535,6 +603,7 @@ static int step_is_plain_greedy(const struct conductor *c)
         const struct sampling_params *sp = &r->p.sampling;
         if (r->p.prompt_logprobs >= 0) return 0;
         if (!s->wants_sample) continue;
+        if (r->grammar) return 0;
         if (sp->temperature != 0.0f || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
             sp->frequency_penalty != 0.0f || r->p.n_logit_bias > 0 || s->n_generated < r->p.min_tokens ||
             r->p.logprobs >= 0 || r->p.n > 1 || r->p.max_tokens == 0)
@@ -576,6 +645,119 @@ static void fork_and_take(struct conductor *c, struct seq *s, const float *row)
     }
 }
 
+/* ---- speculative decoding: prompt lookup ------------------------------------------------ */
+
+/* Whether s may draft this step: decoding (one real token pending), greedy with nothing that
+ * makes a row's token depend on more than its logits' argmax. */
+static int can_draft(const struct conductor *c, const struct seq *s)
+{
+    const struct request *r = s->req;
+    const struct sampling_params *sp = &r->p.sampling;
+    return s->state == SEQ_RUNNING && s->n_generated >= 1 && s->n_cached == s->n_tokens - 1 && !r->grammar &&
+           sp->temperature == 0.0f && sp->repetition_penalty == 1.0f && sp->presence_penalty == 0.0f &&
+           sp->frequency_penalty == 0.0f && r->p.n_logit_bias == 0 && r->p.logprobs < 0 && r->p.prompt_logprobs < 0 &&
+           s->n_generated >= r->p.min_tokens && !c->device_greedy;
+}
+
+/* The tokens that followed the latest earlier occurrence of s's last n tokens (n from spec_ngram
+ * down to 2), at most max of them, into out; their count. */
+static int lookup_draft(const struct seq *s, int ngram, int max, int32_t *out)
+{
+    const int32_t *t = s->tokens;
+    const int n_tok = s->n_tokens;
+    for (int n = ngram; n >= 2; n--) {
+        if (n_tok <= n) continue;
+        const int32_t *tail = t + n_tok - n;
+        for (int at = n_tok - n - 1; at >= 0; at--) {
+            if (memcmp(t + at, tail, (size_t)n * sizeof *t)) continue;
+            int k = 0;
+            while (k < max && at + n + k < n_tok) out[k] = t[at + n + k], k++;
+            if (k > 0) return k;
+        }
+    }
+    return 0;
+}
+
+/* Before planning: every sequence's drafts of the last step are gone (take_results consumed the
+ * verified ones); each eligible sequence appends new ones, within a budget of logits rows and
+ * batch rows that leaves the other sequences theirs. */
+static void speculate(struct conductor *c)
+{
+    struct scheduler *sc = &c->sched;
+    for (int i = 0; i < sc->n_running; i++) {
+        struct seq *s = sc->running[i];
+        s->n_tokens -= s->n_draft;
+        s->n_draft = 0;
+    }
+    if (c->o.spec_draft <= 0 || sc->n_running > (c->o.spec_max_batch > 0 ? c->o.spec_max_batch : 4)) return;
+    int budget = c->max_logits - 64 - sc->n_running, rows = c->o.max_batch_tokens - sc->n_running;
+    if (rows < budget) budget = rows;
+    const int ngram = c->o.spec_ngram > 0 ? c->o.spec_ngram : 3;
+    for (int i = 0; i < sc->n_running && budget > 0; i++) {
+        struct seq *s = sc->running[i];
+        if (!can_draft(c, s)) continue;
+        const struct request *r = s->req;
+        int max = c->o.spec_draft < budget ? c->o.spec_draft : budget;
+        const int left = r->p.max_tokens - s->n_generated - 1, room = c->m->cfg.max_positions - s->n_tokens - 1;
+        if (max > left) max = left;
+        if (max > room) max = room;
+        if (max <= 0) continue;
+        int k = lookup_draft(s, ngram, max, s->tokens + s->n_tokens); /* room: n_prompt + max_tokens + 1 */
+        s->n_tokens += k;
+        s->n_draft = k;
+        budget -= k;
+    }
+}
+
+/* s ran its real token and n_ver of its drafts (rows row[0 .. n_ver]): the drafts the target's
+ * own greedy choice confirms are taken in order, then the target's token after the last of them;
+ * the KV of rejected drafts is left behind (their positions are written again). Returns after
+ * finishing s when a token ends it. */
+static void take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_ver)
+{
+    struct request *r = s->req;
+    const int V = c->m->cfg.vocab_size, eos = eos_id(c);
+    const int real_end = s->n_tokens - s->n_draft;
+    int32_t draft[64];
+    const int n_draft = s->n_draft < 64 ? s->n_draft : 64;
+    memcpy(draft, s->tokens + real_end, (size_t)n_draft * sizeof *draft);
+    s->n_tokens = real_end;
+    s->n_draft = 0;
+    pthread_mutex_lock(&c->mu);
+    c->stats.spec_drafted += (uint64_t)n_ver;
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i <= n_ver; i++) {
+        const float *row = rows + (size_t)i * V;
+        if (!sampler_logits_finite(row, V)) {
+            finish_seq(c, s, FINISH_REASON_ERROR, STATUS_INTERNAL,
+                       "the model produced NaN or Inf logits for this sequence; no token was sampled", 0);
+            return;
+        }
+        float *lg = c->scratch + V;
+        memcpy(lg, row, (size_t)V * sizeof *lg);
+        struct sampling_params sp = r->p.sampling;
+        const int32_t tok = sampler_sample(&c->smp, &sp, &s->rng, lg, r->prompt, r->n_prompt, s->tokens + r->n_prompt,
+                                           s->n_generated);
+        const int accepted = i < n_ver && tok == draft[i];
+        if (accepted) {
+            pthread_mutex_lock(&c->mu);
+            c->stats.spec_accepted++;
+            pthread_mutex_unlock(&c->mu);
+        }
+        size_t text_len = 0;
+        enum finish_reason why = request_take_token(s, tok, eos, c->m->cfg.max_positions, NULL, NULL, 0, &text_len);
+        if (why == FINISH_REASON_ERROR) {
+            finish_seq(c, s, why, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
+            return;
+        }
+        if (why != FINISH_REASON_NONE) {
+            finish_seq(c, s, why, STATUS_OK, NULL, text_len);
+            return;
+        }
+        if (!accepted) return; /* the target's token replaces the draft; the rest are dropped */
+    }
+}
+
 /* Step 4: the results, in planning order (the logits rows follow the same order): prompt
  * log-probabilities, then a token for each sequence whose pending rows all ran. */
 static void take_results(struct conductor *c, enum status st)
@@ -592,6 +774,21 @@ static void take_results(struct conductor *c, enum status st)
             continue;
         }
         int p0 = s->n_cached, lrow = s->logit_row; /* the batch is grouped by adapter, not in running order */
+        if (s->n_draft > 0 && s->wants_sample) { /* speculation: the real token's row, then the drafts' */
+            const int n_ver = s->n_rows - 1;
+            s->n_rows = 1;                       /* cached for sure: the real token; accepted drafts below */
+            scheduler_commit(sc, s);
+            const int before = s->n_generated;
+            take_drafted(c, s, c->logits + (size_t)lrow * V, n_ver);
+            /* Accepted drafts are cached too: their rows ran with the right tokens before them. */
+            const int extra = s->n_generated - before - 1;
+            if (extra > 0 && s->state == SEQ_RUNNING) {
+                s->n_rows = extra;
+                scheduler_commit(sc, s);
+            }
+            r->forked = 1;
+            continue;
+        }
         scheduler_commit(sc, s);
         int lp_rows = 0;
         if (r->p.prompt_logprobs >= 0 && !r->prompt_lp_sent && s->sample == 0) {
@@ -618,6 +815,7 @@ int conductor_step(struct conductor *c)
         stats_update(c, 0, 0);
         return 0;
     }
+    speculate(c);
     if (scheduler_plan(&c->sched) == 0) {                    /* 2 */
         stats_update(c, 0, c->sched.batch.hit_tokens);
         return busy;
@@ -746,6 +944,10 @@ void conductor_free(struct conductor *c)
     free(c->mb_qstart);
     free(c->mb_rows);
     free(c->greedy_ids);
+    free(c->gmask);
+    grammar_cache_free(c->gcache);
+    grammar_vocab_free(c->gvocab);
+    pthread_mutex_destroy(&c->gmu);
     scheduler_free(&c->sched);
     free(c->logits);
     free(c->scratch);

@@ -27,6 +27,10 @@ const struct tokenizer *conductor_tokenizer(const struct conductor *c);
 void        conductor_get_model_info(const struct conductor *c, struct engine_model_info *info);
 int         conductor_is_first_rank(const struct conductor *c);
 
+struct grammar;
+/* p's constraint compiled for the model's vocabulary through the conductor's cache (*g a new
+ * reference, NULL when p has none); a source that does not compile is INVALID_ARGUMENT. */
+enum status conductor_compile_constraint(struct conductor *c, const struct request_params *p, struct grammar **g);
 enum status conductor_validate(const struct conductor *c, const int32_t *prompt, int n_prompt,
                                const struct request_params *p);
 enum status conductor_submit(struct conductor *c, const char *request_id, const int32_t *prompt, int n_prompt,

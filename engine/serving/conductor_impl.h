@@ -51,6 +51,12 @@ struct conductor {
      * row is a plain argmax); greedy_done whether the forward pass gave ids (greedy_ids). */
     int      device_greedy, step_greedy, greedy_done;
     int32_t *greedy_ids;          /* (max_logits) */
+    /* Constraints (structured outputs): the vocabulary's token bytes and the compiled-grammar
+     * cache, made at the first constrained request (gmu guards that), and one token mask. */
+    pthread_mutex_t gmu;
+    struct grammar_vocab *gvocab;
+    struct grammar_cache *gcache;
+    uint32_t *gmask;              /* ((vocab + 31) / 32) */
 
     pthread_mutex_t mu;
     pthread_cond_t  cv;

@@ -67,6 +67,16 @@ struct engine_options {
     int   max_logprobs;        /* largest top-n a request may ask; 0 = 20 */
     int   prefix_caching;      /* 1 = share full prompt blocks between requests by hash */
     int   scheduling;          /* enum scheduling_policy; 0 = SCHEDULING_FCFS */
+    /* Speculative decoding by prompt lookup (draftless n-gram, docs/speculative.md): each step a
+     * greedy sequence appends up to spec_draft tokens that followed the latest earlier occurrence
+     * of its last spec_ngram (down to 2) tokens, and the step verifies them with the target's own
+     * logits. 0 = off. Sequences that sample, penalise, bias, ask log-probabilities or are
+     * constrained never draft. */
+    int   spec_draft;
+    int   spec_ngram;          /* 0 = 3 */
+    int   spec_max_batch;      /* draft only while at most this many sequences run (a full batch
+                                  already keeps the cores busy: verifying drafts there costs more
+                                  than it saves); 0 = 4 */
     /* Multi-rank serving (under mpirun): every rank calls engine_create with the same options;
      * rank 0 conducts (requests, scheduler, sampling) and every other rank runs
      * engine_run_worker. world NULL or a world of one: one rank. The world holds
@@ -105,6 +115,15 @@ struct engine_options engine_options_default(void);
 
 /* What a request asks for. Arrays are borrowed by engine_submit, which copies them. */
 #define REQUEST_MAX_END_IDS 4
+/* What a constraint's source is (request_params.constraint); engine/grammar/grammar.h. */
+enum constraint_kind {
+    CONSTRAINT_NONE,
+    CONSTRAINT_JSON_SCHEMA, /* a JSON Schema document */
+    CONSTRAINT_JSON_OBJECT, /* any JSON object (the source is ignored) */
+    CONSTRAINT_REGEX,       /* a regular expression the whole output must match */
+    CONSTRAINT_GRAMMAR,     /* a GBNF grammar (llama.cpp's format) */
+    CONSTRAINT_CHOICE,      /* a JSON array of strings: the output is one of them */
+};
 struct request_params {
     struct sampling_params sampling;  /* temperature 0 = greedy */
     int      has_seed;                /* 0: the engine picks a seed and reports it */
@@ -120,6 +139,12 @@ struct request_params {
                                          they end the sample as EOS does (finish reason EOS,
                                          banned before min_tokens, not under ignore_eos) */
     int      n_end_ids;
+    enum constraint_kind constraint_kind; /* structured output: every sampled token keeps the
+                                         output a prefix of a sentence of the constraint; the
+                                         sample ends when the sentence is complete and nothing
+                                         may follow, and EOS is allowed only where it may end */
+    const char *constraint;           /* (constraint_len) its source; copied at submission */
+    size_t   constraint_len;
     int      logprobs;                /* -1: none; 0: the chosen token's; k > 0: and top-k */
     int      prompt_logprobs;         /* -1: none; >= 0: log p of each prompt token after the
                                          first (and top-k alternatives when > 0) */
@@ -246,6 +271,7 @@ struct engine_stats {
     uint64_t prompt_tokens, prefill_tokens_computed, prefix_cache_hit_tokens;
     uint64_t generated_tokens;
     uint64_t steps, preemptions;
+    uint64_t spec_drafted, spec_accepted;   /* prompt-lookup draft tokens verified, and accepted */
 };
 void engine_get_stats(struct engine *e, struct engine_stats *s); /* thread-safe snapshot; with
                                      data parallelism the sum over replicas (remote ones as of

@@ -5,6 +5,8 @@
  * (the table of invalid requests). */
 #include "request.h"
 
+#include "grammar.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,6 +157,14 @@ static enum status check_arrays(const struct request_params *p, int V)
     for (int i = 0; i < p->n_end_ids; i++)
         if (p->end_ids[i] < 0 || (V > 0 && p->end_ids[i] >= V))
             return status_errorf(STATUS_INVALID_ARGUMENT, "end_ids[%d] must be in [0, %d), got %d", i, V, p->end_ids[i]);
+    if ((int)p->constraint_kind < CONSTRAINT_NONE || (int)p->constraint_kind > CONSTRAINT_CHOICE)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: unknown kind %d", (int)p->constraint_kind);
+    if (p->constraint_kind != CONSTRAINT_NONE && p->constraint_kind != CONSTRAINT_JSON_OBJECT &&
+        (!p->constraint || p->constraint_len == 0))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: empty");
+    if (p->constraint_len > REQUEST_MAX_CONSTRAINT_BYTES)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: at most %d bytes, got %zu",
+                             REQUEST_MAX_CONSTRAINT_BYTES, p->constraint_len);
     if (p->n_logit_bias < 0 || p->n_logit_bias > REQUEST_MAX_LOGIT_BIAS)
         return status_errorf(STATUS_INVALID_ARGUMENT, "sampling.logit_bias: at most %d entries, got %d",
                              REQUEST_MAX_LOGIT_BIAS, p->n_logit_bias);
@@ -228,6 +238,7 @@ void request_free(struct request *r)
     free(r->bias_values);
     free(r->prompt_lp);
     free(r->prompt_top);
+    if (r->grammar) grammar_unref(r->grammar);
     free(r);
 }
 
@@ -284,6 +295,8 @@ enum status request_new(const int32_t *prompt, int n_prompt, const struct reques
     r->p.adapter = NULL; /* borrowed: resolved into adapter / adapter_key at submission */
     r->client_key = client_key(p->client);
     r->p.client = NULL;  /* borrowed: only its hash is kept */
+    r->p.constraint = NULL; /* compiled into r->grammar by the conductor */
+    r->p.constraint_len = 0;
     *out = r;
     return STATUS_OK;
 }
@@ -295,6 +308,7 @@ void seq_free(struct seq *s)
     free(s->blocks);
     free(s->held);
     if (s->detok.tok) detokenizer_free(&s->detok);
+    grammar_matcher_free(s->gm);
     free(s);
 }
 
@@ -453,6 +467,7 @@ enum finish_reason request_take_token(struct seq *s, int32_t tok, int eos, int m
             if (cut != (size_t)-1) why = FINISH_REASON_STOP;
         }
     }
+    if (why == FINISH_REASON_NONE && s->grammar_end) why = FINISH_REASON_STOP;
     if (why == FINISH_REASON_NONE && (s->n_generated >= r->p.max_tokens || s->n_tokens >= max_positions))
         why = FINISH_REASON_LENGTH;
 

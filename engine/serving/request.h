@@ -16,12 +16,16 @@
 #include <stdint.h>
 
 #include "engine.h"
+
+struct grammar;
+struct grammar_matcher;
 #include "tokenizer.h"
 
 /* Request limits that are not model facts (documented in protos/shardlm/v1/text_generation.proto). */
 #define REQUEST_MAX_SAMPLES        16   /* n */
 #define REQUEST_MAX_STOP           16   /* stop strings (a chat template's own included) */
 #define REQUEST_MAX_STOP_BYTES     256  /* bytes per stop string */
+#define REQUEST_MAX_CONSTRAINT_BYTES (256 * 1024) /* a constraint's source (schema, regex, grammar) */
 #define REQUEST_MAX_STOP_TOKEN_IDS 64   /* stop token ids (a chat template's own included) */
 #define REQUEST_MAX_LOGIT_BIAS     256  /* logit_bias entries */
 #define REQUEST_MAX_LOGIT_BIAS_ABS 100  /* |logit_bias value| */
@@ -99,6 +103,7 @@ struct request {
     size_t   stop_len[REQUEST_MAX_STOP];
     int32_t *bias_ids;            /* (p.n_logit_bias) */
     float   *bias_values;         /* (p.n_logit_bias) */
+    struct grammar *grammar;      /* the compiled constraint (a reference), or NULL */
     uint64_t seed;
     engine_event_fn on_event;
     void    *ctx;
@@ -142,6 +147,10 @@ struct seq {
     double   t_admit;             /* base_now_s() at its first admission; 0 before */
     struct rng rng;
     struct detokenizer detok;
+    struct grammar_matcher *gm;   /* the constraint's state (req->grammar), made at its first token */
+    int      n_draft;             /* speculation: tokens[n_tokens - n_draft, n_tokens) are drafts
+                                     this step verifies (conductor.c speculate) */
+    int      grammar_end;         /* the constraint is complete and nothing may follow: stop */
     char    *held;                /* (cap_held) text not yet emitted (stop-string look-back) */
     size_t   n_held, cap_held;
     uint64_t order;               /* admission order; the newest is preempted first */

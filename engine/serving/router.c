@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "conductor.h"
+#include "grammar.h"
 #include "parallel.h"
 #include "request.h"
 #include "router_impl.h"
@@ -301,6 +302,7 @@ static enum status send_submit(struct router *r, const struct route *rt, const i
     put(&b, p->logit_bias_values, (size_t)p->n_logit_bias * sizeof *p->logit_bias_values);
     put_str(&b, p->adapter ? p->adapter : "");
     put_str(&b, p->client ? p->client : "");
+    put(&b, p->constraint, p->constraint_len);
     return router_send_to(r, r->rep[rt->replica].leader, &b);
 }
 
@@ -321,6 +323,9 @@ enum status router_submit(struct router *r, const char *request_id, const int32_
     CHECK(r->role == ROLE_FRONT, "router_submit on rank %d", r->world->rank);
     enum status st = conductor_validate(r->local, prompt, n_prompt, p);
     if (st != STATUS_OK) return st;
+    struct grammar *g = NULL; /* compiled here too: its errors are the caller's, not a replica's */
+    st = conductor_compile_constraint(r->local, p, &g);
+    if (g) grammar_unref(g);
     if (st == STATUS_OK) st = request_id_check(request_id);
     if (st != STATUS_OK) return st;
     if (p->n > (int)sizeof ((struct route *)0)->done)
@@ -709,6 +714,8 @@ void router_get_stats(struct router *r, struct engine_stats *out)
         out->generated_tokens += s->generated_tokens;
         out->steps += s->steps;
         out->preemptions += s->preemptions;
+        out->spec_drafted += s->spec_drafted;
+        out->spec_accepted += s->spec_accepted;
     }
 }
 

@@ -78,7 +78,7 @@ static void leader_submit(struct router *r, struct rbuf *rb)
 {
     struct submit_head h;
     if (!get_copy(rb, &h, sizeof h) || h.n_prompt < 1 || h.p.n_stop < 0 || h.p.n_stop > 1024 ||
-        h.p.n_stop_token_ids < 0 || h.p.n_logit_bias < 0) {
+        h.p.n_stop_token_ids < 0 || h.p.n_logit_bias < 0 || h.p.constraint_len > REQUEST_MAX_CONSTRAINT_BYTES) {
         router_on_local_fatal(r, STATUS_INTERNAL, "router: a malformed SUBMIT from rank 0");
         return;
     }
@@ -93,6 +93,7 @@ static void leader_submit(struct router *r, struct rbuf *rb)
     p.logit_bias_values = get(rb, (size_t)p.n_logit_bias * sizeof(float));
     p.adapter = get_str(rb);
     p.client = get_str(rb);
+    p.constraint = get(rb, p.constraint_len);
     p.deadline = h.deadline_in >= 0 ? base_now_s() + h.deadline_in : 0;
     if (rb->bad) {
         router_on_local_fatal(r, STATUS_INTERNAL, "router: a truncated SUBMIT from rank 0");

@@ -182,6 +182,8 @@ void scheduler_release(struct scheduler *s, struct seq *q)
  * (prompt and generated so far) are recomputed when it is admitted again. */
 static void preempt(struct scheduler *s, struct seq *q)
 {
+    q->n_tokens -= q->n_draft; /* drafts are not the sequence's: never recomputed as if they were */
+    q->n_draft = 0;
     forget_blocks(s, q);
     q->n_rows = 0;
     q->wants_sample = 0;
@@ -271,11 +273,14 @@ static void plan_rows(struct scheduler *s, struct seq *q, int take)
         b->pos[row] = p;
         b->slots[row] = q->blocks[p / bt] * bt + p % bt;
     }
-    q->wants_sample = q->n_cached + take == q->n_tokens;
+    /* Drafts (speculation) ride after the last real token: every row from it on has logits, and
+     * the rows of drafts the budget left out are simply not verified. */
+    const int real_end = q->n_tokens - q->n_draft;
+    q->wants_sample = q->n_cached + take >= real_end;
     const int lp_rows = wants_prompt_logprobs(q);
     for (int j = 0; j < take; j++) {
         int p = q->n_cached + j;
-        if ((lp_rows && p + 1 < q->req->n_prompt) || (j == take - 1 && q->wants_sample))
+        if ((lp_rows && p + 1 < q->req->n_prompt) || (q->wants_sample && (j == take - 1 || p >= real_end - 1)))
             b->rows[b->n_logits++] = b->n_rows + j;
     }
     int k = b->n_seqs;

@@ -283,9 +283,12 @@ def group_errors(env):
             ({"prompt": "hi", "logprobs": 1000}, "logprobs"),
             ({"prompt": "Once upon a time " * 60000}, "prompt (at least"),  # refused before tokenizing
             ({"prompt": "hi", "unknown_field": {"a": 1}, "max_tokens": 1}, None),  # ignored
-            ({"prompt": "hi", "response_format": {"type": "json_object"}}, "'response_format' is not supported"),
-            ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "'tools' is not supported"),
-            ({"prompt": "hi", "tool_choice": "auto"}, "'tool_choice' is not supported"),
+            ({"prompt": "hi", "response_format": {"type": "xml"}}, "'response_format.type' must be"),
+            ({"prompt": "hi", "response_format": {"type": "json_schema"}}, "'response_format.json_schema' must be"),
+            ({"prompt": "hi", "guided_regex": "a", "guided_choice": ["a"]}, "exclusive"),
+            ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "for /v1/chat/completions"),
+            ({"prompt": "hi", "tool_choice": "auto"}, "for /v1/chat/completions"),
+            ({"prompt": "hi", "functions": []}, "'functions' is not supported"),
             ({"prompt": "hi", "suffix": "x"}, "'suffix' is not supported"),
             ({"prompt": "hi", "best_of": 2}, "'best_of' other than 1"),
             ({"prompt": "hi", "response_format": {"type": "text"}, "tools": [], "max_tokens": 1}, None),

@@ -10,6 +10,7 @@ Not here: the stubs (_stubs.py). Tests: tests/server/test_server.py and the exam
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
@@ -89,8 +90,13 @@ def sampling_params(*, max_tokens: Optional[int] = None, temperature: Optional[f
                     presence_penalty: float = 0.0, frequency_penalty: float = 0.0, seed: Optional[int] = None,
                     stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
                     min_tokens: int = 0, logprobs: Optional[int] = None, prompt_logprobs: Optional[int] = None,
-                    n: Optional[int] = None, logit_bias: Optional[dict[int, float]] = None) -> "pb.SamplingParams":
-    """Builds SamplingParams; None leaves a field unset (the server's default applies)."""
+                    n: Optional[int] = None, logit_bias: Optional[dict[int, float]] = None,
+                    json_schema: Optional[Union[str, dict]] = None, json_object: bool = False,
+                    regex: Optional[str] = None, grammar: Optional[str] = None,
+                    choice: Optional[Sequence[str]] = None) -> "pb.SamplingParams":
+    """Builds SamplingParams; None leaves a field unset (the server's default applies). At most one
+    of json_schema (a dict or its JSON text), json_object, regex, grammar (GBNF) and choice
+    constrains the output (SamplingParams.constraint)."""
     s = pb.SamplingParams(top_k=top_k, min_p=min_p, presence_penalty=presence_penalty,
                           frequency_penalty=frequency_penalty, stop=list(stop), stop_token_ids=list(stop_token_ids),
                           ignore_eos=ignore_eos, min_tokens=min_tokens, logit_bias=logit_bias or {})
@@ -99,6 +105,22 @@ def sampling_params(*, max_tokens: Optional[int] = None, temperature: Optional[f
                         ("prompt_logprobs", prompt_logprobs), ("n", n)):
         if value is not None:
             setattr(s, name, value)
+    if isinstance(json_schema, dict):
+        json_schema = json.dumps(json_schema)
+    given = [k for k, v in (("json_schema", json_schema), ("json_object", json_object or None), ("regex", regex),
+                            ("grammar", grammar), ("choice", choice)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"at most one constraint, got {given}")
+    if json_schema is not None:
+        s.constraint.json_schema = json_schema
+    elif json_object:
+        s.constraint.json_object = True
+    elif regex is not None:
+        s.constraint.regex = regex
+    elif grammar is not None:
+        s.constraint.grammar = grammar
+    elif choice is not None:
+        s.constraint.choice.choices.extend(choice)
     return s
 
 

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Tool calling end to end (issue 28): `shardlm serve --http` with SmolLM2-135M-Instruct, driven
+by the official openai package as an agent backend drives it: the tool-calling loop (a call,
+the tool's result fed back as a "tool" message, the final answer), unary and streamed, with
+tool_choice required / a named function / auto / none and parallel_tool_calls false. What is
+checked comes from elsewhere: every call's arguments validate with `jsonschema` against the
+function's declared parameters and name a declared function; the SDK's own types parse every
+response and chunk. Bad tool requests are 400 naming the field.
+
+  test_tools.py --shardlm BUILD/cli/shardlm --gguf .cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+SKIP (77) without the GGUF, openai or jsonschema.
+"""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+SKIP = 77
+sys.dont_write_bytecode = True
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+try:
+    import jsonschema
+    import openai
+except ImportError as e:
+    print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
+    sys.exit(SKIP)
+import test_server as TS  # noqa: E402
+
+passed = failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+        print(f"PASS {what}")
+    else:
+        failed += 1
+        print(f"FAIL {what}")
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 32},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a time zone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 32}},
+                   "required": ["zone"], "additionalProperties": False}}}
+TOOLS = [WEATHER, TIME]
+PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def calls_valid(calls, names=None):
+    """Every call names a declared function (one of names, when given) and its arguments (a JSON
+    string, as OpenAI sends them) validate against that function's parameters."""
+    if not calls:
+        return False
+    for c in calls:
+        if c.type != "function" or c.function.name not in (names or PARAMS) or not c.id:
+            return False
+        try:
+            jsonschema.validate(json.loads(c.function.arguments), PARAMS[c.function.name])
+        except Exception as e:  # noqa: BLE001
+            print(f"  {c.function.name}({c.function.arguments}): {e}")
+            return False
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--gguf", required=True)
+    a = ap.parse_args()
+    if not os.path.exists(a.gguf):
+        print(f"SKIP: no SmolLM2 GGUF at {a.gguf} (tools/fetch_smollm2.sh)")
+        return SKIP
+    try:
+        with TS.Server(a.shardlm, Path(a.gguf), name="tools", http=True) as srv:
+            mid = Path(a.gguf).name
+            oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
+            msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+            def ask(messages, **kw):
+                kw.setdefault("max_tokens", 120)
+                kw.setdefault("temperature", 0)
+                return oa.chat.completions.create(model=mid, messages=messages, tools=TOOLS, **kw)
+
+            # The loop: required -> a valid call; its result goes back; then the answer.
+            r = ask(msgs, tool_choice="required")
+            m = r.choices[0].message
+            check(r.choices[0].finish_reason == "tool_calls" and m.content is None and calls_valid(m.tool_calls),
+                  f"tool_choice required -> {[(c.function.name, c.function.arguments) for c in m.tool_calls or []]}")
+            if m.tool_calls:
+                history = msgs + [m.model_dump(exclude_none=True)] + [
+                    {"role": "tool", "tool_call_id": c.id, "content": json.dumps({"temperature": 21, "sky": "clear"})}
+                    for c in m.tool_calls]
+                final = ask(history, tool_choice="auto")
+                fm = final.choices[0].message
+                check(final.choices[0].finish_reason in ("stop", "tool_calls")
+                      and (isinstance(fm.content, str) and fm.content or calls_valid(fm.tool_calls)),
+                      f"after the tool's result (auto) -> content {fm.content!r}, calls {fm.tool_calls and len(fm.tool_calls)}")
+                final = ask(history, tool_choice="none")
+                check(final.choices[0].finish_reason in ("stop", "length") and final.choices[0].message.tool_calls is None
+                      and final.choices[0].message.content, f"tool_choice none -> {final.choices[0].message.content!r}")
+            # A named function, sampled, several samples: each a valid call of that function only.
+            r = ask(msgs, tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=1.0, seed=3,
+                    n=3)
+            check(all(c.finish_reason == "tool_calls" and calls_valid(c.message.tool_calls, ["get_time"])
+                      for c in r.choices), f"named get_time, n=3 sampled: {[len(c.message.tool_calls or []) for c in r.choices]} calls")
+            r = ask(msgs, tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=5)
+            check(len(r.choices[0].message.tool_calls or []) == 1 and calls_valid(r.choices[0].message.tool_calls),
+                  "parallel_tool_calls false -> exactly one call")
+            # auto: either a valid call or content, never unparsed JSON.
+            r = ask(msgs, tool_choice="auto")
+            m = r.choices[0].message
+            check((m.tool_calls and calls_valid(m.tool_calls) and r.choices[0].finish_reason == "tool_calls")
+                  or (m.content and not m.content.lstrip().startswith("{")), f"auto -> {m.content!r} {m.tool_calls}")
+            # Streaming: the calls arrive as deltas that the SDK assembles; the same as unary.
+            unary = ask(msgs, tool_choice="required").choices[0].message.tool_calls
+            got, finish = {}, None
+            for ch in ask(msgs, tool_choice="required", stream=True):
+                for c in ch.choices:
+                    finish = c.finish_reason or finish
+                    for tc in c.delta.tool_calls or []:
+                        e = got.setdefault(tc.index, {"name": "", "arguments": ""})
+                        e["name"] += tc.function.name or ""
+                        e["arguments"] += tc.function.arguments or ""
+            check(finish == "tool_calls" and [(e["name"], e["arguments"]) for _, e in sorted(got.items())]
+                  == [(c.function.name, c.function.arguments) for c in unary or []],
+                  f"streamed tool calls equal unary ({len(got)} calls)")
+            # Bad requests: 400 naming the field.
+            bad = [(dict(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "function.name"),
+                   (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "nope"),
+                   (dict(tools=[WEATHER, WEATHER]), "twice"),
+                   (dict(tools=TOOLS, tool_choice="sometimes"), "tool_choice"),
+                   (dict(tools=TOOLS, response_format={"type": "json_object"}), "tools"),
+                   (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}],
+                         tool_choice="required"), "nope")]
+            for kw, word in bad:
+                try:
+                    oa.chat.completions.create(model=mid, messages=msgs, max_tokens=5, **kw)
+                    check(False, f"refused: {kw}")
+                except openai.BadRequestError as e:
+                    check(word in str(e), f"400 naming {word!r}: {str(e)[:150]}")
+            try:
+                oa.chat.completions.create(model=mid, max_tokens=5, messages=msgs + [
+                    {"role": "tool", "tool_call_id": 7, "content": "x"}])
+                check(False, "a tool message without a string tool_call_id is refused")
+            except openai.BadRequestError as e:
+                check("tool_call_id" in str(e), f"400 naming tool_call_id: {str(e)[:120]}")
+    finally:
+        for p in TS.SERVERS:
+            if p.poll() is None:
+                p.kill()
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""tools/bench_speculative.py - prompt-lookup speculative decoding against none, same run, same
+file: SQuAD held-out questions through gRPC Chat with the passage in the prompt (the answers copy
+spans of it), greedy, one request at a time (batch 1) and 16 at once, on a server started
+without and then with `--speculative ngram`. Prints decode tokens/s of each (completion tokens
+over the time after the first token, summed over the requests), their ratio, the acceptance rate
+from GetServerStats, whether every answer is identical, and the CPU model. Not a test.
+
+  python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
+      [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
+      [--spec-draft 4]
+"""
+import argparse
+import concurrent.futures as cf
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "server"))
+import test_server as TS  # noqa: E402
+
+
+def cpu_model():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "?"
+
+
+def run(srv, prompts, max_tokens, parallel):
+    """-> (answers, completion tokens, decode seconds summed over requests)"""
+    def one(p):
+        with srv.client(timeout=600) as c:
+            t0, first, n, text = time.perf_counter(), None, 0, []
+            for ev in c.chat_stream([{"role": "user", "content": p}], max_tokens=max_tokens, temperature=0):
+                if ev.text or ev.token_ids:
+                    if first is None:
+                        first = time.perf_counter()
+                    n += len(ev.token_ids)
+                    text.append(ev.text)
+            end = time.perf_counter()
+            return "".join(text), n, end - (first or t0)
+    with cf.ThreadPoolExecutor(parallel) as ex:
+        res = list(ex.map(one, prompts))
+    return [r[0] for r in res], sum(r[1] for r in res), sum(r[2] for r in res)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--squad", default=str(ROOT / ".cache" / "chat-data" / "squad_eval.json"))
+    ap.add_argument("--questions", type=int, default=24)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--spec-draft", type=int, default=4)
+    a = ap.parse_args()
+    qs = json.load(open(a.squad))
+    step = max(1, len(qs) // a.questions)
+    prompts = [q["prompt"] for q in qs[::step][: a.questions]]
+    print(f"CPU: {cpu_model()}; model {a.model}; {len(prompts)} SQuAD held-out questions, greedy, "
+          f"{a.max_tokens} tokens at most, --threads {a.threads}")
+    out = {}
+    try:
+        for spec in (False, True):
+            flags = ["--threads", str(a.threads)] + (["--speculative", "ngram", "--spec-draft", str(a.spec_draft)]
+                                                      if spec else [])
+            with TS.Server(a.shardlm, Path(a.model), *flags, name="bench-spec" if spec else "bench") as srv:
+                for parallel in (1, 16):
+                    out[(spec, parallel)] = run(srv, prompts, a.max_tokens, parallel)
+                with srv.client(timeout=60) as c:
+                    st = c.server_stats()
+                if spec:
+                    rate = st.spec_accepted_tokens / st.spec_draft_tokens if st.spec_draft_tokens else 0.0
+                    print(f"speculation: {st.spec_draft_tokens} draft tokens, {st.spec_accepted_tokens} accepted "
+                          f"({100 * rate:.1f}%)")
+    finally:
+        TS.kill_all()
+    for parallel in (1, 16):
+        (a0, n0, t0), (a1, n1, t1) = out[(False, parallel)], out[(True, parallel)]
+        same = sum(x == y for x, y in zip(a0, a1))
+        print(f"batch {parallel:2d}: decode {n0 / t0:8.1f} tok/s without, {n1 / t1:8.1f} tok/s with speculation: "
+              f"{(n1 / t1) / (n0 / t0):.2f}x; {same} of {len(a0)} answers identical")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
