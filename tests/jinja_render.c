@@ -59,18 +59,27 @@ static void read_options(const cJSON *o, struct jinja_options *opt)
     if ((v = cJSON_GetObjectItem(o, "now"))) opt->now = (int64_t)v->valuedouble;
 }
 
-/* jinja_render_chat with the context's fields. */
-static enum status render_chat(const struct jinja_template *t, const char *context, char **out, size_t *len)
+/* The role and content of each message of msgs (borrowed from the JSON), *n of them. */
+static struct chat_message *read_messages(const cJSON *msgs, int *n)
 {
-    cJSON *c = cJSON_Parse(context);
-    const cJSON *msgs = cJSON_GetObjectItem(c, "messages"), *m;
-    int n = cJSON_GetArraySize(msgs), i = 0;
-    struct chat_message *cm = calloc((size_t)n + 1, sizeof(*cm));
+    const cJSON *m;
+    int i = 0;
+    *n = cJSON_GetArraySize(msgs);
+    struct chat_message *cm = calloc((size_t)*n + 1, sizeof(*cm));
     cJSON_ArrayForEach(m, msgs)
     {
         cm[i].role = (enum chat_role)chat_role_parse(cJSON_GetObjectItem(m, "role")->valuestring);
         cm[i++].content = cJSON_GetObjectItem(m, "content")->valuestring;
     }
+    return cm;
+}
+
+/* jinja_render_chat with the context's fields. */
+static enum status render_chat(const struct jinja_template *t, const char *context, char **out, size_t *len)
+{
+    cJSON *c = cJSON_Parse(context);
+    int n = 0;
+    struct chat_message *cm = read_messages(cJSON_GetObjectItem(c, "messages"), &n);
     const cJSON *tools = cJSON_GetObjectItem(c, "tools");
     char *tools_json = tools && !cJSON_IsNull(tools) ? cJSON_PrintUnformatted(tools) : NULL;
     const cJSON *bos = cJSON_GetObjectItem(c, "bos_token"), *eos = cJSON_GetObjectItem(c, "eos_token");
@@ -138,14 +147,8 @@ static int train(const char *tpl_path, const char *tok_path, const char *cases_p
     cJSON *results = cJSON_CreateArray(), *c;
     cJSON_ArrayForEach(c, cases)
     {
-        const cJSON *msgs = cJSON_GetObjectItem(c, "messages"), *m;
-        int n = cJSON_GetArraySize(msgs), i = 0;
-        struct chat_message *cm = calloc((size_t)n + 1, sizeof(*cm));
-        cJSON_ArrayForEach(m, msgs)
-        {
-            cm[i].role = (enum chat_role)chat_role_parse(cJSON_GetObjectItem(m, "role")->valuestring);
-            cm[i++].content = cJSON_GetObjectItem(m, "content")->valuestring;
-        }
+        int n = 0;
+        struct chat_message *cm = read_messages(cJSON_GetObjectItem(c, "messages"), &n);
         const cJSON *bos = cJSON_GetObjectItem(c, "bos_token"), *eos = cJSON_GetObjectItem(c, "eos_token");
         int32_t *ids = NULL;
         uint8_t *loss = NULL;

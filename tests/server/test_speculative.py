@@ -22,18 +22,9 @@ SKIP = 77
 sys.dont_write_bytecode = True
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_server as TS  # noqa: E402
+from checks import Checks  # noqa: E402
 
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-        print(f"PASS {what}")
-    else:
-        failed += 1
-        print(f"FAIL {what}")
+check = Checks()
 
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park", "Tom had a red ball. Tom had a red",
@@ -119,8 +110,7 @@ def main():
             print("SKIP SmolLM2: no GGUF (tools/fetch_smollm2.sh)")
     finally:
         TS.kill_all()
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return check.summary()
 
 
 if __name__ == "__main__":

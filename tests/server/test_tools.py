@@ -26,18 +26,9 @@ except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
     sys.exit(SKIP)
 import test_server as TS  # noqa: E402
+from checks import Checks  # noqa: E402
 
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-        print(f"PASS {what}")
-    else:
-        failed += 1
-        print(f"FAIL {what}")
+check = Checks()
 
 
 WEATHER = {"type": "function", "function": {
@@ -155,8 +146,7 @@ def main():
         for p in TS.SERVERS:
             if p.poll() is None:
                 p.kill()
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return check.summary()
 
 
 if __name__ == "__main__":
