@@ -74,7 +74,7 @@ num  ::= "0" | [1-9] [0-9]{0,2}
 '''
 
 
-def run_model(a, model, name, prompt_q, chat=True):
+def run_model(a, model, name, prompt_q, chat=True, batch_check=True):
     with TS.Server(a.shardlm, Path(model), name=name, http=True) as srv:
         mid = Path(model).name
         oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
@@ -135,14 +135,16 @@ def run_model(a, model, name, prompt_q, chat=True):
             except Exception:  # noqa: BLE001
                 ok = False
             check(ok, f"{name}: streamed json_schema validates ({len(parts)} chunks): {whole!r}")
-        # A batch mixing constrained and free requests: each equals its solo result.
-        solo_c = text(ask(response_format=rf))
-        solo_f = text(ask())
-        with cf.ThreadPoolExecutor(8) as ex:
-            futs = [ex.submit(ask, response_format=rf) if k % 2 == 0 else ex.submit(ask) for k in range(8)]
-            outs = [text(f.result()) for f in futs]
-        check(all(o == (solo_c if k % 2 == 0 else solo_f) for k, o in enumerate(outs)),
-              f"{name}: 8 concurrent requests (4 constrained, 4 free) each equal their solo output")
+        # A batch mixing constrained and free requests: each equals its solo result (a model whose
+        # logits do not depend on the step's row count: not a GGUF's blocks, docs/speculative.md).
+        if batch_check:
+            solo_c = text(ask(response_format=rf))
+            solo_f = text(ask())
+            with cf.ThreadPoolExecutor(8) as ex:
+                futs = [ex.submit(ask, response_format=rf) if k % 2 == 0 else ex.submit(ask) for k in range(8)]
+                outs = [text(f.result()) for f in futs]
+            check(all(o == (solo_c if k % 2 == 0 else solo_f) for k, o in enumerate(outs)),
+                  f"{name}: 8 concurrent requests (4 constrained, 4 free) each equal their solo output")
         # gRPC: SamplingParams.constraint.
         with Client(srv.target) as g:
             sch = SCHEMAS[1]
@@ -193,7 +195,7 @@ def main():
         print(f"SKIP: no SmolLM2 GGUF at {a.gguf} (tools/fetch_smollm2.sh)")
         return SKIP
     try:
-        run_model(a, a.gguf, "smollm2", "Give me an example as JSON.")
+        run_model(a, a.gguf, "smollm2", "Give me an example as JSON.", batch_check=False)
         if a.stories:
             run_model(a, a.stories, "stories260K", "Once upon a time", chat=False)
     finally:

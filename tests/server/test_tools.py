@@ -97,8 +97,9 @@ def main():
                 check(final.choices[0].finish_reason in ("stop", "length") and final.choices[0].message.tool_calls is None
                       and final.choices[0].message.content, f"tool_choice none -> {final.choices[0].message.content!r}")
             # A named function, sampled, several samples: each a valid call of that function only.
+            # (one call each: with parallel calls a sampled reply may add calls up to max_tokens)
             r = ask(msgs, tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=1.0, seed=3,
-                    n=3)
+                    n=3, parallel_tool_calls=False)
             check(all(c.finish_reason == "tool_calls" and calls_valid(c.message.tool_calls, ["get_time"])
                       for c in r.choices), f"named get_time, n=3 sampled: {[len(c.message.tool_calls or []) for c in r.choices]} calls")
             r = ask(msgs, tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=5)
