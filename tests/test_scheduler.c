@@ -440,8 +440,46 @@ static void test_policy_priority(void)
     check(request_validate(prompt, 2, &rp, &bp) == STATUS_OK, "priority 3 under the priority policy");
 }
 
+/* The logits rows of one step never exceed max_logits (16 here): 10 decoding sequences take 10,
+ * so a prompt that asks for its log-probabilities gets at most 6 rows with logits this step, and
+ * drafts (speculation) count their rows too. */
+static void test_logits_budget(void)
+{
+    struct pool p;
+    pool_open(&p, 64, 16, 64, 0);
+    struct seq *d[10];
+    for (int i = 0; i < 10; i++) {
+        d[i] = new_seq(100 + 10 * i, 2, 8);
+        scheduler_enqueue(&p.s, d[i]);
+    }
+    scheduler_plan(&p.s);
+    run_step(&p, 7); /* prompts done, each decoding now */
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = 300 + i;
+    struct request_params rp = request_params_default();
+    rp.max_tokens = 4;
+    rp.prompt_logprobs = 0;
+    struct request *r;
+    CHECK(request_new(prompt, 40, &rp, on_event, NULL, &r) == STATUS_OK, "request_new");
+    struct seq *lp = seq_new(r, 0, NULL);
+    scheduler_enqueue(&p.s, lp);
+    d[0]->tokens[d[0]->n_tokens++] = 9; /* three drafts after its real token */
+    d[0]->tokens[d[0]->n_tokens++] = 9;
+    d[0]->tokens[d[0]->n_tokens++] = 9;
+    d[0]->n_draft = 3;
+    scheduler_plan(&p.s);
+    const struct step_batch *b = &p.s.batch;
+    check(b->n_logits <= 16 && d[0]->n_rows == 4 && lp->n_rows > 0,
+          "logits rows within max_logits 16 with 10 decoding, 3 drafts and a prompt asking for log-probabilities "
+          "(%d logits rows, the drafted sequence %d rows, the prompt %d)", b->n_logits, d[0]->n_rows, lp->n_rows);
+    for (int i = 0; i < 10; i++) finish(&p, d[i]);
+    finish(&p, lp);
+    pool_close(&p);
+}
+
 int main(void)
 {
+    test_logits_budget();
     test_admission();
     test_preemption();
     test_prefix_reuse();

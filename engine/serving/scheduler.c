@@ -293,14 +293,30 @@ static void plan_rows(struct scheduler *s, struct seq *q, int take)
     if (q->n_cached < q->req->n_prompt) b->prefill_rows += take;
 }
 
-/* Rows q may run this step: its pending tokens, bounded by the token budget and, for
- * prompt-logprob rows, by the logits buffer. */
+/* The logits rows that `take` rows of q need (plan_rows marks the same ones): prompt rows whose
+ * log-probabilities are asked, and, when the rows reach q's last real token, that token's row
+ * and every draft's. */
+static int logit_rows(const struct seq *q, int take)
+{
+    const int real_end = q->n_tokens - q->n_draft, lp = wants_prompt_logprobs(q);
+    const int sample = q->n_cached + take >= real_end;
+    int n = 0;
+    for (int j = 0; j < take; j++) {
+        const int p = q->n_cached + j;
+        n += (lp && p + 1 < q->req->n_prompt) || (sample && (j == take - 1 || p >= real_end - 1));
+    }
+    return n;
+}
+
+/* Rows q may run this step: its pending tokens, bounded by the token budget and by the logits
+ * rows the step has left (max_logits less those of the sequences decided before q). */
 static int rows_for(const struct scheduler *s, const struct seq *q, int budget)
 {
     int take = q->n_tokens - q->n_cached;
     if (take > budget) take = budget;
-    int logits_left = s->o.max_logits - s->batch.n_logits;
+    const int logits_left = s->o.max_logits - s->logits_planned;
     if (wants_prompt_logprobs(q) && take > logits_left - 1) take = logits_left - 1;
+    while (take > 0 && logit_rows(q, take) > logits_left) take--;
     return take > 0 ? take : 0;
 }
 
@@ -332,6 +348,7 @@ static int admit(struct scheduler *s, int i, int budget)
     running_add(s, q);
     q->n_rows = take;
     s->planned[s->n_planned++] = q;
+    s->logits_planned += logit_rows(q, take);
     if (s->o.policy == SCHEDULING_FAIR) {
         int c = client_slot(s, client_of(q));
         if (c < 0) {
@@ -406,6 +423,7 @@ int scheduler_plan(struct scheduler *s)
     struct step_batch *b = &s->batch;
     b->n_rows = b->n_seqs = b->n_logits = b->prefill_rows = b->hit_tokens = 0;
     s->n_planned = 0;
+    s->logits_planned = 0;
     int budget = s->o.max_batch_tokens;
     for (int i = 0; i < s->n_running; i++) s->running[i]->n_rows = 0, s->running[i]->wants_sample = 0;
     if (s->o.policy == SCHEDULING_PRIORITY) running_sort_by_priority(s);
@@ -419,6 +437,7 @@ int scheduler_plan(struct scheduler *s)
         if (!ensure_blocks(s, q, q->n_cached + take)) break; /* q itself was preempted: it was last */
         q->n_rows = take;
         s->planned[s->n_planned++] = q;
+        s->logits_planned += logit_rows(q, take);
         budget -= take;
     }
     if (s->o.policy == SCHEDULING_FAIR) clients_count(s);

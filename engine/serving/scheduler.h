@@ -65,6 +65,7 @@ struct scheduler {
     int      *client_running;      /* (max_seqs) and how many running sequences each has */
     int      n_clients;
     int      n_planned;
+    int      logits_planned;        /* logits rows of this step's decisions so far (<= max_logits) */
     struct step_batch batch;
 };
 
