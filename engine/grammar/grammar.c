@@ -28,7 +28,28 @@ enum status grammar_vocab_new(const struct tokenizer *t, int model_vocab, const 
 {
     *out = NULL;
     int n_tok = tokenizer_vocab_size(t);
-    if (model_vocab < n_tok || n_end < 0)
+    char **pieces = calloc((size_t)n_tok + 1, sizeof *pieces);
+    int *lens = calloc((size_t)n_tok + 1, sizeof *lens);
+    enum status s = STATUS_OK;
+    if (!pieces || !lens) s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "grammar: out of memory");
+    char buf[1024];
+    for (int i = 0; i < n_tok && !s; i++) {
+        int n = tokenizer_token_bytes(t, i, buf, (int)sizeof buf);
+        lens[i] = n < 0 ? 0 : n; /* a piece over 1 KiB: never allowed */
+        if (!(pieces[i] = malloc((size_t)lens[i] + 1))) s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "grammar: out of memory");
+        else memcpy(pieces[i], buf, (size_t)lens[i]);
+    }
+    if (!s) s = grammar_vocab_new_bytes((const char *const *)pieces, lens, n_tok, model_vocab, end_ids, n_end, out);
+    for (int i = 0; pieces && i < n_tok; i++) free(pieces[i]);
+    free(pieces), free(lens);
+    return s;
+}
+
+enum status grammar_vocab_new_bytes(const char *const *tokens, const int *lens, int n_tok, int model_vocab,
+                                    const int32_t *end_ids, int n_end, struct grammar_vocab **out)
+{
+    *out = NULL;
+    if (n_tok < 0 || model_vocab < n_tok || n_end < 0)
         return status_errorf(STATUS_INVALID_ARGUMENT, "grammar: model vocabulary %d smaller than the tokenizer's %d",
                              model_vocab, n_tok);
     for (int i = 0; i < n_end; i++)
@@ -44,18 +65,16 @@ enum status grammar_vocab_new(const struct tokenizer *t, int model_vocab, const 
     size_t cap = 0, used = 0;
     enum status s = STATUS_OK;
     if (!v->off || !v->end_ids || !v->sorted || !v->lcp) s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "grammar: out of memory");
-    char buf[1024];
     for (int i = 0; i < n_tok && !s; i++) {
         v->off[i] = (uint32_t)used;
-        int n = tokenizer_token_bytes(t, i, buf, (int)sizeof buf);
-        if (n < 0) n = 0; /* a piece over 1 KiB: never allowed */
+        int n = lens[i];
         for (int j = 0; j < n_end; j++)
             if (end_ids[j] == i) n = 0;
         if (base_grow((void **)&v->bytes, &cap, used + (size_t)n + 1, 1)) {
             s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "grammar: out of memory");
             break;
         }
-        memcpy(v->bytes + used, buf, (size_t)n);
+        if (n) memcpy(v->bytes + used, tokens[i], (size_t)n);
         used += (size_t)n;
         if (n > v->max_len) v->max_len = n;
         if (n) v->sorted[v->n_sorted++] = i;
@@ -77,6 +96,14 @@ enum status grammar_vocab_new(const struct tokenizer *t, int model_vocab, const 
     }
     *out = v;
     return STATUS_OK;
+}
+
+/* The bytes of token id (NULL and 0 for ids without any), for tests and tools. */
+const char *grammar_vocab_token(const struct grammar_vocab *v, int32_t id, int *len)
+{
+    if (id < 0 || id >= v->n_tok) return *len = 0, NULL;
+    *len = (int)(v->off[id + 1] - v->off[id]);
+    return (const char *)v->bytes + v->off[id];
 }
 
 void grammar_vocab_free(struct grammar_vocab *v)

@@ -44,6 +44,12 @@ enum grammar_kind {
  * range), STATUS_RESOURCE_EXHAUSTED. */
 enum status grammar_vocab_new(const struct tokenizer *t, int model_vocab, const int32_t *end_ids, int n_end,
                               struct grammar_vocab **out);
+/* The same from the bytes of each token: tokens[i][0..lens[i]) for i < n_tok (copied; a token
+ * of 0 bytes is never allowed). For tests, tools and tokenizers built elsewhere. */
+enum status grammar_vocab_new_bytes(const char *const *tokens, const int *lens, int n_tok, int model_vocab,
+                                    const int32_t *end_ids, int n_end, struct grammar_vocab **out);
+/* The bytes token id contributes (*len of them; NULL and 0 when none), valid while v lives. */
+const char *grammar_vocab_token(const struct grammar_vocab *v, int32_t id, int *len);
 /* Accepts NULL. No grammar made from v may still be alive. */
 void grammar_vocab_free(struct grammar_vocab *v);
 /* Words of a mask: (model_vocab + 31) / 32. */
