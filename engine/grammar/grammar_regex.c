@@ -56,6 +56,11 @@ static struct gx *set_expr(struct rx *r, struct cpset *s)
             if (c <= '"' && '"' <= stop) stop = c == '"' ? '"' : '"' - 1;
             if (c <= '\\' && '\\' <= stop) stop = c == '\\' ? '\\' : '\\' - 1;
             if (c != '"' && c != '\\') cpset_add(&t, c, stop);
+            if (c <= 0x7F && 0x7F <= stop) { /* DEL is written \u007f in canonical JSON: left out */
+                t.n--;
+                if (c < 0x7F) cpset_add(&t, c, 0x7E);
+                if (stop > 0x7F) cpset_add(&t, 0x80, stop);
+            }
             c = stop + 1;
             if (stop == 0xFFFFFFFFu) break;
         }

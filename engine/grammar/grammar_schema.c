@@ -33,15 +33,22 @@ static enum status sfail(struct sb *s, const char *path, const char *fmt, const 
     return gb_fail(s->b, STATUS_INVALID_ARGUMENT, "json schema: %s: %s", path[0] ? path : "/", msg);
 }
 
+/* One character of a JSON string in the canonical form llguidance writes by default: any code
+ * point from U+0020 but '"', '\\' and DEL as itself, the short escapes \\" \\\\ \\b \\f \\n \\r \\t,
+ * and \\u00XX only for the other control characters (no "\\/", no \\u for printable ones). */
+static struct gx *json_escape(struct gbuild *b)
+{
+    struct gx *simple = gx_byte_range(b, 0, -1);
+    for (const char *c = "\"\\bfnrt"; simple && *c; c++) simple->set[(uint8_t)*c >> 5] |= 1u << (*c & 31);
+    struct gx *hex = gx_alt2(b, gx_byte_range(b, '0', '9'), gx_alt2(b, gx_byte_range(b, 'a', 'f'), gx_byte_range(b, 'A', 'F')));
+    struct gx *u = gx_seq3(b, gx_str(b, "u00"), gx_byte_range(b, '0', '1'), hex);
+    return gx_seq2(b, gx_str(b, "\\"), gx_alt2(b, simple, u));
+}
+
 struct gx *json_string_char(struct gbuild *b)
 {
-    uint32_t lo[3] = {0x20, 0x23, 0x5D}, hi[3] = {0x21, 0x5B, 0x10FFFF};
-    struct gx *plain = gx_codepoints(b, lo, hi, 3);
-    struct gx *hex = gx_alt2(b, gx_byte_range(b, '0', '9'), gx_alt2(b, gx_byte_range(b, 'a', 'f'), gx_byte_range(b, 'A', 'F')));
-    struct gx *u = gx_seq2(b, gx_str(b, "u"), gx_repeat(b, hex, 4, 4));
-    struct gx *simple = gx_byte_range(b, 0, -1);
-    for (const char *c = "\"\\/bfnrt"; simple && *c; c++) simple->set[(uint8_t)*c >> 5] |= 1u << (*c & 31);
-    return gx_alt2(b, plain, gx_seq2(b, gx_str(b, "\\"), gx_alt2(b, simple, u)));
+    uint32_t lo[4] = {0x20, 0x23, 0x5D, 0x80}, hi[4] = {0x21, 0x5B, 0x7E, 0x10FFFF};
+    return gx_alt2(b, gx_codepoints(b, lo, hi, 4), json_escape(b));
 }
 
 static int def_rule(struct sb *s, const char *name, struct gx *x)
@@ -242,19 +249,28 @@ static struct gx *number_expr(struct sb *s, const cJSON *node, int integer, cons
     return gx_ref(s->b, s->r_number);
 }
 
+/* The formats, as regular expressions of their RFCs (3339 dates and times, 5321 mailboxes, 4122
+ * UUIDs, 1123 host names, dotted IPv4): month lengths are checked (February up to 29), not leap
+ * years; no leap second 60 (Python jsonschema refuses most). */
+#define RX_DATE "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|[12][0-9]))"
+#define RX_TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?([zZ]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#define RX_OCTET "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])"
+#define RX_LABEL "[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?"
+#define RX_ATEXT "[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]"
 static const char *format_regex(const char *f)
 {
-#define DATE "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
-#define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-    if (!strcmp(f, "date")) return "^" DATE "$";
-    if (!strcmp(f, "time")) return "^" TIME "$";
-    if (!strcmp(f, "date-time")) return "^" DATE "T" TIME "$";
-    if (!strcmp(f, "uuid")) return "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
-    if (!strcmp(f, "email")) return "^[a-zA-Z0-9_+.-]+@[a-zA-Z0-9-]+(\\.[a-zA-Z0-9-]+)+$";
-    if (!strcmp(f, "ipv4")) return "^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])$";
+    static const struct { const char *name, *re; } formats[] = {
+        {"date", "^" RX_DATE "$"},
+        {"time", "^" RX_TIME "$"},
+        {"date-time", "^" RX_DATE "[tT]" RX_TIME "$"},
+        {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
+        {"email", "^" RX_ATEXT "+(\\." RX_ATEXT "+)*@(" RX_LABEL "(\\." RX_LABEL ")*|\\[(" RX_OCTET "\\.){3}" RX_OCTET "\\])$"},
+        {"ipv4", "^(" RX_OCTET "\\.){3}" RX_OCTET "$"},
+        {"hostname", "^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$"},
+    };
+    for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
+        if (!strcmp(f, formats[i].name)) return formats[i].re;
     return NULL;
-#undef DATE
-#undef TIME
 }
 
 static struct gx *string_expr(struct sb *s, const cJSON *node, const char *path)
@@ -292,6 +308,60 @@ static struct gx *string_expr(struct sb *s, const cJSON *node, const char *path)
     return gx_seq3(b, gx_str(b, "\""), content, gx_str(b, "\""));
 }
 
+/* The content and closing quote of a key that is none of keys[0..n) (sorted, sharing their
+ * first d bytes, ASCII without '"' or '\\'): a trie walked character by character, where any
+ * character off the trie frees the rest of the key. */
+static struct gx *key_except(struct sb *s, const char **keys, int n, int d)
+{
+    struct gbuild *b = s->b;
+    struct cpset other = {0};
+    cpset_add(&other, 0x20, 0x21), cpset_add(&other, 0x23, 0x5B), cpset_add(&other, 0x5D, 0x7E), cpset_add(&other, 0x80, 0x10FFFF);
+    struct gx **alts = gb_alloc(b, sizeof *alts * (size_t)(n + 3));
+    int k = 0, terminal = 0;
+    if (!alts) { cpset_free(&other); return NULL; }
+    for (int i = 0; i < n;) {
+        if (!keys[i][d]) { terminal = 1, i++; continue; }
+        int j = i;
+        while (j < n && keys[j][d] == keys[i][d]) j++;
+        uint32_t c = (uint8_t)keys[i][d];
+        struct cpset rest = {0};
+        for (int r = 0; r < other.n; r++) { /* other minus c */
+            if (c < other.lo[r] || c > other.hi[r]) { cpset_add(&rest, other.lo[r], other.hi[r]); continue; }
+            if (c > other.lo[r]) cpset_add(&rest, other.lo[r], c - 1);
+            if (c < other.hi[r]) cpset_add(&rest, c + 1, other.hi[r]);
+        }
+        cpset_free(&other);
+        other = rest;
+        alts[k++] = gx_seq2(b, gx_byte_range(b, (int)c, (int)c), gx_ref(b, def_rule(s, "", key_except(s, keys + i, j - i, d + 1))));
+        i = j;
+    }
+    alts[k++] = gx_seq3(b, gx_alt2(b, gx_codepoints(b, other.lo, other.hi, other.n), json_escape(b)),
+                        gx_repeat(b, gx_ref(b, s->r_char), 0, -1), gx_str(b, "\""));
+    if (!terminal) alts[k++] = gx_str(b, "\"");
+    cpset_free(&other);
+    return gx_alt(b, k, alts);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* A key for an additional property: any string but the declared names (the ones in plain ASCII;
+ * others are not excluded, docs/grammar.md), as llguidance does. */
+static struct gx *extra_key(struct sb *s, const cJSON *props)
+{
+    struct gbuild *b = s->b;
+    int n = props ? cJSON_GetArraySize(props) : 0, k = 0;
+    const char **keys = gb_alloc(b, sizeof *keys * (size_t)(n + 1));
+    if (!keys) return NULL;
+    for (const cJSON *p = props ? props->child : NULL; p; p = p->next) {
+        int plain = 1;
+        for (const char *c = p->string; *c; c++) plain &= *c >= 0x20 && *c < 0x7F && *c != '"' && *c != '\\';
+        if (plain) keys[k++] = p->string;
+    }
+    if (!k) return gx_ref(b, s->r_string);
+    qsort(keys, (size_t)k, sizeof *keys, cmp_str);
+    return gx_seq2(b, gx_str(b, "\""), key_except(s, keys, k, 0));
+}
+
 static struct gx *object_expr(struct sb *s, const cJSON *node, const char *path)
 {
     struct gbuild *b = s->b;
@@ -324,12 +394,12 @@ static struct gx *object_expr(struct sb *s, const cJSON *node, const char *path)
     }
     n = k;
     struct gx *extra = NULL;
-    if (!ap || cJSON_IsTrue(ap)) extra = gx_seq3(b, gx_ref(b, s->r_string), gx_str(b, ":"), gx_ref(b, s->r_value));
+    if (!ap || cJSON_IsTrue(ap)) extra = gx_seq3(b, extra_key(s, props), gx_str(b, ":"), gx_ref(b, s->r_value));
     else if (cJSON_IsObject(ap)) {
         subpath(sub, sizeof sub, path, "additionalProperties", NULL);
         struct gx *v = schema(s, ap, sub);
         if (!v) return NULL;
-        extra = gx_seq3(b, gx_ref(b, s->r_string), gx_str(b, ":"), v);
+        extra = gx_seq3(b, extra_key(s, props), gx_str(b, ":"), v);
     } else if (!cJSON_IsFalse(ap)) return sfail(s, path, "additionalProperties must be a boolean or a schema%s", ""), NULL;
     /* A_i: members i.. with nothing written yet; B_i: members i.. after something (each
      * preceded by a comma). Built from the end, as rules so that the size stays linear. */
@@ -441,7 +511,8 @@ static struct gx *all_of(struct sb *s, const cJSON *node, const cJSON *all, cons
     }
     for (int i = 0; i < n; i++)
         for (const cJSON *kv = parts[i]->child; kv; kv = kv->next) {
-            if (!strcmp(kv->string, "allOf") || (!strcmp(kv->string, "$ref") && i > 0)) continue;
+            if (!strcmp(kv->string, "allOf") || !strcmp(kv->string, "additionalProperties") || (!strcmp(kv->string, "$ref") && i > 0))
+                continue;
             cJSON *have = cJSON_GetObjectItemCaseSensitive(m, kv->string);
             if (!have) {
                 cJSON_AddItemToObject(m, kv->string, cJSON_Duplicate(kv, 1));
@@ -456,6 +527,25 @@ static struct gx *all_of(struct sb *s, const cJSON *node, const cJSON *all, cons
                 return sfail(s, path, "allOf parts disagree on '%s' (not supported)", kv->string), NULL;
             }
         }
+    /* additionalProperties false in a part allows only that part's own properties: the merged
+     * object allows the intersection, and a required property outside it is unsatisfiable. */
+    cJSON *props = cJSON_GetObjectItemCaseSensitive(m, "properties"), *req = cJSON_GetObjectItemCaseSensitive(m, "required");
+    int closed = 0;
+    for (int i = 0; i < n; i++) {
+        const cJSON *ap = cJSON_GetObjectItemCaseSensitive(parts[i], "additionalProperties");
+        if (!ap || cJSON_IsTrue(ap)) continue;
+        if (!cJSON_IsFalse(ap)) return sfail(s, path, "allOf with an additionalProperties %s is not supported", "schema"), NULL;
+        closed = 1;
+        const cJSON *own = cJSON_GetObjectItemCaseSensitive(parts[i], "properties");
+        for (cJSON *p = props ? props->child : NULL, *next; p; p = next) {
+            next = p->next;
+            if (!cJSON_GetObjectItemCaseSensitive(own, p->string)) cJSON_DeleteItemFromObjectCaseSensitive(props, p->string);
+        }
+        for (const cJSON *r = req ? req->child : NULL; r; r = r->next)
+            if (cJSON_IsString(r) && !cJSON_GetObjectItemCaseSensitive(own, r->valuestring))
+                return sfail(s, path, "allOf: required property '%s' is excluded by additionalProperties false", r->valuestring), NULL;
+    }
+    if (closed) cJSON_AddItemToObject(m, "additionalProperties", cJSON_CreateFalse());
     return schema(s, m, path);
 }
 
