@@ -535,8 +535,10 @@ enum status gflat_build(struct gbuild *b, int root, struct gflat *f)
     /* Rules are lowered in index order; lowering adds anonymous rules at the end. Every rule
      * gets an entry so that indices stay rule numbers. */
     for (int r = 0; r < b->n_rules; r++) {
-        if (!b->rules[r].expr)
-            return gb_fail(b, STATUS_INVALID_ARGUMENT, "grammar: rule '%s' is used but not defined", b->rules[r].name);
+        if (!b->rules[r].expr) {
+            gb_fail(b, STATUS_INVALID_ARGUMENT, "grammar: rule '%s' is used but not defined", b->rules[r].name);
+            break;
+        }
         if (lower_rule(&L, r)) break;
     }
     enum status s = (enum status)b->failed;

@@ -210,7 +210,7 @@ static int cmp_i32(const void *a, const void *b)
 
 static int dfa_intern(struct dfa *d, struct pstate *s)
 {
-    qsort(s->ids, (size_t)s->n, sizeof *s->ids, cmp_i32);
+    if (s->n > 1) qsort(s->ids, (size_t)s->n, sizeof *s->ids, cmp_i32);
     if ((d->n_states + 1) * 2 > d->hash_cap) {
         int cap = d->hash_cap ? d->hash_cap * 2 : 64;
         int32_t *t = malloc((size_t)cap * sizeof *t);
@@ -228,7 +228,7 @@ static int dfa_intern(struct dfa *d, struct pstate *s)
     for (; d->hash[j] >= 0; j = (j + 1) & (d->hash_cap - 1)) {
         const struct pstate *o = &d->states[d->hash[j]];
         if (o->n == s->n && o->done == s->done && o->ctx == s->ctx && o->exited == s->exited &&
-            !memcmp(o->ids, s->ids, sizeof *s->ids * (size_t)s->n))
+            (!s->n || !memcmp(o->ids, s->ids, sizeof *s->ids * (size_t)s->n)))
             return d->hash[j];
     }
     size_t cap = (size_t)d->cap_states;
@@ -244,7 +244,7 @@ static int dfa_intern(struct dfa *d, struct pstate *s)
     *n = *s;
     n->ids = malloc(sizeof *n->ids * (size_t)(s->n ? s->n : 1));
     CHECK(n->ids, "grammar: out of memory");
-    memcpy(n->ids, s->ids, sizeof *s->ids * (size_t)s->n);
+    if (s->n) memcpy(n->ids, s->ids, sizeof *s->ids * (size_t)s->n);
     n->cap = s->n;
     memset(d->trans + (size_t)d->n_states * 256, 0xff, 256 * sizeof *d->trans);
     d->hash[j] = d->n_states;
@@ -329,7 +329,7 @@ static struct mask_entry *entry_compute(const struct grammar *g, const int32_t *
     dfa_free(&d);
     struct mask_entry *e = calloc(1, sizeof *e);
     CHECK(e, "grammar: out of memory");
-    memcpy(e->key, key, sizeof *key * (size_t)n);
+    if (n) memcpy(e->key, key, sizeof *key * (size_t)n);
     e->key_n = n, e->truncated = truncated;
     int words = grammar_vocab_mask_words(v);
     if (acc.n > (size_t)words) {
@@ -420,7 +420,7 @@ static void push_state(struct grammar_matcher *m, const struct pstate *s, int en
 {
     CHECK(!base_grow((void **)&m->hist, &m->cap_hist, m->n_hist + 1, sizeof *m->hist), "grammar: out of memory");
     CHECK(!base_grow((void **)&m->pool, &m->cap_pool, m->n_pool + (size_t)s->n, sizeof *m->pool), "grammar: out of memory");
-    memcpy(m->pool + m->n_pool, s->ids, sizeof *s->ids * (size_t)s->n);
+    if (s->n) memcpy(m->pool + m->n_pool, s->ids, sizeof *s->ids * (size_t)s->n);
     m->hist[m->n_hist++] = (struct hist){m->n_pool, s->n, s->done, ended};
     m->n_pool += (size_t)s->n;
 }
