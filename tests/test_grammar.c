@@ -140,6 +140,7 @@ static const struct sample samples[] = {
     {GRAMMAR_EBNF, "root ::= \"(\" expr \")\" | \"x\"\nexpr ::= term (\"+\" term)*  # sums\nterm ::= [0-9]+ | root\n",
      {"x", "(1+2)", "((3)+x)", "(x)", NULL}, {"()", "(1+)", "1", NULL}},
     {GRAMMAR_EBNF, "root ::= item{2,3} \"!\"?\nitem ::= [a-b] | \"\\u00e9\"\n", {"ab", "a\xc3\xa9" "b!", NULL}, {"a", "abab", NULL}},
+    {GRAMMAR_EBNF, "# leading comment\n\nroot ::=\n  \"a\"\n  | \"b\" # b\n\n  | [c-d]{2}\nunused ::= \"z\"\n", {"a", "b", "cd", NULL}, {"c", "z", "ab", NULL}},
     {GRAMMAR_CHOICE, "[\"yes\",\"no\",\"maybe so\"]", {"yes", "maybe so", NULL}, {"ye", "yess", "\"yes\"", NULL}},
 };
 

@@ -217,15 +217,26 @@ static struct gx *gp_seq(struct gp *p)
     return acc ? gx_seq2(p->b, acc, tail) : tail;
 }
 
+/* A line that opens with '|' continues the rule above (llama.cpp wants such lines inside
+ * parentheses; accepting them at the top level too is strictly more lenient). */
+static void continuation(struct gp *p)
+{
+    size_t save = p->i;
+    space(p, 1);
+    if (p->i >= p->n || p->s[p->i] != '|') p->i = save;
+}
+
 static struct gx *gp_alts(struct gp *p)
 {
     struct gx *x = gp_seq(p);
+    if (x) continuation(p);
     while (x && p->i < p->n && p->s[p->i] == '|') {
         p->i++;
         space(p, 1);
         struct gx *y = gp_seq(p);
         if (!y) return NULL;
         x = gx_alt2(p->b, x, y);
+        continuation(p);
     }
     return x;
 }
