@@ -515,14 +515,21 @@ static struct gx *all_of(struct sb *s, const cJSON *node, const cJSON *all, cons
                 continue;
             cJSON *have = cJSON_GetObjectItemCaseSensitive(m, kv->string);
             if (!have) {
-                cJSON_AddItemToObject(m, kv->string, cJSON_Duplicate(kv, 1));
-            } else if (!strcmp(kv->string, "properties") || !strcmp(kv->string, "required")) {
-                for (const cJSON *e = kv->child; e; e = e->next)
-                    if (cJSON_IsObject(have)) {
-                        if (!cJSON_GetObjectItemCaseSensitive(have, e->string)) cJSON_AddItemToObject(have, e->string, cJSON_Duplicate(e, 1));
-                    } else {
-                        cJSON_AddItemToArray(have, cJSON_Duplicate(e, 1));
+                cJSON *copy = cJSON_Duplicate(kv, 1);
+                if (!copy || !cJSON_AddItemToObject(m, kv->string, copy)) {
+                    cJSON_Delete(copy);
+                    return gb_fail(s->b, STATUS_RESOURCE_EXHAUSTED, "json schema: out of memory"), NULL;
+                }
+            } else if ((!strcmp(kv->string, "properties") && cJSON_IsObject(have) && cJSON_IsObject(kv)) ||
+                       (!strcmp(kv->string, "required") && cJSON_IsArray(have) && cJSON_IsArray(kv))) {
+                for (const cJSON *e = kv->child; e; e = e->next) {
+                    if (cJSON_IsObject(have) && cJSON_GetObjectItemCaseSensitive(have, e->string)) continue;
+                    cJSON *copy = cJSON_Duplicate(e, 1);
+                    if (!copy || !(cJSON_IsObject(have) ? cJSON_AddItemToObject(have, e->string, copy) : cJSON_AddItemToArray(have, copy))) {
+                        cJSON_Delete(copy);
+                        return gb_fail(s->b, STATUS_RESOURCE_EXHAUSTED, "json schema: out of memory"), NULL;
                     }
+                }
             } else if (!cJSON_Compare(have, kv, 1)) {
                 return sfail(s, path, "allOf parts disagree on '%s' (not supported)", kv->string), NULL;
             }
@@ -545,7 +552,8 @@ static struct gx *all_of(struct sb *s, const cJSON *node, const cJSON *all, cons
             if (cJSON_IsString(r) && !cJSON_GetObjectItemCaseSensitive(own, r->valuestring))
                 return sfail(s, path, "allOf: required property '%s' is excluded by additionalProperties false", r->valuestring), NULL;
     }
-    if (closed) cJSON_AddItemToObject(m, "additionalProperties", cJSON_CreateFalse());
+    if (closed && !cJSON_AddItemToObject(m, "additionalProperties", cJSON_CreateFalse()))
+        return gb_fail(s->b, STATUS_RESOURCE_EXHAUSTED, "json schema: out of memory"), NULL;
     return schema(s, m, path);
 }
 
