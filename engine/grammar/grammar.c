@@ -87,6 +87,20 @@ enum status grammar_vocab_new_bytes(const char *const *tokens, const int *lens, 
     memcpy(v->end_ids, end_ids, sizeof *end_ids * (size_t)n_end);
     v->n_end = n_end;
     qsort_r(v->sorted, (size_t)v->n_sorted, sizeof *v->sorted, cmp_tokens, v);
+    v->soff = malloc(sizeof *v->soff * ((size_t)v->n_sorted + 1));
+    v->sbytes = malloc(used ? used : 1);
+    if (!v->soff || !v->sbytes) {
+        grammar_vocab_free(v);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "grammar: out of memory");
+    }
+    size_t at = 0;
+    for (int i = 0; i < v->n_sorted; i++) {
+        int32_t id = v->sorted[i];
+        v->soff[i] = (uint32_t)at;
+        memcpy(v->sbytes + at, v->bytes + v->off[id], v->off[id + 1] - v->off[id]);
+        at += v->off[id + 1] - v->off[id];
+    }
+    v->soff[v->n_sorted] = (uint32_t)at;
     for (int i = 0; i < v->n_sorted; i++) {
         if (!i) { v->lcp[i] = 0; continue; }
         int32_t a = v->sorted[i - 1], b = v->sorted[i];
@@ -109,7 +123,7 @@ const char *grammar_vocab_token(const struct grammar_vocab *v, int32_t id, int *
 void grammar_vocab_free(struct grammar_vocab *v)
 {
     if (!v) return;
-    free(v->off), free(v->bytes), free(v->sorted), free(v->lcp), free(v->end_ids);
+    free(v->off), free(v->bytes), free(v->sorted), free(v->lcp), free(v->end_ids), free(v->soff), free(v->sbytes);
     free(v);
 }
 

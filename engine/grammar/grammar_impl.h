@@ -116,6 +116,8 @@ struct grammar_vocab {
     uint8_t  *bytes;
     int32_t  *sorted;      /* (n_sorted) ids with bytes, in byte order */
     int32_t  *lcp;         /* (n_sorted) common prefix with the previous sorted token */
+    uint32_t *soff;        /* (n_sorted + 1) the sorted tokens' bytes again, in sorted order, so that */
+    uint8_t  *sbytes;      /* walks read memory in sequence: sbytes[soff[i] .. soff[i+1]) */
     int       n_sorted;
     int32_t  *end_ids;     /* (n_end) */
     int       n_end;

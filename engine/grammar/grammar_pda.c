@@ -191,6 +191,8 @@ struct dfa {
     struct pstate *states;
     int            n_states, cap_states;
     int32_t       *trans; /* (n_states, 256), -1 unknown */
+    uint8_t       *live;  /* (n_states) 1: some stack is left; 0: dead, the token rejected; 2: dead,
+                           * after leaving the frame (uncertain) */
     int32_t       *hash;
     int            hash_cap;
 };
@@ -236,8 +238,9 @@ static int dfa_intern(struct dfa *d, struct pstate *s)
     size_t tcap = cap * 256;
     if ((int)cap != d->cap_states) {
         int32_t *t = realloc(d->trans, tcap * sizeof *t);
-        CHECK(t, "grammar: out of memory");
-        d->trans = t;
+        uint8_t *l = realloc(d->live, cap);
+        CHECK(t && l, "grammar: out of memory");
+        d->trans = t, d->live = l;
     }
     d->cap_states = (int)cap;
     struct pstate *n = &d->states[d->n_states];
@@ -247,6 +250,7 @@ static int dfa_intern(struct dfa *d, struct pstate *s)
     if (s->n) memcpy(n->ids, s->ids, sizeof *s->ids * (size_t)s->n);
     n->cap = s->n;
     memset(d->trans + (size_t)d->n_states * 256, 0xff, 256 * sizeof *d->trans);
+    d->live[d->n_states] = state_live(s) ? 1 : s->exited ? 2 : 0;
     d->hash[j] = d->n_states;
     return d->n_states++;
 }
@@ -254,7 +258,7 @@ static int dfa_intern(struct dfa *d, struct pstate *s)
 static void dfa_free(struct dfa *d)
 {
     for (int i = 0; i < d->n_states; i++) free(d->states[i].ids);
-    free(d->states), free(d->trans), free(d->hash);
+    free(d->states), free(d->trans), free(d->hash), free(d->live);
     pda_free(&d->p);
 }
 
@@ -295,29 +299,33 @@ static struct mask_entry *entry_compute(const struct grammar *g, const int32_t *
     int *sstack = malloc(sizeof *sstack * (size_t)(v->max_len + 1));
     CHECK(sstack, "grammar: out of memory");
     sstack[0] = start;
-    struct ilist acc = {0}, unc = {0};
+    int words = grammar_vocab_mask_words(v);
+    uint32_t *bits = calloc((size_t)words, sizeof *bits);
+    CHECK(bits, "grammar: out of memory");
+    int n_acc = 0;
+    struct ilist unc = {0};
     int valid = 0; /* sstack[0..valid] hold the states after the prefix of the previous token */
     for (int i = 0; i < v->n_sorted; i++) {
         int32_t id = v->sorted[i];
-        const uint8_t *b = v->bytes + v->off[id];
-        int len = (int)(v->off[id + 1] - v->off[id]);
+        const uint8_t *b = v->sbytes + v->soff[i];
+        int len = (int)(v->soff[i + 1] - v->soff[i]);
         int k = v->lcp[i] < valid ? v->lcp[i] : valid;
         int dead_at = -1;
         for (; k < len; k++) {
             int s2 = dfa_step(&d, sstack[k], b[k], &tmp);
             sstack[k + 1] = s2;
-            if (!state_live(&d.states[s2])) {
+            if (d.live[s2] != 1) {
                 dead_at = k;
                 break;
             }
         }
         if (dead_at < 0) {
-            ilist_push(&acc, id);
+            bits[id >> 5] |= 1u << (id & 31), n_acc++;
             valid = len;
             continue;
         }
         /* Every following token sharing the first dead_at+1 bytes ends the same way. */
-        int uncertain = d.states[sstack[dead_at + 1]].exited;
+        int uncertain = d.live[sstack[dead_at + 1]] == 2;
         if (uncertain) ilist_push(&unc, id);
         while (i + 1 < v->n_sorted && v->lcp[i + 1] > dead_at) {
             i++;
@@ -331,14 +339,14 @@ static struct mask_entry *entry_compute(const struct grammar *g, const int32_t *
     CHECK(e, "grammar: out of memory");
     if (n) memcpy(e->key, key, sizeof *key * (size_t)n);
     e->key_n = n, e->truncated = truncated;
-    int words = grammar_vocab_mask_words(v);
-    if (acc.n > (size_t)words) {
-        e->bits = calloc((size_t)words, sizeof *e->bits);
-        CHECK(e->bits, "grammar: out of memory");
-        for (size_t i = 0; i < acc.n; i++) e->bits[acc.v[i] >> 5] |= 1u << (acc.v[i] & 31);
-        free(acc.v);
+    if (n_acc > words) { /* many: the bitmap; few: a list, cheaper to OR in */
+        e->bits = bits;
     } else {
-        e->acc = acc.v, e->n_acc = (int)acc.n;
+        e->acc = malloc(sizeof *e->acc * (size_t)(n_acc ? n_acc : 1));
+        CHECK(e->acc, "grammar: out of memory");
+        for (int w = 0; w < words; w++)
+            for (uint32_t x = bits[w]; x; x &= x - 1) e->acc[e->n_acc++] = w * 32 + __builtin_ctz(x);
+        free(bits);
     }
     e->unc = unc.v, e->n_unc = (int)unc.n;
     return e;
