@@ -157,6 +157,11 @@ struct gx *gx_repeat(struct gbuild *b, struct gx *x, int min, int max)
     }
     if (min == 1 && max == 1) return x;
     if (max == 0) return gx_empty(b);
+    /* A repetition of an unbounded repetition that may start at 0 or 1 is one repetition:
+     * (x*)* = (x+)* = (x*)+ = (x?)* = x*, (x+)+ = x+. Nested nullable loops otherwise make the
+     * automaton's closures grow with the nesting. */
+    if (x->kind == GX_REPEAT && x->min <= 1 && (max < 0 || x->max < 0) && (x->max < 0 || x->max == 1) && min <= 1 && (max < 0 || max == 1))
+        return gx_repeat(b, x->kids[0], min && x->min ? 1 : 0, -1);
     struct gx *r = kids_node(b, GX_REPEAT, 1, &x);
     if (r) r->min = min, r->max = max;
     return r;

@@ -14,6 +14,7 @@
 #define MAX_STACK      4000    /* deeper stacks are dropped (nesting bound) */
 #define MAX_NODES      (1 << 24)
 #define MAX_CACHE      8192    /* mask entries per grammar */
+#define MAX_WORK       (1 << 18) /* closure steps per byte: a bound on pathological grammars */
 #define P_NONE         (-1)    /* the bottom: popping it completes the input */
 #define P_CTX          (-2)    /* the cut of a truncated stack: popping it leaves the frame */
 
@@ -37,6 +38,7 @@ struct pda {
     uint32_t           *mark; /* (cap_mark) generation per node */
     size_t              cap_mark;
     uint32_t            gen;
+    long                budget; /* closure steps left in this step */
     int32_t            *work; /* closure worklist, pairs */
     size_t              n_work, cap_work;
     int                 overflow;
@@ -116,6 +118,10 @@ static void expand(struct pda *p, int32_t pos, int32_t parent, struct pstate *ou
     const struct gflat *f = p->f;
     work_push(p, pos, parent);
     while (p->n_work) {
+        if (--p->budget < 0) { /* dropped: the grammar is too ambiguous here */
+            p->overflow = 1, p->n_work = 0;
+            break;
+        }
         int32_t par = p->work[--p->n_work], q = p->work[--p->n_work];
         int32_t e = f->el[q];
         if (e == GEL_END) {
@@ -149,6 +155,7 @@ static void advance(struct pda *p, const struct pstate *in, uint8_t c, struct ps
     out->n = 0, out->done = 0, out->ctx = 0;
     out->exited = in->exited || in->ctx;
     p->gen++;
+    p->budget = MAX_WORK;
     for (int i = 0; i < in->n; i++) {
         const struct pnode *n = &p->nodes[in->ids[i]];
         const uint32_t *set = f->sets + (size_t)f->el[n->pos] * 8;
@@ -450,6 +457,7 @@ enum status grammar_matcher_new(struct grammar *g, struct grammar_matcher **out)
     pda_init(&m->p, &g->f);
     struct pstate s = {0};
     m->p.gen++;
+    m->p.budget = MAX_WORK;
     /* The root's alternatives, over the empty stack. */
     const struct gflat *f = &g->f;
     for (int a = f->rule_alt[f->root]; a < f->rule_alt[f->root + 1]; a++) expand(&m->p, f->alt_pos[a], P_NONE, &s);

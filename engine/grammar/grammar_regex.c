@@ -247,6 +247,7 @@ static struct gx *parse_seq(struct rx *r)
         if (r->s[r->i] == '$' && r->i + 1 == r->n && !r->depth) { r->i++; break; }
         struct gx *x = parse_atom(r);
         if (!x) return NULL;
+        int quantified = 0;
         while (r->i < r->n) { /* quantifiers */
             char q = r->s[r->i];
             int lo, hi;
@@ -264,6 +265,7 @@ static struct gx *parse_seq(struct rx *r)
                 if (r->i >= r->n || r->s[r->i] != '}') return rx_fail(r, "bad {m,n}"), NULL;
                 r->i++;
             } else break;
+            if (quantified++) return rx_fail(r, "multiple repeat"), NULL; /* as Python's re */
             if (r->i < r->n && (r->s[r->i] == '?' || r->s[r->i] == '+')) r->i++; /* lazy/possessive: same language */
             x = gx_repeat(r->b, x, lo, hi);
             if (!x) return NULL;
