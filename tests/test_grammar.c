@@ -11,6 +11,7 @@
  *                                                    each text in hex, then " done" if finished
  *   test_grammar compile KIND FILE                   prints "ok" or the error message
  * KIND: json_schema, json_object, regex, ebnf, choice. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -241,6 +242,60 @@ static void test_synthetic(void)
     grammar_vocab_free(v);
 }
 
+/* Threads: four threads walk the same grammar at once (filling its shared mask entries
+ * concurrently) and each mask must equal what a single thread computes afterwards on a fresh
+ * copy of the grammar. Run under ASan in the unit label; TSan is not part of the build. */
+struct thread_arg { struct grammar *g; const struct grammar_vocab *v; int seed; int32_t tokens[64]; uint32_t masks[64][(SYN_MODEL + 31) / 32]; int n; };
+
+static void *thread_walk(void *p)
+{
+    struct thread_arg *a = p;
+    struct grammar_matcher *m;
+    if (grammar_matcher_new(a->g, &m)) return NULL;
+    uint64_t r = 0x9E3779B97F4A7C15ull * (uint64_t)(a->seed + 1);
+    for (a->n = 0; a->n < 64 && !grammar_matcher_is_done(m); a->n++) {
+        grammar_matcher_fill_mask(m, a->masks[a->n]);
+        int32_t allowed[SYN_MODEL], k = 0;
+        for (int t = 0; t < SYN_MODEL; t++)
+            if (a->masks[a->n][t >> 5] >> (t & 31) & 1) allowed[k++] = t;
+        if (!k) break;
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        a->tokens[a->n] = allowed[r % (uint64_t)k];
+        grammar_matcher_accept(m, a->tokens[a->n]);
+    }
+    grammar_matcher_free(m);
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    struct grammar_vocab *v = synthetic_vocab();
+    const char *src = samples[1].src; /* the recursive linked list */
+    struct grammar *g, *fresh;
+    if (!v || grammar_compile(v, GRAMMAR_JSON_SCHEMA, src, strlen(src), &g)) { failures++; grammar_vocab_free(v); return; }
+    static struct thread_arg args[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        args[i].g = g, args[i].v = v, args[i].seed = i;
+        pthread_create(&th[i], NULL, thread_walk, &args[i]);
+    }
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    grammar_compile(v, GRAMMAR_JSON_SCHEMA, src, strlen(src), &fresh);
+    uint32_t mask[(SYN_MODEL + 31) / 32];
+    for (int i = 0; i < 4; i++) {
+        struct grammar_matcher *m;
+        grammar_matcher_new(fresh, &m);
+        for (int s = 0; s < args[i].n; s++) {
+            grammar_matcher_fill_mask(m, mask);
+            EXPECT(!memcmp(mask, args[i].masks[s], sizeof mask), "thread %d step %d: mask differs from one thread's", i, s);
+            grammar_matcher_accept(m, args[i].tokens[s]);
+        }
+        grammar_matcher_free(m);
+    }
+    grammar_unref(fresh), grammar_unref(g);
+    grammar_vocab_free(v);
+}
+
 static enum status load_gguf_tokenizer(const char *path, struct tokenizer **t)
 {
     struct gguf *gg = NULL;
@@ -404,6 +459,7 @@ int main(int argc, char **argv)
         return failures ? 1 : 0;
     }
     test_synthetic();
+    test_threads();
     test_real(argc > 1 ? argv[1] : NULL, 12);
     test_real(argc > 2 ? argv[2] : NULL, 3);
     if (failures) {

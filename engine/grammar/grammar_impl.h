@@ -133,6 +133,7 @@ struct grammar {
     pthread_mutex_t             lock; /* guards the mask cache */
     struct mask_entry         **cache; /* open addressing, (cap_cache) */
     int                         n_cache, cap_cache;
+    size_t                      cache_bytes;
 };
 void grammar_cache_entries_free(struct grammar *g);
 

@@ -14,6 +14,7 @@
 #define MAX_STACK      4000    /* deeper stacks are dropped (nesting bound) */
 #define MAX_NODES      (1 << 24)
 #define MAX_CACHE      8192    /* mask entries per grammar */
+#define MAX_CACHE_BYTES (64u << 20) /* and their memory; beyond either, entries are per use */
 #define MAX_WORK       (1 << 18) /* closure steps per byte: a bound on pathological grammars */
 #define P_NONE         (-1)    /* the bottom: popping it completes the input */
 #define P_CTX          (-2)    /* the cut of a truncated stack: popping it leaves the frame */
@@ -386,7 +387,8 @@ static struct mask_entry *entry_get(struct grammar *g, const int32_t *key, int n
     struct mask_entry *e = entry_compute(g, key, n, truncated);
     e->hash = h;
     pthread_mutex_lock(&g->lock);
-    if (g->n_cache >= MAX_CACHE) {
+    size_t bytes = sizeof *e + (e->bits ? (size_t)grammar_vocab_mask_words(g->vocab) * 4 : (size_t)e->n_acc * 4) + (size_t)e->n_unc * 4;
+    if (g->n_cache >= MAX_CACHE || g->cache_bytes + bytes > MAX_CACHE_BYTES) {
         pthread_mutex_unlock(&g->lock);
         *owned = 1;
         return e;
@@ -413,7 +415,7 @@ static struct mask_entry *entry_get(struct grammar *g, const int32_t *key, int n
             return o;
         }
     }
-    g->cache[j] = e, g->n_cache++;
+    g->cache[j] = e, g->n_cache++, g->cache_bytes += bytes;
     pthread_mutex_unlock(&g->lock);
     return e;
 }
