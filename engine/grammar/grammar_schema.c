@@ -388,6 +388,9 @@ static struct gx *object_expr(struct sb *s, const cJSON *node, const char *path)
     for (const cJSON *r = req ? req->child : NULL; r; r = r->next) { /* required but not described */
         if (!cJSON_IsString(r)) return sfail(s, path, "required holds a non-string%s", ""), NULL;
         if (props && cJSON_GetObjectItemCaseSensitive(props, r->valuestring)) continue;
+        int seen = 0;
+        for (const cJSON *q = req->child; q != r; q = q->next) seen |= cJSON_IsString(q) && !strcmp(q->valuestring, r->valuestring);
+        if (seen) continue;
         if (cJSON_IsFalse(ap)) return sfail(s, path, "required property '%s' is not allowed by additionalProperties false", r->valuestring), NULL;
         member[k] = gx_seq3(b, key_literal(s, r->valuestring), gx_str(b, ":"), gx_ref(b, s->r_value));
         required[k++] = 1;
@@ -504,8 +507,11 @@ static struct gx *all_of(struct sb *s, const cJSON *node, const cJSON *all, cons
     parts[n++] = node;
     for (const cJSON *p = all->child; p && n < 65; p = p->next) {
         const cJSON *q = p;
-        for (int hops = 0; cJSON_IsObject(q) && cJSON_GetObjectItemCaseSensitive(q, "$ref") && hops < 16; hops++)
-            if (!(q = resolve(s, cJSON_GetObjectItemCaseSensitive(q, "$ref")->valuestring, path))) return NULL;
+        for (int hops = 0; cJSON_IsObject(q) && cJSON_GetObjectItemCaseSensitive(q, "$ref") && hops < 16; hops++) {
+            const cJSON *ref = cJSON_GetObjectItemCaseSensitive(q, "$ref");
+            if (!cJSON_IsString(ref)) return sfail(s, path, "$ref is not a string%s", ""), NULL;
+            if (!(q = resolve(s, ref->valuestring, path))) return NULL;
+        }
         if (!cJSON_IsObject(q)) return sfail(s, path, "allOf holds a %s that is not an object", "schema"), NULL;
         parts[n++] = q;
     }
