@@ -101,12 +101,23 @@ enum status grammar_vocab_new_bytes(const char *const *tokens, const int *lens, 
         at += v->off[id + 1] - v->off[id];
     }
     v->soff[v->n_sorted] = (uint32_t)at;
+    v->skip = malloc(sizeof *v->skip * (at ? at : 1));
+    if (!v->skip) {
+        grammar_vocab_free(v);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "grammar: out of memory");
+    }
     for (int i = 0; i < v->n_sorted; i++) {
         if (!i) { v->lcp[i] = 0; continue; }
         int32_t a = v->sorted[i - 1], b = v->sorted[i];
         uint32_t la = v->off[a + 1] - v->off[a], lb = v->off[b + 1] - v->off[b], k = 0;
         while (k < la && k < lb && v->bytes[v->off[a] + k] == v->bytes[v->off[b] + k]) k++;
         v->lcp[i] = (int32_t)k;
+    }
+    /* end(i, d) = i+1 when token i+1 differs within the first d+1 bytes, else end(i+1, d). */
+    for (int i = v->n_sorted - 1; i >= 0; i--) {
+        uint32_t len = v->soff[i + 1] - v->soff[i];
+        for (uint32_t d = 0; d < len; d++)
+            v->skip[v->soff[i] + d] = i + 1 == v->n_sorted || (uint32_t)v->lcp[i + 1] <= d ? i + 1 : v->skip[v->soff[i + 1] + d];
     }
     *out = v;
     return STATUS_OK;
@@ -123,7 +134,7 @@ const char *grammar_vocab_token(const struct grammar_vocab *v, int32_t id, int *
 void grammar_vocab_free(struct grammar_vocab *v)
 {
     if (!v) return;
-    free(v->off), free(v->bytes), free(v->sorted), free(v->lcp), free(v->end_ids), free(v->soff), free(v->sbytes);
+    free(v->off), free(v->bytes), free(v->sorted), free(v->lcp), free(v->end_ids), free(v->soff), free(v->sbytes), free(v->skip);
     free(v);
 }
 

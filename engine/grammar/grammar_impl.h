@@ -118,6 +118,8 @@ struct grammar_vocab {
     int32_t  *lcp;         /* (n_sorted) common prefix with the previous sorted token */
     uint32_t *soff;        /* (n_sorted + 1) the sorted tokens' bytes again, in sorted order, so that */
     uint8_t  *sbytes;      /* walks read memory in sequence: sbytes[soff[i] .. soff[i+1]) */
+    int32_t  *skip;        /* (soff[n_sorted]) skip[soff[i] + d]: the first sorted token after i that
+                            * does not share i's first d+1 bytes (a dead prefix's whole range) */
     int       n_sorted;
     int32_t  *end_ids;     /* (n_end) */
     int       n_end;

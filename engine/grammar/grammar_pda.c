@@ -334,11 +334,10 @@ static struct mask_entry *entry_compute(const struct grammar *g, const int32_t *
         }
         /* Every following token sharing the first dead_at+1 bytes ends the same way. */
         int uncertain = d.live[sstack[dead_at + 1]] == 2;
-        if (uncertain) ilist_push(&unc, id);
-        while (i + 1 < v->n_sorted && v->lcp[i + 1] > dead_at) {
-            i++;
-            if (uncertain) ilist_push(&unc, v->sorted[i]);
-        }
+        int end = v->skip[v->soff[i] + (uint32_t)dead_at];
+        if (uncertain)
+            for (int j = i; j < end; j++) ilist_push(&unc, v->sorted[j]);
+        i = end - 1;
         valid = dead_at;
     }
     free(sstack), free(tmp.ids);
