@@ -140,6 +140,9 @@ static const struct sample samples[] = {
     {GRAMMAR_REGEX, "[^a-c]{2,3}|\\w\\s\\S", {"de", "\xc3\xa9\xc3\xa9x", "a b", NULL}, {"ab", "dddd", NULL}},
     {GRAMMAR_EBNF, "root ::= \"(\" expr \")\" | \"x\"\nexpr ::= term (\"+\" term)*  # sums\nterm ::= [0-9]+ | root\n",
      {"x", "(1+2)", "((3)+x)", "(x)", NULL}, {"()", "(1+)", "1", NULL}},
+    {GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"minLength\":3,\"maxLength\":45}", {"\"abc\"", "\"0123456789012345678901234567890123456789\\n\\t\\\"ab\"", NULL},
+     {"\"ab\"", "\"0123456789012345678901234567890123456789012345\"", NULL}},
+    {GRAMMAR_REGEX, "([ab]|cd){0,30}x{2,40}", {"abcdxx", "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", NULL}, {"x", "abc", NULL}},
     {GRAMMAR_REGEX, "((a*)*b?)*(x?)+", {"", "aab", "bbx", "x", NULL}, {"xa", "c", NULL}},
     {GRAMMAR_EBNF, "root ::= ((\"a\"*)*)+ ((\"b\"?)*)* \"c\"*\n", {"", "aab", "bbcc", NULL}, {"ba", "cb", NULL}},
     {GRAMMAR_EBNF, "root ::= item{2,3} \"!\"?\nitem ::= [a-b] | \"\\u00e9\"\n", {"ab", "a\xc3\xa9" "b!", NULL}, {"a", "abab", NULL}},
@@ -329,6 +332,8 @@ static struct grammar_vocab *real_vocab(const char *path, struct tokenizer **tok
     return v;
 }
 
+static int v_model(const struct grammar_vocab *v) { return grammar_vocab_mask_words(v) * 32; }
+
 static const char *nested_schema =
     "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
     "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},\"address\":{\"type\":\"object\",\"properties\":"
@@ -371,6 +376,29 @@ static void test_real(const char *path, int steps)
             continue;
         }
         for (int w = 0; w < 2; w++) walk_check(g, v, steps, 1, path, NULL, 0);
+        grammar_unref(g);
+    }
+    /* A long counted repetition: masks deep in the chain, where entries are keyed by a link
+     * near its start (grammar_pda.c canonical_pos), against brute force. */
+    struct grammar *g;
+    const char *re = "[a-z ]{0,600}!";
+    if (!grammar_compile(v, GRAMMAR_REGEX, re, strlen(re), &g)) {
+        struct grammar_matcher *m;
+        grammar_matcher_new(g, &m);
+        int words = grammar_vocab_mask_words(v);
+        uint32_t *mask = malloc(sizeof *mask * (size_t)words);
+        for (int round = 0; round < 3; round++) {
+            for (int k = 0; k < 90; k++) grammar_matcher_accept_bytes(m, "ab ", 3);
+            grammar_matcher_fill_mask(m, mask);
+            int bad = 0;
+            for (int t = 0; t < words * 32 && t < v_model(v); t++) {
+                int bit = mask[t >> 5] >> (t & 31) & 1, ok = grammar_matcher_accept(m, t) == STATUS_OK;
+                if (ok) grammar_matcher_rollback(m, 1);
+                if (ok != bit && bad++ < 3) EXPECT(0, "%s: long repetition, round %d, token %d: mask %d accept %d", path, round, t, bit, ok);
+            }
+        }
+        free(mask);
+        grammar_matcher_free(m);
         grammar_unref(g);
     }
     grammar_vocab_free(v);

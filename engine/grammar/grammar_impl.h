@@ -32,6 +32,7 @@ struct gx {
 struct grule {
     char      *name;
     struct gx *expr; /* NULL while only referenced (GBNF forward references) */
+    int        rep_base, rep_k; /* x{0,n} lowered as o_k ::= x o_(k-1) | "": rule o_1's index, k */
 };
 
 struct gbuild {
@@ -91,6 +92,9 @@ struct gflat {
     int32_t  *rule_alt; /* (n_rules + 1) alternatives of rule r: alt_pos[rule_alt[r] .. rule_alt[r+1]) */
     int       n_rules;
     int       root;
+    int32_t  *pos_rule; /* (n_el) the rule each element belongs to */
+    int32_t  *rep_base; /* (n_rules) counted chains (struct grule): o_1's rule, -1 when not in one, */
+    int32_t  *rep_k;    /* (n_rules) and k; only chains whose x always consumes input */
 };
 /* Lowers rule `root` of b and what it references; checks that every rule is defined, drops
  * alternatives that can derive no string, refuses left recursion and a root that accepts

@@ -73,6 +73,7 @@ int gb_rule_new(struct gbuild *b, const char *name)
     memcpy(copy, name, len);
     b->rules[b->n_rules].name = copy;
     b->rules[b->n_rules].expr = NULL;
+    b->rules[b->n_rules].rep_base = -1, b->rules[b->n_rules].rep_k = 0;
     return b->n_rules++;
 }
 
@@ -393,10 +394,13 @@ static int emit(struct lower *L, struct ivec *out, struct gx *x)
             b->rules[tail].expr = gx_alt2(b, gx_seq2(b, ref, gx_ref(b, tail)), gx_empty(b));
         } else {
             tail = -1;
+            int base = -1;
             for (int k = 0; k < x->max - x->min; k++) {
                 int o = gb_rule_new(b, "");
                 if (o < 0) return -1;
                 b->rules[o].expr = gx_alt2(b, tail < 0 ? ref : gx_seq2(b, ref, gx_ref(b, tail)), gx_empty(b));
+                if (base < 0) base = o;
+                b->rules[o].rep_base = base, b->rules[o].rep_k = k + 1;
                 tail = o;
             }
         }
@@ -429,7 +433,7 @@ static int lower_rule(struct lower *L, int r)
 
 void gflat_free(struct gflat *f)
 {
-    free(f->el), free(f->sets), free(f->alt_pos), free(f->rule_alt);
+    free(f->el), free(f->sets), free(f->alt_pos), free(f->rule_alt), free(f->pos_rule), free(f->rep_base), free(f->rep_k);
     memset(f, 0, sizeof *f);
 }
 
@@ -532,6 +536,48 @@ done:
     return s;
 }
 
+/* The rule of each element, and the counted chains (o_k ::= x o_(k-1) | "") whose x cannot
+ * derive the empty string: a token of L bytes then uses at most L links of the chain, so the
+ * mask entries of links beyond the longest token are equal (grammar_pda.c keys them alike). */
+static enum status chains(struct gbuild *b, struct gflat *f)
+{
+    f->pos_rule = malloc(sizeof *f->pos_rule * (size_t)(f->n_el ? f->n_el : 1));
+    f->rep_base = malloc(sizeof *f->rep_base * (size_t)(f->n_rules ? f->n_rules : 1));
+    f->rep_k = calloc((size_t)(f->n_rules ? f->n_rules : 1), sizeof *f->rep_k);
+    uint8_t *nullable = calloc((size_t)(f->n_rules ? f->n_rules : 1), 1);
+    if (!f->pos_rule || !f->rep_base || !f->rep_k || !nullable) {
+        free(nullable);
+        return gb_fail(b, STATUS_RESOURCE_EXHAUSTED, "grammar: out of memory");
+    }
+    for (int r = 0; r < f->n_rules; r++)
+        for (int a = f->rule_alt[r]; a < f->rule_alt[r + 1]; a++)
+            for (int p = f->alt_pos[a]; p < f->n_el; p++) {
+                f->pos_rule[p] = r;
+                if (f->el[p] == GEL_END) break;
+            }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int r = 0; r < f->n_rules; r++) {
+            if (nullable[r]) continue;
+            for (int a = f->rule_alt[r]; a < f->rule_alt[r + 1] && !nullable[r]; a++) {
+                int ok = 1;
+                for (int p = f->alt_pos[a]; f->el[p] != GEL_END && ok; p++) ok = f->el[p] <= GEL_REF0 && nullable[GEL_REF0 - f->el[p]];
+                if (ok) nullable[r] = 1, changed = 1;
+            }
+        }
+    }
+    for (int r = 0; r < f->n_rules; r++) {
+        f->rep_base[r] = -1;
+        const struct grule *g = &b->rules[r];
+        if (g->rep_base < 0 || g->rep_k < 2 || f->rule_alt[r + 1] - f->rule_alt[r] != 2) continue;
+        int32_t x = f->el[f->alt_pos[f->rule_alt[r]]];
+        if (x <= GEL_REF0 && nullable[GEL_REF0 - x]) continue;
+        f->rep_base[r] = g->rep_base, f->rep_k[r] = g->rep_k;
+    }
+    free(nullable);
+    return STATUS_OK;
+}
+
 enum status gflat_build(struct gbuild *b, int root, struct gflat *f)
 {
     memset(f, 0, sizeof *f);
@@ -556,6 +602,7 @@ enum status gflat_build(struct gbuild *b, int root, struct gflat *f)
     f->root = root;
     if (!s) s = prune_unproductive(b, f);
     if (!s) s = check_left_recursion(b, f);
+    if (!s) s = chains(b, f);
     if (s) gflat_free(f);
     return s;
 }

@@ -419,6 +419,20 @@ static struct mask_entry *entry_get(struct grammar *g, const int32_t *key, int n
     return e;
 }
 
+/* A position inside link o_k of a counted chain with k beyond the longest token stands for the
+ * same position in link o_C, C = longest token + 2: their entries are equal (grammar_ir.c,
+ * chains()), so that x{0,10000} costs C entries, not 10000. Links k >= 2 share one layout. */
+static int32_t canonical_pos(const struct grammar *g, int32_t pos)
+{
+    const struct gflat *f = &g->f;
+    int32_t r = f->pos_rule[pos];
+    int C = g->vocab->max_len + 2;
+    if (f->rep_base[r] < 0 || f->rep_k[r] <= C) return pos;
+    int32_t rc = f->rep_base[r] + C - 1; /* links are consecutive rules: o_k = o_1 + k - 1 */
+    if (rc >= f->n_rules || f->rep_base[rc] != f->rep_base[r] || f->rep_k[rc] != C) return pos;
+    return pos - f->alt_pos[f->rule_alt[r]] + f->alt_pos[f->rule_alt[rc]];
+}
+
 /* ---- matcher ---- */
 struct hist { size_t off; int n, done, ended; };
 
@@ -563,7 +577,7 @@ void grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *mask)
         int32_t key[KEY_DEPTH];
         int n = 0;
         int32_t q = top;
-        while (q >= 0 && n < KEY_DEPTH) key[n++] = m->p.nodes[q].pos, q = m->p.nodes[q].parent;
+        while (q >= 0 && n < KEY_DEPTH) key[n++] = canonical_pos(m->g, m->p.nodes[q].pos), q = m->p.nodes[q].parent;
         int owned;
         struct mask_entry *e = entry_get(m->g, key, n, q >= 0, &owned);
         if (e->bits)
