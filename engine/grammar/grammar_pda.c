@@ -444,6 +444,7 @@ struct grammar_matcher {
     struct hist    *hist; /* (n_hist) hist[0]: the start */
     size_t          n_hist, cap_hist;
     struct pstate   a, b; /* scratch */
+    struct pstate  *lv;   /* (max_len + 1) states along the current token, for the uncertain checks */
 };
 
 static void push_state(struct grammar_matcher *m, const struct pstate *s, int ended)
@@ -487,6 +488,8 @@ void grammar_matcher_free(struct grammar_matcher *m)
     if (!m) return;
     pda_free(&m->p);
     free(m->pool), free(m->hist), free(m->a.ids), free(m->b.ids);
+    for (int i = 0; m->lv && i <= m->g->vocab->max_len; i++) free(m->lv[i].ids);
+    free(m->lv);
     grammar_unref(m->g);
     free(m);
 }
@@ -563,6 +566,37 @@ int grammar_matcher_is_done(const struct grammar_matcher *m)
     return h->ended || (h->done && h->n == 0);
 }
 
+/* The uncertain tokens of e against the whole stack `top`. They come in byte order, so the
+ * states after a common prefix with the previous token checked are reused (lv[k]: after k
+ * bytes), as in the entry walk. */
+static void check_uncertain(struct grammar_matcher *m, const struct mask_entry *e, int32_t top, uint32_t *mask)
+{
+    const struct grammar_vocab *v = m->g->vocab;
+    if (!m->lv) {
+        m->lv = calloc((size_t)v->max_len + 1, sizeof *m->lv);
+        CHECK(m->lv, "grammar: out of memory");
+    }
+    struct pstate *lv = m->lv;
+    lv[0].n = 0, lv[0].done = 0, lv[0].ctx = 0, lv[0].exited = 0;
+    state_push(&lv[0], top);
+    const uint8_t *prev = NULL;
+    int valid = 0; /* lv[0..valid] hold the states along prev */
+    for (int j = 0; j < e->n_unc; j++) {
+        int32_t t = e->unc[j];
+        if (mask[t >> 5] >> (t & 31) & 1) continue;
+        const uint8_t *b = v->bytes + v->off[t];
+        int len = (int)(v->off[t + 1] - v->off[t]), k = 0;
+        while (k < valid && k < len && b[k] == prev[k]) k++;
+        for (; k < len; k++) {
+            advance(&m->p, &lv[k], b[k], &lv[k + 1]);
+            lv[k + 1].exited = 0;
+            if (!lv[k + 1].n && !lv[k + 1].done) break;
+        }
+        if (k == len) mask[t >> 5] |= 1u << (t & 31);
+        prev = b, valid = k;
+    }
+}
+
 void grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *mask)
 {
     const struct grammar_vocab *v = m->g->vocab;
@@ -584,13 +618,7 @@ void grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *mask)
             for (int w = 0; w < words; w++) mask[w] |= e->bits[w];
         else
             for (int j = 0; j < e->n_acc; j++) mask[e->acc[j] >> 5] |= 1u << (e->acc[j] & 31);
-        for (int j = 0; j < e->n_unc; j++) {
-            int32_t t = e->unc[j];
-            if (mask[t >> 5] >> (t & 31) & 1) continue;
-            m->a.n = 0, m->a.done = 0, m->a.ctx = 0, m->a.exited = 0;
-            state_push(&m->a, top);
-            if (!run_bytes(m, v->bytes + v->off[t], v->off[t + 1] - v->off[t])) mask[t >> 5] |= 1u << (t & 31);
-        }
+        check_uncertain(m, e, top, mask);
         if (owned) entry_free(e);
     }
 }
