@@ -229,6 +229,18 @@ static struct gx *number_expr(struct sb *s, const cJSON *node, int integer, cons
     int exlo, exhi;
     int has_lo = bound(node, "minimum", "exclusiveMinimum", 0, &lo, &exlo);
     int has_hi = bound(node, "maximum", "exclusiveMaximum", 1, &hi, &exhi);
+    /* OpenAPI's numeric formats: int32 bounds an integer; int64, float and double do not narrow
+     * what JSON can write here (int64's range is beyond the 1e18 bound limit) and are ignored. */
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(node, "format");
+    if (fmt) {
+        const char *f = cJSON_IsString(fmt) ? fmt->valuestring : "?";
+        if (!strcmp(f, "int32") && integer) {
+            if (!has_lo || lo < -2147483648.0) lo = -2147483648.0, has_lo = 1, exlo = 0;
+            if (!has_hi || hi > 2147483647.0) hi = 2147483647.0, has_hi = 1, exhi = 0;
+        } else if (strcmp(f, "int64") && strcmp(f, "float") && strcmp(f, "double") && strcmp(f, "int32")) {
+            return sfail(s, path, "unsupported format '%s' for a number", f), NULL;
+        }
+    }
     if (integer) {
         long long l = 0, h = 0;
         if (has_lo) l = (long long)ceil(lo), l += exlo && (double)l == lo;
