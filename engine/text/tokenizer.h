@@ -108,6 +108,13 @@ int32_t tokenizer_piece_to_id(const struct tokenizer *t, const char *piece);
 int tokenizer_is_byte(const struct tokenizer *t, int32_t id);
 int tokenizer_is_control(const struct tokenizer *t, int32_t id);
 
+/* The exact bytes token id contributes in the middle of a sequence (engine/text/token_bytes.c):
+ * SentencePiece pieces with U+2581 as ' ', byte pieces as their byte, byte-level BPE pieces
+ * through the GPT-2 byte map, added (not special) tokens as their content. Control and special
+ * tokens, the unk id and out-of-range ids contribute none (0). Writes buf[0..cap) and returns
+ * the count, or -1 when cap is too small. For constrained decoding (engine/grammar/). */
+int tokenizer_token_bytes(const struct tokenizer *t, int32_t id, char *buf, int cap);
+
 /* Incremental detokenization for streaming, one per request. Push the ids of a sequence one by
  * one (the prompt's BOS may be pushed or not: control ids print nothing); each push returns the
  * text that became final, always complete UTF-8: bytes of a character split over byte pieces

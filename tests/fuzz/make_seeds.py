@@ -278,6 +278,28 @@ def train_seeds():
     put("train_data", "short-seq-skip", bytes([4 * 1 + 0, 0]) + body.encode())
 
 
+def grammar_seeds():
+    """fuzz_grammar: the kind byte (0 JSON Schema, 1 JSON object, 2 regex, 3 GBNF, 4 choice), then
+    the source: every file of tests/data/grammar plus a few hand-written ones."""
+    corpus = os.path.join(HERE, "..", "data", "grammar")
+    for f in sorted(os.listdir(corpus)):
+        kind = 0 if f.endswith(".json") else 2 if f.endswith(".regex") else 3
+        with open(os.path.join(corpus, f), "rb") as fh:
+            put("grammar", f.replace(".", "_"), bytes([kind]) + fh.read())
+    put("grammar", "json_object", bytes([1]))
+    put("grammar", "choice", bytes([4]) + b'["yes","no","maybe"]')
+    put("grammar", "gbnf_json", bytes([3]) + rb"""root ::= object
+value ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+""")
+    put("grammar", "regex_classes", bytes([2]) + rb"^[\w.-]+@(\d{1,3}\.){3}\d{1,3}|[^\s]?(?:x|y)*?$")
+    put("grammar", "bad_leftrec", bytes([3]) + b'root ::= root "a" | "b"')
+
+
 def main():
     convert_seeds()
     http_seeds()
@@ -288,6 +310,7 @@ def main():
     chat_seeds()
     detokenize_seeds()
     train_seeds()
+    grammar_seeds()
 
 
 if __name__ == "__main__":

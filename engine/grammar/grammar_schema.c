@@ -1,0 +1,681 @@
+/* engine/grammar/grammar_schema.c - JSON Schema (the subset real schemas use) and JSON object
+ * mode to expression trees. Output is compact canonical JSON: no whitespace at all, properties
+ * in schema order (required ones present, optional ones skippable), then additional
+ * properties when allowed. Keywords outside the subset are refused naming the keyword and the
+ * schema path; annotations (title, description, examples, default, $schema, $id, $comment,
+ * deprecated, readOnly, writeOnly) are ignored. docs/grammar.md lists the subset.
+ * Tests: tests/test_grammar.c, tests/test_grammar.py (llguidance and jsonschema as oracles). */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar_impl.h"
+
+struct sref { char *ptr; int rule; };
+
+struct sb {
+    struct gbuild *b;
+    cJSON         *root;
+    cJSON        **owned; /* merged allOf schemas, freed at the end */
+    int            n_owned;
+    struct sref    refs[256];
+    int            n_refs;
+    int            depth;
+    int            r_value, r_string, r_char, r_int, r_number, r_object, r_array;
+};
+
+static enum status sfail(struct sb *s, const char *path, const char *fmt, const char *arg)
+{
+    char msg[300];
+    snprintf(msg, sizeof msg, fmt, arg);
+    return gb_fail(s->b, STATUS_INVALID_ARGUMENT, "json schema: %s: %s", path[0] ? path : "/", msg);
+}
+
+/* One character of a JSON string in the canonical form llguidance writes by default: any code
+ * point from U+0020 but '"', '\\' and DEL as itself, the short escapes \\" \\\\ \\b \\f \\n \\r \\t,
+ * and \\u00XX only for the other control characters (no "\\/", no \\u for printable ones). */
+static struct gx *json_escape(struct gbuild *b)
+{
+    struct gx *simple = gx_byte_range(b, 0, -1);
+    for (const char *c = "\"\\bfnrt"; simple && *c; c++) simple->set[(uint8_t)*c >> 5] |= 1u << (*c & 31);
+    struct gx *hex = gx_alt2(b, gx_byte_range(b, '0', '9'), gx_alt2(b, gx_byte_range(b, 'a', 'f'), gx_byte_range(b, 'A', 'F')));
+    struct gx *u = gx_seq3(b, gx_str(b, "u00"), gx_byte_range(b, '0', '1'), hex);
+    return gx_seq2(b, gx_str(b, "\\"), gx_alt2(b, simple, u));
+}
+
+struct gx *json_string_char(struct gbuild *b)
+{
+    uint32_t lo[4] = {0x20, 0x23, 0x5D, 0x80}, hi[4] = {0x21, 0x5B, 0x7E, 0x10FFFF};
+    return gx_alt2(b, gx_codepoints(b, lo, hi, 4), json_escape(b));
+}
+
+static int def_rule(struct sb *s, const char *name, struct gx *x)
+{
+    int r = gb_rule_new(s->b, name);
+    if (r >= 0) s->b->rules[r].expr = x;
+    return r;
+}
+
+/* The generic JSON rules, made once. */
+static void json_rules(struct sb *s)
+{
+    struct gbuild *b = s->b;
+    if (s->r_value) return;
+    s->r_value = gb_rule_new(b, "json-value");
+    s->r_char = def_rule(s, "json-char", json_string_char(b));
+    s->r_string = def_rule(s, "json-string", gx_seq3(b, gx_str(b, "\""), gx_repeat(b, gx_ref(b, s->r_char), 0, -1), gx_str(b, "\"")));
+    struct gx *digits = gx_repeat(b, gx_byte_range(b, '0', '9'), 1, -1);
+    s->r_int = def_rule(s, "json-int", gx_seq2(b, gx_repeat(b, gx_str(b, "-"), 0, 1),
+                                               gx_alt2(b, gx_str(b, "0"), gx_seq2(b, gx_byte_range(b, '1', '9'),
+                                                                               gx_repeat(b, gx_byte_range(b, '0', '9'), 0, -1)))));
+    struct gx *sign = gx_byte_range(b, '+', '+');
+    if (sign) sign->set['-' >> 5] |= 1u << ('-' & 31);
+    struct gx *e = gx_byte_range(b, 'e', 'e');
+    if (e) e->set['E' >> 5] |= 1u << ('E' & 31);
+    s->r_number = def_rule(s, "json-number", gx_seq3(b, gx_ref(b, s->r_int), gx_repeat(b, gx_seq2(b, gx_str(b, "."), digits), 0, 1),
+                                                     gx_repeat(b, gx_seq3(b, e, gx_repeat(b, sign, 0, 1), digits), 0, 1)));
+    struct gx *member = gx_seq3(b, gx_ref(b, s->r_string), gx_str(b, ":"), gx_ref(b, s->r_value));
+    s->r_object = def_rule(s, "json-object", gx_seq3(b, gx_str(b, "{"),
+                                                     gx_repeat(b, gx_seq2(b, member, gx_repeat(b, gx_seq2(b, gx_str(b, ","), member), 0, -1)), 0, 1),
+                                                     gx_str(b, "}")));
+    struct gx *val = gx_ref(b, s->r_value);
+    s->r_array = def_rule(s, "json-array", gx_seq3(b, gx_str(b, "["),
+                                                   gx_repeat(b, gx_seq2(b, val, gx_repeat(b, gx_seq2(b, gx_str(b, ","), val), 0, -1)), 0, 1),
+                                                   gx_str(b, "]")));
+    struct gx *alts[7] = {gx_ref(b, s->r_object), gx_ref(b, s->r_array), gx_ref(b, s->r_string), gx_ref(b, s->r_number),
+                          gx_str(b, "true"), gx_str(b, "false"), gx_str(b, "null")};
+    if (s->r_value >= 0) b->rules[s->r_value].expr = gx_alt(b, 7, alts);
+}
+
+/* A JSON value printed compactly, as a literal. */
+static struct gx *json_literal(struct sb *s, const cJSON *v)
+{
+    char *text = cJSON_PrintUnformatted(v);
+    if (!text) return gb_fail(s->b, STATUS_RESOURCE_EXHAUSTED, "json schema: out of memory"), NULL;
+    struct gx *x = gx_str(s->b, text);
+    cJSON_free(text);
+    return x;
+}
+
+static struct gx *key_literal(struct sb *s, const char *key)
+{
+    cJSON *k = cJSON_CreateString(key);
+    struct gx *x = k ? json_literal(s, k) : NULL;
+    cJSON_Delete(k);
+    return x;
+}
+
+static struct gx *schema(struct sb *s, const cJSON *node, const char *path);
+
+static void subpath(char *out, size_t cap, const char *path, const char *a, const char *b)
+{
+    snprintf(out, cap, "%s/%s%s%s", path, a, b ? "/" : "", b ? b : "");
+}
+
+static const cJSON *resolve(struct sb *s, const char *ref, const char *path)
+{
+    if (ref[0] != '#') return sfail(s, path, "only local $ref (#...) is supported, not '%s'", ref), NULL;
+    const cJSON *cur = s->root;
+    const char *p = ref + 1;
+    while (*p == '/') {
+        p++;
+        char tok[256];
+        size_t n = 0;
+        while (*p && *p != '/' && n + 1 < sizeof tok) {
+            if (p[0] == '~' && p[1] == '1') tok[n++] = '/', p += 2;
+            else if (p[0] == '~' && p[1] == '0') tok[n++] = '~', p += 2;
+            else tok[n++] = *p++;
+        }
+        tok[n] = 0;
+        cur = cJSON_IsArray(cur) ? cJSON_GetArrayItem(cur, atoi(tok)) : cJSON_GetObjectItemCaseSensitive(cur, tok);
+        if (!cur) return sfail(s, path, "$ref '%s' points to nothing", ref), NULL;
+    }
+    if (*p) return sfail(s, path, "$ref '%s' is not a JSON pointer", ref), NULL;
+    return cur;
+}
+
+static struct gx *ref_expr(struct sb *s, const char *ref, const char *path)
+{
+    for (int i = 0; i < s->n_refs; i++)
+        if (!strcmp(s->refs[i].ptr, ref)) return gx_ref(s->b, s->refs[i].rule);
+    if (s->n_refs == 256) return sfail(s, path, "more than 256 distinct $ref targets%s", ""), NULL;
+    const cJSON *target = resolve(s, ref, path);
+    if (!target) return NULL;
+    int r = gb_rule_new(s->b, ref);
+    if (r < 0) return NULL;
+    s->refs[s->n_refs].ptr = s->b->rules[r].name;
+    s->refs[s->n_refs++].rule = r;
+    struct gx *x = schema(s, target, ref + 1);
+    if (!x) return NULL;
+    s->b->rules[r].expr = x;
+    return gx_ref(s->b, r);
+}
+
+/* ---- integers in a range: digit-by-digit expressions ---- */
+static struct gx *digit_range(struct gbuild *b, int lo, int hi) { return gx_byte_range(b, '0' + lo, '0' + hi); }
+
+/* Numbers of exactly the digits of a..z (same length, decimal strings). */
+static struct gx *same_len(struct gbuild *b, const char *a, const char *z, int n)
+{
+    if (n == 1) return digit_range(b, a[0] - '0', z[0] - '0');
+    if (a[0] == z[0]) return gx_seq2(b, digit_range(b, a[0] - '0', a[0] - '0'), same_len(b, a + 1, z + 1, n - 1));
+    char nines[24], zeros[24];
+    memset(nines, '9', (size_t)n), memset(zeros, '0', (size_t)n);
+    struct gx *alts[3];
+    int k = 0;
+    alts[k++] = gx_seq2(b, digit_range(b, a[0] - '0', a[0] - '0'), same_len(b, a + 1, nines, n - 1));
+    if (a[0] + 1 <= z[0] - 1) alts[k++] = gx_seq2(b, digit_range(b, a[0] - '0' + 1, z[0] - '0' - 1), gx_repeat(b, digit_range(b, 0, 9), n - 1, n - 1));
+    alts[k++] = gx_seq2(b, digit_range(b, z[0] - '0', z[0] - '0'), same_len(b, zeros, z + 1, n - 1));
+    return gx_alt(b, k, alts);
+}
+
+/* Non-negative integers in [lo, hi], hi < 0: unbounded. */
+static struct gx *uint_range(struct gbuild *b, long long lo, long long hi)
+{
+    char a[24], z[24];
+    struct gx *alts[24];
+    int k = 0;
+    int la = snprintf(a, sizeof a, "%lld", lo);
+    for (int len = la; len <= 19; len++) {
+        long long top = 9223372036854775807LL; /* 19 digits: bounds are at most 1e18 */
+        if (len < 19) { top = 1; for (int i = 0; i < len; i++) top *= 10; top -= 1; }
+        long long from = len == la ? lo : top / 10 + 1;
+        if (hi >= 0 && from > hi) break;
+        if (hi < 0 && len > la) { /* every longer number */
+            alts[k++] = gx_seq2(b, digit_range(b, 1, 9), gx_repeat(b, digit_range(b, 0, 9), len - 1, -1));
+            break;
+        }
+        long long to = hi >= 0 && hi < top ? hi : top;
+        snprintf(a, sizeof a, "%lld", from), snprintf(z, sizeof z, "%lld", to);
+        alts[k++] = same_len(b, a, z, len);
+        if (to == hi) break;
+    }
+    return gx_alt(b, k, alts);
+}
+
+static struct gx *int_range(struct sb *s, int has_lo, long long lo, int has_hi, long long hi, const char *path)
+{
+    struct gbuild *b = s->b;
+    if (!has_lo && !has_hi) return gx_ref(b, s->r_int);
+    if (has_lo && has_hi && lo > hi) return sfail(s, path, "minimum above maximum%s", ""), NULL;
+    const long long big = 1000000000000000000LL;
+    if ((has_lo && (lo > big || lo < -big)) || (has_hi && (hi > big || hi < -big))) return sfail(s, path, "integer bound beyond 1e18%s", ""), NULL;
+    struct gx *alts[2];
+    int k = 0;
+    if (!has_lo || lo < 0) { /* negative part: -(max(1,-hi) .. -lo) */
+        long long nlo = has_hi && hi < 0 ? -hi : 1, nhi = has_lo ? -lo : -1;
+        alts[k++] = gx_seq2(b, gx_str(b, "-"), uint_range(b, nlo, nhi));
+    }
+    if (!has_hi || hi >= 0) alts[k++] = uint_range(b, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
+    return gx_alt(b, k, alts);
+}
+
+static int bound(const cJSON *node, const char *kw, const char *ex, int upper, double *v, int *exclusive)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(node, kw), *e = cJSON_GetObjectItemCaseSensitive(node, ex);
+    int have = 0;
+    *exclusive = 0;
+    if (cJSON_IsNumber(x)) *v = x->valuedouble, have = 1;
+    if (cJSON_IsNumber(e) && (!have || (upper ? e->valuedouble <= *v : e->valuedouble >= *v))) *v = e->valuedouble, have = 1, *exclusive = 1;
+    if (cJSON_IsTrue(e) && have) *exclusive = 1; /* draft 4 */
+    return have;
+}
+
+static struct gx *number_expr(struct sb *s, const cJSON *node, int integer, const char *path)
+{
+    double lo = 0, hi = 0;
+    int exlo, exhi;
+    int has_lo = bound(node, "minimum", "exclusiveMinimum", 0, &lo, &exlo);
+    int has_hi = bound(node, "maximum", "exclusiveMaximum", 1, &hi, &exhi);
+    /* OpenAPI's numeric formats: int32 bounds an integer; int64, float and double do not narrow
+     * what JSON can write here (int64's range is beyond the 1e18 bound limit) and are ignored. */
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(node, "format");
+    if (fmt) {
+        const char *f = cJSON_IsString(fmt) ? fmt->valuestring : "?";
+        if (!strcmp(f, "int32") && integer) {
+            if (!has_lo || lo < -2147483648.0) lo = -2147483648.0, has_lo = 1, exlo = 0;
+            if (!has_hi || hi > 2147483647.0) hi = 2147483647.0, has_hi = 1, exhi = 0;
+        } else if (strcmp(f, "int64") && strcmp(f, "float") && strcmp(f, "double") && strcmp(f, "int32")) {
+            return sfail(s, path, "unsupported format '%s' for a number", f), NULL;
+        }
+    }
+    if (integer) {
+        long long l = 0, h = 0;
+        if (has_lo) l = (long long)ceil(lo), l += exlo && (double)l == lo;
+        if (has_hi) h = (long long)floor(hi), h -= exhi && (double)h == hi;
+        return int_range(s, has_lo, l, has_hi, h, path);
+    }
+    /* Numbers: only the sign is enforced (a non-negative minimum forbids '-'); documented. */
+    if (has_lo && lo >= 0) {
+        struct gbuild *b = s->b;
+        struct gx *digits = gx_repeat(b, gx_byte_range(b, '0', '9'), 1, -1);
+        struct gx *e = gx_byte_range(b, 'e', 'e');
+        if (e) e->set['E' >> 5] |= 1u << ('E' & 31);
+        struct gx *sign = gx_byte_range(b, '+', '+');
+        if (sign) sign->set['-' >> 5] |= 1u << ('-' & 31);
+        return gx_seq3(b, uint_range(b, 0, -1), gx_repeat(b, gx_seq2(b, gx_str(b, "."), digits), 0, 1),
+                       gx_repeat(b, gx_seq3(b, e, gx_repeat(b, sign, 0, 1), digits), 0, 1));
+    }
+    return gx_ref(s->b, s->r_number);
+}
+
+/* The formats, as regular expressions of their RFCs (3339 dates and times, 5321 mailboxes, 4122
+ * UUIDs, 1123 host names, dotted IPv4): month lengths are checked (February up to 29), not leap
+ * years; no leap second 60 (Python jsonschema refuses most). */
+#define RX_DATE "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|[12][0-9]))"
+#define RX_TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?([zZ]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#define RX_OCTET "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])"
+#define RX_LABEL "[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?"
+#define RX_ATEXT "[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]"
+static const char *format_regex(const char *f)
+{
+    static const struct { const char *name, *re; } formats[] = {
+        {"date", "^" RX_DATE "$"},
+        {"time", "^" RX_TIME "$"},
+        {"date-time", "^" RX_DATE "[tT]" RX_TIME "$"},
+        {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
+        {"email", "^" RX_ATEXT "+(\\." RX_ATEXT "+)*@(" RX_LABEL "(\\." RX_LABEL ")*|\\[(" RX_OCTET "\\.){3}" RX_OCTET "\\])$"},
+        {"ipv4", "^(" RX_OCTET "\\.){3}" RX_OCTET "$"},
+        {"hostname", "^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$"},
+    };
+    for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
+        if (!strcmp(f, formats[i].name)) return formats[i].re;
+    return NULL;
+}
+
+static struct gx *string_expr(struct sb *s, const cJSON *node, const char *path)
+{
+    struct gbuild *b = s->b;
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(node, "pattern"), *fmt = cJSON_GetObjectItemCaseSensitive(node, "format");
+    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(node, "minLength"), *mx = cJSON_GetObjectItemCaseSensitive(node, "maxLength");
+    const char *re = NULL;
+    if (fmt) {
+        if (!cJSON_IsString(fmt) || !(re = format_regex(fmt->valuestring)))
+            return sfail(s, path, "unsupported format '%s'", cJSON_IsString(fmt) ? fmt->valuestring : "?"), NULL;
+    }
+    if (pat) {
+        if (!cJSON_IsString(pat)) return sfail(s, path, "pattern is not a string%s", ""), NULL;
+        if (re) return sfail(s, path, "pattern together with format is not supported%s", ""), NULL;
+        re = pat->valuestring;
+    }
+    struct gx *content;
+    if (re) {
+        if (mn || mx) return sfail(s, path, "minLength/maxLength together with pattern or format is not supported%s", ""), NULL;
+        enum status st = regex_parse(b, re, strlen(re), 1, &content);
+        if (st) return NULL;
+    } else {
+        int lo = 0, hi = -1;
+        if (mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble > GRAMMAR_MAX_REPEAT))
+            return sfail(s, path, "minLength must be an integer in [0, %s]", "10000"), NULL;
+        if (mx && (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble > GRAMMAR_MAX_REPEAT))
+            return sfail(s, path, "maxLength must be an integer in [0, %s]", "10000"), NULL;
+        if (mn) lo = mn->valueint;
+        if (mx) hi = mx->valueint;
+        if (hi >= 0 && hi < lo) return sfail(s, path, "maxLength below minLength%s", ""), NULL;
+        if (!mn && !mx) return gx_ref(b, s->r_string);
+        content = gx_repeat(b, gx_ref(b, s->r_char), lo, hi);
+    }
+    return gx_seq3(b, gx_str(b, "\""), content, gx_str(b, "\""));
+}
+
+/* The content and closing quote of a key that is none of keys[0..n) (sorted, sharing their
+ * first d bytes, ASCII without '"' or '\\'): a trie walked character by character, where any
+ * character off the trie frees the rest of the key. */
+static struct gx *key_except(struct sb *s, const char **keys, int n, int d)
+{
+    struct gbuild *b = s->b;
+    struct cpset other = {0};
+    cpset_add(&other, 0x20, 0x21), cpset_add(&other, 0x23, 0x5B), cpset_add(&other, 0x5D, 0x7E), cpset_add(&other, 0x80, 0x10FFFF);
+    struct gx **alts = gb_alloc(b, sizeof *alts * (size_t)(n + 3));
+    int k = 0, terminal = 0;
+    if (!alts) { cpset_free(&other); return NULL; }
+    for (int i = 0; i < n;) {
+        if (!keys[i][d]) { terminal = 1, i++; continue; }
+        int j = i;
+        while (j < n && keys[j][d] == keys[i][d]) j++;
+        uint32_t c = (uint8_t)keys[i][d];
+        struct cpset rest = {0};
+        for (int r = 0; r < other.n; r++) { /* other minus c */
+            if (c < other.lo[r] || c > other.hi[r]) { cpset_add(&rest, other.lo[r], other.hi[r]); continue; }
+            if (c > other.lo[r]) cpset_add(&rest, other.lo[r], c - 1);
+            if (c < other.hi[r]) cpset_add(&rest, c + 1, other.hi[r]);
+        }
+        cpset_free(&other);
+        other = rest;
+        alts[k++] = gx_seq2(b, gx_byte_range(b, (int)c, (int)c), gx_ref(b, def_rule(s, "", key_except(s, keys + i, j - i, d + 1))));
+        i = j;
+    }
+    alts[k++] = gx_seq3(b, gx_alt2(b, gx_codepoints(b, other.lo, other.hi, other.n), json_escape(b)),
+                        gx_repeat(b, gx_ref(b, s->r_char), 0, -1), gx_str(b, "\""));
+    if (!terminal) alts[k++] = gx_str(b, "\"");
+    cpset_free(&other);
+    return gx_alt(b, k, alts);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* A key for an additional property: any string but the declared names (the ones in plain ASCII;
+ * others are not excluded, docs/grammar.md), as llguidance does. */
+static struct gx *extra_key(struct sb *s, const cJSON *props)
+{
+    struct gbuild *b = s->b;
+    int n = props ? cJSON_GetArraySize(props) : 0, k = 0;
+    const char **keys = gb_alloc(b, sizeof *keys * (size_t)(n + 1));
+    if (!keys) return NULL;
+    for (const cJSON *p = props ? props->child : NULL; p; p = p->next) {
+        int plain = 1;
+        for (const char *c = p->string; *c; c++) plain &= *c >= 0x20 && *c < 0x7F && *c != '"' && *c != '\\';
+        if (plain) keys[k++] = p->string;
+    }
+    if (!k) return gx_ref(b, s->r_string);
+    qsort(keys, (size_t)k, sizeof *keys, cmp_str);
+    return gx_seq2(b, gx_str(b, "\""), key_except(s, keys, k, 0));
+}
+
+static struct gx *object_expr(struct sb *s, const cJSON *node, const char *path)
+{
+    struct gbuild *b = s->b;
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(node, "properties");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(node, "required");
+    const cJSON *ap = cJSON_GetObjectItemCaseSensitive(node, "additionalProperties");
+    char sub[1024];
+    if (props && !cJSON_IsObject(props)) return sfail(s, path, "properties is not an object%s", ""), NULL;
+    if (req && !cJSON_IsArray(req)) return sfail(s, path, "required is not an array%s", ""), NULL;
+    int n = props ? cJSON_GetArraySize(props) : 0, n_req = req ? cJSON_GetArraySize(req) : 0;
+    int total = n + n_req;
+    struct gx **member = gb_alloc(b, sizeof *member * (size_t)(total + 1));
+    int *required = gb_alloc(b, sizeof *required * (size_t)(total + 1));
+    if (!member || !required) return NULL;
+    int k = 0;
+    for (const cJSON *p = props ? props->child : NULL; p; p = p->next, k++) {
+        subpath(sub, sizeof sub, path, "properties", p->string);
+        struct gx *v = schema(s, p, sub);
+        if (!v) return NULL;
+        member[k] = gx_seq3(b, key_literal(s, p->string), gx_str(b, ":"), v);
+        for (const cJSON *r = req ? req->child : NULL; r; r = r->next)
+            if (cJSON_IsString(r) && !strcmp(r->valuestring, p->string)) required[k] = 1;
+    }
+    for (const cJSON *r = req ? req->child : NULL; r; r = r->next) { /* required but not described */
+        if (!cJSON_IsString(r)) return sfail(s, path, "required holds a non-string%s", ""), NULL;
+        if (props && cJSON_GetObjectItemCaseSensitive(props, r->valuestring)) continue;
+        int seen = 0;
+        for (const cJSON *q = req->child; q != r; q = q->next) seen |= cJSON_IsString(q) && !strcmp(q->valuestring, r->valuestring);
+        if (seen) continue;
+        if (cJSON_IsFalse(ap)) return sfail(s, path, "required property '%s' is not allowed by additionalProperties false", r->valuestring), NULL;
+        member[k] = gx_seq3(b, key_literal(s, r->valuestring), gx_str(b, ":"), gx_ref(b, s->r_value));
+        required[k++] = 1;
+    }
+    n = k;
+    struct gx *extra = NULL;
+    if (!ap || cJSON_IsTrue(ap)) extra = gx_seq3(b, extra_key(s, props), gx_str(b, ":"), gx_ref(b, s->r_value));
+    else if (cJSON_IsObject(ap)) {
+        subpath(sub, sizeof sub, path, "additionalProperties", NULL);
+        struct gx *v = schema(s, ap, sub);
+        if (!v) return NULL;
+        extra = gx_seq3(b, extra_key(s, props), gx_str(b, ":"), v);
+    } else if (!cJSON_IsFalse(ap)) return sfail(s, path, "additionalProperties must be a boolean or a schema%s", ""), NULL;
+    /* A_i: members i.. with nothing written yet; B_i: members i.. after something (each
+     * preceded by a comma). Built from the end, as rules so that the size stays linear. */
+    struct gx *A = extra ? gx_repeat(b, gx_seq2(b, extra, gx_repeat(b, gx_seq2(b, gx_str(b, ","), extra), 0, -1)), 0, 1) : gx_empty(b);
+    struct gx *B = extra ? gx_repeat(b, gx_seq2(b, gx_str(b, ","), extra), 0, -1) : gx_empty(b);
+    for (int i = n - 1; i >= 0; i--) {
+        int rb = def_rule(s, "", B), ra = def_rule(s, "", A);
+        struct gx *b_take = gx_seq3(b, gx_str(b, ","), member[i], gx_ref(b, rb));
+        struct gx *a_take = gx_seq2(b, member[i], gx_ref(b, rb));
+        B = required[i] ? b_take : gx_alt2(b, b_take, gx_ref(b, rb));
+        A = required[i] ? a_take : gx_alt2(b, a_take, gx_ref(b, ra));
+    }
+    return gx_seq3(b, gx_str(b, "{"), A, gx_str(b, "}"));
+}
+
+static struct gx *array_expr(struct sb *s, const cJSON *node, const char *path)
+{
+    struct gbuild *b = s->b;
+    const cJSON *items = cJSON_GetObjectItemCaseSensitive(node, "items"), *prefix = cJSON_GetObjectItemCaseSensitive(node, "prefixItems");
+    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(node, "minItems"), *mx = cJSON_GetObjectItemCaseSensitive(node, "maxItems");
+    const cJSON *uniq = cJSON_GetObjectItemCaseSensitive(node, "uniqueItems");
+    char sub[1024];
+    if (cJSON_IsTrue(uniq)) return sfail(s, path, "unsupported keyword '%s' (true)", "uniqueItems"), NULL;
+    if (cJSON_IsArray(items)) { /* draft 4 tuples */
+        if (prefix) return sfail(s, path, "items as an array together with %s", "prefixItems"), NULL;
+        prefix = items, items = cJSON_GetObjectItemCaseSensitive(node, "additionalItems");
+    }
+    int lo = 0, hi = -1;
+    if (mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble > GRAMMAR_MAX_REPEAT)) return sfail(s, path, "bad %s", "minItems"), NULL;
+    if (mx && (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble > GRAMMAR_MAX_REPEAT)) return sfail(s, path, "bad %s", "maxItems"), NULL;
+    if (mn) lo = mn->valueint;
+    if (mx) hi = mx->valueint;
+    int k = prefix ? cJSON_GetArraySize(prefix) : 0;
+    struct gx *item = NULL;
+    if (!items || cJSON_IsTrue(items)) item = gx_ref(b, s->r_value);
+    else if (cJSON_IsObject(items)) {
+        subpath(sub, sizeof sub, path, "items", NULL);
+        if (!(item = schema(s, items, sub))) return NULL;
+    } else if (!cJSON_IsFalse(items)) return sfail(s, path, "items must be a schema%s", ""), NULL;
+    if (!item) hi = hi < 0 || hi > k ? k : hi;
+    if (hi >= 0 && hi < lo) return sfail(s, path, "no array length satisfies minItems, maxItems and items%s", ""), NULL;
+    struct gx *body;
+    if (k == 0) {
+        if (hi == 0) return gx_str(b, "[]");
+        body = gx_seq2(b, item, gx_repeat(b, gx_seq2(b, gx_str(b, ","), item), lo > 1 ? lo - 1 : 0, hi < 0 ? -1 : hi - 1));
+        if (lo == 0) body = gx_repeat(b, body, 0, 1);
+    } else {
+        int upto = hi >= 0 && hi < k ? hi : k;
+        struct gx *tail = gx_empty(b);
+        if (item && (hi < 0 || hi > k)) tail = gx_repeat(b, gx_seq2(b, gx_str(b, ","), item), lo > k ? lo - k : 0, hi < 0 ? -1 : hi - k);
+        for (int j = upto - 1; j >= 0; j--) {
+            char idx[16];
+            snprintf(idx, sizeof idx, "%d", j);
+            subpath(sub, sizeof sub, path, "prefixItems", idx);
+            struct gx *pj = schema(s, cJSON_GetArrayItem(prefix, j), sub);
+            if (!pj) return NULL;
+            tail = gx_seq3(b, j ? gx_str(b, ",") : gx_empty(b), pj, gx_ref(b, def_rule(s, "", tail)));
+            if (j >= lo) tail = gx_repeat(b, tail, 0, 1);
+        }
+        body = tail;
+    }
+    return gx_seq3(b, gx_str(b, "["), body, gx_str(b, "]"));
+}
+
+static const char *const annotations[] = {"title", "description", "examples", "default", "$schema", "$id", "$comment",
+                                          "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "id", NULL};
+static const char *const supported[] = {"type", "properties", "required", "additionalProperties", "enum", "const", "anyOf",
+                                        "oneOf", "allOf", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
+                                        "uniqueItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
+                                        "exclusiveMinimum", "exclusiveMaximum", "$ref", "nullable", NULL};
+
+static int in_list(const char *k, const char *const *list)
+{
+    for (int i = 0; list[i]; i++)
+        if (!strcmp(k, list[i])) return 1;
+    return 0;
+}
+
+static struct gx *typed(struct sb *s, const cJSON *node, const char *type, const char *path)
+{
+    struct gbuild *b = s->b;
+    if (!strcmp(type, "null")) return gx_str(b, "null");
+    if (!strcmp(type, "boolean")) return gx_alt2(b, gx_str(b, "true"), gx_str(b, "false"));
+    if (!strcmp(type, "string")) return string_expr(s, node, path);
+    if (!strcmp(type, "integer")) return number_expr(s, node, 1, path);
+    if (!strcmp(type, "number")) return number_expr(s, node, 0, path);
+    if (!strcmp(type, "object")) return object_expr(s, node, path);
+    if (!strcmp(type, "array")) return array_expr(s, node, path);
+    return sfail(s, path, "unknown type '%s'", type), NULL;
+}
+
+/* allOf: the keywords of every part merged into one schema (properties united, required
+ * concatenated); a keyword two parts give differently is refused. */
+static struct gx *all_of(struct sb *s, const cJSON *node, const cJSON *all, const char *path)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (!m || !(s->owned = realloc(s->owned, sizeof *s->owned * (size_t)(s->n_owned + 1))))
+        return cJSON_Delete(m), gb_fail(s->b, STATUS_RESOURCE_EXHAUSTED, "json schema: out of memory"), NULL;
+    s->owned[s->n_owned++] = m;
+    const cJSON *parts[65];
+    int n = 0;
+    parts[n++] = node;
+    for (const cJSON *p = all->child; p && n < 65; p = p->next) {
+        const cJSON *q = p;
+        for (int hops = 0; cJSON_IsObject(q) && cJSON_GetObjectItemCaseSensitive(q, "$ref") && hops < 16; hops++) {
+            const cJSON *ref = cJSON_GetObjectItemCaseSensitive(q, "$ref");
+            if (!cJSON_IsString(ref)) return sfail(s, path, "$ref is not a string%s", ""), NULL;
+            if (!(q = resolve(s, ref->valuestring, path))) return NULL;
+        }
+        if (!cJSON_IsObject(q)) return sfail(s, path, "allOf holds a %s that is not an object", "schema"), NULL;
+        parts[n++] = q;
+    }
+    for (int i = 0; i < n; i++)
+        for (const cJSON *kv = parts[i]->child; kv; kv = kv->next) {
+            if (!strcmp(kv->string, "allOf") || !strcmp(kv->string, "additionalProperties") || (!strcmp(kv->string, "$ref") && i > 0))
+                continue;
+            cJSON *have = cJSON_GetObjectItemCaseSensitive(m, kv->string);
+            if (!have) {
+                cJSON *copy = cJSON_Duplicate(kv, 1);
+                if (!copy || !cJSON_AddItemToObject(m, kv->string, copy)) {
+                    cJSON_Delete(copy);
+                    return gb_fail(s->b, STATUS_RESOURCE_EXHAUSTED, "json schema: out of memory"), NULL;
+                }
+            } else if ((!strcmp(kv->string, "properties") && cJSON_IsObject(have) && cJSON_IsObject(kv)) ||
+                       (!strcmp(kv->string, "required") && cJSON_IsArray(have) && cJSON_IsArray(kv))) {
+                for (const cJSON *e = kv->child; e; e = e->next) {
+                    if (cJSON_IsObject(have) && cJSON_GetObjectItemCaseSensitive(have, e->string)) continue;
+                    cJSON *copy = cJSON_Duplicate(e, 1);
+                    if (!copy || !(cJSON_IsObject(have) ? cJSON_AddItemToObject(have, e->string, copy) : cJSON_AddItemToArray(have, copy))) {
+                        cJSON_Delete(copy);
+                        return gb_fail(s->b, STATUS_RESOURCE_EXHAUSTED, "json schema: out of memory"), NULL;
+                    }
+                }
+            } else if (!cJSON_Compare(have, kv, 1)) {
+                return sfail(s, path, "allOf parts disagree on '%s' (not supported)", kv->string), NULL;
+            }
+        }
+    /* additionalProperties false in a part allows only that part's own properties: the merged
+     * object allows the intersection, and a required property outside it is unsatisfiable. */
+    cJSON *props = cJSON_GetObjectItemCaseSensitive(m, "properties"), *req = cJSON_GetObjectItemCaseSensitive(m, "required");
+    int closed = 0;
+    for (int i = 0; i < n; i++) {
+        const cJSON *ap = cJSON_GetObjectItemCaseSensitive(parts[i], "additionalProperties");
+        if (!ap || cJSON_IsTrue(ap)) continue;
+        if (!cJSON_IsFalse(ap)) return sfail(s, path, "allOf with an additionalProperties %s is not supported", "schema"), NULL;
+        closed = 1;
+        const cJSON *own = cJSON_GetObjectItemCaseSensitive(parts[i], "properties");
+        for (cJSON *p = props ? props->child : NULL, *next; p; p = next) {
+            next = p->next;
+            if (!cJSON_GetObjectItemCaseSensitive(own, p->string)) cJSON_DeleteItemFromObjectCaseSensitive(props, p->string);
+        }
+        for (const cJSON *r = req ? req->child : NULL; r; r = r->next)
+            if (cJSON_IsString(r) && !cJSON_GetObjectItemCaseSensitive(own, r->valuestring))
+                return sfail(s, path, "allOf: required property '%s' is excluded by additionalProperties false", r->valuestring), NULL;
+    }
+    if (closed && !cJSON_AddItemToObject(m, "additionalProperties", cJSON_CreateFalse()))
+        return gb_fail(s->b, STATUS_RESOURCE_EXHAUSTED, "json schema: out of memory"), NULL;
+    return schema(s, m, path);
+}
+
+static struct gx *schema(struct sb *s, const cJSON *node, const char *path)
+{
+    struct gbuild *b = s->b;
+    if (b->failed) return NULL;
+    if (cJSON_IsTrue(node)) return gx_ref(b, s->r_value);
+    if (cJSON_IsFalse(node)) return sfail(s, path, "the schema false accepts nothing%s", ""), NULL;
+    if (!cJSON_IsObject(node)) return sfail(s, path, "a schema must be an object or a boolean%s", ""), NULL;
+    if (++s->depth > GRAMMAR_MAX_DEPTH) return sfail(s, path, "schema nested too deep%s", ""), NULL;
+    char sub[1024];
+    struct gx *x = NULL;
+    int n_constraints = 0;
+    for (const cJSON *kv = node->child; kv; kv = kv->next) {
+        if (in_list(kv->string, annotations)) continue;
+        if (!in_list(kv->string, supported)) {
+            sfail(s, path, "unsupported keyword '%s'", kv->string);
+            goto out;
+        }
+        n_constraints++;
+    }
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(node, "$ref"), *all = cJSON_GetObjectItemCaseSensitive(node, "allOf");
+    const cJSON *any = cJSON_GetObjectItemCaseSensitive(node, "anyOf");
+    if (!any) any = cJSON_GetObjectItemCaseSensitive(node, "oneOf"); /* oneOf as anyOf: exclusivity is not enforced */
+    const cJSON *cnst = cJSON_GetObjectItemCaseSensitive(node, "const"), *en = cJSON_GetObjectItemCaseSensitive(node, "enum");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(node, "type");
+    const cJSON *nullable = cJSON_GetObjectItemCaseSensitive(node, "nullable");
+    if (all) {
+        if (!cJSON_IsArray(all) || !cJSON_GetArraySize(all)) { sfail(s, path, "allOf must be a non-empty array%s", ""); goto out; }
+        x = all_of(s, node, all, path);
+    } else if (ref) {
+        if (!cJSON_IsString(ref)) { sfail(s, path, "$ref is not a string%s", ""); goto out; }
+        if (n_constraints > 1 + (nullable != NULL)) { sfail(s, path, "$ref beside other constraints is not supported%s", ""); goto out; }
+        x = ref_expr(s, ref->valuestring, path);
+    } else if (cnst) {
+        x = json_literal(s, cnst);
+    } else if (en) {
+        if (!cJSON_IsArray(en) || !cJSON_GetArraySize(en)) { sfail(s, path, "enum must be a non-empty array%s", ""); goto out; }
+        int n = cJSON_GetArraySize(en), i = 0;
+        struct gx **alts = gb_alloc(b, sizeof *alts * (size_t)n);
+        for (const cJSON *e = en->child; e && alts; e = e->next) alts[i++] = json_literal(s, e);
+        x = alts ? gx_alt(b, n, alts) : NULL;
+    } else if (any) {
+        const char *kw = cJSON_GetObjectItemCaseSensitive(node, "anyOf") ? "anyOf" : "oneOf";
+        if (!cJSON_IsArray(any) || !cJSON_GetArraySize(any)) { sfail(s, path, "%s must be a non-empty array", kw); goto out; }
+        if (n_constraints > 1 + (nullable != NULL)) { sfail(s, path, "%s beside other constraints is not supported", kw); goto out; }
+        int n = cJSON_GetArraySize(any), i = 0;
+        struct gx **alts = gb_alloc(b, sizeof *alts * (size_t)n);
+        for (const cJSON *e = any->child; e && alts; e = e->next, i++) {
+            char idx[16];
+            snprintf(idx, sizeof idx, "%d", i);
+            subpath(sub, sizeof sub, path, kw, idx);
+            if (!(alts[i] = schema(s, e, sub))) goto out;
+        }
+        x = alts ? gx_alt(b, n, alts) : NULL;
+    } else if (cJSON_IsString(type)) {
+        x = typed(s, node, type->valuestring, path);
+    } else if (cJSON_IsArray(type)) {
+        int n = cJSON_GetArraySize(type), i = 0;
+        if (!n) { sfail(s, path, "type is an empty array%s", ""); goto out; }
+        struct gx **alts = gb_alloc(b, sizeof *alts * (size_t)n);
+        for (const cJSON *e = type->child; e && alts; e = e->next, i++) {
+            if (!cJSON_IsString(e)) { sfail(s, path, "type holds a non-string%s", ""); goto out; }
+            if (!(alts[i] = typed(s, node, e->valuestring, path))) goto out;
+        }
+        x = alts ? gx_alt(b, n, alts) : NULL;
+    } else if (type) {
+        sfail(s, path, "type must be a string or an array%s", "");
+        goto out;
+    } else if (cJSON_GetObjectItemCaseSensitive(node, "properties") || cJSON_GetObjectItemCaseSensitive(node, "required") ||
+               cJSON_GetObjectItemCaseSensitive(node, "additionalProperties")) {
+        x = object_expr(s, node, path);
+    } else if (cJSON_GetObjectItemCaseSensitive(node, "items") || cJSON_GetObjectItemCaseSensitive(node, "prefixItems")) {
+        x = array_expr(s, node, path);
+    } else if (n_constraints - (nullable != NULL) > 0) {
+        sfail(s, path, "constraints without a type are not supported (add \"type\")%s", "");
+        goto out;
+    } else {
+        x = gx_ref(b, s->r_value);
+    }
+    if (x && cJSON_IsTrue(nullable)) x = gx_alt2(b, x, gx_str(b, "null"));
+out:
+    s->depth--;
+    return b->failed ? NULL : x;
+}
+
+enum status schema_build(struct gbuild *b, const char *src, size_t n, int object_only, int *root)
+{
+    struct sb s;
+    memset(&s, 0, sizeof s);
+    s.b = b;
+    *root = gb_rule_new(b, "root");
+    json_rules(&s);
+    if (object_only) {
+        if (*root >= 0) b->rules[*root].expr = gx_ref(b, s.r_object);
+        return (enum status)b->failed;
+    }
+    s.root = cJSON_ParseWithLength(src, n);
+    if (!s.root) return gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: not valid JSON");
+    struct gx *x = schema(&s, s.root, "");
+    if (x && *root >= 0) b->rules[*root].expr = x;
+    cJSON_Delete(s.root);
+    for (int i = 0; i < s.n_owned; i++) cJSON_Delete(s.owned[i]);
+    free(s.owned);
+    return b->failed ? (enum status)b->failed : x ? STATUS_OK : gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: invalid");
+}

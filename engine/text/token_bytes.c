@@ -1,0 +1,67 @@
+/* engine/text/token_bytes.c - the exact bytes a token contributes in the middle of a sequence,
+ * for constrained decoding (engine/grammar/): SentencePiece pieces with U+2581 as a space and
+ * <0xNN> byte pieces, byte-level BPE pieces through the GPT-2 byte map. Not here: decoding
+ * whole sequences (tokenizer.cc). Tests: tests/test_grammar.c (every token of SmolLM2's and
+ * Gemma's vocabularies against tokenizer_decode). */
+#include <string.h>
+
+#include "bpe.h"
+#include "tokenizer.h"
+
+static int utf8_next(const char *s, uint32_t *cp)
+{
+    const uint8_t *u = (const uint8_t *)s;
+    if (u[0] < 0x80) return *cp = u[0], 1;
+    int n = u[0] >= 0xF0 ? 4 : u[0] >= 0xE0 ? 3 : u[0] >= 0xC0 ? 2 : 1;
+    uint32_t c = u[0] & (0x7F >> n);
+    for (int i = 1; i < n; i++) {
+        if ((u[i] & 0xC0) != 0x80) return *cp = 0xFFFD, 1;
+        c = c << 6 | (u[i] & 63);
+    }
+    *cp = c;
+    return n;
+}
+
+int tokenizer_token_bytes(const struct tokenizer *t, int32_t id, char *buf, int cap)
+{
+    const char *piece = tokenizer_id_to_piece(t, id);
+    if (!piece || tokenizer_is_control(t, id) || id == tokenizer_unk_id(t)) return 0;
+    int n = 0;
+    if (tokenizer_is_byte(t, id)) { /* "<0xNN>" */
+        unsigned v = 0;
+        for (const char *p = piece + 3; *p && *p != '>'; p++)
+            v = v * 16 + (unsigned)(*p <= '9' ? *p - '0' : (*p | 32) - 'a' + 10);
+        if (cap < 1) return -1;
+        buf[0] = (char)v;
+        return 1;
+    }
+    if (tokenizer_encodes_special(t)) { /* byte-level BPE */
+        uint32_t cp;
+        int mapped = 1;
+        for (const char *p = piece; *p; p += utf8_next(p, &cp))
+            if (utf8_next(p, &cp), bpe_cp_to_byte(cp) < 0) mapped = 0;
+        size_t len = strlen(piece);
+        if (!mapped) { /* an added token: its content as it is */
+            if ((size_t)cap < len) return -1;
+            memcpy(buf, piece, len);
+            return (int)len;
+        }
+        for (const char *p = piece; *p;) {
+            p += utf8_next(p, &cp);
+            if (n >= cap) return -1;
+            buf[n++] = (char)bpe_cp_to_byte(cp);
+        }
+        return n;
+    }
+    for (const char *p = piece; *p;) { /* SentencePiece: U+2581 is a space */
+        if (!strncmp(p, "\xE2\x96\x81", 3)) {
+            if (n >= cap) return -1;
+            buf[n++] = ' ';
+            p += 3;
+        } else {
+            if (n >= cap) return -1;
+            buf[n++] = *p++;
+        }
+    }
+    return n;
+}
