@@ -75,5 +75,14 @@ int         micro_batches(const struct conductor *c, int n_seqs);
 enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logits, int n_micro);
 void        log_comm_time(struct conductor *c);
 void        stop_workers(struct conductor *c);
+/* conductor.c */
+int         conductor_eos_id(const struct conductor *c);
+void        finish_seq(struct conductor *c, struct seq *s, enum finish_reason why, enum status st, const char *message,
+                       size_t text_len);
+/* conductor_sample.c */
+void        take_token(struct conductor *c, struct seq *s, const float *row, int32_t greedy_id);
+void        take_prompt_logprobs(struct conductor *c, struct seq *s, int p0, int n, const float *rows);
+void        speculate(struct conductor *c);
+void        take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_ver);
 
 #endif
