@@ -333,7 +333,7 @@ struct call *gen_find_call(struct server *s, const char *request_id)
 /* Refuses a text prompt that cannot fit the context before it is tokenized: encoding 1 MiB
  * costs about 0.45 s of this thread, and a prompt has at least tokenizer_min_tokens ids (from
  * its bytes alone; 0 when the model allows no bound, and then the exact check after
- * tokenization is the only one). The same check and message as engine_validate's. */
+ * tokenization is the only one). The rule is request_context_check's, as engine_validate's. */
 static enum status check_prompt_bytes(struct server *s, const struct gen_request *r, int is_chat)
 {
     int n = is_chat ? r->n_messages : r->prompt ? 1 : 0;
@@ -356,12 +356,8 @@ static enum status check_prompt_bytes(struct server *s, const struct gen_request
     free(lens);
     struct engine_model_info info;
     engine_get_model_info(s->engine, &info);
-    long long max_tokens = r->params.max_tokens > 0 ? r->params.max_tokens : 0; /* < 0: HTTP's unset */
-    if (info.max_positions <= 0 || (long long)least + max_tokens <= info.max_positions) return STATUS_OK;
-    return status_errorf(STATUS_INVALID_ARGUMENT,
-                         "prompt (at least %zu tokens: %zu bytes) + max_tokens (%lld) exceeds the model's context of %d "
-                         "tokens",
-                         least, bytes, max_tokens, info.max_positions);
+    const struct request_bounds b = {.max_positions = info.max_positions};
+    return request_context_check((long long)least, r->params.max_tokens, &bytes, &b);
 }
 
 /* Tokenizes the request into the prompt ids the engine gets; applies the chat template. */

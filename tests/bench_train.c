@@ -74,7 +74,8 @@ int main(int argc, char **argv)
     if (st == STATUS_OK) st = model_load_as(dir, b, NULL, bf16 ? DTYPE_BF16 : DTYPE_F32, &m);
     if (st == STATUS_OK) st = model_weights_make_writable(m);
     const long hwm_model = vm_hwm_kib();
-    if (st == STATUS_OK) st = model_reserve_train(m, T);
+    struct model_train *mt = NULL;
+    if (st == STATUS_OK) st = model_train_new(m, T, NULL, &mt);
     struct model_weights g;
     void *gmem = NULL;
     struct optimizer opt = {0};
@@ -106,8 +107,8 @@ int main(int argc, char **argv)
         const double t0 = base_now_s();
         weights_zero(b, &g);
         int nr = 0;
-        st = model_forward_train(m, &tb, &loss, &nr);
-        if (st == STATUS_OK) st = model_backward(m, &tb, &g);
+        st = model_forward_train(mt, &tb, &loss, &nr);
+        if (st == STATUS_OK) st = model_backward(mt, &tb, &g);
         if (st != STATUS_OK) break;
         if (!bf16) { /* bf16: forward + backward only (AdamW runs on f32 master weights) */
             double norm = optimizer_grad_norm(&opt, b, &gt);
@@ -163,6 +164,7 @@ int main(int argc, char **argv)
     param_table_free(&gt);
     weights_free_layers(&g);
     backend_free(b, gmem);
+    model_train_free(mt);
     model_free(m);
     backend_close(b);
     char path[256];

@@ -117,18 +117,24 @@ int main(int argc, char **argv)
     if (st == STATUS_OK) st = weights_alloc_like(b, &m->w, DTYPE_F32, &g, &gmem);
     if (st == STATUS_OK) st = param_table_from_weights(&gt, &g, m->layer_first);
     struct optimizer opt = {0};
-    if (st == STATUS_OK) st = train_ranks_attach(&r, m, &gt, &opt);
+    struct train_memory mem = o.memory;
+    struct model_train *mt = NULL;
+    if (st == STATUS_OK) {
+        mem.sets = r.pp - m->pp_rank < micro ? r.pp - m->pp_rank : micro;
+        weights_zero(b, &g);
+    }
+    const long rss0 = vm_rss_kib();
+    vm_hwm_reset();
+    if (st == STATUS_OK) st = model_train_new(m, seq, &mem, &mt);
+    /* train_ranks_attach's own buffers (a tied head's exchange buffer) are not activations. */
+    const long rss_attach0 = vm_rss_kib();
+    if (st == STATUS_OK) st = train_ranks_attach(&r, mt, &gt, &opt);
+    const long attach_kib = vm_rss_kib() - rss_attach0;
     st = r.world ? parallel_agree(r.world, st) : st;
     if (st != STATUS_OK) {
         fprintf(stderr, "bench_train_parallel: %s\n", status_message());
         return 1;
     }
-    struct train_memory mem = o.memory;
-    mem.sets = r.pp - m->pp_rank < micro ? r.pp - m->pp_rank : micro;
-    weights_zero(b, &g);
-    const long rss0 = vm_rss_kib();
-    vm_hwm_reset();
-    st = model_reserve_train_with(m, seq, &mem);
     /* M micro-batches of one seq-token document each. */
     int32_t *tok = malloc((size_t)seq * 4), *tgt = malloc((size_t)seq * 4), *pos = malloc((size_t)seq * 4);
     int32_t docs[2] = {0, seq};
@@ -146,7 +152,7 @@ int main(int argc, char **argv)
         r.groups.tp->seconds = r.groups.pp->seconds = 0;
         parallel_barrier(r.world);
         const double t0 = base_now_s();
-        st = train_ranks_step(&r, m, tbs, micro, &g, &loss);
+        st = train_ranks_step(&r, mt, tbs, micro, &g, &loss);
         const double t = base_now_s() - t0;
         if (s > 0 && t < best) {
             best = t;
@@ -164,7 +170,7 @@ int main(int argc, char **argv)
     const double layer_f = formula_layer(&sh, seq, r.tp, sp, mem.recompute, mem.modules);
     const double common_f = formula_common(&sh, seq, r.tp, sp, mem.recompute, mem.modules, model_is_last_stage(m), m->vocab_local);
     const double want = mem.sets * (m->n_layers_local * layer_f) + common_f;
-    const double measured = (double)(peak - rss0) * 1024.0, alloc = (double)model_train_activation_bytes(m);
+    const double measured = (double)(peak - rss0 - attach_kib) * 1024.0, alloc = (double)model_train_activation_bytes(mt);
     printf("rank %d (tp %d/%d, pp %d/%d, %d layers, %d sets): activations measured %.1f MiB, allocated %.1f MiB, "
            "formula %.1f MiB (%.1f per layer + %.1f shared): measured/formula %.3f | step %.3f s, tp calls %.3f s, "
            "pp calls %.3f s\n",
@@ -179,6 +185,7 @@ int main(int argc, char **argv)
     param_table_free(&gt);
     weights_free_layers(&g);
     backend_free(b, gmem);
+    model_train_free(mt);
     model_free(m);
     train_ranks_free(&r);
     backend_close(b);

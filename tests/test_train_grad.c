@@ -62,7 +62,8 @@ int main(int argc, char **argv)
         return 77;
     }
     enum status st = model_load_as(argv[1], b, NULL, DTYPE_F32, &m);
-    if (st == STATUS_OK) st = model_reserve_train(m, tb.n_tokens);
+    struct model_train *mt = NULL;
+    if (st == STATUS_OK) st = model_train_new(m, tb.n_tokens, NULL, &mt);
     if (st == STATUS_OK) st = model_weights_make_writable(m);
     struct model_weights g = {0};
     void *gmem = NULL;
@@ -73,6 +74,7 @@ int main(int argc, char **argv)
         g.layers = calloc((size_t)g.n_layers, sizeof *g.layers);
         st = lora_create(m, lora_rank, (float)atof(argv[7]), (1u << LORA_TARGET_COUNT) - 1, 5, &lora);
         if (st == STATUS_OK) lora_set_dropout(lora, argc > 8 ? (float)atof(argv[8]) : 0.0f, 11);
+        if (st == STATUS_OK) model_train_set_lora(mt, lora);
         tb.dropout = 1;
         tb.step = 3;
         tb.micro = 2;
@@ -92,8 +94,8 @@ int main(int argc, char **argv)
     double loss = 0.0;
     int n_real = 0;
     for (int r = 0; r < repeat && st == STATUS_OK; r++) {
-        st = model_forward_train(m, &tb, &loss, &n_real);
-        if (st == STATUS_OK) st = model_backward(m, &tb, &g);
+        st = model_forward_train(mt, &tb, &loss, &n_real);
+        if (st == STATUS_OK) st = model_backward(mt, &tb, &g);
     }
     if (st != STATUS_OK) {
         fprintf(stderr, "test_train_grad: %s: %s\n", status_name(st), status_message());
@@ -160,6 +162,7 @@ int main(int argc, char **argv)
     free(gt);
     weights_free_layers(&g);
     backend_free(b, gmem);
+    model_train_free(mt);
     model_free(m);
     backend_close(b);
     free(tokens);

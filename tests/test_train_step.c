@@ -72,7 +72,8 @@ int main(int argc, char **argv)
     struct model *m = NULL;
     CHECK(backend_open(DEVICE_CPU, 0, 0, &b) == STATUS_OK, "backend: %s", status_message());
     enum status st = model_load(argv[1], b, NULL, &m);
-    if (st == STATUS_OK) st = model_reserve_train(m, max_tokens);
+    struct model_train *mt = NULL;
+    if (st == STATUS_OK) st = model_train_new(m, max_tokens, NULL, &mt);
     if (st == STATUS_OK) st = model_weights_make_writable(m);
     struct model_weights g;
     void *gmem = NULL;
@@ -107,8 +108,8 @@ int main(int argc, char **argv)
         for (int i = 0; i < n_mb && st == STATUS_OK; i++) {
             double ls = 0.0;
             int nr = 0;
-            st = model_forward_train(m, &mb[i].tb, &ls, &nr);
-            if (st == STATUS_OK) st = model_backward(m, &mb[i].tb, &g);
+            st = model_forward_train(mt, &mb[i].tb, &ls, &nr);
+            if (st == STATUS_OK) st = model_backward(mt, &mb[i].tb, &g);
             loss += ls;
         }
         norms[s] = optimizer_grad_norm(&opt, b, &gt);
@@ -134,6 +135,7 @@ int main(int argc, char **argv)
     param_table_free(&gt);
     weights_free_layers(&g);
     backend_free(b, gmem);
+    model_train_free(mt);
     model_free(m);
     backend_close(b);
     for (int i = 0; i < n_mb; i++) free(mb[i].buf);

@@ -167,7 +167,7 @@ static struct lora *lora_new(const struct model *m, int rank, float alpha, unsig
     return l;
 }
 
-enum status lora_create(struct model *m, int rank, float alpha, unsigned mask, uint64_t seed, struct lora **out)
+enum status lora_create(const struct model *m, int rank, float alpha, unsigned mask, uint64_t seed, struct lora **out)
 {
     *out = NULL;
     if (rank < 1 || rank > LORA_MAX_RANK || !isfinite(alpha) || !(alpha > 0) || alpha > LORA_MAX_ALPHA)
@@ -206,7 +206,6 @@ enum status lora_create(struct model *m, int rank, float alpha, unsigned mask, u
         lora_free(l, m->b);
         return st2;
     }
-    m->lora = l;
     *out = l;
     return STATUS_OK;
 }

@@ -80,9 +80,9 @@ struct lora {
     int      dropout_on;       /* masks drawn in this micro-batch: training, p > 0 */
 };
 
-/* New adapters for m's layers (this rank's slices), initialised as above from seed. The model keeps
- * a borrowed pointer (m->lora) so that its training forward and backward use them. */
-enum status lora_create(struct model *m, int rank, float alpha, unsigned targets, uint64_t seed,
+/* New adapters for m's layers (this rank's slices), initialised as above from seed; the training
+ * passes use them once given to model_train_set_lora (model_train.h). */
+enum status lora_create(const struct model *m, int rank, float alpha, unsigned targets, uint64_t seed,
                         struct lora **out);
 /* Tensor parallelism: column-parallel targets (q, k, v, gate, up) hold B's rows of their output
  * slice and the whole A; row-parallel ones (o, down: lora_target_row_parallel) A's columns of

@@ -129,7 +129,6 @@ void model_free(struct model *m)
     free(m->owned);
     backend_free(m->b, m->ws.mem);
     weights_free_layers(&m->w);
-    model_train_free(m);
     free(m->ws.host_logits);
     checkpoint_close(m->checkpoint);
     free(m);

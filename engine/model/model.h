@@ -25,7 +25,6 @@
 extern "C" {
 #endif
 
-struct train_activations;
 struct train_memory;
 struct lora;
 
@@ -94,19 +93,6 @@ struct model {
     int keep_blocks;               /* weights stored as ggml blocks are kept so (serving) */
 
     struct model_workspace ws;
-    /* Training (model_train.h): the activation sets (one per micro-batch in flight), the one
-     * in use, and how memory is spent (recomputation, sequence parallelism). NULL until
-     * model_reserve_train. */
-    struct train_activations *train;
-    struct train_activations **train_sets;
-    int n_train_sets;
-    struct train_memory *train_memory;
-    /* Called by model_backward after each layer's backward (local layer index), when set: the
-     * trainer starts that layer's data-parallel gradient reduction there, overlapping it with
-     * the backward of the layers below. */
-    void (*train_layer_done)(void *ctx, struct model *m, int layer);
-    void *train_hook_ctx;
-    struct lora *lora;             /* borrowed: adapters the training passes apply (lora.h), or NULL */
     /* Serving adapters (borrowed; the conductor loads them): forward_batch.seq_adapter picks one
      * of them per sequence. model_reserve sizes their scratch for ranks up to max_adapter_rank. */
     struct lora *const *adapters;

@@ -25,9 +25,10 @@ static void norm_bwd(const struct model *m, const struct tensor *dx, const struc
     else op_layernorm_backward(m->b, dx, opt(dw), opt(dbias), dout, x, w, m->cfg.norm_eps);
 }
 
-static struct attention_train_batch attention_batch(const struct model *m, const struct train_batch *tb)
+static struct attention_train_batch attention_batch(const struct model_train *t, const struct train_batch *tb)
 {
-    const struct train_activations *a = m->train;
+    const struct model *m = t->m;
+    const struct train_activations *a = t->a;
     return (struct attention_train_batch){
         .n_docs = tb->n_docs,
         .doc_start = tensor_first_rows(&a->doc_start, tb->n_docs + 1),
@@ -37,15 +38,15 @@ static struct attention_train_batch attention_batch(const struct model *m, const
 }
 
 /* The adapters of a target, when the model has them (lora.h): y += s (x A^T) B^T, and back. */
-static void adapt(struct model *m, int l, enum lora_target t, const struct tensor *y, const struct tensor *x)
+static void adapt(struct model_train *t, int l, enum lora_target target, const struct tensor *y, const struct tensor *x)
 {
-    if (m->lora) lora_forward(m->lora, m->b, l, t, y, x);
+    if (t->lora) lora_forward(t->lora, t->m->b, l, target, y, x);
 }
 
-static void adapt_back(struct model *m, int l, enum lora_target t, const struct tensor *dx, const struct tensor *dy,
-                       const struct tensor *x)
+static void adapt_back(struct model_train *t, int l, enum lora_target target, const struct tensor *dx,
+                       const struct tensor *dy, const struct tensor *x)
 {
-    if (m->lora) lora_backward(m->lora, m->b, l, t, dx, dy, x);
+    if (t->lora) lora_backward(t->lora, t->m->b, l, target, dx, dy, x);
 }
 
 /* One decoder layer, in the order of the math (as layer_forward in model.c), keeping what the
@@ -59,14 +60,15 @@ static void adapt_back(struct model *m, int l, enum lora_target t, const struct 
 /* ---- tensor parallelism's collectives ----------------------------------------------------- */
 
 /* Rows of the residual stream this rank holds: T / tp under sequence parallelism. */
-static int64_t local_rows(const struct model *m, int64_t T) { return train_sp(m) ? T / m->tp_size : T; }
+static int64_t local_rows(const struct model_train *t, int64_t T) { return train_sp(t) ? T / t->m->tp_size : T; }
 
 /* All T rows of a residual-stream tensor held as local rows: all-gathered into buf under
  * sequence parallelism (Megatron's g), the tensor itself otherwise. */
-static enum status gather_rows(struct model *m, const struct tensor *local, const struct tensor *buf, int64_t T,
+static enum status gather_rows(struct model_train *t, const struct tensor *local, const struct tensor *buf, int64_t T,
                                struct tensor *full)
 {
-    if (!train_sp(m)) {
+    struct model *m = t->m;
+    if (!train_sp(t)) {
         *full = *local;
         return STATUS_OK;
     }
@@ -76,27 +78,28 @@ static enum status gather_rows(struct model *m, const struct tensor *local, cons
 
 /* The buffer a row-parallel product writes its partial sums (T rows) into: dfull under
  * sequence parallelism, out (local = T rows) itself otherwise. */
-static struct tensor partial_rows(struct model *m, const struct tensor *out, int64_t T)
+static struct tensor partial_rows(struct model_train *t, const struct tensor *out, int64_t T)
 {
-    return train_sp(m) ? tensor_first_rows(&m->train->dfull, T) : *out;
+    return train_sp(t) ? tensor_first_rows(&t->a->dfull, T) : *out;
 }
 
 /* Sums partial (T rows) over tp into out (local rows): reduce-scatter under sequence
  * parallelism, all-reduce in place otherwise (partial is out). Megatron's f. */
-static enum status reduce_rows(struct model *m, const struct tensor *partial, const struct tensor *out)
+static enum status reduce_rows(struct model_train *t, const struct tensor *partial, const struct tensor *out)
 {
+    struct model *m = t->m;
     if (m->tp_size == 1) return STATUS_OK;
-    if (!train_sp(m)) return comm_all_reduce(m->par.groups->tp, partial);
+    if (!train_sp(t)) return comm_all_reduce(m->par.groups->tp, partial);
     return comm_reduce_scatter(m->par.groups->tp, out, partial);
 }
 
 /* The gradient of a column-parallel block's input: dxn (T rows) summed over tp into local rows
  * (*out: dxn itself, or the first local rows of dfull under sequence parallelism). */
-static enum status sum_input_grad(struct model *m, int64_t T, struct tensor *out)
+static enum status sum_input_grad(struct model_train *t, int64_t T, struct tensor *out)
 {
-    struct tensor dxn = tensor_first_rows(&m->train->dxn, T);
-    *out = train_sp(m) ? tensor_first_rows(&m->train->dfull, local_rows(m, T)) : dxn;
-    return reduce_rows(m, &dxn, out);
+    struct tensor dxn = tensor_first_rows(&t->a->dxn, T);
+    *out = train_sp(t) ? tensor_first_rows(&t->a->dfull, local_rows(t, T)) : dxn;
+    return reduce_rows(t, &dxn, out);
 }
 
 /* ---- one layer, forward --------------------------------------------------------------------- */
@@ -104,29 +107,29 @@ static enum status sum_input_grad(struct model *m, int64_t T, struct tensor *out
 /* The layer's training hooks (layer.h): sequence parallelism's gathers and reduce-scatters,
  * the trained adapters, attention within the micro-batch's documents. */
 struct train_ctx {
-    struct model *m;
+    struct model_train *t;
     const struct attention_train_batch *batch;
 };
 
 static enum status train_gather(void *ctx, const struct tensor *local, int64_t T, struct tensor *full)
 {
-    struct model *m = ((struct train_ctx *)ctx)->m;
-    return gather_rows(m, local, &m->train->gath, T, full);
+    struct model_train *t = ((struct train_ctx *)ctx)->t;
+    return gather_rows(t, local, &t->a->gath, T, full);
 }
 
 static struct tensor train_partial(void *ctx, const struct tensor *out, int64_t T)
 {
-    return partial_rows(((struct train_ctx *)ctx)->m, out, T);
+    return partial_rows(((struct train_ctx *)ctx)->t, out, T);
 }
 
 static enum status train_reduce(void *ctx, const struct tensor *partial, const struct tensor *out)
 {
-    return reduce_rows(((struct train_ctx *)ctx)->m, partial, out);
+    return reduce_rows(((struct train_ctx *)ctx)->t, partial, out);
 }
 
-static void train_adapt(void *ctx, int l, enum lora_target t, const struct tensor *y, const struct tensor *x)
+static void train_adapt(void *ctx, int l, enum lora_target target, const struct tensor *y, const struct tensor *x)
 {
-    adapt(((struct train_ctx *)ctx)->m, l, t, y, x);
+    adapt(((struct train_ctx *)ctx)->t, l, target, y, x);
 }
 
 static void train_attend(void *ctx, int l, int window, const struct tensor *q3, const struct tensor *k3,
@@ -136,7 +139,7 @@ static void train_attend(void *ctx, int l, int window, const struct tensor *q3, 
     (void)l;
     struct attention_train_batch ab = *tc->batch;
     ab.window = window;
-    op_attention_train(tc->m->b, att3, lse, q3, k3, v3, &ab);
+    op_attention_train(tc->t->m->b, att3, lse, q3, k3, v3, &ab);
 }
 
 static struct layer_hooks train_hooks(struct train_ctx *tc)
@@ -147,12 +150,13 @@ static struct layer_hooks train_hooks(struct train_ctx *tc)
 
 /* Layer l's activation set as the layer's tensors (layer.h); x (Tl rows) is the residual
  * stream (NULL: none, for a recomputation of the layer's insides). */
-static struct layer_tensors train_tensors(struct model *m, int l, int64_t T, const struct tensor *x)
+static struct layer_tensors train_tensors(struct model_train *t, int l, int64_t T, const struct tensor *x)
 {
-    struct layer_acts *la = &m->train->layers[l];
-    const int64_t Tl = local_rows(m, T);
+    struct model *m = t->m;
+    struct layer_acts *la = &t->a->layers[l];
+    const int64_t Tl = local_rows(t, T);
     const int qk = m->cfg.qk_norm, sandwich = m->cfg.sandwich_norms;
-    struct tensor dtmp = tensor_first_rows(&m->train->dtmp, Tl);
+    struct tensor dtmp = tensor_first_rows(&t->a->dtmp, Tl);
     return (struct layer_tensors){
         .x = x ? *x : dtmp, .x_in = tensor_first_rows(&la->x_in, Tl), .x_mid = tensor_first_rows(&la->x_mid, Tl),
         .xn1 = tensor_first_rows(&la->xn1, Tl), .xn2 = tensor_first_rows(&la->xn2, Tl),
@@ -161,30 +165,32 @@ static struct layer_tensors train_tensors(struct model *m, int l, int64_t T, con
         .gate = la->gate, .up = la->up, .hact = la->hact,
         .attn_out = sandwich ? tensor_first_rows(&la->attn_out, Tl) : dtmp,
         .mlp_out = sandwich ? tensor_first_rows(&la->mlp_out, Tl) : dtmp,
-        .normed = dtmp, .pos = m->train->positions,
+        .normed = dtmp, .pos = t->a->positions,
     };
 }
 
 /* One decoder layer (layer.c), keeping what the backward needs. x (Tl, d) is the residual
  * stream, read and updated in place. */
-static enum status layer_forward_train(struct model *m, int l, int64_t T, const struct tensor *x,
+static enum status layer_forward_train(struct model_train *t, int l, int64_t T, const struct tensor *x,
                                        const struct attention_train_batch *batch)
 {
-    struct train_ctx tc = {.m = m, .batch = batch};
-    const struct layer_tensors t = train_tensors(m, l, T, x);
+    struct model *m = t->m;
+    struct train_ctx tc = {.t = t, .batch = batch};
+    const struct layer_tensors lt = train_tensors(t, l, T, x);
     const struct layer_hooks h = train_hooks(&tc);
-    return layer_forward(m, l, T, &t, &h);
+    return layer_forward(m, l, T, &lt, &h);
 }
 
-static enum status check_batch(const struct model *m, const struct train_batch *tb)
+static enum status check_batch(const struct model_train *t, const struct train_batch *tb)
 {
-    if (!m->train) return status_errorf(STATUS_INVALID_ARGUMENT, "model: model_reserve_train first");
-    if (tb->n_tokens <= 0 || tb->n_tokens > m->train->max_tokens)
+    const struct model *m = t->m;
+    if (tb->n_tokens <= 0 || tb->n_tokens > t->a->max_tokens)
         return status_errorf(STATUS_INVALID_ARGUMENT, "training micro-batch of %d tokens (at most %d)",
-                             tb->n_tokens, m->train->max_tokens);
-    if (train_sp(m) && tb->n_tokens % m->tp_size)
+                             tb->n_tokens, t->a->max_tokens);
+    const int multiple = model_train_row_multiple(m, &t->mem);
+    if (tb->n_tokens % multiple)
         return status_errorf(STATUS_INVALID_ARGUMENT, "sequence parallelism: a micro-batch of %d rows is not a "
-                             "multiple of tp %d", tb->n_tokens, m->tp_size);
+                             "multiple of tp %d", tb->n_tokens, multiple);
     if (tb->n_docs <= 0 || tb->doc_start[0] != 0 || tb->doc_start[tb->n_docs] != tb->n_tokens)
         return status_errorf(STATUS_INVALID_ARGUMENT, "training micro-batch: documents do not cover its %d rows",
                              tb->n_tokens);
@@ -204,18 +210,20 @@ static enum status check_batch(const struct model *m, const struct train_batch *
 }
 
 /* The positions of this rank's local rows of the residual stream. */
-static struct tensor local_positions(struct model *m, int64_t T)
+static struct tensor local_positions(struct model_train *t, int64_t T)
 {
-    const int64_t Tl = local_rows(m, T);
-    return tensor_rows_at(&m->train->positions, train_sp(m) ? m->tp_rank * Tl : 0, Tl);
+    struct model *m = t->m;
+    const int64_t Tl = local_rows(t, T);
+    return tensor_rows_at(&t->a->positions, train_sp(t) ? m->tp_rank * Tl : 0, Tl);
 }
 
 /* The vocab-parallel cross-entropy's loss and log-sum-exp per row (all T rows, on every tp
  * rank): this shard's statistics, every shard's gathered (tp, T, 3), combined. */
-static enum status loss_fwd(struct model *m, int64_t T, const struct tensor *h_full)
+static enum status loss_fwd(struct model_train *t, int64_t T, const struct tensor *h_full)
 {
+    struct model *m = t->m;
     struct backend *b = m->b;
-    struct train_activations *a = m->train;
+    struct train_activations *a = t->a;
     struct tensor stats = tensor_first_rows(&a->stats, T), targets = tensor_first_rows(&a->targets, T);
     struct tensor loss = tensor_first_rows(&a->loss, T), lse = tensor_first_rows(&a->lse, T);
     op_cross_entropy_stats(b, &stats, h_full, &m->w.lm_head, &targets, m->vocab_start);
@@ -229,42 +237,43 @@ static enum status loss_fwd(struct model *m, int64_t T, const struct tensor *h_f
     return STATUS_OK;
 }
 
-enum status model_forward_train(struct model *m, const struct train_batch *tb, double *loss_sum,
+enum status model_forward_train(struct model_train *t, const struct train_batch *tb, double *loss_sum,
                                 int *n_real)
 {
-    enum status st = check_batch(m, tb);
+    struct model *m = t->m;
+    enum status st = check_batch(t, tb);
     if (st != STATUS_OK) return st;
     struct backend *b = m->b;
-    struct train_activations *a = m->train;
-    const int64_t T = tb->n_tokens, Tl = local_rows(m, T);
+    struct train_activations *a = t->a;
+    const int64_t T = tb->n_tokens, Tl = local_rows(t, T);
     *loss_sum = 0.0;
     *n_real = 0;
-    if (m->lora) lora_dropout_batch(m->lora, tb->dropout, tb->step, tb->micro);
+    if (t->lora) lora_dropout_batch(t->lora, tb->dropout, tb->step, tb->micro);
     backend_upload(b, a->tokens.data, tb->tokens, (size_t)T * sizeof(int32_t));
     backend_upload(b, a->targets.data, tb->targets, (size_t)T * sizeof(int32_t));
     backend_upload(b, a->positions.data, tb->positions, (size_t)T * sizeof(int32_t));
     backend_upload(b, a->doc_start.data, tb->doc_start, (size_t)(tb->n_docs + 1) * sizeof(int32_t));
-    const struct attention_train_batch ab = attention_batch(m, tb);
+    const struct attention_train_batch ab = attention_batch(t, tb);
 
     /* Embedding (vocab-parallel: a masked lookup summed over tp) and learned positions, or the
      * previous stage's output; the residual stream lives in x_final between layers. */
     struct tensor x = tensor_first_rows(&a->x_final, Tl), tokens = tensor_first_rows(&a->tokens, T);
     if (m->pp_rank == 0) {
-        struct tensor part = partial_rows(m, &x, T), pos = local_positions(m, T);
+        struct tensor part = partial_rows(t, &x, T), pos = local_positions(t, T);
         op_embedding(b, &part, &m->w.tok_embedding, &tokens, m->vocab_start);
-        TRY(reduce_rows(m, &part, &x));
+        TRY(reduce_rows(t, &part, &x));
         if (m->cfg.embed_scale != 0.0f && m->cfg.embed_scale != 1.0f) op_scale(b, &x, &x, m->cfg.embed_scale);
         if (m->cfg.positions == POSITION_KIND_LEARNED) op_position_embedding_add(b, &x, &m->w.pos_embedding, &pos);
     }
 
-    for (int l = 0; l < m->n_layers_local; l++) TRY(layer_forward_train(m, l, T, &x, &ab));
+    for (int l = 0; l < m->n_layers_local; l++) TRY(layer_forward_train(t, l, T, &x, &ab));
     if (!model_is_last_stage(m)) return STATUS_OK;
 
     /* Final norm and the loss: the fused, vocab-parallel cross-entropy. */
     struct tensor h = tensor_first_rows(&a->h_final, Tl), h_full;
     layer_norm(m, &h, &x, &m->w.final_norm, &m->w.final_norm_bias);
-    TRY(gather_rows(m, &h, &a->gath, T, &h_full));
-    TRY(loss_fwd(m, T, &h_full));
+    TRY(gather_rows(t, &h, &a->gath, T, &h_full));
+    TRY(loss_fwd(t, T, &h_full));
     backend_download(b, a->host_loss, a->loss.data, (size_t)T * sizeof(float));
     double sum = 0.0;
     int n = 0;
@@ -281,77 +290,81 @@ enum status model_forward_train(struct model *m, const struct train_batch *tb, d
 /* ---- one layer, backward -------------------------------------------------------------------- */
 
 /* Selective recomputation: what a module threw away, recomputed from what it kept. */
-static enum status recompute_mlp(struct model *m, int l, int64_t T, struct tensor *xn2_full)
+static enum status recompute_mlp(struct model_train *t, int l, int64_t T, struct tensor *xn2_full)
 {
+    struct model *m = t->m;
     const struct layer_weights *w = &m->w.layers[l];
-    struct layer_acts *la = &m->train->layers[l];
-    const unsigned mods = m->train_memory->recompute == TRAIN_RECOMPUTE_SELECTIVE ? m->train_memory->modules : 0;
-    struct tensor xn2 = tensor_first_rows(&la->xn2, local_rows(m, T)), x_mid = tensor_first_rows(&la->x_mid, local_rows(m, T));
+    struct layer_acts *la = &t->a->layers[l];
+    const unsigned mods = t->mem.recompute == TRAIN_RECOMPUTE_SELECTIVE ? t->mem.modules : 0;
+    struct tensor xn2 = tensor_first_rows(&la->xn2, local_rows(t, T)), x_mid = tensor_first_rows(&la->x_mid, local_rows(t, T));
     if (mods & TRAIN_RECOMPUTE_LAYERNORM) layer_norm(m, &xn2, &x_mid, &w->mlp_norm, &w->mlp_norm_bias);
-    TRY(gather_rows(m, &xn2, &m->train->gath, T, xn2_full));
+    TRY(gather_rows(t, &xn2, &t->a->gath, T, xn2_full));
     if (mods & TRAIN_RECOMPUTE_MLP) {
-        struct train_ctx tc = {.m = m, .batch = NULL};
-        const struct layer_tensors t = train_tensors(m, l, T, NULL);
+        struct train_ctx tc = {.t = t, .batch = NULL};
+        const struct layer_tensors lt = train_tensors(t, l, T, NULL);
         const struct layer_hooks h = train_hooks(&tc);
-        layer_mlp_inner(m, l, T, xn2_full, &t, &h);
+        layer_mlp_inner(m, l, T, xn2_full, &lt, &h);
     }
     return STATUS_OK;
 }
 
-static enum status recompute_attention(struct model *m, int l, int64_t T, const struct attention_train_batch *ab,
+static enum status recompute_attention(struct model_train *t, int l, int64_t T, const struct attention_train_batch *ab,
                                        struct tensor *xn1_full)
 {
+    struct model *m = t->m;
     const struct layer_weights *w = &m->w.layers[l];
-    struct layer_acts *la = &m->train->layers[l];
+    struct layer_acts *la = &t->a->layers[l];
     const int64_t hd = m->cfg.head_dim;
-    const unsigned mods = m->train_memory->recompute == TRAIN_RECOMPUTE_SELECTIVE ? m->train_memory->modules : 0;
+    const unsigned mods = t->mem.recompute == TRAIN_RECOMPUTE_SELECTIVE ? t->mem.modules : 0;
     if (mods & TRAIN_RECOMPUTE_CORE_ATTN) {
         struct tensor q3 = tensor_view3(&la->q, T, m->n_heads_local, hd), k3 = tensor_view3(&la->k, T, m->n_kv_local, hd);
         struct tensor v3 = tensor_view3(&la->v, T, m->n_kv_local, hd), att3 = tensor_view3(&la->att, T, m->n_heads_local, hd);
         struct tensor lse = tensor_first_rows(&la->lse, T);
         op_attention_train(m->b, &att3, &lse, &q3, &k3, &v3, ab);
     }
-    struct tensor xn1 = tensor_first_rows(&la->xn1, local_rows(m, T)), x_in = tensor_first_rows(&la->x_in, local_rows(m, T));
+    struct tensor xn1 = tensor_first_rows(&la->xn1, local_rows(t, T)), x_in = tensor_first_rows(&la->x_in, local_rows(t, T));
     if (mods & TRAIN_RECOMPUTE_LAYERNORM) layer_norm(m, &xn1, &x_in, &w->attn_norm, &w->attn_norm_bias);
-    return gather_rows(m, &xn1, &m->train->gath, T, xn1_full);
+    return gather_rows(t, &xn1, &t->a->gath, T, xn1_full);
 }
 
 /* The backward of row_parallel_residual: from dres (the gradient of out, local rows), the
  * gradient of the product's input into din (all T rows) and of the weights. dres flows to x
  * unchanged (the caller keeps it). */
-static enum status row_parallel_backward(struct model *m, int l, enum lora_target target, int64_t T,
+static enum status row_parallel_backward(struct model_train *t, int l, enum lora_target target, int64_t T,
                                          const struct tensor *din, const struct tensor *in, const struct tensor *w,
                                          const struct tensor *gw, const struct tensor *gbias, const struct tensor *kept,
                                          const struct tensor *post_norm, const struct tensor *gpost)
 {
-    struct train_activations *a = m->train;
-    const int64_t Tl = local_rows(m, T);
+    struct model *m = t->m;
+    struct train_activations *a = t->a;
+    const int64_t Tl = local_rows(t, T);
     struct tensor dres = tensor_first_rows(&a->dres, Tl), dtmp = tensor_first_rows(&a->dtmp, Tl), dproj = dres, dfull;
     if (m->cfg.sandwich_norms) { /* dtmp = d post_norm(kept) */
         struct tensor out = tensor_first_rows(kept, Tl);
         norm_bwd(m, &dtmp, gpost, NULL, &dres, &out, post_norm);
         dproj = dtmp;
     }
-    TRY(gather_rows(m, &dproj, &a->dfull, T, &dfull));
+    TRY(gather_rows(t, &dproj, &a->dfull, T, &dfull));
     /* The bias, added on tp rank 0 only, gets its gradient on every rank (the same full rows),
      * so that the replicated copies stay equal. */
     op_matmul_backward(m->b, din, opt(gw), opt(gbias), &dfull, in, w, 0);
-    adapt_back(m, l, target, din, &dfull, in);
+    adapt_back(t, l, target, din, &dfull, in);
     return STATUS_OK;
 }
 
 /* The mirror of layer_forward_train. On entry dres (Tl, d) holds dL/d(layer output); on return
  * dL/d(layer input). g holds this layer's weight gradients (+=). */
-static enum status layer_backward(struct model *m, int l, int64_t T, const struct layer_weights *g,
+static enum status layer_backward(struct model_train *t, int l, int64_t T, const struct layer_weights *g,
                                   const struct attention_train_batch *batch)
 {
+    struct model *m = t->m;
     struct backend *b = m->b;
     const struct model_config *c = &m->cfg;
     const struct layer_weights *w = &m->w.layers[l];
-    struct layer_acts *la = &m->train->layers[l];
-    struct train_activations *a = m->train;
+    struct layer_acts *la = &t->a->layers[l];
+    struct train_activations *a = t->a;
     const int64_t hd = c->head_dim, hq = (int64_t)m->n_heads_local * hd, hkv = (int64_t)m->n_kv_local * hd;
-    const int64_t Tl = local_rows(m, T);
+    const int64_t Tl = local_rows(t, T);
     struct attention_train_batch ab = *batch;
     struct rope_params rope;
     layer_attention_kind(m, m->layer_first + l, &ab.window, &rope);
@@ -360,30 +373,30 @@ static enum status layer_backward(struct model *m, int l, int64_t T, const struc
 
     /* MLP block, in reverse. */
     struct tensor dh = tensor_first_rows(&a->dup, T), hact = tensor_first_rows(&la->hact, T);
-    TRY(recompute_mlp(m, l, T, &full));
-    TRY(row_parallel_backward(m, l, LORA_TARGET_DOWN, T, &dh, &hact, &w->w_down, &g->w_down, &g->b_down, &la->mlp_out,
+    TRY(recompute_mlp(t, l, T, &full));
+    TRY(row_parallel_backward(t, l, LORA_TARGET_DOWN, T, &dh, &hact, &w->w_down, &g->w_down, &g->b_down, &la->mlp_out,
                               &w->post_mlp_norm, &g->post_mlp_norm));
     struct tensor up = tensor_first_rows(&la->up, T), dup = tensor_first_rows(&a->dup, T);
     if (c->gated_mlp) {
         struct tensor gate = tensor_first_rows(&la->gate, T), dgate = tensor_first_rows(&a->dgate, T);
         op_gated_activation_backward(b, &dgate, &dup, &dh, &gate, &up, c->activation);
         op_matmul_backward(b, &dxn, opt(&g->w_gate), opt(&g->b_gate), &dgate, &full, &w->w_gate, 0);
-        adapt_back(m, l, LORA_TARGET_GATE, &dxn, &dgate, &full);
+        adapt_back(t, l, LORA_TARGET_GATE, &dxn, &dgate, &full);
         op_matmul_backward(b, &dxn, opt(&g->w_up), opt(&g->b_up), &dup, &full, &w->w_up, 1);
     } else {
         op_activation_backward(b, &dup, &dh, &up, c->activation);
         op_matmul_backward(b, &dxn, opt(&g->w_up), opt(&g->b_up), &dup, &full, &w->w_up, 0);
     }
-    adapt_back(m, l, LORA_TARGET_UP, &dxn, &dup, &full);
-    TRY(sum_input_grad(m, T, &dsum));
+    adapt_back(t, l, LORA_TARGET_UP, &dxn, &dup, &full);
+    TRY(sum_input_grad(t, T, &dsum));
     struct tensor x_mid = tensor_first_rows(&la->x_mid, Tl);
     norm_bwd(m, &dtmp, &g->mlp_norm, &g->mlp_norm_bias, &dsum, &x_mid, &w->mlp_norm);
     op_add(b, &dres, &dres, &dtmp); /* dL/dx_mid */
 
     /* Attention block, in reverse. */
     struct tensor att = tensor_view2(&la->att, T, hq), datt = tensor_view2(&a->datt, T, hq);
-    TRY(recompute_attention(m, l, T, &ab, &full));
-    TRY(row_parallel_backward(m, l, LORA_TARGET_O, T, &datt, &att, &w->wo, &g->wo, &g->bo, &la->attn_out,
+    TRY(recompute_attention(t, l, T, &ab, &full));
+    TRY(row_parallel_backward(t, l, LORA_TARGET_O, T, &datt, &att, &w->wo, &g->wo, &g->bo, &la->attn_out,
                               &w->post_attn_norm, &g->post_attn_norm));
     struct tensor dq3 = tensor_view3(&a->dq, T, m->n_heads_local, hd), dk3 = tensor_view3(&a->dk, T, m->n_kv_local, hd);
     struct tensor dv3 = tensor_view3(&a->dv, T, m->n_kv_local, hd), datt3 = tensor_view3(&a->datt, T, m->n_heads_local, hd);
@@ -403,12 +416,12 @@ static enum status layer_backward(struct model *m, int l, int64_t T, const struc
     }
     struct tensor dq = tensor_view2(&a->dq, T, hq), dk = tensor_view2(&a->dk, T, hkv), dv = tensor_view2(&a->dv, T, hkv);
     op_matmul_backward(b, &dxn, opt(&g->wq), opt(&g->bq), &dq, &full, &w->wq, 0);
-    adapt_back(m, l, LORA_TARGET_Q, &dxn, &dq, &full);
+    adapt_back(t, l, LORA_TARGET_Q, &dxn, &dq, &full);
     op_matmul_backward(b, &dxn, opt(&g->wk), opt(&g->bk), &dk, &full, &w->wk, 1);
-    adapt_back(m, l, LORA_TARGET_K, &dxn, &dk, &full);
+    adapt_back(t, l, LORA_TARGET_K, &dxn, &dk, &full);
     op_matmul_backward(b, &dxn, opt(&g->wv), opt(&g->bv), &dv, &full, &w->wv, 1);
-    adapt_back(m, l, LORA_TARGET_V, &dxn, &dv, &full);
-    TRY(sum_input_grad(m, T, &dsum));
+    adapt_back(t, l, LORA_TARGET_V, &dxn, &dv, &full);
+    TRY(sum_input_grad(t, T, &dsum));
     struct tensor x_in = tensor_first_rows(&la->x_in, Tl);
     norm_bwd(m, &dtmp, &g->attn_norm, &g->attn_norm_bias, &dsum, &x_in, &w->attn_norm);
     op_add(b, &dres, &dres, &dtmp); /* dL/dx_in */
@@ -417,27 +430,29 @@ static enum status layer_backward(struct model *m, int l, int64_t T, const struc
 
 /* Full recomputation: before the backward of the last layer of a chunk, its layers' forward
  * again from the chunk's kept input (through x_final, free by then). */
-static enum status recompute_chunk(struct model *m, int first, int last, int64_t T,
+static enum status recompute_chunk(struct model_train *t, int first, int last, int64_t T,
                                    const struct attention_train_batch *ab)
 {
-    struct tensor x = tensor_first_rows(&m->train->x_final, local_rows(m, T));
-    struct tensor x_in = tensor_first_rows(&m->train->layers[first].x_in, local_rows(m, T));
+    struct model *m = t->m;
+    struct tensor x = tensor_first_rows(&t->a->x_final, local_rows(t, T));
+    struct tensor x_in = tensor_first_rows(&t->a->layers[first].x_in, local_rows(t, T));
     backend_copy(m->b, x.data, x_in.data, tensor_nbytes(&x));
-    for (int l = first; l <= last; l++) TRY(layer_forward_train(m, l, T, &x, ab));
+    for (int l = first; l <= last; l++) TRY(layer_forward_train(t, l, T, &x, ab));
     return STATUS_OK;
 }
 
-enum status model_backward(struct model *m, const struct train_batch *tb,
+enum status model_backward(struct model_train *t, const struct train_batch *tb,
                            struct model_weights *grads)
 {
-    enum status st = check_batch(m, tb);
+    struct model *m = t->m;
+    enum status st = check_batch(t, tb);
     if (st != STATUS_OK) return st;
     struct backend *b = m->b;
-    struct train_activations *a = m->train;
-    const int64_t T = tb->n_tokens, Tl = local_rows(m, T);
-    const struct attention_train_batch ab = attention_batch(m, tb);
+    struct train_activations *a = t->a;
+    const int64_t T = tb->n_tokens, Tl = local_rows(t, T);
+    const struct attention_train_batch ab = attention_batch(t, tb);
     struct tensor dres = tensor_first_rows(&a->dres, Tl), dsum;
-    if (m->lora) lora_dropout_batch(m->lora, tb->dropout, tb->step, tb->micro); /* the forward's masks again */
+    if (t->lora) lora_dropout_batch(t->lora, tb->dropout, tb->step, tb->micro); /* the forward's masks again */
 
     /* Loss and final norm, in reverse (last stage): dh from the cross-entropy (its shard's part,
      * summed over tp), then dres = dL/dx. Other stages received dres from the next one. */
@@ -445,27 +460,27 @@ enum status model_backward(struct model *m, const struct train_batch *tb,
         struct tensor h = tensor_first_rows(&a->h_final, Tl), x = tensor_first_rows(&a->x_final, Tl), h_full;
         struct tensor targets = tensor_first_rows(&a->targets, T), lse = tensor_first_rows(&a->lse, T);
         struct tensor dxn = tensor_first_rows(&a->dxn, T);
-        TRY(gather_rows(m, &h, &a->gath, T, &h_full));
+        TRY(gather_rows(t, &h, &a->gath, T, &h_full));
         op_cross_entropy_backward(b, &dxn, opt(&grads->lm_head), &h_full, &m->w.lm_head, &targets, &lse, NULL,
                                   tb->grad_scale, m->vocab_start, 0);
-        TRY(sum_input_grad(m, T, &dsum));
+        TRY(sum_input_grad(t, T, &dsum));
         norm_bwd(m, &dres, &grads->final_norm, &grads->final_norm_bias, &dsum, &x, &m->w.final_norm);
     }
 
     for (int l = m->n_layers_local - 1; l >= 0; l--) {
         int first = 0, last = 0;
-        if (train_layer_full(m, l, &first, &last) && l == last) TRY(recompute_chunk(m, first, last, T, &ab));
-        TRY(layer_backward(m, l, T, &grads->layers[l], &ab));
-        if (m->train_layer_done) m->train_layer_done(m->train_hook_ctx, m, l);
+        if (train_layer_full(t, l, &first, &last) && l == last) TRY(recompute_chunk(t, first, last, T, &ab));
+        TRY(layer_backward(t, l, T, &grads->layers[l], &ab));
+        if (t->layer_done) t->layer_done(t->hook_ctx, l);
     }
 
     /* Embedding, in reverse (first stage): x0 = scale * E[tokens] (+ P[positions]). */
     if (m->pp_rank == 0) {
-        struct tensor tokens = tensor_first_rows(&a->tokens, T), pos = local_positions(m, T), dfull;
+        struct tensor tokens = tensor_first_rows(&a->tokens, T), pos = local_positions(t, T), dfull;
         if (m->cfg.positions == POSITION_KIND_LEARNED && opt(&grads->pos_embedding))
             op_position_embedding_add_backward(b, &grads->pos_embedding, &dres, &pos);
         if (m->cfg.embed_scale != 0.0f && m->cfg.embed_scale != 1.0f) op_scale(b, &dres, &dres, m->cfg.embed_scale);
-        TRY(gather_rows(m, &dres, &a->dfull, T, &dfull));
+        TRY(gather_rows(t, &dres, &a->dfull, T, &dfull));
         if (opt(&grads->tok_embedding)) op_embedding_backward(b, &grads->tok_embedding, &dfull, &tokens, m->vocab_start);
     }
     backend_synchronize(b);

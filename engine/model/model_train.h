@@ -29,6 +29,8 @@
 
 #include "model.h"
 
+struct lora;
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -77,19 +79,38 @@ struct train_memory {
     int sets;                       /* activation sets: micro-batches in flight (>= 1) */
 };
 
-/* Sizes the training activations for micro-batches of at most max_tokens rows (again to
- * grow): one set, nothing recomputed. STATUS_RESOURCE_EXHAUSTED when out of memory. */
-enum status model_reserve_train(struct model *m, int max_tokens);
-/* The same with a memory plan; STATUS_INVALID_ARGUMENT for a plan that does not fit the model
- * (sequence parallelism with max_tokens not a multiple of tp, num_layers out of range),
- * STATUS_UNSUPPORTED for a tp the training passes cannot run (a vocabulary or KV heads that
- * do not split evenly). */
-enum status model_reserve_train_with(struct model *m, int max_tokens, const struct train_memory *mem);
+/* The training passes' state, owned by the caller (the trainer), never by the model: the
+ * activation sets sized for micro-batches of at most max_tokens rows under a memory plan (NULL:
+ * one set, nothing recomputed), the trained adapters and a per-layer hook. The model is
+ * borrowed and must outlive it; several may exist for one model. STATUS_INVALID_ARGUMENT for a
+ * plan that does not fit the model (rows not a multiple of model_train_row_multiple,
+ * num_layers out of range), STATUS_UNSUPPORTED for a tp the training passes cannot run (a
+ * vocabulary or KV heads that do not split evenly), STATUS_RESOURCE_EXHAUSTED when out of
+ * memory. */
+struct model_train;
+enum status model_train_new(struct model *m, int max_tokens, const struct train_memory *mem,
+                            struct model_train **out);
+void model_train_free(struct model_train *t);
+struct model *model_train_model(const struct model_train *t);
+
+/* The one owner of the rule "a micro-batch's rows are a multiple of tp under sequence
+ * parallelism": the multiple (tp, or 1). The trainer pads micro-batches to it; the passes
+ * refuse others. */
+int model_train_row_multiple(const struct model *m, const struct train_memory *mem);
+
+/* The adapters the passes apply and train (lora.h; borrowed, NULL: none). */
+void model_train_set_lora(struct model_train *t, struct lora *lora);
+/* Called by model_backward after each layer's backward (local layer index), when set: the
+ * trainer starts that layer's data-parallel gradient reduction there, overlapping it with the
+ * backward of the layers below. NULL: none. */
+void model_train_set_layer_hook(struct model_train *t, void (*fn)(void *ctx, int layer), void *ctx);
+
 /* Picks the activation set the next forward writes and the next backward reads (0 ..
  * sets - 1): a pipeline keeps one per micro-batch in flight. */
-void model_train_use_set(struct model *m, int set);
+void model_train_use_set(struct model_train *t, int set);
+int model_train_n_sets(const struct model_train *t);
 /* Device bytes of the training activations (all sets). */
-size_t model_train_activation_bytes(const struct model *m);
+size_t model_train_activation_bytes(const struct model_train *t);
 
 /* The stage boundary of the current set, (rows, d) with rows = n_tokens (n_tokens / tp under
  * sequence parallelism): before model_forward_train on a stage after the first, the caller
@@ -97,12 +118,12 @@ size_t model_train_activation_bytes(const struct model *m);
  * the last, the stage's output is there. Before model_backward on a stage before the last,
  * the caller writes the gradient of that output into model_train_boundary_grad; after it, on a
  * stage after the first, the gradient of the stage's input is there. */
-struct tensor model_train_boundary(struct model *m, int n_tokens);
-struct tensor model_train_boundary_grad(struct model *m, int n_tokens);
+struct tensor model_train_boundary(struct model_train *t, int n_tokens);
+struct tensor model_train_boundary_grad(struct model_train *t, int n_tokens);
 
-/* Whether the gradient of weight kind `kind` is a per-rank part to all-reduce over tp (see the
- * contracts above). */
-int model_train_grad_partial(const struct model *m, enum weight_kind kind);
+/* The one owner of "which weights' gradients are a per-rank part to all-reduce over tp" (see
+ * the contracts above; the adapters' rule is lora_grad_partial in lora.h). */
+int model_train_grad_partial(const struct model_train *t, enum weight_kind kind);
 
 /* Copies every weight that points into the read-only checkpoint mapping (CPU zero-copy
  * loading) into memory the model owns, so that an optimizer may update the weights in place. */
@@ -115,18 +136,15 @@ size_t model_release_weight(struct model *m, struct tensor *t);
 /* Forward over tb keeping the activations, then the loss (last stage). *loss_sum receives the
  * sum of the per-token losses (natural log) over the unmasked rows, *n_real their number (0
  * and 0 on other stages). STATUS_UNAVAILABLE when a collective fails. */
-enum status model_forward_train(struct model *m, const struct train_batch *tb, double *loss_sum,
+enum status model_forward_train(struct model_train *t, const struct train_batch *tb, double *loss_sum,
                                 int *n_real);
 
 /* The backward of the last model_forward_train (same tb): grads += d(grad_scale x loss_sum) /
  * d(weights), for every present weight; grads was made by weights_alloc_like(m->w) in f32 (or
  * the compute dtype). A tied LM head's gradient joins the embedding's. A tensor of grads with
  * data == NULL is not computed (a frozen weight). */
-enum status model_backward(struct model *m, const struct train_batch *tb,
+enum status model_backward(struct model_train *t, const struct train_batch *tb,
                            struct model_weights *grads);
-
-/* Frees the training activations (model_free calls it). */
-void model_train_free(struct model *m);
 
 #ifdef __cplusplus
 }

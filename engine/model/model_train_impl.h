@@ -52,10 +52,23 @@ struct train_activations {
     struct tensor doc_start;       /* i32 (T + 1) */
 };
 
-/* Whether layer l (local) of m recomputes everything from its input in backward, and the
- * first local layer of its recomputation chunk (full recomputation; model_train_mem.c). */
-int train_layer_full(const struct model *m, int l, int *chunk_first, int *chunk_last);
+/* The training passes' state (model_train.h): the model they run on (borrowed), the memory
+ * plan, the activation sets and the one in use, the trained adapters and the per-layer hook. */
+struct model_train {
+    struct model *m;
+    struct train_memory mem;
+    struct train_activations **sets; /* (n_sets + 1): the last holds the memory all sets share */
+    int n_sets;
+    struct train_activations *a;     /* the set the next pass uses */
+    struct lora *lora;               /* borrowed, or NULL */
+    void (*layer_done)(void *ctx, int layer);
+    void *hook_ctx;
+};
+
+/* Whether layer l (local) recomputes everything from its input in backward, and the first
+ * local layer of its recomputation chunk (full recomputation; model_train_mem.c). */
+int train_layer_full(const struct model_train *t, int l, int *chunk_first, int *chunk_last);
 /* Sequence parallelism in effect (asked for, and tp > 1). */
-int train_sp(const struct model *m);
+int train_sp(const struct model_train *t);
 
 #endif

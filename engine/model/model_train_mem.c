@@ -8,19 +8,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-int train_sp(const struct model *m)
+int model_train_row_multiple(const struct model *m, const struct train_memory *mem)
 {
-    return m->train_memory && m->train_memory->sequence_parallel && m->tp_size > 1;
+    return mem && mem->sequence_parallel && m->tp_size > 1 ? m->tp_size : 1;
 }
 
-int train_layer_full(const struct model *m, int l, int *chunk_first, int *chunk_last)
+int train_sp(const struct model_train *t) { return model_train_row_multiple(t->m, &t->mem) > 1; }
+
+int train_layer_full(const struct model_train *t, int l, int *chunk_first, int *chunk_last)
 {
-    const struct train_memory *mm = m->train_memory;
-    if (!mm) return 0;
+    const struct train_memory *mm = &t->mem;
     if (mm->recompute == TRAIN_RECOMPUTE_UNIFORM) {
         const int k = mm->num_layers;
         *chunk_first = l / k * k;
-        *chunk_last = *chunk_first + k - 1 < m->n_layers_local - 1 ? *chunk_first + k - 1 : m->n_layers_local - 1;
+        *chunk_last = *chunk_first + k - 1 < t->m->n_layers_local - 1 ? *chunk_first + k - 1 : t->m->n_layers_local - 1;
         return 1;
     }
     if (mm->recompute == TRAIN_RECOMPUTE_BLOCK && l < mm->num_layers) {
@@ -30,11 +31,11 @@ int train_layer_full(const struct model *m, int l, int *chunk_first, int *chunk_
     return 0;
 }
 
-int model_train_grad_partial(const struct model *m, enum weight_kind kind)
+int model_train_grad_partial(const struct model_train *t, enum weight_kind kind)
 {
-    if (m->tp_size == 1) return 0;
+    if (t->m->tp_size == 1) return 0;
     if (kind == WEIGHT_KIND_Q_NORM || kind == WEIGHT_KIND_K_NORM) return 1; /* per local head */
-    if (!train_sp(m)) return 0;
+    if (!train_sp(t)) return 0;
     return weight_kind_is_norm(kind) || kind == WEIGHT_KIND_ATTN_NORM_BIAS || kind == WEIGHT_KIND_MLP_NORM_BIAS ||
            kind == WEIGHT_KIND_FINAL_NORM_BIAS || kind == WEIGHT_KIND_POS_EMBEDDING;
 }
@@ -80,12 +81,12 @@ static void field_shape(const struct model *m, int f, int64_t T, int64_t Tl, enu
 }
 
 /* Whether layer l's tensor f is recomputed (so shared), and by which shared set (*pos). */
-static int field_shared(const struct model *m, int l, int f, int *pos)
+static int field_shared(const struct model_train *t, int l, int f, int *pos)
 {
-    const struct train_memory *mm = m->train_memory;
+    const struct train_memory *mm = &t->mem;
     int first = 0, last = 0;
     *pos = 0;
-    if (train_layer_full(m, l, &first, &last)) {
+    if (train_layer_full(t, l, &first, &last)) {
         *pos = l - first;
         return !(f == F_X_IN && l == first);
     }
@@ -143,8 +144,8 @@ static struct tensor vec(const struct tensor *t, int64_t n)
 
 /* ---- sets -------------------------------------------------------------------------------- */
 
-/* The common part (sets[0]->mem holds the first set; common memory is kept in the last entry
- * of train_sets, index n_train_sets). */
+/* The memory all sets share (recomputed tensors, backward and loss scratch) is its own set,
+ * kept in the last entry of sets (index n_sets). */
 static void free_set(struct model *m, struct train_activations *a)
 {
     if (!a) return;
@@ -153,18 +154,16 @@ static void free_set(struct model *m, struct train_activations *a)
     free(a);
 }
 
-void model_train_free(struct model *m)
+void model_train_free(struct model_train *t)
 {
-    if (!m || !m->train_sets) return;
-    struct train_activations *common = m->train_sets[m->n_train_sets];
-    if (common) free(common->host_loss); /* the sets borrow it */
-    for (int i = 0; i <= m->n_train_sets; i++) free_set(m, m->train_sets[i]);
-    free(m->train_sets);
-    free(m->train_memory);
-    m->train_sets = NULL;
-    m->train_memory = NULL;
-    m->n_train_sets = 0;
-    m->train = NULL;
+    if (!t) return;
+    if (t->sets) {
+        struct train_activations *common = t->sets[t->n_sets];
+        if (common) free(common->host_loss); /* the sets borrow it */
+        for (int i = 0; i <= t->n_sets; i++) free_set(t->m, t->sets[i]);
+        free(t->sets);
+    }
+    free(t);
 }
 
 static enum status check_plan(const struct model *m, int max_tokens, const struct train_memory *mm)
@@ -184,35 +183,33 @@ static enum status check_plan(const struct model *m, int max_tokens, const struc
         if (m->cfg.n_kv_heads % m->tp_size)
             return status_errorf(STATUS_UNSUPPORTED, "training at tp %d needs KV heads (%d) that tp divides "
                                  "(replicated KV heads are served, not trained)", m->tp_size, m->cfg.n_kv_heads);
-        if (mm->sequence_parallel && max_tokens % m->tp_size)
-            return status_errorf(STATUS_INVALID_ARGUMENT, "sequence parallelism: %d rows is not a multiple of tp %d",
-                                 max_tokens, m->tp_size);
     }
+    const int multiple = model_train_row_multiple(m, mm);
+    if (max_tokens % multiple)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "sequence parallelism: micro-batches of %d rows (micro-batch "
+                             "size x sequence length) are not a multiple of tp %d", max_tokens, multiple);
     return STATUS_OK;
 }
 
-enum status model_reserve_train(struct model *m, int max_tokens)
+enum status model_train_new(struct model *m, int max_tokens, const struct train_memory *mem, struct model_train **out)
 {
     const struct train_memory one = {.recompute = TRAIN_RECOMPUTE_NONE, .sets = 1};
-    return model_reserve_train_with(m, max_tokens, &one);
-}
-
-enum status model_reserve_train_with(struct model *m, int max_tokens, const struct train_memory *mem)
-{
+    if (!mem) mem = &one;
+    *out = NULL;
     enum status st = check_plan(m, max_tokens, mem);
     if (st != STATUS_OK) return st;
-    model_train_free(m);
     const int S = mem->sets, L = m->n_layers_local;
-    m->train_memory = malloc(sizeof *m->train_memory);
-    m->train_sets = calloc((size_t)S + 1, sizeof *m->train_sets);
-    if (!m->train_memory || !m->train_sets) {
-        free(m->train_memory);
-        m->train_memory = NULL;
+    struct model_train *t = calloc(1, sizeof *t);
+    if (!t) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+    t->m = m;
+    t->mem = *mem;
+    t->sets = calloc((size_t)S + 1, sizeof *t->sets);
+    if (!t->sets) {
+        free(t);
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
     }
-    *m->train_memory = *mem;
-    m->n_train_sets = S;
-    const int sp = train_sp(m);
+    t->n_sets = S;
+    const int sp = train_sp(t);
     const int64_t T = max_tokens, Tl = sp ? T / m->tp_size : T, d = m->cfg.d_model;
     const int64_t hq = (int64_t)m->n_heads_local * m->cfg.head_dim, hkv = (int64_t)m->n_kv_local * m->cfg.head_dim;
     const int64_t ffn = m->ffn_local, tp = m->tp_size;
@@ -222,7 +219,7 @@ enum status model_reserve_train_with(struct model *m, int max_tokens, const stru
                        malloc((size_t)cap * sizeof *cv.shape), 0, cap};
     struct train_activations *common = calloc(1, sizeof *common);
     struct layer_acts *shared = calloc((size_t)K, sizeof *shared);
-    m->train_sets[S] = common;
+    t->sets[S] = common;
     if (!cv.t || !cv.dt || !cv.shape || !common || !shared) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
         goto out;
@@ -234,7 +231,7 @@ enum status model_reserve_train_with(struct model *m, int max_tokens, const stru
         for (int f = 0; f < F_COUNT; f++) {
             field_shape(m, f, T, Tl, &dt, &rows, &cols);
             int used = 0, pos = 0;
-            for (int l = 0; l < L && !used; l++) used = field_shared(m, l, f, &pos) && pos == j;
+            for (int l = 0; l < L && !used; l++) used = field_shared(t, l, f, &pos) && pos == j;
             carve_add(&cv, field(&shared[j], f), dt, used ? rows : 0, cols);
         }
     common->max_tokens = max_tokens;
@@ -258,7 +255,7 @@ enum status model_reserve_train_with(struct model *m, int max_tokens, const stru
     }
     for (int s = 0; s < S; s++) {
         struct train_activations *a = calloc(1, sizeof *a);
-        m->train_sets[s] = a;
+        t->sets[s] = a;
         if (!a || !(a->layers = calloc((size_t)(L > 0 ? L : 1), sizeof *a->layers))) {
             st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
             goto out;
@@ -267,7 +264,7 @@ enum status model_reserve_train_with(struct model *m, int max_tokens, const stru
             for (int f = 0; f < F_COUNT; f++) {
                 int pos = 0;
                 field_shape(m, f, T, Tl, &dt, &rows, &cols);
-                if (field_shared(m, l, f, &pos)) continue; /* aliased below */
+                if (field_shared(t, l, f, &pos)) continue; /* aliased below */
                 carve_add(&cv, field(&a->layers[l], f), dt, rows, cols);
             }
         carve_add(&cv, &a->x_final, m->dtype, Tl, d);
@@ -283,7 +280,7 @@ enum status model_reserve_train_with(struct model *m, int max_tokens, const stru
         for (int l = 0; l < L; l++)
             for (int f = 0; f < F_COUNT; f++) {
                 int pos = 0;
-                if (field_shared(m, l, f, &pos)) *field(&a->layers[l], f) = *field(&shared[pos], f);
+                if (field_shared(t, l, f, &pos)) *field(&a->layers[l], f) = *field(&shared[pos], f);
             }
         a->max_tokens = max_tokens;
         a->loss = vec(&a->loss, T);
@@ -298,39 +295,50 @@ enum status model_reserve_train_with(struct model *m, int max_tokens, const stru
         a->dv = common->dv, a->dgate = common->dgate, a->dup = common->dup, a->stats_all = common->stats_all;
         a->host_loss = common->host_loss;
     }
-    m->train = m->train_sets[0];
+    t->a = t->sets[0];
 out:
     free(cv.t);
     free(cv.dt);
     free(cv.shape);
     free(shared);
-    if (st != STATUS_OK) model_train_free(m);
+    if (st != STATUS_OK) model_train_free(t);
+    else *out = t;
     return st;
 }
 
-void model_train_use_set(struct model *m, int set)
+void model_train_set_lora(struct model_train *t, struct lora *lora) { t->lora = lora; }
+
+void model_train_set_layer_hook(struct model_train *t, void (*fn)(void *ctx, int layer), void *ctx)
 {
-    CHECK(m->train_sets && set >= 0 && set < m->n_train_sets, "activation set %d of %d", set, m->n_train_sets);
-    m->train = m->train_sets[set];
+    t->layer_done = fn;
+    t->hook_ctx = ctx;
 }
 
-size_t model_train_activation_bytes(const struct model *m)
+struct model *model_train_model(const struct model_train *t) { return t->m; }
+
+int model_train_n_sets(const struct model_train *t) { return t->n_sets; }
+
+void model_train_use_set(struct model_train *t, int set)
+{
+    CHECK(set >= 0 && set < t->n_sets, "activation set %d of %d", set, t->n_sets);
+    t->a = t->sets[set];
+}
+
+size_t model_train_activation_bytes(const struct model_train *t)
 {
     size_t n = 0;
-    for (int i = 0; m->train_sets && i <= m->n_train_sets; i++) n += m->train_sets[i] ? m->train_sets[i]->bytes : 0;
+    for (int i = 0; i <= t->n_sets; i++) n += t->sets[i] ? t->sets[i]->bytes : 0;
     return n;
 }
 
-struct tensor model_train_boundary(struct model *m, int n_tokens)
+struct tensor model_train_boundary(struct model_train *t, int n_tokens)
 {
-    CHECK(m->train, "model_reserve_train first");
-    return tensor_first_rows(&m->train->x_final, train_sp(m) ? n_tokens / m->tp_size : n_tokens);
+    return tensor_first_rows(&t->a->x_final, train_sp(t) ? n_tokens / t->m->tp_size : n_tokens);
 }
 
-struct tensor model_train_boundary_grad(struct model *m, int n_tokens)
+struct tensor model_train_boundary_grad(struct model_train *t, int n_tokens)
 {
-    CHECK(m->train, "model_reserve_train first");
-    return tensor_first_rows(&m->train->dres, train_sp(m) ? n_tokens / m->tp_size : n_tokens);
+    return tensor_first_rows(&t->a->dres, train_sp(t) ? n_tokens / t->m->tp_size : n_tokens);
 }
 
 enum status model_weights_make_writable(struct model *m)

@@ -180,6 +180,20 @@ static enum status check_arrays(const struct request_params *p, int V)
     return STATUS_OK;
 }
 
+enum status request_context_check(long long n_prompt, long long max_tokens, const size_t *bytes,
+                                  const struct request_bounds *b)
+{
+    if (max_tokens < 0) max_tokens = 0; /* HTTP's unset */
+    if (b->max_positions <= 0 || n_prompt + max_tokens <= b->max_positions) return STATUS_OK;
+    if (bytes)
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "prompt (at least %lld tokens: %zu bytes) + max_tokens (%lld) exceeds the model's context "
+                             "of %d tokens", n_prompt, *bytes, max_tokens, b->max_positions);
+    return status_errorf(STATUS_INVALID_ARGUMENT,
+                         "prompt (%lld tokens) + max_tokens (%lld) exceeds the model's context of %d tokens", n_prompt,
+                         max_tokens, b->max_positions);
+}
+
 enum status request_validate(const int32_t *prompt, int n_prompt, const struct request_params *p,
                              const struct request_bounds *b)
 {
@@ -199,10 +213,7 @@ enum status request_validate(const int32_t *prompt, int n_prompt, const struct r
                              "priority must be 0 unless the server schedules by priority (serve --scheduling-policy "
                              "priority), got %d",
                              p->priority);
-    if (b->max_positions > 0 && (long long)n_prompt + p->max_tokens > b->max_positions)
-        return status_errorf(STATUS_INVALID_ARGUMENT,
-                             "prompt (%d tokens) + max_tokens (%d) exceeds the model's context of %d tokens",
-                             n_prompt, p->max_tokens, b->max_positions);
+    if ((st = request_context_check(n_prompt, p->max_tokens, NULL, b)) != STATUS_OK) return st;
     if (b->block_tokens > 0) {
         long long need = ((long long)n_prompt + p->max_tokens + b->block_tokens - 1) / b->block_tokens;
         if (need > b->n_blocks)

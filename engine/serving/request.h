@@ -82,6 +82,14 @@ struct request_bounds {
  * is all that is read). STATUS_INVALID_ARGUMENT with the row's message on the first failure. */
 enum status request_limits_check(const struct request_params *p, const struct request_bounds *b, int sampling_only);
 
+/* The context rule, its one owner: a prompt of n_prompt tokens and max_tokens (< 0: unset, 0)
+ * must fit the model's context (b->max_positions; <= 0: no bound). bytes not NULL: n_prompt is a
+ * lower bound counted from *bytes bytes of text before tokenizing (the server's early refusal of a
+ * prompt too long to be worth encoding; tokenizer_min_tokens). request_validate applies it to
+ * the exact prompt. */
+enum status request_context_check(long long n_prompt, long long max_tokens, const size_t *bytes,
+                                  const struct request_bounds *b);
+
 /* engine_validate's whole check (see engine.h): the table, then the prompt, the context, the
  * KV pool and the arrays (stops, stop ids, logit bias). */
 enum status request_validate(const int32_t *prompt, int n_prompt, const struct request_params *p,

@@ -121,9 +121,10 @@ static enum status make_buckets(struct train_ranks *r, struct model *m, const st
     return STATUS_OK;
 }
 
-enum status train_ranks_attach(struct train_ranks *r, struct model *m, struct param_table *gparams,
+enum status train_ranks_attach(struct train_ranks *r, struct model_train *mt, struct param_table *gparams,
                                struct optimizer *opt)
 {
+    struct model *m = model_train_model(mt);
     r->b = m->b;
     TRY(backend_alloc_tensor(m->b, &r->sumsq, DTYPE_F32, 1, (int64_t[]){1}));
     for (size_t i = 0; i < gparams->n; i++) {
@@ -133,6 +134,7 @@ enum status train_ranks_attach(struct train_ranks *r, struct model *m, struct pa
         const int replicated = weight_names_of(k)->megatron_layout == WEIGHT_MEGATRON_REPLICATED;
         if (r->tp > 1 && replicated && m->tp_rank != 0) p->counted = 0;
         if (r->pp > 1 && m->cfg.tied_embeddings && k == WEIGHT_KIND_LM_HEAD) p->counted = 0; /* the first stage's */
+        if (model_train_grad_partial(mt, k)) p->tp_partial = 1;
     }
     if (r->dp > 1 && !r->dist_opt) TRY(make_buckets(r, m, gparams));
     if (r->tp > 1 || r->pp > 1 || (r->dist_opt && r->dp > 1)) {
@@ -171,72 +173,77 @@ static int first_stage(const struct model *m) { return m->pp_rank == 0; }
 /* The point-to-point steps of 1F1B between neighbouring stages (Megatron's p2p_communication):
  * every send is matched by the neighbour's receive of the same micro-batch, whose size both
  * know (every rank builds every micro-batch). Combined steps post both directions at once. */
-static enum status recv_forward(struct model *m, const struct train_batch *tb)
+static enum status recv_forward(struct model_train *mt, const struct train_batch *tb)
 {
+    struct model *m = model_train_model(mt);
     if (first_stage(m)) return STATUS_OK;
-    struct tensor x = model_train_boundary(m, tb->n_tokens);
+    struct tensor x = model_train_boundary(mt, tb->n_tokens);
     return comm_recv(m->par.groups->pp, &x, m->pp_rank - 1);
 }
 
-static enum status send_backward(struct model *m, const struct train_batch *tb)
+static enum status send_backward(struct model_train *mt, const struct train_batch *tb)
 {
+    struct model *m = model_train_model(mt);
     if (first_stage(m)) return STATUS_OK;
-    struct tensor g = model_train_boundary_grad(m, tb->n_tokens);
+    struct tensor g = model_train_boundary_grad(mt, tb->n_tokens);
     return comm_send(m->par.groups->pp, &g, m->pp_rank - 1);
 }
 
-static enum status send_forward(struct model *m, const struct train_batch *tb)
+static enum status send_forward(struct model_train *mt, const struct train_batch *tb)
 {
+    struct model *m = model_train_model(mt);
     if (model_is_last_stage(m)) return STATUS_OK;
-    struct tensor x = model_train_boundary(m, tb->n_tokens);
+    struct tensor x = model_train_boundary(mt, tb->n_tokens);
     return comm_send(m->par.groups->pp, &x, m->pp_rank + 1);
 }
 
-static enum status recv_backward(struct model *m, const struct train_batch *tb)
+static enum status recv_backward(struct model_train *mt, const struct train_batch *tb)
 {
+    struct model *m = model_train_model(mt);
     if (model_is_last_stage(m)) return STATUS_OK;
-    struct tensor g = model_train_boundary_grad(m, tb->n_tokens);
+    struct tensor g = model_train_boundary_grad(mt, tb->n_tokens);
     return comm_recv(m->par.groups->pp, &g, m->pp_rank + 1);
 }
 
 /* Sends the output of the forward of fwd (set sf) and receives the gradient for the backward of
  * bwd (into the common gradient boundary) from the next stage, both at once. */
-static enum status send_forward_recv_backward(struct model *m, int sf, const struct train_batch *fwd,
+static enum status send_forward_recv_backward(struct model_train *mt, int sf, const struct train_batch *fwd,
                                               const struct train_batch *bwd)
 {
+    struct model *m = model_train_model(mt);
     if (model_is_last_stage(m)) return STATUS_OK;
-    model_train_use_set(m, sf);
-    struct tensor x = model_train_boundary(m, fwd->n_tokens), g = model_train_boundary_grad(m, bwd->n_tokens);
+    model_train_use_set(mt, sf);
+    struct tensor x = model_train_boundary(mt, fwd->n_tokens), g = model_train_boundary_grad(mt, bwd->n_tokens);
     return comm_sendrecv(m->par.groups->pp, &x, m->pp_rank + 1, &g, m->pp_rank + 1);
 }
 
 /* Sends the input gradient of a backward to the previous stage and receives the input of the
  * forward of fwd (into set sf) from it, both at once. */
-static enum status send_backward_recv_forward(struct model *m, const struct train_batch *bwd, int sf,
+static enum status send_backward_recv_forward(struct model_train *mt, const struct train_batch *bwd, int sf,
                                               const struct train_batch *fwd)
 {
+    struct model *m = model_train_model(mt);
     if (first_stage(m)) return STATUS_OK;
-    struct tensor g = model_train_boundary_grad(m, bwd->n_tokens);
-    model_train_use_set(m, sf);
-    struct tensor x = model_train_boundary(m, fwd->n_tokens);
+    struct tensor g = model_train_boundary_grad(mt, bwd->n_tokens);
+    model_train_use_set(mt, sf);
+    struct tensor x = model_train_boundary(mt, fwd->n_tokens);
     return comm_sendrecv(m->par.groups->pp, &g, m->pp_rank - 1, &x, m->pp_rank - 1);
 }
 
-static enum status forward_step(struct model *m, int set, const struct train_batch *tb, double *loss_sum)
+static enum status forward_step(struct model_train *mt, int set, const struct train_batch *tb, double *loss_sum)
 {
-    model_train_use_set(m, set);
+    model_train_use_set(mt, set);
     double ls = 0.0;
     int nr = 0;
-    TRY(model_forward_train(m, tb, &ls, &nr));
+    TRY(model_forward_train(mt, tb, &ls, &nr));
     *loss_sum += ls;
     return STATUS_OK;
 }
 
 /* model_backward's hook on the step's last backward: the layer's gradients are final. */
-static void layer_done(void *ctx, struct model *m, int layer)
+static void layer_done(void *ctx, int layer)
 {
     struct train_ranks *r = ctx;
-    (void)m;
     struct dp_bucket *bk = &r->buckets[layer];
     if (r->bucket_status != STATUS_OK || bk->started) return;
     bk->started = 1;
@@ -245,17 +252,13 @@ static void layer_done(void *ctx, struct model *m, int layer)
 
 /* The backward of one micro-batch; the step's last one starts each layer's dp reduction as soon
  * as that layer is done. */
-static enum status backward_step(struct train_ranks *r, struct model *m, int set, const struct train_batch *tb,
+static enum status backward_step(struct train_ranks *r, struct model_train *mt, int set, const struct train_batch *tb,
                                  struct model_weights *grads, int last)
 {
-    model_train_use_set(m, set);
-    if (last && r->buckets) {
-        m->train_layer_done = layer_done;
-        m->train_hook_ctx = r;
-    }
-    enum status st = model_backward(m, tb, grads);
-    m->train_layer_done = NULL;
-    m->train_hook_ctx = NULL;
+    model_train_use_set(mt, set);
+    if (last && r->buckets) model_train_set_layer_hook(mt, layer_done, r);
+    enum status st = model_backward(mt, tb, grads);
+    model_train_set_layer_hook(mt, NULL, NULL);
     return st != STATUS_OK ? st : r->bucket_status;
 }
 
@@ -273,75 +276,77 @@ static enum status finish_dp(struct train_ranks *r)
     return STATUS_OK;
 }
 
-static enum status schedule(struct train_ranks *r, struct model *m, const struct train_batch *tbs, int n,
+static enum status schedule(struct train_ranks *r, struct model_train *mt, const struct train_batch *tbs, int n,
                             struct model_weights *grads, double *loss_sum)
 {
+    struct model *m = model_train_model(mt);
     *loss_sum = 0.0;
     if (r->pp == 1) {
         for (int i = 0; i < n; i++) {
-            TRY(forward_step(m, 0, &tbs[i], loss_sum));
-            TRY(backward_step(r, m, 0, &tbs[i], grads, i == n - 1));
+            TRY(forward_step(mt, 0, &tbs[i], loss_sum));
+            TRY(backward_step(r, mt, 0, &tbs[i], grads, i == n - 1));
         }
         return STATUS_OK;
     }
     /* 1F1B: stage p runs pp - p - 1 warm-up forwards, then alternates one forward and one
      * backward, then the cool-down backwards; micro-batch i uses activation set i mod sets. */
-    const int sets = m->n_train_sets;
+    const int sets = model_train_n_sets(mt);
     int warmup = r->pp - m->pp_rank - 1;
     if (warmup > n) warmup = n;
     const int steady = n - warmup;
     CHECK(sets >= warmup + 1 || steady == 0, "1F1B needs %d activation sets, has %d", warmup + 1, sets);
     for (int i = 0; i < warmup; i++) {
-        model_train_use_set(m, i % sets);
-        TRY(recv_forward(m, &tbs[i]));
-        TRY(forward_step(m, i % sets, &tbs[i], loss_sum));
-        TRY(send_forward(m, &tbs[i]));
+        model_train_use_set(mt, i % sets);
+        TRY(recv_forward(mt, &tbs[i]));
+        TRY(forward_step(mt, i % sets, &tbs[i], loss_sum));
+        TRY(send_forward(mt, &tbs[i]));
     }
     if (steady > 0) {
-        model_train_use_set(m, warmup % sets);
-        TRY(recv_forward(m, &tbs[warmup]));
+        model_train_use_set(mt, warmup % sets);
+        TRY(recv_forward(mt, &tbs[warmup]));
     }
     for (int k = 0; k < steady; k++) {
         const int f = warmup + k;
-        TRY(forward_step(m, f % sets, &tbs[f], loss_sum));
-        TRY(send_forward_recv_backward(m, f % sets, &tbs[f], &tbs[k]));
-        TRY(backward_step(r, m, k % sets, &tbs[k], grads, k == n - 1));
-        if (k == steady - 1) TRY(send_backward(m, &tbs[k]));
-        else TRY(send_backward_recv_forward(m, &tbs[k], (f + 1) % sets, &tbs[f + 1]));
+        TRY(forward_step(mt, f % sets, &tbs[f], loss_sum));
+        TRY(send_forward_recv_backward(mt, f % sets, &tbs[f], &tbs[k]));
+        TRY(backward_step(r, mt, k % sets, &tbs[k], grads, k == n - 1));
+        if (k == steady - 1) TRY(send_backward(mt, &tbs[k]));
+        else TRY(send_backward_recv_forward(mt, &tbs[k], (f + 1) % sets, &tbs[f + 1]));
     }
     for (int k = steady; k < n; k++) {
-        model_train_use_set(m, k % sets);
-        TRY(recv_backward(m, &tbs[k]));
-        TRY(backward_step(r, m, k % sets, &tbs[k], grads, k == n - 1));
-        TRY(send_backward(m, &tbs[k]));
+        model_train_use_set(mt, k % sets);
+        TRY(recv_backward(mt, &tbs[k]));
+        TRY(backward_step(r, mt, k % sets, &tbs[k], grads, k == n - 1));
+        TRY(send_backward(mt, &tbs[k]));
     }
     return STATUS_OK;
 }
 
-enum status train_ranks_step(struct train_ranks *r, struct model *m, const struct train_batch *tbs, int n,
+enum status train_ranks_step(struct train_ranks *r, struct model_train *mt, const struct train_batch *tbs, int n,
                              struct model_weights *grads, double *loss_sum)
 {
     r->bucket_status = STATUS_OK;
     for (int i = 0; i < r->n_buckets; i++) r->buckets[i].started = 0;
-    TRY(schedule(r, m, tbs, n, grads, loss_sum));
+    TRY(schedule(r, mt, tbs, n, grads, loss_sum));
     return r->buckets ? finish_dp(r) : STATUS_OK;
 }
 
-enum status train_ranks_forward(struct train_ranks *r, struct model *m, const struct train_batch *tb,
+enum status train_ranks_forward(struct train_ranks *r, struct model_train *mt, const struct train_batch *tb,
                                 double *loss_sum, int *n_real)
 {
     (void)r;
-    model_train_use_set(m, 0);
-    TRY(recv_forward(m, tb));
-    TRY(model_forward_train(m, tb, loss_sum, n_real));
-    return send_forward(m, tb);
+    model_train_use_set(mt, 0);
+    TRY(recv_forward(mt, tb));
+    TRY(model_forward_train(mt, tb, loss_sum, n_real));
+    return send_forward(mt, tb);
 }
 
 /* ---- gradients ------------------------------------------------------------------------------ */
 
-enum status train_ranks_reduce_grads(struct train_ranks *r, struct model *m, struct model_weights *grads,
+enum status train_ranks_reduce_grads(struct train_ranks *r, struct model_train *mt, struct model_weights *grads,
                                      const struct param_table *gparams)
 {
+    struct model *m = model_train_model(mt);
     /* The tied embedding: the first stage's (lookup) and the last's (head) gradients summed on
      * both, exchanged over pp (a + b on one, b + a on the other: the same bits). */
     if (r->tied_mem && (first_stage(m) || model_is_last_stage(m))) {
@@ -352,7 +357,7 @@ enum status train_ranks_reduce_grads(struct train_ranks *r, struct model *m, str
     }
     for (size_t i = 0; i < gparams->n; i++) {
         const struct param *p = &gparams->p[i];
-        if (r->tp > 1 && (p->tp_partial || (p->kind >= 0 && model_train_grad_partial(m, (enum weight_kind)p->kind))))
+        if (r->tp > 1 && p->tp_partial)
             TRY(comm_all_reduce(m->par.groups->tp, p->t));
         /* dp: done in train_ranks_step, or reduce-scattered by the distributed optimizer */
     }

@@ -51,23 +51,25 @@ enum status train_ranks_init(struct train_ranks *r, const struct train_options *
  * --rank-timeout the heartbeats that name a hung rank (parallel_watch_start). On error
  * train_ranks_free r (and close *b if set). */
 enum status train_ranks_connect(struct train_ranks *r, enum device dev, int threads, struct backend **b);
-/* After the model is loaded: buffers that depend on it; marks which gradients count in the
- * norm (params.h counted) and hooks the norm's reduction into opt. */
-enum status train_ranks_attach(struct train_ranks *r, struct model *m, struct param_table *gparams,
+/* After the model is loaded and its training state made: buffers that depend on it; marks which
+ * gradients count in the norm (params.h counted) and which weights' gradients are per-rank
+ * parts (tp_partial, from model_train_grad_partial; the adapters' are marked by
+ * lora_ranks_mark), and hooks the norm's reduction into opt. */
+enum status train_ranks_attach(struct train_ranks *r, struct model_train *mt, struct param_table *gparams,
                                struct optimizer *opt);
 void train_ranks_free(struct train_ranks *r);
 
 /* Forward and backward over this replica's micro-batches tbs[0 .. n) (n = micro_per_replica),
  * scheduled 1F1B when pp > 1; gradients accumulate into grads. *loss_sum (last stage) receives
  * the summed per-token losses. */
-enum status train_ranks_step(struct train_ranks *r, struct model *m, const struct train_batch *tbs, int n,
+enum status train_ranks_step(struct train_ranks *r, struct model_train *mt, const struct train_batch *tbs, int n,
                              struct model_weights *grads, double *loss_sum);
 /* Forward only through the stages (evaluation); *loss_sum, *n_real on the last stage. */
-enum status train_ranks_forward(struct train_ranks *r, struct model *m, const struct train_batch *tb,
+enum status train_ranks_forward(struct train_ranks *r, struct model_train *mt, const struct train_batch *tb,
                                 double *loss_sum, int *n_real);
 /* The reductions after the backward (see the top); the dp part was done by train_ranks_step
  * (overlapped with the backward), or is left to the distributed optimizer. */
-enum status train_ranks_reduce_grads(struct train_ranks *r, struct model *m, struct model_weights *grads,
+enum status train_ranks_reduce_grads(struct train_ranks *r, struct model_train *mt, struct model_weights *grads,
                                      const struct param_table *gparams);
 /* v[0 .. n) summed over the whole world (each value given by the ranks it belongs to, 0
  * elsewhere), in f64 on the host: losses and token counts for the log. */

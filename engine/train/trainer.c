@@ -22,6 +22,7 @@ struct trainer {
     struct backend *b;
     struct tokenizer *tok;
     struct model *m;
+    struct model_train *mt;       /* the training passes' state (activations, adapters, hook) */
     struct model_weights grads;
     void *grads_mem;
     /* Mixed precision: the f32 master weights (the model's weights were these before the
@@ -176,7 +177,6 @@ static enum status setup_lora(struct trainer *t)
     enum status st = o->resume_dir ? lora_load_peft(t->m, o->resume_dir, &t->lora)
                                    : lora_create(t->m, o->lora_rank, o->lora_alpha, o->lora_targets, o->seed, &t->lora);
     if (st != STATUS_OK) return st;
-    t->m->lora = t->lora;
     lora_set_dropout(t->lora, o->lora_dropout, o->seed);
     if ((st = lora_reserve(t->lora, t->b, o->micro_batch_size * o->seq_length, t->m->dtype)) != STATUS_OK) return st;
     char name[96];
@@ -311,7 +311,6 @@ static enum status setup(struct trainer *t)
     } else if ((st = optimizer_init(&t->opt, t->b, &t->params, &opt)) != STATUS_OK) {
         return st;
     }
-    if ((st = train_ranks_attach(&t->ranks, t->m, &t->gparams, &t->opt)) != STATUS_OK) return st;
     t->state = (struct train_state){.cursor = {.seed = o->seed}, .scaler = loss_scaler_constant(1.0)};
     if (o->precision == TRAIN_PRECISION_FP16)
         t->state.scaler = o->loss_scale > 0 ? loss_scaler_constant(o->loss_scale)
@@ -327,10 +326,9 @@ static enum status setup(struct trainer *t)
     const int in_flight = t->ranks.pp - t->m->pp_rank; /* 1F1B's micro-batches in flight */
     mem.sets = in_flight < t->ranks.micro_per_replica ? in_flight : t->ranks.micro_per_replica;
     if (mem.sets < 1) mem.sets = 1;
-    if (mem.sequence_parallel && t->ranks.tp > 1 && (o->micro_batch_size * o->seq_length) % t->ranks.tp)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "--sequence-parallel: --micro-batch-size x --seq-length (%d) "
-                             "must be a multiple of tp %d", o->micro_batch_size * o->seq_length, t->ranks.tp);
-    if ((st = model_reserve_train_with(t->m, o->micro_batch_size * o->seq_length, &mem)) != STATUS_OK) return st;
+    if ((st = model_train_new(t->m, o->micro_batch_size * o->seq_length, &mem, &t->mt)) != STATUS_OK) return st;
+    model_train_set_lora(t->mt, t->lora);
+    if ((st = train_ranks_attach(&t->ranks, t->mt, &t->gparams, &t->opt)) != STATUS_OK) return st;
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
     const char *mp = o->metrics_path ? o->metrics_path : path;
     if ((st = train_checkpoint_make_dir(o->out_dir)) != STATUS_OK) return st;
@@ -372,6 +370,7 @@ static void teardown(struct trainer *t)
         weights_free_layers(&t->grads);
         backend_free(t->b, t->grads_mem);
     }
+    model_train_free(t->mt);
     model_free(t->m);
     tokenizer_free(t->tok);
     if (t->ranks.world) train_ranks_free(&t->ranks);
@@ -425,7 +424,7 @@ static int next_micro_batches(struct trainer *t, int64_t *targets, int64_t *toke
         data_next_micro_batch(&t->train, &t->state.cursor, o->micro_batch_size, o->seq_length, &t->mbs[i]);
         *targets += t->mbs[i].n_targets;
         *tokens += t->mbs[i].n_tokens;
-        if (o->memory.sequence_parallel) pad_rows(&t->mbs[i], t->ranks.tp);
+        pad_rows(&t->mbs[i], model_train_row_multiple(t->m, &o->memory));
     }
     /* Every micro-batch's gradient is scaled by (loss scale) / (targets of the whole global
      * batch): the mean per-token loss of the global batch, times the fp16 loss scale. */
@@ -458,8 +457,8 @@ static enum status train_step(struct trainer *t, struct step_result *r)
     float grad_scale = 0.0f;
     const int n = next_micro_batches(t, &targets, &tokens, &grad_scale, loss_scale);
     double loss_sum = 0.0;
-    enum status st = train_ranks_step(&t->ranks, t->m, t->tbs, n, &t->grads, &loss_sum);
-    if (st == STATUS_OK) st = train_ranks_reduce_grads(&t->ranks, t->m, &t->grads, &t->gparams);
+    enum status st = train_ranks_step(&t->ranks, t->mt, t->tbs, n, &t->grads, &loss_sum);
+    if (st == STATUS_OK) st = train_ranks_reduce_grads(&t->ranks, t->mt, &t->grads, &t->gparams);
     /* The stop flag travels with the loss: the world's sum is the same on every rank, so every
      * rank stops after the same iteration, whichever ranks the signal reached. */
     double v[2] = {loss_owner(t, 1) ? loss_sum : 0.0, t->o->stop_signal && *t->o->stop_signal ? 1.0 : 0.0};
@@ -520,7 +519,7 @@ static enum status evaluate(struct trainer *t, double *loss, int64_t *targets)
         struct train_batch tb = batch_of(&t->mbs[0], 0.0f);
         double ls = 0.0;
         int nr = 0;
-        enum status st = train_ranks_forward(&t->ranks, t->m, &tb, &ls, &nr);
+        enum status st = train_ranks_forward(&t->ranks, t->mt, &tb, &ls, &nr);
         if (st != STATUS_OK) return st;
         if (loss_owner(t, 0)) {
             v[0] += ls;
