@@ -2,8 +2,8 @@
  * (server/http_openai.c http_parse_request), then the engine's request validation
  * (request_validate, with a stories260K-sized engine's limits) for what parses, each prompt
  * of a list of prompts on its own.
- * Input: byte 0 picks the endpoint (even: /v1/completions, odd: /v1/chat/completions); the
- * rest is the body. The served model is "stories260K" with one adapter, "tiny-lora".
+ * Input: byte 0 picks the endpoint (bit 0: even /v1/completions, odd /v1/chat/completions) and
+ * the served template (bits 1-4: struct http_chat_caps); the rest is the body. The served model is "stories260K" with one adapter, "tiny-lora".
  * Corpus: tests/fuzz/corpus/http_openai (tests/fuzz/make_seeds.py). */
 #include <stdlib.h>
 #include <string.h>
