@@ -20,6 +20,9 @@
  *                            `priority` (docs/engine.md, "Scheduling policies")
  *   --chat-template llama2|chatml|gemma|plain|FILE.jinja   [the model's own Jinja template for a
  *                                       byte-level BPE vocabulary, else chosen: chat_template.h]
+ *   --reasoning-format auto|deepseek|none  split a reply's <think>...</think> into
+ *                            reasoning_content: deepseek always, none never, auto [default] when
+ *                            the Jinja chat template holds <think>
  *   --api-key-file F         require "authorization: Bearer <key>" with a key of F
  *   --tls-cert F --tls-key F serve TLS with this PEM certificate chain and key
  *   --drain-timeout S        seconds running requests may finish after SIGTERM [30]
@@ -76,7 +79,8 @@ static int usage(const char *fmt, const char *arg)
                     "         [--kv-cache-fraction F]\n"
                     "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
                     "         [--scheduling-policy fcfs|fair|priority]\n"
-                    "         [--chat-template llama2|chatml|gemma|plain|FILE.jinja] [--api-key-file F] [--tls-cert F --tls-key F]\n"
+                    "         [--chat-template llama2|chatml|gemma|plain|FILE.jinja] [--reasoning-format auto|deepseek|none]\n"
+                    "         [--api-key-file F] [--tls-cert F --tls-key F]\n"
                     "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
                     "         [--http-max-connections-per-address N (3/4 of the above; 0 = no cap)] [--http-header-timeout S (10)]\n"
                     "         [--http-body-timeout S (60)]\n"
@@ -226,6 +230,10 @@ int serve_main(int argc, char **argv)
                 !(vn > 6 && !strcmp(v + vn - 6, ".jinja")))
                 return usage("--chat-template must be llama2, chatml, gemma, plain or a FILE.jinja, got '%s'", v);
             o.chat_template = v;
+        } else if (!strcmp(a, "--reasoning-format")) {
+            if (strcmp(v, "auto") && strcmp(v, "deepseek") && strcmp(v, "none"))
+                return usage("--reasoning-format must be auto, deepseek or none, got '%s'", v);
+            o.reasoning_format = v;
         } else if (!strcmp(a, "--http")) o.http_listen = v;
         else if (!strcmp(a, "--http-max-connections")) {
             if (base_parse_long(v, 1, 65536, &n)) return usage("--http-max-connections must be an integer in [1, 65536], got '%s'", v);

@@ -303,6 +303,8 @@ void gen_request_free(struct gen_request *r)
     free(r->bias_values);
     free(r->adapter);
     free(r->client);
+    free(r->chat_context);
+    free(r->prefill);
     memset(r, 0, sizeof *r);
 }
 

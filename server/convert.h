@@ -59,6 +59,13 @@ struct gen_request {
     size_t   constraint_len;
     char    *client;              /* who asked, for --scheduling-policy fair (params.client points
                                      here); NULL: the caller sets it (gRPC: from the call) */
+    /* HTTP chat with a Jinja template (server/http_tools.c): the render context as a JSON object
+     * (messages as the client sent them, tools, chat_template_kwargs; gen_prompt adds
+     * add_generation_prompt, bos_token, eos_token), and text written after the rendered prompt
+     * (a required tool call's opening marker). NULL: messages render as role and content. */
+    char    *chat_context;
+    char    *prefill;
+    int      think_open;          /* set by gen_prompt: the rendered prompt ends inside <think> */
 };
 
 /* Parses GenerateRequest (is_chat 0) or ChatRequest (is_chat 1) bytes into *r, which is left

@@ -7,6 +7,7 @@
  * Not here: the call's batches (call.c), protobuf (convert.c), templates (engine/text).
  * Tests: tests/server/test_server.py (basic, concurrency, cancel, deadline, invalid, drain),
  * tests/server/test_gguf_lora.py (the adapter a request runs with: gen_resolve_adapter). */
+#include <cjson/cJSON.h>
 #include <grpc/grpc.h>
 #include <grpc/support/time.h>
 #include <pthread.h>
@@ -360,6 +361,38 @@ static enum status check_prompt_bytes(struct server *s, const struct gen_request
     return request_context_check((long long)least, r->params.max_tokens, &bytes, &b);
 }
 
+/* Renders r->chat_context (a JSON object) with add_generation_prompt, bos_token and eos_token
+ * added, then r->prefill after it; *text malloc'd. */
+static enum status render_context(struct server *s, const struct gen_request *r, char **text, size_t *len)
+{
+    cJSON *ctx = cJSON_Parse(r->chat_context);
+    if (!ctx) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    cJSON_AddTrueToObject(ctx, "add_generation_prompt");
+    cJSON_AddStringToObject(ctx, "bos_token", s->bos_text);
+    cJSON_AddStringToObject(ctx, "eos_token", s->eos_text);
+    char *json = cJSON_PrintUnformatted(ctx);
+    cJSON_Delete(ctx);
+    if (!json) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    enum status st = jinja_render_json(s->jtmpl, json, strlen(json), text, len);
+    free(json);
+    size_t extra = r->prefill ? strlen(r->prefill) : 0;
+    if (st == STATUS_OK && extra) {
+        char *t = realloc(*text, *len + extra + 1);
+        if (!t) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        memcpy(t + *len, r->prefill, extra + 1);
+        *text = t;
+        *len += extra;
+    }
+    return st;
+}
+
+/* 1 when text[0..len) ends inside a <think> block (the template opened it for the model). */
+static int ends_inside_think(const char *text, size_t len)
+{
+    while (len > 0 && strchr(" \t\r\n", text[len - 1])) len--;
+    return len >= 7 && !memcmp(text + len - 7, "<think>", 7);
+}
+
 /* Tokenizes the request into the prompt ids the engine gets; applies the chat template. */
 enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int32_t **ids, int *n)
 {
@@ -370,8 +403,10 @@ enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int
     if (is_chat && s->jtmpl) { /* the model's own template, rendered as text with its special tokens */
         char *text = NULL;
         size_t len = 0;
-        enum status st = jinja_render_chat(s->jtmpl, r->messages, r->n_messages, NULL, 1, s->bos_text, s->eos_text,
-                                           &text, &len);
+        enum status st = r->chat_context ? render_context(s, r, &text, &len)
+                                         : jinja_render_chat(s->jtmpl, r->messages, r->n_messages, NULL, 1, s->bos_text,
+                                                             s->eos_text, &text, &len);
+        if (st == STATUS_OK) r->think_open = ends_inside_think(text, len);
         if (st == STATUS_OK) st = tokenizer_encode(s->tok, text, len, 0, ids, n);
         free(text);
         memcpy(r->params.end_ids, s->end_ids, sizeof s->end_ids);

@@ -199,7 +199,8 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     struct http_request q;
     struct adapter_snapshot an = {.n = 0}; /* loaded now: run-time loads change the list */
     engine_list_adapters(s->engine, snapshot_adapter, &an);
-    enum status st = http_parse_request(hc->body ? hc->body : "", hc->len, is_chat, s->model_id, an.ptrs, an.n, &q);
+    const struct http_chat_caps caps = {s->jtmpl != NULL, s->tool_format, s->reasoning};
+    enum status st = http_parse_request(hc->body ? hc->body : "", hc->len, is_chat, s->model_id, an.ptrs, an.n, &caps, &q);
     struct http_gen *g = NULL;
     if (st != STATUS_OK) http_request_free(&q);
     else set_client(s, c, &q), st = http_gen_submit(s, &q, connection_fd(c), &g);

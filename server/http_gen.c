@@ -59,6 +59,11 @@ void http_gen_unref(struct http_gen *g)
         free(r->prompt_top);
     }
     free(g->runs);
+    for (int i = 0; g->ps && i < g->n_samples; i++) {
+        free(g->ps[i].text);
+        free(g->ps[i].sent_args);
+    }
+    free(g->ps);
     free(g->out);
     http_request_free(&g->q);
     pthread_mutex_destroy(&g->mu);

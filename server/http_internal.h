@@ -38,6 +38,15 @@ struct http_prompt {
     int      n_ids;
 };
 
+/* What the served chat template can do (server.c finds it at start-up): a Jinja template (whose
+ * render context the request builds), its tool-call format (enum tool_format) and whether
+ * replies are split at <think>. A zeroed struct: a built-in template, the generic format. */
+struct http_chat_caps {
+    int jinja;
+    int tool_format;
+    int reasoning;
+};
+
 /* A parsed OpenAI request: the engine's request plus what shapes the answer. */
 struct http_request {
     struct gen_request r;  /* params.max_tokens is -1 when the client gave none; completions
@@ -50,24 +59,47 @@ struct http_request {
     int echo;              /* completions: the prompt text before the output (and, with
                               logprobs, the prompt tokens' log-probabilities) */
     int tools;             /* chat with tools (http_tools.c): the reply is parsed into tool_calls */
+    int tool_format;       /* enum tool_format of the reply when tools is set */
+    int max_calls;         /* parallel_tool_calls false: 1; else 0 (no limit) */
+    int reasoning;         /* split <think>...</think> into reasoning_content */
+};
+
+/* A stream's view of one sample whose text is parsed (tools or reasoning): the whole text so
+ * far (the prompt's prefill first) and how much of each part went out (http_openai_out.c). */
+struct http_parse_stream {
+    char  *text;
+    size_t len, cap;
+    size_t sent_reasoning, sent_content;
+    int    sent_calls;        /* calls whose header (id, name) went out */
+    size_t *sent_args;        /* (sent_calls) bytes of each announced call's arguments sent */
+    size_t cap_args;
 };
 
 /* http_tools.c: tools, tool_choice and parallel_tool_calls of o into q (after its messages and
  * constraint): the tools' text in the system message, the reply's schema as the constraint. */
 struct cJSON;
-enum status http_tools_parse(const struct cJSON *o, struct http_request *q);
+enum status http_tools_parse(const struct cJSON *o, const struct http_chat_caps *caps, struct http_request *q);
+/* With a Jinja template: r->chat_context from o's messages (as sent, when the template's own
+ * tool format is used), the tools of the request (NULL: none) and chat_template_kwargs. */
+enum status http_tools_context(const struct cJSON *o, const struct cJSON *tools, const struct http_chat_caps *caps,
+                               struct http_request *q);
 /* The text of message i of the history when it is a tool result (role "tool") or an assistant's
  * tool calls (*content malloc'd); *content NULL for any other message. */
 enum status http_tools_message(const struct cJSON *msg, int i, const char *role, char **content);
-/* Parses a tool-calling reply text[0..n) into message (OpenAI's content / tool_calls, the calls'
- * ids "call_<base>_<k>"). Returns whether it holds tool calls. */
-int http_tools_reply(const char *text, size_t n, const char *call_id_base, struct cJSON *message);
+/* Parses a reply text[0..n) (the prompt's prefill first) of q into message (OpenAI's
+ * reasoning_content, content, tool_calls; the calls' ids from call_id_base). Returns whether it
+ * holds tool calls. */
+int http_tools_reply(const struct http_request *q, int think_open, const char *text, size_t n,
+                     const char *call_id_base, struct cJSON *message);
+/* A call's id: "call_<base>_<k>", or for the Mistral format (whose templates keep the last 9
+ * characters of ids) 9 letters and digits derived from it. */
+void http_tools_call_id(const struct http_request *q, const char *base, int k, char *out, size_t cap);
 
 /* Parses body[0..len) (borrowed) into *q (free with http_request_free). served_model: the id
  * that `model` must name (STATUS_NOT_FOUND otherwise). Errors: STATUS_INVALID_ARGUMENT naming
  * the field and the type it must have. */
 enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
-                               const char *const *adapters, int n_adapters,
+                               const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
                                struct http_request *q);
 /* Frees what *q owns; accepts a zeroed struct. */
 void        http_request_free(struct http_request *q);
@@ -116,6 +148,7 @@ struct http_gen {
                                     and still reads (http.c, peer_gone) */
     int             done;        /* a stream sent [DONE] */
     int             fd;          /* the connection's socket, polled for hang-ups */
+    struct http_parse_stream *ps; /* (n_samples) when replies are parsed and streamed; else NULL */
     char           *out;         /* a stream's bytes not yet handed to libmicrohttpd */
     size_t          out_len, out_pos, out_cap;
 };

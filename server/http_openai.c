@@ -414,7 +414,7 @@ static enum status parse_constraint(const cJSON *o, struct gen_request *r)
  * Absent, null, or the value that asks for nothing special is accepted. */
 static enum status refuse_unhonoured(const cJSON *o)
 {
-    static const char *const always[] = {"functions", "function_call", "suffix"};
+    static const char *const always[] = {"functions", "function_call", "suffix", "reasoning_effort", "reasoning_format"};
     for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
         if (field(o, always[i]))
             return status_errorf(STATUS_UNSUPPORTED, "'%s' is not supported by this server", always[i]);
@@ -601,7 +601,8 @@ static int find_duplicate(const cJSON *v, const char **dup)
 }
 
 enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
-                               const char *const *adapters, int n_adapters, struct http_request *q)
+                               const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
+                               struct http_request *q)
 {
     memset(q, 0, sizeof *q);
     q->r.params = request_params_default();
@@ -631,7 +632,9 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     if (st == STATUS_OK) st = parse_sampling(o, q);
     if (st == STATUS_OK) st = parse_shape(o, q);
     if (st == STATUS_OK) st = parse_constraint(o, &q->r);
-    if (st == STATUS_OK) st = http_tools_parse(o, q);
+    if (st == STATUS_OK) st = http_tools_parse(o, caps, q);
+    if (st == STATUS_OK) st = http_tools_context(o, NULL, caps, q); /* when the tools did not already */
+    q->reasoning = is_chat && caps && caps->reasoning;
     cJSON_Delete(o);
     struct request_params *p = &q->r.params;
     p->stop = (const char *const *)q->r.stop;

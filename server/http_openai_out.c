@@ -12,6 +12,7 @@
 
 #include "http_internal.h"
 #include "tokenizer.h"
+#include "tool_format.h"
 
 /* ---- responses ----------------------------------------------------------------------------- */
 
@@ -236,6 +237,72 @@ static void add_echoed_text(cJSON *c, const struct http_run *r, const char *text
     free(full);
 }
 
+/* Whether g's chat replies are parsed (tool calls, reasoning) rather than sent as they come. */
+static int parsed(const struct http_gen *g) { return g->q.is_chat && (g->q.tools || g->q.reasoning); }
+
+/* A suffix of s[0..n) from *sent on, as a JSON string member of o; advances *sent. A shorter
+ * text than what went out (a stream that turned out malformed) adds nothing. */
+static int add_news(cJSON *o, const char *name, const char *s, size_t n, size_t *sent)
+{
+    if (n <= *sent) return 0;
+    add_text(o, name, s + *sent, n - *sent);
+    *sent = n;
+    return 1;
+}
+
+/* Stream, parsed replies: appends b's new text to sample i's whole text, parses it (final: the
+ * sample ended) and adds to delta d what did not go out yet: reasoning_content, content, and
+ * tool_calls (a call's index, id, type and name once, then its arguments as they grow).
+ * Returns whether d got anything; *calls: the reply holds tool calls. */
+static int parsed_delta(struct http_gen *g, int i, const char *text, size_t n, int final, cJSON *d, int *calls)
+{
+    if (!g->ps) CHECK(g->ps = calloc((size_t)g->n_samples, sizeof *g->ps), "out of memory");
+    struct http_parse_stream *ps = &g->ps[i];
+    if (!ps->text) {
+        const char *pre = g->q.r.prefill ? g->q.r.prefill : "";
+        http_buf_append(&ps->text, &ps->len, &ps->cap, pre, strlen(pre));
+    }
+    http_buf_append(&ps->text, &ps->len, &ps->cap, text, n);
+    struct tool_parsed p;
+    const struct http_request *q = &g->q;
+    CHECK(tool_parse((enum tool_format)q->tool_format, q->tools, q->reasoning, q->r.think_open, q->max_calls, ps->text,
+                     ps->len, final, &p) == 0, "out of memory parsing a reply");
+    int news = add_news(d, "reasoning_content", p.reasoning, p.reasoning_len, &ps->sent_reasoning);
+    news |= add_news(d, "content", p.content, p.content_len, &ps->sent_content);
+    cJSON *list = NULL;
+    for (int k = 0; k < p.n_calls; k++) {
+        const struct tool_parsed_call *c = &p.calls[k];
+        cJSON *e = NULL;
+        if (k >= ps->sent_calls) { /* a new call: its header, and the arguments so far */
+            CHECK(base_grow((void **)&ps->sent_args, &ps->cap_args, (size_t)k + 1, sizeof *ps->sent_args) == 0,
+                  "out of memory");
+            char id[96];
+            http_tools_call_id(q, call_id_base(g, i), k, id, sizeof id);
+            e = check_json(cJSON_CreateObject());
+            cJSON_AddNumberToObject(e, "index", k);
+            cJSON_AddStringToObject(e, "id", id);
+            cJSON_AddStringToObject(e, "type", "function");
+            cJSON *f = check_json(cJSON_AddObjectToObject(e, "function"));
+            cJSON_AddStringToObject(f, "name", c->name);
+            ps->sent_args[k] = 0;
+            add_text(f, "arguments", c->args, c->args_len);
+            ps->sent_args[k] = c->args_len;
+            ps->sent_calls = k + 1;
+        } else if (c->args_len > ps->sent_args[k]) {
+            e = check_json(cJSON_CreateObject());
+            cJSON_AddNumberToObject(e, "index", k);
+            add_news(check_json(cJSON_AddObjectToObject(e, "function")), "arguments", c->args, c->args_len, &ps->sent_args[k]);
+        }
+        if (!e) continue;
+        if (!list) list = check_json(cJSON_AddArrayToObject(d, "tool_calls"));
+        cJSON_AddItemToArray(list, e);
+        news = 1;
+    }
+    *calls = ps->sent_calls > 0;
+    tool_parsed_free(&p);
+    return news;
+}
+
 char *http_response_json(struct http_gen *g)
 {
     cJSON *o = envelope(g, g->q.is_chat ? "chat.completion" : "text_completion");
@@ -251,8 +318,17 @@ char *http_response_json(struct http_gen *g)
         if (g->q.is_chat) {
             cJSON *m = check_json(cJSON_AddObjectToObject(c, "message"));
             cJSON_AddStringToObject(m, "role", "assistant");
-            if (g->q.tools) calls = http_tools_reply(text, b->text_len, call_id_base(g, i), m);
-            else add_text(m, "content", text, b->text_len);
+            if (parsed(g)) {
+                const char *pre = g->q.r.prefill ? g->q.r.prefill : "";
+                char *full = NULL;
+                size_t len = 0, cap = 0;
+                http_buf_append(&full, &len, &cap, pre, strlen(pre));
+                http_buf_append(&full, &len, &cap, text, b->text_len);
+                calls = http_tools_reply(&g->q, g->q.r.think_open, full, len, call_id_base(g, i), m);
+                free(full);
+            } else {
+                add_text(m, "content", text, b->text_len);
+            }
         } else {
             add_echoed_text(c, r, text, b->text_len);
         }
@@ -283,8 +359,20 @@ void http_stream_chunks(struct http_gen *g)
         /* Tokens without text yet (an incomplete UTF-8 sequence, a held-back stop prefix) wait
          * for their text unless their log-probabilities were asked. */
         if (b->text_len == 0 && !final && b->role_sent && (b->n == 0 || g->q.logprobs < 0)) continue;
-        /* A tool-calling reply is one JSON object: it goes out whole, parsed, in the last chunk. */
-        if (g->q.tools && !final) continue;
+        /* A parsed reply (tools, reasoning) goes out as its parts grow (parsed_delta). */
+        cJSON *pd = NULL;
+        int calls = 0;
+        if (parsed(g)) {
+            pd = check_json(cJSON_CreateObject());
+            int news = parsed_delta(g, i, b->text ? b->text : "", b->text_len, final, pd, &calls);
+            if (!news && !final && b->role_sent && (b->n == 0 || g->q.logprobs < 0)) {
+                cJSON_Delete(pd);
+                b->text_offset += b->text_len;
+                b->text_len = 0;
+                b->n = 0;
+                continue;
+            }
+        }
         /* Echo with logprobs: a sample's first chunk carries its prompt's log-probabilities,
          * which the engine sends with the first sample's prefill; the others wait for them. */
         int first = !b->role_sent;
@@ -294,12 +382,13 @@ void http_stream_chunks(struct http_gen *g)
         cJSON *c = check_json(cJSON_CreateObject());
         cJSON_AddNumberToObject(c, "index", i);
         const char *text = b->text ? b->text : "";
-        int calls = 0;
-        if (g->q.is_chat) {
+        if (pd) {
+            if (first) cJSON_AddStringToObject(pd, "role", "assistant");
+            cJSON_AddItemToObject(c, "delta", pd);
+        } else if (g->q.is_chat) {
             cJSON *d = check_json(cJSON_AddObjectToObject(c, "delta"));
             if (first) cJSON_AddStringToObject(d, "role", "assistant");
-            if (g->q.tools) calls = http_tools_reply(text, b->text_len, call_id_base(g, i), d);
-            else if (b->text_len || first) add_text(d, "content", text, b->text_len);
+            if (b->text_len || first) add_text(d, "content", text, b->text_len);
         } else {
             add_echoed_text(c, first ? r : NULL, text, b->text_len);
             if (first && r->echo) b->text_offset += r->echo_len;

@@ -1,15 +1,22 @@
-/* server/http_tools.c - OpenAI tool calling (tools, tool_choice, parallel_tool_calls) in a
- * format that any model can follow and that can never fail to parse, llama.cpp's "generic"
- * format: the tools and the reply format are described in the system message, and the whole
- * reply is constrained (a JSON Schema, engine/grammar/) to one JSON object, either
- *   {"tool_calls": [{"name": NAME, "arguments": {...}}, ...]}   (each call valid for its tool)
- * or {"response": "text for the user"}                          (tool_choice "auto" only).
- * The history is written the same way: an assistant message's tool_calls become the JSON the
- * model would have produced, a "tool" message a user turn {"tool_response": {...}}. The reply
- * is parsed back into OpenAI's message.tool_calls (finish_reason "tool_calls") or content.
- * Not here (docs/tools.md): the models' own tool formats (Hermes <tool_call>, Llama 3 JSON,
- * Mistral [TOOL_CALLS]) and their templates' `tools` variable; streaming a reply token by token
- * (a tool-calling stream sends the reply whole in its last chunk); tools over gRPC. */
+/* server/http_tools.c - OpenAI tool calling (tools, tool_choice, parallel_tool_calls) and the
+ * render context of Jinja chat templates. Two ways (docs/tools.md):
+ *  - the model's own format (tool_format.h: Hermes <tool_call>, Mistral [TOOL_CALLS], Llama 3
+ *    JSON, Phi-4 <|tool_call|>) when the served Jinja template has one: the template renders
+ *    the tools, the assistant messages' tool_calls and the tool messages itself (the context is
+ *    built here as transformers' apply_chat_template gets it, arguments as objects). Under
+ *    tool_choice required or a named function the call's opening marker is written after the
+ *    prompt and the call's JSON is constrained (one call; Mistral: a list); under auto the
+ *    output is free and parsed (no lazy grammar).
+ *  - otherwise llama.cpp's "generic" format, which any model can follow and which can never
+ *    fail to parse: the tools and the reply format are described in the system message, and
+ *    the whole reply is constrained (a JSON Schema, engine/grammar/) to one JSON object, either
+ *      {"tool_calls": [{"name": NAME, "arguments": {...}}, ...]}   (each call valid for its tool)
+ *    or {"response": "text for the user"}                          (tool_choice "auto" only).
+ *    The history is written the same way: an assistant message's tool_calls become the JSON the
+ *    model would have produced, a "tool" message a user turn {"tool_response": {...}}.
+ * Replies are parsed back (tool_format.c) into OpenAI's message.tool_calls (finish_reason
+ * "tool_calls"), content and reasoning_content. Not here: tools over gRPC; streaming (the chunks:
+ * http_openai_out.c). Tests: tests/server/test_tools.py. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +24,7 @@
 #include <cjson/cJSON.h>
 
 #include "http_internal.h"
+#include "tool_format.h"
 
 #define TOOLS_MAX 128              /* functions in one request */
 #define TOOLS_MAX_NAME 64          /* bytes of a function's name */
@@ -35,8 +43,8 @@ static int valid_name(const char *s)
     return 1;
 }
 
-/* The schema of one call of function f: {"name": const, "arguments": its parameters}. */
-static cJSON *call_schema(const cJSON *f)
+/* The schema of one call of function f: {"name": const, args_key: its parameters}. */
+static cJSON *call_schema(const cJSON *f, const char *args_key)
 {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
@@ -44,10 +52,10 @@ static cJSON *call_schema(const cJSON *f)
     cJSON_AddStringToObject(s, "type", "object");
     cJSON *n = cJSON_AddObjectToObject(props, "name");
     cJSON_AddStringToObject(n, "const", name->valuestring);
-    if (params && !cJSON_IsNull(params)) cJSON_AddItemToObject(props, "arguments", cJSON_Duplicate(params, 1));
-    else cJSON_AddItemToObject(props, "arguments", cJSON_Parse("{\"type\": \"object\", \"properties\": {}}"));
+    if (params && !cJSON_IsNull(params)) cJSON_AddItemToObject(props, args_key, cJSON_Duplicate(params, 1));
+    else cJSON_AddItemToObject(props, args_key, cJSON_Parse("{\"type\": \"object\", \"properties\": {}}"));
     cJSON_AddItemToArray(req, cJSON_CreateString("name"));
-    cJSON_AddItemToArray(req, cJSON_CreateString("arguments"));
+    cJSON_AddItemToArray(req, cJSON_CreateString(args_key));
     cJSON_AddItemToObject(s, "required", req);
     cJSON_AddFalseToObject(s, "additionalProperties");
     return s;
@@ -64,7 +72,7 @@ static cJSON *reply_schema(const cJSON *tools, const char *only, int required, i
     for (const cJSON *t = tools->child; t; t = t->next) {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
         if (only && strcmp(cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring, only)) continue;
-        cJSON_AddItemToArray(any, call_schema(f));
+        cJSON_AddItemToArray(any, call_schema(f, "arguments"));
     }
     cJSON_AddNumberToObject(arr, "minItems", 1);
     if (!parallel) cJSON_AddNumberToObject(arr, "maxItems", 1);
@@ -78,6 +86,72 @@ static cJSON *reply_schema(const cJSON *tools, const char *only, int required, i
     cJSON_AddItemToArray(of, calls);
     cJSON_AddItemToArray(of, resp);
     return s;
+}
+
+/* The schema of a required call in the model's own format f (after its opening marker): one
+ * call of the chosen function or of any; Mistral's is a list of calls. */
+static cJSON *native_schema(enum tool_format f, const cJSON *tools, const char *only, int parallel)
+{
+    cJSON *one = cJSON_CreateObject(), *any = cJSON_AddArrayToObject(one, "anyOf");
+    for (const cJSON *t = tools->child; t; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
+        cJSON_AddItemToArray(any, call_schema(fn, tool_format_args_key(f)));
+    }
+    if (f != TOOL_FORMAT_MISTRAL) return one;
+    cJSON *arr = cJSON_CreateObject();
+    cJSON_AddStringToObject(arr, "type", "array");
+    cJSON_AddItemToObject(arr, "items", one);
+    cJSON_AddNumberToObject(arr, "minItems", 1);
+    if (!parallel) cJSON_AddNumberToObject(arr, "maxItems", 1);
+    return arr;
+}
+
+/* The tools the template sees: all of them, or the named one. */
+static cJSON *chosen_tools(const cJSON *tools, const char *only)
+{
+    cJSON *list = cJSON_CreateArray();
+    for (const cJSON *t = tools->child; t && list; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (!only || !strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only))
+            cJSON_AddItemToArray(list, cJSON_Duplicate(t, 1));
+    }
+    return list;
+}
+
+/* Sets q's constraint to the JSON Schema of schema (deleted here). */
+static enum status set_schema(struct http_request *q, cJSON *schema)
+{
+    char *src = schema ? cJSON_PrintUnformatted(schema) : NULL;
+    cJSON_Delete(schema);
+    if (!src) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    struct gen_request *r = &q->r;
+    r->constraint = src;
+    r->constraint_len = strlen(src);
+    r->params.constraint_kind = CONSTRAINT_JSON_SCHEMA;
+    r->params.constraint = src;
+    r->params.constraint_len = r->constraint_len;
+    return STATUS_OK;
+}
+
+/* Tools in the model's own format: the template renders them; a required call is opened in the
+ * prompt and constrained, an optional one is parsed from free output. */
+static enum status native_tools(const cJSON *o, const cJSON *tools, const char *only, int required, int parallel,
+                                const struct http_chat_caps *caps, struct http_request *q)
+{
+    enum tool_format f = (enum tool_format)caps->tool_format;
+    cJSON *list = chosen_tools(tools, only);
+    enum status st = list ? http_tools_context(o, list, caps, q) : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    cJSON_Delete(list);
+    if (st == STATUS_OK && required) {
+        if (!(q->r.prefill = strdup(tool_format_call_prefix(f))))
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        st = set_schema(q, native_schema(f, tools, only, parallel));
+    }
+    q->tools = 1;
+    q->tool_format = (int)f;
+    q->max_calls = parallel ? 0 : 1;
+    return st;
 }
 
 /* The system text that tells the model the tools and the reply format. */
@@ -103,7 +177,7 @@ static char *system_text(const cJSON *tools, const char *only, int required)
     return s;
 }
 
-enum status http_tools_parse(const cJSON *o, struct http_request *q)
+enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, struct http_request *q)
 {
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools");
     const cJSON *choice = cJSON_GetObjectItemCaseSensitive(o, "tool_choice");
@@ -160,7 +234,10 @@ enum status http_tools_parse(const cJSON *o, struct http_request *q)
     if (q->r.params.constraint_kind != CONSTRAINT_NONE)
         return status_errorf(STATUS_INVALID_ARGUMENT, "'tools' with a structured output (response_format, "
                              "structured_outputs, guided_*) is not supported: the tool format is itself one");
-    cJSON *schema = reply_schema(tools, only, required, par ? cJSON_IsTrue(par) : 1);
+    int parallel = par ? cJSON_IsTrue(par) : 1;
+    if (caps && caps->jinja && caps->tool_format != TOOL_FORMAT_GENERIC)
+        return native_tools(o, tools, only, required, parallel, caps, q);
+    cJSON *schema = reply_schema(tools, only, required, parallel);
     char *src = schema ? dup_json(schema) : NULL;
     cJSON_Delete(schema);
     char *sys = system_text(tools, only, required);
@@ -202,6 +279,8 @@ enum status http_tools_parse(const cJSON *o, struct http_request *q)
     r->params.constraint = src;
     r->params.constraint_len = r->constraint_len;
     q->tools = 1;
+    q->tool_format = TOOL_FORMAT_GENERIC;
+    q->max_calls = parallel ? 0 : 1;
     return STATUS_OK;
 }
 
@@ -248,49 +327,130 @@ enum status http_tools_message(const cJSON *msg, int i, const char *role, char *
     return *content ? STATUS_OK : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
 }
 
-int http_tools_reply(const char *text, size_t n, const char *call_id_base, cJSON *message)
+void http_tools_call_id(const struct http_request *q, const char *base, int k, char *out, size_t cap)
 {
-    char *s = malloc(n + 1);
-    cJSON *o = NULL;
-    if (s) {
-        memcpy(s, text, n);
-        s[n] = 0;
-        o = cJSON_Parse(s);
+    if (q->tool_format != TOOL_FORMAT_MISTRAL) {
+        snprintf(out, cap, "call_%s_%d", base, k);
+        return;
     }
-    free(s);
-    const cJSON *calls = o ? cJSON_GetObjectItemCaseSensitive(o, "tool_calls") : NULL;
-    const cJSON *resp = o ? cJSON_GetObjectItemCaseSensitive(o, "response") : NULL;
-    int is_calls = cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0;
-    if (is_calls) {
-        cJSON_AddNullToObject(message, "content");
+    /* Mistral's templates keep the last 9 characters of an id and expect letters and digits. */
+    static const char digits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    unsigned long long h = 1469598103934665603ull; /* FNV-1a of base and k */
+    for (const char *c = base; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    h = (h ^ (unsigned)k) * 1099511628211ull;
+    size_t i = 0;
+    for (; i < 9 && i + 1 < cap; i++, h /= 62) out[i] = digits[h % 62];
+    if (cap) out[i] = 0;
+}
+
+int http_tools_reply(const struct http_request *q, int think_open, const char *text, size_t n,
+                     const char *call_id_base, cJSON *message)
+{
+    struct tool_parsed p;
+    if (tool_parse((enum tool_format)q->tool_format, q->tools, q->reasoning, think_open, q->max_calls, text, n, 1, &p))
+        CHECK(0, "out of memory parsing a reply");
+    if (p.has_reasoning) cJSON_AddStringToObject(message, "reasoning_content", p.reasoning);
+    if (p.n_calls && !p.content_len) cJSON_AddNullToObject(message, "content");
+    else cJSON_AddStringToObject(message, "content", p.content);
+    if (p.n_calls) {
         cJSON *list = cJSON_AddArrayToObject(message, "tool_calls");
-        int k = 0;
-        for (const cJSON *c = calls->child; c; c = c->next, k++) {
+        for (int k = 0; k < p.n_calls; k++) {
             cJSON *e = cJSON_CreateObject();
             char id[96];
-            snprintf(id, sizeof id, "call_%s_%d", call_id_base, k);
+            http_tools_call_id(q, call_id_base, k, id, sizeof id);
             cJSON_AddNumberToObject(e, "index", k);
             cJSON_AddStringToObject(e, "id", id);
             cJSON_AddStringToObject(e, "type", "function");
             cJSON *f = cJSON_AddObjectToObject(e, "function");
-            const cJSON *name = cJSON_GetObjectItemCaseSensitive(c, "name");
-            cJSON_AddStringToObject(f, "name", cJSON_IsString(name) ? name->valuestring : "");
-            char *args = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(c, "arguments"));
-            cJSON_AddStringToObject(f, "arguments", args ? args : "{}");
-            free(args);
+            cJSON_AddStringToObject(f, "name", p.calls[k].name);
+            cJSON_AddStringToObject(f, "arguments", p.calls[k].args);
             cJSON_AddItemToArray(list, e);
         }
-    } else if (cJSON_IsString(resp)) {
-        cJSON_AddStringToObject(message, "content", resp->valuestring);
-    } else { /* cut short (max_tokens): the raw text, as it came */
-        char *raw = malloc(n + 1);
-        if (raw) {
-            memcpy(raw, text, n);
-            raw[n] = 0;
-            cJSON_AddStringToObject(message, "content", raw);
-        }
-        free(raw);
     }
-    cJSON_Delete(o);
-    return is_calls;
+    int calls = p.n_calls > 0;
+    tool_parsed_free(&p);
+    return calls;
+}
+
+/* ---- the Jinja render context ---------------------------------------------------------------- */
+
+/* Message i of the request as transformers' apply_chat_template gets it: role ("developer" is
+ * "system"), content (text parts joined; absent or null as sent), tool_calls with arguments as
+ * JSON objects (templates write them with tojson), tool_call_id, name, reasoning_content. */
+static cJSON *raw_message(const cJSON *m)
+{
+    cJSON *out = cJSON_CreateObject();
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+    cJSON_AddStringToObject(out, "role", strcmp(role->valuestring, "developer") ? role->valuestring : "system");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+    if (cJSON_IsNull(c)) cJSON_AddNullToObject(out, "content");
+    else if (cJSON_IsString(c)) cJSON_AddStringToObject(out, "content", c->valuestring);
+    else if (cJSON_IsArray(c)) { /* text parts (parse_messages checked them): joined */
+        char *text = NULL;
+        size_t len = 0, cap = 0;
+        http_buf_append(&text, &len, &cap, "", 0);
+        for (const cJSON *part = c->child; part; part = part->next) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (cJSON_IsString(t)) http_buf_append(&text, &len, &cap, t->valuestring, strlen(t->valuestring));
+        }
+        cJSON_AddStringToObject(out, "content", text);
+        free(text);
+    }
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0) {
+        cJSON *list = cJSON_AddArrayToObject(out, "tool_calls");
+        for (const cJSON *t = calls->child; t; t = t->next) {
+            cJSON *d = cJSON_Duplicate(t, 1), *f = cJSON_GetObjectItemCaseSensitive(d, "function");
+            cJSON *args = f ? cJSON_GetObjectItemCaseSensitive(f, "arguments") : NULL;
+            cJSON *obj = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+            if (obj) cJSON_ReplaceItemInObjectCaseSensitive(f, "arguments", obj);
+            cJSON_AddItemToArray(list, d);
+        }
+    }
+    static const char *const strings[] = {"tool_call_id", "name", "reasoning_content"};
+    for (size_t k = 0; k < sizeof strings / sizeof *strings; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, strings[k]);
+        if (cJSON_IsString(v)) cJSON_AddStringToObject(out, strings[k], v->valuestring);
+    }
+    return out;
+}
+
+enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct http_chat_caps *caps,
+                               struct http_request *q)
+{
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(o, "chat_template_kwargs");
+    if (cJSON_IsNull(kw)) kw = NULL;
+    if (kw && !q->is_chat) return status_errorf(STATUS_INVALID_ARGUMENT, "'chat_template_kwargs' is for /v1/chat/completions");
+    if (kw && !(caps && caps->jinja))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "'chat_template_kwargs' needs a Jinja chat template (the model's "
+                             "own or --chat-template FILE.jinja); this server uses a built-in one");
+    if (kw && !cJSON_IsObject(kw)) return status_errorf(STATUS_INVALID_ARGUMENT, "'chat_template_kwargs' must be an object");
+    static const char *const reserved[] = {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"};
+    for (const cJSON *e = kw ? kw->child : NULL; e; e = e->next)
+        for (size_t k = 0; k < sizeof reserved / sizeof *reserved; k++)
+            if (!strcmp(e->string, reserved[k]))
+                return status_errorf(STATUS_INVALID_ARGUMENT, "'chat_template_kwargs.%s' is set by the server, not the "
+                                     "request", reserved[k]);
+    if (!q->is_chat || !caps || !caps->jinja || q->r.chat_context) return STATUS_OK;
+    struct gen_request *r = &q->r;
+    cJSON *ctx = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(ctx, "messages");
+    if (caps->tool_format != TOOL_FORMAT_GENERIC) { /* the template writes tool calls and results itself */
+        for (const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages")->child; m; m = m->next)
+            cJSON_AddItemToArray(msgs, raw_message(m));
+    } else {
+        static const char *const roles[] = {"system", "user", "assistant"};
+        for (int i = 0; i < r->n_messages; i++) {
+            cJSON *m = cJSON_CreateObject();
+            int k = (int)r->messages[i].role;
+            cJSON_AddStringToObject(m, "role", k >= 0 && k < 3 ? roles[k] : "user");
+            cJSON_AddStringToObject(m, "content", r->messages[i].content);
+            cJSON_AddItemToArray(msgs, m);
+        }
+    }
+    cJSON_AddItemToObject(ctx, "tools", tools ? cJSON_Duplicate(tools, 1) : cJSON_CreateNull());
+    cJSON_AddNullToObject(ctx, "documents");
+    for (const cJSON *e = kw ? kw->child : NULL; e; e = e->next) cJSON_AddItemToObject(ctx, e->string, cJSON_Duplicate(e, 1));
+    r->chat_context = cJSON_PrintUnformatted(ctx);
+    cJSON_Delete(ctx);
+    return r->chat_context ? STATUS_OK : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
 }

@@ -32,6 +32,7 @@
 #include "reflection.h"
 #include "server_internal.h"
 #include "tokenizer.h"
+#include "tool_format.h"
 
 /* The one mapping from shardlm errors to gRPC status codes. */
 grpc_status_code server_grpc_code(enum status s)
@@ -155,12 +156,23 @@ static void find_end_ids(struct server *s, int eos)
                  tokenizer_id_to_piece(s->tok, s->end_ids[i]));
 }
 
+/* The tool-call format and reasoning of a Jinja template (src: its NUL-terminated text). */
+static void note_template_formats(struct server *s, const char *src)
+{
+    s->tool_format = (int)tool_format_detect(src);
+    const char *rf = s->opts.reasoning_format;
+    if (!rf || !strcmp(rf, "auto")) s->reasoning = tool_format_detect_reasoning(src);
+    LOG_INFO("server", "chat template: tool calls in the %s format, reasoning %s", tool_format_name(s->tool_format),
+             s->reasoning ? "split from <think>" : "not split");
+}
+
 /* The chat template: --chat-template NAME (a built-in) or FILE.jinja; else the model's own Jinja
  * template when its tokenizer encodes the special tokens a template writes (byte-level BPE);
  * else a built-in chosen from the vocabulary (chat_template_detect). A model template that does
  * not compile falls back to the built-in with a warning; a --chat-template file must compile. */
 static enum status choose_chat_template(struct server *s, struct engine *e)
 {
+    s->reasoning = s->opts.reasoning_format && !strcmp(s->opts.reasoning_format, "deepseek");
     struct engine_model_info info;
     engine_get_model_info(e, &info);
     const char *bos = info.bos_id >= 0 ? tokenizer_id_to_piece(s->tok, info.bos_id) : NULL;
@@ -174,6 +186,7 @@ static enum status choose_chat_template(struct server *s, struct engine *e)
         size_t n = 0;
         if ((st = base_read_file(opt, 4u << 20, "chat template", &src, &n)) != STATUS_OK) return st;
         st = jinja_compile(src, n, NULL, &s->jtmpl);
+        if (st == STATUS_OK) note_template_formats(s, src);
         free(src);
         if (st != STATUS_OK) return status_errorf(st, "--chat-template %s: %s", opt, status_message());
         snprintf(s->tmpl_name, sizeof s->tmpl_name, "jinja (%s)", opt);
@@ -187,6 +200,7 @@ static enum status choose_chat_template(struct server *s, struct engine *e)
         if (info.chat_template && tokenizer_encodes_special(s->tok)) {
             st = jinja_compile(info.chat_template, strlen(info.chat_template), NULL, &s->jtmpl);
             if (st == STATUS_OK) {
+                note_template_formats(s, info.chat_template);
                 snprintf(s->tmpl_name, sizeof s->tmpl_name, "jinja (model)");
                 find_end_ids(s, info.eos_id);
                 return STATUS_OK;

@@ -20,6 +20,9 @@ struct server_options {
     const char *listen;          /* host:port; port 0 picks a free one (printed on stdout) */
     struct engine_options engine;
     const char *chat_template;   /* "llama2", "chatml", "plain", or NULL: chosen from the model */
+    const char *reasoning_format; /* "deepseek" (split <think>...</think> into reasoning_content),
+                                     "none", or NULL / "auto": deepseek when the Jinja template
+                                     holds <think> (server/tool_format.h) */
     const char *api_key_file;    /* one key per line ('#' comments); NULL: no authentication */
     const char *tls_cert;        /* PEM files; both or neither */
     const char *tls_key;

@@ -213,6 +213,8 @@ struct server {
      * --chat-template FILE.jinja. tmpl_name: "chatml", ..., or "jinja (model)" / "jinja (FILE)". */
     struct jinja_template *jtmpl;
     char                  tmpl_name[256];
+    int                   tool_format;   /* enum tool_format of jtmpl's text (GENERIC without one) */
+    int                   reasoning;     /* split <think>...</think> off replies (reasoning_format) */
     char                  bos_text[64], eos_text[64]; /* bos_token / eos_token for the template */
     int32_t               end_ids[REQUEST_MAX_END_IDS]; /* the Jinja template's end-of-turn tokens */
     int                   n_end_ids;

@@ -2,8 +2,8 @@
  * (server/http_openai.c http_parse_request), then the engine's request validation
  * (request_validate, with a stories260K-sized engine's limits) for what parses, each prompt
  * of a list of prompts on its own.
- * Input: byte 0 picks the endpoint (even: /v1/completions, odd: /v1/chat/completions); the
- * rest is the body. The served model is "stories260K" with one adapter, "tiny-lora".
+ * Input: byte 0 picks the endpoint (bit 0: even /v1/completions, odd /v1/chat/completions) and
+ * the served template (bits 1-4: struct http_chat_caps); the rest is the body. The served model is "stories260K" with one adapter, "tiny-lora".
  * Corpus: tests/fuzz/corpus/http_openai (tests/fuzz/make_seeds.py). */
 #include <stdlib.h>
 #include <string.h>
@@ -30,11 +30,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static const char *const adapters[] = {"tiny-lora"};
     struct http_request q;
     int is_chat = data[0] & 1;
+    /* Bits 1-3: the served template (bit 1: a Jinja one; bits 2-3: its tool format), bit 4:
+     * reasoning split. */
+    const struct http_chat_caps caps = {(data[0] >> 1) & 1, (data[0] >> 2) & 3, (data[0] >> 4) & 1};
     /* A copy of exactly the body's bytes, so that ASan sees any read past its end. */
     char *body = malloc(size - 1 ? size - 1 : 1);
     CHECK(body, "out of memory");
     memcpy(body, data + 1, size - 1);
-    if (fuzz_report(http_parse_request(body, size - 1, is_chat, "stories260K", adapters, 1, &q)) == STATUS_OK) {
+    if (fuzz_report(http_parse_request(body, size - 1, is_chat, "stories260K", adapters, 1, &caps, &q)) == STATUS_OK) {
         static const int32_t one[1] = {1};
         if (q.r.params.max_tokens < 0) q.r.params.max_tokens = 16; /* http.c's default */
         /* Each prompt of a completions request is its own engine request (chat: one). */

@@ -1,0 +1,76 @@
+/* server/tool_format.h - the tool-call formats models write, found from their chat template's
+ * text, and the parser that turns a reply (whole, or the prefix a stream has so far) into
+ * reasoning, content and tool calls. Pure text in, text out: no server, engine or JSON library
+ * state, so that it can be fuzzed alone (tests/fuzz/fuzz_tool_parse.c).
+ *
+ * Formats (the detection follows llama.cpp's common/chat.cpp: markers searched in the
+ * template's source):
+ *   GENERIC  {"tool_calls": [{"name", "arguments"}, ...]} or {"response": "..."}: the whole reply
+ *            is one JSON object (server/http_tools.c constrains it); any template
+ *   HERMES   <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call> (Qwen 2.5 / 3, Hermes 2
+ *            Pro, SmolLM3): the template holds "<tool_call>"
+ *   MISTRAL  [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (Mistral Nemo / Small 3.x):
+ *            "[TOOL_CALLS]"
+ *   LLAMA3   {"name": ..., "parameters": {...}} as the whole reply (Llama 3.1 / 3.2 / 3.3):
+ *            "<|start_header_id|>" and "ipython"
+ *   PHI4     <|tool_call|>{"name": ..., "arguments": {...}}<|/tool_call|> (Phi-4-mini): both markers
+ * A template that never reads `tools` gets GENERIC whatever it holds.
+ *
+ * Reasoning: with `reasoning` on, a reply that opens with <think> (or whose prompt ended inside
+ * <think>: think_open) has its text up to </think> as reasoning (trimmed), the rest as the reply.
+ *
+ * Partial parses (final = 0) give prefixes of what the final parse of any longer text that
+ * starts with the same bytes gives, as long as that text stays well formed: bytes that could be
+ * the start of a marker are held back, and a call is reported once its name is complete (its
+ * arguments then grow byte by byte, as the model wrote them). A malformed call in free-form
+ * output (tool_choice auto) is content in a final parse; a stream may already have sent it as a
+ * call (docs/tools.md). Arguments are the raw JSON text the model wrote (compact under a
+ * grammar). Tests: tests/server/test_tools.py, tests/fuzz/fuzz_tool_parse.c. */
+#ifndef SHARDLM_TOOL_FORMAT_H
+#define SHARDLM_TOOL_FORMAT_H
+
+#include <stddef.h>
+
+enum tool_format {
+    TOOL_FORMAT_GENERIC,
+    TOOL_FORMAT_HERMES,
+    TOOL_FORMAT_MISTRAL,
+    TOOL_FORMAT_LLAMA3,
+    TOOL_FORMAT_PHI4,
+};
+
+/* The format a template's source (NUL-terminated) asks for; GENERIC when it has no tools. */
+enum tool_format tool_format_detect(const char *template_src);
+/* 1 when the template's source holds "<think>" (Qwen 3, DeepSeek R1 and their distills). */
+int tool_format_detect_reasoning(const char *template_src);
+const char *tool_format_name(enum tool_format f);
+/* The text a call opens with (written into the prompt when a call is required: the model
+ * continues with the call's JSON); "" for LLAMA3, NULL for GENERIC. */
+const char *tool_format_call_prefix(enum tool_format f);
+/* The key of a call's arguments in the model's JSON ("parameters" for LLAMA3). */
+const char *tool_format_args_key(enum tool_format f);
+
+struct tool_parsed_call {
+    char  *name;       /* NUL-terminated, malloc'd */
+    char  *args;       /* args_len bytes, NUL-terminated, malloc'd: raw JSON text (a prefix while partial) */
+    size_t args_len;
+    int    complete;   /* the call's JSON is whole */
+};
+
+struct tool_parsed {
+    char  *reasoning, *content;   /* NUL-terminated, malloc'd (never NULL after a parse) */
+    size_t reasoning_len, content_len;
+    int    has_reasoning;         /* a <think> block was seen (reasoning_content is then sent) */
+    struct tool_parsed_call *calls; /* (n_calls) */
+    int    n_calls;
+};
+
+/* Parses text[0..n) (the reply, a call prefix written into the prompt included). tools: 0 when
+ * the request had none (then only reasoning is split off); max_calls: calls kept at most (more
+ * are dropped; 0: no limit). Returns 0, or -1 when out of memory (out is then freed). */
+int  tool_parse(enum tool_format f, int tools, int reasoning, int think_open, int max_calls, const char *text,
+                size_t n, int final, struct tool_parsed *out);
+/* Frees what out owns and zeroes it; accepts a zeroed struct. */
+void tool_parsed_free(struct tool_parsed *out);
+
+#endif

@@ -1,0 +1,53 @@
+/* tests/fuzz/fuzz_tool_parse.c - the reply parser of tool calls and reasoning
+ * (server/tool_format.c tool_parse): model output is outside input (a model can write anything
+ * under tool_choice auto). Each input is parsed whole and, as a stream would, at every prefix;
+ * checked: no crash or sanitizer report, the lengths agree with the strings, and the
+ * reasoning of a prefix is a prefix of the reasoning of the whole.
+ * Input: byte 0 picks the format (bits 0-2, modulo the formats), tools (bit 3), reasoning
+ * (bit 4), think_open (bit 5), one call at most (bit 6); the rest is the reply.
+ * Corpus: tests/fuzz/corpus/tool_parse (replies in every format, cut, malformed). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base.h"
+#include "fuzz_util.h"
+#include "tool_format.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+    fuzz_init();
+    return 0;
+}
+
+static void check_parsed(const struct tool_parsed *p)
+{
+    CHECK(strlen(p->content) <= p->content_len && strlen(p->reasoning) <= p->reasoning_len, "lengths");
+    for (int k = 0; k < p->n_calls; k++) CHECK(p->calls[k].name && p->calls[k].args, "call %d without name or arguments", k);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1 || size > 4096) return 0;
+    enum tool_format f = (enum tool_format)((data[0] & 7) % 5);
+    int tools = data[0] >> 3 & 1, reasoning = data[0] >> 4 & 1, think_open = data[0] >> 5 & 1;
+    int max_calls = data[0] >> 6 & 1;
+    size_t n = size - 1;
+    char *text = malloc(n ? n : 1); /* exactly the reply's bytes, so that ASan sees any overread */
+    CHECK(text, "out of memory");
+    memcpy(text, data + 1, n);
+    struct tool_parsed whole;
+    CHECK(tool_parse(f, tools, reasoning, think_open, max_calls, text, n, 1, &whole) == 0, "out of memory");
+    check_parsed(&whole);
+    for (size_t cut = 0; cut <= n; cut += n > 512 ? 7 : 1) {
+        struct tool_parsed part;
+        CHECK(tool_parse(f, tools, reasoning, think_open, max_calls, text, cut, 0, &part) == 0, "out of memory");
+        check_parsed(&part);
+        CHECK(part.reasoning_len <= whole.reasoning_len && !memcmp(part.reasoning, whole.reasoning, part.reasoning_len),
+              "the reasoning of a prefix is not a prefix of the whole reply's");
+        tool_parsed_free(&part);
+    }
+    tool_parsed_free(&whole);
+    free(text);
+    return 0;
+}

@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Tool calling in the models' own formats and reasoning (issue 28): `shardlm serve --http` with
+SmolLM2-135M-Instruct (its vocabulary has ChatML's special tokens) and real chat templates of
+models with tools (`--chat-template tests/data/chat_templates/X.jinja`), driven by the official
+openai package.
+
+- Qwen 2.5 (Hermes <tool_call> format): the prompt the server renders with `tools`, assistant
+  `tool_calls` and `tool` messages is checked against Python jinja2 configured as transformers'
+  apply_chat_template (tests/test_jinja.py's environment): a greedy chat answer equals the greedy
+  /v1/completions answer to the jinja2-rendered text, token for token, with the same prompt
+  length. tool_choice required / named / parallel_tool_calls false: every call validates with
+  `jsonschema`; streamed calls arrive in several chunks (header, then argument fragments) and
+  assemble to the unary answer.
+- Mistral Small 3.1 ([TOOL_CALLS]) and Phi-4-mini (<|tool_call|>): a required call, and the
+  tool-result loop renders (Mistral's template needs 9-character ids).
+- Qwen 3 (reasoning): a reply forced by a regex to hold <think>...</think> is split into
+  reasoning_content and content, unary and streamed (delta.reasoning_content);
+  chat_template_kwargs {"enable_thinking": false} reaches the template (the prompt as jinja2
+  renders it).
+- Bad requests: 400 naming the field.
+
+  test_tools_native.py --shardlm BUILD/cli/shardlm --gguf .cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+SKIP (77) without the GGUF, openai, jsonschema or jinja2.
+"""
+import argparse
+import json
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+
+SKIP = 77
+sys.dont_write_bytecode = True
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+try:
+    import jsonschema
+    import openai
+    import test_jinja  # noqa: E402  (jinja2 as transformers configures it; exits 77 without jinja2)
+except ImportError as e:
+    print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
+    sys.exit(SKIP)
+import test_server as TS  # noqa: E402
+from checks import Checks  # noqa: E402
+
+check = Checks()
+TEMPLATES = HERE.parent / "data" / "chat_templates"
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 32},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a time zone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 32}},
+                   "required": ["zone"], "additionalProperties": False}}}
+TOOLS = [WEATHER, TIME]
+PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def calls_valid(calls, names=None):
+    if not calls:
+        return False
+    for c in calls:
+        if c.type != "function" or c.function.name not in (names or PARAMS) or not c.id:
+            return False
+        try:
+            jsonschema.validate(json.loads(c.function.arguments), PARAMS[c.function.name])
+        except Exception as e:  # noqa: BLE001
+            print(f"  {c.function.name}({c.function.arguments}): {e}")
+            return False
+    return True
+
+
+def py_prompt(template_file, messages, tools=None, **kwargs):
+    """The prompt transformers' apply_chat_template renders (tool-call arguments as objects)."""
+    env = test_jinja.make_env()
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    t = env.from_string(template_file.read_text())
+    msgs = []
+    for m in messages:
+        m = json.loads(json.dumps(m))
+        for c in m.get("tool_calls") or []:
+            if isinstance(c["function"].get("arguments"), str):
+                c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+        msgs.append(m)
+    return t.render(messages=msgs, tools=tools, documents=None, add_generation_prompt=True,
+                    bos_token="<|im_start|>", eos_token="<|im_end|>", **kwargs)
+
+
+def stream_calls(stream):
+    """(calls as [(name, arguments)], finish, chunks carrying tool_calls, reasoning, content)."""
+    got, finish, n_chunks, reasoning, content = {}, None, 0, "", ""
+    for ch in stream:
+        for c in ch.choices:
+            finish = c.finish_reason or finish
+            reasoning += getattr(c.delta, "reasoning_content", None) or (c.delta.model_extra or {}).get(
+                "reasoning_content") or ""
+            content += c.delta.content or ""
+            if c.delta.tool_calls:
+                n_chunks += 1
+            for tc in c.delta.tool_calls or []:
+                e = got.setdefault(tc.index, {"name": "", "arguments": ""})
+                e["name"] += (tc.function.name or "") if tc.function else ""
+                e["arguments"] += (tc.function.arguments or "") if tc.function else ""
+    return [(e["name"], e["arguments"]) for _, e in sorted(got.items())], finish, n_chunks, reasoning, content
+
+
+def expect_400(fn, word):
+    try:
+        fn()
+        check(False, f"refused naming {word!r}")
+    except openai.BadRequestError as e:
+        check(word in str(e), f"400 naming {word!r}: {str(e)[:140]}")
+
+
+def qwen25(a, mid, oa, tmpl):
+    def ask(messages, **kw):
+        kw.setdefault("max_tokens", 60)
+        kw.setdefault("temperature", 0)
+        return oa.chat.completions.create(model=mid, messages=messages, tools=TOOLS, **kw)
+
+    # The rendered prompt equals jinja2's: greedy chat == greedy completion of jinja2's text.
+    call = {"id": "call_abc123def", "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}
+    history = ASK + [{"role": "assistant", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": call["id"], "content": "{\"temperature\": 21}"}]
+    for name, msgs in (("first turn", ASK), ("after a tool result", history)):
+        chat = ask(msgs, tool_choice="auto", max_tokens=24)
+        comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, msgs, TOOLS), max_tokens=24, temperature=0)
+        m = chat.choices[0].message
+        as_text = m.content or ""
+        if m.tool_calls:  # the completion's raw text holds the call; compare the parts
+            as_text = None
+        check(chat.usage.prompt_tokens == comp.usage.prompt_tokens
+              and (as_text is None or comp.choices[0].text.strip() == as_text),
+              f"{name}: the prompt with tools renders as jinja2 does ({chat.usage.prompt_tokens} vs "
+              f"{comp.usage.prompt_tokens} tokens; {as_text!r:.60} vs {comp.choices[0].text!r:.60})")
+    r = ask(ASK, tool_choice="required")
+    m = r.choices[0].message
+    check(r.choices[0].finish_reason == "tool_calls" and m.content is None and calls_valid(m.tool_calls),
+          f"hermes: required -> {[(c.function.name, c.function.arguments) for c in m.tool_calls or []]}")
+    r = ask(ASK, tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=1.0, seed=4, n=2)
+    check(all(c.finish_reason == "tool_calls" and calls_valid(c.message.tool_calls, ["get_time"]) for c in r.choices),
+          "hermes: named get_time, n=2 sampled")
+    r = ask(ASK, tool_choice="required", parallel_tool_calls=False)
+    check(len(r.choices[0].message.tool_calls or []) == 1, "hermes: parallel_tool_calls false -> one call")
+    unary = ask(ASK, tool_choice="required").choices[0].message.tool_calls
+    calls, finish, n_chunks, _, _ = stream_calls(ask(ASK, tool_choice="required", stream=True))
+    check(finish == "tool_calls" and calls == [(c.function.name, c.function.arguments) for c in unary or []]
+          and n_chunks >= 2, f"hermes: streamed calls equal unary, in {n_chunks} chunks")
+    r = ask(history, tool_choice="auto")
+    m = r.choices[0].message
+    check((m.tool_calls and calls_valid(m.tool_calls)) or isinstance(m.content, str),
+          f"hermes: the tool loop's answer (auto) -> {m.content!r:.80}")
+    # Bad requests.
+    expect_400(lambda: ask(ASK, extra_body={"chat_template_kwargs": [1]}), "chat_template_kwargs")
+    expect_400(lambda: ask(ASK, extra_body={"chat_template_kwargs": {"tools": []}}), "chat_template_kwargs.tools")
+    expect_400(lambda: ask(ASK, reasoning_effort="low"), "reasoning_effort")
+    expect_400(lambda: ask(ASK + [{"role": "assistant", "tool_calls": [{"id": "x", "type": "function",
+                                                                        "function": {"name": "f", "arguments": "{"}}]}]),
+               "tool_calls[0]")
+
+
+def other_format(mid, oa, label):
+    def ask(messages, **kw):
+        return oa.chat.completions.create(model=mid, messages=messages, tools=TOOLS, max_tokens=60, temperature=0, **kw)
+
+    r = ask(ASK, tool_choice="required")
+    m = r.choices[0].message
+    check(r.choices[0].finish_reason == "tool_calls" and calls_valid(m.tool_calls),
+          f"{label}: required -> {[(c.function.name, c.function.arguments) for c in m.tool_calls or []]}")
+    if m.tool_calls:
+        check(label != "mistral" or all(len(c.id) == 9 and c.id.isalnum() for c in m.tool_calls),
+              f"{label}: call ids {[c.id for c in m.tool_calls]}")
+        history = ASK + [m.model_dump(exclude_none=True)] + [
+            {"role": "tool", "tool_call_id": c.id, "content": "{\"temperature\": 21}"} for c in m.tool_calls]
+        r = ask(history, tool_choice="auto")
+        check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), f"{label}: the tool loop renders and answers")
+
+
+def qwen3(mid, oa, tmpl):
+    rx = "<think>[a-z ]{4,30}</think>[A-Za-z ]{4,30}"
+    kw = dict(model=mid, messages=ASK, max_tokens=40, temperature=0, extra_body={"structured_outputs": {"regex": rx}})
+    r = oa.chat.completions.create(**kw)
+    m = r.choices[0].message
+    reasoning = (m.model_extra or {}).get("reasoning_content")
+    check(isinstance(reasoning, str) and reasoning and m.content and "<think>" not in m.content
+          and "</think>" not in (m.content or ""), f"qwen3: reasoning {reasoning!r} / content {m.content!r}")
+    _, finish, _, s_reasoning, s_content = stream_calls(oa.chat.completions.create(stream=True, **kw))
+    check(s_reasoning == reasoning and s_content == m.content,
+          f"qwen3: streamed reasoning_content / content equal unary ({s_reasoning!r}, {s_content!r})")
+    # enable_thinking reaches the template: the prompt jinja2 renders with it.
+    for think in (True, False):
+        chat = oa.chat.completions.create(model=mid, messages=ASK, max_tokens=16, temperature=0,
+                                          extra_body={"chat_template_kwargs": {"enable_thinking": think}})
+        comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, ASK, enable_thinking=think), max_tokens=16,
+                                     temperature=0)
+        check(chat.usage.prompt_tokens == comp.usage.prompt_tokens and chat.choices[0].message.content.strip()
+              == comp.choices[0].text.strip(), f"qwen3: enable_thinking {think}: {chat.usage.prompt_tokens} prompt tokens, jinja2's "
+              f"{comp.usage.prompt_tokens}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--gguf", required=True)
+    a = ap.parse_args()
+    if not os.path.exists(a.gguf):
+        print(f"SKIP: no SmolLM2 GGUF at {a.gguf} (tools/fetch_smollm2.sh)")
+        return SKIP
+    mid = Path(a.gguf).name
+    runs = [("qwen2.5-instruct.jinja", "hermes"),
+            ("mistralai-Mistral-Small-3.1-24B-Instruct-2503.jinja", "mistral"),
+            ("microsoft-Phi-4-mini-instruct.jinja", "phi4"),
+            ("qwen3-final-assistant.jinja", "qwen3")]
+    try:
+        for file, label in runs:
+            tmpl = TEMPLATES / file
+            # No prefix caching: a greedy answer to a prompt is then computed the same way each time
+            # (a prompt whose prefix came from the cache may flip a near tie).
+            with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(tmpl), "--no-prefix-caching",
+                           name=f"tools-{label}", http=True) as srv:
+                log = srv.log_path.read_text()
+                fmt = "hermes" if label == "qwen3" else label
+                check(f"tool calls in the {fmt} format" in log, f"{file}: detected as {fmt}")
+                oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
+                if label == "hermes":
+                    qwen25(a, mid, oa, tmpl)
+                elif label == "qwen3":
+                    check("reasoning split from <think>" in log, "qwen3: reasoning detected")
+                    qwen3(mid, oa, tmpl)
+                else:
+                    other_format(mid, oa, label)
+    finally:
+        for p in TS.SERVERS:
+            if p.poll() is None:
+                p.kill()
+    return check.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
