@@ -370,7 +370,7 @@ enum status bpe_load_json(const char *json, size_t n, const char *name, const ch
         goto out;
     }
     /* Model BPE is byte-level or not by its pre-tokenizer and decoder, below. */
-    b->model = k < 4 ? (enum bpe_model)k : BPE_MODEL_BYTE_LEVEL;
+    b->model = k == 2 || k == 3 ? (enum bpe_model)k : BPE_MODEL_BYTE_LEVEL;
     if (b->model == BPE_MODEL_BYTE_LEVEL) {
         const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
         char *text = cJSON_PrintUnformatted(pre);
