@@ -201,7 +201,8 @@ static enum status compile_split(struct bpe *b, struct bpe_split *sp, int k)
 {
     int err;
     PCRE2_SIZE at;
-    const uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (sp->literal ? PCRE2_LITERAL : 0);
+    /* PCRE2_LITERAL refuses PCRE2_UCP (which only changes classes a literal has none of). */
+    const uint32_t opts = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (sp->literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *code = pcre2_compile((PCRE2_SPTR)sp->pattern, PCRE2_ZERO_TERMINATED, opts, &err, &at, NULL);
     if (!code) {
         PCRE2_UCHAR msg[256];

@@ -174,7 +174,8 @@ enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, in
         const int prepend = b->metaspace_prepend == 2 || (b->metaspace_prepend == 1 && first);
         struct cps *d = &v[!cur];
         d->n = 0;
-        if (v[cur].n && prepend && v[cur].p[0] != 0x2581 && !cps_push(d, 0x2581)) st = oom();
+        /* Hugging Face checks after the replacement: a leading space counts as U+2581. */
+        if (v[cur].n && prepend && v[cur].p[0] != 0x2581 && v[cur].p[0] != ' ' && !cps_push(d, 0x2581)) st = oom();
         for (size_t i = 0; i < v[cur].n && !st; i++)
             if (!cps_push(d, v[cur].p[i] == ' ' ? 0x2581 : v[cur].p[i])) st = oom();
         cur = !cur;
