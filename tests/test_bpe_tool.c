@@ -5,6 +5,7 @@
  *   test_bpe_tool encode PATH CORPUS     CORPUS holds texts as "<length>\n<bytes>\n"; prints one
  *                                        JSON line per text: ids, the decode (hex) and whether the
  *                                        streaming detokenizer gave the same bytes
+ *   test_bpe_tool encode_special PATH CORPUS   the same with add_bos = 1 (the post-processor's tokens)
  *   test_bpe_tool decode PATH IDS        IDS holds one id sequence per line; prints the decode (hex)
  *                                        and the streaming check per line
  *   test_bpe_tool bench PATH CORPUS REPS encodes the corpus REPS times on one thread; prints
@@ -168,10 +169,11 @@ int main(int argc, char **argv)
         tokenizer_free(t);
         return 0;
     }
+    const int special = !strcmp(argv[1], "encode_special");
     for (int i = 0; i < n_texts; i++) {
         int32_t *ids;
         int n;
-        if ((s = tokenizer_encode(t, texts[i].p, texts[i].n, 0, &ids, &n)) != STATUS_OK) {
+        if ((s = tokenizer_encode(t, texts[i].p, texts[i].n, special, &ids, &n)) != STATUS_OK) {
             printf("{\"error\": \"encode %d failed\"}\n", i);
             continue;
         }

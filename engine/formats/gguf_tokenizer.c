@@ -220,6 +220,96 @@ static enum status gguf_tokenizer_json(const struct gguf *g, void **data, size_t
     return STATUS_OK;
 }
 
+/* ---- GGUF `bert` vocabularies as a WordPiece tokenizer.json ---------------------------------
+ * llama.cpp's converter writes BERT's pieces in "phantom space" form: a word-initial piece with a
+ * U+2581 in front, a continuing one without its "##", "[...]" tokens as they are. Undone here;
+ * the rest is what llama.cpp's WPM tokenizer does (lowercase, accents stripped, BERT's
+ * pre-tokenizer) in Hugging Face's words, with the [CLS] $A [SEP] template. */
+static enum status gguf_tokenizer_wordpiece_json(const struct gguf *g, void **data, size_t *n)
+{
+    const struct gguf_kv *tokens, *types = NULL;
+    enum status s;
+    if ((s = gguf_get_arr(g, "tokenizer.ggml.tokens", &tokens))) return s;
+    s = gguf_get_arr(g, "tokenizer.ggml.token_type", &types);
+    if (s && s != STATUS_NOT_FOUND) return s;
+    const uint64_t nv = tokens->n;
+    if (tokens->arr_type != GGUF_TYPE_STRING || nv == 0 || nv > (1u << 22))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: tokenizer.ggml.tokens has %" PRIu64 " %s, expected 1..4194304 STRING",
+                             gguf_path(g), nv, gguf_type_name(tokens->arr_type));
+    int32_t unk, bos, eos, pad, cls, sep;
+    if ((s = gguf_tokenizer_types_and_ids(g, types, nv, &unk, &bos, &eos, &pad)) ||
+        (s = gguf_tokenizer_id(g, "tokenizer.ggml.cls_token_id", nv, &cls)) ||
+        (s = gguf_tokenizer_id(g, "tokenizer.ggml.seperator_token_id", nv, &sep)))
+        return s;
+    if (unk < 0) return status_errorf(STATUS_BAD_FORMAT, "%s: a bert vocabulary needs tokenizer.ggml.unknown_token_id", gguf_path(g));
+    cJSON *root = cJSON_CreateObject(), *model = cJSON_AddObjectToObject(root, "model");
+    cJSON *vocab = cJSON_AddObjectToObject(model, "vocab"), *added = cJSON_AddArrayToObject(root, "added_tokens");
+    int ok = root && model && vocab && added && cJSON_AddStringToObject(model, "type", "WordPiece") &&
+             cJSON_AddStringToObject(model, "continuing_subword_prefix", "##") &&
+             cJSON_AddNumberToObject(model, "max_input_chars_per_word", 100);
+    char *buf = NULL;
+    for (uint64_t i = 0; i < nv && ok; i++) {
+        uint64_t len;
+        const char *p = gguf_arr_str(tokens, i, &len);
+        if (!(buf = realloc(buf, (size_t)len + 3))) {
+            ok = 0;
+            break;
+        }
+        size_t m = 0;
+        if (len >= 2 && p[0] == '[' && p[len - 1] == ']') memcpy(buf, p, (size_t)len), m = (size_t)len;
+        else if (len >= 3 && !memcmp(p, "\xE2\x96\x81", 3)) memcpy(buf, p + 3, (size_t)len - 3), m = (size_t)len - 3;
+        else memcpy(buf, "##", 2), memcpy(buf + 2, p, (size_t)len), m = (size_t)len + 2;
+        buf[m] = '\0';
+        if (memchr(buf, '\0', m)) continue; /* a piece with a NUL cannot be a key: left unused */
+        cJSON *num = cJSON_CreateNumber((double)i);
+        ok = num != NULL;
+        if (ok) cJSON_AddItemToObject(vocab, buf, num);
+        if (ok && (int32_t)i == unk) ok = cJSON_AddStringToObject(model, "unk_token", buf) != NULL;
+        if (ok && types && gguf_arr_int(types, i) == 3) { /* CONTROL: a special added token */
+            cJSON *a = cJSON_CreateObject();
+            ok = a && cJSON_AddNumberToObject(a, "id", (double)i) && cJSON_AddStringToObject(a, "content", buf) &&
+                 cJSON_AddBoolToObject(a, "single_word", 0) && cJSON_AddBoolToObject(a, "lstrip", 0) &&
+                 cJSON_AddBoolToObject(a, "rstrip", 0) && cJSON_AddBoolToObject(a, "normalized", 0) &&
+                 cJSON_AddBoolToObject(a, "special", 1);
+            if (a) cJSON_AddItemToArray(added, a);
+        }
+    }
+    free(buf);
+    cJSON *norm = cJSON_AddObjectToObject(root, "normalizer"), *pre = cJSON_AddObjectToObject(root, "pre_tokenizer");
+    cJSON *dec = cJSON_AddObjectToObject(root, "decoder"), *ours = cJSON_AddObjectToObject(root, "shardlm");
+    ok = ok && norm && pre && dec && ours && cJSON_AddStringToObject(norm, "type", "BertNormalizer") &&
+         cJSON_AddBoolToObject(norm, "clean_text", 1) && cJSON_AddBoolToObject(norm, "handle_chinese_chars", 1) &&
+         cJSON_AddNullToObject(norm, "strip_accents") && cJSON_AddBoolToObject(norm, "lowercase", 1) &&
+         cJSON_AddStringToObject(pre, "type", "BertPreTokenizer") && cJSON_AddStringToObject(dec, "type", "WordPiece") &&
+         cJSON_AddStringToObject(dec, "prefix", "##") && cJSON_AddBoolToObject(dec, "cleanup", 1) &&
+         cJSON_AddNumberToObject(ours, "pad_id", pad) && cJSON_AddNumberToObject(ours, "unk_id", unk) &&
+         cJSON_AddNumberToObject(ours, "eos_id", sep >= 0 ? sep : eos) && cJSON_AddNumberToObject(ours, "bos_id", cls) &&
+         cJSON_AddBoolToObject(ours, "add_bos", cls >= 0);
+    if (ok && cls >= 0 && sep >= 0) {
+        /* [CLS] $A [SEP], as BERT's tokenizer.json has it. */
+        cJSON *post = cJSON_AddObjectToObject(root, "post_processor"), *single = NULL;
+        ok = post && cJSON_AddStringToObject(post, "type", "TemplateProcessing") &&
+             (single = cJSON_AddArrayToObject(post, "single"));
+        const int32_t at[3] = {cls, -1, sep};
+        for (int k = 0; k < 3 && ok; k++) {
+            cJSON *e = cJSON_CreateObject(), *inner;
+            uint64_t len = 0;
+            const char *p = at[k] >= 0 ? gguf_arr_str(tokens, (uint64_t)at[k], &len) : "A";
+            cJSON *name = at[k] >= 0 ? json_str(p, len) : cJSON_CreateString("A");
+            ok = e && name && (inner = cJSON_AddObjectToObject(e, at[k] >= 0 ? "SpecialToken" : "Sequence")) &&
+                 cJSON_AddStringToObject(inner, "id", name->valuestring) && cJSON_AddNumberToObject(inner, "type_id", 0);
+            cJSON_Delete(name);
+            if (e) cJSON_AddItemToArray(single, e);
+        }
+    }
+    char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (!text) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory building the tokenizer", gguf_path(g));
+    *data = text;
+    *n = strlen(text);
+    return STATUS_OK;
+}
+
 enum status gguf_tokenizer_model_proto(const struct gguf *g, void **data, size_t *n)
 {
     *data = NULL;
@@ -229,9 +319,10 @@ enum status gguf_tokenizer_model_proto(const struct gguf *g, void **data, size_t
     enum status s = gguf_get_str(g, "tokenizer.ggml.model", &model);
     if (s) return s;
     if (strcmp(model, "gpt2") == 0) return gguf_tokenizer_json(g, data, n);
+    if (strcmp(model, "bert") == 0) return gguf_tokenizer_wordpiece_json(g, data, n);
     if (strcmp(model, "llama") != 0)
         return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: tokenizer.ggml.model is '%s'; only SentencePiece ('llama') and byte-level BPE ('gpt2') vocabularies are supported",
+                             "%s: tokenizer.ggml.model is '%s'; only SentencePiece ('llama'), byte-level BPE ('gpt2') and WordPiece ('bert') vocabularies are supported",
                              gguf_path(g), model);
     if ((s = gguf_get_arr(g, "tokenizer.ggml.tokens", &tokens))) return s;
     if (tokens->arr_type != GGUF_TYPE_STRING)

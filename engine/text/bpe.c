@@ -1,13 +1,17 @@
-/* engine/text/bpe.c - byte-level BPE (see bpe.h): the byte <-> unicode map, the tables built at
- * load, added-token matching, the NFC normalizer (ICU), the regex pre-tokenizer (PCRE2, JIT when
- * available), the merge loop (a min-heap of candidate pairs over a linked list of symbols, the
- * order Hugging Face's Word::merge_all uses), and the decoder.
- * Not here: tokenizer.json parsing (tokenizer_json.c), the streaming detokenizer (tokenizer.cc).
+/* engine/text/bpe.c - the tokenizer.json tokenizer (see bpe.h): the byte <-> unicode map, the
+ * tables built at load, added-token matching, the NFC normalizer of byte-level BPE (ICU), the
+ * regex pre-tokenizer (PCRE2, JIT when available), and the BPE merge loop (a min-heap of candidate
+ * pairs over a linked list of symbols, the order Hugging Face's Word::merge_all uses) over bytes
+ * (byte-level) or characters with byte fallback (BPE_MODEL_BPE).
+ * Not here: tokenizer.json parsing (tokenizer_json.c), the other normalizers (normalizer.c),
+ * WordPiece and Unigram (wordpiece.c, unigram.c), decoders (text_decode.c), the streaming
+ * detokenizer (tokenizer.cc).
  * Tests: tests/test_bpe.py, tests/test_tokenizer.c. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "bpe.h"
 
 #include <limits.h>
+#include <math.h>
 #include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,105 +39,6 @@ int bpe_cp_to_byte(uint32_t cp)
     for (int k = 0; k < 256; k++)
         if (!byte_is_printable(k) && n++ == cp) return k;
     return -1;
-}
-
-/* ---- UTF-8 helpers ------------------------------------------------------------------------- */
-
-/* Decodes one well-formed character at s[0..n) into *cp; returns its length, 0 when invalid. */
-static size_t utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
-{
-    if (!n) return 0;
-    const uint8_t c = s[0];
-    if (c < 0x80) return *cp = c, 1;
-    size_t len;
-    uint32_t v, lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) len = 2, v = c & 0x1F;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3, v = c & 0x0F;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4, v = c & 0x07;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else
-        return 0;
-    if (n < len || s[1] < lo || s[1] > hi) return 0;
-    for (size_t k = 1; k < len; k++) {
-        if ((s[k] & 0xC0) != 0x80) return 0;
-        v = (v << 6) | (s[k] & 0x3F);
-    }
-    *cp = v;
-    return len;
-}
-
-/* How many bytes of s[0..n) (n >= 1) form a valid prefix of some character: the length of the
- * "maximal subpart" (at least 1) that from_utf8_lossy replaces by one U+FFFD. */
-static size_t utf8_maximal_subpart(const uint8_t *s, size_t n)
-{
-    const uint8_t c = s[0];
-    size_t len;
-    uint8_t lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else
-        return 1;
-    size_t k = 1;
-    if (k < n && s[1] >= lo && s[1] <= hi) k++;
-    else return 1;
-    while (k < len && k < n && (s[k] & 0xC0) == 0x80) k++;
-    return k;
-}
-
-size_t bpe_utf8_incomplete_tail(const uint8_t *s, size_t n)
-{
-    for (size_t back = 1; back <= 3 && back <= n; back++) {
-        const uint8_t *p = s + n - back;
-        if ((*p & 0xC0) == 0x80) continue;
-        /* p is a lead (or ASCII): incomplete when its maximal subpart reaches the end but it
-         * announces more bytes than are there. */
-        size_t need = *p >= 0xF0 ? 4 : *p >= 0xE0 ? 3 : *p >= 0xC2 ? 2 : 1;
-        if (*p > 0xF4 || need == 1) return 0;
-        return utf8_maximal_subpart(p, back) == back && back < need ? back : 0;
-    }
-    return 0;
-}
-
-enum status bpe_utf8_lossy(const uint8_t *src, size_t n, char **out, size_t *len, size_t *cap)
-{
-    if (base_grow((void **)out, cap, *len + 3 * n + 1, 1))
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory");
-    char *o = *out + *len;
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        size_t k = utf8_next(src + i, n - i, &cp);
-        if (k) {
-            memcpy(o, src + i, k);
-            o += k, i += k;
-        } else {
-            i += utf8_maximal_subpart(src + i, n - i);
-            memcpy(o, "\xEF\xBF\xBD", 3);
-            o += 3;
-        }
-    }
-    *len = (size_t)(o - *out);
-    (*out)[*len] = '\0';
-    return STATUS_OK;
-}
-
-/* Rust's char::is_whitespace (Unicode White_Space), for lstrip/rstrip of added tokens. */
-static int cp_is_space(uint32_t c)
-{
-    return (c >= 9 && c <= 13) || c == ' ' || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-           c == 0x3000;
 }
 
 /* ---- hash tables -------------------------------------------------------------------------- */
@@ -236,7 +141,7 @@ struct bpe *bpe_alloc(const char *name)
     if (!b) return NULL;
     if (!(b->name = strdup(name ? name : "tokenizer"))) return free(b), NULL;
     b->unk_id = b->bos_id = b->eos_id = b->pad_id = b->model_unk_id = -1;
-    for (int c = 0; c < 256; c++) b->byte_id[c] = -1;
+    for (int c = 0; c < 256; c++) b->byte_id[c] = b->byte_piece[c] = -1;
     return b;
 }
 
@@ -255,6 +160,8 @@ void bpe_free(struct bpe *b)
         pcre2_code_free(b->splits[i].code);
     }
     free(b->splits);
+    for (int i = 0; i < b->n_norms; i++) free(b->norms[i].text), free(b->norms[i].with);
+    free(b->norms), free(b->scores), free(b->wp_prefix);
     table_free(b->by_piece), table_free(b->by_bytes), table_free(b->by_pair);
     for (int c = 0; c < 256; c++) free(b->added_by_byte[c]);
     free((void *)b->name);
@@ -272,7 +179,7 @@ static enum status piece_bytes(const char *piece, uint8_t **out, uint32_t *n, in
     *mapped = 1;
     for (size_t i = 0; i < len;) {
         uint32_t cp;
-        const size_t step = utf8_next((const uint8_t *)piece + i, len - i, &cp);
+        const size_t step = bpe_utf8_next((const uint8_t *)piece + i, len - i, &cp);
         const int byte = step ? bpe_cp_to_byte(cp) : -1;
         if (byte < 0) {
             *mapped = 0;
@@ -294,7 +201,8 @@ static enum status compile_split(struct bpe *b, struct bpe_split *sp, int k)
 {
     int err;
     PCRE2_SIZE at;
-    const uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (sp->literal ? PCRE2_LITERAL : 0);
+    /* PCRE2_LITERAL refuses PCRE2_UCP (which only changes classes a literal has none of). */
+    const uint32_t opts = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (sp->literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *code = pcre2_compile((PCRE2_SPTR)sp->pattern, PCRE2_ZERO_TERMINATED, opts, &err, &at, NULL);
     if (!code) {
         PCRE2_UCHAR msg[256];
@@ -326,6 +234,9 @@ enum status bpe_index_pieces(struct bpe *b)
     return STATUS_OK;
 }
 
+static enum status build_added(struct bpe *b);
+static enum status finish_other(struct bpe *b);
+
 enum status bpe_finish(struct bpe *b)
 {
     enum status s;
@@ -340,7 +251,11 @@ enum status bpe_finish(struct bpe *b)
         if (!b->bytes[id]) {
             int mapped = 0;
             if ((s = piece_bytes(p, &b->bytes[id], &b->n_bytes[id], &mapped))) return s;
-            if (mapped) b->flags[id] |= BPE_PIECE_MAPPED;
+            if (mapped && b->model == BPE_MODEL_BYTE_LEVEL) b->flags[id] |= BPE_PIECE_MAPPED;
+        }
+        if (b->model != BPE_MODEL_BYTE_LEVEL && !(b->flags[id] & BPE_PIECE_ADDED)) {
+            const int byte = bpe_byte_piece_value(p);
+            if (byte >= 0 && b->byte_piece[byte] < 0) b->byte_piece[byte] = id;
         }
         if (b->flags[id] & BPE_PIECE_MAPPED) {
             struct bpe_slot *f = table_bytes_slot(b->by_bytes, b->bytes[id], b->n_bytes[id]);
@@ -356,7 +271,8 @@ enum status bpe_finish(struct bpe *b)
      * <unk>) or NFC (which composes characters) breaks that. */
     int all_bytes = 1;
     for (int c = 0; c < 256; c++) all_bytes &= b->byte_id[c] >= 0;
-    b->max_token_bytes = (all_bytes && !b->nfc) ? most : 0;
+    b->max_token_bytes = (all_bytes && !b->nfc && b->model == BPE_MODEL_BYTE_LEVEL) ? most : 0;
+    if (b->model != BPE_MODEL_BYTE_LEVEL) return finish_other(b);
 
     for (int r = 0; r < b->n_merges; r++) {
         const int32_t l = b->merges[2 * r], rr = b->merges[2 * r + 1];
@@ -378,6 +294,21 @@ enum status bpe_finish(struct bpe *b)
         if (e->val < 0) e->val = r, e->val2 = merged; /* a repeated merge keeps its first rank */
     }
 
+    if ((s = build_added(b))) return s;
+    for (int k = 0; k < b->n_splits; k++)
+        if ((s = compile_split(b, &b->splits[k], k))) return s;
+    if (b->nfc) {
+        UErrorCode err = U_ZERO_ERROR;
+        b->nfc_impl = unorm2_getNFCInstance(&err);
+        if (U_FAILURE(err) || !b->nfc_impl)
+            return status_errorf(STATUS_INTERNAL, "%s: ICU's NFC normalizer is unavailable (%s)", b->name, u_errorName(err));
+    }
+    return STATUS_OK;
+}
+
+/* Added tokens by their first byte, longest first. */
+static enum status build_added(struct bpe *b)
+{
     for (int c = 0; c < 256; c++) {
         int cnt = 0;
         for (int i = 0; i < b->n_added; i++) cnt += b->added[i].n && (uint8_t)b->added[i].content[0] == c;
@@ -396,14 +327,43 @@ enum status bpe_finish(struct bpe *b)
             }
         b->added_by_byte[c][cnt] = -1;
     }
+    return STATUS_OK;
+}
+
+/* The rest of bpe_finish for the non-byte-level kinds: merges of character BPE by the pieces'
+ * concatenation, Unigram's score range and longest piece, and the added-token and regex tables
+ * bpe_finish builds for every kind. */
+static enum status finish_other(struct bpe *b)
+{
+    enum status s;
+    for (int r = 0; r < b->n_merges; r++) {
+        const int32_t l = b->merges[2 * r], rr = b->merges[2 * r + 1];
+        const size_t nl = strlen(b->pieces[l]), nr = strlen(b->pieces[rr]);
+        char *cat = malloc(nl + nr + 1);
+        if (!cat) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
+        memcpy(cat, b->pieces[l], nl);
+        memcpy(cat + nl, b->pieces[rr], nr);
+        const int32_t merged = bpe_piece_to_id(b, cat, nl + nr);
+        free(cat);
+        if (merged < 0)
+            return status_errorf(STATUS_BAD_FORMAT, "%s: model.merges[%d] (\"%.40s %.40s\"): the merged piece is not in the vocabulary",
+                                 b->name, r, b->pieces[l], b->pieces[rr]);
+        struct bpe_slot *e = table_pair_slot(b->by_pair, l, rr);
+        if (e->val < 0) e->val = r, e->val2 = merged;
+    }
+    if (b->model == BPE_MODEL_UNIGRAM) {
+        b->min_score = 0;
+        for (int id = 0; id < b->n_vocab; id++) {
+            if (isnan(b->scores[id])) continue;
+            if (b->scores[id] < b->min_score) b->min_score = b->scores[id];
+            int chars = 0;
+            for (const char *q = b->pieces[id]; *q; q++) chars += ((uint8_t)*q & 0xC0) != 0x80;
+            if (chars > b->max_piece_chars) b->max_piece_chars = chars;
+        }
+    }
+    if ((s = build_added(b))) return s;
     for (int k = 0; k < b->n_splits; k++)
         if ((s = compile_split(b, &b->splits[k], k))) return s;
-    if (b->nfc) {
-        UErrorCode err = U_ZERO_ERROR;
-        b->nfc_impl = unorm2_getNFCInstance(&err);
-        if (U_FAILURE(err) || !b->nfc_impl)
-            return status_errorf(STATUS_INTERNAL, "%s: ICU's NFC normalizer is unavailable (%s)", b->name, u_errorName(err));
-    }
     return STATUS_OK;
 }
 
@@ -465,7 +425,7 @@ static struct merge heap_pop(struct merge *h, size_t *n)
     return top;
 }
 
-static enum status push_id(int32_t **ids, size_t *n, size_t *cap, int32_t id)
+enum status bpe_push_id(int32_t **ids, size_t *n, size_t *cap, int32_t id)
 {
     if (*n == *cap && base_grow((void **)ids, cap, *n + 1, sizeof **ids))
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory");
@@ -480,11 +440,11 @@ static enum status oom(void) { return status_errorf(STATUS_RESOURCE_EXHAUSTED, "
 static enum status encode_word(const struct bpe *b, struct scratch *sc, const uint8_t *w, size_t n, int32_t **ids,
                                size_t *n_ids, size_t *cap)
 {
-    if (n == 1 && b->byte_id[w[0]] >= 0) return push_id(ids, n_ids, cap, b->byte_id[w[0]]);
-    if (b->ignore_merges || n <= 8) {
-        /* Short words are often whole pieces; with ignore_merges a whole piece wins outright. */
-        const int32_t whole = bytes_to_id(b, w, n);
-        if (whole >= 0 && b->ignore_merges) return push_id(ids, n_ids, cap, whole);
+    if (n == 1 && b->byte_id[w[0]] >= 0) return bpe_push_id(ids, n_ids, cap, b->byte_id[w[0]]);
+    if (b->ignore_merges) {
+        /* With ignore_merges a word that is a whole piece wins outright. */
+        const int32_t whole = b->model == BPE_MODEL_BPE ? bpe_piece_to_id(b, (const char *)w, n) : bytes_to_id(b, w, n);
+        if (whole >= 0) return bpe_push_id(ids, n_ids, cap, whole);
     }
     if (base_grow((void **)&sc->sym_id, &sc->cap_sym[0], n, sizeof(int32_t)) ||
         base_grow((void **)&sc->sym_prev, &sc->cap_sym[1], n, sizeof(int32_t)) ||
@@ -493,9 +453,26 @@ static enum status encode_word(const struct bpe *b, struct scratch *sc, const ui
         base_grow((void **)&sc->heap, &sc->cap_heap, 2 * n, sizeof(struct merge)))
         return oom();
     int32_t *id = sc->sym_id, *prev = sc->sym_prev, *next = sc->sym_next;
-    /* A byte without a piece becomes <unk> (Hugging Face's BPE), or nothing without one. */
     int m = 0;
-    for (size_t i = 0; i < n; i++) {
+    /* Character BPE: one symbol per character; one without a piece becomes its <0xNN> pieces
+     * (byte_fallback, when all of them exist) or <unk>, consecutive <unk>s fused into one. */
+    for (size_t i = 0; i < n && b->model == BPE_MODEL_BPE;) {
+        uint32_t cp;
+        size_t k = bpe_utf8_next(w + i, n - i, &cp);
+        if (!k) k = 1;
+        int32_t x = bpe_piece_to_id(b, (const char *)w + i, k);
+        int fell_back = 0;
+        if (x < 0 && b->byte_fallback) {
+            fell_back = 1;
+            for (size_t j = 0; j < k; j++) fell_back &= b->byte_piece[w[i + j]] >= 0;
+            for (size_t j = 0; j < k && fell_back; j++) id[m] = b->byte_piece[w[i + j]], prev[m] = m - 1, next[m] = m + 1, m++;
+        }
+        if (x < 0 && !fell_back && (x = b->model_unk_id) >= 0 && b->fuse_unk && m > 0 && id[m - 1] == x) x = -1;
+        if (x >= 0) id[m] = x, prev[m] = m - 1, next[m] = m + 1, m++;
+        i += k;
+    }
+    /* A byte without a piece becomes <unk> (Hugging Face's BPE), or nothing without one. */
+    for (size_t i = 0; i < n && b->model == BPE_MODEL_BYTE_LEVEL; i++) {
         const int32_t x = b->byte_id[w[i]] >= 0 ? b->byte_id[w[i]] : b->model_unk_id;
         if (x < 0) continue;
         id[m] = x, prev[m] = m - 1, next[m] = m + 1;
@@ -529,7 +506,7 @@ static enum status encode_word(const struct bpe *b, struct scratch *sc, const ui
         }
     }
     enum status s = STATUS_OK;
-    for (int i = 0; i >= 0 && s == STATUS_OK; i = next[i]) s = push_id(ids, n_ids, cap, id[i]);
+    for (int i = 0; i >= 0 && s == STATUS_OK; i = next[i]) s = bpe_push_id(ids, n_ids, cap, id[i]);
     return s;
 }
 
@@ -643,17 +620,22 @@ static enum status nfc_into(const struct bpe *b, struct scratch *sc, const uint8
     return STATUS_OK;
 }
 
-/* One stretch of text between added tokens: normalize, pre-tokenize, BPE each piece. */
-static enum status encode_segment(const struct bpe *b, struct scratch *sc, const uint8_t *s, size_t n, int32_t **ids,
-                                  size_t *n_ids, size_t *cap)
+/* One stretch of text between added tokens (the text's first when first is non-zero): normalize,
+ * pre-tokenize, run the model on each piece. */
+static enum status encode_segment(const struct bpe *b, struct scratch *sc, const uint8_t *s, size_t n, int first,
+                                  int32_t **ids, size_t *n_ids, size_t *cap)
 {
     if (!n) return STATUS_OK;
-    const size_t prefix = b->add_prefix_space && s[0] != ' ';
     size_t m = 0;
     enum status st;
-    if (base_grow((void **)&sc->norm, &sc->cap_norm, prefix + 1, 1)) return oom();
-    if (prefix) sc->norm[0] = ' ';
-    if ((st = nfc_into(b, sc, s, n, prefix, &m))) return st;
+    if (b->model != BPE_MODEL_BYTE_LEVEL) {
+        if ((st = normalizer_apply(b, s, n, first, &sc->norm, &m, &sc->cap_norm))) return st;
+    } else {
+        const size_t prefix = b->add_prefix_space && s[0] != ' ';
+        if (base_grow((void **)&sc->norm, &sc->cap_norm, prefix + 1, 1)) return oom();
+        if (prefix) sc->norm[0] = ' ';
+        if ((st = nfc_into(b, sc, s, n, prefix, &m))) return st;
+    }
     const uint8_t *text = sc->norm;
     size_t nr = 1;
     if (base_grow((void **)&sc->r[0], &sc->cap_r[0], 1, sizeof(struct range))) return oom();
@@ -667,8 +649,14 @@ static enum status encode_segment(const struct bpe *b, struct scratch *sc, const
         cur = !cur;
         nr = n_next;
     }
-    for (size_t i = 0; i < nr; i++)
-        if ((st = encode_word(b, sc, text + sc->r[cur][i].at, sc->r[cur][i].n, ids, n_ids, cap))) return st;
+    for (size_t i = 0; i < nr; i++) {
+        const uint8_t *w = text + sc->r[cur][i].at;
+        const size_t wn = sc->r[cur][i].n;
+        if (b->model == BPE_MODEL_WORDPIECE) st = wordpiece_encode_word(b, w, wn, ids, n_ids, cap);
+        else if (b->model == BPE_MODEL_UNIGRAM) st = unigram_encode_word(b, w, wn, ids, n_ids, cap);
+        else st = encode_word(b, sc, w, wn, ids, n_ids, cap);
+        if (st) return st;
+    }
     return STATUS_OK;
 }
 
@@ -692,15 +680,15 @@ static int find_added(const struct bpe *b, const uint8_t *s, size_t n, size_t fr
                     size_t back = 0;
                     uint32_t cp = 0;
                     for (size_t len = 1; len <= 4 && len <= at - from && !back; len++)
-                        if (utf8_next(s + at - len, len, &cp) == len) back = len;
-                    if (!back || !cp_is_space(cp)) break;
+                        if (bpe_utf8_next(s + at - len, len, &cp) == len) back = len;
+                    if (!back || !bpe_cp_is_space(cp)) break;
                     at -= back;
                 }
             if (a->rstrip)
                 for (;;) {
                     uint32_t cp;
-                    const size_t step = utf8_next(s + end, n - end, &cp);
-                    if (!step || !cp_is_space(cp)) break;
+                    const size_t step = bpe_utf8_next(s + end, n - end, &cp);
+                    if (!step || !bpe_cp_is_space(cp)) break;
                     end += step;
                 }
             *m_at = at, *m_end = end;
@@ -721,50 +709,12 @@ enum status bpe_encode(const struct bpe *b, const char *text, size_t len, int32_
         size_t at = len, end = len;
         const int k = b->n_added ? find_added(b, s, len, pos, &at, &end) : -1;
         if (k < 0) at = end = len;
-        st = encode_segment(b, &sc, s + pos, at - pos, ids, n, cap);
-        if (st == STATUS_OK && k >= 0) st = push_id(ids, n, cap, b->added[k].id);
+        st = encode_segment(b, &sc, s + pos, at - pos, pos == 0, ids, n, cap);
+        if (st == STATUS_OK && k >= 0) st = bpe_push_id(ids, n, cap, b->added[k].id);
         pos = end;
     }
     pcre2_match_data_free(sc.md);
     free(sc.r[0]), free(sc.r[1]), free(sc.norm), free(sc.u16[0]), free(sc.u16[1]);
     free(sc.sym_id), free(sc.sym_prev), free(sc.sym_next), free(sc.heap);
-    return st;
-}
-
-/* ---- decoding ---------------------------------------------------------------------------- */
-
-enum status bpe_decode(const struct bpe *b, const int32_t *ids, int n_ids, char **out, size_t *n, size_t *cap)
-{
-    uint8_t *run = NULL;
-    size_t n_run = 0, cap_run = 0;
-    enum status st = STATUS_OK;
-    if (base_grow((void **)out, cap, *n + 1, 1)) return oom();
-    (*out)[*n] = '\0';
-    for (int i = 0; i < n_ids && st == STATUS_OK; i++) {
-        const int32_t id = ids[i];
-        const uint8_t f = b->flags[id];
-        if (f & BPE_PIECE_SPECIAL) continue;
-        if (f & BPE_PIECE_ADDED) {
-            if ((st = bpe_utf8_lossy(run, n_run, out, n, cap))) break;
-            n_run = 0;
-            const size_t len = strlen(b->pieces[id]);
-            if (base_grow((void **)out, cap, *n + len + 1, 1)) {
-                st = oom();
-                break;
-            }
-            memcpy(*out + *n, b->pieces[id], len);
-            *n += len;
-            (*out)[*n] = '\0';
-            continue;
-        }
-        if (base_grow((void **)&run, &cap_run, n_run + b->n_bytes[id], 1)) {
-            st = oom();
-            break;
-        }
-        if (b->n_bytes[id]) memcpy(run + n_run, b->bytes[id], b->n_bytes[id]);
-        n_run += b->n_bytes[id];
-    }
-    if (st == STATUS_OK) st = bpe_utf8_lossy(run, n_run, out, n, cap);
-    free(run);
     return st;
 }

@@ -1,12 +1,22 @@
-/* engine/text/bpe.h - byte-level BPE (GPT-2 style), the second tokenizer kind behind tokenizer.h:
- * a vocabulary whose pieces are bytes spelled in GPT-2's 256 printable "byte unicode" characters,
- * merges by rank, a regex pre-tokenizer (PCRE2), added tokens matched before pre-tokenization,
- * an optional NFC normalizer (ICU). Internal to engine/text: tokenizer.cc dispatches here; the
- * rest of the project sees only tokenizer.h.
+/* engine/text/bpe.h - the tokenizers of a Hugging Face tokenizer.json, the second tokenizer kind
+ * behind tokenizer.h. One struct bpe holds what they share (the vocabulary, added tokens matched
+ * before anything else, normalizer and pre-tokenizer steps, the decoder) and b->model says which
+ * model turns each pre-token into ids:
+ *   BPE_MODEL_BYTE_LEVEL  GPT-2 style: pieces spelled in GPT-2's 256 "byte unicode" characters,
+ *                         merges by rank, regex pre-tokenizer (PCRE2), optional NFC (bpe.c)
+ *   BPE_MODEL_BPE         BPE over characters with byte_fallback (<0xNN> pieces), Metaspace or
+ *                         Prepend/Replace("▁"): Llama 2, Mistral, TinyLlama (bpe.c)
+ *   BPE_MODEL_WORDPIECE   BERT: greedy longest match with a "##" prefix (wordpiece.c)
+ *   BPE_MODEL_UNIGRAM     T5/ALBERT/XLNet: Viterbi over log-probabilities (unigram.c)
+ * Normalizers other than NFC live in normalizer.c, decoders and UTF-8 helpers in text_decode.c.
+ * Internal to engine/text: tokenizer.cc dispatches here; the rest of the project sees only
+ * tokenizer.h.
  * Not here: parsing tokenizer.json (tokenizer_json.c fills a struct bpe and calls bpe_finish),
  * GGUF metadata (engine/formats/gguf_tokenizer.c turns it into a tokenizer.json text), the
  * streaming detokenizer (tokenizer.cc).
- * Tests: tests/test_bpe.py (ids and decodes against Hugging Face `tokenizers`), tests/test_tokenizer.c.
+ * Tests: tests/test_bpe.py (ids and decodes against Hugging Face `tokenizers`), tests/test_tokenizer.c,
+ * tests/test_tokenizer_kinds.py (WordPiece, Unigram, character BPE against `tokenizers`),
+ * tests/test_vocab_vectors.py (llama.cpp's ggml-vocab-*.gguf test vectors), tests/fuzz/fuzz_tokenizer_json.c.
  *
  * Threads: after bpe_finish a struct bpe is immutable; bpe_encode and the lookups may run on many
  * threads at once (each call allocates its own PCRE2 match data and scratch). */
@@ -28,6 +38,52 @@ enum {
     BPE_PIECE_ADDED = 2,   /* an added token: matched on the raw text, decoded as its content */
     BPE_PIECE_MAPPED = 4,  /* every character of the piece is a byte-unicode character */
     BPE_PIECE_UNUSED = 8,  /* an id the file leaves without a piece */
+};
+
+enum bpe_model {
+    BPE_MODEL_BYTE_LEVEL,
+    BPE_MODEL_BPE,
+    BPE_MODEL_WORDPIECE,
+    BPE_MODEL_UNIGRAM,
+};
+
+/* One normalizer step (kinds other than byte-level; applied in order, normalizer.c). */
+enum bpe_norm_kind {
+    BPE_NORM_NFC,
+    BPE_NORM_NFD,
+    BPE_NORM_NFKC,
+    BPE_NORM_NFKD,
+    BPE_NORM_LOWERCASE,     /* Rust's char::to_lowercase, character by character */
+    BPE_NORM_STRIP_ACCENTS, /* drops nonspacing marks (Mn) */
+    BPE_NORM_BERT_CLEAN,    /* BertNormalizer clean_text: drops NUL, U+FFFD and controls; whitespace -> ' ' */
+    BPE_NORM_BERT_CHINESE,  /* BertNormalizer handle_chinese_chars: a space either side of each CJK ideograph */
+    BPE_NORM_REPLACE,       /* Replace with a String pattern: every occurrence of text by with */
+    BPE_NORM_PREPEND,       /* Prepend: text before a non-empty segment */
+    BPE_NORM_STRIP,         /* Strip: whitespace off the left and/or right */
+};
+
+struct bpe_norm {
+    enum bpe_norm_kind kind;
+    char *text, *with; /* owned, NUL-terminated (REPLACE: pattern and content; PREPEND: text) */
+    int   left, right; /* STRIP */
+};
+
+/* One decoder step of the non-byte-level kinds, in the file's order (Hugging Face's decoders;
+ * text_decode.c). */
+enum bpe_dec_kind {
+    BPE_DEC_REPLACE,       /* text -> with in every token */
+    BPE_DEC_BYTE_FALLBACK, /* runs of <0xNN> tokens become their bytes (or one U+FFFD each if invalid) */
+    BPE_DEC_FUSE,          /* all tokens become one */
+    BPE_DEC_STRIP,         /* up to start / stop copies of text off each token's ends */
+    BPE_DEC_METASPACE,     /* U+2581 -> ' ', dropped in the first token when prepend */
+    BPE_DEC_WORDPIECE,     /* prefix off continuing pieces, ' ' before the others, cleanup */
+};
+
+struct bpe_dec {
+    enum bpe_dec_kind kind;
+    char *text, *with; /* owned (REPLACE; STRIP: text; WORDPIECE: text = prefix) */
+    int   start, stop; /* STRIP */
+    int   flag;        /* METASPACE: prepend_scheme is not "never"; WORDPIECE: cleanup */
 };
 
 /* How a Split pre-tokenizer treats its matches (Hugging Face's SplitDelimiterBehavior). */
@@ -79,6 +135,25 @@ struct bpe {
     int32_t     model_unk_id;     /* model.unk_token: what a byte without a piece becomes (else
                                      it is dropped, as Hugging Face and llama.cpp do) */
     int         add_bos;          /* the post-processor puts bos_id first */
+    int32_t     post_suffix[2];   /* ids the post-processor puts last (BERT's [SEP]), with add_bos */
+    int         n_post_suffix;
+
+    /* The non-byte-level kinds. */
+    enum bpe_model model;
+    struct bpe_norm *norms;       /* (n_norms) normalizer steps in order */
+    int         n_norms;
+    int         metaspace;        /* a Metaspace pre-tokenizer first: spaces become U+2581 */
+    int         metaspace_prepend; /* 0 never, 1 first (the text's first segment), 2 always */
+    struct bpe_dec *decs;         /* (n_decs) decoder steps; none: tokens joined by ' ' */
+    int         n_decs;
+    double     *scores;           /* (n_vocab) Unigram log-probabilities */
+    double      min_score;        /* Unigram: the lowest score; an unknown character costs min_score - 10 */
+    int         fuse_unk;         /* BPE: consecutive unknown characters give one unk id */
+    int         byte_fallback;    /* BPE, Unigram: a character without a piece becomes <0xNN> pieces */
+    int32_t     byte_piece[256];  /* the id of "<0xNN>", -1 when absent */
+    char       *wp_prefix;        /* WordPiece continuing_subword_prefix, owned ("##") */
+    int         wp_max_chars;     /* WordPiece max_input_chars_per_word */
+    int         max_piece_chars;  /* Unigram: the longest piece in characters */
 
     /* Built by bpe_finish. */
     struct bpe_table *by_piece;   /* piece string -> id */
@@ -112,6 +187,31 @@ void bpe_free(struct bpe *b);
 enum status bpe_load_json(const char *json, size_t n, const char *name, const char *config, size_t config_n,
                           struct bpe **out);
 
+/* The model of one pre-token w[0..n) (valid UTF-8, normalized) for the kinds of their files:
+ * ids appended to *ids as bpe_encode does. */
+enum status wordpiece_encode_word(const struct bpe *b, const uint8_t *w, size_t n, int32_t **ids, size_t *n_ids,
+                                  size_t *cap);
+enum status unigram_encode_word(const struct bpe *b, const uint8_t *w, size_t n, int32_t **ids, size_t *n_ids,
+                                size_t *cap);
+/* Normalizes the segment s[0..n) by b->norms (then Metaspace's replacement and prepend; first is
+ * non-zero for the text's first segment) into *out[0..*n_out), grown with base_grow. Invalid
+ * UTF-8 becomes U+FFFD first. */
+enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, int first, uint8_t **out, size_t *n_out,
+                             size_t *cap);
+/* Appends an id with base_grow. */
+enum status bpe_push_id(int32_t **ids, size_t *n, size_t *cap, int32_t id);
+
+/* The tokenizer.json tokenizer behind t, NULL for SentencePiece (tokenizer.cc; for token_bytes.c). */
+struct tokenizer;
+const struct bpe *tokenizer_bpe(const struct tokenizer *t);
+
+/* UTF-8: one well-formed character at s[0..n) into *cp, its length (0 when invalid); Rust's
+ * char::is_whitespace. */
+size_t bpe_utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
+int bpe_cp_is_space(uint32_t c);
+/* The byte of a "<0xNN>" piece, -1 for any other piece. */
+int bpe_byte_piece_value(const char *piece);
+
 /* The GPT-2 byte <-> "byte unicode" map: the code point of byte c, and the byte of code point
  * cp (-1 when cp is not one of the 256). */
 uint32_t bpe_byte_to_cp(uint8_t c);
@@ -126,8 +226,16 @@ enum status bpe_encode(const struct bpe *b, const char *text, size_t len, int32_
 /* The id of a piece string, -1 when absent. */
 int32_t bpe_piece_to_id(const struct bpe *b, const char *piece, size_t n);
 
+/* Appends the text of ids[0..n_ids) for the non-byte-level kinds, as Hugging Face's decode with
+ * skip_special_tokens: special ids vanish, the other ids' pieces (an added token's content) go
+ * through b->decs. first == 0 decodes them as the continuation of a text already started (no
+ * first-token rules, no Strip after Fuse): what the streaming detokenizer needs. Ids must be valid. */
+enum status bpe_decode_pieces(const struct bpe *b, const int32_t *ids, int n_ids, int first, char **out, size_t *n,
+                              size_t *cap);
+
 /* Appends to out[0..*n) (grown with base_grow) the text of ids[0..n_ids) as Hugging Face's
- * ByteLevel decoder writes it with skip_special_tokens: special ids vanish, the bytes of the
+ * ByteLevel decoder writes it with skip_special_tokens (the other kinds: bpe_decode_pieces with
+ * first = 1): special ids vanish, the bytes of the
  * other pieces are concatenated, an added token's content is written as it is, and each run of
  * bytes between added tokens is made valid UTF-8 by replacing every maximal invalid subpart
  * with U+FFFD (Rust's String::from_utf8_lossy). Ids must be valid. */

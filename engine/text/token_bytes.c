@@ -3,6 +3,7 @@
  * <0xNN> byte pieces, byte-level BPE pieces through the GPT-2 byte map. Not here: decoding
  * whole sequences (tokenizer.cc). Tests: tests/test_grammar.c (every token of SmolLM2's and
  * Gemma's vocabularies against tokenizer_decode). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "bpe.h"
@@ -34,6 +35,16 @@ int tokenizer_token_bytes(const struct tokenizer *t, int32_t id, char *buf, int 
         if (cap < 1) return -1;
         buf[0] = (char)v;
         return 1;
+    }
+    const struct bpe *b = tokenizer_bpe(t);
+    if (b && b->model != BPE_MODEL_BYTE_LEVEL) { /* the piece's text in the middle of a sequence */
+        char *text = NULL;
+        size_t len = 0, text_cap = 0;
+        if (bpe_decode_pieces(b, &id, 1, 0, &text, &len, &text_cap) != STATUS_OK) return free(text), -1;
+        const int fits = len <= (size_t)cap;
+        if (fits) memcpy(buf, text, len);
+        free(text);
+        return fits ? (int)len : -1;
     }
     if (tokenizer_encodes_special(t)) { /* byte-level BPE */
         uint32_t cp;

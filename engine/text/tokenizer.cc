@@ -426,9 +426,40 @@ enum status bpe_detok_push(struct detokenizer *d, int32_t id, const char **text,
     return STATUS_OK;
 }
 
+/* The detokenizer of the other tokenizer.json kinds (WordPiece, Unigram, character BPE): byte
+ * pieces wait in d->pending until a piece that is not one ends their run (ByteFallback decodes a
+ * run whole); then the run and that piece are decoded as the continuation of the text
+ * (bpe_decode_pieces with first = 0) once any piece has been, as its start before. */
+enum status other_detok_push(struct detokenizer *d, int32_t id, int flush, const char **text, size_t *len)
+{
+    const struct bpe *b = d->tok->bpe;
+    size_t n = 0;
+    if (base_grow((void **)&d->out, &d->cap_out, 1, 1)) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
+    d->out[0] = '\0';
+    *text = d->out;
+    *len = 0;
+    if (!flush) {
+        if (b->flags[id] & BPE_PIECE_SPECIAL) return STATUS_OK;
+        if (base_grow((void **)&d->pending, &d->cap_pending, (size_t)d->n_pending + 1, sizeof *d->pending))
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
+        d->pending[d->n_pending++] = id;
+        if (tokenizer_is_byte(d->tok, id)) return STATUS_OK;
+    }
+    if (!d->n_pending) return STATUS_OK;
+    enum status st = bpe_decode_pieces(b, d->pending, d->n_pending, !d->started, &d->out, &n, &d->cap_out);
+    if (st != STATUS_OK) return st;
+    d->started = 1;
+    d->n_pending = 0;
+    *text = d->out;
+    *len = n;
+    return STATUS_OK;
+}
+
 }  // namespace
 
 extern "C" {
+
+const struct bpe *tokenizer_bpe(const struct tokenizer *t) { return t->bpe; }
 
 enum status tokenizer_load(const char *path, struct tokenizer **out)
 {
@@ -564,6 +595,8 @@ enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t
         if (base_grow((void **)&p, &cap, len / 4 + 2, sizeof *p)) s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory");
         if (s == STATUS_OK && add_bos && t->bos_id >= 0) p[n++] = t->bos_id;
         if (s == STATUS_OK) s = bpe_encode(t->bpe, text, len, &p, &n, &cap);
+        for (int k = 0; s == STATUS_OK && add_bos && k < t->bpe->n_post_suffix; k++)
+            s = bpe_push_id(&p, &n, &cap, t->bpe->post_suffix[k]);
         if (s == STATUS_OK && n > (size_t)INT_MAX) s = status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: too many tokens");
         if (s != STATUS_OK) {
             free(p);
@@ -664,6 +697,10 @@ int32_t tokenizer_piece_to_id(const struct tokenizer *t, const char *piece)
 
 int tokenizer_is_byte(const struct tokenizer *t, int32_t id)
 {
+    if (id_valid(t, id) && t->bpe) {
+        const int v = t->bpe->model == BPE_MODEL_BYTE_LEVEL ? -1 : bpe_byte_piece_value(t->bpe->pieces[id]);
+        return v >= 0 && t->bpe->byte_piece[v] == id;
+    }
     return id_valid(t, id) && !t->bpe && (t->flags[id] & PIECE_BYTE);
 }
 
@@ -701,6 +738,7 @@ enum status detokenizer_push(struct detokenizer *d, int32_t id, const char **tex
                              t->vocab_size);
     if (t->bpe) {
         try {
+            if (t->bpe->model != BPE_MODEL_BYTE_LEVEL) return other_detok_push(d, id, 0, text, len);
             return bpe_detok_push(d, id, text, len);
         } catch (...) {
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
@@ -737,6 +775,7 @@ enum status detokenizer_flush(struct detokenizer *d, const char **text, size_t *
     CHECK(d->tok != nullptr, "detokenizer_flush before detokenizer_init");
     *text = "";
     *len = 0;
+    if (d->tok->bpe && d->tok->bpe->model != BPE_MODEL_BYTE_LEVEL) return other_detok_push(d, 0, 1, text, len);
     if (d->tok->bpe) {
         /* Whatever is held back is an incomplete character: U+FFFD per maximal subpart. */
         size_t n = 0;

@@ -1,7 +1,10 @@
 /* engine/text/tokenizer.h - text <-> token ids, and incremental detokenization for streaming, for
  * two kinds of tokenizer: a SentencePiece model (.model file or its serialized ModelProto) and a
- * byte-level BPE (GPT-2 style: a Hugging Face tokenizer.json, or a GGUF gpt2 vocabulary, which
- * engine/formats/gguf_tokenizer.c turns into one; bpe.h, docs/tokenizers.md).
+ * Hugging Face tokenizer.json (byte-level BPE, WordPiece, Unigram, character BPE with byte fallback;
+ * or a GGUF gpt2 / bert vocabulary, which engine/formats/gguf_tokenizer.c turns into one; bpe.h,
+ * docs/tokenizers.md). For the tokenizer.json kinds add_bos means Hugging Face's
+ * add_special_tokens: WordPiece, Unigram and character BPE also append the template's tokens after
+ * the text (BERT's [SEP]).
  * SentencePiece (C++) lives behind this header only: tokenizer.cc is the one C++ file of the
  * project and no exception crosses into C (every failure is an enum status with a message).
  * Not here: chat templates, stop sequences (the server), sampling (sampler.c).

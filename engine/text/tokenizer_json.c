@@ -1,16 +1,19 @@
-/* engine/text/tokenizer_json.c - a Hugging Face tokenizer.json (model BPE, byte-level) read into a
- * struct bpe (bpe.h): vocab, merges (either spelling), added_tokens with their flags, normalizer
- * (null, NFC), pre_tokenizer (ByteLevel, Split, Digits, Sequence), decoder (ByteLevel), the
- * post-processor's BOS, and a tokenizer_config.json's special tokens. Every error names the file
- * and the field; nothing here trusts a size it read.
- * Not here: the tokenizer itself (bpe.c), GGUF metadata (engine/formats/gguf_tokenizer.c writes a
+/* engine/text/tokenizer_json.c - a Hugging Face tokenizer.json read into a struct bpe (bpe.h): the
+ * model (BPE byte-level or with byte_fallback, WordPiece, Unigram), vocab, merges (either
+ * spelling), added_tokens with their flags, pre_tokenizer (ByteLevel, Split, Digits, Sequence and,
+ * through tokenizer_json_steps.c, the others), the post-processor's BOS and suffix, and a
+ * tokenizer_config.json's special tokens. Every error names the file and the field; nothing here
+ * trusts a size it read.
+ * Not here: normalizer and decoder steps (tokenizer_json_steps.c), the tokenizer itself (bpe.c), GGUF metadata (engine/formats/gguf_tokenizer.c writes a
  * tokenizer.json text from it, with a "shardlm" object of special ids read below).
  * Tests: tests/test_bpe.py (against Hugging Face tokenizers, and malformed files). */
 #include <cjson/cJSON.h>
+#include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "bpe.h"
+#include "tokenizer_json.h"
 
 /* The largest id accepted: beyond any real vocabulary, small enough that the per-id arrays of an
  * absurd file cannot exhaust memory. */
@@ -20,19 +23,19 @@
 static const char gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-static enum status bad(const struct bpe *b, const char *field, const char *what)
+enum status tjson_bad(const struct bpe *b, const char *field, const char *what)
 {
     return status_errorf(STATUS_BAD_FORMAT, "%s: %s %s", b->name, field, what);
 }
 
-static const char *type_of(const cJSON *o)
+const char *tjson_type(const cJSON *o)
 {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "type");
     return cJSON_IsString(t) ? t->valuestring : NULL;
 }
 
 /* A boolean field: def when absent or null; BAD_FORMAT when another type. */
-static enum status get_bool(const struct bpe *b, const cJSON *o, const char *key, const char *field, int def, int *v)
+enum status tjson_bool(const struct bpe *b, const cJSON *o, const char *key, const char *field, int def, int *v)
 {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!x || cJSON_IsNull(x)) return *v = def, STATUS_OK;
@@ -50,7 +53,7 @@ static int get_int(const cJSON *x, double lo, double hi, int32_t *v)
     return 1;
 }
 
-static enum status add_split(struct bpe *b, const char *pattern, int literal, enum bpe_split_behavior behavior, int invert)
+enum status tjson_add_split(struct bpe *b, const char *pattern, int literal, enum bpe_split_behavior behavior, int invert)
 {
     if (base_grow((void **)&b->splits, &(size_t){(size_t)b->n_splits}, (size_t)b->n_splits + 1, sizeof *b->splits))
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
@@ -66,105 +69,101 @@ static enum status parse_pre(struct bpe *b, const cJSON *p, const char *field, i
 {
     enum status s;
     if (!p || cJSON_IsNull(p)) return STATUS_OK;
-    const char *type = type_of(p);
-    if (!cJSON_IsObject(p) || !type) return bad(b, field, "is not an object with a \"type\"");
+    const char *type = tjson_type(p);
+    if (!cJSON_IsObject(p) || !type) return tjson_bad(b, field, "is not an object with a \"type\"");
     if (!strcmp(type, "Sequence")) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
-        if (!cJSON_IsArray(list) || depth > 8) return bad(b, field, "has no \"pretokenizers\" array");
+        if (!cJSON_IsArray(list) || depth > 8) return tjson_bad(b, field, "has no \"pretokenizers\" array");
         const cJSON *e;
         cJSON_ArrayForEach(e, list) if ((s = parse_pre(b, e, field, depth + 1, byte_level))) return s;
         return STATUS_OK;
     }
     if (!strcmp(type, "ByteLevel")) {
         int prefix = 0, use_regex = 0;
-        if ((s = get_bool(b, p, "add_prefix_space", field, 1, &prefix)) || (s = get_bool(b, p, "use_regex", field, 1, &use_regex)))
+        if ((s = tjson_bool(b, p, "add_prefix_space", field, 1, &prefix)) || (s = tjson_bool(b, p, "use_regex", field, 1, &use_regex)))
             return s;
         if (prefix && b->n_splits)
             return status_errorf(STATUS_UNSUPPORTED, "%s: %s: ByteLevel with add_prefix_space after another step", b->name, field);
         b->add_prefix_space = prefix;
         *byte_level = 1;
-        return use_regex ? add_split(b, gpt2_pattern, 0, BPE_SPLIT_ISOLATED, 0) : STATUS_OK;
+        return use_regex ? tjson_add_split(b, gpt2_pattern, 0, BPE_SPLIT_ISOLATED, 0) : STATUS_OK;
     }
     if (!strcmp(type, "Digits")) {
         int individual = 0;
-        if ((s = get_bool(b, p, "individual_digits", field, 0, &individual))) return s;
-        return add_split(b, individual ? "\\p{N}" : "\\p{N}+", 0, BPE_SPLIT_ISOLATED, 0);
+        if ((s = tjson_bool(b, p, "individual_digits", field, 0, &individual))) return s;
+        return tjson_add_split(b, individual ? "\\p{N}" : "\\p{N}+", 0, BPE_SPLIT_ISOLATED, 0);
     }
     if (!strcmp(type, "Split")) {
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
         const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex"), *str = cJSON_GetObjectItemCaseSensitive(pat, "String");
         const cJSON *beh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
         int invert = 0;
-        if ((s = get_bool(b, p, "invert", field, 0, &invert))) return s;
-        if (!cJSON_IsString(re) && !cJSON_IsString(str)) return bad(b, field, "Split has no pattern.Regex or pattern.String");
+        if ((s = tjson_bool(b, p, "invert", field, 0, &invert))) return s;
+        if (!cJSON_IsString(re) && !cJSON_IsString(str)) return tjson_bad(b, field, "Split has no pattern.Regex or pattern.String");
         static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
         int k = 0;
         while (k < 5 && !(cJSON_IsString(beh) && !strcmp(beh->valuestring, names[k]))) k++;
-        if (k == 5) return bad(b, field, "Split has an unknown behavior");
-        return add_split(b, cJSON_IsString(re) ? re->valuestring : str->valuestring, !cJSON_IsString(re),
+        if (k == 5) return tjson_bad(b, field, "Split has an unknown behavior");
+        return tjson_add_split(b, cJSON_IsString(re) ? re->valuestring : str->valuestring, !cJSON_IsString(re),
                          (enum bpe_split_behavior)k, invert);
     }
-    return status_errorf(STATUS_UNSUPPORTED, "%s: %s type \"%s\" is not supported (ByteLevel, Split, Digits, Sequence)",
-                         b->name, field, type);
-}
-
-static enum status parse_normalizer(struct bpe *b, const cJSON *n, int depth)
-{
-    if (!n || cJSON_IsNull(n)) return STATUS_OK;
-    const char *type = type_of(n);
-    if (!cJSON_IsObject(n) || !type) return bad(b, "normalizer", "is not an object with a \"type\"");
-    if (!strcmp(type, "NFC")) return b->nfc = 1, STATUS_OK;
-    if (!strcmp(type, "Sequence") && depth < 8) {
-        const cJSON *e, *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
-        if (!cJSON_IsArray(list)) return bad(b, "normalizer", "has no \"normalizers\" array");
-        enum status s;
-        cJSON_ArrayForEach(e, list) if ((s = parse_normalizer(b, e, depth + 1))) return s;
-        return STATUS_OK;
-    }
-    return status_errorf(STATUS_UNSUPPORTED, "%s: normalizer type \"%s\" is not supported (null, NFC)", b->name, type);
-}
-
-static enum status check_decoder(struct bpe *b, const cJSON *d, int depth)
-{
-    const char *type = type_of(d);
-    if (!cJSON_IsObject(d) || !type) return bad(b, "decoder", "is not an object with a \"type\"");
-    if (!strcmp(type, "ByteLevel")) return STATUS_OK;
-    if (!strcmp(type, "Sequence") && depth < 8) {
-        const cJSON *e, *list = cJSON_GetObjectItemCaseSensitive(d, "decoders");
-        if (!cJSON_IsArray(list)) return bad(b, "decoder", "has no \"decoders\" array");
-        enum status s;
-        cJSON_ArrayForEach(e, list) if ((s = check_decoder(b, e, depth + 1))) return s;
-        return STATUS_OK;
-    }
-    return status_errorf(STATUS_UNSUPPORTED, "%s: decoder type \"%s\" is not supported (ByteLevel)", b->name, type);
+    int handled = 0;
+    if ((s = tjson_pre_other(b, p, type, field, &handled)) || handled) return s;
+    return status_errorf(STATUS_UNSUPPORTED,
+                         "%s: %s type \"%s\" is not supported (ByteLevel, Split, Digits, BertPreTokenizer, Whitespace, "
+                         "WhitespaceSplit, Punctuation, Metaspace, Sequence)", b->name, field, type);
 }
 
 /* The BOS of a TemplateProcessing post-processor: a SpecialToken before $A in "single". */
 static enum status parse_post(struct bpe *b, const cJSON *p, int depth)
 {
     if (!p || cJSON_IsNull(p)) return STATUS_OK;
-    const char *type = type_of(p);
-    if (!cJSON_IsObject(p) || !type) return bad(b, "post_processor", "is not an object with a \"type\"");
+    const char *type = tjson_type(p);
+    if (!cJSON_IsObject(p) || !type) return tjson_bad(b, "post_processor", "is not an object with a \"type\"");
     if (!strcmp(type, "Sequence") && depth < 8) {
         const cJSON *e, *list = cJSON_GetObjectItemCaseSensitive(p, "processors");
-        if (!cJSON_IsArray(list)) return bad(b, "post_processor", "has no \"processors\" array");
+        if (!cJSON_IsArray(list)) return tjson_bad(b, "post_processor", "has no \"processors\" array");
         enum status s;
         cJSON_ArrayForEach(e, list) if ((s = parse_post(b, e, depth + 1))) return s;
         return STATUS_OK;
     }
+    const int other = b->model != BPE_MODEL_BYTE_LEVEL;
+    if (other && (!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing"))) {
+        /* "cls": ["[CLS]", 101], "sep": ["[SEP]", 102]: [CLS] $A [SEP]. */
+        const cJSON *cls = cJSON_GetObjectItemCaseSensitive(p, "cls"), *sep = cJSON_GetObjectItemCaseSensitive(p, "sep");
+        int32_t a, z;
+        if (!cJSON_IsArray(cls) || !cJSON_IsArray(sep) || !get_int(cJSON_GetArrayItem(cls, 1), 0, b->n_vocab - 1, &a) ||
+            !get_int(cJSON_GetArrayItem(sep, 1), 0, b->n_vocab - 1, &z))
+            return tjson_bad(b, "post_processor", "needs \"cls\" and \"sep\" as [token, id] with ids of the vocabulary");
+        b->bos_id = a, b->add_bos = 1, b->post_suffix[0] = z, b->n_post_suffix = 1;
+        return STATUS_OK;
+    }
     if (strcmp(type, "TemplateProcessing")) return STATUS_OK; /* ByteLevel, RobertaProcessing...: no BOS */
     const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single"), *e;
-    if (!cJSON_IsArray(single)) return bad(b, "post_processor.single", "is not an array");
+    if (!cJSON_IsArray(single)) return tjson_bad(b, "post_processor.single", "is not an array");
+    int after = 0;
     cJSON_ArrayForEach(e, single)
     {
-        if (cJSON_GetObjectItemCaseSensitive(e, "Sequence")) break;
+        if (cJSON_GetObjectItemCaseSensitive(e, "Sequence")) {
+            after = 1;
+            continue;
+        }
         const cJSON *st = cJSON_GetObjectItemCaseSensitive(e, "SpecialToken");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(st, "id");
-        if (!cJSON_IsString(name)) return bad(b, "post_processor.single", "has a SpecialToken without an \"id\" string");
+        if (!cJSON_IsString(name)) return tjson_bad(b, "post_processor.single", "has a SpecialToken without an \"id\" string");
         const int32_t id = bpe_piece_to_id(b, name->valuestring, strlen(name->valuestring));
-        if (id < 0) return bad(b, "post_processor.single", "names a special token that is not in the vocabulary");
-        b->bos_id = id, b->add_bos = 1;
-        break;
+        if (id < 0) return tjson_bad(b, "post_processor.single", "names a special token that is not in the vocabulary");
+        /* Byte-level BPE keeps only the first (its callers push the BOS); the other kinds add the
+         * template's tokens after the text too (BERT's [SEP]), with add_bos. */
+        if (!after && b->add_bos) {
+            if (other) return status_errorf(STATUS_UNSUPPORTED, "%s: post_processor.single: more than one token before $A", b->name);
+            break;
+        }
+        if (!after) b->bos_id = id, b->add_bos = 1;
+        else if (!other) break;
+        else if (b->n_post_suffix == 2)
+            return status_errorf(STATUS_UNSUPPORTED, "%s: post_processor.single: more than two tokens after $A", b->name);
+        else b->post_suffix[b->n_post_suffix++] = id;
     }
     return STATUS_OK;
 }
@@ -182,11 +181,19 @@ static enum status parse_vocab(struct bpe *b, const cJSON *root, const cJSON *mo
 {
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab"), *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     const cJSON *e;
-    if (!cJSON_IsObject(vocab)) return bad(b, "model.vocab", "is not an object");
-    if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added)) return bad(b, "added_tokens", "is not an array");
+    const int unigram = b->model == BPE_MODEL_UNIGRAM;
+    if (unigram ? !cJSON_IsArray(vocab) : !cJSON_IsObject(vocab))
+        return tjson_bad(b, "model.vocab", unigram ? "is not an array of [piece, score]" : "is not an object");
+    if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added)) return tjson_bad(b, "added_tokens", "is not an array");
     int32_t top = -1, id;
     cJSON_ArrayForEach(e, vocab)
     {
+        if (unigram) {
+            if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || !cJSON_IsString(e->child) || !cJSON_IsNumber(e->child->next))
+                return status_errorf(STATUS_BAD_FORMAT, "%s: model.vocab[%d] is not [piece, score]", b->name, top + 1);
+            if (++top >= BPE_MAX_VOCAB) return tjson_bad(b, "model.vocab", "has too many pieces");
+            continue;
+        }
         if (!get_int(e, 0, BPE_MAX_VOCAB - 1, &id))
             return status_errorf(STATUS_BAD_FORMAT, "%s: model.vocab[\"%.40s\"] is not an id in [0, %d)", b->name, e->string,
                                  BPE_MAX_VOCAB);
@@ -202,15 +209,23 @@ static enum status parse_vocab(struct bpe *b, const cJSON *root, const cJSON *mo
         top = id > top ? id : top;
         n_added++;
     }
-    if (top < 0) return bad(b, "model.vocab", "is empty");
+    if (top < 0) return tjson_bad(b, "model.vocab", "is empty");
     b->n_vocab = top + 1;
     const size_t nv = (size_t)b->n_vocab;
     if (!(b->pieces = calloc(nv, sizeof *b->pieces)) || !(b->bytes = calloc(nv, sizeof *b->bytes)) ||
         !(b->n_bytes = calloc(nv, sizeof *b->n_bytes)) || !(b->flags = calloc(nv, 1)) ||
-        !(b->added = calloc((size_t)n_added + 1, sizeof *b->added)))
+        !(b->added = calloc((size_t)n_added + 1, sizeof *b->added)) || (unigram && !(b->scores = malloc(nv * sizeof *b->scores))))
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
+    for (size_t i = 0; unigram && i < nv; i++) b->scores[i] = NAN; /* not a piece of the model */
+    id = -1;
     cJSON_ArrayForEach(e, vocab)
     {
+        if (unigram) {
+            id++;
+            if (!(b->pieces[id] = strdup(e->child->valuestring))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
+            b->scores[id] = e->child->next->valuedouble;
+            continue;
+        }
         get_int(e, 0, BPE_MAX_VOCAB - 1, &id);
         if (b->pieces[id])
             return status_errorf(STATUS_BAD_FORMAT, "%s: model.vocab gives id %d to \"%.40s\" and \"%.40s\"", b->name, id,
@@ -224,10 +239,10 @@ static enum status parse_vocab(struct bpe *b, const cJSON *root, const cJSON *mo
         const char *field = "added_tokens[]";
         get_int(cJSON_GetObjectItemCaseSensitive(e, "id"), 0, BPE_MAX_VOCAB - 1, &a->id);
         const char *content = cJSON_GetObjectItemCaseSensitive(e, "content")->valuestring;
-        if ((s = get_bool(b, e, "special", field, 0, &a->special)) || (s = get_bool(b, e, "lstrip", field, 0, &a->lstrip)) ||
-            (s = get_bool(b, e, "rstrip", field, 0, &a->rstrip)) ||
-            (s = get_bool(b, e, "single_word", field, 0, &a->single_word)) ||
-            (s = get_bool(b, e, "normalized", field, !a->special, &a->normalized)))
+        if ((s = tjson_bool(b, e, "special", field, 0, &a->special)) || (s = tjson_bool(b, e, "lstrip", field, 0, &a->lstrip)) ||
+            (s = tjson_bool(b, e, "rstrip", field, 0, &a->rstrip)) ||
+            (s = tjson_bool(b, e, "single_word", field, 0, &a->single_word)) ||
+            (s = tjson_bool(b, e, "normalized", field, !a->special, &a->normalized)))
             return s;
         a->n = strlen(content);
         if (!(a->content = strdup(content))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
@@ -250,7 +265,7 @@ static enum status parse_merges(struct bpe *b, const cJSON *model)
 {
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges"), *e;
     if (!merges || cJSON_IsNull(merges)) return STATUS_OK;
-    if (!cJSON_IsArray(merges)) return bad(b, "model.merges", "is not an array");
+    if (!cJSON_IsArray(merges)) return tjson_bad(b, "model.merges", "is not an array");
     const int n = cJSON_GetArraySize(merges);
     if (!(b->merges = malloc(((size_t)n + 1) * 2 * sizeof *b->merges)))
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
@@ -277,6 +292,58 @@ static enum status parse_merges(struct bpe *b, const cJSON *model)
     return STATUS_OK;
 }
 
+/* The model, steps and special ids of the non-byte-level kinds (b->model already set). */
+static enum status load_other(struct bpe *b, const cJSON *root, const cJSON *model)
+{
+    enum status s;
+    int byte_level = 0;
+    const char *field = "model";
+    const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
+    if (b->model == BPE_MODEL_BPE) {
+        const cJSON *csp = cJSON_GetObjectItemCaseSensitive(model, "continuing_subword_prefix"),
+                    *eow = cJSON_GetObjectItemCaseSensitive(model, "end_of_word_suffix");
+        if ((cJSON_IsString(csp) && *csp->valuestring) || (cJSON_IsString(eow) && *eow->valuestring))
+            return status_errorf(STATUS_UNSUPPORTED, "%s: model: continuing_subword_prefix and end_of_word_suffix are not supported",
+                                 b->name);
+        if ((s = tjson_bool(b, model, "byte_fallback", field, 0, &b->byte_fallback)) ||
+            (s = tjson_bool(b, model, "ignore_merges", field, 0, &b->ignore_merges)) ||
+            (s = tjson_bool(b, model, "fuse_unk", field, 0, &b->fuse_unk)))
+            return s;
+    } else if (b->model == BPE_MODEL_WORDPIECE) {
+        const cJSON *csp = cJSON_GetObjectItemCaseSensitive(model, "continuing_subword_prefix");
+        const cJSON *mx = cJSON_GetObjectItemCaseSensitive(model, "max_input_chars_per_word");
+        if (csp && !cJSON_IsString(csp)) return tjson_bad(b, "model.continuing_subword_prefix", "is not a string");
+        if (!(b->wp_prefix = strdup(csp ? csp->valuestring : "##")))
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
+        b->wp_max_chars = 100;
+        if (mx && !get_int(mx, 0, INT32_MAX, &b->wp_max_chars))
+            return tjson_bad(b, "model.max_input_chars_per_word", "is not a non-negative integer");
+    } else if ((s = tjson_bool(b, model, "byte_fallback", field, 0, &b->byte_fallback))) {
+        return s;
+    }
+    if ((s = parse_vocab(b, root, model)) || (s = bpe_index_pieces(b)) ||
+        (b->model == BPE_MODEL_BPE && (s = parse_merges(b, model))) ||
+        (s = tjson_normalizer(b, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), 0)) ||
+        (s = parse_pre(b, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), "pre_tokenizer", 0, &byte_level)) ||
+        (s = parse_post(b, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), 0)) ||
+        (s = tjson_decoder(b, cJSON_GetObjectItemCaseSensitive(root, "decoder"), 0, &byte_level)))
+        return s;
+    if (byte_level)
+        return status_errorf(STATUS_UNSUPPORTED, "%s: a ByteLevel step with a %s model", b->name,
+                             b->model == BPE_MODEL_UNIGRAM ? "Unigram" : b->model == BPE_MODEL_WORDPIECE ? "WordPiece" : "non-byte-level BPE");
+    if (b->model == BPE_MODEL_UNIGRAM) {
+        const cJSON *uid = cJSON_GetObjectItemCaseSensitive(model, "unk_id");
+        if (uid && !cJSON_IsNull(uid) && !get_int(uid, 0, b->n_vocab - 1, &b->model_unk_id))
+            return tjson_bad(b, "model.unk_id", "is not an id of the vocabulary");
+    } else if (cJSON_IsString(unk)) {
+        b->model_unk_id = bpe_piece_to_id(b, unk->valuestring, strlen(unk->valuestring));
+    }
+    if (b->model == BPE_MODEL_WORDPIECE && b->model_unk_id < 0)
+        return tjson_bad(b, "model.unk_token", "is missing or not in the vocabulary (WordPiece needs one)");
+    b->unk_id = b->model_unk_id;
+    return STATUS_OK;
+}
+
 enum status bpe_load_json(const char *json, size_t n, const char *name, const char *config, size_t config_n, struct bpe **out)
 {
     *out = NULL;
@@ -286,24 +353,44 @@ enum status bpe_load_json(const char *json, size_t n, const char *name, const ch
     enum status s = STATUS_OK;
     int byte_level = 0;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    const char *mtype = type_of(model);
+    const char *mtype = tjson_type(model);
     if (!cJSON_IsObject(root)) {
         s = status_errorf(STATUS_BAD_FORMAT, "%s: not a JSON object (a tokenizer.json)", name);
         goto out;
     }
     if (!cJSON_IsObject(model)) {
-        s = bad(b, "model", "is not an object");
+        s = tjson_bad(b, "model", "is not an object");
         goto out;
     }
-    if (mtype && strcmp(mtype, "BPE")) {
-        s = status_errorf(STATUS_UNSUPPORTED, "%s: model.type \"%s\" is not supported (BPE only)", name, mtype);
+    static const char *const models[] = {"BPE", "BPE", "WordPiece", "Unigram"};
+    int k = 1;
+    while (mtype && k < 4 && strcmp(mtype, models[k])) k++;
+    if (mtype && k == 4 && strcmp(mtype, "BPE")) {
+        s = status_errorf(STATUS_UNSUPPORTED, "%s: model.type \"%s\" is not supported (BPE, WordPiece, Unigram)", name, mtype);
         goto out;
+    }
+    /* Model BPE is byte-level or not by its pre-tokenizer and decoder, below. */
+    b->model = k == 2 || k == 3 ? (enum bpe_model)k : BPE_MODEL_BYTE_LEVEL;
+    if (b->model == BPE_MODEL_BYTE_LEVEL) {
+        const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+        char *text = cJSON_PrintUnformatted(pre);
+        if (!text && pre) {
+            s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", name);
+            goto out;
+        }
+        /* Byte-level when a ByteLevel step is there (cheaper than walking the Sequences twice). */
+        if (!text || !strstr(text, "\"type\":\"ByteLevel\"")) b->model = BPE_MODEL_BPE;
+        free(text);
+    }
+    if (b->model != BPE_MODEL_BYTE_LEVEL) {
+        s = load_other(b, root, model);
+        goto config;
     }
     int fallback = 0;
     const cJSON *csp = cJSON_GetObjectItemCaseSensitive(model, "continuing_subword_prefix"),
                 *eow = cJSON_GetObjectItemCaseSensitive(model, "end_of_word_suffix");
-    if ((s = get_bool(b, model, "byte_fallback", "model", 0, &fallback)) ||
-        (s = get_bool(b, model, "ignore_merges", "model", 0, &b->ignore_merges)))
+    if ((s = tjson_bool(b, model, "byte_fallback", "model", 0, &fallback)) ||
+        (s = tjson_bool(b, model, "ignore_merges", "model", 0, &b->ignore_merges)))
         goto out;
     if (fallback || (cJSON_IsString(csp) && *csp->valuestring) || (cJSON_IsString(eow) && *eow->valuestring)) {
         s = status_errorf(STATUS_UNSUPPORTED,
@@ -312,18 +399,28 @@ enum status bpe_load_json(const char *json, size_t n, const char *name, const ch
         goto out;
     }
     if ((s = parse_vocab(b, root, model)) || (s = bpe_index_pieces(b)) || (s = parse_merges(b, model)) ||
-        (s = parse_normalizer(b, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), 0)) ||
+        (s = tjson_normalizer(b, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), 0)) ||
         (s = parse_pre(b, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), "pre_tokenizer", 0, &byte_level)) ||
         (s = parse_post(b, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), 0)))
         goto out;
+    for (int i = 0; i < b->n_norms; i++) {
+        if (b->norms[i].kind != BPE_NORM_NFC) {
+            s = status_errorf(STATUS_UNSUPPORTED, "%s: byte-level BPE takes only the NFC normalizer", name);
+            goto out;
+        }
+        b->nfc = 1;
+    }
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
-    if (!byte_level || !dec || cJSON_IsNull(dec)) {
-        s = status_errorf(STATUS_UNSUPPORTED, "%s: only byte-level BPE is supported (a ByteLevel pre_tokenizer and decoder)", name);
+    int dec_byte_level = 0;
+    if (!byte_level || !dec || cJSON_IsNull(dec) || (s = tjson_decoder(b, dec, 0, &dec_byte_level)) || b->n_decs || !dec_byte_level) {
+        if (s == STATUS_OK)
+            s = status_errorf(STATUS_UNSUPPORTED, "%s: a ByteLevel pre_tokenizer needs a decoder of ByteLevel steps only", name);
         goto out;
     }
-    if ((s = check_decoder(b, dec, 0))) goto out;
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
     if (cJSON_IsString(unk)) b->unk_id = b->model_unk_id = bpe_piece_to_id(b, unk->valuestring, strlen(unk->valuestring));
+config:
+    if (s) goto out;
     /* What engine/formats/gguf_tokenizer.c writes for a GGUF vocabulary: the metadata's ids. */
     const cJSON *ours = cJSON_GetObjectItemCaseSensitive(root, "shardlm");
     if (cJSON_IsObject(ours)) {
@@ -336,7 +433,7 @@ enum status bpe_load_json(const char *json, size_t n, const char *name, const ch
                 goto out;
             }
         }
-        if ((s = get_bool(b, ours, "add_bos", "shardlm", 0, &b->add_bos))) goto out;
+        if ((s = tjson_bool(b, ours, "add_bos", "shardlm", 0, &b->add_bos))) goto out;
     }
     if (config) {
         cfg = cJSON_ParseWithLength(config, config_n);

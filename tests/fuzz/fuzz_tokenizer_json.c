@@ -1,0 +1,74 @@
+/* tests/fuzz/fuzz_tokenizer_json.c - tokenizer.json parsing and encoding (engine/text/tokenizer_json.c,
+ * tokenizer_json_steps.c, bpe.c, wordpiece.c, unigram.c, normalizer.c, text_decode.c). The input is
+ * split at its first NUL byte: before it the tokenizer.json text (tokenizer_load_from_memory), after
+ * it a text to encode. A file that loads must encode the text (or refuse it with a status), decode
+ * the ids, and the streaming detokenizer must give the decode byte for byte, else the target aborts.
+ * Corpus: tests/fuzz/corpus/tokenizer_json (small WordPiece, Unigram, character and byte-level BPE
+ * files, each with a text; tests/fuzz/make_seeds.py does not write them). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz_util.h"
+#include "tokenizer.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+    fuzz_init();
+    return 0;
+}
+
+static void round_trip(const struct tokenizer *t, const char *text, size_t n)
+{
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    if (fuzz_report(tokenizer_encode(t, text, n, 1, &ids, &n_ids)) != STATUS_OK) return;
+    for (int i = 0; i < n_ids; i++)
+        if (ids[i] < 0 || ids[i] >= tokenizer_vocab_size(t)) {
+            fprintf(stderr, "tokenizer_encode gave id %d outside the vocabulary of %d\n", ids[i], tokenizer_vocab_size(t));
+            abort();
+        }
+    char *dec = NULL;
+    size_t dn = 0;
+    if (fuzz_report(tokenizer_decode(t, ids, n_ids, &dec, &dn)) == STATUS_OK) {
+        struct detokenizer d;
+        detokenizer_init(&d, t);
+        char *streamed = malloc(dn + 1);
+        size_t sn = 0;
+        int same = streamed != NULL;
+        for (int i = 0; i <= n_ids && same; i++) {
+            const char *piece;
+            size_t pn;
+            const enum status s = i < n_ids ? detokenizer_push(&d, ids[i], &piece, &pn) : detokenizer_flush(&d, &piece, &pn);
+            if (s != STATUS_OK || sn + pn > dn) same = 0;
+            else memcpy(streamed + sn, piece, pn), sn += pn;
+        }
+        if (!same || sn != dn || memcmp(streamed, dec, dn)) {
+            fprintf(stderr, "the streaming detokenizer differs from tokenizer_decode\n");
+            abort();
+        }
+        detokenizer_free(&d);
+        free(streamed);
+    }
+    for (int i = 0; i < n_ids; i++) {
+        char buf[256];
+        (void)tokenizer_token_bytes(t, ids[i], buf, (int)sizeof buf);
+    }
+    free(dec);
+    free(ids);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const uint8_t *nul = memchr(data, 0, size);
+    const size_t n_json = nul ? (size_t)(nul - data) : size;
+    struct tokenizer *t = NULL;
+    /* Only JSON: a ModelProto goes to SentencePiece, which fuzz_detokenize covers. */
+    if (n_json == 0 || data[0] != '{') return 0;
+    if (fuzz_report(tokenizer_load_from_memory(data, n_json, &t)) != STATUS_OK) return 0;
+    const char *text = nul ? (const char *)nul + 1 : "";
+    round_trip(t, text, nul ? size - n_json - 1 : 0);
+    tokenizer_free(t);
+    return 0;
+}

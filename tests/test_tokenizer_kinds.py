@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""tests/test_tokenizer_kinds.py - shardlm's tokenizer.json kinds other than byte-level BPE
+(engine/text/wordpiece.c, unigram.c, bpe.c's character BPE, normalizer.c, text_decode.c) against
+Hugging Face `tokenizers`, through tests/test_bpe_tool:
+
+  wordpiece-minilm   all-MiniLM-L6-v2's real tokenizer.json (BERT uncased; tools/fetch_minilm.sh puts
+                     it in .cache/minilm/; this part SKIPs without it), also with the [CLS] ... [SEP]
+                     template (add_special_tokens)
+  wordpiece-cased    a WordPiece trained here on tinyshakespeare (BertNormalizer without lowercase
+                     or accent stripping, BertPreTokenizer, [CLS]/[SEP] by BertProcessing)
+  spbpe-legacy       Llama 2's vocabulary as transformers writes its tokenizer.json (BPE with
+                     byte_fallback, Prepend + Replace normalizers, Replace/ByteFallback/Fuse/Strip
+                     decoder), built from the shared assets' tokenizer.model by this script
+  spbpe-metaspace    the same vocabulary behind a Metaspace pre-tokenizer (prepend_scheme first) and
+                     a Metaspace + ByteFallback decoder
+  unigram            a Unigram trained here (UnigramTrainer; NFKC + Lowercase, Metaspace), and the
+                     same with byte_fallback and <0xNN> pieces added
+For each: the ids of every corpus text (0 mismatches allowed), decode (skip_special_tokens) of
+those ids and of random id sequences, the streaming detokenizer against the decode (WordPiece's
+cleanup included), then malformed files refused with a message and no crash.
+
+usage: test_tokenizer_kinds.py PATH/TO/test_bpe_tool   (exit 77: SKIP without `tokenizers` or the assets)
+"""
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ASSETS = os.environ.get("SHARDLM_ASSETS", os.path.join(ROOT, "..", "shared", "assets"))
+MINILM = os.path.join(ROOT, ".cache", "minilm", "tokenizer.json")
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    if not cond:
+        failures += 1
+        if failures <= 25:
+            print("  FAIL:", what)
+    return cond
+
+
+def corpus_texts(shakespeare):
+    rng = random.Random(7)
+    texts = ["", " ", "  ", "Hello world", " Hello world", "Hello, World! I'm fine; don't ask.",
+             "Héllo naïve café ÄPFEL über Führer", "İstanbul ΣΑΣ σας ß ǅ", "中文字符 and 日本語 テスト 한국어",
+             "\tTabs\nnew\x00line\u200b zero\u00a0nbsp", "a" * 120, "unaffable [CLS] [SEP] [UNK] <s> </s> <unk>",
+             "🦙.cpp emoji 😀👍🏽 👨‍👩‍👧", "3.14159 1,000,000 ٣٤٥ १२३", "ﬁ ﬂ ① ㈱ ｈａｌｆ", "e\u0301 a\u0308 n\u0303",
+             "  leading and trailing  ", "line\r\nbreaks\n\n\nand\ttabs", "'quoted' \"double\" `back`", "x" * 3000,
+             "\u2581already\u2581spaced", "<0x41> <0xZZ>", "don't I'll we've they're he's", "Ünïcödé"]
+    lines = [l for l in shakespeare.split("\n") if l.strip()]
+    for _ in range(120):
+        k = rng.randrange(len(lines) - 4)
+        texts.append("\n".join(lines[k:k + rng.randrange(1, 4)]))
+    alphabet = "abcXYZ019 .,!?'\n\t\u00e9\u00df\u4e2d\u0416\u03a3\U0001F600\u0301\u2581\u3000"
+    for _ in range(80):
+        texts.append("".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 40))))
+    return texts
+
+
+def run_tool(tool, mode, path, texts):
+    with tempfile.NamedTemporaryFile("wb", suffix=".corpus", delete=False) as f:
+        for t in texts:
+            b = t.encode("utf-8")
+            f.write(b"%d\n" % len(b) + b + b"\n")
+        name = f.name
+    try:
+        r = subprocess.run([tool, mode, path, name], capture_output=True, text=True)
+    finally:
+        os.unlink(name)
+    if r.returncode != 0:
+        return None, r.stdout + r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()], ""
+
+
+def compare(tool, label, path, texts, special_too=False):
+    import tokenizers
+    hf = tokenizers.Tokenizer.from_file(path)
+    hf.no_padding()
+    hf.no_truncation()
+    before = failures
+    modes = [("encode", False)] + ([("encode_special", True)] if special_too else [])
+    for mode, special in modes:
+        got, err = run_tool(tool, mode, path, texts)
+        if not check(got is not None, "%s: %s failed: %s" % (label, mode, err[:300])):
+            return
+        for t, g in zip(texts, got):
+            want = hf.encode(t, add_special_tokens=special).ids
+            check(g.get("ids") == want, "%s %s %r:\n    hf     %s\n    shardlm %s" % (label, mode, t[:50], want[:24], g.get("ids", g)[:24]))
+            if "decode" in g:
+                check(bytes.fromhex(g["decode"]).decode("utf-8") == hf.decode(want),
+                      "%s decode %r: %r vs %r" % (label, t[:40], bytes.fromhex(g["decode"])[:60], hf.decode(want)[:60]))
+                check(g.get("stream_ok"), "%s: streaming differs from decode for %r" % (label, t[:40]))
+    # Random id sequences.
+    rng = random.Random(11)
+    n = hf.get_vocab_size()
+    seqs = [[rng.randrange(n) for _ in range(rng.randrange(1, 30))] for _ in range(200)]
+    with tempfile.NamedTemporaryFile("w", suffix=".ids", delete=False) as f:
+        for s in seqs:
+            f.write(" ".join(map(str, s)) + "\n")
+        name = f.name
+    try:
+        r = subprocess.run([tool, "decode", path, name], capture_output=True, text=True)
+    finally:
+        os.unlink(name)
+    lines = r.stdout.splitlines()
+    check(len(lines) == len(seqs), "%s: decode of random ids gave %d lines" % (label, len(lines)))
+    for s, line in zip(seqs, lines):
+        g = json.loads(line)
+        check(bytes.fromhex(g["decode"]).decode("utf-8", "replace") == hf.decode(s),
+              "%s random decode %s: %r vs %r" % (label, s[:8], bytes.fromhex(g["decode"])[:60], hf.decode(s)[:60]))
+        check(g.get("stream_ok"), "%s: streaming differs from decode for ids %s" % (label, s[:8]))
+    print("%s %s: %d texts%s, 200 random id sequences" % ("PASS" if failures == before else "FAIL", label, len(texts),
+                                                          " (with and without special tokens)" if special_too else ""))
+
+
+def sp_pieces(path):
+    """(piece, score, type) of a SentencePiece .model (a ModelProto read here: field 1 pieces)."""
+    data = open(path, "rb").read()
+
+    def varint(b, i):
+        x = s = 0
+        while True:
+            c = b[i]
+            i += 1
+            x |= (c & 0x7f) << s
+            s += 7
+            if not c & 0x80:
+                return x, i
+
+    out, i = [], 0
+    while i < len(data):
+        tag, i = varint(data, i)
+        if tag & 7 == 2:
+            n, i = varint(data, i)
+            body = data[i:i + n]
+            i += n
+            if tag >> 3 == 1:
+                piece, score, typ, j = "", 0.0, 1, 0
+                while j < len(body):
+                    t2, j = varint(body, j)
+                    if t2 & 7 == 2:
+                        m, j = varint(body, j)
+                        piece = body[j:j + m].decode("utf-8")
+                        j += m
+                    elif t2 & 7 == 5:
+                        score = struct.unpack_from("<f", body, j)[0]
+                        j += 4
+                    else:
+                        v, j = varint(body, j)
+                        if t2 >> 3 == 3:
+                            typ = v
+                out.append((piece, score, typ))
+        elif tag & 7 == 0:
+            _, i = varint(data, i)
+        elif tag & 7 == 5:
+            i += 4
+        else:
+            i += 8
+    return out
+
+
+def llama_json(model_path, metaspace):
+    """Llama 2's tokenizer.json as transformers' LlamaConverter writes it (merges: every split of a
+    piece into two pieces, ordered by the merged piece's id, then the parts')."""
+    pieces = sp_pieces(model_path)
+    vocab = {p: i for i, (p, _, _) in enumerate(pieces)}
+    merges = []
+    for i, (p, _, typ) in enumerate(pieces):
+        if typ != 1:
+            continue
+        local = [(p[:k], p[k:]) for k in range(1, len(p)) if p[:k] in vocab and p[k:] in vocab]
+        merges += sorted(((vocab[a], vocab[b], i, a, b) for a, b in local), key=lambda m: (m[2], m[0], m[1]))
+    merges.sort(key=lambda m: m[2])
+    added = [{"id": i, "content": p, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for i, (p, _, typ) in enumerate(pieces) if typ in (2, 3)]
+    tj = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+          "post_processor": {"type": "TemplateProcessing",
+                             "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                             "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                             "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+          "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                    "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                    "vocab": vocab, "merges": [[a, b] for _, _, _, a, b in merges]}}
+    if metaspace:
+        tj["normalizer"] = None
+        tj["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+        tj["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "ByteFallback"}, {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}]}
+    else:
+        tj["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+        tj["pre_tokenizer"] = None
+        tj["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    return tj
+
+
+def trained(kind, text, tmp):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        tr = trainers.WordPieceTrainer(vocab_size=2000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
+    else:
+        tok = Tokenizer(models.Unigram())
+        tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        tr = trainers.UnigramTrainer(vocab_size=1500, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
+    tok.train_from_iterator([text], trainer=tr)
+    if kind == "wordpiece":
+        tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")), ("[CLS]", tok.token_to_id("[CLS]")))
+    path = os.path.join(tmp, kind + ".json")
+    tok.save(path)
+    return path
+
+
+def unigram_byte_fallback(path, tmp):
+    tj = json.load(open(path))
+    tj["model"]["byte_fallback"] = True
+    low = min(s for _, s in tj["model"]["vocab"]) - 1
+    tj["model"]["vocab"] += [["<0x%02X>" % b, low] for b in range(256)]
+    tj["decoder"] = {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, tj["decoder"]]}
+    out = os.path.join(tmp, "unigram-bf.json")
+    json.dump(tj, open(out, "w"))
+    return out
+
+
+def malformed(tool, tmp, base):
+    cases = {
+        "model.type": lambda t: t["model"].update(type="WordLevel"),
+        "Unigram vocab": lambda t: t["model"].update(type="Unigram", vocab={"a": 1}),
+        "Unigram entry": lambda t: t["model"].update(type="Unigram", vocab=[["a"]]),
+        "WordPiece unk": lambda t: t["model"].update(unk_token="[NOPE]"),
+        "max chars": lambda t: t["model"].update(max_input_chars_per_word=-3),
+        "normalizer": lambda t: t.update(normalizer={"type": "Precompiled", "precompiled_charsmap": "AAAA"}),
+        "Replace regex": lambda t: t.update(normalizer={"type": "Replace", "pattern": {"Regex": " +"}, "content": " "}),
+        "pre": lambda t: t.update(pre_tokenizer={"type": "UnicodeScripts"}),
+        "decoder": lambda t: t.update(decoder={"type": "CTC"}),
+        "Strip": lambda t: t.update(decoder={"type": "Strip", "content": " ", "start": -1, "stop": 0}),
+        "post": lambda t: t.update(post_processor={"type": "BertProcessing", "sep": ["[SEP]", 10 ** 9], "cls": ["[CLS]", 0]}),
+        "metaspace": lambda t: t.update(pre_tokenizer={"type": "Metaspace", "replacement": "_", "prepend_scheme": "first"}),
+        "prepend scheme": lambda t: t.update(pre_tokenizer={"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "x"}),
+        "ByteLevel mixed": lambda t: t.update(pre_tokenizer={"type": "ByteLevel"}),
+    }
+    ok = 0
+    for name, edit in cases.items():
+        tj = json.load(open(base))
+        edit(tj)
+        p = os.path.join(tmp, "bad.json")
+        json.dump(tj, open(p, "w"))
+        r = subprocess.run([tool, "load", p], capture_output=True, text=True)
+        ok += check(r.returncode == 1 and r.stdout.startswith("ERROR ") and "bad.json" in r.stdout,
+                    "malformed %s: rc %d, %r" % (name, r.returncode, (r.stdout + r.stderr)[:200]))
+    print("%s malformed: %d of %d refused with a message" % ("PASS" if ok == len(cases) else "FAIL", ok, len(cases)))
+
+
+def main():
+    tool = sys.argv[1]
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        print("SKIP: the tokenizers package is not installed (pip install tokenizers)")
+        return 77
+    shakespeare_path = os.path.join(ASSETS, "datasets", "tinyshakespeare.txt")
+    llama_model = os.path.join(ASSETS, "llama2-tokenizer", "tokenizer.model")
+    if not os.path.exists(shakespeare_path) or not os.path.exists(llama_model):
+        print("SKIP: shared assets not found (set SHARDLM_ASSETS)")
+        return 77
+    shakespeare = open(shakespeare_path, encoding="utf-8").read()
+    texts = corpus_texts(shakespeare)
+    with tempfile.TemporaryDirectory() as tmp:
+        if os.path.exists(MINILM):
+            compare(tool, "wordpiece-minilm", MINILM, texts, special_too=True)
+        else:
+            print("SKIP wordpiece-minilm: %s not found (tools/fetch_minilm.sh .cache/minilm)" % MINILM)
+        wp = trained("wordpiece", shakespeare[:300000], tmp)
+        compare(tool, "wordpiece-cased", wp, texts, special_too=True)
+        for variant in ("legacy", "metaspace"):
+            p = os.path.join(tmp, "llama-%s.json" % variant)
+            json.dump(llama_json(llama_model, variant == "metaspace"), open(p, "w"))
+            compare(tool, "spbpe-" + variant, p, texts, special_too=True)
+        ug = trained("unigram", shakespeare[:300000], tmp)
+        compare(tool, "unigram", ug, texts)
+        compare(tool, "unigram-byte-fallback", unigram_byte_fallback(ug, tmp), texts)
+        malformed(tool, tmp, wp)
+    print("%d failures" % failures)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
