@@ -5,6 +5,7 @@
  * Tests: tests/test_ops.c. */
 #include "ops.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "backend_impl.h"
@@ -269,6 +270,16 @@ void op_scale(struct backend *b, const struct tensor *out, const struct tensor *
     after_op(b);
 }
 
+void op_softcap(struct backend *b, const struct tensor *out, const struct tensor *x, float cap)
+{
+    check_float(b, out, "softcap out");
+    check_float(b, x, "softcap x");
+    check_same(out, x, "softcap out/x");
+    CHECK(cap > 0.0f && isfinite(cap), "softcap %g must be positive", (double)cap);
+    b->ops->softcap(b, out, x, cap);
+    after_op(b);
+}
+
 void op_dropout(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key,
                 int64_t col0, float p)
 {
@@ -354,8 +365,8 @@ void op_attention(struct backend *b, const struct tensor *out, const struct tens
               tensor_numel(&batch->block_table) == (int64_t)batch->n_seqs * batch->max_blocks,
           "attention batch tensors: q_start %s seq_len %s block_table %s",
           DESC(&batch->q_start), DESC(&batch->seq_len), DESC(&batch->block_table));
-    CHECK(batch->window >= 0 && batch->scale > 0.0f, "attention window %d scale %g", batch->window,
-          (double)batch->scale);
+    CHECK(batch->window >= 0 && batch->scale > 0.0f && batch->softcap >= 0.0f && isfinite(batch->softcap),
+          "attention window %d scale %g softcap %g", batch->window, (double)batch->scale, (double)batch->softcap);
     b->ops->attention(b, out, q, k_cache, v_cache, batch);
     after_op(b);
 }
@@ -455,8 +466,9 @@ static void check_attention_train(struct backend *b, const struct tensor *lse,
     CHECK(tensor_numel(&batch->doc_start) == (int64_t)batch->n_docs + 1,
           "attention_train doc_start %s must have n_docs + 1 = %d entries",
           DESC(&batch->doc_start), batch->n_docs + 1);
-    CHECK(batch->window >= 0 && batch->scale > 0.0f, "attention_train window %d scale %g",
-          batch->window, (double)batch->scale);
+    CHECK(batch->window >= 0 && batch->scale > 0.0f && batch->softcap >= 0.0f && isfinite(batch->softcap),
+          "attention_train window %d scale %g softcap %g", batch->window, (double)batch->scale,
+          (double)batch->softcap);
 }
 
 /* Whether the memory of two tensors overlaps (compared as addresses: they may be unrelated
@@ -709,15 +721,16 @@ static void check_lm_head(struct backend *b, const struct tensor *h, const struc
 
 void op_cross_entropy_stats(struct backend *b, const struct tensor *stats, const struct tensor *h,
                             const struct tensor *w, const struct tensor *targets,
-                            int64_t vocab_start)
+                            int64_t vocab_start, float softcap)
 {
+    CHECK(softcap >= 0.0f && isfinite(softcap), "cross_entropy_stats: softcap %g", (double)softcap);
     check_lm_head(b, h, w, targets, vocab_start, "cross_entropy_stats");
     check_on(b, stats, "cross_entropy_stats stats");
     CHECK(stats->dtype == DTYPE_F32 && tensor_cols(stats) == 3 &&
               tensor_rows(stats) == tensor_rows(h),
           "cross_entropy_stats: stats %s must be f32 (n, 3) for h %s", DESC(stats), DESC(h));
     CHECK(w->shape[0] > 0, "cross_entropy_stats: empty vocabulary shard");
-    b->ops->cross_entropy_stats(b, stats, h, w, targets, vocab_start);
+    b->ops->cross_entropy_stats(b, stats, h, w, targets, vocab_start, softcap);
     after_op(b);
 }
 
@@ -746,8 +759,9 @@ void op_cross_entropy_backward(struct backend *b, const struct tensor *dh, const
                                const struct tensor *h, const struct tensor *w,
                                const struct tensor *targets, const struct tensor *lse,
                                const struct tensor *row_scale, float scale, int64_t vocab_start,
-                               int accumulate_dh)
+                               int accumulate_dh, float softcap)
 {
+    CHECK(softcap >= 0.0f && isfinite(softcap), "cross_entropy_backward: softcap %g", (double)softcap);
     check_lm_head(b, h, w, targets, vocab_start, "cross_entropy_backward");
     check_float(b, dh, "cross_entropy_backward dh");
     check_same(dh, h, "cross_entropy_backward dh/h");
@@ -760,7 +774,7 @@ void op_cross_entropy_backward(struct backend *b, const struct tensor *dh, const
         check_vector(row_scale, tensor_rows(h), DTYPE_F32, "cross_entropy_backward row_scale");
     }
     b->ops->cross_entropy_backward(b, dh, dw, h, w, targets, lse, row_scale, scale, vocab_start,
-                                   accumulate_dh);
+                                   accumulate_dh, softcap);
     after_op(b);
 }
 

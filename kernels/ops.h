@@ -87,6 +87,9 @@ struct attention_batch {
     struct tensor block_table;    /* i32 (n_seqs, max_blocks): physical block ids */
     float         scale;          /* usually 1/sqrt(head_dim) */
     int           window;         /* sliding-window size in tokens; 0 = full causal */
+    float         softcap;        /* > 0: each score s (after scale) becomes softcap *
+                                     tanh(s / softcap) before the softmax (Gemma 2's
+                                     attn_logit_softcapping); 0 = none */
     /* A host-side hint, 0 = unknown: 1 says that every sequence brings exactly one new row
      * (q_start[s+1] - q_start[s] == 1 for all s: a decode step), which a backend whose index
      * tensors live on the device cannot see without reading them back. The CUDA backend picks
@@ -105,13 +108,13 @@ struct attention_batch {
  * window; window = 1 attends to itself only). Attention never crosses a document boundary, so
  * position i - doc_start[d] of a row is its position in its document. doc_start lives on the
  * backend's device. Index data is validated where it lives (CPU: CHECK; CUDA: a device-side
- * trap), as a caller bug. Attention logit softcapping is not supported (nor by op_attention:
- * Gemma 3 has none). */
+ * trap), as a caller bug. */
 struct attention_train_batch {
     int           n_docs;
     struct tensor doc_start; /* i32 (n_docs + 1): row offsets of the documents */
     float         scale;     /* scores are scale * q.k; usually 1/sqrt(head_dim) */
     int           window;    /* sliding-window size in tokens; 0 = full causal */
+    float         softcap;   /* > 0: scores become softcap * tanh(s / softcap), as op_attention's */
 };
 
 /* Hyperparameters of one AdamW step (op_adamw). */
@@ -158,6 +161,7 @@ struct backend_ops {
     void (*add)(struct backend *b, const struct tensor *out, const struct tensor *a,
                 const struct tensor *c);
     void (*scale)(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha);
+    void (*softcap)(struct backend *b, const struct tensor *out, const struct tensor *x, float cap);
     void (*dropout)(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key,
                     int64_t col0, float p);
     void (*rope)(struct backend *b, const struct tensor *x, const struct tensor *positions,
@@ -218,7 +222,7 @@ struct backend_ops {
                                       enum activation act);
     void (*cross_entropy_stats)(struct backend *b, const struct tensor *stats,
                                 const struct tensor *h, const struct tensor *w,
-                                const struct tensor *targets, int64_t vocab_start);
+                                const struct tensor *targets, int64_t vocab_start, float softcap);
     void (*cross_entropy_combine)(struct backend *b, const struct tensor *loss,
                                   const struct tensor *lse, const struct tensor *stats,
                                   const struct tensor *targets);
@@ -226,7 +230,7 @@ struct backend_ops {
                                    const struct tensor *dw, const struct tensor *h,
                                    const struct tensor *w, const struct tensor *targets,
                                    const struct tensor *lse, const struct tensor *row_scale,
-                                   float scale, int64_t vocab_start, int accumulate_dh);
+                                   float scale, int64_t vocab_start, int accumulate_dh, float softcap);
     void (*adamw)(struct backend *b, const struct tensor *p, const struct tensor *g,
                   const struct tensor *m, const struct tensor *v,
                   const struct adamw_params *hp);
@@ -378,6 +382,10 @@ void op_add(struct backend *b, const struct tensor *out, const struct tensor *a,
 /* out = alpha * x, same shape. out may alias x. */
 void op_scale(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha);
 
+/* out = cap * tanh(x / cap) (logit soft-capping, Gemma 2's final_logit_softcapping), same shape,
+ * f32 math; cap > 0. out may alias x. */
+void op_softcap(struct backend *b, const struct tensor *out, const struct tensor *x, float cap);
+
 /* Dropout by a counter-based mask, nothing stored: the backward, and a recomputation, draw the
  * same mask from the same key. For x (n, d):
  *   out[i, j] = keep(i, col0 + j) ? x[i, j] / (1 - p) : 0,
@@ -513,14 +521,15 @@ void op_attention_train_backward(struct backend *b, const struct tensor *dq,
  * h (n, d) and w (vocab_local, d) share a dtype; targets i32 (n) are global token ids, a
  * negative one masks its row (loss 0, no gradient). Logits and everything after them are f32;
  * the gradient of the logits is rounded to h's dtype before the two products of the backward
- * (as a bf16 LM head's backward does in Megatron), on both backends. No final logit
- * softcapping (the forward, engine/model.c, refuses models that have it). */
+ * (as a bf16 LM head's backward does in Megatron), on both backends. softcap > 0: the logits
+ * are z = softcap * tanh((h @ w^T) / softcap) (Gemma 2's final_logit_softcapping), in the
+ * statistics and the backward alike; 0 = none. */
 
 /* stats f32 (n, 3), written: per row, over this shard's columns, [0] the largest logit m,
  * [1] sum(exp(z - m)), [2] the target's logit when the target lies in the shard, else 0. */
 void op_cross_entropy_stats(struct backend *b, const struct tensor *stats, const struct tensor *h,
                             const struct tensor *w, const struct tensor *targets,
-                            int64_t vocab_start);
+                            int64_t vocab_start, float softcap);
 
 /* From stats f32 (n_shards, n, 3), every shard's op_cross_entropy_stats (n_shards = 1 for
  * tp = 1), writes per row lse = log(sum over the whole vocabulary of exp(z)) and loss = lse -
@@ -541,7 +550,7 @@ void op_cross_entropy_backward(struct backend *b, const struct tensor *dh, const
                                const struct tensor *h, const struct tensor *w,
                                const struct tensor *targets, const struct tensor *lse,
                                const struct tensor *row_scale, float scale, int64_t vocab_start,
-                               int accumulate_dh);
+                               int accumulate_dh, float softcap);
 
 /* One AdamW step on n parameters, in place, all f32 (n): fp32 master weights p, gradients g,
  * first and second moments m and v (zero before step 1). The semantics of optax.adamw and of

@@ -7,6 +7,7 @@
 #   OUT/qwen2, OUT/qwen3                                 q/k/v biases; QK norm, wide heads
 #   OUT/llama3_rope, OUT/yarn_rope                       rope_scaling llama3 and yarn
 #   OUT/phi3, OUT/mistral                                fused weights, partial rotary, LongRoPE; windows
+#   OUT/gemma2                                           soft-capping, alternating windows
 #   OUT/stories260K                                     `shardlm convert llama2c` of the asset
 #   OUT/stories260K_ref.json                            NumPy greedy ids and logits
 # Without the shared assets the stories260K part is left out (the C test then SKIPs it).
@@ -38,6 +39,9 @@ mkdir -p "$out"
 # Mistral (a sliding window of 10): both windows shorter than the prompt and the greedy run.
 "$py" "$here/reference/make_models.py" phi3 --out "$out/phi3" --seed 10
 "$py" "$here/reference/make_models.py" mistral --out "$out/mistral" --seed 11
+# Gemma 2: soft-capped attention scores and final logits, every other layer windowed (window 5,
+# shorter than the prompt), sandwich norms, GeGLU, tied embeddings.
+"$py" "$here/reference/make_models.py" gemma2 --out "$out/gemma2" --seed 12
 if [ -f "$assets/stories260K/stories260K.bin" ] && [ -f "$assets/stories260K/tok512.model" ]; then
   "$shardlm" convert llama2c --checkpoint "$assets/stories260K/stories260K.bin" \
     --tokenizer "$assets/stories260K/tok512.model" --out "$out/stories260K"

@@ -573,6 +573,30 @@ static void test_config(void)
     check(s == STATUS_OK && c.family == MODEL_FAMILY_GEMMA3 && !strcmp(c.architecture, "Gemma3ForCausalLM") &&
               c.d_model == 1152 && c.n_layers == 26 && c.bos_id == 2 && c.eos_id == 1 && c.dtype == DTYPE_BF16,
           "config: Gemma3ForConditionalGeneration reads its text_config %s", s ? status_message() : "");
+    /* Gemma 2: google/gemma-2-2b's config.json shape; soft-capping by default, null = none. */
+    static const char g2[] =
+        "{\"architectures\": [\"Gemma2ForCausalLM\"], \"model_type\": \"gemma2\", \"hidden_size\": 2304,"
+        " \"intermediate_size\": 9216, \"num_hidden_layers\": 26, \"num_attention_heads\": 8,"
+        " \"num_key_value_heads\": 4, \"head_dim\": 256, \"query_pre_attn_scalar\": 256,"
+        " \"sliding_window\": 4096, \"vocab_size\": 256000, \"final_logit_softcapping\": 30.0,"
+        " \"attn_logit_softcapping\": 50.0, \"torch_dtype\": \"float32\"}";
+    s = config_parse(g2, "gemma2.json", &c);
+    check(s == STATUS_OK && c.family == MODEL_FAMILY_GEMMA3 && !strcmp(c.architecture, "Gemma2ForCausalLM") &&
+              !c.qk_norm && c.sandwich_norms && c.sliding_window_pattern == 2 && c.attn_softcap == 50.0f &&
+              c.final_softcap == 30.0f && c.rope_theta == 10000.0f && c.rope_theta_local == 10000.0f &&
+              c.max_positions == 8192 && c.tied_embeddings && c.attn_scale == 1.0f / 16.0f,
+          "config: Gemma 2: soft-capping, every other layer windowed, one rotary base, no QK norm %s",
+          s ? status_message() : "");
+    if (!s) config_roundtrip("Gemma 2", &c);
+    s = config_parse("{\"model_type\": \"gemma2\", \"hidden_size\": 64, \"intermediate_size\": 128,"
+                     " \"num_hidden_layers\": 2, \"final_logit_softcapping\": null}", "g2.json", &c);
+    check(s == STATUS_OK && c.final_softcap == 0.0f && c.attn_softcap == 50.0f,
+          "config: Gemma 2 final_logit_softcapping null is none, attn_logit_softcapping absent is 50 %s",
+          s ? status_message() : "");
+    expect_config_error("config: Gemma 2 with a negative softcap",
+                        "{\"model_type\": \"gemma2\", \"hidden_size\": 64, \"intermediate_size\": 128,"
+                        " \"num_hidden_layers\": 2, \"attn_logit_softcapping\": -1}",
+                        STATUS_BAD_FORMAT, "field 'attn_logit_softcapping' = -1 must be > 0");
     expect_config_error("config: Gemma 3 with final_logit_softcapping",
                         gemma3_small("\"final_logit_softcapping\": 30.0"), STATUS_UNSUPPORTED,
                         "field 'final_logit_softcapping'");
@@ -623,7 +647,8 @@ static void test_config(void)
                         "{\"architectures\": [\"FalconForCausalLM\"], \"hidden_size\": 64}",
                         STATUS_UNSUPPORTED, "\"FalconForCausalLM\" is not supported (supported: "
                                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                            "Qwen3ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel, Gemma3ForCausalLM");
+                                            "Qwen3ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel, Gemma2ForCausalLM, "
+                                            "Gemma3ForCausalLM");
 #define LLAMA_WITH(x)                                                                                              \
     "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 172,"                     \
     " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"vocab_size\": 512, " x "}"

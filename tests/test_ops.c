@@ -60,6 +60,7 @@ enum op_id {
     OP_LAYERNORM,
     OP_ADD,
     OP_SCALE,
+    OP_SOFTCAP,
     OP_ROPE,
     OP_ATTENTION,
     OP_ACTIVATION,
@@ -82,6 +83,8 @@ static const struct tolerance tolerances[OP_COUNT] = {
     [OP_POSITION_EMBEDDING_ADD] = {2 * U32, 0, 0},
     [OP_ADD] = {2 * U32, 0, 0},
     [OP_SCALE] = {2 * U32, 0, 0},
+    /* cap * tanh(x / cap): tanhf within a few ulps, a division and a product. */
+    [OP_SOFTCAP] = {8 * U32, 0, 0},
     /* mag = sqrt(k) * sum_l |x_l w_l| + |bias|. An f32 dot product of length k in any
      * summation order is within lambda sqrt(k) U32 sum_l |x_l w_l| of the exact value with
      * overwhelming probability (Higham & Mary's probabilistic bound; the worst case is
@@ -302,7 +305,7 @@ struct attn_spec {
  * attended K/V rows through the block table, full softmax of the scaled scores in double,
  * weighted sum of V. q, out (rows, H, D); caches (n_blocks, bt, Hk, D); table (n_seqs, max_blocks).
  * mag as documented in the tolerance table. */
-static void ref_attention(const struct attn_spec *sp, double scale, const int32_t *q_start,
+static void ref_attention(const struct attn_spec *sp, double scale, double softcap, const int32_t *q_start,
                           const int32_t *seq_len, const int32_t *table, int max_blocks,
                           const double *q, const double *kc, const double *vc, double *out,
                           double *mag)
@@ -334,6 +337,7 @@ static void ref_attention(const struct attn_spec *sp, double scale, const int32_
                         dot_abs += fabs(qv[d] * krow[t - lo][d]);
                     }
                     p[t - lo] = scale * dot;
+                    if (softcap > 0) p[t - lo] = softcap * tanh(p[t - lo] / softcap);
                     if (p[t - lo] > smax) smax = p[t - lo];
                     if (dot_abs > qk_abs_max) qk_abs_max = dot_abs;
                 }
@@ -717,6 +721,35 @@ static void case_scale(struct suite *s, enum dtype dt, int n, float alpha, int a
     case_end(s, name, &v);
 }
 
+static void case_softcap(struct suite *s, enum dtype dt, int n, float cap, int alias)
+{
+    char name[96];
+    snprintf(name, sizeof name, "softcap %s n=%d cap=%g%s", dtype_name(dt), n, (double)cap, alias ? " out=x" : "");
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf x = hbuf_uniform(s, dt, (size_t)n, &r, -4 * cap, 4 * cap);
+    double *want = case_alloc(s, (size_t)n, sizeof(double));
+    double *mag = case_alloc(s, (size_t)n, sizeof(double));
+    double *tol = case_alloc(s, (size_t)n, sizeof(double));
+    for (int i = 0; i < n; i++) want[i] = (double)cap * tanh(x.val[i] / (double)cap);
+    make_tol(tol, OP_SOFTCAP, dt, want, mag, (size_t)n);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, (size_t)n, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tx = alias ? arena_out(&a, "x=out", dt, S1(n), x.bits, bits)
+                                 : arena_in(&a, "x", dt, S1(n), x.bits);
+        struct tensor to = alias ? tx : arena_out(&a, "out", dt, S1(n), NULL, bits);
+        if (SUPPORTED(&v, b, softcap)) op_softcap(b, &to, &tx, cap);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, (size_t)n);
+    }
+    check_close(s, &v, "out", got, want, tol, (size_t)n, (size_t)n);
+    case_end(s, name, &v);
+}
+
 /* ---- rope ---------------------------------------------------------------------------------- */
 
 /* scaled: per-pair frequency divisors (a rope scaling's) and an attention factor 1.25. */
@@ -821,12 +854,14 @@ static void case_kv_write(struct suite *s, enum dtype dt, int n, int n_blocks, i
  * sequence (the tail of each last block, and three spare blocks) is NaN; block-table entries
  * past a sequence's last block point at the NaN spare blocks. A kernel that reads any of those
  * produces NaN. */
-static void case_attention(struct suite *s, enum dtype dt, const struct attn_spec *sp)
+static void case_attention(struct suite *s, enum dtype dt, const struct attn_spec *sp, double softcap)
 {
     char name[160];
+    char cap[32] = "";
+    if (softcap > 0) snprintf(cap, sizeof cap, " softcap %g", softcap);
     snprintf(name, sizeof name, "attention %s %s (heads %d/%d head_dim %d block_tokens %d window "
-             "%d seqs %d)", dtype_name(dt), sp->label, sp->n_heads, sp->n_kv_heads, sp->head_dim,
-             sp->block_tokens, sp->window, sp->n_seqs);
+             "%d seqs %d%s)", dtype_name(dt), sp->label, sp->n_heads, sp->n_kv_heads, sp->head_dim,
+             sp->block_tokens, sp->window, sp->n_seqs, cap);
     struct rng r;
     if (!case_begin(s, name, &r)) return;
     int H = sp->n_heads, Hk = sp->n_kv_heads, D = sp->head_dim, bt = sp->block_tokens;
@@ -875,7 +910,7 @@ static void case_attention(struct suite *s, enum dtype dt, const struct attn_spe
     struct hbuf q = hbuf_uniform(s, dt, no, &r, -2, 2);
     double *want = case_alloc(s, no, sizeof(double)), *mag = case_alloc(s, no, sizeof(double));
     double *tol = case_alloc(s, no, sizeof(double));
-    ref_attention(sp, (double)scale, q_start, seq_len, table, max_blocks, q.val, kc.val, vc.val,
+    ref_attention(sp, (double)scale, softcap, q_start, seq_len, table, max_blocks, q.val, kc.val, vc.val,
                   want, mag);
     make_tol(tol, OP_ATTENTION, dt, want, mag, no);
     struct verdict v = {.worst_ratio = -1.0};
@@ -897,6 +932,7 @@ static void case_attention(struct suite *s, enum dtype dt, const struct attn_spe
             .block_table = arena_in(&a, "block_table", DTYPE_I32, S2(n_seqs, max_blocks), table),
             .scale = scale,
             .window = sp->window,
+            .softcap = (float)softcap,
             .decode_only = decode_only,
         };
         if (SUPPORTED(&v, b, attention)) op_attention(b, &to, &tq, &tkc, &tvc, &batch);
@@ -1185,6 +1221,15 @@ static void case_topk(struct suite *s, enum dtype dt, int rows, int v_len, int k
 
 /* ==== the case list ========================================================================= */
 
+/* Soft-capped scores (Gemma 2: cap * tanh(s / cap)), large enough (scale 0.5) that tanh bends
+ * them: the tile path, the row path, decode; with the cap of each. */
+static const struct attn_spec attn_softcap_specs[] = {
+    {"prefill tiles window=9", 8, 2, 64, 16, 9, 0.5, 1, {150}, {150}},
+    {"rows mixed", 4, 2, 32, 16, 0, 0.4, 2, {20, 9}, {5, 1}},
+    {"decode", 8, 2, 64, 16, 0, 0.5, 3, {40, 300, 7}, {1, 1, 1}},
+};
+static const double attn_softcaps[] = {5.0, 2.0, 3.0};
+
 static const struct attn_spec attn_specs[] = {
     /* A fresh prefill, a prefill chunk continuing after 35 cached tokens, a decode row, and a
      * first-token decode, in one batch. */
@@ -1307,6 +1352,7 @@ static void run_all(struct suite *s)
             for (int alias = 0; alias <= 2; alias++) case_add(s, dt, sizes[i], alias);
             case_scale(s, dt, sizes[i], i == 0 ? 0.5f : -3.7f, 0);
             case_scale(s, dt, sizes[i], i == 2 ? 1e-3f : 1.0f / 3.0f, 1);
+            case_softcap(s, dt, sizes[i], i == 0 ? 30.0f : 2.5f, i == 1);
         }
     }
 
@@ -1335,9 +1381,12 @@ static void run_all(struct suite *s)
         case_kv_write(s, dt, 0, 2, 16, 2, 16, 0);
     }
 
-    for (int di = 0; di < 3; di++)
+    for (int di = 0; di < 3; di++) {
         for (size_t i = 0; i < sizeof attn_specs / sizeof attn_specs[0]; i++)
-            case_attention(s, float_dtypes[di], &attn_specs[i]);
+            case_attention(s, float_dtypes[di], &attn_specs[i], 0.0);
+        for (size_t i = 0; i < sizeof attn_softcap_specs / sizeof attn_softcap_specs[0]; i++)
+            case_attention(s, float_dtypes[di], &attn_softcap_specs[i], attn_softcaps[i]);
+    }
 
     for (int di = 0; di < 3; di++)
         for (int ai = 0; ai < 3; ai++) {

@@ -934,14 +934,14 @@ static void case_cross_entropy(struct suite *s, enum dtype dt, enum dtype gdt, i
             SUPPORTED(&v, b, cross_entropy_backward)) {
             for (int k = 0; k < shards; k++) {
                 struct tensor st = view_rows(&tst, (int64_t)k * n, n);
-                op_cross_entropy_stats(b, &st, &th, &tw[k], &tt, (int64_t)k * vl);
+                op_cross_entropy_stats(b, &st, &th, &tw[k], &tt, (int64_t)k * vl, 0.0f);
             }
             op_cross_entropy_combine(b, &tl, &tls, &tst, &tt);
             for (int rep = 0; rep < reps; rep++)
                 for (int k = 0; k < shards; k++)
                     op_cross_entropy_backward(b, &tdh, &tdw[k], &th, &tw[k], &tt, &tls,
                                               with_row_scale ? &trs : NULL, scale, (int64_t)k * vl,
-                                              accumulate_dh || rep > 0 || k > 0);
+                                              accumulate_dh || rep > 0 || k > 0, 0.0f);
         }
         arena_finish(&a, &v);
         got_l[bi] = decode(s, bl, DTYPE_F32, (size_t)n);

@@ -102,6 +102,12 @@ def init_gemma3(cfg, seed):
 
 
 def write_model(kind, out):
+    if kind == "gemma2":  # soft-capped scores and logits, every other layer windowed, no QK norm
+        cfg = MM.gemma2_config("f32")
+        cfg.update({"vocab_size": 320, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 3,
+                    "sliding_window": 4, "query_pre_attn_scalar": 16})
+        MM.write_checkpoint(out, cfg, MM.init_gemma2(cfg, 8), "f32", 1)
+        return cfg
     if kind == "gemma3":
         cfg = gemma3_config()
         MM.write_checkpoint(out, cfg, init_gemma3(cfg, 7), "f32", 1)
@@ -183,7 +189,8 @@ def forward_loss(P, spec, batch, lora=None):
             y = y + lora["s"] * ((xa @ lora["A"][key].T) @ lora["B"][key].T)
         return y
     x = g("tok_embedding")[tok]
-    if kind == "gemma3":
+    gemma = kind in ("gemma2", "gemma3")
+    if gemma:
         x = x * math.sqrt(spec["d"])
     if kind == "gpt2":
         x = x + g("pos_embedding")[pos]
@@ -208,7 +215,7 @@ def forward_loss(P, spec, batch, lora=None):
             k = rmsnorm(k, g("k_norm", l), spec["eps"])
         if kind in ("phi3", "mistral"):
             window = spec["cfg"]["sliding_window"]
-        if kind == "gemma3":
+        if gemma:
             glob = (l + 1) % spec["pattern"] == 0
             window = 0 if glob else spec["window"]
             theta = spec["theta"] if glob else spec["theta_local"]
@@ -218,13 +225,15 @@ def forward_loss(P, spec, batch, lora=None):
         rep = nh // nkv
         kk, vv = jnp.repeat(k, rep, axis=1), jnp.repeat(v, rep, axis=1)
         s = jnp.einsum("ihd,jhd->hij", q, kk) * spec["scale"]
+        if spec.get("attn_cap"):  # Gemma 2: cap * tanh(s / cap), before the mask
+            s = spec["attn_cap"] * jnp.tanh(s / spec["attn_cap"])
         s = jnp.where(mask[None], s, -jnp.inf)
         p = jax.nn.softmax(s, axis=-1)
         att = jnp.einsum("hij,jhd->ihd", p, vv).reshape(T, nh * hd)
         proj = lin("o", l, att)
         if kind == "gpt2":
             proj = proj + g("o_bias", l)
-        if kind == "gemma3":
+        if gemma:
             proj = rmsnorm(proj, g("post_attn_norm", l), spec["eps"])
         x = x + proj
         if kind == "gpt2":
@@ -233,10 +242,10 @@ def forward_loss(P, spec, batch, lora=None):
             proj = h @ g("down", l).T + g("down_bias", l)
         else:
             xn = rmsnorm(x, g("mlp_norm", l), spec["eps"])
-            act = gelu_tanh if kind == "gemma3" else silu
+            act = gelu_tanh if gemma else silu
             h = act(lin("gate", l, xn)) * lin("up", l, xn)
             proj = lin("down", l, h)
-            if kind == "gemma3":
+            if gemma:
                 proj = rmsnorm(proj, g("post_mlp_norm", l), spec["eps"])
         x = x + proj
     if kind == "gpt2":
@@ -245,6 +254,8 @@ def forward_loss(P, spec, batch, lora=None):
         h = rmsnorm(x, g("final_norm"), spec["eps"])
     head = g("tok_embedding") if spec["tied"] else g("lm_head")
     logits = h @ head.T
+    if spec.get("final_cap"):
+        logits = spec["final_cap"] * jnp.tanh(logits / spec["final_cap"])
     lse = jax.scipy.special.logsumexp(logits, axis=-1)
     real = tgt >= 0
     tl = jnp.take_along_axis(logits, jnp.where(real, tgt, 0)[:, None], axis=1)[:, 0]
@@ -256,6 +267,13 @@ def spec_of(kind, cfg):
         d, nh = cfg["n_embd"], cfg["n_head"]
         return {"kind": kind, "n_layers": cfg["n_layer"], "d": d, "n_heads": nh, "n_kv": nh,
                 "head_dim": d // nh, "scale": 1.0 / math.sqrt(d // nh), "eps": 1e-5}
+    if kind == "gemma2":
+        return {"kind": kind, "n_layers": cfg["num_hidden_layers"], "d": cfg["hidden_size"],
+                "n_heads": cfg["num_attention_heads"], "n_kv": cfg["num_key_value_heads"],
+                "head_dim": cfg["head_dim"], "scale": 1.0 / math.sqrt(cfg["query_pre_attn_scalar"]),
+                "eps": cfg["rms_norm_eps"], "theta": cfg["rope_theta"], "theta_local": cfg["rope_theta"],
+                "window": cfg["sliding_window"], "pattern": 2, "attn_cap": cfg["attn_logit_softcapping"],
+                "final_cap": cfg["final_logit_softcapping"]}
     if kind == "gemma3":
         return {"kind": kind, "n_layers": cfg["num_hidden_layers"], "d": cfg["hidden_size"],
                 "n_heads": cfg["num_attention_heads"], "n_kv": cfg["num_key_value_heads"],
@@ -435,7 +453,7 @@ def main():
     driver = sys.argv[1]
     DEVICE = sys.argv[2] if len(sys.argv) > 2 else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("llama", "gpt2", "gemma3", "qwen2", "qwen3", "llama3_rope", "yarn_rope", "phi3", "mistral"):
+        for kind in ("llama", "gpt2", "gemma3", "gemma2", "qwen2", "qwen3", "llama3_rope", "yarn_rope", "phi3", "mistral"):
             mdir = os.path.join(tmp, kind)
             cfg = write_model(kind, mdir)
             spec = spec_of(kind, cfg)

@@ -2,7 +2,7 @@
  * Not here: writing config.json (config_write.c), weights or their layouts (checkpoint.c).
  * Tests: tests/test_formats.c (Llama, Mistral, GPT-2 and Gemma 3 configs, errors, save/load
  * round trip). */
-#include "config.h"
+#include "config_impl.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -13,118 +13,33 @@
 #include <string.h>
 
 #define CONFIG_MAX_BYTES (16 << 20) /* a config.json is a few KB; anything huge is not one */
-#define CONFIG_MAX_DIM   (1 << 24)  /* bounds every size so that products fit in int64 */
 
 static const char *const supported_architectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel, "
-    "Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only)";
-
-/* ---- reading JSON fields ---------------------------------------------------------------- */
-
-/* The item for key, or NULL when it is absent or JSON null (optional fields treat both as
- * "use the default"). */
-static const cJSON *field(const cJSON *root, const char *key)
-{
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
-    return (it && !cJSON_IsNull(it)) ? it : NULL;
-}
-
-static enum status missing(const cJSON *root, const char *name, const char *key)
-{
-    if (cJSON_GetObjectItemCaseSensitive(root, key))
-        return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' is null", name, key);
-    return status_errorf(STATUS_BAD_FORMAT, "%s: missing field '%s'", name, key);
-}
-
-static enum status json_to_int(const cJSON *it, const char *name, const char *key, int *out)
-{
-    if (!cJSON_IsNumber(it))
-        return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' must be an integer", name, key);
-    double d = it->valuedouble;
-    if (!isfinite(d) || d != floor(d) || d < (double)INT_MIN || d > (double)INT_MAX)
-        return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' = %g is not a 32-bit integer",
-                             name, key, d);
-    *out = (int)d;
-    return STATUS_OK;
-}
-
-/* Reads an integer field; absent or null gives dflt, or an error when required. */
-static enum status get_int(const cJSON *root, const char *name, const char *key, int required,
-                           int dflt, int *out)
-{
-    const cJSON *it = field(root, key);
-    if (!it) {
-        if (required) return missing(root, name, key);
-        *out = dflt;
-        return STATUS_OK;
-    }
-    return json_to_int(it, name, key, out);
-}
-
-static enum status get_float(const cJSON *root, const char *name, const char *key, float dflt,
-                             float *out)
-{
-    const cJSON *it = field(root, key);
-    if (!it) {
-        *out = dflt;
-        return STATUS_OK;
-    }
-    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
-        return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' must be a finite number", name,
-                             key);
-    *out = (float)it->valuedouble;
-    return STATUS_OK;
-}
-
-static enum status get_bool(const cJSON *root, const char *name, const char *key, int dflt,
-                            int *out)
-{
-    const cJSON *it = field(root, key);
-    if (!it) {
-        *out = dflt;
-        return STATUS_OK;
-    }
-    if (!cJSON_IsBool(it))
-        return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' must be true or false", name, key);
-    *out = cJSON_IsTrue(it) ? 1 : 0;
-    return STATUS_OK;
-}
-
-/* Optional string field: *out is NULL when absent or null. */
-static enum status get_string(const cJSON *root, const char *name, const char *key,
-                              const char **out)
-{
-    const cJSON *it = field(root, key);
-    *out = NULL;
-    if (!it) return STATUS_OK;
-    if (!cJSON_IsString(it))
-        return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' must be a string", name, key);
-    *out = it->valuestring;
-    return STATUS_OK;
-}
+    "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only)";
 
 /* bos_token_id / eos_token_id: an int, or a list whose first element is taken; absent -> -1. */
 static enum status get_token_id(const cJSON *root, const char *name, const char *key, int *out)
 {
-    const cJSON *it = field(root, key);
+    const cJSON *it = config_field(root, key);
     *out = -1;
     if (!it) return STATUS_OK;
     if (cJSON_IsArray(it)) {
         it = cJSON_GetArrayItem(it, 0);
         if (!it) return STATUS_OK;
     }
-    return json_to_int(it, name, key, out);
+    return config_json_to_int(it, name, key, out);
 }
 
 static enum status get_dtype(const cJSON *root, const char *name, enum dtype *out)
 {
     const char *key = "torch_dtype";
     const char *s;
-    enum status st = get_string(root, name, key, &s);
+    enum status st = config_get_string(root, name, key, &s);
     if (st) return st;
     if (!s) { /* newer transformers releases write "dtype" */
         key = "dtype";
-        if ((st = get_string(root, name, key, &s))) return st;
+        if ((st = config_get_string(root, name, key, &s))) return st;
     }
     if (!s || !strcmp(s, "float32")) *out = DTYPE_F32;
     else if (!strcmp(s, "bfloat16")) *out = DTYPE_BF16;
@@ -132,20 +47,6 @@ static enum status get_dtype(const cJSON *root, const char *name, enum dtype *ou
     else
         return status_errorf(STATUS_UNSUPPORTED,
                              "%s: field '%s' = \"%s\" is not supported (float32, bfloat16, float16)",
-                             name, key, s);
-    return STATUS_OK;
-}
-
-static enum status get_activation(const char *name, const char *key, const char *s,
-                                  enum activation *out)
-{
-    if (!strcmp(s, "silu") || !strcmp(s, "swish")) *out = ACTIVATION_SILU;
-    else if (!strcmp(s, "gelu_new") || !strcmp(s, "gelu_pytorch_tanh")) *out = ACTIVATION_GELU_TANH;
-    else if (!strcmp(s, "gelu")) *out = ACTIVATION_GELU_ERF;
-    else
-        return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: field '%s' = \"%s\" is not supported (silu, gelu_new, "
-                             "gelu_pytorch_tanh, gelu)",
                              name, key, s);
     return STATUS_OK;
 }
@@ -170,7 +71,7 @@ enum llama_flavor {
 static enum status get_factors(const cJSON *rs, const char *name, const char *key, const char *what,
                                const struct model_config *c, float *out)
 {
-    const cJSON *f = field(rs, what);
+    const cJSON *f = config_field(rs, what);
     const int n = cJSON_IsArray(f) ? cJSON_GetArraySize(f) : -1;
     if (n != c->rot_dim / 2 || n > ROPE_MAX_FACTORS)
         return status_errorf(STATUS_BAD_FORMAT, "%s: %s.%s must be a list of rot_dim / 2 = %d numbers", name, key,
@@ -195,12 +96,12 @@ static enum status parse_longrope(const cJSON *root, const cJSON *rs, const char
 {
     struct rope_scaling *s = &c->rope_scaling;
     int orig = 0;
-    enum status st = get_int(rs, name, "original_max_position_embeddings", 0, 0, &orig);
-    if (st == STATUS_OK && orig == 0) st = get_int(root, name, "original_max_position_embeddings", 0, 0, &orig);
+    enum status st = config_get_int(rs, name, "original_max_position_embeddings", 0, 0, &orig);
+    if (st == STATUS_OK && orig == 0) st = config_get_int(root, name, "original_max_position_embeddings", 0, 0, &orig);
     float af = 0.0f;
     if (st || (st = get_factors(rs, name, key, "short_factor", c, s->factors)) ||
         (st = get_factors(rs, name, key, "long_factor", c, s->long_factors)) ||
-        (st = get_float(rs, name, "attention_factor", 0.0f, &af)))
+        (st = config_get_float(rs, name, "attention_factor", 0.0f, &af)))
         return st;
     if (orig <= 0) orig = c->max_positions;
     const double factor = (double)c->max_positions / orig;
@@ -216,7 +117,7 @@ static enum status parse_longrope(const cJSON *root, const cJSON *rs, const char
     return STATUS_OK;
 }
 
-static enum status parse_rope_scaling(const cJSON *root, const cJSON *rs, const char *name, const char *key,
+enum status config_parse_rope_scaling(const cJSON *root, const cJSON *rs, const char *name, const char *key,
                                       struct model_config *c)
 {
     struct rope_scaling *s = &c->rope_scaling;
@@ -224,13 +125,13 @@ static enum status parse_rope_scaling(const cJSON *root, const cJSON *rs, const 
     if (!rs) return STATUS_OK;
     if (!cJSON_IsObject(rs)) return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' must be an object", name, key);
     const char *type;
-    enum status st = get_string(rs, name, "rope_type", &type);
-    if (st == STATUS_OK && !type) st = get_string(rs, name, "type", &type);
+    enum status st = config_get_string(rs, name, "rope_type", &type);
+    if (st == STATUS_OK && !type) st = config_get_string(rs, name, "type", &type);
     if (st) return st;
     if (!type || !strcmp(type, "default")) return STATUS_OK;
     if (!strcmp(type, "factors")) { /* shardlm's own: a GGUF's rope_freqs, or LongRoPE's short factors */
         if ((st = get_factors(rs, name, key, "factors", c, s->factors)) ||
-            (st = get_float(rs, name, "attention_factor", 1.0f, &s->attention_factor)))
+            (st = config_get_float(rs, name, "attention_factor", 1.0f, &s->attention_factor)))
             return st;
         if (!(s->attention_factor > 0.0f))
             return status_errorf(STATUS_BAD_FORMAT, "%s: %s.attention_factor must be positive", name, key);
@@ -246,13 +147,13 @@ static enum status parse_rope_scaling(const cJSON *root, const cJSON *rs, const 
                              "%s: %s.rope_type \"%s\" is not supported (default, linear, llama3, yarn and longrope "
                              "are; dynamic depends on the sequence length at run time)",
                              name, key, type);
-    if ((st = get_float(rs, name, "factor", 0.0f, &s->factor))) return st;
+    if ((st = config_get_float(rs, name, "factor", 0.0f, &s->factor))) return st;
     if (!(s->factor >= 1.0f))
         return status_errorf(STATUS_BAD_FORMAT, "%s: %s.factor = %g must be >= 1", name, key, (double)s->factor);
     if (s->kind == ROPE_SCALING_LLAMA3) {
-        if ((st = get_float(rs, name, "low_freq_factor", 1.0f, &s->low_freq_factor)) ||
-            (st = get_float(rs, name, "high_freq_factor", 4.0f, &s->high_freq_factor)) ||
-            (st = get_int(rs, name, "original_max_position_embeddings", 1, 0, &s->original_max_positions)))
+        if ((st = config_get_float(rs, name, "low_freq_factor", 1.0f, &s->low_freq_factor)) ||
+            (st = config_get_float(rs, name, "high_freq_factor", 4.0f, &s->high_freq_factor)) ||
+            (st = config_get_int(rs, name, "original_max_position_embeddings", 1, 0, &s->original_max_positions)))
             return st;
         if (!(s->high_freq_factor > s->low_freq_factor && s->low_freq_factor > 0.0f) || s->original_max_positions <= 0)
             return status_errorf(STATUS_BAD_FORMAT,
@@ -262,20 +163,20 @@ static enum status parse_rope_scaling(const cJSON *root, const cJSON *rs, const 
     }
     if (s->kind == ROPE_SCALING_YARN) {
         float af = 0.0f;
-        if ((st = get_float(rs, name, "beta_fast", 32.0f, &s->beta_fast)) ||
-            (st = get_float(rs, name, "beta_slow", 1.0f, &s->beta_slow)) ||
-            (st = get_float(rs, name, "attention_factor", 0.0f, &af)) ||
-            (st = get_int(rs, name, "original_max_position_embeddings", 0, c->max_positions,
+        if ((st = config_get_float(rs, name, "beta_fast", 32.0f, &s->beta_fast)) ||
+            (st = config_get_float(rs, name, "beta_slow", 1.0f, &s->beta_slow)) ||
+            (st = config_get_float(rs, name, "attention_factor", 0.0f, &af)) ||
+            (st = config_get_int(rs, name, "original_max_position_embeddings", 0, c->max_positions,
                           &s->original_max_positions)))
             return st;
         int truncate = 1;
-        if ((st = get_bool(rs, name, "truncate", 1, &truncate))) return st;
+        if ((st = config_get_bool(rs, name, "truncate", 1, &truncate))) return st;
         if (!truncate)
             return status_errorf(STATUS_UNSUPPORTED, "%s: %s: YaRN with truncate false is not supported", name, key);
         /* transformers: an original_max_position_embeddings makes the factor max / original. */
-        if (field(rs, "original_max_position_embeddings") && s->original_max_positions > 0)
+        if (config_field(rs, "original_max_position_embeddings") && s->original_max_positions > 0)
             s->factor = (float)c->max_positions / (float)s->original_max_positions;
-        if (field(rs, "mscale") || field(rs, "mscale_all_dim"))
+        if (config_field(rs, "mscale") || config_field(rs, "mscale_all_dim"))
             return status_errorf(STATUS_UNSUPPORTED, "%s: %s: YaRN's mscale / mscale_all_dim (DeepSeek) are not "
                                  "supported", name, key);
         s->attention_factor = af > 0.0f ? af : s->factor <= 1.0f ? 1.0f : (float)(0.1 * log((double)s->factor) + 1.0);
@@ -291,30 +192,30 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
 {
     const int mistral = flavor == LLAMA_MISTRAL, qwen = flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN3;
     enum status st;
-    if ((st = get_int(root, name, "hidden_size", 1, 0, &c->d_model)) ||
-        (st = get_int(root, name, "intermediate_size", 1, 0, &c->ffn_hidden)) ||
-        (st = get_int(root, name, "num_hidden_layers", 1, 0, &c->n_layers)) ||
-        (st = get_int(root, name, "num_attention_heads", 1, 0, &c->n_heads)) ||
-        (st = get_int(root, name, "vocab_size", 1, 0, &c->vocab_size)) ||
-        (st = get_int(root, name, "num_key_value_heads", 0, c->n_heads, &c->n_kv_heads)) ||
-        (st = get_int(root, name, "max_position_embeddings", 0, mistral ? 4096 * 32 : 2048,
+    if ((st = config_get_int(root, name, "hidden_size", 1, 0, &c->d_model)) ||
+        (st = config_get_int(root, name, "intermediate_size", 1, 0, &c->ffn_hidden)) ||
+        (st = config_get_int(root, name, "num_hidden_layers", 1, 0, &c->n_layers)) ||
+        (st = config_get_int(root, name, "num_attention_heads", 1, 0, &c->n_heads)) ||
+        (st = config_get_int(root, name, "vocab_size", 1, 0, &c->vocab_size)) ||
+        (st = config_get_int(root, name, "num_key_value_heads", 0, c->n_heads, &c->n_kv_heads)) ||
+        (st = config_get_int(root, name, "max_position_embeddings", 0, mistral ? 4096 * 32 : 2048,
                       &c->max_positions)) ||
-        (st = get_float(root, name, "rms_norm_eps", 1e-6f, &c->norm_eps)) ||
-        (st = get_float(root, name, "rope_theta", 10000.0f, &c->rope_theta)) ||
-        (st = get_bool(root, name, "tie_word_embeddings", 0, &c->tied_embeddings)) ||
-        (st = get_bool(root, name, "attention_bias", flavor == LLAMA_QWEN2, &c->qkv_bias)) ||
-        (st = get_bool(root, name, "attention_out_bias", flavor == LLAMA_QWEN2 ? 0 : c->qkv_bias, &c->attn_out_bias)) ||
-        (st = get_bool(root, name, "mlp_bias", 0, &c->mlp_bias)))
+        (st = config_get_float(root, name, "rms_norm_eps", 1e-6f, &c->norm_eps)) ||
+        (st = config_get_float(root, name, "rope_theta", 10000.0f, &c->rope_theta)) ||
+        (st = config_get_bool(root, name, "tie_word_embeddings", 0, &c->tied_embeddings)) ||
+        (st = config_get_bool(root, name, "attention_bias", flavor == LLAMA_QWEN2, &c->qkv_bias)) ||
+        (st = config_get_bool(root, name, "attention_out_bias", flavor == LLAMA_QWEN2 ? 0 : c->qkv_bias, &c->attn_out_bias)) ||
+        (st = config_get_bool(root, name, "mlp_bias", 0, &c->mlp_bias)))
         return st;
     if (c->n_heads <= 0)
         return status_errorf(STATUS_BAD_FORMAT, "%s: field 'num_attention_heads' = %d must be > 0",
                              name, c->n_heads);
-    if ((st = get_int(root, name, "head_dim", 0, c->d_model / c->n_heads, &c->head_dim)) ||
-        (st = get_int(root, name, "rot_dim", 0, c->head_dim, &c->rot_dim)))
+    if ((st = config_get_int(root, name, "head_dim", 0, c->d_model / c->n_heads, &c->head_dim)) ||
+        (st = config_get_int(root, name, "rot_dim", 0, c->head_dim, &c->rot_dim)))
         return st;
     float partial = 1.0f; /* Phi-4-mini: 0.75 of each head rotated (the first features, rotate-half among them) */
-    if ((st = get_float(root, name, "partial_rotary_factor", 1.0f, &partial))) return st;
-    if (partial != 1.0f && !field(root, "rot_dim")) { /* shardlm's exact rot_dim wins */
+    if ((st = config_get_float(root, name, "partial_rotary_factor", 1.0f, &partial))) return st;
+    if (partial != 1.0f && !config_field(root, "rot_dim")) { /* shardlm's exact rot_dim wins */
         const double r = (double)c->head_dim * partial;
         if (!(partial > 0.0f && partial < 1.0f) || r != floor(r) || (int)r % 2)
             return status_errorf(STATUS_BAD_FORMAT, "%s: partial_rotary_factor %g of head_dim %d is not an even number "
@@ -323,44 +224,44 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
     }
 
     /* transformers >= 5 moves rope settings into "rope_parameters". */
-    const cJSON *rp = field(root, "rope_parameters");
+    const cJSON *rp = config_field(root, "rope_parameters");
     if (rp) {
         if (!cJSON_IsObject(rp))
             return status_errorf(STATUS_BAD_FORMAT, "%s: field 'rope_parameters' must be an object",
                                  name);
-        if ((st = get_float(rp, name, "rope_theta", c->rope_theta, &c->rope_theta))) return st;
+        if ((st = config_get_float(rp, name, "rope_theta", c->rope_theta, &c->rope_theta))) return st;
     }
-    if ((st = parse_rope_scaling(root, rp ? rp : field(root, "rope_scaling"), name, rp ? "rope_parameters" : "rope_scaling",
+    if ((st = config_parse_rope_scaling(root, rp ? rp : config_field(root, "rope_scaling"), name, rp ? "rope_parameters" : "rope_scaling",
                                  c)))
         return st;
 
     const char *act;
-    if ((st = get_string(root, name, "hidden_act", &act))) return st;
+    if ((st = config_get_string(root, name, "hidden_act", &act))) return st;
     c->activation = ACTIVATION_SILU;
-    if (act && (st = get_activation(name, "hidden_act", act, &c->activation))) return st;
+    if (act && (st = config_get_activation(name, "hidden_act", act, &c->activation))) return st;
 
     c->sliding_window = 0;
     c->qk_norm = flavor == LLAMA_QWEN3;
     if (qwen) { /* Qwen's window covers only the layers from max_window_layers on: not modelled */
         int use = 0;
-        if ((st = get_bool(root, name, "use_sliding_window", 0, &use))) return st;
+        if ((st = config_get_bool(root, name, "use_sliding_window", 0, &use))) return st;
         if (use)
             return status_errorf(STATUS_UNSUPPORTED, "%s: field 'use_sliding_window' is true; Qwen's sliding "
                                  "window (layers from max_window_layers on) is not supported", name);
     }
     if (flavor == LLAMA_PHI3) { /* Phi3Config: sliding_window None by default; every layer when set */
-        const cJSON *sw = field(root, "sliding_window");
-        if (sw && (st = json_to_int(sw, name, "sliding_window", &c->sliding_window))) return st;
+        const cJSON *sw = config_field(root, "sliding_window");
+        if (sw && (st = config_json_to_int(sw, name, "sliding_window", &c->sliding_window))) return st;
     }
     if (mistral) {
         const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
         if (!sw) c->sliding_window = 4096; /* MistralConfig's default */
-        else if (!cJSON_IsNull(sw) && (st = json_to_int(sw, name, "sliding_window", &c->sliding_window)))
+        else if (!cJSON_IsNull(sw) && (st = config_json_to_int(sw, name, "sliding_window", &c->sliding_window)))
             return st;
     }
 
     const char *style;
-    if ((st = get_string(root, name, "rope_style", &style))) return st;
+    if ((st = config_get_string(root, name, "rope_style", &style))) return st;
     if (!style || !strcmp(style, "halves")) c->rope_style = ROPE_STYLE_HALVES;
     else if (!strcmp(style, "pairs")) c->rope_style = ROPE_STYLE_PAIRS;
     else
@@ -379,16 +280,16 @@ static enum status parse_gpt2(const cJSON *root, const char *name, struct model_
 {
     enum status st;
     int flag = 0;
-    if ((st = get_int(root, name, "n_embd", 1, 0, &c->d_model)) ||
-        (st = get_int(root, name, "n_layer", 1, 0, &c->n_layers)) ||
-        (st = get_int(root, name, "n_head", 1, 0, &c->n_heads)) ||
-        (st = get_int(root, name, "vocab_size", 1, 0, &c->vocab_size)) ||
-        (st = get_float(root, name, "layer_norm_epsilon", 1e-5f, &c->norm_eps)))
+    if ((st = config_get_int(root, name, "n_embd", 1, 0, &c->d_model)) ||
+        (st = config_get_int(root, name, "n_layer", 1, 0, &c->n_layers)) ||
+        (st = config_get_int(root, name, "n_head", 1, 0, &c->n_heads)) ||
+        (st = config_get_int(root, name, "vocab_size", 1, 0, &c->vocab_size)) ||
+        (st = config_get_float(root, name, "layer_norm_epsilon", 1e-5f, &c->norm_eps)))
         return st;
-    if (field(root, "n_positions")) {
-        if ((st = get_int(root, name, "n_positions", 1, 0, &c->max_positions))) return st;
-    } else if (field(root, "n_ctx")) {
-        if ((st = get_int(root, name, "n_ctx", 1, 0, &c->max_positions))) return st;
+    if (config_field(root, "n_positions")) {
+        if ((st = config_get_int(root, name, "n_positions", 1, 0, &c->max_positions))) return st;
+    } else if (config_field(root, "n_ctx")) {
+        if ((st = config_get_int(root, name, "n_ctx", 1, 0, &c->max_positions))) return st;
     } else {
         return status_errorf(STATUS_BAD_FORMAT, "%s: missing field 'n_positions' (or 'n_ctx')",
                              name);
@@ -399,10 +300,10 @@ static enum status parse_gpt2(const cJSON *root, const char *name, struct model_
     /* 4 * n_embd overflows int for n_embd past INT_MAX / 4, which config_validate refuses later
      * (d_model in 1..2^24): the default only needs to be an int until then. */
     const int inner = c->d_model <= INT_MAX / 4 ? 4 * c->d_model : INT_MAX;
-    if ((st = get_int(root, name, "n_inner", 0, inner, &c->ffn_hidden))) return st;
+    if ((st = config_get_int(root, name, "n_inner", 0, inner, &c->ffn_hidden))) return st;
 
     const char *act;
-    if ((st = get_string(root, name, "activation_function", &act))) return st;
+    if ((st = config_get_string(root, name, "activation_function", &act))) return st;
     c->activation = ACTIVATION_GELU_TANH; /* GPT2Config's default, "gelu_new" */
     if (act) {
         if (!strcmp(act, "silu") || !strcmp(act, "swish"))
@@ -410,15 +311,15 @@ static enum status parse_gpt2(const cJSON *root, const char *name, struct model_
                                  "%s: field 'activation_function' = \"%s\" is not supported for "
                                  "GPT-2 (gelu_new, gelu_pytorch_tanh, gelu)",
                                  name, act);
-        if ((st = get_activation(name, "activation_function", act, &c->activation))) return st;
+        if ((st = config_get_activation(name, "activation_function", act, &c->activation))) return st;
     }
     /* Variants that change the math of attention. */
-    if ((st = get_bool(root, name, "scale_attn_by_inverse_layer_idx", 0, &flag))) return st;
+    if ((st = config_get_bool(root, name, "scale_attn_by_inverse_layer_idx", 0, &flag))) return st;
     if (flag)
         return status_errorf(STATUS_UNSUPPORTED,
                              "%s: field 'scale_attn_by_inverse_layer_idx' = true is not supported",
                              name);
-    if ((st = get_bool(root, name, "scale_attn_weights", 1, &flag))) return st;
+    if ((st = config_get_bool(root, name, "scale_attn_weights", 1, &flag))) return st;
     if (!flag)
         return status_errorf(STATUS_UNSUPPORTED,
                              "%s: field 'scale_attn_weights' = false is not supported", name);
@@ -435,158 +336,6 @@ static enum status parse_gpt2(const cJSON *root, const char *name, struct model_
     c->sliding_window = 0;
     c->tied_embeddings = 1;
     c->qkv_bias = c->attn_out_bias = c->mlp_bias = 1;
-    return STATUS_OK;
-}
-
-/* Gemma 3's layer_types (["sliding_attention", ..., "full_attention", ...]) as a period: layer i
- * is global when (i + 1) % pattern == 0. No full layer at all is pattern 0 (every layer
- * windowed); a list that no period describes is STATUS_UNSUPPORTED. */
-static enum status gemma3_layer_pattern(const cJSON *types, const char *name, int n_layers,
-                                        int *pattern)
-{
-    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != n_layers)
-        return status_errorf(STATUS_BAD_FORMAT,
-                             "%s: field 'layer_types' must be a list of %d strings (one per layer)",
-                             name, n_layers);
-    int first_full = -1;
-    for (int i = 0; i < n_layers; i++) {
-        const cJSON *t = cJSON_GetArrayItem(types, i);
-        if (!cJSON_IsString(t) || (strcmp(t->valuestring, "full_attention") &&
-                                   strcmp(t->valuestring, "sliding_attention")))
-            return status_errorf(STATUS_BAD_FORMAT,
-                                 "%s: layer_types[%d] must be \"full_attention\" or "
-                                 "\"sliding_attention\"",
-                                 name, i);
-        if (first_full < 0 && !strcmp(t->valuestring, "full_attention")) first_full = i;
-    }
-    int p = first_full < 0 ? 0 : first_full + 1;
-    for (int i = 0; i < n_layers; i++) {
-        int full = !strcmp(cJSON_GetArrayItem(types, i)->valuestring, "full_attention");
-        if (full != (p > 0 && (i + 1) % p == 0))
-            return status_errorf(STATUS_UNSUPPORTED,
-                                 "%s: field 'layer_types' is not periodic (one full_attention layer "
-                                 "every N, the rest sliding_attention); layer %d breaks the period "
-                                 "%d",
-                                 name, i, p);
-    }
-    *pattern = p;
-    return STATUS_OK;
-}
-
-/* One entry of transformers >= 5's per-layer-type "rope_parameters" (Gemma 3). */
-static enum status gemma3_rope_entry(const cJSON *rp, const char *name, const char *key,
-                                     float *theta)
-{
-    const cJSON *e = field(rp, key);
-    if (!e) return STATUS_OK;
-    if (!cJSON_IsObject(e))
-        return status_errorf(STATUS_BAD_FORMAT, "%s: field 'rope_parameters.%s' must be an object",
-                             name, key);
-    const char *type;
-    enum status st = get_string(e, name, "rope_type", &type);
-    if (st) return st;
-    if (type && strcmp(type, "default"))
-        return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: rope_parameters.%s.rope_type = \"%s\": scaled rotary embeddings "
-                             "are not supported yet",
-                             name, key, type);
-    return get_float(e, name, "rope_theta", *theta, theta);
-}
-
-/* Gemma3ForCausalLM's text config (Gemma3TextConfig), defaults as in transformers. */
-static enum status parse_gemma3(const cJSON *root, const char *name, struct model_config *c)
-{
-    enum status st;
-    static const char *const unsupported_if_set[] = {"final_logit_softcapping", "attn_logit_softcapping"};
-    for (size_t i = 0; i < sizeof unsupported_if_set / sizeof unsupported_if_set[0]; i++)
-        if (field(root, unsupported_if_set[i]))
-            return status_errorf(STATUS_UNSUPPORTED, "%s: field '%s' is set; Gemma 3 with logit softcapping is not "
-                                 "supported", name, unsupported_if_set[i]);
-    int flag = 0;
-    if ((st = get_bool(root, name, "use_bidirectional_attention", 0, &flag))) return st;
-    if (flag)
-        return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: field 'use_bidirectional_attention' = true (an embedding model) "
-                             "is not supported",
-                             name);
-    int qpas;
-    if ((st = get_int(root, name, "hidden_size", 1, 0, &c->d_model)) ||
-        (st = get_int(root, name, "intermediate_size", 1, 0, &c->ffn_hidden)) ||
-        (st = get_int(root, name, "num_hidden_layers", 1, 0, &c->n_layers)) ||
-        (st = get_int(root, name, "num_attention_heads", 0, 8, &c->n_heads)) ||
-        (st = get_int(root, name, "vocab_size", 0, 262208, &c->vocab_size)) ||
-        (st = get_int(root, name, "num_key_value_heads", 0, 4, &c->n_kv_heads)) ||
-        (st = get_int(root, name, "head_dim", 0, 256, &c->head_dim)) ||
-        (st = get_int(root, name, "max_position_embeddings", 0, 131072, &c->max_positions)) ||
-        (st = get_float(root, name, "rms_norm_eps", 1e-6f, &c->norm_eps)) ||
-        (st = get_float(root, name, "rope_theta", 1000000.0f, &c->rope_theta)) ||
-        (st = get_float(root, name, "rope_local_base_freq", 10000.0f, &c->rope_theta_local)) ||
-        (st = get_int(root, name, "sliding_window", 0, 4096, &c->sliding_window)) ||
-        (st = get_int(root, name, "query_pre_attn_scalar", 0, 256, &qpas)) ||
-        (st = get_bool(root, name, "tie_word_embeddings", 1, &c->tied_embeddings)) ||
-        (st = get_bool(root, name, "attention_bias", 0, &c->qkv_bias)) ||
-        (st = get_float(root, name, "norm_weight_offset", 1.0f, &c->norm_weight_offset)))
-        return st;
-    if (qpas <= 0)
-        return status_errorf(STATUS_BAD_FORMAT, "%s: field 'query_pre_attn_scalar' = %d must be > 0",
-                             name, qpas);
-    c->attn_scale = (float)(1.0 / sqrt((double)qpas));
-    /* shardlm's own exact value, written by config_save when no integer scalar gives it. */
-    if ((st = get_float(root, name, "attn_scale", c->attn_scale, &c->attn_scale))) return st;
-    c->attn_out_bias = c->qkv_bias;
-    /* rope_scaling (Gemma 3 4B and up: linear, factor 8) applies to the global layers. */
-    if ((st = parse_rope_scaling(root, field(root, "rope_scaling"), name, "rope_scaling", c))) return st;
-
-    const cJSON *rp = field(root, "rope_parameters");
-    if (rp) {
-        if (!cJSON_IsObject(rp))
-            return status_errorf(STATUS_BAD_FORMAT, "%s: field 'rope_parameters' must be an object",
-                                 name);
-        if ((st = gemma3_rope_entry(rp, name, "full_attention", &c->rope_theta)) ||
-            (st = gemma3_rope_entry(rp, name, "sliding_attention", &c->rope_theta_local)))
-            return st;
-    }
-
-    /* Which layers are windowed: layer_types when given (newer transformers), else the pattern
-     * (older "sliding_window_pattern", newer "_sliding_window_pattern"; default 6). */
-    const cJSON *types = field(root, "layer_types");
-    if (c->n_layers <= 0 || c->n_layers > CONFIG_MAX_DIM)
-        return status_errorf(STATUS_BAD_FORMAT, "%s: num_hidden_layers = %d must be in 1..%d", name,
-                             c->n_layers, CONFIG_MAX_DIM);
-    if (types) {
-        if ((st = gemma3_layer_pattern(types, name, c->n_layers, &c->sliding_window_pattern)))
-            return st;
-    } else {
-        const char *key = field(root, "sliding_window_pattern") ? "sliding_window_pattern"
-                                                                : "_sliding_window_pattern";
-        if ((st = get_int(root, name, key, 0, 6, &c->sliding_window_pattern))) return st;
-        if (c->sliding_window_pattern < 0)
-            return status_errorf(STATUS_BAD_FORMAT, "%s: field '%s' = %d must be >= 0", name, key,
-                                 c->sliding_window_pattern);
-    }
-
-    const char *act;
-    if ((st = get_string(root, name, "hidden_activation", &act))) return st;
-    const char *act_key = "hidden_activation";
-    if (!act) {
-        act_key = "hidden_act";
-        if ((st = get_string(root, name, act_key, &act))) return st;
-    }
-    c->activation = ACTIVATION_GELU_TANH; /* "gelu_pytorch_tanh" */
-    if (act && (st = get_activation(name, act_key, act, &c->activation))) return st;
-
-    c->family = MODEL_FAMILY_GEMMA3;
-    c->norm = NORM_KIND_RMSNORM;
-    c->gated_mlp = 1;
-    c->positions = POSITION_KIND_ROTARY;
-    c->rope_style = ROPE_STYLE_HALVES;
-    c->rot_dim = c->head_dim;
-    c->mlp_bias = 0;
-    c->embed_scale = sqrtf((float)c->d_model);
-    /* shardlm extra, written only when it is not sqrt(hidden_size). */
-    if ((st = get_float(root, name, "embed_scale", c->embed_scale, &c->embed_scale))) return st;
-    c->qk_norm = 1;
-    c->sandwich_norms = 1;
     return STATUS_OK;
 }
 
@@ -610,7 +359,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
 
     /* The architecture: HF's "architectures": [...], shardlm's "architecture", or model_type. */
     const char *arch = NULL;
-    const cJSON *archs = field(root, "architectures");
+    const cJSON *archs = config_field(root, "architectures");
     if (archs) {
         const cJSON *a0 = cJSON_GetArrayItem(archs, 0);
         if (!cJSON_IsArray(archs) || !cJSON_IsString(a0)) {
@@ -620,11 +369,11 @@ enum status config_parse(const char *json, const char *name, struct model_config
         }
         arch = a0->valuestring;
     } else {
-        if ((st = get_string(root, name, "architecture", &arch))) goto out;
+        if ((st = config_get_string(root, name, "architecture", &arch))) goto out;
     }
     if (!arch) {
         const char *mt;
-        if ((st = get_string(root, name, "model_type", &mt))) goto out;
+        if ((st = config_get_string(root, name, "model_type", &mt))) goto out;
         if (!mt) {
             st = status_errorf(STATUS_BAD_FORMAT, "%s: missing field 'architectures'", name);
             goto out;
@@ -635,6 +384,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
         else if (!strcmp(mt, "qwen3")) arch = "Qwen3ForCausalLM";
         else if (!strcmp(mt, "phi3")) arch = "Phi3ForCausalLM";
         else if (!strcmp(mt, "gpt2")) arch = "GPT2LMHeadModel";
+        else if (!strcmp(mt, "gemma2")) arch = "Gemma2ForCausalLM";
         else if (!strcmp(mt, "gemma3_text")) arch = "Gemma3ForCausalLM";
         else if (!strcmp(mt, "gemma3")) arch = "Gemma3ForConditionalGeneration";
         else {
@@ -651,11 +401,12 @@ enum status config_parse(const char *json, const char *name, struct model_config
     else if (!strcmp(arch, "Qwen3ForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN3, &c);
     else if (!strcmp(arch, "Phi3ForCausalLM")) st = parse_llama(root, name, LLAMA_PHI3, &c);
     else if (!strcmp(arch, "GPT2LMHeadModel")) st = parse_gpt2(root, name, &c);
-    else if (!strcmp(arch, "Gemma3ForCausalLM")) st = parse_gemma3(root, name, &c);
+    else if (!strcmp(arch, "Gemma2ForCausalLM")) st = config_parse_gemma(root, name, 2, &c);
+    else if (!strcmp(arch, "Gemma3ForCausalLM")) st = config_parse_gemma(root, name, 3, &c);
     else if (!strcmp(arch, "Gemma3ForConditionalGeneration")) {
         /* The text half only: its "text_config" is a Gemma3ForCausalLM config, and the result
          * is one (the vision tower's weights are never read). */
-        text = field(root, "text_config");
+        text = config_field(root, "text_config");
         if (!text || !cJSON_IsObject(text)) {
             st = status_errorf(STATUS_UNSUPPORTED,
                                "%s: Gemma3ForConditionalGeneration without an object 'text_config' "
@@ -663,7 +414,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
                                name);
             goto out;
         }
-        st = parse_gemma3(text, name, &c);
+        st = config_parse_gemma(text, name, 3, &c);
         arch = "Gemma3ForCausalLM";
     } else
         st = status_errorf(STATUS_UNSUPPORTED,
@@ -673,11 +424,11 @@ enum status config_parse(const char *json, const char *name, struct model_config
     snprintf(c.architecture, sizeof c.architecture, "%s", arch);
 
     /* Token ids and dtype: a nested text_config's own when it has them, else the top level's. */
-    const cJSON *ids = text && field(text, "bos_token_id") ? text : root;
+    const cJSON *ids = text && config_field(text, "bos_token_id") ? text : root;
     if ((st = get_token_id(ids, name, "bos_token_id", &c.bos_id))) goto out;
-    ids = text && field(text, "eos_token_id") ? text : root;
+    ids = text && config_field(text, "eos_token_id") ? text : root;
     if ((st = get_token_id(ids, name, "eos_token_id", &c.eos_id))) goto out;
-    ids = text && (field(text, "torch_dtype") || field(text, "dtype")) ? text : root;
+    ids = text && (config_field(text, "torch_dtype") || config_field(text, "dtype")) ? text : root;
     if ((st = get_dtype(ids, name, &c.dtype))) goto out;
     if ((st = config_validate(&c, name))) goto out;
     *cfg = c;
@@ -751,8 +502,15 @@ enum status config_validate(const struct model_config *c, const char *name)
                              name, (double)c->embed_scale, (double)c->attn_scale,
                              (double)c->rope_theta_local, (double)c->norm_weight_offset,
                              c->sliding_window_pattern);
+    const int gemma2 = !strcmp(c->architecture, "Gemma2ForCausalLM");
+    if (!isfinite(c->attn_softcap) || c->attn_softcap < 0.0f || !isfinite(c->final_softcap) || c->final_softcap < 0.0f)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: attn_softcap %g and final_softcap %g must be finite and >= 0",
+                             name, (double)c->attn_softcap, (double)c->final_softcap);
+    if (!gemma2 && (c->attn_softcap != 0.0f || c->final_softcap != 0.0f))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: logit soft-capping belongs to Gemma 2, not to %s", name,
+                             c->architecture);
     /* What each family implies; a loader relies on these. */
-    const int qk_norm_family = c->family == MODEL_FAMILY_GEMMA3 || !strcmp(c->architecture, "Qwen3ForCausalLM");
+    const int qk_norm_family = (c->family == MODEL_FAMILY_GEMMA3 && !gemma2) || !strcmp(c->architecture, "Qwen3ForCausalLM");
     if (c->qk_norm && !qk_norm_family)
         return status_errorf(STATUS_BAD_FORMAT, "%s: qk_norm belongs to Gemma 3 and Qwen 3, not to %s", name,
                              c->architecture);
@@ -786,14 +544,14 @@ enum status config_validate(const struct model_config *c, const char *name)
         break;
     case MODEL_FAMILY_GEMMA3:
         if (c->norm != NORM_KIND_RMSNORM || c->positions != POSITION_KIND_ROTARY || !c->gated_mlp ||
-            c->mlp_bias || c->qkv_bias != c->attn_out_bias || !c->qk_norm || !c->sandwich_norms ||
+            c->mlp_bias || c->qkv_bias != c->attn_out_bias || c->qk_norm == gemma2 || !c->sandwich_norms ||
             !(c->embed_scale > 0.0f) || !(c->attn_scale > 0.0f) ||
             c->rope_style != ROPE_STYLE_HALVES || c->rot_dim != c->head_dim ||
             !(c->rope_theta_local > 0.0f))
             return status_errorf(STATUS_BAD_FORMAT,
-                                 "%s: a Gemma 3 model has RMSNorm, full rotary in halves with a "
-                                 "local base, a gated MLP without biases, QK-norm, sandwich norms, "
-                                 "and positive embed_scale and attn_scale",
+                                 "%s: a Gemma 2 / 3 model has RMSNorm, full rotary in halves with a "
+                                 "local base, a gated MLP without biases, QK-norm (Gemma 3 only), sandwich "
+                                 "norms, and positive embed_scale and attn_scale",
                                  name);
         break;
     default:
@@ -835,6 +593,8 @@ int config_equal(const struct model_config *a, const struct model_config *b)
            a->dtype == b->dtype && !memcmp(&a->embed_scale, &b->embed_scale, sizeof(float)) &&
            a->qk_norm == b->qk_norm && a->sandwich_norms == b->sandwich_norms &&
            !memcmp(&a->norm_weight_offset, &b->norm_weight_offset, sizeof(float)) &&
+           !memcmp(&a->attn_softcap, &b->attn_softcap, sizeof(float)) &&
+           !memcmp(&a->final_softcap, &b->final_softcap, sizeof(float)) &&
            !memcmp(&a->attn_scale, &b->attn_scale, sizeof(float)) &&
            a->sliding_window_pattern == b->sliding_window_pattern &&
            !memcmp(&a->rope_theta_local, &b->rope_theta_local, sizeof(float));

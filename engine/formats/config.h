@@ -103,6 +103,9 @@ struct model_config {
     float    rope_theta_local;  /* rotary base of the sliding-window layers; 0 = rope_theta
                                    (Gemma 3: 10000, global layers rope_theta = 1e6) */
     struct rope_scaling rope_scaling; /* of the layers that use rope_theta (kind NONE: none) */
+    float    attn_softcap;      /* > 0: attention scores soft-capped, cap * tanh(s / cap) (Gemma 2's
+                                   attn_logit_softcapping); 0 = none */
+    float    final_softcap;     /* > 0: the logits soft-capped (final_logit_softcapping); 0 = none */
 };
 
 /* Whether the Hugging Face layout of c fuses q, k, v into self_attn.qkv_proj and gate, up into

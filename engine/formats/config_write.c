@@ -125,7 +125,8 @@ static int add_llama(cJSON *root, const struct model_config *c)
 /* Gemma3ForCausalLM (text) fields, with the shardlm extras that Hugging Face files lack. */
 static int add_gemma3(cJSON *root, const struct model_config *c)
 {
-    int ok = add_str(root, "model_type", "gemma3_text") && add_llama_dims(root, c) &&
+    const int g2 = !strcmp(c->architecture, "Gemma2ForCausalLM");
+    int ok = add_str(root, "model_type", g2 ? "gemma2" : "gemma3_text") && add_llama_dims(root, c) &&
              add_float(root, "rope_local_base_freq", c->rope_theta_local) &&
              add_num(root, "sliding_window", c->sliding_window) &&
              add_num(root, "sliding_window_pattern", c->sliding_window_pattern) &&
@@ -133,8 +134,10 @@ static int add_gemma3(cJSON *root, const struct model_config *c)
              add_bool(root, "attention_bias", c->qkv_bias) &&
              add_bool(root, "tie_word_embeddings", c->tied_embeddings) &&
              cJSON_AddNullToObject(root, "rope_scaling") &&
-             cJSON_AddNullToObject(root, "final_logit_softcapping") &&
-             cJSON_AddNullToObject(root, "attn_logit_softcapping");
+             (c->final_softcap > 0.0f ? add_float(root, "final_logit_softcapping", c->final_softcap)
+                                      : cJSON_AddNullToObject(root, "final_logit_softcapping") != NULL) &&
+             (c->attn_softcap > 0.0f ? add_float(root, "attn_logit_softcapping", c->attn_softcap)
+                                     : cJSON_AddNullToObject(root, "attn_logit_softcapping") != NULL);
     /* query_pre_attn_scalar: the integer whose 1/sqrt is attn_scale; when none is, the exact
      * scale as the shardlm extra "attn_scale" (the parser prefers it). */
     double qpas = nearbyint(1.0 / ((double)c->attn_scale * (double)c->attn_scale));
@@ -184,7 +187,8 @@ enum status config_save(const char *path, const struct model_config *c)
     if (c->family == MODEL_FAMILY_GPT2 && strcmp(c->architecture, "GPT2LMHeadModel"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
                              c->architecture);
-    if (c->family == MODEL_FAMILY_GEMMA3 && strcmp(c->architecture, "Gemma3ForCausalLM"))
+    if (c->family == MODEL_FAMILY_GEMMA3 && strcmp(c->architecture, "Gemma3ForCausalLM") &&
+        strcmp(c->architecture, "Gemma2ForCausalLM"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
                              c->architecture);
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)

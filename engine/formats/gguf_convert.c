@@ -225,41 +225,45 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
     if ((s = gguf_get_str(g, "general.architecture", &arch))) return s;
     if (!strcmp(arch, "llama") || !strcmp(arch, "qwen2") || !strcmp(arch, "qwen3"))
         return gguf_llama_config(g, arch, dtype, c);
-    if (strcmp(arch, "gemma3"))
+    const int g2 = !strcmp(arch, "gemma2");
+    if (!g2 && strcmp(arch, "gemma3"))
         return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: general.architecture \"%s\": only llama, qwen2, qwen3 and gemma3 GGUF files load",
-                             path, arch);
-    static const char *const unsupported[] = {
-        "gemma3.final_logit_softcapping", "gemma3.attn_logit_softcapping",
-        "gemma3.rope.scaling.factor",     "gemma3.attention.sliding_window_pattern"};
-    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
-        if (gguf_find_kv(g, unsupported[i]))
-            return status_errorf(STATUS_UNSUPPORTED, "%s: metadata key '%s' is not supported", path,
-                                 unsupported[i]);
+                             "%s: general.architecture \"%s\": only llama, qwen2, qwen3, gemma2 and gemma3 GGUF files "
+                             "load", path, arch);
+    char key[96];
+#define GK(name) (snprintf(key, sizeof key, "%s." name, arch), key)
+    static const char *const unsupported3[] = {"final_logit_softcapping", "attn_logit_softcapping",
+                                               "rope.scaling.factor", "attention.sliding_window_pattern"};
+    for (size_t i = g2 ? 2 : 0; i < sizeof unsupported3 / sizeof unsupported3[0]; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, unsupported3[i]);
+        if (gguf_find_kv(g, key))
+            return status_errorf(STATUS_UNSUPPORTED, "%s: metadata key '%s' is not supported", path, key);
+    }
     const char *scaling = NULL;
-    if (gguf_find_kv(g, "gemma3.rope.scaling.type") &&
-        (s = gguf_get_str(g, "gemma3.rope.scaling.type", &scaling)))
-        return s;
+    if (gguf_find_kv(g, GK("rope.scaling.type")) && (s = gguf_get_str(g, key, &scaling))) return s;
     if (scaling && strcmp(scaling, "none"))
-        return status_errorf(STATUS_UNSUPPORTED, "%s: gemma3.rope.scaling.type \"%s\" is not supported",
-                             path, scaling);
+        return status_errorf(STATUS_UNSUPPORTED, "%s: %s.rope.scaling.type \"%s\" is not supported", path, arch,
+                             scaling);
 
     memset(c, 0, sizeof *c);
     c->family = MODEL_FAMILY_GEMMA3;
-    snprintf(c->architecture, sizeof c->architecture, "Gemma3ForCausalLM");
+    snprintf(c->architecture, sizeof c->architecture, g2 ? "Gemma2ForCausalLM" : "Gemma3ForCausalLM");
     int value_length = 0;
-    if ((s = gc_int(g, "gemma3.embedding_length", &c->d_model)) ||
-        (s = gc_int(g, "gemma3.block_count", &c->n_layers)) ||
-        (s = gc_int(g, "gemma3.feed_forward_length", &c->ffn_hidden)) ||
-        (s = gc_int(g, "gemma3.attention.head_count", &c->n_heads)) ||
-        (s = gc_int_or(g, "gemma3.attention.head_count_kv", c->n_heads, &c->n_kv_heads)) ||
-        (s = gc_int_or(g, "gemma3.attention.key_length", c->d_model / c->n_heads, &c->head_dim)) ||
-        (s = gc_int_or(g, "gemma3.attention.value_length", c->head_dim, &value_length)) ||
-        (s = gc_int(g, "gemma3.context_length", &c->max_positions)) ||
-        (s = gc_int(g, "gemma3.attention.sliding_window", &c->sliding_window)) ||
-        (s = gc_float_or(g, "gemma3.attention.layer_norm_rms_epsilon", 1e-6, &c->norm_eps)) ||
-        (s = gc_float_or(g, "gemma3.rope.freq_base", 1e6, &c->rope_theta)))
+    if ((s = gc_int(g, GK("embedding_length"), &c->d_model)) || (s = gc_int(g, GK("block_count"), &c->n_layers)) ||
+        (s = gc_int(g, GK("feed_forward_length"), &c->ffn_hidden)) ||
+        (s = gc_int(g, GK("attention.head_count"), &c->n_heads)) ||
+        (s = gc_int_or(g, GK("attention.head_count_kv"), c->n_heads, &c->n_kv_heads)) ||
+        (s = gc_int_or(g, GK("attention.key_length"), c->d_model / c->n_heads, &c->head_dim)) ||
+        (s = gc_int_or(g, GK("attention.value_length"), c->head_dim, &value_length)) ||
+        (s = gc_int(g, GK("context_length"), &c->max_positions)) ||
+        (s = gc_int(g, GK("attention.sliding_window"), &c->sliding_window)) ||
+        (s = gc_float_or(g, GK("attention.layer_norm_rms_epsilon"), 1e-6, &c->norm_eps)) ||
+        (s = gc_float_or(g, GK("rope.freq_base"), g2 ? 10000.0 : 1e6, &c->rope_theta)))
         return s;
+    if (g2 && ((s = gc_float_or(g, GK("attn_logit_softcapping"), 50.0, &c->attn_softcap)) ||
+               (s = gc_float_or(g, GK("final_logit_softcapping"), 30.0, &c->final_softcap))))
+        return s;
+#undef GK
     if (value_length != c->head_dim)
         return status_errorf(STATUS_UNSUPPORTED, "%s: key_length %d != value_length %d", path,
                              c->head_dim, value_length);
@@ -274,16 +278,18 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
     c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     c->dtype = dtype;
     c->embed_scale = sqrtf((float)c->d_model);
-    c->qk_norm = 1;
+    c->qk_norm = !g2;
     c->sandwich_norms = 1;
     c->norm_weight_offset = 0.0f; /* convert_hf_to_gguf.py added the 1 to every norm weight */
-    /* Not in the metadata; llama.cpp hard-codes them for gemma3, as does this (Gemma 3's
-     * published values): every 6th layer global, the others windowed with rotary base 10000,
-     * and query_pre_attn_scalar = head_dim, except the 62-layer 27B model whose scalar is
-     * d_model / n_heads (llama-model.cpp: LLM_TYPE_27B). */
-    c->sliding_window_pattern = 6;
-    c->rope_theta_local = 10000.0f;
-    int qpas = c->n_layers == 62 ? c->d_model / c->n_heads : c->head_dim;
+    /* Not in the metadata; llama.cpp hard-codes them, as does this (the published values):
+     * Gemma 3: every 6th layer global, the others windowed with rotary base 10000, and
+     * query_pre_attn_scalar = head_dim, except the 62-layer 27B model whose scalar is d_model /
+     * n_heads (llama-model.cpp: LLM_TYPE_27B). Gemma 2: every other layer windowed (the even
+     * ones), one rotary base, the scalar head_dim except the 46-layer 27B's d_model / n_heads. */
+    c->sliding_window_pattern = g2 ? 2 : 6;
+    c->rope_theta_local = g2 ? c->rope_theta : 10000.0f;
+    const int big = g2 ? c->n_layers == 46 : c->n_layers == 62;
+    int qpas = big ? c->d_model / c->n_heads : c->head_dim;
     c->attn_scale = (float)(1.0 / sqrt((double)qpas));
     return config_validate(c, path);
 }

@@ -259,6 +259,7 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
                                    (int64_t)fb->n_seqs, (int64_t)fb->max_blocks),
         .scale = m->cfg.attn_scale > 0.0f ? m->cfg.attn_scale : 1.0f / sqrtf((float)m->cfg.head_dim),
         .window = m->cfg.sliding_window,
+        .softcap = m->cfg.attn_softcap,
     };
     /* The host knows what the device-side q_start says: a decode step lets the backend pick its
      * decode kernel (struct attention_batch.decode_only). */
@@ -298,6 +299,7 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
     layer_norm(m, &rows, &rows, &m->w.final_norm, &m->w.final_norm_bias);
     struct tensor lg = tensor_first_rows(&m->ws.logits, fb->n_logits);
     op_matmul(b, &lg, &rows, &m->w.lm_head, NULL);
+    if (m->cfg.final_softcap > 0.0f) op_softcap(b, &lg, &lg, m->cfg.final_softcap); /* Gemma 2 */
     struct tensor full = lg;
     if (m->tp_size > 1) { /* vocab-parallel shards side by side: (rows, tp * vocab_local) */
         full = tensor_first_rows(&m->ws.logits_full, fb->n_logits);

@@ -34,6 +34,7 @@ static struct attention_train_batch attention_batch(const struct model_train *t,
         .doc_start = tensor_first_rows(&a->doc_start, tb->n_docs + 1),
         .scale = m->cfg.attn_scale > 0.0f ? m->cfg.attn_scale : 1.0f / sqrtf((float)m->cfg.head_dim),
         .window = 0,
+        .softcap = m->cfg.attn_softcap,
     };
 }
 
@@ -226,7 +227,7 @@ static enum status loss_fwd(struct model_train *t, int64_t T, const struct tenso
     struct train_activations *a = t->a;
     struct tensor stats = tensor_first_rows(&a->stats, T), targets = tensor_first_rows(&a->targets, T);
     struct tensor loss = tensor_first_rows(&a->loss, T), lse = tensor_first_rows(&a->lse, T);
-    op_cross_entropy_stats(b, &stats, h_full, &m->w.lm_head, &targets, m->vocab_start);
+    op_cross_entropy_stats(b, &stats, h_full, &m->w.lm_head, &targets, m->vocab_start, m->cfg.final_softcap);
     struct tensor all = stats;
     if (m->tp_size > 1) {
         all = tensor_first_rows(&a->stats_all, (int64_t)m->tp_size * T);
@@ -462,7 +463,7 @@ enum status model_backward(struct model_train *t, const struct train_batch *tb,
         struct tensor dxn = tensor_first_rows(&a->dxn, T);
         TRY(gather_rows(t, &h, &a->gath, T, &h_full));
         op_cross_entropy_backward(b, &dxn, opt(&grads->lm_head), &h_full, &m->w.lm_head, &targets, &lse, NULL,
-                                  tb->grad_scale, m->vocab_start, 0);
+                                  tb->grad_scale, m->vocab_start, 0, m->cfg.final_softcap);
         TRY(sum_input_grad(t, T, &dsum));
         norm_bwd(m, &dres, &grads->final_norm, &grads->final_norm_bias, &dsum, &x, &m->w.final_norm);
     }

@@ -169,12 +169,15 @@ static void store_output(const struct attn_ctx *c, int64_t t, int64_t h, const f
  * keys: the running max *mx grows to their max (acc (hd) and the running sum *l rescaled under
  * the new max), s[a..b] becomes exp(s - max) and is added to *l, the rest of s[0..n) becomes 0
  * (keys this query does not attend to). a > b: none attended. */
-static void softmax_step(float *s, int n, int a, int b, float *mx, float *l, float *acc, int64_t hd)
+static void softmax_step(float *s, int n, int a, int b, float *mx, float *l, float *acc, int64_t hd,
+                         float cap)
 {
     if (a > b) {
         memset(s, 0, (size_t)n * sizeof(float));
         return;
     }
+    if (cap > 0.0f) /* soft-capped scores (ops.h) */
+        for (int i = a; i <= b; i++) s[i] = cap * tanhf(s[i] / cap);
     float m = *mx;
     for (int i = a; i <= b; i++) m = s[i] > m ? s[i] : m;
     if (m > *mx) { /* rescale what was accumulated under the old max (nothing yet at -inf) */
@@ -244,7 +247,7 @@ static void attend_row(const struct attn_ctx *c, float *ws, int s, int64_t t, in
             c->kt->scores(qj, (int)group, (int)hd, kp, np, sj, ATTN_ROW_KEYS);
             for (int64_t g = 0; g < group; g++) {
                 const int64_t i = j * group + g;
-                softmax_step(sj + g * ATTN_ROW_KEYS, np, 0, np - 1, &mx[i], &l[i], aj + g * hd, hd);
+                softmax_step(sj + g * ATTN_ROW_KEYS, np, 0, np - 1, &mx[i], &l[i], aj + g * hd, hd, c->batch->softcap);
             }
             cache_rows(c, c->v_cache, slots, kv0 + j, np, vb, vp);
             c->kt->accumulate(aj, (int)group, (int)hd, sj, ATTN_ROW_KEYS, vp, np);
@@ -301,7 +304,7 @@ static void attend_tile(const struct attn_ctx *c, float *ws, int s, int64_t t0, 
             const int b = (int)(pos < p0 + np - 1 ? pos - p0 : np - 1);
             for (int64_t g = 0; g < group; g++) {
                 const int64_t i = r * group + g;
-                softmax_step(sc + i * ATTN_KEY_TILE, np, a, b, &mx[i], &l[i], acc + i * hd, hd);
+                softmax_step(sc + i * ATTN_KEY_TILE, np, a, b, &mx[i], &l[i], acc + i * hd, hd, c->batch->softcap);
             }
         }
         cache_rows(c, c->v_cache, slots, kvh, np, vb, vp);

@@ -62,6 +62,11 @@ static int64_t first_key(int64_t doc_begin, int64_t i, int window)
 }
 
 /* dst[0..n) = row `offset` of t as f32, times alpha. */
+/* A score soft-capped (ops.h: cap * tanh(s / cap); cap 0 = none), and the derivative of the cap
+ * at its output z: 1 - (z / cap)^2. */
+static inline float capped(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
+static inline float capped_grad(float z, float cap) { return cap > 0.0f ? 1.0f - (z / cap) * (z / cap) : 1.0f; }
+
 static void load_scaled(const struct tensor *t, size_t offset, size_t n, float alpha, float *dst)
 {
     if (t->dtype == DTYPE_F32) {
@@ -135,7 +140,7 @@ void cpu_attention_train(struct backend *b, const struct tensor *out, const stru
     if (dm.n == 0 || dm.n_heads == 0) return;
     check_docs(batch, dm.n);
     const int32_t *doc_start = batch->doc_start.data;
-    const float scale = batch->scale;
+    const float scale = batch->scale, cap = batch->softcap;
     const int window = batch->window;
 
     /* Per thread: q (BQ*G, hd) | acc (BQ*G, hd) | scores (BQ*G, BK) | m, l (BQ*G) | K, V tiles (BK, hd) */
@@ -179,7 +184,7 @@ void cpu_attention_train(struct backend *b, const struct tensor *out, const stru
                         const int64_t x = r * G + g;
                         float *s = sc + x * TRAIN_BK, *a = acc + x * hd, tile_max = -INFINITY;
                         for (int64_t j = jlo; j <= jhi; j++) {
-                            s[j] = dot(qs + x * hd, ks + j * hd, hd);
+                            s[j] = capped(dot(qs + x * hd, ks + j * hd, hd), cap);
                             /* A NaN score sticks in tile_max, and from there poisons the row's
                              * max, sum and output rather than being skipped. */
                             tile_max = s[j] > tile_max || s[j] != s[j] ? s[j] : tile_max;
@@ -243,7 +248,7 @@ void cpu_attention_train_backward(struct backend *b, const struct tensor *dq,
     if (dm.n == 0 || dm.n_heads == 0) return;
     check_docs(batch, dm.n);
     const int32_t *doc_start = batch->doc_start.data;
-    const float scale = batch->scale;
+    const float scale = batch->scale, cap = batch->softcap;
     const int window = batch->window;
 
     /* Per thread: q, dout, dq (BQ*G, hd) | D, lse (BQ*G) | K, V, dK, dV tiles (BK, hd) | one
@@ -280,8 +285,9 @@ void cpu_attention_train_backward(struct backend *b, const struct tensor *dq,
                     for (int64_t g = 0; g < G; g++) {
                         const int64_t x = r * G + g;
                         for (int64_t j = jlo; j <= jhi; j++) {
-                            const float p = expf(dot(qs + x * hd, ks + j * hd, hd) - ls[x]);
-                            const float ds = p * (dot(dos + x * hd, vs + j * hd, hd) - dd[x]);
+                            const float z = capped(dot(qs + x * hd, ks + j * hd, hd), cap);
+                            const float p = expf(z - ls[x]);
+                            const float ds = p * (dot(dos + x * hd, vs + j * hd, hd) - dd[x]) * capped_grad(z, cap);
                             axpy(acc + x * hd, ds, ks + j * hd, hd);
                         }
                     }
@@ -326,8 +332,9 @@ void cpu_attention_train_backward(struct backend *b, const struct tensor *dq,
                     for (int64_t g = 0; g < G; g++) {
                         const int64_t x = r * G + g;
                         for (int64_t j = jlo; j <= jhi; j++) {
-                            const float p = expf(dot(qs + x * hd, ks + j * hd, hd) - ls[x]);
-                            const float ds = p * (dot(dos + x * hd, vs + j * hd, hd) - dd[x]);
+                            const float z = capped(dot(qs + x * hd, ks + j * hd, hd), cap);
+                            const float p = expf(z - ls[x]);
+                            const float ds = p * (dot(dos + x * hd, vs + j * hd, hd) - dd[x]) * capped_grad(z, cap);
                             axpy(dvs + j * hd, p, dos + x * hd, hd);
                             axpy(dks + j * hd, ds, qs + x * hd, hd); /* qs holds scale * q */
                         }

@@ -113,6 +113,7 @@ static const struct backend_ops cpu_backend_ops = {
     .layernorm = cpu_layernorm,
     .add = cpu_add,
     .scale = cpu_scale,
+    .softcap = cpu_softcap,
     .dropout = cpu_dropout,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,

@@ -106,6 +106,7 @@ void cpu_layernorm(struct backend *b, const struct tensor *out, const struct ten
 void cpu_add(struct backend *b, const struct tensor *out, const struct tensor *a,
              const struct tensor *c);
 void cpu_scale(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha);
+void cpu_softcap(struct backend *b, const struct tensor *out, const struct tensor *x, float cap);
 void cpu_dropout(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key, int64_t col0,
                  float p);
 void cpu_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
@@ -164,7 +165,7 @@ void cpu_gated_activation_backward(struct backend *b, const struct tensor *dgate
                                    enum activation act);
 void cpu_cross_entropy_stats(struct backend *b, const struct tensor *stats, const struct tensor *h,
                              const struct tensor *w, const struct tensor *targets,
-                             int64_t vocab_start);
+                             int64_t vocab_start, float softcap);
 void cpu_cross_entropy_combine(struct backend *b, const struct tensor *loss,
                                const struct tensor *lse, const struct tensor *stats,
                                const struct tensor *targets);
@@ -172,7 +173,7 @@ void cpu_cross_entropy_backward(struct backend *b, const struct tensor *dh, cons
                                 const struct tensor *h, const struct tensor *w,
                                 const struct tensor *targets, const struct tensor *lse,
                                 const struct tensor *row_scale, float scale, int64_t vocab_start,
-                                int accumulate_dh);
+                                int accumulate_dh, float softcap);
 void cpu_adamw(struct backend *b, const struct tensor *p, const struct tensor *g,
                const struct tensor *m, const struct tensor *v, const struct adamw_params *hp);
 void cpu_sum_squares(struct backend *b, const struct tensor *out, const struct tensor *x);

@@ -18,6 +18,14 @@ static int64_t ce_chunk(int64_t n, int64_t vocab_local)
     return c < vocab_local ? c : vocab_local;
 }
 
+/* z[0 .. n) = cap * tanh(z / cap), the logits soft-capped (ops.h). */
+static void softcap_rows(struct backend *b, float *z, int64_t n, float cap)
+{
+    const float inv = 1.0f / cap;
+    #pragma omp parallel for schedule(static) num_threads(b->n_threads) if (n > CPU_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) z[i] = cap * tanhf(z[i] * inv);
+}
+
 /* Rows [c0, c0 + cc) of w as f32: w itself when f32, else converted into buf. */
 static const float *ce_weight_rows(struct backend *b, const struct tensor *w, int64_t c0,
                                    int64_t cc, int64_t d, float *buf)
@@ -29,7 +37,7 @@ static const float *ce_weight_rows(struct backend *b, const struct tensor *w, in
 
 void cpu_cross_entropy_stats(struct backend *b, const struct tensor *stats, const struct tensor *h,
                              const struct tensor *w, const struct tensor *targets,
-                             int64_t vocab_start)
+                             int64_t vocab_start, float softcap)
 {
     const int64_t n = tensor_rows(h), d = tensor_cols(h), vl = w->shape[0];
     const int64_t chunk = ce_chunk(n, vl);
@@ -54,6 +62,7 @@ void cpu_cross_entropy_stats(struct backend *b, const struct tensor *stats, cons
         const int64_t cc = vl - c0 < chunk ? vl - c0 : chunk;
         const float *wc = ce_weight_rows(b, w, c0, cc, d, wbuf);
         cpu_gemm_nt(b, n, cc, d, hf, d, wc, d, 0.0f, z, cc); /* z (n, cc) = h @ wc^T */
+        if (softcap > 0.0f) softcap_rows(b, z, n * cc, softcap);
         /* The running maximum moves to the chunk's when larger, rescaling the running sum. */
         #pragma omp parallel for schedule(static) num_threads(b->n_threads) if (n * cc > CPU_PARALLEL_MIN)
         for (int64_t i = 0; i < n; i++) {
@@ -108,7 +117,7 @@ void cpu_cross_entropy_backward(struct backend *b, const struct tensor *dh, cons
                                 const struct tensor *h, const struct tensor *w,
                                 const struct tensor *targets, const struct tensor *lse,
                                 const struct tensor *row_scale, float scale, int64_t vocab_start,
-                                int accumulate_dh)
+                                int accumulate_dh, float softcap)
 {
     const int64_t n = tensor_rows(h), d = tensor_cols(h), vl = w->shape[0];
     const int64_t chunk = ce_chunk(n, vl);
@@ -131,7 +140,9 @@ void cpu_cross_entropy_backward(struct backend *b, const struct tensor *dh, cons
         const int64_t cc = vl - c0 < chunk ? vl - c0 : chunk;
         const float *wc = ce_weight_rows(b, w, c0, cc, d, wbuf);
         cpu_gemm_nt(b, n, cc, d, hf, d, wc, d, 0.0f, z, cc); /* z (n, cc) = h @ wc^T */
-        /* z becomes dz = c_i (softmax - onehot), rounded to the storage dtype. */
+        if (softcap > 0.0f) softcap_rows(b, z, n * cc, softcap);
+        /* z becomes dz = c_i (softmax - onehot) (times the softcap's derivative 1 - (z / cap)^2),
+         * rounded to the storage dtype. */
         #pragma omp parallel for schedule(static) num_threads(b->n_threads) if (n * cc > CPU_PARALLEL_MIN)
         for (int64_t i = 0; i < n; i++) {
             float *zr = z + i * cc;
@@ -142,7 +153,11 @@ void cpu_cross_entropy_backward(struct backend *b, const struct tensor *dh, cons
             }
             const float l = ls[i];
             const int64_t t = (int64_t)tg[i] - vocab_start - c0;
-            for (int64_t j = 0; j < cc; j++) zr[j] = round_to(c * (expf(zr[j] - l) - (j == t ? 1.0f : 0.0f)), h->dtype);
+            for (int64_t j = 0; j < cc; j++) {
+                float g = c * (expf(zr[j] - l) - (j == t ? 1.0f : 0.0f));
+                if (softcap > 0.0f) g *= 1.0f - (zr[j] / softcap) * (zr[j] / softcap);
+                zr[j] = round_to(g, h->dtype);
+            }
         }
         cpu_gemm_nn(b, n, d, cc, z, cc, wc, d, 1.0f, dhf, d); /* dh (n, d) += dz @ wc */
         if (!dw) continue;

@@ -1,5 +1,8 @@
-/* kernels/cpu/scale.c - op_scale on the CPU: out = alpha * x.
- * Tests: tests/test_ops.c (scale cases). */
+/* kernels/cpu/scale.c - op_scale and op_softcap on the CPU: out = alpha * x, out = cap *
+ * tanh(x / cap).
+ * Tests: tests/test_ops.c (scale and softcap cases). */
+#include <math.h>
+
 #include "cpu_ops.h"
 
 #define SCALE_CHUNK 1024
@@ -14,6 +17,21 @@ void cpu_scale(struct backend *b, const struct tensor *out, const struct tensor 
         const float *px = cpu_load_row(x, (size_t)i, len, t);
         float *po = cpu_out_row(out, (size_t)i, t);
         for (size_t j = 0; j < len; j++) po[j] = alpha * px[j];
+        cpu_store_row(out, (size_t)i, len, po);
+    }
+}
+
+void cpu_softcap(struct backend *b, const struct tensor *out, const struct tensor *x, float cap)
+{
+    int64_t n = tensor_numel(out);
+    const float inv = 1.0f / cap;
+    #pragma omp parallel for schedule(static) if (n > CPU_PARALLEL_MIN) num_threads(b->n_threads)
+    for (int64_t i = 0; i < n; i += SCALE_CHUNK) {
+        float t[SCALE_CHUNK];
+        size_t len = (size_t)(n - i < SCALE_CHUNK ? n - i : SCALE_CHUNK);
+        const float *px = cpu_load_row(x, (size_t)i, len, t);
+        float *po = cpu_out_row(out, (size_t)i, t);
+        for (size_t j = 0; j < len; j++) po[j] = cap * tanhf(px[j] * inv);
         cpu_store_row(out, (size_t)i, len, po);
     }
 }

@@ -51,7 +51,7 @@ static __global__ void __launch_bounds__(ATTENTION_THREADS)
 attention_kernel(T *out, const T *q, const T *k_cache, const T *v_cache, const int32_t *q_start,
                  const int32_t *seq_len, const int32_t *block_table, int64_t n, int n_heads,
                  int n_kv_heads, int head_dim, int64_t n_blocks, int n_seqs, int block_tokens,
-                 int max_blocks, float scale, int window)
+                 int max_blocks, float scale, int window, float softcap)
 {
     __shared__ float warp_max[ATTENTION_WARPS];
     __shared__ float warp_sum[ATTENTION_WARPS];
@@ -98,7 +98,7 @@ attention_kernel(T *out, const T *q, const T *k_cache, const T *v_cache, const i
                 int d = lane + 32 * i;
                 if (d < head_dim) dot += qv[i] * cuda_load(k_cache + kv_off + d);
             }
-            const float score = cuda_warp_sum(dot);
+            const float score = cuda_softcap(cuda_warp_sum(dot), softcap);
             const float m_new = fmaxf(m, score);
             /* Only -inf scores so far (an infinite input): nothing carries weight yet, and
              * exp(-inf - -inf) would be NaN. A NaN score is not skipped: it poisons l and acc,
@@ -220,7 +220,7 @@ attention_decode_split_k_kernel(T *out, float *part_acc, float2 *part_ml, const 
                                 const int32_t *seq_len, const int32_t *block_table, int n_heads,
                                 int n_kv_heads, int head_dim, int64_t n_blocks, int n_seqs,
                                 int block_tokens, int max_blocks, float scale, int window,
-                                int head_tiles, int chunk, int64_t n)
+                                float softcap, int head_tiles, int chunk, int64_t n)
 {
     constexpr int VEC = attention_vec<T>::N;
     constexpr int NVL = ATTENTION_MAX_HEAD_DIM / (32 * VEC); /* vectors per lane: 1, or 2 (f32) */
@@ -341,7 +341,7 @@ attention_decode_split_k_kernel(T *out, float *part_acc, float2 *part_ml, const 
 #pragma unroll
                     for (int e = 0; e < E; e++) dot += qf[g][e] * kf[e];
                     for (int o = 1; o < lpk; o <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                    sc[u][g] = valid[u] ? dot : -INFINITY;
+                    sc[u][g] = valid[u] ? cuda_softcap(dot, softcap) : -INFINITY;
                 }
             }
 
@@ -520,8 +520,8 @@ static void attention_decode_split_k_launch(struct backend *b, struct cuda_state
         (const T *)v_cache->data, (const int32_t *)batch->q_start.data,
         (const int32_t *)batch->seq_len.data, (const int32_t *)batch->block_table.data,
         (int)n_heads, (int)n_kv_heads, (int)head_dim, k_cache->shape[0], batch->n_seqs,
-        batch->block_tokens, batch->max_blocks, batch->scale, batch->window, (int)head_tiles,
-        (int)chunk, n);
+        batch->block_tokens, batch->max_blocks, batch->scale, batch->window, batch->softcap,
+        (int)head_tiles, (int)chunk, n);
     LAUNCH_CHECK();
     if (n_splits > 1) {
         attention_decode_split_k_combine_kernel<T>
@@ -580,6 +580,6 @@ void cuda_attention(struct backend *b, const struct tensor *out, const struct te
             (const T *)v_cache->data, (const int32_t *)batch->q_start.data,
             (const int32_t *)batch->seq_len.data, (const int32_t *)batch->block_table.data, n,
             (int)n_heads, (int)n_kv_heads, (int)head_dim, k_cache->shape[0], batch->n_seqs,
-            batch->block_tokens, batch->max_blocks, batch->scale, batch->window);
+            batch->block_tokens, batch->max_blocks, batch->scale, batch->window, batch->softcap);
         LAUNCH_CHECK());
 }

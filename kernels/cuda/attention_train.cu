@@ -106,7 +106,7 @@ template <typename T>
 static __global__ void __launch_bounds__(TRAIN_THREADS)
 attention_train_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v,
                                const int32_t *doc_start, int n_docs, int64_t n, int n_heads,
-                               int n_kv_heads, int hd, float scale, int window)
+                               int n_kv_heads, int hd, float scale, int window, float softcap)
 {
     extern __shared__ float smem[];
     const int ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -140,7 +140,8 @@ attention_train_forward_kernel(T *out, float *lse, const T *q, const T *k, const
         for (int i = 0; i < TRAIN_RPW; i++) {
             if (row[i] >= r1) continue; /* warp-uniform */
             const bool valid = key >= lo[i] && key <= row[i];
-            const float s = valid ? train_dot(Qs + (warp * TRAIN_RPW + i) * hd, Ks + lane * ld, hd)
+            const float s = valid ? cuda_softcap(train_dot(Qs + (warp * TRAIN_RPW + i) * hd, Ks + lane * ld, hd),
+                                                 softcap)
                                   : -INFINITY;
             /* A NaN score poisons the row (max, sum, output) rather than being skipped. */
             const float tile_max = __any_sync(FULL_MASK, s != s) ? NAN : cuda_warp_max(s);
@@ -183,7 +184,7 @@ template <typename T>
 static __global__ void __launch_bounds__(TRAIN_THREADS)
 attention_train_dq_kernel(T *dq, const T *dout, const T *out, const float *lse, const T *q,
                           const T *k, const T *v, const int32_t *doc_start, int n_docs, int64_t n,
-                          int n_heads, int n_kv_heads, int hd, float scale, int window)
+                          int n_heads, int n_kv_heads, int hd, float scale, int window, float softcap)
 {
     extern __shared__ float smem[];
     const int ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -230,8 +231,9 @@ attention_train_dq_kernel(T *dq, const T *dout, const T *out, const float *lse, 
             const int r = warp * TRAIN_RPW + i;
             float ds = 0.0f;
             if (valid) {
-                const float p = expf(train_dot(Qs + r * hd, Ks + lane * ld, hd) - L[i]);
-                ds = p * (train_dot(dOs + r * hd, Vs + lane * ld, hd) - D[i]);
+                const float z = cuda_softcap(train_dot(Qs + r * hd, Ks + lane * ld, hd), softcap);
+                const float p = expf(z - L[i]);
+                ds = p * (train_dot(dOs + r * hd, Vs + lane * ld, hd) - D[i]) * cuda_softcap_grad(z, softcap);
             }
             for (int j = 0; j < nk; j++) {
                 const float dsj = __shfl_sync(FULL_MASK, ds, j);
@@ -263,7 +265,7 @@ static __global__ void __launch_bounds__(TRAIN_THREADS)
 attention_train_dkdv_kernel(T *dk, T *dv, const T *dout, const T *out, const float *lse,
                             const T *q, const T *k, const T *v, const int32_t *doc_start,
                             int n_docs, int64_t n, int n_heads, int n_kv_heads, int hd,
-                            float scale, int window)
+                            float scale, int window, float softcap)
 {
     extern __shared__ float smem[];
     const int ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -315,8 +317,9 @@ attention_train_dkdv_kernel(T *dk, T *dv, const T *dout, const T *out, const flo
                 const int kr = warp * TRAIN_KPW + u;
                 float p = 0.0f, ds = 0.0f;
                 if (valid) {
-                    p = expf(train_dot(Qs + lane * ld, Ks + kr * hd, hd) - Ls[lane]);
-                    ds = p * (train_dot(dOs + lane * ld, Vs + kr * hd, hd) - Ds[lane]);
+                    const float z = cuda_softcap(train_dot(Qs + lane * ld, Ks + kr * hd, hd), softcap);
+                    p = expf(z - Ls[lane]);
+                    ds = p * (train_dot(dOs + lane * ld, Vs + kr * hd, hd) - Ds[lane]) * cuda_softcap_grad(z, softcap);
                 }
                 for (int r = 0; r < ni; r++) {
                     const float pr = __shfl_sync(FULL_MASK, p, r);
@@ -384,7 +387,7 @@ void cuda_attention_train(struct backend *b, const struct tensor *out, const str
         attention_train_forward_kernel<T><<<grid, TRAIN_THREADS, smem, s->stream>>>(
             (T *)out->data, (float *)lse->data, (const T *)q->data, (const T *)k->data,
             (const T *)v->data, (const int32_t *)batch->doc_start.data, batch->n_docs, n,
-            (int)n_heads, (int)k->shape[1], (int)hd, batch->scale, batch->window);
+            (int)n_heads, (int)k->shape[1], (int)hd, batch->scale, batch->window, batch->softcap);
         LAUNCH_CHECK());
 }
 
@@ -409,7 +412,7 @@ void cuda_attention_train_backward(struct backend *b, const struct tensor *dq,
             (T *)dq->data, (const T *)dout->data, (const T *)out->data,
             (const float *)lse->data, (const T *)q->data, (const T *)k->data,
             (const T *)v->data, (const int32_t *)batch->doc_start.data, batch->n_docs, n,
-            (int)n_heads, (int)n_kv, (int)hd, batch->scale, batch->window);
+            (int)n_heads, (int)n_kv, (int)hd, batch->scale, batch->window, batch->softcap);
         LAUNCH_CHECK();
         CUDA_CHECK(cudaFuncSetAttribute(attention_train_dkdv_kernel<T>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
@@ -417,6 +420,6 @@ void cuda_attention_train_backward(struct backend *b, const struct tensor *dq,
             (T *)dk->data, (T *)dv->data, (const T *)dout->data, (const T *)out->data,
             (const float *)lse->data, (const T *)q->data, (const T *)k->data,
             (const T *)v->data, (const int32_t *)batch->doc_start.data, batch->n_docs, n,
-            (int)n_heads, (int)n_kv, (int)hd, batch->scale, batch->window);
+            (int)n_heads, (int)n_kv, (int)hd, batch->scale, batch->window, batch->softcap);
         LAUNCH_CHECK());
 }

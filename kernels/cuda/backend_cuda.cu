@@ -143,6 +143,7 @@ static const struct backend_ops cuda_backend_ops = {
     .layernorm = cuda_layernorm,
     .add = cuda_add,
     .scale = cuda_scale,
+    .softcap = cuda_softcap,
     .dropout = cuda_dropout,
     .rope = cuda_rope,
     .kv_write = cuda_kv_write,

@@ -45,10 +45,24 @@ ce_stats_chunk_kernel(float *stats, const float *z, const int32_t *targets, int6
     }
 }
 
+/* z[0 .. n) = cap * tanh(z / cap): the logits soft-capped (ops.h). */
+static __global__ void ce_softcap_kernel(float *z, int64_t n, float cap)
+{
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x)
+        z[e] = cuda_softcap(z[e], cap);
+}
+
+static void ce_softcap(struct cuda_state *s, float *z, int64_t n, float cap)
+{
+    if (cap <= 0.0f) return;
+    ce_softcap_kernel<<<cuda_blocks_for(n, CUDA_THREADS), CUDA_THREADS, 0, s->stream>>>(z, n, cap);
+    LAUNCH_CHECK();
+}
+
 /* stats (n, 3) of this shard: w (vocab_local, d) rows vocab_start.. */
 void cuda_cross_entropy_stats(struct backend *b, const struct tensor *stats, const struct tensor *h,
                               const struct tensor *w, const struct tensor *targets,
-                              int64_t vocab_start)
+                              int64_t vocab_start, float softcap)
 {
     struct cuda_state *s = cuda_state_enter(b);
     const int64_t n = tensor_rows(h), d = tensor_cols(h), vl = w->shape[0];
@@ -61,6 +75,7 @@ void cuda_cross_entropy_stats(struct backend *b, const struct tensor *stats, con
         /* z (n, cc) = h (n, d) @ w[c0 .. c0 + cc)^T */
         cuda_gemm(s, 0, 1, n, cc, d, h->data, d, (const char *)w->data + (size_t)(c0 * d) * es, d,
                   h->dtype, 0.0f, z, cc, DTYPE_F32, NULL, 0);
+        ce_softcap(s, z, n * cc, softcap);
         ce_stats_chunk_kernel<<<cuda_blocks_for(n, 1), CE_THREADS, 0, s->stream>>>(
             (float *)stats->data, z, (const int32_t *)targets->data, n, cc, vocab_start + c0,
             c0 == 0);
@@ -104,7 +119,7 @@ void cuda_cross_entropy_combine(struct backend *b, const struct tensor *loss,
 template <typename T>
 static __global__ void ce_dz_kernel(T *dz, const float *z, const float *lse, const int32_t *targets,
                                     const float *row_scale, float scale, int64_t n, int64_t cc,
-                                    int64_t col0)
+                                    int64_t col0, float softcap)
 {
     int64_t total = n * cc;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
@@ -113,6 +128,7 @@ static __global__ void ce_dz_kernel(T *dz, const float *z, const float *lse, con
         int32_t t = targets[i];
         float c = t < 0 ? 0.0f : scale * (row_scale ? row_scale[i] : 1.0f);
         float g = c == 0.0f ? 0.0f : c * (expf(z[e] - lse[i]) - ((int64_t)t - col0 == j ? 1.0f : 0.0f));
+        g *= cuda_softcap_grad(z[e], softcap);
         cuda_store(dz + e, g);
     }
 }
@@ -140,7 +156,7 @@ void cuda_cross_entropy_backward(struct backend *b, const struct tensor *dh,
                                  const struct tensor *dw, const struct tensor *h,
                                  const struct tensor *w, const struct tensor *targets,
                                  const struct tensor *lse, const struct tensor *row_scale,
-                                 float scale, int64_t vocab_start, int accumulate_dh)
+                                 float scale, int64_t vocab_start, int accumulate_dh, float softcap)
 {
     struct cuda_state *s = cuda_state_enter(b);
     const int64_t n = tensor_rows(h), d = tensor_cols(h), vl = w->shape[0];
@@ -171,11 +187,12 @@ void cuda_cross_entropy_backward(struct backend *b, const struct tensor *dh,
         const int64_t cc = vl - c0 < chunk ? vl - c0 : chunk;
         const char *wc = (const char *)w->data + (size_t)(c0 * d) * es;
         cuda_gemm(s, 0, 1, n, cc, d, h->data, d, wc, d, t, 0.0f, z, cc, DTYPE_F32, NULL, 0);
+        ce_softcap(s, z, n * cc, softcap);
         CUDA_DISPATCH_FLOAT(t, T,
             ce_dz_kernel<T><<<cuda_blocks_for(n * cc, CUDA_THREADS), CUDA_THREADS, 0, s->stream>>>(
                 (T *)dz, z, (const float *)lse->data, (const int32_t *)targets->data,
                 row_scale ? (const float *)row_scale->data : (const float *)NULL, scale, n, cc,
-                vocab_start + c0);
+                vocab_start + c0, softcap);
             LAUNCH_CHECK());
         cuda_gemm(s, 0, 0, n, d, cc, dz, cc, wc, d, t, 1.0f, dhf, d, DTYPE_F32, NULL, 0); /* dh += dz @ wc */
         if (dw) /* dw[c0 .. c0 + cc) += dz^T @ h */

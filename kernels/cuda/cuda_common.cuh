@@ -145,6 +145,14 @@ static inline unsigned cuda_blocks_for(int64_t n, int threads)
 
 /* Widening loads and rounding (to nearest even) stores: kernels compute in f32 and round once,
  * on store, like the CPU reference. */
+/* A score or logit soft-capped (ops.h: cap * tanh(s / cap); cap 0 = none), and the cap's
+ * derivative at its output z: 1 - (z / cap)^2. */
+__device__ __forceinline__ float cuda_softcap(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
+__device__ __forceinline__ float cuda_softcap_grad(float z, float cap)
+{
+    return cap > 0.0f ? 1.0f - (z / cap) * (z / cap) : 1.0f;
+}
+
 __device__ __forceinline__ float cuda_load(const float *p) { return *p; }
 __device__ __forceinline__ float cuda_load(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
 __device__ __forceinline__ float cuda_load(const __half *p) { return __half2float(*p); }

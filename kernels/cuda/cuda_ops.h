@@ -33,6 +33,7 @@ void cuda_layernorm(struct backend *b, const struct tensor *out, const struct te
 void cuda_add(struct backend *b, const struct tensor *out, const struct tensor *a,
               const struct tensor *c);
 void cuda_scale(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha);
+void cuda_softcap(struct backend *b, const struct tensor *out, const struct tensor *x, float cap);
 void cuda_dropout(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key, int64_t col0,
                   float p);
 void cuda_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,
@@ -90,7 +91,7 @@ void cuda_gated_activation_backward(struct backend *b, const struct tensor *dgat
                                     enum activation act);
 void cuda_cross_entropy_stats(struct backend *b, const struct tensor *stats,
                               const struct tensor *h, const struct tensor *w,
-                              const struct tensor *targets, int64_t vocab_start);
+                              const struct tensor *targets, int64_t vocab_start, float softcap);
 void cuda_cross_entropy_combine(struct backend *b, const struct tensor *loss,
                                 const struct tensor *lse, const struct tensor *stats,
                                 const struct tensor *targets);
@@ -98,7 +99,7 @@ void cuda_cross_entropy_backward(struct backend *b, const struct tensor *dh,
                                  const struct tensor *dw, const struct tensor *h,
                                  const struct tensor *w, const struct tensor *targets,
                                  const struct tensor *lse, const struct tensor *row_scale,
-                                 float scale, int64_t vocab_start, int accumulate_dh);
+                                 float scale, int64_t vocab_start, int accumulate_dh, float softcap);
 void cuda_adamw(struct backend *b, const struct tensor *p, const struct tensor *g,
                 const struct tensor *m, const struct tensor *v, const struct adamw_params *hp);
 void cuda_sum_squares(struct backend *b, const struct tensor *out, const struct tensor *x);

@@ -6,7 +6,7 @@ reference.json. Written only for shardlm's golden tests (golden_gguf_<model>); i
 convert_hf_to_gguf.py (LlamaModel.permute of q/k for "llama"; Qwen2Model / Qwen3Model keep
 Hugging Face's order), never shardlm's code.
 
-  hf_to_gguf.py --hf DIR --arch llama|qwen2|qwen3 --out FILE.gguf --ref OUT.json
+  hf_to_gguf.py --hf DIR --arch llama|qwen2|qwen3|gemma2 --out FILE.gguf --ref OUT.json
 """
 import argparse
 import json
@@ -47,7 +47,7 @@ def permute(w, n_head):  # convert_hf_to_gguf.py LlamaModel.permute: rotate-half
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hf", required=True)
-    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3"], required=True)
+    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "gemma2"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--ref", required=True)
     a = ap.parse_args()
@@ -70,6 +70,13 @@ def main():
     g.add_uint32(A + ".rope.dimension_count", hd)
     g.add_float32(A + ".attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     g.add_float32(A + ".rope.freq_base", cfg["rope_theta"])
+    gemma = A == "gemma2"
+    if gemma:  # convert_hf_to_gguf.py Gemma2Model's keys
+        g.add_float32(A + ".attn_logit_softcapping", cfg["attn_logit_softcapping"])
+        g.add_float32(A + ".final_logit_softcapping", cfg["final_logit_softcapping"])
+        g.add_uint32(A + ".attention.sliding_window", cfg["sliding_window"])
+        # llama.cpp hard-codes query_pre_attn_scalar = head_dim (27B aside): the model must agree
+        assert cfg["query_pre_attn_scalar"] == hd, "gemma2 GGUF: query_pre_attn_scalar must be head_dim"
     # A SentencePiece-style vocabulary of V distinct pieces (the model is fed ids, not text).
     g.add_tokenizer_model("llama")
     g.add_token_list(["<unk>", "<s>", "</s>"] + ["\u2581t%d" % i for i in range(3, V)])
@@ -81,13 +88,16 @@ def main():
     def put(name, arr):
         g.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
 
+    def norm(key):  # Gemma's x * (1 + w): convert_hf_to_gguf.py stores 1 + w
+        return w[key] + 1.0 if gemma else w[key]
+
     put("token_embd.weight", w["model.embed_tokens.weight"])
     for l in range(cfg["num_hidden_layers"]):
         p, b = "model.layers.%d." % l, "blk.%d." % l
         q, k = w[p + "self_attn.q_proj.weight"], w[p + "self_attn.k_proj.weight"]
         if A == "llama":
             q, k = permute(q, nh), permute(k, nkv)
-        put(b + "attn_norm.weight", w[p + "input_layernorm.weight"])
+        put(b + "attn_norm.weight", norm(p + "input_layernorm.weight"))
         put(b + "attn_q.weight", q)
         put(b + "attn_k.weight", k)
         put(b + "attn_v.weight", w[p + "self_attn.v_proj.weight"])
@@ -98,7 +108,12 @@ def main():
         if p + "self_attn.q_norm.weight" in w:
             put(b + "attn_q_norm.weight", w[p + "self_attn.q_norm.weight"])
             put(b + "attn_k_norm.weight", w[p + "self_attn.k_norm.weight"])
-        put(b + "ffn_norm.weight", w[p + "post_attention_layernorm.weight"])
+        if gemma:
+            put(b + "post_attention_norm.weight", norm(p + "post_attention_layernorm.weight"))
+            put(b + "ffn_norm.weight", norm(p + "pre_feedforward_layernorm.weight"))
+            put(b + "post_ffw_norm.weight", norm(p + "post_feedforward_layernorm.weight"))
+        else:
+            put(b + "ffn_norm.weight", w[p + "post_attention_layernorm.weight"])
         put(b + "ffn_gate.weight", w[p + "mlp.gate_proj.weight"])
         put(b + "ffn_up.weight", w[p + "mlp.up_proj.weight"])
         put(b + "ffn_down.weight", w[p + "mlp.down_proj.weight"])
@@ -119,7 +134,7 @@ def main():
                 smooth = (old / wavelen - lo) / (hi - lo)
                 factors.append(1 / ((1 - smooth) / factor + smooth))
         put("rope_freqs.weight", np.array(factors))
-    put("output_norm.weight", w["model.norm.weight"])
+    put("output_norm.weight", norm("model.norm.weight"))
     if "lm_head.weight" in w:
         put("output.weight", w["lm_head.weight"])
     g.write_header_to_file()

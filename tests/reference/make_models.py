@@ -131,7 +131,66 @@ def llama_config(dtype="f32"):
     }
 
 
+def gemma2_config(dtype="f32"):
+    """Gemma2ForCausalLM, small: every other layer windowed (Gemma2Config's own rule, no pattern
+    field), soft-capping small enough that tanh bends the scores and the logits."""
+    return {
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "attention_bias": False,
+        "query_pre_attn_scalar": 16,  # = head_dim, as llama.cpp assumes for a GGUF
+        "sliding_window": 5,
+        "final_logit_softcapping": 6.0,
+        "attn_logit_softcapping": 3.0,
+        "tie_word_embeddings": True,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "torch_dtype": TORCH_DTYPE[dtype],
+    }
+
+
 # --------------------------------------------------------------------------- init
+
+def init_gemma2(cfg, seed):
+    rng = np.random.default_rng(seed)
+    H, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+
+    def lin(o, i):
+        return rng.standard_normal((o, i)) / math.sqrt(i)
+
+    def nw(n):  # Gemma stores w for x * (1 + w)
+        return 0.1 * rng.standard_normal(n)
+
+    # Small embeddings and post-norms that double their block's output, so that the layers, not
+    # the (scaled, tied) embedding of the last token, decide the next token.
+    w = {"model.embed_tokens.weight": 0.1 * rng.standard_normal((V, H)), "model.norm.weight": nw(H)}
+    for i in range(L):
+        p = "model.layers.%d." % i
+        w[p + "input_layernorm.weight"] = nw(H)
+        w[p + "self_attn.q_proj.weight"] = 2.0 * lin(nh * hd, H)
+        w[p + "self_attn.k_proj.weight"] = 2.0 * lin(nkv * hd, H)
+        w[p + "self_attn.v_proj.weight"] = lin(nkv * hd, H)
+        w[p + "self_attn.o_proj.weight"] = lin(H, nh * hd)
+        w[p + "post_attention_layernorm.weight"] = 1.0 + nw(H)
+        w[p + "pre_feedforward_layernorm.weight"] = nw(H)
+        w[p + "post_feedforward_layernorm.weight"] = 1.0 + nw(H)
+        w[p + "mlp.gate_proj.weight"] = lin(I, H)
+        w[p + "mlp.up_proj.weight"] = lin(I, H)
+        w[p + "mlp.down_proj.weight"] = lin(H, I)
+    return w
+
 
 def init_gpt2(cfg, seed):
     rng = np.random.default_rng(seed)
@@ -545,6 +604,44 @@ def llama_forward(cfg, w, tokens):
     return x @ lm.T
 
 
+def gemma2_forward(cfg, w, tokens):
+    """Gemma2ForCausalLM forward (eval), float64, as transformers' modeling_gemma2: embeddings times
+    sqrt(hidden); norms x * (1 + w); scores (q / sqrt(query_pre_attn_scalar)) . k soft-capped,
+    cap * tanh(s / cap), then masked (layer i windowed when i is even); sandwich norms; GeGLU;
+    the final logits soft-capped. Returns logits (T, vocab)."""
+    H, eps, theta = cfg["hidden_size"], cfg["rms_norm_eps"], cfg["rope_theta"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    T = len(tokens)
+    cos, sin = llama_rope_tables(hd, T, theta)
+    acap, fcap = cfg["attn_logit_softcapping"], cfg["final_logit_softcapping"]
+
+    def norm(x, key):
+        return _rmsnorm(x, 1.0 + w[key], eps)
+
+    def rope(x):
+        return x * cos + _rotate_half(x) * sin
+    x = w["model.embed_tokens.weight"][tokens] * math.sqrt(H)
+    for i in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % i
+        h = norm(x, p + "input_layernorm.weight")
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, nh, hd).transpose(1, 0, 2)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
+        q, k = rope(q), rope(k)
+        k, v = np.repeat(k, nh // nkv, axis=0), np.repeat(v, nh // nkv, axis=0)
+        s = (q @ k.transpose(0, 2, 1)) / math.sqrt(cfg["query_pre_attn_scalar"])
+        if acap:
+            s = acap * np.tanh(s / acap)
+        window = cfg["sliding_window"] if i % 2 == 0 else 0
+        a = (_softmax_causal(s, window) @ v).transpose(1, 0, 2).reshape(T, nh * hd)
+        x = x + norm(a @ w[p + "self_attn.o_proj.weight"].T, p + "post_attention_layernorm.weight")
+        h = norm(x, p + "pre_feedforward_layernorm.weight")
+        g, u = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
+        x = x + norm((_gelu_new(g) * u) @ w[p + "mlp.down_proj.weight"].T, p + "post_feedforward_layernorm.weight")
+    logits = norm(x, "model.norm.weight") @ w["model.embed_tokens.weight"].T
+    return fcap * np.tanh(logits / fcap) if fcap else logits
+
+
 def greedy(forward_fn, cfg, w, prompt, steps, top=5):
     """Greedy decode with full recompute (argmax, lowest id on ties).
     Returns (ids, margins top1-top2 per step, [(top ids, top logits)] per step)."""
@@ -572,6 +669,9 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
         if vocab:
             cfg["vocab_size"] = vocab
         w = init_gpt2(cfg, seed)
+    elif model == "gemma2":
+        cfg = gemma2_config(dtype)
+        w = init_gemma2(cfg, seed)
     elif model in ("llama", "qwen2", "qwen3", "phi3", "mistral"):
         configs = {"llama": llama_config, "phi3": phi3_config, "mistral": mistral_config}
         cfg = configs[model](dtype) if model in configs else qwen_config(model, dtype)
@@ -587,6 +687,8 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
     w = round_weights(w, dtype)  # the reference uses exactly what is stored
     if model == "gpt2":
         fwd = gpt2_forward
+    elif model == "gemma2":
+        fwd = gemma2_forward
     else:
         fwd = llama_forward
     logits = fwd(cfg, w, PROMPT_IDS)
@@ -616,7 +718,7 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="write a small random HF checkpoint + float64 reference")
-    ap.add_argument("model", choices=["gpt2", "llama", "qwen2", "qwen3", "phi3", "mistral"])
+    ap.add_argument("model", choices=["gpt2", "llama", "qwen2", "qwen3", "phi3", "mistral", "gemma2"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=list(DTYPES), default="f32")
