@@ -1,6 +1,6 @@
 /* engine/formats/gguf_convert.h - import of a llama.cpp GGUF file into a Hugging Face-layout directory
- * that every other path of shardlm loads (checkpoint.h). Gemma 3 (general.architecture
- * "gemma3") only, for now.
+ * that every other path of shardlm loads (checkpoint.h). general.architecture llama, qwen2, qwen3,
+ * gemma2 and gemma3.
  * Not here: reading GGUF itself or dequantizing (gguf.h), checkpoint layouts (checkpoint.c).
  * Tests: tests/test_keep_blocks.c (gguf-py fixtures, --keep-blocks); golden_gemma3 and
  * gemma3_gguf_keep_blocks on gemma-3-270m-q4_k_m.gguf when fetched (docs/models.md). */
