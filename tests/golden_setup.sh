@@ -35,6 +35,9 @@ mkdir -p "$out"
   '{"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}'
 "$py" "$here/reference/make_models.py" llama --out "$out/yarn_rope" --seed 9 --rope-scaling \
   '{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}'
+# Dynamic NTK: transformers rescales only beyond max_position_embeddings, never reached here.
+"$py" "$here/reference/make_models.py" llama --out "$out/dynamic_rope" --seed 13 --rope-scaling \
+  '{"rope_type": "dynamic", "factor": 2.0}'
 # Phi-3 (fused qkv_proj / gate_up_proj, partial rotary 0.75, LongRoPE, a sliding window of 10) and
 # Mistral (a sliding window of 10): both windows shorter than the prompt and the greedy run.
 "$py" "$here/reference/make_models.py" phi3 --out "$out/phi3" --seed 10

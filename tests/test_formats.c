@@ -604,8 +604,8 @@ static void test_config(void)
                         gemma3_small("\"attn_logit_softcapping\": 50.0"), STATUS_UNSUPPORTED,
                         "field 'attn_logit_softcapping'");
     expect_config_error("config: Gemma 3 with rope_scaling dynamic",
-                        gemma3_small("\"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 8.0}"),
-                        STATUS_UNSUPPORTED, "rope_scaling.rope_type \"dynamic\" is not supported");
+                        gemma3_small("\"rope_scaling\": {\"rope_type\": \"ntk-by-parts\", \"factor\": 8.0}"),
+                        STATUS_UNSUPPORTED, "rope_scaling.rope_type \"ntk-by-parts\" is not supported");
     s = config_parse(gemma3_small("\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8.0}"), "g.json", &c);
     check(s == STATUS_OK && c.rope_scaling.kind == ROPE_SCALING_LINEAR && c.rope_scaling.factor == 8.0f,
           "config: Gemma 3 with linear rope_scaling (4B and up) %s", s ? status_message() : "");
@@ -658,9 +658,10 @@ static void test_config(void)
     expect_config_error("config: longrope rope_scaling with factor lists of the wrong length",
                         LLAMA_WITH("\"rope_scaling\": {\"type\": \"longrope\", \"long_factor\": [1], \"short_factor\": [1]}"),
                         STATUS_BAD_FORMAT, "short_factor must be a list of rot_dim / 2 = 4 numbers");
-    expect_config_error("config: dynamic rope_scaling",
-                        LLAMA_WITH("\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}"), STATUS_UNSUPPORTED,
-                        "\"dynamic\" is not supported");
+    s = config_parse(LLAMA_WITH("\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}"), "dyn.json", &c);
+    check(s == STATUS_OK && c.rope_scaling.kind == ROPE_SCALING_DYNAMIC && c.rope_scaling.factor == 2.0f,
+          "config: dynamic NTK rope_scaling (exact within max_position_embeddings) %s", s ? status_message() : "");
+    if (!s) config_roundtrip("dynamic rope_scaling", &c);
     {
         struct model_config c4;
         enum status s4 = config_parse(

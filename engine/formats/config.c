@@ -63,10 +63,6 @@ enum llama_flavor {
                       partial_rotary_factor, longrope, the config's sliding_window */
 };
 
-/* rope_scaling (or transformers >= 5's rope_parameters) of a model whose max_positions is read:
- * {"rope_type" (or "type"): "default" | "linear" | "llama3" | "yarn", "factor", ...}. The kinds
- * that depend on the sequence length at run time (dynamic NTK, longrope / su) are refused by
- * name. */
 /* rot_dim / 2 positive numbers of list `what` of rs into out. */
 static enum status get_factors(const cJSON *rs, const char *name, const char *key, const char *what,
                                const struct model_config *c, float *out)
@@ -117,6 +113,9 @@ static enum status parse_longrope(const cJSON *root, const cJSON *rs, const char
     return STATUS_OK;
 }
 
+/* rope_scaling (or transformers >= 5's rope_parameters) of a model whose max_positions is read:
+ * {"rope_type" (or "type"): "default" | "linear" | "llama3" | "yarn" | "dynamic" | "longrope" |
+ * "su", "factor", ...}; other kinds are refused by name. */
 enum status config_parse_rope_scaling(const cJSON *root, const cJSON *rs, const char *name, const char *key,
                                       struct model_config *c)
 {
@@ -142,10 +141,11 @@ enum status config_parse_rope_scaling(const cJSON *root, const cJSON *rs, const 
     if (!strcmp(type, "linear")) s->kind = ROPE_SCALING_LINEAR;
     else if (!strcmp(type, "llama3")) s->kind = ROPE_SCALING_LLAMA3;
     else if (!strcmp(type, "yarn")) s->kind = ROPE_SCALING_YARN;
+    else if (!strcmp(type, "dynamic")) s->kind = ROPE_SCALING_DYNAMIC;
     else
         return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: %s.rope_type \"%s\" is not supported (default, linear, llama3, yarn and longrope "
-                             "are; dynamic depends on the sequence length at run time)",
+                             "%s: %s.rope_type \"%s\" is not supported (default, linear, llama3, yarn, dynamic and "
+                             "longrope are)",
                              name, key, type);
     if ((st = config_get_float(rs, name, "factor", 0.0f, &s->factor))) return st;
     if (!(s->factor >= 1.0f))

@@ -44,6 +44,10 @@ enum rope_scaling_kind {
                              "factors" with a "factors" list */
     ROPE_SCALING_LONGROPE, /* Phi-3's: factors = short_factor (the context capped at the original
                               length), long_factors kept to be written back */
+    ROPE_SCALING_DYNAMIC,  /* dynamic NTK: transformers rescales the base only for a sequence longer
+                              than max_position_embeddings, which is the context here, so within it
+                              the rotation is the unscaled one, exactly; factor kept to be written
+                              back */
 };
 #define ROPE_MAX_FACTORS 256 /* rot_dim / 2 at most, for ROPE_SCALING_FACTORS */
 struct rope_scaling {

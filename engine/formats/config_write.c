@@ -54,7 +54,7 @@ static int add_rope_scaling(cJSON *root, const struct model_config *c)
     if (s->kind == ROPE_SCALING_NONE) return 1;
     cJSON *o = cJSON_AddObjectToObject(root, "rope_scaling");
     if (!o) return 0;
-    static const char *const names[] = {"default", "linear", "llama3", "yarn", "factors", "longrope"};
+    static const char *const names[] = {"default", "linear", "llama3", "yarn", "factors", "longrope", "dynamic"};
     if (s->kind == ROPE_SCALING_LONGROPE) { /* as transformers reads it: max_position_embeddings is the capped one */
         cJSON *sf = cJSON_AddArrayToObject(o, "short_factor"), *lf = cJSON_AddArrayToObject(o, "long_factor");
         int ok = sf && lf && add_str(o, "rope_type", names[s->kind]) &&

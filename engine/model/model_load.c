@@ -158,7 +158,10 @@ int model_rope_factors(const struct model_config *c, double *out)
 {
     const struct rope_scaling *s = &c->rope_scaling;
     const int half = c->rot_dim / 2;
-    if (s->kind == ROPE_SCALING_NONE || c->positions != POSITION_KIND_ROTARY || half <= 0) return 0;
+    /* Dynamic NTK changes nothing within max_position_embeddings, the context (config.h). */
+    if (s->kind == ROPE_SCALING_NONE || s->kind == ROPE_SCALING_DYNAMIC || c->positions != POSITION_KIND_ROTARY ||
+        half <= 0)
+        return 0;
     const double base = c->rope_theta, factor = s->factor, pi = 3.14159265358979323846;
     double low = 0.0, high = 0.0; /* YaRN's correction range, in pair indices */
     if (s->kind == ROPE_SCALING_YARN) {

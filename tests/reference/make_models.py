@@ -543,6 +543,10 @@ def scaled_inv_freq(cfg, inv_freq, dim, theta):
         extra = 1 - ramp
         pos_freqs = theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
         return (1.0 / (factor * pos_freqs)) * (1 - extra) + (1.0 / pos_freqs) * extra, att
+    if kind == "dynamic":  # _compute_dynamic_ntk_parameters at the longest sequence the model sees
+        seq = max(cfg.get("_seq_len", 0), cfg["max_position_embeddings"])
+        base = theta * ((factor * seq / cfg["max_position_embeddings"]) - (factor - 1)) ** (dim / (dim - 2))
+        return 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim), 1.0
     if kind in ("longrope", "su"):  # _compute_longrope_parameters, a sequence within the original context
         orig = cfg.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
         factor = cfg["max_position_embeddings"] / orig
