@@ -17,8 +17,8 @@
 int main(void)
 {
     for (int i = 0; i < CPU_ISA_COUNT; i++)
-        check(cpu_isa_parse(cpu_isa_name((enum cpu_isa)i)) == (enum cpu_isa)i, "parse(name(%d)) = %d (%s)", i, i,
-              cpu_isa_name((enum cpu_isa)i));
+        check(cpu_isa_parse(cpu_isa_name((enum cpu_isa)i)) == (enum cpu_isa)i, "parse(name(%d)) = %d (%s)",
+              i, i, cpu_isa_name((enum cpu_isa)i));
     check(cpu_isa_parse("avx512vnni") == CPU_ISA_AVX512_VNNI, "avx512vnni is an alias of avx512-vnni");
     check(cpu_isa_parse("sse9") == CPU_ISA_COUNT && cpu_isa_parse(NULL) == CPU_ISA_COUNT,
           "an unknown name is no level");
@@ -39,7 +39,8 @@ int main(void)
     /* Each family follows the level. */
     enum quant_impl qwant = QUANT_IMPL_SCALAR;
     if (lvl >= CPU_ISA_AVX2 && quant_impl_available(QUANT_IMPL_AVX2)) qwant = QUANT_IMPL_AVX2;
-    if (lvl >= CPU_ISA_AVX512_VNNI && quant_impl_available(QUANT_IMPL_AVX512_VNNI)) qwant = QUANT_IMPL_AVX512_VNNI;
+    if (lvl >= CPU_ISA_AVX512_VNNI && quant_impl_available(QUANT_IMPL_AVX512_VNNI))
+        qwant = QUANT_IMPL_AVX512_VNNI;
     check(quant_impl_best() == qwant, "quantized products: %s", quant_impl_name(quant_impl_best()));
     check(lvl >= CPU_ISA_AVX2 || (!quant_impl_available(QUANT_IMPL_AVX2) &&
                                   !quant_impl_available(QUANT_IMPL_AVX512_VNNI)),

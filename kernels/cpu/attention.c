@@ -52,7 +52,8 @@ const struct attn_kernels *attn_kernels_best(void)
 {
     const struct attn_kernels *kt = atomic_load_explicit(&best_kernels, memory_order_relaxed);
     if (!kt) {
-        kt = attn_kernels_avx512() && cpu_isa_at_least(CPU_ISA_AVX512) ? attn_kernels_avx512() : attn_kernels_portable();
+        kt = attn_kernels_avx512() && cpu_isa_at_least(CPU_ISA_AVX512) ? attn_kernels_avx512()
+                                                                         : attn_kernels_portable();
         atomic_store_explicit(&best_kernels, kt, memory_order_relaxed);
     }
     return kt;

@@ -30,7 +30,8 @@
 static const char *const isa_names[CPU_ISA_COUNT] = {"scalar", "avx2", "avx512", "avx512-vnni", "amx"};
 
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
-static enum cpu_isa   isa_supported = CPU_ISA_SCALAR, isa_ceiling = CPU_ISA_COUNT, isa_effective = CPU_ISA_SCALAR;
+static enum cpu_isa   isa_supported = CPU_ISA_SCALAR, isa_effective = CPU_ISA_SCALAR;
+static enum cpu_isa   isa_ceiling = CPU_ISA_COUNT; /* none */
 static char           isa_model[64] = "unknown";
 
 const char *cpu_isa_name(enum cpu_isa level)
@@ -77,7 +78,8 @@ static void probe_model(void)
 {
     unsigned r[12];
     if (__get_cpuid_max(0x80000000u, NULL) >= 0x80000004u) {
-        for (unsigned i = 0; i < 3; i++) __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
+        for (unsigned i = 0; i < 3; i++)
+            __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
         char brand[49];
         memcpy(brand, r, 48);
         brand[48] = 0;
@@ -122,7 +124,8 @@ static void isa_init(void)
     if (e && *e) {
         isa_ceiling = cpu_isa_parse(e);
         if (isa_ceiling == CPU_ISA_COUNT)
-            LOG_WARN("cpu", "SHARDLM_CPU_ISA=%s is not one of scalar, avx2, avx512, avx512-vnni, amx: ignored", e);
+            LOG_WARN("cpu", "SHARDLM_CPU_ISA=%s is not one of scalar, avx2, avx512, avx512-vnni, amx: "
+                            "ignored", e);
     }
     const char *amx = getenv("SHARDLM_CPU_AMX");
     if (amx && (!strcmp(amx, "0") || !strcmp(amx, "off")) &&
