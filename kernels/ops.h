@@ -261,8 +261,9 @@ int         backend_cuda_compiled(void);
 /* The CPU backend's matrix products on AMX tiles (kernels/cpu/amx.c): x rounded to bf16, w bf16
  * or blocks dequantized and rounded to bf16, sums in f32; used for bf16 w, and for block w
  * from 32 rows of x, where the CPU has AMX-BF16. cpu_amx_enabled says whether they are in use
- * (off when SHARDLM_CPU_AMX=0 at the first call); cpu_amx_set_enabled switches them process-wide
- * (on only where available; tests compare both paths) and returns the previous state. */
+ * (off when SHARDLM_CPU_ISA is below amx or SHARDLM_CPU_AMX=0: kernels/cpu/cpu_isa.h);
+ * cpu_amx_set_enabled switches them process-wide (on only where available; tests compare both
+ * paths) and returns the previous state. */
 int         cpu_amx_enabled(void);
 int         cpu_amx_set_enabled(int on);
 /* Parses "cpu" / "cuda" into *out; STATUS_INVALID_ARGUMENT otherwise. */

@@ -68,6 +68,7 @@ static void print_machine(const struct bench *bn)
     }
     printf("machine: nproc %ld, cpu %s, load average %.2f %.2f %.2f\n",
            sysconf(_SC_NPROCESSORS_ONLN), model, load[0], load[1], load[2]);
+    bench_print_isa();
     printf("backend: %s, %d threads; %s (core %s)\n\n", bn->b->ops->name, bn->b->n_threads,
            openblas_get_config(), openblas_get_corename());
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu/cpu_isa.h"
 #include "ops.h"
 
 static inline double bench_now_s(void)
@@ -53,6 +54,14 @@ static inline void bench_cpu_model(char *model, size_t n)
         break;
     }
     fclose(f);
+}
+
+/* The CPU model, the instruction-set level (SHARDLM_CPU_ISA caps it) and each kernel family's
+ * path, on one line (kernels/cpu/cpu_isa.h). */
+static inline void bench_print_isa(void)
+{
+    char line[384];
+    printf("kernels: %s\n", cpu_isa_describe(line, sizeof line));
 }
 
 static inline void *bench_alloc_host(struct backend *b, size_t nbytes)

@@ -50,6 +50,7 @@ static void print_machine(const struct bench *bn)
     char model[256];
     bench_cpu_model(model, sizeof model);
     printf("machine: nproc %ld, cpu %s\n", sysconf(_SC_NPROCESSORS_ONLN), model);
+    bench_print_isa();
     printf("backend: %s, %d threads; %s (core %s)\n", bn->b->ops->name, bn->b->n_threads,
            openblas_get_config(), openblas_get_corename());
 }

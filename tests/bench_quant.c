@@ -215,6 +215,7 @@ int main(int argc, char **argv)
     printf("quantized products (kernels/quant.h) on %s, best implementation here: %s; f32 baseline:\n"
            "the CPU backend's op_matmul on the dequantized weights. Times are the best of repetitions.\n\n",
            cpu, quant_impl_name(quant_impl_best()));
+    bench_print_isa();
     static const struct { const char *label; int64_t k, n; } shapes[] = {
         {"gemma ffn.up", 640, 2048}, {"gemma ffn.down", 2048, 640}, {"gemma attn.q", 640, 1024},
     };

@@ -109,6 +109,13 @@ mkdir -p "$work"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores," \
      "$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo); $(date -u '+%Y-%m-%d %H:%M UTC');" \
      "load average $(cut -d' ' -f1-3 /proc/loadavg)"
+# A shardlm linked with cuBLAS (a build with nvcc found, e.g. `make build`) maps and relocates
+# cuBLAS, cuBLASLt and the CUDA runtime at start even when it serves on the CPU: about 150 MiB of
+# peak RSS that has nothing to do with the model (docs/performance.md, "Peak RSS without AMX").
+if command -v ldd > /dev/null && ldd "$shardlm" 2>/dev/null | grep -q 'libcublas'; then
+  echo "bench_vs_llamacpp: WARNING: $shardlm links cuBLAS; its peak RSS includes about 150 MiB of" \
+       "CUDA libraries. For the RSS comparison build with -DSHARDLM_CUDA=OFF." >&2
+fi
 echo "shardlm: $shardlm ($(git describe --always --dirty 2>/dev/null || echo '?')); llama.cpp: $(cat "$cache/llama.cpp/VERSION" 2>/dev/null)" \
      "vendor/llama.cpp; llama2.c: $peers/llama2c/run.c ($(cat "$peers/llama2c/COMMIT" 2>/dev/null | cut -c1-12))"
 

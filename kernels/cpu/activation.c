@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_isa.h"
 #include "cpu_ops.h"
 
 #define ACT_CHUNK 1024
@@ -16,12 +17,10 @@
  * GELU erf keeps libm's erff. out may alias x. The loops vectorise because the kernels
  * are built with -fno-trapping-math (kernels/CMakeLists.txt): GCC otherwise keeps cpu_exp's
  * clamp as branches. */
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
-/* One copy per vector width, chosen at load time by the CPU (an ifunc). Static and called
- * through cpu_activate_rows: clang 14 resolves clones only within their own file. */
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-static void activate_rows(float *out, const float *x, size_t len, enum activation act)
+/* One copy per vector width (the body inlined into each), chosen per call by cpu_isa() so that
+ * SHARDLM_CPU_ISA can force any of them (it was a target_clones ifunc, fixed at load time). */
+__attribute__((always_inline)) static inline void activate_rows(float *out, const float *x, size_t len,
+                                                                enum activation act)
 {
     switch (act) {
     case ACTIVATION_SILU:
@@ -41,9 +40,48 @@ static void activate_rows(float *out, const float *x, size_t len, enum activatio
     }
 }
 
-void cpu_activate_rows(float *out, const float *x, size_t len, enum activation act)
+static void activate_rows_default(float *out, const float *x, size_t len, enum activation act)
 {
     activate_rows(out, x, len, act);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static void activate_rows_avx512(float *out, const float *x,
+                                                                    size_t len, enum activation act)
+{
+    activate_rows(out, x, len, act);
+}
+
+__attribute__((target("avx2"))) static void activate_rows_avx2(float *out, const float *x, size_t len,
+                                                               enum activation act)
+{
+    activate_rows(out, x, len, act);
+}
+#endif
+
+const char *cpu_activation_path(void)
+{
+#if defined(__x86_64__)
+    if (cpu_isa_at_least(CPU_ISA_AVX512)) return "avx512";
+    if (cpu_isa_at_least(CPU_ISA_AVX2)) return "avx2";
+#endif
+    return "baseline"; /* the x86-64 baseline (SSE2) as the compiler vectorises it, or plain C */
+}
+
+void cpu_activate_rows(float *out, const float *x, size_t len, enum activation act)
+{
+#if defined(__x86_64__)
+    const enum cpu_isa isa = cpu_isa();
+    if (isa >= CPU_ISA_AVX512) {
+        activate_rows_avx512(out, x, len, act);
+        return;
+    }
+    if (isa >= CPU_ISA_AVX2) {
+        activate_rows_avx2(out, x, len, act);
+        return;
+    }
+#endif
+    activate_rows_default(out, x, len, act);
 }
 
 float cpu_activate(float x, enum activation act)

@@ -12,12 +12,14 @@
  *
  * The instructions are written as inline assembly with memory clobbers (GCC 12's AMX intrinsics
  * describe their memory operands too narrowly for a buffer that C code only writes); the
- * assembler knows them whatever the target flags. Linux hands out the 8 KiB tile state only
- * after arch_prctl(ARCH_REQ_XCOMP_PERM), asked once for the process.
- * SHARDLM_CPU_AMX=0 in the environment turns the path off (f32 products as on other CPUs).
+ * assembler knows them whatever the target flags. Whether the CPU has the tiles (and Linux's
+ * permission for their state, arch_prctl(ARCH_REQ_XCOMP_PERM)) is cpu_isa.c's question: the
+ * tiles are used when cpu_isa() is CPU_ISA_AMX. SHARDLM_CPU_ISA below amx, or its older alias
+ * SHARDLM_CPU_AMX=0, turns the path off (f32 products as on other CPUs).
  * Not here: when to use it (matmul.c).
  * Tests: tests/test_quant.c (against the f64 product of the bf16-rounded operands, and
  * op_matmul with and without it); benchmark: tests/bench_quant.c. */
+#include "cpu_isa.h"
 #include "cpu_ops.h"
 
 #include <stdatomic.h>
@@ -25,13 +27,7 @@
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__linux__)
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#define AMX_ARCH_REQ_XCOMP_PERM 0x1023
-#define AMX_XFEATURE_XTILEDATA  18
 
 #define CVT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
@@ -50,20 +46,6 @@ struct amx_tilecfg {
 #define TILE_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
 /* C += A . B in AT&T operand order: B, A, C. */
 #define TILE_DP(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
-
-/* AMX-TILE, AMX-BF16 (CPUID 7.0 EDX bits 24, 22), AVX512-BF16 (7.1 EAX bit 5) for the
- * conversions, and the kernel's permission for the tile data. */
-static int amx_probe(void)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1) || !(d >> 22 & 1)) return 0;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a >> 5 & 1)) return 0;
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-        !__builtin_cpu_supports("avx512vl"))
-        return 0;
-    return syscall(SYS_arch_prctl, AMX_ARCH_REQ_XCOMP_PERM, AMX_XFEATURE_XTILEDATA) == 0;
-}
 
 static void amx_config(void)
 {
@@ -84,19 +66,16 @@ CVT_TARGET static void round_bf16_x32(uint16_t *dst, const float *src, int64_t n
         _mm512_storeu_si512((void *)(dst + i), (__m512i)v);
     }
 }
-#else
-static int amx_probe(void) { return 0; }
 #endif
 
-/* -1 unknown, then 0 or 1; the environment is read with the probe. */
+/* -1 unknown, then 0 or 1. */
 static _Atomic int amx_state = -1;
 
 int cpu_amx_enabled(void)
 {
     int s = atomic_load_explicit(&amx_state, memory_order_relaxed);
     if (s < 0) {
-        const char *e = getenv("SHARDLM_CPU_AMX");
-        s = (e && (!strcmp(e, "0") || !strcmp(e, "off"))) ? 0 : amx_probe();
+        s = cpu_isa_at_least(CPU_ISA_AMX);
         atomic_store_explicit(&amx_state, s, memory_order_relaxed);
     }
     return s;
@@ -105,13 +84,7 @@ int cpu_amx_enabled(void)
 int cpu_amx_set_enabled(int on)
 {
     const int before = cpu_amx_enabled();
-    if (on && !before) {
-#if defined(__x86_64__) && defined(__linux__)
-        on = amx_probe();
-#else
-        on = 0;
-#endif
-    }
+    if (on) on = cpu_isa_at_least(CPU_ISA_AMX);
     atomic_store_explicit(&amx_state, on ? 1 : 0, memory_order_relaxed);
     return before;
 }

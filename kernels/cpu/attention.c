@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "attention_impl.h"
+#include "cpu_isa.h"
 #include "cpu_ops.h"
 
 #define ATTN_ROW_KEYS 32    /* keys per pass of the row path */
@@ -43,24 +44,16 @@
 
 /* ---- the kernel table ---- */
 
-#if defined(__x86_64__) || defined(__i386__)
-static int cpu_avx512(void)
-{
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f"); /* also checks that the OS saves the ZMM state */
-}
-#else
-static int cpu_avx512(void) { return 0; }
-#endif
-
-/* Asked once: CPUID traps to the hypervisor in a VM. Racing first calls pick the same table. */
+/* Asked once (cpu_isa.h: the CPU's level capped by SHARDLM_CPU_ISA). Racing first calls pick
+ * the same table. */
 static _Atomic(const struct attn_kernels *) best_kernels;
 
 const struct attn_kernels *attn_kernels_best(void)
 {
     const struct attn_kernels *kt = atomic_load_explicit(&best_kernels, memory_order_relaxed);
     if (!kt) {
-        kt = attn_kernels_avx512() && cpu_avx512() ? attn_kernels_avx512() : attn_kernels_portable();
+        kt = attn_kernels_avx512() && cpu_isa_at_least(CPU_ISA_AVX512) ? attn_kernels_avx512()
+                                                                         : attn_kernels_portable();
         atomic_store_explicit(&best_kernels, kt, memory_order_relaxed);
     }
     return kt;

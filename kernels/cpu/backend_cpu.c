@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "../backend_impl.h"
+#include "cpu_isa.h"
 #include "cpu_ops.h"
 
 /* OpenBLAS's own header declares these only in some versions; they exist in every build. */
@@ -165,6 +166,7 @@ enum status cpu_backend_open(int n_threads, struct backend **out)
      * are process-wide settings: the last backend opened sets them. */
     omp_set_num_threads(n_threads);
     openblas_set_num_threads(1);
+    cpu_isa_log(); /* the CPU model and each kernel family's path, once per process */
     *out = b;
     return STATUS_OK;
 }

@@ -52,6 +52,11 @@ static inline void cpu_store_row(const struct tensor *t, size_t offset, size_t n
  * per call; w is bf16 rows (ldw apart) of which (nb + 15) / 16 * 16 are readable; cpu_amx_gemm
  * writes y (m rows, ldy apart) columns 0 .. nb = x @ w^T. cpu_amx_round_rows: n (a multiple of
  * 32) floats to bf16. */
+/* The path the f32 one-row product (matmul.c) and the activation rows (activation.c) take at
+ * cpu_isa(): "avx512", "avx2" or "baseline" (cpu_isa.c logs them). */
+const char *cpu_gemv_path(void);
+const char *cpu_activation_path(void);
+
 size_t cpu_amx_x_elems(int64_t m, int64_t k);
 void   cpu_amx_pack_x(uint16_t *xv, const float *x, int64_t m, int64_t k, int64_t h, uint16_t *tmp);
 void   cpu_amx_round_rows(uint16_t *dst, const float *src, int64_t n);

@@ -17,6 +17,7 @@
 #include <cblas.h>
 #include <string.h>
 
+#include "cpu_isa.h"
 #include "cpu_ops.h"
 #include "quant.h"
 
@@ -55,11 +56,10 @@ static void add_bias(float *y, const struct tensor *bias, int64_t m, int64_t n)
  * 57.3-58.1 at two, alternating runs, 2026-11-25), eight rows another 3 % (30.3-32.3 against
  * 29.4-30.8; 59.7-60.0 against 57.5-58.5); prefetching 1 KiB ahead in chunks of 16 halved it
  * (the sums were reduced per chunk).
- * One copy per vector width, chosen at load time by the CPU. */
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-static void gemv_rows(float *y, const float *w_rows, const float *x, int64_t nb, int64_t k)
+ * One copy per vector width (the body inlined into each), chosen per call by cpu_isa() so
+ * that SHARDLM_CPU_ISA can force any of them (gemv_rows). */
+__attribute__((always_inline)) static inline void gemv_rows_body(float *y, const float *w_rows,
+                                                                 const float *x, int64_t nb, int64_t k)
 {
     int64_t j = 0;
     for (; j + 8 <= nb; j += 8) {
@@ -98,6 +98,50 @@ static void gemv_rows(float *y, const float *w_rows, const float *x, int64_t nb,
         for (int64_t c = 0; c < k; c++) s0 += w0[c] * x[c];
         y[j] = s0;
     }
+}
+
+static void gemv_rows_default(float *y, const float *w_rows, const float *x, int64_t nb, int64_t k)
+{
+    gemv_rows_body(y, w_rows, x, nb, k);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static void gemv_rows_avx512(float *y, const float *w_rows,
+                                                                const float *x, int64_t nb, int64_t k)
+{
+    gemv_rows_body(y, w_rows, x, nb, k);
+}
+
+__attribute__((target("avx2"))) static void gemv_rows_avx2(float *y, const float *w_rows,
+                                                           const float *x, int64_t nb, int64_t k)
+{
+    gemv_rows_body(y, w_rows, x, nb, k);
+}
+#endif
+
+const char *cpu_gemv_path(void)
+{
+#if defined(__x86_64__)
+    if (cpu_isa_at_least(CPU_ISA_AVX512)) return "avx512";
+    if (cpu_isa_at_least(CPU_ISA_AVX2)) return "avx2";
+#endif
+    return "baseline"; /* the x86-64 baseline (SSE2) as the compiler vectorises it, or plain C */
+}
+
+static void gemv_rows(float *y, const float *w_rows, const float *x, int64_t nb, int64_t k)
+{
+#if defined(__x86_64__)
+    const enum cpu_isa isa = cpu_isa();
+    if (isa >= CPU_ISA_AVX512) {
+        gemv_rows_avx512(y, w_rows, x, nb, k);
+        return;
+    }
+    if (isa >= CPU_ISA_AVX2) {
+        gemv_rows_avx2(y, w_rows, x, nb, k);
+        return;
+    }
+#endif
+    gemv_rows_default(y, w_rows, x, nb, k);
 }
 
 /* y_cols (m rows of nb, leading dimension n) = x (m, k) @ w_rows (nb, k)^T, all f32. */

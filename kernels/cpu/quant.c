@@ -1,5 +1,6 @@
 /* kernels/cpu/quant.c - the quantized product's driver (kernels/quant.h): type geometry, the
- * choice of implementation by CPU features, and quant_matmul itself: x quantized once per call
+ * choice of implementation by cpu_isa() (cpu_isa.h: the CPU's level capped by SHARDLM_CPU_ISA),
+ * and quant_matmul itself: x quantized once per call
  * into the scratch, then each (row of x, row of W) an integer dot product, the rows of W split
  * across OpenMP threads. One thread pool, as everywhere in the CPU backend (kernels/cpu/
  * matmul.c says why): no BLAS here, only OpenMP.
@@ -9,11 +10,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
 #include "base.h"
+#include "cpu_isa.h"
 #include "quant_impl.h"
 
 /* Below this many multiply-adds one thread does the whole product (as op_matmul). */
@@ -109,31 +107,9 @@ const char *quant_impl_name(enum quant_impl impl)
     return "?";
 }
 
-#if defined(__x86_64__) || defined(__i386__)
-/* AVX2 with FMA and F16C, as the kernels are compiled for. Clang 14's __builtin_cpu_supports
- * does not know "f16c", so that bit comes from CPUID (leaf 1, ECX bit 29); AVX2 implies the OS
- * saves the YMM state (the builtin checks XGETBV). */
-static int cpu_avx2(void)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 29 & 1)) return 0;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
-static int cpu_avx512_vnni(void)
-{
-    return cpu_avx2() && __builtin_cpu_supports("avx512vnni") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
-}
-#else
-static int cpu_avx2(void) { return 0; }
-static int cpu_avx512_vnni(void) { return 0; }
-#endif
-
-/* Bit i set when implementation i runs here. Computed once: CPUID traps to the hypervisor in a
- * VM (microseconds), too slow to ask at every decode step. Racing first calls compute the same
- * value. */
+/* Bit i set when implementation i runs here: compiled in and allowed by cpu_isa() (the CPU's
+ * level capped by SHARDLM_CPU_ISA, cpu_isa.h). Computed once; racing first calls compute the
+ * same value. */
 static _Atomic int impl_mask = -1;
 
 static int available_mask(void)
@@ -141,8 +117,9 @@ static int available_mask(void)
     int mask = atomic_load_explicit(&impl_mask, memory_order_relaxed);
     if (mask < 0) {
         mask = 1 << QUANT_IMPL_SCALAR;
-        if (quant_kernels_avx2() && cpu_avx2()) mask |= 1 << QUANT_IMPL_AVX2;
-        if (quant_kernels_avx512_vnni() && cpu_avx512_vnni()) mask |= 1 << QUANT_IMPL_AVX512_VNNI;
+        if (quant_kernels_avx2() && cpu_isa_at_least(CPU_ISA_AVX2)) mask |= 1 << QUANT_IMPL_AVX2;
+        if (quant_kernels_avx512_vnni() && cpu_isa_at_least(CPU_ISA_AVX512_VNNI))
+            mask |= 1 << QUANT_IMPL_AVX512_VNNI;
         atomic_store_explicit(&impl_mask, mask, memory_order_relaxed);
     }
     return mask;

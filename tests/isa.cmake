@@ -1,0 +1,41 @@
+# The kernel tests again under each instruction-set ceiling (SHARDLM_CPU_ISA, kernels/cpu/
+# cpu_isa.h: scalar, avx2, avx512, avx512-vnni, amx), so that every path a kernel family can take
+# (the scalar fallbacks included) is exercised on the machines that can run it. Each variant,
+# <test>_isa_<level> (label isa), goes through tests/isa_gate.c: a level this CPU lacks is
+# reported as skipped (SKIP, exit 77), never as a pass. The plain tests run the best level.
+shardlm_test_exe(isa_gate isa_gate.c)
+shardlm_test_exe(test_cpu_isa test_cpu_isa.c)
+shardlm_add_test(cpu_isa "unit" test_cpu_isa)
+
+set(SHARDLM_ISA_LEVELS scalar avx2 avx512 avx512-vnni amx)
+# shardlm_add_isa_tests(<name> <labels> <executable target> [args...]): one test per level.
+function(shardlm_add_isa_tests name labels exe)
+  foreach(level ${SHARDLM_ISA_LEVELS})
+    add_test(NAME ${name}_isa_${level} COMMAND isa_gate $<TARGET_FILE:${exe}> ${ARGN})
+    set_tests_properties(${name}_isa_${level} PROPERTIES LABELS "${labels};isa" SKIP_RETURN_CODE 77
+                         TIMEOUT 600 ENVIRONMENT SHARDLM_CPU_ISA=${level})
+  endforeach()
+endfunction()
+
+# The fixtures each variant needs, as its plain test.
+function(shardlm_isa_fixtures name fixtures)
+  foreach(level ${SHARDLM_ISA_LEVELS})
+    set_tests_properties(${name}_isa_${level} PROPERTIES FIXTURES_REQUIRED "${fixtures}")
+  endforeach()
+endfunction()
+
+shardlm_add_isa_tests(cpu_isa "unit" test_cpu_isa)
+# Quantized products and dequantizer, every type (int8 per-row decode path, tiles for prefill).
+shardlm_add_isa_tests(quant "unit" test_quant)
+# Attention's inner kernels and the ops (attention, matmul's f32 one-row product, activations).
+shardlm_add_isa_tests(attention_kernels "unit" test_attention_kernels)
+shardlm_add_isa_tests(ops_cpu "unit" test_ops --backend cpu)
+# A GGUF served from its blocks: tiny Gemma 3 (Q8_0), and every block type against float64.
+shardlm_add_isa_tests(gguf_serve "unit" test_gguf_serve ${GGUF_FIXTURE_DIR})
+shardlm_isa_fixtures(gguf_serve gguf)
+shardlm_add_isa_tests(golden_gguf_types_blocks "golden" test_model ref ${GGUF_TYPES_DIR}/types.gguf
+                      ${GGUF_TYPES_DIR}/types_ref.json)
+shardlm_isa_fixtures(golden_gguf_types_blocks gguf_types)
+shardlm_add_isa_tests(golden_gguf_types_int8 "golden" test_model ref-int8 ${GGUF_TYPES_DIR}/types.gguf
+                      ${GGUF_TYPES_DIR}/types_ref.json)
+shardlm_isa_fixtures(golden_gguf_types_int8 gguf_types)

@@ -1,0 +1,69 @@
+/* tests/test_cpu_isa.c - the instruction-set level (kernels/cpu/cpu_isa.h): names parse both
+ * ways, the level in use is the CPU's capped by SHARDLM_CPU_ISA, and every kernel family that
+ * dispatches by instruction set follows it (quantized products and dequantizer, AMX tiles,
+ * attention kernels, the f32 one-row product, the activation rows). Registered once per level
+ * (cpu_isa_<level>, through isa_gate), so each ceiling this CPU supports is checked. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cpu/attention_impl.h"
+#include "cpu/cpu_isa.h"
+#include "cpu/cpu_ops.h"
+#include "ops.h"
+#include "quant.h"
+
+int main(void)
+{
+    for (int i = 0; i < CPU_ISA_COUNT; i++)
+        check(cpu_isa_parse(cpu_isa_name((enum cpu_isa)i)) == (enum cpu_isa)i, "parse(name(%d)) = %d (%s)",
+              i, i, cpu_isa_name((enum cpu_isa)i));
+    check(cpu_isa_parse("avx512vnni") == CPU_ISA_AVX512_VNNI, "avx512vnni is an alias of avx512-vnni");
+    check(cpu_isa_parse("sse9") == CPU_ISA_COUNT && cpu_isa_parse(NULL) == CPU_ISA_COUNT,
+          "an unknown name is no level");
+
+    const enum cpu_isa sup = cpu_isa_supported(), ceil = cpu_isa_ceiling(), lvl = cpu_isa();
+    const char *env = getenv("SHARDLM_CPU_ISA"), *amx_env = getenv("SHARDLM_CPU_AMX");
+    enum cpu_isa want_ceil = cpu_isa_parse(env);
+    if (amx_env && (!strcmp(amx_env, "0") || !strcmp(amx_env, "off")) &&
+        (want_ceil == CPU_ISA_COUNT || want_ceil > CPU_ISA_AVX512_VNNI))
+        want_ceil = CPU_ISA_AVX512_VNNI;
+    check(ceil == want_ceil, "ceiling %s from SHARDLM_CPU_ISA=%s SHARDLM_CPU_AMX=%s",
+          ceil == CPU_ISA_COUNT ? "none" : cpu_isa_name(ceil), env ? env : "", amx_env ? amx_env : "");
+    const enum cpu_isa want = ceil != CPU_ISA_COUNT && ceil < sup ? ceil : sup;
+    check(lvl == want, "level %s = min(ceiling, supported %s)", cpu_isa_name(lvl), cpu_isa_name(sup));
+    check(cpu_isa_at_least(lvl) && (lvl == CPU_ISA_AMX || !cpu_isa_at_least((enum cpu_isa)(lvl + 1))),
+          "cpu_isa_at_least agrees with cpu_isa");
+
+    /* Each family follows the level. */
+    enum quant_impl qwant = QUANT_IMPL_SCALAR;
+    if (lvl >= CPU_ISA_AVX2 && quant_impl_available(QUANT_IMPL_AVX2)) qwant = QUANT_IMPL_AVX2;
+    if (lvl >= CPU_ISA_AVX512_VNNI && quant_impl_available(QUANT_IMPL_AVX512_VNNI))
+        qwant = QUANT_IMPL_AVX512_VNNI;
+    check(quant_impl_best() == qwant, "quantized products: %s", quant_impl_name(quant_impl_best()));
+    check(lvl >= CPU_ISA_AVX2 || (!quant_impl_available(QUANT_IMPL_AVX2) &&
+                                  !quant_impl_available(QUANT_IMPL_AVX512_VNNI)),
+          "below avx2 only the scalar products are available");
+    const int want_attn = lvl >= CPU_ISA_AVX512 && attn_kernels_avx512();
+    check(!strcmp(attn_kernels_best()->name, want_attn ? "avx512" : "portable"), "attention kernels: %s",
+          attn_kernels_best()->name);
+    check(cpu_amx_enabled() == (lvl == CPU_ISA_AMX), "AMX tiles %s", cpu_amx_enabled() ? "on" : "off");
+    const int was = cpu_amx_set_enabled(1);
+    check(cpu_amx_enabled() == (lvl == CPU_ISA_AMX), "cpu_amx_set_enabled(1) stays under the ceiling");
+    cpu_amx_set_enabled(was);
+#if defined(__x86_64__)
+    const char *vec = lvl >= CPU_ISA_AVX512 ? "avx512" : lvl >= CPU_ISA_AVX2 ? "avx2" : "baseline";
+#else
+    const char *vec = "baseline";
+#endif
+    check(!strcmp(cpu_gemv_path(), vec) && !strcmp(cpu_activation_path(), vec), "gemv %s, activation %s",
+          cpu_gemv_path(), cpu_activation_path());
+
+    char line[384];
+    printf("kernels: %s\n", cpu_isa_describe(line, sizeof line));
+    check(strstr(line, cpu_isa_model()) != NULL, "the description names the CPU (%s)", cpu_isa_model());
+
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
