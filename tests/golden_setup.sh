@@ -8,6 +8,7 @@
 #   OUT/llama3_rope, OUT/yarn_rope                       rope_scaling llama3 and yarn
 #   OUT/phi3, OUT/mistral                                fused weights, partial rotary, LongRoPE; windows
 #   OUT/gemma2                                           soft-capping, alternating windows
+#   OUT/olmo2                                            post-norms only, whole-projection QK norm
 #   OUT/stories260K                                     `shardlm convert llama2c` of the asset
 #   OUT/stories260K_ref.json                            NumPy greedy ids and logits
 # Without the shared assets the stories260K part is left out (the C test then SKIPs it).
@@ -45,6 +46,8 @@ mkdir -p "$out"
 # Gemma 2: soft-capped attention scores and final logits, every other layer windowed (window 5,
 # shorter than the prompt), sandwich norms, GeGLU, tied embeddings.
 "$py" "$here/reference/make_models.py" gemma2 --out "$out/gemma2" --seed 12
+# OLMo 2: post-norms only, q and k normed over the whole projection.
+"$py" "$here/reference/make_models.py" olmo2 --out "$out/olmo2" --seed 14
 if [ -f "$assets/stories260K/stories260K.bin" ] && [ -f "$assets/stories260K/tok512.model" ]; then
   "$shardlm" convert llama2c --checkpoint "$assets/stories260K/stories260K.bin" \
     --tokenizer "$assets/stories260K/tok512.model" --out "$out/stories260K"

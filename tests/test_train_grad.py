@@ -116,6 +116,10 @@ def write_model(kind, out):
         cfg = MM.gpt2_config("f32")
         MM.write_checkpoint(out, cfg, MM.init_gpt2(cfg, 3), "f32", 1)
         return cfg
+    if kind == "olmo2":  # post-norms only, q and k normed over the whole projection
+        cfg = MM.olmo2_config("f32")
+        MM.write_checkpoint(out, cfg, MM.init_llama(cfg, 6), "f32", 1)
+        return cfg
     if kind in ("phi3", "mistral"):  # Phi-3: fused in the file, partial rotary, LongRoPE, a window; Mistral: a window
         cfg = MM.phi3_config("f32") if kind == "phi3" else MM.mistral_config("f32")
         w = MM.init_llama(cfg, 5)
@@ -201,11 +205,16 @@ def forward_loss(P, spec, batch, lora=None):
     for l in range(L):
         if kind == "gpt2":
             xn = layernorm(x, g("attn_norm", l), g("attn_norm_bias", l), 1e-5)
+        elif kind == "olmo2":  # no norm before attention
+            xn = x
         else:
             xn = rmsnorm(x, g("attn_norm", l), spec["eps"])
         q = lin("q", l, xn)
         k = lin("k", l, xn)
         v = lin("v", l, xn)
+        if kind == "olmo2":  # RMSNorm over the whole q and k projections
+            q = rmsnorm(q, g("q_norm", l), spec["eps"])
+            k = rmsnorm(k, g("k_norm", l), spec["eps"])
         if kind in ("gpt2", "qwen2"):
             q, k, v = q + g("q_bias", l), k + g("k_bias", l), v + g("v_bias", l)
         q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
@@ -233,7 +242,7 @@ def forward_loss(P, spec, batch, lora=None):
         proj = lin("o", l, att)
         if kind == "gpt2":
             proj = proj + g("o_bias", l)
-        if gemma:
+        if gemma or kind == "olmo2":
             proj = rmsnorm(proj, g("post_attn_norm", l), spec["eps"])
         x = x + proj
         if kind == "gpt2":
@@ -241,11 +250,11 @@ def forward_loss(P, spec, batch, lora=None):
             h = gelu_tanh(xn @ g("up", l).T + g("up_bias", l))
             proj = h @ g("down", l).T + g("down_bias", l)
         else:
-            xn = rmsnorm(x, g("mlp_norm", l), spec["eps"])
+            xn = x if kind == "olmo2" else rmsnorm(x, g("mlp_norm", l), spec["eps"])
             act = gelu_tanh if gemma else silu
             h = act(lin("gate", l, xn)) * lin("up", l, xn)
             proj = lin("down", l, h)
-            if gemma:
+            if gemma or kind == "olmo2":
                 proj = rmsnorm(proj, g("post_mlp_norm", l), spec["eps"])
         x = x + proj
     if kind == "gpt2":
@@ -453,7 +462,7 @@ def main():
     driver = sys.argv[1]
     DEVICE = sys.argv[2] if len(sys.argv) > 2 else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("llama", "gpt2", "gemma3", "gemma2", "qwen2", "qwen3", "llama3_rope", "yarn_rope", "phi3", "mistral"):
+        for kind in ("llama", "gpt2", "gemma3", "gemma2", "olmo2", "qwen2", "qwen3", "llama3_rope", "yarn_rope", "phi3", "mistral"):
             mdir = os.path.join(tmp, kind)
             cfg = write_model(kind, mdir)
             spec = spec_of(kind, cfg)

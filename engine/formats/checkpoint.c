@@ -130,7 +130,7 @@ static int ck_hf_file(const struct checkpoint *ck) { return ck->layout == CHECKP
 static enum status ck_source_hf_llama(const struct checkpoint *ck, enum weight_kind kind, int l,
                                       struct ck_source *s)
 {
-    const char *pattern = weight_names_hf(kind, ck->cfg.family == MODEL_FAMILY_GEMMA3);
+    const char *pattern = weight_names_hf(kind, config_hf_gemma_names(&ck->cfg));
     CHECK(pattern, "no HF Llama tensor for %s", weight_kind_name(kind));
     char name[CK_NAME];
     if (kind == WEIGHT_KIND_LM_HEAD) snprintf(name, sizeof name, "%s", ck->files->hf_head);

@@ -486,7 +486,7 @@ static int hfw_name(const struct model_config *c, enum weight_kind kind, int l, 
     if (c->family != MODEL_FAMILY_GPT2) {
         if (kind == WEIGHT_KIND_LM_HEAD) snprintf(name, n, "%s", w->hf);
         else {
-            const char *f = weight_names_hf(kind, c->family == MODEL_FAMILY_GEMMA3);
+            const char *f = weight_names_hf(kind, config_hf_gemma_names(c));
             CHECK(f, "no HF name for %s", weight_kind_name(kind));
             (void)weight_names_format(name, n, "model.", f, l);
         }

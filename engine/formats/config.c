@@ -15,7 +15,8 @@
 #define CONFIG_MAX_BYTES (16 << 20) /* a config.json is a few KB; anything huge is not one */
 
 static const char *const supported_architectures =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel, "
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, "
+    "GPT2LMHeadModel, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only)";
 
 /* bos_token_id / eos_token_id: an int, or a list whose first element is taken; absent -> -1. */
@@ -61,6 +62,8 @@ enum llama_flavor {
     LLAMA_QWEN3,   /* Qwen3ForCausalLM: RMSNorm of each head's q and k before rotary */
     LLAMA_PHI3,    /* Phi3ForCausalLM (Phi-3, 3.5, 4-mini): fused qkv_proj and gate_up_proj (checkpoint.c),
                       partial_rotary_factor, longrope, the config's sliding_window */
+    LLAMA_OLMO2,   /* Olmo2ForCausalLM: norms after attention and the MLP only, q and k normed over the
+                      whole projection */
 };
 
 /* rot_dim / 2 positive numbers of list `what` of rs into out. */
@@ -200,7 +203,7 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
         (st = config_get_int(root, name, "num_key_value_heads", 0, c->n_heads, &c->n_kv_heads)) ||
         (st = config_get_int(root, name, "max_position_embeddings", 0, mistral ? 4096 * 32 : 2048,
                       &c->max_positions)) ||
-        (st = config_get_float(root, name, "rms_norm_eps", 1e-6f, &c->norm_eps)) ||
+        (st = config_get_float(root, name, "rms_norm_eps", flavor == LLAMA_OLMO2 ? 1e-5f : 1e-6f, &c->norm_eps)) ||
         (st = config_get_float(root, name, "rope_theta", 10000.0f, &c->rope_theta)) ||
         (st = config_get_bool(root, name, "tie_word_embeddings", 0, &c->tied_embeddings)) ||
         (st = config_get_bool(root, name, "attention_bias", flavor == LLAMA_QWEN2, &c->qkv_bias)) ||
@@ -241,7 +244,8 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
     if (act && (st = config_get_activation(name, "hidden_act", act, &c->activation))) return st;
 
     c->sliding_window = 0;
-    c->qk_norm = flavor == LLAMA_QWEN3;
+    c->qk_norm = flavor == LLAMA_QWEN3 ? QK_NORM_HEAD : flavor == LLAMA_OLMO2 ? QK_NORM_FULL : 0;
+    c->sandwich_norms = c->no_pre_norms = flavor == LLAMA_OLMO2;
     if (qwen) { /* Qwen's window covers only the layers from max_window_layers on: not modelled */
         int use = 0;
         if ((st = config_get_bool(root, name, "use_sliding_window", 0, &use))) return st;
@@ -383,6 +387,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
         else if (!strcmp(mt, "qwen2")) arch = "Qwen2ForCausalLM";
         else if (!strcmp(mt, "qwen3")) arch = "Qwen3ForCausalLM";
         else if (!strcmp(mt, "phi3")) arch = "Phi3ForCausalLM";
+        else if (!strcmp(mt, "olmo2")) arch = "Olmo2ForCausalLM";
         else if (!strcmp(mt, "gpt2")) arch = "GPT2LMHeadModel";
         else if (!strcmp(mt, "gemma2")) arch = "Gemma2ForCausalLM";
         else if (!strcmp(mt, "gemma3_text")) arch = "Gemma3ForCausalLM";
@@ -400,6 +405,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
     else if (!strcmp(arch, "Qwen2ForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN2, &c);
     else if (!strcmp(arch, "Qwen3ForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN3, &c);
     else if (!strcmp(arch, "Phi3ForCausalLM")) st = parse_llama(root, name, LLAMA_PHI3, &c);
+    else if (!strcmp(arch, "Olmo2ForCausalLM")) st = parse_llama(root, name, LLAMA_OLMO2, &c);
     else if (!strcmp(arch, "GPT2LMHeadModel")) st = parse_gpt2(root, name, &c);
     else if (!strcmp(arch, "Gemma2ForCausalLM")) st = config_parse_gemma(root, name, 2, &c);
     else if (!strcmp(arch, "Gemma3ForCausalLM")) st = config_parse_gemma(root, name, 3, &c);
@@ -510,12 +516,16 @@ enum status config_validate(const struct model_config *c, const char *name)
         return status_errorf(STATUS_BAD_FORMAT, "%s: logit soft-capping belongs to Gemma 2, not to %s", name,
                              c->architecture);
     /* What each family implies; a loader relies on these. */
-    const int qk_norm_family = (c->family == MODEL_FAMILY_GEMMA3 && !gemma2) || !strcmp(c->architecture, "Qwen3ForCausalLM");
-    if (c->qk_norm && !qk_norm_family)
-        return status_errorf(STATUS_BAD_FORMAT, "%s: qk_norm belongs to Gemma 3 and Qwen 3, not to %s", name,
-                             c->architecture);
+    const int olmo2 = !strcmp(c->architecture, "Olmo2ForCausalLM");
+    const int head_qk_norm = (c->family == MODEL_FAMILY_GEMMA3 && !gemma2) || !strcmp(c->architecture, "Qwen3ForCausalLM");
+    if (c->qk_norm != (head_qk_norm ? QK_NORM_HEAD : olmo2 ? QK_NORM_FULL : 0) && (c->qk_norm || head_qk_norm || olmo2))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: qk_norm %d: per head belongs to Gemma 3 and Qwen 3, over the whole "
+                             "projection to OLMo 2, none to %s", name, c->qk_norm, c->architecture);
+    if (c->no_pre_norms != olmo2 || (olmo2 && !c->sandwich_norms))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: no_pre_norms %d: OLMo 2 (and only it) has post norms only", name,
+                             c->no_pre_norms);
     if (c->family != MODEL_FAMILY_GEMMA3 &&
-        (c->embed_scale != 0.0f || c->sandwich_norms || c->norm_weight_offset != 0.0f ||
+        (c->embed_scale != 0.0f || (c->sandwich_norms && !olmo2) || c->norm_weight_offset != 0.0f ||
          c->attn_scale != 0.0f || c->sliding_window_pattern || c->rope_theta_local != 0.0f))
         return status_errorf(STATUS_BAD_FORMAT,
                              "%s: embed_scale, sandwich_norms, norm_weight_offset, "

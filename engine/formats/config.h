@@ -63,6 +63,8 @@ struct rope_scaling {
     float attention_factor;       /* YaRN: cos and sin scale (0.1 ln(factor) + 1 when unset); 1 else */
 };
 
+enum { QK_NORM_HEAD = 1, QK_NORM_FULL = 2 }; /* model_config.qk_norm */
+
 struct model_config {
     enum model_family family;
     char     architecture[64];  /* as named in config.json, e.g. "LlamaForCausalLM" */
@@ -93,9 +95,13 @@ struct model_config {
     /* Gemma-style features (0 / defaults for every other family). */
     float    embed_scale;       /* token embeddings are multiplied by this; 0 or 1 = none
                                    (Gemma: sqrt(d_model)) */
-    int      qk_norm;           /* RMSNorm over each head of q and k, before rotary (Gemma 3) */
+    int      qk_norm;           /* RMSNorm of q and k before rotary: QK_NORM_HEAD over each head's
+                                   features (Gemma 3, Qwen 3), QK_NORM_FULL over the whole
+                                   projection, every head at once (OLMo 2); 0 = none */
     int      sandwich_norms;    /* extra norms on the attention and MLP outputs, before each
-                                   residual add (Gemma 2/3 post_*_layernorm) */
+                                   residual add (Gemma 2/3 post_*_layernorm; OLMo 2's only norms) */
+    int      no_pre_norms;      /* 1: no norm before attention and the MLP, only the post norms
+                                   (OLMo 2); 0: every other model */
     float    norm_weight_offset;/* added to every norm weight (q/k norms included) at load: HF
                                    Gemma stores w for x * (1 + w), so 1; a GGUF-converted
                                    checkpoint has the 1 folded in, so 0 */
@@ -111,6 +117,14 @@ struct model_config {
                                    attn_logit_softcapping); 0 = none */
     float    final_softcap;     /* > 0: the logits soft-capped (final_logit_softcapping); 0 = none */
 };
+
+/* Whether the Hugging Face layout of c names its norms as Gemma does: post_attention_layernorm
+ * is the attention output's norm (not the pre-MLP norm as in Llama), pre_ / post_feedforward_
+ * layernorm the MLP's (Gemma 2/3, OLMo 2). */
+static inline int config_hf_gemma_names(const struct model_config *c)
+{
+    return c->family == MODEL_FAMILY_GEMMA3 || c->no_pre_norms;
+}
 
 /* Whether the Hugging Face layout of c fuses q, k, v into self_attn.qkv_proj and gate, up into
  * mlp.gate_up_proj (Phi-3: checkpoint.c reads the parts, checkpoint_write.c writes them fused). */

@@ -104,6 +104,7 @@ static int add_llama(cJSON *root, const struct model_config *c)
                      : !strcmp(c->architecture, "Qwen2ForCausalLM") ? "qwen2"
                      : !strcmp(c->architecture, "Qwen3ForCausalLM") ? "qwen3"
                      : !strcmp(c->architecture, "Phi3ForCausalLM")  ? "phi3"
+                     : !strcmp(c->architecture, "Olmo2ForCausalLM") ? "olmo2"
                                                                     : "llama";
     int ok = add_str(root, "model_type", type) && add_llama_dims(root, c) &&
              add_str(root, "hidden_act", activation_hf_name(c->activation)) &&
@@ -176,7 +177,8 @@ enum status config_save(const char *path, const struct model_config *c)
     if ((st = config_validate(c, path))) return st;
     if (c->family == MODEL_FAMILY_LLAMA && strcmp(c->architecture, "LlamaForCausalLM") &&
         strcmp(c->architecture, "MistralForCausalLM") && strcmp(c->architecture, "Qwen2ForCausalLM") &&
-        strcmp(c->architecture, "Qwen3ForCausalLM") && strcmp(c->architecture, "Phi3ForCausalLM"))
+        strcmp(c->architecture, "Qwen3ForCausalLM") && strcmp(c->architecture, "Phi3ForCausalLM") &&
+        strcmp(c->architecture, "Olmo2ForCausalLM"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
                              c->architecture);
     if (c->family == MODEL_FAMILY_LLAMA && !strcmp(c->architecture, "LlamaForCausalLM") &&

@@ -434,7 +434,7 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
                 CHECK(wn->gguf, "no GGUF name for %s", wn->name);
                 (void)weight_names_format(gname, sizeof gname, NULL, wn->gguf, l);
                 if (wn->kind == WEIGHT_KIND_LM_HEAD) snprintf(hname, sizeof hname, "%s", wn->hf);
-                else (void)weight_names_format(hname, sizeof hname, "model.", weight_names_hf(wn->kind, c.family == MODEL_FAMILY_GEMMA3), l);
+                else (void)weight_names_format(hname, sizeof hname, "model.", weight_names_hf(wn->kind, config_hf_gemma_names(&c)), l);
                 int ndim;
                 int64_t d0, d1;
                 weight_kind_shape(&c, wn->kind, &ndim, &d0, &d1);

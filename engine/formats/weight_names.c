@@ -159,6 +159,8 @@ int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
     case WEIGHT_KIND_K_NORM: return c->qk_norm;
     case WEIGHT_KIND_POST_ATTN_NORM:
     case WEIGHT_KIND_POST_MLP_NORM: return c->sandwich_norms;
+    case WEIGHT_KIND_ATTN_NORM:
+    case WEIGHT_KIND_MLP_NORM: return !c->no_pre_norms;
     case WEIGHT_KIND_COUNT: return 0;
     default: return (unsigned)kind < WEIGHT_KIND_COUNT;
     }
@@ -186,6 +188,8 @@ void weight_kind_shape(const struct model_config *c, enum weight_kind kind, int 
     *ndim = w->cols == WEIGHT_DIM_ONE ? 1 : 2;
     *rows = dim_size(c, w->rows);
     *cols = dim_size(c, w->cols);
+    if (c->qk_norm == QK_NORM_FULL && (kind == WEIGHT_KIND_Q_NORM || kind == WEIGHT_KIND_K_NORM)) /* OLMo 2 */
+        *rows = dim_size(c, kind == WEIGHT_KIND_Q_NORM ? WEIGHT_DIM_Q : WEIGHT_DIM_KV);
 }
 
 const char *weight_names_hf(enum weight_kind kind, int gemma3)

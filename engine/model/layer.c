@@ -24,6 +24,21 @@ void layer_norm(const struct model *m, const struct tensor *out, const struct te
     else op_layernorm(m->b, out, x, w, opt(bias), m->cfg.norm_eps);
 }
 
+void layer_pre_norm(const struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *w,
+                    const struct tensor *bias)
+{
+    if (!m->cfg.no_pre_norms) layer_norm(m, out, x, w, bias);
+    else if (out->data != x->data) backend_copy(m->b, out->data, x->data, tensor_nbytes(x));
+}
+
+/* q and k as the QK norm sees them: each head's features (rows T * heads), or the whole
+ * projection at once (rows T; OLMo 2). */
+struct tensor layer_qk_norm_view(const struct model *m, const struct tensor *t, int64_t T, int64_t heads)
+{
+    const int64_t hd = m->cfg.head_dim;
+    return m->cfg.qk_norm == QK_NORM_FULL ? tensor_view2(t, T, heads * hd) : tensor_view2(t, T * heads, hd);
+}
+
 void layer_attention_inner(struct model *m, int l, int64_t T, const struct tensor *xn, const struct layer_tensors *t,
                            const struct layer_hooks *h)
 {
@@ -44,9 +59,9 @@ void layer_attention_inner(struct model *m, int l, int64_t T, const struct tenso
     h->adapt(h->ctx, l, LORA_TARGET_Q, &qp, xn);
     h->adapt(h->ctx, l, LORA_TARGET_K, &kp, xn);
     h->adapt(h->ctx, l, LORA_TARGET_V, &v, xn);
-    if (c->qk_norm) { /* RMSNorm over each head's features (in place when q_pre is q) */
-        struct tensor qph = tensor_view2(&t->q_pre, T * nh, hd), kph = tensor_view2(&t->k_pre, T * nkv, hd);
-        struct tensor qh = tensor_view2(&t->q, T * nh, hd), kh = tensor_view2(&t->k, T * nkv, hd);
+    if (c->qk_norm) { /* RMSNorm over each head's features, or all of them (in place when q_pre is q) */
+        struct tensor qph = layer_qk_norm_view(m, &t->q_pre, T, nh), kph = layer_qk_norm_view(m, &t->k_pre, T, nkv);
+        struct tensor qh = layer_qk_norm_view(m, &t->q, T, nh), kh = layer_qk_norm_view(m, &t->k, T, nkv);
         op_rmsnorm(b, &qh, &qph, &w->q_norm, c->norm_eps);
         op_rmsnorm(b, &kh, &kph, &w->k_norm, c->norm_eps);
     }
@@ -111,7 +126,7 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
 
     /* Attention block: x_mid = x_in + [norm](attention(norm(x_in)) W_o^T). */
     if (t->x_in.data != t->x.data) backend_copy(m->b, t->x_in.data, t->x.data, tensor_nbytes(&t->x));
-    layer_norm(m, &t->xn1, &t->x_in, &w->attn_norm, &w->attn_norm_bias);
+    layer_pre_norm(m, &t->xn1, &t->x_in, &w->attn_norm, &w->attn_norm_bias);
     if ((st = h->gather(h->ctx, &t->xn1, T, &full)) != STATUS_OK) return st;
     layer_attention_inner(m, l, T, &full, t, h);
     struct tensor att = tensor_view2(&t->att, T, hq);
@@ -120,7 +135,7 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
         return st;
 
     /* MLP block: x = x_mid + [norm](down(act(gate(xn2)) * up(xn2))), or down(act(up(xn2))). */
-    layer_norm(m, &t->xn2, &t->x_mid, &w->mlp_norm, &w->mlp_norm_bias);
+    layer_pre_norm(m, &t->xn2, &t->x_mid, &w->mlp_norm, &w->mlp_norm_bias);
     if ((st = h->gather(h->ctx, &t->xn2, T, &full)) != STATUS_OK) return st;
     layer_mlp_inner(m, l, T, &full, t, h);
     struct tensor hact = tensor_first_rows(&t->hact, T);

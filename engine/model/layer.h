@@ -62,6 +62,13 @@ void layer_attention_kind(const struct model *m, int layer, int *window, struct 
 /* norm(x) with the model's norm (RMSNorm, or LayerNorm with its optional bias). */
 void layer_norm(const struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *w,
                 const struct tensor *bias);
+/* The norm before attention or the MLP: layer_norm, or for a model without pre-norms (OLMo 2)
+ * x itself, copied into out unless out is x. */
+void layer_pre_norm(const struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *w,
+                    const struct tensor *bias);
+/* q or k (T rows of heads x head_dim) as the QK norm normalises it: (T * heads, head_dim) for a
+ * norm per head, (T, heads * head_dim) for one over the whole projection (QK_NORM_FULL). */
+struct tensor layer_qk_norm_view(const struct model *m, const struct tensor *t, int64_t T, int64_t heads);
 
 /* The attention block's inside from the normed rows xn (T rows): q, k, v (+ biases, adapters),
  * the QK norm, rotary, attention into t->att. */

@@ -317,6 +317,11 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
         st = status_errorf(STATUS_INVALID_ARGUMENT, "model: pp %d exceeds the %d layers", pp_size, c->n_layers);
         goto fail;
     }
+    if (tp_size > 1 && c->qk_norm == QK_NORM_FULL) { /* its statistics would need a tp reduction per row */
+        st = status_errorf(STATUS_UNSUPPORTED, "model: %s normalises q and k over every head at once; tensor "
+                           "parallelism (tp %d) is not built for it (pp and dp are)", c->architecture, tp_size);
+        goto fail;
+    }
     if (par && par->pp_layers) { /* an explicit split (--pp-layers) */
         int *per = calloc((size_t)pp_size, sizeof *per);
         if (!per) {

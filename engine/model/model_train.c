@@ -25,6 +25,20 @@ static void norm_bwd(const struct model *m, const struct tensor *dx, const struc
     else op_layernorm_backward(m->b, dx, opt(dw), opt(dbias), dout, x, w, m->cfg.norm_eps);
 }
 
+/* dres += d pre_norm(x) / dx applied to dsum (dtmp as scratch; the weight's gradient +=): the
+ * norm's backward, or dsum itself for a model without pre-norms (layer_pre_norm). */
+static void pre_norm_bwd(const struct model *m, const struct tensor *dres, const struct tensor *dtmp,
+                         const struct tensor *dw, const struct tensor *dbias, const struct tensor *dsum,
+                         const struct tensor *x, const struct tensor *w)
+{
+    if (m->cfg.no_pre_norms) {
+        op_add(m->b, dres, dres, dsum);
+        return;
+    }
+    norm_bwd(m, dtmp, dw, dbias, dsum, x, w);
+    op_add(m->b, dres, dres, dtmp);
+}
+
 static struct attention_train_batch attention_batch(const struct model_train *t, const struct train_batch *tb)
 {
     const struct model *m = t->m;
@@ -298,7 +312,7 @@ static enum status recompute_mlp(struct model_train *t, int l, int64_t T, struct
     struct layer_acts *la = &t->a->layers[l];
     const unsigned mods = t->mem.recompute == TRAIN_RECOMPUTE_SELECTIVE ? t->mem.modules : 0;
     struct tensor xn2 = tensor_first_rows(&la->xn2, local_rows(t, T)), x_mid = tensor_first_rows(&la->x_mid, local_rows(t, T));
-    if (mods & TRAIN_RECOMPUTE_LAYERNORM) layer_norm(m, &xn2, &x_mid, &w->mlp_norm, &w->mlp_norm_bias);
+    if (mods & TRAIN_RECOMPUTE_LAYERNORM) layer_pre_norm(m, &xn2, &x_mid, &w->mlp_norm, &w->mlp_norm_bias);
     TRY(gather_rows(t, &xn2, &t->a->gath, T, xn2_full));
     if (mods & TRAIN_RECOMPUTE_MLP) {
         struct train_ctx tc = {.t = t, .batch = NULL};
@@ -324,7 +338,7 @@ static enum status recompute_attention(struct model_train *t, int l, int64_t T, 
         op_attention_train(m->b, &att3, &lse, &q3, &k3, &v3, ab);
     }
     struct tensor xn1 = tensor_first_rows(&la->xn1, local_rows(t, T)), x_in = tensor_first_rows(&la->x_in, local_rows(t, T));
-    if (mods & TRAIN_RECOMPUTE_LAYERNORM) layer_norm(m, &xn1, &x_in, &w->attn_norm, &w->attn_norm_bias);
+    if (mods & TRAIN_RECOMPUTE_LAYERNORM) layer_pre_norm(m, &xn1, &x_in, &w->attn_norm, &w->attn_norm_bias);
     return gather_rows(t, &xn1, &t->a->gath, T, xn1_full);
 }
 
@@ -391,8 +405,7 @@ static enum status layer_backward(struct model_train *t, int l, int64_t T, const
     adapt_back(t, l, LORA_TARGET_UP, &dxn, &dup, &full);
     TRY(sum_input_grad(t, T, &dsum));
     struct tensor x_mid = tensor_first_rows(&la->x_mid, Tl);
-    norm_bwd(m, &dtmp, &g->mlp_norm, &g->mlp_norm_bias, &dsum, &x_mid, &w->mlp_norm);
-    op_add(b, &dres, &dres, &dtmp); /* dL/dx_mid */
+    pre_norm_bwd(m, &dres, &dtmp, &g->mlp_norm, &g->mlp_norm_bias, &dsum, &x_mid, &w->mlp_norm); /* dL/dx_mid */
 
     /* Attention block, in reverse. */
     struct tensor att = tensor_view2(&la->att, T, hq), datt = tensor_view2(&a->datt, T, hq);
@@ -409,9 +422,10 @@ static enum status layer_backward(struct model_train *t, int l, int64_t T, const
         op_rope_backward(b, &dq3, &pos, c->rot_dim, &rope, c->rope_style);
         op_rope_backward(b, &dk3, &pos, c->rot_dim, &rope, c->rope_style);
     }
-    if (c->qk_norm) { /* through the per-head RMSNorm, in place on dq, dk */
-        struct tensor dqh = tensor_view2(&a->dq, T * m->n_heads_local, hd), dkh = tensor_view2(&a->dk, T * m->n_kv_local, hd);
-        struct tensor qph = tensor_view2(&la->q_pre, T * m->n_heads_local, hd), kph = tensor_view2(&la->k_pre, T * m->n_kv_local, hd);
+    if (c->qk_norm) { /* through the QK RMSNorm (per head, or over the projection), in place on dq, dk */
+        struct tensor dqh = layer_qk_norm_view(m, &a->dq, T, m->n_heads_local), dkh = layer_qk_norm_view(m, &a->dk, T, m->n_kv_local);
+        struct tensor qph = layer_qk_norm_view(m, &la->q_pre, T, m->n_heads_local);
+        struct tensor kph = layer_qk_norm_view(m, &la->k_pre, T, m->n_kv_local);
         op_rmsnorm_backward(b, &dqh, opt(&g->q_norm), &dqh, &qph, &w->q_norm, c->norm_eps);
         op_rmsnorm_backward(b, &dkh, opt(&g->k_norm), &dkh, &kph, &w->k_norm, c->norm_eps);
     }
@@ -424,8 +438,7 @@ static enum status layer_backward(struct model_train *t, int l, int64_t T, const
     adapt_back(t, l, LORA_TARGET_V, &dxn, &dv, &full);
     TRY(sum_input_grad(t, T, &dsum));
     struct tensor x_in = tensor_first_rows(&la->x_in, Tl);
-    norm_bwd(m, &dtmp, &g->attn_norm, &g->attn_norm_bias, &dsum, &x_in, &w->attn_norm);
-    op_add(b, &dres, &dres, &dtmp); /* dL/dx_in */
+    pre_norm_bwd(m, &dres, &dtmp, &g->attn_norm, &g->attn_norm_bias, &dsum, &x_in, &w->attn_norm); /* dL/dx_in */
     return STATUS_OK;
 }
 

@@ -160,6 +160,15 @@ def gemma2_config(dtype="f32"):
     }
 
 
+def olmo2_config(dtype="f32"):
+    """Olmo2ForCausalLM, small: norms after attention and the MLP only, q and k RMS-normed over the
+    whole projection before rotary."""
+    cfg = llama_config(dtype)
+    cfg.update({"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "rms_norm_eps": 1e-6,
+                "rope_theta": 500000.0})
+    return cfg
+
+
 # --------------------------------------------------------------------------- init
 
 def init_gemma2(cfg, seed):
@@ -311,6 +320,11 @@ def init_llama(cfg, seed):
         if flavor == "qwen3":  # RMSNorm weights over each head's features
             w[p + "self_attn.q_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(hd)
             w[p + "self_attn.k_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(hd)
+        if flavor == "olmo2":  # RMSNorm weights over the whole q and k projections; post-norms only
+            w[p + "self_attn.q_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(nh * hd)
+            w[p + "self_attn.k_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(nkv * hd)
+            del w[p + "input_layernorm.weight"]
+            w[p + "post_feedforward_layernorm.weight"] = norm()
         w[p + "post_attention_layernorm.weight"] = norm()
         w[p + "mlp.gate_proj.weight"] = lin(I, H)
         w[p + "mlp.up_proj.weight"] = lin(I, H)
@@ -646,6 +660,39 @@ def gemma2_forward(cfg, w, tokens):
     return fcap * np.tanh(logits / fcap) if fcap else logits
 
 
+def olmo2_forward(cfg, w, tokens):
+    """Olmo2ForCausalLM forward (transformers' modeling_olmo2), float64: q and k RMS-normed over the
+    whole projection, then rotary (halves); attention; post_attention_layernorm on its output
+    before the residual add; the MLP, then post_feedforward_layernorm before the add; no norm
+    before either block. Returns logits (T, vocab)."""
+    H, eps, theta = cfg["hidden_size"], cfg["rms_norm_eps"], cfg["rope_theta"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or H // nh
+    T = len(tokens)
+    cos, sin = llama_rope_tables(hd, T, theta)
+
+    def rope(x):
+        return x * cos + _rotate_half(x) * sin
+    x = w["model.embed_tokens.weight"][tokens].copy()
+    for i in range(cfg["num_hidden_layers"]):
+        p = "model.layers.%d." % i
+        q = _rmsnorm(x @ w[p + "self_attn.q_proj.weight"].T, w[p + "self_attn.q_norm.weight"], eps)
+        k = _rmsnorm(x @ w[p + "self_attn.k_proj.weight"].T, w[p + "self_attn.k_norm.weight"], eps)
+        v = x @ w[p + "self_attn.v_proj.weight"].T
+        q = rope(q.reshape(T, nh, hd).transpose(1, 0, 2))
+        k = rope(k.reshape(T, nkv, hd).transpose(1, 0, 2))
+        v = v.reshape(T, nkv, hd).transpose(1, 0, 2)
+        k, v = np.repeat(k, nh // nkv, axis=0), np.repeat(v, nh // nkv, axis=0)
+        a = (_softmax_causal(q @ k.transpose(0, 2, 1) / math.sqrt(hd)) @ v).transpose(1, 0, 2).reshape(T, nh * hd)
+        x = x + _rmsnorm(a @ w[p + "self_attn.o_proj.weight"].T, w[p + "post_attention_layernorm.weight"], eps)
+        g, u = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
+        m = ((g / (1.0 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
+        x = x + _rmsnorm(m, w[p + "post_feedforward_layernorm.weight"], eps)
+    x = _rmsnorm(x, w["model.norm.weight"], eps)
+    lm = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
+    return x @ lm.T
+
+
 def greedy(forward_fn, cfg, w, prompt, steps, top=5):
     """Greedy decode with full recompute (argmax, lowest id on ties).
     Returns (ids, margins top1-top2 per step, [(top ids, top logits)] per step)."""
@@ -676,8 +723,8 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
     elif model == "gemma2":
         cfg = gemma2_config(dtype)
         w = init_gemma2(cfg, seed)
-    elif model in ("llama", "qwen2", "qwen3", "phi3", "mistral"):
-        configs = {"llama": llama_config, "phi3": phi3_config, "mistral": mistral_config}
+    elif model in ("llama", "qwen2", "qwen3", "phi3", "mistral", "olmo2"):
+        configs = {"llama": llama_config, "phi3": phi3_config, "mistral": mistral_config, "olmo2": olmo2_config}
         cfg = configs[model](dtype) if model in configs else qwen_config(model, dtype)
         if vocab:
             cfg["vocab_size"] = vocab
@@ -693,6 +740,8 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
         fwd = gpt2_forward
     elif model == "gemma2":
         fwd = gemma2_forward
+    elif model == "olmo2":
+        fwd = olmo2_forward
     else:
         fwd = llama_forward
     logits = fwd(cfg, w, PROMPT_IDS)
@@ -722,7 +771,7 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="write a small random HF checkpoint + float64 reference")
-    ap.add_argument("model", choices=["gpt2", "llama", "qwen2", "qwen3", "phi3", "mistral", "gemma2"])
+    ap.add_argument("model", choices=["gpt2", "llama", "qwen2", "qwen3", "phi3", "mistral", "gemma2", "olmo2"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=list(DTYPES), default="f32")
