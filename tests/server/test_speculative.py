@@ -5,8 +5,11 @@ SmolLM2-135M-Instruct (byte-level BPE, a GGUF served as quantized blocks) when i
 one request at a time and 16 at once (the drafts verified inside the continuous batch; SmolLM2's
 blocks one at a time only: see compare), with
 stop strings and max_tokens that end a sample in the middle of accepted drafts, beside sampled
-and penalised requests that never draft, and at tp 2 under mpirun. GetServerStats must show
-drafts verified and accepted (the test fails if speculation never ran).
+and penalised requests whose seeded output must not change either, and at tp 2 under mpirun.
+GetServerStats must show drafts verified and accepted (the test fails if speculation never ran).
+per_request: the request fields (gRPC speculative / speculative_n_max, HTTP speculative /
+speculative.n_max), their refusals by name, and the adaptive rule's backoffs.
+The sampled distribution itself: test_speculative_sampling.py.
 
   test_speculative.py --shardlm BUILD/cli/shardlm --model DIR [--gguf SMOLLM2.gguf]
 SKIP (77) without the model or the Python client.
