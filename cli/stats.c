@@ -49,8 +49,10 @@ int client_stats_main(int argc, char **argv)
                (unsigned long long)s.prefix_cache_hit_tokens);
         printf("kv: %d of %d blocks free, %d cached\n", s.kv_blocks_free, s.kv_blocks_total, s.kv_blocks_cached);
         if (s.spec_draft_tokens)
-            printf("speculation: %llu draft tokens, %llu accepted (%.1f%%)\n", (unsigned long long)s.spec_draft_tokens,
-                   (unsigned long long)s.spec_accepted_tokens, 100.0 * (double)s.spec_accepted_tokens / (double)s.spec_draft_tokens);
+            printf("speculation: %llu draft tokens, %llu accepted (%.1f%%), %llu backoffs\n",
+                   (unsigned long long)s.spec_draft_tokens, (unsigned long long)s.spec_accepted_tokens,
+                   100.0 * (double)s.spec_accepted_tokens / (double)s.spec_draft_tokens,
+                   (unsigned long long)s.spec_backoffs);
         for (int i = 0; i < s.n_replicas; i++) {
             const struct client_replica_stats *r = &s.replicas[i];
             printf("replica %d: leader_rank %d routed %llu routed_by_prefix %llu outstanding %d finished %llu "

@@ -510,6 +510,7 @@ enum status client_server_stats(struct client *c, struct client_server_stats *ou
     out->preemptions = r->preemptions;
     out->spec_draft_tokens = r->spec_draft_tokens;
     out->spec_accepted_tokens = r->spec_accepted_tokens;
+    out->spec_backoffs = r->spec_backoffs;
     out->active_calls = r->active_calls;
     out->uptime_seconds = r->uptime_seconds;
     for (size_t i = 0; i < r->n_replicas && i < CLIENT_MAX_REPLICAS; i++) {

@@ -231,6 +231,7 @@ struct client_server_stats {
     float    prefix_cache_hit_rate;
     uint64_t engine_steps, preemptions;
     uint64_t spec_draft_tokens, spec_accepted_tokens; /* speculative decoding */
+    uint64_t spec_backoffs;                            /* sequences that stopped drafting for a while */
     int      active_calls;
     double   uptime_seconds;
     int      n_replicas;                 /* the first CLIENT_MAX_REPLICAS are kept */

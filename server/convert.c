@@ -162,6 +162,9 @@ static enum status convert_sampling(const Shardlm__V1__SamplingParams *s, struct
         p->prompt_logprobs = s->prompt_logprobs;
     p->n = 1;
     if (s->_n_case == SHARDLM__V1__SAMPLING_PARAMS___N_N) p->n = s->n;
+    enum status sst = speculative_mode_parse(s->speculative, "sampling.speculative", &p->speculative);
+    if (sst != STATUS_OK) return sst;
+    p->speculative_n_max = s->speculative_n_max;
     if (s->n_logit_bias) {
         r->bias_ids = malloc(s->n_logit_bias * sizeof *r->bias_ids);
         r->bias_values = malloc(s->n_logit_bias * sizeof *r->bias_values);

@@ -141,6 +141,7 @@ enum status convert_server_stats_response(const struct server_stats_out *s, uint
     m.preemptions = e->preemptions;
     m.spec_draft_tokens = e->spec_drafted;
     m.spec_accepted_tokens = e->spec_accepted;
+    m.spec_backoffs = e->spec_backoffs;
     m.active_calls = s->active_calls;
     m.uptime_seconds = s->uptime_seconds;
     enum { MAX_REPLICAS = 256 };

@@ -424,6 +424,24 @@ static enum status refuse_unhonoured(const cJSON *o)
     return STATUS_OK;
 }
 
+/* Per-request speculative decoding (docs/speculative.md): "speculative": "auto" | "off", and
+ * llama.cpp's "speculative.n_max" (the most drafts a step verifies; 0 turns drafting off, as in
+ * llama.cpp). */
+static enum status parse_speculative(const cJSON *o, struct request_params *p)
+{
+    const cJSON *v = field(o, "speculative");
+    if (v && !cJSON_IsString(v)) return type_error("speculative", "a string (auto or off)");
+    enum status st = speculative_mode_parse(v ? v->valuestring : NULL, "'speculative'", &p->speculative);
+    if (st != STATUS_OK) return st;
+    int n_max = -1;
+    if ((st = get_int(o, "speculative.n_max", &n_max)) != STATUS_OK) return st;
+    if (n_max == 0) p->speculative = SPECULATIVE_MODE_OFF;
+    else if (n_max > 0) p->speculative_n_max = n_max;
+    else if (field(o, "speculative.n_max"))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "'speculative.n_max' must be >= 0, got %d", n_max);
+    return STATUS_OK;
+}
+
 /* The sampling fields common to both endpoints. */
 static enum status parse_sampling(const cJSON *o, struct http_request *q)
 {
@@ -464,6 +482,7 @@ static enum status parse_sampling(const cJSON *o, struct http_request *q)
         p->client = q->r.client;
     }
     if (st == STATUS_OK) st = get_int(o, "priority", &p->priority); /* vLLM's extra field */
+    if (st == STATUS_OK) st = parse_speculative(o, p);
     return st;
 }
 

@@ -186,6 +186,8 @@ static void render_engine(struct text *t, struct engine *e)
          (double)st.spec_drafted},
         {"shardlm_spec_decode_num_accepted_tokens_total", "counter", "Speculative draft tokens accepted.",
          (double)st.spec_accepted},
+        {"shardlm_spec_decode_num_backoffs_total", "counter",
+         "Times a sequence stopped drafting for low acceptance (the adaptive rule).", (double)st.spec_backoffs},
     };
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
         render_family(t, rows[i].name, rows[i].type, rows[i].help);

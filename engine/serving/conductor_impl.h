@@ -80,8 +80,9 @@ int         conductor_eos_id(const struct conductor *c);
 void        finish_seq(struct conductor *c, struct seq *s, enum finish_reason why, enum status st, const char *message,
                        size_t text_len);
 /* conductor_sample.c */
-void        take_token(struct conductor *c, struct seq *s, const float *row, int32_t greedy_id);
+int32_t     take_token(struct conductor *c, struct seq *s, const float *row, int32_t greedy_id);
 void        take_prompt_logprobs(struct conductor *c, struct seq *s, int p0, int n, const float *rows);
+/* conductor_speculate.c */
 void        speculate(struct conductor *c);
 void        take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_ver);
 

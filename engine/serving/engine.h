@@ -68,10 +68,11 @@ struct engine_options {
     int   prefix_caching;      /* 1 = share full prompt blocks between requests by hash */
     int   scheduling;          /* enum scheduling_policy; 0 = SCHEDULING_FCFS */
     /* Speculative decoding by prompt lookup (draftless n-gram, docs/speculative.md): each step a
-     * greedy sequence appends up to spec_draft tokens that followed the latest earlier occurrence
-     * of its last spec_ngram (down to 2) tokens, and the step verifies them with the target's own
-     * logits. 0 = off. Sequences that sample, penalise, bias, ask log-probabilities or are
-     * constrained never draft. */
+     * decoding sequence appends up to spec_draft tokens (fewer under its adaptive length) that
+     * followed the latest earlier occurrence of its last spec_ngram (down to 2) tokens, and the
+     * step verifies them by sampling the target's own tokens from their rows; the output's
+     * distribution (and a seeded sample's tokens) do not change. 0 = off. Constrained requests,
+     * those with speculative "off" and the device-greedy path never draft. */
     int   spec_draft;
     int   spec_ngram;          /* 0 = 3 */
     int   spec_max_batch;      /* draft only while at most this many sequences run (a full batch
@@ -116,6 +117,17 @@ struct engine_options engine_options_default(void);
 /* What a request asks for. Arrays are borrowed by engine_submit, which copies them. */
 #define REQUEST_MAX_END_IDS 4
 /* What a constraint's source is (request_params.constraint); engine/grammar/grammar.h. */
+/* Per-request speculative decoding (docs/speculative.md). The wire names are these values'
+ * lower-case names ("auto", "off"); speculative_mode_parse is their one reader. */
+enum speculative_mode {
+    SPECULATIVE_MODE_AUTO = 0,  /* draft when the server speculates and the adaptive rule allows */
+    SPECULATIVE_MODE_OFF  = 1,  /* never draft: decode one token per step */
+};
+
+/* Reads "auto" or "off" (NULL or "" read as auto) into *out. Anything else is
+ * STATUS_INVALID_ARGUMENT whose message names `field` and the allowed values. */
+enum status speculative_mode_parse(const char *s, const char *field, enum speculative_mode *out);
+
 enum constraint_kind {
     CONSTRAINT_NONE,
     CONSTRAINT_JSON_SCHEMA, /* a JSON Schema document */
@@ -159,6 +171,10 @@ struct request_params {
                                          client share its turn; NULL or "" = one anonymous client */
     int      priority;                /* SCHEDULING_PRIORITY: lower runs first (vLLM's
                                          convention); must be 0 under the other policies */
+    enum speculative_mode speculative; /* whether this request's samples may draft when the
+                                         server speculates (--speculative); default AUTO */
+    int      speculative_n_max;       /* most drafts per step for this request (llama.cpp's
+                                         speculative.n_max); 0 = the server's --spec-draft */
 };
 struct request_params request_params_default(void);
 
@@ -272,6 +288,8 @@ struct engine_stats {
     uint64_t generated_tokens;
     uint64_t steps, preemptions;
     uint64_t spec_drafted, spec_accepted;   /* prompt-lookup draft tokens verified, and accepted */
+    uint64_t spec_backoffs;                 /* times a sequence stopped drafting for low acceptance
+                                               (docs/speculative.md, the adaptive rule) */
 };
 void engine_get_stats(struct engine *e, struct engine_stats *s); /* thread-safe snapshot; with
                                      data parallelism the sum over replicas (remote ones as of

@@ -32,6 +32,14 @@ struct request_params request_params_default(void)
                                    .logprobs = -1, .prompt_logprobs = -1, .n = 1};
 }
 
+enum status speculative_mode_parse(const char *s, const char *field, enum speculative_mode *out)
+{
+    if (!s || !*s || !strcmp(s, "auto")) *out = SPECULATIVE_MODE_AUTO;
+    else if (!strcmp(s, "off")) *out = SPECULATIVE_MODE_OFF;
+    else return status_errorf(STATUS_INVALID_ARGUMENT, "%s must be one of auto, off; got '%.64s'", field, s);
+    return STATUS_OK;
+}
+
 /* ---- the limits table ----------------------------------------------------------------------- */
 
 #define SAMPLING(field) offsetof(struct request_params, sampling.field), REQUEST_FIELD_FLOAT
@@ -56,6 +64,8 @@ static const struct request_limit limits[] = {
     {"sampling.logprobs", INT_FIELD(logprobs), 0, 0, C, REQUEST_BOUND_MAX_LOGPROBS, 0, 0, 0, 1, -1, " (or unset)"},
     {"sampling.prompt_logprobs", INT_FIELD(prompt_logprobs), 0, 0, C, REQUEST_BOUND_MAX_LOGPROBS, 0, 0, 0, 1, -1,
      " (or unset)"},
+    {"sampling.speculative_n_max", INT_FIELD(speculative_n_max), 0, 32, C, C, 0, 0, 0, 0, 0,
+     " (0 = the server's --spec-draft)"},
 };
 
 #undef SAMPLING

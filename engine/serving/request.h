@@ -159,6 +159,11 @@ struct seq {
     int      n_draft;             /* speculation: tokens[n_tokens - n_draft, n_tokens) are drafts
                                      this step verifies (conductor.c speculate) */
     int      grammar_end;         /* the constraint is complete and nothing may follow: stop */
+    /* Speculation's adaptive rule (conductor_speculate.c, docs/speculative.md). */
+    int      spec_len;            /* drafts it may append next, 1 .. the draft limit; 0 = not begun */
+    int      spec_win_drafted, spec_win_accepted; /* drafts verified / accepted in the current window */
+    int      spec_resume_at;      /* n_generated from which it drafts again after a backoff */
+    int      spec_backoff;        /* generated tokens of its next backoff; 0 = the first */
     char    *held;                /* (cap_held) text not yet emitted (stop-string look-back) */
     size_t   n_held, cap_held;
     uint64_t order;               /* admission order; the newest is preempted first */

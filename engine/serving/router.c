@@ -716,6 +716,7 @@ void router_get_stats(struct router *r, struct engine_stats *out)
         out->preemptions += s->preemptions;
         out->spec_drafted += s->spec_drafted;
         out->spec_accepted += s->spec_accepted;
+        out->spec_backoffs += s->spec_backoffs;
     }
 }
 

@@ -5,8 +5,11 @@ SmolLM2-135M-Instruct (byte-level BPE, a GGUF served as quantized blocks) when i
 one request at a time and 16 at once (the drafts verified inside the continuous batch; SmolLM2's
 blocks one at a time only: see compare), with
 stop strings and max_tokens that end a sample in the middle of accepted drafts, beside sampled
-and penalised requests that never draft, and at tp 2 under mpirun. GetServerStats must show
-drafts verified and accepted (the test fails if speculation never ran).
+and penalised requests whose seeded output must not change either, and at tp 2 under mpirun.
+GetServerStats must show drafts verified and accepted (the test fails if speculation never ran).
+per_request: the request fields (gRPC speculative / speculative_n_max, HTTP speculative /
+speculative.n_max), their refusals by name, and the adaptive rule's backoffs.
+The sampled distribution itself: test_speculative_sampling.py.
 
   test_speculative.py --shardlm BUILD/cli/shardlm --model DIR [--gguf SMOLLM2.gguf]
 SKIP (77) without the model or the Python client.
@@ -47,8 +50,8 @@ def answers(srv, chat, n_parallel):
 
 
 def others(srv, chat):
-    """Requests that never draft (sampled, penalised) beside the greedy ones: their output with a
-    seed must not change either."""
+    """Sampled and penalised requests beside the greedy ones (they draft too, and each row's token
+    is sampled with the uniform a plain step draws): their output with a seed must not change."""
     out = []
     with srv.client(timeout=120) as c:
         for kw in (dict(temperature=0.8, seed=5), dict(temperature=0, repetition_penalty=1.3),
@@ -81,9 +84,90 @@ def compare(a, model, name, chat, launcher=(), extra=(), batch=True):
     else:
         print(f"note {name}: not batch-invariant without speculation either ({sum(x == y for x, y in zip(s0, p0))} "
               f"of 16 equal at 16 at once): compared one at a time only")
-    check(o0 == o1, f"{name}: sampled and penalised requests unchanged (they never draft)")
+    check(o0 == o1, f"{name}: sampled and penalised requests unchanged with speculation")
     check(st.spec_draft_tokens > 0 and 0 < st.spec_accepted_tokens <= st.spec_draft_tokens,
           f"{name}: speculation ran: {st.spec_draft_tokens} draft tokens, {st.spec_accepted_tokens} accepted")
+
+
+def per_request(a):
+    """The per-request fields and the adaptive rule: speculative "off" (gRPC) and "speculative":
+    "off" / "speculative.n_max": 0 (HTTP) never draft; speculative_n_max caps a step's drafts; an
+    unknown value is refused naming the field; long sampled outputs back some sequences off
+    (spec_backoffs); the greedy output of an opted-out request equals the drafting one's."""
+    import grpc
+    import json
+    import urllib.error
+    import urllib.request
+    prompt = "Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had a red"
+    args = ["--speculative", "ngram", "--spec-draft", "4", "--spec-max-batch", "16"]
+    with TS.Server(a.shardlm, Path(a.model), *args, name="spec-per-request", http=True) as srv:
+        with srv.client(timeout=120) as c:
+            def drafted():
+                return c.server_stats().spec_draft_tokens
+            d0 = drafted()
+            g_off = c.generate(prompt, max_tokens=60, temperature=0, speculative="off")
+            d1 = drafted()
+            check(d1 == d0, f"speculative off: no drafts ({d1 - d0})")
+            g_on = c.generate(prompt, max_tokens=60, temperature=0, speculative="auto")
+            d2 = drafted()
+            check(d2 > d1, f"speculative auto: drafts ({d2 - d1})")
+            check(g_on.text == g_off.text, "greedy output equal with and without the request's speculation")
+            c.generate(prompt, max_tokens=60, temperature=0, speculative_n_max=1)
+            d3 = drafted()
+            check(0 < d3 - d2 <= 59, f"speculative_n_max 1: at most one draft per step ({d3 - d2} for 60 tokens)")
+            try:
+                c.generate(prompt, max_tokens=4, speculative="sometimes")
+                check(False, "speculative 'sometimes' refused")
+            except grpc.RpcError as e:
+                check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "sampling.speculative" in e.details(),
+                      f"speculative 'sometimes' refused naming the field: {e.code().name} {e.details()}")
+            try:
+                c.generate(prompt, max_tokens=4, speculative_n_max=99)
+                check(False, "speculative_n_max 99 refused")
+            except grpc.RpcError as e:
+                check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "speculative_n_max" in e.details(),
+                      f"speculative_n_max 99 refused naming the field: {e.details()}")
+
+            def post(body):
+                req = urllib.request.Request(srv.base + "/v1/completions", data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"}, method="POST")
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as r:
+                        return r.status, json.loads(r.read())
+                except urllib.error.HTTPError as e:
+                    return e.code, json.loads(e.read() or b"{}")
+            base = {"model": "stories260K", "prompt": prompt, "max_tokens": 40, "temperature": 0}
+            for extra in ({"speculative": "off"}, {"speculative.n_max": 0}):
+                before = drafted()
+                code, _ = post(dict(base, **extra))
+                check(code == 200 and drafted() == before, f"HTTP {extra}: answered, no drafts")
+            before = drafted()
+            code, _ = post(dict(base, speculative="auto"))
+            check(code == 200 and drafted() > before, "HTTP speculative auto: drafts")
+            for extra, name in (({"speculative": "maybe"}, "speculative"), ({"speculative": True}, "speculative"),
+                                ({"speculative.n_max": -2}, "speculative.n_max")):
+                code, body = post(dict(base, **extra))
+                msg = json.dumps(body)
+                check(code == 400 and name in msg, f"HTTP {extra} refused naming the field: {code} {msg[:160]}")
+
+            # The adaptive rule: sampled continuations of a repetitive prompt are often rejected;
+            # some sequences must back off (at least SPEC_WINDOW drafts below 1/4 accepted).
+            st0 = c.server_stats()
+            with cf.ThreadPoolExecutor(8) as ex:
+                list(ex.map(lambda i: c.generate(prompt, max_tokens=200, temperature=1.5, seed=i, ignore_eos=True),
+                            range(16)))
+            st1 = c.server_stats()
+            drafts, acc = st1.spec_draft_tokens - st0.spec_draft_tokens, st1.spec_accepted_tokens - st0.spec_accepted_tokens
+            check(st1.spec_backoffs > st0.spec_backoffs,
+                  f"adaptive rule: {st1.spec_backoffs - st0.spec_backoffs} backoffs over 16 sampled outputs "
+                  f"({drafts} drafts, {acc} accepted)")
+        code, text = 0, ""
+        try:
+            with urllib.request.urlopen(srv.base + "/metrics", timeout=30) as r:
+                code, text = r.status, r.read().decode()
+        except urllib.error.URLError as e:
+            text = str(e)
+        check("shardlm_spec_decode_num_backoffs_total" in text, "/metrics has the backoff counter")
 
 
 def main():
@@ -96,6 +180,7 @@ def main():
         print(f"SKIP: no model at {a.model}")
         return SKIP
     try:
+        per_request(a)
         compare(a, a.model, "stories260K", chat=False)
         if shutil.which("mpirun"):
             os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
