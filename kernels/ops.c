@@ -236,6 +236,22 @@ void op_scale(struct backend *b, const struct tensor *out, const struct tensor *
     after_op(b);
 }
 
+void op_scatter_add_rows(struct backend *b, const struct tensor *out, const struct tensor *y,
+                         const struct tensor *ids, const struct tensor *weights)
+{
+    check_float(b, out, "scatter_add_rows out");
+    check_float(b, y, "scatter_add_rows y");
+    check_i32(b, ids, "scatter_add_rows ids");
+    check_on(b, weights, "scatter_add_rows weights");
+    CHECK(y->dtype == out->dtype && tensor_cols(y) == tensor_cols(out) && out->ndim == 2 && y->ndim == 2,
+          "scatter_add_rows: out %s y %s", DESC(out), DESC(y));
+    check_vector(ids, tensor_rows(y), DTYPE_I32, "scatter_add_rows ids");
+    check_vector(weights, tensor_rows(y), DTYPE_F32, "scatter_add_rows weights");
+    if (tensor_rows(y) == 0) return;
+    b->ops->scatter_add_rows(b, out, y, ids, weights);
+    after_op(b);
+}
+
 void op_softcap(struct backend *b, const struct tensor *out, const struct tensor *x, float cap)
 {
     check_float(b, out, "softcap out");

@@ -162,6 +162,8 @@ struct backend_ops {
                 const struct tensor *c);
     void (*scale)(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha);
     void (*softcap)(struct backend *b, const struct tensor *out, const struct tensor *x, float cap);
+    void (*scatter_add_rows)(struct backend *b, const struct tensor *out, const struct tensor *y,
+                             const struct tensor *ids, const struct tensor *weights);
     void (*dropout)(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key,
                     int64_t col0, float p);
     void (*rope)(struct backend *b, const struct tensor *x, const struct tensor *positions,
@@ -382,6 +384,14 @@ void op_add(struct backend *b, const struct tensor *out, const struct tensor *a,
 
 /* out = alpha * x, same shape. out may alias x. */
 void op_scale(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha);
+
+/* out[ids[i]] += weights[i] * y[i] for each row i of y (n, d): a mixture of experts' combine.
+ * out (rows, d) and y share a float dtype; ids i32 (n), distinct, in [0, rows) (checked where
+ * they live: CPU CHECK, CUDA a device-side trap); weights f32 (n). f32 math, one rounding to
+ * out's dtype per element; rows not named are unchanged. Distinct ids make the result
+ * independent of the order rows are visited in. */
+void op_scatter_add_rows(struct backend *b, const struct tensor *out, const struct tensor *y,
+                         const struct tensor *ids, const struct tensor *weights);
 
 /* out = cap * tanh(x / cap) (logit soft-capping, Gemma 2's final_logit_softcapping), same shape,
  * f32 math; cap > 0. out may alias x. */

@@ -9,6 +9,7 @@
 #   OUT/phi3, OUT/mistral                                fused weights, partial rotary, LongRoPE; windows
 #   OUT/gemma2                                           soft-capping, alternating windows
 #   OUT/olmo2                                            post-norms only, whole-projection QK norm
+#   OUT/mixtral, OUT/qwen3_moe, OUT/olmoe                mixtures of experts
 #   OUT/stories260K                                     `shardlm convert llama2c` of the asset
 #   OUT/stories260K_ref.json                            NumPy greedy ids and logits
 # Without the shared assets the stories260K part is left out (the C test then SKIPs it).
@@ -48,6 +49,11 @@ mkdir -p "$out"
 "$py" "$here/reference/make_models.py" gemma2 --out "$out/gemma2" --seed 12
 # OLMo 2: post-norms only, q and k normed over the whole projection.
 "$py" "$here/reference/make_models.py" olmo2 --out "$out/olmo2" --seed 14
+# Mixtures of experts: Mixtral (8 experts, top 2, renormalised), Qwen 3 MoE (6 experts, top 3, not
+# renormalised, per-head QK norm), OLMoE (4 experts, top 2, whole-projection QK norm).
+"$py" "$here/reference/make_models.py" mixtral --out "$out/mixtral" --seed 21
+"$py" "$here/reference/make_models.py" qwen3_moe --out "$out/qwen3_moe" --seed 22
+"$py" "$here/reference/make_models.py" olmoe --out "$out/olmoe" --seed 23
 if [ -f "$assets/stories260K/stories260K.bin" ] && [ -f "$assets/stories260K/tok512.model" ]; then
   "$shardlm" convert llama2c --checkpoint "$assets/stories260K/stories260K.bin" \
     --tokenizer "$assets/stories260K/tok512.model" --out "$out/stories260K"

@@ -647,8 +647,32 @@ static void test_config(void)
                         "{\"architectures\": [\"FalconForCausalLM\"], \"hidden_size\": 64}",
                         STATUS_UNSUPPORTED, "\"FalconForCausalLM\" is not supported (supported: "
                                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                            "Qwen3ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel, Gemma2ForCausalLM, "
+                                            "Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, MixtralForCausalLM, "
+                                            "Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel, Gemma2ForCausalLM, "
                                             "Gemma3ForCausalLM");
+    /* Mixtures of experts: Mixtral's defaults (8 experts, top 2, renormalised, no window), Qwen 3
+     * MoE's dense layers refused, a top-k beyond the experts refused. */
+    s = config_parse("{\"model_type\": \"mixtral\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                     " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 100}", "mix.json", &c);
+    check(s == STATUS_OK && c.n_experts == 8 && c.n_experts_used == 2 && c.moe_ffn == 96 && c.norm_topk_prob &&
+              c.sliding_window == 0 && !strcmp(c.architecture, "MixtralForCausalLM"),
+          "config: Mixtral defaults %s", s ? status_message() : "");
+    if (!s) config_roundtrip("Mixtral", &c);
+    s = config_parse("{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                     " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 100, \"num_experts\": 6,"
+                     " \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 40, \"head_dim\": 16}", "q.json", &c);
+    check(s == STATUS_OK && c.n_experts == 6 && c.n_experts_used == 3 && c.moe_ffn == 40 && !c.norm_topk_prob &&
+              c.qk_norm == QK_NORM_HEAD,
+          "config: Qwen 3 MoE %s", s ? status_message() : "");
+    if (!s) config_roundtrip("Qwen 3 MoE", &c);
+    expect_config_error("config: Qwen 3 MoE with dense layers",
+                        "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                        " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 100,"
+                        " \"mlp_only_layers\": [1]}", STATUS_UNSUPPORTED, "dense layers among the experts");
+    expect_config_error("config: OLMoE with top 9 of 4 experts",
+                        "{\"model_type\": \"olmoe\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+                        " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 100,"
+                        " \"num_experts\": 4, \"num_experts_per_tok\": 9}", STATUS_BAD_FORMAT, "9 per token");
 #define LLAMA_WITH(x)                                                                                              \
     "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 172,"                     \
     " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"vocab_size\": 512, " x "}"

@@ -61,6 +61,7 @@ enum op_id {
     OP_ADD,
     OP_SCALE,
     OP_SOFTCAP,
+    OP_SCATTER_ADD,
     OP_ROPE,
     OP_ATTENTION,
     OP_ACTIVATION,
@@ -85,6 +86,8 @@ static const struct tolerance tolerances[OP_COUNT] = {
     [OP_SCALE] = {2 * U32, 0, 0},
     /* cap * tanh(x / cap): tanhf within a few ulps, a division and a product. */
     [OP_SOFTCAP] = {8 * U32, 0, 0},
+    /* o + w y: a product and a sum (or one fused multiply-add); mag = |o| + |w y|. */
+    [OP_SCATTER_ADD] = {2 * U32, 2 * U32, 0},
     /* mag = sqrt(k) * sum_l |x_l w_l| + |bias|. An f32 dot product of length k in any
      * summation order is within lambda sqrt(k) U32 sum_l |x_l w_l| of the exact value with
      * overwhelming probability (Higham & Mary's probabilistic bound; the worst case is
@@ -500,6 +503,51 @@ static void case_embedding(struct suite *s, enum dtype dt, int n, int d, int voc
         got[bi] = decode(s, bits, dt, no);
     }
     check_exact(s, &v, "out", got, want, no, (size_t)d, 0);
+    case_end(s, name, &v);
+}
+
+/* out[ids[i]] += w[i] y[i] (a mixture of experts' combine) into a table of `rows` rows, ids distinct. */
+static void case_scatter_add_rows(struct suite *s, enum dtype dt, int n, int d, int rows)
+{
+    char name[128];
+    snprintf(name, sizeof name, "scatter_add_rows %s n=%d d=%d rows=%d", dtype_name(dt), n, d, rows);
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf out0 = hbuf_uniform(s, dt, (size_t)rows * d, &r, -2, 2);
+    struct hbuf y = hbuf_uniform(s, dt, (size_t)n * d, &r, -2, 2);
+    int32_t *ids = case_alloc(s, (size_t)n, sizeof(int32_t));
+    float *w = case_alloc(s, (size_t)n, sizeof(float));
+    for (int i = 0; i < n; i++) { /* distinct rows: every (rows / n)-th, shuffled by a stride */
+        ids[i] = (int32_t)(((int64_t)i * 7 + 3) % rows);
+        w[i] = (float)(rng_int(&r, 2001) - 1000) / 1000.0f;
+    }
+    size_t no = (size_t)rows * d;
+    double *want = case_alloc(s, no, sizeof(double)), *mag = case_alloc(s, no, sizeof(double));
+    double *tol = case_alloc(s, no, sizeof(double));
+    for (size_t e = 0; e < no; e++) want[e] = out0.val[e], mag[e] = fabs(out0.val[e]);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < d; j++) {
+            const size_t e = (size_t)ids[i] * d + j;
+            const double add = (double)w[i] * y.val[(size_t)i * d + j];
+            want[e] += add;
+            mag[e] += fabs(add);
+        }
+    make_tol(tol, OP_SCATTER_ADD, dt, want, mag, no);
+    struct verdict v = {.worst_ratio = -1.0};
+    double *got[2] = {0};
+    void *bits = case_alloc(s, no, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor to = arena_out(&a, "out", dt, S2(rows, d), out0.bits, bits);
+        struct tensor ty = arena_in(&a, "y", dt, S2(n, d), y.bits);
+        struct tensor ti = arena_in(&a, "ids", DTYPE_I32, S1(n), ids);
+        struct tensor tw = arena_in(&a, "w", DTYPE_F32, S1(n), w);
+        if (SUPPORTED(&v, b, scatter_add_rows)) op_scatter_add_rows(b, &to, &ty, &ti, &tw);
+        arena_finish(&a, &v);
+        got[bi] = decode(s, bits, dt, no);
+    }
+    check_close(s, &v, "out", got, want, tol, no, (size_t)d);
     case_end(s, name, &v);
 }
 
@@ -1354,6 +1402,8 @@ static void run_all(struct suite *s)
             case_scale(s, dt, sizes[i], i == 2 ? 1e-3f : 1.0f / 3.0f, 1);
             case_softcap(s, dt, sizes[i], i == 0 ? 30.0f : 2.5f, i == 1);
         }
+        case_scatter_add_rows(s, dt, 5, 37, 12);
+        case_scatter_add_rows(s, dt, 64, 256, 300);
     }
 
     for (int di = 0; di < 3; di++) {

@@ -103,10 +103,10 @@ def init_gemma3(cfg, seed):
 
 def write_model(kind, out):
     if kind == "gemma2":  # soft-capped scores and logits, every other layer windowed, no QK norm
-        cfg = MM.gemma2_config("f32")
+        cfg = MM.families.gemma2_config("f32")
         cfg.update({"vocab_size": 320, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 3,
                     "sliding_window": 4, "query_pre_attn_scalar": 16})
-        MM.write_checkpoint(out, cfg, MM.init_gemma2(cfg, 8), "f32", 1)
+        MM.write_checkpoint(out, cfg, MM.families.init_gemma2(cfg, 8), "f32", 1)
         return cfg
     if kind == "gemma3":
         cfg = gemma3_config()
@@ -117,7 +117,7 @@ def write_model(kind, out):
         MM.write_checkpoint(out, cfg, MM.init_gpt2(cfg, 3), "f32", 1)
         return cfg
     if kind == "olmo2":  # post-norms only, q and k normed over the whole projection
-        cfg = MM.olmo2_config("f32")
+        cfg = MM.families.olmo2_config("f32")
         MM.write_checkpoint(out, cfg, MM.init_llama(cfg, 6), "f32", 1)
         return cfg
     if kind in ("phi3", "mistral"):  # Phi-3: fused in the file, partial rotary, LongRoPE, a window; Mistral: a window

@@ -53,7 +53,7 @@ struct ck_source {
     int64_t                 scols;      /* row length of every part (1 for 1-D parts) */
     int64_t                 q_per_group, groups_per_part, head_dim; /* CK_QKV */
     int                     n_parts;
-    const struct st_tensor *part[CK_MAX_TP];
+    const struct st_tensor *part[CK_MAX_PARTS];
 };
 
 struct ck_slice {
@@ -115,7 +115,7 @@ static enum status ck_part(const struct checkpoint *ck, struct ck_source *s, int
                              s->mode == CK_TRANSPOSED ? "a transposed (Conv1D) weight cannot be: blocks are rows"
                                                       : "the other ranks' parts of the weight are not: blocks "
                                                         "must be of one type");
-    CHECK(s->n_parts < CK_MAX_TP, "too many parts");
+    CHECK(s->n_parts < CK_MAX_PARTS, "too many parts");
     s->part[s->n_parts++] = t;
     s->scols = ndim == 2 ? d1 : 1;
     return STATUS_OK;
@@ -126,10 +126,45 @@ static enum status ck_part(const struct checkpoint *ck, struct ck_source *s, int
 /* The file that HF tensors are looked up in: the single file, or the shards' weight map. */
 static int ck_hf_file(const struct checkpoint *ck) { return ck->layout == CHECKPOINT_LAYOUT_HF ? 0 : -1; }
 
+/* HF experts: the router, and one tensor per expert stacked expert by expert (CK_ROWS_SPLIT over
+ * the experts' parts). Mixtral: block_sparse_moe.gate, experts.E.w1 (gate), w3 (up), w2 (down);
+ * Qwen 3 MoE and OLMoE: mlp.gate, mlp.experts.E.gate_proj, up_proj, down_proj. */
+static enum status ck_source_hf_experts(const struct checkpoint *ck, enum weight_kind kind, int l, struct ck_source *s)
+{
+    const struct model_config *c = &ck->cfg;
+    const int mixtral = !strcmp(c->architecture, "MixtralForCausalLM");
+    const char *prefix = ck->files->hf_prefix, *block = mixtral ? "block_sparse_moe" : "mlp";
+    char name[CK_NAME];
+    s->mode = CK_DIRECT;
+    s->off = 0;
+    if (kind == WEIGHT_KIND_ROUTER) {
+        snprintf(name, sizeof name, "%slayers.%d.%s.gate.weight", prefix, l, block);
+        return ck_part(ck, s, ck_hf_file(ck), name, 2, c->n_experts, c->d_model);
+    }
+    static const char *const qwen[] = {"gate_proj", "up_proj", "down_proj"}, *const mix[] = {"w1", "w3", "w2"};
+    const int which = kind == WEIGHT_KIND_EXP_GATE ? 0 : kind == WEIGHT_KIND_EXP_UP ? 1 : 2;
+    const int64_t rows = which == 2 ? c->d_model : c->moe_ffn, cols = which == 2 ? c->moe_ffn : c->d_model;
+    if (c->n_experts > CK_MAX_PARTS)
+        return status_errorf(STATUS_UNSUPPORTED, "checkpoint %s: %d experts; at most %d are read", ck->files->dir,
+                             c->n_experts, CK_MAX_PARTS);
+    s->mode = CK_ROWS_SPLIT;
+    s->part_rows = rows;
+    for (int e = 0; e < c->n_experts; e++) {
+        snprintf(name, sizeof name, "%slayers.%d.%s.experts.%d.%s.weight", prefix, l, block, e,
+                 mixtral ? mix[which] : qwen[which]);
+        enum status st = ck_part(ck, s, ck_hf_file(ck), name, 2, rows, cols);
+        if (st != STATUS_OK) return st;
+    }
+    return STATUS_OK;
+}
+
 /* HF Llama family (Llama, Mistral, Gemma 3): every tensor as it is, under the body prefix. */
 static enum status ck_source_hf_llama(const struct checkpoint *ck, enum weight_kind kind, int l,
                                       struct ck_source *s)
 {
+    if (kind == WEIGHT_KIND_ROUTER || kind == WEIGHT_KIND_EXP_GATE || kind == WEIGHT_KIND_EXP_UP ||
+        kind == WEIGHT_KIND_EXP_DOWN)
+        return ck_source_hf_experts(ck, kind, l, s);
     const char *pattern = weight_names_hf(kind, config_hf_gemma_names(&ck->cfg));
     CHECK(pattern, "no HF Llama tensor for %s", weight_kind_name(kind));
     char name[CK_NAME];

@@ -15,6 +15,7 @@
 #include "safetensors.h"
 
 #define CK_MAX_TP   64  /* saved tensor-parallel ranks we read */
+#define CK_MAX_PARTS 256 /* files a weight is assembled from: tp ranks, or experts */
 #define CK_MAX_PP   999 /* mp_rank_TT_PPP */
 #define CK_PATH     4096
 #define CK_NAME     256

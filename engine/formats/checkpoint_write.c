@@ -424,12 +424,26 @@ struct hfw_item {
      * transposed when `transposed` (Conv1D stores (in, out)). n_kinds 0: `kind` as it is. */
     enum weight_kind   kinds[3];
     int                n_kinds, transposed;
+    /* Experts: rows row0 .. row0 + n_rows - 1 of `kind` (one expert of a stacked tensor); 0: all. */
+    int64_t            row0, n_rows;
 };
 
 static enum status hfw_fill(void *ctx, void *dst, size_t nbytes)
 {
     const struct hfw_item *it = ctx;
     struct host_weight hw;
+    if (it->n_rows) { /* one expert: its rows of the stacked tensor (read whole, then cut) */
+        enum status s = checkpoint_describe(it->ck, it->kind, it->layer, 0, 1, it->dtype, &hw);
+        if (s) return s;
+        unsigned char *all = malloc(hw.nbytes);
+        if (!all) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        const size_t row_bytes = hw.nbytes / (size_t)hw.shape[0];
+        CHECK(row_bytes * (size_t)it->n_rows == nbytes, "expert tensor of %zu bytes", nbytes);
+        s = checkpoint_get(it->ck, it->kind, it->layer, 0, 1, it->dtype, all, hw.nbytes, 0, &hw);
+        if (!s) memcpy(dst, all + (size_t)it->row0 * row_bytes, nbytes);
+        free(all);
+        return s;
+    }
     if (it->n_kinds == 0) return checkpoint_get(it->ck, it->kind, it->layer, 0, 1, it->dtype, dst, nbytes, 0, &hw);
     const size_t es = dtype_size(it->dtype);
     int64_t total_rows = 0, cols = 0;
@@ -461,6 +475,20 @@ static enum status hfw_fill(void *ctx, void *dst, size_t nbytes)
     return STATUS_OK;
 }
 
+/* Mixtral's and Qwen's names of a mixture of experts: the router, and expert e's three matrices. */
+static void hfw_expert_name(const struct model_config *c, enum weight_kind kind, int l, int e, char *name, size_t n)
+{
+    const int mixtral = !strcmp(c->architecture, "MixtralForCausalLM");
+    static const char *const qwen[] = {"gate_proj", "up_proj", "down_proj"}, *const mix[] = {"w1", "w3", "w2"};
+    const char *block = mixtral ? "block_sparse_moe" : "mlp";
+    if (kind == WEIGHT_KIND_ROUTER) {
+        snprintf(name, n, "model.layers.%d.%s.gate.weight", l, block);
+        return;
+    }
+    const int which = kind == WEIGHT_KIND_EXP_GATE ? 0 : kind == WEIGHT_KIND_EXP_UP ? 1 : 2;
+    snprintf(name, n, "model.layers.%d.%s.experts.%d.%s.weight", l, block, e, mixtral ? mix[which] : qwen[which]);
+}
+
 /* The Hugging Face tensor of kind at layer l: its name, and for GPT-2 how it is stored (fused
  * c_attn, Conv1D transposed). 0 when no tensor of its own carries kind (GPT-2's K and V live in
  * c_attn with Q). */
@@ -482,6 +510,10 @@ static int hfw_name(const struct model_config *c, enum weight_kind kind, int l, 
             (void)weight_names_format(name, n, "model.", "layers.%d.mlp.gate_up_proj.weight", l);
             return 1;
         }
+    }
+    if (kind == WEIGHT_KIND_ROUTER) {
+        hfw_expert_name(c, kind, l, 0, name, n);
+        return 1;
     }
     if (c->family != MODEL_FAMILY_GPT2) {
         if (kind == WEIGHT_KIND_LM_HEAD) snprintf(name, n, "%s", w->hf);
@@ -509,6 +541,30 @@ static int hfw_name(const struct model_config *c, enum weight_kind kind, int l, 
     return 1;
 }
 
+/* One deferred tensor per expert of a stacked expert weight (items[*n] on). */
+static enum status hfw_experts(struct safetensors_writer *w, struct checkpoint *src, enum weight_kind kind, int l,
+                               struct hfw_item *items, int *n)
+{
+    const struct model_config *c = &src->cfg;
+    struct host_weight hw;
+    enum status s = checkpoint_describe(src, kind, l, 0, 1, DTYPE_F32, &hw);
+    if (s) return s;
+    const enum dtype dt = ck_write_dtype(src, hw.stored_dtype);
+    if (dtype_is_quant(dt))
+        return status_errorf(STATUS_UNSUPPORTED, "writing experts kept as quantized blocks in the Hugging Face layout "
+                             "is not built; convert them to a float dtype");
+    const int64_t rows = hw.shape[0] / c->n_experts;
+    for (int e = 0; e < c->n_experts; e++) {
+        char name[CK_NAME];
+        hfw_expert_name(c, kind, l, e, name, sizeof name);
+        items[*n] = (struct hfw_item){.ck = src, .kind = kind, .layer = l, .dtype = dt, .row0 = e * rows, .n_rows = rows};
+        const int64_t shape[2] = {rows, hw.shape[1]};
+        if ((s = safetensors_writer_add_deferred(w, name, dt, 2, shape, hfw_fill, &items[*n]))) return s;
+        (*n)++;
+    }
+    return STATUS_OK;
+}
+
 enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
 {
     const struct model_config *c = &src->cfg;
@@ -518,7 +574,8 @@ enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
                              "(Llama, Mistral, Gemma 3) and GPT-2, not %s", c->architecture);
     enum status s = ck_out_dir(dir_out, src);
     if (s) return s;
-    struct hfw_item *items = calloc((size_t)WEIGHT_KIND_COUNT * (size_t)(c->n_layers + 1), sizeof *items);
+    struct hfw_item *items = calloc((size_t)(WEIGHT_KIND_COUNT + 3 * c->n_experts) * (size_t)(c->n_layers + 1),
+                                    sizeof *items);
     struct safetensors_writer *w = NULL;
     char path[CK_PATH], name[CK_NAME];
     if (!items) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
@@ -531,6 +588,10 @@ enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
         for (int l = 0; l < layers; l++) {
             struct host_weight hw;
             struct hfw_item g = {0};
+            if (kind == WEIGHT_KIND_EXP_GATE || kind == WEIGHT_KIND_EXP_UP || kind == WEIGHT_KIND_EXP_DOWN) {
+                if ((s = hfw_experts(w, src, kind, l, items, &n))) goto out;
+                continue;
+            }
             if (!hfw_name(c, kind, l, name, sizeof name, &g)) continue;
             /* The stored dtype first (describe in f32 reports it), then the real description. */
             if ((s = checkpoint_describe(src, kind, l, 0, 1, DTYPE_F32, &hw))) goto out;

@@ -16,7 +16,7 @@
 
 static const char *const supported_architectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, "
-    "GPT2LMHeadModel, "
+    "MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only)";
 
 /* bos_token_id / eos_token_id: an int, or a list whose first element is taken; absent -> -1. */
@@ -64,6 +64,9 @@ enum llama_flavor {
                       partial_rotary_factor, longrope, the config's sliding_window */
     LLAMA_OLMO2,   /* Olmo2ForCausalLM: norms after attention and the MLP only, q and k normed over the
                       whole projection */
+    LLAMA_MIXTRAL, /* MixtralForCausalLM: 8 experts, top 2, renormalised */
+    LLAMA_QWEN3_MOE, /* Qwen3MoeForCausalLM: Qwen 3's attention, experts of moe_intermediate_size */
+    LLAMA_OLMOE,   /* OlmoeForCausalLM: experts; q and k normed over the whole projection */
 };
 
 /* rot_dim / 2 positive numbers of list `what` of rs into out. */
@@ -190,10 +193,46 @@ enum status config_parse_rope_scaling(const cJSON *root, const cJSON *rs, const 
     return STATUS_OK;
 }
 
+/* The experts of Mixtral, Qwen 3 MoE and OLMoE (config.h): their count, top-k and size, with
+ * the classes' defaults; every layer must be sparse. */
+static enum status parse_moe(const cJSON *root, const char *name, enum llama_flavor flavor, struct model_config *c)
+{
+    enum status st;
+    c->n_experts = c->n_experts_used = c->moe_ffn = c->norm_topk_prob = 0;
+    if (flavor != LLAMA_MIXTRAL && flavor != LLAMA_QWEN3_MOE && flavor != LLAMA_OLMOE) {
+        if (config_field(root, "num_local_experts") || config_field(root, "num_experts"))
+            return status_errorf(STATUS_BAD_FORMAT, "%s: experts in a dense architecture", name);
+        return STATUS_OK;
+    }
+    const int mixtral = flavor == LLAMA_MIXTRAL, qwen = flavor == LLAMA_QWEN3_MOE;
+    if ((st = config_get_int(root, name, mixtral ? "num_local_experts" : "num_experts", 0,
+                             mixtral ? 8 : qwen ? 128 : 64, &c->n_experts)) ||
+        (st = config_get_int(root, name, "num_experts_per_tok", 0, mixtral ? 2 : 8, &c->n_experts_used)) ||
+        (st = config_get_int(root, name, qwen ? "moe_intermediate_size" : "intermediate_size", 0, qwen ? 768 : 0,
+                             &c->moe_ffn)) ||
+        (st = config_get_bool(root, name, "norm_topk_prob", mixtral, &c->norm_topk_prob)))
+        return st;
+    if (mixtral) c->norm_topk_prob = 1; /* Mixtral always renormalises its top k */
+    if (c->n_experts < 1 || c->n_experts > 1024 || c->n_experts_used < 1 || c->n_experts_used > c->n_experts ||
+        c->moe_ffn < 1 || c->moe_ffn > CONFIG_MAX_DIM)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: %d experts, %d per token, of %d features: need 1 <= per token <= "
+                             "experts <= 1024 and a positive size", name, c->n_experts, c->n_experts_used, c->moe_ffn);
+    if (qwen) {
+        int step = 1;
+        if ((st = config_get_int(root, name, "decoder_sparse_step", 0, 1, &step))) return st;
+        const cJSON *dense = config_field(root, "mlp_only_layers");
+        if (step != 1 || (dense && (!cJSON_IsArray(dense) || cJSON_GetArraySize(dense) > 0)))
+            return status_errorf(STATUS_UNSUPPORTED, "%s: dense layers among the experts (decoder_sparse_step %d, "
+                                 "mlp_only_layers) are not supported", name, step);
+    }
+    return STATUS_OK;
+}
+
 static enum status parse_llama(const cJSON *root, const char *name, enum llama_flavor flavor,
                                struct model_config *c)
 {
-    const int mistral = flavor == LLAMA_MISTRAL, qwen = flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN3;
+    const int mistral = flavor == LLAMA_MISTRAL || flavor == LLAMA_MIXTRAL;
+    const int qwen = flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN3 || flavor == LLAMA_QWEN3_MOE;
     enum status st;
     if ((st = config_get_int(root, name, "hidden_size", 1, 0, &c->d_model)) ||
         (st = config_get_int(root, name, "intermediate_size", 1, 0, &c->ffn_hidden)) ||
@@ -244,7 +283,9 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
     if (act && (st = config_get_activation(name, "hidden_act", act, &c->activation))) return st;
 
     c->sliding_window = 0;
-    c->qk_norm = flavor == LLAMA_QWEN3 ? QK_NORM_HEAD : flavor == LLAMA_OLMO2 ? QK_NORM_FULL : 0;
+    c->qk_norm = flavor == LLAMA_QWEN3 || flavor == LLAMA_QWEN3_MOE ? QK_NORM_HEAD
+               : flavor == LLAMA_OLMO2 || flavor == LLAMA_OLMOE ? QK_NORM_FULL : 0;
+    if ((st = parse_moe(root, name, flavor, c))) return st;
     c->sandwich_norms = c->no_pre_norms = flavor == LLAMA_OLMO2;
     if (qwen) { /* Qwen's window covers only the layers from max_window_layers on: not modelled */
         int use = 0;
@@ -259,7 +300,7 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
     }
     if (mistral) {
         const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
-        if (!sw) c->sliding_window = 4096; /* MistralConfig's default */
+        if (!sw) c->sliding_window = flavor == LLAMA_MIXTRAL ? 0 : 4096; /* MistralConfig's default; Mixtral's none */
         else if (!cJSON_IsNull(sw) && (st = config_json_to_int(sw, name, "sliding_window", &c->sliding_window)))
             return st;
     }
@@ -388,6 +429,9 @@ enum status config_parse(const char *json, const char *name, struct model_config
         else if (!strcmp(mt, "qwen3")) arch = "Qwen3ForCausalLM";
         else if (!strcmp(mt, "phi3")) arch = "Phi3ForCausalLM";
         else if (!strcmp(mt, "olmo2")) arch = "Olmo2ForCausalLM";
+        else if (!strcmp(mt, "mixtral")) arch = "MixtralForCausalLM";
+        else if (!strcmp(mt, "qwen3_moe")) arch = "Qwen3MoeForCausalLM";
+        else if (!strcmp(mt, "olmoe")) arch = "OlmoeForCausalLM";
         else if (!strcmp(mt, "gpt2")) arch = "GPT2LMHeadModel";
         else if (!strcmp(mt, "gemma2")) arch = "Gemma2ForCausalLM";
         else if (!strcmp(mt, "gemma3_text")) arch = "Gemma3ForCausalLM";
@@ -406,6 +450,9 @@ enum status config_parse(const char *json, const char *name, struct model_config
     else if (!strcmp(arch, "Qwen3ForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN3, &c);
     else if (!strcmp(arch, "Phi3ForCausalLM")) st = parse_llama(root, name, LLAMA_PHI3, &c);
     else if (!strcmp(arch, "Olmo2ForCausalLM")) st = parse_llama(root, name, LLAMA_OLMO2, &c);
+    else if (!strcmp(arch, "MixtralForCausalLM")) st = parse_llama(root, name, LLAMA_MIXTRAL, &c);
+    else if (!strcmp(arch, "Qwen3MoeForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN3_MOE, &c);
+    else if (!strcmp(arch, "OlmoeForCausalLM")) st = parse_llama(root, name, LLAMA_OLMOE, &c);
     else if (!strcmp(arch, "GPT2LMHeadModel")) st = parse_gpt2(root, name, &c);
     else if (!strcmp(arch, "Gemma2ForCausalLM")) st = config_parse_gemma(root, name, 2, &c);
     else if (!strcmp(arch, "Gemma3ForCausalLM")) st = config_parse_gemma(root, name, 3, &c);
@@ -515,12 +562,22 @@ enum status config_validate(const struct model_config *c, const char *name)
     if (!gemma2 && (c->attn_softcap != 0.0f || c->final_softcap != 0.0f))
         return status_errorf(STATUS_BAD_FORMAT, "%s: logit soft-capping belongs to Gemma 2, not to %s", name,
                              c->architecture);
+    if (c->n_experts &&
+        (c->family != MODEL_FAMILY_LLAMA || !c->gated_mlp || c->mlp_bias || c->n_experts_used < 1 ||
+         c->n_experts_used > c->n_experts || c->moe_ffn < 1 || c->n_experts > 1024))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: %d experts of %d features, %d per token: experts belong to "
+                             "gated Llama-family MLPs without biases, 1 <= per token <= experts <= 1024", name,
+                             c->n_experts, c->moe_ffn, c->n_experts_used);
+    if (!c->n_experts && (c->n_experts_used || c->moe_ffn || c->norm_topk_prob))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: expert settings without experts", name);
     /* What each family implies; a loader relies on these. */
     const int olmo2 = !strcmp(c->architecture, "Olmo2ForCausalLM");
-    const int head_qk_norm = (c->family == MODEL_FAMILY_GEMMA3 && !gemma2) || !strcmp(c->architecture, "Qwen3ForCausalLM");
-    if (c->qk_norm != (head_qk_norm ? QK_NORM_HEAD : olmo2 ? QK_NORM_FULL : 0) && (c->qk_norm || head_qk_norm || olmo2))
+    const int full_qk_norm = olmo2 || !strcmp(c->architecture, "OlmoeForCausalLM");
+    const int head_qk_norm = (c->family == MODEL_FAMILY_GEMMA3 && !gemma2) || !strcmp(c->architecture, "Qwen3ForCausalLM") ||
+                             !strcmp(c->architecture, "Qwen3MoeForCausalLM");
+    if (c->qk_norm != (head_qk_norm ? QK_NORM_HEAD : full_qk_norm ? QK_NORM_FULL : 0))
         return status_errorf(STATUS_BAD_FORMAT, "%s: qk_norm %d: per head belongs to Gemma 3 and Qwen 3, over the whole "
-                             "projection to OLMo 2, none to %s", name, c->qk_norm, c->architecture);
+                             "projection to OLMo 2 and OLMoE, none to %s", name, c->qk_norm, c->architecture);
     if (c->no_pre_norms != olmo2 || (olmo2 && !c->sandwich_norms))
         return status_errorf(STATUS_BAD_FORMAT, "%s: no_pre_norms %d: OLMo 2 (and only it) has post norms only", name,
                              c->no_pre_norms);
@@ -604,6 +661,8 @@ int config_equal(const struct model_config *a, const struct model_config *b)
            a->qk_norm == b->qk_norm && a->sandwich_norms == b->sandwich_norms &&
            !memcmp(&a->norm_weight_offset, &b->norm_weight_offset, sizeof(float)) &&
            !memcmp(&a->attn_softcap, &b->attn_softcap, sizeof(float)) &&
+           a->n_experts == b->n_experts && a->n_experts_used == b->n_experts_used && a->moe_ffn == b->moe_ffn &&
+           a->norm_topk_prob == b->norm_topk_prob &&
            !memcmp(&a->final_softcap, &b->final_softcap, sizeof(float)) &&
            !memcmp(&a->attn_scale, &b->attn_scale, sizeof(float)) &&
            a->sliding_window_pattern == b->sliding_window_pattern &&

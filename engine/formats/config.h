@@ -116,6 +116,13 @@ struct model_config {
     float    attn_softcap;      /* > 0: attention scores soft-capped, cap * tanh(s / cap) (Gemma 2's
                                    attn_logit_softcapping); 0 = none */
     float    final_softcap;     /* > 0: the logits soft-capped (final_logit_softcapping); 0 = none */
+    /* Mixture of experts (Mixtral, Qwen 3 MoE): every layer's MLP is n_experts gated MLPs of
+     * moe_ffn; each token goes to the n_experts_used (top-k) of softmax(router x), their outputs
+     * weighted by those probabilities, renormalised over the k when norm_topk_prob. 0: dense. */
+    int      n_experts;
+    int      n_experts_used;
+    int      moe_ffn;
+    int      norm_topk_prob;
 };
 
 /* Whether the Hugging Face layout of c names its norms as Gemma does: post_attention_layernorm

@@ -99,8 +99,12 @@ static int add_llama_dims(cJSON *root, const struct model_config *c)
 /* LlamaForCausalLM / MistralForCausalLM fields. Returns 0 when out of memory. */
 static int add_llama(cJSON *root, const struct model_config *c)
 {
-    int mistral = !strcmp(c->architecture, "MistralForCausalLM");
-    const char *type = mistral ? "mistral"
+    const int mixtral = !strcmp(c->architecture, "MixtralForCausalLM");
+    int mistral = !strcmp(c->architecture, "MistralForCausalLM") || mixtral;
+    const char *type = mixtral ? "mixtral"
+                     : mistral ? "mistral"
+                     : !strcmp(c->architecture, "Qwen3MoeForCausalLM") ? "qwen3_moe"
+                     : !strcmp(c->architecture, "OlmoeForCausalLM") ? "olmoe"
                      : !strcmp(c->architecture, "Qwen2ForCausalLM") ? "qwen2"
                      : !strcmp(c->architecture, "Qwen3ForCausalLM") ? "qwen3"
                      : !strcmp(c->architecture, "Phi3ForCausalLM")  ? "phi3"
@@ -120,6 +124,11 @@ static int add_llama(cJSON *root, const struct model_config *c)
     if (ok && c->rot_dim != c->head_dim) ok = add_num(root, "rot_dim", c->rot_dim);
     if (ok && (c->attn_out_bias != c->qkv_bias || !strcmp(type, "qwen2")))
         ok = add_bool(root, "attention_out_bias", c->attn_out_bias);
+    if (ok && c->n_experts) /* intermediate_size is the experts' size for Mixtral and OLMoE */
+        ok = add_num(root, mixtral ? "num_local_experts" : "num_experts", c->n_experts) &&
+             add_num(root, "num_experts_per_tok", c->n_experts_used) &&
+             add_bool(root, "norm_topk_prob", c->norm_topk_prob) &&
+             (!strcmp(type, "qwen3_moe") ? add_num(root, "moe_intermediate_size", c->moe_ffn) : 1);
     return ok;
 }
 
@@ -178,7 +187,8 @@ enum status config_save(const char *path, const struct model_config *c)
     if (c->family == MODEL_FAMILY_LLAMA && strcmp(c->architecture, "LlamaForCausalLM") &&
         strcmp(c->architecture, "MistralForCausalLM") && strcmp(c->architecture, "Qwen2ForCausalLM") &&
         strcmp(c->architecture, "Qwen3ForCausalLM") && strcmp(c->architecture, "Phi3ForCausalLM") &&
-        strcmp(c->architecture, "Olmo2ForCausalLM"))
+        strcmp(c->architecture, "Olmo2ForCausalLM") && strcmp(c->architecture, "MixtralForCausalLM") &&
+        strcmp(c->architecture, "Qwen3MoeForCausalLM") && strcmp(c->architecture, "OlmoeForCausalLM"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
                              c->architecture);
     if (c->family == MODEL_FAMILY_LLAMA && !strcmp(c->architecture, "LlamaForCausalLM") &&

@@ -92,6 +92,16 @@ static const struct weight_names table[WEIGHT_KIND_COUNT] = {
     {ROW(POST_MLP_NORM, "post_mlp_norm", LAYER, D_MODEL, ONE), L "post_feedforward_layernorm.weight",
      NULL, NULL, WEIGHT_GPT2_AS_IS, M "post_mlp_layernorm.weight", NULL, WEIGHT_MEGATRON_REPLICATED,
      G "post_ffw_norm.weight"},
+    /* Experts: Hugging Face keeps one tensor per expert (checkpoint.c assembles them; Mixtral's
+     * and Qwen's names differ there); the Megatron names are shardlm's own, unsplit. */
+    {ROW(ROUTER, "router", LAYER, EXPERTS, D_MODEL), NULL, NULL, NULL, WEIGHT_GPT2_AS_IS,
+     M "mlp.router.weight", NULL, WEIGHT_MEGATRON_REPLICATED, G "ffn_gate_inp.weight"},
+    {ROW(EXP_GATE, "exp_gate", LAYER, EXP_FFN, D_MODEL), NULL, NULL, NULL, WEIGHT_GPT2_AS_IS,
+     M "mlp.experts.gate.weight", NULL, WEIGHT_MEGATRON_REPLICATED, G "ffn_gate_exps.weight"},
+    {ROW(EXP_UP, "exp_up", LAYER, EXP_FFN, D_MODEL), NULL, NULL, NULL, WEIGHT_GPT2_AS_IS,
+     M "mlp.experts.up.weight", NULL, WEIGHT_MEGATRON_REPLICATED, G "ffn_up_exps.weight"},
+    {ROW(EXP_DOWN, "exp_down", LAYER, EXP_D, MOE_FFN), NULL, NULL, NULL, WEIGHT_GPT2_AS_IS,
+     M "mlp.experts.down.weight", NULL, WEIGHT_MEGATRON_REPLICATED, G "ffn_down_exps.weight"},
 
     {ROW(FINAL_NORM, "final_norm", LAST, D_MODEL, ONE), "norm.weight", NULL, "ln_f.weight",
      WEIGHT_GPT2_AS_IS, "decoder.final_layernorm.weight", NULL, WEIGHT_MEGATRON_REPLICATED,
@@ -151,7 +161,13 @@ int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
     case WEIGHT_KIND_K_BIAS:
     case WEIGHT_KIND_V_BIAS: return c->qkv_bias;
     case WEIGHT_KIND_O_BIAS: return c->attn_out_bias;
-    case WEIGHT_KIND_GATE: return c->gated_mlp;
+    case WEIGHT_KIND_GATE: return c->gated_mlp && !c->n_experts;
+    case WEIGHT_KIND_UP:
+    case WEIGHT_KIND_DOWN: return !c->n_experts;
+    case WEIGHT_KIND_ROUTER:
+    case WEIGHT_KIND_EXP_GATE:
+    case WEIGHT_KIND_EXP_UP:
+    case WEIGHT_KIND_EXP_DOWN: return c->n_experts > 0;
     case WEIGHT_KIND_GATE_BIAS: return c->gated_mlp && c->mlp_bias;
     case WEIGHT_KIND_UP_BIAS:
     case WEIGHT_KIND_DOWN_BIAS: return c->mlp_bias;
@@ -177,6 +193,10 @@ static int64_t dim_size(const struct model_config *c, enum weight_dim d)
     case WEIGHT_DIM_FFN: return c->ffn_hidden;
     case WEIGHT_DIM_VOCAB: return c->vocab_size;
     case WEIGHT_DIM_POSITIONS: return c->max_positions;
+    case WEIGHT_DIM_EXPERTS: return c->n_experts;
+    case WEIGHT_DIM_EXP_FFN: return (int64_t)c->n_experts * c->moe_ffn;
+    case WEIGHT_DIM_EXP_D: return (int64_t)c->n_experts * c->d_model;
+    case WEIGHT_DIM_MOE_FFN: return c->moe_ffn;
     }
     return 0;
 }

@@ -49,6 +49,12 @@ enum weight_kind {
     WEIGHT_KIND_K_NORM,         /* (head_dim), per layer; cfg.qk_norm; replicated */
     WEIGHT_KIND_POST_ATTN_NORM, /* (d_model), per layer; cfg.sandwich_norms; replicated */
     WEIGHT_KIND_POST_MLP_NORM,  /* (d_model), per layer; cfg.sandwich_norms; replicated */
+    /* Mixture of experts (cfg.n_experts > 0): the MLP of every layer is n_experts experts, each
+     * a gated MLP of moe_ffn, stacked expert by expert (GGUF's ffn_*_exps as they are). */
+    WEIGHT_KIND_ROUTER,         /* (n_experts, d_model), per layer */
+    WEIGHT_KIND_EXP_GATE,       /* (n_experts * moe_ffn, d_model), per layer */
+    WEIGHT_KIND_EXP_UP,         /* (n_experts * moe_ffn, d_model), per layer */
+    WEIGHT_KIND_EXP_DOWN,       /* (n_experts * d_model, moe_ffn), per layer */
     WEIGHT_KIND_COUNT
 };
 
@@ -75,6 +81,10 @@ enum weight_dim {
     WEIGHT_DIM_FFN,       /* ffn_hidden */
     WEIGHT_DIM_VOCAB,
     WEIGHT_DIM_POSITIONS, /* max_positions */
+    WEIGHT_DIM_EXPERTS,   /* n_experts */
+    WEIGHT_DIM_EXP_FFN,   /* n_experts * moe_ffn */
+    WEIGHT_DIM_EXP_D,     /* n_experts * d_model */
+    WEIGHT_DIM_MOE_FFN,   /* moe_ffn */
 };
 
 /* Where a weight lives in a pipeline split. */

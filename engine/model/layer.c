@@ -2,6 +2,8 @@
  * Tests: tests/test_model.c, tests/test_train_grad.py, the tp/pp invariance tests. */
 #include "layer.h"
 
+#include "moe.h"
+
 static const struct tensor *opt(const struct tensor *t) { return t && t->data ? t : NULL; }
 
 void layer_attention_kind(const struct model *m, int layer, int *window, struct rope_params *rope)
@@ -93,6 +95,18 @@ void layer_mlp_inner(struct model *m, int l, int64_t T, const struct tensor *xn,
     }
 }
 
+/* out = x + [post_norm](proj): the sandwich norm (normed is its output) when the model has one. */
+static void residual_add(struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *proj,
+                         const struct tensor *normed, const struct tensor *post_norm)
+{
+    const struct tensor *add = proj;
+    if (m->cfg.sandwich_norms) {
+        layer_norm(m, normed, proj, post_norm, NULL);
+        add = normed;
+    }
+    op_add(m->b, out, x, add);
+}
+
 /* out = x + [sandwich norm](the row-parallel product of in (T rows) by w, summed over tp into
  * proj (local rows)). The bias, replicated, joins on tp rank 0 only; an adapter's low-rank
  * product joins the partial sum before the reduction (A is split along the inputs like W). */
@@ -107,12 +121,7 @@ static enum status row_parallel_residual(struct model *m, int l, enum lora_targe
     h->adapt(h->ctx, l, target, &part, in);
     enum status st = h->reduce(h->ctx, &part, proj);
     if (st != STATUS_OK) return st;
-    const struct tensor *add = proj;
-    if (m->cfg.sandwich_norms) {
-        layer_norm(m, normed, proj, post_norm, NULL);
-        add = normed;
-    }
-    op_add(m->b, out, x, add);
+    residual_add(m, out, x, proj, normed, post_norm);
     return STATUS_OK;
 }
 
@@ -137,6 +146,12 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
     /* MLP block: x = x_mid + [norm](down(act(gate(xn2)) * up(xn2))), or down(act(up(xn2))). */
     layer_pre_norm(m, &t->xn2, &t->x_mid, &w->mlp_norm, &w->mlp_norm_bias);
     if ((st = h->gather(h->ctx, &t->xn2, T, &full)) != STATUS_OK) return st;
+    if (m->cfg.n_experts) { /* a mixture of experts (moe.h): serving only, one tp rank */
+        struct tensor proj = tensor_first_rows(&t->mlp_out, T);
+        if ((st = moe_forward(m, l, T, &full, &proj)) != STATUS_OK) return st;
+        residual_add(m, &t->x, &t->x_mid, &proj, &t->normed, &w->post_mlp_norm);
+        return STATUS_OK;
+    }
     layer_mlp_inner(m, l, T, &full, t, h);
     struct tensor hact = tensor_first_rows(&t->hact, T);
     return row_parallel_residual(m, l, LORA_TARGET_DOWN, T, &t->x, &t->x_mid, &hact, &w->w_down, &w->b_down,

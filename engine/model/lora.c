@@ -173,6 +173,9 @@ enum status lora_create(const struct model *m, int rank, float alpha, unsigned m
     if (rank < 1 || rank > LORA_MAX_RANK || !isfinite(alpha) || !(alpha > 0) || alpha > LORA_MAX_ALPHA)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--lora-rank must be in [1, %d] and --lora-alpha in (0, %g]",
                              LORA_MAX_RANK, LORA_MAX_ALPHA);
+    if (m->cfg.n_experts)
+        return status_errorf(STATUS_UNSUPPORTED, "LoRA adapters on a mixture of experts (%s) are not built",
+                             m->cfg.architecture);
     struct lora *l = lora_new(m, rank, alpha, mask, 0);
     if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
     enum status st = lora_alloc(l, m, 0);
@@ -560,6 +563,9 @@ enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
     *out = NULL;
     if (!llama_family(m))
         return status_errorf(STATUS_UNSUPPORTED, "LoRA adapters are read for Llama-family models, not %s", m->cfg.architecture);
+    if (m->cfg.n_experts)
+        return status_errorf(STATUS_UNSUPPORTED, "LoRA adapters on a mixture of experts (%s) are not built",
+                             m->cfg.architecture);
     int rank = 0;
     float alpha = 0;
     unsigned mask = 0;

@@ -48,6 +48,9 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
     }
     const struct model_config *c = &m->cfg;
     const int64_t T = max_tokens, d = c->d_model, hd = c->head_dim;
+    const int64_t E = c->n_experts, TK = E ? T * c->n_experts_used : 0, moe_T = E ? T : 0;
+    /* gate and up hold one expert's rows too (moe_ffn features) */
+    const int64_t ffn = E && c->moe_ffn > m->ffn_local ? c->moe_ffn : m->ffn_local;
     const struct work_entry table[] = {
         {&m->ws.x, m->dtype, 2, {T, d}},
         {&m->ws.xn, m->dtype, 2, {T, d}},
@@ -56,8 +59,14 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.v, m->dtype, 3, {T, m->n_kv_local, hd}},
         {&m->ws.att, m->dtype, 3, {T, m->n_heads_local, hd}},
         {&m->ws.proj, m->dtype, 2, {T, d}},
-        {&m->ws.gate, m->dtype, 2, {T, m->ffn_local}},
-        {&m->ws.up, m->dtype, 2, {T, m->ffn_local}},
+        {&m->ws.gate, m->dtype, 2, {T, ffn}},
+        {&m->ws.up, m->dtype, 2, {T, ffn}},
+        {&m->ws.moe_logits, m->dtype, 2, {moe_T, E}},
+        {&m->ws.moe_logits32, DTYPE_F32, 2, {m->dtype != DTYPE_F32 ? moe_T : 0, E}},
+        {&m->ws.moe_x, m->dtype, 2, {moe_T, d}},
+        {&m->ws.moe_y, m->dtype, 2, {moe_T, d}},
+        {&m->ws.moe_ids, DTYPE_I32, 1, {TK}},
+        {&m->ws.moe_w, DTYPE_F32, 1, {TK}},
         {&m->ws.rows, m->dtype, 2, {max_logits, d}},
         {&m->ws.logits, m->dtype, 2, {max_logits, m->vocab_local}},
         /* Only with tp > 1 (gathered shards) and with non-f32 compute (f32 for the host). */
@@ -98,6 +107,18 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
     m->ws.max_seqs = max_seqs;
     m->ws.max_blocks = max_blocks;
     m->ws.max_logits = max_logits;
+    if (E) {
+        free(m->ws.moe_host_logits);
+        free(m->ws.moe_host_ids);
+        free(m->ws.moe_host_w);
+        free(m->ws.moe_host_start);
+        m->ws.moe_host_logits = malloc((size_t)(T * E) * sizeof(float));
+        m->ws.moe_host_ids = malloc((size_t)TK * sizeof(int32_t));
+        m->ws.moe_host_w = malloc((size_t)TK * sizeof(float));
+        m->ws.moe_host_start = malloc((size_t)(E + 1) * sizeof(int));
+        if (!m->ws.moe_host_logits || !m->ws.moe_host_ids || !m->ws.moe_host_w || !m->ws.moe_host_start)
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory for the experts' routing");
+    }
     const size_t width = (size_t)m->tp_size * (size_t)m->vocab_local;
     if (width != (size_t)c->vocab_size) { /* padded shards: compact on the host */
         free(m->ws.host_logits);
@@ -129,6 +150,10 @@ void model_free(struct model *m)
     free(m->owned);
     backend_free(m->b, m->ws.mem);
     weights_free_layers(&m->w);
+    free(m->ws.moe_host_logits);
+    free(m->ws.moe_host_ids);
+    free(m->ws.moe_host_w);
+    free(m->ws.moe_host_start);
     free(m->ws.host_logits);
     checkpoint_close(m->checkpoint);
     free(m);

@@ -61,6 +61,16 @@ struct model_workspace {
     struct tensor logits_ss;       /* f32 (1): sum of squares of the logits (a finiteness check) */
     struct tensor q_start, seq_len, block_table;        /* i32 (max_seqs+1), (max_seqs), (max_seqs, max_blocks) */
     struct tensor lora_u, lora_z;  /* serving adapters' scratch: (max_tokens, max_adapter_rank), (max_tokens, widest) */
+    /* Mixture of experts (moe.h), absent for dense models: the router's logits (f32 for the
+     * host), one expert's gathered input rows and output rows, the routed rows and weights of
+     * every expert (device and host), and where each expert's run starts (host). */
+    struct tensor moe_logits, moe_logits32; /* (max_tokens, n_experts): dtype, f32 (dtype != f32) */
+    struct tensor moe_x, moe_y;             /* (max_tokens, d_model) */
+    struct tensor moe_ids, moe_w;           /* i32, f32 (max_tokens * n_experts_used) */
+    float   *moe_host_logits;               /* (max_tokens * n_experts) */
+    int32_t *moe_host_ids;                  /* (max_tokens * n_experts_used) */
+    float   *moe_host_w;                    /* (max_tokens * n_experts_used) */
+    int     *moe_host_start;                /* (n_experts + 1) */
 };
 
 /* One rank's model: its configuration (what shard of which model this is), its weights (a

@@ -317,6 +317,12 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
         st = status_errorf(STATUS_INVALID_ARGUMENT, "model: pp %d exceeds the %d layers", pp_size, c->n_layers);
         goto fail;
     }
+    if (tp_size > 1 && c->n_experts) {
+        st = status_errorf(STATUS_UNSUPPORTED, "model: %s is a mixture of experts; neither tensor-parallel experts "
+                           "nor expert parallelism is built (tp %d): serve it at tp 1 (pp and dp work)",
+                           c->architecture, tp_size);
+        goto fail;
+    }
     if (tp_size > 1 && c->qk_norm == QK_NORM_FULL) { /* its statistics would need a tp reduction per row */
         st = status_errorf(STATUS_UNSUPPORTED, "model: %s normalises q and k over every head at once; tensor "
                            "parallelism (tp %d) is not built for it (pp and dp are)", c->architecture, tp_size);
@@ -350,8 +356,13 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     m->n_heads_local = (int)(hw.shape[0] / c->head_dim);
     if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_K, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK) goto fail;
     m->n_kv_local = (int)(hw.shape[0] / c->head_dim);
-    if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_UP, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK) goto fail;
-    m->ffn_local = (int)hw.shape[0];
+    if (c->n_experts) { /* no dense MLP: the experts are whole on the one tp rank */
+        m->ffn_local = c->moe_ffn;
+    } else {
+        if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_UP, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK)
+            goto fail;
+        m->ffn_local = (int)hw.shape[0];
+    }
     if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_TOK_EMBEDDING, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK) goto fail;
     m->vocab_local = (int)hw.shape[0];
     m->vocab_start = hw.row_start;

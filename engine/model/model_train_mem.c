@@ -196,6 +196,9 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
     const struct train_memory one = {.recompute = TRAIN_RECOMPUTE_NONE, .sets = 1};
     if (!mem) mem = &one;
     *out = NULL;
+    if (m->cfg.n_experts)
+        return status_errorf(STATUS_UNSUPPORTED, "training a mixture of experts (%s) is not built: the experts' backward, "
+                             "the router's and the load-balancing loss are missing", m->cfg.architecture);
     enum status st = check_plan(m, max_tokens, mem);
     if (st != STATUS_OK) return st;
     const int S = mem->sets, L = m->n_layers_local;

@@ -33,6 +33,10 @@ static const struct {
     {WEIGHT_KIND_K_NORM, offsetof(struct layer_weights, k_norm)},
     {WEIGHT_KIND_POST_ATTN_NORM, offsetof(struct layer_weights, post_attn_norm)},
     {WEIGHT_KIND_POST_MLP_NORM, offsetof(struct layer_weights, post_mlp_norm)},
+    {WEIGHT_KIND_ROUTER, offsetof(struct layer_weights, router)},
+    {WEIGHT_KIND_EXP_GATE, offsetof(struct layer_weights, exp_gate)},
+    {WEIGHT_KIND_EXP_UP, offsetof(struct layer_weights, exp_up)},
+    {WEIGHT_KIND_EXP_DOWN, offsetof(struct layer_weights, exp_down)},
 };
 #define N_LAYER_FIELDS ((int)(sizeof layer_fields / sizeof layer_fields[0]))
 

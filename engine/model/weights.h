@@ -29,6 +29,9 @@ struct layer_weights {
     struct tensor w_down, b_down;            /* (d_model, ffn_local), (d_model) */
     struct tensor q_norm, k_norm;            /* (head_dim): per-head RMSNorm of q and k (Gemma 3) */
     struct tensor post_attn_norm, post_mlp_norm; /* (d_model): norms of the sublayer outputs (Gemma) */
+    struct tensor router;                    /* (n_experts, d_model): mixture of experts only */
+    struct tensor exp_gate, exp_up;          /* (n_experts * moe_ffn, d_model), expert by expert */
+    struct tensor exp_down;                  /* (n_experts * d_model, moe_ffn), expert by expert */
 };
 
 struct model_weights {

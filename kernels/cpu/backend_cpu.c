@@ -115,6 +115,7 @@ static const struct backend_ops cpu_backend_ops = {
     .add = cpu_add,
     .scale = cpu_scale,
     .softcap = cpu_softcap,
+    .scatter_add_rows = cpu_scatter_add_weighted,
     .dropout = cpu_dropout,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,

@@ -112,6 +112,8 @@ void cpu_add(struct backend *b, const struct tensor *out, const struct tensor *a
              const struct tensor *c);
 void cpu_scale(struct backend *b, const struct tensor *out, const struct tensor *x, float alpha);
 void cpu_softcap(struct backend *b, const struct tensor *out, const struct tensor *x, float cap);
+void cpu_scatter_add_weighted(struct backend *b, const struct tensor *out, const struct tensor *y,
+                              const struct tensor *ids, const struct tensor *weights);
 void cpu_dropout(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key, int64_t col0,
                  float p);
 void cpu_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,

@@ -1,5 +1,6 @@
 /* kernels/cuda/add.cu - op_add: out = a + c elementwise (the residual add); out may alias a
- * or c, which an elementwise kernel allows.
+ * or c, which an elementwise kernel allows. op_scatter_add_rows: out[ids[i]] += w[i] y[i] (a
+ * mixture of experts' combine; ids distinct, so no two threads write one element).
  * Not here: broadcasting adds (bias is folded into matmul.cu; norms carry their own).
  * Tests: tests/test_ops.c --backend cuda (aliased and separate outputs). */
 #include "cuda_common.cuh"
@@ -23,5 +24,31 @@ void cuda_add(struct backend *b, const struct tensor *out, const struct tensor *
     CUDA_DISPATCH_FLOAT(out->dtype, T,
         add_kernel<T><<<cuda_blocks_for(n, CUDA_THREADS), CUDA_THREADS, 0, s->stream>>>(
             (T *)out->data, (const T *)a->data, (const T *)c->data, n);
+        LAUNCH_CHECK());
+}
+
+template <typename T>
+static __global__ void scatter_add_rows_kernel(T *out, const T *y, const int32_t *ids, const float *w, int64_t n,
+                                               int64_t d, int64_t rows)
+{
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n * d; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = e / d, j = e % d;
+        const int32_t r = ids[i];
+        if (r < 0 || r >= rows) __trap(); /* a caller bug (ops.h) */
+        T *o = out + (int64_t)r * d + j;
+        cuda_store(o, cuda_load(o) + w[i] * cuda_load(y + e));
+    }
+}
+
+void cuda_scatter_add_weighted(struct backend *b, const struct tensor *out, const struct tensor *y,
+                               const struct tensor *ids, const struct tensor *weights)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    const int64_t n = tensor_rows(y), d = tensor_cols(y);
+    if (n == 0) return;
+    CUDA_DISPATCH_FLOAT(out->dtype, T,
+        scatter_add_rows_kernel<T><<<cuda_blocks_for(n * d, CUDA_THREADS), CUDA_THREADS, 0, s->stream>>>(
+            (T *)out->data, (const T *)y->data, (const int32_t *)ids->data, (const float *)weights->data, n, d,
+            tensor_rows(out));
         LAUNCH_CHECK());
 }

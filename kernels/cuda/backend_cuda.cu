@@ -144,6 +144,7 @@ static const struct backend_ops cuda_backend_ops = {
     .add = cuda_add,
     .scale = cuda_scale,
     .softcap = cuda_softcap,
+    .scatter_add_rows = cuda_scatter_add_weighted,
     .dropout = cuda_dropout,
     .rope = cuda_rope,
     .kv_write = cuda_kv_write,

@@ -67,6 +67,8 @@ import sys
 
 import numpy as np
 
+import families  # Gemma 2, OLMo 2 (it imports this module for its helpers)
+
 # A fixed prompt: BOS followed by the first 11 tokens stories260K produces greedily from BOS
 # ("Once upon a time, there was a little girl"), so it is also meaningful text for tok512.
 PROMPT_IDS = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315]
@@ -131,75 +133,26 @@ def llama_config(dtype="f32"):
     }
 
 
-def gemma2_config(dtype="f32"):
-    """Gemma2ForCausalLM, small: every other layer windowed (Gemma2Config's own rule, no pattern
-    field), soft-capping small enough that tanh bends the scores and the logits."""
-    return {
-        "architectures": ["Gemma2ForCausalLM"],
-        "model_type": "gemma2",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "hidden_activation": "gelu_pytorch_tanh",
-        "max_position_embeddings": 256,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "attention_bias": False,
-        "query_pre_attn_scalar": 16,  # = head_dim, as llama.cpp assumes for a GGUF
-        "sliding_window": 5,
-        "final_logit_softcapping": 6.0,
-        "attn_logit_softcapping": 3.0,
-        "tie_word_embeddings": True,
-        "bos_token_id": 2,
-        "eos_token_id": 1,
-        "torch_dtype": TORCH_DTYPE[dtype],
-    }
-
-
-def olmo2_config(dtype="f32"):
-    """Olmo2ForCausalLM, small: norms after attention and the MLP only, q and k RMS-normed over the
-    whole projection before rotary."""
+def moe_config(flavor, dtype="f32"):
+    """Small mixtures of experts: Mixtral (8 experts, top 2, renormalised; intermediate_size is
+    the expert's), Qwen 3 MoE (Qwen 3's per-head QK norm; moe_intermediate_size; top-k weights
+    not renormalised) and OLMoE (q and k normed over the whole projection; not renormalised)."""
     cfg = llama_config(dtype)
-    cfg.update({"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "rms_norm_eps": 1e-6,
-                "rope_theta": 500000.0})
+    if flavor == "mixtral":
+        cfg.update({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8,
+                    "num_experts_per_tok": 2, "intermediate_size": 48, "sliding_window": None,
+                    "rope_theta": 1000000.0})
+    elif flavor == "qwen3_moe":
+        cfg.update({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 6,
+                    "num_experts_per_tok": 3, "moe_intermediate_size": 40, "norm_topk_prob": False,
+                    "decoder_sparse_step": 1, "mlp_only_layers": [], "head_dim": 16})
+    else:
+        cfg.update({"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "num_experts": 4,
+                    "num_experts_per_tok": 2, "intermediate_size": 56, "norm_topk_prob": False})
     return cfg
 
 
 # --------------------------------------------------------------------------- init
-
-def init_gemma2(cfg, seed):
-    rng = np.random.default_rng(seed)
-    H, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
-    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-
-    def lin(o, i):
-        return rng.standard_normal((o, i)) / math.sqrt(i)
-
-    def nw(n):  # Gemma stores w for x * (1 + w)
-        return 0.1 * rng.standard_normal(n)
-
-    # Small embeddings and post-norms that double their block's output, so that the layers, not
-    # the (scaled, tied) embedding of the last token, decide the next token.
-    w = {"model.embed_tokens.weight": 0.1 * rng.standard_normal((V, H)), "model.norm.weight": nw(H)}
-    for i in range(L):
-        p = "model.layers.%d." % i
-        w[p + "input_layernorm.weight"] = nw(H)
-        w[p + "self_attn.q_proj.weight"] = 2.0 * lin(nh * hd, H)
-        w[p + "self_attn.k_proj.weight"] = 2.0 * lin(nkv * hd, H)
-        w[p + "self_attn.v_proj.weight"] = lin(nkv * hd, H)
-        w[p + "self_attn.o_proj.weight"] = lin(H, nh * hd)
-        w[p + "post_attention_layernorm.weight"] = 1.0 + nw(H)
-        w[p + "pre_feedforward_layernorm.weight"] = nw(H)
-        w[p + "post_feedforward_layernorm.weight"] = 1.0 + nw(H)
-        w[p + "mlp.gate_proj.weight"] = lin(I, H)
-        w[p + "mlp.up_proj.weight"] = lin(I, H)
-        w[p + "mlp.down_proj.weight"] = lin(H, I)
-    return w
-
 
 def init_gpt2(cfg, seed):
     rng = np.random.default_rng(seed)
@@ -305,6 +258,7 @@ def init_llama(cfg, seed):
 
     w = {}
     w["model.embed_tokens.weight"] = rng.standard_normal((V, H))
+    moe = flavor in ("mixtral", "qwen3_moe", "olmoe")
     for i in range(L):
         p = "model.layers.%d." % i
         w[p + "input_layernorm.weight"] = norm()
@@ -320,12 +274,30 @@ def init_llama(cfg, seed):
         if flavor == "qwen3":  # RMSNorm weights over each head's features
             w[p + "self_attn.q_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(hd)
             w[p + "self_attn.k_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(hd)
+        if flavor == "qwen3_moe":
+            w[p + "self_attn.q_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(hd)
+            w[p + "self_attn.k_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(hd)
+        if flavor == "olmoe":
+            w[p + "self_attn.q_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(nh * hd)
+            w[p + "self_attn.k_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(nkv * hd)
         if flavor == "olmo2":  # RMSNorm weights over the whole q and k projections; post-norms only
             w[p + "self_attn.q_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(nh * hd)
             w[p + "self_attn.k_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(nkv * hd)
             del w[p + "input_layernorm.weight"]
             w[p + "post_feedforward_layernorm.weight"] = norm()
         w[p + "post_attention_layernorm.weight"] = norm()
+        if moe:  # a router scaled so that the experts' probabilities differ well (no near ties)
+            E = cfg.get("num_local_experts") or cfg["num_experts"]
+            F = cfg.get("moe_intermediate_size") or I
+            blk, names = ("block_sparse_moe.", ("w1", "w3", "w2")) if flavor == "mixtral" else \
+                ("mlp.", ("gate_proj", "up_proj", "down_proj"))
+            w[p + blk + "gate.weight"] = 3.0 * lin(E, H)
+            for e in range(E):
+                q = p + blk + "experts.%d." % e
+                w[q + names[0] + ".weight"] = lin(F, H)
+                w[q + names[1] + ".weight"] = lin(F, H)
+                w[q + names[2] + ".weight"] = lin(H, F)
+            continue
         w[p + "mlp.gate_proj.weight"] = lin(I, H)
         w[p + "mlp.up_proj.weight"] = lin(I, H)
         w[p + "mlp.down_proj.weight"] = lin(H, I)
@@ -580,8 +552,31 @@ def llama_rope_tables(hd, T, theta, cfg=None):
     return np.cos(emb) * att, np.sin(emb) * att
 
 
+def moe_mlp(cfg, w, p, h):
+    """A mixture of experts' MLP as transformers' Mixtral / Qwen3Moe / Olmoe sparse blocks, float64:
+    softmax over the router's logits, the top k (lower index first on a tie), optionally
+    renormalised; the chosen experts' SwiGLU outputs weighted and summed."""
+    mixtral = cfg["model_type"] == "mixtral"
+    E = cfg.get("num_local_experts") or cfg["num_experts"]
+    k = cfg["num_experts_per_tok"]
+    blk, names = ("block_sparse_moe.", ("w1", "w3", "w2")) if mixtral else ("mlp.", ("gate_proj", "up_proj", "down_proj"))
+    z = h @ w[p + blk + "gate.weight"].T
+    z = np.exp(z - z.max(axis=-1, keepdims=True))
+    prob = z / z.sum(axis=-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        top = sorted(range(E), key=lambda e: (-prob[t, e], e))[:k]
+        wt = prob[t, top] / (prob[t, top].sum() if (mixtral or cfg.get("norm_topk_prob")) else 1.0)
+        for e, we in zip(top, wt):
+            q = p + blk + "experts.%d." % e
+            g, u = h[t] @ w[q + names[0] + ".weight"].T, h[t] @ w[q + names[1] + ".weight"].T
+            out[t] += we * (((g / (1.0 + np.exp(-g))) * u) @ w[q + names[2] + ".weight"].T)
+    return out
+
+
 def llama_forward(cfg, w, tokens):
-    """LlamaForCausalLM forward, float64. Returns logits (T, vocab)."""
+    """LlamaForCausalLM forward, float64 (and its relatives: Mistral, Qwen 2/3, Phi-3, the mixtures
+    of experts Mixtral, Qwen 3 MoE, OLMoE). Returns logits (T, vocab)."""
     H = cfg["hidden_size"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or H // nh
@@ -598,13 +593,18 @@ def llama_forward(cfg, w, tokens):
     for i in range(cfg["num_hidden_layers"]):
         p = "model.layers.%d." % i
         h = _rmsnorm(x, w[p + "input_layernorm.weight"], eps)
-        def proj(name, n):  # (heads, T, hd), with the projection's bias when the model has one
+        def proj(name, n, norm=None):  # (heads, T, hd), with the projection's bias when the model has one
             y = h @ w[p + name + ".weight"].T
             if p + name + ".bias" in w:
                 y = y + w[p + name + ".bias"]
+            if norm is not None:  # OLMoE: RMSNorm over the whole projection
+                y = _rmsnorm(y, w[norm], eps)
             return y.reshape(T, n, hd).transpose(1, 0, 2)
-        q, k, v = proj("self_attn.q_proj", nh), proj("self_attn.k_proj", nkv), proj("self_attn.v_proj", nkv)
-        if p + "self_attn.q_norm.weight" in w:  # Qwen3: RMSNorm of each head, before rotary
+        full = cfg["model_type"] == "olmoe"
+        q = proj("self_attn.q_proj", nh, p + "self_attn.q_norm.weight" if full else None)
+        k = proj("self_attn.k_proj", nkv, p + "self_attn.k_norm.weight" if full else None)
+        v = proj("self_attn.v_proj", nkv)
+        if p + "self_attn.q_norm.weight" in w and not full:  # Qwen3: RMSNorm of each head, before rotary
             q = _rmsnorm(q, w[p + "self_attn.q_norm.weight"], eps)
             k = _rmsnorm(k, w[p + "self_attn.k_norm.weight"], eps)
         q, k = rope(q), rope(k)
@@ -614,80 +614,12 @@ def llama_forward(cfg, w, tokens):
         a = (att @ v).transpose(1, 0, 2).reshape(T, nh * hd)
         x = x + a @ w[p + "self_attn.o_proj.weight"].T
         h = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        if cfg["model_type"] in ("mixtral", "qwen3_moe", "olmoe"):
+            x = x + moe_mlp(cfg, w, p, h)
+            continue
         g = h @ w[p + "mlp.gate_proj.weight"].T
         u = h @ w[p + "mlp.up_proj.weight"].T
         x = x + ((g / (1.0 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
-    x = _rmsnorm(x, w["model.norm.weight"], eps)
-    lm = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
-    return x @ lm.T
-
-
-def gemma2_forward(cfg, w, tokens):
-    """Gemma2ForCausalLM forward (eval), float64, as transformers' modeling_gemma2: embeddings times
-    sqrt(hidden); norms x * (1 + w); scores (q / sqrt(query_pre_attn_scalar)) . k soft-capped,
-    cap * tanh(s / cap), then masked (layer i windowed when i is even); sandwich norms; GeGLU;
-    the final logits soft-capped. Returns logits (T, vocab)."""
-    H, eps, theta = cfg["hidden_size"], cfg["rms_norm_eps"], cfg["rope_theta"]
-    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    T = len(tokens)
-    cos, sin = llama_rope_tables(hd, T, theta)
-    acap, fcap = cfg["attn_logit_softcapping"], cfg["final_logit_softcapping"]
-
-    def norm(x, key):
-        return _rmsnorm(x, 1.0 + w[key], eps)
-
-    def rope(x):
-        return x * cos + _rotate_half(x) * sin
-    x = w["model.embed_tokens.weight"][tokens] * math.sqrt(H)
-    for i in range(cfg["num_hidden_layers"]):
-        p = "model.layers.%d." % i
-        h = norm(x, p + "input_layernorm.weight")
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, nh, hd).transpose(1, 0, 2)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
-        q, k = rope(q), rope(k)
-        k, v = np.repeat(k, nh // nkv, axis=0), np.repeat(v, nh // nkv, axis=0)
-        s = (q @ k.transpose(0, 2, 1)) / math.sqrt(cfg["query_pre_attn_scalar"])
-        if acap:
-            s = acap * np.tanh(s / acap)
-        window = cfg["sliding_window"] if i % 2 == 0 else 0
-        a = (_softmax_causal(s, window) @ v).transpose(1, 0, 2).reshape(T, nh * hd)
-        x = x + norm(a @ w[p + "self_attn.o_proj.weight"].T, p + "post_attention_layernorm.weight")
-        h = norm(x, p + "pre_feedforward_layernorm.weight")
-        g, u = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
-        x = x + norm((_gelu_new(g) * u) @ w[p + "mlp.down_proj.weight"].T, p + "post_feedforward_layernorm.weight")
-    logits = norm(x, "model.norm.weight") @ w["model.embed_tokens.weight"].T
-    return fcap * np.tanh(logits / fcap) if fcap else logits
-
-
-def olmo2_forward(cfg, w, tokens):
-    """Olmo2ForCausalLM forward (transformers' modeling_olmo2), float64: q and k RMS-normed over the
-    whole projection, then rotary (halves); attention; post_attention_layernorm on its output
-    before the residual add; the MLP, then post_feedforward_layernorm before the add; no norm
-    before either block. Returns logits (T, vocab)."""
-    H, eps, theta = cfg["hidden_size"], cfg["rms_norm_eps"], cfg["rope_theta"]
-    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = cfg.get("head_dim") or H // nh
-    T = len(tokens)
-    cos, sin = llama_rope_tables(hd, T, theta)
-
-    def rope(x):
-        return x * cos + _rotate_half(x) * sin
-    x = w["model.embed_tokens.weight"][tokens].copy()
-    for i in range(cfg["num_hidden_layers"]):
-        p = "model.layers.%d." % i
-        q = _rmsnorm(x @ w[p + "self_attn.q_proj.weight"].T, w[p + "self_attn.q_norm.weight"], eps)
-        k = _rmsnorm(x @ w[p + "self_attn.k_proj.weight"].T, w[p + "self_attn.k_norm.weight"], eps)
-        v = x @ w[p + "self_attn.v_proj.weight"].T
-        q = rope(q.reshape(T, nh, hd).transpose(1, 0, 2))
-        k = rope(k.reshape(T, nkv, hd).transpose(1, 0, 2))
-        v = v.reshape(T, nkv, hd).transpose(1, 0, 2)
-        k, v = np.repeat(k, nh // nkv, axis=0), np.repeat(v, nh // nkv, axis=0)
-        a = (_softmax_causal(q @ k.transpose(0, 2, 1) / math.sqrt(hd)) @ v).transpose(1, 0, 2).reshape(T, nh * hd)
-        x = x + _rmsnorm(a @ w[p + "self_attn.o_proj.weight"].T, w[p + "post_attention_layernorm.weight"], eps)
-        g, u = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
-        m = ((g / (1.0 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
-        x = x + _rmsnorm(m, w[p + "post_feedforward_layernorm.weight"], eps)
     x = _rmsnorm(x, w["model.norm.weight"], eps)
     lm = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
     return x @ lm.T
@@ -721,10 +653,12 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
             cfg["vocab_size"] = vocab
         w = init_gpt2(cfg, seed)
     elif model == "gemma2":
-        cfg = gemma2_config(dtype)
-        w = init_gemma2(cfg, seed)
-    elif model in ("llama", "qwen2", "qwen3", "phi3", "mistral", "olmo2"):
-        configs = {"llama": llama_config, "phi3": phi3_config, "mistral": mistral_config, "olmo2": olmo2_config}
+        cfg = families.gemma2_config(dtype)
+        w = families.init_gemma2(cfg, seed)
+    elif model in ("llama", "qwen2", "qwen3", "phi3", "mistral", "olmo2", "mixtral", "qwen3_moe", "olmoe"):
+        configs = {"llama": llama_config, "phi3": phi3_config, "mistral": mistral_config, "olmo2": families.olmo2_config,
+                   "mixtral": lambda dt: moe_config("mixtral", dt), "qwen3_moe": lambda dt: moe_config("qwen3_moe", dt),
+                   "olmoe": lambda dt: moe_config("olmoe", dt)}
         cfg = configs[model](dtype) if model in configs else qwen_config(model, dtype)
         if vocab:
             cfg["vocab_size"] = vocab
@@ -739,9 +673,9 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
     if model == "gpt2":
         fwd = gpt2_forward
     elif model == "gemma2":
-        fwd = gemma2_forward
+        fwd = families.gemma2_forward
     elif model == "olmo2":
-        fwd = olmo2_forward
+        fwd = families.olmo2_forward
     else:
         fwd = llama_forward
     logits = fwd(cfg, w, PROMPT_IDS)
@@ -771,7 +705,8 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="write a small random HF checkpoint + float64 reference")
-    ap.add_argument("model", choices=["gpt2", "llama", "qwen2", "qwen3", "phi3", "mistral", "gemma2", "olmo2"])
+    ap.add_argument("model", choices=["gpt2", "llama", "qwen2", "qwen3", "phi3", "mistral", "gemma2", "olmo2", "mixtral",
+                                         "qwen3_moe", "olmoe"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=list(DTYPES), default="f32")
