@@ -739,19 +739,23 @@ static void case_add(struct suite *s, enum dtype dt, int n, int alias)
     case_end(s, name, &v);
 }
 
-static void case_scale(struct suite *s, enum dtype dt, int n, float alpha, int alias)
+/* The elementwise maps out = f(x) with one parameter: op_scale (alpha * x) and op_softcap (cap *
+ * tanh(x / cap), inputs over 4 caps either side so that tanh bends). */
+static void case_map(struct suite *s, enum op_id op, enum dtype dt, int n, float param, int alias)
 {
     char name[96];
-    snprintf(name, sizeof name, "scale %s n=%d alpha=%g%s", dtype_name(dt), n, (double)alpha,
-             alias ? " out=x" : "");
+    snprintf(name, sizeof name, "%s %s n=%d %s=%g%s", op == OP_SCALE ? "scale" : "softcap", dtype_name(dt), n,
+             op == OP_SCALE ? "alpha" : "cap", (double)param, alias ? " out=x" : "");
     struct rng r;
     if (!case_begin(s, name, &r)) return;
-    struct hbuf x = hbuf_uniform(s, dt, (size_t)n, &r, -4, 4);
+    const double range = op == OP_SCALE ? 4.0 : 4.0 * param;
+    struct hbuf x = hbuf_uniform(s, dt, (size_t)n, &r, -range, range);
     double *want = case_alloc(s, (size_t)n, sizeof(double));
     double *mag = case_alloc(s, (size_t)n, sizeof(double));
     double *tol = case_alloc(s, (size_t)n, sizeof(double));
-    for (int i = 0; i < n; i++) want[i] = (double)alpha * x.val[i];
-    make_tol(tol, OP_SCALE, dt, want, mag, (size_t)n);
+    for (int i = 0; i < n; i++)
+        want[i] = op == OP_SCALE ? (double)param * x.val[i] : (double)param * tanh(x.val[i] / (double)param);
+    make_tol(tol, op, dt, want, mag, (size_t)n);
     struct verdict v = {.worst_ratio = -1.0};
     double *got[2] = {0};
     void *bits = case_alloc(s, (size_t)n, dtype_size(dt));
@@ -761,36 +765,8 @@ static void case_scale(struct suite *s, enum dtype dt, int n, float alpha, int a
         struct tensor tx = alias ? arena_out(&a, "x=out", dt, S1(n), x.bits, bits)
                                  : arena_in(&a, "x", dt, S1(n), x.bits);
         struct tensor to = alias ? tx : arena_out(&a, "out", dt, S1(n), NULL, bits);
-        if (SUPPORTED(&v, b, scale)) op_scale(b, &to, &tx, alpha);
-        arena_finish(&a, &v);
-        got[bi] = decode(s, bits, dt, (size_t)n);
-    }
-    check_close(s, &v, "out", got, want, tol, (size_t)n, (size_t)n);
-    case_end(s, name, &v);
-}
-
-static void case_softcap(struct suite *s, enum dtype dt, int n, float cap, int alias)
-{
-    char name[96];
-    snprintf(name, sizeof name, "softcap %s n=%d cap=%g%s", dtype_name(dt), n, (double)cap, alias ? " out=x" : "");
-    struct rng r;
-    if (!case_begin(s, name, &r)) return;
-    struct hbuf x = hbuf_uniform(s, dt, (size_t)n, &r, -4 * cap, 4 * cap);
-    double *want = case_alloc(s, (size_t)n, sizeof(double));
-    double *mag = case_alloc(s, (size_t)n, sizeof(double));
-    double *tol = case_alloc(s, (size_t)n, sizeof(double));
-    for (int i = 0; i < n; i++) want[i] = (double)cap * tanh(x.val[i] / (double)cap);
-    make_tol(tol, OP_SOFTCAP, dt, want, mag, (size_t)n);
-    struct verdict v = {.worst_ratio = -1.0};
-    double *got[2] = {0};
-    void *bits = case_alloc(s, (size_t)n, dtype_size(dt));
-    for (int bi = 0; bi < s->n_backends; bi++) {
-        struct backend *b = s->backend[bi];
-        struct arena a = {.b = b};
-        struct tensor tx = alias ? arena_out(&a, "x=out", dt, S1(n), x.bits, bits)
-                                 : arena_in(&a, "x", dt, S1(n), x.bits);
-        struct tensor to = alias ? tx : arena_out(&a, "out", dt, S1(n), NULL, bits);
-        if (SUPPORTED(&v, b, softcap)) op_softcap(b, &to, &tx, cap);
+        if (op == OP_SCALE && SUPPORTED(&v, b, scale)) op_scale(b, &to, &tx, param);
+        if (op == OP_SOFTCAP && SUPPORTED(&v, b, softcap)) op_softcap(b, &to, &tx, param);
         arena_finish(&a, &v);
         got[bi] = decode(s, bits, dt, (size_t)n);
     }
@@ -1398,9 +1374,9 @@ static void run_all(struct suite *s)
         static const int sizes[] = {1, 17, 4099, 100003};
         for (int i = 0; i < 4; i++) {
             for (int alias = 0; alias <= 2; alias++) case_add(s, dt, sizes[i], alias);
-            case_scale(s, dt, sizes[i], i == 0 ? 0.5f : -3.7f, 0);
-            case_scale(s, dt, sizes[i], i == 2 ? 1e-3f : 1.0f / 3.0f, 1);
-            case_softcap(s, dt, sizes[i], i == 0 ? 30.0f : 2.5f, i == 1);
+            case_map(s, OP_SCALE, dt, sizes[i], i == 0 ? 0.5f : -3.7f, 0);
+            case_map(s, OP_SCALE, dt, sizes[i], i == 2 ? 1e-3f : 1.0f / 3.0f, 1);
+            case_map(s, OP_SOFTCAP, dt, sizes[i], i == 0 ? 30.0f : 2.5f, i == 1);
         }
         case_scatter_add_rows(s, dt, 5, 37, 12);
         case_scatter_add_rows(s, dt, 64, 256, 300);
