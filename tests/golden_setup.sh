@@ -54,6 +54,8 @@ mkdir -p "$out"
 "$py" "$here/reference/make_models.py" mixtral --out "$out/mixtral" --seed 21
 "$py" "$here/reference/make_models.py" qwen3_moe --out "$out/qwen3_moe" --seed 22
 "$py" "$here/reference/make_models.py" olmoe --out "$out/olmoe" --seed 23
+# Qwen 2 MoE: q, k, v biases, 4 experts top 2, and a shared expert behind its sigmoid gate.
+"$py" "$here/reference/make_models.py" qwen2_moe --out "$out/qwen2_moe" --seed 24
 if [ -f "$assets/stories260K/stories260K.bin" ] && [ -f "$assets/stories260K/tok512.model" ]; then
   "$shardlm" convert llama2c --checkpoint "$assets/stories260K/stories260K.bin" \
     --tokenizer "$assets/stories260K/tok512.model" --out "$out/stories260K"

@@ -167,6 +167,11 @@ static enum status ck_source_hf_llama(const struct checkpoint *ck, enum weight_k
         return ck_source_hf_experts(ck, kind, l, s);
     const char *pattern = weight_names_hf(kind, config_hf_gemma_names(&ck->cfg));
     CHECK(pattern, "no HF Llama tensor for %s", weight_kind_name(kind));
+    if (ck->cfg.shared_expert) { /* Qwen 2 MoE: the dense MLP's kinds are its shared expert */
+        if (kind == WEIGHT_KIND_GATE) pattern = "layers.%d.mlp.shared_expert.gate_proj.weight";
+        if (kind == WEIGHT_KIND_UP) pattern = "layers.%d.mlp.shared_expert.up_proj.weight";
+        if (kind == WEIGHT_KIND_DOWN) pattern = "layers.%d.mlp.shared_expert.down_proj.weight";
+    }
     char name[CK_NAME];
     if (kind == WEIGHT_KIND_LM_HEAD) snprintf(name, sizeof name, "%s", ck->files->hf_head);
     else (void)weight_names_format(name, sizeof name, ck->files->hf_prefix, pattern, l);

@@ -520,6 +520,9 @@ static int hfw_name(const struct model_config *c, enum weight_kind kind, int l, 
         else {
             const char *f = weight_names_hf(kind, config_hf_gemma_names(c));
             CHECK(f, "no HF name for %s", weight_kind_name(kind));
+            if (c->shared_expert && kind == WEIGHT_KIND_GATE) f = "layers.%d.mlp.shared_expert.gate_proj.weight";
+            if (c->shared_expert && kind == WEIGHT_KIND_UP) f = "layers.%d.mlp.shared_expert.up_proj.weight";
+            if (c->shared_expert && kind == WEIGHT_KIND_DOWN) f = "layers.%d.mlp.shared_expert.down_proj.weight";
             (void)weight_names_format(name, n, "model.", f, l);
         }
         return 1;

@@ -16,7 +16,7 @@
 
 static const char *const supported_architectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, "
-    "MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel, "
+    "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only)";
 
 /* bos_token_id / eos_token_id: an int, or a list whose first element is taken; absent -> -1. */
@@ -66,6 +66,8 @@ enum llama_flavor {
                       whole projection */
     LLAMA_MIXTRAL, /* MixtralForCausalLM: 8 experts, top 2, renormalised */
     LLAMA_QWEN3_MOE, /* Qwen3MoeForCausalLM: Qwen 3's attention, experts of moe_intermediate_size */
+    LLAMA_QWEN2_MOE, /* Qwen2MoeForCausalLM: Qwen 2's attention (q, k, v biases), experts and a shared
+                        expert with its sigmoid gate */
     LLAMA_OLMOE,   /* OlmoeForCausalLM: experts; q and k normed over the whole projection */
 };
 
@@ -193,23 +195,25 @@ enum status config_parse_rope_scaling(const cJSON *root, const cJSON *rs, const 
     return STATUS_OK;
 }
 
-/* The experts of Mixtral, Qwen 3 MoE and OLMoE (config.h): their count, top-k and size, with
- * the classes' defaults; every layer must be sparse. */
+/* The experts of Mixtral, Qwen 2 / 3 MoE and OLMoE (config.h): their count, top-k and size, Qwen
+ * 2 MoE's shared expert (its size becomes ffn_hidden), with the classes' defaults; every layer
+ * must be sparse. */
 static enum status parse_moe(const cJSON *root, const char *name, enum llama_flavor flavor, struct model_config *c)
 {
     enum status st;
-    c->n_experts = c->n_experts_used = c->moe_ffn = c->norm_topk_prob = 0;
-    if (flavor != LLAMA_MIXTRAL && flavor != LLAMA_QWEN3_MOE && flavor != LLAMA_OLMOE) {
+    c->n_experts = c->n_experts_used = c->moe_ffn = c->norm_topk_prob = c->shared_expert = 0;
+    if (flavor != LLAMA_MIXTRAL && flavor != LLAMA_QWEN3_MOE && flavor != LLAMA_QWEN2_MOE && flavor != LLAMA_OLMOE) {
         if (config_field(root, "num_local_experts") || config_field(root, "num_experts"))
             return status_errorf(STATUS_BAD_FORMAT, "%s: experts in a dense architecture", name);
         return STATUS_OK;
     }
-    const int mixtral = flavor == LLAMA_MIXTRAL, qwen = flavor == LLAMA_QWEN3_MOE;
+    const int mixtral = flavor == LLAMA_MIXTRAL, qwen2 = flavor == LLAMA_QWEN2_MOE;
+    const int qwen = flavor == LLAMA_QWEN3_MOE || qwen2;
     if ((st = config_get_int(root, name, mixtral ? "num_local_experts" : "num_experts", 0,
-                             mixtral ? 8 : qwen ? 128 : 64, &c->n_experts)) ||
-        (st = config_get_int(root, name, "num_experts_per_tok", 0, mixtral ? 2 : 8, &c->n_experts_used)) ||
-        (st = config_get_int(root, name, qwen ? "moe_intermediate_size" : "intermediate_size", 0, qwen ? 768 : 0,
-                             &c->moe_ffn)) ||
+                             mixtral ? 8 : qwen2 ? 60 : qwen ? 128 : 64, &c->n_experts)) ||
+        (st = config_get_int(root, name, "num_experts_per_tok", 0, mixtral ? 2 : qwen2 ? 4 : 8, &c->n_experts_used)) ||
+        (st = config_get_int(root, name, qwen ? "moe_intermediate_size" : "intermediate_size", 0,
+                             qwen2 ? 1408 : qwen ? 768 : 0, &c->moe_ffn)) ||
         (st = config_get_bool(root, name, "norm_topk_prob", mixtral, &c->norm_topk_prob)))
         return st;
     if (mixtral) c->norm_topk_prob = 1; /* Mixtral always renormalises its top k */
@@ -217,6 +221,12 @@ static enum status parse_moe(const cJSON *root, const char *name, enum llama_fla
         c->moe_ffn < 1 || c->moe_ffn > CONFIG_MAX_DIM)
         return status_errorf(STATUS_BAD_FORMAT, "%s: %d experts, %d per token, of %d features: need 1 <= per token <= "
                              "experts <= 1024 and a positive size", name, c->n_experts, c->n_experts_used, c->moe_ffn);
+    if (qwen2) { /* the shared expert: the dense MLP's weights, of its own size */
+        if ((st = config_get_int(root, name, "shared_expert_intermediate_size", 0, 5632, &c->ffn_hidden))) return st;
+        if (c->ffn_hidden < 1 || c->ffn_hidden > CONFIG_MAX_DIM)
+            return status_errorf(STATUS_BAD_FORMAT, "%s: shared_expert_intermediate_size %d", name, c->ffn_hidden);
+        c->shared_expert = 1;
+    }
     if (qwen) {
         int step = 1;
         if ((st = config_get_int(root, name, "decoder_sparse_step", 0, 1, &step))) return st;
@@ -232,7 +242,8 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
                                struct model_config *c)
 {
     const int mistral = flavor == LLAMA_MISTRAL || flavor == LLAMA_MIXTRAL;
-    const int qwen = flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN3 || flavor == LLAMA_QWEN3_MOE;
+    const int qwen = flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN3 || flavor == LLAMA_QWEN3_MOE ||
+                     flavor == LLAMA_QWEN2_MOE;
     enum status st;
     if ((st = config_get_int(root, name, "hidden_size", 1, 0, &c->d_model)) ||
         (st = config_get_int(root, name, "intermediate_size", 1, 0, &c->ffn_hidden)) ||
@@ -245,8 +256,10 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
         (st = config_get_float(root, name, "rms_norm_eps", flavor == LLAMA_OLMO2 ? 1e-5f : 1e-6f, &c->norm_eps)) ||
         (st = config_get_float(root, name, "rope_theta", 10000.0f, &c->rope_theta)) ||
         (st = config_get_bool(root, name, "tie_word_embeddings", 0, &c->tied_embeddings)) ||
-        (st = config_get_bool(root, name, "attention_bias", flavor == LLAMA_QWEN2, &c->qkv_bias)) ||
-        (st = config_get_bool(root, name, "attention_out_bias", flavor == LLAMA_QWEN2 ? 0 : c->qkv_bias, &c->attn_out_bias)) ||
+        (st = config_get_bool(root, name, "attention_bias", flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN2_MOE,
+                              &c->qkv_bias)) ||
+        (st = config_get_bool(root, name, "attention_out_bias",
+                              flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN2_MOE ? 0 : c->qkv_bias, &c->attn_out_bias)) ||
         (st = config_get_bool(root, name, "mlp_bias", 0, &c->mlp_bias)))
         return st;
     if (c->n_heads <= 0)
@@ -431,6 +444,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
         else if (!strcmp(mt, "olmo2")) arch = "Olmo2ForCausalLM";
         else if (!strcmp(mt, "mixtral")) arch = "MixtralForCausalLM";
         else if (!strcmp(mt, "qwen3_moe")) arch = "Qwen3MoeForCausalLM";
+        else if (!strcmp(mt, "qwen2_moe")) arch = "Qwen2MoeForCausalLM";
         else if (!strcmp(mt, "olmoe")) arch = "OlmoeForCausalLM";
         else if (!strcmp(mt, "gpt2")) arch = "GPT2LMHeadModel";
         else if (!strcmp(mt, "gemma2")) arch = "Gemma2ForCausalLM";
@@ -452,6 +466,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
     else if (!strcmp(arch, "Olmo2ForCausalLM")) st = parse_llama(root, name, LLAMA_OLMO2, &c);
     else if (!strcmp(arch, "MixtralForCausalLM")) st = parse_llama(root, name, LLAMA_MIXTRAL, &c);
     else if (!strcmp(arch, "Qwen3MoeForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN3_MOE, &c);
+    else if (!strcmp(arch, "Qwen2MoeForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN2_MOE, &c);
     else if (!strcmp(arch, "OlmoeForCausalLM")) st = parse_llama(root, name, LLAMA_OLMOE, &c);
     else if (!strcmp(arch, "GPT2LMHeadModel")) st = parse_gpt2(root, name, &c);
     else if (!strcmp(arch, "Gemma2ForCausalLM")) st = config_parse_gemma(root, name, 2, &c);
@@ -568,7 +583,7 @@ enum status config_validate(const struct model_config *c, const char *name)
         return status_errorf(STATUS_BAD_FORMAT, "%s: %d experts of %d features, %d per token: experts belong to "
                              "gated Llama-family MLPs without biases, 1 <= per token <= experts <= 1024", name,
                              c->n_experts, c->moe_ffn, c->n_experts_used);
-    if (!c->n_experts && (c->n_experts_used || c->moe_ffn || c->norm_topk_prob))
+    if (!c->n_experts && (c->n_experts_used || c->moe_ffn || c->norm_topk_prob || c->shared_expert))
         return status_errorf(STATUS_BAD_FORMAT, "%s: expert settings without experts", name);
     /* What each family implies; a loader relies on these. */
     const int olmo2 = !strcmp(c->architecture, "Olmo2ForCausalLM");
@@ -662,7 +677,7 @@ int config_equal(const struct model_config *a, const struct model_config *b)
            !memcmp(&a->norm_weight_offset, &b->norm_weight_offset, sizeof(float)) &&
            !memcmp(&a->attn_softcap, &b->attn_softcap, sizeof(float)) &&
            a->n_experts == b->n_experts && a->n_experts_used == b->n_experts_used && a->moe_ffn == b->moe_ffn &&
-           a->norm_topk_prob == b->norm_topk_prob &&
+           a->norm_topk_prob == b->norm_topk_prob && a->shared_expert == b->shared_expert &&
            !memcmp(&a->final_softcap, &b->final_softcap, sizeof(float)) &&
            !memcmp(&a->attn_scale, &b->attn_scale, sizeof(float)) &&
            a->sliding_window_pattern == b->sliding_window_pattern &&

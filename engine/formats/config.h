@@ -123,6 +123,9 @@ struct model_config {
     int      n_experts_used;
     int      moe_ffn;
     int      norm_topk_prob;
+    int      shared_expert;     /* Qwen 2 MoE: beside the experts, a gated MLP of ffn_hidden
+                                   (shared_expert_intermediate_size) that every token takes,
+                                   scaled by sigmoid(shared_expert_gate x) */
 };
 
 /* Whether the Hugging Face layout of c names its norms as Gemma does: post_attention_layernorm

@@ -104,6 +104,7 @@ static int add_llama(cJSON *root, const struct model_config *c)
     const char *type = mixtral ? "mixtral"
                      : mistral ? "mistral"
                      : !strcmp(c->architecture, "Qwen3MoeForCausalLM") ? "qwen3_moe"
+                     : !strcmp(c->architecture, "Qwen2MoeForCausalLM") ? "qwen2_moe"
                      : !strcmp(c->architecture, "OlmoeForCausalLM") ? "olmoe"
                      : !strcmp(c->architecture, "Qwen2ForCausalLM") ? "qwen2"
                      : !strcmp(c->architecture, "Qwen3ForCausalLM") ? "qwen3"
@@ -122,13 +123,14 @@ static int add_llama(cJSON *root, const struct model_config *c)
         ok = c->sliding_window ? add_num(root, "sliding_window", c->sliding_window)
                                : cJSON_AddNullToObject(root, "sliding_window") != NULL;
     if (ok && c->rot_dim != c->head_dim) ok = add_num(root, "rot_dim", c->rot_dim);
-    if (ok && (c->attn_out_bias != c->qkv_bias || !strcmp(type, "qwen2")))
+    if (ok && (c->attn_out_bias != c->qkv_bias || !strncmp(type, "qwen2", 5)))
         ok = add_bool(root, "attention_out_bias", c->attn_out_bias);
     if (ok && c->n_experts) /* intermediate_size is the experts' size for Mixtral and OLMoE */
         ok = add_num(root, mixtral ? "num_local_experts" : "num_experts", c->n_experts) &&
              add_num(root, "num_experts_per_tok", c->n_experts_used) &&
              add_bool(root, "norm_topk_prob", c->norm_topk_prob) &&
-             (!strcmp(type, "qwen3_moe") ? add_num(root, "moe_intermediate_size", c->moe_ffn) : 1);
+             (!strncmp(type, "qwen", 4) ? add_num(root, "moe_intermediate_size", c->moe_ffn) : 1) &&
+             (c->shared_expert ? add_num(root, "shared_expert_intermediate_size", c->ffn_hidden) : 1);
     return ok;
 }
 
@@ -188,7 +190,8 @@ enum status config_save(const char *path, const struct model_config *c)
         strcmp(c->architecture, "MistralForCausalLM") && strcmp(c->architecture, "Qwen2ForCausalLM") &&
         strcmp(c->architecture, "Qwen3ForCausalLM") && strcmp(c->architecture, "Phi3ForCausalLM") &&
         strcmp(c->architecture, "Olmo2ForCausalLM") && strcmp(c->architecture, "MixtralForCausalLM") &&
-        strcmp(c->architecture, "Qwen3MoeForCausalLM") && strcmp(c->architecture, "OlmoeForCausalLM"))
+        strcmp(c->architecture, "Qwen3MoeForCausalLM") && strcmp(c->architecture, "OlmoeForCausalLM") &&
+        strcmp(c->architecture, "Qwen2MoeForCausalLM"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
                              c->architecture);
     if (c->family == MODEL_FAMILY_LLAMA && !strcmp(c->architecture, "LlamaForCausalLM") &&

@@ -102,6 +102,9 @@ static const struct weight_names table[WEIGHT_KIND_COUNT] = {
      M "mlp.experts.up.weight", NULL, WEIGHT_MEGATRON_REPLICATED, G "ffn_up_exps.weight"},
     {ROW(EXP_DOWN, "exp_down", LAYER, EXP_D, MOE_FFN), NULL, NULL, NULL, WEIGHT_GPT2_AS_IS,
      M "mlp.experts.down.weight", NULL, WEIGHT_MEGATRON_REPLICATED, G "ffn_down_exps.weight"},
+    {ROW(SHARED_GATE, "shared_gate", LAYER, ONE, D_MODEL), L "mlp.shared_expert_gate.weight", NULL, NULL,
+     WEIGHT_GPT2_AS_IS, M "mlp.shared_expert_gate.weight", NULL, WEIGHT_MEGATRON_REPLICATED,
+     G "ffn_gate_inp_shexp.weight"},
 
     {ROW(FINAL_NORM, "final_norm", LAST, D_MODEL, ONE), "norm.weight", NULL, "ln_f.weight",
      WEIGHT_GPT2_AS_IS, "decoder.final_layernorm.weight", NULL, WEIGHT_MEGATRON_REPLICATED,
@@ -161,9 +164,10 @@ int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
     case WEIGHT_KIND_K_BIAS:
     case WEIGHT_KIND_V_BIAS: return c->qkv_bias;
     case WEIGHT_KIND_O_BIAS: return c->attn_out_bias;
-    case WEIGHT_KIND_GATE: return c->gated_mlp && !c->n_experts;
+    case WEIGHT_KIND_GATE: return c->gated_mlp && (!c->n_experts || c->shared_expert);
     case WEIGHT_KIND_UP:
-    case WEIGHT_KIND_DOWN: return !c->n_experts;
+    case WEIGHT_KIND_DOWN: return !c->n_experts || c->shared_expert;
+    case WEIGHT_KIND_SHARED_GATE: return c->n_experts && c->shared_expert;
     case WEIGHT_KIND_ROUTER:
     case WEIGHT_KIND_EXP_GATE:
     case WEIGHT_KIND_EXP_UP:

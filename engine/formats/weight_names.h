@@ -55,6 +55,8 @@ enum weight_kind {
     WEIGHT_KIND_EXP_GATE,       /* (n_experts * moe_ffn, d_model), per layer */
     WEIGHT_KIND_EXP_UP,         /* (n_experts * moe_ffn, d_model), per layer */
     WEIGHT_KIND_EXP_DOWN,       /* (n_experts * d_model, moe_ffn), per layer */
+    WEIGHT_KIND_SHARED_GATE,    /* (1, d_model), per layer: the shared expert's sigmoid gate
+                                   (cfg.shared_expert; the shared expert itself is GATE, UP, DOWN) */
     WEIGHT_KIND_COUNT
 };
 

@@ -67,6 +67,8 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.moe_y, m->dtype, 2, {moe_T, d}},
         {&m->ws.moe_ids, DTYPE_I32, 1, {TK}},
         {&m->ws.moe_w, DTYPE_F32, 1, {TK}},
+        {&m->ws.moe_rows, DTYPE_I32, 1, {c->shared_expert ? T : 0}},
+        {&m->ws.moe_sw, DTYPE_F32, 1, {c->shared_expert ? T : 0}},
         {&m->ws.rows, m->dtype, 2, {max_logits, d}},
         {&m->ws.logits, m->dtype, 2, {max_logits, m->vocab_local}},
         /* Only with tp > 1 (gathered shards) and with non-f32 compute (f32 for the host). */
@@ -112,12 +114,22 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         free(m->ws.moe_host_ids);
         free(m->ws.moe_host_w);
         free(m->ws.moe_host_start);
+        free(m->ws.moe_host_sw);
+        m->ws.moe_host_sw = malloc((size_t)T * sizeof(float));
         m->ws.moe_host_logits = malloc((size_t)(T * E) * sizeof(float));
         m->ws.moe_host_ids = malloc((size_t)TK * sizeof(int32_t));
         m->ws.moe_host_w = malloc((size_t)TK * sizeof(float));
         m->ws.moe_host_start = malloc((size_t)(E + 1) * sizeof(int));
-        if (!m->ws.moe_host_logits || !m->ws.moe_host_ids || !m->ws.moe_host_w || !m->ws.moe_host_start)
+        if (!m->ws.moe_host_logits || !m->ws.moe_host_ids || !m->ws.moe_host_w || !m->ws.moe_host_start ||
+            !m->ws.moe_host_sw)
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory for the experts' routing");
+        if (c->shared_expert) { /* the shared expert takes every row: ids 0 .. T - 1, once */
+            int32_t *rows = malloc((size_t)T * sizeof *rows);
+            if (!rows) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
+            for (int64_t i = 0; i < T; i++) rows[i] = (int32_t)i;
+            backend_upload(m->b, m->ws.moe_rows.data, rows, (size_t)T * sizeof *rows);
+            free(rows);
+        }
     }
     const size_t width = (size_t)m->tp_size * (size_t)m->vocab_local;
     if (width != (size_t)c->vocab_size) { /* padded shards: compact on the host */
@@ -154,6 +166,7 @@ void model_free(struct model *m)
     free(m->ws.moe_host_ids);
     free(m->ws.moe_host_w);
     free(m->ws.moe_host_start);
+    free(m->ws.moe_host_sw);
     free(m->ws.host_logits);
     checkpoint_close(m->checkpoint);
     free(m);

@@ -67,6 +67,9 @@ struct model_workspace {
     struct tensor moe_logits, moe_logits32; /* (max_tokens, n_experts): dtype, f32 (dtype != f32) */
     struct tensor moe_x, moe_y;             /* (max_tokens, d_model) */
     struct tensor moe_ids, moe_w;           /* i32, f32 (max_tokens * n_experts_used) */
+    struct tensor moe_rows, moe_sw;         /* i32 0 .. max_tokens - 1, f32 (max_tokens): the shared
+                                               expert's rows (all) and sigmoid gates */
+    float   *moe_host_sw;                   /* (max_tokens) */
     float   *moe_host_logits;               /* (max_tokens * n_experts) */
     int32_t *moe_host_ids;                  /* (max_tokens * n_experts_used) */
     float   *moe_host_w;                    /* (max_tokens * n_experts_used) */

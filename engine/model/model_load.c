@@ -356,7 +356,7 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     m->n_heads_local = (int)(hw.shape[0] / c->head_dim);
     if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_K, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK) goto fail;
     m->n_kv_local = (int)(hw.shape[0] / c->head_dim);
-    if (c->n_experts) { /* no dense MLP: the experts are whole on the one tp rank */
+    if (c->n_experts && !c->shared_expert) { /* no dense MLP: the experts are whole on the one tp rank */
         m->ffn_local = c->moe_ffn;
     } else {
         if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_UP, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK)

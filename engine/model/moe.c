@@ -94,5 +94,24 @@ enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *
         op_matmul(b, &y, &up, &wd, NULL);
         op_scatter_add_rows(b, proj, &y, &ids, &wt);
     }
+    if (c->shared_expert) { /* Qwen 2 MoE: + sigmoid(x . g) * shared(x), every row */
+        struct tensor sg = tensor_first_rows(&ws->moe_logits, T), sg1 = tensor_view2(&sg, T, 1);
+        struct tensor sg32 = tensor_view2(&ws->moe_logits32, T, 1);
+        op_matmul(b, &sg1, xn, &w->shared_gate, NULL);
+        if (sg1.dtype != DTYPE_F32) op_cast(b, &sg32, &sg1);
+        backend_download(b, ws->moe_host_sw, (sg1.dtype != DTYPE_F32 ? &sg32 : &sg1)->data, (size_t)T * sizeof(float));
+        for (int64_t i = 0; i < T; i++) ws->moe_host_sw[i] = (float)(1.0 / (1.0 + exp(-(double)ws->moe_host_sw[i])));
+        struct tensor sw = tensor_first_rows(&ws->moe_sw, T), rows = tensor_first_rows(&ws->moe_rows, T);
+        backend_upload(b, sw.data, ws->moe_host_sw, (size_t)T * sizeof(float));
+        const int64_t S = m->ffn_local;
+        struct tensor gate = tensor_make(ws->gate.data, m->dtype, b->device, 2, T, S);
+        struct tensor up = tensor_make(ws->up.data, m->dtype, b->device, 2, T, S);
+        struct tensor y = tensor_first_rows(&ws->moe_y, T);
+        op_matmul(b, &gate, xn, &w->w_gate, NULL);
+        op_matmul(b, &up, xn, &w->w_up, NULL);
+        op_gated_activation(b, &up, &gate, &up, c->activation);
+        op_matmul(b, &y, &up, &w->w_down, NULL);
+        op_scatter_add_rows(b, proj, &y, &rows, &sw);
+    }
     return STATUS_OK;
 }

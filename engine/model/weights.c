@@ -37,6 +37,7 @@ static const struct {
     {WEIGHT_KIND_EXP_GATE, offsetof(struct layer_weights, exp_gate)},
     {WEIGHT_KIND_EXP_UP, offsetof(struct layer_weights, exp_up)},
     {WEIGHT_KIND_EXP_DOWN, offsetof(struct layer_weights, exp_down)},
+    {WEIGHT_KIND_SHARED_GATE, offsetof(struct layer_weights, shared_gate)},
 };
 #define N_LAYER_FIELDS ((int)(sizeof layer_fields / sizeof layer_fields[0]))
 

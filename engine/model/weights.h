@@ -32,6 +32,7 @@ struct layer_weights {
     struct tensor router;                    /* (n_experts, d_model): mixture of experts only */
     struct tensor exp_gate, exp_up;          /* (n_experts * moe_ffn, d_model), expert by expert */
     struct tensor exp_down;                  /* (n_experts * d_model, moe_ffn), expert by expert */
+    struct tensor shared_gate;               /* (1, d_model): Qwen 2 MoE's shared expert's gate */
 };
 
 struct model_weights {

@@ -142,6 +142,11 @@ def moe_config(flavor, dtype="f32"):
         cfg.update({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8,
                     "num_experts_per_tok": 2, "intermediate_size": 48, "sliding_window": None,
                     "rope_theta": 1000000.0})
+    elif flavor == "qwen2_moe":  # Qwen 2's q, k, v biases; a shared expert beside the routed ones
+        cfg.update({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_experts": 4,
+                    "num_experts_per_tok": 2, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 56,
+                    "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": []})
+        del cfg["attention_bias"]  # Qwen2MoeConfig has none: q, k and v always carry biases
     elif flavor == "qwen3_moe":
         cfg.update({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 6,
                     "num_experts_per_tok": 3, "moe_intermediate_size": 40, "norm_topk_prob": False,
@@ -258,7 +263,7 @@ def init_llama(cfg, seed):
 
     w = {}
     w["model.embed_tokens.weight"] = rng.standard_normal((V, H))
-    moe = flavor in ("mixtral", "qwen3_moe", "olmoe")
+    moe = flavor in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
     for i in range(L):
         p = "model.layers.%d." % i
         w[p + "input_layernorm.weight"] = norm()
@@ -267,7 +272,7 @@ def init_llama(cfg, seed):
         w[p + "self_attn.k_proj.weight"] = 2.0 * lin(nkv * hd, H)
         w[p + "self_attn.v_proj.weight"] = lin(nkv * hd, H)
         w[p + "self_attn.o_proj.weight"] = lin(H, nh * hd)
-        if flavor == "qwen2":  # q, k, v biases
+        if flavor in ("qwen2", "qwen2_moe"):  # q, k, v biases
             w[p + "self_attn.q_proj.bias"] = 0.5 * rng.standard_normal(nh * hd)
             w[p + "self_attn.k_proj.bias"] = 0.5 * rng.standard_normal(nkv * hd)
             w[p + "self_attn.v_proj.bias"] = 0.5 * rng.standard_normal(nkv * hd)
@@ -297,6 +302,12 @@ def init_llama(cfg, seed):
                 w[q + names[0] + ".weight"] = lin(F, H)
                 w[q + names[1] + ".weight"] = lin(F, H)
                 w[q + names[2] + ".weight"] = lin(H, F)
+            if flavor == "qwen2_moe":
+                S = cfg["shared_expert_intermediate_size"]
+                w[p + "mlp.shared_expert.gate_proj.weight"] = lin(S, H)
+                w[p + "mlp.shared_expert.up_proj.weight"] = lin(S, H)
+                w[p + "mlp.shared_expert.down_proj.weight"] = lin(H, S)
+                w[p + "mlp.shared_expert_gate.weight"] = lin(1, H)
             continue
         w[p + "mlp.gate_proj.weight"] = lin(I, H)
         w[p + "mlp.up_proj.weight"] = lin(I, H)
@@ -571,6 +582,11 @@ def moe_mlp(cfg, w, p, h):
             q = p + blk + "experts.%d." % e
             g, u = h[t] @ w[q + names[0] + ".weight"].T, h[t] @ w[q + names[1] + ".weight"].T
             out[t] += we * (((g / (1.0 + np.exp(-g))) * u) @ w[q + names[2] + ".weight"].T)
+    if p + "mlp.shared_expert_gate.weight" in w:  # Qwen 2 MoE: sigmoid(h g^T) * shared(h), every token
+        q = p + "mlp.shared_expert."
+        g, u = h @ w[q + "gate_proj.weight"].T, h @ w[q + "up_proj.weight"].T
+        shared = ((g / (1.0 + np.exp(-g))) * u) @ w[q + "down_proj.weight"].T
+        out += shared / (1.0 + np.exp(-(h @ w[p + "mlp.shared_expert_gate.weight"].T)))
     return out
 
 
@@ -614,7 +630,7 @@ def llama_forward(cfg, w, tokens):
         a = (att @ v).transpose(1, 0, 2).reshape(T, nh * hd)
         x = x + a @ w[p + "self_attn.o_proj.weight"].T
         h = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
-        if cfg["model_type"] in ("mixtral", "qwen3_moe", "olmoe"):
+        if cfg["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
             x = x + moe_mlp(cfg, w, p, h)
             continue
         g = h @ w[p + "mlp.gate_proj.weight"].T
@@ -655,9 +671,10 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
     elif model == "gemma2":
         cfg = families.gemma2_config(dtype)
         w = families.init_gemma2(cfg, seed)
-    elif model in ("llama", "qwen2", "qwen3", "phi3", "mistral", "olmo2", "mixtral", "qwen3_moe", "olmoe"):
+    elif model in ("llama", "qwen2", "qwen3", "phi3", "mistral", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
         configs = {"llama": llama_config, "phi3": phi3_config, "mistral": mistral_config, "olmo2": families.olmo2_config,
                    "mixtral": lambda dt: moe_config("mixtral", dt), "qwen3_moe": lambda dt: moe_config("qwen3_moe", dt),
+                   "qwen2_moe": lambda dt: moe_config("qwen2_moe", dt),
                    "olmoe": lambda dt: moe_config("olmoe", dt)}
         cfg = configs[model](dtype) if model in configs else qwen_config(model, dtype)
         if vocab:
@@ -706,7 +723,7 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
 def main(argv=None):
     ap = argparse.ArgumentParser(description="write a small random HF checkpoint + float64 reference")
     ap.add_argument("model", choices=["gpt2", "llama", "qwen2", "qwen3", "phi3", "mistral", "gemma2", "olmo2", "mixtral",
-                                         "qwen3_moe", "olmoe"])
+                                         "qwen2_moe", "qwen3_moe", "olmoe"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=list(DTYPES), default="f32")
