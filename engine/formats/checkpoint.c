@@ -408,6 +408,15 @@ static enum status ck_plan(const struct model_config *c, enum weight_kind kind, 
         p->nc = c->ffn_hidden / tp_size;
         p->c0 = tp_rank * p->nc;
         break;
+    case WEIGHT_KIND_EXP_GATE: /* whole experts per rank: a contiguous block of them */
+    case WEIGHT_KIND_EXP_UP:
+    case WEIGHT_KIND_EXP_DOWN:
+        if (c->n_experts % tp_size)
+            return status_errorf(STATUS_UNSUPPORTED, "tp size %d must divide the %d experts (each rank holds whole "
+                                 "experts)", tp_size, c->n_experts);
+        p->nr = rows / tp_size;
+        p->r0 = tp_rank * p->nr;
+        break;
     case WEIGHT_KIND_TOK_EMBEDDING:
     case WEIGHT_KIND_LM_HEAD:
         p->nr = (rows + tp_size - 1) / tp_size;

@@ -87,6 +87,7 @@ struct model {
     int tp_rank, tp_size, pp_rank, pp_size;
     int layer_first, n_layers_local;   /* this stage's contiguous layer range */
     int n_heads_local, n_kv_local, ffn_local;
+    int expert_first, n_experts_local; /* a mixture of experts: this tp rank's block of whole experts */
     int vocab_local;               /* rows of this shard's embedding / LM head (padded vocab / tp) */
     int64_t vocab_start;           /* first vocabulary id of this shard */
 

@@ -317,12 +317,6 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
         st = status_errorf(STATUS_INVALID_ARGUMENT, "model: pp %d exceeds the %d layers", pp_size, c->n_layers);
         goto fail;
     }
-    if (tp_size > 1 && c->n_experts) {
-        st = status_errorf(STATUS_UNSUPPORTED, "model: %s is a mixture of experts; neither tensor-parallel experts "
-                           "nor expert parallelism is built (tp %d): serve it at tp 1 (pp and dp work)",
-                           c->architecture, tp_size);
-        goto fail;
-    }
     if (tp_size > 1 && c->qk_norm == QK_NORM_FULL) { /* its statistics would need a tp reduction per row */
         st = status_errorf(STATUS_UNSUPPORTED, "model: %s normalises q and k over every head at once; tensor "
                            "parallelism (tp %d) is not built for it (pp and dp are)", c->architecture, tp_size);
@@ -356,7 +350,13 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     m->n_heads_local = (int)(hw.shape[0] / c->head_dim);
     if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_K, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK) goto fail;
     m->n_kv_local = (int)(hw.shape[0] / c->head_dim);
-    if (c->n_experts && !c->shared_expert) { /* no dense MLP: the experts are whole on the one tp rank */
+    if (c->n_experts) { /* whole experts per tp rank (checkpoint.c refuses a tp that does not divide them) */
+        if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_EXP_UP, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK)
+            goto fail;
+        m->n_experts_local = (int)(hw.shape[0] / c->moe_ffn);
+        m->expert_first = tp_rank * m->n_experts_local;
+    }
+    if (c->n_experts && !c->shared_expert) { /* no dense MLP */
         m->ffn_local = c->moe_ffn;
     } else {
         if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_UP, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK)

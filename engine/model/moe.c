@@ -76,17 +76,19 @@ enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *
     backend_upload(b, ws->moe_ids.data, ws->moe_host_ids, n_routed * sizeof(int32_t));
     backend_upload(b, ws->moe_w.data, ws->moe_host_w, n_routed * sizeof(float));
 
-    /* Each expert over its rows, summed into proj in expert order. */
+    /* This rank's experts over their rows, summed into proj in expert order (the other tp ranks'
+     * experts join in the layer's tp reduction). */
     backend_memset_zero(b, proj->data, tensor_nbytes(proj));
-    for (int e = 0; e < E; e++) {
+    for (int el = 0; el < m->n_experts_local; el++) {
+        const int e = m->expert_first + el;
         const int64_t r0 = ws->moe_host_start[e], n = ws->moe_host_start[e + 1] - r0;
         if (n == 0) continue;
         struct tensor ids = tensor_rows_at(&ws->moe_ids, r0, n), wt = tensor_rows_at(&ws->moe_w, r0, n);
         struct tensor x = tensor_first_rows(&ws->moe_x, n), y = tensor_first_rows(&ws->moe_y, n);
         struct tensor gate = tensor_make(ws->gate.data, m->dtype, b->device, 2, n, F);
         struct tensor up = tensor_make(ws->up.data, m->dtype, b->device, 2, n, F);
-        struct tensor wg = tensor_rows_at(&w->exp_gate, (int64_t)e * F, F), wu = tensor_rows_at(&w->exp_up, (int64_t)e * F, F);
-        struct tensor wd = tensor_rows_at(&w->exp_down, (int64_t)e * d, d);
+        struct tensor wg = tensor_rows_at(&w->exp_gate, (int64_t)el * F, F), wu = tensor_rows_at(&w->exp_up, (int64_t)el * F, F);
+        struct tensor wd = tensor_rows_at(&w->exp_down, (int64_t)el * d, d);
         op_embedding(b, &x, xn, &ids, 0); /* the expert's rows, gathered */
         op_matmul(b, &gate, &x, &wg, NULL);
         op_matmul(b, &up, &x, &wu, NULL);
