@@ -44,6 +44,8 @@ WEATHER = {"name": "get_weather", "description": "The current weather in a city"
            "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 32},
                                                              "unit": {"enum": ["celsius", "fahrenheit"]}},
                             "required": ["city", "unit"], "additionalProperties": False}}
+# This anthropic release no longer lists temperature among create()'s arguments: sent as extra_body.
+T0 = {"temperature": 0}
 ASK = [{"role": "user", "content": "Tell me about Paris in one sentence."}]
 
 
@@ -59,7 +61,7 @@ def expect_400(fn, needle, label):
 
 
 def plain(an, oa, mid):
-    m = an.messages.create(model=mid, max_tokens=24, messages=ASK, temperature=0)
+    m = an.messages.create(model=mid, max_tokens=24, messages=ASK, extra_body=T0)
     c = oa.chat.completions.create(model=mid, messages=ASK, max_tokens=24, temperature=0)
     text = m.content[0].text if m.content and m.content[0].type == "text" else None
     check(m.type == "message" and m.role == "assistant" and m.id.startswith("msg_"), "message envelope")
@@ -74,7 +76,7 @@ def plain(an, oa, mid):
 
     # Streaming: events in order, text equal to the unary reply.
     kinds, text_s = [], ""
-    with an.messages.stream(model=mid, max_tokens=24, messages=ASK, temperature=0) as s:
+    with an.messages.stream(model=mid, max_tokens=24, messages=ASK, extra_body=T0) as s:
         for ev in s:
             kinds.append(ev.type)
             if ev.type == "content_block_delta" and ev.delta.type == "text_delta":
@@ -90,9 +92,9 @@ def plain(an, oa, mid):
 
     # System prompt: a string and text blocks give the same prompt as chat's system message.
     sys_text = "You are a terse assistant."
-    ms = an.messages.create(model=mid, max_tokens=16, system=sys_text, messages=ASK, temperature=0)
+    ms = an.messages.create(model=mid, max_tokens=16, system=sys_text, messages=ASK, extra_body=T0)
     mb = an.messages.create(model=mid, max_tokens=16, system=[{"type": "text", "text": sys_text}], messages=ASK,
-                            temperature=0)
+                            extra_body=T0)
     cs = oa.chat.completions.create(model=mid, max_tokens=16, temperature=0,
                                     messages=[{"role": "system", "content": sys_text}] + ASK)
     check(ms.usage.input_tokens == cs.usage.prompt_tokens == mb.usage.input_tokens and
@@ -102,7 +104,7 @@ def plain(an, oa, mid):
     words = text.split()
     if len(words) >= 3:
         stop = " " + words[2]
-        st = an.messages.create(model=mid, max_tokens=24, messages=ASK, temperature=0, stop_sequences=[stop])
+        st = an.messages.create(model=mid, max_tokens=24, messages=ASK, extra_body=T0, stop_sequences=[stop])
         check(st.stop_reason == "stop_sequence" and st.stop_sequence == stop and text.startswith(st.content[0].text)
               and stop not in st.content[0].text, f"stop_sequences: {st.stop_reason} {st.content[0].text!r}")
 
@@ -111,7 +113,7 @@ def tools(an, mid):
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
         m = an.messages.create(model=mid, max_tokens=64, messages=ask, tools=[WEATHER], tool_choice=choice,
-                               temperature=0)
+                               extra_body=T0)
         uses = [b for b in m.content if b.type == "tool_use"]
         ok = bool(uses) and all(u.name == "get_weather" and u.id.startswith("toolu_") for u in uses)
         try:
@@ -125,7 +127,7 @@ def tools(an, mid):
     # Streamed: the tool_use block's input_json_delta fragments assemble to the unary input.
     partial, start = "", None
     with an.messages.stream(model=mid, max_tokens=64, messages=ask, tools=[WEATHER], tool_choice={"type": "any"},
-                            temperature=0) as s:
+                            extra_body=T0) as s:
         for ev in s:
             if ev.type == "content_block_start" and ev.content_block.type == "tool_use":
                 start = ev.content_block
@@ -139,7 +141,7 @@ def tools(an, mid):
     follow = ask + [{"role": "assistant", "content": [{"type": "tool_use", "id": u.id, "name": u.name, "input": u.input}]},
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id,
                                                   "content": [{"type": "text", "text": "18 degrees, sunny"}]}]}]
-    r = an.messages.create(model=mid, max_tokens=24, messages=follow, tools=[WEATHER], temperature=0)
+    r = an.messages.create(model=mid, max_tokens=24, messages=follow, tools=[WEATHER], extra_body=T0)
     n = an.messages.count_tokens(model=mid, messages=follow, tools=[WEATHER])
     check(r.usage.input_tokens == n.input_tokens and n.input_tokens > 40, f"tool_result turn: {n.input_tokens} tokens, "
           f"{r.stop_reason}, {[b.type for b in r.content]}")
