@@ -1,7 +1,8 @@
 /* server/http.c - the OpenAI-compatible HTTP front (`serve --http ADDR`) on libmicrohttpd: a
  * thread per connection and a bounded number of connections; routes POST /v1/completions,
- * POST /v1/chat/completions (unary, or server-sent events with `stream: true`), GET
- * /v1/models, GET /health, GET /metrics; API keys as `Authorization: Bearer`; TLS from the
+ * POST /v1/chat/completions (unary, or server-sent events with `stream: true`), Anthropic's
+ * POST /v1/messages and /v1/messages/count_tokens (http_anthropic.c), GET
+ * /v1/models, GET /health, GET /metrics; API keys as `Authorization: Bearer` or `x-api-key`; TLS from the
  * same files as gRPC; and the one mapping of enum status to HTTP codes and OpenAI error types
  * (http_status). Requests go through the same path as gRPC's: gen_prompt (template,
  * tokenizer), engine_validate (the one validator), engine_submit. A client that goes away
@@ -74,26 +75,41 @@ static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned code, char 
     return reply(c, code, "application/json", json, strlen(json));
 }
 
-static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned code, const char *type, const char *code_name,
-                                   const char *message)
+/* An error body in the route's shape: OpenAI's, or Anthropic's (an: the /v1/messages routes,
+ * whose error type follows from the code: http_anthropic_error_json). */
+static char *error_body(int an, unsigned code, const char *type, const char *code_name, const char *message)
 {
-    return reply_json(c, code, http_error_json(message, type, NULL, code_name));
+    return an ? http_anthropic_error_json(code, message) : http_error_json(message, type, NULL, code_name);
 }
 
-static enum MHD_Result reply_status(struct MHD_Connection *c, enum status st, const char *message)
+static enum MHD_Result reply_error(struct MHD_Connection *c, int an, unsigned code, const char *type,
+                                   const char *code_name, const char *message)
+{
+    return reply_json(c, code, error_body(an, code, type, code_name, message));
+}
+
+static enum MHD_Result reply_status(struct MHD_Connection *c, int an, enum status st, const char *message)
 {
     const char *type;
     unsigned code = http_status(st, &type);
-    return reply_error(c, code, type, status_name(st), message);
+    return reply_error(c, an, code, type, status_name(st), message);
 }
 
-/* 1 when no key is required or the Authorization header carries one of them. */
+/* The key the request carries: `Authorization: Bearer <key>`, or Anthropic's `x-api-key:
+ * <key>` (on every route); NULL when neither. */
+static const char *request_key(struct MHD_Connection *c)
+{
+    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (v && !strncmp(v, "Bearer ", 7)) return v + 7;
+    return MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+}
+
+/* 1 when no key is required or the request carries one of them. */
 static int authorized(struct server *s, struct MHD_Connection *c)
 {
     if (s->n_keys == 0) return 1;
-    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!v || strncmp(v, "Bearer ", 7)) return 0;
-    return auth_key_index(s, v + 7, strlen(v + 7)) >= 0;
+    const char *k = request_key(c);
+    return k && auth_key_index(s, k, strlen(k)) >= 0;
 }
 
 /* Who asks, for --scheduling-policy fair: the API key ("key:<index>", as over gRPC) when keys
@@ -102,9 +118,9 @@ static int authorized(struct server *s, struct MHD_Connection *c)
 static void set_client(struct server *s, struct MHD_Connection *c, struct http_request *q)
 {
     char name[128];
-    const char *v = s->n_keys ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION) : NULL;
-    if (v && !strncmp(v, "Bearer ", 7)) {
-        auth_client_name(auth_key_index(s, v + 7, strlen(v + 7)), name, sizeof name);
+    const char *k = s->n_keys ? request_key(c) : NULL;
+    if (k) {
+        auth_client_name(auth_key_index(s, k, strlen(k)), name, sizeof name);
     } else if (q->r.client) {
         return; /* http_parse_request made it "user:<name>" */
     } else {
@@ -131,7 +147,10 @@ static void set_client(struct server *s, struct MHD_Connection *c, struct http_r
 
 
 /* The routes, each with the methods it allows. */
-enum route { ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_HEALTH, ROUTE_METRICS };
+enum route {
+    ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_HEALTH, ROUTE_METRICS,
+    ROUTE_MESSAGES, ROUTE_COUNT_TOKENS /* Anthropic's Messages API (http_anthropic.c) */
+};
 
 /* The URL as it came (no percent-decoding: see unescape_none), without its query string. */
 static enum route route_of(const char *url)
@@ -141,10 +160,18 @@ static enum route route_of(const char *url)
     if (!strcmp(url, "/v1/models")) return ROUTE_MODELS;
     if (!strcmp(url, "/health")) return ROUTE_HEALTH;
     if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
+    if (!strcmp(url, "/v1/messages")) return ROUTE_MESSAGES;
+    if (!strcmp(url, "/v1/messages/count_tokens")) return ROUTE_COUNT_TOKENS;
     return ROUTE_NONE;
 }
 
-static int route_generates(enum route r) { return r == ROUTE_COMPLETIONS || r == ROUTE_CHAT; }
+static int route_generates(enum route r)
+{
+    return r == ROUTE_COMPLETIONS || r == ROUTE_CHAT || r == ROUTE_MESSAGES || r == ROUTE_COUNT_TOKENS;
+}
+
+/* Whether errors go out in Anthropic's shape. */
+static int route_anthropic(enum route r) { return r == ROUTE_MESSAGES || r == ROUTE_COUNT_TOKENS; }
 
 /* The Allow header of a route: generation is POST, the rest GET (and HEAD, which
  * libmicrohttpd answers as GET without the body). */
@@ -188,20 +215,42 @@ static void snapshot_adapter(void *ctx, const struct engine_adapter_info *a)
     an->n++;
 }
 
+/* /v1/messages/count_tokens: the prompt's token count as the chat path makes it (gen_prompt),
+ * without submitting. */
+static enum MHD_Result reply_count(struct server *s, struct MHD_Connection *c, struct http_request *q)
+{
+    int32_t *ids = NULL;
+    int n = 0;
+    enum status st = gen_prompt(s, &q->r, 1, &ids, &n);
+    free(ids);
+    http_request_free(q);
+    if (st != STATUS_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        return reply_status(c, 1, st, msg);
+    }
+    return reply_json(c, 200, http_anthropic_count_json(n));
+}
+
 static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat)
 {
+    const int an_api = route_anthropic(hc->route);
     if (hc->too_big) { /* a body without Content-Length (chunked) that grew past the limit */
         char msg[128];
         snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
-        return reply_error(c, 413, "invalid_request_error", "request_too_large", msg);
+        return reply_error(c, an_api, 413, "invalid_request_error", "request_too_large", msg);
     }
-    if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, STATUS_UNAVAILABLE, "the server is not serving");
+    if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, an_api, STATUS_UNAVAILABLE, "the server is not serving");
     struct http_request q;
     struct adapter_snapshot an = {.n = 0}; /* loaded now: run-time loads change the list */
     engine_list_adapters(s->engine, snapshot_adapter, &an);
     const struct http_chat_caps caps = {s->jtmpl != NULL, s->tool_format, s->reasoning};
-    enum status st = http_parse_request(hc->body ? hc->body : "", hc->len, is_chat, s->model_id, an.ptrs, an.n, &caps, &q);
+    const char *body = hc->body ? hc->body : "";
+    enum status st = an_api ? http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, s->model_id, an.ptrs,
+                                                   an.n, &caps, &q)
+                            : http_parse_request(body, hc->len, is_chat, s->model_id, an.ptrs, an.n, &caps, &q);
     struct http_gen *g = NULL;
+    if (st == STATUS_OK && hc->route == ROUTE_COUNT_TOKENS) return reply_count(s, c, &q);
     if (st != STATUS_OK) http_request_free(&q);
     else set_client(s, c, &q), st = http_gen_submit(s, &q, connection_fd(c), &g);
     if (st != STATUS_OK) {
@@ -209,7 +258,7 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
         snprintf(msg, sizeof msg, "%s", status_message());
         metrics_observe_request(s->metrics, METRICS_API_HTTP, server_grpc_code_name(server_grpc_code(st)), -1.0, 0.0,
                                 -1.0);
-        return reply_status(c, st, msg);
+        return reply_status(c, an_api, st, msg);
     }
     hc->g = g;
     /* A FIN that came with the request (`nc -N`) is classed now, whatever the load does to the
@@ -242,7 +291,7 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     }
     enum status end = g->end_status;
     http_gen_observe(g, end);
-    char *json = end == STATUS_OK ? http_response_json(g) : NULL;
+    char *json = end != STATUS_OK ? NULL : an_api ? http_anthropic_response(g) : http_response_json(g);
     char msg[256];
     snprintf(msg, sizeof msg, "%s", g->end_message);
     int gone = g->hangup;
@@ -251,7 +300,7 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
         free(json);
         return MHD_NO; /* nobody to answer: close the connection */
     }
-    if (end != STATUS_OK) return reply_status(c, end, msg);
+    if (end != STATUS_OK) return reply_status(c, an_api, end, msg);
     return reply_json(c, 200, json);
 }
 
@@ -306,7 +355,7 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
     size_t len;
     struct engine *e = atomic_load(&s->phase) >= PHASE_READY && atomic_load(&s->phase) != PHASE_FAILED ? s->engine : NULL;
     enum status st = metrics_render(s->metrics, e, &text, &len);
-    if (st != STATUS_OK) return reply_status(c, st, status_message());
+    if (st != STATUS_OK) return reply_status(c, 0, st, status_message());
     return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
 }
 
@@ -323,35 +372,36 @@ static struct http_slot *slot_of(struct MHD_Connection *c)
 static int refuse_early(struct server *s, struct MHD_Connection *c, struct http_conn *hc, const char *method,
                         enum MHD_Result *ret)
 {
+    const int an = route_anthropic(hc->route);
     const char *why = http_guard_refusal(hc->slot);
     if (why) {
-        char *json = http_error_json(why, "service_unavailable_error", NULL, "too_many_connections");
+        char *json = error_body(an, 503, "service_unavailable_error", "too_many_connections", why);
         *ret = reply_with(c, 503, "application/json", json, strlen(json), MHD_HTTP_HEADER_RETRY_AFTER, "1",
                           MHD_HTTP_HEADER_CONNECTION, "close");
         return 1;
     }
     if (hc->route == ROUTE_NONE) {
-        *ret = reply_error(c, 404, "not_found_error", "not_found", "no such route (see docs/server.md)");
+        *ret = reply_error(c, an, 404, "not_found_error", "not_found", "no such route (see docs/server.md)");
         return 1;
     }
     if (!method_allowed(hc->route, method)) {
         char msg[96];
         snprintf(msg, sizeof msg, "method %.16s is not allowed here: use %s", method, route_allow(hc->route));
-        char *json = http_error_json(msg, "invalid_request_error", NULL, "method_not_allowed");
+        char *json = error_body(an, 405, "invalid_request_error", "method_not_allowed", msg);
         *ret = reply_with(c, 405, "application/json", json, strlen(json), MHD_HTTP_HEADER_ALLOW, route_allow(hc->route),
                           NULL, NULL);
         return 1;
     }
     if (hc->route == ROUTE_HEALTH || hc->route == ROUTE_METRICS) return 0; /* open to probes and scrapers */
     if (!authorized(s, c)) {
-        *ret = reply_error(c, 401, "authentication_error", "invalid_api_key",
-                           "a valid API key is required (Authorization: Bearer <key>)");
+        *ret = reply_error(c, an, 401, "authentication_error", "invalid_api_key",
+                           "a valid API key is required (Authorization: Bearer <key>, or x-api-key: <key>)");
         return 1;
     }
     if (!route_generates(hc->route)) return 0;
     const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
     if (!ct || strncasecmp(ct, "application/json", 16) || (ct[16] && ct[16] != ';' && ct[16] != ' ')) {
-        *ret = reply_error(c, 415, "invalid_request_error", "unsupported_media_type",
+        *ret = reply_error(c, an, 415, "invalid_request_error", "unsupported_media_type",
                            "the request body must be JSON (Content-Type: application/json)");
         return 1;
     }
@@ -361,7 +411,7 @@ static int refuse_early(struct server *s, struct MHD_Connection *c, struct http_
     if (cl && end != cl && declared > (unsigned long long)s->opts.max_receive_bytes) {
         char msg[128];
         snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
-        *ret = reply_error(c, 413, "invalid_request_error", "request_too_large", msg);
+        *ret = reply_error(c, an, 413, "invalid_request_error", "request_too_large", msg);
         return 1;
     }
     return 0;
@@ -402,7 +452,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case ROUTE_METRICS: return handle_metrics(s, c);
     case ROUTE_MODELS: return handle_models(s, c);
     case ROUTE_COMPLETIONS:
-    case ROUTE_CHAT: return handle_generation(s, c, hc, hc->route == ROUTE_CHAT);
+    case ROUTE_CHAT:
+    case ROUTE_MESSAGES:
+    case ROUTE_COUNT_TOKENS: return handle_generation(s, c, hc, hc->route != ROUTE_COMPLETIONS);
     case ROUTE_NONE: break;
     }
     return MHD_NO; /* refuse_early answered every other route */

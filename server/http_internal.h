@@ -62,6 +62,14 @@ struct http_request {
     int tool_format;       /* enum tool_format of the reply when tools is set */
     int max_calls;         /* parallel_tool_calls false: 1; else 0 (no limit) */
     int reasoning;         /* split <think>...</think> into reasoning_content */
+    int anthropic;         /* /v1/messages (http_anthropic.c): replies in Anthropic's shape */
+    int n_user_stops;      /* anthropic: the client's stop_sequences (the first of r.stop) */
+};
+
+/* Where an Anthropic stream is (http_anthropic_out.c): message_start sent, the open content
+ * block (its index and kind), tool_use blocks opened. */
+struct http_anthropic_stream {
+    int started, open, kind, index, calls;
 };
 
 /* A stream's view of one sample whose text is parsed (tools or reasoning): the whole text so
@@ -149,6 +157,7 @@ struct http_gen {
     int             done;        /* a stream sent [DONE] */
     int             fd;          /* the connection's socket, polled for hang-ups */
     struct http_parse_stream *ps; /* (n_samples) when replies are parsed and streamed; else NULL */
+    struct http_anthropic_stream an; /* q.anthropic streams */
     char           *out;         /* a stream's bytes not yet handed to libmicrohttpd */
     size_t          out_len, out_pos, out_cap;
 };
@@ -165,6 +174,24 @@ void  http_stream_chunks(struct http_gen *g);
 void  http_stream_finish(struct http_gen *g);
 /* {"error": {...}} with the given message, type and code; malloc'd. */
 char *http_error_json(const char *message, const char *type, const char *param, const char *code);
+
+/* ---- http_anthropic.c, http_anthropic_out.c: Anthropic's Messages API ------------------- */
+
+/* Parses an Anthropic Messages body[0..len) into *q (as http_parse_request, whose chat path it
+ * rewrites the request for); count: /v1/messages/count_tokens (no max_tokens, no sampling). */
+enum status http_anthropic_parse(const char *body, size_t len, int count, const char *served_model,
+                                 const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
+                                 struct http_request *q);
+/* The unary message object of a finished request, malloc'd JSON. */
+char *http_anthropic_response(struct http_gen *g);
+/* With g->mu held: the stream events of one chat chunk (taken), appended to g->out. */
+void  http_anthropic_chunk(struct http_gen *g, struct cJSON *chunk);
+/* With g->mu held: the closing events (or an error event); marks the stream done. */
+void  http_anthropic_finish(struct http_gen *g);
+/* {"type": "error", "error": {type, message}} for an HTTP code; malloc'd. */
+char *http_anthropic_error_json(unsigned code, const char *message);
+/* {"input_tokens": n}; malloc'd. */
+char *http_anthropic_count_json(int n_tokens);
 
 /* ---- http_gen.c: one generation request ---------------------------------------------------- */
 

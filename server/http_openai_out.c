@@ -342,6 +342,10 @@ char *http_response_json(struct http_gen *g)
 
 static void sse_event(struct http_gen *g, cJSON *o)
 {
+    if (g->q.anthropic) { /* the same chunk, as Anthropic's events */
+        http_anthropic_chunk(g, o);
+        return;
+    }
     char *s = print_json(o);
     http_buf_append(&g->out, &g->out_len, &g->out_cap, "data: ", 6);
     http_buf_append(&g->out, &g->out_len, &g->out_cap, s, strlen(s));
@@ -409,6 +413,10 @@ void http_stream_chunks(struct http_gen *g)
 
 void http_stream_finish(struct http_gen *g)
 {
+    if (g->q.anthropic) {
+        http_anthropic_finish(g);
+        return;
+    }
     if (g->end_status != STATUS_OK) {
         /* Headers are gone: an error after the first byte travels as an event (vLLM does so). */
         cJSON *o = check_json(cJSON_CreateObject());
