@@ -388,6 +388,56 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
     return config_validate(c, path);
 }
 
+/* The GGUF name of weight kind of layer l in c's file into buf: 0, or 1 when the kind is not a
+ * tensor of its own (Phi-3's k, v and up live in the fused attn_qkv and ffn_up, named by q and
+ * gate). */
+static int gc_gguf_name(const struct model_config *c, const struct weight_names *wn, int l, char *buf, size_t n)
+{
+    const char *pattern = wn->gguf;
+    CHECK(pattern, "no GGUF name for %s", wn->name);
+    if (config_hf_fused(c)) {
+        if (wn->kind == WEIGHT_KIND_K || wn->kind == WEIGHT_KIND_V || wn->kind == WEIGHT_KIND_UP) return 1;
+        if (wn->kind == WEIGHT_KIND_Q) pattern = "blk.%d.attn_qkv.weight";
+        if (wn->kind == WEIGHT_KIND_GATE) pattern = "blk.%d.ffn_up.weight";
+    }
+    (void)weight_names_format(buf, n, NULL, pattern, l);
+    return 0;
+}
+
+/* Whether tensor t's values are carried by c itself (the rotary factor tensors: gguf_rope_scaling,
+ * gguf_phi3_longrope). */
+static int gc_in_config(const struct model_config *c, const struct gguf_tensor *t)
+{
+    if (c->rope_scaling.kind == ROPE_SCALING_FACTORS) return !strcmp(t->name, "rope_freqs.weight");
+    if (c->rope_scaling.kind == ROPE_SCALING_LONGROPE)
+        return !strcmp(t->name, "rope_factors_short.weight") || !strcmp(t->name, "rope_factors_long.weight");
+    return 0;
+}
+
+enum status gguf_check_tensors(const struct gguf *g, const struct model_config *c)
+{
+    const int n = gguf_n_tensors(g);
+    char name[128];
+    unsigned char *seen = calloc((size_t)n + 1, 1);
+    if (!seen) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    for (int i = 0; i < n; i++) seen[i] = (unsigned char)gc_in_config(c, gguf_tensor_at(g, i));
+    for (int i = 0; i < WEIGHT_KIND_COUNT; i++) {
+        const struct weight_names *wn = weight_names_at(i);
+        if (!weight_kind_exists(c, wn->kind) || (wn->kind == WEIGHT_KIND_LM_HEAD && c->tied_embeddings)) continue;
+        for (int l = 0; l < (wn->place == WEIGHT_PLACE_LAYER ? c->n_layers : 1); l++) {
+            const struct gguf_tensor *t = gc_gguf_name(c, wn, l, name, sizeof name) ? NULL : gguf_find_tensor(g, name);
+            if (t) seen[t - gguf_tensor_at(g, 0)] = 1;
+        }
+    }
+    enum status s = STATUS_OK;
+    for (int i = 0; i < n && !s; i++)
+        if (!seen[i])
+            s = status_errorf(STATUS_UNSUPPORTED, "%s: tensor '%s' is not part of a %s text model", gguf_path(g),
+                              gguf_tensor_at(g, i)->name, c->architecture);
+    free(seen);
+    return s;
+}
+
 /* Looks up name, checks that it can be read and has shape (d0) or (d0, d1), and queues it: in
  * dtype, or as its blocks when keep_blocks and it is a matrix of a block type. */
 static enum status gc_add(struct safetensors_writer *w, const struct gguf *g, const char *name,
@@ -525,23 +575,18 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
                 if ((int)wn->place != place || !weight_kind_exists(&c, wn->kind) ||
                     (wn->kind == WEIGHT_KIND_LM_HEAD && c.tied_embeddings))
                     continue;
-                CHECK(wn->gguf, "no GGUF name for %s", wn->name);
-                (void)weight_names_format(gname, sizeof gname, NULL, wn->gguf, l);
+                if (gc_gguf_name(&c, wn, l, gname, sizeof gname)) continue; /* in a fused tensor */
                 if (wn->kind == WEIGHT_KIND_LM_HEAD) snprintf(hname, sizeof hname, "%s", wn->hf);
                 else (void)weight_names_format(hname, sizeof hname, "model.", weight_names_hf(wn->kind, config_hf_gemma_names(&c)), l);
                 int ndim;
                 int64_t d0, d1;
                 weight_kind_shape(&c, wn->kind, &ndim, &d0, &d1);
-                if (config_hf_fused(&c)) { /* Phi-3: the file's fused tensors are Hugging Face's, rows as they are */
-                    const enum weight_kind k = wn->kind;
-                    if (k == WEIGHT_KIND_K || k == WEIGHT_KIND_V || k == WEIGHT_KIND_UP) continue; /* in Q's, GATE's */
-                    if (k == WEIGHT_KIND_Q || k == WEIGHT_KIND_GATE) {
-                        const int q = k == WEIGHT_KIND_Q;
-                        (void)weight_names_format(gname, sizeof gname, NULL, q ? "blk.%d.attn_qkv.weight" : "blk.%d.ffn_up.weight", l);
-                        (void)weight_names_format(hname, sizeof hname, "model.", q ? "layers.%d.self_attn.qkv_proj.weight"
-                                                                                   : "layers.%d.mlp.gate_up_proj.weight", l);
-                        d0 = q ? (int64_t)(c.n_heads + 2 * c.n_kv_heads) * c.head_dim : 2 * (int64_t)c.ffn_hidden;
-                    }
+                if (config_hf_fused(&c) && (wn->kind == WEIGHT_KIND_Q || wn->kind == WEIGHT_KIND_GATE)) {
+                    /* Phi-3: the file's fused tensors are Hugging Face's qkv_proj and gate_up_proj, rows as they are */
+                    const int q = wn->kind == WEIGHT_KIND_Q;
+                    (void)weight_names_format(hname, sizeof hname, "model.", q ? "layers.%d.self_attn.qkv_proj.weight"
+                                                                               : "layers.%d.mlp.gate_up_proj.weight", l);
+                    d0 = q ? (int64_t)(c.n_heads + 2 * c.n_kv_heads) * c.head_dim : 2 * (int64_t)c.ffn_hidden;
                 }
                 CHECK(used <= n_items, "more GGUF tensors taken than the file has");
                 if ((s = gc_add(w, g, gname, hname, ndim, d0, d1, out_dtype, keep_blocks, &items[used], &used)))
@@ -549,25 +594,8 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
             }
         }
     }
-    /* Every tensor of the file must have been taken: anything else is a feature not modelled
-     * (the rotary factor tensors are: the config carries their values, gguf_rope_scaling and
-     * gguf_phi3_longrope). */
-    const int in_config = c.rope_scaling.kind == ROPE_SCALING_FACTORS ? 1 : c.rope_scaling.kind == ROPE_SCALING_LONGROPE ? 2 : 0;
-    if (used + in_config != gguf_n_tensors(g)) {
-        for (int i = 0; i < gguf_n_tensors(g); i++) {
-            const struct gguf_tensor *t = gguf_tensor_at(g, i);
-            int known = in_config == 1 ? !strcmp(t->name, "rope_freqs.weight")
-                        : in_config == 2 ? !strcmp(t->name, "rope_factors_short.weight") ||
-                                               !strcmp(t->name, "rope_factors_long.weight")
-                                         : 0;
-            for (int j = 0; j < used && !known; j++) known = items[j].t == t;
-            if (!known) {
-                s = status_errorf(STATUS_UNSUPPORTED, "%s: tensor '%s' is not part of a %s text model",
-                                  gguf_path, t->name, c.architecture);
-                goto out;
-            }
-        }
-    }
+    /* Every tensor of the file must have been taken: anything else is a feature not modelled. */
+    if ((s = gguf_check_tensors(g, &c))) goto out;
     int kept = 0;
     for (int i = 0; i < used; i++) kept += dtype_is_quant(items[i].dtype);
     LOG_INFO("gguf_convert", "%s: %d tensors to %s: %d kept as blocks, %d as %s", gguf_path, used, path, kept,

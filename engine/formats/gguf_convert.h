@@ -48,6 +48,12 @@ struct model_config;
  * scaling or softcapping; STATUS_BAD_FORMAT for missing or out-of-range metadata (named). */
 enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct model_config *c);
 
+/* STATUS_UNSUPPORTED naming the first tensor of g that is no weight of c (as gguf_model_config
+ * derived it from g) and whose values c does not carry (rope_freqs, rope_factors_short / _long):
+ * a feature shardlm does not model is refused, not ignored. Missing tensors are not looked for
+ * here (the loaders name them). */
+enum status gguf_check_tensors(const struct gguf *g, const struct model_config *c);
+
 #ifdef __cplusplus
 }
 #endif
