@@ -1,12 +1,13 @@
 /* engine/formats/gguf_convert.c - GGUF (llama.cpp) import into a Hugging Face-layout directory (see
- * gguf_convert.h). The model's meaning comes from llama.cpp's gemma3 and llama loaders and its
- * convert_hf_to_gguf.py (Gemma3Model), inverted here; the tensor names of both sides come from
- * the one table (weight_names.c: its gguf and hf columns).
+ * gguf_convert.h). The model's meaning comes from llama.cpp's loaders and graphs (llama, qwen2,
+ * qwen3, phi3, olmo2, gemma2, gemma3) and its convert_hf_to_gguf.py, inverted here; the tensor
+ * names of both sides come from the one table (weight_names.c: its gguf and hf columns).
  * gguf_model_config is also what checkpoint_gguf.c serves a GGUF file with.
  * Not here: reading GGUF (gguf.c, gguf_tensor.c), the tokenizer proto (gguf_tokenizer.c).
  * Tests: tests/test_keep_blocks.c (--keep-blocks on gguf-py fixtures: bytes, logits, reshard);
  * golden_gemma3 (the f32 conversion of gemma-3-270m-q4_k_m.gguf) and gemma3_gguf_keep_blocks
- * (its kept-blocks conversion) when that file is fetched. */
+ * (its kept-blocks conversion) when that file is fetched; golden_gguf_* (gguf-py files of every
+ * architecture, served and converted, against float64 references). */
 #include "gguf_convert.h"
 
 #include <cjson/cJSON.h>
@@ -432,7 +433,7 @@ enum status gguf_check_tensors(const struct gguf *g, const struct model_config *
     enum status s = STATUS_OK;
     for (int i = 0; i < n && !s; i++)
         if (!seen[i])
-            s = status_errorf(STATUS_UNSUPPORTED, "%s: tensor '%s' is not part of a %s text model", gguf_path(g),
+            s = status_errorf(STATUS_UNSUPPORTED, "%s: tensor '%s' is no weight of the %s text model", gguf_path(g),
                               gguf_tensor_at(g, i)->name, c->architecture);
     free(seen);
     return s;
