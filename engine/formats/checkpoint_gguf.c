@@ -115,7 +115,8 @@ enum status ck_open_gguf(struct checkpoint *ck)
     enum status s = gguf_open(cf->dir, &cf->gguf);
     if (s) return s;
     /* dtype f32: what a CUDA load would otherwise pick bf16 from; the CPU computes in f32. */
-    if ((s = gguf_model_config(cf->gguf, DTYPE_F32, &ck->cfg)) || (s = gguf_check_tensors(cf->gguf, &ck->cfg))) return s;
+    if ((s = gguf_model_config(cf->gguf, DTYPE_F32, &ck->cfg)) || (s = gguf_check_tensors(cf->gguf, &ck->cfg)))
+        return s;
     if ((s = gguf_tokenizer_model_proto(cf->gguf, &ck->tokenizer_proto, &ck->tokenizer_proto_n))) return s;
     const char *tmpl = NULL;
     if (gguf_find_kv(cf->gguf, "tokenizer.chat_template") &&

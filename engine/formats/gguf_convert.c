@@ -585,8 +585,8 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
                 if (config_hf_fused(&c) && (wn->kind == WEIGHT_KIND_Q || wn->kind == WEIGHT_KIND_GATE)) {
                     /* Phi-3: the file's fused tensors are Hugging Face's qkv_proj and gate_up_proj, rows as they are */
                     const int q = wn->kind == WEIGHT_KIND_Q;
-                    (void)weight_names_format(hname, sizeof hname, "model.", q ? "layers.%d.self_attn.qkv_proj.weight"
-                                                                               : "layers.%d.mlp.gate_up_proj.weight", l);
+                    const char *fused = q ? "layers.%d.self_attn.qkv_proj.weight" : "layers.%d.mlp.gate_up_proj.weight";
+                    (void)weight_names_format(hname, sizeof hname, "model.", fused, l);
                     d0 = q ? (int64_t)(c.n_heads + 2 * c.n_kv_heads) * c.head_dim : 2 * (int64_t)c.ffn_hidden;
                 }
                 CHECK(used <= n_items, "more GGUF tensors taken than the file has");
