@@ -1,12 +1,13 @@
 /* engine/formats/gguf_convert.c - GGUF (llama.cpp) import into a Hugging Face-layout directory (see
- * gguf_convert.h). The model's meaning comes from llama.cpp's gemma3 and llama loaders and its
- * convert_hf_to_gguf.py (Gemma3Model), inverted here; the tensor names of both sides come from
- * the one table (weight_names.c: its gguf and hf columns).
+ * gguf_convert.h). The model's meaning comes from llama.cpp's loaders and graphs (llama, qwen2,
+ * qwen3, phi3, olmo2, gemma2, gemma3) and its convert_hf_to_gguf.py, inverted here; the tensor
+ * names of both sides come from the one table (weight_names.c: its gguf and hf columns).
  * gguf_model_config is also what checkpoint_gguf.c serves a GGUF file with.
  * Not here: reading GGUF (gguf.c, gguf_tensor.c), the tokenizer proto (gguf_tokenizer.c).
  * Tests: tests/test_keep_blocks.c (--keep-blocks on gguf-py fixtures: bytes, logits, reshard);
  * golden_gemma3 (the f32 conversion of gemma-3-270m-q4_k_m.gguf) and gemma3_gguf_keep_blocks
- * (its kept-blocks conversion) when that file is fetched. */
+ * (its kept-blocks conversion) when that file is fetched; golden_gguf_* (gguf-py files of every
+ * architecture, served and converted, against float64 references). */
 #include "gguf_convert.h"
 
 #include <cjson/cJSON.h>
@@ -121,13 +122,6 @@ static enum status gc_vocab(const struct gguf *g, struct model_config *c)
     return STATUS_OK;
 }
 
-/* The Llama-shaped architectures of llama.cpp: "llama" (Llama 1/2, Mistral, SmolLM, TinyLlama
- * ... as convert_hf_to_gguf.py writes them), "qwen2" (q/k/v biases) and "qwen3" (per-head QK
- * norm). llama.cpp's converter permutes the rows of a llama model's attn_q and attn_k so that
- * rotary rotates adjacent pairs (its rope type NORM): rope_style pairs over the file's weights
- * as they are; Qwen's keep Hugging Face's order and rotate halves (rope type NEOX). Biases come
- * with the tensors (attn_q.bias). Llama 3's frequency scaling (a rope_freqs tensor) and expert
- * layers are refused, not ignored. */
 /* A llama-family GGUF's rotary scaling: the rope_freqs tensor (llama.cpp writes Llama 3's scaling
  * as these per-pair divisors), or rope.scaling.type linear with rope.scaling.factor; the other
  * types (yarn: llama.cpp's own parameterisation) are refused by name. */
@@ -170,23 +164,100 @@ static enum status gguf_rope_scaling(const struct gguf *g, const char *arch, con
     return STATUS_OK;
 }
 
+/* A vector tensor of rot_dim / 2 positive rotary factors into out. */
+static enum status gc_rope_factors(const struct gguf *g, const struct gguf_tensor *t, const struct model_config *c,
+                                   float *out)
+{
+    const int half = c->rot_dim / 2;
+    if (t->n_dims != 1 || t->numel != half || half > ROPE_MAX_FACTORS)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: tensor '%s' has %lld values, rope.dimension_count / 2 = %d",
+                             gguf_path(g), t->name, (long long)t->numel, half);
+    enum status s = gguf_tensor_read_f32(g, t, out);
+    for (int i = 0; !s && i < half; i++)
+        if (!(out[i] > 0.0f) || !isfinite(out[i]))
+            return status_errorf(STATUS_BAD_FORMAT, "%s: %s[%d] = %g must be positive", gguf_path(g), t->name, i,
+                                 (double)out[i]);
+    return s;
+}
+
+/* Phi-3's LongRoPE as convert_hf_to_gguf.py (Phi3MiniModel) writes it: tensors
+ * rope_factors_short.weight and rope_factors_long.weight (rot_dim / 2 each), keys
+ * phi3.rope.scaling.attn_factor (the cos / sin scale) and phi3.rope.scaling.original_context_length.
+ * Read as a Hugging Face Phi-3's longrope is (config.c): the short factors, the context capped at
+ * the original length (llama.cpp switches to the long factors past it, which a KV cache filled
+ * with short-factor keys cannot follow exactly). No factor tensors: no scaling. */
+static enum status gguf_phi3_longrope(const struct gguf *g, const char *path, struct model_config *c)
+{
+    enum status s;
+    const char *type = NULL;
+    if (gguf_find_kv(g, "phi3.rope.scaling.type") && (s = gguf_get_str(g, "phi3.rope.scaling.type", &type))) return s;
+    if (type && strcmp(type, "none"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: phi3.rope.scaling.type \"%s\" is not supported (Phi-3's "
+                             "LongRoPE comes as rope_factors_short / _long tensors)", path, type);
+    if (gguf_find_tensor(g, "rope_freqs.weight"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: tensor 'rope_freqs.weight' is not part of a phi3 model", path);
+    const struct gguf_tensor *ts = gguf_find_tensor(g, "rope_factors_short.weight");
+    const struct gguf_tensor *tl = gguf_find_tensor(g, "rope_factors_long.weight");
+    struct rope_scaling *r = &c->rope_scaling;
+    *r = (struct rope_scaling){.kind = ROPE_SCALING_NONE, .factor = 1.0f, .attention_factor = 1.0f};
+    if (!ts && !tl) return STATUS_OK;
+    if (!ts || !tl)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: tensor 'rope_factors_%s.weight' without 'rope_factors_%s.weight'",
+                             path, ts ? "short" : "long", ts ? "long" : "short");
+    int orig = c->max_positions;
+    if ((s = gc_rope_factors(g, ts, c, r->factors)) || (s = gc_rope_factors(g, tl, c, r->long_factors)) ||
+        (s = gc_int_or(g, "phi3.rope.scaling.original_context_length", c->max_positions, &orig)))
+        return s;
+    const double scale = (double)c->max_positions / orig; /* transformers' and the converter's default */
+    double af = scale <= 1.0 ? 1.0 : sqrt(1.0 + log(scale) / log((double)orig));
+    if (gguf_find_kv(g, "phi3.rope.scaling.attn_factor") &&
+        (s = gguf_get_float(g, "phi3.rope.scaling.attn_factor", &af)))
+        return s;
+    if (!(af > 0.0) || !isfinite(af))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: phi3.rope.scaling.attn_factor = %g must be positive", path, af);
+    r->kind = ROPE_SCALING_LONGROPE;
+    r->original_max_positions = orig;
+    r->attention_factor = (float)af;
+    if (c->max_positions > orig) {
+        LOG_WARN("gguf_convert", "%s: LongRoPE: the context is capped at original_context_length %d (of %d): past "
+                 "it the whole sequence would rotate with the long factors, which a KV cache cannot follow",
+                 path, orig, c->max_positions);
+        c->max_positions = orig;
+    }
+    return STATUS_OK;
+}
+
+/* The Llama-shaped architectures of llama.cpp: "llama" (Llama 1/2, Mistral, SmolLM, TinyLlama
+ * ... as convert_hf_to_gguf.py writes them), "qwen2" (q/k/v biases), "qwen3" (per-head QK
+ * norm), "phi3" (Phi-3 / 3.5 / 4-mini: fused attn_qkv and ffn_up, partial rotary, a window on
+ * every layer, LongRoPE) and "olmo2" (q and k normed over the whole projection, norms after
+ * attention and the MLP only). llama.cpp's converter permutes the rows of a llama model's
+ * attn_q and attn_k so that rotary rotates adjacent pairs (its rope type NORM): rope_style pairs
+ * over the file's weights as they are; the others keep Hugging Face's order and rotate halves
+ * (rope type NEOX; Olmo2Model and Phi3MiniModel permute nothing). Biases come with the tensors
+ * (attn_q.bias). Expert layers are refused, not ignored. */
 static enum status gguf_llama_config(const struct gguf *g, const char *arch, enum dtype dtype, struct model_config *c)
 {
     enum status s;
     const char *path = gguf_path(g);
     char key[96];
+    const int qwen2 = !strcmp(arch, "qwen2"), qwen3 = !strcmp(arch, "qwen3");
+    const int phi3 = !strcmp(arch, "phi3"), olmo2 = !strcmp(arch, "olmo2");
 #define K(name) (snprintf(key, sizeof key, "%s." name, arch), key)
-    static const char *const unsupported[] = {"expert_count", "attention.layer_norm_epsilon", "attention.sliding_window"};
-    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
+    static const char *const unsupported[] = {"expert_count", "attention.layer_norm_epsilon",
+                                              "attention.sliding_window_pattern", "attention.sliding_window"};
+    /* phi3 reads its window below; olmo2 accepts a window of 0 (Olmo 3's windowed layers: no) */
+    const size_t n_unsupported = sizeof unsupported / sizeof unsupported[0] - (phi3 || olmo2);
+    for (size_t i = 0; i < n_unsupported; i++) {
         snprintf(key, sizeof key, "%s.%s", arch, unsupported[i]);
         if (gguf_find_kv(g, key))
             return status_errorf(STATUS_UNSUPPORTED, "%s: metadata key '%s' is not supported", path, key);
     }
     memset(c, 0, sizeof *c);
     c->family = MODEL_FAMILY_LLAMA;
-    const int qwen2 = !strcmp(arch, "qwen2"), qwen3 = !strcmp(arch, "qwen3");
     snprintf(c->architecture, sizeof c->architecture, "%s",
-             qwen2 ? "Qwen2ForCausalLM" : qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
+             qwen2 ? "Qwen2ForCausalLM" : qwen3 ? "Qwen3ForCausalLM" : phi3 ? "Phi3ForCausalLM"
+             : olmo2 ? "Olmo2ForCausalLM" : "LlamaForCausalLM");
     if ((s = gc_int(g, K("embedding_length"), &c->d_model)) || (s = gc_int(g, K("block_count"), &c->n_layers)) ||
         (s = gc_int(g, K("feed_forward_length"), &c->ffn_hidden)) ||
         (s = gc_int(g, K("attention.head_count"), &c->n_heads)) ||
@@ -199,6 +270,16 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
         return s;
     int value_length = c->head_dim;
     if ((s = gc_int_or(g, K("attention.value_length"), c->head_dim, &value_length))) return s;
+    if ((phi3 || olmo2) && gguf_find_kv(g, K("attention.sliding_window"))) {
+        int64_t w = 0; /* Phi3MiniModel writes 0 for none (Phi-4) */
+        if ((s = gguf_get_int(g, key, &w))) return s;
+        if (w < 0 || w > (1 << 30))
+            return status_errorf(STATUS_BAD_FORMAT, "%s: %s = %lld is out of range", path, key, (long long)w);
+        if (olmo2 && w > 0)
+            return status_errorf(STATUS_UNSUPPORTED, "%s: %s = %lld: OLMo 3's windowed layers are not supported", path,
+                                 key, (long long)w);
+        c->sliding_window = (int)w; /* Phi-3: every layer, as shardlm reads Phi3Config's (llama.cpp ignores it) */
+    }
 #undef K
     if (value_length != c->head_dim)
         return status_errorf(STATUS_UNSUPPORTED, "%s: key_length %d != value_length %d", path, c->head_dim,
@@ -207,14 +288,27 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     c->activation = ACTIVATION_SILU;
     c->gated_mlp = 1;
     c->positions = POSITION_KIND_ROTARY;
-    c->rope_style = qwen2 || qwen3 ? ROPE_STYLE_HALVES : ROPE_STYLE_PAIRS;
+    c->rope_style = !strcmp(arch, "llama") ? ROPE_STYLE_PAIRS : ROPE_STYLE_HALVES;
     c->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     c->attn_out_bias = gguf_find_tensor(g, "blk.0.attn_output.bias") != NULL;
     c->mlp_bias = gguf_find_tensor(g, "blk.0.ffn_up.bias") != NULL;
-    c->qk_norm = qwen3;
+    c->qk_norm = qwen3 ? QK_NORM_HEAD : olmo2 ? QK_NORM_FULL : 0;
+    c->sandwich_norms = c->no_pre_norms = olmo2;
     c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     c->dtype = dtype;
-    if ((s = gguf_rope_scaling(g, arch, path, c))) return s;
+    if (phi3) { /* Phi3ForCausalLM's layout: q, k, v fused (attn_qkv) and gate, up fused (ffn_up) */
+        static const char *const absent[] = {"blk.0.attn_qkv.bias", "blk.0.ffn_up.bias", "blk.0.attn_q.weight",
+                                             "blk.0.ffn_gate.weight"};
+        for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++)
+            if (gguf_find_tensor(g, absent[i]))
+                return status_errorf(STATUS_UNSUPPORTED, "%s: tensor '%s' is not part of a phi3 model as "
+                                     "convert_hf_to_gguf.py writes it (fused attn_qkv and ffn_up, no biases)",
+                                     path, absent[i]);
+        s = gguf_phi3_longrope(g, path, c);
+    } else {
+        s = gguf_rope_scaling(g, arch, path, c);
+    }
+    if (s) return s;
     return config_validate(c, path);
 }
 
@@ -223,13 +317,14 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
     enum status s;
     const char *path = gguf_path(g), *arch = NULL;
     if ((s = gguf_get_str(g, "general.architecture", &arch))) return s;
-    if (!strcmp(arch, "llama") || !strcmp(arch, "qwen2") || !strcmp(arch, "qwen3"))
+    if (!strcmp(arch, "llama") || !strcmp(arch, "qwen2") || !strcmp(arch, "qwen3") || !strcmp(arch, "phi3") ||
+        !strcmp(arch, "olmo2"))
         return gguf_llama_config(g, arch, dtype, c);
     const int g2 = !strcmp(arch, "gemma2");
     if (!g2 && strcmp(arch, "gemma3"))
         return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: general.architecture \"%s\": only llama, qwen2, qwen3, gemma2 and gemma3 GGUF files "
-                             "load", path, arch);
+                             "%s: general.architecture \"%s\": only llama, qwen2, qwen3, phi3, olmo2, gemma2 and "
+                             "gemma3 GGUF files load", path, arch);
     char key[96];
 #define GK(name) (snprintf(key, sizeof key, "%s." name, arch), key)
     static const char *const unsupported3[] = {"final_logit_softcapping", "attn_logit_softcapping",
@@ -292,6 +387,56 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
     int qpas = big ? c->d_model / c->n_heads : c->head_dim;
     c->attn_scale = (float)(1.0 / sqrt((double)qpas));
     return config_validate(c, path);
+}
+
+/* The GGUF name of weight kind of layer l in c's file into buf: 0, or 1 when the kind is not a
+ * tensor of its own (Phi-3's k, v and up live in the fused attn_qkv and ffn_up, named by q and
+ * gate). */
+static int gc_gguf_name(const struct model_config *c, const struct weight_names *wn, int l, char *buf, size_t n)
+{
+    const char *pattern = wn->gguf;
+    CHECK(pattern, "no GGUF name for %s", wn->name);
+    if (config_hf_fused(c)) {
+        if (wn->kind == WEIGHT_KIND_K || wn->kind == WEIGHT_KIND_V || wn->kind == WEIGHT_KIND_UP) return 1;
+        if (wn->kind == WEIGHT_KIND_Q) pattern = "blk.%d.attn_qkv.weight";
+        if (wn->kind == WEIGHT_KIND_GATE) pattern = "blk.%d.ffn_up.weight";
+    }
+    (void)weight_names_format(buf, n, NULL, pattern, l);
+    return 0;
+}
+
+/* Whether tensor t's values are carried by c itself (the rotary factor tensors: gguf_rope_scaling,
+ * gguf_phi3_longrope). */
+static int gc_in_config(const struct model_config *c, const struct gguf_tensor *t)
+{
+    if (c->rope_scaling.kind == ROPE_SCALING_FACTORS) return !strcmp(t->name, "rope_freqs.weight");
+    if (c->rope_scaling.kind == ROPE_SCALING_LONGROPE)
+        return !strcmp(t->name, "rope_factors_short.weight") || !strcmp(t->name, "rope_factors_long.weight");
+    return 0;
+}
+
+enum status gguf_check_tensors(const struct gguf *g, const struct model_config *c)
+{
+    const int n = gguf_n_tensors(g);
+    char name[128];
+    unsigned char *seen = calloc((size_t)n + 1, 1);
+    if (!seen) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    for (int i = 0; i < n; i++) seen[i] = (unsigned char)gc_in_config(c, gguf_tensor_at(g, i));
+    for (int i = 0; i < WEIGHT_KIND_COUNT; i++) {
+        const struct weight_names *wn = weight_names_at(i);
+        if (!weight_kind_exists(c, wn->kind) || (wn->kind == WEIGHT_KIND_LM_HEAD && c->tied_embeddings)) continue;
+        for (int l = 0; l < (wn->place == WEIGHT_PLACE_LAYER ? c->n_layers : 1); l++) {
+            const struct gguf_tensor *t = gc_gguf_name(c, wn, l, name, sizeof name) ? NULL : gguf_find_tensor(g, name);
+            if (t) seen[t - gguf_tensor_at(g, 0)] = 1;
+        }
+    }
+    enum status s = STATUS_OK;
+    for (int i = 0; i < n && !s; i++)
+        if (!seen[i])
+            s = status_errorf(STATUS_UNSUPPORTED, "%s: tensor '%s' is no weight of the %s text model", gguf_path(g),
+                              gguf_tensor_at(g, i)->name, c->architecture);
+    free(seen);
+    return s;
 }
 
 /* Looks up name, checks that it can be read and has shape (d0) or (d0, d1), and queues it: in
@@ -431,34 +576,27 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
                 if ((int)wn->place != place || !weight_kind_exists(&c, wn->kind) ||
                     (wn->kind == WEIGHT_KIND_LM_HEAD && c.tied_embeddings))
                     continue;
-                CHECK(wn->gguf, "no GGUF name for %s", wn->name);
-                (void)weight_names_format(gname, sizeof gname, NULL, wn->gguf, l);
+                if (gc_gguf_name(&c, wn, l, gname, sizeof gname)) continue; /* in a fused tensor */
                 if (wn->kind == WEIGHT_KIND_LM_HEAD) snprintf(hname, sizeof hname, "%s", wn->hf);
                 else (void)weight_names_format(hname, sizeof hname, "model.", weight_names_hf(wn->kind, config_hf_gemma_names(&c)), l);
                 int ndim;
                 int64_t d0, d1;
                 weight_kind_shape(&c, wn->kind, &ndim, &d0, &d1);
+                if (config_hf_fused(&c) && (wn->kind == WEIGHT_KIND_Q || wn->kind == WEIGHT_KIND_GATE)) {
+                    /* Phi-3: the file's fused tensors are Hugging Face's qkv_proj and gate_up_proj, rows as they are */
+                    const int q = wn->kind == WEIGHT_KIND_Q;
+                    const char *fused = q ? "layers.%d.self_attn.qkv_proj.weight" : "layers.%d.mlp.gate_up_proj.weight";
+                    (void)weight_names_format(hname, sizeof hname, "model.", fused, l);
+                    d0 = q ? (int64_t)(c.n_heads + 2 * c.n_kv_heads) * c.head_dim : 2 * (int64_t)c.ffn_hidden;
+                }
                 CHECK(used <= n_items, "more GGUF tensors taken than the file has");
                 if ((s = gc_add(w, g, gname, hname, ndim, d0, d1, out_dtype, keep_blocks, &items[used], &used)))
                     goto out;
             }
         }
     }
-    /* Every tensor of the file must have been taken: anything else is a feature not modelled
-     * (rope_freqs is: the config carries its values, gguf_rope_scaling). */
-    const int in_config = c.rope_scaling.kind == ROPE_SCALING_FACTORS && gguf_find_tensor(g, "rope_freqs.weight");
-    if (used + in_config != gguf_n_tensors(g)) {
-        for (int i = 0; i < gguf_n_tensors(g); i++) {
-            const struct gguf_tensor *t = gguf_tensor_at(g, i);
-            int known = in_config && !strcmp(t->name, "rope_freqs.weight");
-            for (int j = 0; j < used && !known; j++) known = items[j].t == t;
-            if (!known) {
-                s = status_errorf(STATUS_UNSUPPORTED, "%s: tensor '%s' is not part of a %s text model",
-                                  gguf_path, t->name, c.architecture);
-                goto out;
-            }
-        }
-    }
+    /* Every tensor of the file must have been taken: anything else is a feature not modelled. */
+    if ((s = gguf_check_tensors(g, &c))) goto out;
     int kept = 0;
     for (int i = 0; i < used; i++) kept += dtype_is_quant(items[i].dtype);
     LOG_INFO("gguf_convert", "%s: %d tensors to %s: %d kept as blocks, %d as %s", gguf_path, used, path, kept,

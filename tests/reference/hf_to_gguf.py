@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Writes a small Hugging Face-layout Llama / Qwen 2 / Qwen 3 checkpoint (make_models.py's, f32) as
-a GGUF file with gguf-py, the way llama.cpp's convert_hf_to_gguf.py names and lays it out, and
-the golden JSON that tests/test_model.c's `ref` mode reads, from the checkpoint's float64
-reference.json. Written only for shardlm's golden tests (golden_gguf_<model>); it follows
-convert_hf_to_gguf.py (LlamaModel.permute of q/k for "llama"; Qwen2Model / Qwen3Model keep
-Hugging Face's order), never shardlm's code.
+"""Writes a small Hugging Face-layout Llama / Qwen 2 / Qwen 3 / Gemma 2 / Phi-3 / OLMo 2 checkpoint
+(make_models.py's, f32) as a GGUF file with gguf-py, the way llama.cpp's convert_hf_to_gguf.py
+names and lays it out, and the golden JSON that tests/test_model.c's `ref` mode reads, from the
+checkpoint's float64 reference.json. Written only for shardlm's golden tests (golden_gguf_<model>);
+it follows convert_hf_to_gguf.py (LlamaModel.permute of q/k for "llama"; Qwen2Model / Qwen3Model,
+Olmo2Model and Phi3MiniModel keep Hugging Face's order; Phi3MiniModel keeps the fused qkv_proj and
+gate_up_proj as attn_qkv and ffn_up and writes LongRoPE as rope_factors_long / _short tensors),
+never shardlm's code.
 
-  hf_to_gguf.py --hf DIR --arch llama|qwen2|qwen3|gemma2 --out FILE.gguf --ref OUT.json
+  hf_to_gguf.py --hf DIR --arch llama|qwen2|qwen3|gemma2|phi3|olmo2 --out FILE.gguf --ref OUT.json
 """
 import argparse
 import json
@@ -47,7 +49,7 @@ def permute(w, n_head):  # convert_hf_to_gguf.py LlamaModel.permute: rotate-half
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hf", required=True)
-    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "gemma2"], required=True)
+    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "gemma2", "phi3", "olmo2"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--ref", required=True)
     a = ap.parse_args()
@@ -65,9 +67,22 @@ def main():
     g.add_uint32(A + ".feed_forward_length", cfg["intermediate_size"])
     g.add_uint32(A + ".attention.head_count", nh)
     g.add_uint32(A + ".attention.head_count_kv", nkv)
-    g.add_uint32(A + ".attention.key_length", hd)
-    g.add_uint32(A + ".attention.value_length", hd)
-    g.add_uint32(A + ".rope.dimension_count", hd)
+    phi3, olmo2 = A == "phi3", A == "olmo2"
+    if phi3:  # Phi3MiniModel.set_gguf_parameters: no key_length; rope dims from the hidden size
+        assert hd == cfg["hidden_size"] // nh, "phi3 GGUF: head_dim must be hidden_size / num_attention_heads"
+        rot_pct = cfg.get("partial_rotary_factor", 1.0)
+        g.add_uint32(A + ".rope.dimension_count", int(rot_pct * cfg["hidden_size"]) // nh)
+        g.add_uint32(A + ".rope.scaling.original_context_length",
+                     (cfg.get("rope_scaling") or {}).get("original_max_position_embeddings")
+                     or cfg["original_max_position_embeddings"])
+        g.add_uint32(A + ".attention.sliding_window", cfg.get("sliding_window") or 0)
+    elif olmo2:  # TextModel.set_gguf_parameters: key/value length from head_dim; no rope dims
+        g.add_uint32(A + ".attention.key_length", hd)
+        g.add_uint32(A + ".attention.value_length", hd)
+    else:
+        g.add_uint32(A + ".attention.key_length", hd)
+        g.add_uint32(A + ".attention.value_length", hd)
+        g.add_uint32(A + ".rope.dimension_count", hd)
     g.add_float32(A + ".attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     g.add_float32(A + ".rope.freq_base", cfg["rope_theta"])
     gemma = A == "gemma2"
@@ -94,6 +109,23 @@ def main():
     put("token_embd.weight", w["model.embed_tokens.weight"])
     for l in range(cfg["num_hidden_layers"]):
         p, b = "model.layers.%d." % l, "blk.%d." % l
+        if phi3:  # the fused tensors as they are: qkv_proj rows [q | k | v], gate_up_proj [gate | up]
+            put(b + "attn_norm.weight", w[p + "input_layernorm.weight"])
+            put(b + "attn_qkv.weight", w[p + "self_attn.qkv_proj.weight"])
+            put(b + "attn_output.weight", w[p + "self_attn.o_proj.weight"])
+            put(b + "ffn_norm.weight", w[p + "post_attention_layernorm.weight"])
+            put(b + "ffn_up.weight", w[p + "mlp.gate_up_proj.weight"])
+            put(b + "ffn_down.weight", w[p + "mlp.down_proj.weight"])
+            continue
+        if olmo2:  # no pre-norms; q and k norms over the whole projection; post norms
+            for src, dst in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"),
+                             ("o_proj", "attn_output"), ("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm")):
+                put(b + dst + ".weight", w[p + "self_attn." + src + ".weight"])
+            put(b + "post_attention_norm.weight", w[p + "post_attention_layernorm.weight"])
+            for src in ("gate", "up", "down"):
+                put(b + "ffn_" + src + ".weight", w[p + "mlp.%s_proj.weight" % src])
+            put(b + "post_ffw_norm.weight", w[p + "post_feedforward_layernorm.weight"])
+            continue
         q, k = w[p + "self_attn.q_proj.weight"], w[p + "self_attn.k_proj.weight"]
         if A == "llama":
             q, k = permute(q, nh), permute(k, nkv)
@@ -118,6 +150,14 @@ def main():
         put(b + "ffn_up.weight", w[p + "mlp.up_proj.weight"])
         put(b + "ffn_down.weight", w[p + "mlp.down_proj.weight"])
     rs = cfg.get("rope_scaling") or {}
+    if phi3 and rs.get("long_factor"):  # Phi3MiniModel.generate_extra_tensors
+        orig = rs.get("original_max_position_embeddings") or cfg["original_max_position_embeddings"]
+        scale = cfg["max_position_embeddings"] / orig
+        assert rs.get("rope_type", rs.get("type")) in ("longrope", "su")
+        g.add_float32(A + ".rope.scaling.attn_factor",
+                      math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
+        put("rope_factors_long.weight", np.array(rs["long_factor"]))
+        put("rope_factors_short.weight", np.array(rs["short_factor"]))
     if rs.get("rope_type") == "llama3":  # convert_hf_to_gguf.py LlamaModel: the divisors as rope_freqs
         base, dim = cfg["rope_theta"], hd
         freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
