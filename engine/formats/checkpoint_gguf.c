@@ -42,6 +42,11 @@ static void describe_tensor(const struct gguf_tensor *t, struct st_tensor *out)
     snprintf(out->dtype_name, sizeof out->dtype_name, "%s", t->type_name);
     out->ndim = t->n_dims;
     for (int i = 0; i < t->n_dims; i++) out->shape[i] = t->shape[i];
+    if (t->n_dims == 3) { /* stacked experts (ffn_*_exps: experts, rows, cols) as one matrix of their rows */
+        out->ndim = 2;
+        out->shape[0] = t->shape[0] * t->shape[1];
+        out->shape[1] = t->shape[2];
+    }
     out->numel = t->numel;
     out->nbytes = (size_t)t->nbytes;
     out->file_offset = t->file_offset;

@@ -241,11 +241,12 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     enum status s;
     const char *path = gguf_path(g);
     char key[96];
-    const int qwen2 = !strcmp(arch, "qwen2"), qwen3 = !strcmp(arch, "qwen3");
+    const int qwen2 = !strcmp(arch, "qwen2"), qwen3moe = !strcmp(arch, "qwen3moe");
+    const int qwen3 = !strcmp(arch, "qwen3") || qwen3moe;
     const int phi3 = !strcmp(arch, "phi3"), olmo2 = !strcmp(arch, "olmo2");
 #define K(name) (snprintf(key, sizeof key, "%s." name, arch), key)
-    static const char *const unsupported[] = {"expert_count", "attention.layer_norm_epsilon",
-                                              "attention.sliding_window_pattern", "attention.sliding_window"};
+    static const char *const unsupported[] = {"attention.layer_norm_epsilon", "attention.sliding_window_pattern",
+                                              "attention.sliding_window"};
     /* phi3 reads its window below; olmo2 accepts a window of 0 (Olmo 3's windowed layers: no) */
     const size_t n_unsupported = sizeof unsupported / sizeof unsupported[0] - (phi3 || olmo2);
     for (size_t i = 0; i < n_unsupported; i++) {
@@ -255,9 +256,15 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     }
     memset(c, 0, sizeof *c);
     c->family = MODEL_FAMILY_LLAMA;
+    int64_t experts = 0;
+    if (gguf_find_kv(g, K("expert_count")) && (s = gguf_get_int(g, key, &experts))) return s;
+    if (experts && strcmp(arch, "llama") && !qwen3moe)
+        return status_errorf(STATUS_UNSUPPORTED, "%s: %s: experts in a %s file are not supported (llama: Mixtral; "
+                             "qwen3moe)", path, key, arch);
     snprintf(c->architecture, sizeof c->architecture, "%s",
-             qwen2 ? "Qwen2ForCausalLM" : qwen3 ? "Qwen3ForCausalLM" : phi3 ? "Phi3ForCausalLM"
-             : olmo2 ? "Olmo2ForCausalLM" : "LlamaForCausalLM");
+             qwen2 ? "Qwen2ForCausalLM" : qwen3moe ? "Qwen3MoeForCausalLM" : qwen3 ? "Qwen3ForCausalLM"
+             : phi3 ? "Phi3ForCausalLM" : olmo2 ? "Olmo2ForCausalLM" : experts ? "MixtralForCausalLM"
+             : "LlamaForCausalLM");
     if ((s = gc_int(g, K("embedding_length"), &c->d_model)) || (s = gc_int(g, K("block_count"), &c->n_layers)) ||
         (s = gc_int(g, K("feed_forward_length"), &c->ffn_hidden)) ||
         (s = gc_int(g, K("attention.head_count"), &c->n_heads)) ||
@@ -270,6 +277,13 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
         return s;
     int value_length = c->head_dim;
     if ((s = gc_int_or(g, K("attention.value_length"), c->head_dim, &value_length))) return s;
+    if (experts || qwen3moe) { /* llama.cpp's MoE keys; its top-k weights are renormalised for both */
+        if ((s = gc_int(g, K("expert_used_count"), &c->n_experts_used)) ||
+            (s = gc_int_or(g, K("expert_feed_forward_length"), c->ffn_hidden, &c->moe_ffn)))
+            return s;
+        c->n_experts = (int)(experts > 0 && experts <= 1024 ? experts : -1);
+        c->norm_topk_prob = 1;
+    }
     if ((phi3 || olmo2) && gguf_find_kv(g, K("attention.sliding_window"))) {
         int64_t w = 0; /* Phi3MiniModel writes 0 for none (Phi-4) */
         if ((s = gguf_get_int(g, key, &w))) return s;
@@ -317,14 +331,15 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
     enum status s;
     const char *path = gguf_path(g), *arch = NULL;
     if ((s = gguf_get_str(g, "general.architecture", &arch))) return s;
-    if (!strcmp(arch, "llama") || !strcmp(arch, "qwen2") || !strcmp(arch, "qwen3") || !strcmp(arch, "phi3") ||
+    if (!strcmp(arch, "llama") || !strcmp(arch, "qwen2") || !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe") ||
+        !strcmp(arch, "phi3") ||
         !strcmp(arch, "olmo2"))
         return gguf_llama_config(g, arch, dtype, c);
     const int g2 = !strcmp(arch, "gemma2");
     if (!g2 && strcmp(arch, "gemma3"))
         return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: general.architecture \"%s\": only llama, qwen2, qwen3, phi3, olmo2, gemma2 and "
-                             "gemma3 GGUF files load", path, arch);
+                             "%s: general.architecture \"%s\": only llama (and Mixtral), qwen2, qwen3, qwen3moe, phi3, "
+                             "olmo2, gemma2 and gemma3 GGUF files load", path, arch);
     char key[96];
 #define GK(name) (snprintf(key, sizeof key, "%s." name, arch), key)
     static const char *const unsupported3[] = {"final_logit_softcapping", "attn_logit_softcapping",
@@ -550,6 +565,11 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
     if (snprintf(path, sizeof path, "%s/model.safetensors", out_dir) >= (int)sizeof path)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", out_dir);
     if ((s = gguf_open(gguf_path, &g)) || (s = gguf_model_config(g, out_dtype, &c))) goto out;
+    if (c.n_experts) {
+        s = status_errorf(STATUS_UNSUPPORTED, "%s: converting a mixture of experts (%s) is not built; serve the GGUF "
+                          "file as it is (--model FILE.gguf)", gguf_path, c.architecture);
+        goto out;
+    }
     /* The tokenizer first: cheap, and it fails early on a file that has none. */
     if ((s = gguf_tokenizer_model_proto(g, &proto, &proto_n))) goto out;
     if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {

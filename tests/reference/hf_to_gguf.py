@@ -49,7 +49,8 @@ def permute(w, n_head):  # convert_hf_to_gguf.py LlamaModel.permute: rotate-half
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hf", required=True)
-    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "gemma2", "phi3", "olmo2"], required=True)
+    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "phi3", "olmo2"],
+                    required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--ref", required=True)
     a = ap.parse_args()
@@ -85,6 +86,14 @@ def main():
         g.add_uint32(A + ".rope.dimension_count", hd)
     g.add_float32(A + ".attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     g.add_float32(A + ".rope.freq_base", cfg["rope_theta"])
+    mixtral = cfg["model_type"] == "mixtral"
+    E = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    if E:  # MixtralModel / Qwen3MoeModel: the experts' keys (llama.cpp renormalises the top k of both)
+        assert mixtral or cfg.get("norm_topk_prob"), "GGUF MoE: llama.cpp renormalises the top-k weights"
+        g.add_uint32(A + ".expert_count", E)
+        g.add_uint32(A + ".expert_used_count", cfg["num_experts_per_tok"])
+        if not mixtral:
+            g.add_uint32(A + ".expert_feed_forward_length", cfg["moe_intermediate_size"])
     gemma = A == "gemma2"
     if gemma:  # convert_hf_to_gguf.py Gemma2Model's keys
         g.add_float32(A + ".attn_logit_softcapping", cfg["attn_logit_softcapping"])
@@ -146,6 +155,13 @@ def main():
             put(b + "post_ffw_norm.weight", norm(p + "post_feedforward_layernorm.weight"))
         else:
             put(b + "ffn_norm.weight", w[p + "post_attention_layernorm.weight"])
+        if E:  # the router and the experts stacked (E, rows, cols), as ffn_*_exps
+            blk, names = ("block_sparse_moe.", ("w1", "w3", "w2")) if mixtral else \
+                ("mlp.", ("gate_proj", "up_proj", "down_proj"))
+            put(b + "ffn_gate_inp.weight", w[p + blk + "gate.weight"])
+            for name, dst in zip(names, ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")):
+                put(b + dst + ".weight", np.stack([w[p + blk + "experts.%d.%s.weight" % (e, name)] for e in range(E)]))
+            continue
         put(b + "ffn_gate.weight", w[p + "mlp.gate_proj.weight"])
         put(b + "ffn_up.weight", w[p + "mlp.up_proj.weight"])
         put(b + "ffn_down.weight", w[p + "mlp.down_proj.weight"])

@@ -149,7 +149,7 @@ def moe_config(flavor, dtype="f32"):
         del cfg["attention_bias"]  # Qwen2MoeConfig has none: q, k and v always carry biases
     elif flavor == "qwen3_moe":
         cfg.update({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 6,
-                    "num_experts_per_tok": 3, "moe_intermediate_size": 40, "norm_topk_prob": False,
+                    "num_experts_per_tok": 3, "moe_intermediate_size": 40, "norm_topk_prob": True,
                     "decoder_sparse_step": 1, "mlp_only_layers": [], "head_dim": 16})
     else:
         cfg.update({"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "num_experts": 4,
