@@ -14,6 +14,9 @@
  *                            model is loaded (host memory on the CPU, GPU memory on CUDA)
  *   --kv-cache-blocks N      KV pool size in blocks, when neither of the above is given
  *   --no-prefix-caching      do not share prompt blocks between requests
+ *   --batch-invariant        a request's tokens never depend on the batch around it, for
+ *                            block-quantized (GGUF) weights too, at some prefill speed
+ *                            (SHARDLM_BATCH_INVARIANT=1; docs/determinism.md)
  *   --scheduling-policy fcfs|fair|priority  which waiting sample is admitted next [fcfs]: first
  *                            come first served; the client (API key, else connection, HTTP
  *                            `user`) with the fewest running samples; the lowest request
@@ -77,7 +80,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--rank-timeout S (60)]\n"
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
                     "         [--kv-cache-fraction F]\n"
-                    "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching]\n"
+                    "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching] [--batch-invariant]\n"
                     "         [--scheduling-policy fcfs|fair|priority]\n"
                     "         [--chat-template llama2|chatml|gemma|plain|FILE.jinja] [--reasoning-format auto|deepseek|none]\n"
                     "         [--api-key-file F] [--tls-cert F --tls-key F]\n"
@@ -87,6 +90,8 @@ static int usage(const char *fmt, const char *arg)
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
                     "         [--default-adapter NAME]\n"
                     "  --max-seqs N   samples (sequences) running at once [64]\n"
+                    "  --batch-invariant  a request's tokens never depend on the batch around it, also with\n"
+                    "                 block-quantized (GGUF) weights, at some prefill speed (docs/determinism.md)\n"
                     "  --speculative ngram [--spec-draft K (5)] [--spec-ngram N (3)] [--spec-max-batch B (4)]\n"
                     "                 prompt-lookup speculative decoding (greedy and sampled requests, the\n"
                     "                 output distribution unchanged): up to K drafted tokens per step, copied\n"
@@ -152,6 +157,10 @@ int serve_main(int argc, char **argv)
         long n;
         if (!strcmp(a, "--no-prefix-caching")) {
             o.engine.prefix_caching = 0;
+            continue;
+        }
+        if (!strcmp(a, "--batch-invariant")) { /* read by backend_open (ops.h), on every rank */
+            if (setenv("SHARDLM_BATCH_INVARIANT", "1", 1) != 0) return usage("%s", "--batch-invariant: setenv failed");
             continue;
         }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage("%s", "help"), 0;

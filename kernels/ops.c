@@ -25,6 +25,8 @@ enum status backend_open(enum device device, int device_id, int n_threads, struc
     if (st != STATUS_OK) return st;
     const char *e = getenv("SHARDLM_SYNC_CHECK");
     (*out)->sync_check = e && e[0] == '1';
+    const char *bi = getenv("SHARDLM_BATCH_INVARIANT");
+    (*out)->batch_invariant = bi && bi[0] == '1';
     return STATUS_OK;
 }
 

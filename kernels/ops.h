@@ -246,6 +246,10 @@ struct backend {
     int         device_id;   /* CUDA ordinal; 0 on CPU */
     int         n_threads;   /* CPU worker threads (OpenMP and OpenBLAS); 0 on CUDA */
     int         sync_check;  /* SHARDLM_SYNC_CHECK=1: synchronize and check after every op */
+    int         batch_invariant; /* SHARDLM_BATCH_INVARIANT=1: a product row's result never depends
+                                    on how many rows share the call (CPU: block-quantized weights
+                                    always take the int8 row products, never the dequantized
+                                    tiles or AMX; docs/determinism.md) */
     void       *stream;      /* the queue every op of this backend runs on, in order: CUDA's
                                 cudaStream_t (a non-blocking stream); NULL on the CPU. Give it to
                                 parallel_groups_init, so that communication queues on it too and

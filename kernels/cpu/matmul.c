@@ -7,7 +7,8 @@
  * f32 multiplies the tensors in place (gemv_rows for one row, sgemm otherwise); bf16/f16 widen
  * x once and blocks of w per thread into the scratch arena, multiply in f32, and round y once;
  * block-quantized w (DTYPE_Q*) goes to quant_matmul (kernels/quant.h) with x's int8 copy in the
- * scratch arena below QUANT_SGEMM_MIN_M rows, else to dequantized tiles (f32 + sgemm). On CPUs
+ * scratch arena below QUANT_SGEMM_MIN_M rows (at any row count with batch_invariant: the two
+ * paths round differently), else to dequantized tiles (f32 + sgemm). On CPUs
  * with AMX, bf16 w and block w from QUANT_AMX_MIN_M rows take the bf16 tiles (amx.c).
  * The backward converts dy and x to f32 once, and w and a half-precision dw a block of rows at a
  * time, so that scratch never holds a whole weight.
@@ -145,10 +146,13 @@ static void gemv_rows(float *y, const float *w_rows, const float *x, int64_t nb,
 }
 
 /* y_cols (m rows of nb, leading dimension n) = x (m, k) @ w_rows (nb, k)^T, all f32. */
+/* y's columns of w_rows: one row by gemv_rows (its sums vectorised along k), several by sgemm.
+ * invariant (batch_invariant, ops.h): sgemm for one row too, so that a row's sums are formed in
+ * the same order whatever m is. */
 static void gemm_cols(float *y_cols, const float *x, const float *w_rows, int64_t m, int64_t n,
-                      int64_t k, int64_t nb)
+                      int64_t k, int64_t nb, int invariant)
 {
-    if (m == 1)
+    if (m == 1 && !invariant)
         gemv_rows(y_cols, w_rows, x, nb, k);
     else
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nb, (int)k, 1.0f, x,
@@ -237,7 +241,7 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
 {
     const int64_t m = tensor_rows(x), k = tensor_cols(x), n = w->shape[0];
     if (m == 0 || n == 0) return;
-    if (dtype_is_quant(w->dtype) && !matmul_amx_fits(w, m, k) && m < QUANT_SGEMM_MIN_M) {
+    if (dtype_is_quant(w->dtype) && (b->batch_invariant || (!matmul_amx_fits(w, m, k) && m < QUANT_SGEMM_MIN_M))) {
         matmul_quant(b, y, x, w, bias, m, n, k);
         return;
     }
@@ -253,7 +257,7 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
             #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
             for (int64_t j0 = 0; j0 < n; j0 += per)
                 gemm_cols(yf + j0, x->data, (const float *)w->data + j0 * k, m, n, k,
-                          n - j0 < per ? n - j0 : per);
+                          n - j0 < per ? n - j0 : per, b->batch_invariant);
         }
         if (bias) add_bias(yf, bias, m, n);
         return;
@@ -291,7 +295,7 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
             float *wf = wf_all + (size_t)omp_get_thread_num() * ws;
             int64_t nb = n - j0 < w_block ? n - j0 : w_block;
             widen_rows(wf, w, j0, nb, k);
-            gemm_cols(yf + j0, xf, wf, m, n, k, nb);
+            gemm_cols(yf + j0, xf, wf, m, n, k, nb, b->batch_invariant);
         }
     }
     if (bias) add_bias(yf, bias, m, n);
