@@ -32,9 +32,10 @@ enum status cuda_backend_open(int device_id, struct backend **out)
     enum status st = backend_lib_symbol(&cuda_lib, CUDA_LIB_SYMBOL_ABI, &abi_sym);
     if (st == STATUS_OK) st = backend_lib_symbol(&cuda_lib, CUDA_LIB_SYMBOL_OPEN, &open_sym);
     if (st != STATUS_OK) return st;
-    /* dlsym returns data pointers; POSIX guarantees they convert to function pointers. */
-    unsigned long (*abi)(void) = (unsigned long (*)(void))abi_sym;
-    enum status (*open_fn)(int, struct backend **) = (enum status (*)(int, struct backend **))open_sym;
+    /* dlsym returns data pointers; POSIX guarantees they convert to function pointers. The
+     * types are the declarations in backend_impl.h, which backend_cuda.cu compiles against. */
+    __typeof__(cuda_lib_abi) *abi = (__typeof__(cuda_lib_abi) *)abi_sym;
+    __typeof__(cuda_lib_backend_open) *open_fn = (__typeof__(cuda_lib_backend_open) *)open_sym;
     if (abi() != CUDA_LIB_ABI)
         return status_errorf(STATUS_UNAVAILABLE, "%s was built from another shardlm (backend "
                              "layout %#lx, this binary %#lx)", cuda_lib.path, abi(), CUDA_LIB_ABI);

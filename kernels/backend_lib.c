@@ -67,6 +67,8 @@ enum status backend_lib_open(struct backend_lib *lib, void **handle)
             if (!lib->handle) {
                 const char *e = dlerror();
                 snprintf(lib->error, sizeof lib->error, "%s", e ? e : "dlopen failed");
+            } else {
+                LOG_DEBUG("kernels", "loaded %s", lib->path);
             }
         }
     }

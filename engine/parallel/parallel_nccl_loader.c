@@ -26,7 +26,7 @@ static enum status nccl_symbol(const char *symbol, void **out)
     *out = NULL;
     enum status st = backend_lib_symbol(&nccl_lib, "nccl_lib_abi", &abi_sym);
     if (st != STATUS_OK) return st;
-    unsigned long abi = ((unsigned long (*)(void))abi_sym)();
+    unsigned long abi = ((__typeof__(nccl_lib_abi) *)abi_sym)();
     if (abi != NCCL_LIB_ABI)
         return status_errorf(STATUS_UNAVAILABLE, "%s was built from another shardlm (comm "
                              "layout %#lx, this binary %#lx)", nccl_lib.path, abi, NCCL_LIB_ABI);
@@ -42,8 +42,12 @@ int parallel_nccl_compiled(void)
 int parallel_nccl_device_count(void)
 {
     void *f = NULL;
-    if (nccl_symbol("nccl_lib_device_count", &f) != STATUS_OK) return 0;
-    return ((int (*)(void))f)();
+    if (nccl_symbol("nccl_lib_device_count", &f) != STATUS_OK) {
+        /* Said once per call: "0 devices" alone would hide a missing library. */
+        LOG_WARN("parallel", "no NCCL devices: %s", status_message());
+        return 0;
+    }
+    return ((__typeof__(nccl_lib_device_count) *)f)();
 }
 
 enum status parallel_nccl_check_device(int device_id)
@@ -51,7 +55,7 @@ enum status parallel_nccl_check_device(int device_id)
     void *f = NULL;
     enum status st = nccl_symbol("nccl_lib_check_device", &f);
     if (st != STATUS_OK) return st;
-    return ((enum status (*)(int))f)(device_id);
+    return ((__typeof__(nccl_lib_check_device) *)f)(device_id);
 }
 
 enum status parallel_nccl_unique_id(unsigned char id[PARALLEL_NCCL_ID_BYTES])
@@ -59,7 +63,7 @@ enum status parallel_nccl_unique_id(unsigned char id[PARALLEL_NCCL_ID_BYTES])
     void *f = NULL;
     enum status st = nccl_symbol("nccl_lib_unique_id", &f);
     if (st != STATUS_OK) return st;
-    return ((enum status (*)(unsigned char *))f)(id);
+    return ((__typeof__(nccl_lib_unique_id) *)f)(id);
 }
 
 enum status parallel_nccl_comm_create(struct parallel_world *w, const char *name,
