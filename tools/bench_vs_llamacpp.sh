@@ -109,7 +109,8 @@ mkdir -p "$work"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores," \
      "$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo); $(date -u '+%Y-%m-%d %H:%M UTC');" \
      "load average $(cut -d' ' -f1-3 /proc/loadavg)"
-# A shardlm linked with cuBLAS (a build with nvcc found, e.g. `make build`) maps and relocates
+# A shardlm linked with cuBLAS (a build with nvcc found from before issue 30's fix; builds since
+# load cuBLAS from libshardlm_cuda.so only when a CUDA device is opened) maps and relocates
 # cuBLAS, cuBLASLt and the CUDA runtime at start even when it serves on the CPU: about 150 MiB of
 # peak RSS that has nothing to do with the model (docs/performance.md, "Peak RSS without AMX").
 if command -v ldd > /dev/null && ldd "$shardlm" 2>/dev/null | grep -q 'libcublas'; then

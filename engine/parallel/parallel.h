@@ -306,8 +306,9 @@ void comm_free(struct comm *c); /* accepts NULL; frees the implementation's reso
 
 /* ---- the NCCL implementation (private to the parallel runtime) ----------------------------
  * parallel.c creates NCCL communicators through these so that it never calls NCCL and
- * parallel_nccl.c never calls MPI. Builds without CUDA link parallel_nccl_unavailable.c,
- * whose functions return STATUS_UNAVAILABLE (and 0). */
+ * parallel_nccl.c never calls MPI. Builds with NCCL build parallel_nccl.c into
+ * libshardlm_nccl.so and link parallel_nccl_loader.c, which loads it on first use; builds
+ * without link parallel_nccl_unavailable.c, whose functions return STATUS_UNAVAILABLE (and 0). */
 #define PARALLEL_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId), checked in parallel_nccl.c */
 
 /* ---- heartbeats: naming the rank a timeout waited for (parallel_watch.c) ---------------- */
@@ -340,8 +341,11 @@ void        parallel_watch_explain(const struct parallel_world *w, char *buf, si
 enum status parallel_world_fail(struct parallel_world *w, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* 1 when the build has NCCL and libshardlm_nccl.so is found (not loaded); 0 otherwise. */
 int parallel_nccl_compiled(void);
-/* Visible CUDA devices (0 when none or without CUDA). */
+/* Visible CUDA devices (0 when none, without CUDA, or when libshardlm_nccl.so cannot be
+ * loaded). The other three load the library on first use; a missing or unloadable one is
+ * STATUS_UNAVAILABLE naming the path and dlerror(). */
 int parallel_nccl_device_count(void);
 /* Makes GPU device_id current and checks it exists; STATUS_UNAVAILABLE otherwise. Local. */
 enum status parallel_nccl_check_device(int device_id);
@@ -352,6 +356,18 @@ enum status parallel_nccl_unique_id(unsigned char id[PARALLEL_NCCL_ID_BYTES]);
 enum status parallel_nccl_comm_create(struct parallel_world *w, const char *name,
                                       const unsigned char id[PARALLEL_NCCL_ID_BYTES], int rank,
                                       int size, int device_id, void *stream, struct comm **out);
+
+/* libshardlm_nccl.so's entry points (parallel_nccl.c): the four above, resolved by name with
+ * dlsym by parallel_nccl_loader.c on first use, and the layout check (a library from another
+ * build, with another struct comm_ops, is refused rather than called). */
+#define NCCL_LIB_ABI ((unsigned long)sizeof(struct comm_ops) << 16 | sizeof(struct comm))
+unsigned long nccl_lib_abi(void);
+int           nccl_lib_device_count(void);
+enum status   nccl_lib_check_device(int device_id);
+enum status   nccl_lib_unique_id(unsigned char id[PARALLEL_NCCL_ID_BYTES]);
+enum status   nccl_lib_comm_create(struct parallel_world *w, const char *name,
+                                   const unsigned char id[PARALLEL_NCCL_ID_BYTES], int rank,
+                                   int size, int device_id, void *stream, struct comm **out);
 
 #ifdef __cplusplus
 }

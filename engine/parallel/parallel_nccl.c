@@ -1,7 +1,10 @@
 /* engine/parallel/parallel_nccl.c - the NCCL communicator: CUDA tensors between GPU ranks, every
  * operation queued on the stream given at creation; the only file that calls NCCL. Compiled
- * only when the build has CUDA (engine/CMakeLists.txt); parallel_nccl_unavailable.c stands in
- * otherwise.
+ * only when the build has CUDA and NCCL (engine/CMakeLists.txt), into libshardlm_nccl.so, whose
+ * nccl_lib_* entry points parallel_nccl_loader.c resolves with dlsym on first use (so that a
+ * process without NCCL groups never maps NCCL or the CUDA runtime); parallel_nccl_unavailable.c
+ * stands in otherwise. Its parallel_* and status_* calls bind to the executable's (exported:
+ * kernels/CMakeLists.txt).
  * Not here: MPI (parallel.c creates the groups and broadcasts the NCCL unique id), the
  * shape checks (the comm_* wrappers in parallel_comm.c).
  * Tests: tests/test_parallel.c --nccl (label gpu: SKIP without one GPU per rank). Compiled in
@@ -81,16 +84,16 @@ static struct nccl_comm *nccl_enter(struct comm *c, enum status *st)
 
 /* ---- local queries ------------------------------------------------------------------------ */
 
-int parallel_nccl_compiled(void) { return 1; }
+unsigned long nccl_lib_abi(void) { return NCCL_LIB_ABI; }
 
-int parallel_nccl_device_count(void)
+int nccl_lib_device_count(void)
 {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
 
-enum status parallel_nccl_check_device(int device_id)
+enum status nccl_lib_check_device(int device_id)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -106,7 +109,7 @@ enum status parallel_nccl_check_device(int device_id)
     return STATUS_OK;
 }
 
-enum status parallel_nccl_unique_id(unsigned char id[PARALLEL_NCCL_ID_BYTES])
+enum status nccl_lib_unique_id(unsigned char id[PARALLEL_NCCL_ID_BYTES])
 {
     ncclUniqueId u;
     ncclResult_t r = ncclGetUniqueId(&u);
@@ -119,9 +122,9 @@ enum status parallel_nccl_unique_id(unsigned char id[PARALLEL_NCCL_ID_BYTES])
 
 /* ---- creation ------------------------------------------------------------------------------ */
 
-enum status parallel_nccl_comm_create(struct parallel_world *w, const char *name,
-                                      const unsigned char id[PARALLEL_NCCL_ID_BYTES], int rank,
-                                      int size, int device_id, void *stream, struct comm **out)
+enum status nccl_lib_comm_create(struct parallel_world *w, const char *name,
+                                 const unsigned char id[PARALLEL_NCCL_ID_BYTES], int rank,
+                                 int size, int device_id, void *stream, struct comm **out)
 {
     *out = NULL;
     struct comm *c = calloc(1, sizeof *c);

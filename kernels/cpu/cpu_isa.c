@@ -77,7 +77,8 @@ static enum cpu_isa probe_supported(void)
 static void probe_model(void)
 {
     unsigned r[12];
-    if (__get_cpuid_max(0x80000000u, NULL) >= 0x80000004u) {
+    /* __get_cpuid_max is int in clang's cpuid.h, unsigned in gcc's: -Wsign-compare under clang. */
+    if ((unsigned)__get_cpuid_max(0x80000000u, NULL) >= 0x80000004u) {
         for (unsigned i = 0; i < 3; i++)
             __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
         char brand[49];

@@ -1,5 +1,7 @@
 /* kernels/cuda/backend_cuda.cu - the CUDA backend: opening it on one GPU (stream, cuBLAS
- * handle), its memory ops, the ops' scratch area, and the table of its op functions.
+ * handle), its memory ops, the ops' scratch area, and the table of its op functions. Built with
+ * the rest of kernels/cuda/ into libshardlm_cuda.so, whose two entry points (cuda_lib_abi,
+ * cuda_lib_backend_open) kernels/backend_cuda_loader.c resolves with dlsym.
  * Not here: the ops themselves (one .cu file per op in this folder) or any cuBLAS call
  * (matmul.cu).
  * Tests: tests/test_ops.c --backend cuda (SKIP when no GPU is present). */
@@ -205,7 +207,7 @@ static enum status cuda_int_from_env(const char *name, int fallback, int max, in
 /* No GPU, a driver too old for this runtime, a device out of range or too old, a device in
  * exclusive use by another process: all are STATUS_UNAVAILABLE with a message, never an
  * abort, so that a caller can fall back to the CPU or report it. */
-extern "C" enum status cuda_backend_open(int device_id, struct backend **out)
+extern "C" enum status cuda_lib_backend_open(int device_id, struct backend **out)
 {
     *out = NULL;
     enum status st = STATUS_OK;
@@ -287,4 +289,4 @@ fail:
     return st;
 }
 
-extern "C" int cuda_backend_compiled(void) { return 1; }
+extern "C" unsigned long cuda_lib_abi(void) { return CUDA_LIB_ABI; }
