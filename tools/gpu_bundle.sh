@@ -18,8 +18,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
 assets=${SHARDLM_ASSETS:-$root/../shared/assets}
 out=$root/.gpu
-ldd "$build/cli/shardlm" 2> /dev/null | grep -q libcudart ||
-  { echo "gpu_bundle: $build is not a CUDA build (its shardlm does not link libcudart)" >&2; exit 1; }
+# The CUDA backend and NCCL are libraries the binaries load on first use (kernels/backend_lib.c).
+cuda_lib=$(find "$build" -name libshardlm_cuda.so -not -path '*/CMakeFiles/*' | head -1)
+nccl_lib=$(find "$build" -name libshardlm_nccl.so -not -path '*/CMakeFiles/*' | head -1)
+[ -n "$cuda_lib" ] ||
+  { echo "gpu_bundle: $build is not a CUDA build (no libshardlm_cuda.so in it)" >&2; exit 1; }
 [ -f "$build/golden/stories260K/model.safetensors" ] ||
   { echo "gpu_bundle: no fixtures in $build (run ctest -R 'golden_setup|gguf_setup' there)" >&2; exit 1; }
 
@@ -27,6 +30,8 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 B=$stage/b
 mkdir -p "$B/build" "$B/lib" "$B/mpi" "$B/assets"
+cp "$cuda_lib" "$B/lib/libshardlm_cuda.so"
+[ -n "$nccl_lib" ] && cp "$nccl_lib" "$B/lib/libshardlm_nccl.so"
 
 # The binaries: every executable the gpu-labelled tests and the GPU benchmarks name.
 bins=(cli/shardlm tests/test_ops tests/test_ops_dropout tests/test_attention_train tests/test_ops_backward
@@ -58,7 +63,7 @@ ln -sf orterun "$B/mpi/usr/bin/mpirun"
 
 # The libraries every ELF file in the bundle links, less the base system and CUDA's own.
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libstdc\+\+|libgcc_s|libcuda\.so|libcudart|libcublas|libnccl|libutil\.so|libresolv\.so)'
-find "$B/build" "$B/mpi" -type f | while read -r f; do
+find "$B/build" "$B/mpi" "$B/lib" -type f | while read -r f; do
   file -b "$f" | grep -q '^ELF' || continue
   ldd "$f" 2> /dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }'
 done | sort -u | while read -r name path; do

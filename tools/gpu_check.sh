@@ -66,6 +66,9 @@ export PMIX_MCA_mca_base_component_path=$PMIX_INSTALL_PREFIX/lib/pmix
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
 export SHARDLM_ASSETS=$B/assets
+# The lazily loaded CUDA backend and NCCL (kernels/backend_lib.c): not beside the binaries here.
+export SHARDLM_CUDA_LIB=$B/lib/libshardlm_cuda.so
+[ -f "$B/lib/libshardlm_nccl.so" ] && export SHARDLM_NCCL_LIB=$B/lib/libshardlm_nccl.so
 py=$(command -v python3)
 missing=$(ldd "$B/build/cli/shardlm" | grep 'not found' | tr -s ' \t' ' ')
 [ -z "$missing" ] || say "shardlm: missing libraries:$missing"
