@@ -1,8 +1,6 @@
-/* engine/text/tokenizer.cc - the tokenizer (see tokenizer.h): SentencePiece's C++ processor behind a
- * C interface, the dispatch to the byte-level BPE kind (bpe.h: a tokenizer.json text, from a file
- * or built from GGUF metadata), and the incremental detokenizer of both kinds. The one C++ file
- * of the project: every entry point catches everything, so no exception reaches C code, and
- * nothing here exits.
+/* engine/text/tokenizer.cc - the tokenizer (tokenizer.h): SentencePiece's C++ processor behind a C
+ * interface, the dispatch to the tokenizer.json kinds (bpe.h: from a file or GGUF metadata), and the
+ * incremental detokenizer. The one C++ file: every entry point catches everything, nothing exits.
  * Not here: chat templates or stop sequences (the server), BPE itself (bpe.c, tokenizer_json.c).
  * Tests: tests/test_tokenizer.c. */
 #include "tokenizer.h"
