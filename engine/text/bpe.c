@@ -162,6 +162,8 @@ void bpe_free(struct bpe *b)
     free(b->splits);
     for (int i = 0; i < b->n_norms; i++) free(b->norms[i].text), free(b->norms[i].with);
     free(b->norms), free(b->scores), free(b->wp_prefix);
+    for (int i = 0; i < b->n_decs; i++) free(b->decs[i].text), free(b->decs[i].with);
+    free(b->decs);
     table_free(b->by_piece), table_free(b->by_bytes), table_free(b->by_pair);
     for (int c = 0; c < 256; c++) free(b->added_by_byte[c]);
     free((void *)b->name);
