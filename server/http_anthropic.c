@@ -48,7 +48,7 @@ static cJSON *dup_item(const cJSON *v)
  * cache_control (ignored: the prefix cache is automatic). */
 static enum status text_of(const cJSON *v, const char *name, char **text, size_t *len, size_t *cap)
 {
-    static const char *const fields[] = {"type", "text", "cache_control", "citations", NULL};
+    static const char *const fields[] = {"type", "text", "cache_control", NULL};
     if (cJSON_IsString(v)) {
         http_buf_append(text, len, cap, v->valuestring, strlen(v->valuestring));
         return STATUS_OK;
@@ -233,7 +233,8 @@ static enum status add_tool_choice(const cJSON *tc, cJSON *out)
 }
 
 /* thinking {type: enabled|disabled, budget_tokens}: the template's enable_thinking. */
-static enum status add_thinking(const cJSON *th, const struct http_chat_caps *caps, cJSON *out)
+static enum status add_thinking(const cJSON *th, const cJSON *max_tokens, const struct http_chat_caps *caps,
+                                cJSON *out)
 {
     static const char *const fields[] = {"type", "budget_tokens", NULL};
     if (!cJSON_IsObject(th)) return bad("'thinking' must be an object%s%s", "", "");
@@ -248,7 +249,11 @@ static enum status add_thinking(const cJSON *th, const struct http_chat_caps *ca
         return status_errorf(STATUS_UNSUPPORTED, "'thinking': the served model's chat template has no reasoning "
                              "(<think>) split, so thinking cannot be enabled");
     }
-    /* budget_tokens is not enforced (the reply's max_tokens bounds thinking and text together). */
+    /* Only max_tokens bounds the reply (thinking and text together): a smaller budget would not be
+     * honoured, so it is refused by name. */
+    if (budget && cJSON_IsNumber(max_tokens) && budget->valuedouble < max_tokens->valuedouble)
+        return status_errorf(STATUS_UNSUPPORTED, "'thinking.budget_tokens' below max_tokens is not enforced (max_tokens "
+                             "bounds thinking and text together): omit it or make it at least max_tokens");
     cJSON *kw = cJSON_AddObjectToObject(out, "chat_template_kwargs");
     cJSON_AddBoolToObject(kw, "enable_thinking", !strcmp(t, "enabled"));
     return STATUS_OK;
@@ -316,7 +321,7 @@ static enum status translate(const cJSON *o, int count, const struct http_chat_c
         if ((st = add_message(m, i, msgs)) != STATUS_OK) return st;
     if ((v = get(o, "tools")) && (st = add_tools(v, c)) != STATUS_OK) return st;
     if ((v = get(o, "tool_choice")) && (st = add_tool_choice(v, c)) != STATUS_OK) return st;
-    if ((v = get(o, "thinking")) && (st = add_thinking(v, caps, c)) != STATUS_OK) return st;
+    if ((v = get(o, "thinking")) && (st = add_thinking(v, get(o, "max_tokens"), caps, c)) != STATUS_OK) return st;
     return STATUS_OK;
 }
 

@@ -424,25 +424,39 @@ struct hfw_item {
      * transposed when `transposed` (Conv1D stores (in, out)). n_kinds 0: `kind` as it is. */
     enum weight_kind   kinds[3];
     int                n_kinds, transposed;
-    /* Experts: rows row0 .. row0 + n_rows - 1 of `kind` (one expert of a stacked tensor); 0: all. */
+    /* Experts: rows row0 .. row0 + n_rows - 1 of `kind` (one expert of a stacked tensor); 0: all.
+     * The stacked tensor is read once into `stack` and freed when its last expert is written. */
     int64_t            row0, n_rows;
+    struct hfw_stack  *stack;
+};
+
+/* One stacked expert tensor as read for its experts' tensors, and how many are still to write. */
+struct hfw_stack {
+    unsigned char *all;
+    int            left;
 };
 
 static enum status hfw_fill(void *ctx, void *dst, size_t nbytes)
 {
     const struct hfw_item *it = ctx;
     struct host_weight hw;
-    if (it->n_rows) { /* one expert: its rows of the stacked tensor (read whole, then cut) */
+    if (it->n_rows) { /* one expert: its rows of the stacked tensor, read once for all experts */
         enum status s = checkpoint_describe(it->ck, it->kind, it->layer, 0, 1, it->dtype, &hw);
         if (s) return s;
-        unsigned char *all = malloc(hw.nbytes);
-        if (!all) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        struct hfw_stack *st = it->stack;
+        if (!st->all) {
+            if (!(st->all = malloc(hw.nbytes))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            if ((s = checkpoint_get(it->ck, it->kind, it->layer, 0, 1, it->dtype, st->all, hw.nbytes, 0, &hw)))
+                return s;
+        }
         const size_t row_bytes = hw.nbytes / (size_t)hw.shape[0];
         CHECK(row_bytes * (size_t)it->n_rows == nbytes, "expert tensor of %zu bytes", nbytes);
-        s = checkpoint_get(it->ck, it->kind, it->layer, 0, 1, it->dtype, all, hw.nbytes, 0, &hw);
-        if (!s) memcpy(dst, all + (size_t)it->row0 * row_bytes, nbytes);
-        free(all);
-        return s;
+        memcpy(dst, st->all + (size_t)it->row0 * row_bytes, nbytes);
+        if (--st->left == 0) {
+            free(st->all);
+            st->all = NULL;
+        }
+        return STATUS_OK;
     }
     if (it->n_kinds == 0) return checkpoint_get(it->ck, it->kind, it->layer, 0, 1, it->dtype, dst, nbytes, 0, &hw);
     const size_t es = dtype_size(it->dtype);
@@ -546,7 +560,7 @@ static int hfw_name(const struct model_config *c, enum weight_kind kind, int l, 
 
 /* One deferred tensor per expert of a stacked expert weight (items[*n] on). */
 static enum status hfw_experts(struct safetensors_writer *w, struct checkpoint *src, enum weight_kind kind, int l,
-                               struct hfw_item *items, int *n)
+                               struct hfw_stack *stack, struct hfw_item *items, int *n)
 {
     const struct model_config *c = &src->cfg;
     struct host_weight hw;
@@ -557,10 +571,12 @@ static enum status hfw_experts(struct safetensors_writer *w, struct checkpoint *
         return status_errorf(STATUS_UNSUPPORTED, "writing experts kept as quantized blocks in the Hugging Face layout "
                              "is not built; convert them to a float dtype");
     const int64_t rows = hw.shape[0] / c->n_experts;
+    stack->left = c->n_experts;
     for (int e = 0; e < c->n_experts; e++) {
         char name[CK_NAME];
         hfw_expert_name(c, kind, l, e, name, sizeof name);
-        items[*n] = (struct hfw_item){.ck = src, .kind = kind, .layer = l, .dtype = dt, .row0 = e * rows, .n_rows = rows};
+        items[*n] = (struct hfw_item){.ck = src, .kind = kind, .layer = l, .dtype = dt, .row0 = e * rows, .n_rows = rows,
+                                     .stack = stack};
         const int64_t shape[2] = {rows, hw.shape[1]};
         if ((s = safetensors_writer_add_deferred(w, name, dt, 2, shape, hfw_fill, &items[*n]))) return s;
         (*n)++;
@@ -579,9 +595,14 @@ enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
     if (s) return s;
     struct hfw_item *items = calloc((size_t)(WEIGHT_KIND_COUNT + 3 * c->n_experts) * (size_t)(c->n_layers + 1),
                                     sizeof *items);
+    struct hfw_stack *stacks = calloc((size_t)(3 * c->n_layers + 1), sizeof *stacks);
     struct safetensors_writer *w = NULL;
     char path[CK_PATH], name[CK_NAME];
-    if (!items) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    if (!items || !stacks) {
+        free(items);
+        free(stacks);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    }
     if ((s = ck_pathf(path, dir_out, CK_HF_SINGLE)) || (s = safetensors_writer_begin(path, &w))) goto out;
     int n = 0;
     for (int k = 0; k < WEIGHT_KIND_COUNT; k++) {
@@ -592,7 +613,8 @@ enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
             struct host_weight hw;
             struct hfw_item g = {0};
             if (kind == WEIGHT_KIND_EXP_GATE || kind == WEIGHT_KIND_EXP_UP || kind == WEIGHT_KIND_EXP_DOWN) {
-                if ((s = hfw_experts(w, src, kind, l, items, &n))) goto out;
+                struct hfw_stack *stack = &stacks[3 * l + (kind - WEIGHT_KIND_EXP_GATE)];
+                if ((s = hfw_experts(w, src, kind, l, stack, items, &n))) goto out;
                 continue;
             }
             if (!hfw_name(c, kind, l, name, sizeof name, &g)) continue;
@@ -623,6 +645,8 @@ enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
     if (!s) LOG_INFO("checkpoint", "wrote %s: Hugging Face layout, %d tensors", dir_out, n);
 out:
     safetensors_writer_free(w);
+    for (int i = 0; i < 3 * c->n_layers; i++) free(stacks[i].all); /* a write that stopped early */
+    free(stacks);
     free(items);
     return s;
 }
