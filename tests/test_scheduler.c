@@ -274,7 +274,8 @@ static void test_waiting_samples(void)
           scheduler_waiting_samples(&p.s));
     scheduler_plan(&p.s);
     run_step(&p, 99);
-    check(p.s.n_running == 1 && scheduler_waiting_samples(&p.s) == 1, "a admitted (max_seqs 1): b's sample waits");
+    check(p.s.n_running == 1 && scheduler_waiting_samples(&p.s) == 3,
+          "a admitted (max_seqs 1): its 2 unforked samples and b's wait (%d)", scheduler_waiting_samples(&p.s));
     check(scheduler_fork(&p.s, a, NULL, kids) == 2 && kids[0] && kids[1], "a forks 2 children");
     check(scheduler_waiting_samples(&p.s) == 3 && p.s.n_waiting == 3, "no room: the children wait, one sample each (%d)",
           scheduler_waiting_samples(&p.s));

@@ -431,6 +431,14 @@ static void fail_conductor(struct conductor *c, enum status st)
 
 /* ---- the step ------------------------------------------------------------------------------ */
 
+static void stats_refresh_waiting(struct conductor *c)
+{
+    const int waiting = scheduler_waiting_samples(&c->sched);
+    pthread_mutex_lock(&c->mu);
+    c->stats.waiting = waiting;
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void stats_update(struct conductor *c, int prefill_rows, int hit_tokens)
 {
     const int waiting = scheduler_waiting_samples(&c->sched);
@@ -604,7 +612,11 @@ int conductor_step(struct conductor *c)
         return 0;
     }
     speculate(c);
-    if (scheduler_plan(&c->sched) == 0) {                    /* 2 */
+    const int planned = scheduler_plan(&c->sched);           /* 2 */
+    /* The queue as planned, before step 4 answers anyone: a client answered there and sending
+     * its next request at once must not find its finished request still counted as waiting. */
+    stats_refresh_waiting(c);
+    if (planned == 0) {
         stats_update(c, 0, c->sched.batch.hit_tokens);
         return busy;
     }

@@ -506,6 +506,10 @@ int scheduler_waiting_samples(const struct scheduler *s)
         const struct seq *q = s->waiting[i];
         n += q->req && q->sample == 0 && !q->req->forked ? q->req->p.n : 1;
     }
+    for (int i = 0; i < s->n_running; i++) { /* admitted, not forked yet: its other samples wait */
+        const struct seq *q = s->running[i];
+        if (q->req && q->sample == 0 && !q->req->forked && q->state == SEQ_RUNNING) n += q->req->p.n - 1;
+    }
     return n;
 }
 

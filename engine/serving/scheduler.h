@@ -107,7 +107,8 @@ void scheduler_commit(struct scheduler *s, struct seq *q);
 void scheduler_release(struct scheduler *s, struct seq *q);
 
 /* The samples waiting: a request that has not started counts its n (its first sequence forks
- * the others once the prompt is done), as --max-queue does. */
+ * the others once the prompt is done), and one admitted but not forked yet its n - 1 (they
+ * join the queue or the batch at the fork), as --max-queue does. */
 int scheduler_waiting_samples(const struct scheduler *s);
 
 /* Frees the sequences marked SEQ_DONE and closes the gaps (a step boundary). */
