@@ -249,7 +249,8 @@ struct backend {
     int         batch_invariant; /* SHARDLM_BATCH_INVARIANT=1: a product row's result never depends
                                     on how many rows share the call (CPU: block-quantized weights
                                     always take the int8 row products, never the dequantized
-                                    tiles or AMX; docs/determinism.md) */
+                                    tiles or AMX; f32 and half-precision weights take the
+                                    row-by-row gemv products, never sgemm; docs/determinism.md) */
     void       *stream;      /* the queue every op of this backend runs on, in order: CUDA's
                                 cudaStream_t (a non-blocking stream); NULL on the CPU. Give it to
                                 parallel_groups_init, so that communication queues on it too and
