@@ -164,7 +164,7 @@ int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
     switch (kind) {
     case WEIGHT_KIND_POS_EMBEDDING: return c->positions == POSITION_KIND_LEARNED;
     case WEIGHT_KIND_ATTN_NORM_BIAS:
-    case WEIGHT_KIND_MLP_NORM_BIAS:
+    case WEIGHT_KIND_MLP_NORM_BIAS: return ln;
     case WEIGHT_KIND_FINAL_NORM_BIAS: return ln && !c->encoder;
     case WEIGHT_KIND_Q_BIAS:
     case WEIGHT_KIND_K_BIAS:
