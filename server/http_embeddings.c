@@ -156,7 +156,42 @@ static char *response_json(const char *model, const float *vecs, int n, int d, i
     return json;
 }
 
-/* The request's options, every member checked: unknown ones are refused by name. */
+/* Whether the JSON text escapes a NUL (\u0000) inside a string: cJSON would end the string there
+ * and embed a prefix of what was sent. A backslash always starts an escape in valid JSON. */
+static int escapes_nul(const char *body, size_t len)
+{
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (body[i] != '\\') continue;
+        if (body[i + 1] == 'u' && i + 5 < len && !strncmp(body + i + 2, "0000", 4)) return 1;
+        i++; /* the escaped character */
+    }
+    return 0;
+}
+
+/* The body as one JSON object with one reading: valid UTF-8, nothing but whitespace after it, no
+ * escaped NUL. *o is NULL on error. */
+static enum status parse_body(const char *body, size_t len, cJSON **o)
+{
+    *o = NULL;
+    if (!utf8_valid(body, len)) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid UTF-8");
+    if (memchr(body, 0, len) || escapes_nul(body, len))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "the request body holds a NUL character (\\u0000) in a string");
+    const char *end = NULL;
+    cJSON *v = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!v) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid JSON");
+    size_t rest = end ? len - (size_t)(end - body) : 0;
+    while (rest && *end && strchr(" \t\r\n", *end)) end++, rest--;
+    if (rest || !cJSON_IsObject(v)) {
+        cJSON_Delete(v);
+        return rest ? status_errorf(STATUS_INVALID_ARGUMENT, "the request body has %zu bytes after its JSON value", rest)
+                    : status_errorf(STATUS_INVALID_ARGUMENT, "the request body must be a JSON object");
+    }
+    *o = v;
+    return STATUS_OK;
+}
+
+/* The request's options, every member checked: unknown ones are refused by name, and a name
+ * given twice too (cJSON reads the first, other parsers the last). */
 struct embed_options {
     int base64, normalize;
     enum embed_pooling pooling;
@@ -167,11 +202,14 @@ static enum status parse_options(struct server *s, const cJSON *o, const struct 
 {
     *opt = (struct embed_options){.normalize = 1, .pooling = EMBED_POOLING_DEFAULT};
     static const char *const known[] = {"input", "model", "encoding_format", "dimensions", "user", "pooling", "normalize"};
+    int seen[sizeof known / sizeof known[0]] = {0};
     for (const cJSON *e = o->child; e; e = e->next) {
         size_t i = 0;
         while (i < sizeof known / sizeof known[0] && strcmp(e->string, known[i])) i++;
         if (i == sizeof known / sizeof known[0])
             return status_errorf(STATUS_INVALID_ARGUMENT, "unknown field '%.64s' (see docs/embeddings.md)", e->string);
+        if (seen[i]++)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "the member name '%s' appears twice in one object", known[i]);
     }
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "model");
     if (v && !cJSON_IsNull(v)) {
@@ -214,14 +252,11 @@ enum status http_embeddings(struct server *s, const char *body, size_t len, char
     *json = NULL;
     struct engine_model_info info;
     engine_get_model_info(s->engine, &info);
-    const char *end = NULL;
-    cJSON *o = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    cJSON *o = NULL;
     struct embed_inputs in = {0};
     struct embed_options opt;
     float *vecs = NULL;
-    enum status st = STATUS_OK;
-    if (!o) st = status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid JSON");
-    else if (!cJSON_IsObject(o)) st = status_errorf(STATUS_INVALID_ARGUMENT, "the request body must be a JSON object");
+    enum status st = parse_body(body, len, &o);
     if (st == STATUS_OK) st = parse_options(s, o, &info, &opt);
     if (st == STATUS_OK) st = parse_input(s, cJSON_GetObjectItemCaseSensitive(o, "input"), &in);
     if (st == STATUS_OK && !(vecs = malloc((size_t)in.n * (size_t)info.d_model * sizeof *vecs))) st = oom();

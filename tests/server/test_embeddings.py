@@ -159,6 +159,25 @@ def group_minilm(a):
                      "completions refused for an encoder")
         expect_error(lambda: oa.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}]), 400,
                      ["encoder"], "chat refused for an encoder")
+        # One reading of the body (raw HTTP: the openai package would not send these).
+        import http.client
+
+        def raw(body):
+            conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=30)
+            conn.request("POST", "/v1/embeddings", body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            text = resp.read().decode("utf-8", "replace")
+            conn.close()
+            return resp.status, text
+
+        for body, words, what in [
+                (b'{"input": "a\\u0000b"}', ["NUL"], "an escaped NUL in a string"),
+                (b'{"input": "a", "input": "b"}', ["twice"], "a member given twice"),
+                (b'{"input": "a"} {"input": "b"}', ["after its JSON value"], "bytes after the JSON value"),
+                (b'{"input": "\xff"}', ["UTF-8"], "invalid UTF-8"),
+                (b'["a"]', ["JSON object"], "a JSON array as the body")]:
+            code, text = raw(body)
+            check(code == 400 and all(w in text for w in words), f"{what}: {code} {text[:120]}")
         check(len(make(model=name, input="still serving").data) == 1, "served after the bad requests")
     return "ok"
 
