@@ -1,7 +1,8 @@
 /* engine/serving/conductor_embed.c - embeddings on one replica (engine_embed): a caller's inputs
- * become a job that the engine thread runs between two steps, in forward passes of at most
- * max_batch_tokens rows and max_seqs inputs through model_embed (no KV cache, so running
- * generation loses nothing but the time of the pass); the caller waits for it.
+ * become a job that the engine thread runs in forward passes of at most max_batch_tokens rows
+ * and max_seqs inputs through model_embed, one pass before each step (no KV cache, so running
+ * generation loses nothing but the time of the pass, and a long job does not hold it up); the
+ * caller waits for the last pass.
  * Not here: the forward pass and pooling (model.c, model_embed), the HTTP front
  * (server/http_embeddings.c).
  * Tests: tests/server/test_embeddings.py (all-MiniLM-L6-v2 against a float64 NumPy forward; a
@@ -15,6 +16,7 @@
 struct embed_job {
     const int32_t *tokens, *offsets;   /* borrowed from the caller: (offsets[n_inputs]), (n_inputs + 1) */
     int            n_inputs;
+    int            next_input;         /* engine thread: the first input not embedded yet */
     enum model_pooling pooling;
     int            normalize;
     float         *out;                /* (n_inputs, d_model) */
@@ -24,43 +26,50 @@ struct embed_job {
     struct embed_job *next;
 };
 
-/* Runs job on the engine thread (or the caller's, while no engine thread runs): consecutive
- * inputs share a pass while they fit the workspace. */
-static void run_job(struct conductor *c, struct embed_job *job)
+/* One forward pass of job: its next inputs, as many as fit the workspace (max_batch_tokens
+ * rows, max_seqs inputs; every input fits alone: check_inputs). */
+static void run_pass(struct conductor *c, struct embed_job *job)
 {
-    const int d = c->m->cfg.d_model;
+    const int d = c->m->cfg.d_model, i = job->next_input;
     int32_t *q_start = malloc(((size_t)c->o.max_seqs + 1) * sizeof *q_start);
-    job->st = q_start ? STATUS_OK : status_errorf(STATUS_RESOURCE_EXHAUSTED, "embeddings: out of host memory");
-    for (int i = 0, j; i < job->n_inputs && job->st == STATUS_OK; i = j) {
+    if (!q_start) {
+        job->st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "embeddings: out of host memory");
+    } else {
         const int32_t base = job->offsets[i];
+        int j = i;
         q_start[0] = 0;
-        for (j = i; j < job->n_inputs && j - i < c->o.max_seqs && job->offsets[j + 1] - base <= c->o.max_batch_tokens;
-             j++)
+        for (; j < job->n_inputs && j - i < c->o.max_seqs && job->offsets[j + 1] - base <= c->o.max_batch_tokens; j++)
             q_start[j - i + 1] = job->offsets[j + 1] - base;
         job->st = model_embed(c->m, job->tokens + base, q_start, j - i, job->pooling, job->normalize,
                               job->out + (size_t)i * (size_t)d);
+        job->next_input = j;
     }
     if (job->st != STATUS_OK) snprintf(job->message, sizeof job->message, "%s", status_message());
     free(q_start);
-    pthread_mutex_lock(&c->mu);
-    c->stats.prompt_tokens += (uint64_t)job->offsets[job->n_inputs];
-    pthread_mutex_unlock(&c->mu);
 }
 
+/* Under mu: job is finished; its caller may return (and the job go) once done is set. */
+static void finish_job(struct conductor *c, struct embed_job *job)
+{
+    if (job->st == STATUS_OK) c->stats.prompt_tokens += (uint64_t)job->offsets[job->n_inputs];
+    job->done = 1;
+    pthread_cond_broadcast(&c->embed_cv);
+}
+
+/* One pass of the first waiting job per engine step, so that a long embedding request and
+ * generation take turns (a step of decoding between two passes) instead of one waiting for the
+ * other. Only the engine thread removes jobs; callers only append. */
 void run_embed_jobs(struct conductor *c)
 {
     pthread_mutex_lock(&c->mu);
-    struct embed_job *jobs = c->embed_jobs;
-    c->embed_jobs = NULL;
+    struct embed_job *job = c->embed_jobs;
     pthread_mutex_unlock(&c->mu);
-    if (!jobs) return;
-    for (struct embed_job *j = jobs; j; j = j->next) run_job(c, j);
+    if (!job) return;
+    run_pass(c, job);
+    if (job->st == STATUS_OK && job->next_input < job->n_inputs) return;
     pthread_mutex_lock(&c->mu);
-    for (struct embed_job *j = jobs, *next; j; j = next) {
-        next = j->next; /* the caller may return (and its job go) as soon as done is set */
-        j->done = 1;
-    }
-    pthread_cond_broadcast(&c->embed_cv);
+    c->embed_jobs = job->next;
+    finish_job(c, job);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -71,10 +80,9 @@ void fail_embed_jobs(struct conductor *c)
         next = j->next;
         j->st = STATUS_UNAVAILABLE;
         snprintf(j->message, sizeof j->message, "the engine stopped before the embeddings ran");
-        j->done = 1;
+        finish_job(c, j);
     }
     c->embed_jobs = NULL;
-    pthread_cond_broadcast(&c->embed_cv);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -128,7 +136,11 @@ enum status conductor_embed(struct conductor *c, const int32_t *tokens, const in
     if (st != STATUS_OK || !c->thread_running) {
         pthread_mutex_unlock(&c->mu);
         if (st != STATUS_OK) return st;
-        run_job(c, &job); /* no engine thread: the caller steps the engine itself (engine_step) */
+        /* No engine thread: the caller steps the engine itself (engine_step), never at once. */
+        while (job.st == STATUS_OK && job.next_input < job.n_inputs) run_pass(c, &job);
+        pthread_mutex_lock(&c->mu);
+        finish_job(c, &job);
+        pthread_mutex_unlock(&c->mu);
     } else {
         struct embed_job **tail = &c->embed_jobs;
         while (*tail) tail = &(*tail)->next;

@@ -350,8 +350,9 @@ enum embed_pooling {
 
 /* Embeds n_inputs token sequences (thread-safe; blocks until done): input i is
  * tokens[offsets[i] .. offsets[i+1]) (offsets[0] = 0), encoded as the caller wants it (an
- * encoder's [CLS] ... [SEP] included). The engine thread runs them between two steps, in
- * forward passes of at most max_batch_tokens rows and max_seqs inputs, without the KV cache
+ * encoder's [CLS] ... [SEP] included). The engine thread runs them in forward passes of at most
+ * max_batch_tokens rows and max_seqs inputs, one pass before each generation step (the two
+ * take turns), without the KV cache
  * (bidirectional attention for an encoder, causal for a decoder); out (n_inputs, d_model) f32
  * receives each input's pooled final hidden state (after a decoder's final norm), divided by its
  * L2 norm when normalize. Errors: STATUS_INVALID_ARGUMENT naming the input for an empty one, an

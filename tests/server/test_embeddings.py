@@ -209,6 +209,19 @@ def group_decoder(a):
                       f"distance of the float64 forward (worst {worst:.2e})")
             r = oa.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=4, temperature=0)
             check(r.choices[0].text != "", "the decoder still generates beside its embeddings")
+            # A long embedding request (many passes) and a generation at once: both answered, the
+            # embeddings equal to the same inputs embedded alone.
+            import threading
+            many = [[1] + [(7 * i + 13 * k) % 500 + 3 for k in range(200)] for i in range(48)]
+            box = {}
+            t = threading.Thread(target=lambda: box.update(r=oa.embeddings.create(model="stories260K", input=many)))
+            t.start()
+            g = oa.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=64, temperature=0)
+            t.join(timeout=120)
+            alone = oa.embeddings.create(model="stories260K", input=many[-1:]).data[0].embedding
+            check("r" in box and len(box["r"].data) == 48 and g.usage.completion_tokens > 0 and
+                  cosine_distance(box["r"].data[-1].embedding, alone) < 1e-6,
+                  "48 inputs of 201 tokens (several passes) and a generation at once: both answered")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return "ok"
