@@ -23,6 +23,7 @@ import base64
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -179,6 +180,21 @@ def group_minilm(a):
             code, text = raw(body)
             check(code == 400 and all(w in text for w in words), f"{what}: {code} {text[:120]}")
         check(len(make(model=name, input="still serving").data) == 1, "served after the bad requests")
+
+    # The command line refuses an encoder where it would generate, train or write a copy.
+    work = Path(tempfile.mkdtemp(prefix="shardlm-embed-cli-"))
+    try:
+        (work / "d.jsonl").write_text('{"text": "hello world"}\n')
+        for what, args, words in [
+                ("generate", ["generate", "--model", str(model_dir), "--prompt", "hi"], ["encoder"]),
+                ("train", ["train", "--model", str(model_dir), "--data", str(work / "d.jsonl"), "--out", str(work / "t"),
+                           "--train-iters", "1"], ["encoder"]),
+                ("reshard", ["reshard", "--model", str(model_dir), "--out", str(work / "r"), "--tp", "1"], ["encoder"])]:
+            p = subprocess.run([a.shardlm, *args], capture_output=True, text=True, timeout=120)
+            check(p.returncode != 0 and all(w in p.stderr for w in words) and not (work / "r").exists(),
+                  f"shardlm {what} refuses an encoder: {p.stderr.strip().splitlines()[-1][:120] if p.stderr else ''}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return "ok"
 
 
