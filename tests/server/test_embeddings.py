@@ -259,6 +259,10 @@ def main():
             ran += GROUPS[g](a) == "ok"
     finally:
         TS.kill_all()
+    if check.failed == 0:
+        shutil.rmtree(TS.LOG_DIR, ignore_errors=True)
+    else:
+        print(f"server logs: {TS.LOG_DIR}")
     if not ran:
         return SKIP
     return check.summary()
