@@ -23,6 +23,7 @@
 
 #include "checkpoint_impl.h"
 #include "gguf.h"
+#include "gguf_convert.h"
 #include "quant.h"
 #include "safetensors.h"
 
@@ -240,12 +241,12 @@ static enum status ck_source_hf_bert(const struct checkpoint *ck, enum weight_ki
 static enum status ck_source_gguf(const struct checkpoint *ck, enum weight_kind kind, int l,
                                   struct ck_source *s)
 {
-    const struct weight_names *w = weight_names_of(kind);
-    if (!w->gguf)
+    const char *pattern = gguf_weight_pattern(&ck->cfg, kind);
+    if (!pattern)
         return status_errorf(STATUS_UNSUPPORTED, "%s: shardlm has no GGUF name for weight %s",
                              ck->files->dir, weight_kind_name(kind));
     char name[CK_NAME];
-    (void)weight_names_format(name, sizeof name, NULL, w->gguf, l);
+    (void)weight_names_format(name, sizeof name, NULL, pattern, l);
     s->mode = CK_DIRECT;
     s->off = 0;
     enum status st = ck_part(ck, s, 0, name, s->ndim, s->rows, s->cols);

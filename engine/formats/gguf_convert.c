@@ -230,20 +230,23 @@ static enum status gguf_phi3_longrope(const struct gguf *g, const char *path, st
 /* The Llama-shaped architectures of llama.cpp: "llama" (Llama 1/2, Mistral, SmolLM, TinyLlama
  * ... as convert_hf_to_gguf.py writes them), "qwen2" (q/k/v biases), "qwen3" (per-head QK
  * norm), "phi3" (Phi-3 / 3.5 / 4-mini: fused attn_qkv and ffn_up, partial rotary, a window on
- * every layer, LongRoPE) and "olmo2" (q and k normed over the whole projection, norms after
- * attention and the MLP only). llama.cpp's converter permutes the rows of a llama model's
+ * every layer, LongRoPE), "olmo2" (q and k normed over the whole projection, norms after
+ * attention and the MLP only), and the mixtures of experts: "llama" with expert_count
+ * (Mixtral), "qwen2moe" (q/k/v biases, a shared expert as ffn_*_shexp behind a sigmoid gate
+ * ffn_gate_inp_shexp), "qwen3moe" and "olmoe" (whole-projection QK norm). llama.cpp's converter permutes the rows of a llama model's
  * attn_q and attn_k so that rotary rotates adjacent pairs (its rope type NORM): rope_style pairs
  * over the file's weights as they are; the others keep Hugging Face's order and rotate halves
  * (rope type NEOX; Olmo2Model and Phi3MiniModel permute nothing). Biases come with the tensors
- * (attn_q.bias). Expert layers are refused, not ignored. */
+ * (attn_q.bias). Experts in any other architecture are refused, not ignored. */
 static enum status gguf_llama_config(const struct gguf *g, const char *arch, enum dtype dtype, struct model_config *c)
 {
     enum status s;
     const char *path = gguf_path(g);
     char key[96];
-    const int qwen2 = !strcmp(arch, "qwen2"), qwen3moe = !strcmp(arch, "qwen3moe");
-    const int qwen3 = !strcmp(arch, "qwen3") || qwen3moe;
-    const int phi3 = !strcmp(arch, "phi3"), olmo2 = !strcmp(arch, "olmo2");
+    const int qwen2moe = !strcmp(arch, "qwen2moe"), qwen2 = !strcmp(arch, "qwen2") || qwen2moe;
+    const int qwen3moe = !strcmp(arch, "qwen3moe"), qwen3 = !strcmp(arch, "qwen3") || qwen3moe;
+    const int phi3 = !strcmp(arch, "phi3"), olmo2 = !strcmp(arch, "olmo2"), olmoe = !strcmp(arch, "olmoe");
+    const int moe_arch = qwen2moe || qwen3moe || olmoe; /* experts by architecture; llama's by expert_count */
 #define K(name) (snprintf(key, sizeof key, "%s." name, arch), key)
     static const char *const unsupported[] = {"attention.layer_norm_epsilon", "attention.sliding_window_pattern",
                                               "attention.sliding_window"};
@@ -258,13 +261,13 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     c->family = MODEL_FAMILY_LLAMA;
     int64_t experts = 0;
     if (gguf_find_kv(g, K("expert_count")) && (s = gguf_get_int(g, key, &experts))) return s;
-    if (experts && strcmp(arch, "llama") && !qwen3moe)
+    if (experts && strcmp(arch, "llama") && !moe_arch)
         return status_errorf(STATUS_UNSUPPORTED, "%s: %s: experts in a %s file are not supported (llama: Mixtral; "
-                             "qwen3moe)", path, key, arch);
+                             "qwen2moe, qwen3moe, olmoe)", path, key, arch);
     snprintf(c->architecture, sizeof c->architecture, "%s",
-             qwen2 ? "Qwen2ForCausalLM" : qwen3moe ? "Qwen3MoeForCausalLM" : qwen3 ? "Qwen3ForCausalLM"
-             : phi3 ? "Phi3ForCausalLM" : olmo2 ? "Olmo2ForCausalLM" : experts ? "MixtralForCausalLM"
-             : "LlamaForCausalLM");
+             qwen2moe ? "Qwen2MoeForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : qwen3moe ? "Qwen3MoeForCausalLM"
+             : qwen3 ? "Qwen3ForCausalLM" : phi3 ? "Phi3ForCausalLM" : olmo2 ? "Olmo2ForCausalLM"
+             : olmoe ? "OlmoeForCausalLM" : experts ? "MixtralForCausalLM" : "LlamaForCausalLM");
     if ((s = gc_int(g, K("embedding_length"), &c->d_model)) || (s = gc_int(g, K("block_count"), &c->n_layers)) ||
         (s = gc_int(g, K("feed_forward_length"), &c->ffn_hidden)) ||
         (s = gc_int(g, K("attention.head_count"), &c->n_heads)) ||
@@ -277,12 +280,18 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
         return s;
     int value_length = c->head_dim;
     if ((s = gc_int_or(g, K("attention.value_length"), c->head_dim, &value_length))) return s;
-    if (experts || qwen3moe) { /* llama.cpp's MoE keys; its top-k weights are renormalised for both */
+    if (experts || moe_arch) { /* llama.cpp's MoE keys */
         if ((s = gc_int(g, K("expert_used_count"), &c->n_experts_used)) ||
             (s = gc_int_or(g, K("expert_feed_forward_length"), c->ffn_hidden, &c->moe_ffn)))
             return s;
         c->n_experts = (int)(experts > 0 && experts <= 1024 ? experts : -1);
-        c->norm_topk_prob = 1;
+        /* llama.cpp's build_moe_ffn renormalises the top-k weights of Mixtral and Qwen 3 MoE, not
+         * those of Qwen 2 MoE or OLMoE (their norm_topk_prob false, as in their configs). */
+        c->norm_topk_prob = !qwen2moe && !olmoe;
+        if (qwen2moe) { /* the shared expert: shardlm's dense MLP, of expert_shared_feed_forward_length */
+            c->shared_expert = 1;
+            if ((s = gc_int_or(g, K("expert_shared_feed_forward_length"), c->ffn_hidden, &c->ffn_hidden))) return s;
+        }
     }
     if ((phi3 || olmo2) && gguf_find_kv(g, K("attention.sliding_window"))) {
         int64_t w = 0; /* Phi3MiniModel writes 0 for none (Phi-4) */
@@ -306,7 +315,7 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     c->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     c->attn_out_bias = gguf_find_tensor(g, "blk.0.attn_output.bias") != NULL;
     c->mlp_bias = gguf_find_tensor(g, "blk.0.ffn_up.bias") != NULL;
-    c->qk_norm = qwen3 ? QK_NORM_HEAD : olmo2 ? QK_NORM_FULL : 0;
+    c->qk_norm = qwen3 ? QK_NORM_HEAD : olmo2 || olmoe ? QK_NORM_FULL : 0;
     c->sandwich_norms = c->no_pre_norms = olmo2;
     c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     c->dtype = dtype;
@@ -331,15 +340,14 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
     enum status s;
     const char *path = gguf_path(g), *arch = NULL;
     if ((s = gguf_get_str(g, "general.architecture", &arch))) return s;
-    if (!strcmp(arch, "llama") || !strcmp(arch, "qwen2") || !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe") ||
-        !strcmp(arch, "phi3") ||
-        !strcmp(arch, "olmo2"))
-        return gguf_llama_config(g, arch, dtype, c);
+    static const char *const llama_like[] = {"llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "olmo2", "olmoe"};
+    for (size_t i = 0; i < sizeof llama_like / sizeof llama_like[0]; i++)
+        if (!strcmp(arch, llama_like[i])) return gguf_llama_config(g, arch, dtype, c);
     const int g2 = !strcmp(arch, "gemma2");
     if (!g2 && strcmp(arch, "gemma3"))
         return status_errorf(STATUS_UNSUPPORTED,
-                             "%s: general.architecture \"%s\": only llama (and Mixtral), qwen2, qwen3, qwen3moe, phi3, "
-                             "olmo2, gemma2 and gemma3 GGUF files load", path, arch);
+                             "%s: general.architecture \"%s\": only llama (and Mixtral), qwen2, qwen2moe, qwen3, qwen3moe, "
+                             "phi3, olmo2, olmoe, gemma2 and gemma3 GGUF files load", path, arch);
     char key[96];
 #define GK(name) (snprintf(key, sizeof key, "%s." name, arch), key)
     static const char *const unsupported3[] = {"final_logit_softcapping", "attn_logit_softcapping",
@@ -407,9 +415,17 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
 /* The GGUF name of weight kind of layer l in c's file into buf: 0, or 1 when the kind is not a
  * tensor of its own (Phi-3's k, v and up live in the fused attn_qkv and ffn_up, named by q and
  * gate). */
+const char *gguf_weight_pattern(const struct model_config *c, enum weight_kind kind)
+{
+    if (c->shared_expert && (kind == WEIGHT_KIND_GATE || kind == WEIGHT_KIND_UP || kind == WEIGHT_KIND_DOWN))
+        return kind == WEIGHT_KIND_GATE ? "blk.%d.ffn_gate_shexp.weight"
+               : kind == WEIGHT_KIND_UP ? "blk.%d.ffn_up_shexp.weight" : "blk.%d.ffn_down_shexp.weight";
+    return weight_names_of(kind)->gguf;
+}
+
 static int gc_gguf_name(const struct model_config *c, const struct weight_names *wn, int l, char *buf, size_t n)
 {
-    const char *pattern = wn->gguf;
+    const char *pattern = gguf_weight_pattern(c, wn->kind);
     CHECK(pattern, "no GGUF name for %s", wn->name);
     if (config_hf_fused(c)) {
         if (wn->kind == WEIGHT_KIND_K || wn->kind == WEIGHT_KIND_V || wn->kind == WEIGHT_KIND_UP) return 1;

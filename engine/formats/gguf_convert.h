@@ -11,6 +11,7 @@
 
 #include "base.h"
 #include "tensor.h"
+#include "weight_names.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,7 +55,9 @@ struct gguf;
 struct model_config;
 /* The model config that g's metadata describes (what convert writes as config.json, and what
  * checkpoint_open serves a GGUF file with), dtype as given: LlamaForCausalLM (rope pairs),
- * Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM (rope halves),
+ * Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, and the mixtures
+ * MixtralForCausalLM (llama with expert_count), Qwen2MoeForCausalLM (qwen2moe),
+ * Qwen3MoeForCausalLM (qwen3moe) and OlmoeForCausalLM (olmoe) (rope halves but Mixtral),
  * Gemma2ForCausalLM / Gemma3ForCausalLM (rope halves, norm_weight_offset 0). Errors:
  * STATUS_UNSUPPORTED for another architecture or a feature not modelled; STATUS_BAD_FORMAT for
  * missing or out-of-range metadata (named). */
@@ -65,6 +68,12 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
  * a feature shardlm does not model is refused, not ignored. Missing tensors are not looked for
  * here (the loaders name them). */
 enum status gguf_check_tensors(const struct gguf *g, const struct model_config *c);
+
+/* The llama.cpp name pattern (one %d: the layer) of weight `kind` in a GGUF file of model c:
+ * weight_names.c's gguf column, except Qwen 2 MoE's shared expert, whose gated MLP (shardlm's
+ * dense MLP weights) llama.cpp names ffn_gate_shexp, ffn_up_shexp and ffn_down_shexp. NULL when
+ * the weight has no GGUF name. Phi-3's fused tensors are the loaders' own business. */
+const char *gguf_weight_pattern(const struct model_config *c, enum weight_kind kind);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes a small Hugging Face-layout Llama / Qwen 2 / Qwen 3 / Gemma 2 / Phi-3 / OLMo 2 checkpoint
+"""Writes a small Hugging Face-layout Llama / Qwen 2 / Qwen 3 / Gemma 2 / Phi-3 / OLMo 2 checkpoint, or
+a mixture of experts (Mixtral as llama, Qwen 2 / 3 MoE, OLMoE),
 (make_models.py's, f32) as a GGUF file with gguf-py, the way llama.cpp's convert_hf_to_gguf.py
 names and lays it out, and the golden JSON that tests/test_model.c's `ref` mode reads, from the
 checkpoint's float64 reference.json. Written only for shardlm's golden tests (golden_gguf_<model>);
@@ -8,7 +9,7 @@ Olmo2Model and Phi3MiniModel keep Hugging Face's order; Phi3MiniModel keeps the 
 gate_up_proj as attn_qkv and ffn_up and writes LongRoPE as rope_factors_long / _short tensors),
 never shardlm's code.
 
-  hf_to_gguf.py --hf DIR --arch llama|qwen2|qwen3|gemma2|phi3|olmo2 --out FILE.gguf --ref OUT.json
+  hf_to_gguf.py --hf DIR --arch llama|qwen2|qwen2moe|qwen3|qwen3moe|gemma2|phi3|olmo2|olmoe --out FILE.gguf --ref OUT.json
 """
 import argparse
 import json
@@ -49,7 +50,8 @@ def permute(w, n_head):  # convert_hf_to_gguf.py LlamaModel.permute: rotate-half
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hf", required=True)
-    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "phi3", "olmo2"],
+    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "phi3", "olmo2",
+                                       "olmoe"],
                     required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--ref", required=True)
@@ -88,12 +90,16 @@ def main():
     g.add_float32(A + ".rope.freq_base", cfg["rope_theta"])
     mixtral = cfg["model_type"] == "mixtral"
     E = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
-    if E:  # MixtralModel / Qwen3MoeModel: the experts' keys (llama.cpp renormalises the top k of both)
-        assert mixtral or cfg.get("norm_topk_prob"), "GGUF MoE: llama.cpp renormalises the top-k weights"
+    if E:  # MixtralModel / Qwen2MoeModel / Qwen3MoeModel / OlmoeModel: the experts' keys
+        # llama.cpp's build_moe_ffn renormalises the top k for llama (Mixtral) and qwen3moe only
+        renorm = A in ("llama", "qwen3moe")
+        assert (mixtral or bool(cfg.get("norm_topk_prob"))) == renorm, "GGUF MoE: llama.cpp's top-k rule for " + A
         g.add_uint32(A + ".expert_count", E)
         g.add_uint32(A + ".expert_used_count", cfg["num_experts_per_tok"])
-        if not mixtral:
+        if "moe_intermediate_size" in cfg:  # Mixtral's and OLMoE's experts are intermediate_size wide
             g.add_uint32(A + ".expert_feed_forward_length", cfg["moe_intermediate_size"])
+        if "shared_expert_intermediate_size" in cfg:  # Qwen2MoeModel.set_gguf_parameters
+            g.add_uint32(A + ".expert_shared_feed_forward_length", cfg["shared_expert_intermediate_size"])
     gemma = A == "gemma2"
     if gemma:  # convert_hf_to_gguf.py Gemma2Model's keys
         g.add_float32(A + ".attn_logit_softcapping", cfg["attn_logit_softcapping"])
@@ -161,6 +167,10 @@ def main():
             put(b + "ffn_gate_inp.weight", w[p + blk + "gate.weight"])
             for name, dst in zip(names, ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")):
                 put(b + dst + ".weight", np.stack([w[p + blk + "experts.%d.%s.weight" % (e, name)] for e in range(E)]))
+            if p + "mlp.shared_expert_gate.weight" in w:  # Qwen 2 MoE's shared expert, as tensor_mapping.py names it
+                put(b + "ffn_gate_inp_shexp.weight", w[p + "mlp.shared_expert_gate.weight"])
+                for src in ("gate", "up", "down"):
+                    put(b + "ffn_%s_shexp.weight" % src, w[p + "mlp.shared_expert.%s_proj.weight" % src])
             continue
         put(b + "ffn_gate.weight", w[p + "mlp.gate_proj.weight"])
         put(b + "ffn_up.weight", w[p + "mlp.up_proj.weight"])
