@@ -115,6 +115,9 @@ struct attention_train_batch {
     float         scale;     /* scores are scale * q.k; usually 1/sqrt(head_dim) */
     int           window;    /* sliding-window size in tokens; 0 = full causal */
     float         softcap;   /* > 0: scores become softcap * tanh(s / softcap), as op_attention's */
+    int           bidirectional; /* 1: row i attends to every row of its document, before and
+                                    after it (an encoder: BERT); window must then be 0, and the
+                                    backward is not built for it. 0: causal (the default) */
 };
 
 /* Hyperparameters of one AdamW step (op_adamw). */

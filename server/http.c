@@ -1,7 +1,8 @@
 /* server/http.c - the OpenAI-compatible HTTP front (`serve --http ADDR`) on libmicrohttpd: a
  * thread per connection and a bounded number of connections; routes POST /v1/completions,
  * POST /v1/chat/completions (unary, or server-sent events with `stream: true`), Anthropic's
- * POST /v1/messages and /v1/messages/count_tokens (http_anthropic.c), GET
+ * POST /v1/messages and /v1/messages/count_tokens (http_anthropic.c), POST /v1/embeddings
+ * (http_embeddings.c), GET
  * /v1/models, GET /health, GET /metrics; API keys as `Authorization: Bearer` or `x-api-key`; TLS from the
  * same files as gRPC; and the one mapping of enum status to HTTP codes and OpenAI error types
  * (http_status). Requests go through the same path as gRPC's: gen_prompt (template,
@@ -149,7 +150,8 @@ static void set_client(struct server *s, struct MHD_Connection *c, struct http_r
 /* The routes, each with the methods it allows. */
 enum route {
     ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_HEALTH, ROUTE_METRICS,
-    ROUTE_MESSAGES, ROUTE_COUNT_TOKENS /* Anthropic's Messages API (http_anthropic.c) */
+    ROUTE_MESSAGES, ROUTE_COUNT_TOKENS, /* Anthropic's Messages API (http_anthropic.c) */
+    ROUTE_EMBEDDINGS                    /* http_embeddings.c */
 };
 
 /* The URL as it came (no percent-decoding: see unescape_none), without its query string. */
@@ -162,12 +164,16 @@ static enum route route_of(const char *url)
     if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
     if (!strcmp(url, "/v1/messages")) return ROUTE_MESSAGES;
     if (!strcmp(url, "/v1/messages/count_tokens")) return ROUTE_COUNT_TOKENS;
+    if (!strcmp(url, "/v1/embeddings")) return ROUTE_EMBEDDINGS;
     return ROUTE_NONE;
 }
 
+/* The POST routes with a JSON body (embeddings included: keys, content type and length are
+ * checked alike). */
 static int route_generates(enum route r)
 {
-    return r == ROUTE_COMPLETIONS || r == ROUTE_CHAT || r == ROUTE_MESSAGES || r == ROUTE_COUNT_TOKENS;
+    return r == ROUTE_COMPLETIONS || r == ROUTE_CHAT || r == ROUTE_MESSAGES || r == ROUTE_COUNT_TOKENS ||
+           r == ROUTE_EMBEDDINGS;
 }
 
 /* Whether errors go out in Anthropic's shape. */
@@ -305,6 +311,24 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
 }
 
 /* ---- routes ---------------------------------------------------------------------------------- */
+
+static enum MHD_Result handle_embeddings(struct server *s, struct MHD_Connection *c, struct http_conn *hc)
+{
+    if (hc->too_big) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
+        return reply_error(c, 0, 413, "invalid_request_error", "request_too_large", msg);
+    }
+    if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, 0, STATUS_UNAVAILABLE, "the server is not serving");
+    char *json = NULL;
+    enum status st = http_embeddings(s, hc->body ? hc->body : "", hc->len, &json);
+    if (st != STATUS_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        return reply_status(c, 0, st, msg);
+    }
+    return reply_json(c, 200, json);
+}
 
 struct model_list {
     struct server *s;
@@ -455,6 +479,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case ROUTE_CHAT:
     case ROUTE_MESSAGES:
     case ROUTE_COUNT_TOKENS: return handle_generation(s, c, hc, hc->route != ROUTE_COMPLETIONS);
+    case ROUTE_EMBEDDINGS: return handle_embeddings(s, c, hc);
     case ROUTE_NONE: break;
     }
     return MHD_NO; /* refuse_early answered every other route */

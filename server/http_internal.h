@@ -175,6 +175,12 @@ void  http_stream_finish(struct http_gen *g);
 /* {"error": {...}} with the given message, type and code; malloc'd. */
 char *http_error_json(const char *message, const char *type, const char *param, const char *code);
 
+/* ---- http_embeddings.c: OpenAI's /v1/embeddings ------------------------------------------- */
+
+/* Parses body[0..len), runs engine_embed and makes the response (*json, malloc'd) or returns the
+ * error (INVALID_ARGUMENT / UNSUPPORTED / NOT_FOUND naming the field, the engine's errors). */
+enum status http_embeddings(struct server *s, const char *body, size_t len, char **json);
+
 /* ---- http_anthropic.c, http_anthropic_out.c: Anthropic's Messages API ------------------- */
 
 /* Parses an Anthropic Messages body[0..len) into *q (as http_parse_request, whose chat path it

@@ -112,7 +112,9 @@ static enum status kv_pool_blocks(struct conductor *c, size_t block_bytes, int t
 {
     const struct engine_options *o = &c->o;
     long long n_blocks = o->kv_cache_blocks;
-    if (o->kv_cache_bytes) {
+    if (c->m->cfg.encoder) { /* an encoder embeds without the cache (model_embed): one block keeps the structures whole */
+        n_blocks = 1;
+    } else if (o->kv_cache_bytes) {
         n_blocks = (long long)(o->kv_cache_bytes / block_bytes);
     } else if (o->kv_cache_fraction > 0) {
         size_t free_bytes = 0, total_bytes = 0;
@@ -173,6 +175,7 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->gmu, NULL);
     pthread_cond_init(&c->cv, NULL);
+    pthread_cond_init(&c->embed_cv, NULL);
     c->next_handle = 1;
     enum status st = load_model(c);
     if (st == STATUS_OK)
@@ -245,7 +248,8 @@ void conductor_get_model_info(const struct conductor *c, struct engine_model_inf
         .pp_size = c->m->pp_size, .dp_size = 1, .block_tokens = c->cache.block_tokens, .kv_blocks = c->cache.n_blocks,
         .bos_id = cfg->bos_id >= 0 ? cfg->bos_id : tokenizer_bos_id(c->tok),
         .eos_id = conductor_eos_id(c), .max_loras = c->adapters.cap, .max_lora_rank = c->adapters.max_rank,
-        .max_queue = c->o.max_queue, .quantization = c->m->quantization,
+        .max_queue = c->o.max_queue, .quantization = c->m->quantization, .encoder = c->m->cfg.encoder,
+        .max_batch_tokens = c->o.max_batch_tokens,
         .chat_template = c->m->checkpoint->chat_template,
     };
 }
@@ -301,6 +305,9 @@ int conductor_list_adapters(struct conductor *c, void (*fn)(void *ctx, const str
 enum status conductor_validate(const struct conductor *c, const int32_t *prompt, int n_prompt,
                                const struct request_params *p)
 {
+    if (c->m->cfg.encoder)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "the model (%s) is an encoder: it serves embeddings "
+                             "(/v1/embeddings), not generation", c->m->cfg.architecture);
     const struct request_bounds b = {.vocab_size = c->m->cfg.vocab_size, .max_positions = c->m->cfg.max_positions,
                                      .block_tokens = c->cache.block_tokens, .n_blocks = c->cache.n_blocks,
                                      .max_logprobs = c->o.max_logprobs, .max_seqs = c->o.max_seqs,
@@ -607,6 +614,7 @@ static void take_results(struct conductor *c, enum status st)
 
 int conductor_step(struct conductor *c)
 {
+    run_embed_jobs(c);                                       /* embeddings between steps */
     take_intake(c);                                          /* 1 */
     const int busy = c->sched.n_waiting + c->sched.n_running;
     if (busy == 0) {
@@ -659,7 +667,8 @@ static void *conductor_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&c->mu);
         int idle = 0;
-        while (!c->stop_thread && !c->intake && !c->adapters.dirty && c->sched.n_running + c->sched.n_waiting == 0) {
+        while (!c->stop_thread && !c->intake && !c->embed_jobs && !c->adapters.dirty &&
+               c->sched.n_running + c->sched.n_waiting == 0) {
             if (!watch) {
                 pthread_cond_wait(&c->cv, &c->mu);
                 continue;
@@ -679,6 +688,7 @@ static void *conductor_main(void *arg)
         if (idle) check_idle_ranks(c);
         else conductor_step(c);
     }
+    fail_embed_jobs(c); /* whoever still waits learns that the engine stopped */
     return NULL;
 }
 
@@ -766,5 +776,6 @@ void conductor_free(struct conductor *c)
     backend_close(c->b);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
+    pthread_cond_destroy(&c->embed_cv);
     free(c);
 }

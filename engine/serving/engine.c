@@ -140,6 +140,15 @@ enum status engine_submit(struct engine *e, const char *request_id, const int32_
     return conductor_submit(e->local, request_id, prompt, n_prompt, p, on_event, ctx, handle);
 }
 
+enum status engine_embed(struct engine *e, const int32_t *tokens, const int32_t *offsets, int n_inputs,
+                         enum embed_pooling pooling, int normalize, float *out)
+{
+    if (e->router)
+        return status_errorf(STATUS_UNSUPPORTED, "embeddings are served without data parallelism (dp 1); this server "
+                             "runs %d replicas", router_replicas(e->router));
+    return conductor_embed(e->local, tokens, offsets, n_inputs, pooling, normalize, out);
+}
+
 enum status engine_cancel(struct engine *e, uint64_t handle)
 {
     if (e->router) return router_cancel(e->router, handle, NULL);
