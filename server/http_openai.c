@@ -22,11 +22,31 @@ static enum status type_error(const char *field, const char *type)
     return status_errorf(STATUS_INVALID_ARGUMENT, "'%s' must be %s", field, type);
 }
 
-/* The field, or NULL when absent or JSON null (both mean "not given"). */
-static const cJSON *field(const cJSON *o, const char *name)
+const cJSON *http_json_field(const cJSON *o, const char *name)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
     return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static const cJSON *field(const cJSON *o, const char *name) { return http_json_field(o, name); }
+
+enum status http_json_only_fields(const cJSON *o, const char *where, const char *const *allowed)
+{
+    for (const cJSON *e = o->child; e; e = e->next) {
+        int ok = 0;
+        for (int i = 0; allowed[i] && !ok; i++) ok = !strcmp(e->string, allowed[i]);
+        if (!ok)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "%s%s%.64s: unknown field (not supported by this server)",
+                                 where, where[0] ? "." : "", e->string);
+    }
+    return STATUS_OK;
+}
+
+cJSON *http_json_dup(const cJSON *v)
+{
+    cJSON *d = cJSON_Duplicate(v, 1);
+    CHECK(d, "out of memory");
+    return d;
 }
 
 static enum status get_double(const cJSON *o, const char *name, double *out)
@@ -248,6 +268,8 @@ void http_request_free(struct http_request *q)
     free(q->prompts);
     q->prompts = NULL;
     q->n_prompts = 0;
+    http_responses_free(q->responses);
+    q->responses = NULL;
     gen_request_free(&q->r);
 }
 
