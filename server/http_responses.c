@@ -201,6 +201,16 @@ static int try_ref(struct http_gen *g)
     return 0;
 }
 
+/* Whether the Response object json has status "cancelled". */
+static int is_cancelled(const char *json)
+{
+    cJSON *o = cJSON_Parse(json);
+    const char *status = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "status"));
+    int yes = status && !strcmp(status, "cancelled");
+    cJSON_Delete(o);
+    return yes;
+}
+
 enum status responses_store_cancel(struct http_responses_store *st, const char *id, const char *owner, char **response)
 {
     pthread_mutex_lock(&st->mu);
@@ -225,7 +235,7 @@ enum status responses_store_cancel(struct http_responses_store *st, const char *
     while ((e = find(st, id, owner)) && !e->done && rc == 0) rc = pthread_cond_timedwait(&st->cv, &st->mu, &ts);
     enum status s = STATUS_OK;
     if (!e) s = not_found(id);
-    else if (e->done && !strstr(e->response, "\"status\":\"cancelled\""))
+    else if (e->done && !is_cancelled(e->response))
         s = status_errorf(STATUS_FAILED_PRECONDITION, "the response '%.64s' already ended: only a response in "
                           "progress can be cancelled", id);
     else CHECK(*response = strdup(e->response), "out of memory");

@@ -37,6 +37,9 @@ try:
 except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
     sys.exit(SKIP)
+if not hasattr(openai.OpenAI(api_key="x", base_url="http://127.0.0.1:1"), "responses"):
+    print(f"SKIP: openai {openai.__version__} has no client.responses; run tools/install_deps.sh")
+    sys.exit(SKIP)
 import test_server as TS  # noqa: E402
 from checks import Checks  # noqa: E402
 
