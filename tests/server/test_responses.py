@@ -13,6 +13,7 @@ client.responses, beside client.chat.completions for the same conversation.
   as explicit input items) equals chat's tool turn.
 - text.format json_schema (validated with jsonschema) and json_object.
 - retrieve, delete, store false, cancel (of a running stream, and refused once completed).
+- Qwen 3's template (reasoning): reasoning.effort none equals chat's enable_thinking false.
 - Bad input: unknown previous_response_id (404), unknown fields and unhonoured values refused by
   name (400), a wrong API key (401).
 
@@ -45,6 +46,7 @@ from checks import Checks  # noqa: E402
 
 check = Checks()
 TEMPLATE = HERE.parent / "data" / "chat_templates" / "qwen2.5-instruct.jinja"
+QWEN3 = HERE.parent / "data" / "chat_templates" / "qwen3-final-assistant.jinja"
 KEY = "secret-resp"
 PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 32},
                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
@@ -280,6 +282,22 @@ def errors(srv, oa, mid):
     expect(lambda: oa.responses.create(model="nope", input="hi"), openai.NotFoundError, "nope", "unknown model")
 
 
+def reasoning(oa, mid):
+    """Qwen 3's template (a <think> split): effort none is the template's enable_thinking false."""
+    r = oa.responses.create(model=mid, input=ASK, max_output_tokens=12, temperature=0, reasoning={"effort": "none"})
+    off = oa.chat.completions.create(model=mid, messages=ASK_MSG, max_tokens=12, temperature=0,
+                                     extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    on = oa.chat.completions.create(model=mid, messages=ASK_MSG, max_tokens=12, temperature=0,
+                                    extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    check(on.usage.prompt_tokens != off.usage.prompt_tokens, "qwen3: enable_thinking changes the prompt")
+    check(r.usage.input_tokens == off.usage.prompt_tokens and r.reasoning.effort == "none",
+          f"qwen3: effort none is enable_thinking false ({r.usage.input_tokens} prompt tokens)")
+    expect(lambda: oa.responses.create(model=mid, input=ASK, reasoning={"effort": "low"}), openai.BadRequestError,
+           "reasoning.effort", "qwen3: graded effort refused")
+    expect(lambda: oa.responses.create(model=mid, input=ASK, reasoning={"summary": "auto"}), openai.BadRequestError,
+           "reasoning.summary", "qwen3: summary refused")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -302,6 +320,9 @@ def main():
             formats(oa, mid)
             cancel(oa, mid)
             errors(srv, oa, mid)
+        with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(QWEN3), "--no-prefix-caching",
+                       name="responses-qwen3", http=True) as srv:
+            reasoning(openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300), mid)
     finally:
         for p in TS.SERVERS:
             if p.poll() is None:
