@@ -155,11 +155,26 @@ static void response_owner(struct server *s, struct MHD_Connection *c, char *out
     else snprintf(out, cap, "%s", "");
 }
 
-/* GET / DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel (http_responses_out.c). */
+/* The first query parameter's name (cls: a char[64]). */
+static enum MHD_Result first_arg(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    (void)value;
+    snprintf(cls, 64, "%s", key);
+    return MHD_NO;
+}
+
+/* GET / DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel (http_responses_out.c). Query
+ * parameters (include, stream, starting_after) are refused by name: none is honoured. */
 static enum MHD_Result handle_response_item(struct server *s, struct MHD_Connection *c, const char *url,
                                             const char *method)
 {
-    char owner[64], *json = NULL;
+    char owner[64], arg[64] = "", *json = NULL;
+    if (MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, first_arg, arg) > 0) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the query parameter '%s' is not supported by this server", arg);
+        return reply_status(c, 0, STATUS_UNSUPPORTED, msg);
+    }
     response_owner(s, c, owner, sizeof owner);
     enum status st = http_responses_item(s, owner, method, url, &json);
     if (st != STATUS_OK) return reply_status(c, 0, st, status_message());

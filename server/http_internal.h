@@ -109,6 +109,11 @@ int http_tools_reply(const struct http_request *q, int think_open, const char *t
  * characters of ids) 9 letters and digits derived from it. */
 void http_tools_call_id(const struct http_request *q, const char *base, int k, char *out, size_t cap);
 
+/* The body[0..len) of a request as one JSON object (*out, the caller's): refused
+ * (STATUS_INVALID_ARGUMENT) when it is not UTF-8, not JSON, has bytes after its value, is not an
+ * object, holds U+0000 in a string or member name (named by its path), or has a member name twice
+ * in one object (every reader of the body must see the same request). */
+enum status http_json_parse_body(const char *body, size_t len, struct cJSON **out);
 /* Member name of o, or NULL when absent or JSON null (both mean "not given"). */
 const struct cJSON *http_json_field(const struct cJSON *o, const char *name);
 /* Refuses (STATUS_INVALID_ARGUMENT, naming it) a member of object o (named where: "" for the

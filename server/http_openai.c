@@ -641,13 +641,9 @@ static int find_duplicate(const cJSON *v, const char **dup)
     return found;
 }
 
-enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
-                               const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
-                               struct http_request *q)
+enum status http_json_parse_body(const char *body, size_t len, cJSON **out)
 {
-    memset(q, 0, sizeof *q);
-    q->r.params = request_params_default();
-    q->is_chat = is_chat;
+    *out = NULL;
     if (!utf8_valid(body, len)) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid UTF-8");
     size_t marked_len;
     char *marked = mark_nuls(body, len, &marked_len);
@@ -666,6 +662,20 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     if (st == STATUS_OK) st = refuse_nul(o);
     if (st == STATUS_OK && find_duplicate(o, &dup))
         st = status_errorf(STATUS_INVALID_ARGUMENT, "the member name '%.64s' appears twice in one object", dup);
+    if (st != STATUS_OK) cJSON_Delete(o);
+    else *out = o;
+    return st;
+}
+
+enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
+                               const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
+                               struct http_request *q)
+{
+    memset(q, 0, sizeof *q);
+    q->r.params = request_params_default();
+    q->is_chat = is_chat;
+    cJSON *o = NULL;
+    enum status st = http_json_parse_body(body, len, &o);
     if (st == STATUS_OK) st = refuse_unhonoured(o);
     if (st == STATUS_OK) st = parse_model(field(o, "model"), served_model, adapters, n_adapters, &q->r);
     if (st == STATUS_OK) st = is_chat ? parse_messages(o, &q->r) : parse_prompt(o, q);

@@ -638,13 +638,14 @@ enum status http_responses_parse(struct server *s, const char *body, size_t len,
                                  struct http_request *q)
 {
     memset(q, 0, sizeof *q);
-    /* cJSON cuts strings at NUL: refused before parsing, as on the Anthropic routes. */
-    if (memchr(body, 0, len) || strstr(body, "\\u0000"))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "the request body must not contain U+0000 (NUL)");
+    cJSON *o = NULL;
+    enum status st = http_json_parse_body(body, len, &o);
+    if (st != STATUS_OK) return st;
     struct http_responses *r = calloc(1, sizeof *r);
     if (!r) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     unsigned char rnd[12];
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+        cJSON_Delete(o);
         free(r);
         return status_errorf(STATUS_INTERNAL, "no random bytes for a response id");
     }
@@ -652,11 +653,8 @@ enum status http_responses_parse(struct server *s, const char *body, size_t len,
     for (size_t i = 0; i < sizeof rnd; i++) o_len += snprintf(r->id + o_len, sizeof r->id - (size_t)o_len, "%02x", rnd[i]);
     r->created = (long long)time(NULL);
     r->index = -1;
-    cJSON *o = cJSON_ParseWithLength(body, len);
     cJSON *c = NULL;
-    enum status st = !o                 ? status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid JSON")
-                     : cJSON_IsObject(o) ? translate(s, o, owner, caps, r, &c)
-                                         : status_errorf(STATUS_INVALID_ARGUMENT, "the request body must be a JSON object");
+    st = translate(s, o, owner, caps, r, &c);
     cJSON_Delete(o);
     char *text = st == STATUS_OK ? cJSON_PrintUnformatted(c) : NULL;
     cJSON_Delete(c);

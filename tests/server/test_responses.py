@@ -14,6 +14,8 @@ client.responses, beside client.chat.completions for the same conversation.
 - text.format json_schema (validated with jsonschema) and json_object.
 - retrieve, delete, store false, cancel (of a running stream, and refused once completed).
 - Qwen 3's template (reasoning): reasoning.effort none equals chat's enable_thinking false.
+- --responses-store 2: the least recently used response is evicted (a read counts as a use).
+- The output items sent back as input equal the chained turn.
 - Bad input: unknown previous_response_id (404), unknown fields and unhonoured values refused by
   name (400), a wrong API key (401).
 
@@ -26,6 +28,8 @@ import os
 import sys
 import tempfile
 import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 SKIP = 77
@@ -186,6 +190,11 @@ def tools(oa, mid):
     items = [{"role": "user", "content": ask},
              {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}] + out
     r3 = oa.responses.create(model=mid, input=items, tools=[TOOL], max_output_tokens=24, temperature=0)
+    # The client's usual loop: the previous output items sent back as they came.
+    replay = [{"role": "user", "content": ask}] + [o.model_dump(exclude_none=True) for o in r.output] + out
+    r4 = oa.responses.create(model=mid, input=replay, tools=[TOOL], max_output_tokens=24, temperature=0)
+    check(r4.output_text == r2.output_text and r4.usage.input_tokens == r2.usage.input_tokens,
+          "output items sent back as input equal the chained turn")
     c2 = oa.chat.completions.create(model=mid, tools=[CHAT_TOOL], max_tokens=24, temperature=0, messages=[
         {"role": "user", "content": ask},
         {"role": "assistant", "content": "", "tool_calls": [{"id": call.call_id, "type": "function", "function": {
@@ -256,6 +265,17 @@ def expect(fn, exc, needle, label):
         check(needle in (msg or ""), f"{label}: {e.status_code} naming {needle!r} ({msg})")
 
 
+def raw(srv, method, path, body):
+    """(status, JSON) of a request whose body is sent as these bytes."""
+    req = urllib.request.Request(srv.base + path, data=body, method=method, headers={
+        "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as f:
+            return f.status, json.loads(f.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
 def errors(srv, oa, mid):
     bad = openai.OpenAI(base_url=srv.base + "/v1", api_key="wrong", max_retries=0, timeout=60)
     expect(lambda: bad.responses.create(model=mid, input="hi", max_output_tokens=2), openai.AuthenticationError,
@@ -280,6 +300,17 @@ def errors(srv, oa, mid):
                                                                                "schema": {}, "extra": 1}}),
            openai.BadRequestError, "text.format.extra", "unknown field inside text.format")
     expect(lambda: oa.responses.create(model="nope", input="hi"), openai.NotFoundError, "nope", "unknown model")
+    # One reading of the body: duplicate names, trailing bytes and NUL refused.
+    for body, needle, label in ((b'{"input": "hi", "input": "ho"}', "twice", "duplicate member"),
+                                (b'{"input": "hi"} {}', "after its JSON value", "trailing bytes"),
+                                (b'{"input": "h\\u0000i"}', "input", "NUL")):
+        code, j = raw(srv, "POST", "/v1/responses", body)
+        msg = j.get("error", {}).get("message", "")
+        check(code == 400 and needle in msg, f"{label}: {code} ({msg})")
+    code, j = raw(srv, "GET", "/v1/responses/resp_x?stream=true", None)
+    check(code == 400 and "stream" in j["error"]["message"], f"query parameter refused: {code} ({j['error']['message']})")
+    code, j = raw(srv, "PUT", "/v1/responses/resp_x", None)
+    check(code == 405, f"PUT on a response: {code}")
 
 
 def reasoning(oa, mid):
@@ -296,6 +327,15 @@ def reasoning(oa, mid):
            "reasoning.effort", "qwen3: graded effort refused")
     expect(lambda: oa.responses.create(model=mid, input=ASK, reasoning={"summary": "auto"}), openai.BadRequestError,
            "reasoning.summary", "qwen3: summary refused")
+
+
+def lru(oa, mid):
+    """--responses-store 2: the least recently used response goes first (a read counts as a use)."""
+    a, b = (oa.responses.create(model=mid, input=x, max_output_tokens=1, temperature=0) for x in ("a", "b"))
+    oa.responses.retrieve(a.id)
+    c = oa.responses.create(model=mid, input="c", max_output_tokens=1, temperature=0)
+    check(oa.responses.retrieve(a.id).id == a.id and oa.responses.retrieve(c.id).id == c.id, "LRU: a (read) and c kept")
+    expect(lambda: oa.responses.retrieve(b.id), openai.NotFoundError, b.id, "LRU: b evicted")
 
 
 def main():
@@ -321,8 +361,10 @@ def main():
             cancel(oa, mid)
             errors(srv, oa, mid)
         with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(QWEN3), "--no-prefix-caching",
-                       name="responses-qwen3", http=True) as srv:
-            reasoning(openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300), mid)
+                       "--responses-store", "2", name="responses-qwen3", http=True) as srv:
+            oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
+            reasoning(oa, mid)
+            lru(oa, mid)
     finally:
         for p in TS.SERVERS:
             if p.poll() is None:
