@@ -12,7 +12,7 @@ client.responses, beside client.chat.completions for the same conversation.
   schema, streamed as function_call_arguments deltas; the function_call_output turn (chained, and
   as explicit input items) equals chat's tool turn.
 - text.format json_schema (validated with jsonschema) and json_object.
-- retrieve, delete, store false, cancel (of a running stream, and refused once completed).
+- retrieve, delete, store false, another API key's responses unseen, cancel (of a running stream, and refused once completed).
 - Qwen 3's template (reasoning): reasoning.effort none equals chat's enable_thinking false.
 - --responses-store 2: the least recently used response is evicted (a read counts as a use).
 - The output items sent back as input equal the chained turn.
@@ -52,6 +52,7 @@ check = Checks()
 TEMPLATE = HERE.parent / "data" / "chat_templates" / "qwen2.5-instruct.jinja"
 QWEN3 = HERE.parent / "data" / "chat_templates" / "qwen3-final-assistant.jinja"
 KEY = "secret-resp"
+KEY2 = "secret-other"
 PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 32},
                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
           "required": ["city", "unit"], "additionalProperties": False}
@@ -123,7 +124,7 @@ def streams(oa, mid, unary):
           and done[0].text == evs[-1].response.output_text, "output_text.done holds the deltas")
 
 
-def chained(oa, mid):
+def chained(oa, mid, srv):
     first = "My name is Ada. Say hello to me."
     r1 = oa.responses.create(model=mid, input=first, max_output_tokens=12, temperature=0)
     r2 = oa.responses.create(model=mid, previous_response_id=r1.id, input="What is my name?", max_output_tokens=12,
@@ -136,6 +137,11 @@ def chained(oa, mid):
     got = oa.responses.retrieve(r2.id)
     check(got.output_text == r2.output_text and got.status == r2.status and got.usage.input_tokens == r2.usage.input_tokens,
           "retrieve: the stored response")
+    # Another key does not see it.
+    other = openai.OpenAI(base_url=srv.base + "/v1", api_key=KEY2, max_retries=0, timeout=60)
+    expect(lambda: other.responses.retrieve(r2.id), openai.NotFoundError, r2.id, "another key: not found")
+    expect(lambda: other.responses.create(model=mid, previous_response_id=r2.id, input="x", max_output_tokens=2),
+           openai.NotFoundError, r2.id, "another key: not a previous_response_id")
     # store false: answered, not stored.
     r3 = oa.responses.create(model=mid, input=first, max_output_tokens=4, temperature=0, store=False)
     expect(lambda: oa.responses.retrieve(r3.id), openai.NotFoundError, r3.id, "store false: not retrievable")
@@ -348,14 +354,14 @@ def main():
         return SKIP
     mid = Path(a.gguf).name
     keys = Path(tempfile.mkdtemp()) / "keys"
-    keys.write_text(KEY + "\n")
+    keys.write_text(KEY + "\n" + KEY2 + "\n")
     try:
         with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(TEMPLATE), "--no-prefix-caching",
                        "--api-key-file", str(keys), "--responses-store", "64", name="responses", http=True) as srv:
             oa = openai.OpenAI(base_url=srv.base + "/v1", api_key=KEY, max_retries=0, timeout=300)
             unary = plain(oa, mid)
             streams(oa, mid, unary)
-            chained(oa, mid)
+            chained(oa, mid, srv)
             tools(oa, mid)
             formats(oa, mid)
             cancel(oa, mid)
