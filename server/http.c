@@ -295,10 +295,11 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     const char *body = hc->body ? hc->body : "";
     char owner[64];
     response_owner(s, c, owner, sizeof owner);
-    enum status st = hc->route == ROUTE_RESPONSES ? http_responses_parse(s, body, hc->len, owner, an.ptrs, an.n, &caps, &q)
-                     : an_api ? http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, s->model_id, an.ptrs,
-                                                   an.n, &caps, &q)
-                            : http_parse_request(body, hc->len, is_chat, s->model_id, an.ptrs, an.n, &caps, &q);
+    enum status st;
+    if (hc->route == ROUTE_RESPONSES) st = http_responses_parse(s, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
+    else if (an_api) st = http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, s->model_id, an.ptrs, an.n,
+                                               &caps, &q);
+    else st = http_parse_request(body, hc->len, is_chat, s->model_id, an.ptrs, an.n, &caps, &q);
     struct http_gen *g = NULL;
     if (st == STATUS_OK && hc->route == ROUTE_COUNT_TOKENS) return reply_count(s, c, &q);
     if (st != STATUS_OK) http_request_free(&q);

@@ -9,6 +9,8 @@
  *                  client disconnects (engine_cancel)
  *   http_openai.c  OpenAI request JSON -> struct gen_request (types only: every numeric range
  *                  is engine_validate's), and the response / chunk JSON
+ *   http_anthropic.c, http_responses.c  Anthropic's Messages API and OpenAI's Responses API as
+ *                  translations onto the chat path (their replies: *_out.c)
  *
  * Threads: each connection's handler runs on its own libmicrohttpd thread; engine events
  * arrive on the engine thread and only append to the request under its mutex and signal.
