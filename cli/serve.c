@@ -41,6 +41,8 @@
  *   --http-header-timeout S  seconds from a connection's accept (or its previous response) to
  *                            the end of a request's headers [10]; then the connection is closed
  *   --http-body-timeout S    seconds from the end of the headers to the body's last byte [60]
+ *   --responses-store N      /v1/responses kept for GET and previous_response_id at most [1024]
+ *                            (and 256 MiB of JSON); the least recently used go first
  *   --lora NAME=DIR          serve the PEFT adapter in DIR as NAME (repeatable, at most 64),
  *                            unmerged: a request names it in its `adapter` field (gRPC) or its
  *                            `model` field (HTTP); tp 1 on the CPU for now
@@ -88,7 +90,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--api-key-file F] [--tls-cert F --tls-key F]\n"
                     "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
                     "         [--http-max-connections-per-address N (3/4 of the above; 0 = no cap)] [--http-header-timeout S (10)]\n"
-                    "         [--http-body-timeout S (60)]\n"
+                    "         [--http-body-timeout S (60)] [--responses-store N (1024)]\n"
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
                     "         [--default-adapter NAME]\n"
                     "  --max-seqs N   samples (sequences) running at once [64]\n"
@@ -256,6 +258,9 @@ int serve_main(int argc, char **argv)
         else if (!strcmp(a, "--http-max-connections")) {
             if (base_parse_long(v, 1, 65536, &n)) return usage("--http-max-connections must be an integer in [1, 65536], got '%s'", v);
             o.http_max_connections = (int)n;
+        } else if (!strcmp(a, "--responses-store")) {
+            if (base_parse_long(v, 1, 1 << 20, &n)) return usage("--responses-store must be an integer in [1, 1048576], got '%s'", v);
+            o.http_responses_store = (int)n;
         } else if (!strcmp(a, "--http-max-connections-per-address")) {
             if (base_parse_long(v, 0, 65536, &n))
                 return usage("--http-max-connections-per-address must be an integer in [0, 65536], got '%s'", v);
