@@ -3,7 +3,8 @@
  * the engine's events are copied off the engine thread into a queue, appended to each sample's
  * output buffer (text, token ids, log-probabilities), and sent: one message per sample and
  * engine step for streams (what arrives while a message is on the wire is coalesced into the
- * next one), one message once every sample has finished for unary calls.
+ * next one), one message once every sample has finished for unary calls. Chat replies with
+ * tools or reasoning are also parsed (chat_tools.c): whole for unary calls, as deltas for streams.
  * Not here: the call's batches (call.c), protobuf (convert.c), templates (engine/text).
  * Tests: tests/server/test_server.py (basic, concurrency, cancel, deadline, invalid, drain),
  * tests/server/test_gguf_lora.py (the adapter a request runs with: gen_resolve_adapter). */
