@@ -236,6 +236,121 @@ static enum status convert_generate(const Shardlm__V1__GenerateRequest *m, struc
     return convert_sampling(m->sampling, r);
 }
 
+/* s, field `name` of messages[i], is valid UTF-8. */
+static enum status check_utf8(const char *s, const char *name, size_t i)
+{
+    if (utf8_valid(s, strlen(s))) return STATUS_OK;
+    return status_errorf(STATUS_INVALID_ARGUMENT, "messages[%zu].%s is not valid UTF-8", i, name);
+}
+
+/* 1 when the request uses a field of tool calling or template arguments (then the chat goes
+ * through server/chat_tools.c as an OpenAI chat request's JSON). */
+static int uses_tools(const Shardlm__V1__ChatRequest *m)
+{
+    if (m->n_tools || m->tool_choice[0] || m->tool_choice_function[0] || m->chat_template_kwargs[0] ||
+        m->_parallel_tool_calls_case == SHARDLM__V1__CHAT_REQUEST___PARALLEL_TOOL_CALLS_PARALLEL_TOOL_CALLS)
+        return 1;
+    for (size_t i = 0; i < m->n_messages; i++) {
+        const Shardlm__V1__ChatMessage *cm = m->messages[i];
+        if (cm->n_tool_calls || cm->tool_call_id[0] || cm->name[0] || cm->reasoning_content[0] ||
+            !strcmp(cm->role, "tool"))
+            return 1;
+    }
+    return 0;
+}
+
+/* Message i as OpenAI's chat message: role, content, and the tool fields that are set. */
+static enum status chat_message_json(const Shardlm__V1__ChatMessage *cm, size_t i, cJSON *list)
+{
+    cJSON *e = cJSON_CreateObject();
+    if (!e) return convert_oom();
+    cJSON_AddItemToArray(list, e);
+    cJSON_AddStringToObject(e, "role", cm->role);
+    cJSON_AddStringToObject(e, "content", cm->content);
+    if (!strcmp(cm->role, "tool") && !cm->tool_call_id[0])
+        return status_errorf(STATUS_INVALID_ARGUMENT, "messages[%zu].tool_call_id is required in tool messages", i);
+    if (strcmp(cm->role, "tool") && cm->tool_call_id[0])
+        return status_errorf(STATUS_INVALID_ARGUMENT, "messages[%zu].tool_call_id is for tool messages only", i);
+    if (cm->n_tool_calls && strcmp(cm->role, "assistant"))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "messages[%zu].tool_calls is for assistant messages only", i);
+    if (cm->tool_call_id[0]) cJSON_AddStringToObject(e, "tool_call_id", cm->tool_call_id);
+    if (cm->name[0]) cJSON_AddStringToObject(e, "name", cm->name);
+    if (cm->reasoning_content[0]) cJSON_AddStringToObject(e, "reasoning_content", cm->reasoning_content);
+    enum status st = check_utf8(cm->tool_call_id, "tool_call_id", i);
+    if (st == STATUS_OK) st = check_utf8(cm->name, "name", i);
+    if (st == STATUS_OK) st = check_utf8(cm->reasoning_content, "reasoning_content", i);
+    if (st != STATUS_OK || !cm->n_tool_calls) return st;
+    cJSON *calls = cJSON_AddArrayToObject(e, "tool_calls");
+    for (size_t k = 0; k < cm->n_tool_calls; k++) {
+        const Shardlm__V1__ToolCall *tc = cm->tool_calls[k];
+        if (!utf8_valid(tc->id, strlen(tc->id)) || !utf8_valid(tc->name, strlen(tc->name)) ||
+            !utf8_valid(tc->arguments, strlen(tc->arguments)))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "messages[%zu].tool_calls[%zu] is not valid UTF-8", i, k);
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddItemToArray(calls, c);
+        cJSON_AddStringToObject(c, "id", tc->id);
+        cJSON_AddStringToObject(c, "type", "function");
+        cJSON *f = cJSON_AddObjectToObject(c, "function");
+        cJSON_AddStringToObject(f, "name", tc->name);
+        cJSON_AddStringToObject(f, "arguments", tc->arguments);
+    }
+    return STATUS_OK;
+}
+
+/* The request's tools and tool choice as OpenAI's (their checks are the HTTP chat's own:
+ * http_tools_parse, through chat_tools.c). */
+static enum status chat_tools_json(const Shardlm__V1__ChatRequest *m, cJSON *o)
+{
+    if (m->tool_choice[0] && m->tool_choice_function[0])
+        return status_errorf(STATUS_INVALID_ARGUMENT, "tool_choice and tool_choice_function: set at most one");
+    cJSON *tools = cJSON_AddArrayToObject(o, "tools");
+    for (size_t i = 0; i < m->n_tools; i++) {
+        const Shardlm__V1__Tool *t = m->tools[i];
+        if (!utf8_valid(t->name, strlen(t->name)) || !utf8_valid(t->description, strlen(t->description)))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "tools[%zu] is not valid UTF-8", i);
+        cJSON *e = cJSON_CreateObject(), *params = NULL;
+        cJSON_AddItemToArray(tools, e);
+        cJSON_AddStringToObject(e, "type", "function");
+        cJSON *f = cJSON_AddObjectToObject(e, "function");
+        cJSON_AddStringToObject(f, "name", t->name);
+        if (t->description[0]) cJSON_AddStringToObject(f, "description", t->description);
+        if (t->parameters[0] && !cJSON_IsObject(params = cJSON_Parse(t->parameters))) {
+            cJSON_Delete(params);
+            return status_errorf(STATUS_INVALID_ARGUMENT, "tools[%zu].parameters must be a JSON Schema object (JSON text)", i);
+        }
+        if (params) cJSON_AddItemToObject(f, "parameters", params);
+    }
+    if (m->tool_choice[0]) cJSON_AddStringToObject(o, "tool_choice", m->tool_choice);
+    if (m->tool_choice_function[0]) {
+        cJSON *c = cJSON_AddObjectToObject(o, "tool_choice");
+        cJSON_AddStringToObject(c, "type", "function");
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "function"), "name", m->tool_choice_function);
+    }
+    if (m->_parallel_tool_calls_case == SHARDLM__V1__CHAT_REQUEST___PARALLEL_TOOL_CALLS_PARALLEL_TOOL_CALLS)
+        cJSON_AddBoolToObject(o, "parallel_tool_calls", m->parallel_tool_calls);
+    if (m->chat_template_kwargs[0]) {
+        cJSON *kw = cJSON_Parse(m->chat_template_kwargs);
+        if (!cJSON_IsObject(kw)) {
+            cJSON_Delete(kw);
+            return status_errorf(STATUS_INVALID_ARGUMENT, "chat_template_kwargs must be a JSON object (JSON text)");
+        }
+        cJSON_AddItemToObject(o, "chat_template_kwargs", kw);
+    }
+    return STATUS_OK;
+}
+
+/* r->chat_request: the chat part of m as an OpenAI chat request's JSON object. */
+static enum status convert_chat_tools(const Shardlm__V1__ChatRequest *m, struct gen_request *r)
+{
+    cJSON *o = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(o, "messages");
+    enum status st = msgs ? STATUS_OK : convert_oom();
+    for (size_t i = 0; i < m->n_messages && st == STATUS_OK; i++) st = chat_message_json(m->messages[i], i, msgs);
+    if (st == STATUS_OK) st = chat_tools_json(m, o);
+    if (st == STATUS_OK && !(r->chat_request = cJSON_PrintUnformatted(o))) st = convert_oom();
+    cJSON_Delete(o);
+    return st;
+}
+
 static enum status convert_chat(const Shardlm__V1__ChatRequest *m, struct gen_request *r)
 {
     enum status st = convert_request_id(m->request_id, r);
@@ -248,9 +363,11 @@ static enum status convert_chat(const Shardlm__V1__ChatRequest *m, struct gen_re
     size_t total = 0;
     for (size_t i = 0; i < m->n_messages; i++) {
         const Shardlm__V1__ChatMessage *cm = m->messages[i];
-        int role = chat_role_parse(cm->role);
+        /* A tool's result is a user turn of the tool format (chat_tools.c rewrites it). */
+        int role = strcmp(cm->role, "tool") ? chat_role_parse(cm->role) : CHAT_ROLE_USER;
         if (role < 0)
-            return status_errorf(STATUS_INVALID_ARGUMENT, "messages[%zu].role must be one of system, user, assistant; got '%.64s'", i,
+            return status_errorf(STATUS_INVALID_ARGUMENT,
+                                 "messages[%zu].role must be one of system, user, assistant, tool; got '%.64s'", i,
                                  cm->role);
         size_t n = strlen(cm->content);
         total += n;
@@ -264,6 +381,7 @@ static enum status convert_chat(const Shardlm__V1__ChatRequest *m, struct gen_re
         r->n_messages++;
     }
     r->add_bos = 1;
+    if (uses_tools(m) && (st = convert_chat_tools(m, r)) != STATUS_OK) return st;
     if ((st = convert_adapter(m->adapter, r)) != STATUS_OK) return st;
     r->params.priority = m->priority;
     return convert_sampling(m->sampling, r);
@@ -308,6 +426,7 @@ void gen_request_free(struct gen_request *r)
     free(r->client);
     free(r->chat_context);
     free(r->prefill);
+    free(r->chat_request);
     memset(r, 0, sizeof *r);
 }
 
@@ -434,6 +553,34 @@ static Shardlm__V1__FinishReason finish_to_proto(enum finish_reason r)
     return SHARDLM__V1__FINISH_REASON__FINISH_REASON_ERROR;
 }
 
+/* s's finish reason, tool_calls when its reply ended with calls. */
+static Shardlm__V1__FinishReason sample_finish(const struct gen_sample_out *s)
+{
+    if (s->ended_with_calls && (s->finish == FINISH_REASON_STOP || s->finish == FINISH_REASON_EOS))
+        return SHARDLM__V1__FINISH_REASON__FINISH_REASON_TOOL_CALLS;
+    return finish_to_proto(s->finish);
+}
+
+/* s's tool calls as messages (in a), or NULL with *n 0 when it has none. */
+static Shardlm__V1__ToolCall **build_tool_calls(struct arena *a, const struct gen_sample_out *s, size_t *n)
+{
+    *n = 0;
+    if (s->n_calls <= 0) return NULL;
+    Shardlm__V1__ToolCall **list = arena_alloc(a, (size_t)s->n_calls * sizeof *list);
+    Shardlm__V1__ToolCall *calls = arena_alloc(a, (size_t)s->n_calls * sizeof *calls);
+    if (!list || !calls) return NULL;
+    for (int k = 0; k < s->n_calls; k++) {
+        shardlm__v1__tool_call__init(&calls[k]);
+        calls[k].index = s->calls[k].index;
+        calls[k].id = (char *)(s->calls[k].id ? s->calls[k].id : "");
+        calls[k].name = (char *)(s->calls[k].name ? s->calls[k].name : "");
+        calls[k].arguments = (char *)(s->calls[k].args ? s->calls[k].args : "");
+        list[k] = &calls[k];
+    }
+    *n = (size_t)s->n_calls;
+    return list;
+}
+
 /* The completions of a unary response (every sample), their text left to pack_gen_response. */
 static Shardlm__V1__Completion *build_completions(struct arena *a, const struct gen_response_out *o)
 {
@@ -451,7 +598,10 @@ static Shardlm__V1__Completion *build_completions(struct arena *a, const struct 
             c[i].n_logprobs = (size_t)s->n_ids;
             c[i].logprobs = build_logprobs(a, o->tok, s->ids, s->logprobs, s->top, s->n_top, s->n_ids);
         }
-        c[i].finish_reason = finish_to_proto(s->finish);
+        c[i].finish_reason = sample_finish(s);
+        c[i].content = (char *)(s->content ? s->content : "");
+        c[i].reasoning_content = (char *)(s->reasoning ? s->reasoning : "");
+        c[i].tool_calls = build_tool_calls(a, s, &c[i].n_tool_calls);
         u[i].prompt_tokens = s->prompt_tokens;
         u[i].completion_tokens = s->completion_tokens;
         u[i].cached_prompt_tokens = s->cached_prompt_tokens;
@@ -509,7 +659,10 @@ enum status convert_gen_response(const struct gen_response_out *o, uint8_t **out
             m.n_logprobs = (size_t)s0->n_ids;
             m.logprobs = build_logprobs(&a, o->tok, s0->ids, s0->logprobs, s0->top, s0->n_top, s0->n_ids);
         }
-        m.finish_reason = finish_to_proto(s0->finish);
+        m.finish_reason = sample_finish(s0);
+        m.content = (char *)(s0->content ? s0->content : "");
+        m.reasoning_content = (char *)(s0->reasoning ? s0->reasoning : "");
+        m.tool_calls = build_tool_calls(&a, s0, &m.n_tool_calls);
         if (s0->has_usage || o->unary) {
             usage.prompt_tokens = s0->prompt_tokens;
             usage.cached_prompt_tokens = s0->cached_prompt_tokens;

@@ -59,13 +59,18 @@ struct gen_request {
     size_t   constraint_len;
     char    *client;              /* who asked, for --scheduling-policy fair (params.client points
                                      here); NULL: the caller sets it (gRPC: from the call) */
-    /* HTTP chat with a Jinja template (server/http_tools.c): the render context as a JSON object
-     * (messages as the client sent them, tools, chat_template_kwargs; gen_prompt adds
+    /* Chat with a Jinja template (server/http_tools.c; gRPC through chat_tools.c): the render
+     * context as a JSON object (messages as the client sent them, tools, chat_template_kwargs; gen_prompt adds
      * add_generation_prompt, bos_token, eos_token), and text written after the rendered prompt
      * (a required tool call's opening marker). NULL: messages render as role and content. */
     char    *chat_context;
     char    *prefill;
     int      think_open;          /* set by gen_prompt: the rendered prompt ends inside <think> */
+    /* gRPC Chat with tools, tool results or chat_template_kwargs: the chat part of the request
+     * (messages with their tool fields, tools, tool_choice, parallel_tool_calls,
+     * chat_template_kwargs) as an OpenAI chat request's JSON object, which chat_tools.c checks
+     * and applies with the HTTP chat's code. NULL: none of those fields. */
+    char    *chat_request;
 };
 
 /* Parses GenerateRequest (is_chat 0) or ChatRequest (is_chat 1) bytes into *r, which is left
@@ -73,6 +78,14 @@ struct gen_request {
  * checked by engine_validate. */
 enum status convert_gen_request(const void *data, size_t len, int is_chat, struct gen_request *r);
 void        gen_request_free(struct gen_request *r); /* accepts a zeroed struct */
+
+/* A tool call of a reply (chat_tools.c); in a streamed delta id and name are NULL but on the
+ * call's first fragment, and args is the new fragment. */
+struct gen_tool_call {
+    int         index;
+    const char *id, *name;
+    const char *args;
+};
 
 /* One sample's output as the server accumulated it. */
 struct gen_sample_out {
@@ -87,6 +100,12 @@ struct gen_sample_out {
     enum finish_reason finish;    /* FINISH_REASON_NONE while running */
     int            has_usage;
     int            prompt_tokens, completion_tokens, cached_prompt_tokens;
+    /* Chat with tools or a reasoning template (chat_tools.c): the reply parsed (streams: the
+     * new parts); NULL or 0 when not set. ended_with_calls: a finish by stop or EOS is sent
+     * as FINISH_REASON_TOOL_CALLS. */
+    const char    *content, *reasoning;
+    const struct gen_tool_call *calls; /* (n_calls) */
+    int            n_calls, ended_with_calls;
 };
 
 /* A GenerateResponse to encode: unary (every sample; flat fields from sample 0) or one

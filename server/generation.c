@@ -3,7 +3,8 @@
  * the engine's events are copied off the engine thread into a queue, appended to each sample's
  * output buffer (text, token ids, log-probabilities), and sent: one message per sample and
  * engine step for streams (what arrives while a message is on the wire is coalesced into the
- * next one), one message once every sample has finished for unary calls.
+ * next one), one message once every sample has finished for unary calls. Chat replies with
+ * tools or reasoning are also parsed (chat_tools.c): whole for unary calls, as deltas for streams.
  * Not here: the call's batches (call.c), protobuf (convert.c), templates (engine/text).
  * Tests: tests/server/test_server.py (basic, concurrency, cancel, deadline, invalid, drain),
  * tests/server/test_gguf_lora.py (the adapter a request runs with: gen_resolve_adapter). */
@@ -99,6 +100,9 @@ void gen_call_release(struct call *c)
     free(c->request_id);
     free(c->client);
     free(c->end_message);
+    for (int i = 0; c->chat_streams && i < c->n_samples; i++) chat_stream_free(&c->chat_streams[i]);
+    free(c->chat_streams);
+    chat_parse_free(&c->chat);
 }
 
 void sample_buf_note_tokens(struct sample_buf *b, struct metrics *m, int n, double t)
@@ -195,7 +199,13 @@ void gen_pump(struct call *c)
             attach_prompt_logprobs(c, &o);
             uint8_t *msg;
             size_t len;
-            enum status st = convert_gen_response(&o, &msg, &len);
+            struct chat_reply delta = {0};
+            enum status st = c->chat_streams ? chat_stream_delta(&c->chat, &c->chat_streams[i], c->request_id, i,
+                                                                 b->text ? b->text : "", b->text_len, final, &delta)
+                                             : STATUS_OK;
+            if (st == STATUS_OK) chat_reply_fill(&delta, &one);
+            if (st == STATUS_OK) st = convert_gen_response(&o, &msg, &len);
+            chat_reply_free(&delta);
             if (st != STATUS_OK) {
                 if (c->engine_active > 0) engine_cancel(s->engine, c->handle);
                 call_fail_status(c, st, status_message());
@@ -228,13 +238,24 @@ void gen_pump(struct call *c)
     }
     struct gen_sample_out *outs = calloc((size_t)c->n_samples, sizeof *outs);
     CHECK(outs, "out of memory");
-    for (int i = 0; i < c->n_samples; i++) outs[i] = sample_view(&c->samples[i], i, 1);
+    struct chat_reply *replies = calloc((size_t)c->n_samples, sizeof *replies);
+    CHECK(replies, "out of memory");
+    enum status st = STATUS_OK;
+    for (int i = 0; i < c->n_samples; i++) {
+        const struct sample_buf *b = &c->samples[i];
+        outs[i] = sample_view(b, i, 1);
+        if (c->chat.on && st == STATUS_OK)
+            st = chat_reply_whole(&c->chat, c->request_id, i, b->text ? b->text : "", b->text_len, &replies[i]);
+        chat_reply_fill(&replies[i], &outs[i]);
+    }
     struct gen_response_out o = {.request_id = c->request_id, .seed = c->seed, .unary = 1, .samples = outs,
                                  .n_samples = c->n_samples, .tok = s->tok};
     attach_prompt_logprobs(c, &o);
     uint8_t *msg;
     size_t len;
-    enum status st = convert_gen_response(&o, &msg, &len);
+    if (st == STATUS_OK) st = convert_gen_response(&o, &msg, &len);
+    for (int i = 0; i < c->n_samples; i++) chat_reply_free(&replies[i]);
+    free(replies);
     free(outs);
     if (st != STATUS_OK) call_fail_status(c, st, status_message());
     else call_send(c, msg, len, 1, GRPC_STATUS_OK, NULL);
@@ -477,7 +498,9 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
         }
         if (st == STATUS_OK && !c->request_id) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
+    if (st == STATUS_OK && is_chat) st = chat_tools_apply(s, &r, &c->chat);
     if (st == STATUS_OK) st = gen_prompt(s, &r, is_chat, &ids, &n_ids);
+    if (st == STATUS_OK && is_chat) st = chat_parse_note_prompt(&c->chat, &r);
     /* Every numeric limit (token ids against the vocabulary, top_k, ...) is the engine's:
      * engine_validate below, the one validator. */
     if (st == STATUS_OK && gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) < 0) {
@@ -491,7 +514,10 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
     if (st == STATUS_OK) {
         c->n_samples = r.params.n;
         c->samples = calloc((size_t)c->n_samples, sizeof *c->samples);
-        if (!c->samples) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        if (c->chat.on && is_streaming(c->method))
+            c->chat_streams = calloc((size_t)c->n_samples, sizeof *c->chat_streams);
+        if (!c->samples || (c->chat.on && is_streaming(c->method) && !c->chat_streams))
+            st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
     if (st == STATUS_OK) {
         c->n_prompt_tokens = n_ids;

@@ -15,7 +15,8 @@
  *    The history is written the same way: an assistant message's tool_calls become the JSON the
  *    model would have produced, a "tool" message a user turn {"tool_response": {...}}.
  * Replies are parsed back (tool_format.c) into OpenAI's message.tool_calls (finish_reason
- * "tool_calls"), content and reasoning_content. Not here: tools over gRPC; streaming (the chunks:
+ * "tool_calls"), content and reasoning_content. gRPC's Chat RPCs come here through chat_tools.c
+ * (their request written as an OpenAI chat request). Not here: streaming (the chunks:
  * http_openai_out.c). Tests: tests/server/test_tools.py. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "chat_template.h"
+#include "chat_tools.h"
 #include "jinja.h"
 #include "server.h"
 
@@ -131,6 +132,8 @@ struct call {
     enum status    end_status;    /* STATUS_OK, or why the request ended early */
     char          *end_message;
     int            cancelled_by_rpc;
+    struct chat_parse chat;       /* Chat: how replies are parsed (chat_tools.h) */
+    struct chat_stream *chat_streams; /* (n_samples) ChatStream with chat.on: each sample's parse */
     /* health watch */
     int            watch_last;    /* last status sent, 0 = none */
     int            watch_unknown; /* watching a service we do not know */

@@ -385,6 +385,7 @@ def raw_call(target, method, payload: bytes, timeout=10):
 
 def group_invalid(env):
     INV = grpc.StatusCode.INVALID_ARGUMENT
+    FN = {"name": "f", "parameters": {"type": "object"}}
     G = Client.generate_request
     C = Client.chat_request
     with Server(env.shardlm, env.model, name="invalid") as srv, srv.client() as c:
@@ -426,6 +427,23 @@ def group_invalid(env):
              "messages[1].role: a \"system\" message may only come first"),
             ("last not user", C([("user", "a"), ("assistant", "b")]), INV, "messages[1].role: the last message"),
             ("only system", C([("system", "a")]), INV, "at least one \"user\" message"),
+            # Tools and template arguments (docs/tools.md): the HTTP chat's checks, by name.
+            ("kwargs, built-in template", C([("user", "a")], chat_template_kwargs={"x": 1}), INV,
+             "'chat_template_kwargs' needs a Jinja chat template"),
+            ("kwargs not an object", C([("user", "a")], chat_template_kwargs="[1]"), INV,
+             "chat_template_kwargs must be a JSON object"),
+            ("tool_choice unknown", C([("user", "a")], tools=[FN], tool_choice="sometimes"), INV, "'tool_choice' must be"),
+            ("tool_choice twice", pb.ChatRequest(messages=[pb.ChatMessage(role="user", content="a")], tool_choice="auto",
+                            tool_choice_function="f"), INV, "tool_choice and tool_choice_function"),
+            ("required, no tools", C([("user", "a")], tool_choice="required"), INV, "'tools' is empty"),
+            ("bad function name", C([("user", "a")], tools=[dict(FN, name="bad name!")]), INV,
+             "'tools[0].function.name'"),
+            ("parameters not JSON", C([("user", "a")], tools=[dict(FN, parameters="{x")]), INV,
+             "tools[0].parameters must be a JSON Schema object"),
+            ("tool without id", C([{"role": "user", "content": "a"}, {"role": "tool", "content": "r"}]), INV,
+             "messages[1].tool_call_id is required"),
+            ("tool_calls on user", C([{"role": "user", "content": "a", "tool_calls": [
+                {"id": "c", "name": "f", "arguments": "{}"}]}]), INV, "messages[0].tool_calls is for assistant"),
         ]
         failures = []
         for name, req, code, sub in table:

@@ -26,6 +26,7 @@ except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
     sys.exit(SKIP)
 import test_server as TS  # noqa: E402
+import tools_grpc as TG  # noqa: E402
 from checks import Checks  # noqa: E402
 
 check = Checks()
@@ -123,6 +124,28 @@ def main():
             check(finish == "tool_calls" and [(e["name"], e["arguments"]) for _, e in sorted(got.items())]
                   == [(c.function.name, c.function.arguments) for c in unary or []],
                   f"streamed tool calls equal unary ({len(got)} calls)")
+            # gRPC Chat / ChatStream (generic format): the same conversations give the HTTP answers.
+            with srv.client() as gc:
+                call = {"id": "call_1", "type": "function", "function": {
+                    "name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}
+                loop = msgs + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                               {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 21}"}]
+                for name, hist, kw in (("required", msgs, dict(tool_choice="required")),
+                                       ("auto after a tool result", loop, dict(tool_choice="auto")),
+                                       ("named, sampled n=2", msgs, dict(tool_choice={"type": "function", "function": {
+                                           "name": "get_time"}}, temperature=1.0, seed=3, n=2))):
+                    kw = dict(dict(max_tokens=120, temperature=0), **kw)
+                    h = ask(hist, **kw)
+                    g = gc.chat(hist, tools=TOOLS, **kw)
+                    want = [TG.http_parts(c.message, c.finish_reason) for c in h.choices]
+                    got = [TG.grpc_parts(c) for c in g.completions]
+                    check(got == want, f"gRPC generic {name}: equals HTTP {want} (gRPC {got})")
+                    if name == "required":
+                        sgot, _ = TG.grpc_stream_parts(gc.chat_stream(hist, tools=TOOLS, **kw))
+                        check(sgot == got[0] and calls_valid(h.choices[0].message.tool_calls),
+                              f"gRPC generic: streamed equals unary ({sgot})")
+                TG.expect_grpc_invalid(check, lambda: gc.chat(msgs, tools=[WEATHER, WEATHER], max_tokens=4), "twice")
+                TG.expect_grpc_invalid(check, lambda: gc.chat(msgs, tool_choice="required", max_tokens=4), "tools")
             # Bad requests: 400 naming the field.
             bad = [(dict(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "function.name"),
                    (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "nope"),

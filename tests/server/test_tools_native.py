@@ -42,6 +42,7 @@ except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
     sys.exit(SKIP)
 import test_server as TS  # noqa: E402
+import tools_grpc as TG  # noqa: E402
 from checks import Checks  # noqa: E402
 
 check = Checks()
@@ -165,6 +166,46 @@ def qwen25(a, mid, oa, tmpl):
                "tool_calls[0]")
 
 
+def grpc_hermes(srv, mid, oa):
+    """The gRPC Chat RPCs with tools (hermes): each answer equals the HTTP answer to the same
+    conversation and seed; a streamed call assembles to the unary one; bad fields are refused."""
+    call = {"id": "call_abc123def", "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": call["id"], "content": "{\"temperature\": 21}"}]
+    named = {"type": "function", "function": {"name": "get_time"}}
+    cases = [("required", ASK, dict(tool_choice="required")),
+             ("auto after a tool result", history, dict(tool_choice="auto")),
+             ("auto", ASK, dict(tool_choice="auto")),
+             ("named, sampled", ASK, dict(tool_choice=named, temperature=1.0, seed=4)),
+             ("parallel_tool_calls false", ASK, dict(tool_choice="required", parallel_tool_calls=False))]
+    with srv.client() as c:
+        for name, msgs, kw in cases:
+            kw = dict(dict(max_tokens=60, temperature=0), **kw)
+            h = oa.chat.completions.create(model=mid, messages=msgs, tools=TOOLS, **kw)
+            g = c.chat(msgs, tools=TOOLS, **kw)
+            want = TG.http_parts(h.choices[0].message, h.choices[0].finish_reason)
+            check(TG.grpc_parts(g) == want, f"gRPC hermes {name}: equals HTTP {want} (gRPC {TG.grpc_parts(g)})")
+            if name == "required":
+                check(want[2] and calls_valid(h.choices[0].message.tool_calls) and g.text.startswith("{")
+                      and all(t.id.startswith("call_") for t in g.tool_calls), f"gRPC hermes required: a valid call")
+                got, n = TG.grpc_stream_parts(c.chat_stream(msgs, tools=TOOLS, **kw))
+                check(got == TG.grpc_parts(g) and n >= 2, f"gRPC hermes: streamed call equals unary, in {n} chunks")
+        TG.expect_grpc_invalid(check, lambda: c.chat(ASK, tools=TOOLS, tool_choice="sometimes", max_tokens=4),
+                               "tool_choice")
+        TG.expect_grpc_invalid(check, lambda: c.chat(ASK, tools=TOOLS, chat_template_kwargs="[1]", max_tokens=4),
+                               "chat_template_kwargs")
+        TG.expect_grpc_invalid(check, lambda: c.chat(ASK, chat_template_kwargs={"tools": []}, max_tokens=4),
+                               "chat_template_kwargs.tools")
+        TG.expect_grpc_invalid(check, lambda: c.chat(ASK, tools=TOOLS, tool_choice=named | {"function": {"name": "nope"}},
+                                                     max_tokens=4), "nope")
+        TG.expect_grpc_invalid(check, lambda: c.chat(ASK + [{"role": "tool", "content": "x"}], max_tokens=4),
+                               "tool_call_id")
+        TG.expect_grpc_invalid(check, lambda: c.chat(ASK, tools=[dict(WEATHER, function=dict(
+            WEATHER["function"], parameters="{not json"))], max_tokens=4), "parameters")
+        TG.expect_grpc_invalid(check, lambda: c.chat(ASK, tools=TOOLS, json_object=True, max_tokens=4), "tools")
+
+
 def other_format(mid, oa, label):
     def ask(messages, **kw):
         return oa.chat.completions.create(model=mid, messages=messages, tools=TOOLS, max_tokens=60, temperature=0, **kw)
@@ -204,6 +245,27 @@ def qwen3(mid, oa, tmpl):
               f"{comp.usage.prompt_tokens}")
 
 
+def grpc_qwen3(srv, mid, oa):
+    """Reasoning over gRPC: the regex-forced <think> reply splits as HTTP's does, unary and
+    streamed; chat_template_kwargs reaches the template (the same prompt length as HTTP's)."""
+    rx = "<think>[a-z ]{4,30}</think>[A-Za-z ]{4,30}"
+    h = oa.chat.completions.create(model=mid, messages=ASK, max_tokens=40, temperature=0,
+                                   extra_body={"structured_outputs": {"regex": rx}})
+    want = TG.http_parts(h.choices[0].message, h.choices[0].finish_reason)
+    with srv.client() as c:
+        g = c.chat(ASK, max_tokens=40, temperature=0, regex=rx)
+        check(TG.grpc_parts(g) == want and want[1], f"gRPC qwen3: reasoning equals HTTP's {want}")
+        got, _ = TG.grpc_stream_parts(c.chat_stream(ASK, max_tokens=40, temperature=0, regex=rx))
+        check(got == want, f"gRPC qwen3: streamed reasoning and content equal HTTP's ({got})")
+        for think in (True, False):
+            kw = {"chat_template_kwargs": {"enable_thinking": think}}
+            h = oa.chat.completions.create(model=mid, messages=ASK, max_tokens=8, temperature=0, extra_body=kw)
+            g = c.chat(ASK, max_tokens=8, temperature=0, **kw)
+            check(g.prompt_tokens == h.usage.prompt_tokens
+                  and TG.grpc_parts(g) == TG.http_parts(h.choices[0].message, h.choices[0].finish_reason),
+                  f"gRPC qwen3: enable_thinking {think}: {g.prompt_tokens} prompt tokens, HTTP {h.usage.prompt_tokens}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -230,9 +292,11 @@ def main():
                 oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
                 if label == "hermes":
                     qwen25(a, mid, oa, tmpl)
+                    grpc_hermes(srv, mid, oa)
                 elif label == "qwen3":
                     check("reasoning split from <think>" in log, "qwen3: reasoning detected")
                     qwen3(mid, oa, tmpl)
+                    grpc_qwen3(srv, mid, oa)
                 else:
                     other_format(mid, oa, label)
     finally:

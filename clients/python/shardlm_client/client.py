@@ -20,7 +20,7 @@ from . import _stubs
 
 pb, pb_grpc = _stubs.load()
 
-FINISH_REASONS = {0: "", 1: "length", 2: "stop", 3: "eos", 4: "cancelled", 5: "deadline", 6: "error"}
+FINISH_REASONS = {0: "", 1: "length", 2: "stop", 3: "eos", 4: "cancelled", 5: "deadline", 6: "error", 7: "tool_calls"}
 
 Message = Union[dict, tuple, "pb.ChatMessage"]
 
@@ -41,6 +41,20 @@ class TokenLogprob:
 
 
 @dataclass
+class ToolCall:
+    """A tool call of a reply; in a stream's chunks id and name come with the call's first
+    fragment only, and arguments are fragments to concatenate."""
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+def _tool_calls(calls) -> list[ToolCall]:
+    return [ToolCall(c.index, c.id, c.name, c.arguments) for c in calls]
+
+
+@dataclass
 class Completion:
     index: int
     text: str
@@ -48,6 +62,9 @@ class Completion:
     finish_reason: str
     completion_tokens: int
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    content: str = ""
+    reasoning_content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 @dataclass
@@ -64,6 +81,10 @@ class Generation:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     completions: list[Completion] = field(default_factory=list)
+    # Chat with tools or a reasoning template: the reply parsed (docs/tools.md); text stays raw.
+    content: str = ""
+    reasoning_content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 @dataclass
@@ -78,6 +99,10 @@ class Chunk:
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # Chat with tools or a reasoning template: the new parts of the parsed reply.
+    content: str = ""
+    reasoning_content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 def _logprobs(entries) -> list[TokenLogprob]:
@@ -126,13 +151,52 @@ def sampling_params(*, max_tokens: Optional[int] = None, temperature: Optional[f
     return s
 
 
+def _call(c) -> "pb.ToolCall":
+    """A tool call: a ToolCall, OpenAI's {"id", "type", "function": {"name", "arguments"}}, or
+    {"id", "name", "arguments"}; arguments may be a dict (sent as its JSON)."""
+    if isinstance(c, pb.ToolCall):
+        return c
+    if isinstance(c, ToolCall):
+        return pb.ToolCall(index=c.index, id=c.id, name=c.name, arguments=c.arguments)
+    f = c.get("function", c)
+    args = f.get("arguments", "{}")
+    return pb.ToolCall(id=c.get("id", ""), name=f["name"], arguments=args if isinstance(args, str) else json.dumps(args))
+
+
 def _message(m: Message) -> "pb.ChatMessage":
+    """A chat turn: a ChatMessage, a (role, content) pair, or OpenAI's message dict (content may be
+    None; tool_calls, tool_call_id, name and reasoning_content are kept)."""
     if isinstance(m, pb.ChatMessage):
         return m
     if isinstance(m, dict):
-        return pb.ChatMessage(role=m["role"], content=m["content"])
+        return pb.ChatMessage(role=m["role"], content=m.get("content") or "", tool_call_id=m.get("tool_call_id") or "",
+                              name=m.get("name") or "", reasoning_content=m.get("reasoning_content") or "",
+                              tool_calls=[_call(c) for c in m.get("tool_calls") or []])
     role, content = m
     return pb.ChatMessage(role=role, content=content)
+
+
+def _tool(t) -> "pb.Tool":
+    """A tool: a Tool, OpenAI's {"type": "function", "function": {...}} or its function dict."""
+    if isinstance(t, pb.Tool):
+        return t
+    f = t.get("function", t)
+    params = f.get("parameters")
+    return pb.Tool(name=f["name"], description=f.get("description") or "",
+                   parameters="" if params is None else params if isinstance(params, str) else json.dumps(params))
+
+
+def _tools_fields(req: "pb.ChatRequest", tools, tool_choice, parallel_tool_calls, chat_template_kwargs) -> None:
+    req.tools.extend(_tool(t) for t in tools or [])
+    if isinstance(tool_choice, dict):  # OpenAI's {"type": "function", "function": {"name": ...}}
+        req.tool_choice_function = tool_choice.get("function", tool_choice)["name"]
+    elif tool_choice:
+        req.tool_choice = tool_choice
+    if parallel_tool_calls is not None:
+        req.parallel_tool_calls = parallel_tool_calls
+    if chat_template_kwargs is not None:
+        req.chat_template_kwargs = (chat_template_kwargs if isinstance(chat_template_kwargs, str)
+                                    else json.dumps(chat_template_kwargs))
 
 
 class Stream:
@@ -146,7 +210,7 @@ class Stream:
             u = r.usage if r.HasField("usage") else None
             yield Chunk(r.request_id, r.index, r.text, list(r.token_ids), FINISH_REASONS.get(r.finish_reason, "?"),
                         u.prompt_tokens if u else 0, u.completion_tokens if u else 0, _logprobs(r.logprobs),
-                        _logprobs(r.prompt_logprobs))
+                        _logprobs(r.prompt_logprobs), r.content, r.reasoning_content, _tool_calls(r.tool_calls))
 
     def cancel(self) -> None:
         self._call.cancel()
@@ -188,7 +252,9 @@ class Client:
                           r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.cached_prompt_tokens, r.seed,
                           _logprobs(r.logprobs), _logprobs(r.prompt_logprobs),
                           [Completion(c.index, c.text, list(c.token_ids), FINISH_REASONS.get(c.finish_reason, "?"),
-                                      c.usage.completion_tokens, _logprobs(c.logprobs)) for c in r.completions])
+                                      c.usage.completion_tokens, _logprobs(c.logprobs), c.content, c.reasoning_content,
+                                      _tool_calls(c.tool_calls)) for c in r.completions],
+                          r.content, r.reasoning_content, _tool_calls(r.tool_calls))
 
     @staticmethod
     def generate_request(prompt: Optional[str] = None, *, prompt_token_ids: Optional[Sequence[int]] = None,
@@ -202,9 +268,15 @@ class Client:
 
     @staticmethod
     def chat_request(messages: Iterable[Message], *, request_id: str = "", adapter: str = "",
-                     **sampling) -> "pb.ChatRequest":
-        return pb.ChatRequest(request_id=request_id, messages=[_message(m) for m in messages], adapter=adapter,
-                              sampling=sampling_params(**sampling))
+                     tools: Optional[Sequence] = None, tool_choice: Optional[Union[str, dict]] = None,
+                     parallel_tool_calls: Optional[bool] = None,
+                     chat_template_kwargs: Optional[Union[str, dict]] = None, **sampling) -> "pb.ChatRequest":
+        """tools: OpenAI's tool dicts (or Tool messages); tool_choice: "auto", "none", "required"
+        or OpenAI's named {"type": "function", "function": {"name": ...}}."""
+        req = pb.ChatRequest(request_id=request_id, messages=[_message(m) for m in messages], adapter=adapter,
+                             sampling=sampling_params(**sampling))
+        _tools_fields(req, tools, tool_choice, parallel_tool_calls, chat_template_kwargs)
+        return req
 
     def generate(self, prompt: Optional[str] = None, *, timeout: Optional[float] = None, **kw) -> Generation:
         return self._generation(self.stub.Generate(self.generate_request(prompt, **kw), **self._kw(timeout)))
