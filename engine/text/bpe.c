@@ -293,7 +293,7 @@ enum status bpe_finish(struct bpe *b)
             return status_errorf(STATUS_BAD_FORMAT, "%s: model.merges[%d] (\"%s %s\"): the merged piece is not in the vocabulary",
                                  b->name, r, b->pieces[l], b->pieces[rr]);
         struct bpe_slot *e = table_pair_slot(b->by_pair, l, rr);
-        if (e->val < 0) e->val = r, e->val2 = merged; /* a repeated merge keeps its first rank */
+        if (e->val < 0) e->val = b->merge_by_id ? merged : r, e->val2 = merged; /* a repeated merge keeps its first rank */
     }
 
     if ((s = build_added(b))) return s;

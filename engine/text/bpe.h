@@ -131,6 +131,8 @@ struct bpe {
     int         add_prefix_space; /* ByteLevel's: a space before each text segment not starting with one */
     int         nfc;              /* normalizer NFC */
     int         ignore_merges;    /* a word that is a piece is taken whole */
+    int         merge_by_id;      /* a merge's priority is the merged piece's id, not its line
+                                     (tiktoken: the rank is the id; tiktoken.c) */
     int32_t     unk_id, bos_id, eos_id, pad_id; /* what tokenizer.h reports; -1 when none */
     int32_t     model_unk_id;     /* model.unk_token: what a byte without a piece becomes (else
                                      it is dropped, as Hugging Face and llama.cpp do) */
@@ -186,6 +188,15 @@ void bpe_free(struct bpe *b);
  * add_bos_token) and -1 when the tokenizer adds none. */
 enum status bpe_load_json(const char *json, size_t n, const char *name, const char *config, size_t config_n,
                           struct bpe **out);
+
+/* Parses a tiktoken rank file text[0..n) ("BASE64 RANK" lines; tiktoken.c) into a byte-level
+ * *out. pattern: an encoding's name (r50k, cl100k, o200k, llama3) or a PCRE2 regex; NULL takes
+ * the config's "pat_str", else the encoding the number of ranks identifies (STATUS_UNSUPPORTED
+ * when none does). config (a tokenizer_config.json text, may be NULL) gives the special tokens
+ * (added_tokens_decoder; else the identified encoding's own) and bos/eos/pad. Errors as
+ * bpe_load_json, naming the file and the line. */
+enum status bpe_load_tiktoken(const char *text, size_t n, const char *name, const char *pattern, const char *config,
+                              size_t config_n, struct bpe **out);
 
 /* The model of one pre-token w[0..n) (valid UTF-8, normalized) for the kinds of their files:
  * ids appended to *ids as bpe_encode does. */

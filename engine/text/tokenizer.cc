@@ -5,6 +5,7 @@
  * Tests: tests/test_tokenizer.c. */
 #include "tokenizer.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -270,13 +271,23 @@ bool looks_like_json(std::string_view bytes)
     return i < bytes.size() && bytes[i] == '{';
 }
 
-/* A byte-level BPE tokenizer from a tokenizer.json text (and a tokenizer_config.json text). */
+/* A tiktoken rank file: its first line is "BASE64 RANK" (a ModelProto opens with 0x0A). */
+bool looks_like_tiktoken(std::string_view bytes)
+{
+    size_t i = 0;
+    while (i < bytes.size() && (isalnum((unsigned char)bytes[i]) || bytes[i] == '+' || bytes[i] == '/' || bytes[i] == '=')) i++;
+    return i > 0 && i + 1 < bytes.size() && bytes[i] == ' ' && isdigit((unsigned char)bytes[i + 1]);
+}
+
+/* A tokenizer.json kind from a tokenizer.json text or, with tiktoken, a rank file (pattern: see
+ * bpe_load_tiktoken), and a tokenizer_config.json text. */
 enum status load_bpe(std::string_view json, const char *name, const char *config, size_t config_n,
-                     struct tokenizer **out)
+                     struct tokenizer **out, bool tiktoken = false, const char *pattern = nullptr)
 {
     *out = nullptr;
     struct bpe *b = nullptr;
-    enum status s = bpe_load_json(json.data(), json.size(), name, config, config_n, &b);
+    enum status s = tiktoken ? bpe_load_tiktoken(json.data(), json.size(), name, pattern, config, config_n, &b)
+                             : bpe_load_json(json.data(), json.size(), name, config, config_n, &b);
     if (s != STATUS_OK) return s;
     struct tokenizer *t = new (std::nothrow) tokenizer;
     if (!t) {
@@ -459,7 +470,9 @@ extern "C" {
 
 const struct bpe *tokenizer_bpe(const struct tokenizer *t) { return t->bpe; }
 
-enum status tokenizer_load(const char *path, struct tokenizer **out)
+enum status tokenizer_load(const char *path, struct tokenizer **out) { return tokenizer_load_tiktoken(path, nullptr, out); }
+
+enum status tokenizer_load_tiktoken(const char *path, const char *pattern, struct tokenizer **out)
 {
     *out = nullptr;
     if (!path) return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: no path given");
@@ -488,11 +501,12 @@ enum status tokenizer_load(const char *path, struct tokenizer **out)
         }
         const size_t plen = strlen(path);
         const bool json_name = plen >= 5 && !strcmp(path + plen - 5, ".json");
-        if (s == STATUS_OK && (json_name || looks_like_json(bytes))) {
+        const bool tiktoken = pattern || (!json_name && looks_like_tiktoken(bytes));
+        if (s == STATUS_OK && (json_name || tiktoken || looks_like_json(bytes))) {
             std::string config;
             s = read_config_beside(path, &config);
             if (s == STATUS_OK)
-                s = load_bpe(bytes, path, config.empty() ? nullptr : config.data(), config.size(), out);
+                s = load_bpe(bytes, path, config.empty() ? nullptr : config.data(), config.size(), out, tiktoken, pattern);
         } else if (s == STATUS_OK) {
             s = load_proto(bytes, path, out);
         }
@@ -538,6 +552,7 @@ enum status tokenizer_load_from_memory(const void *data, size_t n, struct tokeni
     try {
         const std::string_view bytes(n ? (const char *)data : "", n);
         if (looks_like_json(bytes)) return load_bpe(bytes, "tokenizer.json (memory)", nullptr, 0, out);
+        if (looks_like_tiktoken(bytes)) return load_bpe(bytes, "tiktoken (memory)", nullptr, 0, out, true);
         return load_proto(bytes, "tokenizer (memory)", out);
     } catch (const std::bad_alloc &) {
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer (memory): out of memory");

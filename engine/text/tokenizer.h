@@ -1,6 +1,6 @@
 /* engine/text/tokenizer.h - text <-> token ids, and incremental detokenization for streaming, for
  * two kinds of tokenizer: a SentencePiece model (.model file or its serialized ModelProto) and a
- * Hugging Face tokenizer.json (byte-level BPE, WordPiece, Unigram, character BPE with byte fallback;
+ * Hugging Face tokenizer.json or tiktoken rank file (byte-level BPE, WordPiece, Unigram, character BPE with byte fallback;
  * or a GGUF gpt2 / bert vocabulary, which engine/formats/gguf_tokenizer.c turns into one; bpe.h,
  * docs/tokenizers.md). For the tokenizer.json kinds add_bos means Hugging Face's
  * add_special_tokens: WordPiece, Unigram and character BPE also append the template's tokens after
@@ -35,6 +35,15 @@ struct tokenizer; /* opaque */
  * STATUS_IO (cannot open or read it), STATUS_BAD_FORMAT (not a usable SentencePiece model),
  * STATUS_RESOURCE_EXHAUSTED. *out is left NULL on error. */
 enum status tokenizer_load(const char *path, struct tokenizer **out);
+
+/* Loads a tiktoken rank file ("BASE64 RANK" lines: OpenAI's *.tiktoken, Llama 3's original
+ * tokenizer.model; tokenizer_load recognises one by its first line). pattern is the pre-tokenizer:
+ * an encoding's name ("r50k", "cl100k", "o200k", "llama3") or a PCRE2 regex; NULL takes the
+ * "pat_str" of a tokenizer_config.json beside the file, else the encoding the number of ranks
+ * identifies (STATUS_UNSUPPORTED when none does). Special tokens: that config's
+ * added_tokens_decoder, else the identified encoding's own (docs/tokenizers.md). Errors as
+ * tokenizer_load, naming the line. */
+enum status tokenizer_load_tiktoken(const char *path, const char *pattern, struct tokenizer **out);
 
 /* Loads the tokenizer of a model for a model of model_vocab rows: the serialized ModelProto
  * proto[0..proto_n) when proto is not NULL (a GGUF file's, built from its metadata: a ModelProto
