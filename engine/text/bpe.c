@@ -160,7 +160,7 @@ void bpe_free(struct bpe *b)
         pcre2_code_free(b->splits[i].code);
     }
     free(b->splits);
-    for (int i = 0; i < b->n_norms; i++) free(b->norms[i].text), free(b->norms[i].with);
+    for (int i = 0; i < b->n_norms; i++) free(b->norms[i].text), free(b->norms[i].with), free(b->norms[i].map);
     free(b->norms), free(b->scores), free(b->wp_prefix);
     for (int i = 0; i < b->n_decs; i++) free(b->decs[i].text), free(b->decs[i].with);
     free(b->decs);

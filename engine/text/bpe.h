@@ -60,12 +60,15 @@ enum bpe_norm_kind {
     BPE_NORM_REPLACE,       /* Replace with a String pattern: every occurrence of text by with */
     BPE_NORM_PREPEND,       /* Prepend: text before a non-empty segment */
     BPE_NORM_STRIP,         /* Strip: whitespace off the left and/or right */
+    BPE_NORM_PRECOMPILED,   /* Precompiled: SentencePiece's charsmap (charsmap.c) */
 };
 
 struct bpe_norm {
     enum bpe_norm_kind kind;
     char *text, *with; /* owned, NUL-terminated (REPLACE: pattern and content; PREPEND: text) */
     int   left, right; /* STRIP */
+    uint8_t *map;      /* PRECOMPILED: the charsmap's bytes, owned */
+    size_t   map_n;
 };
 
 /* One decoder step of the non-byte-level kinds, in the file's order (Hugging Face's decoders;
@@ -209,6 +212,17 @@ enum status unigram_encode_word(const struct bpe *b, const uint8_t *w, size_t n,
  * UTF-8 becomes U+FFFD first. */
 enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, int first, uint8_t **out, size_t *n_out,
                              size_t *cap);
+/* The Precompiled normalizer (charsmap.c): charsmap_check refuses a map m[0..n) whose header and
+ * trie size do not fit (STATUS_BAD_FORMAT naming the file); charsmap_apply writes the
+ * normalization of code points s[0..n) to *dst[0..*dn) (grown with base_grow), as Hugging Face does
+ * (grapheme clusters first). */
+enum status charsmap_check(const uint8_t *m, size_t n, const char *name);
+enum status charsmap_apply(const uint8_t *m, size_t mn, const uint32_t *s, size_t n, uint32_t **dst, size_t *dn,
+                           size_t *dcap);
+/* Decodes standard base64 s[0..n) (padding optional) into out (room for 3n/4 + 3 bytes); -1 when
+ * malformed, else the byte count (tiktoken.c). */
+long bpe_base64_decode(const char *s, size_t n, uint8_t *out);
+
 /* Appends an id with base_grow. */
 enum status bpe_push_id(int32_t **ids, size_t *n, size_t *cap, int32_t id);
 

@@ -1,6 +1,7 @@
 /* engine/text/normalizer.c - the normalizers of the non-byte-level tokenizer.json kinds, applied to
  * one segment of text (between added tokens) in the file's order: NFC, NFD, NFKC, NFKD (ICU),
- * Lowercase, StripAccents, BertNormalizer's steps, Replace (String patterns), Prepend, Strip;
+ * Lowercase, StripAccents, BertNormalizer's steps, Replace (String patterns), Prepend, Strip,
+ * Precompiled (charsmap.c);
  * then a leading Metaspace pre-tokenizer's replacement of ' ' by U+2581 and its prepend.
  * Character classes are Rust's (char::is_whitespace, char::to_lowercase) and the unicode
  * categories of ICU, as close to Hugging Face tokenizers as one library's tables allow (the
@@ -165,7 +166,13 @@ enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, in
         i += k;
     }
     for (int i = 0; i < b->n_norms && !st; i++) {
-        const int r = step(&b->norms[i], &v[cur], &v[!cur]);
+        const struct bpe_norm *k = &b->norms[i];
+        if (k->kind == BPE_NORM_PRECOMPILED) {
+            st = charsmap_apply(k->map, k->map_n, v[cur].p, v[cur].n, &v[!cur].p, &v[!cur].n, &v[!cur].cap);
+            cur = !cur;
+            continue;
+        }
+        const int r = step(k, &v[cur], &v[!cur]);
         if (r == 0) st = oom();
         else if (r == 1) cur = !cur;
         else st = unicode_form(b->norms[i].kind, &v[cur]);

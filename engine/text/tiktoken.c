@@ -75,9 +75,7 @@ static int b64_value(int c)
     return -1;
 }
 
-/* Decodes standard base64 s[0..n) (padding optional) into out (room for 3n/4 bytes); -1 when
- * malformed, else the byte count. */
-static long b64_decode(const char *s, size_t n, uint8_t *out)
+long bpe_base64_decode(const char *s, size_t n, uint8_t *out)
 {
     while (n && s[n - 1] == '=') n--;
     if (n % 4 == 1) return -1;
@@ -168,7 +166,7 @@ static enum status read_ranks(struct bpe *b, const char *text, size_t n, int32_t
                 break;
             }
         }
-        const long nb = b64_decode(text + at, len, buf);
+        const long nb = bpe_base64_decode(text + at, len, buf);
         if (nb <= 0) s = status_errorf(STATUS_BAD_FORMAT, "%s: line %zu: the token is not base64 of at least one byte", b->name, line);
         else if (b->pieces[r]) s = status_errorf(STATUS_BAD_FORMAT, "%s: line %zu: rank %d is given twice", b->name, line, r);
         else if (!(b->pieces[r] = bytes_to_piece(buf, (size_t)nb, off)))
