@@ -13,9 +13,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <new>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <sentencepiece_processor.h>
@@ -54,6 +56,12 @@ struct tokenizer {
     std::string anchor_text;
     /* The most input bytes one id can cover, for tokenizer_min_tokens; 0 when unbounded. */
     size_t max_token_bytes = 0;
+    /* SentencePiece: the control and unknown pieces' strings (views into pieces), which encode
+     * turns into their ids as Hugging Face does; their distinct lengths, longest first, and
+     * which bytes start one. */
+    std::unordered_map<std::string_view, int32_t> special_ids;
+    std::vector<size_t> special_lens;
+    bool special_first[256] = {};
 };
 
 namespace {
@@ -191,8 +199,8 @@ bool pb_find(std::string_view b, uint32_t number, struct pb_field *f)
     return found;
 }
 
-/* Each id covers at most its piece's bytes of the normalized text (a byte piece one byte,
- * a control piece none), and the normalized text holds every input byte that is not a space
+/* Each id covers at most its piece's bytes of the normalized text (a byte piece one byte, a
+ * control piece its string, which encode matches in the text), and the normalized text holds every input byte that is not a space
  * when (1) byte fallback is on, so that no run of unknown characters becomes one <unk> id, and
  * (2) there is no normalization rule set (nmt_nfkc and its kin may drop or fold characters);
  * space only grows (U+2581) or, with remove_extra_whitespaces, folds. 0 otherwise. */
@@ -204,7 +212,7 @@ size_t max_token_bytes(const struct tokenizer *t, std::string_view model)
     if (!byte_fallback || rules) return 0;
     size_t most = 1;
     for (int id = 0; id < t->vocab_size; id++)
-        if (!(t->flags[id] & (PIECE_CONTROL | PIECE_BYTE | PIECE_UNKNOWN | PIECE_UNUSED)))
+        if (!(t->flags[id] & (PIECE_BYTE | PIECE_UNUSED)))
             most = t->pieces[id].size() > most ? t->pieces[id].size() : most;
     return most;
 }
@@ -253,6 +261,14 @@ enum status load_proto(std::string_view bytes, const char *name, struct tokenize
         t->byte_of[id] = (int16_t)b;
     }
     t->max_token_bytes = max_token_bytes(t, bytes);
+    for (int id = 0; id < t->vocab_size; id++) {
+        const std::string &p = t->pieces[id];
+        if (!(t->flags[id] & (PIECE_CONTROL | PIECE_UNKNOWN)) || p.empty() || !t->special_ids.emplace(p, id).second) continue;
+        t->special_first[(uint8_t)p[0]] = true;
+        if (std::find(t->special_lens.begin(), t->special_lens.end(), p.size()) == t->special_lens.end())
+            t->special_lens.push_back(p.size());
+    }
+    std::sort(t->special_lens.rbegin(), t->special_lens.rend());
     enum status s = choose_anchor(t);
     if (s != STATUS_OK) {
         delete t;
@@ -574,7 +590,7 @@ void tokenizer_free(struct tokenizer *t)
 
 int tokenizer_vocab_size(const struct tokenizer *t) { return t->vocab_size; }
 
-int tokenizer_encodes_special(const struct tokenizer *t) { return t->bpe != nullptr; }
+int tokenizer_encodes_special(const struct tokenizer *t) { return t->bpe != nullptr || !t->special_ids.empty(); }
 int tokenizer_bos_id(const struct tokenizer *t) { return t->bos_id; }
 int tokenizer_eos_id(const struct tokenizer *t) { return t->eos_id; }
 int tokenizer_pad_id(const struct tokenizer *t) { return t->pad_id; }
@@ -623,10 +639,30 @@ enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "tokenizer: add_bos asked but the model has no BOS piece");
     try {
-        std::vector<int> v;
-        const sentencepiece::util::Status st =
-            t->sp.Encode(len ? std::string_view(text, len) : std::string_view(), &v);
-        if (!st.ok()) return status_from_sp(st, STATUS_INTERNAL, "tokenizer: encode failed");
+        /* The strings of control pieces become their ids (leftmost, then longest); each text
+         * between them is encoded on its own, with SentencePiece's dummy prefix. */
+        std::vector<int> v, part;
+        const std::string_view all(len ? text : "", len);
+        size_t seg = 0;
+        for (size_t i = 0; i <= len; i++) {
+            int32_t id = -1;
+            size_t hit = 0;
+            for (size_t k = 0; i < len && t->special_first[(uint8_t)text[i]] && k < t->special_lens.size() && id < 0; k++) {
+                if ((hit = t->special_lens[k]) > len - i) continue;
+                const auto it = t->special_ids.find(all.substr(i, hit));
+                if (it != t->special_ids.end()) id = it->second;
+            }
+            if (id < 0 && i < len) continue;
+            if (i > seg || (seg == 0 && i == len)) {
+                const sentencepiece::util::Status st = t->sp.Encode(all.substr(seg, i - seg), &part);
+                if (!st.ok()) return status_from_sp(st, STATUS_INTERNAL, "tokenizer: encode failed");
+                v.insert(v.end(), part.begin(), part.end());
+            }
+            if (id < 0) break;
+            v.push_back(id);
+            seg = i + hit;
+            i = seg - 1;
+        }
         const size_t n = v.size() + (add_bos ? 1 : 0);
         if (n > (size_t)INT_MAX)
             return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: too many tokens");

@@ -65,8 +65,9 @@ void tokenizer_free(struct tokenizer *t);
 /* Number of pieces; ids are 0 .. vocab_size-1. */
 int tokenizer_vocab_size(const struct tokenizer *t);
 /* 1 when tokenizer_encode turns the strings of special tokens in a text into their ids (byte-level
- * BPE: added tokens are matched first), so that a rendered chat template can be encoded whole;
- * 0 for SentencePiece, which encodes them as text. */
+ * BPE and the other tokenizer.json kinds: added tokens are matched first; SentencePiece: its
+ * control and unknown pieces, "<s>", "<start_of_turn>"..., as Hugging Face's tokenizers do), so
+ * that a rendered chat template can be encoded whole; 0 for a SentencePiece model without any. */
 int tokenizer_encodes_special(const struct tokenizer *t);
 /* Special ids, -1 when the model has none. A byte-level BPE has a BOS id only when it puts one
  * first (a TemplateProcessing post-processor, add_bos_token), since callers push it whenever it
@@ -77,7 +78,9 @@ int tokenizer_pad_id(const struct tokenizer *t);
 int tokenizer_unk_id(const struct tokenizer *t);
 
 /* Encodes text[0..len) (arbitrary bytes: NULs count, invalid UTF-8 is encoded as U+FFFD by
- * SentencePiece's normalizer) into *ids[0..*n_ids), preceded by the BOS id when add_bos is
+ * SentencePiece's normalizer; a SentencePiece control piece's string becomes its id, leftmost then
+ * longest, and each text between them is encoded on its own, dummy prefix included, as
+ * Hugging Face's legacy Llama tokenizer does) into *ids[0..*n_ids), preceded by the BOS id when add_bos is
  * non-zero (STATUS_INVALID_ARGUMENT if a SentencePiece model has no BOS; a byte-level BPE
  * without one adds nothing, as Hugging Face's add_special_tokens). Byte-level BPE: special added
  * tokens' strings in the text become their ids; bytes without a piece are dropped. No EOS is
