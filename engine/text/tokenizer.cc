@@ -579,6 +579,17 @@ enum status tokenizer_load_from_memory(const void *data, size_t n, struct tokeni
     }
 }
 
+enum status tokenizer_load_tiktoken_from_memory(const void *data, size_t n, const char *pattern, struct tokenizer **out)
+{
+    *out = nullptr;
+    if (!data && n) return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: NULL data");
+    try {
+        return load_bpe(std::string_view(n ? (const char *)data : "", n), "tiktoken (memory)", nullptr, 0, out, true, pattern);
+    } catch (const std::bad_alloc &) {
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tiktoken (memory): out of memory");
+    }
+}
+
 void tokenizer_free(struct tokenizer *t)
 {
     try {

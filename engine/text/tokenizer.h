@@ -44,6 +44,8 @@ enum status tokenizer_load(const char *path, struct tokenizer **out);
  * added_tokens_decoder, else the identified encoding's own (docs/tokenizers.md). Errors as
  * tokenizer_load, naming the line. */
 enum status tokenizer_load_tiktoken(const char *path, const char *pattern, struct tokenizer **out);
+/* The same from a rank file's bytes data[0..n) (borrowed for the call), without a config. */
+enum status tokenizer_load_tiktoken_from_memory(const void *data, size_t n, const char *pattern, struct tokenizer **out);
 
 /* Loads the tokenizer of a model for a model of model_vocab rows: the serialized ModelProto
  * proto[0..proto_n) when proto is not NULL (a GGUF file's, built from its metadata: a ModelProto
