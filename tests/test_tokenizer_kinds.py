@@ -268,7 +268,8 @@ def sp_charsmap(model_bytes):
 def unigram_precompiled(text, rule, tmp):
     """A Unigram tokenizer.json whose normalizer is Precompiled with the charsmap of SentencePiece's
     `rule` (nmt_nfkc, nmt_nfkc_cf), built with the sentencepiece trainer and tokenizers' own
-    normalizers.Precompiled, as the T5/ALBERT/XLM-R converters write them."""
+    normalizers.Precompiled, as the T5/ALBERT/XLM-R converters write them (nmt_nfkc_cf followed
+    by T5's Replace(Regex(" {2,}"), " "))."""
     import io
     import sentencepiece as spm
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -280,6 +281,9 @@ def unigram_precompiled(text, rule, tmp):
     vocab = [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]
     tok = Tokenizer(models.Unigram(vocab, unk_id=sp.unk_id()))
     tok.normalizer = normalizers.Precompiled(sp_charsmap(proto))
+    if rule == "nmt_nfkc_cf":  # T5's layout: the charsmap, then runs of spaces folded by a Regex Replace
+        from tokenizers import Regex
+        tok.normalizer = normalizers.Sequence([tok.normalizer, normalizers.Replace(Regex(" {2,}"), " ")])
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
     path = os.path.join(tmp, "unigram-%s.json" % rule)
@@ -302,7 +306,7 @@ def malformed(tool, tmp, base):
         "WordPiece unk": lambda t: t["model"].update(unk_token="[NOPE]"),
         "max chars": lambda t: t["model"].update(max_input_chars_per_word=-3),
         "normalizer": lambda t: t.update(normalizer={"type": "Precompiled", "precompiled_charsmap": "AAAA"}),
-        "Replace regex": lambda t: t.update(normalizer={"type": "Replace", "pattern": {"Regex": " +"}, "content": " "}),
+        "Replace regex": lambda t: t.update(normalizer={"type": "Replace", "pattern": {"Regex": "( +"}, "content": " "}),
         "pre": lambda t: t.update(pre_tokenizer={"type": "UnicodeScripts"}),
         "decoder": lambda t: t.update(decoder={"type": "CTC"}),
         "Strip": lambda t: t.update(decoder={"type": "Strip", "content": " ", "start": -1, "stop": 0}),

@@ -61,6 +61,7 @@ enum bpe_norm_kind {
     BPE_NORM_PREPEND,       /* Prepend: text before a non-empty segment */
     BPE_NORM_STRIP,         /* Strip: whitespace off the left and/or right */
     BPE_NORM_PRECOMPILED,   /* Precompiled: SentencePiece's charsmap (charsmap.c) */
+    BPE_NORM_REPLACE_REGEX, /* Replace with a Regex pattern (text, PCRE2) by with, every match */
 };
 
 struct bpe_norm {
@@ -69,6 +70,7 @@ struct bpe_norm {
     int   left, right; /* STRIP */
     uint8_t *map;      /* PRECOMPILED: the charsmap's bytes, owned */
     size_t   map_n;
+    void    *code;     /* REPLACE_REGEX: pcre2_code_8 *, compiled by bpe_finish */
 };
 
 /* One decoder step of the non-byte-level kinds, in the file's order (Hugging Face's decoders;

@@ -1,7 +1,7 @@
 /* engine/text/tokenizer_json_steps.c - a tokenizer.json's normalizer and decoder steps and the
  * pre-tokenizers of the non-byte-level kinds, read into a struct bpe (bpe.h): what
  * normalizer.c and text_decode.c then apply. Refused with STATUS_UNSUPPORTED naming the type:
- * Replace with a Regex pattern, UnicodeScripts, CharDelimiterSplit,
+ * Replace with a Regex pattern in a decoder, UnicodeScripts, CharDelimiterSplit,
  * the CTC and BPEDecoder decoders.
  * Not here: the model, vocabulary and added tokens (tokenizer_json.c).
  * Tests: tests/test_tokenizer_kinds.py. */
@@ -77,6 +77,8 @@ enum status tjson_normalizer(struct bpe *b, const cJSON *n, int depth)
     }
     if (!strcmp(type, "Replace")) {
         const char *pat, *with = str_field(n, "content");
+        const char *re = str_field(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "Regex");
+        if (re && with) return add_norm(b, BPE_NORM_REPLACE_REGEX, re, with, 0, 0);
         if ((s = pattern_string(b, n, "normalizer", &pat))) return s;
         if (!with || strlen(with) > 64) return tjson_bad(b, "normalizer", "Replace has no \"content\" string (of at most 64 bytes)");
         return add_norm(b, BPE_NORM_REPLACE, pat, with, 0, 0);
