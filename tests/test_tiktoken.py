@@ -103,6 +103,7 @@ def bad_files(tool, tmp):
         "same bytes twice": b"YQ== 0\nYQ== 1\n",
         "empty token": b"= 0\n",
         "text after the rank": b"YQ== 0 x\n",
+        "token too long": base64.b64encode(b"a" * 257) + b" 0\n",
     }
     for what, text in cases.items():
         d = os.path.join(tmp, "bad")

@@ -19,6 +19,9 @@
 
 /* The largest rank accepted: beyond any real vocabulary (o200k_harmony has 201,088 ids). */
 #define TIKTOKEN_MAX_RANK (1 << 22)
+/* The longest token accepted, in bytes (base64 of 256 bytes is 344 characters): the published
+ * encodings' longest are 128; the merges cost the square of a token's length. */
+#define TIKTOKEN_MAX_TOKEN 256
 
 /* The patterns of the encodings tiktoken ships (tiktoken_ext/openai_public.py, 0.14) and of Llama
  * 3's tokenizer.py, in PCRE2 syntax (possessive quantifiers and (?i:) are the same there). */
@@ -166,8 +169,9 @@ static enum status read_ranks(struct bpe *b, const char *text, size_t n, int32_t
                 break;
             }
         }
-        const long nb = bpe_base64_decode(text + at, len, buf);
-        if (nb <= 0) s = status_errorf(STATUS_BAD_FORMAT, "%s: line %zu: the token is not base64 of at least one byte", b->name, line);
+        const long nb = len > 4 * TIKTOKEN_MAX_TOKEN / 3 + 4 ? -1 : bpe_base64_decode(text + at, len, buf);
+        if (nb <= 0 || nb > TIKTOKEN_MAX_TOKEN)
+            s = status_errorf(STATUS_BAD_FORMAT, "%s: line %zu: the token is not base64 of 1 to %d bytes", b->name, line, TIKTOKEN_MAX_TOKEN);
         else if (b->pieces[r]) s = status_errorf(STATUS_BAD_FORMAT, "%s: line %zu: rank %d is given twice", b->name, line, r);
         else if (!(b->pieces[r] = bytes_to_piece(buf, (size_t)nb, off)))
             s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);

@@ -9,7 +9,8 @@
  * project and no exception crosses into C (every failure is an enum status with a message).
  * Not here: chat templates, stop sequences (the server), sampling (sampler.c).
  * Tests: tests/test_tokenizer.c (SentencePiece), tests/test_bpe.py (byte-level BPE against
- * Hugging Face tokenizers).
+ * Hugging Face tokenizers), tests/test_tiktoken.py (rank files against tiktoken),
+ * tests/test_sp_chat.py (SentencePiece with its own chat template).
  *
  * Threads: a loaded tokenizer is immutable. Every function taking `const struct tokenizer *`
  * may be called from many threads at once on the same tokenizer (SentencePiece's Encode and
