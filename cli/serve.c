@@ -14,6 +14,8 @@
  *                            model is loaded (host memory on the CPU, GPU memory on CUDA)
  *   --kv-cache-blocks N      KV pool size in blocks, when neither of the above is given
  *   --no-prefix-caching      do not share prompt blocks between requests
+ *   --verify-prefix-cache F  recompute fraction F of the prompts served from the prefix cache
+ *                            without it and count logit mismatches (/metrics)
  *   --batch-invariant        a request's tokens never depend on the batch around it, for
  *                            block-quantized (GGUF) weights too, at some prefill speed
  *                            (SHARDLM_BATCH_INVARIANT=1; docs/determinism.md)
@@ -80,7 +82,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--rank-timeout S (60)]\n"
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
                     "         [--kv-cache-fraction F]\n"
-                    "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching] [--batch-invariant]\n"
+                    "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching] [--verify-prefix-cache F] [--batch-invariant]\n"
                     "         [--scheduling-policy fcfs|fair|priority]\n"
                     "         [--chat-template llama2|chatml|gemma|plain|FILE.jinja] [--reasoning-format auto|deepseek|none]\n"
                     "         [--api-key-file F] [--tls-cert F --tls-key F]\n"
@@ -211,6 +213,12 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--spec-ngram")) {
             if (base_parse_long(v, 2, 16, &n)) return usage("--spec-ngram must be an integer in [2, 16], got '%s'", v);
             o.engine.spec_ngram = (int)n;
+        } else if (!strcmp(a, "--verify-prefix-cache")) {
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !(d >= 0 && d <= 1))
+                return usage("--verify-prefix-cache must be a fraction in [0, 1], got '%s'", v);
+            o.engine.verify_prefix_cache = d;
         } else if (!strcmp(a, "--max-queue")) {
             if (base_parse_long(v, 1, 1 << 20, &n)) return usage("--max-queue must be an integer in [1, 1048576], got '%s'", v);
             o.engine.max_queue = (int)n;

@@ -11,6 +11,8 @@
 # (2 s here), names rank 1 (heartbeats: parallel_watch.c), fails the requests with UNAVAILABLE,
 # goes NOT_SERVING and exits non-zero. With `hang_idle`: the same with no request running (no
 # collective waits for the stopped rank: the heartbeats alone tell the idle conductor).
+# SHARDLM_MPIRUN_ARGS adds mpirun options and SHARDLM_NETNS_KILL=NAMESPACE makes `kill` kill every
+# process of that namespace (a whole node: tests/test_multinode.sh).
 # DEVICE=cuda serves on GPUs (one per rank, or all on one with SHARDLM_SHARE_GPU=1), and the
 # reference `generate` runs there too.
 set -u
@@ -35,7 +37,11 @@ pass=0
 fail=0
 check() { if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "PASS $1"; else fail=$((fail + 1)); echo "FAIL $1"; fi; }
 
-OMP_NUM_THREADS=1 mpirun -n "$n" -x OMP_NUM_THREADS "$shardlm" serve --model "$model" --device "$DEVICE" \
+# SHARDLM_MPIRUN_ARGS: more mpirun options (tests/test_multinode.sh: a hostfile of "nodes").
+# SHARDLM_TEST_JOB tells this job's ranks from any other test's, on whichever node they run.
+export SHARDLM_TEST_JOB=$$.$RANDOM
+# shellcheck disable=SC2086
+OMP_NUM_THREADS=1 mpirun ${SHARDLM_MPIRUN_ARGS:-} -n "$n" -x OMP_NUM_THREADS -x SHARDLM_TEST_JOB "$shardlm" serve --model "$model" --device "$DEVICE" \
   --listen 127.0.0.1:0 --dp "$dp" --tp "$tp" --pp "$pp" --drain-timeout 5 --rank-timeout 2 > "$tmp/serve.log" 2>&1 &
 pid=$!
 # The server listens at once and answers UNAVAILABLE until the model is loaded ("shardlm:
@@ -60,11 +66,17 @@ if [ "$mode" = kill ] || [ "$mode" = hang ] || [ "$mode" = hang_idle ]; then
     client=$!
   fi
   sleep 1.5
-  # This job's rank 1: a child of our own mpirun (other tests may run the same command line).
-  worker=$(pgrep -P "$pid" | while read -r p; do
-    tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && echo "$p"; done | head -1)
+  # This job's rank 1 (other tests may run the same command line; on another "node" it is no
+  # child of our mpirun).
+  worker=$(pgrep -x shardlm | while read -r p; do
+    env_of=$(tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null)
+    echo "$env_of" | grep -qx OMPI_COMM_WORLD_RANK=1 && echo "$env_of" | grep -qx "SHARDLM_TEST_JOB=$SHARDLM_TEST_JOB" &&
+      echo "$p"; done | head -1)
   [ -n "$worker" ]; check "found a rank to kill" $?
-  if [ "$mode" = kill ]; then kill -9 "$worker" 2> /dev/null; else kill -STOP "$worker" 2> /dev/null; fi
+  if [ -n "${SHARDLM_NETNS_KILL:-}" ]; then # a whole node dies: every process in its namespace
+    # shellcheck disable=SC2046
+    kill -9 $(ip netns pids "$SHARDLM_NETNS_KILL") 2> /dev/null
+  elif [ "$mode" = kill ]; then kill -9 "$worker" 2> /dev/null; else kill -STOP "$worker" 2> /dev/null; fi
   [ "$mode" = hang_idle ] && mode_hang=1 || mode_hang=
   [ "$mode" = hang ] && mode_hang=1
   for _ in $(seq 1 200); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done

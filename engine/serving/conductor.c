@@ -215,6 +215,7 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->stats.kv_blocks_total = c->cache.n_blocks;
     c->stats.kv_blocks_free = c->cache.n_blocks; /* true before the first step too */
     c->stats.block_tokens = bt;
+    verify_init(c);
     /* Only the first rank times out: workers legitimately wait for the next plan forever. Every
      * rank beats (parallel_watch_start), so that the timeout names the rank that stopped. */
     if (c->par.world && c->par.world->rank == 0) c->par.world->timeout_s = o->rank_timeout_s;
@@ -598,6 +599,7 @@ static void take_results(struct conductor *c, enum status st)
         const int32_t greedy_id = c->greedy_done ? c->greedy_ids[lrow] : -1;
         lrow++;
         if (s->sample == 0 && !r->forked && r->p.n > 1 && r->p.max_tokens > 0) fork_and_take(c, s, row);
+        verify_consider(c, s, row);
         r->forked = 1;
         take_token(c, s, row, greedy_id);
     }
@@ -620,11 +622,15 @@ int conductor_step(struct conductor *c)
         stats_update(c, 0, c->sched.batch.hit_tokens);
         return busy;
     }
+    verify_inject_fault(c);
     enum status st = run_planned_step(c);                    /* 3 */
     take_results(c, st);                                     /* 4 */
     if (st != STATUS_OK && c->par.world && c->par.world->broken) fail_conductor(c, st);
     scheduler_drop_finished(&c->sched);
     stats_update(c, c->sched.batch.prefill_rows, c->sched.batch.hit_tokens);
+    /* The step's batch is spent: --verify-prefix-cache's recomputations plan their own. */
+    if (c->n_vjobs && (st = verify_run_pending(c)) != STATUS_OK && c->par.world && c->par.world->broken)
+        fail_conductor(c, st);
     return busy;
 }
 
@@ -745,6 +751,7 @@ void conductor_free(struct conductor *c)
     free(c->mb_rows);
     free(c->greedy_ids);
     free(c->gmask);
+    verify_free(c);
     grammar_cache_free(c->gcache);
     grammar_vocab_free(c->gvocab);
     pthread_mutex_destroy(&c->gmu);

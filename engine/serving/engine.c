@@ -54,6 +54,9 @@ static enum status resolve_options(const struct engine_options *opt, struct engi
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "engine limits must be positive (max_batch_tokens %d, max_seqs %d <= 4096, max_queue %d)",
                              o.max_batch_tokens, o.max_seqs, o.max_queue);
+    if (!(o.verify_prefix_cache >= 0 && o.verify_prefix_cache <= 1))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "verify_prefix_cache must be a fraction in [0, 1], got %g",
+                             o.verify_prefix_cache);
     if (o.scheduling < SCHEDULING_FCFS || o.scheduling > SCHEDULING_PRIORITY)
         return status_errorf(STATUS_INVALID_ARGUMENT, "scheduling must be fcfs (0), fair (1) or priority (2), got %d",
                              o.scheduling);

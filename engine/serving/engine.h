@@ -66,6 +66,10 @@ struct engine_options {
                                   is invalid); 0 = 1024 */
     int   max_logprobs;        /* largest top-n a request may ask; 0 = 20 */
     int   prefix_caching;      /* 1 = share full prompt blocks between requests by hash */
+    double verify_prefix_cache; /* the fraction in [0, 1] of requests served partly from the
+                                  prefix cache whose prompt is recomputed without it and whose
+                                  first logits are compared (engine_stats counts mismatches);
+                                  0 = never */
     int   scheduling;          /* enum scheduling_policy; 0 = SCHEDULING_FCFS */
     /* Speculative decoding by prompt lookup (draftless n-gram, docs/speculative.md): each step a
      * decoding sequence appends up to spec_draft tokens (fewer under its adaptive length) that
@@ -290,6 +294,11 @@ struct engine_stats {
     uint64_t spec_drafted, spec_accepted;   /* prompt-lookup draft tokens verified, and accepted */
     uint64_t spec_backoffs;                 /* times a sequence stopped drafting for low acceptance
                                                (docs/speculative.md, the adaptive rule) */
+    /* --verify-prefix-cache (conductor_verify.c): prompts served from the prefix cache and
+     * recomputed without it, those whose logits differed, those not verified for want of free
+     * blocks, and the largest logit difference seen. */
+    uint64_t prefix_cache_verified, prefix_cache_mismatches, prefix_cache_verify_skipped;
+    double   prefix_cache_max_abs_diff;
 };
 void engine_get_stats(struct engine *e, struct engine_stats *s); /* thread-safe snapshot; with
                                      data parallelism the sum over replicas (remote ones as of
