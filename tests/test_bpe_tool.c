@@ -120,7 +120,8 @@ int main(int argc, char **argv)
         return 1;
     }
     if (!strcmp(argv[1], "load")) {
-        printf("OK vocab=%d bos=%d eos=%d\n", tokenizer_vocab_size(t), tokenizer_bos_id(t), tokenizer_eos_id(t));
+        printf("OK vocab=%d bos=%d eos=%d special=%d\n", tokenizer_vocab_size(t), tokenizer_bos_id(t), tokenizer_eos_id(t),
+               tokenizer_encodes_special(t));
         tokenizer_free(t);
         return 0;
     }

@@ -235,6 +235,69 @@ def unigram_byte_fallback(path, tmp):
     return out
 
 
+def sp_charsmap(model_bytes):
+    """ModelProto.normalizer_spec (field 3).precompiled_charsmap (field 2), read here."""
+    def fields(b):
+        i = 0
+        while i < len(b):
+            key, i = varint(b, i)
+            if key & 7 == 2:
+                n, i = varint(b, i)
+                yield key >> 3, b[i:i + n]
+                i += n
+            elif key & 7 == 0:
+                _, i = varint(b, i)
+            elif key & 7 == 5:
+                i += 4
+            else:
+                i += 8
+
+    def varint(b, i):
+        x = sh = 0
+        while True:
+            c = b[i]
+            i += 1
+            x |= (c & 127) << sh
+            sh += 7
+            if c < 128:
+                return x, i
+    spec = [v for k, v in fields(model_bytes) if k == 3][0]
+    return [v for k, v in fields(spec) if k == 2][0]
+
+
+def unigram_precompiled(text, rule, tmp):
+    """A Unigram tokenizer.json whose normalizer is Precompiled with the charsmap of SentencePiece's
+    `rule` (nmt_nfkc, nmt_nfkc_cf), built with the sentencepiece trainer and tokenizers' own
+    normalizers.Precompiled, as the T5/ALBERT/XLM-R converters write them (nmt_nfkc_cf followed
+    by T5's Replace(Regex(" {2,}"), " "))."""
+    import io
+    import sentencepiece as spm
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(text.split("\n")), model_writer=buf, vocab_size=1000,
+                                   model_type="unigram", normalization_rule_name=rule, minloglevel=2)
+    proto = buf.getvalue()
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    vocab = [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=sp.unk_id()))
+    tok.normalizer = normalizers.Precompiled(sp_charsmap(proto))
+    if rule == "nmt_nfkc_cf":  # T5's layout: the charsmap, then runs of spaces folded by a Regex Replace
+        from tokenizers import Regex
+        tok.normalizer = normalizers.Sequence([tok.normalizer, normalizers.Replace(Regex(" {2,}"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    path = os.path.join(tmp, "unigram-%s.json" % rule)
+    tok.save(path)
+    return path
+
+
+# Texts that exercise a charsmap: compatibility characters, combining sequences (grapheme clusters
+# of every length around the 6-byte rule), controls, spaces, emoji sequences.
+PRECOMPILED_TEXTS = ["ﬁ ﬂ ① ㈱ ｈａｌｆ ＡＢＣ ｶﾀｶﾅ ™ … ¼ ㎏ ℌ ⅷ Ⅻ", "e\u0301 a\u0308 n\u0303 e\u0301\u0302 ｅ\u0301 ﬁ\u0301",
+                     "\u1100\u1161\u11a8 한국어 ᄀᄁ", "\x01\x02\x7f\u0085\u200b\u200d\ufeff x\u00ad y", "\u00a0\u2002\u3000 spaces\u2028",
+                     "👨‍👩‍👧 🇯🇵 👍🏽 ❤️ ﷺ ﻼ", "Ａ\u0308\u0301\u0302 ㍿ ㋀ ㏠", "İ ß ẞ Σ ς ǅ ﬀ", "a\u20dd \u0915\u094d\u0937 ক্ষ"]
+
+
 def malformed(tool, tmp, base):
     cases = {
         "model.type": lambda t: t["model"].update(type="WordLevel"),
@@ -243,7 +306,7 @@ def malformed(tool, tmp, base):
         "WordPiece unk": lambda t: t["model"].update(unk_token="[NOPE]"),
         "max chars": lambda t: t["model"].update(max_input_chars_per_word=-3),
         "normalizer": lambda t: t.update(normalizer={"type": "Precompiled", "precompiled_charsmap": "AAAA"}),
-        "Replace regex": lambda t: t.update(normalizer={"type": "Replace", "pattern": {"Regex": " +"}, "content": " "}),
+        "Replace regex": lambda t: t.update(normalizer={"type": "Replace", "pattern": {"Regex": "( +"}, "content": " "}),
         "pre": lambda t: t.update(pre_tokenizer={"type": "UnicodeScripts"}),
         "decoder": lambda t: t.update(decoder={"type": "CTC"}),
         "Strip": lambda t: t.update(decoder={"type": "Strip", "content": " ", "start": -1, "stop": 0}),
@@ -292,6 +355,13 @@ def main():
         ug = trained("unigram", shakespeare[:300000], tmp)
         compare(tool, "unigram", ug, texts)
         compare(tool, "unigram-byte-fallback", unigram_byte_fallback(ug, tmp), texts)
+        try:
+            import sentencepiece  # noqa: F401
+            for rule in ("nmt_nfkc", "nmt_nfkc_cf"):
+                compare(tool, "unigram-precompiled-" + rule, unigram_precompiled(shakespeare[:200000], rule, tmp),
+                        texts + PRECOMPILED_TEXTS)
+        except ImportError:
+            print("SKIP unigram-precompiled: the sentencepiece package is not installed (pip install sentencepiece)")
         malformed(tool, tmp, wp)
     print("%d failures" % failures)
     return 1 if failures else 0

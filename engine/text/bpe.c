@@ -160,7 +160,8 @@ void bpe_free(struct bpe *b)
         pcre2_code_free(b->splits[i].code);
     }
     free(b->splits);
-    for (int i = 0; i < b->n_norms; i++) free(b->norms[i].text), free(b->norms[i].with);
+    for (int i = 0; i < b->n_norms; i++)
+        free(b->norms[i].text), free(b->norms[i].with), free(b->norms[i].map), pcre2_code_free(b->norms[i].code);
     free(b->norms), free(b->scores), free(b->wp_prefix);
     for (int i = 0; i < b->n_decs; i++) free(b->decs[i].text), free(b->decs[i].with);
     free(b->decs);
@@ -199,7 +200,7 @@ static enum status piece_bytes(const char *piece, uint8_t **out, uint32_t *n, in
     return STATUS_OK;
 }
 
-static enum status compile_split(struct bpe *b, struct bpe_split *sp, int k)
+static enum status compile_split(struct bpe *b, struct bpe_split *sp, const char *field, int k)
 {
     int err;
     PCRE2_SIZE at;
@@ -209,8 +210,8 @@ static enum status compile_split(struct bpe *b, struct bpe_split *sp, int k)
     if (!code) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
-        return status_errorf(STATUS_BAD_FORMAT, "%s: pre_tokenizer step %d: regex /%s/ at offset %zu: %s", b->name,
-                             k, sp->pattern, (size_t)at, (const char *)msg);
+        return status_errorf(STATUS_BAD_FORMAT, "%s: %s step %d: regex /%s/ at offset %zu: %s", b->name,
+                             field, k, sp->pattern, (size_t)at, (const char *)msg);
     }
     /* JIT is an optimisation: without it (PCRE2 built without, or no executable memory) the
      * interpreter gives the same matches. */
@@ -274,6 +275,13 @@ enum status bpe_finish(struct bpe *b)
     int all_bytes = 1;
     for (int c = 0; c < 256; c++) all_bytes &= b->byte_id[c] >= 0;
     b->max_token_bytes = (all_bytes && !b->nfc && b->model == BPE_MODEL_BYTE_LEVEL) ? most : 0;
+    for (int k = 0; k < b->n_norms; k++) {
+        struct bpe_norm *nm = &b->norms[k];
+        if (nm->kind != BPE_NORM_REPLACE_REGEX) continue;
+        struct bpe_split sp = {.pattern = nm->text};
+        if ((s = compile_split(b, &sp, "normalizer", k))) return s;
+        nm->code = sp.code;
+    }
     if (b->model != BPE_MODEL_BYTE_LEVEL) return finish_other(b);
 
     for (int r = 0; r < b->n_merges; r++) {
@@ -293,12 +301,12 @@ enum status bpe_finish(struct bpe *b)
             return status_errorf(STATUS_BAD_FORMAT, "%s: model.merges[%d] (\"%s %s\"): the merged piece is not in the vocabulary",
                                  b->name, r, b->pieces[l], b->pieces[rr]);
         struct bpe_slot *e = table_pair_slot(b->by_pair, l, rr);
-        if (e->val < 0) e->val = r, e->val2 = merged; /* a repeated merge keeps its first rank */
+        if (e->val < 0) e->val = b->merge_by_id ? merged : r, e->val2 = merged; /* a repeated merge keeps its first rank */
     }
 
     if ((s = build_added(b))) return s;
     for (int k = 0; k < b->n_splits; k++)
-        if ((s = compile_split(b, &b->splits[k], k))) return s;
+        if ((s = compile_split(b, &b->splits[k], "pre_tokenizer", k))) return s;
     if (b->nfc) {
         UErrorCode err = U_ZERO_ERROR;
         b->nfc_impl = unorm2_getNFCInstance(&err);
@@ -365,7 +373,7 @@ static enum status finish_other(struct bpe *b)
     }
     if ((s = build_added(b))) return s;
     for (int k = 0; k < b->n_splits; k++)
-        if ((s = compile_split(b, &b->splits[k], k))) return s;
+        if ((s = compile_split(b, &b->splits[k], "pre_tokenizer", k))) return s;
     return STATUS_OK;
 }
 

@@ -60,12 +60,17 @@ enum bpe_norm_kind {
     BPE_NORM_REPLACE,       /* Replace with a String pattern: every occurrence of text by with */
     BPE_NORM_PREPEND,       /* Prepend: text before a non-empty segment */
     BPE_NORM_STRIP,         /* Strip: whitespace off the left and/or right */
+    BPE_NORM_PRECOMPILED,   /* Precompiled: SentencePiece's charsmap (charsmap.c) */
+    BPE_NORM_REPLACE_REGEX, /* Replace with a Regex pattern (text, PCRE2) by with, every match */
 };
 
 struct bpe_norm {
     enum bpe_norm_kind kind;
     char *text, *with; /* owned, NUL-terminated (REPLACE: pattern and content; PREPEND: text) */
     int   left, right; /* STRIP */
+    uint8_t *map;      /* PRECOMPILED: the charsmap's bytes, owned */
+    size_t   map_n;
+    void    *code;     /* REPLACE_REGEX: pcre2_code_8 *, compiled by bpe_finish */
 };
 
 /* One decoder step of the non-byte-level kinds, in the file's order (Hugging Face's decoders;
@@ -131,6 +136,8 @@ struct bpe {
     int         add_prefix_space; /* ByteLevel's: a space before each text segment not starting with one */
     int         nfc;              /* normalizer NFC */
     int         ignore_merges;    /* a word that is a piece is taken whole */
+    int         merge_by_id;      /* a merge's priority is the merged piece's id, not its line
+                                     (tiktoken: the rank is the id; tiktoken.c) */
     int32_t     unk_id, bos_id, eos_id, pad_id; /* what tokenizer.h reports; -1 when none */
     int32_t     model_unk_id;     /* model.unk_token: what a byte without a piece becomes (else
                                      it is dropped, as Hugging Face and llama.cpp do) */
@@ -187,6 +194,15 @@ void bpe_free(struct bpe *b);
 enum status bpe_load_json(const char *json, size_t n, const char *name, const char *config, size_t config_n,
                           struct bpe **out);
 
+/* Parses a tiktoken rank file text[0..n) ("BASE64 RANK" lines; tiktoken.c) into a byte-level
+ * *out. pattern: an encoding's name (r50k, cl100k, o200k, llama3) or a PCRE2 regex; NULL takes
+ * the config's "pat_str", else the encoding the number of ranks identifies (STATUS_UNSUPPORTED
+ * when none does). config (a tokenizer_config.json text, may be NULL) gives the special tokens
+ * (added_tokens_decoder; else the identified encoding's own) and bos/eos/pad. Errors as
+ * bpe_load_json, naming the file and the line. */
+enum status bpe_load_tiktoken(const char *text, size_t n, const char *name, const char *pattern, const char *config,
+                              size_t config_n, struct bpe **out);
+
 /* The model of one pre-token w[0..n) (valid UTF-8, normalized) for the kinds of their files:
  * ids appended to *ids as bpe_encode does. */
 enum status wordpiece_encode_word(const struct bpe *b, const uint8_t *w, size_t n, int32_t **ids, size_t *n_ids,
@@ -198,6 +214,17 @@ enum status unigram_encode_word(const struct bpe *b, const uint8_t *w, size_t n,
  * UTF-8 becomes U+FFFD first. */
 enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, int first, uint8_t **out, size_t *n_out,
                              size_t *cap);
+/* The Precompiled normalizer (charsmap.c): charsmap_check refuses a map m[0..n) whose header and
+ * trie size do not fit (STATUS_BAD_FORMAT naming the file); charsmap_apply writes the
+ * normalization of code points s[0..n) to *dst[0..*dn) (grown with base_grow), as Hugging Face does
+ * (grapheme clusters first). */
+enum status charsmap_check(const uint8_t *m, size_t n, const char *name);
+enum status charsmap_apply(const uint8_t *m, size_t mn, const uint32_t *s, size_t n, uint32_t **dst, size_t *dn,
+                           size_t *dcap);
+/* Decodes standard base64 s[0..n) (padding optional) into out (room for 3n/4 + 3 bytes); -1 when
+ * malformed, else the byte count (tiktoken.c). */
+long bpe_base64_decode(const char *s, size_t n, uint8_t *out);
+
 /* Appends an id with base_grow. */
 enum status bpe_push_id(int32_t **ids, size_t *n, size_t *cap, int32_t id);
 

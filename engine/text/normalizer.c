@@ -1,12 +1,15 @@
 /* engine/text/normalizer.c - the normalizers of the non-byte-level tokenizer.json kinds, applied to
  * one segment of text (between added tokens) in the file's order: NFC, NFD, NFKC, NFKD (ICU),
- * Lowercase, StripAccents, BertNormalizer's steps, Replace (String patterns), Prepend, Strip;
+ * Lowercase, StripAccents, BertNormalizer's steps, Replace (String and Regex patterns), Prepend, Strip,
+ * Precompiled (charsmap.c);
  * then a leading Metaspace pre-tokenizer's replacement of ' ' by U+2581 and its prepend.
  * Character classes are Rust's (char::is_whitespace, char::to_lowercase) and the unicode
  * categories of ICU, as close to Hugging Face tokenizers as one library's tables allow (the
  * Unicode versions may differ for characters assigned recently).
  * Not here: NFC of byte-level BPE (bpe.c, which keeps invalid UTF-8 bytes), parsing (tokenizer_json.c).
  * Tests: tests/test_tokenizer_kinds.py. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unicode/uchar.h>
@@ -150,6 +153,58 @@ static int step(const struct bpe_norm *k, const struct cps *src, struct cps *dst
     }
 }
 
+/* Writes p[0..n) as UTF-8 to o (room for 4n bytes); the byte count. */
+static size_t to_utf8(const uint32_t *p, size_t n, uint8_t *out)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t c = p[i];
+        uint8_t *o = out + m;
+        if (c < 0x80) o[0] = (uint8_t)c, m += 1;
+        else if (c < 0x800) o[0] = (uint8_t)(0xC0 | c >> 6), o[1] = (uint8_t)(0x80 | (c & 63)), m += 2;
+        else if (c < 0x10000)
+            o[0] = (uint8_t)(0xE0 | c >> 12), o[1] = (uint8_t)(0x80 | (c >> 6 & 63)), o[2] = (uint8_t)(0x80 | (c & 63)), m += 3;
+        else
+            o[0] = (uint8_t)(0xF0 | c >> 18), o[1] = (uint8_t)(0x80 | (c >> 12 & 63)), o[2] = (uint8_t)(0x80 | (c >> 6 & 63)),
+            o[3] = (uint8_t)(0x80 | (c & 63)), m += 4;
+    }
+    return m;
+}
+
+/* Replace with a Regex: every match of k->code in src replaced by k->with, into dst. */
+static enum status replace_regex(const struct bpe_norm *k, const struct cps *src, struct cps *dst)
+{
+    dst->n = 0;
+    uint8_t *in = malloc(4 * src->n + 1), *o = NULL;
+    if (!in) return oom();
+    const size_t n_in = to_utf8(src->p, src->n, in);
+    PCRE2_SIZE n_out = 2 * n_in + 64;
+    int rc = PCRE2_ERROR_NOMEMORY;
+    const uint32_t opts = PCRE2_SUBSTITUTE_GLOBAL | PCRE2_SUBSTITUTE_LITERAL | PCRE2_SUBSTITUTE_OVERFLOW_LENGTH;
+    for (int tries = 0; tries < 2 && rc == PCRE2_ERROR_NOMEMORY; tries++) {
+        free(o);
+        if (!(o = malloc(n_out + 1))) break;
+        rc = pcre2_substitute((const pcre2_code *)k->code, in, n_in, 0, opts, NULL, NULL, (PCRE2_SPTR)k->with,
+                              PCRE2_ZERO_TERMINATED, o, &n_out);
+    }
+    enum status st = STATUS_OK;
+    if (!o) st = oom();
+    else if (rc < 0) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(rc, msg, sizeof msg);
+        st = status_errorf(STATUS_INTERNAL, "tokenizer: normalizer Replace /%s/: %s", k->text, (const char *)msg);
+    }
+    for (size_t i = 0; !st && i < n_out;) {
+        uint32_t c;
+        size_t step_ = bpe_utf8_next(o + i, n_out - i, &c);
+        if (!step_) c = 0xFFFD, step_ = 1;
+        if (!cps_push(dst, c)) st = oom();
+        i += step_;
+    }
+    free(in), free(o);
+    return st;
+}
+
 enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, int first, uint8_t **out, size_t *n_out,
                              size_t *cap)
 {
@@ -165,7 +220,14 @@ enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, in
         i += k;
     }
     for (int i = 0; i < b->n_norms && !st; i++) {
-        const int r = step(&b->norms[i], &v[cur], &v[!cur]);
+        const struct bpe_norm *k = &b->norms[i];
+        if (k->kind == BPE_NORM_PRECOMPILED || k->kind == BPE_NORM_REPLACE_REGEX) {
+            st = k->kind == BPE_NORM_PRECOMPILED ? charsmap_apply(k->map, k->map_n, v[cur].p, v[cur].n, &v[!cur].p, &v[!cur].n, &v[!cur].cap)
+                                                 : replace_regex(k, &v[cur], &v[!cur]);
+            cur = !cur;
+            continue;
+        }
+        const int r = step(k, &v[cur], &v[!cur]);
         if (r == 0) st = oom();
         else if (r == 1) cur = !cur;
         else st = unicode_form(b->norms[i].kind, &v[cur]);
@@ -181,18 +243,7 @@ enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, in
         cur = !cur;
     }
     if (!st && base_grow((void **)out, cap, 4 * v[cur].n + 1, 1)) st = oom();
-    size_t m = 0;
-    for (size_t i = 0; i < v[cur].n && !st; i++) {
-        uint32_t c = v[cur].p[i];
-        uint8_t *o = *out + m;
-        if (c < 0x80) o[0] = (uint8_t)c, m += 1;
-        else if (c < 0x800) o[0] = (uint8_t)(0xC0 | c >> 6), o[1] = (uint8_t)(0x80 | (c & 63)), m += 2;
-        else if (c < 0x10000)
-            o[0] = (uint8_t)(0xE0 | c >> 12), o[1] = (uint8_t)(0x80 | (c >> 6 & 63)), o[2] = (uint8_t)(0x80 | (c & 63)), m += 3;
-        else
-            o[0] = (uint8_t)(0xF0 | c >> 18), o[1] = (uint8_t)(0x80 | (c >> 12 & 63)), o[2] = (uint8_t)(0x80 | (c >> 6 & 63)),
-            o[3] = (uint8_t)(0x80 | (c & 63)), m += 4;
-    }
+    const size_t m = st ? 0 : to_utf8(v[cur].p, v[cur].n, *out);
     *n_out = m;
     free(v[0].p), free(v[1].p);
     return st;

@@ -46,7 +46,7 @@ int tokenizer_token_bytes(const struct tokenizer *t, int32_t id, char *buf, int 
         free(text);
         return fits ? (int)len : -1;
     }
-    if (tokenizer_encodes_special(t)) { /* byte-level BPE */
+    if (b) { /* byte-level BPE */
         uint32_t cp;
         int mapped = 1;
         for (const char *p = piece; *p; p += utf8_next(p, &cp))

@@ -5,6 +5,7 @@
  * Tests: tests/test_tokenizer.c. */
 #include "tokenizer.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -12,9 +13,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <new>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <sentencepiece_processor.h>
@@ -53,6 +56,12 @@ struct tokenizer {
     std::string anchor_text;
     /* The most input bytes one id can cover, for tokenizer_min_tokens; 0 when unbounded. */
     size_t max_token_bytes = 0;
+    /* SentencePiece: the control and unknown pieces' strings (views into pieces), which encode
+     * turns into their ids as Hugging Face does; their distinct lengths, longest first, and
+     * which bytes start one. */
+    std::unordered_map<std::string_view, int32_t> special_ids;
+    std::vector<size_t> special_lens;
+    bool special_first[256] = {};
 };
 
 namespace {
@@ -190,8 +199,8 @@ bool pb_find(std::string_view b, uint32_t number, struct pb_field *f)
     return found;
 }
 
-/* Each id covers at most its piece's bytes of the normalized text (a byte piece one byte,
- * a control piece none), and the normalized text holds every input byte that is not a space
+/* Each id covers at most its piece's bytes of the normalized text (a byte piece one byte, a
+ * control piece its string, which encode matches in the text), and the normalized text holds every input byte that is not a space
  * when (1) byte fallback is on, so that no run of unknown characters becomes one <unk> id, and
  * (2) there is no normalization rule set (nmt_nfkc and its kin may drop or fold characters);
  * space only grows (U+2581) or, with remove_extra_whitespaces, folds. 0 otherwise. */
@@ -203,7 +212,7 @@ size_t max_token_bytes(const struct tokenizer *t, std::string_view model)
     if (!byte_fallback || rules) return 0;
     size_t most = 1;
     for (int id = 0; id < t->vocab_size; id++)
-        if (!(t->flags[id] & (PIECE_CONTROL | PIECE_BYTE | PIECE_UNKNOWN | PIECE_UNUSED)))
+        if (!(t->flags[id] & (PIECE_BYTE | PIECE_UNUSED)))
             most = t->pieces[id].size() > most ? t->pieces[id].size() : most;
     return most;
 }
@@ -252,6 +261,14 @@ enum status load_proto(std::string_view bytes, const char *name, struct tokenize
         t->byte_of[id] = (int16_t)b;
     }
     t->max_token_bytes = max_token_bytes(t, bytes);
+    for (int id = 0; id < t->vocab_size; id++) {
+        const std::string &p = t->pieces[id];
+        if (!(t->flags[id] & (PIECE_CONTROL | PIECE_UNKNOWN)) || p.empty() || !t->special_ids.emplace(p, id).second) continue;
+        t->special_first[(uint8_t)p[0]] = true;
+        if (std::find(t->special_lens.begin(), t->special_lens.end(), p.size()) == t->special_lens.end())
+            t->special_lens.push_back(p.size());
+    }
+    std::sort(t->special_lens.rbegin(), t->special_lens.rend());
     enum status s = choose_anchor(t);
     if (s != STATUS_OK) {
         delete t;
@@ -270,13 +287,23 @@ bool looks_like_json(std::string_view bytes)
     return i < bytes.size() && bytes[i] == '{';
 }
 
-/* A byte-level BPE tokenizer from a tokenizer.json text (and a tokenizer_config.json text). */
+/* A tiktoken rank file: its first line is "BASE64 RANK" (a ModelProto opens with 0x0A). */
+bool looks_like_tiktoken(std::string_view bytes)
+{
+    size_t i = 0;
+    while (i < bytes.size() && (isalnum((unsigned char)bytes[i]) || bytes[i] == '+' || bytes[i] == '/' || bytes[i] == '=')) i++;
+    return i > 0 && i + 1 < bytes.size() && bytes[i] == ' ' && isdigit((unsigned char)bytes[i + 1]);
+}
+
+/* A tokenizer.json kind from a tokenizer.json text or, with tiktoken, a rank file (pattern: see
+ * bpe_load_tiktoken), and a tokenizer_config.json text. */
 enum status load_bpe(std::string_view json, const char *name, const char *config, size_t config_n,
-                     struct tokenizer **out)
+                     struct tokenizer **out, bool tiktoken = false, const char *pattern = nullptr)
 {
     *out = nullptr;
     struct bpe *b = nullptr;
-    enum status s = bpe_load_json(json.data(), json.size(), name, config, config_n, &b);
+    enum status s = tiktoken ? bpe_load_tiktoken(json.data(), json.size(), name, pattern, config, config_n, &b)
+                             : bpe_load_json(json.data(), json.size(), name, config, config_n, &b);
     if (s != STATUS_OK) return s;
     struct tokenizer *t = new (std::nothrow) tokenizer;
     if (!t) {
@@ -459,7 +486,9 @@ extern "C" {
 
 const struct bpe *tokenizer_bpe(const struct tokenizer *t) { return t->bpe; }
 
-enum status tokenizer_load(const char *path, struct tokenizer **out)
+enum status tokenizer_load(const char *path, struct tokenizer **out) { return tokenizer_load_tiktoken(path, nullptr, out); }
+
+enum status tokenizer_load_tiktoken(const char *path, const char *pattern, struct tokenizer **out)
 {
     *out = nullptr;
     if (!path) return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: no path given");
@@ -488,11 +517,12 @@ enum status tokenizer_load(const char *path, struct tokenizer **out)
         }
         const size_t plen = strlen(path);
         const bool json_name = plen >= 5 && !strcmp(path + plen - 5, ".json");
-        if (s == STATUS_OK && (json_name || looks_like_json(bytes))) {
+        const bool tiktoken = pattern || (!json_name && looks_like_tiktoken(bytes));
+        if (s == STATUS_OK && (json_name || tiktoken || looks_like_json(bytes))) {
             std::string config;
             s = read_config_beside(path, &config);
             if (s == STATUS_OK)
-                s = load_bpe(bytes, path, config.empty() ? nullptr : config.data(), config.size(), out);
+                s = load_bpe(bytes, path, config.empty() ? nullptr : config.data(), config.size(), out, tiktoken, pattern);
         } else if (s == STATUS_OK) {
             s = load_proto(bytes, path, out);
         }
@@ -538,6 +568,7 @@ enum status tokenizer_load_from_memory(const void *data, size_t n, struct tokeni
     try {
         const std::string_view bytes(n ? (const char *)data : "", n);
         if (looks_like_json(bytes)) return load_bpe(bytes, "tokenizer.json (memory)", nullptr, 0, out);
+        if (looks_like_tiktoken(bytes)) return load_bpe(bytes, "tiktoken (memory)", nullptr, 0, out, true);
         return load_proto(bytes, "tokenizer (memory)", out);
     } catch (const std::bad_alloc &) {
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer (memory): out of memory");
@@ -545,6 +576,17 @@ enum status tokenizer_load_from_memory(const void *data, size_t n, struct tokeni
         return status_errorf(STATUS_BAD_FORMAT, "tokenizer (memory): %s", e.what());
     } catch (...) {
         return status_errorf(STATUS_INTERNAL, "tokenizer (memory): unknown exception");
+    }
+}
+
+enum status tokenizer_load_tiktoken_from_memory(const void *data, size_t n, const char *pattern, struct tokenizer **out)
+{
+    *out = nullptr;
+    if (!data && n) return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: NULL data");
+    try {
+        return load_bpe(std::string_view(n ? (const char *)data : "", n), "tiktoken (memory)", nullptr, 0, out, true, pattern);
+    } catch (const std::bad_alloc &) {
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tiktoken (memory): out of memory");
     }
 }
 
@@ -559,7 +601,7 @@ void tokenizer_free(struct tokenizer *t)
 
 int tokenizer_vocab_size(const struct tokenizer *t) { return t->vocab_size; }
 
-int tokenizer_encodes_special(const struct tokenizer *t) { return t->bpe != nullptr; }
+int tokenizer_encodes_special(const struct tokenizer *t) { return t->bpe != nullptr || !t->special_ids.empty(); }
 int tokenizer_bos_id(const struct tokenizer *t) { return t->bos_id; }
 int tokenizer_eos_id(const struct tokenizer *t) { return t->eos_id; }
 int tokenizer_pad_id(const struct tokenizer *t) { return t->pad_id; }
@@ -608,10 +650,30 @@ enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "tokenizer: add_bos asked but the model has no BOS piece");
     try {
-        std::vector<int> v;
-        const sentencepiece::util::Status st =
-            t->sp.Encode(len ? std::string_view(text, len) : std::string_view(), &v);
-        if (!st.ok()) return status_from_sp(st, STATUS_INTERNAL, "tokenizer: encode failed");
+        /* The strings of control pieces become their ids (leftmost, then longest); each text
+         * between them is encoded on its own, with SentencePiece's dummy prefix. */
+        std::vector<int> v, part;
+        const std::string_view all(len ? text : "", len);
+        size_t seg = 0;
+        for (size_t i = 0; i <= len; i++) {
+            int32_t id = -1;
+            size_t hit = 0;
+            for (size_t k = 0; i < len && t->special_first[(uint8_t)text[i]] && k < t->special_lens.size() && id < 0; k++) {
+                if ((hit = t->special_lens[k]) > len - i) continue;
+                const auto it = t->special_ids.find(all.substr(i, hit));
+                if (it != t->special_ids.end()) id = it->second;
+            }
+            if (id < 0 && i < len) continue;
+            if (i > seg || (seg == 0 && i == len)) {
+                const sentencepiece::util::Status st = t->sp.Encode(all.substr(seg, i - seg), &part);
+                if (!st.ok()) return status_from_sp(st, STATUS_INTERNAL, "tokenizer: encode failed");
+                v.insert(v.end(), part.begin(), part.end());
+            }
+            if (id < 0) break;
+            v.push_back(id);
+            seg = i + hit;
+            i = seg - 1;
+        }
         const size_t n = v.size() + (add_bos ? 1 : 0);
         if (n > (size_t)INT_MAX)
             return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: too many tokens");

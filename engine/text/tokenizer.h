@@ -1,6 +1,6 @@
 /* engine/text/tokenizer.h - text <-> token ids, and incremental detokenization for streaming, for
  * two kinds of tokenizer: a SentencePiece model (.model file or its serialized ModelProto) and a
- * Hugging Face tokenizer.json (byte-level BPE, WordPiece, Unigram, character BPE with byte fallback;
+ * Hugging Face tokenizer.json or tiktoken rank file (byte-level BPE, WordPiece, Unigram, character BPE with byte fallback;
  * or a GGUF gpt2 / bert vocabulary, which engine/formats/gguf_tokenizer.c turns into one; bpe.h,
  * docs/tokenizers.md). For the tokenizer.json kinds add_bos means Hugging Face's
  * add_special_tokens: WordPiece, Unigram and character BPE also append the template's tokens after
@@ -9,7 +9,8 @@
  * project and no exception crosses into C (every failure is an enum status with a message).
  * Not here: chat templates, stop sequences (the server), sampling (sampler.c).
  * Tests: tests/test_tokenizer.c (SentencePiece), tests/test_bpe.py (byte-level BPE against
- * Hugging Face tokenizers).
+ * Hugging Face tokenizers), tests/test_tiktoken.py (rank files against tiktoken),
+ * tests/test_sp_chat.py (SentencePiece with its own chat template).
  *
  * Threads: a loaded tokenizer is immutable. Every function taking `const struct tokenizer *`
  * may be called from many threads at once on the same tokenizer (SentencePiece's Encode and
@@ -36,6 +37,17 @@ struct tokenizer; /* opaque */
  * STATUS_RESOURCE_EXHAUSTED. *out is left NULL on error. */
 enum status tokenizer_load(const char *path, struct tokenizer **out);
 
+/* Loads a tiktoken rank file ("BASE64 RANK" lines: OpenAI's *.tiktoken, Llama 3's original
+ * tokenizer.model; tokenizer_load recognises one by its first line). pattern is the pre-tokenizer:
+ * an encoding's name ("r50k", "cl100k", "o200k", "llama3") or a PCRE2 regex; NULL takes the
+ * "pat_str" of a tokenizer_config.json beside the file, else the encoding the number of ranks
+ * identifies (STATUS_UNSUPPORTED when none does). Special tokens: that config's
+ * added_tokens_decoder, else the identified encoding's own (docs/tokenizers.md). Errors as
+ * tokenizer_load, naming the line. */
+enum status tokenizer_load_tiktoken(const char *path, const char *pattern, struct tokenizer **out);
+/* The same from a rank file's bytes data[0..n) (borrowed for the call), without a config. */
+enum status tokenizer_load_tiktoken_from_memory(const void *data, size_t n, const char *pattern, struct tokenizer **out);
+
 /* Loads the tokenizer of a model for a model of model_vocab rows: the serialized ModelProto
  * proto[0..proto_n) when proto is not NULL (a GGUF file's, built from its metadata: a ModelProto
  * or a tokenizer.json text), otherwise MODEL/tokenizer.model of a model directory, or
@@ -56,8 +68,9 @@ void tokenizer_free(struct tokenizer *t);
 /* Number of pieces; ids are 0 .. vocab_size-1. */
 int tokenizer_vocab_size(const struct tokenizer *t);
 /* 1 when tokenizer_encode turns the strings of special tokens in a text into their ids (byte-level
- * BPE: added tokens are matched first), so that a rendered chat template can be encoded whole;
- * 0 for SentencePiece, which encodes them as text. */
+ * BPE and the other tokenizer.json kinds: added tokens are matched first; SentencePiece: its
+ * control and unknown pieces, "<s>", "<start_of_turn>"..., as Hugging Face's tokenizers do), so
+ * that a rendered chat template can be encoded whole; 0 for a SentencePiece model without any. */
 int tokenizer_encodes_special(const struct tokenizer *t);
 /* Special ids, -1 when the model has none. A byte-level BPE has a BOS id only when it puts one
  * first (a TemplateProcessing post-processor, add_bos_token), since callers push it whenever it
@@ -68,7 +81,9 @@ int tokenizer_pad_id(const struct tokenizer *t);
 int tokenizer_unk_id(const struct tokenizer *t);
 
 /* Encodes text[0..len) (arbitrary bytes: NULs count, invalid UTF-8 is encoded as U+FFFD by
- * SentencePiece's normalizer) into *ids[0..*n_ids), preceded by the BOS id when add_bos is
+ * SentencePiece's normalizer; a SentencePiece control piece's string becomes its id, leftmost then
+ * longest, and each text between them is encoded on its own, dummy prefix included, as
+ * Hugging Face's legacy Llama tokenizer does) into *ids[0..*n_ids), preceded by the BOS id when add_bos is
  * non-zero (STATUS_INVALID_ARGUMENT if a SentencePiece model has no BOS; a byte-level BPE
  * without one adds nothing, as Hugging Face's add_special_tokens). Byte-level BPE: special added
  * tokens' strings in the text become their ids; bytes without a piece are dropped. No EOS is

@@ -177,6 +177,21 @@ static int32_t config_token(const struct bpe *b, const cJSON *cfg, const char *k
     return bpe_piece_to_id(b, x->valuestring, strlen(x->valuestring));
 }
 
+enum status tjson_config(struct bpe *b, const cJSON *cfg)
+{
+    int32_t id;
+    if (!cfg) return STATUS_OK;
+    if ((id = config_token(b, cfg, "eos_token")) >= 0) b->eos_id = id;
+    if ((id = config_token(b, cfg, "pad_token")) >= 0) b->pad_id = id;
+    if ((id = config_token(b, cfg, "unk_token")) >= 0) b->unk_id = id;
+    const cJSON *add = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
+    if (cJSON_IsBool(add) && (id = config_token(b, cfg, "bos_token")) >= 0) {
+        b->add_bos = cJSON_IsTrue(add);
+        b->bos_id = id;
+    }
+    return STATUS_OK;
+}
+
 static enum status parse_vocab(struct bpe *b, const cJSON *root, const cJSON *model)
 {
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab"), *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
@@ -435,22 +450,11 @@ config:
         }
         if ((s = tjson_bool(b, ours, "add_bos", "shardlm", 0, &b->add_bos))) goto out;
     }
-    if (config) {
-        cfg = cJSON_ParseWithLength(config, config_n);
-        if (!cJSON_IsObject(cfg)) {
-            s = status_errorf(STATUS_BAD_FORMAT, "%s: its tokenizer_config.json is not a JSON object", name);
-            goto out;
-        }
-        int32_t id;
-        if ((id = config_token(b, cfg, "eos_token")) >= 0) b->eos_id = id;
-        if ((id = config_token(b, cfg, "pad_token")) >= 0) b->pad_id = id;
-        if ((id = config_token(b, cfg, "unk_token")) >= 0) b->unk_id = id;
-        const cJSON *add = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
-        if (cJSON_IsBool(add) && (id = config_token(b, cfg, "bos_token")) >= 0) {
-            b->add_bos = cJSON_IsTrue(add);
-            b->bos_id = id;
-        }
+    if (config && !cJSON_IsObject(cfg = cJSON_ParseWithLength(config, config_n))) {
+        s = status_errorf(STATUS_BAD_FORMAT, "%s: its tokenizer_config.json is not a JSON object", name);
+        goto out;
     }
+    tjson_config(b, cfg);
     /* The contract of tokenizer.h: a BOS id only where the tokenizer puts one first (callers
      * push tokenizer_bos_id whenever it is not -1). */
     if (!b->add_bos) b->bos_id = -1;

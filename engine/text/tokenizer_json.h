@@ -14,6 +14,10 @@ enum status tjson_bad(const struct bpe *b, const char *field, const char *what);
 enum status tjson_bool(const struct bpe *b, const cJSON *o, const char *key, const char *field, int def, int *v);
 enum status tjson_add_split(struct bpe *b, const char *pattern, int literal, enum bpe_split_behavior behavior, int invert);
 
+/* The special tokens of a tokenizer_config.json object cfg (NULL: none): eos_token, pad_token,
+ * unk_token, and bos_token with add_bos_token, each a string or {"content": ...} naming a piece. */
+enum status tjson_config(struct bpe *b, const cJSON *cfg);
+
 /* Appends the steps of "normalizer" n (null, one step or a Sequence) to b->norms. */
 enum status tjson_normalizer(struct bpe *b, const cJSON *n, int depth);
 /* Appends the steps of "decoder" d to b->decs; *byte_level is set when a ByteLevel step is met

@@ -1,7 +1,7 @@
 /* engine/text/tokenizer_json_steps.c - a tokenizer.json's normalizer and decoder steps and the
  * pre-tokenizers of the non-byte-level kinds, read into a struct bpe (bpe.h): what
  * normalizer.c and text_decode.c then apply. Refused with STATUS_UNSUPPORTED naming the type:
- * Precompiled and NFKC-like charsmaps, Replace with a Regex pattern, UnicodeScripts, CharDelimiterSplit,
+ * Replace with a Regex pattern in a decoder, UnicodeScripts, CharDelimiterSplit,
  * the CTC and BPEDecoder decoders.
  * Not here: the model, vocabulary and added tokens (tokenizer_json.c).
  * Tests: tests/test_tokenizer_kinds.py. */
@@ -77,6 +77,8 @@ enum status tjson_normalizer(struct bpe *b, const cJSON *n, int depth)
     }
     if (!strcmp(type, "Replace")) {
         const char *pat, *with = str_field(n, "content");
+        const char *re = str_field(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "Regex");
+        if (re && with) return add_norm(b, BPE_NORM_REPLACE_REGEX, re, with, 0, 0);
         if ((s = pattern_string(b, n, "normalizer", &pat))) return s;
         if (!with || strlen(with) > 64) return tjson_bad(b, "normalizer", "Replace has no \"content\" string (of at most 64 bytes)");
         return add_norm(b, BPE_NORM_REPLACE, pat, with, 0, 0);
@@ -86,6 +88,20 @@ enum status tjson_normalizer(struct bpe *b, const cJSON *n, int depth)
         if (!with || strlen(with) > 64) return tjson_bad(b, "normalizer", "Prepend has no \"prepend\" string (of at most 64 bytes)");
         return add_norm(b, BPE_NORM_PREPEND, NULL, with, 0, 0);
     }
+    if (!strcmp(type, "Precompiled")) {
+        const char *map = str_field(n, "precompiled_charsmap");
+        s = STATUS_OK;
+        const size_t len = map ? strlen(map) : 0;
+        uint8_t *bytes = map ? malloc(len / 4 * 3 + 4) : NULL;
+        const long got = bytes ? bpe_base64_decode(map, len, bytes) : -1;
+        if (map && !bytes) return oom(b);
+        if (got < 0) s = tjson_bad(b, "normalizer", "Precompiled has no base64 \"precompiled_charsmap\" string");
+        if (!s) s = charsmap_check(bytes, (size_t)got, b->name);
+        if (!s) s = add_norm(b, BPE_NORM_PRECOMPILED, NULL, NULL, 0, 0);
+        if (s) return free(bytes), s;
+        b->norms[b->n_norms - 1].map = bytes, b->norms[b->n_norms - 1].map_n = (size_t)got;
+        return STATUS_OK;
+    }
     if (!strcmp(type, "Strip")) {
         int l, r;
         if ((s = tjson_bool(b, n, "strip_left", "normalizer", 1, &l)) || (s = tjson_bool(b, n, "strip_right", "normalizer", 1, &r)))
@@ -94,7 +110,7 @@ enum status tjson_normalizer(struct bpe *b, const cJSON *n, int depth)
     }
     return status_errorf(STATUS_UNSUPPORTED,
                          "%s: normalizer type \"%s\" is not supported (NFC, NFD, NFKC, NFKD, Lowercase, StripAccents, "
-                         "BertNormalizer, Replace, Prepend, Strip, Sequence)", b->name, type);
+                         "BertNormalizer, Replace, Prepend, Strip, Precompiled, Sequence)", b->name, type);
 }
 
 static enum status add_dec(struct bpe *b, enum bpe_dec_kind kind, const char *text, const char *with, int start, int stop, int flag)

@@ -3,8 +3,9 @@
  * split at its first NUL byte: before it the tokenizer.json text (tokenizer_load_from_memory), after
  * it a text to encode. A file that loads must encode the text (or refuse it with a status), decode
  * the ids, and the streaming detokenizer must give the decode byte for byte, else the target aborts.
+ * A first byte other than '{' makes it a tiktoken rank file (engine/text/tiktoken.c).
  * Corpus: tests/fuzz/corpus/tokenizer_json (small WordPiece, Unigram, character and byte-level BPE
- * files, each with a text; tests/fuzz/make_seeds.py does not write them). */
+ * files, one with a Precompiled normalizer, tiktoken rank files, each with a text; tests/fuzz/make_seeds.py does not write them). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,9 +65,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *nul = memchr(data, 0, size);
     const size_t n_json = nul ? (size_t)(nul - data) : size;
     struct tokenizer *t = NULL;
-    /* Only JSON: a ModelProto goes to SentencePiece, which fuzz_detokenize covers. */
-    if (n_json == 0 || data[0] != '{') return 0;
-    if (fuzz_report(tokenizer_load_from_memory(data, n_json, &t)) != STATUS_OK) return 0;
+    /* JSON, or a tiktoken rank file (its first byte base64) under one of the built-in patterns,
+     * chosen by the first byte; a ModelProto goes to SentencePiece, which fuzz_detokenize covers. */
+    static const char *const patterns[] = {"cl100k", "o200k", "llama3", "r50k"};
+    if (n_json == 0) return 0;
+    const enum status s = data[0] == '{' ? tokenizer_load_from_memory(data, n_json, &t)
+                                         : tokenizer_load_tiktoken_from_memory(data, n_json, patterns[data[0] & 3], &t);
+    if (fuzz_report(s) != STATUS_OK) return 0;
     const char *text = nul ? (const char *)nul + 1 : "";
     round_trip(t, text, nul ? size - n_json - 1 : 0);
     tokenizer_free(t);
