@@ -149,7 +149,7 @@ def main():
     hot = tmp / "stories260K-hot"
     draft_copy(Path(a.model), hot, 5, 0.6)
     refusals(a, small)
-    spec = ["--spec-draft", "4", "--spec-max-batch", "16", "--max-seqs", "64"]
+    spec = ["--spec-draft", "4", "--spec-max-batch", "64", "--max-seqs", "64"]
     drafts = {"the target itself": Path(a.model), "the 2-layer draft": small, "the hot draft": hot}
     runs = {}
     try:
