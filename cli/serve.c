@@ -99,7 +99,7 @@ static int usage(const char *fmt, const char *arg)
                     "                 verified by the model, while at most B sequences run; the draft length\n"
                     "                 adapts to each sequence's acceptance (docs/speculative.md)\n"
                     "  --draft-model PATH  speculative decoding with a small draft model instead (the same\n"
-                    "                 tokenizer as --model, refused otherwise; one rank): it proposes\n"
+                    "                 tokenizer as --model, refused otherwise; tp = pp = 1): it proposes\n"
                     "                 --spec-draft tokens a step, verified by rejection sampling\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
                     "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n"

@@ -164,15 +164,16 @@ static enum status load_model(struct conductor *c)
 }
 
 /* The draft model of speculative decoding (--draft-model) and its buffers, after the target's;
- * refused by name where it cannot work: several ranks (the draft runs on the first rank only and
- * its forwards are not part of the step plan). The device-greedy path, which never drafts, is
+ * refused by name where it cannot work: a replica of several ranks (tp or pp > 1: the draft runs
+ * on the first rank only and its forwards are not part of the step plan). With data parallelism
+ * each replica loads its own. The device-greedy path, which never drafts, is
  * turned off. */
 static enum status load_draft(struct conductor *c)
 {
     struct engine_options *o = &c->o;
     if (c->par.world)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "--draft-model needs one rank (tp, pp and dp 1); this server "
-                                                      "has %d", c->par.world->size);
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--draft-model needs replicas of one rank (tp and pp 1); this "
+                                                      "replica has %d", c->par.world->size);
     c->device_greedy = 0; /* device-greedy steps never draft: the draft's tokens need the host's rows */
     if (o->spec_draft <= 0) o->spec_draft = 5;
     const int slots = o->spec_max_batch > 0 ? o->spec_max_batch : 4;

@@ -1,10 +1,12 @@
-/* engine/serving/conductor_speculate.c - prompt-lookup speculative decoding (docs/speculative.md):
+/* engine/serving/conductor_speculate.c - speculative decoding (docs/speculative.md) by prompt lookup
+ * or with a draft model (draft.c runs its forwards; propose here samples its drafts):
  * drafting before a step (speculate), taking the verified drafts after it (take_drafted), and the
  * per-sequence adaptive rule that sets the draft length and backs a sequence off when its drafts
  * are rarely accepted. Not here: how a row's token is sampled (conductor_sample.c take_token,
  * sampler.c), how draft rows are planned and committed (scheduler.c plan_rows / logit_rows).
  * Tests: tests/server/test_speculative.py (greedy equality, opt-out),
- * tests/server/test_speculative_sampling.py (the sampled distribution, chi-square).
+ * tests/server/test_speculative_sampling.py (the sampled distribution, chi-square),
+ * tests/server/test_speculative_draft.py (draft models: greedy equality, chi-square, refusals).
  *
  * Why sampled requests keep their distribution exactly. A prompt-lookup draft d is deterministic:
  * its draft distribution q is one-hot on d. Leviathan et al. / Chen et al.'s rule then reads:
@@ -16,8 +18,9 @@
  * every token is drawn from the target's distribution with the one uniform the non-speculative
  * path would draw for it, in the same order: the random stream a sample consumes does not depend
  * on drafting, and a seeded sample equals its non-speculative self whenever the logits do (the
- * f32 / bf16 paths, whose rows do not depend on the rest of the batch). A draft model with a
- * non-degenerate q would need the general rule and its extra draws; prompt lookup does not. */
+ * f32 / bf16 paths, whose rows do not depend on the rest of the batch). A draft model's sampled
+ * drafts have a non-degenerate q: they are verified with the general rule (verify_sampled) and
+ * its extra draws; its greedy drafts are one-hot and take the path above. */
 #include "conductor_impl.h"
 
 #include <string.h>

@@ -83,7 +83,7 @@ struct engine_options {
      * spec_max_batch sequences (draft.h), and proposes spec_draft tokens (0 = 5) a step by
      * sampling under each request's own controls; the target verifies them with the general
      * rejection rule, so the output's distribution does not change (docs/speculative.md). One
-     * rank (tp = pp = dp = 1). NULL = none. */
+     * rank per replica (tp = pp = 1; dp any). NULL = none. */
     const char *draft_model_dir;
     /* Multi-rank serving (under mpirun): every rank calls engine_create with the same options;
      * rank 0 conducts (requests, scheduler, sampling) and every other rank runs

@@ -17,10 +17,14 @@ accepted with probability p/q < 1).
    generated position a chi-square test of homogeneity (categories expected fewer than 5 times
    pooled) against the server without speculation must give p > 0.001, under plain temperature,
    top-k/top-p/min-p, and penalties with a logit bias (30 tests: a correct implementation fails one
-   with probability below 3 %; the seeds are fixed, so the result is deterministic). The
+   with probability below 3 %). The seeds are fixed, but which rows draft depends on how the
+   concurrent requests share steps, and the general rule draws extra uniforms, so the samples vary
+   a little between runs. The
    speculative server must have verified drafts and rejected some.
+   Also at dp 2 under mpirun (two replicas, each with its own draft) with the target as draft.
 3. Refusals: a draft with another vocabulary (SmolLM2's GGUF, when present) fails at start-up naming
-   the vocabulary; --draft-model with --speculative ngram is a usage error naming both.
+   the vocabulary; --draft-model with --speculative ngram is a usage error naming both; at tp 2 the
+   server refuses it by name.
 
   test_speculative_draft.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K [--other-vocab GGUF]
 SKIP (77) without the model, numpy, scipy or the Python client.
@@ -29,6 +33,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -119,6 +124,12 @@ def refusals(a, small):
                         "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
     check(p.returncode != 0 and "--draft-model" in p.stderr and "--speculative ngram" in p.stderr,
           f"--draft-model with --speculative ngram refused by name (rc {p.returncode}: {p.stderr.strip()[:160]})")
+    if shutil.which("mpirun"):
+        p = subprocess.run(["mpirun", "--oversubscribe", "-n", "2", a.shardlm, "serve", "--model", a.model, "--tp", "2",
+                            "--draft-model", a.model, "--listen", "127.0.0.1:0", "--threads", "1"],
+                           capture_output=True, text=True, timeout=120)
+        check(p.returncode != 0 and "--draft-model needs replicas of one rank" in p.stderr,
+              f"--draft-model at tp 2 refused by name (rc {p.returncode})")
     if a.other_vocab and os.path.exists(a.other_vocab):
         p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--draft-model", a.other_vocab,
                             "--listen", "127.0.0.1:0", "--threads", "1"], capture_output=True, text=True, timeout=120)
@@ -164,8 +175,21 @@ def main():
                 on = {} if j == 0 else {name: samples(srv, kw, 1000 * (k + 1) + 500 * j)
                                         for k, (name, kw) in enumerate(CONTROLS.items())}
                 runs[dname] = (g, st_g, on, stats(srv))
+        dp2 = None
+        if shutil.which("mpirun"):
+            with TS.Server(a.shardlm, Path(a.model), "--draft-model", a.model, *spec, name="draft-dp2",
+                           launcher=("mpirun", "--oversubscribe", "-n", "2")) as srv:
+                dp2 = (greedy(srv, 1), greedy(srv, 8))
+                st_dp = stats(srv)
     finally:
         TS.kill_all()
+    if dp2 is None:
+        print("note: no mpirun; dp 2 is not checked")
+    else:
+        check(dp2 == base and st_dp.spec_accepted_tokens > 0,
+              f"dp 2, the target as its own draft: identical greedy tokens "
+              f"({sum(x == y for x, y in zip(base[0] + base[1], dp2[0] + dp2[1]))} of {2 * len(PROMPTS)}), "
+              f"{st_dp.spec_accepted_tokens} of {st_dp.spec_draft_tokens} drafts accepted")
     for dname, (g, st_g, on, st) in runs.items():
         check(g == base, f"greedy with {dname}: identical tokens "
               f"({sum(x == y for x, y in zip(base[0] + base[1], g[0] + g[1]))} of {2 * len(PROMPTS)})")
