@@ -14,6 +14,8 @@
  *                            model is loaded (host memory on the CPU, GPU memory on CUDA)
  *   --kv-cache-blocks N      KV pool size in blocks, when neither of the above is given
  *   --no-prefix-caching      do not share prompt blocks between requests
+ *   --verify-prefix-cache F  recompute fraction F of the prompts served from the prefix cache
+ *                            without it and count logit mismatches (/metrics)
  *   --batch-invariant        a request's tokens never depend on the batch around it, for
  *                            block-quantized (GGUF) weights too, at some prefill speed
  *                            (SHARDLM_BATCH_INVARIANT=1; docs/determinism.md)
@@ -39,6 +41,8 @@
  *   --http-header-timeout S  seconds from a connection's accept (or its previous response) to
  *                            the end of a request's headers [10]; then the connection is closed
  *   --http-body-timeout S    seconds from the end of the headers to the body's last byte [60]
+ *   --responses-store N      /v1/responses kept for GET and previous_response_id at most [1024]
+ *                            (and 256 MiB of JSON); the least recently used go first
  *   --lora NAME=DIR          serve the PEFT adapter in DIR as NAME (repeatable, at most 64),
  *                            unmerged: a request names it in its `adapter` field (gRPC) or its
  *                            `model` field (HTTP); tp 1 on the CPU for now
@@ -80,13 +84,13 @@ static int usage(const char *fmt, const char *arg)
                     "         [--rank-timeout S (60)]\n"
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
                     "         [--kv-cache-fraction F]\n"
-                    "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching] [--batch-invariant]\n"
+                    "         [--kv-cache-blocks N] [--block-tokens N] [--no-prefix-caching] [--verify-prefix-cache F] [--batch-invariant]\n"
                     "         [--scheduling-policy fcfs|fair|priority]\n"
                     "         [--chat-template llama2|chatml|gemma|plain|FILE.jinja] [--reasoning-format auto|deepseek|none]\n"
                     "         [--api-key-file F] [--tls-cert F --tls-key F]\n"
                     "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
                     "         [--http-max-connections-per-address N (3/4 of the above; 0 = no cap)] [--http-header-timeout S (10)]\n"
-                    "         [--http-body-timeout S (60)]\n"
+                    "         [--http-body-timeout S (60)] [--responses-store N (1024)]\n"
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
                     "         [--default-adapter NAME]\n"
                     "  --max-seqs N   samples (sequences) running at once [64]\n"
@@ -220,6 +224,12 @@ int serve_main(int argc, char **argv)
             if (base_parse_long(v, 2, 16, &n)) return usage("--spec-ngram must be an integer in [2, 16], got '%s'", v);
             o.engine.spec_ngram = (int)n;
             prompt_lookup = 1;
+        } else if (!strcmp(a, "--verify-prefix-cache")) {
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !(d >= 0 && d <= 1))
+                return usage("--verify-prefix-cache must be a fraction in [0, 1], got '%s'", v);
+            o.engine.verify_prefix_cache = d;
         } else if (!strcmp(a, "--max-queue")) {
             if (base_parse_long(v, 1, 1 << 20, &n)) return usage("--max-queue must be an integer in [1, 1048576], got '%s'", v);
             o.engine.max_queue = (int)n;
@@ -257,6 +267,9 @@ int serve_main(int argc, char **argv)
         else if (!strcmp(a, "--http-max-connections")) {
             if (base_parse_long(v, 1, 65536, &n)) return usage("--http-max-connections must be an integer in [1, 65536], got '%s'", v);
             o.http_max_connections = (int)n;
+        } else if (!strcmp(a, "--responses-store")) {
+            if (base_parse_long(v, 1, 1 << 20, &n)) return usage("--responses-store must be an integer in [1, 1048576], got '%s'", v);
+            o.http_responses_store = (int)n;
         } else if (!strcmp(a, "--http-max-connections-per-address")) {
             if (base_parse_long(v, 0, 65536, &n))
                 return usage("--http-max-connections-per-address must be an integer in [0, 65536], got '%s'", v);

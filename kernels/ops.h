@@ -115,6 +115,9 @@ struct attention_train_batch {
     float         scale;     /* scores are scale * q.k; usually 1/sqrt(head_dim) */
     int           window;    /* sliding-window size in tokens; 0 = full causal */
     float         softcap;   /* > 0: scores become softcap * tanh(s / softcap), as op_attention's */
+    int           bidirectional; /* 1: row i attends to every row of its document, before and
+                                    after it (an encoder: BERT); window must then be 0, and the
+                                    backward is not built for it. 0: causal (the default) */
 };
 
 /* Hyperparameters of one AdamW step (op_adamw). */
@@ -249,7 +252,8 @@ struct backend {
     int         batch_invariant; /* SHARDLM_BATCH_INVARIANT=1: a product row's result never depends
                                     on how many rows share the call (CPU: block-quantized weights
                                     always take the int8 row products, never the dequantized
-                                    tiles or AMX; docs/determinism.md) */
+                                    tiles or AMX; f32 and half-precision weights take the
+                                    row-by-row gemv products, never sgemm; docs/determinism.md) */
     void       *stream;      /* the queue every op of this backend runs on, in order: CUDA's
                                 cudaStream_t (a non-blocking stream); NULL on the CPU. Give it to
                                 parallel_groups_init, so that communication queues on it too and

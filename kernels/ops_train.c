@@ -38,6 +38,8 @@ static void check_attention_train(struct backend *b, const struct tensor *lse,
     CHECK(tensor_numel(&batch->doc_start) == (int64_t)batch->n_docs + 1,
           "attention_train doc_start %s must have n_docs + 1 = %d entries",
           DESC(&batch->doc_start), batch->n_docs + 1);
+    CHECK(!batch->bidirectional || batch->window == 0, "attention_train: a bidirectional batch has no window (%d)",
+          batch->window);
     CHECK(batch->window >= 0 && batch->scale > 0.0f && batch->softcap >= 0.0f && isfinite(batch->softcap),
           "attention_train window %d scale %g softcap %g", batch->window, (double)batch->scale,
           (double)batch->softcap);
@@ -76,6 +78,8 @@ void op_attention_train_backward(struct backend *b, const struct tensor *dq,
                                  const struct attention_train_batch *batch)
 {
     check_attention_train(b, lse, q, k, v, batch);
+    CHECK(!batch->bidirectional, "attention_train_backward: bidirectional attention has no backward (encoders are "
+          "served, not trained)");
     check_float(b, dq, "attention_train_backward dq");
     check_float(b, dk, "attention_train_backward dk");
     check_float(b, dv, "attention_train_backward dv");

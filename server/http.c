@@ -1,7 +1,9 @@
 /* server/http.c - the OpenAI-compatible HTTP front (`serve --http ADDR`) on libmicrohttpd: a
  * thread per connection and a bounded number of connections; routes POST /v1/completions,
  * POST /v1/chat/completions (unary, or server-sent events with `stream: true`), Anthropic's
- * POST /v1/messages and /v1/messages/count_tokens (http_anthropic.c), GET
+ * POST /v1/messages and /v1/messages/count_tokens (http_anthropic.c), POST /v1/embeddings
+ * (http_embeddings.c), OpenAI's Responses API (POST /v1/responses, GET / DELETE
+ * /v1/responses/{id}, POST .../cancel: http_responses.c), GET
  * /v1/models, GET /health, GET /metrics; API keys as `Authorization: Bearer` or `x-api-key`; TLS from the
  * same files as gRPC; and the one mapping of enum status to HTTP codes and OpenAI error types
  * (http_status). Requests go through the same path as gRPC's: gen_prompt (template,
@@ -146,10 +148,46 @@ static void set_client(struct server *s, struct MHD_Connection *c, struct http_r
 }
 
 
+/* Who may see a stored response (/v1/responses): the API key's client name, "" without keys. */
+static void response_owner(struct server *s, struct MHD_Connection *c, char *out, size_t cap)
+{
+    const char *k = s->n_keys ? request_key(c) : NULL;
+    if (k) auth_client_name(auth_key_index(s, k, strlen(k)), out, cap);
+    else snprintf(out, cap, "%s", "");
+}
+
+/* The first query parameter's name (cls: a char[64]). */
+static enum MHD_Result first_arg(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    (void)value;
+    snprintf(cls, 64, "%s", key);
+    return MHD_NO;
+}
+
+/* GET / DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel (http_responses_out.c). Query
+ * parameters (include, stream, starting_after) are refused by name: none is honoured. */
+static enum MHD_Result handle_response_item(struct server *s, struct MHD_Connection *c, const char *url,
+                                            const char *method)
+{
+    char owner[64], arg[64] = "", *json = NULL;
+    if (MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, first_arg, arg) > 0) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the query parameter '%s' is not supported by this server", arg);
+        return reply_status(c, 0, STATUS_UNSUPPORTED, msg);
+    }
+    response_owner(s, c, owner, sizeof owner);
+    enum status st = http_responses_item(s, owner, method, url, &json);
+    if (st != STATUS_OK) return reply_status(c, 0, st, status_message());
+    return reply_json(c, 200, json);
+}
+
 /* The routes, each with the methods it allows. */
 enum route {
     ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_HEALTH, ROUTE_METRICS,
-    ROUTE_MESSAGES, ROUTE_COUNT_TOKENS /* Anthropic's Messages API (http_anthropic.c) */
+    ROUTE_MESSAGES, ROUTE_COUNT_TOKENS, /* Anthropic's Messages API (http_anthropic.c) */
+    ROUTE_EMBEDDINGS,                   /* http_embeddings.c */
+    ROUTE_RESPONSES, ROUTE_RESPONSE_ITEM, ROUTE_RESPONSE_CANCEL /* OpenAI's Responses API (http_responses.c) */
 };
 
 /* The URL as it came (no percent-decoding: see unescape_none), without its query string. */
@@ -162,12 +200,21 @@ static enum route route_of(const char *url)
     if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
     if (!strcmp(url, "/v1/messages")) return ROUTE_MESSAGES;
     if (!strcmp(url, "/v1/messages/count_tokens")) return ROUTE_COUNT_TOKENS;
+    if (!strcmp(url, "/v1/embeddings")) return ROUTE_EMBEDDINGS;
+    if (!strcmp(url, "/v1/responses")) return ROUTE_RESPONSES;
+    if (!strncmp(url, "/v1/responses/", 14)) {
+        size_t n = strlen(url);
+        return n > 7 && !strcmp(url + n - 7, "/cancel") ? ROUTE_RESPONSE_CANCEL : ROUTE_RESPONSE_ITEM;
+    }
     return ROUTE_NONE;
 }
 
+/* The POST routes with a JSON body (embeddings included: keys, content type and length are
+ * checked alike). */
 static int route_generates(enum route r)
 {
-    return r == ROUTE_COMPLETIONS || r == ROUTE_CHAT || r == ROUTE_MESSAGES || r == ROUTE_COUNT_TOKENS;
+    return r == ROUTE_COMPLETIONS || r == ROUTE_CHAT || r == ROUTE_MESSAGES || r == ROUTE_COUNT_TOKENS ||
+           r == ROUTE_EMBEDDINGS || r == ROUTE_RESPONSES;
 }
 
 /* Whether errors go out in Anthropic's shape. */
@@ -175,11 +222,16 @@ static int route_anthropic(enum route r) { return r == ROUTE_MESSAGES || r == RO
 
 /* The Allow header of a route: generation is POST, the rest GET (and HEAD, which
  * libmicrohttpd answers as GET without the body). */
-static const char *route_allow(enum route r) { return route_generates(r) ? "POST" : "GET, HEAD"; }
+static const char *route_allow(enum route r)
+{
+    if (r == ROUTE_RESPONSE_ITEM) return "GET, HEAD, DELETE";
+    return route_generates(r) || r == ROUTE_RESPONSE_CANCEL ? "POST" : "GET, HEAD";
+}
 
 static int method_allowed(enum route r, const char *method)
 {
-    if (route_generates(r)) return !strcmp(method, "POST");
+    if (r == ROUTE_RESPONSE_ITEM && !strcmp(method, "DELETE")) return 1;
+    if (route_generates(r) || r == ROUTE_RESPONSE_CANCEL) return !strcmp(method, "POST");
     return !strcmp(method, "GET") || !strcmp(method, "HEAD");
 }
 
@@ -246,9 +298,13 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     engine_list_adapters(s->engine, snapshot_adapter, &an);
     const struct http_chat_caps caps = {s->jtmpl != NULL, s->tool_format, s->reasoning};
     const char *body = hc->body ? hc->body : "";
-    enum status st = an_api ? http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, s->model_id, an.ptrs,
-                                                   an.n, &caps, &q)
-                            : http_parse_request(body, hc->len, is_chat, s->model_id, an.ptrs, an.n, &caps, &q);
+    char owner[64];
+    response_owner(s, c, owner, sizeof owner);
+    enum status st;
+    if (hc->route == ROUTE_RESPONSES) st = http_responses_parse(s, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
+    else if (an_api) st = http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, s->model_id, an.ptrs, an.n,
+                                               &caps, &q);
+    else st = http_parse_request(body, hc->len, is_chat, s->model_id, an.ptrs, an.n, &caps, &q);
     struct http_gen *g = NULL;
     if (st == STATUS_OK && hc->route == ROUTE_COUNT_TOKENS) return reply_count(s, c, &q);
     if (st != STATUS_OK) http_request_free(&q);
@@ -261,6 +317,7 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
         return reply_status(c, an_api, st, msg);
     }
     hc->g = g;
+    if (g->q.responses) http_responses_begin(g);
     /* A FIN that came with the request (`nc -N`) is classed now, whatever the load does to the
      * first wait's timing: a half-close, not a client gone (peer_gone marks it; a reset is
      * found again by the waits below). */
@@ -291,7 +348,10 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     }
     enum status end = g->end_status;
     http_gen_observe(g, end);
-    char *json = end != STATUS_OK ? NULL : an_api ? http_anthropic_response(g) : http_response_json(g);
+    char *json = g->q.responses ? http_responses_response(g) /* a cancelled response is answered too */
+                 : end != STATUS_OK ? NULL
+                 : an_api           ? http_anthropic_response(g)
+                                    : http_response_json(g);
     char msg[256];
     snprintf(msg, sizeof msg, "%s", g->end_message);
     int gone = g->hangup;
@@ -300,11 +360,29 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
         free(json);
         return MHD_NO; /* nobody to answer: close the connection */
     }
-    if (end != STATUS_OK) return reply_status(c, an_api, end, msg);
+    if (!json) return reply_status(c, an_api, end, msg);
     return reply_json(c, 200, json);
 }
 
 /* ---- routes ---------------------------------------------------------------------------------- */
+
+static enum MHD_Result handle_embeddings(struct server *s, struct MHD_Connection *c, struct http_conn *hc)
+{
+    if (hc->too_big) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
+        return reply_error(c, 0, 413, "invalid_request_error", "request_too_large", msg);
+    }
+    if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, 0, STATUS_UNAVAILABLE, "the server is not serving");
+    char *json = NULL;
+    enum status st = http_embeddings(s, hc->body ? hc->body : "", hc->len, &json);
+    if (st != STATUS_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        return reply_status(c, 0, st, msg);
+    }
+    return reply_json(c, 200, json);
+}
 
 struct model_list {
     struct server *s;
@@ -454,7 +532,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case ROUTE_COMPLETIONS:
     case ROUTE_CHAT:
     case ROUTE_MESSAGES:
-    case ROUTE_COUNT_TOKENS: return handle_generation(s, c, hc, hc->route != ROUTE_COMPLETIONS);
+    case ROUTE_COUNT_TOKENS:
+    case ROUTE_RESPONSES: return handle_generation(s, c, hc, hc->route != ROUTE_COMPLETIONS);
+    case ROUTE_EMBEDDINGS: return handle_embeddings(s, c, hc);
+    case ROUTE_RESPONSE_ITEM:
+    case ROUTE_RESPONSE_CANCEL: return handle_response_item(s, c, url, method);
     case ROUTE_NONE: break;
     }
     return MHD_NO; /* refuse_early answered every other route */
@@ -560,7 +642,9 @@ enum status http_start(struct server *s)
     /* Connections past max_conn (or past the per-address cap) are taken to be answered 503;
      * past max_conn + overflow libmicrohttpd closes them unanswered. */
     unsigned overflow = max_conn / 4 > 16 ? max_conn / 4 : 16;
-    if ((st = http_guard_start(header_s, body_s, (int)max_conn, per_addr, &s->http_guard)) != STATUS_OK) {
+    int max_stored = o->http_responses_store > 0 ? o->http_responses_store : 1024;
+    if ((st = http_responses_store_init(max_stored, HTTP_RESPONSES_STORE_BYTES, &s->http_responses)) != STATUS_OK ||
+        (st = http_guard_start(header_s, body_s, (int)max_conn, per_addr, &s->http_guard)) != STATUS_OK) {
         free(cert);
         free(key);
         return st;
@@ -598,6 +682,8 @@ void http_stop(struct server *s)
     }
     http_guard_stop(s->http_guard); /* after the daemon: no connection is left */
     s->http_guard = NULL;
+    http_responses_store_free(s->http_responses); /* after the daemon: no request is left */
+    s->http_responses = NULL;
     free(s->http_cert);
     free(s->http_key);
     s->http_cert = s->http_key = NULL;

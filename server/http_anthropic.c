@@ -18,31 +18,9 @@ static enum status bad(const char *fmt, const char *a, const char *b)
     return status_errorf(STATUS_INVALID_ARGUMENT, fmt, a, b);
 }
 
-static const cJSON *get(const cJSON *o, const char *name)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
-/* Refuses a member of object o (named where) that is not in allowed (NULL-terminated). */
-static enum status only_fields(const cJSON *o, const char *where, const char *const *allowed)
-{
-    for (const cJSON *e = o->child; e; e = e->next) {
-        int ok = 0;
-        for (int i = 0; allowed[i] && !ok; i++) ok = !strcmp(e->string, allowed[i]);
-        if (!ok)
-            return status_errorf(STATUS_INVALID_ARGUMENT, "%s%s%.64s: unknown field (not supported by this server)",
-                                 where, where[0] ? "." : "", e->string);
-    }
-    return STATUS_OK;
-}
-
-static cJSON *dup_item(const cJSON *v)
-{
-    cJSON *d = cJSON_Duplicate(v, 1);
-    CHECK(d, "out of memory");
-    return d;
-}
+#define get http_json_field
+#define only_fields http_json_only_fields
+#define dup_item http_json_dup
 
 /* Text blocks (or a string) of `name` into one string appended to *text. Blocks may carry
  * cache_control (ignored: the prefix cache is automatic). */

@@ -49,6 +49,7 @@ void http_gen_unref(struct http_gen *g)
 {
     if (atomic_fetch_sub(&g->refs, 1) != 1) return;
     struct server *s = g->s;
+    http_responses_forget(g); /* before anything goes: a cancel by id may look for g until then */
     for (int i = 0; i < g->n_samples; i++) sample_buf_free(&g->samples[i]);
     free(g->samples);
     for (int i = 0; i < g->n_runs; i++) {

@@ -9,6 +9,8 @@
  *                  client disconnects (engine_cancel)
  *   http_openai.c  OpenAI request JSON -> struct gen_request (types only: every numeric range
  *                  is engine_validate's), and the response / chunk JSON
+ *   http_anthropic.c, http_responses.c  Anthropic's Messages API and OpenAI's Responses API as
+ *                  translations onto the chat path (their replies: *_out.c)
  *
  * Threads: each connection's handler runs on its own libmicrohttpd thread; engine events
  * arrive on the engine thread and only append to the request under its mutex and signal.
@@ -29,6 +31,10 @@
 /* The most prompts one /v1/completions request may carry (`prompt` as a list): each becomes
  * its own engine request. */
 #define HTTP_MAX_PROMPTS 64
+
+/* The most JSON the store of /v1/responses keeps (responses and their conversations), beside
+ * its count (--responses-store): the least recently used go first. */
+#define HTTP_RESPONSES_STORE_BYTES ((size_t)256 << 20)
 
 /* One prompt of a completions request: a text or token ids (exactly one of them). */
 struct http_prompt {
@@ -63,6 +69,8 @@ struct http_request {
     int max_calls;         /* parallel_tool_calls false: 1; else 0 (no limit) */
     int reasoning;         /* split <think>...</think> into reasoning_content */
     int anthropic;         /* /v1/messages (http_anthropic.c): replies in Anthropic's shape */
+    struct http_responses *responses; /* /v1/responses (http_responses.c): replies as Response
+                                         objects and their events; NULL otherwise */
     int n_user_stops;      /* anthropic: the client's stop_sequences (the first of r.stop) */
 };
 
@@ -102,6 +110,19 @@ int http_tools_reply(const struct http_request *q, int think_open, const char *t
 /* A call's id: "call_<base>_<k>", or for the Mistral format (whose templates keep the last 9
  * characters of ids) 9 letters and digits derived from it. */
 void http_tools_call_id(const struct http_request *q, const char *base, int k, char *out, size_t cap);
+
+/* The body[0..len) of a request as one JSON object (*out, the caller's): refused
+ * (STATUS_INVALID_ARGUMENT) when it is not UTF-8, not JSON, has bytes after its value, is not an
+ * object, holds U+0000 in a string or member name (named by its path), or has a member name twice
+ * in one object (every reader of the body must see the same request). */
+enum status http_json_parse_body(const char *body, size_t len, struct cJSON **out);
+/* Member name of o, or NULL when absent or JSON null (both mean "not given"). */
+const struct cJSON *http_json_field(const struct cJSON *o, const char *name);
+/* Refuses (STATUS_INVALID_ARGUMENT, naming it) a member of object o (named where: "" for the
+ * body) that is not in allowed (NULL-terminated). */
+enum status http_json_only_fields(const struct cJSON *o, const char *where, const char *const *allowed);
+/* A deep copy of v; CHECKs on out of memory. */
+struct cJSON *http_json_dup(const struct cJSON *v);
 
 /* Parses body[0..len) (borrowed) into *q (free with http_request_free). served_model: the id
  * that `model` must name (STATUS_NOT_FOUND otherwise). Errors: STATUS_INVALID_ARGUMENT naming
@@ -175,6 +196,12 @@ void  http_stream_finish(struct http_gen *g);
 /* {"error": {...}} with the given message, type and code; malloc'd. */
 char *http_error_json(const char *message, const char *type, const char *param, const char *code);
 
+/* ---- http_embeddings.c: OpenAI's /v1/embeddings ------------------------------------------- */
+
+/* Parses body[0..len), runs engine_embed and makes the response (*json, malloc'd) or returns the
+ * error (INVALID_ARGUMENT / UNSUPPORTED / NOT_FOUND naming the field, the engine's errors). */
+enum status http_embeddings(struct server *s, const char *body, size_t len, char **json);
+
 /* ---- http_anthropic.c, http_anthropic_out.c: Anthropic's Messages API ------------------- */
 
 /* Parses an Anthropic Messages body[0..len) into *q (as http_parse_request, whose chat path it
@@ -192,6 +219,41 @@ void  http_anthropic_finish(struct http_gen *g);
 char *http_anthropic_error_json(unsigned code, const char *message);
 /* {"input_tokens": n}; malloc'd. */
 char *http_anthropic_count_json(int n_tokens);
+
+/* ---- http_responses.c, http_responses_out.c: OpenAI's Responses API ---------------------- */
+
+struct http_responses;
+struct http_responses_store;
+
+/* The store of responses for GET, cancel and previous_response_id: at most max_entries, and
+ * max_bytes of JSON; the least recently used go first. */
+enum status http_responses_store_init(int max_entries, size_t max_bytes, struct http_responses_store **out);
+/* Frees st once no request uses it. Accepts NULL. */
+void        http_responses_store_free(struct http_responses_store *st);
+/* Parses a Responses body[0..len) into *q (as http_parse_request, whose chat path it rewrites the
+ * request for), with the conversation of previous_response_id from s's store (owner: who may
+ * see it: "" without API keys, else the key's client name). */
+enum status http_responses_parse(struct server *s, const char *body, size_t len, const char *owner,
+                                 const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
+                                 struct http_request *q);
+/* Frees r. Accepts NULL. */
+void        http_responses_free(struct http_responses *r);
+/* g was submitted: stored (when asked) as in progress, so that it can be retrieved and cancelled. */
+void        http_responses_begin(struct http_gen *g);
+/* g is being freed: the store forgets it (no more cancels reach it). */
+void        http_responses_forget(struct http_gen *g);
+/* With g->mu held, once g ended: its Response object (completed, incomplete or cancelled),
+ * malloc'd and stored; NULL when it failed (the caller answers g->end_status). */
+char       *http_responses_response(struct http_gen *g);
+/* With g->mu held: the stream events of one chat chunk (taken), appended to g->out. */
+void        http_responses_chunk(struct http_gen *g, struct cJSON *chunk);
+/* With g->mu held: the closing events (response.completed, .incomplete or .failed); marks the
+ * stream done. */
+void        http_responses_finish(struct http_gen *g);
+/* GET or DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel (url as it came, method)
+ * for owner ("" without API keys): *json malloc'd on STATUS_OK. */
+enum status http_responses_item(struct server *s, const char *owner, const char *method, const char *url,
+                                char **json);
 
 /* ---- http_gen.c: one generation request ---------------------------------------------------- */
 

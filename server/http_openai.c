@@ -22,11 +22,31 @@ static enum status type_error(const char *field, const char *type)
     return status_errorf(STATUS_INVALID_ARGUMENT, "'%s' must be %s", field, type);
 }
 
-/* The field, or NULL when absent or JSON null (both mean "not given"). */
-static const cJSON *field(const cJSON *o, const char *name)
+const cJSON *http_json_field(const cJSON *o, const char *name)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
     return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static const cJSON *field(const cJSON *o, const char *name) { return http_json_field(o, name); }
+
+enum status http_json_only_fields(const cJSON *o, const char *where, const char *const *allowed)
+{
+    for (const cJSON *e = o->child; e; e = e->next) {
+        int ok = 0;
+        for (int i = 0; allowed[i] && !ok; i++) ok = !strcmp(e->string, allowed[i]);
+        if (!ok)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "%s%s%.64s: unknown field (not supported by this server)",
+                                 where, where[0] ? "." : "", e->string);
+    }
+    return STATUS_OK;
+}
+
+cJSON *http_json_dup(const cJSON *v)
+{
+    cJSON *d = cJSON_Duplicate(v, 1);
+    CHECK(d, "out of memory");
+    return d;
 }
 
 static enum status get_double(const cJSON *o, const char *name, double *out)
@@ -248,6 +268,8 @@ void http_request_free(struct http_request *q)
     free(q->prompts);
     q->prompts = NULL;
     q->n_prompts = 0;
+    http_responses_free(q->responses);
+    q->responses = NULL;
     gen_request_free(&q->r);
 }
 
@@ -619,13 +641,9 @@ static int find_duplicate(const cJSON *v, const char **dup)
     return found;
 }
 
-enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
-                               const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
-                               struct http_request *q)
+enum status http_json_parse_body(const char *body, size_t len, cJSON **out)
 {
-    memset(q, 0, sizeof *q);
-    q->r.params = request_params_default();
-    q->is_chat = is_chat;
+    *out = NULL;
     if (!utf8_valid(body, len)) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid UTF-8");
     size_t marked_len;
     char *marked = mark_nuls(body, len, &marked_len);
@@ -644,6 +662,20 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     if (st == STATUS_OK) st = refuse_nul(o);
     if (st == STATUS_OK && find_duplicate(o, &dup))
         st = status_errorf(STATUS_INVALID_ARGUMENT, "the member name '%.64s' appears twice in one object", dup);
+    if (st != STATUS_OK) cJSON_Delete(o);
+    else *out = o;
+    return st;
+}
+
+enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
+                               const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
+                               struct http_request *q)
+{
+    memset(q, 0, sizeof *q);
+    q->r.params = request_params_default();
+    q->is_chat = is_chat;
+    cJSON *o = NULL;
+    enum status st = http_json_parse_body(body, len, &o);
     if (st == STATUS_OK) st = refuse_unhonoured(o);
     if (st == STATUS_OK) st = parse_model(field(o, "model"), served_model, adapters, n_adapters, &q->r);
     if (st == STATUS_OK) st = is_chat ? parse_messages(o, &q->r) : parse_prompt(o, q);

@@ -346,6 +346,10 @@ static void sse_event(struct http_gen *g, cJSON *o)
         http_anthropic_chunk(g, o);
         return;
     }
+    if (g->q.responses) { /* the same chunk, as Responses events */
+        http_responses_chunk(g, o);
+        return;
+    }
     char *s = print_json(o);
     http_buf_append(&g->out, &g->out_len, &g->out_cap, "data: ", 6);
     http_buf_append(&g->out, &g->out_len, &g->out_cap, s, strlen(s));
@@ -415,6 +419,10 @@ void http_stream_finish(struct http_gen *g)
 {
     if (g->q.anthropic) {
         http_anthropic_finish(g);
+        return;
+    }
+    if (g->q.responses) {
+        http_responses_finish(g);
         return;
     }
     if (g->end_status != STATUS_OK) {

@@ -188,6 +188,17 @@ static void render_engine(struct text *t, struct engine *e)
          (double)st.spec_accepted},
         {"shardlm_spec_decode_num_backoffs_total", "counter",
          "Times a sequence stopped drafting for low acceptance (the adaptive rule).", (double)st.spec_backoffs},
+        {"shardlm_prefix_cache_verified_total", "counter",
+         "Prompts served from the prefix cache and recomputed without it (--verify-prefix-cache).",
+         (double)st.prefix_cache_verified},
+        {"shardlm_prefix_cache_mismatch_total", "counter",
+         "Verified prompts whose logits differed from the recomputation (argmax, or by more than 1e-3).",
+         (double)st.prefix_cache_mismatches},
+        {"shardlm_prefix_cache_verify_skipped_total", "counter",
+         "Sampled prompts not verified (no free KV blocks, or more than 8 in one step).",
+         (double)st.prefix_cache_verify_skipped},
+        {"shardlm_prefix_cache_max_abs_diff", "gauge", "Largest logit difference a verification found.",
+         st.prefix_cache_max_abs_diff},
     };
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
         render_family(t, rows[i].name, rows[i].type, rows[i].help);

@@ -39,6 +39,8 @@ struct server_options {
                                           a request's headers; 0 = 10 s */
     double      http_body_timeout_s;   /* from the end of the headers to the body's last byte;
                                           0 = 60 s */
+    int         http_responses_store;  /* /v1/responses kept for GET and previous_response_id at
+                                          most (and HTTP_RESPONSES_STORE_BYTES of JSON); 0 = 1024 */
     const char *default_adapter; /* the adapter requests that name none get: one of
                                     engine.adapter_names (STATUS_INVALID_ARGUMENT otherwise, before
                                     anything starts); it cannot be unloaded. A request reaches the

@@ -37,6 +37,7 @@
 struct gen_request;  /* convert.h */
 struct MHD_Daemon;   /* libmicrohttpd */
 struct http_guard;   /* http_guard.c */
+struct http_responses_store; /* http_responses.c */
 struct metrics;      /* metrics.h */
 
 #define N_REQUEST_SLOTS 8
@@ -239,6 +240,7 @@ struct server {
     char                 *http_cert, *http_key; /* PEM, while the daemon runs */
     atomic_int            http_active;          /* HTTP generation requests alive */
     atomic_ullong         http_next_id;
+    struct http_responses_store *http_responses; /* /v1/responses (http_responses.c) */
     char                  model_id[256];        /* the served model's name (its directory's or
                                                    file's): the base in requests' adapter / model */
     long long             t_created;            /* Unix seconds at start */

@@ -2,7 +2,8 @@
  * attention over packed documents, kernels/ops.h), in every float dtype, on odd shapes: row
  * counts that are not multiples of 32, head_dim 8 to 256, one-row and empty documents, several
  * documents packed in one batch, multi-head, grouped-query (4:1) and multi-query heads, sliding
- * windows (1, inside a document, wider than it).
+ * windows (1, inside a document, wider than it), and bidirectional documents (an encoder's
+ * attention: forward only).
  *
  * Each case draws q, k, v and dout in double, rounds them to the storage dtype, and runs a plain
  * double-precision reference on the rounded values, written here from the definitions (softmax
@@ -81,6 +82,7 @@ static void make_tol(double *tol, enum dtype t, const double *want, const double
 /* One case on the host: the packed documents and the exact values of the rounded inputs. */
 struct problem {
     int      n, H, Hk, D, G, window, n_docs;
+    int      bidir;     /* bidirectional: every row attends to its whole document */
     double   scale;
     int32_t *doc_start; /* (n_docs + 1) */
     int     *doc_of;    /* (n): the document of each row */
@@ -95,6 +97,9 @@ static int ref_lo(const struct problem *p, int i)
     return p->window > 0 && i - p->window + 1 > begin ? i - p->window + 1 : begin;
 }
 
+/* The last key that row i attends to: itself, or its document's last row (bidirectional). */
+static int ref_hi(const struct problem *p, int i) { return p->bidir ? p->doc_start[p->doc_of[i] + 1] - 1 : i; }
+
 static int ref_key_end(const struct problem *p, int j)
 {
     int end = p->doc_start[p->doc_of[j] + 1];
@@ -104,15 +109,15 @@ static int ref_key_end(const struct problem *p, int j)
 static size_t qi(const struct problem *p, int i, int h) { return ((size_t)i * p->H + h) * p->D; }
 static size_t ki(const struct problem *p, int j, int kvh) { return ((size_t)j * p->Hk + kvh) * p->D; }
 
-/* Softmax of row i, head h over its keys lo .. i: prob[j - lo], the scores' max, lse, and
+/* Softmax of row i, head h over its keys lo .. hi: prob[j - lo], the scores' max, lse, and
  * A = max_j sum_d |q_d k_jd|. Returns the number of keys. */
 static int ref_probs(const struct problem *p, int i, int h, double *prob, double *score,
                      double *smax, double *lse, double *amax)
 {
-    int lo = ref_lo(p, i), kvh = h / p->G;
+    int lo = ref_lo(p, i), hi = ref_hi(p, i), kvh = h / p->G;
     const double *qv = p->q + qi(p, i, h);
     double m = -INFINITY, a_max = 0.0;
-    for (int j = lo; j <= i; j++) {
+    for (int j = lo; j <= hi; j++) {
         const double *kv = p->k + ki(p, j, kvh);
         double dot = 0.0, a = 0.0;
         for (int d = 0; d < p->D; d++) {
@@ -124,12 +129,12 @@ static int ref_probs(const struct problem *p, int i, int h, double *prob, double
         if (a > a_max) a_max = a;
     }
     double sum = 0.0;
-    for (int j = lo; j <= i; j++) sum += exp(score[j - lo] - m);
-    for (int j = lo; j <= i; j++) prob[j - lo] = exp(score[j - lo] - m) / sum;
+    for (int j = lo; j <= hi; j++) sum += exp(score[j - lo] - m);
+    for (int j = lo; j <= hi; j++) prob[j - lo] = exp(score[j - lo] - m) / sum;
     *smax = m;
     *lse = m + log(sum);
     *amax = a_max;
-    return i - lo + 1;
+    return hi - lo + 1;
 }
 
 /* out (n, H, D), lse (n, H), and their error magnitudes (see the top of the file). */
@@ -145,7 +150,7 @@ static void ref_forward(const struct problem *p, double *out, double *lse, doubl
             double factor = 4.0 + 2.0 * sqrt((double)c) + 2.0 * sqrt((double)p->D) * p->scale * amax;
             for (int d = 0; d < p->D; d++) {
                 double o = 0.0, o_abs = 0.0;
-                for (int j = lo; j <= i; j++) {
+                for (int j = lo; j <= ref_hi(p, i); j++) {
                     double vv = p->v[ki(p, j, h / p->G) + d];
                     o += prob[j - lo] * vv;
                     o_abs += prob[j - lo] * fabs(vv);
@@ -174,7 +179,7 @@ static double ref_loss_part(const struct problem *p, int i0, int i1, int h0, int
             ref_probs(p, i, h, prob, score, &m, &l, &amax);
             for (int d = 0; d < p->D; d++) {
                 double o = 0.0;
-                for (int j = lo; j <= i; j++) o += prob[j - lo] * p->v[ki(p, j, h / p->G) + d];
+                for (int j = lo; j <= ref_hi(p, i); j++) o += prob[j - lo] * p->v[ki(p, j, h / p->G) + d];
                 loss += p->dout[qi(p, i, h) + d] * o;
             }
         }
@@ -302,6 +307,7 @@ struct train_spec {
     double      scale; /* 0: 1 / sqrt(head_dim) */
     int         n_docs;
     int         doc_len[8];
+    int         bidirectional; /* forward only: the backward is not built for it */
 };
 
 /* Draws the case's inputs, rounded to dt. Queries in [-2, 2] give scores of standard deviation
@@ -311,7 +317,7 @@ static struct problem make_problem(struct suite *s, const struct train_spec *sp,
                                    void **dout_bits)
 {
     struct problem p = {.H = sp->n_heads, .Hk = sp->n_kv_heads, .D = sp->head_dim,
-                        .window = sp->window, .n_docs = sp->n_docs};
+                        .window = sp->window, .n_docs = sp->n_docs, .bidir = sp->bidirectional};
     p.G = p.H / p.Hk;
     p.scale = (double)(sp->scale > 0 ? (float)sp->scale : 1.0f / sqrtf((float)p.D));
     p.doc_start = case_alloc(s, (size_t)p.n_docs + 1, sizeof(int32_t));
@@ -512,24 +518,30 @@ static void case_train(struct suite *s, enum dtype dt, const struct train_spec *
             .doc_start = arena_in(&a, "doc_start", DTYPE_I32, S1(p.n_docs + 1), p.doc_start),
             .scale = (float)p.scale,
             .window = p.window,
+            .bidirectional = p.bidir,
         };
         if (SUPPORTED(&v, b, attention_train)) op_attention_train(b, &to, &tl, &tq, &tk, &tv, &batch);
         arena_finish(&a, &v);
         got_out[bi] = decode(s, out_bits, dt, nq);
         got_lse[bi] = decode(s, lse_bits, DTYPE_F32, nl);
-        if (p.n_docs > 0) {
+        if (p.n_docs > 0 && !p.bidir) { /* the paged cache is causal */
             run_paged(s, b, &v, &p, dt, &r, q_bits, k_bits, v_bits, paged_bits);
             got_paged[bi] = decode(s, paged_bits, dt, nq);
         }
     }
     check_close(s, &v, "out", got_out, want_out, tol_out, nq, (size_t)p.D);
     check_close(s, &v, "lse", got_lse, want_lse, tol_lse, nl, (size_t)p.H);
-    for (int bi = 0; bi < s->n_backends && p.n_docs > 0; bi++) {
+    for (int bi = 0; bi < s->n_backends && p.n_docs > 0 && !p.bidir; bi++) {
         char label[96];
         snprintf(label, sizeof label, "%s: paged op_attention vs reference", s->backend_name[bi]);
         compare_close(&v, label, got_paged[bi], want_out, tol_out, 1.0, nq, (size_t)p.D);
         snprintf(label, sizeof label, "%s: paged op_attention vs op_attention_train", s->backend_name[bi]);
         compare_close(&v, label, got_paged[bi], got_out[bi], tol_out, 2.0, nq, (size_t)p.D);
+    }
+
+    if (p.bidir) { /* encoders are served, not trained: no backward to check (ops.h) */
+        case_end(s, name, &v);
+        return;
     }
 
     /* Backward, from the reference's out (rounded to dt) and lse (rounded to f32). */
@@ -581,29 +593,34 @@ static void case_train(struct suite *s, enum dtype dt, const struct train_spec *
 /* ==== the case list ========================================================================= */
 
 static const struct train_spec specs[] = {
-    {"one document", 4, 4, 64, 0, 0, 1, {37}},
+    {"one document", 4, 4, 64, 0, 0, 1, {37}, 0},
     /* A grouped-query batch with a one-row document between two longer ones. */
-    {"packed gqa4", 8, 2, 64, 0, 0, 4, {17, 1, 40, 3}},
-    {"mqa head_dim=24", 4, 1, 24, 0, 0, 5, {1, 1, 30, 1, 9}},
-    {"one-row documents", 2, 1, 8, 0, 0, 5, {1, 1, 1, 1, 1}},
-    {"window=7", 8, 4, 32, 7, 0, 2, {50, 23}},
-    {"window=1", 4, 2, 8, 1, 0, 2, {6, 5}},
-    {"window>document", 4, 4, 16, 100, 0, 2, {20, 35}},
-    {"empty documents", 4, 2, 16, 0, 0, 6, {0, 12, 0, 0, 7, 0}},
-    {"head_dim=128 scale=0.3", 4, 2, 128, 0, 0.3, 2, {45, 20}},
+    {"packed gqa4", 8, 2, 64, 0, 0, 4, {17, 1, 40, 3}, 0},
+    {"mqa head_dim=24", 4, 1, 24, 0, 0, 5, {1, 1, 30, 1, 9}, 0},
+    {"one-row documents", 2, 1, 8, 0, 0, 5, {1, 1, 1, 1, 1}, 0},
+    {"window=7", 8, 4, 32, 7, 0, 2, {50, 23}, 0},
+    {"window=1", 4, 2, 8, 1, 0, 2, {6, 5}, 0},
+    {"window>document", 4, 4, 16, 100, 0, 2, {20, 35}, 0},
+    {"empty documents", 4, 2, 16, 0, 0, 6, {0, 12, 0, 0, 7, 0}, 0},
+    {"head_dim=128 scale=0.3", 4, 2, 128, 0, 0.3, 2, {45, 20}, 0},
     /* Gemma 3 270M's attention: multi-query, head_dim 256, a sliding window. */
-    {"gemma3-like head_dim=256", 4, 1, 256, 16, 0, 2, {33, 8}},
+    {"gemma3-like head_dim=256", 4, 1, 256, 16, 0, 2, {33, 8}, 0},
     /* Long enough for several tiles and blocks on both backends; not a multiple of 32. */
-    {"long document", 2, 1, 64, 0, 0, 1, {300}},
-    {"long window=64 head_dim=80", 4, 2, 80, 64, 0, 2, {129, 200}},
-    {"head_dim=8 eight documents", 8, 8, 8, 0, 0, 8, {3, 7, 1, 12, 5, 2, 9, 4}},
-    {"empty batch", 4, 2, 16, 0, 0, 0, {0}},
+    {"long document", 2, 1, 64, 0, 0, 1, {300}, 0},
+    {"long window=64 head_dim=80", 4, 2, 80, 64, 0, 2, {129, 200}, 0},
+    {"head_dim=8 eight documents", 8, 8, 8, 0, 0, 8, {3, 7, 1, 12, 5, 2, 9, 4}, 0},
+    {"empty batch", 4, 2, 16, 0, 0, 0, {0}, 0},
+    /* Bidirectional (an encoder's attention, BERT): every row sees its whole document. */
+    {"bidirectional packed gqa4", 8, 2, 64, 0, 0, 4, {17, 1, 40, 3}, 1},
+    {"bidirectional minilm-like 12 heads head_dim=32", 12, 12, 32, 0, 0, 3, {9, 130, 4}, 1},
+    {"bidirectional long document", 2, 1, 64, 0, 0, 2, {300, 45}, 1},
 };
 
 static void run_all(struct suite *s)
 {
     const size_t n_specs = sizeof specs / sizeof specs[0];
-    for (size_t i = 0; i < n_specs; i++) case_reference(s, &specs[i]);
+    for (size_t i = 0; i < n_specs; i++)
+        if (!specs[i].bidirectional) case_reference(s, &specs[i]); /* the backward's own check */
     for (int di = 0; di < 3; di++)
         for (size_t i = 0; i < n_specs; i++) case_train(s, float_dtypes[di], &specs[i]);
 }

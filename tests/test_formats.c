@@ -761,6 +761,54 @@ static void test_config(void)
                  "config: load a missing file", "no_such_config.json", NULL);
 }
 
+/* BertModel (an encoder, config_bert.c): all-MiniLM-L6-v2's own config.json, BertConfig's
+ * defaults, and what is refused by name. */
+static void test_config_bert(void)
+{
+    static const char *const minilm_json =
+        "{\"_name_or_path\": \"nreimers/MiniLM-L6-H384-uncased\", \"architectures\": [\"BertModel\"],"
+        " \"attention_probs_dropout_prob\": 0.1, \"gradient_checkpointing\": false, \"hidden_act\": \"gelu\","
+        " \"hidden_dropout_prob\": 0.1, \"hidden_size\": 384, \"initializer_range\": 0.02,"
+        " \"intermediate_size\": 1536, \"layer_norm_eps\": 1e-12, \"max_position_embeddings\": 512,"
+        " \"model_type\": \"bert\", \"num_attention_heads\": 12, \"num_hidden_layers\": 6, \"pad_token_id\": 0,"
+        " \"position_embedding_type\": \"absolute\", \"transformers_version\": \"4.8.2\","
+        " \"type_vocab_size\": 2, \"use_cache\": true, \"vocab_size\": 30522}";
+    struct model_config c;
+    enum status s = config_parse(minilm_json, "minilm.json", &c);
+    check(s == STATUS_OK && c.family == MODEL_FAMILY_BERT && c.encoder && c.post_ln && c.embed_norm &&
+              c.type_vocab_size == 2 && c.n_layers == 6 && c.d_model == 384 && c.n_heads == 12 && c.n_kv_heads == 12 &&
+              c.head_dim == 32 && c.ffn_hidden == 1536 && c.vocab_size == 30522 && c.max_positions == 512 &&
+              c.norm == NORM_KIND_LAYERNORM && c.norm_eps == 1e-12f && c.activation == ACTIVATION_GELU_ERF &&
+              !c.gated_mlp && c.positions == POSITION_KIND_LEARNED && c.qkv_bias && c.attn_out_bias && c.mlp_bias &&
+              !c.tied_embeddings && !weight_kind_exists(&c, WEIGHT_KIND_LM_HEAD) &&
+              !weight_kind_exists(&c, WEIGHT_KIND_FINAL_NORM) && weight_kind_exists(&c, WEIGHT_KIND_ATTN_NORM_BIAS) &&
+              weight_kind_exists(&c, WEIGHT_KIND_TYPE_EMBEDDING) && weight_kind_exists(&c, WEIGHT_KIND_EMBED_NORM_BIAS),
+          "config: all-MiniLM-L6-v2 (BertModel: an encoder, post-LN, token types) %s", s ? status_message() : "");
+    s = config_parse("{\"model_type\": \"bert\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+                     " \"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 100}", "bert.json", &c);
+    check(s == STATUS_OK && c.max_positions == 512 && c.type_vocab_size == 2 && c.norm_eps == 1e-12f &&
+              c.activation == ACTIVATION_GELU_ERF,
+          "config: BertConfig's defaults (model_type bert) %s", s ? status_message() : "");
+    if (s == STATUS_OK)
+        check_status(config_save(tpath("bert_config.json"), &c), STATUS_UNSUPPORTED, "config: an encoder is not saved",
+                     "encoder", NULL);
+    static const struct {
+        const char *what, *extra, *needle;
+    } bad[] = {
+        {"is_decoder", "\"is_decoder\": true", "is_decoder"},
+        {"relative positions", "\"position_embedding_type\": \"relative_key\"", "position_embedding_type"},
+        {"silu", "\"hidden_act\": \"silu\"", "hidden_act"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char json[512], what[96];
+        snprintf(json, sizeof json,
+                 "{\"architectures\": [\"BertModel\"], \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+                 " \"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 100, %s}", bad[i].extra);
+        snprintf(what, sizeof what, "config: BERT with %s", bad[i].what);
+        expect_config_error(what, json, STATUS_UNSUPPORTED, bad[i].needle);
+    }
+}
+
 /* ---- checkpoints ------------------------------------------------------------------------ */
 
 #define TM_MAX_LAYERS 4
@@ -1400,6 +1448,7 @@ int main(void)
     test_safetensors_roundtrip();
     test_safetensors_corrupt();
     test_config();
+    test_config_bert();
     test_checkpoints();
     check_remove_tree(root);
     printf("%d passed, %d failed\n", n_pass, n_fail);

@@ -222,6 +222,21 @@ static enum status ck_source_hf_gpt2(const struct checkpoint *ck, enum weight_ki
     return ck_part(ck, s, ck_hf_file(ck), name, ndim, d0, d1);
 }
 
+/* HF BertModel: every tensor as it is (nn.Linear's (out, in)), under the optional "bert." prefix. */
+static enum status ck_source_hf_bert(const struct checkpoint *ck, enum weight_kind kind, int l,
+                                     struct ck_source *s)
+{
+    const char *pattern = weight_names_hf_bert(kind);
+    if (!pattern)
+        return status_errorf(STATUS_UNSUPPORTED, "%s: a BERT model has no weight %s", ck->files->dir,
+                             weight_kind_name(kind));
+    char name[CK_NAME];
+    (void)weight_names_format(name, sizeof name, ck->files->hf_prefix, pattern, l);
+    s->mode = CK_DIRECT;
+    s->off = 0;
+    return ck_part(ck, s, ck_hf_file(ck), name, s->ndim, s->rows, s->cols);
+}
+
 /* GGUF (llama.cpp names): every tensor as it is; shapes are already (out, in). */
 static enum status ck_source_gguf(const struct checkpoint *ck, enum weight_kind kind, int l,
                                   struct ck_source *s)
@@ -315,6 +330,7 @@ static enum status ck_source(const struct checkpoint *ck, enum weight_kind kind,
     if (ck->layout == CHECKPOINT_LAYOUT_MEGATRON) return ck_source_megatron(ck, kind, l, s);
     if (ck->layout == CHECKPOINT_LAYOUT_GGUF) return ck_source_gguf(ck, kind, l, s);
     if (ck->cfg.family == MODEL_FAMILY_GPT2) return ck_source_hf_gpt2(ck, kind, l, s);
+    if (ck->cfg.family == MODEL_FAMILY_BERT) return ck_source_hf_bert(ck, kind, l, s);
     return ck_source_hf_llama(ck, kind, l, s);
 }
 

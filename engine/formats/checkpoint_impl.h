@@ -42,7 +42,7 @@ struct checkpoint_files {
     const char          *gpt2_prefix; /* "" or "transformer." */
     const char          *hf_prefix;   /* Llama / Gemma 3 body: "model.", or a multimodal
                                          Gemma 3's "language_model.model." /
-                                         "model.language_model." */
+                                         "model.language_model."; BERT: "" or "bert." */
     const char          *hf_head;     /* the untied LM head: "lm_head.weight" or
                                          "language_model.lm_head.weight" */
     int                  padded_vocab;    /* Megatron */

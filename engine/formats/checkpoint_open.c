@@ -360,6 +360,12 @@ enum status checkpoint_open(const char *dir, struct checkpoint **out)
     if (ck->layout != CHECKPOINT_LAYOUT_MEGATRON && ck->cfg.family == MODEL_FAMILY_GPT2 &&
         ck_try(ck, ck->layout == CHECKPOINT_LAYOUT_HF ? 0 : -1, "transformer.wte.weight"))
         cf->gpt2_prefix = "transformer.";
+    /* A BertModel saved on its own (sentence-transformers) has bare names; one saved from a
+     * task model (BertForMaskedLM, ...) keeps them under "bert.". */
+    if (ck->layout != CHECKPOINT_LAYOUT_MEGATRON && ck->cfg.family == MODEL_FAMILY_BERT) {
+        cf->hf_prefix = ck_try(ck, ck->layout == CHECKPOINT_LAYOUT_HF ? 0 : -1, "bert.embeddings.word_embeddings.weight")
+                            ? "bert." : "";
+    }
     /* A multimodal Gemma 3 checkpoint keeps the text model under another prefix: older
      * transformers "language_model.model." (head "language_model.lm_head.weight"), newer
      * "model.language_model." (head "lm_head.weight"). */

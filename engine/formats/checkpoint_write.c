@@ -91,10 +91,14 @@ out:
     return s;
 }
 
-/* Creates dir_out if missing and refuses to write over the source checkpoint. */
+/* Creates dir_out if missing and refuses to write over the source checkpoint, or to write an
+ * encoder at all (config_save cannot: it is served as it is), before anything is written. */
 static enum status ck_out_dir(const char *dir_out, const struct checkpoint *src)
 {
     char a[PATH_MAX], b[PATH_MAX];
+    if (src->cfg.encoder)
+        return status_errorf(STATUS_UNSUPPORTED, "%s is an encoder (%s): shardlm serves it as it is and writes no copy",
+                             src->files->dir, src->cfg.architecture);
     if (mkdir(dir_out, 0755) != 0 && errno != EEXIST)
         return status_errorf(STATUS_IO, "mkdir %s: %s", dir_out, strerror(errno));
     if (!realpath(dir_out, a) || !realpath(src->files->dir, b))

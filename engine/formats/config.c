@@ -17,7 +17,7 @@
 static const char *const supported_architectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, "
     "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel, "
-    "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only)";
+    "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), BertModel (embeddings)";
 
 /* bos_token_id / eos_token_id: an int, or a list whose first element is taken; absent -> -1. */
 static enum status get_token_id(const cJSON *root, const char *name, const char *key, int *out)
@@ -450,6 +450,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
         else if (!strcmp(mt, "gemma2")) arch = "Gemma2ForCausalLM";
         else if (!strcmp(mt, "gemma3_text")) arch = "Gemma3ForCausalLM";
         else if (!strcmp(mt, "gemma3")) arch = "Gemma3ForConditionalGeneration";
+        else if (!strcmp(mt, "bert")) arch = "BertModel";
         else {
             st = status_errorf(STATUS_UNSUPPORTED,
                                "%s: model_type \"%s\" is not supported (supported: %s)", name, mt,
@@ -471,6 +472,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
     else if (!strcmp(arch, "GPT2LMHeadModel")) st = parse_gpt2(root, name, &c);
     else if (!strcmp(arch, "Gemma2ForCausalLM")) st = config_parse_gemma(root, name, 2, &c);
     else if (!strcmp(arch, "Gemma3ForCausalLM")) st = config_parse_gemma(root, name, 3, &c);
+    else if (!strcmp(arch, "BertModel")) st = config_parse_bert(root, name, &c);
     else if (!strcmp(arch, "Gemma3ForConditionalGeneration")) {
         /* The text half only: its "text_config" is a Gemma3ForCausalLM config, and the result
          * is one (the vision tower's weights are never read). */
@@ -585,6 +587,11 @@ enum status config_validate(const struct model_config *c, const char *name)
                              c->n_experts, c->moe_ffn, c->n_experts_used);
     if (!c->n_experts && (c->n_experts_used || c->moe_ffn || c->norm_topk_prob || c->shared_expert))
         return status_errorf(STATUS_BAD_FORMAT, "%s: expert settings without experts", name);
+    if (c->type_vocab_size < 0 || c->type_vocab_size > 1024)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: type_vocab_size %d must be in 0..1024", name, c->type_vocab_size);
+    if (c->family != MODEL_FAMILY_BERT && (c->encoder || c->post_ln || c->type_vocab_size || c->embed_norm))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: encoder, post_ln, type_vocab_size and embed_norm are BERT "
+                             "features and must be 0 in a %s model", name, c->architecture);
     /* What each family implies; a loader relies on these. */
     const int olmo2 = !strcmp(c->architecture, "Olmo2ForCausalLM");
     const int full_qk_norm = olmo2 || !strcmp(c->architecture, "OlmoeForCausalLM");
@@ -622,6 +629,15 @@ enum status config_validate(const struct model_config *c, const char *name)
                                  "%s: a GPT-2 model has LayerNorm, learned positions, tied "
                                  "embeddings, biases everywhere, n_heads * head_dim == d_model and "
                                  "a GELU MLP",
+                                 name);
+        break;
+    case MODEL_FAMILY_BERT:
+        if (!c->encoder || !c->post_ln || !c->embed_norm || c->norm != NORM_KIND_LAYERNORM ||
+            c->positions != POSITION_KIND_LEARNED || c->gated_mlp || !c->qkv_bias || !c->attn_out_bias ||
+            !c->mlp_bias || c->n_kv_heads != c->n_heads || c->sliding_window || c->tied_embeddings || c->rot_dim)
+            return status_errorf(STATUS_BAD_FORMAT,
+                                 "%s: a BERT model is an encoder with post-LayerNorm blocks, an embedding "
+                                 "LayerNorm, learned positions, biases everywhere and a plain MLP",
                                  name);
         break;
     case MODEL_FAMILY_GEMMA3:
@@ -681,5 +697,6 @@ int config_equal(const struct model_config *a, const struct model_config *b)
            !memcmp(&a->final_softcap, &b->final_softcap, sizeof(float)) &&
            !memcmp(&a->attn_scale, &b->attn_scale, sizeof(float)) &&
            a->sliding_window_pattern == b->sliding_window_pattern &&
-           !memcmp(&a->rope_theta_local, &b->rope_theta_local, sizeof(float));
+           !memcmp(&a->rope_theta_local, &b->rope_theta_local, sizeof(float)) && a->encoder == b->encoder &&
+           a->post_ln == b->post_ln && a->type_vocab_size == b->type_vocab_size && a->embed_norm == b->embed_norm;
 }

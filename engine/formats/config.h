@@ -29,6 +29,7 @@ enum model_family {
     MODEL_FAMILY_LLAMA, /* LlamaForCausalLM, MistralForCausalLM, llama2.c */
     MODEL_FAMILY_GPT2,  /* GPT2LMHeadModel */
     MODEL_FAMILY_GEMMA3, /* Gemma3ForCausalLM (text only) */
+    MODEL_FAMILY_BERT,   /* BertModel: an encoder (embeddings only, no LM head) */
 };
 
 /* A scaled rotary embedding (Hugging Face's rope_scaling / rope_parameters), as transformers'
@@ -126,6 +127,14 @@ struct model_config {
     int      shared_expert;     /* Qwen 2 MoE: beside the experts, a gated MLP of ffn_hidden
                                    (shared_expert_intermediate_size) that every token takes,
                                    scaled by sigmoid(shared_expert_gate x) */
+    /* Encoders (BERT; 0 for every decoder family). */
+    int      encoder;           /* 1: bidirectional attention and no LM head (no final norm): the
+                                   model embeds and never generates */
+    int      post_ln;           /* 1: each block's norm (attn_norm, mlp_norm) is applied to the
+                                   sum after the residual add, x = norm(x + f(x)), instead of to
+                                   the sublayer's input (the original Transformer, BERT) */
+    int      type_vocab_size;   /* rows of the token type (segment) embedding; 0 = none */
+    int      embed_norm;        /* 1: a LayerNorm (with bias) on the summed embeddings */
 };
 
 /* Whether the Hugging Face layout of c names its norms as Gemma does: post_attention_layernorm
@@ -176,6 +185,11 @@ static inline int config_hf_fused(const struct model_config *c)
  *   Gemma3ForConditionalGeneration (model_type gemma3): its "text_config" object is parsed as
  *   above and the result is a Gemma3ForCausalLM config (token ids and dtype from text_config,
  *   else the top level).
+ * - BertModel (model_type bert, config_bert.c): hidden_size, num_hidden_layers,
+ *   num_attention_heads, intermediate_size, vocab_size required; max_position_embeddings (512),
+ *   type_vocab_size (2), layer_norm_eps (1e-12), hidden_act (gelu);
+ *   position_embedding_type other than "absolute" and is_decoder true: STATUS_UNSUPPORTED.
+ *   Always: encoder, post_ln, embed_norm, LayerNorm, learned positions, biases everywhere.
  * All: bos_token_id / eos_token_id (int, or a list: its first element; absent: -1),
  * torch_dtype (or "dtype"): float32 / bfloat16 / float16.
  * shardlm extras, absent from Hugging Face files: "rope_style": "halves" (default) | "pairs",

@@ -35,4 +35,7 @@ enum status config_parse_rope_scaling(const cJSON *root, const cJSON *rs, const 
  * transformers (config_gemma.c). */
 enum status config_parse_gemma(const cJSON *root, const char *name, int version, struct model_config *c);
 
+/* BertModel (an encoder), defaults as in transformers' BertConfig (config_bert.c). */
+enum status config_parse_bert(const cJSON *root, const char *name, struct model_config *c);
+
 #endif

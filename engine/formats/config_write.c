@@ -206,6 +206,9 @@ enum status config_save(const char *path, const struct model_config *c)
         strcmp(c->architecture, "Gemma2ForCausalLM"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
                              c->architecture);
+    if (c->family == MODEL_FAMILY_BERT) /* served as it is; convert, reshard and train do not take encoders */
+        return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\" (an encoder)", path,
+                             c->architecture);
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", path);
 

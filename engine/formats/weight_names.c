@@ -27,6 +27,12 @@ static const struct weight_names table[WEIGHT_KIND_COUNT] = {
     {ROW(POS_EMBEDDING, "pos_embedding", FIRST, POSITIONS, D_MODEL), NULL, NULL, "wpe.weight",
      WEIGHT_GPT2_AS_IS, "embedding.position_embeddings.weight", NULL, WEIGHT_MEGATRON_REPLICATED,
      "position_embd.weight"},
+    {ROW(TYPE_EMBEDDING, "type_embedding", FIRST, TYPES, D_MODEL), NULL, NULL, NULL, WEIGHT_GPT2_AS_IS,
+     "embedding.tokentype_embeddings.weight", NULL, WEIGHT_MEGATRON_REPLICATED, "token_types.weight"},
+    {ROW(EMBED_NORM, "embed_norm", FIRST, D_MODEL, ONE), NULL, NULL, NULL, WEIGHT_GPT2_AS_IS,
+     "embedding.layernorm.weight", NULL, WEIGHT_MEGATRON_REPLICATED, "token_embd_norm.weight"},
+    {ROW(EMBED_NORM_BIAS, "embed_norm_bias", FIRST, D_MODEL, ONE), NULL, NULL, NULL, WEIGHT_GPT2_AS_IS,
+     "embedding.layernorm.bias", NULL, WEIGHT_MEGATRON_REPLICATED, "token_embd_norm.bias"},
 
     {ROW(ATTN_NORM, "attn_norm", LAYER, D_MODEL, ONE), L "input_layernorm.weight", NULL,
      H "ln_1.weight", WEIGHT_GPT2_AS_IS, M "input_layernorm.weight",
@@ -158,8 +164,8 @@ int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
     switch (kind) {
     case WEIGHT_KIND_POS_EMBEDDING: return c->positions == POSITION_KIND_LEARNED;
     case WEIGHT_KIND_ATTN_NORM_BIAS:
-    case WEIGHT_KIND_MLP_NORM_BIAS:
-    case WEIGHT_KIND_FINAL_NORM_BIAS: return ln;
+    case WEIGHT_KIND_MLP_NORM_BIAS: return ln;
+    case WEIGHT_KIND_FINAL_NORM_BIAS: return ln && !c->encoder;
     case WEIGHT_KIND_Q_BIAS:
     case WEIGHT_KIND_K_BIAS:
     case WEIGHT_KIND_V_BIAS: return c->qkv_bias;
@@ -181,6 +187,11 @@ int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
     case WEIGHT_KIND_POST_MLP_NORM: return c->sandwich_norms;
     case WEIGHT_KIND_ATTN_NORM:
     case WEIGHT_KIND_MLP_NORM: return !c->no_pre_norms;
+    case WEIGHT_KIND_TYPE_EMBEDDING: return c->type_vocab_size > 0;
+    case WEIGHT_KIND_EMBED_NORM:
+    case WEIGHT_KIND_EMBED_NORM_BIAS: return c->embed_norm;
+    case WEIGHT_KIND_FINAL_NORM:
+    case WEIGHT_KIND_LM_HEAD: return !c->encoder;
     case WEIGHT_KIND_COUNT: return 0;
     default: return (unsigned)kind < WEIGHT_KIND_COUNT;
     }
@@ -201,6 +212,7 @@ static int64_t dim_size(const struct model_config *c, enum weight_dim d)
     case WEIGHT_DIM_EXP_FFN: return (int64_t)c->n_experts * c->moe_ffn;
     case WEIGHT_DIM_EXP_D: return (int64_t)c->n_experts * c->d_model;
     case WEIGHT_DIM_MOE_FFN: return c->moe_ffn;
+    case WEIGHT_DIM_TYPES: return c->type_vocab_size;
     }
     return 0;
 }
@@ -220,6 +232,43 @@ const char *weight_names_hf(enum weight_kind kind, int gemma3)
 {
     const struct weight_names *w = row_of(kind);
     return gemma3 && w->hf_gemma3 ? w->hf_gemma3 : w->hf;
+}
+
+/* BertModel's names (transformers' modeling_bert): the embeddings with their LayerNorm, then per
+ * layer the self-attention, its output projection and post-LayerNorm (attn_norm under
+ * cfg.post_ln), the intermediate (up) and output (down) projections and the MLP's post-LayerNorm
+ * (mlp_norm). BERT has no final norm and no LM head. */
+const char *weight_names_hf_bert(enum weight_kind kind)
+{
+    static const struct {
+        enum weight_kind kind;
+        const char *name;
+    } bert[] = {
+        {WEIGHT_KIND_TOK_EMBEDDING, "embeddings.word_embeddings.weight"},
+        {WEIGHT_KIND_POS_EMBEDDING, "embeddings.position_embeddings.weight"},
+        {WEIGHT_KIND_TYPE_EMBEDDING, "embeddings.token_type_embeddings.weight"},
+        {WEIGHT_KIND_EMBED_NORM, "embeddings.LayerNorm.weight"},
+        {WEIGHT_KIND_EMBED_NORM_BIAS, "embeddings.LayerNorm.bias"},
+        {WEIGHT_KIND_Q, "encoder.layer.%d.attention.self.query.weight"},
+        {WEIGHT_KIND_Q_BIAS, "encoder.layer.%d.attention.self.query.bias"},
+        {WEIGHT_KIND_K, "encoder.layer.%d.attention.self.key.weight"},
+        {WEIGHT_KIND_K_BIAS, "encoder.layer.%d.attention.self.key.bias"},
+        {WEIGHT_KIND_V, "encoder.layer.%d.attention.self.value.weight"},
+        {WEIGHT_KIND_V_BIAS, "encoder.layer.%d.attention.self.value.bias"},
+        {WEIGHT_KIND_O, "encoder.layer.%d.attention.output.dense.weight"},
+        {WEIGHT_KIND_O_BIAS, "encoder.layer.%d.attention.output.dense.bias"},
+        {WEIGHT_KIND_ATTN_NORM, "encoder.layer.%d.attention.output.LayerNorm.weight"},
+        {WEIGHT_KIND_ATTN_NORM_BIAS, "encoder.layer.%d.attention.output.LayerNorm.bias"},
+        {WEIGHT_KIND_UP, "encoder.layer.%d.intermediate.dense.weight"},
+        {WEIGHT_KIND_UP_BIAS, "encoder.layer.%d.intermediate.dense.bias"},
+        {WEIGHT_KIND_DOWN, "encoder.layer.%d.output.dense.weight"},
+        {WEIGHT_KIND_DOWN_BIAS, "encoder.layer.%d.output.dense.bias"},
+        {WEIGHT_KIND_MLP_NORM, "encoder.layer.%d.output.LayerNorm.weight"},
+        {WEIGHT_KIND_MLP_NORM_BIAS, "encoder.layer.%d.output.LayerNorm.bias"},
+    };
+    for (size_t i = 0; i < sizeof bert / sizeof bert[0]; i++)
+        if (bert[i].kind == kind) return bert[i].name;
+    return NULL;
 }
 
 int weight_names_qkv_part(enum weight_kind kind)

@@ -57,6 +57,11 @@ enum weight_kind {
     WEIGHT_KIND_EXP_DOWN,       /* (n_experts * d_model, moe_ffn), per layer */
     WEIGHT_KIND_SHARED_GATE,    /* (1, d_model), per layer: the shared expert's sigmoid gate
                                    (cfg.shared_expert; the shared expert itself is GATE, UP, DOWN) */
+    /* Encoders (BERT): the token type (segment) embedding and the LayerNorm of the summed
+     * embeddings (cfg.type_vocab_size, cfg.embed_norm); first stage, replicated. */
+    WEIGHT_KIND_TYPE_EMBEDDING, /* (type_vocab_size, d_model) */
+    WEIGHT_KIND_EMBED_NORM,     /* (d_model) */
+    WEIGHT_KIND_EMBED_NORM_BIAS,
     WEIGHT_KIND_COUNT
 };
 
@@ -87,6 +92,7 @@ enum weight_dim {
     WEIGHT_DIM_EXP_FFN,   /* n_experts * moe_ffn */
     WEIGHT_DIM_EXP_D,     /* n_experts * d_model */
     WEIGHT_DIM_MOE_FFN,   /* moe_ffn */
+    WEIGHT_DIM_TYPES,     /* type_vocab_size */
 };
 
 /* Where a weight lives in a pipeline split. */
@@ -141,6 +147,9 @@ const struct weight_names *weight_names_at(int i);
 const struct weight_names *weight_names_of(enum weight_kind kind);
 /* The Hugging Face pattern of kind for a Llama-family model (gemma3: Gemma 3's names). */
 const char *weight_names_hf(enum weight_kind kind, int gemma3);
+/* The Hugging Face BertModel name of kind (after the optional "bert." prefix), or NULL when a
+ * BERT model has no such weight. */
+const char *weight_names_hf_bert(enum weight_kind kind);
 /* Which third of a fused QKV tensor kind is: 0 Q, 1 K, 2 V (and their biases); -1 otherwise. */
 int         weight_names_qkv_part(enum weight_kind kind);
 

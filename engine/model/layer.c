@@ -29,7 +29,7 @@ void layer_norm(const struct model *m, const struct tensor *out, const struct te
 void layer_pre_norm(const struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *w,
                     const struct tensor *bias)
 {
-    if (!m->cfg.no_pre_norms) layer_norm(m, out, x, w, bias);
+    if (!m->cfg.no_pre_norms && !m->cfg.post_ln) layer_norm(m, out, x, w, bias);
     else if (out->data != x->data) backend_copy(m->b, out->data, x->data, tensor_nbytes(x));
 }
 
@@ -142,6 +142,9 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
     if ((st = row_parallel_residual(m, l, LORA_TARGET_O, T, &t->x_mid, &t->x_in, &att, &w->wo, &w->bo, &t->attn_out,
                                     &t->normed, &w->post_attn_norm, h)) != STATUS_OK)
         return st;
+    /* Post-LN (BERT): x_mid = norm(x_in + attention), in place. Training refuses encoders, so
+     * its backward never needs this norm's input. */
+    if (m->cfg.post_ln) layer_norm(m, &t->x_mid, &t->x_mid, &w->attn_norm, &w->attn_norm_bias);
 
     /* MLP block: x = x_mid + [norm](down(act(gate(xn2)) * up(xn2))), or down(act(up(xn2))). */
     layer_pre_norm(m, &t->xn2, &t->x_mid, &w->mlp_norm, &w->mlp_norm_bias);
@@ -155,6 +158,9 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
     }
     layer_mlp_inner(m, l, T, &full, t, h);
     struct tensor hact = tensor_first_rows(&t->hact, T);
-    return row_parallel_residual(m, l, LORA_TARGET_DOWN, T, &t->x, &t->x_mid, &hact, &w->w_down, &w->b_down,
-                                 &t->mlp_out, &t->normed, &w->post_mlp_norm, h);
+    if ((st = row_parallel_residual(m, l, LORA_TARGET_DOWN, T, &t->x, &t->x_mid, &hact, &w->w_down, &w->b_down,
+                                    &t->mlp_out, &t->normed, &w->post_mlp_norm, h)) != STATUS_OK)
+        return st;
+    if (m->cfg.post_ln) layer_norm(m, &t->x, &t->x, &w->mlp_norm, &w->mlp_norm_bias); /* x = norm(x_mid + mlp) */
+    return STATUS_OK;
 }

@@ -48,7 +48,8 @@ struct layer_hooks {
     enum status (*reduce)(void *ctx, const struct tensor *partial, const struct tensor *out);
     /* y += the adapters' low-rank product of x for projection t of local layer l. */
     void (*adapt)(void *ctx, int l, enum lora_target t, const struct tensor *y, const struct tensor *x);
-    /* att = causal attention of q over k, v for local layer l, windowed when window > 0
+    /* att = attention of q over k, v for local layer l (causal, or bidirectional for an
+     * encoder: cfg.encoder, served by model_embed only), windowed when window > 0
      * (serving writes the new K/V into its cache and reads it; training attends within the
      * micro-batch's documents and writes lse). */
     void (*attend)(void *ctx, int l, int window, const struct tensor *q3, const struct tensor *k3,
@@ -62,8 +63,9 @@ void layer_attention_kind(const struct model *m, int layer, int *window, struct 
 /* norm(x) with the model's norm (RMSNorm, or LayerNorm with its optional bias). */
 void layer_norm(const struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *w,
                 const struct tensor *bias);
-/* The norm before attention or the MLP: layer_norm, or for a model without pre-norms (OLMo 2)
- * x itself, copied into out unless out is x. */
+/* The norm before attention or the MLP: layer_norm, or for a model without pre-norms (OLMo 2;
+ * BERT, whose norms follow the residual add: cfg.post_ln) x itself, copied into out unless out
+ * is x. */
 void layer_pre_norm(const struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *w,
                     const struct tensor *bias);
 /* q or k (T rows of heads x head_dim) as the QK norm normalises it: (T * heads, head_dim) for a
@@ -81,7 +83,9 @@ void layer_mlp_inner(struct model *m, int l, int64_t T, const struct tensor *xn,
                      const struct layer_hooks *h);
 
 /* One decoder layer of local index l over T rows, in the order of the math:
- *   x_mid = x_in + [norm](attention(norm(x_in)) W_o^T),  x = x_mid + [norm](mlp(norm(x_mid))). */
+ *   x_mid = x_in + [norm](attention(norm(x_in)) W_o^T),  x = x_mid + [norm](mlp(norm(x_mid))),
+ * or with cfg.post_ln (an encoder layer, BERT):
+ *   x_mid = norm(x_in + attention(x_in) W_o^T),  x = norm(x_mid + mlp(x_mid)). */
 enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_tensors *t,
                           const struct layer_hooks *h);
 

@@ -80,6 +80,9 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.logit_rows, DTYPE_I32, 1, {max_logits}},
         {&m->ws.greedy_ids, DTYPE_I32, 1, {max_logits}},
         {&m->ws.logits_ss, DTYPE_F32, 1, {1}},
+        {&m->ws.lse, DTYPE_F32, 2, {T, m->n_heads_local}},
+        {&m->ws.type_ids, DTYPE_I32, 1, {c->type_vocab_size > 0 ? T : 0}},
+        {&m->ws.x_f32, DTYPE_F32, 2, {m->dtype != DTYPE_F32 ? T : 0, d}},
         {&m->ws.q_start, DTYPE_I32, 1, {max_seqs + 1}},
         {&m->ws.seq_len, DTYPE_I32, 1, {max_seqs}},
         {&m->ws.block_table, DTYPE_I32, 2, {max_seqs, max_blocks}},
@@ -105,6 +108,7 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
                                   table[i].shape[0], table[i].shape[1], table[i].shape[2]);
         off += (tensor_nbytes(table[i].t) + 255) / 256 * 256;
     }
+    if (m->ws.type_ids.data) backend_memset_zero(m->b, m->ws.type_ids.data, tensor_nbytes(&m->ws.type_ids));
     m->ws.max_tokens = max_tokens;
     m->ws.max_seqs = max_seqs;
     m->ws.max_blocks = max_blocks;
@@ -173,6 +177,29 @@ void model_free(struct model *m)
 }
 
 /* ---- forward ----------------------------------------------------------------------------- */
+
+float model_attn_scale(const struct model *m)
+{
+    return m->cfg.attn_scale > 0.0f ? m->cfg.attn_scale : 1.0f / sqrtf((float)m->cfg.head_dim);
+}
+
+enum status model_embed_input(struct model *m, int64_t T, const struct tensor *x)
+{
+    struct backend *b = m->b;
+    struct tensor tokens = tensor_first_rows(&m->ws.tokens, T), pos = tensor_first_rows(&m->ws.positions, T);
+    /* The masked lookup of this vocab shard; the all-reduce joins the shards. */
+    op_embedding(b, x, &m->w.tok_embedding, &tokens, m->vocab_start);
+    enum status st;
+    if (m->tp_size > 1 && (st = comm_all_reduce(m->par.groups->tp, x)) != STATUS_OK) return st;
+    if (m->cfg.embed_scale != 0.0f && m->cfg.embed_scale != 1.0f) op_scale(b, x, x, m->cfg.embed_scale);
+    if (m->cfg.positions == POSITION_KIND_LEARNED) op_position_embedding_add(b, x, &m->w.pos_embedding, &pos);
+    if (m->cfg.type_vocab_size > 0) { /* every token in segment 0: the type ids index the table as positions do */
+        struct tensor types = tensor_first_rows(&m->ws.type_ids, T);
+        op_position_embedding_add(b, x, &m->w.type_embedding, &types);
+    }
+    if (m->cfg.embed_norm) op_layernorm(b, x, x, &m->w.embed_norm, &m->w.embed_norm_bias, m->cfg.norm_eps);
+    return STATUS_OK;
+}
 
 static void upload_i32(struct backend *b, const struct tensor *dst, const int32_t *src, int64_t n)
 {
@@ -271,6 +298,7 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
           "(%d, %d, %d, %d)",
           (long long)T, fb->n_seqs, fb->max_blocks, fb->n_logits, m->ws.max_tokens, m->ws.max_seqs,
           m->ws.max_blocks, m->ws.max_logits);
+    CHECK(!m->cfg.encoder, "model_forward on an encoder (%s): the engine refuses generation for it", m->cfg.architecture);
     CHECK(cache->n_layers == m->n_layers_local, "cache has %d layers, stage %d", cache->n_layers,
           m->n_layers_local);
     for (int64_t i = 0; i < T; i++)
@@ -295,7 +323,7 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
         .seq_len = tensor_first_rows(&m->ws.seq_len, fb->n_seqs),
         .block_table = tensor_make(m->ws.block_table.data, DTYPE_I32, b->device, 2,
                                    (int64_t)fb->n_seqs, (int64_t)fb->max_blocks),
-        .scale = m->cfg.attn_scale > 0.0f ? m->cfg.attn_scale : 1.0f / sqrtf((float)m->cfg.head_dim),
+        .scale = model_attn_scale(m),
         .window = m->cfg.sliding_window,
         .softcap = m->cfg.attn_softcap,
     };
@@ -305,15 +333,10 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
     for (int s = 0; s < fb->n_seqs && ab.decode_only; s++)
         ab.decode_only = fb->q_start[s + 1] - fb->q_start[s] == 1;
 
-    struct tensor x = tensor_first_rows(&m->ws.x, T), tokens = tensor_first_rows(&m->ws.tokens, T);
-    struct tensor pos = tensor_first_rows(&m->ws.positions, T);
+    struct tensor x = tensor_first_rows(&m->ws.x, T);
     enum status st;
     if (m->pp_rank == 0) {
-        /* Embedding: the masked lookup of this vocab shard; the all-reduce joins the shards. */
-        op_embedding(b, &x, &m->w.tok_embedding, &tokens, m->vocab_start);
-        if (m->tp_size > 1 && (st = comm_all_reduce(m->par.groups->tp, &x)) != STATUS_OK) return st;
-        if (m->cfg.embed_scale != 0.0f && m->cfg.embed_scale != 1.0f) op_scale(b, &x, &x, m->cfg.embed_scale);
-        if (m->cfg.positions == POSITION_KIND_LEARNED) op_position_embedding_add(b, &x, &m->w.pos_embedding, &pos);
+        if ((st = model_embed_input(m, T, &x)) != STATUS_OK) return st;
     } else if ((st = comm_recv(m->par.groups->pp, &x, m->pp_rank - 1)) != STATUS_OK) {
         return st;
     }
@@ -374,4 +397,102 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
     for (int i = 0; i < fb->n_logits; i++)
         memcpy(logits + (size_t)i * (size_t)V, m->ws.host_logits + (size_t)i * (size_t)width, (size_t)V * sizeof *logits);
     return STATUS_OK;
+}
+
+/* ---- embeddings ------------------------------------------------------------------------------ */
+
+/* model_embed's attention: within each sequence (a document of the batch), over the rows of this
+ * pass only, bidirectional for an encoder. The training attention op does exactly that without
+ * a cache; its log-sum-exp goes to scratch. */
+struct embed_ctx {
+    struct serve_ctx serve;        /* gather, partial, reduce and adapt as in serving (tp 1, no adapters) */
+    struct attention_train_batch batch;
+};
+
+static void embed_attend(void *ctx, int l, int window, const struct tensor *q3, const struct tensor *k3,
+                         const struct tensor *v3, const struct tensor *att3, const struct tensor *lse)
+{
+    struct embed_ctx *ec = ctx;
+    struct model *m = ec->serve.m;
+    (void)l, (void)lse;
+    struct attention_train_batch ab = ec->batch;
+    ab.window = ab.bidirectional ? 0 : window;
+    struct tensor lse_rows = tensor_first_rows(&m->ws.lse, q3->shape[0]);
+    op_attention_train(m->b, att3, &lse_rows, q3, k3, v3, &ab);
+}
+
+/* out (d) = the pooling of rows (n, d) of host f32, L2-normalised when normalize, in double. */
+static void pool_rows(const float *rows, int64_t n, int64_t d, enum model_pooling pooling, int normalize, float *out)
+{
+    const int64_t first = pooling == MODEL_POOLING_LAST ? n - 1 : 0, count = pooling == MODEL_POOLING_MEAN ? n : 1;
+    double ss = 0.0;
+    for (int64_t j = 0; j < d; j++) {
+        double acc = 0.0;
+        for (int64_t i = first; i < first + count; i++) acc += rows[i * d + j];
+        out[j] = (float)(acc / (double)count);
+        ss += (acc / (double)count) * (acc / (double)count);
+    }
+    if (!normalize || !(ss > 0.0)) return;
+    const double inv = 1.0 / sqrt(ss);
+    for (int64_t j = 0; j < d; j++) out[j] = (float)(out[j] * inv);
+}
+
+enum status model_embed(struct model *m, const int32_t *tokens, const int32_t *q_start, int n_seqs,
+                        enum model_pooling pooling, int normalize, float *out)
+{
+    struct backend *b = m->b;
+    const int64_t T = n_seqs > 0 ? q_start[n_seqs] : 0, d = m->cfg.d_model;
+    CHECK(m->tp_size == 1 && m->pp_size == 1, "model_embed runs at tp 1 and pp 1 (tp %d, pp %d)", m->tp_size, m->pp_size);
+    CHECK(n_seqs > 0 && n_seqs <= m->ws.max_seqs && T > 0 && T <= m->ws.max_tokens && q_start[0] == 0,
+          "embedding batch (tokens %lld, seqs %d) exceeds the workspace (%d, %d)", (long long)T, n_seqs,
+          m->ws.max_tokens, m->ws.max_seqs);
+    for (int s = 0; s < n_seqs; s++) {
+        const int len = q_start[s + 1] - q_start[s];
+        CHECK(len > 0, "embedding sequence %d is empty", s);
+        if (len > m->cfg.max_positions)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "an input of %d tokens is longer than the model's context (%d)",
+                                 len, m->cfg.max_positions);
+    }
+    /* Host scratch for one call: positions (T), then the final rows (T, d) as f32. */
+    int32_t *pos = malloc((size_t)T * sizeof *pos);
+    float *rows = malloc((size_t)(T * d) * sizeof *rows);
+    if (!pos || !rows) {
+        free(pos);
+        free(rows);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory for embeddings");
+    }
+    for (int s = 0; s < n_seqs; s++)
+        for (int32_t i = q_start[s]; i < q_start[s + 1]; i++) pos[i] = i - q_start[s];
+    upload_i32(b, &m->ws.tokens, tokens, T);
+    upload_i32(b, &m->ws.positions, pos, T);
+    upload_i32(b, &m->ws.q_start, q_start, n_seqs + 1);
+
+    struct tensor x = tensor_first_rows(&m->ws.x, T);
+    static const struct forward_batch no_adapters = {0};
+    struct embed_ctx ec = {
+        .serve = {.m = m, .fb = &no_adapters},
+        .batch = {.n_docs = n_seqs, .doc_start = tensor_first_rows(&m->ws.q_start, n_seqs + 1),
+                  .scale = model_attn_scale(m), .softcap = m->cfg.attn_softcap, .bidirectional = m->cfg.encoder},
+    };
+    const struct layer_hooks hooks = {.ctx = &ec, .gather = serve_gather, .partial = serve_partial,
+                                      .reduce = serve_reduce, .adapt = serve_adapt, .attend = embed_attend};
+    const struct layer_tensors lt = serve_tensors(m, T);
+    enum status st = model_embed_input(m, T, &x);
+    for (int l = 0; l < m->n_layers_local && st == STATUS_OK; l++) st = layer_forward(m, l, T, &lt, &hooks);
+    if (st == STATUS_OK) {
+        if (!m->cfg.encoder) layer_norm(m, &x, &x, &m->w.final_norm, &m->w.final_norm_bias);
+        const struct tensor *src = &x;
+        struct tensor x32 = m->dtype != DTYPE_F32 ? tensor_first_rows(&m->ws.x_f32, T) : x;
+        if (m->dtype != DTYPE_F32) {
+            op_cast(b, &x32, &x);
+            src = &x32;
+        }
+        backend_download(b, rows, src->data, tensor_nbytes(src));
+        for (int s = 0; s < n_seqs; s++)
+            pool_rows(rows + (size_t)q_start[s] * (size_t)d, q_start[s + 1] - q_start[s], d, pooling, normalize,
+                      out + (size_t)s * (size_t)d);
+    }
+    free(pos);
+    free(rows);
+    return st;
 }

@@ -59,6 +59,9 @@ struct model_workspace {
     struct tensor tokens, positions, slots, logit_rows; /* i32 (max_tokens) */
     struct tensor greedy_ids;      /* i32 (max_logits): argmax of each logits row (greedy_ids) */
     struct tensor logits_ss;       /* f32 (1): sum of squares of the logits (a finiteness check) */
+    struct tensor lse;             /* f32 (max_tokens, heads_local): model_embed's attention statistics */
+    struct tensor type_ids;        /* i32 (max_tokens), all 0: the one segment's token type (BERT) */
+    struct tensor x_f32;           /* (max_tokens, d_model) f32, when dtype != f32: model_embed's rows for the host */
     struct tensor q_start, seq_len, block_table;        /* i32 (max_seqs+1), (max_seqs), (max_seqs, max_blocks) */
     struct tensor lora_u, lora_z;  /* serving adapters' scratch: (max_tokens, max_adapter_rank), (max_tokens, widest) */
     /* Mixture of experts (moe.h), absent for dense models: the router's logits (f32 for the
@@ -195,6 +198,34 @@ struct forward_batch {
  * return STATUS_UNAVAILABLE. */
 enum status model_forward(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
                           float *logits);
+
+/* How model_embed turns a sequence's final hidden states into one vector. */
+enum model_pooling {
+    MODEL_POOLING_MEAN, /* the mean over the sequence's rows (sentence-transformers' default) */
+    MODEL_POOLING_CLS,  /* the first row (BERT's [CLS]) */
+    MODEL_POOLING_LAST, /* the last row (a causal decoder's summary of its whole input) */
+};
+
+/* Embeds n_seqs sequences in one forward pass that leaves the KV cache alone: sequence s is the
+ * tokens q_start[s] .. q_start[s+1]-1 (q_start[0] = 0, increasing: no empty sequence), at
+ * positions 0, 1, ...; attention stays within each sequence, bidirectional for an encoder
+ * (cfg.encoder) and causal for a decoder. out (n_seqs, d_model), f32 host memory, receives the
+ * pooling of each sequence's final hidden states (after a decoder's final norm; BERT has none),
+ * computed in double and divided by its L2 norm when normalize (a zero vector stays zero). Only
+ * a world of one rank runs it (tp = pp = 1; a caller bug otherwise: the engine refuses
+ * embeddings elsewhere), and the batch must fit the reserved workspace (max_tokens rows,
+ * max_seqs sequences). A sequence longer than the model's context: STATUS_INVALID_ARGUMENT.
+ * (model.c) */
+enum status model_embed(struct model *m, const int32_t *tokens, const int32_t *q_start, int n_seqs,
+                        enum model_pooling pooling, int normalize, float *out);
+
+/* The first stage's input rows x (T, d_model) from ws.tokens and ws.positions (uploaded): the
+ * token embeddings (the vocab-parallel lookup joined over tp), scaled (Gemma), plus learned
+ * positions, plus the token type embedding and the embeddings' LayerNorm (BERT). */
+enum status model_embed_input(struct model *m, int64_t T, const struct tensor *x);
+
+/* The attention score scale: cfg.attn_scale, or 1/sqrt(head_dim). */
+float model_attn_scale(const struct model *m);
 
 #ifdef __cplusplus
 }

@@ -242,12 +242,12 @@ static enum status load_weights(struct model *m, struct staging *stg)
     enum status st = STATUS_OK;
     for (int i = 0; i < n && st == STATUS_OK; i++) {
         const enum weight_kind k = table[i].kind;
-        const int embedding = k == WEIGHT_KIND_TOK_EMBEDDING || k == WEIGHT_KIND_POS_EMBEDDING;
+        const int embedding = weight_names_of(k)->place == WEIGHT_PLACE_FIRST;
         const int head = k == WEIGHT_KIND_FINAL_NORM || k == WEIGHT_KIND_FINAL_NORM_BIAS ||
                          k == WEIGHT_KIND_LM_HEAD;
         if ((embedding && !first_stage) || (head && !last_stage)) continue;
-        const int required = k == WEIGHT_KIND_TOK_EMBEDDING || k == WEIGHT_KIND_FINAL_NORM ||
-                             k == WEIGHT_KIND_LM_HEAD;
+        const int required = k == WEIGHT_KIND_TOK_EMBEDDING ||
+                             ((k == WEIGHT_KIND_FINAL_NORM || k == WEIGHT_KIND_LM_HEAD) && !m->cfg.encoder);
         const int layer = table[i].layer >= 0 ? table[i].layer : 0;
         st = required ? load_weight(m, stg, k, layer, table[i].t)
                       : load_optional(m, stg, k, layer, table[i].t);
@@ -320,6 +320,11 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     if (tp_size > 1 && c->qk_norm == QK_NORM_FULL) { /* its statistics would need a tp reduction per row */
         st = status_errorf(STATUS_UNSUPPORTED, "model: %s normalises q and k over every head at once; tensor "
                            "parallelism (tp %d) is not built for it (pp and dp are)", c->architecture, tp_size);
+        goto fail;
+    }
+    if (c->encoder && (tp_size > 1 || pp_size > 1)) { /* model_embed runs one rank's whole model */
+        st = status_errorf(STATUS_UNSUPPORTED, "model: %s is an encoder, served at tp 1 and pp 1 only (got tp %d, pp %d)",
+                           c->architecture, tp_size, pp_size);
         goto fail;
     }
     if (par && par->pp_layers) { /* an explicit split (--pp-layers) */

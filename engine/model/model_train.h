@@ -4,7 +4,8 @@
  * accumulates the gradient of every weight into state laid out like the weights (weights.h).
  * Not here: the data, the optimizer and the loop (engine/train/), the serving forward over the
  * paged KV cache (model.c).
- * Tests: tests/test_train_grad.py (every gradient against JAX on small random Llama, GPT-2
+ * Tests: tests/test_train_moe.py (mixtures of experts against JAX + optax),
+ * tests/test_train_grad.py (every gradient against JAX on small random Llama, GPT-2
  * and Gemma 3 models), tests/test_train.c.
  *
  * Contracts:

@@ -41,7 +41,7 @@ static const struct {
 };
 #define N_LAYER_FIELDS ((int)(sizeof layer_fields / sizeof layer_fields[0]))
 
-int weights_table_max(int n_layers) { return 5 + n_layers * N_LAYER_FIELDS; }
+int weights_table_max(int n_layers) { return 8 + n_layers * N_LAYER_FIELDS; }
 
 static int push(struct weight_ref *out, int n, int present_only, enum weight_kind kind, int layer,
                 int local, struct tensor *t)
@@ -56,6 +56,9 @@ int weights_table(struct model_weights *w, int layer_first, int present_only, st
     int n = 0;
     n = push(out, n, present_only, WEIGHT_KIND_TOK_EMBEDDING, -1, -1, &w->tok_embedding);
     n = push(out, n, present_only, WEIGHT_KIND_POS_EMBEDDING, -1, -1, &w->pos_embedding);
+    n = push(out, n, present_only, WEIGHT_KIND_TYPE_EMBEDDING, -1, -1, &w->type_embedding);
+    n = push(out, n, present_only, WEIGHT_KIND_EMBED_NORM, -1, -1, &w->embed_norm);
+    n = push(out, n, present_only, WEIGHT_KIND_EMBED_NORM_BIAS, -1, -1, &w->embed_norm_bias);
     for (int l = 0; l < w->n_layers; l++)
         for (int f = 0; f < N_LAYER_FIELDS; f++)
             n = push(out, n, present_only, layer_fields[f].kind, layer_first + l, l,

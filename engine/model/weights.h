@@ -39,6 +39,8 @@ struct model_weights {
     int n_layers;                  /* layers of this stage */
     struct tensor tok_embedding;   /* (vocab_local, d_model); first stage, and last when tied */
     struct tensor pos_embedding;   /* (max_positions, d_model); learned positions only */
+    struct tensor type_embedding;  /* (type_vocab_size, d_model); encoders (BERT) only */
+    struct tensor embed_norm, embed_norm_bias; /* (d_model): the embeddings' LayerNorm (BERT) */
     struct layer_weights *layers;  /* (n_layers), owned */
     struct tensor final_norm, final_norm_bias; /* (d_model); last stage */
     struct tensor lm_head;         /* (vocab_local, d_model); last stage; shares tok_embedding's

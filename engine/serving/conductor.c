@@ -112,7 +112,9 @@ static enum status kv_pool_blocks(struct conductor *c, size_t block_bytes, int t
 {
     const struct engine_options *o = &c->o;
     long long n_blocks = o->kv_cache_blocks;
-    if (o->kv_cache_bytes) {
+    if (c->m->cfg.encoder) { /* an encoder embeds without the cache (model_embed): one block keeps the structures whole */
+        n_blocks = 1;
+    } else if (o->kv_cache_bytes) {
         n_blocks = (long long)(o->kv_cache_bytes / block_bytes);
     } else if (o->kv_cache_fraction > 0) {
         size_t free_bytes = 0, total_bytes = 0;
@@ -197,6 +199,7 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->gmu, NULL);
     pthread_cond_init(&c->cv, NULL);
+    pthread_cond_init(&c->embed_cv, NULL);
     c->next_handle = 1;
     enum status st = load_model(c);
     if (st == STATUS_OK)
@@ -240,6 +243,7 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->stats.kv_blocks_total = c->cache.n_blocks;
     c->stats.kv_blocks_free = c->cache.n_blocks; /* true before the first step too */
     c->stats.block_tokens = bt;
+    verify_init(c);
     /* Only the first rank times out: workers legitimately wait for the next plan forever. Every
      * rank beats (parallel_watch_start), so that the timeout names the rank that stopped. */
     if (c->par.world && c->par.world->rank == 0) c->par.world->timeout_s = o->rank_timeout_s;
@@ -269,7 +273,8 @@ void conductor_get_model_info(const struct conductor *c, struct engine_model_inf
         .pp_size = c->m->pp_size, .dp_size = 1, .block_tokens = c->cache.block_tokens, .kv_blocks = c->cache.n_blocks,
         .bos_id = cfg->bos_id >= 0 ? cfg->bos_id : tokenizer_bos_id(c->tok),
         .eos_id = conductor_eos_id(c), .max_loras = c->adapters.cap, .max_lora_rank = c->adapters.max_rank,
-        .max_queue = c->o.max_queue, .quantization = c->m->quantization,
+        .max_queue = c->o.max_queue, .quantization = c->m->quantization, .encoder = c->m->cfg.encoder,
+        .max_batch_tokens = c->o.max_batch_tokens,
         .chat_template = c->m->checkpoint->chat_template,
     };
 }
@@ -325,6 +330,9 @@ int conductor_list_adapters(struct conductor *c, void (*fn)(void *ctx, const str
 enum status conductor_validate(const struct conductor *c, const int32_t *prompt, int n_prompt,
                                const struct request_params *p)
 {
+    if (c->m->cfg.encoder)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "the model (%s) is an encoder: it serves embeddings "
+                             "(/v1/embeddings), not generation", c->m->cfg.architecture);
     const struct request_bounds b = {.vocab_size = c->m->cfg.vocab_size, .max_positions = c->m->cfg.max_positions,
                                      .block_tokens = c->cache.block_tokens, .n_blocks = c->cache.n_blocks,
                                      .max_logprobs = c->o.max_logprobs, .max_seqs = c->o.max_seqs,
@@ -623,6 +631,7 @@ static void take_results(struct conductor *c, enum status st)
         const int32_t greedy_id = c->greedy_done ? c->greedy_ids[lrow] : -1;
         lrow++;
         if (s->sample == 0 && !r->forked && r->p.n > 1 && r->p.max_tokens > 0) fork_and_take(c, s, row);
+        verify_consider(c, s, row);
         r->forked = 1;
         take_token(c, s, row, greedy_id);
     }
@@ -630,6 +639,7 @@ static void take_results(struct conductor *c, enum status st)
 
 int conductor_step(struct conductor *c)
 {
+    run_embed_jobs(c);                                       /* embeddings between steps */
     take_intake(c);                                          /* 1 */
     const int busy = c->sched.n_waiting + c->sched.n_running;
     if (busy == 0) {
@@ -645,11 +655,15 @@ int conductor_step(struct conductor *c)
         stats_update(c, 0, c->sched.batch.hit_tokens);
         return busy;
     }
+    verify_inject_fault(c);
     enum status st = run_planned_step(c);                    /* 3 */
     take_results(c, st);                                     /* 4 */
     if (st != STATUS_OK && c->par.world && c->par.world->broken) fail_conductor(c, st);
     scheduler_drop_finished(&c->sched);
     stats_update(c, c->sched.batch.prefill_rows, c->sched.batch.hit_tokens);
+    /* The step's batch is spent: --verify-prefix-cache's recomputations plan their own. */
+    if (c->n_vjobs && (st = verify_run_pending(c)) != STATUS_OK && c->par.world && c->par.world->broken)
+        fail_conductor(c, st);
     return busy;
 }
 
@@ -678,7 +692,8 @@ static void *conductor_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&c->mu);
         int idle = 0;
-        while (!c->stop_thread && !c->intake && !c->adapters.dirty && c->sched.n_running + c->sched.n_waiting == 0) {
+        while (!c->stop_thread && !c->intake && !c->embed_jobs && !c->adapters.dirty &&
+               c->sched.n_running + c->sched.n_waiting == 0) {
             if (!watch) {
                 pthread_cond_wait(&c->cv, &c->mu);
                 continue;
@@ -698,6 +713,7 @@ static void *conductor_main(void *arg)
         if (idle) check_idle_ranks(c);
         else conductor_step(c);
     }
+    fail_embed_jobs(c); /* whoever still waits learns that the engine stopped */
     return NULL;
 }
 
@@ -770,6 +786,7 @@ void conductor_free(struct conductor *c)
     free(c->mb_rows);
     free(c->greedy_ids);
     free(c->gmask);
+    verify_free(c);
     grammar_cache_free(c->gcache);
     grammar_vocab_free(c->gvocab);
     pthread_mutex_destroy(&c->gmu);
@@ -787,5 +804,6 @@ void conductor_free(struct conductor *c)
     backend_close(c->b);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
+    pthread_cond_destroy(&c->embed_cv);
     free(c);
 }

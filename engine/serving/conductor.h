@@ -45,6 +45,10 @@ enum status conductor_unload_adapter(struct conductor *c, const char *name);
 int         conductor_list_adapters(struct conductor *c, void (*fn)(void *ctx, const struct engine_adapter_info *info),
                                     void *ctx);
 
+/* engine_embed for one replica (conductor_embed.c). */
+enum status conductor_embed(struct conductor *c, const int32_t *tokens, const int32_t *offsets, int n_inputs,
+                            enum embed_pooling pooling, int normalize, float *out);
+
 int         conductor_step(struct conductor *c);
 enum status conductor_start(struct conductor *c);
 void        conductor_drain(struct conductor *c, double timeout_s);

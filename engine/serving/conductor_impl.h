@@ -18,6 +18,9 @@
 #include "scheduler.h"
 
 #define MODULE "engine"
+#define VERIFY_MAX_JOBS 8 /* prefix-cache hits verified after one step at most */
+
+struct verify_job;
 
 /* The step plan the first rank broadcasts to every rank: this header, then the arrays. */
 struct step_plan_header {
@@ -64,8 +67,18 @@ struct conductor {
     struct grammar_cache *gcache;
     uint32_t *gmask;              /* ((vocab + 31) / 32) */
 
+    /* Prefix-cache shadow verification (conductor_verify.c): the sampled fraction, its draws,
+     * the test fault, and the jobs of this step. */
+    double   verify_rate;
+    struct rng verify_rng;
+    int      verify_fault;
+    struct verify_job *vjobs[VERIFY_MAX_JOBS];
+    int      n_vjobs;
+
     pthread_mutex_t mu;
     pthread_cond_t  cv;
+    pthread_cond_t  embed_cv;             /* an embedding job finished (conductor_embed.c) */
+    struct embed_job *embed_jobs;         /* under mu: waiting for the engine thread */
     pthread_t thread;
     int       thread_running, stop_thread, draining;
     struct request *intake, *intake_tail;  /* submitted, not yet seen by the engine thread */
@@ -95,6 +108,20 @@ void        sampling_logits(struct conductor *c, const struct seq *s, const floa
  * finishing s when it ends; returns tok. c->scratch[0 .. V) is overwritten. */
 int32_t     take_chosen(struct conductor *c, struct seq *s, const float *row, int32_t tok);
 void        take_prompt_logprobs(struct conductor *c, struct seq *s, int p0, int n, const float *rows);
+/* conductor_embed.c */
+struct embed_job;
+void        run_embed_jobs(struct conductor *c);  /* engine thread, between steps */
+void        fail_embed_jobs(struct conductor *c); /* the engine thread stops: UNAVAILABLE to every waiter */
+/* conductor_verify.c: --verify-prefix-cache. verify_consider (step 4, before s samples its
+ * first token from row) may keep a job; verify_run_pending (after the step) recomputes the jobs'
+ * prompts without the cache and counts mismatches (an error: a forward failed);
+ * verify_inject_fault (between planning and the forward) zeroes the first reused block of every
+ * sequence just admitted with a hit when SHARDLM_TEST_PREFIX_CACHE_FAULT=1 (tests only). */
+void        verify_init(struct conductor *c);
+void        verify_free(struct conductor *c);
+void        verify_consider(struct conductor *c, const struct seq *s, const float *row);
+void        verify_inject_fault(struct conductor *c);
+enum status verify_run_pending(struct conductor *c);
 /* conductor_speculate.c */
 void        speculate(struct conductor *c);
 void        take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_ver);

@@ -54,6 +54,9 @@ static enum status resolve_options(const struct engine_options *opt, struct engi
         return status_errorf(STATUS_INVALID_ARGUMENT,
                              "engine limits must be positive (max_batch_tokens %d, max_seqs %d <= 4096, max_queue %d)",
                              o.max_batch_tokens, o.max_seqs, o.max_queue);
+    if (!(o.verify_prefix_cache >= 0 && o.verify_prefix_cache <= 1))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "verify_prefix_cache must be a fraction in [0, 1], got %g",
+                             o.verify_prefix_cache);
     if (o.scheduling < SCHEDULING_FCFS || o.scheduling > SCHEDULING_PRIORITY)
         return status_errorf(STATUS_INVALID_ARGUMENT, "scheduling must be fcfs (0), fair (1) or priority (2), got %d",
                              o.scheduling);
@@ -135,6 +138,15 @@ enum status engine_submit(struct engine *e, const char *request_id, const int32_
 {
     if (e->router) return router_submit(e->router, request_id, prompt, n_prompt, p, on_event, ctx, handle);
     return conductor_submit(e->local, request_id, prompt, n_prompt, p, on_event, ctx, handle);
+}
+
+enum status engine_embed(struct engine *e, const int32_t *tokens, const int32_t *offsets, int n_inputs,
+                         enum embed_pooling pooling, int normalize, float *out)
+{
+    if (e->router)
+        return status_errorf(STATUS_UNSUPPORTED, "embeddings are served without data parallelism (dp 1); this server "
+                             "runs %d replicas", router_replicas(e->router));
+    return conductor_embed(e->local, tokens, offsets, n_inputs, pooling, normalize, out);
 }
 
 enum status engine_cancel(struct engine *e, uint64_t handle)

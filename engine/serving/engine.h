@@ -66,6 +66,10 @@ struct engine_options {
                                   is invalid); 0 = 1024 */
     int   max_logprobs;        /* largest top-n a request may ask; 0 = 20 */
     int   prefix_caching;      /* 1 = share full prompt blocks between requests by hash */
+    double verify_prefix_cache; /* the fraction in [0, 1] of requests served partly from the
+                                  prefix cache whose prompt is recomputed without it and whose
+                                  first logits are compared (engine_stats counts mismatches);
+                                  0 = never */
     int   scheduling;          /* enum scheduling_policy; 0 = SCHEDULING_FCFS */
     /* Speculative decoding by prompt lookup (draftless n-gram, docs/speculative.md): each step a
      * decoding sequence appends up to spec_draft tokens (fewer under its adaptive length) that
@@ -297,6 +301,11 @@ struct engine_stats {
     uint64_t spec_drafted, spec_accepted;   /* prompt-lookup draft tokens verified, and accepted */
     uint64_t spec_backoffs;                 /* times a sequence stopped drafting for low acceptance
                                                (docs/speculative.md, the adaptive rule) */
+    /* --verify-prefix-cache (conductor_verify.c): prompts served from the prefix cache and
+     * recomputed without it, those whose logits differed, those not verified for want of free
+     * blocks, and the largest logit difference seen. */
+    uint64_t prefix_cache_verified, prefix_cache_mismatches, prefix_cache_verify_skipped;
+    double   prefix_cache_max_abs_diff;
 };
 void engine_get_stats(struct engine *e, struct engine_stats *s); /* thread-safe snapshot; with
                                      data parallelism the sum over replicas (remote ones as of
@@ -346,6 +355,30 @@ struct engine_adapter_info {
  * data parallelism: rank 0's replica (every replica has the same start-up adapters). */
 int engine_list_adapters(struct engine *e, void (*fn)(void *ctx, const struct engine_adapter_info *info), void *ctx);
 
+/* Embeddings (docs/embeddings.md): how a sequence's final hidden states become one vector. */
+enum embed_pooling {
+    EMBED_POOLING_DEFAULT = 0, /* MEAN for an encoder (sentence-transformers' all-MiniLM-L6-v2), LAST
+                                  for a decoder */
+    EMBED_POOLING_MEAN,        /* the mean over every row of the input */
+    EMBED_POOLING_CLS,         /* the first row (BERT's [CLS] token) */
+    EMBED_POOLING_LAST,        /* the last row (a causal decoder's view of the whole input) */
+};
+
+/* Embeds n_inputs token sequences (thread-safe; blocks until done): input i is
+ * tokens[offsets[i] .. offsets[i+1]) (offsets[0] = 0), encoded as the caller wants it (an
+ * encoder's [CLS] ... [SEP] included). The engine thread runs them in forward passes of at most
+ * max_batch_tokens rows and max_seqs inputs, one pass before each generation step (the two
+ * take turns), without the KV cache
+ * (bidirectional attention for an encoder, causal for a decoder); out (n_inputs, d_model) f32
+ * receives each input's pooled final hidden state (after a decoder's final norm), divided by its
+ * L2 norm when normalize. Errors: STATUS_INVALID_ARGUMENT naming the input for an empty one, an
+ * id outside the vocabulary, or one longer than the model's context (max_positions) or than
+ * max_batch_tokens (an input is never split: bidirectional attention needs it whole);
+ * STATUS_UNSUPPORTED with more than one rank (tp, pp or dp > 1); STATUS_UNAVAILABLE while the
+ * engine drains or after it failed. */
+enum status engine_embed(struct engine *e, const int32_t *tokens, const int32_t *offsets, int n_inputs,
+                         enum embed_pooling pooling, int normalize, float *out);
+
 /* Model facts for GetModelInfo. */
 struct engine_model_info {
     const char *architecture;
@@ -359,6 +392,8 @@ struct engine_model_info {
     int bos_id, eos_id;
     int max_loras, max_lora_rank;      /* adapters loaded at once at most, the largest rank */
     int max_queue;                     /* samples waiting per replica at most (--max-queue) */
+    int encoder;                       /* 1: an encoder (BERT): embeddings only, generation refused */
+    int max_batch_tokens;              /* the longest input engine_embed takes (with max_positions) */
 };
 void engine_get_model_info(const struct engine *e, struct engine_model_info *info);
 

@@ -32,6 +32,9 @@ enum status generate_run(struct model *m, struct kv_cache *cache, const int32_t 
     *n_out = 0;
     memset(stats, 0, sizeof *stats);
     const int V = m->cfg.vocab_size, bt = cache->block_tokens;
+    if (m->cfg.encoder)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "generate: the model (%s) is an encoder: it serves embeddings "
+                             "(/v1/embeddings), not generation", m->cfg.architecture);
     if (n_prompt < 1) return status_errorf(STATUS_INVALID_ARGUMENT, "generate: the prompt is empty");
     if (o->max_tokens < 0) return status_errorf(STATUS_INVALID_ARGUMENT, "max_tokens must be >= 0");
     for (int i = 0; i < n_prompt; i++)

@@ -717,6 +717,11 @@ void router_get_stats(struct router *r, struct engine_stats *out)
         out->spec_drafted += s->spec_drafted;
         out->spec_accepted += s->spec_accepted;
         out->spec_backoffs += s->spec_backoffs;
+        out->prefix_cache_verified += s->prefix_cache_verified;
+        out->prefix_cache_mismatches += s->prefix_cache_mismatches;
+        out->prefix_cache_verify_skipped += s->prefix_cache_verify_skipped;
+        if (s->prefix_cache_max_abs_diff > out->prefix_cache_max_abs_diff)
+            out->prefix_cache_max_abs_diff = s->prefix_cache_max_abs_diff;
     }
 }
 

@@ -264,6 +264,9 @@ static enum status setup(struct trainer *t)
                                 : o->precision == TRAIN_PRECISION_FP16 ? DTYPE_F16 : DTYPE_F32;
     st = model_load_as(start, t->b, &t->ranks.par, o->lora_rank > 0 ? compute_dt : DTYPE_F32, &t->m);
     if ((st = parallel_agree(t->ranks.world, st)) != STATUS_OK) return st;
+    if (t->m->cfg.encoder) /* no LM head to train, no backward for bidirectional attention or post-LN */
+        return status_errorf(STATUS_UNSUPPORTED, "train: %s is an encoder (embeddings only); shardlm trains decoders",
+                             t->m->cfg.architecture);
     const struct checkpoint *ck = t->m->checkpoint;
     if ((st = tokenizer_load_for_model(start, ck->tokenizer_proto, ck->tokenizer_proto_n, t->m->cfg.vocab_size,
                                        &t->tok)) != STATUS_OK)

@@ -7,7 +7,7 @@
  * that share a KV head are processed together, so that each K/V row is converted and read once
  * per item. A block that straddles a document boundary is processed as one segment per
  * document. Keys are visited in tiles of TRAIN_BK rows; each query row only visits the part of
- * a tile it attends to (its document, causal, its window).
+ * a tile it attends to (its document, causal, its window; or, bidirectional, its whole document).
  * - Forward: per item, an online softmax over the key tiles (running max and sum, rescaled when
  *   the max grows), as in attention.c.
  * - Backward, in two passes that each own their outputs, so that no two threads ever add into
@@ -171,13 +171,16 @@ void cpu_attention_train(struct backend *b, const struct tensor *out, const stru
                     sum[x] = 0.0f;
                 }
 
-            for (int64_t k0 = first_key(begin, r0, window); k0 < r1; k0 += TRAIN_BK) {
-                const int64_t nk = r1 - k0 < TRAIN_BK ? r1 - k0 : TRAIN_BK;
+            /* Causal rows attend up to themselves; bidirectional ones to their document's end. */
+            const int64_t key_end = batch->bidirectional ? doc_start[d + 1] : r1;
+            for (int64_t k0 = first_key(begin, r0, window); k0 < key_end; k0 += TRAIN_BK) {
+                const int64_t nk = key_end - k0 < TRAIN_BK ? key_end - k0 : TRAIN_BK;
                 load_tile(k, &dm, k0, nk, kvh, ks);
                 load_tile(v, &dm, k0, nk, kvh, vs);
                 for (int64_t r = 0; r < nr; r++) {
                     /* The keys of this tile that row r0 + r attends to: jlo .. jhi. */
-                    const int64_t lo = first_key(begin, r0 + r, window) - k0, hi = r0 + r - k0;
+                    const int64_t lo = first_key(begin, r0 + r, window) - k0;
+                    const int64_t hi = (batch->bidirectional ? key_end - 1 : r0 + r) - k0;
                     const int64_t jlo = lo > 0 ? lo : 0, jhi = hi < nk - 1 ? hi : nk - 1;
                     if (jlo > jhi) continue;
                     for (int64_t g = 0; g < G; g++) {

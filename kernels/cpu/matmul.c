@@ -147,13 +147,16 @@ static void gemv_rows(float *y, const float *w_rows, const float *x, int64_t nb,
 
 /* y_cols (m rows of nb, leading dimension n) = x (m, k) @ w_rows (nb, k)^T, all f32. */
 /* y's columns of w_rows: one row by gemv_rows (its sums vectorised along k), several by sgemm.
- * invariant (batch_invariant, ops.h): sgemm for one row too, so that a row's sums are formed in
- * the same order whatever m is. */
+ * invariant (batch_invariant, ops.h): every row by gemv_rows, one after the other over the same
+ * block of w (still in cache), so that a row's sums are formed in the same order whatever m is.
+ * sgemm cannot promise that: OpenBLAS 0.3 (Debian's, Zen kernels) gives a row different last
+ * bits depending on how many rows the call has, at every size tried (k 64 to 768, m 1 to 200;
+ * tests/server/test_determinism.py found it as different log-probabilities). */
 static void gemm_cols(float *y_cols, const float *x, const float *w_rows, int64_t m, int64_t n,
                       int64_t k, int64_t nb, int invariant)
 {
-    if (m == 1 && !invariant)
-        gemv_rows(y_cols, w_rows, x, nb, k);
+    if (m == 1 || invariant)
+        for (int64_t i = 0; i < m; i++) gemv_rows(y_cols + i * n, w_rows, x + i * k, nb, k);
     else
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nb, (int)k, 1.0f, x,
                     (int)k, w_rows, (int)k, 0.0f, y_cols, (int)n);

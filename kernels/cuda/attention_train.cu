@@ -106,7 +106,8 @@ template <typename T>
 static __global__ void __launch_bounds__(TRAIN_THREADS)
 attention_train_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v,
                                const int32_t *doc_start, int n_docs, int64_t n, int n_heads,
-                               int n_kv_heads, int hd, float scale, int window, float softcap)
+                               int n_kv_heads, int hd, float scale, int window, float softcap,
+                               int bidirectional)
 {
     extern __shared__ float smem[];
     const int ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -116,21 +117,26 @@ attention_train_forward_kernel(T *out, float *lse, const T *q, const T *k, const
     const int64_t r1 = r0 + TRAIN_BQ < n ? r0 + TRAIN_BQ : n;
 
     train_load_rows(Qs, hd, q, r0, r1 - r0, TRAIN_BQ, n_heads, h, hd, scale);
-    int64_t row[TRAIN_RPW], lo[TRAIN_RPW];
+    /* hi: one past the last key a row attends to, itself (causal) or its document's end
+     * (bidirectional, window 0). */
+    int64_t row[TRAIN_RPW], lo[TRAIN_RPW], hi[TRAIN_RPW];
     float m[TRAIN_RPW], l[TRAIN_RPW], acc[TRAIN_RPW][TRAIN_DPL];
 #pragma unroll
     for (int i = 0; i < TRAIN_RPW; i++) {
         row[i] = r0 + warp * TRAIN_RPW + i;
         lo[i] = row[i] < r1 ? train_first_key(doc_start, n_docs, n, row[i], window) : 0;
+        hi[i] = row[i] < r1 ? (bidirectional ? train_key_end(doc_start, n_docs, n, row[i], 0) : row[i] + 1) : 0;
         m[i] = -INFINITY;
         l[i] = 0.0f;
 #pragma unroll
         for (int t = 0; t < TRAIN_DPL; t++) acc[i][t] = 0.0f;
     }
 
-    /* lo is non-decreasing in the row, so the block's keys run from its first row's lo. */
-    for (int64_t k0 = train_first_key(doc_start, n_docs, n, r0, window); k0 < r1; k0 += TRAIN_BK) {
-        const int64_t nk = r1 - k0 < TRAIN_BK ? r1 - k0 : TRAIN_BK;
+    /* lo and hi are non-decreasing in the row, so the block's keys run from its first row's lo
+     * to its last row's hi. */
+    const int64_t key_end = bidirectional ? train_key_end(doc_start, n_docs, n, r1 - 1, 0) : r1;
+    for (int64_t k0 = train_first_key(doc_start, n_docs, n, r0, window); k0 < key_end; k0 += TRAIN_BK) {
+        const int64_t nk = key_end - k0 < TRAIN_BK ? key_end - k0 : TRAIN_BK;
         __syncthreads(); /* the previous tile is consumed */
         train_load_rows(Ks, ld, k, k0, nk, TRAIN_BK, n_kv_heads, kvh, hd, 1.0f);
         train_load_rows(Vs, ld, v, k0, nk, TRAIN_BK, n_kv_heads, kvh, hd, 1.0f);
@@ -139,7 +145,7 @@ attention_train_forward_kernel(T *out, float *lse, const T *q, const T *k, const
 #pragma unroll
         for (int i = 0; i < TRAIN_RPW; i++) {
             if (row[i] >= r1) continue; /* warp-uniform */
-            const bool valid = key >= lo[i] && key <= row[i];
+            const bool valid = key >= lo[i] && key < hi[i];
             const float s = valid ? cuda_softcap(train_dot(Qs + (warp * TRAIN_RPW + i) * hd, Ks + lane * ld, hd),
                                                  softcap)
                                   : -INFINITY;
@@ -387,7 +393,8 @@ void cuda_attention_train(struct backend *b, const struct tensor *out, const str
         attention_train_forward_kernel<T><<<grid, TRAIN_THREADS, smem, s->stream>>>(
             (T *)out->data, (float *)lse->data, (const T *)q->data, (const T *)k->data,
             (const T *)v->data, (const int32_t *)batch->doc_start.data, batch->n_docs, n,
-            (int)n_heads, (int)k->shape[1], (int)hd, batch->scale, batch->window, batch->softcap);
+            (int)n_heads, (int)k->shape[1], (int)hd, batch->scale, batch->window, batch->softcap,
+            batch->bidirectional);
         LAUNCH_CHECK());
 }
 

@@ -300,9 +300,34 @@ ws ::= | " " | "\n" [ \t]{0,20}
     put("grammar", "bad_leftrec", bytes([3]) + b'root ::= root "a" | "b"')
 
 
+# ---- Responses API bodies (byte 0: the served template, as http_openai's bits 1-4) -----------
+def responses_seeds():
+    tool = {"type": "function", "name": "get_weather", "description": "weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    put("http_responses", "text", b"\x00" + json.dumps({
+        "model": "stories260K", "input": "Once upon a time", "instructions": "Be brief.", "max_output_tokens": 8,
+        "temperature": 0.7, "top_p": 0.9, "seed": 3, "metadata": {"k": "v"}, "store": False, "stream": True,
+        "user": "u", "truncation": "disabled", "include": [], "background": False}).encode())
+    put("http_responses", "items-tools", b"\x03" + json.dumps({
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+                  {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+                  {"type": "function_call_output", "call_id": "c1", "output": "18 C"},
+                  {"type": "message", "role": "assistant", "content": [
+                      {"type": "output_text", "text": "Sunny.", "annotations": [], "logprobs": []}]},
+                  {"type": "reasoning", "id": "rs_1", "summary": []}],
+        "tools": [tool], "tool_choice": {"type": "function", "name": "get_weather"},
+        "parallel_tool_calls": False}).encode())
+    put("http_responses", "json-schema", b"\x19" + json.dumps({
+        "input": "JSON please", "reasoning": {"effort": "none"},
+        "text": {"format": {"type": "json_schema", "name": "x", "strict": True,
+                            "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}}).encode())
+    put("http_responses", "previous", b"\x00" + json.dumps({"input": "again", "previous_response_id": "resp_x"}).encode())
+
+
 def main():
     convert_seeds()
     http_seeds()
+    responses_seeds()
     safetensors_seeds()
     gguf_seeds()
     config_seeds()

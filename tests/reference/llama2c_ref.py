@@ -141,8 +141,9 @@ def _silu(x):
     return x / (1.0 + np.exp(-x))
 
 
-def forward(tokens, config=None, weights=None, checkpoint=None):
-    """Full causal forward over `tokens` (positions 0..T-1). Returns logits (T, vocab)."""
+def forward(tokens, config=None, weights=None, checkpoint=None, hidden=False):
+    """Full causal forward over `tokens` (positions 0..T-1). Returns logits (T, vocab), or with
+    hidden the final hidden states after the final norm (T, dim): what embeddings pool."""
     if config is None or weights is None:
         config, weights = load_checkpoint(checkpoint)
     c, w = config, weights
@@ -185,7 +186,7 @@ def forward(tokens, config=None, weights=None, checkpoint=None):
         hb = _silu(xb @ w["w1"][l].T) * (xb @ w["w3"][l].T)
         x = x + hb @ w["w2"][l].T
     x = _rmsnorm(x, w["rms_final"])
-    return x @ w["wcls"].T
+    return x if hidden else x @ w["wcls"].T
 
 
 def greedy(config, weights, prompt_ids, steps):

@@ -33,6 +33,9 @@ prometheus_client's text parser. One group per ctest test:
   echo       echo: the text starts with the prompt (token-id prompts: their decoded text); with
              logprobs, the prompt's tokens and log-probabilities (the first null) equal gRPC's
              prompt_logprobs of the same prompt, unary and streamed, n > 1, max_tokens 0
+  verify_prefix  --verify-prefix-cache 1: prompt-cache hits recomputed without the cache; a clean
+             cache 0 mismatches, a corrupted one (SHARDLM_TEST_PREFIX_CACHE_FAULT=1) a mismatch per
+             hit, logged with the request id; bad fractions refused
 
 Usage: SHARDLM_PY_CLIENT=BUILD/clients/python/site-packages test_http.py --shardlm BUILD/cli/shardlm
 GROUP...  (default: every group; the gRPC client as in test_server.py: import_client)
@@ -41,8 +44,10 @@ prometheus_client, grpcio or the installed client are missing. Every server is k
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -96,8 +101,8 @@ def wait_until(fn, what, timeout=10.0):
 class Server(TS.Server):
     """test_server's harness with the HTTP front on (`--http 127.0.0.1:0`)."""
 
-    def __init__(self, shardlm, model, *extra, name="http"):
-        super().__init__(shardlm, model, *extra, name=name, http=True)
+    def __init__(self, shardlm, model, *extra, name="http", env=None):
+        super().__init__(shardlm, model, *extra, name=name, http=True, env=env)
 
     def openai(self, key="none", **kw):
         return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0, timeout=60, **kw)
@@ -914,6 +919,46 @@ def group_hardening(env):
 GROUPS = {"openai": group_openai, "errors": group_errors, "disconnect": group_disconnect, "sse": group_sse,
           "metrics": group_metrics, "malformed": group_malformed, "nul": group_nul, "fronts": group_fronts,
           "prompts": group_prompts, "echo": group_echo, "hardening": group_hardening}
+
+
+def group_verify_prefix(env):
+    """--verify-prefix-cache 1 (issue 33): every prompt served partly from the prefix cache is
+    recomputed without it and its first logits compared. A clean cache: every hit verified, no
+    mismatch. A cache corrupted on purpose (SHARDLM_TEST_PREFIX_CACHE_FAULT=1 zeroes the first
+    reused block of each hit): every hit a mismatch, logged with the request id. A fraction
+    outside [0, 1] is refused at start."""
+    story = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park "
+             "with her friends and her dog.")
+    for fault in (False, True):
+        e = dict(os.environ, SHARDLM_TEST_PREFIX_CACHE_FAULT="1") if fault else None
+        with Server(env.shardlm, env.model, "--verify-prefix-cache", "1", name=f"verify-{int(fault)}", env=e) as srv:
+            oa = srv.openai()
+            m0 = metrics(srv)
+            for tail in ("", " One day", " She"):
+                oa.completions.create(model=MODEL, prompt=story + tail, max_tokens=4, temperature=0)
+            m1 = metrics(srv)
+            d = lambda name: metric(m1, name) - metric(m0, name)  # noqa: E731
+            check(d("shardlm_prefix_cache_hit_tokens_total") >= 32, f"hits: {d('shardlm_prefix_cache_hit_tokens_total')} tokens")
+            check(d("shardlm_prefix_cache_verified_total") == 2, f"the 2 hits verified: {d('shardlm_prefix_cache_verified_total')}")
+            check(d("shardlm_prefix_cache_verify_skipped_total") == 0, "none skipped")
+            mism = d("shardlm_prefix_cache_mismatch_total")
+            log = srv.log_path.read_text()
+            if fault:
+                check(mism == 2, f"a corrupted cache: every hit a mismatch ({mism})")
+                check(log.count("prefix cache mismatch") == 2, "each mismatch logged")
+                check(len(re.findall(r"req=\S+ prefix cache mismatch", log)) == 2, "with the request id")
+            else:
+                check(mism == 0, f"a clean cache: no mismatch ({mism}; log: {log[-300:]})")
+                check(metric(m1, "shardlm_prefix_cache_max_abs_diff") <= 1e-3,
+                      f"largest difference {metric(m1, 'shardlm_prefix_cache_max_abs_diff')}")
+    for bad in ("1.5", "-0.1", "x", "nan"):
+        p = subprocess.run([env.shardlm, "serve", "--model", str(env.model), "--verify-prefix-cache", bad],
+                           capture_output=True, text=True, timeout=30)
+        check(p.returncode != 0 and "--verify-prefix-cache must be a fraction" in p.stderr,
+              f"--verify-prefix-cache {bad}: rc {p.returncode} {p.stderr[-200:]}")
+
+
+GROUPS["verify_prefix"] = group_verify_prefix
 
 
 def main():

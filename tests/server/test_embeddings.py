@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""POST /v1/embeddings end to end: `shardlm serve --http` driven by the official openai package
+(client.embeddings.create). What is checked comes from elsewhere:
+
+  minilm     all-MiniLM-L6-v2 (tools/fetch_minilm.sh, run by make test, puts it in .cache/minilm):
+             its vectors within 1e-5 cosine distance of tests/reference/bert_ref.py (a float64
+             NumPy BertModel forward and sentence-transformers' mean pooling + normalization) on
+             token ids from Hugging Face `tokenizers`; CLS pooling and unnormalized vectors too;
+             float and base64 encodings alike; a batch equal to its inputs alone; usage; a
+             retrieval check on SQuAD (assets): the right paragraph in the top 5 for >= 80 % of
+             the questions; bad input (empty, too long for the 512 positions, wrong types,
+             unknown fields, dimensions, an unknown model) and generation refused by name.
+  decoder    stories260K (assets), a causal decoder: last-token and mean pooling of its final
+             hidden states against tests/reference/llama2c_ref.py's float64 forward.
+
+SKIP (77) without the model files (no network when make test fetched), the assets, or the
+openai / tokenizers / numpy packages.
+
+  test_embeddings.py --shardlm BUILD/cli/shardlm --minilm .cache/minilm [minilm] [decoder]
+"""
+import argparse
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SKIP = 77
+sys.dont_write_bytecode = True
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "reference"))
+try:
+    import numpy as np
+    import openai
+    import tokenizers
+except ImportError as e:
+    print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
+    sys.exit(SKIP)
+import test_server as TS  # noqa: E402
+from checks import Checks  # noqa: E402
+
+check = Checks()
+
+SENTENCES = [
+    "hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "Embeddings turn text into vectors; similar meanings land close together.",
+    "Café déjà vu: naïve façades, 42 résumés and one über-long hyphenated-compound-word!",
+    "A" + " much longer sentence about the history of tensor parallelism in large language models" * 4,
+]
+
+
+def cosine_distance(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return 1.0 - float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def expect_error(fn, status, words, what):
+    """fn must raise the openai error of HTTP `status` whose message holds every one of words."""
+    try:
+        fn()
+    except openai.APIStatusError as e:
+        msg = str(e)
+        check(e.status_code == status and all(w in msg for w in words), f"{what}: {e.status_code} {msg[:160]}")
+        return
+    check(False, f"{what}: no error")
+
+
+def group_minilm(a):
+    model_dir = Path(a.minilm)
+    if not all((model_dir / f).exists() for f in ("config.json", "model.safetensors", "tokenizer.json")):
+        print(f"SKIP minilm: all-MiniLM-L6-v2 is not in {model_dir} (tools/fetch_minilm.sh {model_dir})")
+        return "skip"
+    import bert_ref
+    ref = bert_ref.Bert(str(model_dir))
+    hf = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    hf.no_padding()
+    hf.no_truncation()
+    with TS.Server(a.shardlm, model_dir, name="minilm", http=True) as srv:
+        oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
+        name = model_dir.name
+        ids = [hf.encode(s).ids for s in SENTENCES]
+        # The openai package asks for base64 and decodes it with NumPy.
+        r = oa.embeddings.create(model=name, input=SENTENCES)
+        got = [d.embedding for d in r.data]
+        want = [ref.embed(i) for i in ids]
+        worst = max(cosine_distance(g, w) for g, w in zip(got, want))
+        check(len(got) == len(SENTENCES) and all(len(g) == 384 for g in got) and worst < 1e-5,
+              f"{len(got)} sentences within 1e-5 cosine distance of the float64 reference (worst {worst:.2e})")
+        check([d.index for d in r.data] == list(range(len(SENTENCES))) and r.object == "list" and r.model == name,
+              "indexes in order, object list, model named")
+        check(r.usage.prompt_tokens == sum(len(i) for i in ids) and r.usage.total_tokens == r.usage.prompt_tokens,
+              f"usage.prompt_tokens = the [CLS] ... [SEP] token count ({r.usage.prompt_tokens})")
+        norms = [float(np.linalg.norm(g)) for g in got]
+        check(all(abs(n - 1.0) < 1e-5 for n in norms), f"L2-normalized by default (norms {min(norms):.6f}..{max(norms):.6f})")
+        rf = oa.embeddings.create(model=name, input=SENTENCES[1], encoding_format="float")
+        rb = oa.embeddings.create(model=name, input=SENTENCES[1], encoding_format="base64")
+        # Asked for explicitly, base64 comes back as the string: little-endian f32 bytes.
+        raw = np.frombuffer(base64.b64decode(rb.data[0].embedding), dtype="<f4")
+        check(np.array_equal(np.asarray(rf.data[0].embedding, dtype=np.float32), raw) and raw.shape == (384,),
+              "encoding_format float equals base64 (little-endian f32), bit for bit")
+        alone = np.asarray(rf.data[0].embedding)
+        check(float(np.abs(alone - np.asarray(got[1])).max()) < 1e-6, "a sentence alone equals it in a batch")
+        # Token ids in, as lists: the same vectors as the texts.
+        r_ids = oa.embeddings.create(model=name, input=ids[:2])
+        r_one = oa.embeddings.create(model=name, input=ids[0])
+        check(max(cosine_distance(g, w) for g, w in zip([d.embedding for d in r_ids.data], got[:2])) < 1e-7 and
+              cosine_distance(r_one.data[0].embedding, got[0]) < 1e-7, "token-id inputs equal the texts' vectors")
+        # shardlm's pooling and normalize.
+        for pooling in ("cls", "last", "mean"):
+            rp = oa.embeddings.create(model=name, input=SENTENCES[2], extra_body={"pooling": pooling, "normalize": False})
+            w = ref.embed(ids[2], pooling=pooling, normalize=False)
+            v = np.asarray(rp.data[0].embedding)
+            rel = float(np.linalg.norm(v - w) / np.linalg.norm(w))
+            check(rel < 1e-4 and cosine_distance(v, w) < 1e-5, f"pooling {pooling}, unnormalized: relative error {rel:.2e}")
+
+        # Retrieval: SQuAD questions against the paragraphs of three articles.
+        squad = json.loads((Path(a.assets) / "datasets/squad-v1.1-dev-subset.json").read_text())["data"]
+        arts = [x for x in squad if x["title"] in ("Victoria_(Australia)", "1973_oil_crisis", "Packet_switching")]
+        paras, questions = [], []
+        for art in arts:
+            for p in art["paragraphs"]:
+                for k, q in enumerate(p["qas"]):
+                    if k % 2 == 0:
+                        questions.append((q["question"], len(paras)))
+                paras.append(p["context"])
+        # Paragraphs as token ids cut to 256 like sentence-transformers' max_seq_length ([SEP] kept).
+        cut = [(i[:255] + i[-1:]) if len(i) > 256 else i for i in (hf.encode(p).ids for p in paras)]
+        P = np.asarray([d.embedding for d in oa.embeddings.create(model=name, input=cut).data])
+        Q = np.asarray([d.embedding for d in oa.embeddings.create(model=name, input=[q for q, _ in questions]).data])
+        top5 = np.argsort(-(Q @ P.T), axis=1)[:, :5]
+        hits = sum(int(want in row) for row, (_, want) in zip(top5, questions))
+        check(hits >= 0.8 * len(questions),
+              f"retrieval: the right paragraph in the top 5 for {hits}/{len(questions)} questions "
+              f"({100.0 * hits / len(questions):.1f} %, {len(paras)} paragraphs)")
+
+        # Bad input: 400 (or 404) naming what is wrong.
+        make = oa.embeddings.create
+        expect_error(lambda: make(model=name, input=""), 400, ["input[0]", "empty"], "empty string")
+        expect_error(lambda: make(model=name, input=[]), 400, ["empty list"], "empty list")
+        expect_error(lambda: make(model=name, input=[[]]), 400, ["input[0]", "empty"], "empty token list")
+        long_ids = [101] + [7592] * 600 + [102]
+        expect_error(lambda: make(model=name, input=long_ids), 400, ["602 tokens", "512"], "602 tokens > 512 positions")
+        expect_error(lambda: make(model=name, input="word " * 600), 400, ["512"], "a text beyond 512 tokens")
+        expect_error(lambda: make(model=name, input=[1.5, 2]), 400, ["integer token id"], "a non-integer token id")
+        expect_error(lambda: make(model=name, input=[[101, 40000]]), 400, ["outside the vocabulary"], "an id past the vocabulary")
+        expect_error(lambda: make(model=name, input=[["a"]]), 400, ["input[0]"], "a list of lists of strings")
+        expect_error(lambda: make(model=name, input=5), 400, ["'input'"], "a number as input")
+        expect_error(lambda: make(model=name, input="x", extra_body={"foo": 1}), 400, ["unknown field 'foo'"], "unknown field")
+        expect_error(lambda: make(model=name, input="x", dimensions=64), 400, ["dimensions", "384"], "dimensions 64")
+        check(len(make(model=name, input="x", dimensions=384).data[0].embedding) == 384, "dimensions 384 (the model's) accepted")
+        expect_error(lambda: make(model=name, input="x", encoding_format="hex"), 400, ["encoding_format"], "encoding_format hex")
+        expect_error(lambda: make(model=name, input="x", extra_body={"pooling": "max"}), 400, ["pooling"], "pooling max")
+        expect_error(lambda: make(model="nope", input="x"), 404, ["nope"], "an unknown model")
+        expect_error(lambda: oa.completions.create(model=name, prompt="hello", max_tokens=4), 400, ["encoder", "embeddings"],
+                     "completions refused for an encoder")
+        expect_error(lambda: oa.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}]), 400,
+                     ["encoder"], "chat refused for an encoder")
+        # One reading of the body (raw HTTP: the openai package would not send these).
+        import http.client
+
+        def raw(body):
+            conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=30)
+            conn.request("POST", "/v1/embeddings", body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            text = resp.read().decode("utf-8", "replace")
+            conn.close()
+            return resp.status, text
+
+        for body, words, what in [
+                (b'{"input": "a\\u0000b"}', ["NUL"], "an escaped NUL in a string"),
+                (b'{"input": "a", "input": "b"}', ["twice"], "a member given twice"),
+                (b'{"input": "a"} {"input": "b"}', ["after its JSON value"], "bytes after the JSON value"),
+                (b'{"input": "\xff"}', ["UTF-8"], "invalid UTF-8"),
+                (b'["a"]', ["JSON object"], "a JSON array as the body")]:
+            code, text = raw(body)
+            check(code == 400 and all(w in text for w in words), f"{what}: {code} {text[:120]}")
+        check(len(make(model=name, input="still serving").data) == 1, "served after the bad requests")
+
+    # The command line refuses an encoder where it would generate, train or write a copy.
+    work = Path(tempfile.mkdtemp(prefix="shardlm-embed-cli-"))
+    try:
+        (work / "d.jsonl").write_text('{"text": "hello world"}\n')
+        for what, args, words in [
+                ("generate", ["generate", "--model", str(model_dir), "--prompt", "hi"], ["encoder"]),
+                ("train", ["train", "--model", str(model_dir), "--data", str(work / "d.jsonl"), "--out", str(work / "t"),
+                           "--train-iters", "1"], ["encoder"]),
+                ("reshard", ["reshard", "--model", str(model_dir), "--out", str(work / "r"), "--tp", "1"], ["encoder"])]:
+            p = subprocess.run([a.shardlm, *args], capture_output=True, text=True, timeout=120)
+            check(p.returncode != 0 and all(w in p.stderr for w in words) and not (work / "r").exists(),
+                  f"shardlm {what} refuses an encoder: {p.stderr.strip().splitlines()[-1][:120] if p.stderr else ''}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return "ok"
+
+
+def group_decoder(a):
+    assets = Path(a.assets)
+    src = assets / "stories260K"
+    if not (src / "stories260K.bin").exists():
+        print(f"SKIP decoder: stories260K not under {assets}")
+        return "skip"
+    import llama2c_ref
+    config, weights = llama2c_ref.load_checkpoint(str(src / "stories260K.bin"))
+    work = Path(tempfile.mkdtemp(prefix="shardlm-embed-"))
+    try:
+        TS.convert_stories260k(a.shardlm, src, work / "stories260K")
+        with TS.Server(a.shardlm, work / "stories260K", name="decoder", http=True) as srv:
+            oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
+            seqs = [[1, 403, 407, 261, 378, 500, 95, 29], [1, 68, 300], [1, 270, 8, 90, 123, 7, 300, 311, 44, 12, 9]]
+            for pooling in ("last", "mean"):
+                body = {} if pooling == "last" else {"pooling": "mean"}
+                r = oa.embeddings.create(model="stories260K", input=seqs, extra_body=body)
+                worst = 0.0
+                for d, s in zip(r.data, seqs):
+                    h = llama2c_ref.forward(s, config, weights, hidden=True)
+                    w = h[-1] if pooling == "last" else h.mean(0)
+                    worst = max(worst, cosine_distance(d.embedding, w / np.linalg.norm(w)))
+                check(worst < 1e-5 and len(r.data[0].embedding) == 64,
+                      f"decoder, {pooling} pooling{' (the default)' if pooling == 'last' else ''}: within 1e-5 cosine "
+                      f"distance of the float64 forward (worst {worst:.2e})")
+            r = oa.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=4, temperature=0)
+            check(r.choices[0].text != "", "the decoder still generates beside its embeddings")
+            # A long embedding request (many passes) and a generation at once: both answered, the
+            # embeddings equal to the same inputs embedded alone.
+            import threading
+            many = [[1] + [(7 * i + 13 * k) % 500 + 3 for k in range(200)] for i in range(48)]
+            box = {}
+            t = threading.Thread(target=lambda: box.update(r=oa.embeddings.create(model="stories260K", input=many)))
+            t.start()
+            g = oa.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=64, temperature=0)
+            t.join(timeout=120)
+            alone = oa.embeddings.create(model="stories260K", input=many[-1:]).data[0].embedding
+            check("r" in box and len(box["r"].data) == 48 and g.usage.completion_tokens > 0 and
+                  cosine_distance(box["r"].data[-1].embedding, alone) < 1e-6,
+                  "48 inputs of 201 tokens (several passes) and a generation at once: both answered")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return "ok"
+
+
+GROUPS = {"minilm": group_minilm, "decoder": group_decoder}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--minilm", default=str(TS.ROOT / ".cache/minilm"))
+    ap.add_argument("groups", nargs="*")
+    a = ap.parse_args()
+    a.assets = os.environ.get("SHARDLM_ASSETS", str(TS.ROOT.parent / "shared/assets"))
+    ran = 0
+    try:
+        for g in a.groups or list(GROUPS):
+            ran += GROUPS[g](a) == "ok"
+    finally:
+        TS.kill_all()
+    if check.failed == 0:
+        shutil.rmtree(TS.LOG_DIR, ignore_errors=True)
+    else:
+        print(f"server logs: {TS.LOG_DIR}")
+    if not ran:
+        return SKIP
+    return check.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
