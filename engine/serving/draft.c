@@ -51,10 +51,11 @@ enum status draft_load(const char *dir, struct backend *b, const struct model *t
     d->owner = calloc((size_t)n_slots, sizeof *d->owner);
     d->n_cached = calloc((size_t)n_slots, sizeof *d->n_cached);
     d->tables = malloc(nb * sizeof *d->tables);
+    d->slot_tokens = malloc((size_t)n_slots * (size_t)d->ctx * sizeof *d->slot_tokens);
     d->table_rows = malloc(nb * sizeof *d->table_rows);
     d->rows = malloc((4 * (size_t)d->max_rows + 2 * (size_t)n_slots + 1) * sizeof *d->rows);
     d->logits = malloc(2 * (size_t)n_slots * V * sizeof *d->logits);
-    if (!d->owner || !d->n_cached || !d->tables || !d->table_rows || !d->rows || !d->logits)
+    if (!d->owner || !d->n_cached || !d->tables || !d->slot_tokens || !d->table_rows || !d->rows || !d->logits)
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "--draft-model: out of host memory");
     if (st == STATUS_OK) st = model_reserve(d->m, d->max_rows, n_slots, d->slot_blocks, n_slots);
     if (st == STATUS_OK)
@@ -77,6 +78,7 @@ void draft_free(struct draft *d)
     free(d->owner);
     free(d->n_cached);
     free(d->tables);
+    free(d->slot_tokens);
     free(d->table_rows);
     free(d->rows);
     free(d->logits);
@@ -115,6 +117,17 @@ enum status draft_run(struct draft *d, struct seq *const *seqs, int n)
     int32_t *tok = d->rows, *pos = tok + d->max_rows, *slots = pos + d->max_rows, *lrows = slots + d->max_rows;
     int32_t *qstart = lrows + d->max_rows, *seqlen = qstart + d->n_slots + 1;
     int32_t *which = lrows + n; /* after the logits rows: which sequence each belongs to */
+    /* What a slot holds stays valid only as far as it agrees with its sequence's tokens (drafts
+     * that were never verified, a preemption, leave rows behind); its last token is fed again
+     * when it holds them all, for that token's logits. */
+    for (int i = 0; i < n; i++) {
+        const struct seq *s = seqs[i];
+        const int k = s->draft_slot - 1;
+        const int32_t *held = d->slot_tokens + (size_t)k * d->ctx;
+        int j = 0, lim = d->n_cached[k] < s->n_tokens - 1 ? d->n_cached[k] : s->n_tokens - 1;
+        while (j < lim && held[j] == s->tokens[j]) j++;
+        d->n_cached[k] = j;
+    }
     for (;;) {
         int rows = 0, n_seqs = 0, n_logits = 0;
         for (int i = 0; i < n && rows < d->max_rows; i++) {
@@ -126,7 +139,7 @@ enum status draft_run(struct draft *d, struct seq *const *seqs, int n)
             qstart[n_seqs] = rows;
             for (int j = 0; j < take; j++, rows++) {
                 const int p = from + j;
-                tok[rows] = s->tokens[p];
+                tok[rows] = d->slot_tokens[(size_t)k * d->ctx + p] = s->tokens[p];
                 pos[rows] = p;
                 slots[rows] = d->tables[(size_t)k * sb + p / bt] * bt + p % bt;
             }

@@ -9,7 +9,8 @@
  * DRAFT_MAX_CTX), so its memory is bounded at load. A sequence claims a slot when it first
  * drafts; the slot is free again once its owner no longer runs (finished or preempted), and a
  * sequence longer than ctx stops drafting. The slot's cached length rolls back to the prefix the
- * target accepted (draft_rollback): rows past it are written again. Threads: the engine thread
+ * target accepted (draft_rollback), and draft_run also keeps only the prefix that agrees with the
+ * sequence's tokens (drafts never verified): rows past it are written again. Threads: the engine thread
  * only. One rank only (tp = pp = 1; the conductor refuses the rest). */
 #ifndef SHARDLM_DRAFT_H
 #define SHARDLM_DRAFT_H
@@ -30,6 +31,7 @@ struct draft {
     struct seq **owner;          /* (n_slots) NULL = free */
     int      *n_cached;          /* (n_slots) tokens of the owner's in the slot */
     int32_t  *tables;            /* (n_slots, slot_blocks) */
+    int32_t  *slot_tokens;       /* (n_slots, ctx) the tokens each slot's rows were written with */
     int32_t  *rows;              /* (4 max_rows + 2 n_slots + 1) the forward's arrays */
     int32_t  *table_rows;        /* (n_slots, slot_blocks) the forward's block tables */
     float    *logits;            /* (2 n_slots, vocab): each sequence's row, then the forward's */
