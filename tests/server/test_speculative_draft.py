@@ -150,9 +150,10 @@ def main():
         print(f"SKIP: no model at {a.model}")
         return SKIP
     try:
+        import numpy  # noqa: F401
         import scipy.stats  # noqa: F401
     except ImportError:
-        print("SKIP: no scipy")
+        print("SKIP: no numpy or scipy")
         return SKIP
     tmp = Path(tempfile.mkdtemp(prefix="shardlm-draft-"))
     small = tmp / "stories260K-2layers"
