@@ -57,6 +57,9 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         int takes = 1;
         if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; takes = 0; }
         else if (!strcmp(a, "--no-bos")) { f->add_bos = 0; takes = 0; }
+        else if (!strcmp(a, "--draft-model"))
+            return cli_usage("generate: %s is not supported here (its one-sequence loop does not speculate); "
+                             "serve it: shardlm serve --draft-model PATH", a);
         else if (!v) return cli_usage("generate: %s needs a value", a);
         else if (!strcmp(a, "--model")) f->model_dir = v;
         else if (!strcmp(a, "--prompt")) f->prompt = v;

@@ -102,6 +102,9 @@ static int usage(const char *fmt, const char *arg)
                     "                 from after the latest earlier match of the last N (down to 2) tokens,\n"
                     "                 verified by the model, while at most B sequences run; the draft length\n"
                     "                 adapts to each sequence's acceptance (docs/speculative.md)\n"
+                    "  --draft-model PATH  speculative decoding with a small draft model instead (the same\n"
+                    "                 tokenizer as --model, refused otherwise; tp = pp = 1): it proposes\n"
+                    "                 --spec-draft tokens a step, verified by rejection sampling\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
                     "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n"
                     "  --lora NAME=DIR          serve the PEFT adapter in DIR unmerged as NAME; a request picks it by\n"
@@ -156,6 +159,7 @@ int serve_main(int argc, char **argv)
     const char *adapter_names[SERVE_MAX_ADAPTERS], *adapter_dirs[SERVE_MAX_ADAPTERS];
     int n_adapters = 0;
     long max_loras = -1;
+    int prompt_lookup = 0; /* --speculative ngram or --spec-ngram given */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
@@ -206,6 +210,10 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--speculative")) {
             if (strcmp(v, "ngram")) return usage("--speculative must be ngram (prompt lookup), got '%s'", v);
             if (!o.engine.spec_draft) o.engine.spec_draft = 5;
+            prompt_lookup = 1;
+        } else if (!strcmp(a, "--draft-model")) {
+            o.engine.draft_model_dir = v;
+            if (!o.engine.spec_draft) o.engine.spec_draft = 5;
         } else if (!strcmp(a, "--spec-draft")) {
             if (base_parse_long(v, 1, 32, &n)) return usage("--spec-draft must be an integer in [1, 32], got '%s'", v);
             o.engine.spec_draft = (int)n;
@@ -215,6 +223,7 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--spec-ngram")) {
             if (base_parse_long(v, 2, 16, &n)) return usage("--spec-ngram must be an integer in [2, 16], got '%s'", v);
             o.engine.spec_ngram = (int)n;
+            prompt_lookup = 1;
         } else if (!strcmp(a, "--verify-prefix-cache")) {
             char *end;
             double d = strtod(v, &end);
@@ -307,6 +316,9 @@ int serve_main(int argc, char **argv)
             o.engine.max_lora_rank = (int)n;
         } else return usage("unknown option '%s'", a);
     }
+    if (prompt_lookup && o.engine.draft_model_dir)
+        return usage("--draft-model cannot be combined with --speculative ngram / --spec-ngram: the drafts come from "
+                     "one or the other%s", "");
     if (max_loras > 0 && max_loras < n_adapters)
         return usage("--max-loras is smaller than the number of --lora adapters%s", "");
     /* Room for run-time loads by default; --max-loras 0 keeps only the --lora ones. */

@@ -18,8 +18,8 @@ DEBS=(
   iproute2
   clang libomp-dev
 )
-PYMODS=(numpy wheel grpc grpc_tools grpc_health grpc_reflection gguf jax optax openai prometheus_client tokenizers llguidance jsonschema jinja2 anthropic tiktoken sentencepiece)  # python import names
-PYPKGS=(numpy wheel grpcio grpcio-tools grpcio-health-checking grpcio-reflection gguf "jax[cpu]" optax openai prometheus_client tokenizers "llguidance==1.9.1" jsonschema jinja2 anthropic tiktoken sentencepiece)  # matching pip names
+PYMODS=(numpy wheel grpc grpc_tools grpc_health grpc_reflection gguf jax optax openai prometheus_client tokenizers llguidance jsonschema jinja2 anthropic tiktoken sentencepiece scipy)  # python import names
+PYPKGS=(numpy wheel grpcio grpcio-tools grpcio-health-checking grpcio-reflection gguf "jax[cpu]" optax openai prometheus_client tokenizers "llguidance==1.9.1" jsonschema jinja2 anthropic tiktoken sentencepiece scipy)  # matching pip names
 # llguidance (no torch) and jsonschema: the oracles of the grammar engine (tests/test_grammar.py) and
 # of the structured outputs (tests/server/test_structured.py); jinja2: the templates' (test_jinja.py).
 # tiktoken and sentencepiece: the oracles of the tiktoken rank-file loader (tests/test_tiktoken.py), of

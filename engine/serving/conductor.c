@@ -165,6 +165,30 @@ static enum status load_model(struct conductor *c)
     return st;
 }
 
+/* The draft model of speculative decoding (--draft-model) and its buffers, after the target's;
+ * refused by name where it cannot work: a replica of several ranks (tp or pp > 1: the draft runs
+ * on the first rank only and its forwards are not part of the step plan). With data parallelism
+ * each replica loads its own. The device-greedy path, which never drafts, is
+ * turned off. */
+static enum status load_draft(struct conductor *c)
+{
+    struct engine_options *o = &c->o;
+    if (c->par.world)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--draft-model needs replicas of one rank (tp and pp 1); this "
+                                                      "replica has %d", c->par.world->size);
+    c->device_greedy = 0; /* device-greedy steps never draft: the draft's tokens need the host's rows */
+    if (o->spec_draft <= 0) o->spec_draft = 5;
+    const int slots = o->spec_max_batch > 0 ? o->spec_max_batch : 4;
+    enum status st = draft_load(o->draft_model_dir, c->b, c->m, slots, &c->draft);
+    if (st != STATUS_OK) return st;
+    const size_t V = (size_t)c->m->cfg.vocab_size, k = (size_t)(o->spec_draft < 32 ? o->spec_draft : 32);
+    c->spec_q = malloc((size_t)c->draft.n_slots * k * V * sizeof *c->spec_q);
+    c->spec_p = malloc(V * sizeof *c->spec_p);
+    if (!c->spec_q || !c->spec_p)
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the draft distributions");
+    return STATUS_OK;
+}
+
 enum status conductor_create(const struct engine_options *opt, struct conductor **out)
 {
     *out = NULL;
@@ -215,6 +239,7 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
         goto fail;
     }
+    if (o->draft_model_dir && (st = load_draft(c)) != STATUS_OK) goto fail;
     c->stats.kv_blocks_total = c->cache.n_blocks;
     c->stats.kv_blocks_free = c->cache.n_blocks; /* true before the first step too */
     c->stats.block_tokens = bt;
@@ -769,6 +794,9 @@ void conductor_free(struct conductor *c)
     free(c->logits);
     free(c->scratch);
     sampler_free(&c->smp);
+    draft_free(&c->draft);
+    free(c->spec_q);
+    free(c->spec_p);
     if (c->cache.b) kv_cache_free(&c->cache);
     adapter_set_free(&c->adapters, c->b);
     model_free(c->m);

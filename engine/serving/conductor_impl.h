@@ -9,6 +9,7 @@
 
 #include "adapters.h"
 #include "conductor.h"
+#include "draft.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "parallel.h"
@@ -45,6 +46,11 @@ struct conductor {
     struct kv_cache cache;
     struct scheduler sched;
     struct sampler  smp;
+    /* Speculative decoding with a draft model (--draft-model; draft.m NULL without one): the
+     * draft distributions of sampled drafting sequences, (draft.n_slots, spec_draft, vocab),
+     * and the target's distribution of the row being verified (vocab). */
+    struct draft    draft;
+    float   *spec_q, *spec_p;
     int      max_logits;
     float   *logits;              /* (max_logits, vocab) host */
     float   *scratch;             /* (2, vocab) log-softmax and a logits copy */
@@ -94,6 +100,13 @@ void        finish_seq(struct conductor *c, struct seq *s, enum finish_reason wh
                        size_t text_len);
 /* conductor_sample.c */
 int32_t     take_token(struct conductor *c, struct seq *s, const float *row, int32_t greedy_id);
+/* The logits s samples from at its n_generated-th output token, before the sampler's own
+ * transforms: row plus the logit bias, with EOS and the stop ids banned before min_tokens, into
+ * lg (vocab). take_token applies it, and the draft model shapes its rows with it. */
+void        sampling_logits(struct conductor *c, const struct seq *s, const float *row, int n_generated, float *lg);
+/* Emits tok, chosen from row, as s's next token (log-probabilities from row, stop conditions),
+ * finishing s when it ends; returns tok. c->scratch[0 .. V) is overwritten. */
+int32_t     take_chosen(struct conductor *c, struct seq *s, const float *row, int32_t tok);
 void        take_prompt_logprobs(struct conductor *c, struct seq *s, int p0, int n, const float *rows);
 /* conductor_embed.c */
 struct embed_job;

@@ -65,18 +65,33 @@ int32_t take_token(struct conductor *c, struct seq *s, const float *row, int32_t
         finish_seq(c, s, FINISH_REASON_LENGTH, STATUS_OK, NULL, 0);
         return -1;
     }
-    float *lp = c->scratch, *lg = c->scratch + V;
-    memcpy(lg, row, (size_t)V * sizeof *lg);
-    for (int i = 0; i < r->p.n_logit_bias; i++) lg[r->bias_ids[i]] += r->bias_values[i];
-    if (s->n_generated < r->p.min_tokens) { /* too early to stop: EOS and stop ids are banned */
-        if (eos >= 0 && !r->p.ignore_eos) lg[eos] = -INFINITY;
-        for (int i = 0; i < r->p.n_stop_token_ids; i++) lg[r->stop_ids[i]] = -INFINITY;
-        for (int i = 0; i < r->p.n_end_ids && !r->p.ignore_eos; i++) lg[r->p.end_ids[i]] = -INFINITY;
-    }
+    float *lg = c->scratch + V;
+    sampling_logits(c, s, row, s->n_generated, lg);
     if (r->grammar && !constrain(c, s, lg)) return -1;
     struct sampling_params sp = r->p.sampling;
     int32_t tok = sampler_sample(&c->smp, &sp, &s->rng, lg, r->prompt, r->n_prompt,
                                  s->tokens + r->n_prompt, s->n_generated);
+    return take_chosen(c, s, row, tok);
+}
+
+void sampling_logits(struct conductor *c, const struct seq *s, const float *row, int n_generated, float *lg)
+{
+    const struct request *r = s->req;
+    const int V = c->m->cfg.vocab_size, eos = conductor_eos_id(c);
+    memcpy(lg, row, (size_t)V * sizeof *lg);
+    for (int i = 0; i < r->p.n_logit_bias; i++) lg[r->bias_ids[i]] += r->bias_values[i];
+    if (n_generated < r->p.min_tokens) { /* too early to stop: EOS and stop ids are banned */
+        if (eos >= 0 && !r->p.ignore_eos) lg[eos] = -INFINITY;
+        for (int i = 0; i < r->p.n_stop_token_ids; i++) lg[r->stop_ids[i]] = -INFINITY;
+        for (int i = 0; i < r->p.n_end_ids && !r->p.ignore_eos; i++) lg[r->p.end_ids[i]] = -INFINITY;
+    }
+}
+
+int32_t take_chosen(struct conductor *c, struct seq *s, const float *row, int32_t tok)
+{
+    struct request *r = s->req;
+    const int V = c->m->cfg.vocab_size, eos = conductor_eos_id(c);
+    float *lp = c->scratch;
     /* Log-probabilities are those of the model's distribution (the raw logits). */
     float tok_lp = 0.0f;
     struct top_logprob top[64];

@@ -1,10 +1,12 @@
-/* engine/serving/conductor_speculate.c - prompt-lookup speculative decoding (docs/speculative.md):
+/* engine/serving/conductor_speculate.c - speculative decoding (docs/speculative.md) by prompt lookup
+ * or with a draft model (draft.c runs its forwards; propose here samples its drafts):
  * drafting before a step (speculate), taking the verified drafts after it (take_drafted), and the
  * per-sequence adaptive rule that sets the draft length and backs a sequence off when its drafts
  * are rarely accepted. Not here: how a row's token is sampled (conductor_sample.c take_token,
  * sampler.c), how draft rows are planned and committed (scheduler.c plan_rows / logit_rows).
  * Tests: tests/server/test_speculative.py (greedy equality, opt-out),
- * tests/server/test_speculative_sampling.py (the sampled distribution, chi-square).
+ * tests/server/test_speculative_sampling.py (the sampled distribution, chi-square),
+ * tests/server/test_speculative_draft.py (draft models: greedy equality, chi-square, refusals).
  *
  * Why sampled requests keep their distribution exactly. A prompt-lookup draft d is deterministic:
  * its draft distribution q is one-hot on d. Leviathan et al. / Chen et al.'s rule then reads:
@@ -16,11 +18,14 @@
  * every token is drawn from the target's distribution with the one uniform the non-speculative
  * path would draw for it, in the same order: the random stream a sample consumes does not depend
  * on drafting, and a seeded sample equals its non-speculative self whenever the logits do (the
- * f32 / bf16 paths, whose rows do not depend on the rest of the batch). A draft model with a
- * non-degenerate q would need the general rule and its extra draws; prompt lookup does not. */
+ * f32 / bf16 paths, whose rows do not depend on the rest of the batch). A draft model's sampled
+ * drafts have a non-degenerate q: they are verified with the general rule (verify_sampled) and
+ * its extra draws; its greedy drafts are one-hot and take the path above. */
 #include "conductor_impl.h"
 
 #include <string.h>
+
+#include "draft.h"
 
 /* The adaptive rule's constants (docs/speculative.md). */
 #define SPEC_MAX_DRAFT      32  /* --spec-draft's and speculative_n_max's upper bound */
@@ -69,10 +74,78 @@ static int lookup_draft(const struct seq *s, int ngram, int max, int32_t *out)
     return 0;
 }
 
+/* The draft model's k-th draft of s (k from 0) from its logits row: shaped as the target's row of
+ * that position will be (sampling_logits, then the sampler's penalties and filters, with the
+ * drafts before it counted as output), then the argmax when greedy, or a draw from that
+ * distribution q, which goes to q (vocab) for verification. -1 when the row is not finite. */
+static int32_t draft_pick(struct conductor *c, struct seq *s, const float *row, int k, float *q)
+{
+    const struct request *r = s->req;
+    const int V = c->m->cfg.vocab_size;
+    if (!sampler_logits_finite(row, V)) return -1;
+    float *lg = c->scratch + V;
+    const int n_out = s->n_generated + k;
+    sampling_logits(c, s, row, n_out, lg);
+    struct sampling_params sp = r->p.sampling;
+    sampler_probs(&c->smp, &sp, lg, r->prompt, r->n_prompt, s->tokens + r->n_prompt, n_out, q);
+    int32_t last = 0;
+    double u = sp.temperature == 0.0f ? 0.0 : (double)rng_uniform(&s->rng), acc = 0.0;
+    for (int i = 0; i < V; i++) {
+        if (q[i] <= 0.0f) continue;
+        last = i;
+        acc += q[i];
+        if (u < acc) return i;
+    }
+    return last;
+}
+
+/* The draft model proposes want[i] tokens for each ds[i], one batched draft forward per draft
+ * position (the first also catches each slot up with the tokens the draft has not seen). A
+ * sampled sequence's draft distributions go to c->spec_q (its row i of slots) and s->spec_q; a
+ * greedy one's stay one-hot (NULL). A failed draft forward drops every draft of the step and
+ * frees the slots (the target decodes as without speculation). */
+static void propose(struct conductor *c, struct seq **ds, const int *want, int n)
+{
+    const size_t V = (size_t)c->m->cfg.vocab_size;
+    const int kmax = c->o.spec_draft < SPEC_MAX_DRAFT ? c->o.spec_draft : SPEC_MAX_DRAFT;
+    int stopped[DRAFT_MAX_SLOTS] = {0};
+    for (;;) {
+        struct seq *run[DRAFT_MAX_SLOTS];
+        int idx[DRAFT_MAX_SLOTS], m = 0;
+        for (int i = 0; i < n; i++)
+            if (!stopped[i] && ds[i]->n_draft < want[i]) run[m] = ds[i], idx[m++] = i;
+        if (m == 0) return;
+        enum status st = draft_run(&c->draft, run, m);
+        if (st != STATUS_OK) {
+            LOG_WARN(MODULE, "draft model forward failed (%s); this step verifies no drafts", status_message());
+            for (int i = 0; i < n; i++) {
+                ds[i]->n_tokens -= ds[i]->n_draft;
+                ds[i]->n_draft = 0;
+                ds[i]->spec_q = NULL;
+            }
+            for (int k = 0; k < c->draft.n_slots; k++) c->draft.owner[k] = NULL;
+            return;
+        }
+        for (int t = 0; t < m; t++) {
+            struct seq *s = run[t];
+            float *q = c->spec_q + ((size_t)idx[t] * (size_t)kmax + (size_t)s->n_draft) * V;
+            const int32_t tok = draft_pick(c, s, c->draft.logits + (size_t)t * V, s->n_draft, q);
+            if (tok < 0) {
+                stopped[idx[t]] = 1;
+                continue;
+            }
+            if (s->req->p.sampling.temperature != 0.0f) s->spec_q = c->spec_q + (size_t)idx[t] * (size_t)kmax * V;
+            s->tokens[s->n_tokens++] = tok;
+            s->n_draft++;
+        }
+    }
+}
+
 /* Before planning: every sequence's drafts of the last step are gone (take_results consumed the
  * verified ones); each eligible sequence that is not backing off appends new ones, up to its
  * adaptive length, within a budget of logits rows and batch rows that leaves the other sequences
- * theirs. */
+ * theirs: by prompt lookup, or from the draft model when there is one (for the sequences that
+ * get one of its cache slots). */
 void speculate(struct conductor *c)
 {
     struct scheduler *sc = &c->sched;
@@ -80,11 +153,15 @@ void speculate(struct conductor *c)
         struct seq *s = sc->running[i];
         s->n_tokens -= s->n_draft;
         s->n_draft = 0;
+        s->spec_q = NULL;
     }
     if (c->o.spec_draft <= 0 || sc->n_running > (c->o.spec_max_batch > 0 ? c->o.spec_max_batch : 4)) return;
     int budget = c->max_logits - 64 - sc->n_running, rows = c->o.max_batch_tokens - sc->n_running;
     if (rows < budget) budget = rows;
     const int ngram = c->o.spec_ngram > 0 ? c->o.spec_ngram : 3;
+    struct seq *ds[DRAFT_MAX_SLOTS];
+    int want[DRAFT_MAX_SLOTS], n_ds = 0;
+    if (c->draft.m) draft_sweep(&c->draft, sc->running, sc->n_running);
     for (int i = 0; i < sc->n_running && budget > 0; i++) {
         struct seq *s = sc->running[i];
         if (!can_draft(c, s) || s->n_generated < s->spec_resume_at) continue;
@@ -96,11 +173,19 @@ void speculate(struct conductor *c)
         if (max > left) max = left;
         if (max > room) max = room;
         if (max <= 0) continue;
+        if (c->draft.m) {
+            if (n_ds == c->draft.n_slots || !draft_claim(&c->draft, s, max)) continue;
+            ds[n_ds] = s;
+            want[n_ds++] = max;
+            budget -= max;
+            continue;
+        }
         int k = lookup_draft(s, ngram, max, s->tokens + s->n_tokens); /* room: n_prompt + max_tokens + 1 */
         s->n_tokens += k;
         s->n_draft = k;
         budget -= k;
     }
+    if (n_ds) propose(c, ds, want, n_ds);
 }
 
 /* The adaptive rule, after s verified n_ver drafts and accepted n_accepted of them. The length
@@ -132,14 +217,46 @@ static int adapt(struct seq *s, int limit, int n_ver, int n_accepted)
     return 1;
 }
 
+/* The general rejection rule (Leviathan et al. / Chen et al.) for a draft d drawn from the
+ * draft model's distribution q (vocab) at a row whose target distribution is p (every sampling
+ * control applied, sampler_probs): accept d with probability min(1, p(d) / q(d)); otherwise draw
+ * from max(0, p - q) renormalised. Either way the token is distributed as p. Draws one uniform,
+ * and a second on rejection. Returns the token (s not yet told). */
+static int32_t verify_sampled(struct conductor *c, struct seq *s, const float *row, int32_t d, const float *q)
+{
+    const struct request *r = s->req;
+    const int V = c->m->cfg.vocab_size;
+    float *p = c->spec_p, *lg = c->scratch + V;
+    sampling_logits(c, s, row, s->n_generated, lg);
+    struct sampling_params sp = r->p.sampling;
+    sampler_probs(&c->smp, &sp, lg, r->prompt, r->n_prompt, s->tokens + r->n_prompt, s->n_generated, p);
+    if ((double)rng_uniform(&s->rng) * q[d] < p[d]) return d; /* q[d] > 0: d was drawn from q */
+    double total = 0.0;
+    for (int i = 0; i < V; i++) total += p[i] > q[i] ? p[i] - q[i] : 0.0;
+    const int residual = total > 0.0; /* p == q up to rounding: fall back to p itself */
+    if (!residual) for (int i = 0; i < V; i++) total += p[i];
+    double u = (double)rng_uniform(&s->rng) * total, acc = 0.0;
+    int32_t last = 0;
+    for (int i = 0; i < V; i++) {
+        const double w = residual ? (p[i] > q[i] ? p[i] - q[i] : 0.0) : p[i];
+        if (w <= 0.0) continue;
+        last = i;
+        acc += w;
+        if (u < acc) return i;
+    }
+    return last;
+}
+
 /* s ran its real token and n_ver of its drafts (rows row[0 .. n_ver]). Row by row the target's
- * token is sampled exactly as a plain decode step samples it (take_token: the same controls, the
- * same random stream, the target's log-probabilities); while it equals the draft the draft is
- * accepted, the first row where it differs gives the target's token instead and the drafts after
- * it are dropped, and when every verified draft is accepted the last row gives one more token
- * (see the file comment for why this is the rejection-sampling rule). The KV of rejected drafts
- * is left behind (their positions are written again). Returns after finishing s when a token
- * ends it. */
+ * token is taken: for a prompt-lookup or greedy draft (one-hot q) it is sampled exactly as a
+ * plain decode step samples it (take_token: the same controls, the same random stream, the
+ * target's log-probabilities) and the draft is accepted while they are equal (see the file
+ * comment for why this is the rejection-sampling rule); for a sampled draft-model draft the
+ * general rule decides (verify_sampled). The first row whose token differs from the draft gives
+ * that token and the drafts after it are dropped; when every verified draft is accepted the last
+ * row gives one more token. The KV of rejected drafts is left behind (their positions are
+ * written again), and the draft model's slot rolls back to the accepted prefix. Returns after
+ * finishing s when a token ends it. */
 void take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_ver)
 {
     const int V = c->m->cfg.vocab_size;
@@ -148,16 +265,24 @@ void take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_v
     int32_t draft[SPEC_MAX_DRAFT];
     const int n_draft = s->n_draft < SPEC_MAX_DRAFT ? s->n_draft : SPEC_MAX_DRAFT;
     memcpy(draft, s->tokens + real_end, (size_t)n_draft * sizeof *draft);
+    const float *q = s->spec_q;
     if (n_ver > n_draft) n_ver = n_draft;
     s->n_tokens = real_end;
     s->n_draft = 0;
+    s->spec_q = NULL;
     int n_accepted = 0;
     for (int i = 0; i <= n_ver; i++) {
-        const int32_t tok = take_token(c, s, rows + (size_t)i * V, -1);
+        const float *row = rows + (size_t)i * V;
+        int32_t tok;
+        if (q && i < n_ver && sampler_logits_finite(row, V) && s->req->p.max_tokens > 0)
+            tok = take_chosen(c, s, row, verify_sampled(c, s, row, draft[i], q + (size_t)i * V));
+        else
+            tok = take_token(c, s, row, -1);
         const int accepted = i < n_ver && tok == draft[i];
         n_accepted += accepted;
         if (s->state != SEQ_RUNNING || !accepted) break; /* finished, or the target's token replaced the draft */
     }
+    if (c->draft.m) draft_rollback(&c->draft, s, real_end + n_accepted);
     const int backoff = adapt(s, limit, n_ver, n_accepted);
     pthread_mutex_lock(&c->mu);
     c->stats.spec_drafted += (uint64_t)n_ver;

@@ -82,6 +82,13 @@ struct engine_options {
     int   spec_max_batch;      /* draft only while at most this many sequences run (a full batch
                                   already keeps the cores busy: verifying drafts there costs more
                                   than it saves); 0 = 4 */
+    /* A draft model (checkpoint directory or GGUF file) instead of prompt lookup: it must share
+     * the served model's tokenizer (refused at load otherwise), keeps its own KV cache for at most
+     * spec_max_batch sequences (draft.h), and proposes spec_draft tokens (0 = 5) a step by
+     * sampling under each request's own controls; the target verifies them with the general
+     * rejection rule, so the output's distribution does not change (docs/speculative.md). One
+     * rank per replica (tp = pp = 1; dp any). NULL = none. */
+    const char *draft_model_dir;
     /* Multi-rank serving (under mpirun): every rank calls engine_create with the same options;
      * rank 0 conducts (requests, scheduler, sampling) and every other rank runs
      * engine_run_worker. world NULL or a world of one: one rank. The world holds

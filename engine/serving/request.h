@@ -164,6 +164,9 @@ struct seq {
     int      spec_win_drafted, spec_win_accepted; /* drafts verified / accepted in the current window */
     int      spec_resume_at;      /* n_generated from which it drafts again after a backoff */
     int      spec_backoff;        /* generated tokens of its next backoff; 0 = the first */
+    int      draft_slot;          /* draft model: 1 + its cache slot (draft.h), 0 = none */
+    const float *spec_q;          /* draft model, sampled: the draft's distribution of each draft
+                                     (n_draft, vocab), borrowed from the conductor; NULL = one-hot */
     char    *held;                /* (cap_held) text not yet emitted (stop-string look-back) */
     size_t   n_held, cap_held;
     uint64_t order;               /* admission order; the newest is preempted first */

@@ -133,34 +133,20 @@ static int by_logit_desc(const void *a, const void *b)
     return i < j ? -1 : 1;
 }
 
-int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struct rng *r,
-                       float *logits, const int32_t *prompt, int n_prompt, const int32_t *output,
-                       int n_output)
+/* The candidates sampler_sample draws among after every filter: their ids in s->order[0 .. n),
+ * their unnormalised weights in s->probs[0 .. n) (the plain-temperature case lists every id).
+ * logits have had penalties and NaN clearing applied; top is their largest value; temperature > 0.
+ * Returns n (>= 1). */
+static int candidates(struct sampler *s, const struct sampling_params *p, const float *logits, float top)
 {
     const int V = s->vocab_size;
-    apply_penalties(s, p, logits, prompt, n_prompt, output, n_output);
-    if (p->temperature == 0.0f) return argmax(logits, V);
-
-    for (int i = 0; i < V; i++) if (isnan(logits[i])) logits[i] = -INFINITY;
-    float top = -INFINITY;
-    for (int i = 0; i < V; i++) top = logits[i] > top ? logits[i] : top;
-
     if (p->top_k == 0 && p->top_p >= 1.0f && p->min_p == 0.0f) {
-        /* Plain temperature sampling needs no order: one exact pass over the vocabulary. */
-        double total = 0.0;
-        for (int i = 0; i < V; i++) total += expf((logits[i] - top) / p->temperature);
-        double u = (double)rng_uniform(r) * total, acc = 0.0;
-        int last = 0;
         for (int i = 0; i < V; i++) {
-            float w = expf((logits[i] - top) / p->temperature);
-            if (w == 0.0f) continue;
-            last = i;
-            acc += w;
-            if (u < acc) return i;
+            s->order[i] = i;
+            s->probs[i] = expf((logits[i] - top) / p->temperature);
         }
-        return last;
+        return V;
     }
-
     /* The filters need candidates in order of probability. Only tokens within a factor 1e-12
      * of the most likely one are sorted: the rest carry at most V * 1e-12 of the mass (2.6e-7
      * for a 262k vocabulary), and sorting all of a large vocabulary for every token halved
@@ -195,7 +181,48 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
         while (keep < n && s->probs[keep] >= cut) keep++;
         n = keep;
     }
-    sum = 0.0;
+    return n;
+}
+
+/* Penalties, then NaN logits to -inf; the largest logit. */
+static float prepare(struct sampler *s, const struct sampling_params *p, float *logits, const int32_t *prompt,
+                     int n_prompt, const int32_t *output, int n_output)
+{
+    const int V = s->vocab_size;
+    apply_penalties(s, p, logits, prompt, n_prompt, output, n_output);
+    for (int i = 0; i < V; i++) if (isnan(logits[i])) logits[i] = -INFINITY;
+    float top = -INFINITY;
+    for (int i = 0; i < V; i++) top = logits[i] > top ? logits[i] : top;
+    return top;
+}
+
+int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struct rng *r,
+                       float *logits, const int32_t *prompt, int n_prompt, const int32_t *output,
+                       int n_output)
+{
+    const int V = s->vocab_size;
+    if (p->temperature == 0.0f) {
+        apply_penalties(s, p, logits, prompt, n_prompt, output, n_output);
+        return argmax(logits, V);
+    }
+    const float top = prepare(s, p, logits, prompt, n_prompt, output, n_output);
+    if (p->top_k == 0 && p->top_p >= 1.0f && p->min_p == 0.0f) {
+        /* Plain temperature sampling needs no order: one exact pass over the vocabulary. */
+        double total = 0.0;
+        for (int i = 0; i < V; i++) total += expf((logits[i] - top) / p->temperature);
+        double u = (double)rng_uniform(r) * total, acc = 0.0;
+        int last = 0;
+        for (int i = 0; i < V; i++) {
+            float w = expf((logits[i] - top) / p->temperature);
+            if (w == 0.0f) continue;
+            last = i;
+            acc += w;
+            if (u < acc) return i;
+        }
+        return last;
+    }
+    const int n = candidates(s, p, logits, top);
+    double sum = 0.0;
     for (int i = 0; i < n; i++) sum += s->probs[i];
     double u = (double)rng_uniform(r) * sum, cum = 0.0;
     for (int i = 0; i < n; i++) {
@@ -203,6 +230,23 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
         if (u < cum) return s->order[i];
     }
     return s->order[n - 1];
+}
+
+void sampler_probs(struct sampler *s, const struct sampling_params *p, float *logits, const int32_t *prompt,
+                   int n_prompt, const int32_t *output, int n_output, float *out)
+{
+    const int V = s->vocab_size;
+    memset(out, 0, (size_t)V * sizeof *out);
+    if (p->temperature == 0.0f) {
+        apply_penalties(s, p, logits, prompt, n_prompt, output, n_output);
+        out[argmax(logits, V)] = 1.0f;
+        return;
+    }
+    const float top = prepare(s, p, logits, prompt, n_prompt, output, n_output);
+    const int n = candidates(s, p, logits, top);
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += s->probs[i];
+    for (int i = 0; i < n; i++) out[s->order[i]] = (float)(s->probs[i] / sum);
 }
 
 int sampler_logits_finite(const float *x, int n)

@@ -58,6 +58,13 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
                        float *logits, const int32_t *prompt, int n_prompt, const int32_t *output,
                        int n_output);
 
+/* The distribution sampler_sample draws from, dense into out (vocab_size; 0 outside the tokens
+ * the filters keep, one-hot on the argmax when greedy), under the same parameters; logits are
+ * modified as there. Draws nothing. Speculative decoding with a draft model compares the
+ * target's and the draft's (conductor_speculate.c). */
+void sampler_probs(struct sampler *s, const struct sampling_params *p, float *logits, const int32_t *prompt,
+                   int n_prompt, const int32_t *output, int n_output, float *out);
+
 /* Whether all n logits are finite. A row with NaN or Inf (a numerical overflow, or bad weights)
  * must end its sequence with an error, never be sampled: softmax over it is meaningless. */
 int sampler_logits_finite(const float *x, int n);

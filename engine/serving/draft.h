@@ -1,0 +1,58 @@
+/* engine/serving/draft.h - the draft model of speculative decoding (docs/speculative.md): a
+ * second, small model with the target's vocabulary, loaded beside it, that keeps its own KV cache
+ * for the sequences that draft and runs their catch-up and draft rows in batched forwards.
+ * What it proposes and how the target verifies it: conductor_speculate.c. Tests:
+ * tests/server/test_speculative_draft.py.
+ *
+ * The cache: n_slots slots (one per sequence that may draft at once, --spec-max-batch), each a
+ * fixed run of blocks holding at most ctx tokens (the smaller of the two models' contexts, and
+ * DRAFT_MAX_CTX), so its memory is bounded at load. A sequence claims a slot when it first
+ * drafts; the slot is free again once its owner no longer runs (finished or preempted), and a
+ * sequence longer than ctx stops drafting. The slot's cached length rolls back to the prefix the
+ * target accepted (draft_rollback), and draft_run also keeps only the prefix that agrees with the
+ * sequence's tokens (drafts never verified): rows past it are written again. Threads: the engine thread
+ * only. One rank only (tp = pp = 1; the conductor refuses the rest). */
+#ifndef SHARDLM_DRAFT_H
+#define SHARDLM_DRAFT_H
+
+#include <stdint.h>
+
+#include "kv_cache.h"
+#include "model.h"
+#include "request.h"
+
+#define DRAFT_MAX_CTX   2048 /* tokens a slot holds at most */
+#define DRAFT_MAX_SLOTS 64   /* sequences drafting at once at most */
+
+struct draft {
+    struct model *m;
+    struct kv_cache cache;
+    int       n_slots, slot_blocks, ctx, max_rows;
+    struct seq **owner;          /* (n_slots) NULL = free */
+    int      *n_cached;          /* (n_slots) tokens of the owner's in the slot */
+    int32_t  *tables;            /* (n_slots, slot_blocks) */
+    int32_t  *slot_tokens;       /* (n_slots, ctx) the tokens each slot's rows were written with */
+    int32_t  *rows;              /* (4 max_rows + 2 n_slots + 1) the forward's arrays */
+    int32_t  *table_rows;        /* (n_slots, slot_blocks) the forward's block tables */
+    float    *logits;            /* (2 n_slots, vocab): each sequence's row, then the forward's */
+};
+
+/* Loads the draft at dir on b (the target's backend, one rank) and checks it against the target:
+ * the same vocabulary size, BOS and EOS ids, and the same tokenizer when both checkpoints carry
+ * one; otherwise STATUS_INVALID_ARGUMENT naming what differs. n_slots: sequences drafting at
+ * once. */
+enum status draft_load(const char *dir, struct backend *b, const struct model *target, int n_slots, struct draft *d);
+void        draft_free(struct draft *d); /* accepts a zeroed struct */
+
+/* Frees the slots whose owners are not among running[0 .. n_running). */
+void        draft_sweep(struct draft *d, struct seq *const *running, int n_running);
+/* Whether s holds (or now claims) a slot and has room in it for `extra` more tokens. */
+int         draft_claim(struct draft *d, struct seq *s, int extra);
+/* Runs the draft over each seqs[i]'s tokens its slot lacks (tokens[n_cached, n_tokens)), in as
+ * many batched forwards as the row budget needs, and leaves the logits of each one's last token
+ * in d->logits + i * vocab. Every seqs[i] holds a slot (draft_claim). */
+enum status draft_run(struct draft *d, struct seq *const *seqs, int n);
+/* After verification: s's slot keeps only its first n_valid tokens. */
+void        draft_rollback(struct draft *d, const struct seq *s, int n_valid);
+
+#endif
