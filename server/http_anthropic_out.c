@@ -11,20 +11,6 @@
 
 #include "http_internal.h"
 
-static cJSON *ok(cJSON *j)
-{
-    CHECK(j, "out of memory building JSON");
-    return j;
-}
-
-static char *print(cJSON *o)
-{
-    char *s = cJSON_PrintUnformatted(o);
-    CHECK(s, "out of memory printing JSON");
-    cJSON_Delete(o);
-    return s;
-}
-
 char *http_anthropic_error_json(unsigned code, const char *message)
 {
     const char *type = code == 400 || code == 405 || code == 415 ? "invalid_request_error"
@@ -35,19 +21,19 @@ char *http_anthropic_error_json(unsigned code, const char *message)
                        : code == 429                            ? "rate_limit_error"
                        : code == 503                            ? "overloaded_error"
                                                                 : "api_error";
-    cJSON *o = ok(cJSON_CreateObject());
+    cJSON *o = http_json_ok(cJSON_CreateObject());
     cJSON_AddStringToObject(o, "type", "error");
-    cJSON *e = ok(cJSON_AddObjectToObject(o, "error"));
+    cJSON *e = http_json_ok(cJSON_AddObjectToObject(o, "error"));
     cJSON_AddStringToObject(e, "type", type);
     cJSON_AddStringToObject(e, "message", message);
-    return print(o);
+    return http_json_print(o);
 }
 
 char *http_anthropic_count_json(int n_tokens)
 {
-    cJSON *o = ok(cJSON_CreateObject());
+    cJSON *o = http_json_ok(cJSON_CreateObject());
     cJSON_AddNumberToObject(o, "input_tokens", n_tokens);
-    return print(o);
+    return http_json_print(o);
 }
 
 /* stop_reason and stop_sequence of sample 0. A stop string of the client is told apart from
@@ -72,7 +58,7 @@ static void stop_reason(const struct http_gen *g, int calls, cJSON *o)
 
 static void add_usage(const struct http_gen *g, cJSON *o, int input)
 {
-    cJSON *u = ok(cJSON_AddObjectToObject(o, "usage"));
+    cJSON *u = http_json_ok(cJSON_AddObjectToObject(o, "usage"));
     if (input) cJSON_AddNumberToObject(u, "input_tokens", g->runs[0].prompt_tokens);
     cJSON_AddNumberToObject(u, "output_tokens", g->samples[0].completion_tokens);
 }
@@ -86,14 +72,14 @@ static const char *model_of(const struct http_gen *g)
 /* The message object's head (id, type, role, model, content); content filled by the caller. */
 static cJSON *message_head(const struct http_gen *g, cJSON **content)
 {
-    cJSON *o = ok(cJSON_CreateObject());
+    cJSON *o = http_json_ok(cJSON_CreateObject());
     char id[64];
     snprintf(id, sizeof id, "msg_%s", g->id);
     cJSON_AddStringToObject(o, "id", id);
     cJSON_AddStringToObject(o, "type", "message");
     cJSON_AddStringToObject(o, "role", "assistant");
     cJSON_AddStringToObject(o, "model", model_of(g));
-    *content = ok(cJSON_AddArrayToObject(o, "content"));
+    *content = http_json_ok(cJSON_AddArrayToObject(o, "content"));
     return o;
 }
 
@@ -108,7 +94,7 @@ char *http_anthropic_response(struct http_gen *g)
     cJSON *o = message_head(g, &content);
     const cJSON *r = cJSON_GetObjectItem(m, "reasoning_content");
     if (cJSON_IsString(r) && r->valuestring[0]) {
-        cJSON *b = ok(cJSON_CreateObject());
+        cJSON *b = http_json_ok(cJSON_CreateObject());
         cJSON_AddStringToObject(b, "type", "thinking");
         cJSON_AddStringToObject(b, "thinking", r->valuestring);
         cJSON_AddStringToObject(b, "signature", "");
@@ -118,7 +104,7 @@ char *http_anthropic_response(struct http_gen *g)
     const cJSON *calls = cJSON_GetObjectItem(m, "tool_calls");
     int n_calls = cJSON_IsArray(calls) ? cJSON_GetArraySize(calls) : 0;
     if (cJSON_IsString(t) && (t->valuestring[0] || (!n_calls && !cJSON_GetArraySize(content)))) {
-        cJSON *b = ok(cJSON_CreateObject());
+        cJSON *b = http_json_ok(cJSON_CreateObject());
         cJSON_AddStringToObject(b, "type", "text");
         cJSON_AddStringToObject(b, "text", t->valuestring);
         cJSON_AddItemToArray(content, b);
@@ -127,8 +113,8 @@ char *http_anthropic_response(struct http_gen *g)
         const cJSON *f = cJSON_GetObjectItem(call, "function");
         const cJSON *args = cJSON_GetObjectItem(f, "arguments");
         cJSON *input = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
-        if (!cJSON_IsObject(input)) cJSON_Delete(input), input = ok(cJSON_CreateObject());
-        cJSON *b = ok(cJSON_CreateObject());
+        if (!cJSON_IsObject(input)) cJSON_Delete(input), input = http_json_ok(cJSON_CreateObject());
+        cJSON *b = http_json_ok(cJSON_CreateObject());
         char id[128];
         snprintf(id, sizeof id, "toolu_%s", cJSON_GetStringValue(cJSON_GetObjectItem(call, "id")));
         cJSON_AddStringToObject(b, "type", "tool_use");
@@ -140,14 +126,14 @@ char *http_anthropic_response(struct http_gen *g)
     stop_reason(g, n_calls > 0, o);
     add_usage(g, o, 1);
     cJSON_Delete(c);
-    return print(o);
+    return http_json_print(o);
 }
 
 /* ---- streams ----------------------------------------------------------------------------- */
 
 static void event(struct http_gen *g, const char *name, cJSON *o)
 {
-    char *s = print(o);
+    char *s = http_json_print(o);
     char head[64];
     int n = snprintf(head, sizeof head, "event: %s\ndata: ", name);
     http_buf_append(&g->out, &g->out_len, &g->out_cap, head, (size_t)n);
@@ -158,7 +144,7 @@ static void event(struct http_gen *g, const char *name, cJSON *o)
 
 static cJSON *typed(const char *type)
 {
-    cJSON *o = ok(cJSON_CreateObject());
+    cJSON *o = http_json_ok(cJSON_CreateObject());
     cJSON_AddStringToObject(o, "type", type);
     return o;
 }
@@ -173,7 +159,7 @@ static void start_message(struct http_gen *g)
     cJSON *m = message_head(g, &content);
     cJSON_AddNullToObject(m, "stop_reason");
     cJSON_AddNullToObject(m, "stop_sequence");
-    cJSON *u = ok(cJSON_AddObjectToObject(m, "usage"));
+    cJSON *u = http_json_ok(cJSON_AddObjectToObject(m, "usage"));
     cJSON_AddNumberToObject(u, "input_tokens", g->runs[0].prompt_tokens);
     cJSON_AddNumberToObject(u, "output_tokens", 0);
     cJSON *o = typed("message_start");
@@ -210,7 +196,7 @@ static void delta(struct http_gen *g, const char *type, const char *name, const 
 {
     cJSON *o = typed("content_block_delta");
     cJSON_AddNumberToObject(o, "index", g->an.index);
-    cJSON *d = ok(cJSON_AddObjectToObject(o, "delta"));
+    cJSON *d = http_json_ok(cJSON_AddObjectToObject(o, "delta"));
     cJSON_AddStringToObject(d, "type", type);
     cJSON_AddStringToObject(d, name, text);
     event(g, "content_block_delta", o);
@@ -252,7 +238,7 @@ void http_anthropic_chunk(struct http_gen *g, cJSON *chunk)
             cJSON *b = typed("tool_use");
             cJSON_AddStringToObject(b, "id", tid);
             cJSON_AddStringToObject(b, "name", cJSON_GetStringValue(cJSON_GetObjectItem(f, "name")));
-            cJSON_AddItemToObject(b, "input", ok(cJSON_CreateObject()));
+            cJSON_AddItemToObject(b, "input", http_json_ok(cJSON_CreateObject()));
             open_block(g, BLOCK_TOOL, b);
             a->calls++;
         }
@@ -267,7 +253,7 @@ void http_anthropic_finish(struct http_gen *g)
 {
     if (g->end_status != STATUS_OK) {
         cJSON *o = typed("error");
-        cJSON *e = ok(cJSON_AddObjectToObject(o, "error"));
+        cJSON *e = http_json_ok(cJSON_AddObjectToObject(o, "error"));
         const char *type;
         switch (g->end_status) {
         case STATUS_RESOURCE_EXHAUSTED:
@@ -290,7 +276,7 @@ void http_anthropic_finish(struct http_gen *g)
     }
     stop_block(g);
     cJSON *o = typed("message_delta");
-    cJSON *d = ok(cJSON_AddObjectToObject(o, "delta"));
+    cJSON *d = http_json_ok(cJSON_AddObjectToObject(o, "delta"));
     stop_reason(g, g->an.calls > 0, d);
     add_usage(g, o, 0);
     event(g, "message_delta", o);

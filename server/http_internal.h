@@ -123,6 +123,10 @@ const struct cJSON *http_json_field(const struct cJSON *o, const char *name);
 enum status http_json_only_fields(const struct cJSON *o, const char *where, const char *const *allowed);
 /* A deep copy of v; CHECKs on out of memory. */
 struct cJSON *http_json_dup(const struct cJSON *v);
+/* j itself, checked: building a reply's JSON out of memory is fatal (CHECK). */
+struct cJSON *http_json_ok(struct cJSON *j);
+/* o printed unformatted (the caller frees it) and deleted; out of memory is fatal. */
+char *http_json_print(struct cJSON *o);
 
 /* Parses body[0..len) (borrowed) into *q (free with http_request_free). served_model: the id
  * that `model` must name (STATUS_NOT_FOUND otherwise). Errors: STATUS_INVALID_ARGUMENT naming

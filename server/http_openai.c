@@ -42,6 +42,20 @@ enum status http_json_only_fields(const cJSON *o, const char *where, const char 
     return STATUS_OK;
 }
 
+cJSON *http_json_ok(cJSON *j)
+{
+    CHECK(j, "out of memory building JSON");
+    return j;
+}
+
+char *http_json_print(cJSON *o)
+{
+    char *s = cJSON_PrintUnformatted(o);
+    CHECK(s, "out of memory printing JSON");
+    cJSON_Delete(o);
+    return s;
+}
+
 cJSON *http_json_dup(const cJSON *v)
 {
     cJSON *d = cJSON_Duplicate(v, 1);

@@ -16,20 +16,6 @@
 #include "http_responses.h"
 #include "tokenizer.h"
 
-static cJSON *ok(cJSON *j)
-{
-    CHECK(j, "out of memory building JSON");
-    return j;
-}
-
-static char *print(cJSON *o)
-{
-    char *s = cJSON_PrintUnformatted(o);
-    CHECK(s, "out of memory printing JSON");
-    cJSON_Delete(o);
-    return s;
-}
-
 /* The tokens of text as the tokenizer encodes it (reasoning_tokens: the engine does not count
  * the reasoning's tokens apart, so they are counted again from its text). */
 static int count_tokens(const struct http_gen *g, const char *text)
@@ -49,13 +35,13 @@ static cJSON *usage_of(const struct http_gen *g, const cJSON *output)
         if (!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(it, "type")), "reasoning") && cJSON_GetArraySize(c) > 0)
             reasoning += count_tokens(g, cJSON_GetStringValue(cJSON_GetObjectItem(c->child, "text")));
     }
-    cJSON *u = ok(cJSON_CreateObject());
+    cJSON *u = http_json_ok(cJSON_CreateObject());
     cJSON_AddNumberToObject(u, "input_tokens", in);
-    cJSON *d = ok(cJSON_AddObjectToObject(u, "input_tokens_details"));
+    cJSON *d = http_json_ok(cJSON_AddObjectToObject(u, "input_tokens_details"));
     cJSON_AddNumberToObject(d, "cached_tokens", g->runs[0].cached_prompt_tokens);
     cJSON_AddNumberToObject(d, "cache_write_tokens", 0);
     cJSON_AddNumberToObject(u, "output_tokens", out);
-    cJSON_AddNumberToObject(ok(cJSON_AddObjectToObject(u, "output_tokens_details")), "reasoning_tokens",
+    cJSON_AddNumberToObject(http_json_ok(cJSON_AddObjectToObject(u, "output_tokens_details")), "reasoning_tokens",
                             reasoning < out ? reasoning : out);
     cJSON_AddNumberToObject(u, "total_tokens", in + out);
     return u;
@@ -72,7 +58,7 @@ cJSON *responses_object(const struct http_gen *g, const char *status, cJSON *out
     const char *adapter = g->q.r.params.adapter;
     cJSON_AddStringToObject(o, "model", adapter && *adapter ? adapter : g->s->model_id);
     if (!strcmp(status, "failed") || !strcmp(status, "cancelled")) {
-        cJSON *e = ok(cJSON_AddObjectToObject(o, "error"));
+        cJSON *e = http_json_ok(cJSON_AddObjectToObject(o, "error"));
         cJSON_AddStringToObject(e, "code", status_name(g->end_status));
         cJSON_AddStringToObject(e, "message", atomic_load(&r->cancelled) ? "cancelled by POST /v1/responses/{id}/cancel"
                                                                           : g->end_message);
@@ -80,9 +66,9 @@ cJSON *responses_object(const struct http_gen *g, const char *status, cJSON *out
         cJSON_AddNullToObject(o, "error");
     }
     if (!strcmp(status, "incomplete"))
-        cJSON_AddStringToObject(ok(cJSON_AddObjectToObject(o, "incomplete_details")), "reason", "max_output_tokens");
+        cJSON_AddStringToObject(http_json_ok(cJSON_AddObjectToObject(o, "incomplete_details")), "reason", "max_output_tokens");
     else cJSON_AddNullToObject(o, "incomplete_details");
-    if (!output) output = ok(cJSON_CreateArray());
+    if (!output) output = http_json_ok(cJSON_CreateArray());
     int ended = strcmp(status, "in_progress") != 0;
     if (ended) cJSON_AddItemToObject(o, "usage", usage_of(g, output));
     else cJSON_AddNullToObject(o, "usage");
@@ -100,12 +86,12 @@ static void item_id(const struct http_responses *r, int kind, int index, char *o
 /* A text part of a message or reasoning item. */
 static cJSON *part_json(int kind, const char *text)
 {
-    cJSON *p = ok(cJSON_CreateObject());
+    cJSON *p = http_json_ok(cJSON_CreateObject());
     cJSON_AddStringToObject(p, "type", kind == RESPONSES_ITEM_REASONING ? "reasoning_text" : "output_text");
     cJSON_AddStringToObject(p, "text", text);
     if (kind == RESPONSES_ITEM_MESSAGE) {
-        cJSON_AddItemToObject(p, "annotations", ok(cJSON_CreateArray()));
-        cJSON_AddItemToObject(p, "logprobs", ok(cJSON_CreateArray()));
+        cJSON_AddItemToObject(p, "annotations", http_json_ok(cJSON_CreateArray()));
+        cJSON_AddItemToObject(p, "logprobs", http_json_ok(cJSON_CreateArray()));
     }
     return p;
 }
@@ -117,7 +103,7 @@ static cJSON *item_json(const struct http_responses *r, int kind, int index, con
 {
     char id[96];
     item_id(r, kind, index, id, sizeof id);
-    cJSON *it = ok(cJSON_CreateObject());
+    cJSON *it = http_json_ok(cJSON_CreateObject());
     cJSON_AddStringToObject(it, "id", id);
     if (kind == RESPONSES_ITEM_CALL) {
         cJSON_AddStringToObject(it, "type", "function_call");
@@ -130,8 +116,8 @@ static cJSON *item_json(const struct http_responses *r, int kind, int index, con
     cJSON_AddStringToObject(it, "type", kind == RESPONSES_ITEM_REASONING ? "reasoning" : "message");
     cJSON_AddStringToObject(it, "status", status);
     if (kind == RESPONSES_ITEM_MESSAGE) cJSON_AddStringToObject(it, "role", "assistant");
-    else cJSON_AddItemToObject(it, "summary", ok(cJSON_CreateArray()));
-    cJSON *content = ok(cJSON_AddArrayToObject(it, "content"));
+    else cJSON_AddItemToObject(it, "summary", http_json_ok(cJSON_CreateArray()));
+    cJSON *content = http_json_ok(cJSON_AddArrayToObject(it, "content"));
     if (text) cJSON_AddItemToArray(content, part_json(kind, text));
     return it;
 }
@@ -156,7 +142,7 @@ char *http_responses_response(struct http_gen *g)
 {
     const struct http_responses *r = g->q.responses;
     const char *status = end_status(g);
-    cJSON *output = ok(cJSON_CreateArray());
+    cJSON *output = http_json_ok(cJSON_CreateArray());
     if (!strcmp(status, "completed") || !strcmp(status, "incomplete") || !strcmp(status, "cancelled")) {
         char *chat = http_response_json(g);
         cJSON *c = cJSON_Parse(chat);
@@ -189,7 +175,7 @@ char *http_responses_response(struct http_gen *g)
         cJSON_Delete(o);
         return NULL;
     }
-    return print(o);
+    return http_json_print(o);
 }
 
 /* ---- streams ----------------------------------------------------------------------------- */
@@ -200,7 +186,7 @@ static void event(struct http_gen *g, const char *type, cJSON *o)
     struct http_responses *r = g->q.responses;
     cJSON_AddStringToObject(o, "type", type);
     cJSON_AddNumberToObject(o, "sequence_number", r->seq++);
-    char *s = print(o);
+    char *s = http_json_print(o);
     char head[96];
     int n = snprintf(head, sizeof head, "event: %s\ndata: ", type);
     http_buf_append(&g->out, &g->out_len, &g->out_cap, head, (size_t)n);
@@ -212,7 +198,7 @@ static void event(struct http_gen *g, const char *type, cJSON *o)
 /* An event about the open item: output_index and (item: 1) item_id, (part: 1) content_index. */
 static cJSON *about(const struct http_responses *r, int item, int part)
 {
-    cJSON *o = ok(cJSON_CreateObject());
+    cJSON *o = http_json_ok(cJSON_CreateObject());
     if (item) {
         char id[96];
         item_id(r, r->kind, r->index, id, sizeof id);
@@ -229,10 +215,10 @@ static void start(struct http_gen *g)
     if (r->started) return;
     r->started = 1;
     CHECK(r->output = cJSON_CreateArray(), "out of memory");
-    cJSON *o = ok(cJSON_CreateObject());
+    cJSON *o = http_json_ok(cJSON_CreateObject());
     cJSON_AddItemToObject(o, "response", responses_object(g, "in_progress", NULL));
     event(g, "response.created", o);
-    o = ok(cJSON_CreateObject());
+    o = http_json_ok(cJSON_CreateObject());
     cJSON_AddItemToObject(o, "response", responses_object(g, "in_progress", NULL));
     event(g, "response.in_progress", o);
 }
@@ -253,7 +239,7 @@ static void close_item(struct http_gen *g, const char *status)
         int rs = r->kind == RESPONSES_ITEM_REASONING;
         o = about(r, 1, 1);
         cJSON_AddStringToObject(o, "text", text);
-        if (!rs) cJSON_AddItemToObject(o, "logprobs", ok(cJSON_CreateArray()));
+        if (!rs) cJSON_AddItemToObject(o, "logprobs", http_json_ok(cJSON_CreateArray()));
         event(g, rs ? "response.reasoning_text.done" : "response.output_text.done", o);
         o = about(r, 1, 1);
         cJSON_AddItemToObject(o, "part", part_json(r->kind, text));
@@ -298,7 +284,7 @@ static void delta(struct http_gen *g, int kind, const char *text)
     http_buf_append(&r->acc, &r->acc_len, &r->acc_cap, text, strlen(text));
     cJSON *o = about(r, 1, kind != RESPONSES_ITEM_CALL);
     cJSON_AddStringToObject(o, "delta", text);
-    if (kind == RESPONSES_ITEM_MESSAGE) cJSON_AddItemToObject(o, "logprobs", ok(cJSON_CreateArray()));
+    if (kind == RESPONSES_ITEM_MESSAGE) cJSON_AddItemToObject(o, "logprobs", http_json_ok(cJSON_CreateArray()));
     event(g, kind == RESPONSES_ITEM_CALL        ? "response.function_call_arguments.delta"
              : kind == RESPONSES_ITEM_MESSAGE ? "response.output_text.delta"
                                               : "response.reasoning_text.delta",
@@ -337,7 +323,7 @@ void http_responses_finish(struct http_gen *g)
     r->output = NULL;
     cJSON *resp = responses_object(g, status, output);
     store(g, resp);
-    cJSON *o = ok(cJSON_CreateObject());
+    cJSON *o = http_json_ok(cJSON_CreateObject());
     cJSON_AddItemToObject(o, "response", resp);
     event(g, ok_end ? (!strcmp(status, "completed") ? "response.completed" : "response.incomplete") : "response.failed", o);
     g->done = 1;
@@ -362,10 +348,10 @@ enum status http_responses_item(struct server *s, const char *owner, const char 
     if (strcmp(method, "DELETE")) return responses_store_get(st, buf, owner, 0, json, NULL);
     enum status e = responses_store_delete(st, buf, owner);
     if (e != STATUS_OK) return e;
-    cJSON *o = ok(cJSON_CreateObject());
+    cJSON *o = http_json_ok(cJSON_CreateObject());
     cJSON_AddStringToObject(o, "id", buf);
     cJSON_AddStringToObject(o, "object", "response.deleted");
     cJSON_AddTrueToObject(o, "deleted");
-    *json = print(o);
+    *json = http_json_print(o);
     return STATUS_OK;
 }
