@@ -116,6 +116,7 @@ static const struct backend_ops cpu_backend_ops = {
     .scale = cpu_scale,
     .softcap = cpu_softcap,
     .scatter_add_rows = cpu_scatter_add_weighted,
+    .scatter_add_rows_backward = cpu_scatter_add_weighted_backward,
     .dropout = cpu_dropout,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,

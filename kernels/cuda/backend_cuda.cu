@@ -147,6 +147,7 @@ static const struct backend_ops cuda_backend_ops = {
     .scale = cuda_scale,
     .softcap = cuda_softcap,
     .scatter_add_rows = cuda_scatter_add_weighted,
+    .scatter_add_rows_backward = cuda_scatter_add_weighted_backward,
     .dropout = cuda_dropout,
     .rope = cuda_rope,
     .kv_write = cuda_kv_write,
