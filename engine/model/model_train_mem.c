@@ -329,6 +329,7 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
     carve_add(&cv, &common->moe_grad.dlogits_dt, m->dtype, m->dtype != DTYPE_F32 ? moe_T : 0, E);
     carve_add(&cv, &common->stats_all, DTYPE_F32, tp * T, 3);
     if ((st = carve_alloc(m, &cv, &common->mem, &common->bytes)) != STATUS_OK) goto out;
+    common->moe_grad.dgate = common->dgate, common->moe_grad.dup = common->dup;
     common->host_loss = malloc((size_t)T * sizeof *common->host_loss);
     if (!common->host_loss || (E && moe_host_alloc(t, T) != STATUS_OK)) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
