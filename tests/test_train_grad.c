@@ -166,7 +166,7 @@ int main(int argc, char **argv)
     const int E = m->cfg.n_experts;
     int64_t *load = calloc((size_t)(E ? E : 1) * (size_t)m->n_layers_local, sizeof *load);
     CHECK(load, "out of memory");
-    model_train_moe_stats(mt, &moe_aux, &moe_z, load);
+    CHECK(model_train_moe_stats(mt, &moe_aux, &moe_z, load) == (E ? repeat : 0), "MoE statistics of %d forwards", repeat);
     fprintf(js, "], \"moe_aux\": %.17g, \"moe_z\": %.17g, \"moe_load\": [", moe_aux, moe_z);
     for (int i = 0; i < E * m->n_layers_local; i++) fprintf(js, "%s%lld", i ? ", " : "", (long long)load[i]);
     free(load);

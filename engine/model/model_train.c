@@ -282,6 +282,7 @@ enum status model_forward_train(struct model_train *t, const struct train_batch 
     }
 
     for (int l = 0; l < m->n_layers_local; l++) TRY(layer_forward_train(t, l, T, &x, &ab));
+    train_moe_count(t);
     if (!model_is_last_stage(m)) return STATUS_OK;
 
     /* Final norm and the loss: the fused, vocab-parallel cross-entropy. */

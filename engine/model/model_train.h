@@ -112,10 +112,11 @@ void model_train_set_layer_hook(struct model_train *t, void (*fn)(void *ctx, int
 /* A mixture of experts: the coefficients of Megatron's load-balancing loss and router z-loss
  * (--moe-aux-loss-coeff, --moe-z-loss-coeff; moe.h defines both), 0 and 0 until set. */
 void model_train_set_moe_loss(struct model_train *t, float aux_coeff, float z_coeff);
-/* The routing of the last model_forward_train of the current set (zeros for a dense model): the
- * load-balancing loss and the z-loss summed over this stage's layers, without coefficients, and,
+/* The routing of every model_forward_train since the last call (zeros for a dense model), and
+ * the sums restart: returns the number of those forwards; *aux, *z receive their load-balancing
+ * and z losses summed over the forwards and this stage's layers, without coefficients, and,
  * when load is not NULL, load (n_layers_local, n_experts) += the tokens routed to each expert. */
-void model_train_moe_stats(const struct model_train *t, double *aux, double *z, int64_t *load);
+int model_train_moe_stats(struct model_train *t, double *aux, double *z, int64_t *load);
 
 /* Picks the activation set the next forward writes and the next backward reads (0 ..
  * sets - 1): a pipeline keeps one per micro-batch in flight. */

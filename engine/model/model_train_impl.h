@@ -74,6 +74,9 @@ struct model_train {
     struct lora *lora;               /* borrowed, or NULL */
     float moe_aux_coeff, moe_z_coeff; /* model_train_set_moe_loss */
     void *moe_host;                  /* the host memory of every set's routing and the scratch */
+    int moe_forwards;                /* model_train_moe_stats's sums since its last call */
+    double moe_aux_sum, moe_z_sum;
+    int64_t *moe_load;               /* (n_layers_local, n_experts) */
     void (*layer_done)(void *ctx, int layer);
     void *hook_ctx;
 };
@@ -81,6 +84,8 @@ struct model_train {
 /* Whether layer l (local) recomputes everything from its input in backward, and the first
  * local layer of its recomputation chunk (full recomputation; model_train_mem.c). */
 int train_layer_full(const struct model_train *t, int l, int *chunk_first, int *chunk_last);
+/* Adds the current set's routing (the forward just run) to model_train_moe_stats's sums. */
+void train_moe_count(struct model_train *t);
 /* Sequence parallelism in effect (asked for, and tp > 1). */
 int train_sp(const struct model_train *t);
 

@@ -173,6 +173,7 @@ void model_train_free(struct model_train *t)
 {
     if (!t) return;
     free(t->moe_host);
+    free(t->moe_load);
     if (t->sets) {
         struct train_activations *common = t->sets[t->n_sets];
         if (common) free(common->host_loss); /* the sets borrow it */
@@ -331,7 +332,8 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
     if ((st = carve_alloc(m, &cv, &common->mem, &common->bytes)) != STATUS_OK) goto out;
     common->moe_grad.dgate = common->dgate, common->moe_grad.dup = common->dup;
     common->host_loss = malloc((size_t)T * sizeof *common->host_loss);
-    if (!common->host_loss || (E && moe_host_alloc(t, T) != STATUS_OK)) {
+    if (E) t->moe_load = calloc((size_t)E * (size_t)(L > 0 ? L : 1), sizeof *t->moe_load);
+    if (!common->host_loss || (E && (!t->moe_load || moe_host_alloc(t, T) != STATUS_OK))) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
         goto out;
     }
@@ -482,14 +484,28 @@ void model_train_set_moe_loss(struct model_train *t, float aux_coeff, float z_co
     t->moe_z_coeff = z_coeff;
 }
 
-void model_train_moe_stats(const struct model_train *t, double *aux, double *z, int64_t *load)
+int model_train_moe_stats(struct model_train *t, double *aux, double *z, int64_t *load)
+{
+    const int n = t->moe_forwards;
+    const size_t cells = (size_t)t->m->cfg.n_experts * (size_t)t->m->n_layers_local;
+    *aux = t->moe_aux_sum;
+    *z = t->moe_z_sum;
+    for (size_t i = 0; load && i < cells; i++) load[i] += t->moe_load[i];
+    t->moe_forwards = 0;
+    t->moe_aux_sum = t->moe_z_sum = 0.0;
+    if (cells) memset(t->moe_load, 0, cells * sizeof *t->moe_load);
+    return n;
+}
+
+void train_moe_count(struct model_train *t)
 {
     const struct model_config *c = &t->m->cfg;
-    *aux = *z = 0.0;
-    for (int l = 0; c->n_experts && l < t->m->n_layers_local; l++) {
+    if (!c->n_experts) return;
+    t->moe_forwards++;
+    for (int l = 0; l < t->m->n_layers_local; l++) {
         const struct moe_routing *r = &t->a->layers[l].route;
-        *aux += r->aux;
-        *z += r->z;
-        for (int e = 0; load && e < c->n_experts; e++) load[(size_t)l * c->n_experts + e] += r->start[e + 1] - r->start[e];
+        t->moe_aux_sum += r->aux;
+        t->moe_z_sum += r->z;
+        for (int e = 0; e < c->n_experts; e++) t->moe_load[(size_t)l * c->n_experts + e] += r->start[e + 1] - r->start[e];
     }
 }
