@@ -6,6 +6,8 @@
 #      load-balancing and z losses: the training loss falls, every metrics line carries
 #      moe_aux_loss, moe_z_loss and expert_load (layers x experts, each layer summing to
 #      tokens x top-k), the experts' weights changed, and the result loads and generates;
+#   1b. Mixtral's 3 steps + --resume + 3 steps equal 6 straight steps bitwise; Qwen 2 MoE in bf16
+#      with selective recomputation of the experts (mlp, layernorm) runs;
 #   2. refused by name: the auxiliary losses on a dense model, LoRA on the experts, MoE training
 #      at tp 2 (under mpirun), a negative coefficient.
 # Loopback only; every wait is bounded.
@@ -91,6 +93,20 @@ EOF
   [ $? = 0 ] && [ -s "$WORK/gen" ]
   check "$flavor: the trained checkpoint loads and generates" $?
 done
+
+# ---- 1b. bitwise resume; bf16 with selective recomputation of the experts -----------------------
+R=(--data "$WORK/text.txt" "${COMMON[@]}" --lr-decay-style constant --moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001)
+timeout 120 "$BIN" train --model "$WORK/mixtral" --out "$WORK/straight" "${R[@]}" --train-iters 6 > /dev/null 2>&1 &&
+  timeout 120 "$BIN" train --model "$WORK/mixtral" --out "$WORK/halves" "${R[@]}" --train-iters 3 > /dev/null 2>&1 &&
+  timeout 120 "$BIN" train --model "$WORK/mixtral" --out "$WORK/halves" --resume "$WORK/halves" "${R[@]}" \
+    --train-iters 6 > /dev/null 2>&1 &&
+  cmp -s "$WORK/straight/model.safetensors" "$WORK/halves/model.safetensors" &&
+  [ "$(tail -n1 "$WORK/straight/metrics.jsonl" | cut -d, -f1-4)" = "$(tail -n1 "$WORK/halves/metrics.jsonl" | cut -d, -f1-4)" ]
+check "mixtral: 3 steps + --resume + 3 steps = 6 steps, bitwise (weights and the last step's loss)" $?
+timeout 120 "$BIN" train --model "$WORK/qwen2_moe" --out "$WORK/bf16" "${R[@]}" --train-iters 4 --bf16 \
+  --recompute-granularity selective --recompute-modules mlp,layernorm > /dev/null 2> "$WORK/bf16.err" &&
+  [ "$(grep -c '"moe_aux_loss"' "$WORK/bf16/metrics.jsonl")" = 4 ]
+check "qwen2_moe: --bf16 with selective recomputation of the experts trains" $?
 
 # ---- 2. refused by name -----------------------------------------------------------------------
 expect "the auxiliary losses on a dense model are refused" 1 "is not a mixture of experts" \

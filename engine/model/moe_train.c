@@ -102,6 +102,8 @@ void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, co
     const struct layer_weights *w = &m->w.layers[l];
     const int64_t d = c->d_model, F = c->moe_ffn, E = c->n_experts, k = c->n_experts_used;
     struct moe_routing *r = mt->r;
+    CHECK(m->n_experts_local == E, "moe_backward: %d of %d experts on this rank (training runs at tp 1)",
+          m->n_experts_local, (int)E);
     backend_memset_zero(b, dxn->data, tensor_nbytes(dxn));
 
     /* Each expert, in reverse: dy_i = w_i dproj[ids_i] and dw_i = dproj[ids_i] . y_i; then the

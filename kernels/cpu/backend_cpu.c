@@ -116,7 +116,6 @@ static const struct backend_ops cpu_backend_ops = {
     .scale = cpu_scale,
     .softcap = cpu_softcap,
     .scatter_add_rows = cpu_scatter_add_weighted,
-    .scatter_add_rows_backward = cpu_scatter_add_weighted_backward,
     .dropout = cpu_dropout,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
@@ -142,6 +141,7 @@ static const struct backend_ops cpu_backend_ops = {
     .cross_entropy_backward = cpu_cross_entropy_backward,
     .adamw = cpu_adamw,
     .sum_squares = cpu_sum_squares,
+    .scatter_add_rows_backward = cpu_scatter_add_weighted_backward,
 };
 
 enum status cpu_backend_open(int n_threads, struct backend **out)

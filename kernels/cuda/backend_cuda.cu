@@ -147,7 +147,6 @@ static const struct backend_ops cuda_backend_ops = {
     .scale = cuda_scale,
     .softcap = cuda_softcap,
     .scatter_add_rows = cuda_scatter_add_weighted,
-    .scatter_add_rows_backward = cuda_scatter_add_weighted_backward,
     .dropout = cuda_dropout,
     .rope = cuda_rope,
     .kv_write = cuda_kv_write,
@@ -173,6 +172,7 @@ static const struct backend_ops cuda_backend_ops = {
     .cross_entropy_backward = cuda_cross_entropy_backward,
     .adamw = cuda_adamw,
     .sum_squares = cuda_sum_squares,
+    .scatter_add_rows_backward = cuda_scatter_add_weighted_backward,
 };
 
 /* SHARDLM_CUDA_ATTENTION (see enum cuda_attention_mode); an unknown value is refused rather
