@@ -61,6 +61,9 @@ static const char *const train_help =
     "  --recompute-modules LIST      selective: core_attn,mlp,layernorm [core_attn]\n"
     "  --recompute-method uniform|block  --recompute-num-layers N [1]   full\n"
     "  --rank-timeout S        a rank silent for S seconds ends the job, naming it [0 = wait]\n"
+    "mixture of experts (one rank; docs/training.md):\n"
+    "  --moe-aux-loss-coeff C [0]  load-balancing loss weight (Megatron's, E sum f_e P_e)\n"
+    "  --moe-z-loss-coeff C [0]    router z-loss weight (mean logsumexp(logits)^2)\n"
     "LoRA (the base frozen; the output is a PEFT adapter: adapter_config.json +\n"
     "adapter_model.safetensors; shardlm merge-lora makes a servable checkpoint of it):\n"
     "  --lora-rank R [off; 32 when any --lora-* is given]  --lora-alpha A [32]\n"
@@ -135,6 +138,8 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
     else if (!strcmp(a, "--adam-beta2")) { if (parse_double(v, &o->opt.beta2)) return bad("--adam-beta2 must be a number, got '%s'", v); }
     else if (!strcmp(a, "--adam-eps")) { if (parse_double(v, &o->opt.eps)) return bad("--adam-eps must be a number, got '%s'", v); }
     else if (!strcmp(a, "--clip-grad")) { if (parse_double(v, &o->opt.clip_grad)) return bad("--clip-grad must be a number, got '%s'", v); }
+    else if (!strcmp(a, "--moe-aux-loss-coeff")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x < 1e6)) return bad("--moe-aux-loss-coeff must be a number >= 0, got '%s'", v); o->moe_aux_loss_coeff = (float)x; }
+    else if (!strcmp(a, "--moe-z-loss-coeff")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x < 1e6)) return bad("--moe-z-loss-coeff must be a number >= 0, got '%s'", v); o->moe_z_loss_coeff = (float)x; }
     else if (!strcmp(a, "--lora-rank")) { if (parse_int(v, 1, 4096, &o->lora_rank)) return bad("--lora-rank must be an integer in [1, 4096], got '%s'", v); }
     else if (!strcmp(a, "--lora-alpha")) { double x; if (parse_double(v, &x) || !(x > 0)) return bad("--lora-alpha must be a positive number, got '%s'", v); o->lora_alpha = (float)x; if (!o->lora_rank) o->lora_rank = 32; }
     else if (!strcmp(a, "--lora-targets")) { if (lora_parse_targets(v, &o->lora_targets) != STATUS_OK) return bad("%s", status_message()); if (!o->lora_rank) o->lora_rank = 32; }

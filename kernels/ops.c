@@ -254,6 +254,30 @@ void op_scatter_add_rows(struct backend *b, const struct tensor *out, const stru
     after_op(b);
 }
 
+void op_scatter_add_rows_backward(struct backend *b, const struct tensor *dy, const struct tensor *dweights,
+                                  const struct tensor *dout, const struct tensor *y, const struct tensor *ids,
+                                  const struct tensor *weights)
+{
+    check_float(b, dy, "scatter_add_rows_backward dy");
+    check_float(b, dout, "scatter_add_rows_backward dout");
+    check_float(b, y, "scatter_add_rows_backward y");
+    check_i32(b, ids, "scatter_add_rows_backward ids");
+    check_on(b, weights, "scatter_add_rows_backward weights");
+    CHECK(y->dtype == dout->dtype && dy->dtype == y->dtype && tensor_cols(y) == tensor_cols(dout) &&
+              dout->ndim == 2 && y->ndim == 2 && dy->ndim == 2 && tensor_rows(dy) == tensor_rows(y) &&
+              tensor_cols(dy) == tensor_cols(y) && dy->data != dout->data,
+          "scatter_add_rows_backward: dy %s dout %s y %s", DESC(dy), DESC(dout), DESC(y));
+    check_vector(ids, tensor_rows(y), DTYPE_I32, "scatter_add_rows_backward ids");
+    check_vector(weights, tensor_rows(y), DTYPE_F32, "scatter_add_rows_backward weights");
+    if (dweights) {
+        check_on(b, dweights, "scatter_add_rows_backward dweights");
+        check_vector(dweights, tensor_rows(y), DTYPE_F32, "scatter_add_rows_backward dweights");
+    }
+    if (tensor_rows(y) == 0) return;
+    b->ops->scatter_add_rows_backward(b, dy, dweights, dout, y, ids, weights);
+    after_op(b);
+}
+
 void op_softcap(struct backend *b, const struct tensor *out, const struct tensor *x, float cap)
 {
     check_float(b, out, "softcap out");

@@ -240,6 +240,10 @@ struct backend_ops {
                   const struct tensor *m, const struct tensor *v,
                   const struct adamw_params *hp);
     void (*sum_squares)(struct backend *b, const struct tensor *out, const struct tensor *x);
+    void (*scatter_add_rows_backward)(struct backend *b, const struct tensor *dy,
+                                      const struct tensor *dweights, const struct tensor *dout,
+                                      const struct tensor *y, const struct tensor *ids,
+                                      const struct tensor *weights);
 };
 
 /* An open backend. Fields other than ops are read-only for callers. */
@@ -400,6 +404,15 @@ void op_scale(struct backend *b, const struct tensor *out, const struct tensor *
  * independent of the order rows are visited in. */
 void op_scatter_add_rows(struct backend *b, const struct tensor *out, const struct tensor *y,
                          const struct tensor *ids, const struct tensor *weights);
+/* Backward, for dout = dL/dout (rows, d) (which also flows on to the out the forward added
+ * into, unchanged: the caller keeps it):
+ *   dy[i] = weights[i] dout[ids[i]],   dweights[i] = dout[ids[i]] . y[i]
+ * dy (n, d) in y's dtype and dweights f32 (n) are written, not accumulated (activation
+ * gradients); dweights may be NULL. f32 math, the dot product summed in f32 in column order on
+ * both backends. ids as the forward's (distinct not required here). dy must not alias dout. */
+void op_scatter_add_rows_backward(struct backend *b, const struct tensor *dy, const struct tensor *dweights,
+                                  const struct tensor *dout, const struct tensor *y, const struct tensor *ids,
+                                  const struct tensor *weights);
 
 /* out = cap * tanh(x / cap) (logit soft-capping, Gemma 2's final_logit_softcapping), same shape,
  * f32 math; cap > 0. out may alias x. */

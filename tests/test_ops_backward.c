@@ -1069,6 +1069,90 @@ static void case_sum_squares(struct suite *s, enum dtype dt, int n, int special)
     case_end(s, name, &v);
 }
 
+/* ---- scatter_add_rows (a mixture of experts' combine) ----------------------------------------
+ * Forward out[ids[i]] += w_i y[i]; L = sum(dout * out). dy[i] = w_i dout[ids[i]], dw_i =
+ * dout[ids[i]] . y[i]. mag(dw_i): sqrt(d) sum_j |dout y| (an f32 dot product). ids repeat (the
+ * op does not need them distinct) and skip rows. */
+
+struct scatter_ctx {
+    int           n, d;
+    const int32_t *ids;
+    const double *dout;
+    double       *y, *w; /* perturbed by check_fd */
+};
+
+static double scatter_loss(const void *p, double *abs_sum)
+{
+    const struct scatter_ctx *c = p;
+    double l = 0.0, a = 0.0;
+    for (int i = 0; i < c->n; i++)
+        for (int j = 0; j < c->d; j++) {
+            double t = c->dout[(size_t)c->ids[i] * c->d + j] * c->w[i] * c->y[(size_t)i * c->d + j];
+            l += t;
+            a += fabs(t);
+        }
+    *abs_sum = a;
+    return l;
+}
+
+static void case_scatter_add_rows_backward(struct suite *s, enum dtype dt, int n, int d, int rows, int with_dw)
+{
+    char name[160];
+    snprintf(name, sizeof name, "scatter_add_rows_backward %s n=%d d=%d rows=%d%s", dtype_name(dt), n, d, rows,
+             with_dw ? "" : " dweights=NULL");
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    int32_t *ids = case_alloc(s, (size_t)(n ? n : 1), sizeof(int32_t));
+    for (int i = 0; i < n; i++) ids[i] = i == 0 ? rows - 1 : rng_int(&r, rows);
+    const size_t ny = (size_t)n * d, no = (size_t)rows * d;
+    struct hbuf y = hbuf_uniform(s, dt, ny, &r, -2, 2), dout = hbuf_uniform(s, dt, no, &r, -1, 1);
+    struct hbuf w = hbuf_uniform(s, DTYPE_F32, (size_t)n, &r, 0, 1);
+    double *gy = dalloc(s, ny), *my = dalloc(s, ny), *gw = dalloc(s, (size_t)n), *mw = dalloc(s, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        double dot = 0.0, mag = 0.0;
+        for (int j = 0; j < d; j++) {
+            const double g = dout.val[(size_t)ids[i] * d + j], yv = y.val[(size_t)i * d + j];
+            gy[(size_t)i * d + j] = w.val[i] * g;
+            my[(size_t)i * d + j] = fabs(w.val[i] * g);
+            dot += g * yv;
+            mag += fabs(g * yv);
+        }
+        gw[i] = dot;
+        mw[i] = sqrt((double)d) * mag;
+    }
+    struct verdict v = {.worst_ratio = -1.0};
+    double *fy = dalloc(s, ny), *fw = dalloc(s, (size_t)n);
+    memcpy(fy, y.val, ny * sizeof(double));
+    memcpy(fw, w.val, (size_t)n * sizeof(double));
+    struct scatter_ctx ctx = {n, d, ids, dout.val, fy, fw};
+    check_fd(&v, "dy", fy, ny, gy, scatter_loss, &ctx, &r);
+    check_fd(&v, "dweights", fw, (size_t)n, gw, scatter_loss, &ctx, &r);
+    double *tol_y = dalloc(s, ny), *tol_w = dalloc(s, (size_t)n);
+    make_tol(tol_y, dt, 1, 2 * U32, 0.0, gy, my, ny);
+    make_tol(tol_w, DTYPE_F32, 1, 2 * U32, 2 * U32, gw, mw, (size_t)n);
+    double *got_y[2] = {0}, *got_w[2] = {0};
+    void *by = case_alloc(s, ny ? ny : 1, dtype_size(dt));
+    float *bw = case_alloc(s, (size_t)(n ? n : 1), sizeof(float));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tdy = arena_out(&a, "dy", dt, S2(n, d), NULL, by);
+        struct tensor tdw = arena_out(&a, "dweights", DTYPE_F32, S1(n), NULL, bw);
+        struct tensor tdo = arena_in(&a, "dout", dt, S2(rows, d), dout.bits);
+        struct tensor ty = arena_in(&a, "y", dt, S2(n, d), y.bits);
+        struct tensor ti = arena_in(&a, "ids", DTYPE_I32, S1(n), ids);
+        struct tensor tw = arena_in(&a, "weights", DTYPE_F32, S1(n), w.bits);
+        if (SUPPORTED(&v, b, scatter_add_rows_backward))
+            op_scatter_add_rows_backward(b, &tdy, with_dw ? &tdw : NULL, &tdo, &ty, &ti, &tw);
+        arena_finish(&a, &v);
+        got_y[bi] = decode(s, by, dt, ny);
+        got_w[bi] = decode(s, bw, DTYPE_F32, (size_t)n);
+    }
+    check_close(s, &v, "dy", got_y, gy, tol_y, ny, (size_t)d);
+    if (with_dw) check_close(s, &v, "dweights", got_w, gw, tol_w, (size_t)n, 1);
+    case_end(s, name, &v);
+}
+
 /* ==== the case list ========================================================================= */
 
 static void run_all(struct suite *s)
@@ -1153,6 +1237,14 @@ static void run_all(struct suite *s)
         case_sum_squares(s, dt, 100003, 0);
         case_sum_squares(s, dt, 5000, 1);
         case_sum_squares(s, dt, 70001, 2);
+    }
+
+    for (int di = 0; di < 3; di++) {
+        enum dtype dt = float_dtypes[di];
+        case_scatter_add_rows_backward(s, dt, 1, 1, 1, 1);
+        case_scatter_add_rows_backward(s, dt, 7, 67, 5, 1);
+        case_scatter_add_rows_backward(s, dt, 33, 129, 40, 0);
+        case_scatter_add_rows_backward(s, dt, 300, 96, 128, 1);
     }
 }
 

@@ -12,11 +12,14 @@
  * gradients; OUT_PREFIX.peft/ receives the adapter in the PEFT layout. With LORA_DROPOUT > 0
  * the micro-batch draws its masks as training does (seed 11, step 3, micro-batch 2, written
  * to the JSON), for the Python reference to draw them again from lora.h's formula.
+ * Environment: MOE_AUX_COEFF, MOE_Z_COEFF and MOE_AUX_SCALE set a mixture of experts'
+ * auxiliary losses (model_train_set_moe_loss, train_batch.aux_scale); TRAIN_RECOMPUTE=mlp or full
+ * picks a recomputation plan (selective mlp and layernorm; uniform over 1 layer).
  * With cuda it prints "SKIP: ..." and exits 77 when the build or the machine has no GPU.
  * BATCH_FILE (text): "n_tokens n_docs grad_scale", then n_tokens tokens, n_tokens targets,
  * n_tokens positions, n_docs + 1 document offsets.
  * Writes OUT_PREFIX.json {"loss_sum", "n_real", "tensors": [{"kind", "layer", "shape",
- * "weight_offset", "grad_offset"}]} and OUT_PREFIX.bin (f32 little-endian). Exit 0 or 1. */
+ * "weight_offset", "grad_offset"}], "moe_aux", "moe_z", "moe_load": (layers x experts)} and OUT_PREFIX.bin (f32 little-endian). Exit 0 or 1. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,7 +66,18 @@ int main(int argc, char **argv)
     }
     enum status st = model_load_as(argv[1], b, NULL, DTYPE_F32, &m);
     struct model_train *mt = NULL;
-    if (st == STATUS_OK) st = model_train_new(m, tb.n_tokens, NULL, &mt);
+    /* A mixture of experts' auxiliary losses (MOE_AUX_COEFF, MOE_Z_COEFF, MOE_AUX_SCALE) and a
+     * recomputation plan (TRAIN_RECOMPUTE: "mlp" selective mlp + layernorm, "full" uniform 1). */
+    const char *rc = getenv("TRAIN_RECOMPUTE");
+    struct train_memory plan = {.recompute = TRAIN_RECOMPUTE_NONE, .sets = 1};
+    if (rc && !strcmp(rc, "mlp")) plan = (struct train_memory){.recompute = TRAIN_RECOMPUTE_SELECTIVE,
+                                                               .modules = TRAIN_RECOMPUTE_MLP | TRAIN_RECOMPUTE_LAYERNORM, .sets = 1};
+    if (rc && !strcmp(rc, "full")) plan = (struct train_memory){.recompute = TRAIN_RECOMPUTE_UNIFORM, .num_layers = 1, .sets = 1};
+    tb.aux_scale = getenv("MOE_AUX_SCALE") ? (float)atof(getenv("MOE_AUX_SCALE")) : 0.0f;
+    if (st == STATUS_OK) st = model_train_new(m, tb.n_tokens, &plan, &mt);
+    if (st == STATUS_OK)
+        model_train_set_moe_loss(mt, getenv("MOE_AUX_COEFF") ? (float)atof(getenv("MOE_AUX_COEFF")) : 0.0f,
+                                 getenv("MOE_Z_COEFF") ? (float)atof(getenv("MOE_Z_COEFF")) : 0.0f);
     if (st == STATUS_OK) st = model_weights_make_writable(m);
     struct model_weights g = {0};
     void *gmem = NULL;
@@ -148,6 +162,14 @@ int main(int argc, char **argv)
                 free(hw);
                 free(hg);
             }
+    double moe_aux = 0.0, moe_z = 0.0;
+    const int E = m->cfg.n_experts;
+    int64_t *load = calloc((size_t)(E ? E : 1) * (size_t)m->n_layers_local, sizeof *load);
+    CHECK(load, "out of memory");
+    CHECK(model_train_moe_stats(mt, &moe_aux, &moe_z, load) == (E ? repeat : 0), "MoE statistics of %d forwards", repeat);
+    fprintf(js, "], \"moe_aux\": %.17g, \"moe_z\": %.17g, \"moe_load\": [", moe_aux, moe_z);
+    for (int i = 0; i < E * m->n_layers_local; i++) fprintf(js, "%s%lld", i ? ", " : "", (long long)load[i]);
+    free(load);
     fprintf(js, "], \"tied\": %d, \"lora_scale\": %.9g, \"lora_dropout\": %.9g, \"dropout_seed\": 11, "
             "\"step\": %lld, \"micro\": %d}\n", m->w.tied, lora ? lora->scale : 0.0,
             lora ? (double)lora->dropout : 0.0, (long long)tb.step, tb.micro);

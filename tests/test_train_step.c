@@ -7,7 +7,8 @@
  * Each BATCH_FILE is one micro-batch (the format of test_train_grad.c, grad_scale ignored);
  * every step reads all of them. Writes OUT_PREFIX.json {"losses": [...], "grad_norms": [...],
  * "tensors": [{"kind", "layer", "shape", "initial_offset", "final_offset"}]} and
- * OUT_PREFIX.bin (f32). Exit 0 or 1. */
+ * OUT_PREFIX.bin (f32). MOE_AUX_COEFF and MOE_Z_COEFF in the environment set a mixture of
+ * experts' auxiliary losses (each micro-batch's weighted 1 / micro-batches). Exit 0 or 1. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,13 +68,19 @@ int main(int argc, char **argv)
         if (mb[i].tb.n_tokens > max_tokens) max_tokens = mb[i].tb.n_tokens;
         for (int j = 0; j < mb[i].tb.n_tokens; j++) targets += mb[i].tb.targets[j] >= 0;
     }
-    for (int i = 0; i < n_mb; i++) mb[i].tb.grad_scale = 1.0f / (float)targets;
+    for (int i = 0; i < n_mb; i++) { /* a mixture of experts' auxiliary losses: the mean over micro-batches */
+        mb[i].tb.grad_scale = 1.0f / (float)targets;
+        mb[i].tb.aux_scale = 1.0f / (float)n_mb;
+    }
     struct backend *b = NULL;
     struct model *m = NULL;
     CHECK(backend_open(DEVICE_CPU, 0, 0, &b) == STATUS_OK, "backend: %s", status_message());
     enum status st = model_load(argv[1], b, NULL, &m);
     struct model_train *mt = NULL;
     if (st == STATUS_OK) st = model_train_new(m, max_tokens, NULL, &mt);
+    if (st == STATUS_OK) /* MOE_AUX_COEFF, MOE_Z_COEFF: a mixture of experts' auxiliary losses */
+        model_train_set_moe_loss(mt, getenv("MOE_AUX_COEFF") ? (float)atof(getenv("MOE_AUX_COEFF")) : 0.0f,
+                                 getenv("MOE_Z_COEFF") ? (float)atof(getenv("MOE_Z_COEFF")) : 0.0f);
     if (st == STATUS_OK) st = model_weights_make_writable(m);
     struct model_weights g;
     void *gmem = NULL;

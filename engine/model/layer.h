@@ -18,6 +18,8 @@
 extern "C" {
 #endif
 
+struct moe_tensors;
+
 /* Where one call's tensors live. Rows: T for the tensor-parallel region (q .. hact), Tl (the
  * rank's rows of the residual stream: T / tp under sequence parallelism, else T) for the rest.
  * Tensors whose data pointers are equal share storage, and the math then runs in place:
@@ -35,6 +37,8 @@ struct layer_tensors {
     struct tensor attn_out, mlp_out;/* (Tl, d): the row-parallel products (summed over tp) */
     struct tensor normed;           /* (Tl, d): a sandwich norm's output before the residual add */
     struct tensor pos;              /* i32 (T): positions, for rotary */
+    const struct moe_tensors *moe;  /* a mixture of experts' tensors (moe.h); NULL: the serving
+                                     * workspace */
 };
 
 /* What the caller decides. ctx is passed back to each. */

@@ -180,7 +180,7 @@ static struct layer_tensors train_tensors(struct model_train *t, int l, int64_t 
         .gate = la->gate, .up = la->up, .hact = la->hact,
         .attn_out = sandwich ? tensor_first_rows(&la->attn_out, Tl) : dtmp,
         .mlp_out = sandwich ? tensor_first_rows(&la->mlp_out, Tl) : dtmp,
-        .normed = dtmp, .pos = t->a->positions,
+        .normed = dtmp, .pos = t->a->positions, .moe = m->cfg.n_experts ? &la->moe : NULL,
     };
 }
 
@@ -282,6 +282,7 @@ enum status model_forward_train(struct model_train *t, const struct train_batch 
     }
 
     for (int l = 0; l < m->n_layers_local; l++) TRY(layer_forward_train(t, l, T, &x, &ab));
+    train_moe_count(t);
     if (!model_is_last_stage(m)) return STATUS_OK;
 
     /* Final norm and the loss: the fused, vocab-parallel cross-entropy. */
@@ -314,6 +315,11 @@ static enum status recompute_mlp(struct model_train *t, int l, int64_t T, struct
     struct tensor xn2 = tensor_first_rows(&la->xn2, local_rows(t, T)), x_mid = tensor_first_rows(&la->x_mid, local_rows(t, T));
     if (mods & TRAIN_RECOMPUTE_LAYERNORM) layer_pre_norm(m, &xn2, &x_mid, &w->mlp_norm, &w->mlp_norm_bias);
     TRY(gather_rows(t, &xn2, &t->a->gath, T, xn2_full));
+    if (mods & TRAIN_RECOMPUTE_MLP && m->cfg.n_experts) { /* the experts' insides, from the kept routing */
+        struct moe_tensors mt = la->moe;
+        mt.recompute = 1;
+        return moe_forward(m, l, T, xn2_full, NULL, &mt);
+    }
     if (mods & TRAIN_RECOMPUTE_MLP) {
         struct train_ctx tc = {.t = t, .batch = NULL};
         const struct layer_tensors lt = train_tensors(t, l, T, NULL);
@@ -342,6 +348,24 @@ static enum status recompute_attention(struct model_train *t, int l, int64_t T, 
     return gather_rows(t, &xn1, &t->a->gath, T, xn1_full);
 }
 
+/* The gradient of a row-parallel product's output (all T rows, *dfull) from dres (the gradient
+ * of the residual add's output, local rows), through the sandwich norm (its weight's gradient
+ * +=). dres flows to x unchanged (the caller keeps it). */
+static enum status residual_output_grad(struct model_train *t, int64_t T, const struct tensor *kept,
+                                        const struct tensor *post_norm, const struct tensor *gpost, struct tensor *dfull)
+{
+    struct model *m = t->m;
+    struct train_activations *a = t->a;
+    const int64_t Tl = local_rows(t, T);
+    struct tensor dres = tensor_first_rows(&a->dres, Tl), dtmp = tensor_first_rows(&a->dtmp, Tl), dproj = dres;
+    if (m->cfg.sandwich_norms) { /* dtmp = d post_norm(kept) */
+        struct tensor out = tensor_first_rows(kept, Tl);
+        norm_bwd(m, &dtmp, gpost, NULL, &dres, &out, post_norm);
+        dproj = dtmp;
+    }
+    return gather_rows(t, &dproj, &a->dfull, T, dfull);
+}
+
 /* The backward of row_parallel_residual: from dres (the gradient of out, local rows), the
  * gradient of the product's input into din (all T rows) and of the weights. dres flows to x
  * unchanged (the caller keeps it). */
@@ -351,15 +375,8 @@ static enum status row_parallel_backward(struct model_train *t, int l, enum lora
                                          const struct tensor *post_norm, const struct tensor *gpost)
 {
     struct model *m = t->m;
-    struct train_activations *a = t->a;
-    const int64_t Tl = local_rows(t, T);
-    struct tensor dres = tensor_first_rows(&a->dres, Tl), dtmp = tensor_first_rows(&a->dtmp, Tl), dproj = dres, dfull;
-    if (m->cfg.sandwich_norms) { /* dtmp = d post_norm(kept) */
-        struct tensor out = tensor_first_rows(kept, Tl);
-        norm_bwd(m, &dtmp, gpost, NULL, &dres, &out, post_norm);
-        dproj = dtmp;
-    }
-    TRY(gather_rows(t, &dproj, &a->dfull, T, &dfull));
+    struct tensor dfull;
+    TRY(residual_output_grad(t, T, kept, post_norm, gpost, &dfull));
     /* The bias, added on tp rank 0 only, gets its gradient on every rank (the same full rows),
      * so that the replicated copies stay equal. */
     op_matmul_backward(m->b, din, opt(gw), opt(gbias), &dfull, in, w, 0);
@@ -367,10 +384,40 @@ static enum status row_parallel_backward(struct model_train *t, int l, enum lora
     return STATUS_OK;
 }
 
+/* The dense MLP's backward, from dres: dxn (T rows) = the gradient of its input xn (full). */
+static enum status mlp_backward(struct model_train *t, int l, int64_t T, const struct tensor *full,
+                                const struct layer_weights *g)
+{
+    struct model *m = t->m;
+    struct backend *b = m->b;
+    const struct model_config *c = &m->cfg;
+    const struct layer_weights *w = &m->w.layers[l];
+    struct layer_acts *la = &t->a->layers[l];
+    struct train_activations *a = t->a;
+    struct tensor dxn = tensor_first_rows(&a->dxn, T);
+    struct tensor dh = tensor_first_rows(&a->dup, T), hact = tensor_first_rows(&la->hact, T);
+    TRY(row_parallel_backward(t, l, LORA_TARGET_DOWN, T, &dh, &hact, &w->w_down, &g->w_down, &g->b_down, &la->mlp_out,
+                              &w->post_mlp_norm, &g->post_mlp_norm));
+    struct tensor up = tensor_first_rows(&la->up, T), dup = tensor_first_rows(&a->dup, T);
+    if (c->gated_mlp) {
+        struct tensor gate = tensor_first_rows(&la->gate, T), dgate = tensor_first_rows(&a->dgate, T);
+        op_gated_activation_backward(b, &dgate, &dup, &dh, &gate, &up, c->activation);
+        op_matmul_backward(b, &dxn, opt(&g->w_gate), opt(&g->b_gate), &dgate, full, &w->w_gate, 0);
+        adapt_back(t, l, LORA_TARGET_GATE, &dxn, &dgate, full);
+        op_matmul_backward(b, &dxn, opt(&g->w_up), opt(&g->b_up), &dup, full, &w->w_up, 1);
+    } else {
+        op_activation_backward(b, &dup, &dh, &up, c->activation);
+        op_matmul_backward(b, &dxn, opt(&g->w_up), opt(&g->b_up), &dup, full, &w->w_up, 0);
+    }
+    adapt_back(t, l, LORA_TARGET_UP, &dxn, &dup, full);
+    return STATUS_OK;
+}
+
 /* The mirror of layer_forward_train. On entry dres (Tl, d) holds dL/d(layer output); on return
- * dL/d(layer input). g holds this layer's weight gradients (+=). */
+ * dL/d(layer input). g holds this layer's weight gradients (+=); a mixture of experts' auxiliary
+ * losses enter with the weight aux_scale (train_batch). */
 static enum status layer_backward(struct model_train *t, int l, int64_t T, const struct layer_weights *g,
-                                  const struct attention_train_batch *batch)
+                                  const struct attention_train_batch *batch, float aux_scale)
 {
     struct model *m = t->m;
     struct backend *b = m->b;
@@ -386,23 +433,16 @@ static enum status layer_backward(struct model_train *t, int l, int64_t T, const
     struct tensor dres = tensor_first_rows(&a->dres, Tl), dtmp = tensor_first_rows(&a->dtmp, Tl);
     struct tensor pos = tensor_first_rows(&a->positions, T), dxn = tensor_first_rows(&a->dxn, T), full, dsum;
 
-    /* MLP block, in reverse. */
-    struct tensor dh = tensor_first_rows(&a->dup, T), hact = tensor_first_rows(&la->hact, T);
+    /* MLP block, in reverse: a mixture of experts (moe.h), or the dense MLP. */
     TRY(recompute_mlp(t, l, T, &full));
-    TRY(row_parallel_backward(t, l, LORA_TARGET_DOWN, T, &dh, &hact, &w->w_down, &g->w_down, &g->b_down, &la->mlp_out,
-                              &w->post_mlp_norm, &g->post_mlp_norm));
-    struct tensor up = tensor_first_rows(&la->up, T), dup = tensor_first_rows(&a->dup, T);
-    if (c->gated_mlp) {
-        struct tensor gate = tensor_first_rows(&la->gate, T), dgate = tensor_first_rows(&a->dgate, T);
-        op_gated_activation_backward(b, &dgate, &dup, &dh, &gate, &up, c->activation);
-        op_matmul_backward(b, &dxn, opt(&g->w_gate), opt(&g->b_gate), &dgate, &full, &w->w_gate, 0);
-        adapt_back(t, l, LORA_TARGET_GATE, &dxn, &dgate, &full);
-        op_matmul_backward(b, &dxn, opt(&g->w_up), opt(&g->b_up), &dup, &full, &w->w_up, 1);
+    if (c->n_experts) {
+        struct tensor dproj;
+        const struct moe_loss loss = {t->moe_aux_coeff, t->moe_z_coeff, aux_scale};
+        TRY(residual_output_grad(t, T, &la->mlp_out, &w->post_mlp_norm, &g->post_mlp_norm, &dproj));
+        moe_backward(m, l, T, &full, &dproj, &dxn, &la->moe, &a->moe_grad, g, &loss);
     } else {
-        op_activation_backward(b, &dup, &dh, &up, c->activation);
-        op_matmul_backward(b, &dxn, opt(&g->w_up), opt(&g->b_up), &dup, &full, &w->w_up, 0);
+        TRY(mlp_backward(t, l, T, &full, g));
     }
-    adapt_back(t, l, LORA_TARGET_UP, &dxn, &dup, &full);
     TRY(sum_input_grad(t, T, &dsum));
     struct tensor x_mid = tensor_first_rows(&la->x_mid, Tl);
     pre_norm_bwd(m, &dres, &dtmp, &g->mlp_norm, &g->mlp_norm_bias, &dsum, &x_mid, &w->mlp_norm); /* dL/dx_mid */
@@ -484,7 +524,7 @@ enum status model_backward(struct model_train *t, const struct train_batch *tb,
     for (int l = m->n_layers_local - 1; l >= 0; l--) {
         int first = 0, last = 0;
         if (train_layer_full(t, l, &first, &last) && l == last) TRY(recompute_chunk(t, first, last, T, &ab));
-        TRY(layer_backward(t, l, T, &grads->layers[l], &ab));
+        TRY(layer_backward(t, l, T, &grads->layers[l], &ab, tb->aux_scale));
         if (t->layer_done) t->layer_done(t->hook_ctx, l);
     }
 

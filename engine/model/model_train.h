@@ -53,6 +53,10 @@ struct train_batch {
     int            dropout;    /* training: LoRA dropout masks are drawn (lora.h), keyed by */
     int64_t        step;       /* the optimizer step and */
     int            micro;      /* the micro-batch's index in the global batch; 0: evaluation */
+    float          aux_scale;  /* a mixture of experts: the gradient taken is also that of
+                                  aux_scale x the auxiliary losses of this micro-batch's layers
+                                  (model_train_set_moe_loss): loss_scale / (micro-batches of the
+                                  global batch) gives Megatron's mean over the micro-batches */
 };
 
 /* Modules whose insides selective recomputation recomputes (Megatron's --recompute-modules). */
@@ -105,6 +109,15 @@ void model_train_set_lora(struct model_train *t, struct lora *lora);
  * trainer starts that layer's data-parallel gradient reduction there, overlapping it with the
  * backward of the layers below. NULL: none. */
 void model_train_set_layer_hook(struct model_train *t, void (*fn)(void *ctx, int layer), void *ctx);
+
+/* A mixture of experts: the coefficients of Megatron's load-balancing loss and router z-loss
+ * (--moe-aux-loss-coeff, --moe-z-loss-coeff; moe.h defines both), 0 and 0 until set. */
+void model_train_set_moe_loss(struct model_train *t, float aux_coeff, float z_coeff);
+/* The routing of every model_forward_train since the last call (zeros for a dense model), and
+ * the sums restart: returns the number of those forwards; *aux, *z receive their load-balancing
+ * and z losses summed over the forwards and this stage's layers, without coefficients, and,
+ * when load is not NULL, load (n_layers_local, n_experts) += the tokens routed to each expert. */
+int model_train_moe_stats(struct model_train *t, double *aux, double *z, int64_t *load);
 
 /* Picks the activation set the next forward writes and the next backward reads (0 ..
  * sets - 1): a pipeline keeps one per micro-batch in flight. */

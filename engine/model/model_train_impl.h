@@ -11,6 +11,7 @@
 #define SHARDLM_MODEL_TRAIN_IMPL_H
 
 #include "model_train.h"
+#include "moe.h"
 
 /* What one layer keeps from its forward for its backward. (T = max_tokens rows; Tl = local.) */
 struct layer_acts {
@@ -26,6 +27,12 @@ struct layer_acts {
     struct tensor gate, up;    /* (T, ffn_local): before the activation */
     struct tensor hact;        /* (T, ffn_local): act(gate) * up, or act(up) */
     struct tensor mlp_out;     /* (Tl, d): down projection, before the sandwich norm */
+    /* A mixture of experts (moe.h; absent otherwise): the routing, always kept (ids, w, sw on
+     * the device, route on the host), and the experts' insides per slot (moe.gate, up, hact:
+     * (T * k, moe_ffn); moe.y (T * k, d); moe.s_y (T, d), the shared expert's output; recomputed
+     * under the mlp module). moe.s_gate .. s_hact are gate .. hact above (the shared expert's). */
+    struct moe_tensors moe;
+    struct moe_routing route;
 };
 
 /* One set of activations: one micro-batch in flight. */
@@ -42,7 +49,11 @@ struct train_activations {
                                       all-gathered output gradients (sequence parallel only) */
     struct tensor dq, datt;        /* (T, heads_local * hd) */
     struct tensor dk, dv;          /* (T, kv_local * hd) */
-    struct tensor dgate, dup;      /* (T, ffn_local) */
+    struct tensor dgate, dup;      /* (T, ffn_local), or (T, max(ffn_local, moe_ffn)) */
+    /* a mixture of experts: the router's logits and one expert's rows (forward scratch: T rows,
+     * moe.h), the shared expert's rows 0 .. T-1, and moe_backward's scratch */
+    struct tensor moe_logits, moe_logits32, moe_x, moe_rows;
+    struct moe_grad_scratch moe_grad;
     /* loss */
     struct tensor stats;           /* f32 (T, 3): this shard's cross-entropy statistics */
     struct tensor stats_all;       /* f32 (tp * T, 3): every shard's */
@@ -61,6 +72,11 @@ struct model_train {
     int n_sets;
     struct train_activations *a;     /* the set the next pass uses */
     struct lora *lora;               /* borrowed, or NULL */
+    float moe_aux_coeff, moe_z_coeff; /* model_train_set_moe_loss */
+    void *moe_host;                  /* the host memory of every set's routing and the scratch */
+    int moe_forwards;                /* model_train_moe_stats's sums since its last call */
+    double moe_aux_sum, moe_z_sum;
+    int64_t *moe_load;               /* (n_layers_local, n_experts) */
     void (*layer_done)(void *ctx, int layer);
     void *hook_ctx;
 };
@@ -68,6 +84,8 @@ struct model_train {
 /* Whether layer l (local) recomputes everything from its input in backward, and the first
  * local layer of its recomputation chunk (full recomputation; model_train_mem.c). */
 int train_layer_full(const struct model_train *t, int l, int *chunk_first, int *chunk_last);
+/* Adds the current set's routing (the forward just run) to model_train_moe_stats's sums. */
+void train_moe_count(struct model_train *t);
 /* Sequence parallelism in effect (asked for, and tp > 1). */
 int train_sp(const struct model_train *t);
 

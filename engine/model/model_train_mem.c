@@ -44,7 +44,8 @@ int model_train_grad_partial(const struct model_train *t, enum weight_kind kind)
 
 enum field {
     F_X_IN, F_XN1, F_Q_PRE, F_K_PRE, F_Q, F_K, F_V, F_ATT, F_LSE, F_ATTN_OUT, F_X_MID, F_XN2,
-    F_GATE, F_UP, F_HACT, F_MLP_OUT, F_COUNT
+    F_GATE, F_UP, F_HACT, F_MLP_OUT,
+    F_MOE_IDS, F_MOE_W, F_MOE_SW, F_MOE_GATE, F_MOE_UP, F_MOE_HACT, F_MOE_Y, F_SHARED_Y, F_COUNT
 };
 
 static const size_t field_offset[F_COUNT] = {
@@ -54,6 +55,9 @@ static const size_t field_offset[F_COUNT] = {
     offsetof(struct layer_acts, attn_out), offsetof(struct layer_acts, x_mid), offsetof(struct layer_acts, xn2),
     offsetof(struct layer_acts, gate), offsetof(struct layer_acts, up), offsetof(struct layer_acts, hact),
     offsetof(struct layer_acts, mlp_out),
+    offsetof(struct layer_acts, moe.ids), offsetof(struct layer_acts, moe.w), offsetof(struct layer_acts, moe.sw),
+    offsetof(struct layer_acts, moe.gate), offsetof(struct layer_acts, moe.up), offsetof(struct layer_acts, moe.hact),
+    offsetof(struct layer_acts, moe.y), offsetof(struct layer_acts, moe.s_y),
 };
 
 static struct tensor *field(struct layer_acts *la, int f) { return (struct tensor *)((char *)la + field_offset[f]); }
@@ -66,6 +70,9 @@ static void field_shape(const struct model *m, int f, int64_t T, int64_t Tl, enu
     const int64_t d = c->d_model, hd = c->head_dim, hq = (int64_t)m->n_heads_local * hd;
     const int64_t hkv = (int64_t)m->n_kv_local * hd, ffn = m->ffn_local;
     const int64_t qk = c->qk_norm ? 1 : 0, sw = c->sandwich_norms ? 1 : 0;
+    /* A mixture of experts: the dense MLP's tensors are the shared expert's, when there is one. */
+    const int64_t dense = !c->n_experts || c->shared_expert ? 1 : 0, moe = c->n_experts ? 1 : 0;
+    const int64_t TK = moe * T * c->n_experts_used, shared = moe * (c->shared_expert ? 1 : 0);
     *dt = m->dtype;
     switch (f) {
     case F_X_IN: case F_XN1: case F_X_MID: case F_XN2: *rows = Tl; *cols = d; break;
@@ -75,8 +82,14 @@ static void field_shape(const struct model *m, int f, int64_t T, int64_t Tl, enu
     case F_Q: case F_ATT: *rows = T; *cols = hq; break;
     case F_K: case F_V: *rows = T; *cols = hkv; break;
     case F_LSE: *dt = DTYPE_F32; *rows = T; *cols = m->n_heads_local; break;
-    case F_GATE: *rows = c->gated_mlp ? T : 0; *cols = ffn; break;
-    default: *rows = T; *cols = ffn; break; /* F_UP, F_HACT */
+    case F_GATE: *rows = c->gated_mlp ? dense * T : 0; *cols = ffn; break;
+    case F_MOE_IDS: *dt = DTYPE_I32; *rows = TK; *cols = 1; break;
+    case F_MOE_W: *dt = DTYPE_F32; *rows = TK; *cols = 1; break;
+    case F_MOE_SW: *dt = DTYPE_F32; *rows = shared * T; *cols = 1; break;
+    case F_MOE_GATE: case F_MOE_UP: case F_MOE_HACT: *rows = TK; *cols = c->moe_ffn; break;
+    case F_MOE_Y: *rows = TK; *cols = d; break;
+    case F_SHARED_Y: *rows = shared * T; *cols = d; break;
+    default: *rows = dense * T; *cols = ffn; break; /* F_UP, F_HACT */
     }
 }
 
@@ -92,7 +105,9 @@ static int field_shared(const struct model_train *t, int l, int f, int *pos)
     }
     if (mm->recompute != TRAIN_RECOMPUTE_SELECTIVE) return 0;
     if (mm->modules & TRAIN_RECOMPUTE_CORE_ATTN && f == F_LSE) return 1;
-    if (mm->modules & TRAIN_RECOMPUTE_MLP && (f == F_GATE || f == F_UP || f == F_HACT)) return 1;
+    if (mm->modules & TRAIN_RECOMPUTE_MLP && (f == F_GATE || f == F_UP || f == F_HACT || f == F_MOE_GATE ||
+                                              f == F_MOE_UP || f == F_MOE_HACT || f == F_MOE_Y || f == F_SHARED_Y))
+        return 1;
     if (mm->modules & TRAIN_RECOMPUTE_LAYERNORM && (f == F_XN1 || f == F_XN2)) return 1;
     return 0;
 }
@@ -157,6 +172,8 @@ static void free_set(struct model *m, struct train_activations *a)
 void model_train_free(struct model_train *t)
 {
     if (!t) return;
+    free(t->moe_host);
+    free(t->moe_load);
     if (t->sets) {
         struct train_activations *common = t->sets[t->n_sets];
         if (common) free(common->host_loss); /* the sets borrow it */
@@ -191,14 +208,64 @@ static enum status check_plan(const struct model *m, int max_tokens, const struc
     return STATUS_OK;
 }
 
+/* A mixture of experts' host memory, one allocation (t->moe_host): every set's routing per layer
+ * (logits (T, E), start (E + 1), ids and w (T k), sw (T)), then moe_backward's host scratch
+ * (dz (T, E), dw (T k), 3 T doubles), which the common set's moe_grad points to. */
+static size_t moe_route_bytes(const struct model_config *c, int64_t T)
+{
+    const size_t E = (size_t)c->n_experts, TK = (size_t)T * (size_t)c->n_experts_used;
+    return (size_t)T * E * sizeof(float) + (E + 1) * sizeof(int) + TK * (sizeof(int32_t) + sizeof(float)) +
+           (size_t)T * sizeof(float);
+}
+
+static enum status moe_host_alloc(struct model_train *t, int64_t T)
+{
+    const struct model_config *c = &t->m->cfg;
+    const size_t E = (size_t)c->n_experts, TK = (size_t)T * (size_t)c->n_experts_used;
+    const size_t sets = (size_t)t->n_sets * (size_t)t->m->n_layers_local;
+    const size_t scratch = 3 * (size_t)T * sizeof(double) + (size_t)T * E * sizeof(float) + TK * sizeof(float);
+    char *p = calloc(1, sets * moe_route_bytes(c, T) + scratch);
+    if (!p) return STATUS_RESOURCE_EXHAUSTED;
+    t->moe_host = p;
+    struct moe_grad_scratch *g = &t->sets[t->n_sets]->moe_grad;
+    g->host_tok = (double *)p;
+    g->host_dz = (float *)(g->host_tok + 3 * T);
+    g->host_dw = g->host_dz + (size_t)T * E;
+    return STATUS_OK;
+}
+
+/* Layer l of set a (index s) as moe_forward's tensors: its kept routing and insides, the
+ * shared scratch, and its host routing. */
+static void moe_layer_tensors(struct model_train *t, struct train_activations *a, int s, int l)
+{
+    const struct model_config *c = &t->m->cfg;
+    const int64_t T = a->max_tokens, E = c->n_experts, TK = T * c->n_experts_used;
+    struct layer_acts *la = &a->layers[l];
+    char *p = (char *)t->moe_host + 3 * (size_t)T * sizeof(double) + (size_t)(T * E + TK) * sizeof(float) +
+              ((size_t)s * (size_t)t->m->n_layers_local + (size_t)l) * moe_route_bytes(c, T);
+    struct moe_routing *r = &la->route;
+    r->logits = (float *)p;
+    r->start = (int *)(r->logits + T * E);
+    r->ids = (int32_t *)(r->start + E + 1);
+    r->w = (float *)(r->ids + TK);
+    r->sw = r->w + TK;
+    struct moe_tensors *mt = &la->moe;
+    mt->logits = a->moe_logits, mt->logits32 = a->moe_logits32, mt->x = a->moe_x, mt->rows = a->moe_rows;
+    mt->s_gate = la->gate, mt->s_up = la->up, mt->s_hact = la->hact;
+    mt->r = r;
+    mt->per_slot = 1;
+    mt->recompute = 0;
+}
+
 enum status model_train_new(struct model *m, int max_tokens, const struct train_memory *mem, struct model_train **out)
 {
     const struct train_memory one = {.recompute = TRAIN_RECOMPUTE_NONE, .sets = 1};
     if (!mem) mem = &one;
     *out = NULL;
-    if (m->cfg.n_experts)
-        return status_errorf(STATUS_UNSUPPORTED, "training a mixture of experts (%s) is not built: the experts' backward, "
-                             "the router's and the load-balancing loss are missing", m->cfg.architecture);
+    if (m->cfg.n_experts && (m->tp_size > 1 || m->pp_size > 1 || m->par.layout.dp_size > 1))
+        return status_errorf(STATUS_UNSUPPORTED, "training a mixture of experts (%s) runs on one rank: tp %d, pp %d, "
+                             "dp %d is not built (expert, tensor, pipeline and data parallelism of the experts' "
+                             "training are not)", m->cfg.architecture, m->tp_size, m->pp_size, m->par.layout.dp_size);
     enum status st = check_plan(m, max_tokens, mem);
     if (st != STATUS_OK) return st;
     const int S = mem->sets, L = m->n_layers_local;
@@ -247,14 +314,33 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
     carve_add(&cv, &common->datt, m->dtype, T, hq);
     carve_add(&cv, &common->dk, m->dtype, T, hkv);
     carve_add(&cv, &common->dv, m->dtype, T, hkv);
-    carve_add(&cv, &common->dgate, m->dtype, T, ffn);
-    carve_add(&cv, &common->dup, m->dtype, T, ffn);
+    const struct model_config *c = &m->cfg;
+    const int64_t E = c->n_experts, top_k = c->n_experts_used, moe_T = E ? T : 0;
+    const int64_t wide = E && c->moe_ffn > ffn ? c->moe_ffn : ffn;
+    carve_add(&cv, &common->dgate, m->dtype, T, wide);
+    carve_add(&cv, &common->dup, m->dtype, T, wide);
+    carve_add(&cv, &common->moe_logits, m->dtype, moe_T, E);
+    carve_add(&cv, &common->moe_logits32, DTYPE_F32, m->dtype != DTYPE_F32 ? moe_T : 0, E);
+    carve_add(&cv, &common->moe_x, m->dtype, moe_T, d);
+    carve_add(&cv, &common->moe_rows, DTYPE_I32, c->shared_expert ? moe_T : 0, 1);
+    carve_add(&cv, &common->moe_grad.dy, m->dtype, moe_T, d);
+    carve_add(&cv, &common->moe_grad.dx, m->dtype, moe_T, d);
+    carve_add(&cv, &common->moe_grad.dw, DTYPE_F32, moe_T * (top_k + 1), 1);
+    carve_add(&cv, &common->moe_grad.dlogits, DTYPE_F32, moe_T, E);
+    carve_add(&cv, &common->moe_grad.dlogits_dt, m->dtype, m->dtype != DTYPE_F32 ? moe_T : 0, E);
     carve_add(&cv, &common->stats_all, DTYPE_F32, tp * T, 3);
     if ((st = carve_alloc(m, &cv, &common->mem, &common->bytes)) != STATUS_OK) goto out;
+    common->moe_grad.dgate = common->dgate, common->moe_grad.dup = common->dup;
     common->host_loss = malloc((size_t)T * sizeof *common->host_loss);
-    if (!common->host_loss) {
+    if (E) t->moe_load = calloc((size_t)E * (size_t)(L > 0 ? L : 1), sizeof *t->moe_load);
+    if (!common->host_loss || (E && (!t->moe_load || moe_host_alloc(t, T) != STATUS_OK))) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
         goto out;
+    }
+    if (c->shared_expert) { /* the shared expert's rows: all of them, in order */
+        int32_t *rows = (int32_t *)common->moe_grad.host_dz; /* free until a backward */
+        for (int64_t i = 0; i < T; i++) rows[i] = (int32_t)i;
+        backend_upload(m->b, common->moe_rows.data, rows, (size_t)T * sizeof *rows);
     }
     for (int s = 0; s < S; s++) {
         struct train_activations *a = calloc(1, sizeof *a);
@@ -297,6 +383,9 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
         a->dfull = common->dfull, a->dq = common->dq, a->datt = common->datt, a->dk = common->dk;
         a->dv = common->dv, a->dgate = common->dgate, a->dup = common->dup, a->stats_all = common->stats_all;
         a->host_loss = common->host_loss;
+        a->moe_logits = common->moe_logits, a->moe_logits32 = common->moe_logits32, a->moe_x = common->moe_x;
+        a->moe_rows = common->moe_rows, a->moe_grad = common->moe_grad;
+        for (int l = 0; E && l < L; l++) moe_layer_tensors(t, a, s, l);
     }
     t->a = t->sets[0];
 out:
@@ -387,4 +476,36 @@ size_t model_release_weight(struct model *m, struct tensor *t)
         }
     t->data = NULL;
     return freed;
+}
+
+void model_train_set_moe_loss(struct model_train *t, float aux_coeff, float z_coeff)
+{
+    t->moe_aux_coeff = aux_coeff;
+    t->moe_z_coeff = z_coeff;
+}
+
+int model_train_moe_stats(struct model_train *t, double *aux, double *z, int64_t *load)
+{
+    const int n = t->moe_forwards;
+    const size_t cells = (size_t)t->m->cfg.n_experts * (size_t)t->m->n_layers_local;
+    *aux = t->moe_aux_sum;
+    *z = t->moe_z_sum;
+    for (size_t i = 0; load && i < cells; i++) load[i] += t->moe_load[i];
+    t->moe_forwards = 0;
+    t->moe_aux_sum = t->moe_z_sum = 0.0;
+    if (cells) memset(t->moe_load, 0, cells * sizeof *t->moe_load);
+    return n;
+}
+
+void train_moe_count(struct model_train *t)
+{
+    const struct model_config *c = &t->m->cfg;
+    if (!c->n_experts) return;
+    t->moe_forwards++;
+    for (int l = 0; l < t->m->n_layers_local; l++) {
+        const struct moe_routing *r = &t->a->layers[l].route;
+        t->moe_aux_sum += r->aux;
+        t->moe_z_sum += r->z;
+        for (int e = 0; e < c->n_experts; e++) t->moe_load[(size_t)l * c->n_experts + e] += r->start[e + 1] - r->start[e];
+    }
 }

@@ -1,5 +1,6 @@
-/* engine/model/moe.c - a mixture of experts' MLP, serving forward (moe.h).
- * Tests: the MoE goldens (tests/test_model.c), tests/test_moe.c. */
+/* engine/model/moe.c - a mixture of experts' MLP: routing and the forward, for serving and
+ * training (moe.h). Not here: the training backward and the auxiliary losses (moe_train.c).
+ * Tests: the MoE goldens (tests/test_model.c), tests/test_moe.c, tests/test_train_moe.py. */
 #include "moe.h"
 
 #include <math.h>
@@ -51,69 +52,109 @@ void moe_route(const float *logits, int T, int E, int k, int norm, int *start, i
     start[0] = 0;
 }
 
-enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj)
+/* The serving workspace as the forward's tensors: every expert's insides from row 0, overwritten
+ * by the next expert; the activation in place on up. */
+static struct moe_tensors workspace_tensors(struct model *m, struct moe_routing *r)
+{
+    struct model_workspace *ws = &m->ws;
+    *r = (struct moe_routing){.logits = ws->moe_host_logits, .start = ws->moe_host_start, .ids = ws->moe_host_ids,
+                              .w = ws->moe_host_w, .sw = ws->moe_host_sw};
+    return (struct moe_tensors){
+        .logits = ws->moe_logits, .logits32 = ws->moe_logits32, .x = ws->moe_x, .ids = ws->moe_ids, .w = ws->moe_w,
+        .gate = ws->gate, .up = ws->up, .hact = ws->up, .y = ws->moe_y, .rows = ws->moe_rows, .sw = ws->moe_sw,
+        .s_gate = ws->gate, .s_up = ws->up, .s_hact = ws->up, .s_y = ws->moe_y,
+        .r = r,
+    };
+}
+
+/* n rows of cols columns of buf from row r0 (buf's own shape aside: the serving workspace holds
+ * one expert's rows of moe_ffn columns in buffers shaped for the dense MLP). */
+static struct tensor rows_of(const struct tensor *buf, int64_t r0, int64_t n, int64_t cols)
+{
+    return tensor_make((char *)buf->data + (size_t)(r0 * cols) * dtype_size(buf->dtype), buf->dtype, buf->device, 2,
+                       n, cols);
+}
+
+/* The router's logits to the host, the routing (moe_route) back to the device. */
+static void route(struct model *m, int l, int64_t T, const struct tensor *xn, const struct moe_tensors *mt)
 {
     struct backend *b = m->b;
     const struct model_config *c = &m->cfg;
-    const struct layer_weights *w = &m->w.layers[l];
     const int E = c->n_experts, k = c->n_experts_used;
-    const int64_t d = c->d_model, F = c->moe_ffn;
-    struct model_workspace *ws = &m->ws;
-
-    /* The router's logits, to the host. */
-    struct tensor lg = tensor_first_rows(&ws->moe_logits, T);
-    op_matmul(b, &lg, xn, &w->router, NULL);
+    struct tensor lg = tensor_first_rows(&mt->logits, T);
+    op_matmul(b, &lg, xn, &m->w.layers[l].router, NULL);
     const struct tensor *host_src = &lg;
-    struct tensor lg32 = tensor_first_rows(&ws->moe_logits32, T);
+    struct tensor lg32 = tensor_first_rows(&mt->logits32, T);
     if (lg.dtype != DTYPE_F32) {
         op_cast(b, &lg32, &lg);
         host_src = &lg32;
     }
-    backend_download(b, ws->moe_host_logits, host_src->data, (size_t)(T * E) * sizeof(float));
-    moe_route(ws->moe_host_logits, (int)T, E, k, c->norm_topk_prob, ws->moe_host_start, ws->moe_host_ids,
-              ws->moe_host_w);
+    backend_download(b, mt->r->logits, host_src->data, (size_t)(T * E) * sizeof(float));
+    moe_route(mt->r->logits, (int)T, E, k, c->norm_topk_prob, mt->r->start, mt->r->ids, mt->r->w);
     const size_t n_routed = (size_t)T * (size_t)k;
-    backend_upload(b, ws->moe_ids.data, ws->moe_host_ids, n_routed * sizeof(int32_t));
-    backend_upload(b, ws->moe_w.data, ws->moe_host_w, n_routed * sizeof(float));
+    backend_upload(b, mt->ids.data, mt->r->ids, n_routed * sizeof(int32_t));
+    backend_upload(b, mt->w.data, mt->r->w, n_routed * sizeof(float));
+}
+
+/* The shared expert's sigmoid gates, sigmoid(xn . g), to the host and back (Qwen 2 MoE). */
+static void shared_gates(struct model *m, int l, int64_t T, const struct tensor *xn, const struct moe_tensors *mt)
+{
+    struct backend *b = m->b;
+    struct tensor sg = tensor_first_rows(&mt->logits, T), sg1 = tensor_view2(&sg, T, 1);
+    struct tensor sg32 = tensor_view2(&mt->logits32, T, 1);
+    op_matmul(b, &sg1, xn, &m->w.layers[l].shared_gate, NULL);
+    if (sg1.dtype != DTYPE_F32) op_cast(b, &sg32, &sg1);
+    backend_download(b, mt->r->sw, (sg1.dtype != DTYPE_F32 ? &sg32 : &sg1)->data, (size_t)T * sizeof(float));
+    for (int64_t i = 0; i < T; i++) mt->r->sw[i] = (float)(1.0 / (1.0 + exp(-(double)mt->r->sw[i])));
+    backend_upload(b, mt->sw.data, mt->r->sw, (size_t)T * sizeof(float));
+}
+
+enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj,
+                        const struct moe_tensors *mt_in)
+{
+    struct backend *b = m->b;
+    const struct model_config *c = &m->cfg;
+    const struct layer_weights *w = &m->w.layers[l];
+    const int64_t d = c->d_model, F = c->moe_ffn;
+    struct moe_routing ws_r;
+    const struct moe_tensors ws_t = mt_in ? *mt_in : workspace_tensors(m, &ws_r), *mt = &ws_t;
+
+    if (!mt->recompute) {
+        route(m, l, T, xn, mt);
+        if (mt_in) moe_routing_losses(c, T, mt->r);
+    }
 
     /* This rank's experts over their rows, summed into proj in expert order (the other tp ranks'
      * experts join in the layer's tp reduction). */
-    backend_memset_zero(b, proj->data, tensor_nbytes(proj));
+    if (proj) backend_memset_zero(b, proj->data, tensor_nbytes(proj));
     for (int el = 0; el < m->n_experts_local; el++) {
         const int e = m->expert_first + el;
-        const int64_t r0 = ws->moe_host_start[e], n = ws->moe_host_start[e + 1] - r0;
+        const int64_t r0 = mt->r->start[e], n = mt->r->start[e + 1] - r0, at = mt->per_slot ? r0 : 0;
         if (n == 0) continue;
-        struct tensor ids = tensor_rows_at(&ws->moe_ids, r0, n), wt = tensor_rows_at(&ws->moe_w, r0, n);
-        struct tensor x = tensor_first_rows(&ws->moe_x, n), y = tensor_first_rows(&ws->moe_y, n);
-        struct tensor gate = tensor_make(ws->gate.data, m->dtype, b->device, 2, n, F);
-        struct tensor up = tensor_make(ws->up.data, m->dtype, b->device, 2, n, F);
+        struct tensor ids = tensor_rows_at(&mt->ids, r0, n), wt = tensor_rows_at(&mt->w, r0, n);
+        struct tensor x = tensor_first_rows(&mt->x, n), y = rows_of(&mt->y, at, n, d);
+        struct tensor gate = rows_of(&mt->gate, at, n, F), up = rows_of(&mt->up, at, n, F);
+        struct tensor hact = rows_of(&mt->hact, at, n, F);
         struct tensor wg = tensor_rows_at(&w->exp_gate, (int64_t)el * F, F), wu = tensor_rows_at(&w->exp_up, (int64_t)el * F, F);
         struct tensor wd = tensor_rows_at(&w->exp_down, (int64_t)el * d, d);
         op_embedding(b, &x, xn, &ids, 0); /* the expert's rows, gathered */
         op_matmul(b, &gate, &x, &wg, NULL);
         op_matmul(b, &up, &x, &wu, NULL);
-        op_gated_activation(b, &up, &gate, &up, c->activation);
-        op_matmul(b, &y, &up, &wd, NULL);
-        op_scatter_add_rows(b, proj, &y, &ids, &wt);
+        op_gated_activation(b, &hact, &gate, &up, c->activation);
+        op_matmul(b, &y, &hact, &wd, NULL);
+        if (proj) op_scatter_add_rows(b, proj, &y, &ids, &wt);
     }
     if (c->shared_expert) { /* Qwen 2 MoE: + sigmoid(x . g) * shared(x), every row */
-        struct tensor sg = tensor_first_rows(&ws->moe_logits, T), sg1 = tensor_view2(&sg, T, 1);
-        struct tensor sg32 = tensor_view2(&ws->moe_logits32, T, 1);
-        op_matmul(b, &sg1, xn, &w->shared_gate, NULL);
-        if (sg1.dtype != DTYPE_F32) op_cast(b, &sg32, &sg1);
-        backend_download(b, ws->moe_host_sw, (sg1.dtype != DTYPE_F32 ? &sg32 : &sg1)->data, (size_t)T * sizeof(float));
-        for (int64_t i = 0; i < T; i++) ws->moe_host_sw[i] = (float)(1.0 / (1.0 + exp(-(double)ws->moe_host_sw[i])));
-        struct tensor sw = tensor_first_rows(&ws->moe_sw, T), rows = tensor_first_rows(&ws->moe_rows, T);
-        backend_upload(b, sw.data, ws->moe_host_sw, (size_t)T * sizeof(float));
+        if (!mt->recompute) shared_gates(m, l, T, xn, mt);
         const int64_t S = m->ffn_local;
-        struct tensor gate = tensor_make(ws->gate.data, m->dtype, b->device, 2, T, S);
-        struct tensor up = tensor_make(ws->up.data, m->dtype, b->device, 2, T, S);
-        struct tensor y = tensor_first_rows(&ws->moe_y, T);
+        struct tensor sw = tensor_first_rows(&mt->sw, T), rows = tensor_first_rows(&mt->rows, T);
+        struct tensor gate = rows_of(&mt->s_gate, 0, T, S), up = rows_of(&mt->s_up, 0, T, S);
+        struct tensor hact = rows_of(&mt->s_hact, 0, T, S), y = tensor_first_rows(&mt->s_y, T);
         op_matmul(b, &gate, xn, &w->w_gate, NULL);
         op_matmul(b, &up, xn, &w->w_up, NULL);
-        op_gated_activation(b, &up, &gate, &up, c->activation);
-        op_matmul(b, &y, &up, &w->w_down, NULL);
-        op_scatter_add_rows(b, proj, &y, &rows, &sw);
+        op_gated_activation(b, &hact, &gate, &up, c->activation);
+        op_matmul(b, &y, &hact, &w->w_down, NULL);
+        if (proj) op_scatter_add_rows(b, proj, &y, &rows, &sw);
     }
     return STATUS_OK;
 }

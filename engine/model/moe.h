@@ -1,18 +1,35 @@
-/* engine/model/moe.h - a mixture of experts' MLP (Mixtral, Qwen 2 / 3 MoE, OLMoE), serving forward:
- * the router's logits, each token's top-k experts with their weights, every chosen expert's
- * gated MLP over the rows routed to it, and the weighted sum into the block's output.
+/* engine/model/moe.h - a mixture of experts' MLP (Mixtral, Qwen 2 / 3 MoE, OLMoE): the router's
+ * logits, each token's top-k experts with their weights, every chosen expert's gated MLP over the
+ * rows routed to it, and the weighted sum into the block's output; in serving (moe_forward over
+ * the model's workspace) and in training (moe_forward into the kept tensors of struct
+ * moe_tensors, moe_backward, and Megatron's auxiliary losses, moe_train.c).
  * Routing runs on the host (the router's logits are downloaded: one synchronisation per layer,
  * which a GPU pays; dropless: every token gets its k experts). Experts run one after the other
  * in index order, each over its rows gathered into a dense block (op_embedding with the normed
  * rows as the table), and are summed into the output in that order (op_scatter_add_rows), so a
  * token's result does not depend on the batch around it.
+ * Ties: p = softmax(logits) in double; of equal probabilities the lower expert index is chosen
+ * first (moe_route), in serving and in training alike, and the JAX reference of
+ * tests/test_train_moe.py breaks them the same way.
  * With tp > 1 each rank holds a block of whole experts (checkpoint.c's plan) and routes every
  * token (the router is replicated; its input is the same on every rank); proj is then this
  * rank's part, which the layer's tp all-reduce completes (the shared expert, split like a dense
- * MLP, joins the same sum). No all-to-all: every rank sees every token.
- * Not here: the attention and norms around it (layer.c); training (refused: model_train.c).
+ * MLP, joins the same sum). No all-to-all: every rank sees every token. Training runs at
+ * tp = pp = dp = 1 only (model_train_new refuses more, naming the sizes).
+ * Training (moe_backward): the experts' weight gradients, the input's gradient scattered back
+ * to its rows, the router's gradient through the (renormalised) top-k softmax weights into the
+ * logits and the router weight, the shared expert and its sigmoid gate; and beside the language
+ * model's loss, per layer, Megatron's load-balancing loss and router z-loss:
+ *   aux = E sum_e f_e P_e,  f_e = (tokens routed to e) / (T k),  P_e = mean_t softmax(z_t)_e
+ *   z   = mean_t logsumexp(z_t)^2
+ * (f_e counts, as Megatron's switch_load_balancing_loss_func, the T k routed slots: a uniform
+ * routing gives aux = 1; f carries no gradient), weighted by moe_aux_loss_coeff and
+ * moe_z_loss_coeff (struct moe_loss).
+ * Not here: the attention and norms around it (layer.c); the training memory plan
+ * (model_train_mem.c); LoRA on the experts (refused by the trainer).
  * Tests: tests/test_model.c goldens mixtral, qwen3_moe, olmoe (float64 NumPy forwards);
- * tests/test_moe.c (moe_route against a direct reference, ties). */
+ * tests/test_moe.c (moe_route against a direct reference, ties); tests/test_train_moe.py
+ * (training gradients and Adam steps against JAX + optax). */
 #ifndef SHARDLM_MOE_H
 #define SHARDLM_MOE_H
 
@@ -25,9 +42,71 @@
  * (their weights, f32); start has E + 1 entries, ids and w T * k. */
 void moe_route(const float *logits, int T, int E, int k, int norm, int *start, int32_t *ids, float *w);
 
+/* One layer's routing in host memory (kept from the training forward to its backward). */
+struct moe_routing {
+    float   *logits;  /* (T, E) f32: the router's logits */
+    int     *start;   /* (E + 1): expert e's slots start[e] .. start[e+1]-1 */
+    int32_t *ids;     /* (T * k): the token of each slot, grouped by expert */
+    float   *w;       /* (T * k): its weight */
+    float   *sw;      /* (T): the shared expert's sigmoid gate (shared expert only) */
+    double   aux, z;  /* the layer's load-balancing loss and z-loss, without coefficients */
+};
+
+/* Where a mixture of experts' forward puts its tensors. Serving passes NULL to moe_forward:
+ * its workspace, in which every expert overwrites the last one's insides. Training passes the
+ * layer's kept tensors, indexed by slot (rows start[e] .. of expert e), so that moe_backward
+ * finds every expert's insides. recompute: the routing is kept (device ids, w, sw; host r) and
+ * only the insides are computed again (selective recomputation of the MLP); proj may be NULL
+ * then. */
+struct moe_tensors {
+    struct tensor logits, logits32;   /* (T, E): the router's logits (dtype, and f32 when dtype is not) */
+    struct tensor x;                  /* (T, d): one expert's gathered input rows (scratch) */
+    struct tensor ids, w;             /* i32, f32 (T * k): the routing on the device */
+    struct tensor gate, up, hact;     /* (T * k, moe_ffn) per slot (hact may be up: in place) */
+    struct tensor y;                  /* (T * k, d) per slot: each expert's output, unweighted */
+    struct tensor rows, sw;           /* i32 0 .. T-1, f32 (T): the shared expert's rows and gates */
+    struct tensor s_gate, s_up, s_hact; /* (T, ffn_local): the shared expert's insides */
+    struct tensor s_y;                /* (T, d): its output before the gate */
+    struct moe_routing *r;            /* host */
+    int per_slot;                     /* gate .. y indexed by slot (training), or from row 0 */
+    int recompute;
+};
+
 /* proj (T rows, d_model) = this rank's part of the mixture of layer l's experts applied to xn
- * (T, d_model), the normed input (all of it at tp 1). Uses the serving workspace (m->ws:
- * model_reserve sized it for the experts). */
-enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj);
+ * (T, d_model), the normed input (all of it at tp 1). mt NULL: the serving workspace (m->ws:
+ * model_reserve sized it for the experts); else training's tensors (above), and the routing's
+ * auxiliary losses are written to mt->r. */
+enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj,
+                        const struct moe_tensors *mt);
+
+/* r->aux and r->z of T tokens from r->logits and r->start (moe_train.c). */
+void moe_routing_losses(const struct model_config *c, int64_t T, struct moe_routing *r);
+
+/* The auxiliary losses' coefficients (Megatron's --moe-aux-loss-coeff, --moe-z-loss-coeff) and
+ * the scale of their gradient in this micro-batch (as train_batch.grad_scale is the LM loss's:
+ * the loss scale over the micro-batches of the global batch). */
+struct moe_loss {
+    float aux_coeff, z_coeff;
+    float scale;
+};
+
+/* Scratch of moe_backward (T rows): dy, dx (T, d); dgate, dup (T, max(ffn_local, moe_ffn));
+ * dw f32 (T * (k + 1)): the slots' weights' gradients, then the shared expert's gates'; dlogits
+ * f32 (T, E) and dlogits_dt (T, E) in the compute dtype (absent when that is f32); on the host
+ * host_dz (T * E), host_dw (T * k) and host_tok (3 T, double). */
+struct moe_grad_scratch {
+    struct tensor dy, dx, dgate, dup, dw, dlogits, dlogits_dt;
+    float *host_dz, *host_dw;
+    double *host_tok;
+};
+
+/* The backward of moe_forward (training, tp 1): given dproj (T, d), the gradient of proj, and the
+ * forward's kept tensors mt (insides recomputed when they were not kept), writes dxn (T, d) =
+ * dL/dxn and adds the gradients of layer l's router, experts, shared expert and its gate to g
+ * (tensors with data NULL are skipped), the auxiliary losses' included (loss). The router's
+ * gradient is formed on the host, in double, from the routing in mt->r. */
+void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *dproj,
+                  const struct tensor *dxn, const struct moe_tensors *mt, const struct moe_grad_scratch *s,
+                  const struct layer_weights *g, const struct moe_loss *loss);
 
 #endif

@@ -47,6 +47,7 @@ struct trainer {
     int64_t train_iters;
     FILE *metrics;
     double t_start;
+    int64_t *expert_load;         /* a mixture of experts: (n_layers_local, n_experts), one step's */
 };
 
 /* ---- setup ------------------------------------------------------------------------------- */
@@ -233,6 +234,27 @@ static enum status load_state(struct trainer *t)
     return st;
 }
 
+/* What the trainer does for a mixture of experts: the auxiliary losses (refused for a dense
+ * model), the routing's statistics for the metrics, and no LoRA on the experts. */
+static enum status check_moe(struct trainer *t)
+{
+    const struct train_options *o = t->o;
+    const struct model_config *c = &t->m->cfg;
+    if (!c->n_experts && (o->moe_aux_loss_coeff != 0.0f || o->moe_z_loss_coeff != 0.0f))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--moe-aux-loss-coeff %g / --moe-z-loss-coeff %g: %s is not a "
+                             "mixture of experts", (double)o->moe_aux_loss_coeff, (double)o->moe_z_loss_coeff,
+                             c->architecture);
+    if (!c->n_experts) return STATUS_OK;
+    const unsigned mlp = 1u << LORA_TARGET_GATE | 1u << LORA_TARGET_UP | 1u << LORA_TARGET_DOWN;
+    if (o->lora_rank > 0 && (o->lora_targets & mlp))
+        return status_errorf(STATUS_UNSUPPORTED, "LoRA on a mixture of experts' MLP (gate, up, down: the experts and "
+                             "the shared expert) is not built; --lora-targets q,k,v,o trains the attention of %s",
+                             c->architecture);
+    t->expert_load = calloc((size_t)c->n_experts * (size_t)(t->m->n_layers_local > 0 ? t->m->n_layers_local : 1),
+                            sizeof *t->expert_load);
+    return t->expert_load ? STATUS_OK : status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of memory");
+}
+
 static enum status setup(struct trainer *t)
 {
     const struct train_options *o = t->o;
@@ -271,6 +293,7 @@ static enum status setup(struct trainer *t)
     if ((st = tokenizer_load_for_model(start, ck->tokenizer_proto, ck->tokenizer_proto_n, t->m->cfg.vocab_size,
                                        &t->tok)) != STATUS_OK)
         return st;
+    if ((st = check_moe(t)) != STATUS_OK) return st;
     if ((st = model_weights_make_writable(t->m)) != STATUS_OK) return st;
     t->master = &t->m->w;
     if (o->lora_rank > 0) { /* the base frozen: a gradient struct without tensors */
@@ -331,6 +354,7 @@ static enum status setup(struct trainer *t)
     if (mem.sets < 1) mem.sets = 1;
     if ((st = model_train_new(t->m, o->micro_batch_size * o->seq_length, &mem, &t->mt)) != STATUS_OK) return st;
     model_train_set_lora(t->mt, t->lora);
+    model_train_set_moe_loss(t->mt, o->moe_aux_loss_coeff, o->moe_z_loss_coeff);
     if ((st = train_ranks_attach(&t->ranks, t->mt, &t->gparams, &t->opt)) != STATUS_OK) return st;
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
     const char *mp = o->metrics_path ? o->metrics_path : path;
@@ -374,6 +398,7 @@ static void teardown(struct trainer *t)
         backend_free(t->b, t->grads_mem);
     }
     model_train_free(t->mt);
+    free(t->expert_load);
     model_free(t->m);
     tokenizer_free(t->tok);
     if (t->ranks.world) train_ranks_free(&t->ranks);
@@ -397,6 +422,8 @@ struct step_result {
     double grad_norm;   /* of the unscaled gradients */
     double lr;
     double loss_scale;
+    double moe_aux, moe_z; /* a mixture of experts: the auxiliary losses' means over layers and
+                              micro-batches, without coefficients (the load in expert_load) */
     int skipped;        /* fp16: the step was skipped for an overflow */
     int64_t tokens, targets;
 };
@@ -439,6 +466,7 @@ static int next_micro_batches(struct trainer *t, int64_t *targets, int64_t *toke
             t->tbs[n] = batch_of(&t->mbs[i], *scale_out);
             t->tbs[n].dropout = 1; /* LoRA's masks: keyed by the step and the global micro-batch */
             t->tbs[n].step = t->state.iteration;
+            t->tbs[n].aux_scale = (float)(loss_scale / t->num_microbatches); /* the mean over micro-batches */
             t->tbs[n++].micro = i;
         }
     return n;
@@ -460,7 +488,16 @@ static enum status train_step(struct trainer *t, struct step_result *r)
     float grad_scale = 0.0f;
     const int n = next_micro_batches(t, &targets, &tokens, &grad_scale, loss_scale);
     double loss_sum = 0.0;
+    model_train_moe_stats(t->mt, &r->moe_aux, &r->moe_z, NULL); /* forget the evaluations' routing */
     enum status st = train_ranks_step(&t->ranks, t->mt, t->tbs, n, &t->grads, &loss_sum);
+    if (t->expert_load) { /* one rank (model_train_new): nothing to sum over ranks */
+        const size_t cells = (size_t)t->m->cfg.n_experts * (size_t)t->m->n_layers_local;
+        memset(t->expert_load, 0, cells * sizeof *t->expert_load);
+        const int fw = model_train_moe_stats(t->mt, &r->moe_aux, &r->moe_z, t->expert_load);
+        const double per = (double)fw * t->m->n_layers_local;
+        r->moe_aux = per > 0 ? r->moe_aux / per : 0.0;
+        r->moe_z = per > 0 ? r->moe_z / per : 0.0;
+    }
     if (st == STATUS_OK) st = train_ranks_reduce_grads(&t->ranks, t->mt, &t->grads, &t->gparams);
     /* The stop flag travels with the loss: the world's sum is the same on every rank, so every
      * rank stops after the same iteration, whichever ranks the signal reached. */
@@ -557,9 +594,19 @@ static void report(struct trainer *t, const struct step_result *r, double step_s
     else snprintf(norm, sizeof norm, "null");
     fprintf(t->metrics,
             "{\"iter\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %s, \"loss_scale\": %.17g, "
-            "\"skipped\": %d, \"tokens\": %lld, \"targets\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
+            "\"skipped\": %d, \"tokens\": %lld, \"targets\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f",
             (long long)it, r->loss, r->lr, norm, r->loss_scale, r->skipped, (long long)r->tokens,
             (long long)r->targets, tps, elapsed);
+    if (t->expert_load) { /* a mixture of experts: the routing (docs/training.md) */
+        const int E = t->m->cfg.n_experts;
+        fprintf(t->metrics, ", \"moe_aux_loss\": %.6g, \"moe_z_loss\": %.6g, \"expert_load\": [", r->moe_aux, r->moe_z);
+        for (int l = 0; l < t->m->n_layers_local; l++)
+            for (int e = 0; e < E; e++)
+                fprintf(t->metrics, "%s%lld%s", e ? ", " : l ? ", [" : "[", (long long)t->expert_load[(size_t)l * E + e],
+                        e == E - 1 ? "]" : "");
+        fprintf(t->metrics, "]");
+    }
+    fprintf(t->metrics, "}\n");
     if (r->skipped)
         LOG_WARN("train", "step %lld skipped: the fp16 gradients overflowed at loss scale %g (now %g; %lld skipped "
                  "so far)",

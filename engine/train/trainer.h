@@ -56,6 +56,9 @@ struct train_options {
     float       lora_alpha;
     unsigned    lora_targets;     /* bit mask of enum lora_target */
     float       lora_dropout;     /* p in [0, 1) on the adapters' input in training (lora.h) */
+    /* A mixture of experts: Megatron's --moe-aux-loss-coeff and --moe-z-loss-coeff (moe.h); a
+     * non-zero one is refused for a dense model. */
+    float       moe_aux_loss_coeff, moe_z_loss_coeff;
     /* Parallelism (mpirun -n tp x pp x dp): Megatron's flags. */
     int         tp, pp;             /* --tensor-model-parallel-size, --pipeline-model-parallel-size */
     const char *pp_layers;          /* --pp-layers 8,4: layers per stage (NULL: balanced) */

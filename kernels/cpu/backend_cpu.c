@@ -141,6 +141,7 @@ static const struct backend_ops cpu_backend_ops = {
     .cross_entropy_backward = cpu_cross_entropy_backward,
     .adamw = cpu_adamw,
     .sum_squares = cpu_sum_squares,
+    .scatter_add_rows_backward = cpu_scatter_add_weighted_backward,
 };
 
 enum status cpu_backend_open(int n_threads, struct backend **out)

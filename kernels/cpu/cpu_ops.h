@@ -114,6 +114,9 @@ void cpu_scale(struct backend *b, const struct tensor *out, const struct tensor 
 void cpu_softcap(struct backend *b, const struct tensor *out, const struct tensor *x, float cap);
 void cpu_scatter_add_weighted(struct backend *b, const struct tensor *out, const struct tensor *y,
                               const struct tensor *ids, const struct tensor *weights);
+void cpu_scatter_add_weighted_backward(struct backend *b, const struct tensor *dy, const struct tensor *dweights,
+                                       const struct tensor *dout, const struct tensor *y, const struct tensor *ids,
+                                       const struct tensor *weights);
 void cpu_dropout(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key, int64_t col0,
                  float p);
 void cpu_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,

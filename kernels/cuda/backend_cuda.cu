@@ -172,6 +172,7 @@ static const struct backend_ops cuda_backend_ops = {
     .cross_entropy_backward = cuda_cross_entropy_backward,
     .adamw = cuda_adamw,
     .sum_squares = cuda_sum_squares,
+    .scatter_add_rows_backward = cuda_scatter_add_weighted_backward,
 };
 
 /* SHARDLM_CUDA_ATTENTION (see enum cuda_attention_mode); an unknown value is refused rather

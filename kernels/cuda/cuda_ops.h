@@ -36,6 +36,9 @@ void cuda_scale(struct backend *b, const struct tensor *out, const struct tensor
 void cuda_softcap(struct backend *b, const struct tensor *out, const struct tensor *x, float cap);
 void cuda_scatter_add_weighted(struct backend *b, const struct tensor *out, const struct tensor *y,
                                const struct tensor *ids, const struct tensor *weights);
+void cuda_scatter_add_weighted_backward(struct backend *b, const struct tensor *dy, const struct tensor *dweights,
+                                        const struct tensor *dout, const struct tensor *y, const struct tensor *ids,
+                                        const struct tensor *weights);
 void cuda_dropout(struct backend *b, const struct tensor *out, const struct tensor *x, uint64_t key, int64_t col0,
                   float p);
 void cuda_rope(struct backend *b, const struct tensor *x, const struct tensor *positions,

@@ -1,0 +1,163 @@
+/* engine/model/moe_train.c - a mixture of experts in training (moe.h): the auxiliary losses of a
+ * routing and moe_backward, the mirror of moe_forward.
+ * Not here: the forward (moe.c), what the layer keeps (model_train_mem.c).
+ * Tests: tests/test_train_moe.py (every gradient and the auxiliary losses against JAX). */
+#include "moe.h"
+
+#include <math.h>
+
+static const struct tensor *opt(const struct tensor *t) { return t && t->data ? t : NULL; }
+
+/* The natural log-sum-exp of token t's logits, in double (moe_route's softmax). */
+static double row_lse(const float *z, int E)
+{
+    double mx = -INFINITY, sum = 0.0;
+    for (int e = 0; e < E; e++) mx = z[e] > mx ? z[e] : mx;
+    for (int e = 0; e < E; e++) sum += exp((double)z[e] - mx);
+    return mx + log(sum);
+}
+
+void moe_routing_losses(const struct model_config *c, int64_t T, struct moe_routing *r)
+{
+    /* aux = E / (k T^2) sum_t sum_e count_e p_te (moe.h: E sum_e f_e P_e), z = mean_t lse_t^2. */
+    const int E = c->n_experts, k = c->n_experts_used;
+    double aux = 0.0, z = 0.0;
+    for (int64_t t = 0; t < T; t++) {
+        const float *zt = r->logits + (size_t)t * (size_t)E;
+        const double lse = row_lse(zt, E);
+        for (int e = 0; e < E; e++) aux += (double)(r->start[e + 1] - r->start[e]) * exp((double)zt[e] - lse);
+        z += lse * lse;
+    }
+    r->aux = T ? aux * E / ((double)k * (double)T * (double)T) : 0.0;
+    r->z = T ? z / (double)T : 0.0;
+}
+
+/* The gradient of the router's logits (T, E) into dz (host, f32), from dw (T * k), the gradient
+ * of each slot's weight, through the (renormalised) top-k of softmax(z), plus the auxiliary
+ * losses' gradients. tok: (3 T) double scratch. */
+static void router_grad(const struct model_config *c, int64_t T, const struct moe_routing *r, const float *dw,
+                        const struct moe_loss *loss, float *dz, double *tok)
+{
+    const int E = c->n_experts, k = c->n_experts_used, norm = c->norm_topk_prob;
+    double *lse = tok, *S = tok + T, *Q = tok + 2 * T;
+    for (int64_t t = 0; t < T; t++) {
+        lse[t] = row_lse(r->logits + (size_t)t * (size_t)E, E);
+        S[t] = Q[t] = 0.0;
+    }
+#define P(t, e) exp((double)r->logits[(size_t)(t) * (size_t)E + (size_t)(e)] - lse[t])
+    /* w_j = p_j / S with S the sum of the chosen p (norm), else p_j:
+     * dL/dp_i = (dw_i - sum_j dw_j w_j) / S for the chosen i (norm), else dw_i. */
+    for (int e = 0; e < E; e++)
+        for (int s = r->start[e]; s < r->start[e + 1]; s++) {
+            const int64_t t = r->ids[s];
+            const double p = P(t, e);
+            S[t] += p;
+            Q[t] += dw[s] * p;
+        }
+    /* aux: d/dp_te of a E / (k T^2) sum count_e p_te; z: d/dz_te of b mean lse^2 = 2 b lse_t p_te / T. */
+    const double a = T ? (double)loss->scale * loss->aux_coeff * E / ((double)k * (double)T * (double)T) : 0.0;
+    const double b = T ? (double)loss->scale * loss->z_coeff * 2.0 / (double)T : 0.0;
+    for (int64_t t = 0; t < T; t++)
+        for (int e = 0; e < E; e++) dz[(size_t)t * E + e] = (float)(a * (r->start[e + 1] - r->start[e]));
+    for (int e = 0; e < E; e++)
+        for (int s = r->start[e]; s < r->start[e + 1]; s++) {
+            const int64_t t = r->ids[s];
+            dz[(size_t)t * E + e] += (float)(norm ? (dw[s] - Q[t] / S[t]) / S[t] : dw[s]);
+        }
+    /* Through the softmax: dz_e = p_e (dp_e - sum_j p_j dp_j), in place, plus the z-loss. */
+    for (int64_t t = 0; t < T; t++) {
+        float *row = dz + (size_t)t * E;
+        double dot = 0.0;
+        for (int e = 0; e < E; e++) dot += P(t, e) * row[e];
+        for (int e = 0; e < E; e++) {
+            const double p = P(t, e);
+            row[e] = (float)(p * (row[e] - dot) + b * lse[t] * p);
+        }
+    }
+#undef P
+}
+
+/* dxn += dlogits (T, cols, host f32) @ w, and gw += dlogits^T xn: the backward of a product
+ * whose output the host formed (the router, the shared expert's gate). */
+static void host_product_backward(struct model *m, int64_t T, int64_t cols, const float *host, const struct tensor *xn,
+                                  const struct tensor *w, const struct tensor *gw, const struct tensor *dxn,
+                                  const struct moe_grad_scratch *s)
+{
+    struct backend *b = m->b;
+    struct tensor d32 = tensor_view2(&s->dlogits, T, cols), dd = d32;
+    backend_upload(b, d32.data, host, (size_t)(T * cols) * sizeof(float));
+    if (m->dtype != DTYPE_F32) {
+        dd = tensor_view2(&s->dlogits_dt, T, cols);
+        op_cast(b, &dd, &d32);
+    }
+    op_matmul_backward(b, dxn, opt(gw), NULL, &dd, xn, w, 1);
+}
+
+void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *dproj,
+                  const struct tensor *dxn, const struct moe_tensors *mt, const struct moe_grad_scratch *s,
+                  const struct layer_weights *g, const struct moe_loss *loss)
+{
+    struct backend *b = m->b;
+    const struct model_config *c = &m->cfg;
+    const struct layer_weights *w = &m->w.layers[l];
+    const int64_t d = c->d_model, F = c->moe_ffn, E = c->n_experts, k = c->n_experts_used;
+    struct moe_routing *r = mt->r;
+    CHECK(m->n_experts_local == E, "moe_backward: %d of %d experts on this rank (training runs at tp 1)",
+          m->n_experts_local, (int)E);
+    backend_memset_zero(b, dxn->data, tensor_nbytes(dxn));
+
+    /* Each expert, in reverse: dy_i = w_i dproj[ids_i] and dw_i = dproj[ids_i] . y_i; then the
+     * expert's gated MLP; its input's gradient added into its rows of dxn. */
+    struct tensor dw_all = tensor_first_rows(&s->dw, T * k);
+    for (int e = 0; e < m->n_experts_local; e++) {
+        const int64_t r0 = r->start[e], n = r->start[e + 1] - r0;
+        if (n == 0) continue;
+        struct tensor ids = tensor_rows_at(&mt->ids, r0, n), wt = tensor_rows_at(&mt->w, r0, n);
+        struct tensor y = tensor_rows_at(&mt->y, r0, n), gate = tensor_rows_at(&mt->gate, r0, n);
+        struct tensor up = tensor_rows_at(&mt->up, r0, n), hact = tensor_rows_at(&mt->hact, r0, n);
+        struct tensor x = tensor_first_rows(&mt->x, n), dy = tensor_first_rows(&s->dy, n);
+        struct tensor dx = tensor_first_rows(&s->dx, n), dwt = tensor_rows_at(&dw_all, r0, n);
+        struct tensor dgate = tensor_make(s->dgate.data, m->dtype, b->device, 2, n, F);
+        struct tensor dup = tensor_make(s->dup.data, m->dtype, b->device, 2, n, F);
+        struct tensor wg = tensor_rows_at(&w->exp_gate, e * F, F), wu = tensor_rows_at(&w->exp_up, e * F, F);
+        struct tensor wd = tensor_rows_at(&w->exp_down, e * d, d);
+        struct tensor gg = g->exp_gate.data ? tensor_rows_at(&g->exp_gate, e * F, F) : g->exp_gate;
+        struct tensor gu = g->exp_up.data ? tensor_rows_at(&g->exp_up, e * F, F) : g->exp_up;
+        struct tensor gd = g->exp_down.data ? tensor_rows_at(&g->exp_down, e * d, d) : g->exp_down;
+        op_scatter_add_rows_backward(b, &dy, &dwt, dproj, &y, &ids, &wt);
+        op_matmul_backward(b, &dup, opt(&gd), NULL, &dy, &hact, &wd, 0); /* dh, into dup */
+        op_gated_activation_backward(b, &dgate, &dup, &dup, &gate, &up, c->activation);
+        op_embedding(b, &x, xn, &ids, 0); /* the expert's rows again */
+        op_matmul_backward(b, &dx, opt(&gg), NULL, &dgate, &x, &wg, 0);
+        op_matmul_backward(b, &dx, opt(&gu), NULL, &dup, &x, &wu, 1);
+        op_embedding_backward(b, dxn, &dx, &ids, 0);
+    }
+
+    /* The shared expert (Qwen 2 MoE): proj += sw * y_s; sw = sigmoid(xn . g). */
+    float *host_dz = s->host_dz;
+    if (c->shared_expert) {
+        const int64_t S = m->ffn_local;
+        struct tensor rows = tensor_first_rows(&mt->rows, T), sw = tensor_first_rows(&mt->sw, T);
+        struct tensor y = tensor_first_rows(&mt->s_y, T), dy = tensor_first_rows(&s->dy, T);
+        struct tensor gate = tensor_first_rows(&mt->s_gate, T), up = tensor_first_rows(&mt->s_up, T);
+        struct tensor hact = tensor_first_rows(&mt->s_hact, T);
+        struct tensor dgate = tensor_make(s->dgate.data, m->dtype, b->device, 2, T, S);
+        struct tensor dup = tensor_make(s->dup.data, m->dtype, b->device, 2, T, S);
+        struct tensor dsw = tensor_rows_at(&s->dw, T * k, T);
+        op_scatter_add_rows_backward(b, &dy, &dsw, dproj, &y, &rows, &sw);
+        op_matmul_backward(b, &dup, opt(&g->w_down), NULL, &dy, &hact, &w->w_down, 0);
+        op_gated_activation_backward(b, &dgate, &dup, &dup, &gate, &up, c->activation);
+        op_matmul_backward(b, dxn, opt(&g->w_gate), NULL, &dgate, xn, &w->w_gate, 1);
+        op_matmul_backward(b, dxn, opt(&g->w_up), NULL, &dup, xn, &w->w_up, 1);
+        backend_download(b, host_dz, dsw.data, (size_t)T * sizeof(float));
+        for (int64_t t = 0; t < T; t++) host_dz[t] *= r->sw[t] * (1.0f - r->sw[t]); /* sigmoid' */
+        host_product_backward(m, T, 1, host_dz, xn, &w->shared_gate, &g->shared_gate, dxn, s);
+    }
+
+    /* The router: the slots' weight gradients to the host, through the top-k and the softmax
+     * (with the auxiliary losses), and back as the logits' gradient. */
+    float *host_dw = s->host_dw;
+    backend_download(b, host_dw, dw_all.data, (size_t)(T * k) * sizeof(float));
+    router_grad(c, T, r, host_dw, loss, host_dz, s->host_tok);
+    host_product_backward(m, T, E, host_dz, xn, &w->router, &g->router, dxn, s);
+}
