@@ -4,6 +4,7 @@
  * Not here: chat templates or stop sequences (the server), BPE itself (bpe.c, tokenizer_json.c).
  * Tests: tests/test_tokenizer.c. */
 #include "tokenizer.h"
+#include "gpt2_files.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -515,6 +516,14 @@ enum status tokenizer_load_tiktoken(const char *path, const char *pattern, struc
                 got += (size_t)r;
             }
         }
+        if (s == STATUS_OK && !pattern && gpt2_files_is_vocab(path)) { /* GPT-2's vocab.json + merges.txt */
+            char *json = nullptr;
+            s = gpt2_files_json(bytes.data(), bytes.size(), path, &json);
+            if (s == STATUS_OK) {
+                bytes.assign(json);
+                free(json);
+            }
+        }
         const size_t plen = strlen(path);
         const bool json_name = plen >= 5 && !strcmp(path + plen - 5, ".json");
         const bool tiktoken = pattern || (!json_name && looks_like_tiktoken(bytes));
@@ -544,9 +553,11 @@ enum status tokenizer_load_for_model(const char *model, const void *proto, size_
     char path[4200];
     if (snprintf(path, sizeof path, proto ? "%s" : "%s/tokenizer.model", model) >= (int)sizeof path)
         return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: model path too long");
-    /* A directory without tokenizer.model: its tokenizer.json (byte-level BPE). */
+    /* A directory without tokenizer.model: its tokenizer.json (byte-level BPE), else GPT-2's
+     * vocab.json + merges.txt. */
     if (!proto && access(path, F_OK) != 0 &&
-        snprintf(path, sizeof path, "%s/tokenizer.json", model) < (int)sizeof path && access(path, F_OK) != 0)
+        snprintf(path, sizeof path, "%s/tokenizer.json", model) < (int)sizeof path && access(path, F_OK) != 0 &&
+        snprintf(path, sizeof path, "%s/vocab.json", model) < (int)sizeof path && access(path, F_OK) != 0)
         snprintf(path, sizeof path, "%s/tokenizer.model", model);
     struct tokenizer *t = nullptr;
     enum status s = proto ? tokenizer_load_from_memory(proto, proto_n, &t) : tokenizer_load(path, &t);
