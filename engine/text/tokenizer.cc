@@ -1,6 +1,7 @@
 /* engine/text/tokenizer.cc - the tokenizer (tokenizer.h): SentencePiece's C++ processor behind a C
- * interface, the dispatch to the tokenizer.json kinds (bpe.h: from a file or GGUF metadata), and the
- * incremental detokenizer. The one C++ file: every entry point catches everything, nothing exits.
+ * interface and the dispatch to the tokenizer.json kinds (bpe.h: from a file or GGUF metadata); the
+ * incremental detokenizer is detokenizer.cc (struct tokenizer: tokenizer_impl.h). C++, like
+ * detokenizer.cc: every entry point catches everything, nothing exits.
  * Not here: chat templates or stop sequences (the server), BPE itself (bpe.c, tokenizer_json.c).
  * Tests: tests/test_tokenizer.c. */
 #include "tokenizer.h"
@@ -24,48 +25,11 @@
 #include <sentencepiece_processor.h>
 
 #include "bpe.h"
+#include "tokenizer_impl.h"
 
 namespace {
-
-/* Per-id flags, cached at load so that the hot paths never call into SentencePiece. */
-enum : uint8_t {
-    PIECE_CONTROL = 1,
-    PIECE_BYTE = 2,
-    PIECE_UNKNOWN = 4,
-    PIECE_UNUSED = 8,
-};
 
 const char kSpaceSymbol[] = "\xe2\x96\x81"; /* U+2581, SentencePiece's space */
-
-}  // namespace
-
-struct tokenizer {
-    /* The kind: byte-level BPE when bpe is set (then only vocab_size, the special ids and
-     * max_token_bytes below are used), SentencePiece otherwise. */
-    struct bpe *bpe = nullptr;
-    ~tokenizer() { bpe_free(bpe); }
-    sentencepiece::SentencePieceProcessor sp;
-    int vocab_size = 0;
-    int bos_id = -1, eos_id = -1, pad_id = -1, unk_id = -1;
-    std::vector<std::string> pieces;  /* (vocab_size) */
-    std::vector<uint8_t>     flags;   /* (vocab_size) PIECE_* bits */
-    std::vector<int16_t>     byte_of; /* (vocab_size) the byte of a byte piece, else -1 */
-    /* A piece that decodes to the same non-empty text wherever it stands. The detokenizer puts
-     * it in front of the ids it decodes once some text exists, so that SentencePiece does not
-     * treat their first piece as the start of the text (and strip its leading space). */
-    int32_t     anchor_id = -1;
-    std::string anchor_text;
-    /* The most input bytes one id can cover, for tokenizer_min_tokens; 0 when unbounded. */
-    size_t max_token_bytes = 0;
-    /* SentencePiece: the control and unknown pieces' strings (views into pieces), which encode
-     * turns into their ids as Hugging Face does; their distinct lengths, longest first, and
-     * which bytes start one. */
-    std::unordered_map<std::string_view, int32_t> special_ids;
-    std::vector<size_t> special_lens;
-    bool special_first[256] = {};
-};
-
-namespace {
 
 /* SentencePiece's status as ours, with its message behind `what`. */
 enum status status_from_sp(const sentencepiece::util::Status &st, enum status code,
@@ -74,12 +38,16 @@ enum status status_from_sp(const sentencepiece::util::Status &st, enum status co
     return status_errorf(code, "%s: %s", what, st.message());
 }
 
-enum status decode_ids(const struct tokenizer *t, const std::vector<int> &ids, std::string *out)
+}  // namespace
+
+enum status tokenizer_decode_ids(const struct tokenizer *t, const std::vector<int> &ids, std::string *out)
 {
     const sentencepiece::util::Status st = t->sp.Decode(ids, out);
     if (!st.ok()) return status_from_sp(st, STATUS_INTERNAL, "tokenizer: decode failed");
     return STATUS_OK;
 }
+
+namespace {
 
 /* Parses "<0xHH>"; -1 when the piece is not of that form. */
 int parse_byte_piece(const std::string &p)
@@ -130,10 +98,10 @@ enum status choose_anchor(struct tokenizer *t)
             probe = id;
     for (int32_t id : candidates) {
         std::string text;
-        if (decode_ids(t, std::vector<int>{id}, &text) != STATUS_OK || text.empty()) continue;
+        if (tokenizer_decode_ids(t, std::vector<int>{id}, &text) != STATUS_OK || text.empty()) continue;
         if (probe >= 0) {
             std::string two;
-            if (decode_ids(t, std::vector<int>{id, probe}, &two) != STATUS_OK ||
+            if (tokenizer_decode_ids(t, std::vector<int>{id, probe}, &two) != STATUS_OK ||
                 two.size() <= text.size() || two.compare(0, text.size(), text) != 0 ||
                 two[text.size()] != ' ')
                 continue;
@@ -333,151 +301,6 @@ enum status read_config_beside(const char *path, std::string *config)
     if (s != STATUS_OK) return s;
     config->assign(text, n);
     free(text);
-    return STATUS_OK;
-}
-
-bool id_valid(const struct tokenizer *t, int32_t id) { return id >= 0 && id < t->vocab_size; }
-
-/* Bytes a UTF-8 sequence starting with lead byte b has; 0 if b cannot start one. Lenient
- * (overlong and out-of-range leads count): holding back too much only delays text. */
-int utf8_lead_len(int b)
-{
-    if (b >= 0xC0 && b <= 0xDF) return 2;
-    if (b >= 0xE0 && b <= 0xEF) return 3;
-    if (b >= 0xF0 && b <= 0xF7) return 4;
-    return 0;
-}
-
-/* Where the incomplete character at the end of ids[0..n) starts, n when there is none: the
- * trailing byte pieces end with a lead byte and fewer continuation bytes than it announces.
- * SentencePiece decodes a run of byte pieces one character (or one invalid byte) at a time and
- * a lead byte is never a continuation byte, so its decoding of the run reaches that lead byte
- * exactly: cutting there changes nothing in the text before it. */
-int incomplete_tail_start(const struct tokenizer *t, const int32_t *ids, int n)
-{
-    int i = n - 1, n_cont = 0;
-    while (i >= 0 && n_cont < 3 && (t->flags[ids[i]] & PIECE_BYTE) &&
-           (t->byte_of[ids[i]] & 0xC0) == 0x80) {
-        n_cont++;
-        i--;
-    }
-    if (i < 0 || !(t->flags[ids[i]] & PIECE_BYTE)) return n;
-    const int need = utf8_lead_len(t->byte_of[ids[i]]);
-    return (need > 0 && n_cont + 1 < need) ? i : n;
-}
-
-enum status detok_set_out(struct detokenizer *d, const char *s, size_t n, const char **text,
-                          size_t *len)
-{
-    if (base_grow((void **)&d->out, &d->cap_out, n + 1, 1))
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
-    if (n) memcpy(d->out, s, n);
-    d->out[n] = '\0';
-    *text = d->out;
-    *len = n;
-    return STATUS_OK;
-}
-
-/* Decodes pending[0..k) in context (behind the anchor once text exists) into *s. */
-enum status detok_decode_prefix(const struct detokenizer *d, int k, std::string *s)
-{
-    const struct tokenizer *t = d->tok;
-    std::vector<int> ids;
-    ids.reserve((size_t)k + 1);
-    if (d->started) {
-        if (t->anchor_id < 0)
-            return status_errorf(STATUS_UNSUPPORTED,
-                                 "detokenizer: this vocabulary has no anchor piece");
-        ids.push_back(t->anchor_id);
-    }
-    ids.insert(ids.end(), d->pending, d->pending + k);
-    enum status st = decode_ids(t, ids, s);
-    if (st != STATUS_OK) return st;
-    if (d->started) {
-        if (s->compare(0, t->anchor_text.size(), t->anchor_text) != 0)
-            return status_errorf(STATUS_INTERNAL, "detokenizer: anchor text was not kept");
-        s->erase(0, t->anchor_text.size());
-    }
-    return STATUS_OK;
-}
-
-/* Turns pending[0..k) into text, drops those ids and returns the text. */
-enum status detok_emit(struct detokenizer *d, int k, const char **text, size_t *len)
-{
-    std::string s;
-    enum status st = detok_decode_prefix(d, k, &s);
-    if (st != STATUS_OK) return st;
-    if (!d->started && s.empty()) return detok_set_out(d, "", 0, text, len);
-    st = detok_set_out(d, s.data(), s.size(), text, len);
-    if (st != STATUS_OK) return st;
-    memmove(d->pending, d->pending + k, (size_t)(d->n_pending - k) * sizeof *d->pending);
-    d->n_pending -= k;
-    if (!s.empty()) d->started = 1;
-    return STATUS_OK;
-}
-
-/* The byte-level BPE detokenizer: the bytes of each piece are final except a trailing
- * incomplete character (at most 3 bytes, d->held). Special ids print nothing and do not
- * interrupt a character (decode skips them); an added token's content ends the run first, as
- * bpe_decode does. */
-enum status bpe_detok_push(struct detokenizer *d, int32_t id, const char **text, size_t *len)
-{
-    const struct bpe *b = d->tok->bpe;
-    const uint8_t f = b->flags[id];
-    size_t n = 0;
-    enum status st = STATUS_OK;
-    if (base_grow((void **)&d->out, &d->cap_out, 1, 1))
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
-    d->out[0] = '\0';
-    if (f & BPE_PIECE_SPECIAL) {
-        /* nothing */
-    } else if (f & BPE_PIECE_ADDED) {
-        if ((st = bpe_utf8_lossy(d->held, (size_t)d->n_held, &d->out, &n, &d->cap_out))) return st;
-        d->n_held = 0;
-        const size_t k = strlen(b->pieces[id]);
-        if (base_grow((void **)&d->out, &d->cap_out, n + k + 1, 1))
-            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
-        memcpy(d->out + n, b->pieces[id], k + 1);
-        n += k;
-    } else {
-        std::string run((const char *)d->held, (size_t)d->n_held);
-        run.append((const char *)b->bytes[id], b->n_bytes[id]);
-        const size_t tail = bpe_utf8_incomplete_tail((const uint8_t *)run.data(), run.size());
-        if ((st = bpe_utf8_lossy((const uint8_t *)run.data(), run.size() - tail, &d->out, &n, &d->cap_out))) return st;
-        memcpy(d->held, run.data() + run.size() - tail, tail);
-        d->n_held = (int)tail;
-    }
-    *text = d->out;
-    *len = n;
-    return STATUS_OK;
-}
-
-/* The detokenizer of the other tokenizer.json kinds (WordPiece, Unigram, character BPE): byte
- * pieces wait in d->pending until a piece that is not one ends their run (ByteFallback decodes a
- * run whole); then the run and that piece are decoded as the continuation of the text
- * (bpe_decode_pieces with first = 0) once any piece has been, as its start before. */
-enum status other_detok_push(struct detokenizer *d, int32_t id, int flush, const char **text, size_t *len)
-{
-    const struct bpe *b = d->tok->bpe;
-    size_t n = 0;
-    if (base_grow((void **)&d->out, &d->cap_out, 1, 1)) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
-    d->out[0] = '\0';
-    *text = d->out;
-    *len = 0;
-    if (!flush) {
-        if (b->flags[id] & BPE_PIECE_SPECIAL) return STATUS_OK;
-        if (base_grow((void **)&d->pending, &d->cap_pending, (size_t)d->n_pending + 1, sizeof *d->pending))
-            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
-        d->pending[d->n_pending++] = id;
-        if (tokenizer_is_byte(d->tok, id)) return STATUS_OK;
-    }
-    if (!d->n_pending) return STATUS_OK;
-    enum status st = bpe_decode_pieces(b, d->pending, d->n_pending, !d->started, &d->out, &n, &d->cap_out);
-    if (st != STATUS_OK) return st;
-    d->started = 1;
-    d->n_pending = 0;
-    *text = d->out;
-    *len = n;
     return STATUS_OK;
 }
 
@@ -730,7 +553,7 @@ enum status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int 
     }
     try {
         std::string s;
-        enum status st = decode_ids(t, std::vector<int>(ids, ids + n), &s);
+        enum status st = tokenizer_decode_ids(t, std::vector<int>(ids, ids + n), &s);
         if (st != STATUS_OK) return st;
         char *p = (char *)malloc(s.size() + 1);
         if (!p) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory");
@@ -780,93 +603,4 @@ int tokenizer_is_control(const struct tokenizer *t, int32_t id)
     if (!id_valid(t, id)) return 0;
     return t->bpe ? (t->bpe->flags[id] & BPE_PIECE_SPECIAL) != 0 : (t->flags[id] & PIECE_CONTROL) != 0;
 }
-
-void detokenizer_init(struct detokenizer *d, const struct tokenizer *t)
-{
-    memset(d, 0, sizeof *d);
-    d->tok = t;
-}
-
-void detokenizer_free(struct detokenizer *d)
-{
-    if (!d) return;
-    free(d->pending);
-    free(d->out);
-    const struct tokenizer *t = d->tok;
-    memset(d, 0, sizeof *d);
-    d->tok = t;
-}
-
-enum status detokenizer_push(struct detokenizer *d, int32_t id, const char **text, size_t *len)
-{
-    CHECK(d->tok != nullptr, "detokenizer_push before detokenizer_init");
-    const struct tokenizer *t = d->tok;
-    *text = "";
-    *len = 0;
-    if (!id_valid(t, id))
-        return status_errorf(STATUS_INVALID_ARGUMENT,
-                             "detokenizer: id %d is outside the vocabulary [0, %d)", (int)id,
-                             t->vocab_size);
-    if (t->bpe) {
-        try {
-            if (t->bpe->model != BPE_MODEL_BYTE_LEVEL) return other_detok_push(d, id, 0, text, len);
-            return bpe_detok_push(d, id, text, len);
-        } catch (...) {
-            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
-        }
-    }
-    if (base_grow((void **)&d->pending, &d->cap_pending, (size_t)d->n_pending + 1, sizeof *d->pending))
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
-    d->pending[d->n_pending++] = id;
-
-    /* Control ids before any text leave SentencePiece's decoder in its initial state. */
-    if (!d->started) {
-        int all_control = 1;
-        for (int i = 0; i < d->n_pending && all_control; i++)
-            all_control = (t->flags[d->pending[i]] & PIECE_CONTROL) != 0;
-        if (all_control) {
-            d->n_pending = 0;
-            return detok_set_out(d, "", 0, text, len);
-        }
-    }
-
-    const int k = incomplete_tail_start(t, d->pending, d->n_pending);
-    if (k == 0) return detok_set_out(d, "", 0, text, len);
-    try {
-        return detok_emit(d, k, text, len);
-    } catch (const std::bad_alloc &) {
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
-    } catch (...) {
-        return status_errorf(STATUS_INTERNAL, "detokenizer: exception while decoding");
-    }
-}
-
-enum status detokenizer_flush(struct detokenizer *d, const char **text, size_t *len)
-{
-    CHECK(d->tok != nullptr, "detokenizer_flush before detokenizer_init");
-    *text = "";
-    *len = 0;
-    if (d->tok->bpe && d->tok->bpe->model != BPE_MODEL_BYTE_LEVEL) return other_detok_push(d, 0, 1, text, len);
-    if (d->tok->bpe) {
-        /* Whatever is held back is an incomplete character: U+FFFD per maximal subpart. */
-        size_t n = 0;
-        enum status st = bpe_utf8_lossy(d->held, (size_t)d->n_held, &d->out, &n, &d->cap_out);
-        d->n_held = 0;
-        if (st != STATUS_OK) return st;
-        *text = d->out;
-        *len = n;
-        return STATUS_OK;
-    }
-    if (d->n_pending == 0) return detok_set_out(d, "", 0, text, len);
-    try {
-        /* Before any text, pending ids decode to nothing (only control or stripped space
-         * pieces): they stay, as they still shape how the text starts. */
-        return detok_emit(d, d->n_pending, text, len);
-    } catch (const std::bad_alloc &) {
-        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
-    } catch (...) {
-        return status_errorf(STATUS_INTERNAL, "detokenizer: exception while decoding");
-    }
-}
-
 }  // extern "C"
