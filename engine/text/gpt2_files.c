@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -23,35 +24,10 @@ static enum status read_merges(const char *vocab_path, char *merges_path, size_t
     const int dir = slash ? (int)(slash - vocab_path + 1) : 0;
     if (snprintf(merges_path, cap, "%.*smerges.txt", dir, vocab_path) >= (int)cap)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", vocab_path);
-    FILE *f = fopen(merges_path, "rb");
-    if (!f) return status_errorf(STATUS_NOT_FOUND, "%s: a vocab.json needs its merges.txt beside it: %s is missing",
-                                 vocab_path, merges_path);
-    enum status s = STATUS_OK;
-    size_t len = 0, room = 1 << 16;
-    char *buf = malloc(room);
-    for (size_t got; buf && (got = fread(buf + len, 1, room - len - 1, f)) > 0;) {
-        len += got;
-        if (len > GPT2_MAX_MERGES_BYTES) {
-            s = status_errorf(STATUS_BAD_FORMAT, "%s: larger than %u MiB", merges_path, GPT2_MAX_MERGES_BYTES >> 20);
-            break;
-        }
-        if (len + 1 == room) {
-            char *bigger = realloc(buf, room *= 2);
-            if (!bigger) free(buf);
-            buf = bigger;
-        }
-    }
-    if (s == STATUS_OK && !buf) s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", merges_path);
-    if (s == STATUS_OK && ferror(f)) s = status_errorf(STATUS_IO, "%s: read error", merges_path);
-    fclose(f);
-    if (s != STATUS_OK) {
-        free(buf);
-        return s;
-    }
-    buf[len] = 0;
-    *text = buf;
-    *n = len;
-    return STATUS_OK;
+    if (access(merges_path, F_OK) != 0)
+        return status_errorf(STATUS_NOT_FOUND, "%s: a vocab.json needs its merges.txt beside it: %s is missing",
+                             vocab_path, merges_path);
+    return base_read_file(merges_path, GPT2_MAX_MERGES_BYTES, "merges.txt", text, n);
 }
 
 /* merges.txt's lines as "a b" strings of arr: a "#version" first line skipped, blank lines
