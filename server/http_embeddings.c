@@ -228,8 +228,10 @@ static enum status parse_options(struct server *s, const cJSON *o, const struct 
     if (v && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == (double)info->d_model))
         return status_errorf(STATUS_UNSUPPORTED, "'dimensions' other than the model's own %d is not supported by this "
                              "server", info->d_model);
-    v = cJSON_GetObjectItemCaseSensitive(o, "user");
-    if (v && !cJSON_IsNull(v) && !cJSON_IsString(v)) return status_errorf(STATUS_INVALID_ARGUMENT, "'user' must be a string");
+    v = cJSON_GetObjectItemCaseSensitive(o, "user"); /* generation uses it for fair scheduling; embeddings run FIFO */
+    if (v && !cJSON_IsNull(v))
+        return status_errorf(STATUS_UNSUPPORTED, "'user' is not used by /v1/embeddings (passes run in arrival order); "
+                             "leave it out");
     v = cJSON_GetObjectItemCaseSensitive(o, "normalize");
     if (v && !cJSON_IsNull(v)) {
         if (!cJSON_IsBool(v)) return status_errorf(STATUS_INVALID_ARGUMENT, "'normalize' must be true or false");
