@@ -186,6 +186,15 @@ struct request_params {
                                          server speculates (--speculative); default AUTO */
     int      speculative_n_max;       /* most drafts per step for this request (llama.cpp's
                                          speculative.n_max); 0 = the server's --spec-draft */
+    /* Resuming a sample a journal recorded (server/journal.c, docs/reliability.md): its first
+     * n_resume tokens are the ones it already generated (computed into the KV cache like a
+     * preempted sample's, never emitted again; stop strings, the constraint and penalties see
+     * them), and its RNG continues from resume_rng (4 words: engine_event.rng of its last
+     * event, or engine_sample_rng's start). n must be 1, prompt_logprobs -1, and n_resume below
+     * max_tokens, which counts them. resume_rng NULL: a new request. */
+    const int32_t  *resume_tokens;    /* (n_resume) */
+    int             n_resume;
+    const uint64_t *resume_rng;
 };
 struct request_params request_params_default(void);
 
@@ -222,6 +231,10 @@ struct engine_event {
     int            cached_prompt_tokens; /* prompt tokens served from the prefix cache */
     double         queue_seconds; /* FINISHED: from submission to the sample's first step in the
                                      engine (its first admission), -1 if it never ran */
+    const uint64_t *rng;          /* TOKENS and FINISHED of a sample that ran: its RNG state (4
+                                     words) after these tokens, what request_params.resume_rng
+                                     takes to continue it; NULL otherwise and with data
+                                     parallelism (not carried from remote replicas) */
 };
 
 /* Called on the engine thread (with data parallelism: the thread of the replica serving the
@@ -230,6 +243,10 @@ struct engine_event {
  * and must not call into the engine except engine_cancel. After the FINISHED event of the last
  * sample, the request is gone and the callback is never called for it again. */
 typedef void (*engine_event_fn)(void *ctx, const struct engine_event *ev);
+
+/* The RNG state (4 words) sample `sample` of a request with this seed starts from: the
+ * resume_rng of a journaled sample that has no event yet. */
+void engine_sample_rng(uint64_t seed, int sample, uint64_t out[4]);
 
 /* Loads the model and tokenizer and sizes the KV pool; does not start a thread. Errors are
  * returned with a message (bad directory, model, or options); *out is NULL then. */

@@ -120,6 +120,9 @@ struct request {
     int      forked;              /* samples 1..n-1 exist (or finished without existing) */
     float   *prompt_lp;           /* (n_prompt) prompt log-probabilities when asked */
     struct top_logprob *prompt_top; /* (n_prompt, prompt_logprobs) */
+    int32_t *resume;              /* (p.n_resume) a resumed sample's generated tokens */
+    uint64_t resume_rng[4];
+    int      resumed;             /* p.resume_rng was given: resume and resume_rng hold */
     int      prompt_lp_done;      /* rows of prompt_lp filled */
     int      prompt_lp_sent;
     double   t_submit;            /* base_now_s() at submission (queue time) */
