@@ -340,7 +340,8 @@ char *http_response_json(struct http_gen *g)
     return print_json(o);
 }
 
-static void sse_event(struct http_gen *g, cJSON *o)
+/* done: the usage or error chunk after every sample's last (its SSE id says so). */
+static void sse_event(struct http_gen *g, cJSON *o, int done)
 {
     if (g->q.anthropic) { /* the same chunk, as Anthropic's events */
         http_anthropic_chunk(g, o);
@@ -350,6 +351,7 @@ static void sse_event(struct http_gen *g, cJSON *o)
         http_responses_chunk(g, o);
         return;
     }
+    if (g->journaled) http_resume_sse_id(g, done); /* where a reconnecting client resumes */
     char *s = print_json(o);
     http_buf_append(&g->out, &g->out_len, &g->out_cap, "data: ", 6);
     http_buf_append(&g->out, &g->out_len, &g->out_cap, s, strlen(s));
@@ -375,6 +377,8 @@ void http_stream_chunks(struct http_gen *g)
             int news = parsed_delta(g, i, b->text ? b->text : "", b->text_len, final, pd, &calls);
             if (!news && !final && b->role_sent && (b->n == 0 || g->q.logprobs < 0)) {
                 cJSON_Delete(pd);
+                b->sent_tokens += b->n;
+                b->sent_text += b->text_len;
                 b->text_offset += b->text_len;
                 b->text_len = 0;
                 b->n = 0;
@@ -406,13 +410,41 @@ void http_stream_chunks(struct http_gen *g)
         cJSON_AddItemToObject(c, "finish_reason", check_json(final ? finish_json(b->finish, calls) : cJSON_CreateNull()));
         cJSON_AddItemToArray(choices, c);
         if (g->q.include_usage) cJSON_AddNullToObject(o, "usage");
-        sse_event(g, o);
+        b->sent_tokens += b->n;
+        b->sent_text += b->text_len;
+        b->role_sent = 1;
+        if (final) b->final_sent = 1;
+        sse_event(g, o, 0);
         b->text_offset += b->text_len;
         b->n = 0;
         b->text_len = 0;
-        b->role_sent = 1;
-        if (final) b->final_sent = 1;
     }
+}
+
+void http_stream_skip(struct http_gen *g, int i, int tokens, size_t bytes, int final_sent)
+{
+    struct sample_buf *b = &g->samples[i];
+    if (tokens > b->n) tokens = b->n;
+    if (bytes > b->text_len) bytes = b->text_len;
+    if (parsed(g) && bytes) { /* the parts that text gave went out: the parse state says so */
+        cJSON *d = check_json(cJSON_CreateObject());
+        int calls;
+        parsed_delta(g, i, b->text, bytes, 0, d, &calls);
+        cJSON_Delete(d);
+    }
+    const size_t keep = (size_t)(b->n - tokens);
+    memmove(b->ids, b->ids + tokens, keep * sizeof *b->ids);
+    if (b->lp) memmove(b->lp, b->lp + tokens, keep * sizeof *b->lp);
+    if (b->top) memmove(b->top, b->top + (size_t)tokens * b->n_top, keep * (size_t)b->n_top * sizeof *b->top);
+    if (b->text) memmove(b->text, b->text + bytes, b->text_len - bytes);
+    b->n -= tokens;
+    b->text_len -= bytes;
+    b->sent_tokens = tokens;
+    b->sent_text = bytes;
+    const struct http_run *r = run_of(g, i);
+    b->text_offset = bytes + (!g->q.is_chat && r->echo ? r->echo_len : 0);
+    b->role_sent = 1;
+    b->final_sent = final_sent;
 }
 
 void http_stream_finish(struct http_gen *g)
@@ -425,7 +457,9 @@ void http_stream_finish(struct http_gen *g)
         http_responses_finish(g);
         return;
     }
-    if (g->end_status != STATUS_OK) {
+    if (g->usage_sent) {
+        /* a reattached client had the usage (or error) chunk: only [DONE] is left */
+    } else if (g->end_status != STATUS_OK) {
         /* Headers are gone: an error after the first byte travels as an event (vLLM does so). */
         cJSON *o = check_json(cJSON_CreateObject());
         cJSON *e = check_json(cJSON_AddObjectToObject(o, "error"));
@@ -433,12 +467,12 @@ void http_stream_finish(struct http_gen *g)
         cJSON_AddStringToObject(e, "type", "server_error");
         cJSON_AddNullToObject(e, "param");
         cJSON_AddStringToObject(e, "code", status_name(g->end_status));
-        sse_event(g, o);
+        sse_event(g, o, 1);
     } else if (g->q.include_usage) {
         cJSON *o = envelope(g, g->q.is_chat ? "chat.completion.chunk" : "text_completion");
         check_json(cJSON_AddArrayToObject(o, "choices"));
         cJSON_AddItemToObject(o, "usage", usage_json(g));
-        sse_event(g, o);
+        sse_event(g, o, 1);
     }
     http_buf_append(&g->out, &g->out_len, &g->out_cap, "data: [DONE]\n\n", 14);
     g->done = 1;
