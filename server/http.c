@@ -298,6 +298,7 @@ static enum status resume_header(struct server *s, struct MHD_Connection *c, str
     const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
     const char *name = last ? "Last-Event-ID" : "Idempotency-Key";
     *g = NULL, *new_key = NULL;
+    if (s->journal) http_resume_sweep(s);
     if (!last && !idem) return STATUS_OK;
     if (!s->journal)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s is honoured only by a server with a stream journal (serve --journal DIR)", name);

@@ -219,6 +219,9 @@ enum status http_journal_open(struct server *s);
 /* http_resume.c: resumes the journal's open requests (after the engine is ready, before it
  * serves): each is rebuilt and its unfinished samples resubmitted. */
 void        http_resume_all(struct server *s);
+/* http_resume.c: forgets the resumed requests whose answer waited past --journal-retain (every
+ * generation request calls it: no thread of its own). */
+void        http_resume_sweep(struct server *s);
 /* http_resume.c: drops the resumed requests nobody fetched (the journal keeps them). */
 void        http_resume_stop(struct server *s);
 /* http_gen.c: the engine callback of a run (ctx: struct http_run). */

@@ -242,6 +242,14 @@ static void unref_all(struct http_gen *g)
     }
 }
 
+void http_resume_sweep(struct server *s)
+{
+    pthread_mutex_lock(&s->resumed_mu);
+    struct http_gen *gone = s->resumed ? sweep(s) : NULL;
+    pthread_mutex_unlock(&s->resumed_mu);
+    unref_all(gone);
+}
+
 /* A state ("-", "T.B", "T.B!" per sample, or "done") applied to g's rebuilt view. */
 static enum status apply_state(struct http_gen *g, const char *state)
 {
