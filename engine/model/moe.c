@@ -124,6 +124,24 @@ static void shared_gates(struct model *m, int l, int64_t T, const struct tensor 
     backend_upload(b, mt->sw.data, mt->r->sw, (size_t)T * sizeof(float));
 }
 
+/* Serving's load counters (model_workspace.moe_load) += the tokens layer l routed to each expert. */
+static void count_load(struct model *m, int l, const struct moe_routing *r)
+{
+    const int E = m->cfg.n_experts;
+    if (!m->ws.moe_load) return;
+    _Atomic uint64_t *row = m->ws.moe_load + (size_t)l * (size_t)E;
+    for (int e = 0; e < E; e++)
+        atomic_fetch_add_explicit(&row[e], (uint64_t)(r->start[e + 1] - r->start[e]), memory_order_relaxed);
+}
+
+int moe_load_read(const struct model *m, uint64_t *out)
+{
+    if (!m->cfg.n_experts || !m->ws.moe_load) return 0;
+    const size_t cells = (size_t)m->n_layers_local * (size_t)m->cfg.n_experts;
+    for (size_t i = 0; i < cells; i++) out[i] = atomic_load_explicit(&m->ws.moe_load[i], memory_order_relaxed);
+    return m->n_layers_local;
+}
+
 enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj,
                         const struct moe_tensors *mt_in)
 {
@@ -137,6 +155,7 @@ enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *
     if (!mt->recompute) {
         route(m, l, T, xn, mt);
         if (mt_in) moe_routing_losses(c, T, mt->r);
+        else count_load(m, l, mt->r);
     }
 
     /* This rank's experts over their rows, summed into proj in expert order (the other tp ranks'
