@@ -8,7 +8,8 @@ real `shardlm serve --http 127.0.0.1:0`:
             expert by expert and layer by layer, the routing of the float64 NumPy forward
             (make_models.llama_forward, its moe_mlp's top k: the lower index first on a tie) over
             every token the server ran (each prompt, and each generated token but the last), and
-            each layer sums to tokens x k; a scrape before any request shows every counter at 0.
+            each layer sums to tokens x k; a scrape before any request shows every counter at 0;
+            GetServerStats.expert_load (gRPC) holds the same numbers.
   pp 2      the same model under mpirun at pp 2: rank 0's stage, layers 0 .. L/2 - 1 only,
             with the same counts as the one-rank run (skipped without mpirun).
 
@@ -97,7 +98,11 @@ def serve_and_count(shardlm, model, name, extra=(), launcher=(), env=None):
                 g = c.generate(prompt_token_ids=p, max_tokens=n, temperature=0, ignore_eos=True)
                 check(len(g.token_ids) == n, f"{name}: {len(g.token_ids)} tokens generated, {n} asked")
                 sequences.append(p + g.token_ids[:-1])  # the last token is sampled, never run
-        return expert_load(srv), sequences
+            stats = c.server_stats()
+        got = expert_load(srv)
+        grpc = {(x.layer, e): n for x in stats.expert_load for e, n in enumerate(x.tokens)}
+        check(grpc == got, f"{name}: GetServerStats.expert_load {grpc} differs from /metrics {got}")
+        return got, sequences
 
 
 def main():
