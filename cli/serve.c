@@ -333,7 +333,8 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--max-lora-rank")) {
             if (base_parse_long(v, 1, 4096, &n)) return usage("--max-lora-rank must be an integer in [1, 4096], got '%s'", v);
             o.engine.max_lora_rank = (int)n;
-        } else return usage("unknown option '%s'", a);
+        } else if (!strcmp(a, "--ep")) return usage(CLI_EP_REFUSED, a);
+        else return usage("unknown option '%s'", a);
     }
     if (prompt_lookup && o.engine.draft_model_dir)
         return usage("--draft-model cannot be combined with --speculative ngram / --spec-ngram: the drafts come from "

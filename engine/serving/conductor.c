@@ -25,6 +25,7 @@
 
 #include "generate.h"
 #include "grammar.h"
+#include "moe.h"
 #include "tokenizer.h"
 
 
@@ -726,6 +727,19 @@ void conductor_get_stats(struct conductor *c, struct engine_stats *s)
     *s = c->stats;
     s->waiting += c->n_intake_samples;
     pthread_mutex_unlock(&c->mu);
+}
+
+enum status conductor_get_expert_load(const struct conductor *c, struct engine_expert_load *out)
+{
+    const struct model *m = c->m;
+    *out = (struct engine_expert_load){0};
+    if (!m->cfg.n_experts || m->n_layers_local < 1) return STATUS_OK;
+    out->load = malloc((size_t)m->n_layers_local * (size_t)m->cfg.n_experts * sizeof *out->load);
+    if (!out->load) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "expert load: out of memory");
+    out->layer_first = m->layer_first;
+    out->n_experts = m->cfg.n_experts;
+    out->n_layers = moe_load_read(m, out->load);
+    return STATUS_OK;
 }
 
 void conductor_free(struct conductor *c)

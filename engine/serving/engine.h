@@ -328,6 +328,19 @@ void engine_get_stats(struct engine *e, struct engine_stats *s); /* thread-safe 
                                      data parallelism the sum over replicas (remote ones as of
                                      their last report, at most ~0.2 s old) */
 
+/* A mixture of experts' load (moe.h, moe_load_read): load (n_layers, n_experts), malloc'd, the
+ * tokens routed to each expert of layers layer_first .. layer_first + n_layers - 1 by the serving
+ * forwards since start (every token run: k per token and layer). Those are the layers of rank 0's
+ * pipeline stage, routed by rank 0's replica: with pp > 1 the later stages' layers, and with
+ * dp > 1 the other replicas' tokens, are not included. */
+struct engine_expert_load {
+    int       layer_first, n_layers, n_experts;
+    uint64_t *load;
+};
+/* Thread-safe snapshot into *out (free out->load); all zero and load NULL for a dense model.
+ * STATUS_RESOURCE_EXHAUSTED when out of memory. */
+enum status engine_get_expert_load(struct engine *e, struct engine_expert_load *out);
+
 /* Data-parallel replicas, as rank 0's router sees them (thread-safe). */
 struct engine_replica_stats {
     int      leader_rank;               /* world rank of the replica's first rank */
