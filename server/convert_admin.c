@@ -142,6 +142,10 @@ enum status convert_server_stats_response(const struct server_stats_out *s, uint
     m.spec_draft_tokens = e->spec_drafted;
     m.spec_accepted_tokens = e->spec_accepted;
     m.spec_backoffs = e->spec_backoffs;
+    m.prefix_cache_verified = e->prefix_cache_verified;
+    m.prefix_cache_mismatches = e->prefix_cache_mismatches;
+    m.prefix_cache_verify_skipped = e->prefix_cache_verify_skipped;
+    m.prefix_cache_max_abs_diff = e->prefix_cache_max_abs_diff;
     m.active_calls = s->active_calls;
     m.uptime_seconds = s->uptime_seconds;
     enum { MAX_REPLICAS = 256 };
