@@ -10,6 +10,9 @@ stories260K under --batch-invariant. Groups:
   drain      SIGTERM with a short --drain-timeout: journaled streams are cut without [DONE] and
              finish after the restart
   torn       a journal whose last record a kill cut short: dropped with a warning, the rest resumed
+  client     the Python client's shardlm_client.resume (stream and request) against a server
+             SIGKILLed and restarted on the same port mid-answer: the chunks it yields equal the
+             uninterrupted answer's, without the caller doing anything
   errors     Last-Event-ID / Idempotency-Key without --journal (400 naming it), on /v1/messages,
              malformed, unknown (404); --journal without --http, an unusable directory (exit 1);
              --journal-retain: an answer nobody fetched is forgotten
@@ -343,7 +346,54 @@ def group_errors(shardlm, model, work):
     check(r.returncode == 1 and "afile" in r.stderr, f"an unusable journal directory: exit {r.returncode} {r.stderr[-160:]}")
 
 
-GROUPS = {"restart": group_restart, "drain": group_drain, "torn": group_torn, "errors": group_errors}
+def group_client(shardlm, model, work):
+    from shardlm_client import resume
+    path, body = STREAMS[1]
+    upath, ubody = UNARY[0]
+    with server(shardlm, model, "--journal", str(work / "journal-client-ref"), name="client-ref") as srv:
+        want = assemble(list(resume.stream(srv.base, path, body)))[0]
+        want_unary = unary_view(post(srv.http_port, upath, ubody)[2])[0]
+    sock = __import__("socket").socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    journal = work / "journal-client"
+    srv = server(shardlm, model, "--journal", str(journal), "--http", f"127.0.0.1:{port}", name="client-0")
+    base = f"http://127.0.0.1:{port}"
+    got, unary, errors = [], {}, []
+
+    def consume():
+        try:
+            for chunk in resume.stream(base, path, body, retry_for=60):
+                got.append(chunk)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    def fetch():
+        try:
+            unary["answer"] = resume.request(base, upath, ubody, retry_for=60)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume), threading.Thread(target=fetch)]
+    for t in threads:
+        t.start()
+    for restart in (1, 2):
+        end = time.time() + 60
+        while len(got) < 5 * restart and time.time() < end:
+            time.sleep(0.002)
+        kill9(srv)
+        srv = server(shardlm, model, "--journal", str(journal), "--http", f"127.0.0.1:{port}", name=f"client-{restart}")
+    for t in threads:
+        t.join(timeout=120)
+    srv.stop()
+    check(not errors, f"resume.stream and resume.request went on by themselves across two SIGKILLs ({errors})")
+    check(assemble(got)[0] == want, "resume.stream yields the uninterrupted answer's chunks, once each")
+    check("answer" in unary and unary_view(json.dumps(unary["answer"]))[0] == want_unary,
+          "resume.request returns the uninterrupted unary answer")
+
+
+GROUPS = {"restart": group_restart, "client": group_client, "drain": group_drain, "torn": group_torn, "errors": group_errors}
 
 
 def main():
