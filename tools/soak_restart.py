@@ -93,7 +93,7 @@ class Client(Stream):
             pending = None
             while True:
                 line = r.fp.readline()
-                if not line:
+                if not line.endswith(b"\n"):
                     return
                 line = line.decode().rstrip("\n")
                 if line.startswith("id: "):

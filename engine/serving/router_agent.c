@@ -98,7 +98,8 @@ static void leader_submit(struct router *r, struct rbuf *rb)
     p.constraint = get(rb, p.constraint_len);
     const uint64_t *rng = get(rb, 4 * sizeof(uint64_t));
     p.resume_rng = h.p.resume_rng ? rng : NULL;
-    p.resume_tokens = get(rb, (size_t)p.n_resume * sizeof(int32_t));
+    const int32_t *resume = get(rb, (size_t)p.n_resume * sizeof(int32_t));
+    p.resume_tokens = p.n_resume ? resume : NULL;
     p.deadline = h.deadline_in >= 0 ? base_now_s() + h.deadline_in : 0;
     if (rb->bad) {
         router_on_local_fatal(r, STATUS_INTERNAL, "router: a truncated SUBMIT from rank 0");

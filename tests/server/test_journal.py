@@ -7,6 +7,9 @@ stories260K under --batch-invariant. Groups:
              assembles from all its connections equals the answer of an uninterrupted server:
              the same text, tokens and finish reasons, no chunk twice, none missing; a delivered
              answer is not offered again (404)
+  dp2        the same at --dp 2 under mpirun (rank 0 SIGKILLed, mpirun ends the job, a new job
+             resumes): resumed samples may land on the other replica, so the RNG state and the
+             generated tokens cross the router's messages
   drain      SIGTERM with a short --drain-timeout: journaled streams are cut without [DONE] and
              finish after the restart
   torn       a journal whose last record a kill cut short: dropped with a warning, the rest resumed
@@ -24,6 +27,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -119,8 +123,8 @@ class Stream:
             got, pending_id = 0, None
             while True:
                 line = r.fp.readline()
-                if not line:
-                    return  # cut
+                if not line.endswith(b"\n"):
+                    return  # cut (a line the cut left unfinished is not a line)
                 line = line.decode().rstrip("\n")
                 if line.startswith("id: "):
                     pending_id = line[4:]
@@ -173,11 +177,11 @@ def unary_view(text):
             for c in j["choices"]}, j["usage"]
 
 
-def references(shardlm, model, work):
+def references(shardlm, model, work, streams=STREAMS):
     """Every request answered by an uninterrupted journaled server."""
     with server(shardlm, model, "--journal", str(work / "ref-journal"), name="ref") as srv:
         ref_streams = []
-        for path, body in STREAMS:
+        for path, body in streams:
             s = Stream(path, body)
             s.read(srv.http_port)
             check(s.done, f"reference stream {path} seed {body['seed']} ends with [DONE]")
@@ -393,7 +397,61 @@ def group_client(shardlm, model, work):
           "resume.request returns the uninterrupted unary answer")
 
 
-GROUPS = {"restart": group_restart, "client": group_client, "drain": group_drain, "torn": group_torn, "errors": group_errors}
+def rank0_of(srv):
+    for pid in subprocess.run(["pgrep", "-P", str(srv.proc.pid)], capture_output=True, text=True).stdout.split():
+        try:
+            if b"OMPI_COMM_WORLD_RANK=0" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return int(pid)
+        except OSError:
+            pass
+    return None
+
+
+def group_dp2(shardlm, model, work):
+    if not shutil.which("mpirun"):
+        print("SKIP dp2: no mpirun")
+        return
+    ref_streams, _ = references(shardlm, model, work, STREAMS[:3])
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    launcher = ["mpirun", "--oversubscribe", "--bind-to", "none", "-n", "2"]
+    journal = work / "journal-dp2"
+
+    def start(name):
+        return TS.Server(shardlm, model, *FLAGS, "--dp", "2", "--journal", str(journal), name=name, http=True, env=env,
+                         launcher=launcher)
+
+    srv = start("dp2-0")
+    streams = [Stream(p, b) for p, b in STREAMS[:3]]
+    threads = [threading.Thread(target=s.read, args=(srv.http_port, 6)) for s in streams]
+    for t in threads:
+        t.start()
+    for s in streams:
+        s.progress.wait(timeout=60)
+    rank0 = rank0_of(srv)
+    check(rank0 is not None, "dp2: found rank 0 among mpirun's children")
+    os.kill(rank0, signal.SIGKILL)
+    srv.proc.wait(timeout=60)  # Open MPI ends the job when a rank dies
+    srv.log.close()
+    for t in threads:
+        t.join(timeout=30)
+    with start("dp2-1") as srv:
+        srv.signal_pid = rank0_of(srv)
+        threads = [threading.Thread(target=s.read, args=(srv.http_port,)) for s in streams if not s.done]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        for i, (s, ref) in enumerate(zip(streams, ref_streams)):
+            got = assemble(s.chunks)[0]
+            check(s.done and {k: (v["text"], v["finish"]) for k, v in got.items()}
+                  == {k: (v["text"], v["finish"]) for k, v in ref[0].items()},
+                  f"dp2: stream {i} resumed by a new --dp 2 job equals the one-rank uninterrupted answer"
+                  + ("" if s.done and {k: v["text"] for k, v in got.items()} == {k: v["text"] for k, v in ref[0].items()}
+                     else f" (done {s.done}, statuses {s.statuses}, got {[(k, v['finish'], len(v['text'])) for k, v in got.items()]}, "
+                          f"want {[(k, v['finish'], len(v['text'])) for k, v in ref[0].items()]}; last chunks {s.chunks[-2:]})"))
+
+
+GROUPS = {"restart": group_restart, "client": group_client, "dp2": group_dp2, "drain": group_drain, "torn": group_torn, "errors": group_errors}
 
 
 def main():

@@ -79,8 +79,8 @@ def stream(base, path, body, headers=None, key=None, retry_for=120.0, timeout=30
             event_id = None
             while True:
                 line = r.fp.readline()
-                if not line:
-                    break  # cut: reconnect
+                if not line.endswith(b"\n"):
+                    break  # cut (an unfinished line included): reconnect
                 line = line.decode().rstrip("\n")
                 if line.startswith("id: "):
                     event_id = line[4:]
