@@ -8,7 +8,9 @@ assembled answer (text and finish reason per choice, over all its connections) m
 nothing lost, nothing twice. Prints the counts; exit 1 on any difference or lost request.
 
   python3 tools/soak_restart.py --shardlm build/cli/shardlm [--concurrency 64] [--requests 512]
-                                [--kills 5] [--interval 2.0]
+                                [--kills 5] [--interval 2.0] [--overhead]
+--overhead: no kills; the same requests with and without --journal, alternating three times,
+and the best wall time of each (the journal's cost on this machine; one run, same binary).
 A benchmark-style run (minutes), not a test: `ctest -R server_journal` is the short version."""
 import argparse
 import json
@@ -111,6 +113,48 @@ class Client(Stream):
             c.close()
 
 
+def run_all(port, reqs, concurrency, keyed):
+    """Every request once at the given concurrency; the wall time."""
+    clients = [Client(p, b) for p, b in reqs]
+    todo, lock = list(range(len(reqs))), threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i = todo.pop(0)
+            if keyed:
+                clients[i].key = f"ovh-{os.getpid()}-{time.time_ns()}-{i}"
+                clients[i].read_with_key(port)
+            else:
+                clients[i].read(port)
+
+    t0 = time.time()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(c.done for c in clients), "a request did not finish"
+    return time.time() - t0
+
+
+def overhead(a, model, work, reqs):
+    best = {"journal": 1e9, "plain": 1e9}
+    for rep in range(3):
+        for kind in ("plain", "journal"):
+            srv = start(a.shardlm, model, work / f"journal-ovh-{rep}" if kind == "journal" else None, free_port(),
+                        f"ovh-{kind}-{rep}")
+            best[kind] = min(best[kind], run_all(srv.http_port, reqs, a.concurrency, kind == "journal"))
+            srv.stop()
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    print(f"CPU: {cpu}, {os.cpu_count()} cores; {len(reqs)} streamed requests at concurrency {a.concurrency}")
+    print(f"best of 3: without the journal {best['plain']:.2f} s, with --journal (fsync accept) {best['journal']:.2f} s, "
+          f"ratio {best['journal'] / best['plain']:.3f}")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -118,6 +162,7 @@ def main():
     ap.add_argument("--requests", type=int, default=512)
     ap.add_argument("--kills", type=int, default=5)
     ap.add_argument("--interval", type=float, default=2.0)
+    ap.add_argument("--overhead", action="store_true")
     a = ap.parse_args()
     assets = Path(os.environ.get("SHARDLM_ASSETS", ROOT.parent / "shared/assets"))
     work = Path(tempfile.mkdtemp(prefix="shardlm-soak-restart-"))
@@ -125,6 +170,8 @@ def main():
         model = work / "stories260K"
         TS.convert_stories260k(a.shardlm, assets / "stories260K", model)
         reqs = requests(a.requests, 1)
+        if a.overhead:
+            return overhead(a, model, work, reqs)
         port = free_port()
         box = [port]
         srv = start(a.shardlm, model, work / "journal", port, "soak-0")
