@@ -16,6 +16,7 @@
 #include "http_internal.h"
 #include "metrics.h"
 #include "tokenizer.h"
+#include "tool_format.h"
 
 #define HTTP_WAIT_MS 100 /* how often a waiting request checks its client's socket */
 #define HTTP_HALF_CLOSE_GRACE_S 1.0 /* a FIN this soon after the request is a half-close (http_peer_gone) */
@@ -68,8 +69,7 @@ void http_gen_unref(struct http_gen *g)
     }
     free(g->runs);
     for (int i = 0; g->ps && i < g->n_samples; i++) {
-        free(g->ps[i].text);
-        free(g->ps[i].sent_args);
+        tool_stream_free(g->ps[i].ts);
     }
     free(g->ps);
     free(g->out);

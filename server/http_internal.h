@@ -84,12 +84,7 @@ struct http_anthropic_stream {
 /* A stream's view of one sample whose text is parsed (tools or reasoning): the whole text so
  * far (the prompt's prefill first) and how much of each part went out (http_openai_out.c). */
 struct http_parse_stream {
-    char  *text;
-    size_t len, cap;
-    size_t sent_reasoning, sent_content;
-    int    sent_calls;        /* calls whose header (id, name) went out */
-    size_t *sent_args;        /* (sent_calls) bytes of each announced call's arguments sent */
-    size_t cap_args;
+    struct tool_stream *ts;   /* the sample's incremental parse (tool_format.h), made at its first chunk */
 };
 
 /* http_tools.c: tools, tool_choice and parallel_tool_calls of o into q (after its messages and

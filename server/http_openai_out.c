@@ -240,66 +240,42 @@ static void add_echoed_text(cJSON *c, const struct http_run *r, const char *text
 /* Whether g's chat replies are parsed (tool calls, reasoning) rather than sent as they come. */
 static int parsed(const struct http_gen *g) { return g->q.is_chat && (g->q.tools || g->q.reasoning); }
 
-/* A suffix of s[0..n) from *sent on, as a JSON string member of o; advances *sent. A shorter
- * text than what went out (a stream that turned out malformed) adds nothing. */
-static int add_news(cJSON *o, const char *name, const char *s, size_t n, size_t *sent)
-{
-    if (n <= *sent) return 0;
-    add_text(o, name, s + *sent, n - *sent);
-    *sent = n;
-    return 1;
-}
-
-/* Stream, parsed replies: appends b's new text to sample i's whole text, parses it (final: the
- * sample ended) and adds to delta d what did not go out yet: reasoning_content, content, and
- * tool_calls (a call's index, id, type and name once, then its arguments as they grow).
- * Returns whether d got anything; *calls: the reply holds tool calls. */
+/* Stream, parsed replies: feeds b's new text to sample i's incremental parse (final: the sample
+ * ended) and adds to delta d what did not go out yet (tool_stream_delta): reasoning_content,
+ * content, and tool_calls (a call's index, id, type and name once, then its arguments as they
+ * grow). Returns whether d got anything; *calls: the reply holds tool calls. */
 static int parsed_delta(struct http_gen *g, int i, const char *text, size_t n, int final, cJSON *d, int *calls)
 {
     if (!g->ps) CHECK(g->ps = calloc((size_t)g->n_samples, sizeof *g->ps), "out of memory");
     struct http_parse_stream *ps = &g->ps[i];
-    if (!ps->text) {
-        const char *pre = g->q.r.prefill ? g->q.r.prefill : "";
-        http_buf_append(&ps->text, &ps->len, &ps->cap, pre, strlen(pre));
-    }
-    http_buf_append(&ps->text, &ps->len, &ps->cap, text, n);
-    struct tool_parsed p;
     const struct http_request *q = &g->q;
-    CHECK(tool_parse((enum tool_format)q->tool_format, q->tools, q->reasoning, q->r.think_open, q->max_calls, ps->text,
-                     ps->len, final, &p) == 0, "out of memory parsing a reply");
-    int news = add_news(d, "reasoning_content", p.reasoning, p.reasoning_len, &ps->sent_reasoning);
-    news |= add_news(d, "content", p.content, p.content_len, &ps->sent_content);
-    cJSON *list = NULL;
-    for (int k = 0; k < p.n_calls; k++) {
-        const struct tool_parsed_call *c = &p.calls[k];
-        cJSON *e = NULL;
-        if (k >= ps->sent_calls) { /* a new call: its header, and the arguments so far */
-            CHECK(base_grow((void **)&ps->sent_args, &ps->cap_args, (size_t)k + 1, sizeof *ps->sent_args) == 0,
-                  "out of memory");
+    if (!ps->ts) {
+        const char *pre = q->r.prefill ? q->r.prefill : "";
+        CHECK(tool_stream_new((enum tool_format)q->tool_format, q->tools, q->reasoning, q->r.think_open, q->max_calls,
+                              &ps->ts) == 0 && tool_stream_feed(ps->ts, pre, strlen(pre), 0) == 0, "out of memory");
+    }
+    struct tool_delta td;
+    CHECK(tool_stream_delta(ps->ts, text, n, final, &td) == 0, "out of memory parsing a reply");
+    int news = td.reasoning || td.content || td.n_calls;
+    if (td.reasoning) add_text(d, "reasoning_content", td.reasoning, td.reasoning_len);
+    if (td.content) add_text(d, "content", td.content, td.content_len);
+    cJSON *list = td.n_calls ? check_json(cJSON_AddArrayToObject(d, "tool_calls")) : NULL;
+    for (int k = 0; k < td.n_calls; k++) {
+        const struct tool_delta_call *c = &td.calls[k];
+        cJSON *e = check_json(cJSON_CreateObject());
+        cJSON_AddNumberToObject(e, "index", c->index);
+        if (c->is_new) { /* a new call: its header, and the arguments so far */
             char id[96];
-            http_tools_call_id(q, call_id_base(g, i), k, id, sizeof id);
-            e = check_json(cJSON_CreateObject());
-            cJSON_AddNumberToObject(e, "index", k);
+            http_tools_call_id(q, call_id_base(g, i), c->index, id, sizeof id);
             cJSON_AddStringToObject(e, "id", id);
             cJSON_AddStringToObject(e, "type", "function");
-            cJSON *f = check_json(cJSON_AddObjectToObject(e, "function"));
-            cJSON_AddStringToObject(f, "name", c->name);
-            ps->sent_args[k] = 0;
-            add_text(f, "arguments", c->args, c->args_len);
-            ps->sent_args[k] = c->args_len;
-            ps->sent_calls = k + 1;
-        } else if (c->args_len > ps->sent_args[k]) {
-            e = check_json(cJSON_CreateObject());
-            cJSON_AddNumberToObject(e, "index", k);
-            add_news(check_json(cJSON_AddObjectToObject(e, "function")), "arguments", c->args, c->args_len, &ps->sent_args[k]);
         }
-        if (!e) continue;
-        if (!list) list = check_json(cJSON_AddArrayToObject(d, "tool_calls"));
+        cJSON *f = check_json(cJSON_AddObjectToObject(e, "function"));
+        if (c->is_new) cJSON_AddStringToObject(f, "name", c->name);
+        add_text(f, "arguments", c->args, c->args_len);
         cJSON_AddItemToArray(list, e);
-        news = 1;
     }
-    *calls = ps->sent_calls > 0;
-    tool_parsed_free(&p);
+    *calls = td.calls_sent;
     return news;
 }
 
