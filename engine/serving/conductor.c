@@ -335,7 +335,11 @@ enum status conductor_compile_constraint(struct conductor *c, const struct reque
         [CONSTRAINT_CHOICE] = GRAMMAR_CHOICE,
     };
     const char *src = p->constraint ? p->constraint : "";
-    return grammar_cache_get(c->gcache, kinds[p->constraint_kind], src, p->constraint ? p->constraint_len : 0, g);
+    size_t n = p->constraint ? p->constraint_len : 0, trig = p->constraint_trigger_len;
+    if (trig && (trig > REQUEST_MAX_TRIGGER_BYTES || trig >= n || memchr(src, 0, trig)))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: a lazy constraint's trigger is 1 to %d bytes (no NUL) "
+                             "before a source, got %zu of %zu", REQUEST_MAX_TRIGGER_BYTES, trig, n);
+    return grammar_cache_get(c->gcache, kinds[p->constraint_kind], src + trig, n - trig, g);
 }
 
 enum status conductor_submit(struct conductor *c, const char *request_id, const int32_t *prompt, int n_prompt,
@@ -352,6 +356,7 @@ enum status conductor_submit(struct conductor *c, const char *request_id, const 
         return st;
     }
     r->grammar = g;
+    conductor_lazy_setup(c, r, p);
     r->t_submit = base_now_s();
     pthread_mutex_lock(&c->mu);
     st = refusal(c, p->n);

@@ -107,6 +107,9 @@ void        sampling_logits(struct conductor *c, const struct seq *s, const floa
 /* Emits tok, chosen from row, as s's next token (log-probabilities from row, stop conditions),
  * finishing s when it ends; returns tok. c->scratch[0 .. V) is overwritten. */
 int32_t     take_chosen(struct conductor *c, struct seq *s, const float *row, int32_t tok);
+/* Records a lazy constraint's trigger (p's first constraint_trigger_len source bytes) in r, and the
+ * token whose text is the whole trigger when the vocabulary has one (conductor_sample.c). */
+void        conductor_lazy_setup(struct conductor *c, struct request *r, const struct request_params *p);
 void        take_prompt_logprobs(struct conductor *c, struct seq *s, int p0, int n, const float *rows);
 /* conductor_embed.c */
 struct embed_job;

@@ -168,6 +168,13 @@ struct request_params {
                                          may follow, and EOS is allowed only where it may end */
     const char *constraint;           /* (constraint_len) its source; copied at submission */
     size_t   constraint_len;
+    size_t   constraint_trigger_len;  /* 0, or a lazy constraint (tool_choice auto, docs/tools.md):
+                                         the first constraint_trigger_len bytes of constraint are
+                                         a trigger (at most REQUEST_MAX_TRIGGER_BYTES), the rest
+                                         the grammar's source. Decoding is free (the logits
+                                         untouched) until the output holds the trigger; from its
+                                         end (whitespace skipped) the grammar constrains it as a
+                                         constraint does (the sample ends with the grammar) */
     int      logprobs;                /* -1: none; 0: the chosen token's; k > 0: and top-k */
     int      prompt_logprobs;         /* -1: none; >= 0: log p of each prompt token after the
                                          first (and top-k alternatives when > 0) */

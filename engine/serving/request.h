@@ -26,6 +26,7 @@ struct grammar_matcher;
 #define REQUEST_MAX_STOP           16   /* stop strings (a chat template's own included) */
 #define REQUEST_MAX_STOP_BYTES     256  /* bytes per stop string */
 #define REQUEST_MAX_CONSTRAINT_BYTES (256 * 1024) /* a constraint's source (schema, regex, grammar) */
+#define REQUEST_MAX_TRIGGER_BYTES 31 /* a lazy constraint's trigger (a tool call's opening marker) */
 #define REQUEST_MAX_STOP_TOKEN_IDS 64   /* stop token ids (a chat template's own included) */
 #define REQUEST_MAX_LOGIT_BIAS     256  /* logit_bias entries */
 #define REQUEST_MAX_LOGIT_BIAS_ABS 100  /* |logit_bias value| */
@@ -112,6 +113,8 @@ struct request {
     int32_t *bias_ids;            /* (p.n_logit_bias) */
     float   *bias_values;         /* (p.n_logit_bias) */
     struct grammar *grammar;      /* the compiled constraint (a reference), or NULL */
+    char     trigger[REQUEST_MAX_TRIGGER_BYTES + 1]; /* (p.constraint_trigger_len) a lazy constraint's */
+    int32_t  trigger_id;          /* the token whose text is the whole trigger, or -1 */
     uint64_t seed;
     engine_event_fn on_event;
     void    *ctx;
@@ -162,6 +165,8 @@ struct seq {
     int      n_draft;             /* speculation: tokens[n_tokens - n_draft, n_tokens) are drafts
                                      this step verifies (conductor.c speculate) */
     int      grammar_end;         /* the constraint is complete and nothing may follow: stop */
+    int      lazy_on;             /* a lazy constraint's trigger was seen: gm constrains the output */
+    int      lazy_match;          /* a lazy constraint, not yet on: bytes of the trigger the output ends with */
     /* Speculation's adaptive rule (conductor_speculate.c, docs/speculative.md). */
     int      spec_len;            /* drafts it may append next, 1 .. the draft limit; 0 = not begun */
     int      spec_win_drafted, spec_win_accepted; /* drafts verified / accepted in the current window */
