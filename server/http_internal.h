@@ -81,8 +81,8 @@ struct http_anthropic_stream {
     int started, open, kind, index, calls;
 };
 
-/* A stream's view of one sample whose text is parsed (tools or reasoning): the whole text so
- * far (the prompt's prefill first) and how much of each part went out (http_openai_out.c). */
+/* A stream's view of one sample whose text is parsed (tools or reasoning): its incremental
+ * parse, fed the prompt's prefill first, which also knows what went out (http_openai_out.c). */
 struct http_parse_stream {
     struct tool_stream *ts;   /* the sample's incremental parse (tool_format.h), made at its first chunk */
 };

@@ -148,7 +148,8 @@ static enum status set_schema(struct http_request *q, cJSON *schema, const char 
 /* Tools in the model's own format: the template renders them; a required call is opened in the
  * prompt and constrained; an optional one (auto) is constrained from its opening marker on (a
  * lazy grammar: the output is free until the model writes the marker), except in the llama3
- * format, which has no marker (the call is the whole reply): free output, parsed. */
+ * format, which has no marker (the call is the whole reply), and with a template that reasons
+ * (<think>): free output, parsed. */
 static enum status native_tools(const cJSON *o, const cJSON *tools, const char *only, int required, int parallel,
                                 const struct http_chat_caps *caps, struct http_request *q)
 {
@@ -160,7 +161,8 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
         if (!(q->r.prefill = strdup(tool_format_call_prefix(f))))
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
         st = set_schema(q, native_schema(f, tools, only, parallel), NULL);
-    } else if (st == STATUS_OK && f != TOOL_FORMAT_LLAMA3) {
+    } else if (st == STATUS_OK && f != TOOL_FORMAT_LLAMA3 && !caps->reasoning) {
+        /* (A reasoning template is left free: a marker written inside <think> would trigger.) */
         st = set_schema(q, native_schema(f, tools, only, parallel), tool_format_call_marker(f));
     }
     q->tools = 1;

@@ -9,45 +9,10 @@
  * Not here: format detection (tool_format.c), the JSON of the fronts (http_openai_out.c,
  * chat_tools.c). Tests: tests/test_tool_stream.c, tests/fuzz/fuzz_tool_parse.c. */
 #include "tool_format.h"
+#include "tool_json.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#define SCAN_MAX_DEPTH 128 /* nesting of a call's JSON; deeper is malformed */
-
-/* ---- text helpers ---------------------------------------------------------------------------- */
-
-struct sbuf {
-    char  *p;
-    size_t n, cap;
-    int    oom;
-};
-
-static void sb_add(struct sbuf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p, b->cap = cap;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_reset(struct sbuf *b)
-{
-    b->n = 0;
-    if (b->p) b->p[0] = 0;
-}
-
-static int is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 /* The length of the longest suffix of s[0..n) that is a proper prefix of marker. */
 static size_t holdback(const char *s, size_t n, const char *marker)
@@ -56,299 +21,6 @@ static size_t holdback(const char *s, size_t n, const char *marker)
     for (size_t k = m - 1 < n ? m - 1 : n; k > 0; k--)
         if (!memcmp(s + n - k, marker, k)) return k;
     return 0;
-}
-
-static void add_utf8(struct sbuf *b, unsigned c)
-{
-    char u[4];
-    size_t k;
-    if (c < 0x80) u[0] = (char)c, k = 1;
-    else if (c < 0x800) u[0] = (char)(0xC0 | c >> 6), u[1] = (char)(0x80 | (c & 0x3F)), k = 2;
-    else if (c < 0x10000) u[0] = (char)(0xE0 | c >> 12), u[1] = (char)(0x80 | (c >> 6 & 0x3F)), u[2] = (char)(0x80 | (c & 0x3F)), k = 3;
-    else u[0] = (char)(0xF0 | c >> 18), u[1] = (char)(0x80 | (c >> 12 & 0x3F)), u[2] = (char)(0x80 | (c >> 6 & 0x3F)),
-         u[3] = (char)(0x80 | (c & 0x3F)), k = 4;
-    sb_add(b, u, k);
-}
-
-static int hex4(const char *s, unsigned *v)
-{
-    *v = 0;
-    for (int k = 0; k < 4; k++) {
-        char c = s[k];
-        unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0') : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10)
-                   : c >= 'A' && c <= 'F' ? (unsigned)(c - 'A' + 10) : 16u;
-        if (d > 15) return -1;
-        *v = *v * 16 + d;
-    }
-    return 0;
-}
-
-/* ---- JSON, byte by byte ---------------------------------------------------------------------- */
-
-enum { J_MORE, J_DONE, J_AGAIN, J_BAD }; /* AGAIN: done, and the byte belongs to what follows */
-
-/* A JSON string after its opening quote. Escapes must be whole to be judged: \u needs its four
- * digits (and a high surrogate its low half) before it is accepted or refused. */
-struct jstr {
-    int  st;      /* 0 body, 1 after a backslash, 2 in \uXXXX, 3 in a low surrogate's \uXXXX */
-    int  n_hex;
-    char hex[6];
-    unsigned hi;
-};
-
-/* out (may be NULL) gets the decoded text, as far as whole escapes go. */
-static int jstr_byte(struct jstr *j, unsigned char c, struct sbuf *out)
-{
-    switch (j->st) {
-    case 0:
-        if (c == '"') return J_DONE;
-        if (c < 0x20) return J_BAD;
-        if (c == '\\') j->st = 1;
-        else if (out) sb_add(out, (const char *)&c, 1);
-        return J_MORE;
-    case 1: {
-        static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-        const char *e = c ? strchr(from, c) : NULL;
-        if (e) {
-            if (out) sb_add(out, &to[e - from], 1);
-            j->st = 0;
-            return J_MORE;
-        }
-        if (c != 'u') return J_BAD;
-        j->st = 2, j->n_hex = 0;
-        return J_MORE;
-    }
-    case 2: {
-        j->hex[j->n_hex++] = (char)c;
-        if (j->n_hex < 4) return J_MORE;
-        unsigned v;
-        if (hex4(j->hex, &v)) return J_BAD;
-        if (v >= 0xD800 && v < 0xDC00) { /* a high surrogate: its low half must follow */
-            j->hi = v, j->st = 3, j->n_hex = 0;
-            return J_MORE;
-        }
-        if (v >= 0xDC00 && v < 0xE000) return J_BAD;
-        if (out) add_utf8(out, v);
-        j->st = 0;
-        return J_MORE;
-    }
-    default: {
-        j->hex[j->n_hex++] = (char)c;
-        if (j->n_hex < 6) return J_MORE;
-        unsigned lo;
-        if (j->hex[0] != '\\' || j->hex[1] != 'u' || hex4(j->hex + 2, &lo) || lo < 0xDC00 || lo > 0xDFFF) return J_BAD;
-        if (out) add_utf8(out, 0x10000 + ((j->hi - 0xD800) << 10) + (lo - 0xDC00));
-        j->st = 0;
-        return J_MORE;
-    }
-    }
-}
-
-/* The bytes of a number or a literal (a NUL too, as the whole-text scanner took them). */
-static int lit_byte(unsigned char c) { return !c || strchr("+-.eE", c) || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z'); }
-
-enum { V_START, V_STR, V_LIT, C_FIRST, C_KEYSTART, C_KEY, C_COLON, C_AFTER };
-
-/* Any JSON value; depth counts the open containers (a value inside d of them is at depth d + 1,
- * and values deeper than SCAN_MAX_DEPTH are malformed). */
-struct jval {
-    int  st, depth;
-    char stack[SCAN_MAX_DEPTH + 1];
-    struct jstr s;
-    char lit[6];
-    int  n_lit;
-};
-
-static int jval_done(struct jval *v)
-{
-    if (v->depth == 0) return J_DONE;
-    v->st = C_AFTER;
-    return J_MORE;
-}
-
-static int jval_enter(struct jval *v)
-{
-    if (v->depth + 1 > SCAN_MAX_DEPTH) return J_BAD;
-    v->st = V_START;
-    return J_MORE;
-}
-
-static int jval_byte(struct jval *v, unsigned char c)
-{
-    for (;;) {
-        switch (v->st) {
-        case V_START:
-            if (is_ws(c)) return J_MORE;
-            if (c == '"') {
-                memset(&v->s, 0, sizeof v->s);
-                v->st = V_STR;
-            } else if (c == '{' || c == '[') {
-                v->stack[v->depth++] = (char)c;
-                v->st = C_FIRST;
-            } else if (lit_byte(c)) {
-                v->lit[0] = (char)c, v->n_lit = 1;
-                v->st = V_LIT;
-            } else {
-                return J_BAD;
-            }
-            return J_MORE;
-        case V_STR: {
-            int r = jstr_byte(&v->s, c, NULL);
-            return r == J_DONE ? jval_done(v) : r;
-        }
-        case V_LIT: {
-            if (lit_byte(c)) {
-                if (v->n_lit < 6) v->lit[v->n_lit] = (char)c;
-                v->n_lit++;
-                return J_MORE;
-            }
-            static const char *const lits[] = {"true", "false", "null"};
-            int ok = v->lit[0] == '-' || (v->lit[0] >= '0' && v->lit[0] <= '9');
-            for (int k = 0; k < 3 && !ok; k++)
-                ok = (size_t)v->n_lit == strlen(lits[k]) && !memcmp(v->lit, lits[k], (size_t)v->n_lit);
-            if (!ok) return J_BAD;
-            if (v->depth == 0) return J_AGAIN;
-            v->st = C_AFTER;
-            continue; /* c goes on after the number */
-        }
-        case C_FIRST: {
-            if (is_ws(c)) return J_MORE;
-            char open = v->stack[v->depth - 1];
-            if (c == (open == '{' ? '}' : ']')) {
-                v->depth--;
-                return jval_done(v);
-            }
-            if (open == '[') {
-                if (jval_enter(v) == J_BAD) return J_BAD;
-                continue;
-            }
-            v->st = C_KEYSTART;
-            continue;
-        }
-        case C_KEYSTART:
-            if (is_ws(c)) return J_MORE;
-            if (c != '"') return J_BAD;
-            memset(&v->s, 0, sizeof v->s);
-            v->st = C_KEY;
-            return J_MORE;
-        case C_KEY: {
-            int r = jstr_byte(&v->s, c, NULL);
-            if (r == J_DONE) v->st = C_COLON;
-            return r == J_BAD ? J_BAD : J_MORE;
-        }
-        case C_COLON:
-            if (is_ws(c)) return J_MORE;
-            return c == ':' ? jval_enter(v) : J_BAD;
-        default: { /* C_AFTER */
-            if (is_ws(c)) return J_MORE;
-            char open = v->stack[v->depth - 1];
-            if (c == (open == '{' ? '}' : ']')) {
-                v->depth--;
-                return jval_done(v);
-            }
-            if (c != ',') return J_BAD;
-            if (open == '[') return jval_enter(v);
-            v->st = C_KEYSTART;
-            return J_MORE;
-        }
-        }
-    }
-}
-
-/* ---- one call: {"name": "...", "<args key>": {...}} ------------------------------------------ */
-
-enum { K_OPEN, K_KEYSTART, K_KEY, K_COLON, K_VALSTART, K_NAME, K_VAL, K_AFTER };
-
-struct jcall {
-    int         st, first, is_name, is_args, in_args, has_name, has_args;
-    struct jstr s;
-    struct sbuf key, name;
-    struct jval v;
-    size_t      args0, args1; /* the arguments' text: [args0, args1), or to the end while in_args */
-};
-
-static void jcall_start(struct jcall *c)
-{
-    sb_reset(&c->key);
-    sb_reset(&c->name);
-    struct sbuf key = c->key, name = c->name;
-    memset(c, 0, sizeof *c);
-    c->key = key, c->name = name;
-}
-
-/* One byte at position pos of the text. args_key: "parameters" or "arguments" ("arguments" is
- * accepted for any key). */
-static int jcall_byte(struct jcall *c, unsigned char ch, size_t pos, const char *args_key, int *oom)
-{
-    for (;;) {
-        switch (c->st) {
-        case K_OPEN:
-            if (is_ws(ch)) return J_MORE;
-            if (ch != '{') return J_BAD;
-            c->st = K_KEYSTART, c->first = 1;
-            return J_MORE;
-        case K_KEYSTART:
-            if (is_ws(ch)) return J_MORE;
-            if (ch != '"') return J_BAD; /* {} names no function */
-            sb_reset(&c->key);
-            memset(&c->s, 0, sizeof c->s);
-            c->st = K_KEY;
-            return J_MORE;
-        case K_KEY: {
-            int r = jstr_byte(&c->s, ch, &c->key);
-            if (c->key.oom) return *oom = 1, J_BAD;
-            if (r != J_DONE) return r;
-            const char *k = c->key.p ? c->key.p : ""; /* compared as C strings, as before */
-            c->is_name = !strcmp(k, "name");
-            c->is_args = !strcmp(k, args_key) || !strcmp(k, "arguments");
-            c->st = K_COLON;
-            return J_MORE;
-        }
-        case K_COLON:
-            if (is_ws(ch)) return J_MORE;
-            if (ch != ':') return J_BAD;
-            c->st = K_VALSTART;
-            return J_MORE;
-        case K_VALSTART:
-            if (is_ws(ch)) return J_MORE;
-            if (c->is_name && !c->has_name) {
-                if (ch != '"') return J_BAD;
-                sb_reset(&c->name);
-                memset(&c->s, 0, sizeof c->s);
-                c->st = K_NAME;
-                return J_MORE;
-            }
-            c->in_args = c->is_args && !c->has_args;
-            if (c->in_args) c->args0 = pos;
-            memset(&c->v, 0, sizeof c->v);
-            c->st = K_VAL;
-            continue;
-        case K_NAME: {
-            int r = jstr_byte(&c->s, ch, &c->name);
-            if (c->name.oom) return *oom = 1, J_BAD;
-            if (r != J_DONE) return r;
-            if (!c->name.p) sb_add(&c->name, "", 0);
-            if (c->name.oom) return *oom = 1, J_BAD;
-            c->has_name = 1;
-            c->st = K_AFTER;
-            return J_MORE;
-        }
-        case K_VAL: {
-            int r = jval_byte(&c->v, ch);
-            if (r == J_MORE || r == J_BAD) return r;
-            if (c->in_args) c->args1 = r == J_DONE ? pos + 1 : pos, c->in_args = 0, c->has_args = 1;
-            c->st = K_AFTER;
-            if (r == J_DONE) return J_MORE;
-            continue;
-        }
-        default: /* K_AFTER */
-            if (is_ws(ch)) return J_MORE;
-            if (ch == '}') return c->has_name ? J_DONE : J_BAD;
-            if (ch != ',') return J_BAD;
-            c->st = K_KEYSTART, c->first = 0;
-            return J_MORE;
-        }
-    }
 }
 
 /* ---- the reply ------------------------------------------------------------------------------- */
@@ -402,9 +74,9 @@ struct tool_stream {
     size_t block;         /* where the current block of calls opened (its marker) */
     size_t close_at;      /* B_AFTER_CALL: the first byte after the call's whitespace, or -1 */
     int    kept_block, seen, gdone; /* calls kept in this block; generic: non-space seen, reply whole */
-    struct sbuf content, gkey;
-    struct jstr gs;
-    struct jcall call;
+    struct tool_json_buf content, gkey;
+    struct tool_json_str gs;
+    struct tool_json_call call;
     struct tcall *calls;
     int    n_calls, cap_calls;
 
@@ -439,13 +111,13 @@ static void seg_advance(struct tool_stream *ts, struct seg *g, size_t limit, int
 {
     for (; g->scanned < limit; g->scanned++) {
         ts->steps++;
-        if (is_ws((unsigned char)ts->text[g->scanned])) continue;
+        if (tool_json_is_ws((unsigned char)ts->text[g->scanned])) continue;
         if (!g->has) g->first = g->scanned, g->has = 1;
         g->end = g->scanned + 1;
     }
     if (!to_content || !g->has || g->end - g->first == g->emitted) return;
-    if (!g->emitted && g->base) sb_add(&ts->content, " ", 1);
-    sb_add(&ts->content, ts->text + g->first + g->emitted, g->end - g->first - g->emitted);
+    if (!g->emitted && g->base) tool_json_buf_add(&ts->content, " ", 1);
+    tool_json_buf_add(&ts->content, ts->text + g->first + g->emitted, g->end - g->first - g->emitted);
     g->emitted = g->end - g->first;
 }
 
@@ -457,7 +129,7 @@ static int call_visible(const struct tool_stream *ts)
 
 static void begin_call(struct tool_stream *ts)
 {
-    jcall_start(&ts->call);
+    tool_json_call_start(&ts->call);
     ts->st = B_CALL;
 }
 
@@ -471,7 +143,7 @@ static int keep_call(struct tool_stream *ts)
         if (!a) return ts->oom = 1, 0;
         ts->calls = a, ts->cap_calls = cap;
     }
-    struct jcall *c = &ts->call;
+    struct tool_json_call *c = &ts->call;
     struct tcall *t = &ts->calls[ts->n_calls];
     t->name = malloc(c->name.n + 1);
     if (!t->name) return ts->oom = 1, 0;
@@ -552,18 +224,18 @@ static void body_byte(struct tool_stream *ts)
     const char *close = close_marker(ts->f);
     switch (ts->st) {
     case B_CALL: {
-        int r = jcall_byte(&ts->call, c, at, tool_format_args_key(ts->f), &ts->oom);
-        if (r == J_DONE) call_done(ts);
-        else if (r == J_BAD) call_bad(ts);
+        int r = tool_json_call_byte(&ts->call, c, at, tool_format_args_key(ts->f), &ts->oom);
+        if (r == TOOL_JSON_DONE) call_done(ts);
+        else if (r == TOOL_JSON_BAD) call_bad(ts);
         return;
     }
     case B_LIST_OPEN:
-        if (is_ws(c)) return;
+        if (tool_json_is_ws(c)) return;
         if (c == '[') begin_call(ts);
         else call_bad(ts);
         return;
     case B_LIST_AFTER:
-        if (is_ws(c)) return;
+        if (tool_json_is_ws(c)) return;
         if (c == ']') text_from(ts, at + 1);
         else if (c == ',') begin_call(ts);
         else call_bad(ts);
@@ -574,66 +246,66 @@ static void body_byte(struct tool_stream *ts)
             return;
         }
         if (ts->close_at == (size_t)-1) {
-            if (is_ws(c)) return;
+            if (tool_json_is_ws(c)) return;
             ts->close_at = at;
         }
         if (c != close[at - ts->close_at]) text_from(ts, ts->close_at); /* not the closing marker: text */
         else if (at + 1 - ts->close_at == strlen(close)) text_from(ts, at + 1);
         return;
     case G_OPEN:
-        if (is_ws(c)) return;
+        if (tool_json_is_ws(c)) return;
         ts->seen = 1;
         ts->st = c == '{' ? G_KEYSTART : B_DEAD;
         return;
     case G_KEYSTART:
-        if (is_ws(c)) return;
-        sb_reset(&ts->gkey);
+        if (tool_json_is_ws(c)) return;
+        tool_json_buf_reset(&ts->gkey);
         memset(&ts->gs, 0, sizeof ts->gs);
         ts->st = c == '"' ? G_KEY : B_DEAD;
         return;
     case G_KEY: {
-        int r = jstr_byte(&ts->gs, c, &ts->gkey);
+        int r = tool_json_str_byte(&ts->gs, c, &ts->gkey);
         ts->oom |= ts->gkey.oom;
-        if (r == J_BAD) ts->st = B_DEAD;
-        else if (r == J_DONE) ts->st = G_COLON;
+        if (r == TOOL_JSON_BAD) ts->st = B_DEAD;
+        else if (r == TOOL_JSON_DONE) ts->st = G_COLON;
         return;
     }
     case G_COLON: {
-        if (is_ws(c)) return;
+        if (tool_json_is_ws(c)) return;
         const char *k = ts->gkey.p ? ts->gkey.p : "";
         ts->st = c != ':' ? B_DEAD : !strcmp(k, "response") ? G_RSTART : !strcmp(k, "tool_calls") ? G_LSTART : B_DEAD;
         return;
     }
     case G_RSTART:
-        if (is_ws(c)) return;
+        if (tool_json_is_ws(c)) return;
         memset(&ts->gs, 0, sizeof ts->gs);
         ts->st = c == '"' ? G_RESP : B_DEAD;
         return;
     case G_RESP: {
-        int r = jstr_byte(&ts->gs, c, &ts->content);
-        if (r == J_DONE) ts->gdone = 1;
-        if (r != J_MORE) ts->st = B_DEAD;
+        int r = tool_json_str_byte(&ts->gs, c, &ts->content);
+        if (r == TOOL_JSON_DONE) ts->gdone = 1;
+        if (r != TOOL_JSON_MORE) ts->st = B_DEAD;
         return;
     }
     case G_LSTART:
-        if (is_ws(c)) return;
+        if (tool_json_is_ws(c)) return;
         if (c == '[') begin_call(ts);
         else ts->st = B_DEAD;
         return;
     case G_LAFTER:
-        if (is_ws(c)) return;
+        if (tool_json_is_ws(c)) return;
         if (c == ']') ts->gdone = 1, ts->st = B_DEAD;
         else if (c == ',') begin_call(ts);
         else ts->st = B_DEAD;
         return;
     case L_CALLSTART:
-        if (is_ws(c)) return;
+        if (tool_json_is_ws(c)) return;
         if (c == '{') begin_call(ts), ts->pos = at; /* the call's machine reads the brace */
         else rest_is_text(ts, ts->body);
         return;
     case L_AFTER:
     case L_SEMI:
-        if (is_ws(c)) return;
+        if (tool_json_is_ws(c)) return;
         if (c == ';' && ts->st == L_AFTER) ts->st = L_SEMI;
         else if (c == '{') begin_call(ts), ts->pos = at;
         else rest_is_text(ts, at);
@@ -648,7 +320,7 @@ static void body_byte(struct tool_stream *ts)
  * still be the tag's start. */
 static void llama3_start(struct tool_stream *ts)
 {
-    while (ts->rscan < ts->len && is_ws((unsigned char)ts->text[ts->rscan])) ts->rscan++, ts->steps++;
+    while (ts->rscan < ts->len && tool_json_is_ws((unsigned char)ts->text[ts->rscan])) ts->rscan++, ts->steps++;
     size_t j = ts->rscan, have = ts->len - j, m = strlen(PYTHON_TAG);
     int prefix = !memcmp(ts->text + j, PYTHON_TAG, have < m ? have : m);
     ts->steps += m;
@@ -675,7 +347,7 @@ static void body_begin(struct tool_stream *ts, size_t p)
 static void reasoning_advance(struct tool_stream *ts)
 {
     if (ts->rph == R_DETECT) {
-        while (ts->rscan < ts->len && is_ws((unsigned char)ts->text[ts->rscan])) ts->rscan++, ts->steps++;
+        while (ts->rscan < ts->len && tool_json_is_ws((unsigned char)ts->text[ts->rscan])) ts->rscan++, ts->steps++;
         size_t j = ts->rscan, have = ts->len - j, m = strlen(THINK_OPEN);
         int prefix = !memcmp(ts->text + j, THINK_OPEN, have < m ? have : m);
         ts->steps += m;
@@ -706,7 +378,7 @@ static void reasoning_advance(struct tool_stream *ts)
         ts->rph = R_GAP, ts->rscan = p + m;
     }
     if (ts->rph == R_GAP) {
-        while (ts->rscan < ts->len && is_ws((unsigned char)ts->text[ts->rscan])) ts->rscan++, ts->steps++;
+        while (ts->rscan < ts->len && tool_json_is_ws((unsigned char)ts->text[ts->rscan])) ts->rscan++, ts->steps++;
         if (ts->rscan == ts->len) return;
         ts->rph = R_OFF;
         body_begin(ts, ts->rscan);
@@ -721,7 +393,7 @@ static void advance(struct tool_stream *ts)
         if (ts->st == B_TEXT) read_text(ts);
         else if (ts->st == B_RAW) {
             ts->steps += ts->len - ts->pos;
-            sb_add(&ts->content, ts->text + ts->pos, ts->len - ts->pos);
+            tool_json_buf_add(&ts->content, ts->text + ts->pos, ts->len - ts->pos);
             ts->pos = ts->len;
         } else if (ts->st == L_START) llama3_start(ts);
         else if (ts->st == B_REST) seg_advance(ts, &ts->cseg, ts->len, 1), ts->pos = ts->len;
@@ -787,7 +459,7 @@ int tool_stream_feed(struct tool_stream *ts, const char *text, size_t n, int fin
     /* A generic reply that is not understood (unconstrained, or cut short): the raw text. */
     if (ts->final && !was_final && ts->tools && ts->f == TOOL_FORMAT_GENERIC && ts->seen && !ts->gdone &&
         !ts->content.n && !ts->n_calls && !call_visible(ts))
-        sb_add(&ts->content, ts->text + ts->body, ts->len - ts->body);
+        tool_json_buf_add(&ts->content, ts->text + ts->body, ts->len - ts->body);
     ts->oom |= ts->content.oom;
     return ts->oom ? -1 : 0;
 }
@@ -815,7 +487,7 @@ void tool_stream_call(const struct tool_stream *ts, int k, struct tool_view_call
         else c->args = ts->text + t->args0, c->args_len = t->args1 - t->args0;
         return;
     }
-    const struct jcall *j = &ts->call; /* the call in progress (call_visible) */
+    const struct tool_json_call *j = &ts->call; /* the call in progress (call_visible) */
     c->name = j->name.p;
     c->args = "";
     if (j->has_args) c->args = ts->text + j->args0, c->args_len = j->args1 - j->args0;
