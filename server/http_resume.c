@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "http_internal.h"
+#include "tool_format.h"
 
 #define MODULE "journal"
 
@@ -307,10 +308,7 @@ enum status http_resume_attach(struct server *s, const char *key, const char *st
         sample_buf_free(&g->samples[i]);
         memset(&g->samples[i], 0, sizeof g->samples[i]);
     }
-    for (int i = 0; g->ps && i < g->n_samples; i++) {
-        free(g->ps[i].text);
-        free(g->ps[i].sent_args);
-    }
+    for (int i = 0; g->ps && i < g->n_samples; i++) tool_stream_free(g->ps[i].ts);
     free(g->ps);
     g->ps = NULL;
     for (int i = 0; i < g->n_runs; i++) g->runs[i].prompt_lp_ready = 0;

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "constraint.h"
 #include "grammar.h"
 #include "tokenizer.h"
 
@@ -52,51 +53,6 @@ void conductor_lazy_setup(struct conductor *c, struct request *r, const struct r
     memcpy(r->trigger, p->constraint, n); /* conductor_compile_constraint checked its length */
     r->trigger[n] = 0;
     r->trigger_id = tokenizer_piece_to_id(c->tok, r->trigger);
-}
-
-/* The bytes of the trigger matched after byte b, k of them matched before (the longest prefix of
- * the trigger that the output now ends with). */
-static int trigger_next(const char *t, int k, char b)
-{
-    for (int m = k + 1; m > 0; m--) /* try the longest first: t[0..m) == t[k-m+1..k) + b */
-        if (t[m - 1] == b && !memcmp(t, t + k - m + 1, (size_t)m - 1)) return m;
-    return 0;
-}
-
-/* The trigger is complete and rest[0..n) of the token that completed it follows: the grammar
- * starts there (leading whitespace skipped). Bytes the grammar cannot start with leave the
- * sample free (the output already holds them; docs/tools.md), as does running out of memory. */
-static void lazy_start(struct seq *s, const char *rest, size_t n)
-{
-    s->lazy_match = 0; /* (free again: the next trigger is looked for from scratch) */
-    while (n && (*rest == ' ' || *rest == '\n' || *rest == '\t' || *rest == '\r')) rest++, n--;
-    if (!s->gm && grammar_matcher_new(s->req->grammar, &s->gm) != STATUS_OK) return; /* out of memory: free */
-    s->lazy_on = !n || grammar_matcher_accept_bytes(s->gm, rest, n) == STATUS_OK;
-}
-
-/* Token tok was taken by a constrained sample: advances its matcher, or (a lazy constraint not
- * yet triggered) looks for the trigger in the token's text. A complete grammar (the call, for a
- * lazy constraint) with nothing allowed after it stops the sample (grammar_end). */
-static void constraint_take(struct conductor *c, struct seq *s, int32_t tok)
-{
-    struct request *r = s->req;
-    if (r->p.constraint_trigger_len && !s->lazy_on) {
-        if (tok == r->trigger_id) {
-            lazy_start(s, "", 0);
-            return;
-        }
-        int len = 0;
-        const char *b = grammar_vocab_token(c->gvocab, tok, &len);
-        for (int i = 0; i < len; i++) {
-            s->lazy_match = trigger_next(r->trigger, s->lazy_match, b[i]);
-            if ((size_t)s->lazy_match == r->p.constraint_trigger_len) {
-                lazy_start(s, b + i + 1, (size_t)(len - i - 1));
-                return;
-            }
-        }
-        return;
-    }
-    if (s->gm && grammar_matcher_accept(s->gm, tok) == STATUS_OK) s->grammar_end = grammar_matcher_is_done(s->gm);
 }
 
 /* Samples the next token of s from the logits row, then emits it and finishes the sample when a
@@ -160,7 +116,10 @@ int32_t take_chosen(struct conductor *c, struct seq *s, const float *row, int32_
         tok_lp = lp[tok];
         if (n_top) sampler_top_logprobs(lp, V, n_top, top);
     }
-    if (r->grammar) constraint_take(c, s, tok);
+    if (r->grammar && constraint_take(s, tok) != STATUS_OK) { /* out of memory starting a lazy call */
+        finish_seq(c, s, FINISH_REASON_ERROR, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
+        return -1;
+    }
     size_t text_len = 0;
     enum finish_reason why = request_take_token(s, tok, eos, c->m->cfg.max_positions,
                                                 r->p.logprobs >= 0 ? &tok_lp : NULL, top, n_top, &text_len);

@@ -5,6 +5,7 @@
  * (the table of invalid requests). */
 #include "request.h"
 
+#include "constraint.h"
 #include "grammar.h"
 
 #include <math.h>
@@ -545,11 +546,7 @@ static enum status take_text(struct seq *s, int32_t tok, int eos, enum finish_re
 /* A resumed sample's replayed token through its constraint (as conductor_sample.c takes it). */
 static enum status replay_constraint(struct seq *s, int32_t tok)
 {
-    struct request *r = s->req;
-    if (!r->grammar) return STATUS_OK;
-    if (!s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK) return STATUS_RESOURCE_EXHAUSTED;
-    if (grammar_matcher_accept(s->gm, tok) == STATUS_OK) s->grammar_end = grammar_matcher_is_done(s->gm);
-    return STATUS_OK;
+    return s->req->grammar ? constraint_take(s, tok) : STATUS_OK;
 }
 
 enum finish_reason request_take_token(struct seq *s, int32_t tok, int eos, int max_positions,
