@@ -7,7 +7,7 @@
  *    tool_choice required or a named function the call's opening marker is written after the
  *    prompt and the call's JSON is constrained (one call; Mistral: a list); under auto the
  *    output is free until the model writes the marker, then the call is constrained (a lazy
- *    grammar; Llama 3's format has no marker: free output, parsed).
+ *    grammar; Llama 3's format, which has no marker, and reasoning templates: free output, parsed).
  *  - otherwise llama.cpp's "generic" format, which any model can follow and which can never
  *    fail to parse: the tools and the reply format are described in the system message, and
  *    the whole reply is constrained (a JSON Schema, engine/grammar/) to one JSON object, either
