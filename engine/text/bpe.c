@@ -664,6 +664,7 @@ static enum status encode_segment(const struct bpe *b, struct scratch *sc, const
         const size_t wn = sc->r[cur][i].n;
         if (b->model == BPE_MODEL_WORDPIECE) st = wordpiece_encode_word(b, w, wn, ids, n_ids, cap);
         else if (b->model == BPE_MODEL_UNIGRAM) st = unigram_encode_word(b, w, wn, ids, n_ids, cap);
+        else if (b->model == BPE_MODEL_WORDLEVEL) st = wordlevel_encode_word(b, w, wn, ids, n_ids, cap);
         else st = encode_word(b, sc, w, wn, ids, n_ids, cap);
         if (st) return st;
     }
