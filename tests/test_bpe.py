@@ -302,7 +302,7 @@ def bad_files(tool, good, tmp):
             split("(unclosed"), BYTE_LEVEL_NO_REGEX]}}).encode(), "regex"),
         "split_behavior": (json.dumps({**good, "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "a"},
                                                                  "behavior": "Sideways"}}).encode(), "behavior"),
-        "wordlevel": (json.dumps({**good, "model": {"type": "WordLevel", "vocab": {}}}).encode(), "model.type"),
+        "model type": (json.dumps({**good, "model": {"type": "CharLevel", "vocab": {}}}).encode(), "model.type"),
         "no_byte_level": (json.dumps({**good, "pre_tokenizer": None}).encode(), "ByteLevel"),
         "normalizer": (json.dumps({**good, "normalizer": {"type": "Lowercase"}}).encode(), "normalizer"),
         "decoder": (json.dumps({**good, "decoder": {"type": "WordPiece"}}).encode(), "decoder"),

@@ -8,6 +8,9 @@
  *   test_bpe_tool encode_special PATH CORPUS   the same with add_bos = 1 (the post-processor's tokens)
  *   test_bpe_tool decode PATH IDS        IDS holds one id sequence per line; prints the decode (hex)
  *                                        and the streaming check per line
+ *   test_bpe_tool json FILE.gguf         prints the tokenizer text a GGUF vocabulary becomes
+ *                                        (gguf_tokenizer_model_proto: a tokenizer.json for gpt2 and
+ *                                        bert vocabularies) and exits 0, or "ERROR <message>"
  *   test_bpe_tool bench PATH CORPUS REPS encodes the corpus REPS times on one thread; prints
  *                                        bytes, tokens and seconds (a figure, never a verdict)
  * Not a test by itself: test_bpe.py compares its output with Hugging Face tokenizers. */
@@ -110,8 +113,20 @@ static int print_decode(const struct tokenizer *t, const int32_t *ids, int n)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s load|encode|bench PATH [CORPUS [REPS]]\n", argv[0]);
+        fprintf(stderr, "usage: %s load|encode|encode_special|decode|json|bench PATH [CORPUS [REPS]]\n", argv[0]);
         return 2;
+    }
+    if (!strcmp(argv[1], "json")) {
+        struct gguf *g = NULL;
+        void *data = NULL;
+        size_t len = 0;
+        enum status s = gguf_open(argv[2], &g);
+        if (s == STATUS_OK) s = gguf_tokenizer_model_proto(g, &data, &len);
+        if (s == STATUS_OK) fwrite(data, 1, len, stdout);
+        else printf("ERROR %s\n", status_message());
+        free(data);
+        gguf_close(g);
+        return s == STATUS_OK ? 0 : 1;
     }
     struct tokenizer *t = NULL;
     enum status s = load(argv[2], &t);
@@ -175,7 +190,9 @@ int main(int argc, char **argv)
         int32_t *ids;
         int n;
         if ((s = tokenizer_encode(t, texts[i].p, texts[i].n, special, &ids, &n)) != STATUS_OK) {
-            printf("{\"error\": \"encode %d failed\"}\n", i);
+            printf("{\"error\": \"encode %d failed: ", i);
+            for (const char *m = status_message(); *m; m++) putchar(*m == '"' || *m == '\\' || (unsigned char)*m < 0x20 ? '?' : *m);
+            printf("\"}\n");
             continue;
         }
         printf("{\"ids\": [");

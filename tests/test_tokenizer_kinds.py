@@ -13,6 +13,9 @@ Hugging Face `tokenizers`, through tests/test_bpe_tool:
                      decoder), built from the shared assets' tokenizer.model by this script
   spbpe-metaspace    the same vocabulary behind a Metaspace pre-tokenizer (prepend_scheme first) and
                      a Metaspace + ByteFallback decoder
+  wordlevel          a WordLevel trained here (Whitespace pre-tokenizer, no normalizer, no decoder:
+                     decode joins with spaces), and one with NFD + Lowercase + StripAccents,
+                     WhitespaceSplit + Punctuation + Digits and a [CLS] $A [SEP] template
   unigram            a Unigram trained here (UnigramTrainer; NFKC + Lowercase, Metaspace), and the
                      same with byte_fallback and <0xNN> pieces added
 For each: the ids of every corpus text (0 mismatches allowed), decode (skip_special_tokens) of
@@ -210,6 +213,19 @@ def trained(kind, text, tmp):
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
         tr = trainers.WordPieceTrainer(vocab_size=2000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
+    elif kind == "wordlevel":
+        # WordLevel as Hugging Face's quick tour builds it: Whitespace, no normalizer, no decoder
+        # (decode joins the tokens with spaces).
+        tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tr = trainers.WordLevelTrainer(vocab_size=3000, special_tokens=["[UNK]", "[PAD]", "[CLS]", "[SEP]"])
+    elif kind == "wordlevel-uncased":
+        # Lowercased and accent-stripped words split on whitespace and punctuation, [CLS] $A [SEP].
+        tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+        tok.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.Lowercase(), normalizers.StripAccents()])
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(),
+                                                     pre_tokenizers.Digits(individual_digits=True)])
+        tr = trainers.WordLevelTrainer(vocab_size=2500, special_tokens=["<unk>", "<pad>", "[CLS]", "[SEP]"])
     else:
         tok = Tokenizer(models.Unigram())
         tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
@@ -217,6 +233,9 @@ def trained(kind, text, tmp):
         tok.decoder = decoders.Metaspace()
         tr = trainers.UnigramTrainer(vocab_size=1500, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
     tok.train_from_iterator([text], trainer=tr)
+    if kind == "wordlevel-uncased":
+        tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[
+            ("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
     if kind == "wordpiece":
         tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")), ("[CLS]", tok.token_to_id("[CLS]")))
     path = os.path.join(tmp, kind + ".json")
@@ -298,9 +317,32 @@ PRECOMPILED_TEXTS = ["ﬁ ﬂ ① ㈱ ｈａｌｆ ＡＢＣ ｶﾀｶﾅ ™ �
                      "👨‍👩‍👧 🇯🇵 👍🏽 ❤️ ﷺ ﻼ", "Ａ\u0308\u0301\u0302 ㍿ ㋀ ㏠", "İ ß ẞ Σ ς ǅ ﬀ", "a\u20dd \u0915\u094d\u0937 ক্ষ"]
 
 
+def wordlevel_without_unk(tool, tmp):
+    """A WordLevel whose unk_token is not in its vocabulary: a known word encodes, an unknown one
+    is an error on both sides (Hugging Face raises MissingUnkToken), not a crash or a guess."""
+    import tokenizers
+    p = os.path.join(tmp, "wordlevel-nounk.json")
+    json.dump({"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": {"type": "Whitespace"},
+               "post_processor": None, "decoder": None,
+               "model": {"type": "WordLevel", "vocab": {"to": 0, "be": 1, "or": 2, "not": 3}, "unk_token": "<unk>"}},
+              open(p, "w"))
+    hf = tokenizers.Tokenizer.from_file(p)
+    got, err = run_tool(tool, "encode", p, ["to be or not to be", "to be, or not"])
+    try:
+        hf.encode("to be, or not")
+        hf_raises = False
+    except Exception:
+        hf_raises = True
+    ok = check(got is not None and got[0].get("ids") == hf.encode("to be or not to be").ids and "error" in got[1]
+               and hf_raises, "wordlevel without unk: %r (hf raises: %s) %s" % (got, hf_raises, err[:200]))
+    print("%s wordlevel without unk: a known text encodes, an unknown word is an error" % ("PASS" if ok else "FAIL"))
+
+
 def malformed(tool, tmp, base):
     cases = {
-        "model.type": lambda t: t["model"].update(type="WordLevel"),
+        "model.type": lambda t: t["model"].update(type="CharLevel"),
+        "WordLevel vocab": lambda t: t["model"].update(type="WordLevel", vocab=[["a", 0]]),
+        "WordLevel id": lambda t: t["model"].update(type="WordLevel", vocab={"a": -1}),
         "Unigram vocab": lambda t: t["model"].update(type="Unigram", vocab={"a": 1}),
         "Unigram entry": lambda t: t["model"].update(type="Unigram", vocab=[["a"]]),
         "WordPiece unk": lambda t: t["model"].update(unk_token="[NOPE]"),
@@ -352,6 +394,15 @@ def main():
             p = os.path.join(tmp, "llama-%s.json" % variant)
             json.dump(llama_json(llama_model, variant == "metaspace"), open(p, "w"))
             compare(tool, "spbpe-" + variant, p, texts, special_too=True)
+        for kind in ("wordlevel", "wordlevel-uncased"):
+            compare(tool, kind, trained(kind, shakespeare[:300000], tmp), texts, special_too=True)
+        wordlevel_without_unk(tool, tmp)
+        # Whitespace's \w and \s (Oniguruma's) on every code point Unicode 3.2 assigns, each between
+        # two letters and beside a space: the word ids and unk ids fall where Hugging Face's do.
+        import unicodedata
+        cps = [c for c in range(1, 0x110000) if not 0xD800 <= c < 0xE000 and unicodedata.ucd_3_2_0.category(chr(c)) != "Cn"]
+        classes = [" ".join("a%sa b%s" % (chr(c), chr(c)) for c in cps[i:i + 2000]) for i in range(0, len(cps), 2000)]
+        compare(tool, "wordlevel-code-points", trained("wordlevel", shakespeare[:300000], tmp), classes)
         ug = trained("unigram", shakespeare[:300000], tmp)
         compare(tool, "unigram", ug, texts)
         compare(tool, "unigram-byte-fallback", unigram_byte_fallback(ug, tmp), texts)

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,40 +80,135 @@ static enum status gguf_tokenizer_types_and_ids(const struct gguf *g, const stru
 }
 
 /* ---- GGUF `gpt2` vocabularies as a tokenizer.json --------------------------------------------
- * The pre-tokenizer regexes per tokenizer.ggml.pre, as llama.cpp's llama-vocab.cpp lists them (the
- * Hugging Face originals where llama.cpp rewrote (?i:...) for its own regex engine; PCRE2 takes
- * them as they are). Each list is applied in order, every match isolated. */
+ * The pre-tokenizer regexes per tokenizer.ggml.pre, as llama.cpp's src/llama-vocab.cpp lists them
+ * (llama-cpp-python 0.3.36's copy; the Hugging Face originals where llama.cpp rewrote (?i:...),
+ * possessive quantifiers or case classes for its own regex engine, as its comments give them: PCRE2
+ * and Hugging Face's Oniguruma take them as they are; characters beyond ASCII as \x{...}). Each
+ * list is applied in order, every match isolated. ignore_merges is llama.cpp's flag. The defaults
+ * llama.cpp also sets per type (add_bos for llama3 / tekken / chameleon, no BOS for ChatGLM, clean
+ * spaces on decode) are not taken: the GGUF's own keys decide. */
+#define GPT2_PRE_MAX 6
 struct gpt2_pre {
-    const char *names;          /* tokenizer.ggml.pre values, '|'-separated */
-    int         ignore_merges;  /* llama.cpp sets it for Llama 3 */
-    const char *regexes[4];
+    const char *names;         /* tokenizer.ggml.pre values, '|'-separated */
+    int ignore_merges;         /* llama.cpp sets it for Llama 3 and a few others */
+    const char *regexes[GPT2_PRE_MAX];
 };
 
 #define GPT2_RE "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
+#define CONTRACTIONS "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+#define LLAMA3_RE CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define QWEN2_RE CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* DeepSeek V3's third step, and its CJK run. */
+#define DSV3_RE "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+"
+#define CJK_KANA "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+"
+/* DeepSeek LLM and Coder's CJK and Hangul run. */
+#define CJK_HANGUL "[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
+/* Tekken's and GPT-4o's words: an optional non-letter, upper-case letters then lower-case ones. */
+#define UPPER_LOWER "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+#define LOWER_AFTER "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"
+/* BLOOM, Poro, Viking: anything up to whitespace or one of these marks. */
+#define BLOOM_RE " ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{964}\\x{6D4}\\x{60C})]+"
 static const struct gpt2_pre gpt2_pres[] = {
-    {"llama3|llama-v3|llama-bpe|dbrx|smaug-bpe", 1,
-     {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
-    {"qwen2|stablelm2", 0,
-     {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
-    {"smollm|starcoder|refact|command-r|codeshell|exaone|minerva-7b", 0, {"\\p{N}", GPT2_RE}},
-    {"gpt-2|gpt2|mpt|olmo|jais", 0, {GPT2_RE}},
-    {"deepseek-v3", 0,
-     {"\\p{N}{1,3}", "[\xe4\xb8\x80-\xe9\xbe\xa5\xe3\x81\x80-\xe3\x82\x9f\xe3\x82\xa0-\xe3\x83\xbf]+",
-      "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"llama3|llama-v3|llama-bpe|dbrx|smaug-bpe|falcon3|falcon-h1|pixtral|midm-2.0|lfm2|jina-v5-nano|glm4|glm5", 1, {LLAMA3_RE}},
+    {"chatglm-bpe", 0, {LLAMA3_RE}},
+    {"jais-2", 0,
+     {CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s{512}(?!\\S)|\\s{256}(?!\\S)"
+      "|\\s{128}(?!\\S)|\\s{64}(?!\\S)|\\s{32}(?!\\S)|\\s{16}(?!\\S)|\\s{8}(?!\\S)|\\s{4}(?!\\S)|\\s{1,2}(?!\\S)|\\s{1}"}},
+    {"qwen2|stablelm2|deepseek-r1-qwen|kormo|f2llmv2|megrez|hunyuan|solar-open|grok-2", 0, {QWEN2_RE}},
+    {"qwen35", 0,
+     {CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"ufakzeka", 0, {"[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"seed-coder", 0,
+     {CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"bailingmoe|bailingmoe2|llada-moe", 0,
+     {"'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"}},
+    {"exaone-moe", 0,
+     {CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"}},
+    {"minicpm5", 1,
+     {"\\p{N}{1,3}", CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"laguna", 0, {"[^\\n]+|[\\n]+", QWEN2_RE}},
+    {"tekken", 1, {UPPER_LOWER "|" LOWER_AFTER "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"gpt-4o|llama4|kanana2|talkie|minimax-m2", 0,
+     {UPPER_LOWER CONTRACTIONS "?|" LOWER_AFTER CONTRACTIONS "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"youtu", 1,
+     {"[\\x{AC00}-\\x{D7A3}\\x{3131}-\\x{318E}]+|[\\x{FF01}\\x{2026}\\x{201C}\\x{201D}\\x{2018}\\x{2019}\\x{2014}\\x{FF1A}\\x{FF1B}"
+      "\\x{FF0C}\\x{3001}-\\x{303F}\\x{FE30}-\\x{FE4F}]+|[\\x{3105}-\\x{312F}]+|" CJK_KANA,
+      UPPER_LOWER CONTRACTIONS "?|" LOWER_AFTER CONTRACTIONS "?|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"smollm|starcoder|refact|command-r|codeshell|exaone|minerva-7b|mellum2", 0, {"\\p{N}", GPT2_RE}},
+    {"gpt-2|gpt2|mpt|olmo|jais|phi-2|jina-es|jina-de|gigachat|jina-v2-es|jina-v2-de|a.x-4.0|mellum|modern-bert|exaone4|trillion|"
+     "granite-docling", 0, {GPT2_RE}},
+    {"deepseek-v3|hunyuan-dense|joyai-llm|hy_v4", 0, {"\\p{N}{1,3}", CJK_KANA, DSV3_RE "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+    {"spark2_5", 0, {"\\p{N}{1,3}", CJK_KANA, DSV3_RE "|[\\r\\n]|\\s+(?!\\S)|\\s+", "\\p{N}"}},
+    {"deepseek-llm", 0,
+     {"[\\r\\n]",
+      "\\s?[A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}\\x{1C4}-\\x{293}\\x{295}-\\x{2AF}\\x{370}-\\x{373}"
+      "\\x{376}\\x{377}\\x{37B}-\\x{37D}\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-\\x{3F5}\\x{3F7}-\\x{481}"
+      "\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-\\x{10C5}\\x{13A0}-\\x{13F5}\\x{13F8}-\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}"
+      "\\x{1D00}-\\x{1D2B}\\x{1D6B}-\\x{1D77}\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}\\x{1F18}-\\x{1F1D}\\x{1F20}-\\x{1F45}\\x{1F48}-\\x{1F4D}"
+      "\\x{1F50}-\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}\\x{1F5F}-\\x{1F7D}\\x{1F80}-\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-\\x{1FC4}"
+      "\\x{1FC6}-\\x{1FCC}\\x{1FD0}-\\x{1FD3}\\x{1FD6}-\\x{1FDB}\\x{1FE0}-\\x{1FEC}\\x{1FF2}-\\x{1FF4}\\x{1FF6}-\\x{1FFC}\\x{2102}\\x{2107}"
+      "\\x{210A}-\\x{2113}\\x{2115}\\x{2119}-\\x{211D}\\x{2124}\\x{2126}\\x{2128}\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}\\x{2139}"
+      "\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}\\x{214E}\\x{2183}\\x{2184}\\x{2C00}-\\x{2C7B}\\x{2C7E}-\\x{2CE4}\\x{2CEB}-\\x{2CEE}\\x{2CF2}"
+      "\\x{2CF3}\\x{A640}-\\x{A66D}\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}\\x{A771}-\\x{A787}\\x{A78B}-\\x{A78E}\\x{AB70}-\\x{ABBF}"
+      "\\x{FB00}-\\x{FB06}\\x{FB13}-\\x{FB17}\\x{FF21}-\\x{FF3A}\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}\\x{104B0}-\\x{104D3}"
+      "\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-\\x{118DF}\\x{1E900}-\\x{1E943}]+",
+      "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+", "\\s+$", CJK_HANGUL, "\\p{N}+"}},
+    {"deepseek-coder", 0, {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", CJK_HANGUL, "\\p{N}"}},
+    {"falcon", 0, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", GPT2_RE, "[0-9][0-9][0-9]"}},
+    {"poro-chat|bloom|gpt3-finnish", 0, {BLOOM_RE}},
+    {"viking", 0, {BLOOM_RE, "\\p{N}"}},
+    {"chameleon", 0,
+     {"<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\\t\\n]|    |  )", "\\p{N}", "[\\p{P}!-/:-@\\[-`{-~]", GPT2_RE}},
     {"default", 0, {"[\\p{P}\\$\\+<=>\\^~\\|]+", GPT2_RE, "\\p{N}+", "[0-9][0-9][0-9]"}},
 };
 
-static const struct gpt2_pre *gpt2_pre_find(const char *pre)
+/* Types llama.cpp knows that are refused, and why. */
+static const struct {
+    const char *names, *why;
+} gpt2_pre_refused[] = {
+    {"gemma4|granite-embed-multi-311m|sarvam-moe|whitespace",
+     "a BPE over raw UTF-8 (SentencePiece style, no byte-level alphabet), which a gpt2 vocabulary here is not"},
+    {"kimi-k2|afmoe", "llama.cpp splits it with code of its own, not a regex"},
+    {"superbpe|tiny_aya|cohere2moe", "its digit grouping splits on lookaheads at empty matches, which the Split step does not"},
+    {"granite-embed-multi-97m", "only llama.cpp's rewritten regex is known, not the original"},
+    {"jina-v1-en|jina-v2-code|roberta-bpe", "its [SEP] after the text is not added by byte-level BPE here"},
+};
+
+/* 1 when pre is one of the '|'-separated names. */
+static int name_in(const char *names, const char *pre)
 {
     const size_t n = strlen(pre);
+    for (const char *p = names; *p;) {
+        const char *bar = strchr(p, '|');
+        const size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && !memcmp(p, pre, n)) return 1;
+        p += len + (bar != NULL);
+    }
+    return 0;
+}
+
+static const struct gpt2_pre *gpt2_pre_find(const char *pre)
+{
     for (size_t i = 0; i < sizeof gpt2_pres / sizeof gpt2_pres[0]; i++)
-        for (const char *p = gpt2_pres[i].names; *p;) {
-            const char *bar = strchr(p, '|');
-            const size_t len = bar ? (size_t)(bar - p) : strlen(p);
-            if (len == n && !memcmp(p, pre, n)) return &gpt2_pres[i];
-            p += len + (bar != NULL);
-        }
+        if (name_in(gpt2_pres[i].names, pre)) return &gpt2_pres[i];
     return NULL;
+}
+
+/* STATUS_UNSUPPORTED naming pre, why when llama.cpp knows it, and every supported name. */
+static enum status gpt2_pre_refuse(const struct gguf *g, const char *pre)
+{
+    const char *why = "llama.cpp does not know it either";
+    for (size_t i = 0; i < sizeof gpt2_pre_refused / sizeof gpt2_pre_refused[0]; i++)
+        if (name_in(gpt2_pre_refused[i].names, pre)) why = gpt2_pre_refused[i].why;
+    char list[2048];
+    size_t at = 0;
+    for (size_t i = 0; i < sizeof gpt2_pres / sizeof gpt2_pres[0] && at < sizeof list; i++) {
+        const int w = snprintf(list + at, sizeof list - at, "%s%s", i ? "|" : "", gpt2_pres[i].names);
+        if (w < 0) break;
+        at += (size_t)w;
+    }
+    return status_errorf(STATUS_UNSUPPORTED, "%s: tokenizer.ggml.pre '%.64s' is not supported (%s); supported: %s", gguf_path(g), pre,
+                         why, list);
 }
 
 /* A GGUF string (not NUL-terminated) as a cJSON string; NULL when out of memory. */
@@ -134,9 +230,7 @@ static enum status gguf_tokenizer_json(const struct gguf *g, void **data, size_t
     enum status s = gguf_get_str(g, "tokenizer.ggml.pre", &pre_name);
     if (s && s != STATUS_NOT_FOUND) return s;
     const struct gpt2_pre *pre = gpt2_pre_find(pre_name);
-    if (!pre)
-        return status_errorf(STATUS_UNSUPPORTED, "%s: tokenizer.ggml.pre '%s' is not supported (docs/tokenizers.md lists those that are)",
-                             gguf_path(g), pre_name);
+    if (!pre) return gpt2_pre_refuse(g, pre_name);
     if ((s = gguf_get_arr(g, "tokenizer.ggml.tokens", &tokens))) return s;
     if ((s = gguf_get_arr(g, "tokenizer.ggml.merges", &merges))) return s;
     s = gguf_get_arr(g, "tokenizer.ggml.token_type", &types);
@@ -195,7 +289,7 @@ static enum status gguf_tokenizer_json(const struct gguf *g, void **data, size_t
     cJSON *pre_tok = cJSON_AddObjectToObject(root, "pre_tokenizer"), *steps = NULL;
     ok = ok && pre_tok && cJSON_AddStringToObject(pre_tok, "type", "Sequence") &&
          (steps = cJSON_AddArrayToObject(pre_tok, "pretokenizers"));
-    for (int k = 0; k < 4 && pre->regexes[k] && ok; k++) {
+    for (int k = 0; k < GPT2_PRE_MAX && pre->regexes[k] && ok; k++) {
         cJSON *st = cJSON_CreateObject(), *pat;
         ok = st && cJSON_AddStringToObject(st, "type", "Split") && (pat = cJSON_AddObjectToObject(st, "pattern")) &&
              cJSON_AddStringToObject(pat, "Regex", pre->regexes[k]) && cJSON_AddStringToObject(st, "behavior", "Isolated") &&

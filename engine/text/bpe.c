@@ -573,6 +573,9 @@ static enum status split_range(const struct bpe *b, const struct bpe_split *sp, 
 
     while (at <= in.n) {
         int rc = pcre2_match(sp->code, s, in.n, at, 0, sc->md, NULL);
+        /* A repeated group over a long run (exaone-moe's words joined by single spaces) can
+         * outgrow the JIT's 32 KiB stack; the interpreter keeps its frames on the heap. */
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT) rc = pcre2_match(sp->code, s, in.n, at, PCRE2_NO_JIT, sc->md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[256];
@@ -664,6 +667,7 @@ static enum status encode_segment(const struct bpe *b, struct scratch *sc, const
         const size_t wn = sc->r[cur][i].n;
         if (b->model == BPE_MODEL_WORDPIECE) st = wordpiece_encode_word(b, w, wn, ids, n_ids, cap);
         else if (b->model == BPE_MODEL_UNIGRAM) st = unigram_encode_word(b, w, wn, ids, n_ids, cap);
+        else if (b->model == BPE_MODEL_WORDLEVEL) st = wordlevel_encode_word(b, w, wn, ids, n_ids, cap);
         else st = encode_word(b, sc, w, wn, ids, n_ids, cap);
         if (st) return st;
     }

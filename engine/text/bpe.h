@@ -8,6 +8,7 @@
  *                         Prepend/Replace("▁"): Llama 2, Mistral, TinyLlama (bpe.c)
  *   BPE_MODEL_WORDPIECE   BERT: greedy longest match with a "##" prefix (wordpiece.c)
  *   BPE_MODEL_UNIGRAM     T5/ALBERT/XLNet: Viterbi over log-probabilities (unigram.c)
+ *   BPE_MODEL_WORDLEVEL   each pre-token whole is one id of the vocabulary, else unk (wordpiece.c)
  * Normalizers other than NFC live in normalizer.c, decoders and UTF-8 helpers in text_decode.c.
  * Internal to engine/text: tokenizer.cc dispatches here; the rest of the project sees only
  * tokenizer.h.
@@ -45,6 +46,7 @@ enum bpe_model {
     BPE_MODEL_BPE,
     BPE_MODEL_WORDPIECE,
     BPE_MODEL_UNIGRAM,
+    BPE_MODEL_WORDLEVEL,
 };
 
 /* One normalizer step (kinds other than byte-level; applied in order, normalizer.c). */
@@ -209,6 +211,10 @@ enum status wordpiece_encode_word(const struct bpe *b, const uint8_t *w, size_t 
                                   size_t *cap);
 enum status unigram_encode_word(const struct bpe *b, const uint8_t *w, size_t n, int32_t **ids, size_t *n_ids,
                                 size_t *cap);
+/* WordLevel: the pre-token's id, else model.unk_token's; STATUS_INVALID_ARGUMENT naming the word
+ * when neither is in the vocabulary (Hugging Face's MissingUnkToken). */
+enum status wordlevel_encode_word(const struct bpe *b, const uint8_t *w, size_t n, int32_t **ids, size_t *n_ids,
+                                  size_t *cap);
 /* Normalizes the segment s[0..n) by b->norms (then Metaspace's replacement and prepend; first is
  * non-zero for the text's first segment) into *out[0..*n_out), grown with base_grow. Invalid
  * UTF-8 becomes U+FFFD first. */

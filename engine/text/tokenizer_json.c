@@ -1,5 +1,5 @@
 /* engine/text/tokenizer_json.c - a Hugging Face tokenizer.json read into a struct bpe (bpe.h): the
- * model (BPE byte-level or with byte_fallback, WordPiece, Unigram), vocab, merges (either
+ * model (BPE byte-level or with byte_fallback, WordPiece, Unigram, WordLevel), vocab, merges (either
  * spelling), added_tokens with their flags, pre_tokenizer (ByteLevel, Split, Digits, Sequence and,
  * through tokenizer_json_steps.c, the others), the post-processor's BOS and suffix, and a
  * tokenizer_config.json's special tokens. Every error names the file and the field; nothing here
@@ -307,6 +307,11 @@ static enum status parse_merges(struct bpe *b, const cJSON *model)
     return STATUS_OK;
 }
 
+static const char *models_name(enum bpe_model m)
+{
+    return m == BPE_MODEL_UNIGRAM ? "Unigram" : m == BPE_MODEL_WORDPIECE ? "WordPiece" : m == BPE_MODEL_WORDLEVEL ? "WordLevel" : "BPE";
+}
+
 /* The model, steps and special ids of the non-byte-level kinds (b->model already set). */
 static enum status load_other(struct bpe *b, const cJSON *root, const cJSON *model)
 {
@@ -345,13 +350,15 @@ static enum status load_other(struct bpe *b, const cJSON *root, const cJSON *mod
         return s;
     if (byte_level)
         return status_errorf(STATUS_UNSUPPORTED, "%s: a ByteLevel step with a %s model", b->name,
-                             b->model == BPE_MODEL_UNIGRAM ? "Unigram" : b->model == BPE_MODEL_WORDPIECE ? "WordPiece" : "non-byte-level BPE");
+                             b->model == BPE_MODEL_BPE ? "non-byte-level BPE" : models_name(b->model));
     if (b->model == BPE_MODEL_UNIGRAM) {
         const cJSON *uid = cJSON_GetObjectItemCaseSensitive(model, "unk_id");
         if (uid && !cJSON_IsNull(uid) && !get_int(uid, 0, b->n_vocab - 1, &b->model_unk_id))
             return tjson_bad(b, "model.unk_id", "is not an id of the vocabulary");
     } else if (cJSON_IsString(unk)) {
         b->model_unk_id = bpe_piece_to_id(b, unk->valuestring, strlen(unk->valuestring));
+    } else if (b->model == BPE_MODEL_WORDLEVEL && !unk) { /* Hugging Face's default unk_token */
+        b->model_unk_id = bpe_piece_to_id(b, "<unk>", 5);
     }
     if (b->model == BPE_MODEL_WORDPIECE && b->model_unk_id < 0)
         return tjson_bad(b, "model.unk_token", "is missing or not in the vocabulary (WordPiece needs one)");
@@ -377,15 +384,17 @@ enum status bpe_load_json(const char *json, size_t n, const char *name, const ch
         s = tjson_bad(b, "model", "is not an object");
         goto out;
     }
-    static const char *const models[] = {"BPE", "BPE", "WordPiece", "Unigram"};
+    /* Indexed by enum bpe_model; a model without a "type" is BPE. */
+    static const char *const models[] = {"BPE", "BPE", "WordPiece", "Unigram", "WordLevel"};
     int k = 1;
-    while (mtype && k < 4 && strcmp(mtype, models[k])) k++;
-    if (mtype && k == 4 && strcmp(mtype, "BPE")) {
-        s = status_errorf(STATUS_UNSUPPORTED, "%s: model.type \"%s\" is not supported (BPE, WordPiece, Unigram)", name, mtype);
+    while (mtype && k < 5 && strcmp(mtype, models[k])) k++;
+    if (mtype && k == 5) {
+        s = status_errorf(STATUS_UNSUPPORTED, "%s: model.type \"%s\" is not supported (BPE, WordPiece, Unigram, WordLevel)", name,
+                          mtype);
         goto out;
     }
     /* Model BPE is byte-level or not by its pre-tokenizer and decoder, below. */
-    b->model = k == 2 || k == 3 ? (enum bpe_model)k : BPE_MODEL_BYTE_LEVEL;
+    b->model = k >= 2 ? (enum bpe_model)k : BPE_MODEL_BYTE_LEVEL;
     if (b->model == BPE_MODEL_BYTE_LEVEL) {
         const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
         char *text = cJSON_PrintUnformatted(pre);

@@ -191,9 +191,18 @@ enum status tjson_decoder(struct bpe *b, const cJSON *d, int depth, int *byte_le
                          "WordPiece, Sequence)", b->name, type);
 }
 
-/* Rust's char::is_whitespace and BERT's punctuation (ASCII punctuation or any Unicode P*). */
-#define WHITE "[\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}]"
+/* BERT's punctuation (ASCII punctuation or any Unicode P*). */
 #define PUNCT "[!-/:-@\\[-`{-~\\p{P}]"
+/* Oniguruma's \w, which Hugging Face's Whitespace pre-tokenizer matches with: Alphabetic, marks,
+ * decimal digits, connector punctuation, ZWNJ and ZWJ. Spelled without \p{Alphabetic} (PCRE2 >=
+ * 10.40 only): letters, letter numbers, and the So characters that are Other_Alphabetic (circled
+ * and squared Latin letters); PCRE2's own \w has neither the marks nor those. Checked against
+ * `tokenizers` on every code point Unicode 3.2 assigns (tests/test_tokenizer_kinds.py); Hugging Face's
+ * Oniguruma knows characters newer than PCRE2 10.42's Unicode 14. */
+#define WORD_CHARS "\\p{L}\\p{Nl}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}\\x{24B6}-\\x{24E9}\\x{1F130}-\\x{1F149}\\x{1F150}-\\x{1F169}\\x{1F170}-\\x{1F189}"
+/* Rust's char::is_whitespace, also Oniguruma's \s as Hugging Face's Whitespace splits. */
+#define WHITE_CHARS "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+#define WHITE "[" WHITE_CHARS "]"
 
 enum status tjson_pre_other(struct bpe *b, const cJSON *p, const char *type, const char *field, int *handled)
 {
@@ -202,7 +211,8 @@ enum status tjson_pre_other(struct bpe *b, const cJSON *p, const char *type, con
     if (!strcmp(type, "BertPreTokenizer"))
         return (s = tjson_add_split(b, WHITE "+", 0, BPE_SPLIT_REMOVED, 0)) ? s : tjson_add_split(b, PUNCT, 0, BPE_SPLIT_ISOLATED, 0);
     if (!strcmp(type, "WhitespaceSplit")) return tjson_add_split(b, WHITE "+", 0, BPE_SPLIT_REMOVED, 0);
-    if (!strcmp(type, "Whitespace")) return tjson_add_split(b, "\\w+|[^\\w\\s]+", 0, BPE_SPLIT_REMOVED, 1);
+    if (!strcmp(type, "Whitespace"))
+        return tjson_add_split(b, "[" WORD_CHARS "]+|[^" WORD_CHARS WHITE_CHARS "]+", 0, BPE_SPLIT_REMOVED, 1);
     if (!strcmp(type, "Punctuation")) {
         static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
         const char *beh = str_field(p, "behavior");

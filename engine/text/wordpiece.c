@@ -1,8 +1,9 @@
-/* engine/text/wordpiece.c - the WordPiece model of a tokenizer.json (BERT): each pre-token is cut
+/* engine/text/wordpiece.c - the word models of a tokenizer.json. WordPiece (BERT): each pre-token is cut
  * greedily into the longest pieces of the vocabulary from the left, every piece after the first
  * spelled with the continuing-subword prefix ("##"); a word with a part no piece matches, or longer
  * than max_input_chars_per_word characters, becomes the one unk id (Hugging Face's
- * models/wordpiece). Not here: BertNormalizer (normalizer.c), BertPreTokenizer (Split steps,
+ * models/wordpiece). WordLevel: each pre-token whole is one id, else the unk id (models/wordlevel).
+ * Not here: BertNormalizer (normalizer.c), BertPreTokenizer (Split steps,
  * tokenizer_json.c), the WordPiece decoder (text_decode.c).
  * Tests: tests/test_tokenizer_kinds.py, tests/test_vocab_vectors.py (llama.cpp's bert-bge vectors). */
 #include <stdlib.h>
@@ -45,4 +46,15 @@ enum status wordpiece_encode_word(const struct bpe *b, const uint8_t *w, size_t 
         return bpe_push_id(ids, n_ids, cap, b->model_unk_id);
     }
     return STATUS_OK;
+}
+
+enum status wordlevel_encode_word(const struct bpe *b, const uint8_t *w, size_t n, int32_t **ids, size_t *n_ids,
+                                  size_t *cap)
+{
+    int32_t id = bpe_piece_to_id(b, (const char *)w, n);
+    if (id < 0) id = b->model_unk_id;
+    if (id < 0)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: \"%.*s\" is not in the WordLevel vocabulary and model.unk_token is not either",
+                             b->name, n > 60 ? 60 : (int)n, (const char *)w);
+    return bpe_push_id(ids, n_ids, cap, id);
 }

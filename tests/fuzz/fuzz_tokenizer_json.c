@@ -4,8 +4,9 @@
  * it a text to encode. A file that loads must encode the text (or refuse it with a status), decode
  * the ids, and the streaming detokenizer must give the decode byte for byte, else the target aborts.
  * A first byte other than '{' makes it a tiktoken rank file (engine/text/tiktoken.c).
- * Corpus: tests/fuzz/corpus/tokenizer_json (small WordPiece, Unigram, character and byte-level BPE
- * files, one with a Precompiled normalizer, tiktoken rank files, each with a text; tests/fuzz/make_seeds.py does not write them). */
+ * Corpus: tests/fuzz/corpus/tokenizer_json (small WordPiece, WordLevel (one without its unk), Unigram,
+ * character and byte-level BPE files, one with a Precompiled normalizer, tiktoken rank files, each
+ * with a text; tests/fuzz/make_seeds.py does not write them). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
