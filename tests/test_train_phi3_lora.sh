@@ -9,10 +9,10 @@
 #   2. merge-lora of that adapter against NumPy: every merged fused weight equals W + s B A in
 #      float64 (within f32 rounding), the others unchanged;
 #   2b. 4 steps, --resume, 4 steps: the adapter of 8 straight steps bit for bit;
-#   3. the same run under mpirun at tp 2: the same losses (1e-5) and adapter (3e-3 of each tensor's
-#      largest magnitude: AdamW's first steps turn gradients near zero into whole steps of +-lr,
-#      so f32 reassociation shows; the one-rank run itself moves by 7.8e-4 with --threads 2
-#      instead of 1, measured; a part's B rows misplaced would move by whole units);
+#   3. the same run under mpirun at tp 2: the same losses (1e-5) and adapter (1e-4, as
+#      tests/test_train_parallel.sh's LoRA runs; AdamW eps 1e-3 as there: with the default 1e-8
+#      its first steps turn gradients near zero into whole steps of +-lr, and even the one-rank
+#      run moved by 7.8e-4 with --threads 2 instead of 1, measured);
 #   4. refused by name: a fused group targeted in part (--lora-targets q,v), the fused adapter on
 #      a Llama (separate q_proj ... in its layout).
 # Loopback only; every wait is bounded.
@@ -34,12 +34,12 @@ check() { # check NAME STATUS
   if [ "$2" = 0 ]; then n_pass=$((n_pass + 1)); echo "PASS $1"; else n_fail=$((n_fail + 1)); echo "FAIL $1"; fi
 }
 export OMP_NUM_THREADS=1
-COMMON=(--data "$WORK/text.txt" --seq-length 64 --micro-batch-size 2 --global-batch-size 4 --lr 2e-3 --seed 7
+COMMON=(--data "$WORK/text.txt" --seq-length 64 --micro-batch-size 2 --global-batch-size 4 --lr 2e-3 --adam-eps 1e-3 --seed 7
         --threads 1 --lora-rank 4 --lora-alpha 8 --train-iters 8)
 head -c 100000 "$TEXT" > "$WORK/text.txt"
 
 PYTHONPATH=$here/reference python3 - "$WORK" "$TOK" <<'EOF' || { echo "FAIL: making the checkpoint"; exit 1; }
-import sys
+import os, shutil, sys
 import make_models as MM
 work, tok = sys.argv[1], sys.argv[2]
 cfg = MM.phi3_config("f32")
@@ -109,7 +109,7 @@ if command -v mpirun > /dev/null; then
     > "$WORK/tp2.out" 2> "$WORK/tp2.err"
   check "phi3: 8 LoRA steps at tp 2 exit 0" $?
   out=$(python3 "$here/train_compare.py" losses "$WORK/lora/metrics.jsonl" "$WORK/lora_tp2/metrics.jsonl" --rtol 1e-5 &&
-        python3 "$here/train_compare.py" adapter "$WORK/lora" "$WORK/lora_tp2" --rtol 3e-3)
+        python3 "$here/train_compare.py" adapter "$WORK/lora" "$WORK/lora_tp2" --rtol 1e-4)
   ok=$?
   check "phi3: tp 2 trains the one-rank adapter (fused B assembled from both ranks' rows): $(echo "$out" | tr '\n' ';')" $ok
 else
