@@ -145,6 +145,7 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
     if (m->par.groups && m->tp_size > 1) {
         size_t most = (size_t)T * (size_t)d;
         if ((size_t)max_logits * width > most) most = (size_t)max_logits * width;
+        if ((size_t)tensor_numel(&m->ws.qk_full) > most) most = (size_t)tensor_numel(&m->ws.qk_full); /* layer_qk_norm */
         if ((st = comm_reserve(m->par.groups->tp, most)) != STATUS_OK) return st;
     }
     return STATUS_OK;
