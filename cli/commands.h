@@ -41,4 +41,10 @@ int cli_fail(enum status st);
 /* Prints "shardlm: " fmt (with arg) and a pointer to --help; returns EXIT_USAGE. */
 int cli_usage(const char *fmt, const char *arg);
 
+/* The refusal of --ep by serve, generate and train (docs/models.md): a usage error's format
+ * whose argument is the flag. */
+#define CLI_EP_REFUSED                                                                                      \
+    "%s: expert parallelism as its own group (tokens dispatched to the experts' ranks by all-to-all) is " \
+    "not built; serving splits a mixture's experts over the --tp ranks, training runs at --dp and --pp"
+
 #endif

@@ -74,6 +74,7 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         else if (!strcmp(a, "--top-p")) { if (base_parse_float(v, &o->sampling.top_p)) return cli_usage("--top-p must be a number, got '%s'", v); }
         else if (!strcmp(a, "--min-p")) { if (base_parse_float(v, &o->sampling.min_p)) return cli_usage("--min-p must be a number, got '%s'", v); }
         else if (!strcmp(a, "--top-k")) { long k; if (base_parse_long(v, 0, INT_MAX, &k)) return cli_usage("--top-k must be a non-negative integer, got '%s'", v); o->sampling.top_k = (int)k; }
+        else if (!strcmp(a, "--ep")) return cli_usage(CLI_EP_REFUSED, a);
         else return cli_usage("generate: unknown option '%s'", a);
         i += takes;
     }

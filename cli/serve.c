@@ -43,6 +43,11 @@
  *   --http-body-timeout S    seconds from the end of the headers to the body's last byte [60]
  *   --responses-store N      /v1/responses kept for GET and previous_response_id at most [1024]
  *                            (and 256 MiB of JSON); the least recently used go first
+ *   --journal DIR            the stream journal (docs/reliability.md): accepted OpenAI chat /
+ *                            completions requests and their events in DIR/journal; a restart
+ *                            resumes them and clients reconnect (Last-Event-ID, Idempotency-Key)
+ *   --journal-fsync accept|always|never  when the journal is fsync'd [accept: every ACCEPT]
+ *   --journal-retain S       a resumed request's answer waits this long for its client [600]
  *   --lora NAME=DIR          serve the PEFT adapter in DIR as NAME (repeatable, at most 64),
  *                            unmerged: a request names it in its `adapter` field (gRPC) or its
  *                            `model` field (HTTP); tp 1 on the CPU for now
@@ -71,6 +76,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "journal.h"
 #include "ops.h"
 #include "parallel.h"
 #include "server.h"
@@ -91,6 +97,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--drain-timeout S] [--max-message-bytes N] [--http HOST:PORT] [--http-max-connections N]\n"
                     "         [--http-max-connections-per-address N (3/4 of the above; 0 = no cap)] [--http-header-timeout S (10)]\n"
                     "         [--http-body-timeout S (60)] [--responses-store N (1024)]\n"
+                    "         [--journal DIR [--journal-fsync accept|always|never] [--journal-retain S (600)]]\n"
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
                     "         [--default-adapter NAME]\n"
                     "  --max-seqs N   samples (sequences) running at once [64]\n"
@@ -264,6 +271,18 @@ int serve_main(int argc, char **argv)
                 return usage("--reasoning-format must be auto, deepseek or none, got '%s'", v);
             o.reasoning_format = v;
         } else if (!strcmp(a, "--http")) o.http_listen = v;
+        else if (!strcmp(a, "--journal")) o.journal_dir = v;
+        else if (!strcmp(a, "--journal-fsync")) {
+            enum journal_fsync f;
+            if (journal_fsync_parse(v, &f) != STATUS_OK) return usage("%s", status_message());
+            o.journal_fsync = (int)f;
+        } else if (!strcmp(a, "--journal-retain")) {
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !isfinite(d) || d <= 0 || d > 30 * 86400.0)
+                return usage("--journal-retain must be a number of seconds in (0, 2592000], got '%s'", v);
+            o.journal_retain_s = d;
+        }
         else if (!strcmp(a, "--http-max-connections")) {
             if (base_parse_long(v, 1, 65536, &n)) return usage("--http-max-connections must be an integer in [1, 65536], got '%s'", v);
             o.http_max_connections = (int)n;
@@ -314,7 +333,8 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--max-lora-rank")) {
             if (base_parse_long(v, 1, 4096, &n)) return usage("--max-lora-rank must be an integer in [1, 4096], got '%s'", v);
             o.engine.max_lora_rank = (int)n;
-        } else return usage("unknown option '%s'", a);
+        } else if (!strcmp(a, "--ep")) return usage(CLI_EP_REFUSED, a);
+        else return usage("unknown option '%s'", a);
     }
     if (prompt_lookup && o.engine.draft_model_dir)
         return usage("--draft-model cannot be combined with --speculative ngram / --spec-ngram: the drafts come from "
@@ -329,6 +349,7 @@ int serve_main(int argc, char **argv)
     o.engine.n_adapters = n_adapters;
     if (!o.engine.model_dir) return usage("--model DIR is required%s", "");
     if (!o.tls_cert != !o.tls_key) return usage("--tls-cert and --tls-key go together%s", "");
+    if (o.journal_dir && !o.http_listen) return usage("--journal journals the HTTP front's requests: it needs --http%s", "");
     enum device dev;
     enum status st = backend_parse_device(device, &dev);
     struct parallel_world *world = NULL;

@@ -196,6 +196,8 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
         if (!o->memory.modules) return bad("--recompute-modules needs at least one module, got '%s'", v);
     } else if (!strcmp(a, "--rank-timeout")) {
         if (parse_double(v, &o->rank_timeout_s) || !(o->rank_timeout_s >= 0)) return bad("--rank-timeout must be a non-negative number of seconds, got '%s'", v);
+    } else if (!strcmp(a, "--ep") || !strcmp(a, "--expert-model-parallel-size")) {
+        return bad(CLI_EP_REFUSED, a);
     } else return bad("unknown option '%s'", a);
     return 0;
 }

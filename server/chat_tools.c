@@ -171,64 +171,35 @@ void chat_reply_free(struct chat_reply *r)
     memset(r, 0, sizeof *r);
 }
 
-/* The part of s[0..n) past *sent (NULL when none is new); advances *sent. A shorter text than
- * what went out (a stream that turned out malformed) gives nothing. */
-static char *news(struct chat_reply *r, const char *s, size_t n, size_t *sent, int *failed)
-{
-    if (n <= *sent) return NULL;
-    char *d = own(r, dup_n(s + *sent, n - *sent));
-    if (!d) *failed = 1;
-    else *sent = n;
-    return d;
-}
-
-static int append(struct chat_stream *st, const char *s, size_t n)
-{
-    if (base_grow((void **)&st->text, &st->cap, st->len + n + 1, 1)) return -1;
-    if (n) memcpy(st->text + st->len, s, n);
-    st->len += n;
-    st->text[st->len] = 0;
-    return 0;
-}
-
 enum status chat_stream_delta(const struct chat_parse *cp, struct chat_stream *st, const char *request_id, int sample,
                               const char *text, size_t n, int final, struct chat_reply *out)
 {
     memset(out, 0, sizeof *out);
-    if (!st->started && (append(st, cp->prefill ? cp->prefill : "", cp->prefill ? strlen(cp->prefill) : 0)))
-        return oom();
-    st->started = 1;
-    if (append(st, text, n)) return oom();
-    struct tool_parsed p;
-    enum status rc = parse(cp, st->text, st->len, final, &p);
-    if (rc != STATUS_OK) return rc;
-    int failed = 0;
-    out->reasoning = news(out, p.reasoning, p.reasoning_len, &st->sent_reasoning, &failed);
-    out->content = news(out, p.content, p.content_len, &st->sent_content, &failed);
-    if (p.n_calls && !(out->calls = calloc((size_t)p.n_calls, sizeof *out->calls))) failed = 1;
-    for (int k = 0; k < p.n_calls && !failed; k++) {
-        const struct tool_parsed_call *pc = &p.calls[k];
-        struct gen_tool_call *g = &out->calls[out->n_calls];
-        if (k >= st->sent_calls) { /* a new call: its header, and the arguments so far */
-            if (base_grow((void **)&st->sent_args, &st->cap_args, (size_t)k + 1, sizeof *st->sent_args)) {
-                failed = 1;
-                break;
-            }
-            g->id = own(out, call_id(cp, request_id, sample, k));
-            g->name = own(out, strdup(pc->name));
-            st->sent_args[k] = 0;
-            g->args = own(out, dup_n(pc->args, pc->args_len));
-            if (!g->id || !g->name || !g->args) failed = 1;
-            st->sent_args[k] = pc->args_len;
-            st->sent_calls = k + 1;
-        } else if (!(g->args = news(out, pc->args, pc->args_len, &st->sent_args[k], &failed))) {
-            continue;
-        }
-        g->index = k;
-        out->n_calls++;
+    if (!st->ts) {
+        const char *pre = cp->prefill ? cp->prefill : "";
+        if (tool_stream_new((enum tool_format)cp->tool_format, cp->tools, cp->reasoning, cp->think_open, cp->max_calls,
+                            &st->ts) ||
+            tool_stream_feed(st->ts, pre, strlen(pre), 0))
+            return oom();
     }
-    out->ended_with_calls = st->sent_calls > 0;
-    tool_parsed_free(&p);
+    struct tool_delta d;
+    if (tool_stream_delta(st->ts, text, n, final, &d)) return oom();
+    int failed = 0;
+    if (d.reasoning && !(out->reasoning = own(out, dup_n(d.reasoning, d.reasoning_len)))) failed = 1;
+    if (d.content && !(out->content = own(out, dup_n(d.content, d.content_len)))) failed = 1;
+    if (d.n_calls && !(out->calls = calloc((size_t)d.n_calls, sizeof *out->calls))) failed = 1;
+    for (int k = 0; k < d.n_calls && !failed; k++) {
+        const struct tool_delta_call *e = &d.calls[k];
+        struct gen_tool_call *g = &out->calls[out->n_calls++];
+        g->index = e->index;
+        if (e->is_new) { /* a new call: its header, and the arguments so far */
+            g->id = own(out, call_id(cp, request_id, sample, e->index));
+            g->name = own(out, strdup(e->name));
+            failed = !g->id || !g->name;
+        }
+        if (!(g->args = own(out, dup_n(e->args, e->args_len)))) failed = 1;
+    }
+    out->ended_with_calls = d.calls_sent;
     if (!failed) return STATUS_OK;
     chat_reply_free(out);
     return oom();
@@ -236,7 +207,6 @@ enum status chat_stream_delta(const struct chat_parse *cp, struct chat_stream *s
 
 void chat_stream_free(struct chat_stream *st)
 {
-    free(st->text);
-    free(st->sent_args);
+    tool_stream_free(st->ts);
     memset(st, 0, sizeof *st);
 }

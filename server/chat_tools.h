@@ -12,6 +12,7 @@
 #include <stddef.h>
 
 #include "convert.h"
+#include "tool_format.h"
 
 struct server;
 
@@ -50,20 +51,14 @@ enum status chat_reply_whole(const struct chat_parse *cp, const char *request_id
 void        chat_reply_fill(const struct chat_reply *r, struct gen_sample_out *o);
 void        chat_reply_free(struct chat_reply *r);
 
-/* One sample of a stream: the text so far and how much of each part went out. */
+/* One sample of a stream: its incremental parse (tool_format.h), made at its first piece. */
 struct chat_stream {
-    char   *text;
-    size_t  len, cap;
-    size_t  sent_reasoning, sent_content;
-    int     sent_calls;
-    size_t *sent_args;
-    size_t  cap_args;
-    int     started;
+    struct tool_stream *ts;
 };
 
-/* Appends text[0..n) to the sample's stream, parses it (final: the sample ended) and puts in
- * *out what did not go out yet: new reasoning, new content, new calls (index, id, name and
- * their arguments so far) and the arguments' new fragments. */
+/* Appends text[0..n) to the sample's stream, parses what is new (final: the sample ended) and
+ * puts in *out what did not go out yet: new reasoning, new content, new calls (index, id, name
+ * and their arguments so far) and the arguments' new fragments. */
 enum status chat_stream_delta(const struct chat_parse *cp, struct chat_stream *st, const char *request_id, int sample,
                               const char *text, size_t n, int final, struct chat_reply *out);
 void        chat_stream_free(struct chat_stream *st);

@@ -163,6 +163,7 @@ struct server_stats_out {
     int    n_replicas;
     int    active_calls;
     double uptime_seconds;
+    struct engine_expert_load expert_load; /* borrowed; n_layers 0 for a dense model */
 };
 enum status convert_server_stats_response(const struct server_stats_out *s, uint8_t **out, size_t *len);
 

@@ -142,6 +142,10 @@ enum status convert_server_stats_response(const struct server_stats_out *s, uint
     m.spec_draft_tokens = e->spec_drafted;
     m.spec_accepted_tokens = e->spec_accepted;
     m.spec_backoffs = e->spec_backoffs;
+    m.prefix_cache_verified = e->prefix_cache_verified;
+    m.prefix_cache_mismatches = e->prefix_cache_mismatches;
+    m.prefix_cache_verify_skipped = e->prefix_cache_verify_skipped;
+    m.prefix_cache_max_abs_diff = e->prefix_cache_max_abs_diff;
     m.active_calls = s->active_calls;
     m.uptime_seconds = s->uptime_seconds;
     enum { MAX_REPLICAS = 256 };
@@ -165,7 +169,30 @@ enum status convert_server_stats_response(const struct server_stats_out *s, uint
         rs[i].report_age_seconds = r->report_age_s;
         rp[i] = &rs[i];
     }
-    return convert_pack(&m.base, out, len);
+    const struct engine_expert_load *el = &s->expert_load;
+    Shardlm__V1__ExpertLoad *ls = NULL, **lp = NULL;
+    if (el->n_layers > 0) {
+        ls = calloc((size_t)el->n_layers, sizeof *ls);
+        lp = calloc((size_t)el->n_layers, sizeof *lp);
+        if (!ls || !lp) {
+            free(ls);
+            free(lp);
+            return convert_oom();
+        }
+        for (int l = 0; l < el->n_layers; l++) {
+            ls[l] = (Shardlm__V1__ExpertLoad)SHARDLM__V1__EXPERT_LOAD__INIT;
+            ls[l].layer = el->layer_first + l;
+            ls[l].n_tokens = (size_t)el->n_experts;
+            ls[l].tokens = (uint64_t *)el->load + (size_t)l * (size_t)el->n_experts;
+            lp[l] = &ls[l];
+        }
+    }
+    m.n_expert_load = el->n_layers > 0 ? (size_t)el->n_layers : 0;
+    m.expert_load = lp;
+    enum status st = convert_pack(&m.base, out, len);
+    free(ls);
+    free(lp);
+    return st;
 }
 
 /* ---- grpc.health.v1 -------------------------------------------------------------------- */

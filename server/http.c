@@ -252,19 +252,19 @@ static int connection_fd(struct MHD_Connection *c)
 }
 
 /* The adapters loaded now, by name (LoadAdapter and UnloadAdapter change the list). */
-struct adapter_snapshot {
-    char names[ENGINE_MAX_ADAPTERS][65];
-    const char *ptrs[ENGINE_MAX_ADAPTERS];
-    int n;
-};
-
 static void snapshot_adapter(void *ctx, const struct engine_adapter_info *a)
 {
-    struct adapter_snapshot *an = ctx;
+    struct http_adapter_snapshot *an = ctx;
     if (an->n == ENGINE_MAX_ADAPTERS) return;
     snprintf(an->names[an->n], sizeof an->names[an->n], "%s", a->name);
     an->ptrs[an->n] = an->names[an->n];
     an->n++;
+}
+
+void http_adapter_snapshot(struct server *s, struct http_adapter_snapshot *an)
+{
+    an->n = 0;
+    engine_list_adapters(s->engine, snapshot_adapter, an);
 }
 
 /* /v1/messages/count_tokens: the prompt's token count as the chat path makes it (gen_prompt),
@@ -284,6 +284,48 @@ static enum MHD_Result reply_count(struct server *s, struct MHD_Connection *c, s
     return reply_json(c, 200, http_anthropic_count_json(n));
 }
 
+static enum MHD_Result serve_gen(struct server *s, struct MHD_Connection *c, struct http_conn *hc, struct http_gen *g,
+                                 int an_api);
+
+/* The journal's headers (docs/reliability.md): Last-Event-ID "KEY;STATE" or Idempotency-Key
+ * "KEY" naming a journaled request reattach to it (*g, a reference). STATUS_OK with *g NULL: a
+ * new request (*new_key: an Idempotency-Key that names none becomes its id, else NULL). Errors
+ * refuse the request: a Last-Event-ID that names nothing is STATUS_NOT_FOUND. */
+static enum status resume_header(struct server *s, struct MHD_Connection *c, struct http_conn *hc, struct http_gen **g,
+                                 const char **new_key)
+{
+    const char *last = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
+    const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
+    const char *name = last ? "Last-Event-ID" : "Idempotency-Key";
+    *g = NULL, *new_key = NULL;
+    if (s->journal) http_resume_sweep(s);
+    if (!last && !idem) return STATUS_OK;
+    if (!s->journal)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s is honoured only by a server with a stream journal (serve --journal DIR)", name);
+    if (hc->route != ROUTE_CHAT && hc->route != ROUTE_COMPLETIONS)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s is honoured only on /v1/chat/completions and /v1/completions", name);
+    char key[JOURNAL_KEY_MAX + 1];
+    const char *v = last ? last : idem, *semi = last ? strrchr(last, ';') : NULL;
+    size_t n = semi ? (size_t)(semi - v) : strlen(v);
+    int ok = n > 0 && n <= JOURNAL_KEY_MAX;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (v[i] >= 'a' && v[i] <= 'z') || (v[i] >= 'A' && v[i] <= 'Z') || (v[i] >= '0' && v[i] <= '9') ||
+             strchr("-_.:", v[i]);
+    if (!ok || (last && !semi))
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "%s must be %s (1 to %d of A-Z a-z 0-9 - _ . :), got \"%.120s\"", name,
+                             last ? "KEY;STATE as the stream's SSE ids carry it" : "a key", JOURNAL_KEY_MAX, v);
+    memcpy(key, v, n);
+    key[n] = '\0';
+    enum status st = http_resume_attach(s, key, semi ? semi + 1 : NULL, connection_fd(c), g);
+    if (st == STATUS_NOT_FOUND && last)
+        return status_errorf(STATUS_NOT_FOUND,
+                             "Last-Event-ID: no journaled request %s (it ended and its answer was delivered, its answer "
+                             "expired, or it never existed)", key);
+    if (st == STATUS_NOT_FOUND) *new_key = idem, st = STATUS_OK;
+    return st;
+}
+
 static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat)
 {
     const int an_api = route_anthropic(hc->route);
@@ -293,22 +335,29 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
         return reply_error(c, an_api, 413, "invalid_request_error", "request_too_large", msg);
     }
     if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, an_api, STATUS_UNAVAILABLE, "the server is not serving");
+    struct http_gen *g = NULL;
+    const char *key;
+    enum status st = resume_header(s, c, hc, &g, &key);
+    if (st == STATUS_OK && g) return serve_gen(s, c, hc, g, an_api);
+    if (st != STATUS_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        return reply_status(c, an_api, st, msg);
+    }
     struct http_request q;
-    struct adapter_snapshot an = {.n = 0}; /* loaded now: run-time loads change the list */
-    engine_list_adapters(s->engine, snapshot_adapter, &an);
+    struct http_adapter_snapshot an; /* loaded now: run-time loads change the list */
+    http_adapter_snapshot(s, &an);
     const struct http_chat_caps caps = {s->jtmpl != NULL, s->tool_format, s->reasoning};
     const char *body = hc->body ? hc->body : "";
     char owner[64];
     response_owner(s, c, owner, sizeof owner);
-    enum status st;
     if (hc->route == ROUTE_RESPONSES) st = http_responses_parse(s, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
     else if (an_api) st = http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, s->model_id, an.ptrs, an.n,
                                                &caps, &q);
     else st = http_parse_request(body, hc->len, is_chat, s->model_id, an.ptrs, an.n, &caps, &q);
-    struct http_gen *g = NULL;
     if (st == STATUS_OK && hc->route == ROUTE_COUNT_TOKENS) return reply_count(s, c, &q);
     if (st != STATUS_OK) http_request_free(&q);
-    else set_client(s, c, &q), st = http_gen_submit(s, &q, connection_fd(c), &g);
+    else set_client(s, c, &q), st = http_gen_submit(s, &q, connection_fd(c), body, hc->len, key, &g);
     if (st != STATUS_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", status_message());
@@ -316,8 +365,17 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
                                 -1.0);
         return reply_status(c, an_api, st, msg);
     }
-    hc->g = g;
     if (g->q.responses) http_responses_begin(g);
+    return serve_gen(s, c, hc, g, an_api);
+}
+
+/* Answers a submitted (or reattached) request: its stream, or its whole answer once it ends.
+ * hc takes the caller's reference of g. */
+static enum MHD_Result serve_gen(struct server *s, struct MHD_Connection *c, struct http_conn *hc, struct http_gen *g,
+                                 int an_api)
+{
+    (void)s;
+    hc->g = g;
     /* A FIN that came with the request (`nc -N`) is classed now, whatever the load does to the
      * first wait's timing: a half-close, not a client gone (peer_gone marks it; a reset is
      * found again by the waits below). */
@@ -354,12 +412,13 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
                                     : http_response_json(g);
     char msg[256];
     snprintf(msg, sizeof msg, "%s", g->end_message);
-    int gone = g->hangup;
+    int gone = g->hangup, drained = g->drained && g->journaled;
     pthread_mutex_unlock(&g->mu);
-    if (gone) {
+    if (gone || drained) { /* a drained journaled request resumes after the restart: no answer yet */
         free(json);
         return MHD_NO; /* nobody to answer: close the connection */
     }
+    if (g->resumed) http_resume_detach(g, 1);
     if (!json) return reply_status(c, an_api, end, msg);
     return reply_json(c, 200, json);
 }
@@ -643,6 +702,11 @@ enum status http_start(struct server *s)
      * past max_conn + overflow libmicrohttpd closes them unanswered. */
     unsigned overflow = max_conn / 4 > 16 ? max_conn / 4 : 16;
     int max_stored = o->http_responses_store > 0 ? o->http_responses_store : 1024;
+    if (o->journal_dir && (st = http_journal_open(s)) != STATUS_OK) {
+        free(cert);
+        free(key);
+        return st;
+    }
     if ((st = http_responses_store_init(max_stored, HTTP_RESPONSES_STORE_BYTES, &s->http_responses)) != STATUS_OK ||
         (st = http_guard_start(header_s, body_s, (int)max_conn, per_addr, &s->http_guard)) != STATUS_OK) {
         free(cert);
@@ -682,6 +746,9 @@ void http_stop(struct server *s)
     }
     http_guard_stop(s->http_guard); /* after the daemon: no connection is left */
     s->http_guard = NULL;
+    http_resume_stop(s);
+    journal_close(s->journal); /* after the daemon and the engine: nothing writes to it */
+    s->journal = NULL;
     http_responses_store_free(s->http_responses); /* after the daemon: no request is left */
     s->http_responses = NULL;
     free(s->http_cert);

@@ -16,6 +16,7 @@
 #include "http_internal.h"
 #include "metrics.h"
 #include "tokenizer.h"
+#include "tool_format.h"
 
 #define HTTP_WAIT_MS 100 /* how often a waiting request checks its client's socket */
 #define HTTP_HALF_CLOSE_GRACE_S 1.0 /* a FIN this soon after the request is a half-close (http_peer_gone) */
@@ -50,10 +51,17 @@ void http_gen_unref(struct http_gen *g)
     if (atomic_fetch_sub(&g->refs, 1) != 1) return;
     struct server *s = g->s;
     http_responses_forget(g); /* before anything goes: a cancel by id may look for g until then */
+    /* Its client has its answer (or gave up): the journal forgets it, unless the server's
+     * drain cut it short, or it was resumed and nobody has fetched it (the retention sweep
+     * ends those: http_resume.c). */
+    if (g->journaled && !g->drained && (!g->resumed || g->delivered)) journal_end(s->journal, g->id);
+    journal_entry_free(&g->log);
+    free(g->subs);
     for (int i = 0; i < g->n_samples; i++) sample_buf_free(&g->samples[i]);
     free(g->samples);
     for (int i = 0; i < g->n_runs; i++) {
         struct http_run *r = &g->runs[i];
+        free(r->ids);
         free(r->echo);
         free(r->prompt_ids);
         free(r->prompt_lp);
@@ -61,8 +69,7 @@ void http_gen_unref(struct http_gen *g)
     }
     free(g->runs);
     for (int i = 0; g->ps && i < g->n_samples; i++) {
-        free(g->ps[i].text);
-        free(g->ps[i].sent_args);
+        tool_stream_free(g->ps[i].ts);
     }
     free(g->ps);
     free(g->out);
@@ -91,22 +98,21 @@ static void take_prompt_logprobs(struct http_run *r, const struct engine_event *
     r->prompt_lp_ready = 1;
 }
 
-/* Engine thread (ctx: the run): append, signal; the engine's reference goes with the last
- * FINISHED of the last run. */
-static void on_engine_event(void *ctx, const struct engine_event *ev)
+int http_gen_take_event(struct http_gen *g, struct http_run *r, const struct engine_event *ev, int journal)
 {
-    struct http_run *r = ctx;
-    struct http_gen *g = r->g;
+    struct http_run *run = &g->runs[r->index];
+    struct engine_event mapped = *ev; /* a resumed sample's events are its prompt's sample sample_base */
+    mapped.sample += r->sample_base;
+    if (journal && g->journaled) journal_event(g->s->journal, g->id, r->index, &mapped); /* before any client sees it */
+    if (g->resumed && !g->replaying && journal_entry_add(&g->log, r->index, &mapped) != STATUS_OK)
+        LOG_WARN("http", "req=%s: out of memory keeping its events: a reattaching client may miss some", g->id);
     if (ev->kind == ENGINE_EVENT_PROMPT_LOGPROBS) {
-        pthread_mutex_lock(&g->mu);
-        take_prompt_logprobs(r, ev);
-        pthread_cond_broadcast(&g->cv);
-        pthread_mutex_unlock(&g->mu);
-        return;
+        take_prompt_logprobs(run, ev);
+        return 0;
     }
-    if (ev->sample < 0 || ev->sample >= g->n_per_run) return;
-    pthread_mutex_lock(&g->mu);
-    struct sample_buf *b = &g->samples[r->index * g->n_per_run + ev->sample];
+    const int sample = ev->sample + r->sample_base;
+    if (ev->sample < 0 || sample >= g->n_per_run) return 0;
+    struct sample_buf *b = &g->samples[r->index * g->n_per_run + sample];
     double now = base_now_s();
     if (ev->n_tokens > 0 && g->t_first == 0) g->t_first = now;
     sample_buf_note_tokens(b, g->s->metrics, ev->n_tokens, now);
@@ -114,29 +120,49 @@ static void on_engine_event(void *ctx, const struct engine_event *ev)
         g->queue_s = ev->queue_seconds;
     sample_buf_append(b, ev->tokens, ev->n_tokens, ev->logprobs, ev->top, ev->n_top, ev->text, ev->text_len);
     b->completion_tokens = ev->completion_tokens;
-    r->prompt_tokens = ev->prompt_tokens;
-    r->cached_prompt_tokens = ev->cached_prompt_tokens;
-    int last = 0;
-    if (ev->kind == ENGINE_EVENT_FINISHED && !b->finished) {
-        b->finished = 1;
-        b->finish = ev->finish;
+    run->prompt_tokens = ev->prompt_tokens;
+    run->cached_prompt_tokens = ev->cached_prompt_tokens;
+    if (ev->kind != ENGINE_EVENT_FINISHED || b->finished) return 0;
+    b->finished = 1;
+    b->finish = ev->finish;
+    int last = --g->active == 0;
+    if (last) g->t_ended = now;
+    enum status st = STATUS_OK;
+    const char *msg = "";
+    if (ev->finish == FINISH_REASON_CANCELLED) {
+        int draining = atomic_load(&g->s->phase) >= PHASE_DRAINING;
+        st = draining && !g->hangup ? STATUS_UNAVAILABLE : STATUS_CANCELLED;
+        msg = draining && !g->hangup ? "the server shut down before the request finished (drain timeout)"
+                                     : "cancelled: the client went away";
+    } else if (ev->finish == FINISH_REASON_DEADLINE) {
+        st = STATUS_DEADLINE_EXCEEDED, msg = "the request's deadline passed";
+    } else if (ev->finish == FINISH_REASON_ERROR) {
+        st = ev->status != STATUS_OK ? ev->status : STATUS_INTERNAL, msg = ev->message ? ev->message : "";
+    }
+    if (st != STATUS_OK && g->end_status == STATUS_OK) {
+        g->end_status = st;
+        snprintf(g->end_message, sizeof g->end_message, "%s", msg);
+    }
+    return last;
+}
+
+/* Engine thread (ctx: the run): append, signal; the engine's reference goes with the last
+ * FINISHED of the last run. A journaled request's cancellation by the drain is neither
+ * journaled nor shown: the request stays open in the journal, and a restart resumes it. */
+void http_gen_on_event(void *ctx, const struct engine_event *ev)
+{
+    struct http_run *r = ctx;
+    struct http_gen *g = r->g;
+    pthread_mutex_lock(&g->mu);
+    int last;
+    if (g->journaled && ev->kind == ENGINE_EVENT_FINISHED && ev->finish == FINISH_REASON_CANCELLED && !g->hangup &&
+        atomic_load(&g->s->phase) >= PHASE_DRAINING) {
+        /* Not this server's to finish: the restart resumes the sample, and its client, cut off
+         * without a last chunk, reconnects. */
+        g->drained = 1;
         last = --g->active == 0;
-        enum status st = STATUS_OK;
-        const char *msg = "";
-        if (ev->finish == FINISH_REASON_CANCELLED) {
-            int draining = atomic_load(&g->s->phase) >= PHASE_DRAINING;
-            st = draining && !g->hangup ? STATUS_UNAVAILABLE : STATUS_CANCELLED;
-            msg = draining && !g->hangup ? "the server shut down before the request finished (drain timeout)"
-                                         : "cancelled: the client went away";
-        } else if (ev->finish == FINISH_REASON_DEADLINE) {
-            st = STATUS_DEADLINE_EXCEEDED, msg = "the request's deadline passed";
-        } else if (ev->finish == FINISH_REASON_ERROR) {
-            st = ev->status != STATUS_OK ? ev->status : STATUS_INTERNAL, msg = ev->message ? ev->message : "";
-        }
-        if (st != STATUS_OK && g->end_status == STATUS_OK) {
-            g->end_status = st;
-            snprintf(g->end_message, sizeof g->end_message, "%s", msg);
-        }
+    } else {
+        last = http_gen_take_event(g, r, ev, 1);
     }
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
@@ -158,6 +184,11 @@ void http_gen_wait(struct http_gen *g)
  * never called under g->mu, which the engine thread takes in on_engine_event. */
 int http_gen_hangup(struct http_gen *g)
 {
+    if (g->resumed) { /* it runs on for the next client to attach (http_resume.c) */
+        g->attached = 0;
+        g->fd = -1;
+        return 0;
+    }
     if (g->hangup) return 0;
     g->hangup = 1;
     return g->active > 0;
@@ -169,6 +200,8 @@ void http_gen_cancel(struct http_gen *g)
 {
     for (int i = 0; i < g->n_runs; i++)
         if (g->runs[i].submitted) engine_cancel(g->s->engine, g->runs[i].handle);
+    for (int i = 0; i < g->n_subs; i++)
+        if (g->subs[i].submitted) engine_cancel(g->s->engine, g->subs[i].handle);
 }
 
 /* Counts the request once it ended; g->mu held. */
@@ -203,6 +236,10 @@ ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
         g->out_len = g->out_pos = 0;
+        if (g->drained && g->journaled) { /* cut: the client reconnects to the restarted server */
+            pthread_mutex_unlock(&g->mu);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
         http_stream_chunks(g);
         int all_sent = 1;
         for (int i = 0; i < g->n_samples; i++) all_sent &= g->samples[i].final_sent;
@@ -226,6 +263,14 @@ void http_stream_free(void *cls)
 {
     struct http_gen *g = cls;
     pthread_mutex_lock(&g->mu);
+    if (g->resumed) { /* delivered whole, or its client went away: either way it is not cancelled */
+        int delivered = g->done;
+        http_gen_hangup(g);
+        pthread_mutex_unlock(&g->mu);
+        http_resume_detach(g, delivered);
+        http_gen_unref(g);
+        return;
+    }
     int cancel = 0;
     if (!g->done) {
         cancel = http_gen_hangup(g);
@@ -285,11 +330,7 @@ static enum status run_prompt(struct http_gen *g, int i, int32_t **ids, int *n_i
     return st;
 }
 
-/* Tokenizes, validates and submits q (whose ownership moves into a new http_gen, *out, holding
- * the caller's reference): every prompt is checked before any is submitted, and when one
- * cannot be submitted (a full queue) those already submitted are cancelled. On error nothing
- * is left (the engine drops its reference as the cancelled runs finish). */
-enum status http_gen_submit(struct server *s, struct http_request *q, int fd, struct http_gen **out)
+enum status http_gen_prepare(struct server *s, struct http_request *q, int fd, const char *id, struct http_gen **out)
 {
     *out = NULL;
     struct http_gen *g = calloc(1, sizeof *g);
@@ -307,8 +348,11 @@ enum status http_gen_submit(struct server *s, struct http_request *q, int fd, st
     g->created = (long long)time(NULL);
     g->t_submit = base_now_s();
     g->queue_s = -1.0;
-    snprintf(g->id, sizeof g->id, "%s-%llu", q->is_chat ? "chatcmpl" : "cmpl",
-             (unsigned long long)atomic_fetch_add(&s->http_next_id, 1) + 1);
+    unsigned long long n = (unsigned long long)atomic_fetch_add(&s->http_next_id, 1) + 1;
+    const char *kind = q->is_chat ? "chatcmpl" : "cmpl";
+    if (id) snprintf(g->id, sizeof g->id, "%s", id);
+    else if (s->journal) snprintf(g->id, sizeof g->id, "%s-%s-%llu", kind, s->boot_id, n); /* unique across restarts */
+    else snprintf(g->id, sizeof g->id, "%s-%llu", kind, n);
     int n_runs = q->is_chat ? 1 : q->n_prompts;
     if (!q->is_chat && g->q.r.params.max_tokens < 0) g->q.r.params.max_tokens = 16; /* OpenAI's default */
     int32_t **ids = calloc((size_t)n_runs, sizeof *ids);
@@ -321,6 +365,10 @@ enum status http_gen_submit(struct server *s, struct http_request *q, int fd, st
         g->runs[i].g = g;
         g->runs[i].index = i;
         st = run_prompt(g, i, &ids[i], &n_ids[i]);
+        if (st == STATUS_OK) {
+            g->runs[i].ids = ids[i], g->runs[i].n_ids = n_ids[i];
+            ids[i] = NULL;
+        }
     }
     struct request_params *p = &g->q.r.params;
     if (st == STATUS_OK && n_runs > 1) st = engine_validate_prompts(s->engine, n_runs, p->n);
@@ -331,33 +379,6 @@ enum status http_gen_submit(struct server *s, struct http_request *q, int fd, st
         g->samples = calloc((size_t)g->n_samples, sizeof *g->samples);
         if (!g->samples) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
-    int submitted = 0;
-    if (st == STATUS_OK) {
-        g->active = g->n_samples; /* before submitting: events may arrive at once */
-        atomic_fetch_add(&g->refs, 1); /* the engine's, until the last FINISHED */
-        for (; st == STATUS_OK && submitted < n_runs; submitted++) {
-            struct http_run *r = &g->runs[submitted];
-            char id[64];
-            if (n_runs > 1) snprintf(id, sizeof id, "%s-%d", g->id, submitted);
-            else snprintf(id, sizeof id, "%s", g->id);
-            r->prompt_tokens = n_ids[submitted];
-            st = engine_submit(s->engine, id, ids[submitted], n_ids[submitted], p, on_engine_event, r, &r->handle);
-            if (st == STATUS_OK) r->submitted = 1;
-        }
-        if (st != STATUS_OK) {
-            submitted--; /* the one that failed */
-            char msg[512];
-            snprintf(msg, sizeof msg, "%s", status_message());
-            pthread_mutex_lock(&g->mu);
-            g->active -= (n_runs - submitted) * p->n;
-            int last = g->active == 0;
-            g->hangup = 1; /* nobody waits for the cancelled runs */
-            pthread_mutex_unlock(&g->mu);
-            http_gen_cancel(g);
-            if (last) atomic_fetch_sub(&g->refs, 1);
-            st = status_errorf(st, "%s%s", msg, submitted ? " (the request's other prompts were cancelled)" : "");
-        }
-    }
     for (int i = 0; ids && i < n_runs; i++) free(ids[i]);
     free(ids);
     free(n_ids);
@@ -366,6 +387,79 @@ enum status http_gen_submit(struct server *s, struct http_request *q, int fd, st
         snprintf(msg, sizeof msg, "%s", status_message());
         http_gen_unref(g);
         return status_errorf(st, "%s", msg);
+    }
+    g->active = g->n_samples; /* before submitting: events may arrive at once */
+    *out = g;
+    return STATUS_OK;
+}
+
+/* The journal's ACCEPT of a new request (its seed fixed first, so that a sample resumed
+ * before its first event starts where it would have). */
+static enum status journal_accept_gen(struct http_gen *g, const char *body, size_t body_len)
+{
+    struct request_params *p = &g->q.r.params;
+    if (!p->has_seed) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        p->sampling.seed = ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)g;
+        p->has_seed = 1;
+    }
+    struct journal_entry e = {.front = g->q.is_chat ? JOURNAL_HTTP_CHAT : JOURNAL_HTTP_COMPLETIONS,
+                              .created = g->created, .seed = p->sampling.seed, .body = (char *)body,
+                              .body_len = body_len};
+    snprintf(e.key, sizeof e.key, "%s", g->id);
+    enum status st = journal_accept(g->s->journal, &e);
+    if (st != STATUS_OK)
+        return status_errorf(STATUS_UNAVAILABLE, "the stream journal cannot take the request (%s)", status_message());
+    g->journaled = 1;
+    return STATUS_OK;
+}
+
+/* Tokenizes, validates and submits q (whose ownership moves into a new http_gen, *out, holding
+ * the caller's reference): every prompt is checked before any is submitted, and when one
+ * cannot be submitted (a full queue) those already submitted are cancelled. On error nothing
+ * is left (the engine drops its reference as the cancelled runs finish). With the journal
+ * (body: the request's bytes, id: its Idempotency-Key or NULL), an OpenAI request's ACCEPT is
+ * on disk before the engine sees it. */
+enum status http_gen_submit(struct server *s, struct http_request *q, int fd, const char *body, size_t body_len,
+                            const char *id, struct http_gen **out)
+{
+    struct http_gen *g;
+    enum status st = http_gen_prepare(s, q, fd, id, &g);
+    *out = NULL;
+    if (st != STATUS_OK) return st;
+    if (s->journal && !g->q.anthropic && !g->q.responses && (st = journal_accept_gen(g, body, body_len)) != STATUS_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        http_gen_unref(g);
+        return status_errorf(st, "%s", msg);
+    }
+    const int n_runs = g->n_runs;
+    const struct request_params *p = &g->q.r.params;
+    int submitted = 0;
+    atomic_fetch_add(&g->refs, 1); /* the engine's, until the last FINISHED */
+    for (; st == STATUS_OK && submitted < n_runs; submitted++) {
+        struct http_run *r = &g->runs[submitted];
+        char rid[64];
+        if (n_runs > 1) snprintf(rid, sizeof rid, "%s-%d", g->id, submitted);
+        else snprintf(rid, sizeof rid, "%s", g->id);
+        r->prompt_tokens = r->n_ids;
+        st = engine_submit(s->engine, rid, r->ids, r->n_ids, p, http_gen_on_event, r, &r->handle);
+        if (st == STATUS_OK) r->submitted = 1;
+    }
+    if (st != STATUS_OK) {
+        submitted--; /* the one that failed */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        pthread_mutex_lock(&g->mu);
+        g->active -= (n_runs - submitted) * p->n;
+        int last = g->active == 0;
+        g->hangup = 1; /* nobody waits for the cancelled runs */
+        pthread_mutex_unlock(&g->mu);
+        http_gen_cancel(g);
+        if (last) atomic_fetch_sub(&g->refs, 1);
+        http_gen_unref(g);
+        return status_errorf(st, "%s%s", msg, submitted ? " (the request's other prompts were cancelled)" : "");
     }
     *out = g;
     return STATUS_OK;

@@ -26,6 +26,7 @@
 #include <sys/types.h>
 
 #include "convert.h"
+#include "journal.h"
 #include "server_internal.h"
 
 /* The most prompts one /v1/completions request may carry (`prompt` as a list): each becomes
@@ -80,15 +81,10 @@ struct http_anthropic_stream {
     int started, open, kind, index, calls;
 };
 
-/* A stream's view of one sample whose text is parsed (tools or reasoning): the whole text so
- * far (the prompt's prefill first) and how much of each part went out (http_openai_out.c). */
+/* A stream's view of one sample whose text is parsed (tools or reasoning): its incremental
+ * parse, fed the prompt's prefill first, which also knows what went out (http_openai_out.c). */
 struct http_parse_stream {
-    char  *text;
-    size_t len, cap;
-    size_t sent_reasoning, sent_content;
-    int    sent_calls;        /* calls whose header (id, name) went out */
-    size_t *sent_args;        /* (sent_calls) bytes of each announced call's arguments sent */
-    size_t cap_args;
+    struct tool_stream *ts;   /* the sample's incremental parse (tool_format.h), made at its first chunk */
 };
 
 /* http_tools.c: tools, tool_choice and parallel_tool_calls of o into q (after its messages and
@@ -153,6 +149,10 @@ struct http_run {
     float      *prompt_lp;      /* (n_prompt); entry 0 has no log-probability */
     struct top_logprob *prompt_top; /* (n_prompt, n_prompt_top), or NULL */
     int         n_prompt, n_prompt_top, prompt_lp_ready;
+    int32_t    *ids;            /* (n_ids) the prompt's tokens (kept for a resumption) */
+    int         n_ids;
+    int         sample_base;    /* a resumed sample's run (http_resume.c): its events' sample 0 is
+                                   this sample of the prompt; 0 otherwise */
 };
 
 
@@ -185,7 +185,61 @@ struct http_gen {
     struct http_anthropic_stream an; /* q.anthropic streams */
     char           *out;         /* a stream's bytes not yet handed to libmicrohttpd */
     size_t          out_len, out_pos, out_cap;
+    /* The stream journal (serve --journal, http_resume.c, docs/reliability.md). */
+    int             journaled;   /* its ACCEPT is in s->journal: events go there first */
+    int             drained;     /* ended by the server's drain: no END, so a restart resumes it */
+    int             resumed;     /* rebuilt from the journal after a restart: runs whether or not a
+                                    client is attached, and is kept (s->resumed) for one */
+    int             attached;    /* resumed: a client reads it now */
+    int             replaying;   /* its log is being replayed into it: not logged again */
+    int             usage_sent;  /* the client has the usage (or error) chunk: only [DONE] is left */
+    int             delivered;   /* resumed: a client got the whole answer */
+    double          t_ended;     /* resumed: when its last sample finished (retention) */
+    struct journal_entry log;    /* resumed: every event, to rebuild a reattaching client's view */
+    struct http_run *subs;       /* resumed: (n_subs) one engine request per unfinished sample */
+    int             n_subs;
+    struct http_gen *next_resumed;
 };
+
+/* http_gen.c: one engine event into g's buffers (and the journal when g is journaled and
+ * journal is set); with g->mu held. Returns 1 when it was the last sample's FINISHED. */
+int  http_gen_take_event(struct http_gen *g, struct http_run *r, const struct engine_event *ev, int journal);
+/* http_gen.c: a new http_gen for q (ownership moves in; the caller's reference) with its runs
+ * tokenized and validated, nothing submitted (http_gen_submit's first half; http_resume.c). */
+enum status http_gen_prepare(struct server *s, struct http_request *q, int fd, const char *id, struct http_gen **out);
+
+/* http_resume.c: opens opts.journal_dir (s->journal) and keeps its open requests for
+ * http_resume_all; errors name the directory. */
+enum status http_journal_open(struct server *s);
+/* http_resume.c: resumes the journal's open requests (after the engine is ready, before it
+ * serves): each is rebuilt and its unfinished samples resubmitted. */
+void        http_resume_all(struct server *s);
+/* http_resume.c: forgets the resumed requests whose answer waited past --journal-retain (every
+ * generation request calls it: no thread of its own). */
+void        http_resume_sweep(struct server *s);
+/* http_resume.c: drops the resumed requests nobody fetched (the journal keeps them). */
+void        http_resume_stop(struct server *s);
+/* http_gen.c: the engine callback of a run (ctx: struct http_run). */
+void        http_gen_on_event(void *ctx, const struct engine_event *ev);
+/* http.c: the adapters loaded now, by name (a request's "model" may name one). */
+struct http_adapter_snapshot {
+    char names[ENGINE_MAX_ADAPTERS][65];
+    const char *ptrs[ENGINE_MAX_ADAPTERS];
+    int n;
+};
+void        http_adapter_snapshot(struct server *s, struct http_adapter_snapshot *an);
+/* http_resume.c: a request naming a journaled stream (Last-Event-ID or Idempotency-Key header):
+ * *g gets the attached gen (a reference) and *skip what the client has (NULL: everything);
+ * STATUS_NOT_FOUND when the key names none (then a new request may take it as its id),
+ * FAILED_PRECONDITION when another client reads it. */
+enum status http_resume_attach(struct server *s, const char *key, const char *state, int fd, struct http_gen **g);
+/* http_resume.c: a resumed gen's client has its answer (END, out of the table), or went away. */
+void        http_resume_detach(struct http_gen *g, int delivered);
+/* http_resume.c: the SSE id of g's next chunk ("KEY;T.B[!],..." per sample, or "KEY;done"). */
+void        http_resume_sse_id(struct http_gen *g, int done);
+/* http_openai_out.c: marks sample i's first tokens and text bytes as sent (a reattaching
+ * client's Last-Event-ID), priming a parsed reply's state with that text. */
+void        http_stream_skip(struct http_gen *g, int i, int tokens, size_t bytes, int final_sent);
 
 /* Appends to a growable buffer; CHECKs on out of memory (responses are small). */
 void http_buf_append(char **p, size_t *len, size_t *cap, const char *data, size_t n);
@@ -264,7 +318,8 @@ enum status http_responses_item(struct server *s, const char *owner, const char 
 /* Tokenizes, validates and submits q (whose ownership moves into a new http_gen, *out, holding
  * the caller's reference; fd: the connection's socket, polled for hang-ups): every prompt is
  * checked before any is submitted; on error nothing is left. */
-enum status http_gen_submit(struct server *s, struct http_request *q, int fd, struct http_gen **out);
+enum status http_gen_submit(struct server *s, struct http_request *q, int fd, const char *body, size_t body_len,
+                            const char *id, struct http_gen **out);
 /* Drops one reference; the last frees g. */
 void        http_gen_unref(struct http_gen *g);
 /* With g->mu held: waits up to HTTP_WAIT_MS for an event. */

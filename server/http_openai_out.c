@@ -240,66 +240,42 @@ static void add_echoed_text(cJSON *c, const struct http_run *r, const char *text
 /* Whether g's chat replies are parsed (tool calls, reasoning) rather than sent as they come. */
 static int parsed(const struct http_gen *g) { return g->q.is_chat && (g->q.tools || g->q.reasoning); }
 
-/* A suffix of s[0..n) from *sent on, as a JSON string member of o; advances *sent. A shorter
- * text than what went out (a stream that turned out malformed) adds nothing. */
-static int add_news(cJSON *o, const char *name, const char *s, size_t n, size_t *sent)
-{
-    if (n <= *sent) return 0;
-    add_text(o, name, s + *sent, n - *sent);
-    *sent = n;
-    return 1;
-}
-
-/* Stream, parsed replies: appends b's new text to sample i's whole text, parses it (final: the
- * sample ended) and adds to delta d what did not go out yet: reasoning_content, content, and
- * tool_calls (a call's index, id, type and name once, then its arguments as they grow).
- * Returns whether d got anything; *calls: the reply holds tool calls. */
+/* Stream, parsed replies: feeds b's new text to sample i's incremental parse (final: the sample
+ * ended) and adds to delta d what did not go out yet (tool_stream_delta): reasoning_content,
+ * content, and tool_calls (a call's index, id, type and name once, then its arguments as they
+ * grow). Returns whether d got anything; *calls: the reply holds tool calls. */
 static int parsed_delta(struct http_gen *g, int i, const char *text, size_t n, int final, cJSON *d, int *calls)
 {
     if (!g->ps) CHECK(g->ps = calloc((size_t)g->n_samples, sizeof *g->ps), "out of memory");
     struct http_parse_stream *ps = &g->ps[i];
-    if (!ps->text) {
-        const char *pre = g->q.r.prefill ? g->q.r.prefill : "";
-        http_buf_append(&ps->text, &ps->len, &ps->cap, pre, strlen(pre));
-    }
-    http_buf_append(&ps->text, &ps->len, &ps->cap, text, n);
-    struct tool_parsed p;
     const struct http_request *q = &g->q;
-    CHECK(tool_parse((enum tool_format)q->tool_format, q->tools, q->reasoning, q->r.think_open, q->max_calls, ps->text,
-                     ps->len, final, &p) == 0, "out of memory parsing a reply");
-    int news = add_news(d, "reasoning_content", p.reasoning, p.reasoning_len, &ps->sent_reasoning);
-    news |= add_news(d, "content", p.content, p.content_len, &ps->sent_content);
-    cJSON *list = NULL;
-    for (int k = 0; k < p.n_calls; k++) {
-        const struct tool_parsed_call *c = &p.calls[k];
-        cJSON *e = NULL;
-        if (k >= ps->sent_calls) { /* a new call: its header, and the arguments so far */
-            CHECK(base_grow((void **)&ps->sent_args, &ps->cap_args, (size_t)k + 1, sizeof *ps->sent_args) == 0,
-                  "out of memory");
+    if (!ps->ts) {
+        const char *pre = q->r.prefill ? q->r.prefill : "";
+        CHECK(tool_stream_new((enum tool_format)q->tool_format, q->tools, q->reasoning, q->r.think_open, q->max_calls,
+                              &ps->ts) == 0 && tool_stream_feed(ps->ts, pre, strlen(pre), 0) == 0, "out of memory");
+    }
+    struct tool_delta td;
+    CHECK(tool_stream_delta(ps->ts, text, n, final, &td) == 0, "out of memory parsing a reply");
+    int news = td.reasoning || td.content || td.n_calls;
+    if (td.reasoning) add_text(d, "reasoning_content", td.reasoning, td.reasoning_len);
+    if (td.content) add_text(d, "content", td.content, td.content_len);
+    cJSON *list = td.n_calls ? check_json(cJSON_AddArrayToObject(d, "tool_calls")) : NULL;
+    for (int k = 0; k < td.n_calls; k++) {
+        const struct tool_delta_call *c = &td.calls[k];
+        cJSON *e = check_json(cJSON_CreateObject());
+        cJSON_AddNumberToObject(e, "index", c->index);
+        if (c->is_new) { /* a new call: its header, and the arguments so far */
             char id[96];
-            http_tools_call_id(q, call_id_base(g, i), k, id, sizeof id);
-            e = check_json(cJSON_CreateObject());
-            cJSON_AddNumberToObject(e, "index", k);
+            http_tools_call_id(q, call_id_base(g, i), c->index, id, sizeof id);
             cJSON_AddStringToObject(e, "id", id);
             cJSON_AddStringToObject(e, "type", "function");
-            cJSON *f = check_json(cJSON_AddObjectToObject(e, "function"));
-            cJSON_AddStringToObject(f, "name", c->name);
-            ps->sent_args[k] = 0;
-            add_text(f, "arguments", c->args, c->args_len);
-            ps->sent_args[k] = c->args_len;
-            ps->sent_calls = k + 1;
-        } else if (c->args_len > ps->sent_args[k]) {
-            e = check_json(cJSON_CreateObject());
-            cJSON_AddNumberToObject(e, "index", k);
-            add_news(check_json(cJSON_AddObjectToObject(e, "function")), "arguments", c->args, c->args_len, &ps->sent_args[k]);
         }
-        if (!e) continue;
-        if (!list) list = check_json(cJSON_AddArrayToObject(d, "tool_calls"));
+        cJSON *f = check_json(cJSON_AddObjectToObject(e, "function"));
+        if (c->is_new) cJSON_AddStringToObject(f, "name", c->name);
+        add_text(f, "arguments", c->args, c->args_len);
         cJSON_AddItemToArray(list, e);
-        news = 1;
     }
-    *calls = ps->sent_calls > 0;
-    tool_parsed_free(&p);
+    *calls = td.calls_sent;
     return news;
 }
 
@@ -340,7 +316,8 @@ char *http_response_json(struct http_gen *g)
     return print_json(o);
 }
 
-static void sse_event(struct http_gen *g, cJSON *o)
+/* done: the usage or error chunk after every sample's last (its SSE id says so). */
+static void sse_event(struct http_gen *g, cJSON *o, int done)
 {
     if (g->q.anthropic) { /* the same chunk, as Anthropic's events */
         http_anthropic_chunk(g, o);
@@ -350,6 +327,7 @@ static void sse_event(struct http_gen *g, cJSON *o)
         http_responses_chunk(g, o);
         return;
     }
+    if (g->journaled) http_resume_sse_id(g, done); /* where a reconnecting client resumes */
     char *s = print_json(o);
     http_buf_append(&g->out, &g->out_len, &g->out_cap, "data: ", 6);
     http_buf_append(&g->out, &g->out_len, &g->out_cap, s, strlen(s));
@@ -375,6 +353,8 @@ void http_stream_chunks(struct http_gen *g)
             int news = parsed_delta(g, i, b->text ? b->text : "", b->text_len, final, pd, &calls);
             if (!news && !final && b->role_sent && (b->n == 0 || g->q.logprobs < 0)) {
                 cJSON_Delete(pd);
+                b->sent_tokens += b->n;
+                b->sent_text += b->text_len;
                 b->text_offset += b->text_len;
                 b->text_len = 0;
                 b->n = 0;
@@ -406,13 +386,41 @@ void http_stream_chunks(struct http_gen *g)
         cJSON_AddItemToObject(c, "finish_reason", check_json(final ? finish_json(b->finish, calls) : cJSON_CreateNull()));
         cJSON_AddItemToArray(choices, c);
         if (g->q.include_usage) cJSON_AddNullToObject(o, "usage");
-        sse_event(g, o);
+        b->sent_tokens += b->n;
+        b->sent_text += b->text_len;
+        b->role_sent = 1;
+        if (final) b->final_sent = 1;
+        sse_event(g, o, 0);
         b->text_offset += b->text_len;
         b->n = 0;
         b->text_len = 0;
-        b->role_sent = 1;
-        if (final) b->final_sent = 1;
     }
+}
+
+void http_stream_skip(struct http_gen *g, int i, int tokens, size_t bytes, int final_sent)
+{
+    struct sample_buf *b = &g->samples[i];
+    if (tokens > b->n) tokens = b->n;
+    if (bytes > b->text_len) bytes = b->text_len;
+    if (parsed(g) && bytes) { /* the parts that text gave went out: the parse state says so */
+        cJSON *d = check_json(cJSON_CreateObject());
+        int calls;
+        parsed_delta(g, i, b->text, bytes, 0, d, &calls);
+        cJSON_Delete(d);
+    }
+    const size_t keep = (size_t)(b->n - tokens);
+    memmove(b->ids, b->ids + tokens, keep * sizeof *b->ids);
+    if (b->lp) memmove(b->lp, b->lp + tokens, keep * sizeof *b->lp);
+    if (b->top) memmove(b->top, b->top + (size_t)tokens * b->n_top, keep * (size_t)b->n_top * sizeof *b->top);
+    if (b->text) memmove(b->text, b->text + bytes, b->text_len - bytes);
+    b->n -= tokens;
+    b->text_len -= bytes;
+    b->sent_tokens = tokens;
+    b->sent_text = bytes;
+    const struct http_run *r = run_of(g, i);
+    b->text_offset = bytes + (!g->q.is_chat && r->echo ? r->echo_len : 0);
+    b->role_sent = 1;
+    b->final_sent = final_sent;
 }
 
 void http_stream_finish(struct http_gen *g)
@@ -425,7 +433,9 @@ void http_stream_finish(struct http_gen *g)
         http_responses_finish(g);
         return;
     }
-    if (g->end_status != STATUS_OK) {
+    if (g->usage_sent) {
+        /* a reattached client had the usage (or error) chunk: only [DONE] is left */
+    } else if (g->end_status != STATUS_OK) {
         /* Headers are gone: an error after the first byte travels as an event (vLLM does so). */
         cJSON *o = check_json(cJSON_CreateObject());
         cJSON *e = check_json(cJSON_AddObjectToObject(o, "error"));
@@ -433,12 +443,12 @@ void http_stream_finish(struct http_gen *g)
         cJSON_AddStringToObject(e, "type", "server_error");
         cJSON_AddNullToObject(e, "param");
         cJSON_AddStringToObject(e, "code", status_name(g->end_status));
-        sse_event(g, o);
+        sse_event(g, o, 1);
     } else if (g->q.include_usage) {
         cJSON *o = envelope(g, g->q.is_chat ? "chat.completion.chunk" : "text_completion");
         check_json(cJSON_AddArrayToObject(o, "choices"));
         cJSON_AddItemToObject(o, "usage", usage_json(g));
-        sse_event(g, o);
+        sse_event(g, o, 1);
     }
     http_buf_append(&g->out, &g->out_len, &g->out_cap, "data: [DONE]\n\n", 14);
     g->done = 1;

@@ -6,7 +6,8 @@
  *    built here as transformers' apply_chat_template gets it, arguments as objects). Under
  *    tool_choice required or a named function the call's opening marker is written after the
  *    prompt and the call's JSON is constrained (one call; Mistral: a list); under auto the
- *    output is free and parsed (no lazy grammar).
+ *    output is free until the model writes the marker, then the call is constrained (a lazy
+ *    grammar; Llama 3's format, which has no marker, and reasoning templates: free output, parsed).
  *  - otherwise llama.cpp's "generic" format, which any model can follow and which can never
  *    fail to parse: the tools and the reply format are described in the system message, and
  *    the whole reply is constrained (a JSON Schema, engine/grammar/) to one JSON object, either
@@ -120,23 +121,35 @@ static cJSON *chosen_tools(const cJSON *tools, const char *only)
     return list;
 }
 
-/* Sets q's constraint to the JSON Schema of schema (deleted here). */
-static enum status set_schema(struct http_request *q, cJSON *schema)
+/* Sets q's constraint to the JSON Schema of schema (deleted here); lazy when trigger is not
+ * NULL: the schema applies once the output holds the trigger (engine.h constraint_trigger_len). */
+static enum status set_schema(struct http_request *q, cJSON *schema, const char *trigger)
 {
-    char *src = schema ? cJSON_PrintUnformatted(schema) : NULL;
+    char *json = schema ? cJSON_PrintUnformatted(schema) : NULL;
     cJSON_Delete(schema);
+    size_t t = trigger ? strlen(trigger) : 0, n = json ? strlen(json) : 0;
+    char *src = json ? malloc(t + n + 1) : NULL;
+    if (src) {
+        memcpy(src, trigger ? trigger : "", t);
+        memcpy(src + t, json, n + 1);
+    }
+    free(json);
     if (!src) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     struct gen_request *r = &q->r;
     r->constraint = src;
-    r->constraint_len = strlen(src);
+    r->constraint_len = t + n;
     r->params.constraint_kind = CONSTRAINT_JSON_SCHEMA;
     r->params.constraint = src;
     r->params.constraint_len = r->constraint_len;
+    r->params.constraint_trigger_len = t;
     return STATUS_OK;
 }
 
 /* Tools in the model's own format: the template renders them; a required call is opened in the
- * prompt and constrained, an optional one is parsed from free output. */
+ * prompt and constrained; an optional one (auto) is constrained from its opening marker on (a
+ * lazy grammar: the output is free until the model writes the marker), except in the llama3
+ * format, which has no marker (the call is the whole reply), and with a template that reasons
+ * (<think>): free output, parsed. */
 static enum status native_tools(const cJSON *o, const cJSON *tools, const char *only, int required, int parallel,
                                 const struct http_chat_caps *caps, struct http_request *q)
 {
@@ -147,7 +160,10 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
     if (st == STATUS_OK && required) {
         if (!(q->r.prefill = strdup(tool_format_call_prefix(f))))
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        st = set_schema(q, native_schema(f, tools, only, parallel));
+        st = set_schema(q, native_schema(f, tools, only, parallel), NULL);
+    } else if (st == STATUS_OK && f != TOOL_FORMAT_LLAMA3 && !caps->reasoning) {
+        /* (A reasoning template is left free: a marker written inside <think> would trigger.) */
+        st = set_schema(q, native_schema(f, tools, only, parallel), tool_format_call_marker(f));
     }
     q->tools = 1;
     q->tool_format = (int)f;

@@ -144,7 +144,9 @@ static enum status server_stats(struct server *s, const uint8_t *data, size_t le
     for (int i = 0; i < n; i++) engine_get_replica_stats(s->engine, i, &rs[i]);
     o.replicas = rs;
     o.n_replicas = n;
-    st = convert_server_stats_response(&o, out, out_len);
+    st = engine_get_expert_load(s->engine, &o.expert_load);
+    if (st == STATUS_OK) st = convert_server_stats_response(&o, out, out_len);
+    free(o.expert_load.load);
     free(rs);
     return st;
 }

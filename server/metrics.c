@@ -220,12 +220,33 @@ static void render_engine(struct text *t, struct engine *e)
     }
 }
 
+/* A mixture of experts: the tokens routed to each expert of each layer (engine_get_expert_load:
+ * rank 0's pipeline stage and replica); nothing for a dense model. */
+static void render_expert_load(struct text *t, struct engine *e)
+{
+    struct engine_expert_load el;
+    if (engine_get_expert_load(e, &el) != STATUS_OK) {
+        t->failed = 1;
+        return;
+    }
+    if (el.n_layers > 0) {
+        render_family(t, "shardlm_moe_expert_tokens_total", "counter",
+                      "Tokens routed to each expert of each mixture-of-experts layer (k per token and layer).");
+        for (int l = 0; l < el.n_layers; l++)
+            for (int x = 0; x < el.n_experts; x++)
+                text_printf(t, "shardlm_moe_expert_tokens_total{layer=\"%d\",expert=\"%d\"} %llu\n", el.layer_first + l,
+                            x, (unsigned long long)el.load[(size_t)l * (size_t)el.n_experts + (size_t)x]);
+    }
+    free(el.load);
+}
+
 enum status metrics_render(struct metrics *m, struct engine *e, char **out, size_t *len)
 {
     struct text t = {0};
     *out = NULL;
     *len = 0;
     render_engine(&t, e);
+    if (e) render_expert_load(&t, e);
     if (m) {
         pthread_mutex_lock(&m->mu);
         render_family(&t, "shardlm_requests_total", "counter",

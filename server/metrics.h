@@ -1,7 +1,8 @@
 /* server/metrics.h - the Prometheus metrics of the server: request counters by API and final
  * status, latency histograms (time to first token, inter-token latency, end-to-end latency),
  * and, read from the engine at scrape time, token counters, queue length, running sequences,
- * KV blocks, prefix-cache hits and preemptions (per replica with data parallelism). Names
+ * KV blocks, prefix-cache hits and preemptions (per replica with data parallelism), and a
+ * mixture of experts' tokens routed to each expert of each layer (rank 0's stage). Names
  * follow vLLM's `vllm:` metrics with the prefix `shardlm_`.
  * Not here: serving /metrics over HTTP (http.c); where requests end (call.c for gRPC, http.c
  * for HTTP), which call metrics_observe_request.

@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "chat_template.h"
+#include "http_internal.h"
 #include "metrics.h"
 #include "reflection.h"
 #include "server_internal.h"
@@ -239,6 +240,7 @@ static void *control_main(void *arg)
     }
     s->engine = e;
     LOG_INFO("server", "model %s loaded; chat template %s", s->opts.engine.model_dir, s->tmpl_name);
+    if (s->journal) http_resume_all(s); /* before serving: a client that reconnects finds its request */
     atomic_store(&s->phase, PHASE_READY);
     server_wake(s);
 

@@ -41,6 +41,12 @@ struct server_options {
                                           0 = 60 s */
     int         http_responses_store;  /* /v1/responses kept for GET and previous_response_id at
                                           most (and HTTP_RESPONSES_STORE_BYTES of JSON); 0 = 1024 */
+    const char *journal_dir;     /* the stream journal (server/journal.h, docs/reliability.md):
+                                    accepted OpenAI chat / completions requests and their events,
+                                    resumed after a restart; NULL: off. Needs http_listen. */
+    int         journal_fsync;   /* enum journal_fsync; 0 = accept */
+    double      journal_retain_s; /* a resumed request's answer waits this long for its client
+                                     after it ends; 0 = 600 s */
     const char *default_adapter; /* the adapter requests that name none get: one of
                                     engine.adapter_names (STATUS_INVALID_ARGUMENT otherwise, before
                                     anything starts); it cannot be unloaded. A request reaches the

@@ -39,6 +39,9 @@ struct gen_request;  /* convert.h */
 struct MHD_Daemon;   /* libmicrohttpd */
 struct http_guard;   /* http_guard.c */
 struct http_responses_store; /* http_responses.c */
+struct http_gen;      /* http_internal.h */
+struct journal;       /* journal.h */
+struct journal_entry; /* journal.h */
 struct metrics;      /* metrics.h */
 
 #define N_REQUEST_SLOTS 8
@@ -93,6 +96,8 @@ struct sample_buf {
     int      finished, final_sent;
     int      prompt_tokens, completion_tokens, cached_prompt_tokens;
     size_t   text_offset;      /* HTTP streams: bytes of text already sent before text[0] */
+    int      sent_tokens;      /* HTTP streams: tokens and generated text bytes handed out so far */
+    size_t   sent_text;        /*   (a journaled stream's SSE ids: http_resume.c) */
     int      role_sent;        /* HTTP chat streams: the first delta (with the role) went out */
     double   t_last_token;     /* when its previous tokens arrived (inter-token latency) */
 };
@@ -244,6 +249,12 @@ struct server {
     atomic_int            http_active;          /* HTTP generation requests alive */
     atomic_ullong         http_next_id;
     struct http_responses_store *http_responses; /* /v1/responses (http_responses.c) */
+    struct journal       *journal;              /* serve --journal (journal.h); NULL: off */
+    struct journal_entry *journal_pending;      /* its open requests, until http_resume_all */
+    int                   n_journal_pending;
+    pthread_mutex_t       resumed_mu;           /* guards resumed */
+    struct http_gen      *resumed;              /* gens rebuilt from the journal, until delivered */
+    char                  boot_id[16];          /* hex, new at every start: journaled ids are unique */
     char                  model_id[256];        /* the served model's name (its directory's or
                                                    file's): the base in requests' adapter / model */
     long long             t_created;            /* Unix seconds at start */

@@ -25,7 +25,14 @@
  * arguments then grow byte by byte, as the model wrote them). A malformed call in free-form
  * output (tool_choice auto) is content in a final parse; a stream may already have sent it as a
  * call (docs/tools.md). Arguments are the raw JSON text the model wrote (compact under a
- * grammar). Tests: tests/server/test_tools.py, tests/fuzz/fuzz_tool_parse.c. */
+ * grammar).
+ *
+ * The parser is incremental (struct tool_stream, tool_stream.c): a stream feeds each sample's
+ * reply piece by piece and reads, after each piece, what a parse of the whole text so far
+ * gives, or the delta since the last piece; each byte is read a bounded number of times, so a
+ * stream's parsing costs work linear in its reply's length. tool_parse is the same parser fed
+ * once. Tests: tests/server/test_tools.py, tests/test_tool_stream.c (against the whole-text
+ * parser this one replaced, at every prefix; linear work), tests/fuzz/fuzz_tool_parse.c. */
 #ifndef SHARDLM_TOOL_FORMAT_H
 #define SHARDLM_TOOL_FORMAT_H
 
@@ -47,6 +54,9 @@ const char *tool_format_name(enum tool_format f);
 /* The text a call opens with (written into the prompt when a call is required: the model
  * continues with the call's JSON); "" for LLAMA3, NULL for GENERIC. */
 const char *tool_format_call_prefix(enum tool_format f);
+/* The marker a call opens with, without the whitespace the model may write after it (the
+ * trigger of a lazy grammar under tool_choice auto); NULL for GENERIC and LLAMA3. */
+const char *tool_format_call_marker(enum tool_format f);
 /* The key of a call's arguments in the model's JSON ("parameters" for LLAMA3). */
 const char *tool_format_args_key(enum tool_format f);
 
@@ -72,5 +82,58 @@ int  tool_parse(enum tool_format f, int tools, int reasoning, int think_open, in
                 size_t n, int final, struct tool_parsed *out);
 /* Frees what out owns and zeroes it; accepts a zeroed struct. */
 void tool_parsed_free(struct tool_parsed *out);
+
+/* ---- incremental parsing (one per sample of a stream) ---- */
+struct tool_stream;
+
+/* A parser of one reply with tool_parse's settings. Returns 0, or -1 out of memory (*out NULL). */
+int  tool_stream_new(enum tool_format f, int tools, int reasoning, int think_open, int max_calls,
+                     struct tool_stream **out);
+/* Accepts NULL. */
+void tool_stream_free(struct tool_stream *ts);
+/* Appends text[0..n) (copied) to the reply and parses it; final: the reply ends here (bytes
+ * held back as a possible marker's start are then released; nothing may be fed after).
+ * Returns 0, or -1 out of memory (the stream is then unusable). */
+int  tool_stream_feed(struct tool_stream *ts, const char *text, size_t n, int final);
+/* Work done so far: bytes read by the parser's machines, markers compared. Linear in the
+ * reply's length however it was cut (tests/test_tool_stream.c). */
+unsigned long long tool_stream_steps(const struct tool_stream *ts);
+
+/* What a parse of the text fed so far gives (tool_parse's result, final as fed). Pointers are
+ * into ts and valid until the next feed; strings are not NUL-terminated (lengths given). */
+struct tool_view {
+    const char *reasoning, *content;
+    size_t      reasoning_len, content_len;
+    int         has_reasoning, n_calls;
+};
+struct tool_view_call {
+    const char *name;  /* NUL-terminated */
+    const char *args;
+    size_t      args_len;
+    int         complete;
+};
+void tool_stream_view(const struct tool_stream *ts, struct tool_view *v);
+/* Call k < view.n_calls. */
+void tool_stream_call(const struct tool_stream *ts, int k, struct tool_view_call *c);
+
+/* A stream's news since the last delta: reasoning and content fragments (NULL: none), and for
+ * calls a new call's header (is_new: index, name, the arguments so far) or its arguments' new
+ * fragment. Fragments follow what went out before (a text that turned out shorter, a call
+ * that turned out malformed, sends nothing back). Pointers valid until the next feed. */
+struct tool_delta_call {
+    int         index, is_new;
+    const char *name;  /* is_new only */
+    const char *args;  /* the new arguments bytes (args_len of them) */
+    size_t      args_len;
+};
+struct tool_delta {
+    const char *reasoning, *content;
+    size_t      reasoning_len, content_len;
+    const struct tool_delta_call *calls;
+    int         n_calls;
+    int         calls_sent;  /* some call went out, now or before */
+};
+/* Feeds text[0..n) (tool_stream_feed) and fills *d. Returns 0, or -1 out of memory. */
+int  tool_stream_delta(struct tool_stream *ts, const char *text, size_t n, int final, struct tool_delta *d);
 
 #endif

@@ -9,7 +9,8 @@
 #   1b. Mixtral's 3 steps + --resume + 3 steps equal 6 straight steps bitwise; Qwen 2 MoE in bf16
 #      with selective recomputation of the experts (mlp, layernorm) runs;
 #   2. refused by name: the auxiliary losses on a dense model, LoRA on the experts, MoE training
-#      at tp 2 (under mpirun), a negative coefficient.
+#      at tp 2 (under mpirun), a negative coefficient, --ep on serve, generate and train.
+# (dp and pp against one rank: tests/test_train_moe_parallel.sh.)
 # Loopback only; every wait is bounded.
 set -u
 BIN=$1
@@ -118,8 +119,11 @@ expect "LoRA on the experts is refused" 1 "LoRA on a mixture of experts' MLP" \
 expect "a negative coefficient is refused" 2 "--moe-z-loss-coeff must be a number >= 0" \
   "$BIN" train --model "$WORK/mixtral" --data "$WORK/text.txt" --out "$WORK/n.out" "${COMMON[@]}" --train-iters 1 \
   --moe-z-loss-coeff -1
+for cmd in serve generate train; do
+  expect "$cmd --ep is refused by name" 2 "--ep: expert parallelism as its own group" "$BIN" $cmd --model "$WORK/mixtral" --ep 2
+done
 if command -v mpirun > /dev/null; then
-  expect "MoE training at tp 2 is refused, naming the sizes" 1 "tp 2, pp 1, dp 1 is not built" \
+  expect "MoE training at tp 2 is refused, naming the size" 1 "at tp 2 is not built" \
     mpirun --oversubscribe -n 2 "$BIN" train --model "$WORK/mixtral" --data "$WORK/text.txt" --out "$WORK/t.out" \
     "${COMMON[@]}" --train-iters 1 --tp 2
 else

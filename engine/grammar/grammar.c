@@ -204,6 +204,8 @@ enum status grammar_compile(const struct grammar_vocab *v, enum grammar_kind kin
     return STATUS_OK;
 }
 
+const struct grammar_vocab *grammar_vocab_of(const struct grammar *g) { return g->vocab; }
+
 void grammar_ref(struct grammar *g)
 {
     if (g) __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED);

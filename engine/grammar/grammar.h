@@ -63,6 +63,8 @@ int grammar_vocab_mask_words(const struct grammar_vocab *v);
  * bounded by those limits whatever the input. */
 enum status grammar_compile(const struct grammar_vocab *v, enum grammar_kind kind, const char *src, size_t n,
                             struct grammar **out);
+/* The vocabulary g was compiled for (borrowed). */
+const struct grammar_vocab *grammar_vocab_of(const struct grammar *g);
 /* Reference counting (atomic); the last unref frees. Both accept NULL. */
 void grammar_ref(struct grammar *g);
 void grammar_unref(struct grammar *g);

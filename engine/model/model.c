@@ -125,8 +125,9 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         m->ws.moe_host_ids = malloc((size_t)TK * sizeof(int32_t));
         m->ws.moe_host_w = malloc((size_t)TK * sizeof(float));
         m->ws.moe_host_start = malloc((size_t)(E + 1) * sizeof(int));
+        if (!m->ws.moe_load) m->ws.moe_load = calloc((size_t)m->n_layers_local * (size_t)E, sizeof *m->ws.moe_load);
         if (!m->ws.moe_host_logits || !m->ws.moe_host_ids || !m->ws.moe_host_w || !m->ws.moe_host_start ||
-            !m->ws.moe_host_sw)
+            !m->ws.moe_host_sw || (!m->ws.moe_load && m->n_layers_local > 0))
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory for the experts' routing");
         if (c->shared_expert) { /* the shared expert takes every row: ids 0 .. T - 1, once */
             int32_t *rows = malloc((size_t)T * sizeof *rows);
@@ -173,6 +174,7 @@ void model_free(struct model *m)
     free(m->ws.moe_host_w);
     free(m->ws.moe_host_start);
     free(m->ws.moe_host_sw);
+    free((void *)m->ws.moe_load);
     free(m->ws.host_logits);
     checkpoint_close(m->checkpoint);
     free(m);

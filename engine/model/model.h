@@ -14,6 +14,8 @@
 #ifndef SHARDLM_MODEL_H
 #define SHARDLM_MODEL_H
 
+#include <stdatomic.h>
+
 #include "checkpoint.h"
 #include "config.h"
 #include "kv_cache.h"
@@ -79,6 +81,10 @@ struct model_workspace {
     int32_t *moe_host_ids;                  /* (max_tokens * n_experts_used) */
     float   *moe_host_w;                    /* (max_tokens * n_experts_used) */
     int     *moe_host_start;                /* (n_experts + 1) */
+    /* The load of serving's forwards (moe_forward without training tensors): tokens routed to
+     * each expert of each of this stage's layers since the first model_reserve, (n_layers_local,
+     * n_experts); written by the thread that runs the forward, read by any (moe_load_read). */
+    _Atomic uint64_t *moe_load;
 };
 
 /* One rank's model: its configuration (what shard of which model this is), its weights (a

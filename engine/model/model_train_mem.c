@@ -264,10 +264,10 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
     const struct train_memory one = {.recompute = TRAIN_RECOMPUTE_NONE, .sets = 1};
     if (!mem) mem = &one;
     *out = NULL;
-    if (m->cfg.n_experts && (m->tp_size > 1 || m->pp_size > 1 || m->par.layout.dp_size > 1))
-        return status_errorf(STATUS_UNSUPPORTED, "training a mixture of experts (%s) runs on one rank: tp %d, pp %d, "
-                             "dp %d is not built (expert, tensor, pipeline and data parallelism of the experts' "
-                             "training are not)", m->cfg.architecture, m->tp_size, m->pp_size, m->par.layout.dp_size);
+    if (m->cfg.n_experts && m->tp_size > 1)
+        return status_errorf(STATUS_UNSUPPORTED, "training a mixture of experts (%s) at tp %d is not built (the experts "
+                             "split over tensor-parallel ranks, and expert parallelism, in training; pp and dp train)",
+                             m->cfg.architecture, m->tp_size);
     enum status st = check_plan(m, max_tokens, mem);
     if (st != STATUS_OK) return st;
     const int S = mem->sets, L = m->n_layers_local;

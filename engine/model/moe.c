@@ -6,46 +6,61 @@
 #include <math.h>
 #include <string.h>
 
+/* The most experts a config may declare (config.c refuses more): the bound of moe_route's buffer. */
+#define MOE_MAX_EXPERTS 1024
+
 void moe_route(const float *logits, int T, int E, int k, int norm, int *start, int32_t *ids, float *w)
 {
-    /* Pass 1: each token's experts and weights (top: k expert indices, best first). Pass 2:
-     * counting sort by expert, tokens ascending within an expert. */
+    CHECK(k >= 1 && k <= 64 && k <= E && E <= MOE_MAX_EXPERTS, "moe_route: top %d of %d experts", k, E);
+    /* Pass 1, token by token: p = softmax(z) (each exponential once), its k best, their weights,
+     * written in place of the token's own slots t k .. t k + k - 1 (ids: the expert, w: the
+     * weight) and counted per expert in start[e + 1]. */
     memset(start, 0, (size_t)(E + 1) * sizeof *start);
+    double p[MOE_MAX_EXPERTS], top_p[64];
     int32_t top_e[64];
-    double top_p[64];
-    CHECK(k >= 1 && k <= 64 && k <= E, "moe_route: top %d of %d experts", k, E);
-    for (int pass = 0; pass < 2; pass++) {
-        int *fill = start; /* pass 2: the next free slot of each expert (start shifted below) */
-        for (int t = 0; t < T; t++) {
-            const float *z = logits + (size_t)t * (size_t)E;
-            double mx = -INFINITY, sum = 0.0;
-            for (int e = 0; e < E; e++) mx = z[e] > mx ? z[e] : mx;
-            for (int e = 0; e < E; e++) sum += exp((double)z[e] - mx);
-            int n = 0;
-            for (int e = 0; e < E; e++) { /* insertion into the k best; a tie keeps the earlier */
-                const double p = exp((double)z[e] - mx) / sum;
-                int pos = n;
-                while (pos > 0 && p > top_p[pos - 1]) pos--;
-                if (pos >= k) continue;
-                for (int j = (n < k ? n : k - 1); j > pos; j--) top_p[j] = top_p[j - 1], top_e[j] = top_e[j - 1];
-                top_p[pos] = p;
-                top_e[pos] = e;
-                if (n < k) n++;
-            }
-            double s = 0.0;
-            for (int j = 0; j < k; j++) s += top_p[j];
-            for (int j = 0; j < k; j++) {
-                if (pass == 0) {
-                    start[top_e[j] + 1]++;
-                    continue;
-                }
-                const int slot = fill[top_e[j]]++;
-                ids[slot] = t;
-                w[slot] = (float)(norm ? top_p[j] / s : top_p[j]);
-            }
+    for (int t = 0; t < T; t++) {
+        const float *z = logits + (size_t)t * (size_t)E;
+        double mx = -INFINITY, sum = 0.0;
+        for (int e = 0; e < E; e++) mx = z[e] > mx ? z[e] : mx;
+        for (int e = 0; e < E; e++) sum += p[e] = exp((double)z[e] - mx);
+        int n = 0;
+        for (int e = 0; e < E; e++) { /* insertion into the k best; a tie keeps the earlier */
+            const double pe = p[e] / sum;
+            int pos = n;
+            while (pos > 0 && pe > top_p[pos - 1]) pos--;
+            if (pos >= k) continue;
+            for (int j = (n < k ? n : k - 1); j > pos; j--) top_p[j] = top_p[j - 1], top_e[j] = top_e[j - 1];
+            top_p[pos] = pe;
+            top_e[pos] = e;
+            if (n < k) n++;
         }
-        if (pass == 0) /* counts -> starts; pass 2 advances start[e] to the end of expert e's run */
-            for (int e = 0; e < E; e++) start[e + 1] += start[e];
+        double s = 0.0;
+        for (int j = 0; j < k; j++) s += top_p[j];
+        for (int j = 0; j < k; j++) {
+            const size_t slot = (size_t)t * (size_t)k + (size_t)j;
+            ids[slot] = top_e[j];
+            w[slot] = (float)(norm ? top_p[j] / s : top_p[j]);
+            start[top_e[j] + 1]++;
+        }
+    }
+    /* Pass 2, a counting sort by expert (tokens ascending within an expert): counts -> starts;
+     * each slot's destination, encoded as -1 - dst (pending), advances start[e] to the end of
+     * expert e's run; then every cycle of the permutation is followed in place, the element
+     * taken from position i belonging to token i / k. */
+    const int n_slots = T * k;
+    for (int e = 0; e < E; e++) start[e + 1] += start[e];
+    for (int i = 0; i < n_slots; i++) ids[i] = -1 - start[ids[i]]++;
+    for (int i = 0; i < n_slots; i++) {
+        if (ids[i] >= 0) continue; /* placed by an earlier cycle */
+        int32_t tok = i / k, dst = -1 - ids[i];
+        float wt = w[i];
+        while (dst != i) {
+            const int32_t next = ids[dst];
+            const float next_w = w[dst];
+            ids[dst] = tok, w[dst] = wt;
+            tok = dst / k, wt = next_w, dst = -1 - next;
+        }
+        ids[i] = tok, w[i] = wt;
     }
     /* start[e] now holds the end of expert e's run: shift back to starts. */
     for (int e = E; e > 0; e--) start[e] = start[e - 1];
@@ -109,6 +124,24 @@ static void shared_gates(struct model *m, int l, int64_t T, const struct tensor 
     backend_upload(b, mt->sw.data, mt->r->sw, (size_t)T * sizeof(float));
 }
 
+/* Serving's load counters (model_workspace.moe_load) += the tokens layer l routed to each expert. */
+static void count_load(struct model *m, int l, const struct moe_routing *r)
+{
+    const int E = m->cfg.n_experts;
+    if (!m->ws.moe_load) return;
+    _Atomic uint64_t *row = m->ws.moe_load + (size_t)l * (size_t)E;
+    for (int e = 0; e < E; e++)
+        atomic_fetch_add_explicit(&row[e], (uint64_t)(r->start[e + 1] - r->start[e]), memory_order_relaxed);
+}
+
+int moe_load_read(const struct model *m, uint64_t *out)
+{
+    if (!m->cfg.n_experts || !m->ws.moe_load) return 0;
+    const size_t cells = (size_t)m->n_layers_local * (size_t)m->cfg.n_experts;
+    for (size_t i = 0; i < cells; i++) out[i] = atomic_load_explicit(&m->ws.moe_load[i], memory_order_relaxed);
+    return m->n_layers_local;
+}
+
 enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj,
                         const struct moe_tensors *mt_in)
 {
@@ -122,6 +155,7 @@ enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *
     if (!mt->recompute) {
         route(m, l, T, xn, mt);
         if (mt_in) moe_routing_losses(c, T, mt->r);
+        else count_load(m, l, mt->r);
     }
 
     /* This rank's experts over their rows, summed into proj in expert order (the other tp ranks'

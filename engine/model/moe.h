@@ -79,6 +79,15 @@ struct moe_tensors {
 enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj,
                         const struct moe_tensors *mt);
 
+/* Serving's per-expert load: out (n_layers_local, n_experts) = the tokens routed to each expert
+ * of each of this stage's layers (local layer i is layer layer_first + i) by the serving forwards
+ * since the workspace was first reserved: every token a forward ran (prompt rows, decode rows,
+ * speculative and recomputed rows alike), k per token and layer, counted on every tp rank alike
+ * (routing is replicated). Any thread, while the model lives (relaxed atomic reads: each counter
+ * is exact, a forward in flight may be half counted). Returns n_layers_local, or 0 (out
+ * untouched) for a dense model or before model_reserve. */
+int moe_load_read(const struct model *m, uint64_t *out);
+
 /* r->aux and r->z of T tokens from r->logits and r->start (moe_train.c). */
 void moe_routing_losses(const struct model_config *c, int64_t T, struct moe_routing *r);
 

@@ -25,6 +25,7 @@
 
 #include "generate.h"
 #include "grammar.h"
+#include "moe.h"
 #include "tokenizer.h"
 
 
@@ -334,7 +335,11 @@ enum status conductor_compile_constraint(struct conductor *c, const struct reque
         [CONSTRAINT_CHOICE] = GRAMMAR_CHOICE,
     };
     const char *src = p->constraint ? p->constraint : "";
-    return grammar_cache_get(c->gcache, kinds[p->constraint_kind], src, p->constraint ? p->constraint_len : 0, g);
+    size_t n = p->constraint ? p->constraint_len : 0, trig = p->constraint_trigger_len;
+    if (trig && (trig > REQUEST_MAX_TRIGGER_BYTES || trig >= n || memchr(src, 0, trig)))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: a lazy constraint's trigger is 1 to %d bytes (no NUL) "
+                             "before a source, got %zu of %zu", REQUEST_MAX_TRIGGER_BYTES, trig, n);
+    return grammar_cache_get(c->gcache, kinds[p->constraint_kind], src + trig, n - trig, g);
 }
 
 enum status conductor_submit(struct conductor *c, const char *request_id, const int32_t *prompt, int n_prompt,
@@ -351,6 +356,7 @@ enum status conductor_submit(struct conductor *c, const char *request_id, const 
         return st;
     }
     r->grammar = g;
+    conductor_lazy_setup(c, r, p);
     r->t_submit = base_now_s();
     pthread_mutex_lock(&c->mu);
     st = refusal(c, p->n);
@@ -726,6 +732,19 @@ void conductor_get_stats(struct conductor *c, struct engine_stats *s)
     *s = c->stats;
     s->waiting += c->n_intake_samples;
     pthread_mutex_unlock(&c->mu);
+}
+
+enum status conductor_get_expert_load(const struct conductor *c, struct engine_expert_load *out)
+{
+    const struct model *m = c->m;
+    *out = (struct engine_expert_load){0};
+    if (!m->cfg.n_experts || m->n_layers_local < 1) return STATUS_OK;
+    out->load = malloc((size_t)m->n_layers_local * (size_t)m->cfg.n_experts * sizeof *out->load);
+    if (!out->load) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "expert load: out of memory");
+    out->layer_first = m->layer_first;
+    out->n_experts = m->cfg.n_experts;
+    out->n_layers = moe_load_read(m, out->load);
+    return STATUS_OK;
 }
 
 void conductor_free(struct conductor *c)

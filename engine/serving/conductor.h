@@ -54,5 +54,6 @@ enum status conductor_start(struct conductor *c);
 void        conductor_drain(struct conductor *c, double timeout_s);
 enum status conductor_run_worker(struct conductor *c); /* ranks other than the first */
 void        conductor_get_stats(struct conductor *c, struct engine_stats *s);
+enum status conductor_get_expert_load(const struct conductor *c, struct engine_expert_load *out);
 
 #endif

@@ -105,8 +105,12 @@ int32_t     take_token(struct conductor *c, struct seq *s, const float *row, int
  * lg (vocab). take_token applies it, and the draft model shapes its rows with it. */
 void        sampling_logits(struct conductor *c, const struct seq *s, const float *row, int n_generated, float *lg);
 /* Emits tok, chosen from row, as s's next token (log-probabilities from row, stop conditions),
- * finishing s when it ends; returns tok. c->scratch[0 .. V) is overwritten. */
+ * finishing s when it ends; returns tok, or -1 when s ended with an error instead (out of memory
+ * starting its constraint's matcher). c->scratch[0 .. V) is overwritten. */
 int32_t     take_chosen(struct conductor *c, struct seq *s, const float *row, int32_t tok);
+/* Records a lazy constraint's trigger (p's first constraint_trigger_len source bytes) in r, and the
+ * token whose text is the whole trigger when the vocabulary has one (conductor_sample.c). */
+void        conductor_lazy_setup(struct conductor *c, struct request *r, const struct request_params *p);
 void        take_prompt_logprobs(struct conductor *c, struct seq *s, int p0, int n, const float *rows);
 /* conductor_embed.c */
 struct embed_job;

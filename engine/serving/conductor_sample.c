@@ -8,7 +8,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "constraint.h"
 #include "grammar.h"
+#include "tokenizer.h"
 
 /* ---- sampling a token and its consequences ------------------------------------------------ */
 
@@ -19,6 +21,7 @@ static int constrain(struct conductor *c, struct seq *s, float *lg)
 {
     struct request *r = s->req;
     const int V = c->m->cfg.vocab_size;
+    if (r->p.constraint_trigger_len && !s->lazy_on) return 1; /* lazy, before its trigger: free */
     if (!s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK) {
         finish_seq(c, s, FINISH_REASON_ERROR, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
         return 0;
@@ -38,6 +41,18 @@ static int constrain(struct conductor *c, struct seq *s, float *lg)
         return 0;
     }
     return 1;
+}
+
+/* ---- lazy constraints (tool calls under tool_choice auto) -------------------------------------- */
+
+void conductor_lazy_setup(struct conductor *c, struct request *r, const struct request_params *p)
+{
+    size_t n = p->constraint_trigger_len;
+    r->trigger_id = -1;
+    if (!n) return;
+    memcpy(r->trigger, p->constraint, n); /* conductor_compile_constraint checked its length */
+    r->trigger[n] = 0;
+    r->trigger_id = tokenizer_piece_to_id(c->tok, r->trigger);
 }
 
 /* Samples the next token of s from the logits row, then emits it and finishes the sample when a
@@ -101,7 +116,10 @@ int32_t take_chosen(struct conductor *c, struct seq *s, const float *row, int32_
         tok_lp = lp[tok];
         if (n_top) sampler_top_logprobs(lp, V, n_top, top);
     }
-    if (s->gm && grammar_matcher_accept(s->gm, tok) == STATUS_OK) s->grammar_end = grammar_matcher_is_done(s->gm);
+    if (r->grammar && constraint_take(s, tok) != STATUS_OK) { /* out of memory starting a lazy call */
+        finish_seq(c, s, FINISH_REASON_ERROR, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
+        return -1;
+    }
     size_t text_len = 0;
     enum finish_reason why = request_take_token(s, tok, eos, c->m->cfg.max_positions,
                                                 r->p.logprobs >= 0 ? &tok_lp : NULL, top, n_top, &text_len);

@@ -216,6 +216,11 @@ int engine_list_adapters(struct engine *e, void (*fn)(void *ctx, const struct en
     return conductor_list_adapters(local(e), fn, ctx);
 }
 
+enum status engine_get_expert_load(struct engine *e, struct engine_expert_load *out)
+{
+    return conductor_get_expert_load(local(e), out);
+}
+
 int engine_replicas(const struct engine *e) { return e->router ? router_replicas(e->router) : 1; }
 
 void engine_get_replica_stats(struct engine *e, int replica, struct engine_replica_stats *s)

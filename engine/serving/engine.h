@@ -168,6 +168,13 @@ struct request_params {
                                          may follow, and EOS is allowed only where it may end */
     const char *constraint;           /* (constraint_len) its source; copied at submission */
     size_t   constraint_len;
+    size_t   constraint_trigger_len;  /* 0, or a lazy constraint (tool_choice auto, docs/tools.md):
+                                         the first constraint_trigger_len bytes of constraint are
+                                         a trigger (at most REQUEST_MAX_TRIGGER_BYTES), the rest
+                                         the grammar's source. Decoding is free (the logits
+                                         untouched) until the output holds the trigger; from its
+                                         end (whitespace skipped) the grammar constrains it as a
+                                         constraint does (the sample ends with the grammar) */
     int      logprobs;                /* -1: none; 0: the chosen token's; k > 0: and top-k */
     int      prompt_logprobs;         /* -1: none; >= 0: log p of each prompt token after the
                                          first (and top-k alternatives when > 0) */
@@ -186,6 +193,15 @@ struct request_params {
                                          server speculates (--speculative); default AUTO */
     int      speculative_n_max;       /* most drafts per step for this request (llama.cpp's
                                          speculative.n_max); 0 = the server's --spec-draft */
+    /* Resuming a sample a journal recorded (server/journal.c, docs/reliability.md): its first
+     * n_resume tokens are the ones it already generated (computed into the KV cache like a
+     * preempted sample's, never emitted again; stop strings, the constraint and penalties see
+     * them), and its RNG continues from resume_rng (4 words: engine_event.rng of its last
+     * event, or engine_sample_rng's start). n must be 1, prompt_logprobs -1, and n_resume below
+     * max_tokens, which counts them. resume_rng NULL: a new request. */
+    const int32_t  *resume_tokens;    /* (n_resume) */
+    int             n_resume;
+    const uint64_t *resume_rng;
 };
 struct request_params request_params_default(void);
 
@@ -222,6 +238,10 @@ struct engine_event {
     int            cached_prompt_tokens; /* prompt tokens served from the prefix cache */
     double         queue_seconds; /* FINISHED: from submission to the sample's first step in the
                                      engine (its first admission), -1 if it never ran */
+    const uint64_t *rng;          /* TOKENS and FINISHED of a sample that ran: its RNG state (4
+                                     words) after these tokens, what request_params.resume_rng
+                                     takes to continue it; NULL otherwise and with data
+                                     parallelism (not carried from remote replicas) */
 };
 
 /* Called on the engine thread (with data parallelism: the thread of the replica serving the
@@ -230,6 +250,10 @@ struct engine_event {
  * and must not call into the engine except engine_cancel. After the FINISHED event of the last
  * sample, the request is gone and the callback is never called for it again. */
 typedef void (*engine_event_fn)(void *ctx, const struct engine_event *ev);
+
+/* The RNG state (4 words) sample `sample` of a request with this seed starts from: the
+ * resume_rng of a journaled sample that has no event yet. */
+void engine_sample_rng(uint64_t seed, int sample, uint64_t out[4]);
 
 /* Loads the model and tokenizer and sizes the KV pool; does not start a thread. Errors are
  * returned with a message (bad directory, model, or options); *out is NULL then. */
@@ -310,6 +334,19 @@ struct engine_stats {
 void engine_get_stats(struct engine *e, struct engine_stats *s); /* thread-safe snapshot; with
                                      data parallelism the sum over replicas (remote ones as of
                                      their last report, at most ~0.2 s old) */
+
+/* A mixture of experts' load (moe.h, moe_load_read): load (n_layers, n_experts), malloc'd, the
+ * tokens routed to each expert of layers layer_first .. layer_first + n_layers - 1 by the serving
+ * forwards since start (every token run: k per token and layer). Those are the layers of rank 0's
+ * pipeline stage, routed by rank 0's replica: with pp > 1 the later stages' layers, and with
+ * dp > 1 the other replicas' tokens, are not included. */
+struct engine_expert_load {
+    int       layer_first, n_layers, n_experts;
+    uint64_t *load;
+};
+/* Thread-safe snapshot into *out (free out->load); all zero and load NULL for a dense model.
+ * STATUS_RESOURCE_EXHAUSTED when out of memory. */
+enum status engine_get_expert_load(struct engine *e, struct engine_expert_load *out);
 
 /* Data-parallel replicas, as rank 0's router sees them (thread-safe). */
 struct engine_replica_stats {

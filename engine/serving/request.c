@@ -5,6 +5,7 @@
  * (the table of invalid requests). */
 #include "request.h"
 
+#include "constraint.h"
 #include "grammar.h"
 
 #include <math.h>
@@ -204,6 +205,26 @@ enum status request_context_check(long long n_prompt, long long max_tokens, cons
                          max_tokens, b->max_positions);
 }
 
+/* A journaled sample's resumption (request_params.resume_*). */
+static enum status check_resume(const struct request_params *p, int V)
+{
+    if (!p->resume_rng) {
+        if (p->n_resume || p->resume_tokens)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "resume_tokens need resume_rng");
+        return STATUS_OK;
+    }
+    if (p->n != 1 || p->prompt_logprobs >= 0)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "a resumed sample takes n = 1 and no prompt_logprobs");
+    if (p->n_resume < 0 || p->n_resume >= p->max_tokens || (p->n_resume && !p->resume_tokens))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "resume_tokens: %d tokens, must be in [0, max_tokens = %d)",
+                             p->n_resume, p->max_tokens);
+    for (int i = 0; i < p->n_resume; i++)
+        if (p->resume_tokens[i] < 0 || (V > 0 && p->resume_tokens[i] >= V))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "resume_tokens[%d] must be in [0, %d), got %d", i, V,
+                                 p->resume_tokens[i]);
+    return STATUS_OK;
+}
+
 enum status request_validate(const int32_t *prompt, int n_prompt, const struct request_params *p,
                              const struct request_bounds *b)
 {
@@ -224,6 +245,7 @@ enum status request_validate(const int32_t *prompt, int n_prompt, const struct r
                              "priority), got %d",
                              p->priority);
     if ((st = request_context_check(n_prompt, p->max_tokens, NULL, b)) != STATUS_OK) return st;
+    if ((st = check_resume(p, V)) != STATUS_OK) return st;
     if (b->block_tokens > 0) {
         long long need = ((long long)n_prompt + p->max_tokens + b->block_tokens - 1) / b->block_tokens;
         if (need > b->n_blocks)
@@ -259,6 +281,7 @@ void request_free(struct request *r)
     free(r->bias_values);
     free(r->prompt_lp);
     free(r->prompt_top);
+    free(r->resume);
     if (r->grammar) grammar_unref(r->grammar);
     free(r);
 }
@@ -283,10 +306,11 @@ enum status request_new(const int32_t *prompt, int n_prompt, const struct reques
     r->ctx = ctx;
     r->n_prompt = n_prompt;
     r->prompt = malloc((size_t)n_prompt * sizeof *r->prompt);
+    r->resume = malloc(((size_t)p->n_resume + 1) * sizeof *r->resume);
     r->stop_ids = malloc(((size_t)p->n_stop_token_ids + 1) * sizeof *r->stop_ids);
     r->bias_ids = malloc(((size_t)p->n_logit_bias + 1) * sizeof *r->bias_ids);
     r->bias_values = malloc(((size_t)p->n_logit_bias + 1) * sizeof *r->bias_values);
-    int ok = r->prompt && r->stop_ids && r->bias_ids && r->bias_values;
+    int ok = r->prompt && r->resume && r->stop_ids && r->bias_ids && r->bias_values;
     for (int i = 0; ok && i < p->n_stop; i++) {
         r->stop[i] = strdup(p->stop[i]);
         r->stop_len[i] = strlen(p->stop[i]);
@@ -307,6 +331,11 @@ enum status request_new(const int32_t *prompt, int n_prompt, const struct reques
         memcpy(r->bias_ids, p->logit_bias_ids, (size_t)p->n_logit_bias * sizeof *r->bias_ids);
         memcpy(r->bias_values, p->logit_bias_values, (size_t)p->n_logit_bias * sizeof *r->bias_values);
     }
+    if (p->n_resume) memcpy(r->resume, p->resume_tokens, (size_t)p->n_resume * sizeof *r->resume);
+    if (p->resume_rng) memcpy(r->resume_rng, p->resume_rng, sizeof r->resume_rng);
+    r->p.resume_tokens = NULL;
+    r->p.resume_rng = NULL;
+    r->resumed = p->resume_rng != NULL;
     r->p.stop_token_ids = NULL; /* the copies above are what the engine reads */
     r->p.stop = NULL;
     r->p.logit_bias_ids = NULL;
@@ -339,6 +368,16 @@ static uint64_t sample_seed(uint64_t seed, int sample)
     return sample == 0 ? seed : seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)sample);
 }
 
+static enum status take_text(struct seq *s, int32_t tok, int eos, enum finish_reason *why, size_t *cut);
+static enum status replay_constraint(struct seq *s, int32_t tok);
+
+void engine_sample_rng(uint64_t seed, int sample, uint64_t out[4])
+{
+    struct rng g;
+    rng_seed(&g, sample_seed(seed, sample));
+    memcpy(out, g.s, sizeof g.s);
+}
+
 struct seq *seq_new(struct request *r, int sample, const struct tokenizer *tok)
 {
     struct seq *s = calloc(1, sizeof *s);
@@ -353,15 +392,25 @@ struct seq *seq_new(struct request *r, int sample, const struct tokenizer *tok)
     memcpy(s->tokens, r->prompt, (size_t)r->n_prompt * sizeof *s->tokens);
     s->n_tokens = r->n_prompt;
     rng_seed(&s->rng, sample_seed(r->seed, sample));
-    if (!tok) return s;
-    detokenizer_init(&s->detok, tok);
-    /* The prompt primes the detokenizer, so the first generated piece is spaced as a
-     * continuation; its text is not part of the output. */
-    for (int i = 0; i < r->n_prompt; i++) {
-        const char *t;
-        size_t n;
-        if (detokenizer_push(&s->detok, r->prompt[i], &t, &n) != STATUS_OK) break;
+    if (r->resumed) memcpy(s->rng.s, r->resume_rng, sizeof s->rng.s);
+    if (tok) {
+        detokenizer_init(&s->detok, tok);
+        /* The prompt primes the detokenizer, so the first generated piece is spaced as a
+         * continuation; its text is not part of the output. */
+        for (int i = 0; i < r->n_prompt; i++) {
+            const char *t;
+            size_t n;
+            if (detokenizer_push(&s->detok, r->prompt[i], &t, &n) != STATUS_OK) break;
+        }
     }
+    /* A resumed sample takes its generated tokens back as they were taken the first time,
+     * without events: the held text, the constraint's state and the counts end where they
+     * stood (none of them finished it then, so none does now). */
+    for (int i = 0; i < r->p.n_resume; i++)
+        if (take_text(s, r->resume[i], -1, NULL, NULL) != STATUS_OK || replay_constraint(s, r->resume[i]) != STATUS_OK) {
+            seq_free(s);
+            return NULL;
+        }
     return s;
 }
 
@@ -378,6 +427,7 @@ void request_emit(struct seq *s, struct engine_event *ev)
     ev->seed = r->seed;
     ev->cached_prompt_tokens = s->cached_prompt_tokens;
     ev->queue_seconds = s->t_admit > 0 ? s->t_admit - r->t_submit : -1.0;
+    ev->rng = s->rng.s;
     if (!ev->text) ev->text = ""; /* never NULL, so consumers may copy text_len bytes as is */
     r->on_event(r->ctx, ev);
 }
@@ -466,27 +516,50 @@ static size_t find_stop(const struct seq *s, size_t before)
     return cut;
 }
 
+/* Appends tok to s and its text to held (eos: the model's EOS id). *why: the finish it causes by a stop id, EOS or a
+ * stop string (then *cut is where the stop string starts in held, else (size_t)-1); why NULL
+ * (a resumed sample's replay): the token is known not to have finished it. */
+static enum status take_text(struct seq *s, int32_t tok, int eos, enum finish_reason *why, size_t *cut)
+{
+    struct request *r = s->req;
+    s->tokens[s->n_tokens++] = tok;
+    s->n_generated++;
+    enum finish_reason w = FINISH_REASON_NONE;
+    if (cut) *cut = (size_t)-1;
+    if (why && is_stop_id(r, tok)) w = FINISH_REASON_STOP;
+    else if (why && (tok == eos || request_is_end_id(r, tok)) && !r->p.ignore_eos) w = FINISH_REASON_EOS;
+    if (w == FINISH_REASON_NONE && s->detok.tok) { /* the token's text; a stop token's text is never shown */
+        const char *t;
+        size_t n;
+        if (detokenizer_push(&s->detok, tok, &t, &n) == STATUS_OK && n) {
+            size_t before = s->n_held;
+            if (hold_text(s, t, n) != STATUS_OK) return STATUS_RESOURCE_EXHAUSTED;
+            if (cut) *cut = find_stop(s, before);
+            if (cut && *cut != (size_t)-1) w = FINISH_REASON_STOP;
+        }
+    }
+    if (why) *why = w;
+    else drop_held(s, releasable(s)); /* what its TOKENS event carried the first time */
+    return STATUS_OK;
+}
+
+/* A resumed sample's replayed token through its constraint (as conductor_sample.c takes it). */
+static enum status replay_constraint(struct seq *s, int32_t tok)
+{
+    return s->req->grammar ? constraint_take(s, tok) : STATUS_OK;
+}
+
 enum finish_reason request_take_token(struct seq *s, int32_t tok, int eos, int max_positions,
                                       const float *tok_lp, const struct top_logprob *top, int n_top,
                                       size_t *text_len)
 {
     struct request *r = s->req;
     *text_len = 0;
-    s->tokens[s->n_tokens++] = tok;
-    s->n_generated++;
-    enum finish_reason why = FINISH_REASON_NONE;
-    size_t cut = (size_t)-1;
-    if (is_stop_id(r, tok)) why = FINISH_REASON_STOP;
-    else if ((tok == eos || request_is_end_id(r, tok)) && !r->p.ignore_eos) why = FINISH_REASON_EOS;
-    if (why == FINISH_REASON_NONE && s->detok.tok) { /* the token's text; a stop token's text is never shown */
-        const char *t;
-        size_t n;
-        if (detokenizer_push(&s->detok, tok, &t, &n) == STATUS_OK && n) {
-            size_t before = s->n_held;
-            if (hold_text(s, t, n) != STATUS_OK) return FINISH_REASON_ERROR;
-            cut = find_stop(s, before);
-            if (cut != (size_t)-1) why = FINISH_REASON_STOP;
-        }
+    enum finish_reason why;
+    size_t cut;
+    if (take_text(s, tok, eos, &why, &cut) != STATUS_OK) {
+        status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory");
+        return FINISH_REASON_ERROR;
     }
     if (why == FINISH_REASON_NONE && s->grammar_end) why = FINISH_REASON_STOP;
     if (why == FINISH_REASON_NONE && (s->n_generated >= r->p.max_tokens || s->n_tokens >= max_positions))

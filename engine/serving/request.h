@@ -26,6 +26,7 @@ struct grammar_matcher;
 #define REQUEST_MAX_STOP           16   /* stop strings (a chat template's own included) */
 #define REQUEST_MAX_STOP_BYTES     256  /* bytes per stop string */
 #define REQUEST_MAX_CONSTRAINT_BYTES (256 * 1024) /* a constraint's source (schema, regex, grammar) */
+#define REQUEST_MAX_TRIGGER_BYTES 31 /* a lazy constraint's trigger (a tool call's opening marker) */
 #define REQUEST_MAX_STOP_TOKEN_IDS 64   /* stop token ids (a chat template's own included) */
 #define REQUEST_MAX_LOGIT_BIAS     256  /* logit_bias entries */
 #define REQUEST_MAX_LOGIT_BIAS_ABS 100  /* |logit_bias value| */
@@ -112,6 +113,8 @@ struct request {
     int32_t *bias_ids;            /* (p.n_logit_bias) */
     float   *bias_values;         /* (p.n_logit_bias) */
     struct grammar *grammar;      /* the compiled constraint (a reference), or NULL */
+    char     trigger[REQUEST_MAX_TRIGGER_BYTES + 1]; /* (p.constraint_trigger_len) a lazy constraint's */
+    int32_t  trigger_id;          /* the token whose text is the whole trigger, or -1 */
     uint64_t seed;
     engine_event_fn on_event;
     void    *ctx;
@@ -120,6 +123,9 @@ struct request {
     int      forked;              /* samples 1..n-1 exist (or finished without existing) */
     float   *prompt_lp;           /* (n_prompt) prompt log-probabilities when asked */
     struct top_logprob *prompt_top; /* (n_prompt, prompt_logprobs) */
+    int32_t *resume;              /* (p.n_resume) a resumed sample's generated tokens */
+    uint64_t resume_rng[4];
+    int      resumed;             /* p.resume_rng was given: resume and resume_rng hold */
     int      prompt_lp_done;      /* rows of prompt_lp filled */
     int      prompt_lp_sent;
     double   t_submit;            /* base_now_s() at submission (queue time) */
@@ -159,6 +165,8 @@ struct seq {
     int      n_draft;             /* speculation: tokens[n_tokens - n_draft, n_tokens) are drafts
                                      this step verifies (conductor.c speculate) */
     int      grammar_end;         /* the constraint is complete and nothing may follow: stop */
+    int      lazy_on;             /* a lazy constraint's trigger was seen: gm constrains the output */
+    int      lazy_match;          /* a lazy constraint, not yet on: bytes of the trigger the output ends with */
     /* Speculation's adaptive rule (conductor_speculate.c, docs/speculative.md). */
     int      spec_len;            /* drafts it may append next, 1 .. the draft limit; 0 = not begun */
     int      spec_win_drafted, spec_win_accepted; /* drafts verified / accepted in the current window */

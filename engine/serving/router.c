@@ -303,6 +303,10 @@ static enum status send_submit(struct router *r, const struct route *rt, const i
     put_str(&b, p->adapter ? p->adapter : "");
     put_str(&b, p->client ? p->client : "");
     put(&b, p->constraint, p->constraint_len);
+    uint64_t rng[4] = {0};
+    if (p->resume_rng) memcpy(rng, p->resume_rng, sizeof rng);
+    put(&b, rng, sizeof rng); /* has: h.p.resume_rng non-NULL (its value is meaningless there) */
+    put(&b, p->resume_tokens, (size_t)p->n_resume * sizeof *p->resume_tokens);
     return router_send_to(r, r->rep[rt->replica].leader, &b);
 }
 
@@ -480,6 +484,7 @@ static void front_message(struct router *r, int source, const unsigned char *buf
                                   .completion_tokens = h.completion_tokens, .seed = h.seed,
                                   .cached_prompt_tokens = h.cached_prompt_tokens,
                                   .queue_seconds = h.queue_seconds};
+        if (h.has_rng) ev.rng = h.rng;
         size_t nt = (size_t)h.n_tokens;
         ev.tokens = get(&rb, nt * sizeof(int32_t));
         ev.text = get(&rb, h.text_len);

@@ -47,7 +47,8 @@ static void on_remote_event(void *ctx, const struct engine_event *ev)
                            .finish = (int32_t)ev->finish, .status = (int32_t)ev->status,
                            .prompt_tokens = ev->prompt_tokens, .completion_tokens = ev->completion_tokens,
                            .cached_prompt_tokens = ev->cached_prompt_tokens,
-                           .queue_seconds = ev->queue_seconds};
+                           .queue_seconds = ev->queue_seconds, .has_rng = ev->rng != NULL};
+    if (ev->rng) memcpy(h.rng, ev->rng, sizeof h.rng);
     struct wbuf b = {0};
     put(&b, &h, sizeof h);
     put(&b, ev->tokens, nt * sizeof(int32_t));
@@ -78,7 +79,8 @@ static void leader_submit(struct router *r, struct rbuf *rb)
 {
     struct submit_head h;
     if (!get_copy(rb, &h, sizeof h) || h.n_prompt < 1 || h.p.n_stop < 0 || h.p.n_stop > 1024 ||
-        h.p.n_stop_token_ids < 0 || h.p.n_logit_bias < 0 || h.p.constraint_len > REQUEST_MAX_CONSTRAINT_BYTES) {
+        h.p.n_stop_token_ids < 0 || h.p.n_logit_bias < 0 || h.p.constraint_len > REQUEST_MAX_CONSTRAINT_BYTES ||
+        h.p.n_resume < 0 || h.p.n_resume > (1 << 24)) {
         router_on_local_fatal(r, STATUS_INTERNAL, "router: a malformed SUBMIT from rank 0");
         return;
     }
@@ -94,6 +96,10 @@ static void leader_submit(struct router *r, struct rbuf *rb)
     p.adapter = get_str(rb);
     p.client = get_str(rb);
     p.constraint = get(rb, p.constraint_len);
+    const uint64_t *rng = get(rb, 4 * sizeof(uint64_t));
+    p.resume_rng = h.p.resume_rng ? rng : NULL;
+    const int32_t *resume = get(rb, (size_t)p.n_resume * sizeof(int32_t));
+    p.resume_tokens = p.n_resume ? resume : NULL;
     p.deadline = h.deadline_in >= 0 ? base_now_s() + h.deadline_in : 0;
     if (rb->bad) {
         router_on_local_fatal(r, STATUS_INTERNAL, "router: a truncated SUBMIT from rank 0");

@@ -47,7 +47,8 @@ struct trainer {
     int64_t train_iters;
     FILE *metrics;
     double t_start;
-    int64_t *expert_load;         /* a mixture of experts: (n_layers_local, n_experts), one step's */
+    int64_t *expert_load;         /* a mixture of experts: (n_layers, n_experts), one step's, the world's */
+    double *moe_sums;             /* (3 + n_layers * n_experts): moe_step_stats' sums over the world */
 };
 
 /* ---- setup ------------------------------------------------------------------------------- */
@@ -253,9 +254,10 @@ static enum status check_moe(struct trainer *t)
         return status_errorf(STATUS_UNSUPPORTED, "LoRA on a mixture of experts' MLP (gate, up, down: the experts and "
                              "the shared expert) is not built; --lora-targets q,k,v,o trains the attention of %s",
                              c->architecture);
-    t->expert_load = calloc((size_t)c->n_experts * (size_t)(t->m->n_layers_local > 0 ? t->m->n_layers_local : 1),
-                            sizeof *t->expert_load);
-    return t->expert_load ? STATUS_OK : status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of memory");
+    const size_t cells = (size_t)c->n_experts * (size_t)c->n_layers;
+    t->expert_load = calloc(cells, sizeof *t->expert_load);
+    t->moe_sums = calloc(3 + cells, sizeof *t->moe_sums);
+    return t->expert_load && t->moe_sums ? STATUS_OK : status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of memory");
 }
 
 static enum status setup(struct trainer *t)
@@ -402,6 +404,7 @@ static void teardown(struct trainer *t)
     }
     model_train_free(t->mt);
     free(t->expert_load);
+    free(t->moe_sums);
     model_free(t->m);
     tokenizer_free(t->tok);
     if (t->ranks.world) train_ranks_free(&t->ranks);
@@ -482,6 +485,27 @@ static int loss_owner(const struct trainer *t, int all_replicas)
     return model_is_last_stage(t->m) && t->m->tp_rank == 0 && (all_replicas || t->ranks.dp_rank == 0);
 }
 
+/* A mixture of experts: the step's routing statistics summed over the world (every rank holds
+ * its stage's layers, at their global index, and its replica's micro-batches; tp is 1:
+ * model_train_new), into t->expert_load and the auxiliary losses' means over layers and
+ * micro-batches. A collective: every rank calls it after the same step. */
+static enum status moe_step_stats(struct trainer *t, struct step_result *r)
+{
+    const struct model *m = t->m;
+    const size_t E = (size_t)m->cfg.n_experts, cells = E * (size_t)m->cfg.n_layers;
+    double *v = t->moe_sums; /* aux sum, z sum, forwards x layers, then the load */
+    memset(t->expert_load, 0, cells * sizeof *t->expert_load);
+    const int fw = model_train_moe_stats(t->mt, &v[0], &v[1], t->expert_load + (size_t)m->layer_first * E);
+    v[2] = (double)fw * m->n_layers_local;
+    for (size_t i = 0; i < cells; i++) v[3 + i] = (double)t->expert_load[i]; /* exact below 2^53 */
+    enum status st = train_ranks_sum(&t->ranks, v, (int)(3 + cells));
+    if (st != STATUS_OK) return st;
+    r->moe_aux = v[2] > 0 ? v[0] / v[2] : 0.0;
+    r->moe_z = v[2] > 0 ? v[1] / v[2] : 0.0;
+    for (size_t i = 0; i < cells; i++) t->expert_load[i] = (int64_t)v[3 + i];
+    return STATUS_OK;
+}
+
 static enum status train_step(struct trainer *t, struct step_result *r)
 {
     int64_t targets = 0, tokens = 0;
@@ -493,14 +517,6 @@ static enum status train_step(struct trainer *t, struct step_result *r)
     double loss_sum = 0.0;
     model_train_moe_stats(t->mt, &r->moe_aux, &r->moe_z, NULL); /* forget the evaluations' routing */
     enum status st = train_ranks_step(&t->ranks, t->mt, t->tbs, n, &t->grads, &loss_sum);
-    if (t->expert_load) { /* one rank (model_train_new): nothing to sum over ranks */
-        const size_t cells = (size_t)t->m->cfg.n_experts * (size_t)t->m->n_layers_local;
-        memset(t->expert_load, 0, cells * sizeof *t->expert_load);
-        const int fw = model_train_moe_stats(t->mt, &r->moe_aux, &r->moe_z, t->expert_load);
-        const double per = (double)fw * t->m->n_layers_local;
-        r->moe_aux = per > 0 ? r->moe_aux / per : 0.0;
-        r->moe_z = per > 0 ? r->moe_z / per : 0.0;
-    }
     if (st == STATUS_OK) st = train_ranks_reduce_grads(&t->ranks, t->mt, &t->grads, &t->gparams);
     /* The stop flag travels with the loss: the world's sum is the same on every rank, so every
      * rank stops after the same iteration, whichever ranks the signal reached. */
@@ -508,6 +524,7 @@ static enum status train_step(struct trainer *t, struct step_result *r)
     if (st == STATUS_OK) st = train_ranks_sum(&t->ranks, v, 2);
     loss_sum = v[0];
     r->stop = v[1] > 0.0;
+    if (st == STATUS_OK && t->expert_load) st = moe_step_stats(t, r);
     if (st != STATUS_OK) return st;
     r->loss = targets > 0 ? loss_sum / (double)targets : 0.0;
     double scaled_norm;
@@ -603,7 +620,7 @@ static void report(struct trainer *t, const struct step_result *r, double step_s
     if (t->expert_load) { /* a mixture of experts: the routing (docs/training.md) */
         const int E = t->m->cfg.n_experts;
         fprintf(t->metrics, ", \"moe_aux_loss\": %.6g, \"moe_z_loss\": %.6g, \"expert_load\": [", r->moe_aux, r->moe_z);
-        for (int l = 0; l < t->m->n_layers_local; l++)
+        for (int l = 0; l < t->m->cfg.n_layers; l++)
             for (int e = 0; e < E; e++)
                 fprintf(t->metrics, "%s%lld%s", e ? ", " : l ? ", [" : "[", (long long)t->expert_load[(size_t)l * E + e],
                         e == E - 1 ? "]" : "");

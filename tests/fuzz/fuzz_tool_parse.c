@@ -1,8 +1,9 @@
 /* tests/fuzz/fuzz_tool_parse.c - the reply parser of tool calls and reasoning
  * (server/tool_format.c tool_parse): model output is outside input (a model can write anything
  * under tool_choice auto). Each input is parsed whole and, as a stream would, at every prefix;
- * checked: no crash or sanitizer report, the lengths agree with the strings, and the
- * reasoning of a prefix is a prefix of the reasoning of the whole.
+ * checked: no crash or sanitizer report, the lengths agree with the strings, the reasoning of
+ * a prefix is a prefix of the reasoning of the whole, and every parse (the incremental parser,
+ * server/tool_stream.c) equals the whole-text parser it replaced (tool_parse_ref.c).
  * Input: byte 0 picks the format (bits 0-2, modulo the formats), tools (bit 3), reasoning
  * (bit 4), think_open (bit 5), one call at most (bit 6); the rest is the reply.
  * Corpus: tests/fuzz/corpus/tool_parse (replies in every format, cut, malformed). */
@@ -12,12 +13,31 @@
 #include "base.h"
 #include "fuzz_util.h"
 #include "tool_format.h"
+#include "tool_parse_ref.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
     fuzz_init();
     return 0;
+}
+
+static int same(const char *a, size_t na, const char *b, size_t nb) { return na == nb && !memcmp(a, b, na); }
+
+/* p (tool_parse) equals the reference's parse of the same text. */
+static void check_ref(const struct tool_parsed *p, enum tool_format f, int tools, int reasoning, int think_open,
+                      int max_calls, const char *text, size_t n, int final)
+{
+    struct tool_parsed r;
+    CHECK(tool_parse_ref(f, tools, reasoning, think_open, max_calls, text, n, final, &r) == 0, "out of memory");
+    CHECK(p->has_reasoning == r.has_reasoning && same(p->reasoning, p->reasoning_len, r.reasoning, r.reasoning_len) &&
+          same(p->content, p->content_len, r.content, r.content_len) && p->n_calls == r.n_calls,
+          "the parse differs from the reference's (cut %zu, final %d)", n, final);
+    for (int k = 0; k < p->n_calls; k++)
+        CHECK(!strcmp(p->calls[k].name, r.calls[k].name) && p->calls[k].complete == r.calls[k].complete &&
+              same(p->calls[k].args, p->calls[k].args_len, r.calls[k].args, r.calls[k].args_len),
+              "call %d differs from the reference's (cut %zu, final %d)", k, n, final);
+    tool_parsed_free(&r);
 }
 
 static void check_parsed(const struct tool_parsed *p)
@@ -39,10 +59,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct tool_parsed whole;
     CHECK(tool_parse(f, tools, reasoning, think_open, max_calls, text, n, 1, &whole) == 0, "out of memory");
     check_parsed(&whole);
+    check_ref(&whole, f, tools, reasoning, think_open, max_calls, text, n, 1);
     for (size_t cut = 0; cut <= n; cut += n > 512 ? 7 : 1) {
         struct tool_parsed part;
         CHECK(tool_parse(f, tools, reasoning, think_open, max_calls, text, cut, 0, &part) == 0, "out of memory");
         check_parsed(&part);
+        check_ref(&part, f, tools, reasoning, think_open, max_calls, text, cut, 0);
         CHECK(part.reasoning_len <= whole.reasoning_len && !memcmp(part.reasoning, whole.reasoning, part.reasoning_len),
               "the reasoning of a prefix is not a prefix of the whole reply's");
         tool_parsed_free(&part);

@@ -942,6 +942,14 @@ def group_verify_prefix(env):
             check(d("shardlm_prefix_cache_verified_total") == 2, f"the 2 hits verified: {d('shardlm_prefix_cache_verified_total')}")
             check(d("shardlm_prefix_cache_verify_skipped_total") == 0, "none skipped")
             mism = d("shardlm_prefix_cache_mismatch_total")
+            with srv.grpc() as g:
+                st = g.server_stats()
+            check((st.prefix_cache_verified, st.prefix_cache_mismatches, st.prefix_cache_verify_skipped)
+                  == (metric(m1, "shardlm_prefix_cache_verified_total"), metric(m1, "shardlm_prefix_cache_mismatch_total"),
+                      metric(m1, "shardlm_prefix_cache_verify_skipped_total"))
+                  and abs(st.prefix_cache_max_abs_diff - metric(m1, "shardlm_prefix_cache_max_abs_diff")) <= 1e-6,
+                  f"GetServerStats carries /metrics' verification counters: {st.prefix_cache_verified}, "
+                  f"{st.prefix_cache_mismatches}, {st.prefix_cache_verify_skipped}, {st.prefix_cache_max_abs_diff}")
             log = srv.log_path.read_text()
             if fault:
                 check(mism == 2, f"a corrupted cache: every hit a mismatch ({mism})")

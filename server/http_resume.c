@@ -1,0 +1,368 @@
+/* server/http_resume.c - the HTTP front's side of the stream journal (journal.h,
+ * docs/reliability.md): after a restart, every OpenAI chat / completions request the journal
+ * holds open is rebuilt (its body parsed again, its events replayed into a new http_gen) and its
+ * unfinished samples resumed in the engine (request_params.resume_*); a client reconnects with
+ * `Last-Event-ID: KEY;STATE` (a streamed answer: the SSE id of the last chunk it got) or
+ * `Idempotency-Key: KEY` (the whole answer) and gets what it has not had, exactly once.
+ *
+ * A journaled stream's SSE ids are "KEY;S0,S1,..." with one state per sample: "-" before its
+ * first chunk, else "T.B" (T tokens and B bytes of generated text handed out) with "!" once its
+ * last chunk (finish_reason) went out; "KEY;done" marks the usage (or error) chunk after them.
+ * A reattaching client's view is rebuilt from every event of the request and the state's tokens
+ * and bytes are skipped, so chunk boundaries need not repeat.
+ *
+ * Resumed requests live in s->resumed (the list holds one reference each) until a client has
+ * the whole answer, or until journal_retain_s after they ended (then the journal forgets them);
+ * a client that goes away does not cancel them.
+ * Not here: the file (journal.c), the engine's replay (request.c), the SSE writer
+ * (http_openai_out.c). Tests: tests/server/test_journal.py. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "http_internal.h"
+#include "tool_format.h"
+
+#define MODULE "journal"
+
+void http_resume_sse_id(struct http_gen *g, int done)
+{
+    char buf[64];
+    http_buf_append(&g->out, &g->out_len, &g->out_cap, "id: ", 4);
+    http_buf_append(&g->out, &g->out_len, &g->out_cap, g->id, strlen(g->id));
+    if (done) {
+        http_buf_append(&g->out, &g->out_len, &g->out_cap, ";done\n", 6);
+        return;
+    }
+    for (int i = 0; i < g->n_samples; i++) {
+        const struct sample_buf *b = &g->samples[i];
+        int n = b->role_sent ? snprintf(buf, sizeof buf, "%s%d.%zu%s", i ? "," : ";", b->sent_tokens, b->sent_text,
+                                        b->final_sent ? "!" : "")
+                             : snprintf(buf, sizeof buf, "%s-", i ? "," : ";");
+        http_buf_append(&g->out, &g->out_len, &g->out_cap, buf, (size_t)n);
+    }
+    http_buf_append(&g->out, &g->out_len, &g->out_cap, "\n", 1);
+}
+
+/* ---- rebuilding a request from its journal entry --------------------------------------------- */
+
+/* Replays every logged event into g's (empty) buffers; with g->mu held. */
+static void replay(struct http_gen *g, const struct journal_entry *e)
+{
+    g->replaying = 1;
+    for (int k = 0; k < e->n_events; k++) {
+        const struct journal_event *je = &e->events[k];
+        if (je->run < 0 || je->run >= g->n_runs) continue;
+        struct engine_event ev;
+        journal_event_view(je, &ev);
+        ev.request_id = g->id;
+        http_gen_take_event(g, &g->runs[je->run], &ev, 0);
+    }
+    g->replaying = 0;
+}
+
+/* Sample j of run i: its tokens so far (*tokens malloc'd) and the RNG state to go on from. */
+static enum status sample_so_far(const struct journal_entry *e, int run, int j, uint64_t seed, int32_t **tokens,
+                                 int *n, uint64_t rng[4])
+{
+    size_t cap = 0;
+    *tokens = NULL, *n = 0;
+    engine_sample_rng(seed, j, rng);
+    for (int k = 0; k < e->n_events; k++) {
+        const struct journal_event *je = &e->events[k];
+        if (je->run != run || je->sample != j || je->kind == ENGINE_EVENT_PROMPT_LOGPROBS) continue;
+        if (base_grow((void **)tokens, &cap, (size_t)*n + (size_t)je->n_tokens + 1, sizeof **tokens) != 0)
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        memcpy(*tokens + *n, je->tokens, (size_t)je->n_tokens * sizeof **tokens);
+        *n += je->n_tokens;
+        if (je->has_rng) memcpy(rng, je->rng, 4 * sizeof *rng);
+    }
+    return STATUS_OK;
+}
+
+/* A sample that cannot be resumed ends with an error (journaled: a restart does not retry it);
+ * with g->mu held. Returns 1 when it was g's last. */
+static int fail_sample(struct http_gen *g, int run, int j, enum status st, const char *message)
+{
+    struct http_run sub = {.g = g, .index = run, .sample_base = j};
+    struct engine_event ev = {.kind = ENGINE_EVENT_FINISHED, .request_id = g->id, .text = "",
+                              .finish = FINISH_REASON_ERROR, .status = st, .message = message,
+                              .queue_seconds = -1.0};
+    return http_gen_take_event(g, &sub, &ev, 1);
+}
+
+/* Submits what g still has to generate: a run with no event at all as it was first submitted,
+ * every other unfinished sample resumed on its own. */
+static void resubmit(struct server *s, struct http_gen *g, const struct journal_entry *e)
+{
+    const struct request_params *p = &g->q.r.params;
+    g->subs = calloc((size_t)g->n_samples, sizeof *g->subs);
+    atomic_fetch_add(&g->refs, 1); /* the engine's, until the last FINISHED */
+    pthread_mutex_lock(&g->mu);
+    int last = g->active == 0;
+    for (int i = 0; i < g->n_runs && !last; i++) {
+        struct http_run *run = &g->runs[i];
+        int any = 0;
+        for (int k = 0; k < e->n_events; k++) any |= e->events[k].run == i;
+        if (!any) {
+            pthread_mutex_unlock(&g->mu); /* its events take g->mu */
+            enum status st = engine_submit(s->engine, g->id, run->ids, run->n_ids, p, http_gen_on_event, run, &run->handle);
+            pthread_mutex_lock(&g->mu);
+            run->submitted = st == STATUS_OK;
+            for (int j = 0; st != STATUS_OK && j < g->n_per_run && !last; j++)
+                last = fail_sample(g, i, j, st, status_message());
+            continue;
+        }
+        for (int j = 0; j < g->n_per_run && !last; j++) {
+            if (g->samples[i * g->n_per_run + j].finished) continue;
+            struct http_run *sub = g->subs ? &g->subs[g->n_subs] : NULL;
+            int32_t *tokens = NULL;
+            int n = 0;
+            uint64_t rng[4];
+            enum status st = sub ? sample_so_far(e, i, j, p->sampling.seed, &tokens, &n, rng)
+                                 : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            if (st == STATUS_OK) {
+                *sub = (struct http_run){.g = g, .index = i, .sample_base = j};
+                struct request_params rp = *p;
+                rp.n = 1;
+                rp.prompt_logprobs = -1;
+                rp.resume_tokens = tokens, rp.n_resume = n, rp.resume_rng = rng;
+                char rid[JOURNAL_KEY_MAX + 32];
+                snprintf(rid, sizeof rid, "%s-p%d-s%d", g->id, i, j);
+                g->n_subs++;
+                pthread_mutex_unlock(&g->mu);
+                st = engine_submit(s->engine, rid, run->ids, run->n_ids, &rp, http_gen_on_event, sub, &sub->handle);
+                pthread_mutex_lock(&g->mu);
+                sub->submitted = st == STATUS_OK;
+            }
+            free(tokens);
+            if (st != STATUS_OK) {
+                LOG_ERROR(MODULE, "req=%s: sample %d of prompt %d cannot be resumed: %s", g->id, j, i, status_message());
+                last = fail_sample(g, i, j, st, status_message());
+            }
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (last) http_gen_unref(g); /* nothing left for the engine */
+}
+
+enum status http_journal_open(struct server *s)
+{
+    pthread_mutex_init(&s->resumed_mu, NULL);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid() << 48;
+    x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33;
+    snprintf(s->boot_id, sizeof s->boot_id, "%012llx", (unsigned long long)(x & 0xffffffffffffull));
+    return journal_open(s->opts.journal_dir, (enum journal_fsync)s->opts.journal_fsync, &s->journal,
+                        &s->journal_pending, &s->n_journal_pending);
+}
+
+void http_resume_all(struct server *s)
+{
+    struct http_adapter_snapshot an;
+    http_adapter_snapshot(s, &an);
+    const struct http_chat_caps caps = {s->jtmpl != NULL, s->tool_format, s->reasoning};
+    int resumed = 0;
+    for (int k = 0; k < s->n_journal_pending; k++) {
+        struct journal_entry *e = &s->journal_pending[k];
+        const int is_chat = e->front == JOURNAL_HTTP_CHAT;
+        struct http_request q;
+        struct http_gen *g = NULL;
+        enum status st = e->front == JOURNAL_HTTP_CHAT || e->front == JOURNAL_HTTP_COMPLETIONS
+                             ? http_parse_request(e->body, e->body_len, is_chat, s->model_id, an.ptrs, an.n, &caps, &q)
+                             : status_errorf(STATUS_UNSUPPORTED, "front %d is not journaled by this version", e->front);
+        if (st == STATUS_OK) {
+            q.r.params.sampling.seed = e->seed;
+            q.r.params.has_seed = 1;
+            st = http_gen_prepare(s, &q, -1, e->key, &g);
+        }
+        if (st != STATUS_OK) {
+            /* The model or its adapters changed since: the request cannot go on. */
+            LOG_ERROR(MODULE, "req=%s cannot be resumed (%s): forgotten", e->key, status_message());
+            journal_end(s->journal, e->key);
+            journal_entry_free(e);
+            continue;
+        }
+        g->created = e->created;
+        g->journaled = g->resumed = 1;
+        pthread_mutex_lock(&g->mu);
+        g->log = *e; /* from now on it grows with the engine's events (http_gen_take_event) */
+        memset(e, 0, sizeof *e);
+        replay(g, &g->log);
+        if (g->active == 0) g->t_ended = base_now_s();
+        pthread_mutex_unlock(&g->mu);
+        resubmit(s, g, &g->log);
+        pthread_mutex_lock(&s->resumed_mu);
+        g->next_resumed = s->resumed;
+        s->resumed = g;
+        pthread_mutex_unlock(&s->resumed_mu);
+        resumed++;
+    }
+    if (s->n_journal_pending)
+        LOG_INFO(MODULE, "resumed %d of %d journaled request(s)", resumed, s->n_journal_pending);
+    free(s->journal_pending);
+    s->journal_pending = NULL;
+    s->n_journal_pending = 0;
+}
+
+/* ---- clients that come back ------------------------------------------------------------------ */
+
+/* Ends the resumed requests whose answer waited past the retention; with s->resumed_mu held.
+ * Returns the list of those to unref (outside the lock). */
+static struct http_gen *sweep(struct server *s)
+{
+    const double retain = s->opts.journal_retain_s > 0 ? s->opts.journal_retain_s : 600.0;
+    const double now = base_now_s();
+    struct http_gen *gone = NULL;
+    for (struct http_gen **pp = &s->resumed; *pp;) {
+        struct http_gen *g = *pp;
+        pthread_mutex_lock(&g->mu);
+        int expired = g->active == 0 && !g->attached && g->t_ended > 0 && now - g->t_ended > retain;
+        if (expired) g->delivered = 1; /* as good as: the journal forgets it */
+        pthread_mutex_unlock(&g->mu);
+        if (!expired) {
+            pp = &g->next_resumed;
+            continue;
+        }
+        LOG_INFO(MODULE, "req=%s: nobody came for its answer within %.0f s: forgotten", g->id, retain);
+        *pp = g->next_resumed;
+        g->next_resumed = gone;
+        gone = g;
+    }
+    return gone;
+}
+
+static void unref_all(struct http_gen *g)
+{
+    for (struct http_gen *next; g; g = next) {
+        next = g->next_resumed;
+        http_gen_unref(g);
+    }
+}
+
+void http_resume_sweep(struct server *s)
+{
+    pthread_mutex_lock(&s->resumed_mu);
+    struct http_gen *gone = s->resumed ? sweep(s) : NULL;
+    pthread_mutex_unlock(&s->resumed_mu);
+    unref_all(gone);
+}
+
+/* A state ("-", "T.B", "T.B!" per sample, or "done") applied to g's rebuilt view. */
+static enum status apply_state(struct http_gen *g, const char *state)
+{
+    if (!strcmp(state, "done")) {
+        for (int i = 0; i < g->n_samples; i++) http_stream_skip(g, i, 1 << 30, (size_t)-1, 1);
+        g->usage_sent = 1;
+        return STATUS_OK;
+    }
+    const char *p = state;
+    for (int i = 0; i < g->n_samples; i++) {
+        if (i && *p++ != ',') goto bad;
+        if (*p == '-') {
+            p++;
+            continue;
+        }
+        char *end;
+        long t = strtol(p, &end, 10);
+        if (end == p || *end != '.' || t < 0) goto bad;
+        p = end + 1;
+        unsigned long long b = strtoull(p, &end, 10);
+        if (end == p) goto bad;
+        p = end;
+        int final = *p == '!';
+        if (final) p++;
+        const struct sample_buf *sb = &g->samples[i];
+        if (t > sb->n || b > sb->text_len) goto bad; /* more than the request ever gave */
+        http_stream_skip(g, i, (int)t, (size_t)b, final);
+    }
+    if (*p) goto bad;
+    return STATUS_OK;
+bad:
+    return status_errorf(STATUS_INVALID_ARGUMENT,
+                         "Last-Event-ID: \"%s;%s\" is not a position of this stream (an id its chunks carried)", g->id,
+                         state);
+}
+
+enum status http_resume_attach(struct server *s, const char *key, const char *state, int fd, struct http_gen **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&s->resumed_mu);
+    struct http_gen *gone = sweep(s), *g = s->resumed;
+    while (g && strcmp(g->id, key)) g = g->next_resumed;
+    if (g) atomic_fetch_add(&g->refs, 1);
+    pthread_mutex_unlock(&s->resumed_mu);
+    unref_all(gone);
+    if (!g) return status_errorf(STATUS_NOT_FOUND, "no journaled request %s", key);
+    pthread_mutex_lock(&g->mu);
+    if (g->attached) {
+        pthread_mutex_unlock(&g->mu);
+        http_gen_unref(g);
+        return status_errorf(STATUS_FAILED_PRECONDITION, "request %s: another client is reading its answer", key);
+    }
+    /* The client's view, from the first event. */
+    for (int i = 0; i < g->n_samples; i++) {
+        sample_buf_free(&g->samples[i]);
+        memset(&g->samples[i], 0, sizeof g->samples[i]);
+    }
+    for (int i = 0; g->ps && i < g->n_samples; i++) tool_stream_free(g->ps[i].ts);
+    free(g->ps);
+    g->ps = NULL;
+    for (int i = 0; i < g->n_runs; i++) g->runs[i].prompt_lp_ready = 0;
+    g->out_len = g->out_pos = 0;
+    g->done = g->usage_sent = 0;
+    g->active = g->n_samples;
+    g->end_status = STATUS_OK;
+    g->end_message[0] = '\0';
+    replay(g, &g->log);
+    enum status st = state ? apply_state(g, state) : STATUS_OK;
+    LOG_INFO(MODULE, "req=%s: a client reattached at %s: %d events, %d of %d samples running", key, state ? state : "the start",
+             g->log.n_events, g->active, g->n_samples);
+    if (st == STATUS_OK) {
+        g->attached = 1;
+        g->fd = fd;
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (st != STATUS_OK) {
+        http_gen_unref(g);
+        return st;
+    }
+    *out = g;
+    return STATUS_OK;
+}
+
+void http_resume_detach(struct http_gen *g, int delivered)
+{
+    struct server *s = g->s;
+    if (!delivered) return; /* it stays for the next client */
+    pthread_mutex_lock(&s->resumed_mu);
+    int found = 0;
+    for (struct http_gen **pp = &s->resumed; *pp; pp = &(*pp)->next_resumed)
+        if (*pp == g) {
+            *pp = g->next_resumed;
+            found = 1;
+            break;
+        }
+    pthread_mutex_unlock(&s->resumed_mu);
+    pthread_mutex_lock(&g->mu);
+    g->delivered = 1;
+    pthread_mutex_unlock(&g->mu);
+    if (found) http_gen_unref(g); /* the list's */
+}
+
+void http_resume_stop(struct server *s)
+{
+    if (!s->journal) return;
+    for (int k = 0; k < s->n_journal_pending; k++) journal_entry_free(&s->journal_pending[k]); /* never resumed */
+    free(s->journal_pending);
+    s->journal_pending = NULL;
+    pthread_mutex_lock(&s->resumed_mu);
+    struct http_gen *g = s->resumed;
+    s->resumed = NULL;
+    pthread_mutex_unlock(&s->resumed_mu);
+    unref_all(g); /* undelivered: no END, the next start offers them again */
+    pthread_mutex_destroy(&s->resumed_mu);
+}

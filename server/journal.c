@@ -1,0 +1,414 @@
+/* server/journal.c - the stream journal's file: records written, read back and compacted
+ * (journal.h has the format and the durability rules). */
+#include "journal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "codec.h"
+
+#define MODULE "journal"
+
+enum { REC_ACCEPT = 1, REC_EVENT = 2, REC_END = 3 };
+
+struct frame {
+    uint32_t len, check;
+};
+
+struct accept_head {
+    uint32_t type;
+    int32_t  front;
+    int64_t  created;
+    double   deadline;
+    uint64_t seed, body_len;
+};
+
+struct event_rec {
+    uint32_t type;
+    int32_t  run, kind, sample, finish, status, n_tokens, n_top, has_logprobs, has_rng, has_message;
+    int32_t  prompt_tokens, completion_tokens, cached_prompt_tokens;
+    uint64_t seed, rng[4], text_len;
+    double   queue_seconds;
+};
+
+struct journal {
+    pthread_mutex_t mu;
+    int             fd;
+    char           *path;
+    enum journal_fsync policy;
+    int             open_requests;  /* ACCEPTs without END */
+    off_t           size;
+    uint64_t        failed_writes;
+};
+
+enum status journal_fsync_parse(const char *s, enum journal_fsync *out)
+{
+    static const char *const names[] = {"accept", "always", "never"};
+    for (int i = 0; i < 3; i++)
+        if (s && !strcmp(s, names[i])) {
+            *out = (enum journal_fsync)i;
+            return STATUS_OK;
+        }
+    return status_errorf(STATUS_INVALID_ARGUMENT, "--journal-fsync must be accept, always or never, got \"%s\"",
+                         s ? s : "");
+}
+
+static uint32_t check_of(const unsigned char *p, size_t n)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+/* ---- entries in memory ----------------------------------------------------------------------- */
+
+static void event_free(struct journal_event *je)
+{
+    free(je->tokens);
+    free(je->logprobs);
+    free(je->top);
+    free(je->text);
+    free(je->message);
+}
+
+void journal_entry_free(struct journal_entry *e)
+{
+    if (!e) return;
+    for (int i = 0; i < e->n_events; i++) event_free(&e->events[i]);
+    free(e->events);
+    free(e->body);
+    memset(e, 0, sizeof *e);
+}
+
+static void *dup_bytes(const void *p, size_t n)
+{
+    void *q = malloc(n ? n : 1);
+    if (q && n) memcpy(q, p, n);
+    return q;
+}
+
+enum status journal_entry_add(struct journal_entry *e, int run, const struct engine_event *ev)
+{
+    if (base_grow((void **)&e->events, &e->cap_events, (size_t)e->n_events + 1, sizeof *e->events) != 0)
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "journal: out of memory");
+    struct journal_event *je = &e->events[e->n_events];
+    memset(je, 0, sizeof *je);
+    size_t nt = ev->n_tokens > 0 ? (size_t)ev->n_tokens : 0, k = ev->top ? (size_t)ev->n_top : 0;
+    *je = (struct journal_event){.run = run, .kind = ev->kind, .sample = ev->sample, .finish = ev->finish,
+                                 .status = ev->status, .n_tokens = (int)nt, .n_top = (int)k,
+                                 .has_logprobs = ev->logprobs != NULL, .has_rng = ev->rng != NULL,
+                                 .prompt_tokens = ev->prompt_tokens, .completion_tokens = ev->completion_tokens,
+                                 .cached_prompt_tokens = ev->cached_prompt_tokens, .seed = ev->seed,
+                                 .queue_seconds = ev->queue_seconds, .text_len = ev->text_len};
+    if (ev->rng) memcpy(je->rng, ev->rng, sizeof je->rng);
+    je->tokens = dup_bytes(ev->tokens, nt * sizeof *je->tokens);
+    je->text = dup_bytes(ev->text, ev->text_len);
+    je->logprobs = ev->logprobs ? dup_bytes(ev->logprobs, nt * sizeof *je->logprobs) : NULL;
+    je->top = k ? dup_bytes(ev->top, nt * k * sizeof *je->top) : NULL;
+    je->message = ev->message ? strdup(ev->message) : NULL;
+    if (!je->tokens || !je->text || (ev->logprobs && !je->logprobs) || (k && !je->top) || (ev->message && !je->message)) {
+        event_free(je);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "journal: out of memory");
+    }
+    e->n_events++;
+    return STATUS_OK;
+}
+
+void journal_event_view(const struct journal_event *je, struct engine_event *ev)
+{
+    *ev = (struct engine_event){.kind = (enum engine_event_kind)je->kind, .sample = je->sample,
+                                .tokens = je->tokens, .n_tokens = je->n_tokens, .text = je->text,
+                                .text_len = je->text_len, .logprobs = je->has_logprobs ? je->logprobs : NULL,
+                                .top = je->top, .n_top = je->n_top, .finish = (enum finish_reason)je->finish,
+                                .status = (enum status)je->status, .message = je->message,
+                                .prompt_tokens = je->prompt_tokens, .completion_tokens = je->completion_tokens,
+                                .seed = je->seed, .cached_prompt_tokens = je->cached_prompt_tokens,
+                                .queue_seconds = je->queue_seconds, .rng = je->has_rng ? je->rng : NULL};
+}
+
+/* ---- records ---------------------------------------------------------------------------------- */
+
+static void put_accept(struct wbuf *b, const struct journal_entry *e)
+{
+    struct accept_head h = {.type = REC_ACCEPT, .front = e->front, .created = e->created, .deadline = e->deadline,
+                            .seed = e->seed, .body_len = e->body_len};
+    put(b, &h, sizeof h);
+    put_str(b, e->key);
+    put(b, e->body, e->body_len);
+}
+
+static void put_event(struct wbuf *b, const char *key, int run, const struct engine_event *ev)
+{
+    size_t nt = ev->n_tokens > 0 ? (size_t)ev->n_tokens : 0, k = ev->top ? (size_t)ev->n_top : 0;
+    struct event_rec h = {.type = REC_EVENT, .run = run, .kind = ev->kind, .sample = ev->sample,
+                          .finish = ev->finish, .status = ev->status, .n_tokens = (int32_t)nt, .n_top = (int32_t)k,
+                          .has_logprobs = ev->logprobs != NULL, .has_rng = ev->rng != NULL,
+                          .has_message = ev->message != NULL, .prompt_tokens = ev->prompt_tokens,
+                          .completion_tokens = ev->completion_tokens,
+                          .cached_prompt_tokens = ev->cached_prompt_tokens, .seed = ev->seed,
+                          .text_len = ev->text_len, .queue_seconds = ev->queue_seconds};
+    if (ev->rng) memcpy(h.rng, ev->rng, sizeof h.rng);
+    put(b, &h, sizeof h);
+    put_str(b, key);
+    put(b, ev->tokens, nt * sizeof(int32_t));
+    put(b, ev->text, ev->text_len);
+    if (ev->logprobs) put(b, ev->logprobs, nt * sizeof(float));
+    if (k) put(b, ev->top, nt * k * sizeof(struct top_logprob));
+    put_str(b, ev->message);
+}
+
+/* Appends one framed record; with j->mu held. */
+static enum status append(struct journal *j, struct wbuf *b, int sync)
+{
+    enum status st = STATUS_OK;
+    struct frame f = {.len = (uint32_t)b->n, .check = b->n ? check_of(b->p, b->n) : 0};
+    if (b->oom) {
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "journal: out of memory");
+    } else {
+        struct wbuf w = {0};
+        put(&w, &f, sizeof f);
+        put(&w, b->p, b->n);
+        size_t off = 0;
+        while (!w.oom && off < w.n) {
+            ssize_t n = write(j->fd, w.p + off, w.n - off);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            off += (size_t)n;
+        }
+        if (w.oom || off < w.n) st = status_errorf(STATUS_IO, "%s: %s", j->path, w.oom ? "out of memory" : strerror(errno));
+        else if (sync && fdatasync(j->fd) != 0) st = status_errorf(STATUS_IO, "%s: fsync: %s", j->path, strerror(errno));
+        j->size += (off_t)off;
+        free(w.p);
+    }
+    free(b->p);
+    if (st != STATUS_OK) j->failed_writes++;
+    return st;
+}
+
+enum status journal_accept(struct journal *j, const struct journal_entry *e)
+{
+    struct wbuf b = {0};
+    put_accept(&b, e);
+    pthread_mutex_lock(&j->mu);
+    enum status st = append(j, &b, j->policy != JOURNAL_FSYNC_NEVER);
+    if (st == STATUS_OK) j->open_requests++;
+    pthread_mutex_unlock(&j->mu);
+    return st;
+}
+
+void journal_event(struct journal *j, const char *key, int run, const struct engine_event *ev)
+{
+    struct wbuf b = {0};
+    put_event(&b, key, run, ev);
+    pthread_mutex_lock(&j->mu);
+    if (append(j, &b, j->policy == JOURNAL_FSYNC_ALWAYS) != STATUS_OK)
+        LOG_WARN(MODULE, "request %s: an event was not journaled (%s): a restart may not resume it exactly", key,
+                 status_message());
+    pthread_mutex_unlock(&j->mu);
+}
+
+void journal_end(struct journal *j, const char *key)
+{
+    struct wbuf b = {0};
+    uint32_t type = REC_END;
+    put(&b, &type, sizeof type);
+    put_str(&b, key);
+    pthread_mutex_lock(&j->mu);
+    if (append(j, &b, 0) == STATUS_OK && j->open_requests > 0) j->open_requests--;
+    if (j->open_requests == 0 && j->size > (off_t)JOURNAL_TRUNCATE_BYTES && ftruncate(j->fd, 0) == 0) j->size = 0;
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* ---- reading it back ------------------------------------------------------------------------- */
+
+static struct journal_entry *find(struct journal_entry *v, int n, const char *key)
+{
+    for (int i = n - 1; i >= 0; i--)
+        if (!strcmp(v[i].key, key)) return &v[i];
+    return NULL;
+}
+
+/* One record's payload into the entries; 0 when it is malformed. */
+static int read_record(struct rbuf *rb, struct journal_entry **v, int *n, size_t *cap)
+{
+    const uint32_t *type = get(rb, sizeof(uint32_t));
+    if (!type) return 0;
+    rb->off = 0;
+    if (*type == REC_ACCEPT) {
+        struct accept_head h;
+        if (!get_copy(rb, &h, sizeof h)) return 0;
+        const char *key = get_str(rb);
+        const char *body = get(rb, h.body_len);
+        if (!key || !body || strlen(key) > JOURNAL_KEY_MAX || find(*v, *n, key)) return 0;
+        if (base_grow((void **)v, cap, (size_t)*n + 1, sizeof **v) != 0) return 0;
+        struct journal_entry *e = &(*v)[*n];
+        memset(e, 0, sizeof *e);
+        snprintf(e->key, sizeof e->key, "%s", key);
+        e->front = h.front, e->created = h.created, e->deadline = h.deadline, e->seed = h.seed;
+        e->body = malloc(h.body_len + 1);
+        if (!e->body) return 0;
+        memcpy(e->body, body, h.body_len);
+        e->body[h.body_len] = '\0';
+        e->body_len = h.body_len;
+        (*n)++;
+        return 1;
+    }
+    if (*type == REC_END) {
+        uint32_t t;
+        get_copy(rb, &t, sizeof t);
+        const char *key = get_str(rb);
+        struct journal_entry *e = key ? find(*v, *n, key) : NULL;
+        if (!e) return key != NULL; /* an END of a request compacted away: harmless */
+        journal_entry_free(e);
+        *e = (*v)[--*n];
+        return 1;
+    }
+    if (*type != REC_EVENT) return 0;
+    struct event_rec h;
+    if (!get_copy(rb, &h, sizeof h) || h.n_tokens < 0 || h.n_tokens > (1 << 24) || h.n_top < 0 || h.n_top > 1024)
+        return 0;
+    const char *key = get_str(rb);
+    size_t nt = (size_t)h.n_tokens;
+    struct engine_event ev = {.kind = (enum engine_event_kind)h.kind, .sample = h.sample, .n_tokens = h.n_tokens,
+                              .n_top = h.n_top, .finish = (enum finish_reason)h.finish, .status = (enum status)h.status,
+                              .prompt_tokens = h.prompt_tokens, .completion_tokens = h.completion_tokens,
+                              .seed = h.seed, .cached_prompt_tokens = h.cached_prompt_tokens,
+                              .queue_seconds = h.queue_seconds, .text_len = h.text_len,
+                              .rng = h.has_rng ? h.rng : NULL};
+    ev.tokens = get(rb, nt * sizeof(int32_t));
+    ev.text = get(rb, h.text_len);
+    if (h.has_logprobs) ev.logprobs = get(rb, nt * sizeof(float));
+    if (h.n_top) ev.top = get(rb, nt * (size_t)h.n_top * sizeof(struct top_logprob));
+    const char *message = get_str(rb);
+    if (rb->bad || !key) return 0;
+    ev.message = h.has_message ? message : NULL;
+    struct journal_entry *e = find(*v, *n, key);
+    return !e || journal_entry_add(e, h.run, &ev) == STATUS_OK;
+}
+
+static enum status load(const char *path, struct journal_entry **out, int *n_out, size_t *valid)
+{
+    char *data = NULL;
+    size_t len = 0;
+    *out = NULL, *n_out = 0, *valid = 0;
+    enum status st = base_read_file(path, 0, "journal", &data, &len);
+    if (st != STATUS_OK) return st;
+    struct journal_entry *v = NULL;
+    int n = 0;
+    size_t cap = 0, off = 0;
+    while (off + sizeof(struct frame) <= len) {
+        struct frame f;
+        memcpy(&f, data + off, sizeof f);
+        size_t body = off + sizeof f, padded = ((size_t)f.len + 7) & ~(size_t)7;
+        if (padded > len - body || check_of((unsigned char *)data + body, f.len) != f.check) break;
+        struct rbuf rb = {.p = (unsigned char *)data + body, .n = f.len};
+        if (!read_record(&rb, &v, &n, &cap)) break;
+        off = body + padded;
+    }
+    if (off < len) {
+        /* Only the last record may be damaged: a write a kill cut short. */
+        size_t next = off;
+        struct frame f;
+        int last = 1;
+        if (off + sizeof f <= len) {
+            memcpy(&f, data + off, sizeof f);
+            next = off + sizeof f + (((size_t)f.len + 7) & ~(size_t)7);
+            last = next >= len || f.len > len;
+        }
+        if (!last) {
+            for (int i = 0; i < n; i++) journal_entry_free(&v[i]);
+            free(v);
+            free(data);
+            return status_errorf(STATUS_BAD_FORMAT, "%s: a damaged record at byte %zu of %zu (not the last)", path, off,
+                                 len);
+        }
+        LOG_WARN(MODULE, "%s: the last %zu bytes are an incomplete record (a write cut short): dropped", path, len - off);
+    }
+    free(data);
+    *out = v, *n_out = n, *valid = off;
+    return STATUS_OK;
+}
+
+/* Writes the entries (ACCEPT and events) to path, fsync'd. */
+static enum status write_entries(const char *path, const struct journal_entry *v, int n)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
+    struct journal j = {.fd = fd, .path = (char *)path};
+    enum status st = STATUS_OK;
+    for (int i = 0; st == STATUS_OK && i < n; i++) {
+        struct wbuf b = {0};
+        put_accept(&b, &v[i]);
+        st = append(&j, &b, 0);
+        for (int k = 0; st == STATUS_OK && k < v[i].n_events; k++) {
+            struct engine_event ev;
+            journal_event_view(&v[i].events[k], &ev);
+            b = (struct wbuf){0};
+            put_event(&b, v[i].key, v[i].events[k].run, &ev);
+            st = append(&j, &b, 0);
+        }
+    }
+    if (st == STATUS_OK && fsync(fd) != 0) st = status_errorf(STATUS_IO, "%s: fsync: %s", path, strerror(errno));
+    close(fd);
+    return st;
+}
+
+enum status journal_open(const char *dir, enum journal_fsync policy, struct journal **out,
+                         struct journal_entry **pending, int *n_pending)
+{
+    *out = NULL, *pending = NULL, *n_pending = 0;
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) return status_errorf(STATUS_IO, "--journal %s: %s", dir, strerror(errno));
+    size_t n_path = strlen(dir) + 16;
+    char *path = malloc(n_path), *tmp = malloc(n_path);
+    struct journal *j = calloc(1, sizeof *j);
+    if (!path || !tmp || !j) {
+        free(path), free(tmp), free(j);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "journal: out of memory");
+    }
+    snprintf(path, n_path, "%s/journal", dir);
+    snprintf(tmp, n_path, "%s/journal.tmp", dir);
+    struct journal_entry *v = NULL;
+    int n = 0;
+    size_t valid = 0;
+    enum status st = access(path, F_OK) == 0 ? load(path, &v, &n, &valid) : STATUS_OK;
+    /* Compaction: the open requests alone, written beside and renamed over the old file. */
+    if (st == STATUS_OK) st = write_entries(tmp, v, n);
+    if (st == STATUS_OK && rename(tmp, path) != 0) st = status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
+    if (st == STATUS_OK) {
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) fsync(dfd), close(dfd);
+        j->fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+        if (j->fd < 0) st = status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));
+    }
+    free(tmp);
+    if (st != STATUS_OK) {
+        for (int i = 0; i < n; i++) journal_entry_free(&v[i]);
+        free(v), free(path), free(j);
+        return st;
+    }
+    struct stat sb;
+    j->size = fstat(j->fd, &sb) == 0 ? sb.st_size : 0;
+    pthread_mutex_init(&j->mu, NULL);
+    j->path = path;
+    j->policy = policy;
+    j->open_requests = n;
+    *out = j, *pending = v, *n_pending = n;
+    LOG_INFO(MODULE, "%s: %d open request(s) to resume (fsync %s)", path, n,
+             policy == JOURNAL_FSYNC_ALWAYS ? "always" : policy == JOURNAL_FSYNC_NEVER ? "never" : "accept");
+    return STATUS_OK;
+}
+
+void journal_close(struct journal *j)
+{
+    if (!j) return;
+    if (j->fd >= 0) close(j->fd);
+    pthread_mutex_destroy(&j->mu);
+    free(j->path);
+    free(j);
+}

@@ -1,0 +1,542 @@
+/* server/tool_stream.c - the incremental parser of replies into reasoning, content and tool
+ * calls (tool_format.h: struct tool_stream), and the deltas a stream sends. Each byte of the
+ * reply is read once by a set of small state machines (the reasoning block, the text between
+ * calls and its markers, a call's JSON with a stack of open containers); what the parse has so
+ * far is kept as positions in the text and one content buffer, so that feeding a reply in any
+ * number of pieces costs work linear in its length (tool_stream_steps counts it). The result
+ * after each piece is what a parse of the whole text so far would give (tests/test_tool_stream.c
+ * checks it against the earlier whole-text parser at every prefix).
+ * Not here: format detection (tool_format.c), the JSON of the fronts (http_openai_out.c,
+ * chat_tools.c). Tests: tests/test_tool_stream.c, tests/fuzz/fuzz_tool_parse.c. */
+#include "tool_format.h"
+#include "tool_json.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The length of the longest suffix of s[0..n) that is a proper prefix of marker. */
+static size_t holdback(const char *s, size_t n, const char *marker)
+{
+    size_t m = strlen(marker);
+    for (size_t k = m - 1 < n ? m - 1 : n; k > 0; k--)
+        if (!memcmp(s + n - k, marker, k)) return k;
+    return 0;
+}
+
+/* ---- the reply ------------------------------------------------------------------------------- */
+
+/* A run of text that becomes content (or the reasoning): trimmed of whitespace at both ends,
+ * joined to content before it by one space; read up to a limit that only grows. */
+struct seg {
+    size_t start, scanned, first, end; /* [first, end): the trimmed text so far */
+    int    has;                        /* a non-whitespace byte was seen */
+    size_t base, emitted;              /* content's length when the run began; bytes of it added */
+};
+
+enum body {
+    B_WAIT,       /* the reasoning block is not over */
+    B_RAW,        /* no tools: the rest is content as written */
+    B_TEXT,       /* marked formats: text, looking for the opening marker */
+    B_LIST_OPEN,  /* mistral: after [TOOL_CALLS], expecting '[' */
+    B_CALL,       /* in a call's JSON */
+    B_LIST_AFTER, /* mistral: after a call in the list */
+    B_AFTER_CALL, /* marked: after a call, before its closing marker */
+    B_REST,       /* the rest is text (trimmed, no markers) */
+    B_DEAD,       /* the rest is dropped */
+    G_OPEN, G_KEYSTART, G_KEY, G_COLON, G_RSTART, G_RESP, G_LSTART, G_LAFTER, /* generic */
+    L_START, L_CALLSTART, L_AFTER, L_SEMI,                                    /* llama3 */
+};
+
+enum rphase { R_OFF, R_DETECT, R_IN, R_GAP };
+
+struct tcall {
+    char  *name;
+    size_t args0, args1;
+    int    no_args; /* a call without arguments takes none: "{}" */
+};
+
+struct tool_stream {
+    enum tool_format f;
+    int    tools, reasoning, max_calls, final, oom;
+    char  *text;
+    size_t len, cap, pos; /* pos: the next byte the body's machines read */
+    unsigned long long steps;
+
+    enum rphase rph;
+    int    has_reasoning;
+    size_t rscan;         /* R_DETECT / R_GAP: bytes skipped; R_IN: where to look for </think> next */
+    struct seg rseg;
+    size_t body;          /* where the reply proper starts */
+
+    enum body st;
+    struct seg cseg;
+    size_t search;        /* B_TEXT: positions before this hold no opening marker */
+    size_t block;         /* where the current block of calls opened (its marker) */
+    size_t close_at;      /* B_AFTER_CALL: the first byte after the call's whitespace, or -1 */
+    int    kept_block, seen, gdone; /* calls kept in this block; generic: non-space seen, reply whole */
+    struct tool_json_buf content, gkey;
+    struct tool_json_str gs;
+    struct tool_json_call call;
+    struct tcall *calls;
+    int    n_calls, cap_calls;
+
+    size_t sent_reasoning, sent_content, *sent_args;
+    int    sent_calls, cap_args;
+    struct tool_delta_call *dcalls;
+    int    cap_dcalls;
+};
+
+static const char THINK_OPEN[] = "<think>", THINK_CLOSE[] = "</think>", PYTHON_TAG[] = "<|python_tag|>";
+
+static const char *open_marker(enum tool_format f)
+{
+    return f == TOOL_FORMAT_HERMES ? "<tool_call>" : f == TOOL_FORMAT_MISTRAL ? "[TOOL_CALLS]"
+         : f == TOOL_FORMAT_PHI4 ? "<|tool_call|>" : NULL;
+}
+
+static const char *close_marker(enum tool_format f)
+{
+    return f == TOOL_FORMAT_HERMES ? "</tool_call>" : f == TOOL_FORMAT_PHI4 ? "<|/tool_call|>" : NULL;
+}
+
+static void seg_open(struct tool_stream *ts, struct seg *g, size_t start)
+{
+    memset(g, 0, sizeof *g);
+    g->start = g->scanned = start;
+    g->base = ts->content.n;
+}
+
+/* Reads g up to limit; when to_content, adds its new trimmed text to the content. */
+static void seg_advance(struct tool_stream *ts, struct seg *g, size_t limit, int to_content)
+{
+    for (; g->scanned < limit; g->scanned++) {
+        ts->steps++;
+        if (tool_json_is_ws((unsigned char)ts->text[g->scanned])) continue;
+        if (!g->has) g->first = g->scanned, g->has = 1;
+        g->end = g->scanned + 1;
+    }
+    if (!to_content || !g->has || g->end - g->first == g->emitted) return;
+    if (!g->emitted && g->base) tool_json_buf_add(&ts->content, " ", 1);
+    tool_json_buf_add(&ts->content, ts->text + g->first + g->emitted, g->end - g->first - g->emitted);
+    g->emitted = g->end - g->first;
+}
+
+/* The call in progress counts once its name is whole and max_calls leaves room for it. */
+static int call_visible(const struct tool_stream *ts)
+{
+    return ts->st == B_CALL && ts->call.has_name && (ts->max_calls <= 0 || ts->n_calls < ts->max_calls);
+}
+
+static void begin_call(struct tool_stream *ts)
+{
+    tool_json_call_start(&ts->call);
+    ts->st = B_CALL;
+}
+
+/* Keeps the call just completed (when max_calls leaves room); returns whether it was kept. */
+static int keep_call(struct tool_stream *ts)
+{
+    if (!call_visible(ts)) return 0;
+    if (ts->n_calls == ts->cap_calls) {
+        int cap = ts->cap_calls ? 2 * ts->cap_calls : 4;
+        struct tcall *a = realloc(ts->calls, (size_t)cap * sizeof *a);
+        if (!a) return ts->oom = 1, 0;
+        ts->calls = a, ts->cap_calls = cap;
+    }
+    struct tool_json_call *c = &ts->call;
+    struct tcall *t = &ts->calls[ts->n_calls];
+    t->name = malloc(c->name.n + 1);
+    if (!t->name) return ts->oom = 1, 0;
+    memcpy(t->name, c->name.p, c->name.n + 1);
+    t->args0 = c->args0, t->args1 = c->args1, t->no_args = !c->has_args;
+    ts->n_calls++;
+    return 1;
+}
+
+/* The rest of the text from start is text (a format that turned out not to hold calls). */
+static void rest_is_text(struct tool_stream *ts, size_t start)
+{
+    ts->st = B_REST;
+    seg_open(ts, &ts->cseg, start);
+    ts->pos = ts->len;
+    seg_advance(ts, &ts->cseg, ts->len, 1);
+}
+
+/* A call, or the list around it, is malformed. */
+static void call_bad(struct tool_stream *ts)
+{
+    if (ts->f == TOOL_FORMAT_GENERIC) ts->st = B_DEAD;
+    else if (ts->f == TOOL_FORMAT_LLAMA3) ts->n_calls ? (void)(ts->st = B_DEAD) : rest_is_text(ts, ts->body);
+    else if (ts->kept_block) ts->st = B_DEAD; /* a list with calls kept: the rest is dropped */
+    else rest_is_text(ts, ts->block);
+}
+
+static void call_done(struct tool_stream *ts)
+{
+    ts->kept_block += keep_call(ts);
+    if (ts->f == TOOL_FORMAT_GENERIC) ts->st = G_LAFTER;
+    else if (ts->f == TOOL_FORMAT_LLAMA3) ts->st = L_AFTER;
+    else if (ts->f == TOOL_FORMAT_MISTRAL) ts->st = B_LIST_AFTER;
+    else ts->st = B_AFTER_CALL, ts->close_at = (size_t)-1;
+}
+
+static void text_from(struct tool_stream *ts, size_t start)
+{
+    ts->st = B_TEXT;
+    seg_open(ts, &ts->cseg, start);
+    ts->search = start;
+    ts->pos = start;
+}
+
+/* B_TEXT: reads the text up to the next opening marker, or all of it (holding back a possible
+ * marker's start). */
+static void read_text(struct tool_stream *ts)
+{
+    const char *open = open_marker(ts->f);
+    size_t m = strlen(open), p = ts->search;
+    for (; p + m <= ts->len; p++) {
+        ts->steps++;
+        if (ts->text[p] == open[0] && !memcmp(ts->text + p, open, m)) break;
+    }
+    if (p + m <= ts->len) { /* a marker: the text before it is whole, a block of calls opens */
+        seg_advance(ts, &ts->cseg, p, 1);
+        ts->block = p, ts->kept_block = 0;
+        ts->pos = p + m;
+        if (ts->f == TOOL_FORMAT_MISTRAL) ts->st = B_LIST_OPEN;
+        else begin_call(ts);
+        return;
+    }
+    ts->search = p;
+    size_t s0 = ts->cseg.start;
+    size_t limit = ts->final ? ts->len : ts->len - holdback(ts->text + s0, ts->len - s0, open);
+    ts->steps += m;
+    seg_advance(ts, &ts->cseg, limit, 1);
+    ts->pos = ts->len;
+}
+
+/* One byte of the body at ts->pos (the states that read byte by byte). */
+static void body_byte(struct tool_stream *ts)
+{
+    size_t at = ts->pos;
+    unsigned char c = (unsigned char)ts->text[at];
+    ts->steps++;
+    ts->pos++;
+    const char *close = close_marker(ts->f);
+    switch (ts->st) {
+    case B_CALL: {
+        int r = tool_json_call_byte(&ts->call, c, at, tool_format_args_key(ts->f), &ts->oom);
+        if (r == TOOL_JSON_DONE) call_done(ts);
+        else if (r == TOOL_JSON_BAD) call_bad(ts);
+        return;
+    }
+    case B_LIST_OPEN:
+        if (tool_json_is_ws(c)) return;
+        if (c == '[') begin_call(ts);
+        else call_bad(ts);
+        return;
+    case B_LIST_AFTER:
+        if (tool_json_is_ws(c)) return;
+        if (c == ']') text_from(ts, at + 1);
+        else if (c == ',') begin_call(ts);
+        else call_bad(ts);
+        return;
+    case B_AFTER_CALL:
+        if (!close) {
+            text_from(ts, at);
+            return;
+        }
+        if (ts->close_at == (size_t)-1) {
+            if (tool_json_is_ws(c)) return;
+            ts->close_at = at;
+        }
+        if (c != close[at - ts->close_at]) text_from(ts, ts->close_at); /* not the closing marker: text */
+        else if (at + 1 - ts->close_at == strlen(close)) text_from(ts, at + 1);
+        return;
+    case G_OPEN:
+        if (tool_json_is_ws(c)) return;
+        ts->seen = 1;
+        ts->st = c == '{' ? G_KEYSTART : B_DEAD;
+        return;
+    case G_KEYSTART:
+        if (tool_json_is_ws(c)) return;
+        tool_json_buf_reset(&ts->gkey);
+        memset(&ts->gs, 0, sizeof ts->gs);
+        ts->st = c == '"' ? G_KEY : B_DEAD;
+        return;
+    case G_KEY: {
+        int r = tool_json_str_byte(&ts->gs, c, &ts->gkey);
+        ts->oom |= ts->gkey.oom;
+        if (r == TOOL_JSON_BAD) ts->st = B_DEAD;
+        else if (r == TOOL_JSON_DONE) ts->st = G_COLON;
+        return;
+    }
+    case G_COLON: {
+        if (tool_json_is_ws(c)) return;
+        const char *k = ts->gkey.p ? ts->gkey.p : "";
+        ts->st = c != ':' ? B_DEAD : !strcmp(k, "response") ? G_RSTART : !strcmp(k, "tool_calls") ? G_LSTART : B_DEAD;
+        return;
+    }
+    case G_RSTART:
+        if (tool_json_is_ws(c)) return;
+        memset(&ts->gs, 0, sizeof ts->gs);
+        ts->st = c == '"' ? G_RESP : B_DEAD;
+        return;
+    case G_RESP: {
+        int r = tool_json_str_byte(&ts->gs, c, &ts->content);
+        if (r == TOOL_JSON_DONE) ts->gdone = 1;
+        if (r != TOOL_JSON_MORE) ts->st = B_DEAD;
+        return;
+    }
+    case G_LSTART:
+        if (tool_json_is_ws(c)) return;
+        if (c == '[') begin_call(ts);
+        else ts->st = B_DEAD;
+        return;
+    case G_LAFTER:
+        if (tool_json_is_ws(c)) return;
+        if (c == ']') ts->gdone = 1, ts->st = B_DEAD;
+        else if (c == ',') begin_call(ts);
+        else ts->st = B_DEAD;
+        return;
+    case L_CALLSTART:
+        if (tool_json_is_ws(c)) return;
+        if (c == '{') begin_call(ts), ts->pos = at; /* the call's machine reads the brace */
+        else rest_is_text(ts, ts->body);
+        return;
+    case L_AFTER:
+    case L_SEMI:
+        if (tool_json_is_ws(c)) return;
+        if (c == ';' && ts->st == L_AFTER) ts->st = L_SEMI;
+        else if (c == '{') begin_call(ts), ts->pos = at;
+        else rest_is_text(ts, at);
+        return;
+    default:
+        ts->pos = ts->len;
+        return;
+    }
+}
+
+/* L_START: after optional whitespace, <|python_tag|> (skipped) or not; held while the text could
+ * still be the tag's start. */
+static void llama3_start(struct tool_stream *ts)
+{
+    while (ts->rscan < ts->len && tool_json_is_ws((unsigned char)ts->text[ts->rscan])) ts->rscan++, ts->steps++;
+    size_t j = ts->rscan, have = ts->len - j, m = strlen(PYTHON_TAG);
+    int prefix = !memcmp(ts->text + j, PYTHON_TAG, have < m ? have : m);
+    ts->steps += m;
+    if (prefix && have < m && !ts->final) {
+        ts->pos = ts->len;
+        return;
+    }
+    ts->st = L_CALLSTART;
+    ts->pos = prefix && have >= m ? j + m : j;
+}
+
+/* The reply proper starts at p. */
+static void body_begin(struct tool_stream *ts, size_t p)
+{
+    ts->body = ts->pos = p;
+    ts->rscan = p;
+    if (!ts->tools) ts->st = B_RAW;
+    else if (ts->f == TOOL_FORMAT_GENERIC) ts->st = G_OPEN;
+    else if (ts->f == TOOL_FORMAT_LLAMA3) ts->st = L_START;
+    else text_from(ts, p);
+}
+
+/* The reasoning block: finds where the reply proper starts. */
+static void reasoning_advance(struct tool_stream *ts)
+{
+    if (ts->rph == R_DETECT) {
+        while (ts->rscan < ts->len && tool_json_is_ws((unsigned char)ts->text[ts->rscan])) ts->rscan++, ts->steps++;
+        size_t j = ts->rscan, have = ts->len - j, m = strlen(THINK_OPEN);
+        int prefix = !memcmp(ts->text + j, THINK_OPEN, have < m ? have : m);
+        ts->steps += m;
+        if (prefix && have < m && !ts->final) return;
+        if (!prefix || have < m) {
+            ts->rph = R_OFF;
+            body_begin(ts, 0);
+            return;
+        }
+        ts->rph = R_IN, ts->has_reasoning = 1;
+        memset(&ts->rseg, 0, sizeof ts->rseg);
+        ts->rseg.start = ts->rseg.scanned = ts->rscan = j + m;
+    }
+    if (ts->rph == R_IN) {
+        size_t m = strlen(THINK_CLOSE), p = ts->rscan;
+        for (; p + m <= ts->len; p++) {
+            ts->steps++;
+            if (ts->text[p] == '<' && !memcmp(ts->text + p, THINK_CLOSE, m)) break;
+        }
+        if (p + m > ts->len) {
+            ts->rscan = p;
+            size_t s0 = ts->rseg.start;
+            ts->steps += m;
+            seg_advance(ts, &ts->rseg, ts->final ? ts->len : ts->len - holdback(ts->text + s0, ts->len - s0, THINK_CLOSE), 0);
+            return;
+        }
+        seg_advance(ts, &ts->rseg, p, 0);
+        ts->rph = R_GAP, ts->rscan = p + m;
+    }
+    if (ts->rph == R_GAP) {
+        while (ts->rscan < ts->len && tool_json_is_ws((unsigned char)ts->text[ts->rscan])) ts->rscan++, ts->steps++;
+        if (ts->rscan == ts->len) return;
+        ts->rph = R_OFF;
+        body_begin(ts, ts->rscan);
+    }
+}
+
+/* Reads what was appended (and, once final, what was held back). */
+static void advance(struct tool_stream *ts)
+{
+    if (ts->st == B_WAIT) reasoning_advance(ts);
+    while (ts->st != B_WAIT && (ts->pos < ts->len || (ts->final && ts->st == L_START))) {
+        if (ts->st == B_TEXT) read_text(ts);
+        else if (ts->st == B_RAW) {
+            ts->steps += ts->len - ts->pos;
+            tool_json_buf_add(&ts->content, ts->text + ts->pos, ts->len - ts->pos);
+            ts->pos = ts->len;
+        } else if (ts->st == L_START) llama3_start(ts);
+        else if (ts->st == B_REST) seg_advance(ts, &ts->cseg, ts->len, 1), ts->pos = ts->len;
+        else if (ts->st == B_DEAD) ts->pos = ts->len;
+        else body_byte(ts);
+    }
+    if (ts->final && ts->st == B_TEXT) seg_advance(ts, &ts->cseg, ts->len, 1);
+}
+
+/* ---- the interface --------------------------------------------------------------------------- */
+
+int tool_stream_new(enum tool_format f, int tools, int reasoning, int think_open, int max_calls,
+                    struct tool_stream **out)
+{
+    struct tool_stream *ts = calloc(1, sizeof *ts);
+    *out = ts;
+    if (!ts) return -1;
+    ts->f = f, ts->tools = tools, ts->reasoning = reasoning, ts->max_calls = max_calls;
+    ts->st = B_WAIT;
+    if (!reasoning) {
+        ts->rph = R_OFF;
+        body_begin(ts, 0);
+    } else if (think_open) {
+        ts->rph = R_IN, ts->has_reasoning = 1;
+    } else {
+        ts->rph = R_DETECT;
+    }
+    return 0;
+}
+
+void tool_stream_free(struct tool_stream *ts)
+{
+    if (!ts) return;
+    for (int k = 0; k < ts->n_calls; k++) free(ts->calls[k].name);
+    free(ts->calls);
+    free(ts->text);
+    free(ts->content.p);
+    free(ts->gkey.p);
+    free(ts->call.key.p);
+    free(ts->call.name.p);
+    free(ts->sent_args);
+    free(ts->dcalls);
+    free(ts);
+}
+
+int tool_stream_feed(struct tool_stream *ts, const char *text, size_t n, int final)
+{
+    if (ts->oom) return -1;
+    if (ts->final && n) return -1; /* nothing may follow the end */
+    if (ts->len + n + 1 > ts->cap) {
+        size_t cap = ts->cap ? ts->cap : 256;
+        while (cap < ts->len + n + 1) cap *= 2;
+        char *p = realloc(ts->text, cap);
+        if (!p) return ts->oom = 1, -1;
+        ts->text = p, ts->cap = cap;
+    }
+    if (n) memcpy(ts->text + ts->len, text, n);
+    ts->len += n;
+    ts->text[ts->len] = 0;
+    int was_final = ts->final;
+    ts->final |= final;
+    advance(ts);
+    /* A generic reply that is not understood (unconstrained, or cut short): the raw text. */
+    if (ts->final && !was_final && ts->tools && ts->f == TOOL_FORMAT_GENERIC && ts->seen && !ts->gdone &&
+        !ts->content.n && !ts->n_calls && !call_visible(ts))
+        tool_json_buf_add(&ts->content, ts->text + ts->body, ts->len - ts->body);
+    ts->oom |= ts->content.oom;
+    return ts->oom ? -1 : 0;
+}
+
+unsigned long long tool_stream_steps(const struct tool_stream *ts) { return ts->steps; }
+
+void tool_stream_view(const struct tool_stream *ts, struct tool_view *v)
+{
+    memset(v, 0, sizeof *v);
+    v->has_reasoning = ts->has_reasoning;
+    v->reasoning = "";
+    if (ts->rseg.has) v->reasoning = ts->text + ts->rseg.first, v->reasoning_len = ts->rseg.end - ts->rseg.first;
+    v->content = ts->content.p ? ts->content.p : "";
+    v->content_len = ts->content.n;
+    v->n_calls = ts->n_calls + call_visible(ts);
+}
+
+void tool_stream_call(const struct tool_stream *ts, int k, struct tool_view_call *c)
+{
+    memset(c, 0, sizeof *c);
+    if (k < ts->n_calls) {
+        const struct tcall *t = &ts->calls[k];
+        c->name = t->name, c->complete = 1;
+        if (t->no_args) c->args = "{}", c->args_len = 2;
+        else c->args = ts->text + t->args0, c->args_len = t->args1 - t->args0;
+        return;
+    }
+    const struct tool_json_call *j = &ts->call; /* the call in progress (call_visible) */
+    c->name = j->name.p;
+    c->args = "";
+    if (j->has_args) c->args = ts->text + j->args0, c->args_len = j->args1 - j->args0;
+    else if (j->in_args) c->args = ts->text + j->args0, c->args_len = ts->len - j->args0;
+}
+
+int tool_stream_delta(struct tool_stream *ts, const char *text, size_t n, int final, struct tool_delta *d)
+{
+    memset(d, 0, sizeof *d);
+    if (tool_stream_feed(ts, text, n, final)) return -1;
+    struct tool_view v;
+    tool_stream_view(ts, &v);
+    if (v.reasoning_len > ts->sent_reasoning) {
+        d->reasoning = v.reasoning + ts->sent_reasoning, d->reasoning_len = v.reasoning_len - ts->sent_reasoning;
+        ts->sent_reasoning = v.reasoning_len;
+    }
+    if (v.content_len > ts->sent_content) {
+        d->content = v.content + ts->sent_content, d->content_len = v.content_len - ts->sent_content;
+        ts->sent_content = v.content_len;
+    }
+    if (v.n_calls > ts->cap_args) {
+        size_t *a = realloc(ts->sent_args, (size_t)v.n_calls * sizeof *a);
+        struct tool_delta_call *dc = a ? realloc(ts->dcalls, (size_t)v.n_calls * sizeof *dc) : NULL;
+        if (a) ts->sent_args = a;
+        if (dc) ts->dcalls = dc, ts->cap_args = v.n_calls;
+        if (!dc) return ts->oom = 1, -1;
+    }
+    /* Only the last call (or a new one) can have grown: the ones before it are whole. */
+    int k0 = ts->sent_calls < v.n_calls ? ts->sent_calls : v.n_calls;
+    for (int k = k0 > 0 ? k0 - 1 : 0; k < v.n_calls; k++) {
+        struct tool_view_call c;
+        tool_stream_call(ts, k, &c);
+        struct tool_delta_call *e = &ts->dcalls[d->n_calls];
+        memset(e, 0, sizeof *e);
+        e->index = k;
+        if (k >= ts->sent_calls) { /* a new call: its header, and the arguments so far */
+            e->is_new = 1, e->name = c.name;
+            e->args = c.args, e->args_len = c.args_len;
+            ts->sent_args[k] = c.args_len;
+            ts->sent_calls = k + 1;
+        } else if (c.args_len > ts->sent_args[k]) {
+            e->args = c.args + ts->sent_args[k], e->args_len = c.args_len - ts->sent_args[k];
+            ts->sent_args[k] = c.args_len;
+        } else {
+            continue;
+        }
+        d->n_calls++;
+    }
+    d->calls = ts->dcalls;
+    d->calls_sent = ts->sent_calls > 0;
+    return 0;
+}

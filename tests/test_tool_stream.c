@@ -1,0 +1,340 @@
+/* tests/test_tool_stream.c - the incremental reply parser (server/tool_stream.c) against the
+ * whole-text parser it replaced (tests/fuzz/tool_parse_ref.c):
+ *  - every prefix of every reply (the fuzz corpus, hand-written cases, thousands of random
+ *    replies built from markers, JSON pieces and text), in every format and setting, final or
+ *    not: the same reasoning, content and calls, byte for byte;
+ *  - a stream cut into random pieces sends the deltas the old stream code sent (re-parse the
+ *    whole text, send what grew past what went out);
+ *  - the work is linear: long calls, long text, long reasoning, long call lists fed one byte
+ *    at a time cost at most a constant number of parser steps per byte, and twice the reply
+ *    costs twice the steps (counted, not timed).
+ * Usage: test_tool_stream [corpus_dir]. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base.h"
+#include "tool_format.h"
+#include "tool_parse_ref.h"
+
+static unsigned long long rng_state = 0x9E3779B97F4A7C15ull;
+static unsigned rnd(unsigned n)
+{
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return n ? (unsigned)(rng_state % n) : 0;
+}
+
+static long n_compared;
+
+struct cfg {
+    enum tool_format f;
+    int tools, reasoning, think_open, max_calls;
+};
+
+static void describe(const struct cfg *c, const char *text, size_t n, size_t cut, int final)
+{
+    fprintf(stderr, "format %s tools %d reasoning %d think_open %d max_calls %d, cut %zu of %zu, final %d: '%.*s'\n",
+            tool_format_name(c->f), c->tools, c->reasoning, c->think_open, c->max_calls, cut, n, final, (int)cut, text);
+}
+
+static int same(const char *a, size_t na, const char *b, size_t nb) { return na == nb && !memcmp(a, b, na); }
+
+/* tool_parse (the incremental parser fed once) equals the reference on text[0..cut). */
+static void compare_parse(const struct cfg *c, const char *text, size_t n, size_t cut, int final)
+{
+    struct tool_parsed a, b;
+    CHECK(tool_parse(c->f, c->tools, c->reasoning, c->think_open, c->max_calls, text, cut, final, &a) == 0, "oom");
+    CHECK(tool_parse_ref(c->f, c->tools, c->reasoning, c->think_open, c->max_calls, text, cut, final, &b) == 0, "oom");
+    int ok = a.has_reasoning == b.has_reasoning && same(a.reasoning, a.reasoning_len, b.reasoning, b.reasoning_len) &&
+             same(a.content, a.content_len, b.content, b.content_len) && a.n_calls == b.n_calls;
+    for (int k = 0; ok && k < a.n_calls; k++)
+        ok = !strcmp(a.calls[k].name, b.calls[k].name) &&
+             same(a.calls[k].args, a.calls[k].args_len, b.calls[k].args, b.calls[k].args_len) &&
+             a.calls[k].complete == b.calls[k].complete;
+    if (!ok) {
+        describe(c, text, n, cut, final);
+        fprintf(stderr, "  new: reasoning %d '%s' content '%s' calls %d\n", a.has_reasoning, a.reasoning, a.content, a.n_calls);
+        for (int k = 0; k < a.n_calls; k++) fprintf(stderr, "    %s %s %d\n", a.calls[k].name, a.calls[k].args, a.calls[k].complete);
+        fprintf(stderr, "  old: reasoning %d '%s' content '%s' calls %d\n", b.has_reasoning, b.reasoning, b.content, b.n_calls);
+        for (int k = 0; k < b.n_calls; k++) fprintf(stderr, "    %s %s %d\n", b.calls[k].name, b.calls[k].args, b.calls[k].complete);
+        CHECK(0, "the incremental parser differs from the whole-text one");
+    }
+    n_compared++;
+    tool_parsed_free(&a);
+    tool_parsed_free(&b);
+}
+
+/* A log of what a stream sends: one line per fragment. */
+struct log {
+    char  *p;
+    size_t n, cap;
+};
+
+static void log_add(struct log *l, const char *tag, int k, const char *s, size_t n)
+{
+    char head[64];
+    int h = snprintf(head, sizeof head, "%s %d %zu:", tag, k, n);
+    CHECK(base_grow((void **)&l->p, &l->cap, l->n + (size_t)h + n + 2, 1) == 0, "oom");
+    memcpy(l->p + l->n, head, (size_t)h);
+    memcpy(l->p + l->n + h, s, n);
+    l->n += (size_t)h + n;
+    l->p[l->n++] = '\n';
+    l->p[l->n] = 0;
+}
+
+/* The old streams' deltas (http_openai_out.c and chat_tools.c before tool_stream.c): re-parse the
+ * whole text at each piece, send what grew past what went out. */
+struct old_stream {
+    size_t sent_reasoning, sent_content, sent_args[64];
+    int    sent_calls;
+};
+
+static void old_delta(const struct cfg *c, struct old_stream *st, const char *text, size_t cut, int final, struct log *l)
+{
+    struct tool_parsed p;
+    CHECK(tool_parse_ref(c->f, c->tools, c->reasoning, c->think_open, c->max_calls, text, cut, final, &p) == 0, "oom");
+    if (p.reasoning_len > st->sent_reasoning) log_add(l, "r", 0, p.reasoning + st->sent_reasoning, p.reasoning_len - st->sent_reasoning);
+    if (p.reasoning_len > st->sent_reasoning) st->sent_reasoning = p.reasoning_len;
+    if (p.content_len > st->sent_content) log_add(l, "c", 0, p.content + st->sent_content, p.content_len - st->sent_content);
+    if (p.content_len > st->sent_content) st->sent_content = p.content_len;
+    for (int k = 0; k < p.n_calls && k < 64; k++) {
+        const struct tool_parsed_call *pc = &p.calls[k];
+        if (k >= st->sent_calls) {
+            log_add(l, "name", k, pc->name, strlen(pc->name));
+            log_add(l, "a", k, pc->args, pc->args_len);
+            st->sent_args[k] = pc->args_len;
+            st->sent_calls = k + 1;
+        } else if (pc->args_len > st->sent_args[k]) {
+            log_add(l, "a", k, pc->args + st->sent_args[k], pc->args_len - st->sent_args[k]);
+            st->sent_args[k] = pc->args_len;
+        }
+    }
+    tool_parsed_free(&p);
+}
+
+static void new_delta(struct tool_stream *ts, const char *piece, size_t n, int final, struct log *l)
+{
+    struct tool_delta d;
+    CHECK(tool_stream_delta(ts, piece, n, final, &d) == 0, "oom");
+    if (d.reasoning) log_add(l, "r", 0, d.reasoning, d.reasoning_len);
+    if (d.content) log_add(l, "c", 0, d.content, d.content_len);
+    for (int k = 0; k < d.n_calls; k++) {
+        if (d.calls[k].is_new) log_add(l, "name", d.calls[k].index, d.calls[k].name, strlen(d.calls[k].name));
+        log_add(l, "a", d.calls[k].index, d.calls[k].args, d.calls[k].args_len);
+    }
+}
+
+/* The text cut into random pieces (ends included), streamed both ways. */
+static void compare_stream(const struct cfg *c, const char *text, size_t n)
+{
+    struct log a = {0}, b = {0};
+    struct old_stream old = {0};
+    struct tool_stream *ts;
+    CHECK(tool_stream_new(c->f, c->tools, c->reasoning, c->think_open, c->max_calls, &ts) == 0, "oom");
+    size_t at = 0;
+    for (;;) {
+        size_t step = rnd(4) == 0 ? 0 : 1 + rnd(rnd(3) == 0 ? 40 : 4);
+        size_t to = at + step > n ? n : at + step;
+        int final = to == n && rnd(3) != 0;
+        new_delta(ts, text + at, to - at, final, &a);
+        old_delta(c, &old, text, to, final, &b);
+        at = to;
+        if (final) break;
+        if (at == n) {
+            new_delta(ts, "", 0, 1, &a);
+            old_delta(c, &old, text, n, 1, &b);
+            break;
+        }
+    }
+    if (!same(a.p ? a.p : "", a.n, b.p ? b.p : "", b.n)) {
+        describe(c, text, n, n, 1);
+        fprintf(stderr, "new deltas:\n%s\nold deltas:\n%s\n", a.p ? a.p : "", b.p ? b.p : "");
+        CHECK(0, "a stream's deltas differ from the old stream's");
+    }
+    tool_stream_free(ts);
+    free(a.p);
+    free(b.p);
+}
+
+static void check_text(const char *text, size_t n, int every_cfg)
+{
+    for (int f = 0; f < 5; f++)
+        for (int bits = 0; bits < 16; bits++) {
+            if (!every_cfg && rnd(4)) continue;
+            struct cfg c = {(enum tool_format)f, !(bits & 1) || rnd(8) != 0, bits >> 1 & 1, bits >> 2 & 1, bits >> 3 & 1};
+            for (size_t cut = 0; cut <= n; cut += n > 600 ? 1 + rnd(13) : 1) compare_parse(&c, text, n, cut, 0);
+            compare_parse(&c, text, n, n, 1);
+            compare_stream(&c, text, n);
+        }
+}
+
+/* A random reply from the pieces models write (and break). */
+static size_t random_reply(char *out, size_t cap)
+{
+    static const char *const pieces[] = {
+        "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|tool_call|>", "<|/tool_call|>", "<|python_tag|>",
+        "<think>", "</think>", "<tool_c", "</tool", "<thi", "{", "}", "[", "]", ",", ":", ";", " ", "\n", "  \t",
+        "\"name\"", "\"arguments\"", "\"parameters\"", "\"tool_calls\"", "\"response\"", "\"get_weather\"",
+        "\"city\"", "\"Paris\"", "\"a\\\"b\\n\"", "\"\\u00e9\\ud83d\\ude00\"", "\"\\ud800\"", "\"\\u12", "\"\\x\"",
+        "12", "-3.5e2", "true", "false", "null", "nul", "tru", "x", "hello world", "Sure, ", "{\"name\": \"f\", ",
+        "\"arguments\": {\"x\": 1}}", "{\"name\":\"g\",\"parameters\":{\"q\":[1,2,{\"z\":null}]}}", "\x01", "\"\x01\"",
+        "{\"tool_calls\": [", "{\"response\": \"", "\\", "\"", "é", "\0",
+    };
+    const int n_pieces = (int)(sizeof pieces / sizeof *pieces);
+    size_t n = 0;
+    int k = 1 + (int)rnd(30);
+    for (int i = 0; i < k; i++) {
+        int j = (int)rnd((unsigned)n_pieces);
+        size_t m = j == n_pieces - 1 ? 1 : strlen(pieces[j]);
+        if (n + m > cap) break;
+        memcpy(out + n, pieces[j], m);
+        n += m;
+    }
+    return n;
+}
+
+static void check_corpus(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "no corpus at %s: skipped\n", dir);
+        return;
+    }
+    int files = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        char *data = NULL;
+        size_t n = 0;
+        if (base_read_file(path, 1 << 20, "corpus file", &data, &n) != STATUS_OK || n == 0) {
+            free(data);
+            continue;
+        }
+        check_text(data + 1, n - 1, 1); /* byte 0 is the fuzz target's settings */
+        free(data);
+        files++;
+    }
+    closedir(d);
+    fprintf(stderr, "corpus: %d files\n", files);
+}
+
+/* Steps to parse text fed `piece` bytes at a time. */
+static unsigned long long steps_of(enum tool_format f, int reasoning, const char *text, size_t n, size_t piece)
+{
+    struct tool_stream *ts;
+    CHECK(tool_stream_new(f, 1, reasoning, 0, 0, &ts) == 0, "oom");
+    struct tool_delta d;
+    for (size_t at = 0; at < n; at += piece)
+        CHECK(tool_stream_delta(ts, text + at, at + piece > n ? n - at : piece, 0, &d) == 0, "oom");
+    CHECK(tool_stream_delta(ts, "", 0, 1, &d) == 0, "oom");
+    unsigned long long s = tool_stream_steps(ts);
+    tool_stream_free(ts);
+    return s;
+}
+
+/* A reply of about `size` bytes of the given shape. */
+static char *long_reply(int shape, size_t size, size_t *n)
+{
+    char *s = malloc(size + 256);
+    CHECK(s, "oom");
+    size_t k = 0;
+    switch (shape) {
+    case 0: /* one hermes call with a long string argument */
+        k += (size_t)sprintf(s, "<tool_call>\n{\"name\": \"write\", \"arguments\": {\"text\": \"");
+        for (; k < size || k % 5; k++) s[k] = "ab \\n"[k % 5]; /* whole "\\n" escapes */
+        k += (size_t)sprintf(s + k, "\"}}\n</tool_call>");
+        break;
+    case 1: /* one hermes call with many keys and nested arrays */
+        k += (size_t)sprintf(s, "<tool_call>{\"name\": \"f\", \"arguments\": {");
+        for (int i = 0; k < size; i++) k += (size_t)sprintf(s + k, "\"k%d\": [%d, {\"x\": [true, null]}], ", i, i);
+        k += (size_t)sprintf(s + k, "\"end\": 1}}</tool_call>");
+        break;
+    case 2: /* long text with near-markers, then a call */
+        while (k < size) k += (size_t)sprintf(s + k, "some text <tool_ and more < ");
+        k += (size_t)sprintf(s + k, "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>");
+        break;
+    case 3: /* a long mistral list of calls */
+        k += (size_t)sprintf(s, "[TOOL_CALLS][");
+        while (k < size) k += (size_t)sprintf(s + k, "{\"name\": \"f\", \"arguments\": {\"a\": 1}}, ");
+        k += (size_t)sprintf(s + k, "{\"name\": \"g\", \"arguments\": {}}]");
+        break;
+    case 4: /* long reasoning, then a generic reply */
+        k += (size_t)sprintf(s, "<think>");
+        while (k < size) k += (size_t)sprintf(s + k, "hmm </thin let me think   ");
+        k += (size_t)sprintf(s + k, "</think>{\"response\": \"done\"}");
+        break;
+    default: /* a generic reply: a long response string */
+        k += (size_t)sprintf(s, "{\"response\": \"");
+        while (k < size) k += (size_t)sprintf(s + k, "word \\u00e9 ");
+        k += (size_t)sprintf(s + k, "\"}");
+        break;
+    }
+    *n = k;
+    return s;
+}
+
+static void check_linear(void)
+{
+    static const enum tool_format fmt[] = {TOOL_FORMAT_HERMES, TOOL_FORMAT_HERMES, TOOL_FORMAT_HERMES,
+                                           TOOL_FORMAT_MISTRAL, TOOL_FORMAT_GENERIC, TOOL_FORMAT_GENERIC};
+    for (int shape = 0; shape < 6; shape++) {
+        size_t n1, n2;
+        char *a = long_reply(shape, 100000, &n1), *b = long_reply(shape, 200000, &n2);
+        int reasoning = shape == 4;
+        unsigned long long s1 = steps_of(fmt[shape], reasoning, a, n1, 1), s2 = steps_of(fmt[shape], reasoning, b, n2, 1);
+        unsigned long long s1w = steps_of(fmt[shape], reasoning, a, n1, n1); /* the same text in one piece */
+        double per_byte = (double)s1 / (double)n1, growth = (double)s2 / (double)s1 * (double)n1 / (double)n2;
+        fprintf(stderr, "linear: shape %d, %zu bytes: %llu steps byte by byte (%.2f a byte; whole: %llu), "
+                "twice the bytes: x%.3f per byte\n", shape, n1, s1, per_byte, s1w, growth);
+        CHECK(per_byte < 40, "shape %d: %.1f steps a byte fed byte by byte", shape, per_byte);
+        CHECK(growth < 1.05, "shape %d: the steps per byte grow with the length (x%.3f)", shape, growth);
+        /* And the result equals the reference's, whole. */
+        struct cfg c = {fmt[shape], 1, reasoning, 0, 0};
+        compare_parse(&c, a, n1, n1, 1);
+        struct tool_parsed p;
+        CHECK(tool_parse(c.f, 1, reasoning, 0, 0, a, n1, 1, &p) == 0, "oom");
+        CHECK(shape == 2 || shape >= 4 ? p.content_len > 0 : p.n_calls > 0 && p.calls[p.n_calls - 1].complete,
+              "shape %d: the long reply did not parse as meant", shape);
+        tool_parsed_free(&p);
+        free(a);
+        free(b);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const cases[] = {
+        "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call> done",
+        "<tool_call>{\"arguments\": {\"a\": [1, 2]}, \"name\": \"f\"}</tool_call><tool_call>{\"name\": \"g\"}</tool_call>",
+        "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\", \"arguments\": {\"x\": 1}}] after",
+        "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}, {\"name\": 3}] after",
+        "<|tool_call|>{\"name\": \"f\", \"arguments\": {\"q\": \"x\"}}<|/tool_call|>",
+        "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"q\": 1}}; {\"name\": \"g\", \"parameters\": {}} tail",
+        "  {\"name\": \"f\", \"parameters\": 12} ;; x",
+        "<think> plan </think>  {\"tool_calls\": [{\"name\": \"f\", \"arguments\": {\"a\": -1.5e3}}]}",
+        "{\"response\": \"caf\\u00e9 \\ud83d\\ude00 \\\"q\\\"\"}",
+        "{\"response\": \"bad \x01 ctl\"}",
+        "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": tru}}</tool_call> text after",
+        "   <thi", "<tool_c", "<|python", "{\"tool_calls\": []}",
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_text(cases[i], strlen(cases[i]), 1);
+    check_corpus(argc > 1 ? argv[1] : SHARDLM_SOURCE_DIR "/tests/fuzz/corpus/tool_parse");
+    char buf[2048];
+    for (int i = 0; i < 3000; i++) {
+        size_t n = random_reply(buf, sizeof buf);
+        check_text(buf, n, 0);
+    }
+    /* Deep nesting: the depth limit falls at the same byte. */
+    char deep[700];
+    size_t k = (size_t)sprintf(deep, "<tool_call>{\"name\": \"f\", \"arguments\": ");
+    for (int i = 0; i < 130; i++) {
+        if (i % 2) deep[k++] = '[';
+        else k += (size_t)sprintf(deep + k, "{\"k\":");
+    }
+    check_text(deep, k, 1);
+    check_linear();
+    printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);
+    return 0;
+}

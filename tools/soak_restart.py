@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""tools/soak_restart.py - the restart soak of docs/reliability.md (issue 33): a journaled server
+(`serve --journal`, stories260K, --batch-invariant) under CONCURRENCY streaming clients is killed
+with SIGKILL every INTERVAL seconds and restarted on the same port, KILLS times; every client
+reconnects (Last-Event-ID after its first chunk, else its Idempotency-Key) until it has [DONE].
+Then every request is answered again by a server that is never killed, and each client's
+assembled answer (text and finish reason per choice, over all its connections) must equal it:
+nothing lost, nothing twice. Prints the counts; exit 1 on any difference or lost request.
+
+  python3 tools/soak_restart.py --shardlm build/cli/shardlm [--concurrency 64] [--requests 512]
+                                [--kills 5] [--interval 2.0] [--overhead]
+--overhead: no kills; the same requests with and without --journal, alternating three times,
+and the best wall time of each (the journal's cost on this machine; one run, same binary).
+A benchmark-style run (minutes), not a test: `ctest -R server_journal` is the short version."""
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.dont_write_bytecode = True
+sys.path.insert(0, str(ROOT / "tests/server"))
+import test_server as TS  # noqa: E402
+from test_journal import Stream, assemble  # noqa: E402
+
+PROMPTS = ["Once upon a time", "Tom had a red ball", "The cat sat", "A big dog ran", "Mom said to Lily",
+           "The bird flew over", "Lily liked to play", "The sun was hot and"]
+
+
+def requests(n, seed):
+    rnd = random.Random(seed)
+    out = []
+    for i in range(n):
+        p = rnd.choice(PROMPTS)
+        common = dict(max_tokens=rnd.randint(40, 300), temperature=rnd.choice([0.8, 1.0]), seed=i, stream=True,
+                      n=rnd.choice([1, 1, 2]))
+        if rnd.random() < 0.5:
+            out.append(("/v1/chat/completions", dict(common, messages=[{"role": "user", "content": p}])))
+        else:
+            out.append(("/v1/completions", dict(common, prompt=p)))
+    return out
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(shardlm, model, journal, port, name):
+    extra = ["--batch-invariant", "--max-seqs", "64", "--http", f"127.0.0.1:{port}"]
+    if journal:
+        extra += ["--journal", str(journal)]
+    return TS.Server(shardlm, model, *extra, name=name)
+
+
+class Client(Stream):
+    """A Stream that keeps reconnecting until [DONE] (or a give-up deadline)."""
+
+    def run(self, port_box, key, deadline):
+        self.key, self.lost = key, None
+        while not self.done and time.time() < deadline:
+            before = len(self.statuses)
+            if self.last_id:
+                self.read(port_box[0])
+            else:  # nothing yet: by key (reattaches if it was accepted, else submits it as new)
+                self.body_headers = {"Idempotency-Key": key}
+                self.read_with_key(port_box[0])
+            if self.done:
+                return
+            if len(self.statuses) > before and self.statuses[-1] == 404:
+                self.lost = getattr(self, "error", "404")
+                return
+            time.sleep(0.05)
+
+    def read_with_key(self, port):
+        import http.client
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            c.request("POST", self.path, json.dumps(self.body),
+                      {"Content-Type": "application/json", "Idempotency-Key": self.key})
+            r = c.getresponse()
+            self.statuses.append(r.status)
+            if r.status != 200:
+                self.error = r.read().decode()
+                return
+            pending = None
+            while True:
+                line = r.fp.readline()
+                if not line.endswith(b"\n"):
+                    return
+                line = line.decode().rstrip("\n")
+                if line.startswith("id: "):
+                    pending = line[4:]
+                elif line.startswith("data: "):
+                    if line[6:] == "[DONE]":
+                        self.done = True
+                        return
+                    self.chunks.append(json.loads(line[6:]))
+                    if pending:
+                        self.last_id = pending
+        except OSError:
+            return
+        finally:
+            c.close()
+
+
+def run_all(port, reqs, concurrency, keyed):
+    """Every request once at the given concurrency; the wall time."""
+    clients = [Client(p, b) for p, b in reqs]
+    todo, lock = list(range(len(reqs))), threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i = todo.pop(0)
+            if keyed:
+                clients[i].key = f"ovh-{os.getpid()}-{time.time_ns()}-{i}"
+                clients[i].read_with_key(port)
+            else:
+                clients[i].read(port)
+
+    t0 = time.time()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(c.done for c in clients), "a request did not finish"
+    return time.time() - t0
+
+
+def overhead(a, model, work, reqs):
+    best = {"journal": 1e9, "plain": 1e9}
+    for rep in range(3):
+        for kind in ("plain", "journal"):
+            srv = start(a.shardlm, model, work / f"journal-ovh-{rep}" if kind == "journal" else None, free_port(),
+                        f"ovh-{kind}-{rep}")
+            best[kind] = min(best[kind], run_all(srv.http_port, reqs, a.concurrency, kind == "journal"))
+            srv.stop()
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    print(f"CPU: {cpu}, {os.cpu_count()} cores; {len(reqs)} streamed requests at concurrency {a.concurrency}")
+    print(f"best of 3: without the journal {best['plain']:.2f} s, with --journal (fsync accept) {best['journal']:.2f} s, "
+          f"ratio {best['journal'] / best['plain']:.3f}")
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=512)
+    ap.add_argument("--kills", type=int, default=5)
+    ap.add_argument("--interval", type=float, default=2.0)
+    ap.add_argument("--overhead", action="store_true")
+    a = ap.parse_args()
+    assets = Path(os.environ.get("SHARDLM_ASSETS", ROOT.parent / "shared/assets"))
+    work = Path(tempfile.mkdtemp(prefix="shardlm-soak-restart-"))
+    try:
+        model = work / "stories260K"
+        TS.convert_stories260k(a.shardlm, assets / "stories260K", model)
+        reqs = requests(a.requests, 1)
+        if a.overhead:
+            return overhead(a, model, work, reqs)
+        port = free_port()
+        box = [port]
+        srv = start(a.shardlm, model, work / "journal", port, "soak-0")
+        clients = [Client(p, b) for p, b in reqs]
+        todo = list(range(len(reqs)))
+        lock = threading.Lock()
+        deadline = time.time() + 1800
+
+        def worker():
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    i = todo.pop(0)
+                clients[i].run(box, f"soak-{os.getpid()}-{i}", deadline)
+
+        t0 = time.time()
+        threads = [threading.Thread(target=worker) for _ in range(a.concurrency)]
+        for t in threads:
+            t.start()
+        kills = 0
+        while kills < a.kills and any(t.is_alive() for t in threads):
+            time.sleep(a.interval)
+            srv.proc.send_signal(signal.SIGKILL)
+            srv.proc.wait(timeout=30)
+            srv.log.close()
+            kills += 1
+            srv = start(a.shardlm, model, work / "journal", port, f"soak-{kills}")
+            resumed = [ln for ln in srv.log_path.read_text().splitlines() if "open request(s) to resume" in ln]
+            print(f"kill {kills} at {time.time() - t0:.1f} s: {resumed[-1].split(': ', 2)[-1] if resumed else '?'}",
+                  flush=True)
+        for t in threads:
+            t.join()
+        elapsed = time.time() - t0
+        srv.stop()
+        # The uninterrupted answers.
+        ref_srv = start(a.shardlm, model, None, free_port(), "reference")
+        refs = [Stream(p, b) for p, b in reqs]
+        todo = list(range(len(reqs)))
+
+        def ref_worker():
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    i = todo.pop(0)
+                refs[i].read(ref_srv.http_port)
+
+        threads = [threading.Thread(target=ref_worker) for _ in range(a.concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ref_srv.stop()
+        lost = [i for i, c in enumerate(clients) if not c.done]
+        diff = [i for i, (c, r) in enumerate(zip(clients, refs))
+                if c.done and ({k: (v["text"], v["finish"]) for k, v in assemble(c.chunks)[0].items()}
+                               != {k: (v["text"], v["finish"]) for k, v in assemble(r.chunks)[0].items()})]
+        reconnects = sum(len(c.statuses) - 1 for c in clients)
+        tokens = sum(sum(len(v["text"]) for v in assemble(c.chunks)[0].values()) for c in clients)
+        print(f"requests {len(reqs)}, concurrency {a.concurrency}, SIGKILLs {kills}, reconnections {reconnects}, "
+              f"{elapsed:.1f} s, {tokens} text bytes received")
+        print(f"lost {len(lost)}, different from the uninterrupted answer {len(diff)}")
+        for i in (lost + diff)[:5]:
+            print(f"  request {i}: statuses {clients[i].statuses} lost={clients[i].lost} {reqs[i]}")
+            if os.environ.get("SOAK_DEBUG"):
+                print("   got ", assemble(clients[i].chunks)[0])
+                print("   want", assemble(refs[i].chunks)[0])
+        return 0 if not lost and not diff else 1
+    finally:
+        TS.kill_all()
+        subprocess.run(["rm", "-rf", str(work)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
