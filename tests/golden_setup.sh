@@ -7,8 +7,9 @@
 #   OUT/qwen2, OUT/qwen3                                 q/k/v biases; QK norm, wide heads
 #   OUT/llama3_rope, OUT/yarn_rope                       rope_scaling llama3 and yarn
 #   OUT/phi3, OUT/mistral                                fused weights, partial rotary, LongRoPE; windows
+#   OUT/phi3_lora                                        phi3 + OUT/phi3_lora/adapter (PEFT, fused names)
 #   OUT/gemma2                                           soft-capping, alternating windows
-#   OUT/olmo2                                            post-norms only, whole-projection QK norm
+#   OUT/olmo2, OUT/olmo2_mqa                             post-norms only, whole-projection QK norm (1 KV head)
 #   OUT/mixtral, OUT/qwen3_moe, OUT/olmoe                mixtures of experts
 #   OUT/stories260K                                     `shardlm convert llama2c` of the asset
 #   OUT/stories260K_ref.json                            NumPy greedy ids and logits
@@ -44,11 +45,16 @@ mkdir -p "$out"
 # Mistral (a sliding window of 10): both windows shorter than the prompt and the greedy run.
 "$py" "$here/reference/make_models.py" phi3 --out "$out/phi3" --seed 10
 "$py" "$here/reference/make_models.py" mistral --out "$out/mistral" --seed 11
+# The same Phi-3 with a PEFT LoRA adapter in its fused module names (qkv_proj, gate_up_proj):
+# the reference is the adapted model's (W + s B A per part, float64).
+"$py" "$here/reference/make_models.py" phi3 --out "$out/phi3_lora" --seed 10 --peft-lora
 # Gemma 2: soft-capped attention scores and final logits, every other layer windowed (window 5,
 # shorter than the prompt), sandwich norms, GeGLU, tied embeddings.
 "$py" "$here/reference/make_models.py" gemma2 --out "$out/gemma2" --seed 12
 # OLMo 2: post-norms only, q and k normed over the whole projection.
 "$py" "$here/reference/make_models.py" olmo2 --out "$out/olmo2" --seed 14
+# The same with one KV head (its whole-projection k norm at tp 2 would see a replicated head).
+"$py" "$here/reference/make_models.py" olmo2 --out "$out/olmo2_mqa" --seed 15 --kv-heads 1
 # Mixtures of experts: Mixtral (8 experts, top 2, renormalised), Qwen 3 MoE (6 experts, top 3, not
 # renormalised, per-head QK norm), OLMoE (4 experts, top 2, whole-projection QK norm).
 "$py" "$here/reference/make_models.py" mixtral --out "$out/mixtral" --seed 21

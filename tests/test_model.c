@@ -5,7 +5,11 @@
  *   test_model stories DATA_DIR  stories260K (a real trained model) converted from llama2.c:
  *                                greedy ids, first logits, the known story, chunked prefill.
  *   test_model hf DATA_DIR NAME  a random HF checkpoint (gpt2, llama_sharded_bf16, ...):
- *                                logits at every prompt position and 20 greedy ids.
+ *                                logits at every prompt position and 20 greedy ids. When the
+ *                                reference names an "adapter" (a PEFT directory beside it:
+ *                                phi3_lora), the model serves with that adapter on every row
+ *                                and the reference is the adapted model's; the greedy ids are
+ *                                then left out (generate_run serves the base).
  *   test_model megatron DATA_DIR NAME TP PP  the same model rewritten in the Megatron-style
  *                                layout at (TP, PP), loaded back at tp = pp = 1.
  *   test_model cuda DATA_DIR NAME  the CUDA backend's forward (bf16) against the CPU backend's
@@ -35,6 +39,7 @@
 
 #include "checkpoint.h"
 #include "generate.h"
+#include "lora.h"
 #include "model.h"
 #include "quant.h"
 #include "tokenizer.h"
@@ -109,13 +114,20 @@ struct env {
     struct backend *b;
     struct model *m;
     struct kv_cache cache;
+    struct lora *adapter; /* applied to every row when set (env_open's adapter_dir) */
 };
 
-static enum status env_open(struct env *e, const char *dir, int max_ctx)
+/* adapter_dir: a PEFT adapter served on every row (lora_load_peft), or NULL. */
+static enum status env_open_adapter(struct env *e, const char *dir, int max_ctx, const char *adapter_dir)
 {
     memset(e, 0, sizeof *e);
     enum status st = backend_open(DEVICE_CPU, 0, 0, &e->b);
     if (st == STATUS_OK) st = model_load(dir, e->b, g_par, &e->m);
+    if (st == STATUS_OK && adapter_dir && (st = lora_load_peft(e->m, adapter_dir, &e->adapter)) == STATUS_OK) {
+        e->m->adapters = &e->adapter;
+        e->m->n_adapters = 1;
+        e->m->max_adapter_rank = e->adapter->rank;
+    }
     if (st == STATUS_OK) st = model_reserve(e->m, 64, 1, (max_ctx + 15) / 16, 64);
     if (st == STATUS_OK)
         st = kv_cache_init(&e->cache, e->b, e->m->n_layers_local, (max_ctx + 15) / 16, 16,
@@ -123,9 +135,16 @@ static enum status env_open(struct env *e, const char *dir, int max_ctx)
     return st;
 }
 
+static enum status env_open(struct env *e, const char *dir, int max_ctx)
+{
+    return env_open_adapter(e, dir, max_ctx, NULL);
+}
+
 static void env_close(struct env *e)
 {
     kv_cache_free(&e->cache);
+    if (e->m) e->m->adapters = NULL;
+    lora_free(e->adapter, e->b);
     model_free(e->m);
     backend_close(e->b);
 }
@@ -145,11 +164,12 @@ static enum status prompt_logits(struct env *e, const int32_t *ids, int n, int c
             slots[i] = table[(done + i) / bt] * bt + (done + i) % bt;
             rows[i] = i;
         }
-        int32_t q_start[2] = {0, len}, seq_len = done + len;
+        int32_t q_start[2] = {0, len}, seq_len = done + len, adapter = 0;
         struct forward_batch fb = {.n_tokens = len, .tokens = ids + done, .positions = pos,
                                    .slots = slots, .n_seqs = 1, .q_start = q_start,
                                    .seq_len = &seq_len, .block_table = table, .max_blocks = nb,
-                                   .n_logits = len, .logit_rows = rows};
+                                   .n_logits = len, .logit_rows = rows,
+                                   .seq_adapter = e->adapter ? &adapter : NULL};
         st = model_forward(e->m, &e->cache, &fb, logits + (size_t)done * V);
     }
     kv_cache_release(&e->cache, nb, table);
@@ -169,8 +189,11 @@ static int run_hf(const char *dir)
     int n_prompt = json_ints(cJSON_GetObjectItem(ref, "prompt_ids"), &prompt);
     int n_greedy = json_ints(cJSON_GetObjectItem(ref, "greedy_ids"), &greedy);
     const cJSON *ref_logits = cJSON_GetObjectItem(ref, "logits");
+    const cJSON *adapter = cJSON_GetObjectItem(ref, "adapter");
+    char adapter_dir[4096 + 32];
+    if (cJSON_IsString(adapter)) snprintf(adapter_dir, sizeof adapter_dir, "%s/%s", dir, adapter->valuestring);
     struct env e;
-    enum status st = env_open(&e, dir, n_prompt + n_greedy + 16);
+    enum status st = env_open_adapter(&e, dir, n_prompt + n_greedy + 16, cJSON_IsString(adapter) ? adapter_dir : NULL);
     snprintf(detail, sizeof detail, "%s: %s", status_name(st), status_message());
     check(st == STATUS_OK, "load", st == STATUS_OK ? dir : detail);
     if (st != STATUS_OK) goto out;
@@ -188,9 +211,12 @@ static int run_hf(const char *dir)
         }
         snprintf(detail, sizeof detail, "chunk %d: max |diff| %.3g (logits up to %.3g, tol %.3g)", chunks[c],
                  worst, scale, LOGIT_TOL * (1 + scale));
-        check(st == STATUS_OK && worst <= LOGIT_TOL * (1 + scale), "prompt logits vs NumPy", detail);
+        check(st == STATUS_OK && worst <= LOGIT_TOL * (1 + scale),
+              e.adapter ? "prompt logits with the PEFT adapter vs NumPy (merged in float64)" : "prompt logits vs NumPy",
+              detail);
     }
     free(logits);
+    if (e.adapter) goto out; /* generate_run serves the base model */
 
     int32_t *out = malloc((size_t)n_greedy * sizeof *out);
     int n_out = 0;

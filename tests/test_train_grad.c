@@ -9,7 +9,8 @@
  * With LORA_RANK > 0 the base is frozen and adapters on every projection are trained: B is
  * drawn at random too (a fresh adapter's B is zero, which would leave dA zero), and the dump
  * holds the base weights (gradient offsets -1) and "lora_A" / "lora_B" rows with their
- * gradients; OUT_PREFIX.peft/ receives the adapter in the PEFT layout. With LORA_DROPOUT > 0
+ * gradients (a fused group's one A under its leader's name: Phi-3's q for q, k, v and gate for
+ * gate, up); OUT_PREFIX.peft/ receives the adapter in the PEFT layout. With LORA_DROPOUT > 0
  * the micro-batch draws its masks as training does (seed 11, step 3, micro-batch 2, written
  * to the JSON), for the Python reference to draw them again from lora.h's formula.
  * Environment: MOE_AUX_COEFF, MOE_Z_COEFF and MOE_AUX_SCALE set a mixture of experts'
@@ -148,6 +149,7 @@ int main(int argc, char **argv)
     for (int i = 0; lora && i < lora->n_layers; i++) /* adapters: A, B and their gradients */
         for (int t = 0; t < LORA_TARGET_COUNT; t++)
             for (int ab = 0; ab < 2 && lora->sites[i][t].a.data; ab++) {
+                if (!ab && lora_target_leader(lora, (enum lora_target)t) != (enum lora_target)t) continue; /* fused: one A */
                 const struct lora_site *s = &lora->sites[i][t];
                 const struct tensor *x = ab ? &s->b : &s->a, *dx = ab ? &s->db : &s->da;
                 const size_t nb = tensor_nbytes(x);

@@ -22,6 +22,7 @@ Prints one line per check and "N passed, M failed"; exits 77 (SKIP) when jax is 
 import json
 import math
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -351,6 +352,53 @@ def _read_dump(meta, prefix):
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# Phi-3's fused modules (PEFT's qkv_proj and gate_up_proj): one A shared by the parts, B their rows
+# stacked; lora.h names the shared A after the group's first part.
+FUSED = {"phi3": {"k": "q", "v": "q", "up": "gate"}}
+PEFT_MODULES = {"phi3": (("qkv_proj", "self_attn", ("q", "k", "v")), ("o_proj", "self_attn", ("o",)),
+                         ("gate_up_proj", "mlp", ("gate", "up")), ("down_proj", "mlp", ("down",)))}
+
+
+def leader(kind, t):
+    return FUSED.get(kind, {}).get(t, t)
+
+
+def n_adapter_tensors(kind, n_layers):
+    return (2 * len(LORA_TARGETS) - len(FUSED.get(kind, {}))) * n_layers
+
+
+def read_safetensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    out = {}
+    for name, t in head.items():
+        if name == "__metadata__":
+            continue
+        if t["dtype"] != "F32":
+            raise ValueError("%s: %s is %s, not F32" % (path, name, t["dtype"]))
+        a, b = t["data_offsets"]
+        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], np.float32).reshape(t["shape"]).astype(np.float64)
+    return out
+
+
+def peft_layout_check(kind, peft_dir, params, n_layers):
+    """The adapter file in Phi-3's module names, as PEFT reads it for Phi3ForCausalLM: target_modules
+    qkv_proj, o_proj, gate_up_proj, down_proj; per module lora_A (r, in) and lora_B (out, r), a fused
+    B being its parts' B stacked in the order of the fused weight's rows."""
+    cfg = json.load(open(os.path.join(peft_dir, "adapter_config.json")))
+    tensors = read_safetensors(os.path.join(peft_dir, "adapter_model.safetensors"))
+    want = {}
+    for l in range(n_layers):
+        for module, block, parts in PEFT_MODULES[kind]:
+            pre = "base_model.model.model.layers.%d.%s.%s." % (l, block, module)
+            want[pre + "lora_A.weight"] = params["lora_A_%s/%d" % (parts[0], l)]
+            want[pre + "lora_B.weight"] = np.concatenate([params["lora_B_%s/%d" % (p, l)] for p in parts], axis=0)
+    same = set(tensors) == set(want) and all(tensors[k].shape == v.shape and np.array_equal(tensors[k], v)
+                                             for k, v in want.items())
+    check(sorted(cfg["target_modules"]) == sorted(m for m, _, _ in PEFT_MODULES[kind]) and same,
+          "%s LoRA: the PEFT file in the model's fused module names (%s), %d tensors equal to the trained ones"
+          % (kind, ", ".join(cfg["target_modules"]), len(tensors)))
 
 
 def lora_check(driver, tmp, kind, mdir, bpath, spec, batch, grad_scale):
@@ -366,8 +414,8 @@ def lora_check(driver, tmp, kind, mdir, bpath, spec, batch, grad_scale):
         p = dict(base)
         for t in LORA_TARGETS:
             for l in range(spec["n_layers"]):
-                a, b = ad.get("lora_A_%s/%d" % (t, l)), ad.get("lora_B_%s/%d" % (t, l))
-                if a is not None:
+                a, b = ad.get("lora_A_%s/%d" % (leader(kind, t), l)), ad.get("lora_B_%s/%d" % (t, l))
+                if b is not None:
                     p["%s/%d" % (t, l)] = p["%s/%d" % (t, l)] + s * (b @ a)
         return p
 
@@ -381,8 +429,10 @@ def lora_check(driver, tmp, kind, mdir, bpath, spec, batch, grad_scale):
         e = np.max(np.abs(grads[k] - r)) / max(np.max(np.abs(r)), 1e-2 * gmax)
         if e > worst:
             worst, wkey = e, k
-    check(worst < 1e-4 and len(refs) == 2 * len(LORA_TARGETS) * spec["n_layers"],
+    check(worst < 1e-4 and len(refs) == n_adapter_tensors(kind, spec["n_layers"]),
           "%s LoRA: all %d adapter gradients within 1e-4 of JAX (worst %.1e, %s)" % (kind, len(refs), worst, wkey))
+    if kind in PEFT_MODULES:
+        peft_layout_check(kind, os.path.join(tmp, kind + "_lora.peft"), params, spec["n_layers"])
     return meta, os.path.join(tmp, kind + "_lora.peft")
 
 
@@ -424,20 +474,21 @@ def lora_dropout_check(driver, tmp, kind, mdir, bpath, spec, batch, grad_scale, 
     ad = {k: jnp.asarray(v) for k, v in params.items() if k.startswith("lora_")}
     T = len(batch["tokens"])
     masks, dropped = {}, []
-    for ti, t in enumerate(LORA_TARGETS):
+    for t in LORA_TARGETS:  # a fused group draws one mask, its leader's (PEFT drops the module's input once)
+        lt = leader(kind, t)
         for l in range(spec["n_layers"]):
-            a = params.get("lora_A_%s/%d" % (t, l))
+            a = params.get("lora_A_%s/%d" % (lt, l))
             if a is not None:
-                mk = dropout_mask(meta["lora_dropout"], meta["dropout_seed"], meta["step"], meta["micro"], l, ti,
-                                  T, a.shape[1])
+                mk = dropout_mask(meta["lora_dropout"], meta["dropout_seed"], meta["step"], meta["micro"], l,
+                                  LORA_TARGETS.index(lt), T, a.shape[1])
                 masks["%s/%d" % (t, l)] = jnp.asarray(mk)
                 dropped.append(float(np.mean(mk == 0)))
     jb = {k: jnp.asarray(v) for k, v in batch.items() if k != "doc_start"}
 
     def loss_of(adp):
-        lora = {"A": {k[len("lora_A_"):]: v for k, v in adp.items() if k.startswith("lora_A_")},
-                "B": {k[len("lora_B_"):]: v for k, v in adp.items() if k.startswith("lora_B_")},
-                "s": meta["lora_scale"], "masks": masks}
+        keys = [k[len("lora_B_"):] for k in adp if k.startswith("lora_B_")]  # "t/l"
+        lora = {"A": {k: adp["lora_A_%s/%s" % (leader(kind, k.split("/")[0]), k.split("/")[1])] for k in keys},
+                "B": {k: adp["lora_B_" + k] for k in keys}, "s": meta["lora_scale"], "masks": masks}
         return forward_loss(base, spec, jb, lora)
 
     loss, jg = jax.value_and_grad(loss_of)(ad)
@@ -452,7 +503,7 @@ def lora_dropout_check(driver, tmp, kind, mdir, bpath, spec, batch, grad_scale, 
         e = np.max(np.abs(grads[k] - r)) / max(np.max(np.abs(r)), 1e-2 * gmax)
         if e > worst:
             worst, wkey = e, k
-    check(worst < 1e-4 and len(refs) == 2 * len(LORA_TARGETS) * spec["n_layers"],
+    check(worst < 1e-4 and len(refs) == n_adapter_tensors(kind, spec["n_layers"]),
           "%s LoRA dropout: all %d adapter gradients within 1e-4 of JAX with the masks (worst %.1e, %s)"
           % (kind, len(refs), worst, wkey))
 

@@ -3,6 +3,7 @@
 #include "layer.h"
 
 #include "moe.h"
+#include "parallel.h"
 
 static const struct tensor *opt(const struct tensor *t) { return t && t->data ? t : NULL; }
 
@@ -41,8 +42,39 @@ struct tensor layer_qk_norm_view(const struct model *m, const struct tensor *t, 
     return m->cfg.qk_norm == QK_NORM_FULL ? tensor_view2(t, T, heads * hd) : tensor_view2(t, T * heads, hd);
 }
 
-void layer_attention_inner(struct model *m, int l, int64_t T, const struct tensor *xn, const struct layer_tensors *t,
-                           const struct layer_hooks *h)
+enum status layer_qk_norm(struct model *m, const struct tensor *out, const struct tensor *in, const struct tensor *w,
+                          int64_t T, int64_t heads, const struct tensor *full)
+{
+    const struct tensor x = layer_qk_norm_view(m, in, T, heads), y = layer_qk_norm_view(m, out, T, heads);
+    if (m->cfg.qk_norm != QK_NORM_FULL || m->tp_size == 1) {
+        op_rmsnorm(m->b, &y, &x, w, m->cfg.norm_eps);
+        return STATUS_OK;
+    }
+    const int64_t cols = tensor_cols(&x), wide = cols * m->tp_size;
+    CHECK(full->data && tensor_numel(full) >= T * wide && tensor_numel(w) == wide,
+          "QK norm over tp: scratch of %lld for %lld x %lld, weight of %lld", (long long)tensor_numel(full),
+          (long long)T, (long long)wide, (long long)tensor_numel(w));
+    struct tensor f = tensor_view2(full, T, wide);
+    enum status st = comm_all_gather_last(m->par.groups->tp, &f, &x);
+    if (st != STATUS_OK) return st;
+    op_rmsnorm(m->b, &f, &f, w, m->cfg.norm_eps);
+    layer_tp_columns(m, &y, &f);
+    return STATUS_OK;
+}
+
+void layer_tp_columns(const struct model *m, const struct tensor *out, const struct tensor *full)
+{
+    const int64_t T = out->shape[0], cols = tensor_cols(out), wide = tensor_cols(full);
+    CHECK(full->shape[0] == T && wide == cols * m->tp_size && full->dtype == out->dtype, "tp columns: (%lld, %lld) "
+          "of (%lld, %lld)", (long long)T, (long long)cols, (long long)full->shape[0], (long long)wide);
+    const size_t es = dtype_size(out->dtype), row = (size_t)cols * es;
+    for (int64_t i = 0; i < T; i++)
+        backend_copy(m->b, (char *)out->data + (size_t)i * row,
+                     (char *)full->data + ((size_t)(i * wide) + (size_t)m->tp_rank * (size_t)cols) * es, row);
+}
+
+enum status layer_attention_inner(struct model *m, int l, int64_t T, const struct tensor *xn,
+                                  const struct layer_tensors *t, const struct layer_hooks *h)
 {
     struct backend *b = m->b;
     const struct model_config *c = &m->cfg;
@@ -62,10 +94,9 @@ void layer_attention_inner(struct model *m, int l, int64_t T, const struct tenso
     h->adapt(h->ctx, l, LORA_TARGET_K, &kp, xn);
     h->adapt(h->ctx, l, LORA_TARGET_V, &v, xn);
     if (c->qk_norm) { /* RMSNorm over each head's features, or all of them (in place when q_pre is q) */
-        struct tensor qph = layer_qk_norm_view(m, &t->q_pre, T, nh), kph = layer_qk_norm_view(m, &t->k_pre, T, nkv);
-        struct tensor qh = layer_qk_norm_view(m, &t->q, T, nh), kh = layer_qk_norm_view(m, &t->k, T, nkv);
-        op_rmsnorm(b, &qh, &qph, &w->q_norm, c->norm_eps);
-        op_rmsnorm(b, &kh, &kph, &w->k_norm, c->norm_eps);
+        enum status st = layer_qk_norm(m, &t->q, &t->q_pre, &w->q_norm, T, nh, &t->qk_full);
+        if (st == STATUS_OK) st = layer_qk_norm(m, &t->k, &t->k_pre, &w->k_norm, T, nkv, &t->qk_full);
+        if (st != STATUS_OK) return st;
     }
     if (c->positions == POSITION_KIND_ROTARY) {
         struct tensor pos = tensor_first_rows(&t->pos, T);
@@ -74,6 +105,7 @@ void layer_attention_inner(struct model *m, int l, int64_t T, const struct tenso
     }
     struct tensor lse = t->lse.data ? tensor_first_rows(&t->lse, T) : t->lse;
     h->attend(h->ctx, l, window, &q3, &k3, &v3, &att3, &lse);
+    return STATUS_OK;
 }
 
 void layer_mlp_inner(struct model *m, int l, int64_t T, const struct tensor *xn, const struct layer_tensors *t,
@@ -137,7 +169,7 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
     if (t->x_in.data != t->x.data) backend_copy(m->b, t->x_in.data, t->x.data, tensor_nbytes(&t->x));
     layer_pre_norm(m, &t->xn1, &t->x_in, &w->attn_norm, &w->attn_norm_bias);
     if ((st = h->gather(h->ctx, &t->xn1, T, &full)) != STATUS_OK) return st;
-    layer_attention_inner(m, l, T, &full, t, h);
+    if ((st = layer_attention_inner(m, l, T, &full, t, h)) != STATUS_OK) return st;
     struct tensor att = tensor_view2(&t->att, T, hq);
     if ((st = row_parallel_residual(m, l, LORA_TARGET_O, T, &t->x_mid, &t->x_in, &att, &w->wo, &w->bo, &t->attn_out,
                                     &t->normed, &w->post_attn_norm, h)) != STATUS_OK)

@@ -37,6 +37,8 @@ struct layer_tensors {
     struct tensor attn_out, mlp_out;/* (Tl, d): the row-parallel products (summed over tp) */
     struct tensor normed;           /* (Tl, d): a sandwich norm's output before the residual add */
     struct tensor pos;              /* i32 (T): positions, for rotary */
+    struct tensor qk_full;          /* (>= T, n_heads * hd): q or k gathered over tp for a QK norm
+                                     * over the whole projection at tp > 1 (else no data needed) */
     const struct moe_tensors *moe;  /* a mixture of experts' tensors (moe.h); NULL: the serving
                                      * workspace */
 };
@@ -76,9 +78,21 @@ void layer_pre_norm(const struct model *m, const struct tensor *out, const struc
  * norm per head, (T, heads * head_dim) for one over the whole projection (QK_NORM_FULL). */
 struct tensor layer_qk_norm_view(const struct model *m, const struct tensor *t, int64_t T, int64_t heads);
 
+/* The QK norm of q_pre or k_pre (in, T rows of `heads` local heads) into q or k (out; may be in),
+ * with weight w: per head, or over the whole projection. The whole projection at tp > 1: each
+ * rank holds some heads' columns, so the rows are gathered side by side over tp (rank r's at
+ * columns r * cols, ck_plan's order) into full (t->qk_full), normed whole with the whole weight
+ * (replicated on every rank), and this rank's columns copied back out. Every rank must then hold
+ * distinct heads (model_load refuses replicated KV heads for it). */
+enum status layer_qk_norm(struct model *m, const struct tensor *out, const struct tensor *in, const struct tensor *w,
+                          int64_t T, int64_t heads, const struct tensor *full);
+/* out (T, cols) = this tp rank's columns of full (T, tp * cols), rows gathered side by side over
+ * tp (comm_all_gather_last); the two must not overlap. */
+void layer_tp_columns(const struct model *m, const struct tensor *out, const struct tensor *full);
+
 /* The attention block's inside from the normed rows xn (T rows): q, k, v (+ biases, adapters),
  * the QK norm, rotary, attention into t->att. */
-void layer_attention_inner(struct model *m, int l, int64_t T, const struct tensor *xn, const struct layer_tensors *t,
+enum status layer_attention_inner(struct model *m, int l, int64_t T, const struct tensor *xn, const struct layer_tensors *t,
                            const struct layer_hooks *h);
 
 /* The MLP's inside from the normed rows xn (T rows): up, gate (+ biases, adapters) and the

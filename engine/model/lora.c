@@ -27,25 +27,82 @@ static const struct {
     [LORA_TARGET_DOWN] = {"down", "down_proj", "mlp", WEIGHT_KIND_DOWN},
 };
 
+/* Phi-3's fused modules (lora.h): group g is bit 1 << g of struct lora.fused; the members in the
+ * order of the fused B's rows, the first of them the leader that holds A. */
+#define N_FUSED 2
+static const struct {
+    const char *name, *module, *block;
+    unsigned members;
+    enum lora_target leader;
+} fused_groups[N_FUSED] = {
+    {"qkv", "qkv_proj", "self_attn", 1u << LORA_TARGET_Q | 1u << LORA_TARGET_K | 1u << LORA_TARGET_V, LORA_TARGET_Q},
+    {"gate_up", "gate_up_proj", "mlp", 1u << LORA_TARGET_GATE | 1u << LORA_TARGET_UP, LORA_TARGET_GATE},
+};
+
 const char *lora_target_name(enum lora_target t) { return targets[t].name; }
 const char *lora_target_module(enum lora_target t) { return targets[t].module; }
+
+/* The group t belongs to, or -1. */
+static int group_of(enum lora_target t)
+{
+    for (int g = 0; g < N_FUSED; g++)
+        if (fused_groups[g].members & (1u << t)) return g;
+    return -1;
+}
+
+enum lora_target lora_target_leader(const struct lora *l, enum lora_target t)
+{
+    const int g = group_of(t);
+    return g >= 0 && (l->fused & (1u << g)) ? fused_groups[g].leader : t;
+}
+
+/* One target or module name into *mask, and into *fused the group a fused module name means. */
+static enum status parse_target(const char *p, unsigned *mask, unsigned *fused)
+{
+    for (int t = 0; t < LORA_TARGET_COUNT; t++)
+        if (!strcmp(p, targets[t].name) || !strcmp(p, targets[t].module)) {
+            *mask |= 1u << t;
+            return STATUS_OK;
+        }
+    for (int g = 0; g < N_FUSED; g++)
+        if (!strcmp(p, fused_groups[g].name) || !strcmp(p, fused_groups[g].module)) {
+            *mask |= fused_groups[g].members;
+            *fused |= 1u << g;
+            return STATUS_OK;
+        }
+    return status_errorf(STATUS_INVALID_ARGUMENT, "LoRA target '%s' is not one of q, k, v, o, gate, up, down, qkv, "
+                         "gate_up (or q_proj ... down_proj, qkv_proj, gate_up_proj)", p);
+}
 
 enum status lora_parse_targets(const char *text, unsigned *mask)
 {
     *mask = 0;
+    unsigned fused = 0;
     char buf[256];
     snprintf(buf, sizeof buf, "%s", text);
     char *save = NULL;
     for (char *p = strtok_r(buf, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
-        int found = -1;
-        for (int t = 0; t < LORA_TARGET_COUNT; t++)
-            if (!strcmp(p, targets[t].name) || !strcmp(p, targets[t].module)) found = t;
-        if (found < 0)
-            return status_errorf(STATUS_INVALID_ARGUMENT,
-                                 "LoRA target '%s' is not one of q, k, v, o, gate, up, down (or q_proj ... down_proj)", p);
-        *mask |= 1u << found;
+        enum status st = parse_target(p, mask, &fused);
+        if (st != STATUS_OK) return st;
     }
     if (!*mask) return status_errorf(STATUS_INVALID_ARGUMENT, "no LoRA target in '%s'", text);
+    return STATUS_OK;
+}
+
+/* The groups an adapter of `mask` on m fuses: on a model whose Hugging Face layout fuses them
+ * (Phi-3), every group it targets, which it must target whole (PEFT has one module for it). */
+static enum status model_fused_groups(const struct model *m, unsigned mask, unsigned *fused)
+{
+    *fused = 0;
+    if (!config_hf_fused(&m->cfg)) return STATUS_OK;
+    for (int g = 0; g < N_FUSED; g++) {
+        const unsigned got = mask & fused_groups[g].members;
+        if (got && got != fused_groups[g].members)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "%s fuses %s into one %s: a LoRA adapter targets all of them "
+                                 "or none (PEFT adapts the fused module)", m->cfg.architecture,
+                                 g == 0 ? "q, k and v" : "gate and up", fused_groups[g].module);
+        if (got) *fused |= 1u << g;
+    }
     return STATUS_OK;
 }
 
@@ -133,7 +190,12 @@ static enum status lora_alloc(struct lora *l, const struct model *m, int whole)
                 }
                 struct tensor *ts[4] = {&s->a, &s->b, &s->da, &s->db};
                 const int64_t rows[4] = {r, out, r, out}, cols[4] = {in, r, in, r};
+                const enum lora_target lead = lora_target_leader(l, (enum lora_target)t);
                 for (int k = 0; k < (whole ? 2 : 4); k++) { /* a whole adapter has no gradients */
+                    if (lead != (enum lora_target)t && (k == 0 || k == 2)) { /* a fused member: its leader's A and dA */
+                        *ts[k] = k ? l->sites[i][lead].da : l->sites[i][lead].a;
+                        continue;
+                    }
                     *ts[k] = tensor_make(pass ? (char *)l->mem + off : NULL, DTYPE_F32, m->b->device, 2, rows[k], cols[k]);
                     off += (tensor_nbytes(ts[k]) + 255) / 256 * 256;
                 }
@@ -149,7 +211,7 @@ static enum status lora_alloc(struct lora *l, const struct model *m, int whole)
     return STATUS_OK;
 }
 
-static struct lora *lora_new(const struct model *m, int rank, float alpha, unsigned mask, int whole)
+static struct lora *lora_new(const struct model *m, int rank, float alpha, unsigned mask, unsigned fused, int whole)
 {
     struct lora *l = calloc(1, sizeof *l);
     if (!l) return NULL;
@@ -157,6 +219,7 @@ static struct lora *lora_new(const struct model *m, int rank, float alpha, unsig
     l->alpha = alpha;
     l->scale = alpha / (float)rank;
     l->targets = mask;
+    l->fused = fused;
     l->n_layers = whole ? m->cfg.n_layers : m->n_layers_local;
     l->layer_first = whole ? 0 : m->layer_first;
     l->sites = calloc((size_t)(l->n_layers > 0 ? l->n_layers : 1), sizeof *l->sites);
@@ -176,9 +239,12 @@ enum status lora_create(const struct model *m, int rank, float alpha, unsigned m
     if (m->cfg.n_experts)
         return status_errorf(STATUS_UNSUPPORTED, "LoRA adapters on a mixture of experts (%s) are not built",
                              m->cfg.architecture);
-    struct lora *l = lora_new(m, rank, alpha, mask, 0);
+    unsigned fused = 0;
+    enum status st = model_fused_groups(m, mask, &fused);
+    if (st != STATUS_OK) return st;
+    struct lora *l = lora_new(m, rank, alpha, mask, fused, 0);
     if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
-    enum status st = lora_alloc(l, m, 0);
+    st = lora_alloc(l, m, 0);
     if (st != STATUS_OK) {
         lora_free(l, m->b);
         return st;
@@ -190,7 +256,9 @@ enum status lora_create(const struct model *m, int rank, float alpha, unsigned m
     for (int g = 0; g < m->layer_first + l->n_layers && st2 == STATUS_OK; g++)
         for (int t = 0; t < LORA_TARGET_COUNT && st2 == STATUS_OK; t++) {
             const int i = g - m->layer_first, li = i >= 0 ? i : 0; /* earlier stages: the same structure */
-            if (!(l->targets & (1u << t)) || !base_weight(m, li, (enum lora_target)t)) continue;
+            if (!(l->targets & (1u << t)) || !base_weight(m, li, (enum lora_target)t) ||
+                lora_target_leader(l, (enum lora_target)t) != (enum lora_target)t) /* a fused member: its leader's A */
+                continue;
             int64_t out_w = 0, in_w = 0, start = 0;
             if ((st2 = site_geometry(m, g, (enum lora_target)t, &out_w, &in_w, &start)) != STATUS_OK) break;
             const int64_t n = (int64_t)rank * in_w;
@@ -213,10 +281,10 @@ enum status lora_create(const struct model *m, int rank, float alpha, unsigned m
     return STATUS_OK;
 }
 
-enum status lora_create_whole(const struct model *m, int rank, float alpha, unsigned mask, struct lora **out)
+enum status lora_create_whole(const struct model *m, const struct lora *like, struct lora **out)
 {
     *out = NULL;
-    struct lora *l = lora_new(m, rank, alpha, mask, 1);
+    struct lora *l = lora_new(m, like->rank, like->alpha, like->targets, like->fused, 1);
     if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
     enum status st = lora_alloc(l, m, 1);
     if (st != STATUS_OK) {
@@ -241,10 +309,11 @@ void lora_dropout_batch(struct lora *l, int on, int64_t step, int micro)
 }
 
 /* The key of a site's mask in the current micro-batch: the same on every rank that holds a
- * slice of it (global layer index; op_dropout adds the global column). */
+ * slice of it (global layer index; op_dropout adds the global column), and the same for the
+ * members of a fused group (PEFT drops the fused module's one input once). */
 static uint64_t site_key(const struct lora *l, int layer, enum lora_target t)
 {
-    return op_dropout_hash(l->batch_key ^ ((uint64_t)(l->layer_first + layer) << 8 | (uint64_t)t));
+    return op_dropout_hash(l->batch_key ^ ((uint64_t)(l->layer_first + layer) << 8 | (uint64_t)lora_target_leader(l, t)));
 }
 
 enum status lora_reserve(struct lora *l, struct backend *b, int max_tokens, enum dtype act)
@@ -400,29 +469,60 @@ static int llama_family(const struct model *m)
     return m->cfg.family == MODEL_FAMILY_LLAMA || m->cfg.family == MODEL_FAMILY_GEMMA3;
 }
 
-static void peft_name(char *buf, size_t n, int layer, enum lora_target t, char ab)
+/* The PEFT module that target t of l is written as and read from: its names, and the targets
+ * whose B rows its B stacks in order (*parts). 0 for a fused member that is not its group's
+ * leader: the leader's module is the whole group's. */
+static int peft_module(const struct lora *l, enum lora_target t, const char **module, const char **block,
+                       unsigned *parts)
 {
-    snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer, targets[t].block,
-             targets[t].module, ab);
+    const int g = group_of(t);
+    if (g >= 0 && (l->fused & (1u << g))) {
+        *module = fused_groups[g].module;
+        *block = fused_groups[g].block;
+        *parts = fused_groups[g].members;
+        return fused_groups[g].leader == t;
+    }
+    *module = targets[t].module;
+    *block = targets[t].block;
+    *parts = 1u << t;
+    return 1;
 }
 
+static void peft_name(char *buf, size_t n, int layer, const char *block, const char *module, char ab)
+{
+    snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer, block, module, ab);
+}
+
+/* One tensor of the file: the device tensors whose bytes it is, one after the other (a fused B
+ * is its parts' B stacked). */
 struct peft_item {
     struct backend *b;
-    const struct tensor *t;
+    const struct tensor *t[3];
+    int n;
 };
 
 static enum status peft_fill(void *ctx, void *dst, size_t nbytes)
 {
     const struct peft_item *it = ctx;
-    backend_download(it->b, dst, it->t->data, nbytes);
+    size_t off = 0;
+    for (int i = 0; i < it->n; i++) {
+        const size_t nb = tensor_nbytes(it->t[i]);
+        CHECK(off + nb <= nbytes, "PEFT tensor of %zu bytes overflows", nbytes);
+        backend_download(it->b, (char *)dst + off, it->t[i]->data, nb);
+        off += nb;
+    }
     return STATUS_OK;
 }
 
 static enum status write_peft_config(const struct lora *l, const char *dir, const char *base_model)
 {
     cJSON *root = cJSON_CreateObject(), *mods = cJSON_CreateArray();
-    for (int t = 0; t < LORA_TARGET_COUNT; t++)
-        if (l->targets & (1u << t)) cJSON_AddItemToArray(mods, cJSON_CreateString(targets[t].module));
+    for (int t = 0; t < LORA_TARGET_COUNT; t++) {
+        const char *module, *block;
+        unsigned parts;
+        if ((l->targets & (1u << t)) && peft_module(l, (enum lora_target)t, &module, &block, &parts))
+            cJSON_AddItemToArray(mods, cJSON_CreateString(module));
+    }
     cJSON_AddStringToObject(root, "peft_type", "LORA");
     cJSON_AddStringToObject(root, "task_type", "CAUSAL_LM");
     cJSON_AddStringToObject(root, "base_model_name_or_path", base_model ? base_model : "");
@@ -467,12 +567,20 @@ enum status lora_save_peft(const struct lora *l, const struct model *m, struct b
     for (int i = 0; i < l->n_layers && st == STATUS_OK; i++)
         for (int t = 0; t < LORA_TARGET_COUNT && st == STATUS_OK; t++) {
             const struct lora_site *s = &l->sites[i][t];
-            if (!s->a.data) continue;
+            const char *module, *block;
+            unsigned parts;
+            if (!s->a.data || !peft_module(l, (enum lora_target)t, &module, &block, &parts)) continue;
             for (int ab = 0; ab < 2 && st == STATUS_OK; ab++) {
-                const struct tensor *x = ab ? &s->b : &s->a;
-                items[k] = (struct peft_item){b, x};
-                peft_name(name, sizeof name, l->layer_first + i, (enum lora_target)t, ab ? 'B' : 'A');
-                st = safetensors_writer_add_deferred(w, name, DTYPE_F32, 2, x->shape, peft_fill, &items[k++]);
+                struct peft_item *it = &items[k++];
+                *it = (struct peft_item){.b = b};
+                int64_t shape[2] = {ab ? 0 : s->a.shape[0], ab ? l->rank : s->a.shape[1]};
+                for (int p = 0; p < LORA_TARGET_COUNT; p++) /* A once; B of every part, in order */
+                    if (ab ? (parts & (1u << p)) != 0 : p == t) {
+                        it->t[it->n++] = ab ? &l->sites[i][p].b : &s->a;
+                        if (ab) shape[0] += l->sites[i][p].b.shape[0];
+                    }
+                peft_name(name, sizeof name, l->layer_first + i, block, module, ab ? 'B' : 'A');
+                st = safetensors_writer_add_deferred(w, name, DTYPE_F32, 2, shape, peft_fill, it);
             }
         }
     if (st == STATUS_OK) st = safetensors_writer_set_metadata(w, "format", "pt");
@@ -487,7 +595,7 @@ enum status lora_save_peft(const struct lora *l, const struct model *m, struct b
 }
 
 /* adapter_config.json: rank, alpha and targets, refusing what this code does not compute. */
-static enum status read_peft_config(const char *dir, int *rank, float *alpha, unsigned *mask)
+static enum status read_peft_config(const char *dir, int *rank, float *alpha, unsigned *mask, unsigned *fused)
 {
     char path[4200], *text = NULL;
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
@@ -512,16 +620,27 @@ static enum status read_peft_config(const char *dir, int *rank, float *alpha, un
         if (cJSON_IsString(bias) && strcmp(bias->valuestring, "none"))
             st = status_errorf(STATUS_UNSUPPORTED, "%s: bias \"%s\" (only \"none\")", path, bias->valuestring);
     }
-    *mask = 0;
+    *mask = *fused = 0;
+    unsigned plain = 0; /* the targets named by their own modules */
     const cJSON *it;
     cJSON_ArrayForEach(it, mods)
     {
         if (st != STATUS_OK) break;
-        unsigned one = 0;
+        unsigned one = 0, one_fused = 0;
         if (!cJSON_IsString(it)) st = status_errorf(STATUS_BAD_FORMAT, "%s: target_modules holds a non-string", path);
-        else if ((st = lora_parse_targets(it->valuestring, &one)) != STATUS_OK) st = status_errorf(st, "%s: %s", path, it->valuestring);
+        else if ((st = parse_target(it->valuestring, &one, &one_fused)) != STATUS_OK) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", status_message());
+            st = status_errorf(st, "%s: %s", path, msg);
+        }
         *mask |= one;
+        *fused |= one_fused;
+        if (!one_fused) plain |= one;
     }
+    for (int g = 0; g < N_FUSED && st == STATUS_OK; g++)
+        if ((*fused & (1u << g)) && (plain & fused_groups[g].members))
+            st = status_errorf(STATUS_BAD_FORMAT, "%s: target_modules names %s and a part of it too", path,
+                               fused_groups[g].module);
     /* alpha is read as a double: 1e39 is finite there and infinite as a float. */
     if (st == STATUS_OK && (!isfinite(r->valuedouble) || r->valuedouble != floor(r->valuedouble) ||
                             r->valuedouble < 1 || r->valuedouble > LORA_MAX_RANK))
@@ -558,6 +677,70 @@ static enum status peft_files_reachable(const char *dir)
     return STATUS_OK;
 }
 
+/* The whole tensor `name` (rows x cols) of the adapter's file, as f32 in *h (the caller frees it),
+ * refused naming the file and the tensor when it is missing, of another shape or not finite. */
+static enum status read_peft_tensor(const struct safetensors *sf, const char *path, const char *name, int64_t rows,
+                                    int64_t cols, float **h)
+{
+    *h = NULL;
+    const struct st_tensor *f = safetensors_find(sf, name);
+    if (!f) return status_errorf(STATUS_BAD_FORMAT, "%s: no tensor %s", path, name);
+    if (f->ndim != 2 || f->shape[0] != rows || f->shape[1] != cols || !f->supported)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: %s has shape [%lld, %lld] (%s), the model needs [%lld, %lld]",
+                             path, name, (long long)f->shape[0], (long long)(f->ndim > 1 ? f->shape[1] : 0),
+                             f->dtype_name, (long long)rows, (long long)cols);
+    const size_t nb = (size_t)(rows * cols) * sizeof(float);
+    if (!(*h = malloc(nb))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
+    enum status st = safetensors_read(f, DTYPE_F32, *h, nb);
+    const int64_t bad = st == STATUS_OK ? dtype_first_non_finite(*h, DTYPE_F32, (size_t)(rows * cols)) : -1;
+    if (bad >= 0)
+        st = status_errorf(STATUS_BAD_FORMAT, "%s: tensor %s holds a NaN or Inf (element %lld): the adapter is corrupt",
+                           path, name, (long long)bad);
+    if (st != STATUS_OK) {
+        free(*h);
+        *h = NULL;
+    }
+    return st;
+}
+
+/* Global layer g's module at target t (a plain target or a fused group's leader): A into t's
+ * site, B's row ranges into its parts' sites, each rank keeping its slices. */
+static enum status read_peft_module(struct lora *l, const struct model *m, const struct safetensors *sf,
+                                    const char *path, int i, enum lora_target t)
+{
+    const char *module, *block;
+    unsigned parts;
+    if (!peft_module(l, t, &module, &block, &parts)) return STATUS_OK;
+    const int g = l->layer_first + i;
+    int64_t out_w = 0, in_w = 0, start = 0, rows = 0;
+    for (int p = 0; p < LORA_TARGET_COUNT; p++) /* B stacks the parts' whole rows */
+        if (parts & (1u << p)) {
+            enum status st = site_geometry(m, g, (enum lora_target)p, &out_w, &in_w, &start);
+            if (st != STATUS_OK) return st;
+            rows += out_w;
+        }
+    char name[256];
+    float *h = NULL;
+    enum status st = site_geometry(m, g, t, &out_w, &in_w, &start);
+    if (st == STATUS_OK) {
+        peft_name(name, sizeof name, g, block, module, 'A');
+        st = read_peft_tensor(sf, path, name, l->rank, in_w, &h);
+    }
+    if (st == STATUS_OK) upload_slice(m->b, &l->sites[i][t].a, h, in_w, 0, t, start);
+    free(h);
+    if (st == STATUS_OK) {
+        peft_name(name, sizeof name, g, block, module, 'B');
+        st = read_peft_tensor(sf, path, name, rows, l->rank, &h);
+    }
+    for (int p = 0, row0 = 0; p < LORA_TARGET_COUNT && st == STATUS_OK; p++)
+        if ((parts & (1u << p)) && (st = site_geometry(m, g, (enum lora_target)p, &out_w, &in_w, &start)) == STATUS_OK) {
+            upload_slice(m->b, &l->sites[i][p].b, h + (int64_t)row0 * l->rank, l->rank, 1, (enum lora_target)p, start);
+            row0 += (int)out_w;
+        }
+    free(h);
+    return st;
+}
+
 enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
 {
     *out = NULL;
@@ -568,17 +751,21 @@ enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
                              m->cfg.architecture);
     int rank = 0;
     float alpha = 0;
-    unsigned mask = 0;
+    unsigned mask = 0, fused = 0;
     enum status st = peft_files_reachable(dir);
     if (st != STATUS_OK) return st;
-    if ((st = read_peft_config(dir, &rank, &alpha, &mask)) != STATUS_OK) return st == STATUS_NOT_FOUND ? STATUS_IO : st;
-    struct lora *l = lora_new(m, rank, alpha, mask, 0);
+    if ((st = read_peft_config(dir, &rank, &alpha, &mask, &fused)) != STATUS_OK) return st == STATUS_NOT_FOUND ? STATUS_IO : st;
+    if (fused && !config_hf_fused(&m->cfg))
+        return status_errorf(STATUS_BAD_FORMAT, "%s/adapter_config.json: target module %s is a fused projection "
+                             "(Phi-3's); %s has separate ones", dir, fused & LORA_FUSED_QKV ? "qkv_proj" : "gate_up_proj",
+                             m->cfg.architecture);
+    struct lora *l = lora_new(m, rank, alpha, mask, fused, 0);
     if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
     if ((st = lora_alloc(l, m, 0)) != STATUS_OK) {
         lora_free(l, m->b);
         return st;
     }
-    char path[4200], name[256];
+    char path[4200];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     struct safetensors *sf = NULL;
     if ((st = safetensors_open(path, &sf)) != STATUS_OK) {
@@ -586,36 +773,8 @@ enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
         return st == STATUS_NOT_FOUND ? STATUS_IO : st; /* gone since peft_files_reachable */
     }
     for (int i = 0; i < l->n_layers && st == STATUS_OK; i++)
-        for (int t = 0; t < LORA_TARGET_COUNT && st == STATUS_OK; t++) {
-            struct lora_site *s = &l->sites[i][t];
-            if (!s->a.data) continue;
-            int64_t out_w = 0, in_w = 0, start = 0;
-            st = site_geometry(m, m->layer_first + i, (enum lora_target)t, &out_w, &in_w, &start);
-            for (int ab = 0; ab < 2 && st == STATUS_OK; ab++) {
-                struct tensor *x = ab ? &s->b : &s->a;
-                const int64_t rows = ab ? out_w : rank, cols = ab ? rank : in_w; /* the whole tensor */
-                peft_name(name, sizeof name, l->layer_first + i, (enum lora_target)t, ab ? 'B' : 'A');
-                const struct st_tensor *f = safetensors_find(sf, name);
-                if (!f) {
-                    st = status_errorf(STATUS_BAD_FORMAT, "%s: no tensor %s", path, name);
-                } else if (f->ndim != 2 || f->shape[0] != rows || f->shape[1] != cols || !f->supported) {
-                    st = status_errorf(STATUS_BAD_FORMAT, "%s: %s has shape [%lld, %lld] (%s), the model needs [%lld, %lld]",
-                                       path, name, (long long)f->shape[0], (long long)(f->ndim > 1 ? f->shape[1] : 0),
-                                       f->dtype_name, (long long)rows, (long long)cols);
-                } else {
-                    const size_t nb = (size_t)(rows * cols) * sizeof(float);
-                    float *h = malloc(nb);
-                    st = h ? safetensors_read(f, DTYPE_F32, h, nb)
-                           : status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
-                    const int64_t bad = st == STATUS_OK ? dtype_first_non_finite(h, DTYPE_F32, (size_t)(rows * cols)) : -1;
-                    if (bad >= 0)
-                        st = status_errorf(STATUS_BAD_FORMAT, "%s: tensor %s holds a NaN or Inf (element %lld): the "
-                                           "adapter is corrupt", path, name, (long long)bad);
-                    if (st == STATUS_OK) upload_slice(m->b, x, h, cols, ab, (enum lora_target)t, start);
-                    free(h);
-                }
-            }
-        }
+        for (int t = 0; t < LORA_TARGET_COUNT && st == STATUS_OK; t++)
+            if (l->sites[i][t].a.data) st = read_peft_module(l, m, sf, path, i, (enum lora_target)t);
     safetensors_close(sf);
     if (st != STATUS_OK) {
         lora_free(l, m->b);

@@ -7,6 +7,14 @@
  * Hugging Face PEFT layout (adapter_config.json + adapter_model.safetensors, tensor names
  * base_model.model.model.layers.L.self_attn.q_proj.lora_A.weight ...), so that they load in
  * PEFT / vLLM and PEFT adapters load here.
+ * Phi-3 fuses q, k, v into qkv_proj and gate, up into gate_up_proj, and PEFT adapts the fused
+ * modules: one A (rank, in) shared by the parts and one B whose rows are the parts' rows in
+ * order. Here such an adapter is the parts' sites with B's row ranges and one A: the members'
+ * a and da alias their leader's (q for q, k, v; gate for gate, up: lora_target_leader), so that
+ * x A^T B_part^T is each part's share of the fused product and dA sums the parts' gradients.
+ * lora_create fuses on a model whose Hugging Face layout fuses (config_hf_fused) and refuses a
+ * group targeted in part; lora_load_peft fuses what the file names fused (qkv_proj,
+ * gate_up_proj; separate q_proj ... still load on Phi-3, as PEFT adapters of another layout).
  * Training may apply dropout to the adapter's input, as PEFT's lora_dropout does:
  *     y = x W^T + s (drop(x) A^T) B^T,
  * the mask drawn by op_dropout (kernels/ops.h) from a key of (seed, step, micro-batch, global
@@ -43,10 +51,17 @@ enum lora_target {
     LORA_TARGET_COUNT
 };
 
+/* The fused groups (bits of struct lora.fused): q, k, v as qkv_proj; gate, up as gate_up_proj. */
+enum lora_fused {
+    LORA_FUSED_QKV = 1,
+    LORA_FUSED_GATE_UP = 2
+};
+
 /* "q", "k", "v", "o", "gate", "up", "down"; and the PEFT module names "q_proj" ... */
 const char *lora_target_name(enum lora_target t);
 const char *lora_target_module(enum lora_target t);
-/* Parses "q,k,v,o,gate,up,down" (or the module names) into a bit mask of enum lora_target;
+/* Parses "q,k,v,o,gate,up,down" (or the module names; "qkv" / "qkv_proj" and "gate_up" /
+ * "gate_up_proj" name their parts) into a bit mask of enum lora_target;
  * STATUS_INVALID_ARGUMENT naming an unknown one. */
 enum status lora_parse_targets(const char *text, unsigned *mask);
 
@@ -61,6 +76,7 @@ struct lora {
     int      rank;
     float    alpha, scale;     /* scale = alpha / rank */
     unsigned targets;          /* bit mask of enum lora_target */
+    unsigned fused;            /* bit mask of enum lora_fused: those groups share their leader's A */
     int      n_layers;         /* the model's local layers */
     int      layer_first;      /* the global index of the first (names in the PEFT files) */
     struct lora_site (*sites)[LORA_TARGET_COUNT]; /* (n_layers) */
@@ -93,9 +109,12 @@ enum status lora_create(const struct model *m, int rank, float alpha, unsigned t
 int lora_target_row_parallel(enum lora_target t);
 enum status lora_site_geometry(const struct model *m, int layer, enum lora_target t, int tp_rank, int64_t *out,
                                int64_t *in, int64_t *start, int64_t *len);
-/* Zeroed whole adapters (A and B only) for every layer of m's model (layer_first 0): what rank 0
- * of a job assembles to write one PEFT file. */
-enum status lora_create_whole(const struct model *m, int rank, float alpha, unsigned targets, struct lora **out);
+/* Zeroed whole adapters (A and B only) for every layer of m's model (layer_first 0), of like's
+ * rank, alpha, targets and fused groups: what rank 0 of a job assembles to write one PEFT file. */
+enum status lora_create_whole(const struct model *m, const struct lora *like, struct lora **out);
+/* The target whose A (and dA) t uses: its group's leader when t is a member of a fused group of
+ * l, else t. A member that is not its own leader has no A of its own to train or save. */
+enum lora_target lora_target_leader(const struct lora *l, enum lora_target t);
 
 /* Dropout on the adapters' input in training forwards (p in [0, 1); 0, the default, is none),
  * masks keyed by seed. Before lora_reserve. */
@@ -130,7 +149,8 @@ void lora_backward(struct lora *l, struct backend *b, int layer, enum lora_targe
 
 /* The PEFT layout: writes dir/adapter_config.json (with lora_dropout) and
  * dir/adapter_model.safetensors (f32), creating dir; base_model names the base checkpoint in the config. Llama-family models only
- * (HF module names); STATUS_UNSUPPORTED otherwise. */
+ * (HF module names; a fused group under its fused module's name, B's rows the parts' in order);
+ * STATUS_UNSUPPORTED otherwise. */
 enum status lora_save_peft(const struct lora *l, const struct model *m, struct backend *b, const char *dir,
                            const char *base_model);
 /* Reads a PEFT adapter for m: rank, alpha and targets from adapter_config.json, A and B from

@@ -88,6 +88,7 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.block_table, DTYPE_I32, 2, {max_seqs, max_blocks}},
         {&m->ws.lora_u, m->dtype, 2, {m->max_adapter_rank > 0 ? T : 0, m->max_adapter_rank}},
         {&m->ws.lora_z, m->dtype, 2, {m->max_adapter_rank > 0 ? T : 0, widest_projection(m)}},
+        {&m->ws.qk_full, m->dtype, 2, {c->qk_norm == QK_NORM_FULL && m->tp_size > 1 ? T : 0, (int64_t)c->n_heads * hd}},
     };
     const size_t n_entries = sizeof table / sizeof table[0];
     /* One allocation carved by the table, each piece aligned to 256 bytes. */
@@ -145,6 +146,7 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
     if (m->par.groups && m->tp_size > 1) {
         size_t most = (size_t)T * (size_t)d;
         if ((size_t)max_logits * width > most) most = (size_t)max_logits * width;
+        if ((size_t)tensor_numel(&m->ws.qk_full) > most) most = (size_t)tensor_numel(&m->ws.qk_full); /* layer_qk_norm */
         if ((st = comm_reserve(m->par.groups->tp, most)) != STATUS_OK) return st;
     }
     return STATUS_OK;
@@ -284,7 +286,7 @@ static struct layer_tensors serve_tensors(struct model *m, int64_t T)
         .q_pre = m->ws.q, .k_pre = m->ws.k, .q = m->ws.q, .k = m->ws.k, .v = m->ws.v, .att = m->ws.att,
         .gate = m->ws.gate, .up = up, .hact = up,
         .attn_out = proj, .mlp_out = proj, .normed = proj,
-        .pos = m->ws.positions,
+        .pos = m->ws.positions, .qk_full = m->ws.qk_full,
     };
 }
 

@@ -66,6 +66,8 @@ struct model_workspace {
     struct tensor x_f32;           /* (max_tokens, d_model) f32, when dtype != f32: model_embed's rows for the host */
     struct tensor q_start, seq_len, block_table;        /* i32 (max_seqs+1), (max_seqs), (max_seqs, max_blocks) */
     struct tensor lora_u, lora_z;  /* serving adapters' scratch: (max_tokens, max_adapter_rank), (max_tokens, widest) */
+    struct tensor qk_full;         /* (max_tokens, n_heads * head_dim): q or k gathered over tp for a QK norm over
+                                      the whole projection (QK_NORM_FULL at tp > 1; else no data) */
     /* Mixture of experts (moe.h), absent for dense models: the router's logits (f32 for the
      * host), one expert's gathered input rows and output rows, the routed rows and weights of
      * every expert (device and host), and where each expert's run starts (host). */

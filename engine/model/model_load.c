@@ -317,9 +317,12 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
         st = status_errorf(STATUS_INVALID_ARGUMENT, "model: pp %d exceeds the %d layers", pp_size, c->n_layers);
         goto fail;
     }
-    if (tp_size > 1 && c->qk_norm == QK_NORM_FULL) { /* its statistics would need a tp reduction per row */
-        st = status_errorf(STATUS_UNSUPPORTED, "model: %s normalises q and k over every head at once; tensor "
-                           "parallelism (tp %d) is not built for it (pp and dp are)", c->architecture, tp_size);
+    /* q and k normed over every head at once: layer_qk_norm gathers the rows over tp, which needs
+     * every rank to hold distinct KV heads. */
+    if (tp_size > c->n_kv_heads && c->qk_norm == QK_NORM_FULL) {
+        st = status_errorf(STATUS_UNSUPPORTED, "model: %s normalises k over every KV head at once; tp %d above its %d KV "
+                           "heads (replicated on several ranks) is not built for it", c->architecture, tp_size,
+                           c->n_kv_heads);
         goto fail;
     }
     if (c->encoder && (tp_size > 1 || pp_size > 1)) { /* model_embed runs one rank's whole model */

@@ -181,6 +181,7 @@ static struct layer_tensors train_tensors(struct model_train *t, int l, int64_t 
         .attn_out = sandwich ? tensor_first_rows(&la->attn_out, Tl) : dtmp,
         .mlp_out = sandwich ? tensor_first_rows(&la->mlp_out, Tl) : dtmp,
         .normed = dtmp, .pos = t->a->positions, .moe = m->cfg.n_experts ? &la->moe : NULL,
+        .qk_full = t->a->qk_full,
     };
 }
 
@@ -329,6 +330,29 @@ static enum status recompute_mlp(struct model_train *t, int l, int64_t T, struct
     return STATUS_OK;
 }
 
+/* The QK norm's backward, in place on d (T rows of `heads` local heads: dL/dq, then dL/dq_pre),
+ * x_pre the norm's input, dw += the weight's gradient. Over the whole projection at tp > 1 as
+ * the forward (layer_qk_norm): the rows of d and x_pre gathered over tp, the whole row's backward
+ * (so every rank adds the whole dw), this rank's columns kept. */
+static enum status qk_norm_backward(struct model_train *t, int64_t T, const struct tensor *d,
+                                    const struct tensor *x_pre, const struct tensor *w, const struct tensor *dw,
+                                    int64_t heads)
+{
+    struct model *m = t->m;
+    struct tensor dh = layer_qk_norm_view(m, d, T, heads), xh = layer_qk_norm_view(m, x_pre, T, heads);
+    if (m->cfg.qk_norm != QK_NORM_FULL || m->tp_size == 1) {
+        op_rmsnorm_backward(m->b, &dh, dw, &dh, &xh, w, m->cfg.norm_eps);
+        return STATUS_OK;
+    }
+    const int64_t wide = tensor_cols(&dh) * m->tp_size;
+    struct tensor df = tensor_view2(&t->a->qk_dfull, T, wide), xf = tensor_view2(&t->a->qk_full, T, wide);
+    TRY(comm_all_gather_last(m->par.groups->tp, &df, &dh));
+    TRY(comm_all_gather_last(m->par.groups->tp, &xf, &xh));
+    op_rmsnorm_backward(m->b, &df, dw, &df, &xf, w, m->cfg.norm_eps);
+    layer_tp_columns(m, &dh, &df);
+    return STATUS_OK;
+}
+
 static enum status recompute_attention(struct model_train *t, int l, int64_t T, const struct attention_train_batch *ab,
                                        struct tensor *xn1_full)
 {
@@ -463,11 +487,8 @@ static enum status layer_backward(struct model_train *t, int l, int64_t T, const
         op_rope_backward(b, &dk3, &pos, c->rot_dim, &rope, c->rope_style);
     }
     if (c->qk_norm) { /* through the QK RMSNorm (per head, or over the projection), in place on dq, dk */
-        struct tensor dqh = layer_qk_norm_view(m, &a->dq, T, m->n_heads_local), dkh = layer_qk_norm_view(m, &a->dk, T, m->n_kv_local);
-        struct tensor qph = layer_qk_norm_view(m, &la->q_pre, T, m->n_heads_local);
-        struct tensor kph = layer_qk_norm_view(m, &la->k_pre, T, m->n_kv_local);
-        op_rmsnorm_backward(b, &dqh, opt(&g->q_norm), &dqh, &qph, &w->q_norm, c->norm_eps);
-        op_rmsnorm_backward(b, &dkh, opt(&g->k_norm), &dkh, &kph, &w->k_norm, c->norm_eps);
+        TRY(qk_norm_backward(t, T, &a->dq, &la->q_pre, &w->q_norm, opt(&g->q_norm), m->n_heads_local));
+        TRY(qk_norm_backward(t, T, &a->dk, &la->k_pre, &w->k_norm, opt(&g->k_norm), m->n_kv_local));
     }
     struct tensor dq = tensor_view2(&a->dq, T, hq), dk = tensor_view2(&a->dk, T, hkv), dv = tensor_view2(&a->dv, T, hkv);
     op_matmul_backward(b, &dxn, opt(&g->wq), opt(&g->bq), &dq, &full, &w->wq, 0);

@@ -49,6 +49,8 @@ struct train_activations {
                                       all-gathered output gradients (sequence parallel only) */
     struct tensor dq, datt;        /* (T, heads_local * hd) */
     struct tensor dk, dv;          /* (T, kv_local * hd) */
+    struct tensor qk_full, qk_dfull;/* (T, n_heads * hd): q or k before the QK norm and its gradient,
+                                      gathered over tp (QK_NORM_FULL at tp > 1 only: layer_qk_norm) */
     struct tensor dgate, dup;      /* (T, ffn_local), or (T, max(ffn_local, moe_ffn)) */
     /* a mixture of experts: the router's logits and one expert's rows (forward scratch: T rows,
      * moe.h), the shared expert's rows 0 .. T-1, and moe_backward's scratch */

@@ -34,7 +34,9 @@ int train_layer_full(const struct model_train *t, int l, int *chunk_first, int *
 int model_train_grad_partial(const struct model_train *t, enum weight_kind kind)
 {
     if (t->m->tp_size == 1) return 0;
-    if (kind == WEIGHT_KIND_Q_NORM || kind == WEIGHT_KIND_K_NORM) return 1; /* per local head */
+    /* A norm per head: each rank's gradient is over its heads. Over the whole projection the rows
+     * are gathered (layer_qk_norm), so every rank computes the whole gradient. */
+    if (kind == WEIGHT_KIND_Q_NORM || kind == WEIGHT_KIND_K_NORM) return t->m->cfg.qk_norm != QK_NORM_FULL;
     if (!train_sp(t)) return 0;
     return weight_kind_is_norm(kind) || kind == WEIGHT_KIND_ATTN_NORM_BIAS || kind == WEIGHT_KIND_MLP_NORM_BIAS ||
            kind == WEIGHT_KIND_FINAL_NORM_BIAS || kind == WEIGHT_KIND_POS_EMBEDDING;
@@ -314,6 +316,9 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
     carve_add(&cv, &common->datt, m->dtype, T, hq);
     carve_add(&cv, &common->dk, m->dtype, T, hkv);
     carve_add(&cv, &common->dv, m->dtype, T, hkv);
+    const int64_t qk_full = m->cfg.qk_norm == QK_NORM_FULL && m->tp_size > 1 ? T : 0;
+    carve_add(&cv, &common->qk_full, m->dtype, qk_full, (int64_t)m->cfg.n_heads * m->cfg.head_dim);
+    carve_add(&cv, &common->qk_dfull, m->dtype, qk_full, (int64_t)m->cfg.n_heads * m->cfg.head_dim);
     const struct model_config *c = &m->cfg;
     const int64_t E = c->n_experts, top_k = c->n_experts_used, moe_T = E ? T : 0;
     const int64_t wide = E && c->moe_ffn > ffn ? c->moe_ffn : ffn;
@@ -382,6 +387,7 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
         a->dres = common->dres, a->dtmp = common->dtmp, a->dxn = common->dxn, a->gath = common->gath;
         a->dfull = common->dfull, a->dq = common->dq, a->datt = common->datt, a->dk = common->dk;
         a->dv = common->dv, a->dgate = common->dgate, a->dup = common->dup, a->stats_all = common->stats_all;
+        a->qk_full = common->qk_full, a->qk_dfull = common->qk_dfull;
         a->host_loss = common->host_loss;
         a->moe_logits = common->moe_logits, a->moe_logits32 = common->moe_logits32, a->moe_x = common->moe_x;
         a->moe_rows = common->moe_rows, a->moe_grad = common->moe_grad;

@@ -69,14 +69,16 @@ struct whole {
 
 static enum status whole_make(struct model *m, const struct lora *l, const struct optimizer *opt, struct whole *wh)
 {
-    enum status s = lora_create_whole(m, l->rank, l->alpha, l->targets, &wh->l);
+    enum status s = lora_create_whole(m, l, &wh->l);
     char name[96];
     for (int g = 0; s == STATUS_OK && g < wh->l->n_layers; g++)
         for (int t = 0; s == STATUS_OK && t < LORA_TARGET_COUNT; t++) {
             struct lora_site *site = &wh->l->sites[g][t];
             if (!site->a.data) continue;
             snprintf(name, sizeof name, "lora/%s/%d/A", lora_target_name((enum lora_target)t), g);
-            if ((s = param_table_add(&wh->params, name, &site->a, 1)) != STATUS_OK) break;
+            if (lora_target_leader(wh->l, (enum lora_target)t) == (enum lora_target)t && /* fused: one A */
+                (s = param_table_add(&wh->params, name, &site->a, 1)) != STATUS_OK)
+                break;
             snprintf(name, sizeof name, "lora/%s/%d/B", lora_target_name((enum lora_target)t), g);
             s = param_table_add(&wh->params, name, &site->b, 1);
         }
@@ -176,7 +178,8 @@ enum status lora_ranks_save(const char *dir, struct model *m, const struct lora 
     for (int g = 0; s == STATUS_OK && g < L; g++)
         for (int t = 0; s == STATUS_OK && t < LORA_TARGET_COUNT; t++)
             for (int b = 0; s == STATUS_OK && b < 2 && l->sites[0][t].a.data; b++)
-                s = gather_one(m, l, params, opt, stage_of, &wh, g, (enum lora_target)t, b, buf, host);
+                if (b || lora_target_leader(l, (enum lora_target)t) == (enum lora_target)t) /* fused: one A */
+                    s = gather_one(m, l, params, opt, stage_of, &wh, g, (enum lora_target)t, b, buf, host);
     if (s == STATUS_OK && w->rank == 0) s = train_checkpoint_save_adapter_whole(dir, m, wh.l, base_model, &wh.params, &wh.opt, st);
     s = parallel_agree(w, s);
     if (w->rank == 0) whole_free(m, &wh);

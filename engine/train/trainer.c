@@ -188,7 +188,10 @@ static enum status setup_lora(struct trainer *t)
             if (!s->a.data) continue;
             const char *tn = lora_target_name((enum lora_target)k);
             snprintf(name, sizeof name, "lora/%s/%d/A", tn, t->m->layer_first + i);
-            if ((st = param_table_add(&t->params, name, &s->a, 1)) == STATUS_OK) st = param_table_add(&t->gparams, name, &s->da, 1);
+            /* A fused member's A is its leader's (lora.h): one parameter, its gradient summed. */
+            if (lora_target_leader(t->lora, (enum lora_target)k) == (enum lora_target)k &&
+                (st = param_table_add(&t->params, name, &s->a, 1)) == STATUS_OK)
+                st = param_table_add(&t->gparams, name, &s->da, 1);
             snprintf(name, sizeof name, "lora/%s/%d/B", tn, t->m->layer_first + i);
             if (st == STATUS_OK && (st = param_table_add(&t->params, name, &s->b, 1)) == STATUS_OK)
                 st = param_table_add(&t->gparams, name, &s->db, 1);

@@ -248,6 +248,39 @@ def fuse_phi3(cfg, w):
     return out
 
 
+def phi3_peft_adapter(cfg, w, seed, rank=4, alpha=8.0):
+    """A random PEFT LoRA adapter for the Phi-3 of w in Phi3ForCausalLM's module names: qkv_proj,
+    o_proj, gate_up_proj, down_proj, each lora_A (rank, in) and lora_B (out, rank) of the fused
+    module (B of qkv_proj spans q, k and v rows in that order). B is non-zero (a trained adapter's),
+    its size chosen to move the logits by whole units. Returns (adapter_config, tensors, merged w)
+    where merged holds W + (alpha / rank) B A per part, in float64, split back into the unfused
+    names that llama_forward reads (what PEFT computes: x W^T + s (x A^T) B^T)."""
+    rng = np.random.default_rng(seed)
+    H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    s = alpha / rank
+    tensors, merged = {}, dict(w)
+    modules = (("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")), ("self_attn", "o_proj", ("o_proj",)),
+               ("mlp", "gate_up_proj", ("gate_proj", "up_proj")), ("mlp", "down_proj", ("down_proj",)))
+    for l in range(L):
+        for block, module, parts in modules:
+            ws = [w["model.layers.%d.%s.%s.weight" % (l, block, part)] for part in parts]
+            n_out, n_in = sum(x.shape[0] for x in ws), ws[0].shape[1]
+            a = (rng.uniform(-1, 1, (rank, n_in)) / math.sqrt(n_in)).astype(np.float32).astype(np.float64)
+            b = (rng.standard_normal((n_out, rank)) * 0.3).astype(np.float32).astype(np.float64)
+            pre = "base_model.model.model.layers.%d.%s.%s." % (l, block, module)
+            tensors[pre + "lora_A.weight"], tensors[pre + "lora_B.weight"] = a, b
+            r0 = 0
+            for part, x in zip(parts, ws):
+                key = "model.layers.%d.%s.%s.weight" % (l, block, part)
+                merged[key] = x + s * (b[r0:r0 + x.shape[0]] @ a)
+                r0 += x.shape[0]
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha, "lora_dropout": 0.0,
+              "target_modules": [m for _, m, _ in modules], "bias": "none", "fan_in_fan_out": False,
+              "base_model_name_or_path": "", "inference_mode": True}
+    assert H == w["model.embed_tokens.weight"].shape[1]
+    return config, tensors, merged
+
+
 def init_llama(cfg, seed):
     rng = np.random.default_rng(seed)
     H, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
@@ -662,7 +695,8 @@ def _margins(logits):
 
 # --------------------------------------------------------------------------- main
 
-def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None, kv_heads=None, rope_scaling=None):
+def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None, kv_heads=None, rope_scaling=None,
+         peft_lora=False):
     if model == "gpt2":
         cfg = gpt2_config(dtype)
         if vocab:
@@ -695,13 +729,24 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
         fwd = families.olmo2_forward
     else:
         fwd = llama_forward
-    logits = fwd(cfg, w, PROMPT_IDS)
-    gen, margins, tops = greedy(fwd, cfg, w, PROMPT_IDS, GREEDY_STEPS)
+    adapter = None
+    if peft_lora:  # the reference computes with the adapter merged in float64; the file keeps it apart
+        adapter = phi3_peft_adapter(cfg, w, seed + 1000)
+        fw = adapter[2]
+    else:
+        fw = w
+    logits = fwd(cfg, fw, PROMPT_IDS)
+    gen, margins, tops = greedy(fwd, cfg, fw, PROMPT_IDS, GREEDY_STEPS)
     if model == "gpt2" and no_prefix:
         w = {k[len("transformer."):]: v for k, v in w.items()}
     if model == "phi3":
         w = fuse_phi3(cfg, w)
     write_checkpoint(out, cfg, w, dtype, shards)
+    if adapter is not None:
+        os.makedirs(os.path.join(out, "adapter"), exist_ok=True)
+        with open(os.path.join(out, "adapter", "adapter_config.json"), "w") as f:
+            json.dump(adapter[0], f, indent=2)
+        write_safetensors(os.path.join(out, "adapter", "adapter_model.safetensors"), adapter[1], "f32")
     ref = {
         "model_type": model,
         "dtype": dtype,
@@ -714,6 +759,8 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
         "greedy_top_logits": [t[1] for t in tops],
         "prompt_margins": _margins(logits),
     }
+    if adapter is not None:
+        ref["adapter"] = "adapter"  # the logits and greedy ids are those of the base with this adapter
     with open(os.path.join(out, "reference.json"), "w") as f:
         json.dump(ref, f)
         f.write("\n")
@@ -736,7 +783,12 @@ def main(argv=None):
                     help="llama only: KV heads (default 4; 1 = MQA, so tp 2 replicates KV heads)")
     ap.add_argument("--rope-scaling", default=None,
                     help="llama family: a rope_scaling object as JSON (linear, llama3, yarn)")
+    ap.add_argument("--peft-lora", action="store_true",
+                    help="phi3 only: also write OUT/adapter, a PEFT LoRA adapter in Phi-3's fused module names "
+                         "(qkv_proj, gate_up_proj), and make the reference that of the adapted model")
     a = ap.parse_args(argv)
+    if a.peft_lora and a.model != "phi3":
+        ap.error("--peft-lora applies to phi3 only")
     if a.vocab is not None and not (max(PROMPT_IDS) < a.vocab <= 512):
         ap.error("--vocab must be in (%d, 512]" % max(PROMPT_IDS))
     if a.shards < 1:
@@ -744,7 +796,7 @@ def main(argv=None):
     if a.no_prefix and a.model != "gpt2":
         ap.error("--no-prefix applies to gpt2 only")
     ref = make(a.model, a.out, a.seed, a.dtype, a.shards, a.no_prefix, a.vocab, a.kv_heads,
-               json.loads(a.rope_scaling) if a.rope_scaling else None)
+               json.loads(a.rope_scaling) if a.rope_scaling else None, a.peft_lora)
     print("%s: wrote %s (dtype %s, seed %d); greedy %s; min margin %.4g"
           % (a.model, a.out, a.dtype, a.seed, ref["greedy_ids"], min(ref["greedy_margins"])))
     return 0
