@@ -689,7 +689,7 @@ enum status conductor_start(struct conductor *c)
 static int conductor_idle(struct conductor *c)
 {
     pthread_mutex_lock(&c->mu);
-    int idle = !c->intake && c->all == NULL;
+    int idle = !c->intake && c->all == NULL && !c->embed_jobs;
     pthread_mutex_unlock(&c->mu);
     return idle;
 }

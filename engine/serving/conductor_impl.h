@@ -77,7 +77,7 @@ struct conductor {
 
     pthread_mutex_t mu;
     pthread_cond_t  cv;
-    pthread_cond_t  embed_cv;             /* an embedding job finished (conductor_embed.c) */
+    pthread_cond_t  embed_cv;             /* an engine_embed caller's request ended (conductor_embed.c) */
     struct embed_job *embed_jobs;         /* under mu: waiting for the engine thread */
     pthread_t thread;
     int       thread_running, stop_thread, draining;
@@ -115,7 +115,7 @@ void        take_prompt_logprobs(struct conductor *c, struct seq *s, int p0, int
 /* conductor_embed.c */
 struct embed_job;
 void        run_embed_jobs(struct conductor *c);  /* engine thread, between steps */
-void        fail_embed_jobs(struct conductor *c); /* the engine thread stops: UNAVAILABLE to every waiter */
+void        fail_embed_jobs(struct conductor *c); /* the engine thread stops: UNAVAILABLE to every job */
 /* conductor_verify.c: --verify-prefix-cache. verify_consider (step 4, before s samples its
  * first token from row) may keep a job; verify_run_pending (after the step) recomputes the jobs'
  * prompts without the cache and counts mismatches (an error: a forward failed);
