@@ -239,6 +239,8 @@ static void render_engine(struct text *t, struct engine *e)
          (double)st.prefix_cache_verify_skipped},
         {"shardlm_prefix_cache_max_abs_diff", "gauge", "Largest logit difference a verification found.",
          st.prefix_cache_max_abs_diff},
+        {"shardlm_embedding_passes_total", "counter",
+         "Embedding forward passes; one holds the inputs of one or more concurrent requests.", (double)st.embed_passes},
     };
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
         render_family(t, rows[i].name, rows[i].type, rows[i].help);

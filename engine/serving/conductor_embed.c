@@ -130,6 +130,7 @@ static void run_pass(struct conductor *c)
         c->embed_jobs->st = st;
         snprintf(c->embed_jobs->message, sizeof c->embed_jobs->message, "%s", status_message());
     }
+    if (n_seqs > 0) c->stats.embed_passes++;
     for (int p = 0; p < n_parts; p++) {
         struct embed_job *j = parts[p].job;
         if (st == STATUS_OK) j->next_input += parts[p].n;

@@ -330,6 +330,8 @@ struct engine_stats {
      * blocks, and the largest logit difference seen. */
     uint64_t prefix_cache_verified, prefix_cache_mismatches, prefix_cache_verify_skipped;
     double   prefix_cache_max_abs_diff;
+    uint64_t embed_passes;              /* embedding forward passes (conductor_embed.c), which
+                                           hold the inputs of one or more requests */
 };
 void engine_get_stats(struct engine *e, struct engine_stats *s); /* thread-safe snapshot; with
                                      data parallelism the sum over replicas (remote ones as of
