@@ -1,7 +1,7 @@
 /* server/convert.h - the protobuf edge of the server: request bytes become native structs
  * (parsed, not range-checked: the engine owns every numeric limit, in one table that
  * engine_validate applies; see engine/serving/request.h), and native results become response
- * bytes. This file, convert.c and wire.c are the only ones that see
+ * bytes. This file, convert*.c and wire.c are the only ones that see
  * protobuf-c types; the rest of the server, and the engine, never do.
  * Not here: model-dependent checks (engine_validate), tokenization and chat templates
  * (server.c, chat_template.c), gRPC itself (server.c).
