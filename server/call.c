@@ -174,7 +174,7 @@ void call_maybe_free(struct call *c)
     else s->calls = c->next;
     if (c->next) c->next->prev = c->prev;
     s->n_calls--;
-    if (is_generation(c->method)) s->n_gen_calls--;
+    if (uses_engine(c->method)) s->n_gen_calls--;
     grpc_call_unref(c->call);
     if (c->recv_buf) grpc_byte_buffer_destroy(c->recv_buf);
     gen_call_release(c);
@@ -285,7 +285,7 @@ void call_on_new(struct request_slot *slot, int ok)
     if (s->calls) s->calls->prev = c;
     s->calls = c;
     s->n_calls++;
-    if (is_generation(c->method)) s->n_gen_calls++;
+    if (uses_engine(c->method)) s->n_gen_calls++;
     int key = -1;
     int authed = c->method == METHOD_HEALTH_CHECK || c->method == METHOD_HEALTH_WATCH || auth_authorized(s, &slot->md, &key);
     if (is_generation(c->method)) { /* the client the fair policy shares turns between */

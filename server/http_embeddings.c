@@ -46,7 +46,8 @@ static enum status parse_input(const cJSON *input, struct embed_request *r)
     const int one_ids = cJSON_IsArray(input) && cJSON_IsNumber(input->child);
     const int n = cJSON_IsArray(input) && !one_ids ? cJSON_GetArraySize(input) : 1;
     enum status st = embed_request_items(r, n);
-    if (st != STATUS_OK || !cJSON_IsArray(input) || one_ids) return st == STATUS_OK ? parse_one(input, 0, one_ids, r->items) : st;
+    if (st != STATUS_OK) return st;
+    if (!cJSON_IsArray(input) || one_ids) return parse_one(input, 0, one_ids, r->items);
     int i = 0;
     for (const cJSON *e = input->child; e && st == STATUS_OK; e = e->next, i++) st = parse_one(e, i, 1, &r->items[i]);
     return st;

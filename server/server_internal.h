@@ -237,7 +237,8 @@ struct server {
     int                   n_end_ids;
     /* calls */
     struct call          *calls;
-    int                   n_calls, n_gen_calls;
+    int                   n_calls, n_gen_calls; /* n_gen_calls: calls that use the engine (uses_engine),
+                                                     which the drain lets finish */
     struct request_slot   slots[N_REQUEST_SLOTS];
     int                   n_slots_active;
     /* misc */
@@ -284,6 +285,8 @@ static inline int is_generation(enum method m)
 {
     return m == METHOD_GENERATE || m == METHOD_GENERATE_STREAM || m == METHOD_CHAT || m == METHOD_CHAT_STREAM;
 }
+/* Generation and Embed: the calls whose engine work a drain waits for. */
+static inline int uses_engine(enum method m) { return is_generation(m) || m == METHOD_EMBED; }
 static inline int is_streaming(enum method m) { return m == METHOD_GENERATE_STREAM || m == METHOD_CHAT_STREAM; }
 
 /* ---- server.c ------------------------------------------------------------------------------ */

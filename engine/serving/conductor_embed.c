@@ -82,15 +82,22 @@ static void take_ended(struct conductor *c, struct embed_job **ended)
     }
 }
 
-/* Off mu: tells the callers of the ended jobs, and frees them. */
-static void finish_jobs(struct embed_job *ended)
+/* Off mu: tells the callers of the ended jobs, and frees them; only then is the conductor idle
+ * for the drain (the callers' answers are on their way). */
+static void finish_jobs(struct conductor *c, struct embed_job *ended)
 {
+    int n = 0;
     while (ended) {
         struct embed_job *j = ended;
         ended = j->next;
         j->r.done(j->r.ctx, j->st, j->st == STATUS_OK ? "" : j->message);
         free(j);
+        n++;
     }
+    if (!n) return;
+    pthread_mutex_lock(&c->mu);
+    c->embed_active -= n;
+    pthread_mutex_unlock(&c->mu);
 }
 
 /* One forward pass over the waiting jobs (plan_pass), its vectors copied to each job's out, then
@@ -141,7 +148,7 @@ static void run_pass(struct conductor *c)
     }
     take_ended(c, &ended);
     pthread_mutex_unlock(&c->mu);
-    finish_jobs(ended);
+    finish_jobs(c, ended);
     free(parts);
     free(tokens);
     free(q_start);
@@ -168,7 +175,7 @@ void fail_embed_jobs(struct conductor *c)
         snprintf(j->message, sizeof j->message, "the engine stopped before the embeddings ran");
     }
     pthread_mutex_unlock(&c->mu);
-    finish_jobs(ended);
+    finish_jobs(c, ended);
 }
 
 /* The inputs' checks, before anything is queued: every one must run in one pass. */
@@ -227,6 +234,7 @@ enum status conductor_embed_submit(struct conductor *c, const struct engine_embe
     struct embed_job **tail = &c->embed_jobs;
     while (*tail) tail = &(*tail)->next;
     *tail = job;
+    c->embed_active++;
     const int threaded = c->thread_running;
     if (threaded) pthread_cond_signal(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -240,6 +248,11 @@ enum status conductor_embed_submit(struct conductor *c, const struct engine_embe
         run_pass(c);
     }
     return STATUS_OK;
+}
+
+void cancel_embed_jobs(struct conductor *c)
+{
+    for (struct embed_job *j = c->embed_jobs; j; j = j->next) j->cancelled = 1;
 }
 
 void conductor_embed_cancel(struct conductor *c, const struct engine_embed_req *req)

@@ -409,6 +409,24 @@ def group_grpc(a):
         in_g = m.get(("shardlm_embedding_inputs_total", (("api", "grpc"),)), -1)
         want_in_g = len(SENTENCES) + 2 + 1 + 2 + 3 + len(queries) + 12 + 12 + len(queries) // 2 + 1
         check(in_g == want_in_g, f"gRPC: {in_g} inputs counted (want {want_in_g})")
+
+        # SIGTERM while a request runs (over gRPC) and another waits (over HTTP): the drain lets both
+        # finish, as it lets generations finish.
+        box = {}
+        p0 = passes(srv)
+        t = threading.Thread(target=lambda: box.update(g=c.embed(long_req)))
+        t.start()
+        deadline = time.time() + 60
+        while passes(srv) == p0 and time.time() < deadline:
+            time.sleep(0.01)
+        t2 = threading.Thread(target=lambda: box.update(h=oa.embeddings.create(model=name, input=long_req[:4])))
+        t2.start()
+        time.sleep(0.5)
+        srv.terminate()
+        t.join(timeout=120)
+        t2.join(timeout=120)
+        check("g" in box and len(box["g"].vectors) == 12 and "h" in box and len(box["h"].data) == 4,
+              "SIGTERM during embeddings: the drain answers the running and the waiting request")
     return "ok"
 
 

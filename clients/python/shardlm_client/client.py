@@ -1,6 +1,7 @@
 """clients/python/shardlm_client/client.py - a small typed wrapper over the shardlm.v1 gRPC API:
 plain Python values in, dataclasses out, grpc.RpcError (with .code() and .details()) on errors.
-Not here: the stubs (_stubs.py). Tests: tests/server/test_server.py and the examples.
+Not here: the stubs (_stubs.py). Tests: tests/server/test_server.py, test_embeddings.py (embed) and
+the examples.
 
     from shardlm_client import Client
     with Client("127.0.0.1:50051") as c:
