@@ -13,7 +13,8 @@
  *     reflection:           receive, answer, receive ... until the client half-closes.
  *   -> freed (call_maybe_free) when the close has completed, no batch is in flight, the
  *   engine holds no sample of it (the engine calls back until the FINISHED event of every
- *   sample) and no adapter load of it is out (LoadAdapter runs on the loader thread: loader.c).
+ *   sample), no adapter load of it is out (LoadAdapter runs on the loader thread: loader.c) and
+ *   no Embed request of it is in the engine (embed.c).
  *
  * Not here: what the methods answer (generation.c, methods.c, health.c), the loop (server.c).
  * Tests: tests/server/test_server.py. */
@@ -44,6 +45,7 @@ static const struct {
     {"/shardlm.v1.TextGeneration/GetServerStats", METHOD_SERVER_STATS},
     {"/shardlm.v1.TextGeneration/LoadAdapter", METHOD_LOAD_ADAPTER},
     {"/shardlm.v1.TextGeneration/UnloadAdapter", METHOD_UNLOAD_ADAPTER},
+    {"/shardlm.v1.TextGeneration/Embed", METHOD_EMBED},
     {"/grpc.health.v1.Health/Check", METHOD_HEALTH_CHECK},
     {"/grpc.health.v1.Health/Watch", METHOD_HEALTH_WATCH},
     {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", METHOD_REFLECTION},
@@ -164,14 +166,15 @@ static void call_log(struct call *c)
 /* Frees the call once nothing can refer to it any more. */
 void call_maybe_free(struct call *c)
 {
-    if (!c->close_done || c->send_inflight || c->recv_inflight || c->engine_active > 0 || c->load_job) return;
+    if (!c->close_done || c->send_inflight || c->recv_inflight || c->engine_active > 0 || c->load_job || c->embed_rpc)
+        return;
     struct server *s = c->s;
     call_log(c);
     if (c->prev) c->prev->next = c->next;
     else s->calls = c->next;
     if (c->next) c->next->prev = c->prev;
     s->n_calls--;
-    if (is_generation(c->method)) s->n_gen_calls--;
+    if (uses_engine(c->method)) s->n_gen_calls--;
     grpc_call_unref(c->call);
     if (c->recv_buf) grpc_byte_buffer_destroy(c->recv_buf);
     gen_call_release(c);
@@ -244,6 +247,7 @@ void call_on_close(struct call *c)
 {
     c->close_done = 1;
     if (c->load_job) atomic_store(&c->load_job->abandoned, 1); /* not started yet: skipped */
+    if (c->embed_rpc) embed_rpc_cancel(c); /* its answer still comes back (embed.c) */
     if (c->client_cancelled && !c->status_sent && c->engine_active > 0) {
         LOG_INFO("server", "req=%s: the client cancelled or went away; cancelling the request", c->request_id);
         engine_cancel(c->s->engine, c->handle);
@@ -281,7 +285,7 @@ void call_on_new(struct request_slot *slot, int ok)
     if (s->calls) s->calls->prev = c;
     s->calls = c;
     s->n_calls++;
-    if (is_generation(c->method)) s->n_gen_calls++;
+    if (uses_engine(c->method)) s->n_gen_calls++;
     int key = -1;
     int authed = c->method == METHOD_HEALTH_CHECK || c->method == METHOD_HEALTH_WATCH || auth_authorized(s, &slot->md, &key);
     if (is_generation(c->method)) { /* the client the fair policy shares turns between */

@@ -1,7 +1,7 @@
 /* server/convert.h - the protobuf edge of the server: request bytes become native structs
  * (parsed, not range-checked: the engine owns every numeric limit, in one table that
  * engine_validate applies; see engine/serving/request.h), and native results become response
- * bytes. This file, convert.c and wire.c are the only ones that see
+ * bytes. This file, convert*.c and wire.c are the only ones that see
  * protobuf-c types; the rest of the server, and the engine, never do.
  * Not here: model-dependent checks (engine_validate), tokenization and chat templates
  * (server.c, chat_template.c), gRPC itself (server.c).
@@ -144,6 +144,33 @@ enum status convert_load_adapter_response(const struct engine_adapter_info *a, i
                                           uint8_t **out, size_t *len);
 enum status convert_unload_adapter_request(const void *data, size_t len, char **name);
 enum status convert_unload_adapter_response(uint8_t **out, size_t *len);
+
+/* One input of an embedding request as a front received it: a text (valid UTF-8, without U+0000;
+ * tokenized by embed.c) or token ids (taken as they are; the engine checks them). */
+struct embed_item {
+    char    *text;            /* (text_len) NUL-terminated; NULL for token ids */
+    size_t   text_len;
+    int32_t *ids;             /* (n_ids); NULL for a text */
+    int      n_ids;
+};
+/* An embedding request of either front (HTTP /v1/embeddings: http_embeddings.c; gRPC Embed:
+ * convert_embed_request) after parsing, which embed.c checks and runs the same way. Owns its
+ * arrays; free with embed_request_free (accepts a zeroed struct). */
+struct embed_request {
+    char    *model;           /* NULL when not given */
+    struct embed_item *items; /* (n_items) */
+    int      n_items;
+    enum embed_pooling pooling;
+    int      normalize;
+};
+/* r->items as n zeroed items (n >= 0). */
+enum status embed_request_items(struct embed_request *r, int n);
+void        embed_request_free(struct embed_request *r);
+/* Embed: the request into *r (left freeable on error), and the response of n vectors of d floats
+ * (model: the served model's id; prompt_tokens: every input's tokens). */
+enum status convert_embed_request(const void *data, size_t len, struct embed_request *r);
+enum status convert_embed_response(const float *vecs, int n, int d, const char *model, int prompt_tokens,
+                                   uint8_t **out, size_t *len);
 
 /* GetModelInfo and GetServerStats (their requests carry nothing: only checked to parse). */
 enum status convert_empty_request(const void *data, size_t len, const char *what);

@@ -3,7 +3,8 @@
  * POST /v1/chat/completions (unary, or server-sent events with `stream: true`), Anthropic's
  * POST /v1/messages and /v1/messages/count_tokens (http_anthropic.c), POST /v1/embeddings
  * (http_embeddings.c), OpenAI's Responses API (POST /v1/responses, GET / DELETE
- * /v1/responses/{id}, POST .../cancel: http_responses.c), GET
+ * /v1/responses/{id}, POST .../cancel, GET .../input_items, POST /v1/responses/input_tokens:
+ * http_responses.c), GET
  * /v1/models, GET /health, GET /metrics; API keys as `Authorization: Bearer` or `x-api-key`; TLS from the
  * same files as gRPC; and the one mapping of enum status to HTTP codes and OpenAI error types
  * (http_status). Requests go through the same path as gRPC's: gen_prompt (template,
@@ -182,12 +183,36 @@ static enum MHD_Result handle_response_item(struct server *s, struct MHD_Connect
     return reply_json(c, 200, json);
 }
 
+/* Collects a query parameter into cls (a struct http_query). */
+static enum MHD_Result query_arg(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    struct http_query *q = cls;
+    if (q->n == HTTP_MAX_QUERY) return q->more = 1, MHD_NO;
+    q->key[q->n] = key;
+    q->value[q->n++] = value ? value : "";
+    return MHD_YES;
+}
+
+/* GET /v1/responses/{id}/input_items: its query parameters are http_responses_out.c's to check. */
+static enum MHD_Result handle_input_items(struct server *s, struct MHD_Connection *c, const char *url)
+{
+    char owner[64], *json = NULL;
+    struct http_query q = {.n = 0};
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, query_arg, &q);
+    response_owner(s, c, owner, sizeof owner);
+    enum status st = http_responses_input_items(s, owner, url, &q, &json);
+    if (st != STATUS_OK) return reply_status(c, 0, st, status_message());
+    return reply_json(c, 200, json);
+}
+
 /* The routes, each with the methods it allows. */
 enum route {
     ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_HEALTH, ROUTE_METRICS,
     ROUTE_MESSAGES, ROUTE_COUNT_TOKENS, /* Anthropic's Messages API (http_anthropic.c) */
     ROUTE_EMBEDDINGS,                   /* http_embeddings.c */
-    ROUTE_RESPONSES, ROUTE_RESPONSE_ITEM, ROUTE_RESPONSE_CANCEL /* OpenAI's Responses API (http_responses.c) */
+    ROUTE_RESPONSES, ROUTE_RESPONSE_ITEM, ROUTE_RESPONSE_CANCEL, /* OpenAI's Responses API (http_responses.c) */
+    ROUTE_RESPONSE_INPUT_ITEMS, ROUTE_RESPONSE_INPUT_TOKENS
 };
 
 /* The URL as it came (no percent-decoding: see unescape_none), without its query string. */
@@ -202,8 +227,10 @@ static enum route route_of(const char *url)
     if (!strcmp(url, "/v1/messages/count_tokens")) return ROUTE_COUNT_TOKENS;
     if (!strcmp(url, "/v1/embeddings")) return ROUTE_EMBEDDINGS;
     if (!strcmp(url, "/v1/responses")) return ROUTE_RESPONSES;
+    if (!strcmp(url, "/v1/responses/input_tokens")) return ROUTE_RESPONSE_INPUT_TOKENS;
     if (!strncmp(url, "/v1/responses/", 14)) {
         size_t n = strlen(url);
+        if (n > 12 && !strcmp(url + n - 12, "/input_items")) return ROUTE_RESPONSE_INPUT_ITEMS;
         return n > 7 && !strcmp(url + n - 7, "/cancel") ? ROUTE_RESPONSE_CANCEL : ROUTE_RESPONSE_ITEM;
     }
     return ROUTE_NONE;
@@ -214,7 +241,7 @@ static enum route route_of(const char *url)
 static int route_generates(enum route r)
 {
     return r == ROUTE_COMPLETIONS || r == ROUTE_CHAT || r == ROUTE_MESSAGES || r == ROUTE_COUNT_TOKENS ||
-           r == ROUTE_EMBEDDINGS || r == ROUTE_RESPONSES;
+           r == ROUTE_EMBEDDINGS || r == ROUTE_RESPONSES || r == ROUTE_RESPONSE_INPUT_TOKENS;
 }
 
 /* Whether errors go out in Anthropic's shape. */
@@ -267,9 +294,9 @@ void http_adapter_snapshot(struct server *s, struct http_adapter_snapshot *an)
     engine_list_adapters(s->engine, snapshot_adapter, an);
 }
 
-/* /v1/messages/count_tokens: the prompt's token count as the chat path makes it (gen_prompt),
- * without submitting. */
-static enum MHD_Result reply_count(struct server *s, struct MHD_Connection *c, struct http_request *q)
+/* /v1/messages/count_tokens (an_api) and /v1/responses/input_tokens: the prompt's token count as
+ * the chat path makes it (gen_prompt), without submitting. */
+static enum MHD_Result reply_count(struct server *s, struct MHD_Connection *c, struct http_request *q, int an_api)
 {
     int32_t *ids = NULL;
     int n = 0;
@@ -279,9 +306,9 @@ static enum MHD_Result reply_count(struct server *s, struct MHD_Connection *c, s
     if (st != STATUS_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", status_message());
-        return reply_status(c, 1, st, msg);
+        return reply_status(c, an_api, st, msg);
     }
-    return reply_json(c, 200, http_anthropic_count_json(n));
+    return reply_json(c, 200, an_api ? http_anthropic_count_json(n) : http_responses_count_json(n));
 }
 
 static enum MHD_Result serve_gen(struct server *s, struct MHD_Connection *c, struct http_conn *hc, struct http_gen *g,
@@ -352,10 +379,13 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     char owner[64];
     response_owner(s, c, owner, sizeof owner);
     if (hc->route == ROUTE_RESPONSES) st = http_responses_parse(s, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
+    else if (hc->route == ROUTE_RESPONSE_INPUT_TOKENS)
+        st = http_responses_count_parse(s, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
     else if (an_api) st = http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, s->model_id, an.ptrs, an.n,
                                                &caps, &q);
     else st = http_parse_request(body, hc->len, is_chat, s->model_id, an.ptrs, an.n, &caps, &q);
-    if (st == STATUS_OK && hc->route == ROUTE_COUNT_TOKENS) return reply_count(s, c, &q);
+    if (st == STATUS_OK && (hc->route == ROUTE_COUNT_TOKENS || hc->route == ROUTE_RESPONSE_INPUT_TOKENS))
+        return reply_count(s, c, &q, an_api);
     if (st != STATUS_OK) http_request_free(&q);
     else set_client(s, c, &q), st = http_gen_submit(s, &q, connection_fd(c), body, hc->len, key, &g);
     if (st != STATUS_OK) {
@@ -592,10 +622,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case ROUTE_CHAT:
     case ROUTE_MESSAGES:
     case ROUTE_COUNT_TOKENS:
-    case ROUTE_RESPONSES: return handle_generation(s, c, hc, hc->route != ROUTE_COMPLETIONS);
+    case ROUTE_RESPONSES:
+    case ROUTE_RESPONSE_INPUT_TOKENS: return handle_generation(s, c, hc, hc->route != ROUTE_COMPLETIONS);
     case ROUTE_EMBEDDINGS: return handle_embeddings(s, c, hc);
     case ROUTE_RESPONSE_ITEM:
     case ROUTE_RESPONSE_CANCEL: return handle_response_item(s, c, url, method);
+    case ROUTE_RESPONSE_INPUT_ITEMS: return handle_input_items(s, c, url);
     case ROUTE_NONE: break;
     }
     return MHD_NO; /* refuse_early answered every other route */

@@ -312,6 +312,25 @@ void        http_responses_finish(struct http_gen *g);
  * for owner ("" without API keys): *json malloc'd on STATUS_OK. */
 enum status http_responses_item(struct server *s, const char *owner, const char *method, const char *url,
                                 char **json);
+/* A request's query parameters as libmicrohttpd gives them (borrowed while it is handled); more:
+ * there were more than HTTP_MAX_QUERY. */
+#define HTTP_MAX_QUERY 8
+struct http_query {
+    const char *key[HTTP_MAX_QUERY], *value[HTTP_MAX_QUERY];
+    int n, more;
+};
+/* GET /v1/responses/{id}/input_items (url as it came) for owner: the conversation the response
+ * was given (previous_response_id's items and output, then its input), OpenAI's list object
+ * paged by q's after, limit and order (any other parameter refused by name). */
+enum status http_responses_input_items(struct server *s, const char *owner, const char *url,
+                                       const struct http_query *q, char **json);
+/* POST /v1/responses/input_tokens: the body[0..len) parsed as http_responses_parse does, with
+ * only the fields of a prompt (no sampling, stream or store); the caller counts q's prompt. */
+enum status http_responses_count_parse(struct server *s, const char *body, size_t len, const char *owner,
+                                       const char *const *adapters, int n_adapters,
+                                       const struct http_chat_caps *caps, struct http_request *q);
+/* {"object": "response.input_tokens", "input_tokens": n}; malloc'd. */
+char       *http_responses_count_json(int n_tokens);
 
 /* ---- http_gen.c: one generation request ---------------------------------------------------- */
 

@@ -556,16 +556,39 @@ static cJSON *echo_of(const cJSON *o)
     return e;
 }
 
-/* The Responses body o as a chat body (*out), and the conversation's items into r->items. */
+/* The fields of POST /v1/responses/input_tokens (the official client's): the request's prompt
+ * only, nothing about generating or keeping the answer. */
+static const char *const count_fields[] = {"model", "input", "instructions", "tools", "tool_choice",
+                                           "parallel_tool_calls", "text", "reasoning", "previous_response_id",
+                                           "truncation", "conversation", NULL};
+
+/* An id for this request's input item k (of type t) that came without one, so that
+ * /v1/responses/{id}/input_items can page by ids: "<kind>_<response id's hex>_in<k>". */
+static void give_id(const struct http_responses *r, cJSON *it, int k)
+{
+    if (!cJSON_IsObject(it) || get(it, "id")) return; /* a wrong item is refused by add_item */
+    const char *t = cJSON_GetStringValue(get(it, "type"));
+    const char *prefix = !t || !strcmp(t, "message")      ? "msg"
+                         : !strcmp(t, "function_call")        ? "fc"
+                         : !strcmp(t, "function_call_output") ? "fco"
+                         : !strcmp(t, "reasoning")            ? "rs"
+                                                              : "item";
+    char id[96];
+    snprintf(id, sizeof id, "%s_%s_in%d", prefix, r->id + 5, k);
+    cJSON_AddItemToObject(it, "id", http_json_ok(cJSON_CreateString(id)));
+}
+
+/* The Responses body o as a chat body (*out), and the conversation's items into r->items
+ * (count: /v1/responses/input_tokens, whose fields are count_fields). */
 static enum status translate(struct server *s, const cJSON *o, const char *owner, const struct http_chat_caps *caps,
-                             struct http_responses *r, cJSON **out)
+                             int count, struct http_responses *r, cJSON **out)
 {
     static const char *const fields[] = {
         "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning",
         "max_output_tokens", "temperature", "top_p", "seed", "metadata", "store", "stream", "previous_response_id",
         "user", "background", "truncation", "include", "service_tier", "max_tool_calls", "top_logprobs", "prompt",
         "prompt_cache_key", "safety_identifier", "conversation", "stream_options", NULL};
-    enum status st = only_fields(o, "", fields);
+    enum status st = only_fields(o, "", count ? count_fields : fields);
     if (st == STATUS_OK) st = refuse_inert(o);
     if (st != STATUS_OK) return st;
     cJSON *c = cJSON_CreateObject();
@@ -612,9 +635,15 @@ static enum status translate(struct server *s, const cJSON *o, const char *owner
         cJSON_AddStringToObject(m, "type", "message");
         cJSON_AddStringToObject(m, "role", "user");
         cJSON_AddStringToObject(m, "content", v->valuestring);
+        give_id(r, m, 0);
         cJSON_AddItemToArray(r->items, m);
     } else if (cJSON_IsArray(v) && v->child) {
-        for (const cJSON *it = v->child; it; it = it->next) cJSON_AddItemToArray(r->items, dup_item(it));
+        int k = 0;
+        for (const cJSON *it = v->child; it; it = it->next, k++) {
+            cJSON *copy = dup_item(it);
+            give_id(r, copy, k);
+            cJSON_AddItemToArray(r->items, copy);
+        }
     } else {
         return bad("'input' must be a string or a non-empty list of input items%s", "");
     }
@@ -633,9 +662,10 @@ static enum status translate(struct server *s, const cJSON *o, const char *owner
     return STATUS_OK;
 }
 
-enum status http_responses_parse(struct server *s, const char *body, size_t len, const char *owner,
-                                 const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
-                                 struct http_request *q)
+/* http_responses_parse, or with count http_responses_count_parse. */
+static enum status parse(struct server *s, const char *body, size_t len, const char *owner, int count,
+                         const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
+                         struct http_request *q)
 {
     memset(q, 0, sizeof *q);
     cJSON *o = NULL;
@@ -654,7 +684,7 @@ enum status http_responses_parse(struct server *s, const char *body, size_t len,
     r->created = (long long)time(NULL);
     r->index = -1;
     cJSON *c = NULL;
-    st = translate(s, o, owner, caps, r, &c);
+    st = translate(s, o, owner, caps, count, r, &c);
     cJSON_Delete(o);
     char *text = st == STATUS_OK ? cJSON_PrintUnformatted(c) : NULL;
     cJSON_Delete(c);
@@ -667,4 +697,18 @@ enum status http_responses_parse(struct server *s, const char *body, size_t len,
     free(text);
     q->responses = r; /* freed with q */
     return st;
+}
+
+enum status http_responses_parse(struct server *s, const char *body, size_t len, const char *owner,
+                                 const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
+                                 struct http_request *q)
+{
+    return parse(s, body, len, owner, 0, adapters, n_adapters, caps, q);
+}
+
+enum status http_responses_count_parse(struct server *s, const char *body, size_t len, const char *owner,
+                                       const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
+                                       struct http_request *q)
+{
+    return parse(s, body, len, owner, 1, adapters, n_adapters, caps, q);
 }

@@ -331,17 +331,30 @@ void http_responses_finish(struct http_gen *g)
 
 /* ---- GET, DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel --------------------------- */
 
+/* The {id} of url ("/v1/responses/{id}" and an optional suffix, one of suffixes) into buf;
+ * *suffix: the suffix ("" for none). */
+static enum status route_id(const char *url, char *buf, size_t cap, const char **suffix)
+{
+    const char *id = url + strlen("/v1/responses/");
+    const char *slash = strchr(id, '/');
+    size_t n = slash ? (size_t)(slash - id) : strlen(id);
+    *suffix = slash ? slash : "";
+    if (n == 0 || n >= cap || (slash && strcmp(slash, "/cancel") && strcmp(slash, "/input_items")))
+        return status_errorf(STATUS_NOT_FOUND, "no such route: use /v1/responses/{id}, /v1/responses/{id}/cancel or "
+                             "/v1/responses/{id}/input_items");
+    memcpy(buf, id, n);
+    buf[n] = 0;
+    return STATUS_OK;
+}
+
 enum status http_responses_item(struct server *s, const char *owner, const char *method, const char *url, char **json)
 {
     *json = NULL;
-    const char *id = url + strlen("/v1/responses/");
-    const char *slash = strchr(id, '/');
     char buf[96];
-    size_t n = slash ? (size_t)(slash - id) : strlen(id);
-    if (n == 0 || n >= sizeof buf || (slash && strcmp(slash, "/cancel")))
-        return status_errorf(STATUS_NOT_FOUND, "no such route: use /v1/responses/{id} or /v1/responses/{id}/cancel");
-    memcpy(buf, id, n);
-    buf[n] = 0;
+    const char *slash;
+    enum status rs = route_id(url, buf, sizeof buf, &slash);
+    if (rs != STATUS_OK) return rs;
+    if (!slash[0]) slash = NULL;
     struct http_responses_store *st = s->http_responses;
     if (!st) return status_errorf(STATUS_NOT_FOUND, "no response with id '%.64s' is stored", buf);
     if (slash) return responses_store_cancel(st, buf, owner, json);
@@ -354,4 +367,115 @@ enum status http_responses_item(struct server *s, const char *owner, const char 
     cJSON_AddTrueToObject(o, "deleted");
     *json = http_json_print(o);
     return STATUS_OK;
+}
+
+/* ---- GET /v1/responses/{id}/input_items ------------------------------------------------------- */
+
+/* Item it (stored as the client sent it, with an id: http_responses.c) in the shape OpenAI lists
+ * input items in: a message's type written out and a string content as one input_text part
+ * (output_text for the assistant's). */
+static cJSON *listed_item(const cJSON *it)
+{
+    cJSON *o = http_json_dup(it);
+    const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "type"));
+    if (type && strcmp(type, "message")) return o;
+    if (!type) cJSON_AddItemToObject(o, "type", http_json_ok(cJSON_CreateString("message")));
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(o, "content");
+    if (cJSON_IsString(content)) {
+        const char *role = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "role"));
+        cJSON *parts = http_json_ok(cJSON_CreateArray()), *p = http_json_ok(cJSON_CreateObject());
+        cJSON_AddStringToObject(p, "type", role && !strcmp(role, "assistant") ? "output_text" : "input_text");
+        cJSON_AddStringToObject(p, "text", content->valuestring);
+        cJSON_AddItemToArray(parts, p);
+        cJSON_ReplaceItemInObjectCaseSensitive(o, "content", parts);
+    }
+    return o;
+}
+
+/* The query of the listing: after (an item id), limit (1 .. 100, default 20), order (asc, desc:
+ * the default, the latest item first). Any other parameter, include among them, is refused by
+ * name: none other is honoured. */
+static enum status list_options(const struct http_query *q, const char **after, int *limit, int *desc)
+{
+    *after = NULL;
+    *limit = 20;
+    *desc = 1;
+    if (q->more) return status_errorf(STATUS_INVALID_ARGUMENT, "too many query parameters (at most %d)", HTTP_MAX_QUERY);
+    for (int i = 0; i < q->n; i++) {
+        const char *k = q->key[i], *v = q->value[i];
+        if (!strcmp(k, "after")) *after = v;
+        else if (!strcmp(k, "limit")) {
+            char *end = NULL;
+            long n = strtol(v, &end, 10);
+            if (!v[0] || *end || n < 1 || n > 100)
+                return status_errorf(STATUS_INVALID_ARGUMENT, "'limit' must be an integer in [1, 100], got '%.32s'", v);
+            *limit = (int)n;
+        } else if (!strcmp(k, "order")) {
+            if (strcmp(v, "asc") && strcmp(v, "desc"))
+                return status_errorf(STATUS_INVALID_ARGUMENT, "'order' must be asc or desc, got '%.32s'", v);
+            *desc = !strcmp(v, "desc");
+        } else {
+            return status_errorf(STATUS_UNSUPPORTED, "the query parameter '%.64s' is not supported by this server "
+                                 "(after, limit and order are)", k);
+        }
+    }
+    return STATUS_OK;
+}
+
+enum status http_responses_input_items(struct server *s, const char *owner, const char *url,
+                                       const struct http_query *q, char **json)
+{
+    *json = NULL;
+    char buf[96];
+    const char *suffix, *after;
+    int limit, desc;
+    enum status st = route_id(url, buf, sizeof buf, &suffix);
+    if (st == STATUS_OK) st = list_options(q, &after, &limit, &desc);
+    if (st != STATUS_OK) return st;
+    if (!s->http_responses) return status_errorf(STATUS_NOT_FOUND, "no response with id '%.64s' is stored", buf);
+    char *items_json = NULL;
+    if ((st = responses_store_get(s->http_responses, buf, owner, 0, NULL, &items_json)) != STATUS_OK) return st;
+    cJSON *items = cJSON_Parse(items_json);
+    free(items_json);
+    CHECK(items, "a stored response's items did not parse");
+    const int n = cJSON_GetArraySize(items);
+    int start = 0; /* the position, in the listing's order, of its first item */
+    if (after) {
+        int k = 0;
+        for (; k < n; k++) {
+            const char *id = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetArrayItem(items, desc ? n - 1 - k : k), "id"));
+            if (id && !strcmp(id, after)) break;
+        }
+        if (k == n) {
+            cJSON_Delete(items);
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'after': the response '%.64s' has no input item '%.64s'",
+                                 buf, after);
+        }
+        start = k + 1;
+    }
+    cJSON *o = http_json_ok(cJSON_CreateObject());
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = http_json_ok(cJSON_AddArrayToObject(o, "data"));
+    int k = start;
+    cJSON *last = NULL;
+    for (; k < n && k - start < limit; k++)
+        cJSON_AddItemToArray(data, last = listed_item(cJSON_GetArrayItem(items, desc ? n - 1 - k : k)));
+    const cJSON *first = data->child;
+    cJSON_AddItemToObject(o, "first_id", first ? http_json_dup(cJSON_GetObjectItemCaseSensitive(first, "id"))
+                                               : http_json_ok(cJSON_CreateNull()));
+    cJSON_AddItemToObject(o, "last_id", last ? http_json_dup(cJSON_GetObjectItemCaseSensitive(last, "id"))
+                                             : http_json_ok(cJSON_CreateNull()));
+    cJSON_AddBoolToObject(o, "has_more", k < n);
+    cJSON_Delete(items);
+    *json = http_json_print(o);
+    return STATUS_OK;
+}
+
+char *http_responses_count_json(int n_tokens)
+{
+    cJSON *o = http_json_ok(cJSON_CreateObject());
+    cJSON_AddStringToObject(o, "object", "response.input_tokens");
+    cJSON_AddNumberToObject(o, "input_tokens", n_tokens);
+    return http_json_print(o);
 }

@@ -1,6 +1,6 @@
 /* server/methods.c - the methods that need no engine events: Tokenize, Detokenize, Cancel,
  * GetModelInfo, GetServerStats, LoadAdapter, UnloadAdapter (unary: one answer, then the
- * status), and each message of a reflection stream.
+ * status), and each message of a reflection stream; Embed is handed to embed.c.
  * Not here: Generate / Chat (generation.c), health (health.c), protobuf (convert.c), the
  * descriptor index (reflection.c), LoadAdapter's load (loader.c: off this thread).
  * Tests: tests/server/test_server.py (basic, cancel, invalid, reflection),
@@ -189,6 +189,7 @@ void methods_handle(struct call *c, const uint8_t *data, size_t len)
         break;
     case METHOD_UNLOAD_ADAPTER: st = unload_adapter(s, data, len, &out, &out_len); break;
     case METHOD_REFLECTION: handle_reflection(c, data, len); return;
+    case METHOD_EMBED: embed_rpc_start(c, data, len); return; /* embed.c */
     default: st = status_errorf(STATUS_INTERNAL, "no handler for %s", call_method_name(c->method));
     }
     if (st != STATUS_OK) call_fail_status(c, st, status_message());

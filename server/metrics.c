@@ -31,16 +31,37 @@ struct histogram {
     unsigned long long count;
 };
 
-struct metrics {
-    pthread_mutex_t mu;
+/* Requests counted by (api, final status name). */
+struct status_counts {
     struct {
         enum metrics_api api;
         char status[32];
         unsigned long long n;
-    } requests[METRICS_MAX_STATUSES * METRICS_API_COUNT];
-    int n_requests;
-    struct histogram ttft, itl, e2e, queue;
+    } rows[METRICS_MAX_STATUSES * METRICS_API_COUNT];
+    int n_rows;
 };
+
+struct metrics {
+    pthread_mutex_t mu;
+    struct status_counts requests;        /* generation */
+    struct histogram ttft, itl, e2e, queue;
+    struct status_counts embed_requests;  /* embeddings (both fronts), and what succeeded: */
+    unsigned long long embed_inputs[METRICS_API_COUNT], embed_tokens[METRICS_API_COUNT];
+};
+
+/* Under mu: one more request of (api, status); a status past the table's room is not counted. */
+static void count_status(struct status_counts *c, enum metrics_api api, const char *status)
+{
+    int i = 0;
+    while (i < c->n_rows && !(c->rows[i].api == api && !strcmp(c->rows[i].status, status))) i++;
+    if (i == c->n_rows && i < (int)(sizeof c->rows / sizeof *c->rows)) {
+        c->rows[i].api = api;
+        snprintf(c->rows[i].status, sizeof c->rows[i].status, "%s", status);
+        c->rows[i].n = 0;
+        c->n_rows++;
+    }
+    if (i < c->n_rows) c->rows[i].n++;
+}
 
 static void histogram_init(struct histogram *h, const double *bounds, int n)
 {
@@ -82,18 +103,22 @@ void metrics_observe_request(struct metrics *m, enum metrics_api api, const char
 {
     if (!m) return;
     pthread_mutex_lock(&m->mu);
-    int i = 0;
-    while (i < m->n_requests && !(m->requests[i].api == api && !strcmp(m->requests[i].status, status))) i++;
-    if (i == m->n_requests && i < (int)(sizeof m->requests / sizeof *m->requests)) {
-        m->requests[i].api = api;
-        snprintf(m->requests[i].status, sizeof m->requests[i].status, "%s", status);
-        m->requests[i].n = 0;
-        m->n_requests++;
-    }
-    if (i < m->n_requests) m->requests[i].n++;
+    count_status(&m->requests, api, status);
     if (ttft_s >= 0) histogram_observe(&m->ttft, ttft_s, 1);
     histogram_observe(&m->e2e, e2e_s, 1);
     if (queue_s >= 0) histogram_observe(&m->queue, queue_s, 1);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_observe_embed(struct metrics *m, enum metrics_api api, const char *status, int n_inputs, int n_tokens)
+{
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    count_status(&m->embed_requests, api, status);
+    if (!strcmp(status, "OK")) {
+        m->embed_inputs[api] += (unsigned long long)n_inputs;
+        m->embed_tokens[api] += (unsigned long long)n_tokens;
+    }
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -139,6 +164,21 @@ static void text_printf(struct text *t, const char *fmt, ...)
 static void render_family(struct text *t, const char *name, const char *type, const char *help)
 {
     text_printf(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void render_status_counts(struct text *t, const char *name, const char *help, const struct status_counts *c)
+{
+    render_family(t, name, "counter", help);
+    for (int i = 0; i < c->n_rows; i++)
+        text_printf(t, "%s{api=\"%s\",status=\"%s\"} %llu\n", name, api_names[c->rows[i].api], c->rows[i].status,
+                    c->rows[i].n);
+}
+
+/* A counter with one value per API. */
+static void render_per_api(struct text *t, const char *name, const char *help, const unsigned long long *v)
+{
+    render_family(t, name, "counter", help);
+    for (int a = 0; a < METRICS_API_COUNT; a++) text_printf(t, "%s{api=\"%s\"} %llu\n", name, api_names[a], v[a]);
 }
 
 static void render_histogram(struct text *t, const char *name, const char *help, const struct histogram *h)
@@ -199,6 +239,8 @@ static void render_engine(struct text *t, struct engine *e)
          (double)st.prefix_cache_verify_skipped},
         {"shardlm_prefix_cache_max_abs_diff", "gauge", "Largest logit difference a verification found.",
          st.prefix_cache_max_abs_diff},
+        {"shardlm_embedding_passes_total", "counter",
+         "Embedding forward passes; one holds the inputs of one or more concurrent requests.", (double)st.embed_passes},
     };
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
         render_family(t, rows[i].name, rows[i].type, rows[i].help);
@@ -249,17 +291,22 @@ enum status metrics_render(struct metrics *m, struct engine *e, char **out, size
     if (e) render_expert_load(&t, e);
     if (m) {
         pthread_mutex_lock(&m->mu);
-        render_family(&t, "shardlm_requests_total", "counter",
-                      "Generation requests by API and final status (gRPC code names).");
-        for (int i = 0; i < m->n_requests; i++)
-            text_printf(&t, "shardlm_requests_total{api=\"%s\",status=\"%s\"} %llu\n", api_names[m->requests[i].api],
-                        m->requests[i].status, m->requests[i].n);
+        render_status_counts(&t, "shardlm_requests_total",
+                             "Generation requests by API and final status (gRPC code names).", &m->requests);
         render_histogram(&t, "shardlm_time_to_first_token_seconds", "Time from arrival to the first token.", &m->ttft);
         render_histogram(&t, "shardlm_inter_token_latency_seconds", "Time between tokens of a request.", &m->itl);
         render_histogram(&t, "shardlm_e2e_request_latency_seconds", "Time from arrival to the end of a request.",
                          &m->e2e);
         render_histogram(&t, "shardlm_request_queue_time_seconds",
                          "Time from arrival to the first step in the engine (the first sample's admission).", &m->queue);
+        render_status_counts(&t, "shardlm_embedding_requests_total",
+                             "Embedding requests (/v1/embeddings, Embed) by API and final status (gRPC code names).",
+                             &m->embed_requests);
+        render_per_api(&t, "shardlm_embedding_inputs_total", "Inputs of the embedding requests that succeeded.",
+                       m->embed_inputs);
+        render_per_api(&t, "shardlm_embedding_tokens_total",
+                       "Tokens of the embedding requests that succeeded (special tokens included; also in "
+                       "shardlm_prompt_tokens_total).", m->embed_tokens);
         pthread_mutex_unlock(&m->mu);
     }
     if (t.failed || !t.p) {

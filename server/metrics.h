@@ -1,11 +1,12 @@
 /* server/metrics.h - the Prometheus metrics of the server: request counters by API and final
- * status, latency histograms (time to first token, inter-token latency, end-to-end latency),
- * and, read from the engine at scrape time, token counters, queue length, running sequences,
- * KV blocks, prefix-cache hits and preemptions (per replica with data parallelism), and a
- * mixture of experts' tokens routed to each expert of each layer (rank 0's stage). Names
- * follow vLLM's `vllm:` metrics with the prefix `shardlm_`.
+ * status (generation; embeddings, with their inputs and tokens), latency histograms (time to
+ * first token, inter-token latency, end-to-end latency), and, read from the engine at scrape
+ * time, token counters, queue length, running sequences, KV blocks, prefix-cache hits and
+ * preemptions (per replica with data parallelism), and a mixture of experts' tokens routed to
+ * each expert of each layer (rank 0's stage). Names follow vLLM's `vllm:` metrics with the
+ * prefix `shardlm_`.
  * Not here: serving /metrics over HTTP (http.c); where requests end (call.c for gRPC, http.c
- * for HTTP), which call metrics_observe_request.
+ * for HTTP), which call metrics_observe_request; embed.c calls metrics_observe_embed.
  * Tests: tests/server/test_http.py (metrics) parses the text with prometheus_client.
  *
  * Thread-safe: every function may be called from any thread (one mutex, held briefly). */
@@ -29,6 +30,9 @@ void            metrics_free(struct metrics *m); /* accepts NULL */
  * token came; queue_s < 0 when it never left the queue (the engine's queue_seconds). */
 void metrics_observe_request(struct metrics *m, enum metrics_api api, const char *status, double ttft_s,
                              double e2e_s, double queue_s);
+/* One embedding request has ended with status (as above); when "OK", its n_inputs inputs and
+ * n_tokens tokens are counted. */
+void metrics_observe_embed(struct metrics *m, enum metrics_api api, const char *status, int n_inputs, int n_tokens);
 /* n tokens of one sample arrived gap_s seconds after its previous ones: n inter-token latencies
  * of gap_s / n each (tokens that arrive together share the gap). */
 void metrics_observe_itl(struct metrics *m, double gap_s, int n);

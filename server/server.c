@@ -266,6 +266,7 @@ static void loop_tick(struct server *s)
 {
     gen_drain_events(s);
     loader_drain(s);
+    embed_rpc_drain(s);
     enum phase ph = atomic_load(&s->phase);
     if (ph != s->phase_seen) {
         s->phase_seen = ph;

@@ -9,6 +9,7 @@
  *   generation.c  Generate / Chat and their streams: engine events, output buffers, responses
  *   methods.c     Tokenize, Detokenize, Cancel, GetModelInfo, GetServerStats, LoadAdapter,
  *                 UnloadAdapter, reflection
+ *   embed.c       embeddings for both fronts (checks, tokenization, metrics) and gRPC Embed
  *   health.c      grpc.health.v1 Check and Watch
  *   auth.c        API keys and TLS credentials
  *   http.c        the OpenAI-compatible HTTP front (its own threads; http_internal.h)
@@ -32,7 +33,9 @@
 
 #include "chat_template.h"
 #include "chat_tools.h"
+#include "convert.h"
 #include "jinja.h"
+#include "metrics.h"
 #include "server.h"
 
 struct gen_request;  /* convert.h */
@@ -62,6 +65,7 @@ enum method {
     METHOD_REFLECTION,
     METHOD_LOAD_ADAPTER,
     METHOD_UNLOAD_ADAPTER,
+    METHOD_EMBED,
 };
 
 /* What the server is doing; written by the control thread, read by the loop. */
@@ -145,6 +149,9 @@ struct call {
     /* LoadAdapter */
     struct load_job *load_job;    /* its load while the loader thread has it: the call is not
                                      freed before the job comes back (loader.c) */
+    /* Embed */
+    struct embed_rpc *embed_rpc;  /* its request while the engine has it: the call is not freed
+                                     before it comes back (embed.c) */
 };
 
 /* One LoadAdapter's work, done on the loader thread (loader.c). The loop thread owns it except
@@ -203,6 +210,7 @@ struct server {
     /* engine events */
     pthread_mutex_t       ev_mu;
     struct queued_event  *ev_head, *ev_tail;
+    struct embed_rpc     *embed_done;  /* under ev_mu: Embed requests the engine finished (embed.c) */
     /* control thread */
     pthread_t             control;
     sem_t                 stop_sem;   /* posted by the signal handler (or the loop) to start the drain */
@@ -229,7 +237,8 @@ struct server {
     int                   n_end_ids;
     /* calls */
     struct call          *calls;
-    int                   n_calls, n_gen_calls;
+    int                   n_calls, n_gen_calls; /* n_gen_calls: calls that use the engine (uses_engine),
+                                                     which the drain lets finish */
     struct request_slot   slots[N_REQUEST_SLOTS];
     int                   n_slots_active;
     /* misc */
@@ -276,6 +285,8 @@ static inline int is_generation(enum method m)
 {
     return m == METHOD_GENERATE || m == METHOD_GENERATE_STREAM || m == METHOD_CHAT || m == METHOD_CHAT_STREAM;
 }
+/* Generation and Embed: the calls whose engine work a drain waits for. */
+static inline int uses_engine(enum method m) { return is_generation(m) || m == METHOD_EMBED; }
 static inline int is_streaming(enum method m) { return m == METHOD_GENERATE_STREAM || m == METHOD_CHAT_STREAM; }
 
 /* ---- server.c ------------------------------------------------------------------------------ */
@@ -348,6 +359,38 @@ enum status  gen_resolve_adapter(const struct server *s, struct gen_request *r);
 /* Answers every method but Generate / Chat and health: Tokenize, Detokenize, Cancel,
  * GetModelInfo, GetServerStats, LoadAdapter, UnloadAdapter, and one reflection message. */
 void methods_handle(struct call *c, const uint8_t *data, size_t len);
+
+/* ---- embed.c: embeddings for both fronts, and gRPC Embed ----------------------------------- */
+
+/* The most inputs one embedding request may carry (OpenAI's limit). */
+#define EMBED_MAX_INPUTS 2048
+
+/* An embedding request's inputs as token sequences: input i is ids[offsets[i] .. offsets[i+1]). */
+struct embed_inputs {
+    int32_t *ids;
+    int32_t *offsets;  /* (n + 1) */
+    int      n;
+    size_t   cap;      /* of ids */
+};
+/* Checks r as both fronts do (the model: STATUS_NOT_FOUND unless NULL or the served one; 1 ..
+ * EMBED_MAX_INPUTS inputs; no empty text) and tokenizes its texts (with the tokenizer's special
+ * tokens) into *in; the engine checks the rest (engine_embed). Any thread. */
+enum status embed_prepare(struct server *s, const struct embed_request *r, struct embed_inputs *in);
+/* embed_prepare, then engine_embed into *vecs ((in->n, d_model), malloc'd): blocks (the HTTP
+ * front's threads). */
+enum status embed_run(struct server *s, const struct embed_request *r, struct embed_inputs *in, float **vecs);
+/* Frees what in holds; accepts a zeroed struct. */
+void        embed_inputs_free(struct embed_inputs *in);
+/* Counts one ended embedding request in the metrics (in: what embed_prepare made, maybe nothing). */
+void        embed_observe(struct server *s, enum metrics_api api, enum status st, const struct embed_inputs *in);
+/* Loop thread. Parses an Embed request and submits it (engine_embed_submit); the answer goes out
+ * from embed_rpc_drain, or an error at once. */
+void        embed_rpc_start(struct call *c, const uint8_t *data, size_t len);
+/* Loop thread: answers the Embed calls whose requests the engine finished. */
+void        embed_rpc_drain(struct server *s);
+/* Loop thread: c's Embed request, in the engine, is cancelled (the client cancelled, the deadline
+ * passed); its answer still comes back through embed_rpc_drain. */
+void        embed_rpc_cancel(struct call *c);
 
 /* ---- loader.c ------------------------------------------------------------------------------ */
 

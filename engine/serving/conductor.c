@@ -689,7 +689,7 @@ enum status conductor_start(struct conductor *c)
 static int conductor_idle(struct conductor *c)
 {
     pthread_mutex_lock(&c->mu);
-    int idle = !c->intake && c->all == NULL;
+    int idle = !c->intake && c->all == NULL && c->embed_active == 0;
     pthread_mutex_unlock(&c->mu);
     return idle;
 }
@@ -706,6 +706,7 @@ void conductor_drain(struct conductor *c, double timeout_s)
         if (!cancelled && base_now_s() >= end) {
             pthread_mutex_lock(&c->mu);
             for (struct request *r = c->all; r; r = r->next_all) r->cancel_requested = 1;
+            cancel_embed_jobs(c);
             pthread_cond_signal(&c->cv);
             pthread_mutex_unlock(&c->mu);
             cancelled = 1;

@@ -48,6 +48,8 @@ int         conductor_list_adapters(struct conductor *c, void (*fn)(void *ctx, c
 /* engine_embed for one replica (conductor_embed.c). */
 enum status conductor_embed(struct conductor *c, const int32_t *tokens, const int32_t *offsets, int n_inputs,
                             enum embed_pooling pooling, int normalize, float *out);
+enum status conductor_embed_submit(struct conductor *c, const struct engine_embed_req *req);
+void        conductor_embed_cancel(struct conductor *c, const struct engine_embed_req *req);
 
 int         conductor_step(struct conductor *c);
 enum status conductor_start(struct conductor *c);

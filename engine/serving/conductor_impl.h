@@ -77,8 +77,10 @@ struct conductor {
 
     pthread_mutex_t mu;
     pthread_cond_t  cv;
-    pthread_cond_t  embed_cv;             /* an embedding job finished (conductor_embed.c) */
+    pthread_cond_t  embed_cv;             /* an engine_embed caller's request ended (conductor_embed.c) */
     struct embed_job *embed_jobs;         /* under mu: waiting for the engine thread */
+    int       embed_active;               /* under mu: embedding jobs submitted whose done has not
+                                             returned yet (the drain waits for them) */
     pthread_t thread;
     int       thread_running, stop_thread, draining;
     struct request *intake, *intake_tail;  /* submitted, not yet seen by the engine thread */
@@ -115,7 +117,8 @@ void        take_prompt_logprobs(struct conductor *c, struct seq *s, int p0, int
 /* conductor_embed.c */
 struct embed_job;
 void        run_embed_jobs(struct conductor *c);  /* engine thread, between steps */
-void        fail_embed_jobs(struct conductor *c); /* the engine thread stops: UNAVAILABLE to every waiter */
+void        fail_embed_jobs(struct conductor *c); /* the engine thread stops: UNAVAILABLE to every job */
+void        cancel_embed_jobs(struct conductor *c); /* under mu: the drain's timeout: every job ends before its next pass */
 /* conductor_verify.c: --verify-prefix-cache. verify_consider (step 4, before s samples its
  * first token from row) may keep a job; verify_run_pending (after the step) recomputes the jobs'
  * prompts without the cache and counts mismatches (an error: a forward failed);

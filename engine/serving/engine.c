@@ -140,13 +140,31 @@ enum status engine_submit(struct engine *e, const char *request_id, const int32_
     return conductor_submit(e->local, request_id, prompt, n_prompt, p, on_event, ctx, handle);
 }
 
-enum status engine_embed(struct engine *e, const int32_t *tokens, const int32_t *offsets, int n_inputs,
-                         enum embed_pooling pooling, int normalize, float *out)
+/* Embeddings run on one replica: no router. */
+static enum status embed_replica(struct engine *e)
 {
     if (e->router)
         return status_errorf(STATUS_UNSUPPORTED, "embeddings are served without data parallelism (dp 1); this server "
                              "runs %d replicas", router_replicas(e->router));
-    return conductor_embed(e->local, tokens, offsets, n_inputs, pooling, normalize, out);
+    return STATUS_OK;
+}
+
+enum status engine_embed(struct engine *e, const int32_t *tokens, const int32_t *offsets, int n_inputs,
+                         enum embed_pooling pooling, int normalize, float *out)
+{
+    enum status st = embed_replica(e);
+    return st != STATUS_OK ? st : conductor_embed(e->local, tokens, offsets, n_inputs, pooling, normalize, out);
+}
+
+enum status engine_embed_submit(struct engine *e, const struct engine_embed_req *req)
+{
+    enum status st = embed_replica(e);
+    return st != STATUS_OK ? st : conductor_embed_submit(e->local, req);
+}
+
+void engine_embed_cancel(struct engine *e, const struct engine_embed_req *req)
+{
+    if (!e->router) conductor_embed_cancel(e->local, req);
 }
 
 enum status engine_cancel(struct engine *e, uint64_t handle)

@@ -330,6 +330,8 @@ struct engine_stats {
      * blocks, and the largest logit difference seen. */
     uint64_t prefix_cache_verified, prefix_cache_mismatches, prefix_cache_verify_skipped;
     double   prefix_cache_max_abs_diff;
+    uint64_t embed_passes;              /* embedding forward passes (conductor_embed.c), which
+                                           hold the inputs of one or more requests */
 };
 void engine_get_stats(struct engine *e, struct engine_stats *s); /* thread-safe snapshot; with
                                      data parallelism the sum over replicas (remote ones as of
@@ -405,7 +407,8 @@ enum embed_pooling {
  * tokens[offsets[i] .. offsets[i+1]) (offsets[0] = 0), encoded as the caller wants it (an
  * encoder's [CLS] ... [SEP] included). The engine thread runs them in forward passes of at most
  * max_batch_tokens rows and max_seqs inputs, one pass before each generation step (the two
- * take turns), without the KV cache
+ * take turns), without the KV cache; a pass holds the inputs of several concurrent requests
+ * (engine_embed_submit)
  * (bidirectional attention for an encoder, causal for a decoder); out (n_inputs, d_model) f32
  * receives each input's pooled final hidden state (after a decoder's final norm), divided by its
  * L2 norm when normalize. Errors: STATUS_INVALID_ARGUMENT naming the input for an empty one, an
@@ -415,6 +418,30 @@ enum embed_pooling {
  * engine drains or after it failed. */
 enum status engine_embed(struct engine *e, const int32_t *tokens, const int32_t *offsets, int n_inputs,
                          enum embed_pooling pooling, int normalize, float *out);
+
+/* engine_embed without blocking (the gRPC front's Embed, whose loop thread must not wait): the
+ * same inputs, checks and passes, with the outcome given to done. Every pointer of *req, and req
+ * itself, is borrowed until done has been called. */
+struct engine_embed_req {
+    const int32_t     *tokens;   /* (offsets[n_inputs]) */
+    const int32_t     *offsets;  /* (n_inputs + 1), offsets[0] = 0 */
+    int                n_inputs;
+    enum embed_pooling pooling;
+    int                normalize;
+    float             *out;      /* (n_inputs, d_model) */
+    /* Called exactly once when the request ended (STATUS_OK: out is filled; else st and its
+     * message), on the engine thread, or on the submitting thread before engine_embed_submit
+     * returns when no engine thread runs. It must not call into the engine's embeddings. */
+    void (*done)(void *ctx, enum status st, const char *message);
+    void              *ctx;
+};
+/* Queues req (the errors of engine_embed are returned at once, and then done is never called).
+ * Requests run in arrival order; consecutive ones with the same pooling and normalize share
+ * forward passes (one pass holds the inputs of several requests). */
+enum status engine_embed_submit(struct engine *e, const struct engine_embed_req *req);
+/* Thread-safe. req, submitted and whose done has not run yet, ends with STATUS_CANCELLED before
+ * its next pass (done still comes); a no-op for a request that has ended. */
+void        engine_embed_cancel(struct engine *e, const struct engine_embed_req *req);
 
 /* Model facts for GetModelInfo. */
 struct engine_model_info {

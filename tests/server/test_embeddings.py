@@ -12,6 +12,11 @@
              unknown fields, dimensions, an unknown model) and generation refused by name.
   decoder    stories260K (assets), a causal decoder: last-token and mean pooling of its final
              hidden states against tests/reference/llama2c_ref.py's float64 forward.
+  grpc       all-MiniLM-L6-v2 through gRPC Embed (the Python client, clients/python): equal to
+             /v1/embeddings bit for bit and within 1e-5 of the float64 reference; the same bad
+             input refused with gRPC codes; 8 concurrent one-query requests (both fronts) beside a
+             long one share passes (shardlm_embedding_passes_total) and each equals its vector
+             alone; a deadline drops the rest of a request's passes; the embedding metrics.
 
 SKIP (77) without the model files (no network when make test fetched), the assets, or the
 openai / tokenizers / numpy packages.
@@ -26,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 SKIP = 77
@@ -150,7 +156,7 @@ def group_minilm(a):
         expect_error(lambda: make(model=name, input=[[101, 40000]]), 400, ["outside the vocabulary"], "an id past the vocabulary")
         expect_error(lambda: make(model=name, input=[["a"]]), 400, ["input[0]"], "a list of lists of strings")
         expect_error(lambda: make(model=name, input=5), 400, ["'input'"], "a number as input")
-        expect_error(lambda: make(model=name, input="x", extra_body={"foo": 1}), 400, ["unknown field 'foo'"], "unknown field")
+        expect_error(lambda: make(model=name, input="x", extra_body={"foo": 1}), 400, ["foo", "unknown field"], "unknown field")
         expect_error(lambda: make(model=name, input="x", dimensions=64), 400, ["dimensions", "384"], "dimensions 64")
         check(len(make(model=name, input="x", dimensions=384).data[0].embedding) == 384, "dimensions 384 (the model's) accepted")
         expect_error(lambda: make(model=name, input="x", encoding_format="hex"), 400, ["encoding_format"], "encoding_format hex")
@@ -243,7 +249,188 @@ def group_decoder(a):
     return "ok"
 
 
-GROUPS = {"minilm": group_minilm, "decoder": group_decoder}
+def metrics(srv):
+    """/metrics as {(name, labels as a sorted tuple): value}."""
+    import re
+    import urllib.request
+    text = urllib.request.urlopen(srv.base + "/metrics", timeout=30).read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'^(\w+)(?:\{(.*)\})? (\S+)$', line)
+        if m:
+            labels = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")))
+            out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def passes(srv):
+    return metrics(srv)[("shardlm_embedding_passes_total", ())]
+
+
+def expect_rpc_error(fn, code, words, what):
+    """fn must raise grpc.RpcError with `code` (a grpc.StatusCode name) whose details hold every word."""
+    try:
+        fn()
+    except TS.grpc.RpcError as e:
+        d = e.details() or ""
+        check(e.code().name == code and all(w in d for w in words), f"gRPC {what}: {e.code().name} {d[:160]}")
+        return
+    check(False, f"gRPC {what}: no error")
+
+
+def group_grpc(a):
+    """gRPC Embed (the Python client) against /v1/embeddings and the float64 reference; embedding
+    passes shared by concurrent requests of both fronts; cancellation; the metrics."""
+    model_dir = Path(a.minilm)
+    if not all((model_dir / f).exists() for f in ("config.json", "model.safetensors", "tokenizer.json")):
+        print(f"SKIP grpc: all-MiniLM-L6-v2 is not in {model_dir} (tools/fetch_minilm.sh {model_dir})")
+        return "skip"
+    import threading
+    import bert_ref
+    ref = bert_ref.Bert(str(model_dir))
+    hf = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    hf.no_padding()
+    hf.no_truncation()
+    pb = TS.pb
+    with TS.Server(a.shardlm, model_dir, name="grpc", http=True) as srv, srv.client(timeout=120) as c:
+        oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
+        name = model_dir.name
+        ids = [hf.encode(s).ids for s in SENTENCES]
+        g = c.embed(SENTENCES)
+        h = oa.embeddings.create(model=name, input=SENTENCES)  # base64: the f32 bytes
+        G = np.asarray(g.vectors, dtype=np.float32)
+        H = np.asarray([d.embedding for d in h.data], dtype=np.float32)
+        check(G.shape == (len(SENTENCES), 384) and np.array_equal(G, H),
+              "Embed's vectors equal /v1/embeddings' bit for bit (f32)")
+        worst = max(cosine_distance(v, ref.embed(i)) for v, i in zip(g.vectors, ids))
+        check(worst < 1e-5, f"Embed within 1e-5 cosine distance of the float64 reference (worst {worst:.2e})")
+        check(g.model == name and g.prompt_tokens == sum(len(i) for i in ids),
+              f"model named, prompt_tokens the [CLS] ... [SEP] count ({g.prompt_tokens})")
+        # Another batch may round differently in the last bits (the products' blocking).
+        t2 = c.embed(ids[:2])
+        t1 = c.embed(ids[0])
+        check(float(np.abs(np.asarray(t2.vectors) - G[:2]).max()) < 1e-6 and
+              float(np.abs(np.asarray(t1.vectors[0]) - G[0]).max()) < 1e-6,
+              "token-id inputs (a list of lists, one list) equal the texts' vectors")
+        mixed = c.embed([SENTENCES[3], ids[1]])
+        check(float(np.abs(np.asarray(mixed.vectors) - G[[3, 1]]).max()) < 1e-6, "texts and token ids mixed")
+        for pooling in ("cls", "last", "mean"):
+            v = np.asarray(c.embed(SENTENCES[2], pooling=pooling, normalize=False).vectors[0])
+            w = ref.embed(ids[2], pooling=pooling, normalize=False)
+            hv = oa.embeddings.create(model=name, input=SENTENCES[2], extra_body={"pooling": pooling, "normalize": False})
+            rel = float(np.linalg.norm(v - w) / np.linalg.norm(w))
+            check(rel < 1e-4 and np.array_equal(v.astype(np.float32), np.asarray(hv.data[0].embedding, dtype=np.float32)),
+                  f"Embed pooling {pooling}, unnormalized: relative error {rel:.2e}, equal to the HTTP route's")
+
+        # Bad input: the same checks as /v1/embeddings, as gRPC codes.
+        bad = 0
+        for fn, code, words, what in [
+                (lambda: c.embed([]), "INVALID_ARGUMENT", ["empty list"], "no inputs"),
+                (lambda: c.embed(""), "INVALID_ARGUMENT", ["input[0]", "empty"], "an empty text"),
+                (lambda: c.embed([[]]), "INVALID_ARGUMENT", ["input[0]", "empty"], "an empty token list"),
+                (lambda: c.stub.Embed(pb.EmbedRequest(inputs=[pb.EmbedInput()]), timeout=30), "INVALID_ARGUMENT",
+                 ["inputs[0]", "neither"], "an input with neither text nor token_ids"),
+                (lambda: c.embed([101] + [7592] * 600 + [102]), "INVALID_ARGUMENT", ["602 tokens", "512"], "602 tokens"),
+                (lambda: c.embed([[101, 40000]]), "INVALID_ARGUMENT", ["outside the vocabulary"], "an id past the vocabulary"),
+                (lambda: c.embed(["x"] * 2049), "INVALID_ARGUMENT", ["2049", "2048"], "2049 inputs"),
+                (lambda: c.stub.Embed(pb.EmbedRequest(inputs=[pb.EmbedInput(text="x")], pooling=7), timeout=30),
+                 "INVALID_ARGUMENT", ["pooling"], "pooling 7"),
+                (lambda: c.embed("x", model="nope"), "NOT_FOUND", ["nope"], "an unknown model")]:
+            expect_rpc_error(fn, code, words, what)
+            bad += code == "INVALID_ARGUMENT"
+
+        # Concurrency: one long request (several passes), and while it runs 8 one-query requests, 4
+        # over gRPC and 4 over HTTP: they wait for it (arrival order) and then share passes; each
+        # vector equals the query embedded alone.
+        queries = ["How do I bake bread?", "What is tensor parallelism?", "Where is Victoria?", "Why did oil prices rise?",
+                   "What is packet switching?", "Who wrote the paper?", "When did the crisis start?", "hello world"]
+        p0 = passes(srv)
+        alone = [np.asarray(c.embed(q).vectors[0]) for q in queries]
+        check(passes(srv) - p0 == len(queries), f"{len(queries)} requests one after another: one pass each")
+        para = hf.encode(" ".join(["the history of tensor parallelism in large language models"] * 40)).ids[:250]
+        long_req = [para[:249 - k] + [102] for k in range(12)]  # 12 inputs of 238..250 tokens: 2 per 512-row pass
+        p0 = passes(srv)
+        c.embed(long_req)
+        p_long = passes(srv) - p0
+        got = [None] * len(queries)
+        box = {}
+
+        def one(k):
+            if k % 2:
+                got[k] = np.asarray(c.embed(queries[k]).vectors[0])
+            else:
+                got[k] = np.asarray(oa.embeddings.create(model=name, input=queries[k]).data[0].embedding)
+
+        p0 = passes(srv)
+        t = threading.Thread(target=lambda: box.update(r=c.embed(long_req)))
+        t.start()
+        deadline = time.time() + 60
+        while passes(srv) == p0 and time.time() < deadline:
+            time.sleep(0.01)
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(len(queries))]
+        for th in threads:
+            th.start()
+        for th in threads + [t]:
+            th.join(timeout=120)
+        p_all = passes(srv) - p0
+        worst = max(float(np.abs(x - y).max()) if x is not None else 1.0 for x, y in zip(got, alone))
+        check("r" in box and len(box["r"].vectors) == 12 and worst < 1e-6,
+              f"8 concurrent one-query requests (gRPC and HTTP) beside a long one: each equal to it alone (worst {worst:.1e})")
+        check(p_all <= p_long + 2,
+              f"they shared passes: {p_all} passes for the long request ({p_long} alone) and the 8 queries")
+
+        # A deadline mid-request: DEADLINE_EXCEEDED, and the rest of its passes are dropped.
+        huge = long_req * 16  # 192 inputs: 96 passes
+        p0 = passes(srv)
+        expect_rpc_error(lambda: c.embed(huge, timeout=0.5), "DEADLINE_EXCEEDED", [], "a deadline of 0.5 s on 96 passes")
+        time.sleep(0.5)
+        p1 = passes(srv)
+        time.sleep(1.0)
+        check(passes(srv) == p1 and p1 - p0 < 96, f"the expired request stopped after {p1 - p0} of 96 passes")
+        check(float(np.abs(np.asarray(c.embed(SENTENCES[0]).vectors[0]) - G[0]).max()) < 1e-6, "served afterwards")
+
+        # Metrics: requests by API and status, inputs and tokens of those that succeeded.
+        m = metrics(srv)
+        ok_g = m.get(("shardlm_embedding_requests_total", (("api", "grpc"), ("status", "OK"))), 0)
+        want_g = 1 + 2 + 1 + 3 + len(queries) + 2 + len(queries) // 2 + 1
+        check(ok_g == want_g, f"shardlm_embedding_requests_total{{api=grpc,status=OK}} = {ok_g} (want {want_g})")
+        bad_g = m.get(("shardlm_embedding_requests_total", (("api", "grpc"), ("status", "INVALID_ARGUMENT"))), 0)
+        check(bad_g == bad, f"... status=INVALID_ARGUMENT = {bad_g} (want {bad})")
+        check(m.get(("shardlm_embedding_requests_total", (("api", "grpc"), ("status", "DEADLINE_EXCEEDED"))), 0) +
+              m.get(("shardlm_embedding_requests_total", (("api", "grpc"), ("status", "CANCELLED"))), 0) == 1,
+              "the expired request counted once (DEADLINE_EXCEEDED or CANCELLED)")
+        ok_h = m.get(("shardlm_embedding_requests_total", (("api", "http"), ("status", "OK"))), 0)
+        tok_h = m.get(("shardlm_embedding_tokens_total", (("api", "http"),)), -1)
+        in_h = m.get(("shardlm_embedding_inputs_total", (("api", "http"),)), -1)
+        want_tok_h = h.usage.prompt_tokens + 3 * len(hf.encode(SENTENCES[2]).ids) + \
+            sum(len(hf.encode(q).ids) for q in queries[0::2])
+        check(ok_h == 1 + 3 + len(queries) // 2 and in_h == len(SENTENCES) + 3 + len(queries) // 2 and tok_h == want_tok_h,
+              f"HTTP: {ok_h} requests, {in_h} inputs, {tok_h} tokens counted (want {want_tok_h})")
+        in_g = m.get(("shardlm_embedding_inputs_total", (("api", "grpc"),)), -1)
+        want_in_g = len(SENTENCES) + 2 + 1 + 2 + 3 + len(queries) + 12 + 12 + len(queries) // 2 + 1
+        check(in_g == want_in_g, f"gRPC: {in_g} inputs counted (want {want_in_g})")
+
+        # SIGTERM while a request runs (over gRPC) and another waits (over HTTP): the drain lets both
+        # finish, as it lets generations finish.
+        box = {}
+        p0 = passes(srv)
+        t = threading.Thread(target=lambda: box.update(g=c.embed(long_req)))
+        t.start()
+        deadline = time.time() + 60
+        while passes(srv) == p0 and time.time() < deadline:
+            time.sleep(0.01)
+        t2 = threading.Thread(target=lambda: box.update(h=oa.embeddings.create(model=name, input=long_req[:4])))
+        t2.start()
+        time.sleep(0.5)
+        srv.terminate()
+        t.join(timeout=120)
+        t2.join(timeout=120)
+        check("g" in box and len(box["g"].vectors) == 12 and "h" in box and len(box["h"].data) == 4,
+              "SIGTERM during embeddings: the drain answers the running and the waiting request")
+    return "ok"
+
+
+GROUPS = {"minilm": group_minilm, "decoder": group_decoder, "grpc": group_grpc}
 
 
 def main():

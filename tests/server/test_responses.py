@@ -13,6 +13,8 @@ client.responses, beside client.chat.completions for the same conversation.
   as explicit input items) equals chat's tool turn.
 - text.format json_schema (validated with jsonschema) and json_object.
 - retrieve, delete, store false, another API key's responses unseen, cancel (of a running stream, and refused once completed).
+- input_items (client.responses.input_items.list, pages by after/limit/order) and input_tokens
+  (client.responses.input_tokens.count, equal to the response's usage.input_tokens).
 - Qwen 3's template (reasoning): reasoning.effort none equals chat's enable_thinking false.
 - --responses-store 2: the least recently used response is evicted (a read counts as a use).
 - The output items sent back as input equal the chained turn.
@@ -319,6 +321,68 @@ def errors(srv, oa, mid):
     check(code == 405, f"PUT on a response: {code}")
 
 
+def text_of(item):
+    return "".join(p.text for p in item.content)
+
+
+def input_items(srv, oa, mid):
+    """GET /v1/responses/{id}/input_items (client.responses.input_items.list, whose pages follow
+    `after`) and POST /v1/responses/input_tokens (client.responses.input_tokens.count)."""
+    given = [{"role": "system", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "input_text", "text": "Hello."}]},
+             {"type": "message", "role": "user", "content": "Tell me about Paris.", "id": "msg_client_given"}]
+    r1 = oa.responses.create(model=mid, input=given, max_output_tokens=4, temperature=0)
+    r2 = oa.responses.create(model=mid, previous_response_id=r1.id, input="And Rome?", max_output_tokens=4, temperature=0)
+    texts = ["Be brief.", "Hello.", "Tell me about Paris."]
+    page = oa.responses.input_items.list(r1.id)
+    check([text_of(i) for i in page.data] == texts[::-1] and page.has_more is False,
+          f"input_items: the three input items, latest first by default ({[text_of(i) for i in page.data]})")
+    ids = [i.id for i in page.data]
+    check(ids[0] == "msg_client_given" and len(set(ids)) == 3 and all(i.startswith("msg_") for i in ids) and
+          page.first_id == ids[0] and page.last_id == ids[-1],
+          f"input_items: an id each (the client's kept), first_id and last_id ({ids})")
+    check(all(i.type == "message" and i.content[0].type == "input_text" for i in page.data) and
+          [i.role for i in page.data] == ["user", "user", "system"], "input_items: messages with input_text parts")
+    # r2 was given r1's conversation: r1's inputs, r1's output, then its own input; two per page.
+    asc = list(oa.responses.input_items.list(r2.id, order="asc", limit=2))
+    check([i.id for i in asc[:3]] == ids[::-1] and asc[3].id == r1.output[0].id and asc[3].role == "assistant" and
+          asc[3].content[0].type == "output_text" and text_of(asc[3]) == r1.output_text and
+          text_of(asc[4]) == "And Rome?" and len(asc) == 5,
+          f"input_items of a chained response, in pages of 2 (after): {len(asc)} items, r1's output 4th")
+    first = oa.responses.input_items.list(r2.id, order="asc", limit=2)
+    check(len(first.data) == 2 and first.has_more is True and first.last_id == asc[1].id, "a page of 2: has_more")
+    desc = list(oa.responses.input_items.list(r2.id, limit=2))
+    check([i.id for i in desc] == [i.id for i in asc][::-1], "order desc pages in reverse")
+    lst = oa.responses.input_items.list
+    for kw, needle, label in [({"limit": 0}, "limit", "limit 0"), ({"limit": 101}, "limit", "limit 101"),
+                              ({"order": "sideways"}, "order", "order sideways"),
+                              ({"after": "msg_nope"}, "msg_nope", "after an unknown item"),
+                              ({"include": ["message.input_image.image_url"]}, "include", "include")]:
+        expect(lambda: lst(r1.id, **kw), openai.BadRequestError, needle, f"input_items {label}")
+    expect(lambda: lst("resp_nope"), openai.NotFoundError, "resp_nope", "input_items of an unknown id")
+    other = openai.OpenAI(base_url=srv.base + "/v1", api_key=KEY2, max_retries=0, timeout=60)
+    expect(lambda: other.responses.input_items.list(r1.id), openai.NotFoundError, r1.id, "input_items: another key")
+
+    # input_tokens: the prompt tokens the response would have (its usage.input_tokens).
+    count = oa.responses.input_tokens.count
+    n = count(model=mid, input=given)
+    check(n.object == "response.input_tokens" and n.input_tokens == r1.usage.input_tokens,
+          f"input_tokens = usage.input_tokens ({n.input_tokens})")
+    n2 = count(model=mid, previous_response_id=r1.id, input="And Rome?")
+    check(n2.input_tokens == r2.usage.input_tokens, f"input_tokens with previous_response_id ({n2.input_tokens})")
+    rt = oa.responses.create(model=mid, input=ASK, instructions="Answer as a pirate.", tools=[TOOL],
+                             max_output_tokens=1, temperature=0)
+    nt = count(model=mid, input=ASK, instructions="Answer as a pirate.", tools=[TOOL])
+    check(nt.input_tokens == rt.usage.input_tokens and nt.input_tokens > n.input_tokens,
+          f"input_tokens with instructions and tools ({nt.input_tokens})")
+    expect(lambda: count(model=mid, input="hi", extra_body={"temperature": 0.5}), openai.BadRequestError, "temperature",
+           "input_tokens: a sampling field refused")
+    expect(lambda: count(model=mid, input="hi", conversation="conv_1"), openai.BadRequestError, "conversation",
+           "input_tokens: conversation refused")
+    expect(lambda: count(model=mid, input="hi", previous_response_id="resp_nope"), openai.NotFoundError, "resp_nope",
+           "input_tokens: unknown previous_response_id")
+
+
 def reasoning(oa, mid):
     """Qwen 3's template (a <think> split): effort none is the template's enable_thinking false."""
     r = oa.responses.create(model=mid, input=ASK, max_output_tokens=12, temperature=0, reasoning={"effort": "none"})
@@ -365,6 +429,7 @@ def main():
             tools(oa, mid)
             formats(oa, mid)
             cancel(oa, mid)
+            input_items(srv, oa, mid)
             errors(srv, oa, mid)
         with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(QWEN3), "--no-prefix-caching",
                        "--responses-store", "2", name="responses-qwen3", http=True) as srv:

@@ -1,6 +1,7 @@
 """clients/python/shardlm_client/client.py - a small typed wrapper over the shardlm.v1 gRPC API:
 plain Python values in, dataclasses out, grpc.RpcError (with .code() and .details()) on errors.
-Not here: the stubs (_stubs.py). Tests: tests/server/test_server.py and the examples.
+Not here: the stubs (_stubs.py). Tests: tests/server/test_server.py, test_embeddings.py (embed) and
+the examples.
 
     from shardlm_client import Client
     with Client("127.0.0.1:50051") as c:
@@ -103,6 +104,30 @@ class Chunk:
     content: str = ""
     reasoning_content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+@dataclass
+class Embeddings:
+    """Embed's result: one vector (the model's width, f32 values) per input, in order."""
+    vectors: list[list[float]]
+    model: str
+    prompt_tokens: int
+
+
+POOLINGS = {None: 0, "mean": 1, "cls": 2, "last": 3}
+
+EmbedInput = Union[str, Sequence[int]]
+
+
+def _embed_inputs(inputs) -> list["pb.EmbedInput"]:
+    """/v1/embeddings' shapes: a string, a list of token ids (one input), or a list of strings
+    and token-id lists."""
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    elif inputs and all(isinstance(t, int) for t in inputs):
+        inputs = [inputs]
+    return [pb.EmbedInput(text=x) if isinstance(x, str) else pb.EmbedInput(token_ids=pb.TokenIds(ids=list(x)))
+            for x in inputs]
 
 
 def _logprobs(entries) -> list[TokenLogprob]:
@@ -311,6 +336,19 @@ class Client:
         may give adapter=name. Raises grpc.RpcError: ALREADY_EXISTS, NOT_FOUND, INVALID_ARGUMENT,
         RESOURCE_EXHAUSTED (--max-loras), UNIMPLEMENTED (a server that cannot load at run time)."""
         return self.stub.LoadAdapter(pb.LoadAdapterRequest(name=name, path=path), **self._kw(timeout))
+
+    def embed(self, inputs: Union[EmbedInput, Sequence[EmbedInput]], *, model: str = "", pooling: Optional[str] = None,
+              normalize: Optional[bool] = None, timeout: Optional[float] = None) -> Embeddings:
+        """Vectors of texts or token-id lists (docs/embeddings.md), as /v1/embeddings makes them.
+        pooling: None (the model's default), "mean", "cls" or "last"; normalize: None (true) or
+        a bool. Raises grpc.RpcError: INVALID_ARGUMENT (naming the input), NOT_FOUND (model)."""
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of mean, cls, last (or None), got {pooling!r}")
+        req = pb.EmbedRequest(inputs=_embed_inputs(inputs), model=model, pooling=POOLINGS[pooling])
+        if normalize is not None:
+            req.normalize = normalize
+        r = self.stub.Embed(req, **self._kw(timeout))
+        return Embeddings([list(e.values) for e in r.embeddings], r.model, r.prompt_tokens)
 
     def unload_adapter(self, name: str, *, timeout: Optional[float] = None) -> None:
         """Unloads an adapter; FAILED_PRECONDITION while requests use it and for the server's default
