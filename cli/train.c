@@ -67,7 +67,7 @@ static const char *const train_help =
     "LoRA (the base frozen; the output is a PEFT adapter: adapter_config.json +\n"
     "adapter_model.safetensors; shardlm merge-lora makes a servable checkpoint of it):\n"
     "  --lora-rank R [off; 32 when any --lora-* is given]  --lora-alpha A [32]\n"
-    "  --lora-targets LIST [q,k,v,o,gate,up,down]\n"
+    "  --lora-targets LIST [q,k,v,o,gate,up,down; Phi-3 trains qkv and gate_up whole]\n"
     "  --lora-dropout P [0]    dropout on the adapters' input in training, as PEFT's\n"
     "  with --bf16 / --fp16 the base is loaded in that dtype (no master copy); A, B f32\n"
     "precision (fp32 master weights, gradients and moments in every mode):\n"
