@@ -1,5 +1,5 @@
 /* engine/model/lora.c - low-rank adapters: creation, the training forward and backward of a
- * target, the PEFT files, merging (lora.h).
+ * target, the PEFT files (lora.h); merging is lora_merge.c.
  * Tests: tests/test_train_grad.py, tests/test_train.sh. */
 #include "lora.h"
 
@@ -106,8 +106,7 @@ static enum status model_fused_groups(const struct model *m, unsigned mask, unsi
     return STATUS_OK;
 }
 
-/* The base weight a target adapts in local layer l, or NULL when the model lacks it. */
-static const struct tensor *base_weight(const struct model *m, int l, enum lora_target t)
+const struct tensor *lora_base_weight(const struct model *m, int l, enum lora_target t)
 {
     const struct layer_weights *w = &m->w.layers[l];
     const struct tensor *ts[LORA_TARGET_COUNT] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
@@ -175,7 +174,7 @@ static enum status lora_alloc(struct lora *l, const struct model *m, int whole)
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_TARGET_COUNT; t++) {
                 /* Every layer has the same projections: a whole adapter asks the local layer 0. */
-                const struct tensor *w = base_weight(m, whole ? 0 : i, (enum lora_target)t);
+                const struct tensor *w = lora_base_weight(m, whole ? 0 : i, (enum lora_target)t);
                 if (!(l->targets & (1u << t)) || !w) continue;
                 int64_t out = w->shape[0], in = w->shape[1], start = 0;
                 const int64_t r = l->rank;
@@ -256,7 +255,7 @@ enum status lora_create(const struct model *m, int rank, float alpha, unsigned m
     for (int g = 0; g < m->layer_first + l->n_layers && st2 == STATUS_OK; g++)
         for (int t = 0; t < LORA_TARGET_COUNT && st2 == STATUS_OK; t++) {
             const int i = g - m->layer_first, li = i >= 0 ? i : 0; /* earlier stages: the same structure */
-            if (!(l->targets & (1u << t)) || !base_weight(m, li, (enum lora_target)t) ||
+            if (!(l->targets & (1u << t)) || !lora_base_weight(m, li, (enum lora_target)t) ||
                 lora_target_leader(l, (enum lora_target)t) != (enum lora_target)t) /* a fused member: its leader's A */
                 continue;
             int64_t out_w = 0, in_w = 0, start = 0;
@@ -782,31 +781,4 @@ enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
     }
     *out = l;
     return STATUS_OK;
-}
-
-void lora_merge_into(const struct lora *l, struct model *m)
-{
-    for (int i = 0; i < l->n_layers; i++)
-        for (int t = 0; t < LORA_TARGET_COUNT; t++) {
-            const struct lora_site *s = &l->sites[i][t];
-            struct tensor *w = (struct tensor *)base_weight(m, i, (enum lora_target)t);
-            if (!s->a.data || !w) continue;
-            CHECK(w->dtype == DTYPE_F32, "merging into f32 weights only");
-            const int64_t out = w->shape[0], in = w->shape[1], r = l->rank;
-            float *hw = malloc(tensor_nbytes(w)), *ha = malloc(tensor_nbytes(&s->a)), *hb = malloc(tensor_nbytes(&s->b));
-            CHECK(hw && ha && hb, "out of host memory merging an adapter");
-            backend_download(m->b, hw, w->data, tensor_nbytes(w));
-            backend_download(m->b, ha, s->a.data, tensor_nbytes(&s->a));
-            backend_download(m->b, hb, s->b.data, tensor_nbytes(&s->b));
-            for (int64_t o = 0; o < out; o++)
-                for (int64_t k = 0; k < r; k++) {
-                    const double c = (double)l->scale * hb[o * r + k];
-                    if (c == 0.0) continue;
-                    for (int64_t j = 0; j < in; j++) hw[o * in + j] += (float)(c * ha[k * in + j]);
-                }
-            backend_upload(m->b, w->data, hw, tensor_nbytes(w));
-            free(hw);
-            free(ha);
-            free(hb);
-        }
 }

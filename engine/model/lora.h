@@ -165,5 +165,7 @@ enum status lora_load_peft(struct model *m, const char *dir, struct lora **out);
 /* W += s B A for every adapted weight of m, in place (m's weights must be writable f32): the
  * merged model computes what base + adapter computes. */
 void lora_merge_into(const struct lora *l, struct model *m);
+/* The base weight target t adapts in local layer l, or NULL when the model lacks it. */
+const struct tensor *lora_base_weight(const struct model *m, int l, enum lora_target t);
 
 #endif
