@@ -163,28 +163,36 @@ static void put_event(struct wbuf *b, const char *key, int run, const struct eng
     put_str(b, ev->message);
 }
 
-/* Appends one framed record; with j->mu held. */
+/* A record's buffer: its frame's place first (append fills it), so that the record is written
+ * with one write(2) and no copy. */
+static struct wbuf record(void)
+{
+    struct wbuf b = {0};
+    struct frame f = {0};
+    put(&b, &f, sizeof f);
+    return b;
+}
+
+/* Appends one framed record (from record()); with j->mu held. */
 static enum status append(struct journal *j, struct wbuf *b, int sync)
 {
     enum status st = STATUS_OK;
-    struct frame f = {.len = (uint32_t)b->n, .check = b->n ? check_of(b->p, b->n) : 0};
     if (b->oom) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "journal: out of memory");
     } else {
-        struct wbuf w = {0};
-        put(&w, &f, sizeof f);
-        put(&w, b->p, b->n);
+        const size_t n = b->n - sizeof(struct frame);
+        struct frame f = {.len = (uint32_t)n, .check = n ? check_of(b->p + sizeof f, n) : 0};
+        memcpy(b->p, &f, sizeof f);
         size_t off = 0;
-        while (!w.oom && off < w.n) {
-            ssize_t n = write(j->fd, w.p + off, w.n - off);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) break;
-            off += (size_t)n;
+        while (off < b->n) {
+            ssize_t k = write(j->fd, b->p + off, b->n - off);
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) break;
+            off += (size_t)k;
         }
-        if (w.oom || off < w.n) st = status_errorf(STATUS_IO, "%s: %s", j->path, w.oom ? "out of memory" : strerror(errno));
+        if (off < b->n) st = status_errorf(STATUS_IO, "%s: %s", j->path, strerror(errno));
         else if (sync && fdatasync(j->fd) != 0) st = status_errorf(STATUS_IO, "%s: fsync: %s", j->path, strerror(errno));
         j->size += (off_t)off;
-        free(w.p);
     }
     free(b->p);
     if (st != STATUS_OK) j->failed_writes++;
@@ -193,7 +201,7 @@ static enum status append(struct journal *j, struct wbuf *b, int sync)
 
 enum status journal_accept(struct journal *j, const struct journal_entry *e)
 {
-    struct wbuf b = {0};
+    struct wbuf b = record();
     put_accept(&b, e);
     pthread_mutex_lock(&j->mu);
     enum status st = append(j, &b, j->policy != JOURNAL_FSYNC_NEVER);
@@ -204,7 +212,7 @@ enum status journal_accept(struct journal *j, const struct journal_entry *e)
 
 void journal_event(struct journal *j, const char *key, int run, const struct engine_event *ev)
 {
-    struct wbuf b = {0};
+    struct wbuf b = record();
     put_event(&b, key, run, ev);
     pthread_mutex_lock(&j->mu);
     if (append(j, &b, j->policy == JOURNAL_FSYNC_ALWAYS) != STATUS_OK)
@@ -215,7 +223,7 @@ void journal_event(struct journal *j, const char *key, int run, const struct eng
 
 void journal_end(struct journal *j, const char *key)
 {
-    struct wbuf b = {0};
+    struct wbuf b = record();
     uint32_t type = REC_END;
     put(&b, &type, sizeof type);
     put_str(&b, key);
@@ -343,13 +351,13 @@ static enum status write_entries(const char *path, const struct journal_entry *v
     struct journal j = {.fd = fd, .path = (char *)path};
     enum status st = STATUS_OK;
     for (int i = 0; st == STATUS_OK && i < n; i++) {
-        struct wbuf b = {0};
+        struct wbuf b = record();
         put_accept(&b, &v[i]);
         st = append(&j, &b, 0);
         for (int k = 0; st == STATUS_OK && k < v[i].n_events; k++) {
             struct engine_event ev;
             journal_event_view(&v[i].events[k], &ev);
-            b = (struct wbuf){0};
+            b = record();
             put_event(&b, v[i].key, v[i].events[k].run, &ev);
             st = append(&j, &b, 0);
         }
