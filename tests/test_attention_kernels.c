@@ -1,5 +1,5 @@
 /* tests/test_attention_kernels.c - the inner kernels of op_attention on the CPU
- * (kernels/cpu/attention_impl.h), every implementation this CPU runs (portable always, AVX-512
+ * (kernels/cpu/attention_impl.h), every implementation this CPU runs (portable always, AVX2 and AVX-512
  * when the CPU has it; one that cannot run here is reported SKIP), against a double-precision
  * reference:
  *   - scores: s[g][i] = q_g . k_i, within |err| <= 4 U32 |s| + 8 U32 sqrt(hd) sum_d |q_gd k_id|
@@ -24,6 +24,7 @@
 
 #include "check.h"
 #include "cpu/attention_impl.h"
+#include "cpu/cpu_isa.h"
 
 #define U32 0x1p-24
 #define MAX_ROWS 80
@@ -221,21 +222,66 @@ static void check_widen(const struct attn_kernels *kt)
     free(dst);
 }
 
+/* The online softmax's passes: max exactly the largest of m and the scores (m above them all
+ * too), exp_sum's values within 1e-6 relative of e^(s - m) in double (cpu_exp's error is about
+ * 2e-7) and its sum within that plus n U32 of the double sum, at lengths around every vector
+ * width; nothing written past n. */
+static void check_softmax(const struct attn_kernels *kt)
+{
+    static const int ns[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 100};
+    float s[128], e[128];
+    int max_bad = 0, exp_bad = 0, sum_bad = 0, fence_bad = 0;
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {
+        const int n = ns[a];
+        for (int rep = 0; rep < 20; rep++) {
+            for (int i = 0; i < 128; i++) s[i] = (float)uniform(-30.0, 30.0);
+            const float m0 = rep % 4 == 0 ? 40.0f : -INFINITY; /* a running max above the pass's */
+            float want_m = m0;
+            for (int i = 0; i < n; i++) want_m = s[i] > want_m ? s[i] : want_m;
+            const float m = kt->max(s, n, m0);
+            max_bad += m != want_m;
+            memcpy(e, s, sizeof e);
+            const float sum = kt->exp_sum(e, n, want_m);
+            double ref_sum = 0.0;
+            for (int i = 0; i < n; i++) {
+                const double want = exp((double)(s[i] - want_m)); /* the difference in f32, as the kernel */
+                ref_sum += want;
+                exp_bad += fabs((double)e[i] - want) > 1e-6 * want;
+            }
+            sum_bad += fabs((double)sum - ref_sum) > (1e-6 + n * U32) * ref_sum;
+            for (int i = n; i < 128; i++) fence_bad += e[i] != s[i];
+        }
+    }
+    check(!max_bad && !exp_bad && !sum_bad && !fence_bad,
+          "%s softmax passes: max %d, exp %d, sum %d, written past n %d bad", kt->name, max_bad,
+          exp_bad, sum_bad, fence_bad);
+}
+
 int main(void)
 {
-    const struct attn_kernels *kts[2];
+    /* The portable table, then each SIMD one the level allows (cpu_isa.h: this CPU's, capped by
+     * SHARDLM_CPU_ISA); the others are skipped by name. */
+    const struct attn_kernels *kts[3];
     int n_kt = 0;
     kts[n_kt++] = attn_kernels_portable();
+    const struct {
+        const struct attn_kernels *kt;
+        enum cpu_isa level;
+        const char *name;
+    } simd[] = {{attn_kernels_avx2(), CPU_ISA_AVX2, "avx2"}, {attn_kernels_avx512(), CPU_ISA_AVX512, "avx512"}};
+    for (size_t i = 0; i < sizeof simd / sizeof simd[0]; i++) {
+        if (simd[i].kt && cpu_isa_at_least(simd[i].level)) kts[n_kt++] = simd[i].kt;
+        else if (simd[i].kt) printf("SKIP %s: above the level in use here (%s)\n", simd[i].name, cpu_isa_name(cpu_isa()));
+        else printf("SKIP %s: not compiled for this target\n", simd[i].name);
+    }
     const struct attn_kernels *best = attn_kernels_best();
-    if (attn_kernels_avx512() && best == attn_kernels_avx512()) kts[n_kt++] = attn_kernels_avx512();
-    else printf("SKIP avx512: %s\n", attn_kernels_avx512() ? "this CPU has no AVX-512F"
-                                                             : "not compiled for this target");
+    check(best == kts[n_kt - 1], "the best table is the highest level's (%s)", best->name);
     printf("best implementation here: %s\n", best->name);
 
     static const int gns[] = {1, 2, 3, 4, 5, 7, 8, 13};
     static const int hds[] = {1, 7, 15, 16, 17, 33, 63, 64, 65, 72, 80, 128, 200, 256};
     static const int nks[] = {1, 2, 3, 4, 5, 7, 9, 32, 33, 65};
-    struct tally ts[2] = {{0}}, ta[2] = {{0}}, cross[2] = {{0}};
+    struct tally ts[3] = {{0}}, ta[3] = {{0}}, cross[3] = {{0}};
     int shapes = 0;
     for (size_t a = 0; a < sizeof gns / sizeof gns[0]; a++)
         for (size_t b = 0; b < sizeof hds / sizeof hds[0]; b++)
@@ -256,6 +302,7 @@ int main(void)
                   kts[ki]->name, shapes, cross[ki].worst, cross[ki].failures ? "; first failure: " : "",
                   cross[ki].first);
         check_widen(kts[ki]);
+        check_softmax(kts[ki]);
     }
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -45,9 +45,11 @@ int main(void)
     check(lvl >= CPU_ISA_AVX2 || (!quant_impl_available(QUANT_IMPL_AVX2) &&
                                   !quant_impl_available(QUANT_IMPL_AVX512_VNNI)),
           "below avx2 only the scalar products are available");
-    const int want_attn = lvl >= CPU_ISA_AVX512 && attn_kernels_avx512();
-    check(!strcmp(attn_kernels_best()->name, want_attn ? "avx512" : "portable"), "attention kernels: %s",
-          attn_kernels_best()->name);
+    const char *want_attn = lvl >= CPU_ISA_AVX512 && attn_kernels_avx512() ? "avx512"
+                            : lvl >= CPU_ISA_AVX2 && attn_kernels_avx2()   ? "avx2"
+                                                                           : "portable";
+    check(!strcmp(attn_kernels_best()->name, want_attn), "attention kernels: %s (want %s)",
+          attn_kernels_best()->name, want_attn);
     check(cpu_amx_enabled() == (lvl == CPU_ISA_AMX), "AMX tiles %s", cpu_amx_enabled() ? "on" : "off");
     const int was = cpu_amx_set_enabled(1);
     check(cpu_amx_enabled() == (lvl == CPU_ISA_AMX), "cpu_amx_set_enabled(1) stays under the ceiling");

@@ -22,7 +22,7 @@
  * One work item is never split across threads: a single decode row of a model with one KV head
  * runs on one thread.
  * All arithmetic is f32 whatever the storage dtype; the result is rounded once on store.
- * Not here: the inner kernels (attention_portable.c, attention_avx512.c), training attention
+ * Not here: the inner kernels (attention_portable.c, attention_avx2.c, attention_avx512.c), training attention
  * (attention_train.c).
  * Tests: tests/test_ops.c (attention cases), tests/test_attention_kernels.c (the kernels);
  * benchmarks: tests/bench_attention.c, tests/bench_ops.c. */
@@ -53,7 +53,8 @@ const struct attn_kernels *attn_kernels_best(void)
     const struct attn_kernels *kt = atomic_load_explicit(&best_kernels, memory_order_relaxed);
     if (!kt) {
         kt = attn_kernels_avx512() && cpu_isa_at_least(CPU_ISA_AVX512) ? attn_kernels_avx512()
-                                                                         : attn_kernels_portable();
+             : attn_kernels_avx2() && cpu_isa_at_least(CPU_ISA_AVX2)   ? attn_kernels_avx2()
+                                                                       : attn_kernels_portable();
         atomic_store_explicit(&best_kernels, kt, memory_order_relaxed);
     }
     return kt;
@@ -162,8 +163,8 @@ static void store_output(const struct attn_ctx *c, int64_t t, int64_t h, const f
  * keys: the running max *mx grows to their max (acc (hd) and the running sum *l rescaled under
  * the new max), s[a..b] becomes exp(s - max) and is added to *l, the rest of s[0..n) becomes 0
  * (keys this query does not attend to). a > b: none attended. */
-static void softmax_step(float *s, int n, int a, int b, float *mx, float *l, float *acc, int64_t hd,
-                         float cap)
+static void softmax_step(const struct attn_kernels *kt, float *s, int n, int a, int b, float *mx,
+                         float *l, float *acc, int64_t hd, float cap)
 {
     if (a > b) {
         memset(s, 0, (size_t)n * sizeof(float));
@@ -171,8 +172,7 @@ static void softmax_step(float *s, int n, int a, int b, float *mx, float *l, flo
     }
     if (cap > 0.0f) /* soft-capped scores (ops.h) */
         for (int i = a; i <= b; i++) s[i] = cap * tanhf(s[i] / cap);
-    float m = *mx;
-    for (int i = a; i <= b; i++) m = s[i] > m ? s[i] : m;
+    const float m = kt->max(s + a, b - a + 1, *mx);
     if (m > *mx) { /* rescale what was accumulated under the old max (nothing yet at -inf) */
         if (*mx != -INFINITY) {
             const float corr = cpu_exp(*mx - m);
@@ -181,12 +181,9 @@ static void softmax_step(float *s, int n, int a, int b, float *mx, float *l, flo
         }
         *mx = m;
     }
-    float sum = 0.0f;
     for (int i = 0; i < a; i++) s[i] = 0.0f;
-    for (int i = a; i <= b; i++) s[i] = cpu_exp(s[i] - m); /* vectorised; the sum apart */
-    for (int i = a; i <= b; i++) sum += s[i];
+    *l += kt->exp_sum(s + a, b - a + 1, m);
     for (int i = b + 1; i < n; i++) s[i] = 0.0f;
-    *l += sum;
 }
 
 /* ---- the row path ---- */
@@ -240,7 +237,7 @@ static void attend_row(const struct attn_ctx *c, float *ws, int s, int64_t t, in
             c->kt->scores(qj, (int)group, (int)hd, kp, np, sj, ATTN_ROW_KEYS);
             for (int64_t g = 0; g < group; g++) {
                 const int64_t i = j * group + g;
-                softmax_step(sj + g * ATTN_ROW_KEYS, np, 0, np - 1, &mx[i], &l[i], aj + g * hd, hd, c->batch->softcap);
+                softmax_step(c->kt, sj + g * ATTN_ROW_KEYS, np, 0, np - 1, &mx[i], &l[i], aj + g * hd, hd, c->batch->softcap);
             }
             cache_rows(c, c->v_cache, slots, kv0 + j, np, vb, vp);
             c->kt->accumulate(aj, (int)group, (int)hd, sj, ATTN_ROW_KEYS, vp, np);
@@ -297,7 +294,7 @@ static void attend_tile(const struct attn_ctx *c, float *ws, int s, int64_t t0, 
             const int b = (int)(pos < p0 + np - 1 ? pos - p0 : np - 1);
             for (int64_t g = 0; g < group; g++) {
                 const int64_t i = r * group + g;
-                softmax_step(sc + i * ATTN_KEY_TILE, np, a, b, &mx[i], &l[i], acc + i * hd, hd, c->batch->softcap);
+                softmax_step(c->kt, sc + i * ATTN_KEY_TILE, np, a, b, &mx[i], &l[i], acc + i * hd, hd, c->batch->softcap);
             }
         }
         cache_rows(c, c->v_cache, slots, kvh, np, vb, vp);

@@ -160,11 +160,15 @@ A512 static void widen_avx512(float *dst, const uint16_t *src, enum dtype t, siz
     }
 }
 
+ATTN_SOFTMAX_FNS(avx512, A512)
+
 static const struct attn_kernels avx512_kernels = {
     .name = "avx512",
     .scores = scores_avx512,
     .accumulate = accumulate_avx512,
     .widen = widen_avx512,
+    .max = max_avx512,
+    .exp_sum = exp_sum_avx512,
 };
 
 const struct attn_kernels *attn_kernels_avx512(void) { return &avx512_kernels; }

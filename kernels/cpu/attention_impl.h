@@ -1,6 +1,6 @@
 /* kernels/cpu/attention_impl.h - private to op_attention on the CPU (kernels/cpu/attention*.c):
  * the table of inner kernels that each implementation fills (portable C in attention_portable.c,
- * AVX-512 in attention_avx512.c), and the choice of one by CPU features.
+ * AVX2 in attention_avx2.c, AVX-512 in attention_avx512.c), and the choice of one by CPU features.
  * The kernels work on f32 rows reached through row pointers, so that the caller can hand them
  * K and V rows where they lie in the paged cache (f32) or where it widened them (bf16, f16).
  * Not here: the op itself, its work split and its softmax (attention.c).
@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu_ops.h"
 #include "tensor.h"
 
 /* Scores of gn query vectors against nk keys:
@@ -30,16 +31,51 @@ typedef void (*attn_accumulate_fn)(float *acc, int gn, int hd, const float *p, i
 /* dst (n) = src (n) widened to f32, exactly; t is DTYPE_BF16 or DTYPE_F16. */
 typedef void (*attn_widen_fn)(float *dst, const uint16_t *src, enum dtype t, size_t n);
 
+/* The online softmax's two passes over n >= 1 scores: the max of m and s[0..n), and
+ * s[i] = e^(s[i] - m) (cpu_exp) for i < n with their sum returned. */
+typedef float (*attn_max_fn)(const float *s, int n, float m);
+typedef float (*attn_exp_sum_fn)(float *s, int n, float m);
+
 struct attn_kernels {
     const char        *name;
     attn_scores_fn     scores;
     attn_accumulate_fn accumulate;
     attn_widen_fn      widen;
+    attn_max_fn        max;
+    attn_exp_sum_fn    exp_sum;
 };
+
+/* The bodies of max and exp_sum, written for the compiler to vectorise; each implementation
+ * wraps them in a function built for its own instruction set (the sum's order is the vector
+ * width's, so it differs between implementations by rounding only). */
+__attribute__((always_inline)) static inline float attn_max_body(const float *s, int n, float m)
+{
+    #pragma omp simd reduction(max : m)
+    for (int i = 0; i < n; i++) m = s[i] > m ? s[i] : m;
+    return m;
+}
+
+__attribute__((always_inline)) static inline float attn_exp_sum_body(float *s, int n, float m)
+{
+    float sum = 0.0f;
+    #pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < n; i++) {
+        s[i] = cpu_exp(s[i] - m);
+        sum += s[i];
+    }
+    return sum;
+}
+
+/* The table's max and exp_sum entries for one instruction set: ATTN_SOFTMAX_FNS(avx2,
+ * __attribute__((target("avx2,fma")))) defines max_avx2 and exp_sum_avx2. */
+#define ATTN_SOFTMAX_FNS(suffix, attr)                                                             \
+    attr static float max_##suffix(const float *s, int n, float m) { return attn_max_body(s, n, m); } \
+    attr static float exp_sum_##suffix(float *s, int n, float m) { return attn_exp_sum_body(s, n, m); }
 
 /* Each returns its table, or NULL when the implementation is not compiled for this target (the
  * caller asks the CPU). */
 const struct attn_kernels *attn_kernels_portable(void);
+const struct attn_kernels *attn_kernels_avx2(void);
 const struct attn_kernels *attn_kernels_avx512(void);
 
 /* The fastest table that runs on this CPU (asked once, then remembered). */

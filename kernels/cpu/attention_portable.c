@@ -43,11 +43,15 @@ static void widen_portable(float *dst, const uint16_t *src, enum dtype t, size_t
     }
 }
 
+ATTN_SOFTMAX_FNS(portable, )
+
 static const struct attn_kernels portable_kernels = {
     .name = "portable",
     .scores = scores_portable,
     .accumulate = accumulate_portable,
     .widen = widen_portable,
+    .max = max_portable,
+    .exp_sum = exp_sum_portable,
 };
 
 const struct attn_kernels *attn_kernels_portable(void) { return &portable_kernels; }

@@ -113,7 +113,7 @@ __attribute__((target("avx512f"))) static void gemv_rows_avx512(float *y, const 
     gemv_rows_body(y, w_rows, x, nb, k);
 }
 
-__attribute__((target("avx2"))) static void gemv_rows_avx2(float *y, const float *w_rows,
+__attribute__((target("avx2,fma"))) static void gemv_rows_avx2(float *y, const float *w_rows,
                                                            const float *x, int64_t nb, int64_t k)
 {
     gemv_rows_body(y, w_rows, x, nb, k);
