@@ -3,12 +3,15 @@
 # as ggml blocks) against the same command on DIR, the f32 conversion of that file (the gemma
 # fixture's), on the golden prompts of golden_gemma3: the same greedy text, and the peak RSS of
 # both (printed; the GGUF's must be under half the conversion's). The texts are compared over 16
-# tokens for "Once upon a time, there was a little" and over 5 for "The capital of France is":
+# tokens for "Once upon a time, there was a little" and over 4 for "The capital of France is":
 # the greedy paths part where the f32 path's top two logits nearly tie and the int8 activations
 # of the quantized product pick the other one (test_model gemma-gguf measures and checks those
 # ties). Where depends on the CPU (OpenBLAS's f32 kernels and the int8 ones round differently):
 # 32 and 15 tokens matched on an AVX-512 Xeon without AMX; on a Xeon with AMX (2026-11-25) the
-# first parts at its 21st token (" her friends" / " dolls") and the second at its 6th.
+# first parts at its 21st token (" her friends" / " dolls") and the second at its 6th. On the AMD
+# EPYC VM (AVX2 attention kernels, 2026-11-28) the GGUF's 5th token of the second is a three-way
+# tie: " French" -2.531, " United" -2.552, " country" -2.563 (served top_logprobs), and the f32
+# path takes " country".
 # (reshard and convert --keep-blocks of the GGUF: tests/test_keep_blocks.sh.) SKIP without the
 # file or the conversion.
 set -u
@@ -33,7 +36,7 @@ print("%.0f" % (resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0)
 }
 
 i=0
-for spec in "16|1|Once upon a time, there was a little" "5|1|The capital of France is"; do
+for spec in "16|1|Once upon a time, there was a little" "4|1|The capital of France is"; do
   n=${spec%%|*}
   rest=${spec#*|}
   compare=${rest%%|*}

@@ -145,6 +145,10 @@ struct checkpoint {
      * tokenizer_load_from_memory). NULL for directories, which hold a tokenizer.model. */
     void                   *tokenizer_proto;
     size_t                  tokenizer_proto_n;
+    /* FNV-1a 64 of those bytes (0 for directories): what draft_load compares, still there once
+     * generate_load_tokenizer has released the bytes (about 8 MB for a 262,144-piece
+     * vocabulary) after building the tokenizer from them. */
+    uint64_t                tokenizer_digest;
     /* The model's own Jinja chat template (owned), or NULL: a GGUF's tokenizer.chat_template;
      * a directory's chat_template.jinja, else tokenizer_config.json's "chat_template" (a string,
      * or the one named "default" of a list). */

@@ -17,9 +17,8 @@ static const char *mismatch(const struct model *d, const struct model *t)
     if (d->cfg.bos_id != t->cfg.bos_id) return "BOS id";
     if (d->cfg.eos_id != t->cfg.eos_id) return "EOS id";
     const struct checkpoint *dc = d->checkpoint, *tc = t->checkpoint;
-    if (dc && tc && dc->tokenizer_proto && tc->tokenizer_proto &&
-        (dc->tokenizer_proto_n != tc->tokenizer_proto_n ||
-         memcmp(dc->tokenizer_proto, tc->tokenizer_proto, dc->tokenizer_proto_n)))
+    if (dc && tc && dc->tokenizer_digest && tc->tokenizer_digest &&
+        (dc->tokenizer_proto_n != tc->tokenizer_proto_n || dc->tokenizer_digest != tc->tokenizer_digest))
         return "tokenizer";
     return NULL;
 }

@@ -2,6 +2,9 @@
 #include "generate.h"
 
 #include <stdlib.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <string.h>
 #include <time.h>
 
@@ -135,6 +138,17 @@ done:
 enum status generate_load_tokenizer(const char *model_path, const struct model *m,
                                     struct tokenizer **out)
 {
-    const struct checkpoint *ck = m->checkpoint;
-    return tokenizer_load_for_model(model_path, ck->tokenizer_proto, ck->tokenizer_proto_n, m->cfg.vocab_size, out);
+    struct checkpoint *ck = m->checkpoint;
+    const enum status st = tokenizer_load_for_model(model_path, ck->tokenizer_proto, ck->tokenizer_proto_n,
+                                                    m->cfg.vocab_size, out);
+    if (st == STATUS_OK && ck->tokenizer_proto) { /* SentencePiece holds its own parsed copy */
+        free(ck->tokenizer_proto);
+        ck->tokenizer_proto = NULL;
+    }
+#ifdef __GLIBC__
+    /* Loading parsed the vocabulary several times over (metadata, proto, SentencePiece's tables):
+     * give the freed heap pages back, or they stay resident for the process's life. */
+    malloc_trim(0);
+#endif
+    return st;
 }

@@ -43,7 +43,9 @@ struct tokenizer;
 /* The tokenizer of the model m loaded from model_path: a GGUF file's, built from its metadata
  * (checkpoint.tokenizer_proto), or model_path/tokenizer.model for a directory; one with more
  * pieces than the model has rows is refused (tokenizer_load_for_model). What `generate` and
- * the conductor (serve) both load. *out owned by the caller (tokenizer_free). */
+ * the conductor (serve) both load. *out owned by the caller (tokenizer_free). A GGUF's
+ * tokenizer bytes are released once the tokenizer is built from them (checkpoint.h
+ * tokenizer_digest stays): call it once per model. */
 enum status generate_load_tokenizer(const char *model_path, const struct model *m,
                                     struct tokenizer **out);
 

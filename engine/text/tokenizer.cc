@@ -50,7 +50,7 @@ enum status tokenizer_decode_ids(const struct tokenizer *t, const std::vector<in
 namespace {
 
 /* Parses "<0xHH>"; -1 when the piece is not of that form. */
-int parse_byte_piece(const std::string &p)
+int parse_byte_piece(std::string_view p)
 {
     if (p.size() != 6 || p.compare(0, 3, "<0x") != 0 || p[5] != '>') return -1;
     int v = 0;
@@ -75,14 +75,14 @@ enum status choose_anchor(struct tokenizer *t)
     std::vector<int32_t> candidates;
     for (int pass = 0; pass < 4 && candidates.size() < 8; pass++) {
         for (int id = 0; id < t->vocab_size && candidates.size() < 8; id++) {
-            const std::string &p = t->pieces[id];
+            const std::string_view p = t->pieces[id];
             const uint8_t f = t->flags[id];
             const bool ordinary = !(f & (PIECE_CONTROL | PIECE_BYTE | PIECE_UNKNOWN | PIECE_UNUSED));
             bool ok = false;
             if (pass == 0)
                 ok = ordinary && p.size() == 1 && p[0] > ' ' && p[0] < 127;
             else if (pass == 1)
-                ok = ordinary && !p.empty() && p.find(kSpaceSymbol) == std::string::npos;
+                ok = ordinary && !p.empty() && p.find(kSpaceSymbol) == std::string_view::npos;
             else if (pass == 2)
                 ok = (f & PIECE_BYTE) && t->byte_of[id] > ' ' && t->byte_of[id] < 127;
             else
@@ -219,7 +219,7 @@ enum status load_proto(std::string_view bytes, const char *name, struct tokenize
         if (t->sp.IsByte(id)) {
             b = parse_byte_piece(t->pieces[id]);
             if (b < 0) {
-                const std::string p = t->pieces[id];
+                const std::string p(t->pieces[id]);
                 delete t;
                 return status_errorf(STATUS_BAD_FORMAT, "%s: byte piece %d is \"%s\"", name, id,
                                      p.c_str());
@@ -231,7 +231,7 @@ enum status load_proto(std::string_view bytes, const char *name, struct tokenize
     }
     t->max_token_bytes = max_token_bytes(t, bytes);
     for (int id = 0; id < t->vocab_size; id++) {
-        const std::string &p = t->pieces[id];
+        const std::string_view p = t->pieces[id];
         if (!(t->flags[id] & (PIECE_CONTROL | PIECE_UNKNOWN)) || p.empty() || !t->special_ids.emplace(p, id).second) continue;
         t->special_first[(uint8_t)p[0]] = true;
         if (std::find(t->special_lens.begin(), t->special_lens.end(), p.size()) == t->special_lens.end())
@@ -572,7 +572,7 @@ enum status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int 
 const char *tokenizer_id_to_piece(const struct tokenizer *t, int32_t id)
 {
     if (!id_valid(t, id)) return nullptr;
-    return t->bpe ? t->bpe->pieces[id] : t->pieces[id].c_str();
+    return t->bpe ? t->bpe->pieces[id] : t->pieces[id].data(); /* NUL-terminated: see tokenizer_impl.h */
 }
 
 int32_t tokenizer_piece_to_id(const struct tokenizer *t, const char *piece)

@@ -32,7 +32,9 @@ struct tokenizer {
     sentencepiece::SentencePieceProcessor sp;
     int vocab_size = 0;
     int bos_id = -1, eos_id = -1, pad_id = -1, unk_id = -1;
-    std::vector<std::string> pieces;  /* (vocab_size) */
+    /* (vocab_size) each piece's text: views into sp's own strings (SentencePiece keeps them,
+     * NUL-terminated, for its lifetime), not a second copy of a 262,144-piece vocabulary. */
+    std::vector<std::string_view> pieces;
     std::vector<uint8_t>     flags;   /* (vocab_size) PIECE_* bits */
     std::vector<int16_t>     byte_of; /* (vocab_size) the byte of a byte piece, else -1 */
     /* A piece that decodes to the same non-empty text wherever it stands. The detokenizer puts
