@@ -2,9 +2,6 @@
 #include "generate.h"
 
 #include <stdlib.h>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 #include <string.h>
 #include <time.h>
 
@@ -145,10 +142,6 @@ enum status generate_load_tokenizer(const char *model_path, const struct model *
         free(ck->tokenizer_proto);
         ck->tokenizer_proto = NULL;
     }
-#ifdef __GLIBC__
-    /* Loading parsed the vocabulary several times over (metadata, proto, SentencePiece's tables):
-     * give the freed heap pages back, or they stay resident for the process's life. */
-    malloc_trim(0);
-#endif
+
     return st;
 }
