@@ -23,6 +23,10 @@
 # time's maximum resident set size (/usr/bin/time -f %M, what time -v prints) of every run; the
 # tables show the decode run's and the pp512 run's (nan without /usr/bin/time).
 #
+# After the llama.cpp table, each speed as a fraction of this machine's limit measured in the same
+# run by tools/cpu_ceilings.c (built here with -march=native): decode against read bandwidth /
+# the weight bytes read per token, prefill against the f32 FMA peak / the weight products' flops.
+#
 # Each configuration runs REPS times (default 3), the programs alternating; the best speed is
 # kept. A benchmark, never a test: the figures are only as quiet as the machine.
 #
@@ -105,6 +109,11 @@ mkdir -p "$work"
 
 [ "$only" = llama2c ] || build_llama_bench
 [ "$only" = llamacpp ] || build_runfast
+# The machine's read bandwidth and f32 FMA peak, measured in the same run (tools/cpu_ceilings.c).
+ceilings=$work/cpu_ceilings
+if [ ! -x "$ceilings" ] || [ tools/cpu_ceilings.c -nt "$ceilings" ]; then
+  gcc -O2 -march=native -fopenmp tools/cpu_ceilings.c -o "$ceilings"
+fi
 
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores," \
      "$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo); $(date -u '+%Y-%m-%d %H:%M UTC');" \
@@ -120,10 +129,10 @@ fi
 echo "shardlm: $shardlm ($(git describe --always --dirty 2>/dev/null || echo '?')); llama.cpp: $(cat "$cache/llama.cpp/VERSION" 2>/dev/null)" \
      "vendor/llama.cpp; llama2.c: $peers/llama2c/run.c ($(cat "$peers/llama2c/COMMIT" 2>/dev/null | cut -c1-12))"
 
-exec "$py" - "$shardlm" "$gguf" "$llama_bench" "$runfast" "$work" "$assets" "$reps" "$only" <<'PY'
+exec "$py" - "$shardlm" "$gguf" "$llama_bench" "$runfast" "$work" "$assets" "$reps" "$only" "$ceilings" <<'PY'
 import json, os, re, struct, subprocess, sys, time
 
-shardlm, gguf, llama_bench, runfast, work, assets, reps, only = sys.argv[1:9]
+shardlm, gguf, llama_bench, runfast, work, assets, reps, only, ceilings = sys.argv[1:10]
 reps = int(reps)
 THREADS = (1, 2)
 
@@ -254,6 +263,51 @@ def bench_llamacpp():
     print()
     print("shardlm's tg128 is the 128 tokens generated after the 64-token prompt (positions 64-191);")
     print("llama-bench's starts from an empty context (positions 0-127). shardlm prefills in chunks of 256.")
+    print_ceilings(res)
+
+
+def model_costs():
+    """(bytes of weights a decode step reads, f32 multiply-add flops per prefill token) of the
+    GGUF: every tensor's bytes (the tied LM head reads token_embd whole; the embedding lookup one
+    row of it, counted whole too), and 2 x the elements of every 2-D weight but token_embd and
+    output (a prefill computes logits for its last row only; attention's own flops are left out,
+    about 10 % more at pp512 for Gemma 3 270M)."""
+    try:
+        import gguf as gg
+    except ImportError:
+        return os.path.getsize(gguf), None
+    r = gg.GGUFReader(gguf)
+    nbytes = sum(int(t.n_bytes) for t in r.tensors)
+    flops = sum(2 * int(t.n_elements) for t in r.tensors
+                if len(t.shape) == 2 and t.name not in ("token_embd.weight", "output.weight"))
+    return nbytes, flops
+
+
+def print_ceilings(res):
+    """Each figure as a fraction of this machine's limit, measured now (tools/cpu_ceilings.c):
+    decode against read bandwidth / weight bytes, prefill against the f32 FMA peak / flops."""
+    c = json.loads(subprocess.run([ceilings], capture_output=True, text=True, check=True).stdout)
+    nbytes, flops = model_costs()
+    print()
+    print("### Against this machine's limits, measured in the same run (tools/cpu_ceilings.c)")
+    print("read bandwidth %.1f / %.1f GB/s, f32 FMA peak %.0f / %.0f GFLOP/s (%d-bit vectors) at 1 / 2 threads;"
+          % (c["read_gbs"][0], c["read_gbs"][1], c["fma_gflops"][0], c["fma_gflops"][1], c["vector_bits"]))
+    print("decode reads %.1f MiB of weights per token%s" % (nbytes / 2**20, "" if flops is None else
+          "; prefill does %.0f MFLOP of weight products per token (attention left out)" % (flops / 1e6)))
+    print()
+    print("| test | threads | ceiling (tok/s) | shardlm | llama.cpp |")
+    print("| --- | --- | --- | --- | --- |")
+    for test in ("tg128", "pp64", "pp512"):
+        for i, t in enumerate(THREADS):
+            if test == "tg128":
+                ceil = c["read_gbs"][i] * 1e9 / nbytes
+            elif flops:
+                ceil = c["fma_gflops"][i] * 1e9 / flops
+            else:
+                continue
+            s, l = res[("shardlm", t, test)], res[("llama.cpp", t, test)]
+            print("| %s | %d | %.0f | %.0f%% | %.0f%% |" % (test, t, ceil, 100 * s / ceil, 100 * l / ceil))
+    print("(int8 products may pass the f32 FMA peak: it is the f32 path's limit, not the machine's for int8.)")
 
 
 # --- 2. llama2.c's run.c on f32 llama2.c checkpoints ------------------------------------------
