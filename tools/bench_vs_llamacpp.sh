@@ -188,27 +188,31 @@ EXTRA = ("Today it is known for its bridges, its markets, its music and its long
          "when the whole town walks along the river until late at night").split()
 
 
-def prompt512():
-    """A prompt of exactly 512 tokens with BOS (llama-bench's pp512 counts 512 tokens): eight
-    copies of P64's text, then words of EXTRA and " the"s, counted by shardlm's own tokenizer
-    (generate --max-tokens 0, a prefill each) and cached."""
-    path = os.path.join(work, "prompt512-%s.txt" % os.path.basename(gguf))  # per tokenizer
+def prompt_of(n_tokens):
+    """A prompt of exactly n_tokens tokens as shardlm counts them, BOS included where the model
+    adds one (llama-bench's ppN counts N tokens): for Gemma 3, P64's text is 64 and eight copies
+    and some words of EXTRA 512; for another tokenizer, copies of P64's text cut or padded word by
+    word, then " the"s (one token each, after a space). Counted by shardlm's own tokenizer
+    (generate --max-tokens 0, a prefill each) and cached per file and length."""
+    path = os.path.join(work, "prompt%d-%s.txt" % (n_tokens, os.path.basename(gguf)))  # per tokenizer
     if os.path.exists(path):
         return open(path).read()
     count = lambda text: shardlm_generate(gguf, text, 0, 2)[0]
-    base = " ".join([P64] * 8)
-    k = max(0, min(len(EXTRA), 512 - count(base) - 2))  # about one token a word
-    while True:
-        text = " ".join([base] + EXTRA[:k])
-        n = count(text)
-        if n <= 512 or k == 0:
-            break
+    copies = max(1, n_tokens // 64)
+    words = " ".join([P64] * copies).split() + EXTRA
+    base_words = len(" ".join([P64] * copies).split())
+    k = base_words
+    if count(" ".join(words[:k])) < n_tokens:
+        k = min(len(words), max(k, k + n_tokens - count(" ".join(words[:k])) - 2))  # about one token a word
+    while k > 1 and count(" ".join(words[:k])) > n_tokens:
         k -= 1
-    if n < 512:
-        text += " the" * (512 - n)  # one token each, after a space
+    text = " ".join(words[:k])
+    n = count(text)
+    if n < n_tokens:
+        text += " the" * (n_tokens - n)
         n = count(text)
-    if n != 512:
-        sys.exit("bench_vs_llamacpp: could not build a 512-token prompt (got %d tokens)" % n)
+    if n != n_tokens:
+        sys.exit("bench_vs_llamacpp: could not build a %d-token prompt (got %d tokens)" % (n_tokens, n))
     open(path, "w").write(text)
     return text
 
@@ -222,12 +226,12 @@ def llamacpp_one(threads, n_prompt, n_gen):
 
 
 def bench_llamacpp():
-    p512 = prompt512()
+    p64, p512 = prompt_of(64), prompt_of(512)
     res = {}  # (program, threads, test) -> tok/s ; (program, threads, "rss tg"/"rss pp512") -> MiB
     info = None
     for threads in THREADS:
         for rep in range(reps):
-            n, pf, _, dec, rss = shardlm_generate(gguf, P64, 128, threads)
+            n, pf, _, dec, rss = shardlm_generate(gguf, p64, 128, threads)
             assert n == 64, "the 64-token prompt has %d tokens" % n
             res[("shardlm", threads, "pp64")] = best(res.get(("shardlm", threads, "pp64")), pf)
             res[("shardlm", threads, "tg128")] = best(res.get(("shardlm", threads, "tg128")), dec)
@@ -244,7 +248,7 @@ def bench_llamacpp():
             print("  llama.cpp comparison, %d thread(s), repetition %d/%d done" % (threads, rep + 1, reps),
                   file=sys.stderr, flush=True)
     print()
-    print("## Gemma 3 270M Q4_K_M (%s, %.1f MiB), shardlm generate against llama-bench (%s, build %s, %s)"
+    print("## %s (%.1f MiB), shardlm generate against llama-bench (%s, build %s, %s)"
           % (os.path.basename(gguf), os.path.getsize(gguf) / 2**20, info.get("cpu_info", "?"),
              info.get("build_commit", "?"), info.get("backends", "?")))
     print("best of %d alternating runs; tok/s; ratio = shardlm / llama.cpp (above 1: shardlm faster; for RSS, larger)"

@@ -66,6 +66,7 @@ QX_AVX2 void quant_avx2_act_q8(const float *x, void *out, int64_t nb)
         int32_t s16[2];
         q[b].d = d;
         q[b].sum = act_round32(x, _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f), q[b].qs, s16);
+        q[b].dsum = d * (float)q[b].sum;
     }
 }
 

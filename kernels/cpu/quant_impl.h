@@ -91,7 +91,9 @@ static inline int quant_iq4_xs_scale(int j, const struct blk_iq4_xs *b)
 /* ---- activation blocks (x quantized), x_i ~= d * qs[i] ---- */
 struct act_q8 {      /* 32 elements, for the 32-element types */
     float   d;
-    int32_t sum;     /* sum of qs: the offset and min terms of Q4/Q5 */
+    int32_t sum;     /* sum of qs: the offset terms of Q4_0/Q5_0, exact in the integers */
+    float   dsum;    /* d * sum, rounded once: the min terms of Q4_1/Q5_1 (one product per block
+                      * and row of w instead of a conversion and two) */
     int8_t  qs[QK];
 };
 struct act_q8_k {    /* 256 elements, for the K-quants */

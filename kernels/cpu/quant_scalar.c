@@ -37,6 +37,7 @@ static void act_q8_scalar(const float *x, void *out, int64_t nb)
             sum += q[b].qs[i];
         }
         q[b].sum = sum;
+        q[b].dsum = q[b].d * (float)sum;
     }
 }
 
@@ -110,7 +111,7 @@ static float dot_q4_1(int64_t nb, const void *wv, const void *xv)
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++)
         acc += h2f(w[b].d) * x[b].d * (float)sum_q4(w[b].qs, x[b].qs) +
-               h2f(w[b].m) * x[b].d * (float)x[b].sum;
+               h2f(w[b].m) * x[b].dsum;
     return acc;
 }
 
@@ -132,7 +133,7 @@ static float dot_q5_1(int64_t nb, const void *wv, const void *xv)
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++)
         acc += h2f(w[b].d) * x[b].d * (float)sum_q5(w[b].qs, w[b].qh, x[b].qs) +
-               h2f(w[b].m) * x[b].d * (float)x[b].sum;
+               h2f(w[b].m) * x[b].dsum;
     return acc;
 }
 

@@ -127,7 +127,7 @@ q45_tile(int64_t nb, const void *w, size_t ws, int nw, size_t block_bytes,
                 __m256i p = dot_u8s8(q.u, _mm256_loadu_si256((const __m256i *)x->qs));
                 if (q.off) p = qx_sub_lane0(p, q.off * x->sum);
                 acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(q.d * x->d), _mm256_cvtepi32_ps(p), acc[a]);
-                if (has_min) acc_m[a] += q.m * x->d * (float)x->sum;
+                if (has_min) acc_m[a] += q.m * x->dsum;
             }
         }
     }
