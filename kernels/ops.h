@@ -257,7 +257,8 @@ struct backend {
                                     on how many rows share the call (CPU: block-quantized weights
                                     always take the int8 row products, never the dequantized
                                     tiles or AMX; f32 and half-precision weights take the
-                                    row-by-row gemv products, never sgemm; docs/determinism.md) */
+                                    row-by-row gemv products, never sgemm; attention computes
+                                    every query row as a decode row; docs/determinism.md) */
     void       *stream;      /* the queue every op of this backend runs on, in order: CUDA's
                                 cudaStream_t (a non-blocking stream); NULL on the CPU. Give it to
                                 parallel_groups_init, so that communication queues on it too and

@@ -20,7 +20,7 @@
  * Work items go to the backend's OpenMP threads dynamically; a sequence's tiles are issued
  * last-first (the causal tiles near the end of a chunk have the most keys), tiles before rows.
  * One work item is never split across threads: a single decode row of a model with one KV head
- * runs on one thread.
+ * runs on one thread. Under the backend's batch_invariant every row takes the row path.
  * All arithmetic is f32 whatever the storage dtype; the result is rounded once on store.
  * Not here: the inner kernels (attention_portable.c, attention_avx2.c, attention_avx512.c), training attention
  * (attention_train.c).
@@ -72,6 +72,7 @@ struct attn_ctx {
     size_t                        row;       /* elements per cache slot: n_kv * hd */
     int64_t                       row_kv;    /* KV heads per work item of the row path */
     int                           prefetch;  /* the row path prefetches its next pass */
+    int                           invariant; /* backend batch_invariant: every row by the row path */
 };
 
 /* The first cache position that position pos attends to (its window's start, or 0). */
@@ -85,7 +86,7 @@ static int64_t first_key(const struct attn_ctx *c, int64_t pos)
 static int uses_tiles(const struct attn_ctx *c, int s)
 {
     const int64_t n_new = c->q_start[s + 1] - c->q_start[s];
-    return n_new >= 2 && n_new * c->group >= ATTN_TILE_MIN_QV;
+    return !c->invariant && n_new >= 2 && n_new * c->group >= ATTN_TILE_MIN_QV;
 }
 
 /* The element offsets of the cache slots of the np positions from p0 (blocks: the sequence's
@@ -352,6 +353,11 @@ void cpu_attention(struct backend *b, const struct tensor *out, const struct ten
         .table = batch->block_table.data,
         .n_heads = q->shape[1], .hd = q->shape[2], .n_kv = k_cache->shape[2],
         .bt = batch->block_tokens,
+        /* Under batch_invariant a row's result must not depend on how many rows of its sequence
+         * come in the step (a prefill chunk's size, a speculative verification's drafts): the
+         * tiles visit keys in other passes than the row path (another online-softmax rounding),
+         * so every row takes the row path, as a decode row does. */
+        .invariant = b->batch_invariant,
     };
     c.group = c.n_heads / c.n_kv;
     c.tile_rows = ATTN_TILE_QV / c.group > 1 ? ATTN_TILE_QV / c.group : 1;

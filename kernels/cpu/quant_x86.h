@@ -11,6 +11,7 @@
 #define SHARDLM_QUANT_X86_H
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "quant_impl.h"
@@ -127,7 +128,10 @@ q45_tile(int64_t nb, const void *w, size_t ws, int nw, size_t block_bytes,
                 __m256i p = dot_u8s8(q.u, _mm256_loadu_si256((const __m256i *)x->qs));
                 if (q.off) p = qx_sub_lane0(p, q.off * x->sum);
                 acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(q.d * x->d), _mm256_cvtepi32_ps(p), acc[a]);
-                if (has_min) acc_m[a] += q.m * x->dsum;
+                /* fmaf, not a * b + c: GCC contracted the latter in some of this function's
+                 * inlined copies and not in others, so that a row's result depended on whether
+                 * it went through dot, dot4 or dotw4 (batch invariance broke). */
+                if (has_min) acc_m[a] = fmaf(q.m, x->dsum, acc_m[a]);
             }
         }
     }
