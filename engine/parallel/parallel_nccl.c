@@ -237,7 +237,7 @@ static enum status nccl_all_gather_last(struct comm *c, const struct tensor *out
     if (st != STATUS_OK) return st;
     size_t in_bytes = tensor_nbytes(in), rows = (size_t)tensor_rows(in);
     size_t row_bytes = (size_t)tensor_cols(in) * dtype_size(in->dtype);
-    void *stage;
+    void *stage = NULL;
     if ((st = nccl_scratch(c, n, in_bytes * (size_t)c->size, &stage)) != STATUS_OK) return st;
     NCCL_TRY(c->world, n->comm, c->name,
              ncclAllGather(in->data, stage, in_bytes, ncclInt8, n->comm, n->stream));
