@@ -3,7 +3,8 @@
 engine/model/moe_ep.c) against one rank, on a real server under mpirun:
 
   A random Mixtral (tests/reference/make_models.py, 8 experts, top 2, stories260K's tok512
-  tokenizer) is served at one rank, at ep 2 (mpirun -n 2) and at ep 2 x pp 2 (mpirun -n 4). Each
+  tokenizer) is served at one rank, at ep 2 (mpirun -n 2), at ep 2 x pp 2 and at dp 2 x ep 2 (two
+  replicas of an ep-2 group; mpirun -n 4). Each
   server runs the same greedy requests one after another with logprobs (5 alternatives) and
   prompt logprobs: the tokens and every logprob are equal to the one-rank server's, float for
   float (the dispatch and combine keep one rank's order of operations: moe_ep.c); then the same
@@ -91,7 +92,8 @@ def main():
         menv = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         try:
             one, one_t, one_load = run(args.shardlm, work / "mixtral", "moe-one-rank")
-            for label, extra, n in (("ep 2", ("--ep", "2"), 2), ("ep 2 x pp 2", ("--ep", "2", "--pp", "2"), 4)):
+            for label, extra, n in (("ep 2", ("--ep", "2"), 2), ("ep 2 x pp 2", ("--ep", "2", "--pp", "2"), 4),
+                                    ("dp 2 x ep 2", ("--ep", "2", "--dp", "2"), 4)):
                 seq, tog, load = run(args.shardlm, work / "mixtral", "moe-" + label.replace(" ", ""), extra,
                                      ["mpirun", "--oversubscribe", "-n", str(n)], menv)
                 for i, (a, b) in enumerate(zip(one, seq)):
@@ -99,11 +101,11 @@ def main():
                     check(a[1] == b[1], f"{label}: prompt {i}: logprobs {b[1]} differ from one rank's {a[1]}")
                     check(a[2] == b[2], f"{label}: prompt {i}: prompt logprobs differ from one rank's")
                 check(tog == one_t, f"{label}: concurrent sampled tokens {tog} differ from one rank's {one_t}")
-                if "pp" not in label:
+                if label == "ep 2":
                     check(load == one_load, f"{label}: expert load {load} differs from one rank's {one_load}")
                 print(f"PASS {label}: {sum(len(x[0]) for x in seq)} greedy tokens and their logprobs equal to one "
                       f"rank's, float for float; {sum(len(x) for x in tog)} concurrent sampled tokens equal"
-                      + ("" if "pp" in label else "; the per-expert load equal"))
+                      + ("; the per-expert load equal" if label == "ep 2" else ""))
         except Exception as e:  # noqa: BLE001 - reported with the server logs
             failed += 1
             print(f"FAIL {e}")
