@@ -109,6 +109,9 @@ static enum status generate_setup(const struct generate_flags *f, struct generat
     const long tp = f->ep > 1 ? f->ep : f->tp; /* an ep group takes the layout's tp place (moe_ep.c) */
     if (tp * f->pp > 1) {
         if ((st = parallel_init(NULL, NULL, &r->world)) != STATUS_OK) return st;
+        if (f->ep > 1 && r->world->size % (tp * f->pp))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "%d ranks for --ep %ld x --pp %ld: launch with mpirun -n %ld",
+                                 r->world->size, f->ep, f->pp, f->ep * f->pp);
         if ((st = parallel_layout(r->world, (int)tp, (int)f->pp, &layout)) != STATUS_OK) return st;
         r->printer = r->world->rank == 0;
     }

@@ -364,9 +364,10 @@ int serve_main(int argc, char **argv)
         long want = (dp ? dp : 1) * tp * pp;
         if (st == STATUS_OK && (dp ? world->size != want : world->size % (tp * pp) != 0))
             st = status_errorf(STATUS_INVALID_ARGUMENT,
-                               "%d ranks but --dp %ld x --tp %ld x --pp %ld = %ld: serving needs exactly dp x tp x pp "
+                               "%d ranks but --dp %ld x %s %ld x --pp %ld = %ld: serving needs exactly dp x %s x pp "
                                "ranks (launch with mpirun -n %ld)",
-                               world->size, dp ? dp : 1, tp, pp, want, want);
+                               world->size, dp ? dp : 1, ep > 1 ? "--ep" : "--tp", tp, pp, want, ep > 1 ? "ep" : "tp",
+                               want);
         if (st == STATUS_OK && world->size > 1) {
             o.engine.world = world;
             o.engine.tp = (int)tp;
