@@ -106,9 +106,11 @@ struct model_workspace {
  * all_token_layers, every token; a2a_bytes, what its all-to-alls sent to other ranks (the ep
  * communicator's count) and a2a_rows, the rows the routing says they sent (its remote slots'
  * inputs, and the outputs of other slices' slots on its experts); join_bytes, the all-reduce
- * joining the slices (the communicator's count). */
+ * joining the slices (the communicator's count); the seconds of the all-to-alls, of the rest of
+ * moe_ep_experts (the experts, gathers, host bookkeeping) and of the join (host clock). */
 struct moe_ep_stats {
     uint64_t remote_slots, token_layers, all_token_layers, a2a_bytes, a2a_rows, join_bytes;
+    double a2a_seconds, rest_seconds, join_seconds;
 };
 
 /* One rank's model: its configuration (what shard of which model this is), its weights (a

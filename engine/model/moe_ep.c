@@ -82,6 +82,7 @@ enum status moe_ep_experts(struct model *m, int l, int64_t T, const struct tenso
     int32_t *tok = ws->ep_host_idx, *pos = tok + TK, *back = pos + TK;
     float *wsel = (float *)(back + TK); /* the weights of tok's slots (model_reserve: 4 TK entries) */
     const uint64_t bytes0 = ep->n_bytes;
+    const double t0 = base_now_s(), comm0 = ep->seconds;
     int64_t ns = 0;
     for (int q = 0; q < N; q++) {
         send[q] = 0;
@@ -163,6 +164,8 @@ enum status moe_ep_experts(struct model *m, int l, int64_t T, const struct tenso
     }
 
     m->ep_stats.a2a_bytes += ep->n_bytes - bytes0;
+    m->ep_stats.a2a_seconds += ep->seconds - comm0;
+    m->ep_stats.rest_seconds += base_now_s() - t0 - (ep->seconds - comm0);
     m->ep_stats.a2a_rows += (uint64_t)(ns - send[me]) + (uint64_t)(nb - recv[me]);
     m->ep_stats.remote_slots += (uint64_t)(ns - send[me]);
     m->ep_stats.token_layers += (uint64_t)(hi - lo);
@@ -174,8 +177,10 @@ enum status moe_ep_join(struct model *m, const struct tensor *proj)
 {
     struct comm *ep = m->par.groups->tp;
     const uint64_t before = ep->n_bytes;
+    const double t0 = ep->seconds;
     enum status st = comm_all_reduce(ep, proj);
     m->ep_stats.join_bytes += ep->n_bytes - before;
+    m->ep_stats.join_seconds += ep->seconds - t0;
     return st;
 }
 
@@ -189,9 +194,10 @@ void moe_ep_log(const struct model *m)
     LOG_INFO("moe_ep", "ep rank %d/%d: all-to-alls sent %llu bytes to other ranks (the routing's %llu rows x d_model %d "
              "x %g bytes = %.0f expected); its %llu token-layers had %.3f of their k %d slots on other ranks: "
              "2 x %.3f x %.0f = %.1f bytes per token per MoE layer dispatched and combined (uniform routing, "
-             "2 k d s (N-1)/N: %.1f); the join all-reduce %.1f bytes per token per layer",
+             "2 k d s (N-1)/N: %.1f); the join all-reduce %.1f bytes per token per layer; time: all-to-alls %.4f s, "
+             "the experts with their gathers and bookkeeping %.4f s, join %.4f s (host clock: on a GPU only the queueing)",
              m->ep_rank, m->ep_size, (unsigned long long)s->a2a_bytes, (unsigned long long)s->a2a_rows, c->d_model, es,
              (double)s->a2a_rows * row, (unsigned long long)s->token_layers, f, c->n_experts_used, f, row,
              2.0 * f * row, 2.0 * c->n_experts_used * row * (N - 1.0) / N,
-             (double)s->join_bytes / (double)s->all_token_layers);
+             (double)s->join_bytes / (double)s->all_token_layers, s->a2a_seconds, s->rest_seconds, s->join_seconds);
 }
