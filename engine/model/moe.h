@@ -14,7 +14,9 @@
  * With tp > 1 each rank holds a block of whole experts (checkpoint.c's plan) and routes every
  * token (the router is replicated; its input is the same on every rank); proj is then this
  * rank's part, which the layer's tp all-reduce completes (the shared expert, split like a dense
- * MLP, joins the same sum). No all-to-all: every rank sees every token. Training runs at
+ * MLP, joins the same sum). No all-to-all: every rank sees every token. Under expert parallelism
+ * (--ep, the model's ep_size > 1) the experts' group is its own and the tokens are dispatched to
+ * them and combined by all-to-all instead (moe_ep.c). Training runs at
  * tp = pp = dp = 1 only (model_train_new refuses more, naming the sizes).
  * Training (moe_backward): the experts' weight gradients, the input's gradient scattered back
  * to its rows, the router's gradient through the (renormalised) top-k softmax weights into the
