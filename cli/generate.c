@@ -40,7 +40,7 @@ static int print_token(void *ctx, int32_t token)
 /* The flags of `shardlm generate`. */
 struct generate_flags {
     const char *model_dir, *prompt, *device_name, *pp_layers;
-    long max_tokens, threads, seed, tp, pp;
+    long max_tokens, threads, seed, tp, pp, ep;
     int add_bos;
     struct generate_options o; /* sampling (temperature 0 unless given), max_tokens, ignore_eos */
 };
@@ -48,7 +48,7 @@ struct generate_flags {
 /* Returns 0, or the exit code of a usage error (printed). */
 static int generate_parse(int argc, char **argv, struct generate_flags *f)
 {
-    *f = (struct generate_flags){.prompt = "", .device_name = "cpu", .max_tokens = 128, .tp = 1, .pp = 1,
+    *f = (struct generate_flags){.prompt = "", .device_name = "cpu", .max_tokens = 128, .tp = 1, .pp = 1, .ep = 1,
                                  .add_bos = 1, .o = {.sampling = sampling_params_default()}};
     struct generate_options *o = &f->o;
     o->sampling.temperature = 0.0f;
@@ -74,10 +74,11 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         else if (!strcmp(a, "--top-p")) { if (base_parse_float(v, &o->sampling.top_p)) return cli_usage("--top-p must be a number, got '%s'", v); }
         else if (!strcmp(a, "--min-p")) { if (base_parse_float(v, &o->sampling.min_p)) return cli_usage("--min-p must be a number, got '%s'", v); }
         else if (!strcmp(a, "--top-k")) { long k; if (base_parse_long(v, 0, INT_MAX, &k)) return cli_usage("--top-k must be a non-negative integer, got '%s'", v); o->sampling.top_k = (int)k; }
-        else if (!strcmp(a, "--ep")) return cli_usage(CLI_EP_REFUSED, a);
+        else if (!strcmp(a, "--ep")) { if (base_parse_long(v, 1, 64, &f->ep)) return cli_usage("--ep must be an integer in [1, 64], got '%s'", v); }
         else return cli_usage("generate: unknown option '%s'", a);
         i += takes;
     }
+    if (f->ep > 1 && f->tp > 1) return cli_usage(CLI_EP_WITH_REFUSED, "--tp");
     if (!f->model_dir) return cli_usage("generate: --model DIR or FILE.gguf is required%s", "");
     o->sampling.seed = (uint64_t)f->seed;
     o->max_tokens = (int)f->max_tokens;
@@ -105,15 +106,20 @@ static enum status generate_setup(const struct generate_flags *f, struct generat
     if (st != STATUS_OK) return st;
     r->printer = 1;
     struct parallel_layout layout;
-    if (f->tp * f->pp > 1) {
+    const long tp = f->ep > 1 ? f->ep : f->tp; /* an ep group takes the layout's tp place (moe_ep.c) */
+    if (tp * f->pp > 1) {
         if ((st = parallel_init(NULL, NULL, &r->world)) != STATUS_OK) return st;
-        if ((st = parallel_layout(r->world, (int)f->tp, (int)f->pp, &layout)) != STATUS_OK) return st;
+        if (f->ep > 1 && r->world->size % (tp * f->pp))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "%d ranks for --ep %ld x --pp %ld: launch with mpirun -n %ld",
+                                 r->world->size, f->ep, f->pp, f->ep * f->pp);
+        if ((st = parallel_layout(r->world, (int)tp, (int)f->pp, &layout)) != STATUS_OK) return st;
         r->printer = r->world->rank == 0;
     }
     if ((st = model_ranks_open(r->world, &layout, f->pp_layers, dev, 0, (int)f->threads, &r->b, &r->groups, &r->par)) !=
         STATUS_OK)
         return st;
-    if ((st = model_load(f->model_dir, r->b, f->tp * f->pp > 1 ? &r->par : NULL, &r->m)) != STATUS_OK) return st;
+    r->par.ep = f->ep > 1;
+    if ((st = model_load(f->model_dir, r->b, tp * f->pp > 1 ? &r->par : NULL, &r->m)) != STATUS_OK) return st;
     return generate_load_tokenizer(f->model_dir, r->m, &r->tok);
 }
 
@@ -194,10 +200,10 @@ int generate_main(int argc, char **argv)
         st = status_errorf(STATUS_INTERNAL, "detokenization failed");
         goto done;
     }
-    fprintf(stderr, "shardlm: prompt %d tokens, prefill %.1f tok/s; generated %d tokens, decode %.1f tok/s (%s, %d threads, tp %ld, pp %ld)\n",
+    fprintf(stderr, "shardlm: prompt %d tokens, prefill %.1f tok/s; generated %d tokens, decode %.1f tok/s (%s, %d threads, tp %ld, pp %ld, ep %ld)\n",
             gs.n_prompt, gs.prefill_seconds > 0 ? gs.n_prompt / gs.prefill_seconds : 0.0, gs.n_generated,
             gs.decode_seconds > 0 && gs.n_generated > 1 ? (gs.n_generated - 1) / gs.decode_seconds : 0.0,
-            r.b->ops->name, r.b->n_threads, f.tp, f.pp);
+            r.b->ops->name, r.b->n_threads, f.tp, f.pp, f.ep);
     rc = 0;
 done:
     if (st != STATUS_OK) rc = cli_fail(st);

@@ -86,7 +86,7 @@ static int usage(const char *fmt, const char *arg)
     fprintf(stderr, "shardlm serve: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\nusage: shardlm serve --model DIR|FILE.gguf [--listen 127.0.0.1:50051] [--device cpu|cuda] [--threads N]\n"
-                    "         [--dp D --tp T --pp P (under mpirun -n DxTxP)] [--pp-layers N1,N2,...] [--pp-microbatches M]\n"
+                    "         [--dp D --tp T|--ep E --pp P (under mpirun -n DxTxP, DxExP)] [--pp-layers N1,N2,...] [--pp-microbatches M]\n"
                     "         [--rank-timeout S (60)]\n"
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
                     "         [--kv-cache-fraction F]\n"
@@ -161,7 +161,7 @@ int serve_main(int argc, char **argv)
                                .max_receive_bytes = 4 << 20};
     o.engine.rank_timeout_s = 60.0; /* multi-rank: a peer silent this long is hung or gone */
     const char *device = "cpu";
-    long tp = 1, pp = 1, dp = 0;
+    long tp = 1, pp = 1, dp = 0, ep = 1;
     char names[SERVE_MAX_ADAPTERS][65];
     const char *adapter_names[SERVE_MAX_ADAPTERS], *adapter_dirs[SERVE_MAX_ADAPTERS];
     int n_adapters = 0;
@@ -333,8 +333,10 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--max-lora-rank")) {
             if (base_parse_long(v, 1, 4096, &n)) return usage("--max-lora-rank must be an integer in [1, 4096], got '%s'", v);
             o.engine.max_lora_rank = (int)n;
-        } else if (!strcmp(a, "--ep")) return usage(CLI_EP_REFUSED, a);
-        else return usage("unknown option '%s'", a);
+        } else if (!strcmp(a, "--ep")) {
+            if (base_parse_long(v, 1, 64, &n)) return usage("--ep must be an integer in [1, 64], got '%s'", v);
+            ep = n;
+        } else return usage("unknown option '%s'", a);
     }
     if (prompt_lookup && o.engine.draft_model_dir)
         return usage("--draft-model cannot be combined with --speculative ngram / --spec-ngram: the drafts come from "
@@ -348,6 +350,8 @@ int serve_main(int argc, char **argv)
     o.engine.adapter_dirs = adapter_dirs;
     o.engine.n_adapters = n_adapters;
     if (!o.engine.model_dir) return usage("--model DIR is required%s", "");
+    if (ep > 1 && tp > 1) return usage(CLI_EP_WITH_REFUSED, "--tp");
+    if (ep > 1) tp = ep; /* the ep group takes the layout's tp place (engine/model/moe_ep.c) */
     if (!o.tls_cert != !o.tls_key) return usage("--tls-cert and --tls-key go together%s", "");
     if (o.journal_dir && !o.http_listen) return usage("--journal journals the HTTP front's requests: it needs --http%s", "");
     enum device dev;
@@ -360,12 +364,14 @@ int serve_main(int argc, char **argv)
         long want = (dp ? dp : 1) * tp * pp;
         if (st == STATUS_OK && (dp ? world->size != want : world->size % (tp * pp) != 0))
             st = status_errorf(STATUS_INVALID_ARGUMENT,
-                               "%d ranks but --dp %ld x --tp %ld x --pp %ld = %ld: serving needs exactly dp x tp x pp "
+                               "%d ranks but --dp %ld x %s %ld x --pp %ld = %ld: serving needs exactly dp x %s x pp "
                                "ranks (launch with mpirun -n %ld)",
-                               world->size, dp ? dp : 1, tp, pp, want, want);
+                               world->size, dp ? dp : 1, ep > 1 ? "--ep" : "--tp", tp, pp, want, ep > 1 ? "ep" : "tp",
+                               want);
         if (st == STATUS_OK && world->size > 1) {
             o.engine.world = world;
             o.engine.tp = (int)tp;
+            o.engine.ep_group = ep > 1;
             o.engine.pp = (int)pp;
             o.engine.dp = (int)dp;
         }

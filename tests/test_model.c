@@ -28,6 +28,8 @@
  *   test_model --tp T --pp P hf|stories ...  the same checks under mpirun with T x P ranks:
  *                                logits are checked on the last stage's ranks, generated ids
  *                                on every rank.
+ *   test_model --ep E --pp P hf ...   the same with an expert-parallel group of E ranks in tp's
+ *                                place (a mixture of experts: engine/model/moe_ep.c).
  * Prints one line per check and "N passed, M failed"; exits 77 (SKIP) when data is absent. */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -686,9 +688,10 @@ static int run_megatron(const char *data, const char *name, int tp, int pp)
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    int tp = 1, pp = 1;
-    while (argc >= 3 && (!strcmp(argv[1], "--tp") || !strcmp(argv[1], "--pp"))) {
-        *(!strcmp(argv[1], "--tp") ? &tp : &pp) = atoi(argv[2]);
+    int tp = 1, pp = 1, ep = 0;
+    while (argc >= 3 && (!strcmp(argv[1], "--tp") || !strcmp(argv[1], "--pp") || !strcmp(argv[1], "--ep"))) {
+        if (!strcmp(argv[1], "--ep")) ep = 1; /* expert parallelism: the ep group in tp's place */
+        *(!strcmp(argv[1], "--pp") ? &pp : &tp) = atoi(argv[2]);
         argc -= 2;
         argv += 2;
     }
@@ -706,6 +709,7 @@ int main(int argc, char **argv)
         }
         par.world = world;
         par.groups = &groups;
+        par.ep = ep;
         g_par = &par;
     }
     int rc = run_command(argc, argv);

@@ -334,6 +334,55 @@ static void check_broadcast(struct comm *c, struct backend *b, enum dtype dt, co
     buf_free(b, &x);
 }
 
+/* The all-to-all of rows (comm_all_to_all_rows): rank r sends (3 r + 5 q + cols) % 4 rows (zero
+ * included) of `cols` columns to rank q, rank r's whole send buffer filled from (seed, r); each
+ * rank rebuilds every sender's buffer and compares the segment meant for it, checks the guard
+ * bytes and that the byte counter grew by the rows sent to other ranks only. */
+static int64_t a2a_rows(int r, int q, int64_t cols) { return (3 * r + 5 * q + cols) % 4; }
+
+static void check_all_to_all(struct comm *c, struct backend *b, enum dtype dt, int64_t cols, const char *label)
+{
+    uint32_t seed = seed_counter++;
+    const int N = c->size, me = c->rank;
+    int64_t send[64], recv[64], ns = 0, nr = 0, remote = 0;
+    if (N > 64) return;
+    for (int q = 0; q < N; q++) {
+        send[q] = a2a_rows(me, q, cols), recv[q] = a2a_rows(q, me, cols);
+        ns += send[q], nr += recv[q];
+        if (q != me) remote += send[q];
+    }
+    int64_t sshape[2] = {ns ? ns : 1, cols}, rshape[2] = {nr ? nr : 1, cols};
+    struct buf sx = buf_make(b, dt, 2, sshape), rx = buf_make(b, dt, 2, rshape);
+    fill(buf_data(&sx), dt, (size_t)(ns * cols), seed, me);
+    buf_put(b, &sx);
+    const uint64_t bytes0 = c->n_bytes;
+    enum status st = comm_all_to_all_rows(c, &sx.t, send, &rx.t, recv);
+    if (st == STATUS_OK) st = comm_synchronize(c);
+    int ok = EXPECT(st == STATUS_OK, "%s all-to-all %s x %lld: %s", label, dtype_name(dt), (long long)cols,
+                    status_message());
+    ok = ok && EXPECT(buf_get(b, &rx), "%s all-to-all: guard bytes overwritten", label);
+    ok = ok && EXPECT(c->n_bytes - bytes0 == (uint64_t)(remote * cols) * dtype_size(dt),
+                      "%s all-to-all: counted %llu bytes, sent %lld rows to others", label,
+                      (unsigned long long)(c->n_bytes - bytes0), (long long)remote);
+    const size_t es = dtype_size(dt), row = (size_t)cols * es;
+    size_t at = 0;
+    for (int r = 0; r < N && ok; r++) {
+        int64_t n_r = 0, off = 0; /* sender r's buffer, and where its rows for me start */
+        for (int q = 0; q < N; q++) {
+            if (q == me) off = n_r;
+            n_r += a2a_rows(r, q, cols);
+        }
+        unsigned char *want = malloc((size_t)n_r * row + 1);
+        fill(want, dt, (size_t)(n_r * cols), seed, r);
+        ok = EXPECT(!memcmp(want + (size_t)off * row, buf_data(&rx) + at, (size_t)recv[r] * row),
+                    "%s all-to-all %s x %lld: wrong rows from rank %d", label, dtype_name(dt), (long long)cols, r);
+        at += (size_t)recv[r] * row;
+        free(want);
+    }
+    buf_free(b, &sx);
+    buf_free(b, &rx);
+}
+
 /* Every collective, every float dtype (i32 where it applies), every shape. */
 static void check_collectives(struct comm *c, struct backend *b, const char *label, int n_shapes)
 {
@@ -350,6 +399,10 @@ static void check_collectives(struct comm *c, struct backend *b, const char *lab
         }
         check_all_reduce(c, b, DTYPE_I32, s, label);
         check_all_gather(c, b, DTYPE_I32, s, 1, label);
+    }
+    for (int64_t cols = 1; cols <= 1031; cols += 1030) {
+        check_all_to_all(c, b, DTYPE_F32, cols, label);
+        check_all_to_all(c, b, DTYPE_BF16, cols, label);
     }
 }
 

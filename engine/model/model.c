@@ -5,6 +5,7 @@
 #include "layer.h"
 #include "lora.h"
 #include "model_train.h"
+#include "moe.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -49,6 +50,7 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
     const struct model_config *c = &m->cfg;
     const int64_t T = max_tokens, d = c->d_model, hd = c->head_dim;
     const int64_t E = c->n_experts, TK = E ? T * c->n_experts_used : 0, moe_T = E ? T : 0;
+    const int64_t epTK = m->ep_size > 1 ? TK : 0;
     /* gate and up hold one expert's rows too (moe_ffn features) */
     const int64_t ffn = E && c->moe_ffn > m->ffn_local ? c->moe_ffn : m->ffn_local;
     const struct work_entry table[] = {
@@ -69,6 +71,10 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         {&m->ws.moe_w, DTYPE_F32, 1, {TK}},
         {&m->ws.moe_rows, DTYPE_I32, 1, {c->shared_expert ? T : 0}},
         {&m->ws.moe_sw, DTYPE_F32, 1, {c->shared_expert ? T : 0}},
+        {&m->ws.ep_send, m->dtype, 2, {epTK, d}},
+        {&m->ws.ep_recv, m->dtype, 2, {epTK, d}},
+        {&m->ws.ep_y, m->dtype, 2, {epTK, d}},
+        {&m->ws.ep_idx, DTYPE_I32, 1, {3 * epTK}},
         {&m->ws.rows, m->dtype, 2, {max_logits, d}},
         {&m->ws.logits, m->dtype, 2, {max_logits, m->vocab_local}},
         /* Only with tp > 1 (gathered shards) and with non-f32 compute (f32 for the host). */
@@ -125,6 +131,14 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         m->ws.moe_host_ids = malloc((size_t)TK * sizeof(int32_t));
         m->ws.moe_host_w = malloc((size_t)TK * sizeof(float));
         m->ws.moe_host_start = malloc((size_t)(E + 1) * sizeof(int));
+        if (epTK) {
+            free(m->ws.ep_host_idx);
+            free(m->ws.ep_host_count);
+            m->ws.ep_host_idx = malloc((size_t)(4 * epTK) * sizeof(int32_t)); /* 3 index lists, 1 of weights */
+            m->ws.ep_host_count = malloc((size_t)(m->ep_size * E) * sizeof(int64_t));
+            if (!m->ws.ep_host_idx || !m->ws.ep_host_count)
+                return status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory for expert parallelism");
+        }
         if (!m->ws.moe_load) m->ws.moe_load = calloc((size_t)m->n_layers_local * (size_t)E, sizeof *m->ws.moe_load);
         if (!m->ws.moe_host_logits || !m->ws.moe_host_ids || !m->ws.moe_host_w || !m->ws.moe_host_start ||
             !m->ws.moe_host_sw || (!m->ws.moe_load && m->n_layers_local > 0))
@@ -149,6 +163,8 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         if ((size_t)tensor_numel(&m->ws.qk_full) > most) most = (size_t)tensor_numel(&m->ws.qk_full); /* layer_qk_norm */
         if ((st = comm_reserve(m->par.groups->tp, most)) != STATUS_OK) return st;
     }
+    if (m->par.groups && m->ep_size > 1 && (st = comm_reserve(m->par.groups->tp, (size_t)(T * d))) != STATUS_OK)
+        return st; /* the join of the experts' output (moe_ep.c) */
     return STATUS_OK;
 }
 
@@ -165,6 +181,7 @@ enum status model_share_tokens(struct model *m, int32_t *tokens, int n)
 void model_free(struct model *m)
 {
     if (!m) return;
+    moe_ep_log(m);
     for (size_t i = 0; i < m->n_owned; i++) backend_free(m->b, m->owned[i]);
     free(m->owned);
     backend_free(m->b, m->ws.mem);
@@ -174,6 +191,8 @@ void model_free(struct model *m)
     free(m->ws.moe_host_w);
     free(m->ws.moe_host_start);
     free(m->ws.moe_host_sw);
+    free(m->ws.ep_host_idx);
+    free(m->ws.ep_host_count);
     free((void *)m->ws.moe_load);
     free(m->ws.host_logits);
     checkpoint_close(m->checkpoint);

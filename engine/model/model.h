@@ -38,6 +38,10 @@ struct model_parallel {
     const char *pp_layers;          /* "2,3,...": layers per stage (--pp-layers), or NULL for a
                                        balanced split (earlier stages one more when pp does
                                        not divide the layers) */
+    int ep;                         /* 1: the layout's tp group is an expert-parallel group
+                                       (--ep, engine/model/moe_ep.c): attention, norms, the
+                                       vocabulary and the router whole on every rank, the experts
+                                       split over it; tp is then 1 */
 };
 
 /* Parses "2,3,..." into layers per stage (pp_size values, each >= 1, summing to n_layers);
@@ -85,6 +89,28 @@ struct model_workspace {
      * each expert of each of this stage's layers since the first model_reserve, (n_layers_local,
      * n_experts); written by the thread that runs the forward, read by any (moe_load_read). */
     _Atomic uint64_t *moe_load;
+    /* Expert parallelism (ep_size > 1, moe_ep.c): the rows sent and received by the all-to-alls
+     * ((max_tokens * k, d_model) each), the experts' outputs in this rank's expert order (the
+     * same), device indices i32 (3 * max_tokens * k: the dispatch gather, the experts' gathers,
+     * the combine gather), their host copies (and the dispatched slots' f32 weights: 4 max_tokens * k
+     * entries), and the (ep_size, n_experts) counts of routed slots
+     * per (token slice, expert) on the host. */
+    struct tensor ep_send, ep_recv, ep_y, ep_idx;
+    int32_t *ep_host_idx;
+    int64_t *ep_host_count;
+};
+
+/* Expert parallelism's traffic on this rank since the model was loaded (moe_ep.c), over all MoE
+ * layers: remote_slots, the routed slots of its own token slices whose expert lives on another
+ * rank (each dispatched there and combined back); token_layers, the tokens of its slices;
+ * all_token_layers, every token; a2a_bytes, what its all-to-alls sent to other ranks (the ep
+ * communicator's count) and a2a_rows, the rows the routing says they sent (its remote slots'
+ * inputs, and the outputs of other slices' slots on its experts); join_bytes, the all-reduce
+ * joining the slices (the communicator's count); the seconds of the all-to-alls, of the rest of
+ * moe_ep_experts (the experts, gathers, host bookkeeping) and of the join (host clock). */
+struct moe_ep_stats {
+    uint64_t remote_slots, token_layers, all_token_layers, a2a_bytes, a2a_rows, join_bytes;
+    double a2a_seconds, rest_seconds, join_seconds;
 };
 
 /* One rank's model: its configuration (what shard of which model this is), its weights (a
@@ -98,7 +124,9 @@ struct model {
     int tp_rank, tp_size, pp_rank, pp_size;
     int layer_first, n_layers_local;   /* this stage's contiguous layer range */
     int n_heads_local, n_kv_local, ffn_local;
-    int expert_first, n_experts_local; /* a mixture of experts: this tp rank's block of whole experts */
+    int expert_first, n_experts_local; /* a mixture of experts: this tp (or ep) rank's block of whole experts */
+    int ep_rank, ep_size;          /* expert parallelism (par.ep): this rank in the ep group; 1 without */
+    struct moe_ep_stats ep_stats;
     int vocab_local;               /* rows of this shard's embedding / LM head (padded vocab / tp) */
     int64_t vocab_start;           /* first vocabulary id of this shard */
 

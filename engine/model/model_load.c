@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "moe.h"
 #include "quant.h"
 
 /* Adds block type dt to m->quantization ("Q4_1,Q8_0"), once. */
@@ -94,6 +95,15 @@ static enum dtype load_dtype(const struct model *m, enum weight_kind kind, const
     return m->dtype;
 }
 
+/* The (rank, size) a weight of `kind` is sliced by: the ep group's for the experts under expert
+ * parallelism (a contiguous block of whole experts per rank), the tp group's otherwise. */
+static void shard_of(const struct model *m, enum weight_kind kind, int *rank, int *size)
+{
+    const int experts = kind == WEIGHT_KIND_EXP_GATE || kind == WEIGHT_KIND_EXP_UP || kind == WEIGHT_KIND_EXP_DOWN;
+    *rank = experts && m->ep_size > 1 ? m->ep_rank : m->tp_rank;
+    *size = experts && m->ep_size > 1 ? m->ep_size : m->tp_size;
+}
+
 /* Loads one weight slice into *t on the model's device, refusing NaN and Inf. */
 static enum status load_weight(struct model *m, struct staging *stg, enum weight_kind kind,
                                int layer, struct tensor *t)
@@ -101,12 +111,14 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     const float offset = weight_kind_is_norm(kind) ? m->cfg.norm_weight_offset : 0.0f;
     struct backend *b = m->b;
     struct host_weight hw;
-    enum status st = checkpoint_describe(m->checkpoint, kind, layer, m->tp_rank, m->tp_size,
+    int rank, size;
+    shard_of(m, kind, &rank, &size);
+    enum status st = checkpoint_describe(m->checkpoint, kind, layer, rank, size,
                                          m->dtype, &hw);
     if (st != STATUS_OK) return st;
     const enum dtype dt = load_dtype(m, kind, &hw);
     if (dt != m->dtype &&
-        (st = checkpoint_describe(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, &hw)) != STATUS_OK)
+        (st = checkpoint_describe(m->checkpoint, kind, layer, rank, size, dt, &hw)) != STATUS_OK)
         return st;
     *t = hw.ndim == 1 ? tensor_make(NULL, dt, b->device, 1, hw.shape[0])
                       : tensor_make(NULL, dt, b->device, 2, hw.shape[0], hw.shape[1]);
@@ -117,7 +129,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     }
     if (b->device == DEVICE_CPU && hw.zero_copy && offset == 0.0f) {
         /* The mapping is read-only, and ops only read weights. */
-        st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, NULL, 0,
+        st = checkpoint_get(m->checkpoint, kind, layer, rank, size, dt, NULL, 0,
                             CHECKPOINT_GET_ZERO_COPY_OK, &hw);
         if (st != STATUS_OK) return st;
         t->data = (void *)hw.data;
@@ -132,7 +144,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     }
     t->data = dev;
     if (b->device == DEVICE_CPU) {
-        st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, dev,
+        st = checkpoint_get(m->checkpoint, kind, layer, rank, size, dt, dev,
                             hw.nbytes, 0, &hw);
         if (st == STATUS_OK && offset != 0.0f) add_offset(dev, dt, hw.nbytes / dtype_size(dt), offset);
         return st == STATUS_OK ? check_finite(stg->dir, kind, layer, dt, dev, hw.nbytes, hw.ndim == 2 ? hw.shape[1] : hw.shape[0]) : st;
@@ -145,7 +157,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     }
     /* dt is m->dtype, or a block dtype (the blocks' bytes, uploaded as they are; never a norm,
      * so never an offset). */
-    st = checkpoint_get(m->checkpoint, kind, layer, m->tp_rank, m->tp_size, dt, stg->buf, stg->size, 0, &hw);
+    st = checkpoint_get(m->checkpoint, kind, layer, rank, size, dt, stg->buf, stg->size, 0, &hw);
     if (st != STATUS_OK) return st;
     if (offset != 0.0f) add_offset(stg->buf, dt, hw.nbytes / dtype_size(dt), offset);
     if ((st = check_finite(stg->dir, kind, layer, dt, stg->buf, hw.nbytes, hw.ndim == 2 ? hw.shape[1] : hw.shape[0])) != STATUS_OK)
@@ -289,13 +301,15 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
                           int dtype, struct model **out)
 {
     *out = NULL;
-    const int tp_rank = par ? par->layout.tp_rank : 0, tp_size = par ? par->layout.tp_size : 1;
+    /* Under expert parallelism the layout's tp group is the ep group and nothing is tensor-parallel. */
+    const int ep = par && par->ep, ep_rank = ep ? par->layout.tp_rank : 0, ep_size = ep ? par->layout.tp_size : 1;
+    const int tp_rank = par && !ep ? par->layout.tp_rank : 0, tp_size = par && !ep ? par->layout.tp_size : 1;
     const int pp_rank = par ? par->layout.pp_rank : 0, pp_size = par ? par->layout.pp_size : 1;
     if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size || pp_size < 1 || pp_rank < 0 ||
         pp_rank >= pp_size)
         return status_errorf(STATUS_INVALID_ARGUMENT, "model: bad parallel rank tp %d/%d pp %d/%d",
                              tp_rank, tp_size, pp_rank, pp_size);
-    if ((tp_size > 1 || pp_size > 1) && (!par || !par->groups || !par->world))
+    if ((tp_size > 1 || pp_size > 1 || ep_size > 1) && (!par || !par->groups || !par->world))
         return status_errorf(STATUS_INVALID_ARGUMENT, "model: tp/pp > 1 needs the parallel groups");
     struct model *m = calloc(1, sizeof *m);
     if (m) snprintf(m->quantization, sizeof m->quantization, "none");
@@ -313,6 +327,9 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     m->tp_size = tp_size;
     m->pp_rank = pp_rank;
     m->pp_size = pp_size;
+    m->ep_rank = ep_rank;
+    m->ep_size = ep_size;
+    if (ep && (st = moe_ep_check(c, ep_size)) != STATUS_OK) goto fail;
     if (pp_size > c->n_layers) {
         st = status_errorf(STATUS_INVALID_ARGUMENT, "model: pp %d exceeds the %d layers", pp_size, c->n_layers);
         goto fail;
@@ -359,10 +376,12 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_K, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK) goto fail;
     m->n_kv_local = (int)(hw.shape[0] / c->head_dim);
     if (c->n_experts) { /* whole experts per tp rank (checkpoint.c refuses a tp that does not divide them) */
-        if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_EXP_UP, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK)
+        int er, es;
+        shard_of(m, WEIGHT_KIND_EXP_UP, &er, &es);
+        if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_EXP_UP, 0, er, es, m->dtype, &hw)) != STATUS_OK)
             goto fail;
         m->n_experts_local = (int)(hw.shape[0] / c->moe_ffn);
-        m->expert_first = tp_rank * m->n_experts_local;
+        m->expert_first = er * m->n_experts_local;
     }
     if (c->n_experts && !c->shared_expert) { /* no dense MLP */
         m->ffn_local = c->moe_ffn;
@@ -385,10 +404,11 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     if ((st = load_weights(m, &stg)) != STATUS_OK) goto fail;
     if ((st = load_rope_factors(m)) != STATUS_OK) goto fail;
     free(stg.buf);
-    LOG_INFO("model", "loaded %s: %d layers [%d, %d) of %d, tp %d/%d, %s, %.1f MiB of weights (%.1f MiB mapped zero-copy, "
+    LOG_INFO("model", "loaded %s: %d layers [%d, %d) of %d, tp %d/%d, ep %d/%d (experts [%d, %d)), %s, %.1f MiB of weights (%.1f MiB mapped zero-copy, "
              "%.1f MiB as quantized blocks)",
              c->architecture, m->n_layers_local, m->layer_first, m->layer_first + m->n_layers_local,
-             c->n_layers, tp_rank, tp_size, dtype_name(m->dtype), (double)m->weight_bytes / 1048576.0,
+             c->n_layers, tp_rank, tp_size, ep_rank, ep_size, m->expert_first, m->expert_first + m->n_experts_local,
+             dtype_name(m->dtype), (double)m->weight_bytes / 1048576.0,
              (double)m->weight_bytes_mapped / 1048576.0, (double)m->weight_bytes_blocks / 1048576.0);
     *out = m;
     return STATUS_OK;

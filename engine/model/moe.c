@@ -159,9 +159,18 @@ enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *
     }
 
     /* This rank's experts over their rows, summed into proj in expert order (the other tp ranks'
-     * experts join in the layer's tp reduction). */
+     * experts join in the layer's tp reduction; under expert parallelism moe_ep.c dispatches the
+     * rows of this rank's token slice [s0, s0 + sn) and combines them, and the slices are joined
+     * at the end). */
     if (proj) backend_memset_zero(b, proj->data, tensor_nbytes(proj));
-    for (int el = 0; el < m->n_experts_local; el++) {
+    int64_t s0 = 0, sn = T;
+    if (m->ep_size > 1) {
+        CHECK(!mt_in && proj, "moe_forward: expert parallelism is built for serving only");
+        enum status st = moe_ep_experts(m, l, T, xn, proj, mt->r, mt);
+        if (st != STATUS_OK) return st;
+        s0 = T * m->ep_rank / m->ep_size, sn = T * (m->ep_rank + 1) / m->ep_size - s0;
+    }
+    for (int el = 0; el < m->n_experts_local && m->ep_size == 1; el++) {
         const int e = m->expert_first + el;
         const int64_t r0 = mt->r->start[e], n = mt->r->start[e + 1] - r0, at = mt->per_slot ? r0 : 0;
         if (n == 0) continue;
@@ -178,17 +187,19 @@ enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *
         op_matmul(b, &y, &hact, &wd, NULL);
         if (proj) op_scatter_add_rows(b, proj, &y, &ids, &wt);
     }
-    if (c->shared_expert) { /* Qwen 2 MoE: + sigmoid(x . g) * shared(x), every row */
+    if (c->shared_expert && sn > 0) { /* Qwen 2 MoE: + sigmoid(x . g) * shared(x), every row (of the slice) */
         if (!mt->recompute) shared_gates(m, l, T, xn, mt);
         const int64_t S = m->ffn_local;
-        struct tensor sw = tensor_first_rows(&mt->sw, T), rows = tensor_first_rows(&mt->rows, T);
-        struct tensor gate = rows_of(&mt->s_gate, 0, T, S), up = rows_of(&mt->s_up, 0, T, S);
-        struct tensor hact = rows_of(&mt->s_hact, 0, T, S), y = tensor_first_rows(&mt->s_y, T);
-        op_matmul(b, &gate, xn, &w->w_gate, NULL);
-        op_matmul(b, &up, xn, &w->w_up, NULL);
+        struct tensor sw = tensor_rows_at(&mt->sw, s0, sn), rows = tensor_rows_at(&mt->rows, s0, sn);
+        struct tensor gate = rows_of(&mt->s_gate, 0, sn, S), up = rows_of(&mt->s_up, 0, sn, S);
+        struct tensor hact = rows_of(&mt->s_hact, 0, sn, S), y = tensor_first_rows(&mt->s_y, sn);
+        struct tensor xs = tensor_rows_at(xn, s0, sn);
+        op_matmul(b, &gate, &xs, &w->w_gate, NULL);
+        op_matmul(b, &up, &xs, &w->w_up, NULL);
         op_gated_activation(b, &hact, &gate, &up, c->activation);
         op_matmul(b, &y, &hact, &w->w_down, NULL);
         if (proj) op_scatter_add_rows(b, proj, &y, &rows, &sw);
     }
+    if (m->ep_size > 1) return moe_ep_join(m, proj);
     return STATUS_OK;
 }

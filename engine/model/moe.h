@@ -14,7 +14,9 @@
  * With tp > 1 each rank holds a block of whole experts (checkpoint.c's plan) and routes every
  * token (the router is replicated; its input is the same on every rank); proj is then this
  * rank's part, which the layer's tp all-reduce completes (the shared expert, split like a dense
- * MLP, joins the same sum). No all-to-all: every rank sees every token. Training runs at
+ * MLP, joins the same sum). No all-to-all: every rank sees every token. Under expert parallelism
+ * (--ep, the model's ep_size > 1) the experts' group is its own and the tokens are dispatched to
+ * them and combined by all-to-all instead (moe_ep.c). Training runs at
  * tp = pp = dp = 1 only (model_train_new refuses more, naming the sizes).
  * Training (moe_backward): the experts' weight gradients, the input's gradient scattered back
  * to its rows, the router's gradient through the (renormalised) top-k softmax weights into the
@@ -87,6 +89,19 @@ enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *
  * is exact, a forward in flight may be half counted). Returns n_layers_local, or 0 (out
  * untouched) for a dense model or before model_reserve. */
 int moe_load_read(const struct model *m, uint64_t *out);
+
+/* Expert parallelism in serving (moe_ep.c; the design, the order and why it is bit-identical to
+ * one rank: there). moe_ep_check: the config can be split over ep_size ranks (a mixture whose
+ * expert count ep_size divides), else STATUS_INVALID_ARGUMENT naming both numbers.
+ * moe_ep_experts: proj's rows of this rank's token slice += its tokens' experts (dispatched to
+ * and combined from their owners by all-to-all over the ep group), in expert order; proj zero
+ * before, its other rows untouched. moe_ep_join: the all-reduce joining the slices (collective).
+ * moe_ep_log: the traffic counted since the load, one log line (nothing without ep). */
+enum status moe_ep_check(const struct model_config *c, int ep_size);
+enum status moe_ep_experts(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj,
+                           const struct moe_routing *r, const struct moe_tensors *mt);
+enum status moe_ep_join(struct model *m, const struct tensor *proj);
+void moe_ep_log(const struct model *m);
 
 /* r->aux and r->z of T tokens from r->logits and r->start (moe_train.c). */
 void moe_routing_losses(const struct model_config *c, int64_t T, struct moe_routing *r);

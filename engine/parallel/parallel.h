@@ -187,6 +187,8 @@ struct comm_ops {
     enum status (*recv)(struct comm *c, const struct tensor *x, int peer);
     enum status (*sendrecv)(struct comm *c, const struct tensor *send, int send_peer,
                             const struct tensor *recv, int recv_peer);
+    enum status (*all_to_all_rows)(struct comm *c, const struct tensor *send, const int64_t *send_rows,
+                                   const struct tensor *recv, const int64_t *recv_rows);
     enum status (*all_reduce_start)(struct comm *c, const struct tensor *x, struct comm_request *req);
     enum status (*wait)(struct comm *c, struct comm_request *req);
     enum status (*reserve)(struct comm *c, size_t max_numel);
@@ -291,6 +293,17 @@ enum status comm_recv(struct comm *c, const struct tensor *x, int peer);
  * schedule's send-forward-receive-backward. send and recv must not overlap. */
 enum status comm_sendrecv(struct comm *c, const struct tensor *send, int send_peer,
                           const struct tensor *recv, int recv_peer);
+
+/* The all-to-all of rows (MPI_Alltoallv; NCCL: grouped ncclSend / ncclRecv): send holds
+ * send_rows[0] rows for group rank 0, then send_rows[1] for rank 1, ... (rows of send's last
+ * dims, packed from row 0); recv gets recv_rows[0] rows from rank 0, then rank 1's, ... The counts
+ * (size entries each) must agree pairwise (what rank a sends to b is what b expects from a: a
+ * mismatch is an MPI truncation error or a CHECK), send and recv share dtype and row width and
+ * must not overlap. The rows this rank sends itself are copied locally. n_bytes counts the rows
+ * sent to other ranks only (what crosses between processes). Expert parallelism's token
+ * dispatch and combine (engine/model/moe_ep.c). */
+enum status comm_all_to_all_rows(struct comm *c, const struct tensor *send, const int64_t *send_rows,
+                                 const struct tensor *recv, const int64_t *recv_rows);
 
 /* Sizes the comm's scratch for operations on tensors of up to max_numel elements (the larger
  * of in and out), so that no later call allocates (call it from model_reserve). Without it

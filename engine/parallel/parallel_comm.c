@@ -170,6 +170,30 @@ enum status comm_sendrecv(struct comm *c, const struct tensor *send, int send_pe
     COMM_RUN(c, tensor_nbytes(send), c->ops->sendrecv(c, send, send_peer, recv, recv_peer));
 }
 
+enum status comm_all_to_all_rows(struct comm *c, const struct tensor *send, const int64_t *send_rows,
+                                 const struct tensor *recv, const int64_t *recv_rows)
+{
+    check_tensor(c, send, "send");
+    check_tensor(c, recv, "recv");
+    check_no_overlap(c, send, recv);
+    const int64_t width = tensor_numel(send) / (send->shape[0] ? send->shape[0] : 1);
+    CHECK(send->dtype == recv->dtype && tensor_numel(recv) / (recv->shape[0] ? recv->shape[0] : 1) == width,
+          "%s comm: all-to-all of rows of %s x %lld into %s x %lld", c->name, dtype_name(send->dtype),
+          (long long)width, dtype_name(recv->dtype), (long long)(tensor_numel(recv) / (recv->shape[0] ? recv->shape[0] : 1)));
+    int64_t ns = 0, nr = 0, remote = 0;
+    for (int r = 0; r < c->size; r++) {
+        CHECK(send_rows[r] >= 0 && recv_rows[r] >= 0, "%s comm: all-to-all with a negative count", c->name);
+        ns += send_rows[r], nr += recv_rows[r];
+        if (r != c->rank) remote += send_rows[r];
+    }
+    CHECK(ns <= send->shape[0] && nr <= recv->shape[0] && send_rows[c->rank] == recv_rows[c->rank],
+          "%s comm: all-to-all of %lld rows from %lld, %lld into %lld (self %lld / %lld)", c->name, (long long)ns,
+          (long long)send->shape[0], (long long)nr, (long long)recv->shape[0], (long long)send_rows[c->rank],
+          (long long)recv_rows[c->rank]);
+    COMM_RUN(c, (uint64_t)remote * (uint64_t)width * dtype_size(send->dtype),
+             c->ops->all_to_all_rows(c, send, send_rows, recv, recv_rows));
+}
+
 enum status comm_reserve(struct comm *c, size_t max_numel) { return c->ops->reserve(c, max_numel); }
 
 enum status comm_synchronize(struct comm *c)
@@ -459,6 +483,38 @@ static enum status mpi_sendrecv(struct comm *c, const struct tensor *send, int s
     return STATUS_OK;
 }
 
+/* MPI_Alltoallv in bytes (counts and displacements from the row counts). */
+static enum status mpi_all_to_all_rows(struct comm *c, const struct tensor *send, const int64_t *send_rows,
+                                       const struct tensor *recv, const int64_t *recv_rows)
+{
+    struct mpi_comm *m = c->impl;
+    const size_t row = tensor_nbytes(send) / (size_t)(send->shape[0] ? send->shape[0] : 1);
+    if (c->size == 1) {
+        memcpy(recv->data, send->data, (size_t)send_rows[0] * row);
+        return STATUS_OK;
+    }
+    int *v = malloc(4 * (size_t)c->size * sizeof *v);
+    if (!v) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s comm: out of host memory for the all-to-all counts", c->name);
+    int *sc = v, *sd = v + c->size, *rc = v + 2 * c->size, *rd = v + 3 * c->size;
+    size_t so = 0, ro = 0;
+    enum status st = STATUS_OK;
+    for (int r = 0; r < c->size && st == STATUS_OK; r++) {
+        st = parallel_mpi_int_count((size_t)send_rows[r] * row, "all-to-all (bytes)", c->name, &sc[r]);
+        if (st == STATUS_OK) st = parallel_mpi_int_count((size_t)recv_rows[r] * row, "all-to-all (bytes)", c->name, &rc[r]);
+        if (st == STATUS_OK) st = parallel_mpi_int_count(so, "all-to-all (offset)", c->name, &sd[r]);
+        if (st == STATUS_OK) st = parallel_mpi_int_count(ro, "all-to-all (offset)", c->name, &rd[r]);
+        so += (size_t)send_rows[r] * row, ro += (size_t)recv_rows[r] * row;
+    }
+    if (st == STATUS_OK) {
+        MPI_Request req;
+        int rc_ = MPI_Ialltoallv(send->data, sc, sd, MPI_BYTE, recv->data, rc, rd, MPI_BYTE, m->comm, &req);
+        if (rc_ != MPI_SUCCESS) st = parallel_mpi_fail(c->world, rc_, "MPI_Ialltoallv", c->name);
+        else st = parallel_mpi_wait(c->world, &req, NULL, "all-to-all", c->name);
+    }
+    free(v);
+    return st;
+}
+
 static enum status mpi_synchronize(struct comm *c)
 {
     (void)c;
@@ -475,6 +531,7 @@ static const struct comm_ops mpi_comm_ops = {
     .send = mpi_send,
     .recv = mpi_recv,
     .sendrecv = mpi_sendrecv,
+    .all_to_all_rows = mpi_all_to_all_rows,
     .all_reduce_start = mpi_all_reduce_start,
     .wait = mpi_wait,
     .reserve = mpi_comm_reserve,

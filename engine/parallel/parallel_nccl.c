@@ -237,7 +237,7 @@ static enum status nccl_all_gather_last(struct comm *c, const struct tensor *out
     if (st != STATUS_OK) return st;
     size_t in_bytes = tensor_nbytes(in), rows = (size_t)tensor_rows(in);
     size_t row_bytes = (size_t)tensor_cols(in) * dtype_size(in->dtype);
-    void *stage;
+    void *stage = NULL;
     if ((st = nccl_scratch(c, n, in_bytes * (size_t)c->size, &stage)) != STATUS_OK) return st;
     NCCL_TRY(c->world, n->comm, c->name,
              ncclAllGather(in->data, stage, in_bytes, ncclInt8, n->comm, n->stream));
@@ -356,6 +356,32 @@ static enum status nccl_synchronize(struct comm *c)
     }
 }
 
+/* One grouped ncclSend / ncclRecv per peer (the rows to this rank itself copied on the stream).
+ * Compiled only: no GPU has run it (docs/parallel.md). */
+static enum status nccl_all_to_all_rows(struct comm *c, const struct tensor *send, const int64_t *send_rows,
+                                        const struct tensor *recv, const int64_t *recv_rows)
+{
+    enum status st;
+    struct nccl_comm *n = nccl_enter(c, &st);
+    if (st != STATUS_OK) return st;
+    const size_t row = tensor_nbytes(send) / (size_t)(send->shape[0] ? send->shape[0] : 1);
+    size_t so = 0, ro = 0;
+    NCCL_TRY(c->world, n->comm, c->name, ncclGroupStart());
+    for (int r = 0; r < c->size; r++) {
+        const size_t sb = (size_t)send_rows[r] * row, rb = (size_t)recv_rows[r] * row;
+        if (r == c->rank) {
+            CUDA_TRY(c->world, c->name, cudaMemcpyAsync((char *)recv->data + ro, (const char *)send->data + so, sb,
+                                                        cudaMemcpyDeviceToDevice, n->stream));
+        } else {
+            if (sb) NCCL_TRY(c->world, n->comm, c->name, ncclSend((const char *)send->data + so, sb, ncclInt8, r, n->comm, n->stream));
+            if (rb) NCCL_TRY(c->world, n->comm, c->name, ncclRecv((char *)recv->data + ro, rb, ncclInt8, r, n->comm, n->stream));
+        }
+        so += sb, ro += rb;
+    }
+    NCCL_TRY(c->world, n->comm, c->name, ncclGroupEnd());
+    return STATUS_OK;
+}
+
 static const struct comm_ops nccl_comm_ops = {
     .name = "nccl",
     .all_reduce = nccl_all_reduce,
@@ -366,6 +392,7 @@ static const struct comm_ops nccl_comm_ops = {
     .send = nccl_send,
     .recv = nccl_recv,
     .sendrecv = nccl_sendrecv,
+    .all_to_all_rows = nccl_all_to_all_rows,
     .all_reduce_start = nccl_all_reduce_start,
     .wait = nccl_wait,
     .reserve = nccl_reserve,

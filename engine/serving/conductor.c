@@ -160,6 +160,7 @@ static enum status load_model(struct conductor *c)
     if ((st = model_ranks_open(multi ? o->world : NULL, &layout, o->pp_layers, (enum device)o->device, o->device_id,
                                o->n_threads, &c->b, &c->groups, &c->par)) != STATUS_OK)
         return st;
+    c->par.ep = o->ep_group;
     st = model_load(o->model_dir, c->b, multi ? &c->par : NULL, &c->m);
     if (st == STATUS_OK) st = generate_load_tokenizer(o->model_dir, c->m, &c->tok);
     if (multi) st = parallel_agree(o->world, st); /* every rank fails together, none waits alone */

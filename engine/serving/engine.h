@@ -98,6 +98,8 @@ struct engine_options {
     struct parallel_world *world; /* borrowed */
     int   tp, pp;
     int   dp;                  /* replicas; 0 = world size / (tp x pp) */
+    int   ep_group;            /* 1: the layout's tp ranks are an expert-parallel group (--ep N
+                                  sets tp = N and this; model_parallel.ep, moe_ep.c) */
     const char *pp_layers;     /* layers per pipeline stage ("2,3"); NULL = balanced */
     int   pp_microbatches;     /* micro-batches per step when pp > 1 (0 or 1 = off): the step's
                                   sequences are split so that pipeline stages overlap; off by
