@@ -293,9 +293,9 @@ static int32_t verify_sampled(struct conductor *c, struct seq *s, const float *r
  * (a lazy one's matcher starts at its trigger). */
 static void check_matcher(struct conductor *c, struct seq *s)
 {
+    if (!c->spec_check_grammar || s->state != SEQ_RUNNING) return; /* finished: s->req may be gone */
     const struct request *r = s->req;
-    if (!c->spec_check_grammar || !r->grammar || r->p.constraint_trigger_len || !s->gm || s->state != SEQ_RUNNING)
-        return;
+    if (!r->grammar || r->p.constraint_trigger_len || !s->gm) return;
     if (!s->gm_check && grammar_matcher_new(r->grammar, &s->gm_check) != STATUS_OK) return;
     for (; s->gm_check_n < s->n_generated; s->gm_check_n++)
         (void)grammar_matcher_accept(s->gm_check, s->tokens[r->n_prompt + s->gm_check_n]);
