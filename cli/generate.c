@@ -2,8 +2,11 @@
  * the same loop, rank 0 prints), generate from a prompt locally, print the prompt and its
  * completion as it is produced, and the speed to stderr. Flags, setup (world, backend,
  * tokenizer, model, KV cache) and teardown are each a function of their own.
+ * With --speculative ngram or --speculative draft --draft-model PATH the prompt runs instead as one
+ * request through the serving engine (generate_speculative: the same drafting and verification
+ * as `shardlm serve`, docs/speculative.md).
  * Not here: the generation loop (engine/serving/generate.c), the server (serve.c).
- * Tests: tests/test_cli.sh, tests/test_generate_mpi.sh. */
+ * Tests: tests/test_cli.sh, tests/test_generate_mpi.sh, tests/server/test_generate_speculative.py. */
 #include "commands.h"
 
 #include <limits.h>
@@ -11,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
 #include "generate.h"
 #include "kv_cache.h"
 #include "model.h"
@@ -42,6 +46,11 @@ struct generate_flags {
     const char *model_dir, *prompt, *device_name, *pp_layers;
     long max_tokens, threads, seed, tp, pp, ep;
     int add_bos;
+    /* Speculative decoding, serve's flags: --speculative ngram | draft, --draft-model PATH,
+     * --spec-draft K, --spec-ngram N. spec_mode 0: none, 1: ngram, 2: draft. */
+    int spec_mode;
+    const char *draft_model;
+    long spec_draft, spec_ngram;
     struct generate_options o; /* sampling (temperature 0 unless given), max_tokens, ignore_eos */
 };
 
@@ -57,10 +66,15 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         int takes = 1;
         if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; takes = 0; }
         else if (!strcmp(a, "--no-bos")) { f->add_bos = 0; takes = 0; }
-        else if (!strcmp(a, "--draft-model"))
-            return cli_usage("generate: %s is not supported here (its one-sequence loop does not speculate); "
-                             "serve it: shardlm serve --draft-model PATH", a);
         else if (!v) return cli_usage("generate: %s needs a value", a);
+        else if (!strcmp(a, "--speculative")) {
+            if (strcmp(v, "ngram") && strcmp(v, "draft"))
+                return cli_usage("--speculative must be ngram (prompt lookup) or draft (with --draft-model), got '%s'", v);
+            f->spec_mode = strcmp(v, "ngram") ? 2 : 1;
+        }
+        else if (!strcmp(a, "--draft-model")) f->draft_model = v;
+        else if (!strcmp(a, "--spec-draft")) { if (base_parse_long(v, 1, 32, &f->spec_draft)) return cli_usage("--spec-draft must be an integer in [1, 32], got '%s'", v); }
+        else if (!strcmp(a, "--spec-ngram")) { if (base_parse_long(v, 2, 16, &f->spec_ngram)) return cli_usage("--spec-ngram must be an integer in [2, 16], got '%s'", v); }
         else if (!strcmp(a, "--model")) f->model_dir = v;
         else if (!strcmp(a, "--prompt")) f->prompt = v;
         else if (!strcmp(a, "--device")) f->device_name = v;
@@ -80,6 +94,14 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
     }
     if (f->ep > 1 && f->tp > 1) return cli_usage(CLI_EP_WITH_REFUSED, "--tp");
     if (!f->model_dir) return cli_usage("generate: --model DIR or FILE.gguf is required%s", "");
+    if (f->draft_model && !f->spec_mode) f->spec_mode = 2; /* serve's spelling: --draft-model alone */
+    if (f->spec_mode == 2 && !f->draft_model)
+        return cli_usage("generate: --speculative draft needs --draft-model PATH%s", "");
+    if (f->spec_mode == 1 && f->draft_model)
+        return cli_usage("generate: --draft-model cannot be combined with --speculative ngram: the drafts come from "
+                         "one or the other%s", "");
+    if (f->spec_ngram && f->spec_mode != 1) return cli_usage("generate: --spec-ngram needs --speculative ngram%s", "");
+    if (f->spec_draft && !f->spec_mode) return cli_usage("generate: --spec-draft needs --speculative ngram or draft%s", "");
     o->sampling.seed = (uint64_t)f->seed;
     o->max_tokens = (int)f->max_tokens;
     return 0;
@@ -148,6 +170,122 @@ static void generate_teardown(struct generate_run *r)
     parallel_finalize(r->world);
 }
 
+/* ---- generate --speculative: one request through the serving engine ----------------------- */
+
+/* The request's tokens as they come, printed by print_token (on rank 0); its end. */
+struct spec_run {
+    struct stream_ctx sc;
+    int    done, n_generated;
+    enum status st;
+    char   msg[512];
+};
+
+static void spec_event(void *ctx, const struct engine_event *ev)
+{
+    struct spec_run *x = ctx;
+    for (int i = 0; i < ev->n_tokens && ev->kind != ENGINE_EVENT_PROMPT_LOGPROBS && !x->sc.failed; i++)
+        print_token(&x->sc, ev->tokens[i]);
+    if (ev->kind != ENGINE_EVENT_FINISHED) return;
+    x->done = 1;
+    x->n_generated = ev->completion_tokens;
+    if (ev->finish == FINISH_REASON_ERROR) {
+        x->st = ev->status != STATUS_OK ? ev->status : STATUS_INTERNAL;
+        snprintf(x->msg, sizeof x->msg, "%s", ev->message ? ev->message : "generation failed");
+    }
+}
+
+/* The one-sequence loop (generate_run) does not speculate, so with --speculative the prompt
+ * runs as one request of the serving engine, stepped on this thread: the drafting, verification
+ * and refusals of `shardlm serve` (a draft of another vocabulary, tp / pp under mpirun with the
+ * draft on rank 0, docs/speculative.md). Greedy output equals generate_run's wherever the
+ * model's rows do not depend on the batch (f32 / bf16); a sampled run draws from the same
+ * distribution but from the engine's random stream, not generate_run's. Prints the prompt, the
+ * completion as it comes, and to stderr the token counts and the drafts verified and accepted. */
+static int generate_speculative(const struct generate_flags *f)
+{
+    enum device dev;
+    enum status st = backend_parse_device(f->device_name, &dev);
+    if (st != STATUS_OK) return cli_fail(st);
+    struct engine_options o = engine_options_default();
+    o.model_dir = f->model_dir;
+    o.device = (int)dev;
+    o.n_threads = (int)f->threads;
+    o.spec_draft = f->spec_draft ? (int)f->spec_draft : 5;
+    /* One sequence; the engine's logits rows are max_seqs + 64 (64 kept for prompt
+     * log-probabilities) and a step's drafts take what is left beyond the running sequences, so
+     * max_seqs 1 + spec_draft leaves room for every draft. The KV pool: one sequence of at most
+     * the prompt's bytes + BOS (no token is shorter than a byte), max_tokens and the drafts. */
+    o.max_seqs = 1 + o.spec_draft;
+    o.kv_cache_blocks = (int)((strlen(f->prompt) + 2 + (size_t)f->o.max_tokens + (size_t)o.spec_draft + 15) / 16) + 1;
+    o.spec_ngram = (int)f->spec_ngram;
+    o.spec_max_batch = 1;
+    o.draft_model_dir = f->spec_mode == 2 ? f->draft_model : NULL;
+    o.pp_layers = f->pp_layers;
+    struct parallel_world *world = NULL;
+    if (f->tp * f->pp > 1) {
+        if ((st = parallel_init(NULL, NULL, &world)) != STATUS_OK) return cli_fail(st);
+        o.world = world;
+        o.tp = (int)f->tp;
+        o.pp = (int)f->pp;
+        o.dp = 1;
+    }
+    struct engine *e = NULL;
+    struct spec_run x = {.st = STATUS_OK};
+    int32_t *ids = NULL;
+    int n_ids = 0, rc = 1;
+    if ((st = engine_create(&o, &e)) != STATUS_OK) goto done;
+    if (!engine_is_conductor(e)) {
+        st = engine_run_worker(e);
+        rc = st == STATUS_OK ? 0 : 1;
+        goto done;
+    }
+    const struct tokenizer *tok = engine_tokenizer(e);
+    if ((st = tokenizer_encode(tok, f->prompt, strlen(f->prompt), f->add_bos, &ids, &n_ids)) != STATUS_OK) goto done;
+    struct request_params p = request_params_default();
+    p.sampling = f->o.sampling;
+    p.has_seed = 1;
+    p.max_tokens = f->o.max_tokens;
+    p.ignore_eos = f->o.ignore_eos;
+    detokenizer_init(&x.sc.detok, tok);
+    for (int i = 0; i < n_ids; i++) { /* as generate_main: the completion is spaced as a continuation */
+        const char *skip;
+        size_t skip_len;
+        if ((st = detokenizer_push(&x.sc.detok, ids[i], &skip, &skip_len)) != STATUS_OK) goto done;
+    }
+    uint64_t handle;
+    if ((st = engine_submit(e, NULL, ids, n_ids, &p, spec_event, &x, &handle)) != STATUS_OK) goto done;
+    fwrite(f->prompt, 1, strlen(f->prompt), stdout);
+    const double t0 = base_now_s();
+    while (!x.done) engine_step(e);
+    const double secs = base_now_s() - t0;
+    const char *tail;
+    size_t tail_len;
+    if (detokenizer_flush(&x.sc.detok, &tail, &tail_len) == STATUS_OK) fwrite(tail, 1, tail_len, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (x.st != STATUS_OK) {
+        st = status_errorf(x.st, "%s", x.msg);
+        goto done;
+    }
+    if (x.sc.failed) {
+        st = status_errorf(STATUS_INTERNAL, "detokenization failed");
+        goto done;
+    }
+    struct engine_stats es;
+    engine_get_stats(e, &es);
+    fprintf(stderr, "shardlm: prompt %d tokens; generated %d tokens in %.3f s (speculative %s, tp %ld, pp %ld); "
+            "%llu drafts verified, %llu accepted\n", n_ids, x.n_generated, secs, f->spec_mode == 2 ? "draft" : "ngram",
+            f->tp, f->pp, (unsigned long long)es.spec_drafted, (unsigned long long)es.spec_accepted);
+    rc = 0;
+done:
+    if (st != STATUS_OK) rc = cli_fail(st);
+    if (x.sc.detok.tok) detokenizer_free(&x.sc.detok);
+    free(ids);
+    engine_free(e);
+    parallel_finalize(world);
+    return rc;
+}
+
 int generate_main(int argc, char **argv)
 {
     struct generate_flags f;
@@ -156,6 +294,7 @@ int generate_main(int argc, char **argv)
     struct generate_options *o = &f.o;
     enum status st = sampling_params_validate(&o->sampling);
     if (st != STATUS_OK) return cli_fail(st);
+    if (f.spec_mode) return generate_speculative(&f);
 
     struct generate_run r = {0};
     int32_t *ids = NULL, *out = NULL;

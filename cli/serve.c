@@ -109,9 +109,9 @@ static int usage(const char *fmt, const char *arg)
                     "                 from after the latest earlier match of the last N (down to 2) tokens,\n"
                     "                 verified by the model, while at most B sequences run; the draft length\n"
                     "                 adapts to each sequence's acceptance (docs/speculative.md)\n"
-                    "  --draft-model PATH  speculative decoding with a small draft model instead (the same\n"
-                    "                 tokenizer as --model, refused otherwise; tp = pp = 1): it proposes\n"
-                    "                 --spec-draft tokens a step, verified by rejection sampling\n"
+                    "  [--speculative draft] --draft-model PATH  speculative decoding with a small draft model\n"
+                    "                 instead (the same tokenizer as --model, refused otherwise; at tp / pp > 1\n"
+                    "                 it runs on rank 0): --spec-draft tokens a step, verified by rejection sampling\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
                     "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n"
                     "  --lora NAME=DIR          serve the PEFT adapter in DIR unmerged as NAME; a request picks it by\n"
@@ -167,6 +167,7 @@ int serve_main(int argc, char **argv)
     int n_adapters = 0;
     long max_loras = -1;
     int prompt_lookup = 0; /* --speculative ngram or --spec-ngram given */
+    int draft_mode = 0;    /* --speculative draft given: --draft-model is required */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
@@ -215,9 +216,11 @@ int serve_main(int argc, char **argv)
             if (base_parse_long(v, 1, 4096, &n)) return usage("--max-seqs must be an integer in [1, 4096], got '%s'", v);
             o.engine.max_seqs = (int)n;
         } else if (!strcmp(a, "--speculative")) {
-            if (strcmp(v, "ngram")) return usage("--speculative must be ngram (prompt lookup), got '%s'", v);
+            if (strcmp(v, "ngram") && strcmp(v, "draft"))
+                return usage("--speculative must be ngram (prompt lookup) or draft (with --draft-model), got '%s'", v);
             if (!o.engine.spec_draft) o.engine.spec_draft = 5;
-            prompt_lookup = 1;
+            if (!strcmp(v, "ngram")) prompt_lookup = 1;
+            else draft_mode = 1;
         } else if (!strcmp(a, "--draft-model")) {
             o.engine.draft_model_dir = v;
             if (!o.engine.spec_draft) o.engine.spec_draft = 5;
@@ -338,6 +341,7 @@ int serve_main(int argc, char **argv)
             ep = n;
         } else return usage("unknown option '%s'", a);
     }
+    if (draft_mode && !o.engine.draft_model_dir) return usage("--speculative draft needs --draft-model PATH%s", "");
     if (prompt_lookup && o.engine.draft_model_dir)
         return usage("--draft-model cannot be combined with --speculative ngram / --spec-ngram: the drafts come from "
                      "one or the other%s", "");

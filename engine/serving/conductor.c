@@ -167,18 +167,15 @@ static enum status load_model(struct conductor *c)
     return st;
 }
 
-/* The draft model of speculative decoding (--draft-model) and its buffers, after the target's;
- * refused by name where it cannot work: a replica of several ranks (tp or pp > 1: the draft runs
- * on the first rank only and its forwards are not part of the step plan). With data parallelism
- * each replica loads its own. The device-greedy path, which never drafts, is
- * turned off. */
+/* The draft model of speculative decoding (--draft-model) and its buffers, after the target's.
+ * Loaded where the sampler runs, on the first rank of the replica only: its tokens are proposed
+ * before the step is planned (speculate), so to the other ranks of a tp / pp replica its drafts
+ * are only more rows of the plan they replay, and the draft runs whole (unsharded) on the first
+ * rank's backend. With data parallelism each replica loads its own. The caller turns the
+ * device-greedy path, which never drafts, off on every rank. */
 static enum status load_draft(struct conductor *c)
 {
     struct engine_options *o = &c->o;
-    if (c->par.world)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "--draft-model needs replicas of one rank (tp and pp 1); this "
-                                                      "replica has %d", c->par.world->size);
-    c->device_greedy = 0; /* device-greedy steps never draft: the draft's tokens need the host's rows */
     if (o->spec_draft <= 0) o->spec_draft = 5;
     const int slots = o->spec_max_batch > 0 ? o->spec_max_batch : 4;
     enum status st = draft_load(o->draft_model_dir, c->b, c->m, slots, &c->draft);
@@ -241,7 +238,14 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
         goto fail;
     }
-    if (o->draft_model_dir && (st = load_draft(c)) != STATUS_OK) goto fail;
+    const char *check_gm = getenv("SHARDLM_SPEC_CHECK_GRAMMAR");
+    c->spec_check_grammar = check_gm && *check_gm && strcmp(check_gm, "0") != 0;
+    if (o->draft_model_dir) {
+        c->device_greedy = 0; /* on every rank: device-greedy steps never draft, the draft needs the host's rows */
+        st = conductor_is_first_rank(c) ? load_draft(c) : STATUS_OK;
+        if (c->par.world) st = parallel_agree(c->par.world, st); /* the workers fail with the first rank */
+        if (st != STATUS_OK) goto fail;
+    }
     c->stats.kv_blocks_total = c->cache.n_blocks;
     c->stats.kv_blocks_free = c->cache.n_blocks; /* true before the first step too */
     c->stats.block_tokens = bt;

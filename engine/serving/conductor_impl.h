@@ -51,6 +51,7 @@ struct conductor {
      * and the target's distribution of the row being verified (vocab). */
     struct draft    draft;
     float   *spec_q, *spec_p;
+    int      spec_check_grammar; /* SHARDLM_SPEC_CHECK_GRAMMAR set: check_matcher after each verification */
     int      max_logits;
     float   *logits;              /* (max_logits, vocab) host */
     float   *scratch;             /* (2, vocab) log-softmax and a logits copy */
@@ -102,6 +103,14 @@ void        finish_seq(struct conductor *c, struct seq *s, enum finish_reason wh
                        size_t text_len);
 /* conductor_sample.c */
 int32_t     take_token(struct conductor *c, struct seq *s, const float *row, int32_t greedy_id);
+/* A constrained sample's row lg (vocab, after sampling_logits): the logits of the tokens its
+ * grammar forbids next, at the matcher's state s->gm, become -inf (EOS and the end-of-turn ids
+ * only where the output may end; c->gmask allows EOS from the vocabulary); a lazy constraint
+ * before its trigger leaves lg as it is. constraint_mask returns 1, 0 when nothing may follow,
+ * -1 when the matcher could not be made, and never finishes s (the draft model masks its drafts
+ * with it); constrain finishes s with the error in both failures and returns 0, else 1. */
+int         constraint_mask(struct conductor *c, struct seq *s, float *lg);
+int         constrain(struct conductor *c, struct seq *s, float *lg);
 /* The logits s samples from at its n_generated-th output token, before the sampler's own
  * transforms: row plus the logit bias, with EOS and the stop ids banned before min_tokens, into
  * lg (vocab). take_token applies it, and the draft model shapes its rows with it. */

@@ -14,18 +14,12 @@
 
 /* ---- sampling a token and its consequences ------------------------------------------------ */
 
-/* A constrained sample: the logits of the tokens its grammar forbids next become -inf (EOS and
- * the end-of-turn ids only where the output may end; c->gmask allows EOS from the vocabulary).
- * Returns 0 after finishing the sample with an error when nothing may follow. */
-static int constrain(struct conductor *c, struct seq *s, float *lg)
+int constraint_mask(struct conductor *c, struct seq *s, float *lg)
 {
     struct request *r = s->req;
     const int V = c->m->cfg.vocab_size;
     if (r->p.constraint_trigger_len && !s->lazy_on) return 1; /* lazy, before its trigger: free */
-    if (!s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK) {
-        finish_seq(c, s, FINISH_REASON_ERROR, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
-        return 0;
-    }
+    if (!s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK) return -1;
     grammar_matcher_fill_mask(s->gm, c->gmask);
     if (grammar_matcher_can_end(s->gm))
         for (int i = 0; i < r->p.n_end_ids; i++) c->gmask[r->p.end_ids[i] >> 5] |= 1u << (r->p.end_ids[i] & 31);
@@ -34,13 +28,18 @@ static int constrain(struct conductor *c, struct seq *s, float *lg)
         if (c->gmask[i >> 5] >> (i & 31) & 1) any |= lg[i] > -INFINITY;
         else lg[i] = -INFINITY;
     }
-    if (!any) {
+    return any;
+}
+
+int constrain(struct conductor *c, struct seq *s, float *lg)
+{
+    const int got = constraint_mask(c, s, lg);
+    if (got < 0) finish_seq(c, s, FINISH_REASON_ERROR, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
+    if (got == 0)
         finish_seq(c, s, FINISH_REASON_ERROR, STATUS_INVALID_ARGUMENT,
                    "constraint: no token the model may produce continues the output (the constraint needs a token "
                    "banned here, or its end needs EOS before min_tokens)", 0);
-        return 0;
-    }
-    return 1;
+    return got > 0;
 }
 
 /* ---- lazy constraints (tool calls under tool_choice auto) -------------------------------------- */

@@ -23,9 +23,11 @@
  * its extra draws; its greedy drafts are one-hot and take the path above. */
 #include "conductor_impl.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "draft.h"
+#include "grammar.h"
 
 /* The adaptive rule's constants (docs/speculative.md). */
 #define SPEC_MAX_DRAFT      32  /* --spec-draft's and speculative_n_max's upper bound */
@@ -34,14 +36,15 @@
 #define SPEC_BACKOFF_FIRST  16  /* generated tokens without drafting, the first time */
 #define SPEC_BACKOFF_MAX    256 /* each consecutive backoff doubles, up to this */
 
-/* Whether s may draft this step: decoding (one real token pending), not constrained, not opted
- * out, not on the device-greedy path (its argmax comes from the device, one row per sequence),
- * and past its prompt log-probabilities. Sampling controls, penalties, logit bias, min_tokens and
- * log-probabilities are all honoured row by row by take_token, so they do not matter here. */
+/* Whether s may draft this step: decoding (one real token pending), not opted out, not on the
+ * device-greedy path (its argmax comes from the device, one row per sequence), and past its
+ * prompt log-probabilities. Sampling controls, penalties, logit bias, min_tokens,
+ * log-probabilities and a structured-output constraint are all honoured row by row by take_token
+ * (whose grammar matcher only ever advances by the tokens taken), so they do not matter here. */
 static int can_draft(const struct conductor *c, const struct seq *s)
 {
     const struct request *r = s->req;
-    return s->state == SEQ_RUNNING && s->n_generated >= 1 && s->n_cached == s->n_tokens - 1 && !r->grammar &&
+    return s->state == SEQ_RUNNING && s->n_generated >= 1 && s->n_cached == s->n_tokens - 1 &&
            r->p.speculative != SPECULATIVE_MODE_OFF && (r->p.prompt_logprobs < 0 || r->prompt_lp_sent) &&
            !c->device_greedy;
 }
@@ -75,9 +78,10 @@ static int lookup_draft(const struct seq *s, int ngram, int max, int32_t *out)
 }
 
 /* The draft model's k-th draft of s (k from 0) from its logits row: shaped as the target's row of
- * that position will be (sampling_logits, then the sampler's penalties and filters, with the
- * drafts before it counted as output), then the argmax when greedy, or a draw from that
- * distribution q, which goes to q (vocab) for verification. -1 when the row is not finite. */
+ * that position will be (sampling_logits, the constraint's mask at the matcher's state after the
+ * drafts before it, then the sampler's penalties and filters, with the drafts before it counted
+ * as output), then the argmax when greedy, or a draw from that distribution q, which goes to q
+ * (vocab) for verification. -1 when the row is not finite or the constraint allows nothing. */
 static int32_t draft_pick(struct conductor *c, struct seq *s, const float *row, int k, float *q)
 {
     const struct request *r = s->req;
@@ -86,6 +90,7 @@ static int32_t draft_pick(struct conductor *c, struct seq *s, const float *row, 
     float *lg = c->scratch + V;
     const int n_out = s->n_generated + k;
     sampling_logits(c, s, row, n_out, lg);
+    if (r->grammar && constraint_mask(c, s, lg) <= 0) return -1;
     struct sampling_params sp = r->p.sampling;
     sampler_probs(&c->smp, &sp, lg, r->prompt, r->n_prompt, s->tokens + r->n_prompt, n_out, q);
     int32_t last = 0;
@@ -99,12 +104,29 @@ static int32_t draft_pick(struct conductor *c, struct seq *s, const float *row, 
     return last;
 }
 
-/* The draft model proposes want[i] tokens for each ds[i], one batched draft forward per draft
- * position (the first also catches each slot up with the tokens the draft has not seen). A
- * sampled sequence's draft distributions go to c->spec_q (its row i of slots) and s->spec_q; a
- * greedy one's stay one-hot (NULL). A failed draft forward drops every draft of the step and
- * frees the slots (the target decodes as without speculation). */
-static void propose(struct conductor *c, struct seq **ds, const int *want, int n)
+/* A constrained s's grammar matcher over the drafts: advanced by each draft the draft model
+ * picks (so that the next one is masked at the right state), and rolled back over all of them
+ * once the step's drafts are made, so that verification starts from the state of the real
+ * tokens and advances it only by the tokens it takes (take_chosen): rejected drafts never stay
+ * in it. Returns 0 when the matcher refuses tok (then not advanced). *steps counts the advances. */
+static int matcher_draft(struct seq *s, int32_t tok, int *steps)
+{
+    const struct request *r = s->req;
+    if (!r->grammar || !s->gm || (r->p.constraint_trigger_len && !s->lazy_on)) return 1;
+    if (grammar_matcher_accept(s->gm, tok) != STATUS_OK) return 0;
+    ++*steps;
+    return 1;
+}
+
+/* Undoes matcher_draft's advances of each ds[i] (gm_steps[i] of them). */
+static void matcher_undraft(struct seq **ds, int *gm_steps, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (gm_steps[i]) grammar_matcher_rollback(ds[i]->gm, gm_steps[i]), gm_steps[i] = 0;
+}
+
+/* propose's drafts, with each sequence's matcher advances counted in gm_steps. */
+static void propose_drafts(struct conductor *c, struct seq **ds, const int *want, int n, int *gm_steps)
 {
     const size_t V = (size_t)c->m->cfg.vocab_size;
     const int kmax = c->o.spec_draft < SPEC_MAX_DRAFT ? c->o.spec_draft : SPEC_MAX_DRAFT;
@@ -130,7 +152,7 @@ static void propose(struct conductor *c, struct seq **ds, const int *want, int n
             struct seq *s = run[t];
             float *q = c->spec_q + ((size_t)idx[t] * (size_t)kmax + (size_t)s->n_draft) * V;
             const int32_t tok = draft_pick(c, s, c->draft.logits + (size_t)t * V, s->n_draft, q);
-            if (tok < 0) {
+            if (tok < 0 || !matcher_draft(s, tok, &gm_steps[idx[t]])) {
                 stopped[idx[t]] = 1;
                 continue;
             }
@@ -139,6 +161,20 @@ static void propose(struct conductor *c, struct seq **ds, const int *want, int n
             s->n_draft++;
         }
     }
+}
+
+/* The draft model proposes want[i] tokens for each ds[i], one batched draft forward per draft
+ * position (the first also catches each slot up with the tokens the draft has not seen). A
+ * sampled sequence's draft distributions go to c->spec_q (its row i of slots) and s->spec_q; a
+ * greedy one's stay one-hot (NULL). A constrained sequence's drafts are masked by its grammar
+ * (matcher_draft), whose matcher is back at the real tokens' state on return. A failed draft
+ * forward drops every draft of the step and frees the slots (the target decodes as without
+ * speculation). */
+static void propose(struct conductor *c, struct seq **ds, const int *want, int n)
+{
+    int gm_steps[DRAFT_MAX_SLOTS] = {0};
+    propose_drafts(c, ds, want, n, gm_steps);
+    matcher_undraft(ds, gm_steps, n);
 }
 
 /* Before planning: every sequence's drafts of the last step are gone (take_results consumed the
@@ -221,13 +257,15 @@ static int adapt(struct seq *s, int limit, int n_ver, int n_accepted)
  * draft model's distribution q (vocab) at a row whose target distribution is p (every sampling
  * control applied, sampler_probs): accept d with probability min(1, p(d) / q(d)); otherwise draw
  * from max(0, p - q) renormalised. Either way the token is distributed as p. Draws one uniform,
- * and a second on rejection. Returns the token (s not yet told). */
+ * and a second on rejection. Returns the token (s not yet told), or -1 when s's constraint allows
+ * nothing (s finished with the error, as take_token does). */
 static int32_t verify_sampled(struct conductor *c, struct seq *s, const float *row, int32_t d, const float *q)
 {
     const struct request *r = s->req;
     const int V = c->m->cfg.vocab_size;
     float *p = c->spec_p, *lg = c->scratch + V;
     sampling_logits(c, s, row, s->n_generated, lg);
+    if (r->grammar && !constrain(c, s, lg)) return -1;
     struct sampling_params sp = r->p.sampling;
     sampler_probs(&c->smp, &sp, lg, r->prompt, r->n_prompt, s->tokens + r->n_prompt, s->n_generated, p);
     if ((double)rng_uniform(&s->rng) * q[d] < p[d]) return d; /* q[d] > 0: d was drawn from q */
@@ -245,6 +283,36 @@ static int32_t verify_sampled(struct conductor *c, struct seq *s, const float *r
         if (u < acc) return i;
     }
     return last;
+}
+
+/* SHARDLM_SPEC_CHECK_GRAMMAR (tests/server/test_speculative_grammar.py): after a constrained s
+ * verified drafts, its matcher must be in the state of a run that never drafted. That run's
+ * matcher is kept beside it (s->gm_check), fed only the output's tokens as take_chosen feeds them
+ * (refused tokens, the end ids, leave it as it is); the two must give the same mask, can_end and
+ * is_done, else s finishes with STATUS_INTERNAL naming the difference. Non-lazy constraints only
+ * (a lazy one's matcher starts at its trigger). */
+static void check_matcher(struct conductor *c, struct seq *s)
+{
+    if (!c->spec_check_grammar || s->state != SEQ_RUNNING) return; /* finished: s->req may be gone */
+    const struct request *r = s->req;
+    if (!r->grammar || r->p.constraint_trigger_len || !s->gm) return;
+    if (!s->gm_check && grammar_matcher_new(r->grammar, &s->gm_check) != STATUS_OK) return;
+    for (; s->gm_check_n < s->n_generated; s->gm_check_n++)
+        (void)grammar_matcher_accept(s->gm_check, s->tokens[r->n_prompt + s->gm_check_n]);
+    const int words = grammar_vocab_mask_words(grammar_vocab_of(r->grammar));
+    uint32_t *other = malloc((size_t)words * sizeof *other);
+    if (!other) return;
+    grammar_matcher_fill_mask(s->gm, c->gmask);
+    grammar_matcher_fill_mask(s->gm_check, other);
+    const int same_mask = !memcmp(c->gmask, other, (size_t)words * sizeof *other);
+    free(other);
+    if (!same_mask || grammar_matcher_can_end(s->gm) != grammar_matcher_can_end(s->gm_check) ||
+        grammar_matcher_is_done(s->gm) != grammar_matcher_is_done(s->gm_check))
+        finish_seq(c, s, FINISH_REASON_ERROR, STATUS_INTERNAL,
+                   same_mask ? "speculation: the grammar matcher's end state after verification differs from a run's "
+                               "that never drafted"
+                             : "speculation: the grammar matcher's mask after verification differs from a run's that "
+                               "never drafted", 0);
 }
 
 /* s ran its real token and n_ver of its drafts (rows row[0 .. n_ver]). Row by row the target's
@@ -274,15 +342,17 @@ void take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_v
     for (int i = 0; i <= n_ver; i++) {
         const float *row = rows + (size_t)i * V;
         int32_t tok;
-        if (q && i < n_ver && sampler_logits_finite(row, V) && s->req->p.max_tokens > 0)
-            tok = take_chosen(c, s, row, verify_sampled(c, s, row, draft[i], q + (size_t)i * V));
-        else
+        if (q && i < n_ver && sampler_logits_finite(row, V) && s->req->p.max_tokens > 0) {
+            tok = verify_sampled(c, s, row, draft[i], q + (size_t)i * V);
+            if (tok >= 0) tok = take_chosen(c, s, row, tok);
+        } else
             tok = take_token(c, s, row, -1);
         const int accepted = i < n_ver && tok == draft[i];
         n_accepted += accepted;
         if (s->state != SEQ_RUNNING || !accepted) break; /* finished, or the target's token replaced the draft */
     }
     if (c->draft.m) draft_rollback(&c->draft, s, real_end + n_accepted);
+    check_matcher(c, s);
     const int backoff = adapt(s, limit, n_ver, n_accepted);
     pthread_mutex_lock(&c->mu);
     c->stats.spec_drafted += (uint64_t)n_ver;

@@ -11,7 +11,8 @@
  * sequence longer than ctx stops drafting. The slot's cached length rolls back to the prefix the
  * target accepted (draft_rollback), and draft_run also keeps only the prefix that agrees with the
  * sequence's tokens (drafts never verified): rows past it are written again. Threads: the engine thread
- * only. One rank only (tp = pp = 1; the conductor refuses the rest). */
+ * only. On the first rank of a replica only (at tp / pp > 1 too): the draft runs unsharded there,
+ * and the other ranks see its drafts only as rows of the step plan. */
 #ifndef SHARDLM_DRAFT_H
 #define SHARDLM_DRAFT_H
 

@@ -75,8 +75,9 @@ struct engine_options {
      * decoding sequence appends up to spec_draft tokens (fewer under its adaptive length) that
      * followed the latest earlier occurrence of its last spec_ngram (down to 2) tokens, and the
      * step verifies them by sampling the target's own tokens from their rows; the output's
-     * distribution (and a seeded sample's tokens) do not change. 0 = off. Constrained requests,
-     * those with speculative "off" and the device-greedy path never draft. */
+     * distribution (and a seeded sample's tokens) do not change. 0 = off. Requests with
+     * speculative "off" and the device-greedy path never draft; constrained ones do (their
+     * grammar matcher advances only by the tokens taken). */
     int   spec_draft;
     int   spec_ngram;          /* 0 = 3 */
     int   spec_max_batch;      /* draft only while at most this many sequences run (a full batch
@@ -86,8 +87,8 @@ struct engine_options {
      * the served model's tokenizer (refused at load otherwise), keeps its own KV cache for at most
      * spec_max_batch sequences (draft.h), and proposes spec_draft tokens (0 = 5) a step by
      * sampling under each request's own controls; the target verifies them with the general
-     * rejection rule, so the output's distribution does not change (docs/speculative.md). One
-     * rank per replica (tp = pp = 1; dp any). NULL = none. */
+     * rejection rule, so the output's distribution does not change (docs/speculative.md). At any
+     * tp / pp / dp: on the first rank of each replica only, unsharded. NULL = none. */
     const char *draft_model_dir;
     /* Multi-rank serving (under mpirun): every rank calls engine_create with the same options;
      * rank 0 conducts (requests, scheduler, sampling) and every other rank runs

@@ -359,6 +359,7 @@ void seq_free(struct seq *s)
     free(s->held);
     if (s->detok.tok) detokenizer_free(&s->detok);
     grammar_matcher_free(s->gm);
+    grammar_matcher_free(s->gm_check);
     free(s);
 }
 

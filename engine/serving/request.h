@@ -162,6 +162,9 @@ struct seq {
     struct rng rng;
     struct detokenizer detok;
     struct grammar_matcher *gm;   /* the constraint's state (req->grammar), made at its first token */
+    struct grammar_matcher *gm_check; /* SHARDLM_SPEC_CHECK_GRAMMAR: a matcher fed only the output's
+                                         tokens, never a draft (conductor_speculate.c check_matcher) */
+    int      gm_check_n;          /* output tokens gm_check has been fed */
     int      n_draft;             /* speculation: tokens[n_tokens - n_draft, n_tokens) are drafts
                                      this step verifies (conductor.c speculate) */
     int      grammar_end;         /* the constraint is complete and nothing may follow: stop */

@@ -23,8 +23,8 @@ accepted with probability p/q < 1).
    speculative server must have verified drafts and rejected some.
    Also at dp 2 under mpirun (two replicas, each with its own draft) with the target as draft.
 3. Refusals: a draft with another vocabulary (SmolLM2's GGUF, when present) fails at start-up naming
-   the vocabulary; --draft-model with --speculative ngram is a usage error naming both; at tp 2 the
-   server refuses it by name.
+   the vocabulary; --draft-model with --speculative ngram is a usage error naming both. (tp 2 and
+   pp 2 with a draft: test_speculative_draft_parallel.py.)
 
   test_speculative_draft.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K [--other-vocab GGUF]
 SKIP (77) without the model, numpy, scipy or the Python client.
@@ -124,12 +124,6 @@ def refusals(a, small):
                         "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
     check(p.returncode != 0 and "--draft-model" in p.stderr and "--speculative ngram" in p.stderr,
           f"--draft-model with --speculative ngram refused by name (rc {p.returncode}: {p.stderr.strip()[:160]})")
-    if shutil.which("mpirun"):
-        p = subprocess.run(["mpirun", "--oversubscribe", "-n", "2", a.shardlm, "serve", "--model", a.model, "--tp", "2",
-                            "--draft-model", a.model, "--listen", "127.0.0.1:0", "--threads", "1"],
-                           capture_output=True, text=True, timeout=120)
-        check(p.returncode != 0 and "--draft-model needs replicas of one rank" in p.stderr,
-              f"--draft-model at tp 2 refused by name (rc {p.returncode})")
     if a.other_vocab and os.path.exists(a.other_vocab):
         p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--draft-model", a.other_vocab,
                             "--listen", "127.0.0.1:0", "--threads", "1"], capture_output=True, text=True, timeout=120)

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""`shardlm generate` with speculative decoding (issue 29; docs/speculative.md "shardlm generate"):
+`--speculative draft --draft-model PATH` and `--speculative ngram` run the prompt as one request of
+the serving engine. Greedy stdout (prompt and completion) must equal plain `generate`'s, whose
+one-sequence loop (engine/serving/generate.c) does not speculate, for several prompts: with
+stories260K itself as draft (every draft accepted), with stories260K cut to 2 layers (mostly
+rejected), with prompt lookup, and under mpirun at tp 2 and pp 2 with the 2-layer draft. The
+counts on stderr must show drafts verified (and for the 2-layer draft some rejected). Refusals:
+--speculative draft without --draft-model and --draft-model with --speculative ngram are usage
+errors (exit 2) naming the flags; a draft of another vocabulary fails naming both sizes; serve
+refuses --speculative draft without --draft-model too.
+
+  test_generate_speculative.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K [--other-vocab GGUF]
+SKIP (77) without the model or numpy (the 2-layer draft is written with it).
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SKIP = 77
+sys.dont_write_bytecode = True
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checks import Checks  # noqa: E402
+
+check = Checks()
+PROMPTS = ["Once upon a time", "Tom had a red ball. Tom had a red", "The little dog"]
+MPI = ["mpirun", "--oversubscribe", "-n", "2"]
+
+
+def gen(a, prompt, *extra, launcher=()):
+    p = subprocess.run([*launcher, a.shardlm, "generate", "--model", a.model, "--prompt", prompt, "--max-tokens", "120",
+                        "--threads", "1", *extra], capture_output=True, text=True, timeout=60)
+    m = re.search(r"(\d+) drafts verified, (\d+) accepted", p.stderr)
+    return p.returncode, p.stdout, (int(m.group(1)), int(m.group(2))) if m else None, p.stderr
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--other-vocab")
+    a = ap.parse_args()
+    if not os.path.isdir(a.model):
+        print(f"SKIP: no model at {a.model}")
+        return SKIP
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        print("SKIP: no numpy")
+        return SKIP
+    from test_speculative_draft import draft_copy
+    tmp = Path(tempfile.mkdtemp(prefix="shardlm-gen-spec-"))
+    small = tmp / "stories260K-2layers"
+    draft_copy(Path(a.model), small, 2)
+    arms = [("itself as draft", ["--speculative", "draft", "--draft-model", a.model], ()),
+            ("the 2-layer draft", ["--speculative", "draft", "--draft-model", str(small)], ()),
+            ("prompt lookup", ["--speculative", "ngram"], ())]
+    if shutil.which("mpirun"):
+        arms += [(f"{s} 2, the 2-layer draft", [f"--{s}", "2", "--draft-model", str(small), "--spec-draft", "3"], MPI)
+                 for s in ("tp", "pp")]
+    else:
+        print("note: no mpirun; tp 2 and pp 2 are not checked")
+    for prompt in PROMPTS:
+        rc0, base, _, err0 = gen(a, prompt)
+        check(rc0 == 0 and base.startswith(prompt) and len(base) > len(prompt) + 20,
+              f"plain generate of {prompt!r}: {base[:60]!r} ({err0.strip()[-120:] if rc0 else 'ok'})")
+        for name, extra, launcher in arms:
+            rc, out, counts, err = gen(a, prompt, *extra, launcher=launcher)
+            ok = rc == 0 and out == base and counts is not None and counts[0] > 0
+            if ok and name == "itself as draft":
+                ok = counts[1] == counts[0]
+            check(ok, f"{name}, {prompt!r}: stdout equal to plain generate ({out == base}), drafts verified / "
+                  f"accepted {counts} (rc {rc}{': ' + err.strip()[-200:] if rc else ''})")
+    counts = gen(a, PROMPTS[0], "--draft-model", str(small))[2]  # serve's spelling: --draft-model alone
+    n = counts[0] - counts[1] if counts else 0
+    check(n > 0, f"the 2-layer draft: {n} drafts rejected for {PROMPTS[0]!r} (rejection exercised)")
+    for extra, want in ((["--speculative", "draft"], "--speculative draft needs --draft-model"),
+                        (["--speculative", "ngram", "--draft-model", a.model], "--draft-model cannot be combined"),
+                        (["--speculative", "eagle"], "--speculative must be ngram")):
+        rc, _, _, err = gen(a, "x", *extra)
+        check(rc == 2 and want in err, f"generate {' '.join(extra)}: usage error (rc {rc}) naming it: {want!r}")
+    p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--speculative", "draft", "--listen", "127.0.0.1:0"],
+                       capture_output=True, text=True, timeout=60)
+    check(p.returncode == 2 and "--speculative draft needs --draft-model" in p.stderr,
+          f"serve --speculative draft without --draft-model: usage error (rc {p.returncode})")
+    if a.other_vocab and os.path.exists(a.other_vocab):
+        rc, _, _, err = gen(a, "x", "--speculative", "draft", "--draft-model", a.other_vocab)
+        check(rc != 0 and "vocabulary 49152 vs 512" in err,
+              f"a draft of another vocabulary refused naming both sizes (rc {rc}: "
+              f"{[x for x in err.splitlines() if 'draft' in x][-1:]})")
+    else:
+        print("note: no --other-vocab model; the vocabulary refusal is not checked")
+    return check.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
