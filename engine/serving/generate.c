@@ -2,6 +2,9 @@
 #include "generate.h"
 
 #include <stdlib.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <string.h>
 #include <time.h>
 
@@ -142,6 +145,11 @@ enum status generate_load_tokenizer(const char *model_path, const struct model *
         free(ck->tokenizer_proto);
         ck->tokenizer_proto = NULL;
     }
+#ifdef __GLIBC__
+    /* Building a byte-level BPE from a GGUF parses its vocabulary as JSON (megabytes of cJSON
+     * nodes, freed by now); glibc keeps freed heap pages resident until asked to return them. */
+    malloc_trim(0);
+#endif
 
     return st;
 }

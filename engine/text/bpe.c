@@ -43,17 +43,22 @@ int bpe_cp_to_byte(uint32_t cp)
 
 /* ---- hash tables -------------------------------------------------------------------------- */
 
+/* 16 bytes: a slot of a byte-keyed table keeps only the hash and the id; the key is the id's
+ * own bytes (the table's keys, lens), not a copy of the pointer and length (32-byte slots cost a
+ * 49,152-piece vocabulary 12 MB of tables, 6 now). */
 struct bpe_slot {
-    uint64_t       h;    /* the hash, or the pair key (left << 32 | right) */
-    const uint8_t *key;  /* borrowed bytes, NULL for pairs */
-    uint32_t       n;
-    int32_t        val;  /* id, or rank; -1: empty slot */
-    int32_t        val2; /* merged id of a pair */
+    uint64_t h;    /* the hash, or the pair key (left << 32 | right) */
+    int32_t  val;  /* id, or rank; -1: empty slot */
+    int32_t  val2; /* merged id of a pair */
 };
 
 struct bpe_table {
-    size_t           mask;
-    struct bpe_slot *slots;
+    size_t                 mask;
+    struct bpe_slot       *slots;
+    /* Byte-keyed tables: the key of the slot holding id v is keys[v], lens[v] bytes long (lens
+     * NULL: NUL-terminated). */
+    const uint8_t *const *keys;
+    const uint32_t       *lens;
 };
 
 static uint64_t mix64(uint64_t x)
@@ -79,13 +84,15 @@ static uint64_t hash_bytes(const uint8_t *s, size_t n)
     return mix64(h ^ w ^ ((uint64_t)(n - i) << 56));
 }
 
-static struct bpe_table *table_new(size_t n_entries)
+static struct bpe_table *table_new(size_t n_entries, const uint8_t *const *keys, const uint32_t *lens)
 {
     size_t cap = 16;
     while (cap < 2 * n_entries + 16) cap <<= 1;
     struct bpe_table *t = malloc(sizeof *t);
     if (!t) return NULL;
     t->mask = cap - 1;
+    t->keys = keys;
+    t->lens = lens;
     t->slots = malloc(cap * sizeof *t->slots);
     if (!t->slots) return free(t), NULL;
     for (size_t i = 0; i < cap; i++) t->slots[i].val = -1;
@@ -97,13 +104,22 @@ static void table_free(struct bpe_table *t)
     if (t) free(t->slots), free(t);
 }
 
-/* The slot of key (found, or the empty one where it goes). */
+/* Whether the key of id v is the n bytes at s. */
+static int table_key_is(const struct bpe_table *t, int32_t v, const uint8_t *s, size_t n)
+{
+    const uint8_t *k = t->keys[v];
+    const size_t kn = t->lens ? t->lens[v] : strnlen((const char *)k, n + 1);
+    return kn == n && !memcmp(k, s, n);
+}
+
+/* The slot of key (found, or the empty one where it goes: the caller sets its val to an id whose
+ * key is s). */
 static struct bpe_slot *table_bytes_slot(const struct bpe_table *t, const uint8_t *s, size_t n)
 {
     const uint64_t h = hash_bytes(s, n);
     for (size_t i = h & t->mask;; i = (i + 1) & t->mask) {
         struct bpe_slot *e = &t->slots[i];
-        if (e->val < 0 || (e->h == h && e->n == n && !memcmp(e->key, s, n))) {
+        if (e->val < 0 || (e->h == h && table_key_is(t, e->val, s, n))) {
             e->h = h;
             return e;
         }
@@ -223,7 +239,7 @@ static enum status compile_split(struct bpe *b, struct bpe_split *sp, const char
 enum status bpe_index_pieces(struct bpe *b)
 {
     table_free(b->by_piece);
-    if (!(b->by_piece = table_new((size_t)b->n_vocab)))
+    if (!(b->by_piece = table_new((size_t)b->n_vocab, (const uint8_t *const *)b->pieces, NULL)))
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
     for (int id = 0; id < b->n_vocab; id++) {
         if (b->flags[id] & BPE_PIECE_UNUSED) continue;
@@ -232,7 +248,7 @@ enum status bpe_index_pieces(struct bpe *b)
         if (e->val >= 0 && !(b->flags[id] & BPE_PIECE_ADDED) && !(b->flags[e->val] & BPE_PIECE_ADDED))
             return status_errorf(STATUS_BAD_FORMAT, "%s: model.vocab: ids %d and %d have the same piece \"%.60s\"", b->name,
                                  e->val, id, p);
-        if (e->val < 0) e->key = (const uint8_t *)p, e->n = (uint32_t)strlen(p), e->val = id;
+        if (e->val < 0) e->val = id;
     }
     return STATUS_OK;
 }
@@ -245,7 +261,8 @@ enum status bpe_finish(struct bpe *b)
     enum status s;
     if (b->n_vocab <= 0) return status_errorf(STATUS_BAD_FORMAT, "%s: model.vocab is empty", b->name);
     if (!b->by_piece && (s = bpe_index_pieces(b))) return s;
-    if (!(b->by_bytes = table_new((size_t)b->n_vocab)) || !(b->by_pair = table_new((size_t)b->n_merges)))
+    if (!(b->by_bytes = table_new((size_t)b->n_vocab, (const uint8_t *const *)b->bytes, b->n_bytes)) ||
+        !(b->by_pair = table_new((size_t)b->n_merges, NULL, NULL)))
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
     size_t most = 1;
     for (int id = 0; id < b->n_vocab; id++) {
@@ -262,7 +279,7 @@ enum status bpe_finish(struct bpe *b)
         }
         if (b->flags[id] & BPE_PIECE_MAPPED) {
             struct bpe_slot *f = table_bytes_slot(b->by_bytes, b->bytes[id], b->n_bytes[id]);
-            if (f->val < 0) f->key = b->bytes[id], f->n = b->n_bytes[id], f->val = id;
+            if (f->val < 0) f->val = id;
             if (b->n_bytes[id] == 1 && b->byte_id[b->bytes[id][0]] < 0) b->byte_id[b->bytes[id][0]] = id;
         }
         const size_t covers = (b->flags[id] & BPE_PIECE_ADDED) ? strlen(p) : b->n_bytes[id];
