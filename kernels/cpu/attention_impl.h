@@ -45,24 +45,32 @@ struct attn_kernels {
     attn_exp_sum_fn    exp_sum;
 };
 
-/* The bodies of max and exp_sum, written for the compiler to vectorise; each implementation
- * wraps them in a function built for its own instruction set (the sum's order is the vector
- * width's, so it differs between implementations by rounding only). */
+/* The bodies of max and exp_sum, written for the compiler to vectorise without pragmas (clang
+ * refuses, under -Werror, an `omp simd` loop it cannot vectorise): eight partial results that
+ * the compiler keeps in one vector, combined at the end. Each implementation wraps them in a
+ * function built for its own instruction set; the order of the sum is fixed (the same in every
+ * implementation), the exponentials differ by vector width only in rounding. */
 __attribute__((always_inline)) static inline float attn_max_body(const float *s, int n, float m)
 {
-    #pragma omp simd reduction(max : m)
-    for (int i = 0; i < n; i++) m = s[i] > m ? s[i] : m;
+    float part[8];
+    for (int j = 0; j < 8; j++) part[j] = m;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) part[j] = s[i + j] > part[j] ? s[i + j] : part[j];
+    for (int j = 0; j < 8; j++) m = part[j] > m ? part[j] : m;
+    for (; i < n; i++) m = s[i] > m ? s[i] : m;
     return m;
 }
 
 __attribute__((always_inline)) static inline float attn_exp_sum_body(float *s, int n, float m)
 {
-    float sum = 0.0f;
-    #pragma omp simd reduction(+ : sum)
-    for (int i = 0; i < n; i++) {
-        s[i] = cpu_exp(s[i] - m);
-        sum += s[i];
-    }
+    for (int i = 0; i < n; i++) s[i] = cpu_exp(s[i] - m);
+    float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, sum = 0.0f;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) part[j] += s[i + j];
+    for (int j = 0; j < 8; j++) sum += part[j];
+    for (; i < n; i++) sum += s[i];
     return sum;
 }
 
