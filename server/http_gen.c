@@ -55,6 +55,7 @@ void http_gen_unref(struct http_gen *g)
      * drain cut it short, or it was resumed and nobody has fetched it (the retention sweep
      * ends those: http_resume.c). */
     if (g->journaled && !g->drained && (!g->resumed || g->delivered)) journal_end(s->journal, g->id);
+    http_resume_release(g);
     journal_entry_free(&g->log);
     free(g->subs);
     for (int i = 0; i < g->n_samples; i++) sample_buf_free(&g->samples[i]);
@@ -428,7 +429,8 @@ enum status http_gen_submit(struct server *s, struct http_request *q, int fd, co
     enum status st = http_gen_prepare(s, q, fd, id, &g);
     *out = NULL;
     if (st != STATUS_OK) return st;
-    if (s->journal && !g->q.anthropic && !g->q.responses && (st = journal_accept_gen(g, body, body_len)) != STATUS_OK) {
+    if (s->journal && !g->q.anthropic && !g->q.responses &&
+        ((st = http_resume_claim(s, g)) != STATUS_OK || (st = journal_accept_gen(g, body, body_len)) != STATUS_OK)) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", status_message());
         http_gen_unref(g);

@@ -199,6 +199,8 @@ struct http_gen {
     struct http_run *subs;       /* resumed: (n_subs) one engine request per unfinished sample */
     int             n_subs;
     struct http_gen *next_resumed;
+    struct http_gen *live_prev, *live_next; /* s->live, while in_live */
+    int             in_live;
 };
 
 /* http_gen.c: one engine event into g's buffers (and the journal when g is journaled and
@@ -211,6 +213,11 @@ enum status http_gen_prepare(struct server *s, struct http_request *q, int fd, c
 /* http_resume.c: opens opts.journal_dir (s->journal) and keeps its open requests for
  * http_resume_all; errors name the directory. */
 enum status http_journal_open(struct server *s);
+/* http_resume.c: takes g's id for a journaled first-run request (s->live) until
+ * http_resume_release: STATUS_ALREADY_EXISTS when a running or resumed request has it (an
+ * Idempotency-Key sent twice while its first request runs). */
+enum status http_resume_claim(struct server *s, struct http_gen *g);
+void        http_resume_release(struct http_gen *g);
 /* http_resume.c: resumes the journal's open requests (after the engine is ready, before it
  * serves): each is rebuilt and its unfinished samples resubmitted. */
 void        http_resume_all(struct server *s);

@@ -287,6 +287,46 @@ bad:
                          state);
 }
 
+/* The running first-run request with this id, or NULL; with s->resumed_mu held. */
+static struct http_gen *live_find(struct server *s, const char *key)
+{
+    struct http_gen *g = s->live;
+    while (g && strcmp(g->id, key)) g = g->live_next;
+    return g;
+}
+
+enum status http_resume_claim(struct server *s, struct http_gen *g)
+{
+    pthread_mutex_lock(&s->resumed_mu);
+    struct http_gen *r = s->resumed;
+    while (r && strcmp(r->id, g->id)) r = r->next_resumed;
+    const int taken = r || live_find(s, g->id);
+    if (!taken) {
+        g->live_next = s->live, g->live_prev = NULL;
+        if (s->live) s->live->live_prev = g;
+        s->live = g;
+        g->in_live = 1;
+    }
+    pthread_mutex_unlock(&s->resumed_mu);
+    if (taken)
+        return status_errorf(STATUS_ALREADY_EXISTS,
+                             "Idempotency-Key %s: a request with this key is running (sent twice, on two connections); "
+                             "its answer goes to the first connection", g->id);
+    return STATUS_OK;
+}
+
+void http_resume_release(struct http_gen *g)
+{
+    if (!g->in_live) return;
+    struct server *s = g->s;
+    pthread_mutex_lock(&s->resumed_mu);
+    if (g->live_prev) g->live_prev->live_next = g->live_next;
+    else s->live = g->live_next;
+    if (g->live_next) g->live_next->live_prev = g->live_prev;
+    g->in_live = 0;
+    pthread_mutex_unlock(&s->resumed_mu);
+}
+
 enum status http_resume_attach(struct server *s, const char *key, const char *state, int fd, struct http_gen **out)
 {
     *out = NULL;
@@ -294,8 +334,13 @@ enum status http_resume_attach(struct server *s, const char *key, const char *st
     struct http_gen *gone = sweep(s), *g = s->resumed;
     while (g && strcmp(g->id, key)) g = g->next_resumed;
     if (g) atomic_fetch_add(&g->refs, 1);
+    const int live = !g && live_find(s, key);
     pthread_mutex_unlock(&s->resumed_mu);
     unref_all(gone);
+    if (live) /* a first-run request is answered on its own connection only (it ends when that goes) */
+        return status_errorf(STATUS_FAILED_PRECONDITION,
+                             "request %s is running and answered on the connection that sent it: it can be "
+                             "taken over only after a server restart", key);
     if (!g) return status_errorf(STATUS_NOT_FOUND, "no journaled request %s", key);
     pthread_mutex_lock(&g->mu);
     if (g->attached) {

@@ -261,8 +261,10 @@ struct server {
     struct journal       *journal;              /* serve --journal (journal.h); NULL: off */
     struct journal_entry *journal_pending;      /* its open requests, until http_resume_all */
     int                   n_journal_pending;
-    pthread_mutex_t       resumed_mu;           /* guards resumed */
+    pthread_mutex_t       resumed_mu;           /* guards resumed and live */
     struct http_gen      *resumed;              /* gens rebuilt from the journal, until delivered */
+    struct http_gen      *live;                 /* journaled first-run gens, until they are freed:
+                                                   their ids (Idempotency-Keys) are taken */
     char                  boot_id[16];          /* hex, new at every start: journaled ids are unique */
     char                  model_id[256];        /* the served model's name (its directory's or
                                                    file's): the base in requests' adapter / model */

@@ -17,7 +17,8 @@ stories260K under --batch-invariant. Groups:
              SIGKILLed and restarted on the same port mid-answer: the chunks it yields equal the
              uninterrupted answer's, without the caller doing anything
   errors     Last-Event-ID / Idempotency-Key without --journal (400 naming it), on /v1/messages,
-             malformed, unknown (404); --journal without --http, an unusable directory (exit 1);
+             malformed, unknown (404), an Idempotency-Key or Last-Event-ID naming a request that
+             runs on another connection (409); --journal without --http, an unusable directory (exit 1);
              --journal-retain: an answer nobody fetched is forgotten
 Reference answers come from a server that is never interrupted; no expected text is written here.
 
@@ -308,6 +309,36 @@ def group_torn(shardlm, model, work):
     check(s.done, "the request before the cut record finishes")
 
 
+def live_key(port):
+    """An Idempotency-Key sent again while its first request runs (its stream open, unread) is
+    409, not a second request under the same id; so is a Last-Event-ID naming a running
+    first-run request (404 would say it does not exist). Once the first has ended, the key makes a
+    new request."""
+    body = dict(prompt="The cat sat", max_tokens=300, temperature=1.0, seed=3, stream=True)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        c.request("POST", "/v1/completions", json.dumps(body),
+                  {"Content-Type": "application/json", "Idempotency-Key": "dup-1"})
+        r = c.getresponse()
+        first = r.readline().decode()  # its first SSE line: the request runs
+        check(r.status == 200 and first.startswith("id: dup-1;"), f"a keyed stream starts: {r.status} {first[:60]!r}")
+        code, _, text = post(port, "/v1/completions", body, {"Idempotency-Key": "dup-1"})
+        check(code == 409 and "dup-1" in text and "running" in text,
+              f"the same Idempotency-Key while its request runs: {code} {text[:200]}")
+        code, _, text = post(port, "/v1/completions", body, {"Last-Event-ID": "dup-1;-"})
+        check(code == 409 and "dup-1" in text, f"a Last-Event-ID naming a running first-run request: {code} {text[:200]}")
+        rest = r.read().decode()
+        check(rest.rstrip().endswith("data: [DONE]"), "the first connection gets its whole stream")
+    finally:
+        c.close()
+    for _ in range(100):  # the first request is freed once its connection is done with it
+        code, _, text = post(port, "/v1/completions", dict(body, stream=False, max_tokens=4), {"Idempotency-Key": "dup-1"})
+        if code != 409:
+            break
+        time.sleep(0.05)
+    check(code == 200 and json.loads(text)["id"] == "dup-1", f"the key after its request ended: a new request: {code} {text[:160]}")
+
+
 def group_errors(shardlm, model, work):
     with TS.Server(shardlm, model, name="nojournal", http=True) as srv:
         code, _, text = post(srv.http_port, "/v1/completions", dict(prompt="a", max_tokens=2),
@@ -325,6 +356,7 @@ def group_errors(shardlm, model, work):
             check(code == 400 and "Last-Event-ID" in text, f"malformed Last-Event-ID {bad[:20]!r}: {code}")
         code, _, text = post(p, "/v1/completions", dict(prompt="a", max_tokens=2), {"Last-Event-ID": "cmpl-none;-"})
         check(code == 404 and "no journaled request" in text, f"an unknown Last-Event-ID: {code}")
+        live_key(p)
         # A request left undelivered over a restart is forgotten after --journal-retain.
         left = Stream("/v1/completions", dict(prompt="a", max_tokens=400, seed=1, temperature=1.0, stream=True))
         th = threading.Thread(target=left.read, args=(p, 3))
