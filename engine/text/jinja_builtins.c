@@ -23,7 +23,7 @@ struct jargs {
 
 static struct jv *arg(const struct jargs *a, int pos, const char *name)
 {
-    if (pos < a->n_args) return &a->args[pos];
+    if (pos >= 0 && pos < a->n_args) return &a->args[pos];
     for (int i = 0; name && i < a->n_kw; i++)
         if (!strcmp(a->kw_names[i], name)) return &a->kw_vals[i];
     return NULL;
@@ -664,7 +664,13 @@ static int str_method(struct jstate *st, struct jv s, const char *m, const struc
                 if (j >= s.u.s.n) jfail(st, STATUS_INVALID_ARGUMENT, "format: unmatched '{'");
                 struct jv *x = NULL;
                 if (j == i + 1) x = arg(a, next++, NULL);
-                else if (s.u.s.p[i + 1] >= '0' && s.u.s.p[i + 1] <= '9') x = arg(a, 1 + atoi(s.u.s.p + i + 1), NULL);
+                else if (s.u.s.p[i + 1] >= '0' && s.u.s.p[i + 1] <= '9') {
+                    /* A field number: its digits, bounded (atoi's overflow read before args). */
+                    long pos = 0;
+                    for (size_t d = i + 1; d < j && s.u.s.p[d] >= '0' && s.u.s.p[d] <= '9' && pos <= a->n_args; d++)
+                        pos = pos * 10 + (s.u.s.p[d] - '0');
+                    x = arg(a, (int)(1 + pos), NULL);
+                }
                 else {
                     char key[64];
                     snprintf(key, sizeof(key), "%.*s", (int)(j - i - 1), s.u.s.p + i + 1);
