@@ -82,6 +82,21 @@ size_t quant_matmul_scratch_bytes(enum quant_type type, int64_t m, int64_t k);
 void quant_matmul(enum quant_type type, float *y, const float *x, const void *w, int64_t m,
                   int64_t n, int64_t k, void *scratch, int n_threads);
 
+/* ---- eight rows packed together (decode's layout; kernels/cpu/quant_packed.c) ----
+ * Q4_0, Q4_1 and Q8_0 weights with n a multiple of 8 can be regrouped eight rows at a time
+ * (the same bytes, the same size: n * quant_row_bytes(type, k)), so that a decode step reads each
+ * block's eight scales as one vector and each word of x once for eight rows. The product over
+ * the packed copy gives the same bits as quant_matmul over the rows as stored: these three
+ * types sum in one order in every implementation and layout (kernels/cpu/quant_impl.h). */
+int  quant_packable(enum quant_type type, int64_t n, int64_t k);
+/* dst (n * quant_row_bytes(type, k) bytes) = W (n, k) packed; CHECK unless quant_packable. */
+void quant_pack_rows8(enum quant_type type, void *dst, const void *w, int64_t n, int64_t k);
+/* Row j of a packed W in f32: the bits quant_dequantize_row gives for the row as stored. */
+void quant_dequantize_row_packed(enum quant_type type, const void *wp, int64_t j, float *dst, int64_t k);
+/* quant_matmul with W packed (wp); the same contract and the same bits. */
+void quant_matmul_packed(enum quant_type type, float *y, const float *x, const void *wp, int64_t m, int64_t n,
+                         int64_t k, void *scratch, int n_threads);
+
 /* ---- implementations (tests, benchmarks) ---- */
 const char     *quant_impl_name(enum quant_impl impl);    /* "scalar", "avx2", "avx512vnni" */
 /* 1 when impl was compiled into this build and this CPU runs it. */
@@ -96,6 +111,10 @@ void quant_dequantize_row_impl(enum quant_impl impl, enum quant_type type, const
 void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, const float *x,
                        const void *w, int64_t m, int64_t n, int64_t k, void *scratch,
                        int n_threads);
+
+/* quant_matmul_packed with the given implementation, which must be available (CHECK). */
+void quant_matmul_packed_impl(enum quant_impl impl, enum quant_type type, float *y, const float *x,
+                              const void *wp, int64_t m, int64_t n, int64_t k, void *scratch, int n_threads);
 
 #ifdef __cplusplus
 }

@@ -54,7 +54,24 @@ struct tensor {
     enum device device;
     int         ndim;
     int64_t     shape[TENSOR_MAX_DIMS];
+    /* CPU weights of Q4_0, Q4_1 or Q8_0: the same blocks packed eight rows at a time
+     * (quant_pack_rows8, kernels/quant.h) for the products, or NULL. Set by model loading;
+     * tensor_packed says whether it still describes this view. */
+    const void *packed;
+    const void *packed_of;   /* the data it was packed from */
+    int64_t     packed_rows, packed_cols;
 };
+
+/* t's packed copy, or NULL when it has none or t is another view of the same memory (a struct
+ * copied and then moved or narrowed keeps the fields, but not the data and shape they were
+ * packed for). */
+static inline const void *tensor_packed(const struct tensor *t)
+{
+    return t->packed && t->packed_of == t->data && t->ndim == 2 && t->shape[0] == t->packed_rows &&
+                   t->shape[1] == t->packed_cols
+               ? t->packed
+               : NULL;
+}
 
 size_t      dtype_size(enum dtype t);   /* bytes per element; CHECK for block dtypes */
 const char *dtype_name(enum dtype t);

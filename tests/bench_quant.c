@@ -75,6 +75,13 @@ static void run_quant(void *p)
     quant_matmul_impl(c->impl, c->type, c->y, c->x, c->w, c->m, c->n, c->k, c->scratch, c->threads);
 }
 
+/* The same product over the weights packed eight rows at a time (c->w packed). */
+static void run_quant_packed(void *p)
+{
+    struct quant_ctx *c = p;
+    quant_matmul_packed_impl(c->impl, c->type, c->y, c->x, c->w, c->m, c->n, c->k, c->scratch, c->threads);
+}
+
 struct f32_ctx {
     struct backend *b;
     struct tensor   y, x, w;
@@ -127,7 +134,7 @@ static void bench_shape(const struct bench *bn, struct backend *b, const char *l
             const double ta = time_best(bn, run_f32, &oc);
             snprintf(amx_note, sizeof amx_note, ", with AMX %8.1f us (%5.2fx)", ta * 1e6, t_f32 / ta);
         }
-        char extra[64] = "";
+        char extra[160] = "";
         if (best == QUANT_IMPL_AVX512_VNNI && quant_block_size(t) == 32) {
             qc.impl = QUANT_IMPL_AVX2;
             snprintf(extra, sizeof extra, "  (avx2 %7.1f us)", time_best(bn, run_quant, &qc) * 1e6);
@@ -168,7 +175,7 @@ static void run_read(void *p)
 static void bench_lm_head(const struct bench *bn, int threads)
 {
     const int64_t n = 262144, k = 640;
-    static const enum quant_type lm_types[] = {QUANT_TYPE_Q8_0, QUANT_TYPE_Q5_0, QUANT_TYPE_Q4_0};
+    static const enum quant_type lm_types[] = {QUANT_TYPE_Q8_0, QUANT_TYPE_Q5_0, QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1};
     float *x = malloc((size_t)k * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
     for (int64_t i = 0; i < k; i++) x[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
     for (size_t ti = 0; ti < sizeof lm_types / sizeof lm_types[0]; ti++) {
@@ -180,10 +187,20 @@ static void bench_lm_head(const struct bench *bn, int threads)
         struct quant_ctx qc = {quant_impl_best(), t, y, x, w, scratch, 1, n, k, threads};
         struct read_ctx rc = {(const uint64_t *)w, wbytes / 8};
         const double tr = time_best(bn, run_read, &rc), tq = time_best(bn, run_quant, &qc);
-        char extra[64] = "";
+        char extra[160] = "";
         if (qc.impl == QUANT_IMPL_AVX512_VNNI) {
             qc.impl = QUANT_IMPL_AVX2;
             snprintf(extra, sizeof extra, " (avx2 %.1f us)", time_best(bn, run_quant, &qc) * 1e6);
+        }
+        if (quant_packable(t, n, k)) { /* decode's layout (quant_pack_rows8) */
+            uint8_t *wp = malloc(wbytes);
+            quant_pack_rows8(t, wp, w, n, k);
+            qc.impl = quant_impl_best(), qc.w = wp;
+            const double tp = time_best(bn, run_quant_packed, &qc);
+            const size_t used = strlen(extra);
+            snprintf(extra + used, sizeof extra - used, " (packed %.1f us: %.2fx, kernel / read %.2f)", tp * 1e6,
+                     tq / tp, tr / tp);
+            free(wp);
         }
         printf("gemma lm_head   m=1   k=%-5lld n=%-6lld threads %d: %-5s %s %8.1f us%s %6.1f GB/s; plain "
                "read of %.0f MB %6.1f GB/s (1 thread); kernel / read %.2f\n", (long long)k, (long long)n,

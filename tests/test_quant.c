@@ -425,6 +425,55 @@ static void check_backend_ops(struct backend *b, int n_threads, enum quant_type 
     free(w);
 }
 
+/* The packed layout (quant_pack_rows8) of Q4_0, Q4_1 and Q8_0: its product gives the stored
+ * product's bits in every implementation, thread count and row count of x; every implementation
+ * gives the same bits (the block-exact order, kernels/cpu/quant_impl.h), and a row of x gives the
+ * same bits alone as among others; a row dequantized from the packed copy is the stored row's. */
+static void check_packed(enum quant_type t)
+{
+    const int64_t n = 40, k = 9 * 32, row = (int64_t)quant_row_bytes(t, k);
+    uint8_t *w = malloc((size_t)(n * row)), *wp = malloc((size_t)(n * row));
+    fill_blocks(t, w, n * row / (int64_t)quant_block_bytes(t));
+    quant_pack_rows8(t, wp, w, n, k);
+    int ok_mm = 1, ok_impl = 1, ok_rows = 1, ok_deq = 1, n_runs = 0;
+    static const int64_t ms[] = {1, 3, 5, 17};
+    float *x = malloc((size_t)(17 * k) * sizeof *x), *ref = malloc((size_t)(17 * n) * sizeof *ref);
+    float *y = malloc((size_t)(17 * n) * sizeof *y), *first = malloc((size_t)(17 * n) * sizeof *first);
+    for (int64_t i = 0; i < 17 * k; i++) x[i] = (float)(rnd_uniform() * 4 - 2);
+    for (int im = 0; im < 4; im++) {
+        const int64_t m = ms[im];
+        int have_first = 0;
+        for (int impl = 0; impl < QUANT_IMPL_COUNT; impl++) {
+            if (!quant_impl_available((enum quant_impl)impl)) continue;
+            for (int nt = 1; nt <= 2; nt++) {
+                quant_matmul_impl((enum quant_impl)impl, t, ref, x, w, m, n, k, NULL, nt);
+                quant_matmul_packed_impl((enum quant_impl)impl, t, y, x, wp, m, n, k, NULL, nt);
+                ok_mm &= memcmp(y, ref, (size_t)(m * n) * sizeof *y) == 0;
+                if (!have_first) memcpy(first, ref, (size_t)(m * n) * sizeof *ref), have_first = 1;
+                ok_impl &= memcmp(first, ref, (size_t)(m * n) * sizeof *ref) == 0;
+                n_runs++;
+            }
+        }
+        /* Each row of x alone (m = 1, the row path) against the same row among m. */
+        for (int64_t i = 0; i < m; i++) {
+            quant_matmul(t, y, x + i * k, w, 1, n, k, NULL, 1);
+            ok_rows &= memcmp(y, first + i * n, (size_t)n * sizeof *y) == 0;
+        }
+    }
+    float *a = malloc((size_t)k * sizeof *a), *b = malloc((size_t)k * sizeof *b);
+    for (int64_t j = 0; j < n; j++) {
+        quant_dequantize_row(t, w + j * row, a, k);
+        quant_dequantize_row_packed(t, wp, j, b, k);
+        ok_deq &= memcmp(a, b, (size_t)k * sizeof *a) == 0;
+    }
+    check(ok_mm && ok_impl && ok_rows && ok_deq && n_runs >= 8,
+          "%s packed eight rows at a time (n %lld, k %lld, m 1/3/5/17, 1 and 2 threads, %d runs): packed product == "
+          "stored product %s, every implementation the same bits %s, a row alone == among others %s, rows dequantized "
+          "from the packed copy == stored %s", quant_type_name(t), (long long)n, (long long)k, n_runs,
+          ok_mm ? "ok" : "WRONG", ok_impl ? "ok" : "WRONG", ok_rows ? "ok" : "WRONG", ok_deq ? "ok" : "WRONG");
+    free(a), free(b), free(x), free(ref), free(y), free(first), free(w), free(wp);
+}
+
 int main(void)
 {
     snprintf(tmp_path, sizeof tmp_path, "/tmp/test_quant_%d.gguf", (int)getpid());
@@ -434,6 +483,12 @@ int main(void)
               quant_row_bytes(QUANT_TYPE_Q8_0, 640) == 20 * 34 && quant_block_size(1) == 0,
           "geometry: supported types, block sizes and row bytes");
     for (int i = 0; i < N_TYPES; i++) check_type(types[i]);
+    check_packed(QUANT_TYPE_Q4_0);
+    check_packed(QUANT_TYPE_Q4_1);
+    check_packed(QUANT_TYPE_Q8_0);
+    check(!quant_packable(QUANT_TYPE_Q5_0, 8, 32) && !quant_packable(QUANT_TYPE_Q4_K, 8, 256) &&
+              !quant_packable(QUANT_TYPE_Q4_1, 12, 32) && quant_packable(QUANT_TYPE_Q8_0, 16, 64),
+          "quant_packable: Q4_0, Q4_1 and Q8_0 with rows in eights only");
     /* k == 0: y is zeroed; m == 0 or n == 0: nothing is written. */
     float y[3] = {1, 2, 3};
     quant_matmul(QUANT_TYPE_Q8_0, y, NULL, NULL, 1, 2, 0, NULL, 1);

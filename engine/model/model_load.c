@@ -8,6 +8,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "model.h"
 #include "moe.h"
@@ -104,6 +106,33 @@ static void shard_of(const struct model *m, enum weight_kind kind, int *rank, in
     *size = experts && m->ep_size > 1 ? m->ep_size : m->tp_size;
 }
 
+/* Decode's layout (kernels/quant.h, quant_pack_rows8): a Q4_0, Q4_1 or Q8_0 weight served from
+ * the mapping gets a copy packed eight rows at a time, which every CPU product reads (the same
+ * bits as the stored rows); the mapped pages are then given back (MADV_DONTNEED: they come back
+ * from the file if something reads the stored rows, as an embedding lookup of a tied head does),
+ * so the weight stays resident once. Weights copied to the heap (slices across their rows at
+ * tp > 1) are not packed: both copies would stay. SHARDLM_CPU_PACK=0 turns it off (benchmarks,
+ * tests of the stored path). */
+static enum status pack_mapped(struct model *m, struct tensor *t)
+{
+    const char *env = getenv("SHARDLM_CPU_PACK");
+    if (!dtype_is_quant(t->dtype) || t->ndim != 2 || (env && !strcmp(env, "0"))) return STATUS_OK;
+    const enum quant_type qt = (enum quant_type)dtype_quant_type(t->dtype);
+    if (!quant_packable(qt, t->shape[0], t->shape[1])) return STATUS_OK;
+    const size_t bytes = tensor_nbytes(t);
+    void *p = NULL;
+    enum status st = backend_alloc(m->b, bytes, &p);
+    if (st == STATUS_OK && (st = own(m, p)) != STATUS_OK) backend_free(m->b, p);
+    if (st != STATUS_OK) return st;
+    quant_pack_rows8(qt, p, t->data, t->shape[0], t->shape[1]);
+    t->packed = p, t->packed_of = t->data, t->packed_rows = t->shape[0], t->packed_cols = t->shape[1];
+    m->weight_bytes_packed += bytes;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)t->data;
+    const uintptr_t lo = (a + page - 1) / page * page, hi = (a + bytes) / page * page;
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* an optimisation: failing costs memory only */
+    return STATUS_OK;
+}
+
 /* Loads one weight slice into *t on the model's device, refusing NaN and Inf. */
 static enum status load_weight(struct model *m, struct staging *stg, enum weight_kind kind,
                                int layer, struct tensor *t)
@@ -134,7 +163,8 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
         if (st != STATUS_OK) return st;
         t->data = (void *)hw.data;
         m->weight_bytes_mapped += hw.nbytes;
-        return check_finite(stg->dir, kind, layer, dt, hw.data, hw.nbytes, hw.ndim == 2 ? hw.shape[1] : hw.shape[0]);
+        st = check_finite(stg->dir, kind, layer, dt, hw.data, hw.nbytes, hw.ndim == 2 ? hw.shape[1] : hw.shape[0]);
+        return st == STATUS_OK ? pack_mapped(m, t) : st;
     }
     void *dev = NULL;
     if ((st = backend_alloc(b, hw.nbytes, &dev)) != STATUS_OK) return st;
@@ -405,11 +435,12 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     if ((st = load_rope_factors(m)) != STATUS_OK) goto fail;
     free(stg.buf);
     LOG_INFO("model", "loaded %s: %d layers [%d, %d) of %d, tp %d/%d, ep %d/%d (experts [%d, %d)), %s, %.1f MiB of weights (%.1f MiB mapped zero-copy, "
-             "%.1f MiB as quantized blocks)",
+             "%.1f MiB as quantized blocks, %.1f MiB of them packed for the CPU)",
              c->architecture, m->n_layers_local, m->layer_first, m->layer_first + m->n_layers_local,
              c->n_layers, tp_rank, tp_size, ep_rank, ep_size, m->expert_first, m->expert_first + m->n_experts_local,
              dtype_name(m->dtype), (double)m->weight_bytes / 1048576.0,
-             (double)m->weight_bytes_mapped / 1048576.0, (double)m->weight_bytes_blocks / 1048576.0);
+             (double)m->weight_bytes_mapped / 1048576.0, (double)m->weight_bytes_blocks / 1048576.0,
+             (double)m->weight_bytes_packed / 1048576.0);
     *out = m;
     return STATUS_OK;
 fail:

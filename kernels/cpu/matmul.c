@@ -169,8 +169,10 @@ static void widen_rows(float *wf, const struct tensor *w, int64_t j0, int64_t nb
     if (dtype_is_quant(w->dtype)) {
         const enum quant_type qt = (enum quant_type)dtype_quant_type(w->dtype);
         const size_t row = quant_row_bytes(qt, k);
+        const void *packed = tensor_packed(w); /* read what decode reads: the stored rows stay cold */
         for (int64_t i = 0; i < nb; i++)
-            quant_dequantize_row(qt, (const char *)w->data + (size_t)(j0 + i) * row, wf + i * k, k);
+            if (packed) quant_dequantize_row_packed(qt, packed, j0 + i, wf + i * k, k);
+            else quant_dequantize_row(qt, (const char *)w->data + (size_t)(j0 + i) * row, wf + i * k, k);
     } else {
         dtype_convert(wf, DTYPE_F32, (const char *)w->data + (size_t)(j0 * k) * dtype_size(w->dtype),
                       w->dtype, (size_t)(nb * k));
@@ -188,7 +190,9 @@ static void matmul_quant(struct backend *b, const struct tensor *y, const struct
     const enum quant_type qt = (enum quant_type)dtype_quant_type(w->dtype);
     const size_t floats = (quant_matmul_scratch_bytes(qt, m, k) + sizeof(float) - 1) / sizeof(float);
     void *scratch = cpu_scratch(b, (floats + (size_t)b->n_threads - 1) / (size_t)b->n_threads);
-    quant_matmul(qt, y->data, x->data, w->data, m, n, k, scratch, b->n_threads);
+    const void *packed = tensor_packed(w);
+    if (packed) quant_matmul_packed(qt, y->data, x->data, packed, m, n, k, scratch, b->n_threads);
+    else quant_matmul(qt, y->data, x->data, w->data, m, n, k, scratch, b->n_threads);
     if (bias) add_bias(y->data, bias, m, n);
 }
 
@@ -228,6 +232,9 @@ static void matmul_amx(float *yf, const float *xf, uint16_t *xv, float *w_all,
             for (int64_t i = 0; i < nb; i++) {
                 if (w->dtype == DTYPE_BF16) {
                     memcpy(wb + i * k, src + (size_t)i * row_bytes, row_bytes);
+                } else if (tensor_packed(w)) {
+                    quant_dequantize_row_packed(qt, tensor_packed(w), j0 + i, row, k);
+                    cpu_amx_round_rows(wb + i * k, row, k);
                 } else {
                     quant_dequantize_row(qt, src + (size_t)i * row_bytes, row, k);
                     cpu_amx_round_rows(wb + i * k, row, k);

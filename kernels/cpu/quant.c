@@ -211,6 +211,52 @@ void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, con
     free(owned);
 }
 
+void quant_matmul_packed_impl(enum quant_impl impl, enum quant_type type, float *y, const float *x,
+                              const void *wp, int64_t m, int64_t n, int64_t k, void *scratch, int n_threads)
+{
+    const int slot = slot_of(type);
+    CHECK(slot >= 0 && m >= 0 && quant_packable(type, n, k) && n_threads >= 1,
+          "quant_matmul_packed: %s with m %lld, n %lld, k %lld, %d threads", quant_type_name(type), (long long)m,
+          (long long)n, (long long)k, n_threads);
+    const struct quant_kernels *kt = kernels_of(impl);
+    CHECK(kt && kt->packed8[slot], "quant_matmul_packed: implementation %s is not available here", quant_impl_name(impl));
+    if (m == 0) return;
+    const int64_t nb = k / QK;
+    const size_t xq_row = act_row_bytes(QK, k), group = (size_t)nb * quant_block_bytes(type) * 8;
+    void *owned = NULL;
+    if (!scratch) {
+        scratch = owned = malloc((size_t)m * xq_row);
+        CHECK(scratch, "quant_matmul_packed: out of memory for %zu bytes of scratch", (size_t)m * xq_row);
+    }
+    const quant_packed8_fn packed8 = kt->packed8[slot];
+    const quant_act_fn act = kt->act_q8;
+    uint8_t *xq = scratch;
+    const uint8_t *wb = wp;
+    const int nt = (double)m * (double)n * (double)k >= QUANT_PARALLEL_MIN ? n_threads : 1;
+
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < m; i++) act(x + i * k, xq + (size_t)i * xq_row, nb);
+        /* Two groups (16 rows of y, a line of f32) per unit, every row of x over them while
+         * they are in L1. */
+        #pragma omp for schedule(static)
+        for (int64_t j0 = 0; j0 < n; j0 += ROW_TILE) {
+            const int64_t j1 = j0 + ROW_TILE < n ? j0 + ROW_TILE : n;
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = j0; j < j1; j += 8)
+                    packed8(nb, wb + (size_t)(j / 8) * group, xq + (size_t)i * xq_row, y + i * n + j);
+        }
+    }
+    free(owned);
+}
+
+void quant_matmul_packed(enum quant_type type, float *y, const float *x, const void *wp, int64_t m, int64_t n,
+                         int64_t k, void *scratch, int n_threads)
+{
+    quant_matmul_packed_impl(quant_impl_best(), type, y, x, wp, m, n, k, scratch, n_threads);
+}
+
 void quant_matmul(enum quant_type type, float *y, const float *x, const void *w, int64_t m,
                   int64_t n, int64_t k, void *scratch, int n_threads)
 {

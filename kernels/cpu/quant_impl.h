@@ -102,6 +102,24 @@ struct act_q8_k {    /* 256 elements, for the K-quants */
     int16_t bsums[QK_K / 16]; /* sums of qs by 16: the mins of Q2_K/Q4_K/Q5_K, the offsets of Q3_K/Q6_K */
 };
 
+/* ---- eight rows packed together (quant_packed.c) ----
+ * A packed block holds block b of eight consecutive rows: their f16 scales d[8], for Q4_1 their
+ * mins m[8], then the quants: Q4_0 / Q4_1 in four chunks of 32 bytes, byte 4 r + t of chunk j
+ * holding row r's element 4 j + t in its low nibble and element 16 + 4 j + t in its high
+ * nibble; Q8_0 in eight chunks of 32 bytes, byte 4 r + t of chunk k row r's element 4 k + t.
+ * The same bytes as the eight rows' blocks, regrouped. */
+#define QUANT_R8_Q4_0 144
+#define QUANT_R8_Q4_1 160
+#define QUANT_R8_Q8_0 272
+
+/* The block-exact order of Q4_0, Q4_1 and Q8_0, which every implementation and both layouts
+ * follow (quant_x86.h): per block the exact integer sum isum, acc = fmaf(d_w * d_x, isum, acc),
+ * accm = fmaf(m, d_x * sum(x), accm) (Q4_1), y = acc + accm. The scalar kernels of the packed
+ * layout (quant_packed.c), for the scalar table. */
+void quant_scalar_packed8_q4_0(int64_t nb, const void *wp, const void *xq, float *y);
+void quant_scalar_packed8_q4_1(int64_t nb, const void *wp, const void *xq, float *y);
+void quant_scalar_packed8_q8_0(int64_t nb, const void *wp, const void *xq, float *y);
+
 /* The types in table order. */
 enum quant_slot { SLOT_Q4_0, SLOT_Q4_1, SLOT_Q5_0, SLOT_Q5_1, SLOT_Q8_0, SLOT_Q4_K, SLOT_Q5_K,
                   SLOT_Q6_K, SLOT_Q2_K, SLOT_Q3_K, SLOT_IQ4_NL, SLOT_IQ4_XS, SLOT_COUNT };
@@ -116,6 +134,9 @@ typedef void (*quant_dot4_fn)(int64_t nb, const void *w, const void *xq, size_t 
 /* One row of x against four rows of W (w, w + ws, w + 2 ws, w + 3 ws bytes) into y[0..4):
  * decode, where the four rows' loads overlap. */
 typedef void (*quant_dotw4_fn)(int64_t nb, const void *w, size_t ws, const void *xq, float *y);
+/* One row of x against a group of eight rows of W packed by quant_pack_rows8 (nb packed blocks
+ * at wp) into y[0..8): decode over the packed layout (quant_packed.c). */
+typedef void (*quant_packed8_fn)(int64_t nb, const void *wp, const void *xq, float *y);
 /* Quantizes nb blocks of x into activation blocks. */
 typedef void (*quant_act_fn)(const float *x, void *xq, int64_t nb);
 
@@ -123,6 +144,7 @@ struct quant_kernels {
     quant_dot_fn  dot[SLOT_COUNT];
     quant_dot4_fn dot4[SLOT_COUNT]; /* NULL: four calls of dot */
     quant_dotw4_fn dotw4[SLOT_COUNT]; /* NULL: dot row by row */
+    quant_packed8_fn packed8[SLOT_COUNT]; /* the packable types (quant_packable) only */
     quant_act_fn act_q8;   /* to struct act_q8 */
     quant_act_fn act_q8_k; /* to struct act_q8_k */
 };

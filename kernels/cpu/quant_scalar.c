@@ -60,6 +60,7 @@ static void act_q8_k_scalar(const float *x, void *out, int64_t nb)
 
 /* ---- 32-element types ---- */
 
+/* Q8_0, Q4_0 and Q4_1 in the block-exact order (quant_impl.h). */
 static float dot_q8_0(int64_t nb, const void *wv, const void *xv)
 {
     const struct blk_q8_0 *w = wv;
@@ -68,9 +69,9 @@ static float dot_q8_0(int64_t nb, const void *wv, const void *xv)
     for (int64_t b = 0; b < nb; b++) {
         int32_t s = 0;
         for (int i = 0; i < QK; i++) s += w[b].qs[i] * x[b].qs[i];
-        acc += h2f(w[b].d) * x[b].d * (float)s;
+        acc = fmaf(h2f(w[b].d) * x[b].d, (float)s, acc);
     }
-    return acc;
+    return acc + 0.0f;
 }
 
 /* sum over the block of q_i * x_i for the unsigned 4-bit (or, with qh, 5-bit) values q. */
@@ -100,19 +101,20 @@ static float dot_q4_0(int64_t nb, const void *wv, const void *xv)
     const struct act_q8 *x = xv;
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++)
-        acc += h2f(w[b].d) * x[b].d * (float)(sum_q4(w[b].qs, x[b].qs) - 8 * x[b].sum);
-    return acc;
+        acc = fmaf(h2f(w[b].d) * x[b].d, (float)(sum_q4(w[b].qs, x[b].qs) - 8 * x[b].sum), acc);
+    return acc + 0.0f;
 }
 
 static float dot_q4_1(int64_t nb, const void *wv, const void *xv)
 {
     const struct blk_q4_1 *w = wv;
     const struct act_q8 *x = xv;
-    float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++)
-        acc += h2f(w[b].d) * x[b].d * (float)sum_q4(w[b].qs, x[b].qs) +
-               h2f(w[b].m) * x[b].dsum;
-    return acc;
+    float acc = 0.0f, accm = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        acc = fmaf(h2f(w[b].d) * x[b].d, (float)sum_q4(w[b].qs, x[b].qs), acc);
+        accm = fmaf(h2f(w[b].m), x[b].dsum, accm);
+    }
+    return acc + accm;
 }
 
 static float dot_q5_0(int64_t nb, const void *wv, const void *xv)
@@ -295,6 +297,10 @@ static const struct quant_kernels scalar_kernels = {
         [SLOT_Q5_1] = dot_q5_1, [SLOT_Q8_0] = dot_q8_0, [SLOT_Q4_K] = dot_q4_k,
         [SLOT_Q5_K] = dot_q5_k, [SLOT_Q6_K] = dot_q6_k, [SLOT_Q2_K] = dot_q2_k,
         [SLOT_Q3_K] = dot_q3_k, [SLOT_IQ4_NL] = dot_iq4_nl, [SLOT_IQ4_XS] = dot_iq4_xs,
+    },
+    .packed8 = {
+        [SLOT_Q4_0] = quant_scalar_packed8_q4_0, [SLOT_Q4_1] = quant_scalar_packed8_q4_1,
+        [SLOT_Q8_0] = quant_scalar_packed8_q8_0,
     },
     .act_q8 = act_q8_scalar,
     .act_q8_k = act_q8_k_scalar,

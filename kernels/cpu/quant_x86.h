@@ -160,11 +160,192 @@ q45_tile(int64_t nb, const void *w, size_t ws, int nw, size_t block_bytes,
     {                                                                                            \
         q45_tile(nb, w, ws, 4, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, 0, 1, y, 1, 0); \
     }
-QX_Q45(q4_0, 0)
-QX_Q45(q4_1, 1)
 QX_Q45(q5_0, 0)
 QX_Q45(q5_1, 1)
 #undef QX_Q45
+
+/* ---- Q4_0, Q4_1 and Q8_0: the block-exact order (quant_impl.h, QUANT_EXACT) ----
+ * Every implementation and layout of these types computes a row as: per block the exact
+ * integer sum isum (Q4_0's offset included), acc = fmaf(d_w * d_x, isum, acc), the min apart as
+ * accm = fmaf(m, d_x sum(x), accm), y = acc + accm. So a row's bits do not depend on the tile,
+ * the layout (rows as stored, or eight at a time: quant_packed.c), the thread split or the
+ * implementation. */
+
+/* The four sums of a, b, c and d's eight int32 lanes. */
+QX_AVX2 static inline __m128i qx_hsum4_epi32(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+    const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+QX_AVX2 static inline int32_t qx_hsum_epi32(__m256i a)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* A block of the exact types ready for any row of x: the unsigned operand u, the sign source
+ * s of signed weights (Q8_0: u = |w|, and x takes w's sign), w = d * (u - off) + m. */
+struct qx_exact {
+    __m256i u, s;
+    float   d, m;
+    int32_t off;
+};
+
+QX_AVX2 static inline struct qx_exact qx_exact_q4_0(const void *w, int64_t b)
+{
+    const struct blk_q4_0 *p = (const struct blk_q4_0 *)w + b;
+    return (struct qx_exact){qx_nibbles(p->qs), _mm256_setzero_si256(), qx_h2f(p->d), 0.0f, 8};
+}
+QX_AVX2 static inline struct qx_exact qx_exact_q4_1(const void *w, int64_t b)
+{
+    const struct blk_q4_1 *p = (const struct blk_q4_1 *)w + b;
+    return (struct qx_exact){qx_nibbles(p->qs), _mm256_setzero_si256(), qx_h2f(p->d), qx_h2f(p->m), 0};
+}
+QX_AVX2 static inline struct qx_exact qx_exact_q8_0(const void *w, int64_t b)
+{
+    const struct blk_q8_0 *p = (const struct blk_q8_0 *)w + b;
+    const __m256i q = _mm256_loadu_si256((const __m256i *)p->qs);
+    return (struct qx_exact){_mm256_sign_epi8(q, q), q, qx_h2f(p->d), 0.0f, 0};
+}
+
+/* nw rows of W against nr rows of x (nw * nr is 1 or 4, constants after inlining), as q45_tile,
+ * in the block-exact order. */
+QX_TARGET __attribute__((always_inline)) static inline void
+exact_tile(int64_t nb, const void *w, size_t ws, int nw, size_t block_bytes,
+           struct qx_exact (*unpack)(const void *, int64_t), int has_min, int signed_w, const uint8_t *xb, size_t xs, int nr, float *y, int64_t yw, int64_t ys)
+{
+    __m128 acc = _mm_setzero_ps(), accm = _mm_setzero_ps();
+    float acc1 = 0.0f, accm1 = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i p[4];
+        float dd[4], mm[4], ds[4];
+        int32_t off[4];
+        for (int rw = 0; rw < nw; rw++) {
+            const uint8_t *wr = (const uint8_t *)w + (size_t)rw * ws;
+            qx_prefetch(wr + (size_t)b * block_bytes, 1);
+            const struct qx_exact q = unpack(wr, b);
+            for (int rx = 0; rx < nr; rx++) {
+                const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)rx * xs) + b;
+                const int a = rw * nr + rx;
+                __m256i xv = _mm256_loadu_si256((const __m256i *)x->qs);
+                if (signed_w) xv = _mm256_sign_epi8(xv, q.s);
+                p[a] = dot_u8s8(q.u, xv);
+                dd[a] = q.d * x->d, mm[a] = q.m, ds[a] = x->dsum, off[a] = q.off * x->sum;
+            }
+        }
+        if (nw * nr == 1) {
+            acc1 = fmaf(dd[0], (float)(qx_hsum_epi32(p[0]) - off[0]), acc1);
+            if (has_min) accm1 = fmaf(mm[0], ds[0], accm1);
+        } else {
+            const __m128i is = _mm_sub_epi32(qx_hsum4_epi32(p[0], p[1], p[2], p[3]),
+                                             _mm_setr_epi32(off[0], off[1], off[2], off[3]));
+            acc = _mm_fmadd_ps(_mm_setr_ps(dd[0], dd[1], dd[2], dd[3]), _mm_cvtepi32_ps(is), acc);
+            if (has_min)
+                accm = _mm_fmadd_ps(_mm_setr_ps(mm[0], mm[1], mm[2], mm[3]), _mm_setr_ps(ds[0], ds[1], ds[2], ds[3]), accm);
+        }
+    }
+    if (nw * nr == 1) {
+        y[0] = acc1 + accm1;
+        return;
+    }
+    float r[4];
+    _mm_storeu_ps(r, _mm_add_ps(acc, accm));
+    for (int rw = 0; rw < nw; rw++)
+        for (int rx = 0; rx < nr; rx++) y[rw * yw + rx * ys] = r[rw * nr + rx];
+}
+
+#define QX_EXACT(name, has_min, signed_w)                                                        \
+    QX_TARGET static float dot_##name(int64_t nb, const void *w, const void *xq)                 \
+    {                                                                                            \
+        float y;                                                                                 \
+        exact_tile(nb, w, 0, 1, sizeof(struct blk_##name), qx_exact_##name, has_min, signed_w, xq, 0, 1, &y, 0, 0);         \
+        return y;                                                                                \
+    }                                                                                            \
+    QX_TARGET static void dot4_##name(int64_t nb, const void *w, const void *xq, size_t xs,      \
+                                      float *y, int64_t ys)                                      \
+    {                                                                                            \
+        exact_tile(nb, w, 0, 1, sizeof(struct blk_##name), qx_exact_##name, has_min, signed_w, xq, xs, 4, y, 0, ys);        \
+    }                                                                                            \
+    QX_TARGET static void dotw4_##name(int64_t nb, const void *w, size_t ws, const void *xq, float *y) \
+    {                                                                                            \
+        exact_tile(nb, w, ws, 4, sizeof(struct blk_##name), qx_exact_##name, has_min, signed_w, xq, 0, 1, y, 1, 0);         \
+    }
+QX_EXACT(q4_0, 0, 0)
+QX_EXACT(q4_1, 1, 0)
+QX_EXACT(q8_0, 0, 1)
+#undef QX_EXACT
+
+/* ---- eight rows at a time (the packed layout of quant_packed.c) ----
+ * One row of x against a group of eight rows packed by quant_pack_rows8: y[0..8). The 32-bit
+ * lanes are the eight rows, so the block's scales load as one vector and each x word is
+ * broadcast once for all eight rows. Q4: two unsigned nibbles by int8 x per pair stay within
+ * 2 * 15 * 127, and the eight products of a block within 2^15, so they add as int16 before one
+ * vpmaddwd. */
+QX_TARGET __attribute__((always_inline)) static inline void
+packed8_q4(int64_t nb, const uint8_t *wp, int has_min, const struct act_q8 *x, float *y)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const size_t pb = has_min ? QUANT_R8_Q4_1 : QUANT_R8_Q4_0, head = has_min ? 32 : 16;
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, wp += pb) {
+        const uint8_t *qs = wp + head;
+        const int8_t *xq = x[b].qs;
+        __m256i s16 = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            int32_t xl, xh;
+            memcpy(&xl, xq + 4 * j, 4);
+            memcpy(&xh, xq + 16 + 4 * j, 4);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+        }
+        __m256i is = _mm256_madd_epi16(s16, ones);
+        if (!has_min) is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * x[b].sum));
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(is), acc);
+        if (has_min)
+            accm = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16))),
+                                   _mm256_set1_ps(x[b].dsum), accm);
+    }
+    _mm256_storeu_ps(y, _mm256_add_ps(acc, accm));
+}
+
+QX_TARGET static void packed8_q4_0(int64_t nb, const void *wp, const void *xq, float *y)
+{
+    packed8_q4(nb, wp, 0, xq, y);
+}
+QX_TARGET static void packed8_q4_1(int64_t nb, const void *wp, const void *xq, float *y)
+{
+    packed8_q4(nb, wp, 1, xq, y);
+}
+
+/* Q8_0: the weights are signed, so each vector's sign moves onto the broadcast x word (as
+ * s8_rows); a product pair reaches 2 * 128 * 127, so every vector has its own vpmaddwd. */
+QX_TARGET static void packed8_q8_0(int64_t nb, const void *wpv, const void *xqv, float *y)
+{
+    const uint8_t *wp = wpv;
+    const struct act_q8 *x = xqv;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, wp += QUANT_R8_Q8_0) {
+        const int8_t *xq = x[b].qs;
+        __m256i is = _mm256_setzero_si256();
+        for (int k = 0; k < 8; k++) {
+            int32_t xw;
+            memcpy(&xw, xq + 4 * k, 4);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(wp + 16 + 32 * k));
+            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(_mm256_set1_epi32(xw), v));
+            is = _mm256_add_epi32(is, _mm256_madd_epi16(p, ones));
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(is), acc);
+    }
+    _mm256_storeu_ps(y, _mm256_add_ps(acc, _mm256_setzero_ps())); /* y = acc + 0, as the others */
+}
 
 #define QX_S8(name)                                                                              \
     QX_TARGET static float dot_##name(int64_t nb, const void *w, const void *xq)                 \
@@ -178,7 +359,6 @@ QX_Q45(q5_1, 1)
     {                                                                                            \
         s8_rows(nb, w, sizeof(struct blk_##name), qx_load_##name, xq, xs, 4, y, ys);              \
     }
-QX_S8(q8_0)
 QX_S8(iq4_nl)
 #undef QX_S8
 
