@@ -636,14 +636,17 @@ static int run_gemma_gguf(const char *gguf, const char *dir)
     check(st == STATUS_OK, "load the f32 conversion", st == STATUS_OK ? dir : detail);
     enum status sq = env_open(&eq, gguf, 64);
     if (sq == STATUS_OK)
-        snprintf(detail, sizeof detail, "%.1f MiB of weights, %.1f MiB as blocks, %.1f MiB mapped zero-copy",
-                 eq.m->weight_bytes / 1048576.0, eq.m->weight_bytes_blocks / 1048576.0, eq.m->weight_bytes_mapped / 1048576.0);
+        snprintf(detail, sizeof detail, "%.1f MiB of weights, %.1f MiB as blocks, %.1f MiB mapped zero-copy, %.1f MiB packed",
+                 eq.m->weight_bytes / 1048576.0, eq.m->weight_bytes_blocks / 1048576.0, eq.m->weight_bytes_mapped / 1048576.0,
+                 eq.m->weight_bytes_packed / 1048576.0);
     else snprintf(detail, sizeof detail, "%s: %s", status_name(sq), status_message());
-    /* At tp 1 every weight is the file itself; at tp > 1 the column slices of O and DOWN are
-     * copied (rows of them are not contiguous in the file). */
+    /* At tp 1 every matrix is the file itself (vectors, the norms, are copied); at tp > 1 the
+     * column slices of O and DOWN are copied too (rows of them are not contiguous in the file).
+     * The Q8_0 ones (Gemma's embedding and V) are also packed for the CPU. */
     check(sq == STATUS_OK && eq.m->weight_bytes_blocks > eq.m->weight_bytes / 2 &&
               (eq.m->tp_size > 1 ? eq.m->weight_bytes_mapped > eq.m->weight_bytes / 2
-                                 : eq.m->weight_bytes_mapped == eq.m->weight_bytes),
+                                 : eq.m->weight_bytes_mapped == eq.m->weight_bytes_blocks) &&
+              eq.m->weight_bytes_packed > 0,
           "load the GGUF natively (blocks, zero-copy)", detail);
     if (st == STATUS_OK && sq == STATUS_OK) {
         /* The prompts of golden_gemma3 (tests/gemma_setup.sh), each its own sequence. */

@@ -187,6 +187,10 @@ enum status checkpoint_open(const char *dir, struct checkpoint **out);
  * open). */
 /* Unmaps everything; accepts NULL. Zero-copy pointers handed out die here. */
 void        checkpoint_close(struct checkpoint *ck);
+/* Once the model and its tokenizer are loaded: a GGUF file's resident pages are given back
+ * (gguf_release_pages; weights read from the mapping come back as they are read). Other
+ * layouts: nothing. */
+void        checkpoint_release_pages(struct checkpoint *ck);
 
 /* Contiguous layer ranges of a pipeline split, used by the writer and for loading: stage
  * pp_rank of pp_size gets *count layers from *first; earlier stages take one more layer each

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "checkpoint_impl.h"
+#include "gguf.h"
 #include "safetensors.h"
 
 /* ---- files and names --------------------------------------------------------------------- */
@@ -400,6 +401,11 @@ locate:
 out:
     checkpoint_close(ck);
     return s;
+}
+
+void checkpoint_release_pages(struct checkpoint *ck)
+{
+    if (ck && ck->files && ck->files->gguf) gguf_release_pages(ck->files->gguf);
 }
 
 void checkpoint_close(struct checkpoint *ck)

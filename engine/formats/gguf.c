@@ -460,6 +460,11 @@ fail:
     return s;
 }
 
+void gguf_release_pages(struct gguf *g)
+{
+    if (g && g->map) (void)madvise(g->map, g->map_size, MADV_DONTNEED); /* failing costs memory only */
+}
+
 void gguf_close(struct gguf *g)
 {
     if (!g) return;

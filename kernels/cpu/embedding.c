@@ -9,7 +9,8 @@
 #include "cpu_ops.h"
 #include "quant.h"
 
-/* The lookup from a block-quantized table: each row dequantized into out (f32). */
+/* The lookup from a block-quantized table: each row dequantized into out (f32), from the
+ * packed copy when the table has one (the same bits). */
 static void embedding_quant(struct backend *b, const struct tensor *out, const struct tensor *table,
                             const struct tensor *ids, int64_t vocab_start)
 {
@@ -17,11 +18,13 @@ static void embedding_quant(struct backend *b, const struct tensor *out, const s
     const enum quant_type qt = (enum quant_type)dtype_quant_type(table->dtype);
     const size_t row_bytes = quant_row_bytes(qt, d);
     const int32_t *id = ids->data;
+    const void *packed = tensor_packed(table); /* a tied head's packed copy: the stored rows stay cold */
     #pragma omp parallel for schedule(static) if (n * d > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t i = 0; i < n; i++) {
         int64_t r = (int64_t)id[i] - vocab_start;
         float *dst = (float *)out->data + i * d;
         if (r < 0 || r >= rows) memset(dst, 0, (size_t)d * sizeof *dst); /* another shard's id */
+        else if (packed) quant_dequantize_row_packed(qt, packed, r, dst, d);
         else quant_dequantize_row(qt, (const char *)table->data + (size_t)r * row_bytes, dst, d);
     }
 }
