@@ -174,12 +174,14 @@ static void run_read(void *p)
  * bytes in the same run: the fraction of the read bandwidth the kernel reaches. */
 static void bench_lm_head(const struct bench *bn, int threads)
 {
-    const int64_t n = 262144, k = 640;
-    static const enum quant_type lm_types[] = {QUANT_TYPE_Q8_0, QUANT_TYPE_Q5_0, QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1};
-    float *x = malloc((size_t)k * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < k; i++) x[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+    static const enum quant_type lm_types[] = {QUANT_TYPE_Q8_0, QUANT_TYPE_Q5_0, QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1,
+                                               QUANT_TYPE_Q4_K};
+    float *x = malloc((size_t)1024 * sizeof(float)), *y = malloc((size_t)262144 * sizeof(float));
+    for (int64_t i = 0; i < 1024; i++) x[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
     for (size_t ti = 0; ti < sizeof lm_types / sizeof lm_types[0]; ti++) {
         const enum quant_type t = lm_types[ti];
+        /* The K-quants' rows are whole super-blocks: the same elements as 163,840 x 1,024. */
+        const int64_t k = quant_block_size(t) == 32 ? 640 : 1024, n = 262144 * 640 / k;
         const size_t wbytes = (size_t)n * quant_row_bytes(t, k);
         uint8_t *w = malloc(wbytes);
         fill_blocks(t, w, wbytes);
@@ -193,7 +195,7 @@ static void bench_lm_head(const struct bench *bn, int threads)
             snprintf(extra, sizeof extra, " (avx2 %.1f us)", time_best(bn, run_quant, &qc) * 1e6);
         }
         if (quant_packable(t, n, k)) { /* decode's layout (quant_pack_rows8) */
-            uint8_t *wp = malloc(wbytes);
+            uint8_t *wp = malloc(quant_packed_bytes(t, n, k));
             quant_pack_rows8(t, wp, w, n, k);
             qc.impl = quant_impl_best(), qc.w = wp;
             const double tp = time_best(bn, run_quant_packed, &qc);

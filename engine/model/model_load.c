@@ -72,14 +72,21 @@ static int64_t first_non_finite_blocks(const void *data, enum dtype dt, size_t n
     return found;
 }
 
-static enum status check_finite(const char *dir, enum weight_kind kind, int layer, enum dtype dt,
-                                const void *data, size_t nbytes, int64_t cols)
+/* check_finite of a part of a weight that starts at element `first` (named in the message). */
+static enum status check_finite_at(const char *dir, enum weight_kind kind, int layer, enum dtype dt,
+                                   const void *data, size_t nbytes, int64_t cols, int64_t first)
 {
     const int64_t at = dtype_is_quant(dt) ? first_non_finite_blocks(data, dt, nbytes, cols)
                                           : dtype_first_non_finite(data, dt, nbytes / dtype_size(dt));
     if (at < 0) return STATUS_OK;
     return status_errorf(STATUS_BAD_FORMAT, "%s: weight %s of layer %d holds a NaN or Inf (element %lld): the "
-                         "checkpoint is corrupt", dir, weight_kind_name(kind), layer, (long long)at);
+                         "checkpoint is corrupt", dir, weight_kind_name(kind), layer, (long long)(first + at));
+}
+
+static enum status check_finite(const char *dir, enum weight_kind kind, int layer, enum dtype dt,
+                                const void *data, size_t nbytes, int64_t cols)
+{
+    return check_finite_at(dir, kind, layer, dt, data, nbytes, cols, 0);
 }
 
 /* The dtype a weight is loaded in, m->dtype unless: a weight stored as ggml blocks (GGUF)
@@ -106,30 +113,50 @@ static void shard_of(const struct model *m, enum weight_kind kind, int *rank, in
     *size = experts && m->ep_size > 1 ? m->ep_size : m->tp_size;
 }
 
-/* Decode's layout (kernels/quant.h, quant_pack_rows8): a Q4_0, Q4_1 or Q8_0 weight served from
- * the mapping gets a copy packed eight rows at a time, which every CPU product reads (the same
- * bits as the stored rows); the mapped pages are then given back (MADV_DONTNEED: they come back
- * from the file if something reads the stored rows, as an embedding lookup of a tied head does),
- * so the weight stays resident once. Weights copied to the heap (slices across their rows at
- * tp > 1) are not packed: both copies would stay. SHARDLM_CPU_PACK=0 turns it off (benchmarks,
- * tests of the stored path). */
-static enum status pack_mapped(struct model *m, struct tensor *t)
+/* Gives back the whole pages of [p, p + n) of a read-only file mapping (MADV_DONTNEED: a later
+ * read brings them back from the file). An optimisation: failing costs memory only. */
+static void release_mapped(const void *p, size_t n)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p;
+    const uintptr_t lo = (a + page - 1) / page * page, hi = (a + n) / page * page;
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+/* Decode's layout (kernels/quant.h, quant_pack_rows8): a Q4_0, Q4_1, Q8_0 or Q4_K matrix served
+ * from the mapping gets a copy packed eight rows at a time, which every CPU product reads (the
+ * same bits as the stored rows). It is checked for NaN / Inf, packed and its mapped pages given
+ * back a few MB at a time (they come back from the file if something reads the stored rows),
+ * so that neither the weight nor the load holds both copies: Gemma's 178 MB embedding, checked
+ * whole first, took the peak 48 MB above the stored path's. Weights copied to the heap (slices
+ * across their columns at tp > 1) are not packed: both copies would stay. 0 when t is not
+ * packed (the caller checks it whole); SHARDLM_CPU_PACK=0 turns packing off. */
+static int packs(const struct tensor *t)
 {
     const char *env = getenv("SHARDLM_CPU_PACK");
-    if (!dtype_is_quant(t->dtype) || t->ndim != 2 || (env && !strcmp(env, "0"))) return STATUS_OK;
+    return dtype_is_quant(t->dtype) && t->ndim == 2 && !(env && !strcmp(env, "0")) &&
+           quant_packable((enum quant_type)dtype_quant_type(t->dtype), t->shape[0], t->shape[1]);
+}
+
+static enum status pack_mapped(struct model *m, const char *dir, enum weight_kind kind, int layer, struct tensor *t)
+{
     const enum quant_type qt = (enum quant_type)dtype_quant_type(t->dtype);
-    if (!quant_packable(qt, t->shape[0], t->shape[1])) return STATUS_OK;
-    const size_t bytes = tensor_nbytes(t);
+    const int64_t n = t->shape[0], k = t->shape[1];
+    const size_t row = quant_row_bytes(qt, k), group = quant_packed_bytes(qt, 8, k);
     void *p = NULL;
-    enum status st = backend_alloc(m->b, bytes, &p);
+    enum status st = backend_alloc(m->b, quant_packed_bytes(qt, n, k), &p);
     if (st == STATUS_OK && (st = own(m, p)) != STATUS_OK) backend_free(m->b, p);
     if (st != STATUS_OK) return st;
-    quant_pack_rows8(qt, p, t->data, t->shape[0], t->shape[1]);
-    t->packed = p, t->packed_of = t->data, t->packed_rows = t->shape[0], t->packed_cols = t->shape[1];
-    m->weight_bytes_packed += bytes;
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)t->data;
-    const uintptr_t lo = (a + page - 1) / page * page, hi = (a + bytes) / page * page;
-    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* an optimisation: failing costs memory only */
+    int64_t step = (int64_t)((4u << 20) / (row * 8)) * 8; /* about 4 MB of rows, whole groups */
+    if (step < 8) step = 8;
+    for (int64_t r0 = 0; r0 < n; r0 += step) {
+        const int64_t rows = n - r0 < step ? n - r0 : step;
+        const uint8_t *src = (const uint8_t *)t->data + (size_t)r0 * row;
+        if ((st = check_finite_at(dir, kind, layer, t->dtype, src, (size_t)rows * row, k, r0 * k)) != STATUS_OK) return st;
+        quant_pack_rows8(qt, (uint8_t *)p + (size_t)(r0 / 8) * group, src, rows, k);
+        release_mapped(src, (size_t)rows * row);
+    }
+    t->packed = p, t->packed_of = t->data, t->packed_rows = n, t->packed_cols = k;
+    m->weight_bytes_packed += quant_packed_bytes(qt, n, k);
     return STATUS_OK;
 }
 
@@ -166,8 +193,8 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
         if (st != STATUS_OK) return st;
         t->data = (void *)hw.data;
         m->weight_bytes_mapped += hw.nbytes;
-        st = check_finite(stg->dir, kind, layer, dt, hw.data, hw.nbytes, hw.ndim == 2 ? hw.shape[1] : hw.shape[0]);
-        return st == STATUS_OK ? pack_mapped(m, t) : st;
+        if (packs(t)) return pack_mapped(m, stg->dir, kind, layer, t);
+        return check_finite(stg->dir, kind, layer, dt, hw.data, hw.nbytes, hw.ndim == 2 ? hw.shape[1] : hw.shape[0]);
     }
     void *dev = NULL;
     if ((st = backend_alloc(b, hw.nbytes, &dev)) != STATUS_OK) return st;

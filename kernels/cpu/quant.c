@@ -221,15 +221,16 @@ void quant_matmul_packed_impl(enum quant_impl impl, enum quant_type type, float 
     const struct quant_kernels *kt = kernels_of(impl);
     CHECK(kt && kt->packed8[slot], "quant_matmul_packed: implementation %s is not available here", quant_impl_name(impl));
     if (m == 0) return;
-    const int64_t nb = k / QK;
-    const size_t xq_row = act_row_bytes(QK, k), group = (size_t)nb * quant_block_bytes(type) * 8;
+    const int bs = type_infos[slot].block_size;
+    const int64_t nb = k / bs;
+    const size_t xq_row = act_row_bytes(bs, k), group = quant_packed_bytes(type, 8, k);
     void *owned = NULL;
     if (!scratch) {
         scratch = owned = malloc((size_t)m * xq_row);
         CHECK(scratch, "quant_matmul_packed: out of memory for %zu bytes of scratch", (size_t)m * xq_row);
     }
     const quant_packed8_fn packed8 = kt->packed8[slot];
-    const quant_act_fn act = kt->act_q8;
+    const quant_act_fn act = bs == QK_K ? kt->act_q8_k : kt->act_q8;
     uint8_t *xq = scratch;
     const uint8_t *wb = wp;
     const int nt = (double)m * (double)n * (double)k >= QUANT_PARALLEL_MIN ? n_threads : 1;

@@ -91,8 +91,8 @@ QX_AVX2 void quant_avx2_act_q8_k(const float *x, void *out, int64_t nb)
 /* Q4_K and Q5_K: per pair p of sub-blocks, 32 bytes give sub-block 2p (low nibbles) and 2p + 1
  * (high nibbles); Q5_K adds bit 2p / 2p + 1 of qh[l] as 16. The mins go through the 32-sums
  * of x in the integers. */
-QX_AVX2 static float dot_k_sc_min(const uint16_t dd[2], const uint8_t *scales, const uint8_t *qs,
-                                  const uint8_t *qh, const struct act_q8_k *x)
+QX_AVX2 static void dot_k_sc_min(const uint16_t dd[2], const uint8_t *scales, const uint8_t *qs,
+                                 const uint8_t *qh, const struct act_q8_k *x, float *acc, float *accm)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     uint8_t sc[8], mn[8];
@@ -118,34 +118,77 @@ QX_AVX2 static float dot_k_sc_min(const uint16_t dd[2], const uint8_t *scales, c
         const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), _mm256_set1_epi16(sc[2 * p + 1]));
         sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
     }
-    const __m256 v = _mm256_mul_ps(_mm256_set1_ps(x->d * qx_h2f(dd[0])), _mm256_cvtepi32_ps(sumi));
-    return qx_hsum(v) - x->d * qx_h2f(dd[1]) * (float)summ;
+    quant_k_accumulate(qx_h2f(dd[0]), qx_h2f(dd[1]), x->d, qx_hsum_epi32(sumi), summ, acc, accm);
 }
 
 QX_AVX2 float quant_avx2_dot_q4_k(int64_t nb, const void *wv, const void *xv)
 {
     const struct blk_q4_k *w = wv;
     const struct act_q8_k *x = xv;
-    float acc = 0.0f;
+    float acc = 0.0f, accm = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         qx_prefetch(w + b, sizeof *w);
         const uint16_t dd[2] = {w[b].d, w[b].dmin};
-        acc += dot_k_sc_min(dd, w[b].scales, w[b].qs, NULL, &x[b]);
+        dot_k_sc_min(dd, w[b].scales, w[b].qs, NULL, &x[b], &acc, &accm);
     }
-    return acc;
+    return acc - accm;
+}
+
+/* Q4_K for one row of x against eight packed rows (quant_impl.h's layout): per pair of
+ * sub-blocks eight chunks whose lanes are the rows, the nibbles of each sub-block summed as int16
+ * (8 x 2 x 15 x 127 < 2^15) and scaled per row by one vpmaddwd with (sc, sc) pairs; the mins by
+ * four vpmaddwd of the (m, m') byte pairs with x's 32-sums. The block-exact order of
+ * quant_k_accumulate. The AVX512-VNNI table shares it. */
+QX_AVX2 void quant_avx2_packed8_q4_k(int64_t nb, const void *wpv, const void *xqv, float *y)
+{
+    const uint8_t *wp = wpv;
+    const struct act_q8_k *x = xqv;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, wp += QUANT_R8_Q4_K) {
+        const int8_t *xq = x[b].qs;
+        __m256i isum = _mm256_setzero_si256(), msum = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            __m256i s_lo = _mm256_setzero_si256(), s_hi = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                int32_t xl, xh;
+                memcpy(&xl, xq + 64 * p + 4 * c, 4);
+                memcpy(&xh, xq + 64 * p + 32 + 4 * c, 4);
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(wp + 160 + 256 * p + 32 * c));
+                s_lo = _mm256_add_epi16(s_lo, _mm256_maddubs_epi16(_mm256_and_si256(v, m4), _mm256_set1_epi32(xl)));
+                s_hi = _mm256_add_epi16(s_hi, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                                                   _mm256_set1_epi32(xh)));
+            }
+            __m256i sc_lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 32 + 16 * p)));
+            __m256i sc_hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 40 + 16 * p)));
+            sc_lo = _mm256_or_si256(sc_lo, _mm256_slli_epi32(sc_lo, 16));
+            sc_hi = _mm256_or_si256(sc_hi, _mm256_slli_epi32(sc_hi, 16));
+            isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_madd_epi16(s_lo, sc_lo), _mm256_madd_epi16(s_hi, sc_hi)));
+            const int32_t bs0 = x[b].bsums[4 * p] + x[b].bsums[4 * p + 1], bs1 = x[b].bsums[4 * p + 2] + x[b].bsums[4 * p + 3];
+            const __m256i mv = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wp + 96 + 16 * p)));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mv, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)bs0 |
+                                                                                            (uint32_t)bs1 << 16))));
+        }
+        const __m256 dx = _mm256_set1_ps(x[b].d);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
+        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16)));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc);
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum), accm);
+    }
+    _mm256_storeu_ps(y, _mm256_sub_ps(acc, accm));
 }
 
 QX_AVX2 float quant_avx2_dot_q5_k(int64_t nb, const void *wv, const void *xv)
 {
     const struct blk_q5_k *w = wv;
     const struct act_q8_k *x = xv;
-    float acc = 0.0f;
+    float acc = 0.0f, accm = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         qx_prefetch(w + b, sizeof *w);
         const uint16_t dd[2] = {w[b].d, w[b].dmin};
-        acc += dot_k_sc_min(dd, w[b].scales, w[b].qs, w[b].qh, &x[b]);
+        dot_k_sc_min(dd, w[b].scales, w[b].qs, w[b].qh, &x[b], &acc, &accm);
     }
-    return acc;
+    return acc - accm;
 }
 
 /* vpshufb controls that turn the 16 int8 scales of a Q6_K block into, for chunk t (32
@@ -306,7 +349,8 @@ static const struct quant_kernels avx2_kernels = {
         [SLOT_Q4_0] = dotw4_q4_0, [SLOT_Q4_1] = dotw4_q4_1, [SLOT_Q5_0] = dotw4_q5_0,
         [SLOT_Q5_1] = dotw4_q5_1, [SLOT_Q8_0] = dotw4_q8_0,
     },
-    .packed8 = {[SLOT_Q4_0] = packed8_q4_0, [SLOT_Q4_1] = packed8_q4_1, [SLOT_Q8_0] = packed8_q8_0},
+    .packed8 = {[SLOT_Q4_0] = packed8_q4_0, [SLOT_Q4_1] = packed8_q4_1, [SLOT_Q8_0] = packed8_q8_0,
+                [SLOT_Q4_K] = quant_avx2_packed8_q4_k},
     .act_q8 = quant_avx2_act_q8,
     .act_q8_k = quant_avx2_act_q8_k,
 };

@@ -6,6 +6,7 @@
 #ifndef SHARDLM_QUANT_IMPL_H
 #define SHARDLM_QUANT_IMPL_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -111,6 +112,13 @@ struct act_q8_k {    /* 256 elements, for the K-quants */
 #define QUANT_R8_Q4_0 144
 #define QUANT_R8_Q4_1 160
 #define QUANT_R8_Q8_0 272
+/* Q4_K (a super-block of eight rows): d[8] and dmin[8] (f16), the 6-bit scales as bytes
+ * sc[j][r] (64: sub-block j, row r), the mins as bytes mn[q][r][2] (64: row r's mins of sub-blocks
+ * 2q and 2q + 1 side by side), then the quants: for each pair p of sub-blocks eight chunks of 32
+ * bytes, byte 4 r + t of chunk c holding row r's qs[32 p + 4 c + t] (element 4 c + t of
+ * sub-block 2 p in its low nibble, of sub-block 2 p + 1 in its high one). 1,184 bytes for 1,152
+ * stored. */
+#define QUANT_R8_Q4_K 1184
 
 /* The block-exact order of Q4_0, Q4_1 and Q8_0, which every implementation and both layouts
  * follow (quant_x86.h): per block the exact integer sum isum, acc = fmaf(d_w * d_x, isum, acc),
@@ -119,6 +127,17 @@ struct act_q8_k {    /* 256 elements, for the K-quants */
 void quant_scalar_packed8_q4_0(int64_t nb, const void *wp, const void *xq, float *y);
 void quant_scalar_packed8_q4_1(int64_t nb, const void *wp, const void *xq, float *y);
 void quant_scalar_packed8_q8_0(int64_t nb, const void *wp, const void *xq, float *y);
+void quant_scalar_packed8_q4_k(int64_t nb, const void *wp, const void *xq, float *y);
+
+/* The block-exact order of Q4_K and Q5_K (every implementation, both layouts): per super-block
+ * the exact sums isum = sum_j sc_j sum(q x) and msum = sum_j m_j sum(x) (int32),
+ * acc = fmaf(d * d_x, isum, acc), accm = fmaf(dmin * d_x, msum, accm), y = acc - accm. */
+static inline void quant_k_accumulate(float d, float dmin, float dx, int32_t isum, int32_t msum, float *acc,
+                                      float *accm)
+{
+    *acc = fmaf(d * dx, (float)isum, *acc);
+    *accm = fmaf(dmin * dx, (float)msum, *accm);
+}
 
 /* The types in table order. */
 enum quant_slot { SLOT_Q4_0, SLOT_Q4_1, SLOT_Q5_0, SLOT_Q5_1, SLOT_Q8_0, SLOT_Q4_K, SLOT_Q5_K,
@@ -163,6 +182,7 @@ float quant_avx2_dot_q6_k(int64_t nb, const void *w, const void *xq);
 float quant_avx2_dot_q2_k(int64_t nb, const void *w, const void *xq);
 float quant_avx2_dot_q3_k(int64_t nb, const void *w, const void *xq);
 float quant_avx2_dot_iq4_xs(int64_t nb, const void *w, const void *xq);
+void  quant_avx2_packed8_q4_k(int64_t nb, const void *wp, const void *xq, float *y);
 void  quant_avx2_act_q8(const float *x, void *xq, int64_t nb);
 void  quant_avx2_act_q8_k(const float *x, void *xq, int64_t nb);
 /* nb blocks of `type` at src to f32 at dst, bit-exact with the scalar dequantizer

@@ -2,7 +2,7 @@
  * block b of eight consecutive rows regrouped, so that decode's product reads each block's
  * eight scales as one vector and each word of x once for eight rows (quant_x86.h packed8_*).
  * Here: packing, a packed block back to the stored form (for dequantizing a row), and the
- * scalar kernels. The product over it is quant.c's quant_matmul_packed; the layout is the CPU
+ * scalar kernels. Q4_K (a super-block of eight rows) too. The product over it is quant.c's quant_matmul_packed; the layout is the CPU
  * backend's (kernels/cpu/matmul.c, tensor.packed), never written to a file.
  * Tests: tests/test_quant.c (the packed product bit for bit against the stored one, every
  * implementation; rows dequantized from the packed layout). */
@@ -14,19 +14,21 @@
 #include "tensor.h"
 
 /* The stored block's bytes: its scales (and min) first, then qs; a packed block's scales come
- * first too, then the quants in words of four bytes. */
+ * first too, then the quants in words of four bytes. Q4_K has a layout of its own (q4k_move). */
 struct packed_geom {
     size_t block, packed, scales; /* bytes of a stored block, of a packed block, of d (+ m) */
     int    words;                 /* 4-byte words of quants per row and block */
+    int    elems;                 /* elements per block: 32, or 256 for Q4_K */
 };
 
 static int geom_of(enum quant_type type, struct packed_geom *g)
 {
     *g = (struct packed_geom){0};
     switch (type) {
-    case QUANT_TYPE_Q4_0: *g = (struct packed_geom){sizeof(struct blk_q4_0), QUANT_R8_Q4_0, 2, 4}; return 1;
-    case QUANT_TYPE_Q4_1: *g = (struct packed_geom){sizeof(struct blk_q4_1), QUANT_R8_Q4_1, 4, 4}; return 1;
-    case QUANT_TYPE_Q8_0: *g = (struct packed_geom){sizeof(struct blk_q8_0), QUANT_R8_Q8_0, 2, 8}; return 1;
+    case QUANT_TYPE_Q4_0: *g = (struct packed_geom){sizeof(struct blk_q4_0), QUANT_R8_Q4_0, 2, 4, QK}; return 1;
+    case QUANT_TYPE_Q4_1: *g = (struct packed_geom){sizeof(struct blk_q4_1), QUANT_R8_Q4_1, 4, 4, QK}; return 1;
+    case QUANT_TYPE_Q8_0: *g = (struct packed_geom){sizeof(struct blk_q8_0), QUANT_R8_Q8_0, 2, 8, QK}; return 1;
+    case QUANT_TYPE_Q4_K: *g = (struct packed_geom){sizeof(struct blk_q4_k), QUANT_R8_Q4_K, 0, 0, QK_K}; return 1;
     default: return 0;
     }
 }
@@ -34,7 +36,15 @@ static int geom_of(enum quant_type type, struct packed_geom *g)
 int quant_packable(enum quant_type type, int64_t n, int64_t k)
 {
     struct packed_geom g;
-    return geom_of(type, &g) && n > 0 && n % 8 == 0 && k > 0 && k % QK == 0;
+    return geom_of(type, &g) && n > 0 && n % 8 == 0 && k > 0 && k % g.elems == 0;
+}
+
+size_t quant_packed_bytes(enum quant_type type, int64_t n, int64_t k)
+{
+    struct packed_geom g;
+    CHECK(quant_packable(type, n, k) && geom_of(type, &g), "quant_packed_bytes: %s with n %lld, k %lld",
+          quant_type_name(type), (long long)n, (long long)k);
+    return (size_t)(n / 8) * (size_t)(k / g.elems) * g.packed;
 }
 
 /* Moves one block between the stored rows (row r's block at blk[r]) and a packed block p:
@@ -54,32 +64,74 @@ static void move_block(const struct packed_geom *g, uint8_t *p, uint8_t *const b
     }
 }
 
+/* Q4_K (quant_impl.h's layout): the 6-bit scales and mins are unpacked to bytes on the way in
+ * and packed again on the way out (12 bytes hold exactly sixteen 6-bit values, so the stored
+ * bytes come back as they were). */
+static void q4k_move(uint8_t *p, uint8_t *const blk[8], int r0, int r1, int to_packed)
+{
+    for (int r = r0; r < r1; r++) {
+        struct blk_q4_k *w = (struct blk_q4_k *)blk[r];
+        uint8_t sc[8], mn[8];
+        if (to_packed) {
+            memcpy(p + 2 * r, &w->d, 2);
+            memcpy(p + 16 + 2 * r, &w->dmin, 2);
+            for (int j = 0; j < 8; j++) {
+                quant_k_scale_min(j, w->scales, &sc[j], &mn[j]);
+                p[32 + 8 * j + r] = sc[j];
+                p[96 + 16 * (j / 2) + 2 * r + j % 2] = mn[j];
+            }
+        } else {
+            memcpy(&w->d, p + 2 * r, 2);
+            memcpy(&w->dmin, p + 16 + 2 * r, 2);
+            for (int j = 0; j < 8; j++) sc[j] = p[32 + 8 * j + r], mn[j] = p[96 + 16 * (j / 2) + 2 * r + j % 2];
+            for (int j = 0; j < 4; j++) { /* the inverse of quant_k_scale_min */
+                w->scales[j] = (uint8_t)((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
+                w->scales[j + 4] = (uint8_t)((mn[j] & 63) | (mn[j + 4] >> 4) << 6);
+                w->scales[j + 8] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
+            }
+        }
+        for (int q = 0; q < 4; q++)
+            for (int c = 0; c < 8; c++) {
+                uint8_t *a = p + 160 + 256 * q + 32 * c + 4 * r, *b = w->qs + 32 * q + 4 * c;
+                memcpy(to_packed ? a : b, to_packed ? b : a, 4);
+            }
+    }
+}
+
+static void move(enum quant_type type, const struct packed_geom *g, uint8_t *p, uint8_t *const blk[8], int r0, int r1,
+                 int to_packed)
+{
+    if (type == QUANT_TYPE_Q4_K) q4k_move(p, blk, r0, r1, to_packed);
+    else move_block(g, p, blk, r0, r1, to_packed);
+}
+
 void quant_pack_rows8(enum quant_type type, void *dst, const void *w, int64_t n, int64_t k)
 {
     struct packed_geom g = {0};
     CHECK(quant_packable(type, n, k) && geom_of(type, &g), "quant_pack_rows8: %s with n %lld, k %lld cannot be packed",
           quant_type_name(type), (long long)n, (long long)k);
-    const int64_t nb = k / QK;
+    const int64_t nb = k / g.elems;
     const size_t row = (size_t)nb * g.block;
     for (int64_t r0 = 0; r0 < n; r0 += 8)
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *blk[8];
             for (int r = 0; r < 8; r++) blk[r] = (uint8_t *)w + (size_t)(r0 + r) * row + (size_t)b * g.block;
-            move_block(&g, (uint8_t *)dst + (size_t)((r0 / 8) * nb + b) * g.packed, blk, 0, 8, 1);
+            move(type, &g, (uint8_t *)dst + (size_t)((r0 / 8) * nb + b) * g.packed, blk, 0, 8, 1);
         }
 }
 
 void quant_dequantize_row_packed(enum quant_type type, const void *wp, int64_t j, float *dst, int64_t k)
 {
     struct packed_geom g = {0};
-    CHECK(geom_of(type, &g) && k % QK == 0, "quant_dequantize_row_packed: %s, k %lld", quant_type_name(type),
+    CHECK(geom_of(type, &g) && k % g.elems == 0, "quant_dequantize_row_packed: %s, k %lld", quant_type_name(type),
           (long long)k);
-    const int64_t nb = k / QK;
-    uint8_t tmp[8][sizeof(struct blk_q8_0)], *blk[8];
+    const int64_t nb = k / g.elems;
+    _Alignas(16) uint8_t tmp[8][sizeof(struct blk_q4_k)];
+    uint8_t *blk[8];
     for (int r = 0; r < 8; r++) blk[r] = tmp[r];
     for (int64_t b = 0; b < nb; b++) {
-        move_block(&g, (uint8_t *)wp + (size_t)((j / 8) * nb + b) * g.packed, blk, (int)(j % 8), (int)(j % 8) + 1, 0);
-        quant_dequantize_row(type, tmp[j % 8], dst + b * QK, QK);
+        move(type, &g, (uint8_t *)wp + (size_t)((j / 8) * nb + b) * g.packed, blk, (int)(j % 8), (int)(j % 8) + 1, 0);
+        quant_dequantize_row(type, tmp[j % 8], dst + b * g.elems, g.elems);
     }
 }
 
@@ -134,4 +186,30 @@ void quant_scalar_packed8_q8_0(int64_t nb, const void *wpv, const void *xqv, flo
             acc[r] = fmaf(f16_to_f32(d) * x[b].d, (float)s, acc[r]);
         }
     for (int r = 0; r < 8; r++) y[r] = acc[r] + 0.0f;
+}
+
+void quant_scalar_packed8_q4_k(int64_t nb, const void *wpv, const void *xqv, float *y)
+{
+    const uint8_t *wp = wpv;
+    const struct act_q8_k *x = xqv;
+    float acc[8] = {0}, accm[8] = {0};
+    for (int64_t b = 0; b < nb; b++, wp += QUANT_R8_Q4_K)
+        for (int r = 0; r < 8; r++) {
+            int32_t isum = 0, msum = 0;
+            for (int j = 0; j < 8; j++) {
+                int32_t s = 0;
+                for (int c = 0; c < 8; c++)
+                    for (int t = 0; t < 4; t++) {
+                        const uint8_t q = wp[160 + 256 * (j / 2) + 32 * c + 4 * r + t];
+                        s += ((j % 2 ? q >> 4 : q) & 0x0F) * x[b].qs[32 * j + 4 * c + t];
+                    }
+                isum += wp[32 + 8 * j + r] * s;
+                msum += wp[96 + 16 * (j / 2) + 2 * r + j % 2] * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
+            }
+            uint16_t d, dmin;
+            memcpy(&d, wp + 2 * r, 2);
+            memcpy(&dmin, wp + 16 + 2 * r, 2);
+            quant_k_accumulate(f16_to_f32(d), f16_to_f32(dmin), x[b].d, isum, msum, &acc[r], &accm[r]);
+        }
+    for (int r = 0; r < 8; r++) y[r] = acc[r] - accm[r];
 }

@@ -141,10 +141,10 @@ static float dot_q5_1(int64_t nb, const void *wv, const void *xv)
 
 /* ---- K-quants ---- */
 
-/* Q4_K and Q5_K: per sub-block j, sc_j * sum(q * x) and m_j * sum(x), both exact in int32;
- * qh is NULL for Q4_K. */
-static float dot_k_sc_min(const uint16_t dd[2], const uint8_t *scales, const uint8_t *qs,
-                          const uint8_t *qh, const struct act_q8_k *x)
+/* Q4_K and Q5_K: per sub-block j, sc_j * sum(q * x) and m_j * sum(x), both exact in int32,
+ * added into acc and accm in the block-exact order (quant_k_accumulate); qh is NULL for Q4_K. */
+static void dot_k_sc_min(const uint16_t dd[2], const uint8_t *scales, const uint8_t *qs,
+                         const uint8_t *qh, const struct act_q8_k *x, float *acc, float *accm)
 {
     int32_t sumi = 0, summ = 0;
     for (int j = 0; j < QK_K / 32; j++) {
@@ -163,31 +163,31 @@ static float dot_k_sc_min(const uint16_t dd[2], const uint8_t *scales, const uin
         sumi += sc * s;
         summ += m * (x->bsums[2 * j] + x->bsums[2 * j + 1]);
     }
-    return x->d * (h2f(dd[0]) * (float)sumi - h2f(dd[1]) * (float)summ);
+    quant_k_accumulate(h2f(dd[0]), h2f(dd[1]), x->d, sumi, summ, acc, accm);
 }
 
 static float dot_q4_k(int64_t nb, const void *wv, const void *xv)
 {
     const struct blk_q4_k *w = wv;
     const struct act_q8_k *x = xv;
-    float acc = 0.0f;
+    float acc = 0.0f, accm = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t dd[2] = {w[b].d, w[b].dmin};
-        acc += dot_k_sc_min(dd, w[b].scales, w[b].qs, NULL, &x[b]);
+        dot_k_sc_min(dd, w[b].scales, w[b].qs, NULL, &x[b], &acc, &accm);
     }
-    return acc;
+    return acc - accm;
 }
 
 static float dot_q5_k(int64_t nb, const void *wv, const void *xv)
 {
     const struct blk_q5_k *w = wv;
     const struct act_q8_k *x = xv;
-    float acc = 0.0f;
+    float acc = 0.0f, accm = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const uint16_t dd[2] = {w[b].d, w[b].dmin};
-        acc += dot_k_sc_min(dd, w[b].scales, w[b].qs, w[b].qh, &x[b]);
+        dot_k_sc_min(dd, w[b].scales, w[b].qs, w[b].qh, &x[b], &acc, &accm);
     }
-    return acc;
+    return acc - accm;
 }
 
 /* Q6_K: element e of a half (128) is, for e = 32 c + l, the nibble of ql[l + 32 (c & 1)]
@@ -300,7 +300,7 @@ static const struct quant_kernels scalar_kernels = {
     },
     .packed8 = {
         [SLOT_Q4_0] = quant_scalar_packed8_q4_0, [SLOT_Q4_1] = quant_scalar_packed8_q4_1,
-        [SLOT_Q8_0] = quant_scalar_packed8_q8_0,
+        [SLOT_Q8_0] = quant_scalar_packed8_q8_0, [SLOT_Q4_K] = quant_scalar_packed8_q4_k,
     },
     .act_q8 = act_q8_scalar,
     .act_q8_k = act_q8_k_scalar,
