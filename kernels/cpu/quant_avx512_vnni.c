@@ -39,7 +39,7 @@ static const struct quant_kernels vnni_kernels = {
         [SLOT_Q5_1] = dotw4_q5_1, [SLOT_Q8_0] = dotw4_q8_0,
     },
     .packed8 = {[SLOT_Q4_0] = packed8_q4_0, [SLOT_Q4_1] = packed8_q4_1, [SLOT_Q8_0] = packed8_q8_0,
-                [SLOT_Q4_K] = quant_avx2_packed8_q4_k},
+                [SLOT_Q4_K] = quant_avx2_packed8_q4_k, [SLOT_Q5_0] = packed8_q5_0, [SLOT_Q5_1] = packed8_q5_1},
     .act_q8 = quant_avx2_act_q8,
     .act_q8_k = quant_avx2_act_q8_k,
 };

@@ -112,6 +112,10 @@ struct act_q8_k {    /* 256 elements, for the K-quants */
 #define QUANT_R8_Q4_0 144
 #define QUANT_R8_Q4_1 160
 #define QUANT_R8_Q8_0 272
+/* Q5_0 / Q5_1: d[8] (and m[8]), then the fifth bits as eight 32-bit masks (mask 2 j: bit 4 r + t
+ * is row r's element 4 j + t; mask 2 j + 1 its element 16 + 4 j + t), then the nibbles as Q4_0's. */
+#define QUANT_R8_Q5_0 176
+#define QUANT_R8_Q5_1 192
 /* Q4_K (a super-block of eight rows): d[8] and dmin[8] (f16), the 6-bit scales as bytes
  * sc[j][r] (64: sub-block j, row r), the mins as bytes mn[q][r][2] (64: row r's mins of sub-blocks
  * 2q and 2q + 1 side by side), then the quants: for each pair p of sub-blocks eight chunks of 32
@@ -120,7 +124,7 @@ struct act_q8_k {    /* 256 elements, for the K-quants */
  * stored. */
 #define QUANT_R8_Q4_K 1184
 
-/* The block-exact order of Q4_0, Q4_1 and Q8_0, which every implementation and both layouts
+/* The block-exact order of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, which every implementation and both layouts
  * follow (quant_x86.h): per block the exact integer sum isum, acc = fmaf(d_w * d_x, isum, acc),
  * accm = fmaf(m, d_x * sum(x), accm) (Q4_1), y = acc + accm. The scalar kernels of the packed
  * layout (quant_packed.c), for the scalar table. */
@@ -128,6 +132,8 @@ void quant_scalar_packed8_q4_0(int64_t nb, const void *wp, const void *xq, float
 void quant_scalar_packed8_q4_1(int64_t nb, const void *wp, const void *xq, float *y);
 void quant_scalar_packed8_q8_0(int64_t nb, const void *wp, const void *xq, float *y);
 void quant_scalar_packed8_q4_k(int64_t nb, const void *wp, const void *xq, float *y);
+void quant_scalar_packed8_q5_0(int64_t nb, const void *wp, const void *xq, float *y);
+void quant_scalar_packed8_q5_1(int64_t nb, const void *wp, const void *xq, float *y);
 
 /* The block-exact order of Q4_K and Q5_K (every implementation, both layouts): per super-block
  * the exact sums isum = sum_j sc_j sum(q x) and msum = sum_j m_j sum(x) (int32),

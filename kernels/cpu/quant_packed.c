@@ -29,6 +29,8 @@ static int geom_of(enum quant_type type, struct packed_geom *g)
     case QUANT_TYPE_Q4_1: *g = (struct packed_geom){sizeof(struct blk_q4_1), QUANT_R8_Q4_1, 4, 4, QK}; return 1;
     case QUANT_TYPE_Q8_0: *g = (struct packed_geom){sizeof(struct blk_q8_0), QUANT_R8_Q8_0, 2, 8, QK}; return 1;
     case QUANT_TYPE_Q4_K: *g = (struct packed_geom){sizeof(struct blk_q4_k), QUANT_R8_Q4_K, 0, 0, QK_K}; return 1;
+    case QUANT_TYPE_Q5_0: *g = (struct packed_geom){sizeof(struct blk_q5_0), QUANT_R8_Q5_0, 2, 4, QK}; return 1;
+    case QUANT_TYPE_Q5_1: *g = (struct packed_geom){sizeof(struct blk_q5_1), QUANT_R8_Q5_1, 4, 4, QK}; return 1;
     default: return 0;
     }
 }
@@ -98,10 +100,38 @@ static void q4k_move(uint8_t *p, uint8_t *const blk[8], int r0, int r1, int to_p
     }
 }
 
+/* Q5_0 / Q5_1: the scales as move_block's, the stored qh (after them) regrouped into the
+ * packed block's 32-bit masks (quant_impl.h), the nibbles as Q4's (stored after qh). */
+static void q5_move(const struct packed_geom *g, uint8_t *p, uint8_t *const blk[8], int r0, int r1, int to_packed)
+{
+    uint8_t *hb = p + 8 * g->scales, *qs = hb + 32;
+    for (int r = r0; r < r1; r++) {
+        for (size_t s = 0; s < g->scales; s += 2) {
+            uint8_t *a = p + 8 * s + 2 * r, *b = blk[r] + s;
+            memcpy(to_packed ? a : b, to_packed ? b : a, 2);
+        }
+        uint32_t qh = 0, mask[8];
+        memcpy(&qh, blk[r] + g->scales, 4);
+        memcpy(mask, hb, sizeof mask);
+        for (int e = 0; e < 32; e++) { /* element e: half e / 16, chunk (e % 16) / 4, lane 4 r + e % 4 */
+            const int m = 2 * ((e % 16) / 4) + e / 16, bit = 4 * r + e % 4;
+            if (to_packed) mask[m] = (mask[m] & ~(1u << bit)) | ((qh >> e) & 1u) << bit;
+            else qh = (qh & ~(1u << e)) | ((mask[m] >> bit) & 1u) << e;
+        }
+        if (to_packed) memcpy(hb, mask, sizeof mask);
+        else memcpy(blk[r] + g->scales, &qh, 4);
+        for (int w = 0; w < 4; w++) {
+            uint8_t *a = qs + 32 * w + 4 * r, *b = blk[r] + g->scales + 4 + 4 * w;
+            memcpy(to_packed ? a : b, to_packed ? b : a, 4);
+        }
+    }
+}
+
 static void move(enum quant_type type, const struct packed_geom *g, uint8_t *p, uint8_t *const blk[8], int r0, int r1,
                  int to_packed)
 {
     if (type == QUANT_TYPE_Q4_K) q4k_move(p, blk, r0, r1, to_packed);
+    else if (type == QUANT_TYPE_Q5_0 || type == QUANT_TYPE_Q5_1) q5_move(g, p, blk, r0, r1, to_packed);
     else move_block(g, p, blk, r0, r1, to_packed);
 }
 
@@ -212,4 +242,42 @@ void quant_scalar_packed8_q4_k(int64_t nb, const void *wpv, const void *xqv, flo
             quant_k_accumulate(f16_to_f32(d), f16_to_f32(dmin), x[b].d, isum, msum, &acc[r], &accm[r]);
         }
     for (int r = 0; r < 8; r++) y[r] = acc[r] - accm[r];
+}
+
+static void packed8_q5_scalar(int64_t nb, const uint8_t *wp, int has_min, const struct act_q8 *x, float *y)
+{
+    const size_t pb = has_min ? QUANT_R8_Q5_1 : QUANT_R8_Q5_0, head = has_min ? 32 : 16;
+    float acc[8] = {0}, accm[8] = {0};
+    for (int64_t b = 0; b < nb; b++, wp += pb)
+        for (int r = 0; r < 8; r++) {
+            uint32_t mask[8];
+            memcpy(mask, wp + head, sizeof mask);
+            int32_t s = 0;
+            for (int j = 0; j < 4; j++)
+                for (int t = 0; t < 4; t++) {
+                    const uint8_t q = wp[head + 32 + 32 * j + 4 * r + t];
+                    const int lo = (q & 0x0F) | (int)((mask[2 * j] >> (4 * r + t)) & 1) << 4;
+                    const int hi = (q >> 4) | (int)((mask[2 * j + 1] >> (4 * r + t)) & 1) << 4;
+                    s += lo * x[b].qs[4 * j + t] + hi * x[b].qs[16 + 4 * j + t];
+                }
+            uint16_t d, m;
+            memcpy(&d, wp + 2 * r, 2);
+            if (!has_min) s -= 16 * x[b].sum;
+            acc[r] = fmaf(f16_to_f32(d) * x[b].d, (float)s, acc[r]);
+            if (has_min) {
+                memcpy(&m, wp + 16 + 2 * r, 2);
+                accm[r] = fmaf(f16_to_f32(m), x[b].dsum, accm[r]);
+            }
+        }
+    for (int r = 0; r < 8; r++) y[r] = acc[r] + accm[r];
+}
+
+void quant_scalar_packed8_q5_0(int64_t nb, const void *wp, const void *xq, float *y)
+{
+    packed8_q5_scalar(nb, wp, 0, xq, y);
+}
+
+void quant_scalar_packed8_q5_1(int64_t nb, const void *wp, const void *xq, float *y)
+{
+    packed8_q5_scalar(nb, wp, 1, xq, y);
 }

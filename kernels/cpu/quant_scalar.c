@@ -60,7 +60,7 @@ static void act_q8_k_scalar(const float *x, void *out, int64_t nb)
 
 /* ---- 32-element types ---- */
 
-/* Q8_0, Q4_0 and Q4_1 in the block-exact order (quant_impl.h). */
+/* Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 in the block-exact order (quant_impl.h). */
 static float dot_q8_0(int64_t nb, const void *wv, const void *xv)
 {
     const struct blk_q8_0 *w = wv;
@@ -123,20 +123,20 @@ static float dot_q5_0(int64_t nb, const void *wv, const void *xv)
     const struct act_q8 *x = xv;
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++)
-        acc += h2f(w[b].d) * x[b].d *
-               (float)(sum_q5(w[b].qs, w[b].qh, x[b].qs) - 16 * x[b].sum);
-    return acc;
+        acc = fmaf(h2f(w[b].d) * x[b].d, (float)(sum_q5(w[b].qs, w[b].qh, x[b].qs) - 16 * x[b].sum), acc);
+    return acc + 0.0f;
 }
 
 static float dot_q5_1(int64_t nb, const void *wv, const void *xv)
 {
     const struct blk_q5_1 *w = wv;
     const struct act_q8 *x = xv;
-    float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++)
-        acc += h2f(w[b].d) * x[b].d * (float)sum_q5(w[b].qs, w[b].qh, x[b].qs) +
-               h2f(w[b].m) * x[b].dsum;
-    return acc;
+    float acc = 0.0f, accm = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        acc = fmaf(h2f(w[b].d) * x[b].d, (float)sum_q5(w[b].qs, w[b].qh, x[b].qs), acc);
+        accm = fmaf(h2f(w[b].m), x[b].dsum, accm);
+    }
+    return acc + accm;
 }
 
 /* ---- K-quants ---- */
@@ -301,6 +301,7 @@ static const struct quant_kernels scalar_kernels = {
     .packed8 = {
         [SLOT_Q4_0] = quant_scalar_packed8_q4_0, [SLOT_Q4_1] = quant_scalar_packed8_q4_1,
         [SLOT_Q8_0] = quant_scalar_packed8_q8_0, [SLOT_Q4_K] = quant_scalar_packed8_q4_k,
+        [SLOT_Q5_0] = quant_scalar_packed8_q5_0, [SLOT_Q5_1] = quant_scalar_packed8_q5_1,
     },
     .act_q8 = act_q8_scalar,
     .act_q8_k = act_q8_k_scalar,

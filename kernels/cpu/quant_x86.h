@@ -76,95 +76,7 @@ s8_rows(int64_t nb, const void *wv, size_t block_bytes, __m256i (*load)(const ui
     for (int r = 0; r < nr; r++) y[r * ys] = qx_hsum(acc[r]);
 }
 
-/* A Q4/Q5 block ready for any row of x: unsigned values u and w = d * (u - off) + m. */
-struct qx_block {
-    __m256i u;
-    float   d, m;
-    int32_t off;
-};
-
-QX_AVX2 static inline struct qx_block qx_unpack_q4_0(const void *w, int64_t b)
-{
-    const struct blk_q4_0 *p = (const struct blk_q4_0 *)w + b;
-    return (struct qx_block){qx_nibbles(p->qs), qx_h2f(p->d), 0.0f, 8};
-}
-QX_AVX2 static inline struct qx_block qx_unpack_q4_1(const void *w, int64_t b)
-{
-    const struct blk_q4_1 *p = (const struct blk_q4_1 *)w + b;
-    return (struct qx_block){qx_nibbles(p->qs), qx_h2f(p->d), qx_h2f(p->m), 0};
-}
-QX_AVX2 static inline struct qx_block qx_unpack_q5_0(const void *w, int64_t b)
-{
-    const struct blk_q5_0 *p = (const struct blk_q5_0 *)w + b;
-    return (struct qx_block){_mm256_or_si256(qx_nibbles(p->qs), qx_fifth_bits(p->qh)), qx_h2f(p->d), 0.0f, 16};
-}
-QX_AVX2 static inline struct qx_block qx_unpack_q5_1(const void *w, int64_t b)
-{
-    const struct blk_q5_1 *p = (const struct blk_q5_1 *)w + b;
-    return (struct qx_block){_mm256_or_si256(qx_nibbles(p->qs), qx_fifth_bits(p->qh)), qx_h2f(p->d),
-                             qx_h2f(p->m), 0};
-}
-
-/* Q4_0, Q4_1, Q5_0, Q5_1: nw rows of W (ws bytes apart) against nr rows of x (xs bytes apart),
- * nw * nr <= 4, y[rw * yw + rx * ys]: one row of W against four of x (prefill tiles, as
- * s8_rows), or four rows of W against one of x (decode: four weight streams in flight, x's
- * block loaded once). The offset (8 or 16) times sum(x) is subtracted in the integers, exactly;
- * the min (has_min: Q4_1, Q5_1) contributes m * d_x * sum(x), kept apart in a scalar. */
-QX_TARGET __attribute__((always_inline)) static inline void
-q45_tile(int64_t nb, const void *w, size_t ws, int nw, size_t block_bytes,
-         struct qx_block (*unpack)(const void *, int64_t), int has_min, const uint8_t *xb, size_t xs, int nr,
-         float *y, int64_t yw, int64_t ys)
-{
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    float acc_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t b = 0; b < nb; b++) {
-        for (int rw = 0; rw < nw; rw++) {
-            const uint8_t *wr = (const uint8_t *)w + (size_t)rw * ws;
-            qx_prefetch(wr + (size_t)b * block_bytes, 1); /* 18-24 bytes: a line each */
-            const struct qx_block q = unpack(wr, b);
-            for (int rx = 0; rx < nr; rx++) {
-                const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)rx * xs) + b;
-                const int a = rw * nr + rx;
-                __m256i p = dot_u8s8(q.u, _mm256_loadu_si256((const __m256i *)x->qs));
-                if (q.off) p = qx_sub_lane0(p, q.off * x->sum);
-                acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(q.d * x->d), _mm256_cvtepi32_ps(p), acc[a]);
-                /* fmaf, not a * b + c: GCC contracted the latter in some of this function's
-                 * inlined copies and not in others, so that a row's result depended on whether
-                 * it went through dot, dot4 or dotw4 (batch invariance broke). */
-                if (has_min) acc_m[a] = fmaf(q.m, x->dsum, acc_m[a]);
-            }
-        }
-    }
-    for (int rw = 0; rw < nw; rw++)
-        for (int rx = 0; rx < nr; rx++) y[rw * yw + rx * ys] = qx_hsum(acc[rw * nr + rx]) + acc_m[rw * nr + rx];
-}
-
-/* The table's entry points: one row (quant_dot_fn), four rows of x (quant_dot4_fn) and four
- * rows of W (quant_dotw4_fn; not for Q8_0, whose row-by-row kernel was 10 % faster than four
- * rows: 23.5 against 25.6-26.0 ms in bench_quant --lm-head). Four rows of W measured
- * (bench_quant --lm-head: 262,144 x 640, one thread, VNNI, 2026-11-25): Q5_0 22.3 ms against
- * 28.7-30.3 ms row by row, Q4_0 16.6 against 25.5-26.3 ms. */
-#define QX_Q45(name, has_min)                                                                    \
-    QX_TARGET static float dot_##name(int64_t nb, const void *w, const void *xq)                 \
-    {                                                                                            \
-        float y;                                                                                 \
-        q45_tile(nb, w, 0, 1, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, 0, 1, &y, 0, 0); \
-        return y;                                                                                \
-    }                                                                                            \
-    QX_TARGET static void dot4_##name(int64_t nb, const void *w, const void *xq, size_t xs,      \
-                                      float *y, int64_t ys)                                      \
-    {                                                                                            \
-        q45_tile(nb, w, 0, 1, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, xs, 4, y, 0, ys); \
-    }                                                                                            \
-    QX_TARGET static void dotw4_##name(int64_t nb, const void *w, size_t ws, const void *xq, float *y) \
-    {                                                                                            \
-        q45_tile(nb, w, ws, 4, sizeof(struct blk_##name), qx_unpack_##name, has_min, xq, 0, 1, y, 1, 0); \
-    }
-QX_Q45(q5_0, 0)
-QX_Q45(q5_1, 1)
-#undef QX_Q45
-
-/* ---- Q4_0, Q4_1 and Q8_0: the block-exact order (quant_impl.h, QUANT_EXACT) ----
+/* ---- Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: the block-exact order (quant_impl.h) ----
  * Every implementation and layout of these types computes a row as: per block the exact
  * integer sum isum (Q4_0's offset included), acc = fmaf(d_w * d_x, isum, acc), the min apart as
  * accm = fmaf(m, d_x sum(x), accm), y = acc + accm. So a row's bits do not depend on the tile,
@@ -203,6 +115,18 @@ QX_AVX2 static inline struct qx_exact qx_exact_q4_1(const void *w, int64_t b)
 {
     const struct blk_q4_1 *p = (const struct blk_q4_1 *)w + b;
     return (struct qx_exact){qx_nibbles(p->qs), _mm256_setzero_si256(), qx_h2f(p->d), qx_h2f(p->m), 0};
+}
+QX_AVX2 static inline struct qx_exact qx_exact_q5_0(const void *w, int64_t b)
+{
+    const struct blk_q5_0 *p = (const struct blk_q5_0 *)w + b;
+    return (struct qx_exact){_mm256_or_si256(qx_nibbles(p->qs), qx_fifth_bits(p->qh)), _mm256_setzero_si256(),
+                             qx_h2f(p->d), 0.0f, 16};
+}
+QX_AVX2 static inline struct qx_exact qx_exact_q5_1(const void *w, int64_t b)
+{
+    const struct blk_q5_1 *p = (const struct blk_q5_1 *)w + b;
+    return (struct qx_exact){_mm256_or_si256(qx_nibbles(p->qs), qx_fifth_bits(p->qh)), _mm256_setzero_si256(),
+                             qx_h2f(p->d), qx_h2f(p->m), 0};
 }
 QX_AVX2 static inline struct qx_exact qx_exact_q8_0(const void *w, int64_t b)
 {
@@ -275,6 +199,8 @@ exact_tile(int64_t nb, const void *w, size_t ws, int nw, size_t block_bytes,
     }
 QX_EXACT(q4_0, 0, 0)
 QX_EXACT(q4_1, 1, 0)
+QX_EXACT(q5_0, 0, 0)
+QX_EXACT(q5_1, 1, 0)
 QX_EXACT(q8_0, 0, 1)
 #undef QX_EXACT
 
@@ -321,6 +247,49 @@ QX_TARGET static void packed8_q4_0(int64_t nb, const void *wp, const void *xq, f
 QX_TARGET static void packed8_q4_1(int64_t nb, const void *wp, const void *xq, float *y)
 {
     packed8_q4(nb, wp, 1, xq, y);
+}
+
+/* Q5_0 and Q5_1: the fifth bits come as one 32-bit mask per half chunk (bit 4 r + t: row r's
+ * element of that lane), spread to 0x10 bytes; values up to 31 keep four products of a chunk
+ * pair within 2^15, so a block takes two vpmaddwd. */
+QX_TARGET __attribute__((always_inline)) static inline void
+packed8_q5(int64_t nb, const uint8_t *wp, int has_min, const struct act_q8 *x, float *y)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const size_t pb = has_min ? QUANT_R8_Q5_1 : QUANT_R8_Q5_0, head = has_min ? 32 : 16;
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, wp += pb) {
+        const uint8_t *hb = wp + head, *qs = hb + 32;
+        const int8_t *xq = x[b].qs;
+        __m256i s16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int j = 0; j < 4; j++) {
+            int32_t xl, xh;
+            memcpy(&xl, xq + 4 * j, 4);
+            memcpy(&xh, xq + 16 + 4 * j, 4);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), qx_fifth_bits(hb + 8 * j));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), qx_fifth_bits(hb + 8 * j + 4));
+            s16[j / 2] = _mm256_add_epi16(s16[j / 2], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)),
+                                                                       _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh))));
+        }
+        __m256i is = _mm256_add_epi32(_mm256_madd_epi16(s16[0], ones), _mm256_madd_epi16(s16[1], ones));
+        if (!has_min) is = _mm256_sub_epi32(is, _mm256_set1_epi32(16 * x[b].sum));
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(is), acc);
+        if (has_min)
+            accm = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16))),
+                                   _mm256_set1_ps(x[b].dsum), accm);
+    }
+    _mm256_storeu_ps(y, _mm256_add_ps(acc, accm));
+}
+
+QX_TARGET static void packed8_q5_0(int64_t nb, const void *wp, const void *xq, float *y)
+{
+    packed8_q5(nb, wp, 0, xq, y);
+}
+QX_TARGET static void packed8_q5_1(int64_t nb, const void *wp, const void *xq, float *y)
+{
+    packed8_q5(nb, wp, 1, xq, y);
 }
 
 /* Q8_0: the weights are signed, so each vector's sign moves onto the broadcast x word (as
