@@ -275,6 +275,12 @@ static struct jv arith(struct jstate *st, int op, struct jv a, struct jv b)
         return arith(st, op, b, a);
     if (op == '*' && (a.type == JV_INT || a.type == JV_BOOL)) {
         int64_t k = as_int(a);
+        /* An empty string or list times any count is empty at once (the loops below ran k times
+         * over nothing: [] * 10**20 hung the fuzz target); a longer one stops at the sandbox's
+         * output and memory bounds, which each append checks. */
+        const size_t len = b.type == JV_STRING ? b.u.s.n : (b.type == JV_LIST || b.type == JV_TUPLE) ? b.u.l->n : 1;
+        if (len == 0 || k <= 0) k = 0;
+        if (k > 0 && (uint64_t)k > (1u << 26) / len) jfail(st, STATUS_INVALID_ARGUMENT, "repetition too large");
         if (b.type == JV_STRING) {
             struct jbuf out = {0};
             for (int64_t i = 0; i < k; i++) jbuf_put(st, &out, b.u.s.p, b.u.s.n);

@@ -173,7 +173,10 @@ static void lex_tag(struct parser *p, int is_block, int *line_starting)
             } else {
                 char *end;
                 t->i = strtoll(num, &end, 10);
-                if (d > 18 && strcmp(num, "9223372036854775807") > 0 && d >= 19)
+                /* Past int64 (Python's ints are unbounded: such a template is refused here). The
+                 * string comparison orders digits only between literals of the same length: 20
+                 * digits and more passed it ("1019..." < "9223..."). */
+                if (d > 19 || (d == 19 && strcmp(num, "9223372036854775807") > 0))
                     PFAIL(p, p->line, "integer literal too large");
             }
             p->pos += n;
