@@ -175,7 +175,7 @@ static void run_read(void *p)
 static void bench_lm_head(const struct bench *bn, int threads)
 {
     static const enum quant_type lm_types[] = {QUANT_TYPE_Q8_0, QUANT_TYPE_Q5_0, QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1,
-                                               QUANT_TYPE_Q4_K};
+                                               QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K};
     float *x = malloc((size_t)1024 * sizeof(float)), *y = malloc((size_t)262144 * sizeof(float));
     for (int64_t i = 0; i < 1024; i++) x[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
     for (size_t ti = 0; ti < sizeof lm_types / sizeof lm_types[0]; ti++) {

@@ -217,7 +217,7 @@ QX_AVX2 float quant_avx2_dot_q6_k(int64_t nb, const void *wv, const void *xv)
     const struct blk_q6_k *w = wv;
     const struct act_q8_k *x = xv;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
-    __m256 acc = _mm256_setzero_ps();
+    float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         qx_prefetch(w + b, sizeof *w);
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)w[b].scales);
@@ -243,9 +243,9 @@ QX_AVX2 float quant_avx2_dot_q6_k(int64_t nb, const void *wv, const void *xv)
         const __m256i off = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),
                                               _mm256_loadu_si256((const __m256i *)x[b].bsums));
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(qx_h2f(w[b].d) * x[b].d), _mm256_cvtepi32_ps(sumi), acc);
+        acc = fmaf(qx_h2f(w[b].d) * x[b].d, (float)qx_hsum_epi32(sumi), acc); /* block-exact */
     }
-    return qx_hsum(acc);
+    return acc + 0.0f;
 }
 
 /* Q2_K: chunk c = 4 h + s (32 elements) is bits 2s, 2s + 1 of qs[32 h ..]; per group g of 16,

@@ -135,6 +135,7 @@ void quant_scalar_packed8_q4_k(int64_t nb, const void *wp, const void *xq, float
 void quant_scalar_packed8_q5_0(int64_t nb, const void *wp, const void *xq, float *y);
 void quant_scalar_packed8_q5_1(int64_t nb, const void *wp, const void *xq, float *y);
 
+
 /* The block-exact order of Q4_K and Q5_K (every implementation, both layouts): per super-block
  * the exact sums isum = sum_j sc_j sum(q x) and msum = sum_j m_j sum(x) (int32),
  * acc = fmaf(d * d_x, isum, acc), accm = fmaf(dmin * d_x, msum, accm), y = acc - accm. */

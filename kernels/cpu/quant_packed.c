@@ -156,7 +156,7 @@ void quant_dequantize_row_packed(enum quant_type type, const void *wp, int64_t j
     CHECK(geom_of(type, &g) && k % g.elems == 0, "quant_dequantize_row_packed: %s, k %lld", quant_type_name(type),
           (long long)k);
     const int64_t nb = k / g.elems;
-    _Alignas(16) uint8_t tmp[8][sizeof(struct blk_q4_k)];
+    _Alignas(16) uint8_t tmp[8][sizeof(struct blk_q4_k)]; /* the largest packable block */
     uint8_t *blk[8];
     for (int r = 0; r < 8; r++) blk[r] = tmp[r];
     for (int64_t b = 0; b < nb; b++) {

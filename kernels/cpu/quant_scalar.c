@@ -211,9 +211,9 @@ static float dot_q6_k(int64_t nb, const void *wv, const void *xv)
             }
             sumi += w[b].scales[g] * (s - 32 * x[b].bsums[g]);
         }
-        acc += h2f(w[b].d) * x[b].d * (float)sumi;
+        acc = fmaf(h2f(w[b].d) * x[b].d, (float)sumi, acc); /* the block-exact order */
     }
-    return acc;
+    return acc + 0.0f;
 }
 
 /* Q2_K: per group g of 16, sc_g * sum(q x) and m_g * sum(x), both exact in int32. */
