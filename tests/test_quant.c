@@ -318,6 +318,11 @@ static void check_type(enum quant_type t)
               worst[impl].q_ratio);
         if (impl) printf("     %s %s vs scalar: worst |diff| / (2 f32 term) %.3f\n", quant_type_name(t),
                          quant_impl_name((enum quant_impl)impl), worst[impl].simd_ratio);
+        /* The types of the block-exact order (kernels/cpu/quant_impl.h) give the scalar bits. */
+        const int exact = t != QUANT_TYPE_Q2_K && t != QUANT_TYPE_Q3_K && t != QUANT_TYPE_IQ4_NL && t != QUANT_TYPE_IQ4_XS;
+        if (impl && exact)
+            check(worst[impl].simd_ratio == 0.0, "%s %s: the scalar product's bits (the block-exact order)",
+                  quant_type_name(t), quant_impl_name((enum quant_impl)impl));
     }
 }
 
