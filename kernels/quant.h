@@ -96,6 +96,10 @@ size_t quant_packed_bytes(enum quant_type type, int64_t n, int64_t k);
 void quant_pack_rows8(enum quant_type type, void *dst, const void *w, int64_t n, int64_t k);
 /* Row j of a packed W in f32: the bits quant_dequantize_row gives for the row as stored. */
 void quant_dequantize_row_packed(enum quant_type type, const void *wp, int64_t j, float *dst, int64_t k);
+/* Rows j0 .. j0 + rows of a packed W in f32 at dst (rows x k) (prefill's dequantized tiles):
+ * the same bits. */
+void quant_dequantize_rows_packed(enum quant_type type, const void *wp, int64_t j0, int64_t rows, float *dst,
+                                  int64_t k);
 /* quant_matmul with W packed (wp); the same contract and the same bits. */
 void quant_matmul_packed(enum quant_type type, float *y, const float *x, const void *wp, int64_t m, int64_t n,
                          int64_t k, void *scratch, int n_threads);

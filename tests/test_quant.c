@@ -466,11 +466,15 @@ static void check_packed(enum quant_type t)
         }
     }
     float *a = malloc((size_t)k * sizeof *a), *b = malloc((size_t)k * sizeof *b);
+    float *many = malloc((size_t)(n * k) * sizeof *many);
+    quant_dequantize_rows_packed(t, wp, 3, n - 5, many, k); /* rows 3 .. n - 3: partial groups at both ends */
     for (int64_t j = 0; j < n; j++) {
         quant_dequantize_row(t, w + j * row, a, k);
         quant_dequantize_row_packed(t, wp, j, b, k);
         ok_deq &= memcmp(a, b, (size_t)k * sizeof *a) == 0;
+        if (j >= 3 && j < n - 2) ok_deq &= memcmp(a, many + (j - 3) * k, (size_t)k * sizeof *a) == 0;
     }
+    free(many);
     check(ok_mm && ok_impl && ok_rows && ok_deq && n_runs >= 8,
           "%s packed eight rows at a time (n %lld, k %lld, m 1/3/5/17, 1 and 2 threads, %d runs): packed product == "
           "stored product %s, every implementation the same bits %s, a row alone == among others %s, rows dequantized "

@@ -187,9 +187,8 @@ enum status checkpoint_open(const char *dir, struct checkpoint **out);
  * open). */
 /* Unmaps everything; accepts NULL. Zero-copy pointers handed out die here. */
 void        checkpoint_close(struct checkpoint *ck);
-/* Once the model and its tokenizer are loaded: a GGUF file's resident pages are given back
- * (gguf_release_pages; weights read from the mapping come back as they are read). Other
- * layouts: nothing. */
+/* Once the model and its tokenizer are loaded: a GGUF file's metadata pages are given back
+ * (gguf_release_pages). Other layouts: nothing. */
 void        checkpoint_release_pages(struct checkpoint *ck);
 
 /* Contiguous layer ranges of a pipeline split, used by the writer and for loading: stage

@@ -462,7 +462,12 @@ fail:
 
 void gguf_release_pages(struct gguf *g)
 {
-    if (g && g->map) (void)madvise(g->map, g->map_size, MADV_DONTNEED); /* failing costs memory only */
+    /* The metadata only (everything before the data section): the weights still read from the
+     * mapping would come back at their first use, a page fault each (a stored Q6_K or f16 model's
+     * first prefill), and the packed ones were given back as they were packed. Whole pages,
+     * those below the data section's first. */
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), n = g && g->map ? (size_t)g->data_offset / page * page : 0;
+    if (n) (void)madvise(g->map, n, MADV_DONTNEED); /* failing costs memory only */
 }
 
 void gguf_close(struct gguf *g)

@@ -119,9 +119,9 @@ struct gguf;
 enum status gguf_open(const char *path, struct gguf **out);
 /* Unmaps and frees; accepts NULL. Every kv, tensor and data pointer of the file dies with it. */
 void        gguf_close(struct gguf *g);
-/* Gives back the mapping's resident pages (MADV_DONTNEED; a later read brings them back from
- * the file): after loading, what was read for the metadata and the tokenizer, and the blocks
- * the model copied (packed for the CPU), stop counting in the resident set. */
+/* Gives back the resident pages of the mapping's metadata (MADV_DONTNEED; a later read brings
+ * them back from the file): after loading, what was read for the tokenizer stops counting in the
+ * resident set. (The model gives back the blocks it packed itself, model_load.c.) */
 void        gguf_release_pages(struct gguf *g);
 
 const char *gguf_path(const struct gguf *g);

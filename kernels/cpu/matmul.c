@@ -8,7 +8,8 @@
  * x once and blocks of w per thread into the scratch arena, multiply in f32, and round y once;
  * block-quantized w (DTYPE_Q*) goes to quant_matmul (kernels/quant.h) with x's int8 copy in the
  * scratch arena below QUANT_SGEMM_MIN_M rows (at any row count with batch_invariant: the two
- * paths round differently), else to dequantized tiles (f32 + sgemm). On CPUs
+ * paths round differently), else to dequantized tiles (f32 + sgemm; weights packed eight rows at
+ * a time, tensor_packed, are dequantized from the packed copy). On CPUs
  * with AMX, bf16 w and block w from QUANT_AMX_MIN_M rows take the bf16 tiles (amx.c).
  * The backward converts dy and x to f32 once, and w and a half-precision dw a block of rows at a
  * time, so that scratch never holds a whole weight.
@@ -170,9 +171,10 @@ static void widen_rows(float *wf, const struct tensor *w, int64_t j0, int64_t nb
         const enum quant_type qt = (enum quant_type)dtype_quant_type(w->dtype);
         const size_t row = quant_row_bytes(qt, k);
         const void *packed = tensor_packed(w); /* read what decode reads: the stored rows stay cold */
-        for (int64_t i = 0; i < nb; i++)
-            if (packed) quant_dequantize_row_packed(qt, packed, j0 + i, wf + i * k, k);
-            else quant_dequantize_row(qt, (const char *)w->data + (size_t)(j0 + i) * row, wf + i * k, k);
+        if (packed) quant_dequantize_rows_packed(qt, packed, j0, nb, wf, k);
+        else
+            for (int64_t i = 0; i < nb; i++)
+                quant_dequantize_row(qt, (const char *)w->data + (size_t)(j0 + i) * row, wf + i * k, k);
     } else {
         dtype_convert(wf, DTYPE_F32, (const char *)w->data + (size_t)(j0 * k) * dtype_size(w->dtype),
                       w->dtype, (size_t)(nb * k));

@@ -7,6 +7,7 @@
  * Tests: tests/test_quant.c (the packed product bit for bit against the stored one, every
  * implementation; rows dequantized from the packed layout). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base.h"
@@ -113,10 +114,11 @@ static void q5_move(const struct packed_geom *g, uint8_t *p, uint8_t *const blk[
         uint32_t qh = 0, mask[8];
         memcpy(&qh, blk[r] + g->scales, 4);
         memcpy(mask, hb, sizeof mask);
-        for (int e = 0; e < 32; e++) { /* element e: half e / 16, chunk (e % 16) / 4, lane 4 r + e % 4 */
-            const int m = 2 * ((e % 16) / 4) + e / 16, bit = 4 * r + e % 4;
-            if (to_packed) mask[m] = (mask[m] & ~(1u << bit)) | ((qh >> e) & 1u) << bit;
-            else qh = (qh & ~(1u << e)) | ((mask[m] >> bit) & 1u) << e;
+        /* Mask m = 2 j + half holds, at bits 4 r .. 4 r + 3, qh's bits 16 half + 4 j .. + 3. */
+        for (int m = 0; m < 8; m++) {
+            const int at = 16 * (m % 2) + 4 * (m / 2);
+            if (to_packed) mask[m] = (mask[m] & ~(15u << 4 * r)) | ((qh >> at) & 15u) << 4 * r;
+            else qh = (qh & ~(15u << at)) | ((mask[m] >> 4 * r) & 15u) << at;
         }
         if (to_packed) memcpy(hb, mask, sizeof mask);
         else memcpy(blk[r] + g->scales, &qh, 4);
@@ -148,6 +150,27 @@ void quant_pack_rows8(enum quant_type type, void *dst, const void *w, int64_t n,
             for (int r = 0; r < 8; r++) blk[r] = (uint8_t *)w + (size_t)(r0 + r) * row + (size_t)b * g.block;
             move(type, &g, (uint8_t *)dst + (size_t)((r0 / 8) * nb + b) * g.packed, blk, 0, 8, 1);
         }
+}
+
+void quant_dequantize_rows_packed(enum quant_type type, const void *wp, int64_t j0, int64_t rows, float *dst, int64_t k)
+{
+    struct packed_geom g = {0};
+    CHECK(geom_of(type, &g) && k % g.elems == 0 && j0 >= 0 && rows >= 0, "quant_dequantize_rows_packed: %s, k %lld",
+          quant_type_name(type), (long long)k);
+    const int64_t nb = k / g.elems;
+    /* Each row's blocks back to the stored form, then the (SIMD) row dequantizer over them. */
+    uint8_t *row = malloc((size_t)nb * g.block);
+    CHECK(row, "quant_dequantize_rows_packed: out of memory");
+    for (int64_t j = j0; j < j0 + rows; j++) {
+        const int r = (int)(j % 8);
+        uint8_t *blk[8] = {0};
+        for (int64_t b = 0; b < nb; b++) {
+            blk[r] = row + (size_t)b * g.block;
+            move(type, &g, (uint8_t *)wp + (size_t)((j / 8) * nb + b) * g.packed, blk, r, r + 1, 0);
+        }
+        quant_dequantize_row(type, row, dst + (j - j0) * k, k);
+    }
+    free(row);
 }
 
 void quant_dequantize_row_packed(enum quant_type type, const void *wp, int64_t j, float *dst, int64_t k)
