@@ -379,6 +379,8 @@ def malformed(tool, tmp, base):
         "max chars": lambda t: t["model"].update(max_input_chars_per_word=-3),
         "normalizer": lambda t: t.update(normalizer={"type": "Precompiled", "precompiled_charsmap": "AAAA"}),
         "Replace regex": lambda t: t.update(normalizer={"type": "Replace", "pattern": {"Regex": "( +"}, "content": " "}),
+        "Replace \\u short": lambda t: t.update(normalizer={"type": "Replace", "pattern": {"Regex": "\\u00A"}, "content": ""}),
+        "Replace \\u class": lambda t: t.update(normalizer={"type": "Replace", "pattern": {"Regex": "[\\u00AD"}, "content": ""}),
         "pre": lambda t: t.update(pre_tokenizer={"type": "UnicodeScripts"}),
         "decoder": lambda t: t.update(decoder={"type": "CTC"}),
         "Strip": lambda t: t.update(decoder={"type": "Strip", "content": " ", "start": -1, "stop": 0}),
