@@ -18,6 +18,11 @@ Hugging Face `tokenizers`, through tests/test_bpe_tool:
                      WhitespaceSplit + Punctuation + Digits and a [CLS] $A [SEP] template
   unigram            a Unigram trained here (UnigramTrainer; NFKC + Lowercase, Metaspace), and the
                      same with byte_fallback and <0xNN> pieces added
+  unigram-escapes    that Unigram behind Replace normalizers and a Split whose regexes use
+                     Oniguruma's \\uHHHH escapes (which PCRE2 lacks), one escaped as a literal \\u
+  unigram-mon        mon-tokenizer's real tokenizer.json (a released Unigram for Mon, Burmese and
+                     English: byte_fallback, Replace regexes with \\uHHHH, NFC, Metaspace;
+                     tools/fetch_mon_tokenizer.sh puts it in .cache/mon-tokenizer/; SKIPs without it)
 For each: the ids of every corpus text (0 mismatches allowed), decode (skip_special_tokens) of
 those ids and of random id sequences, the streaming detokenizer against the decode (WordPiece's
 cleanup included), then malformed files refused with a message and no crash.
@@ -36,6 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 ASSETS = os.environ.get("SHARDLM_ASSETS", os.path.join(ROOT, "..", "shared", "assets"))
 MINILM = os.path.join(ROOT, ".cache", "minilm", "tokenizer.json")
+MON = os.path.join(ROOT, ".cache", "mon-tokenizer", "tokenizer.json")
 failures = 0
 
 
@@ -254,6 +260,26 @@ def unigram_byte_fallback(path, tmp):
     return out
 
 
+def unigram_escapes(path, tmp):
+    """The trained Unigram with regexes written as tokenizer.json files write them for Oniguruma:
+    \\uHHHH escapes (in a class, alone, in a range) and an escaped backslash before a u, which
+    stays a literal backslash and u."""
+    tj = json.load(open(path))
+    tj["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"Regex": "[\\u00AD\\u200B-\\u200D\\u2060\\uFEFF]"}, "content": ""},
+        {"type": "Replace", "pattern": {"Regex": "\\u00e9|\\\\u0041"}, "content": "E"},
+        {"type": "Replace", "pattern": {"Regex": "\\p{Zs}"}, "content": " "}, tj["normalizer"]]}
+    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [tj["pre_tokenizer"], {
+        "type": "Split", "pattern": {"Regex": "\\u002C|[\\u0021-\\u0023]"}, "behavior": "Isolated", "invert": False}]}
+    out = os.path.join(tmp, "unigram-escapes.json")
+    json.dump(tj, open(out, "w"))
+    return out
+
+
+ESCAPE_TEXTS = ["soft\u00adhy\u00adphen zero\u200bwidth join\u200dner word\u2060joiner \ufeffbom", "caf\u00e9 \u00e9t\u00e9",
+                "a\\u0041b \\u00e9 \\\\u0041 u0041 \\x{41}", "one, two!three\"four#five", "nb\u00a0sp em\u2003sp \u3000ideo"]
+
+
 def sp_charsmap(model_bytes):
     """ModelProto.normalizer_spec (field 3).precompiled_charsmap (field 2), read here."""
     def fields(b):
@@ -312,6 +338,10 @@ def unigram_precompiled(text, rule, tmp):
 
 # Texts that exercise a charsmap: compatibility characters, combining sequences (grapheme clusters
 # of every length around the 6-byte rule), controls, spaces, emoji sequences.
+# Mon and Burmese (the scripts mon-tokenizer was trained on): a Mon sentence, a Burmese one, digits.
+MON_TEXTS = ["\u1000\u1060\u102c \u1019\u1014\u103a \u1018\u102c\u101e\u102c\u104a \u1015\u1039\u100d\u1032 \u1002\u1000\u1031\u102c\u1036 \u1041\u1042\u1043",
+             "\u1019\u103c\u1014\u103a\u1019\u102c\u1018\u102c\u101e\u102c \u101e\u100a\u103a \u1041\u1049\u1044\u1048 \u1001\u102f\u1014\u103e\u1005\u103a\u104b",
+             "Mon \u1019\u1014\u103a and English mixed, \u1050\u1051 \u105a\u105b\u105c \u1075\u1076 \u109e\u109f"]
 PRECOMPILED_TEXTS = ["ﬁ ﬂ ① ㈱ ｈａｌｆ ＡＢＣ ｶﾀｶﾅ ™ … ¼ ㎏ ℌ ⅷ Ⅻ", "e\u0301 a\u0308 n\u0303 e\u0301\u0302 ｅ\u0301 ﬁ\u0301",
                      "\u1100\u1161\u11a8 한국어 ᄀᄁ", "\x01\x02\x7f\u0085\u200b\u200d\ufeff x\u00ad y", "\u00a0\u2002\u3000 spaces\u2028",
                      "👨‍👩‍👧 🇯🇵 👍🏽 ❤️ ﷺ ﻼ", "Ａ\u0308\u0301\u0302 ㍿ ㋀ ㏠", "İ ß ẞ Σ ς ǅ ﬀ", "a\u20dd \u0915\u094d\u0937 ক্ষ"]
@@ -349,6 +379,8 @@ def malformed(tool, tmp, base):
         "max chars": lambda t: t["model"].update(max_input_chars_per_word=-3),
         "normalizer": lambda t: t.update(normalizer={"type": "Precompiled", "precompiled_charsmap": "AAAA"}),
         "Replace regex": lambda t: t.update(normalizer={"type": "Replace", "pattern": {"Regex": "( +"}, "content": " "}),
+        "Replace \\u short": lambda t: t.update(normalizer={"type": "Replace", "pattern": {"Regex": "\\u00A"}, "content": ""}),
+        "Replace \\u class": lambda t: t.update(normalizer={"type": "Replace", "pattern": {"Regex": "[\\u00AD"}, "content": ""}),
         "pre": lambda t: t.update(pre_tokenizer={"type": "UnicodeScripts"}),
         "decoder": lambda t: t.update(decoder={"type": "CTC"}),
         "Strip": lambda t: t.update(decoder={"type": "Strip", "content": " ", "start": -1, "stop": 0}),
@@ -406,6 +438,11 @@ def main():
         ug = trained("unigram", shakespeare[:300000], tmp)
         compare(tool, "unigram", ug, texts)
         compare(tool, "unigram-byte-fallback", unigram_byte_fallback(ug, tmp), texts)
+        compare(tool, "unigram-escapes", unigram_escapes(ug, tmp), texts + ESCAPE_TEXTS)
+        if os.path.exists(MON):
+            compare(tool, "unigram-mon", MON, texts + ESCAPE_TEXTS + MON_TEXTS, special_too=True)
+        else:
+            print("SKIP unigram-mon: %s not found (tools/fetch_mon_tokenizer.sh .cache/mon-tokenizer)" % MON)
         try:
             import sentencepiece  # noqa: F401
             for rule in ("nmt_nfkc", "nmt_nfkc_cf"):

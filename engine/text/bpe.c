@@ -216,19 +216,57 @@ static enum status piece_bytes(const char *piece, uint8_t **out, uint32_t *n, in
     return STATUS_OK;
 }
 
+static int is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+/* The pattern as PCRE2 reads it: Hugging Face compiles tokenizer.json regexes with Oniguruma's
+ * Ruby syntax, whose \uHHHH (four hex digits) PCRE2 refuses, so each unescaped one becomes
+ * \x{HHHH}. Everything else is taken as written. Returns a malloc'd string, or NULL when out of
+ * memory. */
+static char *onig_to_pcre2(const char *pattern)
+{
+    const size_t len = strlen(pattern);
+    char *o = malloc(len + len / 6 * 2 + 1); /* each 6-byte \uHHHH grows by 2 */
+    if (!o) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < len;) {
+        if (pattern[i] == '\\' && pattern[i + 1] == 'u' && is_hex(pattern[i + 2]) && is_hex(pattern[i + 3]) &&
+            is_hex(pattern[i + 4]) && is_hex(pattern[i + 5])) {
+            memcpy(o + k, "\\x{", 3);
+            memcpy(o + k + 3, pattern + i + 2, 4);
+            o[k + 7] = '}';
+            k += 8, i += 6;
+        } else if (pattern[i] == '\\' && pattern[i + 1]) { /* an escape pair, \\ included */
+            o[k++] = pattern[i++];
+            o[k++] = pattern[i++];
+        } else {
+            o[k++] = pattern[i++];
+        }
+    }
+    o[k] = 0;
+    return o;
+}
+
 static enum status compile_split(struct bpe *b, struct bpe_split *sp, const char *field, int k)
 {
     int err;
     PCRE2_SIZE at;
     /* PCRE2_LITERAL refuses PCRE2_UCP (which only changes classes a literal has none of). */
     const uint32_t opts = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (sp->literal ? PCRE2_LITERAL : PCRE2_UCP);
-    pcre2_code *code = pcre2_compile((PCRE2_SPTR)sp->pattern, PCRE2_ZERO_TERMINATED, opts, &err, &at, NULL);
+    char *pattern = sp->literal ? NULL : onig_to_pcre2(sp->pattern);
+    if (!sp->literal && !pattern) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
+    pcre2_code *code = pcre2_compile((PCRE2_SPTR)(pattern ? pattern : sp->pattern), PCRE2_ZERO_TERMINATED, opts, &err,
+                                     &at, NULL);
     if (!code) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
-        return status_errorf(STATUS_BAD_FORMAT, "%s: %s step %d: regex /%s/ at offset %zu: %s", b->name,
-                             field, k, sp->pattern, (size_t)at, (const char *)msg);
+        const int changed = pattern && strcmp(pattern, sp->pattern) != 0;
+        enum status s = status_errorf(STATUS_BAD_FORMAT, "%s: %s step %d: regex /%s/%s%s%s at offset %zu: %s", b->name,
+                                      field, k, sp->pattern, changed ? " (as PCRE2 reads it: /" : "",
+                                      changed ? pattern : "", changed ? "/)" : "", (size_t)at, (const char *)msg);
+        free(pattern);
+        return s;
     }
+    free(pattern);
     /* JIT is an optimisation: without it (PCRE2 built without, or no executable memory) the
      * interpreter gives the same matches. */
     (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
