@@ -59,8 +59,19 @@ static void token_text(const struct tokenizer *tok, int32_t id, char *out, size_
  * escaped here, as cJSON escapes ("\u0000" for the NUL). */
 static void add_text(cJSON *o, const char *name, const char *s, size_t n)
 {
-    if (!memchr(s, 0, n) && s[n] == 0) {
-        check_json(cJSON_AddStringToObject(o, name, s));
+    if (!memchr(s, 0, n)) {
+        /* A string item even for a slice of a longer text: the Responses and Anthropic
+         * converters read the chunk's strings back (a raw literal was dropped there: a call's
+         * last argument bytes, cut from the text before the call's closing brace, never reached
+         * a Responses stream). */
+        char *t = s[n] == 0 ? NULL : malloc(n + 1);
+        if (s[n] != 0) {
+            CHECK(t, "out of memory");
+            memcpy(t, s, n);
+            t[n] = 0;
+        }
+        check_json(cJSON_AddStringToObject(o, name, t ? t : s));
+        free(t);
         return;
     }
     char *lit = NULL;

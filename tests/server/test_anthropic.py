@@ -111,6 +111,7 @@ def plain(an, oa, mid):
 
 def tools(an, mid):
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    uses_any = None
     for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
         m = an.messages.create(model=mid, max_tokens=64, messages=ask, tools=[WEATHER], tool_choice=choice,
                                extra_body=T0)
@@ -124,18 +125,22 @@ def tools(an, mid):
             ok = False
         check(ok and m.stop_reason == "tool_use", f"tool_choice {choice['type']}: {[(u.name, u.input) for u in uses]}, "
               f"{m.stop_reason}")
-    # Streamed: the tool_use block's input_json_delta fragments assemble to the unary input.
-    partial, start = "", None
+        uses_any = uses if uses_any is None else uses_any
+    # Streamed: each tool_use block's input_json_delta fragments assemble to its unary input (the
+    # model may make several calls: one block each).
+    partial, start = {}, None
     with an.messages.stream(model=mid, max_tokens=64, messages=ask, tools=[WEATHER], tool_choice={"type": "any"},
                             extra_body=T0) as s:
         for ev in s:
             if ev.type == "content_block_start" and ev.content_block.type == "tool_use":
                 start = ev.content_block
+                partial[ev.index] = ""
             if ev.type == "content_block_delta" and ev.delta.type == "input_json_delta":
-                partial += ev.delta.partial_json
+                partial[ev.index] = partial.get(ev.index, "") + ev.delta.partial_json
         final = s.get_final_message()
-    check(start is not None and partial and json.loads(partial) == uses[0].input and final.stop_reason == "tool_use",
-          f"streamed tool_use: {partial!r}")
+    streamed = [json.loads(partial[i]) for i in sorted(partial)]
+    check(start is not None and streamed == [u.input for u in uses_any] and final.stop_reason == "tool_use",
+          f"streamed tool_use blocks: {partial!r}")
     # The tool_result turn: the history renders and the model answers.
     u = uses[0]
     follow = ask + [{"role": "assistant", "content": [{"type": "tool_use", "id": u.id, "name": u.name, "input": u.input}]},

@@ -177,19 +177,21 @@ def tools(oa, mid):
     named = oa.responses.create(model=mid, input=ask, tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"},
                                 max_output_tokens=64, temperature=0)
     check([o.type for o in named.output] == ["function_call"], "tool_choice by name: one call")
-    # Streamed: the argument deltas assemble to the unary arguments.
-    args, added, done = "", None, None
+    # Streamed: each call's argument deltas assemble to its .done arguments and to the unary call's
+    # (the model may make several calls: one output item each).
+    args, added, done = {}, None, {}
     with oa.responses.stream(model=mid, input=ask, tools=[TOOL], tool_choice="required", max_output_tokens=64,
                              temperature=0) as s:
         for ev in s:
             if ev.type == "response.output_item.added" and ev.item.type == "function_call":
                 added = ev.item
             if ev.type == "response.function_call_arguments.delta":
-                args += ev.delta
+                args[ev.output_index] = args.get(ev.output_index, "") + ev.delta
             if ev.type == "response.function_call_arguments.done":
-                done = ev.arguments
-    check(added is not None and added.name == "get_weather" and args == done == calls[0].arguments,
-          f"streamed function call: {args!r}")
+                done[ev.output_index] = ev.arguments
+    streamed = [args[i] for i in sorted(args)]
+    check(added is not None and added.name == "get_weather" and streamed == [done[i] for i in sorted(done)] ==
+          [c.arguments for c in calls], f"streamed function calls: {args!r}")
     # The round trip: the call's output, chained and as explicit items, equals chat's tool turn.
     call = calls[0]
     out = [{"type": "function_call_output", "call_id": call.call_id, "output": "18 degrees, sunny"}]
