@@ -46,6 +46,7 @@ except ImportError as e:
 import test_server as TS  # noqa: E402
 from checks import Checks  # noqa: E402
 from test_tools_native import ASK, PARAMS, TOOLS, py_prompt  # noqa: E402
+from test_tools_lazy import banned_ids  # noqa: E402
 
 check = Checks()
 MAX_TOKENS = 64
@@ -120,9 +121,7 @@ You may call these tools:
 
 MARK = "<tool_call>"
 REASONED = [dict(HISTORY[1], reasoning_content="I call the tool: <tool_call> get_weather for Paris."),
-            HISTORY[2],
-            dict(HISTORY[3], reasoning_content="The tool said 21, I write <tool_call> no more."),
-            HISTORY[4]]
+            HISTORY[2], HISTORY[4]]
 THINK_CHAT = ASK + REASONED
 ANSWER = {"type": "object", "properties": {"city": {"type": "string"}, "degrees": {"type": "integer"}},
           "required": ["city", "degrees"], "additionalProperties": False}
@@ -190,11 +189,12 @@ def part_reasoning(shardlm, gguf_path, tmp):
     with TS.Server(shardlm, gguf_path, "--chat-template", str(tpl), "--no-prefix-caching", name="lazy-think",
                    http=True) as srv:
         oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=600)
-        inside = after = 0
+        inside = after = opened = 0
         for think, seed in ((True, 5), (False, 5)):
             n = 8
             prompt = py_prompt(tpl, THINK_CHAT, TOOLS, think=think)
-            sample = dict(model=gguf_path.name, n=n, seed=seed, temperature=1.0, max_tokens=MAX_TOKENS)
+            sample = dict(model=gguf_path.name, n=n, seed=seed, temperature=1.0, max_tokens=MAX_TOKENS,
+                          logit_bias=banned_ids(gguf_path))
             texts = [c.text for c in oa.completions.create(prompt=prompt, **sample).choices]
             r = oa.chat.completions.create(messages=THINK_CHAT, tools=TOOLS, tool_choice="auto",
                                            extra_body={"chat_template_kwargs": {"think": think}}, **sample)
@@ -202,6 +202,7 @@ def part_reasoning(shardlm, gguf_path, tmp):
                 t = texts[i] if think else texts[i].lstrip()
                 if not think and not t.startswith("<think>"):
                     continue  # (no reasoning: the hermes case, tested in test_tools_lazy.py)
+                opened += not think
                 body = t if think else t[len("<think>"):]
                 if "</think>" not in body:  # all reasoning: free, byte for byte
                     inside += MARK in body
@@ -222,15 +223,19 @@ def part_reasoning(shardlm, gguf_path, tmp):
                 else:
                     check(c.message.content == reply.strip() and not c.message.tool_calls,
                           f"think={think} sample {i}: no marker after </think>: the free reply")
-        print(f"reasoning: {inside} free samples write {MARK} inside their reasoning, {after} after it")
+        print(f"reasoning: {inside} free samples write {MARK} inside their reasoning, {after} after it; "
+              f"{opened} open <think> themselves")
+        check(opened >= 1, "reasoning: some free sample opens <think> itself (think=false)")
         check(inside >= 1, "reasoning: some free sample writes the marker inside its reasoning")
         check(after >= 1, "reasoning: some free sample writes the marker after its reasoning")
 
         # response_format json_schema, the prompt opening <think>: constrained after </think> only.
-        chat = ASK[:0] + [{"role": "user", "content": "Give the city and degrees as JSON: Paris, 21."}]
+        chat = [{"role": "user", "content": "Paris, 21 degrees, as JSON."},
+                {"role": "assistant", "reasoning_content": "Two fields.", "content": '{"city": "Paris", "degrees": 21}'},
+                {"role": "user", "content": "London, 18 degrees, as JSON."}]
         prompt = py_prompt(tpl, chat, None, think=True)
         n, seed = 8, 11
-        sample = dict(model=gguf_path.name, n=n, seed=seed, temperature=1.0, max_tokens=96)
+        sample = dict(model=gguf_path.name, n=n, seed=seed, temperature=1.0, max_tokens=MAX_TOKENS)
         texts = [c.text for c in oa.completions.create(prompt=prompt, **sample).choices]
         rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
         r = oa.chat.completions.create(messages=chat, response_format=rf,
