@@ -261,15 +261,15 @@ def part_reasoning(shardlm, gguf_path, tmp):
 
 
 def with_marker_token(src, dst):
-    """A copy of the GGUF whose last unused-looking token (a long, rare piece) is <tool_call>, an
-    added (user-defined) token; returns its id."""
+    """A copy of the GGUF whose last merge's piece becomes <tool_call>, an added (user-defined)
+    token (the merge dropped: no merge uses that piece); returns its id."""
     rd = gguf.GGUFReader(src)
     arch = rd.fields["general.architecture"]
     w = gguf.GGUFWriter(dst, bytes(arch.parts[arch.data[0]]).decode())
-    toks_f = rd.fields["tokenizer.ggml.tokens"]
-    toks = [bytes(toks_f.parts[i]).decode("utf-8", "replace") for i in toks_f.data]
+    strs = lambda f: [bytes(f.parts[i]).decode("utf-8") for i in f.data]  # noqa: E731
+    toks, merges = strs(rd.fields["tokenizer.ggml.tokens"]), strs(rd.fields["tokenizer.ggml.merges"])
     types = [int(rd.fields["tokenizer.ggml.token_type"].parts[i][0]) for i in rd.fields["tokenizer.ggml.token_type"].data]
-    tid = max((i for i, t in enumerate(toks) if types[i] == 1 and t.isalpha() and t.isascii()), key=lambda i: i)
+    tid = toks.index(merges.pop().replace(" ", ""))
     toks[tid], types[tid] = MARK, int(gguf.TokenType.USER_DEFINED)
     for f in rd.fields.values():
         if f.name.startswith("GGUF.") or f.name == "general.architecture":
@@ -279,12 +279,12 @@ def with_marker_token(src, dst):
         elif f.name == "tokenizer.ggml.token_type":
             w.add_array(f.name, types)
         elif f.name == "tokenizer.ggml.merges":
-            w.add_array(f.name, [bytes(f.parts[i]).decode("utf-8") for i in f.data])
+            w.add_array(f.name, merges)
         else:
             vt = f.types[0]
             if vt == gguf.GGUFValueType.ARRAY:
                 sub = f.types[1]
-                vals = ([bytes(f.parts[i]).decode("utf-8") for i in f.data] if sub == gguf.GGUFValueType.STRING
+                vals = (strs(f) if sub == gguf.GGUFValueType.STRING
                         else [f.parts[i].tolist()[0] for i in f.data])
                 w.add_array(f.name, vals)
             elif vt == gguf.GGUFValueType.STRING:
@@ -292,8 +292,7 @@ def with_marker_token(src, dst):
             else:
                 w.add_key_value(f.name, f.parts[f.data[0]].tolist()[0], vt)
     for t in rd.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(x) for x in t.shape])),
-                     raw_dtype=t.tensor_type)
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape, raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
