@@ -414,6 +414,31 @@ static int ends_inside_think(const char *text, size_t len)
     return len >= 7 && !memcmp(text + len - 7, "<think>", 7);
 }
 
+/* The prompt ends inside <think> and the server splits reasoning off: a constraint (a schema
+ * from response_format, or a lazy tool call's) applies to the reply after </think>, never to the
+ * reasoning. A whole-output constraint becomes lazy with no marker (it starts after </think>); a
+ * lazy one's trigger, armed once the reasoning ends, is told the output starts inside it. */
+static enum status constrain_after_think(struct gen_request *r)
+{
+    if (!r->constraint || r->params.constraint_kind == CONSTRAINT_NONE) return STATUS_OK;
+    if (r->params.constraint_trigger_len && (unsigned char)r->constraint[0] < 8) {
+        r->constraint[0] = (char)(((unsigned char)r->constraint[0] & ~TRIGGER_MAY_REASON) | TRIGGER_IN_REASONING);
+        return STATUS_OK;
+    }
+    if (r->params.constraint_trigger_len) return STATUS_OK; /* (a marker without flags: not ours to change) */
+    char *src = malloc(r->constraint_len + 2);
+    if (!src) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    src[0] = (char)TRIGGER_IN_REASONING;
+    memcpy(src + 1, r->constraint, r->constraint_len + 1);
+    free(r->constraint);
+    r->constraint = src;
+    r->constraint_len++;
+    r->params.constraint = src;
+    r->params.constraint_len = r->constraint_len;
+    r->params.constraint_trigger_len = 1;
+    return STATUS_OK;
+}
+
 /* Tokenizes the request into the prompt ids the engine gets; applies the chat template. */
 enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int32_t **ids, int *n)
 {
@@ -428,6 +453,7 @@ enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int
                                          : jinja_render_chat(s->jtmpl, r->messages, r->n_messages, NULL, 1, s->bos_text,
                                                              s->eos_text, &text, &len);
         if (st == STATUS_OK) r->think_open = ends_inside_think(text, len);
+        if (st == STATUS_OK && r->think_open && s->reasoning) st = constrain_after_think(r);
         if (st == STATUS_OK) st = tokenizer_encode(s->tok, text, len, 0, ids, n);
         free(text);
         memcpy(r->params.end_ids, s->end_ids, sizeof s->end_ids);

@@ -7,7 +7,8 @@
  *    tool_choice required or a named function the call's opening marker is written after the
  *    prompt and the call's JSON is constrained (one call; Mistral: a list); under auto the
  *    output is free until the model writes the marker, then the call is constrained (a lazy
- *    grammar; Llama 3's format, which has no marker, and reasoning templates: free output, parsed).
+ *    grammar; Llama 3's format, which has no marker: from the reply's first `{`; reasoning
+ *    templates: the marker is watched for after </think>).
  *  - otherwise llama.cpp's "generic" format, which any model can follow and which can never
  *    fail to parse: the tools and the reply format are described in the system message, and
  *    the whole reply is constrained (a JSON Schema, engine/grammar/) to one JSON object, either
@@ -147,9 +148,9 @@ static enum status set_schema(struct http_request *q, cJSON *schema, const char 
 
 /* Tools in the model's own format: the template renders them; a required call is opened in the
  * prompt and constrained; an optional one (auto) is constrained from its opening marker on (a
- * lazy grammar: the output is free until the model writes the marker), except in the llama3
- * format, which has no marker (the call is the whole reply), and with a template that reasons
- * (<think>): free output, parsed. */
+ * lazy grammar: the output is free until the model writes the marker; in the llama3 format,
+ * whose call is the whole reply, when the reply opens with `{`), the marker watched for only
+ * after a reasoning template's </think>. */
 static enum status native_tools(const cJSON *o, const cJSON *tools, const char *only, int required, int parallel,
                                 const struct http_chat_caps *caps, struct http_request *q)
 {
@@ -161,9 +162,15 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
         if (!(q->r.prefill = strdup(tool_format_call_prefix(f))))
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
         st = set_schema(q, native_schema(f, tools, only, parallel), NULL);
-    } else if (st == STATUS_OK && f != TOOL_FORMAT_LLAMA3 && !caps->reasoning) {
-        /* (A reasoning template is left free: a marker written inside <think> would trigger.) */
-        st = set_schema(q, native_schema(f, tools, only, parallel), tool_format_call_marker(f));
+    } else if (st == STATUS_OK) {
+        /* The trigger (engine.h TRIGGER_*): a reasoning template's is armed after </think> (a
+         * marker inside the reasoning does not trigger; gen_prompt says when the prompt opened
+         * it); Llama 3's call has no marker but is the whole reply: the reply's first `{`. */
+        char trigger[REQUEST_MAX_TRIGGER_BYTES + 1];
+        int flags = (caps->reasoning ? TRIGGER_MAY_REASON : 0) | (f == TOOL_FORMAT_LLAMA3 ? TRIGGER_ANCHORED : 0);
+        snprintf(trigger, sizeof trigger, "%s%s", flags ? (char[]){(char)flags, 0} : "",
+                 f == TOOL_FORMAT_LLAMA3 ? "{" : tool_format_call_marker(f));
+        st = set_schema(q, native_schema(f, tools, only, parallel), trigger);
     }
     q->tools = 1;
     q->tool_format = (int)f;

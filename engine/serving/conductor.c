@@ -341,9 +341,14 @@ enum status conductor_compile_constraint(struct conductor *c, const struct reque
     };
     const char *src = p->constraint ? p->constraint : "";
     size_t n = p->constraint ? p->constraint_len : 0, trig = p->constraint_trigger_len;
-    if (trig && (trig > REQUEST_MAX_TRIGGER_BYTES || trig >= n || memchr(src, 0, trig)))
+    if (trig && (trig > REQUEST_MAX_TRIGGER_BYTES || trig > n || memchr(src, 0, trig)))
         return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: a lazy constraint's trigger is 1 to %d bytes (no NUL) "
-                             "before a source, got %zu of %zu", REQUEST_MAX_TRIGGER_BYTES, trig, n);
+                             "before its source, got %zu of %zu", REQUEST_MAX_TRIGGER_BYTES, trig, n);
+    const unsigned char flags = trig ? (unsigned char)src[0] : 8;
+    if (flags < 8 && ((trig == 1 && !(flags & TRIGGER_IN_REASONING)) ||
+                      (flags & TRIGGER_MAY_REASON && flags & TRIGGER_IN_REASONING)))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: a lazy constraint's trigger flags %u: a marker is "
+                             "needed unless the output starts inside reasoning, which excludes may-reason", flags);
     return grammar_cache_get(c->gcache, kinds[p->constraint_kind], src + trig, n - trig, g);
 }
 

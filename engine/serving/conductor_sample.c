@@ -47,11 +47,19 @@ int constrain(struct conductor *c, struct seq *s, float *lg)
 void conductor_lazy_setup(struct conductor *c, struct request *r, const struct request_params *p)
 {
     size_t n = p->constraint_trigger_len;
-    r->trigger_id = -1;
+    r->trigger_id = r->think_ids[0] = r->think_ids[1] = -1;
     if (!n) return;
-    memcpy(r->trigger, p->constraint, n); /* conductor_compile_constraint checked its length */
-    r->trigger[n] = 0;
-    r->trigger_id = tokenizer_piece_to_id(c->tok, r->trigger);
+    const unsigned char first = (unsigned char)p->constraint[0];
+    const size_t skip = first < 8 ? 1 : 0; /* conductor_compile_constraint checked the flags */
+    r->trigger_flags = skip ? first : 0;
+    memcpy(r->trigger, p->constraint + skip, n - skip);
+    r->trigger[n - skip] = 0;
+    r->trigger_len = (int)(n - skip);
+    if (r->trigger_len) r->trigger_id = tokenizer_piece_to_id(c->tok, r->trigger);
+    if (r->trigger_flags & (TRIGGER_MAY_REASON | TRIGGER_IN_REASONING)) {
+        r->think_ids[0] = tokenizer_piece_to_id(c->tok, "<think>");
+        r->think_ids[1] = tokenizer_piece_to_id(c->tok, "</think>");
+    }
 }
 
 /* Samples the next token of s from the logits row, then emits it and finishes the sample when a

@@ -142,6 +142,20 @@ enum speculative_mode {
  * STATUS_INVALID_ARGUMENT whose message names `field` and the allowed values. */
 enum status speculative_mode_parse(const char *s, const char *field, enum speculative_mode *out);
 
+/* Flags of a lazy constraint's trigger (request_params.constraint_trigger_len): its first byte,
+ * when below 8, is their sum; the marker follows. Reasoning is the text from <think> to </think>,
+ * as the server's reply parser reads it (server/tool_stream.c): the marker is watched for only
+ * after it, so a marker written while reasoning triggers nothing. */
+enum {
+    TRIGGER_MAY_REASON   = 1, /* an output that opens (whitespace skipped) with <think> reasons first */
+    TRIGGER_IN_REASONING = 2, /* the output starts inside reasoning (the prompt ended with <think>);
+                                 the only case where the marker may be empty (the grammar then
+                                 starts right after </think>, whitespace skipped) */
+    TRIGGER_ANCHORED     = 4, /* the marker must be the first bytes (whitespace skipped) of the reply
+                                 after any reasoning, and is the call's first bytes: the grammar reads
+                                 it (Llama 3's bare `{"name": ...}` call); otherwise never triggers */
+};
+
 enum constraint_kind {
     CONSTRAINT_NONE,
     CONSTRAINT_JSON_SCHEMA, /* a JSON Schema document */
@@ -177,7 +191,9 @@ struct request_params {
                                          the grammar's source. Decoding is free (the logits
                                          untouched) until the output holds the trigger; from its
                                          end (whitespace skipped) the grammar constrains it as a
-                                         constraint does (the sample ends with the grammar) */
+                                         constraint does (the sample ends with the grammar).
+                                         A trigger whose first byte is below 8 opens with
+                                         TRIGGER_* flags, the marker after it */
     int      logprobs;                /* -1: none; 0: the chosen token's; k > 0: and top-k */
     int      prompt_logprobs;         /* -1: none; >= 0: log p of each prompt token after the
                                          first (and top-k alternatives when > 0) */

@@ -113,8 +113,12 @@ struct request {
     int32_t *bias_ids;            /* (p.n_logit_bias) */
     float   *bias_values;         /* (p.n_logit_bias) */
     struct grammar *grammar;      /* the compiled constraint (a reference), or NULL */
-    char     trigger[REQUEST_MAX_TRIGGER_BYTES + 1]; /* (p.constraint_trigger_len) a lazy constraint's */
-    int32_t  trigger_id;          /* the token whose text is the whole trigger, or -1 */
+    char     trigger[REQUEST_MAX_TRIGGER_BYTES + 1]; /* a lazy constraint's marker (engine.h
+                                     constraint_trigger_len: its flags byte, when any, not here) */
+    int      trigger_len;         /* strlen(trigger); 0 only with TRIGGER_IN_REASONING */
+    int      trigger_flags;       /* TRIGGER_* (engine.h) */
+    int32_t  trigger_id;          /* the token whose text is the whole marker, or -1 */
+    int32_t  think_ids[2];        /* the tokens whose text is <think>, </think>, or -1 */
     uint64_t seed;
     engine_event_fn on_event;
     void    *ctx;
@@ -169,7 +173,9 @@ struct seq {
                                      this step verifies (conductor.c speculate) */
     int      grammar_end;         /* the constraint is complete and nothing may follow: stop */
     int      lazy_on;             /* a lazy constraint's trigger was seen: gm constrains the output */
-    int      lazy_match;          /* a lazy constraint, not yet on: bytes of the trigger the output ends with */
+    int      lazy_match;          /* a lazy constraint, not yet on: bytes of the marker (or, in
+                                     reasoning, of <think> / </think>) the output ends with */
+    int      lazy_phase;          /* a lazy constraint, not yet on: where the watch is (constraint.c) */
     /* Speculation's adaptive rule (conductor_speculate.c, docs/speculative.md). */
     int      spec_len;            /* drafts it may append next, 1 .. the draft limit; 0 = not begun */
     int      spec_win_drafted, spec_win_accepted; /* drafts verified / accepted in the current window */

@@ -1,0 +1,98 @@
+/* tests/test_constraint.c - the lazy constraint's watch for its trigger (engine/serving/constraint.c,
+ * engine.h TRIGGER_*), on a vocabulary of hand-picked pieces and a regex grammar `\{x\}`: the
+ * grammar is complete (grammar_end) after the token "x}" only when it was started right after
+ * the marker with the `{` (so each case checks both when the trigger fires and what the grammar
+ * was given). Cases: a marker split across tokens; a marker inside <think>...</think> (ignored)
+ * and after it; an output that does not open <think> (armed at once, "<t" re-read as the
+ * marker's start); a prompt-opened reasoning with no marker (the grammar starts after </think>);
+ * an anchored marker (the reply's first `{`, read by the grammar) and one that comes too late;
+ * the marker's and </think>'s own tokens (no bytes in the vocabulary) taken as their text. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "constraint.h"
+#include "engine.h"
+#include "grammar.h"
+#include "request.h"
+
+static const char *const PIECES[] = {
+    "<tool", "_call", ">\n{", "<think>", "x <tool_call> y", "</think>", "<tool_call>", "<t", "ool_call>",
+    "abc", "</thi", "nk>\n{", "  ", "{", "hi {", "x}", "", "", "<tool_call>!", "\n",
+};
+enum { T_TOOL, T_CALL, T_GT_BRACE, T_THINK, T_INSIDE, T_UNTHINK, T_MARK, T_LT_T, T_OOL_CALL,
+       T_ABC, T_UNTHI, T_NK_BRACE, T_SPACES, T_BRACE, T_HI_BRACE, T_X_CLOSE, T_MARK_ID, T_UNTHINK_ID,
+       T_MARK_BANG, T_NL, N_PIECES };
+
+static int failures;
+
+/* Runs tokens toks[0..n) through a fresh sample of a request with the trigger spec (flags,
+ * marker) and reports whether the grammar ended (started at the right place) and was on. */
+static void run(struct grammar *g, const char *what, int flags, const char *marker, const int *toks, int n,
+                int want_on_before_last, int want_end)
+{
+    struct request r;
+    struct seq s;
+    memset(&r, 0, sizeof r), memset(&s, 0, sizeof s);
+    r.grammar = g;
+    snprintf(r.trigger, sizeof r.trigger, "%s", marker);
+    r.trigger_len = (int)strlen(marker);
+    r.trigger_flags = flags;
+    r.p.constraint_trigger_len = (size_t)r.trigger_len + (flags ? 1 : 0);
+    r.trigger_id = T_MARK_ID;
+    r.think_ids[0] = -1, r.think_ids[1] = T_UNTHINK_ID;
+    s.req = &r;
+    int on_before_last = 0;
+    for (int i = 0; i < n; i++) {
+        if (i == n - 1) on_before_last = s.lazy_on;
+        if (constraint_take(&s, toks[i]) != STATUS_OK) printf("FAIL %s: constraint_take failed\n", what), failures++;
+    }
+    int ok = on_before_last == want_on_before_last && s.grammar_end == want_end;
+    printf("%s %s (on before the last token %d, grammar complete %d)\n", ok ? "PASS" : "FAIL", what, on_before_last,
+           s.grammar_end);
+    failures += !ok;
+    grammar_matcher_free(s.gm);
+}
+
+int main(void)
+{
+    int lens[N_PIECES];
+    for (int i = 0; i < N_PIECES; i++) lens[i] = (int)strlen(PIECES[i]);
+    struct grammar_vocab *v = NULL;
+    struct grammar *g = NULL;
+    const int32_t eos = N_PIECES;
+    if (grammar_vocab_new_bytes((const char *const *)PIECES, lens, N_PIECES, N_PIECES + 1, &eos, 1, &v) != STATUS_OK ||
+        grammar_compile(v, GRAMMAR_REGEX, "\\{x\\}", 5, &g) != STATUS_OK) {
+        printf("FAIL: the test grammar does not compile: %s\n", status_message());
+        return 1;
+    }
+    const char *tc = "<tool_call>";
+    run(g, "a marker split across tokens", 0, tc, (int[]){T_ABC, T_TOOL, T_CALL, T_GT_BRACE, T_X_CLOSE}, 5, 1, 1);
+    run(g, "no marker: free", 0, tc, (int[]){T_ABC, T_TOOL, T_X_CLOSE}, 3, 0, 0);
+    run(g, "reasoning: a marker inside <think> triggers nothing", TRIGGER_MAY_REASON, tc,
+        (int[]){T_NL, T_THINK, T_INSIDE, T_MARK, T_NL, T_BRACE, T_X_CLOSE}, 7, 0, 0);
+    run(g, "reasoning: the marker after </think> triggers", TRIGGER_MAY_REASON, tc,
+        (int[]){T_THINK, T_INSIDE, T_UNTHINK, T_ABC, T_MARK, T_BRACE, T_X_CLOSE}, 7, 1, 1);
+    run(g, "reasoning: </think>'s own token (no bytes) closes it", TRIGGER_MAY_REASON, tc,
+        (int[]){T_THINK, T_INSIDE, T_UNTHINK_ID, T_MARK, T_BRACE, T_X_CLOSE}, 6, 1, 1);
+    run(g, "reasoning: an output without <think> is armed at once (<t re-read)", TRIGGER_MAY_REASON, tc,
+        (int[]){T_LT_T, T_OOL_CALL, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    run(g, "in reasoning: a marker before </think> triggers nothing", TRIGGER_IN_REASONING, tc,
+        (int[]){T_MARK, T_BRACE, T_X_CLOSE}, 3, 0, 0);
+    run(g, "in reasoning, no marker: the grammar starts after </think>", TRIGGER_IN_REASONING, "",
+        (int[]){T_ABC, T_INSIDE, T_UNTHI, T_NK_BRACE, T_X_CLOSE}, 5, 1, 1);
+    run(g, "in reasoning, no marker: nothing before </think>", TRIGGER_IN_REASONING, "",
+        (int[]){T_ABC, T_BRACE, T_X_CLOSE}, 3, 0, 0);
+    run(g, "anchored: the reply's first { is the call's", TRIGGER_ANCHORED, "{",
+        (int[]){T_SPACES, T_BRACE, T_X_CLOSE}, 3, 1, 1);
+    run(g, "anchored: a { after text triggers nothing", TRIGGER_ANCHORED, "{", (int[]){T_HI_BRACE, T_X_CLOSE}, 2, 0, 0);
+    run(g, "anchored after reasoning", TRIGGER_ANCHORED | TRIGGER_MAY_REASON, "{",
+        (int[]){T_THINK, T_HI_BRACE, T_UNTHINK, T_NL, T_BRACE, T_X_CLOSE}, 6, 1, 1);
+    run(g, "the marker's own token (no bytes) triggers", 0, tc, (int[]){T_ABC, T_MARK_ID, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    run(g, "bytes the grammar refuses after the marker leave it free", 0, tc,
+        (int[]){T_MARK_BANG, T_BRACE, T_X_CLOSE}, 3, 0, 0);
+    grammar_unref(g);
+    grammar_vocab_free(v);
+    printf("%s\n", failures ? "FAILED" : "all passed");
+    return failures != 0;
+}
