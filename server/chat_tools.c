@@ -38,7 +38,7 @@ static enum status tool_messages(const cJSON *o, struct gen_request *r)
 enum status chat_tools_apply(const struct server *s, struct gen_request *r, struct chat_parse *cp)
 {
     memset(cp, 0, sizeof *cp);
-    const struct http_chat_caps caps = {s->jtmpl != NULL, s->tool_format, s->reasoning};
+    const struct http_chat_caps caps = {s->models[0].jtmpl != NULL, s->models[0].tool_format, s->models[0].reasoning};
     enum status st = STATUS_OK;
     if (r->chat_request) {
         cJSON *o = cJSON_Parse(r->chat_request);
@@ -57,7 +57,7 @@ enum status chat_tools_apply(const struct server *s, struct gen_request *r, stru
         cp->tool_format = q.tool_format;
         cp->max_calls = q.max_calls;
     }
-    cp->reasoning = s->reasoning;
+    cp->reasoning = s->models[0].reasoning;
     cp->on = cp->tools || cp->reasoning;
     return st;
 }

@@ -195,7 +195,7 @@ void gen_pump(struct call *c)
             if (b->n == 0 && b->text_len == 0 && !final && !c->prompt_lp_pending) continue;
             struct gen_sample_out one = sample_view(b, i, final);
             struct gen_response_out o = {.request_id = c->request_id, .seed = c->seed, .unary = 0, .samples = &one,
-                                         .n_samples = 1, .tok = s->tok};
+                                         .n_samples = 1, .tok = s->models[0].tok};
             attach_prompt_logprobs(c, &o);
             uint8_t *msg;
             size_t len;
@@ -207,7 +207,7 @@ void gen_pump(struct call *c)
             if (st == STATUS_OK) st = convert_gen_response(&o, &msg, &len);
             chat_reply_free(&delta);
             if (st != STATUS_OK) {
-                if (c->engine_active > 0) engine_cancel(s->engine, c->handle);
+                if (c->engine_active > 0) engine_cancel(s->models[0].engine, c->handle);
                 call_fail_status(c, st, status_message());
                 return;
             }
@@ -249,7 +249,7 @@ void gen_pump(struct call *c)
         chat_reply_fill(&replies[i], &outs[i]);
     }
     struct gen_response_out o = {.request_id = c->request_id, .seed = c->seed, .unary = 1, .samples = outs,
-                                 .n_samples = c->n_samples, .tok = s->tok};
+                                 .n_samples = c->n_samples, .tok = s->models[0].tok};
     attach_prompt_logprobs(c, &o);
     uint8_t *msg;
     size_t len;
@@ -373,11 +373,11 @@ static enum status check_prompt_bytes(struct server *s, const struct gen_request
         lens[i] = is_chat ? strlen(texts[i]) : r->prompt_len;
         bytes += lens[i];
     }
-    size_t least = tokenizer_min_tokens(s->tok, texts, lens, n) + (!is_chat && r->add_bos ? 1 : 0);
+    size_t least = tokenizer_min_tokens(s->models[0].tok, texts, lens, n) + (!is_chat && r->add_bos ? 1 : 0);
     free(texts);
     free(lens);
     struct engine_model_info info;
-    engine_get_model_info(s->engine, &info);
+    engine_get_model_info(s->models[0].engine, &info);
     const struct request_bounds b = {.max_positions = info.max_positions};
     return request_context_check((long long)least, r->params.max_tokens, &bytes, &b);
 }
@@ -389,12 +389,12 @@ static enum status render_context(struct server *s, const struct gen_request *r,
     cJSON *ctx = cJSON_Parse(r->chat_context);
     if (!ctx) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     cJSON_AddTrueToObject(ctx, "add_generation_prompt");
-    cJSON_AddStringToObject(ctx, "bos_token", s->bos_text);
-    cJSON_AddStringToObject(ctx, "eos_token", s->eos_text);
+    cJSON_AddStringToObject(ctx, "bos_token", s->models[0].bos_text);
+    cJSON_AddStringToObject(ctx, "eos_token", s->models[0].eos_text);
     char *json = cJSON_PrintUnformatted(ctx);
     cJSON_Delete(ctx);
     if (!json) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    enum status st = jinja_render_json(s->jtmpl, json, strlen(json), text, len);
+    enum status st = jinja_render_json(s->models[0].jtmpl, json, strlen(json), text, len);
     free(json);
     size_t extra = r->prefill ? strlen(r->prefill) : 0;
     if (st == STATUS_OK && extra) {
@@ -421,22 +421,22 @@ enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int
     *n = 0;
     enum status bound = check_prompt_bytes(s, r, is_chat);
     if (bound != STATUS_OK) return bound;
-    if (is_chat && s->jtmpl) { /* the model's own template, rendered as text with its special tokens */
+    if (is_chat && s->models[0].jtmpl) { /* the model's own template, rendered as text with its special tokens */
         char *text = NULL;
         size_t len = 0;
         enum status st = r->chat_context ? render_context(s, r, &text, &len)
-                                         : jinja_render_chat(s->jtmpl, r->messages, r->n_messages, NULL, 1, s->bos_text,
-                                                             s->eos_text, &text, &len);
+                                         : jinja_render_chat(s->models[0].jtmpl, r->messages, r->n_messages, NULL, 1, s->models[0].bos_text,
+                                                             s->models[0].eos_text, &text, &len);
         if (st == STATUS_OK) r->think_open = ends_inside_think(text, len);
-        if (st == STATUS_OK) st = tokenizer_encode(s->tok, text, len, 0, ids, n);
+        if (st == STATUS_OK) st = tokenizer_encode(s->models[0].tok, text, len, 0, ids, n);
         free(text);
-        memcpy(r->params.end_ids, s->end_ids, sizeof s->end_ids);
-        r->params.n_end_ids = s->n_end_ids;
+        memcpy(r->params.end_ids, s->models[0].end_ids, sizeof s->models[0].end_ids);
+        r->params.n_end_ids = s->models[0].n_end_ids;
         return st;
     }
     if (is_chat) {
         struct chat_template_extras extras;
-        enum status st = chat_template_apply(s->tmpl, s->tok, r->messages, r->n_messages, ids, n, &extras);
+        enum status st = chat_template_apply(s->models[0].tmpl, s->models[0].tok, r->messages, r->n_messages, ids, n, &extras);
         if (st != STATUS_OK) return st;
         if (extras.stop_token_id >= 0) r->stop_token_ids[r->n_stop_token_ids++] = extras.stop_token_id;
         if (extras.stop_string) {
@@ -457,14 +457,14 @@ enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int
         r->n_prompt_ids = 0;
         return STATUS_OK; /* ranges: engine_validate */
     }
-    return tokenizer_encode(s->tok, r->prompt, r->prompt_len, r->add_bos, ids, n);
+    return tokenizer_encode(s->models[0].tok, r->prompt, r->prompt_len, r->add_bos, ids, n);
 }
 
 enum status gen_resolve_adapter(const struct server *s, struct gen_request *r)
 {
     r->params.adapter = NULL;
-    if (!r->adapter || !*r->adapter) r->params.adapter = s->opts.default_adapter;
-    else if (strcmp(r->adapter, s->model_id)) {
+    if (!r->adapter || !*r->adapter) r->params.adapter = s->models[0].default_adapter;
+    else if (strcmp(r->adapter, s->models[0].model_id)) {
         if (strlen(r->adapter) > 64)
             return status_errorf(STATUS_INVALID_ARGUMENT,
                                  "adapter: an adapter's name of at most 64 bytes, or the served model's id");
@@ -510,7 +510,7 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
     }
     r.params.client = c->client;
     if (st == STATUS_OK) st = gen_resolve_adapter(s, &r);
-    if (st == STATUS_OK) st = engine_validate(s->engine, ids, n_ids, &r.params);
+    if (st == STATUS_OK) st = engine_validate(s->models[0].engine, ids, n_ids, &r.params);
     if (st == STATUS_OK) {
         c->n_samples = r.params.n;
         c->samples = calloc((size_t)c->n_samples, sizeof *c->samples);
@@ -522,7 +522,7 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
     if (st == STATUS_OK) {
         c->n_prompt_tokens = n_ids;
         c->engine_active = c->n_samples; /* before submit: events may arrive at once */
-        st = engine_submit(s->engine, c->request_id, ids, n_ids, &r.params, on_engine_event, c, &c->handle);
+        st = engine_submit(s->models[0].engine, c->request_id, ids, n_ids, &r.params, on_engine_event, c, &c->handle);
         if (st != STATUS_OK) c->engine_active = 0;
     }
     if (st != STATUS_OK) {

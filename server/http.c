@@ -291,7 +291,7 @@ static void snapshot_adapter(void *ctx, const struct engine_adapter_info *a)
 void http_adapter_snapshot(struct server *s, struct http_adapter_snapshot *an)
 {
     an->n = 0;
-    engine_list_adapters(s->engine, snapshot_adapter, an);
+    engine_list_adapters(s->models[0].engine, snapshot_adapter, an);
 }
 
 /* /v1/messages/count_tokens (an_api) and /v1/responses/input_tokens: the prompt's token count as
@@ -374,16 +374,16 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     struct http_request q;
     struct http_adapter_snapshot an; /* loaded now: run-time loads change the list */
     http_adapter_snapshot(s, &an);
-    const struct http_chat_caps caps = {s->jtmpl != NULL, s->tool_format, s->reasoning};
+    const struct http_chat_caps caps = {s->models[0].jtmpl != NULL, s->models[0].tool_format, s->models[0].reasoning};
     const char *body = hc->body ? hc->body : "";
     char owner[64];
     response_owner(s, c, owner, sizeof owner);
     if (hc->route == ROUTE_RESPONSES) st = http_responses_parse(s, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
     else if (hc->route == ROUTE_RESPONSE_INPUT_TOKENS)
         st = http_responses_count_parse(s, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
-    else if (an_api) st = http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, s->model_id, an.ptrs, an.n,
+    else if (an_api) st = http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, s->models[0].model_id, an.ptrs, an.n,
                                                &caps, &q);
-    else st = http_parse_request(body, hc->len, is_chat, s->model_id, an.ptrs, an.n, &caps, &q);
+    else st = http_parse_request(body, hc->len, is_chat, s->models[0].model_id, an.ptrs, an.n, &caps, &q);
     if (st == STATUS_OK && (hc->route == ROUTE_COUNT_TOKENS || hc->route == ROUTE_RESPONSE_INPUT_TOKENS))
         return reply_count(s, c, &q, an_api);
     if (st != STATUS_OK) http_request_free(&q);
@@ -490,14 +490,14 @@ static void list_adapter(void *ctx, const struct engine_adapter_info *a)
     snprintf(head, sizeof head,
              ",{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"shardlm\",\"root\":\"%s\","
              "\"parent\":\"%s\",\"max_model_len\":%d}",
-             a->name, (long long)ml->s->t_created, a->name, ml->s->model_id, ml->max_positions);
+             a->name, (long long)ml->s->t_created, a->name, ml->s->models[0].model_id, ml->max_positions);
     http_buf_append(ml->json, ml->len, ml->cap, head, strlen(head));
 }
 
 static enum MHD_Result handle_models(struct server *s, struct MHD_Connection *c)
 {
     struct engine_model_info info = {0};
-    if (s->engine && atomic_load(&s->phase) == PHASE_READY) engine_get_model_info(s->engine, &info);
+    if (s->models[0].engine && atomic_load(&s->phase) == PHASE_READY) engine_get_model_info(s->models[0].engine, &info);
     char *json = NULL;
     size_t len = 0, cap = 0;
     char head[1024];
@@ -505,13 +505,13 @@ static enum MHD_Result handle_models(struct server *s, struct MHD_Connection *c)
              "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"shardlm\","
              "\"root\":\"%s\",\"parent\":null,\"max_model_len\":%d,\"architecture\":\"%s\",\"quantization\":\"%s\","
              "\"dtype\":\"%s\",\"chat_template\":\"%s\"}",
-             s->model_id, (long long)s->t_created, s->model_id, info.max_positions,
+             s->models[0].model_id, (long long)s->t_created, s->models[0].model_id, info.max_positions,
              info.architecture ? info.architecture : "", info.quantization ? info.quantization : "",
-             info.dtype ? info.dtype : "", s->tmpl_name);
+             info.dtype ? info.dtype : "", s->models[0].tmpl_name);
     http_buf_append(&json, &len, &cap, head, strlen(head));
     /* The adapters as vLLM lists them: their own ids, the base as parent. */
     struct model_list ml = {.s = s, .json = &json, .len = &len, .cap = &cap, .max_positions = info.max_positions};
-    if (s->engine && atomic_load(&s->phase) == PHASE_READY) engine_list_adapters(s->engine, list_adapter, &ml);
+    if (s->models[0].engine && atomic_load(&s->phase) == PHASE_READY) engine_list_adapters(s->models[0].engine, list_adapter, &ml);
     http_buf_append(&json, &len, &cap, "]}", 2);
     return reply(c, 200, "application/json", json, len);
 }
@@ -520,7 +520,7 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
 {
     char *text;
     size_t len;
-    struct engine *e = atomic_load(&s->phase) >= PHASE_READY && atomic_load(&s->phase) != PHASE_FAILED ? s->engine : NULL;
+    struct engine *e = atomic_load(&s->phase) >= PHASE_READY && atomic_load(&s->phase) != PHASE_FAILED ? s->models[0].engine : NULL;
     enum status st = metrics_render(s->metrics, e, &text, &len);
     if (st != STATUS_OK) return reply_status(c, 0, st, status_message());
     return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);

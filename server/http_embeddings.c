@@ -155,7 +155,7 @@ enum status http_embeddings(struct server *s, const char *body, size_t len, char
 {
     *json = NULL;
     struct engine_model_info info;
-    engine_get_model_info(s->engine, &info);
+    engine_get_model_info(s->models[0].engine, &info);
     cJSON *o = NULL;
     struct embed_request r = {0};
     struct embed_inputs in = {0};
@@ -165,7 +165,7 @@ enum status http_embeddings(struct server *s, const char *body, size_t len, char
     if (st == STATUS_OK) st = parse_options(o, info.d_model, &r, &base64);
     if (st == STATUS_OK) st = parse_input(cJSON_GetObjectItemCaseSensitive(o, "input"), &r);
     if (st == STATUS_OK) st = embed_run(s, &r, &in, &vecs);
-    if (st == STATUS_OK && !(*json = response_json(s->model_id, vecs, in.n, info.d_model, base64, in.offsets[in.n])))
+    if (st == STATUS_OK && !(*json = response_json(s->models[0].model_id, vecs, in.n, info.d_model, base64, in.offsets[in.n])))
         st = oom();
     embed_observe(s, METRICS_API_HTTP, st, &in);
     cJSON_Delete(o);

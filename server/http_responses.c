@@ -693,7 +693,7 @@ static enum status parse(struct server *s, const char *body, size_t len, const c
         return st;
     }
     CHECK(text, "out of memory");
-    st = http_parse_request(text, strlen(text), 1, s->model_id, adapters, n_adapters, caps, q);
+    st = http_parse_request(text, strlen(text), 1, s->models[0].model_id, adapters, n_adapters, caps, q);
     free(text);
     q->responses = r; /* freed with q */
     return st;

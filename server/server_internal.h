@@ -197,6 +197,31 @@ struct queued_event {
     double               queue_seconds; /* FINISHED: engine_event.queue_seconds */
 };
 
+/* One model the server serves: its engine (the weights, the KV cache, its adapters), its
+ * tokenizer and its chat template. A request resolves its model before anything reads these
+ * fields, and uses that model's tokenizer, template and engine throughout. */
+struct served_model {
+    struct engine_options eopts;     /* its engine's options (model_dir, adapters, ...) */
+    const char           *default_adapter; /* --default-adapter of this model, or NULL */
+    struct engine        *engine;
+    const struct tokenizer *tok;
+    int                   vocab_size;
+    enum chat_template_kind tmpl;
+    /* The Jinja chat template Chat uses instead of tmpl when set: the model's own (a byte-level
+     * BPE vocabulary, whose tokenizer encodes the special tokens the template writes) or
+     * --chat-template FILE.jinja. tmpl_name: "chatml", ..., or "jinja (model)" / "jinja (FILE)". */
+    struct jinja_template *jtmpl;
+    char                  tmpl_name[256];
+    int                   tool_format;   /* enum tool_format of jtmpl's text (GENERIC without one) */
+    int                   reasoning;     /* split <think>...</think> off replies (reasoning_format) */
+    char                  bos_text[64], eos_text[64]; /* bos_token / eos_token for the template */
+    int32_t               end_ids[REQUEST_MAX_END_IDS]; /* the Jinja template's end-of-turn tokens */
+    int                   n_end_ids;
+    char                  model_id[256]; /* its name (its directory's or file's last component):
+                                            what requests name in `model`, and the base of its
+                                            adapters */
+};
+
 struct server {
     struct server_options opts;
     grpc_server          *grpc;
@@ -221,20 +246,9 @@ struct server {
     char                  load_message[1024];
     volatile sig_atomic_t fatal;   /* the engine failed (a rank gone): shut down, exit non-zero */
     char                  fatal_message[512];
-    struct engine        *engine;
-    const struct tokenizer *tok;
-    int                   vocab_size;
-    enum chat_template_kind tmpl;
-    /* The Jinja chat template Chat uses instead of tmpl when set: the model's own (a byte-level
-     * BPE vocabulary, whose tokenizer encodes the special tokens the template writes) or
-     * --chat-template FILE.jinja. tmpl_name: "chatml", ..., or "jinja (model)" / "jinja (FILE)". */
-    struct jinja_template *jtmpl;
-    char                  tmpl_name[256];
-    int                   tool_format;   /* enum tool_format of jtmpl's text (GENERIC without one) */
-    int                   reasoning;     /* split <think>...</think> off replies (reasoning_format) */
-    char                  bos_text[64], eos_text[64]; /* bos_token / eos_token for the template */
-    int32_t               end_ids[REQUEST_MAX_END_IDS]; /* the Jinja template's end-of-turn tokens */
-    int                   n_end_ids;
+    /* the served models: models[0] is the first --model; one for now */
+    struct served_model  *models;   /* (n_models) */
+    int                   n_models;
     /* calls */
     struct call          *calls;
     int                   n_calls, n_gen_calls; /* n_gen_calls: calls that use the engine (uses_engine),
@@ -266,8 +280,6 @@ struct server {
     struct http_gen      *live;                 /* journaled first-run gens, until they are freed:
                                                    their ids (Idempotency-Keys) are taken */
     char                  boot_id[16];          /* hex, new at every start: journaled ids are unique */
-    char                  model_id[256];        /* the served model's name (its directory's or
-                                                   file's): the base in requests' adapter / model */
     long long             t_created;            /* Unix seconds at start */
     struct metrics       *metrics;
     /* the loader thread (LoadAdapter off the loop: loader.c) */

@@ -14,13 +14,15 @@
 #include "http_internal.h"
 #include "request.h"
 
-static struct server srv; /* only model_id and the store are read */
+static struct server srv;        /* only its model's id and the store are read */
+static struct served_model model; /* srv's one model */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
     fuzz_init();
-    snprintf(srv.model_id, sizeof srv.model_id, "stories260K");
+    srv.models = &model, srv.n_models = 1;
+    snprintf(model.model_id, sizeof model.model_id, "stories260K");
     CHECK(http_responses_store_init(4, 1 << 20, &srv.http_responses) == STATUS_OK, "no store");
     return 0;
 }
