@@ -163,7 +163,7 @@ enum status http_journal_open(struct server *s)
 void http_resume_all(struct server *s)
 {
     struct http_adapter_snapshot an;
-    http_adapter_snapshot(s, &an);
+    http_adapter_snapshot(&s->models[0], &an);
     const struct http_chat_caps caps = {s->models[0].jtmpl != NULL, s->models[0].tool_format, s->models[0].reasoning};
     int resumed = 0;
     for (int k = 0; k < s->n_journal_pending; k++) {

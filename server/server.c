@@ -361,15 +361,36 @@ static void model_name(struct served_model *m)
     snprintf(m->model_id, sizeof m->model_id, "%.*s", (int)(n - b), dir + b);
 }
 
-/* The served models from the options: one for now, --model with its --lora adapters. */
+/* The served models from the options: --model with its --lora adapters, then the further
+ * --model ones with theirs. Two models with the same id are refused: a request could not name
+ * one of them. */
 static enum status server_models(struct server *s)
 {
-    s->n_models = 1;
+    const struct server_options *o = &s->opts;
+    s->n_models = 1 + o->n_more_models;
     s->models = calloc((size_t)s->n_models, sizeof *s->models);
     if (!s->models) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    s->models[0].eopts = s->opts.engine;
-    s->models[0].default_adapter = s->opts.default_adapter;
-    for (int i = 0; i < s->n_models; i++) model_name(&s->models[i]);
+    s->models[0].eopts = o->engine;
+    s->models[0].default_adapter = o->default_adapter;
+    for (int i = 1; i < s->n_models; i++) {
+        const struct server_model_spec *sp = &o->more_models[i - 1];
+        struct engine_options *e = &s->models[i].eopts;
+        *e = o->engine;
+        e->model_dir = sp->model_dir;
+        e->adapter_names = sp->adapter_names;
+        e->adapter_dirs = sp->adapter_dirs;
+        e->n_adapters = sp->n_adapters;
+        e->max_loras = sp->max_loras;
+    }
+    for (int i = 0; i < s->n_models; i++) {
+        model_name(&s->models[i]);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(s->models[i].model_id, s->models[j].model_id))
+                return status_errorf(STATUS_INVALID_ARGUMENT,
+                                     "--model %s and --model %s have the same id '%s' (the last component of the "
+                                     "path): requests could not tell them apart", s->models[j].eopts.model_dir,
+                                     s->models[i].eopts.model_dir, s->models[i].model_id);
+    }
     s->t_created = (long long)time(NULL);
     return STATUS_OK;
 }
