@@ -6,11 +6,13 @@ The models: stories260K (converted from the assets) and a tiny random Llama writ
 tools/make_random_model.py (a different vocabulary, width and weights: an answer from the wrong
 model cannot match). The reference of each answer is what a server of that model alone gives for
 the same request and seed. Checked:
-- routing under concurrent load: 24 requests at once over both models, completions (raw HTTP),
+- routing under concurrent load: 24 requests at once over both models and a random LoRA adapter
+  of the second (its --lora after the second --model), completions (raw HTTP),
   chat (the official `openai` client) and gRPC Generate (its `adapter` field naming the model),
   each equal, token for token, to its model's single-model answer, and each HTTP answer names
   its model;
-- a request naming no model goes to the first; /v1/models lists both, loaded;
+- a request naming no model goes to the first; /v1/models lists both, loaded, and the adapter
+  with the second as parent;
 - /v1/embeddings routed: each model's vector has its model's width;
 - an unknown model: 404 (openai.NotFoundError) naming it and listing the served ones, and gRPC
   NOT_FOUND the same; the server keeps serving;
@@ -22,6 +24,7 @@ installed client. Loopback only; bounded waits.
 import argparse
 import concurrent.futures
 import json
+import struct
 import subprocess
 import sys
 import urllib.error
@@ -43,7 +46,7 @@ except ImportError as e:
     print(f"SKIP: needs numpy and openai ({e})")
     sys.exit(TS.SKIP)
 
-A, B = "stories260K", "tiny-random"
+A, B, BL = "stories260K", "tiny-random", "tiny-lora"  # BL: an adapter of B
 PROMPTS = ["Once upon a time", "The little dog", "Lily went", "A big"]
 SAMPLING = dict(max_tokens=12, temperature=0.8, seed=11)
 
@@ -84,10 +87,35 @@ def ask(srv, kind, model, i):
         return g.token_ids, model
 
 
-def references(env, model_dir, model):
-    """Each (kind, i)'s answer from a server of model_dir alone."""
-    with TS.Server(env.shardlm, model_dir, http=True, name=f"single-{model}") as srv:
-        return {(k, i): ask(srv, k, model, i)[0] for k in ("completion", "chat", "grpc") for i in range(len(PROMPTS))}
+def references(env, model_dir, names, *extra):
+    """Each name's (kind, i) answers from a server of model_dir alone (extra: its flags)."""
+    with TS.Server(env.shardlm, model_dir, *extra, http=True, name=f"single-{names[0]}") as srv:
+        return {n: {(k, i): ask(srv, k, n, i)[0] for k in ("completion", "chat", "grpc") for i in range(len(PROMPTS))}
+                for n in names}
+
+
+def write_random_adapter(out, model_dir, rank=4, alpha=8, seed=3):
+    """A PEFT adapter (adapter_config.json, adapter_model.safetensors in F32) of q_proj and v_proj
+    of every layer of the Llama in model_dir, A and B both random (so that it moves the answers)."""
+    c = json.loads((model_dir / "config.json").read_text())
+    d, hd = c["hidden_size"], c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
+    outs = {"q_proj": c["num_attention_heads"] * hd, "v_proj": c["num_key_value_heads"] * hd}
+    rng = numpy.random.default_rng(seed)
+    head, blobs, off = {}, [], 0
+    for il in range(c["num_hidden_layers"]):
+        for mod, o in outs.items():
+            for ab, shape in (("A", (rank, d)), ("B", (o, rank))):
+                x = (rng.standard_normal(shape) * 0.5).astype("<f4")
+                name = f"base_model.model.model.layers.{il}.self_attn.{mod}.lora_{ab}.weight"
+                head[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + x.nbytes]}
+                blobs.append(x.tobytes())
+                off += x.nbytes
+    out.mkdir(parents=True)
+    h = json.dumps(head).encode()
+    h += b" " * (-len(h) % 8)
+    (out / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    (out / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": list(outs)}))
 
 
 def expect_refused(env, args, words, name):
@@ -103,16 +131,19 @@ def body(work, env):
     TS.convert_stories260k(env.shardlm, env.src, a_dir)
     subprocess.run([sys.executable, str(ROOT / "tools/make_random_model.py"), "--out", str(b_dir), "--preset", "tiny",
                     "--dtype", "f32", "--seed", "5"], check=True, capture_output=True, timeout=120)
-    ref = {A: references(env, a_dir, A), B: references(env, b_dir, B)}
+    write_random_adapter(work / "blora", b_dir)
+    lora = ["--lora", f"{BL}={work / 'blora'}"]
+    ref = {**references(env, a_dir, [A]), **references(env, b_dir, [B, BL], *lora)}
     check(ref[A][("completion", 0)] != ref[B][("completion", 0)], "the two models answer differently")
+    check(ref[B] != ref[BL], "the adapter moves the second model's answers")
 
-    with TS.Server(env.shardlm, a_dir, "--model", str(b_dir), http=True, name="multi") as srv:
+    with TS.Server(env.shardlm, a_dir, "--model", str(b_dir), *lora, http=True, name="multi") as srv:
         listed = get(srv.base, "/v1/models")["data"]
-        ids = [m["id"] for m in listed]
-        check(ids[:2] == [A, B], f"/v1/models lists both models first: {ids}")
-        check(all(m["loaded"] for m in listed), f"both loaded: {listed}")
+        ids = [(m["id"], m["parent"]) for m in listed]
+        check(ids == [(A, None), (B, None), (BL, B)], f"/v1/models: both models, the adapter under the second: {ids}")
+        check(all(m["loaded"] for m in listed), f"all loaded: {listed}")
 
-        jobs = [(k, [A, B][(i + j) % 2], i) for j, k in enumerate(("completion", "chat", "grpc")) for i in
+        jobs = [(k, [A, B, BL][(i + j) % 3], i) for j, k in enumerate(("completion", "chat", "grpc")) for i in
                 range(len(PROMPTS))] * 2
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             futs = [(k, m, i, pool.submit(ask, srv, k, m, i)) for k, m, i in jobs]
