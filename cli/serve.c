@@ -357,21 +357,22 @@ int serve_main(int argc, char **argv)
     if (prompt_lookup && o.engine.draft_model_dir)
         return usage("--draft-model cannot be combined with --speculative ngram / --spec-ngram: the drafts come from "
                      "one or the other%s", "");
+    if (!n_models) return usage("--model DIR is required%s", "");
     /* Each model's adapters, grouped: the first model's go to engine, the others' to their spec. */
     const char *by_names[SERVE_MAX_ADAPTERS], *by_dirs[SERVE_MAX_ADAPTERS];
     struct server_model_spec more[SERVER_MAX_MODELS];
     int per_model[SERVER_MAX_MODELS] = {0}, k = 0;
-    for (int mi = 0; mi < (n_models ? n_models : 1); mi++)
+    for (int mi = 0; mi < n_models; mi++)
         for (int j = 0; j < n_adapters; j++)
             if (adapter_model[j] == mi) by_names[k] = adapter_names[j], by_dirs[k++] = adapter_dirs[j], per_model[mi]++;
-    for (int mi = 0, first = 0; mi < (n_models ? n_models : 1); first += per_model[mi++]) {
+    for (int mi = 0, first = 0; mi < n_models; first += per_model[mi++]) {
         if (max_loras > 0 && max_loras < per_model[mi])
             return usage("--max-loras is smaller than the number of --lora adapters of --model %s", model_dirs[mi]);
         /* Room for run-time loads by default; --max-loras 0 keeps only the --lora ones. */
         int ml = max_loras >= 0 ? (max_loras > per_model[mi] ? (int)max_loras : per_model[mi])
                                 : (per_model[mi] > 8 ? per_model[mi] : 8);
         if (mi == 0) {
-            o.engine.model_dir = n_models ? model_dirs[0] : NULL;
+            o.engine.model_dir = model_dirs[0];
             o.engine.max_loras = ml;
             o.engine.adapter_names = by_names;
             o.engine.adapter_dirs = by_dirs;
@@ -387,7 +388,6 @@ int serve_main(int argc, char **argv)
                      "resume it on)%s", "");
     if (n_models > 1 && o.engine.draft_model_dir)
         return usage("--draft-model with several --model is not supported (a draft model serves one target)%s", "");
-    if (!o.engine.model_dir) return usage("--model DIR is required%s", "");
     if (ep > 1 && tp > 1) return usage(CLI_EP_WITH_REFUSED, "--tp");
     if (n_models > 1 && (tp > 1 || pp > 1 || dp > 1 || ep > 1))
         return usage("several --model with --tp / --pp / --dp / --ep is not supported (one model per set of "
