@@ -378,7 +378,8 @@ int serve_main(int argc, char **argv)
             o.engine.adapter_dirs = by_dirs;
             o.engine.n_adapters = per_model[0];
         } else {
-            more[mi - 1] = (struct server_model_spec){model_dirs[mi], by_names + first, by_dirs + first, per_model[mi], ml};
+            more[mi - 1] = (struct server_model_spec){model_dirs[mi], by_names + first, by_dirs + first,
+                                                       per_model[mi], ml};
         }
     }
     o.more_models = more;

@@ -25,9 +25,9 @@ struct chat_parse {
                                  opening marker), which the parsed reply starts with; or NULL */
 };
 
-/* Applies r->chat_request (when set) to r, for model m's template: rewrites tool messages and assistant tool calls as
- * the tool format writes them, adds the tools (system text or template context) and the call
- * grammar, the render context with chat_template_kwargs. Fills *cp (zeroed first). Errors:
+/* Applies r->chat_request (when set) to r, for model m's template: rewrites tool messages and
+ * assistant tool calls as the tool format writes them, adds the tools (system text or template
+ * context) and the call grammar, the render context with chat_template_kwargs. Fills *cp (zeroed first). Errors:
  * INVALID_ARGUMENT naming the field, as the HTTP chat's. */
 enum status chat_tools_apply(const struct served_model *m, struct gen_request *r, struct chat_parse *cp);
 /* After gen_prompt: records r's think_open and prefill in cp. */

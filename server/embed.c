@@ -84,7 +84,8 @@ static enum status alloc_vecs(const struct served_model *m, const struct embed_i
     return *vecs ? STATUS_OK : oom();
 }
 
-enum status embed_run(const struct served_model *m, const struct embed_request *r, struct embed_inputs *in, float **vecs)
+enum status embed_run(const struct served_model *m, const struct embed_request *r, struct embed_inputs *in,
+                      float **vecs)
 {
     *vecs = NULL;
     enum status st = embed_prepare(m, r, in);

@@ -397,11 +397,12 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     const struct http_chat_caps caps = {m->jtmpl != NULL, m->tool_format, m->reasoning};
     char owner[64];
     response_owner(s, c, owner, sizeof owner);
-    if (hc->route == ROUTE_RESPONSES) st = http_responses_parse(s, m->model_id, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
+    if (hc->route == ROUTE_RESPONSES)
+        st = http_responses_parse(s, m->model_id, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
     else if (hc->route == ROUTE_RESPONSE_INPUT_TOKENS)
         st = http_responses_count_parse(s, m->model_id, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
-    else if (an_api) st = http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, m->model_id, an.ptrs, an.n,
-                                               &caps, &q);
+    else if (an_api)
+        st = http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, m->model_id, an.ptrs, an.n, &caps, &q);
     else st = http_parse_request(body, hc->len, is_chat, m->model_id, an.ptrs, an.n, &caps, &q);
     q.model = m;
     if (st == STATUS_OK && (hc->route == ROUTE_COUNT_TOKENS || hc->route == ROUTE_RESPONSE_INPUT_TOKENS))
@@ -504,7 +505,9 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
 {
     char *text;
     size_t len;
-    struct engine *e = atomic_load(&s->phase) >= PHASE_READY && atomic_load(&s->phase) != PHASE_FAILED ? s->models[0].engine : NULL;
+    /* The first model's engine gauges (docs/server.md, "Several models in one server"). */
+    struct engine *e = atomic_load(&s->phase) >= PHASE_READY && atomic_load(&s->phase) != PHASE_FAILED
+                           ? s->models[0].engine : NULL;
     enum status st = metrics_render(s->metrics, e, &text, &len);
     if (st != STATUS_OK) return reply_status(c, 0, st, status_message());
     return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);

@@ -302,9 +302,9 @@ void        http_responses_store_free(struct http_responses_store *st);
  * request for), with the conversation of previous_response_id from s's store (owner: who may
  * see it: "" without API keys, else the key's client name); model_id: the id of the model the
  * request named (server_route), the base its `model` may name. */
-enum status http_responses_parse(struct server *s, const char *model_id, const char *body, size_t len, const char *owner,
-                                 const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
-                                 struct http_request *q);
+enum status http_responses_parse(struct server *s, const char *model_id, const char *body, size_t len,
+                                 const char *owner, const char *const *adapters,
+                                 int n_adapters, const struct http_chat_caps *caps, struct http_request *q);
 /* Frees r. Accepts NULL. */
 void        http_responses_free(struct http_responses *r);
 /* g was submitted: stored (when asked) as in progress, so that it can be retrieved and cancelled. */
@@ -337,9 +337,9 @@ enum status http_responses_input_items(struct server *s, const char *owner, cons
                                        const struct http_query *q, char **json);
 /* POST /v1/responses/input_tokens: the body[0..len) parsed as http_responses_parse does, with
  * only the fields of a prompt (no sampling, stream or store); the caller counts q's prompt. */
-enum status http_responses_count_parse(struct server *s, const char *model_id, const char *body, size_t len, const char *owner,
-                                       const char *const *adapters, int n_adapters,
-                                       const struct http_chat_caps *caps, struct http_request *q);
+enum status http_responses_count_parse(struct server *s, const char *model_id, const char *body, size_t len,
+                                       const char *owner, const char *const *adapters,
+                                       int n_adapters, const struct http_chat_caps *caps, struct http_request *q);
 /* {"object": "response.input_tokens", "input_tokens": n}; malloc'd. */
 char       *http_responses_count_json(int n_tokens);
 

@@ -407,7 +407,8 @@ struct embed_inputs {
 enum status embed_prepare(const struct served_model *m, const struct embed_request *r, struct embed_inputs *in);
 /* embed_prepare, then engine_embed into *vecs ((in->n, d_model), malloc'd): blocks (the HTTP
  * front's threads). */
-enum status embed_run(const struct served_model *m, const struct embed_request *r, struct embed_inputs *in, float **vecs);
+enum status embed_run(const struct served_model *m, const struct embed_request *r, struct embed_inputs *in,
+                      float **vecs);
 /* Frees what in holds; accepts a zeroed struct. */
 void        embed_inputs_free(struct embed_inputs *in);
 /* Counts one ended embedding request in the metrics (in: what embed_prepare made, maybe nothing). */
