@@ -480,10 +480,10 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
     int32_t *ids = NULL;
     int n_ids = 0;
     enum status st = convert_gen_request(data, len, is_chat, &r);
-    /* The model first: the prompt is its tokenizer's and its template's. */
-    if (st == STATUS_OK) st = server_route(s, r.adapter, &c->m);
     if (st == STATUS_OK && atomic_load(&s->phase) != PHASE_READY)
         st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down");
+    /* The model first: the prompt is its tokenizer's and its template's. */
+    if (st == STATUS_OK) st = server_route(s, r.adapter, &c->m);
     if (st == STATUS_OK) {
         if (r.request_id[0]) {
             if (gen_find_call(s, r.request_id))
