@@ -1,7 +1,8 @@
 /* cli/serve.c - `shardlm serve`: parses the flags into struct server_options and runs the
  * server. Flags (defaults in brackets):
  *   --model DIR|FILE.gguf    checkpoint directory, or a GGUF file (CPU: quantized matrices kept
- *                            as blocks; docs/quantization.md) (required)
+ *                            as blocks; docs/quantization.md) (required); repeatable: several
+ *                            models in one server, each with the --lora after it (docs/server.md)
  *   --listen HOST:PORT       [127.0.0.1:50051]; port 0 picks a free port (printed on stdout)
  *   --device cpu|cuda        [cpu]        --threads N        CPU threads [0 = all cores]
  *   --max-batch-tokens N     [512]        --max-seqs N       running samples [64]
@@ -118,7 +119,11 @@ static int usage(const char *fmt, const char *arg)
                     "                           name (gRPC `adapter`, HTTP `model`)\n"
                     "  --default-adapter NAME   requests that name no adapter get the --lora adapter NAME (it cannot\n"
                     "                           be unloaded); the base model stays reachable by the served model's id\n"
-                    "                           (the last component of --model, GetModelInfo.model_id)\n");
+                    "                           (the last component of --model, GetModelInfo.model_id)\n"
+                    "  --model DIR2 [--lora ...] ...  more models in one server (at most 16): a request picks one\n"
+                    "                           by its id or an adapter's name (HTTP `model`, gRPC `adapter`);\n"
+                    "                           a --lora belongs to the --model before it; not with --tp / --pp /\n"
+                    "                           --dp / --ep, --journal or --draft-model\n");
     return EXIT_USAGE;
 }
 
@@ -164,7 +169,10 @@ int serve_main(int argc, char **argv)
     long tp = 1, pp = 1, dp = 0, ep = 1;
     char names[SERVE_MAX_ADAPTERS][65];
     const char *adapter_names[SERVE_MAX_ADAPTERS], *adapter_dirs[SERVE_MAX_ADAPTERS];
+    int adapter_model[SERVE_MAX_ADAPTERS]; /* the --model each --lora follows (0: the first) */
     int n_adapters = 0;
+    const char *model_dirs[SERVER_MAX_MODELS];
+    int n_models = 0;
     long max_loras = -1;
     int prompt_lookup = 0; /* --speculative ngram or --spec-ngram given */
     int draft_mode = 0;    /* --speculative draft given: --draft-model is required */
@@ -182,7 +190,10 @@ int serve_main(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage("%s", "help"), 0;
         if (!v) return usage("%s needs a value", a);
         i++;
-        if (!strcmp(a, "--model")) o.engine.model_dir = v;
+        if (!strcmp(a, "--model")) {
+            if (n_models == SERVER_MAX_MODELS) return usage("--model: at most 16 models%s", "");
+            model_dirs[n_models++] = v;
+        }
         else if (!strcmp(a, "--listen")) o.listen = v;
         else if (!strcmp(a, "--device")) device = v;
         else if (!strcmp(a, "--pp-layers")) o.engine.pp_layers = v;
@@ -325,6 +336,7 @@ int serve_main(int argc, char **argv)
             if (!eq || len == 0 || len > 64 || !eq[1] || strspn(v, ADAPTER_NAME_CHARS) < len)
                 return usage("--lora must be NAME=DIR with a NAME of 1-64 letters, digits, '.', '_' or '-', got '%s'", v);
             snprintf(names[n_adapters], sizeof names[n_adapters], "%.*s", (int)len, v);
+            adapter_model[n_adapters] = n_models > 0 ? n_models - 1 : 0;
             adapter_names[n_adapters] = names[n_adapters];
             adapter_dirs[n_adapters++] = eq + 1;
         } else if (!strcmp(a, "--max-loras")) {
@@ -345,16 +357,42 @@ int serve_main(int argc, char **argv)
     if (prompt_lookup && o.engine.draft_model_dir)
         return usage("--draft-model cannot be combined with --speculative ngram / --spec-ngram: the drafts come from "
                      "one or the other%s", "");
-    if (max_loras > 0 && max_loras < n_adapters)
-        return usage("--max-loras is smaller than the number of --lora adapters%s", "");
-    /* Room for run-time loads by default; --max-loras 0 keeps only the --lora ones. */
-    o.engine.max_loras = max_loras >= 0 ? (max_loras > n_adapters ? (int)max_loras : n_adapters)
-                                        : (n_adapters > 8 ? n_adapters : 8);
-    o.engine.adapter_names = adapter_names;
-    o.engine.adapter_dirs = adapter_dirs;
-    o.engine.n_adapters = n_adapters;
-    if (!o.engine.model_dir) return usage("--model DIR is required%s", "");
+    if (!n_models) return usage("--model DIR is required%s", "");
+    /* Each model's adapters, grouped: the first model's go to engine, the others' to their spec. */
+    const char *by_names[SERVE_MAX_ADAPTERS], *by_dirs[SERVE_MAX_ADAPTERS];
+    struct server_model_spec more[SERVER_MAX_MODELS];
+    int per_model[SERVER_MAX_MODELS] = {0}, k = 0;
+    for (int mi = 0; mi < n_models; mi++)
+        for (int j = 0; j < n_adapters; j++)
+            if (adapter_model[j] == mi) by_names[k] = adapter_names[j], by_dirs[k++] = adapter_dirs[j], per_model[mi]++;
+    for (int mi = 0, first = 0; mi < n_models; first += per_model[mi++]) {
+        if (max_loras > 0 && max_loras < per_model[mi])
+            return usage("--max-loras is smaller than the number of --lora adapters of --model %s", model_dirs[mi]);
+        /* Room for run-time loads by default; --max-loras 0 keeps only the --lora ones. */
+        int ml = max_loras >= 0 ? (max_loras > per_model[mi] ? (int)max_loras : per_model[mi])
+                                : (per_model[mi] > 8 ? per_model[mi] : 8);
+        if (mi == 0) {
+            o.engine.model_dir = model_dirs[0];
+            o.engine.max_loras = ml;
+            o.engine.adapter_names = by_names;
+            o.engine.adapter_dirs = by_dirs;
+            o.engine.n_adapters = per_model[0];
+        } else {
+            more[mi - 1] = (struct server_model_spec){model_dirs[mi], by_names + first, by_dirs + first,
+                                                       per_model[mi], ml};
+        }
+    }
+    o.more_models = more;
+    o.n_more_models = n_models > 1 ? n_models - 1 : 0;
+    if (n_models > 1 && o.journal_dir)
+        return usage("--journal with several --model is not supported (a journaled request names no model to "
+                     "resume it on)%s", "");
+    if (n_models > 1 && o.engine.draft_model_dir)
+        return usage("--draft-model with several --model is not supported (a draft model serves one target)%s", "");
     if (ep > 1 && tp > 1) return usage(CLI_EP_WITH_REFUSED, "--tp");
+    if (n_models > 1 && (tp > 1 || pp > 1 || dp > 1 || ep > 1))
+        return usage("several --model with --tp / --pp / --dp / --ep is not supported (one model per set of "
+                     "ranks)%s", "");
     if (ep > 1) tp = ep; /* the ep group takes the layout's tp place (engine/model/moe_ep.c) */
     if (!o.tls_cert != !o.tls_key) return usage("--tls-cert and --tls-key go together%s", "");
     if (o.journal_dir && !o.http_listen) return usage("--journal journals the HTTP front's requests: it needs --http%s", "");
@@ -372,6 +410,9 @@ int serve_main(int argc, char **argv)
                                "ranks (launch with mpirun -n %ld)",
                                world->size, dp ? dp : 1, ep > 1 ? "--ep" : "--tp", tp, pp, want, ep > 1 ? "ep" : "tp",
                                want);
+        if (st == STATUS_OK && world->size > 1 && n_models > 1)
+            st = status_errorf(STATUS_INVALID_ARGUMENT, "several --model under mpirun (%d ranks) is not supported: "
+                               "one model per set of ranks", world->size);
         if (st == STATUS_OK && world->size > 1) {
             o.engine.world = world;
             o.engine.tp = (int)tp;

@@ -250,7 +250,7 @@ void call_on_close(struct call *c)
     if (c->embed_rpc) embed_rpc_cancel(c); /* its answer still comes back (embed.c) */
     if (c->client_cancelled && !c->status_sent && c->engine_active > 0) {
         LOG_INFO("server", "req=%s: the client cancelled or went away; cancelling the request", c->request_id);
-        engine_cancel(c->s->engine, c->handle);
+        engine_cancel(c->m->engine, c->handle);
     }
     if (is_generation(c->method)) gen_pump(c); /* drops buffered output */
     call_maybe_free(c);

@@ -35,10 +35,10 @@ static enum status tool_messages(const cJSON *o, struct gen_request *r)
     return STATUS_OK;
 }
 
-enum status chat_tools_apply(const struct server *s, struct gen_request *r, struct chat_parse *cp)
+enum status chat_tools_apply(const struct served_model *m, struct gen_request *r, struct chat_parse *cp)
 {
     memset(cp, 0, sizeof *cp);
-    const struct http_chat_caps caps = {s->jtmpl != NULL, s->tool_format, s->reasoning};
+    const struct http_chat_caps caps = {m->jtmpl != NULL, m->tool_format, m->reasoning};
     enum status st = STATUS_OK;
     if (r->chat_request) {
         cJSON *o = cJSON_Parse(r->chat_request);
@@ -57,7 +57,7 @@ enum status chat_tools_apply(const struct server *s, struct gen_request *r, stru
         cp->tool_format = q.tool_format;
         cp->max_calls = q.max_calls;
     }
-    cp->reasoning = s->reasoning;
+    cp->reasoning = m->reasoning;
     cp->on = cp->tools || cp->reasoning;
     return st;
 }

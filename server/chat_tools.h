@@ -14,7 +14,7 @@
 #include "convert.h"
 #include "tool_format.h"
 
-struct server;
+struct served_model;
 
 /* How a chat call's replies are parsed (set by chat_tools_apply, completed by
  * chat_parse_note_prompt once the prompt is rendered). on 0: replies are sent as they come. */
@@ -25,11 +25,11 @@ struct chat_parse {
                                  opening marker), which the parsed reply starts with; or NULL */
 };
 
-/* Applies r->chat_request (when set) to r: rewrites tool messages and assistant tool calls as
- * the tool format writes them, adds the tools (system text or template context) and the call
- * grammar, the render context with chat_template_kwargs. Fills *cp (zeroed first). Errors:
+/* Applies r->chat_request (when set) to r, for model m's template: rewrites tool messages and
+ * assistant tool calls as the tool format writes them, adds the tools (system text or template
+ * context) and the call grammar, the render context with chat_template_kwargs. Fills *cp (zeroed first). Errors:
  * INVALID_ARGUMENT naming the field, as the HTTP chat's. */
-enum status chat_tools_apply(const struct server *s, struct gen_request *r, struct chat_parse *cp);
+enum status chat_tools_apply(const struct served_model *m, struct gen_request *r, struct chat_parse *cp);
 /* After gen_prompt: records r's think_open and prefill in cp. */
 enum status chat_parse_note_prompt(struct chat_parse *cp, const struct gen_request *r);
 void        chat_parse_free(struct chat_parse *cp);

@@ -40,12 +40,12 @@ static enum status push_input(struct embed_inputs *in, const int32_t *ids, int n
     return STATUS_OK;
 }
 
-enum status embed_prepare(struct server *s, const struct embed_request *r, struct embed_inputs *in)
+enum status embed_prepare(const struct served_model *m, const struct embed_request *r, struct embed_inputs *in)
 {
     memset(in, 0, sizeof *in);
-    if (r->model && r->model[0] && strcmp(r->model, s->model_id))
+    if (r->model && r->model[0] && strcmp(r->model, m->model_id))
         return status_errorf(STATUS_NOT_FOUND, "The model '%.128s' does not exist (this server embeds with '%s'; "
-                             "adapters do not embed)", r->model, s->model_id);
+                             "adapters do not embed)", r->model, m->model_id);
     if (r->n_items == 0) return status_errorf(STATUS_INVALID_ARGUMENT, "the input is an empty list");
     if (r->n_items > EMBED_MAX_INPUTS)
         return status_errorf(STATUS_INVALID_ARGUMENT, "the input has %d items, more than %d", r->n_items,
@@ -61,7 +61,7 @@ enum status embed_prepare(struct server *s, const struct embed_request *r, struc
         if (it->text_len == 0) return status_errorf(STATUS_INVALID_ARGUMENT, "input[%d] is an empty string", i);
         int32_t *ids = NULL;
         int n = 0;
-        st = tokenizer_encode(s->tok, it->text, it->text_len, 1, &ids, &n);
+        st = tokenizer_encode(m->tok, it->text, it->text_len, 1, &ids, &n);
         if (st == STATUS_OK) st = push_input(in, ids, n);
         free(ids);
     }
@@ -76,20 +76,21 @@ void embed_inputs_free(struct embed_inputs *in)
 }
 
 /* The (in->n, d) vectors' memory. */
-static enum status alloc_vecs(struct server *s, const struct embed_inputs *in, float **vecs)
+static enum status alloc_vecs(const struct served_model *m, const struct embed_inputs *in, float **vecs)
 {
     struct engine_model_info info;
-    engine_get_model_info(s->engine, &info);
+    engine_get_model_info(m->engine, &info);
     *vecs = malloc((size_t)in->n * (size_t)info.d_model * sizeof **vecs);
     return *vecs ? STATUS_OK : oom();
 }
 
-enum status embed_run(struct server *s, const struct embed_request *r, struct embed_inputs *in, float **vecs)
+enum status embed_run(const struct served_model *m, const struct embed_request *r, struct embed_inputs *in,
+                      float **vecs)
 {
     *vecs = NULL;
-    enum status st = embed_prepare(s, r, in);
-    if (st == STATUS_OK) st = alloc_vecs(s, in, vecs);
-    if (st == STATUS_OK) st = engine_embed(s->engine, in->ids, in->offsets, in->n, r->pooling, r->normalize, *vecs);
+    enum status st = embed_prepare(m, r, in);
+    if (st == STATUS_OK) st = alloc_vecs(m, in, vecs);
+    if (st == STATUS_OK) st = engine_embed(m->engine, in->ids, in->offsets, in->n, r->pooling, r->normalize, *vecs);
     return st;
 }
 
@@ -141,8 +142,9 @@ void embed_rpc_start(struct call *c, const uint8_t *data, size_t len)
     struct embed_request r = {0};
     struct embed_rpc *rpc = calloc(1, sizeof *rpc);
     enum status st = rpc ? convert_embed_request(data, len, &r) : oom();
-    if (st == STATUS_OK) st = embed_prepare(s, &r, &rpc->in);
-    if (st == STATUS_OK) st = alloc_vecs(s, &rpc->in, &rpc->vecs);
+    if (st == STATUS_OK) st = server_route(s, r.model, &c->m);
+    if (st == STATUS_OK) st = embed_prepare(c->m, &r, &rpc->in);
+    if (st == STATUS_OK) st = alloc_vecs(c->m, &rpc->in, &rpc->vecs);
     if (st == STATUS_OK) {
         rpc->s = s;
         rpc->call = c;
@@ -150,7 +152,7 @@ void embed_rpc_start(struct call *c, const uint8_t *data, size_t len)
                                              .pooling = r.pooling, .normalize = r.normalize, .out = rpc->vecs,
                                              .done = rpc_done, .ctx = rpc};
         c->embed_rpc = rpc;
-        if ((st = engine_embed_submit(s->engine, &rpc->req)) != STATUS_OK) c->embed_rpc = NULL;
+        if ((st = engine_embed_submit(c->m->engine, &rpc->req)) != STATUS_OK) c->embed_rpc = NULL;
     }
     embed_request_free(&r);
     if (st == STATUS_OK) return; /* answered by embed_rpc_drain */
@@ -176,8 +178,8 @@ void embed_rpc_drain(struct server *s)
         size_t out_len = 0;
         if (st == STATUS_OK) {
             struct engine_model_info info;
-            engine_get_model_info(s->engine, &info);
-            st = convert_embed_response(rpc->vecs, rpc->in.n, info.d_model, s->model_id,
+            engine_get_model_info(c->m->engine, &info);
+            st = convert_embed_response(rpc->vecs, rpc->in.n, info.d_model, c->m->model_id,
                                         rpc->in.offsets[rpc->in.n], &out, &out_len);
             if (st != STATUS_OK) snprintf(rpc->message, sizeof rpc->message, "%s", status_message());
         }
@@ -191,5 +193,5 @@ void embed_rpc_drain(struct server *s)
 
 void embed_rpc_cancel(struct call *c)
 {
-    engine_embed_cancel(c->s->engine, &c->embed_rpc->req);
+    engine_embed_cancel(c->m->engine, &c->embed_rpc->req);
 }

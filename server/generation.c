@@ -180,7 +180,6 @@ static void attach_prompt_logprobs(const struct call *c, struct gen_response_out
 
 void gen_pump(struct call *c)
 {
-    struct server *s = c->s;
     if (c->close_done) {
         /* Nobody listens: drop what was accumulated. */
         for (int i = 0; i < c->n_samples; i++) c->samples[i].n = 0, c->samples[i].text_len = 0;
@@ -195,7 +194,7 @@ void gen_pump(struct call *c)
             if (b->n == 0 && b->text_len == 0 && !final && !c->prompt_lp_pending) continue;
             struct gen_sample_out one = sample_view(b, i, final);
             struct gen_response_out o = {.request_id = c->request_id, .seed = c->seed, .unary = 0, .samples = &one,
-                                         .n_samples = 1, .tok = s->tok};
+                                         .n_samples = 1, .tok = c->m->tok};
             attach_prompt_logprobs(c, &o);
             uint8_t *msg;
             size_t len;
@@ -207,7 +206,7 @@ void gen_pump(struct call *c)
             if (st == STATUS_OK) st = convert_gen_response(&o, &msg, &len);
             chat_reply_free(&delta);
             if (st != STATUS_OK) {
-                if (c->engine_active > 0) engine_cancel(s->engine, c->handle);
+                if (c->engine_active > 0) engine_cancel(c->m->engine, c->handle);
                 call_fail_status(c, st, status_message());
                 return;
             }
@@ -249,7 +248,7 @@ void gen_pump(struct call *c)
         chat_reply_fill(&replies[i], &outs[i]);
     }
     struct gen_response_out o = {.request_id = c->request_id, .seed = c->seed, .unary = 1, .samples = outs,
-                                 .n_samples = c->n_samples, .tok = s->tok};
+                                 .n_samples = c->n_samples, .tok = c->m->tok};
     attach_prompt_logprobs(c, &o);
     uint8_t *msg;
     size_t len;
@@ -356,7 +355,7 @@ struct call *gen_find_call(struct server *s, const char *request_id)
  * costs about 0.45 s of this thread, and a prompt has at least tokenizer_min_tokens ids (from
  * its bytes alone; 0 when the model allows no bound, and then the exact check after
  * tokenization is the only one). The rule is request_context_check's, as engine_validate's. */
-static enum status check_prompt_bytes(struct server *s, const struct gen_request *r, int is_chat)
+static enum status check_prompt_bytes(const struct served_model *m, const struct gen_request *r, int is_chat)
 {
     int n = is_chat ? r->n_messages : r->prompt ? 1 : 0;
     if (n == 0) return STATUS_OK; /* token ids: engine_validate counts them */
@@ -373,28 +372,28 @@ static enum status check_prompt_bytes(struct server *s, const struct gen_request
         lens[i] = is_chat ? strlen(texts[i]) : r->prompt_len;
         bytes += lens[i];
     }
-    size_t least = tokenizer_min_tokens(s->tok, texts, lens, n) + (!is_chat && r->add_bos ? 1 : 0);
+    size_t least = tokenizer_min_tokens(m->tok, texts, lens, n) + (!is_chat && r->add_bos ? 1 : 0);
     free(texts);
     free(lens);
     struct engine_model_info info;
-    engine_get_model_info(s->engine, &info);
+    engine_get_model_info(m->engine, &info);
     const struct request_bounds b = {.max_positions = info.max_positions};
     return request_context_check((long long)least, r->params.max_tokens, &bytes, &b);
 }
 
 /* Renders r->chat_context (a JSON object) with add_generation_prompt, bos_token and eos_token
  * added, then r->prefill after it; *text malloc'd. */
-static enum status render_context(struct server *s, const struct gen_request *r, char **text, size_t *len)
+static enum status render_context(const struct served_model *m, const struct gen_request *r, char **text, size_t *len)
 {
     cJSON *ctx = cJSON_Parse(r->chat_context);
     if (!ctx) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     cJSON_AddTrueToObject(ctx, "add_generation_prompt");
-    cJSON_AddStringToObject(ctx, "bos_token", s->bos_text);
-    cJSON_AddStringToObject(ctx, "eos_token", s->eos_text);
+    cJSON_AddStringToObject(ctx, "bos_token", m->bos_text);
+    cJSON_AddStringToObject(ctx, "eos_token", m->eos_text);
     char *json = cJSON_PrintUnformatted(ctx);
     cJSON_Delete(ctx);
     if (!json) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    enum status st = jinja_render_json(s->jtmpl, json, strlen(json), text, len);
+    enum status st = jinja_render_json(m->jtmpl, json, strlen(json), text, len);
     free(json);
     size_t extra = r->prefill ? strlen(r->prefill) : 0;
     if (st == STATUS_OK && extra) {
@@ -440,29 +439,29 @@ static enum status constrain_after_think(struct gen_request *r)
 }
 
 /* Tokenizes the request into the prompt ids the engine gets; applies the chat template. */
-enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int32_t **ids, int *n)
+enum status gen_prompt(const struct served_model *m, struct gen_request *r, int is_chat, int32_t **ids, int *n)
 {
     *ids = NULL;
     *n = 0;
-    enum status bound = check_prompt_bytes(s, r, is_chat);
+    enum status bound = check_prompt_bytes(m, r, is_chat);
     if (bound != STATUS_OK) return bound;
-    if (is_chat && s->jtmpl) { /* the model's own template, rendered as text with its special tokens */
+    if (is_chat && m->jtmpl) { /* the model's own template, rendered as text with its special tokens */
         char *text = NULL;
         size_t len = 0;
-        enum status st = r->chat_context ? render_context(s, r, &text, &len)
-                                         : jinja_render_chat(s->jtmpl, r->messages, r->n_messages, NULL, 1, s->bos_text,
-                                                             s->eos_text, &text, &len);
+        enum status st = r->chat_context ? render_context(m, r, &text, &len)
+                                         : jinja_render_chat(m->jtmpl, r->messages, r->n_messages, NULL, 1, m->bos_text,
+                                                             m->eos_text, &text, &len);
         if (st == STATUS_OK) r->think_open = ends_inside_think(text, len);
-        if (st == STATUS_OK && r->think_open && s->reasoning) st = constrain_after_think(r);
-        if (st == STATUS_OK) st = tokenizer_encode(s->tok, text, len, 0, ids, n);
+        if (st == STATUS_OK && r->think_open && m->reasoning) st = constrain_after_think(r);
+        if (st == STATUS_OK) st = tokenizer_encode(m->tok, text, len, 0, ids, n);
         free(text);
-        memcpy(r->params.end_ids, s->end_ids, sizeof s->end_ids);
-        r->params.n_end_ids = s->n_end_ids;
+        memcpy(r->params.end_ids, m->end_ids, sizeof m->end_ids);
+        r->params.n_end_ids = m->n_end_ids;
         return st;
     }
     if (is_chat) {
         struct chat_template_extras extras;
-        enum status st = chat_template_apply(s->tmpl, s->tok, r->messages, r->n_messages, ids, n, &extras);
+        enum status st = chat_template_apply(m->tmpl, m->tok, r->messages, r->n_messages, ids, n, &extras);
         if (st != STATUS_OK) return st;
         if (extras.stop_token_id >= 0) r->stop_token_ids[r->n_stop_token_ids++] = extras.stop_token_id;
         if (extras.stop_string) {
@@ -483,14 +482,14 @@ enum status gen_prompt(struct server *s, struct gen_request *r, int is_chat, int
         r->n_prompt_ids = 0;
         return STATUS_OK; /* ranges: engine_validate */
     }
-    return tokenizer_encode(s->tok, r->prompt, r->prompt_len, r->add_bos, ids, n);
+    return tokenizer_encode(m->tok, r->prompt, r->prompt_len, r->add_bos, ids, n);
 }
 
-enum status gen_resolve_adapter(const struct server *s, struct gen_request *r)
+enum status gen_resolve_adapter(const struct served_model *m, struct gen_request *r)
 {
     r->params.adapter = NULL;
-    if (!r->adapter || !*r->adapter) r->params.adapter = s->opts.default_adapter;
-    else if (strcmp(r->adapter, s->model_id)) {
+    if (!r->adapter || !*r->adapter) r->params.adapter = m->default_adapter;
+    else if (strcmp(r->adapter, m->model_id)) {
         if (strlen(r->adapter) > 64)
             return status_errorf(STATUS_INVALID_ARGUMENT,
                                  "adapter: an adapter's name of at most 64 bytes, or the served model's id");
@@ -509,6 +508,8 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
     enum status st = convert_gen_request(data, len, is_chat, &r);
     if (st == STATUS_OK && atomic_load(&s->phase) != PHASE_READY)
         st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down");
+    /* The model first: the prompt is its tokenizer's and its template's. */
+    if (st == STATUS_OK) st = server_route(s, r.adapter, &c->m);
     if (st == STATUS_OK) {
         if (r.request_id[0]) {
             if (gen_find_call(s, r.request_id))
@@ -524,8 +525,8 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
         }
         if (st == STATUS_OK && !c->request_id) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
-    if (st == STATUS_OK && is_chat) st = chat_tools_apply(s, &r, &c->chat);
-    if (st == STATUS_OK) st = gen_prompt(s, &r, is_chat, &ids, &n_ids);
+    if (st == STATUS_OK && is_chat) st = chat_tools_apply(c->m, &r, &c->chat);
+    if (st == STATUS_OK) st = gen_prompt(c->m, &r, is_chat, &ids, &n_ids);
     if (st == STATUS_OK && is_chat) st = chat_parse_note_prompt(&c->chat, &r);
     /* Every numeric limit (token ids against the vocabulary, top_k, ...) is the engine's:
      * engine_validate below, the one validator. */
@@ -535,8 +536,8 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
         else r.params.deadline = base_now_s() + left;
     }
     r.params.client = c->client;
-    if (st == STATUS_OK) st = gen_resolve_adapter(s, &r);
-    if (st == STATUS_OK) st = engine_validate(s->engine, ids, n_ids, &r.params);
+    if (st == STATUS_OK) st = gen_resolve_adapter(c->m, &r);
+    if (st == STATUS_OK) st = engine_validate(c->m->engine, ids, n_ids, &r.params);
     if (st == STATUS_OK) {
         c->n_samples = r.params.n;
         c->samples = calloc((size_t)c->n_samples, sizeof *c->samples);
@@ -548,7 +549,7 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
     if (st == STATUS_OK) {
         c->n_prompt_tokens = n_ids;
         c->engine_active = c->n_samples; /* before submit: events may arrive at once */
-        st = engine_submit(s->engine, c->request_id, ids, n_ids, &r.params, on_engine_event, c, &c->handle);
+        st = engine_submit(c->m->engine, c->request_id, ids, n_ids, &r.params, on_engine_event, c, &c->handle);
         if (st != STATUS_OK) c->engine_active = 0;
     }
     if (st != STATUS_OK) {

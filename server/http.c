@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include "http_internal.h"
 #include "metrics.h"
 #include "tokenizer.h"
@@ -288,10 +289,10 @@ static void snapshot_adapter(void *ctx, const struct engine_adapter_info *a)
     an->n++;
 }
 
-void http_adapter_snapshot(struct server *s, struct http_adapter_snapshot *an)
+void http_adapter_snapshot(struct served_model *m, struct http_adapter_snapshot *an)
 {
     an->n = 0;
-    engine_list_adapters(s->engine, snapshot_adapter, an);
+    engine_list_adapters(m->engine, snapshot_adapter, an);
 }
 
 /* /v1/messages/count_tokens (an_api) and /v1/responses/input_tokens: the prompt's token count as
@@ -300,7 +301,7 @@ static enum MHD_Result reply_count(struct server *s, struct MHD_Connection *c, s
 {
     int32_t *ids = NULL;
     int n = 0;
-    enum status st = gen_prompt(s, &q->r, 1, &ids, &n);
+    enum status st = gen_prompt(q->model ? q->model : &s->models[0], &q->r, 1, &ids, &n);
     free(ids);
     http_request_free(q);
     if (st != STATUS_OK) {
@@ -353,6 +354,18 @@ static enum status resume_header(struct server *s, struct MHD_Connection *c, str
     return st;
 }
 
+/* The model a generation body names in its `model` field (server_route; a body that is not a
+ * JSON object, or whose model is no string, goes to the first model, whose parse refuses it). */
+static enum status route_body(struct server *s, const char *body, size_t len, struct served_model **m)
+{
+    if (s->n_models == 1) return server_route(s, NULL, m);
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    const cJSON *v = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "model") : NULL;
+    enum status st = server_route(s, cJSON_IsString(v) ? v->valuestring : NULL, m);
+    cJSON_Delete(o);
+    return st;
+}
+
 static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat)
 {
     const int an_api = route_anthropic(hc->route);
@@ -372,18 +385,26 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
         return reply_status(c, an_api, st, msg);
     }
     struct http_request q;
-    struct http_adapter_snapshot an; /* loaded now: run-time loads change the list */
-    http_adapter_snapshot(s, &an);
-    const struct http_chat_caps caps = {s->jtmpl != NULL, s->tool_format, s->reasoning};
     const char *body = hc->body ? hc->body : "";
+    struct served_model *m = NULL; /* the model first: the parse checks names against its adapters */
+    if ((st = route_body(s, body, hc->len, &m)) != STATUS_OK) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        return reply_status(c, an_api, st, msg);
+    }
+    struct http_adapter_snapshot an; /* loaded now: run-time loads change the list */
+    http_adapter_snapshot(m, &an);
+    const struct http_chat_caps caps = {m->jtmpl != NULL, m->tool_format, m->reasoning};
     char owner[64];
     response_owner(s, c, owner, sizeof owner);
-    if (hc->route == ROUTE_RESPONSES) st = http_responses_parse(s, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
+    if (hc->route == ROUTE_RESPONSES)
+        st = http_responses_parse(s, m->model_id, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
     else if (hc->route == ROUTE_RESPONSE_INPUT_TOKENS)
-        st = http_responses_count_parse(s, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
-    else if (an_api) st = http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, s->model_id, an.ptrs, an.n,
-                                               &caps, &q);
-    else st = http_parse_request(body, hc->len, is_chat, s->model_id, an.ptrs, an.n, &caps, &q);
+        st = http_responses_count_parse(s, m->model_id, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
+    else if (an_api)
+        st = http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, m->model_id, an.ptrs, an.n, &caps, &q);
+    else st = http_parse_request(body, hc->len, is_chat, m->model_id, an.ptrs, an.n, &caps, &q);
+    q.model = m;
     if (st == STATUS_OK && (hc->route == ROUTE_COUNT_TOKENS || hc->route == ROUTE_RESPONSE_INPUT_TOKENS))
         return reply_count(s, c, &q, an_api);
     if (st != STATUS_OK) http_request_free(&q);
@@ -473,46 +494,10 @@ static enum MHD_Result handle_embeddings(struct server *s, struct MHD_Connection
     return reply_json(c, 200, json);
 }
 
-struct model_list {
-    struct server *s;
-    char         **json;
-    size_t        *len, *cap;
-    int            max_positions;
-};
-
-/* One adapter of /v1/models. Names are [A-Za-z0-9._-]. Its root is its own name, not the
- * server-side directory it was loaded from (vLLM shows the path: any key holder would learn
- * the server's file layout). */
-static void list_adapter(void *ctx, const struct engine_adapter_info *a)
-{
-    struct model_list *ml = ctx;
-    char head[1024];
-    snprintf(head, sizeof head,
-             ",{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"shardlm\",\"root\":\"%s\","
-             "\"parent\":\"%s\",\"max_model_len\":%d}",
-             a->name, (long long)ml->s->t_created, a->name, ml->s->model_id, ml->max_positions);
-    http_buf_append(ml->json, ml->len, ml->cap, head, strlen(head));
-}
-
 static enum MHD_Result handle_models(struct server *s, struct MHD_Connection *c)
 {
-    struct engine_model_info info = {0};
-    if (s->engine && atomic_load(&s->phase) == PHASE_READY) engine_get_model_info(s->engine, &info);
-    char *json = NULL;
-    size_t len = 0, cap = 0;
-    char head[1024];
-    snprintf(head, sizeof head,
-             "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"shardlm\","
-             "\"root\":\"%s\",\"parent\":null,\"max_model_len\":%d,\"architecture\":\"%s\",\"quantization\":\"%s\","
-             "\"dtype\":\"%s\",\"chat_template\":\"%s\"}",
-             s->model_id, (long long)s->t_created, s->model_id, info.max_positions,
-             info.architecture ? info.architecture : "", info.quantization ? info.quantization : "",
-             info.dtype ? info.dtype : "", s->tmpl_name);
-    http_buf_append(&json, &len, &cap, head, strlen(head));
-    /* The adapters as vLLM lists them: their own ids, the base as parent. */
-    struct model_list ml = {.s = s, .json = &json, .len = &len, .cap = &cap, .max_positions = info.max_positions};
-    if (s->engine && atomic_load(&s->phase) == PHASE_READY) engine_list_adapters(s->engine, list_adapter, &ml);
-    http_buf_append(&json, &len, &cap, "]}", 2);
+    size_t len = 0;
+    char *json = server_models_json(s, &len);
     return reply(c, 200, "application/json", json, len);
 }
 
@@ -520,7 +505,9 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
 {
     char *text;
     size_t len;
-    struct engine *e = atomic_load(&s->phase) >= PHASE_READY && atomic_load(&s->phase) != PHASE_FAILED ? s->engine : NULL;
+    /* The first model's engine gauges (docs/server.md, "Several models in one server"). */
+    struct engine *e = atomic_load(&s->phase) >= PHASE_READY && atomic_load(&s->phase) != PHASE_FAILED
+                           ? s->models[0].engine : NULL;
     enum status st = metrics_render(s->metrics, e, &text, &len);
     if (st != STATUS_OK) return reply_status(c, 0, st, status_message());
     return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);

@@ -66,7 +66,7 @@ static void add_usage(const struct http_gen *g, cJSON *o, int input)
 static const char *model_of(const struct http_gen *g)
 {
     const char *adapter = g->q.r.params.adapter;
-    return adapter && *adapter ? adapter : g->s->model_id;
+    return adapter && *adapter ? adapter : g->m->model_id;
 }
 
 /* The message object's head (id, type, role, model, content); content filled by the caller. */

@@ -154,18 +154,23 @@ static enum status parse_options(const cJSON *o, int d_model, struct embed_reque
 enum status http_embeddings(struct server *s, const char *body, size_t len, char **json)
 {
     *json = NULL;
-    struct engine_model_info info;
-    engine_get_model_info(s->engine, &info);
+    struct engine_model_info info = {0};
     cJSON *o = NULL;
     struct embed_request r = {0};
     struct embed_inputs in = {0};
     float *vecs = NULL;
     int base64 = 0;
+    struct served_model *m = NULL;
     enum status st = http_json_parse_body(body, len, &o);
+    if (st == STATUS_OK) { /* the model first: the dimensions and the tokenizer are its */
+        const cJSON *mv = http_json_field(o, "model");
+        st = server_route(s, cJSON_IsString(mv) ? mv->valuestring : NULL, &m);
+    }
+    if (st == STATUS_OK) engine_get_model_info(m->engine, &info);
     if (st == STATUS_OK) st = parse_options(o, info.d_model, &r, &base64);
     if (st == STATUS_OK) st = parse_input(cJSON_GetObjectItemCaseSensitive(o, "input"), &r);
-    if (st == STATUS_OK) st = embed_run(s, &r, &in, &vecs);
-    if (st == STATUS_OK && !(*json = response_json(s->model_id, vecs, in.n, info.d_model, base64, in.offsets[in.n])))
+    if (st == STATUS_OK) st = embed_run(m, &r, &in, &vecs);
+    if (st == STATUS_OK && !(*json = response_json(m->model_id, vecs, in.n, info.d_model, base64, in.offsets[in.n])))
         st = oom();
     embed_observe(s, METRICS_API_HTTP, st, &in);
     cJSON_Delete(o);

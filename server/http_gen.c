@@ -200,9 +200,9 @@ int http_gen_hangup(struct http_gen *g)
 void http_gen_cancel(struct http_gen *g)
 {
     for (int i = 0; i < g->n_runs; i++)
-        if (g->runs[i].submitted) engine_cancel(g->s->engine, g->runs[i].handle);
+        if (g->runs[i].submitted) engine_cancel(g->m->engine, g->runs[i].handle);
     for (int i = 0; i < g->n_subs; i++)
-        if (g->subs[i].submitted) engine_cancel(g->s->engine, g->subs[i].handle);
+        if (g->subs[i].submitted) engine_cancel(g->m->engine, g->subs[i].handle);
 }
 
 /* Counts the request once it ended; g->mu held. */
@@ -298,7 +298,7 @@ static enum status run_prompt(struct http_gen *g, int i, int32_t **ids, int *n_i
         r->n_prompt_ids = p->n_ids;
         p->ids = NULL;
     }
-    enum status st = gen_prompt(g->s, r, g->q.is_chat, ids, n_ids);
+    enum status st = gen_prompt(g->m, r, g->q.is_chat, ids, n_ids);
     if (p) {
         free(r->prompt_ids); /* only when gen_prompt failed before taking them */
         r->prompt = NULL;
@@ -309,10 +309,10 @@ static enum status run_prompt(struct http_gen *g, int i, int32_t **ids, int *n_i
     struct request_params *rp = &r->params;
     if (st == STATUS_OK && rp->max_tokens < 0) { /* chat's default: the rest of the context */
         struct engine_model_info info;
-        engine_get_model_info(g->s->engine, &info);
+        engine_get_model_info(g->m->engine, &info);
         rp->max_tokens = info.max_positions > *n_ids ? info.max_positions - *n_ids : 1;
     }
-    if (st == STATUS_OK) st = engine_validate(g->s->engine, *ids, *n_ids, rp);
+    if (st == STATUS_OK) st = engine_validate(g->m->engine, *ids, *n_ids, rp);
     struct http_run *run = &g->runs[i];
     if (st == STATUS_OK && p && g->q.echo) {
         if (p->text) {
@@ -320,7 +320,7 @@ static enum status run_prompt(struct http_gen *g, int i, int32_t **ids, int *n_i
             run->echo_len = p->text_len;
             if (!run->echo) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
         } else {
-            st = tokenizer_decode(g->s->tok, *ids, *n_ids, &run->echo, &run->echo_len);
+            st = tokenizer_decode(g->m->tok, *ids, *n_ids, &run->echo, &run->echo_len);
         }
     }
     if (st != STATUS_OK && g->n_runs > 1) {
@@ -344,6 +344,7 @@ enum status http_gen_prepare(struct server *s, struct http_request *q, int fd, c
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
     g->s = s;
+    g->m = q->model ? q->model : &s->models[0];
     g->q = *q;
     g->fd = fd;
     g->created = (long long)time(NULL);
@@ -372,8 +373,8 @@ enum status http_gen_prepare(struct server *s, struct http_request *q, int fd, c
         }
     }
     struct request_params *p = &g->q.r.params;
-    if (st == STATUS_OK && n_runs > 1) st = engine_validate_prompts(s->engine, n_runs, p->n);
-    if (st == STATUS_OK) st = gen_resolve_adapter(s, &g->q.r);
+    if (st == STATUS_OK && n_runs > 1) st = engine_validate_prompts(g->m->engine, n_runs, p->n);
+    if (st == STATUS_OK) st = gen_resolve_adapter(g->m, &g->q.r);
     if (st == STATUS_OK) {
         g->n_per_run = p->n;
         g->n_samples = n_runs * p->n;
@@ -446,7 +447,7 @@ enum status http_gen_submit(struct server *s, struct http_request *q, int fd, co
         if (n_runs > 1) snprintf(rid, sizeof rid, "%s-%d", g->id, submitted);
         else snprintf(rid, sizeof rid, "%s", g->id);
         r->prompt_tokens = r->n_ids;
-        st = engine_submit(s->engine, rid, r->ids, r->n_ids, p, http_gen_on_event, r, &r->handle);
+        st = engine_submit(g->m->engine, rid, r->ids, r->n_ids, p, http_gen_on_event, r, &r->handle);
         if (st == STATUS_OK) r->submitted = 1;
     }
     if (st != STATUS_OK) {

@@ -65,6 +65,8 @@ struct http_request {
     int logprobs;          /* completions: -1 none, else top-n; chat: -1 or top_logprobs */
     int echo;              /* completions: the prompt text before the output (and, with
                               logprobs, the prompt tokens' log-probabilities) */
+    struct served_model *model; /* the model the request named (server_route; set after parsing,
+                              which zeroes it); NULL: the first */
     int tools;             /* chat with tools (http_tools.c): the reply is parsed into tool_calls */
     int tool_format;       /* enum tool_format of the reply when tools is set */
     int max_calls;         /* parallel_tool_calls false: 1; else 0 (no limit) */
@@ -164,6 +166,7 @@ struct http_gen {
     pthread_mutex_t mu;          /* guards everything below that events change */
     pthread_cond_t  cv;          /* signalled on every event */
     struct server  *s;
+    struct served_model *m;      /* the model it runs on: q.model, or the first */
     struct http_request q;
     char            id[48];      /* "cmpl-N" / "chatcmpl-N" */
     long long       created;     /* Unix seconds */
@@ -234,7 +237,7 @@ struct http_adapter_snapshot {
     const char *ptrs[ENGINE_MAX_ADAPTERS];
     int n;
 };
-void        http_adapter_snapshot(struct server *s, struct http_adapter_snapshot *an);
+void        http_adapter_snapshot(struct served_model *m, struct http_adapter_snapshot *an);
 /* http_resume.c: a request naming a journaled stream (Last-Event-ID or Idempotency-Key header):
  * *g gets the attached gen (a reference) and *skip what the client has (NULL: everything);
  * STATUS_NOT_FOUND when the key names none (then a new request may take it as its id),
@@ -297,10 +300,11 @@ enum status http_responses_store_init(int max_entries, size_t max_bytes, struct 
 void        http_responses_store_free(struct http_responses_store *st);
 /* Parses a Responses body[0..len) into *q (as http_parse_request, whose chat path it rewrites the
  * request for), with the conversation of previous_response_id from s's store (owner: who may
- * see it: "" without API keys, else the key's client name). */
-enum status http_responses_parse(struct server *s, const char *body, size_t len, const char *owner,
-                                 const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
-                                 struct http_request *q);
+ * see it: "" without API keys, else the key's client name); model_id: the id of the model the
+ * request named (server_route), the base its `model` may name. */
+enum status http_responses_parse(struct server *s, const char *model_id, const char *body, size_t len,
+                                 const char *owner, const char *const *adapters,
+                                 int n_adapters, const struct http_chat_caps *caps, struct http_request *q);
 /* Frees r. Accepts NULL. */
 void        http_responses_free(struct http_responses *r);
 /* g was submitted: stored (when asked) as in progress, so that it can be retrieved and cancelled. */
@@ -333,9 +337,9 @@ enum status http_responses_input_items(struct server *s, const char *owner, cons
                                        const struct http_query *q, char **json);
 /* POST /v1/responses/input_tokens: the body[0..len) parsed as http_responses_parse does, with
  * only the fields of a prompt (no sampling, stream or store); the caller counts q's prompt. */
-enum status http_responses_count_parse(struct server *s, const char *body, size_t len, const char *owner,
-                                       const char *const *adapters, int n_adapters,
-                                       const struct http_chat_caps *caps, struct http_request *q);
+enum status http_responses_count_parse(struct server *s, const char *model_id, const char *body, size_t len,
+                                       const char *owner, const char *const *adapters,
+                                       int n_adapters, const struct http_chat_caps *caps, struct http_request *q);
 /* {"object": "response.input_tokens", "input_tokens": n}; malloc'd. */
 char       *http_responses_count_json(int n_tokens);
 

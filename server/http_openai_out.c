@@ -118,7 +118,7 @@ static cJSON *logprobs_json(const struct http_gen *g, const struct http_run *pro
                             size_t *offset)
 {
     if (g->q.logprobs < 0 || (!b->lp && !prompt)) return cJSON_CreateNull();
-    const struct tokenizer *tok = g->s->tok;
+    const struct tokenizer *tok = g->m->tok;
     char t[256];
     if (g->q.is_chat) {
         cJSON *o = check_json(cJSON_CreateObject()), *content = check_json(cJSON_AddArrayToObject(o, "content"));
@@ -211,7 +211,7 @@ static cJSON *envelope(const struct http_gen *g, const char *object)
     cJSON_AddNumberToObject(o, "created", (double)g->created);
     /* The model that answers (vLLM's): the adapter's name, or the base's id. */
     const char *adapter = g->q.r.params.adapter;
-    cJSON_AddStringToObject(o, "model", adapter && *adapter ? adapter : g->s->model_id);
+    cJSON_AddStringToObject(o, "model", adapter && *adapter ? adapter : g->m->model_id);
     return o;
 }
 

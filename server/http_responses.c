@@ -663,7 +663,8 @@ static enum status translate(struct server *s, const cJSON *o, const char *owner
 }
 
 /* http_responses_parse, or with count http_responses_count_parse. */
-static enum status parse(struct server *s, const char *body, size_t len, const char *owner, int count,
+static enum status parse(struct server *s, const char *model_id, const char *body, size_t len, const char *owner,
+                         int count,
                          const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
                          struct http_request *q)
 {
@@ -693,22 +694,22 @@ static enum status parse(struct server *s, const char *body, size_t len, const c
         return st;
     }
     CHECK(text, "out of memory");
-    st = http_parse_request(text, strlen(text), 1, s->model_id, adapters, n_adapters, caps, q);
+    st = http_parse_request(text, strlen(text), 1, model_id, adapters, n_adapters, caps, q);
     free(text);
     q->responses = r; /* freed with q */
     return st;
 }
 
-enum status http_responses_parse(struct server *s, const char *body, size_t len, const char *owner,
-                                 const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
-                                 struct http_request *q)
+enum status http_responses_parse(struct server *s, const char *model_id, const char *body, size_t len,
+                                 const char *owner, const char *const *adapters,
+                                 int n_adapters, const struct http_chat_caps *caps, struct http_request *q)
 {
-    return parse(s, body, len, owner, 0, adapters, n_adapters, caps, q);
+    return parse(s, model_id, body, len, owner, 0, adapters, n_adapters, caps, q);
 }
 
-enum status http_responses_count_parse(struct server *s, const char *body, size_t len, const char *owner,
-                                       const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
-                                       struct http_request *q)
+enum status http_responses_count_parse(struct server *s, const char *model_id, const char *body, size_t len,
+                                       const char *owner, const char *const *adapters,
+                                       int n_adapters, const struct http_chat_caps *caps, struct http_request *q)
 {
-    return parse(s, body, len, owner, 1, adapters, n_adapters, caps, q);
+    return parse(s, model_id, body, len, owner, 1, adapters, n_adapters, caps, q);
 }

@@ -22,7 +22,7 @@ static int count_tokens(const struct http_gen *g, const char *text)
 {
     int32_t *ids = NULL;
     int n = 0;
-    if (tokenizer_encode(g->s->tok, text, strlen(text), 0, &ids, &n) != STATUS_OK) n = 0;
+    if (tokenizer_encode(g->m->tok, text, strlen(text), 0, &ids, &n) != STATUS_OK) n = 0;
     free(ids);
     return n;
 }
@@ -56,7 +56,7 @@ cJSON *responses_object(const struct http_gen *g, const char *status, cJSON *out
     cJSON_AddNumberToObject(o, "created_at", (double)r->created);
     cJSON_AddStringToObject(o, "status", status);
     const char *adapter = g->q.r.params.adapter;
-    cJSON_AddStringToObject(o, "model", adapter && *adapter ? adapter : g->s->model_id);
+    cJSON_AddStringToObject(o, "model", adapter && *adapter ? adapter : g->m->model_id);
     if (!strcmp(status, "failed") || !strcmp(status, "cancelled")) {
         cJSON *e = http_json_ok(cJSON_AddObjectToObject(o, "error"));
         cJSON_AddStringToObject(e, "code", status_name(g->end_status));

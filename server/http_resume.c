@@ -108,7 +108,7 @@ static void resubmit(struct server *s, struct http_gen *g, const struct journal_
         for (int k = 0; k < e->n_events; k++) any |= e->events[k].run == i;
         if (!any) {
             pthread_mutex_unlock(&g->mu); /* its events take g->mu */
-            enum status st = engine_submit(s->engine, g->id, run->ids, run->n_ids, p, http_gen_on_event, run, &run->handle);
+            enum status st = engine_submit(s->models[0].engine, g->id, run->ids, run->n_ids, p, http_gen_on_event, run, &run->handle);
             pthread_mutex_lock(&g->mu);
             run->submitted = st == STATUS_OK;
             for (int j = 0; st != STATUS_OK && j < g->n_per_run && !last; j++)
@@ -133,7 +133,7 @@ static void resubmit(struct server *s, struct http_gen *g, const struct journal_
                 snprintf(rid, sizeof rid, "%s-p%d-s%d", g->id, i, j);
                 g->n_subs++;
                 pthread_mutex_unlock(&g->mu);
-                st = engine_submit(s->engine, rid, run->ids, run->n_ids, &rp, http_gen_on_event, sub, &sub->handle);
+                st = engine_submit(s->models[0].engine, rid, run->ids, run->n_ids, &rp, http_gen_on_event, sub, &sub->handle);
                 pthread_mutex_lock(&g->mu);
                 sub->submitted = st == STATUS_OK;
             }
@@ -163,8 +163,8 @@ enum status http_journal_open(struct server *s)
 void http_resume_all(struct server *s)
 {
     struct http_adapter_snapshot an;
-    http_adapter_snapshot(s, &an);
-    const struct http_chat_caps caps = {s->jtmpl != NULL, s->tool_format, s->reasoning};
+    http_adapter_snapshot(&s->models[0], &an);
+    const struct http_chat_caps caps = {s->models[0].jtmpl != NULL, s->models[0].tool_format, s->models[0].reasoning};
     int resumed = 0;
     for (int k = 0; k < s->n_journal_pending; k++) {
         struct journal_entry *e = &s->journal_pending[k];
@@ -172,7 +172,7 @@ void http_resume_all(struct server *s)
         struct http_request q;
         struct http_gen *g = NULL;
         enum status st = e->front == JOURNAL_HTTP_CHAT || e->front == JOURNAL_HTTP_COMPLETIONS
-                             ? http_parse_request(e->body, e->body_len, is_chat, s->model_id, an.ptrs, an.n, &caps, &q)
+                             ? http_parse_request(e->body, e->body_len, is_chat, s->models[0].model_id, an.ptrs, an.n, &caps, &q)
                              : status_errorf(STATUS_UNSUPPORTED, "front %d is not journaled by this version", e->front);
         if (st == STATUS_OK) {
             q.r.params.sampling.seed = e->seed;

@@ -68,13 +68,13 @@ static void job_run(struct server *s, struct load_job *j)
                               (long)((s->load_test_delay_s - (double)(time_t)s->load_test_delay_s) * 1e9)};
         nanosleep(&ts, NULL);
     }
-    enum status st = engine_load_adapter(s->engine, j->name, j->path);
+    enum status st = engine_load_adapter(s->models[0].engine, j->name, j->path);
     if (st == STATUS_OK) {
         LOG_INFO("server", "LoadAdapter '%s' from %s", j->name, j->path);
         struct adapter_lookup q = {.name = j->name};
-        engine_list_adapters(s->engine, find_adapter, &q);
+        engine_list_adapters(s->models[0].engine, find_adapter, &q);
         struct engine_model_info info;
-        engine_get_model_info(s->engine, &info);
+        engine_get_model_info(s->models[0].engine, &info);
         st = convert_load_adapter_response(&q.found, q.n, info.max_loras, &j->out, &j->out_len);
     }
     j->st = st;

@@ -26,8 +26,8 @@ static enum status tokenize(struct server *s, const uint8_t *data, size_t len, u
     int32_t *ids = NULL;
     int n = 0;
     enum status st = convert_tokenize_request(data, len, &text, &text_len, &add_bos);
-    if (st == STATUS_OK) st = tokenizer_encode(s->tok, text, text_len, add_bos, &ids, &n);
-    if (st == STATUS_OK) st = convert_tokenize_response(ids, n, s->tok, out, out_len);
+    if (st == STATUS_OK) st = tokenizer_encode(s->models[0].tok, text, text_len, add_bos, &ids, &n);
+    if (st == STATUS_OK) st = convert_tokenize_response(ids, n, s->models[0].tok, out, out_len);
     free(text);
     free(ids);
     return st;
@@ -39,8 +39,8 @@ static enum status detokenize(struct server *s, const uint8_t *data, size_t len,
     int n;
     char *text = NULL;
     size_t text_len;
-    enum status st = convert_detokenize_request(data, len, s->vocab_size, &ids, &n);
-    if (st == STATUS_OK) st = tokenizer_decode(s->tok, ids, n, &text, &text_len);
+    enum status st = convert_detokenize_request(data, len, s->models[0].vocab_size, &ids, &n);
+    if (st == STATUS_OK) st = tokenizer_decode(s->models[0].tok, ids, n, &text, &text_len);
     if (st == STATUS_OK) st = convert_detokenize_response(text, text_len, out, out_len);
     free(ids);
     free(text);
@@ -56,7 +56,7 @@ static enum status cancel(struct server *s, const uint8_t *data, size_t len, uin
         if (!target) st = status_errorf(STATUS_NOT_FOUND, "no running request has id '%s'", id);
         else {
             target->cancelled_by_rpc = 1;
-            engine_cancel(s->engine, target->handle);
+            engine_cancel(target->m->engine, target->handle);
             LOG_INFO("server", "req=%s cancelled by Cancel", id);
             st = convert_cancel_response(1, out, out_len);
         }
@@ -86,13 +86,13 @@ static enum status model_info(struct server *s, const uint8_t *data, size_t len,
     enum status st = convert_empty_request(data, len, "shardlm.v1.GetModelInfoRequest");
     if (st != STATUS_OK) return st;
     struct adapter_names an = {.n = 0};
-    engine_list_adapters(s->engine, add_adapter_name, &an);
-    struct model_info_out m = {.chat_template = s->tmpl_name,
-                               .max_logprobs = s->opts.engine.max_logprobs ? s->opts.engine.max_logprobs : 20,
-                               .adapters = an.ptrs, .n_adapters = an.n, .model_id = s->model_id,
-                               .default_adapter = s->opts.default_adapter ? s->opts.default_adapter : ""};
+    engine_list_adapters(s->models[0].engine, add_adapter_name, &an);
+    struct model_info_out m = {.chat_template = s->models[0].tmpl_name,
+                               .max_logprobs = s->models[0].eopts.max_logprobs ? s->opts.engine.max_logprobs : 20,
+                               .adapters = an.ptrs, .n_adapters = an.n, .model_id = s->models[0].model_id,
+                               .default_adapter = s->models[0].default_adapter ? s->models[0].default_adapter : ""};
     if (m.max_logprobs > CONVERT_MAX_LOGPROBS) m.max_logprobs = CONVERT_MAX_LOGPROBS;
-    engine_get_model_info(s->engine, &m.info);
+    engine_get_model_info(s->models[0].engine, &m.info);
     return convert_model_info_response(&m, out, out_len);
 }
 
@@ -118,12 +118,12 @@ static enum status unload_adapter(struct server *s, const uint8_t *data, size_t 
     char *name;
     enum status st = convert_unload_adapter_request(data, len, &name);
     /* Requests that name no adapter run with the default: it stays as long as the server. */
-    if (st == STATUS_OK && s->opts.default_adapter && !strcmp(name, s->opts.default_adapter))
+    if (st == STATUS_OK && s->models[0].default_adapter && !strcmp(name, s->models[0].default_adapter))
         st = status_errorf(STATUS_FAILED_PRECONDITION,
                            "adapter '%s' is the server's default adapter (--default-adapter): requests that name "
                            "no adapter use it, so it is not unloaded",
                            name);
-    if (st == STATUS_OK) st = engine_unload_adapter(s->engine, name);
+    if (st == STATUS_OK) st = engine_unload_adapter(s->models[0].engine, name);
     if (st == STATUS_OK) {
         LOG_INFO("server", "UnloadAdapter '%s'", name);
         st = convert_unload_adapter_response(out, out_len);
@@ -137,14 +137,14 @@ static enum status server_stats(struct server *s, const uint8_t *data, size_t le
     enum status st = convert_empty_request(data, len, "shardlm.v1.GetServerStatsRequest");
     if (st != STATUS_OK) return st;
     struct server_stats_out o = {.active_calls = s->n_calls, .uptime_seconds = base_now_s() - s->t_start};
-    engine_get_stats(s->engine, &o.engine);
-    int n = engine_replicas(s->engine);
+    engine_get_stats(s->models[0].engine, &o.engine);
+    int n = engine_replicas(s->models[0].engine);
     struct engine_replica_stats *rs = calloc((size_t)n, sizeof *rs);
     if (!rs) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory for replica statistics");
-    for (int i = 0; i < n; i++) engine_get_replica_stats(s->engine, i, &rs[i]);
+    for (int i = 0; i < n; i++) engine_get_replica_stats(s->models[0].engine, i, &rs[i]);
     o.replicas = rs;
     o.n_replicas = n;
-    st = engine_get_expert_load(s->engine, &o.expert_load);
+    st = engine_get_expert_load(s->models[0].engine, &o.expert_load);
     if (st == STATUS_OK) st = convert_server_stats_response(&o, out, out_len);
     free(o.expert_load.load);
     free(rs);

@@ -114,19 +114,19 @@ static void on_engine_fatal(void *ctx, enum status st, const char *message)
     sem_post(&s->stop_sem);
 }
 
-static void add_end_id(struct server *s, int32_t id, int eos)
+static void add_end_id(struct served_model *m, int32_t id, int eos)
 {
-    if (id < 0 || id == eos || s->n_end_ids >= REQUEST_MAX_END_IDS) return;
-    for (int i = 0; i < s->n_end_ids; i++)
-        if (s->end_ids[i] == id) return;
-    s->end_ids[s->n_end_ids++] = id;
+    if (id < 0 || id == eos || m->n_end_ids >= REQUEST_MAX_END_IDS) return;
+    for (int i = 0; i < m->n_end_ids; i++)
+        if (m->end_ids[i] == id) return;
+    m->end_ids[m->n_end_ids++] = id;
 }
 
 /* The Jinja template's end-of-turn tokens, which end a chat's generation besides EOS: the special
  * token the template writes right after an assistant message's content (found by rendering a
  * turn, not by knowing the template), then the end-of-generation tokens llama.cpp also knows by
  * name, when the vocabulary has them as special tokens. */
-static void find_end_ids(struct server *s, int eos)
+static void find_end_ids(struct served_model *m, int eos)
 {
     static const char sentinel[] = "q7Zx3ENDOFTURNx3Z7q";
     struct chat_message turn[2] = {{CHAT_ROLE_USER, (char *)"Hi"}, {CHAT_ROLE_ASSISTANT, (char *)sentinel}};
@@ -134,13 +134,13 @@ static void find_end_ids(struct server *s, int eos)
     size_t len = 0;
     int32_t *ids = NULL;
     int n = 0;
-    if (jinja_render_chat(s->jtmpl, turn, 2, NULL, 0, s->bos_text, s->eos_text, &text, &len) == STATUS_OK) {
+    if (jinja_render_chat(m->jtmpl, turn, 2, NULL, 0, m->bos_text, m->eos_text, &text, &len) == STATUS_OK) {
         const char *after = strstr(text, sentinel);
         if (after) {
             after += strlen(sentinel);
-            if (tokenizer_encode(s->tok, after, len - (size_t)(after - text), 0, &ids, &n) == STATUS_OK && n > 0 &&
-                tokenizer_is_control(s->tok, ids[0]))
-                add_end_id(s, ids[0], eos);
+            if (tokenizer_encode(m->tok, after, len - (size_t)(after - text), 0, &ids, &n) == STATUS_OK && n > 0 &&
+                tokenizer_is_control(m->tok, ids[0]))
+                add_end_id(m, ids[0], eos);
         }
     }
     free(text);
@@ -149,97 +149,121 @@ static void find_end_ids(struct server *s, int eos)
                                         "<|endoftext|>", "<|end_of_text|>", "<EOT>",
                                         "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>"};
     for (size_t i = 0; i < sizeof named / sizeof *named; i++) {
-        int32_t id = tokenizer_piece_to_id(s->tok, named[i]);
-        if (id >= 0 && tokenizer_is_control(s->tok, id)) add_end_id(s, id, eos);
+        int32_t id = tokenizer_piece_to_id(m->tok, named[i]);
+        if (id >= 0 && tokenizer_is_control(m->tok, id)) add_end_id(m, id, eos);
     }
-    for (int i = 0; i < s->n_end_ids; i++)
-        LOG_INFO("server", "chat template: end of turn at token %d %s", s->end_ids[i],
-                 tokenizer_id_to_piece(s->tok, s->end_ids[i]));
+    for (int i = 0; i < m->n_end_ids; i++)
+        LOG_INFO("server", "chat template: end of turn at token %d %s", m->end_ids[i],
+                 tokenizer_id_to_piece(m->tok, m->end_ids[i]));
 }
 
 /* The tool-call format and reasoning of a Jinja template (src: its NUL-terminated text). */
-static void note_template_formats(struct server *s, const char *src)
+static void note_template_formats(const struct server *s, struct served_model *m, const char *src)
 {
-    s->tool_format = (int)tool_format_detect(src);
+    m->tool_format = (int)tool_format_detect(src);
     const char *rf = s->opts.reasoning_format;
-    if (!rf || !strcmp(rf, "auto")) s->reasoning = tool_format_detect_reasoning(src);
-    LOG_INFO("server", "chat template: tool calls in the %s format, reasoning %s", tool_format_name(s->tool_format),
-             s->reasoning ? "split from <think>" : "not split");
+    if (!rf || !strcmp(rf, "auto")) m->reasoning = tool_format_detect_reasoning(src);
+    LOG_INFO("server", "chat template: tool calls in the %s format, reasoning %s", tool_format_name(m->tool_format),
+             m->reasoning ? "split from <think>" : "not split");
 }
 
 /* The chat template: --chat-template NAME (a built-in) or FILE.jinja; else the model's own Jinja
  * template when its tokenizer encodes the special tokens a template writes (byte-level BPE);
  * else a built-in chosen from the vocabulary (chat_template_detect). A model template that does
  * not compile falls back to the built-in with a warning; a --chat-template file must compile. */
-static enum status choose_chat_template(struct server *s, struct engine *e)
+static enum status choose_chat_template(const struct server *s, struct served_model *m, struct engine *e)
 {
-    s->reasoning = s->opts.reasoning_format && !strcmp(s->opts.reasoning_format, "deepseek");
+    m->reasoning = s->opts.reasoning_format && !strcmp(s->opts.reasoning_format, "deepseek");
     struct engine_model_info info;
     engine_get_model_info(e, &info);
-    const char *bos = info.bos_id >= 0 ? tokenizer_id_to_piece(s->tok, info.bos_id) : NULL;
-    const char *eos = info.eos_id >= 0 ? tokenizer_id_to_piece(s->tok, info.eos_id) : NULL;
-    snprintf(s->bos_text, sizeof s->bos_text, "%s", bos ? bos : "");
-    snprintf(s->eos_text, sizeof s->eos_text, "%s", eos ? eos : "");
+    const char *bos = info.bos_id >= 0 ? tokenizer_id_to_piece(m->tok, info.bos_id) : NULL;
+    const char *eos = info.eos_id >= 0 ? tokenizer_id_to_piece(m->tok, info.eos_id) : NULL;
+    snprintf(m->bos_text, sizeof m->bos_text, "%s", bos ? bos : "");
+    snprintf(m->eos_text, sizeof m->eos_text, "%s", eos ? eos : "");
     const char *opt = s->opts.chat_template;
     enum status st;
     if (opt && strlen(opt) > 6 && !strcmp(opt + strlen(opt) - 6, ".jinja")) {
         char *src = NULL;
         size_t n = 0;
         if ((st = base_read_file(opt, 4u << 20, "chat template", &src, &n)) != STATUS_OK) return st;
-        st = jinja_compile(src, n, NULL, &s->jtmpl);
-        if (st == STATUS_OK) note_template_formats(s, src);
+        st = jinja_compile(src, n, NULL, &m->jtmpl);
+        if (st == STATUS_OK) note_template_formats(s, m, src);
         free(src);
         if (st != STATUS_OK) return status_errorf(st, "--chat-template %s: %s", opt, status_message());
-        snprintf(s->tmpl_name, sizeof s->tmpl_name, "jinja (%s)", opt);
-        find_end_ids(s, info.eos_id);
+        snprintf(m->tmpl_name, sizeof m->tmpl_name, "jinja (%s)", opt);
+        find_end_ids(m, info.eos_id);
         return STATUS_OK;
     }
     if (opt) {
-        if ((st = chat_template_parse(opt, &s->tmpl)) != STATUS_OK) return st;
+        if ((st = chat_template_parse(opt, &m->tmpl)) != STATUS_OK) return st;
     } else {
-        s->tmpl = chat_template_detect(s->opts.engine.model_dir, s->tok);
-        if (info.chat_template && tokenizer_encodes_special(s->tok)) {
-            st = jinja_compile(info.chat_template, strlen(info.chat_template), NULL, &s->jtmpl);
+        m->tmpl = chat_template_detect(m->eopts.model_dir, m->tok);
+        if (info.chat_template && tokenizer_encodes_special(m->tok)) {
+            st = jinja_compile(info.chat_template, strlen(info.chat_template), NULL, &m->jtmpl);
             if (st == STATUS_OK) {
-                note_template_formats(s, info.chat_template);
-                snprintf(s->tmpl_name, sizeof s->tmpl_name, "jinja (model)");
-                find_end_ids(s, info.eos_id);
+                note_template_formats(s, m, info.chat_template);
+                snprintf(m->tmpl_name, sizeof m->tmpl_name, "jinja (model)");
+                find_end_ids(m, info.eos_id);
                 return STATUS_OK;
             }
             LOG_WARN("server", "the model's chat template does not compile (%s); using %s", status_message(),
-                     chat_template_name(s->tmpl));
+                     chat_template_name(m->tmpl));
         }
     }
-    snprintf(s->tmpl_name, sizeof s->tmpl_name, "%s", chat_template_name(s->tmpl));
+    snprintf(m->tmpl_name, sizeof m->tmpl_name, "%s", chat_template_name(m->tmpl));
     return STATUS_OK;
+}
+
+/* Loads m's engine (weights, tokenizer, chat template) and starts it; on failure nothing of it
+ * is left. Any thread (the control thread at start). */
+static enum status model_load(struct server *s, struct served_model *m)
+{
+    struct engine *e = NULL;
+    m->eopts.on_fatal = on_engine_fatal;
+    m->eopts.fatal_ctx = s;
+    enum status st = engine_create(&m->eopts, &e);
+    if (st == STATUS_OK) {
+        m->tok = engine_tokenizer(e);
+        m->vocab_size = tokenizer_vocab_size(m->tok);
+        st = choose_chat_template(s, m, e);
+    }
+    if (st == STATUS_OK) st = engine_start(e);
+    if (st != STATUS_OK) {
+        engine_free(e);
+        jinja_free(m->jtmpl);
+        m->jtmpl = NULL;
+        return st;
+    }
+    m->engine = e;
+    LOG_INFO("server", "model %s loaded as %s; chat template %s", m->eopts.model_dir, m->model_id, m->tmpl_name);
+    return STATUS_OK;
+}
+
+/* Frees what model_load made (nothing when it made nothing). */
+static void model_unload(struct served_model *m)
+{
+    engine_free(m->engine);
+    m->engine = NULL;
+    jinja_free(m->jtmpl);
+    m->jtmpl = NULL;
 }
 
 static void *control_main(void *arg)
 {
     struct server *s = arg;
-    struct engine *e = NULL;
-    s->opts.engine.on_fatal = on_engine_fatal;
-    s->opts.engine.fatal_ctx = s;
-    enum status st = engine_create(&s->opts.engine, &e);
-    if (st == STATUS_OK) {
-        s->tok = engine_tokenizer(e);
-        s->vocab_size = tokenizer_vocab_size(s->tok);
-        st = choose_chat_template(s, e);
-    }
-    if (st == STATUS_OK) st = engine_start(e);
+    enum status st = STATUS_OK;
+    for (int i = 0; i < s->n_models && st == STATUS_OK; i++) st = model_load(s, &s->models[i]);
     /* MPI_Init (in engine_create, for the parallel runtime) may install its own SIGTERM / SIGINT
      * handlers: ours go back on top. */
     install_stop_handlers();
     if (st != STATUS_OK) {
         s->load_status = st;
         snprintf(s->load_message, sizeof s->load_message, "%s", status_message());
-        engine_free(e);
+        for (int i = 0; i < s->n_models; i++) model_unload(&s->models[i]);
         atomic_store(&s->phase, PHASE_FAILED);
         server_wake(s);
         return NULL;
     }
-    s->engine = e;
-    LOG_INFO("server", "model %s loaded; chat template %s", s->opts.engine.model_dir, s->tmpl_name);
     if (s->journal) http_resume_all(s); /* before serving: a client that reconnects finds its request */
     atomic_store(&s->phase, PHASE_READY);
     server_wake(s);
@@ -253,7 +277,7 @@ static void *control_main(void *arg)
                  s->opts.drain_timeout_s);
     atomic_store(&s->phase, PHASE_DRAINING);
     server_wake(s);
-    engine_drain(e, s->fatal ? 0.0 : s->opts.drain_timeout_s);
+    for (int i = 0; i < s->n_models; i++) engine_drain(s->models[i].engine, s->fatal ? 0.0 : s->opts.drain_timeout_s);
     atomic_store(&s->phase, PHASE_DRAINED);
     server_wake(s);
     return NULL;
@@ -326,16 +350,49 @@ static enum status server_listen(struct server *s, grpc_server_credentials *cred
     return STATUS_OK;
 }
 
-/* The model's name in the HTTP API: its directory's last component. */
-static void server_model_id(struct server *s)
+/* A model's name in the APIs: its directory's (or file's) last component. */
+static void model_name(struct served_model *m)
 {
-    const char *dir = s->opts.engine.model_dir ? s->opts.engine.model_dir : "model";
+    const char *dir = m->eopts.model_dir ? m->eopts.model_dir : "model";
     size_t n = strlen(dir);
     while (n > 1 && dir[n - 1] == '/') n--;
     size_t b = n;
     while (b > 0 && dir[b - 1] != '/') b--;
-    snprintf(s->model_id, sizeof s->model_id, "%.*s", (int)(n - b), dir + b);
+    snprintf(m->model_id, sizeof m->model_id, "%.*s", (int)(n - b), dir + b);
+}
+
+/* The served models from the options: --model with its --lora adapters, then the further
+ * --model ones with theirs. Two models with the same id are refused: a request could not name
+ * one of them. */
+static enum status server_models(struct server *s)
+{
+    const struct server_options *o = &s->opts;
+    s->n_models = 1 + o->n_more_models;
+    s->models = calloc((size_t)s->n_models, sizeof *s->models);
+    if (!s->models) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    s->models[0].eopts = o->engine;
+    s->models[0].default_adapter = o->default_adapter;
+    for (int i = 1; i < s->n_models; i++) {
+        const struct server_model_spec *sp = &o->more_models[i - 1];
+        struct engine_options *e = &s->models[i].eopts;
+        *e = o->engine;
+        e->model_dir = sp->model_dir;
+        e->adapter_names = sp->adapter_names;
+        e->adapter_dirs = sp->adapter_dirs;
+        e->n_adapters = sp->n_adapters;
+        e->max_loras = sp->max_loras;
+    }
+    for (int i = 0; i < s->n_models; i++) {
+        model_name(&s->models[i]);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(s->models[i].model_id, s->models[j].model_id))
+                return status_errorf(STATUS_INVALID_ARGUMENT,
+                                     "--model %s and --model %s have the same id '%s' (the last component of the "
+                                     "path): requests could not tell them apart", s->models[j].eopts.model_dir,
+                                     s->models[i].eopts.model_dir, s->models[i].model_id);
+    }
     s->t_created = (long long)time(NULL);
+    return STATUS_OK;
 }
 
 /* --default-adapter must name one of the adapters loaded at start (the only ones there are
@@ -380,7 +437,7 @@ enum status server_run(const struct server_options *o)
     if ((st = auth_make_credentials(o, &creds)) != STATUS_OK) goto out_early;
     if ((st = reflection_init(&s->refl)) != STATUS_OK) goto out_early;
     s->metrics = metrics_create();
-    server_model_id(s);
+    if ((st = server_models(s)) != STATUS_OK) goto out_early;
     /* HTTP first: its failure leaves no gRPC server to tear down. */
     if (o->http_listen && (st = http_start(s)) != STATUS_OK) goto out_early;
 
@@ -440,9 +497,7 @@ enum status server_run(const struct server_options *o)
     while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {}
     grpc_completion_queue_destroy(s->cq);
     http_stop(s); /* before engine_free: its requests hold the engine */
-    engine_free(s->engine);
-    jinja_free(s->jtmpl);
-    s->jtmpl = NULL;
+    for (int i = 0; i < s->n_models; i++) model_unload(&s->models[i]);
     grpc_shutdown();
     if (st == STATUS_OK) LOG_INFO("server", "drained; exiting");
 
@@ -460,6 +515,7 @@ out_early:
     pthread_mutex_destroy(&s->wake_mu);
     pthread_mutex_destroy(&s->ev_mu);
     loader_destroy(s);
+    free(s->models);
     free(s);
     return st;
 }

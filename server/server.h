@@ -16,6 +16,18 @@
 
 #include "engine.h"
 
+/* A model served besides server_options.engine's (serve --model repeated): its checkpoint and
+ * its own --lora adapters; every other engine option is engine's. */
+struct server_model_spec {
+    const char *model_dir;
+    const char *const *adapter_names; /* (n_adapters) */
+    const char *const *adapter_dirs;  /* (n_adapters) */
+    int         n_adapters;
+    int         max_loras;            /* as engine_options.max_loras */
+};
+
+#define SERVER_MAX_MODELS 16
+
 struct server_options {
     const char *listen;          /* host:port; port 0 picks a free one (printed on stdout) */
     struct engine_options engine;
@@ -47,7 +59,14 @@ struct server_options {
     int         journal_fsync;   /* enum journal_fsync; 0 = accept */
     double      journal_retain_s; /* a resumed request's answer waits this long for its client
                                      after it ends; 0 = 600 s */
-    const char *default_adapter; /* the adapter requests that name none get: one of
+    const struct server_model_spec *more_models; /* (n_more_models) served besides engine's
+                                    model_dir; requests pick one by its id (the last component
+                                    of its path) or one of its adapters' names, in the HTTP
+                                    `model` field or gRPC `adapter` / Embed `model`; the first
+                                    model serves requests that name none. Refused with several
+                                    ranks, a journal or a draft model. */
+    int         n_more_models;   /* 0 .. SERVER_MAX_MODELS - 1 */
+    const char *default_adapter; /* the first model's adapter requests that name none get: one of
                                     engine.adapter_names (STATUS_INVALID_ARGUMENT otherwise, before
                                     anything starts); it cannot be unloaded. A request reaches the
                                     base by naming the served model's id. NULL: no default (such

@@ -106,9 +106,12 @@ struct sample_buf {
     double   t_last_token;     /* when its previous tokens arrived (inter-token latency) */
 };
 
+struct served_model;
+
 struct call {
     struct call   *prev, *next;
     struct server *s;
+    struct served_model *m;       /* generation / Embed: the model it runs on, once routed */
     grpc_call     *call;
     enum method    method;
     gpr_timespec   deadline;
@@ -197,6 +200,31 @@ struct queued_event {
     double               queue_seconds; /* FINISHED: engine_event.queue_seconds */
 };
 
+/* One model the server serves: its engine (the weights, the KV cache, its adapters), its
+ * tokenizer and its chat template. A request resolves its model before anything reads these
+ * fields, and uses that model's tokenizer, template and engine throughout. */
+struct served_model {
+    struct engine_options eopts;     /* its engine's options (model_dir, adapters, ...) */
+    const char           *default_adapter; /* --default-adapter of this model, or NULL */
+    struct engine        *engine;
+    const struct tokenizer *tok;
+    int                   vocab_size;
+    enum chat_template_kind tmpl;
+    /* The Jinja chat template Chat uses instead of tmpl when set: the model's own (a byte-level
+     * BPE vocabulary, whose tokenizer encodes the special tokens the template writes) or
+     * --chat-template FILE.jinja. tmpl_name: "chatml", ..., or "jinja (model)" / "jinja (FILE)". */
+    struct jinja_template *jtmpl;
+    char                  tmpl_name[256];
+    int                   tool_format;   /* enum tool_format of jtmpl's text (GENERIC without one) */
+    int                   reasoning;     /* split <think>...</think> off replies (reasoning_format) */
+    char                  bos_text[64], eos_text[64]; /* bos_token / eos_token for the template */
+    int32_t               end_ids[REQUEST_MAX_END_IDS]; /* the Jinja template's end-of-turn tokens */
+    int                   n_end_ids;
+    char                  model_id[256]; /* its name (its directory's or file's last component):
+                                            what requests name in `model`, and the base of its
+                                            adapters */
+};
+
 struct server {
     struct server_options opts;
     grpc_server          *grpc;
@@ -221,20 +249,9 @@ struct server {
     char                  load_message[1024];
     volatile sig_atomic_t fatal;   /* the engine failed (a rank gone): shut down, exit non-zero */
     char                  fatal_message[512];
-    struct engine        *engine;
-    const struct tokenizer *tok;
-    int                   vocab_size;
-    enum chat_template_kind tmpl;
-    /* The Jinja chat template Chat uses instead of tmpl when set: the model's own (a byte-level
-     * BPE vocabulary, whose tokenizer encodes the special tokens the template writes) or
-     * --chat-template FILE.jinja. tmpl_name: "chatml", ..., or "jinja (model)" / "jinja (FILE)". */
-    struct jinja_template *jtmpl;
-    char                  tmpl_name[256];
-    int                   tool_format;   /* enum tool_format of jtmpl's text (GENERIC without one) */
-    int                   reasoning;     /* split <think>...</think> off replies (reasoning_format) */
-    char                  bos_text[64], eos_text[64]; /* bos_token / eos_token for the template */
-    int32_t               end_ids[REQUEST_MAX_END_IDS]; /* the Jinja template's end-of-turn tokens */
-    int                   n_end_ids;
+    /* the served models: models[0] is the first --model; one for now */
+    struct served_model  *models;   /* (n_models) */
+    int                   n_models;
     /* calls */
     struct call          *calls;
     int                   n_calls, n_gen_calls; /* n_gen_calls: calls that use the engine (uses_engine),
@@ -266,8 +283,6 @@ struct server {
     struct http_gen      *live;                 /* journaled first-run gens, until they are freed:
                                                    their ids (Idempotency-Keys) are taken */
     char                  boot_id[16];          /* hex, new at every start: journaled ids are unique */
-    char                  model_id[256];        /* the served model's name (its directory's or
-                                                   file's): the base in requests' adapter / model */
     long long             t_created;            /* Unix seconds at start */
     struct metrics       *metrics;
     /* the loader thread (LoadAdapter off the loop: loader.c) */
@@ -298,6 +313,17 @@ grpc_status_code server_grpc_code(enum status s);
 const char      *server_grpc_code_name(grpc_status_code c); /* "OK", "CANCELLED", ... */
 /* Any thread. Puts wake_tag on the completion queue unless a wake is already on its way. */
 void             server_wake(struct server *s);
+
+/* ---- models.c ------------------------------------------------------------------------------ */
+
+/* The model a request names (*m): NULL or "" = the first model; else the model whose id, or one
+ * of whose loaded adapters' names, it is. With one model every name routes to it (its engine
+ * says NOT_FOUND for an adapter it lacks, as before); with several, a name that none serves is
+ * STATUS_NOT_FOUND naming it and listing the served models (*m NULL). Any thread. */
+enum status server_route(struct server *s, const char *name, struct served_model **m);
+/* GET /v1/models: every served model (with "loaded"), each followed by its adapters (parent: the
+ * model); malloc'd JSON of *len bytes (aborts when out of memory). */
+char       *server_models_json(struct server *s, size_t *len);
 
 /* ---- call.c -------------------------------------------------------------------------------- */
 
@@ -344,17 +370,17 @@ void         sample_buf_append(struct sample_buf *b, const int32_t *tokens, int 
  * which the time to first token counts). */
 void         sample_buf_note_tokens(struct sample_buf *b, struct metrics *m, int n, double t);
 void         sample_buf_free(struct sample_buf *b);
-/* Turns a parsed request into the prompt's token ids (*ids malloc'd): the chat template (whose
+/* Turns a parsed request into the prompt's token ids of model m (*ids malloc'd): its chat template (whose
  * stop string / token id it appends to r's stops, which must have room for one more) or the
  * tokenizer, or the given ids. Any thread (the HTTP front calls it from its own). */
-enum status  gen_prompt(struct server *s, struct gen_request *r, int is_chat, int32_t **ids, int *n);
-/* Sets r->params.adapter, the adapter the request runs with, from r->adapter, the name it gave:
- * none (NULL or "") = the server's --default-adapter (the base without one); the served model's
- * id (s->model_id) = the base (NULL); any other name as given (the engine says NOT_FOUND for one
+enum status  gen_prompt(const struct served_model *m, struct gen_request *r, int is_chat, int32_t **ids, int *n);
+/* Sets r->params.adapter, the adapter the request runs with on m (the model server_route chose),
+ * from r->adapter, the name it gave: none (NULL or "") = m's --default-adapter (the base without
+ * one); m's id (m->model_id) = the base (NULL); any other name as given (the engine says NOT_FOUND for one
  * not loaded; STATUS_INVALID_ARGUMENT here for one longer than an adapter name may be). Both
  * fronts call it once the request is parsed; params.adapter then borrows from r or from the
  * server's options. */
-enum status  gen_resolve_adapter(const struct server *s, struct gen_request *r);
+enum status  gen_resolve_adapter(const struct served_model *m, struct gen_request *r);
 
 /* ---- methods.c ----------------------------------------------------------------------------- */
 
@@ -374,13 +400,15 @@ struct embed_inputs {
     int      n;
     size_t   cap;      /* of ids */
 };
-/* Checks r as both fronts do (the model: STATUS_NOT_FOUND unless NULL or the served one; 1 ..
- * EMBED_MAX_INPUTS inputs; no empty text) and tokenizes its texts (with the tokenizer's special
- * tokens) into *in; the engine checks the rest (engine_embed). Any thread. */
-enum status embed_prepare(struct server *s, const struct embed_request *r, struct embed_inputs *in);
+/* Checks r as both fronts do (the model: STATUS_NOT_FOUND unless NULL or m's id, m being the
+ * model server_route chose for r->model; 1 .. EMBED_MAX_INPUTS inputs; no empty text) and
+ * tokenizes its texts (with m's tokenizer's special tokens) into *in; the engine checks the rest
+ * (engine_embed). Any thread. */
+enum status embed_prepare(const struct served_model *m, const struct embed_request *r, struct embed_inputs *in);
 /* embed_prepare, then engine_embed into *vecs ((in->n, d_model), malloc'd): blocks (the HTTP
  * front's threads). */
-enum status embed_run(struct server *s, const struct embed_request *r, struct embed_inputs *in, float **vecs);
+enum status embed_run(const struct served_model *m, const struct embed_request *r, struct embed_inputs *in,
+                      float **vecs);
 /* Frees what in holds; accepts a zeroed struct. */
 void        embed_inputs_free(struct embed_inputs *in);
 /* Counts one ended embedding request in the metrics (in: what embed_prepare made, maybe nothing). */

@@ -14,13 +14,12 @@
 #include "http_internal.h"
 #include "request.h"
 
-static struct server srv; /* only model_id and the store are read */
+static struct server srv; /* only the store is read */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
     fuzz_init();
-    snprintf(srv.model_id, sizeof srv.model_id, "stories260K");
     CHECK(http_responses_store_init(4, 1 << 20, &srv.http_responses) == STATUS_OK, "no store");
     return 0;
 }
@@ -40,7 +39,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *body = malloc(size - 1 ? size - 1 : 1);
     CHECK(body, "out of memory");
     memcpy(body, data + 1, size - 1);
-    if (fuzz_report(http_responses_parse(&srv, body, size - 1, "", adapters, 1, &caps, &q)) == STATUS_OK) {
+    if (fuzz_report(http_responses_parse(&srv, "stories260K", body, size - 1, "", adapters, 1, &caps, &q)) == STATUS_OK) {
         static const int32_t one[1] = {1};
         if (q.r.params.max_tokens < 0) q.r.params.max_tokens = 16;
         (void)fuzz_report(request_validate(one, 1, &q.r.params, &bounds));
