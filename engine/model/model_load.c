@@ -160,6 +160,20 @@ static enum status pack_mapped(struct model *m, const char *dir, enum weight_kin
     return STATUS_OK;
 }
 
+/* Once every weight is loaded: the stored rows of the packed weights given back once more. Pages
+ * packed and given back part by part came back before the load ended (Gemma 3 270M kept 48 of
+ * its 226 packed MB resident in the file's pages, the peak RSS 1.21x llama.cpp's); the cause was
+ * not found, so this pass makes sure. */
+static void release_packed_sources(struct model *m)
+{
+    struct weight_ref *table = malloc((size_t)weights_table_max(m->w.n_layers) * sizeof *table);
+    if (!table) return; /* an optimisation: memory only */
+    const int n = weights_table(&m->w, m->layer_first, 1, table);
+    for (int i = 0; i < n; i++)
+        if (tensor_packed(table[i].t)) release_mapped(table[i].t->data, tensor_nbytes(table[i].t));
+    free(table);
+}
+
 /* Loads one weight slice into *t on the model's device, refusing NaN and Inf. */
 static enum status load_weight(struct model *m, struct staging *stg, enum weight_kind kind,
                                int layer, struct tensor *t)
@@ -462,6 +476,7 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
         goto fail;
     }
     if ((st = load_weights(m, &stg)) != STATUS_OK) goto fail;
+    release_packed_sources(m);
     if ((st = load_rope_factors(m)) != STATUS_OK) goto fail;
     free(stg.buf);
     LOG_INFO("model", "loaded %s: %d layers [%d, %d) of %d, tp %d/%d, ep %d/%d (experts [%d, %d)), %s, %.1f MiB of weights (%.1f MiB mapped zero-copy, "
