@@ -411,6 +411,11 @@ static int run_cuda(const char *dir)
  * AMD EPYC with AVX2, 2026-11-28), against 7e-7 for the same file's f32 path. A wrong kernel
  * moves them by the logits' own scale. */
 #define REF_INT8_TOL 2e-2
+/* The same prompt as one chunk on AMX tiles (x and dequantized w rounded to bf16, mode ref on an
+ * AMX CPU): 4.3e-3 on golden_gguf_types' range of 0.96, 0.175 on golden_gguf_phi3_quant's 21.5
+ * (Intel Xeon with AMX, 2026-11-29): the rounding of 8-bit mantissas, as large as the int8
+ * path's, so the same tolerance. */
+#define REF_AMX_TOL 2e-2
 
 static int run_ref(const char *dir, const char *ref_path, int int8)
 {
@@ -432,16 +437,26 @@ static int run_ref(const char *dir, const char *ref_path, int int8)
         const int V = e.m->cfg.vocab_size;
         float *logits = malloc((size_t)n * (size_t)V * sizeof *logits);
         /* int8: chunks of 8 rows, under the 32 from which a GGUF's blocks are dequantized for
-         * sgemm, so every product is quant_matmul's (AMX off: 8 rows would take its tiles). */
-        const int amx = int8 ? cpu_amx_set_enabled(0) : 0;
+         * sgemm, so every product is quant_matmul's; f32: one chunk, the dequantized blocks in
+         * f32. AMX off for both (8 rows and more would take its bf16 tiles), checked after. */
+        const int amx = cpu_amx_set_enabled(0);
         st = prompt_logits(&e, ids, n, int8 ? 8 : n < 64 ? n : 64, logits);
-        if (int8) cpu_amx_set_enabled(amx);
         double scale = 0, d = st == STATUS_OK ? max_abs_diff(logits + (size_t)(n - 1) * V, last, V, &scale) : 1e9;
         /* f32 through 18 layers against float64 (measured: 1.8e-5 on a range of 21). */
         double tol = (int8 ? REF_INT8_TOL : 2e-4) * (1 + scale);
         snprintf(detail, sizeof detail, "max |diff| %.3g over %d logits (range %.3g, tol %.3g)", d, V, scale, tol);
         check(d <= tol, int8 ? "last-position logits (int8 products) vs float64 NumPy on the GGUF weights"
                              : "last-position logits vs float64 NumPy on the GGUF weights", detail);
+        cpu_amx_set_enabled(amx);
+        if (amx && !int8) {
+            float *tiles = malloc((size_t)n * (size_t)V * sizeof *tiles);
+            enum status sa = prompt_logits(&e, ids, n, n < 64 ? n : 64, tiles);
+            double scale_a = 0, da = sa == STATUS_OK ? max_abs_diff(tiles + (size_t)(n - 1) * V, last, V, &scale_a) : 1e9;
+            snprintf(detail, sizeof detail, "max |diff| %.3g over %d logits (range %.3g, tol %.3g)", da, V, scale_a,
+                     REF_AMX_TOL * (1 + scale_a));
+            check(da <= REF_AMX_TOL * (1 + scale_a), "last-position logits (AMX bf16 tiles) vs float64 NumPy", detail);
+            free(tiles);
+        }
         int agree = 0, counted = 0;
         for (int i = 0; i < n; i++) {
             if (cJSON_GetArrayItem(margins, i)->valuedouble <= 2 * tol) continue;
@@ -636,16 +651,19 @@ static int run_gemma_gguf(const char *gguf, const char *dir)
     check(st == STATUS_OK, "load the f32 conversion", st == STATUS_OK ? dir : detail);
     enum status sq = env_open(&eq, gguf, 64);
     if (sq == STATUS_OK)
-        snprintf(detail, sizeof detail, "%.1f MiB of weights, %.1f MiB as blocks, %.1f MiB mapped zero-copy, %.1f MiB packed",
+        snprintf(detail, sizeof detail,
+                 "%.1f MiB of weights, %.1f MiB as blocks, %.1f MiB mapped zero-copy, %.1f MiB packed, %.1f MiB copied",
                  eq.m->weight_bytes / 1048576.0, eq.m->weight_bytes_blocks / 1048576.0, eq.m->weight_bytes_mapped / 1048576.0,
-                 eq.m->weight_bytes_packed / 1048576.0);
+                 eq.m->weight_bytes_packed / 1048576.0, eq.m->weight_bytes_unpacked / 1048576.0);
     else snprintf(detail, sizeof detail, "%s: %s", status_name(sq), status_message());
-    /* At tp 1 every matrix is the file itself (vectors, the norms, are copied); at tp > 1 the
-     * column slices of O and DOWN are copied too (rows of them are not contiguous in the file).
-     * The Q8_0 ones (Gemma's embedding and V) are also packed for the CPU. */
+    /* At tp 1 every matrix is the file itself (vectors, the norms, are copied), packed for the
+     * CPU where its type packs (Q8_0, Q4_K), copied as it is where not (Q6_K: model_load.c,
+     * copy_mapped); at tp > 1 the column slices of O and DOWN are copied as slices (rows of
+     * them are not contiguous in the file). */
+    const size_t whole = eq.m->weight_bytes_mapped + eq.m->weight_bytes_unpacked;
     check(sq == STATUS_OK && eq.m->weight_bytes_blocks > eq.m->weight_bytes / 2 &&
-              (eq.m->tp_size > 1 ? eq.m->weight_bytes_mapped > eq.m->weight_bytes / 2
-                                 : eq.m->weight_bytes_mapped == eq.m->weight_bytes_blocks) &&
+              (eq.m->tp_size > 1 ? whole > eq.m->weight_bytes / 2
+                                 : whole == eq.m->weight_bytes_blocks && eq.m->weight_bytes_unpacked > 0) &&
               eq.m->weight_bytes_packed > 0,
           "load the GGUF natively (blocks, zero-copy)", detail);
     if (st == STATUS_OK && sq == STATUS_OK) {

@@ -188,8 +188,8 @@ enum status checkpoint_open(const char *dir, struct checkpoint **out);
 /* Unmaps everything; accepts NULL. Zero-copy pointers handed out die here. */
 void        checkpoint_close(struct checkpoint *ck);
 /* Once the model and its tokenizer are loaded: a GGUF file's metadata pages are given back
- * (gguf_release_pages). Other layouts: nothing. */
-void        checkpoint_release_pages(struct checkpoint *ck);
+ * (gguf_release_pages), with data_too the whole file's. Other layouts: nothing. */
+void        checkpoint_release_pages(struct checkpoint *ck, int data_too);
 
 /* Contiguous layer ranges of a pipeline split, used by the writer and for loading: stage
  * pp_rank of pp_size gets *count layers from *first; earlier stages take one more layer each

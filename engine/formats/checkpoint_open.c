@@ -403,9 +403,9 @@ out:
     return s;
 }
 
-void checkpoint_release_pages(struct checkpoint *ck)
+void checkpoint_release_pages(struct checkpoint *ck, int data_too)
 {
-    if (ck && ck->files && ck->files->gguf) gguf_release_pages(ck->files->gguf);
+    if (ck && ck->files && ck->files->gguf) gguf_release_pages(ck->files->gguf, data_too);
 }
 
 void checkpoint_close(struct checkpoint *ck)

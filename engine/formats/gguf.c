@@ -460,13 +460,14 @@ fail:
     return s;
 }
 
-void gguf_release_pages(struct gguf *g)
+void gguf_release_pages(struct gguf *g, int data_too)
 {
-    /* The metadata only (everything before the data section): the weights still read from the
-     * mapping would come back at their first use, a page fault each (a stored Q6_K or f16 model's
-     * first prefill), and the packed ones were given back as they were packed. Whole pages,
-     * those below the data section's first. */
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE), n = g && g->map ? (size_t)g->data_offset / page * page : 0;
+    /* The metadata (everything before the data section; whole pages, those below the data
+     * section's first), and with data_too the whole file: weights still read from the mapping
+     * would come back at their first use, a page fault each (a stored Q6_K or f16 model's first
+     * prefill), so the model asks for it only when it reads none of them. */
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t n = !g || !g->map ? 0 : data_too ? g->map_size : (size_t)g->data_offset / page * page;
     if (n) (void)madvise(g->map, n, MADV_DONTNEED); /* failing costs memory only */
 }
 

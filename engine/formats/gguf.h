@@ -119,10 +119,11 @@ struct gguf;
 enum status gguf_open(const char *path, struct gguf **out);
 /* Unmaps and frees; accepts NULL. Every kv, tensor and data pointer of the file dies with it. */
 void        gguf_close(struct gguf *g);
-/* Gives back the resident pages of the mapping's metadata (MADV_DONTNEED; a later read brings
- * them back from the file): after loading, what was read for the tokenizer stops counting in the
- * resident set. (The model gives back the blocks it packed itself, model_load.c.) */
-void        gguf_release_pages(struct gguf *g);
+/* Gives back the resident pages of the mapping's metadata, or with data_too of the whole file
+ * (MADV_DONTNEED; a later read brings them back from the file): after loading, what was read for
+ * the tokenizer, or by a model that reads nothing from the mapping (model_load.c), stops counting
+ * in the resident set. */
+void        gguf_release_pages(struct gguf *g, int data_too);
 
 const char *gguf_path(const struct gguf *g);
 uint32_t    gguf_version(const struct gguf *g);

@@ -1,7 +1,7 @@
 /* engine/model/model_load.c - model_load: builds a struct model for one (tp, pp) shard from any
  * checkpoint layout through checkpoint_get, in the backend's compute dtype; GGUF weights stored
- * as ggml blocks stay blocks (on the CPU mapped zero-copy where the slice is whole rows; on CUDA
- * uploaded as the same bytes).
+ * as ggml blocks stay blocks (on the CPU: where the slice is whole rows, packed for decode from
+ * the mapping, or mapped zero-copy, or with packing on copied; on CUDA uploaded as the same bytes).
  * Not here: the forward pass and workspace (model.c), file formats (checkpoint.c).
  * Tests: tests/test_model.c. */
 #include <ctype.h>
@@ -160,18 +160,57 @@ static enum status pack_mapped(struct model *m, const char *dir, enum weight_kin
     return STATUS_OK;
 }
 
-/* Once every weight is loaded: the stored rows of the packed weights given back once more. Pages
- * packed and given back part by part came back before the load ended (Gemma 3 270M kept 48 of
- * its 226 packed MB resident in the file's pages, the peak RSS 1.21x llama.cpp's); the cause was
- * not found, so this pass makes sure. */
-static void release_packed_sources(struct model *m)
+/* A block matrix that cannot be packed (Q6_K, Q5_K, ...) is copied to the heap when packing is
+ * on, never served from the mapping: the kernel maps a read page's whole page-cache folio (up to
+ * 2 MB here), so every decode step's read of a mapped Q6_K matrix brought back the file pages
+ * of the packed weights beside it, given back at load (Gemma 3 270M Q4_K_M kept 48 of its 226
+ * packed MB resident that way: peak RSS 1.21x llama.cpp's). Copied, nothing reads the mapping
+ * after the load. The same bytes resident either way, copied a few MB at a time (each part's
+ * pages given back), checked for NaN / Inf. */
+static int copies_unpacked(const struct tensor *t)
 {
+    const char *env = getenv("SHARDLM_CPU_PACK");
+    return dtype_is_quant(t->dtype) && !(env && !strcmp(env, "0"));
+}
+
+static enum status copy_mapped(struct model *m, const char *dir, enum weight_kind kind, int layer, struct tensor *t)
+{
+    const size_t nbytes = tensor_nbytes(t), step = 4u << 20;
+    void *p = NULL;
+    enum status st = backend_alloc(m->b, nbytes, &p);
+    if (st == STATUS_OK && (st = own(m, p)) != STATUS_OK) backend_free(m->b, p);
+    if (st != STATUS_OK) return st;
+    for (size_t off = 0; off < nbytes; off += step) {
+        const size_t len = nbytes - off < step ? nbytes - off : step;
+        memcpy((uint8_t *)p + off, (const uint8_t *)t->data + off, len);
+        release_mapped((const uint8_t *)t->data + off, len);
+    }
+    t->data = p;
+    m->weight_bytes_mapped -= nbytes;
+    m->weight_bytes_unpacked += nbytes;
+    return check_finite(dir, kind, layer, t->dtype, p, nbytes, t->shape[1]);
+}
+
+/* Once every weight is loaded: when none is read from the mapping (each served one packed, the
+ * other block matrices copied), the whole file's pages are given back once more: pages given
+ * back part by part at packing came back while neighbours were read (whole folios), before the
+ * load ended. */
+static void release_mapping(struct model *m)
+{
+    if (m->weight_bytes_mapped == 0 && m->weight_bytes_packed == 0) return; /* nothing was mapped */
     struct weight_ref *table = malloc((size_t)weights_table_max(m->w.n_layers) * sizeof *table);
     if (!table) return; /* an optimisation: memory only */
     const int n = weights_table(&m->w, m->layer_first, 1, table);
-    for (int i = 0; i < n; i++)
-        if (tensor_packed(table[i].t)) release_mapped(table[i].t->data, tensor_nbytes(table[i].t));
+    int reads = 0;
+    for (int i = 0; i < n && !reads; i++) {
+        const struct tensor *t = table[i].t;
+        if (tensor_packed(t)) continue;
+        int owned = 0;
+        for (size_t j = 0; j < m->n_owned && !owned; j++) owned = m->owned[j] == t->data;
+        reads = !owned;
+    }
     free(table);
+    if (!reads) checkpoint_release_pages(m->checkpoint, 1);
 }
 
 /* Loads one weight slice into *t on the model's device, refusing NaN and Inf. */
@@ -208,6 +247,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
         t->data = (void *)hw.data;
         m->weight_bytes_mapped += hw.nbytes;
         if (packs(t)) return pack_mapped(m, stg->dir, kind, layer, t);
+        if (copies_unpacked(t)) return copy_mapped(m, stg->dir, kind, layer, t);
         return check_finite(stg->dir, kind, layer, dt, hw.data, hw.nbytes, hw.ndim == 2 ? hw.shape[1] : hw.shape[0]);
     }
     void *dev = NULL;
@@ -476,16 +516,16 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
         goto fail;
     }
     if ((st = load_weights(m, &stg)) != STATUS_OK) goto fail;
-    release_packed_sources(m);
+    release_mapping(m);
     if ((st = load_rope_factors(m)) != STATUS_OK) goto fail;
     free(stg.buf);
     LOG_INFO("model", "loaded %s: %d layers [%d, %d) of %d, tp %d/%d, ep %d/%d (experts [%d, %d)), %s, %.1f MiB of weights (%.1f MiB mapped zero-copy, "
-             "%.1f MiB as quantized blocks, %.1f MiB of them packed for the CPU)",
+             "%.1f MiB as quantized blocks, %.1f MiB of them packed for the CPU, %.1f MiB copied)",
              c->architecture, m->n_layers_local, m->layer_first, m->layer_first + m->n_layers_local,
              c->n_layers, tp_rank, tp_size, ep_rank, ep_size, m->expert_first, m->expert_first + m->n_experts_local,
              dtype_name(m->dtype), (double)m->weight_bytes / 1048576.0,
              (double)m->weight_bytes_mapped / 1048576.0, (double)m->weight_bytes_blocks / 1048576.0,
-             (double)m->weight_bytes_packed / 1048576.0);
+             (double)m->weight_bytes_packed / 1048576.0, (double)m->weight_bytes_unpacked / 1048576.0);
     *out = m;
     return STATUS_OK;
 fail:

@@ -145,7 +145,7 @@ enum status generate_load_tokenizer(const char *model_path, const struct model *
         free(ck->tokenizer_proto);
         ck->tokenizer_proto = NULL;
     }
-    checkpoint_release_pages(ck); /* the metadata's pages */
+    checkpoint_release_pages(ck, 0); /* the metadata's pages */
 #ifdef __GLIBC__
     /* Building a byte-level BPE from a GGUF parses its vocabulary as JSON (megabytes of cJSON
      * nodes, freed by now); glibc keeps freed heap pages resident until asked to return them. */
