@@ -60,7 +60,8 @@
  *   --default-adapter NAME   requests that name no adapter (gRPC `adapter` "", HTTP without
  *                            `model`) get the --lora adapter NAME; the base stays reachable by
  *                            the served model's id (the last component of --model) [none: the
- *                            base]; NAME must be a --lora one, and cannot be unloaded
+ *                            base]; NAME must be a --lora one, and cannot be unloaded; with
+ *                            several --model, the first's (refused after the second --model)
  *   --models-max N           models loaded at once at most [all]; the others load on demand,
  *                            unloading the least recently used idle one (docs/server.md)
  *   --sleep-idle-seconds S   unload a model no request used for S seconds; reloaded on use
@@ -352,6 +353,10 @@ int serve_main(int argc, char **argv)
             max_loras = n;
         } else if (!strcmp(a, "--default-adapter")) {
             if (!*v) return usage("--default-adapter needs an adapter's NAME%s", "");
+            /* Requests that name no model go to the first: only its default can apply. */
+            if (n_models > 1)
+                return usage("--default-adapter is the first --model's (requests that name no model get it): give "
+                             "it before the second --model, got it after --model %s", model_dirs[n_models - 1]);
             o.default_adapter = v;
         } else if (!strcmp(a, "--max-lora-rank")) {
             if (base_parse_long(v, 1, 4096, &n)) return usage("--max-lora-rank must be an integer in [1, 4096], got '%s'", v);

@@ -9,7 +9,9 @@
  * broadcast on models_cv ends each. Engine calls are never made under it: the engine's callbacks
  * release pins (http_gen_unref), and the engine's lock must not be taken inside ours. A pinned
  * model stays MODEL_LOADED, so its engine, tokenizer and template are safe to use without it.
- * Loading is server.c's (server_model_load).
+ * Loading is server.c's (server_model_load). Test hook: $SHARDLM_TEST_MODEL_LOAD_DELAY_S (seconds,
+ * read at start) makes every on-demand load wait that long first, so that tests can send requests
+ * during a load.
  * Tests: tests/server/test_models.py, tests/server/test_models_lru.py. */
 #include <stdio.h>
 #include <string.h>
@@ -131,6 +133,10 @@ static enum status load_locked(struct server *s, struct served_model *m, int *re
     }
     m->state = MODEL_LOADING;
     pthread_mutex_unlock(&s->models_mu);
+    if (s->model_load_test_delay_s > 0) {
+        double d = s->model_load_test_delay_s;
+        nanosleep(&(struct timespec){(time_t)d, (long)((d - (double)(time_t)d) * 1e9)}, NULL);
+    }
     double t0 = base_now_s();
     enum status st = server_model_load(s, m);
     char msg[1024] = "";

@@ -387,6 +387,18 @@ static void model_name(struct served_model *m)
     snprintf(m->model_id, sizeof m->model_id, "%.*s", (int)(n - b), dir + b);
 }
 
+/* A model's --default-adapter must name one of its adapters loaded at start (the only ones there
+ * are before the server runs). */
+static enum status check_default_adapter(const struct served_model *m)
+{
+    const char *d = m->default_adapter;
+    if (!d) return STATUS_OK;
+    for (int i = 0; i < m->eopts.n_adapters; i++)
+        if (!strcmp(d, m->eopts.adapter_names[i])) return STATUS_OK;
+    return status_errorf(STATUS_INVALID_ARGUMENT, "--default-adapter '%s' names no adapter given with --lora for "
+                         "--model %s%s", d, m->eopts.model_dir, m->eopts.n_adapters ? "" : " (there is none)");
+}
+
 /* The served models from the options: --model with its --lora adapters, then the further
  * --model ones with theirs. Two models with the same id are refused: a request could not name
  * one of them. */
@@ -430,21 +442,16 @@ static enum status server_models(struct server *s)
     if ((o->sleep_idle_s > 0 || o->models_max) && o->engine.world)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--sleep-idle-seconds and --models-max are not supported with "
                              "several ranks (mpirun): the other ranks cannot unload and load with rank 0");
-    for (int i = 0; i < s->n_models; i++) s->models[i].state = MODEL_UNLOADED;
+    const char *delay = getenv("SHARDLM_TEST_MODEL_LOAD_DELAY_S");
+    float d = 0.0f;
+    if (delay && base_parse_float(delay, &d) == 0 && d > 0.0f && d < 600.0f) s->model_load_test_delay_s = d;
+    for (int i = 0; i < s->n_models; i++) {
+        s->models[i].state = MODEL_UNLOADED;
+        enum status st = check_default_adapter(&s->models[i]);
+        if (st != STATUS_OK) return st;
+    }
     s->t_created = (long long)time(NULL);
     return STATUS_OK;
-}
-
-/* --default-adapter must name one of the adapters loaded at start (the only ones there are
- * before the server runs). */
-static enum status check_default_adapter(const struct server_options *o)
-{
-    const char *d = o->default_adapter;
-    if (!d) return STATUS_OK;
-    for (int i = 0; i < o->engine.n_adapters; i++)
-        if (!strcmp(d, o->engine.adapter_names[i])) return STATUS_OK;
-    return status_errorf(STATUS_INVALID_ARGUMENT, "--default-adapter '%s' names no adapter given with --lora%s", d,
-                         o->engine.n_adapters ? "" : " (there is none)");
 }
 
 enum status server_run(const struct server_options *o)
@@ -474,7 +481,6 @@ enum status server_run(const struct server_options *o)
     install_stop_handlers();
     signal(SIGPIPE, SIG_IGN);
 
-    if ((st = check_default_adapter(o)) != STATUS_OK) goto out_early;
     if (o->api_key_file && (st = auth_load_keys(s, o->api_key_file)) != STATUS_OK) goto out_early;
     if ((st = auth_make_credentials(o, &creds)) != STATUS_OK) goto out_early;
     if ((st = reflection_init(&s->refl)) != STATUS_OK) goto out_early;

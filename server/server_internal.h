@@ -276,6 +276,8 @@ struct server {
     pthread_mutex_t       models_mu; /* guards the models' residency fields (models.c) */
     pthread_cond_t        models_cv; /* broadcast when a load or an unload ends */
     int                   models_closing; /* the drain began: no more loads */
+    double                model_load_test_delay_s; /* $SHARDLM_TEST_MODEL_LOAD_DELAY_S (tests): an
+                                                      on-demand load waits this long first */
     /* calls */
     struct call          *calls;
     int                   n_calls, n_gen_calls; /* n_gen_calls: calls that use the engine (uses_engine),

@@ -13,6 +13,8 @@ width and vocabulary). Checked:
 - a model with a request running is not unloaded even when it is the least recently used: the
   next one goes; with --models-max 1 and its one model busy, a request for another is 503 (HTTP)
   / UNAVAILABLE (gRPC) naming --models-max, and served once the busy model is idle;
+- requests (HTTP and gRPC at once) for a model while it loads wait and get its answer, while the
+  gRPC loop answers other calls at once ($SHARDLM_TEST_MODEL_LOAD_DELAY_S slows the load);
 - GetModelInfo / Tokenize / Detokenize / GetServerStats by `model`: each model's own (its id,
   width, vocabulary), an unloaded model loaded for it, an unknown one NOT_FOUND; /metrics has
   shardlm_model_loaded and the engine series per model (label `model`), agreeing with /v1/models;
@@ -213,6 +215,43 @@ def group_busy_cap(env, dirs):
         check(loaded(srv) == {A: False, B: True}, f"after A's requests: {loaded(srv)}")
 
 
+def group_load_wait(env, dirs):
+    """Requests that arrive while their model loads (a 1.5 s test delay before each on-demand load)
+    wait for it, over both fronts, and all get the model's answer; meanwhile the gRPC loop answers
+    other calls at once (the load runs on the loader thread)."""
+    env_delay = dict(os.environ, SHARDLM_TEST_MODEL_LOAD_DELAY_S="1.5")
+    with TS.Server(env.shardlm, dirs[A], "--model", str(dirs[B]), "--models-max", "1", http=True, env=env_delay,
+                   name="loadwait") as srv:
+        check(loaded(srv) == {A: True, B: False}, f"--models-max 1: {loaded(srv)}")
+
+        def grpc_b(_):
+            with srv.client() as c:
+                return ("grpc", tuple(c.generate("Once upon a time", adapter=B, **GREEDY).token_ids))
+
+        def http_b(_):
+            return ("http", complete(srv, B))
+
+        t0 = time.time()
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            futs = [pool.submit(grpc_b if i % 2 else http_b, i) for i in range(6)]
+            time.sleep(0.4)  # the load has begun (its delay runs)
+            with srv.client() as c:
+                t1 = time.time()
+                expect_error(lambda: c.cancel("no-such-request"), grpc.StatusCode.NOT_FOUND, "no-such-request")
+                quick = time.time() - t1
+            answers = [f.result(timeout=120) for f in futs]
+        took = time.time() - t0
+        check(took >= 1.5, f"the answers came after the load's delay ({took:.2f} s)")
+        check(quick < 1.0, f"a call during the load was answered in {quick:.2f} s: the gRPC loop waited")
+        by_front = {}
+        for front, a in answers:
+            by_front.setdefault(front, set()).add(a)
+        check(all(len(v) == 1 for v in by_front.values()) and len(by_front) == 2,
+              f"every request answered, the same on each front: {by_front}")
+        check(by_front["http"] == {complete(srv, B)}, "the answers are B's")
+        check(loaded(srv) == {A: False, B: True}, f"B loaded, A out: {loaded(srv)}")
+
+
 def group_sleep(env, dirs):
     with TS.Server(env.shardlm, dirs[A], "--model", str(dirs[B]), "--sleep-idle-seconds", "1", http=True,
                    name="sleep") as srv:
@@ -240,6 +279,7 @@ def body(work, env):
     os.symlink(dirs[A], dirs[T])
     group_lru(env, dirs)
     group_busy_cap(env, dirs)
+    group_load_wait(env, dirs)
     group_sleep(env, dirs)
     for v in ("0", "17", "x"):
         expect_refused(env, ["--model", str(dirs[A]), "--models-max", v], ["--models-max", "[1, 16]", f"'{v}'"],
