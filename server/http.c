@@ -367,38 +367,6 @@ static enum status route_body(struct server *s, const char *body, size_t len, st
     return st;
 }
 
-static enum MHD_Result generate_on(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat,
-                                   struct served_model *m, const char *key);
-
-static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat)
-{
-    const int an_api = route_anthropic(hc->route);
-    if (hc->too_big) { /* a body without Content-Length (chunked) that grew past the limit */
-        char msg[128];
-        snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
-        return reply_error(c, an_api, 413, "invalid_request_error", "request_too_large", msg);
-    }
-    if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, an_api, STATUS_UNAVAILABLE, "the server is not serving");
-    struct http_gen *g = NULL;
-    const char *key;
-    enum status st = resume_header(s, c, hc, &g, &key);
-    if (st == STATUS_OK && g) return serve_gen(s, c, hc, g, an_api);
-    if (st != STATUS_OK) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", status_message());
-        return reply_status(c, an_api, st, msg);
-    }
-    struct served_model *m = NULL; /* the model first: the parse checks names against its adapters */
-    if ((st = route_body(s, hc->body ? hc->body : "", hc->len, &m)) != STATUS_OK) {
-        char msg[1200];
-        snprintf(msg, sizeof msg, "%s", status_message());
-        return reply_status(c, an_api, st, msg);
-    }
-    enum MHD_Result r = generate_on(s, c, hc, is_chat, m, key);
-    server_release(s, m); /* a request that runs on pins it too (http_gen_prepare) */
-    return r;
-}
-
 /* handle_generation, once the request's model (m) is pinned. */
 static enum MHD_Result generate_on(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat,
                                    struct served_model *m, const char *key)
@@ -434,6 +402,35 @@ static enum MHD_Result generate_on(struct server *s, struct MHD_Connection *c, s
     }
     if (g->q.responses) http_responses_begin(g);
     return serve_gen(s, c, hc, g, an_api);
+}
+
+static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat)
+{
+    const int an_api = route_anthropic(hc->route);
+    if (hc->too_big) { /* a body without Content-Length (chunked) that grew past the limit */
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
+        return reply_error(c, an_api, 413, "invalid_request_error", "request_too_large", msg);
+    }
+    if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, an_api, STATUS_UNAVAILABLE, "the server is not serving");
+    struct http_gen *g = NULL;
+    const char *key;
+    enum status st = resume_header(s, c, hc, &g, &key);
+    if (st == STATUS_OK && g) return serve_gen(s, c, hc, g, an_api);
+    if (st != STATUS_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        return reply_status(c, an_api, st, msg);
+    }
+    struct served_model *m = NULL; /* the model first: the parse checks names against its adapters */
+    if ((st = route_body(s, hc->body ? hc->body : "", hc->len, &m)) != STATUS_OK) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        return reply_status(c, an_api, st, msg);
+    }
+    enum MHD_Result r = generate_on(s, c, hc, is_chat, m, key);
+    server_release(s, m); /* a request that runs on pins it too (http_gen_prepare) */
+    return r;
 }
 
 /* Answers a submitted (or reattached) request: its stream, or its whole answer once it ends.

@@ -186,23 +186,29 @@ static enum status pin_model(struct call *c, enum model_request which, const uin
     return st;
 }
 
+/* 1 when method m's request names a model (*which: its kind), else 0. */
+static int names_model(enum method m, enum model_request *which)
+{
+    switch (m) {
+    case METHOD_TOKENIZE: *which = MODEL_REQUEST_TOKENIZE; return 1;
+    case METHOD_DETOKENIZE: *which = MODEL_REQUEST_DETOKENIZE; return 1;
+    case METHOD_MODEL_INFO: *which = MODEL_REQUEST_MODEL_INFO; return 1;
+    case METHOD_SERVER_STATS: *which = MODEL_REQUEST_SERVER_STATS; return 1;
+    case METHOD_LOAD_ADAPTER: *which = MODEL_REQUEST_LOAD_ADAPTER; return 1;
+    case METHOD_UNLOAD_ADAPTER: *which = MODEL_REQUEST_UNLOAD_ADAPTER; return 1;
+    default: return 0;
+    }
+}
+
 void methods_handle(struct call *c, const uint8_t *data, size_t len)
 {
-    static const int which[] = {[METHOD_TOKENIZE] = MODEL_REQUEST_TOKENIZE + 1,
-                                [METHOD_DETOKENIZE] = MODEL_REQUEST_DETOKENIZE + 1,
-                                [METHOD_MODEL_INFO] = MODEL_REQUEST_MODEL_INFO + 1,
-                                [METHOD_SERVER_STATS] = MODEL_REQUEST_SERVER_STATS + 1,
-                                [METHOD_LOAD_ADAPTER] = MODEL_REQUEST_LOAD_ADAPTER + 1,
-                                [METHOD_UNLOAD_ADAPTER] = MODEL_REQUEST_UNLOAD_ADAPTER + 1,
-                                [METHOD_EMBED] = 0};
     struct server *s = c->s;
     uint8_t *out = NULL;
     size_t out_len = 0;
     enum status st = STATUS_OK;
-    if ((size_t)c->method < sizeof which / sizeof *which && which[c->method]) {
-        if ((st = pin_model(c, (enum model_request)(which[c->method] - 1), data, len)) == STATUS_OK && !c->m)
-            return; /* loading its model: call_dispatch brings it back */
-    }
+    enum model_request which;
+    if (names_model(c->method, &which) && (st = pin_model(c, which, data, len)) == STATUS_OK && !c->m)
+        return; /* loading its model: call_dispatch brings it back */
     if (st == STATUS_OK) switch (c->method) {
     case METHOD_TOKENIZE: st = tokenize(c->m, data, len, &out, &out_len); break;
     case METHOD_DETOKENIZE: st = detokenize(c->m, data, len, &out, &out_len); break;
