@@ -16,14 +16,17 @@ width and vocabulary). Checked:
 - requests (HTTP and gRPC at once) for a model while it loads wait and get its answer, while the
   gRPC loop answers other calls at once ($SHARDLM_TEST_MODEL_LOAD_DELAY_S slows the load);
 - GetModelInfo / Tokenize / Detokenize / GetServerStats by `model`: each model's own (its id,
-  width, vocabulary), an unloaded model loaded for it, an unknown one NOT_FOUND; /metrics has
+  width, vocabulary), an unloaded model loaded for it, an unknown one NOT_FOUND; LoadAdapter /
+  UnloadAdapter by `model` (the adapter in that model only, its name routing there);
+- 18 concurrent requests over the three models, two loaded at a time: each answered by the model
+  it named (equal to its greedy reference) or refused 503 naming --models-max, then retried; /metrics has
   shardlm_model_loaded and the engine series per model (label `model`), agreeing with /v1/models;
 - --sleep-idle-seconds 1: idle models unloaded (/v1/models loaded false, the process's RSS down
   by at least half the weights' bytes), then loaded again by the next request, with the same
   greedy answer;
 - bad values of both flags, and either with --journal, refused at start by name.
-Prints SKIP (exit 77) without the stories260K assets, numpy, prometheus_client, grpcio or the
-installed client. Loopback only; bounded waits.
+Prints SKIP (exit 77) without the stories260K assets, numpy, prometheus_client, the openai package
+(test_models.py, whose random adapter it borrows), grpcio or the installed client. Loopback only; bounded waits.
 """
 import argparse
 import concurrent.futures
@@ -42,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 import test_server as TS  # noqa: E402  (the server harness and shardlm_client; SKIPs without grpcio)
+from test_models import write_random_adapter  # noqa: E402  (a random PEFT adapter of a Llama)
 
 grpc, pb = TS.grpc, TS.pb
 check, expect_error, Failure = TS.check, TS.expect_error, TS.Failure
@@ -186,6 +190,17 @@ def group_lru(env, dirs):
             expect_error(lambda: c.model_info(model="no-such"), grpc.StatusCode.NOT_FOUND, "no-such")
             expect_error(lambda: c.tokenize("x", model="no-such"), grpc.StatusCode.NOT_FOUND, "no-such")
 
+        # LoadAdapter / UnloadAdapter by model: the adapter lands in B's engine only, and routes to B.
+        write_random_adapter(dirs["work"] / "blora", dirs[B])
+        with srv.client() as c:
+            c.load_adapter("b-run", str(dirs["work"] / "blora"), model=B)
+            check("b-run" in c.model_info(model=B).adapters, "LoadAdapter(model=B): B lists it")
+            check("b-run" not in c.model_info(model=A).adapters, "LoadAdapter(model=B): A does not")
+            check(c.model_info(model="b-run").model_id == B, "an adapter's name routes to its model")
+            expect_error(lambda: c.unload_adapter("b-run", model=A), grpc.StatusCode.NOT_FOUND, "b-run")
+            c.unload_adapter("b-run", model=B)
+            check("b-run" not in c.model_info(model=B).adapters, "UnloadAdapter(model=B)")
+
         # /metrics: a series per model, agreeing with /v1/models.
         m, state = metrics(srv), loaded(srv)
         for mid, up in state.items():
@@ -194,6 +209,25 @@ def group_lru(env, dirs):
         gen = {mid: m.get(("shardlm_generation_tokens_total", (("model", mid),))) for mid in state}
         check(all(v is not None for v in gen.values()), f"generation tokens per model: {gen}")
         check(gen[A] >= LONG["n"] * LONG["max_tokens"] * 3, f"A's generated tokens counted: {gen}")
+
+        # Concurrent requests over the three models, two loaded at a time: each answered by the model
+        # it named (A and its twin alike), or refused 503 naming --models-max (then retried).
+        ref = {A: ref_a, T: ref_a, B: complete(srv, B)}
+
+        def until_served(model):
+            for _ in range(200):
+                code, o = post(srv.base, "/v1/completions", dict(model=model, prompt="Once upon a time", **GREEDY))
+                if code == 200:
+                    return o["model"], o["choices"][0]["text"]
+                check(code == 503 and "--models-max 2" in json.dumps(o), f"{model}: {code} {o}")
+                time.sleep(0.05)
+            raise Failure(f"{model}: refused 200 times")
+
+        order = [A, B, T] * 6
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(until_served, order))
+        for model, (named, text) in zip(order, answers):
+            check(named == model and text == ref[model], f"{model}: answered by {named}: {text!r}")
 
 
 def group_busy_cap(env, dirs):
@@ -272,7 +306,7 @@ def group_sleep(env, dirs):
 
 
 def body(work, env):
-    dirs = {A: work / A, B: work / B, T: work / T}
+    dirs = {A: work / A, B: work / B, T: work / T, "work": work}
     TS.convert_stories260k(env.shardlm, env.src, dirs[A])
     subprocess.run([sys.executable, str(ROOT / "tools/make_random_model.py"), "--out", str(dirs[B]), "--preset", "tiny",
                     "--dtype", "f32", "--seed", "5"], check=True, capture_output=True, timeout=120)
