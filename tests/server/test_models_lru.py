@@ -17,7 +17,8 @@ width and vocabulary). Checked:
   gRPC loop answers other calls at once ($SHARDLM_TEST_MODEL_LOAD_DELAY_S slows the load);
 - GetModelInfo / Tokenize / Detokenize / GetServerStats by `model`: each model's own (its id,
   width, vocabulary), an unloaded model loaded for it, an unknown one NOT_FOUND; LoadAdapter /
-  UnloadAdapter by `model` (the adapter in that model only, its name routing there);
+  UnloadAdapter by `model` (the adapter in that model only, its name routing there); the CLI's
+  `shardlm stats --model` and `shardlm adapters list --model`;
 - 18 concurrent requests over the three models, two loaded at a time: each answered by the model
   it named (equal to its greedy reference) or refused 503 naming --models-max, then retried; /metrics has
   shardlm_model_loaded and the engine series per model (label `model`), agreeing with /v1/models;
@@ -190,6 +191,13 @@ def group_lru(env, dirs):
             expect_error(lambda: c.model_info(model="no-such"), grpc.StatusCode.NOT_FOUND, "no-such")
             expect_error(lambda: c.tokenize("x", model="no-such"), grpc.StatusCode.NOT_FOUND, "no-such")
 
+        # The CLI client: `shardlm stats --model` asks about that model.
+        for mid, width in ((B, 128), (A, 64)):
+            p = subprocess.run([env.shardlm, "stats", "--server", srv.target, "--model", mid], capture_output=True,
+                               text=True, timeout=60)
+            check(p.returncode == 0 and f"id: {mid};" in p.stdout and f"d_model {width}," in p.stdout,
+                  f"shardlm stats --model {mid}: {p.returncode} {p.stdout} {p.stderr}")
+
         # LoadAdapter / UnloadAdapter by model: the adapter lands in B's engine only, and routes to B.
         write_random_adapter(dirs["work"] / "blora", dirs[B])
         with srv.client() as c:
@@ -198,6 +206,9 @@ def group_lru(env, dirs):
             check("b-run" not in c.model_info(model=A).adapters, "LoadAdapter(model=B): A does not")
             check(c.model_info(model="b-run").model_id == B, "an adapter's name routes to its model")
             expect_error(lambda: c.unload_adapter("b-run", model=A), grpc.StatusCode.NOT_FOUND, "b-run")
+            p = subprocess.run([env.shardlm, "adapters", "list", "--server", srv.target, "--model", B],
+                               capture_output=True, text=True, timeout=60)
+            check(p.returncode == 0 and p.stdout.split() == ["b-run"], f"shardlm adapters list --model B: {p.stdout}")
             c.unload_adapter("b-run", model=B)
             check("b-run" not in c.model_info(model=B).adapters, "UnloadAdapter(model=B)")
 
