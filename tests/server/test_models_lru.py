@@ -24,7 +24,7 @@ width and vocabulary). Checked:
   shardlm_model_loaded and the engine series per model (label `model`), agreeing with /v1/models;
 - --sleep-idle-seconds 1: idle models unloaded (/v1/models loaded false, the process's RSS down
   by at least half the weights' bytes), then loaded again by the next request, with the same
-  greedy answer;
+  greedy answer; a model whose requests run longer than that stays loaded, and sleeps after;
 - bad values of both flags, and either with --journal, refused at start by name.
 Prints SKIP (exit 77) without the stories260K assets, numpy, prometheus_client, the openai package
 (test_models.py, whose random adapter it borrows), grpcio or the installed client. Loopback only; bounded waits.
@@ -314,6 +314,16 @@ def group_sleep(env, dirs):
         with srv.client() as c:
             check(c.model_info(model=B).model_id == B, "GetModelInfo wakes B")
         check(loaded(srv)[B], "B loaded again")
+
+        # A model with requests running does not sleep, however long they run.
+        busy = Busy(srv, A).started()
+        time.sleep(1.6)
+        awake = loaded(srv)[A]
+        still_running = not all(f.done() for f in busy.futs)
+        busy.finish()
+        check(still_running, "A's streams ran past the idle time (the test's timing)")
+        check(awake, "A stayed loaded while its requests ran past --sleep-idle-seconds")
+        TS.wait_until(lambda: not loaded(srv)[A], "A asleep after its requests", timeout=20)
 
 
 def body(work, env):
