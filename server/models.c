@@ -276,15 +276,18 @@ static void list_adapter_named(struct model_list *ml, const char *name, int load
 
 static void list_adapter(void *ctx, const struct engine_adapter_info *a) { list_adapter_named(ctx, a->name, 1); }
 
-/* Records the figures /v1/models shows of m while it is not loaded (m pinned, or being loaded). */
-void server_model_note_info(struct served_model *m)
+void server_model_note_info(struct server *s, struct served_model *m)
 {
     struct engine_model_info info = {0};
     engine_get_model_info(m->engine, &info);
-    m->info_max_positions = info.max_positions;
-    snprintf(m->info_arch, sizeof m->info_arch, "%s", info.architecture ? info.architecture : "");
-    snprintf(m->info_quant, sizeof m->info_quant, "%s", info.quantization ? info.quantization : "");
-    snprintf(m->info_dtype, sizeof m->info_dtype, "%s", info.dtype ? info.dtype : "");
+    struct model_view *v = &m->view;
+    pthread_mutex_lock(&s->models_mu); /* /v1/models reads them under it, during a load too */
+    v->max_positions = info.max_positions;
+    snprintf(v->arch, sizeof v->arch, "%s", info.architecture ? info.architecture : "");
+    snprintf(v->quant, sizeof v->quant, "%s", info.quantization ? info.quantization : "");
+    snprintf(v->dtype, sizeof v->dtype, "%s", info.dtype ? info.dtype : "");
+    snprintf(v->tmpl, sizeof v->tmpl, "%s", m->tmpl_name);
+    pthread_mutex_unlock(&s->models_mu);
 }
 
 char *server_models_json(struct server *s, size_t *len)
@@ -296,20 +299,25 @@ char *server_models_json(struct server *s, size_t *len)
     int ready = atomic_load(&s->phase) == PHASE_READY;
     for (int i = 0; i < s->n_models; i++) {
         struct served_model *m = &s->models[i];
-        int loaded = ready && server_pin_if_loaded(s, m); /* while the engine is read: it stays loaded */
+        struct model_view v;
+        pthread_mutex_lock(&s->models_mu);
+        int loaded = ready && m->state == MODEL_LOADED;
+        if (loaded) m->pins++; /* while its engine is read: it stays loaded */
+        v = m->view;
+        pthread_mutex_unlock(&s->models_mu);
         char head[1400];
         /* Before its first load, a model's figures are unknown: 0 and "". */
         snprintf(head, sizeof head,
                  "%s{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"shardlm\",\"root\":\"%s\","
                  "\"parent\":null,\"max_model_len\":%d,\"architecture\":\"%s\",\"quantization\":\"%s\","
                  "\"dtype\":\"%s\",\"chat_template\":\"%s\",\"loaded\":%s}",
-                 i ? "," : "", m->model_id, (long long)s->t_created, m->model_id, m->info_max_positions, m->info_arch,
-                 m->info_quant, m->info_dtype, m->n_loads ? m->tmpl_name : "", loaded ? "true" : "false");
+                 i ? "," : "", m->model_id, (long long)s->t_created, m->model_id, v.max_positions, v.arch, v.quant,
+                 v.dtype, v.tmpl, loaded ? "true" : "false");
         http_buf_append(&json, len, &cap, head, strlen(head));
         /* The adapters as vLLM lists them: their own ids, their model as parent; while the model
          * is not loaded, its --lora adapters (a load brings them back), not loaded either. */
         struct model_list ml = {.s = s, .parent = m->model_id, .json = &json, .len = len, .cap = &cap,
-                                .max_positions = m->info_max_positions};
+                                .max_positions = v.max_positions};
         if (loaded) engine_list_adapters(m->engine, list_adapter, &ml);
         else
             for (int a = 0; a < m->eopts.n_adapters; a++) list_adapter_named(&ml, m->eopts.adapter_names[a], 0);

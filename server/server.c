@@ -233,8 +233,7 @@ enum status server_model_load(struct server *s, struct served_model *m)
         return st;
     }
     m->engine = e;
-    m->n_loads++;
-    server_model_note_info(m);
+    server_model_note_info(s, m);
     LOG_INFO("server", "model %s loaded as %s; chat template %s", m->eopts.model_dir, m->model_id, m->tmpl_name);
     return STATUS_OK;
 }
@@ -271,10 +270,14 @@ static void *control_main(void *arg)
     int n_now = s->opts.models_max > 0 && s->opts.models_max < s->n_models ? s->opts.models_max : s->n_models;
     for (int i = 0; i < n_now && st == STATUS_OK; i++) {
         struct served_model *m = &s->models[i];
-        if ((st = server_model_load(s, m)) != STATUS_OK) break;
+        pthread_mutex_lock(&s->models_mu); /* a request meanwhile waits for this load */
+        m->state = MODEL_LOADING;
+        pthread_mutex_unlock(&s->models_mu);
+        st = server_model_load(s, m);
         pthread_mutex_lock(&s->models_mu);
-        m->state = MODEL_LOADED;
+        m->state = st == STATUS_OK ? MODEL_LOADED : MODEL_UNLOADED;
         m->t_used = base_now_s();
+        pthread_cond_broadcast(&s->models_cv);
         pthread_mutex_unlock(&s->models_mu);
     }
     /* MPI_Init (in engine_create, for the parallel runtime) may install its own SIGTERM / SIGINT
@@ -283,6 +286,7 @@ static void *control_main(void *arg)
     if (st != STATUS_OK) {
         s->load_status = st;
         snprintf(s->load_message, sizeof s->load_message, "%s", status_message());
+        server_models_close(s);
         for (int i = 0; i < s->n_models; i++) server_model_unload(&s->models[i]);
         atomic_store(&s->phase, PHASE_FAILED);
         server_wake(s);

@@ -108,6 +108,12 @@ struct sample_buf {
 
 struct served_model;
 
+/* The figures /v1/models shows of a served model, loaded or not: its last load's. */
+struct model_view {
+    int  max_positions;
+    char arch[32], quant[32], dtype[32], tmpl[256];
+};
+
 /* Where a served model is (models.c): a load or an unload runs without the lock, in between. */
 enum model_state { MODEL_UNLOADED, MODEL_LOADING, MODEL_LOADED, MODEL_UNLOADING };
 
@@ -240,10 +246,8 @@ struct served_model {
     enum model_state      state;
     int                   pins;      /* requests (and loads waiting to hand it over) that hold it */
     double                t_used;    /* when it was last pinned or released (least recently used) */
-    int                   n_loads;   /* times loaded since start */
-    /* What /v1/models shows while it is not loaded: its last load's figures (empty before one). */
-    int                   info_max_positions;
-    char                  info_arch[32], info_quant[32], info_dtype[32];
+    struct model_view     view;      /* what /v1/models shows of it: its last load's figures (zeros
+                                        before one); under models_mu (models.c) */
 };
 
 struct server {
@@ -345,8 +349,8 @@ void             server_wake(struct server *s);
 enum status server_model_load(struct server *s, struct served_model *m);
 /* Frees what server_model_load made (nothing when it made nothing). */
 void        server_model_unload(struct served_model *m);
-/* Records what /v1/models shows of m while it is not loaded (models.c; m loaded, not yet shared). */
-void        server_model_note_info(struct served_model *m);
+/* Records what /v1/models shows of m, loaded or not (models.c; m just loaded). */
+void        server_model_note_info(struct server *s, struct served_model *m);
 
 /* ---- models.c ------------------------------------------------------------------------------ */
 
