@@ -244,6 +244,8 @@ void server_model_unload(struct served_model *m)
     m->engine = NULL;
     jinja_free(m->jtmpl);
     m->jtmpl = NULL;
+    m->tok = NULL;
+    m->n_end_ids = 0; /* a load finds them again */
 }
 
 /* Waits for the stop semaphore (a signal, an engine failure, the loop); with
