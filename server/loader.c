@@ -19,7 +19,8 @@
  * load wait that long first, so that tests can show other calls answered during a slow load.
  * Not here: parsing and the other methods (methods.c), the call's state machine (call.c).
  * Tests: tests/server/test_lora_serving.py (run_time: a FIFO refused at once, calls answered
- * during a slow load, a client cancel during a load). */
+ * during a slow load, a client cancel during a load); tests/server/test_models_lru.py (gRPC calls
+ * for a model not loaded: Generate, GetModelInfo, answered after its load, other calls during it). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
