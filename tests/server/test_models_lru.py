@@ -10,6 +10,8 @@ width and vocabulary). Checked:
   request for a model not loaded unloads the least recently used one (the order checked over
   three loads, through HTTP and through gRPC Generate, whose load runs off the gRPC loop), and a
   reloaded model answers a greedy request token for token as before its unload;
+- a request naming a --lora adapter of a model not loaded loads that model (/v1/models lists the
+  adapter under it, not loaded, before);
 - a model with a request running is not unloaded even when it is the least recently used: the
   next one goes; with --models-max 1 and its one model busy, a request for another is 503 (HTTP)
   / UNAVAILABLE (gRPC) naming --models-max, and served once the busy model is idle;
@@ -199,7 +201,6 @@ def group_lru(env, dirs):
                   f"shardlm stats --model {mid}: {p.returncode} {p.stdout} {p.stderr}")
 
         # LoadAdapter / UnloadAdapter by model: the adapter lands in B's engine only, and routes to B.
-        write_random_adapter(dirs["work"] / "blora", dirs[B])
         with srv.client() as c:
             c.load_adapter("b-run", str(dirs["work"] / "blora"), model=B)
             check("b-run" in c.model_info(model=B).adapters, "LoadAdapter(model=B): B lists it")
@@ -242,9 +243,18 @@ def group_lru(env, dirs):
 
 
 def group_busy_cap(env, dirs):
-    with TS.Server(env.shardlm, dirs[A], "--model", str(dirs[B]), "--models-max", "1", http=True,
-                   name="cap1") as srv:
+    with TS.Server(env.shardlm, dirs[A], "--model", str(dirs[B]), "--lora", f"bl={dirs['work'] / 'blora'}",
+                   "--models-max", "1", http=True, name="cap1") as srv:
         check(loaded(srv) == {A: True, B: False}, f"--models-max 1: {loaded(srv)}")
+        with urllib.request.urlopen(srv.base + "/v1/models", timeout=30) as r:
+            bl = [m for m in json.loads(r.read())["data"] if m["id"] == "bl"]
+        check(len(bl) == 1 and bl[0]["parent"] == B and bl[0]["loaded"] is False,
+              f"B's --lora adapter listed, not loaded, while B is not: {bl}")
+        # A request naming the adapter of a model not loaded loads that model.
+        code, o = post(srv.base, "/v1/completions", dict(model="bl", prompt="Once", **GREEDY))
+        check(code == 200 and o["model"] == "bl" and loaded(srv) == {A: False, B: True},
+              f"the adapter's model loaded for it: {code} {o} {loaded(srv)}")
+        complete(srv, A)
         busy = Busy(srv, A).started()
         code, o = post(srv.base, "/v1/completions", dict(model=B, prompt="Once", **GREEDY))
         msg = json.dumps(o)
@@ -332,6 +342,7 @@ def body(work, env):
     subprocess.run([sys.executable, str(ROOT / "tools/make_random_model.py"), "--out", str(dirs[B]), "--preset", "tiny",
                     "--dtype", "f32", "--seed", "5"], check=True, capture_output=True, timeout=120)
     os.symlink(dirs[A], dirs[T])
+    write_random_adapter(work / "blora", dirs[B])
     group_lru(env, dirs)
     group_busy_cap(env, dirs)
     group_load_wait(env, dirs)
