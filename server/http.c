@@ -520,6 +520,7 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
     size_t len;
     /* Each model's engine gauges, its engine pinned meanwhile (docs/server.md, "Several models
      * in one server"). */
+    _Static_assert(SERVER_METRICS_MAX_MODELS == SERVER_MAX_MODELS, "metrics.h's bound on the models");
     struct metrics_model ms[SERVER_MAX_MODELS];
     struct served_model *pinned[SERVER_MAX_MODELS];
     int up = atomic_load(&s->phase) >= PHASE_READY && atomic_load(&s->phase) != PHASE_FAILED;
