@@ -25,12 +25,19 @@ int client_adapters_main(int argc, char **argv)
                    "       shardlm adapters unload NAME [--server ADDR] [flags]\n"
                    "Lists the LoRA adapters the server serves (one name per line), loads the PEFT adapter\n"
                    "in PATH (a directory on the server's machine) as NAME, or unloads NAME (refused while\n"
-                   "requests use it).\n" COMMON_HELP);
+                   "requests use it).\n"
+                   "  --model NAME           on a server of several models, the one asked about (its id or an\n"
+                   "                         adapter's name; default: the server's first)\n" COMMON_HELP);
             return 0;
         }
         if (a[0] != '-') {
             if (n_args == 3) return cli_usage_error(cmd, "too many arguments ('%s')", a);
             args[n_args++] = a;
+            continue;
+        }
+        if ((r = cli_parse_model(cmd, &cf, a, v)) != 0) {
+            if (r < 0) return EXIT_USAGE;
+            i++;
             continue;
         }
         if ((r = cli_parse_common(cmd, &cf, a, v, &used)) == 0) return cli_usage_error(cmd, "unknown flag '%s'", a);

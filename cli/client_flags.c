@@ -98,6 +98,14 @@ static enum status cli_read_api_key(const char *path, char **out)
     return STATUS_OK;
 }
 
+int cli_parse_model(const char *cmd, struct common_flags *f, const char *a, const char *v)
+{
+    if (strcmp(a, "--model")) return 0;
+    if (!v || !*v) return cli_flag_error(cmd, "--model needs a served model's NAME%s", "");
+    f->model = v;
+    return 1;
+}
+
 /* Reads what the flags name (the API key), once, before any client opens. */
 enum status cli_common_load(struct common_flags *f)
 {
@@ -120,6 +128,7 @@ enum status cli_open_client(const struct common_flags *f, int own_connection, st
         .tls_server_name = f->tls_server_name,
         .timeout_s = f->timeout_s,
         .own_connection = own_connection,
+        .model = f->model,
     };
     return client_open(f->server, &o, c);
 }

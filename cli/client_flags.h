@@ -24,6 +24,7 @@ struct common_flags {
     const char *tls_server_name;
     int         tls;
     double      timeout_s;
+    const char *model;          /* stats, adapters: --model, the served model asked about */
 };
 
 #define COMMON_HELP                                                                          \
@@ -50,6 +51,9 @@ int cli_parse_u64(const char *s, uint64_t *out);
 int cli_parse_double(const char *s, double lo, double hi, double *out);
 int cli_parse_common(const char *cmd, struct common_flags *f, const char *a, const char *v,
                         int *used);
+/* `--model NAME` (stats, adapters): 1 when a is it (the value v taken into f->model), 0 when a
+ * is another flag, -1 after printing a usage error. */
+int cli_parse_model(const char *cmd, struct common_flags *f, const char *a, const char *v);
 enum status cli_common_load(struct common_flags *f);
 void cli_common_free(struct common_flags *f);
 enum status cli_open_client(const struct common_flags *f, int own_connection, struct client **c);

@@ -60,7 +60,11 @@
  *   --default-adapter NAME   requests that name no adapter (gRPC `adapter` "", HTTP without
  *                            `model`) get the --lora adapter NAME; the base stays reachable by
  *                            the served model's id (the last component of --model) [none: the
- *                            base]; NAME must be a --lora one, and cannot be unloaded
+ *                            base]; NAME must be a --lora one, and cannot be unloaded; with
+ *                            several --model, the first's (refused after the second --model)
+ *   --models-max N           models loaded at once at most [all]; the others load on demand,
+ *                            unloading the least recently used idle one (docs/server.md)
+ *   --sleep-idle-seconds S   unload a model no request used for S seconds; reloaded on use
  * Under mpirun, rank 0 serves and every other rank replays its conductor's step plans
  * (engine_run_worker). Not here: the server (server/), the engine (engine/serving/).
  * Tests: tests/server/test_server.py, tests/test_serve_mpi.sh, tests/server/test_gguf_lora.py
@@ -123,7 +127,12 @@ static int usage(const char *fmt, const char *arg)
                     "  --model DIR2 [--lora ...] ...  more models in one server (at most 16): a request picks one\n"
                     "                           by its id or an adapter's name (HTTP `model`, gRPC `adapter`);\n"
                     "                           a --lora belongs to the --model before it; not with --tp / --pp /\n"
-                    "                           --dp / --ep, --journal or --draft-model\n");
+                    "                           --dp / --ep, --journal or --draft-model\n"
+                    "  --models-max N           models loaded at once at most, in [1, 16] [all]: the others load\n"
+                    "                           when a request names one, unloading the least recently used model\n"
+                    "                           that has no request running (none: 503 / UNAVAILABLE)\n"
+                    "  --sleep-idle-seconds S   unload a model no request used for S seconds (weights and KV cache\n"
+                    "                           freed); the next request that names it loads it again\n");
     return EXIT_USAGE;
 }
 
@@ -344,10 +353,24 @@ int serve_main(int argc, char **argv)
             max_loras = n;
         } else if (!strcmp(a, "--default-adapter")) {
             if (!*v) return usage("--default-adapter needs an adapter's NAME%s", "");
+            /* Requests that name no model go to the first: only its default can apply. */
+            if (n_models > 1)
+                return usage("--default-adapter is the first --model's (requests that name no model get it): give "
+                             "it before the second --model, got it after --model %s", model_dirs[n_models - 1]);
             o.default_adapter = v;
         } else if (!strcmp(a, "--max-lora-rank")) {
             if (base_parse_long(v, 1, 4096, &n)) return usage("--max-lora-rank must be an integer in [1, 4096], got '%s'", v);
             o.engine.max_lora_rank = (int)n;
+        } else if (!strcmp(a, "--models-max")) {
+            if (base_parse_long(v, 1, SERVER_MAX_MODELS, &n))
+                return usage("--models-max must be an integer in [1, 16] (models loaded at once), got '%s'", v);
+            o.models_max = (int)n;
+        } else if (!strcmp(a, "--sleep-idle-seconds")) {
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !isfinite(d) || d <= 0 || d > 30 * 86400.0)
+                return usage("--sleep-idle-seconds must be a number of seconds in (0, 2592000], got '%s'", v);
+            o.sleep_idle_s = d;
         } else if (!strcmp(a, "--ep")) {
             if (base_parse_long(v, 1, 64, &n)) return usage("--ep must be an integer in [1, 64], got '%s'", v);
             ep = n;
@@ -396,6 +419,12 @@ int serve_main(int argc, char **argv)
     if (ep > 1) tp = ep; /* the ep group takes the layout's tp place (engine/model/moe_ep.c) */
     if (!o.tls_cert != !o.tls_key) return usage("--tls-cert and --tls-key go together%s", "");
     if (o.journal_dir && !o.http_listen) return usage("--journal journals the HTTP front's requests: it needs --http%s", "");
+    if ((o.models_max || o.sleep_idle_s > 0) && o.journal_dir)
+        return usage("--models-max and --sleep-idle-seconds are not supported with --journal (a resumed request "
+                     "needs its model loaded)%s", "");
+    if ((o.models_max || o.sleep_idle_s > 0) && (tp > 1 || pp > 1 || dp > 1 || ep > 1))
+        return usage("--models-max and --sleep-idle-seconds are not supported with --tp / --pp / --dp / --ep (the "
+                     "other ranks cannot unload and load with rank 0)%s", "");
     enum device dev;
     enum status st = backend_parse_device(device, &dev);
     struct parallel_world *world = NULL;

@@ -21,8 +21,15 @@ int client_stats_main(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: shardlm stats [--server ADDR] [flags]\n"
                    "Prints the served model (GetModelInfo) and the server's load (GetServerStats),\n"
-                   "with one line per data-parallel replica.\n" COMMON_HELP);
+                   "with one line per data-parallel replica.\n"
+                   "  --model NAME           on a server of several models, the one asked about (its id or an\n"
+                   "                         adapter's name; default: the server's first)\n" COMMON_HELP);
             return 0;
+        }
+        if ((r = cli_parse_model(cmd, &cf, a, v)) != 0) {
+            if (r < 0) return EXIT_USAGE;
+            i++;
+            continue;
         }
         if ((r = cli_parse_common(cmd, &cf, a, v, &used)) == 0) return cli_usage_error(cmd, "unknown flag '%s'", a);
         if (r < 0) return EXIT_USAGE;

@@ -92,6 +92,8 @@ enum status client_open(const char *addr, const struct client_options *o, struct
                                      "the API key must be printable ASCII (metadata value)");
     }
     char *pem = NULL;
+    if (o->model && strlen(o->model) >= sizeof ((struct client *)0)->model)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "the model's name is longer than 255 bytes");
     if (o->tls_root_cert_file) {
         enum status st = read_file(o->tls_root_cert_file, &pem);
         if (st != STATUS_OK) return st;
@@ -103,6 +105,7 @@ enum status client_open(const char *addr, const struct client_options *o, struct
     }
     pthread_mutex_init(&c->mu, NULL);
     c->timeout_s = o->timeout_s;
+    snprintf(c->model, sizeof c->model, "%s", o->model ? o->model : "");
     grpc_init();
 
     grpc_arg args[4];
@@ -367,6 +370,7 @@ enum status client_tokenize(struct client *c, const char *text, int add_bos, int
     *ids = NULL;
     *n = 0;
     Shardlm__V1__TokenizeRequest req = SHARDLM__V1__TOKENIZE_REQUEST__INIT;
+    req.model = c->model;
     req.text = (char *)(text ? text : "");
     if (add_bos >= 0) {
         req._add_bos_case = SHARDLM__V1__TOKENIZE_REQUEST___ADD_BOS_ADD_BOS;
@@ -392,6 +396,7 @@ enum status client_detokenize(struct client *c, const int32_t *ids, int n, char 
     *text = NULL;
     if (n < 0) return status_errorf(STATUS_INVALID_ARGUMENT, "negative token count");
     Shardlm__V1__DetokenizeRequest req = SHARDLM__V1__DETOKENIZE_REQUEST__INIT;
+    req.model = c->model;
     req.n_token_ids = (size_t)n;
     req.token_ids = (int32_t *)ids;
     ProtobufCMessage *m = NULL;
@@ -420,6 +425,7 @@ enum status client_model_info(struct client *c, struct client_model_info *out)
 {
     memset(out, 0, sizeof *out);
     Shardlm__V1__GetModelInfoRequest req = SHARDLM__V1__GET_MODEL_INFO_REQUEST__INIT;
+    req.model = c->model;
     ProtobufCMessage *m = NULL;
     enum status st = unary_call(c, SERVICE "GetModelInfo", &req.base,
                                 &shardlm__v1__get_model_info_response__descriptor, &m);
@@ -464,6 +470,7 @@ enum status client_model_info(struct client *c, struct client_model_info *out)
 enum status client_load_adapter(struct client *c, const char *name, const char *path, int *rank)
 {
     Shardlm__V1__LoadAdapterRequest req = SHARDLM__V1__LOAD_ADAPTER_REQUEST__INIT;
+    req.model = c->model;
     req.name = (char *)name;
     req.path = (char *)path;
     ProtobufCMessage *m = NULL;
@@ -477,6 +484,7 @@ enum status client_load_adapter(struct client *c, const char *name, const char *
 enum status client_unload_adapter(struct client *c, const char *name)
 {
     Shardlm__V1__UnloadAdapterRequest req = SHARDLM__V1__UNLOAD_ADAPTER_REQUEST__INIT;
+    req.model = c->model;
     req.name = (char *)name;
     ProtobufCMessage *m = NULL;
     enum status st =
@@ -489,6 +497,7 @@ enum status client_server_stats(struct client *c, struct client_server_stats *ou
 {
     memset(out, 0, sizeof *out);
     Shardlm__V1__GetServerStatsRequest req = SHARDLM__V1__GET_SERVER_STATS_REQUEST__INIT;
+    req.model = c->model;
     ProtobufCMessage *m = NULL;
     enum status st = unary_call(c, SERVICE "GetServerStats", &req.base,
                                 &shardlm__v1__get_server_stats_response__descriptor, &m);

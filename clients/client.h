@@ -48,6 +48,10 @@ struct client_options {
     /* Non-zero: this client gets a TCP connection of its own instead of sharing one with the
      * other clients of the process to the same address (bench: one connection per worker). */
     int         own_connection;
+    /* The served model that Tokenize, Detokenize, GetModelInfo, GetServerStats, LoadAdapter and
+     * UnloadAdapter ask about, on a server of several (`serve --model` repeated): its id or one
+     * of its adapters' names, at most 255 bytes; NULL or "": the server's first model. */
+    const char *model;
 };
 
 /* Why a sample stopped; the values of shardlm.v1.FinishReason. */

@@ -27,6 +27,7 @@ struct client {
     grpc_metadata   auth;        /* authorization: Bearer <key>, when has_auth */
     int             has_auth;
     double          timeout_s;
+    char            model[256];  /* client_options.model, "" for none */
     pthread_mutex_t mu;          /* guards active */
     struct client_call *active;  /* calls now running, for client_cancel_calls */
 };

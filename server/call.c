@@ -178,6 +178,7 @@ void call_maybe_free(struct call *c)
     grpc_call_unref(c->call);
     if (c->recv_buf) grpc_byte_buffer_destroy(c->recv_buf);
     gen_call_release(c);
+    server_release(s, c->m);
     free(c);
 }
 
@@ -214,6 +215,13 @@ void call_on_recv(struct call *c, int ok)
     grpc_byte_buffer_destroy(bb);
     const uint8_t *data = GRPC_SLICE_START_PTR(sl);
     size_t len = GRPC_SLICE_LENGTH(sl);
+    call_dispatch(c, data, len);
+    grpc_slice_unref(sl);
+    call_maybe_free(c);
+}
+
+void call_dispatch(struct call *c, const uint8_t *data, size_t len)
+{
     switch (c->method) {
     case METHOD_GENERATE:
     case METHOD_GENERATE_STREAM:
@@ -223,8 +231,14 @@ void call_on_recv(struct call *c, int ok)
     case METHOD_HEALTH_WATCH: health_handle(c, data, len); break;
     default: methods_handle(c, data, len); break;
     }
-    grpc_slice_unref(sl);
-    call_maybe_free(c);
+}
+
+enum status call_pin_model(struct call *c, const char *name, const uint8_t *data, size_t len)
+{
+    CHECK(!c->m, "call_pin_model: the call pins a model already");
+    enum status st = server_acquire(c->s, name, 0, &c->m);
+    if (st != STATUS_OK || c->m) return st;
+    return loader_submit_model(c, name, data, len); /* the loop does not wait for a load */
 }
 
 void call_on_send(struct call *c, int ok)

@@ -172,8 +172,14 @@ enum status convert_embed_request(const void *data, size_t len, struct embed_req
 enum status convert_embed_response(const float *vecs, int n, int d, const char *model, int prompt_tokens,
                                    uint8_t **out, size_t *len);
 
-/* GetModelInfo and GetServerStats (their requests carry nothing: only checked to parse). */
-enum status convert_empty_request(const void *data, size_t len, const char *what);
+/* The requests that name a served model in their `model` field: Tokenize, Detokenize,
+ * GetModelInfo, GetServerStats, LoadAdapter, UnloadAdapter. */
+enum model_request { MODEL_REQUEST_TOKENIZE, MODEL_REQUEST_DETOKENIZE, MODEL_REQUEST_MODEL_INFO,
+                     MODEL_REQUEST_SERVER_STATS, MODEL_REQUEST_LOAD_ADAPTER, MODEL_REQUEST_UNLOAD_ADAPTER };
+/* Parses data[0..len) as request `which` and copies its `model` field into *model (malloc'd; ""
+ * when unset): the rest is parsed by the request's own function. GetModelInfo and GetServerStats
+ * carry nothing else. */
+enum status convert_request_model(enum model_request which, const void *data, size_t len, char **model);
 struct model_info_out {
     struct engine_model_info info;
     const char *chat_template;

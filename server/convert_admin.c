@@ -78,12 +78,26 @@ enum status convert_unload_adapter_response(uint8_t **out, size_t *len)
     return convert_pack(&m.base, out, len);
 }
 
-enum status convert_empty_request(const void *data, size_t len, const char *what)
+enum status convert_request_model(enum model_request which, const void *data, size_t len, char **model)
 {
-    /* Both requests are empty messages: any well-formed message parses as one. */
+    static const ProtobufCMessageDescriptor *const descs[] = {
+        [MODEL_REQUEST_TOKENIZE] = &shardlm__v1__tokenize_request__descriptor,
+        [MODEL_REQUEST_DETOKENIZE] = &shardlm__v1__detokenize_request__descriptor,
+        [MODEL_REQUEST_MODEL_INFO] = &shardlm__v1__get_model_info_request__descriptor,
+        [MODEL_REQUEST_SERVER_STATS] = &shardlm__v1__get_server_stats_request__descriptor,
+        [MODEL_REQUEST_LOAD_ADAPTER] = &shardlm__v1__load_adapter_request__descriptor,
+        [MODEL_REQUEST_UNLOAD_ADAPTER] = &shardlm__v1__unload_adapter_request__descriptor,
+    };
+    *model = NULL;
     enum status st;
-    ProtobufCMessage *m = convert_unpack(&shardlm__v1__get_model_info_request__descriptor, data, len, what, &st);
-    if (m) protobuf_c_message_free_unpacked(m, NULL);
+    const ProtobufCMessageDescriptor *d = descs[which];
+    ProtobufCMessage *m = convert_unpack(d, data, len, d->name, &st);
+    if (!m) return st;
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(d, "model");
+    CHECK(f && f->type == PROTOBUF_C_TYPE_STRING, "%s has no string field 'model'", d->name);
+    const char *v = *(char *const *)((const char *)m + f->offset);
+    if (!(*model = strdup(v ? v : ""))) st = convert_oom();
+    protobuf_c_message_free_unpacked(m, NULL);
     return st;
 }
 

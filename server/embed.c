@@ -142,7 +142,11 @@ void embed_rpc_start(struct call *c, const uint8_t *data, size_t len)
     struct embed_request r = {0};
     struct embed_rpc *rpc = calloc(1, sizeof *rpc);
     enum status st = rpc ? convert_embed_request(data, len, &r) : oom();
-    if (st == STATUS_OK) st = server_route(s, r.model, &c->m);
+    if (st == STATUS_OK && (st = call_pin_model(c, r.model, data, len)) == STATUS_OK && !c->m) {
+        embed_request_free(&r); /* its model is loading: call_dispatch brings the request back */
+        rpc_free(rpc);
+        return;
+    }
     if (st == STATUS_OK) st = embed_prepare(c->m, &r, &rpc->in);
     if (st == STATUS_OK) st = alloc_vecs(c->m, &rpc->in, &rpc->vecs);
     if (st == STATUS_OK) {

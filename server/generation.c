@@ -509,7 +509,10 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
     if (st == STATUS_OK && atomic_load(&s->phase) != PHASE_READY)
         st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down");
     /* The model first: the prompt is its tokenizer's and its template's. */
-    if (st == STATUS_OK) st = server_route(s, r.adapter, &c->m);
+    if (st == STATUS_OK && (st = call_pin_model(c, r.adapter, data, len)) == STATUS_OK && !c->m) {
+        gen_request_free(&r); /* its model is loading: call_dispatch brings the request back */
+        return;
+    }
     if (st == STATUS_OK) {
         if (r.request_id[0]) {
             if (gen_find_call(s, r.request_id))

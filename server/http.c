@@ -354,44 +354,28 @@ static enum status resume_header(struct server *s, struct MHD_Connection *c, str
     return st;
 }
 
-/* The model a generation body names in its `model` field (server_route; a body that is not a
- * JSON object, or whose model is no string, goes to the first model, whose parse refuses it). */
+/* The model a generation body names in its `model` field, pinned (server_acquire: loaded first
+ * when it is not; a body that is not a JSON object, or whose model is no string, goes to the
+ * first model, whose parse refuses it). */
 static enum status route_body(struct server *s, const char *body, size_t len, struct served_model **m)
 {
-    if (s->n_models == 1) return server_route(s, NULL, m);
+    if (s->n_models == 1) return server_acquire(s, NULL, 1, m);
     cJSON *o = cJSON_ParseWithLength(body, len);
     const cJSON *v = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "model") : NULL;
-    enum status st = server_route(s, cJSON_IsString(v) ? v->valuestring : NULL, m);
+    enum status st = server_acquire(s, cJSON_IsString(v) ? v->valuestring : NULL, 1, m);
     cJSON_Delete(o);
     return st;
 }
 
-static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat)
+/* handle_generation, once the request's model (m) is pinned. */
+static enum MHD_Result generate_on(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat,
+                                   struct served_model *m, const char *key)
 {
     const int an_api = route_anthropic(hc->route);
-    if (hc->too_big) { /* a body without Content-Length (chunked) that grew past the limit */
-        char msg[128];
-        snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
-        return reply_error(c, an_api, 413, "invalid_request_error", "request_too_large", msg);
-    }
-    if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, an_api, STATUS_UNAVAILABLE, "the server is not serving");
-    struct http_gen *g = NULL;
-    const char *key;
-    enum status st = resume_header(s, c, hc, &g, &key);
-    if (st == STATUS_OK && g) return serve_gen(s, c, hc, g, an_api);
-    if (st != STATUS_OK) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", status_message());
-        return reply_status(c, an_api, st, msg);
-    }
     struct http_request q;
+    struct http_gen *g = NULL;
+    enum status st;
     const char *body = hc->body ? hc->body : "";
-    struct served_model *m = NULL; /* the model first: the parse checks names against its adapters */
-    if ((st = route_body(s, body, hc->len, &m)) != STATUS_OK) {
-        char msg[1200];
-        snprintf(msg, sizeof msg, "%s", status_message());
-        return reply_status(c, an_api, st, msg);
-    }
     struct http_adapter_snapshot an; /* loaded now: run-time loads change the list */
     http_adapter_snapshot(m, &an);
     const struct http_chat_caps caps = {m->jtmpl != NULL, m->tool_format, m->reasoning};
@@ -418,6 +402,35 @@ static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection
     }
     if (g->q.responses) http_responses_begin(g);
     return serve_gen(s, c, hc, g, an_api);
+}
+
+static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat)
+{
+    const int an_api = route_anthropic(hc->route);
+    if (hc->too_big) { /* a body without Content-Length (chunked) that grew past the limit */
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
+        return reply_error(c, an_api, 413, "invalid_request_error", "request_too_large", msg);
+    }
+    if (atomic_load(&s->phase) != PHASE_READY) return reply_status(c, an_api, STATUS_UNAVAILABLE, "the server is not serving");
+    struct http_gen *g = NULL;
+    const char *key;
+    enum status st = resume_header(s, c, hc, &g, &key);
+    if (st == STATUS_OK && g) return serve_gen(s, c, hc, g, an_api);
+    if (st != STATUS_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        return reply_status(c, an_api, st, msg);
+    }
+    struct served_model *m = NULL; /* the model first: the parse checks names against its adapters */
+    if ((st = route_body(s, hc->body ? hc->body : "", hc->len, &m)) != STATUS_OK) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        return reply_status(c, an_api, st, msg);
+    }
+    enum MHD_Result r = generate_on(s, c, hc, is_chat, m, key);
+    server_release(s, m); /* a request that runs on pins it too (http_gen_prepare) */
+    return r;
 }
 
 /* Answers a submitted (or reattached) request: its stream, or its whole answer once it ends.
@@ -505,10 +518,18 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
 {
     char *text;
     size_t len;
-    /* The first model's engine gauges (docs/server.md, "Several models in one server"). */
-    struct engine *e = atomic_load(&s->phase) >= PHASE_READY && atomic_load(&s->phase) != PHASE_FAILED
-                           ? s->models[0].engine : NULL;
-    enum status st = metrics_render(s->metrics, e, &text, &len);
+    /* Each model's engine gauges, its engine pinned meanwhile (docs/server.md, "Several models
+     * in one server"). */
+    _Static_assert(SERVER_METRICS_MAX_MODELS == SERVER_MAX_MODELS, "metrics.h's bound on the models");
+    struct metrics_model ms[SERVER_MAX_MODELS];
+    struct served_model *pinned[SERVER_MAX_MODELS];
+    int up = atomic_load(&s->phase) >= PHASE_READY && atomic_load(&s->phase) != PHASE_FAILED;
+    for (int i = 0; i < s->n_models; i++) {
+        pinned[i] = up ? server_pin_if_loaded(s, &s->models[i]) : NULL;
+        ms[i] = (struct metrics_model){s->models[i].model_id, pinned[i] ? pinned[i]->engine : NULL};
+    }
+    enum status st = metrics_render(s->metrics, ms, s->n_models, &text, &len);
+    for (int i = 0; i < s->n_models; i++) server_unpin_quietly(s, pinned[i]);
     if (st != STATUS_OK) return reply_status(c, 0, st, status_message());
     return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
 }

@@ -164,7 +164,7 @@ enum status http_embeddings(struct server *s, const char *body, size_t len, char
     enum status st = http_json_parse_body(body, len, &o);
     if (st == STATUS_OK) { /* the model first: the dimensions and the tokenizer are its */
         const cJSON *mv = http_json_field(o, "model");
-        st = server_route(s, cJSON_IsString(mv) ? mv->valuestring : NULL, &m);
+        st = server_acquire(s, cJSON_IsString(mv) ? mv->valuestring : NULL, 1, &m);
     }
     if (st == STATUS_OK) engine_get_model_info(m->engine, &info);
     if (st == STATUS_OK) st = parse_options(o, info.d_model, &r, &base64);
@@ -177,5 +177,6 @@ enum status http_embeddings(struct server *s, const char *body, size_t len, char
     embed_request_free(&r);
     embed_inputs_free(&in);
     free(vecs);
+    server_release(s, m);
     return st;
 }

@@ -74,6 +74,7 @@ void http_gen_unref(struct http_gen *g)
     }
     free(g->ps);
     free(g->out);
+    if (g->q.model) server_release(s, g->m);
     http_request_free(&g->q);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
@@ -345,6 +346,7 @@ enum status http_gen_prepare(struct server *s, struct http_request *q, int fd, c
     pthread_cond_init(&g->cv, NULL);
     g->s = s;
     g->m = q->model ? q->model : &s->models[0];
+    if (q->model) server_pin(s, q->model); /* the handler's pin ends with the handler */
     g->q = *q;
     g->fd = fd;
     g->created = (long long)time(NULL);

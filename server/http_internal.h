@@ -166,7 +166,8 @@ struct http_gen {
     pthread_mutex_t mu;          /* guards everything below that events change */
     pthread_cond_t  cv;          /* signalled on every event */
     struct server  *s;
-    struct served_model *m;      /* the model it runs on: q.model, or the first */
+    struct served_model *m;      /* the model it runs on: q.model (pinned by g until it is freed),
+                                    or the first (a resumed request) */
     struct http_request q;
     char            id[48];      /* "cmpl-N" / "chatcmpl-N" */
     long long       created;     /* Unix seconds */

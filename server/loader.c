@@ -1,6 +1,9 @@
-/* server/loader.c - LoadAdapter off the completion-queue loop: one loader thread reads and checks
- * each adapter (engine_load_adapter: file reads that may take seconds, or hang on a dead network
- * mount) while the loop goes on answering every other call. Loads run one at a time, in order.
+/* server/loader.c - loads off the completion-queue loop: one loader thread reads and checks each
+ * LoadAdapter's adapter (engine_load_adapter: file reads that may take seconds, or hang on a dead
+ * network mount), and loads the served model that a gRPC call names when it is not loaded
+ * (serve --models-max, --sleep-idle-seconds: server_acquire), while the loop goes on answering
+ * every other call. Loads run one at a time, in order. A model's load ends by dispatching the
+ * call's request again (call_dispatch), the model pinned by the job until then.
  *
  * Ownership: the loop thread parses the request and queues a job (loader_submit); the call keeps
  * a pointer to it (call.load_job), and call_maybe_free keeps the call while it is set, so a
@@ -16,7 +19,8 @@
  * load wait that long first, so that tests can show other calls answered during a slow load.
  * Not here: parsing and the other methods (methods.c), the call's state machine (call.c).
  * Tests: tests/server/test_lora_serving.py (run_time: a FIFO refused at once, calls answered
- * during a slow load, a client cancel during a load). */
+ * during a slow load, a client cancel during a load); tests/server/test_models_lru.py (gRPC calls
+ * for a model not loaded: Generate, GetModelInfo, answered after its load, other calls during it). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +46,7 @@ static void job_free(struct load_job *j)
     if (!j) return;
     free(j->name);
     free(j->path);
+    free(j->request);
     free(j->out);
     free(j);
 }
@@ -68,13 +73,19 @@ static void job_run(struct server *s, struct load_job *j)
                               (long)((s->load_test_delay_s - (double)(time_t)s->load_test_delay_s) * 1e9)};
         nanosleep(&ts, NULL);
     }
-    enum status st = engine_load_adapter(s->models[0].engine, j->name, j->path);
+    if (j->wakes_model) {
+        j->st = server_acquire(s, j->name, 1, &j->pinned);
+        if (j->st != STATUS_OK) snprintf(j->message, sizeof j->message, "%s", status_message());
+        return;
+    }
+    struct engine *e = j->call->m->engine; /* pinned by the call, which the job keeps */
+    enum status st = engine_load_adapter(e, j->name, j->path);
     if (st == STATUS_OK) {
-        LOG_INFO("server", "LoadAdapter '%s' from %s", j->name, j->path);
+        LOG_INFO("server", "LoadAdapter '%s' from %s into model %s", j->name, j->path, j->call->m->model_id);
         struct adapter_lookup q = {.name = j->name};
-        engine_list_adapters(s->models[0].engine, find_adapter, &q);
+        engine_list_adapters(e, find_adapter, &q);
         struct engine_model_info info;
-        engine_get_model_info(s->models[0].engine, &info);
+        engine_get_model_info(e, &info);
         st = convert_load_adapter_response(&q.found, q.n, info.max_loras, &j->out, &j->out_len);
     }
     j->st = st;
@@ -109,19 +120,11 @@ static void *loader_main(void *arg)
     return NULL;
 }
 
-void loader_submit(struct call *c, char *name, char *path)
+/* Starts the loader thread on first use and queues j for it (c keeps it: call.load_job). */
+static enum status job_queue(struct call *c, struct load_job *j)
 {
     struct server *s = c->s;
-    struct load_job *j = calloc(1, sizeof *j);
-    if (!j) {
-        free(name);
-        free(path);
-        call_fail_status(c, STATUS_RESOURCE_EXHAUSTED, "out of memory for LoadAdapter");
-        return;
-    }
     j->call = c;
-    j->name = name;
-    j->path = path;
     atomic_init(&j->abandoned, 0);
     if (!s->loader_started) {
         const char *e = getenv("SHARDLM_TEST_LOAD_DELAY_S");
@@ -129,8 +132,7 @@ void loader_submit(struct call *c, char *name, char *path)
         if (e && base_parse_float(e, &d) == 0 && d > 0.0f && d < 600.0f) s->load_test_delay_s = d;
         if (pthread_create(&s->loader, NULL, loader_main, s) != 0) {
             job_free(j);
-            call_fail_status(c, STATUS_RESOURCE_EXHAUSTED, "cannot start the adapter loader thread");
-            return;
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "cannot start the loader thread");
         }
         s->loader_started = 1;
     }
@@ -141,6 +143,36 @@ void loader_submit(struct call *c, char *name, char *path)
     s->load_todo_tail = j;
     pthread_cond_signal(&s->load_cv);
     pthread_mutex_unlock(&s->load_mu);
+    return STATUS_OK;
+}
+
+void loader_submit(struct call *c, char *name, char *path)
+{
+    struct load_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        free(name);
+        free(path);
+        call_fail_status(c, STATUS_RESOURCE_EXHAUSTED, "out of memory for LoadAdapter");
+        return;
+    }
+    j->name = name;
+    j->path = path;
+    enum status st = job_queue(c, j);
+    if (st != STATUS_OK) call_fail_status(c, st, status_message());
+}
+
+enum status loader_submit_model(struct call *c, const char *name, const uint8_t *data, size_t len)
+{
+    struct load_job *j = calloc(1, sizeof *j);
+    if (j) j->name = strdup(name ? name : ""), j->request = malloc(len ? len : 1);
+    if (!j || !j->name || !j->request) {
+        job_free(j);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory queueing a model's load");
+    }
+    if (len) memcpy(j->request, data, len);
+    j->request_len = len;
+    j->wakes_model = 1;
+    return job_queue(c, j);
 }
 
 void loader_drain(struct server *s)
@@ -155,7 +187,12 @@ void loader_drain(struct server *s)
         done = j->next;
         struct call *c = j->call;
         c->load_job = NULL;
-        if (j->st == STATUS_OK) {
+        if (j->wakes_model) {
+            /* The model is loaded (and pinned by the job): the call's request runs now. */
+            if (j->st != STATUS_OK) call_fail_status(c, j->st, j->message);
+            else if (!c->close_done && !c->send_has_status) call_dispatch(c, j->request, j->request_len);
+            server_release(s, j->pinned);
+        } else if (j->st == STATUS_OK) {
             call_reply(c, j->out, j->out_len); /* takes j->out */
             j->out = NULL;
         } else {

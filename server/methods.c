@@ -1,6 +1,8 @@
 /* server/methods.c - the methods that need no engine events: Tokenize, Detokenize, Cancel,
  * GetModelInfo, GetServerStats, LoadAdapter, UnloadAdapter (unary: one answer, then the
- * status), and each message of a reflection stream; Embed is handed to embed.c.
+ * status), and each message of a reflection stream; Embed is handed to embed.c. All but Cancel
+ * and reflection are about one served model, which their `model` field names (the first when
+ * unset): pinned in c->m for the call's life.
  * Not here: Generate / Chat (generation.c), health (health.c), protobuf (convert.c), the
  * descriptor index (reflection.c), LoadAdapter's load (loader.c: off this thread).
  * Tests: tests/server/test_server.py (basic, cancel, invalid, reflection),
@@ -18,7 +20,8 @@
 /* One function per unary method: parse data[0..len) (borrowed), answer into *out (malloc'd,
  * *out_len bytes), or return the error the call ends with. */
 
-static enum status tokenize(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+static enum status tokenize(const struct served_model *m, const uint8_t *data, size_t len, uint8_t **out,
+                            size_t *out_len)
 {
     char *text;
     size_t text_len;
@@ -26,21 +29,22 @@ static enum status tokenize(struct server *s, const uint8_t *data, size_t len, u
     int32_t *ids = NULL;
     int n = 0;
     enum status st = convert_tokenize_request(data, len, &text, &text_len, &add_bos);
-    if (st == STATUS_OK) st = tokenizer_encode(s->models[0].tok, text, text_len, add_bos, &ids, &n);
-    if (st == STATUS_OK) st = convert_tokenize_response(ids, n, s->models[0].tok, out, out_len);
+    if (st == STATUS_OK) st = tokenizer_encode(m->tok, text, text_len, add_bos, &ids, &n);
+    if (st == STATUS_OK) st = convert_tokenize_response(ids, n, m->tok, out, out_len);
     free(text);
     free(ids);
     return st;
 }
 
-static enum status detokenize(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+static enum status detokenize(const struct served_model *m, const uint8_t *data, size_t len, uint8_t **out,
+                              size_t *out_len)
 {
     int32_t *ids;
     int n;
     char *text = NULL;
     size_t text_len;
-    enum status st = convert_detokenize_request(data, len, s->models[0].vocab_size, &ids, &n);
-    if (st == STATUS_OK) st = tokenizer_decode(s->models[0].tok, ids, n, &text, &text_len);
+    enum status st = convert_detokenize_request(data, len, m->vocab_size, &ids, &n);
+    if (st == STATUS_OK) st = tokenizer_decode(m->tok, ids, n, &text, &text_len);
     if (st == STATUS_OK) st = convert_detokenize_response(text, text_len, out, out_len);
     free(ids);
     free(text);
@@ -81,19 +85,17 @@ static void add_adapter_name(void *ctx, const struct engine_adapter_info *a)
     an->n++;
 }
 
-static enum status model_info(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+static enum status model_info(const struct served_model *m, uint8_t **out, size_t *out_len)
 {
-    enum status st = convert_empty_request(data, len, "shardlm.v1.GetModelInfoRequest");
-    if (st != STATUS_OK) return st;
     struct adapter_names an = {.n = 0};
-    engine_list_adapters(s->models[0].engine, add_adapter_name, &an);
-    struct model_info_out m = {.chat_template = s->models[0].tmpl_name,
-                               .max_logprobs = s->models[0].eopts.max_logprobs ? s->opts.engine.max_logprobs : 20,
-                               .adapters = an.ptrs, .n_adapters = an.n, .model_id = s->models[0].model_id,
-                               .default_adapter = s->models[0].default_adapter ? s->models[0].default_adapter : ""};
-    if (m.max_logprobs > CONVERT_MAX_LOGPROBS) m.max_logprobs = CONVERT_MAX_LOGPROBS;
-    engine_get_model_info(s->models[0].engine, &m.info);
-    return convert_model_info_response(&m, out, out_len);
+    engine_list_adapters(m->engine, add_adapter_name, &an);
+    struct model_info_out mi = {.chat_template = m->tmpl_name,
+                                .max_logprobs = m->eopts.max_logprobs ? m->eopts.max_logprobs : 20,
+                                .adapters = an.ptrs, .n_adapters = an.n, .model_id = m->model_id,
+                                .default_adapter = m->default_adapter ? m->default_adapter : ""};
+    if (mi.max_logprobs > CONVERT_MAX_LOGPROBS) mi.max_logprobs = CONVERT_MAX_LOGPROBS;
+    engine_get_model_info(m->engine, &mi.info);
+    return convert_model_info_response(&mi, out, out_len);
 }
 
 /* Admin operations: any valid API key may call them (call.c checks the key as for every method).
@@ -113,38 +115,39 @@ static enum status load_adapter(struct call *c, const uint8_t *data, size_t len)
     return st;
 }
 
-static enum status unload_adapter(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+static enum status unload_adapter(const struct served_model *m, const uint8_t *data, size_t len, uint8_t **out,
+                                  size_t *out_len)
 {
     char *name;
     enum status st = convert_unload_adapter_request(data, len, &name);
     /* Requests that name no adapter run with the default: it stays as long as the server. */
-    if (st == STATUS_OK && s->models[0].default_adapter && !strcmp(name, s->models[0].default_adapter))
+    if (st == STATUS_OK && m->default_adapter && !strcmp(name, m->default_adapter))
         st = status_errorf(STATUS_FAILED_PRECONDITION,
                            "adapter '%s' is the server's default adapter (--default-adapter): requests that name "
                            "no adapter use it, so it is not unloaded",
                            name);
-    if (st == STATUS_OK) st = engine_unload_adapter(s->models[0].engine, name);
+    if (st == STATUS_OK) st = engine_unload_adapter(m->engine, name);
     if (st == STATUS_OK) {
-        LOG_INFO("server", "UnloadAdapter '%s'", name);
+        LOG_INFO("server", "UnloadAdapter '%s' of model %s", name, m->model_id);
         st = convert_unload_adapter_response(out, out_len);
     }
     free(name);
     return st;
 }
 
-static enum status server_stats(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+static enum status server_stats(const struct server *s, const struct served_model *m, uint8_t **out,
+                                size_t *out_len)
 {
-    enum status st = convert_empty_request(data, len, "shardlm.v1.GetServerStatsRequest");
-    if (st != STATUS_OK) return st;
+    enum status st;
     struct server_stats_out o = {.active_calls = s->n_calls, .uptime_seconds = base_now_s() - s->t_start};
-    engine_get_stats(s->models[0].engine, &o.engine);
-    int n = engine_replicas(s->models[0].engine);
+    engine_get_stats(m->engine, &o.engine);
+    int n = engine_replicas(m->engine);
     struct engine_replica_stats *rs = calloc((size_t)n, sizeof *rs);
     if (!rs) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory for replica statistics");
-    for (int i = 0; i < n; i++) engine_get_replica_stats(s->models[0].engine, i, &rs[i]);
+    for (int i = 0; i < n; i++) engine_get_replica_stats(m->engine, i, &rs[i]);
     o.replicas = rs;
     o.n_replicas = n;
-    st = engine_get_expert_load(s->models[0].engine, &o.expert_load);
+    st = engine_get_expert_load(m->engine, &o.expert_load);
     if (st == STATUS_OK) st = convert_server_stats_response(&o, out, out_len);
     free(o.expert_load.load);
     free(rs);
@@ -172,22 +175,50 @@ static void handle_reflection(struct call *c, const uint8_t *data, size_t len)
     else call_send(c, out, out_len, 0, GRPC_STATUS_OK, NULL);
 }
 
+/* The request `which` of the methods that name a model: its model pinned into c->m. STATUS_OK
+ * with c->m NULL: the model is being loaded, and the call comes back (call_pin_model). */
+static enum status pin_model(struct call *c, enum model_request which, const uint8_t *data, size_t len)
+{
+    char *name = NULL;
+    enum status st = convert_request_model(which, data, len, &name);
+    if (st == STATUS_OK) st = call_pin_model(c, name, data, len);
+    free(name);
+    return st;
+}
+
+/* 1 when method m's request names a model (*which: its kind), else 0. */
+static int names_model(enum method m, enum model_request *which)
+{
+    switch (m) {
+    case METHOD_TOKENIZE: *which = MODEL_REQUEST_TOKENIZE; return 1;
+    case METHOD_DETOKENIZE: *which = MODEL_REQUEST_DETOKENIZE; return 1;
+    case METHOD_MODEL_INFO: *which = MODEL_REQUEST_MODEL_INFO; return 1;
+    case METHOD_SERVER_STATS: *which = MODEL_REQUEST_SERVER_STATS; return 1;
+    case METHOD_LOAD_ADAPTER: *which = MODEL_REQUEST_LOAD_ADAPTER; return 1;
+    case METHOD_UNLOAD_ADAPTER: *which = MODEL_REQUEST_UNLOAD_ADAPTER; return 1;
+    default: return 0;
+    }
+}
+
 void methods_handle(struct call *c, const uint8_t *data, size_t len)
 {
     struct server *s = c->s;
     uint8_t *out = NULL;
     size_t out_len = 0;
-    enum status st;
-    switch (c->method) {
-    case METHOD_TOKENIZE: st = tokenize(s, data, len, &out, &out_len); break;
-    case METHOD_DETOKENIZE: st = detokenize(s, data, len, &out, &out_len); break;
+    enum status st = STATUS_OK;
+    enum model_request which;
+    if (names_model(c->method, &which) && (st = pin_model(c, which, data, len)) == STATUS_OK && !c->m)
+        return; /* loading its model: call_dispatch brings it back */
+    if (st == STATUS_OK) switch (c->method) {
+    case METHOD_TOKENIZE: st = tokenize(c->m, data, len, &out, &out_len); break;
+    case METHOD_DETOKENIZE: st = detokenize(c->m, data, len, &out, &out_len); break;
     case METHOD_CANCEL: st = cancel(s, data, len, &out, &out_len); break;
-    case METHOD_MODEL_INFO: st = model_info(s, data, len, &out, &out_len); break;
-    case METHOD_SERVER_STATS: st = server_stats(s, data, len, &out, &out_len); break;
+    case METHOD_MODEL_INFO: st = model_info(c->m, &out, &out_len); break;
+    case METHOD_SERVER_STATS: st = server_stats(s, c->m, &out, &out_len); break;
     case METHOD_LOAD_ADAPTER:
         if ((st = load_adapter(c, data, len)) == STATUS_OK) return; /* answered by loader.c */
         break;
-    case METHOD_UNLOAD_ADAPTER: st = unload_adapter(s, data, len, &out, &out_len); break;
+    case METHOD_UNLOAD_ADAPTER: st = unload_adapter(c->m, data, len, &out, &out_len); break;
     case METHOD_REFLECTION: handle_reflection(c, data, len); return;
     case METHOD_EMBED: embed_rpc_start(c, data, len); return; /* embed.c */
     default: st = status_errorf(STATUS_INTERNAL, "no handler for %s", call_method_name(c->method));

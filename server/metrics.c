@@ -136,6 +136,7 @@ struct text {
     char  *p;
     size_t len, cap;
     int    failed;
+    int    expert_family_done; /* its HELP / TYPE went out (several models share the family) */
 };
 
 static void text_printf(struct text *t, const char *fmt, ...)
@@ -193,78 +194,102 @@ static void render_histogram(struct text *t, const char *name, const char *help,
     text_printf(t, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name, cum, name, h->sum, name, h->count);
 }
 
-/* The engine's numbers: gauges now and counters since start, summed over replicas, then per
- * replica when there are several. */
-static void render_engine(struct text *t, struct engine *e)
+/* The `model` label of model i ("" with one model), with a trailing comma when more follow. */
+static void model_label(const struct metrics_model *ms, int n, int i, int more, char *out, size_t cap)
 {
-    struct engine_stats st;
-    memset(&st, 0, sizeof st);
-    if (e) engine_get_stats(e, &st);
-    int n_rep = e ? engine_replicas(e) : 1;
-    struct {
+    if (n <= 1) snprintf(out, cap, "%s", "");
+    else snprintf(out, cap, "model=\"%s\"%s", ms[i].id, more ? "," : "");
+}
+
+/* The engines' numbers: gauges now and counters since start, summed over replicas, then per
+ * replica when there are several; one series per model (label `model`) when there are several. */
+static void render_engines(struct text *t, const struct metrics_model *ms, int n_models)
+{
+    enum { N_ROWS = 20 };
+    struct row {
         const char *name, *type, *help;
         double v;
-    } rows[] = {
-        {"shardlm_num_requests_waiting", "gauge", "Samples waiting to be scheduled.", st.waiting},
-        {"shardlm_num_requests_running", "gauge", "Samples running in the engine.", st.running},
-        {"shardlm_kv_blocks_total", "gauge", "KV cache blocks in the pool.", st.kv_blocks_total},
-        {"shardlm_kv_blocks_used", "gauge", "KV cache blocks held by sequences.",
-         st.kv_blocks_total - st.kv_blocks_free - st.kv_blocks_cached},
-        {"shardlm_kv_blocks_cached", "gauge", "Free KV blocks that keep a reusable prompt prefix.", st.kv_blocks_cached},
-        {"shardlm_kv_cache_usage_perc", "gauge", "Fraction of KV blocks held by sequences (0..1).",
-         st.kv_blocks_total ? (double)(st.kv_blocks_total - st.kv_blocks_free - st.kv_blocks_cached) / st.kv_blocks_total
-                            : 0.0},
-        {"shardlm_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", (double)st.prompt_tokens},
-        {"shardlm_generation_tokens_total", "counter", "Generated tokens.", (double)st.generated_tokens},
-        {"shardlm_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
-         (double)st.prefix_cache_hit_tokens},
-        {"shardlm_prefill_tokens_computed_total", "counter", "Prompt tokens run through the model.",
-         (double)st.prefill_tokens_computed},
-        {"shardlm_num_preemptions_total", "counter", "Sequences preempted (recomputed later).", (double)st.preemptions},
-        {"shardlm_engine_steps_total", "counter", "Engine steps.", (double)st.steps},
-        {"shardlm_spec_decode_num_draft_tokens_total", "counter", "Speculative draft tokens verified.",
-         (double)st.spec_drafted},
-        {"shardlm_spec_decode_num_accepted_tokens_total", "counter", "Speculative draft tokens accepted.",
-         (double)st.spec_accepted},
-        {"shardlm_spec_decode_num_backoffs_total", "counter",
-         "Times a sequence stopped drafting for low acceptance (the adaptive rule).", (double)st.spec_backoffs},
-        {"shardlm_prefix_cache_verified_total", "counter",
-         "Prompts served from the prefix cache and recomputed without it (--verify-prefix-cache).",
-         (double)st.prefix_cache_verified},
-        {"shardlm_prefix_cache_mismatch_total", "counter",
-         "Verified prompts whose logits differed from the recomputation (argmax, or by more than 1e-3).",
-         (double)st.prefix_cache_mismatches},
-        {"shardlm_prefix_cache_verify_skipped_total", "counter",
-         "Sampled prompts not verified (no free KV blocks, or more than 8 in one step).",
-         (double)st.prefix_cache_verify_skipped},
-        {"shardlm_prefix_cache_max_abs_diff", "gauge", "Largest logit difference a verification found.",
-         st.prefix_cache_max_abs_diff},
-        {"shardlm_embedding_passes_total", "counter",
-         "Embedding forward passes; one holds the inputs of one or more concurrent requests.", (double)st.embed_passes},
     };
-    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
-        render_family(t, rows[i].name, rows[i].type, rows[i].help);
-        text_printf(t, "%s %.17g\n", rows[i].name, rows[i].v);
+    struct row all[SERVER_METRICS_MAX_MODELS][N_ROWS];
+    for (int i = 0; i < n_models; i++) {
+        struct engine *e = ms[i].engine;
+        struct engine_stats st;
+        memset(&st, 0, sizeof st);
+        if (e) engine_get_stats(e, &st);
+        struct row rows[] = {
+            {"shardlm_num_requests_waiting", "gauge", "Samples waiting to be scheduled.", st.waiting},
+            {"shardlm_num_requests_running", "gauge", "Samples running in the engine.", st.running},
+            {"shardlm_kv_blocks_total", "gauge", "KV cache blocks in the pool.", st.kv_blocks_total},
+            {"shardlm_kv_blocks_used", "gauge", "KV cache blocks held by sequences.",
+             st.kv_blocks_total - st.kv_blocks_free - st.kv_blocks_cached},
+            {"shardlm_kv_blocks_cached", "gauge", "Free KV blocks that keep a reusable prompt prefix.", st.kv_blocks_cached},
+            {"shardlm_kv_cache_usage_perc", "gauge", "Fraction of KV blocks held by sequences (0..1).",
+             st.kv_blocks_total ? (double)(st.kv_blocks_total - st.kv_blocks_free - st.kv_blocks_cached) / st.kv_blocks_total
+                                : 0.0},
+            {"shardlm_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", (double)st.prompt_tokens},
+            {"shardlm_generation_tokens_total", "counter", "Generated tokens.", (double)st.generated_tokens},
+            {"shardlm_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
+             (double)st.prefix_cache_hit_tokens},
+            {"shardlm_prefill_tokens_computed_total", "counter", "Prompt tokens run through the model.",
+             (double)st.prefill_tokens_computed},
+            {"shardlm_num_preemptions_total", "counter", "Sequences preempted (recomputed later).", (double)st.preemptions},
+            {"shardlm_engine_steps_total", "counter", "Engine steps.", (double)st.steps},
+            {"shardlm_spec_decode_num_draft_tokens_total", "counter", "Speculative draft tokens verified.",
+             (double)st.spec_drafted},
+            {"shardlm_spec_decode_num_accepted_tokens_total", "counter", "Speculative draft tokens accepted.",
+             (double)st.spec_accepted},
+            {"shardlm_spec_decode_num_backoffs_total", "counter",
+             "Times a sequence stopped drafting for low acceptance (the adaptive rule).", (double)st.spec_backoffs},
+            {"shardlm_prefix_cache_verified_total", "counter",
+             "Prompts served from the prefix cache and recomputed without it (--verify-prefix-cache).",
+             (double)st.prefix_cache_verified},
+            {"shardlm_prefix_cache_mismatch_total", "counter",
+             "Verified prompts whose logits differed from the recomputation (argmax, or by more than 1e-3).",
+             (double)st.prefix_cache_mismatches},
+            {"shardlm_prefix_cache_verify_skipped_total", "counter",
+             "Sampled prompts not verified (no free KV blocks, or more than 8 in one step).",
+             (double)st.prefix_cache_verify_skipped},
+            {"shardlm_prefix_cache_max_abs_diff", "gauge", "Largest logit difference a verification found.",
+             st.prefix_cache_max_abs_diff},
+            {"shardlm_embedding_passes_total", "counter",
+             "Embedding forward passes; one holds the inputs of one or more concurrent requests.", (double)st.embed_passes},
+        };
+        _Static_assert(sizeof rows / sizeof *rows == N_ROWS, "N_ROWS");
+        memcpy(all[i], rows, sizeof rows);
     }
-    if (!e || n_rep <= 1) return;
-    render_family(t, "shardlm_replica_num_requests_running", "gauge", "Samples running, per data-parallel replica.");
-    for (int r = 0; r < n_rep; r++) {
-        struct engine_replica_stats rs;
-        engine_get_replica_stats(e, r, &rs);
-        text_printf(t, "shardlm_replica_num_requests_running{replica=\"%d\"} %d\n", r, rs.engine.running);
+    char label[300];
+    for (int r = 0; r < N_ROWS; r++) {
+        render_family(t, all[0][r].name, all[0][r].type, all[0][r].help);
+        for (int i = 0; i < n_models; i++) {
+            model_label(ms, n_models, i, 0, label, sizeof label);
+            text_printf(t, "%s%s%s%s %.17g\n", all[i][r].name, *label ? "{" : "", label, *label ? "}" : "", all[i][r].v);
+        }
     }
-    render_family(t, "shardlm_replica_kv_blocks_used", "gauge", "KV blocks held, per data-parallel replica.");
-    for (int r = 0; r < n_rep; r++) {
-        struct engine_replica_stats rs;
-        engine_get_replica_stats(e, r, &rs);
-        text_printf(t, "shardlm_replica_kv_blocks_used{replica=\"%d\"} %d\n", r,
-                    rs.engine.kv_blocks_total - rs.engine.kv_blocks_free - rs.engine.kv_blocks_cached);
+    int any_replicas = 0;
+    for (int i = 0; i < n_models; i++) any_replicas |= ms[i].engine && engine_replicas(ms[i].engine) > 1;
+    if (!any_replicas) return;
+    static const char *const names[2] = {"shardlm_replica_num_requests_running", "shardlm_replica_kv_blocks_used"};
+    static const char *const helps[2] = {"Samples running, per data-parallel replica.",
+                                         "KV blocks held, per data-parallel replica."};
+    for (int f = 0; f < 2; f++) {
+        render_family(t, names[f], "gauge", helps[f]);
+        for (int i = 0; i < n_models; i++) {
+            struct engine *e = ms[i].engine;
+            model_label(ms, n_models, i, 1, label, sizeof label);
+            for (int r = 0; e && r < engine_replicas(e); r++) {
+                struct engine_replica_stats rs;
+                engine_get_replica_stats(e, r, &rs);
+                text_printf(t, "%s{%sreplica=\"%d\"} %d\n", names[f], label, r,
+                            f == 0 ? rs.engine.running
+                                   : rs.engine.kv_blocks_total - rs.engine.kv_blocks_free - rs.engine.kv_blocks_cached);
+            }
+        }
     }
 }
 
 /* A mixture of experts: the tokens routed to each expert of each layer (engine_get_expert_load:
  * rank 0's pipeline stage and replica); nothing for a dense model. */
-static void render_expert_load(struct text *t, struct engine *e)
+static void render_expert_load(struct text *t, struct engine *e, const char *label)
 {
     struct engine_expert_load el;
     if (engine_get_expert_load(e, &el) != STATUS_OK) {
@@ -272,23 +297,36 @@ static void render_expert_load(struct text *t, struct engine *e)
         return;
     }
     if (el.n_layers > 0) {
-        render_family(t, "shardlm_moe_expert_tokens_total", "counter",
-                      "Tokens routed to each expert of each mixture-of-experts layer (k per token and layer).");
+        if (!t->expert_family_done)
+            render_family(t, "shardlm_moe_expert_tokens_total", "counter",
+                          "Tokens routed to each expert of each mixture-of-experts layer (k per token and layer).");
+        t->expert_family_done = 1;
         for (int l = 0; l < el.n_layers; l++)
             for (int x = 0; x < el.n_experts; x++)
-                text_printf(t, "shardlm_moe_expert_tokens_total{layer=\"%d\",expert=\"%d\"} %llu\n", el.layer_first + l,
+                text_printf(t, "shardlm_moe_expert_tokens_total{%slayer=\"%d\",expert=\"%d\"} %llu\n", label,
+                            el.layer_first + l,
                             x, (unsigned long long)el.load[(size_t)l * (size_t)el.n_experts + (size_t)x]);
     }
     free(el.load);
 }
 
-enum status metrics_render(struct metrics *m, struct engine *e, char **out, size_t *len)
+enum status metrics_render(struct metrics *m, const struct metrics_model *models, int n_models, char **out,
+                           size_t *len)
 {
     struct text t = {0};
     *out = NULL;
     *len = 0;
-    render_engine(&t, e);
-    if (e) render_expert_load(&t, e);
+    CHECK(n_models >= 1 && n_models <= SERVER_METRICS_MAX_MODELS, "metrics_render: %d models", n_models);
+    render_engines(&t, models, n_models);
+    render_family(&t, "shardlm_model_loaded", "gauge",
+                  "1 when the model is loaded, 0 when it is not (serve --models-max, --sleep-idle-seconds).");
+    for (int i = 0; i < n_models; i++)
+        text_printf(&t, "shardlm_model_loaded{model=\"%s\"} %d\n", models[i].id, models[i].engine != NULL);
+    for (int i = 0; i < n_models; i++) {
+        char label[300];
+        model_label(models, n_models, i, 1, label, sizeof label);
+        if (models[i].engine) render_expert_load(&t, models[i].engine, label);
+    }
     if (m) {
         pthread_mutex_lock(&m->mu);
         render_status_counts(&t, "shardlm_requests_total",

@@ -37,9 +37,20 @@ void metrics_observe_embed(struct metrics *m, enum metrics_api api, const char *
  * of gap_s / n each (tokens that arrive together share the gap). */
 void metrics_observe_itl(struct metrics *m, double gap_s, int n);
 
-/* The Prometheus text exposition (version 0.0.4) of everything above; e (borrowed, may be NULL
- * while the model loads) gives the engine's gauges and counters. *out is malloc'd (caller
- * frees) and NUL-terminated, *len bytes. STATUS_RESOURCE_EXHAUSTED when out of memory. */
-enum status metrics_render(struct metrics *m, struct engine *e, char **out, size_t *len);
+/* A served model whose engine's numbers /metrics shows: its id (the `model` label) and its
+ * engine (borrowed; NULL while it is not loaded: zeros, and shardlm_model_loaded 0). */
+struct metrics_model {
+    const char    *id;
+    struct engine *engine;
+};
+#define SERVER_METRICS_MAX_MODELS 16
+
+/* The Prometheus text exposition (version 0.0.4) of everything above, and each model's engine
+ * gauges and counters (models[0 .. n_models), 1 .. SERVER_METRICS_MAX_MODELS): with one model
+ * unlabelled, with several one series per model, labelled model="<id>"; shardlm_model_loaded
+ * {model} for each. *out is malloc'd (caller frees) and NUL-terminated, *len bytes.
+ * STATUS_RESOURCE_EXHAUSTED when out of memory. */
+enum status metrics_render(struct metrics *m, const struct metrics_model *models, int n_models, char **out,
+                           size_t *len);
 
 #endif

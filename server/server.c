@@ -214,9 +214,7 @@ static enum status choose_chat_template(const struct server *s, struct served_mo
     return STATUS_OK;
 }
 
-/* Loads m's engine (weights, tokenizer, chat template) and starts it; on failure nothing of it
- * is left. Any thread (the control thread at start). */
-static enum status model_load(struct server *s, struct served_model *m)
+enum status server_model_load(struct server *s, struct served_model *m)
 {
     struct engine *e = NULL;
     m->eopts.on_fatal = on_engine_fatal;
@@ -235,31 +233,63 @@ static enum status model_load(struct server *s, struct served_model *m)
         return st;
     }
     m->engine = e;
+    server_model_note_info(s, m);
     LOG_INFO("server", "model %s loaded as %s; chat template %s", m->eopts.model_dir, m->model_id, m->tmpl_name);
     return STATUS_OK;
 }
 
-/* Frees what model_load made (nothing when it made nothing). */
-static void model_unload(struct served_model *m)
+void server_model_unload(struct served_model *m)
 {
     engine_free(m->engine);
     m->engine = NULL;
     jinja_free(m->jtmpl);
     m->jtmpl = NULL;
+    m->tok = NULL;
+    m->n_end_ids = 0; /* a load finds them again */
+}
+
+/* Waits for the stop semaphore (a signal, an engine failure, the loop); with
+ * --sleep-idle-seconds, wakes every SLEEP_TICK_S meanwhile to unload the idle models. */
+#define SLEEP_TICK_S 0.25
+static void wait_for_stop(struct server *s)
+{
+    while (s->opts.sleep_idle_s > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(SLEEP_TICK_S * 1e9);
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        if (sem_timedwait(&s->stop_sem, &ts) == 0) return;
+        server_models_sleep(s);
+    }
+    while (sem_wait(&s->stop_sem) != 0) {} /* EINTR */
 }
 
 static void *control_main(void *arg)
 {
     struct server *s = arg;
     enum status st = STATUS_OK;
-    for (int i = 0; i < s->n_models && st == STATUS_OK; i++) st = model_load(s, &s->models[i]);
+    /* The first --models-max models load now; the others when a request names one. */
+    int n_now = s->opts.models_max > 0 && s->opts.models_max < s->n_models ? s->opts.models_max : s->n_models;
+    for (int i = 0; i < n_now && st == STATUS_OK; i++) {
+        struct served_model *m = &s->models[i];
+        pthread_mutex_lock(&s->models_mu); /* a request meanwhile waits for this load */
+        m->state = MODEL_LOADING;
+        pthread_mutex_unlock(&s->models_mu);
+        st = server_model_load(s, m);
+        pthread_mutex_lock(&s->models_mu);
+        m->state = st == STATUS_OK ? MODEL_LOADED : MODEL_UNLOADED;
+        m->t_used = base_now_s();
+        pthread_cond_broadcast(&s->models_cv);
+        pthread_mutex_unlock(&s->models_mu);
+    }
     /* MPI_Init (in engine_create, for the parallel runtime) may install its own SIGTERM / SIGINT
      * handlers: ours go back on top. */
     install_stop_handlers();
     if (st != STATUS_OK) {
         s->load_status = st;
         snprintf(s->load_message, sizeof s->load_message, "%s", status_message());
-        for (int i = 0; i < s->n_models; i++) model_unload(&s->models[i]);
+        server_models_close(s);
+        for (int i = 0; i < s->n_models; i++) server_model_unload(&s->models[i]);
         atomic_store(&s->phase, PHASE_FAILED);
         server_wake(s);
         return NULL;
@@ -268,7 +298,7 @@ static void *control_main(void *arg)
     atomic_store(&s->phase, PHASE_READY);
     server_wake(s);
 
-    while (sem_wait(&s->stop_sem) != 0) {} /* EINTR */
+    wait_for_stop(s);
     int sig = g_stop_signal;
     if (s->fatal)
         LOG_ERROR("server", "the engine failed (%s): NOT_SERVING, shutting down", s->fatal_message);
@@ -277,7 +307,9 @@ static void *control_main(void *arg)
                  s->opts.drain_timeout_s);
     atomic_store(&s->phase, PHASE_DRAINING);
     server_wake(s);
-    for (int i = 0; i < s->n_models; i++) engine_drain(s->models[i].engine, s->fatal ? 0.0 : s->opts.drain_timeout_s);
+    server_models_close(s); /* no load starts now, and none runs: the loaded models stay loaded */
+    for (int i = 0; i < s->n_models; i++)
+        if (s->models[i].state == MODEL_LOADED) engine_drain(s->models[i].engine, s->fatal ? 0.0 : s->opts.drain_timeout_s);
     atomic_store(&s->phase, PHASE_DRAINED);
     server_wake(s);
     return NULL;
@@ -361,6 +393,18 @@ static void model_name(struct served_model *m)
     snprintf(m->model_id, sizeof m->model_id, "%.*s", (int)(n - b), dir + b);
 }
 
+/* A model's --default-adapter must name one of its adapters loaded at start (the only ones there
+ * are before the server runs). */
+static enum status check_default_adapter(const struct served_model *m)
+{
+    const char *d = m->default_adapter;
+    if (!d) return STATUS_OK;
+    for (int i = 0; i < m->eopts.n_adapters; i++)
+        if (!strcmp(d, m->eopts.adapter_names[i])) return STATUS_OK;
+    return status_errorf(STATUS_INVALID_ARGUMENT, "--default-adapter '%s' names no adapter given with --lora for "
+                         "--model %s%s", d, m->eopts.model_dir, m->eopts.n_adapters ? "" : " (there is none)");
+}
+
 /* The served models from the options: --model with its --lora adapters, then the further
  * --model ones with theirs. Two models with the same id are refused: a request could not name
  * one of them. */
@@ -391,20 +435,29 @@ static enum status server_models(struct server *s)
                                      "path): requests could not tell them apart", s->models[j].eopts.model_dir,
                                      s->models[i].eopts.model_dir, s->models[i].model_id);
     }
+    if (o->models_max < 0 || o->models_max > SERVER_MAX_MODELS)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--models-max must be in [1, %d], got %d", SERVER_MAX_MODELS,
+                             o->models_max);
+    if (!(o->sleep_idle_s >= 0))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--sleep-idle-seconds must be positive");
+    /* A journaled request resumes on the first model without a pin; other ranks replay a model's
+     * steps and cannot free and load it with rank 0. */
+    if ((o->sleep_idle_s > 0 || o->models_max) && o->journal_dir)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--sleep-idle-seconds and --models-max are not supported with "
+                             "--journal (a resumed request needs its model loaded)");
+    if ((o->sleep_idle_s > 0 || o->models_max) && o->engine.world)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--sleep-idle-seconds and --models-max are not supported with "
+                             "several ranks (mpirun): the other ranks cannot unload and load with rank 0");
+    const char *delay = getenv("SHARDLM_TEST_MODEL_LOAD_DELAY_S");
+    float d = 0.0f;
+    if (delay && base_parse_float(delay, &d) == 0 && d > 0.0f && d < 600.0f) s->model_load_test_delay_s = d;
+    for (int i = 0; i < s->n_models; i++) {
+        s->models[i].state = MODEL_UNLOADED;
+        enum status st = check_default_adapter(&s->models[i]);
+        if (st != STATUS_OK) return st;
+    }
     s->t_created = (long long)time(NULL);
     return STATUS_OK;
-}
-
-/* --default-adapter must name one of the adapters loaded at start (the only ones there are
- * before the server runs). */
-static enum status check_default_adapter(const struct server_options *o)
-{
-    const char *d = o->default_adapter;
-    if (!d) return STATUS_OK;
-    for (int i = 0; i < o->engine.n_adapters; i++)
-        if (!strcmp(d, o->engine.adapter_names[i])) return STATUS_OK;
-    return status_errorf(STATUS_INVALID_ARGUMENT, "--default-adapter '%s' names no adapter given with --lora%s", d,
-                         o->engine.n_adapters ? "" : " (there is none)");
 }
 
 enum status server_run(const struct server_options *o)
@@ -421,6 +474,8 @@ enum status server_run(const struct server_options *o)
     s->health_serving = HEALTH_NOT_SERVING;
     pthread_mutex_init(&s->wake_mu, NULL);
     pthread_mutex_init(&s->ev_mu, NULL);
+    pthread_mutex_init(&s->models_mu, NULL);
+    pthread_cond_init(&s->models_cv, NULL);
     loader_init(s);
     enum status st = STATUS_OK;
     grpc_server_credentials *creds = NULL;
@@ -432,7 +487,6 @@ enum status server_run(const struct server_options *o)
     install_stop_handlers();
     signal(SIGPIPE, SIG_IGN);
 
-    if ((st = check_default_adapter(o)) != STATUS_OK) goto out_early;
     if (o->api_key_file && (st = auth_load_keys(s, o->api_key_file)) != STATUS_OK) goto out_early;
     if ((st = auth_make_credentials(o, &creds)) != STATUS_OK) goto out_early;
     if ((st = reflection_init(&s->refl)) != STATUS_OK) goto out_early;
@@ -497,7 +551,7 @@ enum status server_run(const struct server_options *o)
     while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {}
     grpc_completion_queue_destroy(s->cq);
     http_stop(s); /* before engine_free: its requests hold the engine */
-    for (int i = 0; i < s->n_models; i++) model_unload(&s->models[i]);
+    for (int i = 0; i < s->n_models; i++) server_model_unload(&s->models[i]);
     grpc_shutdown();
     if (st == STATUS_OK) LOG_INFO("server", "drained; exiting");
 
@@ -514,6 +568,8 @@ out_early:
     sem_destroy(&s->stop_sem);
     pthread_mutex_destroy(&s->wake_mu);
     pthread_mutex_destroy(&s->ev_mu);
+    pthread_mutex_destroy(&s->models_mu);
+    pthread_cond_destroy(&s->models_cv);
     loader_destroy(s);
     free(s->models);
     free(s);

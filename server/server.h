@@ -66,6 +66,14 @@ struct server_options {
                                     model serves requests that name none. Refused with several
                                     ranks, a journal or a draft model. */
     int         n_more_models;   /* 0 .. SERVER_MAX_MODELS - 1 */
+    int         models_max;      /* models loaded at once at most (serve --models-max); the others are
+                                    loaded when a request names one, after unloading the least
+                                    recently used model that no request holds (none: the request
+                                    is UNAVAILABLE). The first models_max load at start. 0 = all */
+    double      sleep_idle_s;    /* a model that no request used for this long is unloaded (its
+                                    weights and KV cache freed) and loaded again by the next
+                                    request that names it (serve --sleep-idle-seconds). 0 = never.
+                                    Refused with several ranks or a journal */
     const char *default_adapter; /* the first model's adapter requests that name none get: one of
                                     engine.adapter_names (STATUS_INVALID_ARGUMENT otherwise, before
                                     anything starts); it cannot be unloaded. A request reaches the

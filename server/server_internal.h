@@ -108,10 +108,20 @@ struct sample_buf {
 
 struct served_model;
 
+/* The figures /v1/models shows of a served model, loaded or not: its last load's. */
+struct model_view {
+    int  max_positions;
+    char arch[32], quant[32], dtype[32], tmpl[256];
+};
+
+/* Where a served model is (models.c): a load or an unload runs without the lock, in between. */
+enum model_state { MODEL_UNLOADED, MODEL_LOADING, MODEL_LOADED, MODEL_UNLOADING };
+
 struct call {
     struct call   *prev, *next;
     struct server *s;
-    struct served_model *m;       /* generation / Embed: the model it runs on, once routed */
+    struct served_model *m;       /* the model it uses, once routed: pinned (server_acquire) until
+                                     the call is freed */
     grpc_call     *call;
     enum method    method;
     gpr_timespec   deadline;
@@ -163,6 +173,13 @@ struct load_job {
     struct load_job *next;
     struct call     *call;       /* the call to answer (borrowed; kept alive by call.load_job) */
     char            *name, *path;
+    /* A model's load for a call that names a model not loaded now (call_pin_model): the call's
+     * request, dispatched again once the model is loaded; the model stays pinned by the job
+     * (pinned) until then. name is then the model's name, path NULL. */
+    uint8_t         *request;
+    size_t           request_len;
+    int              wakes_model;
+    struct served_model *pinned;
     atomic_int       abandoned;  /* the call ended (client cancel, deadline, shutdown) before
                                     the load started: the loader skips it */
     enum status      st;         /* the outcome, set on the loader thread */
@@ -223,6 +240,14 @@ struct served_model {
     char                  model_id[256]; /* its name (its directory's or file's last component):
                                             what requests name in `model`, and the base of its
                                             adapters */
+    /* Residency (models.c), under server.models_mu. engine, tok, jtmpl and the template fields
+     * above are valid only while state is MODEL_LOADED; a request reads them only while it pins
+     * the model (server_acquire .. server_release), which keeps it loaded. */
+    enum model_state      state;
+    int                   pins;      /* requests (and loads waiting to hand it over) that hold it */
+    double                t_used;    /* when it was last pinned or released (least recently used) */
+    struct model_view     view;      /* what /v1/models shows of it: its last load's figures (zeros
+                                        before one); under models_mu (models.c) */
 };
 
 struct server {
@@ -249,9 +274,14 @@ struct server {
     char                  load_message[1024];
     volatile sig_atomic_t fatal;   /* the engine failed (a rank gone): shut down, exit non-zero */
     char                  fatal_message[512];
-    /* the served models: models[0] is the first --model; one for now */
+    /* the served models: models[0] is the first --model */
     struct served_model  *models;   /* (n_models) */
     int                   n_models;
+    pthread_mutex_t       models_mu; /* guards the models' residency fields (models.c) */
+    pthread_cond_t        models_cv; /* broadcast when a load or an unload ends */
+    int                   models_closing; /* the drain began: no more loads */
+    double                model_load_test_delay_s; /* $SHARDLM_TEST_MODEL_LOAD_DELAY_S (tests): an
+                                                      on-demand load waits this long first */
     /* calls */
     struct call          *calls;
     int                   n_calls, n_gen_calls; /* n_gen_calls: calls that use the engine (uses_engine),
@@ -314,13 +344,45 @@ const char      *server_grpc_code_name(grpc_status_code c); /* "OK", "CANCELLED"
 /* Any thread. Puts wake_tag on the completion queue unless a wake is already on its way. */
 void             server_wake(struct server *s);
 
+/* Loads m's engine (weights, tokenizer, chat template) and starts it; on failure nothing of it
+ * is left. Any thread, without models_mu (models.c calls it with m in MODEL_LOADING). */
+enum status server_model_load(struct server *s, struct served_model *m);
+/* Frees what server_model_load made (nothing when it made nothing). */
+void        server_model_unload(struct served_model *m);
+/* Records what /v1/models shows of m, loaded or not (models.c; m just loaded). */
+void        server_model_note_info(struct server *s, struct served_model *m);
+
 /* ---- models.c ------------------------------------------------------------------------------ */
 
-/* The model a request names (*m): NULL or "" = the first model; else the model whose id, or one
- * of whose loaded adapters' names, it is. With one model every name routes to it (its engine
- * says NOT_FOUND for an adapter it lacks, as before); with several, a name that none serves is
- * STATUS_NOT_FOUND naming it and listing the served models (*m NULL). Any thread. */
-enum status server_route(struct server *s, const char *name, struct served_model **m);
+/* How long a request waits for a model that another request is loading or unloading. */
+#define MODELS_WAIT_S 120.0
+
+/* The model a request names, pinned: NULL or "" = the first model; else the model whose id, or
+ * one of whose adapters' names, it is (with one model every name routes to it: its engine says
+ * NOT_FOUND for an adapter it lacks). A name that none serves is STATUS_NOT_FOUND naming it and
+ * listing the served models. A model not loaded is loaded first (serve --models-max,
+ * --sleep-idle-seconds): with may_block, here, after unloading the least recently used model
+ * that no request pins when --models-max models are resident (STATUS_UNAVAILABLE when every one
+ * is pinned; waits up to MODELS_WAIT_S for one that another thread loads or unloads); without
+ * may_block (the gRPC loop, which must not wait), STATUS_OK with *m NULL: the caller loads it
+ * elsewhere (call_pin_model). On STATUS_OK with *m set, the caller owns one pin: it must call
+ * server_release once. Any thread. */
+enum status server_acquire(struct server *s, const char *name, int may_block, struct served_model **m);
+/* One more pin of m, which the caller pins already (cannot fail). */
+void        server_pin(struct server *s, struct served_model *m);
+/* Gives back one pin of m (accepts NULL). */
+void        server_release(struct server *s, struct served_model *m);
+/* A pin of m when it is loaded now (m), else NULL: for looking at it (/v1/models, /metrics),
+ * which is not a use; server_unpin_quietly gives it back (accepts NULL) without making m
+ * recently used. */
+struct served_model *server_pin_if_loaded(struct server *s, struct served_model *m);
+void        server_unpin_quietly(struct server *s, struct served_model *m);
+/* The control thread, every second with --sleep-idle-seconds: unloads the loaded models that no
+ * request pinned for that long. */
+void        server_models_sleep(struct server *s);
+/* The control thread, at the drain: no more loads (server_acquire says UNAVAILABLE); waits for
+ * the loads in progress to end. */
+void        server_models_close(struct server *s);
 /* GET /v1/models: every served model (with "loaded"), each followed by its adapters (parent: the
  * model); malloc'd JSON of *len bytes (aborts when out of memory). */
 char       *server_models_json(struct server *s, size_t *len);
@@ -339,6 +401,13 @@ void call_fail_status(struct call *c, enum status st, const char *message);
 void call_reply(struct call *c, uint8_t *msg, size_t len);
 /* Starts RECV_MESSAGE (reflection asks for the next message after each answer). */
 void call_recv(struct call *c);
+/* Hands a call's request message data[0..len) (borrowed) to its method's handler. */
+void call_dispatch(struct call *c, const uint8_t *data, size_t len);
+/* Pins the model `name` routes to (server_acquire) into c->m and returns STATUS_OK; when that
+ * model is not loaded now, queues its load on the loader thread with a copy of data[0..len),
+ * which is dispatched again (call_dispatch) once it is loaded, and returns STATUS_OK with c->m
+ * NULL: the handler returns without answering. Errors: the call is to be answered with them. */
+enum status call_pin_model(struct call *c, const char *name, const uint8_t *data, size_t len);
 /* Frees the call once nothing can refer to it any more (close done, no batch in flight, no
  * sample held by the engine, no adapter load out); does nothing otherwise. */
 void call_maybe_free(struct call *c);
@@ -427,6 +496,9 @@ void        embed_rpc_cancel(struct call *c);
 /* Loop thread. Queues c's LoadAdapter of adapter name from path (taking ownership of both) for
  * the loader thread, started on first use; the answer goes out from loader_drain. */
 void loader_submit(struct call *c, char *name, char *path);
+/* Loop thread. Queues the load of model `name` for c (call_pin_model), with a copy of its
+ * request data[0..len). */
+enum status loader_submit_model(struct call *c, const char *name, const uint8_t *data, size_t len);
 /* Loop thread: answers the calls whose loads have finished, and frees the jobs. */
 void loader_drain(struct server *s);
 /* After the loop, once no call is left (so no job is out): stops and joins the loader thread. */

@@ -48,7 +48,9 @@ static void other_request(int which, const uint8_t *data, size_t size)
     case 2: (void)convert_tokenize_request(data, size, &text, &text_len, &add_bos); break;
     case 3: (void)convert_detokenize_request(data, size, 512, &ids, &n); break;
     case 4: (void)convert_cancel_request(data, size, &text); break;
-    case 5: (void)convert_empty_request(data, size, "GetModelInfoRequest"); break;
+    case 5: /* every request that names a model, in turn by the first byte */
+        (void)convert_request_model((enum model_request)(size ? data[0] % 6 : 0), data, size, &text);
+        break;
     case 6: (void)convert_health_request(data, size, &text); break;
     default:
         (void)convert_reflection_request(data, size, &q);

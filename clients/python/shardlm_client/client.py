@@ -315,27 +315,33 @@ class Client:
     def chat_stream(self, messages: Iterable[Message], *, timeout: Optional[float] = None, **kw) -> Stream:
         return Stream(self.stub.ChatStream(self.chat_request(messages, **kw), **self._kw(timeout)))
 
-    def tokenize(self, text: str, *, add_bos: bool = True, timeout: Optional[float] = None) -> list[int]:
-        r = self.stub.Tokenize(pb.TokenizeRequest(text=text, add_bos=add_bos), **self._kw(timeout))
+    # model (these methods): the served model it is for (a server of several: `serve --model`
+    # repeated), by its id or an adapter's name; "" = the first.
+
+    def tokenize(self, text: str, *, add_bos: bool = True, model: str = "",
+                 timeout: Optional[float] = None) -> list[int]:
+        r = self.stub.Tokenize(pb.TokenizeRequest(text=text, add_bos=add_bos, model=model), **self._kw(timeout))
         return list(r.token_ids)
 
-    def detokenize(self, token_ids: Sequence[int], *, timeout: Optional[float] = None) -> str:
-        return self.stub.Detokenize(pb.DetokenizeRequest(token_ids=list(token_ids)), **self._kw(timeout)).text
+    def detokenize(self, token_ids: Sequence[int], *, model: str = "", timeout: Optional[float] = None) -> str:
+        return self.stub.Detokenize(pb.DetokenizeRequest(token_ids=list(token_ids), model=model),
+                                    **self._kw(timeout)).text
 
     def cancel(self, request_id: str, *, timeout: Optional[float] = None) -> bool:
         return self.stub.Cancel(pb.CancelRequest(request_id=request_id), **self._kw(timeout)).cancelled
 
-    def model_info(self, *, timeout: Optional[float] = None) -> "pb.GetModelInfoResponse":
-        return self.stub.GetModelInfo(pb.GetModelInfoRequest(), **self._kw(timeout))
+    def model_info(self, *, model: str = "", timeout: Optional[float] = None) -> "pb.GetModelInfoResponse":
+        return self.stub.GetModelInfo(pb.GetModelInfoRequest(model=model), **self._kw(timeout))
 
-    def server_stats(self, *, timeout: Optional[float] = None) -> "pb.GetServerStatsResponse":
-        return self.stub.GetServerStats(pb.GetServerStatsRequest(), **self._kw(timeout))
+    def server_stats(self, *, model: str = "", timeout: Optional[float] = None) -> "pb.GetServerStatsResponse":
+        return self.stub.GetServerStats(pb.GetServerStatsRequest(model=model), **self._kw(timeout))
 
-    def load_adapter(self, name: str, path: str, *, timeout: Optional[float] = None) -> "pb.LoadAdapterResponse":
+    def load_adapter(self, name: str, path: str, *, model: str = "",
+                     timeout: Optional[float] = None) -> "pb.LoadAdapterResponse":
         """Loads the PEFT adapter in `path` (on the server's file system) as `name`; later requests
         may give adapter=name. Raises grpc.RpcError: ALREADY_EXISTS, NOT_FOUND, INVALID_ARGUMENT,
         RESOURCE_EXHAUSTED (--max-loras), UNIMPLEMENTED (a server that cannot load at run time)."""
-        return self.stub.LoadAdapter(pb.LoadAdapterRequest(name=name, path=path), **self._kw(timeout))
+        return self.stub.LoadAdapter(pb.LoadAdapterRequest(name=name, path=path, model=model), **self._kw(timeout))
 
     def embed(self, inputs: Union[EmbedInput, Sequence[EmbedInput]], *, model: str = "", pooling: Optional[str] = None,
               normalize: Optional[bool] = None, timeout: Optional[float] = None) -> Embeddings:
@@ -350,7 +356,7 @@ class Client:
         r = self.stub.Embed(req, **self._kw(timeout))
         return Embeddings([list(e.values) for e in r.embeddings], r.model, r.prompt_tokens)
 
-    def unload_adapter(self, name: str, *, timeout: Optional[float] = None) -> None:
+    def unload_adapter(self, name: str, *, model: str = "", timeout: Optional[float] = None) -> None:
         """Unloads an adapter; FAILED_PRECONDITION while requests use it and for the server's default
         adapter (GetModelInfo.default_adapter), NOT_FOUND when not loaded."""
-        self.stub.UnloadAdapter(pb.UnloadAdapterRequest(name=name), **self._kw(timeout))
+        self.stub.UnloadAdapter(pb.UnloadAdapterRequest(name=name, model=model), **self._kw(timeout))
