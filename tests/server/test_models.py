@@ -21,7 +21,6 @@ the same request and seed. Checked:
 Prints SKIP (exit 77) without the stories260K assets, numpy, the openai package, grpcio or the
 installed client. Loopback only; bounded waits.
 """
-import argparse
 import concurrent.futures
 import json
 import struct
@@ -188,22 +187,7 @@ def body(work, env):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shardlm", required=True)
-    args = ap.parse_args()
-    import os
-    assets = Path(os.environ.get("SHARDLM_ASSETS", ROOT.parent / "shared/assets"))
-    src = assets / "stories260K"
-    if not (src / "stories260K.bin").exists():
-        print(f"SKIP: stories260K not found under {assets} (set SHARDLM_ASSETS)")
-        return TS.SKIP
-
-    class Env:
-        pass
-
-    env = Env()
-    env.shardlm, env.src = args.shardlm, src
-    return TS.run_test("models", "shardlm-models-", lambda work: body(work, env))
+    return TS.stories_main("models", "shardlm-models-", body)
 
 
 if __name__ == "__main__":

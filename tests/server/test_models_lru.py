@@ -31,7 +31,6 @@ width and vocabulary). Checked:
 Prints SKIP (exit 77) without the stories260K assets, numpy, prometheus_client, the openai package
 (test_models.py, whose random adapter it borrows), grpcio or the installed client. Loopback only; bounded waits.
 """
-import argparse
 import concurrent.futures
 import json
 import os
@@ -358,21 +357,7 @@ def body(work, env):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shardlm", required=True)
-    args = ap.parse_args()
-    assets = Path(os.environ.get("SHARDLM_ASSETS", ROOT.parent / "shared/assets"))
-    src = assets / "stories260K"
-    if not (src / "stories260K.bin").exists():
-        print(f"SKIP: stories260K not found under {assets} (set SHARDLM_ASSETS)")
-        return TS.SKIP
-
-    class Env:
-        pass
-
-    env = Env()
-    env.shardlm, env.src = args.shardlm, src
-    return TS.run_test("models_lru", "shardlm-models-lru-", lambda work: body(work, env))
+    return TS.stories_main("models_lru", "shardlm-models-lru-", body)
 
 
 if __name__ == "__main__":

@@ -190,6 +190,27 @@ def run_test(name, work_prefix, body):
         subprocess.run(["rm", "-rf", str(work)])
 
 
+def stories_main(name, work_prefix, body):
+    """The main of a test script on stories260K: --shardlm BIN; SKIP without the model under
+    SHARDLM_ASSETS; else run_test with body(work, env), env.shardlm and env.src (the model's
+    directory) set."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    args = ap.parse_args()
+    assets = Path(os.environ.get("SHARDLM_ASSETS", ROOT.parent / "shared/assets"))
+    src = assets / "stories260K"
+    if not (src / "stories260K.bin").exists():
+        print(f"SKIP: stories260K not found under {assets} (set SHARDLM_ASSETS)")
+        return SKIP
+
+    class Env:
+        pass
+
+    env = Env()
+    env.shardlm, env.src = args.shardlm, src
+    return run_test(name, work_prefix, lambda work: body(work, env))
+
+
 def expect_error(fn, code, substring=""):
     try:
         fn()
