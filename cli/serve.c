@@ -49,6 +49,12 @@
  *                            resumes them and clients reconnect (Last-Event-ID, Idempotency-Key)
  *   --journal-fsync accept|always|never  when the journal is fsync'd [accept: every ACCEPT]
  *   --journal-retain S       a resumed request's answer waits this long for its client [600]
+ *   --fine-tuning DIR        OpenAI's /v1/files and /v1/fine_tuning/jobs (docs/server.md): uploads
+ *                            and jobs under DIR; a job trains a LoRA adapter on a served model
+ *                            and the server then serves it as the job's fine_tuned_model
+ *   --fine-tuning-threads N  cores a training job uses [1]
+ *   --fine-tuning-max-file-mb N  the largest upload, in MiB [64]
+ *   --fine-tuning-seq-length N   the jobs' training sequence length [512]
  *   --lora NAME=DIR          serve the PEFT adapter in DIR as NAME (repeatable, at most 64),
  *                            unmerged: a request names it in its `adapter` field (gRPC) or its
  *                            `model` field (HTTP); tp 1 on the CPU for now
@@ -103,6 +109,8 @@ static int usage(const char *fmt, const char *arg)
                     "         [--http-max-connections-per-address N (3/4 of the above; 0 = no cap)] [--http-header-timeout S (10)]\n"
                     "         [--http-body-timeout S (60)] [--responses-store N (1024)]\n"
                     "         [--journal DIR [--journal-fsync accept|always|never] [--journal-retain S (600)]]\n"
+                    "         [--fine-tuning DIR [--fine-tuning-threads N (1)] [--fine-tuning-max-file-mb N (64)]\n"
+                    "          [--fine-tuning-seq-length N (512)]]\n"
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
                     "         [--default-adapter NAME]\n"
                     "  --max-seqs N   samples (sequences) running at once [64]\n"
@@ -295,6 +303,17 @@ int serve_main(int argc, char **argv)
             o.reasoning_format = v;
         } else if (!strcmp(a, "--http")) o.http_listen = v;
         else if (!strcmp(a, "--journal")) o.journal_dir = v;
+        else if (!strcmp(a, "--fine-tuning")) o.finetune_dir = v;
+        else if (!strcmp(a, "--fine-tuning-threads")) {
+            if (base_parse_long(v, 1, 1024, &n)) return usage("--fine-tuning-threads must be an integer in [1, 1024], got '%s'", v);
+            o.finetune_threads = (int)n;
+        } else if (!strcmp(a, "--fine-tuning-max-file-mb")) {
+            if (base_parse_long(v, 1, 4096, &n)) return usage("--fine-tuning-max-file-mb must be an integer in [1, 4096], got '%s'", v);
+            o.finetune_max_file_mb = (int)n;
+        } else if (!strcmp(a, "--fine-tuning-seq-length")) {
+            if (base_parse_long(v, 8, 1 << 20, &n)) return usage("--fine-tuning-seq-length must be an integer in [8, 1048576], got '%s'", v);
+            o.finetune_seq_length = (int)n;
+        }
         else if (!strcmp(a, "--journal-fsync")) {
             enum journal_fsync f;
             if (journal_fsync_parse(v, &f) != STATUS_OK) return usage("%s", status_message());
@@ -419,6 +438,9 @@ int serve_main(int argc, char **argv)
     if (ep > 1) tp = ep; /* the ep group takes the layout's tp place (engine/model/moe_ep.c) */
     if (!o.tls_cert != !o.tls_key) return usage("--tls-cert and --tls-key go together%s", "");
     if (o.journal_dir && !o.http_listen) return usage("--journal journals the HTTP front's requests: it needs --http%s", "");
+    if (o.finetune_dir && !o.http_listen) return usage("--fine-tuning serves /v1/fine_tuning/jobs on the HTTP front: it needs --http%s", "");
+    if (o.finetune_dir && (tp > 1 || pp > 1 || dp > 1 || ep > 1))
+        return usage("--fine-tuning is not supported with --tp / --pp / --dp / --ep (a job trains in the serving process)%s", "");
     if ((o.models_max || o.sleep_idle_s > 0) && o.journal_dir)
         return usage("--models-max and --sleep-idle-seconds are not supported with --journal (a resumed request "
                      "needs its model loaded)%s", "");

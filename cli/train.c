@@ -226,16 +226,9 @@ static void catch_stop_signals(void)
 
 int train_main(int argc, char **argv)
 {
-    struct train_options o = {
-        .micro_batch_size = 1, .seq_length = 1024, .seed = 1234, .eval_iters = 10, .log_interval = 1,
-        .device = DEVICE_CPU,
-        .opt = {.lr = 1e-4, .min_lr = 0.0, .decay_style = LR_DECAY_COSINE, .weight_decay = 0.01,
-                .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .clip_grad = 1.0},
-        .data_opt = {.overflow = DATA_OVERFLOW_TRUNCATE},
-        .initial_loss_scale = 4294967296.0, .min_loss_scale = 1.0, .loss_scale_window = 1000, .hysteresis = 2,
-        .lora_alpha = 32.0f, .lora_targets = (1u << LORA_TARGET_COUNT) - 1,
-        .keep_checkpoints = 3, .stop_signal = &stop_signal,
-    };
+    struct train_options o;
+    train_options_default(&o);
+    o.stop_signal = &stop_signal;
     int chat_template_set = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];

@@ -213,7 +213,8 @@ enum route {
     ROUTE_MESSAGES, ROUTE_COUNT_TOKENS, /* Anthropic's Messages API (http_anthropic.c) */
     ROUTE_EMBEDDINGS,                   /* http_embeddings.c */
     ROUTE_RESPONSES, ROUTE_RESPONSE_ITEM, ROUTE_RESPONSE_CANCEL, /* OpenAI's Responses API (http_responses.c) */
-    ROUTE_RESPONSE_INPUT_ITEMS, ROUTE_RESPONSE_INPUT_TOKENS
+    ROUTE_RESPONSE_INPUT_ITEMS, ROUTE_RESPONSE_INPUT_TOKENS,
+    ROUTE_FINETUNE                      /* /v1/files..., /v1/fine_tuning/jobs... (http_finetune.c) */
 };
 
 /* The URL as it came (no percent-decoding: see unescape_none), without its query string. */
@@ -229,6 +230,8 @@ static enum route route_of(const char *url)
     if (!strcmp(url, "/v1/embeddings")) return ROUTE_EMBEDDINGS;
     if (!strcmp(url, "/v1/responses")) return ROUTE_RESPONSES;
     if (!strcmp(url, "/v1/responses/input_tokens")) return ROUTE_RESPONSE_INPUT_TOKENS;
+    if (!strcmp(url, "/v1/files") || !strncmp(url, "/v1/files/", 10) || !strncmp(url, "/v1/fine_tuning/jobs", 20))
+        return ROUTE_FINETUNE;
     if (!strncmp(url, "/v1/responses/", 14)) {
         size_t n = strlen(url);
         if (n > 12 && !strcmp(url + n - 12, "/input_items")) return ROUTE_RESPONSE_INPUT_ITEMS;
@@ -253,12 +256,14 @@ static int route_anthropic(enum route r) { return r == ROUTE_MESSAGES || r == RO
 static const char *route_allow(enum route r)
 {
     if (r == ROUTE_RESPONSE_ITEM) return "GET, HEAD, DELETE";
+    if (r == ROUTE_FINETUNE) return "GET, HEAD, POST, DELETE";
     return route_generates(r) || r == ROUTE_RESPONSE_CANCEL ? "POST" : "GET, HEAD";
 }
 
 static int method_allowed(enum route r, const char *method)
 {
-    if (r == ROUTE_RESPONSE_ITEM && !strcmp(method, "DELETE")) return 1;
+    if ((r == ROUTE_RESPONSE_ITEM || r == ROUTE_FINETUNE) && !strcmp(method, "DELETE")) return 1;
+    if (r == ROUTE_FINETUNE && !strcmp(method, "POST")) return 1;
     if (route_generates(r) || r == ROUTE_RESPONSE_CANCEL) return !strcmp(method, "POST");
     return !strcmp(method, "GET") || !strcmp(method, "HEAD");
 }
@@ -534,10 +539,30 @@ static enum MHD_Result handle_metrics(struct server *s, struct MHD_Connection *c
     return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
 }
 
+static enum MHD_Result handle_finetune(struct server *s, struct MHD_Connection *c, struct http_conn *hc, const char *url,
+                                      const char *method)
+{
+    if (hc->too_big) return reply_error(c, 0, 413, "invalid_request_error", "request_too_large",
+                                        "the upload is larger than --fine-tuning-max-file-mb");
+    char *out = NULL;
+    size_t len = 0;
+    const char *type = NULL;
+    enum status st = http_finetune_handle(s, method, url, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"),
+                                          hc->body ? hc->body : "", hc->len, &out, &len, &type);
+    if (st != STATUS_OK) return reply_status(c, 0, st, status_message());
+    return reply(c, 200, type, out, len);
+}
+
 static struct http_slot *slot_of(struct MHD_Connection *c)
 {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return ci ? ci->socket_context : NULL;
+}
+
+/* The largest body of a route: an upload's (--fine-tuning-max-file-mb), or a request's. */
+static size_t body_limit(const struct server *s, enum route r)
+{
+    return r == ROUTE_FINETUNE ? (size_t)s->opts.finetune_max_file_mb << 20 : (size_t)s->opts.max_receive_bytes;
 }
 
 /* Everything that is decided by the headers alone, before a byte of the body is read: the
@@ -573,9 +598,10 @@ static int refuse_early(struct server *s, struct MHD_Connection *c, struct http_
                            "a valid API key is required (Authorization: Bearer <key>, or x-api-key: <key>)");
         return 1;
     }
-    if (!route_generates(hc->route)) return 0;
+    if (!route_generates(hc->route) && hc->route != ROUTE_FINETUNE) return 0;
     const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-    if (!ct || strncasecmp(ct, "application/json", 16) || (ct[16] && ct[16] != ';' && ct[16] != ' ')) {
+    if (hc->route != ROUTE_FINETUNE &&
+        (!ct || strncasecmp(ct, "application/json", 16) || (ct[16] && ct[16] != ';' && ct[16] != ' '))) {
         *ret = reply_error(c, an, 415, "invalid_request_error", "unsupported_media_type",
                            "the request body must be JSON (Content-Type: application/json)");
         return 1;
@@ -583,9 +609,10 @@ static int refuse_early(struct server *s, struct MHD_Connection *c, struct http_
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     char *end = NULL;
     unsigned long long declared = cl ? strtoull(cl, &end, 10) : 0;
-    if (cl && end != cl && declared > (unsigned long long)s->opts.max_receive_bytes) {
+    if (cl && end != cl && declared > body_limit(s, hc->route)) {
         char msg[128];
-        snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (%s)", body_limit(s, hc->route),
+                 hc->route == ROUTE_FINETUNE ? "--fine-tuning-max-file-mb" : "--max-message-bytes");
         *ret = reply_error(c, an, 413, "invalid_request_error", "request_too_large", msg);
         return 1;
     }
@@ -612,7 +639,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
-        if (hc->len + *upload_size > (size_t)s->opts.max_receive_bytes) hc->too_big = 1;
+        if (hc->len + *upload_size > body_limit(s, hc->route)) hc->too_big = 1;
         if (!hc->too_big) http_buf_append(&hc->body, &hc->len, &hc->cap, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
@@ -636,6 +663,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case ROUTE_RESPONSE_ITEM:
     case ROUTE_RESPONSE_CANCEL: return handle_response_item(s, c, url, method);
     case ROUTE_RESPONSE_INPUT_ITEMS: return handle_input_items(s, c, url);
+    case ROUTE_FINETUNE: return handle_finetune(s, c, hc, url, method);
     case ROUTE_NONE: break;
     }
     return MHD_NO; /* refuse_early answered every other route */
@@ -690,33 +718,13 @@ static size_t unescape_none(void *cls, struct MHD_Connection *c, char *s)
     return strlen(s);
 }
 
-/* "HOST:PORT", "[V6]:PORT", or ":PORT" / "PORT" (the loopback address). */
-static enum status parse_address(const char *addr, struct sockaddr_storage *ss, socklen_t *sl, char *host, size_t cap)
-{
-    const char *colon = strrchr(addr, ':');
-    const char *port = colon ? colon + 1 : addr;
-    size_t hn = colon ? (size_t)(colon - addr) : 0;
-    if (hn >= 2 && addr[0] == '[' && addr[hn - 1] == ']') addr++, hn -= 2;
-    if (hn >= cap) return status_errorf(STATUS_INVALID_ARGUMENT, "--http %s: host name too long", addr);
-    memcpy(host, addr, hn);
-    host[hn] = 0;
-    if (!hn) snprintf(host, cap, "127.0.0.1");
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *res;
-    int rc = getaddrinfo(host, port, &hints, &res);
-    if (rc != 0) return status_errorf(STATUS_INVALID_ARGUMENT, "--http %s: %s", addr, gai_strerror(rc));
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *sl = res->ai_addrlen;
-    freeaddrinfo(res);
-    return STATUS_OK;
-}
-
 enum status http_start(struct server *s)
 {
     const struct server_options *o = &s->opts;
     struct sockaddr_storage ss;
     socklen_t sl;
     char host[256];
-    enum status st = parse_address(o->http_listen, &ss, &sl, host, sizeof host);
+    enum status st = http_parse_address(o->http_listen, &ss, &sl, host, sizeof host);
     if (st != STATUS_OK) return st;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
     if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
@@ -748,6 +756,7 @@ enum status http_start(struct server *s)
         return st;
     }
     if ((st = http_responses_store_init(max_stored, HTTP_RESPONSES_STORE_BYTES, &s->http_responses)) != STATUS_OK ||
+        (o->finetune_dir && (st = http_finetune_start(s)) != STATUS_OK) ||
         (st = http_guard_start(header_s, body_s, (int)max_conn, per_addr, &s->http_guard)) != STATUS_OK) {
         free(cert);
         free(key);
@@ -787,6 +796,7 @@ void http_stop(struct server *s)
     http_guard_stop(s->http_guard); /* after the daemon: no connection is left */
     s->http_guard = NULL;
     http_resume_stop(s);
+    http_finetune_stop(s); /* a running job stops at its iteration's end */
     journal_close(s->journal); /* after the daemon and the engine: nothing writes to it */
     s->journal = NULL;
     http_responses_store_free(s->http_responses); /* after the daemon: no request is left */

@@ -20,6 +20,7 @@
  * length, in http.c before any body byte is read).
  * Tests: tests/server/test_http.py (group guard). */
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -171,4 +172,23 @@ void http_guard_phase(struct http_guard *g, struct http_slot *s, enum http_phase
     s->phase = p;
     s->t_phase = base_now_s();
     pthread_mutex_unlock(&g->mu);
+}
+
+enum status http_parse_address(const char *addr, struct sockaddr_storage *ss, socklen_t *sl, char *host, size_t cap)
+{
+    const char *colon = strrchr(addr, ':');
+    const char *port = colon ? colon + 1 : addr;
+    size_t hn = colon ? (size_t)(colon - addr) : 0;
+    if (hn >= 2 && addr[0] == '[' && addr[hn - 1] == ']') addr++, hn -= 2;
+    if (hn >= cap) return status_errorf(STATUS_INVALID_ARGUMENT, "--http %s: host name too long", addr);
+    memcpy(host, addr, hn);
+    host[hn] = 0;
+    if (!hn) snprintf(host, cap, "127.0.0.1");
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *res;
+    int rc = getaddrinfo(host, port, &hints, &res);
+    if (rc != 0) return status_errorf(STATUS_INVALID_ARGUMENT, "--http %s: %s", addr, gai_strerror(rc));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *sl = res->ai_addrlen;
+    freeaddrinfo(res);
+    return STATUS_OK;
 }

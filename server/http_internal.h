@@ -23,6 +23,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include "convert.h"
@@ -264,6 +265,21 @@ void  http_stream_chunks(struct http_gen *g);
 void  http_stream_finish(struct http_gen *g);
 /* {"error": {...}} with the given message, type and code; malloc'd. */
 char *http_error_json(const char *message, const char *type, const char *param, const char *code);
+
+/* ---- http_finetune.c: OpenAI's /v1/files and /v1/fine_tuning/jobs ------------------------- */
+
+/* Creates DIR/files and DIR/jobs and starts the job worker (opts.finetune_dir set). */
+enum status http_finetune_start(struct server *s);
+/* Stops a running job at its iteration's end, joins the worker, frees everything; accepts a
+ * server without fine-tuning. */
+void        http_finetune_stop(struct server *s);
+/* Answers METHOD URL (a /v1/files... or /v1/fine_tuning/jobs... route) with its body: *out
+ * (owned, *out_len bytes, of type *out_type) or an error status with its message. */
+enum status http_finetune_handle(struct server *s, const char *method, const char *url, const char *ctype,
+                                 const char *body, size_t len, char **out, size_t *out_len, const char **out_type);
+/* "HOST:PORT", "[V6]:PORT", or ":PORT" / "PORT" (the loopback address): the address, and the
+ * host part in host (http_guard.c). */
+enum status http_parse_address(const char *addr, struct sockaddr_storage *ss, socklen_t *sl, char *host, size_t cap);
 
 /* ---- http_embeddings.c: OpenAI's /v1/embeddings ------------------------------------------- */
 

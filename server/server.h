@@ -57,6 +57,12 @@ struct server_options {
                                     accepted OpenAI chat / completions requests and their events,
                                     resumed after a restart; NULL: off. Needs http_listen. */
     int         journal_fsync;   /* enum journal_fsync; 0 = accept */
+    const char *finetune_dir;    /* serve --fine-tuning DIR: /v1/files and /v1/fine_tuning/jobs
+                                    (http_finetune.c), uploads and jobs under DIR; NULL: off.
+                                    Needs http_listen; one rank. */
+    int         finetune_threads;     /* cores a training job uses (--fine-tuning-threads); 1 */
+    int         finetune_max_file_mb; /* the largest upload (--fine-tuning-max-file-mb); 64 */
+    int         finetune_seq_length;  /* the jobs' sequence length (--fine-tuning-seq-length); 512 */
     double      journal_retain_s; /* a resumed request's answer waits this long for its client
                                      after it ends; 0 = 600 s */
     const struct server_model_spec *more_models; /* (n_more_models) served besides engine's

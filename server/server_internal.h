@@ -42,6 +42,7 @@ struct gen_request;  /* convert.h */
 struct MHD_Daemon;   /* libmicrohttpd */
 struct http_guard;   /* http_guard.c */
 struct http_responses_store; /* http_responses.c */
+struct http_finetune;        /* http_finetune.c */
 struct http_gen;      /* http_internal.h */
 struct journal;       /* journal.h */
 struct journal_entry; /* journal.h */
@@ -305,6 +306,7 @@ struct server {
     atomic_int            http_active;          /* HTTP generation requests alive */
     atomic_ullong         http_next_id;
     struct http_responses_store *http_responses; /* /v1/responses (http_responses.c) */
+    struct http_finetune *finetune;              /* /v1/files, /v1/fine_tuning (http_finetune.c) */
     struct journal       *journal;              /* serve --journal (journal.h); NULL: off */
     struct journal_entry *journal_pending;      /* its open requests, until http_resume_all */
     int                   n_journal_pending;

@@ -688,6 +688,20 @@ static enum status save_checkpoint(struct trainer *t, const char *dir)
     return st;
 }
 
+void train_options_default(struct train_options *o)
+{
+    *o = (struct train_options){
+        .micro_batch_size = 1, .seq_length = 1024, .seed = 1234, .eval_iters = 10, .log_interval = 1,
+        .device = DEVICE_CPU,
+        .opt = {.lr = 1e-4, .min_lr = 0.0, .decay_style = LR_DECAY_COSINE, .weight_decay = 0.01,
+                .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .clip_grad = 1.0},
+        .data_opt = {.overflow = DATA_OVERFLOW_TRUNCATE},
+        .initial_loss_scale = 4294967296.0, .min_loss_scale = 1.0, .loss_scale_window = 1000, .hysteresis = 2,
+        .lora_alpha = 32.0f, .lora_targets = (1u << LORA_TARGET_COUNT) - 1,
+        .keep_checkpoints = 3,
+    };
+}
+
 enum status train_run(const struct train_options *given)
 {
     /* --resume DIR: DIR itself, or the latest complete checkpoint under it. */

@@ -70,6 +70,11 @@ struct train_options {
     int         progress;         /* 1: a live progress line (a terminal), 0: plain log lines */
 };
 
+/* The defaults of `shardlm train`'s flags (cli/train.c; the server's fine-tuning jobs start from
+ * them too, server/http_finetune.c): micro-batch 1, sequence 1024, seed 1234, AdamW at 1e-4 with
+ * cosine decay, LoRA alpha 32 on every target (rank 0: off), f32 on the CPU, no stop flag. */
+void train_options_default(struct train_options *o);
+
 /* Runs the whole training; returns STATUS_OK after writing out_dir. Errors (bad flags, data,
  * files, a non-finite loss, an out_dir that holds a model: out_dir.h) come back with a message.
  * A resume_dir is resolved first (out_dir_resolve_resume: an interrupted run's directory
