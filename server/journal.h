@@ -39,8 +39,16 @@ enum journal_fsync { JOURNAL_FSYNC_ACCEPT = 0, JOURNAL_FSYNC_ALWAYS, JOURNAL_FSY
 /* "accept", "always" or "never" into *out; anything else STATUS_INVALID_ARGUMENT naming them. */
 enum status journal_fsync_parse(const char *s, enum journal_fsync *out);
 
-/* Which front and endpoint a journaled request came through (its body is that endpoint's). */
-enum journal_front { JOURNAL_HTTP_COMPLETIONS = 1, JOURNAL_HTTP_CHAT = 2 };
+/* Which front and endpoint a journaled request came through (its body is that endpoint's: the
+ * OpenAI JSON, or the gRPC method's protobuf request). Values reach the file: only appended. */
+enum journal_front {
+    JOURNAL_HTTP_COMPLETIONS = 1,
+    JOURNAL_HTTP_CHAT = 2,
+    JOURNAL_GRPC_GENERATE = 3,
+    JOURNAL_GRPC_GENERATE_STREAM = 4,
+    JOURNAL_GRPC_CHAT = 5,
+    JOURNAL_GRPC_CHAT_STREAM = 6,
+};
 
 /* One engine event as journaled (owned copies; an engine_event view of it: journal_event_view). */
 struct journal_event {
@@ -94,5 +102,12 @@ void        journal_end(struct journal *j, const char *key);
 
 /* A copy of ev (with run) appended to e->events; STATUS_RESOURCE_EXHAUSTED when out of memory. */
 enum status journal_entry_add(struct journal_entry *e, int run, const struct engine_event *ev);
+/* Sample j of run `run` in e: the tokens it generated so far (*tokens malloc'd, *n of them) and
+ * the RNG state to go on from (the seed's stream for sample j when it has none yet): what
+ * request_params.resume_* take. STATUS_RESOURCE_EXHAUSTED when out of memory. */
+enum status journal_entry_sample(const struct journal_entry *e, int run, int j, uint64_t seed, int32_t **tokens,
+                                 int *n, uint64_t rng[4]);
+/* 1 when sample j of run `run` has its FINISHED event in e. */
+int         journal_entry_finished(const struct journal_entry *e, int run, int j);
 
 #endif

@@ -264,7 +264,7 @@ static void *control_main(void *arg)
         server_wake(s);
         return NULL;
     }
-    if (s->journal) http_resume_all(s); /* before serving: a client that reconnects finds its request */
+    if (s->journal) resume_all(s); /* before serving: a client that reconnects finds its request */
     atomic_store(&s->phase, PHASE_READY);
     server_wake(s);
 
