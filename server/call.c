@@ -256,7 +256,7 @@ void call_on_close(struct call *c)
     c->close_done = 1;
     if (c->load_job) atomic_store(&c->load_job->abandoned, 1); /* not started yet: skipped */
     if (c->embed_rpc) embed_rpc_cancel(c); /* its answer still comes back (embed.c) */
-    if (c->job) grpc_resume_detach(c); /* the journaled request runs on for the next client */
+    if (c->job) c->engine_active = 0; /* the journaled request runs on; gen_call_release detaches */
     if (c->client_cancelled && !c->status_sent && c->engine_active > 0) {
         LOG_INFO("server", "req=%s: the client cancelled or went away; cancelling the request", c->request_id);
         engine_cancel(c->m->engine, c->handle);

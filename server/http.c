@@ -721,11 +721,6 @@ enum status http_start(struct server *s)
      * past max_conn + overflow libmicrohttpd closes them unanswered. */
     unsigned overflow = max_conn / 4 > 16 ? max_conn / 4 : 16;
     int max_stored = o->http_responses_store > 0 ? o->http_responses_store : 1024;
-    if (o->journal_dir && (st = resume_open(s)) != STATUS_OK) {
-        free(cert);
-        free(key);
-        return st;
-    }
     if ((st = http_responses_store_init(max_stored, HTTP_RESPONSES_STORE_BYTES, &s->http_responses)) != STATUS_OK ||
         (st = http_guard_start(header_s, body_s, (int)max_conn, per_addr, &s->http_guard)) != STATUS_OK) {
         free(cert);
@@ -765,9 +760,6 @@ void http_stop(struct server *s)
     }
     http_guard_stop(s->http_guard); /* after the daemon: no connection is left */
     s->http_guard = NULL;
-    resume_stop(s);
-    journal_close(s->journal); /* after the daemon and the engine: nothing writes to it */
-    s->journal = NULL;
     http_responses_store_free(s->http_responses); /* after the daemon: no request is left */
     s->http_responses = NULL;
     free(s->http_cert);
