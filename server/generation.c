@@ -315,6 +315,16 @@ static int gen_take_event(struct call *c, const struct queued_event *q)
         return 0;
     }
     struct sample_buf *b = &c->samples[q->sample];
+    if (c->journaled && q->kind == ENGINE_EVENT_FINISHED && q->finish == FINISH_REASON_CANCELLED &&
+        !c->cancelled_by_rpc && atomic_load(&c->s->phase) >= PHASE_DRAINING) {
+        /* The drain's cut, not the sample's end: neither journaled nor shown (the client sees no
+         * last message), so that after the restart it reattaches and the sample goes on. */
+        c->engine_active--;
+        c->drained = 1;
+        gen_set_end(c, STATUS_UNAVAILABLE, "the server shut down before the request finished (drain timeout): "
+                                           "reattach with shardlm-resume-token after its restart");
+        return 1;
+    }
     c->seed = q->seed;
     if (q->n_tokens > 0 && c->t_first_token == 0) c->t_first_token = q->t;
     sample_buf_note_tokens(b, c->s->metrics, q->n_tokens, q->t);
@@ -331,13 +341,9 @@ static int gen_take_event(struct call *c, const struct queued_event *q)
         switch (q->finish) {
         case FINISH_REASON_CANCELLED:
             if (c->cancelled_by_rpc) gen_set_end(c, STATUS_CANCELLED, "cancelled by Cancel");
-            else if (atomic_load(&c->s->phase) >= PHASE_DRAINING) {
-                c->drained = c->journaled; /* not journaled as ended: a restart resumes it */
-                gen_set_end(c, STATUS_UNAVAILABLE, c->journaled ? "the server shut down before the request finished "
-                                                                  "(drain timeout): reattach with shardlm-resume-token "
-                                                                  "after its restart"
-                                                                : "the server shut down before the request finished (drain timeout)");
-            } else gen_set_end(c, STATUS_CANCELLED, "cancelled");
+            else if (atomic_load(&c->s->phase) >= PHASE_DRAINING)
+                gen_set_end(c, STATUS_UNAVAILABLE, "the server shut down before the request finished (drain timeout)");
+            else gen_set_end(c, STATUS_CANCELLED, "cancelled");
             break;
         case FINISH_REASON_DEADLINE:
             gen_set_end(c, STATUS_DEADLINE_EXCEEDED, "the request's deadline passed");

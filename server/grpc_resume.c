@@ -84,6 +84,7 @@ enum status grpc_journal_accept(struct call *c, const uint8_t *data, size_t len,
     if (strlen(c->request_id) > JOURNAL_KEY_MAX)
         return status_errorf(STATUS_INVALID_ARGUMENT, "request_id: at most %d bytes on a server with a stream journal",
                              JOURNAL_KEY_MAX);
+    resume_sweep(s); /* no thread of its own: each journaled call forgets what waited too long */
     c->live.key = c->request_id;
     enum resume_key_state who = resume_key_claim(s, &c->live);
     if (who != RESUME_KEY_FREE)

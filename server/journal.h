@@ -6,7 +6,8 @@
  * The file DIR/journal holds records, each `u32 length, u32 check, payload` (check: FNV-1a of the
  * payload folded to 32 bits; a short or damaged last record, the write a kill cut, is dropped at
  * load and logged). Payloads, written with kernels/base/codec.h:
- *   ACCEPT  key, front kind, created (Unix s), deadline (Unix s, 0 none), seed, the request body
+ *   ACCEPT  key, front kind, created (Unix s), deadline (Unix s, 0 none: gRPC calls carry theirs,
+ *           HTTP requests have none), seed, the request body
  *   EVENT   key, run, and the engine event (kind, sample, tokens, text, log-probabilities and
  *           their top alternatives, finish, status, message, usage, the sample's RNG state)
  *   END     key: the request ended and its client has its answer; the journal forgets it
@@ -21,8 +22,9 @@
  * At open, the records of requests that ended are dropped (the file is rewritten, fsync'd and
  * renamed over the old one) and the others returned; the file is truncated whenever no request
  * is open and it has grown past JOURNAL_TRUNCATE_BYTES.
- * Not here: what the records mean to a front (http_resume.c), the engine's resumption
- * (request_params.resume_*). Tests: tests/server/test_journal.py.
+ * Not here: what the records mean to a front (http_resume.c, grpc_resume.c; resume.c hands
+ * them out), the engine's resumption (request_params.resume_*).
+ * Tests: tests/server/test_journal.py, tests/server/test_journal_grpc.py.
  * Threads: every call is thread-safe (one mutex); journal_event is called on engine threads. */
 #ifndef SHARDLM_JOURNAL_H
 #define SHARDLM_JOURNAL_H

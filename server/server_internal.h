@@ -7,6 +7,8 @@
  *   call.c        the life of one call: accepting it, its batches (receive, send, close),
  *                 dispatch to a handler, freeing it
  *   generation.c  Generate / Chat and their streams: engine events, output buffers, responses
+ *   grpc_resume.c the gRPC side of the stream journal: journaled calls, resumed jobs, reattaching
+ *   resume.c      the stream journal's requests of both fronts: start, id registry, sweep, stop
  *   methods.c     Tokenize, Detokenize, Cancel, GetModelInfo, GetServerStats, LoadAdapter,
  *                 UnloadAdapter, reflection
  *   embed.c       embeddings for both fronts (checks, tokenization, metrics) and gRPC Embed
