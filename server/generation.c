@@ -327,7 +327,7 @@ static int gen_take_event(struct call *c, const struct queued_event *q)
     }
     c->seed = q->seed;
     if (q->n_tokens > 0 && c->t_first_token == 0) c->t_first_token = q->t;
-    sample_buf_note_tokens(b, c->s->metrics, q->n_tokens, q->t);
+    if (!c->replaying) sample_buf_note_tokens(b, c->s->metrics, q->n_tokens, q->t); /* (a replay's are not latencies) */
     if (q->kind == ENGINE_EVENT_FINISHED && q->queue_seconds >= 0 && (c->queue_s < 0 || q->queue_seconds < c->queue_s))
         c->queue_s = q->queue_seconds;
     if (!c->close_done) sample_buf_append(b, q->tokens, q->n_tokens, q->logprobs, q->top, q->n_top, q->text, q->text_len);
@@ -581,6 +581,10 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
     struct server *s = c->s;
     if (c->resume_token) { /* the rest of a journaled request's answer (grpc_resume.c) */
         grpc_resume_attach(c, data, len);
+        return;
+    }
+    if (c->resume_from) {
+        call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "metadata shardlm-resume-from goes with shardlm-resume-token");
         return;
     }
     int is_chat = c->method == METHOD_CHAT || c->method == METHOD_CHAT_STREAM;

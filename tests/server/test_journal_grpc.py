@@ -252,6 +252,9 @@ def group_live(shardlm, model, work):
         check(r.code == grpc.StatusCode.INVALID_ARGUMENT and "--journal" in r.details,
               f"a token without a journal: {r.code} {r.details}")
         check(r.token is None, "a server without a journal names no resume token")
+        r.call(stub(srv), [("shardlm-resume-from", "3")])
+        check(r.code == grpc.StatusCode.INVALID_ARGUMENT and "shardlm-resume-token" in r.details,
+              f"shardlm-resume-from without a token: {r.code} {r.details}")
 
 
 def group_deadline(shardlm, model, work):
