@@ -14,13 +14,12 @@
  * Resumed requests live in s->resumed (the list holds one reference each) until a client has
  * the whole answer, or until journal_retain_s after they ended (then the journal forgets them);
  * a client that goes away does not cancel them.
- * Not here: the file (journal.c), the engine's replay (request.c), the SSE writer
- * (http_openai_out.c). Tests: tests/server/test_journal.py. */
+ * Not here: the file (journal.c), opening it and the registry of taken ids (resume.c), the gRPC
+ * side (grpc_resume.c), the engine's replay (request.c), the SSE writer (http_openai_out.c).
+ * Tests: tests/server/test_journal.py. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "http_internal.h"
 #include "tool_format.h"
@@ -266,8 +265,7 @@ enum status http_resume_attach(struct server *s, const char *key, const char *st
 {
     *out = NULL;
     pthread_mutex_lock(&s->resumed_mu);
-    struct http_gen *gone = sweep(s), *g = s->resumed;
-    while (g && strcmp(g->id, key)) g = g->next_resumed;
+    struct http_gen *gone = sweep(s), *g = http_resume_find(s, key);
     if (g) atomic_fetch_add(&g->refs, 1);
     const enum resume_key_state state_of = g ? RESUME_KEY_RESUMED_HTTP : resume_key_state(s, key);
     pthread_mutex_unlock(&s->resumed_mu);
