@@ -229,7 +229,7 @@ int grpc_resume_entry(struct server *s, struct journal_entry *e)
     if (st == STATUS_OK) {
         r.params.sampling.seed = e->seed;
         r.params.has_seed = 1;
-        if (e->deadline > 0) r.params.deadline = base_now_s() + (e->deadline - now);
+        if (e->deadline > now) r.params.deadline = base_now_s() + (e->deadline - now); /* (passed: job_submit) */
         st = gen_resolve_adapter(m, &r);
         if (st == STATUS_OK) st = engine_validate(m->engine, ids, n_ids, &r.params);
         if (st != STATUS_OK) gen_request_free(&r);
