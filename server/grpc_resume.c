@@ -376,8 +376,9 @@ static enum status take_events(struct call *c, struct resume_from *f)
         if (f && ev.sample >= 0 && ev.sample < c->n_samples && !f->final[ev.sample] && f->tokens[ev.sample] > 0) {
             long *left = &f->tokens[ev.sample];
             if (ev.kind == ENGINE_EVENT_FINISHED || ev.n_tokens > *left) {
-                st = status_errorf(STATUS_INVALID_ARGUMENT, "shardlm-resume-from: sample %d's count is not a position "
-                                   "of its stream (the sum of the token ids of its messages before its last)", ev.sample);
+                st = status_errorf(STATUS_INVALID_ARGUMENT,
+                                   "shardlm-resume-from: sample %d's count is not a position of its stream (the sum "
+                                   "of the token ids of its messages before its last)", ev.sample);
                 break;
             }
             *left -= ev.n_tokens;
@@ -414,8 +415,8 @@ void grpc_resume_attach(struct call *c, const uint8_t *data, size_t len)
     struct server *s = c->s;
     const char *key = c->resume_token;
     if (!s->journal) {
-        call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                  "metadata shardlm-resume-token is honoured only by a server with a stream journal (serve --journal DIR)");
+        call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "metadata shardlm-resume-token is honoured only by a server with a "
+                                                   "stream journal (serve --journal DIR)");
         return;
     }
     if (!*key || strlen(key) > JOURNAL_KEY_MAX) {
@@ -477,13 +478,15 @@ void grpc_resume_attach(struct call *c, const uint8_t *data, size_t len)
     CHECK(c->samples && (!c->chat.on || !is_streaming(c->method) || c->chat_streams), "out of memory");
     c->engine_active = c->n_samples; /* FINISHED events from the log count it down */
     c->submitted = 1;
-    struct resume_from f = {calloc((size_t)c->n_samples, sizeof *f.tokens), calloc((size_t)c->n_samples, sizeof *f.final)};
+    struct resume_from f = {calloc((size_t)c->n_samples, sizeof *f.tokens),
+                            calloc((size_t)c->n_samples, sizeof *f.final)};
     CHECK(f.tokens && f.final, "out of memory");
     c->replaying = 1;
     st = !c->resume_from ? STATUS_OK
          : is_streaming(c->method)
              ? parse_from(c->resume_from, c->n_samples, &f)
-             : status_errorf(STATUS_INVALID_ARGUMENT, "shardlm-resume-from is for streams: a unary call gets the whole answer");
+             : status_errorf(STATUS_INVALID_ARGUMENT,
+                             "shardlm-resume-from is for streams: a unary call gets the whole answer");
     if (st == STATUS_OK) st = take_events(c, c->resume_from ? &f : NULL);
     c->replaying = 0;
     free(f.tokens);
