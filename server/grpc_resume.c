@@ -183,20 +183,14 @@ static int job_submit(struct grpc_job *j, struct served_model *m, const int32_t 
         }
         enum status st = j->subs ? STATUS_OK : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
         int32_t *tokens = NULL;
-        int n = 0;
         uint64_t rng[4];
         struct request_params rp = *p;
         char rid[JOURNAL_KEY_MAX + 32];
         const int whole = j->log.n_events == 0;
-        if (st == STATUS_OK && !whole) st = journal_entry_sample(&j->log, 0, i, p->sampling.seed, &tokens, &n, rng);
+        if (st == STATUS_OK && !whole) st = journal_entry_resume(&j->log, 0, i, p, &rp, &tokens, rng);
         if (st == STATUS_OK) {
             struct grpc_sub *sub = &j->subs[j->n_subs++];
             *sub = (struct grpc_sub){.j = j, .sample_base = whole ? 0 : i};
-            if (!whole) {
-                rp.n = 1;
-                rp.prompt_logprobs = -1;
-                rp.resume_tokens = tokens, rp.n_resume = n, rp.resume_rng = rng;
-            }
             snprintf(rid, sizeof rid, whole ? "%s" : "%s-s%d", j->log.key, i);
             pthread_mutex_unlock(&j->mu); /* its events take j->mu */
             st = engine_submit(m->engine, rid, ids, n_ids, &rp, job_on_event, sub, &sub->handle);

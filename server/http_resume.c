@@ -99,16 +99,12 @@ static void resubmit(struct server *s, struct http_gen *g, const struct journal_
             if (g->samples[i * g->n_per_run + j].finished) continue;
             struct http_run *sub = g->subs ? &g->subs[g->n_subs] : NULL;
             int32_t *tokens = NULL;
-            int n = 0;
             uint64_t rng[4];
-            enum status st = sub ? journal_entry_sample(e, i, j, p->sampling.seed, &tokens, &n, rng)
+            struct request_params rp;
+            enum status st = sub ? journal_entry_resume(e, i, j, p, &rp, &tokens, rng)
                                  : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
             if (st == STATUS_OK) {
                 *sub = (struct http_run){.g = g, .index = i, .sample_base = j};
-                struct request_params rp = *p;
-                rp.n = 1;
-                rp.prompt_logprobs = -1;
-                rp.resume_tokens = tokens, rp.n_resume = n, rp.resume_rng = rng;
                 char rid[JOURNAL_KEY_MAX + 32];
                 snprintf(rid, sizeof rid, "%s-p%d-s%d", g->id, i, j);
                 g->n_subs++;

@@ -120,24 +120,29 @@ enum status journal_entry_add(struct journal_entry *e, int run, const struct eng
     return STATUS_OK;
 }
 
-enum status journal_entry_sample(const struct journal_entry *e, int run, int j, uint64_t seed, int32_t **tokens,
-                                 int *n, uint64_t rng[4])
+enum status journal_entry_resume(const struct journal_entry *e, int run, int j, const struct request_params *p,
+                                 struct request_params *rp, int32_t **tokens, uint64_t rng[4])
 {
     size_t cap = 0;
-    *tokens = NULL, *n = 0;
-    engine_sample_rng(seed, j, rng);
+    int n = 0;
+    *tokens = NULL;
+    engine_sample_rng(p->sampling.seed, j, rng);
     for (int k = 0; k < e->n_events; k++) {
         const struct journal_event *je = &e->events[k];
         if (je->run != run || je->sample != j || je->kind == ENGINE_EVENT_PROMPT_LOGPROBS) continue;
-        if (base_grow((void **)tokens, &cap, (size_t)*n + (size_t)je->n_tokens + 1, sizeof **tokens) != 0) {
+        if (base_grow((void **)tokens, &cap, (size_t)n + (size_t)je->n_tokens + 1, sizeof **tokens) != 0) {
             free(*tokens);
             *tokens = NULL;
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
         }
-        memcpy(*tokens + *n, je->tokens, (size_t)je->n_tokens * sizeof **tokens);
-        *n += je->n_tokens;
+        memcpy(*tokens + n, je->tokens, (size_t)je->n_tokens * sizeof **tokens);
+        n += je->n_tokens;
         if (je->has_rng) memcpy(rng, je->rng, 4 * sizeof *rng);
     }
+    *rp = *p;
+    rp->n = 1;
+    rp->prompt_logprobs = -1;
+    rp->resume_tokens = *tokens, rp->n_resume = n, rp->resume_rng = rng;
     return STATUS_OK;
 }
 

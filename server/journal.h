@@ -104,11 +104,13 @@ void        journal_end(struct journal *j, const char *key);
 
 /* A copy of ev (with run) appended to e->events; STATUS_RESOURCE_EXHAUSTED when out of memory. */
 enum status journal_entry_add(struct journal_entry *e, int run, const struct engine_event *ev);
-/* Sample j of run `run` in e: the tokens it generated so far (*tokens malloc'd, *n of them) and
- * the RNG state to go on from (the seed's stream for sample j when it has none yet): what
- * request_params.resume_* take. STATUS_RESOURCE_EXHAUSTED when out of memory. */
-enum status journal_entry_sample(const struct journal_entry *e, int run, int j, uint64_t seed, int32_t **tokens,
-                                 int *n, uint64_t rng[4]);
+/* The request that resumes sample j of run `run` in e, both fronts' (http_resume.c,
+ * grpc_resume.c): *rp = *p for one sample (n 1, no prompt log-probabilities) whose resume_*
+ * are the tokens it generated so far (*tokens, malloc'd: the caller frees it after
+ * engine_submit) and the RNG state to go on from (rng; the seed's stream for sample j when it
+ * has no event yet). STATUS_RESOURCE_EXHAUSTED when out of memory. */
+enum status journal_entry_resume(const struct journal_entry *e, int run, int j, const struct request_params *p,
+                                 struct request_params *rp, int32_t **tokens, uint64_t rng[4]);
 /* 1 when sample j of run `run` has its FINISHED event in e. */
 int         journal_entry_finished(const struct journal_entry *e, int run, int j);
 
