@@ -321,7 +321,7 @@ def group_client(shardlm, model, work, gguf=None):
     # A model slow enough here (SmolLM2-135M, about 30 tokens/s) that both kills land while the
     # answers are generated: stories260K finishes them before the client is back.
     if not gguf or not Path(gguf).exists():
-        print(f"SKIP client: {gguf} not found (tools/fetch_models.sh)")
+        print(f"SKIP client: no GGUF at {gguf!r} (tools/fetch_smollm2.sh)")
         return
     model = gguf
     story = dict(max_tokens=120, temperature=1.0, top_p=0.95, seed=6, n=2)
