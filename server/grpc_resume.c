@@ -443,7 +443,7 @@ void grpc_resume_attach(struct call *c, const uint8_t *data, size_t len)
         pthread_mutex_lock(&j->mu);
         if (j->attached)
             st = status_errorf(STATUS_FAILED_PRECONDITION, "request %s: another client is reading its answer", key);
-        j->attached = st == STATUS_OK;
+        else j->attached = 1;
         pthread_mutex_unlock(&j->mu);
     }
     if (st != STATUS_OK) {

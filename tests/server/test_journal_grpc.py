@@ -212,6 +212,8 @@ def group_restart(shardlm, model, work):
         other.call(st, [("shardlm-resume-token", g.token)])
         check(other.code == grpc.StatusCode.FAILED_PRECONDITION and "another client" in other.details,
               f"a request another call reads: {other.code} {other.details}")
+        other.call(st, [("shardlm-resume-token", g.token)])
+        check(other.code == grpc.StatusCode.FAILED_PRECONDITION, f"and again (the refusal took nothing): {other.code}")
         if hc:
             hc.cancel()
         time.sleep(0.3)  # the server sees the cancel: the request is free again (and runs on)
