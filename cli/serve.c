@@ -44,9 +44,10 @@
  *   --http-body-timeout S    seconds from the end of the headers to the body's last byte [60]
  *   --responses-store N      /v1/responses kept for GET and previous_response_id at most [1024]
  *                            (and 256 MiB of JSON); the least recently used go first
- *   --journal DIR            the stream journal (docs/reliability.md): accepted OpenAI chat /
- *                            completions requests and their events in DIR/journal; a restart
- *                            resumes them and clients reconnect (Last-Event-ID, Idempotency-Key)
+ *   --journal DIR            the stream journal (docs/reliability.md): accepted gRPC generation
+ *                            calls and OpenAI chat / completions requests, and their events, in
+ *                            DIR/journal; a restart resumes them and clients reattach (gRPC:
+ *                            metadata shardlm-resume-token; HTTP: Last-Event-ID, Idempotency-Key)
  *   --journal-fsync accept|always|never  when the journal is fsync'd [accept: every ACCEPT]
  *   --journal-retain S       a resumed request's answer waits this long for its client [600]
  *   --fine-tuning DIR        OpenAI's /v1/files and /v1/fine_tuning/jobs (docs/server.md): uploads
@@ -437,7 +438,6 @@ int serve_main(int argc, char **argv)
                      "ranks)%s", "");
     if (ep > 1) tp = ep; /* the ep group takes the layout's tp place (engine/model/moe_ep.c) */
     if (!o.tls_cert != !o.tls_key) return usage("--tls-cert and --tls-key go together%s", "");
-    if (o.journal_dir && !o.http_listen) return usage("--journal journals the HTTP front's requests: it needs --http%s", "");
     if (o.finetune_dir && !o.http_listen) return usage("--fine-tuning serves /v1/fine_tuning/jobs on the HTTP front: it needs --http%s", "");
     if (o.finetune_dir && (tp > 1 || pp > 1 || dp > 1 || ep > 1))
         return usage("--fine-tuning is not supported with --tp / --pp / --dp / --ep (a job trains in the serving process)%s", "");

@@ -80,7 +80,14 @@ void call_send(struct call *c, uint8_t *msg, size_t len, int with_status, grpc_s
     memset(ops, 0, sizeof ops);
     if (!c->initial_md_sent) {
         ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-        ops[n++].data.send_initial_metadata.count = 0;
+        if ((c->journaled || c->job) && c->request_id) { /* the resume token (grpc_resume.c) */
+            c->resume_md.key = grpc_slice_from_static_string("shardlm-resume-token");
+            c->resume_md.value = grpc_slice_from_copied_string(c->request_id);
+            c->has_resume_md = 1;
+            ops[n].data.send_initial_metadata.count = 1;
+            ops[n].data.send_initial_metadata.metadata = &c->resume_md;
+        }
+        n++;
         c->initial_md_sent = 1;
     }
     if (msg) {
@@ -177,6 +184,7 @@ void call_maybe_free(struct call *c)
     if (uses_engine(c->method)) s->n_gen_calls--;
     grpc_call_unref(c->call);
     if (c->recv_buf) grpc_byte_buffer_destroy(c->recv_buf);
+    if (c->has_resume_md) grpc_slice_unref(c->resume_md.value);
     gen_call_release(c);
     server_release(s, c->m);
     free(c);
@@ -262,6 +270,7 @@ void call_on_close(struct call *c)
     c->close_done = 1;
     if (c->load_job) atomic_store(&c->load_job->abandoned, 1); /* not started yet: skipped */
     if (c->embed_rpc) embed_rpc_cancel(c); /* its answer still comes back (embed.c) */
+    if (c->job) c->engine_active = 0; /* the journaled request runs on; gen_call_release detaches */
     if (c->client_cancelled && !c->status_sent && c->engine_active > 0) {
         LOG_INFO("server", "req=%s: the client cancelled or went away; cancelling the request", c->request_id);
         engine_cancel(c->m->engine, c->handle);
@@ -310,6 +319,17 @@ void call_on_new(struct request_slot *slot, int ok)
         gpr_free(peer);
         CHECK(c->client, "out of memory");
     }
+    if (is_generation(c->method)) /* reattaching to a journaled request (grpc_resume.c) */
+        for (size_t i = 0; i < slot->md.count; i++) {
+            const grpc_metadata *md = &slot->md.metadata[i];
+            char **to = grpc_slice_str_cmp(md->key, "shardlm-resume-token") == 0  ? &c->resume_token
+                        : grpc_slice_str_cmp(md->key, "shardlm-resume-from") == 0 ? &c->resume_from
+                                                                                  : NULL;
+            if (!to || *to) continue;
+            char *v = grpc_slice_to_c_string(md->value);
+            CHECK(v && (*to = strdup(v)), "out of memory");
+            gpr_free(v);
+        }
     char unknown[300];
     snprintf(unknown, sizeof unknown, "unknown method %.*s", (int)(path_len < 200 ? path_len : 200), path);
     grpc_call_details_destroy(&slot->details);

@@ -16,20 +16,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "chat_template.h"
 #include "convert.h"
+#include "journal.h"
 #include "metrics.h"
 #include "server_internal.h"
 #include "tokenizer.h"
 
 /* ---- engine events ----------------------------------------------------------------------- */
 
-/* On the engine thread: copy, queue, wake. Never blocks beyond a short mutex. */
-static void on_engine_event(void *ctx, const struct engine_event *ev)
+/* One allocation holding a copy of ev and its arrays (aborts when out of memory). */
+static struct queued_event *event_copy(struct call *c, const struct engine_event *ev)
 {
-    struct call *c = ctx;
-    struct server *s = c->s;
     size_t n = ev->n_tokens > 0 ? (size_t)ev->n_tokens : 0, n_top = ev->top ? (size_t)ev->n_top : 0;
     size_t msg_len = ev->message ? strlen(ev->message) : 0;
     size_t size = sizeof(struct queued_event) + n * sizeof(int32_t) + (ev->logprobs ? n * sizeof(float) : 0) +
@@ -72,6 +72,17 @@ static void on_engine_event(void *ctx, const struct engine_event *ev)
     q->completion_tokens = ev->completion_tokens;
     q->cached_prompt_tokens = ev->cached_prompt_tokens;
     q->seed = ev->seed;
+    return q;
+}
+
+/* On the engine thread: journal (a journaled call), copy, queue, wake. Never blocks beyond a
+ * short mutex and, with the journal, one write(2). */
+static void on_engine_event(void *ctx, const struct engine_event *ev)
+{
+    struct call *c = ctx;
+    struct server *s = c->s;
+    if (c->journaled) grpc_journal_event(c, ev); /* before the client can see it */
+    struct queued_event *q = event_copy(c, ev);
     pthread_mutex_lock(&s->ev_mu);
     if (s->ev_tail) s->ev_tail->next = q;
     else s->ev_head = q;
@@ -92,6 +103,13 @@ void sample_buf_free(struct sample_buf *b)
 
 void gen_call_release(struct call *c)
 {
+    /* Its client has its answer or gave up (a cancel): the journal forgets it, unless the
+     * drain cut it short (a restart resumes it). */
+    if (c->journaled && !c->drained) journal_end(c->s->journal, c->request_id);
+    resume_key_release(c->s, &c->live);
+    if (c->job) grpc_resume_detach(c);
+    free(c->resume_token);
+    free(c->resume_from);
     for (int i = 0; i < c->n_samples; i++) sample_buf_free(&c->samples[i]);
     free(c->samples);
     free(c->prompt_ids);
@@ -185,7 +203,7 @@ void gen_pump(struct call *c)
         for (int i = 0; i < c->n_samples; i++) c->samples[i].n = 0, c->samples[i].text_len = 0;
         return;
     }
-    if (c->send_inflight || c->status_sent || !c->submitted) return;
+    if (c->send_inflight || c->status_sent || !c->submitted || c->replaying) return;
     if (is_streaming(c->method)) {
         for (int k = 0; k < c->n_samples; k++) {
             int i = (c->rr + k) % c->n_samples;
@@ -222,6 +240,7 @@ void gen_pump(struct call *c)
             grpc_status_code code;
             const char *details;
             gen_final_status(c, &code, &details);
+            c->job_delivered = c->job != NULL;
             call_send(c, NULL, 0, 1, code, details);
         }
         return;
@@ -231,6 +250,7 @@ void gen_pump(struct call *c)
     grpc_status_code code;
     const char *details;
     gen_final_status(c, &code, &details);
+    c->job_delivered = c->job != NULL;
     if (code != GRPC_STATUS_OK) {
         call_send(c, NULL, 0, 1, code, details);
         return;
@@ -269,7 +289,8 @@ static void gen_set_end(struct call *c, enum status st, const char *message)
     c->end_message = strdup(message ? message : "");
 }
 
-static void gen_on_event(struct call *c, const struct queued_event *q)
+/* One event into c's buffers; 1 when the caller should pump (anything but a stray sample). */
+static int gen_take_event(struct call *c, const struct queued_event *q)
 {
     if (q->kind == ENGINE_EVENT_PROMPT_LOGPROBS) {
         if (q->n_tokens > 0 && q->logprobs) {
@@ -287,17 +308,26 @@ static void gen_on_event(struct call *c, const struct queued_event *q)
             c->n_prompt_top = q->top ? q->n_top : 0;
             c->prompt_lp_pending = 1;
         }
-        gen_pump(c);
-        return;
+        return 1;
     }
     if (q->sample < 0 || q->sample >= c->n_samples) {
         LOG_ERROR("server", "req=%s: engine event for sample %d of %d", c->request_id, q->sample, c->n_samples);
-        return;
+        return 0;
     }
     struct sample_buf *b = &c->samples[q->sample];
+    if (c->journaled && q->kind == ENGINE_EVENT_FINISHED && q->finish == FINISH_REASON_CANCELLED &&
+        !c->cancelled_by_rpc && atomic_load(&c->s->phase) >= PHASE_DRAINING) {
+        /* The drain's cut, not the sample's end: neither journaled nor shown (the client sees no
+         * last message), so that after the restart it reattaches and the sample goes on. */
+        c->engine_active--;
+        c->drained = 1;
+        gen_set_end(c, STATUS_UNAVAILABLE, "the server shut down before the request finished (drain timeout): "
+                                           "reattach with shardlm-resume-token after its restart");
+        return 1;
+    }
     c->seed = q->seed;
     if (q->n_tokens > 0 && c->t_first_token == 0) c->t_first_token = q->t;
-    sample_buf_note_tokens(b, c->s->metrics, q->n_tokens, q->t);
+    if (!c->replaying) sample_buf_note_tokens(b, c->s->metrics, q->n_tokens, q->t); /* (a replay's are not latencies) */
     if (q->kind == ENGINE_EVENT_FINISHED && q->queue_seconds >= 0 && (c->queue_s < 0 || q->queue_seconds < c->queue_s))
         c->queue_s = q->queue_seconds;
     if (!c->close_done) sample_buf_append(b, q->tokens, q->n_tokens, q->logprobs, q->top, q->n_top, q->text, q->text_len);
@@ -324,8 +354,21 @@ static void gen_on_event(struct call *c, const struct queued_event *q)
         default: break;
         }
     }
+    return 1;
+}
+
+static void gen_on_event(struct call *c, const struct queued_event *q)
+{
+    if (!gen_take_event(c, q)) return;
     gen_pump(c);
     call_maybe_free(c);
+}
+
+void gen_take_engine_event(struct call *c, const struct engine_event *ev)
+{
+    struct queued_event *q = event_copy(c, ev);
+    gen_take_event(c, q);
+    free(q);
 }
 
 void gen_drain_events(struct server *s)
@@ -340,6 +383,7 @@ void gen_drain_events(struct server *s)
         free(q);
         q = next;
     }
+    if (s->journal) grpc_resume_pump(s);
 }
 
 struct call *gen_find_call(struct server *s, const char *request_id)
@@ -498,9 +542,62 @@ enum status gen_resolve_adapter(const struct served_model *m, struct gen_request
     return STATUS_OK;
 }
 
+enum status gen_build_prompt(struct served_model *m, struct gen_request *r, int is_chat, struct chat_parse *chat,
+                             int32_t **ids, int *n_ids)
+{
+    *ids = NULL;
+    *n_ids = 0;
+    enum status st = is_chat ? chat_tools_apply(m, r, chat) : STATUS_OK;
+    if (st == STATUS_OK) st = gen_prompt(m, r, is_chat, ids, n_ids);
+    if (st == STATUS_OK && is_chat) st = chat_parse_note_prompt(chat, r);
+    if (st != STATUS_OK) {
+        free(*ids);
+        *ids = NULL;
+    }
+    return st;
+}
+
+enum status gen_build(struct server *s, const uint8_t *data, size_t len, int is_chat, struct gen_request *r,
+                      struct served_model **m, struct chat_parse *chat, int32_t **ids, int *n_ids)
+{
+    *ids = NULL;
+    *n_ids = 0;
+    enum status st = convert_gen_request(data, len, is_chat, r);
+    /* The model first: the prompt is its tokenizer's and its template's. */
+    if (st == STATUS_OK) st = server_route(s, r->adapter, m);
+    if (st == STATUS_OK) st = gen_build_prompt(*m, r, is_chat, chat, ids, n_ids);
+    if (st != STATUS_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        gen_request_free(r);
+        return status_errorf(st, "%s", msg);
+    }
+    return STATUS_OK;
+}
+
+/* A request id for a call that gave none: unique among running calls and, with the journal,
+ * across restarts (the boot id). */
+static char *gen_new_id(struct server *s)
+{
+    char id[64];
+    do {
+        if (s->journal) snprintf(id, sizeof id, "req-%s-%llu", s->boot_id, (unsigned long long)++s->next_id);
+        else snprintf(id, sizeof id, "req-%llu", (unsigned long long)++s->next_id);
+    } while (gen_find_call(s, id));
+    return strdup(id);
+}
+
 void gen_start(struct call *c, const uint8_t *data, size_t len)
 {
     struct server *s = c->s;
+    if (c->resume_token) { /* the rest of a journaled request's answer (grpc_resume.c) */
+        grpc_resume_attach(c, data, len);
+        return;
+    }
+    if (c->resume_from) {
+        call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "metadata shardlm-resume-from goes with shardlm-resume-token");
+        return;
+    }
     int is_chat = c->method == METHOD_CHAT || c->method == METHOD_CHAT_STREAM;
     struct gen_request r;
     int32_t *ids = NULL;
@@ -513,6 +610,7 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
         gen_request_free(&r); /* its model is loading: call_dispatch brings the request back */
         return;
     }
+    if (st == STATUS_OK) st = gen_build_prompt(c->m, &r, is_chat, &c->chat, &ids, &n_ids);
     if (st == STATUS_OK) {
         if (r.request_id[0]) {
             if (gen_find_call(s, r.request_id))
@@ -521,22 +619,20 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
             else
                 c->request_id = strdup(r.request_id);
         } else {
-            char id[64];
-            do snprintf(id, sizeof id, "req-%llu", (unsigned long long)++s->next_id);
-            while (gen_find_call(s, id));
-            c->request_id = strdup(id);
+            c->request_id = gen_new_id(s);
         }
         if (st == STATUS_OK && !c->request_id) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
-    if (st == STATUS_OK && is_chat) st = chat_tools_apply(c->m, &r, &c->chat);
-    if (st == STATUS_OK) st = gen_prompt(c->m, &r, is_chat, &ids, &n_ids);
-    if (st == STATUS_OK && is_chat) st = chat_parse_note_prompt(&c->chat, &r);
     /* Every numeric limit (token ids against the vocabulary, top_k, ...) is the engine's:
      * engine_validate below, the one validator. */
+    double deadline_unix = 0;
     if (st == STATUS_OK && gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) < 0) {
         double left = gpr_timespec_to_micros(gpr_time_sub(c->deadline, gpr_now(c->deadline.clock_type))) * 1e-6;
         if (left <= 0) st = status_errorf(STATUS_DEADLINE_EXCEEDED, "the deadline passed before the request started");
         else r.params.deadline = base_now_s() + left;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        deadline_unix = (double)now.tv_sec + now.tv_nsec * 1e-9 + left;
     }
     r.params.client = c->client;
     if (st == STATUS_OK) st = gen_resolve_adapter(c->m, &r);
@@ -549,6 +645,8 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
         if (!c->samples || (c->chat.on && is_streaming(c->method) && !c->chat_streams))
             st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
+    /* With the journal, the ACCEPT is on disk before the engine sees the request. */
+    if (st == STATUS_OK && s->journal) st = grpc_journal_accept(c, data, len, &r.params, deadline_unix);
     if (st == STATUS_OK) {
         c->n_prompt_tokens = n_ids;
         c->engine_active = c->n_samples; /* before submit: events may arrive at once */
@@ -561,8 +659,9 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
         c->submitted = 1;
         LOG_DEBUG("server", "req=%s method=%s submitted: prompt_tokens=%d max_tokens=%d n=%d", c->request_id,
                   call_method_name(c->method), n_ids, r.params.max_tokens, r.params.n);
-        /* Streams get their headers at once, so that clients see the call is accepted. */
-        if (is_streaming(c->method) && !c->close_done) call_send(c, NULL, 0, 0, GRPC_STATUS_OK, NULL);
+        /* Streams get their headers at once, so that clients see the call is accepted; so do
+         * journaled unary calls, whose headers carry the resume token. */
+        if ((is_streaming(c->method) || c->journaled) && !c->close_done) call_send(c, NULL, 0, 0, GRPC_STATUS_OK, NULL);
     }
     free(ids);
     gen_request_free(&r);

@@ -331,7 +331,7 @@ static enum status resume_header(struct server *s, struct MHD_Connection *c, str
     const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
     const char *name = last ? "Last-Event-ID" : "Idempotency-Key";
     *g = NULL, *new_key = NULL;
-    if (s->journal) http_resume_sweep(s);
+    resume_sweep(s);
     if (!last && !idem) return STATUS_OK;
     if (!s->journal)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s is honoured only by a server with a stream journal (serve --journal DIR)", name);
@@ -750,11 +750,6 @@ enum status http_start(struct server *s)
      * past max_conn + overflow libmicrohttpd closes them unanswered. */
     unsigned overflow = max_conn / 4 > 16 ? max_conn / 4 : 16;
     int max_stored = o->http_responses_store > 0 ? o->http_responses_store : 1024;
-    if (o->journal_dir && (st = http_journal_open(s)) != STATUS_OK) {
-        free(cert);
-        free(key);
-        return st;
-    }
     if ((st = http_responses_store_init(max_stored, HTTP_RESPONSES_STORE_BYTES, &s->http_responses)) != STATUS_OK ||
         (o->finetune_dir && (st = http_finetune_start(s)) != STATUS_OK) ||
         (st = http_guard_start(header_s, body_s, (int)max_conn, per_addr, &s->http_guard)) != STATUS_OK) {
@@ -795,10 +790,7 @@ void http_stop(struct server *s)
     }
     http_guard_stop(s->http_guard); /* after the daemon: no connection is left */
     s->http_guard = NULL;
-    http_resume_stop(s);
     http_finetune_stop(s); /* a running job stops at its iteration's end */
-    journal_close(s->journal); /* after the daemon and the engine: nothing writes to it */
-    s->journal = NULL;
     http_responses_store_free(s->http_responses); /* after the daemon: no request is left */
     s->http_responses = NULL;
     free(s->http_cert);

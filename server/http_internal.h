@@ -204,8 +204,7 @@ struct http_gen {
     struct http_run *subs;       /* resumed: (n_subs) one engine request per unfinished sample */
     int             n_subs;
     struct http_gen *next_resumed;
-    struct http_gen *live_prev, *live_next; /* s->live, while in_live */
-    int             in_live;
+    struct resume_key live;      /* its id in s->live while a journaled first run has it */
 };
 
 /* http_gen.c: one engine event into g's buffers (and the journal when g is journaled and
@@ -215,22 +214,11 @@ int  http_gen_take_event(struct http_gen *g, struct http_run *r, const struct en
  * tokenized and validated, nothing submitted (http_gen_submit's first half; http_resume.c). */
 enum status http_gen_prepare(struct server *s, struct http_request *q, int fd, const char *id, struct http_gen **out);
 
-/* http_resume.c: opens opts.journal_dir (s->journal) and keeps its open requests for
- * http_resume_all; errors name the directory. */
-enum status http_journal_open(struct server *s);
 /* http_resume.c: takes g's id for a journaled first-run request (s->live) until
  * http_resume_release: STATUS_ALREADY_EXISTS when a running or resumed request has it (an
  * Idempotency-Key sent twice while its first request runs). */
 enum status http_resume_claim(struct server *s, struct http_gen *g);
 void        http_resume_release(struct http_gen *g);
-/* http_resume.c: resumes the journal's open requests (after the engine is ready, before it
- * serves): each is rebuilt and its unfinished samples resubmitted. */
-void        http_resume_all(struct server *s);
-/* http_resume.c: forgets the resumed requests whose answer waited past --journal-retain (every
- * generation request calls it: no thread of its own). */
-void        http_resume_sweep(struct server *s);
-/* http_resume.c: drops the resumed requests nobody fetched (the journal keeps them). */
-void        http_resume_stop(struct server *s);
 /* http_gen.c: the engine callback of a run (ctx: struct http_run). */
 void        http_gen_on_event(void *ctx, const struct engine_event *ev);
 /* http.c: the adapters loaded now, by name (a request's "model" may name one). */

@@ -14,13 +14,12 @@
  * Resumed requests live in s->resumed (the list holds one reference each) until a client has
  * the whole answer, or until journal_retain_s after they ended (then the journal forgets them);
  * a client that goes away does not cancel them.
- * Not here: the file (journal.c), the engine's replay (request.c), the SSE writer
- * (http_openai_out.c). Tests: tests/server/test_journal.py. */
+ * Not here: the file (journal.c), opening it and the registry of taken ids (resume.c), the gRPC
+ * side (grpc_resume.c), the engine's replay (request.c), the SSE writer (http_openai_out.c).
+ * Tests: tests/server/test_journal.py. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "http_internal.h"
 #include "tool_format.h"
@@ -63,25 +62,6 @@ static void replay(struct http_gen *g, const struct journal_entry *e)
     g->replaying = 0;
 }
 
-/* Sample j of run i: its tokens so far (*tokens malloc'd) and the RNG state to go on from. */
-static enum status sample_so_far(const struct journal_entry *e, int run, int j, uint64_t seed, int32_t **tokens,
-                                 int *n, uint64_t rng[4])
-{
-    size_t cap = 0;
-    *tokens = NULL, *n = 0;
-    engine_sample_rng(seed, j, rng);
-    for (int k = 0; k < e->n_events; k++) {
-        const struct journal_event *je = &e->events[k];
-        if (je->run != run || je->sample != j || je->kind == ENGINE_EVENT_PROMPT_LOGPROBS) continue;
-        if (base_grow((void **)tokens, &cap, (size_t)*n + (size_t)je->n_tokens + 1, sizeof **tokens) != 0)
-            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        memcpy(*tokens + *n, je->tokens, (size_t)je->n_tokens * sizeof **tokens);
-        *n += je->n_tokens;
-        if (je->has_rng) memcpy(rng, je->rng, 4 * sizeof *rng);
-    }
-    return STATUS_OK;
-}
-
 /* A sample that cannot be resumed ends with an error (journaled: a restart does not retry it);
  * with g->mu held. Returns 1 when it was g's last. */
 static int fail_sample(struct http_gen *g, int run, int j, enum status st, const char *message)
@@ -119,16 +99,12 @@ static void resubmit(struct server *s, struct http_gen *g, const struct journal_
             if (g->samples[i * g->n_per_run + j].finished) continue;
             struct http_run *sub = g->subs ? &g->subs[g->n_subs] : NULL;
             int32_t *tokens = NULL;
-            int n = 0;
             uint64_t rng[4];
-            enum status st = sub ? sample_so_far(e, i, j, p->sampling.seed, &tokens, &n, rng)
+            struct request_params rp;
+            enum status st = sub ? journal_entry_resume(e, i, j, p, &rp, &tokens, rng)
                                  : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
             if (st == STATUS_OK) {
                 *sub = (struct http_run){.g = g, .index = i, .sample_base = j};
-                struct request_params rp = *p;
-                rp.n = 1;
-                rp.prompt_logprobs = -1;
-                rp.resume_tokens = tokens, rp.n_resume = n, rp.resume_rng = rng;
                 char rid[JOURNAL_KEY_MAX + 32];
                 snprintf(rid, sizeof rid, "%s-p%d-s%d", g->id, i, j);
                 g->n_subs++;
@@ -148,64 +124,47 @@ static void resubmit(struct server *s, struct http_gen *g, const struct journal_
     if (last) http_gen_unref(g); /* nothing left for the engine */
 }
 
-enum status http_journal_open(struct server *s)
+struct http_gen *http_resume_find(struct server *s, const char *key)
 {
-    pthread_mutex_init(&s->resumed_mu, NULL);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t x = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid() << 48;
-    x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33;
-    snprintf(s->boot_id, sizeof s->boot_id, "%012llx", (unsigned long long)(x & 0xffffffffffffull));
-    return journal_open(s->opts.journal_dir, (enum journal_fsync)s->opts.journal_fsync, &s->journal,
-                        &s->journal_pending, &s->n_journal_pending);
+    struct http_gen *g = s->resumed;
+    while (g && strcmp(g->id, key)) g = g->next_resumed;
+    return g;
 }
 
-void http_resume_all(struct server *s)
+int http_resume_entry(struct server *s, struct journal_entry *e)
 {
     struct http_adapter_snapshot an;
     http_adapter_snapshot(&s->models[0], &an);
     const struct http_chat_caps caps = {s->models[0].jtmpl != NULL, s->models[0].tool_format, s->models[0].reasoning};
-    int resumed = 0;
-    for (int k = 0; k < s->n_journal_pending; k++) {
-        struct journal_entry *e = &s->journal_pending[k];
-        const int is_chat = e->front == JOURNAL_HTTP_CHAT;
-        struct http_request q;
-        struct http_gen *g = NULL;
-        enum status st = e->front == JOURNAL_HTTP_CHAT || e->front == JOURNAL_HTTP_COMPLETIONS
-                             ? http_parse_request(e->body, e->body_len, is_chat, s->models[0].model_id, an.ptrs, an.n, &caps, &q)
-                             : status_errorf(STATUS_UNSUPPORTED, "front %d is not journaled by this version", e->front);
-        if (st == STATUS_OK) {
-            q.r.params.sampling.seed = e->seed;
-            q.r.params.has_seed = 1;
-            st = http_gen_prepare(s, &q, -1, e->key, &g);
-        }
-        if (st != STATUS_OK) {
-            /* The model or its adapters changed since: the request cannot go on. */
-            LOG_ERROR(MODULE, "req=%s cannot be resumed (%s): forgotten", e->key, status_message());
-            journal_end(s->journal, e->key);
-            journal_entry_free(e);
-            continue;
-        }
-        g->created = e->created;
-        g->journaled = g->resumed = 1;
-        pthread_mutex_lock(&g->mu);
-        g->log = *e; /* from now on it grows with the engine's events (http_gen_take_event) */
-        memset(e, 0, sizeof *e);
-        replay(g, &g->log);
-        if (g->active == 0) g->t_ended = base_now_s();
-        pthread_mutex_unlock(&g->mu);
-        resubmit(s, g, &g->log);
-        pthread_mutex_lock(&s->resumed_mu);
-        g->next_resumed = s->resumed;
-        s->resumed = g;
-        pthread_mutex_unlock(&s->resumed_mu);
-        resumed++;
+    const int is_chat = e->front == JOURNAL_HTTP_CHAT;
+    struct http_request q;
+    struct http_gen *g = NULL;
+    enum status st = http_parse_request(e->body, e->body_len, is_chat, s->models[0].model_id, an.ptrs, an.n, &caps, &q);
+    if (st == STATUS_OK) {
+        q.r.params.sampling.seed = e->seed;
+        q.r.params.has_seed = 1;
+        st = http_gen_prepare(s, &q, -1, e->key, &g);
     }
-    if (s->n_journal_pending)
-        LOG_INFO(MODULE, "resumed %d of %d journaled request(s)", resumed, s->n_journal_pending);
-    free(s->journal_pending);
-    s->journal_pending = NULL;
-    s->n_journal_pending = 0;
+    if (st != STATUS_OK) {
+        /* The model or its adapters changed since: the request cannot go on. */
+        LOG_ERROR(MODULE, "req=%s cannot be resumed (%s): forgotten", e->key, status_message());
+        journal_end(s->journal, e->key);
+        return 0;
+    }
+    g->created = e->created;
+    g->journaled = g->resumed = 1;
+    pthread_mutex_lock(&g->mu);
+    g->log = *e; /* from now on it grows with the engine's events (http_gen_take_event) */
+    memset(e, 0, sizeof *e);
+    replay(g, &g->log);
+    if (g->active == 0) g->t_ended = base_now_s();
+    pthread_mutex_unlock(&g->mu);
+    resubmit(s, g, &g->log);
+    pthread_mutex_lock(&s->resumed_mu);
+    g->next_resumed = s->resumed;
+    s->resumed = g;
+    pthread_mutex_unlock(&s->resumed_mu);
+    return 1;
 }
 
 /* ---- clients that come back ------------------------------------------------------------------ */
@@ -287,60 +246,33 @@ bad:
                          state);
 }
 
-/* The running first-run request with this id, or NULL; with s->resumed_mu held. */
-static struct http_gen *live_find(struct server *s, const char *key)
-{
-    struct http_gen *g = s->live;
-    while (g && strcmp(g->id, key)) g = g->live_next;
-    return g;
-}
-
 enum status http_resume_claim(struct server *s, struct http_gen *g)
 {
-    pthread_mutex_lock(&s->resumed_mu);
-    struct http_gen *r = s->resumed;
-    while (r && strcmp(r->id, g->id)) r = r->next_resumed;
-    const int taken = r || live_find(s, g->id);
-    if (!taken) {
-        g->live_next = s->live, g->live_prev = NULL;
-        if (s->live) s->live->live_prev = g;
-        s->live = g;
-        g->in_live = 1;
-    }
-    pthread_mutex_unlock(&s->resumed_mu);
-    if (taken)
-        return status_errorf(STATUS_ALREADY_EXISTS,
-                             "Idempotency-Key %s: a request with this key is running (sent twice, on two connections); "
-                             "its answer goes to the first connection", g->id);
-    return STATUS_OK;
+    g->live.key = g->id;
+    if (resume_key_claim(s, &g->live) == RESUME_KEY_FREE) return STATUS_OK;
+    return status_errorf(STATUS_ALREADY_EXISTS,
+                         "Idempotency-Key %s: a request with this key is running (sent twice, on two connections); "
+                         "its answer goes to the first connection", g->id);
 }
 
-void http_resume_release(struct http_gen *g)
-{
-    if (!g->in_live) return;
-    struct server *s = g->s;
-    pthread_mutex_lock(&s->resumed_mu);
-    if (g->live_prev) g->live_prev->live_next = g->live_next;
-    else s->live = g->live_next;
-    if (g->live_next) g->live_next->live_prev = g->live_prev;
-    g->in_live = 0;
-    pthread_mutex_unlock(&s->resumed_mu);
-}
+void http_resume_release(struct http_gen *g) { resume_key_release(g->s, &g->live); }
 
 enum status http_resume_attach(struct server *s, const char *key, const char *state, int fd, struct http_gen **out)
 {
     *out = NULL;
     pthread_mutex_lock(&s->resumed_mu);
-    struct http_gen *gone = sweep(s), *g = s->resumed;
-    while (g && strcmp(g->id, key)) g = g->next_resumed;
+    struct http_gen *gone = sweep(s), *g = http_resume_find(s, key);
     if (g) atomic_fetch_add(&g->refs, 1);
-    const int live = !g && live_find(s, key);
+    const enum resume_key_state state_of = g ? RESUME_KEY_RESUMED_HTTP : resume_key_state(s, key);
     pthread_mutex_unlock(&s->resumed_mu);
     unref_all(gone);
-    if (live) /* a first-run request is answered on its own connection only (it ends when that goes) */
+    if (state_of == RESUME_KEY_LIVE) /* answered on its own connection only (it ends when that goes) */
         return status_errorf(STATUS_FAILED_PRECONDITION,
                              "request %s is running and answered on the connection that sent it: it can be "
                              "taken over only after a server restart", key);
+    if (state_of == RESUME_KEY_RESUMED_GRPC)
+        return status_errorf(STATUS_FAILED_PRECONDITION,
+                             "request %s was a gRPC call: reattach with gRPC (metadata shardlm-resume-token)", key);
     if (!g) return status_errorf(STATUS_NOT_FOUND, "no journaled request %s", key);
     pthread_mutex_lock(&g->mu);
     if (g->attached) {
@@ -400,14 +332,9 @@ void http_resume_detach(struct http_gen *g, int delivered)
 
 void http_resume_stop(struct server *s)
 {
-    if (!s->journal) return;
-    for (int k = 0; k < s->n_journal_pending; k++) journal_entry_free(&s->journal_pending[k]); /* never resumed */
-    free(s->journal_pending);
-    s->journal_pending = NULL;
     pthread_mutex_lock(&s->resumed_mu);
     struct http_gen *g = s->resumed;
     s->resumed = NULL;
     pthread_mutex_unlock(&s->resumed_mu);
     unref_all(g); /* undelivered: no END, the next start offers them again */
-    pthread_mutex_destroy(&s->resumed_mu);
 }

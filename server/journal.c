@@ -120,6 +120,39 @@ enum status journal_entry_add(struct journal_entry *e, int run, const struct eng
     return STATUS_OK;
 }
 
+enum status journal_entry_resume(const struct journal_entry *e, int run, int j, const struct request_params *p,
+                                 struct request_params *rp, int32_t **tokens, uint64_t rng[4])
+{
+    size_t cap = 0;
+    int n = 0;
+    *tokens = NULL;
+    engine_sample_rng(p->sampling.seed, j, rng);
+    for (int k = 0; k < e->n_events; k++) {
+        const struct journal_event *je = &e->events[k];
+        if (je->run != run || je->sample != j || je->kind == ENGINE_EVENT_PROMPT_LOGPROBS) continue;
+        if (base_grow((void **)tokens, &cap, (size_t)n + (size_t)je->n_tokens + 1, sizeof **tokens) != 0) {
+            free(*tokens);
+            *tokens = NULL;
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        memcpy(*tokens + n, je->tokens, (size_t)je->n_tokens * sizeof **tokens);
+        n += je->n_tokens;
+        if (je->has_rng) memcpy(rng, je->rng, 4 * sizeof *rng);
+    }
+    *rp = *p;
+    rp->n = 1;
+    rp->prompt_logprobs = -1;
+    rp->resume_tokens = *tokens, rp->n_resume = n, rp->resume_rng = rng;
+    return STATUS_OK;
+}
+
+int journal_entry_finished(const struct journal_entry *e, int run, int j)
+{
+    for (int k = 0; k < e->n_events; k++)
+        if (e->events[k].run == run && e->events[k].sample == j && e->events[k].kind == ENGINE_EVENT_FINISHED) return 1;
+    return 0;
+}
+
 void journal_event_view(const struct journal_event *je, struct engine_event *ev)
 {
     *ev = (struct engine_event){.kind = (enum engine_event_kind)je->kind, .sample = je->sample,

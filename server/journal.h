@@ -6,7 +6,8 @@
  * The file DIR/journal holds records, each `u32 length, u32 check, payload` (check: FNV-1a of the
  * payload folded to 32 bits; a short or damaged last record, the write a kill cut, is dropped at
  * load and logged). Payloads, written with kernels/base/codec.h:
- *   ACCEPT  key, front kind, created (Unix s), deadline (Unix s, 0 none), seed, the request body
+ *   ACCEPT  key, front kind, created (Unix s), deadline (Unix s, 0 none: gRPC calls carry theirs,
+ *           HTTP requests have none), seed, the request body
  *   EVENT   key, run, and the engine event (kind, sample, tokens, text, log-probabilities and
  *           their top alternatives, finish, status, message, usage, the sample's RNG state)
  *   END     key: the request ended and its client has its answer; the journal forgets it
@@ -21,8 +22,9 @@
  * At open, the records of requests that ended are dropped (the file is rewritten, fsync'd and
  * renamed over the old one) and the others returned; the file is truncated whenever no request
  * is open and it has grown past JOURNAL_TRUNCATE_BYTES.
- * Not here: what the records mean to a front (http_resume.c), the engine's resumption
- * (request_params.resume_*). Tests: tests/server/test_journal.py.
+ * Not here: what the records mean to a front (http_resume.c, grpc_resume.c; resume.c hands
+ * them out), the engine's resumption (request_params.resume_*).
+ * Tests: tests/server/test_journal.py, tests/server/test_journal_grpc.py.
  * Threads: every call is thread-safe (one mutex); journal_event is called on engine threads. */
 #ifndef SHARDLM_JOURNAL_H
 #define SHARDLM_JOURNAL_H
@@ -39,8 +41,16 @@ enum journal_fsync { JOURNAL_FSYNC_ACCEPT = 0, JOURNAL_FSYNC_ALWAYS, JOURNAL_FSY
 /* "accept", "always" or "never" into *out; anything else STATUS_INVALID_ARGUMENT naming them. */
 enum status journal_fsync_parse(const char *s, enum journal_fsync *out);
 
-/* Which front and endpoint a journaled request came through (its body is that endpoint's). */
-enum journal_front { JOURNAL_HTTP_COMPLETIONS = 1, JOURNAL_HTTP_CHAT = 2 };
+/* Which front and endpoint a journaled request came through (its body is that endpoint's: the
+ * OpenAI JSON, or the gRPC method's protobuf request). Values reach the file: only appended. */
+enum journal_front {
+    JOURNAL_HTTP_COMPLETIONS = 1,
+    JOURNAL_HTTP_CHAT = 2,
+    JOURNAL_GRPC_GENERATE = 3,
+    JOURNAL_GRPC_GENERATE_STREAM = 4,
+    JOURNAL_GRPC_CHAT = 5,
+    JOURNAL_GRPC_CHAT_STREAM = 6,
+};
 
 /* One engine event as journaled (owned copies; an engine_event view of it: journal_event_view). */
 struct journal_event {
@@ -94,5 +104,14 @@ void        journal_end(struct journal *j, const char *key);
 
 /* A copy of ev (with run) appended to e->events; STATUS_RESOURCE_EXHAUSTED when out of memory. */
 enum status journal_entry_add(struct journal_entry *e, int run, const struct engine_event *ev);
+/* The request that resumes sample j of run `run` in e, both fronts' (http_resume.c,
+ * grpc_resume.c): *rp = *p for one sample (n 1, no prompt log-probabilities) whose resume_*
+ * are the tokens it generated so far (*tokens, malloc'd: the caller frees it after
+ * engine_submit) and the RNG state to go on from (rng; the seed's stream for sample j when it
+ * has no event yet). STATUS_RESOURCE_EXHAUSTED when out of memory. */
+enum status journal_entry_resume(const struct journal_entry *e, int run, int j, const struct request_params *p,
+                                 struct request_params *rp, int32_t **tokens, uint64_t rng[4]);
+/* 1 when sample j of run `run` has its FINISHED event in e. */
+int         journal_entry_finished(const struct journal_entry *e, int run, int j);
 
 #endif

@@ -60,7 +60,8 @@ static enum status cancel(struct server *s, const uint8_t *data, size_t len, uin
         if (!target) st = status_errorf(STATUS_NOT_FOUND, "no running request has id '%s'", id);
         else {
             target->cancelled_by_rpc = 1;
-            engine_cancel(target->m->engine, target->handle);
+            if (target->job) grpc_resume_cancel(target);
+            else engine_cancel(target->m->engine, target->handle);
             LOG_INFO("server", "req=%s cancelled by Cancel", id);
             st = convert_cancel_response(1, out, out_len);
         }

@@ -57,7 +57,7 @@ static enum status not_served(struct server *s, const char *name)
 
 /* The model name routes to (*m), not pinned: an id first; else an adapter, looked up in each
  * loaded engine with a pin held meanwhile (which keeps it loaded; it does not count as use). */
-static enum status route(struct server *s, const char *name, struct served_model **m)
+enum status server_route(struct server *s, const char *name, struct served_model **m)
 {
     *m = &s->models[0];
     if (!name || !*name || s->n_models == 1) return STATUS_OK;
@@ -167,7 +167,7 @@ enum status server_acquire(struct server *s, const char *name, int may_block, st
 {
     struct served_model *m;
     *out = NULL;
-    enum status st = route(s, name, &m);
+    enum status st = server_route(s, name, &m);
     if (st != STATUS_OK) return st;
     double deadline = base_now_s() + MODELS_WAIT_S;
     pthread_mutex_lock(&s->models_mu);

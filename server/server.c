@@ -31,6 +31,7 @@
 #include "http_internal.h"
 #include "metrics.h"
 #include "reflection.h"
+#include "journal.h"
 #include "server_internal.h"
 #include "tokenizer.h"
 #include "tool_format.h"
@@ -294,7 +295,7 @@ static void *control_main(void *arg)
         server_wake(s);
         return NULL;
     }
-    if (s->journal) http_resume_all(s); /* before serving: a client that reconnects finds its request */
+    if (s->journal) resume_all(s); /* before serving: a client that reconnects finds its request */
     atomic_store(&s->phase, PHASE_READY);
     server_wake(s);
 
@@ -492,6 +493,7 @@ enum status server_run(const struct server_options *o)
     if ((st = reflection_init(&s->refl)) != STATUS_OK) goto out_early;
     s->metrics = metrics_create();
     if ((st = server_models(s)) != STATUS_OK) goto out_early;
+    if (o->journal_dir && (st = resume_open(s)) != STATUS_OK) goto out_early; /* before either front */
     /* HTTP first: its failure leaves no gRPC server to tear down. */
     if (o->http_listen && (st = http_start(s)) != STATUS_OK) goto out_early;
 
@@ -557,6 +559,9 @@ enum status server_run(const struct server_options *o)
 
 out_early:
     http_stop(s);
+    resume_stop(s); /* after both fronts and the drain: nothing resumed is read or written any more */
+    journal_close(s->journal); /* after the fronts and the engine: nothing writes to it */
+    s->journal = NULL;
     metrics_free(s->metrics);
     if (creds) grpc_server_credentials_release(creds);
     reflection_free(s->refl);

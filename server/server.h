@@ -54,8 +54,8 @@ struct server_options {
     int         http_responses_store;  /* /v1/responses kept for GET and previous_response_id at
                                           most (and HTTP_RESPONSES_STORE_BYTES of JSON); 0 = 1024 */
     const char *journal_dir;     /* the stream journal (server/journal.h, docs/reliability.md):
-                                    accepted OpenAI chat / completions requests and their events,
-                                    resumed after a restart; NULL: off. Needs http_listen. */
+                                    accepted gRPC generation calls and OpenAI chat / completions
+                                    requests and their events, resumed after a restart; NULL: off. */
     int         journal_fsync;   /* enum journal_fsync; 0 = accept */
     const char *finetune_dir;    /* serve --fine-tuning DIR: /v1/files and /v1/fine_tuning/jobs
                                     (http_finetune.c), uploads and jobs under DIR; NULL: off.

@@ -7,6 +7,8 @@
  *   call.c        the life of one call: accepting it, its batches (receive, send, close),
  *                 dispatch to a handler, freeing it
  *   generation.c  Generate / Chat and their streams: engine events, output buffers, responses
+ *   grpc_resume.c the gRPC side of the stream journal: journaled calls, resumed jobs, reattaching
+ *   resume.c      the stream journal's requests of both fronts: start, id registry, sweep, stop
  *   methods.c     Tokenize, Detokenize, Cancel, GetModelInfo, GetServerStats, LoadAdapter,
  *                 UnloadAdapter, reflection
  *   embed.c       embeddings for both fronts (checks, tokenization, metrics) and gRPC Embed
@@ -47,6 +49,15 @@ struct http_gen;      /* http_internal.h */
 struct journal;       /* journal.h */
 struct journal_entry; /* journal.h */
 struct metrics;      /* metrics.h */
+struct grpc_job;     /* grpc_resume.c */
+
+/* A journaled first-run request's key (its request id) while the request runs: in s->live,
+ * under s->resumed_mu, so that no second request of either front takes it (resume_key_claim). */
+struct resume_key {
+    struct resume_key *prev, *next;
+    const char        *key;     /* borrowed from the request */
+    int                in_list;
+};
 
 #define N_REQUEST_SLOTS 8
 
@@ -157,6 +168,18 @@ struct call {
     int            cancelled_by_rpc;
     struct chat_parse chat;       /* Chat: how replies are parsed (chat_tools.h) */
     struct chat_stream *chat_streams; /* (n_samples) ChatStream with chat.on: each sample's parse */
+    /* the stream journal (resume.c, grpc_resume.c, docs/reliability.md) */
+    char          *resume_token;  /* metadata shardlm-resume-token: reattach to this journaled request */
+    char          *resume_from;   /* metadata shardlm-resume-from: what the client has of it */
+    int            journaled;     /* a first run whose ACCEPT is in the journal: events go there first */
+    int            drained;       /* journaled, cut by the server's drain: no END, a restart resumes it */
+    struct resume_key live;       /* journaled: its request id in s->live until the call is freed */
+    struct grpc_job *job;         /* reattached: the resumed request it reads (holds a reference) */
+    int            job_next;      /* reattached: the job's next event to take */
+    int            job_delivered; /* reattached: gen_pump sent the request's last message and status */
+    int            replaying;     /* gen_pump sends nothing while a reattach rebuilds the client's view */
+    grpc_metadata  resume_md;     /* journaled: shardlm-resume-token in the initial metadata */
+    int            has_resume_md;
     /* health watch */
     int            watch_last;    /* last status sent, 0 = none */
     int            watch_unknown; /* watching a service we do not know */
@@ -310,10 +333,11 @@ struct server {
     struct journal       *journal;              /* serve --journal (journal.h); NULL: off */
     struct journal_entry *journal_pending;      /* its open requests, until http_resume_all */
     int                   n_journal_pending;
-    pthread_mutex_t       resumed_mu;           /* guards resumed and live */
+    pthread_mutex_t       resumed_mu;           /* guards resumed, grpc_jobs and live */
     struct http_gen      *resumed;              /* gens rebuilt from the journal, until delivered */
-    struct http_gen      *live;                 /* journaled first-run gens, until they are freed:
-                                                   their ids (Idempotency-Keys) are taken */
+    struct grpc_job      *grpc_jobs;            /* gRPC requests rebuilt from the journal (grpc_resume.c) */
+    struct resume_key    *live;                 /* journaled first-run requests of both fronts, until
+                                                   they are freed: their ids are taken */
     char                  boot_id[16];          /* hex, new at every start: journaled ids are unique */
     long long             t_created;            /* Unix seconds at start */
     struct metrics       *metrics;
@@ -370,6 +394,9 @@ void        server_model_note_info(struct server *s, struct served_model *m);
  * elsewhere (call_pin_model). On STATUS_OK with *m set, the caller owns one pin: it must call
  * server_release once. Any thread. */
 enum status server_acquire(struct server *s, const char *name, int may_block, struct served_model **m);
+/* The model name routes to (*m: an id, else the adapter of a loaded model; the first model for
+ * none), not pinned nor loaded: for a server whose models never unload (a journal). */
+enum status server_route(struct server *s, const char *name, struct served_model **m);
 /* One more pin of m, which the caller pins already (cannot fail). */
 void        server_pin(struct server *s, struct served_model *m);
 /* Gives back one pin of m (accepts NULL). */
@@ -452,6 +479,70 @@ enum status  gen_prompt(const struct served_model *m, struct gen_request *r, int
  * fronts call it once the request is parsed; params.adapter then borrows from r or from the
  * server's options. */
 enum status  gen_resolve_adapter(const struct served_model *m, struct gen_request *r);
+
+/* Parses a Generate / Chat request body (data[0..len), borrowed) into *r, routes its model (*m,
+ * server_route: not pinned; a journaled server serves one model, always loaded) and builds its
+ * prompt (gen_build_prompt): what a journaled request's resumption redoes from the journaled
+ * body. On error *r is freed. */
+enum status  gen_build(struct server *s, const uint8_t *data, size_t len, int is_chat, struct gen_request *r,
+                       struct served_model **m, struct chat_parse *chat, int32_t **ids, int *n_ids);
+/* r's prompt on model m: the chat tools applied (chat, for is_chat), the prompt rendered and
+ * tokenized (*ids malloc'd; NULL on error) and noted for reply parsing. r stays the caller's. */
+enum status  gen_build_prompt(struct served_model *m, struct gen_request *r, int is_chat, struct chat_parse *chat,
+                              int32_t **ids, int *n_ids);
+/* Loop thread: one engine event into c's buffers as if the engine had sent it (no send, no free). */
+void         gen_take_engine_event(struct call *c, const struct engine_event *ev);
+
+/* ---- resume.c: the stream journal's requests, both fronts (docs/reliability.md) -------------- */
+
+enum resume_key_state { RESUME_KEY_FREE, RESUME_KEY_LIVE, RESUME_KEY_RESUMED_HTTP, RESUME_KEY_RESUMED_GRPC };
+/* Opens opts.journal_dir (s->journal) and keeps its open requests for resume_all; errors name
+ * the directory. */
+enum status resume_open(struct server *s);
+/* Resumes the journal's open requests (after the engine is ready, before it serves), each by
+ * its front (http_resume_entry, grpc_resume_entry). */
+void        resume_all(struct server *s);
+/* Who has key now; with s->resumed_mu held. */
+enum resume_key_state resume_key_state(struct server *s, const char *key);
+/* Puts k (k->key set) in s->live when no request has its key, and returns RESUME_KEY_FREE;
+ * else returns who has it and takes nothing. resume_key_release takes it out (when in). */
+enum resume_key_state resume_key_claim(struct server *s, struct resume_key *k);
+void        resume_key_release(struct server *s, struct resume_key *k);
+/* Forgets the resumed requests of both fronts whose answer waited past --journal-retain. */
+void        resume_sweep(struct server *s);
+/* After the fronts stopped: drops what was resumed and not delivered (the journal keeps it). */
+void        resume_stop(struct server *s);
+
+/* http_resume.c (http_internal.h has the rest) */
+struct http_gen *http_resume_find(struct server *s, const char *key); /* s->resumed_mu held */
+int         http_resume_entry(struct server *s, struct journal_entry *e); /* 1: resumed; e emptied */
+void        http_resume_stop(struct server *s);
+void        http_resume_sweep(struct server *s); /* the HTTP half of resume_sweep */
+
+/* ---- grpc_resume.c: the gRPC front's side of the stream journal ---------------------------- */
+
+struct grpc_job *grpc_resume_find(struct server *s, const char *key); /* s->resumed_mu held */
+/* Rebuilds a journaled gRPC request and resubmits its unfinished samples (1: resumed; e is
+ * emptied then); one that cannot go on is ended in the journal (0). */
+int         grpc_resume_entry(struct server *s, struct journal_entry *e);
+void        grpc_resume_sweep(struct server *s);
+void        grpc_resume_stop(struct server *s);
+/* Loop thread: a first-run call's ACCEPT (body data[0..len), its seed fixed first, deadline in
+ * Unix seconds or 0); claims its request id. STATUS_ALREADY_EXISTS when a running or resumed
+ * request has it, STATUS_UNAVAILABLE when the journal cannot take it. */
+enum status grpc_journal_accept(struct call *c, const uint8_t *data, size_t len, struct request_params *p,
+                                double deadline);
+/* Engine thread: a journaled call's event, journaled before its client can see it. */
+void        grpc_journal_event(struct call *c, const struct engine_event *ev);
+/* Loop thread: a call with metadata shardlm-resume-token reattaches to its journaled request
+ * (or ends with NOT_FOUND, FAILED_PRECONDITION, INVALID_ARGUMENT, DEADLINE_EXCEEDED). */
+void        grpc_resume_attach(struct call *c, const uint8_t *data, size_t len);
+/* Loop thread, after every wake: the reattached calls take their jobs' new events and send. */
+void        grpc_resume_pump(struct server *s);
+/* Loop thread: c's client went away (the job runs on) or c is freed (delivered or not). */
+void        grpc_resume_detach(struct call *c);
+/* Loop thread: Cancel of a reattached call cancels its job's engine requests. */
+void        grpc_resume_cancel(struct call *c);
 
 /* ---- methods.c ----------------------------------------------------------------------------- */
 

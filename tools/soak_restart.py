@@ -11,7 +11,11 @@ nothing lost, nothing twice. Prints the counts; exit 1 on any difference or lost
                                 [--kills 5] [--interval 2.0] [--overhead]
 --overhead: no kills; the same requests with and without --journal, alternating three times,
 and the best wall time of each (the journal's cost on this machine; one run, same binary).
-A benchmark-style run (minutes), not a test: `ctest -R server_journal` is the short version."""
+--grpc: the same soak over gRPC (GenerateStream / ChatStream), each client a
+shardlm_client.Client that reattaches by itself (resume token); a call cut before the server
+named its token is sent again as new. Token ids, text and finish reasons per sample are compared.
+A benchmark-style run (minutes), not a test: `ctest -R server_journal` (and server_journal_grpc)
+is the short version."""
 import argparse
 import json
 import os
@@ -55,8 +59,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start(shardlm, model, journal, port, name):
+def start(shardlm, model, journal, port, name, grpc_port=None):
     extra = ["--batch-invariant", "--max-seqs", "64", "--http", f"127.0.0.1:{port}"]
+    if grpc_port:
+        extra += ["--listen", f"127.0.0.1:{grpc_port}"]
     if journal:
         extra += ["--journal", str(journal)]
     return TS.Server(shardlm, model, *extra, name=name)
@@ -155,6 +161,84 @@ def overhead(a, model, work, reqs):
     return 0
 
 
+def grpc_answer(client, path, body):
+    """One request over gRPC, streamed: {sample: (token ids, text, finish)}."""
+    kw = dict(max_tokens=body["max_tokens"], temperature=body["temperature"], seed=body["seed"], n=body["n"])
+    it = (client.chat_stream([("user", body["messages"][0]["content"])], **kw) if "messages" in body
+          else client.generate_stream(body["prompt"], **kw))
+    out = {}
+    for ch in it:
+        o = out.setdefault(ch.index, [[], "", ""])
+        o[0] += ch.token_ids
+        o[1] += ch.text
+        o[2] = ch.finish_reason or o[2]
+    return {k: tuple(v[:2]) + (v[2],) for k, v in out.items()}
+
+
+def soak_grpc(a, model, work, reqs):
+    from shardlm_client import Client as GrpcClient
+    import grpc
+    gport = free_port()
+    srv = start(a.shardlm, model, work / "journal", free_port(), "grpc-soak-0", gport)
+    got, lost, again, lock = [None] * len(reqs), {}, [0], threading.Lock()
+    todo = list(range(len(reqs)))
+
+    def worker():
+        client = GrpcClient(f"127.0.0.1:{gport}", resume_for=120)
+        while True:
+            with lock:
+                if not todo:
+                    break
+                i = todo.pop(0)
+            end = time.time() + 600
+            while got[i] is None and time.time() < end:
+                try:
+                    got[i] = grpc_answer(client, *reqs[i])
+                except grpc.RpcError as e:
+                    # UNAVAILABLE before the server named a token (refused: it was down): send again.
+                    if e.code() != grpc.StatusCode.UNAVAILABLE:
+                        lost[i] = f"{e.code()}: {e.details()}"
+                        break
+                    with lock:
+                        again[0] += 1
+                    time.sleep(0.1)
+        client.close()
+
+    t0 = time.time()
+    threads = [threading.Thread(target=worker) for _ in range(a.concurrency)]
+    for t in threads:
+        t.start()
+    kills = 0
+    while kills < a.kills and any(t.is_alive() for t in threads):
+        time.sleep(a.interval)
+        srv.proc.send_signal(signal.SIGKILL)
+        srv.proc.wait(timeout=30)
+        srv.log.close()
+        kills += 1
+        srv = start(a.shardlm, model, work / "journal", free_port(), f"grpc-soak-{kills}", gport)
+        log = srv.log_path.read_text()
+        resumed = [ln for ln in log.splitlines() if "open request(s) to resume" in ln]
+        print(f"kill {kills} at {time.time() - t0:.1f} s: {resumed[-1].split(': ', 2)[-1] if resumed else '?'}",
+              flush=True)
+    for t in threads:
+        t.join()
+    elapsed = time.time() - t0
+    srv.stop()
+    reattached = sum(p.read_text().count("a gRPC client reattached") for p in TS.LOG_DIR.glob("grpc-soak-*.log"))
+    ref_srv = start(a.shardlm, model, None, free_port(), "grpc-reference", free_port())
+    with GrpcClient(ref_srv.target, resume_for=0) as c:
+        refs = [grpc_answer(c, *r) for r in reqs]
+    ref_srv.stop()
+    missing = [i for i in range(len(reqs)) if got[i] is None]
+    diff = [i for i in range(len(reqs)) if got[i] is not None and got[i] != refs[i]]
+    print(f"gRPC: requests {len(reqs)}, concurrency {a.concurrency}, SIGKILLs {kills}, reattachments {reattached}, "
+          f"sent again (cut before their token) {again[0]}, {elapsed:.1f} s")
+    print(f"lost {len(missing)}, different from the uninterrupted answer {len(diff)}")
+    for i in (missing + diff)[:5]:
+        print(f"  request {i}: {lost.get(i, '')} {reqs[i]}")
+    return 0 if not missing and not diff else 1
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -163,6 +247,7 @@ def main():
     ap.add_argument("--kills", type=int, default=5)
     ap.add_argument("--interval", type=float, default=2.0)
     ap.add_argument("--overhead", action="store_true")
+    ap.add_argument("--grpc", action="store_true")
     a = ap.parse_args()
     assets = Path(os.environ.get("SHARDLM_ASSETS", ROOT.parent / "shared/assets"))
     work = Path(tempfile.mkdtemp(prefix="shardlm-soak-restart-"))
@@ -172,6 +257,8 @@ def main():
         reqs = requests(a.requests, 1)
         if a.overhead:
             return overhead(a, model, work, reqs)
+        if a.grpc:
+            return soak_grpc(a, model, work, reqs)
         port = free_port()
         box = [port]
         srv = start(a.shardlm, model, work / "journal", port, "soak-0")

@@ -8,10 +8,19 @@ the examples.
         print(c.generate("Once upon a time", max_tokens=32, temperature=0).text)
         for chunk in c.chat_stream([("user", "Tell me a story")]):
             print(chunk.text, end="", flush=True)
+
+Against a server with a stream journal (`serve --journal DIR`, docs/reliability.md), generation
+calls survive a server restart by themselves: the server names each journaled call's resume token
+in its initial metadata (shardlm-resume-token), and when the call fails with UNAVAILABLE (the
+server was killed, drained or is restarting) the client calls again with the token and, for a
+stream, what it already has (shardlm-resume-from), for up to Client(resume_for=60) seconds, so
+that the caller sees every chunk once. Calls to a server without a journal carry no token and
+fail as before.
 """
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
@@ -224,20 +233,58 @@ def _tools_fields(req: "pb.ChatRequest", tools, tool_choice, parallel_tool_calls
                                     else json.dumps(chat_template_kwargs))
 
 
-class Stream:
-    """An iterator of Chunk; cancel() ends the call (the server frees the request)."""
+RESUME_TOKEN = "shardlm-resume-token"
+RESUME_FROM = "shardlm-resume-from"
 
-    def __init__(self, call):
-        self._call = call
+
+def _token(call) -> Optional[str]:
+    """The resume token a journaling server put in the call's initial metadata, or None."""
+    try:
+        return dict(call.initial_metadata() or ()).get(RESUME_TOKEN)
+    except grpc.RpcError:
+        return None
+
+
+class Stream:
+    """An iterator of Chunk; cancel() ends the call (the server frees the request). With reopen
+    (a function of extra metadata giving a new call of the same request) and a resume token from
+    the server, a call that fails with UNAVAILABLE is reattached for up to resume_for seconds."""
+
+    def __init__(self, call, reopen=None, n_samples: int = 1, resume_for: float = 0.0):
+        self._call, self._reopen, self._n, self._resume_for = call, reopen, n_samples, resume_for
+        self._cancelled = False
 
     def __iter__(self) -> Iterator[Chunk]:
-        for r in self._call:
-            u = r.usage if r.HasField("usage") else None
-            yield Chunk(r.request_id, r.index, r.text, list(r.token_ids), FINISH_REASONS.get(r.finish_reason, "?"),
-                        u.prompt_tokens if u else 0, u.completion_tokens if u else 0, _logprobs(r.logprobs),
-                        _logprobs(r.prompt_logprobs), r.content, r.reasoning_content, _tool_calls(r.tool_calls))
+        token, counts, finals, give_up = None, [0] * self._n, [False] * self._n, None
+        while True:
+            try:
+                if token is None and self._reopen and self._resume_for > 0:
+                    token = _token(self._call)
+                for r in self._call:
+                    give_up = None
+                    if 0 <= r.index < self._n:
+                        counts[r.index] += len(r.token_ids)
+                        finals[r.index] |= r.finish_reason != 0
+                    u = r.usage if r.HasField("usage") else None
+                    yield Chunk(r.request_id, r.index, r.text, list(r.token_ids),
+                                FINISH_REASONS.get(r.finish_reason, "?"), u.prompt_tokens if u else 0,
+                                u.completion_tokens if u else 0, _logprobs(r.logprobs), _logprobs(r.prompt_logprobs),
+                                r.content, r.reasoning_content, _tool_calls(r.tool_calls))
+                return
+            except grpc.RpcError as e:
+                if self._cancelled or not token or e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                give_up = give_up or time.monotonic() + self._resume_for
+                if time.monotonic() > give_up:
+                    raise
+                time.sleep(0.1)
+                md = [(RESUME_TOKEN, token)]
+                if any(counts) or any(finals):
+                    md.append((RESUME_FROM, ",".join(f"{c}{'!' if f else ''}" for c, f in zip(counts, finals))))
+                self._call = self._reopen(md)
 
     def cancel(self) -> None:
+        self._cancelled = True
         self._call.cancel()
 
 
@@ -247,7 +294,7 @@ class Client:
 
     def __init__(self, target: str = "127.0.0.1:50051", *, api_key: Optional[str] = None,
                  root_cert: Optional[bytes] = None, tls_server_name: Optional[str] = None,
-                 timeout: Optional[float] = None):
+                 timeout: Optional[float] = None, resume_for: float = 60.0):
         options = [("grpc.max_receive_message_length", 64 << 20)]
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
@@ -258,6 +305,7 @@ class Client:
         self.stub = pb_grpc.TextGenerationStub(self.channel)
         self.metadata = [("authorization", f"Bearer {api_key}")] if api_key else []
         self.timeout = timeout
+        self.resume_for = resume_for  # seconds a journaled call keeps reattaching (0: never)
 
     def close(self) -> None:
         self.channel.close()
@@ -303,17 +351,46 @@ class Client:
         _tools_fields(req, tools, tool_choice, parallel_tool_calls, chat_template_kwargs)
         return req
 
+    def _unary(self, method, req, timeout):
+        """One unary call; reattached with its resume token on UNAVAILABLE (a journaling server
+        sends it in the initial metadata at once, which grpcio keeps when the call fails)."""
+        fut = method.future(req, **self._kw(timeout))
+        try:
+            return fut.result()
+        except grpc.RpcError as e:
+            token = _token(fut) if e.code() == grpc.StatusCode.UNAVAILABLE and self.resume_for > 0 else None
+            if not token:
+                raise
+        give_up = time.monotonic() + self.resume_for
+        kw = self._kw(timeout)
+        kw["metadata"] = list(kw["metadata"]) + [(RESUME_TOKEN, token)]
+        while True:
+            time.sleep(0.1)
+            try:
+                return method(req, **kw)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > give_up:
+                    raise
+
+    def _stream(self, method, req, timeout) -> Stream:
+        kw = self._kw(timeout)
+
+        def reopen(md):
+            return method(req, **dict(kw, metadata=list(kw["metadata"]) + md))
+
+        return Stream(method(req, **kw), reopen, max(req.sampling.n, 1), self.resume_for)
+
     def generate(self, prompt: Optional[str] = None, *, timeout: Optional[float] = None, **kw) -> Generation:
-        return self._generation(self.stub.Generate(self.generate_request(prompt, **kw), **self._kw(timeout)))
+        return self._generation(self._unary(self.stub.Generate, self.generate_request(prompt, **kw), timeout))
 
     def generate_stream(self, prompt: Optional[str] = None, *, timeout: Optional[float] = None, **kw) -> Stream:
-        return Stream(self.stub.GenerateStream(self.generate_request(prompt, **kw), **self._kw(timeout)))
+        return self._stream(self.stub.GenerateStream, self.generate_request(prompt, **kw), timeout)
 
     def chat(self, messages: Iterable[Message], *, timeout: Optional[float] = None, **kw) -> Generation:
-        return self._generation(self.stub.Chat(self.chat_request(messages, **kw), **self._kw(timeout)))
+        return self._generation(self._unary(self.stub.Chat, self.chat_request(messages, **kw), timeout))
 
     def chat_stream(self, messages: Iterable[Message], *, timeout: Optional[float] = None, **kw) -> Stream:
-        return Stream(self.stub.ChatStream(self.chat_request(messages, **kw), **self._kw(timeout)))
+        return self._stream(self.stub.ChatStream, self.chat_request(messages, **kw), timeout)
 
     # model (these methods): the served model it is for (a server of several: `serve --model`
     # repeated), by its id or an adapter's name; "" = the first.

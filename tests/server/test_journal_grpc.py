@@ -1,0 +1,428 @@
+#!/usr/bin/env python3
+"""gRPC streams that survive a restart (issue 33, docs/reliability.md): `serve --journal DIR` on
+stories260K under --batch-invariant, driven by grpcio. Groups:
+  restart    a GenerateStream (n 2), a ChatStream and a unary Generate are killed (SIGKILL) mid-way;
+             after the restart each client reattaches with its resume token (metadata
+             shardlm-resume-token, and shardlm-resume-from with the token ids it has per sample) and
+             what it assembles from both calls equals an uninterrupted server's answer token for
+             token, no message twice, none missing; a delivered request is NOT_FOUND afterwards;
+             refusals: an unknown token (NOT_FOUND), a position the stream never had and the wrong
+             method (INVALID_ARGUMENT), a request that another call reads (FAILED_PRECONDITION)
+  live       a token naming a first-run request still answered on its own call: FAILED_PRECONDITION;
+             the same request_id sent again while it runs: ALREADY_EXISTS; a token sent to a
+             server without a journal: INVALID_ARGUMENT naming --journal
+  deadline   a stream whose gRPC deadline passes while the server is down ends with
+             DEADLINE_EXCEEDED when its client reattaches (and the log says why), never silently
+  drain      SIGTERM with --drain-timeout 0 cuts a journaled stream with UNAVAILABLE (no END); the
+             restart finishes it for the reattaching client with the uninterrupted answer
+  client     shardlm_client.Client's generate_stream and generate against a server SIGKILLed twice
+             and restarted on the same port (SmolLM2-135M's GGUF, --gguf: slow enough that both kills
+             land mid-answer; SKIP without it): they go on by themselves (UNAVAILABLE, the token) and
+             give the uninterrupted answer
+Reference answers come from a journaled server that is never interrupted; no expected text here.
+
+  test_journal_grpc.py --shardlm BUILD/cli/shardlm [GROUP...]
+"""
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+SKIP = 77
+sys.dont_write_bytecode = True
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import test_server as TS  # noqa: E402  (SKIPs by itself without grpcio or the client)
+from checks import Checks  # noqa: E402
+
+grpc, pb, pb_grpc, Client = TS.grpc, TS.pb, TS.pb_grpc, TS.Client
+from shardlm_client import sampling_params  # noqa: E402
+check = Checks()
+FLAGS = ("--batch-invariant", "--max-seqs", "16")
+STORY = "Once upon a time, there was a little girl named Lily. She"
+
+
+def gen_req(rid="", **sampling):
+    return pb.GenerateRequest(request_id=rid, prompt=STORY, sampling=sampling_params(**sampling))
+
+
+def chat_req(rid="", **sampling):
+    return pb.ChatRequest(request_id=rid, messages=[pb.ChatMessage(role="user", content="A big dog ran")],
+                          sampling=sampling_params(**sampling))
+
+
+# (method name, request): long sampled answers, so that a kill lands mid-way.
+STREAMS = [
+    ("GenerateStream", lambda: gen_req(max_tokens=400, temperature=1.0, top_p=0.95, seed=6, n=2)),
+    ("ChatStream", lambda: chat_req(max_tokens=400, temperature=0.9, seed=9)),
+]
+
+
+def UNARY(rid):
+    return gen_req(rid, max_tokens=450, temperature=0.9, seed=10, n=4)
+
+
+def server(shardlm, model, *extra, name):
+    return TS.Server(shardlm, model, *FLAGS, *extra, name=name)
+
+
+def kill9(srv):
+    srv.proc.send_signal(signal.SIGKILL)
+    srv.proc.wait(timeout=20)
+    srv.log.close()
+
+
+def stub(srv):
+    return pb_grpc.TextGenerationStub(grpc.insecure_channel(srv.target))
+
+
+class Reader:
+    """One streamed request's client over several calls: its messages, its resume token."""
+
+    def __init__(self, method, req):
+        self.method, self.req = method, req
+        self.msgs, self.token, self.code, self.details = [], None, None, ""
+
+    def state(self, n):
+        counts, finals = [0] * n, [False] * n
+        for m in self.msgs:
+            counts[m.index] += len(m.token_ids)
+            finals[m.index] |= m.finish_reason != 0
+        return ",".join(f"{c}{'!' if f else ''}" for c, f in zip(counts, finals))
+
+    def call(self, st, md=(), stop_after=None, req=None):
+        """Reads one call: until its status, or stop_after messages (the call is returned, open)."""
+        call = getattr(st, self.method)(self.req if req is None else req, metadata=list(md), timeout=120)
+        got = 0
+        try:
+            if self.token is None:
+                self.token = dict(call.initial_metadata() or ()).get("shardlm-resume-token")
+            for m in call:
+                self.msgs.append(m)
+                got += 1
+                if stop_after and got >= stop_after:
+                    return call
+            self.code = grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            self.code, self.details = e.code(), e.details()
+        return None
+
+    def start(self, st):
+        """Opens the call (every stream of a group runs before any is read: none ends before the kill)."""
+        call = getattr(st, self.method)(self.req, timeout=120)
+        self.token = dict(call.initial_metadata() or ()).get("shardlm-resume-token")
+        return call
+
+    def take(self, call, k):
+        for m in call:
+            self.msgs.append(m)
+            if len(self.msgs) >= k:
+                break
+        return call
+
+    def rest(self, call):
+        """What a call left open by call(stop_after) still delivers before it breaks."""
+        try:
+            for m in call:
+                self.msgs.append(m)
+            self.code = grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            self.code, self.details = e.code(), e.details()
+
+    def assemble(self):
+        out = {}
+        for m in self.msgs:
+            o = out.setdefault(m.index, {"text": "", "ids": [], "finish": 0, "finals": 0})
+            o["text"] += m.text
+            o["ids"] += list(m.token_ids)
+            if m.finish_reason:
+                o["finish"] = m.finish_reason
+                o["finals"] += 1
+        return out
+
+
+def unary_view(r):
+    return [(c.index, c.text, list(c.token_ids), c.finish_reason) for c in r.completions]
+
+
+def references(shardlm, model, work):
+    with server(shardlm, model, "--journal", str(work / "ref-journal"), name="ref") as srv:
+        st = stub(srv)
+        refs = []
+        for method, req in STREAMS:
+            r = Reader(method, req())
+            r.call(st)
+            check(r.code == grpc.StatusCode.OK and r.token, f"reference {method}: OK with a resume token ({r.code})")
+            refs.append(r.assemble())
+        unary = unary_view(st.Generate(UNARY("u-ref"), timeout=60))
+    return refs, unary
+
+
+def group_restart(shardlm, model, work):
+    refs, ref_unary = references(shardlm, model, work)
+    journal = work / "journal"
+    srv = server(shardlm, model, "--journal", str(journal), name="first")
+    st = stub(srv)
+    ufut = st.Generate.future(UNARY("u-1"), timeout=60)
+    readers = [Reader(m, req()) for m, req in STREAMS]
+    calls = [r.start(st) for r in readers]
+    calls = [r.take(c, 4) for r, c in zip(readers, calls)]
+    kill9(srv)
+    for r, c in zip(readers, calls):
+        r.rest(c)
+    check(all(r.code == grpc.StatusCode.UNAVAILABLE and r.token and len(r.msgs) >= 4 for r in readers),
+          f"every stream was cut mid-way after some messages ({[(r.code, len(r.msgs)) for r in readers]})")
+    try:
+        ufut.result()
+        check(False, "the unary call was cut by the kill")
+    except grpc.RpcError as e:
+        utoken = dict(e.initial_metadata() or ()).get("shardlm-resume-token")
+        check(e.code() == grpc.StatusCode.UNAVAILABLE and utoken == "u-1",
+              f"the unary call was cut, its resume token (its request_id) in the metadata it had: {e.code()} {utoken}")
+    with server(shardlm, model, "--journal", str(journal), name="restart") as srv:
+        st = stub(srv)
+        log = srv.log_path.read_text()
+        check("open request(s) to resume" in log and "gRPC GenerateStream" in log, "the journaled gRPC calls are resumed")
+        g = readers[0]
+        # Refusals first: none of them may take the request or lose a token.
+        bad = Reader(g.method, g.req)
+        bad.call(st, [("shardlm-resume-token", g.token), ("shardlm-resume-from", "100000,0")])
+        check(bad.code == grpc.StatusCode.INVALID_ARGUMENT and "shardlm-resume-from" in bad.details,
+              f"a position the stream never had: {bad.code} {bad.details}")
+        bad = Reader("GenerateStream", gen_req())
+        bad.call(st, [("shardlm-resume-token", readers[1].token)])
+        check(bad.code == grpc.StatusCode.INVALID_ARGUMENT and "ChatStream" in bad.details,
+              f"the wrong method: {bad.code} {bad.details}")
+        bad.call(st, [("shardlm-resume-token", "no-such-request")])
+        check(bad.code == grpc.StatusCode.NOT_FOUND and "no journaled request" in bad.details,
+              f"an unknown token: {bad.code} {bad.details}")
+        bad = Reader(g.method, gen_req(max_tokens=3))
+        bad.call(st, [("shardlm-resume-token", g.token)])
+        check(bad.code == grpc.StatusCode.INVALID_ARGUMENT and "empty or the original" in bad.details,
+              f"a different request message: {bad.code} {bad.details}")
+        # One reader holds the first stream while a second tries it.
+        holder = Reader(g.method, pb.GenerateRequest())
+        hc = holder.call(st, [("shardlm-resume-token", g.token)], stop_after=1)
+        other = Reader(g.method, g.req)
+        other.call(st, [("shardlm-resume-token", g.token)])
+        check(other.code == grpc.StatusCode.FAILED_PRECONDITION and "another client" in other.details,
+              f"a request another call reads: {other.code} {other.details}")
+        other.call(st, [("shardlm-resume-token", g.token)])
+        check(other.code == grpc.StatusCode.FAILED_PRECONDITION, f"and again (the refusal took nothing): {other.code}")
+        if hc:
+            hc.cancel()
+        time.sleep(0.3)  # the server sees the cancel: the request is free again (and runs on)
+        for i, r in enumerate(readers):
+            r.call(st, [("shardlm-resume-token", r.token), ("shardlm-resume-from", r.state(max(r.req.sampling.n, 1)))],
+                   req=pb.GenerateRequest() if i == 0 else None)  # empty, or the original request
+            got, want = r.assemble(), refs[i]
+            what = f"{r.method} (n {max(r.req.sampling.n, 1)})"
+            check(r.code == grpc.StatusCode.OK, f"{what}: the reattached call ends OK ({r.code} {r.details})")
+            check({k: v["ids"] for k, v in got.items()} == {k: v["ids"] for k, v in want.items()},
+                  f"{what}: the token ids over the kill equal the uninterrupted answer's, none twice, none missing")
+            check({k: v["text"] for k, v in got.items()} == {k: v["text"] for k, v in want.items()},
+                  f"{what}: the text over the kill equals the uninterrupted answer's")
+            check({k: (v["finish"], v["finals"]) for k, v in got.items()}
+                  == {k: (v["finish"], 1) for k, v in want.items()}, f"{what}: each sample's last message once")
+        try:
+            st.Generate(gen_req("u-1", max_tokens=2), timeout=60)
+            check(False, "a new call under the id of a resumed request is refused")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.ALREADY_EXISTS and "u-1" in e.details(),
+                  f"a new call under the id of a resumed request: {e.code()} {e.details()}")
+        try:
+            ans = st.Generate(pb.GenerateRequest(), metadata=[("shardlm-resume-token", "u-1")], timeout=60)
+            check(unary_view(ans) == ref_unary, "the unary Generate reattached by its token equals the uninterrupted answer")
+        except grpc.RpcError as e:
+            check(False, f"the unary Generate reattached by its token: {e.code()} {e.details()}")
+        again = Reader(g.method, g.req)
+        again.call(st, [("shardlm-resume-token", g.token)])
+        check(again.code == grpc.StatusCode.NOT_FOUND, f"a delivered request is not offered again: {again.code}")
+    with server(shardlm, model, "--journal", str(journal), name="after") as srv:
+        check("0 open request(s)" in srv.log_path.read_text(), "every delivered request left the journal")
+
+
+def group_live(shardlm, model, work):
+    with server(shardlm, model, "--journal", str(work / "journal-live"), name="live") as srv:
+        st = stub(srv)
+        first = Reader("GenerateStream", gen_req("live-1", max_tokens=400, temperature=1.0, seed=3))
+        fc = first.call(st, stop_after=1)
+        other = Reader("GenerateStream", gen_req())
+        other.call(st, [("shardlm-resume-token", "live-1")])
+        check(other.code == grpc.StatusCode.FAILED_PRECONDITION and "running" in other.details,
+              f"a token naming a first run answered on its own call: {other.code} {other.details}")
+        dup = Reader("GenerateStream", gen_req("live-1", max_tokens=4))
+        dup.call(st)
+        check(dup.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS) and "live-1" in dup.details,
+              f"the same request_id while it runs: {dup.code} {dup.details}")
+        first.rest(fc)
+        check(first.code == grpc.StatusCode.OK and first.token == "live-1", "the first call gets its whole answer")
+    with server(shardlm, model, name="nojournal") as srv:
+        r = Reader("GenerateStream", gen_req())
+        r.call(stub(srv), [("shardlm-resume-token", "x")])
+        check(r.code == grpc.StatusCode.INVALID_ARGUMENT and "--journal" in r.details,
+              f"a token without a journal: {r.code} {r.details}")
+        check(r.token is None, "a server without a journal names no resume token")
+        r.call(stub(srv), [("shardlm-resume-from", "3")])
+        check(r.code == grpc.StatusCode.INVALID_ARGUMENT and "shardlm-resume-token" in r.details,
+              f"shardlm-resume-from without a token: {r.code} {r.details}")
+
+
+def group_deadline(shardlm, model, work):
+    journal = work / "journal-deadline"
+    srv = server(shardlm, model, "--journal", str(journal), name="deadline")
+    st = stub(srv)
+    req = gen_req(max_tokens=450, temperature=1.0, seed=4, n=3)
+    t0 = time.monotonic()
+    call = st.GenerateStream(req, timeout=4.0)
+    token = dict(call.initial_metadata() or ()).get("shardlm-resume-token")
+    got = 0
+    for _ in call:
+        got += 1
+        if got >= 2:
+            break
+    kill9(srv)
+    time.sleep(max(0.0, 4.5 - (time.monotonic() - t0)))  # the deadline passes while it is down
+    with server(shardlm, model, "--journal", str(journal), name="deadline-restart") as srv:
+        r = Reader("GenerateStream", req)
+        r.call(stub(srv), [("shardlm-resume-token", token)])
+        check(r.code == grpc.StatusCode.DEADLINE_EXCEEDED,
+              f"a deadline that passed during the outage ends the reattached call: {r.code} {r.details}")
+        check(any(m.finish_reason == 5 for m in r.msgs), "its samples' last messages say deadline")
+        check("deadline passed while the server was down" in srv.log_path.read_text(), "the log says why")
+
+
+def group_drain(shardlm, model, work):
+    method, mk = STREAMS[0]
+    with server(shardlm, model, name="drain-ref") as srv:
+        ref = Reader(method, mk())
+        ref.call(stub(srv))
+    journal = work / "journal-drain"
+    srv = server(shardlm, model, "--journal", str(journal), "--drain-timeout", "0", name="drain")
+    r = Reader(method, mk())
+    c = r.call(stub(srv), stop_after=3)
+    srv.terminate()
+    r.rest(c)
+    code = srv.stop()
+    check(code == 0 and r.code == grpc.StatusCode.UNAVAILABLE and "shardlm-resume-token" in r.details,
+          f"the drain cut the journaled stream with UNAVAILABLE naming the token (exit {code}, {r.code} {r.details})")
+    with server(shardlm, model, "--journal", str(journal), name="drain-restart") as srv:
+        r.call(stub(srv), [("shardlm-resume-token", r.token), ("shardlm-resume-from", r.state(2))])
+    got, want = r.assemble(), ref.assemble()
+    check(r.code == grpc.StatusCode.OK and {k: (v["ids"], v["text"], v["finish"]) for k, v in got.items()}
+          == {k: (v["ids"], v["text"], v["finish"]) for k, v in want.items()},
+          f"after the restart the drained stream finishes with the uninterrupted answer ({r.code} {r.details})")
+
+
+def group_client(shardlm, model, work, gguf=None):
+    # A model slow enough here (SmolLM2-135M, about 30 tokens/s) that both kills land while the
+    # answers are generated: stories260K finishes them before the client is back.
+    if not gguf or not Path(gguf).exists():
+        print(f"SKIP client: no GGUF at {gguf!r} (tools/fetch_smollm2.sh)")
+        return
+    model = gguf
+    story = dict(max_tokens=120, temperature=1.0, top_p=0.95, seed=6, n=2)
+    unary_kw = dict(max_tokens=90, temperature=0.9, seed=10, n=2)
+    with server(shardlm, model, "--journal", str(work / "journal-client-ref"), name="client-ref") as srv:
+        with srv.client() as c:
+            want = [(ch.index, ch.text, ch.token_ids) for ch in c.generate_stream(STORY, **story)]
+            want_unary = c.generate(STORY, **unary_kw)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    journal = work / "journal-client"
+    flags = ("--journal", str(journal), "--listen", f"127.0.0.1:{port}")
+    srv = server(shardlm, model, *flags, name="client-0")
+    got, unary, errors = [], {}, []
+    client = Client(f"127.0.0.1:{port}", resume_for=60)
+
+    def consume():
+        try:
+            for ch in client.generate_stream(STORY, **story):
+                got.append((ch.index, ch.text, ch.token_ids))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    def fetch():
+        try:
+            unary["answer"] = client.generate(STORY, request_id="cu-1", **unary_kw)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume), threading.Thread(target=fetch)]
+    for t in threads:
+        t.start()
+    logs = []
+    for restart in (1, 2):
+        end = time.time() + 60
+        while len(got) < 6 * restart and time.time() < end:
+            time.sleep(0.002)
+        kill9(srv)
+        # the --listen of the first start, again: the client's target
+        srv = server(shardlm, model, *flags, name=f"client-{restart}")
+        logs.append(srv.log_path)
+    for t in threads:
+        t.join(timeout=120)
+    srv.stop()
+    for i, path in enumerate(logs):
+        log = path.read_text()
+        check(log.count("a gRPC client reattached") == 2 and "req=cu-1 (gRPC Generate): resumed" in log,
+              f"restart {i + 1}: both calls were cut mid-way and reattached by the client")
+    client.close()
+
+    def per_sample(chunks):
+        out = {}
+        for i, text, ids in chunks:
+            o = out.setdefault(i, ["", []])
+            o[0] += text
+            o[1] += ids
+        return out
+
+    check(not errors, f"Client.generate_stream and generate went on by themselves across two SIGKILLs ({errors})")
+    check(per_sample(got) == per_sample(want), "the stream's chunks equal the uninterrupted answer's, once each")
+    a = unary.get("answer")
+    check(a is not None and [(x.index, x.text, x.token_ids) for x in a.completions]
+          == [(x.index, x.text, x.token_ids) for x in want_unary.completions],
+          "Client.generate returns the uninterrupted unary answer")
+
+
+GROUPS = {"restart": group_restart, "live": group_live, "deadline": group_deadline, "drain": group_drain,
+          "client": group_client}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--gguf", help="SmolLM2-135M-Instruct.Q4_1.gguf (group client)")
+    ap.add_argument("groups", nargs="*")
+    a = ap.parse_args()
+    assets = Path(os.environ.get("SHARDLM_ASSETS", TS.ROOT.parent / "shared/assets"))
+    src = assets / "stories260K"
+    if not (src / "stories260K.bin").exists():
+        print(f"SKIP: stories260K not found under {assets}")
+        return SKIP
+    work = Path(tempfile.mkdtemp(prefix="shardlm-journal-grpc-"))
+    try:
+        TS.convert_stories260k(a.shardlm, src, work / "stories260K")
+        for g in a.groups or GROUPS:
+            try:
+                if g == "client":
+                    group_client(a.shardlm, work / "stories260K", work, a.gguf)
+                else:
+                    GROUPS[g](a.shardlm, work / "stories260K", work)
+            except Exception as e:  # noqa: BLE001
+                check(False, f"group {g}: {type(e).__name__}: {e}")
+    finally:
+        TS.kill_all()
+        subprocess.run(["rm", "-rf", str(work)])
+    return check.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
