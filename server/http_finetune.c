@@ -257,6 +257,27 @@ static struct served_model *model_named(struct server *s, const char *id)
     return NULL;
 }
 
+/* j->error from the trainer's message, whose "PATH:LINE: ..." of an uploaded file becomes
+ * "training_file ID, line LINE: ...": the client knows the file by its id, not the server's path. */
+static void job_error(struct ft_job *j, const char *msg, const char *data, const char *eval)
+{
+    const char *paths[2] = {data, eval}, *ids[2] = {j->training_file, j->validation_file};
+    const char *kinds[2] = {"training_file", "validation_file"};
+    for (int k = 0; k < 2; k++) {
+        size_t n = strlen(paths[k]);
+        if (!ids[k][0] || strncmp(msg, paths[k], n) || msg[n] != ':') continue;
+        char *end = NULL;
+        long line = strtol(msg + n + 1, &end, 10);
+        if (end != msg + n + 1 && *end == ':') {
+            snprintf(j->error, sizeof j->error, "%s %s, line %ld:%s", kinds[k], ids[k], line, end + 1);
+            return;
+        }
+        snprintf(j->error, sizeof j->error, "%s %s:%s", kinds[k], ids[k], msg + n + 1);
+        return;
+    }
+    snprintf(j->error, sizeof j->error, "%s", msg);
+}
+
 /* Trains job j (ft->mu not held; j's settings do not change once queued), then publishes its
  * adapter. Returns the job's end state, with j->error set on failure. */
 static enum ft_state run_job(struct server *s, struct ft_job *j)
@@ -291,7 +312,7 @@ static enum ft_state run_job(struct server *s, struct ft_job *j)
     enum status st = train_run(&o);
     if (st == STATUS_CANCELLED || j->stop) return FT_CANCELLED;
     if (st != STATUS_OK) {
-        snprintf(j->error, sizeof j->error, "%s", status_message());
+        job_error(j, status_message(), data, eval);
         return FT_FAILED;
     }
     struct served_model *pinned = NULL;
@@ -724,7 +745,7 @@ enum status http_finetune_handle(struct server *s, const char *method, const cha
         else if (!strcmp(rest, "/events") && get) o = events_json(s, j);
         else if (!strcmp(rest, "/cancel") && post) {
             if (j->state > FT_RUNNING)
-                st = status_errorf(STATUS_FAILED_PRECONDITION, "job %s has already %s", id, state_names[j->state]);
+                st = status_errorf(STATUS_FAILED_PRECONDITION, "job %s is already %s", id, state_names[j->state]);
             else {
                 j->stop = SIGTERM;
                 if (j->state == FT_QUEUED) {

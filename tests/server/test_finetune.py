@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""tests/server/test_finetune.py - `serve --fine-tuning DIR`: OpenAI's /v1/files and
+/v1/fine_tuning/jobs (server/http_finetune.c) through the official openai package, on stories260K.
+
+- files: upload (multipart, by the client), list, retrieve, content (the same bytes), delete;
+- a job: queued -> succeeded, its events (the trainer's steps, the loss falling on a repeated
+  example), trained_tokens; its adapter is the one `shardlm train` writes with the same data, seed
+  and hyperparameters (the reference: the command users run; within 1e-4 of the weights' scale:
+  in the server's process the last bits differ, 1.8e-6 at most seen, cause not found), the served
+  fine_tuned_model answers as a server given that adapter with --lora answers (greedy);
+- a job cancelled while it trains ends cancelled, and its adapter is not served;
+- bad input: a file that is not JSONL (the line named), another purpose, an upload over
+  --fine-tuning-max-file-mb (413), unknown model / file / job (404), unknown and out-of-range
+  hyperparameters, method dpo, a JSONL the trainer refuses (the job fails with its message), and
+  the routes on a server without --fine-tuning (404).
+Usage: test_finetune.py --shardlm BIN (SHARDLM_ASSETS: the stories260K checkpoint)."""
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import test_server as TS  # noqa: E402  (the server harness; SKIPs without grpcio)
+
+check = TS.check
+try:
+    import numpy
+    import openai
+except ImportError as e:
+    print(f"SKIP: needs numpy and openai ({e})")
+    sys.exit(TS.SKIP)
+
+EXAMPLE = {"messages": [{"role": "user", "content": "Tell me about Lily."},
+                        {"role": "assistant", "content": "Lily had a red ball. She liked to play with it every day."}]}
+HYPER = {"n_epochs": 3, "batch_size": 2, "learning_rate_multiplier": 20}
+
+
+def tensors(path):
+    """The tensors of a safetensors file (F32), by name."""
+    b = path.read_bytes()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    return {k: numpy.frombuffer(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], dtype="<f4")
+            for k, v in head.items() if k != "__metadata__"}
+
+
+def status_of(fn):
+    """The HTTP status of the openai call fn raises (0: none raised) and its message."""
+    try:
+        fn()
+    except openai.APIStatusError as e:
+        return e.status_code, str(e)
+    return 0, ""
+
+
+def wait_job(oa, job_id, states, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        j = oa.fine_tuning.jobs.retrieve(job_id)
+        if j.status in states:
+            return j
+        time.sleep(0.2)
+    raise TS.Failure(f"job {job_id} did not reach {states} in {timeout} s (status {j.status})")
+
+
+def greedy(oa, model):
+    r = oa.chat.completions.create(model=model, messages=EXAMPLE["messages"][:1], max_tokens=24, temperature=0)
+    return r.choices[0].message.content
+
+
+def body(work, env):
+    model = work / "stories260K"
+    TS.convert_stories260k(env.shardlm, env.src, model)
+    data = work / "train.jsonl"
+    data.write_text("".join(json.dumps(EXAMPLE) + "\n" for _ in range(24)))
+    ft = ["--fine-tuning", str(work / "ft"), "--fine-tuning-max-file-mb", "1"]
+    with TS.Server(env.shardlm, model, *ft, http=True, name="finetune") as srv:
+        oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=60)
+        # Files.
+        f = oa.files.create(file=data.open("rb"), purpose="fine-tune")
+        check(f.id.startswith("file-") and f.bytes == data.stat().st_size and f.filename == "train.jsonl",
+              f"upload: {f}")
+        check([x.id for x in oa.files.list().data] == [f.id], "files.list holds the upload")
+        check(oa.files.retrieve(f.id).bytes == f.bytes, "files.retrieve")
+        check(oa.files.content(f.id).content == data.read_bytes(), "files.content: the same bytes")
+        spare = oa.files.create(file=("spare.jsonl", b'{"text": "x"}\n'), purpose="fine-tune")
+        check(oa.files.delete(spare.id).deleted, "files.delete")
+        code, msg = status_of(lambda: oa.files.retrieve(spare.id))
+        check(code == 404, f"a deleted file is gone: {code} {msg}")
+
+        # A job, against `shardlm train` with the same settings.
+        j = oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id, hyperparameters=HYPER, suffix="lily",
+                                       seed=7)
+        check(j.status in ("queued", "running") and j.fine_tuned_model is None, f"created: {j.status}")
+        j = wait_job(oa, j.id, ("succeeded", "failed", "cancelled"))
+        check(j.status == "succeeded" and j.fine_tuned_model == f"ft-lily-{j.id[6:]}" and j.trained_tokens > 0,
+              f"the job succeeded: {j.status} {j.error} {j.fine_tuned_model} {j.trained_tokens}")
+        check([x.id for x in oa.fine_tuning.jobs.list().data] == [j.id], "jobs.list")
+        events = oa.fine_tuning.jobs.list_events(j.id).data
+        steps = [e.data["train_loss"] for e in reversed(events) if e.type == "metrics"]
+        check(len(steps) >= 3 and steps[-1] < steps[0] * 0.9,
+              f"events: one per step, the loss falling on the repeated example: {steps}")
+        check(events[0].message.startswith("The job has successfully completed"), f"newest event: {events[0].message}")
+        served = greedy(oa, j.fine_tuned_model)
+        base = greedy(oa, "stories260K")
+        check(served != base, f"the fine-tuned model answers otherwise than the base: {served!r} / {base!r}")
+
+        ref = work / "ref-adapter"
+        subprocess.run([env.shardlm, "train", "--model", str(model), "--data", str(data), "--out", str(ref),
+                        "--lora-rank", "8", "--lr", str(2e-4 * HYPER["learning_rate_multiplier"]), "--epochs",
+                        str(HYPER["n_epochs"]), "--global-batch-size", str(HYPER["batch_size"]), "--seq-length", "512",
+                        "--seed", "7", "--threads", "1"], check=True, capture_output=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))  # as TS.Server runs the server
+        job_dir = work / "ft" / "jobs" / j.id / "adapter"
+        want, got = tensors(ref / "adapter_model.safetensors"), tensors(job_dir / "adapter_model.safetensors")
+        worst = max(float(numpy.abs(want[k] - got[k]).max()) for k in want) if want.keys() == got.keys() else 1e9
+        scale = max(float(numpy.abs(w).max()) for w in want.values())
+        check(worst <= 1e-4 * scale, f"the job's adapter equals `shardlm train`'s with the same data, seed and "
+                                     f"hyperparameters: {len(got)} tensors, max |diff| {worst:.2e} (|w| up to {scale:.2e})")
+
+        # Cancel while it trains: many epochs, cancelled once running.
+        big = oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id,
+                                         hyperparameters={"n_epochs": 50, "batch_size": 1})
+        wait_job(oa, big.id, ("running",))
+        time.sleep(0.3)
+        oa.fine_tuning.jobs.cancel(big.id)
+        big = wait_job(oa, big.id, ("cancelled", "succeeded", "failed"))
+        check(big.status == "cancelled" and big.fine_tuned_model is None, f"cancelled: {big.status}")
+        code, msg = status_of(lambda: greedy(oa, f"ft-shardlm-{big.id[6:]}"))
+        check(code == 404, f"a cancelled job's adapter is not served: {code} {msg}")
+        code, msg = status_of(lambda: oa.fine_tuning.jobs.cancel(big.id))
+        check(code == 409 and "already cancelled" in msg, f"cancelling it again: {code} {msg}")
+
+        # Bad input.
+        bad = [
+            (lambda: oa.files.create(file=("x.jsonl", b'{"text": "a"}\nnot json\n'), purpose="fine-tune"), 400,
+             "line 2"),
+            (lambda: oa.files.create(file=("x.jsonl", b'{"text": "a"}\n'), purpose="assistants"), 400, "assistants"),
+            (lambda: oa.files.create(file=("big.jsonl", b'{"text": "' + b"a" * (1 << 20) + b'"}\n'),
+                                     purpose="fine-tune"), 413, "fine-tuning-max-file-mb"),
+            (lambda: oa.fine_tuning.jobs.create(model="nope", training_file=f.id), 404, "nope"),
+            (lambda: oa.fine_tuning.jobs.create(model="stories260K", training_file="file-0"), 404, "file-0"),
+            (lambda: oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id,
+                                                hyperparameters={"warmup": 3}), 400, "warmup"),
+            (lambda: oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id,
+                                                hyperparameters={"n_epochs": 0}), 400, "n_epochs"),
+            (lambda: oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id,
+                                                method={"type": "dpo"}), 400, "dpo"),
+            (lambda: oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id, suffix="a:b"), 400, "suffix"),
+            (lambda: oa.fine_tuning.jobs.retrieve("ftjob-0"), 404, "ftjob-0"),
+        ]
+        for k, (fn, want, word) in enumerate(bad):
+            code, msg = status_of(fn)
+            check(code == want and word in msg, f"bad input {k}: want {want} naming '{word}', got {code} {msg}")
+        odd = oa.files.create(file=("odd.jsonl", b'{"question": "what?"}\n' * 4), purpose="fine-tune")
+        failed = oa.fine_tuning.jobs.create(model="stories260K", training_file=odd.id)
+        failed = wait_job(oa, failed.id, ("failed", "succeeded", "cancelled"))
+        check(failed.status == "failed" and failed.error and "line 1" in failed.error.message,
+              f"a JSONL the trainer refuses: the job fails naming the line: {failed.status} {failed.error}")
+
+    with TS.Server(env.shardlm, model, "--lora", f"lily={job_dir}", http=True, name="lora") as srv:
+        oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=60)
+        check(greedy(oa, "lily") == served, "--lora with the job's adapter answers as fine_tuned_model did")
+        req = urllib.request.Request(srv.base + "/v1/fine_tuning/jobs")
+        try:
+            urllib.request.urlopen(req, timeout=30)
+            code = 200
+        except urllib.error.HTTPError as e:
+            code = e.code
+        check(code == 404, f"without --fine-tuning the routes are 404: {code}")
+
+
+def main():
+    return TS.stories_main("finetune", "shardlm-finetune-", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
