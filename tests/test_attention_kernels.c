@@ -131,7 +131,8 @@ static void run_shape(const struct attn_kernels *const *kts, int n_kt, struct ta
             a_bnd[g * hd + d] = 4 * U32 * fabs(sum) + 8 * U32 * sqrt((double)nk + 1) * mag + 0x1p-140;
         }
 
-    float *s_got[2] = {0}, *a_got[2] = {0};
+    float *s_got[3] = {0}, *a_got[3] = {0}; /* one per table: portable, avx2, avx512 */
+    CHECK(n_kt <= 3, "run_shape: %d kernel tables", n_kt);
     for (int ki = 0; ki < n_kt; ki++) {
         /* One spare row each after the outputs: NaN sentinels, as are the s entries past nk. */
         float *s = malloc((size_t)(gn + 1) * lds * sizeof(float));
@@ -261,7 +262,7 @@ int main(void)
 {
     /* The portable table, then each SIMD one the level allows (cpu_isa.h: this CPU's, capped by
      * SHARDLM_CPU_ISA); the others are skipped by name. */
-    const struct attn_kernels *kts[3];
+    const struct attn_kernels *kts[3]; /* run_shape keeps one result per table: as many */
     int n_kt = 0;
     kts[n_kt++] = attn_kernels_portable();
     const struct {
