@@ -138,6 +138,13 @@ static void sum_tokens(void *ctx, const cJSON *m)
     if (cJSON_IsNumber(t)) *(double *)ctx += t->valuedouble;
 }
 
+/* A running job asked to stop shows as cancelled at once (as OpenAI's do): it ends at its
+ * iteration's end and its adapter is never published. */
+static enum ft_state shown_state(const struct ft_job *j)
+{
+    return j->state == FT_RUNNING && j->stop ? FT_CANCELLED : j->state;
+}
+
 static cJSON *job_json(const struct server *s, const struct ft_job *j)
 {
     cJSON *o = cJSON_CreateObject();
@@ -150,7 +157,7 @@ static cJSON *job_json(const struct server *s, const struct ft_job *j)
     cJSON_AddStringToObject(o, "model", j->model);
     cJSON_AddStringToObject(o, "organization_id", "shardlm");
     cJSON_AddItemToObject(o, "result_files", cJSON_CreateArray());
-    cJSON_AddStringToObject(o, "status", state_names[j->state]);
+    cJSON_AddStringToObject(o, "status", state_names[shown_state(j)]);
     cJSON_AddStringToObject(o, "training_file", j->training_file);
     add_string_or_null(o, "validation_file", j->validation_file);
     add_string_or_null(o, "user_provided_suffix", j->suffix);
@@ -744,8 +751,8 @@ enum status http_finetune_handle(struct server *s, const char *method, const cha
         else if (!*rest && get) o = job_json(s, j);
         else if (!strcmp(rest, "/events") && get) o = events_json(s, j);
         else if (!strcmp(rest, "/cancel") && post) {
-            if (j->state > FT_RUNNING)
-                st = status_errorf(STATUS_FAILED_PRECONDITION, "job %s is already %s", id, state_names[j->state]);
+            if (shown_state(j) > FT_RUNNING)
+                st = status_errorf(STATUS_FAILED_PRECONDITION, "job %s is already %s", id, state_names[shown_state(j)]);
             else {
                 j->stop = SIGTERM;
                 if (j->state == FT_QUEUED) {
