@@ -16,13 +16,9 @@
 
 int constraint_mask(struct conductor *c, struct seq *s, float *lg)
 {
-    struct request *r = s->req;
     const int V = c->m->cfg.vocab_size;
-    if (r->p.constraint_trigger_len && !s->lazy_on) return 1; /* lazy, before its trigger: free */
-    if (!s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK) return -1;
-    grammar_matcher_fill_mask(s->gm, c->gmask);
-    if (grammar_matcher_can_end(s->gm))
-        for (int i = 0; i < r->p.n_end_ids; i++) c->gmask[r->p.end_ids[i] >> 5] |= 1u << (r->p.end_ids[i] & 31);
+    const int got = constraint_fill_mask(s, c->gmask);
+    if (got <= 0) return got < 0 ? -1 : 1; /* (0: lazy, before its trigger: free) */
     int any = 0;
     for (int i = 0; i < V; i++) {
         if (c->gmask[i >> 5] >> (i & 31) & 1) any |= lg[i] > -INFINITY;

@@ -147,7 +147,12 @@ enum status speculative_mode_parse(const char *s, const char *field, enum specul
  * as the server's reply parser reads it (server/tool_stream.c): the marker is watched for only
  * after it, so a marker written while reasoning triggers nothing. */
 enum {
-    TRIGGER_MAY_REASON   = 1, /* an output that opens (whitespace skipped) with <think> reasons first */
+    TRIGGER_MAY_REASON   = 1, /* an output that opens (whitespace skipped) with <think> reasons first;
+                                 with no marker (an opening constraint: a whole-output constraint
+                                 under a template where the model may open <think> itself) the
+                                 output is constrained from its first token to the grammar or
+                                 <think> (no whitespace before it), and after </think> (whitespace
+                                 skipped) to the grammar: constraint.h constraint_opening */
     TRIGGER_IN_REASONING = 2, /* the output starts inside reasoning (the prompt ended with <think>);
                                  the only case where the marker may be empty (the grammar then
                                  starts right after </think>, whitespace skipped) */
