@@ -16,11 +16,17 @@ sampled exactly as the free ones until their trigger:
   marker after `</think>` gives a call that validates. response_format json_schema on the same
   template with an opened `<think>`: the reasoning is the free text up to `</think>`, byte for
   byte, and the content after it is JSON that validates.
+- opening: response_format json_schema on the reasoning template with a generation prompt that
+  does not open `<think>` (the model may open it itself): the first tokens are the schema's or
+  `<think>`; samples that reason give reasoning_content and content after `</think>` that
+  validates, the others content that validates from the first token. Greedy, the reasoning is
+  the free greedy run's text after jinja2's prompt + `<think>`, byte for byte; streamed deltas
+  assemble to the unary reply.
 - special token: a copy of the GGUF whose unused token holds `<tool_call>` as one added token
   (the marker is then one vocabulary token, taken whole); logit_bias +100 on it makes every free
   sample write it at once and forever; under the lazy grammar the token triggers and the call
   that follows validates.
-SKIP (77) without the GGUF, openai, jsonschema, jinja2 or gguf.
+SKIP (77) without the GGUF, openai, jsonschema, jinja2, tokenizers or gguf.
 """
 import argparse
 import json
@@ -39,6 +45,7 @@ try:
     import numpy as np
     import openai
     import gguf
+    from tokenizers import decoders
     import test_jinja  # noqa: F401,E402  (exits 77 without jinja2)
 except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
@@ -260,6 +267,76 @@ def part_reasoning(shardlm, gguf_path, tmp):
         check(stops >= 1, "json_schema: some sample closes its reasoning and completes valid JSON")
 
 
+def part_opening(shardlm, gguf_path, tmp):
+    tpl = tmp / "think-tools.jinja"
+    tpl.write_text(THINK)
+    chat = [{"role": "user", "content": "Paris, 21 degrees, as JSON."},
+            {"role": "assistant", "reasoning_content": "Two fields: the city and the degrees.",
+             "content": '{"city": "Paris", "degrees": 21}'},
+            {"role": "user", "content": "London, 18 degrees, as JSON."}]
+    prompt = py_prompt(tpl, chat, None, think=False)
+    check(not prompt.rstrip().endswith("<think>") and not prompt.rstrip().endswith("</think>"),
+          "opening: jinja2's generation prompt neither opens nor closes <think>")
+    rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+    kw = {"chat_template_kwargs": {"think": False}}
+    with TS.Server(shardlm, gguf_path, "--chat-template", str(tpl), "--no-prefix-caching", name="lazy-open",
+                   http=True) as srv:
+        oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=600)
+        n, seed = 8, 13
+        sample = dict(model=gguf_path.name, n=n, seed=seed, temperature=1.0, max_tokens=96)
+        r = oa.chat.completions.create(messages=chat, response_format=rf, extra_body=kw, logprobs=True, **sample)
+        free = oa.completions.create(prompt=prompt, **dict(sample, n=1, temperature=0.0))
+        check(r.usage.prompt_tokens == free.usage.prompt_tokens,
+              f"opening: the chat prompt is jinja2's ({r.usage.prompt_tokens} vs {free.usage.prompt_tokens} tokens)")
+        reasoned = valid_after = 0
+        for i, c in enumerate(r.choices):
+            why = reasoning_of(c.message)
+            reasoned += bool(why)
+            # (the sample's tokens as text: the server's logprobs give byte-level BPE pieces)
+            raw = decoders.ByteLevel().decode([t.token for t in c.logprobs.content])
+            if raw.startswith("<think>") and "</think>" not in raw:  # it ended (or was cut) reasoning
+                check(why == raw[len("<think>"):].replace("<|im_end|>", "").strip() and not c.message.content,
+                      f"opening sample {i}: unclosed reasoning is all reasoning_content ({raw[:50]!r})")
+                continue
+            if c.finish_reason != "stop":
+                check(c.finish_reason == "length", f"opening sample {i}: cut ({c.finish_reason})")
+                continue
+            try:
+                ok = valid(json.loads(c.message.content), ANSWER)
+            except (TypeError, ValueError):
+                ok = False
+            valid_after += ok and bool(why)
+            check(ok, f"opening sample {i}: content valid under the schema (reasoning {why[:40]!r}, "
+                      f"content {c.message.content!r:.80})")
+        print(f"opening: {reasoned} of {n} samples open <think> themselves, {valid_after} of them end with "
+              f"valid JSON")
+        check(reasoned >= 1 and valid_after >= 1, "opening: some sample reasons, then writes valid JSON")
+
+        # Greedy: the reasoning is sampled free: the free greedy run after jinja2's prompt + <think>.
+        g = dict(model=gguf_path.name, temperature=0.0, max_tokens=96)
+        rg = oa.chat.completions.create(messages=chat, response_format=rf, extra_body=kw, **g).choices[0]
+        ref = oa.completions.create(prompt=prompt + "<think>", **g).choices[0].text
+        if "</think>" in ref and reasoning_of(rg.message):
+            check(reasoning_of(rg.message) == ref.split("</think>", 1)[0].strip(),
+                  f"opening greedy: the reasoning is the free one, byte for byte ({reasoning_of(rg.message)[:50]!r} "
+                  f"vs {ref.split('</think>', 1)[0].strip()[:50]!r})")
+            check(rg.finish_reason == "stop" and valid(json.loads(rg.message.content), ANSWER),
+                  f"opening greedy: then valid JSON ({rg.message.content!r:.80})")
+        else:
+            check(False, f"opening greedy: the model reasons and closes </think> ({ref[:60]!r}, "
+                         f"{reasoning_of(rg.message)[:40]!r})")
+
+        # Streamed: the deltas assemble to the unary reply.
+        reason, content = "", ""
+        for ch in oa.chat.completions.create(messages=chat, response_format=rf, extra_body=kw, stream=True, **g):
+            d = ch.choices[0].delta if ch.choices else None
+            if d is not None:
+                reason += getattr(d, "reasoning_content", None) or (d.model_extra or {}).get("reasoning_content") or ""
+                content += d.content or ""
+        check(reason == reasoning_of(rg.message) and content == rg.message.content,
+              f"opening: streamed deltas assemble to the unary reply ({reason[:30]!r}, {content[:40]!r})")
+
+
 def with_marker_token(src, dst):
     """A copy of the GGUF whose last merge's piece becomes <tool_call>, an added (user-defined)
     token (the merge dropped: no merge uses that piece); returns its id."""
@@ -334,7 +411,8 @@ def main():
     if not os.path.exists(a.gguf):
         print(f"SKIP: no SmolLM2 GGUF at {a.gguf} (tools/fetch_smollm2.sh)")
         return SKIP
-    parts = {"llama3": part_llama3, "reasoning": part_reasoning, "token": part_special_token}
+    parts = {"llama3": part_llama3, "reasoning": part_reasoning, "token": part_special_token,
+             "opening": part_opening}
     try:
         with tempfile.TemporaryDirectory() as d:
             for name, fn in parts.items():
