@@ -5,6 +5,7 @@
  *    not: the same reasoning, content and calls, byte for byte;
  *  - a stream cut into random pieces sends the deltas the old stream code sent (re-parse the
  *    whole text, send what grew past what went out);
+ *  - Llama 3.1's built-in calls (`<|python_tag|>name.call(k=v)`) give the calls worked out by hand;
  *  - the work is linear: long calls, long text, long reasoning, long call lists fed one byte
  *    at a time cost at most a constant number of parser steps per byte, and twice the reply
  *    costs twice the steps (counted, not timed).
@@ -179,7 +180,8 @@ static size_t random_reply(char *out, size_t cap)
         "\"city\"", "\"Paris\"", "\"a\\\"b\\n\"", "\"\\u00e9\\ud83d\\ude00\"", "\"\\ud800\"", "\"\\u12", "\"\\x\"",
         "12", "-3.5e2", "true", "false", "null", "nul", "tru", "x", "hello world", "Sure, ", "{\"name\": \"f\", ",
         "\"arguments\": {\"x\": 1}}", "{\"name\":\"g\",\"parameters\":{\"q\":[1,2,{\"z\":null}]}}", "\x01", "\"\x01\"",
-        "{\"tool_calls\": [", "{\"response\": \"", "\\", "\"", "é", "\0",
+        "{\"tool_calls\": [", "{\"response\": \"", "\\", "\"", "é", "brave_search", "wolfram_alpha", ".call(", "query=", " = ",
+        "call", ")", ".", "\0",
     };
     const int n_pieces = (int)(sizeof pieces / sizeof *pieces);
     size_t n = 0;
@@ -303,6 +305,41 @@ static void check_linear(void)
     }
 }
 
+/* Llama 3.1's built-in calls, as its template writes them after <|python_tag|>
+ * (`name.call(k="v", ...)`): parsed into the call and arguments worked out by hand. */
+static void check_builtin(void)
+{
+    static const struct { const char *text, *name, *args, *content; } cases[] = {
+        {"<|python_tag|>brave_search.call(query=\"weather in Paris\")", "brave_search",
+         "{\"query\": \"weather in Paris\"}", ""},
+        {"\n<|python_tag|>wolfram_alpha.call(query=\"2+2\", n=3)", "wolfram_alpha", "{\"query\": \"2+2\", \"n\": 3}", ""},
+        {"<|python_tag|>f.call()", "f", "{}", ""},
+        {"<|python_tag|>f.call(a=1) and then", "f", "{\"a\": 1}", "and then"},
+        {"<|python_tag|>print(1)", NULL, NULL, "<|python_tag|>print(1)"},
+        {"<|python_tag|>f.call(a=1,)", NULL, NULL, "<|python_tag|>f.call(a=1,)"},
+        {"<|python_tag|>f.call(a=\"x\"", NULL, NULL, "<|python_tag|>f.call(a=\"x\""},
+        /* <|python_tag|> as a control token adds no text: a built-in tool's name opens the call */
+        {" brave_search.call(query=\"x\")", "brave_search", "{\"query\": \"x\"}", ""},
+        {"brave_search is a tool", NULL, NULL, "brave_search is a tool"},
+        {"brave_searcher.call(a=1)", NULL, NULL, "brave_searcher.call(a=1)"},
+        {"f.call(a=1)", NULL, NULL, "f.call(a=1)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct tool_parsed p;
+        CHECK(!tool_parse(TOOL_FORMAT_LLAMA3, 1, 0, 0, 0, cases[i].text, strlen(cases[i].text), 1, &p), "oom");
+        int ok = cases[i].name ? p.n_calls == 1 && !strcmp(p.calls[0].name, cases[i].name) &&
+                                     !strcmp(p.calls[0].args, cases[i].args) && p.calls[0].complete
+                               : p.n_calls == 0;
+        ok = ok && !strcmp(p.content, cases[i].content);
+        if (!ok) {
+            fprintf(stderr, "FAIL built-in call '%s': %d calls (%s %s), content '%s'\n", cases[i].text, p.n_calls,
+                    p.n_calls ? p.calls[0].name : "", p.n_calls ? p.calls[0].args : "", p.content);
+            exit(1);
+        }
+        tool_parsed_free(&p);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const char *const cases[] = {
@@ -318,6 +355,11 @@ int main(int argc, char **argv)
         "{\"response\": \"bad \x01 ctl\"}",
         "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": tru}}</tool_call> text after",
         "   <thi", "<tool_c", "<|python", "{\"tool_calls\": []}",
+        "<|python_tag|>brave_search.call(query=\"weather in Paris\")",
+        "<|python_tag|> wolfram_alpha . call ( query = \"2+2\" , n=3, opts={\"a\": [1]}, x=true) ; {\"name\": \"f\"}",
+        "<|python_tag|>f.call()", "<|python_tag|>f.call(a=1,)", "<|python_tag|>f.cal(a=1)", "<|python_tag|>print(1)",
+        "<|python_tag|>f.call(a=1) trailing text", "<|python_tag|>f.call(a=\"x\"",
+        "brave_search.call(query=\"x\")", "wolfram_alpha", "brave_search is a tool", "brave_searcher.call(q=1)",
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_text(cases[i], strlen(cases[i]), 1);
     check_corpus(argc > 1 ? argv[1] : SHARDLM_SOURCE_DIR "/tests/fuzz/corpus/tool_parse");
@@ -335,6 +377,7 @@ int main(int argc, char **argv)
     }
     check_text(deep, k, 1);
     check_linear();
+    check_builtin();
     printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);
     return 0;
 }
