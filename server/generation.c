@@ -22,6 +22,7 @@
 #include "metrics.h"
 #include "server_internal.h"
 #include "tokenizer.h"
+#include "tool_format.h"
 
 /* ---- engine events ----------------------------------------------------------------------- */
 
@@ -467,8 +468,11 @@ enum status gen_prompt(const struct served_model *m, struct gen_request *r, int 
         enum status st = r->chat_context ? render_context(m, r, &text, &len)
                                          : jinja_render_chat(m->jtmpl, r->messages, r->n_messages, NULL, 1, m->bos_text,
                                                              m->eos_text, &text, &len);
-        if (st == STATUS_OK) r->think_open = ends_with_tag(text, len, "<think>", 7);
-        if (st == STATUS_OK && m->reasoning) st = constrain_around_think(r, text, len);
+        const char *open = m->reasoning ? tool_reasoning_open(m->reasoning) : "<think>";
+        if (st == STATUS_OK) r->think_open = m->reasoning && ends_with_tag(text, len, open, strlen(open));
+        /* The engine watches <think> / </think> only: with other markers, a constraint applies
+         * from the first token (docs/tools.md). */
+        if (st == STATUS_OK && m->reasoning == TOOL_REASONING_THINK) st = constrain_around_think(r, text, len);
         if (st == STATUS_OK) st = tokenizer_encode(m->tok, text, len, 0, ids, n);
         free(text);
         memcpy(r->params.end_ids, m->end_ids, sizeof m->end_ids);

@@ -167,7 +167,8 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
          * marker inside the reasoning does not trigger; gen_prompt says when the prompt opened
          * it); Llama 3's call has no marker but is the whole reply: the reply's first `{`. */
         char trigger[REQUEST_MAX_TRIGGER_BYTES + 1];
-        int flags = (caps->reasoning ? TRIGGER_MAY_REASON : 0) | (f == TOOL_FORMAT_LLAMA3 ? TRIGGER_ANCHORED : 0);
+        int flags = (caps->reasoning == TOOL_REASONING_THINK ? TRIGGER_MAY_REASON : 0) |
+                    (f == TOOL_FORMAT_LLAMA3 ? TRIGGER_ANCHORED : 0); /* (the engine knows <think> only) */
         snprintf(trigger, sizeof trigger, "%s%s", flags ? (char[]){(char)flags, 0} : "",
                  f == TOOL_FORMAT_LLAMA3 ? "{" : tool_format_call_marker(f));
         st = set_schema(q, native_schema(f, tools, only, parallel), trigger);

@@ -18,7 +18,28 @@ enum tool_format tool_format_detect(const char *src)
     return TOOL_FORMAT_GENERIC;
 }
 
-int tool_format_detect_reasoning(const char *src) { return src && strstr(src, "<think>") != NULL; }
+static const char *const REASONING_MARKERS[][2] = {
+    [TOOL_REASONING_THINK] = {"<think>", "</think>"},
+    [TOOL_REASONING_MISTRAL] = {"[THINK]", "[/THINK]"},
+    [TOOL_REASONING_THOUGHT] = {"<|begin_of_thought|>", "<|end_of_thought|>"},
+};
+
+enum tool_reasoning tool_format_detect_reasoning(const char *src)
+{
+    if (!src) return TOOL_REASONING_OFF;
+    if (strstr(src, "<think>")) return TOOL_REASONING_THINK;
+    for (int r = TOOL_REASONING_MISTRAL; r <= TOOL_REASONING_THOUGHT; r++)
+        if (strstr(src, REASONING_MARKERS[r][0]) && strstr(src, REASONING_MARKERS[r][1])) return (enum tool_reasoning)r;
+    return TOOL_REASONING_OFF;
+}
+
+const char *tool_reasoning_open(enum tool_reasoning r) { return REASONING_MARKERS[r][0]; }
+const char *tool_reasoning_close(enum tool_reasoning r) { return REASONING_MARKERS[r][1]; }
+
+const char *tool_format_unsupported_reasoning(const char *src)
+{
+    return src && strstr(src, "<|channel|>") && strstr(src, "analysis") ? "harmony" : NULL;
+}
 
 const char *tool_format_name(enum tool_format f)
 {

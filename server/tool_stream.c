@@ -65,6 +65,7 @@ struct tool_stream {
     unsigned long long steps;
 
     enum rphase rph;
+    const char *ropen, *rclose; /* the reasoning block's markers (tool_reasoning_open / _close) */
     int    has_reasoning;
     size_t rscan;         /* R_DETECT / R_GAP: bytes skipped; R_IN: where to look for </think> next */
     struct seg rseg;
@@ -91,7 +92,7 @@ struct tool_stream {
     int    cap_dcalls;
 };
 
-static const char THINK_OPEN[] = "<think>", THINK_CLOSE[] = "</think>", PYTHON_TAG[] = "<|python_tag|>";
+static const char PYTHON_TAG[] = "<|python_tag|>";
 /* Llama 3.1's built-in tools called as `name.call(...)` (its template's "Tools:" line; its
  * code_interpreter writes code, not a call, and is not mapped). */
 static const char *const BUILTIN_TOOLS[2] = {"brave_search", "wolfram_alpha"};
@@ -404,8 +405,8 @@ static void reasoning_advance(struct tool_stream *ts)
 {
     if (ts->rph == R_DETECT) {
         while (ts->rscan < ts->len && tool_json_is_ws((unsigned char)ts->text[ts->rscan])) ts->rscan++, ts->steps++;
-        size_t j = ts->rscan, have = ts->len - j, m = strlen(THINK_OPEN);
-        int prefix = !memcmp(ts->text + j, THINK_OPEN, have < m ? have : m);
+        size_t j = ts->rscan, have = ts->len - j, m = strlen(ts->ropen);
+        int prefix = !memcmp(ts->text + j, ts->ropen, have < m ? have : m);
         ts->steps += m;
         if (prefix && have < m && !ts->final) return;
         if (!prefix || have < m) {
@@ -418,16 +419,16 @@ static void reasoning_advance(struct tool_stream *ts)
         ts->rseg.start = ts->rseg.scanned = ts->rscan = j + m;
     }
     if (ts->rph == R_IN) {
-        size_t m = strlen(THINK_CLOSE), p = ts->rscan;
+        size_t m = strlen(ts->rclose), p = ts->rscan;
         for (; p + m <= ts->len; p++) {
             ts->steps++;
-            if (ts->text[p] == '<' && !memcmp(ts->text + p, THINK_CLOSE, m)) break;
+            if (ts->text[p] == ts->rclose[0] && !memcmp(ts->text + p, ts->rclose, m)) break;
         }
         if (p + m > ts->len) {
             ts->rscan = p;
             size_t s0 = ts->rseg.start;
             ts->steps += m;
-            seg_advance(ts, &ts->rseg, ts->final ? ts->len : ts->len - holdback(ts->text + s0, ts->len - s0, THINK_CLOSE), 0);
+            seg_advance(ts, &ts->rseg, ts->final ? ts->len : ts->len - holdback(ts->text + s0, ts->len - s0, ts->rclose), 0);
             return;
         }
         seg_advance(ts, &ts->rseg, p, 0);
@@ -470,6 +471,8 @@ int tool_stream_new(enum tool_format f, int tools, int reasoning, int think_open
     if (!ts) return -1;
     ts->f = f, ts->tools = tools, ts->reasoning = reasoning, ts->max_calls = max_calls;
     ts->st = B_WAIT;
+    if (reasoning) ts->ropen = tool_reasoning_open((enum tool_reasoning)reasoning),
+                   ts->rclose = tool_reasoning_close((enum tool_reasoning)reasoning);
     if (!reasoning) {
         ts->rph = R_OFF;
         body_begin(ts, 0);

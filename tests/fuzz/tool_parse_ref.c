@@ -560,11 +560,13 @@ static void parse_llama3(struct parse *p, const char *s, size_t n)
     }
 }
 
-/* Splits off <think>...</think>; returns where the reply proper starts (*rest) or 0 when the
- * whole text is held back. */
-static int split_reasoning(struct parse *p, int think_open, const char *s, size_t n, size_t *rest)
+/* Splits off <think>...</think> (or the markers of the reasoning kind: a later addition, with
+ * the template-specific markers of tool_format.h); returns where the reply proper starts (*rest)
+ * or 0 when the whole text is held back. */
+static int split_reasoning(struct parse *p, int reasoning, int think_open, const char *s, size_t n, size_t *rest)
 {
-    static const char open[] = "<think>", close[] = "</think>";
+    const char *open = tool_reasoning_open((enum tool_reasoning)reasoning);
+    const char *close = tool_reasoning_close((enum tool_reasoning)reasoning);
     size_t start = 0;
     *rest = 0;
     if (!think_open) {
@@ -597,7 +599,7 @@ int tool_parse_ref(enum tool_format f, int tools, int reasoning, int think_open,
     memset(out, 0, sizeof *out);
     struct parse p = {.f = f, .final = final, .max_calls = max_calls, .out = out};
     size_t rest = 0;
-    int go = reasoning ? split_reasoning(&p, think_open, text, n, &rest) : 1;
+    int go = reasoning ? split_reasoning(&p, reasoning, think_open, text, n, &rest) : 1;
     if (go) {
         const char *s = text + rest;
         size_t m = n - rest;

@@ -22,6 +22,10 @@ sampled exactly as the free ones until their trigger:
   validates, the others content that validates from the first token. Greedy, the reasoning is
   the free greedy run's text after jinja2's prompt + `<think>`, byte for byte; streamed deltas
   assemble to the unary reply.
+- markers: a Magistral-style template (`[THINK]` ... `[/THINK]`), replies forced by a regex
+  (with `[THINK]` written by the model, or opened by the generation prompt): reasoning_content
+  and content are the two parts of the reply's text (its tokens decoded by `tokenizers`' ByteLevel
+  decoder), streamed deltas assemble to them; the chat prompt has jinja2's token count.
 - special token: a copy of the GGUF whose unused token holds `<tool_call>` as one added token
   (the marker is then one vocabulary token, taken whole); logit_bias +100 on it makes every free
   sample write it at once and forever; under the lazy grammar the token triggers and the call
@@ -337,6 +341,57 @@ def part_opening(shardlm, gguf_path, tmp):
               f"opening: streamed deltas assemble to the unary reply ({reason[:30]!r}, {content[:40]!r})")
 
 
+# A Magistral-style template (written here): reasoning between [THINK] and [/THINK], the
+# generation prompt opening [THINK] when think is true.
+MAGISTRAL = r"""{%- for m in messages -%}
+{%- if m.role == 'user' -%}[INST]{{ m.content }}[/INST]
+{%- elif m.role == 'assistant' -%}
+{%- if m.reasoning_content %}[THINK]{{ m.reasoning_content }}[/THINK]{% endif %}{{ m.content }}<|im_end|>
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt and think %}[THINK]{% endif -%}"""
+
+
+def part_markers(shardlm, gguf_path, tmp):
+    """Template-specific reasoning markers: [THINK] ... [/THINK] split into reasoning_content."""
+    tpl = tmp / "magistral.jinja"
+    tpl.write_text(MAGISTRAL)
+    # (no reasoning_content in the history: a template without tools gets the generic format,
+    # whose messages are role and content only; docs/tools.md, Not done)
+    chat = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi there."},
+            {"role": "user", "content": "Say hello."}]
+    cases = [(False, r"\[THINK\][a-z ]{4,24}\[/THINK\] ?[A-Z][a-z]{1,12}\."),
+             (True, r"[a-z ]{4,24}\[/THINK\] ?[A-Z][a-z]{1,12}\.")]
+    with TS.Server(shardlm, gguf_path, "--chat-template", str(tpl), "--no-prefix-caching", name="markers",
+                   http=True) as srv:
+        oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=600)
+        for think, regex in cases:
+            kw = {"chat_template_kwargs": {"think": think}, "structured_outputs": {"regex": regex}}
+            g = dict(model=gguf_path.name, temperature=0.0, max_tokens=64, extra_body=kw)
+            prompt = py_prompt(tpl, chat, None, think=think)
+            free = oa.completions.create(prompt=prompt, model=gguf_path.name, max_tokens=1, temperature=0.0)
+            r = oa.chat.completions.create(messages=chat, logprobs=True, **g)
+            c = r.choices[0]
+            check(r.usage.prompt_tokens == free.usage.prompt_tokens,
+                  f"markers think={think}: the chat prompt is jinja2's ({r.usage.prompt_tokens} vs "
+                  f"{free.usage.prompt_tokens} tokens)")
+            raw = decoders.ByteLevel().decode([t.token for t in c.logprobs.content])
+            body = raw if think else raw[len("[THINK]"):]
+            reason, reply = body.split("[/THINK]", 1)
+            check(raw.startswith("[THINK]") != think and reasoning_of(c.message) == reason.strip()
+                  and c.message.content == reply.strip() and c.finish_reason == "stop",
+                  f"markers think={think}: {raw!r} -> reasoning {reasoning_of(c.message)!r}, content "
+                  f"{c.message.content!r}")
+            reason_s, content_s = "", ""
+            for ch in oa.chat.completions.create(messages=chat, stream=True, **g):
+                d = ch.choices[0].delta if ch.choices else None
+                if d is not None:
+                    reason_s += getattr(d, "reasoning_content", None) or (d.model_extra or {}).get("reasoning_content") or ""
+                    content_s += d.content or ""
+            check(reason_s == reasoning_of(c.message) and content_s == c.message.content,
+                  f"markers think={think}: streamed deltas assemble to the unary reply ({reason_s!r}, {content_s!r})")
+
+
 def with_marker_token(src, dst):
     """A copy of the GGUF whose last merge's piece becomes <tool_call>, an added (user-defined)
     token (the merge dropped: no merge uses that piece); returns its id."""
@@ -412,7 +467,7 @@ def main():
         print(f"SKIP: no SmolLM2 GGUF at {a.gguf} (tools/fetch_smollm2.sh)")
         return SKIP
     parts = {"llama3": part_llama3, "reasoning": part_reasoning, "token": part_special_token,
-             "opening": part_opening}
+             "opening": part_opening, "markers": part_markers}
     try:
         with tempfile.TemporaryDirectory() as d:
             for name, fn in parts.items():
