@@ -438,21 +438,24 @@ static enum status constraint_make_lazy(struct gen_request *r, int flags)
  *   armed once the reasoning ends, is told the output starts inside it;
  * - the prompt neither opens nor just closed <think> (the model may open it itself) and nothing
  *   is written after the prompt (no tool-call marker): a whole-output constraint becomes an
- *   opening one: from the first token the grammar or <think>, and the grammar after </think>. */
-static enum status constrain_around_think(struct gen_request *r, const char *text, size_t len)
+ *   opening one: from the first token the grammar or <think>, and the grammar after </think>.
+ * <think> and </think> stand for the template's markers: close is its closing one, markers the
+ * TRIGGER_MARKERS_* bits that tell the engine which (engine.h). */
+static enum status constrain_around_think(struct gen_request *r, const char *text, size_t len, const char *close,
+                                          int markers)
 {
     if (!r->constraint || r->params.constraint_kind == CONSTRAINT_NONE) return STATUS_OK;
     if (r->think_open) {
-        if (r->params.constraint_trigger_len && (unsigned char)r->constraint[0] < 8) {
+        if (r->params.constraint_trigger_len && (unsigned char)r->constraint[0] < 32) {
             r->constraint[0] = (char)(((unsigned char)r->constraint[0] & ~TRIGGER_MAY_REASON) | TRIGGER_IN_REASONING);
             return STATUS_OK;
         }
         if (r->params.constraint_trigger_len) return STATUS_OK; /* (a marker without flags: not ours to change) */
-        return constraint_make_lazy(r, TRIGGER_IN_REASONING);
+        return constraint_make_lazy(r, TRIGGER_IN_REASONING | markers);
     }
-    if (r->params.constraint_trigger_len || (r->prefill && *r->prefill) || ends_with_tag(text, len, "</think>", 8))
+    if (r->params.constraint_trigger_len || (r->prefill && *r->prefill) || ends_with_tag(text, len, close, strlen(close)))
         return STATUS_OK;
-    return constraint_make_lazy(r, TRIGGER_MAY_REASON);
+    return constraint_make_lazy(r, TRIGGER_MAY_REASON | markers);
 }
 
 /* Tokenizes the request into the prompt ids the engine gets; applies the chat template. */
@@ -468,11 +471,11 @@ enum status gen_prompt(const struct served_model *m, struct gen_request *r, int 
         enum status st = r->chat_context ? render_context(m, r, &text, &len)
                                          : jinja_render_chat(m->jtmpl, r->messages, r->n_messages, NULL, 1, m->bos_text,
                                                              m->eos_text, &text, &len);
-        const char *open = m->reasoning ? tool_reasoning_open(m->reasoning) : "<think>";
-        if (st == STATUS_OK) r->think_open = m->reasoning && ends_with_tag(text, len, open, strlen(open));
-        /* The engine watches <think> / </think> only: with other markers, a constraint applies
-         * from the first token (docs/tools.md). */
-        if (st == STATUS_OK && m->reasoning == TOOL_REASONING_THINK) st = constrain_around_think(r, text, len);
+        if (st == STATUS_OK && m->reasoning) {
+            const char *open = tool_reasoning_open(m->reasoning), *close = tool_reasoning_close(m->reasoning);
+            r->think_open = ends_with_tag(text, len, open, strlen(open));
+            st = constrain_around_think(r, text, len, close, (m->reasoning - 1) << TRIGGER_MARKERS_SHIFT);
+        }
         if (st == STATUS_OK) st = tokenizer_encode(m->tok, text, len, 0, ids, n);
         free(text);
         memcpy(r->params.end_ids, m->end_ids, sizeof m->end_ids);

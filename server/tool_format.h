@@ -57,7 +57,7 @@ enum tool_reasoning {
     TOOL_REASONING_THINK,   /* <think> ... </think> (Qwen 3, DeepSeek R1 and their distills) */
     TOOL_REASONING_MISTRAL, /* [THINK] ... [/THINK] (Mistral's Magistral) */
     TOOL_REASONING_THOUGHT, /* <|begin_of_thought|> ... <|end_of_thought|> (Sky-T1, Bespoke-Stratos) */
-};
+};  /* (r - 1 is the engine's TRIGGER_MARKERS_* kind: engine.h) */
 enum tool_reasoning tool_format_detect_reasoning(const char *template_src);
 /* The opening and closing markers of kind r (not OFF). */
 const char *tool_reasoning_open(enum tool_reasoning r);

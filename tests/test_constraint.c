@@ -11,7 +11,8 @@
  * grammar from the first token, or <think> in pieces or as one token, free reasoning (a `{x}`
  * inside it completes nothing), the grammar after </think>; a grammar that asks for <think> itself
  * keeps it; and its masks (constraint_fill_mask)
- * after each prefix, against the sets worked out by hand from the pieces. */
+ * after each prefix, against the sets worked out by hand from the pieces. The same with the
+ * [THINK] ... [/THINK] markers (TRIGGER_MARKERS_MISTRAL): <think> is then text. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,11 +25,11 @@
 static const char *const PIECES[] = {
     "<tool", "_call", ">\n{", "<think>", "x <tool_call> y", "</think>", "<tool_call>", "<t", "ool_call>",
     "abc", "</thi", "nk>\n{", "  ", "{", "hi {", "x}", "", "", "<tool_call>!", "\n",
-    "<", "th", "ink>", "ink>{x}", "", "{x",
+    "<", "th", "ink>", "ink>{x}", "", "{x", "[THINK]", "[/THINK]",
 };
 enum { T_TOOL, T_CALL, T_GT_BRACE, T_THINK, T_INSIDE, T_UNTHINK, T_MARK, T_LT_T, T_OOL_CALL,
        T_ABC, T_UNTHI, T_NK_BRACE, T_SPACES, T_BRACE, T_HI_BRACE, T_X_CLOSE, T_MARK_ID, T_UNTHINK_ID,
-       T_MARK_BANG, T_NL, T_LT, T_TH, T_INK_GT, T_INK_GT_X, T_THINK_ID, T_BRACE_X, N_PIECES };
+       T_MARK_BANG, T_NL, T_LT, T_TH, T_INK_GT, T_INK_GT_X, T_THINK_ID, T_BRACE_X, T_MTHINK, T_MUNTHINK, N_PIECES };
 
 static int failures;
 
@@ -42,6 +43,10 @@ static void sample_init(struct request *r, struct seq *s, struct grammar *g, int
     r->p.constraint_trigger_len = (size_t)r->trigger_len + (flags ? 1 : 0);
     r->trigger_id = T_MARK_ID;
     r->think_ids[0] = T_THINK_ID, r->think_ids[1] = T_UNTHINK_ID;
+    for (int i = 0; i < 2; i++) {
+        r->think[i] = engine_reasoning_marker(flags >> TRIGGER_MARKERS_SHIFT, i);
+        r->think_len[i] = (int)strlen(r->think[i]);
+    }
     s->req = r;
 }
 
@@ -68,12 +73,13 @@ static void run(struct grammar *g, const char *what, int flags, const char *mark
 
 /* Takes toks[0..n) in an opening sample, then compares constraint_fill_mask with want[0..n_want)
  * (n_want -1: the output is free, no mask). */
-static void opening_mask(struct grammar *g, const char *what, const int *toks, int n, const int *want, int n_want)
+static void opening_mask(struct grammar *g, const char *what, int flags, const int *toks, int n, const int *want,
+                         int n_want)
 {
     struct request r;
     struct seq s;
     memset(&r, 0, sizeof r), memset(&s, 0, sizeof s);
-    sample_init(&r, &s, g, TRIGGER_MAY_REASON, "");
+    sample_init(&r, &s, g, TRIGGER_MAY_REASON | flags, "");
     for (int i = 0; i < n; i++) constraint_take(&s, toks[i]);
     uint32_t mask[2] = {0, 0}; /* (N_PIECES + 1 <= 64) */
     const int got = constraint_fill_mask(&s, mask);
@@ -142,14 +148,25 @@ int main(void)
     run(g2, "opening: a grammar that asks for <think> itself keeps it (no reasoning)", op, "",
         (int[]){T_LT, T_TH, T_INK_GT, T_BRACE, T_X_CLOSE}, 5, 1, 1);
     grammar_unref(g2);
-    opening_mask(g, "opening mask at the start: the grammar's { or a prefix of <think>", NULL, 0,
+    opening_mask(g, "opening mask at the start: the grammar's { or a prefix of <think>", 0, NULL, 0,
                  (int[]){T_BRACE, T_BRACE_X, T_THINK, T_LT_T, T_LT, T_THINK_ID}, 6);
-    opening_mask(g, "opening mask after <: only <think> goes on", (int[]){T_LT}, 1, (int[]){T_TH}, 1);
-    opening_mask(g, "opening mask after <th: ink> and ink>{x}", (int[]){T_LT, T_TH}, 2, (int[]){T_INK_GT, T_INK_GT_X}, 2);
-    opening_mask(g, "opening mask inside the reasoning: free", (int[]){T_THINK}, 1, NULL, -1);
-    opening_mask(g, "opening mask after </think>: the grammar alone", (int[]){T_THINK, T_ABC, T_UNTHINK}, 3,
+    opening_mask(g, "opening mask after <: only <think> goes on", 0, (int[]){T_LT}, 1, (int[]){T_TH}, 1);
+    opening_mask(g, "opening mask after <th: ink> and ink>{x}", 0, (int[]){T_LT, T_TH}, 2, (int[]){T_INK_GT, T_INK_GT_X}, 2);
+    opening_mask(g, "opening mask inside the reasoning: free", 0, (int[]){T_THINK}, 1, NULL, -1);
+    opening_mask(g, "opening mask after </think>: the grammar alone", 0, (int[]){T_THINK, T_ABC, T_UNTHINK}, 3,
                  (int[]){T_BRACE, T_BRACE_X}, 2);
-    opening_mask(g, "opening mask after {: the grammar alone", (int[]){T_BRACE}, 1, (int[]){T_X_CLOSE}, 1);
+    opening_mask(g, "opening mask after {: the grammar alone", 0, (int[]){T_BRACE}, 1, (int[]){T_X_CLOSE}, 1);
+    const int mm = TRIGGER_MARKERS_MISTRAL << TRIGGER_MARKERS_SHIFT;
+    run(g, "[THINK] markers: a marker inside [THINK] triggers nothing, after [/THINK] it does",
+        TRIGGER_MAY_REASON | mm, tc, (int[]){T_MTHINK, T_MARK, T_MUNTHINK, T_MARK, T_BRACE, T_X_CLOSE}, 6, 1, 1);
+    run(g, "[THINK] markers: <think> is not reasoning (the marker in it triggers)", TRIGGER_MAY_REASON | mm, tc,
+        (int[]){T_THINK, T_MARK, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    run(g, "[THINK] markers, in reasoning, no marker: the grammar after [/THINK]", TRIGGER_IN_REASONING | mm, "",
+        (int[]){T_ABC, T_UNTHINK, T_MUNTHINK, T_BRACE, T_X_CLOSE}, 5, 1, 1);
+    run(g, "[THINK] markers, opening: [THINK], free reasoning, the grammar after [/THINK]", op | mm, "",
+        (int[]){T_MTHINK, T_BRACE, T_X_CLOSE, T_MUNTHINK, T_BRACE, T_X_CLOSE}, 6, 1, 1);
+    opening_mask(g, "[THINK] markers, opening mask: the grammar's { or [THINK] (not <think>)", mm, NULL, 0,
+                 (int[]){T_BRACE, T_BRACE_X, T_MTHINK, T_THINK_ID}, 4);
     grammar_unref(g);
     grammar_vocab_free(v);
     printf("%s\n", failures ? "FAILED" : "all passed");

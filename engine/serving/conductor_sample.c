@@ -46,15 +46,17 @@ void conductor_lazy_setup(struct conductor *c, struct request *r, const struct r
     r->trigger_id = r->think_ids[0] = r->think_ids[1] = -1;
     if (!n) return;
     const unsigned char first = (unsigned char)p->constraint[0];
-    const size_t skip = first < 8 ? 1 : 0; /* conductor_compile_constraint checked the flags */
+    const size_t skip = first < 32 ? 1 : 0; /* conductor_compile_constraint checked the flags */
     r->trigger_flags = skip ? first : 0;
     memcpy(r->trigger, p->constraint + skip, n - skip);
     r->trigger[n - skip] = 0;
     r->trigger_len = (int)(n - skip);
     if (r->trigger_len) r->trigger_id = tokenizer_piece_to_id(c->tok, r->trigger);
-    if (r->trigger_flags & (TRIGGER_MAY_REASON | TRIGGER_IN_REASONING)) {
-        r->think_ids[0] = tokenizer_piece_to_id(c->tok, "<think>");
-        r->think_ids[1] = tokenizer_piece_to_id(c->tok, "</think>");
+    for (int i = 0; i < 2; i++) {
+        r->think[i] = engine_reasoning_marker(r->trigger_flags >> TRIGGER_MARKERS_SHIFT, i);
+        r->think_len[i] = (int)strlen(r->think[i]);
+        if (r->trigger_flags & (TRIGGER_MAY_REASON | TRIGGER_IN_REASONING))
+            r->think_ids[i] = tokenizer_piece_to_id(c->tok, r->think[i]);
     }
 }
 

@@ -6,7 +6,18 @@
 
 #include "grammar.h"
 
-static const char THINK[2][9] = {"<think>", "</think>"};
+static const char *const MARKERS[][2] = {
+    [TRIGGER_MARKERS_THINK] = {"<think>", "</think>"},
+    [TRIGGER_MARKERS_MISTRAL] = {"[THINK]", "[/THINK]"},
+    [TRIGGER_MARKERS_THOUGHT] = {"<|begin_of_thought|>", "<|end_of_thought|>"},
+};
+
+/* (Below, <think> and </think> stand for the request's markers, r->think: set from its trigger's
+ * flags by conductor_lazy_setup.) */
+const char *engine_reasoning_marker(int kind, int close)
+{
+    return kind >= 0 && kind < (int)(sizeof MARKERS / sizeof *MARKERS) ? MARKERS[kind][close != 0] : NULL;
+}
 
 /* Where a lazy sample's watch is, before its trigger (seq.lazy_phase; 0 until its first byte).
  * An opening constraint (TRIGGER_MAY_REASON, no marker) starts in LAZY_OPEN: its output so far
@@ -66,14 +77,14 @@ static long lazy_byte(struct seq *s, const char *p, size_t n, enum status *st)
     switch (s->lazy_phase) {
     case LAZY_DETECT: /* is the output's first (non-whitespace) text <think>? */
         if (!s->lazy_match && is_ws(b)) return -1;
-        if (b == THINK[0][s->lazy_match]) {
-            if (++s->lazy_match == 7) s->lazy_phase = LAZY_REASONING, s->lazy_match = 0;
+        if (b == r->think[0][s->lazy_match]) {
+            if (++s->lazy_match == r->think_len[0]) s->lazy_phase = LAZY_REASONING, s->lazy_match = 0;
             return -1;
         }
         /* Not reasoning: the bytes read since the whitespace are the reply's, b after them. */
-        char again[8];
+        char again[32]; /* (the longest opening marker, and b) */
         int k = s->lazy_match;
-        memcpy(again, THINK[0], (size_t)k);
+        memcpy(again, r->think[0], (size_t)k);
         again[k] = b;
         s->lazy_phase = LAZY_ARMED, s->lazy_match = 0;
         for (int i = 0; i <= k; i++)
@@ -85,8 +96,8 @@ static long lazy_byte(struct seq *s, const char *p, size_t n, enum status *st)
             }
         return -1;
     case LAZY_REASONING:
-        s->lazy_match = trigger_next(THINK[1], s->lazy_match, b);
-        if (s->lazy_match < 8) return -1;
+        s->lazy_match = trigger_next(r->think[1], s->lazy_match, b);
+        if (s->lazy_match < r->think_len[1]) return -1;
         s->lazy_phase = LAZY_ARMED, s->lazy_match = 0;
         if (r->trigger_len) return -1;
         *st = lazy_start(s, p + 1, n - 1); /* no marker: the grammar starts after </think> */
@@ -105,7 +116,7 @@ static const char *token_text(const struct request *r, int32_t tok, int *len)
 {
     if (tok == r->trigger_id) return *len = r->trigger_len, r->trigger;
     for (int i = 0; i < 2; i++)
-        if (tok == r->think_ids[i]) return *len = (int)strlen(THINK[i]), THINK[i];
+        if (tok == r->think_ids[i]) return *len = r->think_len[i], r->think[i];
     return grammar_vocab_token(grammar_vocab_of(r->grammar), tok, len);
 }
 
@@ -117,10 +128,10 @@ static int is_opening(const struct request *r)
 
 /* Whether the bytes b[0..len) continue an output of k bytes that is a prefix of <think> and
  * keep it one (or complete it, anything may follow). */
-static int continues_think(int k, const char *b, int len)
+static int continues_think(const struct request *r, int k, const char *b, int len)
 {
-    const int m = len < 7 - k ? len : 7 - k;
-    return len > 0 && !memcmp(b, THINK[0] + k, (size_t)m);
+    const int left = r->think_len[0] - k, m = len < left ? len : left;
+    return len > 0 && !memcmp(b, r->think[0] + k, (size_t)m);
 }
 
 /* An opening constraint's state (constraint_fill_mask): 0 when s is not (or no longer) in its
@@ -143,7 +154,7 @@ static void think_mask(const struct seq *s, uint32_t *mask, int n_words)
     for (int32_t i = 0; i < n_words * 32; i++) {
         int len = 0;
         const char *b = token_text(r, i, &len);
-        if (b && continues_think(s->lazy_match, b, len)) mask[i >> 5] |= 1u << (i & 31);
+        if (b && continues_think(r, s->lazy_match, b, len)) mask[i >> 5] |= 1u << (i & 31);
     }
 }
 
@@ -153,19 +164,19 @@ static void think_mask(const struct seq *s, uint32_t *mask, int n_words)
  * that accepts <think> itself (a regex that asks for it) keeps it: the output is the grammar's. */
 static enum status opening_take(struct seq *s, int32_t tok, const char *b, int len)
 {
-    const int k = s->lazy_match;
-    const int think = continues_think(k, b, len);
+    const int k = s->lazy_match, open_len = s->req->think_len[0];
+    const int think = continues_think(s->req, k, b, len);
     const int gram = s->lazy_phase == LAZY_OPEN && s->gm && grammar_matcher_accept(s->gm, tok) == STATUS_OK;
-    if (think && k + len >= 7 && !gram) { /* <think> is complete: the rest of the token is reasoning */
+    if (think && k + len >= open_len && !gram) { /* <think> is complete: the rest of the token is reasoning */
         grammar_matcher_free(s->gm);
         s->gm = NULL;
         s->lazy_phase = LAZY_REASONING, s->lazy_match = 0;
         enum status st = STATUS_OK;
-        for (int i = 7 - k; i < len && s->lazy_phase != LAZY_DEAD; i++)
+        for (int i = open_len - k; i < len && s->lazy_phase != LAZY_DEAD; i++)
             if (lazy_byte(s, b + i, (size_t)(len - i), &st) >= 0) return st;
         return STATUS_OK;
     }
-    if (think && k + len < 7) { /* a proper prefix of <think>: both may go on, or only <think> */
+    if (think && k + len < open_len) { /* a proper prefix of <think>: both may go on, or only <think> */
         s->lazy_match = k + len;
         if (!gram) {
             grammar_matcher_free(s->gm);

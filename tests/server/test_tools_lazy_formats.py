@@ -25,7 +25,10 @@ sampled exactly as the free ones until their trigger:
 - markers: a Magistral-style template (`[THINK]` ... `[/THINK]`), replies forced by a regex
   (with `[THINK]` written by the model, or opened by the generation prompt): reasoning_content
   and content are the two parts of the reply's text (its tokens decoded by `tokenizers`' ByteLevel
-  decoder), streamed deltas assemble to them; the chat prompt has jinja2's token count.
+  decoder), streamed deltas assemble to them; the chat prompt (reasoning_content in its history)
+  has jinja2's token count. response_format json_schema with the model opening `[THINK]` itself:
+  greedy, the reasoning is the free greedy run's after jinja2's prompt + `[THINK]`, then JSON
+  that validates; sampled, every finished sample's content validates.
 - special token: a copy of the GGUF whose unused token holds `<tool_call>` as one added token
   (the marker is then one vocabulary token, taken whole); logit_bias +100 on it makes every free
   sample write it at once and forever; under the lazy grammar the token triggers and the call
@@ -356,9 +359,8 @@ def part_markers(shardlm, gguf_path, tmp):
     """Template-specific reasoning markers: [THINK] ... [/THINK] split into reasoning_content."""
     tpl = tmp / "magistral.jinja"
     tpl.write_text(MAGISTRAL)
-    # (no reasoning_content in the history: a template without tools gets the generic format,
-    # whose messages are role and content only; docs/tools.md, Not done)
-    chat = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi there."},
+    chat = [{"role": "user", "content": "Say hi."},
+            {"role": "assistant", "reasoning_content": "a greeting", "content": "Hi there."},
             {"role": "user", "content": "Say hello."}]
     cases = [(False, r"\[THINK\][a-z ]{4,24}\[/THINK\] ?[A-Z][a-z]{1,12}\."),
              (True, r"[a-z ]{4,24}\[/THINK\] ?[A-Z][a-z]{1,12}\.")]
@@ -390,6 +392,43 @@ def part_markers(shardlm, gguf_path, tmp):
                     content_s += d.content or ""
             check(reason_s == reasoning_of(c.message) and content_s == c.message.content,
                   f"markers think={think}: streamed deltas assemble to the unary reply ({reason_s!r}, {content_s!r})")
+
+        # response_format with these markers, the model opening [THINK] itself (an opening constraint).
+        chat = [{"role": "user", "content": "Paris, 21 degrees, as JSON."},
+                {"role": "assistant", "reasoning_content": "Two fields: the city and the degrees.",
+                 "content": '{"city": "Paris", "degrees": 21}'},
+                {"role": "user", "content": "London, 18 degrees, as JSON."}]
+        rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+        kw = {"chat_template_kwargs": {"think": False}}
+        prompt = py_prompt(tpl, chat, None, think=False)
+        g = dict(model=gguf_path.name, temperature=0.0, max_tokens=96)
+        rg = oa.chat.completions.create(messages=chat, response_format=rf, extra_body=kw, **g)
+        free = oa.completions.create(prompt=prompt + "[THINK]", **g)
+        plain = oa.completions.create(prompt=prompt, model=gguf_path.name, max_tokens=1, temperature=0.0)
+        check(rg.usage.prompt_tokens == plain.usage.prompt_tokens,
+              f"markers opening: the chat prompt (reasoning in its history) is jinja2's ({rg.usage.prompt_tokens} vs "
+              f"{plain.usage.prompt_tokens} tokens)")
+        ref, c = free.choices[0].text, rg.choices[0]
+        ok = "[/THINK]" in ref and reasoning_of(c.message) == ref.split("[/THINK]", 1)[0].strip()
+        try:
+            ok = ok and c.finish_reason == "stop" and valid(json.loads(c.message.content), ANSWER)
+        except (TypeError, ValueError):
+            ok = False
+        check(ok, f"markers opening, greedy: [THINK] opened by the model, the reasoning the free one byte for byte "
+                  f"({reasoning_of(c.message)[:40]!r} vs {ref[:40]!r}), then valid JSON ({c.message.content!r:.60})")
+        n = 6
+        r = oa.chat.completions.create(messages=chat, response_format=rf, extra_body=kw, n=n, seed=5, temperature=1.0,
+                                       model=gguf_path.name, max_tokens=96)
+        done = [c for c in r.choices if c.finish_reason == "stop" and c.message.content]
+        for i, c in enumerate(done):
+            try:
+                ok = valid(json.loads(c.message.content), ANSWER)
+            except ValueError:
+                ok = False
+            check(ok, f"markers opening sample {i}: valid JSON ({reasoning_of(c.message)[:30]!r}, {c.message.content!r:.60})")
+        reasoned = sum(bool(reasoning_of(c.message)) for c in done)
+        print(f"markers opening: {len(done)} of {n} samples end with JSON, {reasoned} of them after [THINK]")
+        check(reasoned >= 1, "markers opening: some sample reasons between [THINK] markers, then writes valid JSON")
 
 
 def with_marker_token(src, dst):
