@@ -163,9 +163,9 @@ static void note_template_formats(const struct server *s, struct served_model *m
     m->tool_format = (int)tool_format_detect(src);
     const char *rf = s->opts.reasoning_format;
     if (!rf || !strcmp(rf, "auto")) m->reasoning = (int)tool_format_detect_reasoning(src);
-    LOG_INFO("server", "chat template: tool calls in the %s format, reasoning %s%s%s", tool_format_name(m->tool_format),
+    LOG_INFO("server", "chat template: tool calls in the %s format, reasoning %s%s%s%s", tool_format_name(m->tool_format),
              m->reasoning ? "split from " : "not split", m->reasoning ? tool_reasoning_open(m->reasoning) : "",
-             m->reasoning ? " (its own markers)" : "");
+             m->reasoning ? " to " : "", m->reasoning ? tool_reasoning_close(m->reasoning) : "");
     const char *other = m->reasoning ? NULL : tool_format_unsupported_reasoning(src);
     if (other)
         LOG_WARN("server", "chat template: its reasoning is written in the %s format, which is not split into "

@@ -11,6 +11,8 @@
 #include "tool_format.h"
 #include "tool_json.h"
 
+#include "base.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -473,6 +475,7 @@ int tool_stream_new(enum tool_format f, int tools, int reasoning, int think_open
     ts->st = B_WAIT;
     if (reasoning) ts->ropen = tool_reasoning_open((enum tool_reasoning)reasoning),
                    ts->rclose = tool_reasoning_close((enum tool_reasoning)reasoning);
+    CHECK(!reasoning || ts->ropen, "tool_stream_new: reasoning %d names no markers", reasoning);
     if (!reasoning) {
         ts->rph = R_OFF;
         body_begin(ts, 0);
