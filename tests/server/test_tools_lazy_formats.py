@@ -8,7 +8,8 @@ sampled exactly as the free ones until their trigger:
   `{"name": ..., "parameters": ...}`). The free samples whose reply opens with `{` write calls
   json + jsonschema refuse; the chat's samples for them are calls that validate, the others the
   free text byte for byte (the trigger is anchored at the reply's start: a `{` later in the text
-  triggers nothing).
+  triggers nothing). Served with --batch-invariant: a sample that ends early with its call
+  changes the batch the others decode in, which must not change their text.
 - reasoning: a hermes template that reasons (`<think>...</think>`, then `<tool_call>`), its
   generation prompt opening `<think>` (kwarg think=true) or not (the model opens it itself). The
   history's reasoning mentions `<tool_call>`; free samples that write the marker inside their
@@ -169,7 +170,8 @@ def part_llama3(shardlm, gguf_path, tmp):
     tpl.write_text(LLAMA3)
     prompt = py_prompt(tpl, HISTORY, TOOLS)
     n, seed = 8, 3
-    with TS.Server(shardlm, gguf_path, "--chat-template", str(tpl), "--no-prefix-caching", name="lazy-llama3",
+    with TS.Server(shardlm, gguf_path, "--chat-template", str(tpl), "--no-prefix-caching", "--batch-invariant",
+                   name="lazy-llama3",
                    http=True) as srv:
         oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=600)
         sample = dict(model=gguf_path.name, n=n, seed=seed, temperature=1.0, max_tokens=MAX_TOKENS)
