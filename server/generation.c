@@ -24,6 +24,7 @@
 #include "metrics.h"
 #include "server_internal.h"
 #include "tokenizer.h"
+#include "tool_format.h"
 
 /* ---- engine events ----------------------------------------------------------------------- */
 
@@ -450,28 +451,20 @@ static enum status render_context(const struct served_model *m, const struct gen
     return st;
 }
 
-/* 1 when text[0..len) ends inside a <think> block (the template opened it for the model). */
-static int ends_inside_think(const char *text, size_t len)
+/* 1 when text[0..len) ends (whitespace skipped) with the tag t of n bytes. */
+static int ends_with_tag(const char *text, size_t len, const char *t, size_t n)
 {
     while (len > 0 && strchr(" \t\r\n", text[len - 1])) len--;
-    return len >= 7 && !memcmp(text + len - 7, "<think>", 7);
+    return len >= n && !memcmp(text + len - n, t, n);
 }
 
-/* The prompt ends inside <think> and the server splits reasoning off: a constraint (a schema
- * from response_format, or a lazy tool call's) applies to the reply after </think>, never to the
- * reasoning. A whole-output constraint becomes lazy with no marker (it starts after </think>); a
- * lazy one's trigger, armed once the reasoning ends, is told the output starts inside it. */
-static enum status constrain_after_think(struct gen_request *r)
+/* A whole-output constraint (a schema from response_format, no marker) made lazy with the
+ * trigger flags `flags` and no marker (engine.h TRIGGER_*). */
+static enum status constraint_make_lazy(struct gen_request *r, int flags)
 {
-    if (!r->constraint || r->params.constraint_kind == CONSTRAINT_NONE) return STATUS_OK;
-    if (r->params.constraint_trigger_len && (unsigned char)r->constraint[0] < 8) {
-        r->constraint[0] = (char)(((unsigned char)r->constraint[0] & ~TRIGGER_MAY_REASON) | TRIGGER_IN_REASONING);
-        return STATUS_OK;
-    }
-    if (r->params.constraint_trigger_len) return STATUS_OK; /* (a marker without flags: not ours to change) */
     char *src = malloc(r->constraint_len + 2);
     if (!src) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    src[0] = (char)TRIGGER_IN_REASONING;
+    src[0] = (char)flags;
     memcpy(src + 1, r->constraint, r->constraint_len + 1);
     free(r->constraint);
     r->constraint = src;
@@ -480,6 +473,33 @@ static enum status constrain_after_think(struct gen_request *r)
     r->params.constraint_len = r->constraint_len;
     r->params.constraint_trigger_len = 1;
     return STATUS_OK;
+}
+
+/* The server splits reasoning off, so a constraint (a schema from response_format, or a lazy
+ * tool call's) applies to the reply after </think>, never to the reasoning:
+ * - the prompt ends inside <think> (the template opened it for the model): a whole-output
+ *   constraint becomes lazy with no marker (it starts after </think>); a lazy one's trigger,
+ *   armed once the reasoning ends, is told the output starts inside it;
+ * - the prompt neither opens nor just closed <think> (the model may open it itself) and nothing
+ *   is written after the prompt (no tool-call marker): a whole-output constraint becomes an
+ *   opening one: from the first token the grammar or <think>, and the grammar after </think>.
+ * <think> and </think> stand for the template's markers: close is its closing one, markers the
+ * TRIGGER_MARKERS_* bits that tell the engine which (engine.h). */
+static enum status constrain_around_think(struct gen_request *r, const char *text, size_t len, const char *close,
+                                          int markers)
+{
+    if (!r->constraint || r->params.constraint_kind == CONSTRAINT_NONE) return STATUS_OK;
+    if (r->think_open) {
+        if (r->params.constraint_trigger_len && (unsigned char)r->constraint[0] < 32) {
+            r->constraint[0] = (char)(((unsigned char)r->constraint[0] & ~TRIGGER_MAY_REASON) | TRIGGER_IN_REASONING);
+            return STATUS_OK;
+        }
+        if (r->params.constraint_trigger_len) return STATUS_OK; /* (a marker without flags: not ours to change) */
+        return constraint_make_lazy(r, TRIGGER_IN_REASONING | markers);
+    }
+    if (r->params.constraint_trigger_len || (r->prefill && *r->prefill) || ends_with_tag(text, len, close, strlen(close)))
+        return STATUS_OK;
+    return constraint_make_lazy(r, TRIGGER_MAY_REASON | markers);
 }
 
 /* Tokenizes the request into the prompt ids the engine gets; applies the chat template. */
@@ -495,8 +515,11 @@ enum status gen_prompt(const struct served_model *m, struct gen_request *r, int 
         enum status st = r->chat_context ? render_context(m, r, &text, &len)
                                          : jinja_render_chat(m->jtmpl, r->messages, r->n_messages, NULL, 1, m->bos_text,
                                                              m->eos_text, &text, &len);
-        if (st == STATUS_OK) r->think_open = ends_inside_think(text, len);
-        if (st == STATUS_OK && r->think_open && m->reasoning) st = constrain_after_think(r);
+        if (st == STATUS_OK && m->reasoning) {
+            const char *open = tool_reasoning_open(m->reasoning), *close = tool_reasoning_close(m->reasoning);
+            r->think_open = ends_with_tag(text, len, open, strlen(open));
+            st = constrain_around_think(r, text, len, close, (m->reasoning - 1) << TRIGGER_MARKERS_SHIFT);
+        }
         if (st == STATUS_OK) st = tokenizer_encode(m->tok, text, len, 0, ids, n);
         free(text);
         memcpy(r->params.end_ids, m->end_ids, sizeof m->end_ids);

@@ -52,7 +52,7 @@ struct http_prompt {
 struct http_chat_caps {
     int jinja;
     int tool_format;
-    int reasoning;
+    int reasoning; /* enum tool_reasoning: the markers replies are split at (0: not split) */
 };
 
 /* A parsed OpenAI request: the engine's request plus what shapes the answer. */
@@ -71,7 +71,7 @@ struct http_request {
     int tools;             /* chat with tools (http_tools.c): the reply is parsed into tool_calls */
     int tool_format;       /* enum tool_format of the reply when tools is set */
     int max_calls;         /* parallel_tool_calls false: 1; else 0 (no limit) */
-    int reasoning;         /* split <think>...</think> into reasoning_content */
+    int reasoning;         /* split reasoning into reasoning_content: enum tool_reasoning (its markers) */
     int anthropic;         /* /v1/messages (http_anthropic.c): replies in Anthropic's shape */
     struct http_responses *responses; /* /v1/responses (http_responses.c): replies as Response
                                          objects and their events; NULL otherwise */

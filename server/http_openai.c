@@ -699,7 +699,7 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     if (st == STATUS_OK) st = parse_constraint(o, &q->r);
     if (st == STATUS_OK) st = http_tools_parse(o, caps, q);
     if (st == STATUS_OK) st = http_tools_context(o, NULL, caps, q); /* when the tools did not already */
-    q->reasoning = is_chat && caps && caps->reasoning;
+    q->reasoning = is_chat && caps ? caps->reasoning : 0; /* (the markers' kind, tool_format.h) */
     cJSON_Delete(o);
     struct request_params *p = &q->r.params;
     p->stop = (const char *const *)q->r.stop;

@@ -167,7 +167,8 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
          * marker inside the reasoning does not trigger; gen_prompt says when the prompt opened
          * it); Llama 3's call has no marker but is the whole reply: the reply's first `{`. */
         char trigger[REQUEST_MAX_TRIGGER_BYTES + 1];
-        int flags = (caps->reasoning ? TRIGGER_MAY_REASON : 0) | (f == TOOL_FORMAT_LLAMA3 ? TRIGGER_ANCHORED : 0);
+        int flags = (caps->reasoning ? TRIGGER_MAY_REASON | (caps->reasoning - 1) << TRIGGER_MARKERS_SHIFT : 0) |
+                    (f == TOOL_FORMAT_LLAMA3 ? TRIGGER_ANCHORED : 0);
         snprintf(trigger, sizeof trigger, "%s%s", flags ? (char[]){(char)flags, 0} : "",
                  f == TOOL_FORMAT_LLAMA3 ? "{" : tool_format_call_marker(f));
         st = set_schema(q, native_schema(f, tools, only, parallel), trigger);
@@ -458,7 +459,16 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
     if (!q->is_chat || !caps || !caps->jinja || q->r.chat_context) return STATUS_OK;
     struct gen_request *r = &q->r;
     cJSON *ctx = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(ctx, "messages");
-    if (caps->tool_format != TOOL_FORMAT_GENERIC) { /* the template writes tool calls and results itself */
+    /* The template writes tool calls and results itself; or it reasons and the chat has no tools
+     * at all (then messages keep their reasoning_content, which its history may write back). */
+    int raw = caps->tool_format != TOOL_FORMAT_GENERIC;
+    if (!raw && caps->reasoning && !tools) {
+        raw = 1;
+        for (const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages")->child; m && raw; m = m->next)
+            raw = !cJSON_GetObjectItemCaseSensitive(m, "tool_calls") && !cJSON_GetObjectItemCaseSensitive(m, "tool_call_id") &&
+                  strcmp(cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring, "tool");
+    }
+    if (raw) {
         for (const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages")->child; m; m = m->next)
             cJSON_AddItemToArray(msgs, raw_message(m));
     } else {

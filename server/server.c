@@ -163,9 +163,14 @@ static void note_template_formats(const struct server *s, struct served_model *m
 {
     m->tool_format = (int)tool_format_detect(src);
     const char *rf = s->opts.reasoning_format;
-    if (!rf || !strcmp(rf, "auto")) m->reasoning = tool_format_detect_reasoning(src);
-    LOG_INFO("server", "chat template: tool calls in the %s format, reasoning %s", tool_format_name(m->tool_format),
-             m->reasoning ? "split from <think>" : "not split");
+    if (!rf || !strcmp(rf, "auto")) m->reasoning = (int)tool_format_detect_reasoning(src);
+    LOG_INFO("server", "chat template: tool calls in the %s format, reasoning %s%s%s%s", tool_format_name(m->tool_format),
+             m->reasoning ? "split from " : "not split", m->reasoning ? tool_reasoning_open(m->reasoning) : "",
+             m->reasoning ? " to " : "", m->reasoning ? tool_reasoning_close(m->reasoning) : "");
+    const char *other = m->reasoning ? NULL : tool_format_unsupported_reasoning(src);
+    if (other)
+        LOG_WARN("server", "chat template: its reasoning is written in the %s format, which is not split into "
+                 "reasoning_content (docs/tools.md)", other);
 }
 
 /* The chat template: --chat-template NAME (a built-in) or FILE.jinja; else the model's own Jinja
@@ -174,7 +179,8 @@ static void note_template_formats(const struct server *s, struct served_model *m
  * not compile falls back to the built-in with a warning; a --chat-template file must compile. */
 static enum status choose_chat_template(const struct server *s, struct served_model *m, struct engine *e)
 {
-    m->reasoning = s->opts.reasoning_format && !strcmp(s->opts.reasoning_format, "deepseek");
+    m->reasoning = s->opts.reasoning_format && !strcmp(s->opts.reasoning_format, "deepseek") ? TOOL_REASONING_THINK
+                                                                                              : TOOL_REASONING_OFF;
     struct engine_model_info info;
     engine_get_model_info(e, &info);
     const char *bos = info.bos_id >= 0 ? tokenizer_id_to_piece(m->tok, info.bos_id) : NULL;

@@ -257,7 +257,8 @@ struct served_model {
     struct jinja_template *jtmpl;
     char                  tmpl_name[256];
     int                   tool_format;   /* enum tool_format of jtmpl's text (GENERIC without one) */
-    int                   reasoning;     /* split <think>...</think> off replies (reasoning_format) */
+    int                   reasoning;     /* enum tool_reasoning: the markers split off replies (0: none;
+                                            reasoning_format, the template's text) */
     char                  bos_text[64], eos_text[64]; /* bos_token / eos_token for the template */
     int32_t               end_ids[REQUEST_MAX_END_IDS]; /* the Jinja template's end-of-turn tokens */
     int                   n_end_ids;

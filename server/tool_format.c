@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
+
 enum tool_format tool_format_detect(const char *src)
 {
     if (!src || !strstr(src, "tools")) return TOOL_FORMAT_GENERIC;
@@ -18,7 +20,24 @@ enum tool_format tool_format_detect(const char *src)
     return TOOL_FORMAT_GENERIC;
 }
 
-int tool_format_detect_reasoning(const char *src) { return src && strstr(src, "<think>") != NULL; }
+enum tool_reasoning tool_format_detect_reasoning(const char *src)
+{
+    if (!src) return TOOL_REASONING_OFF;
+    if (strstr(src, "<think>")) return TOOL_REASONING_THINK;
+    for (int r = TOOL_REASONING_MISTRAL; r <= TOOL_REASONING_THOUGHT; r++)
+        if (strstr(src, tool_reasoning_open((enum tool_reasoning)r)) && strstr(src, tool_reasoning_close((enum tool_reasoning)r)))
+            return (enum tool_reasoning)r;
+    return TOOL_REASONING_OFF;
+}
+
+/* The markers' one table is the engine's (its lazy constraints watch them): kind r - 1. */
+const char *tool_reasoning_open(enum tool_reasoning r) { return engine_reasoning_marker((int)r - 1, 0); }
+const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasoning_marker((int)r - 1, 1); }
+
+const char *tool_format_unsupported_reasoning(const char *src)
+{
+    return src && strstr(src, "<|channel|>") && strstr(src, "analysis") ? "harmony" : NULL;
+}
 
 const char *tool_format_name(enum tool_format f)
 {

@@ -16,8 +16,9 @@
  *   PHI4     <|tool_call|>{"name": ..., "arguments": {...}}<|/tool_call|> (Phi-4-mini): both markers
  * A template that never reads `tools` gets GENERIC whatever it holds.
  *
- * Reasoning: with `reasoning` on, a reply that opens with <think> (or whose prompt ended inside
- * <think>: think_open) has its text up to </think> as reasoning (trimmed), the rest as the reply.
+ * Reasoning: with `reasoning` on (enum tool_reasoning: the markers), a reply that opens with the
+ * opening marker (or whose prompt ended inside it: think_open) has its text up to the closing
+ * marker as reasoning (trimmed), the rest as the reply.
  *
  * Partial parses (final = 0) give prefixes of what the final parse of any longer text that
  * starts with the same bytes gives, as long as that text stays well formed: bytes that could be
@@ -48,8 +49,22 @@ enum tool_format {
 
 /* The format a template's source (NUL-terminated) asks for; GENERIC when it has no tools. */
 enum tool_format tool_format_detect(const char *template_src);
-/* 1 when the template's source holds "<think>" (Qwen 3, DeepSeek R1 and their distills). */
-int tool_format_detect_reasoning(const char *template_src);
+/* The markers a reasoning block is written between, chosen by the template's text (its source
+ * holds the opening marker, and the closing one but for <think>). Values are this parser's
+ * `reasoning` argument (0: not split). */
+enum tool_reasoning {
+    TOOL_REASONING_OFF,
+    TOOL_REASONING_THINK,   /* <think> ... </think> (Qwen 3, DeepSeek R1 and their distills) */
+    TOOL_REASONING_MISTRAL, /* [THINK] ... [/THINK] (Mistral's Magistral) */
+    TOOL_REASONING_THOUGHT, /* <|begin_of_thought|> ... <|end_of_thought|> (Sky-T1, Bespoke-Stratos) */
+};  /* (r - 1 is the engine's TRIGGER_MARKERS_* kind: engine.h) */
+enum tool_reasoning tool_format_detect_reasoning(const char *template_src);
+/* The opening and closing markers of kind r (not OFF). */
+const char *tool_reasoning_open(enum tool_reasoning r);
+const char *tool_reasoning_close(enum tool_reasoning r);
+/* A reasoning format the template writes that the parser does not split (GPT-OSS's harmony
+ * channels: "harmony"), or NULL. */
+const char *tool_format_unsupported_reasoning(const char *template_src);
 const char *tool_format_name(enum tool_format f);
 /* The text a call opens with (written into the prompt when a call is required: the model
  * continues with the call's JSON); "" for LLAMA3, NULL for GENERIC. */

@@ -300,3 +300,103 @@ int tool_json_call_byte(struct tool_json_call *c, unsigned char ch, size_t pos, 
     }
 }
 
+
+/* ---- a built-in call: name.call(k=v, ...) ----------------------------------------------------- */
+
+/* The states: before the name, in it, before '.', in "call", before '(', before a key (or ')'
+ * when first), in a key, before '=', before a value, in it, after it. */
+enum { BI_NAME0, BI_NAME, BI_DOT, BI_CALL, BI_PAREN, BI_KEY0, BI_KEY, BI_EQ, BI_VAL0, BI_VAL, BI_AFTER };
+
+int tool_json_ident_byte(unsigned char c, int first)
+{
+    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (!first && c >= '0' && c <= '9');
+}
+
+void tool_json_builtin_start(struct tool_json_builtin *b)
+{
+    tool_json_buf_reset(&b->name);
+    tool_json_buf_reset(&b->args);
+    struct tool_json_buf name = b->name, args = b->args;
+    memset(b, 0, sizeof *b);
+    b->name = name, b->args = args;
+}
+
+static int builtin_out(struct tool_json_builtin *b, const char *s, size_t n, int *oom)
+{
+    tool_json_buf_add(&b->args, s, n);
+    if (b->args.oom) return *oom = 1, TOOL_JSON_BAD;
+    return TOOL_JSON_MORE;
+}
+
+int tool_json_builtin_byte(struct tool_json_builtin *b, unsigned char ch, int *oom)
+{
+    static const char CALL[] = "call";
+    const char c = (char)ch;
+    for (;;) {
+        switch (b->st) {
+        case BI_NAME0:
+        case BI_KEY0:
+            if (tool_json_is_ws(ch)) return TOOL_JSON_MORE;
+            if (b->st == BI_KEY0 && ch == ')' && !b->n_args) return builtin_out(b, "{}", 2, oom) == TOOL_JSON_MORE ? TOOL_JSON_DONE : TOOL_JSON_BAD;
+            if (!tool_json_ident_byte(ch, 1)) return TOOL_JSON_BAD;
+            if (b->st == BI_KEY0 && builtin_out(b, b->n_args ? ", \"" : "{\"", b->n_args ? 3 : 2, oom) == TOOL_JSON_BAD)
+                return TOOL_JSON_BAD;
+            b->st = b->st == BI_NAME0 ? BI_NAME : BI_KEY;
+            continue;
+        case BI_NAME:
+            if (tool_json_ident_byte(ch, 0)) {
+                tool_json_buf_add(&b->name, &c, 1);
+                return b->name.oom ? (*oom = 1, TOOL_JSON_BAD) : TOOL_JSON_MORE;
+            }
+            b->st = BI_DOT;
+            continue;
+        case BI_DOT:
+            if (tool_json_is_ws(ch)) return TOOL_JSON_MORE;
+            if (ch != '.') return TOOL_JSON_BAD;
+            b->st = BI_CALL, b->v.n_lit = 0;
+            return TOOL_JSON_MORE;
+        case BI_CALL: /* (v.n_lit counts the bytes of "call" read) */
+            if (!b->v.n_lit && tool_json_is_ws(ch)) return TOOL_JSON_MORE;
+            if (b->v.n_lit < 4) return c == CALL[b->v.n_lit++] ? TOOL_JSON_MORE : TOOL_JSON_BAD;
+            b->st = BI_PAREN;
+            continue;
+        case BI_PAREN:
+            if (tool_json_is_ws(ch)) return TOOL_JSON_MORE;
+            if (ch != '(') return TOOL_JSON_BAD;
+            b->st = BI_KEY0;
+            return TOOL_JSON_MORE;
+        case BI_KEY:
+            if (tool_json_ident_byte(ch, 0)) return builtin_out(b, &c, 1, oom);
+            b->st = BI_EQ;
+            if (builtin_out(b, "\": ", 3, oom) == TOOL_JSON_BAD) return TOOL_JSON_BAD;
+            continue;
+        case BI_EQ:
+            if (tool_json_is_ws(ch)) return TOOL_JSON_MORE;
+            if (ch != '=') return TOOL_JSON_BAD;
+            b->st = BI_VAL0;
+            return TOOL_JSON_MORE;
+        case BI_VAL0:
+            if (tool_json_is_ws(ch)) return TOOL_JSON_MORE;
+            memset(&b->v, 0, sizeof b->v);
+            b->st = BI_VAL;
+            continue;
+        case BI_VAL: {
+            int r = jval_byte(&b->v, ch);
+            if (r == TOOL_JSON_BAD) return r;
+            if (r != TOOL_JSON_AGAIN && builtin_out(b, &c, 1, oom) == TOOL_JSON_BAD) return TOOL_JSON_BAD;
+            if (r == TOOL_JSON_MORE) return r;
+            b->st = BI_AFTER, b->n_args++;
+            if (r == TOOL_JSON_DONE) return TOOL_JSON_MORE;
+            continue; /* (a number or literal ended before this byte) */
+        }
+        default: /* BI_AFTER */
+            if (tool_json_is_ws(ch)) return TOOL_JSON_MORE;
+            if (ch == ',') {
+                b->st = BI_KEY0;
+                return TOOL_JSON_MORE;
+            }
+            if (ch != ')') return TOOL_JSON_BAD;
+            return builtin_out(b, "}", 1, oom) == TOOL_JSON_MORE ? TOOL_JSON_DONE : TOOL_JSON_BAD;
+        }
+    }
+}

@@ -1,6 +1,7 @@
 /* server/tool_json.h - JSON read byte by byte, for the incremental reply parser (tool_stream.c):
  * a string (decoded as far as whole escapes go), any value (a stack of open containers), and
- * a tool call {"name": "...", "<args key>": {...}} with where its arguments lie in the text.
+ * a tool call {"name": "...", "<args key>": {...}} with where its arguments lie in the text, and
+ * Llama 3.1's built-in call `name.call(k=v, ...)`.
  * Each machine takes one byte at a time and never looks back, so a reply fed in pieces is read
  * once. What they accept is what the whole-text scanner before them accepted (a NUL counts as a
  * number's byte, escapes are judged once whole, nesting deeper than TOOL_JSON_MAX_DEPTH is
@@ -64,5 +65,23 @@ void tool_json_call_start(struct tool_json_call *c);
 /* One byte at position pos of the text; args_key: the format's key of the arguments ("arguments"
  * is accepted for any). *oom is set when out of memory (the call is then BAD). */
 int  tool_json_call_byte(struct tool_json_call *c, unsigned char ch, size_t pos, const char *args_key, int *oom);
+
+/* Llama 3.1's built-in tool call, the text after <|python_tag|>: `name.call(k=v, ...)` with
+ * identifiers ([A-Za-z0-9_], not starting with a digit) for the name and the keys, any JSON
+ * value for each v (the template writes strings: `query="..."`), whitespace between the parts.
+ * name gets the function's name, args the arguments as one JSON object, `{"k": v, ...}`, the
+ * values as the model wrote them (whole once DONE, which the closing parenthesis gives). */
+struct tool_json_builtin {
+    int  st, n_args;
+    struct tool_json_buf name, args;
+    struct tool_json_value v;
+};
+
+/* 1 when c may be in an identifier (first: may start one). */
+int  tool_json_ident_byte(unsigned char c, int first);
+/* Resets b for a new call (keeping its buffers). */
+void tool_json_builtin_start(struct tool_json_builtin *b);
+/* One byte; *oom is set when out of memory (the call is then BAD). */
+int  tool_json_builtin_byte(struct tool_json_builtin *b, unsigned char ch, int *oom);
 
 #endif

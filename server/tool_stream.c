@@ -11,6 +11,8 @@
 #include "tool_format.h"
 #include "tool_json.h"
 
+#include "base.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,7 +46,7 @@ enum body {
     B_REST,       /* the rest is text (trimmed, no markers) */
     B_DEAD,       /* the rest is dropped */
     G_OPEN, G_KEYSTART, G_KEY, G_COLON, G_RSTART, G_RESP, G_LSTART, G_LAFTER, /* generic */
-    L_START, L_CALLSTART, L_AFTER, L_SEMI,                                    /* llama3 */
+    L_START, L_CALLSTART, L_AFTER, L_SEMI, L_BUILTIN,                         /* llama3 */
 };
 
 enum rphase { R_OFF, R_DETECT, R_IN, R_GAP };
@@ -53,6 +55,8 @@ struct tcall {
     char  *name;
     size_t args0, args1;
     int    no_args; /* a call without arguments takes none: "{}" */
+    char  *own_args; /* a built-in call's arguments, made from its k=v pairs (own_len bytes); or NULL */
+    size_t own_len;
 };
 
 struct tool_stream {
@@ -63,6 +67,7 @@ struct tool_stream {
     unsigned long long steps;
 
     enum rphase rph;
+    const char *ropen, *rclose; /* the reasoning block's markers (tool_reasoning_open / _close) */
     int    has_reasoning;
     size_t rscan;         /* R_DETECT / R_GAP: bytes skipped; R_IN: where to look for </think> next */
     struct seg rseg;
@@ -77,6 +82,9 @@ struct tool_stream {
     struct tool_json_buf content, gkey;
     struct tool_json_str gs;
     struct tool_json_call call;
+    struct tool_json_builtin builtin; /* llama3: a built-in call after <|python_tag|> */
+    int    tagged;                    /* llama3: the reply opened with <|python_tag|> (text) or a
+                                         built-in tool's name: a built-in call may follow */
     struct tcall *calls;
     int    n_calls, cap_calls;
 
@@ -86,7 +94,10 @@ struct tool_stream {
     int    cap_dcalls;
 };
 
-static const char THINK_OPEN[] = "<think>", THINK_CLOSE[] = "</think>", PYTHON_TAG[] = "<|python_tag|>";
+static const char PYTHON_TAG[] = "<|python_tag|>";
+/* Llama 3.1's built-in tools called as `name.call(...)` (its template's "Tools:" line; its
+ * code_interpreter writes code, not a call, and is not mapped). */
+static const char *const BUILTIN_TOOLS[2] = {"brave_search", "wolfram_alpha"};
 
 static const char *open_marker(enum tool_format f)
 {
@@ -133,24 +144,47 @@ static void begin_call(struct tool_stream *ts)
     ts->st = B_CALL;
 }
 
+/* A new slot for a call named name[0..n) (zeroed but for the name), or NULL out of memory. */
+static struct tcall *new_call(struct tool_stream *ts, const char *name, size_t n)
+{
+    if (ts->n_calls == ts->cap_calls) {
+        int cap = ts->cap_calls ? 2 * ts->cap_calls : 4;
+        struct tcall *a = realloc(ts->calls, (size_t)cap * sizeof *a);
+        if (!a) return ts->oom = 1, NULL;
+        ts->calls = a, ts->cap_calls = cap;
+    }
+    struct tcall *t = &ts->calls[ts->n_calls];
+    memset(t, 0, sizeof *t);
+    if (!(t->name = malloc(n + 1))) return ts->oom = 1, NULL;
+    memcpy(t->name, name, n);
+    t->name[n] = 0;
+    ts->n_calls++;
+    return t;
+}
+
 /* Keeps the call just completed (when max_calls leaves room); returns whether it was kept. */
 static int keep_call(struct tool_stream *ts)
 {
     if (!call_visible(ts)) return 0;
-    if (ts->n_calls == ts->cap_calls) {
-        int cap = ts->cap_calls ? 2 * ts->cap_calls : 4;
-        struct tcall *a = realloc(ts->calls, (size_t)cap * sizeof *a);
-        if (!a) return ts->oom = 1, 0;
-        ts->calls = a, ts->cap_calls = cap;
-    }
     struct tool_json_call *c = &ts->call;
-    struct tcall *t = &ts->calls[ts->n_calls];
-    t->name = malloc(c->name.n + 1);
-    if (!t->name) return ts->oom = 1, 0;
-    memcpy(t->name, c->name.p, c->name.n + 1);
+    struct tcall *t = new_call(ts, c->name.p, c->name.n);
+    if (!t) return 0;
     t->args0 = c->args0, t->args1 = c->args1, t->no_args = !c->has_args;
-    ts->n_calls++;
     return 1;
+}
+
+/* Keeps the built-in call just completed (llama3, after <|python_tag|>; the first of the reply). */
+static void keep_builtin(struct tool_stream *ts)
+{
+    struct tool_json_builtin *b = &ts->builtin;
+    struct tcall *t = new_call(ts, b->name.p, b->name.n);
+    if (!t) return;
+    if (!(t->own_args = malloc(b->args.n + 1))) {
+        ts->oom = 1;
+        return;
+    }
+    memcpy(t->own_args, b->args.p, b->args.n + 1);
+    t->own_len = b->args.n;
 }
 
 /* The rest of the text from start is text (a format that turned out not to hold calls). */
@@ -301,8 +335,19 @@ static void body_byte(struct tool_stream *ts)
     case L_CALLSTART:
         if (tool_json_is_ws(c)) return;
         if (c == '{') begin_call(ts), ts->pos = at; /* the call's machine reads the brace */
+        else if (ts->tagged) tool_json_builtin_start(&ts->builtin), ts->st = L_BUILTIN, ts->pos = at;
         else rest_is_text(ts, ts->body);
         return;
+    case L_BUILTIN: {
+        int r = tool_json_builtin_byte(&ts->builtin, c, &ts->oom);
+        if (r == TOOL_JSON_DONE) {
+            keep_builtin(ts);
+            ts->st = L_AFTER;
+        } else if (r == TOOL_JSON_BAD) {
+            call_bad(ts);
+        }
+        return;
+    }
     case L_AFTER:
     case L_SEMI:
         if (tool_json_is_ws(c)) return;
@@ -317,7 +362,7 @@ static void body_byte(struct tool_stream *ts)
 }
 
 /* L_START: after optional whitespace, <|python_tag|> (skipped) or not; held while the text could
- * still be the tag's start. */
+ * still be the tag's start (or a built-in tool's name). */
 static void llama3_start(struct tool_stream *ts)
 {
     while (ts->rscan < ts->len && tool_json_is_ws((unsigned char)ts->text[ts->rscan])) ts->rscan++, ts->steps++;
@@ -329,7 +374,21 @@ static void llama3_start(struct tool_stream *ts)
         return;
     }
     ts->st = L_CALLSTART;
-    ts->pos = prefix && have >= m ? j + m : j;
+    ts->tagged = prefix && have >= m;
+    ts->pos = ts->tagged ? j + m : j;
+    if (ts->tagged) return;
+    /* A control token <|python_tag|> adds no text: a reply that opens with a built-in tool's name
+     * (then not a name's byte) may be its call; held while that is not known. */
+    for (int k = 0; k < 2; k++) {
+        size_t b = strlen(BUILTIN_TOOLS[k]), cmp = have < b ? have : b;
+        ts->steps += b;
+        if (memcmp(ts->text + j, BUILTIN_TOOLS[k], cmp)) continue;
+        if (have <= b && !ts->final) {
+            ts->st = L_START, ts->pos = ts->len;
+            return;
+        }
+        ts->tagged = have == b || (have > b && !tool_json_ident_byte((unsigned char)ts->text[j + b], 0));
+    }
 }
 
 /* The reply proper starts at p. */
@@ -348,8 +407,8 @@ static void reasoning_advance(struct tool_stream *ts)
 {
     if (ts->rph == R_DETECT) {
         while (ts->rscan < ts->len && tool_json_is_ws((unsigned char)ts->text[ts->rscan])) ts->rscan++, ts->steps++;
-        size_t j = ts->rscan, have = ts->len - j, m = strlen(THINK_OPEN);
-        int prefix = !memcmp(ts->text + j, THINK_OPEN, have < m ? have : m);
+        size_t j = ts->rscan, have = ts->len - j, m = strlen(ts->ropen);
+        int prefix = !memcmp(ts->text + j, ts->ropen, have < m ? have : m);
         ts->steps += m;
         if (prefix && have < m && !ts->final) return;
         if (!prefix || have < m) {
@@ -362,16 +421,16 @@ static void reasoning_advance(struct tool_stream *ts)
         ts->rseg.start = ts->rseg.scanned = ts->rscan = j + m;
     }
     if (ts->rph == R_IN) {
-        size_t m = strlen(THINK_CLOSE), p = ts->rscan;
+        size_t m = strlen(ts->rclose), p = ts->rscan;
         for (; p + m <= ts->len; p++) {
             ts->steps++;
-            if (ts->text[p] == '<' && !memcmp(ts->text + p, THINK_CLOSE, m)) break;
+            if (ts->text[p] == ts->rclose[0] && !memcmp(ts->text + p, ts->rclose, m)) break;
         }
         if (p + m > ts->len) {
             ts->rscan = p;
             size_t s0 = ts->rseg.start;
             ts->steps += m;
-            seg_advance(ts, &ts->rseg, ts->final ? ts->len : ts->len - holdback(ts->text + s0, ts->len - s0, THINK_CLOSE), 0);
+            seg_advance(ts, &ts->rseg, ts->final ? ts->len : ts->len - holdback(ts->text + s0, ts->len - s0, ts->rclose), 0);
             return;
         }
         seg_advance(ts, &ts->rseg, p, 0);
@@ -401,6 +460,7 @@ static void advance(struct tool_stream *ts)
         else body_byte(ts);
     }
     if (ts->final && ts->st == B_TEXT) seg_advance(ts, &ts->cseg, ts->len, 1);
+    if (ts->final && ts->st == L_BUILTIN) call_bad(ts); /* a built-in call cut short: text */
 }
 
 /* ---- the interface --------------------------------------------------------------------------- */
@@ -413,6 +473,9 @@ int tool_stream_new(enum tool_format f, int tools, int reasoning, int think_open
     if (!ts) return -1;
     ts->f = f, ts->tools = tools, ts->reasoning = reasoning, ts->max_calls = max_calls;
     ts->st = B_WAIT;
+    if (reasoning) ts->ropen = tool_reasoning_open((enum tool_reasoning)reasoning),
+                   ts->rclose = tool_reasoning_close((enum tool_reasoning)reasoning);
+    CHECK(!reasoning || ts->ropen, "tool_stream_new: reasoning %d names no markers", reasoning);
     if (!reasoning) {
         ts->rph = R_OFF;
         body_begin(ts, 0);
@@ -427,13 +490,15 @@ int tool_stream_new(enum tool_format f, int tools, int reasoning, int think_open
 void tool_stream_free(struct tool_stream *ts)
 {
     if (!ts) return;
-    for (int k = 0; k < ts->n_calls; k++) free(ts->calls[k].name);
+    for (int k = 0; k < ts->n_calls; k++) free(ts->calls[k].name), free(ts->calls[k].own_args);
     free(ts->calls);
     free(ts->text);
     free(ts->content.p);
     free(ts->gkey.p);
     free(ts->call.key.p);
     free(ts->call.name.p);
+    free(ts->builtin.name.p);
+    free(ts->builtin.args.p);
     free(ts->sent_args);
     free(ts->dcalls);
     free(ts);
@@ -483,7 +548,8 @@ void tool_stream_call(const struct tool_stream *ts, int k, struct tool_view_call
     if (k < ts->n_calls) {
         const struct tcall *t = &ts->calls[k];
         c->name = t->name, c->complete = 1;
-        if (t->no_args) c->args = "{}", c->args_len = 2;
+        if (t->own_args) c->args = t->own_args, c->args_len = t->own_len;
+        else if (t->no_args) c->args = "{}", c->args_len = 2;
         else c->args = ts->text + t->args0, c->args_len = t->args1 - t->args0;
         return;
     }

@@ -6,7 +6,13 @@
  * and after it; an output that does not open <think> (armed at once, "<t" re-read as the
  * marker's start); a prompt-opened reasoning with no marker (the grammar starts after </think>);
  * an anchored marker (the reply's first `{`, read by the grammar) and one that comes too late;
- * the marker's and </think>'s own tokens (no bytes in the vocabulary) taken as their text. */
+ * the marker's and </think>'s own tokens (no bytes in the vocabulary) taken as their text.
+ * An opening constraint (TRIGGER_MAY_REASON, no marker: the model may open <think> itself): the
+ * grammar from the first token, or <think> in pieces or as one token, free reasoning (a `{x}`
+ * inside it completes nothing), the grammar after </think>; a grammar that asks for <think> itself
+ * keeps it; and its masks (constraint_fill_mask)
+ * after each prefix, against the sets worked out by hand from the pieces. The same with the
+ * [THINK] ... [/THINK] markers (TRIGGER_MARKERS_MISTRAL): <think> is then text. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,12 +25,30 @@
 static const char *const PIECES[] = {
     "<tool", "_call", ">\n{", "<think>", "x <tool_call> y", "</think>", "<tool_call>", "<t", "ool_call>",
     "abc", "</thi", "nk>\n{", "  ", "{", "hi {", "x}", "", "", "<tool_call>!", "\n",
+    "<", "th", "ink>", "ink>{x}", "", "{x", "[THINK]", "[/THINK]",
 };
 enum { T_TOOL, T_CALL, T_GT_BRACE, T_THINK, T_INSIDE, T_UNTHINK, T_MARK, T_LT_T, T_OOL_CALL,
        T_ABC, T_UNTHI, T_NK_BRACE, T_SPACES, T_BRACE, T_HI_BRACE, T_X_CLOSE, T_MARK_ID, T_UNTHINK_ID,
-       T_MARK_BANG, T_NL, N_PIECES };
+       T_MARK_BANG, T_NL, T_LT, T_TH, T_INK_GT, T_INK_GT_X, T_THINK_ID, T_BRACE_X, T_MTHINK, T_MUNTHINK, N_PIECES };
 
 static int failures;
+
+/* A fresh sample s of request r (zeroed by the caller) with the trigger spec (flags, marker). */
+static void sample_init(struct request *r, struct seq *s, struct grammar *g, int flags, const char *marker)
+{
+    r->grammar = g;
+    snprintf(r->trigger, sizeof r->trigger, "%s", marker);
+    r->trigger_len = (int)strlen(marker);
+    r->trigger_flags = flags;
+    r->p.constraint_trigger_len = (size_t)r->trigger_len + (flags ? 1 : 0);
+    r->trigger_id = T_MARK_ID;
+    r->think_ids[0] = T_THINK_ID, r->think_ids[1] = T_UNTHINK_ID;
+    for (int i = 0; i < 2; i++) {
+        r->think[i] = engine_reasoning_marker(flags >> TRIGGER_MARKERS_SHIFT, i);
+        r->think_len[i] = (int)strlen(r->think[i]);
+    }
+    s->req = r;
+}
 
 /* Runs tokens toks[0..n) through a fresh sample of a request with the trigger spec (flags,
  * marker) and reports whether the grammar ended (started at the right place) and was on. */
@@ -34,14 +58,7 @@ static void run(struct grammar *g, const char *what, int flags, const char *mark
     struct request r;
     struct seq s;
     memset(&r, 0, sizeof r), memset(&s, 0, sizeof s);
-    r.grammar = g;
-    snprintf(r.trigger, sizeof r.trigger, "%s", marker);
-    r.trigger_len = (int)strlen(marker);
-    r.trigger_flags = flags;
-    r.p.constraint_trigger_len = (size_t)r.trigger_len + (flags ? 1 : 0);
-    r.trigger_id = T_MARK_ID;
-    r.think_ids[0] = -1, r.think_ids[1] = T_UNTHINK_ID;
-    s.req = &r;
+    sample_init(&r, &s, g, flags, marker);
     int on_before_last = 0;
     for (int i = 0; i < n; i++) {
         if (i == n - 1) on_before_last = s.lazy_on;
@@ -50,6 +67,30 @@ static void run(struct grammar *g, const char *what, int flags, const char *mark
     int ok = on_before_last == want_on_before_last && s.grammar_end == want_end;
     printf("%s %s (on before the last token %d, grammar complete %d)\n", ok ? "PASS" : "FAIL", what, on_before_last,
            s.grammar_end);
+    failures += !ok;
+    grammar_matcher_free(s.gm);
+}
+
+/* Takes toks[0..n) in an opening sample, then compares constraint_fill_mask with want[0..n_want)
+ * (n_want -1: the output is free, no mask). */
+static void opening_mask(struct grammar *g, const char *what, int flags, const int *toks, int n, const int *want,
+                         int n_want)
+{
+    struct request r;
+    struct seq s;
+    memset(&r, 0, sizeof r), memset(&s, 0, sizeof s);
+    sample_init(&r, &s, g, TRIGGER_MAY_REASON | flags, "");
+    for (int i = 0; i < n; i++) constraint_take(&s, toks[i]);
+    uint32_t mask[2] = {0, 0}; /* (N_PIECES + 1 <= 64) */
+    const int got = constraint_fill_mask(&s, mask);
+    int ok = got == (n_want < 0 ? 0 : 1);
+    for (int t = 0; t <= N_PIECES && n_want >= 0; t++) {
+        int wanted = 0;
+        for (int j = 0; j < n_want; j++) wanted |= want[j] == t;
+        if (wanted != (int)(mask[t >> 5] >> (t & 31) & 1)) printf("  token %d (%s): wanted %d\n", t,
+                                                                  t < N_PIECES ? PIECES[t] : "eos", wanted), ok = 0;
+    }
+    printf("%s %s\n", ok ? "PASS" : "FAIL", what);
     failures += !ok;
     grammar_matcher_free(s.gm);
 }
@@ -91,6 +132,41 @@ int main(void)
     run(g, "the marker's own token (no bytes) triggers", 0, tc, (int[]){T_ABC, T_MARK_ID, T_BRACE, T_X_CLOSE}, 4, 1, 1);
     run(g, "bytes the grammar refuses after the marker leave it free", 0, tc,
         (int[]){T_MARK_BANG, T_BRACE, T_X_CLOSE}, 3, 0, 0);
+    const int op = TRIGGER_MAY_REASON;
+    run(g, "opening: no <think>: the grammar from the first token", op, "", (int[]){T_BRACE, T_X_CLOSE}, 2, 1, 1);
+    run(g, "opening: <think> in pieces, free reasoning, the grammar after </think>", op, "",
+        (int[]){T_LT, T_TH, T_INK_GT, T_ABC, T_BRACE, T_X_CLOSE, T_UNTHINK, T_NL, T_BRACE, T_X_CLOSE}, 10, 1, 1);
+    run(g, "opening: <think>'s own token, a {x} inside the reasoning completes nothing", op, "",
+        (int[]){T_THINK_ID, T_BRACE, T_X_CLOSE}, 3, 0, 0);
+    run(g, "opening: the token completing <think> carries reasoning", op, "",
+        (int[]){T_LT, T_TH, T_INK_GT_X, T_UNTHI, T_NK_BRACE, T_X_CLOSE}, 6, 1, 1);
+    struct grammar *g2 = NULL;
+    if (grammar_compile(v, GRAMMAR_REGEX, "<think>\\{x\\}", 12, &g2) != STATUS_OK) {
+        printf("FAIL: the second test grammar does not compile: %s\n", status_message());
+        return 1;
+    }
+    run(g2, "opening: a grammar that asks for <think> itself keeps it (no reasoning)", op, "",
+        (int[]){T_LT, T_TH, T_INK_GT, T_BRACE, T_X_CLOSE}, 5, 1, 1);
+    grammar_unref(g2);
+    opening_mask(g, "opening mask at the start: the grammar's { or a prefix of <think>", 0, NULL, 0,
+                 (int[]){T_BRACE, T_BRACE_X, T_THINK, T_LT_T, T_LT, T_THINK_ID}, 6);
+    opening_mask(g, "opening mask after <: only <think> goes on", 0, (int[]){T_LT}, 1, (int[]){T_TH}, 1);
+    opening_mask(g, "opening mask after <th: ink> and ink>{x}", 0, (int[]){T_LT, T_TH}, 2, (int[]){T_INK_GT, T_INK_GT_X}, 2);
+    opening_mask(g, "opening mask inside the reasoning: free", 0, (int[]){T_THINK}, 1, NULL, -1);
+    opening_mask(g, "opening mask after </think>: the grammar alone", 0, (int[]){T_THINK, T_ABC, T_UNTHINK}, 3,
+                 (int[]){T_BRACE, T_BRACE_X}, 2);
+    opening_mask(g, "opening mask after {: the grammar alone", 0, (int[]){T_BRACE}, 1, (int[]){T_X_CLOSE}, 1);
+    const int mm = TRIGGER_MARKERS_MISTRAL << TRIGGER_MARKERS_SHIFT;
+    run(g, "[THINK] markers: a marker inside [THINK] triggers nothing, after [/THINK] it does",
+        TRIGGER_MAY_REASON | mm, tc, (int[]){T_MTHINK, T_MARK, T_MUNTHINK, T_MARK, T_BRACE, T_X_CLOSE}, 6, 1, 1);
+    run(g, "[THINK] markers: <think> is not reasoning (the marker in it triggers)", TRIGGER_MAY_REASON | mm, tc,
+        (int[]){T_THINK, T_MARK, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    run(g, "[THINK] markers, in reasoning, no marker: the grammar after [/THINK]", TRIGGER_IN_REASONING | mm, "",
+        (int[]){T_ABC, T_UNTHINK, T_MUNTHINK, T_BRACE, T_X_CLOSE}, 5, 1, 1);
+    run(g, "[THINK] markers, opening: [THINK], free reasoning, the grammar after [/THINK]", op | mm, "",
+        (int[]){T_MTHINK, T_BRACE, T_X_CLOSE, T_MUNTHINK, T_BRACE, T_X_CLOSE}, 6, 1, 1);
+    opening_mask(g, "[THINK] markers, opening mask: the grammar's { or [THINK] (not <think>)", mm, NULL, 0,
+                 (int[]){T_BRACE, T_BRACE_X, T_MTHINK, T_THINK_ID}, 4);
     grammar_unref(g);
     grammar_vocab_free(v);
     printf("%s\n", failures ? "FAILED" : "all passed");

@@ -5,6 +5,7 @@
  *    not: the same reasoning, content and calls, byte for byte;
  *  - a stream cut into random pieces sends the deltas the old stream code sent (re-parse the
  *    whole text, send what grew past what went out);
+ *  - Llama 3.1's built-in calls (`<|python_tag|>name.call(k=v)`) give the calls worked out by hand;
  *  - the work is linear: long calls, long text, long reasoning, long call lists fed one byte
  *    at a time cost at most a constant number of parser steps per byte, and twice the reply
  *    costs twice the steps (counted, not timed).
@@ -162,7 +163,8 @@ static void check_text(const char *text, size_t n, int every_cfg)
     for (int f = 0; f < 5; f++)
         for (int bits = 0; bits < 16; bits++) {
             if (!every_cfg && rnd(4)) continue;
-            struct cfg c = {(enum tool_format)f, !(bits & 1) || rnd(8) != 0, bits >> 1 & 1, bits >> 2 & 1, bits >> 3 & 1};
+            struct cfg c = {(enum tool_format)f, !(bits & 1) || rnd(8) != 0, bits >> 1 & 1 ? 1 + (int)rnd(3) : 0,
+                            bits >> 2 & 1, bits >> 3 & 1}; /* (reasoning: one of the markers' kinds) */
             for (size_t cut = 0; cut <= n; cut += n > 600 ? 1 + rnd(13) : 1) compare_parse(&c, text, n, cut, 0);
             compare_parse(&c, text, n, n, 1);
             compare_stream(&c, text, n);
@@ -179,7 +181,8 @@ static size_t random_reply(char *out, size_t cap)
         "\"city\"", "\"Paris\"", "\"a\\\"b\\n\"", "\"\\u00e9\\ud83d\\ude00\"", "\"\\ud800\"", "\"\\u12", "\"\\x\"",
         "12", "-3.5e2", "true", "false", "null", "nul", "tru", "x", "hello world", "Sure, ", "{\"name\": \"f\", ",
         "\"arguments\": {\"x\": 1}}", "{\"name\":\"g\",\"parameters\":{\"q\":[1,2,{\"z\":null}]}}", "\x01", "\"\x01\"",
-        "{\"tool_calls\": [", "{\"response\": \"", "\\", "\"", "é", "\0",
+        "{\"tool_calls\": [", "{\"response\": \"", "\\", "\"", "é", "brave_search", "wolfram_alpha", ".call(", "query=", " = ",
+        "call", ")", ".", "[THINK]", "[/THINK]", "[/THI", "<|begin_of_thought|>", "<|end_of_thought|>", "\0",
     };
     const int n_pieces = (int)(sizeof pieces / sizeof *pieces);
     size_t n = 0;
@@ -303,6 +306,63 @@ static void check_linear(void)
     }
 }
 
+/* Llama 3.1's built-in calls, as its template writes them after <|python_tag|>
+ * (`name.call(k="v", ...)`): parsed into the call and arguments worked out by hand. */
+static void check_builtin(void)
+{
+    static const struct { const char *text, *name, *args, *content; } cases[] = {
+        {"<|python_tag|>brave_search.call(query=\"weather in Paris\")", "brave_search",
+         "{\"query\": \"weather in Paris\"}", ""},
+        {"\n<|python_tag|>wolfram_alpha.call(query=\"2+2\", n=3)", "wolfram_alpha", "{\"query\": \"2+2\", \"n\": 3}", ""},
+        {"<|python_tag|>f.call()", "f", "{}", ""},
+        {"<|python_tag|>f.call(a=1) and then", "f", "{\"a\": 1}", "and then"},
+        {"<|python_tag|>print(1)", NULL, NULL, "<|python_tag|>print(1)"},
+        {"<|python_tag|>f.call(a=1,)", NULL, NULL, "<|python_tag|>f.call(a=1,)"},
+        {"<|python_tag|>f.call(a=\"x\"", NULL, NULL, "<|python_tag|>f.call(a=\"x\""},
+        /* <|python_tag|> as a control token adds no text: a built-in tool's name opens the call */
+        {" brave_search.call(query=\"x\")", "brave_search", "{\"query\": \"x\"}", ""},
+        {"brave_search is a tool", NULL, NULL, "brave_search is a tool"},
+        {"brave_searcher.call(a=1)", NULL, NULL, "brave_searcher.call(a=1)"},
+        {"f.call(a=1)", NULL, NULL, "f.call(a=1)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct tool_parsed p;
+        CHECK(!tool_parse(TOOL_FORMAT_LLAMA3, 1, 0, 0, 0, cases[i].text, strlen(cases[i].text), 1, &p), "oom");
+        int ok = cases[i].name ? p.n_calls == 1 && !strcmp(p.calls[0].name, cases[i].name) &&
+                                     !strcmp(p.calls[0].args, cases[i].args) && p.calls[0].complete
+                               : p.n_calls == 0;
+        ok = ok && !strcmp(p.content, cases[i].content);
+        if (!ok) {
+            fprintf(stderr, "FAIL built-in call '%s': %d calls (%s %s), content '%s'\n", cases[i].text, p.n_calls,
+                    p.n_calls ? p.calls[0].name : "", p.n_calls ? p.calls[0].args : "", p.content);
+            exit(1);
+        }
+        tool_parsed_free(&p);
+    }
+}
+
+/* The template-specific reasoning markers: each kind splits its own block, no other. */
+static void check_reasoning_kinds(void)
+{
+    static const struct { int kind; const char *text, *reasoning, *content; } cases[] = {
+        {TOOL_REASONING_MISTRAL, "[THINK] plan it [/THINK]\n The answer.", "plan it", "The answer."},
+        {TOOL_REASONING_THOUGHT, "<|begin_of_thought|>steps<|end_of_thought|>done", "steps", "done"},
+        {TOOL_REASONING_THINK, "[THINK] plan [/THINK] x", "", "[THINK] plan [/THINK] x"},
+        {TOOL_REASONING_MISTRAL, "<think> a </think> b", "", "<think> a </think> b"},
+        {TOOL_REASONING_MISTRAL, "[THINK] unclosed", "unclosed", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct tool_parsed p;
+        CHECK(!tool_parse(TOOL_FORMAT_HERMES, 0, cases[i].kind, 0, 0, cases[i].text, strlen(cases[i].text), 1, &p), "oom");
+        if (strcmp(p.reasoning, cases[i].reasoning) || strcmp(p.content, cases[i].content)) {
+            fprintf(stderr, "FAIL reasoning kind %d '%s': reasoning '%s' content '%s'\n", cases[i].kind, cases[i].text,
+                    p.reasoning, p.content);
+            exit(1);
+        }
+        tool_parsed_free(&p);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const char *const cases[] = {
@@ -318,6 +378,12 @@ int main(int argc, char **argv)
         "{\"response\": \"bad \x01 ctl\"}",
         "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": tru}}</tool_call> text after",
         "   <thi", "<tool_c", "<|python", "{\"tool_calls\": []}",
+        "<|python_tag|>brave_search.call(query=\"weather in Paris\")",
+        "<|python_tag|> wolfram_alpha . call ( query = \"2+2\" , n=3, opts={\"a\": [1]}, x=true) ; {\"name\": \"f\"}",
+        "<|python_tag|>f.call()", "<|python_tag|>f.call(a=1,)", "<|python_tag|>f.cal(a=1)", "<|python_tag|>print(1)",
+        "<|python_tag|>f.call(a=1) trailing text", "<|python_tag|>f.call(a=\"x\"",
+        "brave_search.call(query=\"x\")", "wolfram_alpha", "[THINK]plan[/THINK] answer", " [THINK] open",
+        "<|begin_of_thought|>a<|end_of_thought|>{\"name\": \"f\", \"parameters\": {}}", "[THI", "brave_search is a tool", "brave_searcher.call(q=1)",
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_text(cases[i], strlen(cases[i]), 1);
     check_corpus(argc > 1 ? argv[1] : SHARDLM_SOURCE_DIR "/tests/fuzz/corpus/tool_parse");
@@ -335,6 +401,8 @@ int main(int argc, char **argv)
     }
     check_text(deep, k, 1);
     check_linear();
+    check_builtin();
+    check_reasoning_kinds();
     printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);
     return 0;
 }

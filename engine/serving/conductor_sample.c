@@ -16,13 +16,9 @@
 
 int constraint_mask(struct conductor *c, struct seq *s, float *lg)
 {
-    struct request *r = s->req;
     const int V = c->m->cfg.vocab_size;
-    if (r->p.constraint_trigger_len && !s->lazy_on) return 1; /* lazy, before its trigger: free */
-    if (!s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK) return -1;
-    grammar_matcher_fill_mask(s->gm, c->gmask);
-    if (grammar_matcher_can_end(s->gm))
-        for (int i = 0; i < r->p.n_end_ids; i++) c->gmask[r->p.end_ids[i] >> 5] |= 1u << (r->p.end_ids[i] & 31);
+    const int got = constraint_fill_mask(s, c->gmask);
+    if (got <= 0) return got < 0 ? -1 : 1; /* (0: lazy, before its trigger: free) */
     int any = 0;
     for (int i = 0; i < V; i++) {
         if (c->gmask[i >> 5] >> (i & 31) & 1) any |= lg[i] > -INFINITY;
@@ -50,15 +46,17 @@ void conductor_lazy_setup(struct conductor *c, struct request *r, const struct r
     r->trigger_id = r->think_ids[0] = r->think_ids[1] = -1;
     if (!n) return;
     const unsigned char first = (unsigned char)p->constraint[0];
-    const size_t skip = first < 8 ? 1 : 0; /* conductor_compile_constraint checked the flags */
+    const size_t skip = first < 32 ? 1 : 0; /* conductor_compile_constraint checked the flags */
     r->trigger_flags = skip ? first : 0;
     memcpy(r->trigger, p->constraint + skip, n - skip);
     r->trigger[n - skip] = 0;
     r->trigger_len = (int)(n - skip);
     if (r->trigger_len) r->trigger_id = tokenizer_piece_to_id(c->tok, r->trigger);
-    if (r->trigger_flags & (TRIGGER_MAY_REASON | TRIGGER_IN_REASONING)) {
-        r->think_ids[0] = tokenizer_piece_to_id(c->tok, "<think>");
-        r->think_ids[1] = tokenizer_piece_to_id(c->tok, "</think>");
+    for (int i = 0; i < 2; i++) {
+        r->think[i] = engine_reasoning_marker(r->trigger_flags >> TRIGGER_MARKERS_SHIFT, i);
+        r->think_len[i] = (int)strlen(r->think[i]);
+        if (r->trigger_flags & (TRIGGER_MAY_REASON | TRIGGER_IN_REASONING))
+            r->think_ids[i] = tokenizer_piece_to_id(c->tok, r->think[i]);
     }
 }
 

@@ -6,10 +6,24 @@
 
 #include "grammar.h"
 
-static const char THINK[2][9] = {"<think>", "</think>"};
+static const char *const MARKERS[][2] = {
+    [TRIGGER_MARKERS_THINK] = {"<think>", "</think>"},
+    [TRIGGER_MARKERS_MISTRAL] = {"[THINK]", "[/THINK]"},
+    [TRIGGER_MARKERS_THOUGHT] = {"<|begin_of_thought|>", "<|end_of_thought|>"},
+};
 
-/* Where a lazy sample's watch is, before its trigger (seq.lazy_phase; 0 until its first byte). */
-enum { LAZY_BEGIN, LAZY_DETECT, LAZY_REASONING, LAZY_ARMED, LAZY_DEAD };
+/* (Below, <think> and </think> stand for the request's markers, r->think: set from its trigger's
+ * flags by conductor_lazy_setup.) */
+const char *engine_reasoning_marker(int kind, int close)
+{
+    return kind >= 0 && kind < (int)(sizeof MARKERS / sizeof *MARKERS) ? MARKERS[kind][close != 0] : NULL;
+}
+
+/* Where a lazy sample's watch is, before its trigger (seq.lazy_phase; 0 until its first byte).
+ * An opening constraint (TRIGGER_MAY_REASON, no marker) starts in LAZY_OPEN: its output so far
+ * (lazy_match bytes) is a proper prefix of <think> that its grammar (s->gm) also took; in
+ * LAZY_OPEN_THINK the grammar refused those bytes and only <think> may follow. */
+enum { LAZY_BEGIN, LAZY_DETECT, LAZY_REASONING, LAZY_ARMED, LAZY_DEAD, LAZY_OPEN, LAZY_OPEN_THINK };
 
 static int is_ws(char b) { return b == ' ' || b == '\n' || b == '\t' || b == '\r'; }
 
@@ -63,14 +77,14 @@ static long lazy_byte(struct seq *s, const char *p, size_t n, enum status *st)
     switch (s->lazy_phase) {
     case LAZY_DETECT: /* is the output's first (non-whitespace) text <think>? */
         if (!s->lazy_match && is_ws(b)) return -1;
-        if (b == THINK[0][s->lazy_match]) {
-            if (++s->lazy_match == 7) s->lazy_phase = LAZY_REASONING, s->lazy_match = 0;
+        if (b == r->think[0][s->lazy_match]) {
+            if (++s->lazy_match == r->think_len[0]) s->lazy_phase = LAZY_REASONING, s->lazy_match = 0;
             return -1;
         }
         /* Not reasoning: the bytes read since the whitespace are the reply's, b after them. */
-        char again[8];
+        char again[32]; /* (the longest opening marker, and b) */
         int k = s->lazy_match;
-        memcpy(again, THINK[0], (size_t)k);
+        memcpy(again, r->think[0], (size_t)k);
         again[k] = b;
         s->lazy_phase = LAZY_ARMED, s->lazy_match = 0;
         for (int i = 0; i <= k; i++)
@@ -82,8 +96,8 @@ static long lazy_byte(struct seq *s, const char *p, size_t n, enum status *st)
             }
         return -1;
     case LAZY_REASONING:
-        s->lazy_match = trigger_next(THINK[1], s->lazy_match, b);
-        if (s->lazy_match < 8) return -1;
+        s->lazy_match = trigger_next(r->think[1], s->lazy_match, b);
+        if (s->lazy_match < r->think_len[1]) return -1;
         s->lazy_phase = LAZY_ARMED, s->lazy_match = 0;
         if (r->trigger_len) return -1;
         *st = lazy_start(s, p + 1, n - 1); /* no marker: the grammar starts after </think> */
@@ -102,20 +116,115 @@ static const char *token_text(const struct request *r, int32_t tok, int *len)
 {
     if (tok == r->trigger_id) return *len = r->trigger_len, r->trigger;
     for (int i = 0; i < 2; i++)
-        if (tok == r->think_ids[i]) return *len = (int)strlen(THINK[i]), THINK[i];
+        if (tok == r->think_ids[i]) return *len = r->think_len[i], r->think[i];
     return grammar_vocab_token(grammar_vocab_of(r->grammar), tok, len);
+}
+
+/* An opening constraint: a whole-output constraint that lets the model open <think> itself. */
+static int is_opening(const struct request *r)
+{
+    return r->trigger_len == 0 && (r->trigger_flags & TRIGGER_MAY_REASON);
+}
+
+/* Whether the bytes b[0..len) continue an output of k bytes that is a prefix of <think> and
+ * keep it one (or complete it, anything may follow). */
+static int continues_think(const struct request *r, int k, const char *b, int len)
+{
+    const int left = r->think_len[0] - k, m = len < left ? len : left;
+    return len > 0 && !memcmp(b, r->think[0] + k, (size_t)m);
+}
+
+/* An opening constraint's state (constraint_fill_mask): 0 when s is not (or no longer) in its
+ * opening; 1 when its output so far (a proper prefix of <think>, maybe empty) is also a prefix of
+ * the grammar's; 2 when only <think> may follow. */
+static int opening_state(const struct seq *s)
+{
+    const struct request *r = s->req;
+    if (!r->p.constraint_trigger_len || s->lazy_on || !is_opening(r)) return 0;
+    if (s->lazy_phase == LAZY_BEGIN || s->lazy_phase == LAZY_OPEN) return 1;
+    return s->lazy_phase == LAZY_OPEN_THINK ? 2 : 0;
+}
+
+/* Sets in mask[0..n_words) the bits of the tokens whose text keeps s's output (in its opening) a
+ * prefix of <think> or completes it (anything may follow in the same token); <think>'s own token
+ * counts as its text. One pass over the vocabulary: only the opening's steps pay it. */
+static void think_mask(const struct seq *s, uint32_t *mask, int n_words)
+{
+    const struct request *r = s->req;
+    for (int32_t i = 0; i < n_words * 32; i++) {
+        int len = 0;
+        const char *b = token_text(r, i, &len);
+        if (b && continues_think(r, s->lazy_match, b, len)) mask[i >> 5] |= 1u << (i & 31);
+    }
+}
+
+/* Token tok (bytes b[0..len)) taken by an opening constraint (LAZY_OPEN or LAZY_OPEN_THINK):
+ * <think> completed goes to reasoning (the grammar starts afresh after </think>), a proper prefix
+ * of it waits, anything else is the constrained reply from the output's first byte. A grammar
+ * that accepts <think> itself (a regex that asks for it) keeps it: the output is the grammar's. */
+static enum status opening_take(struct seq *s, int32_t tok, const char *b, int len)
+{
+    const int k = s->lazy_match, open_len = s->req->think_len[0];
+    const int think = continues_think(s->req, k, b, len);
+    const int gram = s->lazy_phase == LAZY_OPEN && s->gm && grammar_matcher_accept(s->gm, tok) == STATUS_OK;
+    if (think && k + len >= open_len && !gram) { /* <think> is complete: the rest of the token is reasoning */
+        grammar_matcher_free(s->gm);
+        s->gm = NULL;
+        s->lazy_phase = LAZY_REASONING, s->lazy_match = 0;
+        enum status st = STATUS_OK;
+        for (int i = open_len - k; i < len && s->lazy_phase != LAZY_DEAD; i++)
+            if (lazy_byte(s, b + i, (size_t)(len - i), &st) >= 0) return st;
+        return STATUS_OK;
+    }
+    if (think && k + len < open_len) { /* a proper prefix of <think>: both may go on, or only <think> */
+        s->lazy_match = k + len;
+        if (!gram) {
+            grammar_matcher_free(s->gm);
+            s->gm = NULL;
+            s->lazy_phase = LAZY_OPEN_THINK;
+        }
+        return STATUS_OK;
+    }
+    /* Not reasoning (or a grammar that writes <think> itself: it keeps it): the constraint has
+     * held from the first token. */
+    s->lazy_on = 1;
+    if (gram) s->grammar_end = grammar_matcher_is_done(s->gm);
+    return STATUS_OK;
+}
+
+int constraint_fill_mask(struct seq *s, uint32_t *mask)
+{
+    const struct request *r = s->req;
+    const int opening = opening_state(s);
+    if (r->p.constraint_trigger_len && !s->lazy_on && !opening) return 0; /* lazy, before its trigger: free */
+    const int n_words = grammar_vocab_mask_words(grammar_vocab_of(r->grammar));
+    if (opening == 2) {
+        memset(mask, 0, (size_t)n_words * sizeof *mask);
+    } else {
+        if (!s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK) return -1;
+        grammar_matcher_fill_mask(s->gm, mask);
+        if (grammar_matcher_can_end(s->gm))
+            for (int i = 0; i < r->p.n_end_ids; i++) mask[r->p.end_ids[i] >> 5] |= 1u << (r->p.end_ids[i] & 31);
+    }
+    if (opening) think_mask(s, mask, n_words);
+    return 1;
 }
 
 enum status constraint_take(struct seq *s, int32_t tok)
 {
     struct request *r = s->req;
     if (r->p.constraint_trigger_len && !s->lazy_on) {
-        if (s->lazy_phase == LAZY_BEGIN)
+        if (s->lazy_phase == LAZY_BEGIN) {
             s->lazy_phase = r->trigger_flags & TRIGGER_IN_REASONING ? LAZY_REASONING
+                          : is_opening(r)                           ? LAZY_OPEN
                           : r->trigger_flags & TRIGGER_MAY_REASON   ? LAZY_DETECT
                                                                     : LAZY_ARMED;
+            if (s->lazy_phase == LAZY_OPEN && !s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK)
+                return STATUS_RESOURCE_EXHAUSTED;
+        }
         int len = 0;
         const char *b = token_text(r, tok, &len);
+        if (s->lazy_phase == LAZY_OPEN || s->lazy_phase == LAZY_OPEN_THINK) return opening_take(s, tok, b, len);
         enum status st = STATUS_OK;
         for (int i = 0; i < len && s->lazy_phase != LAZY_DEAD; i++)
             if (lazy_byte(s, b + i, (size_t)(len - i), &st) >= 0) return st; /* the token's rest went to the grammar */

@@ -143,18 +143,34 @@ enum speculative_mode {
 enum status speculative_mode_parse(const char *s, const char *field, enum speculative_mode *out);
 
 /* Flags of a lazy constraint's trigger (request_params.constraint_trigger_len): its first byte,
- * when below 8, is their sum; the marker follows. Reasoning is the text from <think> to </think>,
- * as the server's reply parser reads it (server/tool_stream.c): the marker is watched for only
- * after it, so a marker written while reasoning triggers nothing. */
+ * when below 32, is their sum; the marker follows. Reasoning is the text from <think> to
+ * </think> (or the markers TRIGGER_MARKERS_* name), as the server's reply parser reads it
+ * (server/tool_stream.c): the marker is watched for only after it, so a marker written while
+ * reasoning triggers nothing. */
 enum {
-    TRIGGER_MAY_REASON   = 1, /* an output that opens (whitespace skipped) with <think> reasons first */
+    TRIGGER_MAY_REASON   = 1, /* an output that opens (whitespace skipped) with <think> reasons first;
+                                 with no marker (an opening constraint: a whole-output constraint
+                                 under a template where the model may open <think> itself) the
+                                 output is constrained from its first token to the grammar or
+                                 <think> (no whitespace before it), and after </think> (whitespace
+                                 skipped) to the grammar: constraint.h constraint_opening */
     TRIGGER_IN_REASONING = 2, /* the output starts inside reasoning (the prompt ended with <think>);
                                  the only case where the marker may be empty (the grammar then
                                  starts right after </think>, whitespace skipped) */
     TRIGGER_ANCHORED     = 4, /* the marker must be the first bytes (whitespace skipped) of the reply
                                  after any reasoning, and is the call's first bytes: the grammar reads
                                  it (Llama 3's bare `{"name": ...}` call); otherwise never triggers */
+    TRIGGER_MARKERS_SHIFT = 3, /* bits 3-4: the reasoning markers, TRIGGER_MARKERS_* */
 };
+/* The reasoning markers of a trigger's flags ((flags >> TRIGGER_MARKERS_SHIFT) & 3). */
+enum {
+    TRIGGER_MARKERS_THINK,   /* <think> ... </think> */
+    TRIGGER_MARKERS_MISTRAL, /* [THINK] ... [/THINK] */
+    TRIGGER_MARKERS_THOUGHT, /* <|begin_of_thought|> ... <|end_of_thought|> */
+};
+/* The opening (close = 0) or closing (close = 1) marker of TRIGGER_MARKERS_* kind; NULL for a
+ * kind that is none of them. The one table of them: the server's reply parser reads it too. */
+const char *engine_reasoning_marker(int kind, int close);
 
 enum constraint_kind {
     CONSTRAINT_NONE,

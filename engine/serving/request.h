@@ -118,7 +118,9 @@ struct request {
     int      trigger_len;         /* strlen(trigger); 0 only with TRIGGER_IN_REASONING */
     int      trigger_flags;       /* TRIGGER_* (engine.h) */
     int32_t  trigger_id;          /* the token whose text is the whole marker, or -1 */
-    int32_t  think_ids[2];        /* the tokens whose text is <think>, </think>, or -1 */
+    int32_t  think_ids[2];        /* the tokens whose text is think[0], think[1], or -1 */
+    const char *think[2];         /* the reasoning markers (engine_reasoning_marker of the flags) */
+    int      think_len[2];        /* their lengths */
     uint64_t seed;
     engine_event_fn on_event;
     void    *ctx;

@@ -5,7 +5,8 @@
  * a prefix is a prefix of the reasoning of the whole, and every parse (the incremental parser,
  * server/tool_stream.c) equals the whole-text parser it replaced (tool_parse_ref.c).
  * Input: byte 0 picks the format (bits 0-2, modulo the formats), tools (bit 3), reasoning
- * (bit 4), think_open (bit 5), one call at most (bit 6); the rest is the reply.
+ * (bits 4 and 7: enum tool_reasoning, the markers), think_open (bit 5), one call at most (bit 6);
+ * the rest is the reply.
  * Corpus: tests/fuzz/corpus/tool_parse (replies in every format, cut, malformed). */
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +51,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1 || size > 4096) return 0;
     enum tool_format f = (enum tool_format)((data[0] & 7) % 5);
-    int tools = data[0] >> 3 & 1, reasoning = data[0] >> 4 & 1, think_open = data[0] >> 5 & 1;
+    int tools = data[0] >> 3 & 1, think_open = data[0] >> 5 & 1;
+    int reasoning = (data[0] >> 4 & 1) | (data[0] >> 6 & 2); /* enum tool_reasoning: off, <think>, [THINK], thought */
     int max_calls = data[0] >> 6 & 1;
     size_t n = size - 1;
     char *text = malloc(n ? n : 1); /* exactly the reply's bytes, so that ASan sees any overread */

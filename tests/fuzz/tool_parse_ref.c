@@ -1,7 +1,8 @@
 /* tests/fuzz/tool_parse_ref.c - the reference for server/tool_stream.c: the whole-text parser
  * of tool calls and reasoning that the incremental one replaced (server/tool_format.c as of
  * commit 390c781, unchanged but for its name), which re-parsed a stream's whole text at each
- * chunk. The incremental parser must give what this one gives, at every prefix, final or not
+ * chunk (one addition since: Llama 3.1's built-in call after <|python_tag|>, scan_builtin). The
+ * incremental parser must give what this one gives, at every prefix, final or not
  * (tests/test_tool_stream.c, tests/fuzz/fuzz_tool_parse.c). Not built into the server. */
 #include "tool_parse_ref.h"
 
@@ -408,13 +409,132 @@ static void parse_marked(struct parse *p, const char *s, size_t n)
     }
 }
 
+static int ident_byte(char c, int first)
+{
+    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (!first && c >= '0' && c <= '9');
+}
+
+/* An identifier at s[i]: the index after it (into *out when not NULL), SCAN_INCOMPLETE when it
+ * reaches the end, SCAN_INVALID when there is none. */
+static long scan_ident(const char *s, size_t n, size_t i, struct sbuf *out)
+{
+    if (i >= n) return SCAN_INCOMPLETE;
+    if (!ident_byte(s[i], 1)) return SCAN_INVALID;
+    size_t j = i + 1;
+    while (j < n && ident_byte(s[j], 0)) j++;
+    if (j == n) return SCAN_INCOMPLETE;
+    if (out) sb_add(out, s + i, j - i);
+    return (long)j;
+}
+
+/* Added with the built-in call (after the incremental parser's machine was written): Llama
+ * 3.1's `name.call(k=v, ...)` at s[i], as the Llama 3.1 template writes it after <|python_tag|>.
+ * Returns the index after it, SCAN_INCOMPLETE or SCAN_INVALID; c (zeroed first, freed by the
+ * caller) gets the name and the arguments {"k": v, ...} when complete. */
+static long scan_builtin(const char *s, size_t n, size_t i, struct tool_parsed_call *c, int *oom)
+{
+    memset(c, 0, sizeof *c);
+    struct sbuf name = {0}, args = {0};
+    long k = scan_ident(s, n, i, &name), r = k;
+    if (k < 0) goto out;
+    r = SCAN_INVALID;
+    i = skip_ws(s, n, (size_t)k);
+    if (i >= n || s[i] != '.') {
+        r = i >= n ? SCAN_INCOMPLETE : SCAN_INVALID;
+        goto out;
+    }
+    i = skip_ws(s, n, i + 1);
+    for (const char *w = "call"; *w; w++, i++)
+        if (i >= n || s[i] != *w) {
+            r = i >= n ? SCAN_INCOMPLETE : SCAN_INVALID;
+            goto out;
+        }
+    i = skip_ws(s, n, i);
+    if (i >= n || s[i] != '(') {
+        r = i >= n ? SCAN_INCOMPLETE : SCAN_INVALID;
+        goto out;
+    }
+    i = skip_ws(s, n, i + 1);
+    if (i >= n) {
+        r = SCAN_INCOMPLETE;
+        goto out;
+    }
+    sb_add(&args, "{", 1);
+    for (int first = 1;; first = 0) {
+        if (first && s[i] == ')') break;
+        if (!first) sb_add(&args, ", ", 2);
+        sb_add(&args, "\"", 1);
+        if ((k = scan_ident(s, n, i, &args)) < 0) {
+            r = k;
+            goto out;
+        }
+        sb_add(&args, "\": ", 3);
+        i = skip_ws(s, n, (size_t)k);
+        if (i >= n || s[i] != '=') {
+            r = i >= n ? SCAN_INCOMPLETE : SCAN_INVALID;
+            goto out;
+        }
+        i = skip_ws(s, n, i + 1);
+        long v = scan_value(s, n, i, 1);
+        if (v < 0) {
+            r = v;
+            goto out;
+        }
+        sb_add(&args, s + i, (size_t)v - i);
+        i = skip_ws(s, n, (size_t)v);
+        if (i >= n || (s[i] != ',' && s[i] != ')')) {
+            r = i >= n ? SCAN_INCOMPLETE : SCAN_INVALID;
+            goto out;
+        }
+        if (s[i] == ')') break;
+        i = skip_ws(s, n, i + 1);
+        if (i >= n) {
+            r = SCAN_INCOMPLETE;
+            goto out;
+        }
+    }
+    sb_add(&args, "}", 1);
+    *oom |= name.oom || args.oom;
+    if (name.oom || args.oom) goto out;
+    c->name = name.p, c->args = args.p, c->args_len = args.n, c->complete = 1;
+    return (long)i + 1;
+out:
+    free(name.p);
+    free(args.p);
+    return r;
+}
+
 /* LLAMA3: the whole reply is a call (several separated by ';'), or it is text. */
 static void parse_llama3(struct parse *p, const char *s, size_t n)
 {
     static const char tag[] = "<|python_tag|>";
     size_t i = skip_ws(s, n, 0);
     if (!p->final && is_prefix_of(s + i, n - i, tag)) return;
-    if (n - i >= strlen(tag) && !memcmp(s + i, tag, strlen(tag))) i = skip_ws(s, n, i + strlen(tag));
+    int tagged = n - i >= strlen(tag) && !memcmp(s + i, tag, strlen(tag));
+    if (tagged) i = skip_ws(s, n, i + strlen(tag));
+    static const char *const builtin[] = {"brave_search", "wolfram_alpha"}; /* (the tag as a control token: no text) */
+    for (int k = 0; k < 2 && !tagged; k++) {
+        size_t b = strlen(builtin[k]);
+        if (n - i <= b && !memcmp(s + i, builtin[k], n - i) && !p->final) return;
+        tagged = n - i >= b && !memcmp(s + i, builtin[k], b) && (n - i == b || !ident_byte(s[i + b], 0));
+    }
+    if (i >= n) return;
+    if (tagged && s[i] != '{') { /* a built-in call */
+        struct tool_parsed_call c;
+        long k = scan_builtin(s, n, i, &c, &p->oom);
+        if (k == SCAN_INCOMPLETE && !p->final) return;
+        if (k < 0) {
+            add_text(p, s, n, NULL);
+            return;
+        }
+        keep_call(p, &c);
+        i = skip_ws(s, n, (size_t)k);
+        if (i < n && s[i] == ';') i = skip_ws(s, n, i + 1);
+        if (i < n && s[i] != '{') {
+            add_text(p, s + i, n - i, NULL);
+            return;
+        }
+    }
     if (i >= n) return;
     if (s[i] != '{') {
         add_text(p, s, n, NULL);
@@ -440,11 +560,13 @@ static void parse_llama3(struct parse *p, const char *s, size_t n)
     }
 }
 
-/* Splits off <think>...</think>; returns where the reply proper starts (*rest) or 0 when the
- * whole text is held back. */
-static int split_reasoning(struct parse *p, int think_open, const char *s, size_t n, size_t *rest)
+/* Splits off <think>...</think> (or the markers of the reasoning kind: a later addition, with
+ * the template-specific markers of tool_format.h); returns where the reply proper starts (*rest)
+ * or 0 when the whole text is held back. */
+static int split_reasoning(struct parse *p, int reasoning, int think_open, const char *s, size_t n, size_t *rest)
 {
-    static const char open[] = "<think>", close[] = "</think>";
+    const char *open = tool_reasoning_open((enum tool_reasoning)reasoning);
+    const char *close = tool_reasoning_close((enum tool_reasoning)reasoning);
     size_t start = 0;
     *rest = 0;
     if (!think_open) {
@@ -477,7 +599,7 @@ int tool_parse_ref(enum tool_format f, int tools, int reasoning, int think_open,
     memset(out, 0, sizeof *out);
     struct parse p = {.f = f, .final = final, .max_calls = max_calls, .out = out};
     size_t rest = 0;
-    int go = reasoning ? split_reasoning(&p, think_open, text, n, &rest) : 1;
+    int go = reasoning ? split_reasoning(&p, reasoning, think_open, text, n, &rest) : 1;
     if (go) {
         const char *s = text + rest;
         size_t m = n - rest;

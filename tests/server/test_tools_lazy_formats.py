@@ -8,7 +8,8 @@ sampled exactly as the free ones until their trigger:
   `{"name": ..., "parameters": ...}`). The free samples whose reply opens with `{` write calls
   json + jsonschema refuse; the chat's samples for them are calls that validate, the others the
   free text byte for byte (the trigger is anchored at the reply's start: a `{` later in the text
-  triggers nothing).
+  triggers nothing). Served with --batch-invariant: a sample that ends early with its call
+  changes the batch the others decode in, which must not change their text.
 - reasoning: a hermes template that reasons (`<think>...</think>`, then `<tool_call>`), its
   generation prompt opening `<think>` (kwarg think=true) or not (the model opens it itself). The
   history's reasoning mentions `<tool_call>`; free samples that write the marker inside their
@@ -16,11 +17,24 @@ sampled exactly as the free ones until their trigger:
   marker after `</think>` gives a call that validates. response_format json_schema on the same
   template with an opened `<think>`: the reasoning is the free text up to `</think>`, byte for
   byte, and the content after it is JSON that validates.
+- opening: response_format json_schema on the reasoning template with a generation prompt that
+  does not open `<think>` (the model may open it itself): the first tokens are the schema's or
+  `<think>`; samples that reason give reasoning_content and content after `</think>` that
+  validates, the others content that validates from the first token. Greedy, the reasoning is
+  the free greedy run's text after jinja2's prompt + `<think>`, byte for byte; streamed deltas
+  assemble to the unary reply.
+- markers: a Magistral-style template (`[THINK]` ... `[/THINK]`), replies forced by a regex
+  (with `[THINK]` written by the model, or opened by the generation prompt): reasoning_content
+  and content are the two parts of the reply's text (its tokens decoded by `tokenizers`' ByteLevel
+  decoder), streamed deltas assemble to them; the chat prompt (reasoning_content in its history)
+  has jinja2's token count. response_format json_schema with the model opening `[THINK]` itself:
+  greedy, the reasoning is the free greedy run's after jinja2's prompt + `[THINK]`, then JSON
+  that validates; sampled, every finished sample's content validates.
 - special token: a copy of the GGUF whose unused token holds `<tool_call>` as one added token
   (the marker is then one vocabulary token, taken whole); logit_bias +100 on it makes every free
   sample write it at once and forever; under the lazy grammar the token triggers and the call
   that follows validates.
-SKIP (77) without the GGUF, openai, jsonschema, jinja2 or gguf.
+SKIP (77) without the GGUF, openai, jsonschema, jinja2, tokenizers or gguf.
 """
 import argparse
 import json
@@ -39,6 +53,7 @@ try:
     import numpy as np
     import openai
     import gguf
+    from tokenizers import decoders
     import test_jinja  # noqa: F401,E402  (exits 77 without jinja2)
 except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
@@ -155,7 +170,8 @@ def part_llama3(shardlm, gguf_path, tmp):
     tpl.write_text(LLAMA3)
     prompt = py_prompt(tpl, HISTORY, TOOLS)
     n, seed = 8, 3
-    with TS.Server(shardlm, gguf_path, "--chat-template", str(tpl), "--no-prefix-caching", name="lazy-llama3",
+    with TS.Server(shardlm, gguf_path, "--chat-template", str(tpl), "--no-prefix-caching", "--batch-invariant",
+                   name="lazy-llama3",
                    http=True) as srv:
         oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=600)
         sample = dict(model=gguf_path.name, n=n, seed=seed, temperature=1.0, max_tokens=MAX_TOKENS)
@@ -260,6 +276,163 @@ def part_reasoning(shardlm, gguf_path, tmp):
         check(stops >= 1, "json_schema: some sample closes its reasoning and completes valid JSON")
 
 
+def part_opening(shardlm, gguf_path, tmp):
+    tpl = tmp / "think-tools.jinja"
+    tpl.write_text(THINK)
+    chat = [{"role": "user", "content": "Paris, 21 degrees, as JSON."},
+            {"role": "assistant", "reasoning_content": "Two fields: the city and the degrees.",
+             "content": '{"city": "Paris", "degrees": 21}'},
+            {"role": "user", "content": "London, 18 degrees, as JSON."}]
+    prompt = py_prompt(tpl, chat, None, think=False)
+    check(not prompt.rstrip().endswith("<think>") and not prompt.rstrip().endswith("</think>"),
+          "opening: jinja2's generation prompt neither opens nor closes <think>")
+    rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+    kw = {"chat_template_kwargs": {"think": False}}
+    with TS.Server(shardlm, gguf_path, "--chat-template", str(tpl), "--no-prefix-caching", name="lazy-open",
+                   http=True) as srv:
+        oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=600)
+        n, seed = 8, 13
+        sample = dict(model=gguf_path.name, n=n, seed=seed, temperature=1.0, max_tokens=96)
+        r = oa.chat.completions.create(messages=chat, response_format=rf, extra_body=kw, logprobs=True, **sample)
+        free = oa.completions.create(prompt=prompt, **dict(sample, n=1, temperature=0.0))
+        check(r.usage.prompt_tokens == free.usage.prompt_tokens,
+              f"opening: the chat prompt is jinja2's ({r.usage.prompt_tokens} vs {free.usage.prompt_tokens} tokens)")
+        reasoned = valid_after = 0
+        for i, c in enumerate(r.choices):
+            why = reasoning_of(c.message)
+            reasoned += bool(why)
+            # (the sample's tokens as text: the server's logprobs give byte-level BPE pieces)
+            raw = decoders.ByteLevel().decode([t.token for t in c.logprobs.content])
+            if raw.startswith("<think>") and "</think>" not in raw:  # it ended (or was cut) reasoning
+                check(why == raw[len("<think>"):].replace("<|im_end|>", "").strip() and not c.message.content,
+                      f"opening sample {i}: unclosed reasoning is all reasoning_content ({raw[:50]!r})")
+                continue
+            if c.finish_reason != "stop":
+                check(c.finish_reason == "length", f"opening sample {i}: cut ({c.finish_reason})")
+                continue
+            try:
+                ok = valid(json.loads(c.message.content), ANSWER)
+            except (TypeError, ValueError):
+                ok = False
+            valid_after += ok and bool(why)
+            check(ok, f"opening sample {i}: content valid under the schema (reasoning {why[:40]!r}, "
+                      f"content {c.message.content!r:.80})")
+        print(f"opening: {reasoned} of {n} samples open <think> themselves, {valid_after} of them end with "
+              f"valid JSON")
+        check(reasoned >= 1 and valid_after >= 1, "opening: some sample reasons, then writes valid JSON")
+
+        # Greedy: the reasoning is sampled free: the free greedy run after jinja2's prompt + <think>.
+        g = dict(model=gguf_path.name, temperature=0.0, max_tokens=96)
+        rg = oa.chat.completions.create(messages=chat, response_format=rf, extra_body=kw, **g).choices[0]
+        ref = oa.completions.create(prompt=prompt + "<think>", **g).choices[0].text
+        if "</think>" in ref and reasoning_of(rg.message):
+            check(reasoning_of(rg.message) == ref.split("</think>", 1)[0].strip(),
+                  f"opening greedy: the reasoning is the free one, byte for byte ({reasoning_of(rg.message)[:50]!r} "
+                  f"vs {ref.split('</think>', 1)[0].strip()[:50]!r})")
+            check(rg.finish_reason == "stop" and valid(json.loads(rg.message.content), ANSWER),
+                  f"opening greedy: then valid JSON ({rg.message.content!r:.80})")
+        else:
+            check(False, f"opening greedy: the model reasons and closes </think> ({ref[:60]!r}, "
+                         f"{reasoning_of(rg.message)[:40]!r})")
+
+        # Streamed: the deltas assemble to the unary reply.
+        reason, content = "", ""
+        for ch in oa.chat.completions.create(messages=chat, response_format=rf, extra_body=kw, stream=True, **g):
+            d = ch.choices[0].delta if ch.choices else None
+            if d is not None:
+                reason += getattr(d, "reasoning_content", None) or (d.model_extra or {}).get("reasoning_content") or ""
+                content += d.content or ""
+        check(reason == reasoning_of(rg.message) and content == rg.message.content,
+              f"opening: streamed deltas assemble to the unary reply ({reason[:30]!r}, {content[:40]!r})")
+
+
+# A Magistral-style template (written here): reasoning between [THINK] and [/THINK], the
+# generation prompt opening [THINK] when think is true.
+MAGISTRAL = r"""{%- for m in messages -%}
+{%- if m.role == 'user' -%}[INST]{{ m.content }}[/INST]
+{%- elif m.role == 'assistant' -%}
+{%- if m.reasoning_content %}[THINK]{{ m.reasoning_content }}[/THINK]{% endif %}{{ m.content }}<|im_end|>
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt and think %}[THINK]{% endif -%}"""
+
+
+def part_markers(shardlm, gguf_path, tmp):
+    """Template-specific reasoning markers: [THINK] ... [/THINK] split into reasoning_content."""
+    tpl = tmp / "magistral.jinja"
+    tpl.write_text(MAGISTRAL)
+    chat = [{"role": "user", "content": "Say hi."},
+            {"role": "assistant", "reasoning_content": "a greeting", "content": "Hi there."},
+            {"role": "user", "content": "Say hello."}]
+    cases = [(False, r"\[THINK\][a-z ]{4,24}\[/THINK\] ?[A-Z][a-z]{1,12}\."),
+             (True, r"[a-z ]{4,24}\[/THINK\] ?[A-Z][a-z]{1,12}\.")]
+    with TS.Server(shardlm, gguf_path, "--chat-template", str(tpl), "--no-prefix-caching", name="markers",
+                   http=True) as srv:
+        oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=600)
+        for think, regex in cases:
+            kw = {"chat_template_kwargs": {"think": think}, "structured_outputs": {"regex": regex}}
+            g = dict(model=gguf_path.name, temperature=0.0, max_tokens=64, extra_body=kw)
+            prompt = py_prompt(tpl, chat, None, think=think)
+            free = oa.completions.create(prompt=prompt, model=gguf_path.name, max_tokens=1, temperature=0.0)
+            r = oa.chat.completions.create(messages=chat, logprobs=True, **g)
+            c = r.choices[0]
+            check(r.usage.prompt_tokens == free.usage.prompt_tokens,
+                  f"markers think={think}: the chat prompt is jinja2's ({r.usage.prompt_tokens} vs "
+                  f"{free.usage.prompt_tokens} tokens)")
+            raw = decoders.ByteLevel().decode([t.token for t in c.logprobs.content])
+            body = raw if think else raw[len("[THINK]"):]
+            reason, reply = body.split("[/THINK]", 1)
+            check(raw.startswith("[THINK]") != think and reasoning_of(c.message) == reason.strip()
+                  and c.message.content == reply.strip() and c.finish_reason == "stop",
+                  f"markers think={think}: {raw!r} -> reasoning {reasoning_of(c.message)!r}, content "
+                  f"{c.message.content!r}")
+            reason_s, content_s = "", ""
+            for ch in oa.chat.completions.create(messages=chat, stream=True, **g):
+                d = ch.choices[0].delta if ch.choices else None
+                if d is not None:
+                    reason_s += getattr(d, "reasoning_content", None) or (d.model_extra or {}).get("reasoning_content") or ""
+                    content_s += d.content or ""
+            check(reason_s == reasoning_of(c.message) and content_s == c.message.content,
+                  f"markers think={think}: streamed deltas assemble to the unary reply ({reason_s!r}, {content_s!r})")
+
+        # response_format with these markers, the model opening [THINK] itself (an opening constraint).
+        chat = [{"role": "user", "content": "Paris, 21 degrees, as JSON."},
+                {"role": "assistant", "reasoning_content": "Two fields: the city and the degrees.",
+                 "content": '{"city": "Paris", "degrees": 21}'},
+                {"role": "user", "content": "London, 18 degrees, as JSON."}]
+        rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+        kw = {"chat_template_kwargs": {"think": False}}
+        prompt = py_prompt(tpl, chat, None, think=False)
+        g = dict(model=gguf_path.name, temperature=0.0, max_tokens=96)
+        rg = oa.chat.completions.create(messages=chat, response_format=rf, extra_body=kw, **g)
+        free = oa.completions.create(prompt=prompt + "[THINK]", **g)
+        plain = oa.completions.create(prompt=prompt, model=gguf_path.name, max_tokens=1, temperature=0.0)
+        check(rg.usage.prompt_tokens == plain.usage.prompt_tokens,
+              f"markers opening: the chat prompt (reasoning in its history) is jinja2's ({rg.usage.prompt_tokens} vs "
+              f"{plain.usage.prompt_tokens} tokens)")
+        ref, c = free.choices[0].text, rg.choices[0]
+        ok = "[/THINK]" in ref and reasoning_of(c.message) == ref.split("[/THINK]", 1)[0].strip()
+        try:
+            ok = ok and c.finish_reason == "stop" and valid(json.loads(c.message.content), ANSWER)
+        except (TypeError, ValueError):
+            ok = False
+        check(ok, f"markers opening, greedy: [THINK] opened by the model, the reasoning the free one byte for byte "
+                  f"({reasoning_of(c.message)[:40]!r} vs {ref[:40]!r}), then valid JSON ({c.message.content!r:.60})")
+        n = 6
+        r = oa.chat.completions.create(messages=chat, response_format=rf, extra_body=kw, n=n, seed=5, temperature=1.0,
+                                       model=gguf_path.name, max_tokens=96)
+        done = [c for c in r.choices if c.finish_reason == "stop" and c.message.content]
+        for i, c in enumerate(done):
+            try:
+                ok = valid(json.loads(c.message.content), ANSWER)
+            except ValueError:
+                ok = False
+            check(ok, f"markers opening sample {i}: valid JSON ({reasoning_of(c.message)[:30]!r}, {c.message.content!r:.60})")
+        reasoned = sum(bool(reasoning_of(c.message)) for c in done)
+        print(f"markers opening: {len(done)} of {n} samples end with JSON, {reasoned} of them after [THINK]")
+        check(reasoned >= 1, "markers opening: some sample reasons between [THINK] markers, then writes valid JSON")
+
+
 def with_marker_token(src, dst):
     """A copy of the GGUF whose last merge's piece becomes <tool_call>, an added (user-defined)
     token (the merge dropped: no merge uses that piece); returns its id."""
@@ -334,7 +507,8 @@ def main():
     if not os.path.exists(a.gguf):
         print(f"SKIP: no SmolLM2 GGUF at {a.gguf} (tools/fetch_smollm2.sh)")
         return SKIP
-    parts = {"llama3": part_llama3, "reasoning": part_reasoning, "token": part_special_token}
+    parts = {"llama3": part_llama3, "reasoning": part_reasoning, "token": part_special_token,
+             "opening": part_opening, "markers": part_markers}
     try:
         with tempfile.TemporaryDirectory() as d:
             for name, fn in parts.items():
