@@ -32,25 +32,32 @@ static cJSON *check_json(cJSON *j)
 
 /* The text of one token for logprob entries: the piece with U+2581 as a space; a byte piece
  * "<0xNN>" is that byte when ASCII (otherwise the piece as it is, to keep the JSON UTF-8). */
+/* A token as log-probabilities show it: bytes[0..return) its exact bytes (tokenizer_token_bytes:
+ * SentencePiece's U+2581 as ' ', a byte piece as its byte, a byte-level BPE piece through the
+ * GPT-2 byte map; a control or special token, which contributes none, as its piece's text), and
+ * text those bytes where they are valid UTF-8 without NUL, else "bytes:\xNN..." as vLLM writes
+ * part of a character. */
+static int token_view(const struct tokenizer *tok, int32_t id, char *bytes, int bcap, char *text, size_t cap)
+{
+    int n = tokenizer_token_bytes(tok, id, bytes, bcap);
+    if (n <= 0) {
+        const char *p = tokenizer_id_to_piece(tok, id);
+        n = snprintf(bytes, (size_t)bcap, "%s", p ? p : "");
+        if (n >= bcap) n = bcap - 1;
+    }
+    if (base_utf8_valid_prefix(bytes, (size_t)n) == (size_t)n && !memchr(bytes, 0, (size_t)n)) {
+        snprintf(text, cap, "%.*s", n, bytes);
+        return n;
+    }
+    size_t o = (size_t)snprintf(text, cap, "bytes:");
+    for (int i = 0; i < n && o + 5 < cap; i++) o += (size_t)snprintf(text + o, cap - o, "\\x%02x", (unsigned char)bytes[i]);
+    return n;
+}
+
 static void token_text(const struct tokenizer *tok, int32_t id, char *out, size_t cap)
 {
-    const char *p = tokenizer_id_to_piece(tok, id);
-    if (!p) p = "";
-    unsigned byte;
-    if (strlen(p) == 6 && sscanf(p, "<0x%2X>", &byte) == 1 && byte < 0x80 && byte >= 0x20) {
-        snprintf(out, cap, "%c", (char)byte);
-        return;
-    }
-    size_t o = 0;
-    for (size_t i = 0; p[i] && o + 4 < cap; i++) {
-        if ((unsigned char)p[i] == 0xE2 && (unsigned char)p[i + 1] == 0x96 && (unsigned char)p[i + 2] == 0x81) {
-            out[o++] = ' ';
-            i += 2;
-        } else {
-            out[o++] = p[i];
-        }
-    }
-    out[o] = 0;
+    char bytes[128];
+    token_view(tok, id, bytes, sizeof bytes, out, cap);
 }
 
 /* Adds o[name] = s[0..n); s[n] must be readable (s is a NUL-terminated buffer). Generated text
@@ -90,11 +97,14 @@ static void add_text(cJSON *o, const char *name, const char *s, size_t n)
     free(lit);
 }
 
-static cJSON *bytes_array(const char *s)
+/* A chat log-probability entry's "token" and "bytes" (token_view) on e. */
+static void add_token(cJSON *e, const struct tokenizer *tok, int32_t id)
 {
-    cJSON *a = check_json(cJSON_CreateArray());
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) cJSON_AddItemToArray(a, check_json(cJSON_CreateNumber(*p)));
-    return a;
+    char bytes[128], t[256];
+    const int n = token_view(tok, id, bytes, sizeof bytes, t, sizeof t);
+    cJSON_AddStringToObject(e, "token", t);
+    cJSON *a = check_json(cJSON_AddArrayToObject(e, "bytes"));
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, check_json(cJSON_CreateNumber((unsigned char)bytes[i])));
 }
 
 /* A completions top_logprobs entry: {"token text": logprob, ...} of top[0..n_top). */
@@ -119,23 +129,19 @@ static cJSON *logprobs_json(const struct http_gen *g, const struct http_run *pro
 {
     if (g->q.logprobs < 0 || (!b->lp && !prompt)) return cJSON_CreateNull();
     const struct tokenizer *tok = g->m->tok;
-    char t[256];
+    char t[256], bytes[128];
     if (g->q.is_chat) {
         cJSON *o = check_json(cJSON_CreateObject()), *content = check_json(cJSON_AddArrayToObject(o, "content"));
         for (int i = 0; i < b->n; i++) {
             cJSON *e = check_json(cJSON_CreateObject());
-            token_text(tok, b->ids[i], t, sizeof t);
-            cJSON_AddStringToObject(e, "token", t);
+            add_token(e, tok, b->ids[i]);
             cJSON_AddNumberToObject(e, "logprob", b->lp[i]);
-            cJSON_AddItemToObject(e, "bytes", bytes_array(t));
             cJSON *tops = check_json(cJSON_AddArrayToObject(e, "top_logprobs"));
             for (int k = 0; b->top && k < b->n_top; k++) {
                 const struct top_logprob *x = &b->top[(size_t)i * b->n_top + k];
                 cJSON *te = check_json(cJSON_CreateObject());
-                token_text(tok, x->id, t, sizeof t);
-                cJSON_AddStringToObject(te, "token", t);
+                add_token(te, tok, x->id);
                 cJSON_AddNumberToObject(te, "logprob", x->logprob);
-                cJSON_AddItemToObject(te, "bytes", bytes_array(t));
                 cJSON_AddItemToArray(tops, te);
             }
             cJSON_AddItemToArray(content, e);
@@ -150,11 +156,11 @@ static cJSON *logprobs_json(const struct http_gen *g, const struct http_run *pro
     cJSON *offs = check_json(cJSON_AddArrayToObject(o, "text_offset"));
     size_t prompt_offset = 0;
     for (int i = 0; prompt && i < prompt->n_prompt; i++) {
-        token_text(tok, prompt->prompt_ids[i], t, sizeof t);
+        const int nb = token_view(tok, prompt->prompt_ids[i], bytes, sizeof bytes, t, sizeof t);
         cJSON_AddItemToArray(tokens, check_json(cJSON_CreateString(t)));
         cJSON_AddItemToArray(lps, check_json(i ? cJSON_CreateNumber(prompt->prompt_lp[i]) : cJSON_CreateNull()));
         cJSON_AddItemToArray(offs, check_json(cJSON_CreateNumber((double)prompt_offset)));
-        prompt_offset += strlen(t);
+        prompt_offset += (size_t)nb;
         if (tops)
             cJSON_AddItemToArray(tops, i ? top_dict(tok, prompt->prompt_top ? &prompt->prompt_top[(size_t)i * prompt->n_prompt_top]
                                                                            : NULL,
@@ -162,11 +168,11 @@ static cJSON *logprobs_json(const struct http_gen *g, const struct http_run *pro
                                          : check_json(cJSON_CreateNull()));
     }
     for (int i = 0; b->lp && i < b->n; i++) {
-        token_text(tok, b->ids[i], t, sizeof t);
+        const int nb = token_view(tok, b->ids[i], bytes, sizeof bytes, t, sizeof t);
         cJSON_AddItemToArray(tokens, check_json(cJSON_CreateString(t)));
         cJSON_AddItemToArray(lps, check_json(cJSON_CreateNumber(b->lp[i])));
         cJSON_AddItemToArray(offs, check_json(cJSON_CreateNumber((double)*offset)));
-        *offset += strlen(t);
+        *offset += (size_t)nb; /* in bytes of the text */
         if (tops) cJSON_AddItemToArray(tops, top_dict(tok, b->top ? &b->top[(size_t)i * b->n_top] : NULL, b->n_top));
     }
     return o;

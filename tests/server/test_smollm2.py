@@ -72,6 +72,25 @@ def main():
             parts = [c.choices[0].delta.content or "" for c in oa.chat.completions.create(
                 model=Path(a.gguf).name, messages=q, max_tokens=40, temperature=0, stream=True) if c.choices]
             check("".join(parts) == text, f"streamed chat equals unary ({len(parts)} chunks)")
+            # Log-probabilities of a byte-level BPE vocabulary: each entry's bytes are the token's
+            # bytes in the text (HF tokenizers' decode of its id), its token their text.
+            lp = oa.chat.completions.create(model=Path(a.gguf).name, messages=q, max_tokens=40, temperature=0,
+                                            logprobs=True, top_logprobs=2)
+            ents = lp.choices[0].logprobs.content
+            pieces = [bytes(e.bytes) for e in ents]
+
+            def shown(p):  # the token's text, or vLLM's "bytes:\xNN" for part of a character
+                try:
+                    return p.decode()
+                except UnicodeDecodeError:
+                    return "bytes:" + "".join(f"\\x{x:02x}" for x in p)
+            # (the end-of-turn token that stopped it is listed, as its piece's text: not content)
+            rebuilt = b"".join(pieces).decode().removesuffix("<|im_end|>")
+            check(rebuilt == lp.choices[0].message.content and
+                  all(e.token == shown(p) for e, p in zip(ents, pieces)),
+                  f"chat logprobs: the bytes rebuild the reply and each token is its text ({[e.token for e in ents[:6]]} ... {[e.token for e in ents[-3:]]} / {lp.choices[0].message.content[-20:]!r})")
+            check(not any("\u0120" in e.token or "\u010a" in e.token for e in ents),
+                  "no byte-level BPE piece (U+0120, U+010A) leaks into a logprobs token")
             # End of turn: <|endoftext|> (HF tokenizers' id for it) is not this GGUF's EOS
             # (<|im_end|>), but it ends a turn in chat as in llama.cpp; a logit bias forces it
             # first. A plain completion (no template) generates on past it.

@@ -53,7 +53,6 @@ try:
     import numpy as np
     import openai
     import gguf
-    from tokenizers import decoders
     import test_jinja  # noqa: F401,E402  (exits 77 without jinja2)
 except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
@@ -301,8 +300,8 @@ def part_opening(shardlm, gguf_path, tmp):
         for i, c in enumerate(r.choices):
             why = reasoning_of(c.message)
             reasoned += bool(why)
-            # (the sample's tokens as text: the server's logprobs give byte-level BPE pieces)
-            raw = decoders.ByteLevel().decode([t.token for t in c.logprobs.content])
+            # (the sample's tokens as text: each logprobs entry's exact bytes)
+            raw = b"".join(bytes(t.bytes) for t in c.logprobs.content).decode("utf-8", "replace")
             if raw.startswith("<think>") and "</think>" not in raw:  # it ended (or was cut) reasoning
                 check(why == raw[len("<think>"):].replace("<|im_end|>", "").strip() and not c.message.content,
                       f"opening sample {i}: unclosed reasoning is all reasoning_content ({raw[:50]!r})")
@@ -379,7 +378,7 @@ def part_markers(shardlm, gguf_path, tmp):
             check(r.usage.prompt_tokens == free.usage.prompt_tokens,
                   f"markers think={think}: the chat prompt is jinja2's ({r.usage.prompt_tokens} vs "
                   f"{free.usage.prompt_tokens} tokens)")
-            raw = decoders.ByteLevel().decode([t.token for t in c.logprobs.content])
+            raw = b"".join(bytes(t.bytes) for t in c.logprobs.content).decode("utf-8", "replace")
             body = raw if think else raw[len("[THINK]"):]
             reason, reply = body.split("[/THINK]", 1)
             check(raw.startswith("[THINK]") != think and reasoning_of(c.message) == reason.strip()
