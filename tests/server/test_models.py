@@ -26,7 +26,6 @@ import json
 import struct
 import subprocess
 import sys
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -51,14 +50,7 @@ SAMPLING = dict(max_tokens=12, temperature=0.8, seed=11)
 
 
 def post(base, path, body, timeout=60):
-    """(status, JSON) of a POST."""
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+    return TS.post_json(base, path, body, timeout)
 
 
 def get(base, path):

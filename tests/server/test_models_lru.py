@@ -38,7 +38,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -66,14 +65,7 @@ LONG = dict(max_tokens=480, ignore_eos=True, temperature=0, n=16)
 
 
 def post(base, path, body, timeout=120):
-    """(status, JSON) of a POST."""
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+    return TS.post_json(base, path, body, timeout)
 
 
 def complete(srv, model, prompt="Once upon a time"):

@@ -190,6 +190,20 @@ def run_test(name, work_prefix, body):
         subprocess.run(["rm", "-rf", str(work)])
 
 
+def post_json(base, path, body, timeout=60):
+    """(status, JSON) of a POST of body as JSON to base + path; an HTTP error's too."""
+    import json
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
 def stories_main(name, work_prefix, body):
     """The main of a test script on stories260K: --shardlm BIN; SKIP without the model under
     SHARDLM_ASSETS; else run_test with body(work, env), env.shardlm and env.src (the model's
