@@ -24,7 +24,6 @@ Reference answers come from a server that is never interrupted; no expected text
 
   test_journal.py --shardlm BUILD/cli/shardlm [GROUP...]
 """
-import argparse
 import http.client
 import json
 import os
@@ -32,7 +31,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -484,27 +482,7 @@ GROUPS = {"restart": group_restart, "client": group_client, "dp2": group_dp2, "d
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shardlm", required=True)
-    ap.add_argument("groups", nargs="*")
-    a = ap.parse_args()
-    assets = Path(os.environ.get("SHARDLM_ASSETS", TS.ROOT.parent / "shared/assets"))
-    src = assets / "stories260K"
-    if not (src / "stories260K.bin").exists():
-        print(f"SKIP: stories260K not found under {assets}")
-        return SKIP
-    work = Path(tempfile.mkdtemp(prefix="shardlm-journal-"))
-    try:
-        TS.convert_stories260k(a.shardlm, src, work / "stories260K")
-        for g in a.groups or GROUPS:
-            try:
-                GROUPS[g](a.shardlm, work / "stories260K", work)
-            except Exception as e:  # noqa: BLE001
-                check(False, f"group {g}: {type(e).__name__}: {e}")
-    finally:
-        TS.kill_all()
-        subprocess.run(["rm", "-rf", str(work)])
-    return check.summary()
+    return TS.stories_groups_main("shardlm-journal-", GROUPS, check, lambda g, sh, model, work, a: GROUPS[g](sh, model, work))
 
 
 if __name__ == "__main__":

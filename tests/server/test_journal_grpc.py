@@ -23,13 +23,9 @@ Reference answers come from a journaled server that is never interrupted; no exp
 
   test_journal_grpc.py --shardlm BUILD/cli/shardlm [GROUP...]
 """
-import argparse
-import os
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -397,31 +393,13 @@ GROUPS = {"restart": group_restart, "live": group_live, "deadline": group_deadli
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shardlm", required=True)
-    ap.add_argument("--gguf", help="SmolLM2-135M-Instruct.Q4_1.gguf (group client)")
-    ap.add_argument("groups", nargs="*")
-    a = ap.parse_args()
-    assets = Path(os.environ.get("SHARDLM_ASSETS", TS.ROOT.parent / "shared/assets"))
-    src = assets / "stories260K"
-    if not (src / "stories260K.bin").exists():
-        print(f"SKIP: stories260K not found under {assets}")
-        return SKIP
-    work = Path(tempfile.mkdtemp(prefix="shardlm-journal-grpc-"))
-    try:
-        TS.convert_stories260k(a.shardlm, src, work / "stories260K")
-        for g in a.groups or GROUPS:
-            try:
-                if g == "client":
-                    group_client(a.shardlm, work / "stories260K", work, a.gguf)
-                else:
-                    GROUPS[g](a.shardlm, work / "stories260K", work)
-            except Exception as e:  # noqa: BLE001
-                check(False, f"group {g}: {type(e).__name__}: {e}")
-    finally:
-        TS.kill_all()
-        subprocess.run(["rm", "-rf", str(work)])
-    return check.summary()
+    def run(g, shardlm, model, work, a):
+        if g == "client":
+            group_client(shardlm, model, work, a.gguf)
+        else:
+            GROUPS[g](shardlm, model, work)
+    return TS.stories_groups_main("shardlm-journal-grpc-", GROUPS, check, run,
+                                  [("--gguf", "SmolLM2-135M-Instruct.Q4_1.gguf (group client)")])
 
 
 if __name__ == "__main__":

@@ -204,6 +204,36 @@ def post_json(base, path, body, timeout=60):
         return e.code, json.loads(e.read() or b"{}")
 
 
+def stories_groups_main(work_prefix, groups, check, run, options=()):
+    """The main of a test script of named groups on stories260K (converted once into a fresh work
+    directory): --shardlm BIN, each (flag, help) of options, then the groups to run (all by
+    default); run(g, shardlm, model_dir, work, args) runs group g, whose exception is a failed
+    check. SKIP without the model under SHARDLM_ASSETS. Returns check.summary()."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    for flag, what in options:
+        ap.add_argument(flag, help=what)
+    ap.add_argument("groups", nargs="*")
+    a = ap.parse_args()
+    assets = Path(os.environ.get("SHARDLM_ASSETS", ROOT.parent / "shared/assets"))
+    src = assets / "stories260K"
+    if not (src / "stories260K.bin").exists():
+        print(f"SKIP: stories260K not found under {assets}")
+        return SKIP
+    work = Path(tempfile.mkdtemp(prefix=work_prefix))
+    try:
+        convert_stories260k(a.shardlm, src, work / "stories260K")
+        for g in a.groups or groups:
+            try:
+                run(g, a.shardlm, work / "stories260K", work, a)
+            except Exception as e:  # noqa: BLE001
+                check(False, f"group {g}: {type(e).__name__}: {e}")
+    finally:
+        kill_all()
+        subprocess.run(["rm", "-rf", str(work)])
+    return check.summary()
+
+
 def stories_main(name, work_prefix, body):
     """The main of a test script on stories260K: --shardlm BIN; SKIP without the model under
     SHARDLM_ASSETS; else run_test with body(work, env), env.shardlm and env.src (the model's
