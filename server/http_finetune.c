@@ -25,55 +25,11 @@
 
 #include <cjson/cJSON.h>
 
+#include "http_finetune.h"
 #include "http_internal.h"
 #include "trainer.h"
 
-#define FT_MAX_FILES 256
-#define FT_MAX_JOBS 256
-#define FT_MAX_EVENTS 64 /* a job's own events (its steps come from its metrics file) */
-#define FT_LORA_RANK 8
-#define FT_BASE_LR 2e-4 /* learning_rate_multiplier 1 */
-#define SUFFIX_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
-
-enum ft_state { FT_QUEUED, FT_RUNNING, FT_SUCCEEDED, FT_FAILED, FT_CANCELLED };
-static const char *const state_names[] = {"queued", "running", "succeeded", "failed", "cancelled"};
-
-struct ft_file {
-    char    id[40], filename[256];
-    size_t  bytes;
-    int64_t created_at;
-    int     deleted;
-};
-
-struct ft_event {
-    int64_t created_at;
-    char    level[8], message[320];
-};
-
-struct ft_job {
-    char    id[40], model[256], training_file[40], validation_file[40], suffix[64], fine_tuned[72];
-    int     n_epochs, batch_size;
-    double  lr_multiplier;
-    uint64_t seed;
-    enum ft_state state;
-    int64_t created_at, finished_at;
-    char    error[512];
-    volatile sig_atomic_t stop;   /* train_run's stop flag: cancel, or the server stopping */
-    struct ft_event events[FT_MAX_EVENTS];
-    int     n_events;
-};
-
-struct http_finetune {
-    pthread_mutex_t mu;
-    pthread_cond_t  cv;
-    struct ft_file  files[FT_MAX_FILES];
-    int             n_files;
-    struct ft_job  *jobs[FT_MAX_JOBS];
-    int             n_jobs, stopping;
-    uint64_t        next_id;
-    pthread_t       worker;
-    int             started;
-};
+const char *const ft_state_names[] = {"queued", "running", "succeeded", "failed", "cancelled"};
 
 static int64_t now_s(void) { return (int64_t)time(NULL); }
 
@@ -142,7 +98,7 @@ static void sum_tokens(void *ctx, const cJSON *m)
  * iteration's end and its adapter is never published. */
 static enum ft_state shown_state(const struct ft_job *j)
 {
-    return j->state == FT_RUNNING && j->stop ? FT_CANCELLED : j->state;
+    return j->state == FT_RUNNING && j->cancelled ? FT_CANCELLED : j->state;
 }
 
 static cJSON *job_json(const struct server *s, const struct ft_job *j)
@@ -157,7 +113,7 @@ static cJSON *job_json(const struct server *s, const struct ft_job *j)
     cJSON_AddStringToObject(o, "model", j->model);
     cJSON_AddStringToObject(o, "organization_id", "shardlm");
     cJSON_AddItemToObject(o, "result_files", cJSON_CreateArray());
-    cJSON_AddStringToObject(o, "status", state_names[shown_state(j)]);
+    cJSON_AddStringToObject(o, "status", ft_state_names[shown_state(j)]);
     cJSON_AddStringToObject(o, "training_file", j->training_file);
     add_string_or_null(o, "validation_file", j->validation_file);
     add_string_or_null(o, "user_provided_suffix", j->suffix);
@@ -316,8 +272,14 @@ static enum ft_state run_job(struct server *s, struct ft_job *j)
     o.save_interval = 0;
     o.threads = s->opts.finetune_threads;
     o.stop_signal = &j->stop;
+    /* A job the server stopped continues from its last checkpoint (train's --resume OUT --out OUT). */
+    char ckpt[PATH_MAX + 16];
+    struct stat sb;
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints", out);
+    if (stat(ckpt, &sb) == 0) o.resume_dir = out;
     enum status st = train_run(&o);
-    if (st == STATUS_CANCELLED || j->stop) return FT_CANCELLED;
+    if (j->cancelled) return FT_CANCELLED;
+    if (st == STATUS_CANCELLED) return FT_QUEUED; /* the server stopping: resumed after a restart */
     if (st != STATUS_OK) {
         job_error(j, status_message(), data, eval);
         return FT_FAILED;
@@ -333,6 +295,29 @@ static enum ft_state run_job(struct server *s, struct ft_job *j)
         return FT_FAILED;
     }
     return FT_SUCCEEDED;
+}
+
+void http_finetune_publish(struct server *s)
+{
+    struct http_finetune *ft = s->finetune;
+    if (!ft) return;
+    pthread_mutex_lock(&ft->mu);
+    const int n_jobs = ft->n_jobs; /* the index's (a succeeded job's name and files never change) */
+    pthread_mutex_unlock(&ft->mu);
+    for (int k = 0; k < n_jobs; k++) {
+        struct ft_job *j = ft->jobs[k];
+        if (j->state != FT_SUCCEEDED) continue;
+        char out[PATH_MAX];
+        path_of(s, out, sizeof out, "jobs", j->id, "adapter");
+        struct served_model *m = NULL;
+        enum status st = server_acquire(s, j->model, 1, &m);
+        if (st == STATUS_OK) {
+            st = engine_load_adapter(m->engine, j->fine_tuned, out);
+            if (st == STATUS_OK) server_model_note_info(s, m);
+            server_release(s, m);
+        }
+        if (st != STATUS_OK) LOG_WARN("finetune", "job %s: its adapter %s is not served again: %s", j->id, j->fine_tuned, status_message());
+    }
 }
 
 static void *worker_main(void *arg)
@@ -352,20 +337,24 @@ static void *worker_main(void *arg)
         j->state = FT_RUNNING;
         add_event(j, "info", "Fine-tuning job started");
         pthread_mutex_unlock(&ft->mu);
+        ft_store_save(s, ft);
         LOG_INFO("finetune", "job %s: training a LoRA adapter (rank %d) on %s with %s", j->id, FT_LORA_RANK, j->model,
                  j->training_file);
         enum ft_state end = run_job(s, j);
         pthread_mutex_lock(&ft->mu);
         j->state = end;
-        j->finished_at = now_s();
-        if (end == FT_SUCCEEDED)
+        if (end != FT_QUEUED) j->finished_at = now_s();
+        if (end == FT_QUEUED)
+            add_event(j, "info", "The server stopped: the job resumes from its last checkpoint when it starts again");
+        else if (end == FT_SUCCEEDED)
             add_event(j, "info", "The job has successfully completed: %s is served", j->fine_tuned);
         else if (end == FT_FAILED)
             add_event(j, "error", "The job failed: %s", j->error);
         else
             add_event(j, "info", "The job was cancelled; no adapter was published");
-        LOG_INFO("finetune", "job %s %s%s%s", j->id, state_names[end], end == FT_FAILED ? ": " : "",
+        LOG_INFO("finetune", "job %s %s%s%s", j->id, ft_state_names[end], end == FT_FAILED ? ": " : "",
                  end == FT_FAILED ? j->error : "");
+        ft_store_save(s, ft);
     }
     pthread_mutex_unlock(&ft->mu);
     return NULL;
@@ -388,6 +377,15 @@ enum status http_finetune_start(struct server *s)
     pthread_mutex_init(&ft->mu, NULL);
     pthread_cond_init(&ft->cv, NULL);
     ft->next_id = ((uint64_t)now_s() << 16) ^ (uint64_t)getpid();
+    char why[512];
+    if (ft_store_load(s, ft, why, sizeof why) != 0) {
+        for (int k = 0; k < ft->n_jobs; k++) free(ft->jobs[k]);
+        free(ft);
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--fine-tuning %s: %s", dir, why);
+    }
+    for (int k = 0; k < ft->n_jobs; k++)
+        if (ft->jobs[k]->state == FT_QUEUED && ft->jobs[k]->n_events > 1)
+            add_event(ft->jobs[k], "info", "The server started again: the job is queued to resume");
     s->finetune = ft;
     if (pthread_create(&ft->worker, NULL, worker_main, s) != 0) {
         s->finetune = NULL;
@@ -567,6 +565,7 @@ static enum status upload(struct server *s, const char *ctype, const char *body,
     f->created_at = now_s();
     f->deleted = 0;
     *out = file_json(f);
+    ft_store_save(s, ft);
     pthread_mutex_unlock(&ft->mu);
     return STATUS_OK;
 }
@@ -660,6 +659,7 @@ static enum status create_job(struct server *s, const char *body, size_t len, cJ
     if (st == STATUS_OK) {
         add_event(j, "info", "Created fine-tuning job: %s", j->id);
         ft->jobs[ft->n_jobs++] = j;
+        ft_store_save(s, ft);
         *out = job_json(s, j);
         pthread_cond_signal(&ft->cv);
     } else {
@@ -722,6 +722,7 @@ enum status http_finetune_handle(struct server *s, const char *method, const cha
                 path_of(s, path, sizeof path, "files", id, NULL);
                 unlink(path);
                 f->deleted = 1;
+                ft_store_save(s, ft);
                 o = cJSON_CreateObject();
                 cJSON_AddStringToObject(o, "id", id);
                 cJSON_AddStringToObject(o, "object", "file");
@@ -752,14 +753,16 @@ enum status http_finetune_handle(struct server *s, const char *method, const cha
         else if (!strcmp(rest, "/events") && get) o = events_json(s, j);
         else if (!strcmp(rest, "/cancel") && post) {
             if (shown_state(j) > FT_RUNNING)
-                st = status_errorf(STATUS_FAILED_PRECONDITION, "job %s is already %s", id, state_names[shown_state(j)]);
+                st = status_errorf(STATUS_FAILED_PRECONDITION, "job %s is already %s", id, ft_state_names[shown_state(j)]);
             else {
+                j->cancelled = 1;
                 j->stop = SIGTERM;
                 if (j->state == FT_QUEUED) {
                     j->state = FT_CANCELLED;
                     j->finished_at = now_s();
                     add_event(j, "info", "The job was cancelled before it started");
                 }
+                ft_store_save(s, ft);
                 o = job_json(s, j);
             }
         } else st = status_errorf(STATUS_NOT_FOUND, "no such route: %s %s", method, url);

@@ -258,6 +258,9 @@ char *http_error_json(const char *message, const char *type, const char *param, 
 
 /* Creates DIR/files and DIR/jobs and starts the job worker (opts.finetune_dir set). */
 enum status http_finetune_start(struct server *s);
+/* The adapters of the jobs that succeeded before a restart, loaded again under their names (the
+ * control thread, once the models are loaded and before the server is ready). */
+void        http_finetune_publish(struct server *s);
 /* Stops a running job at its iteration's end, joins the worker, frees everything; accepts a
  * server without fine-tuning. */
 void        http_finetune_stop(struct server *s);

@@ -302,6 +302,7 @@ static void *control_main(void *arg)
         return NULL;
     }
     if (s->journal) resume_all(s); /* before serving: a client that reconnects finds its request */
+    http_finetune_publish(s);      /* a restart serves the fine-tuned adapters it served before */
     atomic_store(&s->phase, PHASE_READY);
     server_wake(s);
 

@@ -9,6 +9,9 @@
   in the server's process the last bits differ, 1.8e-6 at most seen, cause not found), the served
   fine_tuned_model answers as a server given that adapter with --lora answers (greedy);
 - a job cancelled while it trains ends cancelled, and its adapter is not served;
+- a restart (SIGTERM, then the same --fine-tuning DIR) keeps the files and jobs, serves the
+  adapters of jobs that succeeded, and resumes a job that was running from its last checkpoint
+  (its adapter then equals one `shardlm train` run straight);
 - bad input: a file that is not JSONL (the line named), another purpose, an upload over
   --fine-tuning-max-file-mb (413), unknown model / file / job (404), unknown and out-of-range
   hyperparameters, method dpo, a JSONL the trainer refuses (the job fails with its message), and
@@ -37,6 +40,16 @@ except ImportError as e:
 EXAMPLE = {"messages": [{"role": "user", "content": "Tell me about Lily."},
                         {"role": "assistant", "content": "Lily had a red ball. She liked to play with it every day."}]}
 HYPER = {"n_epochs": 3, "batch_size": 2, "learning_rate_multiplier": 20}
+RESUME_EPOCHS = 40  # long enough to be running when the server stops
+
+
+def train_cli(env, model, data, out, epochs):
+    """`shardlm train` with a job's settings (HYPER, seed 7, rank 8, sequences of 512)."""
+    subprocess.run([env.shardlm, "train", "--model", str(model), "--data", str(data), "--out", str(out),
+                    "--lora-rank", "8", "--lr", str(2e-4 * HYPER["learning_rate_multiplier"]), "--epochs",
+                    str(epochs), "--global-batch-size", str(HYPER["batch_size"]), "--seq-length", "512",
+                    "--seed", "7", "--threads", "1"], check=True, capture_output=True, timeout=300,
+                   env=dict(os.environ, OMP_NUM_THREADS="1"))  # as TS.Server runs the server
 
 
 def tensors(path):
@@ -110,11 +123,7 @@ def body(work, env):
         check(served != base, f"the fine-tuned model answers otherwise than the base: {served!r} / {base!r}")
 
         ref = work / "ref-adapter"
-        subprocess.run([env.shardlm, "train", "--model", str(model), "--data", str(data), "--out", str(ref),
-                        "--lora-rank", "8", "--lr", str(2e-4 * HYPER["learning_rate_multiplier"]), "--epochs",
-                        str(HYPER["n_epochs"]), "--global-batch-size", str(HYPER["batch_size"]), "--seq-length", "512",
-                        "--seed", "7", "--threads", "1"], check=True, capture_output=True, timeout=300,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))  # as TS.Server runs the server
+        train_cli(env, model, data, ref, HYPER["n_epochs"])
         job_dir = work / "ft" / "jobs" / j.id / "adapter"
         want, got = tensors(ref / "adapter_model.safetensors"), tensors(job_dir / "adapter_model.safetensors")
         worst = max(float(numpy.abs(want[k] - got[k]).max()) for k in want) if want.keys() == got.keys() else 1e9
@@ -161,6 +170,34 @@ def body(work, env):
         failed = wait_job(oa, failed.id, ("failed", "succeeded", "cancelled"))
         check(failed.status == "failed" and failed.error and "line 1" in failed.error.message,
               f"a JSONL the trainer refuses: the job fails naming the line: {failed.status} {failed.error}")
+
+        # A job running when the server stops (SIGTERM) resumes after a restart.
+        long = oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id, seed=7,
+                                          hyperparameters={**HYPER, "n_epochs": RESUME_EPOCHS})
+        wait_job(oa, long.id, ("running",))
+        time.sleep(1.0)
+        jobs_before = sorted(x.id for x in oa.fine_tuning.jobs.list().data)
+
+    with TS.Server(env.shardlm, model, *ft, http=True, name="finetune-again") as srv:
+        oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=60)
+        check(sorted(x.id for x in oa.files.list().data) == sorted([f.id, odd.id]), "a restart keeps the uploads")
+        check(sorted(x.id for x in oa.fine_tuning.jobs.list().data) == jobs_before, "a restart keeps the jobs")
+        again = oa.fine_tuning.jobs.retrieve(j.id)
+        check(again.status == "succeeded" and greedy(oa, j.fine_tuned_model) == served,
+              "a job that succeeded before the restart is served again, answering as before")
+        long = wait_job(oa, long.id, ("succeeded", "failed", "cancelled"), timeout=240)
+        messages = [e.message for e in oa.fine_tuning.jobs.list_events(long.id).data]
+        check(long.status == "succeeded" and any("resumes from its last checkpoint" in m for m in messages),
+              f"the interrupted job resumed and succeeded: {long.status} {long.error} {messages[:4]}")
+        check(oa.fine_tuning.jobs.retrieve(big.id).status == "cancelled", "a cancelled job stays cancelled")
+        ref_long = work / "ref-long"
+        train_cli(env, model, data, ref_long, RESUME_EPOCHS)
+        want = tensors(ref_long / "adapter_model.safetensors")
+        got = tensors(work / "ft" / "jobs" / long.id / "adapter" / "adapter_model.safetensors")
+        worst = max(float(numpy.abs(want[k] - got[k]).max()) for k in want) if want.keys() == got.keys() else 1e9
+        scale = max(float(numpy.abs(w).max()) for w in want.values())
+        check(worst <= 1e-4 * scale, f"stopped, restarted and resumed, the adapter equals one `shardlm train` run "
+                                     f"straight: max |diff| {worst:.2e} (|w| up to {scale:.2e})")
 
     with TS.Server(env.shardlm, model, "--lora", f"lily={job_dir}", http=True, name="lora") as srv:
         oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=60)
