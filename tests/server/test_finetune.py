@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_server as TS  # noqa: E402  (the server harness; SKIPs without grpcio)
+import stories_main as SM  # noqa: E402  (the mains on stories260K)
 
 check = TS.check
 try:
@@ -212,7 +213,7 @@ def body(work, env):
 
 
 def main():
-    return TS.stories_main("finetune", "shardlm-finetune-", body)
+    return SM.stories_main("finetune", "shardlm-finetune-", body)
 
 
 if __name__ == "__main__":

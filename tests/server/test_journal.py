@@ -44,6 +44,7 @@ except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
     sys.exit(SKIP)
 import test_server as TS  # noqa: E402
+import stories_main as SM  # noqa: E402  (the mains on stories260K)
 from checks import Checks  # noqa: E402
 
 check = Checks()
@@ -482,7 +483,7 @@ GROUPS = {"restart": group_restart, "client": group_client, "dp2": group_dp2, "d
 
 
 def main():
-    return TS.stories_groups_main("shardlm-journal-", GROUPS, check, lambda g, sh, model, work, a: GROUPS[g](sh, model, work))
+    return SM.stories_groups_main("shardlm-journal-", GROUPS, check, lambda g, sh, model, work, a: GROUPS[g](sh, model, work))
 
 
 if __name__ == "__main__":

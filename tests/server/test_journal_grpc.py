@@ -34,6 +34,7 @@ SKIP = 77
 sys.dont_write_bytecode = True
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_server as TS  # noqa: E402  (SKIPs by itself without grpcio or the client)
+import stories_main as SM  # noqa: E402  (the mains on stories260K)
 from checks import Checks  # noqa: E402
 
 grpc, pb, pb_grpc, Client = TS.grpc, TS.pb, TS.pb_grpc, TS.Client
@@ -398,7 +399,7 @@ def main():
             group_client(shardlm, model, work, a.gguf)
         else:
             GROUPS[g](shardlm, model, work)
-    return TS.stories_groups_main("shardlm-journal-grpc-", GROUPS, check, run,
+    return SM.stories_groups_main("shardlm-journal-grpc-", GROUPS, check, run,
                                   [("--gguf", "SmolLM2-135M-Instruct.Q4_1.gguf (group client)")])
 
 

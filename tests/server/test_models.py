@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 import test_server as TS  # noqa: E402  (the server harness and shardlm_client; SKIPs without grpcio)
+import stories_main as SM  # noqa: E402  (the mains on stories260K)
 
 grpc = TS.grpc
 check, expect_error, Failure = TS.check, TS.expect_error, TS.Failure
@@ -50,7 +51,7 @@ SAMPLING = dict(max_tokens=12, temperature=0.8, seed=11)
 
 
 def post(base, path, body, timeout=60):
-    return TS.post_json(base, path, body, timeout)
+    return SM.post_json(base, path, body, timeout)
 
 
 def get(base, path):
@@ -179,7 +180,7 @@ def body(work, env):
 
 
 def main():
-    return TS.stories_main("models", "shardlm-models-", body)
+    return SM.stories_main("models", "shardlm-models-", body)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 import test_server as TS  # noqa: E402  (the server harness and shardlm_client; SKIPs without grpcio)
+import stories_main as SM  # noqa: E402  (the mains on stories260K)
 from test_models import write_random_adapter  # noqa: E402  (a random PEFT adapter of a Llama)
 
 grpc, pb = TS.grpc, TS.pb
@@ -65,7 +66,7 @@ LONG = dict(max_tokens=480, ignore_eos=True, temperature=0, n=16)
 
 
 def post(base, path, body, timeout=120):
-    return TS.post_json(base, path, body, timeout)
+    return SM.post_json(base, path, body, timeout)
 
 
 def complete(srv, model, prompt="Once upon a time"):
@@ -349,7 +350,7 @@ def body(work, env):
 
 
 def main():
-    return TS.stories_main("models_lru", "shardlm-models-lru-", body)
+    return SM.stories_main("models_lru", "shardlm-models-lru-", body)
 
 
 if __name__ == "__main__":
