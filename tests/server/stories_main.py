@@ -73,3 +73,12 @@ def stories_main(name, work_prefix, body):
     env = Env()
     env.shardlm, env.src = args.shardlm, src
     return TS.run_test(name, work_prefix, lambda work: body(work, env))
+
+
+def expect_refused(shardlm, args, words, name):
+    """`shardlm serve ARGS` refuses to start, its message naming each of words."""
+    p = subprocess.run([shardlm, "serve", "--listen", "127.0.0.1:0", "--threads", "1", *args],
+                       capture_output=True, text=True, timeout=60)
+    TS.check(p.returncode != 0, f"{name}: the server started")
+    for w in words:
+        TS.check(w in p.stderr, f"{name}: '{w}' not in the message: {p.stderr[-400:]}")

@@ -132,11 +132,7 @@ class Busy:
 
 
 def expect_refused(env, args, words, name):
-    p = subprocess.run([env.shardlm, "serve", "--listen", "127.0.0.1:0", "--threads", "1", *args],
-                       capture_output=True, text=True, timeout=60)
-    check(p.returncode != 0, f"{name}: the server started")
-    for w in words:
-        check(w in p.stderr, f"{name}: '{w}' not in the message: {p.stderr[-400:]}")
+    SM.expect_refused(env.shardlm, args, words, name)
 
 
 def group_lru(env, dirs):
