@@ -68,7 +68,7 @@ const char *cpu_activation_path(void)
     return "baseline"; /* the x86-64 baseline (SSE2) as the compiler vectorises it, or plain C */
 }
 
-void cpu_activate_rows(float *out, const float *x, size_t len, enum activation act)
+static void activate_rows_isa(float *out, const float *x, size_t len, enum activation act)
 {
 #if defined(__x86_64__)
     const enum cpu_isa isa = cpu_isa();
@@ -82,6 +82,24 @@ void cpu_activate_rows(float *out, const float *x, size_t len, enum activation a
     }
 #endif
     activate_rows_default(out, x, len, act);
+}
+
+/* Whole groups of ACT_GROUP elements, the last one padded: an element's value must not depend
+ * on where it falls in the call (gated_activation cuts the rows of a batch into chunks, so the
+ * vector loop's remainder held other elements at other batch sizes, and the compiler's
+ * remainder code rounds differently: found as log-probabilities that changed with the batch on
+ * an AVX-512 CPU, docs/determinism.md). */
+#define ACT_GROUP 16
+void cpu_activate_rows(float *out, const float *x, size_t len, enum activation act)
+{
+    const size_t body = len / ACT_GROUP * ACT_GROUP;
+    for (size_t i = 0; i < body; i += ACT_GROUP) activate_rows_isa(out + i, x + i, ACT_GROUP, act);
+    if (body < len) {
+        float xt[ACT_GROUP] = {0}, ot[ACT_GROUP];
+        memcpy(xt, x + body, (len - body) * sizeof *xt);
+        activate_rows_isa(ot, xt, ACT_GROUP, act);
+        memcpy(out + body, ot, (len - body) * sizeof *ot);
+    }
 }
 
 float cpu_activate(float x, enum activation act)
