@@ -94,6 +94,13 @@ static void sum_tokens(void *ctx, const cJSON *m)
     if (cJSON_IsNumber(t)) *(double *)ctx += t->valuedouble;
 }
 
+double ft_job_trained_tokens(const struct server *s, const struct ft_job *j)
+{
+    double tokens = 0;
+    each_metric(s, j, sum_tokens, &tokens);
+    return tokens;
+}
+
 /* A running job asked to stop shows as cancelled at once (as OpenAI's do): it ends at its
  * iteration's end and its adapter is never published. */
 static enum ft_state shown_state(const struct ft_job *j)
@@ -101,7 +108,7 @@ static enum ft_state shown_state(const struct ft_job *j)
     return j->state == FT_RUNNING && j->cancelled ? FT_CANCELLED : j->state;
 }
 
-static cJSON *job_json(const struct server *s, const struct ft_job *j)
+static cJSON *job_json(const struct ft_job *j)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", j->id);
@@ -122,9 +129,7 @@ static cJSON *job_json(const struct server *s, const struct ft_job *j)
     cJSON_AddNumberToObject(h, "n_epochs", j->n_epochs);
     cJSON_AddNumberToObject(h, "batch_size", j->batch_size);
     cJSON_AddNumberToObject(h, "learning_rate_multiplier", j->lr_multiplier);
-    double tokens = 0;
-    if (j->state != FT_QUEUED) each_metric(s, j, sum_tokens, &tokens);
-    if (j->state == FT_SUCCEEDED) cJSON_AddNumberToObject(o, "trained_tokens", tokens);
+    if (j->state == FT_SUCCEEDED) cJSON_AddNumberToObject(o, "trained_tokens", j->trained_tokens);
     else cJSON_AddNullToObject(o, "trained_tokens");
     if (j->state == FT_FAILED) {
         cJSON *e = cJSON_AddObjectToObject(o, "error");
@@ -341,7 +346,9 @@ static void *worker_main(void *arg)
         LOG_INFO("finetune", "job %s: training a LoRA adapter (rank %d) on %s with %s", j->id, FT_LORA_RANK, j->model,
                  j->training_file);
         enum ft_state end = run_job(s, j);
+        const double tokens = end == FT_SUCCEEDED ? ft_job_trained_tokens(s, j) : 0;
         pthread_mutex_lock(&ft->mu);
+        j->trained_tokens = tokens;
         j->state = end;
         if (end != FT_QUEUED) j->finished_at = now_s();
         if (end == FT_QUEUED)
@@ -660,7 +667,7 @@ static enum status create_job(struct server *s, const char *body, size_t len, cJ
         add_event(j, "info", "Created fine-tuning job: %s", j->id);
         ft->jobs[ft->n_jobs++] = j;
         ft_store_save(s, ft);
-        *out = job_json(s, j);
+        *out = job_json(j);
         pthread_cond_signal(&ft->cv);
     } else {
         free(j);
@@ -741,7 +748,7 @@ enum status http_finetune_handle(struct server *s, const char *method, const cha
         else if (get) {
             cJSON *items = cJSON_CreateArray();
             pthread_mutex_lock(&ft->mu);
-            for (int k = ft->n_jobs - 1; k >= 0; k--) cJSON_AddItemToArray(items, job_json(s, ft->jobs[k]));
+            for (int k = ft->n_jobs - 1; k >= 0; k--) cJSON_AddItemToArray(items, job_json(ft->jobs[k]));
             pthread_mutex_unlock(&ft->mu);
             o = list_json(items);
         } else st = status_errorf(STATUS_INVALID_ARGUMENT, "method %s: /v1/fine_tuning/jobs takes GET or POST", method);
@@ -749,8 +756,18 @@ enum status http_finetune_handle(struct server *s, const char *method, const cha
         pthread_mutex_lock(&ft->mu);
         struct ft_job *j = job_by_id(ft, id);
         if (!j) st = status_errorf(STATUS_NOT_FOUND, "fine-tuning job '%s' does not exist", id);
-        else if (!*rest && get) o = job_json(s, j);
-        else if (!strcmp(rest, "/events") && get) o = events_json(s, j);
+        else if (!*rest && get) o = job_json(j);
+        else if (!strcmp(rest, "/events") && get) {
+            /* The metrics file is read from a copy of the job, outside the lock: a long run's
+             * file would otherwise hold every other route (and the worker) for its reading. */
+            struct ft_job *copy = malloc(sizeof *copy);
+            if (copy) memcpy(copy, j, sizeof *copy);
+            pthread_mutex_unlock(&ft->mu);
+            if (copy) o = events_json(s, copy);
+            else st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            free(copy);
+            pthread_mutex_lock(&ft->mu);
+        }
         else if (!strcmp(rest, "/cancel") && post) {
             if (shown_state(j) > FT_RUNNING)
                 st = status_errorf(STATUS_FAILED_PRECONDITION, "job %s is already %s", id, ft_state_names[shown_state(j)]);
@@ -763,7 +780,7 @@ enum status http_finetune_handle(struct server *s, const char *method, const cha
                     add_event(j, "info", "The job was cancelled before it started");
                 }
                 ft_store_save(s, ft);
-                o = job_json(s, j);
+                o = job_json(j);
             }
         } else st = status_errorf(STATUS_NOT_FOUND, "no such route: %s %s", method, url);
         pthread_mutex_unlock(&ft->mu);

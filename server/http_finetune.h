@@ -39,6 +39,7 @@ struct ft_job {
     uint64_t seed;
     enum ft_state state;
     int64_t created_at, finished_at;
+    double  trained_tokens;       /* summed from its metrics file when it succeeds */
     char    error[512];
     volatile sig_atomic_t stop;   /* train_run's stop flag: cancel, or the server stopping */
     int     cancelled;            /* a client cancelled it (not the server stopping) */
@@ -58,6 +59,8 @@ struct http_finetune {
     int             started;
 };
 
+/* The tokens job j trained on, summed from its metrics file (jobs/ID/metrics.jsonl). */
+double ft_job_trained_tokens(const struct server *s, const struct ft_job *j);
 extern const char *const ft_state_names[]; /* by enum ft_state: "queued", ... */
 
 /* Writes DIR/index.json (a temporary file, then renamed) from ft's files and jobs. */

@@ -51,6 +51,7 @@ void ft_store_save(const struct server *s, const struct http_finetune *ft)
         cJSON_AddStringToObject(e, "state", ft_state_names[j->cancelled ? FT_CANCELLED : j->state]);
         cJSON_AddNumberToObject(e, "created_at", (double)j->created_at);
         cJSON_AddNumberToObject(e, "finished_at", (double)j->finished_at);
+        cJSON_AddNumberToObject(e, "trained_tokens", j->trained_tokens);
         cJSON_AddStringToObject(e, "error", j->error);
         cJSON *ev = cJSON_AddArrayToObject(e, "events");
         for (int i = 0; i < j->n_events; i++) {
@@ -139,6 +140,7 @@ int ft_store_load(const struct server *s, struct http_finetune *ft, char *why, s
         j->seed = (uint64_t)num(e, "seed");
         j->created_at = (int64_t)num(e, "created_at");
         j->finished_at = (int64_t)num(e, "finished_at");
+        j->trained_tokens = num(e, "trained_tokens");
         char state[16];
         copy_str(e, "state", state, sizeof state);
         j->state = FT_QUEUED;
@@ -157,6 +159,8 @@ int ft_store_load(const struct server *s, struct http_finetune *ft, char *why, s
             continue;
         }
         if (j->state == FT_RUNNING) j->state = FT_QUEUED; /* the worker resumes it */
+        if (j->state == FT_SUCCEEDED && !cJSON_GetObjectItemCaseSensitive(e, "trained_tokens"))
+            j->trained_tokens = ft_job_trained_tokens(s, j); /* an index written before the field */
         ft->jobs[ft->n_jobs++] = j;
     }
     cJSON_Delete(o);

@@ -119,10 +119,9 @@ class Client(Stream):
             c.close()
 
 
-def run_all(port, reqs, concurrency, keyed):
-    """Every request once at the given concurrency; the wall time."""
-    clients = [Client(p, b) for p, b in reqs]
-    todo, lock = list(range(len(reqs))), threading.Lock()
+def start_workers(n, count, fn):
+    """n threads that call fn(i) for i in range(count), each i once; started, not joined."""
+    todo, lock = list(range(count)), threading.Lock()
 
     def worker():
         while True:
@@ -130,17 +129,46 @@ def run_all(port, reqs, concurrency, keyed):
                 if not todo:
                     return
                 i = todo.pop(0)
-            if keyed:
-                clients[i].key = f"ovh-{os.getpid()}-{time.time_ns()}-{i}"
-                clients[i].read_with_key(port)
-            else:
-                clients[i].read(port)
+            fn(i)
 
-    t0 = time.time()
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    threads = [threading.Thread(target=worker) for _ in range(n)]
     for t in threads:
         t.start()
+    return threads
+
+
+def kill_loop(a, srv, threads, restart, t0):
+    """SIGKILLs the server every a.interval seconds, a.kills times or until the threads end,
+    restart(k) starting the next; joins the threads. Returns (the last server, kills)."""
+    kills = 0
+    while kills < a.kills and any(t.is_alive() for t in threads):
+        time.sleep(a.interval)
+        srv.proc.send_signal(signal.SIGKILL)
+        srv.proc.wait(timeout=30)
+        srv.log.close()
+        kills += 1
+        srv = restart(kills)
+        resumed = [ln for ln in srv.log_path.read_text().splitlines() if "open request(s) to resume" in ln]
+        print(f"kill {kills} at {time.time() - t0:.1f} s: {resumed[-1].split(': ', 2)[-1] if resumed else '?'}",
+              flush=True)
     for t in threads:
+        t.join()
+    return srv, kills
+
+
+def run_all(port, reqs, concurrency, keyed):
+    """Every request once at the given concurrency; the wall time."""
+    clients = [Client(p, b) for p, b in reqs]
+
+    def one(i):
+        if keyed:
+            clients[i].key = f"ovh-{os.getpid()}-{time.time_ns()}-{i}"
+            clients[i].read_with_key(port)
+        else:
+            clients[i].read(port)
+
+    t0 = time.time()
+    for t in start_workers(concurrency, len(reqs), one):
         t.join()
     assert all(c.done for c in clients), "a request did not finish"
     return time.time() - t0
@@ -181,47 +209,33 @@ def soak_grpc(a, model, work, reqs):
     gport = free_port()
     srv = start(a.shardlm, model, work / "journal", free_port(), "grpc-soak-0", gport)
     got, lost, again, lock = [None] * len(reqs), {}, [0], threading.Lock()
-    todo = list(range(len(reqs)))
+    local = threading.local()
+    clients = []
 
-    def worker():
-        client = GrpcClient(f"127.0.0.1:{gport}", resume_for=120)
-        while True:
+    def answer(i):
+        if not hasattr(local, "client"):
+            local.client = GrpcClient(f"127.0.0.1:{gport}", resume_for=120)
             with lock:
-                if not todo:
+                clients.append(local.client)
+        end = time.time() + 600
+        while got[i] is None and time.time() < end:
+            try:
+                got[i] = grpc_answer(local.client, *reqs[i])
+            except grpc.RpcError as e:
+                # UNAVAILABLE before the server named a token (refused: it was down): send again.
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    lost[i] = f"{e.code()}: {e.details()}"
                     break
-                i = todo.pop(0)
-            end = time.time() + 600
-            while got[i] is None and time.time() < end:
-                try:
-                    got[i] = grpc_answer(client, *reqs[i])
-                except grpc.RpcError as e:
-                    # UNAVAILABLE before the server named a token (refused: it was down): send again.
-                    if e.code() != grpc.StatusCode.UNAVAILABLE:
-                        lost[i] = f"{e.code()}: {e.details()}"
-                        break
-                    with lock:
-                        again[0] += 1
-                    time.sleep(0.1)
-        client.close()
+                with lock:
+                    again[0] += 1
+                time.sleep(0.1)
 
     t0 = time.time()
-    threads = [threading.Thread(target=worker) for _ in range(a.concurrency)]
-    for t in threads:
-        t.start()
-    kills = 0
-    while kills < a.kills and any(t.is_alive() for t in threads):
-        time.sleep(a.interval)
-        srv.proc.send_signal(signal.SIGKILL)
-        srv.proc.wait(timeout=30)
-        srv.log.close()
-        kills += 1
-        srv = start(a.shardlm, model, work / "journal", free_port(), f"grpc-soak-{kills}", gport)
-        log = srv.log_path.read_text()
-        resumed = [ln for ln in log.splitlines() if "open request(s) to resume" in ln]
-        print(f"kill {kills} at {time.time() - t0:.1f} s: {resumed[-1].split(': ', 2)[-1] if resumed else '?'}",
-              flush=True)
-    for t in threads:
-        t.join()
+    threads = start_workers(a.concurrency, len(reqs), answer)
+    srv, kills = kill_loop(a, srv, threads,
+                           lambda k: start(a.shardlm, model, work / "journal", free_port(), f"grpc-soak-{k}", gport), t0)
+    for c in clients:
+        c.close()
     elapsed = time.time() - t0
     srv.stop()
     reattached = sum(p.read_text().count("a gRPC client reattached") for p in TS.LOG_DIR.glob("grpc-soak-*.log"))
@@ -263,54 +277,18 @@ def main():
         box = [port]
         srv = start(a.shardlm, model, work / "journal", port, "soak-0")
         clients = [Client(p, b) for p, b in reqs]
-        todo = list(range(len(reqs)))
-        lock = threading.Lock()
         deadline = time.time() + 1800
-
-        def worker():
-            while True:
-                with lock:
-                    if not todo:
-                        return
-                    i = todo.pop(0)
-                clients[i].run(box, f"soak-{os.getpid()}-{i}", deadline)
-
         t0 = time.time()
-        threads = [threading.Thread(target=worker) for _ in range(a.concurrency)]
-        for t in threads:
-            t.start()
-        kills = 0
-        while kills < a.kills and any(t.is_alive() for t in threads):
-            time.sleep(a.interval)
-            srv.proc.send_signal(signal.SIGKILL)
-            srv.proc.wait(timeout=30)
-            srv.log.close()
-            kills += 1
-            srv = start(a.shardlm, model, work / "journal", port, f"soak-{kills}")
-            resumed = [ln for ln in srv.log_path.read_text().splitlines() if "open request(s) to resume" in ln]
-            print(f"kill {kills} at {time.time() - t0:.1f} s: {resumed[-1].split(': ', 2)[-1] if resumed else '?'}",
-                  flush=True)
-        for t in threads:
-            t.join()
+        threads = start_workers(a.concurrency, len(reqs),
+                                lambda i: clients[i].run(box, f"soak-{os.getpid()}-{i}", deadline))
+        srv, kills = kill_loop(a, srv, threads,
+                               lambda k: start(a.shardlm, model, work / "journal", port, f"soak-{k}"), t0)
         elapsed = time.time() - t0
         srv.stop()
         # The uninterrupted answers.
         ref_srv = start(a.shardlm, model, None, free_port(), "reference")
         refs = [Stream(p, b) for p, b in reqs]
-        todo = list(range(len(reqs)))
-
-        def ref_worker():
-            while True:
-                with lock:
-                    if not todo:
-                        return
-                    i = todo.pop(0)
-                refs[i].read(ref_srv.http_port)
-
-        threads = [threading.Thread(target=ref_worker) for _ in range(a.concurrency)]
-        for t in threads:
-            t.start()
-        for t in threads:
+        for t in start_workers(a.concurrency, len(reqs), lambda i: refs[i].read(ref_srv.http_port)):
             t.join()
         ref_srv.stop()
         lost = [i for i, c in enumerate(clients) if not c.done]

@@ -178,6 +178,13 @@ enum status model_share_tokens(struct model *m, int32_t *tokens, int n)
     return parallel_bcast_bytes(m->par.world, tokens, (size_t)n * sizeof *tokens, root);
 }
 
+int model_owns(const struct model *m, const void *p)
+{
+    for (size_t j = 0; j < m->n_owned; j++)
+        if (m->owned[j] == p) return 1;
+    return 0;
+}
+
 void model_free(struct model *m)
 {
     if (!m) return;

@@ -198,6 +198,10 @@ int model_is_last_stage(const struct model *m);
 enum status model_share_tokens(struct model *m, int32_t *tokens, int n);
 void model_free(struct model *m); /* accepts NULL */
 
+/* 1 when p is one of the model's own allocations (m->owned), 0 when it points elsewhere (the
+ * checkpoint's mapping). */
+int model_owns(const struct model *m, const void *p);
+
 /* Sizes the workspace for steps of at most max_tokens rows over max_seqs sequences whose
  * block tables hold at most max_blocks blocks, with logits for at most max_logits rows.
  * May be called again to grow it. */

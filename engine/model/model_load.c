@@ -130,10 +130,15 @@ static void release_mapped(const void *p, size_t n)
  * whole first, took the peak 48 MB above the stored path's. Weights copied to the heap (slices
  * across their columns at tp > 1) are not packed: both copies would stay. 0 when t is not
  * packed (the caller checks it whole); SHARDLM_CPU_PACK=0 turns packing off. */
-static int packs(const struct tensor *t)
+static int packing_on(void)
 {
     const char *env = getenv("SHARDLM_CPU_PACK");
-    return dtype_is_quant(t->dtype) && t->ndim == 2 && !(env && !strcmp(env, "0")) &&
+    return !(env && !strcmp(env, "0"));
+}
+
+static int packs(const struct tensor *t)
+{
+    return dtype_is_quant(t->dtype) && t->ndim == 2 && packing_on() &&
            quant_packable((enum quant_type)dtype_quant_type(t->dtype), t->shape[0], t->shape[1]);
 }
 
@@ -169,8 +174,7 @@ static enum status pack_mapped(struct model *m, const char *dir, enum weight_kin
  * pages given back), checked for NaN / Inf. */
 static int copies_unpacked(const struct tensor *t)
 {
-    const char *env = getenv("SHARDLM_CPU_PACK");
-    return dtype_is_quant(t->dtype) && !(env && !strcmp(env, "0"));
+    return dtype_is_quant(t->dtype) && packing_on();
 }
 
 static enum status copy_mapped(struct model *m, const char *dir, enum weight_kind kind, int layer, struct tensor *t)
@@ -204,10 +208,7 @@ static void release_mapping(struct model *m)
     int reads = 0;
     for (int i = 0; i < n && !reads; i++) {
         const struct tensor *t = table[i].t;
-        if (tensor_packed(t)) continue;
-        int owned = 0;
-        for (size_t j = 0; j < m->n_owned && !owned; j++) owned = m->owned[j] == t->data;
-        reads = !owned;
+        reads = !tensor_packed(t) && !model_owns(m, t->data);
     }
     free(table);
     if (!reads) checkpoint_release_pages(m->checkpoint, 1);

@@ -448,9 +448,7 @@ enum status model_weights_make_writable(struct model *m)
     enum status st = STATUS_OK;
     for (int i = 0; i < n && st == STATUS_OK; i++) {
         struct tensor *t = table[i].t;
-        int owned = 0;
-        for (size_t j = 0; j < m->n_owned && !owned; j++) owned = m->owned[j] == t->data;
-        if (owned) continue;
+        if (model_owns(m, t->data)) continue;
         void *mem = NULL;
         if ((st = backend_alloc(m->b, tensor_nbytes(t), &mem)) != STATUS_OK) break;
         if (base_grow((void **)&m->owned, &m->cap_owned, m->n_owned + 1, sizeof *m->owned)) {

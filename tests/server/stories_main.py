@@ -24,6 +24,16 @@ def post_json(base, path, body, timeout=60):
         return e.code, json.loads(e.read() or b"{}")
 
 
+def stories_source():
+    """stories260K's directory under SHARDLM_ASSETS, or None (a SKIP line printed)."""
+    assets = Path(os.environ.get("SHARDLM_ASSETS", TS.ROOT.parent / "shared/assets"))
+    src = assets / "stories260K"
+    if not (src / "stories260K.bin").exists():
+        print(f"SKIP: stories260K not found under {assets} (set SHARDLM_ASSETS)")
+        return None
+    return src
+
+
 def stories_groups_main(work_prefix, groups, check, run, options=()):
     """The main of a test script of named groups on stories260K (converted once into a fresh work
     directory): --shardlm BIN, each (flag, help) of options, then the groups to run (all by
@@ -35,10 +45,8 @@ def stories_groups_main(work_prefix, groups, check, run, options=()):
         ap.add_argument(flag, help=what)
     ap.add_argument("groups", nargs="*")
     a = ap.parse_args()
-    assets = Path(os.environ.get("SHARDLM_ASSETS", TS.ROOT.parent / "shared/assets"))
-    src = assets / "stories260K"
-    if not (src / "stories260K.bin").exists():
-        print(f"SKIP: stories260K not found under {assets}")
+    src = stories_source()
+    if src is None:
         return TS.SKIP
     work = Path(tempfile.mkdtemp(prefix=work_prefix))
     try:
@@ -61,10 +69,8 @@ def stories_main(name, work_prefix, body):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
     args = ap.parse_args()
-    assets = Path(os.environ.get("SHARDLM_ASSETS", TS.ROOT.parent / "shared/assets"))
-    src = assets / "stories260K"
-    if not (src / "stories260K.bin").exists():
-        print(f"SKIP: stories260K not found under {assets} (set SHARDLM_ASSETS)")
+    src = stories_source()
+    if src is None:
         return TS.SKIP
 
     class Env:

@@ -62,6 +62,15 @@ def tensors(path):
             for k, v in head.items() if k != "__metadata__"}
 
 
+def same_adapter(want_dir, got_dir, what):
+    """Checks that the adapter in got_dir equals want_dir's, tensor by tensor, to 1e-4 of its largest weight."""
+    want = tensors(want_dir / "adapter_model.safetensors")
+    got = tensors(got_dir / "adapter_model.safetensors")
+    worst = max(float(numpy.abs(want[k] - got[k]).max()) for k in want) if want.keys() == got.keys() else 1e9
+    scale = max(float(numpy.abs(w).max()) for w in want.values())
+    check(worst <= 1e-4 * scale, f"{what}: {len(got)} tensors, max |diff| {worst:.2e} (|w| up to {scale:.2e})")
+
+
 def status_of(fn):
     """The HTTP status of the openai call fn raises (0: none raised) and its message."""
     try:
@@ -125,12 +134,8 @@ def body(work, env):
 
         ref = work / "ref-adapter"
         train_cli(env, model, data, ref, HYPER["n_epochs"])
-        job_dir = work / "ft" / "jobs" / j.id / "adapter"
-        want, got = tensors(ref / "adapter_model.safetensors"), tensors(job_dir / "adapter_model.safetensors")
-        worst = max(float(numpy.abs(want[k] - got[k]).max()) for k in want) if want.keys() == got.keys() else 1e9
-        scale = max(float(numpy.abs(w).max()) for w in want.values())
-        check(worst <= 1e-4 * scale, f"the job's adapter equals `shardlm train`'s with the same data, seed and "
-                                     f"hyperparameters: {len(got)} tensors, max |diff| {worst:.2e} (|w| up to {scale:.2e})")
+        same_adapter(ref, work / "ft" / "jobs" / j.id / "adapter",
+                     "the job's adapter equals `shardlm train`'s with the same data, seed and hyperparameters")
 
         # Cancel while it trains: many epochs, cancelled once running.
         big = oa.fine_tuning.jobs.create(model="stories260K", training_file=f.id,
@@ -193,14 +198,10 @@ def body(work, env):
         check(oa.fine_tuning.jobs.retrieve(big.id).status == "cancelled", "a cancelled job stays cancelled")
         ref_long = work / "ref-long"
         train_cli(env, model, data, ref_long, RESUME_EPOCHS)
-        want = tensors(ref_long / "adapter_model.safetensors")
-        got = tensors(work / "ft" / "jobs" / long.id / "adapter" / "adapter_model.safetensors")
-        worst = max(float(numpy.abs(want[k] - got[k]).max()) for k in want) if want.keys() == got.keys() else 1e9
-        scale = max(float(numpy.abs(w).max()) for w in want.values())
-        check(worst <= 1e-4 * scale, f"stopped, restarted and resumed, the adapter equals one `shardlm train` run "
-                                     f"straight: max |diff| {worst:.2e} (|w| up to {scale:.2e})")
+        same_adapter(ref_long, work / "ft" / "jobs" / long.id / "adapter",
+                     "stopped, restarted and resumed, the adapter equals one `shardlm train` run straight")
 
-    with TS.Server(env.shardlm, model, "--lora", f"lily={job_dir}", http=True, name="lora") as srv:
+    with TS.Server(env.shardlm, model, "--lora", f"lily={work / 'ft' / 'jobs' / j.id / 'adapter'}", http=True, name="lora") as srv:
         oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=60)
         check(greedy(oa, "lily") == served, "--lora with the job's adapter answers as fine_tuned_model did")
         req = urllib.request.Request(srv.base + "/v1/fine_tuning/jobs")
