@@ -119,6 +119,12 @@ void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, con
                        const void *w, int64_t m, int64_t n, int64_t k, void *scratch,
                        int n_threads);
 
+/* How far ahead (bytes) the packed products ask for weight lines: SHARDLM_CPU_PREFETCH=BYTES
+ * (0: no software prefetch, at most 1 MiB), else QUANT_PREFETCH_DEFAULT; read once per process.
+ * The bits never depend on it. */
+#define QUANT_PREFETCH_DEFAULT 4096
+size_t          quant_prefetch_bytes(void);
+
 /* quant_matmul_packed with the given implementation, which must be available (CHECK). */
 void quant_matmul_packed_impl(enum quant_impl impl, enum quant_type type, float *y, const float *x,
                               const void *wp, int64_t m, int64_t n, int64_t k, void *scratch, int n_threads);

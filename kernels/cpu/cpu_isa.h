@@ -49,7 +49,7 @@ const char  *cpu_isa_model(void);
 /* Writes one line into buf (n bytes, NUL-terminated, truncated if short): the CPU model, the
  * level and the path each kernel family takes, e.g.
  * "AMD EPYC 7B13; isa avx2 (supported avx2); quant avx2, dequant avx2, amx off, attention
- * portable, gemv avx2, activation avx2". Returns buf. */
+ * portable, gemv avx2, activation avx2, prefetch 4096". Returns buf. */
 char        *cpu_isa_describe(char *buf, size_t n);
 /* Logs cpu_isa_describe at INFO once per process (module "cpu"); the CPU backend calls it when
  * it opens. */

@@ -7,6 +7,7 @@
  * Not here: the kernels (quant_scalar.c, quant_avx2.c, quant_avx512_vnni.c), the row
  * dequantizers (quant_dequantize.c).
  * Tests: tests/test_quant.c; benchmark: tests/bench_quant.c. */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,6 +222,26 @@ static void stored_tile(const struct product *p, int64_t j0, int64_t j1)
 
 /* Packed groups: two groups (16 rows of y, a line of f32) per tile, every row of x over them
  * while they are in L1. */
+size_t quant_prefetch_far = QUANT_PREFETCH_DEFAULT;
+static pthread_once_t prefetch_once = PTHREAD_ONCE_INIT;
+
+static void prefetch_init(void)
+{
+    const char *e = getenv("SHARDLM_CPU_PREFETCH");
+    char *end = NULL;
+    const long v = e && *e ? strtol(e, &end, 10) : -1;
+    if (e && *e && (*end || v < 0 || v > (1 << 20)))
+        LOG_WARN("cpu", "SHARDLM_CPU_PREFETCH=%s is not a byte count in 0..1048576: ignored", e);
+    else if (v >= 0)
+        quant_prefetch_far = (size_t)v;
+}
+
+size_t quant_prefetch_bytes(void)
+{
+    pthread_once(&prefetch_once, prefetch_init);
+    return quant_prefetch_far;
+}
+
 static void packed_tile(const struct product *p, int64_t j0, int64_t j1)
 {
     const quant_packed8_fn packed8 = p->kt->packed8[p->slot];
@@ -263,6 +284,7 @@ void quant_matmul_packed_impl(enum quant_impl impl, enum quant_type type, float 
     const struct quant_kernels *kt = kernels_of(impl);
     CHECK(kt && kt->packed8[slot], "quant_matmul_packed: implementation %s is not available here", quant_impl_name(impl));
     if (m == 0) return;
+    (void)quant_prefetch_bytes(); /* sets quant_prefetch_far, which the kernels read */
     struct product p = {.kt = kt, .slot = slot, .m = m, .n = n, .k = k, .w = wp, .y = y,
                         .w_step = quant_packed_bytes(type, 8, k)};
     product_run(&p, x, scratch, n_threads, packed_tile);

@@ -146,6 +146,7 @@ QX_AVX2 void quant_avx2_packed8_q4_k(int64_t nb, const void *wpv, const void *xq
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += QUANT_R8_Q4_K) {
+        qx_prefetch_far(wp, QUANT_R8_Q4_K);
         const int8_t *xq = x[b].qs;
         __m256i isum = _mm256_setzero_si256(), msum = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {

@@ -217,6 +217,7 @@ packed8_q4(int64_t nb, const uint8_t *wp, int has_min, const struct act_q8 *x, f
     const size_t pb = has_min ? QUANT_R8_Q4_1 : QUANT_R8_Q4_0, head = has_min ? 32 : 16;
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += pb) {
+        qx_prefetch_far(wp, pb);
         const uint8_t *qs = wp + head;
         const int8_t *xq = x[b].qs;
         __m256i s16 = _mm256_setzero_si256();
@@ -259,6 +260,7 @@ packed8_q5(int64_t nb, const uint8_t *wp, int has_min, const struct act_q8 *x, f
     const size_t pb = has_min ? QUANT_R8_Q5_1 : QUANT_R8_Q5_0, head = has_min ? 32 : 16;
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += pb) {
+        qx_prefetch_far(wp, pb);
         const uint8_t *hb = wp + head, *qs = hb + 32;
         const int8_t *xq = x[b].qs;
         __m256i s16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -302,6 +304,7 @@ QX_TARGET static void packed8_q8_0(int64_t nb, const void *wpv, const void *xqv,
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += QUANT_R8_Q8_0) {
         const int8_t *xq = x[b].qs;
+        qx_prefetch_far(wp, QUANT_R8_Q8_0);
         __m256i is = _mm256_setzero_si256();
         for (int k = 0; k < 8; k++) {
             int32_t xw;

@@ -17,6 +17,20 @@
  * 3 270M's decode took 1.2 % less CPU time with it (perf stat task-clock, three alternating runs
  * each); distances of 0 to 8 KB could not be told apart in bench_quant's LM head there. */
 #define QX_PREFETCH_AHEAD 640
+
+/* The packed products (eight rows at a time, quant_packed.c's layout) stream one contiguous run
+ * of weights per thread, and the hardware prefetchers alone left Gemma 3 270M's Q8_0 LM head at
+ * about 0.6 of one core's read bandwidth on the 2-core Xeon; asking for the lines
+ * quant_prefetch_far bytes ahead (SHARDLM_CPU_PREFETCH, default 4096, set once by quant.c before
+ * any packed product) took it to the read loop's speed, and decode from 27-28 to 31-35 tok/s
+ * (docs/performance.md). 640 (the stored rows' distance) was too short for it. */
+extern size_t quant_prefetch_far;
+static inline void qx_prefetch_far(const void *block, size_t bytes)
+{
+    if (!quant_prefetch_far) return;
+    for (size_t o = 0; o < bytes; o += 64)
+        _mm_prefetch((const char *)block + quant_prefetch_far + o, _MM_HINT_T0);
+}
 static inline void qx_prefetch(const void *block, size_t bytes)
 {
     for (size_t o = 0; o < bytes; o += 64)
