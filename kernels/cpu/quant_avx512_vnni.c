@@ -3,6 +3,8 @@
  * one instruction where AVX2 needs vpmaddubsw + vpmaddwd, and no 16-bit saturation), the
  * 256-element types (K-quants, IQ4_XS) and the x quantizers borrowed from quant_avx2.c. Compiled with target attributes;
  * quant.c asks the CPU.
+ * The packed (eight-row) Q4, Q5 and Q8_0 kernels of quant_x86.h accumulate with vpdpbusd here
+ * (QX_VNNI) and unpack the Q5 fifth bits with one masked move: the same integer sums.
  * Not here: AVX-VNNI (the VEX form of the same instruction on CPUs without AVX-512), 512-bit
  * vectors (Q8_0's one-row kernel over two blocks per vpdpbusd went: it summed in another order
  * than the block-exact one of quant_impl.h, and the packed layout replaced it for the LM head).
@@ -20,6 +22,7 @@ QX_TARGET static inline __m256i dot_u8s8(__m256i u, __m256i s)
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 }
 
+#define QX_VNNI 1 /* the packed kernels accumulate with vpdpbusd, Q5 unpacks with a masked move */
 #include "quant_x86.h"
 
 static const struct quant_kernels vnni_kernels = {

@@ -204,6 +204,19 @@ QX_EXACT(q5_1, 1, 0)
 QX_EXACT(q8_0, 0, 1)
 #undef QX_EXACT
 
+/* The fifth bits of a Q5 block as 0x10 bytes: one masked move where AVX512BW is there. */
+#ifdef QX_VNNI
+#define QX_FIFTH(qh) _mm256_maskz_mov_epi8(qx_u32(qh), _mm256_set1_epi8(0x10))
+QX_TARGET static inline __mmask32 qx_u32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return (__mmask32)v;
+}
+#else
+#define QX_FIFTH(qh) qx_fifth_bits(qh)
+#endif
+
 /* ---- eight rows at a time (the packed layout of quant_packed.c) ----
  * One row of x against a group of eight rows packed by quant_pack_rows8: y[0..8). The 32-bit
  * lanes are the eight rows, so the block's scales load as one vector and each x word is
@@ -214,23 +227,34 @@ QX_TARGET __attribute__((always_inline)) static inline void
 packed8_q4(int64_t nb, const uint8_t *wp, int has_min, const struct act_q8 *x, float *y)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    (void)ones; /* not with QX_VNNI */
     const size_t pb = has_min ? QUANT_R8_Q4_1 : QUANT_R8_Q4_0, head = has_min ? 32 : 16;
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += pb) {
         qx_prefetch_far(wp, pb);
         const uint8_t *qs = wp + head;
         const int8_t *xq = x[b].qs;
+#ifdef QX_VNNI
+        __m256i is = _mm256_setzero_si256();
+#else
         __m256i s16 = _mm256_setzero_si256();
+#endif
         for (int j = 0; j < 4; j++) {
             int32_t xl, xh;
             memcpy(&xl, xq + 4 * j, 4);
             memcpy(&xh, xq + 16 + 4 * j, 4);
             const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+#ifdef QX_VNNI
+            is = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(is, lo, _mm256_set1_epi32(xl)), hi, _mm256_set1_epi32(xh));
+#else
             s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
             s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+#endif
         }
+#ifndef QX_VNNI
         __m256i is = _mm256_madd_epi16(s16, ones);
+#endif
         if (!has_min) is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * x[b].sum));
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
         acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(is), acc);
@@ -257,24 +281,35 @@ QX_TARGET __attribute__((always_inline)) static inline void
 packed8_q5(int64_t nb, const uint8_t *wp, int has_min, const struct act_q8 *x, float *y)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    (void)ones; /* not with QX_VNNI */
     const size_t pb = has_min ? QUANT_R8_Q5_1 : QUANT_R8_Q5_0, head = has_min ? 32 : 16;
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += pb) {
         qx_prefetch_far(wp, pb);
         const uint8_t *hb = wp + head, *qs = hb + 32;
         const int8_t *xq = x[b].qs;
+#ifdef QX_VNNI
+        __m256i is = _mm256_setzero_si256();
+#else
         __m256i s16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#endif
         for (int j = 0; j < 4; j++) {
             int32_t xl, xh;
             memcpy(&xl, xq + 4 * j, 4);
             memcpy(&xh, xq + 16 + 4 * j, 4);
             const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), qx_fifth_bits(hb + 8 * j));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), qx_fifth_bits(hb + 8 * j + 4));
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), QX_FIFTH(hb + 8 * j));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), QX_FIFTH(hb + 8 * j + 4));
+#ifdef QX_VNNI
+            is = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(is, lo, _mm256_set1_epi32(xl)), hi, _mm256_set1_epi32(xh));
+#else
             s16[j / 2] = _mm256_add_epi16(s16[j / 2], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)),
                                                                        _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh))));
+#endif
         }
+#ifndef QX_VNNI
         __m256i is = _mm256_add_epi32(_mm256_madd_epi16(s16[0], ones), _mm256_madd_epi16(s16[1], ones));
+#endif
         if (!has_min) is = _mm256_sub_epi32(is, _mm256_set1_epi32(16 * x[b].sum));
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
         acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(is), acc);
@@ -301,6 +336,7 @@ QX_TARGET static void packed8_q8_0(int64_t nb, const void *wpv, const void *xqv,
     const uint8_t *wp = wpv;
     const struct act_q8 *x = xqv;
     const __m256i ones = _mm256_set1_epi16(1);
+    (void)ones; /* not with QX_VNNI */
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += QUANT_R8_Q8_0) {
         const int8_t *xq = x[b].qs;
@@ -310,8 +346,12 @@ QX_TARGET static void packed8_q8_0(int64_t nb, const void *wpv, const void *xqv,
             int32_t xw;
             memcpy(&xw, xq + 4 * k, 4);
             const __m256i v = _mm256_loadu_si256((const __m256i *)(wp + 16 + 32 * k));
+#ifdef QX_VNNI
+            is = _mm256_dpbusd_epi32(is, _mm256_sign_epi8(v, v), _mm256_sign_epi8(_mm256_set1_epi32(xw), v));
+#else
             const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(_mm256_set1_epi32(xw), v));
             is = _mm256_add_epi32(is, _mm256_madd_epi16(p, ones));
+#endif
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
         acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(is), acc);
