@@ -5,10 +5,12 @@
 # BUILD_DIR/fuzz-corpus/<target>/. Crashes, leaks, timeouts and out-of-memory inputs go to
 # BUILD_DIR/fuzz-findings/<target>-*. Prints one line per target: executions, seconds, corpus
 # size, findings; exits 1 when any target found something. Limits: 2 GB RSS, 1 GB per
-# allocation (a parser must refuse a huge size, not allocate it), 10 s per input.
+# allocation (a parser must refuse a huge size, not allocate it), 10 s per input (FUZZ_TIMEOUT).
 # Every run appends "date target executions seconds exit findings" to
 # BUILD_DIR/fuzz-logs/history.tsv (the totals of docs/reliability.md are its sums).
-# Environment: FUZZ_JOBS (default 1) runs that many targets at once; ASAN_OPTIONS passes
+# Environment: FUZZ_JOBS (default 1) runs that many targets at once; FUZZ_TIMEOUT (default 10)
+# is libFuzzer's seconds per input (raise it for a campaign run at nice 19 beside other work:
+# starved of the CPU, an input of 0.2 s once passed 10 s, a false timeout); ASAN_OPTIONS passes
 # through (ASAN_OPTIONS=malloc_context_size=0 doubles the speed of the SentencePiece-bound
 # targets, whose time goes to recording allocation stacks; rerun a finding without it).
 set -u
@@ -32,7 +34,7 @@ run_one() {
     case $t in chat_template | detokenize | train_data) max_len=512 ;; esac
     # -error_exitcode=1: libFuzzer's default (77) for a crash or leak is ctest's SKIP code, which the
     # test below would report as "SKIP" instead of a finding.
-    "$exe" -max_total_time="$seconds" -max_len=$max_len -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 -error_exitcode=1 \
+    "$exe" -max_total_time="$seconds" -max_len=$max_len -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout="${FUZZ_TIMEOUT:-10}" -error_exitcode=1 \
         -print_final_stats=1 -artifact_prefix="$build/fuzz-findings/$t-" \
         "$build/fuzz-corpus/$t" "$here/corpus/$t" >"$log" 2>&1
     local rc=$?
