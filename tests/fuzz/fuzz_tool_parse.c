@@ -1,6 +1,7 @@
 /* tests/fuzz/fuzz_tool_parse.c - the reply parser of tool calls and reasoning
  * (server/tool_format.c tool_parse): model output is outside input (a model can write anything
- * under tool_choice auto). Each input is parsed whole and, as a stream would, at every prefix;
+ * under tool_choice auto). Each input is parsed whole and, as a stream would, at its prefixes
+ * (every one of a short reply, 96 of a long one: pick_cuts);
  * checked: no crash or sanitizer report, the lengths agree with the strings, the reasoning of
  * a prefix is a prefix of the reasoning of the whole, and every parse (the incremental parser,
  * server/tool_stream.c) equals the whole-text parser it replaced (tool_parse_ref.c).
@@ -8,6 +9,7 @@
  * (bits 4 and 7: enum tool_reasoning, the markers), think_open (bit 5), one call at most (bit 6);
  * the rest is the reply.
  * Corpus: tests/fuzz/corpus/tool_parse (replies in every format, cut, malformed). */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,6 +49,37 @@ static void check_parsed(const struct tool_parsed *p)
     for (int k = 0; k < p->n_calls; k++) CHECK(p->calls[k].name && p->calls[k].args, "call %d without name or arguments", k);
 }
 
+/* The prefixes a reply is cut at, as a stream's chunks end: every one up to CUTS_ALL bytes;
+ * beyond, CUTS_MAX of them (each prefix parse costs O(n), so every cut of a 4 KB reply made the
+ * target run at 250-320 inputs a second): at each marker-like byte (< > [ ] { } | and the byte
+ * after it, where formats begin and end) spread over the reply, and the rest pseudo-random from a
+ * hash of the reply (another reply, other cuts). */
+#define CUTS_ALL 96
+#define CUTS_MAX 96
+static int pick_cuts(const char *t, size_t n, size_t *cuts)
+{
+    int k = 0;
+    if (n <= CUTS_ALL) {
+        for (size_t c = 0; c <= n; c++) cuts[k++] = c;
+        return k;
+    }
+    size_t marks = 0;
+    for (size_t i = 0; i < n; i++) marks += strchr("<>[]{}|", t[i]) != NULL && t[i];
+    const size_t every = marks / (CUTS_MAX / 4) + 1;
+    size_t seen = 0;
+    for (size_t i = 0; i < n && k + 2 <= CUTS_MAX / 2; i++)
+        if (t[i] && strchr("<>[]{}|", t[i]) && seen++ % every == 0) cuts[k++] = i, cuts[k++] = i + 1;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)t[i]) * 1099511628211ull;
+    cuts[k++] = 0;
+    cuts[k++] = n;
+    while (k < CUTS_MAX) {
+        h = h * 6364136223846793005ull + 1442695040888963407ull;
+        cuts[k++] = (size_t)(h >> 33) % (n + 1);
+    }
+    return k;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1 || size > 4096) return 0;
@@ -62,7 +95,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(tool_parse(f, tools, reasoning, think_open, max_calls, text, n, 1, &whole) == 0, "out of memory");
     check_parsed(&whole);
     check_ref(&whole, f, tools, reasoning, think_open, max_calls, text, n, 1);
-    for (size_t cut = 0; cut <= n; cut += n > 512 ? 7 : 1) {
+    size_t cuts[CUTS_ALL + 1 > CUTS_MAX ? CUTS_ALL + 1 : CUTS_MAX];
+    const int n_cuts = pick_cuts(text, n, cuts);
+    for (int c = 0; c < n_cuts; c++) {
+        const size_t cut = cuts[c];
         struct tool_parsed part;
         CHECK(tool_parse(f, tools, reasoning, think_open, max_calls, text, cut, 0, &part) == 0, "out of memory");
         check_parsed(&part);
