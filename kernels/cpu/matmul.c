@@ -206,6 +206,9 @@ static int matmul_amx_fits(const struct tensor *w, int64_t m, int64_t k)
     return w->dtype == DTYPE_BF16 || (dtype_is_quant(w->dtype) && m >= QUANT_AMX_MIN_M);
 }
 
+/* Rows of a packed block w dequantized together before their rounding to bf16 (one group). */
+#define AMX_DQ_ROWS 8
+
 /* The AMX product: x packed into xv (groups of 16 rows spread over the threads), then per block
  * of w's rows: bf16 w in place where 16-row groups stay inside w, otherwise the rows rounded
  * (dequantized first for blocks) into the thread's wb with zero rows up to the next 16. */
@@ -235,8 +238,11 @@ static void matmul_amx(float *yf, const float *xf, uint16_t *xv, float *w_all,
                 if (w->dtype == DTYPE_BF16) {
                     memcpy(wb + i * k, src + (size_t)i * row_bytes, row_bytes);
                 } else if (tensor_packed(w)) {
-                    quant_dequantize_row_packed(qt, tensor_packed(w), j0 + i, row, k);
-                    cpu_amx_round_rows(wb + i * k, row, k);
+                    /* Eight rows (a packed group) dequantized at once, each rounded in turn. */
+                    if (i % AMX_DQ_ROWS == 0)
+                        quant_dequantize_rows_packed(qt, tensor_packed(w), j0 + i, nb - i < AMX_DQ_ROWS ? nb - i : AMX_DQ_ROWS,
+                                                     row, k);
+                    cpu_amx_round_rows(wb + i * k, row + (i % AMX_DQ_ROWS) * k, k);
                 } else {
                     quant_dequantize_row(qt, src + (size_t)i * row_bytes, row, k);
                     cpu_amx_round_rows(wb + i * k, row, k);
@@ -289,8 +295,8 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
     const int64_t w_block = ((share + per_share - 1) / per_share + 15) / 16 * 16;
     const size_t xs = x->dtype == DTYPE_F32 ? 0 : (size_t)(m * k);
     const size_t ys = y->dtype == DTYPE_F32 ? 0 : (size_t)(m * n);
-    /* Per thread: f32 rows, or bf16 rows (padded to 16) and one f32 row; shared: packed x. */
-    const size_t ws = amx ? (size_t)((w_block + 15) / 16 * 16) * (size_t)k / 2 + (size_t)k
+    /* Per thread: f32 rows, or bf16 rows (padded to 16) and AMX_DQ_ROWS f32 rows; shared: packed x. */
+    const size_t ws = amx ? (size_t)((w_block + 15) / 16 * 16) * (size_t)k / 2 + (size_t)AMX_DQ_ROWS * (size_t)k
                           : (size_t)w_block * (size_t)k;
     const size_t xv = amx ? cpu_amx_x_elems(m, k) / 2 : 0;
     const size_t total = xs + ys + xv + (size_t)b->n_threads * ws;

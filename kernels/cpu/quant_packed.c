@@ -158,19 +158,24 @@ void quant_dequantize_rows_packed(enum quant_type type, const void *wp, int64_t 
     CHECK(geom_of(type, &g) && k % g.elems == 0 && j0 >= 0 && rows >= 0, "quant_dequantize_rows_packed: %s, k %lld",
           quant_type_name(type), (long long)k);
     const int64_t nb = k / g.elems;
-    /* Each row's blocks back to the stored form, then the (SIMD) row dequantizer over them. */
-    uint8_t *row = malloc((size_t)nb * g.block);
-    CHECK(row, "quant_dequantize_rows_packed: out of memory");
-    for (int64_t j = j0; j < j0 + rows; j++) {
-        const int r = (int)(j % 8);
-        uint8_t *blk[8] = {0};
+    const size_t row_bytes = (size_t)nb * g.block;
+    /* A group of eight rows at a time: its blocks back to the stored form in one move each (the
+     * rows of the group that are asked for), then the (SIMD) row dequantizer over whole rows. */
+    _Alignas(64) uint8_t small[16384];
+    uint8_t *tmp = 8 * row_bytes <= sizeof small ? small : malloc(8 * row_bytes);
+    CHECK(tmp, "quant_dequantize_rows_packed: out of memory");
+    for (int64_t j = j0; j < j0 + rows;) {
+        const int64_t group = j / 8, end = (group + 1) * 8 < j0 + rows ? (group + 1) * 8 : j0 + rows;
+        const int r0 = (int)(j % 8), r1 = (int)(end - group * 8);
+        uint8_t *blk[8];
         for (int64_t b = 0; b < nb; b++) {
-            blk[r] = row + (size_t)b * g.block;
-            move(type, &g, (uint8_t *)wp + (size_t)((j / 8) * nb + b) * g.packed, blk, r, r + 1, 0);
+            for (int r = 0; r < 8; r++) blk[r] = tmp + (size_t)r * row_bytes + (size_t)b * g.block;
+            move(type, &g, (uint8_t *)wp + (size_t)(group * nb + b) * g.packed, blk, r0, r1, 0);
         }
-        quant_dequantize_row(type, row, dst + (j - j0) * k, k);
+        for (int r = r0; r < r1; r++) quant_dequantize_row(type, tmp + (size_t)r * row_bytes, dst + (group * 8 + r - j0) * k, k);
+        j = end;
     }
-    free(row);
+    if (tmp != small) free(tmp);
 }
 
 void quant_dequantize_row_packed(enum quant_type type, const void *wp, int64_t j, float *dst, int64_t k)
