@@ -113,6 +113,18 @@ size_t tokenizer_min_tokens(const struct tokenizer *t, const char *const *texts,
  * STATUS_INVALID_ARGUMENT naming the id and its position; *text is then NULL. */
 enum status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int n, char **text,
                              size_t *len);
+/* tokenizer_decode when show_special is 0. Otherwise as Hugging Face's decode with
+ * skip_special_tokens=False of the model's tokenizer.json: byte-level BPE writes a special id's
+ * content as it writes an added token's (ending the byte run before it, whose incomplete
+ * character becomes U+FFFD); the other tokenizer.json kinds pass its content through the
+ * decoders like any piece; SentencePiece writes the piece of a control or unknown id ("<s>",
+ * "</s>", "<unk>": what LlamaConverter's tokenizer.json marks special) where it stands, the text
+ * between two such ids decoded as SentencePiece decodes it (an incomplete character before one
+ * becomes U+FFFD) and the leading space of the text's first piece dropped only when no shown id
+ * comes before it (Hugging Face's Strip decoder strips the start of the whole text).
+ * docs/tokenizers.md; tests: tests/test_bpe.py, tests/test_tokenizer_kinds.py. */
+enum status tokenizer_decode_opts(const struct tokenizer *t, const int32_t *ids, int n, int show_special,
+                                  char **text, size_t *len);
 
 /* The piece of an id as stored in the model (with U+2581 for spaces, "<0xE2>" for byte
  * pieces, "<s>" for BOS...), NUL-terminated; NULL if id is out of range. The pointer stays
@@ -157,11 +169,18 @@ struct detokenizer {
     int      started;            /* some non-empty text has been returned */
     uint8_t  held[4];            /* byte-level BPE: the bytes of an incomplete character */
     int      n_held;
+    int      show_special;       /* special ids print their text (tokenizer_decode_opts) */
 };
 
 /* Prepares d for a new sequence; allocates nothing. t is borrowed. */
 void detokenizer_init(struct detokenizer *d, const struct tokenizer *t);
-/* Releases d's buffers (accepts NULL); d may be initialised again afterwards. */
+/* Makes d print special ids as tokenizer_decode_opts with show_special does (show != 0) or not
+ * (the default after detokenizer_init); call it before the first push. The concatenation of
+ * the pushes and the flush then equals tokenizer_decode_opts of the pushed ids with the same
+ * show_special, byte for byte. */
+void detokenizer_show_special(struct detokenizer *d, int show);
+/* Releases d's buffers (accepts NULL); d may be initialised again afterwards. Keeps the tokenizer
+ * and the show_special choice. */
 void detokenizer_free(struct detokenizer *d);
 /* Feeds one id. On success *text (NUL-terminated, *len bytes, possibly "") is the newly final
  * text; it is owned by d and valid until the next push, flush or free on d. An id outside the
