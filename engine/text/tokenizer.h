@@ -104,8 +104,8 @@ enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t
 size_t tokenizer_min_tokens(const struct tokenizer *t, const char *const *texts, const size_t *lens, int n);
 
 /* Byte-level BPE: decodes as Hugging Face's ByteLevel decoder with skip_special_tokens (special
- * ids vanish, added tokens give their content, every maximal invalid UTF-8 subpart of the bytes
- * becomes U+FFFD). SentencePiece: decodes ids[0..n) exactly as SentencePiece does: control pieces (BOS, EOS, ...) vanish, U+2581
+ * ids vanish (tokenizer_decode_opts below can show them), added tokens give their content, every
+ * maximal invalid UTF-8 subpart of the bytes becomes U+FFFD). SentencePiece: decodes ids[0..n) exactly as SentencePiece does: control pieces (BOS, EOS, ...) vanish, U+2581
  * becomes ' ', the leading space of the first piece is dropped (add_dummy_prefix), runs of
  * byte pieces become their bytes with every invalid byte replaced by U+FFFD, so the result is
  * always valid UTF-8. On success *text is a malloc'd, NUL-terminated string of *len bytes
@@ -146,7 +146,8 @@ int tokenizer_is_control(const struct tokenizer *t, int32_t id);
 int tokenizer_token_bytes(const struct tokenizer *t, int32_t id, char *buf, int cap);
 
 /* Incremental detokenization for streaming, one per request. Push the ids of a sequence one by
- * one (the prompt's BOS may be pushed or not: control ids print nothing); each push returns the
+ * one (the prompt's BOS may be pushed or not: control ids print nothing unless
+ * detokenizer_show_special asked for them); each push returns the
  * text that became final, always complete UTF-8: bytes of a character split over byte pieces
  * are held back until the character is complete. The concatenation of everything returned
  * by the pushes and a final detokenizer_flush equals tokenizer_decode of all the pushed ids,
