@@ -8,7 +8,7 @@ story with BOS (llama2.c's separator) and goes on (ignore_eos), so that "<s>" is
 skip_special_tokens False, resp. True (the default, today's text), less the prompt's own text.
 Checked: gRPC unary and streamed, HTTP completions and chat through the official openai client,
 unary and streamed; the refusals: a non-boolean, false with a structured-output constraint or
-tools (400 naming both fields; gRPC INVALID_ARGUMENT), and on /v1/responses and /v1/messages,
+tools (400 naming both fields; gRPC Generate and Chat: INVALID_ARGUMENT), and on /v1/responses and /v1/messages,
 which do not take the field (refused by name).
 
   test_special_tokens.py --shardlm BUILD/cli/shardlm
@@ -111,6 +111,9 @@ def body(work, env):
         refused("/v1/messages", {"max_tokens": 4, "messages": msgs, "skip_special_tokens": False}, "skip_special_tokens")
         TS.expect_error(lambda: c.generate(PROMPT, max_tokens=4, json_object=True, show_special_tokens=True),
                         grpc.StatusCode.INVALID_ARGUMENT, "sampling.show_special_tokens")
+        e = TS.expect_error(lambda: c.chat([("user", "hi")], max_tokens=4, tools=tools, show_special_tokens=True),
+                            grpc.StatusCode.INVALID_ARGUMENT, "sampling.show_special_tokens")
+        check("tools" in e.details(), f"gRPC chat with tools: {e.details()}")
 
 
 if __name__ == "__main__":
