@@ -154,6 +154,7 @@ static enum status convert_sampling(const Shardlm__V1__SamplingParams *s, struct
     if (!r->stop_token_ids) return convert_oom();
     for (size_t i = 0; i < s->n_stop_token_ids; i++) r->stop_token_ids[r->n_stop_token_ids++] = s->stop_token_ids[i];
     p->ignore_eos = s->ignore_eos ? 1 : 0;
+    p->show_special = s->show_special_tokens ? 1 : 0;
     p->min_tokens = s->min_tokens;
     p->logprobs = -1;
     if (s->_logprobs_case == SHARDLM__V1__SAMPLING_PARAMS___LOGPROBS_LOGPROBS) p->logprobs = s->logprobs;

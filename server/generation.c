@@ -20,6 +20,7 @@
 
 #include "chat_template.h"
 #include "convert.h"
+#include "http_internal.h"
 #include "journal.h"
 #include "metrics.h"
 #include "server_internal.h"
@@ -571,6 +572,9 @@ enum status gen_build_prompt(struct served_model *m, struct gen_request *r, int 
     *ids = NULL;
     *n_ids = 0;
     enum status st = is_chat ? chat_tools_apply(m, r, chat) : STATUS_OK;
+    if (st == STATUS_OK)
+        st = http_show_special_check(&r->params, is_chat ? chat->tools : 0, is_chat ? chat->reasoning : 0,
+                                     "sampling.show_special_tokens");
     if (st == STATUS_OK) st = gen_prompt(m, r, is_chat, ids, n_ids);
     if (st == STATUS_OK && is_chat) st = chat_parse_note_prompt(chat, r);
     if (st != STATUS_OK) {

@@ -98,6 +98,11 @@ enum status http_tools_parse(const struct cJSON *o, const struct http_chat_caps 
  * tool format is used), the tools of the request (NULL: none) and chat_template_kwargs. */
 enum status http_tools_context(const struct cJSON *o, const struct cJSON *tools, const struct http_chat_caps *caps,
                                struct http_request *q);
+/* A request that shows special tokens (field: how its field is named in the message) whose reply
+ * is parsed (tools, reasoning: their markers and JSON would meet the special tokens' text) or
+ * constrained (the grammar's text has no special tokens) is refused: STATUS_INVALID_ARGUMENT
+ * naming both. */
+enum status http_show_special_check(const struct request_params *p, int tools, int reasoning, const char *field);
 /* The text of message i of the history when it is a tool result (role "tool") or an assistant's
  * tool calls (*content malloc'd); *content NULL for any other message. */
 enum status http_tools_message(const struct cJSON *msg, int i, const char *role, char **content);

@@ -460,6 +460,17 @@ static enum status refuse_unhonoured(const cJSON *o)
     return STATUS_OK;
 }
 
+/* vLLM's skip_special_tokens (default true); false shows them (request_params.show_special),
+ * refused where the reply is parsed or constrained (http_show_special_check). */
+static enum status parse_skip_special(const cJSON *o, struct http_request *q)
+{
+    int skip = 1;
+    enum status st = get_bool(o, "skip_special_tokens", &skip);
+    q->r.params.show_special = !skip;
+    if (st == STATUS_OK) st = http_show_special_check(&q->r.params, q->tools, q->reasoning, "'skip_special_tokens': false");
+    return st;
+}
+
 /* Per-request speculative decoding (docs/speculative.md): "speculative": "auto" | "off", and
  * llama.cpp's "speculative.n_max" (the most drafts a step verifies; 0 turns drafting off, as in
  * llama.cpp). */
@@ -700,6 +711,7 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     if (st == STATUS_OK) st = http_tools_parse(o, caps, q);
     if (st == STATUS_OK) st = http_tools_context(o, NULL, caps, q); /* when the tools did not already */
     q->reasoning = is_chat && caps ? caps->reasoning : 0; /* (the markers' kind, tool_format.h) */
+    if (st == STATUS_OK) st = parse_skip_special(o, q);
     cJSON_Delete(o);
     struct request_params *p = &q->r.params;
     p->stop = (const char *const *)q->r.stop;

@@ -309,6 +309,18 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
     return STATUS_OK;
 }
 
+enum status http_show_special_check(const struct request_params *p, int tools, int reasoning, const char *field)
+{
+    if (!p->show_special) return STATUS_OK;
+    const char *with = tools ? "tools (a tool_choice other than none)"
+                       : p->constraint_kind != CONSTRAINT_NONE
+                           ? "a structured-output constraint (response_format, structured_outputs, guided_*)"
+                       : reasoning ? "this model's reasoning separation (its chat replies are split into reasoning_content)"
+                                   : NULL;
+    if (!with) return STATUS_OK;
+    return status_errorf(STATUS_INVALID_ARGUMENT, "%s (special tokens shown) cannot be combined with %s", field, with);
+}
+
 enum status http_tools_message(const cJSON *msg, int i, const char *role, char **content)
 {
     *content = NULL;

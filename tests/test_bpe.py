@@ -9,7 +9,7 @@ ByteLevel, as its Hugging Face tokenizer.json has it), and the same vocabulary b
 and Qwen 2 Split regexes (Qwen 2's with its NFC normalizer, Llama 3's with ignore_merges). Each is
 loaded by Hugging Face and by shardlm (through a model directory, tokenizer_load_for_model), and
 the GGUF itself by shardlm (tokenizer.ggml.pre = smollm). Checked, with 0 mismatches allowed:
-ids of every corpus text, decodes (skip_special_tokens), the exact round trip of texts without
+ids of every corpus text, decodes (skip_special_tokens True and False), the exact round trip of texts without
 special tokens, random id sequences decoded (lossy UTF-8 replacement), the streaming
 detokenizer against whole decodes, tokenizer_min_tokens never above the true count; invalid
 UTF-8 encodes without a crash and decodes as Python's errors="replace"; malformed tokenizer.json
@@ -216,8 +216,17 @@ def compare(name, tool, path, hf, texts, special_strings, tmp):
         if not any(s in text for s in special_strings) and name not in ("qwen2", "gpt2_prefix", "added_flags"):
             check(dec == text, "%s: round trip of %r gave %r" % (name, text[:60], dec[:60]))
         check(r["stream_ok"], "%s: streaming detokenizer differs from decode for %r" % (name, text[:60]))
+        check_shown(r, hf, want, "%s: %r" % (name, text[:60]))
         check(r["min_tokens"] <= len(want), "%s: min_tokens %d > %d for %r" % (name, r["min_tokens"], len(want), text[:60]))
     print("%s %s: %d texts, %d mismatched ids" % ("PASS" if failures == before else "FAIL", name, len(texts), mism))
+
+
+def check_shown(r, hf, ids, what):
+    """The decode with special tokens shown is HF's decode(skip_special_tokens=False), streamed too."""
+    want = hf.decode(ids, skip_special_tokens=False)
+    got = bytes.fromhex(r["decode_special"]).decode("utf-8")
+    check(got == want, "%s: decode with specials shown %r vs %r" % (what, got[:80], want[:80]))
+    check(r["stream_special_ok"], "%s: streaming with specials shown differs from decode" % what)
 
 
 def decode_random(tool, path, hf, n_vocab, tmp):
@@ -230,6 +239,13 @@ def decode_random(tool, path, hf, n_vocab, tmp):
     byte_ids = [hf.token_to_id(c) for c in ("Ã", "¤", "ð", "Ł", "ĺ", "¢", "a", "Ġ")]
     seqs += [[rng.choice(byte_ids) for _ in range(rng.randint(1, 12))] for _ in range(200)]
     seqs += [[0, 1, 2] + s for s in seqs[:20]]
+    # Special ids mid-sequence, between the bytes of a character too.
+    specials = [i for i, a in hf.get_added_tokens_decoder().items() if a.special]
+    for s in seqs[200:300]:
+        s = list(s)
+        for _ in range(rng.randint(1, 3) if specials else 0):
+            s.insert(rng.randint(0, len(s)), rng.choice(specials))
+        seqs.append(s)
 
 
     ipath = os.path.join(tmp, "ids.txt")
@@ -244,7 +260,8 @@ def decode_random(tool, path, hf, n_vocab, tmp):
         got = bytes.fromhex(r["decode"]).decode("utf-8")
         check(got == hf.decode(s, skip_special_tokens=True), "decode %s: %r vs %r" % (s, got, hf.decode(s, skip_special_tokens=True)))
         check(r["stream_ok"], "decode %s: streaming differs" % s)
-    print("%s random id sequences: %d decoded as HF does, streaming equal" % ("PASS" if failures == before else "FAIL", len(seqs)))
+        check_shown(r, hf, s, "decode %s" % s)
+    print("%s random id sequences: %d decoded as HF does (special tokens skipped and shown), streaming equal" % ("PASS" if failures == before else "FAIL", len(seqs)))
 
 
 def invalid_utf8(tool, path, tokens, tmp):

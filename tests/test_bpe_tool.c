@@ -4,7 +4,8 @@
  *                                        "ERROR <message>" and exits 1
  *   test_bpe_tool encode PATH CORPUS     CORPUS holds texts as "<length>\n<bytes>\n"; prints one
  *                                        JSON line per text: ids, the decode (hex) and whether the
- *                                        streaming detokenizer gave the same bytes
+ *                                        streaming detokenizer gave the same bytes, each also with
+ *                                        special tokens shown (decode_special, stream_special_ok)
  *   test_bpe_tool encode_special PATH CORPUS   the same with add_bos = 1 (the post-processor's tokens)
  *   test_bpe_tool decode PATH IDS        IDS holds one id sequence per line; prints the decode (hex)
  *                                        and the streaming check per line
@@ -79,34 +80,37 @@ static void free_corpus(struct text *v, int n)
     free(v);
 }
 
-/* Prints "decode": hex, "stream_ok": bool (no braces); 0 when decoding failed. */
+/* Prints "decode": hex, "stream_ok": bool and the same with special tokens shown,
+ * "decode_special", "stream_special_ok" (no braces); 0 when decoding failed. */
 static int print_decode(const struct tokenizer *t, const int32_t *ids, int n)
 {
-    enum status s;
+    for (int show = 0; show <= 1; show++) {
         char *dec;
         size_t dn;
-        if ((s = tokenizer_decode(t, ids, n, &dec, &dn)) != STATUS_OK) {
-            printf("\"error\": \"decode failed\"}\n");
+        if (tokenizer_decode_opts(t, ids, n, show, &dec, &dn) != STATUS_OK) {
+            printf("%s\"error\": \"decode failed\"}\n", show ? ", " : "");
             return 0;
         }
         struct detokenizer d;
         detokenizer_init(&d, t);
+        detokenizer_show_special(&d, show);
         char *streamed = malloc(dn + 64);
         size_t sn = 0;
         int stream_ok = 1;
         for (int k = 0; k <= n && stream_ok; k++) {
             const char *piece;
             size_t pn;
-            s = k < n ? detokenizer_push(&d, ids[k], &piece, &pn) : detokenizer_flush(&d, &piece, &pn);
+            enum status s = k < n ? detokenizer_push(&d, ids[k], &piece, &pn) : detokenizer_flush(&d, &piece, &pn);
             if (s != STATUS_OK || sn + pn > dn) stream_ok = 0;
             else memcpy(streamed + sn, piece, pn), sn += pn;
         }
         stream_ok = stream_ok && sn == dn && !memcmp(streamed, dec, dn);
         detokenizer_free(&d);
-    printf("\"decode\": \"");
-    for (size_t k = 0; k < dn; k++) printf("%02x", (unsigned char)dec[k]);
-    printf("\", \"stream_ok\": %s", stream_ok ? "true" : "false");
-    free(streamed), free(dec);
+        printf("%s\"decode%s\": \"", show ? ", " : "", show ? "_special" : "");
+        for (size_t k = 0; k < dn; k++) printf("%02x", (unsigned char)dec[k]);
+        printf("\", \"stream%s_ok\": %s", show ? "_special" : "", stream_ok ? "true" : "false");
+        free(streamed), free(dec);
+    }
     return 1;
 }
 

@@ -23,9 +23,10 @@ Hugging Face `tokenizers`, through tests/test_bpe_tool:
   unigram-mon        mon-tokenizer's real tokenizer.json (a released Unigram for Mon, Burmese and
                      English: byte_fallback, Replace regexes with \\uHHHH, NFC, Metaspace;
                      tools/fetch_mon_tokenizer.sh puts it in .cache/mon-tokenizer/; SKIPs without it)
-For each: the ids of every corpus text (0 mismatches allowed), decode (skip_special_tokens) of
+For each: the ids of every corpus text (0 mismatches allowed), decode (skip_special_tokens True and False) of
 those ids and of random id sequences, the streaming detokenizer against the decode (WordPiece's
-cleanup included), then malformed files refused with a message and no crash.
+cleanup included), the SentencePiece tokenizer.model itself with control ids shown against the
+spbpe-legacy tokenizer.json, then malformed files refused with a message and no crash.
 
 usage: test_tokenizer_kinds.py PATH/TO/test_bpe_tool   (exit 77: SKIP without `tokenizers` or the assets)
 """
@@ -87,6 +88,14 @@ def run_tool(tool, mode, path, texts):
     return [json.loads(line) for line in r.stdout.splitlines()], ""
 
 
+def check_shown(g, hf, ids, what):
+    """The decode with special tokens shown is HF's decode(skip_special_tokens=False), streamed too."""
+    want = hf.decode(ids, skip_special_tokens=False)
+    got = bytes.fromhex(g["decode_special"]).decode("utf-8", "replace")
+    check(got == want, "%s: decode with specials shown %r vs %r" % (what, got[:60], want[:60]))
+    check(g.get("stream_special_ok"), "%s: streaming with specials shown differs from decode" % what)
+
+
 def compare(tool, label, path, texts, special_too=False):
     import tokenizers
     hf = tokenizers.Tokenizer.from_file(path)
@@ -105,10 +114,15 @@ def compare(tool, label, path, texts, special_too=False):
                 check(bytes.fromhex(g["decode"]).decode("utf-8") == hf.decode(want),
                       "%s decode %r: %r vs %r" % (label, t[:40], bytes.fromhex(g["decode"])[:60], hf.decode(want)[:60]))
                 check(g.get("stream_ok"), "%s: streaming differs from decode for %r" % (label, t[:40]))
+                check_shown(g, hf, want, "%s %r" % (label, t[:40]))
     # Random id sequences.
     rng = random.Random(11)
     n = hf.get_vocab_size()
     seqs = [[rng.randrange(n) for _ in range(rng.randrange(1, 30))] for _ in range(200)]
+    specials = [i for i, a in hf.get_added_tokens_decoder().items() if a.special]
+    for s in seqs[:100] if specials else []:
+        for _ in range(rng.randint(1, 3)):
+            s.insert(rng.randint(0, len(s)), rng.choice(specials))
     with tempfile.NamedTemporaryFile("w", suffix=".ids", delete=False) as f:
         for s in seqs:
             f.write(" ".join(map(str, s)) + "\n")
@@ -124,6 +138,7 @@ def compare(tool, label, path, texts, special_too=False):
         check(bytes.fromhex(g["decode"]).decode("utf-8", "replace") == hf.decode(s),
               "%s random decode %s: %r vs %r" % (label, s[:8], bytes.fromhex(g["decode"])[:60], hf.decode(s)[:60]))
         check(g.get("stream_ok"), "%s: streaming differs from decode for ids %s" % (label, s[:8]))
+        check_shown(g, hf, s, "%s random ids %s" % (label, s[:8]))
     print("%s %s: %d texts%s, 200 random id sequences" % ("PASS" if failures == before else "FAIL", label, len(texts),
                                                           " (with and without special tokens)" if special_too else ""))
 
@@ -209,6 +224,54 @@ def llama_json(model_path, metaspace):
             {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
             {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
     return tj
+
+
+def sp_model_shown(tool, model_path, json_path, texts):
+    """The SentencePiece model itself (tokenizer.model, not a tokenizer.json) with special tokens
+    shown decodes as Hugging Face's decode(skip_special_tokens=False) of the tokenizer.json
+    LlamaConverter writes for it (legacy: Replace, ByteFallback, Fuse, Strip): control and unknown
+    pieces mid-sequence, between the bytes of a character, first and last."""
+    import tokenizers
+    hf = tokenizers.Tokenizer.from_file(json_path)
+    before = failures
+    rng = random.Random(12)
+    specials = [i for i, a in hf.get_added_tokens_decoder().items() if a.special]
+    byte_ids = [hf.token_to_id("<0x%02X>" % b) for b in (0xE2, 0x82, 0xAC, 0xC3, 0xA9, 0x41)]
+    seqs = [hf.encode(t).ids for t in texts[:60]]
+    seqs += [[rng.randrange(hf.get_vocab_size()) for _ in range(rng.randrange(1, 30))] for _ in range(100)]
+    seqs += [[rng.choice(byte_ids + [29871, 13]) for _ in range(rng.randrange(1, 12))] for _ in range(100)]
+    for s in seqs:
+        for _ in range(rng.randint(1, 3)):
+            s.insert(rng.randint(0, len(s)), rng.choice(specials))
+    with tempfile.NamedTemporaryFile("w", suffix=".ids", delete=False) as f:
+        f.write("".join(" ".join(map(str, s)) + "\n" for s in seqs))
+        name = f.name
+    try:
+        r = subprocess.run([tool, "decode", model_path, name], capture_output=True, text=True)
+    finally:
+        os.unlink(name)
+    lines = r.stdout.splitlines()
+    check(len(lines) == len(seqs), "sentencepiece shown: %d lines for %d sequences" % (len(lines), len(seqs)))
+    value = {hf.token_to_id("<0x%02X>" % b): b for b in range(256)}
+    compared = 0
+    for s, line in zip(seqs, lines):
+        # A run of byte pieces that is invalid UTF-8 but holds a valid character is where
+        # SentencePiece and Hugging Face's ByteFallback differ with or without special tokens
+        # (U+FFFD per invalid byte, resp. per byte of the run: docs/tokenizers.md): not compared.
+        runs, run = [], b""
+        for i in s + [-1]:
+            if i in value:
+                run += bytes([value[i]])
+            else:
+                runs.append(run)
+                run = b""
+        if any(r.decode("utf-8", "replace") not in (r.decode("utf-8", "ignore"), "\ufffd" * len(r)) for r in runs):
+            continue
+        compared += 1
+        check_shown(json.loads(line), hf, s, "sentencepiece model ids %s" % s[:8])
+    check(compared >= 150, "sentencepiece shown: only %d sequences compared" % compared)
+    print("%s sentencepiece model: %d id sequences with control ids shown as HF's tokenizer.json decodes them" %
+          ("PASS" if failures == before else "FAIL", compared))
 
 
 def trained(kind, text, tmp):
@@ -426,6 +489,8 @@ def main():
             p = os.path.join(tmp, "llama-%s.json" % variant)
             json.dump(llama_json(llama_model, variant == "metaspace"), open(p, "w"))
             compare(tool, "spbpe-" + variant, p, texts, special_too=True)
+            if variant == "legacy":
+                sp_model_shown(tool, llama_model, p, texts)
         for kind in ("wordlevel", "wordlevel-uncased"):
             compare(tool, kind, trained(kind, shakespeare[:300000], tmp), texts, special_too=True)
         wordlevel_without_unk(tool, tmp)

@@ -186,6 +186,10 @@ struct request_params {
     int      max_tokens;              /* >= 0; 0 with prompt_logprobs = score the prompt only */
     int      min_tokens;              /* EOS and stops are ignored before this many tokens */
     int      ignore_eos;
+    int      show_special;            /* the text shows special tokens (tokenizer.h's
+                                         detokenizer_show_special; vLLM's skip_special_tokens
+                                         false). A stop or EOS id that ends the sample is never
+                                         shown */
     const int32_t *stop_token_ids;    /* (n_stop_token_ids) */
     int      n_stop_token_ids;
     const char *const *stop;          /* (n_stop) stop strings, matched on the detokenized text

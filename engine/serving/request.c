@@ -396,6 +396,7 @@ struct seq *seq_new(struct request *r, int sample, const struct tokenizer *tok)
     if (r->resumed) memcpy(s->rng.s, r->resume_rng, sizeof s->rng.s);
     if (tok) {
         detokenizer_init(&s->detok, tok);
+        detokenizer_show_special(&s->detok, r->p.show_special);
         /* The prompt primes the detokenizer, so the first generated piece is spaced as a
          * continuation; its text is not part of the output. */
         for (int i = 0; i < r->n_prompt; i++) {

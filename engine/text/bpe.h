@@ -260,19 +260,21 @@ enum status bpe_encode(const struct bpe *b, const char *text, size_t len, int32_
 int32_t bpe_piece_to_id(const struct bpe *b, const char *piece, size_t n);
 
 /* Appends the text of ids[0..n_ids) for the non-byte-level kinds, as Hugging Face's decode with
- * skip_special_tokens: special ids vanish, the other ids' pieces (an added token's content) go
- * through b->decs. first == 0 decodes them as the continuation of a text already started (no
+ * skip_special_tokens = !show_special: special ids vanish (shown: their content goes through the
+ * decoders like any piece, as Hugging Face's does), the other ids' pieces (an added token's
+ * content) go through b->decs. first == 0 decodes them as the continuation of a text already started (no
  * first-token rules, no Strip after Fuse): what the streaming detokenizer needs. Ids must be valid. */
-enum status bpe_decode_pieces(const struct bpe *b, const int32_t *ids, int n_ids, int first, char **out, size_t *n,
-                              size_t *cap);
+enum status bpe_decode_pieces(const struct bpe *b, const int32_t *ids, int n_ids, int first, int show_special, char **out,
+                              size_t *n, size_t *cap);
 
 /* Appends to out[0..*n) (grown with base_grow) the text of ids[0..n_ids) as Hugging Face's
- * ByteLevel decoder writes it with skip_special_tokens (the other kinds: bpe_decode_pieces with
- * first = 1): special ids vanish, the bytes of the
+ * ByteLevel decoder writes it with skip_special_tokens = !show_special (the other kinds:
+ * bpe_decode_pieces with first = 1): special ids vanish (shown: written as an added token's
+ * content is), the bytes of the
  * other pieces are concatenated, an added token's content is written as it is, and each run of
  * bytes between added tokens is made valid UTF-8 by replacing every maximal invalid subpart
  * with U+FFFD (Rust's String::from_utf8_lossy). Ids must be valid. */
-enum status bpe_decode(const struct bpe *b, const int32_t *ids, int n_ids, char **out, size_t *n,
+enum status bpe_decode(const struct bpe *b, const int32_t *ids, int n_ids, int show_special, char **out, size_t *n,
                        size_t *cap);
 
 /* Appends src[0..n) to *out with every maximal invalid UTF-8 subpart replaced by U+FFFD. */

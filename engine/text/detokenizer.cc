@@ -8,7 +8,6 @@
 
 #include <new>
 #include <string>
-#include <vector>
 
 #include "tokenizer_impl.h"
 
@@ -57,24 +56,7 @@ enum status detok_set_out(struct detokenizer *d, const char *s, size_t n, const 
 /* Decodes pending[0..k) in context (behind the anchor once text exists) into *s. */
 enum status detok_decode_prefix(const struct detokenizer *d, int k, std::string *s)
 {
-    const struct tokenizer *t = d->tok;
-    std::vector<int> ids;
-    ids.reserve((size_t)k + 1);
-    if (d->started) {
-        if (t->anchor_id < 0)
-            return status_errorf(STATUS_UNSUPPORTED,
-                                 "detokenizer: this vocabulary has no anchor piece");
-        ids.push_back(t->anchor_id);
-    }
-    ids.insert(ids.end(), d->pending, d->pending + k);
-    enum status st = tokenizer_decode_ids(t, ids, s);
-    if (st != STATUS_OK) return st;
-    if (d->started) {
-        if (s->compare(0, t->anchor_text.size(), t->anchor_text) != 0)
-            return status_errorf(STATUS_INTERNAL, "detokenizer: anchor text was not kept");
-        s->erase(0, t->anchor_text.size());
-    }
-    return STATUS_OK;
+    return tokenizer_decode_run(d->tok, d->pending, k, d->started != 0, s);
 }
 
 /* Turns pending[0..k) into text, drops those ids and returns the text. */
@@ -94,8 +76,8 @@ enum status detok_emit(struct detokenizer *d, int k, const char **text, size_t *
 
 /* The byte-level BPE detokenizer: the bytes of each piece are final except a trailing
  * incomplete character (at most 3 bytes, d->held). Special ids print nothing and do not
- * interrupt a character (decode skips them); an added token's content ends the run first, as
- * bpe_decode does. */
+ * interrupt a character (decode skips them) unless shown; an added token's content, and a
+ * shown special's, ends the run first, as bpe_decode does. */
 enum status bpe_detok_push(struct detokenizer *d, int32_t id, const char **text, size_t *len)
 {
     const struct bpe *b = d->tok->bpe;
@@ -105,9 +87,9 @@ enum status bpe_detok_push(struct detokenizer *d, int32_t id, const char **text,
     if (base_grow((void **)&d->out, &d->cap_out, 1, 1))
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
     d->out[0] = '\0';
-    if (f & BPE_PIECE_SPECIAL) {
+    if ((f & BPE_PIECE_SPECIAL) && !d->show_special) {
         /* nothing */
-    } else if (f & BPE_PIECE_ADDED) {
+    } else if (f & (BPE_PIECE_ADDED | BPE_PIECE_SPECIAL)) {
         if ((st = bpe_utf8_lossy(d->held, (size_t)d->n_held, &d->out, &n, &d->cap_out))) return st;
         d->n_held = 0;
         const size_t k = strlen(b->pieces[id]);
@@ -141,20 +123,36 @@ enum status other_detok_push(struct detokenizer *d, int32_t id, int flush, const
     *text = d->out;
     *len = 0;
     if (!flush) {
-        if (b->flags[id] & BPE_PIECE_SPECIAL) return STATUS_OK;
+        if ((b->flags[id] & BPE_PIECE_SPECIAL) && !d->show_special) return STATUS_OK;
         if (base_grow((void **)&d->pending, &d->cap_pending, (size_t)d->n_pending + 1, sizeof *d->pending))
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
         d->pending[d->n_pending++] = id;
         if (tokenizer_is_byte(d->tok, id)) return STATUS_OK;
     }
     if (!d->n_pending) return STATUS_OK;
-    enum status st = bpe_decode_pieces(b, d->pending, d->n_pending, !d->started, &d->out, &n, &d->cap_out);
+    enum status st = bpe_decode_pieces(b, d->pending, d->n_pending, !d->started, d->show_special, &d->out, &n, &d->cap_out);
     if (st != STATUS_OK) return st;
     d->started = 1;
     d->n_pending = 0;
     *text = d->out;
     *len = n;
     return STATUS_OK;
+}
+
+/* SentencePiece with control ids shown: a control (or unknown) id ends the pending run, which is
+ * decoded whole (an incomplete character in it becomes U+FFFD, as tokenizer_decode_opts's
+ * segment does), and adds its piece; the text after it continues behind the anchor. */
+enum status sp_detok_push_shown(struct detokenizer *d, int32_t id, const char **text, size_t *len)
+{
+    std::string s;
+    if (d->n_pending) {
+        enum status st = detok_decode_prefix(d, d->n_pending, &s);
+        if (st != STATUS_OK) return st;
+    }
+    s.append(d->tok->pieces[id]);
+    d->n_pending = 0;
+    d->started = 1;
+    return detok_set_out(d, s.data(), s.size(), text, len);
 }
 
 }  // namespace
@@ -167,14 +165,18 @@ void detokenizer_init(struct detokenizer *d, const struct tokenizer *t)
     d->tok = t;
 }
 
+void detokenizer_show_special(struct detokenizer *d, int show) { d->show_special = show != 0; }
+
 void detokenizer_free(struct detokenizer *d)
 {
     if (!d) return;
     free(d->pending);
     free(d->out);
     const struct tokenizer *t = d->tok;
+    const int show = d->show_special;
     memset(d, 0, sizeof *d);
     d->tok = t;
+    d->show_special = show;
 }
 
 enum status detokenizer_push(struct detokenizer *d, int32_t id, const char **text, size_t *len)
@@ -191,6 +193,13 @@ enum status detokenizer_push(struct detokenizer *d, int32_t id, const char **tex
         try {
             if (t->bpe->model != BPE_MODEL_BYTE_LEVEL) return other_detok_push(d, id, 0, text, len);
             return bpe_detok_push(d, id, text, len);
+        } catch (...) {
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
+        }
+    }
+    if (d->show_special && (t->flags[id] & SP_SHOWN)) {
+        try {
+            return sp_detok_push_shown(d, id, text, len);
         } catch (...) {
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
         }

@@ -264,13 +264,13 @@ static int step_apply(const struct bpe_dec *d, const struct toks *in, struct tok
     return 1;
 }
 
-enum status bpe_decode_pieces(const struct bpe *b, const int32_t *ids, int n_ids, int first, char **out, size_t *n,
-                              size_t *cap)
+enum status bpe_decode_pieces(const struct bpe *b, const int32_t *ids, int n_ids, int first, int show_special, char **out,
+                              size_t *n, size_t *cap)
 {
     struct toks t[2] = {{0}, {0}};
     int cur = 0, ok = 1, fused = 0;
     for (int i = 0; i < n_ids && ok; i++)
-        if (!(b->flags[ids[i]] & BPE_PIECE_SPECIAL)) ok = toks_push(&t[0], b->pieces[ids[i]], strlen(b->pieces[ids[i]]));
+        if (show_special || !(b->flags[ids[i]] & BPE_PIECE_SPECIAL)) ok = toks_push(&t[0], b->pieces[ids[i]], strlen(b->pieces[ids[i]]));
     for (int k = 0; k < b->n_decs && ok; k++) {
         toks_free(&t[!cur]);
         ok = step_apply(&b->decs[k], &t[cur], &t[!cur], first, fused);
@@ -291,9 +291,10 @@ enum status bpe_decode_pieces(const struct bpe *b, const int32_t *ids, int n_ids
     return ok ? STATUS_OK : oom();
 }
 
-enum status bpe_decode(const struct bpe *b, const int32_t *ids, int n_ids, char **out, size_t *n, size_t *cap)
+enum status bpe_decode(const struct bpe *b, const int32_t *ids, int n_ids, int show_special, char **out, size_t *n,
+                       size_t *cap)
 {
-    if (b->model != BPE_MODEL_BYTE_LEVEL) return bpe_decode_pieces(b, ids, n_ids, 1, out, n, cap);
+    if (b->model != BPE_MODEL_BYTE_LEVEL) return bpe_decode_pieces(b, ids, n_ids, 1, show_special, out, n, cap);
     uint8_t *run = NULL;
     size_t n_run = 0, cap_run = 0;
     enum status st = STATUS_OK;
@@ -302,8 +303,8 @@ enum status bpe_decode(const struct bpe *b, const int32_t *ids, int n_ids, char 
     for (int i = 0; i < n_ids && st == STATUS_OK; i++) {
         const int32_t id = ids[i];
         const uint8_t f = b->flags[id];
-        if (f & BPE_PIECE_SPECIAL) continue;
-        if (f & BPE_PIECE_ADDED) {
+        if ((f & BPE_PIECE_SPECIAL) && !show_special) continue;
+        if (f & (BPE_PIECE_ADDED | BPE_PIECE_SPECIAL)) {
             if ((st = bpe_utf8_lossy(run, n_run, out, n, cap))) break;
             n_run = 0;
             const size_t len = strlen(b->pieces[id]);

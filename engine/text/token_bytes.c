@@ -40,7 +40,7 @@ int tokenizer_token_bytes(const struct tokenizer *t, int32_t id, char *buf, int 
     if (b && b->model != BPE_MODEL_BYTE_LEVEL) { /* the piece's text in the middle of a sequence */
         char *text = NULL;
         size_t len = 0, text_cap = 0;
-        if (bpe_decode_pieces(b, &id, 1, 0, &text, &len, &text_cap) != STATUS_OK) return free(text), -1;
+        if (bpe_decode_pieces(b, &id, 1, 0, 0, &text, &len, &text_cap) != STATUS_OK) return free(text), -1;
         const int fits = len <= (size_t)cap;
         if (fits) memcpy(buf, text, len);
         free(text);

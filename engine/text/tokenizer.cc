@@ -47,6 +47,24 @@ enum status tokenizer_decode_ids(const struct tokenizer *t, const std::vector<in
     return STATUS_OK;
 }
 
+enum status tokenizer_decode_run(const struct tokenizer *t, const int32_t *ids, int n, bool behind_anchor,
+                                std::string *out)
+{
+    std::vector<int> run;
+    run.reserve((size_t)n + 1);
+    if (behind_anchor) {
+        if (t->anchor_id < 0) return status_errorf(STATUS_UNSUPPORTED, "tokenizer: this vocabulary has no anchor piece");
+        run.push_back(t->anchor_id);
+    }
+    run.insert(run.end(), ids, ids + n);
+    enum status st = tokenizer_decode_ids(t, run, out);
+    if (st != STATUS_OK || !behind_anchor) return st;
+    if (out->compare(0, t->anchor_text.size(), t->anchor_text) != 0)
+        return status_errorf(STATUS_INTERNAL, "tokenizer: anchor text was not kept");
+    out->erase(0, t->anchor_text.size());
+    return STATUS_OK;
+}
+
 namespace {
 
 /* Parses "<0xHH>"; -1 when the piece is not of that form. */
@@ -304,6 +322,30 @@ enum status read_config_beside(const char *path, std::string *config)
     return STATUS_OK;
 }
 
+/* SentencePiece's ids[0..n) with control and unknown ids shown as their pieces
+ * (tokenizer_decode_opts): each run between them decoded by SentencePiece, behind the anchor
+ * once a shown id has been written (so that its leading space stays, as in Hugging Face's text,
+ * whose Strip decoder only strips the very start). The streaming twin: detokenizer.cc's
+ * sp_detok_push_shown. */
+enum status sp_decode_shown(const struct tokenizer *t, const int32_t *ids, int n, std::string *out)
+{
+    out->clear();
+    int shown = 0;
+    for (int i = 0; i <= n;) {
+        int j = i;
+        while (j < n && !(t->flags[ids[j]] & SP_SHOWN)) j++;
+        if (j > i) {
+            std::string s;
+            enum status st = tokenizer_decode_run(t, ids + i, j - i, shown, &s);
+            if (st != STATUS_OK) return st;
+            out->append(s);
+        }
+        if (j < n) out->append(t->pieces[ids[j]]), shown = 1;
+        i = j + 1;
+    }
+    return STATUS_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -529,6 +571,12 @@ enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t
 enum status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int n, char **text,
                              size_t *len)
 {
+    return tokenizer_decode_opts(t, ids, n, 0, text, len);
+}
+
+enum status tokenizer_decode_opts(const struct tokenizer *t, const int32_t *ids, int n, int show_special,
+                                  char **text, size_t *len)
+{
     *text = nullptr;
     *len = 0;
     if (n < 0 || (!ids && n > 0))
@@ -542,7 +590,7 @@ enum status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int 
     if (t->bpe) {
         char *p = nullptr;
         size_t got = 0, cap = 0;
-        enum status st = bpe_decode(t->bpe, ids, n, &p, &got, &cap);
+        enum status st = bpe_decode(t->bpe, ids, n, show_special, &p, &got, &cap);
         if (st != STATUS_OK) {
             free(p);
             return st;
@@ -553,7 +601,8 @@ enum status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int 
     }
     try {
         std::string s;
-        enum status st = tokenizer_decode_ids(t, std::vector<int>(ids, ids + n), &s);
+        enum status st = show_special ? sp_decode_shown(t, ids, n, &s)
+                                      : tokenizer_decode_ids(t, std::vector<int>(ids, ids + n), &s);
         if (st != STATUS_OK) return st;
         char *p = (char *)malloc(s.size() + 1);
         if (!p) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "tokenizer: out of memory");

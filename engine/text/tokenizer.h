@@ -104,8 +104,8 @@ enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t
 size_t tokenizer_min_tokens(const struct tokenizer *t, const char *const *texts, const size_t *lens, int n);
 
 /* Byte-level BPE: decodes as Hugging Face's ByteLevel decoder with skip_special_tokens (special
- * ids vanish, added tokens give their content, every maximal invalid UTF-8 subpart of the bytes
- * becomes U+FFFD). SentencePiece: decodes ids[0..n) exactly as SentencePiece does: control pieces (BOS, EOS, ...) vanish, U+2581
+ * ids vanish (tokenizer_decode_opts below can show them), added tokens give their content, every
+ * maximal invalid UTF-8 subpart of the bytes becomes U+FFFD). SentencePiece: decodes ids[0..n) exactly as SentencePiece does: control pieces (BOS, EOS, ...) vanish, U+2581
  * becomes ' ', the leading space of the first piece is dropped (add_dummy_prefix), runs of
  * byte pieces become their bytes with every invalid byte replaced by U+FFFD, so the result is
  * always valid UTF-8. On success *text is a malloc'd, NUL-terminated string of *len bytes
@@ -113,6 +113,18 @@ size_t tokenizer_min_tokens(const struct tokenizer *t, const char *const *texts,
  * STATUS_INVALID_ARGUMENT naming the id and its position; *text is then NULL. */
 enum status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int n, char **text,
                              size_t *len);
+/* tokenizer_decode when show_special is 0. Otherwise as Hugging Face's decode with
+ * skip_special_tokens=False of the model's tokenizer.json: byte-level BPE writes a special id's
+ * content as it writes an added token's (ending the byte run before it, whose incomplete
+ * character becomes U+FFFD); the other tokenizer.json kinds pass its content through the
+ * decoders like any piece; SentencePiece writes the piece of a control or unknown id ("<s>",
+ * "</s>", "<unk>": what LlamaConverter's tokenizer.json marks special) where it stands, the text
+ * between two such ids decoded as SentencePiece decodes it (an incomplete character before one
+ * becomes U+FFFD) and the leading space of the text's first piece dropped only when no shown id
+ * comes before it (Hugging Face's Strip decoder strips the start of the whole text).
+ * docs/tokenizers.md; tests: tests/test_bpe.py, tests/test_tokenizer_kinds.py. */
+enum status tokenizer_decode_opts(const struct tokenizer *t, const int32_t *ids, int n, int show_special,
+                                  char **text, size_t *len);
 
 /* The piece of an id as stored in the model (with U+2581 for spaces, "<0xE2>" for byte
  * pieces, "<s>" for BOS...), NUL-terminated; NULL if id is out of range. The pointer stays
@@ -134,7 +146,8 @@ int tokenizer_is_control(const struct tokenizer *t, int32_t id);
 int tokenizer_token_bytes(const struct tokenizer *t, int32_t id, char *buf, int cap);
 
 /* Incremental detokenization for streaming, one per request. Push the ids of a sequence one by
- * one (the prompt's BOS may be pushed or not: control ids print nothing); each push returns the
+ * one (the prompt's BOS may be pushed or not: control ids print nothing unless
+ * detokenizer_show_special asked for them); each push returns the
  * text that became final, always complete UTF-8: bytes of a character split over byte pieces
  * are held back until the character is complete. The concatenation of everything returned
  * by the pushes and a final detokenizer_flush equals tokenizer_decode of all the pushed ids,
@@ -157,11 +170,18 @@ struct detokenizer {
     int      started;            /* some non-empty text has been returned */
     uint8_t  held[4];            /* byte-level BPE: the bytes of an incomplete character */
     int      n_held;
+    int      show_special;       /* special ids print their text (tokenizer_decode_opts) */
 };
 
 /* Prepares d for a new sequence; allocates nothing. t is borrowed. */
 void detokenizer_init(struct detokenizer *d, const struct tokenizer *t);
-/* Releases d's buffers (accepts NULL); d may be initialised again afterwards. */
+/* Makes d print special ids as tokenizer_decode_opts with show_special does (show != 0) or not
+ * (the default after detokenizer_init); call it before the first push. The concatenation of
+ * the pushes and the flush then equals tokenizer_decode_opts of the pushed ids with the same
+ * show_special, byte for byte. */
+void detokenizer_show_special(struct detokenizer *d, int show);
+/* Releases d's buffers (accepts NULL); d may be initialised again afterwards. Keeps the tokenizer
+ * and the show_special choice. */
 void detokenizer_free(struct detokenizer *d);
 /* Feeds one id. On success *text (NUL-terminated, *len bytes, possibly "") is the newly final
  * text; it is owned by d and valid until the next push, flush or free on d. An id outside the

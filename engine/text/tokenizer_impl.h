@@ -23,6 +23,9 @@ enum : uint8_t {
     PIECE_UNKNOWN = 4,
     PIECE_UNUSED = 8,
 };
+/* SentencePiece ids that show their piece when special tokens are shown: what Hugging Face's
+ * tokenizer.json of the model marks special (LlamaConverter: the control and unknown pieces). */
+enum : uint8_t { SP_SHOWN = PIECE_CONTROL | PIECE_UNKNOWN };
 
 struct tokenizer {
     /* The kind: byte-level BPE when bpe is set (then only vocab_size, the special ids and
@@ -56,5 +59,9 @@ inline bool id_valid(const struct tokenizer *t, int32_t id) { return id >= 0 && 
 
 /* SentencePiece's decoding of ids into *out (tokenizer.cc); STATUS_INTERNAL with its message. */
 enum status tokenizer_decode_ids(const struct tokenizer *t, const std::vector<int> &ids, std::string *out);
+/* The same of ids[0..n), behind the anchor piece when behind_anchor (the continuation of a text
+ * already started: the first piece keeps its leading space); STATUS_UNSUPPORTED without an anchor. */
+enum status tokenizer_decode_run(const struct tokenizer *t, const int32_t *ids, int n, bool behind_anchor,
+                                std::string *out);
 
 #endif

@@ -2,7 +2,8 @@
  * tokenizer_json_steps.c, bpe.c, wordpiece.c, unigram.c, normalizer.c, text_decode.c). The input is
  * split at its first NUL byte: before it the tokenizer.json text (tokenizer_load_from_memory), after
  * it a text to encode. A file that loads must encode the text (or refuse it with a status), decode
- * the ids, and the streaming detokenizer must give the decode byte for byte, else the target aborts.
+ * the ids, and the streaming detokenizer must give the decode byte for byte (special tokens shown and
+ * not: tokenizer_decode_opts), else the target aborts.
  * A first byte other than '{' makes it a tiktoken rank file (engine/text/tiktoken.c).
  * Corpus: tests/fuzz/corpus/tokenizer_json (small WordPiece, WordLevel (one without its unk), Unigram,
  * character and byte-level BPE files, one with a Precompiled normalizer, tiktoken rank files, each
@@ -21,6 +22,35 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
+/* Aborts unless the streaming detokenizer gives tokenizer_decode_opts's text, special tokens
+ * shown or not. */
+static void stream_equals_decode(const struct tokenizer *t, const int32_t *ids, int n_ids, int show)
+{
+    char *dec = NULL;
+    size_t dn = 0;
+    if (fuzz_report(tokenizer_decode_opts(t, ids, n_ids, show, &dec, &dn)) != STATUS_OK) return;
+    struct detokenizer d;
+    detokenizer_init(&d, t);
+    detokenizer_show_special(&d, show);
+    char *streamed = malloc(dn + 1);
+    size_t sn = 0;
+    int same = streamed != NULL;
+    for (int i = 0; i <= n_ids && same; i++) {
+        const char *piece;
+        size_t pn;
+        const enum status s = i < n_ids ? detokenizer_push(&d, ids[i], &piece, &pn) : detokenizer_flush(&d, &piece, &pn);
+        if (s != STATUS_OK || sn + pn > dn) same = 0;
+        else memcpy(streamed + sn, piece, pn), sn += pn;
+    }
+    if (!same || sn != dn || memcmp(streamed, dec, dn)) {
+        fprintf(stderr, "the streaming detokenizer differs from tokenizer_decode_opts (show_special %d)\n", show);
+        abort();
+    }
+    detokenizer_free(&d);
+    free(streamed);
+    free(dec);
+}
+
 static void round_trip(const struct tokenizer *t, const char *text, size_t n)
 {
     int32_t *ids = NULL;
@@ -31,33 +61,11 @@ static void round_trip(const struct tokenizer *t, const char *text, size_t n)
             fprintf(stderr, "tokenizer_encode gave id %d outside the vocabulary of %d\n", ids[i], tokenizer_vocab_size(t));
             abort();
         }
-    char *dec = NULL;
-    size_t dn = 0;
-    if (fuzz_report(tokenizer_decode(t, ids, n_ids, &dec, &dn)) == STATUS_OK) {
-        struct detokenizer d;
-        detokenizer_init(&d, t);
-        char *streamed = malloc(dn + 1);
-        size_t sn = 0;
-        int same = streamed != NULL;
-        for (int i = 0; i <= n_ids && same; i++) {
-            const char *piece;
-            size_t pn;
-            const enum status s = i < n_ids ? detokenizer_push(&d, ids[i], &piece, &pn) : detokenizer_flush(&d, &piece, &pn);
-            if (s != STATUS_OK || sn + pn > dn) same = 0;
-            else memcpy(streamed + sn, piece, pn), sn += pn;
-        }
-        if (!same || sn != dn || memcmp(streamed, dec, dn)) {
-            fprintf(stderr, "the streaming detokenizer differs from tokenizer_decode\n");
-            abort();
-        }
-        detokenizer_free(&d);
-        free(streamed);
-    }
+    for (int show = 0; show <= 1; show++) stream_equals_decode(t, ids, n_ids, show);
     for (int i = 0; i < n_ids; i++) {
         char buf[256];
         (void)tokenizer_token_bytes(t, ids[i], buf, (int)sizeof buf);
     }
-    free(dec);
     free(ids);
 }
 

@@ -153,14 +153,15 @@ def sampling_params(*, max_tokens: Optional[int] = None, temperature: Optional[f
                     json_schema: Optional[Union[str, dict]] = None, json_object: bool = False,
                     regex: Optional[str] = None, grammar: Optional[str] = None,
                     choice: Optional[Sequence[str]] = None, speculative: str = "",
-                    speculative_n_max: int = 0) -> "pb.SamplingParams":
+                    speculative_n_max: int = 0, show_special_tokens: bool = False) -> "pb.SamplingParams":
     """Builds SamplingParams; None leaves a field unset (the server's default applies). At most one
     of json_schema (a dict or its JSON text), json_object, regex, grammar (GBNF) and choice
     constrains the output (SamplingParams.constraint)."""
     s = pb.SamplingParams(top_k=top_k, min_p=min_p, presence_penalty=presence_penalty,
                           frequency_penalty=frequency_penalty, stop=list(stop), stop_token_ids=list(stop_token_ids),
                           ignore_eos=ignore_eos, min_tokens=min_tokens, logit_bias=logit_bias or {},
-                          speculative=speculative, speculative_n_max=speculative_n_max)
+                          speculative=speculative, speculative_n_max=speculative_n_max,
+                          show_special_tokens=show_special_tokens)
     for name, value in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
                         ("repetition_penalty", repetition_penalty), ("seed", seed), ("logprobs", logprobs),
                         ("prompt_logprobs", prompt_logprobs), ("n", n)):
