@@ -280,7 +280,7 @@ int main(void)
     printf("best implementation here: %s\n", best->name);
 
     static const int gns[] = {1, 2, 3, 4, 5, 7, 8, 13};
-    static const int hds[] = {1, 7, 15, 16, 17, 33, 63, 64, 65, 72, 80, 128, 200, 256};
+    static const int hds[] = {1, 4, 7, 8, 9, 15, 16, 17, 33, 63, 64, 65, 72, 80, 128, 200, 256};
     static const int nks[] = {1, 2, 3, 4, 5, 7, 9, 32, 33, 65};
     struct tally ts[3] = {{0}}, ta[3] = {{0}}, cross[3] = {{0}};
     int shapes = 0;

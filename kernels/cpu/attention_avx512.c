@@ -3,7 +3,8 @@
  * generic x86-64; attention.c asks the CPU before using it.
  * - scores: register tiles of 4 query vectors x 4 keys (16 accumulators): each 16-float chunk
  *   of a key row is loaded once for the four queries, each chunk of a query once for the four
- *   keys; the 16 sums are reduced four at a time.
+ *   keys; the 16 sums are reduced four at a time. Heads of at most 8 features: 8 keys per
+ *   256-bit tile, reduced by a transpose of hadds (scores8_tile).
  * - accumulate: register tiles of 4 accumulator rows x 64 features (16 accumulators), kept in
  *   registers over every value row of the call: a value chunk is loaded once for four rows.
  * A head_dim that is not a multiple of 16 (or 64) is handled with masked loads and stores
@@ -76,9 +77,47 @@ A512_INLINE void scores_tile(const float *q, int hd, const int gb, const float *
     }
 }
 
+/* Heads of at most 8 features (stories260K's): eight keys at once in 256-bit vectors, products
+ * summed by an 8 x 8 transpose of hadds (a 16-lane tile above spends most of its work on
+ * reducing empty lanes); s[g * lds + j] for g < gn, j < ib. */
+A512_INLINE void scores8_tile(const float *q, int gn, int hd, const float *const kp[8], float *s, int lds, int ib)
+{
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(hd), lanes);
+    __m256 k[8];
+    for (int j = 0; j < 8; j++) k[j] = _mm256_maskload_ps(kp[j], m);
+    for (int g = 0; g < gn; g++) {
+        const __m256 qv = _mm256_maskload_ps(q + (size_t)g * (size_t)hd, m);
+        const __m256 h01 = _mm256_hadd_ps(_mm256_mul_ps(qv, k[0]), _mm256_mul_ps(qv, k[1]));
+        const __m256 h23 = _mm256_hadd_ps(_mm256_mul_ps(qv, k[2]), _mm256_mul_ps(qv, k[3]));
+        const __m256 h45 = _mm256_hadd_ps(_mm256_mul_ps(qv, k[4]), _mm256_mul_ps(qv, k[5]));
+        const __m256 h67 = _mm256_hadd_ps(_mm256_mul_ps(qv, k[6]), _mm256_mul_ps(qv, k[7]));
+        const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
+        /* a: keys 0-3 over features 0-3 | over 4-7; b: the same for keys 4-7. */
+        const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+        float *sg = s + (size_t)g * (size_t)lds;
+        if (ib == 8) {
+            _mm256_storeu_ps(sg, sums);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, sums);
+            for (int j = 0; j < ib; j++) sg[j] = tmp[j];
+        }
+    }
+}
+
 A512 static void scores_avx512(const float *q, int gn, int hd, const float *const *k, int nk,
                                float *s, int lds)
 {
+    if (hd <= 8) {
+        for (int i0 = 0; i0 < nk; i0 += 8) {
+            const int ib = nk - i0 < 8 ? nk - i0 : 8;
+            const float *kp[8];
+            for (int j = 0; j < 8; j++) kp[j] = k[i0 + (j < ib ? j : ib - 1)];
+            scores8_tile(q, gn, hd, kp, s + i0, lds, ib);
+        }
+        return;
+    }
     for (int i0 = 0; i0 < nk; i0 += 4) {
         const int ib = nk - i0 < 4 ? nk - i0 : 4;
         const float *kp[4];
@@ -99,28 +138,36 @@ A512 static void scores_avx512(const float *q, int gn, int hd, const float *cons
 /* Rows g < gb of acc, features d0 .. d0 + 64 (lanes beyond hd masked off by m), plus the
  * weighted sum of the nk value rows; gb is a constant after inlining. */
 A512_INLINE void accumulate_tile(float *acc, int hd, const int gb, const float *p, int ldp,
-                                 const float *const *v, int nk, int d0, const __mmask16 m[4])
+                                 const float *const *v, int nk, int d0, const __mmask16 m[4], const int nc)
 {
+    /* nc (1..4, a constant after inlining): the 16-feature chunks that hold features; a small
+     * head (stories260K's 8) no longer pays for three empty ones. */
     __m512 a[4][4];
     for (int g = 0; g < gb; g++)
-        for (int c = 0; c < 4; c++)
+        for (int c = 0; c < nc; c++)
             a[g][c] = _mm512_maskz_loadu_ps(m[c], acc + (size_t)g * (size_t)hd + (size_t)(d0 + 16 * c));
     for (int i = 0; i < nk; i++) {
         const float *vr = v[i] + d0;
-        const __m512 v0 = _mm512_maskz_loadu_ps(m[0], vr), v1 = _mm512_maskz_loadu_ps(m[1], vr + 16);
-        const __m512 v2 = _mm512_maskz_loadu_ps(m[2], vr + 32), v3 = _mm512_maskz_loadu_ps(m[3], vr + 48);
+        __m512 vc[4];
+        for (int c = 0; c < nc; c++) vc[c] = _mm512_maskz_loadu_ps(m[c], vr + 16 * c);
         for (int g = 0; g < gb; g++) {
             const __m512 w = _mm512_set1_ps(p[(size_t)g * (size_t)ldp + (size_t)i]);
-            a[g][0] = _mm512_fmadd_ps(w, v0, a[g][0]);
-            a[g][1] = _mm512_fmadd_ps(w, v1, a[g][1]);
-            a[g][2] = _mm512_fmadd_ps(w, v2, a[g][2]);
-            a[g][3] = _mm512_fmadd_ps(w, v3, a[g][3]);
+            for (int c = 0; c < nc; c++) a[g][c] = _mm512_fmadd_ps(w, vc[c], a[g][c]);
         }
     }
     for (int g = 0; g < gb; g++)
-        for (int c = 0; c < 4; c++)
+        for (int c = 0; c < nc; c++)
             _mm512_mask_storeu_ps(acc + (size_t)g * (size_t)hd + (size_t)(d0 + 16 * c), m[c], a[g][c]);
 }
+
+/* accumulate_tile with gb rows, nc chunks dispatched to constants. */
+#define ACC_TILE_NC(gb)                                                                                   \
+    switch (nc) {                                                                                         \
+    case 1: accumulate_tile(ag, hd, gb, pg, ldp, v, nk, d0, m, 1); break;                                  \
+    case 2: accumulate_tile(ag, hd, gb, pg, ldp, v, nk, d0, m, 2); break;                                  \
+    case 3: accumulate_tile(ag, hd, gb, pg, ldp, v, nk, d0, m, 3); break;                                  \
+    default: accumulate_tile(ag, hd, gb, pg, ldp, v, nk, d0, m, 4); break;                                 \
+    }
 
 A512 static void accumulate_avx512(float *acc, int gn, int hd, const float *p, int ldp,
                                    const float *const *v, int nk)
@@ -131,14 +178,15 @@ A512 static void accumulate_avx512(float *acc, int gn, int hd, const float *p, i
             const int left = hd - d0 - 16 * c;
             m[c] = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1u) : 0;
         }
+        const int nc = hd - d0 >= 64 ? 4 : (hd - d0 + 15) / 16;
         for (int g0 = 0; g0 < gn; g0 += 4) {
             float *ag = acc + (size_t)g0 * (size_t)hd;
             const float *pg = p + (size_t)g0 * (size_t)ldp;
             switch (gn - g0) {
-            case 1: accumulate_tile(ag, hd, 1, pg, ldp, v, nk, d0, m); break;
-            case 2: accumulate_tile(ag, hd, 2, pg, ldp, v, nk, d0, m); break;
-            case 3: accumulate_tile(ag, hd, 3, pg, ldp, v, nk, d0, m); break;
-            default: accumulate_tile(ag, hd, 4, pg, ldp, v, nk, d0, m); break;
+            case 1: ACC_TILE_NC(1) break;
+            case 2: ACC_TILE_NC(2) break;
+            case 3: ACC_TILE_NC(3) break;
+            default: ACC_TILE_NC(4) break;
             }
         }
     }

@@ -34,7 +34,7 @@ run_one() {
     case $t in chat_template | detokenize | train_data) max_len=512 ;; esac
     # -error_exitcode=1: libFuzzer's default (77) for a crash or leak is ctest's SKIP code, which the
     # test below would report as "SKIP" instead of a finding.
-    "$exe" -max_total_time="$seconds" -max_len=$max_len -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout="${FUZZ_TIMEOUT:-10}" -error_exitcode=1 \
+    "$exe" -max_total_time="$seconds" -max_len=$max_len -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout="${FUZZ_TIMEOUT:-10}" -report_slow_units="${FUZZ_TIMEOUT:-10}" -error_exitcode=1 \
         -print_final_stats=1 -artifact_prefix="$build/fuzz-findings/$t-" \
         "$build/fuzz-corpus/$t" "$here/corpus/$t" >"$log" 2>&1
     local rc=$?
