@@ -41,6 +41,8 @@
 /* The row path prefetches when its rows read at least this many K+V bytes in one call (see
  * prefetch_rows). */
 #define ATTN_PREFETCH_MIN_BYTES ((size_t)16 << 20)
+/* Below this many K+V bytes (and no tile), a call runs on one thread. */
+#define ATTN_PARALLEL_MIN_BYTES ((size_t)128 << 10)
 
 /* ---- the kernel table ---- */
 
@@ -395,7 +397,11 @@ void cpu_attention(struct backend *b, const struct tensor *out, const struct ten
     const size_t stride = cpu_scratch_stride(per);
     const int64_t n_kv = c.n_kv;
 
-    #pragma omp parallel num_threads(b->n_threads)
+    /* A call that reads little (a small model's decode: stories260K's 64 KB at position 256)
+     * runs on the calling thread: the team's fork and join cost more than the split saves
+     * (2-thread decode was slower than 1-thread there). The same items either way. */
+    const int par = b->n_threads > 1 && (any_tiles || row_bytes >= (double)ATTN_PARALLEL_MIN_BYTES);
+    #pragma omp parallel num_threads(b->n_threads) if (par)
     {
         float *ws = scratch + (size_t)omp_get_thread_num() * stride;
         /* Every thread meets the same loops in the same order; nowait lets a thread that runs
