@@ -46,6 +46,17 @@ MON = os.path.join(ROOT, ".cache", "mon-tokenizer", "tokenizer.json")
 failures = 0
 
 
+def decode_lines(tool, path, seqs):
+    """The tool's `decode PATH IDS` output lines (one JSON object each) for seqs, lists of ids."""
+    with tempfile.NamedTemporaryFile("w", suffix=".ids", delete=False) as f:
+        f.write("".join(" ".join(map(str, s)) + "\n" for s in seqs))
+        name = f.name
+    try:
+        r = subprocess.run([tool, "decode", path, name], capture_output=True, text=True)
+    finally:
+        os.unlink(name)
+    return r.stdout.splitlines()
+
 def check(cond, what):
     global failures
     if not cond:
@@ -123,15 +134,7 @@ def compare(tool, label, path, texts, special_too=False):
     for s in seqs[:100] if specials else []:
         for _ in range(rng.randint(1, 3)):
             s.insert(rng.randint(0, len(s)), rng.choice(specials))
-    with tempfile.NamedTemporaryFile("w", suffix=".ids", delete=False) as f:
-        for s in seqs:
-            f.write(" ".join(map(str, s)) + "\n")
-        name = f.name
-    try:
-        r = subprocess.run([tool, "decode", path, name], capture_output=True, text=True)
-    finally:
-        os.unlink(name)
-    lines = r.stdout.splitlines()
+    lines = decode_lines(tool, path, seqs)
     check(len(lines) == len(seqs), "%s: decode of random ids gave %d lines" % (label, len(lines)))
     for s, line in zip(seqs, lines):
         g = json.loads(line)
@@ -243,14 +246,7 @@ def sp_model_shown(tool, model_path, json_path, texts):
     for s in seqs:
         for _ in range(rng.randint(1, 3)):
             s.insert(rng.randint(0, len(s)), rng.choice(specials))
-    with tempfile.NamedTemporaryFile("w", suffix=".ids", delete=False) as f:
-        f.write("".join(" ".join(map(str, s)) + "\n" for s in seqs))
-        name = f.name
-    try:
-        r = subprocess.run([tool, "decode", model_path, name], capture_output=True, text=True)
-    finally:
-        os.unlink(name)
-    lines = r.stdout.splitlines()
+    lines = decode_lines(tool, model_path, seqs)
     check(len(lines) == len(seqs), "sentencepiece shown: %d lines for %d sequences" % (len(lines), len(seqs)))
     value = {hf.token_to_id("<0x%02X>" % b): b for b in range(256)}
     compared = 0
