@@ -547,7 +547,9 @@ static enum MHD_Result handle_finetune(struct server *s, struct MHD_Connection *
     char *out = NULL;
     size_t len = 0;
     const char *type = NULL;
-    enum status st = http_finetune_handle(s, method, url, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"),
+    struct http_query q = {.n = 0};
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, query_arg, &q);
+    enum status st = http_finetune_handle(s, method, url, &q, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"),
                                           hc->body ? hc->body : "", hc->len, &out, &len, &type);
     if (st != STATUS_OK) return reply_status(c, 0, st, status_message());
     return reply(c, 200, type, out, len);

@@ -189,7 +189,7 @@ static void step_event(void *ctx, const cJSON *m)
                                               "info", msg, "metrics", data));
 }
 
-/* Newest first, as OpenAI lists them: the job's own events and its steps, by time. */
+/* The events, newest first as OpenAI lists them: the job's own events and its steps, by time. */
 static cJSON *events_json(const struct server *s, const struct ft_job *j)
 {
     struct step_events se = {cJSON_CreateArray(), j, 0};
@@ -198,22 +198,11 @@ static cJSON *events_json(const struct server *s, const struct ft_job *j)
         cJSON_AddItemToArray(se.list, event_json(j->id, k, e->created_at, e->level, e->message, "message", NULL));
         if (k == 1 && j->state != FT_QUEUED) each_metric(s, j, step_event, &se); /* after "started" */
     }
-    cJSON *o = cJSON_CreateObject(), *data = cJSON_AddArrayToObject(o, "data");
-    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_CreateArray();
     for (int k = cJSON_GetArraySize(se.list) - 1; k >= 0; k--)
         cJSON_AddItemToArray(data, cJSON_DetachItemFromArray(se.list, k));
     cJSON_Delete(se.list);
-    cJSON_AddBoolToObject(o, "has_more", 0);
-    return o;
-}
-
-static cJSON *list_json(cJSON *items)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON_AddItemToObject(o, "data", items);
-    cJSON_AddBoolToObject(o, "has_more", 0);
-    return o;
+    return data;
 }
 
 /* ---- the worker ----------------------------------------------------------------------------- */
@@ -691,8 +680,9 @@ static int url_id(const char *url, const char *prefix, char *id, size_t cap, con
     return 1;
 }
 
-enum status http_finetune_handle(struct server *s, const char *method, const char *url, const char *ctype,
-                                 const char *body, size_t len, char **out, size_t *out_len, const char **out_type)
+enum status http_finetune_handle(struct server *s, const char *method, const char *url, const struct http_query *q,
+                                 const char *ctype, const char *body, size_t len, char **out, size_t *out_len,
+                                 const char **out_type)
 {
     struct http_finetune *ft = s->finetune;
     if (!ft) return status_errorf(STATUS_NOT_FOUND, "fine-tuning is not enabled on this server (serve --fine-tuning DIR)");
@@ -702,16 +692,25 @@ enum status http_finetune_handle(struct server *s, const char *method, const cha
     const char *rest = NULL;
     cJSON *o = NULL;
     enum status st = STATUS_OK;
+    struct http_list lo;
     *out_type = "application/json";
+    /* Only the lists (GET) read a query; anywhere else a parameter is refused by name. */
+    const int list = get && (!strcmp(url, "/v1/files") || !strcmp(url, "/v1/fine_tuning/jobs") ||
+                             (url_id(url, "/v1/fine_tuning/jobs/", id, sizeof id, &rest) && !strcmp(rest, "/events")));
+    if (!list && (st = http_list_options(q, "", 0, 0, &lo)) != STATUS_OK) return st;
     if (!strcmp(url, "/v1/files")) {
         if (post) st = upload(s, ctype, body, len, &o);
         else if (get) {
+            st = http_list_options(q, "after,limit,order,purpose", 10000, 10000, &lo);
+            /* Every file here is a fine-tune file: another purpose lists none. */
+            const int none = lo.purpose && strcmp(lo.purpose, "fine-tune");
             cJSON *items = cJSON_CreateArray();
             pthread_mutex_lock(&ft->mu);
-            for (int k = 0; k < ft->n_files; k++)
+            for (int k = ft->n_files - 1; k >= 0 && !none; k--) /* newest first */
                 if (!ft->files[k].deleted) cJSON_AddItemToArray(items, file_json(&ft->files[k]));
             pthread_mutex_unlock(&ft->mu);
-            o = list_json(items);
+            if (st == STATUS_OK) st = http_list_page(items, &lo, "the file list", &o);
+            else cJSON_Delete(items);
         } else st = status_errorf(STATUS_INVALID_ARGUMENT, "method %s: /v1/files takes GET or POST", method);
     } else if (url_id(url, "/v1/files/", id, sizeof id, &rest)) {
         pthread_mutex_lock(&ft->mu);
@@ -745,12 +744,14 @@ enum status http_finetune_handle(struct server *s, const char *method, const cha
         if (st == STATUS_OK && !o) return STATUS_OK; /* the content */
     } else if (!strcmp(url, "/v1/fine_tuning/jobs")) {
         if (post) st = create_job(s, body, len, &o);
-        else if (get) {
+        else if (get && (st = http_list_options(q, "after,limit", 20, 100, &lo)) != STATUS_OK) {
+            /* refused */
+        } else if (get) {
             cJSON *items = cJSON_CreateArray();
             pthread_mutex_lock(&ft->mu);
             for (int k = ft->n_jobs - 1; k >= 0; k--) cJSON_AddItemToArray(items, job_json(ft->jobs[k]));
             pthread_mutex_unlock(&ft->mu);
-            o = list_json(items);
+            st = http_list_page(items, &lo, "the job list", &o);
         } else st = status_errorf(STATUS_INVALID_ARGUMENT, "method %s: /v1/fine_tuning/jobs takes GET or POST", method);
     } else if (url_id(url, "/v1/fine_tuning/jobs/", id, sizeof id, &rest)) {
         pthread_mutex_lock(&ft->mu);
@@ -763,8 +764,11 @@ enum status http_finetune_handle(struct server *s, const char *method, const cha
             struct ft_job *copy = malloc(sizeof *copy);
             if (copy) memcpy(copy, j, sizeof *copy);
             pthread_mutex_unlock(&ft->mu);
-            if (copy) o = events_json(s, copy);
-            else st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            char what[96];
+            snprintf(what, sizeof what, "the events of job %s", id);
+            if (!copy) st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            else if ((st = http_list_options(q, "after,limit", 20, 100, &lo)) == STATUS_OK)
+                st = http_list_page(events_json(s, copy), &lo, what, &o);
             free(copy);
             pthread_mutex_lock(&ft->mu);
         }

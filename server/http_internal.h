@@ -269,10 +269,13 @@ void        http_finetune_publish(struct server *s);
 /* Stops a running job at its iteration's end, joins the worker, frees everything; accepts a
  * server without fine-tuning. */
 void        http_finetune_stop(struct server *s);
-/* Answers METHOD URL (a /v1/files... or /v1/fine_tuning/jobs... route) with its body: *out
- * (owned, *out_len bytes, of type *out_type) or an error status with its message. */
-enum status http_finetune_handle(struct server *s, const char *method, const char *url, const char *ctype,
-                                 const char *body, size_t len, char **out, size_t *out_len, const char **out_type);
+/* Answers METHOD URL (a /v1/files... or /v1/fine_tuning/jobs... route; q its query, paging the
+ * lists, refused by name elsewhere) with its body: *out (owned, *out_len bytes, of type *out_type)
+ * or an error status with its message. */
+struct http_query;
+enum status http_finetune_handle(struct server *s, const char *method, const char *url, const struct http_query *q,
+                                 const char *ctype, const char *body, size_t len, char **out, size_t *out_len,
+                                 const char **out_type);
 /* "HOST:PORT", "[V6]:PORT", or ":PORT" / "PORT" (the loopback address): the address, and the
  * host part in host (http_guard.c). */
 enum status http_parse_address(const char *addr, struct sockaddr_storage *ss, socklen_t *sl, char *host, size_t cap);
@@ -343,6 +346,21 @@ struct http_query {
     const char *key[HTTP_MAX_QUERY], *value[HTTP_MAX_QUERY];
     int n, more;
 };
+/* ---- http_list.c: OpenAI's paged lists ---- */
+struct http_list {
+    const char *after;   /* the id the page starts after, or NULL */
+    int limit, desc;     /* at most limit items; desc: the listing's own order (newest first), else reversed */
+    const char *purpose; /* /v1/files' filter, or NULL */
+};
+/* q read for a list route: after, limit (1 .. limit_max, default limit_default), order and purpose,
+ * each only if named in allowed ("after,limit,order"); any other parameter refused by name. */
+enum status http_list_options(const struct http_query *q, const char *allowed, int limit_default, int limit_max,
+                              struct http_list *o);
+/* *out: OpenAI's list object (data, first_id, last_id, has_more) of items (an array of objects with
+ * "id", newest first; taken) paged by o; an after that names no item is STATUS_INVALID_ARGUMENT
+ * naming what ("the response 'resp_...'"). */
+enum status http_list_page(struct cJSON *items, const struct http_list *o, const char *what, struct cJSON **out);
+
 /* GET /v1/responses/{id}/input_items (url as it came) for owner: the conversation the response
  * was given (previous_response_id's items and output, then its input), OpenAI's list object
  * paged by q's after, limit and order (any other parameter refused by name). */

@@ -392,45 +392,15 @@ static cJSON *listed_item(const cJSON *it)
     return o;
 }
 
-/* The query of the listing: after (an item id), limit (1 .. 100, default 20), order (asc, desc:
- * the default, the latest item first). Any other parameter, include among them, is refused by
- * name: none other is honoured. */
-static enum status list_options(const struct http_query *q, const char **after, int *limit, int *desc)
-{
-    *after = NULL;
-    *limit = 20;
-    *desc = 1;
-    if (q->more) return status_errorf(STATUS_INVALID_ARGUMENT, "too many query parameters (at most %d)", HTTP_MAX_QUERY);
-    for (int i = 0; i < q->n; i++) {
-        const char *k = q->key[i], *v = q->value[i];
-        if (!strcmp(k, "after")) *after = v;
-        else if (!strcmp(k, "limit")) {
-            char *end = NULL;
-            long n = strtol(v, &end, 10);
-            if (!v[0] || *end || n < 1 || n > 100)
-                return status_errorf(STATUS_INVALID_ARGUMENT, "'limit' must be an integer in [1, 100], got '%.32s'", v);
-            *limit = (int)n;
-        } else if (!strcmp(k, "order")) {
-            if (strcmp(v, "asc") && strcmp(v, "desc"))
-                return status_errorf(STATUS_INVALID_ARGUMENT, "'order' must be asc or desc, got '%.32s'", v);
-            *desc = !strcmp(v, "desc");
-        } else {
-            return status_errorf(STATUS_UNSUPPORTED, "the query parameter '%.64s' is not supported by this server "
-                                 "(after, limit and order are)", k);
-        }
-    }
-    return STATUS_OK;
-}
-
 enum status http_responses_input_items(struct server *s, const char *owner, const char *url,
                                        const struct http_query *q, char **json)
 {
     *json = NULL;
     char buf[96];
-    const char *suffix, *after;
-    int limit, desc;
+    const char *suffix;
+    struct http_list lo;
     enum status st = route_id(url, buf, sizeof buf, &suffix);
-    if (st == STATUS_OK) st = list_options(q, &after, &limit, &desc);
+    if (st == STATUS_OK) st = http_list_options(q, "after,limit,order", 20, 100, &lo);
     if (st != STATUS_OK) return st;
     if (!s->http_responses) return status_errorf(STATUS_NOT_FOUND, "no response with id '%.64s' is stored", buf);
     char *items_json = NULL;
@@ -438,36 +408,14 @@ enum status http_responses_input_items(struct server *s, const char *owner, cons
     cJSON *items = cJSON_Parse(items_json);
     free(items_json);
     CHECK(items, "a stored response's items did not parse");
-    const int n = cJSON_GetArraySize(items);
-    int start = 0; /* the position, in the listing's order, of its first item */
-    if (after) {
-        int k = 0;
-        for (; k < n; k++) {
-            const char *id = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
-                cJSON_GetArrayItem(items, desc ? n - 1 - k : k), "id"));
-            if (id && !strcmp(id, after)) break;
-        }
-        if (k == n) {
-            cJSON_Delete(items);
-            return status_errorf(STATUS_INVALID_ARGUMENT, "'after': the response '%.64s' has no input item '%.64s'",
-                                 buf, after);
-        }
-        start = k + 1;
-    }
-    cJSON *o = http_json_ok(cJSON_CreateObject());
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON *data = http_json_ok(cJSON_AddArrayToObject(o, "data"));
-    int k = start;
-    cJSON *last = NULL;
-    for (; k < n && k - start < limit; k++)
-        cJSON_AddItemToArray(data, last = listed_item(cJSON_GetArrayItem(items, desc ? n - 1 - k : k)));
-    const cJSON *first = data->child;
-    cJSON_AddItemToObject(o, "first_id", first ? http_json_dup(cJSON_GetObjectItemCaseSensitive(first, "id"))
-                                               : http_json_ok(cJSON_CreateNull()));
-    cJSON_AddItemToObject(o, "last_id", last ? http_json_dup(cJSON_GetObjectItemCaseSensitive(last, "id"))
-                                             : http_json_ok(cJSON_CreateNull()));
-    cJSON_AddBoolToObject(o, "has_more", k < n);
+    /* The listing newest first: the stored items reversed, each as the list shows it. */
+    cJSON *listed = http_json_ok(cJSON_CreateArray());
+    for (int k = cJSON_GetArraySize(items) - 1; k >= 0; k--) cJSON_AddItemToArray(listed, listed_item(cJSON_GetArrayItem(items, k)));
     cJSON_Delete(items);
+    char what[128];
+    snprintf(what, sizeof what, "the response '%.64s'", buf);
+    cJSON *o = NULL;
+    if ((st = http_list_page(listed, &lo, what, &o)) != STATUS_OK) return st;
     *json = http_json_print(o);
     return STATUS_OK;
 }

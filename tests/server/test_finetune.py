@@ -23,6 +23,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -123,11 +124,35 @@ def body(work, env):
         check(j.status == "succeeded" and j.fine_tuned_model == f"ft-lily-{j.id[6:]}" and j.trained_tokens > 0,
               f"the job succeeded: {j.status} {j.error} {j.fine_tuned_model} {j.trained_tokens}")
         check([x.id for x in oa.fine_tuning.jobs.list().data] == [j.id], "jobs.list")
-        events = oa.fine_tuning.jobs.list_events(j.id).data
+        events = oa.fine_tuning.jobs.list_events(j.id, limit=100).data
         steps = [e.data["train_loss"] for e in reversed(events) if e.type == "metrics"]
         check(len(steps) >= 3 and steps[-1] < steps[0] * 0.9,
               f"events: one per step, the loss falling on the repeated example: {steps}")
         check(events[0].message.startswith("The job has successfully completed"), f"newest event: {events[0].message}")
+        # Paging (after, limit): pages of 7 events put end to end give the whole listing once.
+        pages, after = [], None
+        while True:
+            page = oa.fine_tuning.jobs.list_events(j.id, limit=7, **({"after": after} if after else {}))
+            pages += [e.id for e in page.data]
+            check(len(page.data) <= 7, f"a page holds at most limit events: {len(page.data)}")
+            if not page.has_more or len(pages) > len(events):
+                break
+            after = page.data[-1].id
+        check(pages == [e.id for e in events], f"events paged by 7: {len(pages)} ids against {len(events)}")
+        check(len(oa.fine_tuning.jobs.list_events(j.id).data) == min(20, len(events)), "events: 20 by default")
+        only = oa.fine_tuning.jobs.list(limit=1)
+        check([x.id for x in only.data] == [j.id] and not only.has_more, "jobs.list(limit=1)")
+        check(oa.files.list(purpose="assistants").data == [] and
+              [x.id for x in oa.files.list(order="asc", limit=1).data] == [f.id], "files.list: purpose, order, limit")
+        for path, word in ((f"/v1/files/{f.id}?expand=1", "expand"), ("/v1/fine_tuning/jobs?metadata=x", "metadata"),
+                           (f"/v1/fine_tuning/jobs/{j.id}/events?after=ftevent-none", "ftevent-none"),
+                           ("/v1/files?limit=0", "limit")):
+            try:
+                with urllib.request.urlopen(srv.base + path, timeout=30) as r:
+                    code, body = r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                code, body = e.code, e.read().decode()
+            check(code in (400, 501) and word in body, f"GET {path}: refused naming {word!r}: {code} {body[:200]}")
         served = greedy(oa, j.fine_tuned_model)
         base = greedy(oa, "stories260K")
         check(served != base, f"the fine-tuned model answers otherwise than the base: {served!r} / {base!r}")
@@ -192,7 +217,7 @@ def body(work, env):
         check(again.status == "succeeded" and greedy(oa, j.fine_tuned_model) == served,
               "a job that succeeded before the restart is served again, answering as before")
         long = wait_job(oa, long.id, ("succeeded", "failed", "cancelled"), timeout=240)
-        messages = [e.message for e in oa.fine_tuning.jobs.list_events(long.id).data]
+        messages = [e.message for e in oa.fine_tuning.jobs.list_events(long.id, limit=100).data]
         check(long.status == "succeeded" and any("resumes from its last checkpoint" in m for m in messages),
               f"the interrupted job resumed and succeeded: {long.status} {long.error} {messages[:4]}")
         check(oa.fine_tuning.jobs.retrieve(big.id).status == "cancelled", "a cancelled job stays cancelled")
