@@ -167,17 +167,24 @@ static enum MHD_Result first_arg(void *cls, enum MHD_ValueKind kind, const char 
     return MHD_NO;
 }
 
+/* 1 when the request has a query parameter, refused by name in *ret: a route that pages a list
+ * reads its own (http_list.c); on every other API route none is honoured. */
+static int refuse_query(struct MHD_Connection *c, enum MHD_Result *ret)
+{
+    char arg[64] = "";
+    if (MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, first_arg, arg) == 0) return 0;
+    char msg[128];
+    snprintf(msg, sizeof msg, "the query parameter '%s' is not supported by this server", arg);
+    *ret = reply_status(c, 0, STATUS_UNSUPPORTED, msg);
+    return 1;
+}
+
 /* GET / DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel (http_responses_out.c). Query
- * parameters (include, stream, starting_after) are refused by name: none is honoured. */
+ * parameters (include, stream, starting_after) are refused by name (dispatch, refuse_query). */
 static enum MHD_Result handle_response_item(struct server *s, struct MHD_Connection *c, const char *url,
                                             const char *method)
 {
-    char owner[64], arg[64] = "", *json = NULL;
-    if (MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, first_arg, arg) > 0) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "the query parameter '%s' is not supported by this server", arg);
-        return reply_status(c, 0, STATUS_UNSUPPORTED, msg);
-    }
+    char owner[64], *json = NULL;
     response_owner(s, c, owner, sizeof owner);
     enum status st = http_responses_item(s, owner, method, url, &json);
     if (st != STATUS_OK) return reply_status(c, 0, st, status_message());
@@ -647,6 +654,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     http_guard_phase(s->http_guard, hc->slot, HTTP_PHASE_HANDLING);
+    enum MHD_Result refused;
+    /* Probes and scrapers may add what they like to /health and /metrics; the lists read theirs. */
+    if (hc->route != ROUTE_HEALTH && hc->route != ROUTE_METRICS && hc->route != ROUTE_FINETUNE &&
+        hc->route != ROUTE_RESPONSE_INPUT_ITEMS && refuse_query(c, &refused))
+        return refused;
     switch (hc->route) {
     case ROUTE_HEALTH: {
         int ok = atomic_load(&s->phase) == PHASE_READY;

@@ -490,6 +490,13 @@ def group_malformed(env):
         check(code == 400, f"not an object {code}")
         code, ans = http(srv, "POST", "/v1/completions", b'{"prompt": "hi"}', {"Content-Type": "text/plain"})
         check(code == 415, f"wrong content type {code}")
+        # A query parameter is a request field too: none is honoured on these routes, so each is refused by name.
+        for method, path, body, name in (
+                ("POST", "/v1/completions?api-version=2024-06-01", {"prompt": "hi", "max_tokens": 1}, "'api-version'"),
+                ("GET", "/v1/models?limit=2", None, "'limit'")):
+            code, ans = http(srv, method, path, body)
+            check(code in (400, 501) and name in str(ans), f"{method} {path}: refused by name: {code} {ans}")
+        check(http(srv, "GET", "/health?probe=1")[0] == 200, "/health takes a probe's query")
         code, ans = http(srv, "POST", "/v1/completions", json.dumps({"prompt": "x" * 100000}).encode(), H)
         check(code == 413, f"huge body {code}")
         # Truncated: Content-Length promises more than comes, then the client closes.
