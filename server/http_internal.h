@@ -272,6 +272,15 @@ void        http_finetune_stop(struct server *s);
 /* Answers METHOD URL (a /v1/files... or /v1/fine_tuning/jobs... route; q its query, paging the
  * lists, refused by name elsewhere) with its body: *out (owned, *out_len bytes, of type *out_type)
  * or an error status with its message. */
+/* One part of a multipart/form-data body (http_multipart.c): its name, filename and bytes. */
+struct http_part {
+    char name[64], filename[256];
+    const char *data;
+    size_t len;
+};
+/* Splits a multipart/form-data body (RFC 7578; ctype its Content-Type, with the boundary) into at
+ * most max parts (*n of them), each borrowing body's bytes. */
+enum status http_multipart(const char *ctype, const char *body, size_t len, struct http_part *parts, int max, int *n);
 struct http_query;
 enum status http_finetune_handle(struct server *s, const char *method, const char *url, const struct http_query *q,
                                  const char *ctype, const char *body, size_t len, char **out, size_t *out_len,
