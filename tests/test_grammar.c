@@ -79,7 +79,10 @@ static int walk_check(struct grammar *g, const struct grammar_vocab *v, int step
     size_t used = 0;
     int step;
     for (step = 0; step < steps && !grammar_matcher_is_done(m); step++) {
-        grammar_matcher_fill_mask(m, mask);
+        if (grammar_matcher_fill_mask(m, mask)) {
+            EXPECT(0, "%s: step %d: %s", what, step, status_message());
+            break;
+        }
         int n_allowed = 0, bad = 0;
         for (int t = 0; t < words * 32 && t < 1 << 30; t++) {
             int bit = mask[t >> 5] >> (t & 31) & 1;
@@ -259,7 +262,7 @@ static void *thread_walk(void *p)
     if (grammar_matcher_new(a->g, &m)) return NULL;
     uint64_t r = 0x9E3779B97F4A7C15ull * (uint64_t)(a->seed + 1);
     for (a->n = 0; a->n < 64 && !grammar_matcher_is_done(m); a->n++) {
-        grammar_matcher_fill_mask(m, a->masks[a->n]);
+        if (grammar_matcher_fill_mask(m, a->masks[a->n])) break;
         int32_t allowed[SYN_MODEL], k = 0;
         for (int t = 0; t < SYN_MODEL; t++)
             if (a->masks[a->n][t >> 5] >> (t & 31) & 1) allowed[k++] = t;
@@ -291,7 +294,7 @@ static void test_threads(void)
         struct grammar_matcher *m;
         grammar_matcher_new(fresh, &m);
         for (int s = 0; s < args[i].n; s++) {
-            grammar_matcher_fill_mask(m, mask);
+            EXPECT(grammar_matcher_fill_mask(m, mask) == STATUS_OK, "thread %d step %d: %s", i, s, status_message());
             EXPECT(!memcmp(mask, args[i].masks[s], sizeof mask), "thread %d step %d: mask differs from one thread's", i, s);
             grammar_matcher_accept(m, args[i].tokens[s]);
         }
@@ -398,7 +401,7 @@ static void test_real(const char *path, int steps)
         uint32_t *mask = malloc(sizeof *mask * (size_t)words);
         for (int round = 0; round < 3; round++) {
             for (int k = 0; k < 90; k++) grammar_matcher_accept_bytes(m, "ab ", 3);
-            grammar_matcher_fill_mask(m, mask);
+            EXPECT(grammar_matcher_fill_mask(m, mask) == STATUS_OK, "%s: %s", path, status_message());
             int bad = 0;
             for (int t = 0; t < words * 32 && t < v_model(v); t++) {
                 int bit = mask[t >> 5] >> (t & 31) & 1, ok = grammar_matcher_accept(m, t) == STATUS_OK;
@@ -443,6 +446,44 @@ static struct grammar *tool_compile(const struct grammar_vocab *v, const char *k
     }
     free(src);
     return g;
+}
+
+/* The work bound of one mask (grammar_pda.c MASK_WORK; the fuzzing finding of 2026-11-29,
+ * tests/fuzz/corpus/grammar/regress-regex-state-explosion*): nested counted repeats of optional
+ * items keep thousands of parses alive (6,912 at the start here); the mask fails with
+ * STATUS_INVALID_ARGUMENT and a message instead of taking minutes. The same shape one level
+ * less deep stays under the bound, and a matcher that failed a mask still takes tokens. */
+static void test_work_bound(void)
+{
+    struct grammar_vocab *v = synthetic_vocab();
+    if (!v) { failures++; return; }
+    const char *srcs[] = {"((.?.?.?){16}){16}", "((.?.?.?){4}){4}"};
+    uint32_t mask[(SYN_MODEL + 31) / 32];
+    for (int i = 0; i < 2; i++) {
+        struct grammar *g = NULL;
+        struct grammar_matcher *m = NULL;
+        if (grammar_compile(v, GRAMMAR_REGEX, srcs[i], strlen(srcs[i]), &g) || grammar_matcher_new(g, &m)) {
+            EXPECT(0, "%s: %s", srcs[i], status_message());
+            grammar_unref(g);
+            continue;
+        }
+        memset(mask, 0xff, sizeof mask);
+        enum status st = grammar_matcher_fill_mask(m, mask);
+        if (i == 0) {
+            EXPECT(st == STATUS_INVALID_ARGUMENT && strstr(status_message(), "too ambiguous"),
+                   "%s: fill_mask gave %d '%s', not the work bound", srcs[i], (int)st, status_message());
+            int zero = 1;
+            for (size_t w = 0; w < sizeof mask / sizeof *mask; w++) zero &= !mask[w];
+            EXPECT(zero, "%s: a failed mask is not all zero", srcs[i]);
+        } else {
+            EXPECT(st == STATUS_OK, "%s: %s", srcs[i], status_message());
+            EXPECT(mask['x' >> 5] >> ('x' & 31) & 1, "%s: 'x' not allowed at the start", srcs[i]);
+        }
+        EXPECT(grammar_matcher_accept(m, 'x') == STATUS_OK, "%s: 'x' refused after the mask", srcs[i]);
+        grammar_matcher_free(m);
+        grammar_unref(g);
+    }
+    grammar_vocab_free(v);
 }
 
 int main(int argc, char **argv)
@@ -497,6 +538,7 @@ int main(int argc, char **argv)
     }
     test_synthetic();
     test_threads();
+    test_work_bound();
     test_real(argc > 1 ? argv[1] : NULL, 12);
     test_real(argc > 2 ? argv[2] : NULL, 3);
     if (failures) {

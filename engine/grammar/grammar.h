@@ -86,8 +86,11 @@ void grammar_matcher_free(struct grammar_matcher *m);
 /* Writes the allowed tokens of the next step: mask[0..grammar_vocab_mask_words) words, bit i
  * (word i/32, bit i%32) set iff token i is allowed. Does not change the matcher's state (it may
  * fill g's shared mask entries, under g's lock). All zero after an end token was accepted; only
- * the end ids when is_done (complete, nothing more may follow): with no end ids, stop there. */
-void grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *mask);
+ * the end ids when is_done (complete, nothing more may follow): with no end ids, stop there.
+ * The work of one call is bounded (docs/grammar.md, Limits): a grammar whose parses multiply
+ * past it (counted repeats of overlapping alternatives) gives STATUS_INVALID_ARGUMENT with a
+ * message, and an all-zero mask, instead of holding the thread for minutes. */
+enum status grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *mask);
 /* Advances by one token. A token the mask forbids gives STATUS_INVALID_ARGUMENT and leaves the
  * state unchanged; so does any token after an end token was accepted. */
 enum status grammar_matcher_accept(struct grammar_matcher *m, int32_t token);

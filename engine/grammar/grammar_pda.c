@@ -16,6 +16,8 @@
 #define MAX_CACHE      8192    /* mask entries per grammar */
 #define MAX_CACHE_BYTES (64u << 20) /* and their memory; beyond either, entries are per use */
 #define MAX_WORK       (1 << 18) /* closure steps per byte: a bound on pathological grammars */
+#define MASK_WORK      (1LL << 23) /* work of one mask (grammar_matcher_fill_mask): 45x the most a JSON
+                                     * schema's cold step took on Gemma's vocabulary (docs/grammar.md) */
 #define P_NONE         (-1)    /* the bottom: popping it completes the input */
 #define P_CTX          (-2)    /* the cut of a truncated stack: popping it leaves the frame */
 
@@ -40,6 +42,7 @@ struct pda {
     size_t              cap_mark;
     uint32_t            gen;
     long                budget; /* closure steps left in this step */
+    long long           spent;  /* work so far: closure steps, stack ids interned into DFA states */
     int32_t            *work; /* closure worklist, pairs */
     size_t              n_work, cap_work;
     int                 overflow;
@@ -123,6 +126,7 @@ static void expand(struct pda *p, int32_t pos, int32_t parent, struct pstate *ou
             p->overflow = 1, p->n_work = 0;
             break;
         }
+        p->spent++;
         int32_t par = p->work[--p->n_work], q = p->work[--p->n_work];
         int32_t e = f->el[q];
         if (e == GEL_END) {
@@ -220,6 +224,7 @@ static int cmp_i32(const void *a, const void *b)
 
 static int dfa_intern(struct dfa *d, struct pstate *s)
 {
+    d->p.spent += s->n;
     if (s->n > 1) qsort(s->ids, (size_t)s->n, sizeof *s->ids, cmp_i32);
     if ((d->n_states + 1) * 2 > d->hash_cap) {
         int cap = d->hash_cap ? d->hash_cap * 2 : 64;
@@ -290,8 +295,10 @@ static void ilist_push(struct ilist *l, int32_t x)
 
 /* Classifies every token from the truncated stack key[0..n) (top first) over the sorted
  * vocabulary: accepted (some path stays in the frame, or leaves it exactly at the token's end),
- * uncertain (only paths that leave it), rejected (none). Prunes whole prefix ranges. */
-static struct mask_entry *entry_compute(const struct grammar *g, const int32_t *key, int n, int truncated)
+ * uncertain (only paths that leave it), rejected (none). Prunes whole prefix ranges. Adds its
+ * work to *spent; NULL when that passes limit (the walk stops there). */
+static struct mask_entry *entry_compute(const struct grammar *g, const int32_t *key, int n, int truncated,
+                                        long long limit, long long *spent)
 {
     const struct grammar_vocab *v = g->vocab;
     struct dfa d;
@@ -313,7 +320,8 @@ static struct mask_entry *entry_compute(const struct grammar *g, const int32_t *
     int n_acc = 0;
     struct ilist unc = {0};
     int valid = 0; /* sstack[0..valid] hold the states after the prefix of the previous token */
-    for (int i = 0; i < v->n_sorted; i++) {
+    int over = 0;
+    for (int i = 0; i < v->n_sorted && !(over = d.p.spent > limit); i++) {
         int32_t id = v->sorted[i];
         const uint8_t *b = v->sbytes + v->soff[i];
         int len = (int)(v->soff[i + 1] - v->soff[i]);
@@ -341,7 +349,12 @@ static struct mask_entry *entry_compute(const struct grammar *g, const int32_t *
         valid = dead_at;
     }
     free(sstack), free(tmp.ids);
+    *spent += d.p.spent + v->n_sorted / 64;
     dfa_free(&d);
+    if (over) {
+        free(bits), free(unc.v);
+        return NULL;
+    }
     struct mask_entry *e = calloc(1, sizeof *e);
     CHECK(e, "grammar: out of memory");
     if (n) memcpy(e->key, key, sizeof *key * (size_t)n);
@@ -367,8 +380,10 @@ static uint64_t key_hash(const int32_t *key, int n, int truncated)
 }
 
 /* The entry of a key, from the grammar's cache or computed (outside the lock) and inserted.
- * *owned is set when the entry is not in the cache (full) and the caller must free it. */
-static struct mask_entry *entry_get(struct grammar *g, const int32_t *key, int n, int truncated, int *owned)
+ * *owned is set when the entry is not in the cache (full) and the caller must free it. A
+ * computation adds its work to *spent; NULL when that passes limit. */
+static struct mask_entry *entry_get(struct grammar *g, const int32_t *key, int n, int truncated, int *owned,
+                                    long long limit, long long *spent)
 {
     uint64_t h = key_hash(key, n, truncated);
     *owned = 0;
@@ -383,7 +398,8 @@ static struct mask_entry *entry_get(struct grammar *g, const int32_t *key, int n
         }
     }
     pthread_mutex_unlock(&g->lock);
-    struct mask_entry *e = entry_compute(g, key, n, truncated);
+    struct mask_entry *e = entry_compute(g, key, n, truncated, limit, spent);
+    if (!e) return NULL;
     e->hash = h;
     pthread_mutex_lock(&g->lock);
     size_t bytes = sizeof *e + (e->bits ? (size_t)grammar_vocab_mask_words(g->vocab) * 4 : (size_t)e->n_acc * 4) + (size_t)e->n_unc * 4;
@@ -568,8 +584,9 @@ int grammar_matcher_is_done(const struct grammar_matcher *m)
 
 /* The uncertain tokens of e against the whole stack `top`. They come in byte order, so the
  * states after a common prefix with the previous token checked are reused (lv[k]: after k
- * bytes), as in the entry walk. */
-static void check_uncertain(struct grammar_matcher *m, const struct mask_entry *e, int32_t top, uint32_t *mask)
+ * bytes), as in the entry walk. -1 (unfinished) once m->p.spent passes limit. */
+static int check_uncertain(struct grammar_matcher *m, const struct mask_entry *e, int32_t top, uint32_t *mask,
+                           long long limit)
 {
     const struct grammar_vocab *v = m->g->vocab;
     if (!m->lv) {
@@ -583,6 +600,7 @@ static void check_uncertain(struct grammar_matcher *m, const struct mask_entry *
     int valid = 0; /* lv[0..valid] hold the states along prev */
     for (int j = 0; j < e->n_unc; j++) {
         int32_t t = e->unc[j];
+        if (m->p.spent > limit) return -1;
         if (mask[t >> 5] >> (t & 31) & 1) continue;
         const uint8_t *b = v->bytes + v->off[t];
         int len = (int)(v->off[t + 1] - v->off[t]), k = 0;
@@ -595,30 +613,51 @@ static void check_uncertain(struct grammar_matcher *m, const struct mask_entry *
         if (k == len) mask[t >> 5] |= 1u << (t & 31);
         prev = b, valid = k;
     }
+    return 0;
 }
 
-void grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *mask)
+enum status grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *mask)
 {
     const struct grammar_vocab *v = m->g->vocab;
     int words = grammar_vocab_mask_words(v);
     memset(mask, 0, sizeof *mask * (size_t)words);
     const struct hist *h = &m->hist[m->n_hist - 1];
-    if (h->ended) return;
+    if (h->ended) return STATUS_OK;
     if (h->done)
         for (int i = 0; i < v->n_end; i++) mask[v->end_ids[i] >> 5] |= 1u << (v->end_ids[i] & 31);
-    for (int i = 0; i < h->n; i++) {
+    /* The work (closure steps, state ids, words ORed) is bounded: a grammar whose parses
+     * multiply (counted repeats of overlapping alternatives) fails here instead of holding the
+     * thread for minutes. Both counters only grow, so spent is the work of this call. */
+    long long extra = 0, start = m->p.spent; /* extra: work outside m->p (entry walks, words ORed) */
+    int over = 0;
+    for (int i = 0; i < h->n && !over; i++) {
         int32_t top = m->pool[h->off + (size_t)i];
         int32_t key[KEY_DEPTH];
         int n = 0;
         int32_t q = top;
         while (q >= 0 && n < KEY_DEPTH) key[n++] = canonical_pos(m->g, m->p.nodes[q].pos), q = m->p.nodes[q].parent;
         int owned;
-        struct mask_entry *e = entry_get(m->g, key, n, q >= 0, &owned);
-        if (e->bits)
+        long long left = MASK_WORK - (m->p.spent - start) - extra;
+        struct mask_entry *e = left > 0 ? entry_get(m->g, key, n, q >= 0, &owned, left, &extra) : NULL;
+        if (!e) {
+            over = 1;
+            break;
+        }
+        if (e->bits) {
             for (int w = 0; w < words; w++) mask[w] |= e->bits[w];
-        else
+            extra += 1 + words / 64;
+        } else {
             for (int j = 0; j < e->n_acc; j++) mask[e->acc[j] >> 5] |= 1u << (e->acc[j] & 31);
-        check_uncertain(m, e, top, mask);
+            extra += 1 + e->n_acc / 64;
+        }
+        over = check_uncertain(m, e, top, mask, start + MASK_WORK - extra) < 0;
         if (owned) entry_free(e);
     }
+    if (!over) return STATUS_OK;
+    memset(mask, 0, sizeof *mask * (size_t)words);
+    return status_errorf(STATUS_INVALID_ARGUMENT,
+                         "grammar: the constraint is too ambiguous to follow here: one token's mask needs more than "
+                         "%lld steps with %d parses alive (counted repeats of overlapping alternatives multiply "
+                         "them); simplify the pattern",
+                         (long long)MASK_WORK, h->n);
 }

@@ -107,7 +107,8 @@ int32_t     take_token(struct conductor *c, struct seq *s, const float *row, int
  * grammar forbids next, at the matcher's state s->gm, become -inf (EOS and the end-of-turn ids
  * only where the output may end; c->gmask allows EOS from the vocabulary); a lazy constraint
  * before its trigger leaves lg as it is. constraint_mask returns 1, 0 when nothing may follow,
- * -1 when the matcher could not be made, and never finishes s (the draft model masks its drafts
+ * -1 when the matcher could not be made, -2 when the grammar's mask is over its work bound
+ * (constraint_fill_mask), and never finishes s (the draft model masks its drafts
  * with it); constrain finishes s with the error in both failures and returns 0, else 1. */
 int         constraint_mask(struct conductor *c, struct seq *s, float *lg);
 int         constrain(struct conductor *c, struct seq *s, float *lg);

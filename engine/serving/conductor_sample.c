@@ -18,7 +18,7 @@ int constraint_mask(struct conductor *c, struct seq *s, float *lg)
 {
     const int V = c->m->cfg.vocab_size;
     const int got = constraint_fill_mask(s, c->gmask);
-    if (got <= 0) return got < 0 ? -1 : 1; /* (0: lazy, before its trigger: free) */
+    if (got <= 0) return got < 0 ? got : 1; /* (0: lazy, before its trigger: free) */
     int any = 0;
     for (int i = 0; i < V; i++) {
         if (c->gmask[i >> 5] >> (i & 31) & 1) any |= lg[i] > -INFINITY;
@@ -30,7 +30,9 @@ int constraint_mask(struct conductor *c, struct seq *s, float *lg)
 int constrain(struct conductor *c, struct seq *s, float *lg)
 {
     const int got = constraint_mask(c, s, lg);
-    if (got < 0) finish_seq(c, s, FINISH_REASON_ERROR, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
+    if (got < 0) /* -2: the grammar too ambiguous to follow (the request's fault); -1: out of memory */
+        finish_seq(c, s, FINISH_REASON_ERROR, got == -2 ? STATUS_INVALID_ARGUMENT : STATUS_RESOURCE_EXHAUSTED,
+                   status_message(), 0);
     if (got == 0)
         finish_seq(c, s, FINISH_REASON_ERROR, STATUS_INVALID_ARGUMENT,
                    "constraint: no token the model may produce continues the output (the constraint needs a token "

@@ -302,9 +302,8 @@ static void check_matcher(struct conductor *c, struct seq *s)
     const int words = grammar_vocab_mask_words(grammar_vocab_of(r->grammar));
     uint32_t *other = malloc((size_t)words * sizeof *other);
     if (!other) return;
-    grammar_matcher_fill_mask(s->gm, c->gmask);
-    grammar_matcher_fill_mask(s->gm_check, other);
-    const int same_mask = !memcmp(c->gmask, other, (size_t)words * sizeof *other);
+    const enum status a = grammar_matcher_fill_mask(s->gm, c->gmask), b = grammar_matcher_fill_mask(s->gm_check, other);
+    const int same_mask = a == b && !memcmp(c->gmask, other, (size_t)words * sizeof *other);
     free(other);
     if (!same_mask || grammar_matcher_can_end(s->gm) != grammar_matcher_can_end(s->gm_check) ||
         grammar_matcher_is_done(s->gm) != grammar_matcher_is_done(s->gm_check))

@@ -202,7 +202,7 @@ int constraint_fill_mask(struct seq *s, uint32_t *mask)
         memset(mask, 0, (size_t)n_words * sizeof *mask);
     } else {
         if (!s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK) return -1;
-        grammar_matcher_fill_mask(s->gm, mask);
+        if (grammar_matcher_fill_mask(s->gm, mask) != STATUS_OK) return -2;
         if (grammar_matcher_can_end(s->gm))
             for (int i = 0; i < r->p.n_end_ids; i++) mask[r->p.end_ids[i] >> 5] |= 1u << (r->p.end_ids[i] & 31);
     }

@@ -24,7 +24,8 @@ enum status constraint_take(struct seq *s, int32_t tok);
  * (bit i of word i/32: token i): the grammar's at s->gm's state (made here at the first call),
  * with the request's end-of-turn ids where the grammar may end. Returns 1 when filled, 0 when
  * the output is free (a lazy constraint before its trigger: mask untouched), -1 when no matcher
- * could be made. An opening constraint (engine.h: TRIGGER_MAY_REASON with no marker, a
+ * could be made (out of memory), -2 when the grammar's mask is over its work bound
+ * (grammar_matcher_fill_mask: the constraint is too ambiguous; status_message() says). An opening constraint (engine.h: TRIGGER_MAY_REASON with no marker, a
  * response_format under a template where the model may open <think> itself) constrains its
  * first tokens to the union of two languages: the grammar's, and <think> (then free reasoning
  * up to </think>, after which the grammar starts afresh, whitespace skipped); its mask is the
