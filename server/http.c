@@ -214,73 +214,12 @@ static enum MHD_Result handle_input_items(struct server *s, struct MHD_Connectio
     return reply_json(c, 200, json);
 }
 
-/* The routes, each with the methods it allows. */
-enum route {
-    ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_HEALTH, ROUTE_METRICS,
-    ROUTE_MESSAGES, ROUTE_COUNT_TOKENS, /* Anthropic's Messages API (http_anthropic.c) */
-    ROUTE_EMBEDDINGS,                   /* http_embeddings.c */
-    ROUTE_RESPONSES, ROUTE_RESPONSE_ITEM, ROUTE_RESPONSE_CANCEL, /* OpenAI's Responses API (http_responses.c) */
-    ROUTE_RESPONSE_INPUT_ITEMS, ROUTE_RESPONSE_INPUT_TOKENS,
-    ROUTE_FINETUNE                      /* /v1/files..., /v1/fine_tuning/jobs... (http_finetune.c) */
-};
-
-/* The URL as it came (no percent-decoding: see unescape_none), without its query string. */
-static enum route route_of(const char *url)
-{
-    if (!strcmp(url, "/v1/completions")) return ROUTE_COMPLETIONS;
-    if (!strcmp(url, "/v1/chat/completions")) return ROUTE_CHAT;
-    if (!strcmp(url, "/v1/models")) return ROUTE_MODELS;
-    if (!strcmp(url, "/health")) return ROUTE_HEALTH;
-    if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
-    if (!strcmp(url, "/v1/messages")) return ROUTE_MESSAGES;
-    if (!strcmp(url, "/v1/messages/count_tokens")) return ROUTE_COUNT_TOKENS;
-    if (!strcmp(url, "/v1/embeddings")) return ROUTE_EMBEDDINGS;
-    if (!strcmp(url, "/v1/responses")) return ROUTE_RESPONSES;
-    if (!strcmp(url, "/v1/responses/input_tokens")) return ROUTE_RESPONSE_INPUT_TOKENS;
-    if (!strcmp(url, "/v1/files") || !strncmp(url, "/v1/files/", 10) || !strncmp(url, "/v1/fine_tuning/jobs", 20))
-        return ROUTE_FINETUNE;
-    if (!strncmp(url, "/v1/responses/", 14)) {
-        size_t n = strlen(url);
-        if (n > 12 && !strcmp(url + n - 12, "/input_items")) return ROUTE_RESPONSE_INPUT_ITEMS;
-        return n > 7 && !strcmp(url + n - 7, "/cancel") ? ROUTE_RESPONSE_CANCEL : ROUTE_RESPONSE_ITEM;
-    }
-    return ROUTE_NONE;
-}
-
-/* The POST routes with a JSON body (embeddings included: keys, content type and length are
- * checked alike). */
-static int route_generates(enum route r)
-{
-    return r == ROUTE_COMPLETIONS || r == ROUTE_CHAT || r == ROUTE_MESSAGES || r == ROUTE_COUNT_TOKENS ||
-           r == ROUTE_EMBEDDINGS || r == ROUTE_RESPONSES || r == ROUTE_RESPONSE_INPUT_TOKENS;
-}
-
-/* Whether errors go out in Anthropic's shape. */
-static int route_anthropic(enum route r) { return r == ROUTE_MESSAGES || r == ROUTE_COUNT_TOKENS; }
-
-/* The Allow header of a route: generation is POST, the rest GET (and HEAD, which
- * libmicrohttpd answers as GET without the body). */
-static const char *route_allow(enum route r)
-{
-    if (r == ROUTE_RESPONSE_ITEM) return "GET, HEAD, DELETE";
-    if (r == ROUTE_FINETUNE) return "GET, HEAD, POST, DELETE";
-    return route_generates(r) || r == ROUTE_RESPONSE_CANCEL ? "POST" : "GET, HEAD";
-}
-
-static int method_allowed(enum route r, const char *method)
-{
-    if ((r == ROUTE_RESPONSE_ITEM || r == ROUTE_FINETUNE) && !strcmp(method, "DELETE")) return 1;
-    if (r == ROUTE_FINETUNE && !strcmp(method, "POST")) return 1;
-    if (route_generates(r) || r == ROUTE_RESPONSE_CANCEL) return !strcmp(method, "POST");
-    return !strcmp(method, "GET") || !strcmp(method, "HEAD");
-}
-
 /* The state of one HTTP request across libmicrohttpd's calls of the handler. */
 struct http_conn {
     char   *body;
     size_t  len, cap;
     int     too_big;
-    enum route route;
+    enum http_route route;
     struct http_slot *slot; /* the connection's (http_guard.c) */
     struct http_gen *g;  /* a submitted generation request (one reference) */
 };
@@ -383,7 +322,7 @@ static enum status route_body(struct server *s, const char *body, size_t len, st
 static enum MHD_Result generate_on(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat,
                                    struct served_model *m, const char *key)
 {
-    const int an_api = route_anthropic(hc->route);
+    const int an_api = http_route_anthropic(hc->route);
     struct http_request q;
     struct http_gen *g = NULL;
     enum status st;
@@ -418,7 +357,7 @@ static enum MHD_Result generate_on(struct server *s, struct MHD_Connection *c, s
 
 static enum MHD_Result handle_generation(struct server *s, struct MHD_Connection *c, struct http_conn *hc, int is_chat)
 {
-    const int an_api = route_anthropic(hc->route);
+    const int an_api = http_route_anthropic(hc->route);
     if (hc->too_big) { /* a body without Content-Length (chunked) that grew past the limit */
         char msg[128];
         snprintf(msg, sizeof msg, "the request body is larger than %d bytes (--max-message-bytes)", s->opts.max_receive_bytes);
@@ -569,7 +508,7 @@ static struct http_slot *slot_of(struct MHD_Connection *c)
 }
 
 /* The largest body of a route: an upload's (--fine-tuning-max-file-mb), or a request's. */
-static size_t body_limit(const struct server *s, enum route r)
+static size_t body_limit(const struct server *s, enum http_route r)
 {
     return r == ROUTE_FINETUNE ? (size_t)s->opts.finetune_max_file_mb << 20 : (size_t)s->opts.max_receive_bytes;
 }
@@ -581,7 +520,7 @@ static size_t body_limit(const struct server *s, enum route r)
 static int refuse_early(struct server *s, struct MHD_Connection *c, struct http_conn *hc, const char *method,
                         enum MHD_Result *ret)
 {
-    const int an = route_anthropic(hc->route);
+    const int an = http_route_anthropic(hc->route);
     const char *why = http_guard_refusal(hc->slot);
     if (why) {
         char *json = error_body(an, 503, "service_unavailable_error", "too_many_connections", why);
@@ -593,11 +532,11 @@ static int refuse_early(struct server *s, struct MHD_Connection *c, struct http_
         *ret = reply_error(c, an, 404, "not_found_error", "not_found", "no such route (see docs/server.md)");
         return 1;
     }
-    if (!method_allowed(hc->route, method)) {
+    if (!http_route_method_allowed(hc->route, method)) {
         char msg[96];
-        snprintf(msg, sizeof msg, "method %.16s is not allowed here: use %s", method, route_allow(hc->route));
+        snprintf(msg, sizeof msg, "method %.16s is not allowed here: use %s", method, http_route_allow(hc->route));
         char *json = error_body(an, 405, "invalid_request_error", "method_not_allowed", msg);
-        *ret = reply_with(c, 405, "application/json", json, strlen(json), MHD_HTTP_HEADER_ALLOW, route_allow(hc->route),
+        *ret = reply_with(c, 405, "application/json", json, strlen(json), MHD_HTTP_HEADER_ALLOW, http_route_allow(hc->route),
                           NULL, NULL);
         return 1;
     }
@@ -607,7 +546,7 @@ static int refuse_early(struct server *s, struct MHD_Connection *c, struct http_
                            "a valid API key is required (Authorization: Bearer <key>, or x-api-key: <key>)");
         return 1;
     }
-    if (!route_generates(hc->route) && hc->route != ROUTE_FINETUNE) return 0;
+    if (!http_route_generates(hc->route) && hc->route != ROUTE_FINETUNE) return 0;
     const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
     if (hc->route != ROUTE_FINETUNE &&
         (!ct || strncasecmp(ct, "application/json", 16) || (ct[16] && ct[16] != ';' && ct[16] != ' '))) {
@@ -638,7 +577,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(hc = calloc(1, sizeof *hc))) return MHD_NO;
         *con_cls = hc;
         hc->slot = slot_of(c);
-        hc->route = route_of(url);
+        hc->route = http_route_of(url);
         enum MHD_Result ret;
         if (refuse_early(s, c, hc, method, &ret)) {
             http_guard_phase(s->http_guard, hc->slot, HTTP_PHASE_HANDLING);

@@ -1,4 +1,4 @@
-/* server/http_internal.h - what the two files of the HTTP front share:
+/* server/http_internal.h - what the files of the HTTP front share:
  *
  *   http_gen.c     one generation request: submitting, waiting for events, SSE, client
  *                  disconnects (engine_cancel)
@@ -7,6 +7,8 @@
  *                  connections), routing, API keys, the one status-to-HTTP mapping with its
  *                  OpenAI error objects, submitting to the engine, waiting for events, SSE,
  *                  client disconnects (engine_cancel)
+ *   http_route.c   which URL is which route, and the methods each allows
+ *   http_json.c    a body parsed to one reading, fields refused by name, checked builders
  *   http_openai.c  OpenAI request JSON -> struct gen_request (types only: every numeric range
  *                  is engine_validate's), and the response / chunk JSON
  *   http_anthropic.c, http_responses.c  Anthropic's Messages API and OpenAI's Responses API as
@@ -115,6 +117,28 @@ int http_tools_reply(const struct http_request *q, int think_open, const char *t
  * characters of ids) 9 letters and digits derived from it. */
 void http_tools_call_id(const struct http_request *q, const char *base, int k, char *out, size_t cap);
 
+/* ---- http_route.c: the route table ------------------------------------------------------- */
+/* The routes, each with the methods it allows. */
+enum http_route {
+    ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MODELS, ROUTE_HEALTH, ROUTE_METRICS,
+    ROUTE_MESSAGES, ROUTE_COUNT_TOKENS, /* Anthropic's Messages API (http_anthropic.c) */
+    ROUTE_EMBEDDINGS,                   /* http_embeddings.c */
+    ROUTE_RESPONSES, ROUTE_RESPONSE_ITEM, ROUTE_RESPONSE_CANCEL, /* OpenAI's Responses API (http_responses.c) */
+    ROUTE_RESPONSE_INPUT_ITEMS, ROUTE_RESPONSE_INPUT_TOKENS,
+    ROUTE_FINETUNE                      /* /v1/files..., /v1/fine_tuning/jobs... (http_finetune.c) */
+};
+/* The route of a URL as it came (no percent-decoding), without its query string. */
+enum http_route http_route_of(const char *url);
+/* The POST routes with a JSON body (embeddings included: keys, content type and length are
+ * checked alike). */
+int http_route_generates(enum http_route r);
+/* Whether errors go out in Anthropic's shape. */
+int http_route_anthropic(enum http_route r);
+/* The Allow header of a route. */
+const char *http_route_allow(enum http_route r);
+int http_route_method_allowed(enum http_route r, const char *method);
+
+/* ---- http_json.c: the JSON of bodies ------------------------------------------------------ */
 /* The body[0..len) of a request as one JSON object (*out, the caller's): refused
  * (STATUS_INVALID_ARGUMENT) when it is not UTF-8, not JSON, has bytes after its value, is not an
  * object, holds U+0000 in a string or member name (named by its path), or has a member name twice
@@ -122,6 +146,8 @@ void http_tools_call_id(const struct http_request *q, const char *base, int k, c
 enum status http_json_parse_body(const char *body, size_t len, struct cJSON **out);
 /* Member name of o, or NULL when absent or JSON null (both mean "not given"). */
 const struct cJSON *http_json_field(const struct cJSON *o, const char *name);
+/* 1 when name is in list (NULL-terminated). */
+int http_json_listed(const char *const *list, const char *name);
 /* Refuses (STATUS_INVALID_ARGUMENT, naming it) a member of object o (named where: "" for the
  * body) that is not in allowed (NULL-terminated). */
 enum status http_json_only_fields(const struct cJSON *o, const char *where, const char *const *allowed);

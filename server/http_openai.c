@@ -1,8 +1,8 @@
 /* server/http_openai.c - the OpenAI wire format: /v1/completions and /v1/chat/completions
  * request JSON into struct gen_request (the same native request that gRPC's convert.c makes;
  * only JSON types are checked here, every numeric range is engine_validate's).
- * Not here: the response, SSE chunk, usage and error JSON (http_openai_out.c); HTTP itself,
- * waiting, status codes (http.c).
+ * Not here: the body's one reading (http_json.c); the response, SSE chunk, usage and error
+ * JSON (http_openai_out.c); HTTP itself, waiting, status codes (http.c).
  * Tests: tests/server/test_http.py. */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -22,46 +22,7 @@ static enum status type_error(const char *field, const char *type)
     return status_errorf(STATUS_INVALID_ARGUMENT, "'%s' must be %s", field, type);
 }
 
-const cJSON *http_json_field(const cJSON *o, const char *name)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
 static const cJSON *field(const cJSON *o, const char *name) { return http_json_field(o, name); }
-
-enum status http_json_only_fields(const cJSON *o, const char *where, const char *const *allowed)
-{
-    for (const cJSON *e = o->child; e; e = e->next) {
-        int ok = 0;
-        for (int i = 0; allowed[i] && !ok; i++) ok = !strcmp(e->string, allowed[i]);
-        if (!ok)
-            return status_errorf(STATUS_INVALID_ARGUMENT, "%s%s%.64s: unknown field (not supported by this server)",
-                                 where, where[0] ? "." : "", e->string);
-    }
-    return STATUS_OK;
-}
-
-cJSON *http_json_ok(cJSON *j)
-{
-    CHECK(j, "out of memory building JSON");
-    return j;
-}
-
-char *http_json_print(cJSON *o)
-{
-    char *s = cJSON_PrintUnformatted(o);
-    CHECK(s, "out of memory printing JSON");
-    cJSON_Delete(o);
-    return s;
-}
-
-cJSON *http_json_dup(const cJSON *v)
-{
-    cJSON *d = cJSON_Duplicate(v, 1);
-    CHECK(d, "out of memory");
-    return d;
-}
 
 static enum status get_double(const cJSON *o, const char *name, double *out)
 {
@@ -460,6 +421,65 @@ static enum status refuse_unhonoured(const cJSON *o)
     return STATUS_OK;
 }
 
+/* The fields a completions or chat body may have (any other is refused by name, never ignored):
+ * those parsed here and in http_tools.c (which refuses the chat-only ones on completions with a
+ * message of their own), plus client fields that ask nothing of the output, checked by
+ * check_client_fields. Refused by name before this: refuse_unhonoured's. */
+static const char *const body_fields[] = {
+    "model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+    "presence_penalty", "frequency_penalty", "seed", "max_tokens", "n", "min_tokens", "ignore_eos", "stop",
+    "stop_token_ids", "logit_bias", "user", "priority", "logprobs", "response_format", "structured_outputs",
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "skip_special_tokens", "speculative",
+    "speculative.n_max", "best_of", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+    "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "modalities",
+    "guided_decoding_backend", NULL};
+static const char *const completion_fields[] = {"prompt", "echo", NULL};
+static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
+
+static enum status only_body_fields(const cJSON *o, int is_chat)
+{
+    for (const cJSON *e = o->child; e; e = e->next)
+        if (!http_json_listed(body_fields, e->string) && !http_json_listed(is_chat ? chat_fields : completion_fields, e->string))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "%.64s: unknown field (not supported by this server%s)",
+                                 e->string, http_json_listed(is_chat ? completion_fields : chat_fields, e->string)
+                                                ? is_chat ? " in chat; it is /v1/completions'" : " in completions; it is /v1/chat/completions'"
+                                                : "");
+    return STATUS_OK;
+}
+
+/* Client fields that change nothing of the output when they ask for what this server does:
+ * metadata (an object of strings; kept by OpenAI with stored completions), store (false: this
+ * server keeps no chat completions), service_tier (auto or default), prompt_cache_key and
+ * safety_identifier (hints: the prefix cache needs no key), modalities (["text"]), vLLM's
+ * guided_decoding_backend (which engine follows the grammar: this server has one). */
+static enum status check_client_fields(const cJSON *o)
+{
+    const cJSON *v = field(o, "metadata");
+    if (v && !cJSON_IsObject(v)) return type_error("metadata", "an object of strings");
+    for (const cJSON *e = v ? v->child : NULL; e; e = e->next)
+        if (!cJSON_IsString(e)) return type_error("metadata", "an object of strings");
+    v = field(o, "store");
+    if (v && !cJSON_IsBool(v)) return type_error("store", "a boolean");
+    if (cJSON_IsTrue(v))
+        return status_errorf(STATUS_UNSUPPORTED, "'store': true is not supported by this server (it keeps no "
+                             "completions)");
+    v = field(o, "service_tier");
+    if (v && !cJSON_IsString(v)) return type_error("service_tier", "a string");
+    if (v && strcmp(v->valuestring, "auto") && strcmp(v->valuestring, "default"))
+        return status_errorf(STATUS_UNSUPPORTED, "'service_tier' '%.32s' is not supported by this server (auto and "
+                             "default are)", v->valuestring);
+    static const char *const strings[] = {"prompt_cache_key", "safety_identifier", "guided_decoding_backend"};
+    for (size_t i = 0; i < sizeof strings / sizeof *strings; i++)
+        if ((v = field(o, strings[i])) && !cJSON_IsString(v)) return type_error(strings[i], "a string");
+    v = field(o, "modalities");
+    if (v && !cJSON_IsArray(v)) return type_error("modalities", "a list of strings");
+    for (const cJSON *e = v ? v->child : NULL; e; e = e->next)
+        if (!cJSON_IsString(e) || strcmp(e->valuestring, "text"))
+            return status_errorf(STATUS_UNSUPPORTED, "'modalities' other than [\"text\"] are not supported by this "
+                                 "server");
+    return STATUS_OK;
+}
+
 /* vLLM's skip_special_tokens (default true); false shows them (request_params.show_special),
  * refused where the reply is parsed or constrained (http_show_special_check). */
 static enum status parse_skip_special(const cJSON *o, struct http_request *q)
@@ -556,6 +576,9 @@ static enum status parse_shape(const cJSON *o, struct http_request *q)
     if (st == STATUS_OK) st = get_bool(o, "stream", &q->stream);
     const cJSON *so = field(o, "stream_options");
     if (st == STATUS_OK && so && !cJSON_IsObject(so)) st = type_error("stream_options", "an object");
+    /* include_obfuscation (OpenAI: random padding in stream events) asks for nothing here. */
+    static const char *const so_fields[] = {"include_usage", "include_obfuscation", NULL};
+    if (st == STATUS_OK && so) st = http_json_only_fields(so, "stream_options", so_fields);
     if (st == STATUS_OK && so) st = get_bool(so, "include_usage", &q->include_usage);
     return st;
 }
@@ -575,123 +598,6 @@ static enum status parse_model(const cJSON *model, const char *served_model, con
                          model->valuestring, served_model, n_adapters ? " and its adapters" : "");
 }
 
-/* cJSON ends a string at a NUL ("\u0000", or a raw NUL byte, which it lets through) and drops
- * the rest, so the server refuses NUL in strings, as gRPC does. To find them by name after
- * parsing, a copy of the body is parsed in which every NUL inside a string is NUL_MARK, a byte
- * that the UTF-8 check of the body has ruled out and that cJSON copies through. Returns the
- * malloc'd copy of *out_len bytes. */
-#define NUL_MARK '\xff'
-static char *mark_nuls(const char *body, size_t len, size_t *out_len)
-{
-    char *out = malloc(len ? len : 1);
-    CHECK(out, "out of memory copying a request body");
-    size_t o = 0;
-    int in_string = 0;
-    for (size_t i = 0; i < len; i++) {
-        char c = body[i];
-        if (in_string && c == '\\' && i + 5 < len && !memcmp(body + i + 1, "u0000", 5)) {
-            out[o++] = NUL_MARK;
-            i += 5;
-            continue;
-        }
-        if (in_string && c == '\\' && i + 1 < len) { /* any other escape, "\\" included */
-            out[o++] = c;
-            out[o++] = body[++i];
-            continue;
-        }
-        if (c == '"') in_string = !in_string;
-        out[o++] = in_string && c == 0 ? NUL_MARK : c;
-    }
-    *out_len = o;
-    return out;
-}
-
-/* 1 when a string or member name within v held a NUL; path[0..cap) then names the string as
- * the API does ("messages[1].content"), or the object holding the name (*in_name set). */
-static int find_nul(const cJSON *v, char *path, size_t cap, int *in_name)
-{
-    if (cJSON_IsString(v)) return strchr(v->valuestring, NUL_MARK) != NULL;
-    if (!cJSON_IsArray(v) && !cJSON_IsObject(v)) return 0;
-    size_t n = strlen(path);
-    int i = 0;
-    for (const cJSON *e = v->child; e; e = e->next, i++) {
-        if (cJSON_IsObject(v) && strchr(e->string, NUL_MARK)) return *in_name = 1;
-        if (cJSON_IsArray(v)) snprintf(path + n, cap - n, "[%d]", i);
-        else snprintf(path + n, cap - n, "%s%s", n ? "." : "", e->string);
-        if (find_nul(e, path, cap, in_name)) return 1;
-        path[n] = 0;
-    }
-    return 0;
-}
-
-static enum status refuse_nul(const cJSON *o)
-{
-    char path[256] = "";
-    int in_name = 0;
-    if (!find_nul(o, path, sizeof path, &in_name)) return STATUS_OK;
-    if (in_name)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "a member name of %s%s%s must not contain U+0000 (NUL)",
-                             path[0] ? "'" : "", path[0] ? path : "the request", path[0] ? "'" : "");
-    return status_errorf(STATUS_INVALID_ARGUMENT, "'%s' must not contain U+0000 (NUL)", path);
-}
-
-static int compare_names(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* 1 when an object within v (v included) has a member name twice; *dup is then that name.
- * Python, JavaScript and Go take the last of duplicate keys and cJSON the first, so a gateway
- * that checked {"max_tokens": 100000, "max_tokens": 10} would pass what this server runs
- * differently: the request is refused instead. Names are sorted per object (O(n log n): an
- * object of 200k members is a 4 MB body). */
-static int find_duplicate(const cJSON *v, const char **dup)
-{
-    if (!cJSON_IsArray(v) && !cJSON_IsObject(v)) return 0;
-    int n = 0;
-    for (const cJSON *e = v->child; e; e = e->next) {
-        if (find_duplicate(e, dup)) return 1;
-        n++;
-    }
-    if (!cJSON_IsObject(v) || n < 2) return 0;
-    const char **names = malloc((size_t)n * sizeof *names);
-    CHECK(names, "out of memory checking a request's member names");
-    int k = 0;
-    for (const cJSON *e = v->child; e; e = e->next) names[k++] = e->string;
-    qsort(names, (size_t)n, sizeof *names, compare_names);
-    int found = 0;
-    for (int i = 1; i < n && !found; i++)
-        if (!strcmp(names[i - 1], names[i])) found = 1, *dup = names[i];
-    free(names);
-    return found;
-}
-
-enum status http_json_parse_body(const char *body, size_t len, cJSON **out)
-{
-    *out = NULL;
-    if (!utf8_valid(body, len)) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid UTF-8");
-    size_t marked_len;
-    char *marked = mark_nuls(body, len, &marked_len);
-    /* The whole body is one JSON value: bytes after it (a second object, garbage) are refused,
-     * not ignored, so that no two readers of the body see two different requests. */
-    const char *end = NULL;
-    cJSON *o = cJSON_ParseWithLengthOpts(marked, marked_len, &end, 0);
-    size_t rest = o && end ? marked_len - (size_t)(end - marked) : 0;
-    while (rest && end[0] && strchr(" \t\r\n", end[0])) end++, rest--;
-    free(marked);
-    if (!o) return status_errorf(STATUS_INVALID_ARGUMENT, "the request body is not valid JSON");
-    enum status st = STATUS_OK;
-    const char *dup = NULL;
-    if (rest) st = status_errorf(STATUS_INVALID_ARGUMENT, "the request body has %zu bytes after its JSON value", rest);
-    else if (!cJSON_IsObject(o)) st = status_errorf(STATUS_INVALID_ARGUMENT, "the request body must be a JSON object");
-    if (st == STATUS_OK) st = refuse_nul(o);
-    if (st == STATUS_OK && find_duplicate(o, &dup))
-        st = status_errorf(STATUS_INVALID_ARGUMENT, "the member name '%.64s' appears twice in one object", dup);
-    if (st != STATUS_OK) cJSON_Delete(o);
-    else *out = o;
-    return st;
-}
-
 enum status http_parse_request(const char *body, size_t len, int is_chat, const char *served_model,
                                const char *const *adapters, int n_adapters, const struct http_chat_caps *caps,
                                struct http_request *q)
@@ -702,6 +608,8 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     cJSON *o = NULL;
     enum status st = http_json_parse_body(body, len, &o);
     if (st == STATUS_OK) st = refuse_unhonoured(o);
+    if (st == STATUS_OK) st = only_body_fields(o, is_chat);
+    if (st == STATUS_OK) st = check_client_fields(o);
     if (st == STATUS_OK) st = parse_model(field(o, "model"), served_model, adapters, n_adapters, &q->r);
     if (st == STATUS_OK) st = is_chat ? parse_messages(o, &q->r) : parse_prompt(o, q);
     if (st == STATUS_OK) q->r.add_bos = 1;

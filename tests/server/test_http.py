@@ -287,7 +287,19 @@ def group_errors(env):
             ({"prompt": "hi", "n": 0}, "n"),
             ({"prompt": "hi", "logprobs": 1000}, "logprobs"),
             ({"prompt": "Once upon a time " * 60000}, "prompt (at least"),  # refused before tokenizing
-            ({"prompt": "hi", "unknown_field": {"a": 1}, "max_tokens": 1}, None),  # ignored
+            # Every field is read or refused by name (never silently ignored).
+            ({"prompt": "hi", "unknown_field": {"a": 1}, "max_tokens": 1}, "unknown_field: unknown field"),
+            ({"prompt": "hi", "messages": []}, "messages: unknown field (not supported by this server in completions"),
+            ({"prompt": "hi", "stream_options": {"continuous_usage_stats": True}},
+             "stream_options.continuous_usage_stats: unknown field"),
+            ({"prompt": "hi", "store": True}, "'store': true is not supported"),
+            ({"prompt": "hi", "service_tier": "flex"}, "'service_tier' 'flex' is not supported"),
+            ({"prompt": "hi", "modalities": ["text", "audio"]}, "'modalities' other than"),
+            ({"prompt": "hi", "metadata": {"a": 1}}, "'metadata' must be an object of strings"),
+            # Client fields that ask nothing of the output, with the values that ask for this server's.
+            ({"prompt": "hi", "max_tokens": 1, "store": False, "metadata": {"team": "qa"}, "service_tier": "auto",
+              "prompt_cache_key": "k1", "safety_identifier": "u1", "modalities": ["text"],
+              "guided_decoding_backend": "xgrammar", "stream_options": None}, None),
             ({"prompt": "hi", "response_format": {"type": "xml"}}, "'response_format.type' must be"),
             ({"prompt": "hi", "response_format": {"type": "json_schema"}}, "'response_format.json_schema' must be"),
             ({"prompt": "hi", "guided_regex": "a", "guided_choice": ["a"]}, "exclusive"),
@@ -307,6 +319,10 @@ def group_errors(env):
                   f"{body}: {code} {ans}")
         code, ans = http(srv, "POST", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, H)
         check(code == 400 and "role" in ans["error"]["message"], f"bad role: {code} {ans}")
+        code, ans = http(srv, "POST", "/v1/chat/completions",
+                         {"messages": [{"role": "user", "content": "x"}], "prompt": "y", "echo": True}, H)
+        check(code == 400 and "prompt: unknown field (not supported by this server in chat; it is /v1/completions'"
+              in ans["error"]["message"], f"prompt in chat: {code} {ans}")
         code, ans = http(srv, "POST", "/v1/chat/completions", {"messages": "hi"}, H)
         check(code == 400 and "'messages' must be a list" in ans["error"]["message"], f"messages type: {code} {ans}")
         code, ans = http(srv, "POST", "/v1/chat/completions",
