@@ -135,6 +135,17 @@ static const struct sample samples[] = {
     {GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"},\"id\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-[0-9]+$\"},\"s\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}},\"additionalProperties\":false}",
      {"{}", "{\"d\":\"2024-02-29\",\"id\":\"AB-12\",\"s\":\"abc\"}", "{\"s\":\"\\\"x\"}", NULL},
      {"{\"d\":\"2024-13-01\"}", "{\"id\":\"A-1\"}", "{\"s\":\"a\"}", "{\"s\":\"abcd\"}", NULL}},
+    /* additionalProperties absent where properties are declared: none generated (docs/grammar.md);
+     * said true, in the object or in an allOf part, they are; an object without properties is open. */
+    {GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\",\"b\"]}",
+     {"{\"a\":1,\"b\":[]}", NULL}, {"{\"a\":1,\"b\":2,\"c\":3}", "{\"a\":1}", NULL}},
+    {GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":true}",
+     {"{\"a\":1,\"c\":true}", "{\"c\":null}", NULL}, {"{\"a\":\"x\"}", NULL}},
+    {GRAMMAR_JSON_SCHEMA, "{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}}},{\"properties\":{\"b\":{}},\"additionalProperties\":true}]}",
+     {"{\"a\":1,\"b\":2,\"c\":3}", NULL}, {"{\"a\":\"x\"}", NULL}},
+    {GRAMMAR_JSON_SCHEMA, "{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}}},{\"properties\":{\"b\":{}}}]}",
+     {"{\"a\":1,\"b\":2}", "{}", NULL}, {"{\"a\":1,\"c\":3}", NULL}},
+    {GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\"}", {"{}", "{\"z\":[1]}", NULL}, {"[]", NULL}},
     {GRAMMAR_JSON_SCHEMA, "{\"type\":[\"number\",\"string\",\"null\"]}", {"1.5e-3", "\"x\"", "null", "-0", NULL}, {"01", "1.", "true", NULL}},
     {GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"boolean\"},{\"type\":\"integer\",\"exclusiveMinimum\":10}],\"items\":false}",
      {"[]", "[true]", "[false,11]", NULL}, {"[false,10]", "[true,11,1]", NULL}},

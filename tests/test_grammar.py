@@ -7,7 +7,9 @@ the corpus tests/data/grammar/ (*.schema.json, *.regex, *.gbnf):
     mutated (a byte deleted, inserted, replaced; whitespace added), plus hand-written ones;
   - every string is decided by the engine (test_grammar check: complete / prefix / reject) and
     by llguidance (PyPI, its byte-level matcher with compact JSON: no whitespace, "," and ":"),
-    and the two must agree exactly, except where docs/grammar.md documents a difference;
+    and the two must agree exactly, except where docs/grammar.md documents a difference (a
+    schema's objects that declare properties and leave additionalProperties out are given
+    additionalProperties false for llguidance: the engine generates no undeclared members there);
   - every string the engine accepts as complete validates with jsonschema (schemas, with format
     checks) or matches Python's re.fullmatch (regexes), and every finished random walk is such a
     complete string.
@@ -46,8 +48,30 @@ LLTOK = llguidance.LLTokenizer(llguidance.TokenizerWrapper(ByteTok()))
 COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
 
+def closed(node):
+    """The schema as the engine generates it: an object that declares properties and says nothing of
+    additionalProperties gets none (docs/grammar.md), i.e. additionalProperties false, written out
+    for llguidance, which follows the specification's default (allowed)."""
+    if isinstance(node, list):
+        return [closed(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    for k in ("properties", "$defs", "definitions"):
+        if isinstance(node.get(k), dict):
+            out[k] = {name: closed(v) for name, v in node[k].items()}
+    # (allOf parts are merged before the default applies: the corpus' allOf parts say it outright.)
+    for k in ("items", "additionalProperties", "additionalItems", "prefixItems", "anyOf", "oneOf", "allOf"):
+        if k in node:
+            out[k] = closed(node[k])
+    if node.get("properties") and "additionalProperties" not in node:
+        out["additionalProperties"] = False
+    return out
+
+
 def ll_grammar(kind, src):
     if kind == "json_schema":
+        src = json.dumps(closed(json.loads(src)))
         return llguidance.LLMatcher.grammar_from_json_schema(src, overrides=COMPACT)
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(src)

@@ -409,13 +409,18 @@ static struct gx *object_expr(struct sb *s, const cJSON *node, const char *path)
     }
     n = k;
     struct gx *extra = NULL;
-    if (!ap || cJSON_IsTrue(ap)) extra = gx_seq3(b, extra_key(s, props), gx_str(b, ":"), gx_ref(b, s->r_value));
+    /* additionalProperties absent where properties are declared: none are generated, as
+     * xgrammar's strict mode (vLLM's default) and llama.cpp's converter do: every output still
+     * validates against the schema, and a small model does not invent members after the declared
+     * ones until max_tokens cuts its call short (LangChain's tool schemas leave it out). */
+    const int open = ap ? cJSON_IsTrue(ap) : !(props && props->child);
+    if (open) extra = gx_seq3(b, extra_key(s, props), gx_str(b, ":"), gx_ref(b, s->r_value));
     else if (cJSON_IsObject(ap)) {
         subpath(sub, sizeof sub, path, "additionalProperties", NULL);
         struct gx *v = schema(s, ap, sub);
         if (!v) return NULL;
         extra = gx_seq3(b, extra_key(s, props), gx_str(b, ":"), v);
-    } else if (!cJSON_IsFalse(ap)) return sfail(s, path, "additionalProperties must be a boolean or a schema%s", ""), NULL;
+    } else if (ap && !cJSON_IsFalse(ap)) return sfail(s, path, "additionalProperties must be a boolean or a schema%s", ""), NULL;
     /* A_i: members i.. with nothing written yet; B_i: members i.. after something (each
      * preceded by a comma). Built from the end, as rules so that the size stays linear. */
     struct gx *A = extra ? gx_repeat(b, gx_seq2(b, extra, gx_repeat(b, gx_seq2(b, gx_str(b, ","), extra), 0, -1)), 0, 1) : gx_empty(b);
@@ -555,9 +560,10 @@ static struct gx *all_of(struct sb *s, const cJSON *node, const cJSON *all, cons
     /* additionalProperties false in a part allows only that part's own properties: the merged
      * object allows the intersection, and a required property outside it is unsatisfiable. */
     cJSON *props = cJSON_GetObjectItemCaseSensitive(m, "properties"), *req = cJSON_GetObjectItemCaseSensitive(m, "required");
-    int closed = 0;
+    int closed = 0, open = 0; /* open: some part says true (absent in all: object_expr's default) */
     for (int i = 0; i < n; i++) {
         const cJSON *ap = cJSON_GetObjectItemCaseSensitive(parts[i], "additionalProperties");
+        open |= cJSON_IsTrue(ap);
         if (!ap || cJSON_IsTrue(ap)) continue;
         if (!cJSON_IsFalse(ap)) return sfail(s, path, "allOf with an additionalProperties %s is not supported", "schema"), NULL;
         closed = 1;
@@ -570,7 +576,7 @@ static struct gx *all_of(struct sb *s, const cJSON *node, const cJSON *all, cons
             if (cJSON_IsString(r) && !cJSON_GetObjectItemCaseSensitive(own, r->valuestring))
                 return sfail(s, path, "allOf: required property '%s' is excluded by additionalProperties false", r->valuestring), NULL;
     }
-    if (closed && !cJSON_AddItemToObject(m, "additionalProperties", cJSON_CreateFalse()))
+    if ((closed || open) && !cJSON_AddItemToObject(m, "additionalProperties", cJSON_CreateBool(!closed)))
         return gb_fail(s->b, STATUS_RESOURCE_EXHAUSTED, "json schema: out of memory"), NULL;
     return schema(s, m, path);
 }
