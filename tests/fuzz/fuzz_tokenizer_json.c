@@ -2,8 +2,8 @@
  * tokenizer_json_steps.c, bpe.c, wordpiece.c, unigram.c, normalizer.c, text_decode.c). The input is
  * split at its first NUL byte: before it the tokenizer.json text (tokenizer_load_from_memory), after
  * it a text to encode. A file that loads must encode the text (or refuse it with a status), decode
- * the ids, and the streaming detokenizer must give the decode byte for byte (special tokens shown and
- * not: tokenizer_decode_opts), else the target aborts.
+ * the ids, and the streaming detokenizer must give the decode of the first 64 ids byte for byte
+ * (special tokens shown and not: tokenizer_decode_opts), else the target aborts.
  * A first byte other than '{' makes it a tiktoken rank file (engine/text/tiktoken.c).
  * Corpus: tests/fuzz/corpus/tokenizer_json (small WordPiece, WordLevel (one without its unk), Unigram,
  * character and byte-level BPE files, one with a Precompiled normalizer, tiktoken rank files, each
@@ -61,7 +61,9 @@ static void round_trip(const struct tokenizer *t, const char *text, size_t n)
             fprintf(stderr, "tokenizer_encode gave id %d outside the vocabulary of %d\n", ids[i], tokenizer_vocab_size(t));
             abort();
         }
-    for (int show = 0; show <= 1; show++) stream_equals_decode(t, ids, n_ids, show);
+    /* The first 64 ids: the streaming detokenizer's cost per id grows with what it holds back, and
+     * a longer run adds time (the target ran at 260 inputs a second), not cases. */
+    for (int show = 0; show <= 1; show++) stream_equals_decode(t, ids, n_ids < 64 ? n_ids : 64, show);
     for (int i = 0; i < n_ids; i++) {
         char buf[256];
         (void)tokenizer_token_bytes(t, ids[i], buf, (int)sizeof buf);
