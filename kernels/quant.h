@@ -51,6 +51,7 @@ enum quant_type {
 enum quant_impl {
     QUANT_IMPL_SCALAR = 0,    /* plain C, every CPU: the reference */
     QUANT_IMPL_AVX2,          /* x86-64 with AVX2, FMA, F16C */
+    QUANT_IMPL_AVX_VNNI,      /* + AVX-VNNI (VEX vpdpbusd, CPUs without AVX-512 have it): cpu_avx_vnni() */
     QUANT_IMPL_AVX512_VNNI,   /* + AVX512-VNNI and VL: vpdpbusd on 256-bit vectors */
     QUANT_IMPL_COUNT,
 };

@@ -6,7 +6,7 @@
  *   per (shape, m, threads, type): time of one product with the best implementation here, the
  *   weight bandwidth it reaches (bytes of blocks read per second), the f32 product's time and
  *   bandwidth, the speed-up (f32 time / quantized time), and for the 32-element types the
- *   AVX2 time when the best is AVX512-VNNI.
+ *   times of the other SIMD implementations that run here (avx2, avxvnni, avx512vnni).
  * The 256-element types (K-quants, IQ4_XS) need k a multiple of 256, so they only appear at k = 2048 (which is why Gemma's
  * Q4_K_M file stores its 640-wide rows as Q5_0 and Q8_0).
  * Every figure is the best of several timed repetitions after a warm-up call.
@@ -82,6 +82,20 @@ static void run_quant_packed(void *p)
     quant_matmul_packed_impl(c->impl, c->type, c->y, c->x, c->w, c->m, c->n, c->k, c->scratch, c->threads);
 }
 
+/* Appends to extra (cap bytes) " (NAME T us)" for each SIMD implementation other than best that
+ * runs here, timing fn over c with c->impl set to it (restored to best after). */
+static void time_others(enum quant_impl best, void (*fn)(void *), struct quant_ctx *c, const struct bench *reps, char *extra,
+                        size_t cap)
+{
+    for (int i = QUANT_IMPL_AVX2; i < QUANT_IMPL_COUNT; i++) {
+        if (i == (int)best || !quant_impl_available((enum quant_impl)i)) continue;
+        c->impl = (enum quant_impl)i;
+        const size_t used = strlen(extra);
+        snprintf(extra + used, cap - used, " (%s %.1f us)", quant_impl_name(c->impl), time_best(reps, fn, c) * 1e6);
+    }
+    c->impl = best;
+}
+
 struct f32_ctx {
     struct backend *b;
     struct tensor   y, x, w;
@@ -134,11 +148,8 @@ static void bench_shape(const struct bench *bn, struct backend *b, const char *l
             const double ta = time_best(bn, run_f32, &oc);
             snprintf(amx_note, sizeof amx_note, ", with AMX %8.1f us (%5.2fx)", ta * 1e6, t_f32 / ta);
         }
-        char extra[160] = "";
-        if (best == QUANT_IMPL_AVX512_VNNI && quant_block_size(t) == 32) {
-            qc.impl = QUANT_IMPL_AVX2;
-            snprintf(extra, sizeof extra, "  (avx2 %7.1f us)", time_best(bn, run_quant, &qc) * 1e6);
-        }
+        char extra[320] = "";
+        if (quant_block_size(t) == 32) time_others(best, run_quant, &qc, bn, extra, sizeof extra);
         printf("    %-6s %-10s int8 %8.1f us %6.1f GB/s  %4.2f bytes/weight  speed-up vs f32 %5.2fx%s"
                "  | op_matmul %8.1f us (%5.2fx f32)%s\n",
                quant_type_name(t), quant_impl_name(best), tq * 1e6, (double)wbytes / tq * 1e-9,
@@ -189,19 +200,19 @@ static void bench_lm_head(const struct bench *bn, int threads)
         struct quant_ctx qc = {quant_impl_best(), t, y, x, w, scratch, 1, n, k, threads};
         struct read_ctx rc = {(const uint64_t *)w, wbytes / 8};
         const double tr = time_best(bn, run_read, &rc), tq = time_best(bn, run_quant, &qc);
-        char extra[160] = "";
-        if (qc.impl == QUANT_IMPL_AVX512_VNNI) {
-            qc.impl = QUANT_IMPL_AVX2;
-            snprintf(extra, sizeof extra, " (avx2 %.1f us)", time_best(bn, run_quant, &qc) * 1e6);
-        }
+        char extra[320] = "";
+        time_others(qc.impl, run_quant, &qc, bn, extra, sizeof extra);
         if (quant_packable(t, n, k)) { /* decode's layout (quant_pack_rows8) */
             uint8_t *wp = malloc(quant_packed_bytes(t, n, k));
             quant_pack_rows8(t, wp, w, n, k);
             qc.impl = quant_impl_best(), qc.w = wp;
             const double tp = time_best(bn, run_quant_packed, &qc);
             const size_t used = strlen(extra);
-            snprintf(extra + used, sizeof extra - used, " (packed %.1f us: %.2fx, kernel / read %.2f)", tp * 1e6,
+            snprintf(extra + used, sizeof extra - used, " (packed %.1f us: %.2fx, kernel / read %.2f;", tp * 1e6,
                      tq / tp, tr / tp);
+            time_others(qc.impl, run_quant_packed, &qc, bn, extra, sizeof extra);
+            const size_t end = strlen(extra);
+            snprintf(extra + end, sizeof extra - end, ")");
             free(wp);
         }
         printf("gemma lm_head   m=1   k=%-5lld n=%-6lld threads %d: %-5s %s %8.1f us%s %6.1f GB/s; plain "

@@ -39,10 +39,16 @@ int main(void)
     /* Each family follows the level. */
     enum quant_impl qwant = QUANT_IMPL_SCALAR;
     if (lvl >= CPU_ISA_AVX2 && quant_impl_available(QUANT_IMPL_AVX2)) qwant = QUANT_IMPL_AVX2;
+    const char *vnni_env = getenv("SHARDLM_CPU_AVX_VNNI");
+    const int vnni_off = vnni_env && (!strcmp(vnni_env, "0") || !strcmp(vnni_env, "off"));
+    check(!cpu_avx_vnni() || (lvl >= CPU_ISA_AVX2 && !vnni_off), "AVX-VNNI %s under level %s%s",
+          cpu_avx_vnni() ? "on" : "off", cpu_isa_name(lvl), vnni_off ? " and SHARDLM_CPU_AVX_VNNI=0" : "");
+    check(quant_impl_available(QUANT_IMPL_AVX_VNNI) == cpu_avx_vnni(), "the AVX-VNNI products follow cpu_avx_vnni");
+    if (quant_impl_available(QUANT_IMPL_AVX_VNNI)) qwant = QUANT_IMPL_AVX_VNNI;
     if (lvl >= CPU_ISA_AVX512_VNNI && quant_impl_available(QUANT_IMPL_AVX512_VNNI))
         qwant = QUANT_IMPL_AVX512_VNNI;
     check(quant_impl_best() == qwant, "quantized products: %s", quant_impl_name(quant_impl_best()));
-    check(lvl >= CPU_ISA_AVX2 || (!quant_impl_available(QUANT_IMPL_AVX2) &&
+    check(lvl >= CPU_ISA_AVX2 || (!quant_impl_available(QUANT_IMPL_AVX2) && !quant_impl_available(QUANT_IMPL_AVX_VNNI) &&
                                   !quant_impl_available(QUANT_IMPL_AVX512_VNNI)),
           "below avx2 only the scalar products are available");
     const char *want_attn = lvl >= CPU_ISA_AVX512 && attn_kernels_avx512() ? "avx512"

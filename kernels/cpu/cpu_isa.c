@@ -33,6 +33,7 @@ static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 static enum cpu_isa   isa_supported = CPU_ISA_SCALAR, isa_effective = CPU_ISA_SCALAR;
 static enum cpu_isa   isa_ceiling = CPU_ISA_COUNT; /* none */
 static char           isa_model[64] = "unknown";
+static int            isa_avx_vnni; /* the CPU has AVX-VNNI and SHARDLM_CPU_AVX_VNNI allows it */
 
 const char *cpu_isa_name(enum cpu_isa level)
 {
@@ -74,6 +75,13 @@ static enum cpu_isa probe_supported(void)
 #endif
 }
 
+/* AVX-VNNI: CPUID 7.1 EAX bit 4 (with AVX2: the caller checks the level). */
+static int probe_avx_vnni(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
+}
+
 static void probe_model(void)
 {
     unsigned r[12];
@@ -94,6 +102,7 @@ static void probe_model(void)
 }
 #else
 static enum cpu_isa probe_supported(void) { return CPU_ISA_SCALAR; }
+static int          probe_avx_vnni(void) { return 0; }
 static void         probe_model(void) {}
 #endif
 
@@ -149,6 +158,14 @@ static void isa_init(void)
         LOG_WARN("cpu", "SHARDLM_CPU_ISA=%s: this CPU (%s) supports up to %s; using %s", e,
                  isa_model, cpu_isa_name(isa_supported), cpu_isa_name(level));
     isa_effective = level;
+    const char *vnni = getenv("SHARDLM_CPU_AVX_VNNI");
+    isa_avx_vnni = level >= CPU_ISA_AVX2 && probe_avx_vnni() && !(vnni && (!strcmp(vnni, "0") || !strcmp(vnni, "off")));
+}
+
+int cpu_avx_vnni(void)
+{
+    pthread_once(&isa_once, isa_init);
+    return isa_avx_vnni;
 }
 
 enum cpu_isa cpu_isa(void)

@@ -32,6 +32,11 @@ enum cpu_isa {
     CPU_ISA_COUNT,
 };
 
+/* 1 when the kernels may use AVX-VNNI (the VEX form of vpdpbusd, outside the ladder of levels:
+ * AVX2 CPUs may have it, AVX-512 ones may lack it): the CPU has it (CPUID 7.1 EAX bit 4), the
+ * level is at least avx2, and SHARDLM_CPU_AVX_VNNI is not 0 (or off). The quantized products
+ * take it over plain AVX2 (quant.c), below avx512-vnni. */
+int          cpu_avx_vnni(void);
 /* The level the kernels use: min(ceiling, cpu_isa_supported()). */
 enum cpu_isa cpu_isa(void);
 /* 1 when cpu_isa() >= level. */

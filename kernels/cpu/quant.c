@@ -102,6 +102,7 @@ const char *quant_impl_name(enum quant_impl impl)
     switch (impl) {
     case QUANT_IMPL_SCALAR: return "scalar";
     case QUANT_IMPL_AVX2: return "avx2";
+    case QUANT_IMPL_AVX_VNNI: return "avxvnni";
     case QUANT_IMPL_AVX512_VNNI: return "avx512vnni";
     case QUANT_IMPL_COUNT: break;
     }
@@ -119,6 +120,7 @@ static int available_mask(void)
     if (mask < 0) {
         mask = 1 << QUANT_IMPL_SCALAR;
         if (quant_kernels_avx2() && cpu_isa_at_least(CPU_ISA_AVX2)) mask |= 1 << QUANT_IMPL_AVX2;
+        if (quant_kernels_avx_vnni() && cpu_avx_vnni()) mask |= 1 << QUANT_IMPL_AVX_VNNI;
         if (quant_kernels_avx512_vnni() && cpu_isa_at_least(CPU_ISA_AVX512_VNNI))
             mask |= 1 << QUANT_IMPL_AVX512_VNNI;
         atomic_store_explicit(&impl_mask, mask, memory_order_relaxed);
@@ -132,6 +134,7 @@ static const struct quant_kernels *kernels_of(enum quant_impl impl)
     switch (impl) {
     case QUANT_IMPL_SCALAR: return quant_kernels_scalar();
     case QUANT_IMPL_AVX2: return quant_kernels_avx2();
+    case QUANT_IMPL_AVX_VNNI: return quant_kernels_avx_vnni();
     case QUANT_IMPL_AVX512_VNNI: return quant_kernels_avx512_vnni();
     case QUANT_IMPL_COUNT: break;
     }

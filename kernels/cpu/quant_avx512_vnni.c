@@ -5,7 +5,8 @@
  * quant.c asks the CPU.
  * The packed (eight-row) Q4, Q5 and Q8_0 kernels of quant_x86.h accumulate with vpdpbusd here
  * (QX_VNNI) and unpack the Q5 fifth bits with one masked move: the same integer sums.
- * Not here: AVX-VNNI (the VEX form of the same instruction on CPUs without AVX-512), 512-bit
+ * Not here: AVX-VNNI (the VEX form of the same instruction on CPUs without AVX-512:
+ * quant_avx_vnni.c), 512-bit
  * vectors (Q8_0's one-row kernel over two blocks per vpdpbusd went: it summed in another order
  * than the block-exact one of quant_impl.h, and the packed layout replaced it for the LM head).
  * Tests: tests/test_quant.c (against the scalar reference and the f64 product). */
@@ -23,29 +24,11 @@ QX_TARGET static inline __m256i dot_u8s8(__m256i u, __m256i s)
 }
 
 #define QX_VNNI 1 /* the packed kernels accumulate with vpdpbusd, Q5 unpacks with a masked move */
+#define QX_DPBUSD _mm256_dpbusd_epi32
+#define QX_MASKZ 1
 #include "quant_x86.h"
 
-static const struct quant_kernels vnni_kernels = {
-    .dot = {
-        [SLOT_Q4_0] = dot_q4_0, [SLOT_Q4_1] = dot_q4_1, [SLOT_Q5_0] = dot_q5_0,
-        [SLOT_Q5_1] = dot_q5_1, [SLOT_Q8_0] = dot_q8_0, [SLOT_Q4_K] = quant_avx2_dot_q4_k,
-        [SLOT_Q5_K] = quant_avx2_dot_q5_k, [SLOT_Q6_K] = quant_avx2_dot_q6_k,
-        [SLOT_Q2_K] = quant_avx2_dot_q2_k, [SLOT_Q3_K] = quant_avx2_dot_q3_k,
-        [SLOT_IQ4_NL] = dot_iq4_nl, [SLOT_IQ4_XS] = quant_avx2_dot_iq4_xs,
-    },
-    .dot4 = {
-        [SLOT_Q4_0] = dot4_q4_0, [SLOT_Q4_1] = dot4_q4_1, [SLOT_Q5_0] = dot4_q5_0,
-        [SLOT_Q5_1] = dot4_q5_1, [SLOT_Q8_0] = dot4_q8_0, [SLOT_IQ4_NL] = dot4_iq4_nl,
-    },
-    .dotw4 = {
-        [SLOT_Q4_0] = dotw4_q4_0, [SLOT_Q4_1] = dotw4_q4_1, [SLOT_Q5_0] = dotw4_q5_0,
-        [SLOT_Q5_1] = dotw4_q5_1, [SLOT_Q8_0] = dotw4_q8_0,
-    },
-    .packed8 = {[SLOT_Q4_0] = packed8_q4_0, [SLOT_Q4_1] = packed8_q4_1, [SLOT_Q8_0] = packed8_q8_0,
-                [SLOT_Q4_K] = quant_avx2_packed8_q4_k, [SLOT_Q5_0] = packed8_q5_0, [SLOT_Q5_1] = packed8_q5_1},
-    .act_q8 = quant_avx2_act_q8,
-    .act_q8_k = quant_avx2_act_q8_k,
-};
+static const struct quant_kernels vnni_kernels = QX_VNNI_TABLE;
 
 const struct quant_kernels *quant_kernels_avx512_vnni(void) { return &vnni_kernels; }
 

@@ -179,6 +179,7 @@ struct quant_kernels {
  * (the caller checks the CPU). */
 const struct quant_kernels *quant_kernels_scalar(void);
 const struct quant_kernels *quant_kernels_avx2(void);
+const struct quant_kernels *quant_kernels_avx_vnni(void);
 const struct quant_kernels *quant_kernels_avx512_vnni(void);
 
 /* x86 only: the AVX2 kernels of the 256-element types and x quantizers (quant_avx2.c), which the AVX512-VNNI

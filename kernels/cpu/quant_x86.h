@@ -1,9 +1,12 @@
-/* kernels/cpu/quant_x86.h - what the two x86 implementations of the quantized product share:
+/* kernels/cpu/quant_x86.h - what the three x86 implementations of the quantized product share:
  * AVX2 helpers (horizontal sum, nibble and fifth-bit unpacking) and the dot products of the
  * 32-element types (Q4_0 ... Q8_0, IQ4_NL), written once over an integer dot `dot_u8s8` that the including file
- * defines before including this one: quant_avx2.c with vpmaddubsw + vpmaddwd, and
- * quant_avx512_vnni.c with vpdpbusd. QX_TARGET is the includer's target attribute, so that the
- * library builds for generic x86-64 and the CPU is asked at run time (quant.c).
+ * defines before including this one: quant_avx2.c with vpmaddubsw + vpmaddwd, quant_avx_vnni.c
+ * and quant_avx512_vnni.c with vpdpbusd (VEX and EVEX forms). QX_TARGET is the includer's target
+ * attribute, so that the library builds for generic x86-64 and the CPU is asked at run time
+ * (quant.c). The includer may also define QX_VNNI (the packed kernels accumulate with
+ * QX_DPBUSD(acc, u8, s8), its vpdpbusd) and QX_MASKZ (AVX512BW: Q5's fifth bits by one masked
+ * move).
  * Each x86 file includes it once; every function here is static.
  * Not here: the K-quants (quant_avx2.c, shared by both), the scalar reference (quant_scalar.c).
  * Tests: tests/test_quant.c. */
@@ -205,7 +208,7 @@ QX_EXACT(q8_0, 0, 1)
 #undef QX_EXACT
 
 /* The fifth bits of a Q5 block as 0x10 bytes: one masked move where AVX512BW is there. */
-#ifdef QX_VNNI
+#ifdef QX_MASKZ
 #define QX_FIFTH(qh) _mm256_maskz_mov_epi8(qx_u32(qh), _mm256_set1_epi8(0x10))
 QX_TARGET static inline __mmask32 qx_u32(const uint8_t *p)
 {
@@ -246,7 +249,7 @@ packed8_q4(int64_t nb, const uint8_t *wp, int has_min, const struct act_q8 *x, f
             const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
 #ifdef QX_VNNI
-            is = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(is, lo, _mm256_set1_epi32(xl)), hi, _mm256_set1_epi32(xh));
+            is = QX_DPBUSD(QX_DPBUSD(is, lo, _mm256_set1_epi32(xl)), hi, _mm256_set1_epi32(xh));
 #else
             s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
             s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
@@ -301,7 +304,7 @@ packed8_q5(int64_t nb, const uint8_t *wp, int has_min, const struct act_q8 *x, f
             const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), QX_FIFTH(hb + 8 * j));
             const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), QX_FIFTH(hb + 8 * j + 4));
 #ifdef QX_VNNI
-            is = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(is, lo, _mm256_set1_epi32(xl)), hi, _mm256_set1_epi32(xh));
+            is = QX_DPBUSD(QX_DPBUSD(is, lo, _mm256_set1_epi32(xl)), hi, _mm256_set1_epi32(xh));
 #else
             s16[j / 2] = _mm256_add_epi16(s16[j / 2], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)),
                                                                        _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh))));
@@ -347,7 +350,7 @@ QX_TARGET static void packed8_q8_0(int64_t nb, const void *wpv, const void *xqv,
             memcpy(&xw, xq + 4 * k, 4);
             const __m256i v = _mm256_loadu_si256((const __m256i *)(wp + 16 + 32 * k));
 #ifdef QX_VNNI
-            is = _mm256_dpbusd_epi32(is, _mm256_sign_epi8(v, v), _mm256_sign_epi8(_mm256_set1_epi32(xw), v));
+            is = QX_DPBUSD(is, _mm256_sign_epi8(v, v), _mm256_sign_epi8(_mm256_set1_epi32(xw), v));
 #else
             const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(_mm256_set1_epi32(xw), v));
             is = _mm256_add_epi32(is, _mm256_madd_epi16(p, ones));
@@ -373,5 +376,29 @@ QX_TARGET static void packed8_q8_0(int64_t nb, const void *wpv, const void *xqv,
     }
 QX_S8(iq4_nl)
 #undef QX_S8
+
+/* The kernel table of the two vpdpbusd implementations (quant_avx_vnni.c, quant_avx512_vnni.c). */
+#define QX_VNNI_TABLE \
+{                                                                                                                 \
+    .dot = {                                                                                                      \
+        [SLOT_Q4_0] = dot_q4_0, [SLOT_Q4_1] = dot_q4_1, [SLOT_Q5_0] = dot_q5_0,                                   \
+        [SLOT_Q5_1] = dot_q5_1, [SLOT_Q8_0] = dot_q8_0, [SLOT_Q4_K] = quant_avx2_dot_q4_k,                        \
+        [SLOT_Q5_K] = quant_avx2_dot_q5_k, [SLOT_Q6_K] = quant_avx2_dot_q6_k,                                     \
+        [SLOT_Q2_K] = quant_avx2_dot_q2_k, [SLOT_Q3_K] = quant_avx2_dot_q3_k,                                     \
+        [SLOT_IQ4_NL] = dot_iq4_nl, [SLOT_IQ4_XS] = quant_avx2_dot_iq4_xs,                                        \
+    },                                                                                                            \
+    .dot4 = {                                                                                                     \
+        [SLOT_Q4_0] = dot4_q4_0, [SLOT_Q4_1] = dot4_q4_1, [SLOT_Q5_0] = dot4_q5_0,                                \
+        [SLOT_Q5_1] = dot4_q5_1, [SLOT_Q8_0] = dot4_q8_0, [SLOT_IQ4_NL] = dot4_iq4_nl,                            \
+    },                                                                                                            \
+    .dotw4 = {                                                                                                    \
+        [SLOT_Q4_0] = dotw4_q4_0, [SLOT_Q4_1] = dotw4_q4_1, [SLOT_Q5_0] = dotw4_q5_0,                             \
+        [SLOT_Q5_1] = dotw4_q5_1, [SLOT_Q8_0] = dotw4_q8_0,                                                       \
+    },                                                                                                            \
+    .packed8 = {[SLOT_Q4_0] = packed8_q4_0, [SLOT_Q4_1] = packed8_q4_1, [SLOT_Q8_0] = packed8_q8_0,               \
+                [SLOT_Q4_K] = quant_avx2_packed8_q4_k, [SLOT_Q5_0] = packed8_q5_0, [SLOT_Q5_1] = packed8_q5_1},   \
+    .act_q8 = quant_avx2_act_q8,                                                                                  \
+    .act_q8_k = quant_avx2_act_q8_k,                                                                              \
+}
 
 #endif
