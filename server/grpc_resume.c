@@ -50,6 +50,7 @@ struct grpc_job {
     double               t_ended;   /* base_now_s when active reached 0; 0 before */
     struct grpc_sub     *subs;      /* (n_subs) */
     int                  n_subs;
+    struct served_model *m;         /* the model its samples run on (a journal's models never unload) */
 };
 
 static const enum method FRONT_METHODS[] = {
@@ -241,6 +242,7 @@ int grpc_resume_entry(struct server *s, struct journal_entry *e)
     atomic_init(&j->refs, 1); /* the list's */
     pthread_mutex_init(&j->mu, NULL);
     j->log = *e;
+    j->m = m;
     memset(e, 0, sizeof *e);
     j->n_samples = r.params.n;
     for (int i = 0; i < j->n_samples; i++) j->active += !journal_entry_finished(&j->log, 0, i);
@@ -529,13 +531,32 @@ void grpc_resume_detach(struct call *c)
     job_unref(j); /* the call's */
 }
 
-void grpc_resume_cancel(struct call *c)
+/* Cancels j's engine requests; 0 when nothing of it was running any more. */
+static int job_cancel(struct grpc_job *j)
 {
-    struct grpc_job *j = c->job;
     pthread_mutex_lock(&j->mu);
+    const int running = j->active > 0;
     j->cancelled = 1;
     pthread_mutex_unlock(&j->mu);
     /* Subs are written only before the job is listed: reading them here is safe. */
-    for (int i = 0; i < j->n_subs; i++)
-        if (j->subs[i].submitted) engine_cancel(c->m->engine, j->subs[i].handle);
+    for (int i = 0; i < j->n_subs && running; i++)
+        if (j->subs[i].submitted) engine_cancel(j->m->engine, j->subs[i].handle);
+    return running;
+}
+
+void grpc_resume_cancel(struct call *c) { (void)job_cancel(c->job); }
+
+enum status grpc_resume_cancel_key(struct server *s, const char *key, int *cancelled)
+{
+    *cancelled = 0;
+    pthread_mutex_lock(&s->resumed_mu);
+    struct grpc_job *j = s->journal ? grpc_resume_find(s, key) : NULL;
+    if (j) atomic_fetch_add(&j->refs, 1);
+    pthread_mutex_unlock(&s->resumed_mu);
+    if (!j) return status_errorf(STATUS_NOT_FOUND, "no running request has id '%s'", key);
+    *cancelled = job_cancel(j);
+    LOG_INFO(MODULE, "req=%s (resumed, no client attached) %s by Cancel", key,
+             *cancelled ? "cancelled" : "had already finished: nothing cancelled");
+    job_unref(j);
+    return STATUS_OK;
 }

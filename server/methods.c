@@ -57,8 +57,11 @@ static enum status cancel(struct server *s, const uint8_t *data, size_t len, uin
     enum status st = convert_cancel_request(data, len, &id);
     if (st == STATUS_OK) {
         struct call *target = gen_find_call(s, id);
-        if (!target) st = status_errorf(STATUS_NOT_FOUND, "no running request has id '%s'", id);
-        else {
+        int cancelled = 0;
+        if (!target) { /* a resumed request with no client attached (grpc_resume.c) */
+            st = grpc_resume_cancel_key(s, id, &cancelled);
+            if (st == STATUS_OK) st = convert_cancel_response(cancelled, out, out_len);
+        } else {
             target->cancelled_by_rpc = 1;
             if (target->job) grpc_resume_cancel(target);
             else engine_cancel(target->m->engine, target->handle);

@@ -544,6 +544,11 @@ void        grpc_resume_pump(struct server *s);
 void        grpc_resume_detach(struct call *c);
 /* Loop thread: Cancel of a reattached call cancels its job's engine requests. */
 void        grpc_resume_cancel(struct call *c);
+/* Loop thread: Cancel of a resumed request no call is attached to (key: its request id). Its
+ * samples end with FINISH_REASON_CANCELLED (journaled), and its answer waits --journal-retain
+ * for a client as any resumed one's. *cancelled: 0 when it had finished already. NOT_FOUND when
+ * no resumed request has the id. */
+enum status grpc_resume_cancel_key(struct server *s, const char *key, int *cancelled);
 
 /* ---- methods.c ----------------------------------------------------------------------------- */
 

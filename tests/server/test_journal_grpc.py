@@ -294,6 +294,38 @@ def group_deadline(shardlm, model, work):
         check("deadline passed while the server was down" in srv.log_path.read_text(), "the log says why")
 
 
+def group_cancel(shardlm, model, work):
+    """Cancel of a resumed request no call is attached to: its samples end cancelled (journaled), a
+    client that reattaches gets what was generated and CANCELLED; then it is forgotten."""
+    journal = work / "journal-cancel"
+    srv = server(shardlm, model, "--journal", str(journal), name="cancel")
+    r = Reader("GenerateStream", gen_req("cx-1", max_tokens=450, temperature=1.0, seed=12, n=2))
+    c = r.take(r.start(stub(srv)), 2)
+    kill9(srv)
+    r.rest(c)
+    with server(shardlm, model, "--journal", str(journal), name="cancel-restart") as srv:
+        st = stub(srv)
+        ans = st.Cancel(pb.CancelRequest(request_id="cx-1"), timeout=30)
+        check(ans.cancelled, "Cancel of a resumed request nobody reads says cancelled")
+        try:
+            st.Cancel(pb.CancelRequest(request_id="cx-2"), timeout=30)
+            check(False, "Cancel of an unknown id is NOT_FOUND")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.NOT_FOUND, f"Cancel of an unknown id: {e.code()}")
+        r.call(st, [("shardlm-resume-token", "cx-1"), ("shardlm-resume-from", r.state(2))])
+        finals = [m.finish_reason for m in r.msgs if m.finish_reason]
+        check(r.code == grpc.StatusCode.CANCELLED and len(finals) == 2 and 4 in finals,
+              f"the reattached client gets the rest, a sample cancelled, then CANCELLED: {r.code} {r.details} {finals}")
+        n = sum(len(m.token_ids) for m in r.msgs)
+        check(0 < n < 2 * 450, f"it was stopped mid-way ({n} tokens over both samples)")
+        check("by Cancel" in srv.log_path.read_text(), "the log names the Cancel")
+        try:
+            st.Cancel(pb.CancelRequest(request_id="cx-1"), timeout=30)
+            check(False, "a delivered, cancelled request is forgotten")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.NOT_FOUND, f"Cancel after its answer was delivered: {e.code()}")
+
+
 def group_drain(shardlm, model, work):
     method, mk = STREAMS[0]
     with server(shardlm, model, name="drain-ref") as srv:
@@ -389,8 +421,8 @@ def group_client(shardlm, model, work, gguf=None):
           "Client.generate returns the uninterrupted unary answer")
 
 
-GROUPS = {"restart": group_restart, "live": group_live, "deadline": group_deadline, "drain": group_drain,
-          "client": group_client}
+GROUPS = {"restart": group_restart, "live": group_live, "deadline": group_deadline, "cancel": group_cancel,
+          "drain": group_drain, "client": group_client}
 
 
 def main():
