@@ -1,6 +1,6 @@
 /* cli/client_flags.c - what the client subcommands share (client_flags.h): the flags that say
- * where the server is and how to reach it (--server, --api-key-file, TLS, --timeout), the
- * sampling flags, strict number parsing and the usage errors.
+ * where the server is and how to reach it (--server, --api-key-file, TLS, --timeout,
+ * --resume-for), the sampling flags, strict number parsing and the usage errors.
  * Not here: the subcommands (chat.c, complete.c, bench.c, stats.c), the client (clients/).
  * Tests: tests/test_client.sh. */
 #include "client_flags.h"
@@ -61,14 +61,18 @@ int cli_parse_common(const char *cmd, struct common_flags *f, const char *a, con
         return 1;
     }
     if (strcmp(a, "--server") && strcmp(a, "--api-key-file") && strcmp(a, "--tls-ca") &&
-        strcmp(a, "--tls-server-name") && strcmp(a, "--timeout"))
+        strcmp(a, "--tls-server-name") && strcmp(a, "--timeout") && strcmp(a, "--resume-for"))
         return 0;
     if (!v) return cli_flag_error(cmd, "%s needs a value", a);
     if (!strcmp(a, "--server")) f->server = v;
     else if (!strcmp(a, "--api-key-file")) f->api_key_file = v;
     else if (!strcmp(a, "--tls-ca")) f->tls_ca = v;
     else if (!strcmp(a, "--tls-server-name")) f->tls_server_name = v;
-    else if (cli_parse_double(v, 0, 1e9, &f->timeout_s))
+    else if (!strcmp(a, "--resume-for")) {
+        if (cli_parse_double(v, 0, 1e9, &f->resume_for_s))
+            return cli_flag_error(cmd, "--resume-for must be a number of seconds >= 0, got '%s'", v);
+        f->has_resume_for = 1;
+    } else if (cli_parse_double(v, 0, 1e9, &f->timeout_s))
         return cli_flag_error(cmd, "--timeout must be a number of seconds >= 0, got '%s'", v);
     return 1;
 }
@@ -127,6 +131,7 @@ enum status cli_open_client(const struct common_flags *f, int own_connection, st
         .tls_root_cert_file = f->tls_ca,
         .tls_server_name = f->tls_server_name,
         .timeout_s = f->timeout_s,
+        .resume_for_s = !f->has_resume_for ? 0 : f->resume_for_s > 0 ? f->resume_for_s : -1,
         .own_connection = own_connection,
         .model = f->model,
     };

@@ -24,6 +24,8 @@ struct common_flags {
     const char *tls_server_name;
     int         tls;
     double      timeout_s;
+    double      resume_for_s;   /* --resume-for: 0 never (client_options' -1), unset: the default */
+    int         has_resume_for;
     const char *model;          /* stats, adapters: --model, the served model asked about */
 };
 
@@ -34,7 +36,9 @@ struct common_flags {
     "  --tls                  use TLS with the system's root certificates\n"                 \
     "  --tls-ca FILE          use TLS trusting the PEM certificates in FILE\n"               \
     "  --tls-server-name N    the name to check the server's certificate against\n"         \
-    "  --timeout S            deadline of each call in seconds (default none)\n"
+    "  --timeout S            deadline of each call in seconds (default none)\n"                \
+    "  --resume-for S         a call of a server with a stream journal that fails with\n"     \
+    "                         UNAVAILABLE reattaches for up to S seconds (default 60, 0 never)\n"
 
 #define ADAPTER_HELP                                                                         \
     "  --adapter NAME         the server's LoRA adapter NAME, or the served model's id for\n" \

@@ -85,6 +85,7 @@ enum status client_open(const char *addr, const struct client_options *o, struct
     if (!addr || !*addr) return status_errorf(STATUS_INVALID_ARGUMENT, "the server address is empty");
     if (o->timeout_s < 0 || isnan(o->timeout_s))
         return status_errorf(STATUS_INVALID_ARGUMENT, "the timeout must be >= 0 seconds");
+    if (isnan(o->resume_for_s)) return status_errorf(STATUS_INVALID_ARGUMENT, "resume_for_s is not a number");
     if (o->api_key) {
         for (const char *p = o->api_key; *p; p++)
             if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
@@ -105,6 +106,7 @@ enum status client_open(const char *addr, const struct client_options *o, struct
     }
     pthread_mutex_init(&c->mu, NULL);
     c->timeout_s = o->timeout_s;
+    c->resume_for_s = o->resume_for_s == 0 ? 60.0 : o->resume_for_s;
     snprintf(c->model, sizeof c->model, "%s", o->model ? o->model : "");
     grpc_init();
 
@@ -234,7 +236,7 @@ enum status client_generate(struct client *c, const struct client_request *req,
         struct unary_ctx u = {.res = res};
         st = client_call_run(c, rp.chat ? SERVICE "Chat" : SERVICE "Generate", client_request_pb_message(&rp),
                       &shardlm__v1__generate_response__descriptor, req->timeout_s, req->cancel_flag,
-                      0, unary_generate_msg, &u, &res->grpc_code);
+                      0, req->sampling.has_n ? req->sampling.n : 1, unary_generate_msg, &u, &res->grpc_code);
         if (u.err.st != STATUS_OK) st = status_errorf(u.err.st, "%s", u.err.msg);
     } else {
         res->grpc_code = GRPC_STATUS_INVALID_ARGUMENT;
@@ -319,7 +321,8 @@ enum status client_generate_stream(struct client *c, const struct client_request
         struct stream_ctx sc = {.res = res, .on_chunk = on_chunk, .user = ctx};
         st = client_call_run(c, rp.chat ? SERVICE "ChatStream" : SERVICE "GenerateStream",
                       client_request_pb_message(&rp), &shardlm__v1__generate_response__descriptor,
-                      req->timeout_s, req->cancel_flag, 1, stream_generate_msg, &sc, &res->grpc_code);
+                      req->timeout_s, req->cancel_flag, 1, req->sampling.has_n ? req->sampling.n : 1, stream_generate_msg, &sc,
+                      &res->grpc_code);
         if (sc.err.st != STATUS_OK) st = status_errorf(sc.err.st, "%s", sc.err.msg);
     } else {
         res->grpc_code = GRPC_STATUS_INVALID_ARGUMENT;
@@ -344,7 +347,7 @@ static enum status unary_call(struct client *c, const char *method, const Protob
                               const ProtobufCMessageDescriptor *d, ProtobufCMessage **out)
 {
     ProtobufCMessage *resp = NULL;
-    enum status st = client_call_run(c, method, req, d, 0, NULL, 0, keep_msg, &resp, NULL);
+    enum status st = client_call_run(c, method, req, d, 0, NULL, 0, 0, keep_msg, &resp, NULL);
     if (st != STATUS_OK) {
         if (resp) protobuf_c_message_free_unpacked(resp, NULL);
         return st;

@@ -48,6 +48,13 @@ struct client_options {
     /* Non-zero: this client gets a TCP connection of its own instead of sharing one with the
      * other clients of the process to the same address (bench: one connection per worker). */
     int         own_connection;
+    /* Reattaching (a server with a stream journal, `serve --journal`: docs/reliability.md): when
+     * a Generate, GenerateStream, Chat or ChatStream call whose server named its resume token
+     * fails with UNAVAILABLE (the server died or restarts), the call is made again with the
+     * token (and, streaming, what the caller already got), retrying for up to resume_for_s
+     * seconds while the server is down or loading; the caller sees every message once. 0: 60 s;
+     * negative: never. Calls to a server without a journal are never made again. */
+    double      resume_for_s;
     /* The served model that Tokenize, Detokenize, GetModelInfo, GetServerStats, LoadAdapter and
      * UnloadAdapter ask about, on a server of several (`serve --model` repeated): its id or one
      * of its adapters' names, at most 255 bytes; NULL or "": the server's first model. */

@@ -7,6 +7,8 @@
  * [receive status]. While a batch is pending, the thread waits on the call's queue in slices
  * of CALL_POLL_MS and checks the request's cancel flag between them, so that a flag set by a
  * signal handler cancels the call within one slice.
+ * A Generate / Chat call of a server with a stream journal that fails with UNAVAILABLE is made
+ * again with its resume token (client_options.resume_for_s; docs/reliability.md).
  * Not here: what the messages hold (client_convert.c), the channel (client.c).
  * Tests: tests/test_client_lib.c (cancel flags, deadlines, error codes), tests/test_client.sh. */
 #include <grpc/byte_buffer.h>
@@ -186,16 +188,21 @@ static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *d, grpc_byte_b
     return m;
 }
 
-/* Sends the request and half-closes; returns the batch's success bit. */
-static int call_send(struct client_call *k, const ProtobufCMessage *req,
+/* Sends the request (with the metadata md[0..n_md) besides the API key) and half-closes;
+ * returns the batch's success bit. */
+static int call_send(struct client_call *k, const ProtobufCMessage *req, const grpc_metadata *md, size_t n_md,
                      grpc_metadata_array *initial)
 {
     grpc_byte_buffer *bb = pack(req);
+    grpc_metadata all[3];
+    size_t n = 0;
+    if (k->c->has_auth) all[n++] = k->c->auth;
+    for (size_t i = 0; i < n_md && n < 3; i++) all[n++] = md[i];
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = k->c->has_auth ? 1 : 0;
-    ops[0].data.send_initial_metadata.metadata = k->c->has_auth ? &k->c->auth : NULL;
+    ops[0].data.send_initial_metadata.count = n;
+    ops[0].data.send_initial_metadata.metadata = n ? all : NULL;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -231,35 +238,125 @@ static int call_recv(struct client_call *k, const ProtobufCMessageDescriptor *d,
     return 1;
 }
 
-enum status client_call_run(struct client *c, const char *method, const ProtobufCMessage *req,
-                            const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
-                            const volatile sig_atomic_t *cancel_flag, int streaming,
-                            client_msg_fn on_msg, void *ctx, int *grpc_code)
+/* ---- reattaching to a journaling server (client_options.resume_for_s) -------------------- */
+
+#define RESUME_TOKEN_MAX 128 /* the server's ids are at most 100 bytes */
+
+/* A Generate / Chat call's way back after its server died: the resume token its first call's
+ * initial metadata named ("" before, or from a server without a journal) and, per sample, the
+ * token ids the caller got and whether it got the sample's last message. */
+struct resume {
+    char          token[RESUME_TOKEN_MAX];
+    int           n_samples; /* the request's n; 0: the call is never made again */
+    long          counts[MAX_SAMPLES];
+    unsigned char finals[MAX_SAMPLES];
+};
+
+static void resume_token_from(struct resume *r, const grpc_metadata_array *md)
 {
-    struct client_call k;
-    int n_msgs = 0, bad_message = 0, cb_cancelled = 0, code = GRPC_STATUS_UNKNOWN;
-    enum status st = call_start(c, method, timeout_s, cancel_flag, &k);
-    if (st != STATUS_OK) {
-        if (grpc_code) *grpc_code = GRPC_STATUS_INTERNAL;
-        return st;
-    }
-    grpc_metadata_array initial;
-    grpc_metadata_array_init(&initial);
-    if (call_send(&k, req, &initial)) {
-        ProtobufCMessage *m;
-        while (call_recv(&k, resp_desc, &m, &bad_message)) {
-            n_msgs++;
-            int stop = (!streaming && n_msgs > 1) ? 1 : on_msg(ctx, &m);
-            if (m) protobuf_c_message_free_unpacked(m, NULL);
-            if (stop) {
-                cb_cancelled = 1;
-                call_cancel(&k);
-            }
+    for (size_t i = 0; i < md->count && !r->token[0]; i++) {
+        const size_t n = GRPC_SLICE_LENGTH(md->metadata[i].value);
+        if (!grpc_slice_str_cmp(md->metadata[i].key, "shardlm-resume-token") && n && n < sizeof r->token) {
+            memcpy(r->token, GRPC_SLICE_START_PTR(md->metadata[i].value), n);
+            r->token[n] = 0;
         }
     }
-    st = call_finish(&k, &code);
-    grpc_metadata_array_destroy(&initial);
-    call_end(&k);
+}
+
+static void resume_count(struct resume *r, const ProtobufCMessage *m)
+{
+    const Shardlm__V1__GenerateResponse *g = (const Shardlm__V1__GenerateResponse *)m;
+    if (g->index < 0 || g->index >= r->n_samples) return;
+    r->counts[g->index] += (long)g->n_token_ids;
+    if (g->finish_reason != SHARDLM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED) r->finals[g->index] = 1;
+}
+
+/* shardlm-resume-from's value "S0,S1,..." into buf, or "" when nothing came yet. */
+static void resume_from(const struct resume *r, char *buf, size_t cap)
+{
+    size_t used = 0;
+    int any = 0;
+    buf[0] = 0;
+    for (int i = 0; i < r->n_samples; i++) any |= r->counts[i] > 0 || r->finals[i];
+    for (int i = 0; any && i < r->n_samples && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%ld%s", i ? "," : "", r->counts[i], r->finals[i] ? "!" : "");
+}
+
+/* Sleeps about ms milliseconds, returning early (1) when the cancel flag rises. */
+static int nap(const volatile sig_atomic_t *cancel_flag, int ms)
+{
+    for (int t = 0; t < ms; t += 10) {
+        if (cancel_flag && *cancel_flag) return 1;
+        gpr_sleep_until(gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(10, GPR_TIMESPAN)));
+    }
+    return 0;
+}
+
+enum status client_call_run(struct client *c, const char *method, const ProtobufCMessage *req,
+                            const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
+                            const volatile sig_atomic_t *cancel_flag, int streaming, int n_samples,
+                            client_msg_fn on_msg, void *ctx, int *grpc_code)
+{
+    struct resume *r = NULL;
+    if (n_samples > 0 && n_samples <= MAX_SAMPLES && c->resume_for_s > 0 &&
+        resp_desc == &shardlm__v1__generate_response__descriptor && (r = calloc(1, sizeof *r)))
+        r->n_samples = n_samples;
+    int n_msgs = 0, bad_message = 0, cb_cancelled = 0, code = GRPC_STATUS_UNKNOWN;
+    enum status st = STATUS_OK;
+    gpr_timespec give_up = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    for (int attempt = 0;; attempt++) {
+        struct client_call k;
+        n_msgs = 0;
+        st = call_start(c, method, timeout_s, cancel_flag, &k);
+        if (st != STATUS_OK) {
+            code = GRPC_STATUS_INTERNAL;
+            break;
+        }
+        /* A call made again carries the token and, streaming, what the caller has. */
+        char from[MAX_SAMPLES * 12];
+        grpc_metadata md[2];
+        size_t n_md = 0;
+        if (attempt) {
+            md[n_md].key = grpc_slice_from_static_string("shardlm-resume-token");
+            md[n_md++].value = grpc_slice_from_copied_string(r->token);
+            resume_from(r, from, sizeof from);
+            if (streaming && from[0]) {
+                md[n_md].key = grpc_slice_from_static_string("shardlm-resume-from");
+                md[n_md++].value = grpc_slice_from_copied_string(from);
+            }
+        }
+        grpc_metadata_array initial;
+        grpc_metadata_array_init(&initial);
+        const int sent = call_send(&k, req, md, n_md, &initial);
+        for (size_t i = 0; i < n_md; i++) grpc_slice_unref(md[i].value);
+        if (sent) {
+            if (r && !attempt) resume_token_from(r, &initial);
+            ProtobufCMessage *m;
+            while (call_recv(&k, resp_desc, &m, &bad_message)) {
+                n_msgs++;
+                if (r && streaming) resume_count(r, m);
+                int stop = (!streaming && n_msgs > 1) ? 1 : on_msg(ctx, &m);
+                if (m) protobuf_c_message_free_unpacked(m, NULL);
+                if (stop) {
+                    cb_cancelled = 1;
+                    call_cancel(&k);
+                }
+            }
+        }
+        st = call_finish(&k, &code);
+        grpc_metadata_array_destroy(&initial);
+        call_end(&k);
+        /* Made again only for UNAVAILABLE from a journaling server (a token), while the caller
+         * wants it and within resume_for_s of the first failure. */
+        if (!r || !r->token[0] || code != GRPC_STATUS_UNAVAILABLE || cb_cancelled || bad_message ||
+            (cancel_flag && *cancel_flag))
+            break;
+        if (n_msgs > 0 || gpr_time_cmp(give_up, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0) /* from the last news */
+            give_up = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                   gpr_time_from_micros((int64_t)(c->resume_for_s * 1e6), GPR_TIMESPAN));
+        if (gpr_time_cmp(gpr_now(GPR_CLOCK_MONOTONIC), give_up) > 0 || nap(cancel_flag, 100)) break;
+    }
+    free(r);
     if (st == STATUS_OK && bad_message) {
         code = GRPC_STATUS_INTERNAL;
         st = status_errorf(STATUS_INTERNAL, "%s: the server sent a message that does not parse", method);

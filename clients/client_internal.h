@@ -27,6 +27,7 @@ struct client {
     grpc_metadata   auth;        /* authorization: Bearer <key>, when has_auth */
     int             has_auth;
     double          timeout_s;
+    double          resume_for_s; /* client_options.resume_for_s, 0 read as 60 */
     char            model[256];  /* client_options.model, "" for none */
     pthread_mutex_t mu;          /* guards active */
     struct client_call *active;  /* calls now running, for client_cancel_calls */
@@ -43,7 +44,7 @@ typedef int (*client_msg_fn)(void *ctx, ProtobufCMessage **m);
  * NULL) receives the call's gRPC code. */
 enum status client_call_run(struct client *c, const char *method, const ProtobufCMessage *req,
                             const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
-                            const volatile sig_atomic_t *cancel_flag, int streaming,
+                            const volatile sig_atomic_t *cancel_flag, int streaming, int n_samples,
                             client_msg_fn on_msg, void *ctx, int *grpc_code);
 
 /* ---- client_convert.c --------------------------------------------------------------------- */

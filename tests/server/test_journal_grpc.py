@@ -23,8 +23,10 @@ Reference answers come from a journaled server that is never interrupted; no exp
 
   test_journal_grpc.py --shardlm BUILD/cli/shardlm [GROUP...]
 """
+import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -421,14 +423,76 @@ def group_client(shardlm, model, work, gguf=None):
           "Client.generate returns the uninterrupted unary answer")
 
 
+def group_cclient(shardlm, model, work, gguf=None):
+    """The C client (clients/, through `shardlm complete`) reattaches by itself as Client does:
+    a streamed and a unary completion across two SIGKILLs print what an uninterrupted server's
+    do, byte for byte."""
+    if not gguf or not Path(gguf).exists():
+        print(f"SKIP cclient: no GGUF at {gguf!r} (tools/fetch_smollm2.sh)")
+        return
+    model = gguf
+    sampling = ["--max-tokens", "120", "--temperature", "1.0", "--top-p", "0.95", "--seed", "6"]
+
+    def complete(port, *extra):
+        return subprocess.Popen([shardlm, "complete", "--server", f"127.0.0.1:{port}", "--prompt", STORY, *sampling,
+                                 *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def free_port():
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        return port
+
+    port = free_port()
+    with server(shardlm, model, "--journal", str(work / "journal-cclient-ref"), "--listen", f"127.0.0.1:{port}",
+                name="cclient-ref"):
+        want = [p.communicate(timeout=300)[0] for p in (complete(port, "--stream"), complete(port, "--request-id", "cr-1"))]
+    port = free_port()
+    flags = ("--journal", str(work / "journal-cclient"), "--listen", f"127.0.0.1:{port}")
+    srv = server(shardlm, model, *flags, name="cclient-0")
+    procs = [complete(port, "--stream"), complete(port, "--request-id", "cu-1")]
+    out = [bytearray(), bytearray()]
+
+    def read(i):
+        while chunk := os.read(procs[i].stdout.fileno(), 4096):
+            out[i] += chunk
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+    for t in readers:
+        t.start()
+    logs = []
+    for restart in (1, 2):
+        end = time.time() + 60
+        while len(out[0]) < len(STORY) + 12 * restart and time.time() < end:
+            time.sleep(0.002)
+        kill9(srv)
+        srv = server(shardlm, model, *flags, name=f"cclient-{restart}")  # the same --listen: the client's target
+        logs.append(srv.log_path)
+    rcs = [p.wait(timeout=300) for p in procs]
+    for t in readers:
+        t.join(timeout=60)
+    srv.stop()
+    for i, path in enumerate(logs):
+        log = path.read_text()
+        check(log.count("a gRPC client reattached") == 2 and "req=cu-1 (gRPC Generate): resumed" in log,
+              f"restart {i + 1}: both calls were cut mid-way and reattached by the C client")
+    errs = [p.stderr.read().decode(errors="replace")[-300:] for p in procs]
+    check(rcs == [0, 0], f"shardlm complete (streamed and unary) went on by itself across two SIGKILLs: {rcs} {errs}")
+    for i, what in enumerate(("streamed", "unary")):
+        same = bytes(out[i]) == want[i]
+        check(same, f"the {what} completion equals the uninterrupted one ({len(out[i])} bytes)"
+              + ("" if same else f": {bytes(out[i])!r} vs {want[i]!r}"))
+
+
 GROUPS = {"restart": group_restart, "live": group_live, "deadline": group_deadline, "cancel": group_cancel,
-          "drain": group_drain, "client": group_client}
+          "drain": group_drain, "client": group_client, "cclient": group_cclient}
 
 
 def main():
     def run(g, shardlm, model, work, a):
-        if g == "client":
-            group_client(shardlm, model, work, a.gguf)
+        if g in ("client", "cclient"):
+            GROUPS[g](shardlm, model, work, a.gguf)
         else:
             GROUPS[g](shardlm, model, work)
     return SM.stories_groups_main("shardlm-journal-grpc-", GROUPS, check, run,
