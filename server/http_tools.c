@@ -26,6 +26,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "grammar.h"
 #include "http_internal.h"
 #include "tool_format.h"
 
@@ -158,7 +159,14 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
     cJSON *list = chosen_tools(tools, only);
     enum status st = list ? http_tools_context(o, list, caps, q) : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     cJSON_Delete(list);
-    if (st == STATUS_OK && required) {
+    if (st == STATUS_OK && required && caps->reasoning && *tool_format_call_prefix(f)) {
+        /* A reasoning template: the model may think first, so the marker is the grammar's to
+         * write (its schema's prefix), not the prompt's; generation.c (constrain_around_think)
+         * makes it an opening constraint: <think> ... </think> then the call, or the call. */
+        cJSON *schema = native_schema(f, tools, only, parallel);
+        if (schema) cJSON_AddStringToObject(schema, GRAMMAR_SCHEMA_PREFIX, tool_format_call_prefix(f));
+        st = set_schema(q, schema, NULL);
+    } else if (st == STATUS_OK && required) {
         if (!(q->r.prefill = strdup(tool_format_call_prefix(f))))
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
         st = set_schema(q, native_schema(f, tools, only, parallel), NULL);

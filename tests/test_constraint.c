@@ -156,6 +156,25 @@ int main(void)
     opening_mask(g, "opening mask after </think>: the grammar alone", 0, (int[]){T_THINK, T_ABC, T_UNTHINK}, 3,
                  (int[]){T_BRACE, T_BRACE_X}, 2);
     opening_mask(g, "opening mask after {: the grammar alone", 0, (int[]){T_BRACE}, 1, (int[]){T_X_CLOSE}, 1);
+    /* A grammar that writes the call's marker itself (a required tool call under a reasoning
+     * template: http_tools.c gives the schema the marker as its prefix): think, then the marker
+     * and the call, or the marker at once. */
+    struct grammar *g3 = NULL;
+    if (grammar_compile(v, GRAMMAR_REGEX, "<tool_call>\\n\\{x\\}", 18, &g3) != STATUS_OK) {
+        printf("FAIL: the third test grammar does not compile: %s\n", status_message());
+        return 1;
+    }
+    run(g3, "opening, the marker the grammar's: <think>, reasoning, </think>, the marker, the call", op, "",
+        (int[]){T_THINK, T_ABC, T_UNTHINK, T_MARK, T_NL, T_BRACE, T_X_CLOSE}, 7, 1, 1);
+    run(g3, "opening, the marker the grammar's: the call at once", op, "", (int[]){T_TOOL, T_CALL, T_GT_BRACE, T_X_CLOSE},
+        4, 1, 1);
+    opening_mask(g3, "opening mask, the marker the grammar's: a prefix of <think> or of the marker", 0, NULL, 0,
+                 (int[]){T_TOOL, T_THINK, T_MARK, T_LT_T, T_LT, T_THINK_ID}, 6);
+    opening_mask(g3, "opening mask after <t: the marker goes on (no piece goes on with <think>)", 0, (int[]){T_LT_T}, 1,
+                 (int[]){T_OOL_CALL}, 1);
+    opening_mask(g3, "opening mask after </think>: the marker", 0, (int[]){T_THINK, T_ABC, T_UNTHINK}, 3,
+                 (int[]){T_TOOL, T_MARK, T_LT_T, T_LT}, 4);
+    grammar_unref(g3);
     const int mm = TRIGGER_MARKERS_MISTRAL << TRIGGER_MARKERS_SHIFT;
     run(g, "[THINK] markers: a marker inside [THINK] triggers nothing, after [/THINK] it does",
         TRIGGER_MAY_REASON | mm, tc, (int[]){T_MTHINK, T_MARK, T_MUNTHINK, T_MARK, T_BRACE, T_X_CLOSE}, 6, 1, 1);

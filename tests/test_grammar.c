@@ -162,11 +162,17 @@ static const struct sample samples[] = {
     {GRAMMAR_EBNF, "root ::= ((\"a\"*)*)+ ((\"b\"?)*)* \"c\"*\n", {"", "aab", "bbcc", NULL}, {"ba", "cb", NULL}},
     {GRAMMAR_EBNF, "root ::= item{2,3} \"!\"?\nitem ::= [a-b] | \"\\u00e9\"\n", {"ab", "a\xc3\xa9" "b!", NULL}, {"a", "abab", NULL}},
     {GRAMMAR_EBNF, "# leading comment\n\nroot ::=\n  \"a\"\n  | \"b\" # b\n\n  | [c-d]{2}\nunused ::= \"z\"\n", {"a", "b", "cd", NULL}, {"c", "z", "ab", NULL}},
+    /* x-shardlm-prefix: literal text before the value (a tool call's marker), the root's only. */
+    {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-prefix\":\"<call>\\n\",\"type\":\"integer\",\"minimum\":1}",
+     {"<call>\n12", NULL}, {"12", "<call>12", "<call>\n0", " <call>\n1", NULL}},
     {GRAMMAR_CHOICE, "[\"yes\",\"no\",\"maybe so\"]", {"yes", "maybe so", NULL}, {"ye", "yess", "\"yes\"", NULL}},
 };
 
 static const char *const bad[][3] = {
     {"0", "{\"type\":\"object\",\"patternProperties\":{}}", "patternProperties"},
+    {"0", "{\"type\":\"object\",\"properties\":{\"a\":{\"x-shardlm-prefix\":\"<\",\"type\":\"integer\"}}}",
+     "unsupported keyword 'x-shardlm-prefix'"},
+    {"0", "{\"x-shardlm-prefix\":7,\"type\":\"integer\"}", "x-shardlm-prefix must be a string"},
     {"0", "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"strin\"}}}", "/properties/a"},
     {"0", "{\"$ref\":\"#/$defs/missing\"}", "points to nothing"},
     {"0", "{\"$ref\":\"#\"}", "accepts no string"},

@@ -55,6 +55,11 @@ void grammar_vocab_free(struct grammar_vocab *v);
 /* Words of a mask: (model_vocab + 31) / 32. */
 int grammar_vocab_mask_words(const struct grammar_vocab *v);
 
+/* A JSON Schema's root may hold this keyword: a string of 1 to 64 bytes that the output writes
+ * before the JSON value (a tool call's opening marker, server/http_tools.c); anywhere else it is
+ * an unsupported keyword. */
+#define GRAMMAR_SCHEMA_PREFIX "x-shardlm-prefix"
+
 /* Compiles src[0..n) (borrowed) into *out (one reference; v is borrowed and must outlive it).
  * Errors: STATUS_INVALID_ARGUMENT with a message naming the problem (the schema path such as
  * "/properties/age/minimum", the grammar line, the regex offset, an unsupported keyword),

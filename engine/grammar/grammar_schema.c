@@ -678,8 +678,18 @@ enum status schema_build(struct gbuild *b, const char *src, size_t n, int object
     }
     s.root = cJSON_ParseWithLength(src, n);
     if (!s.root) return gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: not valid JSON");
+    /* x-shardlm-prefix (the root's only; taken out, so that a "#" reference does not see it):
+     * literal text the output starts with before the JSON value (a tool call's marker). */
+    cJSON *pre = cJSON_IsObject(s.root) ? cJSON_DetachItemFromObjectCaseSensitive(s.root, GRAMMAR_SCHEMA_PREFIX) : NULL;
+    if (pre && (!cJSON_IsString(pre) || !pre->valuestring[0] || strlen(pre->valuestring) > 64)) {
+        cJSON_Delete(pre), cJSON_Delete(s.root);
+        return gb_fail(b, STATUS_INVALID_ARGUMENT,
+                       "json schema: /" GRAMMAR_SCHEMA_PREFIX " must be a string of 1 to 64 bytes");
+    }
     struct gx *x = schema(&s, s.root, "");
+    if (x && pre) x = gx_seq2(b, gx_str(b, pre->valuestring), x);
     if (x && *root >= 0) b->rules[*root].expr = x;
+    cJSON_Delete(pre);
     cJSON_Delete(s.root);
     for (int i = 0; i < s.n_owned; i++) cJSON_Delete(s.owned[i]);
     free(s.owned);

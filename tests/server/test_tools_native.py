@@ -245,6 +245,40 @@ def qwen3(mid, oa, tmpl):
               f"{comp.usage.prompt_tokens}")
 
 
+def qwen3_required(mid, oa, tmpl):
+    """tool_choice required under a reasoning template: the model may think first (the marker is
+    the grammar's to write, not the prompt's, docs/tools.md). The prompt is jinja2's with the tools
+    and nothing after it; every reply that ends with a call has valid calls, reasoning or not; one
+    without a call was cut by max_tokens inside its reasoning. With enable_thinking false (the
+    template closes an empty <think> block itself) the call comes at once."""
+    comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, ASK, tools=TOOLS), max_tokens=1, temperature=0)
+    r = oa.chat.completions.create(model=mid, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=150,
+                                   temperature=1.0, seed=3, n=8)
+    check(r.usage.prompt_tokens == comp.usage.prompt_tokens,
+          f"qwen3 required: the prompt is jinja2's with nothing added ({r.usage.prompt_tokens} vs {comp.usage.prompt_tokens})")
+    called = thought = 0
+    for ch in r.choices:
+        m = ch.message
+        reasoning = (m.model_extra or {}).get("reasoning_content")
+        if ch.finish_reason == "tool_calls":
+            called += 1
+            thought += bool(reasoning)
+            check(calls_valid(m.tool_calls) and not m.content, f"qwen3 required: sample {ch.index} calls validly "
+                  f"(reasoning {reasoning!r})")
+        else:
+            check(ch.finish_reason == "length" and reasoning and not m.tool_calls and not m.content,
+                  f"qwen3 required: sample {ch.index} without a call was cut inside its reasoning "
+                  f"({ch.finish_reason}, {reasoning!r}, {m.content!r})")
+    print(f"  qwen3 required, 8 samples: {called} called ({thought} after reasoning)")
+    check(called >= 1, "qwen3 required: some sample calls")
+    r = oa.chat.completions.create(model=mid, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=150,
+                                   temperature=0, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    m = r.choices[0].message
+    check(r.choices[0].finish_reason == "tool_calls" and calls_valid(m.tool_calls)
+          and not (m.model_extra or {}).get("reasoning_content"),
+          f"qwen3 required, enable_thinking false: a call at once ({r.choices[0].finish_reason}, {m.tool_calls})")
+
+
 def grpc_qwen3(srv, mid, oa):
     """Reasoning over gRPC: the regex-forced <think> reply splits as HTTP's does, unary and
     streamed; chat_template_kwargs reaches the template (the same prompt length as HTTP's)."""
@@ -296,6 +330,7 @@ def main():
                 elif label == "qwen3":
                     check("reasoning split from <think>" in log, "qwen3: reasoning detected")
                     qwen3(mid, oa, tmpl)
+                    qwen3_required(mid, oa, tmpl)
                     grpc_qwen3(srv, mid, oa)
                 else:
                     other_format(mid, oa, label)
