@@ -70,6 +70,14 @@ def server(shardlm, model, *extra, name):
     return TS.Server(shardlm, model, *FLAGS, *extra, name=name)
 
 
+def free_port():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
 def kill9(srv):
     srv.proc.send_signal(signal.SIGKILL)
     srv.proc.wait(timeout=20)
@@ -350,6 +358,36 @@ def group_drain(shardlm, model, work):
           f"after the restart the drained stream finishes with the uninterrupted answer ({r.code} {r.details})")
 
 
+def journaled(journal, key):
+    """Whether the ACCEPT of request key is in the journal directory (written before the engine
+    sees the request, so a kill after it leaves the request to resume)."""
+    return any(key.encode() in f.read_bytes() for f in journal.glob("*") if f.is_file())
+
+
+def kill_twice(srv, shardlm, model, flags, name, progress, step):
+    """SIGKILLs srv twice, each time once progress() reached step more (and, the first time, once
+    the unary call cu-1 is journaled), restarting it with the same flags (the same --listen: the
+    clients' target); returns the last server and the restarts' logs."""
+    logs = []
+    journal = Path(flags[flags.index("--journal") + 1])
+    for restart in (1, 2):
+        end = time.time() + 60
+        while (progress() < step * restart or not journaled(journal, "cu-1")) and time.time() < end:
+            time.sleep(0.002)
+        kill9(srv)
+        srv = server(shardlm, model, *flags, name=f"{name}-{restart}")
+        logs.append(srv.log_path)
+    return srv, logs
+
+
+def check_reattached(logs, who):
+    """After each restart both calls (a stream and the unary cu-1) were resumed and reattached."""
+    for i, path in enumerate(logs):
+        log = path.read_text()
+        check(log.count("a gRPC client reattached") == 2 and "req=cu-1 (gRPC Generate): resumed" in log,
+              f"restart {i + 1}: both calls were cut mid-way and reattached by {who}")
+
+
 def group_client(shardlm, model, work, gguf=None):
     # A model slow enough here (SmolLM2-135M, about 30 tokens/s) that both kills land while the
     # answers are generated: stories260K finishes them before the client is back.
@@ -363,10 +401,7 @@ def group_client(shardlm, model, work, gguf=None):
         with srv.client() as c:
             want = [(ch.index, ch.text, ch.token_ids) for ch in c.generate_stream(STORY, **story)]
             want_unary = c.generate(STORY, **unary_kw)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     journal = work / "journal-client"
     flags = ("--journal", str(journal), "--listen", f"127.0.0.1:{port}")
     srv = server(shardlm, model, *flags, name="client-0")
@@ -389,22 +424,11 @@ def group_client(shardlm, model, work, gguf=None):
     threads = [threading.Thread(target=consume), threading.Thread(target=fetch)]
     for t in threads:
         t.start()
-    logs = []
-    for restart in (1, 2):
-        end = time.time() + 60
-        while len(got) < 6 * restart and time.time() < end:
-            time.sleep(0.002)
-        kill9(srv)
-        # the --listen of the first start, again: the client's target
-        srv = server(shardlm, model, *flags, name=f"client-{restart}")
-        logs.append(srv.log_path)
+    srv, logs = kill_twice(srv, shardlm, model, flags, "client", lambda: len(got), 6)
     for t in threads:
         t.join(timeout=120)
     srv.stop()
-    for i, path in enumerate(logs):
-        log = path.read_text()
-        check(log.count("a gRPC client reattached") == 2 and "req=cu-1 (gRPC Generate): resumed" in log,
-              f"restart {i + 1}: both calls were cut mid-way and reattached by the client")
+    check_reattached(logs, "the client")
     client.close()
 
     def per_sample(chunks):
@@ -437,13 +461,6 @@ def group_cclient(shardlm, model, work, gguf=None):
         return subprocess.Popen([shardlm, "complete", "--server", f"127.0.0.1:{port}", "--prompt", STORY, *sampling,
                                  *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-    def free_port():
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        sock.close()
-        return port
-
     port = free_port()
     with server(shardlm, model, "--journal", str(work / "journal-cclient-ref"), "--listen", f"127.0.0.1:{port}",
                 name="cclient-ref"):
@@ -461,22 +478,12 @@ def group_cclient(shardlm, model, work, gguf=None):
     readers = [threading.Thread(target=read, args=(i,)) for i in range(2)]
     for t in readers:
         t.start()
-    logs = []
-    for restart in (1, 2):
-        end = time.time() + 60
-        while len(out[0]) < len(STORY) + 12 * restart and time.time() < end:
-            time.sleep(0.002)
-        kill9(srv)
-        srv = server(shardlm, model, *flags, name=f"cclient-{restart}")  # the same --listen: the client's target
-        logs.append(srv.log_path)
+    srv, logs = kill_twice(srv, shardlm, model, flags, "cclient", lambda: len(out[0]) - len(STORY), 12)
     rcs = [p.wait(timeout=300) for p in procs]
     for t in readers:
         t.join(timeout=60)
     srv.stop()
-    for i, path in enumerate(logs):
-        log = path.read_text()
-        check(log.count("a gRPC client reattached") == 2 and "req=cu-1 (gRPC Generate): resumed" in log,
-              f"restart {i + 1}: both calls were cut mid-way and reattached by the C client")
+    check_reattached(logs, "the C client")
     errs = [p.stderr.read().decode(errors="replace")[-300:] for p in procs]
     check(rcs == [0, 0], f"shardlm complete (streamed and unary) went on by itself across two SIGKILLs: {rcs} {errs}")
     for i, what in enumerate(("streamed", "unary")):

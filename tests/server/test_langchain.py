@@ -135,9 +135,7 @@ def main():
             check(ok, f"with_structured_output json_schema: {got!r}")
             check(srv.proc.poll() is None, "the server lives")
     finally:
-        for p in TS.SERVERS:
-            if p.poll() is None:
-                p.kill()
+        TS.kill_all()
     return check.summary()
 
 
