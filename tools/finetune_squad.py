@@ -3,9 +3,9 @@
 a `shardlm serve --fine-tuning` server of a chat model, driven by the official `openai` package's
 files and fine-tuning clients, trains a LoRA adapter on SQuAD questions of the training articles,
 and the held-out articles' questions are answered by the base and by the job's `fine_tuned_model`
-(greedy, the same prompts); SQuAD's exact match and F1 (its official normalization: lower case,
-no punctuation, no articles, single spaces; the best over the reference answers) are printed for
-both, with the job's time, steps and tokens, and the CPU.
+(greedy, the same prompts); SQuAD's exact match and F1 (its official normalization,
+tools/eval_chat.py's; the best over the reference answers) are printed for both, with the job's
+time, steps and tokens, and the CPU.
 
 The data: ../shared/assets/datasets/squad-v1.1-dev-subset.json (24 articles of SQuAD v1.1 dev):
 articles [0, --train-articles) give the training examples (a sample of --train-examples
@@ -17,14 +17,11 @@ DIR: a served model directory, e.g. SmolLM2-135M-Instruct converted to f32:
   shardlm convert gguf --gguf .cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --out /tmp/smollm2-f32
 """
 import argparse
-import collections
 import json
 import os
 import platform
 import random
-import re
 import socket
-import string
 import subprocess
 import sys
 import tempfile
@@ -36,6 +33,8 @@ from pathlib import Path
 import openai
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from eval_chat import score as squad_score  # noqa: E402  (SQuAD's normalization, EM and F1 of one answer)
 ASSETS = Path(os.environ.get("SHARDLM_ASSETS", HERE.parent.parent / "shared" / "assets"))
 INSTRUCTION = "Answer the question with a short span copied from the passage."
 
@@ -44,28 +43,10 @@ def prompt(context, question):
     return f"{INSTRUCTION}\n\nPassage: {context}\n\nQuestion: {question}"
 
 
-def normalize(s):
-    """SQuAD v1.1's official answer normalization."""
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in set(string.punctuation))
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
-
-
-def f1(pred, ref):
-    p, r = normalize(pred).split(), normalize(ref).split()
-    common = collections.Counter(p) & collections.Counter(r)
-    same = sum(common.values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(p), same / len(r)
-    return 2 * precision * recall / (precision + recall)
-
-
 def score(preds, refs):
-    em = sum(max(normalize(p) == normalize(r) for r in rs) for p, rs in zip(preds, refs)) / len(preds)
-    f = sum(max(f1(p, r) for r in rs) for p, rs in zip(preds, refs)) / len(preds)
-    return 100 * em, 100 * f
+    """Exact match and F1 in percent, each the best over a question's reference answers."""
+    pairs = [squad_score(p, rs) for p, rs in zip(preds, refs)]
+    return 100 * sum(e for e, _ in pairs) / len(pairs), 100 * sum(f for _, f in pairs) / len(pairs)
 
 
 def cpu_name():
