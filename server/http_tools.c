@@ -230,6 +230,19 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
         if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsObject(f))
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d]' must be {\"type\": \"function\", \"function\": {...}}", i);
+        /* Every field of a tool is read or refused by name (strict: the grammar enforces the
+         * schema either way, so false and true are both honoured). */
+        static const char *const tool_fields[] = {"type", "function", NULL};
+        static const char *const fn_fields[] = {"name", "description", "parameters", "strict", NULL};
+        char where[48];
+        snprintf(where, sizeof where, "tools[%d]", i);
+        enum status fst = http_json_only_fields(t, where, tool_fields);
+        snprintf(where, sizeof where, "tools[%d].function", i);
+        if (fst == STATUS_OK) fst = http_json_only_fields(f, where, fn_fields);
+        if (fst != STATUS_OK) return fst;
+        const cJSON *strict = cJSON_GetObjectItemCaseSensitive(f, "strict");
+        if (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.strict' must be a boolean", i);
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
         if (!cJSON_IsString(name) || !valid_name(name->valuestring))

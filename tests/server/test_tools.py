@@ -153,13 +153,24 @@ def main():
                    (dict(tools=TOOLS, tool_choice="sometimes"), "tool_choice"),
                    (dict(tools=TOOLS, response_format={"type": "json_object"}), "tools"),
                    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}],
-                         tool_choice="required"), "nope")]
+                         tool_choice="required"), "nope"),
+                   # Every field of a tool is read or refused by name.
+                   (dict(tools=[{"type": "function", "function": {"name": "f", "examples": []}}]),
+                    "tools[0].function.examples: unknown field"),
+                   (dict(tools=[WEATHER, {"type": "function", "function": {"name": "f"}, "cache_control": {}}]),
+                    "tools[1].cache_control: unknown field"),
+                   (dict(tools=[{"type": "function", "function": {"name": "f", "strict": "yes"}}]),
+                    "'tools[0].function.strict' must be a boolean")]
             for kw, word in bad:
                 try:
                     oa.chat.completions.create(model=mid, messages=msgs, max_tokens=5, **kw)
                     check(False, f"refused: {kw}")
                 except openai.BadRequestError as e:
                     check(word in str(e), f"400 naming {word!r}: {str(e)[:150]}")
+            r = oa.chat.completions.create(model=mid, messages=msgs, max_tokens=120, temperature=0, tool_choice="required",
+                                           parallel_tool_calls=False,
+                                           tools=[{"type": "function", "function": {**WEATHER["function"], "strict": True}}])
+            check(calls_valid(r.choices[0].message.tool_calls), "a function with strict true is accepted and followed")
             try:
                 oa.chat.completions.create(model=mid, max_tokens=5, messages=msgs + [
                     {"role": "tool", "tool_call_id": 7, "content": "x"}])
