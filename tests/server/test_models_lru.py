@@ -99,16 +99,19 @@ def rss_kib(pid):
 
 
 class Busy:
-    """Three LONG gRPC streams on a model, run in the background; started() once the first token of
-    each came (the model is pinned from then until they end)."""
+    """STREAMS LONG gRPC streams on a model, run in the background; started() once the first token of
+    each came (the model is pinned from then until they end). Four (64 sequences: the default
+    --max-seqs, so none waits for its first token): a refused request waits 0.5 s for a pin to go
+    (MODELS_BUSY_WAIT_S) before its 503, and the streams must outlast two."""
+    STREAMS = 4
 
     def __init__(self, srv, model):
         self.srv, self.model = srv, model
-        self.first = threading.Barrier(4)
+        self.first = threading.Barrier(self.STREAMS + 1)
         self.done = threading.Event()
         self.tokens = []
-        self.pool = concurrent.futures.ThreadPoolExecutor(3)
-        self.futs = [self.pool.submit(self._one) for _ in range(3)]
+        self.pool = concurrent.futures.ThreadPoolExecutor(self.STREAMS)
+        self.futs = [self.pool.submit(self._one) for _ in range(self.STREAMS)]
 
     def _one(self):
         with self.srv.client() as c:
@@ -162,7 +165,7 @@ def group_lru(env, dirs):
         check(loaded(srv) == {A: True, B: False, T: True}, f"busy A kept, B unloaded: {loaded(srv)}")
         tokens = busy.finish()
         check(still_running, "A's streams ran until T had loaded (the test's timing)")
-        check(tokens == [LONG["n"] * LONG["max_tokens"]] * 3, f"A's streams complete: {tokens}")
+        check(tokens == [LONG["n"] * LONG["max_tokens"]] * Busy.STREAMS, f"A's streams complete: {tokens}")
 
         # Per-model methods: an unloaded model (B) is loaded for them.
         with srv.client() as c:
@@ -208,7 +211,7 @@ def group_lru(env, dirs):
                   f"shardlm_model_loaded{{model={mid}}} vs /v1/models {up}")
         gen = {mid: m.get(("shardlm_generation_tokens_total", (("model", mid),))) for mid in state}
         check(all(v is not None for v in gen.values()), f"generation tokens per model: {gen}")
-        check(gen[A] >= LONG["n"] * LONG["max_tokens"] * 3, f"A's generated tokens counted: {gen}")
+        check(gen[A] >= LONG["n"] * LONG["max_tokens"] * Busy.STREAMS, f"A's generated tokens counted: {gen}")
 
         # Concurrent requests over the three models, two loaded at a time: each answered by the model
         # it named (A and its twin alike), or refused 503 naming --models-max (then retried).
