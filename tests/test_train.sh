@@ -395,7 +395,12 @@ if command -v mpirun > /dev/null; then
   n=$(grep -c '"loss"' "$WORK/sigmpi/metrics.jsonl")
   [ -n "$r1" ] && [ "$(grep -c "stopped by a signal after iteration $n of" "$WORK/sigmpi.log")" = 2 ] &&
     [ -f "$WORK/sigmpi/checkpoints/$(printf 'iter_%07d' "$n")/train_state.safetensors" ]
-  check "signal: SIGTERM to rank 1 of 2 stops both ranks after step $n, checkpoint written" $?
+  ok=$?
+  check "signal: SIGTERM to rank 1 of 2 stops both ranks after step $n, checkpoint written" $ok
+  if [ $ok != 0 ]; then # (failed once under load, 2026-11-29: what the ranks said, for next time)
+    echo "# rank 1 pid '${r1}'; checkpoints: $(ls "$WORK/sigmpi/checkpoints" 2> /dev/null | tr '\n' ' ')"
+    tail -n 20 "$WORK/sigmpi.log" | sed 's/^/# /'
+  fi
 else
   echo "SKIP: signal under mpirun: no mpirun"
 fi
