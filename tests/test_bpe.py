@@ -87,12 +87,16 @@ def gguf_vocab(path):
     return kv["tokenizer.ggml.tokens"], kv["tokenizer.ggml.merges"], kv["tokenizer.ggml.token_type"]
 
 
-def tokenizer_json(tokens, merges, types, pre, normalizer=None, ignore_merges=False, added_flags=None):
+def tokenizer_json(tokens, merges, types, pre, normalizer=None, ignore_merges=False, added_flags=None, more_added=(),
+                   post=None):
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True}
              for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 3]
     for a in added:
         a.update((added_flags or {}).get(a["content"], {}))
+    # Tokens past the model's vocabulary (as tokenizer.add_tokens makes them).
+    added += [{"id": len(tokens) + k, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+               "special": False} | flags for k, (c, flags) in enumerate(more_added)]
     return {
         "version": "1.0",
         "truncation": None,
@@ -100,7 +104,7 @@ def tokenizer_json(tokens, merges, types, pre, normalizer=None, ignore_merges=Fa
         "added_tokens": added,
         "normalizer": normalizer,
         "pre_tokenizer": pre,
-        "post_processor": None,
+        "post_processor": post,
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
@@ -129,6 +133,37 @@ VARIANTS = {
         "<|endoftext|>": {"lstrip": True, "rstrip": True, "special": False},
         "<repo_name>": {"single_word": True}, "<filename>": {"special": False}}),
     "gpt2_prefix": dict(pre={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}),
+    # `normalized` added tokens, matched on the NFC text with their content in NFC, after the
+    # others are matched on the raw text ("<a>q" before "zq<a" in "zq<a>q"); flags on both passes.
+    # (None of the contents is a piece of the vocabulary, else Hugging Face renumbers them.)
+    "normalized_added": dict(pre={"type": "Sequence", "pretokenizers": [split(QWEN2_RE), BYTE_LEVEL_NO_REGEX]},
+                             normalizer={"type": "NFC"}, more_added=[
+                                 ("cafe\u0301", {"normalized": True}), ("hello world", {"normalized": True}),
+                                 ("zq<a", {"normalized": True}), ("<a>q", {"normalized": False}),
+                                 ("<nl>", {"normalized": True, "lstrip": True, "rstrip": True}),
+                                 ("\u212b!", {"normalized": True, "single_word": True})]),
+    # Post-processors' tokens with add_special_tokens: an EOS after the text (as Qwen3-Embedding
+    # has it), a BOS and two after, RoBERTa's <s> $A </s>, Llama 3's BOS in a Sequence.
+    "post_eos": dict(pre=BYTE_LEVEL_NO_REGEX | {"use_regex": True}, post={
+        "type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}},
+                                                 {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}],
+        "pair": [], "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}}),
+    "post_both": dict(pre=BYTE_LEVEL_NO_REGEX | {"use_regex": True}, post={
+        "type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                                                 {"Sequence": {"id": "A", "type_id": 0}},
+                                                 {"SpecialToken": {"id": "<|im_end|>", "type_id": 0}},
+                                                 {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}],
+        "pair": [], "special_tokens": {t: {"id": t, "ids": [i], "tokens": [t]} for t, i in (
+            ("<|im_start|>", 1), ("<|im_end|>", 2), ("<|endoftext|>", 0))}}),
+    "post_roberta": dict(pre=BYTE_LEVEL_NO_REGEX | {"use_regex": True}, post={
+        "type": "RobertaProcessing", "sep": ["<|im_end|>", 2], "cls": ["<|im_start|>", 1], "trim_offsets": True,
+        "add_prefix_space": False}),
+    "post_sequence": dict(pre=BYTE_LEVEL_NO_REGEX | {"use_regex": True}, post={
+        "type": "Sequence", "processors": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                                                      {"Sequence": {"id": "A", "type_id": 0}}],
+             "pair": [], "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}}}]}),
 }
 
 
@@ -155,6 +190,8 @@ def corpus(special):
         "<|endoftext|><|endoftext|> <|im_end|>x<|im_start|> < |im_start|> <|im_start",
         "a  <|im_start|>  b \n<|im_end|> \n c\t<|endoftext|>\t d <filename>x.py <repo_name> x<repo_name>y",
         "\u3000<|im_start|>\u00a0<|im_end|>\u2003 <|endoftext|>\n\n",
+        "zq<a>q xzq<a>qx <a>q zq<a zq<azq<a cafe\u0301 café CAFÉ hello world hello  world Hello world",
+        " <nl>x  <nl>\t<nl>  y<nl> \u212b! A\u030a! x\u212b! \u00c5!",
     ]
     texts += [s for s in special]
     texts += ["before" + s + "after" for s in special[:8]]
@@ -188,22 +225,22 @@ def run_tool(tool, *args):
     return p
 
 
-def shardlm_encode(tool, path, texts_bytes, tmp):
+def shardlm_encode(tool, path, texts_bytes, tmp, mode="encode"):
     cpath = os.path.join(tmp, "corpus.txt")
     write_corpus(cpath, texts_bytes)
-    p = run_tool(tool, "encode", path, cpath)
+    p = run_tool(tool, mode, path, cpath)
     out = [json.loads(line) for line in p.stdout.decode().splitlines()]
     check(len(out) == len(texts_bytes), "%s: %d results for %d texts" % (path, len(out), len(texts_bytes)))
     return out
 
 
-def compare(name, tool, path, hf, texts, special_strings, tmp):
+def compare(name, tool, path, hf, texts, special_strings, tmp, add_special=False):
     global failures
     before = failures
-    res = shardlm_encode(tool, path, [t.encode() for t in texts], tmp)
+    res = shardlm_encode(tool, path, [t.encode() for t in texts], tmp, "encode_special" if add_special else "encode")
     mism = 0
     for text, r in zip(texts, res):
-        want = hf.encode(text, add_special_tokens=False).ids
+        want = hf.encode(text, add_special_tokens=add_special).ids
         if "error" in r:
             check(False, "%s: %r: %s" % (name, text[:60], r["error"]))
             continue
@@ -212,13 +249,16 @@ def compare(name, tool, path, hf, texts, special_strings, tmp):
             check(False, "%s: ids of %r\n    shardlm %s\n    hf      %s" % (name, text[:80], r["ids"][:40], want[:40]))
             continue
         dec = bytes.fromhex(r["decode"]).decode("utf-8")
-        check(dec == hf.decode(want, skip_special_tokens=True), "%s: decode of %r" % (name, text[:60]))
-        if not any(s in text for s in special_strings) and name not in ("qwen2", "gpt2_prefix", "added_flags"):
+        check(dec == hf.decode(want, skip_special_tokens=True),
+              "%s: decode of %r: %r vs %r" % (name, text[:60], dec[:60], hf.decode(want, skip_special_tokens=True)[:60]))
+        if not any(s in text for s in special_strings) and not name.startswith(("qwen2", "gpt2_prefix", "added_flags",
+                                                                                   "normalized_added", "post_")):
             check(dec == text, "%s: round trip of %r gave %r" % (name, text[:60], dec[:60]))
         check(r["stream_ok"], "%s: streaming detokenizer differs from decode for %r" % (name, text[:60]))
         check_shown(r, hf, want, "%s: %r" % (name, text[:60]))
         check(r["min_tokens"] <= len(want), "%s: min_tokens %d > %d for %r" % (name, r["min_tokens"], len(want), text[:60]))
-    print("%s %s: %d texts, %d mismatched ids" % ("PASS" if failures == before else "FAIL", name, len(texts), mism))
+    print("%s %s%s: %d texts, %d mismatched ids" % ("PASS" if failures == before else "FAIL", name,
+                                                  " (add_special_tokens)" if add_special else "", len(texts), mism))
 
 
 def check_shown(r, hf, ids, what):
@@ -368,6 +408,8 @@ def main():
                 json.dump(tj, f, ensure_ascii=False)
             hfs[name] = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
             compare(name, tool, d, hfs[name], texts, special, tmp)
+            if name.startswith("post_"):
+                compare(name, tool, d, hfs[name], texts, special, tmp, add_special=True)
             if name == "smollm":
                 good = tj
         # The GGUF itself: shardlm's export (tokenizer.ggml.pre = smollm) against HF's SmolLM2 form.

@@ -335,6 +335,26 @@ def unigram_escapes(path, tmp):
     return out
 
 
+def with_added(path, tmp, label):
+    """The tokenizer with added tokens as Hugging Face's add_tokens makes them: `normalized` ones
+    (their content normalized, matched on the normalized text: with Prepend, Lowercase, NFKC, a
+    Metaspace that prepends only at the text's start) and plain ones (matched on the raw text
+    first), with lstrip/rstrip/single_word."""
+    from tokenizers import AddedToken, Tokenizer
+    tok = Tokenizer.from_file(path)
+    tok.add_tokens([AddedToken("hello world", normalized=True), AddedToken("<tag>", normalized=False),
+                    AddedToken("Foo", normalized=True, lstrip=True, rstrip=True), AddedToken("thee", normalized=True,
+                                                                                             single_word=True),
+                    AddedToken("lo wo", normalized=False)])
+    out = os.path.join(tmp, label + "-added.json")
+    tok.save(out)
+    return out
+
+
+ADDED_TEXTS = ["hello world", " hello world", "hello world hello  world Hello World HELLO WORLD", "xhello worldx",
+               "<tag>hello world<tag> Foo  Foo\tx  Foo", "thee theeth thee, fthee", "ﬁhello ｈｅｌｌｏ ｗｏｒｌｄ",
+               "hel<tag>lo wo rld hello wo", "Foo", " Foo ", "  hello world  "]
+
 ESCAPE_TEXTS = ["soft\u00adhy\u00adphen zero\u200bwidth join\u200dner word\u2060joiner \ufeffbom", "caf\u00e9 \u00e9t\u00e9",
                 "a\\u0041b \\u00e9 \\\\u0041 u0041 \\x{41}", "one, two!three\"four#five", "nb\u00a0sp em\u2003sp \u3000ideo"]
 
@@ -485,6 +505,7 @@ def main():
             p = os.path.join(tmp, "llama-%s.json" % variant)
             json.dump(llama_json(llama_model, variant == "metaspace"), open(p, "w"))
             compare(tool, "spbpe-" + variant, p, texts, special_too=True)
+            compare(tool, "spbpe-%s-added" % variant, with_added(p, tmp, variant), texts + ADDED_TEXTS, special_too=True)
             if variant == "legacy":
                 sp_model_shown(tool, llama_model, p, texts)
         for kind in ("wordlevel", "wordlevel-uncased"):
@@ -498,6 +519,7 @@ def main():
         compare(tool, "wordlevel-code-points", trained("wordlevel", shakespeare[:300000], tmp), classes)
         ug = trained("unigram", shakespeare[:300000], tmp)
         compare(tool, "unigram", ug, texts)
+        compare(tool, "unigram-added", with_added(ug, tmp, "unigram"), texts + ADDED_TEXTS)
         compare(tool, "unigram-byte-fallback", unigram_byte_fallback(ug, tmp), texts)
         compare(tool, "unigram-escapes", unigram_escapes(ug, tmp), texts + ESCAPE_TEXTS)
         if os.path.exists(MON):

@@ -15,6 +15,7 @@
 #include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unicode/uchar.h>
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
 
@@ -169,7 +170,7 @@ void bpe_free(struct bpe *b)
         free(b->bytes[i]);
     }
     free(b->pieces), free(b->bytes), free(b->n_bytes), free(b->flags), free(b->merges);
-    for (int i = 0; i < b->n_added; i++) free(b->added[i].content);
+    for (int i = 0; i < b->n_added; i++) free(b->added[i].content), free(b->added[i].key);
     free(b->added);
     for (int i = 0; i < b->n_splits; i++) {
         free(b->splits[i].pattern);
@@ -182,7 +183,9 @@ void bpe_free(struct bpe *b)
     for (int i = 0; i < b->n_decs; i++) free(b->decs[i].text), free(b->decs[i].with);
     free(b->decs);
     table_free(b->by_piece), table_free(b->by_bytes), table_free(b->by_pair);
-    for (int c = 0; c < 256; c++) free(b->added_by_byte[c]);
+    for (int c = 0; c < 256; c++) free(b->added_by_byte[0][c]), free(b->added_by_byte[1][c]);
+    for (int i = 0; b->dec_piece && i < b->n_vocab; i++) free(b->dec_piece[i]);
+    free(b->dec_piece);
     free((void *)b->name);
     free(b);
 }
@@ -291,6 +294,7 @@ enum status bpe_index_pieces(struct bpe *b)
     return STATUS_OK;
 }
 
+static enum status added_keys(struct bpe *b);
 static enum status build_added(struct bpe *b);
 static enum status finish_other(struct bpe *b);
 
@@ -298,6 +302,20 @@ enum status bpe_finish(struct bpe *b)
 {
     enum status s;
     if (b->n_vocab <= 0) return status_errorf(STATUS_BAD_FORMAT, "%s: model.vocab is empty", b->name);
+    for (int k = 0; k < b->n_norms; k++) {
+        struct bpe_norm *nm = &b->norms[k];
+        if (nm->kind != BPE_NORM_REPLACE_REGEX) continue;
+        struct bpe_split sp = {.pattern = nm->text};
+        if ((s = compile_split(b, &sp, "normalizer", k))) return s;
+        nm->code = sp.code;
+    }
+    if (b->nfc) {
+        UErrorCode err = U_ZERO_ERROR;
+        b->nfc_impl = unorm2_getNFCInstance(&err);
+        if (U_FAILURE(err) || !b->nfc_impl)
+            return status_errorf(STATUS_INTERNAL, "%s: ICU's NFC normalizer is unavailable (%s)", b->name, u_errorName(err));
+    }
+    if ((s = added_keys(b))) return s;
     if (!b->by_piece && (s = bpe_index_pieces(b))) return s;
     if (!(b->by_bytes = table_new((size_t)b->n_vocab, (const uint8_t *const *)b->bytes, b->n_bytes)) ||
         !(b->by_pair = table_new((size_t)b->n_merges, NULL, NULL)))
@@ -330,13 +348,6 @@ enum status bpe_finish(struct bpe *b)
     int all_bytes = 1;
     for (int c = 0; c < 256; c++) all_bytes &= b->byte_id[c] >= 0;
     b->max_token_bytes = (all_bytes && !b->nfc && b->model == BPE_MODEL_BYTE_LEVEL) ? most : 0;
-    for (int k = 0; k < b->n_norms; k++) {
-        struct bpe_norm *nm = &b->norms[k];
-        if (nm->kind != BPE_NORM_REPLACE_REGEX) continue;
-        struct bpe_split sp = {.pattern = nm->text};
-        if ((s = compile_split(b, &sp, "normalizer", k))) return s;
-        nm->code = sp.code;
-    }
     if (b->model != BPE_MODEL_BYTE_LEVEL) return finish_other(b);
 
     for (int r = 0; r < b->n_merges; r++) {
@@ -362,36 +373,33 @@ enum status bpe_finish(struct bpe *b)
     if ((s = build_added(b))) return s;
     for (int k = 0; k < b->n_splits; k++)
         if ((s = compile_split(b, &b->splits[k], "pre_tokenizer", k))) return s;
-    if (b->nfc) {
-        UErrorCode err = U_ZERO_ERROR;
-        b->nfc_impl = unorm2_getNFCInstance(&err);
-        if (U_FAILURE(err) || !b->nfc_impl)
-            return status_errorf(STATUS_INTERNAL, "%s: ICU's NFC normalizer is unavailable (%s)", b->name, u_errorName(err));
-    }
     return STATUS_OK;
 }
 
-/* Added tokens by their first byte, longest first. */
+/* Added tokens by their key's first byte, longest first, in two tables: the tokens matched on
+ * the raw text and the `normalized` ones. */
 static enum status build_added(struct bpe *b)
 {
-    for (int c = 0; c < 256; c++) {
-        int cnt = 0;
-        for (int i = 0; i < b->n_added; i++) cnt += b->added[i].n && (uint8_t)b->added[i].content[0] == c;
-        if (!cnt) continue;
-        if (!(b->added_by_byte[c] = malloc(((size_t)cnt + 1) * sizeof(int32_t))))
-            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
-        cnt = 0;
-        for (int i = 0; i < b->n_added; i++)
-            if (b->added[i].n && (uint8_t)b->added[i].content[0] == c) b->added_by_byte[c][cnt++] = i;
-        /* Longest first (leftmost-longest matching), by insertion: the lists are short. */
-        int32_t *l = b->added_by_byte[c];
-        for (int i = 1; i < cnt; i++)
-            for (int j = i; j > 0 && b->added[l[j]].n > b->added[l[j - 1]].n; j--) {
-                const int32_t x = l[j];
-                l[j] = l[j - 1], l[j - 1] = x;
-            }
-        b->added_by_byte[c][cnt] = -1;
-    }
+    for (int t = 0; t < 2; t++)
+        for (int c = 0; c < 256; c++) {
+#define IN_TABLE(a) ((a)->n_key && !(a)->normalized == !t && (uint8_t)(a)->key[0] == c)
+            int cnt = 0;
+            for (int i = 0; i < b->n_added; i++) cnt += IN_TABLE(&b->added[i]);
+            if (!cnt) continue;
+            int32_t *l = b->added_by_byte[t][c] = malloc(((size_t)cnt + 1) * sizeof(int32_t));
+            if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
+            cnt = 0;
+            for (int i = 0; i < b->n_added; i++)
+                if (IN_TABLE(&b->added[i])) l[cnt++] = i;
+#undef IN_TABLE
+            /* Longest first (leftmost-longest matching), by insertion: the lists are short. */
+            for (int i = 1; i < cnt; i++)
+                for (int j = i; j > 0 && b->added[l[j]].n_key > b->added[l[j - 1]].n_key; j--) {
+                    const int32_t x = l[j];
+                    l[j] = l[j - 1], l[j - 1] = x;
+                }
+            l[cnt] = -1;
+        }
     return STATUS_OK;
 }
 
@@ -442,8 +450,11 @@ struct range {
 struct scratch {
     struct range *r[2];
     size_t        cap_r[2];
-    uint8_t      *norm;    /* the segment after normalization and the prefix space */
+    uint8_t      *norm;    /* the segment after normalization */
     size_t        cap_norm;
+    uint8_t      *pre;     /* one piece of it between normalized added tokens, after the prefix
+                              space or Metaspace's replacement */
+    size_t        cap_pre;
     UChar        *u16[2];
     size_t        cap_u16[2];
     int32_t      *sym_id, *sym_prev, *sym_next;
@@ -656,17 +667,16 @@ static enum status split_range(const struct bpe *b, const struct bpe_split *sp, 
     return STATUS_OK;
 }
 
-/* NFC of s[0..n) into sc->norm (after `prefix` bytes already there); *n_out its length. Text
+/* NFC of s[0..n) into sc->norm; *n_out its length. Text
  * that is not valid UTF-8 is normalized with U+FFFD in place of each invalid subpart. */
-static enum status nfc_into(const struct bpe *b, struct scratch *sc, const uint8_t *s, size_t n, size_t prefix,
-                            size_t *n_out)
+static enum status nfc_into(const struct bpe *b, struct scratch *sc, const uint8_t *s, size_t n, size_t *n_out)
 {
     int ascii = 1;
     for (size_t i = 0; i < n && ascii; i++) ascii = s[i] < 0x80;
     if (ascii || !b->nfc) {
-        if (base_grow((void **)&sc->norm, &sc->cap_norm, prefix + n + 1, 1)) return oom();
-        memcpy(sc->norm + prefix, s, n);
-        *n_out = prefix + n;
+        if (base_grow((void **)&sc->norm, &sc->cap_norm, n + 1, 1)) return oom();
+        memcpy(sc->norm, s, n);
+        *n_out = n;
         return STATUS_OK;
     }
     if (n > INT32_MAX / 4) return status_errorf(STATUS_INVALID_ARGUMENT, "tokenizer: text too long to normalize");
@@ -680,31 +690,33 @@ static enum status nfc_into(const struct bpe *b, struct scratch *sc, const uint8
     const int32_t m16 = unorm2_normalize(b->nfc_impl, sc->u16[0], n16, sc->u16[1], (int32_t)cap16, &err);
     if (U_FAILURE(err)) return status_errorf(STATUS_INTERNAL, "tokenizer: NFC: %s", u_errorName(err));
     const size_t cap8 = 3 * (size_t)m16 + 1;
-    if (base_grow((void **)&sc->norm, &sc->cap_norm, prefix + cap8, 1)) return oom();
+    if (base_grow((void **)&sc->norm, &sc->cap_norm, cap8, 1)) return oom();
     int32_t m8 = 0;
-    u_strToUTF8((char *)sc->norm + prefix, (int32_t)cap8, &m8, sc->u16[1], m16, &err);
+    u_strToUTF8((char *)sc->norm, (int32_t)cap8, &m8, sc->u16[1], m16, &err);
     if (U_FAILURE(err)) return status_errorf(STATUS_INTERNAL, "tokenizer: UTF-16 to UTF-8: %s", u_errorName(err));
-    *n_out = prefix + (size_t)m8;
+    *n_out = (size_t)m8;
     return STATUS_OK;
 }
 
-/* One stretch of text between added tokens (the text's first when first is non-zero): normalize,
- * pre-tokenize, run the model on each piece. */
-static enum status encode_segment(const struct bpe *b, struct scratch *sc, const uint8_t *s, size_t n, int first,
-                                  int32_t **ids, size_t *n_ids, size_t *cap)
+/* A normalized piece of text between added tokens (the text's first when first is non-zero):
+ * the prefix space (ByteLevel) or Metaspace's replacement, the pre-tokenizer's splits, the model
+ * on each pre-token. */
+static enum status encode_piece(const struct bpe *b, struct scratch *sc, const uint8_t *s, size_t n, int first,
+                                int32_t **ids, size_t *n_ids, size_t *cap)
 {
     if (!n) return STATUS_OK;
-    size_t m = 0;
+    size_t m = n;
     enum status st;
-    if (b->model != BPE_MODEL_BYTE_LEVEL) {
-        if ((st = normalizer_apply(b, s, n, first, &sc->norm, &m, &sc->cap_norm))) return st;
+    if (b->model != BPE_MODEL_BYTE_LEVEL && b->metaspace) {
+        if ((st = metaspace_apply(b, s, n, first, &sc->pre, &m, &sc->cap_pre))) return st;
     } else {
-        const size_t prefix = b->add_prefix_space && s[0] != ' ';
-        if (base_grow((void **)&sc->norm, &sc->cap_norm, prefix + 1, 1)) return oom();
-        if (prefix) sc->norm[0] = ' ';
-        if ((st = nfc_into(b, sc, s, n, prefix, &m))) return st;
+        const size_t prefix = b->model == BPE_MODEL_BYTE_LEVEL && b->add_prefix_space && s[0] != ' ';
+        if (base_grow((void **)&sc->pre, &sc->cap_pre, prefix + n + 1, 1)) return oom();
+        if (prefix) sc->pre[0] = ' ';
+        memcpy(sc->pre + prefix, s, n);
+        m = prefix + n;
     }
-    const uint8_t *text = sc->norm;
+    const uint8_t *text = sc->pre;
     size_t nr = 1;
     if (base_grow((void **)&sc->r[0], &sc->cap_r[0], 1, sizeof(struct range))) return oom();
     sc->r[0][0] = (struct range){0, m};
@@ -729,20 +741,125 @@ static enum status encode_segment(const struct bpe *b, struct scratch *sc, const
     return STATUS_OK;
 }
 
-static int byte_is_word(uint8_t c) { return c >= 0x80 || c == '_' || (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z'); }
+/* s[0..n) by the tokenizer's normalizer (NFC or none for byte-level BPE) into sc->norm. */
+static enum status normalize_into(const struct bpe *b, struct scratch *sc, const uint8_t *s, size_t n, size_t *m)
+{
+    if (b->model != BPE_MODEL_BYTE_LEVEL) return normalizer_apply(b, s, n, &sc->norm, m, &sc->cap_norm);
+    return nfc_into(b, sc, s, n, m);
+}
 
-/* The first added token in s[from..n) (leftmost, then longest): its index, and the span it
- * takes with lstrip/rstrip whitespace (never before `from`). -1 when none. */
-static int find_added(const struct bpe *b, const uint8_t *s, size_t n, size_t from, size_t *m_at, size_t *m_end)
+static int find_added(const struct bpe *b, int table, const uint8_t *s, size_t n, size_t from, size_t *m_at,
+                      size_t *m_end);
+
+/* One stretch of the raw text between the added tokens matched on it (the text's first when
+ * first is non-zero): normalized, then cut at the `normalized` added tokens (matched on the
+ * normalized text, as Hugging Face's second pass does), each piece between them encoded. */
+static enum status encode_segment(const struct bpe *b, struct scratch *sc, const uint8_t *s, size_t n, int first,
+                                  int32_t **ids, size_t *n_ids, size_t *cap)
+{
+    if (!n) return STATUS_OK;
+    size_t m = 0;
+    enum status st;
+    if ((st = normalize_into(b, sc, s, n, &m))) return st;
+    for (size_t pos = 0; pos < m;) {
+        size_t at = m, end = m;
+        const int k = find_added(b, 1, sc->norm, m, pos, &at, &end);
+        if (k < 0) at = end = m;
+        if ((st = encode_piece(b, sc, sc->norm + pos, at - pos, first && pos == 0, ids, n_ids, cap))) return st;
+        if (k >= 0 && (st = bpe_push_id(ids, n_ids, cap, b->added[k].id))) return st;
+        pos = end;
+    }
+    return STATUS_OK;
+}
+
+/* The keys of the added tokens: the content, or for a `normalized` one its content normalized,
+ * which also becomes its content and piece (Hugging Face matches and decodes such a token as the
+ * normalized text). An id that is a piece of the model too keeps its piece for the merges and
+ * the model; the non-byte-level decoders take the key from dec_piece (byte-level BPE decodes
+ * the piece: a known difference). The piece index is rebuilt if a piece changed after it was
+ * built. */
+static enum status added_keys(struct bpe *b)
+{
+    struct scratch sc;
+    memset(&sc, 0, sizeof sc);
+    enum status st = STATUS_OK;
+    int changed = 0;
+    for (int i = 0; i < b->n_added && !st; i++) {
+        struct bpe_added *a = &b->added[i];
+        size_t m = a->n;
+        const uint8_t *k = (const uint8_t *)a->content;
+        if (a->normalized && a->n && !(st = normalize_into(b, &sc, k, a->n, &m))) k = sc.norm;
+        if (!st && !(a->key = malloc(m + 1))) st = oom();
+        if (st) break;
+        memcpy(a->key, k, m), a->key[m] = 0, a->n_key = m;
+        if (m == a->n && !memcmp(a->key, a->content, m)) continue;
+        if (a->in_model) {
+            if (b->model == BPE_MODEL_BYTE_LEVEL) continue;
+            if (!b->dec_piece && !(b->dec_piece = calloc((size_t)b->n_vocab, sizeof *b->dec_piece))) {
+                st = oom();
+                break;
+            }
+            free(b->dec_piece[a->id]);
+            if (!(b->dec_piece[a->id] = strdup(a->key))) st = oom();
+            continue;
+        }
+        char *c = strdup(a->key), *p = strdup(a->key);
+        if (!c || !p) {
+            free(c), free(p);
+            st = oom();
+            break;
+        }
+        free(a->content), a->content = c, a->n = m;
+        free(b->pieces[a->id]), b->pieces[a->id] = p;
+        free(b->bytes[a->id]), b->bytes[a->id] = NULL, b->n_bytes[a->id] = 0;
+        changed = 1;
+    }
+    free(sc.norm), free(sc.u16[0]), free(sc.u16[1]);
+    if (!st && changed && b->by_piece) st = bpe_index_pieces(b);
+    return st;
+}
+
+/* Rust regex's \w (Hugging Face's single_word test): alphabetic, marks, decimal digits,
+ * connector punctuation, join controls. */
+static int cp_is_word(uint32_t c)
+{
+    if (c < 0x80) return c == '_' || (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z');
+    const int8_t t = u_charType((UChar32)c);
+    return u_hasBinaryProperty((UChar32)c, UCHAR_ALPHABETIC) || t == U_NON_SPACING_MARK || t == U_ENCLOSING_MARK ||
+           t == U_COMBINING_SPACING_MARK || t == U_DECIMAL_DIGIT_NUMBER || t == U_CONNECTOR_PUNCTUATION ||
+           u_hasBinaryProperty((UChar32)c, UCHAR_JOIN_CONTROL);
+}
+
+/* Whether the character ending at s[at] (before it) or starting at s[at] (after it) is a word
+ * character; invalid UTF-8 is not. */
+static int word_before(const uint8_t *s, size_t at)
+{
+    for (size_t len = 1; len <= 4 && len <= at; len++) {
+        uint32_t cp;
+        if (bpe_utf8_next(s + at - len, len, &cp) == len) return cp_is_word(cp);
+    }
+    return 0;
+}
+
+static int word_after(const uint8_t *s, size_t n, size_t at)
+{
+    uint32_t cp;
+    return at < n && bpe_utf8_next(s + at, n - at, &cp) && cp_is_word(cp);
+}
+
+/* The first added token of added_by_byte[table] in s[from..n) (leftmost, then longest): its
+ * index, and the span it takes with lstrip/rstrip whitespace (never before `from`). -1 when none. */
+static int find_added(const struct bpe *b, int table, const uint8_t *s, size_t n, size_t from, size_t *m_at,
+                      size_t *m_end)
 {
     for (size_t p = from; p < n; p++) {
-        const int32_t *cand = b->added_by_byte[s[p]];
+        const int32_t *cand = b->added_by_byte[table][s[p]];
         if (!cand) continue;
         for (; *cand >= 0; cand++) {
             const struct bpe_added *a = &b->added[*cand];
-            if (a->n > n - p || memcmp(s + p, a->content, a->n)) continue;
-            size_t at = p, end = p + a->n;
-            if (a->single_word && ((at > 0 && byte_is_word(s[at - 1])) || (end < n && byte_is_word(s[end]))))
+            if (a->n_key > n - p || memcmp(s + p, a->key, a->n_key)) continue;
+            size_t at = p, end = p + a->n_key;
+            if (a->single_word && (word_before(s, at) || word_after(s, n, end)))
                 continue;
             if (a->lstrip)
                 while (at > from) { /* step back one whole whitespace character at a time */
@@ -776,14 +893,14 @@ enum status bpe_encode(const struct bpe *b, const char *text, size_t len, int32_
     if (b->n_splits && !(sc.md = pcre2_match_data_create(8, NULL))) return oom();
     for (size_t pos = 0; pos < len && st == STATUS_OK;) {
         size_t at = len, end = len;
-        const int k = b->n_added ? find_added(b, s, len, pos, &at, &end) : -1;
+        const int k = b->n_added ? find_added(b, 0, s, len, pos, &at, &end) : -1;
         if (k < 0) at = end = len;
         st = encode_segment(b, &sc, s + pos, at - pos, pos == 0, ids, n, cap);
         if (st == STATUS_OK && k >= 0) st = bpe_push_id(ids, n, cap, b->added[k].id);
         pos = end;
     }
     pcre2_match_data_free(sc.md);
-    free(sc.r[0]), free(sc.r[1]), free(sc.norm), free(sc.u16[0]), free(sc.u16[1]);
+    free(sc.r[0]), free(sc.r[1]), free(sc.norm), free(sc.pre), free(sc.u16[0]), free(sc.u16[1]);
     free(sc.sym_id), free(sc.sym_prev), free(sc.sym_next), free(sc.heap);
     return st;
 }

@@ -117,6 +117,10 @@ struct bpe_added {
     char   *content; /* owned, NUL-terminated, n bytes */
     size_t  n;
     int     special, lstrip, rstrip, single_word, normalized;
+    char   *key;     /* what is matched, owned, n_key bytes (bpe_finish): the content, normalized
+                        by the tokenizer's normalizer when `normalized` */
+    size_t  n_key;
+    int     in_model; /* the id is also a piece of the model's vocabulary */
 };
 
 struct bpe_table; /* open-addressing hash tables, bpe.c */
@@ -169,8 +173,14 @@ struct bpe {
     struct bpe_table *by_bytes;   /* byte string -> id, MAPPED non-added pieces only */
     struct bpe_table *by_pair;    /* (left id, right id) -> rank */
     int32_t     byte_id[256];     /* the id of the one-byte piece, -1 when absent */
-    int32_t    *added_by_byte[256]; /* indices into added[] by first content byte, longest first, -1 ended */
+    int32_t    *added_by_byte[2][256]; /* indices into added[] by the key's first byte, longest
+                                     first, -1 ended: [0] the tokens matched on the raw text, [1]
+                                     the `normalized` ones, matched after normalization (Hugging
+                                     Face's two passes) */
     size_t      max_token_bytes;  /* for tokenizer_min_tokens; 0 when no bound is safe */
+    char      **dec_piece;        /* (n_vocab) or NULL: the text the non-byte-level decoders take
+                                     for an id instead of its piece (a `normalized` added token
+                                     that is also a model piece: its key); NULL entries mostly */
     const void *nfc_impl;         /* ICU's UNormalizer2 when nfc */
 };
 
@@ -215,11 +225,14 @@ enum status unigram_encode_word(const struct bpe *b, const uint8_t *w, size_t n,
  * when neither is in the vocabulary (Hugging Face's MissingUnkToken). */
 enum status wordlevel_encode_word(const struct bpe *b, const uint8_t *w, size_t n, int32_t **ids, size_t *n_ids,
                                   size_t *cap);
-/* Normalizes the segment s[0..n) by b->norms (then Metaspace's replacement and prepend; first is
- * non-zero for the text's first segment) into *out[0..*n_out), grown with base_grow. Invalid
+/* Normalizes the segment s[0..n) by b->norms into *out[0..*n_out), grown with base_grow. Invalid
  * UTF-8 becomes U+FFFD first. */
-enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, int first, uint8_t **out, size_t *n_out,
-                             size_t *cap);
+enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, uint8_t **out, size_t *n_out, size_t *cap);
+/* A leading Metaspace pre-tokenizer on a normalized piece s[0..n) (valid UTF-8): ' ' becomes
+ * U+2581, and U+2581 is put first when b->metaspace_prepend says so (first: the piece begins the
+ * text, Hugging Face's prepend_scheme "first") and the piece does not begin with it already. */
+enum status metaspace_apply(const struct bpe *b, const uint8_t *s, size_t n, int first, uint8_t **out, size_t *n_out,
+                            size_t *cap);
 /* The Precompiled normalizer (charsmap.c): charsmap_check refuses a map m[0..n) whose header and
  * trie size do not fit (STATUS_BAD_FORMAT naming the file); charsmap_apply writes the
  * normalization of code points s[0..n) to *dst[0..*dn) (grown with base_grow), as Hugging Face does

@@ -76,8 +76,8 @@ enum status detok_emit(struct detokenizer *d, int k, const char **text, size_t *
 
 /* The byte-level BPE detokenizer: the bytes of each piece are final except a trailing
  * incomplete character (at most 3 bytes, d->held). Special ids print nothing and do not
- * interrupt a character (decode skips them) unless shown; an added token's content, and a
- * shown special's, ends the run first, as bpe_decode does. */
+ * interrupt a character (decode skips them) unless shown; an added token's bytes, and a shown
+ * special's, join the run as any piece's, as in bpe_decode. */
 enum status bpe_detok_push(struct detokenizer *d, int32_t id, const char **text, size_t *len)
 {
     const struct bpe *b = d->tok->bpe;
@@ -87,17 +87,7 @@ enum status bpe_detok_push(struct detokenizer *d, int32_t id, const char **text,
     if (base_grow((void **)&d->out, &d->cap_out, 1, 1))
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
     d->out[0] = '\0';
-    if ((f & BPE_PIECE_SPECIAL) && !d->show_special) {
-        /* nothing */
-    } else if (f & (BPE_PIECE_ADDED | BPE_PIECE_SPECIAL)) {
-        if ((st = bpe_utf8_lossy(d->held, (size_t)d->n_held, &d->out, &n, &d->cap_out))) return st;
-        d->n_held = 0;
-        const size_t k = strlen(b->pieces[id]);
-        if (base_grow((void **)&d->out, &d->cap_out, n + k + 1, 1))
-            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "detokenizer: out of memory");
-        memcpy(d->out + n, b->pieces[id], k + 1);
-        n += k;
-    } else {
+    if (!(f & BPE_PIECE_SPECIAL) || d->show_special) {
         std::string run((const char *)d->held, (size_t)d->n_held);
         run.append((const char *)b->bytes[id], b->n_bytes[id]);
         const size_t tail = bpe_utf8_incomplete_tail((const uint8_t *)run.data(), run.size());

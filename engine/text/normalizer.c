@@ -1,8 +1,8 @@
 /* engine/text/normalizer.c - the normalizers of the non-byte-level tokenizer.json kinds, applied to
  * one segment of text (between added tokens) in the file's order: NFC, NFD, NFKC, NFKD (ICU),
  * Lowercase, StripAccents, BertNormalizer's steps, Replace (String and Regex patterns), Prepend, Strip,
- * Precompiled (charsmap.c);
- * then a leading Metaspace pre-tokenizer's replacement of ' ' by U+2581 and its prepend.
+ * Precompiled (charsmap.c); and a leading Metaspace pre-tokenizer's replacement of ' ' by U+2581
+ * and its prepend (metaspace_apply, after the normalized added tokens are split off).
  * Character classes are Rust's (char::is_whitespace, char::to_lowercase) and the unicode
  * categories of ICU, as close to Hugging Face tokenizers as one library's tables allow (the
  * Unicode versions may differ for characters assigned recently).
@@ -205,8 +205,7 @@ static enum status replace_regex(const struct bpe_norm *k, const struct cps *src
     return st;
 }
 
-enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, int first, uint8_t **out, size_t *n_out,
-                             size_t *cap)
+enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, uint8_t **out, size_t *n_out, size_t *cap)
 {
     struct cps v[2] = {{0}, {0}};
     enum status st = STATUS_OK;
@@ -232,19 +231,27 @@ enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, in
         else if (r == 1) cur = !cur;
         else st = unicode_form(b->norms[i].kind, &v[cur]);
     }
-    if (!st && b->metaspace) {
-        const int prepend = b->metaspace_prepend == 2 || (b->metaspace_prepend == 1 && first);
-        struct cps *d = &v[!cur];
-        d->n = 0;
-        /* Hugging Face checks after the replacement: a leading space counts as U+2581. */
-        if (v[cur].n && prepend && v[cur].p[0] != 0x2581 && v[cur].p[0] != ' ' && !cps_push(d, 0x2581)) st = oom();
-        for (size_t i = 0; i < v[cur].n && !st; i++)
-            if (!cps_push(d, v[cur].p[i] == ' ' ? 0x2581 : v[cur].p[i])) st = oom();
-        cur = !cur;
-    }
     if (!st && base_grow((void **)out, cap, 4 * v[cur].n + 1, 1)) st = oom();
     const size_t m = st ? 0 : to_utf8(v[cur].p, v[cur].n, *out);
     *n_out = m;
     free(v[0].p), free(v[1].p);
     return st;
+}
+
+enum status metaspace_apply(const struct bpe *b, const uint8_t *s, size_t n, int first, uint8_t **out, size_t *n_out,
+                            size_t *cap)
+{
+    static const uint8_t meta[3] = {0xE2, 0x96, 0x81}; /* U+2581 */
+    const int prepend = n && (b->metaspace_prepend == 2 || (b->metaspace_prepend == 1 && first)) && s[0] != ' ' &&
+                        !(n >= 3 && !memcmp(s, meta, 3)); /* Hugging Face checks after the replacement */
+    size_t spaces = 0;
+    for (size_t i = 0; i < n; i++) spaces += s[i] == ' ';
+    if (base_grow((void **)out, cap, n + 2 * spaces + 3 * (size_t)prepend + 1, 1)) return oom();
+    uint8_t *o = *out;
+    if (prepend) memcpy(o, meta, 3), o += 3;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == ' ') memcpy(o, meta, 3), o += 3;
+        else *o++ = s[i];
+    *n_out = (size_t)(o - *out);
+    return STATUS_OK;
 }

@@ -269,8 +269,10 @@ enum status bpe_decode_pieces(const struct bpe *b, const int32_t *ids, int n_ids
 {
     struct toks t[2] = {{0}, {0}};
     int cur = 0, ok = 1, fused = 0;
-    for (int i = 0; i < n_ids && ok; i++)
-        if (show_special || !(b->flags[ids[i]] & BPE_PIECE_SPECIAL)) ok = toks_push(&t[0], b->pieces[ids[i]], strlen(b->pieces[ids[i]]));
+    for (int i = 0; i < n_ids && ok; i++) {
+        const char *p = b->dec_piece && b->dec_piece[ids[i]] ? b->dec_piece[ids[i]] : b->pieces[ids[i]];
+        if (show_special || !(b->flags[ids[i]] & BPE_PIECE_SPECIAL)) ok = toks_push(&t[0], p, strlen(p));
+    }
     for (int k = 0; k < b->n_decs && ok; k++) {
         toks_free(&t[!cur]);
         ok = step_apply(&b->decs[k], &t[cur], &t[!cur], first, fused);
@@ -303,20 +305,9 @@ enum status bpe_decode(const struct bpe *b, const int32_t *ids, int n_ids, int s
     for (int i = 0; i < n_ids && st == STATUS_OK; i++) {
         const int32_t id = ids[i];
         const uint8_t f = b->flags[id];
+        /* An added token's bytes join the run too: Hugging Face's ByteLevel decoder maps its
+         * content when every character is a byte's, and decodes the whole run at once. */
         if ((f & BPE_PIECE_SPECIAL) && !show_special) continue;
-        if (f & (BPE_PIECE_ADDED | BPE_PIECE_SPECIAL)) {
-            if ((st = bpe_utf8_lossy(run, n_run, out, n, cap))) break;
-            n_run = 0;
-            const size_t len = strlen(b->pieces[id]);
-            if (base_grow((void **)out, cap, *n + len + 1, 1)) {
-                st = oom();
-                break;
-            }
-            memcpy(*out + *n, b->pieces[id], len);
-            *n += len;
-            (*out)[*n] = '\0';
-            continue;
-        }
         if (base_grow((void **)&run, &cap_run, n_run + b->n_bytes[id], 1)) {
             st = oom();
             break;

@@ -215,8 +215,11 @@ static enum status add_token(struct bpe *b, const char *text, int32_t id, int sp
     memset(a, 0, sizeof *a);
     a->id = id, a->special = special, a->normalized = !special, a->n = strlen(text);
     free(b->pieces[id]);
-    if (!(a->content = strdup(text)) || !(b->pieces[id] = strdup(text)))
+    /* tiktoken decodes a special token to its text as it is (bytes set here are kept by bpe_finish). */
+    free(b->bytes[id]);
+    if (!(a->content = strdup(text)) || !(b->pieces[id] = strdup(text)) || !(b->bytes[id] = (uint8_t *)strdup(text)))
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
+    b->n_bytes[id] = (uint32_t)a->n;
     b->n_added++;
     b->flags[id] = BPE_PIECE_ADDED | (special ? BPE_PIECE_SPECIAL : 0);
     return STATUS_OK;

@@ -9,20 +9,6 @@
 #include "bpe.h"
 #include "tokenizer.h"
 
-static int utf8_next(const char *s, uint32_t *cp)
-{
-    const uint8_t *u = (const uint8_t *)s;
-    if (u[0] < 0x80) return *cp = u[0], 1;
-    int n = u[0] >= 0xF0 ? 4 : u[0] >= 0xE0 ? 3 : u[0] >= 0xC0 ? 2 : 1;
-    uint32_t c = u[0] & (0x7F >> n);
-    for (int i = 1; i < n; i++) {
-        if ((u[i] & 0xC0) != 0x80) return *cp = 0xFFFD, 1;
-        c = c << 6 | (u[i] & 63);
-    }
-    *cp = c;
-    return n;
-}
-
 int tokenizer_token_bytes(const struct tokenizer *t, int32_t id, char *buf, int cap)
 {
     const char *piece = tokenizer_id_to_piece(t, id);
@@ -46,23 +32,10 @@ int tokenizer_token_bytes(const struct tokenizer *t, int32_t id, char *buf, int 
         free(text);
         return fits ? (int)len : -1;
     }
-    if (b) { /* byte-level BPE */
-        uint32_t cp;
-        int mapped = 1;
-        for (const char *p = piece; *p; p += utf8_next(p, &cp))
-            if (utf8_next(p, &cp), bpe_cp_to_byte(cp) < 0) mapped = 0;
-        size_t len = strlen(piece);
-        if (!mapped) { /* an added token: its content as it is */
-            if ((size_t)cap < len) return -1;
-            memcpy(buf, piece, len);
-            return (int)len;
-        }
-        for (const char *p = piece; *p;) {
-            p += utf8_next(p, &cp);
-            if (n >= cap) return -1;
-            buf[n++] = (char)bpe_cp_to_byte(cp);
-        }
-        return n;
+    if (b) { /* byte-level BPE: what bpe_decode puts in the run */
+        if (b->n_bytes[id] > (uint32_t)cap) return -1;
+        if (b->n_bytes[id]) memcpy(buf, b->bytes[id], b->n_bytes[id]);
+        return (int)b->n_bytes[id];
     }
     for (const char *p = piece; *p;) { /* SentencePiece: U+2581 is a space */
         if (!strncmp(p, "\xE2\x96\x81", 3)) {

@@ -86,8 +86,9 @@ int tokenizer_unk_id(const struct tokenizer *t);
  * Hugging Face's legacy Llama tokenizer does) into *ids[0..*n_ids), preceded by the BOS id when add_bos is
  * non-zero (STATUS_INVALID_ARGUMENT if a SentencePiece model has no BOS; a byte-level BPE
  * without one adds nothing, as Hugging Face's add_special_tokens). Byte-level BPE: special added
- * tokens' strings in the text become their ids; bytes without a piece are dropped. No EOS is
- * appended. On success
+ * tokens' strings in the text become their ids; bytes without a piece are dropped. With add_bos
+ * the tokenizer.json kinds also append the post-processor's tokens after the text (BERT's [SEP],
+ * an EOS template's EOS). On success
  * *ids is a malloc'd array (never NULL, even when *n_ids == 0) that the caller frees with
  * free(); on error *ids is NULL and *n_ids is 0. text may be NULL when len is 0. */
 enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int add_bos,

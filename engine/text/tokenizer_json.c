@@ -114,7 +114,8 @@ static enum status parse_pre(struct bpe *b, const cJSON *p, const char *field, i
                          "WhitespaceSplit, Punctuation, Metaspace, Sequence)", b->name, field, type);
 }
 
-/* The BOS of a TemplateProcessing post-processor: a SpecialToken before $A in "single". */
+/* The BOS of a TemplateProcessing post-processor (a SpecialToken before $A in "single") and the
+ * tokens after $A; BertProcessing and RobertaProcessing's [CLS] and [SEP]. */
 static enum status parse_post(struct bpe *b, const cJSON *p, int depth)
 {
     if (!p || cJSON_IsNull(p)) return STATUS_OK;
@@ -127,8 +128,7 @@ static enum status parse_post(struct bpe *b, const cJSON *p, int depth)
         cJSON_ArrayForEach(e, list) if ((s = parse_post(b, e, depth + 1))) return s;
         return STATUS_OK;
     }
-    const int other = b->model != BPE_MODEL_BYTE_LEVEL;
-    if (other && (!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing"))) {
+    if ((!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing"))) {
         /* "cls": ["[CLS]", 101], "sep": ["[SEP]", 102]: [CLS] $A [SEP]. */
         const cJSON *cls = cJSON_GetObjectItemCaseSensitive(p, "cls"), *sep = cJSON_GetObjectItemCaseSensitive(p, "sep");
         int32_t a, z;
@@ -138,7 +138,7 @@ static enum status parse_post(struct bpe *b, const cJSON *p, int depth)
         b->bos_id = a, b->add_bos = 1, b->post_suffix[0] = z, b->n_post_suffix = 1;
         return STATUS_OK;
     }
-    if (strcmp(type, "TemplateProcessing")) return STATUS_OK; /* ByteLevel, RobertaProcessing...: no BOS */
+    if (strcmp(type, "TemplateProcessing")) return STATUS_OK; /* ByteLevel: no token */
     const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single"), *e;
     if (!cJSON_IsArray(single)) return tjson_bad(b, "post_processor.single", "is not an array");
     int after = 0;
@@ -153,14 +153,11 @@ static enum status parse_post(struct bpe *b, const cJSON *p, int depth)
         if (!cJSON_IsString(name)) return tjson_bad(b, "post_processor.single", "has a SpecialToken without an \"id\" string");
         const int32_t id = bpe_piece_to_id(b, name->valuestring, strlen(name->valuestring));
         if (id < 0) return tjson_bad(b, "post_processor.single", "names a special token that is not in the vocabulary");
-        /* Byte-level BPE keeps only the first (its callers push the BOS); the other kinds add the
-         * template's tokens after the text too (BERT's [SEP]), with add_bos. */
-        if (!after && b->add_bos) {
-            if (other) return status_errorf(STATUS_UNSUPPORTED, "%s: post_processor.single: more than one token before $A", b->name);
-            break;
-        }
+        /* The token before the text is the BOS; those after it (BERT's [SEP], the EOS that
+         * embedding models such as Qwen3-Embedding pool at) come with add_bos too. */
+        if (!after && b->add_bos)
+            return status_errorf(STATUS_UNSUPPORTED, "%s: post_processor.single: more than one token before $A", b->name);
         if (!after) b->bos_id = id, b->add_bos = 1;
-        else if (!other) break;
         else if (b->n_post_suffix == 2)
             return status_errorf(STATUS_UNSUPPORTED, "%s: post_processor.single: more than two tokens after $A", b->name);
         else b->post_suffix[b->n_post_suffix++] = id;
@@ -263,6 +260,7 @@ static enum status parse_vocab(struct bpe *b, const cJSON *root, const cJSON *mo
         if (!(a->content = strdup(content))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
         b->n_added++;
         /* The piece of an added id is its content (what Hugging Face decodes it to). */
+        a->in_model = b->pieces[a->id] != NULL;
         free(b->pieces[a->id]);
         if (!(b->pieces[a->id] = strdup(content))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
         b->flags[a->id] |= BPE_PIECE_ADDED | (a->special ? BPE_PIECE_SPECIAL : 0);
