@@ -6,7 +6,8 @@
  * (special tokens shown and not: tokenizer_decode_opts), else the target aborts.
  * A first byte other than '{' makes it a tiktoken rank file (engine/text/tiktoken.c).
  * Corpus: tests/fuzz/corpus/tokenizer_json (small WordPiece, WordLevel (one without its unk), Unigram,
- * character and byte-level BPE files, one with a Precompiled normalizer, tiktoken rank files, each
+ * character and byte-level BPE files, one with a Precompiled normalizer, two with normalized added
+ * tokens and post-processor tokens (seed-*-added), tiktoken rank files, each
  * with a text; tests/fuzz/make_seeds.py does not write them). */
 #include <stdio.h>
 #include <stdlib.h>
