@@ -96,6 +96,13 @@ void call_send(struct call *c, uint8_t *msg, size_t len, int with_status, grpc_s
         ops[n++].data.send_message.send_message = c->send_buf;
     }
     if (with_status) {
+        /* The answer is formed: the model's pin goes before it is sent, so that the client's
+         * next call never finds the model still pinned by this one (--models-max). Not while
+         * the engine, a load or an embedding still runs for the call, nor for a resumed job. */
+        if (c->m && !c->m_released && c->engine_active == 0 && !c->load_job && !c->embed_rpc && !c->job) {
+            c->m_released = 1;
+            server_release(c->s, c->m);
+        }
         c->status_slice = grpc_slice_from_copied_string(details ? details : "");
         c->has_status_slice = 1;
         ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
@@ -186,7 +193,7 @@ void call_maybe_free(struct call *c)
     if (c->recv_buf) grpc_byte_buffer_destroy(c->recv_buf);
     if (c->has_resume_md) grpc_slice_unref(c->resume_md.value);
     gen_call_release(c);
-    server_release(s, c->m);
+    if (!c->m_released) server_release(s, c->m);
     free(c);
 }
 

@@ -434,6 +434,7 @@ static enum MHD_Result serve_gen(struct server *s, struct MHD_Connection *c, str
         return MHD_NO; /* nobody to answer: close the connection */
     }
     if (g->resumed) http_resume_detach(g, 1);
+    http_gen_release_model(g); /* the answer is formed: before its bytes go out */
     if (!json) return reply_status(c, an_api, end, msg);
     return reply_json(c, 200, json);
 }

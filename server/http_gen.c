@@ -74,7 +74,7 @@ void http_gen_unref(struct http_gen *g)
     }
     free(g->ps);
     free(g->out);
-    if (g->q.model) server_release(s, g->m);
+    if (g->q.model && !atomic_exchange(&g->model_released, 1)) server_release(s, g->m);
     http_request_free(&g->q);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
@@ -82,6 +82,11 @@ void http_gen_unref(struct http_gen *g)
     atomic_fetch_sub(&s->http_active, 1);
 }
 
+
+void http_gen_release_model(struct http_gen *g)
+{
+    if (g->q.model && !g->resumed && !atomic_exchange(&g->model_released, 1)) server_release(g->s, g->m);
+}
 
 /* Engine thread: a copy of the prompt's log-probabilities for echo; with g->mu held. */
 static void take_prompt_logprobs(struct http_run *r, const struct engine_event *ev)
@@ -197,13 +202,18 @@ int http_gen_hangup(struct http_gen *g)
 }
 
 /* Cancels every submitted run (a run that already ended is not found: no harm). Runs are only
- * submitted before the request is handed to its connection, so reading them is safe here. */
+ * submitted before the request is handed to its connection, so reading them is safe here. The
+ * model is pinned meanwhile: the request's own pin may be gone (http_gen_release_model), and an
+ * unloaded model has nothing left to cancel. */
 void http_gen_cancel(struct http_gen *g)
 {
+    struct served_model *m = server_pin_if_loaded(g->s, g->m);
+    if (!m) return;
     for (int i = 0; i < g->n_runs; i++)
-        if (g->runs[i].submitted) engine_cancel(g->m->engine, g->runs[i].handle);
+        if (g->runs[i].submitted) engine_cancel(m->engine, g->runs[i].handle);
     for (int i = 0; i < g->n_subs; i++)
-        if (g->subs[i].submitted) engine_cancel(g->m->engine, g->subs[i].handle);
+        if (g->subs[i].submitted) engine_cancel(m->engine, g->subs[i].handle);
+    server_unpin_quietly(g->s, m);
 }
 
 /* Counts the request once it ended; g->mu held. */
@@ -224,6 +234,7 @@ ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     (void)pos;
     struct http_gen *g = cls;
+    int formed = 0; /* the last bytes are formed in this call: the model pin goes before they do */
     pthread_mutex_lock(&g->mu);
     for (;;) {
         if (g->out_pos < g->out_len) {
@@ -231,10 +242,12 @@ ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             memcpy(buf, g->out + g->out_pos, n);
             g->out_pos += n;
             pthread_mutex_unlock(&g->mu);
+            if (formed) http_gen_release_model(g);
             return (ssize_t)n;
         }
         if (g->done) {
             pthread_mutex_unlock(&g->mu);
+            if (formed) http_gen_release_model(g);
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
         g->out_len = g->out_pos = 0;
@@ -248,6 +261,7 @@ ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         if (g->active == 0 && all_sent && !g->out_len) {
             http_stream_finish(g);
             http_gen_observe(g, g->end_status);
+            formed = 1;
         }
         if (g->out_len) continue;
         http_gen_wait(g);

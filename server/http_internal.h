@@ -198,8 +198,10 @@ struct http_gen {
     pthread_mutex_t mu;          /* guards everything below that events change */
     pthread_cond_t  cv;          /* signalled on every event */
     struct server  *s;
-    struct served_model *m;      /* the model it runs on: q.model (pinned by g until it is freed),
+    struct served_model *m;      /* the model it runs on: q.model (pinned by g until it is freed,
+                                    or until its last bytes are formed: http_gen_release_model),
                                     or the first (a resumed request) */
+    atomic_int      model_released; /* the pin of q.model is given back */
     struct http_request q;
     char            id[48];      /* "cmpl-N" / "chatcmpl-N" */
     long long       created;     /* Unix seconds */
@@ -418,6 +420,12 @@ enum status http_gen_submit(struct server *s, struct http_request *q, int fd, co
                             const char *id, struct http_gen **out);
 /* Drops one reference; the last frees g. */
 void        http_gen_unref(struct http_gen *g);
+/* Gives the request's model pin back once its answer is formed, before the bytes go out (so a
+ * client's next request never finds the model still pinned by this one, under --models-max):
+ * every sample has finished, so neither the engine nor the connection needs the model again.
+ * Not for a resumed request (a reattaching client replays it through the model). Once only;
+ * without g->mu (it takes the models' lock). */
+void        http_gen_release_model(struct http_gen *g);
 /* With g->mu held: waits up to HTTP_WAIT_MS for an event. */
 void        http_gen_wait(struct http_gen *g);
 /* With g->mu held: the client went away; 1 when the caller must http_gen_cancel after unlocking. */

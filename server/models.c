@@ -113,10 +113,10 @@ static void unload_locked(struct server *s, struct served_model *v, const char *
 
 /* Loads m (MODEL_UNLOADED) with models_mu held on entry and on return, first unloading the least
  * recently used idle model when --models-max are resident. 1 in *retry when another thread's load
- * or unload must end first, or, until busy_deadline, when every resident model is pinned (a
- * request that just ended gives its pin back after its client has the answer: the client's next
- * request must not find the model still pinned); after it STATUS_UNAVAILABLE. */
-static enum status load_locked(struct server *s, struct served_model *m, double busy_deadline, int *retry)
+ * or unload must end first; STATUS_UNAVAILABLE when every resident model is pinned (a request
+ * gives its pin back before its answer's bytes go out: http_gen_release_model, call_send, so a
+ * client's next request never finds it pinned by the last one). */
+static enum status load_locked(struct server *s, struct served_model *m, int *retry)
 {
     *retry = 0;
     int max = s->opts.models_max;
@@ -125,7 +125,7 @@ static enum status load_locked(struct server *s, struct served_model *m, double 
         if (!v) {
             for (int i = 0; i < s->n_models; i++)
                 if (s->models[i].state == MODEL_LOADING || s->models[i].state == MODEL_UNLOADING) *retry = 1;
-            if (*retry || base_now_s() < busy_deadline) return *retry = 1, STATUS_OK;
+            if (*retry) return STATUS_OK;
             return status_errorf(STATUS_UNAVAILABLE,
                                  "model '%s' is not loaded, and each of the %d models loaded now (--models-max %d) "
                                  "has requests running: try again when one of them finishes", m->model_id, max, max);
@@ -171,13 +171,13 @@ enum status server_acquire(struct server *s, const char *name, int may_block, st
     *out = NULL;
     enum status st = server_route(s, name, &m);
     if (st != STATUS_OK) return st;
-    const double deadline = base_now_s() + MODELS_WAIT_S, busy_deadline = base_now_s() + MODELS_BUSY_WAIT_S;
+    const double deadline = base_now_s() + MODELS_WAIT_S;
     pthread_mutex_lock(&s->models_mu);
     while (st == STATUS_OK && m->state != MODEL_LOADED) {
         int retry = 1;
         if (s->models_closing) st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down");
         else if (!may_block) break;
-        else if (m->state == MODEL_UNLOADED) st = load_locked(s, m, busy_deadline, &retry);
+        else if (m->state == MODEL_UNLOADED) st = load_locked(s, m, &retry);
         if (st == STATUS_OK && retry && m->state != MODEL_LOADED && !wait_until(s, deadline))
             st = status_errorf(STATUS_UNAVAILABLE, "model '%s' is still being loaded or unloaded after %.0f s",
                                m->model_id, MODELS_WAIT_S);

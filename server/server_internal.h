@@ -133,7 +133,9 @@ struct call {
     struct call   *prev, *next;
     struct server *s;
     struct served_model *m;       /* the model it uses, once routed: pinned (server_acquire) until
-                                     the call is freed */
+                                     the call is freed, or until its final status is queued with
+                                     nothing left running on the model (m_released) */
+    int            m_released;
     grpc_call     *call;
     enum method    method;
     gpr_timespec   deadline;
@@ -383,9 +385,6 @@ void        server_model_note_info(struct server *s, struct served_model *m);
 
 /* How long a request waits for a model that another request is loading or unloading. */
 #define MODELS_WAIT_S 120.0
-/* How long a request for a model not loaded waits for a resident one to have no request running
- * (--models-max reached, every resident model pinned) before STATUS_UNAVAILABLE. */
-#define MODELS_BUSY_WAIT_S 0.5
 
 /* The model a request names, pinned: NULL or "" = the first model; else the model whose id, or
  * one of whose adapters' names, it is (with one model every name routes to it: its engine says
@@ -393,7 +392,7 @@ void        server_model_note_info(struct server *s, struct served_model *m);
  * listing the served models. A model not loaded is loaded first (serve --models-max,
  * --sleep-idle-seconds): with may_block, here, after unloading the least recently used model
  * that no request pins when --models-max models are resident (STATUS_UNAVAILABLE when every one
- * is still pinned after MODELS_BUSY_WAIT_S; waits up to MODELS_WAIT_S for one that another thread loads or unloads); without
+ * is pinned; waits up to MODELS_WAIT_S for one that another thread loads or unloads); without
  * may_block (the gRPC loop, which must not wait), STATUS_OK with *m NULL: the caller loads it
  * elsewhere (call_pin_model). On STATUS_OK with *m set, the caller owns one pin: it must call
  * server_release once. Any thread. */

@@ -101,8 +101,7 @@ def rss_kib(pid):
 class Busy:
     """STREAMS LONG gRPC streams on a model, run in the background; started() once the first token of
     each came (the model is pinned from then until they end). Four (64 sequences: the default
-    --max-seqs, so none waits for its first token): a refused request waits 0.5 s for a pin to go
-    (MODELS_BUSY_WAIT_S) before its 503, and the streams must outlast two."""
+    --max-seqs, so none waits for its first token), to outlast two refused requests by far."""
     STREAMS = 4
 
     def __init__(self, srv, model):
