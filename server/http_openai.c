@@ -278,7 +278,43 @@ static enum status message_content(const cJSON *c, int i, char **out)
     return st;
 }
 
-static enum status parse_messages(const cJSON *o, struct gen_request *r)
+/* A message's fields other than role and content, each read or refused by name: name (written by
+ * a Jinja template: the built-in ones have no place for it), tool_calls and tool_call_id
+ * (http_tools.c), reasoning_content (given to a Jinja template that reasons; the others drop it
+ * from the history as the models' own templates do), and what OpenAI's own replies carry when a
+ * client sends them back: refusal and audio and function_call null, annotations empty. */
+static enum status check_message_fields(const cJSON *e, int i, const char *role, const struct http_chat_caps *caps)
+{
+    for (const cJSON *f = e->child; f; f = f->next) {
+        const char *k = f->string;
+        if (!strcmp(k, "role") || !strcmp(k, "content") || !strcmp(k, "tool_calls")) continue;
+        if (!strcmp(k, "name")) {
+            if (!cJSON_IsString(f)) return status_errorf(STATUS_INVALID_ARGUMENT, "'messages[%d].name' must be a string", i);
+            if (!(caps && caps->jinja))
+                return status_errorf(STATUS_UNSUPPORTED, "'messages[%d].name' needs a Jinja chat template (the model's own "
+                                     "or --chat-template FILE.jinja): this server's built-in template has no place for it", i);
+        } else if (!strcmp(k, "tool_call_id")) {
+            if (strcmp(role, "tool"))
+                return status_errorf(STATUS_INVALID_ARGUMENT, "'messages[%d].tool_call_id' is for messages of role tool", i);
+        } else if (!strcmp(k, "reasoning_content")) {
+            if (!cJSON_IsString(f) && !cJSON_IsNull(f))
+                return status_errorf(STATUS_INVALID_ARGUMENT, "'messages[%d].reasoning_content' must be a string", i);
+        } else if (!strcmp(k, "refusal") || !strcmp(k, "audio") || !strcmp(k, "function_call")) {
+            if (!cJSON_IsNull(f))
+                return status_errorf(STATUS_UNSUPPORTED, "'messages[%d].%s' is not supported by this server (only null)", i, k);
+        } else if (!strcmp(k, "annotations")) {
+            if (!cJSON_IsNull(f) && !(cJSON_IsArray(f) && !f->child))
+                return status_errorf(STATUS_UNSUPPORTED, "'messages[%d].annotations' is not supported by this server (only "
+                                     "an empty list)", i);
+        } else {
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'messages[%d].%.64s': unknown field (not supported by this "
+                                 "server)", i, k);
+        }
+    }
+    return STATUS_OK;
+}
+
+static enum status parse_messages(const cJSON *o, const struct http_chat_caps *caps, struct gen_request *r)
 {
     const cJSON *m = field(o, "messages");
     if (!m) return status_errorf(STATUS_INVALID_ARGUMENT, "'messages' is required");
@@ -304,7 +340,8 @@ static enum status parse_messages(const cJSON *o, struct gen_request *r)
             return status_errorf(STATUS_INVALID_ARGUMENT,
                                  "'messages[%d].role' must be one of system, developer, user, assistant, tool; got "
                                  "'%.64s'", i, role->valuestring);
-        enum status st = http_tools_message(e, i, role->valuestring, &r->messages[i].content);
+        enum status st = check_message_fields(e, i, role->valuestring, caps);
+        if (st == STATUS_OK) st = http_tools_message(e, i, role->valuestring, &r->messages[i].content);
         if (st == STATUS_OK && !r->messages[i].content)
             st = message_content(field(e, "content"), i, &r->messages[i].content);
         if (st != STATUS_OK) return st;
@@ -611,7 +648,7 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     if (st == STATUS_OK) st = only_body_fields(o, is_chat);
     if (st == STATUS_OK) st = check_client_fields(o);
     if (st == STATUS_OK) st = parse_model(field(o, "model"), served_model, adapters, n_adapters, &q->r);
-    if (st == STATUS_OK) st = is_chat ? parse_messages(o, &q->r) : parse_prompt(o, q);
+    if (st == STATUS_OK) st = is_chat ? parse_messages(o, caps, &q->r) : parse_prompt(o, q);
     if (st == STATUS_OK) q->r.add_bos = 1;
     if (st == STATUS_OK) st = parse_sampling(o, q);
     if (st == STATUS_OK) st = parse_shape(o, q);

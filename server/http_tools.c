@@ -506,11 +506,14 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
             cJSON_AddItemToArray(msgs, raw_message(m));
     } else {
         static const char *const roles[] = {"system", "user", "assistant"};
-        for (int i = 0; i < r->n_messages; i++) {
+        const cJSON *ms = cJSON_GetObjectItemCaseSensitive(o, "messages"), *src = ms ? ms->child : NULL;
+        for (int i = 0; i < r->n_messages; i++, src = src ? src->next : NULL) {
             cJSON *m = cJSON_CreateObject();
             int k = (int)r->messages[i].role;
             cJSON_AddStringToObject(m, "role", k >= 0 && k < 3 ? roles[k] : "user");
             cJSON_AddStringToObject(m, "content", r->messages[i].content);
+            const cJSON *name = src ? cJSON_GetObjectItemCaseSensitive(src, "name") : NULL;
+            if (cJSON_IsString(name)) cJSON_AddStringToObject(m, "name", name->valuestring);
             cJSON_AddItemToArray(msgs, m);
         }
     }

@@ -6,7 +6,8 @@ prometheus_client's text parser. One group per ctest test:
   openai     completions and chat, unary and streaming: greedy stream chunks concatenate to
              the unary text, which equals the gRPC answer; n > 1; logprobs (both shapes);
              stop strings; usage; include_usage; /v1/models; /health
-  errors     bad parameter types and ranges (engine_validate's message), unknown model (404),
+  errors     bad parameter types and ranges (engine_validate's message), unknown body and message
+             fields refused by name (OpenAI's reply fields sent back taken), unknown model (404),
              unknown route, missing or wrong API key (401); gRPC and HTTP share the keys
   disconnect a client that closes its stream mid-way, or a unary request's socket, frees the
              KV blocks (GetServerStats and /metrics)
@@ -323,6 +324,21 @@ def group_errors(env):
                          {"messages": [{"role": "user", "content": "x"}], "prompt": "y", "echo": True}, H)
         check(code == 400 and "prompt: unknown field (not supported by this server in chat; it is /v1/completions'"
               in ans["error"]["message"], f"prompt in chat: {code} {ans}")
+        # A message's fields too: each read or refused by name.
+        user = {"role": "user", "content": "x"}
+        for msg, want in [({**user, "prefix": True}, "'messages[0].prefix': unknown field"),
+                          ({**user, "name": "alice"}, "'messages[0].name' needs a Jinja chat template"),
+                          ({**user, "name": 3}, "'messages[0].name' must be a string"),
+                          ({**user, "tool_call_id": "c1"}, "'messages[0].tool_call_id' is for messages of role tool"),
+                          ({"role": "assistant", "content": "x", "refusal": "no"}, "'messages[0].refusal' is not supported"),
+                          ({"role": "assistant", "content": "x", "annotations": [{"type": "url_citation"}]},
+                           "'messages[0].annotations' is not supported"),
+                          ({**user, "reasoning_content": 1}, "'messages[0].reasoning_content' must be a string"),
+                          # What OpenAI's own replies carry, sent back: taken.
+                          ({"role": "assistant", "content": "x", "refusal": None, "annotations": [], "audio": None,
+                            "function_call": None, "tool_calls": None, "reasoning_content": None}, None)]:
+            code, ans = http(srv, "POST", "/v1/chat/completions", {"messages": [msg, user], "max_tokens": 1}, H)
+            check(code == 200 if want is None else code == 400 and want in ans["error"]["message"], f"{msg}: {code} {ans}")
         code, ans = http(srv, "POST", "/v1/chat/completions", {"messages": "hi"}, H)
         check(code == 400 and "'messages' must be a list" in ans["error"]["message"], f"messages type: {code} {ans}")
         code, ans = http(srv, "POST", "/v1/chat/completions",

@@ -165,6 +165,19 @@ def main():
                     check("alternate" in str(e), f"a template that raises is a 400: {str(e)[:120]}")
                 r = oa.chat.completions.create(model=name, messages=conv, max_tokens=2, temperature=0)
                 check(r.usage.completion_tokens >= 1, "the server answers after the template's error")
+        # A message's name reaches a Jinja template that writes it (--chat-template FILE.jinja).
+        named = work / "named.jinja"
+        named.write_text("{{ bos_token }}{% for m in messages %}{{ m.role }}{% if m.name %} ({{ m.name }}){% endif %}: "
+                         "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+        conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "name": "alice", "content": "Good morrow"},
+                {"role": "assistant", "name": "bot", "content": "Well met."}, {"role": "user", "content": "Speak"}]
+        want = tok.encode(env.from_string(named.read_text()).render(messages=conv, add_generation_prompt=True,
+                                                                    bos_token="<s>", eos_token="</s>")).ids
+        with TS.Server(a.shardlm, model, "--chat-template", str(named), name="sp-named", http=True) as srv:
+            oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
+            r = oa.chat.completions.create(model=model.name, messages=conv, max_tokens=1, temperature=0)
+            check(r.usage.prompt_tokens == len(want), f"messages' names written by the template: {r.usage.prompt_tokens} "
+                  f"prompt tokens, jinja2 + sentencepiece {len(want)}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
         TS.kill_all()
