@@ -22,13 +22,6 @@ sys.path.insert(0, str(ROOT / "tests" / "server"))
 import test_server as TS  # noqa: E402
 
 
-def cpu_model():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "?"
-
-
 def run(srv, prompts, max_tokens, parallel):
     """-> (answers, completion tokens, decode seconds summed over requests)"""
     def one(p):
@@ -60,7 +53,7 @@ def main():
     qs = json.load(open(a.squad))
     step = max(1, len(qs) // a.questions)
     prompts = [q["prompt"] for q in qs[::step][: a.questions]]
-    print(f"CPU: {cpu_model()}; model {a.model}; {len(prompts)} SQuAD held-out questions, greedy, "
+    print(f"CPU: {TS.cpu_name()}; model {a.model}; {len(prompts)} SQuAD held-out questions, greedy, "
           f"{a.max_tokens} tokens at most, --threads {a.threads}")
     out = {}
     try:

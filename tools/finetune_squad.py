@@ -19,9 +19,7 @@ DIR: a served model directory, e.g. SmolLM2-135M-Instruct converted to f32:
 import argparse
 import json
 import os
-import platform
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +32,9 @@ import openai
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests" / "server"))
 from eval_chat import score as squad_score  # noqa: E402  (SQuAD's normalization, EM and F1 of one answer)
+from test_server import cpu_name, free_port  # noqa: E402
 ASSETS = Path(os.environ.get("SHARDLM_ASSETS", HERE.parent.parent / "shared" / "assets"))
 INSTRUCTION = "Answer the question with a short span copied from the passage."
 
@@ -47,24 +47,6 @@ def score(preds, refs):
     """Exact match and F1 in percent, each the best over a question's reference answers."""
     pairs = [squad_score(p, rs) for p, rs in zip(preds, refs)]
     return 100 * sum(e for e, _ in pairs) / len(pairs), 100 * sum(f for _, f in pairs) / len(pairs)
-
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def answer_all(oa, model, items, max_tokens):

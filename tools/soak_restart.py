@@ -21,7 +21,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,12 +50,6 @@ def requests(n, seed):
         else:
             out.append(("/v1/completions", dict(common, prompt=p)))
     return out
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(shardlm, model, journal, port, name, grpc_port=None):
@@ -178,11 +171,11 @@ def overhead(a, model, work, reqs):
     best = {"journal": 1e9, "plain": 1e9}
     for rep in range(3):
         for kind in ("plain", "journal"):
-            srv = start(a.shardlm, model, work / f"journal-ovh-{rep}" if kind == "journal" else None, free_port(),
+            srv = start(a.shardlm, model, work / f"journal-ovh-{rep}" if kind == "journal" else None, TS.free_port(),
                         f"ovh-{kind}-{rep}")
             best[kind] = min(best[kind], run_all(srv.http_port, reqs, a.concurrency, kind == "journal"))
             srv.stop()
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    cpu = TS.cpu_name()
     print(f"CPU: {cpu}, {os.cpu_count()} cores; {len(reqs)} streamed requests at concurrency {a.concurrency}")
     print(f"best of 3: without the journal {best['plain']:.2f} s, with --journal (fsync accept) {best['journal']:.2f} s, "
           f"ratio {best['journal'] / best['plain']:.3f}")
@@ -206,8 +199,8 @@ def grpc_answer(client, path, body):
 def soak_grpc(a, model, work, reqs):
     from shardlm_client import Client as GrpcClient
     import grpc
-    gport = free_port()
-    srv = start(a.shardlm, model, work / "journal", free_port(), "grpc-soak-0", gport)
+    gport = TS.free_port()
+    srv = start(a.shardlm, model, work / "journal", TS.free_port(), "grpc-soak-0", gport)
     got, lost, again, lock = [None] * len(reqs), {}, [0], threading.Lock()
     local = threading.local()
     clients = []
@@ -233,13 +226,13 @@ def soak_grpc(a, model, work, reqs):
     t0 = time.time()
     threads = start_workers(a.concurrency, len(reqs), answer)
     srv, kills = kill_loop(a, srv, threads,
-                           lambda k: start(a.shardlm, model, work / "journal", free_port(), f"grpc-soak-{k}", gport), t0)
+                           lambda k: start(a.shardlm, model, work / "journal", TS.free_port(), f"grpc-soak-{k}", gport), t0)
     for c in clients:
         c.close()
     elapsed = time.time() - t0
     srv.stop()
     reattached = sum(p.read_text().count("a gRPC client reattached") for p in TS.LOG_DIR.glob("grpc-soak-*.log"))
-    ref_srv = start(a.shardlm, model, None, free_port(), "grpc-reference", free_port())
+    ref_srv = start(a.shardlm, model, None, TS.free_port(), "grpc-reference", TS.free_port())
     with GrpcClient(ref_srv.target, resume_for=0) as c:
         refs = [grpc_answer(c, *r) for r in reqs]
     ref_srv.stop()
@@ -273,7 +266,7 @@ def main():
             return overhead(a, model, work, reqs)
         if a.grpc:
             return soak_grpc(a, model, work, reqs)
-        port = free_port()
+        port = TS.free_port()
         box = [port]
         srv = start(a.shardlm, model, work / "journal", port, "soak-0")
         clients = [Client(p, b) for p, b in reqs]
@@ -286,7 +279,7 @@ def main():
         elapsed = time.time() - t0
         srv.stop()
         # The uninterrupted answers.
-        ref_srv = start(a.shardlm, model, None, free_port(), "reference")
+        ref_srv = start(a.shardlm, model, None, TS.free_port(), "reference")
         refs = [Stream(p, b) for p, b in reqs]
         for t in start_workers(a.concurrency, len(reqs), lambda i: refs[i].read(ref_srv.http_port)):
             t.join()

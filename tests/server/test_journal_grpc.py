@@ -25,7 +25,6 @@ Reference answers come from a journaled server that is never interrupted; no exp
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -68,14 +67,6 @@ def UNARY(rid):
 
 def server(shardlm, model, *extra, name):
     return TS.Server(shardlm, model, *FLAGS, *extra, name=name)
-
-
-def free_port():
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
 
 
 def kill9(srv):
@@ -401,7 +392,7 @@ def group_client(shardlm, model, work, gguf=None):
         with srv.client() as c:
             want = [(ch.index, ch.text, ch.token_ids) for ch in c.generate_stream(STORY, **story)]
             want_unary = c.generate(STORY, **unary_kw)
-    port = free_port()
+    port = TS.free_port()
     journal = work / "journal-client"
     flags = ("--journal", str(journal), "--listen", f"127.0.0.1:{port}")
     srv = server(shardlm, model, *flags, name="client-0")
@@ -461,11 +452,11 @@ def group_cclient(shardlm, model, work, gguf=None):
         return subprocess.Popen([shardlm, "complete", "--server", f"127.0.0.1:{port}", "--prompt", STORY, *sampling,
                                  *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-    port = free_port()
+    port = TS.free_port()
     with server(shardlm, model, "--journal", str(work / "journal-cclient-ref"), "--listen", f"127.0.0.1:{port}",
                 name="cclient-ref"):
         want = [p.communicate(timeout=300)[0] for p in (complete(port, "--stream"), complete(port, "--request-id", "cr-1"))]
-    port = free_port()
+    port = TS.free_port()
     flags = ("--journal", str(work / "journal-cclient"), "--listen", f"127.0.0.1:{port}")
     srv = server(shardlm, model, *flags, name="cclient-0")
     procs = [complete(port, "--stream"), complete(port, "--request-id", "cu-1")]

@@ -32,9 +32,11 @@ installed client or `shardlm serve` are missing. Every server is killed at the e
 failure; every loop is bounded. Assets: $SHARDLM_ASSETS/stories260K, else ../shared/assets next to the checkout."""
 import argparse
 import os
+import platform
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -66,6 +68,26 @@ except ImportError as e:  # grpcio / protobuf missing
 
 SERVERS = []  # every Popen we started, killed at exit
 LOG_DIR = Path(tempfile.mkdtemp(prefix="shardlm-servertest-logs-"))
+
+
+def free_port():
+    """A TCP port of 127.0.0.1 that nothing listens on now (for a server that must keep its port
+    across restarts; others take --listen 127.0.0.1:0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_name():
+    """The CPU's model name, which every figure of a benchmark names."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def kill_all():
