@@ -93,7 +93,9 @@ static cJSON *reply_schema(const cJSON *tools, const char *only, int required, i
 }
 
 /* The schema of a required call in the model's own format f (after its opening marker): one
- * call of the chosen function or of any; Mistral's is a list of calls. */
+ * call of the chosen function or of any, and with parallel calls in the hermes and phi4
+ * formats, more calls after it, each closed and opened as the template writes them; Mistral's
+ * is a list of calls. */
 static cJSON *native_schema(enum tool_format f, const cJSON *tools, const char *only, int parallel)
 {
     cJSON *one = cJSON_CreateObject(), *any = cJSON_AddArrayToObject(one, "anyOf");
@@ -102,7 +104,14 @@ static cJSON *native_schema(enum tool_format f, const cJSON *tools, const char *
         if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
         cJSON_AddItemToArray(any, call_schema(fn, tool_format_args_key(f)));
     }
-    if (f != TOOL_FORMAT_MISTRAL) return one;
+    if (f != TOOL_FORMAT_MISTRAL) {
+        if (parallel && tool_format_call_close(f)) { /* more calls may follow, each closed */
+            cJSON *rep = cJSON_AddObjectToObject(one, GRAMMAR_SCHEMA_REPEAT);
+            cJSON_AddStringToObject(rep, "close", tool_format_call_close(f));
+            cJSON_AddStringToObject(rep, "open", tool_format_next_call(f));
+        }
+        return one;
+    }
     cJSON *arr = cJSON_CreateObject();
     cJSON_AddStringToObject(arr, "type", "array");
     cJSON_AddItemToObject(arr, "items", one);

@@ -66,6 +66,16 @@ const char *tool_format_call_marker(enum tool_format f)
     }
 }
 
+const char *tool_format_call_close(enum tool_format f)
+{
+    return f == TOOL_FORMAT_HERMES ? "\n</tool_call>" : f == TOOL_FORMAT_PHI4 ? "<|/tool_call|>" : NULL;
+}
+
+const char *tool_format_next_call(enum tool_format f)
+{
+    return f == TOOL_FORMAT_HERMES ? "\n<tool_call>\n" : f == TOOL_FORMAT_PHI4 ? "<|tool_call|>" : NULL;
+}
+
 const char *tool_format_args_key(enum tool_format f) { return f == TOOL_FORMAT_LLAMA3 ? "parameters" : "arguments"; }
 
 static char *dup_n(const char *s, size_t n)

@@ -72,6 +72,12 @@ const char *tool_format_call_prefix(enum tool_format f);
 /* The marker a call opens with, without the whitespace the model may write after it (the
  * trigger of a lazy grammar under tool_choice auto); NULL for GENERIC and LLAMA3. */
 const char *tool_format_call_marker(enum tool_format f);
+/* Parallel calls in one reply (the grammar's x-shardlm-repeat): the text that closes a call as
+ * the template writes it ("\n</tool_call>", "<|/tool_call|>") and the text between a closed call
+ * and the next call's JSON ("\n<tool_call>\n", "<|tool_call|>"); NULL for the formats with one
+ * call per reply (LLAMA3) or a list (MISTRAL), and GENERIC. */
+const char *tool_format_call_close(enum tool_format f);
+const char *tool_format_next_call(enum tool_format f);
 /* The key of a call's arguments in the model's JSON ("parameters" for LLAMA3). */
 const char *tool_format_args_key(enum tool_format f);
 

@@ -166,6 +166,11 @@ static const struct sample samples[] = {
     {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-prefix\":\"<call>\\n\",\"type\":\"integer\",\"minimum\":1}",
      {"<call>\n12", NULL}, {"12", "<call>12", "<call>\n0", " <call>\n1", NULL}},
     {GRAMMAR_CHOICE, "[\"yes\",\"no\",\"maybe so\"]", {"yes", "maybe so", NULL}, {"ye", "yess", "\"yes\"", NULL}},
+    /* x-shardlm-repeat: parallel calls, each closed; the output may end after a value or a close. */
+    {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-prefix\":\"<c>\\n\",\"x-shardlm-repeat\":{\"close\":\"\\n</c>\",\"open\":\"\\n<c>\\n\"},"
+     "\"type\":\"integer\",\"minimum\":1}",
+     {"<c>\n12", "<c>\n12\n</c>", "<c>\n1\n</c>\n<c>\n2\n</c>", "<c>\n1\n</c>\n<c>\n2\n</c>\n<c>\n3\n</c>", NULL},
+     {"<c>\n1\n</c>\n<c>\n2", "<c>\n1\n</c>\n<c>\n", "<c>\n1\n<c>\n2\n</c>", "<c>\n1\n</c>\n<c>\n0\n</c>", "<c>\n1\n</c>2", NULL}},
 };
 
 static const char *const bad[][3] = {
@@ -173,6 +178,10 @@ static const char *const bad[][3] = {
     {"0", "{\"type\":\"object\",\"properties\":{\"a\":{\"x-shardlm-prefix\":\"<\",\"type\":\"integer\"}}}",
      "unsupported keyword 'x-shardlm-prefix'"},
     {"0", "{\"x-shardlm-prefix\":7,\"type\":\"integer\"}", "x-shardlm-prefix must be a string"},
+    {"0", "{\"x-shardlm-repeat\":{\"close\":\"x\"},\"type\":\"integer\"}", "x-shardlm-repeat must be"},
+    {"0", "{\"x-shardlm-repeat\":{\"close\":\"\",\"open\":\"y\"},\"type\":\"integer\"}", "x-shardlm-repeat must be"},
+    {"0", "{\"type\":\"array\",\"items\":{\"x-shardlm-repeat\":{\"close\":\"x\",\"open\":\"y\"}}}",
+     "unsupported keyword 'x-shardlm-repeat'"},
     {"0", "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"strin\"}}}", "/properties/a"},
     {"0", "{\"$ref\":\"#/$defs/missing\"}", "points to nothing"},
     {"0", "{\"$ref\":\"#\"}", "accepts no string"},
@@ -500,6 +509,22 @@ static void test_work_bound(void)
         grammar_matcher_free(m);
         grammar_unref(g);
     }
+    /* One level more: a byte's closure passes MAX_WORK steps. The step fails with the error
+     * (grammar_matcher_overflowed), where until 2026-11-29 it went on with parses dropped. */
+    const char *deep = "(((.?.?.?.?){20}){20}){20}";
+    struct grammar *g = NULL;
+    struct grammar_matcher *m = NULL;
+    if (grammar_compile(v, GRAMMAR_REGEX, deep, strlen(deep), &g)) {
+        EXPECT(0, "%s: %s", deep, status_message());
+    } else {
+        enum status st = grammar_matcher_new(g, &m);
+        int over = st != STATUS_OK;
+        if (st == STATUS_OK) st = grammar_matcher_accept_bytes(m, "x", 1), over = grammar_matcher_overflowed(m);
+        EXPECT(st == STATUS_INVALID_ARGUMENT && over && strstr(status_message(), "too ambiguous"),
+               "%s: gave %d '%s', not the closure bound", deep, (int)st, status_message());
+        grammar_matcher_free(m);
+        grammar_unref(g);
+    }
     grammar_vocab_free(v);
 }
 
@@ -522,10 +547,13 @@ int main(int argc, char **argv)
                     sscanf(line + k, "%2x", &x);
                     bytes[k / 2] = (char)x;
                 }
-                struct grammar_matcher *m;
-                grammar_matcher_new(g, &m);
-                enum status s = grammar_matcher_accept_bytes(m, bytes, (size_t)len / 2);
-                printf("%s\n", s ? "reject" : grammar_matcher_can_end(m) ? "complete" : "prefix");
+                struct grammar_matcher *m = NULL;
+                enum status s = grammar_matcher_new(g, &m);
+                if (s == STATUS_OK) s = grammar_matcher_accept_bytes(m, bytes, (size_t)len / 2);
+                printf("%s\n", !m || (s && grammar_matcher_overflowed(m)) ? "too ambiguous"
+                                : s                                      ? "reject"
+                                : grammar_matcher_can_end(m)             ? "complete"
+                                                                         : "prefix");
                 grammar_matcher_free(m);
             }
             free(line), free(bytes);

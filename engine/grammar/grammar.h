@@ -59,6 +59,11 @@ int grammar_vocab_mask_words(const struct grammar_vocab *v);
  * before the JSON value (a tool call's opening marker, server/http_tools.c); anywhere else it is
  * an unsupported keyword. */
 #define GRAMMAR_SCHEMA_PREFIX "x-shardlm-prefix"
+/* And this one: {"close": C, "open": O} (strings of 1 to 64 bytes) makes the output one or more
+ * values: V, then optionally C, then any number of O V C (a tool format's parallel calls:
+ * `{...}\n</tool_call>\n<tool_call>\n{...}\n</tool_call>`); the output may end after V or
+ * after any C. */
+#define GRAMMAR_SCHEMA_REPEAT "x-shardlm-repeat"
 
 /* Compiles src[0..n) (borrowed) into *out (one reference; v is borrowed and must outlive it).
  * Errors: STATUS_INVALID_ARGUMENT with a message naming the problem (the schema path such as
@@ -102,6 +107,10 @@ enum status grammar_matcher_accept(struct grammar_matcher *m, int32_t token);
 /* Advances by the bytes s[0..n) (forced text); counts as one step for rollback. Bytes that
  * cannot continue the grammar give STATUS_INVALID_ARGUMENT, state unchanged. */
 enum status grammar_matcher_accept_bytes(struct grammar_matcher *m, const char *s, size_t n);
+/* 1 when the last new / accept / accept_bytes / fill_mask failed because the grammar is too
+ * ambiguous to follow (a byte's closure past its bound, or the stack nodes': the error says so)
+ * rather than because the input does not continue it. */
+int grammar_matcher_overflowed(const struct grammar_matcher *m);
 /* Undoes the last n steps (accepted tokens or byte strings); n larger than the history goes
  * back to the start. */
 void grammar_matcher_rollback(struct grammar_matcher *m, int n_tokens);

@@ -350,6 +350,7 @@ static struct mask_entry *entry_compute(const struct grammar *g, const int32_t *
     }
     free(sstack), free(tmp.ids);
     *spent += d.p.spent + v->n_sorted / 64;
+    over |= d.p.overflow; /* a closure cut short: the entry would miss tokens */
     dfa_free(&d);
     if (over) {
         free(bits), free(unc.v);
@@ -479,6 +480,18 @@ static void current(const struct grammar_matcher *m, struct pstate *s)
     for (int i = 0; i < h->n; i++) state_push(s, m->pool[h->off + (size_t)i]);
 }
 
+/* The error of a step whose closure was cut short (MAX_WORK steps for one byte, or MAX_NODES
+ * stack nodes): its result would silently miss parses, so the step fails instead. */
+static enum status too_ambiguous(void)
+{
+    return status_errorf(STATUS_INVALID_ARGUMENT,
+                         "grammar: the constraint is too ambiguous to follow here: one byte needs more than %d "
+                         "steps, or the parses more than %d stack nodes (counted repeats of overlapping "
+                         "alternatives multiply them); simplify the pattern", MAX_WORK, MAX_NODES);
+}
+
+int grammar_matcher_overflowed(const struct grammar_matcher *m) { return m->p.overflow; }
+
 enum status grammar_matcher_new(struct grammar *g, struct grammar_matcher **out)
 {
     *out = NULL;
@@ -495,6 +508,11 @@ enum status grammar_matcher_new(struct grammar *g, struct grammar_matcher **out)
     for (int a = f->rule_alt[f->root]; a < f->rule_alt[f->root + 1]; a++) expand(&m->p, f->alt_pos[a], P_NONE, &s);
     push_state(m, &s, 0);
     free(s.ids);
+    if (m->p.overflow) {
+        enum status st = too_ambiguous();
+        grammar_matcher_free(m);
+        return st;
+    }
     *out = m;
     return STATUS_OK;
 }
@@ -534,8 +552,10 @@ enum status grammar_matcher_accept_bytes(struct grammar_matcher *m, const char *
 {
     if (m->hist[m->n_hist - 1].ended) return status_errorf(STATUS_INVALID_ARGUMENT, "grammar: the sequence has ended");
     current(m, &m->a);
-    if (run_bytes(m, (const uint8_t *)s, n))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "grammar: the text does not continue the grammar");
+    m->p.overflow = 0;
+    const int dead = run_bytes(m, (const uint8_t *)s, n);
+    if (m->p.overflow) return too_ambiguous();
+    if (dead) return status_errorf(STATUS_INVALID_ARGUMENT, "grammar: the text does not continue the grammar");
     push_state(m, &m->a, 0);
     return STATUS_OK;
 }
@@ -556,8 +576,10 @@ enum status grammar_matcher_accept(struct grammar_matcher *m, int32_t token)
     if (token >= v->n_tok || v->off[token + 1] == v->off[token])
         return status_errorf(STATUS_INVALID_ARGUMENT, "grammar: token %d has no text the grammar may take", (int)token);
     current(m, &m->a);
-    if (run_bytes(m, v->bytes + v->off[token], v->off[token + 1] - v->off[token]))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "grammar: token %d is not allowed here", (int)token);
+    m->p.overflow = 0;
+    const int dead = run_bytes(m, v->bytes + v->off[token], v->off[token + 1] - v->off[token]);
+    if (m->p.overflow) return too_ambiguous();
+    if (dead) return status_errorf(STATUS_INVALID_ARGUMENT, "grammar: token %d is not allowed here", (int)token);
     push_state(m, &m->a, 0);
     return STATUS_OK;
 }
@@ -622,6 +644,7 @@ enum status grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *mask)
     int words = grammar_vocab_mask_words(v);
     memset(mask, 0, sizeof *mask * (size_t)words);
     const struct hist *h = &m->hist[m->n_hist - 1];
+    m->p.overflow = 0;
     if (h->ended) return STATUS_OK;
     if (h->done)
         for (int i = 0; i < v->n_end; i++) mask[v->end_ids[i] >> 5] |= 1u << (v->end_ids[i] & 31);
@@ -652,6 +675,10 @@ enum status grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *mask)
         }
         over = check_uncertain(m, e, top, mask, start + MASK_WORK - extra) < 0;
         if (owned) entry_free(e);
+    }
+    if (!over && m->p.overflow) {
+        memset(mask, 0, sizeof *mask * (size_t)words);
+        return too_ambiguous();
     }
     if (!over) return STATUS_OK;
     memset(mask, 0, sizeof *mask * (size_t)words);

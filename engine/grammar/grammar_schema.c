@@ -686,10 +686,27 @@ enum status schema_build(struct gbuild *b, const char *src, size_t n, int object
         return gb_fail(b, STATUS_INVALID_ARGUMENT,
                        "json schema: /" GRAMMAR_SCHEMA_PREFIX " must be a string of 1 to 64 bytes");
     }
+    /* x-shardlm-repeat (the root's only, likewise): the value repeated between literal texts. */
+    cJSON *rep = cJSON_IsObject(s.root) ? cJSON_DetachItemFromObjectCaseSensitive(s.root, GRAMMAR_SCHEMA_REPEAT) : NULL;
+    const cJSON *close = cJSON_GetObjectItemCaseSensitive(rep, "close"), *open = cJSON_GetObjectItemCaseSensitive(rep, "open");
+    if (rep && (!cJSON_IsObject(rep) || cJSON_GetArraySize(rep) != 2 || !cJSON_IsString(close) || !cJSON_IsString(open) ||
+                !close->valuestring[0] || strlen(close->valuestring) > 64 || !open->valuestring[0] ||
+                strlen(open->valuestring) > 64)) {
+        cJSON_Delete(pre), cJSON_Delete(rep), cJSON_Delete(s.root);
+        return gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: /" GRAMMAR_SCHEMA_REPEAT " must be {\"close\": "
+                       "STRING, \"open\": STRING}, each of 1 to 64 bytes");
+    }
     struct gx *x = schema(&s, s.root, "");
+    if (x && rep) { /* V (C (O V C)*)? over one rule for V */
+        const int v = gb_rule_new(b, "value");
+        if (v >= 0) b->rules[v].expr = x;
+        struct gx *more = gx_repeat(b, gx_seq3(b, gx_str(b, open->valuestring), gx_ref(b, v), gx_str(b, close->valuestring)), 0, -1);
+        x = gx_seq2(b, gx_ref(b, v), gx_alt2(b, gx_empty(b), gx_seq2(b, gx_str(b, close->valuestring), more)));
+    }
     if (x && pre) x = gx_seq2(b, gx_str(b, pre->valuestring), x);
     if (x && *root >= 0) b->rules[*root].expr = x;
     cJSON_Delete(pre);
+    cJSON_Delete(rep);
     cJSON_Delete(s.root);
     for (int i = 0; i < s.n_owned; i++) cJSON_Delete(s.owned[i]);
     free(s.owned);

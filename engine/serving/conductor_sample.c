@@ -123,8 +123,9 @@ int32_t take_chosen(struct conductor *c, struct seq *s, const float *row, int32_
         tok_lp = lp[tok];
         if (n_top) sampler_top_logprobs(lp, V, n_top, top);
     }
-    if (r->grammar && constraint_take(s, tok) != STATUS_OK) { /* out of memory starting a lazy call */
-        finish_seq(c, s, FINISH_REASON_ERROR, STATUS_RESOURCE_EXHAUSTED, status_message(), 0);
+    enum status taken = r->grammar ? constraint_take(s, tok) : STATUS_OK;
+    if (taken != STATUS_OK) { /* out of memory starting a lazy call, or a grammar too ambiguous to follow */
+        finish_seq(c, s, FINISH_REASON_ERROR, taken, status_message(), 0);
         return -1;
     }
     size_t text_len = 0;

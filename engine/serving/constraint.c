@@ -44,14 +44,15 @@ static enum status lazy_start(struct seq *s, const char *rest, size_t n)
     const struct request *r = s->req;
     s->lazy_match = 0, s->lazy_phase = LAZY_ARMED; /* (when it stays free, the next marker is looked for) */
     while (n && is_ws(*rest)) rest++, n--;
-    if (!s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK) return STATUS_RESOURCE_EXHAUSTED;
+    enum status st;
+    if (!s->gm && (st = grammar_matcher_new(r->grammar, &s->gm)) != STATUS_OK) return st;
     int ok = 1;
     if (r->trigger_flags & TRIGGER_ANCHORED) {
         ok = grammar_matcher_accept_bytes(s->gm, r->trigger, (size_t)r->trigger_len) == STATUS_OK;
         s->lazy_phase = LAZY_DEAD; /* (an anchored marker that the grammar refuses never comes again) */
     }
     s->lazy_on = ok && (!n || grammar_matcher_accept_bytes(s->gm, rest, n) == STATUS_OK);
-    return STATUS_OK;
+    return grammar_matcher_overflowed(s->gm) ? STATUS_INVALID_ARGUMENT : STATUS_OK; /* (its message set) */
 }
 
 /* Byte b of the output, in the armed phase: whether it completes the marker. */
@@ -91,8 +92,9 @@ static long lazy_byte(struct seq *s, const char *p, size_t n, enum status *st)
             if (s->lazy_phase == LAZY_ARMED && armed_byte(r, s, again[i])) {
                 /* (a marker within "<thin" + b: the grammar starts with the rest of them, then p's) */
                 if ((*st = lazy_start(s, again + i + 1, (size_t)(k - i))) != STATUS_OK || !s->lazy_on) return 0;
-                return grammar_matcher_accept_bytes(s->gm, p + 1, n - 1) == STATUS_OK ? (long)n - 1
-                                                                                        : (s->lazy_on = 0, 0);
+                if (grammar_matcher_accept_bytes(s->gm, p + 1, n - 1) == STATUS_OK) return (long)n - 1;
+                if (grammar_matcher_overflowed(s->gm)) *st = STATUS_INVALID_ARGUMENT;
+                return s->lazy_on = 0, 0;
             }
         return -1;
     case LAZY_REASONING:
@@ -201,7 +203,8 @@ int constraint_fill_mask(struct seq *s, uint32_t *mask)
     if (opening == 2) {
         memset(mask, 0, (size_t)n_words * sizeof *mask);
     } else {
-        if (!s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK) return -1;
+        enum status st;
+        if (!s->gm && (st = grammar_matcher_new(r->grammar, &s->gm)) != STATUS_OK) return st == STATUS_INVALID_ARGUMENT ? -2 : -1;
         if (grammar_matcher_fill_mask(s->gm, mask) != STATUS_OK) return -2;
         if (grammar_matcher_can_end(s->gm))
             for (int i = 0; i < r->p.n_end_ids; i++) mask[r->p.end_ids[i] >> 5] |= 1u << (r->p.end_ids[i] & 31);
@@ -219,8 +222,9 @@ enum status constraint_take(struct seq *s, int32_t tok)
                           : is_opening(r)                           ? LAZY_OPEN
                           : r->trigger_flags & TRIGGER_MAY_REASON   ? LAZY_DETECT
                                                                     : LAZY_ARMED;
-            if (s->lazy_phase == LAZY_OPEN && !s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK)
-                return STATUS_RESOURCE_EXHAUSTED;
+            enum status st;
+            if (s->lazy_phase == LAZY_OPEN && !s->gm && (st = grammar_matcher_new(r->grammar, &s->gm)) != STATUS_OK)
+                return st;
         }
         int len = 0;
         const char *b = token_text(r, tok, &len);
@@ -230,7 +234,14 @@ enum status constraint_take(struct seq *s, int32_t tok)
             if (lazy_byte(s, b + i, (size_t)(len - i), &st) >= 0) return st; /* the token's rest went to the grammar */
         return STATUS_OK;
     }
-    if (!s->gm && grammar_matcher_new(r->grammar, &s->gm) != STATUS_OK) return STATUS_RESOURCE_EXHAUSTED;
-    if (grammar_matcher_accept(s->gm, tok) == STATUS_OK) s->grammar_end = grammar_matcher_is_done(s->gm);
+    if (!s->gm) {
+        enum status st = grammar_matcher_new(r->grammar, &s->gm);
+        if (st != STATUS_OK) return st;
+    }
+    /* The mask allowed tok: only a grammar too ambiguous to follow can refuse it (an error of
+     * the request's, the message set); the sample is not left on a state that missed it. */
+    enum status st = grammar_matcher_accept(s->gm, tok);
+    if (st == STATUS_OK) s->grammar_end = grammar_matcher_is_done(s->gm);
+    else if (grammar_matcher_overflowed(s->gm)) return st;
     return STATUS_OK;
 }

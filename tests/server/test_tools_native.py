@@ -9,7 +9,8 @@ openai package.
   apply_chat_template (tests/test_jinja.py's environment): a greedy chat answer equals the greedy
   /v1/completions answer to the jinja2-rendered text, token for token, with the same prompt
   length. tool_choice required / named / parallel_tool_calls false: every call validates with
-  `jsonschema`; streamed calls arrive in several chunks (header, then argument fragments) and
+  `jsonschema`; parallel calls (the default) are the template's closed calls one after another;
+  streamed calls arrive in several chunks (header, then argument fragments) and
   assemble to the unary answer.
 - Mistral Small 3.1 ([TOOL_CALLS]) and Phi-4-mini (<|tool_call|>): a required call, and the
   tool-result loop renders (Mistral's template needs 9-character ids).
@@ -140,19 +141,30 @@ def qwen25(a, mid, oa, tmpl):
               and (as_text is None or comp.choices[0].text.strip() == as_text),
               f"{name}: the prompt with tools renders as jinja2 does ({chat.usage.prompt_tokens} vs "
               f"{comp.usage.prompt_tokens} tokens; {as_text!r:.60} vs {comp.choices[0].text!r:.60})")
-    r = ask(ASK, tool_choice="required")
+    r = ask(ASK, tool_choice="required", parallel_tool_calls=False)
     m = r.choices[0].message
     check(r.choices[0].finish_reason == "tool_calls" and m.content is None and calls_valid(m.tool_calls),
           f"hermes: required -> {[(c.function.name, c.function.arguments) for c in m.tool_calls or []]}")
-    r = ask(ASK, tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=1.0, seed=4, n=2)
+    # Parallel calls (the default): after a call's JSON the grammar takes the template's
+    # "\n</tool_call>\n<tool_call>\n" and another call, or the end. SmolLM2 greedy goes on calling
+    # until max_tokens: every call but one cut by it validates, and the raw reply is the template's.
+    r = ask(ASK, tool_choice="required", max_tokens=100, logprobs=True)
+    m, fin = r.choices[0].message, r.choices[0].finish_reason
+    whole = (m.tool_calls or []) if fin == "tool_calls" else (m.tool_calls or [])[:-1]
+    raw = "".join(t.token for t in r.choices[0].logprobs.content)
+    check(len(m.tool_calls or []) >= 2 and calls_valid(whole) and fin in ("tool_calls", "length")
+          and "}\n</tool_call>\n<tool_call>\n{" in raw,
+          f"hermes: parallel calls -> {fin} {[(c.function.name, c.function.arguments) for c in m.tool_calls or []]}")
+    r = ask(ASK, tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=1.0, seed=4, n=2,
+            parallel_tool_calls=False)
     check(all(c.finish_reason == "tool_calls" and calls_valid(c.message.tool_calls, ["get_time"]) for c in r.choices),
           "hermes: named get_time, n=2 sampled")
     r = ask(ASK, tool_choice="required", parallel_tool_calls=False)
     check(len(r.choices[0].message.tool_calls or []) == 1, "hermes: parallel_tool_calls false -> one call")
-    unary = ask(ASK, tool_choice="required").choices[0].message.tool_calls
-    calls, finish, n_chunks, _, _ = stream_calls(ask(ASK, tool_choice="required", stream=True))
+    unary = ask(ASK, tool_choice="required", max_tokens=100).choices[0].message.tool_calls
+    calls, finish, n_chunks, _, _ = stream_calls(ask(ASK, tool_choice="required", max_tokens=100, stream=True))
     check(finish == "tool_calls" and calls == [(c.function.name, c.function.arguments) for c in unary or []]
-          and n_chunks >= 2, f"hermes: streamed calls equal unary, in {n_chunks} chunks")
+          and len(calls) >= 2 and n_chunks >= 2, f"hermes: {len(calls)} streamed calls equal unary, in {n_chunks} chunks")
     r = ask(history, tool_choice="auto")
     m = r.choices[0].message
     check((m.tool_calls and calls_valid(m.tool_calls)) or isinstance(m.content, str),
@@ -174,7 +186,8 @@ def grpc_hermes(srv, mid, oa):
     history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
                      {"role": "tool", "tool_call_id": call["id"], "content": "{\"temperature\": 21}"}]
     named = {"type": "function", "function": {"name": "get_time"}}
-    cases = [("required", ASK, dict(tool_choice="required")),
+    cases = [("required", ASK, dict(tool_choice="required", parallel_tool_calls=False)),
+             ("required, parallel", ASK, dict(tool_choice="required")),
              ("auto after a tool result", history, dict(tool_choice="auto")),
              ("auto", ASK, dict(tool_choice="auto")),
              ("named, sampled", ASK, dict(tool_choice=named, temperature=1.0, seed=4)),
@@ -210,7 +223,7 @@ def other_format(mid, oa, label):
     def ask(messages, **kw):
         return oa.chat.completions.create(model=mid, messages=messages, tools=TOOLS, max_tokens=60, temperature=0, **kw)
 
-    r = ask(ASK, tool_choice="required")
+    r = ask(ASK, tool_choice="required", parallel_tool_calls=False)
     m = r.choices[0].message
     check(r.choices[0].finish_reason == "tool_calls" and calls_valid(m.tool_calls),
           f"{label}: required -> {[(c.function.name, c.function.arguments) for c in m.tool_calls or []]}")
