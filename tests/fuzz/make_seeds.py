@@ -298,6 +298,12 @@ ws ::= | " " | "\n" [ \t]{0,20}
 """)
     put("grammar", "regex_classes", bytes([2]) + rb"^[\w.-]+@(\d{1,3}\.){3}\d{1,3}|[^\s]?(?:x|y)*?$")
     put("grammar", "bad_leftrec", bytes([3]) + b'root ::= root "a" | "b"')
+    # Parallel tool calls in the hermes format (server/http_tools.c native_schema).
+    put("grammar", "parallel_calls_schema", bytes([0]) + json.dumps({
+        "x-shardlm-prefix": "<tool_call>\n", "x-shardlm-repeat": {"close": "\n</tool_call>", "open": "\n<tool_call>\n"},
+        "anyOf": [{"type": "object", "properties": {"name": {"const": "f"}, "arguments": {
+            "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+            "required": ["name", "arguments"], "additionalProperties": False}]}).encode())
 
 
 # ---- Responses API bodies (byte 0: the served template, as http_openai's bits 1-4) -----------
