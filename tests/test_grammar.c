@@ -164,7 +164,8 @@ static const struct sample samples[] = {
     {GRAMMAR_EBNF, "# leading comment\n\nroot ::=\n  \"a\"\n  | \"b\" # b\n\n  | [c-d]{2}\nunused ::= \"z\"\n", {"a", "b", "cd", NULL}, {"c", "z", "ab", NULL}},
     /* x-shardlm-prefix: literal text before the value (a tool call's marker), the root's only. */
     {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-prefix\":\"<call>\\n\",\"type\":\"integer\",\"minimum\":1}",
-     {"<call>\n12", NULL}, {"12", "<call>12", "<call>\n0", " <call>\n1", NULL}},
+     {"<call>\n12", "\n\n<call>\n12", " \t\r\n<call>\n1", NULL},
+     {"12", "<call>12", "<call>\n0", "x<call>\n1", "         <call>\n1", NULL}},
     {GRAMMAR_CHOICE, "[\"yes\",\"no\",\"maybe so\"]", {"yes", "maybe so", NULL}, {"ye", "yess", "\"yes\"", NULL}},
     /* x-shardlm-repeat: parallel calls, each closed; the output may end after a value or a close. */
     {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-prefix\":\"<c>\\n\",\"x-shardlm-repeat\":{\"close\":\"\\n</c>\",\"open\":\"\\n<c>\\n\"},"

@@ -679,7 +679,8 @@ enum status schema_build(struct gbuild *b, const char *src, size_t n, int object
     s.root = cJSON_ParseWithLength(src, n);
     if (!s.root) return gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: not valid JSON");
     /* x-shardlm-prefix (the root's only; taken out, so that a "#" reference does not see it):
-     * literal text the output starts with before the JSON value (a tool call's marker). */
+     * literal text the output starts with before the JSON value (a tool call's marker), after at
+     * most 8 bytes of whitespace. */
     cJSON *pre = cJSON_IsObject(s.root) ? cJSON_DetachItemFromObjectCaseSensitive(s.root, GRAMMAR_SCHEMA_PREFIX) : NULL;
     if (pre && (!cJSON_IsString(pre) || !pre->valuestring[0] || strlen(pre->valuestring) > 64)) {
         cJSON_Delete(pre), cJSON_Delete(s.root);
@@ -703,7 +704,11 @@ enum status schema_build(struct gbuild *b, const char *src, size_t n, int object
         struct gx *more = gx_repeat(b, gx_seq3(b, gx_str(b, open->valuestring), gx_ref(b, v), gx_str(b, close->valuestring)), 0, -1);
         x = gx_seq2(b, gx_ref(b, v), gx_alt2(b, gx_empty(b), gx_seq2(b, gx_str(b, close->valuestring), more)));
     }
-    if (x && pre) x = gx_seq2(b, gx_str(b, pre->valuestring), x);
+    if (x && pre) { /* up to 8 bytes of whitespace first: Qwen 3 writes "\n\n" after </think> */
+        struct gx *ws[4] = {gx_byte_range(b, ' ', ' '), gx_byte_range(b, '\t', '\t'), gx_byte_range(b, '\n', '\n'),
+                            gx_byte_range(b, '\r', '\r')};
+        x = gx_seq3(b, gx_repeat(b, gx_alt(b, 4, ws), 0, 8), gx_str(b, pre->valuestring), x);
+    }
     if (x && *root >= 0) b->rules[*root].expr = x;
     cJSON_Delete(pre);
     cJSON_Delete(rep);

@@ -263,10 +263,11 @@ def qwen3_required(mid, oa, tmpl):
     the grammar's to write, not the prompt's, docs/tools.md). The prompt is jinja2's with the tools
     and nothing after it; every reply that ends with a call has valid calls, reasoning or not; one
     without a call was cut by max_tokens inside its reasoning. With enable_thinking false (the
-    template closes an empty <think> block itself) the call comes at once."""
+    template closes an empty <think> block itself) the call comes at once. (One call each:
+    parallel_tool_calls false; parallel calls are qwen25's.)"""
     comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, ASK, tools=TOOLS), max_tokens=1, temperature=0)
     r = oa.chat.completions.create(model=mid, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=150,
-                                   temperature=1.0, seed=3, n=8)
+                                   temperature=1.0, seed=3, n=8, parallel_tool_calls=False)
     check(r.usage.prompt_tokens == comp.usage.prompt_tokens,
           f"qwen3 required: the prompt is jinja2's with nothing added ({r.usage.prompt_tokens} vs {comp.usage.prompt_tokens})")
     called = thought = 0
@@ -285,7 +286,8 @@ def qwen3_required(mid, oa, tmpl):
     print(f"  qwen3 required, 8 samples: {called} called ({thought} after reasoning)")
     check(called >= 1, "qwen3 required: some sample calls")
     r = oa.chat.completions.create(model=mid, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=150,
-                                   temperature=0, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+                                   temperature=0, parallel_tool_calls=False,
+                                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     m = r.choices[0].message
     check(r.choices[0].finish_reason == "tool_calls" and calls_valid(m.tool_calls)
           and not (m.model_extra or {}).get("reasoning_content"),
