@@ -1,9 +1,10 @@
 /* engine/text/bpe.c - the tokenizer.json tokenizer (see bpe.h): the byte <-> unicode map, the
- * tables built at load, added-token matching, the NFC normalizer of byte-level BPE (ICU), the
+ * tables built at load, the NFC normalizer of byte-level BPE (ICU), the
  * regex pre-tokenizer (PCRE2, JIT when available), and the BPE merge loop (a min-heap of candidate
  * pairs over a linked list of symbols, the order Hugging Face's Word::merge_all uses) over bytes
  * (byte-level) or characters with byte fallback (BPE_MODEL_BPE).
- * Not here: tokenizer.json parsing (tokenizer_json.c), the other normalizers (normalizer.c),
+ * Not here: added tokens' keys and matching (bpe_added.c), tokenizer.json parsing
+ * (tokenizer_json.c), the other normalizers (normalizer.c),
  * WordPiece and Unigram (wordpiece.c, unigram.c), decoders (text_decode.c), the streaming
  * detokenizer (tokenizer.cc).
  * Tests: tests/test_bpe.py, tests/test_tokenizer.c. */
@@ -294,8 +295,6 @@ enum status bpe_index_pieces(struct bpe *b)
     return STATUS_OK;
 }
 
-static enum status added_keys(struct bpe *b);
-static enum status build_added(struct bpe *b);
 static enum status finish_other(struct bpe *b);
 
 enum status bpe_finish(struct bpe *b)
@@ -315,7 +314,7 @@ enum status bpe_finish(struct bpe *b)
         if (U_FAILURE(err) || !b->nfc_impl)
             return status_errorf(STATUS_INTERNAL, "%s: ICU's NFC normalizer is unavailable (%s)", b->name, u_errorName(err));
     }
-    if ((s = added_keys(b))) return s;
+    if ((s = bpe_added_keys(b))) return s;
     if (!b->by_piece && (s = bpe_index_pieces(b))) return s;
     if (!(b->by_bytes = table_new((size_t)b->n_vocab, (const uint8_t *const *)b->bytes, b->n_bytes)) ||
         !(b->by_pair = table_new((size_t)b->n_merges, NULL, NULL)))
@@ -370,36 +369,9 @@ enum status bpe_finish(struct bpe *b)
         if (e->val < 0) e->val = b->merge_by_id ? merged : r, e->val2 = merged; /* a repeated merge keeps its first rank */
     }
 
-    if ((s = build_added(b))) return s;
+    if ((s = bpe_build_added(b))) return s;
     for (int k = 0; k < b->n_splits; k++)
         if ((s = compile_split(b, &b->splits[k], "pre_tokenizer", k))) return s;
-    return STATUS_OK;
-}
-
-/* Added tokens by their key's first byte, longest first, in two tables: the tokens matched on
- * the raw text and the `normalized` ones. */
-static enum status build_added(struct bpe *b)
-{
-    for (int t = 0; t < 2; t++)
-        for (int c = 0; c < 256; c++) {
-#define IN_TABLE(a) ((a)->n_key && !(a)->normalized == !t && (uint8_t)(a)->key[0] == c)
-            int cnt = 0;
-            for (int i = 0; i < b->n_added; i++) cnt += IN_TABLE(&b->added[i]);
-            if (!cnt) continue;
-            int32_t *l = b->added_by_byte[t][c] = malloc(((size_t)cnt + 1) * sizeof(int32_t));
-            if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
-            cnt = 0;
-            for (int i = 0; i < b->n_added; i++)
-                if (IN_TABLE(&b->added[i])) l[cnt++] = i;
-#undef IN_TABLE
-            /* Longest first (leftmost-longest matching), by insertion: the lists are short. */
-            for (int i = 1; i < cnt; i++)
-                for (int j = i; j > 0 && b->added[l[j]].n_key > b->added[l[j - 1]].n_key; j--) {
-                    const int32_t x = l[j];
-                    l[j] = l[j - 1], l[j - 1] = x;
-                }
-            l[cnt] = -1;
-        }
     return STATUS_OK;
 }
 
@@ -434,7 +406,7 @@ static enum status finish_other(struct bpe *b)
             if (chars > b->max_piece_chars) b->max_piece_chars = chars;
         }
     }
-    if ((s = build_added(b))) return s;
+    if ((s = bpe_build_added(b))) return s;
     for (int k = 0; k < b->n_splits; k++)
         if ((s = compile_split(b, &b->splits[k], "pre_tokenizer", k))) return s;
     return STATUS_OK;
@@ -748,8 +720,16 @@ static enum status normalize_into(const struct bpe *b, struct scratch *sc, const
     return nfc_into(b, sc, s, n, m);
 }
 
-static int find_added(const struct bpe *b, int table, const uint8_t *s, size_t n, size_t from, size_t *m_at,
-                      size_t *m_end);
+enum status bpe_normalize(const struct bpe *b, const uint8_t *s, size_t n, uint8_t **out, size_t *n_out)
+{
+    struct scratch sc;
+    memset(&sc, 0, sizeof sc);
+    enum status st = normalize_into(b, &sc, s, n, n_out);
+    free(sc.u16[0]), free(sc.u16[1]);
+    if (st != STATUS_OK) free(sc.norm), sc.norm = NULL;
+    *out = sc.norm;
+    return st;
+}
 
 /* One stretch of the raw text between the added tokens matched on it (the text's first when
  * first is non-zero): normalized, then cut at the `normalized` added tokens (matched on the
@@ -763,125 +743,13 @@ static enum status encode_segment(const struct bpe *b, struct scratch *sc, const
     if ((st = normalize_into(b, sc, s, n, &m))) return st;
     for (size_t pos = 0; pos < m;) {
         size_t at = m, end = m;
-        const int k = find_added(b, 1, sc->norm, m, pos, &at, &end);
+        const int k = bpe_find_added(b, 1, sc->norm, m, pos, &at, &end);
         if (k < 0) at = end = m;
         if ((st = encode_piece(b, sc, sc->norm + pos, at - pos, first && pos == 0, ids, n_ids, cap))) return st;
         if (k >= 0 && (st = bpe_push_id(ids, n_ids, cap, b->added[k].id))) return st;
         pos = end;
     }
     return STATUS_OK;
-}
-
-/* The keys of the added tokens: the content, or for a `normalized` one its content normalized,
- * which also becomes its content and piece (Hugging Face matches and decodes such a token as the
- * normalized text). An id that is a piece of the model too keeps its piece for the merges and
- * the model; the non-byte-level decoders take the key from dec_piece (byte-level BPE decodes
- * the piece: a known difference). The piece index is rebuilt if a piece changed after it was
- * built. */
-static enum status added_keys(struct bpe *b)
-{
-    struct scratch sc;
-    memset(&sc, 0, sizeof sc);
-    enum status st = STATUS_OK;
-    int changed = 0;
-    for (int i = 0; i < b->n_added && !st; i++) {
-        struct bpe_added *a = &b->added[i];
-        size_t m = a->n;
-        const uint8_t *k = (const uint8_t *)a->content;
-        if (a->normalized && a->n && !(st = normalize_into(b, &sc, k, a->n, &m))) k = sc.norm;
-        if (!st && !(a->key = malloc(m + 1))) st = oom();
-        if (st) break;
-        memcpy(a->key, k, m), a->key[m] = 0, a->n_key = m;
-        if (m == a->n && !memcmp(a->key, a->content, m)) continue;
-        if (a->in_model) {
-            if (b->model == BPE_MODEL_BYTE_LEVEL) continue;
-            if (!b->dec_piece && !(b->dec_piece = calloc((size_t)b->n_vocab, sizeof *b->dec_piece))) {
-                st = oom();
-                break;
-            }
-            free(b->dec_piece[a->id]);
-            if (!(b->dec_piece[a->id] = strdup(a->key))) st = oom();
-            continue;
-        }
-        char *c = strdup(a->key), *p = strdup(a->key);
-        if (!c || !p) {
-            free(c), free(p);
-            st = oom();
-            break;
-        }
-        free(a->content), a->content = c, a->n = m;
-        free(b->pieces[a->id]), b->pieces[a->id] = p;
-        free(b->bytes[a->id]), b->bytes[a->id] = NULL, b->n_bytes[a->id] = 0;
-        changed = 1;
-    }
-    free(sc.norm), free(sc.u16[0]), free(sc.u16[1]);
-    if (!st && changed && b->by_piece) st = bpe_index_pieces(b);
-    return st;
-}
-
-/* Rust regex's \w (Hugging Face's single_word test): alphabetic, marks, decimal digits,
- * connector punctuation, join controls. */
-static int cp_is_word(uint32_t c)
-{
-    if (c < 0x80) return c == '_' || (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z');
-    const int8_t t = u_charType((UChar32)c);
-    return u_hasBinaryProperty((UChar32)c, UCHAR_ALPHABETIC) || t == U_NON_SPACING_MARK || t == U_ENCLOSING_MARK ||
-           t == U_COMBINING_SPACING_MARK || t == U_DECIMAL_DIGIT_NUMBER || t == U_CONNECTOR_PUNCTUATION ||
-           u_hasBinaryProperty((UChar32)c, UCHAR_JOIN_CONTROL);
-}
-
-/* Whether the character ending at s[at] (before it) or starting at s[at] (after it) is a word
- * character; invalid UTF-8 is not. */
-static int word_before(const uint8_t *s, size_t at)
-{
-    for (size_t len = 1; len <= 4 && len <= at; len++) {
-        uint32_t cp;
-        if (bpe_utf8_next(s + at - len, len, &cp) == len) return cp_is_word(cp);
-    }
-    return 0;
-}
-
-static int word_after(const uint8_t *s, size_t n, size_t at)
-{
-    uint32_t cp;
-    return at < n && bpe_utf8_next(s + at, n - at, &cp) && cp_is_word(cp);
-}
-
-/* The first added token of added_by_byte[table] in s[from..n) (leftmost, then longest): its
- * index, and the span it takes with lstrip/rstrip whitespace (never before `from`). -1 when none. */
-static int find_added(const struct bpe *b, int table, const uint8_t *s, size_t n, size_t from, size_t *m_at,
-                      size_t *m_end)
-{
-    for (size_t p = from; p < n; p++) {
-        const int32_t *cand = b->added_by_byte[table][s[p]];
-        if (!cand) continue;
-        for (; *cand >= 0; cand++) {
-            const struct bpe_added *a = &b->added[*cand];
-            if (a->n_key > n - p || memcmp(s + p, a->key, a->n_key)) continue;
-            size_t at = p, end = p + a->n_key;
-            if (a->single_word && (word_before(s, at) || word_after(s, n, end)))
-                continue;
-            if (a->lstrip)
-                while (at > from) { /* step back one whole whitespace character at a time */
-                    size_t back = 0;
-                    uint32_t cp = 0;
-                    for (size_t len = 1; len <= 4 && len <= at - from && !back; len++)
-                        if (bpe_utf8_next(s + at - len, len, &cp) == len) back = len;
-                    if (!back || !bpe_cp_is_space(cp)) break;
-                    at -= back;
-                }
-            if (a->rstrip)
-                for (;;) {
-                    uint32_t cp;
-                    const size_t step = bpe_utf8_next(s + end, n - end, &cp);
-                    if (!step || !bpe_cp_is_space(cp)) break;
-                    end += step;
-                }
-            *m_at = at, *m_end = end;
-            return *cand;
-        }
-    }
-    return -1;
 }
 
 enum status bpe_encode(const struct bpe *b, const char *text, size_t len, int32_t **ids, size_t *n, size_t *cap)
@@ -893,7 +761,7 @@ enum status bpe_encode(const struct bpe *b, const char *text, size_t len, int32_
     if (b->n_splits && !(sc.md = pcre2_match_data_create(8, NULL))) return oom();
     for (size_t pos = 0; pos < len && st == STATUS_OK;) {
         size_t at = len, end = len;
-        const int k = b->n_added ? find_added(b, 0, s, len, pos, &at, &end) : -1;
+        const int k = b->n_added ? bpe_find_added(b, 0, s, len, pos, &at, &end) : -1;
         if (k < 0) at = end = len;
         st = encode_segment(b, &sc, s + pos, at - pos, pos == 0, ids, n, cap);
         if (st == STATUS_OK && k >= 0) st = bpe_push_id(ids, n, cap, b->added[k].id);

@@ -225,6 +225,19 @@ enum status unigram_encode_word(const struct bpe *b, const uint8_t *w, size_t n,
  * when neither is in the vocabulary (Hugging Face's MissingUnkToken). */
 enum status wordlevel_encode_word(const struct bpe *b, const uint8_t *w, size_t n, int32_t **ids, size_t *n_ids,
                                   size_t *cap);
+/* Added tokens (bpe_added.c), for bpe_finish: bpe_added_keys sets every added token's key (and
+ * a `normalized` one's content and piece to it, or dec_piece for an id of the model's too; the
+ * piece index is rebuilt if it exists); bpe_build_added the two tables of added_by_byte. */
+enum status bpe_added_keys(struct bpe *b);
+enum status bpe_build_added(struct bpe *b);
+/* The first added token of added_by_byte[table] in s[from..n) (leftmost, then longest): its
+ * index in b->added, and in *m_at / *m_end the span it takes with its lstrip / rstrip whitespace
+ * (never before from); -1 when none. */
+int bpe_find_added(const struct bpe *b, int table, const uint8_t *s, size_t n, size_t from, size_t *m_at,
+                   size_t *m_end);
+/* s[0..n) through b's normalizer (NFC or none for byte-level BPE) into *out (malloc'd, *n_out
+ * bytes; NULL on error). */
+enum status bpe_normalize(const struct bpe *b, const uint8_t *s, size_t n, uint8_t **out, size_t *n_out);
 /* Normalizes the segment s[0..n) by b->norms into *out[0..*n_out), grown with base_grow. Invalid
  * UTF-8 becomes U+FFFD first. */
 enum status normalizer_apply(const struct bpe *b, const uint8_t *s, size_t n, uint8_t **out, size_t *n_out, size_t *cap);
