@@ -8,7 +8,8 @@
 # allocation (a parser must refuse a huge size, not allocate it), 10 s per input (FUZZ_TIMEOUT).
 # Every run appends "date target executions seconds exit findings" to
 # BUILD_DIR/fuzz-logs/history.tsv (the totals of docs/reliability.md are its sums).
-# Environment: FUZZ_JOBS (default 1) runs that many targets at once; FUZZ_TIMEOUT (default 10)
+# Environment: FUZZ_JOBS (default 1) runs that many targets at once; FUZZ_TAG names the log
+# (TARGET-TAG.log), so that two runs of one target (one a core) can share its corpus; FUZZ_TIMEOUT (default 10)
 # is libFuzzer's seconds per input (raise it for a campaign run at nice 19 beside other work:
 # starved of the CPU, an input of 0.2 s once passed 10 s, a false timeout); ASAN_OPTIONS passes
 # through (ASAN_OPTIONS=malloc_context_size=0 doubles the speed of the SentencePiece-bound
@@ -25,7 +26,7 @@ fi
 mkdir -p "$build/fuzz-findings" "$build/fuzz-logs"
 
 run_one() {
-    local t=$1 exe="$build/tests/fuzz/fuzz_$1" log="$build/fuzz-logs/$1.log"
+    local t=$1 exe="$build/tests/fuzz/fuzz_$1" log="$build/fuzz-logs/$1${FUZZ_TAG:+-$FUZZ_TAG}.log"
     if [ ! -x "$exe" ]; then echo "$t: no executable $exe (make build-fuzz)"; return 1; fi
     mkdir -p "$build/fuzz-corpus/$t"
     # The targets that run SentencePiece on every input are 10x slower than the others: their
