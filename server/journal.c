@@ -37,6 +37,11 @@ struct event_rec {
     double   queue_seconds;
 };
 
+struct late_end {
+    char  *key;
+    double due; /* base_now_s() from when it is written */
+};
+
 struct journal {
     pthread_mutex_t mu;
     int             fd;
@@ -45,6 +50,9 @@ struct journal {
     int             open_requests;  /* ACCEPTs without END */
     off_t           size;
     uint64_t        failed_writes;
+    double          end_delay_s;    /* journal_end writes END this long later (journal_set_end_delay) */
+    struct late_end *late;          /* (n_late) ENDs not written yet, oldest first */
+    int             n_late, cap_late;
 };
 
 enum status journal_fsync_parse(const char *s, enum journal_fsync *out)
@@ -232,11 +240,43 @@ static enum status append(struct journal *j, struct wbuf *b, int sync)
     return st;
 }
 
+/* Writes END for key; with j->mu held. */
+static void write_end(struct journal *j, const char *key)
+{
+    struct wbuf b = record();
+    uint32_t type = REC_END;
+    put(&b, &type, sizeof type);
+    put_str(&b, key);
+    if (append(j, &b, 0) == STATUS_OK && j->open_requests > 0) j->open_requests--;
+    if (j->open_requests == 0 && j->size > (off_t)JOURNAL_TRUNCATE_BYTES && ftruncate(j->fd, 0) == 0) j->size = 0;
+}
+
+/* Writes the late ENDs that are due (all of them when all, or the one of key when key); with
+ * j->mu held. */
+static void write_late(struct journal *j, int all, const char *key)
+{
+    const double now = base_now_s();
+    int kept = 0;
+    for (int i = 0; i < j->n_late; i++) {
+        struct late_end *l = &j->late[i];
+        if (all || l->due <= now || (key && !strcmp(l->key, key))) {
+            write_end(j, l->key);
+            free(l->key);
+        } else {
+            j->late[kept++] = *l;
+        }
+    }
+    j->n_late = kept;
+}
+
+void journal_set_end_delay(struct journal *j, double seconds) { j->end_delay_s = seconds > 0 ? seconds : 0; }
+
 enum status journal_accept(struct journal *j, const struct journal_entry *e)
 {
     struct wbuf b = record();
     put_accept(&b, e);
     pthread_mutex_lock(&j->mu);
+    write_late(j, 0, e->key); /* a key used again: its earlier request's END goes first */
     enum status st = append(j, &b, j->policy != JOURNAL_FSYNC_NEVER);
     if (st == STATUS_OK) j->open_requests++;
     pthread_mutex_unlock(&j->mu);
@@ -248,6 +288,7 @@ void journal_event(struct journal *j, const char *key, int run, const struct eng
     struct wbuf b = record();
     put_event(&b, key, run, ev);
     pthread_mutex_lock(&j->mu);
+    if (j->n_late && j->late[0].due <= base_now_s()) write_late(j, 0, NULL);
     if (append(j, &b, j->policy == JOURNAL_FSYNC_ALWAYS) != STATUS_OK)
         LOG_WARN(MODULE, "request %s: an event was not journaled (%s): a restart may not resume it exactly", key,
                  status_message());
@@ -256,13 +297,17 @@ void journal_event(struct journal *j, const char *key, int run, const struct eng
 
 void journal_end(struct journal *j, const char *key)
 {
-    struct wbuf b = record();
-    uint32_t type = REC_END;
-    put(&b, &type, sizeof type);
-    put_str(&b, key);
     pthread_mutex_lock(&j->mu);
-    if (append(j, &b, 0) == STATUS_OK && j->open_requests > 0) j->open_requests--;
-    if (j->open_requests == 0 && j->size > (off_t)JOURNAL_TRUNCATE_BYTES && ftruncate(j->fd, 0) == 0) j->size = 0;
+    size_t cap = (size_t)j->cap_late;
+    char *k = j->end_delay_s > 0 ? strdup(key) : NULL;
+    if (k && !base_grow((void **)&j->late, &cap, (size_t)j->n_late + 1, sizeof *j->late)) {
+        j->cap_late = (int)cap;
+        j->late[j->n_late++] = (struct late_end){k, base_now_s() + j->end_delay_s};
+        write_late(j, 0, NULL);
+    } else {
+        free(k);
+        write_end(j, key); /* no delay, or out of memory: now */
+    }
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -448,6 +493,8 @@ enum status journal_open(const char *dir, enum journal_fsync policy, struct jour
 void journal_close(struct journal *j)
 {
     if (!j) return;
+    if (j->fd >= 0) write_late(j, 1, NULL); /* a clean stop: every answer was handed over */
+    free(j->late);
     if (j->fd >= 0) close(j->fd);
     pthread_mutex_destroy(&j->mu);
     free(j->path);

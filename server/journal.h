@@ -99,8 +99,14 @@ enum status journal_accept(struct journal *j, const struct journal_entry *e);
 /* Appends EVENT; a failed write is logged and counted, never fatal (the request goes on; a
  * restart may not resume it exactly). je NULL: built from ev. */
 void        journal_event(struct journal *j, const char *key, int run, const struct engine_event *ev);
-/* Appends END (no fsync). */
+/* Appends END (no fsync), journal_set_end_delay's seconds later: until then a crash leaves the
+ * request open, so that after the restart its client, who may not have read the answer's last
+ * bytes, can still fetch it (whole: every sample has finished). Late ENDs are written by the
+ * next accept / event / end once due, at once by an accept of the same key, and all by
+ * journal_close. */
 void        journal_end(struct journal *j, const char *key);
+/* The delay of END (0: at once, the default). */
+void        journal_set_end_delay(struct journal *j, double seconds);
 
 /* A copy of ev (with run) appended to e->events; STATUS_RESOURCE_EXHAUSTED when out of memory. */
 enum status journal_entry_add(struct journal_entry *e, int run, const struct engine_event *ev);

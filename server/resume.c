@@ -24,8 +24,10 @@ enum status resume_open(struct server *s)
     uint64_t x = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid() << 48;
     x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33;
     snprintf(s->boot_id, sizeof s->boot_id, "%012llx", (unsigned long long)(x & 0xffffffffffffull));
-    return journal_open(s->opts.journal_dir, (enum journal_fsync)s->opts.journal_fsync, &s->journal,
-                        &s->journal_pending, &s->n_journal_pending);
+    enum status st = journal_open(s->opts.journal_dir, (enum journal_fsync)s->opts.journal_fsync, &s->journal,
+                                  &s->journal_pending, &s->n_journal_pending);
+    if (st == STATUS_OK) journal_set_end_delay(s->journal, s->opts.journal_end_delay_s);
+    return st;
 }
 
 void resume_all(struct server *s)

@@ -65,6 +65,8 @@ struct server_options {
     int         finetune_seq_length;  /* the jobs' sequence length (--fine-tuning-seq-length); 512 */
     double      journal_retain_s; /* a resumed request's answer waits this long for its client
                                      after it ends; 0 = 600 s */
+    double      journal_end_delay_s; /* a delivered request's END is journaled this long after
+                                     its last bytes went to the connection (journal_end); 0: at once */
     const struct server_model_spec *more_models; /* (n_more_models) served besides engine's
                                     model_dir; requests pick one by its id (the last component
                                     of its path) or one of its adapters' names, in the HTTP
