@@ -14,6 +14,9 @@ corpus plus llama.cpp's vector texts: 0 mismatches. The supported names are read
 own refusal message ("supported: a|b|..."), so a row added to the table is checked without
 editing this file. Then: types llama.cpp knows but shardlm refuses (gemma4, kimi-k2, superbpe,
 roberta-bpe) and an unknown name are refused, naming the value, a reason and the supported list.
+And llama.cpp's per-type BOS default when the GGUF has no tokenizer.ggml.add_bos_token: the
+types whose branch of llama.cpp's src/llama-vocab.cpp (read from the sdist in .cache) sets
+add_bos get the GGUF's BOS first, the others none.
 
 usage: test_gguf_pre.py PATH/TO/test_bpe_tool   (exit 77: SKIP without `tokenizers`)
 """
@@ -66,6 +69,30 @@ def run(tool, *args):
     return subprocess.run([tool, *args], capture_output=True, text=True)
 
 
+def llamacpp_bos_rules():
+    """From llama.cpp's own src/llama-vocab.cpp (the llama-cpp-python sdist that make test fetches):
+    the gpt2 pre types whose branch sets add_bos = true, and those whose BOS id it clears; None
+    without the source."""
+    import glob
+    import re
+    paths = glob.glob(os.path.join(HERE, "..", ".cache", "llama.cpp", "llama_cpp_python-*", "vendor", "llama.cpp", "src",
+                                   "llama-vocab.cpp"))
+    if not paths:
+        return None
+    src = open(sorted(paths)[-1]).read()
+    start = src.find('tokenizer_pre == "default"')
+    end = src.find("unknown pre-tokenizer type", start)
+    add_bos, no_bos = set(), set()
+    for branch in src[start:end].split("} else if (")[0:]:
+        names = re.findall(r'tokenizer_pre\s*==\s*"([^"]+)"', branch)
+        body = branch.split(")", 1)[-1] if names else ""
+        if "add_bos = true" in body:
+            add_bos.update(names)
+        if "special_bos_id = LLAMA_TOKEN_NULL" in body:
+            no_bos.update(names)
+    return add_bos, no_bos
+
+
 def main():
     tool = sys.argv[1]
     try:
@@ -97,6 +124,25 @@ def main():
         if not supported or "default" not in supported or "qwen35" not in supported:
             print("FAIL: no supported list in the refusal (%s)" % supported)
             return 1
+        # llama.cpp's per-type BOS (the GGUF has no tokenizer.ggml.add_bos_token): a BOS first for the
+        # types llama.cpp adds one for, none for the others and for those whose BOS it clears.
+        rules = llamacpp_bos_rules()
+        if rules is None:
+            print("SKIP per-type BOS: llama.cpp's src/llama-vocab.cpp is not in .cache/llama.cpp")
+        else:
+            add_bos, no_bos = rules
+            wrong = []
+            for name in supported:
+                r = run(tool, "load", gguf(name))
+                bos = r.stdout.split("bos=")[1].split()[0] if "bos=" in r.stdout else None
+                want = "50256" if name in add_bos and name not in no_bos else "-1"
+                if bos != want:
+                    wrong.append((name, bos, want))
+            ok = not wrong and {"llama-bpe", "tekken"} <= add_bos
+            print("%s per-type BOS: %d types, %d of them with a BOS (llama.cpp's source: %s), wrong: %s" % (
+                "PASS" if ok else "FAIL", len(supported), sum(n in add_bos and n not in no_bos for n in supported),
+                "|".join(sorted(add_bos)), wrong))
+            failures += not ok
         # One comparison per distinct tokenizer.json; every name must load.
         by_json = {}
         for name in supported:

@@ -84,9 +84,12 @@ static enum status gguf_tokenizer_types_and_ids(const struct gguf *g, const stru
  * (llama-cpp-python 0.3.36's copy; the Hugging Face originals where llama.cpp rewrote (?i:...),
  * possessive quantifiers or case classes for its own regex engine, as its comments give them: PCRE2
  * and Hugging Face's Oniguruma take them as they are; characters beyond ASCII as \x{...}). Each
- * list is applied in order, every match isolated. ignore_merges is llama.cpp's flag. The defaults
- * llama.cpp also sets per type (add_bos for llama3 / tekken / chameleon, no BOS for ChatGLM, clean
- * spaces on decode) are not taken: the GGUF's own keys decide. */
+ * list is applied in order, every match isolated. ignore_merges is llama.cpp's flag. llama.cpp's
+ * per-type defaults are taken too where the GGUF has no key of its own: a BOS first for the types
+ * of GPT2_ADD_BOS without tokenizer.ggml.add_bos_token, none for ChatGLM's (its BOS id unused);
+ * not its clean_spaces (llama.cpp's detokenize tidies spaces before punctuation; its streamed
+ * pieces do not, nor does shardlm). */
+#define GPT2_ADD_BOS "llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|midm-2.0|lfm2|jina-v5-nano|tekken|chameleon"
 #define GPT2_PRE_MAX 6
 struct gpt2_pre {
     const char *names;         /* tokenizer.ggml.pre values, '|'-separated */
@@ -244,9 +247,11 @@ static enum status gguf_tokenizer_json(const struct gguf *g, void **data, size_t
                              gguf_type_name(merges->arr_type));
     int32_t unk, bos, eos, pad;
     if ((s = gguf_tokenizer_types_and_ids(g, types, nv, &unk, &bos, &eos, &pad))) return s;
-    int add_bos = 0; /* llama.cpp's default for BPE vocabularies */
+    int add_bos = 0; /* llama.cpp's default for BPE vocabularies, but for the types of GPT2_ADD_BOS */
     s = gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
-    if (s && s != STATUS_NOT_FOUND) return s;
+    if (s == STATUS_NOT_FOUND) add_bos = name_in(GPT2_ADD_BOS, pre_name);
+    else if (s) return s;
+    if (!strcmp(pre_name, "chatglm-bpe")) bos = -1; /* llama.cpp: no BOS for ChatGLM */
 
     int ok = 1;
     cJSON *root = cJSON_CreateObject(), *model = cJSON_AddObjectToObject(root, "model");
