@@ -20,7 +20,7 @@ SKIP = 77
 sys.dont_write_bytecode = True
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 try:
-    import jsonschema
+    import jsonschema  # noqa: F401  (test_tools_native.calls_valid validates with it)
     import openai
 except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
@@ -28,37 +28,9 @@ except ImportError as e:
 import test_server as TS  # noqa: E402
 import tools_grpc as TG  # noqa: E402
 from checks import Checks  # noqa: E402
+from test_tools_native import TOOLS, WEATHER, calls_valid  # noqa: E402  (the two functions, the call check)
 
 check = Checks()
-
-
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 32},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "The local time in a time zone",
-    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 32}},
-                   "required": ["zone"], "additionalProperties": False}}}
-TOOLS = [WEATHER, TIME]
-PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-
-
-def calls_valid(calls, names=None):
-    """Every call names a declared function (one of names, when given) and its arguments (a JSON
-    string, as OpenAI sends them) validate against that function's parameters."""
-    if not calls:
-        return False
-    for c in calls:
-        if c.type != "function" or c.function.name not in (names or PARAMS) or not c.id:
-            return False
-        try:
-            jsonschema.validate(json.loads(c.function.arguments), PARAMS[c.function.name])
-        except Exception as e:  # noqa: BLE001
-            print(f"  {c.function.name}({c.function.arguments}): {e}")
-            return False
-    return True
 
 
 def main():
