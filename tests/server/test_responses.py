@@ -159,8 +159,11 @@ def chained(oa, mid, srv):
 
 def tools(oa, mid):
     ask = "What is the weather in Paris?"
+    # One call each (parallel_tool_calls false): the round trip below answers it; parallel calls
+    # are test_tools_native's.
+    one = dict(parallel_tool_calls=False)
     r = oa.responses.create(model=mid, input=ask, tools=[TOOL], tool_choice="required", max_output_tokens=64,
-                            temperature=0)
+                            temperature=0, **one)
     calls = [o for o in r.output if o.type == "function_call"]
     ok = bool(calls) and all(c.name == "get_weather" and c.call_id for c in calls)
     try:
@@ -171,17 +174,17 @@ def tools(oa, mid):
         ok = False
     check(ok and r.status == "completed", f"tool_choice required: {[(c.name, c.arguments) for c in calls]}")
     c = oa.chat.completions.create(model=mid, messages=[{"role": "user", "content": ask}], tools=[CHAT_TOOL],
-                                   tool_choice="required", max_tokens=64, temperature=0)
+                                   tool_choice="required", max_tokens=64, temperature=0, **one)
     cc = c.choices[0].message.tool_calls or []
     check([x.function.arguments for x in cc] == [x.arguments for x in calls], "the calls equal chat's")
     named = oa.responses.create(model=mid, input=ask, tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"},
-                                max_output_tokens=64, temperature=0)
+                                max_output_tokens=64, temperature=0, **one)
     check([o.type for o in named.output] == ["function_call"], "tool_choice by name: one call")
     # Streamed: each call's argument deltas assemble to its .done arguments and to the unary call's
     # (the model may make several calls: one output item each).
     args, added, done = {}, None, {}
     with oa.responses.stream(model=mid, input=ask, tools=[TOOL], tool_choice="required", max_output_tokens=64,
-                             temperature=0) as s:
+                             temperature=0, **one) as s:
         for ev in s:
             if ev.type == "response.output_item.added" and ev.item.type == "function_call":
                 added = ev.item
