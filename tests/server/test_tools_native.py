@@ -161,10 +161,11 @@ def qwen25(a, mid, oa, tmpl):
           "hermes: named get_time, n=2 sampled")
     r = ask(ASK, tool_choice="required", parallel_tool_calls=False)
     check(len(r.choices[0].message.tool_calls or []) == 1, "hermes: parallel_tool_calls false -> one call")
-    unary = ask(ASK, tool_choice="required", max_tokens=100).choices[0].message.tool_calls
+    u = ask(ASK, tool_choice="required", max_tokens=100).choices[0]
     calls, finish, n_chunks, _, _ = stream_calls(ask(ASK, tool_choice="required", max_tokens=100, stream=True))
-    check(finish == "tool_calls" and calls == [(c.function.name, c.function.arguments) for c in unary or []]
-          and len(calls) >= 2 and n_chunks >= 2, f"hermes: {len(calls)} streamed calls equal unary, in {n_chunks} chunks")
+    check(finish == u.finish_reason and calls == [(c.function.name, c.function.arguments) for c in u.message.tool_calls or []]
+          and len(calls) >= 2 and n_chunks >= 2,
+          f"hermes: {len(calls)} streamed calls equal unary ({finish}), in {n_chunks} chunks")
     r = ask(history, tool_choice="auto")
     m = r.choices[0].message
     check((m.tool_calls and calls_valid(m.tool_calls)) or isinstance(m.content, str),
