@@ -36,6 +36,13 @@ static int trigger_next(const char *t, int k, char b)
     return 0;
 }
 
+/* The sample's matcher, started at the grammar's beginning when it has none. Errors as
+ * grammar_matcher_new (STATUS_INVALID_ARGUMENT: the grammar too ambiguous to start). */
+static enum status matcher_start(struct seq *s)
+{
+    return s->gm ? STATUS_OK : grammar_matcher_new(s->req->grammar, &s->gm);
+}
+
 /* The marker is complete and rest[0..n) of the output follows it: the grammar starts there
  * (leading whitespace skipped; an anchored marker is the call's start and read first). Bytes the
  * grammar cannot start with leave the sample free (the output already holds them; docs/tools.md). */
@@ -44,8 +51,8 @@ static enum status lazy_start(struct seq *s, const char *rest, size_t n)
     const struct request *r = s->req;
     s->lazy_match = 0, s->lazy_phase = LAZY_ARMED; /* (when it stays free, the next marker is looked for) */
     while (n && is_ws(*rest)) rest++, n--;
-    enum status st;
-    if (!s->gm && (st = grammar_matcher_new(r->grammar, &s->gm)) != STATUS_OK) return st;
+    enum status st = matcher_start(s);
+    if (st != STATUS_OK) return st;
     int ok = 1;
     if (r->trigger_flags & TRIGGER_ANCHORED) {
         ok = grammar_matcher_accept_bytes(s->gm, r->trigger, (size_t)r->trigger_len) == STATUS_OK;
@@ -203,8 +210,8 @@ int constraint_fill_mask(struct seq *s, uint32_t *mask)
     if (opening == 2) {
         memset(mask, 0, (size_t)n_words * sizeof *mask);
     } else {
-        enum status st;
-        if (!s->gm && (st = grammar_matcher_new(r->grammar, &s->gm)) != STATUS_OK) return st == STATUS_INVALID_ARGUMENT ? -2 : -1;
+        const enum status st = matcher_start(s);
+        if (st != STATUS_OK) return st == STATUS_INVALID_ARGUMENT ? -2 : -1;
         if (grammar_matcher_fill_mask(s->gm, mask) != STATUS_OK) return -2;
         if (grammar_matcher_can_end(s->gm))
             for (int i = 0; i < r->p.n_end_ids; i++) mask[r->p.end_ids[i] >> 5] |= 1u << (r->p.end_ids[i] & 31);
@@ -222,9 +229,8 @@ enum status constraint_take(struct seq *s, int32_t tok)
                           : is_opening(r)                           ? LAZY_OPEN
                           : r->trigger_flags & TRIGGER_MAY_REASON   ? LAZY_DETECT
                                                                     : LAZY_ARMED;
-            enum status st;
-            if (s->lazy_phase == LAZY_OPEN && !s->gm && (st = grammar_matcher_new(r->grammar, &s->gm)) != STATUS_OK)
-                return st;
+            const enum status st = s->lazy_phase == LAZY_OPEN ? matcher_start(s) : STATUS_OK;
+            if (st != STATUS_OK) return st;
         }
         int len = 0;
         const char *b = token_text(r, tok, &len);
@@ -234,13 +240,11 @@ enum status constraint_take(struct seq *s, int32_t tok)
             if (lazy_byte(s, b + i, (size_t)(len - i), &st) >= 0) return st; /* the token's rest went to the grammar */
         return STATUS_OK;
     }
-    if (!s->gm) {
-        enum status st = grammar_matcher_new(r->grammar, &s->gm);
-        if (st != STATUS_OK) return st;
-    }
+    enum status st = matcher_start(s);
+    if (st != STATUS_OK) return st;
     /* The mask allowed tok: only a grammar too ambiguous to follow can refuse it (an error of
      * the request's, the message set); the sample is not left on a state that missed it. */
-    enum status st = grammar_matcher_accept(s->gm, tok);
+    st = grammar_matcher_accept(s->gm, tok);
     if (st == STATUS_OK) s->grammar_end = grammar_matcher_is_done(s->gm);
     else if (grammar_matcher_overflowed(s->gm)) return st;
     return STATUS_OK;
