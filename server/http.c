@@ -281,8 +281,14 @@ static enum status resume_header(struct server *s, struct MHD_Connection *c, str
     if (!last && !idem) return STATUS_OK;
     if (!s->journal)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s is honoured only by a server with a stream journal (serve --journal DIR)", name);
-    if (hc->route != ROUTE_CHAT && hc->route != ROUTE_COMPLETIONS)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "%s is honoured only on /v1/chat/completions and /v1/completions", name);
+    const int front = hc->route == ROUTE_CHAT       ? JOURNAL_HTTP_CHAT
+                      : hc->route == ROUTE_COMPLETIONS ? JOURNAL_HTTP_COMPLETIONS
+                      : hc->route == ROUTE_MESSAGES    ? JOURNAL_HTTP_MESSAGES
+                      : hc->route == ROUTE_RESPONSES   ? JOURNAL_HTTP_RESPONSES
+                                                       : 0;
+    if (!front)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s is honoured only on /v1/chat/completions, /v1/completions, "
+                             "/v1/messages and /v1/responses", name);
     char key[JOURNAL_KEY_MAX + 1];
     const char *v = last ? last : idem, *semi = last ? strrchr(last, ';') : NULL;
     size_t n = semi ? (size_t)(semi - v) : strlen(v);
@@ -296,7 +302,7 @@ static enum status resume_header(struct server *s, struct MHD_Connection *c, str
                              last ? "KEY;STATE as the stream's SSE ids carry it" : "a key", JOURNAL_KEY_MAX, v);
     memcpy(key, v, n);
     key[n] = '\0';
-    enum status st = http_resume_attach(s, key, semi ? semi + 1 : NULL, connection_fd(c), g);
+    enum status st = http_resume_attach(s, key, front, semi ? semi + 1 : NULL, connection_fd(c), g);
     if (st == STATUS_NOT_FOUND && last)
         return status_errorf(STATUS_NOT_FOUND,
                              "Last-Event-ID: no journaled request %s (it ended and its answer was delivered, its answer "

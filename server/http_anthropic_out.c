@@ -136,6 +136,7 @@ static void event(struct http_gen *g, const char *name, cJSON *o)
     char *s = http_json_print(o);
     char head[64];
     int n = snprintf(head, sizeof head, "event: %s\ndata: ", name);
+    http_resume_event_id(g);
     http_buf_append(&g->out, &g->out_len, &g->out_cap, head, (size_t)n);
     http_buf_append(&g->out, &g->out_len, &g->out_cap, s, strlen(s));
     http_buf_append(&g->out, &g->out_len, &g->out_cap, "\n\n", 2);

@@ -105,7 +105,7 @@ static void take_prompt_logprobs(struct http_run *r, const struct engine_event *
     r->prompt_lp_ready = 1;
 }
 
-int http_gen_take_event(struct http_gen *g, struct http_run *r, const struct engine_event *ev, int journal)
+static int take_event(struct http_gen *g, struct http_run *r, const struct engine_event *ev, int journal)
 {
     struct http_run *run = &g->runs[r->index];
     struct engine_event mapped = *ev; /* a resumed sample's events are its prompt's sample sample_base */
@@ -153,6 +153,25 @@ int http_gen_take_event(struct http_gen *g, struct http_run *r, const struct eng
     return last;
 }
 
+/* The SSE events of what g's samples hold now, and the closing ones once every sample has gone
+ * out whole; with g->mu held. */
+static void form_sse(struct http_gen *g)
+{
+    if (g->done) return;
+    http_stream_chunks(g);
+    int all_sent = 1;
+    for (int i = 0; i < g->n_samples; i++) all_sent &= g->samples[i].final_sent;
+    if (g->active == 0 && all_sent) http_stream_finish(g);
+}
+
+int http_gen_take_event(struct http_gen *g, struct http_run *r, const struct engine_event *ev, int journal)
+{
+    int last = take_event(g, r, ev, journal);
+    /* A resumed request forms its events only for a client (one attaching replays the log). */
+    if (g->sse_per_event && (!g->resumed || g->attached)) form_sse(g);
+    return last;
+}
+
 /* Engine thread (ctx: the run): append, signal; the engine's reference goes with the last
  * FINISHED of the last run. A journaled request's cancellation by the drain is neither
  * journaled nor shown: the request stays open in the journal, and a restart resumes it. */
@@ -170,6 +189,7 @@ void http_gen_on_event(void *ctx, const struct engine_event *ev)
         last = --g->active == 0;
     } else {
         last = http_gen_take_event(g, r, ev, 1);
+        if (last && g->resumed && !g->attached) http_resume_store_final(g);
     }
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
@@ -237,6 +257,11 @@ ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     int formed = 0; /* the last bytes are formed in this call: the model pin goes before they do */
     pthread_mutex_lock(&g->mu);
     for (;;) {
+        if (g->sse_per_event && g->done && !g->observed) { /* formed with the last engine event */
+            g->observed = 1;
+            http_gen_observe(g, g->end_status);
+            formed = 1;
+        }
         if (g->out_pos < g->out_len) {
             size_t n = g->out_len - g->out_pos < max ? g->out_len - g->out_pos : max;
             memcpy(buf, g->out + g->out_pos, n);
@@ -255,13 +280,15 @@ ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             pthread_mutex_unlock(&g->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        http_stream_chunks(g);
-        int all_sent = 1;
-        for (int i = 0; i < g->n_samples; i++) all_sent &= g->samples[i].final_sent;
-        if (g->active == 0 && all_sent && !g->out_len) {
-            http_stream_finish(g);
-            http_gen_observe(g, g->end_status);
-            formed = 1;
+        if (!g->sse_per_event) {
+            http_stream_chunks(g);
+            int all_sent = 1;
+            for (int i = 0; i < g->n_samples; i++) all_sent &= g->samples[i].final_sent;
+            if (g->active == 0 && all_sent && !g->out_len) {
+                http_stream_finish(g);
+                http_gen_observe(g, g->end_status);
+                formed = 1;
+            }
         }
         if (g->out_len) continue;
         http_gen_wait(g);
@@ -411,6 +438,14 @@ enum status http_gen_prepare(struct server *s, struct http_request *q, int fd, c
     return STATUS_OK;
 }
 
+int http_gen_front(const struct http_gen *g)
+{
+    return g->q.anthropic   ? JOURNAL_HTTP_MESSAGES
+           : g->q.responses ? JOURNAL_HTTP_RESPONSES
+           : g->q.is_chat   ? JOURNAL_HTTP_CHAT
+                            : JOURNAL_HTTP_COMPLETIONS;
+}
+
 /* The journal's ACCEPT of a new request (its seed fixed first, so that a sample resumed
  * before its first event starts where it would have). */
 static enum status journal_accept_gen(struct http_gen *g, const char *body, size_t body_len)
@@ -422,14 +457,18 @@ static enum status journal_accept_gen(struct http_gen *g, const char *body, size
         p->sampling.seed = ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)g;
         p->has_seed = 1;
     }
-    struct journal_entry e = {.front = g->q.is_chat ? JOURNAL_HTTP_CHAT : JOURNAL_HTTP_COMPLETIONS,
-                              .created = g->created, .seed = p->sampling.seed, .body = (char *)body,
-                              .body_len = body_len};
+    char *translated = g->q.responses ? http_responses_journal_body(g) : NULL;
+    struct journal_entry e = {.front = http_gen_front(g), .created = g->created, .seed = p->sampling.seed,
+                              .body = translated ? translated : (char *)body,
+                              .body_len = translated ? strlen(translated) : body_len};
     snprintf(e.key, sizeof e.key, "%s", g->id);
     enum status st = journal_accept(g->s->journal, &e);
+    free(translated);
     if (st != STATUS_OK)
         return status_errorf(STATUS_UNAVAILABLE, "the stream journal cannot take the request (%s)", status_message());
     g->journaled = 1;
+    g->front = e.front;
+    g->sse_per_event = g->q.stream && (g->q.anthropic || g->q.responses);
     return STATUS_OK;
 }
 
@@ -446,7 +485,7 @@ enum status http_gen_submit(struct server *s, struct http_request *q, int fd, co
     enum status st = http_gen_prepare(s, q, fd, id, &g);
     *out = NULL;
     if (st != STATUS_OK) return st;
-    if (s->journal && !g->q.anthropic && !g->q.responses &&
+    if (s->journal &&
         ((st = http_resume_claim(s, g)) != STATUS_OK || (st = journal_accept_gen(g, body, body_len)) != STATUS_OK)) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", status_message());

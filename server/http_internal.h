@@ -232,6 +232,14 @@ struct http_gen {
     int             replaying;   /* its log is being replayed into it: not logged again */
     int             usage_sent;  /* the client has the usage (or error) chunk: only [DONE] is left */
     int             delivered;   /* resumed: a client got the whole answer */
+    int             front;       /* journaled: its endpoint (enum journal_front), which a client
+                                    reattaching must name again */
+    int             sse_per_event; /* journaled Anthropic and Responses streams: their events are
+                                    formed as the engine's events come (http_gen_take_event), so
+                                    that a stream is a function of the journal and a client's
+                                    position is the number of events it got ("KEY;eN") */
+    int             sse_events;  /* sse_per_event: the events formed since the view was rebuilt */
+    int             observed;    /* sse_per_event: the end was counted (http_gen_observe) */
     double          t_ended;     /* resumed: when its last sample finished (retention) */
     struct journal_entry log;    /* resumed: every event, to rebuild a reattaching client's view */
     struct http_run *subs;       /* resumed: (n_subs) one engine request per unfinished sample */
@@ -243,6 +251,8 @@ struct http_gen {
 /* http_gen.c: one engine event into g's buffers (and the journal when g is journaled and
  * journal is set); with g->mu held. Returns 1 when it was the last sample's FINISHED. */
 int  http_gen_take_event(struct http_gen *g, struct http_run *r, const struct engine_event *ev, int journal);
+/* http_gen.c: g's endpoint as the journal names it (enum journal_front). */
+int  http_gen_front(const struct http_gen *g);
 /* http_gen.c: a new http_gen for q (ownership moves in; the caller's reference) with its runs
  * tokenized and validated, nothing submitted (http_gen_submit's first half; http_resume.c). */
 enum status http_gen_prepare(struct server *s, struct http_request *q, int fd, const char *id, struct http_gen **out);
@@ -263,13 +273,23 @@ struct http_adapter_snapshot {
 void        http_adapter_snapshot(struct served_model *m, struct http_adapter_snapshot *an);
 /* http_resume.c: a request naming a journaled stream (Last-Event-ID or Idempotency-Key header):
  * *g gets the attached gen (a reference) and *skip what the client has (NULL: everything);
+ * front: the endpoint the request came to again (enum journal_front), which must be the first's;
  * STATUS_NOT_FOUND when the key names none (then a new request may take it as its id),
  * FAILED_PRECONDITION when another client reads it. */
-enum status http_resume_attach(struct server *s, const char *key, const char *state, int fd, struct http_gen **g);
+enum status http_resume_attach(struct server *s, const char *key, int front, const char *state, int fd,
+                               struct http_gen **g);
+/* http_resume.c: the path of a journal front ("/v1/messages"). */
+const char *http_resume_endpoint(int front);
+/* http_resume.c: a resumed /v1/responses request that ended with no client attached: its final
+ * Response object into the store (g's view rebuilt from its log); with g->mu held. */
+void        http_resume_store_final(struct http_gen *g);
 /* http_resume.c: a resumed gen's client has its answer (END, out of the table), or went away. */
 void        http_resume_detach(struct http_gen *g, int delivered);
 /* http_resume.c: the SSE id of g's next chunk ("KEY;T.B[!],..." per sample, or "KEY;done"). */
 void        http_resume_sse_id(struct http_gen *g, int done);
+/* http_resume.c: the SSE id of an Anthropic or Responses event of a journaled stream
+ * ("KEY;eN": it is the stream's Nth event), appended to g->out; nothing for another stream. */
+void        http_resume_event_id(struct http_gen *g);
 /* http_openai_out.c: marks sample i's first tokens and text bytes as sent (a reattaching
  * client's Last-Event-ID), priming a parsed reply's state with that text. */
 void        http_stream_skip(struct http_gen *g, int i, int tokens, size_t bytes, int final_sent);
@@ -364,6 +384,14 @@ void        http_responses_free(struct http_responses *r);
 void        http_responses_begin(struct http_gen *g);
 /* g is being freed: the store forgets it (no more cancels reach it). */
 void        http_responses_forget(struct http_gen *g);
+/* The stream journal (http_resume.c): the body journaled for g (malloc'd JSON: the equivalent
+ * chat request and what g's Response object and the store need, so that the request resumes
+ * without the store, which a restart empties), and that body parsed again into *q. */
+char       *http_responses_journal_body(const struct http_gen *g);
+enum status http_responses_restore(const char *body, size_t len, const char *model_id, const char *const *adapters,
+                                   int n_adapters, const struct http_chat_caps *caps, struct http_request *q);
+/* A reattaching client's stream starts again from the first event (http_resume.c). */
+void        http_responses_reset_stream(struct http_responses *r);
 /* With g->mu held, once g ended: its Response object (completed, incomplete or cancelled),
  * malloc'd and stored; NULL when it failed (the caller answers g->end_status). */
 char       *http_responses_response(struct http_gen *g);

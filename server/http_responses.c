@@ -271,7 +271,17 @@ void http_responses_free(struct http_responses *r)
     cJSON_Delete(r->items);
     cJSON_Delete(r->output);
     free(r->acc);
+    free(r->chat);
     free(r);
+}
+
+void http_responses_reset_stream(struct http_responses *r)
+{
+    r->seq = r->started = r->open = r->kind = 0;
+    r->index = -1;
+    r->acc_len = 0;
+    cJSON_Delete(r->output);
+    r->output = NULL;
 }
 
 /* ---- input items into chat messages ---------------------------------------------------------- */
@@ -695,8 +705,57 @@ static enum status parse(struct server *s, const char *model_id, const char *bod
     }
     CHECK(text, "out of memory");
     st = http_parse_request(text, strlen(text), 1, model_id, adapters, n_adapters, caps, q);
-    free(text);
+    r->chat = text;
     q->responses = r; /* freed with q */
+    return st;
+}
+
+/* ---- the stream journal ---------------------------------------------------------------------- */
+
+char *http_responses_journal_body(const struct http_gen *g)
+{
+    const struct http_responses *r = g->q.responses;
+    cJSON *o = http_json_ok(cJSON_CreateObject());
+    cJSON_AddStringToObject(o, "id", r->id);
+    cJSON_AddNumberToObject(o, "created", (double)r->created);
+    cJSON_AddBoolToObject(o, "store", r->store);
+    cJSON_AddStringToObject(o, "owner", g->s->n_keys && g->q.r.client ? g->q.r.client : "");
+    cJSON_AddItemToObject(o, "echo", dup_item(r->echo));
+    cJSON_AddItemToObject(o, "items", dup_item(r->items));
+    cJSON_AddStringToObject(o, "chat", r->chat);
+    return http_json_print(o);
+}
+
+enum status http_responses_restore(const char *body, size_t len, const char *model_id, const char *const *adapters,
+                                   int n_adapters, const struct http_chat_caps *caps, struct http_request *q)
+{
+    memset(q, 0, sizeof *q);
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    const cJSON *id = get(o, "id"), *created = get(o, "created"), *chat = get(o, "chat"), *owner = get(o, "owner");
+    if (!cJSON_IsString(id) || strlen(id->valuestring) >= sizeof ((struct http_responses *)0)->id ||
+        !cJSON_IsNumber(created) || !cJSON_IsString(chat) || !cJSON_IsString(owner) || !get(o, "echo") ||
+        !cJSON_IsArray(get(o, "items"))) {
+        cJSON_Delete(o);
+        return status_errorf(STATUS_BAD_FORMAT, "a journaled /v1/responses request is malformed");
+    }
+    enum status st = http_parse_request(chat->valuestring, strlen(chat->valuestring), 1, model_id, adapters,
+                                        n_adapters, caps, q);
+    struct http_responses *r = calloc(1, sizeof *r);
+    CHECK(r, "out of memory");
+    snprintf(r->id, sizeof r->id, "%s", id->valuestring);
+    r->created = (long long)created->valuedouble;
+    r->store = cJSON_IsTrue(get(o, "store"));
+    r->index = -1;
+    r->echo = cJSON_DetachItemFromObjectCaseSensitive(o, "echo");
+    r->items = cJSON_DetachItemFromObjectCaseSensitive(o, "items");
+    CHECK(r->chat = strdup(chat->valuestring), "out of memory");
+    q->responses = r;
+    if (st == STATUS_OK && owner->valuestring[0]) { /* who may see it in the store (set_client's name) */
+        free(q->r.client);
+        CHECK(q->r.client = strdup(owner->valuestring), "out of memory");
+        q->r.params.client = q->r.client;
+    }
+    cJSON_Delete(o);
     return st;
 }
 

@@ -30,6 +30,7 @@ struct http_responses {
                                  metadata, tools, tool_choice, text, reasoning, ...) */
     cJSON      *items;        /* the conversation's input items: the previous responses' inputs
                                  and outputs first, then this request's input */
+    char       *chat;         /* the equivalent chat request, JSON (the journal keeps it) */
     /* a stream's state (http_responses_out.c) */
     int         seq;          /* the next sequence_number */
     int         started;      /* response.created went out */

@@ -1,15 +1,20 @@
 /* server/http_resume.c - the HTTP front's side of the stream journal (journal.h,
- * docs/reliability.md): after a restart, every OpenAI chat / completions request the journal
- * holds open is rebuilt (its body parsed again, its events replayed into a new http_gen) and its
- * unfinished samples resumed in the engine (request_params.resume_*); a client reconnects with
- * `Last-Event-ID: KEY;STATE` (a streamed answer: the SSE id of the last chunk it got) or
- * `Idempotency-Key: KEY` (the whole answer) and gets what it has not had, exactly once.
+ * docs/reliability.md): after a restart, every chat / completions / Anthropic messages /
+ * Responses request the journal holds open is rebuilt (its body parsed again, its events
+ * replayed into a new http_gen) and its unfinished samples resumed in the engine
+ * (request_params.resume_*); a client reconnects with `Last-Event-ID: KEY;STATE` (a streamed
+ * answer: the SSE id of the last chunk it got) or `Idempotency-Key: KEY` (the whole answer) and
+ * gets what it has not had, exactly once.
  *
  * A journaled stream's SSE ids are "KEY;S0,S1,..." with one state per sample: "-" before its
  * first chunk, else "T.B" (T tokens and B bytes of generated text handed out) with "!" once its
  * last chunk (finish_reason) went out; "KEY;done" marks the usage (or error) chunk after them.
  * A reattaching client's view is rebuilt from every event of the request and the state's tokens
  * and bytes are skipped, so chunk boundaries need not repeat.
+ * Anthropic and Responses streams, whose chunks become several events each, form their events
+ * as the engine's events come (http_gen_take_event: sse_per_event), so that the stream is a
+ * function of the log; their ids are "KEY;eN" (the Nth event), and a reattaching client's
+ * stream is formed again from the log with its first N events skipped.
  *
  * Resumed requests live in s->resumed (the list holds one reference each) until a client has
  * the whole answer, or until journal_retain_s after they ended (then the journal forgets them);
@@ -17,6 +22,7 @@
  * Not here: the file (journal.c), opening it and the registry of taken ids (resume.c), the gRPC
  * side (grpc_resume.c), the engine's replay (request.c), the SSE writer (http_openai_out.c).
  * Tests: tests/server/test_journal.py. */
+#define _GNU_SOURCE /* memmem */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +49,14 @@ void http_resume_sse_id(struct http_gen *g, int done)
         http_buf_append(&g->out, &g->out_len, &g->out_cap, buf, (size_t)n);
     }
     http_buf_append(&g->out, &g->out_len, &g->out_cap, "\n", 1);
+}
+
+void http_resume_event_id(struct http_gen *g)
+{
+    if (!g->sse_per_event) return;
+    char buf[JOURNAL_KEY_MAX + 32];
+    int n = snprintf(buf, sizeof buf, "id: %s;e%d\n", g->id, ++g->sse_events);
+    http_buf_append(&g->out, &g->out_len, &g->out_cap, buf, (size_t)n);
 }
 
 /* ---- rebuilding a request from its journal entry --------------------------------------------- */
@@ -131,15 +145,32 @@ struct http_gen *http_resume_find(struct server *s, const char *key)
     return g;
 }
 
+const char *http_resume_endpoint(int front)
+{
+    switch (front) {
+    case JOURNAL_HTTP_COMPLETIONS: return "/v1/completions";
+    case JOURNAL_HTTP_CHAT: return "/v1/chat/completions";
+    case JOURNAL_HTTP_MESSAGES: return "/v1/messages";
+    case JOURNAL_HTTP_RESPONSES: return "/v1/responses";
+    default: return "another endpoint";
+    }
+}
+
 int http_resume_entry(struct server *s, struct journal_entry *e)
 {
     struct http_adapter_snapshot an;
     http_adapter_snapshot(&s->models[0], &an);
     const struct http_chat_caps caps = {s->models[0].jtmpl != NULL, s->models[0].tool_format, s->models[0].reasoning};
-    const int is_chat = e->front == JOURNAL_HTTP_CHAT;
+    const char *model_id = s->models[0].model_id;
     struct http_request q;
     struct http_gen *g = NULL;
-    enum status st = http_parse_request(e->body, e->body_len, is_chat, s->models[0].model_id, an.ptrs, an.n, &caps, &q);
+    enum status st;
+    switch (e->front) {
+    case JOURNAL_HTTP_MESSAGES: st = http_anthropic_parse(e->body, e->body_len, 0, model_id, an.ptrs, an.n, &caps, &q); break;
+    case JOURNAL_HTTP_RESPONSES: st = http_responses_restore(e->body, e->body_len, model_id, an.ptrs, an.n, &caps, &q); break;
+    default: st = http_parse_request(e->body, e->body_len, e->front == JOURNAL_HTTP_CHAT, model_id, an.ptrs, an.n, &caps, &q);
+    }
+    if (st != STATUS_OK) http_request_free(&q);
     if (st == STATUS_OK) {
         q.r.params.sampling.seed = e->seed;
         q.r.params.has_seed = 1;
@@ -153,6 +184,9 @@ int http_resume_entry(struct server *s, struct journal_entry *e)
     }
     g->created = e->created;
     g->journaled = g->resumed = 1;
+    g->front = e->front;
+    g->sse_per_event = g->q.stream && (g->q.anthropic || g->q.responses);
+    if (g->q.responses) http_responses_begin(g); /* in the store again, in progress */
     pthread_mutex_lock(&g->mu);
     g->log = *e; /* from now on it grows with the engine's events (http_gen_take_event) */
     memset(e, 0, sizeof *e);
@@ -210,9 +244,30 @@ void http_resume_sweep(struct server *s)
     unref_all(gone);
 }
 
+/* The state "eN" of an Anthropic or Responses stream applied to its view, rebuilt with its
+ * events: the first N go no more. */
+static enum status skip_events(struct http_gen *g, const char *state)
+{
+    char *end = NULL;
+    long n = state[0] == 'e' && state[1] >= '0' && state[1] <= '9' ? strtol(state + 1, &end, 10) : -1;
+    if (n < 0 || *end || n > g->sse_events)
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "Last-Event-ID: \"%s;%s\" is not a position of this stream (an id its events carried)", g->id,
+                             state);
+    size_t at = 0;
+    for (long k = 0; k < n; k++) { /* an event ends with a blank line; its JSON holds no newline */
+        const char *p = memmem(g->out + at, g->out_len - at, "\n\n", 2);
+        CHECK(p, "an event without its end");
+        at = (size_t)(p - g->out) + 2;
+    }
+    g->out_pos = at;
+    return STATUS_OK;
+}
+
 /* A state ("-", "T.B", "T.B!" per sample, or "done") applied to g's rebuilt view. */
 static enum status apply_state(struct http_gen *g, const char *state)
 {
+    if (g->sse_per_event) return skip_events(g, state);
     if (!strcmp(state, "done")) {
         for (int i = 0; i < g->n_samples; i++) http_stream_skip(g, i, 1 << 30, (size_t)-1, 1);
         g->usage_sent = 1;
@@ -257,7 +312,37 @@ enum status http_resume_claim(struct server *s, struct http_gen *g)
 
 void http_resume_release(struct http_gen *g) { resume_key_release(g->s, &g->live); }
 
-enum status http_resume_attach(struct server *s, const char *key, const char *state, int fd, struct http_gen **out)
+/* g's view from the first event, as a client that attaches sees it (its SSE events formed again
+ * when sse_per_event and attached); with g->mu held. */
+static void rebuild_view(struct http_gen *g)
+{
+    for (int i = 0; i < g->n_samples; i++) {
+        sample_buf_free(&g->samples[i]);
+        memset(&g->samples[i], 0, sizeof g->samples[i]);
+    }
+    for (int i = 0; g->ps && i < g->n_samples; i++) tool_stream_free(g->ps[i].ts);
+    free(g->ps);
+    g->ps = NULL;
+    for (int i = 0; i < g->n_runs; i++) g->runs[i].prompt_lp_ready = 0;
+    g->out_len = g->out_pos = 0;
+    g->done = g->usage_sent = g->observed = g->sse_events = 0;
+    memset(&g->an, 0, sizeof g->an);
+    if (g->q.responses) http_responses_reset_stream(g->q.responses);
+    g->active = g->n_samples;
+    g->end_status = STATUS_OK;
+    g->end_message[0] = '\0';
+    replay(g, &g->log);
+}
+
+void http_resume_store_final(struct http_gen *g)
+{
+    if (!g->q.responses) return;
+    rebuild_view(g); /* a client that attached and went may have had part of it */
+    free(http_responses_response(g));
+}
+
+enum status http_resume_attach(struct server *s, const char *key, int front, const char *state, int fd,
+                               struct http_gen **out)
 {
     *out = NULL;
     pthread_mutex_lock(&s->resumed_mu);
@@ -275,33 +360,21 @@ enum status http_resume_attach(struct server *s, const char *key, const char *st
                              "request %s was a gRPC call: reattach with gRPC (metadata shardlm-resume-token)", key);
     if (!g) return status_errorf(STATUS_NOT_FOUND, "no journaled request %s", key);
     pthread_mutex_lock(&g->mu);
-    if (g->attached) {
+    if (g->attached || g->front != front) {
+        const int other = g->attached, sent_to = g->front;
         pthread_mutex_unlock(&g->mu);
         http_gen_unref(g);
-        return status_errorf(STATUS_FAILED_PRECONDITION, "request %s: another client is reading its answer", key);
+        if (other) return status_errorf(STATUS_FAILED_PRECONDITION, "request %s: another client is reading its answer", key);
+        return status_errorf(STATUS_INVALID_ARGUMENT, "request %s was sent to %s: reattach to it there", key,
+                             http_resume_endpoint(sent_to));
     }
-    /* The client's view, from the first event. */
-    for (int i = 0; i < g->n_samples; i++) {
-        sample_buf_free(&g->samples[i]);
-        memset(&g->samples[i], 0, sizeof g->samples[i]);
-    }
-    for (int i = 0; g->ps && i < g->n_samples; i++) tool_stream_free(g->ps[i].ts);
-    free(g->ps);
-    g->ps = NULL;
-    for (int i = 0; i < g->n_runs; i++) g->runs[i].prompt_lp_ready = 0;
-    g->out_len = g->out_pos = 0;
-    g->done = g->usage_sent = 0;
-    g->active = g->n_samples;
-    g->end_status = STATUS_OK;
-    g->end_message[0] = '\0';
-    replay(g, &g->log);
+    g->attached = 1; /* before the replay: an Anthropic or Responses stream forms its events in it */
+    rebuild_view(g);
     enum status st = state ? apply_state(g, state) : STATUS_OK;
     LOG_INFO(MODULE, "req=%s: a client reattached at %s: %d events, %d of %d samples running", key, state ? state : "the start",
              g->log.n_events, g->active, g->n_samples);
-    if (st == STATUS_OK) {
-        g->attached = 1;
-        g->fd = fd;
-    }
+    if (st == STATUS_OK) g->fd = fd;
+    else g->attached = 0;
     pthread_mutex_unlock(&g->mu);
     if (st != STATUS_OK) {
         http_gen_unref(g);

@@ -50,6 +50,8 @@ enum journal_front {
     JOURNAL_GRPC_GENERATE_STREAM = 4,
     JOURNAL_GRPC_CHAT = 5,
     JOURNAL_GRPC_CHAT_STREAM = 6,
+    JOURNAL_HTTP_MESSAGES = 7,  /* Anthropic's /v1/messages: its body */
+    JOURNAL_HTTP_RESPONSES = 8, /* /v1/responses: the translated request (http_responses_journal_body) */
 };
 
 /* One engine event as journaled (owned copies; an engine_event view of it: journal_event_view). */

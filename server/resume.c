@@ -37,7 +37,9 @@ void resume_all(struct server *s)
         struct journal_entry *e = &s->journal_pending[k];
         switch (e->front) {
         case JOURNAL_HTTP_COMPLETIONS:
-        case JOURNAL_HTTP_CHAT: resumed += http_resume_entry(s, e); break;
+        case JOURNAL_HTTP_CHAT:
+        case JOURNAL_HTTP_MESSAGES:
+        case JOURNAL_HTTP_RESPONSES: resumed += http_resume_entry(s, e); break;
         case JOURNAL_GRPC_GENERATE:
         case JOURNAL_GRPC_GENERATE_STREAM:
         case JOURNAL_GRPC_CHAT:

@@ -93,7 +93,7 @@ class Client(Stream):
                 return
             pending = None
             while True:
-                line = r.fp.readline()
+                line = r.readline()
                 if not line.endswith(b"\n"):
                     return
                 line = line.decode().rstrip("\n")

@@ -16,12 +16,18 @@ stories260K under --batch-invariant. Groups:
   client     the Python client's shardlm_client.resume (stream and request) against a server
              SIGKILLed and restarted on the same port mid-answer: the chunks it yields equal the
              uninterrupted answer's, without the caller doing anything
-  errors     Last-Event-ID / Idempotency-Key without --journal (400 naming it), on /v1/messages,
+  errors     Last-Event-ID / Idempotency-Key without --journal (400 naming it), on count_tokens,
              malformed, unknown (404), an Idempotency-Key or Last-Event-ID naming a request that
              runs on another connection (409); an unusable directory (exit 1);
              --journal-retain: an answer nobody fetched is forgotten
   endwindow  an answer handed over just before a SIGKILL is fetched whole after the restart
              (its END is journaled --journal-end-delay later), once
+  apis       the same for Anthropic's /v1/messages and OpenAI's /v1/responses: streams cut by a
+             SIGKILL go on from their Last-Event-ID ("KEY;eN", the Nth event) and the events of
+             all their connections equal an uninterrupted server's, one by one (ids aside); unary
+             answers come by their Idempotency-Key; a response nobody came back for is in the
+             store, ended, after the restart, and previous_response_id can name it; a key
+             sent to another endpoint is refused naming its own
 Reference answers come from a server that is never interrupted; no expected text is written here.
 
   test_journal.py --shardlm BUILD/cli/shardlm [GROUP...]
@@ -100,6 +106,17 @@ def post(port, path, body, headers=None, timeout=60):
         c.close()
 
 
+def get(port, path):
+    """(status, headers, body text) of a GET."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, dict(r.getheaders()), r.read().decode()
+    finally:
+        c.close()
+
+
 class Stream:
     """One streamed request's client: its chunks over every connection, the last SSE id."""
 
@@ -124,7 +141,7 @@ class Stream:
                 return
             got, pending_id = 0, None
             while True:
-                line = r.fp.readline()
+                line = r.readline()
                 if not line.endswith(b"\n"):
                     return  # cut (a line the cut left unfinished is not a line)
                 line = line.decode().rstrip("\n")
@@ -141,7 +158,7 @@ class Stream:
                     got += 1
                     if stop_after and got >= stop_after:
                         self.progress.set()
-                        while r.fp.readline():  # until the kill closes it
+                        while r.readline():  # until the kill closes it
                             pass
                         return
         except (OSError, http.client.HTTPException):
@@ -351,9 +368,10 @@ def group_errors(shardlm, model, work):
     with server(shardlm, model, "--journal", str(work / "j-err"), "--journal-retain", "0.5", "--journal-end-delay", "0",
                 name="errors") as srv:
         p = srv.http_port
-        code, _, text = post(p, "/v1/messages", dict(model="x", max_tokens=2, messages=[{"role": "user", "content": "a"}]),
+        code, _, text = post(p, "/v1/messages/count_tokens", dict(model="x", messages=[{"role": "user", "content": "a"}]),
                              {"Last-Event-ID": "k;-", "anthropic-version": "2023-06-01"})
-        check(code == 400 and "only on /v1/chat/completions" in text, f"Last-Event-ID on /v1/messages: {code} {text[:160]}")
+        check(code == 400 and "only on /v1/chat/completions" in text,
+              f"Last-Event-ID on /v1/messages/count_tokens: {code} {text[:160]}")
         for bad in ("no-semicolon", "bad key;-", ";-", "x" * 101 + ";-"):
             code, _, text = post(p, "/v1/completions", dict(prompt="a", max_tokens=2), {"Last-Event-ID": bad})
             check(code == 400 and "Last-Event-ID" in text, f"malformed Last-Event-ID {bad[:20]!r}: {code}")
@@ -382,8 +400,48 @@ def group_errors(shardlm, model, work):
     check(r.returncode == 1 and "afile" in r.stderr, f"an unusable journal directory: exit {r.returncode} {r.stderr[-160:]}")
 
 
+def split_chunks(resume):
+    """HTTP's chunked transfer encoding may cut an SSE line anywhere (libmicrohttpd sends each
+    16 KB the stream hands it as one chunk): resume.stream reads lines across chunk boundaries
+    (it once read the raw socket, chunk sizes and all, and a line cut in two failed to parse)."""
+    import http.server
+    chunks = [{"id": "x", "choices": [{"index": 0, "text": "word " * k, "finish_reason": None}]} for k in range(1, 40)]
+    wire = "".join(f"id: x;{k}\ndata: {json.dumps(c)}\n\n" for k, c in enumerate(chunks)) + "data: [DONE]\n\n"
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            data, at = wire.encode(), 0
+            for size in [7, 33, 1, 250, 4096] * 100:  # boundaries inside lines, ids and JSON
+                piece = data[at:at + size]
+                if not piece:
+                    break
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                at += size
+            self.wfile.write(b"0\r\n\r\n")
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        got = list(resume.stream(f"http://127.0.0.1:{httpd.server_address[1]}", "/v1/completions", {"stream": True},
+                                 retry_for=5))
+    finally:
+        httpd.shutdown()
+    check(got == chunks, f"resume.stream across chunk boundaries inside lines: {len(got)} of {len(chunks)} chunks, equal")
+
+
 def group_client(shardlm, model, work):
     from shardlm_client import resume
+    split_chunks(resume)
     path, body = STREAMS[1]
     upath, ubody = UNARY[0]
     with server(shardlm, model, "--journal", str(work / "journal-client-ref"), name="client-ref") as srv:
@@ -510,8 +568,159 @@ def group_endwindow(shardlm, model, work):
               f"once fetched it is delivered: the key makes a new request (seed 99): {code}")
 
 
+ANTHROPIC = {"anthropic-version": "2023-06-01"}
+# (path, body, headers) streamed through Anthropic's and the Responses API's events. Anthropic's
+# API has no seed: greedy, so that the uninterrupted server's answer is the same one.
+EVENT_STREAMS = [
+    ("/v1/messages", dict(model="stories260K", max_tokens=300, temperature=0, stream=True,
+                          messages=[{"role": "user", "content": STORY}]), ANTHROPIC),
+    ("/v1/responses", dict(model="stories260K", max_output_tokens=300, temperature=0.9, seed=12, stream=True,
+                           input="A big dog ran"), {}),
+    ("/v1/responses", dict(model="stories260K", max_output_tokens=300, temperature=0.9, seed=13, stream=True,
+                           input="The cat sat"), {}),  # its client never comes back
+]
+EVENT_UNARY = [
+    ("/v1/messages", dict(model="stories260K", max_tokens=300, temperature=0, messages=[{"role": "user", "content": "Tom had"}]),
+     ANTHROPIC),
+    ("/v1/responses", dict(model="stories260K", max_output_tokens=300, temperature=0.9, seed=14, input="Mom said to Lily"), {}),
+]
+EVENT_ENDS = {"message_stop", "response.completed", "response.incomplete", "response.failed", "error"}
+
+
+class EventStream:
+    """An Anthropic or Responses stream's client: its (event, data) pairs over every connection."""
+
+    def __init__(self, path, body, headers):
+        self.path, self.body, self.headers = path, body, headers
+        self.events, self.last_id, self.done, self.statuses = [], None, False, []
+        self.progress = threading.Event()
+
+    def read(self, port, stop_after=None):
+        headers = {"Content-Type": "application/json", **self.headers}
+        if self.last_id:
+            headers["Last-Event-ID"] = self.last_id
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            c.request("POST", self.path, json.dumps(self.body), headers)
+            r = c.getresponse()
+            self.statuses.append(r.status)
+            if r.status != 200:
+                self.error = r.read().decode()
+                return
+            got, ev_id, name, data = 0, None, None, None
+            while True:
+                line = r.readline()
+                if not line.endswith(b"\n"):
+                    return  # cut: an event without its blank line is not dispatched
+                line = line.decode().rstrip("\n")
+                if line.startswith("id: "):
+                    ev_id = line[4:]
+                elif line.startswith("event: "):
+                    name = line[7:]
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])
+                elif line == "" and name:
+                    self.events.append((name, data))
+                    self.last_id = ev_id or self.last_id
+                    ended = name in EVENT_ENDS
+                    name = data = ev_id = None
+                    got += 1
+                    if ended:
+                        self.done = True
+                        return
+                    if stop_after and got >= stop_after:
+                        self.progress.set()
+                        while r.readline():  # until the kill closes it
+                            pass
+                        return
+        except (OSError, http.client.HTTPException):
+            return
+        finally:
+            self.progress.set()
+            c.close()
+
+
+def normalized(events):
+    """The events with what differs between two servers (ids, times) made equal."""
+    text = json.dumps(events)
+    for name, data in events:
+        if name == "message_start":
+            text = text.replace(data["message"]["id"], "ID")
+        if name == "response.created":
+            text = text.replace(data["response"]["id"][5:], "ID")
+    return json.loads(__import__("re").sub(r'"created_at": [0-9]+', '"created_at": 0', text))
+
+
+def reply_text(path, text):
+    j = json.loads(text)
+    if path == "/v1/messages":
+        return "".join(b.get("text", "") for b in j["content"]), j["stop_reason"]
+    return "".join(p["text"] for it in j["output"] if it["type"] == "message" for p in it["content"]), j["status"]
+
+
+def group_apis(shardlm, model, work):
+    with server(shardlm, model, "--journal", str(work / "apis-ref"), name="apis-ref") as srv:
+        ref = []
+        for path, body, headers in EVENT_STREAMS:
+            s = EventStream(path, body, headers)
+            s.read(srv.http_port)
+            check(s.done and len(s.events) > 12, f"reference {path} stream: {len(s.events)} events, ends")
+            ref.append(normalized(s.events))
+        ref_unary = [reply_text(p, post(srv.http_port, p, b, h)[2]) for p, b, h in EVENT_UNARY]
+    journal = work / "apis-journal"
+    srv = server(shardlm, model, "--journal", str(journal), name="apis-first")
+    streams = [EventStream(*x) for x in EVENT_STREAMS]
+    keys = [f"apis-{i}-{os.getpid()}" for i in range(len(EVENT_UNARY))]
+    threads = [threading.Thread(target=s.read, args=(srv.http_port, 6)) for s in streams]
+    threads += [threading.Thread(target=post_quietly, args=(srv.http_port, p, b, {"Idempotency-Key": k, **h}))
+                for (p, b, h), k in zip(EVENT_UNARY, keys)]
+    for t in threads:
+        t.start()
+    for s in streams:
+        s.progress.wait(timeout=60)
+    time.sleep(0.05)
+    kill9(srv)
+    for t in threads:
+        t.join(timeout=30)
+    check(all(not s.done and s.last_id and ";e" in s.last_id for s in streams),
+          f"every stream was cut after some events (ids {[s.last_id for s in streams]})")
+    with server(shardlm, model, "--journal", str(journal), name="apis-restart") as srv:
+        p = srv.http_port
+        code, _, text = post(p, "/v1/chat/completions", dict(messages=[{"role": "user", "content": "a"}]),
+                             {"Idempotency-Key": keys[0]})
+        check(code == 400 and "/v1/messages" in text, f"a /v1/messages key sent to /v1/chat/completions: {code} {text[:160]}")
+        code, _, text = post(p, streams[0].path, streams[0].body, {"Last-Event-ID": streams[0].last_id + "9999", **ANTHROPIC})
+        check(code == 400 and "not a position" in text, f"a Last-Event-ID past the stream's events: {code} {text[:160]}")
+        for s, want in zip(streams[:2], ref[:2]):
+            s.read(p)
+            check(s.done and all(code == 200 for code in s.statuses),
+                  f"{s.path}: ends over {len(s.statuses)} connections ({s.statuses})")
+            check(normalized(s.events) == want,
+                  f"{s.path}: the {len(s.events)} events of both connections equal the uninterrupted stream's "
+                  f"{len(want)}, one by one")
+        for (path, body, h), key, want in zip(EVENT_UNARY, keys, ref_unary):
+            code, _, text = post(p, path, body, {"Idempotency-Key": key, **h})
+            check(code == 200 and reply_text(path, text) == want,
+                  f"unary {path} fetched by its Idempotency-Key after the kill equals the uninterrupted answer: {code}")
+        # The response whose client never came back: completed in the store, and usable.
+        rid = next(d["response"]["id"] for n, d in streams[2].events if n == "response.created")
+        for _ in range(200):
+            code, _, text = get(p, f"/v1/responses/{rid}")
+            if code != 200 or json.loads(text)["status"] != "in_progress":
+                break
+            time.sleep(0.1)
+        want_text = "".join(d["delta"] for n, d in ref[2] if n == "response.output_text.delta")
+        want_status = ref[2][-1][1]["response"]["status"]
+        check(code == 200 and reply_text("/v1/responses", text) == (want_text, want_status),
+              f"a resumed response nobody reattached to is stored, ended, with the uninterrupted text and status: {code} "
+              f"{reply_text('/v1/responses', text) if code == 200 else text[:200]} vs {want_text[:80]!r}")
+        code, _, text = post(p, "/v1/responses", dict(model="stories260K", max_output_tokens=4, input="and then", previous_response_id=rid))
+        check(code == 200, f"previous_response_id names it after the restart: {code} {text[:160]}")
+        srv.stop()
+
+
 GROUPS = {"restart": group_restart, "client": group_client, "dp2": group_dp2, "drain": group_drain, "torn": group_torn,
-          "errors": group_errors, "endwindow": group_endwindow}
+          "errors": group_errors, "endwindow": group_endwindow, "apis": group_apis}
 
 
 def main():

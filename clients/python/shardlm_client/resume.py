@@ -78,7 +78,7 @@ def stream(base, path, body, headers=None, key=None, retry_for=120.0, timeout=30
             backoff.reset()
             event_id = None
             while True:
-                line = r.fp.readline()
+                line = r.readline()
                 if not line.endswith(b"\n"):
                     break  # cut (an unfinished line included): reconnect
                 line = line.decode().rstrip("\n")
