@@ -87,3 +87,17 @@ int auth_key_index(const struct server *s, const char *v, size_t n)
 }
 
 void auth_client_name(int key, char *out, size_t cap) { snprintf(out, cap, "key:%d", key); }
+
+void auth_owner(const struct server *s, int key, char *out, size_t cap)
+{
+    if (key < 0 || key >= s->n_keys) {
+        snprintf(out, cap, "%s", "");
+        return;
+    }
+    /* FNV-1a, 64 bits, of a fixed prefix and the key: the same key gives the same owner after a
+     * restart or a reordered key file, and the journal never holds the key itself. */
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)"shardlm-owner:"; *p; p++) h = (h ^ *p) * 1099511628211ull;
+    for (const unsigned char *p = (const unsigned char *)s->keys[key]; *p; p++) h = (h ^ *p) * 1099511628211ull;
+    snprintf(out, cap, "key-%016llx", (unsigned long long)h);
+}

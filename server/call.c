@@ -318,6 +318,7 @@ void call_on_new(struct request_slot *slot, int ok)
     if (uses_engine(c->method)) s->n_gen_calls++;
     int key = -1;
     int authed = c->method == METHOD_HEALTH_CHECK || c->method == METHOD_HEALTH_WATCH || auth_authorized(s, &slot->md, &key);
+    auth_owner(s, key, c->owner, sizeof c->owner);
     if (is_generation(c->method)) { /* the client the fair policy shares turns between */
         char name[32];
         char *peer = key >= 0 ? NULL : grpc_call_get_peer(c->call);

@@ -100,6 +100,7 @@ enum status grpc_journal_accept(struct call *c, const uint8_t *data, size_t len,
     struct journal_entry e = {.front = front_of(c->method), .created = (long long)time(NULL), .deadline = deadline,
                               .seed = p->sampling.seed, .body = (char *)data, .body_len = len};
     snprintf(e.key, sizeof e.key, "%s", c->request_id);
+    snprintf(e.owner, sizeof e.owner, "%s", c->owner);
     if (journal_accept(s->journal, &e) != STATUS_OK)
         return status_errorf(STATUS_UNAVAILABLE, "the stream journal cannot take the request (%s)", status_message());
     c->journaled = 1;
@@ -422,6 +423,7 @@ void grpc_resume_attach(struct call *c, const uint8_t *data, size_t len)
     resume_sweep(s);
     pthread_mutex_lock(&s->resumed_mu);
     struct grpc_job *j = grpc_resume_find(s, key);
+    if (j && strcmp(j->log.owner, c->owner)) j = NULL; /* another API key's: as if it did not exist */
     if (j) atomic_fetch_add(&j->refs, 1);
     const enum resume_key_state who = j ? RESUME_KEY_RESUMED_GRPC : resume_key_state(s, key);
     pthread_mutex_unlock(&s->resumed_mu);
@@ -546,11 +548,12 @@ static int job_cancel(struct grpc_job *j)
 
 void grpc_resume_cancel(struct call *c) { (void)job_cancel(c->job); }
 
-enum status grpc_resume_cancel_key(struct server *s, const char *key, int *cancelled)
+enum status grpc_resume_cancel_key(struct server *s, const char *key, const char *owner, int *cancelled)
 {
     *cancelled = 0;
     pthread_mutex_lock(&s->resumed_mu);
     struct grpc_job *j = s->journal ? grpc_resume_find(s, key) : NULL;
+    if (j && strcmp(j->log.owner, owner)) j = NULL; /* another API key's */
     if (j) atomic_fetch_add(&j->refs, 1);
     pthread_mutex_unlock(&s->resumed_mu);
     if (!j) return status_errorf(STATUS_NOT_FOUND, "no running request has id '%s'", key);

@@ -150,12 +150,12 @@ static void set_client(struct server *s, struct MHD_Connection *c, struct http_r
 }
 
 
-/* Who may see a stored response (/v1/responses): the API key's client name, "" without keys. */
-static void response_owner(struct server *s, struct MHD_Connection *c, char *out, size_t cap)
+/* Who sends (auth_owner of the request's API key, "" without keys): who may reattach to a
+ * journaled request and see a stored response. */
+static void request_owner(struct server *s, struct MHD_Connection *c, char *out, size_t cap)
 {
     const char *k = s->n_keys ? request_key(c) : NULL;
-    if (k) auth_client_name(auth_key_index(s, k, strlen(k)), out, cap);
-    else snprintf(out, cap, "%s", "");
+    auth_owner(s, k ? auth_key_index(s, k, strlen(k)) : -1, out, cap);
 }
 
 /* The first query parameter's name (cls: a char[64]). */
@@ -184,8 +184,8 @@ static int refuse_query(struct MHD_Connection *c, enum MHD_Result *ret)
 static enum MHD_Result handle_response_item(struct server *s, struct MHD_Connection *c, const char *url,
                                             const char *method)
 {
-    char owner[64], *json = NULL;
-    response_owner(s, c, owner, sizeof owner);
+    char owner[JOURNAL_OWNER_MAX + 1], *json = NULL;
+    request_owner(s, c, owner, sizeof owner);
     enum status st = http_responses_item(s, owner, method, url, &json);
     if (st != STATUS_OK) return reply_status(c, 0, st, status_message());
     return reply_json(c, 200, json);
@@ -205,10 +205,10 @@ static enum MHD_Result query_arg(void *cls, enum MHD_ValueKind kind, const char 
 /* GET /v1/responses/{id}/input_items: its query parameters are http_responses_out.c's to check. */
 static enum MHD_Result handle_input_items(struct server *s, struct MHD_Connection *c, const char *url)
 {
-    char owner[64], *json = NULL;
+    char owner[JOURNAL_OWNER_MAX + 1], *json = NULL;
     struct http_query q = {.n = 0};
     MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, query_arg, &q);
-    response_owner(s, c, owner, sizeof owner);
+    request_owner(s, c, owner, sizeof owner);
     enum status st = http_responses_input_items(s, owner, url, &q, &json);
     if (st != STATUS_OK) return reply_status(c, 0, st, status_message());
     return reply_json(c, 200, json);
@@ -302,7 +302,9 @@ static enum status resume_header(struct server *s, struct MHD_Connection *c, str
                              last ? "KEY;STATE as the stream's SSE ids carry it" : "a key", JOURNAL_KEY_MAX, v);
     memcpy(key, v, n);
     key[n] = '\0';
-    enum status st = http_resume_attach(s, key, front, semi ? semi + 1 : NULL, connection_fd(c), g);
+    char owner[JOURNAL_OWNER_MAX + 1];
+    request_owner(s, c, owner, sizeof owner);
+    enum status st = http_resume_attach(s, key, front, owner, semi ? semi + 1 : NULL, connection_fd(c), g);
     if (st == STATUS_NOT_FOUND && last)
         return status_errorf(STATUS_NOT_FOUND,
                              "Last-Event-ID: no journaled request %s (it ended and its answer was delivered, its answer "
@@ -336,8 +338,8 @@ static enum MHD_Result generate_on(struct server *s, struct MHD_Connection *c, s
     struct http_adapter_snapshot an; /* loaded now: run-time loads change the list */
     http_adapter_snapshot(m, &an);
     const struct http_chat_caps caps = {m->jtmpl != NULL, m->tool_format, m->reasoning};
-    char owner[64];
-    response_owner(s, c, owner, sizeof owner);
+    char owner[JOURNAL_OWNER_MAX + 1];
+    request_owner(s, c, owner, sizeof owner);
     if (hc->route == ROUTE_RESPONSES)
         st = http_responses_parse(s, m->model_id, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
     else if (hc->route == ROUTE_RESPONSE_INPUT_TOKENS)
@@ -346,6 +348,7 @@ static enum MHD_Result generate_on(struct server *s, struct MHD_Connection *c, s
         st = http_anthropic_parse(body, hc->len, hc->route == ROUTE_COUNT_TOKENS, m->model_id, an.ptrs, an.n, &caps, &q);
     else st = http_parse_request(body, hc->len, is_chat, m->model_id, an.ptrs, an.n, &caps, &q);
     q.model = m;
+    snprintf(q.owner, sizeof q.owner, "%s", owner);
     if (st == STATUS_OK && (hc->route == ROUTE_COUNT_TOKENS || hc->route == ROUTE_RESPONSE_INPUT_TOKENS))
         return reply_count(s, c, &q, an_api);
     if (st != STATUS_OK) http_request_free(&q);

@@ -462,6 +462,7 @@ static enum status journal_accept_gen(struct http_gen *g, const char *body, size
                               .body = translated ? translated : (char *)body,
                               .body_len = translated ? strlen(translated) : body_len};
     snprintf(e.key, sizeof e.key, "%s", g->id);
+    snprintf(e.owner, sizeof e.owner, "%s", g->q.owner);
     enum status st = journal_accept(g->s->journal, &e);
     free(translated);
     if (st != STATUS_OK)

@@ -78,6 +78,8 @@ struct http_request {
     struct http_responses *responses; /* /v1/responses (http_responses.c): replies as Response
                                          objects and their events; NULL otherwise */
     int n_user_stops;      /* anthropic: the client's stop_sequences (the first of r.stop) */
+    char owner[JOURNAL_OWNER_MAX + 1]; /* auth_owner of its API key ("" without keys; set after
+                              parsing): who may reattach to it, see its stored response */
 };
 
 /* Where an Anthropic stream is (http_anthropic_out.c): message_start sent, the open content
@@ -274,10 +276,11 @@ void        http_adapter_snapshot(struct served_model *m, struct http_adapter_sn
 /* http_resume.c: a request naming a journaled stream (Last-Event-ID or Idempotency-Key header):
  * *g gets the attached gen (a reference) and *skip what the client has (NULL: everything);
  * front: the endpoint the request came to again (enum journal_front), which must be the first's;
+ * owner: who sends it (auth_owner): another owner's request is answered as one that does not exist;
  * STATUS_NOT_FOUND when the key names none (then a new request may take it as its id),
  * FAILED_PRECONDITION when another client reads it. */
-enum status http_resume_attach(struct server *s, const char *key, int front, const char *state, int fd,
-                               struct http_gen **g);
+enum status http_resume_attach(struct server *s, const char *key, int front, const char *owner, const char *state,
+                               int fd, struct http_gen **g);
 /* http_resume.c: the path of a journal front ("/v1/messages"). */
 const char *http_resume_endpoint(int front);
 /* http_resume.c: a resumed /v1/responses request that ended with no client attached: its final

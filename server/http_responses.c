@@ -38,7 +38,7 @@ static enum status unsupported(const char *fmt, const char *a)
 
 struct stored {
     char   id[48];
-    char   owner[48];     /* the API key's client name; "" without keys */
+    char   owner[JOURNAL_OWNER_MAX + 1]; /* auth_owner of its API key; "" without keys */
     char  *response;      /* the Response object, JSON */
     char  *items;         /* the conversation's input items, JSON */
     int    done;          /* response is final */
@@ -163,8 +163,7 @@ void responses_store_put(struct http_responses_store *st, struct http_gen *g, ch
     if (!e && !done) { /* a new response, in progress */
         CHECK(e = calloc(1, sizeof *e), "out of memory");
         snprintf(e->id, sizeof e->id, "%s", r->id);
-        /* With API keys the request's client is its key's name (http.c, set_client). */
-        snprintf(e->owner, sizeof e->owner, "%s", g->s->n_keys && g->q.r.client ? g->q.r.client : "");
+        snprintf(e->owner, sizeof e->owner, "%s", g->q.owner); /* auth_owner of its API key */
         CHECK(e->items = cJSON_PrintUnformatted(r->items), "out of memory");
         e->g = g;
         push_front(st, e);
@@ -719,7 +718,6 @@ char *http_responses_journal_body(const struct http_gen *g)
     cJSON_AddStringToObject(o, "id", r->id);
     cJSON_AddNumberToObject(o, "created", (double)r->created);
     cJSON_AddBoolToObject(o, "store", r->store);
-    cJSON_AddStringToObject(o, "owner", g->s->n_keys && g->q.r.client ? g->q.r.client : "");
     cJSON_AddItemToObject(o, "echo", dup_item(r->echo));
     cJSON_AddItemToObject(o, "items", dup_item(r->items));
     cJSON_AddStringToObject(o, "chat", r->chat);
@@ -731,9 +729,9 @@ enum status http_responses_restore(const char *body, size_t len, const char *mod
 {
     memset(q, 0, sizeof *q);
     cJSON *o = cJSON_ParseWithLength(body, len);
-    const cJSON *id = get(o, "id"), *created = get(o, "created"), *chat = get(o, "chat"), *owner = get(o, "owner");
+    const cJSON *id = get(o, "id"), *created = get(o, "created"), *chat = get(o, "chat");
     if (!cJSON_IsString(id) || strlen(id->valuestring) >= sizeof ((struct http_responses *)0)->id ||
-        !cJSON_IsNumber(created) || !cJSON_IsString(chat) || !cJSON_IsString(owner) || !get(o, "echo") ||
+        !cJSON_IsNumber(created) || !cJSON_IsString(chat) || !get(o, "echo") ||
         !cJSON_IsArray(get(o, "items"))) {
         cJSON_Delete(o);
         return status_errorf(STATUS_BAD_FORMAT, "a journaled /v1/responses request is malformed");
@@ -750,11 +748,6 @@ enum status http_responses_restore(const char *body, size_t len, const char *mod
     r->items = cJSON_DetachItemFromObjectCaseSensitive(o, "items");
     CHECK(r->chat = strdup(chat->valuestring), "out of memory");
     q->responses = r;
-    if (st == STATUS_OK && owner->valuestring[0]) { /* who may see it in the store (set_client's name) */
-        free(q->r.client);
-        CHECK(q->r.client = strdup(owner->valuestring), "out of memory");
-        q->r.params.client = q->r.client;
-    }
     cJSON_Delete(o);
     return st;
 }

@@ -172,6 +172,7 @@ int http_resume_entry(struct server *s, struct journal_entry *e)
     }
     if (st != STATUS_OK) http_request_free(&q);
     if (st == STATUS_OK) {
+        snprintf(q.owner, sizeof q.owner, "%s", e->owner);
         q.r.params.sampling.seed = e->seed;
         q.r.params.has_seed = 1;
         st = http_gen_prepare(s, &q, -1, e->key, &g);
@@ -341,12 +342,13 @@ void http_resume_store_final(struct http_gen *g)
     free(http_responses_response(g));
 }
 
-enum status http_resume_attach(struct server *s, const char *key, int front, const char *state, int fd,
-                               struct http_gen **out)
+enum status http_resume_attach(struct server *s, const char *key, int front, const char *owner, const char *state,
+                               int fd, struct http_gen **out)
 {
     *out = NULL;
     pthread_mutex_lock(&s->resumed_mu);
     struct http_gen *gone = sweep(s), *g = http_resume_find(s, key);
+    if (g && strcmp(g->q.owner, owner)) g = NULL; /* another API key's: as if it did not exist */
     if (g) atomic_fetch_add(&g->refs, 1);
     const enum resume_key_state state_of = g ? RESUME_KEY_RESUMED_HTTP : resume_key_state(s, key);
     pthread_mutex_unlock(&s->resumed_mu);

@@ -182,6 +182,7 @@ static void put_accept(struct wbuf *b, const struct journal_entry *e)
     put(b, &h, sizeof h);
     put_str(b, e->key);
     put(b, e->body, e->body_len);
+    put_str(b, e->owner); /* after the body: a record without it (an older journal) has no owner */
 }
 
 static void put_event(struct wbuf *b, const char *key, int run, const struct engine_event *ev)
@@ -342,6 +343,12 @@ static int read_record(struct rbuf *rb, struct journal_entry **v, int *n, size_t
         memcpy(e->body, body, h.body_len);
         e->body[h.body_len] = '\0';
         e->body_len = h.body_len;
+        const char *owner = rb->off < rb->n ? get_str(rb) : "";
+        if (!owner || strlen(owner) > JOURNAL_OWNER_MAX) {
+            free(e->body);
+            return 0;
+        }
+        snprintf(e->owner, sizeof e->owner, "%s", owner);
         (*n)++;
         return 1;
     }

@@ -71,8 +71,10 @@ struct journal_event {
 void journal_event_view(const struct journal_event *je, struct engine_event *ev);
 
 /* An accepted request and its events so far. */
+#define JOURNAL_OWNER_MAX 31
 struct journal_entry {
     char      key[JOURNAL_KEY_MAX + 1];
+    char      owner[JOURNAL_OWNER_MAX + 1]; /* who may reattach (auth_owner; "" without API keys) */
     int       front;               /* enum journal_front */
     long long created;
     double    deadline;            /* Unix seconds, 0 = none */

@@ -51,15 +51,19 @@ static enum status detokenize(const struct served_model *m, const uint8_t *data,
     return st;
 }
 
-static enum status cancel(struct server *s, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
+/* Cancel: only the caller's own requests (the same API key's, any call without keys); another
+ * key's request id is answered as one that does not exist. */
+static enum status cancel(struct call *c, const uint8_t *data, size_t len, uint8_t **out, size_t *out_len)
 {
+    struct server *s = c->s;
     char *id;
     enum status st = convert_cancel_request(data, len, &id);
     if (st == STATUS_OK) {
         struct call *target = gen_find_call(s, id);
         int cancelled = 0;
+        if (target && strcmp(target->owner, c->owner)) target = NULL;
         if (!target) { /* a resumed request with no client attached (grpc_resume.c) */
-            st = grpc_resume_cancel_key(s, id, &cancelled);
+            st = grpc_resume_cancel_key(s, id, c->owner, &cancelled);
             if (st == STATUS_OK) st = convert_cancel_response(cancelled, out, out_len);
         } else {
             target->cancelled_by_rpc = 1;
@@ -216,7 +220,7 @@ void methods_handle(struct call *c, const uint8_t *data, size_t len)
     if (st == STATUS_OK) switch (c->method) {
     case METHOD_TOKENIZE: st = tokenize(c->m, data, len, &out, &out_len); break;
     case METHOD_DETOKENIZE: st = detokenize(c->m, data, len, &out, &out_len); break;
-    case METHOD_CANCEL: st = cancel(s, data, len, &out, &out_len); break;
+    case METHOD_CANCEL: st = cancel(c, data, len, &out, &out_len); break;
     case METHOD_MODEL_INFO: st = model_info(c->m, &out, &out_len); break;
     case METHOD_SERVER_STATS: st = server_stats(s, c->m, &out, &out_len); break;
     case METHOD_LOAD_ADAPTER:

@@ -155,6 +155,7 @@ struct call {
     uint64_t       handle;
     int            engine_active; /* samples without their FINISHED event yet */
     char          *request_id;
+    char           owner[32];     /* auth_owner of its API key ("" without keys; journal.h JOURNAL_OWNER_MAX + 1) */
     char          *client;        /* who calls (--scheduling-policy fair): "key:<index>" with API
                                      keys, else the connection's peer ("ipv4:127.0.0.1:40312") */
     struct sample_buf *samples;   /* (n_samples) */
@@ -546,11 +547,12 @@ void        grpc_resume_pump(struct server *s);
 void        grpc_resume_detach(struct call *c);
 /* Loop thread: Cancel of a reattached call cancels its job's engine requests. */
 void        grpc_resume_cancel(struct call *c);
-/* Loop thread: Cancel of a resumed request no call is attached to (key: its request id). Its
- * samples end with FINISH_REASON_CANCELLED (journaled), and its answer waits --journal-retain
- * for a client as any resumed one's. *cancelled: 0 when it had finished already. NOT_FOUND when
- * no resumed request has the id. */
-enum status grpc_resume_cancel_key(struct server *s, const char *key, int *cancelled);
+/* Loop thread: Cancel of a resumed request no call is attached to (key: its request id), by
+ * owner (auth_owner of the Cancel call's key). Its samples end with FINISH_REASON_CANCELLED
+ * (journaled), and its answer waits --journal-retain for a client as any resumed one's.
+ * *cancelled: 0 when it had finished already. NOT_FOUND when no resumed request of owner has
+ * the id. */
+enum status grpc_resume_cancel_key(struct server *s, const char *key, const char *owner, int *cancelled);
 
 /* ---- methods.c ----------------------------------------------------------------------------- */
 
@@ -628,6 +630,11 @@ int         auth_key_index(const struct server *s, const char *key, size_t n);
 /* The client name of API key `key` for --scheduling-policy fair ("key:<index>": the key itself
  * never leaves auth.c). Both fronts use it, so that one key is one client over gRPC and HTTP. */
 void        auth_client_name(int key, char *out, size_t cap);
+/* Who owns a request sent with API key `key` (-1: none): "" without keys, else "key-" and 16 hex
+ * digits of a hash of the key, stable across restarts and key-file reorderings (journaled with
+ * the request: journal_entry.owner). A journaled request is reattached, and a request cancelled
+ * by id, only by its owner; the store of /v1/responses is kept per owner. */
+void        auth_owner(const struct server *s, int key, char *out, size_t cap);
 
 /* ---- http.c -------------------------------------------------------------------------------- */
 

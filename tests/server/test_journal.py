@@ -22,6 +22,8 @@ stories260K under --batch-invariant. Groups:
              --journal-retain: an answer nobody fetched is forgotten
   endwindow  an answer handed over just before a SIGKILL is fetched whole after the restart
              (its END is journaled --journal-end-delay later), once
+  owners     with API keys: another key's Last-Event-ID is 404 and its Idempotency-Key 409 for a
+             resumed request; its owner reattaches after a restart whose key file is reordered
   apis       the same for Anthropic's /v1/messages and OpenAI's /v1/responses: streams cut by a
              SIGKILL go on from their Last-Event-ID ("KEY;eN", the Nth event) and the events of
              all their connections equal an uninterrupted server's, one by one (ids aside); unary
@@ -123,12 +125,13 @@ class Stream:
     def __init__(self, path, body):
         self.path, self.body = path, body
         self.chunks, self.last_id, self.done, self.statuses = [], None, False, []
+        self.headers = {}
         self.progress = threading.Event()
 
     def read(self, port, stop_after=None):
         """Reads one connection until [DONE], a cut or stop_after chunks (then keeps the socket
         open: the server is about to be killed); resumes from last_id when set."""
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **self.headers}
         if self.last_id:
             headers["Last-Event-ID"] = self.last_id
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -398,6 +401,37 @@ def group_errors(shardlm, model, work):
     r = subprocess.run([shardlm, "serve", "--model", str(model), "--http", "127.0.0.1:0", "--listen", "127.0.0.1:0",
                         "--journal", str(work / "afile")], capture_output=True, text=True, timeout=60)
     check(r.returncode == 1 and "afile" in r.stderr, f"an unusable journal directory: exit {r.returncode} {r.stderr[-160:]}")
+
+
+def group_owners(shardlm, model, work):
+    """With API keys a journaled request belongs to its key: another key's Last-Event-ID finds
+    nothing (404) and its Idempotency-Key cannot take the request's answer (409: the key is in
+    use); its owner reattaches after a restart whose key file lists the keys in another order
+    (the owner is the key's hash, not its line)."""
+    keys = work / "owner-keys"
+    keys.write_text("key-alpha\nkey-beta\n")
+    A, B = {"Authorization": "Bearer key-alpha"}, {"Authorization": "Bearer key-beta"}
+    journal = work / "j-owners"
+    srv = server(shardlm, model, "--journal", str(journal), "--api-key-file", str(keys), name="owners")
+    path, body = STREAMS[0]
+    s = Stream(path, body)
+    s.headers = A
+    th = threading.Thread(target=s.read, args=(srv.http_port, 4))
+    th.start()
+    s.progress.wait(timeout=60)
+    kill9(srv)
+    th.join(timeout=30)
+    check(s.last_id and not s.done, f"the owner's stream was cut mid-way ({s.last_id})")
+    keys.write_text("key-beta\nkey-alpha\n")  # the same keys, their lines swapped
+    with server(shardlm, model, "--journal", str(journal), "--api-key-file", str(keys), name="owners-restart") as srv:
+        p = srv.http_port
+        code, _, text = post(p, path, body, {"Last-Event-ID": s.last_id, **B})
+        check(code == 404 and "no journaled request" in text, f"another key's Last-Event-ID: {code} {text[:120]}")
+        key = s.last_id.split(";")[0]
+        code, _, text = post(p, path, dict(body, stream=False), {"Idempotency-Key": key, **B})
+        check(code == 409 and "choices" not in text, f"another key's Idempotency-Key: {code} {text[:120]}")
+        s.read(p)
+        check(s.done and s.statuses[-1] == 200, f"its owner reattaches after the restart (keys reordered): {s.statuses}")
 
 
 def split_chunks(resume):
@@ -720,7 +754,7 @@ def group_apis(shardlm, model, work):
 
 
 GROUPS = {"restart": group_restart, "client": group_client, "dp2": group_dp2, "drain": group_drain, "torn": group_torn,
-          "errors": group_errors, "endwindow": group_endwindow, "apis": group_apis}
+          "errors": group_errors, "endwindow": group_endwindow, "apis": group_apis, "owners": group_owners}
 
 
 def main():

@@ -15,6 +15,8 @@ stories260K under --batch-invariant, driven by grpcio. Groups:
              DEADLINE_EXCEEDED when its client reattaches (and the log says why), never silently
   drain      SIGTERM with --drain-timeout 0 cuts a journaled stream with UNAVAILABLE (no END); the
              restart finishes it for the reattaching client with the uninterrupted answer
+  owners     with API keys: another key's Cancel or reattach (resume token) of a running or a resumed
+             request is NOT_FOUND; its owner reattaches after a restart whose key file is reordered
   client     shardlm_client.Client's generate_stream and generate against a server SIGKILLed twice
              and restarted on the same port (SmolLM2-135M's GGUF, --gguf: slow enough that both kills
              land mid-answer; SKIP without it): they go on by themselves (UNAVAILABLE, the token) and
@@ -327,6 +329,50 @@ def group_cancel(shardlm, model, work):
             check(e.code() == grpc.StatusCode.NOT_FOUND, f"Cancel after its answer was delivered: {e.code()}")
 
 
+def group_owners(shardlm, model, work):
+    """With API keys a request belongs to its key: another key's Cancel, or its reattaching call
+    (resume token), finds nothing (NOT_FOUND), live or resumed; after a restart whose key file
+    lists the keys in another order the owner still reattaches (the owner is the key's hash,
+    not its line)."""
+    keys = work / "owner-keys"
+    keys.write_text("key-alpha\nkey-beta\n")
+    journal = work / "journal-owners"
+    A, B = [("authorization", "Bearer key-alpha")], [("authorization", "Bearer key-beta")]
+    srv = server(shardlm, model, "--journal", str(journal), "--api-key-file", str(keys), name="owners")
+    st = stub(srv)
+    live = Reader("GenerateStream", gen_req("own-1", max_tokens=60, temperature=1.0, seed=21))
+    call = live.call(st, A, stop_after=2)
+    try:
+        st.Cancel(pb.CancelRequest(request_id="own-1"), metadata=B, timeout=30)
+        check(False, "another key's Cancel of a running request is NOT_FOUND")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.NOT_FOUND, f"another key's Cancel of a running request: {e.code()}")
+    live.rest(call)
+    finals = [m.finish_reason for m in live.msgs if m.finish_reason]
+    check(live.code == grpc.StatusCode.OK and finals and 4 not in finals,
+          f"the owner's call runs to its end, not cancelled: {live.code} {live.details} {finals}")
+    r = Reader("GenerateStream", gen_req("own-2", max_tokens=450, temperature=1.0, seed=22))
+    call = r.call(st, A, stop_after=2)
+    kill9(srv)
+    r.rest(call)
+    keys.write_text("key-beta\nkey-alpha\n")  # the same keys, their lines swapped
+    with server(shardlm, model, "--journal", str(journal), "--api-key-file", str(keys), name="owners-restart") as srv:
+        st = stub(srv)
+        other = Reader("GenerateStream", gen_req("own-2", max_tokens=450, temperature=1.0, seed=22))
+        other.call(st, B + [("shardlm-resume-token", "own-2")])
+        check(other.code == grpc.StatusCode.NOT_FOUND and not other.msgs,
+              f"another key's reattach to a resumed request: {other.code} {other.details[:120]}, {len(other.msgs)} messages")
+        try:
+            st.Cancel(pb.CancelRequest(request_id="own-2"), metadata=B, timeout=30)
+            check(False, "another key's Cancel of a resumed request is NOT_FOUND")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.NOT_FOUND, f"another key's Cancel of a resumed request: {e.code()}")
+        n_before = len(r.msgs)
+        r.call(st, A + [("shardlm-resume-token", "own-2"), ("shardlm-resume-from", r.state(1))])
+        check(r.code == grpc.StatusCode.OK and len(r.msgs) > n_before and r.msgs[-1].finish_reason,
+              f"its owner reattaches after the restart (keys reordered) and gets the rest: {r.code}")
+
+
 def group_drain(shardlm, model, work):
     method, mk = STREAMS[0]
     with server(shardlm, model, name="drain-ref") as srv:
@@ -484,6 +530,7 @@ def group_cclient(shardlm, model, work, gguf=None):
 
 
 GROUPS = {"restart": group_restart, "live": group_live, "deadline": group_deadline, "cancel": group_cancel,
+          "owners": group_owners,
           "drain": group_drain, "client": group_client, "cclient": group_cclient}
 
 
