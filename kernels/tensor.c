@@ -96,6 +96,17 @@ size_t tensor_nbytes(const struct tensor *t)
     return (size_t)tensor_rows(t) * quant_row_bytes((enum quant_type)dtype_quant_type(t->dtype), tensor_cols(t));
 }
 
+const void *tensor_packed_rows(const struct tensor *t)
+{
+    const size_t row = tensor_row_bytes(t);
+    const char *base = t->packed_of, *p = t->data;
+    if (!base || !p || p < base || row == 0 || (size_t)(p - base) % row) return NULL;
+    const int64_t r0 = (int64_t)((size_t)(p - base) / row), n = t->shape[0];
+    if (r0 % 8 || n % 8 || r0 + n > t->packed_rows) return NULL;
+    return (const char *)t->packed +
+           (size_t)(r0 / 8) * quant_packed_bytes((enum quant_type)dtype_quant_type(t->dtype), 8, t->shape[1]);
+}
+
 size_t tensor_row_bytes(const struct tensor *t)
 {
     int64_t inner = 1; /* the entries of one outermost row */

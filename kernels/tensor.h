@@ -62,15 +62,18 @@ struct tensor {
     int64_t     packed_rows, packed_cols;
 };
 
-/* t's packed copy, or NULL when it has none or t is another view of the same memory (a struct
- * copied and then moved or narrowed keeps the fields, but not the data and shape they were
- * packed for). */
+/* The packed copy of a row view of a packed tensor whose rows start and end on groups of eight
+ * (an expert's rows in a stacked ffn_*_exps tensor), or NULL (tensor.c). */
+const void *tensor_packed_rows(const struct tensor *t);
+
+/* t's packed copy, or NULL when it has none or t is another view of the same memory that the
+ * packed copy cannot serve (a struct copied and then moved or narrowed keeps the fields, but not
+ * the data and shape they were packed for; a view of whole groups of eight rows is served). */
 static inline const void *tensor_packed(const struct tensor *t)
 {
-    return t->packed && t->packed_of == t->data && t->ndim == 2 && t->shape[0] == t->packed_rows &&
-                   t->shape[1] == t->packed_cols
-               ? t->packed
-               : NULL;
+    if (!t->packed || t->ndim != 2 || t->shape[1] != t->packed_cols) return NULL;
+    if (t->packed_of == t->data && t->shape[0] == t->packed_rows) return t->packed;
+    return tensor_packed_rows(t);
 }
 
 size_t      dtype_size(enum dtype t);   /* bytes per element; CHECK for block dtypes */
