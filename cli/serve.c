@@ -52,6 +52,8 @@
  *   --journal-retain S       a resumed request's answer waits this long for its client [600]
  *   --journal-end-delay S    a delivered answer stays resumable this long after its last bytes
  *                            went out, against a crash before the client read them [10; 0 off]
+ *   --journal-detach-grace S an HTTP request whose client went away (a dropped connection) runs
+ *                            on this long for it to reattach, then is cancelled [30; 0: at once]
  *   --fine-tuning DIR        OpenAI's /v1/files and /v1/fine_tuning/jobs (docs/server.md): uploads
  *                            and jobs under DIR; a job trains a LoRA adapter on a served model
  *                            and the server then serves it as the job's fine_tuned_model
@@ -112,7 +114,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--http-max-connections-per-address N (3/4 of the above; 0 = no cap)] [--http-header-timeout S (10)]\n"
                     "         [--http-body-timeout S (60)] [--responses-store N (1024)]\n"
                     "         [--journal DIR [--journal-fsync accept|always|never] [--journal-retain S (600)]\n"
-                    "          [--journal-end-delay S (10)]]\n"
+                    "          [--journal-end-delay S (10)] [--journal-detach-grace S (30)]]\n"
                     "         [--fine-tuning DIR [--fine-tuning-threads N (1)] [--fine-tuning-max-file-mb N (64)]\n"
                     "          [--fine-tuning-seq-length N (512)]]\n"
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
@@ -184,6 +186,7 @@ static enum status serve_worker(const struct engine_options *eo)
 int serve_main(int argc, char **argv)
 {
     struct server_options o = {.listen = "127.0.0.1:50051", .engine = engine_options_default(), .drain_timeout_s = 30.0, .journal_end_delay_s = 10.0,
+                               .journal_detach_grace_s = 30.0,
                                .max_receive_bytes = 4 << 20};
     o.engine.rank_timeout_s = 60.0; /* multi-rank: a peer silent this long is hung or gone */
     const char *device = "cpu";
@@ -334,6 +337,12 @@ int serve_main(int argc, char **argv)
             if (end == v || *end || !isfinite(d) || d < 0 || d > 3600.0)
                 return usage("--journal-end-delay must be a number of seconds in [0, 3600], got '%s'", v);
             o.journal_end_delay_s = d;
+        } else if (!strcmp(a, "--journal-detach-grace")) {
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !isfinite(d) || d < 0 || d > 86400.0)
+                return usage("--journal-detach-grace must be a number of seconds in [0, 86400], got '%s'", v);
+            o.journal_detach_grace_s = d;
         }
         else if (!strcmp(a, "--http-max-connections")) {
             if (base_parse_long(v, 1, 65536, &n)) return usage("--http-max-connections must be an integer in [1, 65536], got '%s'", v);

@@ -422,10 +422,16 @@ static enum MHD_Result serve_gen(struct server *s, struct MHD_Connection *c, str
     pthread_mutex_lock(&g->mu);
     while (g->active > 0) {
         http_gen_wait(g);
-        if (http_peer_gone(g) && http_gen_hangup(g)) {
+        if (!http_peer_gone(g)) continue;
+        const enum http_hangup h = http_gen_hangup(g);
+        if (h != HTTP_HANGUP_NONE) {
             pthread_mutex_unlock(&g->mu);
-            http_gen_cancel(g);
+            http_gen_after_hangup(g, h);
             pthread_mutex_lock(&g->mu);
+        }
+        if (g->resumed) { /* it runs on without this connection, for its client to reattach */
+            pthread_mutex_unlock(&g->mu);
+            return MHD_NO;
         }
     }
     enum status end = g->end_status;
@@ -437,12 +443,17 @@ static enum MHD_Result serve_gen(struct server *s, struct MHD_Connection *c, str
     char msg[256];
     snprintf(msg, sizeof msg, "%s", g->end_message);
     int gone = g->hangup, drained = g->drained && g->journaled;
+    /* Answered: a journaled first run stays reattachable by its Idempotency-Key for the grace
+     * (the answer may be lost with the connection). */
+    const enum http_hangup h = !gone && !drained && g->keep_log ? http_gen_hangup(g) : HTTP_HANGUP_NONE;
+    if (!gone && !drained) g->eos_sent = 1;
     pthread_mutex_unlock(&g->mu);
     if (gone || drained) { /* a drained journaled request resumes after the restart: no answer yet */
         free(json);
         return MHD_NO; /* nobody to answer: close the connection */
     }
-    if (g->resumed) http_resume_detach(g, 1);
+    if (g->resumed && !g->keep_log) http_resume_detach(g, 1);
+    http_gen_after_hangup(g, h);
     http_gen_release_model(g); /* the answer is formed: before its bytes go out */
     if (!json) return reply_status(c, an_api, end, msg);
     return reply_json(c, 200, json);
@@ -644,9 +655,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (hc->g) {
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) {
             pthread_mutex_lock(&hc->g->mu);
-            int cancel = http_gen_hangup(hc->g);
+            const enum http_hangup h = http_gen_hangup(hc->g);
             pthread_mutex_unlock(&hc->g->mu);
-            if (cancel) http_gen_cancel(hc->g);
+            http_gen_after_hangup(hc->g, h);
         }
         http_gen_unref(hc->g);
     }

@@ -111,7 +111,7 @@ static int take_event(struct http_gen *g, struct http_run *r, const struct engin
     struct engine_event mapped = *ev; /* a resumed sample's events are its prompt's sample sample_base */
     mapped.sample += r->sample_base;
     if (journal && g->journaled) journal_event(g->s->journal, g->id, r->index, &mapped); /* before any client sees it */
-    if (g->resumed && !g->replaying && journal_entry_add(&g->log, r->index, &mapped) != STATUS_OK)
+    if ((g->resumed || g->keep_log) && !g->replaying && journal_entry_add(&g->log, r->index, &mapped) != STATUS_OK)
         LOG_WARN("http", "req=%s: out of memory keeping its events: a reattaching client may miss some", g->id);
     if (ev->kind == ENGINE_EVENT_PROMPT_LOGPROBS) {
         take_prompt_logprobs(run, ev);
@@ -206,19 +206,40 @@ void http_gen_wait(struct http_gen *g)
     pthread_cond_timedwait(&g->cv, &g->mu, &ts);
 }
 
-/* The client went away; with g->mu held. Returns 1 when the caller must engine_cancel the
- * request after unlocking (the engine frees its blocks at the next step); engine_cancel is
- * never called under g->mu, which the engine thread takes in on_engine_event. */
-int http_gen_hangup(struct http_gen *g)
+/* The connection is done with g (its client went away, or its stream or answer went out: a
+ * server cannot tell bytes a client read from bytes lost in a dropped connection); with g->mu
+ * held. Returns HTTP_HANGUP_CANCEL when the caller must engine_cancel the request after
+ * unlocking (the engine frees its blocks at the next step; engine_cancel is never called under
+ * g->mu, which the engine thread takes in on_engine_event), HTTP_HANGUP_DETACH when a journaled
+ * first run (keep_log: --journal-detach-grace) becomes a detached request that runs on and
+ * stays reattachable for the grace (http_resume.c adopts it, which takes the resumed list's
+ * lock). */
+enum http_hangup http_gen_hangup(struct http_gen *g)
 {
     if (g->resumed) { /* it runs on for the next client to attach (http_resume.c) */
+        if (g->attached && g->keep_log) g->t_detached = base_now_s();
         g->attached = 0;
         g->fd = -1;
-        return 0;
+        return HTTP_HANGUP_NONE;
     }
-    if (g->hangup) return 0;
+    if (g->hangup) return HTTP_HANGUP_NONE;
+    if (g->keep_log && !g->drained) {
+        g->resumed = 1; /* from here on as a resumed request, with its first run's pin */
+        g->attached = 0;
+        g->fd = -1;
+        g->t_detached = base_now_s();
+        LOG_INFO("journal", "req=%s: its client went away; it runs on for %.0f s for the client to reattach", g->id,
+                 g->s->opts.journal_detach_grace_s);
+        return HTTP_HANGUP_DETACH;
+    }
     g->hangup = 1;
-    return g->active > 0;
+    return g->active > 0 ? HTTP_HANGUP_CANCEL : HTTP_HANGUP_NONE;
+}
+
+void http_gen_after_hangup(struct http_gen *g, enum http_hangup h)
+{
+    if (h == HTTP_HANGUP_CANCEL) http_gen_cancel(g);
+    else if (h == HTTP_HANGUP_DETACH) http_resume_adopt(g);
 }
 
 /* Cancels every submitted run (a run that already ended is not found: no harm). Runs are only
@@ -271,6 +292,7 @@ ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             return (ssize_t)n;
         }
         if (g->done) {
+            g->eos_sent = 1;
             pthread_mutex_unlock(&g->mu);
             if (formed) http_gen_release_model(g);
             return MHD_CONTENT_READER_END_OF_STREAM;
@@ -293,9 +315,9 @@ ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         if (g->out_len) continue;
         http_gen_wait(g);
         if (http_peer_gone(g)) {
-            int cancel = http_gen_hangup(g);
+            const enum http_hangup h = http_gen_hangup(g);
             pthread_mutex_unlock(&g->mu);
-            if (cancel) http_gen_cancel(g);
+            http_gen_after_hangup(g, h);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
     }
@@ -306,22 +328,24 @@ void http_stream_free(void *cls)
 {
     struct http_gen *g = cls;
     pthread_mutex_lock(&g->mu);
+    /* The stream went out whole or was cut: a journaled first run stays reattachable for
+     * --journal-detach-grace either way (its last bytes may be lost with the connection). */
+    const enum http_hangup h = http_gen_hangup(g);
     if (g->resumed) { /* delivered whole, or its client went away: either way it is not cancelled */
-        int delivered = g->done;
+        const int delivered = g->eos_sent && !g->keep_log; /* keep_log: the grace forgets it */
         http_gen_hangup(g);
         pthread_mutex_unlock(&g->mu);
+        http_gen_after_hangup(g, h);
         http_resume_detach(g, delivered);
         http_gen_unref(g);
         return;
     }
-    int cancel = 0;
     if (!g->done) {
-        cancel = http_gen_hangup(g);
         http_gen_observe(g, STATUS_CANCELLED);
         g->done = 1;
     }
     pthread_mutex_unlock(&g->mu);
-    if (cancel) http_gen_cancel(g);
+    http_gen_after_hangup(g, h);
     http_gen_unref(g);
 }
 
@@ -468,6 +492,7 @@ static enum status journal_accept_gen(struct http_gen *g, const char *body, size
     if (st != STATUS_OK)
         return status_errorf(STATUS_UNAVAILABLE, "the stream journal cannot take the request (%s)", status_message());
     g->journaled = 1;
+    g->keep_log = g->s->opts.journal_detach_grace_s > 0;
     g->front = e.front;
     g->sse_per_event = g->q.stream && (g->q.anthropic || g->q.responses);
     return STATUS_OK;

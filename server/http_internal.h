@@ -219,7 +219,8 @@ struct http_gen {
     int             hangup;      /* the client went away */
     int             half_closed; /* the client shut its sending side right after the request
                                     and still reads (http.c, peer_gone) */
-    int             done;        /* a stream sent [DONE] */
+    int             done;        /* a stream formed its last bytes ([DONE]) */
+    int             eos_sent;    /* a stream handed its last bytes to libmicrohttpd: delivered */
     int             fd;          /* the connection's socket, polled for hang-ups */
     struct http_parse_stream *ps; /* (n_samples) when replies are parsed and streamed; else NULL */
     struct http_anthropic_stream an; /* q.anthropic streams */
@@ -242,8 +243,14 @@ struct http_gen {
                                     position is the number of events it got ("KEY;eN") */
     int             sse_events;  /* sse_per_event: the events formed since the view was rebuilt */
     int             observed;    /* sse_per_event: the end was counted (http_gen_observe) */
+    int             keep_log;    /* a journaled first run keeps its events in log, as a resumed
+                                    request does, in case its client goes and comes back */
+    double          t_detached;  /* a first run whose client went away (--journal-detach-grace):
+                                    when it went; 0 while a client reads it, or never detached */
+    int             cancel_pending; /* the sweep found it abandoned: cancelled, then unref'd */
     double          t_ended;     /* resumed: when its last sample finished (retention) */
-    struct journal_entry log;    /* resumed: every event, to rebuild a reattaching client's view */
+    struct journal_entry log;    /* resumed (or keep_log): every event, to rebuild a reattaching
+                                    client's view */
     struct http_run *subs;       /* resumed: (n_subs) one engine request per unfinished sample */
     int             n_subs;
     struct http_gen *next_resumed;
@@ -286,6 +293,10 @@ const char *http_resume_endpoint(int front);
 /* http_resume.c: a resumed /v1/responses request that ended with no client attached: its final
  * Response object into the store (g's view rebuilt from its log); with g->mu held. */
 void        http_resume_store_final(struct http_gen *g);
+/* http_resume.c: a journaled first run whose client went away (HTTP_HANGUP_DETACH) joins the
+ * resumed requests (its key moves from s->live to s->resumed under one lock, the list takes a
+ * reference) and waits --journal-detach-grace seconds for a client to reattach. */
+void        http_resume_adopt(struct http_gen *g);
 /* http_resume.c: a resumed gen's client has its answer (END, out of the table), or went away. */
 void        http_resume_detach(struct http_gen *g, int delivered);
 /* http_resume.c: the SSE id of g's next chunk ("KEY;T.B[!],..." per sample, or "KEY;done"). */
@@ -459,8 +470,13 @@ void        http_gen_unref(struct http_gen *g);
 void        http_gen_release_model(struct http_gen *g);
 /* With g->mu held: waits up to HTTP_WAIT_MS for an event. */
 void        http_gen_wait(struct http_gen *g);
-/* With g->mu held: the client went away; 1 when the caller must http_gen_cancel after unlocking. */
-int         http_gen_hangup(struct http_gen *g);
+/* With g->mu held: the client went away. What the caller must do after unlocking
+ * (http_gen_after_hangup): nothing, cancel the request, or (a journaled first run, under
+ * --journal-detach-grace) adopt it as a detached request that waits for its client. */
+enum http_hangup { HTTP_HANGUP_NONE = 0, HTTP_HANGUP_CANCEL, HTTP_HANGUP_DETACH };
+enum http_hangup http_gen_hangup(struct http_gen *g);
+/* Without g->mu: what http_gen_hangup asked for. */
+void        http_gen_after_hangup(struct http_gen *g, enum http_hangup h);
 /* Cancels every submitted run (never under g->mu). */
 void        http_gen_cancel(struct http_gen *g);
 /* With g->mu held: counts the ended request (metrics, log). */

@@ -204,24 +204,43 @@ int http_resume_entry(struct server *s, struct journal_entry *e)
 
 /* ---- clients that come back ------------------------------------------------------------------ */
 
-/* Ends the resumed requests whose answer waited past the retention; with s->resumed_mu held.
- * Returns the list of those to unref (outside the lock). */
+void http_resume_adopt(struct http_gen *g)
+{
+    struct server *s = g->s;
+    atomic_fetch_add(&g->refs, 1); /* the list's */
+    pthread_mutex_lock(&s->resumed_mu);
+    resume_key_unlink(s, &g->live); /* the key is never free in between */
+    g->next_resumed = s->resumed;
+    s->resumed = g;
+    pthread_mutex_unlock(&s->resumed_mu);
+}
+
+/* Ends the resumed requests whose answer waited past the retention, and the detached first runs
+ * whose client did not come back within --journal-detach-grace (those still running marked
+ * cancel_pending: the caller cancels them); with s->resumed_mu held. Returns the list of those to unref (outside
+ * the lock). */
 static struct http_gen *sweep(struct server *s)
 {
     const double retain = s->opts.journal_retain_s > 0 ? s->opts.journal_retain_s : 600.0;
+    const double grace = s->opts.journal_detach_grace_s;
     const double now = base_now_s();
     struct http_gen *gone = NULL;
     for (struct http_gen **pp = &s->resumed; *pp;) {
         struct http_gen *g = *pp;
         pthread_mutex_lock(&g->mu);
         int expired = g->active == 0 && !g->attached && g->t_ended > 0 && now - g->t_ended > retain;
-        if (expired) g->delivered = 1; /* as good as: the journal forgets it */
+        const int abandoned = !g->attached && g->t_detached > 0 && now - g->t_detached > grace;
+        if (expired || abandoned) g->delivered = 1; /* as good as: the journal forgets it */
+        g->cancel_pending = abandoned && g->active > 0;
         pthread_mutex_unlock(&g->mu);
-        if (!expired) {
+        if (!expired && !abandoned) {
             pp = &g->next_resumed;
             continue;
         }
-        LOG_INFO(MODULE, "req=%s: nobody came for its answer within %.0f s: forgotten", g->id, retain);
+        if (abandoned)
+            LOG_INFO(MODULE, "req=%s: its client did not come back within %.0f s (--journal-detach-grace): %s", g->id,
+                     grace, g->cancel_pending ? "cancelled" : "forgotten");
+        else LOG_INFO(MODULE, "req=%s: nobody came for its answer within %.0f s: forgotten", g->id, retain);
         *pp = g->next_resumed;
         g->next_resumed = gone;
         gone = g;
@@ -233,6 +252,7 @@ static void unref_all(struct http_gen *g)
 {
     for (struct http_gen *next; g; g = next) {
         next = g->next_resumed;
+        if (g->cancel_pending) http_gen_cancel(g); /* never under a lock the engine thread takes */
         http_gen_unref(g);
     }
 }
@@ -326,7 +346,7 @@ static void rebuild_view(struct http_gen *g)
     g->ps = NULL;
     for (int i = 0; i < g->n_runs; i++) g->runs[i].prompt_lp_ready = 0;
     g->out_len = g->out_pos = 0;
-    g->done = g->usage_sent = g->observed = g->sse_events = 0;
+    g->done = g->usage_sent = g->observed = g->sse_events = g->eos_sent = 0;
     memset(&g->an, 0, sizeof g->an);
     if (g->q.responses) http_responses_reset_stream(g->q.responses);
     g->active = g->n_samples;
@@ -375,7 +395,7 @@ enum status http_resume_attach(struct server *s, const char *key, int front, con
     enum status st = state ? apply_state(g, state) : STATUS_OK;
     LOG_INFO(MODULE, "req=%s: a client reattached at %s: %d events, %d of %d samples running", key, state ? state : "the start",
              g->log.n_events, g->active, g->n_samples);
-    if (st == STATUS_OK) g->fd = fd;
+    if (st == STATUS_OK) g->fd = fd, g->t_detached = 0;
     else g->attached = 0;
     pthread_mutex_unlock(&g->mu);
     if (st != STATUS_OK) {
@@ -411,5 +431,10 @@ void http_resume_stop(struct server *s)
     struct http_gen *g = s->resumed;
     s->resumed = NULL;
     pthread_mutex_unlock(&s->resumed_mu);
+    for (struct http_gen *r = g; r; r = r->next_resumed) {
+        pthread_mutex_lock(&r->mu);
+        if (r->keep_log && r->eos_sent && !r->attached) r->delivered = 1; /* went out whole: kept for retries only */
+        pthread_mutex_unlock(&r->mu);
+    }
     unref_all(g); /* undelivered: no END, the next start offers them again */
 }

@@ -80,14 +80,20 @@ enum resume_key_state resume_key_claim(struct server *s, struct resume_key *k)
     return st;
 }
 
-void resume_key_release(struct server *s, struct resume_key *k)
+void resume_key_unlink(struct server *s, struct resume_key *k)
 {
     if (!k->in_list) return;
-    pthread_mutex_lock(&s->resumed_mu);
     if (k->prev) k->prev->next = k->next;
     else s->live = k->next;
     if (k->next) k->next->prev = k->prev;
     k->in_list = 0;
+}
+
+void resume_key_release(struct server *s, struct resume_key *k)
+{
+    if (!k->in_list) return;
+    pthread_mutex_lock(&s->resumed_mu);
+    resume_key_unlink(s, k);
     pthread_mutex_unlock(&s->resumed_mu);
 }
 

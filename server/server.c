@@ -256,17 +256,20 @@ void server_model_unload(struct served_model *m)
 }
 
 /* Waits for the stop semaphore (a signal, an engine failure, the loop); with
- * --sleep-idle-seconds, wakes every SLEEP_TICK_S meanwhile to unload the idle models. */
+ * --sleep-idle-seconds, wakes every SLEEP_TICK_S meanwhile to unload the idle models, and with
+ * the journal to sweep its waiting requests (retention, --journal-detach-grace) when no request
+ * comes to do it. */
 #define SLEEP_TICK_S 0.25
 static void wait_for_stop(struct server *s)
 {
-    while (s->opts.sleep_idle_s > 0) {
+    while (s->opts.sleep_idle_s > 0 || s->journal) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += (long)(SLEEP_TICK_S * 1e9);
         if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
         if (sem_timedwait(&s->stop_sem, &ts) == 0) return;
-        server_models_sleep(s);
+        if (s->opts.sleep_idle_s > 0) server_models_sleep(s);
+        if (s->journal && atomic_load(&s->phase) == PHASE_READY) resume_sweep(s);
     }
     while (sem_wait(&s->stop_sem) != 0) {} /* EINTR */
 }

@@ -512,6 +512,8 @@ enum resume_key_state resume_key_state(struct server *s, const char *key);
  * else returns who has it and takes nothing. resume_key_release takes it out (when in). */
 enum resume_key_state resume_key_claim(struct server *s, struct resume_key *k);
 void        resume_key_release(struct server *s, struct resume_key *k);
+/* resume_key_release with s->resumed_mu held (a key that moves to a resumed list at once). */
+void        resume_key_unlink(struct server *s, struct resume_key *k);
 /* Forgets the resumed requests of both fronts whose answer waited past --journal-retain. */
 void        resume_sweep(struct server *s);
 /* After the fronts stopped: drops what was resumed and not delivered (the journal keeps it). */

@@ -22,6 +22,10 @@ stories260K under --batch-invariant. Groups:
              --journal-retain: an answer nobody fetched is forgotten
   endwindow  an answer handed over just before a SIGKILL is fetched whole after the restart
              (its END is journaled --journal-end-delay later), once
+  detach     a dropped connection with the server up (--journal-detach-grace): a stream's client
+             reconnects with its Last-Event-ID and gets the rest (the uninterrupted tokens), a
+             unary one fetches its answer by its Idempotency-Key; one nobody comes back for is
+             cancelled after the grace and forgotten (404)
   owners     with API keys: another key's Last-Event-ID is 404 and its Idempotency-Key 409 for a
              resumed request; its owner reattaches after a restart whose key file is reordered
   apis       the same for Anthropic's /v1/messages and OpenAI's /v1/responses: streams cut by a
@@ -368,8 +372,10 @@ def group_errors(shardlm, model, work):
         code, _, text = post(srv.http_port, "/v1/completions", dict(prompt="a", max_tokens=2), {"Idempotency-Key": "k1"})
         check(code == 400 and "Idempotency-Key" in text, f"Idempotency-Key without a journal: {code}")
     # (ENDs at once: the requests delivered before the kill below are not reopened by the restart.)
+    # (--journal-detach-grace 0: a request whose connection ended is forgotten at once, as
+    # live_key's last check needs: group detach checks the grace.)
     with server(shardlm, model, "--journal", str(work / "j-err"), "--journal-retain", "0.5", "--journal-end-delay", "0",
-                name="errors") as srv:
+                "--journal-detach-grace", "0", name="errors") as srv:
         p = srv.http_port
         code, _, text = post(p, "/v1/messages/count_tokens", dict(model="x", messages=[{"role": "user", "content": "a"}]),
                              {"Last-Event-ID": "k;-", "anthropic-version": "2023-06-01"})
@@ -401,6 +407,68 @@ def group_errors(shardlm, model, work):
     r = subprocess.run([shardlm, "serve", "--model", str(model), "--http", "127.0.0.1:0", "--listen", "127.0.0.1:0",
                         "--journal", str(work / "afile")], capture_output=True, text=True, timeout=60)
     check(r.returncode == 1 and "afile" in r.stderr, f"an unusable journal directory: exit {r.returncode} {r.stderr[-160:]}")
+
+
+def reset(c):
+    """Closes connection c with a reset (SO_LINGER 0): the server sees the client gone at once,
+    whatever the half-close rule says of a FIN soon after the request."""
+    import socket
+    import struct
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    c.sock.close()
+
+
+def group_detach(shardlm, model, work):
+    """A dropped connection, the server up (--journal-detach-grace): a journaled stream whose
+    client went away runs on; the client reconnects with its Last-Event-ID and gets the rest,
+    equal to the uninterrupted answer; a unary request's client gets its answer by its
+    Idempotency-Key; a stream nobody comes back for is cancelled after the grace and forgotten."""
+    path, body = STREAMS[2]  # logprobs: the tokens show that none is twice or missing
+    upath, ubody = UNARY[1]
+    with server(shardlm, model, "--journal", str(work / "j-detach"), "--journal-detach-grace", "3",
+                name="detach") as srv:
+        p = srv.http_port
+        ref = Stream(path, body)
+        ref.read(p)
+        want = assemble(ref.chunks)[0]
+        want_unary = unary_view(post(p, upath, ubody)[2])[0]
+        s = Stream(path, body)
+        c = http.client.HTTPConnection("127.0.0.1", p, timeout=60)
+        c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        while len(s.chunks) < 3:  # three chunks, then the connection is reset
+            line = r.readline().decode().rstrip("\n")
+            if line.startswith("id: "):
+                s.last_id = line[4:]
+            elif line.startswith("data: "):
+                s.chunks.append(json.loads(line[6:]))
+        reset(c)
+        check(len(s.chunks) == 3 and s.last_id, f"the stream's client got 3 chunks and went ({s.last_id})")
+        time.sleep(0.5)
+        s.read(p)
+        got = assemble(s.chunks)[0]
+        check(s.done and s.statuses == [200] and got[0]["tokens"] == want[0]["tokens"] and
+              got[0]["text"] == want[0]["text"],
+              f"reconnected with its Last-Event-ID, it gets the rest: the uninterrupted answer, no token twice or "
+              f"missing ({len(got[0]['tokens'])} of {len(want[0]['tokens'])} tokens; {s.statuses} {getattr(s, 'error', '')[:160]})")
+        c = http.client.HTTPConnection("127.0.0.1", p, timeout=60)
+        c.request("POST", upath, json.dumps(ubody), {"Content-Type": "application/json", "Idempotency-Key": "det-u"})
+        time.sleep(0.05)
+        reset(c)
+        code, _, text = post(p, upath, ubody, {"Idempotency-Key": "det-u"})
+        check(code == 200 and unary_view(text)[0] == want_unary,
+              f"a unary request whose connection dropped: its answer by its Idempotency-Key: {code} {text[:100]}")
+        left = Stream(path, dict(body, max_tokens=480, seed=31))
+        c = http.client.HTTPConnection("127.0.0.1", p, timeout=60)
+        c.request("POST", left.path, json.dumps(left.body), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        left.last_id = r.readline().decode()[4:].rstrip("\n")
+        reset(c)
+        time.sleep(4.5)  # the grace (3 s) and a sweep
+        code, _, text = post(p, left.path, left.body, {"Last-Event-ID": left.last_id})
+        log = srv.log_path.read_text()
+        check(code == 404 and "did not come back within 3 s" in log,
+              f"a stream nobody came back for is forgotten after the grace: {code} {text[:150]}")
 
 
 def group_owners(shardlm, model, work):
@@ -754,7 +822,8 @@ def group_apis(shardlm, model, work):
 
 
 GROUPS = {"restart": group_restart, "client": group_client, "dp2": group_dp2, "drain": group_drain, "torn": group_torn,
-          "errors": group_errors, "endwindow": group_endwindow, "apis": group_apis, "owners": group_owners}
+          "errors": group_errors, "endwindow": group_endwindow, "apis": group_apis, "owners": group_owners,
+          "detach": group_detach}
 
 
 def main():
