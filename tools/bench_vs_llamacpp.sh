@@ -273,7 +273,8 @@ def bench_llamacpp():
 def model_costs():
     """(bytes of weights a decode step reads, f32 multiply-add flops per prefill token) of the
     GGUF: every tensor's bytes (the tied LM head reads token_embd whole; the embedding lookup one
-    row of it, counted whole too), and 2 x the elements of every 2-D weight but token_embd and
+    row of it, counted whole too; a mixture's experts k / E of theirs), and 2 x the elements of
+    every 2-D weight (and k / E of the experts') but token_embd and
     output (a prefill computes logits for its last row only; attention's own flops are left out,
     about 10 % more at pp512 for Gemma 3 270M)."""
     try:
@@ -281,9 +282,17 @@ def model_costs():
     except ImportError:
         return os.path.getsize(gguf), None
     r = gg.GGUFReader(gguf)
-    nbytes = sum(int(t.n_bytes) for t in r.tensors)
-    flops = sum(2 * int(t.n_elements) for t in r.tensors
-                if len(t.shape) == 2 and t.name not in ("token_embd.weight", "output.weight"))
+    # A mixture of experts reads k of its E experts per token: the stacked ffn_*_exps tensors
+    # count k / E (decode; a prefill's tokens spread over every expert, but each token's
+    # products are still k experts' worth).
+    fields = {k: f for k, f in r.fields.items() if k.endswith(".expert_count") or k.endswith(".expert_used_count")}
+    val = lambda suffix: next((int(f.parts[f.data[0]][0]) for k, f in fields.items() if k.endswith(suffix)), 0)
+    n_exp, n_used = val(".expert_count"), val(".expert_used_count")
+    share = lambda t: n_used / n_exp if n_exp and len(t.shape) == 3 else 1.0
+    nbytes = sum(int(t.n_bytes) * share(t) for t in r.tensors)
+    flops = sum(2 * int(t.n_elements) * share(t) for t in r.tensors
+                if len(t.shape) in (2, 3) and t.name not in ("token_embd.weight", "output.weight")
+                and not t.name.endswith("ffn_gate_inp.weight"))
     return nbytes, flops
 
 
