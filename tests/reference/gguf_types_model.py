@@ -48,6 +48,17 @@ F16_FIELDS = {
 }
 
 
+def test_vocab(g, V):
+    """A SentencePiece-style vocabulary of V distinct pieces for a test GGUF (the models are fed
+    ids, not text): <unk> <s> </s>, then "\u2581t3" ... with BOS 1 and EOS 2."""
+    g.add_tokenizer_model("llama")
+    g.add_token_list(["<unk>", "<s>", "</s>"] + ["\u2581t%d" % i for i in range(3, V)])
+    g.add_token_scores([0.0] * V)
+    g.add_token_types([2, 3, 3] + [1] * (V - 3))
+    g.add_bos_token_id(1)
+    g.add_eos_token_id(2)
+
+
 def matrix(rng, qtype, rows, cols):
     """(data, raw_dtype) for gguf.GGUFWriter.add_tensor: a (rows, cols) matrix of type qtype."""
     if qtype in F16_FIELDS:
@@ -81,13 +92,7 @@ def main():
     g.add_uint32("llama.rope.dimension_count", HD)
     g.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     g.add_float32("llama.rope.freq_base", 10000.0)
-    # A SentencePiece-style vocabulary of V distinct pieces (the model is fed ids, not text).
-    g.add_tokenizer_model("llama")
-    g.add_token_list(["<unk>", "<s>", "</s>"] + ["\u2581t%d" % i for i in range(3, V)])
-    g.add_token_scores([0.0] * V)
-    g.add_token_types([2, 3, 3] + [1] * (V - 3))
-    g.add_bos_token_id(1)
-    g.add_eos_token_id(2)
+    test_vocab(g, V)
 
     def put(name, qtype, rows, cols):
         data, raw = matrix(rng, qtype, rows, cols)

@@ -26,6 +26,8 @@ except ImportError as e:  # pragma: no cover
     print(f"SKIP: {e} (pip install gguf)")
     sys.exit(77)
 
+import gguf_types_model  # noqa: E402  (test_vocab)
+
 
 def read_safetensors(path):
     with open(path, "rb") as f:
@@ -107,13 +109,7 @@ def main():
         g.add_uint32(A + ".attention.sliding_window", cfg["sliding_window"])
         # llama.cpp hard-codes query_pre_attn_scalar = head_dim (27B aside): the model must agree
         assert cfg["query_pre_attn_scalar"] == hd, "gemma2 GGUF: query_pre_attn_scalar must be head_dim"
-    # A SentencePiece-style vocabulary of V distinct pieces (the model is fed ids, not text).
-    g.add_tokenizer_model("llama")
-    g.add_token_list(["<unk>", "<s>", "</s>"] + ["\u2581t%d" % i for i in range(3, V)])
-    g.add_token_scores([0.0] * V)
-    g.add_token_types([2, 3, 3] + [1] * (V - 3))
-    g.add_bos_token_id(1)
-    g.add_eos_token_id(2)
+    gguf_types_model.test_vocab(g, V)
 
     def put(name, arr):
         g.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))

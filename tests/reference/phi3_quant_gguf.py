@@ -73,12 +73,7 @@ def main():
     g.add_float32(A + ".attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     g.add_float32(A + ".rope.freq_base", cfg["rope_theta"])
     V = cfg["vocab_size"]
-    g.add_tokenizer_model("llama")
-    g.add_token_list(["<unk>", "<s>", "</s>"] + ["\u2581t%d" % i for i in range(3, V)])
-    g.add_token_scores([0.0] * V)
-    g.add_token_types([2, 3, 3] + [1] * (V - 3))
-    g.add_bos_token_id(1)
-    g.add_eos_token_id(2)
+    gguf_types_model.test_vocab(g, V)
 
     def put(name, arr):
         g.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))

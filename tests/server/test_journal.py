@@ -126,15 +126,14 @@ def get(port, path):
 class Stream:
     """One streamed request's client: its chunks over every connection, the last SSE id."""
 
-    def __init__(self, path, body):
-        self.path, self.body = path, body
+    def __init__(self, path, body, headers=None):
+        self.path, self.body, self.headers = path, body, dict(headers or {})
         self.chunks, self.last_id, self.done, self.statuses = [], None, False, []
-        self.headers = {}
         self.progress = threading.Event()
 
     def read(self, port, stop_after=None):
-        """Reads one connection until [DONE], a cut or stop_after chunks (then keeps the socket
-        open: the server is about to be killed); resumes from last_id when set."""
+        """Reads one connection until the stream's end, a cut or stop_after chunks (then keeps
+        the socket open: the server is about to be killed); resumes from last_id when set."""
         headers = {"Content-Type": "application/json", **self.headers}
         if self.last_id:
             headers["Last-Event-ID"] = self.last_id
@@ -146,33 +145,41 @@ class Stream:
             if r.status != 200:
                 self.error = r.read().decode()
                 return
-            got, pending_id = 0, None
+            got = 0
+            self.start()
             while True:
                 line = r.readline()
                 if not line.endswith(b"\n"):
                     return  # cut (a line the cut left unfinished is not a line)
-                line = line.decode().rstrip("\n")
-                if line.startswith("id: "):
-                    pending_id = line[4:]
-                elif line.startswith("data: "):
-                    data = line[6:]
-                    if data == "[DONE]":
-                        self.done = True
-                        return
-                    self.chunks.append(json.loads(data))
-                    if pending_id:
-                        self.last_id = pending_id
-                    got += 1
-                    if stop_after and got >= stop_after:
-                        self.progress.set()
-                        while r.readline():  # until the kill closes it
-                            pass
-                        return
+                got += self.take(line.decode().rstrip("\n"))
+                if self.done:
+                    return
+                if stop_after and got >= stop_after:
+                    self.progress.set()
+                    while r.readline():  # until the kill closes it
+                        pass
+                    return
         except (OSError, http.client.HTTPException):
             return
         finally:
             self.progress.set()
             c.close()
+
+    def start(self):
+        """A new connection: no id pending."""
+        self.pending_id = None
+
+    def take(self, line):
+        """One line of OpenAI's SSE: 1 when it completed a chunk (which the last id names)."""
+        if line.startswith("id: "):
+            self.pending_id = line[4:]
+        elif line == "data: [DONE]":
+            self.done = True
+        elif line.startswith("data: "):
+            self.chunks.append(json.loads(line[6:]))
+            self.last_id = self.pending_id or self.last_id
+            return 1
+        return 0
 
 
 def assemble(chunks):
@@ -482,8 +489,7 @@ def group_owners(shardlm, model, work):
     journal = work / "j-owners"
     srv = server(shardlm, model, "--journal", str(journal), "--api-key-file", str(keys), name="owners")
     path, body = STREAMS[0]
-    s = Stream(path, body)
-    s.headers = A
+    s = Stream(path, body, A)
     th = threading.Thread(target=s.read, args=(srv.http_port, 4))
     th.start()
     s.progress.wait(timeout=60)
@@ -689,57 +695,32 @@ EVENT_UNARY = [
 EVENT_ENDS = {"message_stop", "response.completed", "response.incomplete", "response.failed", "error"}
 
 
-class EventStream:
+class EventStream(Stream):
     """An Anthropic or Responses stream's client: its (event, data) pairs over every connection."""
 
     def __init__(self, path, body, headers):
-        self.path, self.body, self.headers = path, body, headers
-        self.events, self.last_id, self.done, self.statuses = [], None, False, []
-        self.progress = threading.Event()
+        super().__init__(path, body, headers)
+        self.events = []
 
-    def read(self, port, stop_after=None):
-        headers = {"Content-Type": "application/json", **self.headers}
-        if self.last_id:
-            headers["Last-Event-ID"] = self.last_id
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        try:
-            c.request("POST", self.path, json.dumps(self.body), headers)
-            r = c.getresponse()
-            self.statuses.append(r.status)
-            if r.status != 200:
-                self.error = r.read().decode()
-                return
-            got, ev_id, name, data = 0, None, None, None
-            while True:
-                line = r.readline()
-                if not line.endswith(b"\n"):
-                    return  # cut: an event without its blank line is not dispatched
-                line = line.decode().rstrip("\n")
-                if line.startswith("id: "):
-                    ev_id = line[4:]
-                elif line.startswith("event: "):
-                    name = line[7:]
-                elif line.startswith("data: "):
-                    data = json.loads(line[6:])
-                elif line == "" and name:
-                    self.events.append((name, data))
-                    self.last_id = ev_id or self.last_id
-                    ended = name in EVENT_ENDS
-                    name = data = ev_id = None
-                    got += 1
-                    if ended:
-                        self.done = True
-                        return
-                    if stop_after and got >= stop_after:
-                        self.progress.set()
-                        while r.readline():  # until the kill closes it
-                            pass
-                        return
-        except (OSError, http.client.HTTPException):
-            return
-        finally:
-            self.progress.set()
-            c.close()
+    def start(self):
+        self.ev_id = self.name = self.data = None
+
+    def take(self, line):
+        """One line of an event stream: 1 when its blank line dispatched an event (an event a cut
+        left without it is not one)."""
+        if line.startswith("id: "):
+            self.ev_id = line[4:]
+        elif line.startswith("event: "):
+            self.name = line[7:]
+        elif line.startswith("data: "):
+            self.data = json.loads(line[6:])
+        elif line == "" and self.name:
+            self.events.append((self.name, self.data))
+            self.last_id = self.ev_id or self.last_id
+            self.done = self.name in EVENT_ENDS
+            self.start()
+            return 1
+        return 0
 
 
 def normalized(events):
