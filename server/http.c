@@ -516,7 +516,9 @@ static enum MHD_Result handle_finetune(struct server *s, struct MHD_Connection *
     const char *type = NULL;
     struct http_query q = {.n = 0};
     MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, query_arg, &q);
-    enum status st = http_finetune_handle(s, method, url, &q, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"),
+    char owner[JOURNAL_OWNER_MAX + 1];
+    request_owner(s, c, owner, sizeof owner);
+    enum status st = http_finetune_handle(s, owner, method, url, &q, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"),
                                           hc->body ? hc->body : "", hc->len, &out, &len, &type);
     if (st != STATUS_OK) return reply_status(c, 0, st, status_message());
     return reply(c, 200, type, out, len);

@@ -419,17 +419,20 @@ static void new_id(struct http_finetune *ft, const char *prefix, char *out, size
     snprintf(out, cap, "%s%012llx", prefix, (unsigned long long)(ft->next_id++ & 0xffffffffffffULL));
 }
 
-static struct ft_file *file_by_id(struct http_finetune *ft, const char *id)
+/* Files and jobs belong to the API key that made them (owner: auth_owner): another key's are
+ * not found, listed, read, deleted or cancelled. */
+static struct ft_file *file_by_id(struct http_finetune *ft, const char *id, const char *owner)
 {
     for (int k = 0; k < ft->n_files; k++)
-        if (!ft->files[k].deleted && !strcmp(ft->files[k].id, id)) return &ft->files[k];
+        if (!ft->files[k].deleted && !strcmp(ft->files[k].id, id) && !strcmp(ft->files[k].owner, owner))
+            return &ft->files[k];
     return NULL;
 }
 
-static struct ft_job *job_by_id(struct http_finetune *ft, const char *id)
+static struct ft_job *job_by_id(struct http_finetune *ft, const char *id, const char *owner)
 {
     for (int k = 0; k < ft->n_jobs; k++)
-        if (!strcmp(ft->jobs[k]->id, id)) return ft->jobs[k];
+        if (!strcmp(ft->jobs[k]->id, id) && !strcmp(ft->jobs[k]->owner, owner)) return ft->jobs[k];
     return NULL;
 }
 
@@ -455,7 +458,8 @@ static enum status check_jsonl(const char *data, size_t len)
     return objects ? STATUS_OK : status_errorf(STATUS_INVALID_ARGUMENT, "the file holds no JSONL example");
 }
 
-static enum status upload(struct server *s, const char *ctype, const char *body, size_t len, cJSON **out)
+static enum status upload(struct server *s, const char *owner, const char *ctype, const char *body, size_t len,
+                          cJSON **out)
 {
     struct http_finetune *ft = s->finetune;
     struct http_part parts[8];
@@ -481,6 +485,7 @@ static enum status upload(struct server *s, const char *ctype, const char *body,
         memset(f, 0, sizeof *f);
         f->deleted = 1;
         new_id(ft, "file-", f->id, sizeof f->id);
+        snprintf(f->owner, sizeof f->owner, "%s", owner);
     }
     pthread_mutex_unlock(&ft->mu);
     if (st != STATUS_OK) return st;
@@ -516,7 +521,7 @@ static enum status hyper_number(const cJSON *h, const char *name, double lo, dou
     return STATUS_OK;
 }
 
-static enum status create_job(struct server *s, const char *body, size_t len, cJSON **out)
+static enum status create_job(struct server *s, const char *owner, const char *body, size_t len, cJSON **out)
 {
     struct http_finetune *ft = s->finetune;
     cJSON *o = NULL;
@@ -574,13 +579,14 @@ static enum status create_job(struct server *s, const char *body, size_t len, cJ
     j->n_epochs = (int)epochs, j->batch_size = (int)batch, j->lr_multiplier = lr_mult;
     j->seed = cJSON_IsNumber(seed) ? (uint64_t)seed->valuedouble : 1234;
     pthread_mutex_lock(&ft->mu);
-    if (!file_by_id(ft, tf->valuestring))
+    if (!file_by_id(ft, tf->valuestring, owner))
         st = status_errorf(STATUS_NOT_FOUND, "training_file '%s' does not exist (POST /v1/files)", tf->valuestring);
-    else if (cJSON_IsString(vf) && !file_by_id(ft, vf->valuestring))
+    else if (cJSON_IsString(vf) && !file_by_id(ft, vf->valuestring, owner))
         st = status_errorf(STATUS_NOT_FOUND, "validation_file '%s' does not exist (POST /v1/files)", vf->valuestring);
     else if (ft->n_jobs == FT_MAX_JOBS)
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "at most %d fine-tuning jobs are kept", FT_MAX_JOBS);
     if (st == STATUS_OK) {
+        snprintf(j->owner, sizeof j->owner, "%s", owner);
         snprintf(j->training_file, sizeof j->training_file, "%s", tf->valuestring);
         snprintf(j->validation_file, sizeof j->validation_file, "%s", cJSON_IsString(vf) ? vf->valuestring : "");
         new_id(ft, "ftjob-", j->id, sizeof j->id);
@@ -619,9 +625,9 @@ static int url_id(const char *url, const char *prefix, char *id, size_t cap, con
     return 1;
 }
 
-enum status http_finetune_handle(struct server *s, const char *method, const char *url, const struct http_query *q,
-                                 const char *ctype, const char *body, size_t len, char **out, size_t *out_len,
-                                 const char **out_type)
+enum status http_finetune_handle(struct server *s, const char *owner, const char *method, const char *url,
+                                 const struct http_query *q, const char *ctype, const char *body, size_t len,
+                                 char **out, size_t *out_len, const char **out_type)
 {
     struct http_finetune *ft = s->finetune;
     if (!ft) return status_errorf(STATUS_NOT_FOUND, "fine-tuning is not enabled on this server (serve --fine-tuning DIR)");
@@ -638,7 +644,7 @@ enum status http_finetune_handle(struct server *s, const char *method, const cha
                              (url_id(url, "/v1/fine_tuning/jobs/", id, sizeof id, &rest) && !strcmp(rest, "/events")));
     if (!list && (st = http_list_options(q, "", 0, 0, &lo)) != STATUS_OK) return st;
     if (!strcmp(url, "/v1/files")) {
-        if (post) st = upload(s, ctype, body, len, &o);
+        if (post) st = upload(s, owner, ctype, body, len, &o);
         else if (get) {
             st = http_list_options(q, "after,limit,order,purpose", 10000, 10000, &lo);
             /* Every file here is a fine-tune file: another purpose lists none. */
@@ -646,14 +652,15 @@ enum status http_finetune_handle(struct server *s, const char *method, const cha
             cJSON *items = cJSON_CreateArray();
             pthread_mutex_lock(&ft->mu);
             for (int k = ft->n_files - 1; k >= 0 && !none; k--) /* newest first */
-                if (!ft->files[k].deleted) cJSON_AddItemToArray(items, file_json(&ft->files[k]));
+                if (!ft->files[k].deleted && !strcmp(ft->files[k].owner, owner))
+                    cJSON_AddItemToArray(items, file_json(&ft->files[k]));
             pthread_mutex_unlock(&ft->mu);
             if (st == STATUS_OK) st = http_list_page(items, &lo, "the file list", &o);
             else cJSON_Delete(items);
         } else st = status_errorf(STATUS_INVALID_ARGUMENT, "method %s: /v1/files takes GET or POST", method);
     } else if (url_id(url, "/v1/files/", id, sizeof id, &rest)) {
         pthread_mutex_lock(&ft->mu);
-        struct ft_file *f = file_by_id(ft, id);
+        struct ft_file *f = file_by_id(ft, id, owner);
         if (!f) st = status_errorf(STATUS_NOT_FOUND, "file '%s' does not exist", id);
         else if (!*rest && get) o = file_json(f);
         else if (!*rest && del) {
@@ -682,19 +689,20 @@ enum status http_finetune_handle(struct server *s, const char *method, const cha
         pthread_mutex_unlock(&ft->mu);
         if (st == STATUS_OK && !o) return STATUS_OK; /* the content */
     } else if (!strcmp(url, "/v1/fine_tuning/jobs")) {
-        if (post) st = create_job(s, body, len, &o);
+        if (post) st = create_job(s, owner, body, len, &o);
         else if (get && (st = http_list_options(q, "after,limit", 20, 100, &lo)) != STATUS_OK) {
             /* refused */
         } else if (get) {
             cJSON *items = cJSON_CreateArray();
             pthread_mutex_lock(&ft->mu);
-            for (int k = ft->n_jobs - 1; k >= 0; k--) cJSON_AddItemToArray(items, job_json(ft->jobs[k]));
+            for (int k = ft->n_jobs - 1; k >= 0; k--)
+                if (!strcmp(ft->jobs[k]->owner, owner)) cJSON_AddItemToArray(items, job_json(ft->jobs[k]));
             pthread_mutex_unlock(&ft->mu);
             st = http_list_page(items, &lo, "the job list", &o);
         } else st = status_errorf(STATUS_INVALID_ARGUMENT, "method %s: /v1/fine_tuning/jobs takes GET or POST", method);
     } else if (url_id(url, "/v1/fine_tuning/jobs/", id, sizeof id, &rest)) {
         pthread_mutex_lock(&ft->mu);
-        struct ft_job *j = job_by_id(ft, id);
+        struct ft_job *j = job_by_id(ft, id, owner);
         if (!j) st = status_errorf(STATUS_NOT_FOUND, "fine-tuning job '%s' does not exist", id);
         else if (!*rest && get) o = job_json(j);
         else if (!strcmp(rest, "/events") && get) {

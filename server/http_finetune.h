@@ -22,6 +22,7 @@ enum ft_state { FT_QUEUED, FT_RUNNING, FT_SUCCEEDED, FT_FAILED, FT_CANCELLED };
 
 struct ft_file {
     char    id[40], filename[256];
+    char    owner[32];            /* auth_owner of the key that uploaded it ("" without keys) */
     size_t  bytes;
     int64_t created_at;
     int     deleted;
@@ -34,6 +35,7 @@ struct ft_event {
 
 struct ft_job {
     char    id[40], model[256], training_file[40], validation_file[40], suffix[64], fine_tuned[72];
+    char    owner[32];            /* auth_owner of the key that created it ("" without keys) */
     int     n_epochs, batch_size;
     double  lr_multiplier;
     uint64_t seed;

@@ -30,6 +30,7 @@ void ft_store_save(const struct server *s, const struct http_finetune *ft)
         cJSON *e = cJSON_CreateObject();
         cJSON_AddStringToObject(e, "id", f->id);
         cJSON_AddStringToObject(e, "filename", f->filename);
+        cJSON_AddStringToObject(e, "owner", f->owner);
         cJSON_AddNumberToObject(e, "bytes", (double)f->bytes);
         cJSON_AddNumberToObject(e, "created_at", (double)f->created_at);
         cJSON_AddItemToArray(files, e);
@@ -39,6 +40,7 @@ void ft_store_save(const struct server *s, const struct http_finetune *ft)
         cJSON *e = cJSON_CreateObject();
         cJSON_AddStringToObject(e, "id", j->id);
         cJSON_AddStringToObject(e, "model", j->model);
+        cJSON_AddStringToObject(e, "owner", j->owner);
         cJSON_AddStringToObject(e, "training_file", j->training_file);
         cJSON_AddStringToObject(e, "validation_file", j->validation_file);
         cJSON_AddStringToObject(e, "suffix", j->suffix);
@@ -115,6 +117,7 @@ int ft_store_load(const struct server *s, struct http_finetune *ft, char *why, s
         memset(f, 0, sizeof *f);
         copy_str(e, "id", f->id, sizeof f->id);
         copy_str(e, "filename", f->filename, sizeof f->filename);
+        copy_str(e, "owner", f->owner, sizeof f->owner); /* absent (an older index): "" */
         f->bytes = (size_t)num(e, "bytes");
         f->created_at = (int64_t)num(e, "created_at");
         char bytes[PATH_MAX];
@@ -129,6 +132,7 @@ int ft_store_load(const struct server *s, struct http_finetune *ft, char *why, s
         if (!j) break;
         copy_str(e, "id", j->id, sizeof j->id);
         copy_str(e, "model", j->model, sizeof j->model);
+        copy_str(e, "owner", j->owner, sizeof j->owner);
         copy_str(e, "training_file", j->training_file, sizeof j->training_file);
         copy_str(e, "validation_file", j->validation_file, sizeof j->validation_file);
         copy_str(e, "suffix", j->suffix, sizeof j->suffix);

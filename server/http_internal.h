@@ -344,9 +344,9 @@ struct http_part {
  * most max parts (*n of them), each borrowing body's bytes. */
 enum status http_multipart(const char *ctype, const char *body, size_t len, struct http_part *parts, int max, int *n);
 struct http_query;
-enum status http_finetune_handle(struct server *s, const char *method, const char *url, const struct http_query *q,
-                                 const char *ctype, const char *body, size_t len, char **out, size_t *out_len,
-                                 const char **out_type);
+enum status http_finetune_handle(struct server *s, const char *owner, const char *method, const char *url,
+                                 const struct http_query *q, const char *ctype, const char *body, size_t len,
+                                 char **out, size_t *out_len, const char **out_type);
 /* "HOST:PORT", "[V6]:PORT", or ":PORT" / "PORT" (the loopback address): the address, and the
  * host part in host (http_guard.c). */
 enum status http_parse_address(const char *addr, struct sockaddr_storage *ss, socklen_t *sl, char *host, size_t cap);

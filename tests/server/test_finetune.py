@@ -12,6 +12,9 @@
 - a restart (SIGTERM, then the same --fine-tuning DIR) keeps the files and jobs, serves the
   adapters of jobs that succeeded, and resumes a job that was running from its last checkpoint
   (its adapter then equals one `shardlm train` run straight);
+- with API keys files and jobs are the key's: another key lists none and gets 404 for each
+  (retrieve, content, delete, a job on the file, the job, its events, cancel), also after a
+  restart whose key file lists the keys in another order;
 - bad input: a file that is not JSONL (the line named), another purpose, an upload over
   --fine-tuning-max-file-mb (413), unknown model / file / job (404), unknown and out-of-range
   hyperparameters, method dpo, a JSONL the trainer refuses (the job fails with its message), and
@@ -236,6 +239,35 @@ def body(work, env):
         except urllib.error.HTTPError as e:
             code = e.code
         check(code == 404, f"without --fine-tuning the routes are 404: {code}")
+
+    # With API keys, files and jobs are the key's: another key neither sees nor touches them, and
+    # a restart whose key file lists the keys in another order keeps them the owner's.
+    keys = work / "keys"
+    keys.write_text("key-alpha\nkey-beta\n")
+    ft2 = ["--fine-tuning", str(work / "ft-keys"), "--api-key-file", str(keys)]
+    with TS.Server(env.shardlm, model, *ft2, http=True, name="finetune-keys") as srv:
+        a = openai.OpenAI(base_url=srv.base + "/v1", api_key="key-alpha", max_retries=0, timeout=60)
+        b = openai.OpenAI(base_url=srv.base + "/v1", api_key="key-beta", max_retries=0, timeout=60)
+        fa = a.files.create(file=data.open("rb"), purpose="fine-tune")
+        ja = a.fine_tuning.jobs.create(model="stories260K", training_file=fa.id, hyperparameters=HYPER)
+        check([x.id for x in b.files.list().data] == [] and [x.id for x in b.fine_tuning.jobs.list().data] == [],
+              "another key lists none of them")
+        codes = [status_of(f)[0] for f in (lambda: b.files.retrieve(fa.id), lambda: b.files.content(fa.id),
+                                           lambda: b.files.delete(fa.id), lambda: b.fine_tuning.jobs.retrieve(ja.id),
+                                           lambda: b.fine_tuning.jobs.cancel(ja.id),
+                                           lambda: b.fine_tuning.jobs.list_events(ja.id),
+                                           lambda: b.fine_tuning.jobs.create(model="stories260K", training_file=fa.id))]
+        check(codes == [404] * 7, f"another key's retrieve, content, delete, job retrieve, cancel, events, and a job "
+              f"on the file: all 404 ({codes})")
+        check([x.id for x in a.files.list().data] == [fa.id] and a.files.content(fa.id).content == data.read_bytes(),
+              "the owner still has its file, whole")
+    keys.write_text("key-beta\nkey-alpha\n")
+    with TS.Server(env.shardlm, model, *ft2, http=True, name="finetune-keys-again") as srv:
+        a = openai.OpenAI(base_url=srv.base + "/v1", api_key="key-alpha", max_retries=0, timeout=60)
+        b = openai.OpenAI(base_url=srv.base + "/v1", api_key="key-beta", max_retries=0, timeout=60)
+        check([x.id for x in a.files.list().data] == [fa.id] and [x.id for x in b.files.list().data] == [] and
+              [x.id for x in a.fine_tuning.jobs.list().data] == [ja.id],
+              "after a restart with the key file reordered the files and jobs are still the owner's")
 
 
 def main():
