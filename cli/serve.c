@@ -153,6 +153,16 @@ static int usage(const char *fmt, const char *arg)
 #define SERVE_MAX_ADAPTERS 64
 #define ADAPTER_NAME_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
 
+/* v as a number in [0, hi], or (0, hi] when lo_open, into *out; -1 (out untouched) otherwise. */
+static int number_in(const char *v, int lo_open, double hi, double *out)
+{
+    char *end;
+    const double d = strtod(v, &end);
+    if (end == v || *end || !isfinite(d) || d < 0 || (lo_open && d == 0) || d > hi) return -1;
+    *out = d;
+    return 0;
+}
+
 /* Bytes with an optional K, M or G suffix (powers of 1024). */
 static int parse_bytes(const char *s, size_t *out)
 {
@@ -226,11 +236,8 @@ int serve_main(int argc, char **argv)
             o.engine.pp_microbatches = (int)n;
         }
         else if (!strcmp(a, "--rank-timeout")) {
-            char *end;
-            double d = strtod(v, &end);
-            if (end == v || *end || !isfinite(d) || d < 0 || d > 86400)
+            if (number_in(v, 0, 86400, &o.engine.rank_timeout_s))
                 return usage("--rank-timeout must be a number of seconds in [0, 86400], got '%s'", v);
-            o.engine.rank_timeout_s = d;
         } else if (!strcmp(a, "--tp")) {
             if (base_parse_long(v, 1, 1024, &n)) return usage("--tp must be an integer in [1, 1024], got '%s'", v);
             tp = n;
@@ -270,11 +277,8 @@ int serve_main(int argc, char **argv)
             o.engine.spec_ngram = (int)n;
             prompt_lookup = 1;
         } else if (!strcmp(a, "--verify-prefix-cache")) {
-            char *end;
-            double d = strtod(v, &end);
-            if (end == v || *end || !(d >= 0 && d <= 1))
+            if (number_in(v, 0, 1, &o.engine.verify_prefix_cache))
                 return usage("--verify-prefix-cache must be a fraction in [0, 1], got '%s'", v);
-            o.engine.verify_prefix_cache = d;
         } else if (!strcmp(a, "--max-queue")) {
             if (base_parse_long(v, 1, 1 << 20, &n)) return usage("--max-queue must be an integer in [1, 1048576], got '%s'", v);
             o.engine.max_queue = (int)n;
@@ -290,11 +294,8 @@ int serve_main(int argc, char **argv)
             if (parse_bytes(v, &o.engine.kv_cache_bytes) || !o.engine.kv_cache_bytes)
                 return usage("--kv-cache-mem must be a positive byte count (suffix K, M or G allowed), got '%s'", v);
         } else if (!strcmp(a, "--kv-cache-fraction")) {
-            char *end;
-            double d = strtod(v, &end);
-            if (end == v || *end || !(d > 0 && d <= 0.95))
+            if (number_in(v, 1, 0.95, &o.engine.kv_cache_fraction))
                 return usage("--kv-cache-fraction must be a number in (0, 0.95], got '%s'", v);
-            o.engine.kv_cache_fraction = d;
         } else if (!strcmp(a, "--kv-cache-blocks")) {
             if (base_parse_long(v, 1, INT_MAX, &n)) return usage("--kv-cache-blocks must be a positive integer, got '%s'", v);
             o.engine.kv_cache_blocks = (int)n;
@@ -326,23 +327,14 @@ int serve_main(int argc, char **argv)
             if (journal_fsync_parse(v, &f) != STATUS_OK) return usage("%s", status_message());
             o.journal_fsync = (int)f;
         } else if (!strcmp(a, "--journal-retain")) {
-            char *end;
-            double d = strtod(v, &end);
-            if (end == v || *end || !isfinite(d) || d <= 0 || d > 30 * 86400.0)
+            if (number_in(v, 1, 30 * 86400.0, &o.journal_retain_s))
                 return usage("--journal-retain must be a number of seconds in (0, 2592000], got '%s'", v);
-            o.journal_retain_s = d;
         } else if (!strcmp(a, "--journal-end-delay")) {
-            char *end;
-            double d = strtod(v, &end);
-            if (end == v || *end || !isfinite(d) || d < 0 || d > 3600.0)
+            if (number_in(v, 0, 3600.0, &o.journal_end_delay_s))
                 return usage("--journal-end-delay must be a number of seconds in [0, 3600], got '%s'", v);
-            o.journal_end_delay_s = d;
         } else if (!strcmp(a, "--journal-detach-grace")) {
-            char *end;
-            double d = strtod(v, &end);
-            if (end == v || *end || !isfinite(d) || d < 0 || d > 86400.0)
+            if (number_in(v, 0, 86400.0, &o.journal_detach_grace_s))
                 return usage("--journal-detach-grace must be a number of seconds in [0, 86400], got '%s'", v);
-            o.journal_detach_grace_s = d;
         }
         else if (!strcmp(a, "--http-max-connections")) {
             if (base_parse_long(v, 1, 65536, &n)) return usage("--http-max-connections must be an integer in [1, 65536], got '%s'", v);
@@ -355,24 +347,17 @@ int serve_main(int argc, char **argv)
                 return usage("--http-max-connections-per-address must be an integer in [0, 65536], got '%s'", v);
             o.http_max_per_address = n ? (int)n : -1;
         } else if (!strcmp(a, "--http-header-timeout") || !strcmp(a, "--http-body-timeout")) {
-            char *end;
-            double d = strtod(v, &end);
-            if (end == v || *end || !isfinite(d) || d <= 0 || d > 86400)
-                return usage(!strcmp(a, "--http-header-timeout")
-                                 ? "--http-header-timeout must be a number of seconds in (0, 86400], got '%s'"
-                                 : "--http-body-timeout must be a number of seconds in (0, 86400], got '%s'",
+            const int header = !strcmp(a, "--http-header-timeout");
+            if (number_in(v, 1, 86400, header ? &o.http_header_timeout_s : &o.http_body_timeout_s))
+                return usage(header ? "--http-header-timeout must be a number of seconds in (0, 86400], got '%s'"
+                                    : "--http-body-timeout must be a number of seconds in (0, 86400], got '%s'",
                              v);
-            if (!strcmp(a, "--http-header-timeout")) o.http_header_timeout_s = d;
-            else o.http_body_timeout_s = d;
         } else if (!strcmp(a, "--api-key-file")) o.api_key_file = v;
         else if (!strcmp(a, "--tls-cert")) o.tls_cert = v;
         else if (!strcmp(a, "--tls-key")) o.tls_key = v;
         else if (!strcmp(a, "--drain-timeout")) {
-            char *end;
-            double d = strtod(v, &end);
-            if (end == v || *end || !isfinite(d) || d < 0 || d > 86400)
+            if (number_in(v, 0, 86400, &o.drain_timeout_s))
                 return usage("--drain-timeout must be a number of seconds in [0, 86400], got '%s'", v);
-            o.drain_timeout_s = d;
         } else if (!strcmp(a, "--max-message-bytes")) {
             if (base_parse_long(v, 1024, INT_MAX, &n)) return usage("--max-message-bytes must be an integer >= 1024, got '%s'", v);
             o.max_receive_bytes = (int)n;
@@ -404,11 +389,8 @@ int serve_main(int argc, char **argv)
                 return usage("--models-max must be an integer in [1, 16] (models loaded at once), got '%s'", v);
             o.models_max = (int)n;
         } else if (!strcmp(a, "--sleep-idle-seconds")) {
-            char *end;
-            double d = strtod(v, &end);
-            if (end == v || *end || !isfinite(d) || d <= 0 || d > 30 * 86400.0)
+            if (number_in(v, 1, 30 * 86400.0, &o.sleep_idle_s))
                 return usage("--sleep-idle-seconds must be a number of seconds in (0, 2592000], got '%s'", v);
-            o.sleep_idle_s = d;
         } else if (!strcmp(a, "--ep")) {
             if (base_parse_long(v, 1, 64, &n)) return usage("--ep must be an integer in [1, 64], got '%s'", v);
             ep = n;
