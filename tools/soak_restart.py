@@ -8,7 +8,11 @@ assembled answer (text and finish reason per choice, over all its connections) m
 nothing lost, nothing twice. Prints the counts; exit 1 on any difference or lost request.
 
   python3 tools/soak_restart.py --shardlm build/cli/shardlm [--concurrency 64] [--requests 512]
-                                [--kills 5] [--interval 2.0] [--overhead]
+                                [--kills 5] [--interval 2.0] [--overhead] [--apis]
+--apis: a quarter of the requests go to /v1/responses (seeded) and an eighth to Anthropic's
+/v1/messages (greedy: that API has no seed); their streams are compared event by event (ids and
+times aside) with a journaled server's that is never killed (a journaled stream's events are
+formed one group per engine event, so the reference must be journaled too).
 --overhead: no kills; the same requests with and without --journal, alternating three times,
 and the best wall time of each (the journal's cost on this machine; one run, same binary).
 --grpc: the same soak over gRPC (GenerateStream / ChatStream), each client a
@@ -33,23 +37,44 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, str(ROOT / "tests/server"))
 import test_server as TS  # noqa: E402
 from test_journal import Stream, assemble  # noqa: E402
+from test_journal_apis import ANTHROPIC, EventStream, normalized  # noqa: E402
 
 PROMPTS = ["Once upon a time", "Tom had a red ball", "The cat sat", "A big dog ran", "Mom said to Lily",
            "The bird flew over", "Lily liked to play", "The sun was hot and"]
 
 
-def requests(n, seed):
+def requests(n, seed, apis=False):
+    """(path, body, headers) of n streamed requests."""
     rnd = random.Random(seed)
     out = []
     for i in range(n):
         p = rnd.choice(PROMPTS)
-        common = dict(max_tokens=rnd.randint(40, 300), temperature=rnd.choice([0.8, 1.0]), seed=i, stream=True,
-                      n=rnd.choice([1, 1, 2]))
-        if rnd.random() < 0.5:
-            out.append(("/v1/chat/completions", dict(common, messages=[{"role": "user", "content": p}])))
+        max_tokens, temperature = rnd.randint(40, 300), rnd.choice([0.8, 1.0])
+        common = dict(max_tokens=max_tokens, temperature=temperature, seed=i, stream=True, n=rnd.choice([1, 1, 2]))
+        kind = rnd.random()
+        if apis and kind < 0.25:
+            out.append(("/v1/responses", dict(model="stories260K", input=p, max_output_tokens=max_tokens,
+                                              temperature=temperature, seed=i, stream=True), {}))
+        elif apis and kind < 0.375:
+            out.append(("/v1/messages", dict(model="stories260K", messages=[{"role": "user", "content": p}],
+                                             max_tokens=max_tokens, temperature=0, stream=True), ANTHROPIC))
+        elif rnd.random() < 0.5:
+            out.append(("/v1/chat/completions", dict(common, messages=[{"role": "user", "content": p}]), {}))
         else:
-            out.append(("/v1/completions", dict(common, prompt=p)))
+            out.append(("/v1/completions", dict(common, prompt=p), {}))
     return out
+
+
+def stream_of(path, body, headers):
+    """The client of one request: OpenAI chunks, or Anthropic / Responses events."""
+    return (EventStream if path in ("/v1/messages", "/v1/responses") else Stream)(path, body, headers)
+
+
+def answer(st):
+    """What must equal the uninterrupted answer: per choice text and finish reason, or the events."""
+    if isinstance(st, EventStream):
+        return normalized(st.events)
+    return {k: (v["text"], v["finish"]) for k, v in assemble(st.chunks)[0].items()}
 
 
 def start(shardlm, model, journal, port, name, grpc_port=None):
@@ -61,55 +86,21 @@ def start(shardlm, model, journal, port, name, grpc_port=None):
     return TS.Server(shardlm, model, *extra, name=name)
 
 
-class Client(Stream):
-    """A Stream that keeps reconnecting until [DONE] (or a give-up deadline)."""
-
-    def run(self, port_box, key, deadline):
-        self.key, self.lost = key, None
-        while not self.done and time.time() < deadline:
-            before = len(self.statuses)
-            if self.last_id:
-                self.read(port_box[0])
-            else:  # nothing yet: by key (reattaches if it was accepted, else submits it as new)
-                self.body_headers = {"Idempotency-Key": key}
-                self.read_with_key(port_box[0])
-            if self.done:
-                return
-            if len(self.statuses) > before and self.statuses[-1] == 404:
-                self.lost = getattr(self, "error", "404")
-                return
-            time.sleep(0.05)
-
-    def read_with_key(self, port):
-        import http.client
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        try:
-            c.request("POST", self.path, json.dumps(self.body),
-                      {"Content-Type": "application/json", "Idempotency-Key": self.key})
-            r = c.getresponse()
-            self.statuses.append(r.status)
-            if r.status != 200:
-                self.error = r.read().decode()
-                return
-            pending = None
-            while True:
-                line = r.readline()
-                if not line.endswith(b"\n"):
-                    return
-                line = line.decode().rstrip("\n")
-                if line.startswith("id: "):
-                    pending = line[4:]
-                elif line.startswith("data: "):
-                    if line[6:] == "[DONE]":
-                        self.done = True
-                        return
-                    self.chunks.append(json.loads(line[6:]))
-                    if pending:
-                        self.last_id = pending
-        except OSError:
+def run_until_done(st, port_box, key, deadline):
+    """Reconnects st until its stream's end (or the deadline): by its Idempotency-Key until it has
+    an event id (which the server prefers once sent), then by Last-Event-ID. A 404 is a lost
+    request (st.lost)."""
+    st.lost = None
+    st.headers["Idempotency-Key"] = key
+    while not st.done and time.time() < deadline:
+        before = len(st.statuses)
+        st.read(port_box[0])
+        if st.done:
             return
-        finally:
-            c.close()
+        if len(st.statuses) > before and st.statuses[-1] == 404:
+            st.lost = getattr(st, "error", "404")
+            return
+        time.sleep(0.05)
 
 
 def start_workers(n, count, fn):
@@ -151,14 +142,12 @@ def kill_loop(a, srv, threads, restart, t0):
 
 def run_all(port, reqs, concurrency, keyed):
     """Every request once at the given concurrency; the wall time."""
-    clients = [Client(p, b) for p, b in reqs]
+    clients = [stream_of(*r) for r in reqs]
 
     def one(i):
         if keyed:
-            clients[i].key = f"ovh-{os.getpid()}-{time.time_ns()}-{i}"
-            clients[i].read_with_key(port)
-        else:
-            clients[i].read(port)
+            clients[i].headers["Idempotency-Key"] = f"ovh-{os.getpid()}-{time.time_ns()}-{i}"
+        clients[i].read(port)
 
     t0 = time.time()
     for t in start_workers(concurrency, len(reqs), one):
@@ -213,7 +202,7 @@ def soak_grpc(a, model, work, reqs):
         end = time.time() + 600
         while got[i] is None and time.time() < end:
             try:
-                got[i] = grpc_answer(local.client, *reqs[i])
+                got[i] = grpc_answer(local.client, *reqs[i][:2])
             except grpc.RpcError as e:
                 # UNAVAILABLE before the server named a token (refused: it was down): send again.
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
@@ -234,7 +223,7 @@ def soak_grpc(a, model, work, reqs):
     reattached = sum(p.read_text().count("a gRPC client reattached") for p in TS.LOG_DIR.glob("grpc-soak-*.log"))
     ref_srv = start(a.shardlm, model, None, TS.free_port(), "grpc-reference", TS.free_port())
     with GrpcClient(ref_srv.target, resume_for=0) as c:
-        refs = [grpc_answer(c, *r) for r in reqs]
+        refs = [grpc_answer(c, *r[:2]) for r in reqs]
     ref_srv.stop()
     missing = [i for i in range(len(reqs)) if got[i] is None]
     diff = [i for i in range(len(reqs)) if got[i] is not None and got[i] != refs[i]]
@@ -255,49 +244,59 @@ def main():
     ap.add_argument("--interval", type=float, default=2.0)
     ap.add_argument("--overhead", action="store_true")
     ap.add_argument("--grpc", action="store_true")
+    ap.add_argument("--apis", action="store_true", help="Anthropic and Responses streams among the requests")
     a = ap.parse_args()
     assets = Path(os.environ.get("SHARDLM_ASSETS", ROOT.parent / "shared/assets"))
     work = Path(tempfile.mkdtemp(prefix="shardlm-soak-restart-"))
     try:
         model = work / "stories260K"
         TS.convert_stories260k(a.shardlm, assets / "stories260K", model)
-        reqs = requests(a.requests, 1)
+        reqs = requests(a.requests, 1, a.apis)
         if a.overhead:
             return overhead(a, model, work, reqs)
         if a.grpc:
+            if a.apis:
+                sys.exit("soak_restart: --apis is HTTP's (gRPC has no Anthropic or Responses methods)")
             return soak_grpc(a, model, work, reqs)
         port = TS.free_port()
         box = [port]
         srv = start(a.shardlm, model, work / "journal", port, "soak-0")
-        clients = [Client(p, b) for p, b in reqs]
+        clients = [stream_of(*r) for r in reqs]
         deadline = time.time() + 1800
         t0 = time.time()
         threads = start_workers(a.concurrency, len(reqs),
-                                lambda i: clients[i].run(box, f"soak-{os.getpid()}-{i}", deadline))
+                                lambda i: run_until_done(clients[i], box, f"soak-{os.getpid()}-{i}", deadline))
         srv, kills = kill_loop(a, srv, threads,
                                lambda k: start(a.shardlm, model, work / "journal", port, f"soak-{k}"), t0)
         elapsed = time.time() - t0
         srv.stop()
-        # The uninterrupted answers.
-        ref_srv = start(a.shardlm, model, None, TS.free_port(), "reference")
-        refs = [Stream(p, b) for p, b in reqs]
+        # The uninterrupted answers (journaled with --apis: see above).
+        ref_srv = start(a.shardlm, model, work / "ref-journal" if a.apis else None, TS.free_port(), "reference")
+        refs = [stream_of(*r) for r in reqs]
         for t in start_workers(a.concurrency, len(reqs), lambda i: refs[i].read(ref_srv.http_port)):
             t.join()
         ref_srv.stop()
         lost = [i for i, c in enumerate(clients) if not c.done]
-        diff = [i for i, (c, r) in enumerate(zip(clients, refs))
-                if c.done and ({k: (v["text"], v["finish"]) for k, v in assemble(c.chunks)[0].items()}
-                               != {k: (v["text"], v["finish"]) for k, v in assemble(r.chunks)[0].items()})]
+        diff = [i for i, (c, r) in enumerate(zip(clients, refs)) if c.done and answer(c) != answer(r)]
         reconnects = sum(len(c.statuses) - 1 for c in clients)
-        tokens = sum(sum(len(v["text"]) for v in assemble(c.chunks)[0].values()) for c in clients)
+        tokens = sum(sum(len(v["text"]) for v in assemble(c.chunks)[0].values()) for c in clients
+                     if not isinstance(c, EventStream))
+        events = sum(len(c.events) for c in clients if isinstance(c, EventStream))
         print(f"requests {len(reqs)}, concurrency {a.concurrency}, SIGKILLs {kills}, reconnections {reconnects}, "
-              f"{elapsed:.1f} s, {tokens} text bytes received")
+              f"{elapsed:.1f} s, {tokens} text bytes received" + (f", {events} Anthropic / Responses events" if a.apis else ""))
         print(f"lost {len(lost)}, different from the uninterrupted answer {len(diff)}")
         for i in (lost + diff)[:5]:
             print(f"  request {i}: statuses {clients[i].statuses} lost={clients[i].lost} {reqs[i]}")
             if os.environ.get("SOAK_DEBUG"):
-                print("   got ", assemble(clients[i].chunks)[0])
-                print("   want", assemble(refs[i].chunks)[0])
+                got, want = answer(clients[i]), answer(refs[i])
+                if isinstance(got, list):  # events: the first that differs
+                    k = next((k for k, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+                    print(f"   {len(got)} events against {len(want)}; the first difference, event {k}:")
+                    print("   got ", got[k:k + 2])
+                    print("   want", want[k:k + 2])
+                else:
+                    print("   got ", got)
+                    print("   want", want)
         return 0 if not lost and not diff else 1
     finally:
         TS.kill_all()
