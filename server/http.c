@@ -445,8 +445,8 @@ static enum MHD_Result serve_gen(struct server *s, struct MHD_Connection *c, str
     int gone = g->hangup, drained = g->drained && g->journaled;
     /* Answered: a journaled first run stays reattachable by its Idempotency-Key for the grace
      * (the answer may be lost with the connection). */
-    const enum http_hangup h = !gone && !drained && g->keep_log ? http_gen_hangup(g) : HTTP_HANGUP_NONE;
     if (!gone && !drained) g->eos_sent = 1;
+    const enum http_hangup h = !gone && !drained && g->keep_log ? http_gen_hangup(g) : HTTP_HANGUP_NONE;
     pthread_mutex_unlock(&g->mu);
     if (gone || drained) { /* a drained journaled request resumes after the restart: no answer yet */
         free(json);

@@ -54,7 +54,7 @@ void http_gen_unref(struct http_gen *g)
     /* Its client has its answer (or gave up): the journal forgets it, unless the server's
      * drain cut it short, or it was resumed and nobody has fetched it (the retention sweep
      * ends those: http_resume.c). */
-    if (g->journaled && !g->drained && (!g->resumed || g->delivered)) journal_end(s->journal, g->id);
+    if (g->journaled && !g->drained && (!g->resumed || g->delivered) && !g->end_journaled) journal_end(s->journal, g->id);
     http_resume_release(g);
     journal_entry_free(&g->log);
     free(g->subs);
@@ -216,6 +216,12 @@ void http_gen_wait(struct http_gen *g)
  * lock). */
 enum http_hangup http_gen_hangup(struct http_gen *g)
 {
+    if (g->keep_log && g->eos_sent && !g->end_journaled) {
+        /* Handed over whole: the grace keeps it for a client whose connection lost the last
+         * bytes, but a restart does not bring it back (the END, after --journal-end-delay). */
+        journal_end(g->s->journal, g->id);
+        g->end_journaled = 1;
+    }
     if (g->resumed) { /* it runs on for the next client to attach (http_resume.c) */
         if (g->attached && g->keep_log) g->t_detached = base_now_s();
         g->attached = 0;

@@ -221,6 +221,8 @@ struct http_gen {
                                     and still reads (http.c, peer_gone) */
     int             done;        /* a stream formed its last bytes ([DONE]) */
     int             eos_sent;    /* a stream handed its last bytes to libmicrohttpd: delivered */
+    int             end_journaled; /* its END went to the journal (a first run handed over whole
+                                    stays reattachable in memory, not across a restart) */
     int             fd;          /* the connection's socket, polled for hang-ups */
     struct http_parse_stream *ps; /* (n_samples) when replies are parsed and streamed; else NULL */
     struct http_anthropic_stream an; /* q.anthropic streams */
