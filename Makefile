@@ -61,6 +61,7 @@ fetch-model:
 	bash tools/fetch_minilm.sh .cache/minilm || echo "make test: all-MiniLM-L6-v2 could not be fetched; the WordPiece part of tokenizer_kinds and server_embeddings_minilm will SKIP"
 	bash tools/fetch_tiktoken.sh .cache/tiktoken || echo "make test: OpenAI's cl100k / o200k rank files could not be fetched; the real-encoding part of tokenizer_tiktoken will SKIP"
 	bash tools/fetch_mon_tokenizer.sh .cache/mon-tokenizer || echo "make test: mon-tokenizer (a released Unigram tokenizer.json) could not be fetched; the unigram-mon part of tokenizer_kinds will SKIP"
+	bash tools/fetch_llamacpp_sdist.sh .cache/llama.cpp || echo "make test: llama-cpp-python's source distribution could not be fetched; tokenizer_vocab_vectors_sdist and tokenizer_gguf_pre's per-type BOS part will SKIP"
 
 test: WERROR = ON
 test: build build-asan build-clang fetch-model

@@ -59,11 +59,13 @@ build_llama_bench() {
   src=$dir/llama_cpp_python-$version/vendor/llama.cpp
   mkdir -p "$dir"
   if [ ! -f "$src/CMakeLists.txt" ]; then
-    if [ ! -f "$dir/llama_cpp_python-$version.tar.gz" ]; then
+    if [ "$version" = 0.3.36 ]; then
+      bash tools/fetch_llamacpp_sdist.sh "$dir" >&2 # the pinned one, checked
+    else
       log "downloading the llama-cpp-python $version source distribution from PyPI"
       "$py" -m pip download --no-binary :all: --no-deps -d "$dir" "llama-cpp-python==$version" >&2
+      tar -xzf "$dir/llama_cpp_python-$version.tar.gz" -C "$dir"
     fi
-    tar -xzf "$dir/llama_cpp_python-$version.tar.gz" -C "$dir"
   fi
   # On CPUs with AMX (Sapphire Rapids and later) -march=native compiles ggml's AMX matrix
   # products in, and they segfault on the first product with this Q4_K_M file (ggml_backend_amx_mul_mat;
