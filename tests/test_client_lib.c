@@ -71,6 +71,7 @@ struct counter {
     struct client *cancel_client;  /* Cancel(request_id) after stop_after chunks, when set */
     enum status cancel_st;
     int cancel_sent;
+    int sleep_us;                  /* a slow reader: sleeps this long per chunk */
 };
 
 static int count_chunk(void *ctx, const struct client_chunk *ch)
@@ -78,6 +79,7 @@ static int count_chunk(void *ctx, const struct client_chunk *ch)
     struct counter *k = ctx;
     k->chunks++;
     k->tokens += ch->n_token_ids;
+    if (k->sleep_us) usleep((useconds_t)k->sleep_us);
     if (k->stop_after && k->chunks >= k->stop_after) {
         if (k->flag) {
             *k->flag = 1;
@@ -299,10 +301,13 @@ int main(int argc, char **argv)
     EXPECT(st == STATUS_NOT_FOUND, "Cancel of an unknown id: NOT_FOUND (%s)", status_name(st));
     client_close(c2);
 
-    /* ---- a deadline per request ---- */
+    /* ---- a deadline per request ----
+     * stories260K can write 400 tokens in under 50 ms on a fast CPU, so the reader is made slow
+     * (2 ms a chunk, one chunk a token): the deadline must fall before the last chunk is read. */
     lr = long_request();
     lr.timeout_s = 0.05;
-    st = client_generate_stream(c, &lr, NULL, NULL, &sr);
+    k = (struct counter){.sleep_us = 2000};
+    st = client_generate_stream(c, &lr, count_chunk, &k, &sr);
     EXPECT(st == STATUS_DEADLINE_EXCEEDED && sr.grpc_code == 4, "request timeout_s: DEADLINE_EXCEEDED (%s)",
            status_name(st));
     EXPECT(wait_idle(c, free0), "KV blocks freed after the deadline");
