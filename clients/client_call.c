@@ -346,11 +346,12 @@ enum status client_call_run(struct client *c, const char *method, const Protobuf
         st = call_finish(&k, &code);
         grpc_metadata_array_destroy(&initial);
         call_end(&k);
-        /* Made again only for UNAVAILABLE from a journaling server (a token), while the caller
-         * wants it and within resume_for_s of the first failure. */
-        if (!r || !r->token[0] || code != GRPC_STATUS_UNAVAILABLE || cb_cancelled || bad_message ||
-            (cancel_flag && *cancel_flag))
-            break;
+        /* Made again only for UNAVAILABLE from a journaling server (a token), or ABORTED for a
+         * call made again (the server still sees our earlier call reading the request: its
+         * dropped connection not noticed yet), while the caller wants it and within
+         * resume_for_s of the first failure. */
+        const int again = code == GRPC_STATUS_UNAVAILABLE || (attempt && code == GRPC_STATUS_ABORTED);
+        if (!r || !r->token[0] || !again || cb_cancelled || bad_message || (cancel_flag && *cancel_flag)) break;
         if (n_msgs > 0 || gpr_time_cmp(give_up, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0) /* from the last news */
             give_up = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                                    gpr_time_from_micros((int64_t)(c->resume_for_s * 1e6), GPR_TIMESPAN));

@@ -226,7 +226,8 @@ void gen_pump(struct call *c)
             if (st == STATUS_OK) st = convert_gen_response(&o, &msg, &len);
             chat_reply_free(&delta);
             if (st != STATUS_OK) {
-                if (c->engine_active > 0) engine_cancel(c->m->engine, c->handle);
+                if (c->job) grpc_resume_cancel(c);
+                else if (c->engine_active > 0) engine_cancel(c->m->engine, c->handle);
                 call_fail_status(c, st, status_message());
                 return;
             }
@@ -677,7 +678,11 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
     if (st == STATUS_OK) {
         c->n_prompt_tokens = n_ids;
         c->engine_active = c->n_samples; /* before submit: events may arrive at once */
-        st = engine_submit(c->m->engine, c->request_id, ids, n_ids, &r.params, on_engine_event, c, &c->handle);
+        /* With --journal-detach-grace the request is a job from the start, read by this call
+         * (grpc_resume.c): a client that goes away can reattach while it runs on. */
+        if (c->journaled && s->opts.journal_detach_grace_s > 0)
+            st = grpc_resume_first_run(c, data, len, ids, n_ids, &r.params, deadline_unix);
+        else st = engine_submit(c->m->engine, c->request_id, ids, n_ids, &r.params, on_engine_event, c, &c->handle);
         if (st != STATUS_OK) c->engine_active = 0;
     }
     if (st != STATUS_OK) {
@@ -688,7 +693,8 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
                   call_method_name(c->method), n_ids, r.params.max_tokens, r.params.n);
         /* Streams get their headers at once, so that clients see the call is accepted; so do
          * journaled unary calls, whose headers carry the resume token. */
-        if ((is_streaming(c->method) || c->journaled) && !c->close_done) call_send(c, NULL, 0, 0, GRPC_STATUS_OK, NULL);
+        if ((is_streaming(c->method) || c->journaled || c->job) && !c->close_done)
+            call_send(c, NULL, 0, 0, GRPC_STATUS_OK, NULL);
     }
     free(ids);
     gen_request_free(&r);

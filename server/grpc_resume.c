@@ -47,7 +47,13 @@ struct grpc_job {
     struct journal_entry log;       /* the ACCEPT's fields and every event (journaled and new) */
     int                  n_samples, active; /* samples; those without their FINISHED yet */
     int                  attached, delivered, cancelled;
+    int                  first_run;     /* a first run (--journal-detach-grace), not a restart's */
+    int                  abandoned;     /* first run, its client not back within the grace: no call
+                                           may reattach; listed (its key taken) until its END is queued */
+    struct grpc_job     *next_cancel;   /* the sweep's list of those to cancel */
+    int                  end_journaled; /* first run: its END went to the journal (delivered whole) */
     double               t_ended;   /* base_now_s when active reached 0; 0 before */
+    double               t_detached; /* first run: when its last call went; 0 while one reads it */
     struct grpc_sub     *subs;      /* (n_subs) */
     int                  n_subs;
     struct served_model *m;         /* the model its samples run on (a journal's models never unload) */
@@ -125,7 +131,7 @@ void grpc_journal_event(struct call *c, const struct engine_event *ev)
 static void job_unref(struct grpc_job *j)
 {
     if (atomic_fetch_sub(&j->refs, 1) != 1) return;
-    if (j->delivered) journal_end(j->s->journal, j->log.key); /* its client has it: forgotten */
+    if (j->delivered && !j->end_journaled) journal_end(j->s->journal, j->log.key); /* its client has it: forgotten */
     journal_entry_free(&j->log);
     free(j->subs);
     pthread_mutex_destroy(&j->mu);
@@ -266,6 +272,48 @@ int grpc_resume_entry(struct server *s, struct journal_entry *e)
     return 1;
 }
 
+enum status grpc_resume_first_run(struct call *c, const uint8_t *data, size_t len, const int32_t *ids, int n_ids,
+                                  const struct request_params *p, double deadline)
+{
+    struct server *s = c->s;
+    struct grpc_job *j = calloc(1, sizeof *j);
+    char *body = malloc(len + 1);
+    if (!j || !body) {
+        free(j);
+        free(body);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if (len) memcpy(body, data, len);
+    body[len] = 0;
+    j->s = s;
+    atomic_init(&j->refs, 3); /* the list's, the call's, the engine's (until the last FINISHED) */
+    pthread_mutex_init(&j->mu, NULL);
+    snprintf(j->log.key, sizeof j->log.key, "%s", c->request_id);
+    snprintf(j->log.owner, sizeof j->log.owner, "%s", c->owner);
+    j->log.front = front_of(c->method);
+    j->log.created = (long long)time(NULL);
+    j->log.deadline = deadline;
+    j->log.seed = p->sampling.seed;
+    j->log.body = body;
+    j->log.body_len = len;
+    j->m = c->m;
+    j->n_samples = j->active = p->n;
+    j->first_run = 1;
+    j->attached = 1;
+    c->job = j;
+    c->journaled = 0; /* from here the job journals its events and, once its answer is done with, its END */
+    pthread_mutex_lock(&j->mu);
+    if (job_submit(j, c->m, ids, n_ids, p, 0)) atomic_fetch_sub(&j->refs, 1); /* (its error is logged, as an event) */
+    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_lock(&s->resumed_mu); /* listed only now: job_cancel reads subs unlocked */
+    resume_key_unlink(s, &c->live);     /* the key is never free in between */
+    j->next = s->grpc_jobs;
+    s->grpc_jobs = j;
+    pthread_mutex_unlock(&s->resumed_mu);
+    server_wake(s); /* a submission that failed left its error as events, for the call to take */
+    return STATUS_OK;
+}
+
 struct grpc_job *grpc_resume_find(struct server *s, const char *key)
 {
     struct grpc_job *j = s->grpc_jobs;
@@ -273,7 +321,20 @@ struct grpc_job *grpc_resume_find(struct server *s, const char *key)
     return j;
 }
 
-/* Takes j out of s->grpc_jobs (when in) and drops the list's reference. */
+/* j leaves s->grpc_jobs, delivered or as good as (s->resumed_mu and j->mu held): its END is
+ * queued first, so that its key is never free while an event or the END of it could still follow
+ * a new request's ACCEPT under the same key (a journal with two open ACCEPTs of one key does not
+ * load). */
+static void end_before_unlink(struct grpc_job *j)
+{
+    j->delivered = 1;
+    if (!j->end_journaled) {
+        journal_end(j->s->journal, j->log.key);
+        j->end_journaled = 1;
+    }
+}
+
+/* Takes j (delivered) out of s->grpc_jobs (when in) and drops the list's reference. */
 static void job_forget(struct server *s, struct grpc_job *j)
 {
     int found = 0;
@@ -284,32 +345,59 @@ static void job_forget(struct server *s, struct grpc_job *j)
             found = 1;
             break;
         }
+    pthread_mutex_lock(&j->mu);
+    if (found) end_before_unlink(j);
+    pthread_mutex_unlock(&j->mu);
     pthread_mutex_unlock(&s->resumed_mu);
     if (found) job_unref(j);
 }
 
+static int job_cancel(struct grpc_job *j);
+
+/* Forgets the resumed requests whose answer waited past the retention, and the first runs whose
+ * client did not come back within --journal-detach-grace: one still running is cancelled and
+ * stays listed, abandoned (no call may reattach, its key stays taken), until its last event. */
 void grpc_resume_sweep(struct server *s)
 {
     const double retain = s->opts.journal_retain_s > 0 ? s->opts.journal_retain_s : 600.0;
+    const double grace = s->opts.journal_detach_grace_s;
     const double now = base_now_s();
-    struct grpc_job *gone = NULL;
+    struct grpc_job *gone = NULL, *cancel = NULL;
     pthread_mutex_lock(&s->resumed_mu);
     for (struct grpc_job **pp = &s->grpc_jobs; *pp;) {
         struct grpc_job *j = *pp;
         pthread_mutex_lock(&j->mu);
-        int expired = j->active == 0 && !j->attached && j->t_ended > 0 && now - j->t_ended > retain;
-        if (expired) j->delivered = 1; /* as good as: the journal forgets it */
+        const int expired = j->active == 0 && !j->attached && j->t_ended > 0 && now - j->t_ended > retain;
+        const int abandoned = j->first_run && !j->attached &&
+                              (j->abandoned || (j->t_detached > 0 && now - j->t_detached > grace));
+        const int cancel_it = abandoned && j->active > 0 && !j->abandoned;
+        const int leave = (expired || abandoned) && j->active == 0;
+        if (abandoned && !j->abandoned)
+            LOG_INFO(MODULE, "req=%s: its client did not come back within %.0f s (--journal-detach-grace): %s",
+                     j->log.key, grace, cancel_it ? "cancelled" : "forgotten");
+        else if (expired) LOG_INFO(MODULE, "req=%s: nobody came for its answer within %.0f s: forgotten", j->log.key, retain);
+        j->abandoned |= abandoned;
+        if (leave) end_before_unlink(j);
         pthread_mutex_unlock(&j->mu);
-        if (!expired) {
+        if (cancel_it) {
+            atomic_fetch_add(&j->refs, 1);
+            j->next_cancel = cancel;
+            cancel = j;
+        }
+        if (!leave) {
             pp = &j->next;
             continue;
         }
-        LOG_INFO(MODULE, "req=%s: nobody came for its answer within %.0f s: forgotten", j->log.key, retain);
         *pp = j->next;
         j->next = gone;
         gone = j;
     }
     pthread_mutex_unlock(&s->resumed_mu);
+    for (struct grpc_job *next; cancel; cancel = next) { /* never under resumed_mu */
+        next = cancel->next_cancel;
+        job_cancel(cancel);
+        job_unref(cancel);
+    }
     for (struct grpc_job *next; gone; gone = next) {
         next = gone->next;
         job_unref(gone);
@@ -424,6 +512,7 @@ void grpc_resume_attach(struct call *c, const uint8_t *data, size_t len)
     pthread_mutex_lock(&s->resumed_mu);
     struct grpc_job *j = grpc_resume_find(s, key);
     if (j && strcmp(j->log.owner, c->owner)) j = NULL; /* another API key's: as if it did not exist */
+    if (j && j->abandoned) j = NULL;                   /* given up on: it goes once its last event came */
     if (j) atomic_fetch_add(&j->refs, 1);
     const enum resume_key_state who = j ? RESUME_KEY_RESUMED_GRPC : resume_key_state(s, key);
     pthread_mutex_unlock(&s->resumed_mu);
@@ -443,16 +532,22 @@ void grpc_resume_attach(struct call *c, const uint8_t *data, size_t len)
     else if (len && (len != j->log.body_len || memcmp(data, j->log.body, len)))
         st = status_errorf(STATUS_INVALID_ARGUMENT, "a reattaching call's request must be empty or the original "
                            "request of %s", key);
+    int busy = 0;
     if (st == STATUS_OK) {
         pthread_mutex_lock(&j->mu);
-        if (j->attached)
-            st = status_errorf(STATUS_FAILED_PRECONDITION, "request %s: another client is reading its answer", key);
-        else j->attached = 1;
+        busy = j->attached;
+        if (busy)
+            st = status_errorf(STATUS_FAILED_PRECONDITION, "request %s: another client is reading its answer (%s); "
+                               "reattach once that call has ended", key, j->active > 0 ? "it is running" : "it ended");
+        else j->attached = 1, j->t_detached = 0;
         pthread_mutex_unlock(&j->mu);
     }
     if (st != STATUS_OK) {
         if (j) job_unref(j);
-        call_fail_status(c, st, status_message());
+        /* ABORTED for a reader still attached: a conflict of the moment (often the client's own
+         * earlier call, whose dropped connection the server has not seen yet), worth retrying. */
+        if (busy) call_fail(c, GRPC_STATUS_ABORTED, status_message());
+        else call_fail_status(c, st, status_message());
         return;
     }
     /* The call's own view of the request, as its first run built it. */
@@ -527,9 +622,23 @@ void grpc_resume_detach(struct call *c)
     const int delivered = c->job_delivered && c->status_sent && !c->client_cancelled;
     pthread_mutex_lock(&j->mu);
     j->attached = 0;
-    if (delivered) j->delivered = 1;
+    /* A first run stays for --journal-detach-grace after its call went, answered whole or not (a
+     * server cannot tell what a dropped connection lost); answered whole, a restart does not
+     * bring it back (its END, after --journal-end-delay). A restart's job is forgotten once
+     * delivered. */
+    const int keep = j->first_run && c->s->opts.journal_detach_grace_s > 0;
+    if (keep) j->t_detached = base_now_s();
+    const int running = j->active > 0;
+    if (delivered && keep && !j->end_journaled) {
+        journal_end(c->s->journal, j->log.key);
+        j->end_journaled = 1;
+    }
+    if (delivered && !keep) j->delivered = 1;
     pthread_mutex_unlock(&j->mu);
-    if (delivered) job_forget(c->s, j);
+    if (delivered && !keep) job_forget(c->s, j);
+    else if (keep && !delivered)
+        LOG_INFO(MODULE, "req=%s: its client went away; %s for %.0f s for the client to reattach", j->log.key,
+                 running ? "it runs on" : "its answer waits", c->s->opts.journal_detach_grace_s);
     job_unref(j); /* the call's */
 }
 

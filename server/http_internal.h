@@ -249,7 +249,10 @@ struct http_gen {
                                     request does, in case its client goes and comes back */
     double          t_detached;  /* a first run whose client went away (--journal-detach-grace):
                                     when it went; 0 while a client reads it, or never detached */
-    int             cancel_pending; /* the sweep found it abandoned: cancelled, then unref'd */
+    int             cancel_pending; /* the sweep found it abandoned and running: it cancels it */
+    int             abandoned;   /* its client did not come back within the grace: no client may
+                                    reattach; it stays listed (its key taken) until its END is queued */
+    struct http_gen *next_cancel; /* the sweep's list of those to cancel */
     double          t_ended;     /* resumed: when its last sample finished (retention) */
     struct journal_entry log;    /* resumed (or keep_log): every event, to rebuild a reattaching
                                     client's view */

@@ -215,54 +215,89 @@ void http_resume_adopt(struct http_gen *g)
     pthread_mutex_unlock(&s->resumed_mu);
 }
 
+/* g leaves s->resumed, delivered or as good as (s->resumed_mu and g->mu held): its END is queued
+ * first, so that its key is never free while an event or the END of it could still follow a new
+ * request's ACCEPT under the same key (a journal with two open ACCEPTs of one key does not load). */
+static void end_before_unlink(struct http_gen *g)
+{
+    g->delivered = 1;
+    if (g->journaled && !g->drained && !g->end_journaled) {
+        journal_end(g->s->journal, g->id);
+        g->end_journaled = 1;
+    }
+}
+
+/* The sweep's result: the requests that left s->resumed (to unref) and those to cancel (a
+ * reference each), both handled outside s->resumed_mu (never under a lock the engine thread
+ * takes). */
+struct swept {
+    struct http_gen *gone, *cancel;
+};
+
 /* Ends the resumed requests whose answer waited past the retention, and the detached first runs
- * whose client did not come back within --journal-detach-grace (those still running marked
- * cancel_pending: the caller cancels them); with s->resumed_mu held. Returns the list of those to unref (outside
- * the lock). */
-static struct http_gen *sweep(struct server *s)
+ * whose client did not come back within --journal-detach-grace: one still running is cancelled
+ * and stays listed, abandoned (no client may reattach, its key stays taken), until its last
+ * event; with s->resumed_mu held. */
+static struct swept sweep(struct server *s)
 {
     const double retain = s->opts.journal_retain_s > 0 ? s->opts.journal_retain_s : 600.0;
     const double grace = s->opts.journal_detach_grace_s;
     const double now = base_now_s();
-    struct http_gen *gone = NULL;
+    struct swept out = {NULL, NULL};
     for (struct http_gen **pp = &s->resumed; *pp;) {
         struct http_gen *g = *pp;
         pthread_mutex_lock(&g->mu);
-        int expired = g->active == 0 && !g->attached && g->t_ended > 0 && now - g->t_ended > retain;
-        const int abandoned = !g->attached && g->t_detached > 0 && now - g->t_detached > grace;
-        if (expired || abandoned) g->delivered = 1; /* as good as: the journal forgets it */
-        g->cancel_pending = abandoned && g->active > 0;
+        const int expired = g->active == 0 && !g->attached && g->t_ended > 0 && now - g->t_ended > retain;
+        const int abandoned = !g->attached && (g->abandoned || (g->t_detached > 0 && now - g->t_detached > grace));
+        const int cancel = abandoned && g->active > 0 && !g->abandoned;
+        const int leave = (expired || abandoned) && g->active == 0;
+        if (abandoned && !g->abandoned)
+            LOG_INFO(MODULE, "req=%s: its client did not come back within %.0f s (--journal-detach-grace): %s", g->id,
+                     grace, cancel ? "cancelled" : "forgotten");
+        else if (expired) LOG_INFO(MODULE, "req=%s: nobody came for its answer within %.0f s: forgotten", g->id, retain);
+        g->abandoned |= abandoned;
+        if (leave) end_before_unlink(g);
         pthread_mutex_unlock(&g->mu);
-        if (!expired && !abandoned) {
+        if (cancel) {
+            atomic_fetch_add(&g->refs, 1);
+            g->next_cancel = out.cancel;
+            out.cancel = g;
+        }
+        if (!leave) {
             pp = &g->next_resumed;
             continue;
         }
-        if (abandoned)
-            LOG_INFO(MODULE, "req=%s: its client did not come back within %.0f s (--journal-detach-grace): %s", g->id,
-                     grace, g->cancel_pending ? "cancelled" : "forgotten");
-        else LOG_INFO(MODULE, "req=%s: nobody came for its answer within %.0f s: forgotten", g->id, retain);
         *pp = g->next_resumed;
-        g->next_resumed = gone;
-        gone = g;
+        g->next_resumed = out.gone;
+        out.gone = g;
     }
-    return gone;
+    return out;
 }
 
 static void unref_all(struct http_gen *g)
 {
     for (struct http_gen *next; g; g = next) {
         next = g->next_resumed;
-        if (g->cancel_pending) http_gen_cancel(g); /* never under a lock the engine thread takes */
         http_gen_unref(g);
     }
+}
+
+static void swept_finish(struct swept w)
+{
+    for (struct http_gen *g = w.cancel, *next; g; g = next) {
+        next = g->next_cancel;
+        http_gen_cancel(g);
+        http_gen_unref(g);
+    }
+    unref_all(w.gone);
 }
 
 void http_resume_sweep(struct server *s)
 {
     pthread_mutex_lock(&s->resumed_mu);
-    struct http_gen *gone = s->resumed ? sweep(s) : NULL;
+    struct swept w = s->resumed ? sweep(s) : (struct swept){NULL, NULL};
     pthread_mutex_unlock(&s->resumed_mu);
-    unref_all(gone);
+    swept_finish(w);
 }
 
 /* The state "eN" of an Anthropic or Responses stream applied to its view, rebuilt with its
@@ -367,12 +402,14 @@ enum status http_resume_attach(struct server *s, const char *key, int front, con
 {
     *out = NULL;
     pthread_mutex_lock(&s->resumed_mu);
-    struct http_gen *gone = sweep(s), *g = http_resume_find(s, key);
+    struct swept w = sweep(s);
+    struct http_gen *g = http_resume_find(s, key);
     if (g && strcmp(g->q.owner, owner)) g = NULL; /* another API key's: as if it did not exist */
+    if (g && g->abandoned) g = NULL;             /* given up on: it goes once its last event came */
     if (g) atomic_fetch_add(&g->refs, 1);
     const enum resume_key_state state_of = g ? RESUME_KEY_RESUMED_HTTP : resume_key_state(s, key);
     pthread_mutex_unlock(&s->resumed_mu);
-    unref_all(gone);
+    swept_finish(w);
     if (state_of == RESUME_KEY_LIVE) /* answered on its own connection only (it ends when that goes) */
         return status_errorf(STATUS_FAILED_PRECONDITION,
                              "request %s is running and answered on the connection that sent it: it can be "
@@ -418,10 +455,11 @@ void http_resume_detach(struct http_gen *g, int delivered)
             found = 1;
             break;
         }
-    pthread_mutex_unlock(&s->resumed_mu);
     pthread_mutex_lock(&g->mu);
+    if (found) end_before_unlink(g); /* (still under s->resumed_mu: its key is not free yet) */
     g->delivered = 1;
     pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&s->resumed_mu);
     if (found) http_gen_unref(g); /* the list's */
 }
 

@@ -332,7 +332,16 @@ static int read_record(struct rbuf *rb, struct journal_entry **v, int *n, size_t
         if (!get_copy(rb, &h, sizeof h)) return 0;
         const char *key = get_str(rb);
         const char *body = get(rb, h.body_len);
-        if (!key || !body || strlen(key) > JOURNAL_KEY_MAX || find(*v, *n, key)) return 0;
+        if (!key || !body || strlen(key) > JOURNAL_KEY_MAX) return 0;
+        struct journal_entry *old = find(*v, *n, key);
+        if (old) {
+            /* A second ACCEPT of an open key (a server that let the key go before the END of its
+             * first request was written): the later request is the one a client can still name;
+             * the earlier is dropped, never the whole journal. */
+            LOG_WARN(MODULE, "req=%s: accepted again before its END: the earlier request is dropped", key);
+            journal_entry_free(old);
+            *old = (*v)[--*n];
+        }
         if (base_grow((void **)v, cap, (size_t)*n + 1, sizeof **v) != 0) return 0;
         struct journal_entry *e = &(*v)[*n];
         memset(e, 0, sizeof *e);

@@ -177,9 +177,10 @@ struct call {
     int            journaled;     /* a first run whose ACCEPT is in the journal: events go there first */
     int            drained;       /* journaled, cut by the server's drain: no END, a restart resumes it */
     struct resume_key live;       /* journaled: its request id in s->live until the call is freed */
-    struct grpc_job *job;         /* reattached: the resumed request it reads (holds a reference) */
-    int            job_next;      /* reattached: the job's next event to take */
-    int            job_delivered; /* reattached: gen_pump sent the request's last message and status */
+    struct grpc_job *job;         /* reattached, or a first run under --journal-detach-grace: the
+                                     job it reads (holds a reference) */
+    int            job_next;      /* with a job: the job's next event to take */
+    int            job_delivered; /* with a job: gen_pump sent the request's last message and status */
     int            replaying;     /* gen_pump sends nothing while a reattach rebuilds the client's view */
     grpc_metadata  resume_md;     /* journaled: shardlm-resume-token in the initial metadata */
     int            has_resume_md;
@@ -543,6 +544,11 @@ void        grpc_journal_event(struct call *c, const struct engine_event *ev);
 /* Loop thread: a call with metadata shardlm-resume-token reattaches to its journaled request
  * (or ends with NOT_FOUND, FAILED_PRECONDITION, INVALID_ARGUMENT, DEADLINE_EXCEEDED). */
 void        grpc_resume_attach(struct call *c, const uint8_t *data, size_t len);
+/* Loop thread: a journaled first run under --journal-detach-grace (ACCEPT on disk, c->live
+ * claimed) submitted as a job that c reads, as a reattached call does: when c's client goes away
+ * the request runs on, reattachable by its token for the grace (then cancelled and forgotten). */
+enum status grpc_resume_first_run(struct call *c, const uint8_t *data, size_t len, const int32_t *ids, int n_ids,
+                                  const struct request_params *p, double deadline);
 /* Loop thread, after every wake: the reattached calls take their jobs' new events and send. */
 void        grpc_resume_pump(struct server *s);
 /* Loop thread: c's client went away (the job runs on) or c is freed (delivered or not). */

@@ -7,8 +7,8 @@ stories260K under --batch-invariant, driven by grpcio. Groups:
              what it assembles from both calls equals an uninterrupted server's answer token for
              token, no message twice, none missing; a delivered request is NOT_FOUND afterwards;
              refusals: an unknown token (NOT_FOUND), a position the stream never had and the wrong
-             method (INVALID_ARGUMENT), a request that another call reads (FAILED_PRECONDITION)
-  live       a token naming a first-run request still answered on its own call: FAILED_PRECONDITION;
+             method (INVALID_ARGUMENT), a request that another call reads (ABORTED)
+  live       a token naming a first-run request still answered on its own call: ABORTED;
              the same request_id sent again while it runs: ALREADY_EXISTS; a token sent to a
              server without a journal: INVALID_ARGUMENT naming --journal
   deadline   a stream whose gRPC deadline passes while the server is down ends with
@@ -21,12 +21,19 @@ stories260K under --batch-invariant, driven by grpcio. Groups:
              and restarted on the same port (SmolLM2-135M's GGUF, --gguf: slow enough that both kills
              land mid-answer; SKIP without it): they go on by themselves (UNAVAILABLE, the token) and
              give the uninterrupted answer
+  detach     --journal-detach-grace, the server up: a stream and a unary call whose client went
+             away (cancelled) are reattached by their token and give the uninterrupted answers;
+             shardlm_client.Client through a TCP proxy whose connections are cut goes on by itself;
+             after the grace NOT_FOUND and the id free again; grace 0 ends the request at once;
+             with SmolLM2's GGUF (slow enough) a request running at the grace's end is cancelled,
+             its id taken again at once, and the journal reopens with nothing open
 Reference answers come from a journaled server that is never interrupted; no expected text here.
 
   test_journal_grpc.py --shardlm BUILD/cli/shardlm [GROUP...]
 """
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -210,10 +217,10 @@ def group_restart(shardlm, model, work):
         hc = holder.call(st, [("shardlm-resume-token", g.token)], stop_after=1)
         other = Reader(g.method, g.req)
         other.call(st, [("shardlm-resume-token", g.token)])
-        check(other.code == grpc.StatusCode.FAILED_PRECONDITION and "another client" in other.details,
+        check(other.code == grpc.StatusCode.ABORTED and "another client" in other.details,
               f"a request another call reads: {other.code} {other.details}")
         other.call(st, [("shardlm-resume-token", g.token)])
-        check(other.code == grpc.StatusCode.FAILED_PRECONDITION, f"and again (the refusal took nothing): {other.code}")
+        check(other.code == grpc.StatusCode.ABORTED, f"and again (the refusal took nothing): {other.code}")
         if hc:
             hc.cancel()
         time.sleep(0.3)  # the server sees the cancel: the request is free again (and runs on)
@@ -252,9 +259,9 @@ def group_live(shardlm, model, work):
         st = stub(srv)
         first = Reader("GenerateStream", gen_req("live-1", max_tokens=400, temperature=1.0, seed=3))
         fc = first.call(st, stop_after=1)
-        other = Reader("GenerateStream", gen_req())
+        other = Reader("GenerateStream", pb.GenerateRequest())
         other.call(st, [("shardlm-resume-token", "live-1")])
-        check(other.code == grpc.StatusCode.FAILED_PRECONDITION and "running" in other.details,
+        check(other.code == grpc.StatusCode.ABORTED and "another client" in other.details,
               f"a token naming a first run answered on its own call: {other.code} {other.details}")
         dup = Reader("GenerateStream", gen_req("live-1", max_tokens=4))
         dup.call(st)
@@ -411,6 +418,10 @@ def kill_twice(srv, shardlm, model, flags, name, progress, step):
         end = time.time() + 60
         while (progress() < step * restart or not journaled(journal, "cu-1")) and time.time() < end:
             time.sleep(0.002)
+        # After a restart, both calls back before the next kill (the stream can reach its step
+        # while the unary call still waits out its 100 ms between attempts).
+        while logs and logs[-1].read_text().count("a gRPC client reattached") < 2 and time.time() < end:
+            time.sleep(0.002)
         kill9(srv)
         srv = server(shardlm, model, *flags, name=f"{name}-{restart}")
         logs.append(srv.log_path)
@@ -529,14 +540,166 @@ def group_cclient(shardlm, model, work, gguf=None):
               + ("" if same else f": {bytes(out[i])!r} vs {want[i]!r}"))
 
 
+class Proxy:
+    """A TCP forwarder in front of a server: cut() closes every connection open through it (a
+    dropped network path, the server up); new connections still go through."""
+
+    def __init__(self, port):
+        self.port, self.lock, self.conns = port, threading.Lock(), []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.target = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                a, _ = self.sock.accept()
+                b = socket.create_connection(("127.0.0.1", self.port))
+            except OSError:
+                return
+            with self.lock:
+                self.conns += [a, b]
+            for x, y in ((a, b), (b, a)):
+                threading.Thread(target=self._pump, args=(x, y), daemon=True).start()
+
+    @staticmethod
+    def _pump(x, y):
+        try:
+            while data := x.recv(65536):
+                y.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self):
+        with self.lock:
+            conns, self.conns = self.conns, []
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+                c.close()
+            except OSError:
+                pass
+
+    def close(self):
+        self.sock.close()
+        self.cut()
+
+
+def group_detach(shardlm, model, work, gguf=None):
+    """--journal-detach-grace on gRPC (default 30 s): a first run whose client goes away (its call
+    cancelled, or its connection cut) runs on, and the client reattaches by its token, the server
+    up, getting the uninterrupted answer; after the grace it is forgotten (and cancelled when it
+    still ran: SmolLM2's GGUF, slow enough); with 0 a client that goes away cancels its request."""
+    method, mk = STREAMS[0]
+    with server(shardlm, model, "--journal", str(work / "journal-detach"), name="detach") as srv:
+        st = stub(srv)
+        ref = Reader(method, mk())
+        ref.call(st)
+        ref_unary = unary_view(st.Generate(UNARY("ud-ref"), timeout=60))
+        r = Reader(method, mk())
+        c = r.call(st, stop_after=3)
+        c.cancel()
+        r.rest(c)
+        check(r.code == grpc.StatusCode.CANCELLED and len(r.msgs) == 3 and r.token,
+              f"the first call went after 3 messages ({r.code}, {len(r.msgs)})")
+        r.call(st, [("shardlm-resume-token", r.token), ("shardlm-resume-from", r.state(2))])
+        got = {k: (v["ids"], v["text"], v["finish"], v["finals"]) for k, v in r.assemble().items()}
+        want = {k: (v["ids"], v["text"], v["finish"], v["finals"]) for k, v in ref.assemble().items()}
+        check(r.code == grpc.StatusCode.OK and got == want,
+              f"its client reattached, the server up, and has the uninterrupted answer, each message once ({r.code})")
+        fut = st.Generate.future(UNARY("ud-1"), timeout=60)
+        end = time.time() + 10
+        while not journaled(work / "journal-detach", "ud-1") and time.time() < end:
+            time.sleep(0.002)
+        fut.cancel()
+        try:
+            ans = st.Generate(pb.GenerateRequest(), metadata=[("shardlm-resume-token", "ud-1")], timeout=60)
+            check(unary_view(ans) == ref_unary, "a unary call that went is fetched whole by its token")
+        except grpc.RpcError as e:
+            check(False, f"a unary call that went, fetched by its token: {e.code()} {e.details()}")
+        # A cut connection, through a proxy: shardlm_client.Client reattaches by itself.
+        proxy = Proxy(int(srv.target.rsplit(":", 1)[1]))
+        client = Client(proxy.target, resume_for=30)
+        chunks = []
+        for ch in client.generate_stream(STORY, max_tokens=400, temperature=1.0, top_p=0.95, seed=6, n=2):
+            chunks.append((ch.index, ch.text, ch.token_ids))
+            if len(chunks) == 3:
+                proxy.cut()
+        client.close()
+        proxy.close()
+        per = {}
+        for i, text, ids in chunks:
+            o = per.setdefault(i, ["", []])
+            o[0] += text
+            o[1] += ids
+        check(per == {k: [v["text"], v["ids"]] for k, v in ref.assemble().items()},
+              "Client across a cut connection (the server up) gives the uninterrupted answer, each chunk once")
+        log = srv.log_path.read_text()
+        check("its client went away" in log and log.count("a gRPC client reattached") == 3,
+              "the log names the detached calls and the reattachments")
+    with server(shardlm, model, "--journal", str(work / "journal-detach-1"), "--journal-detach-grace", "1",
+                name="detach-grace") as srv:
+        st = stub(srv)
+        r = Reader(method, gen_req("dg-1", max_tokens=400, temperature=1.0, seed=31))
+        c = r.call(st, stop_after=2)
+        c.cancel()
+        r.rest(c)
+        time.sleep(2.0)
+        again = Reader(method, pb.GenerateRequest())
+        again.call(st, [("shardlm-resume-token", "dg-1")])
+        check(again.code == grpc.StatusCode.NOT_FOUND, f"after the grace the request is forgotten: {again.code}")
+        check("did not come back within 1 s" in srv.log_path.read_text(), "the log says the grace passed")
+        fresh = Reader(method, gen_req("dg-1", max_tokens=8))
+        fresh.call(st)
+        check(fresh.code == grpc.StatusCode.OK, f"its id is free again: {fresh.code} {fresh.details}")
+    with server(shardlm, model, "--journal", str(work / "journal-detach-0"), "--journal-detach-grace", "0",
+                name="detach-0") as srv:
+        st = stub(srv)
+        r = Reader(method, gen_req("d0-1", max_tokens=400, temperature=1.0, seed=32))
+        c = r.call(st, stop_after=2)
+        c.cancel()
+        r.rest(c)
+        time.sleep(0.2)
+        again = Reader(method, pb.GenerateRequest())
+        again.call(st, [("shardlm-resume-token", "d0-1")])
+        check(again.code == grpc.StatusCode.NOT_FOUND, f"with grace 0 a client that goes away ends it: {again.code}")
+    if not gguf or not Path(gguf).exists():
+        print(f"SKIP detach (cancel at the grace's end): no GGUF at {gguf!r} (tools/fetch_smollm2.sh)")
+        return
+    journal = work / "journal-detach-slow"
+    with server(shardlm, gguf, "--journal", str(journal), "--journal-detach-grace", "1", name="detach-slow") as srv:
+        st = stub(srv)
+        r = Reader(method, gen_req("ds-1", max_tokens=300, temperature=1.0, seed=33))
+        c = r.call(st, stop_after=2)
+        c.cancel()
+        r.rest(c)
+        time.sleep(1.6)
+        log = srv.log_path.read_text()
+        check("req=ds-1: its client did not come back within 1 s (--journal-detach-grace): cancelled" in log,
+              "a request still running when the grace ends is cancelled")
+        fresh, end = Reader(method, gen_req("ds-1", max_tokens=4)), time.time() + 10
+        while time.time() < end:  # ALREADY_EXISTS until the cancelled one's END is queued
+            fresh.call(st)
+            if fresh.code != grpc.StatusCode.ALREADY_EXISTS:
+                break
+            time.sleep(0.05)
+        check(fresh.code == grpc.StatusCode.OK, f"then its id is free for a new request: {fresh.code} {fresh.details}")
+    with server(shardlm, gguf, "--journal", str(journal), name="detach-slow-restart") as srv:
+        log = srv.log_path.read_text()
+        check("0 open request(s)" in log and "accepted again" not in log,
+              "the journal reopens with nothing open: the cancelled request's END came before its id was taken again")
+
+
 GROUPS = {"restart": group_restart, "live": group_live, "deadline": group_deadline, "cancel": group_cancel,
           "owners": group_owners,
-          "drain": group_drain, "client": group_client, "cclient": group_cclient}
+          "drain": group_drain, "client": group_client, "cclient": group_cclient, "detach": group_detach}
 
 
 def main():
     def run(g, shardlm, model, work, a):
-        if g in ("client", "cclient"):
+        if g in ("client", "cclient", "detach"):
             GROUPS[g](shardlm, model, work, a.gguf)
         else:
             GROUPS[g](shardlm, model, work)

@@ -12,9 +12,10 @@ the examples.
 Against a server with a stream journal (`serve --journal DIR`, docs/reliability.md), generation
 calls survive a server restart by themselves: the server names each journaled call's resume token
 in its initial metadata (shardlm-resume-token), and when the call fails with UNAVAILABLE (the
-server was killed, drained or is restarting) the client calls again with the token and, for a
-stream, what it already has (shardlm-resume-from), for up to Client(resume_for=60) seconds, so
-that the caller sees every chunk once. Calls to a server without a journal carry no token and
+server was killed, drained or is restarting, or the connection dropped: the server keeps the
+request for --journal-detach-grace) the client calls again with the token and, for a stream, what
+it already has (shardlm-resume-from), for up to Client(resume_for=60) seconds (ABORTED, the server
+still seeing the dropped call, is retried too), so that the caller sees every chunk once. Calls to a server without a journal carry no token and
 fail as before.
 """
 from __future__ import annotations
@@ -273,7 +274,12 @@ class Stream:
                                 r.content, r.reasoning_content, _tool_calls(r.tool_calls))
                 return
             except grpc.RpcError as e:
-                if self._cancelled or not token or e.code() != grpc.StatusCode.UNAVAILABLE:
+                # UNAVAILABLE: the server or the connection went; ABORTED (a reattach only): the
+                # server still sees an earlier call of ours reading it (its dropped connection
+                # not noticed yet).
+                again = e.code() == grpc.StatusCode.UNAVAILABLE or (
+                    e.code() == grpc.StatusCode.ABORTED and give_up is not None)
+                if self._cancelled or not token or not again:
                     raise
                 give_up = give_up or time.monotonic() + self._resume_for
                 if time.monotonic() > give_up:
@@ -369,8 +375,8 @@ class Client:
             time.sleep(0.1)
             try:
                 return method(req, **kw)
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > give_up:
+            except grpc.RpcError as e:  # ABORTED: our earlier call still reads it (Stream.__iter__)
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED) or time.monotonic() > give_up:
                     raise
 
     def _stream(self, method, req, timeout) -> Stream:
