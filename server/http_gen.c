@@ -518,7 +518,7 @@ enum status http_gen_submit(struct server *s, struct http_request *q, int fd, co
     *out = NULL;
     if (st != STATUS_OK) return st;
     if (s->journal &&
-        ((st = http_resume_claim(s, g)) != STATUS_OK || (st = journal_accept_gen(g, body, body_len)) != STATUS_OK)) {
+        ((st = http_resume_claim(s, g, id != NULL)) != STATUS_OK || (st = journal_accept_gen(g, body, body_len)) != STATUS_OK)) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", status_message());
         http_gen_unref(g);

@@ -359,6 +359,24 @@ def live_key(port):
     check(code == 200 and json.loads(text)["id"] == "dup-1", f"the key after its request ended: a new request: {code} {text[:160]}")
 
 
+def squatted_ids(port):
+    """Server ids are guessable (the boot id is in every answer, then a counter), and a keyed request
+    holds its key for --journal-detach-grace after its answer: a client that sends upcoming server
+    ids as its Idempotency-Keys must not lock others out (a request without a key got 409); the
+    server makes another id instead."""
+    body = dict(prompt="a", max_tokens=2)
+    code, _, text = post(port, "/v1/completions", body)
+    prefix, n = json.loads(text)["id"].rsplit("-", 1)
+    taken = [f"{prefix}-{int(n) + 4 + k}" for k in range(3)]  # three keyed requests use up n+1..n+3
+    for key in taken:
+        code, _, text = post(port, "/v1/completions", body, {"Idempotency-Key": key})
+        check(code == 200 and json.loads(text)["id"] == key, f"a key shaped like a server id is taken: {code}")
+    code, _, text = post(port, "/v1/completions", body)
+    rid = json.loads(text).get("id") if code == 200 else None
+    check(code == 200 and rid not in taken and rid.startswith(prefix),
+          f"a request without a key whose server id another request holds gets another id: {code} {rid} {taken}")
+
+
 def group_errors(shardlm, model, work):
     with TS.Server(shardlm, model, name="nojournal", http=True) as srv:
         code, _, text = post(srv.http_port, "/v1/completions", dict(prompt="a", max_tokens=2),
@@ -398,6 +416,7 @@ def group_errors(shardlm, model, work):
         code, _, text = post(srv.http_port, "/v1/completions", dict(prompt="a"), {"Last-Event-ID": key + ";-"})
         check(code == 404, f"an answer nobody fetched within --journal-retain is forgotten: {code} {text[:120]}")
         check("nobody came for its answer" in srv.log_path.read_text(), "the forgetting is logged")
+        squatted_ids(srv.http_port)  # (the default grace: keys held after their answers)
     (work / "afile").write_text("x")
     r = subprocess.run([shardlm, "serve", "--model", str(model), "--http", "127.0.0.1:0", "--listen", "127.0.0.1:0",
                         "--journal", str(work / "afile")], capture_output=True, text=True, timeout=60)
