@@ -52,8 +52,11 @@
  *   --journal-retain S       a resumed request's answer waits this long for its client [600]
  *   --journal-end-delay S    a delivered answer stays resumable this long after its last bytes
  *                            went out, against a crash before the client read them [10; 0 off]
- *   --journal-detach-grace S an HTTP request whose client went away (a dropped connection) runs
- *                            on this long for it to reattach, then is cancelled [30; 0: at once]
+ *   --journal-detach-grace S a request (HTTP or gRPC) whose client went away (a dropped
+ *                            connection) runs on this long for it to reattach, then is
+ *                            cancelled [30; 0: at once]
+ *   --journal-detach-max N   at most N such requests kept at once; past it a client that goes
+ *                            away cancels its request [64]
  *   --fine-tuning DIR        OpenAI's /v1/files and /v1/fine_tuning/jobs (docs/server.md): uploads
  *                            and jobs under DIR; a job trains a LoRA adapter on a served model
  *                            and the server then serves it as the job's fine_tuned_model
@@ -114,7 +117,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--http-max-connections-per-address N (3/4 of the above; 0 = no cap)] [--http-header-timeout S (10)]\n"
                     "         [--http-body-timeout S (60)] [--responses-store N (1024)]\n"
                     "         [--journal DIR [--journal-fsync accept|always|never] [--journal-retain S (600)]\n"
-                    "          [--journal-end-delay S (10)] [--journal-detach-grace S (30)]]\n"
+                    "          [--journal-end-delay S (10)] [--journal-detach-grace S (30)] [--journal-detach-max N (64)]]\n"
                     "         [--fine-tuning DIR [--fine-tuning-threads N (1)] [--fine-tuning-max-file-mb N (64)]\n"
                     "          [--fine-tuning-seq-length N (512)]]\n"
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
@@ -335,6 +338,10 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--journal-detach-grace")) {
             if (number_in(v, 0, 86400.0, &o.journal_detach_grace_s))
                 return usage("--journal-detach-grace must be a number of seconds in [0, 86400], got '%s'", v);
+        } else if (!strcmp(a, "--journal-detach-max")) {
+            if (base_parse_long(v, 1, 1 << 20, &n))
+                return usage("--journal-detach-max must be an integer in [1, 1048576], got '%s'", v);
+            o.journal_detach_max = (int)n;
         }
         else if (!strcmp(a, "--http-max-connections")) {
             if (base_parse_long(v, 1, 65536, &n)) return usage("--http-max-connections must be an integer in [1, 65536], got '%s'", v);

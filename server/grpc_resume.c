@@ -323,6 +323,13 @@ enum status grpc_resume_first_run(struct call *c, const uint8_t *data, size_t le
     return STATUS_OK;
 }
 
+int grpc_resume_detached(struct server *s)
+{
+    int n = 0;
+    for (struct grpc_job *j = s->grpc_jobs; j; j = j->next) n += j->first_run && !j->attached && !j->abandoned;
+    return n;
+}
+
 struct grpc_job *grpc_resume_find(struct server *s, const char *key)
 {
     struct grpc_job *j = s->grpc_jobs;
@@ -629,25 +636,40 @@ void grpc_resume_detach(struct call *c)
     c->engine_active = 0; /* its samples are the job's: nothing of the engine refers to the call */
     /* The whole answer, or the request's error, reached the client (gen_pump's last send). */
     const int delivered = c->job_delivered && c->status_sent && !c->client_cancelled;
-    pthread_mutex_lock(&j->mu);
-    j->attached = 0;
     /* A first run stays for --journal-detach-grace after its call went, answered whole or not (a
      * server cannot tell what a dropped connection lost); answered whole, a restart does not
-     * bring it back (its END, after --journal-end-delay). A restart's job is forgotten once
-     * delivered. */
-    const int keep = j->first_run && c->s->opts.journal_detach_grace_s > 0;
+     * bring it back (its END, after --journal-end-delay). With --journal-detach-max kept
+     * already it goes as with no grace (abandoned: cancelled, forgotten once ended). A
+     * restart's job is forgotten once delivered. */
+    struct server *s = c->s;
+    const int grace = j->first_run && s->opts.journal_detach_grace_s > 0;
+    int full = 0;
+    if (grace) {
+        pthread_mutex_lock(&s->resumed_mu);
+        full = resume_detached_full(s);
+        pthread_mutex_unlock(&s->resumed_mu);
+    }
+    const int keep = grace && !full;
+    pthread_mutex_lock(&j->mu);
+    j->attached = 0;
     if (keep) j->t_detached = base_now_s();
     const int running = j->active > 0;
     if (delivered && keep && !j->end_journaled) {
-        journal_end(c->s->journal, j->log.key);
+        journal_end(s->journal, j->log.key);
         j->end_journaled = 1;
     }
+    if (grace && !keep && !delivered) j->abandoned = 1;
     if (delivered && !keep) j->delivered = 1;
     pthread_mutex_unlock(&j->mu);
-    if (delivered && !keep) job_forget(c->s, j);
-    else if (keep && !delivered)
+    if (delivered && !keep) job_forget(s, j);
+    else if (grace && !keep) {
+        LOG_WARN(MODULE, "req=%s: its client went away with --journal-detach-max (%d) requests kept for theirs: %s",
+                 j->log.key, s->opts.journal_detach_max > 0 ? s->opts.journal_detach_max : 64,
+                 running ? "cancelled" : "forgotten");
+        if (running) job_cancel(j);
+    } else if (keep && !delivered)
         LOG_INFO(MODULE, "req=%s: its client went away; %s for %.0f s for the client to reattach", j->log.key,
-                 running ? "it runs on" : "its answer waits", c->s->opts.journal_detach_grace_s);
+                 running ? "it runs on" : "its answer waits", s->opts.journal_detach_grace_s);
     job_unref(j); /* the call's */
 }
 

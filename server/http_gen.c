@@ -122,7 +122,7 @@ static int take_event(struct http_gen *g, struct http_run *r, const struct engin
     struct sample_buf *b = &g->samples[r->index * g->n_per_run + sample];
     double now = base_now_s();
     if (ev->n_tokens > 0 && g->t_first == 0) g->t_first = now;
-    sample_buf_note_tokens(b, g->s->metrics, ev->n_tokens, now);
+    if (!g->replaying) sample_buf_note_tokens(b, g->s->metrics, ev->n_tokens, now); /* (a replay's are not latencies) */
     if (ev->kind == ENGINE_EVENT_FINISHED && ev->queue_seconds >= 0 && (g->queue_s < 0 || ev->queue_seconds < g->queue_s))
         g->queue_s = ev->queue_seconds;
     sample_buf_append(b, ev->tokens, ev->n_tokens, ev->logprobs, ev->top, ev->n_top, ev->text, ev->text_len);
@@ -244,8 +244,18 @@ enum http_hangup http_gen_hangup(struct http_gen *g)
 
 void http_gen_after_hangup(struct http_gen *g, enum http_hangup h)
 {
+    if (h == HTTP_HANGUP_DETACH && !http_resume_adopt(g)) {
+        /* --journal-detach-max are kept already: a hang-up as with no grace. */
+        pthread_mutex_lock(&g->mu);
+        g->resumed = 0;
+        g->hangup = 1;
+        h = g->active > 0 ? HTTP_HANGUP_CANCEL : HTTP_HANGUP_NONE;
+        pthread_mutex_unlock(&g->mu);
+        LOG_WARN("journal", "req=%s: its client went away with --journal-detach-max (%d) requests kept for theirs: %s",
+                 g->id, g->s->opts.journal_detach_max > 0 ? g->s->opts.journal_detach_max : 64,
+                 h == HTTP_HANGUP_CANCEL ? "cancelled" : "forgotten");
+    }
     if (h == HTTP_HANGUP_CANCEL) http_gen_cancel(g);
-    else if (h == HTTP_HANGUP_DETACH) http_resume_adopt(g);
 }
 
 /* Cancels every submitted run (a run that already ended is not found: no harm). Runs are only

@@ -204,15 +204,27 @@ int http_resume_entry(struct server *s, struct journal_entry *e)
 
 /* ---- clients that come back ------------------------------------------------------------------ */
 
-void http_resume_adopt(struct http_gen *g)
+int http_resume_detached(struct server *s)
+{
+    int n = 0;
+    for (struct http_gen *g = s->resumed; g; g = g->next_resumed) n += g->keep_log && !g->attached && !g->abandoned;
+    return n;
+}
+
+int http_resume_adopt(struct http_gen *g)
 {
     struct server *s = g->s;
-    atomic_fetch_add(&g->refs, 1); /* the list's */
     pthread_mutex_lock(&s->resumed_mu);
+    if (resume_detached_full(s)) {
+        pthread_mutex_unlock(&s->resumed_mu);
+        return 0;
+    }
+    atomic_fetch_add(&g->refs, 1); /* the list's */
     resume_key_unlink(s, &g->live); /* the key is never free in between */
     g->next_resumed = s->resumed;
     s->resumed = g;
     pthread_mutex_unlock(&s->resumed_mu);
+    return 1;
 }
 
 /* g leaves s->resumed, delivered or as good as (s->resumed_mu and g->mu held): its END is queued
@@ -393,7 +405,9 @@ static void rebuild_view(struct http_gen *g)
     g->active = g->n_samples;
     g->end_status = STATUS_OK;
     g->end_message[0] = '\0';
+    const double t_ended = g->t_ended;
     replay(g, &g->log);
+    if (t_ended > 0) g->t_ended = t_ended; /* the retention counts from the real end, not a replay's */
 }
 
 void http_resume_store_final(struct http_gen *g)

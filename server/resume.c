@@ -97,6 +97,12 @@ void resume_key_release(struct server *s, struct resume_key *k)
     pthread_mutex_unlock(&s->resumed_mu);
 }
 
+int resume_detached_full(struct server *s)
+{
+    const int max = s->opts.journal_detach_max > 0 ? s->opts.journal_detach_max : 64;
+    return http_resume_detached(s) + grpc_resume_detached(s) >= max;
+}
+
 void resume_sweep(struct server *s)
 {
     if (!s->journal) return;

@@ -512,6 +512,11 @@ enum status resume_open(struct server *s);
 void        resume_all(struct server *s);
 /* Who has key now; with s->resumed_mu held. */
 enum resume_key_state resume_key_state(struct server *s, const char *key);
+/* 1 when --journal-detach-max first runs whose client went away are kept already (both
+ * fronts: http_resume_detached, grpc_resume_detached count them); with s->resumed_mu held. */
+int         resume_detached_full(struct server *s);
+int         grpc_resume_detached(struct server *s); /* with s->resumed_mu held */
+int         http_resume_detached(struct server *s); /* with s->resumed_mu held */
 /* Puts k (k->key set) in s->live when no request has its key, and returns RESUME_KEY_FREE;
  * else returns who has it and takes nothing. resume_key_release takes it out (when in). */
 enum resume_key_state resume_key_claim(struct server *s, struct resume_key *k);

@@ -97,6 +97,25 @@ def group_detach(shardlm, model, work):
         log = srv.log_path.read_text()
         check(code == 404 and "did not come back within 3 s" in log,
               f"a stream nobody came back for is forgotten after the grace: {code} {text[:150]}")
+    # --journal-detach-max: past it a client that goes away ends its request (a client dropping
+    # connection after connection cannot keep unbounded work or memory for later).
+    with server(shardlm, model, "--journal", str(work / "j-detach-max"), "--journal-detach-max", "1",
+                name="detach-max") as srv:
+        p, ids = srv.http_port, []
+        for seed in (41, 42):
+            c = http.client.HTTPConnection("127.0.0.1", p, timeout=60)
+            c.request("POST", path, json.dumps(dict(body, max_tokens=480, seed=seed)), {"Content-Type": "application/json"})
+            ids.append(c.getresponse().readline().decode()[4:].rstrip("\n"))
+            reset(c)
+            time.sleep(0.3)  # the server sees the reset (it polls every 100 ms)
+        kept = Stream(path, dict(body, max_tokens=480, seed=41))
+        kept.last_id = ids[0]
+        kept.read(p)
+        code, _, text = post(p, path, dict(body, max_tokens=480, seed=42), {"Last-Event-ID": ids[1]})
+        log = srv.log_path.read_text()
+        check(kept.done and kept.statuses == [200] and code == 404 and "--journal-detach-max (1)" in log,
+              f"--journal-detach-max 1: the first request that went is kept ({kept.statuses}), the second ended "
+              f"at once ({code}), the log says why")
 
 
 def group_owners(shardlm, model, work):

@@ -663,6 +663,23 @@ def group_detach(shardlm, model, work, gguf=None):
         fresh = Reader(method, gen_req("dg-1", max_tokens=8))
         fresh.call(st)
         check(fresh.code == grpc.StatusCode.OK, f"its id is free again: {fresh.code} {fresh.details}")
+    with server(shardlm, model, "--journal", str(work / "journal-detach-max"), "--journal-detach-max", "1",
+                name="detach-max") as srv:
+        st, readers = stub(srv), []
+        for seed in (41, 42):
+            r = Reader(method, gen_req(f"dm-{seed}", max_tokens=400, temperature=1.0, seed=seed))
+            c = r.call(st, stop_after=1)
+            c.cancel()
+            r.rest(c)
+            readers.append(r)
+            time.sleep(0.1)
+        kept, gone = readers
+        kept.call(st, [("shardlm-resume-token", "dm-41"), ("shardlm-resume-from", kept.state(1))])
+        gone.call(st, [("shardlm-resume-token", "dm-42"), ("shardlm-resume-from", gone.state(1))])
+        check(kept.code == grpc.StatusCode.OK and gone.code == grpc.StatusCode.NOT_FOUND and
+              "--journal-detach-max (1)" in srv.log_path.read_text(),
+              f"--journal-detach-max 1: the first call that went is kept ({kept.code}), the second's request ended "
+              f"({gone.code}), the log says why")
     with server(shardlm, model, "--journal", str(work / "journal-detach-0"), "--journal-detach-grace", "0",
                 name="detach-0") as srv:
         st = stub(srv)
