@@ -529,6 +529,16 @@ void grpc_resume_attach(struct call *c, const uint8_t *data, size_t len)
     struct grpc_job *j = grpc_resume_find(s, key);
     if (j && strcmp(j->log.owner, c->owner)) j = NULL; /* another API key's: as if it did not exist */
     if (j && j->abandoned) j = NULL;                   /* given up on: it goes once its last event came */
+    int busy = 0;
+    const int fits = j && method_of(j->log.front) == c->method &&
+                     (!len || (len == j->log.body_len && !memcmp(data, j->log.body, len)));
+    if (j && fits) {
+        /* Claimed under the lists' lock, so that no sweep gives it up in between. */
+        pthread_mutex_lock(&j->mu);
+        busy = j->attached;
+        if (!busy) j->attached = 1, j->t_detached = 0;
+        pthread_mutex_unlock(&j->mu);
+    }
     if (j) atomic_fetch_add(&j->refs, 1);
     const enum resume_key_state who = j ? RESUME_KEY_RESUMED_GRPC : resume_key_state(s, key);
     pthread_mutex_unlock(&s->resumed_mu);
@@ -548,15 +558,12 @@ void grpc_resume_attach(struct call *c, const uint8_t *data, size_t len)
     else if (len && (len != j->log.body_len || memcmp(data, j->log.body, len)))
         st = status_errorf(STATUS_INVALID_ARGUMENT, "a reattaching call's request must be empty or the original "
                            "request of %s", key);
-    int busy = 0;
-    if (st == STATUS_OK) {
+    if (st == STATUS_OK && busy) {
         pthread_mutex_lock(&j->mu);
-        busy = j->attached;
-        if (busy)
-            st = status_errorf(STATUS_FAILED_PRECONDITION, "request %s: another client is reading its answer (%s); "
-                               "reattach once that call has ended", key, j->active > 0 ? "it is running" : "it ended");
-        else j->attached = 1, j->t_detached = 0;
+        const int running = j->active > 0;
         pthread_mutex_unlock(&j->mu);
+        st = status_errorf(STATUS_FAILED_PRECONDITION, "request %s: another client is reading its answer (%s); "
+                           "reattach once that call has ended", key, running ? "it is running" : "it ended");
     }
     if (st != STATUS_OK) {
         if (j) job_unref(j);

@@ -425,7 +425,15 @@ enum status http_resume_attach(struct server *s, const char *key, int front, con
     struct swept w = sweep(s);
     struct http_gen *g = http_resume_find(s, key);
     if (g && strcmp(g->q.owner, owner)) g = NULL; /* another API key's: as if it did not exist */
-    if (g && g->abandoned) g = NULL;             /* given up on: it goes once its last event came */
+    int other = 0, sent_to = front;
+    if (g) {
+        /* Claimed under the lists' lock, so that no sweep gives it up in between. */
+        pthread_mutex_lock(&g->mu);
+        other = g->attached, sent_to = g->front;
+        if (!g->abandoned && !other && sent_to == front) g->attached = 1;
+        pthread_mutex_unlock(&g->mu);
+    }
+    if (g && g->abandoned) g = NULL; /* given up on: it goes once its last event came */
     if (g) atomic_fetch_add(&g->refs, 1);
     const enum resume_key_state state_of = g ? RESUME_KEY_RESUMED_HTTP : resume_key_state(s, key);
     pthread_mutex_unlock(&s->resumed_mu);
@@ -438,16 +446,14 @@ enum status http_resume_attach(struct server *s, const char *key, int front, con
         return status_errorf(STATUS_FAILED_PRECONDITION,
                              "request %s was a gRPC call: reattach with gRPC (metadata shardlm-resume-token)", key);
     if (!g) return status_errorf(STATUS_NOT_FOUND, "no journaled request %s", key);
-    pthread_mutex_lock(&g->mu);
-    if (g->attached || g->front != front) {
-        const int other = g->attached, sent_to = g->front;
-        pthread_mutex_unlock(&g->mu);
+    if (other || sent_to != front) { /* (not claimed) */
         http_gen_unref(g);
         if (other) return status_errorf(STATUS_FAILED_PRECONDITION, "request %s: another client is reading its answer", key);
         return status_errorf(STATUS_INVALID_ARGUMENT, "request %s was sent to %s: reattach to it there", key,
                              http_resume_endpoint(sent_to));
     }
-    g->attached = 1; /* before the replay: an Anthropic or Responses stream forms its events in it */
+    pthread_mutex_lock(&g->mu); /* attached (claimed above) before the replay: an Anthropic or
+                                   Responses stream forms its events in it */
     rebuild_view(g);
     enum status st = state ? apply_state(g, state) : STATUS_OK;
     LOG_INFO(MODULE, "req=%s: a client reattached at %s: %d events, %d of %d samples running", key, state ? state : "the start",
