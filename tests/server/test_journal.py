@@ -508,6 +508,19 @@ def group_client(shardlm, model, work):
     check(assemble(got)[0] == want, "resume.stream yields the uninterrupted answer's chunks, once each")
     check("answer" in unary and unary_view(json.dumps(unary["answer"]))[0] == want_unary,
           "resume.request returns the uninterrupted unary answer")
+    # A cut connection, the server up (--journal-detach-grace): through a TCP proxy whose
+    # connections are cut after 3 chunks, resume.stream reconnects by itself (a 409 while the
+    # server still sees the old connection is waited out).
+    with server(shardlm, model, "--journal", str(work / "journal-client-cut"), name="client-cut") as srv:
+        proxy = TS.Proxy(srv.http_port)
+        got = []
+        for chunk in resume.stream(f"http://{proxy.target}", path, body, retry_for=30):
+            got.append(chunk)
+            if len(got) == 3:
+                proxy.cut()
+        proxy.close()
+        check(assemble(got)[0] == want and "a client reattached" in srv.log_path.read_text(),
+              "resume.stream across a cut connection (the server up) yields the uninterrupted chunks, once each")
 
 
 def rank0_of(srv):

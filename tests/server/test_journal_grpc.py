@@ -33,7 +33,6 @@ Reference answers come from a journaled server that is never interrupted; no exp
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -549,53 +548,6 @@ def group_cclient(shardlm, model, work, gguf=None):
               + ("" if same else f": {bytes(out[i])!r} vs {want[i]!r}"))
 
 
-class Proxy:
-    """A TCP forwarder in front of a server: cut() closes every connection open through it (a
-    dropped network path, the server up); new connections still go through."""
-
-    def __init__(self, port):
-        self.port, self.lock, self.conns = port, threading.Lock(), []
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.target = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                a, _ = self.sock.accept()
-                b = socket.create_connection(("127.0.0.1", self.port))
-            except OSError:
-                return
-            with self.lock:
-                self.conns += [a, b]
-            for x, y in ((a, b), (b, a)):
-                threading.Thread(target=self._pump, args=(x, y), daemon=True).start()
-
-    @staticmethod
-    def _pump(x, y):
-        try:
-            while data := x.recv(65536):
-                y.sendall(data)
-        except OSError:
-            pass
-
-    def cut(self):
-        with self.lock:
-            conns, self.conns = self.conns, []
-        for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-                c.close()
-            except OSError:
-                pass
-
-    def close(self):
-        self.sock.close()
-        self.cut()
-
-
 def group_detach(shardlm, model, work, gguf=None):
     """--journal-detach-grace on gRPC (default 30 s): a first run whose client goes away (its call
     cancelled, or its connection cut) runs on, and the client reattaches by its token, the server
@@ -629,7 +581,7 @@ def group_detach(shardlm, model, work, gguf=None):
         except grpc.RpcError as e:
             check(False, f"a unary call that went, fetched by its token: {e.code()} {e.details()}")
         # A cut connection, through a proxy: shardlm_client.Client reattaches by itself.
-        proxy = Proxy(int(srv.target.rsplit(":", 1)[1]))
+        proxy = TS.Proxy(int(srv.target.rsplit(":", 1)[1]))
         client = Client(proxy.target, resume_for=30)
         chunks = []
         for ch in client.generate_stream(STORY, max_tokens=400, temperature=1.0, top_p=0.95, seed=6, n=2):

@@ -1,8 +1,10 @@
 """clients/python/shardlm_client/resume.py - OpenAI-compatible HTTP requests that survive a server
 restart, for a server started with `serve --journal DIR` (docs/reliability.md): the helpers send
 an Idempotency-Key, remember the SSE id of every chunk, and when the connection breaks (the
-server was killed or drained) or the server answers 503 while it restarts, they reconnect with
-Last-Event-ID (or the key, before the first chunk) and go on, so the caller sees every chunk once.
+server was killed or drained, or the connection dropped with the server up) or the server answers
+503 while it restarts, they reconnect with Last-Event-ID (or the key, before the first chunk) and go
+on, so the caller sees every chunk once (a 409 on a reconnection, the server still seeing the
+dropped connection, is waited out too).
 Standard library only (http.client); the official `openai` package has no reconnection of its own.
 
     from shardlm_client.resume import stream, request
@@ -60,7 +62,7 @@ def stream(base, path, body, headers=None, key=None, retry_for=120.0, timeout=30
     """Yields the JSON chunks of a streamed completion (body["stream"] must be true) as they
     come, once each, across reconnections. key: the Idempotency-Key (a fresh one by default)."""
     key = key or f"py-{uuid.uuid4().hex}"
-    last, backoff = None, _Backoff(retry_for)
+    last, backoff, again = None, _Backoff(retry_for), False
     while True:
         h = dict(headers or {})
         if last:
@@ -70,7 +72,7 @@ def stream(base, path, body, headers=None, key=None, retry_for=120.0, timeout=30
         c = None
         try:
             c, r = _post(base, path, body, h, timeout)
-            if r.status == 503:  # restarting
+            if r.status == 503 or (r.status == 409 and again):  # restarting; our dropped connection still read
                 backoff.wait()
                 continue
             if r.status != 200:
@@ -96,13 +98,14 @@ def stream(base, path, body, headers=None, key=None, retry_for=120.0, timeout=30
         finally:
             if c:
                 c.close()
+        again = True
         backoff.wait()
 
 
 def request(base, path, body, headers=None, key=None, retry_for=120.0, timeout=300.0):
     """The JSON answer of a unary completion, fetched again by its Idempotency-Key after a restart."""
     key = key or f"py-{uuid.uuid4().hex}"
-    backoff = _Backoff(retry_for)
+    backoff, again = _Backoff(retry_for), False
     while True:
         c = None
         try:
@@ -110,11 +113,12 @@ def request(base, path, body, headers=None, key=None, retry_for=120.0, timeout=3
             text = r.read().decode(errors="replace")
             if r.status == 200:
                 return json.loads(text)
-            if r.status != 503:
+            if r.status != 503 and not (r.status == 409 and again):  # 409 again: our dropped connection still read
                 raise ResumeError(r.status, text)
         except (ConnectionError, OSError, http.client.HTTPException):
             pass
         finally:
             if c:
                 c.close()
+        again = True
         backoff.wait()
