@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "fuzz_util.h"
-#include "grammar.h"
+#include "fuzz_grammar_vocab.h"
 
 static struct grammar_vocab *vocab;
 
@@ -18,15 +18,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
     fuzz_init();
-    static const char *multi[] = {"{\"", "\":", "\",", "true", "null", "ab", "\xc3\xa9", "\\\"", "12", "a\"", NULL};
-    static char bytes[256];
-    const char *toks[300];
-    int lens[300], n = 0;
-    for (int i = 0; i < 256; i++) bytes[i] = (char)i, toks[n] = &bytes[i], lens[n++] = 1;
-    for (int i = 0; multi[i]; i++) toks[n] = multi[i], lens[n++] = (int)strlen(multi[i]);
-    int32_t end = n;
-    toks[n] = "", lens[n++] = 0;
-    if (grammar_vocab_new_bytes(toks, lens, n, n + 3, &end, 1, &vocab) != STATUS_OK) abort();
+    vocab = fuzz_grammar_vocab();
     return 0;
 }
 

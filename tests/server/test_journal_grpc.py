@@ -548,6 +548,22 @@ def group_cclient(shardlm, model, work, gguf=None):
               + ("" if same else f": {bytes(out[i])!r} vs {want[i]!r}"))
 
 
+def went(st, method, rid, seed, k):
+    """A stream of request rid whose client reads k messages and goes (cancels its call)."""
+    r = Reader(method, gen_req(rid, max_tokens=400, temperature=1.0, seed=seed))
+    c = r.call(st, stop_after=k)
+    c.cancel()
+    r.rest(c)
+    return r
+
+
+def reattach_code(st, method, rid):
+    """The status of a call that reattaches to rid from the start."""
+    again = Reader(method, pb.GenerateRequest())
+    again.call(st, [("shardlm-resume-token", rid)])
+    return again.code
+
+
 def group_detach(shardlm, model, work, gguf=None):
     """--journal-detach-grace on gRPC (default 30 s): a first run whose client goes away (its call
     cancelled, or its connection cut) runs on, and the client reattaches by its token, the server
@@ -603,29 +619,20 @@ def group_detach(shardlm, model, work, gguf=None):
     with server(shardlm, model, "--journal", str(work / "journal-detach-1"), "--journal-detach-grace", "1",
                 name="detach-grace") as srv:
         st = stub(srv)
-        r = Reader(method, gen_req("dg-1", max_tokens=400, temperature=1.0, seed=31))
-        c = r.call(st, stop_after=2)
-        c.cancel()
-        r.rest(c)
+        went(st, method, "dg-1", 31, 2)
         time.sleep(2.0)
-        again = Reader(method, pb.GenerateRequest())
-        again.call(st, [("shardlm-resume-token", "dg-1")])
-        check(again.code == grpc.StatusCode.NOT_FOUND, f"after the grace the request is forgotten: {again.code}")
+        code = reattach_code(st, method, "dg-1")
+        check(code == grpc.StatusCode.NOT_FOUND, f"after the grace the request is forgotten: {code}")
         check("did not come back within 1 s" in srv.log_path.read_text(), "the log says the grace passed")
         fresh = Reader(method, gen_req("dg-1", max_tokens=8))
         fresh.call(st)
         check(fresh.code == grpc.StatusCode.OK, f"its id is free again: {fresh.code} {fresh.details}")
     with server(shardlm, model, "--journal", str(work / "journal-detach-max"), "--journal-detach-max", "1",
                 name="detach-max") as srv:
-        st, readers = stub(srv), []
-        for seed in (41, 42):
-            r = Reader(method, gen_req(f"dm-{seed}", max_tokens=400, temperature=1.0, seed=seed))
-            c = r.call(st, stop_after=1)
-            c.cancel()
-            r.rest(c)
-            readers.append(r)
-            time.sleep(0.1)
-        kept, gone = readers
+        st = stub(srv)
+        kept = went(st, method, "dm-41", 41, 1)
+        time.sleep(0.1)
+        gone = went(st, method, "dm-42", 42, 1)
         kept.call(st, [("shardlm-resume-token", "dm-41"), ("shardlm-resume-from", kept.state(1))])
         gone.call(st, [("shardlm-resume-token", "dm-42"), ("shardlm-resume-from", gone.state(1))])
         check(kept.code == grpc.StatusCode.OK and gone.code == grpc.StatusCode.NOT_FOUND and
@@ -635,24 +642,17 @@ def group_detach(shardlm, model, work, gguf=None):
     with server(shardlm, model, "--journal", str(work / "journal-detach-0"), "--journal-detach-grace", "0",
                 name="detach-0") as srv:
         st = stub(srv)
-        r = Reader(method, gen_req("d0-1", max_tokens=400, temperature=1.0, seed=32))
-        c = r.call(st, stop_after=2)
-        c.cancel()
-        r.rest(c)
+        went(st, method, "d0-1", 32, 2)
         time.sleep(0.2)
-        again = Reader(method, pb.GenerateRequest())
-        again.call(st, [("shardlm-resume-token", "d0-1")])
-        check(again.code == grpc.StatusCode.NOT_FOUND, f"with grace 0 a client that goes away ends it: {again.code}")
+        code = reattach_code(st, method, "d0-1")
+        check(code == grpc.StatusCode.NOT_FOUND, f"with grace 0 a client that goes away ends it: {code}")
     if not gguf or not Path(gguf).exists():
         print(f"SKIP detach (cancel at the grace's end): no GGUF at {gguf!r} (tools/fetch_smollm2.sh)")
         return
     journal = work / "journal-detach-slow"
     with server(shardlm, gguf, "--journal", str(journal), "--journal-detach-grace", "1", name="detach-slow") as srv:
         st = stub(srv)
-        r = Reader(method, gen_req("ds-1", max_tokens=300, temperature=1.0, seed=33))
-        c = r.call(st, stop_after=2)
-        c.cancel()
-        r.rest(c)
+        went(st, method, "ds-1", 33, 2)
         time.sleep(1.6)
         log = srv.log_path.read_text()
         check("req=ds-1: its client did not come back within 1 s (--journal-detach-grace): cancelled" in log,
