@@ -604,12 +604,12 @@ enum status gen_build(struct server *s, const uint8_t *data, size_t len, int is_
 }
 
 /* A request id for a call that gave none: unique among running calls and, with the journal,
- * across restarts (the boot id). */
-char *gen_new_id(struct server *s)
+ * across restarts and not guessable (resume_new_id). */
+static char *gen_new_id(struct server *s)
 {
     char id[64];
     do {
-        if (s->journal) snprintf(id, sizeof id, "req-%s-%llu", s->boot_id, (unsigned long long)++s->next_id);
+        if (s->journal) resume_new_id(s, "req", id, sizeof id);
         else snprintf(id, sizeof id, "req-%llu", (unsigned long long)++s->next_id);
     } while (gen_find_call(s, id));
     return strdup(id);
@@ -674,7 +674,7 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
             st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
     /* With the journal, the ACCEPT is on disk before the engine sees the request. */
-    if (st == STATUS_OK && s->journal) st = grpc_journal_accept(c, data, len, &r.params, deadline_unix, r.request_id[0] != 0);
+    if (st == STATUS_OK && s->journal) st = grpc_journal_accept(c, data, len, &r.params, deadline_unix);
     if (st == STATUS_OK) {
         c->n_prompt_tokens = n_ids;
         c->engine_active = c->n_samples; /* before submit: events may arrive at once */

@@ -85,7 +85,7 @@ static double unix_now(void)
 /* ---- first runs -------------------------------------------------------------------------- */
 
 enum status grpc_journal_accept(struct call *c, const uint8_t *data, size_t len, struct request_params *p,
-                                double deadline, int given)
+                                double deadline)
 {
     struct server *s = c->s;
     if (strlen(c->request_id) > JOURNAL_KEY_MAX)
@@ -94,15 +94,6 @@ enum status grpc_journal_accept(struct call *c, const uint8_t *data, size_t len,
     resume_sweep(s); /* no thread of its own: each journaled call forgets what waited too long */
     c->live.key = c->request_id;
     enum resume_key_state who = resume_key_claim(s, &c->live);
-    /* A server id another request holds (a client may send upcoming server ids as its
-     * request_id): another id, so that nobody is locked out. */
-    for (int k = 0; who != RESUME_KEY_FREE && !given && k < 64; k++) {
-        char *id = gen_new_id(s);
-        if (!id) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        free(c->request_id);
-        c->live.key = c->request_id = id;
-        who = resume_key_claim(s, &c->live);
-    }
     if (who != RESUME_KEY_FREE)
         return status_errorf(STATUS_ALREADY_EXISTS, "request_id '%s' is taken by a journaled request that %s",
                              c->request_id, who == RESUME_KEY_LIVE ? "is running" : "waits for its client to reattach");

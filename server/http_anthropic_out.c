@@ -73,7 +73,7 @@ static const char *model_of(const struct http_gen *g)
 static cJSON *message_head(const struct http_gen *g, cJSON **content)
 {
     cJSON *o = http_json_ok(cJSON_CreateObject());
-    char id[64];
+    char id[sizeof g->id + 8];
     snprintf(id, sizeof id, "msg_%s", g->id);
     cJSON_AddStringToObject(o, "id", id);
     cJSON_AddStringToObject(o, "type", "message");

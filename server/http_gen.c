@@ -436,7 +436,7 @@ enum status http_gen_prepare(struct server *s, struct http_request *q, int fd, c
     unsigned long long n = (unsigned long long)atomic_fetch_add(&s->http_next_id, 1) + 1;
     const char *kind = q->is_chat ? "chatcmpl" : "cmpl";
     if (id) snprintf(g->id, sizeof g->id, "%s", id);
-    else if (s->journal) snprintf(g->id, sizeof g->id, "%s-%s-%llu", kind, s->boot_id, n); /* unique across restarts */
+    else if (s->journal) resume_new_id(s, kind, g->id, sizeof g->id); /* unique across restarts, not guessable */
     else snprintf(g->id, sizeof g->id, "%s-%llu", kind, n);
     int n_runs = q->is_chat ? 1 : q->n_prompts;
     if (!q->is_chat && g->q.r.params.max_tokens < 0) g->q.r.params.max_tokens = 16; /* OpenAI's default */
@@ -528,7 +528,7 @@ enum status http_gen_submit(struct server *s, struct http_request *q, int fd, co
     *out = NULL;
     if (st != STATUS_OK) return st;
     if (s->journal &&
-        ((st = http_resume_claim(s, g, id != NULL)) != STATUS_OK || (st = journal_accept_gen(g, body, body_len)) != STATUS_OK)) {
+        ((st = http_resume_claim(s, g)) != STATUS_OK || (st = journal_accept_gen(g, body, body_len)) != STATUS_OK)) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", status_message());
         http_gen_unref(g);
@@ -540,7 +540,7 @@ enum status http_gen_submit(struct server *s, struct http_request *q, int fd, co
     atomic_fetch_add(&g->refs, 1); /* the engine's, until the last FINISHED */
     for (; st == STATUS_OK && submitted < n_runs; submitted++) {
         struct http_run *r = &g->runs[submitted];
-        char rid[64];
+        char rid[sizeof g->id + 16];
         if (n_runs > 1) snprintf(rid, sizeof rid, "%s-%d", g->id, submitted);
         else snprintf(rid, sizeof rid, "%s", g->id);
         r->prompt_tokens = r->n_ids;

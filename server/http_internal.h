@@ -205,7 +205,7 @@ struct http_gen {
                                     or the first (a resumed request) */
     atomic_int      model_released; /* the pin of q.model is given back */
     struct http_request q;
-    char            id[48];      /* "cmpl-N" / "chatcmpl-N" */
+    char            id[JOURNAL_KEY_MAX + 1]; /* "cmpl-N" / "chatcmpl-N", a journaled one's "KIND-BOOT-R", or the Idempotency-Key */
     long long       created;     /* Unix seconds */
     struct http_run *runs;       /* (n_runs) one per prompt */
     int             n_runs;
@@ -274,10 +274,9 @@ enum status http_gen_prepare(struct server *s, struct http_request *q, int fd, c
 /* http_resume.c: takes g's id for a journaled first-run request (s->live) until
  * http_resume_release: STATUS_ALREADY_EXISTS when a running or resumed request has it (an
  * Idempotency-Key sent twice while its first request runs). */
-/* Takes g's id in the registry of journaled keys; given: the client's Idempotency-Key (taken:
- * ALREADY_EXISTS), else a server id, which is made anew while another request holds it (a client
- * that sent upcoming server ids as its keys cannot lock others out). */
-enum status http_resume_claim(struct server *s, struct http_gen *g, int given);
+/* Takes g's id (an Idempotency-Key, or a server id: random, resume_new_id) in the registry of
+ * journaled keys; ALREADY_EXISTS when another request holds it. */
+enum status http_resume_claim(struct server *s, struct http_gen *g);
 void        http_resume_release(struct http_gen *g);
 /* http_gen.c: the engine callback of a run (ctx: struct http_run). */
 void        http_gen_on_event(void *ctx, const struct engine_event *ev);

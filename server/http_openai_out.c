@@ -203,7 +203,7 @@ static cJSON *usage_json(const struct http_gen *g)
 /* The base of sample i's tool-call ids: the response id and the sample. */
 static const char *call_id_base(const struct http_gen *g, int i)
 {
-    static _Thread_local char base[80];
+    static _Thread_local char base[sizeof g->id + 16];
     snprintf(base, sizeof base, "%s_%d", g->id, i);
     return base;
 }

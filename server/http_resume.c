@@ -369,16 +369,10 @@ bad:
                          state);
 }
 
-enum status http_resume_claim(struct server *s, struct http_gen *g, int given)
+enum status http_resume_claim(struct server *s, struct http_gen *g)
 {
     g->live.key = g->id;
-    for (int k = 0; k < 64; k++) {
-        if (resume_key_claim(s, &g->live) == RESUME_KEY_FREE) return STATUS_OK;
-        if (given) break;
-        unsigned long long n = (unsigned long long)atomic_fetch_add(&s->http_next_id, 1) + 1;
-        snprintf(g->id, sizeof g->id, "%s-%s-%llu", g->q.is_chat ? "chatcmpl" : "cmpl", s->boot_id, n);
-    }
-    if (!given) return status_errorf(STATUS_UNAVAILABLE, "no free request id after 64 tries: retry");
+    if (resume_key_claim(s, &g->live) == RESUME_KEY_FREE) return STATUS_OK;
     return status_errorf(STATUS_ALREADY_EXISTS,
                          "Idempotency-Key %s: a request with this key is running (sent twice, on two connections); "
                          "its answer goes to the first connection", g->id);

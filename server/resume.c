@@ -12,9 +12,23 @@
 #include <unistd.h>
 
 #include "journal.h"
+#include <sys/random.h>
+
 #include "server_internal.h"
 
 #define MODULE "journal"
+
+void resume_new_id(const struct server *s, const char *kind, char *out, size_t cap)
+{
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) { /* (no entropy yet: never on a running system) */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ (uint64_t)(uintptr_t)out;
+        r ^= r >> 33, r *= 0xff51afd7ed558ccdull, r ^= r >> 33;
+    }
+    snprintf(out, cap, "%s-%s-%016llx", kind, s->boot_id, (unsigned long long)r);
+}
 
 enum status resume_open(struct server *s)
 {

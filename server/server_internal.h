@@ -463,9 +463,6 @@ void         gen_pump(struct call *c);
 void         gen_drain_events(struct server *s);
 /* The running generation call with this request id, or NULL. */
 struct call *gen_find_call(struct server *s, const char *request_id);
-/* A request id for a call that gave none (malloc'd; NULL when out of memory): unique among
- * running calls and, with the journal, across restarts (the boot id). */
-char        *gen_new_id(struct server *s);
 /* Frees what a generation call holds (output buffers, prompt log-probs, ids, messages). */
 void         gen_call_release(struct call *c);
 /* Appends an event's tokens (with their log-probabilities and top alternatives when given)
@@ -512,6 +509,10 @@ enum status resume_open(struct server *s);
 void        resume_all(struct server *s);
 /* Who has key now; with s->resumed_mu held. */
 enum resume_key_state resume_key_state(struct server *s, const char *key);
+/* A journaled request's server id, "KIND-BOOT-R" (R: 64 random bits): unique across restarts
+ * and not guessable, so that no client can name (reattach to, squat) another's request by
+ * counting (a server without API keys has one owner for every client). */
+void        resume_new_id(const struct server *s, const char *kind, char *out, size_t cap);
 /* 1 when --journal-detach-max first runs whose client went away are kept already (both
  * fronts: http_resume_detached, grpc_resume_detached count them); with s->resumed_mu held. */
 int         resume_detached_full(struct server *s);
@@ -543,11 +544,10 @@ int         grpc_resume_entry(struct server *s, struct journal_entry *e);
 void        grpc_resume_sweep(struct server *s);
 void        grpc_resume_stop(struct server *s);
 /* Loop thread: a first-run call's ACCEPT (body data[0..len), its seed fixed first, deadline in
- * Unix seconds or 0); claims its request id (given: the client's request_id; a server id that
- * another request holds is made anew). STATUS_ALREADY_EXISTS when a running or resumed request
- * has a given id, STATUS_UNAVAILABLE when the journal cannot take it. */
+ * Unix seconds or 0); claims its request id. STATUS_ALREADY_EXISTS when a running or resumed
+ * request has it, STATUS_UNAVAILABLE when the journal cannot take it. */
 enum status grpc_journal_accept(struct call *c, const uint8_t *data, size_t len, struct request_params *p,
-                                double deadline, int given);
+                                double deadline);
 /* Engine thread: a journaled call's event, journaled before its client can see it. */
 void        grpc_journal_event(struct call *c, const struct engine_event *ev);
 /* Loop thread: a call with metadata shardlm-resume-token reattaches to its journaled request

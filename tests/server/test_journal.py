@@ -29,6 +29,7 @@ Reference answers come from a server that is never interrupted; no expected text
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -359,22 +360,22 @@ def live_key(port):
     check(code == 200 and json.loads(text)["id"] == "dup-1", f"the key after its request ended: a new request: {code} {text[:160]}")
 
 
-def squatted_ids(port):
-    """Server ids are guessable (the boot id is in every answer, then a counter), and a keyed request
-    holds its key for --journal-detach-grace after its answer: a client that sends upcoming server
-    ids as its Idempotency-Keys must not lock others out (a request without a key got 409); the
-    server makes another id instead."""
+def server_ids(port):
+    """Journaled server ids are KIND-BOOT-R with 64 random bits R: no client can name another's
+    request by counting (a server without API keys has one owner for every client: it could read
+    any answer within the grace) nor take the next ids as its keys (409 for the requests that gave
+    none); an Idempotency-Key of 100 bytes is the id whole (ids were cut at 47 bytes: the answer
+    then named another id, and a reattach by the key found nothing)."""
     body = dict(prompt="a", max_tokens=2)
-    code, _, text = post(port, "/v1/completions", body)
-    prefix, n = json.loads(text)["id"].rsplit("-", 1)
-    taken = [f"{prefix}-{int(n) + 4 + k}" for k in range(3)]  # three keyed requests use up n+1..n+3
-    for key in taken:
-        code, _, text = post(port, "/v1/completions", body, {"Idempotency-Key": key})
-        check(code == 200 and json.loads(text)["id"] == key, f"a key shaped like a server id is taken: {code}")
-    code, _, text = post(port, "/v1/completions", body)
-    rid = json.loads(text).get("id") if code == 200 else None
-    check(code == 200 and rid not in taken and rid.startswith(prefix),
-          f"a request without a key whose server id another request holds gets another id: {code} {rid} {taken}")
+    ids = [json.loads(post(port, "/v1/completions", body)[2])["id"] for _ in range(3)]
+    heads, tails = zip(*(i.rsplit("-", 1) for i in ids))
+    check(len(set(heads)) == 1 and all(re.fullmatch("[0-9a-f]{16}", t) for t in tails) and len(set(tails)) == 3,
+          f"server ids end in 64 random bits: {ids}")
+    key = "k" * 64 + "-" + "0123456789" * 3 + "abcde"
+    code, _, first = post(port, "/v1/completions", dict(body, seed=5), {"Idempotency-Key": key})
+    check(code == 200 and len(key) == 100 and json.loads(first)["id"] == key, f"a 100-byte Idempotency-Key is the id: {code}")
+    code, _, again = post(port, "/v1/completions", dict(body, seed=99), {"Idempotency-Key": key})
+    check(code == 200 and again == first, f"sent again within the grace, the key fetches that answer: {code}")
 
 
 def group_errors(shardlm, model, work):
@@ -416,7 +417,7 @@ def group_errors(shardlm, model, work):
         code, _, text = post(srv.http_port, "/v1/completions", dict(prompt="a"), {"Last-Event-ID": key + ";-"})
         check(code == 404, f"an answer nobody fetched within --journal-retain is forgotten: {code} {text[:120]}")
         check("nobody came for its answer" in srv.log_path.read_text(), "the forgetting is logged")
-        squatted_ids(srv.http_port)  # (the default grace: keys held after their answers)
+        server_ids(srv.http_port)  # (the default grace: keys held after their answers)
     (work / "afile").write_text("x")
     r = subprocess.run([shardlm, "serve", "--model", str(model), "--http", "127.0.0.1:0", "--listen", "127.0.0.1:0",
                         "--journal", str(work / "afile")], capture_output=True, text=True, timeout=60)

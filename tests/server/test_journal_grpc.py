@@ -32,6 +32,7 @@ Reference answers come from a journaled server that is never interrupted; no exp
   test_journal_grpc.py --shardlm BUILD/cli/shardlm [GROUP...]
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -268,15 +269,11 @@ def group_live(shardlm, model, work):
               f"the same request_id while it runs: {dup.code} {dup.details}")
         first.rest(fc)
         check(first.code == grpc.StatusCode.OK and first.token == "live-1", "the first call gets its whole answer")
-        # Server ids are guessable (boot id, counter) and a delivered request keeps its id for the
-        # grace: one sent as request_id must not lock out a call that gave none.
-        prefix, n = st.Generate(gen_req(max_tokens=2), timeout=60).request_id.rsplit("-", 1)
-        taken = [f"{prefix}-{int(n) + 1 + k}" for k in range(3)]
-        for rid in taken:
-            st.Generate(gen_req(rid, max_tokens=2), timeout=60)
-        rid = st.Generate(gen_req(max_tokens=2), timeout=60).request_id
-        check(rid not in taken and rid.startswith(prefix),
-              f"a call without request_id whose server id another request holds gets another: {rid} {taken}")
+        # Server ids end in 64 random bits: no client can name another's request by counting.
+        ids = [st.Generate(gen_req(max_tokens=2), timeout=60).request_id for _ in range(3)]
+        heads, tails = zip(*(i.rsplit("-", 1) for i in ids))
+        check(len(set(heads)) == 1 and all(re.fullmatch("[0-9a-f]{16}", t) for t in tails) and len(set(tails)) == 3,
+              f"server ids end in 64 random bits: {ids}")
     with server(shardlm, model, name="nojournal") as srv:
         r = Reader("GenerateStream", gen_req())
         r.call(stub(srv), [("shardlm-resume-token", "x")])
