@@ -55,8 +55,8 @@
  *   --journal-detach-grace S a request (HTTP or gRPC) whose client went away (a dropped
  *                            connection) runs on this long for it to reattach, then is
  *                            cancelled [30; 0: at once]
- *   --journal-detach-max N   at most N such requests kept at once; past it a client that goes
- *                            away cancels its request [64]
+ *   --journal-detach-max N   at most N such requests running on at once; past it a client that
+ *                            goes away cancels its request [256]
  *   --fine-tuning DIR        OpenAI's /v1/files and /v1/fine_tuning/jobs (docs/server.md): uploads
  *                            and jobs under DIR; a job trains a LoRA adapter on a served model
  *                            and the server then serves it as the job's fine_tuned_model
@@ -117,7 +117,7 @@ static int usage(const char *fmt, const char *arg)
                     "         [--http-max-connections-per-address N (3/4 of the above; 0 = no cap)] [--http-header-timeout S (10)]\n"
                     "         [--http-body-timeout S (60)] [--responses-store N (1024)]\n"
                     "         [--journal DIR [--journal-fsync accept|always|never] [--journal-retain S (600)]\n"
-                    "          [--journal-end-delay S (10)] [--journal-detach-grace S (30)] [--journal-detach-max N (64)]]\n"
+                    "          [--journal-end-delay S (10)] [--journal-detach-grace S (30)] [--journal-detach-max N (256)]]\n"
                     "         [--fine-tuning DIR [--fine-tuning-threads N (1)] [--fine-tuning-max-file-mb N (64)]\n"
                     "          [--fine-tuning-seq-length N (512)]]\n"
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"

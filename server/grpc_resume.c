@@ -317,7 +317,11 @@ enum status grpc_resume_first_run(struct call *c, const uint8_t *data, size_t le
 int grpc_resume_detached(struct server *s)
 {
     int n = 0;
-    for (struct grpc_job *j = s->grpc_jobs; j; j = j->next) n += j->first_run && !j->attached && !j->abandoned;
+    for (struct grpc_job *j = s->grpc_jobs; j; j = j->next) {
+        pthread_mutex_lock(&j->mu);
+        n += j->first_run && !j->attached && !j->abandoned && j->active > 0;
+        pthread_mutex_unlock(&j->mu);
+    }
     return n;
 }
 
@@ -642,9 +646,12 @@ void grpc_resume_detach(struct call *c)
     struct server *s = c->s;
     const int grace = j->first_run && s->opts.journal_detach_grace_s > 0;
     int full = 0;
-    if (grace) {
+    if (grace && !delivered) {
         pthread_mutex_lock(&s->resumed_mu);
-        full = resume_detached_full(s);
+        pthread_mutex_lock(&j->mu);
+        const int running = j->active > 0;
+        pthread_mutex_unlock(&j->mu);
+        full = running && resume_detached_full(s);
         pthread_mutex_unlock(&s->resumed_mu);
     }
     const int keep = grace && !full;
@@ -661,8 +668,8 @@ void grpc_resume_detach(struct call *c)
     pthread_mutex_unlock(&j->mu);
     if (delivered && !keep) job_forget(s, j);
     else if (grace && !keep) {
-        LOG_WARN(MODULE, "req=%s: its client went away with --journal-detach-max (%d) requests kept for theirs: %s",
-                 j->log.key, s->opts.journal_detach_max > 0 ? s->opts.journal_detach_max : 64,
+        LOG_WARN(MODULE, "req=%s: its client went away with --journal-detach-max (%d) requests running for theirs: %s",
+                 j->log.key, s->opts.journal_detach_max > 0 ? s->opts.journal_detach_max : 256,
                  running ? "cancelled" : "forgotten");
         if (running) job_cancel(j);
     } else if (keep && !delivered)

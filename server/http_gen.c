@@ -234,9 +234,7 @@ enum http_hangup http_gen_hangup(struct http_gen *g)
         g->attached = 0;
         g->fd = -1;
         g->t_detached = base_now_s();
-        LOG_INFO("journal", "req=%s: its client went away; it runs on for %.0f s for the client to reattach", g->id,
-                 g->s->opts.journal_detach_grace_s);
-        return HTTP_HANGUP_DETACH;
+        return HTTP_HANGUP_DETACH; /* (logged once adopted: http_gen_after_hangup) */
     }
     g->hangup = 1;
     return g->active > 0 ? HTTP_HANGUP_CANCEL : HTTP_HANGUP_NONE;
@@ -244,15 +242,21 @@ enum http_hangup http_gen_hangup(struct http_gen *g)
 
 void http_gen_after_hangup(struct http_gen *g, enum http_hangup h)
 {
-    if (h == HTTP_HANGUP_DETACH && !http_resume_adopt(g)) {
+    if (h == HTTP_HANGUP_DETACH && http_resume_adopt(g)) {
+        pthread_mutex_lock(&g->mu);
+        const int running = g->active > 0;
+        pthread_mutex_unlock(&g->mu);
+        LOG_INFO("journal", "req=%s: its client went away; %s for %.0f s for the client to reattach", g->id,
+                 running ? "it runs on" : "its answer waits", g->s->opts.journal_detach_grace_s);
+    } else if (h == HTTP_HANGUP_DETACH) {
         /* --journal-detach-max are kept already: a hang-up as with no grace. */
         pthread_mutex_lock(&g->mu);
         g->resumed = 0;
         g->hangup = 1;
         h = g->active > 0 ? HTTP_HANGUP_CANCEL : HTTP_HANGUP_NONE;
         pthread_mutex_unlock(&g->mu);
-        LOG_WARN("journal", "req=%s: its client went away with --journal-detach-max (%d) requests kept for theirs: %s",
-                 g->id, g->s->opts.journal_detach_max > 0 ? g->s->opts.journal_detach_max : 64,
+        LOG_WARN("journal", "req=%s: its client went away with --journal-detach-max (%d) requests running for theirs: %s",
+                 g->id, g->s->opts.journal_detach_max > 0 ? g->s->opts.journal_detach_max : 256,
                  h == HTTP_HANGUP_CANCEL ? "cancelled" : "forgotten");
     }
     if (h == HTTP_HANGUP_CANCEL) http_gen_cancel(g);

@@ -303,8 +303,9 @@ void        http_resume_store_final(struct http_gen *g);
 /* http_resume.c: a journaled first run whose client went away (HTTP_HANGUP_DETACH) joins the
  * resumed requests (its key moves from s->live to s->resumed under one lock, the list takes a
  * reference) and waits --journal-detach-grace seconds for a client to reattach. */
-/* Adopts g (its connection ended) into s->resumed; 0 when --journal-detach-max are kept
- * already (then g is not adopted: the caller cancels it as a hang-up's). */
+/* Adopts g (its connection ended) into s->resumed; 0 when it still runs and
+ * --journal-detach-max others run detached already (then g is not adopted: the caller cancels
+ * it as a hang-up's). */
 int         http_resume_adopt(struct http_gen *g);
 /* http_resume.c: a resumed gen's client has its answer (END, out of the table), or went away. */
 void        http_resume_detach(struct http_gen *g, int delivered);

@@ -207,7 +207,11 @@ int http_resume_entry(struct server *s, struct journal_entry *e)
 int http_resume_detached(struct server *s)
 {
     int n = 0;
-    for (struct http_gen *g = s->resumed; g; g = g->next_resumed) n += g->keep_log && !g->attached && !g->abandoned;
+    for (struct http_gen *g = s->resumed; g; g = g->next_resumed) {
+        pthread_mutex_lock(&g->mu);
+        n += g->keep_log && !g->attached && !g->abandoned && g->active > 0;
+        pthread_mutex_unlock(&g->mu);
+    }
     return n;
 }
 
@@ -215,7 +219,10 @@ int http_resume_adopt(struct http_gen *g)
 {
     struct server *s = g->s;
     pthread_mutex_lock(&s->resumed_mu);
-    if (resume_detached_full(s)) {
+    pthread_mutex_lock(&g->mu);
+    const int running = g->active > 0;
+    pthread_mutex_unlock(&g->mu);
+    if (running && resume_detached_full(s)) {
         pthread_mutex_unlock(&s->resumed_mu);
         return 0;
     }

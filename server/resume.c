@@ -113,7 +113,7 @@ void resume_key_release(struct server *s, struct resume_key *k)
 
 int resume_detached_full(struct server *s)
 {
-    const int max = s->opts.journal_detach_max > 0 ? s->opts.journal_detach_max : 64;
+    const int max = s->opts.journal_detach_max > 0 ? s->opts.journal_detach_max : 256;
     return http_resume_detached(s) + grpc_resume_detached(s) >= max;
 }
 

@@ -70,9 +70,9 @@ struct server_options {
     double      journal_detach_grace_s; /* a journaled request (HTTP or gRPC) whose client went
                                      away runs on this long for the client to reattach (a dropped
                                      connection), then is cancelled; 0: cancelled at once */
-    int         journal_detach_max; /* at most this many such requests kept at once (both
-                                     fronts); past it a client that goes away cancels its
-                                     request as with a grace of 0; 0 = 64 */
+    int         journal_detach_max; /* at most this many such requests running on at once
+                                     (both fronts); past it a client that goes away cancels its
+                                     request as with a grace of 0; 0 = 256 */
     const struct server_model_spec *more_models; /* (n_more_models) served besides engine's
                                     model_dir; requests pick one by its id (the last component
                                     of its path) or one of its adapters' names, in the HTTP

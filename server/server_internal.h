@@ -513,8 +513,9 @@ enum resume_key_state resume_key_state(struct server *s, const char *key);
  * and not guessable, so that no client can name (reattach to, squat) another's request by
  * counting (a server without API keys has one owner for every client). */
 void        resume_new_id(const struct server *s, const char *kind, char *out, size_t cap);
-/* 1 when --journal-detach-max first runs whose client went away are kept already (both
- * fronts: http_resume_detached, grpc_resume_detached count them); with s->resumed_mu held. */
+/* 1 when --journal-detach-max first runs whose client went away still run (both fronts:
+ * http_resume_detached, grpc_resume_detached count them; ended ones cost memory, not work, and
+ * are not counted); with s->resumed_mu held. */
 int         resume_detached_full(struct server *s);
 int         grpc_resume_detached(struct server *s); /* with s->resumed_mu held */
 int         http_resume_detached(struct server *s); /* with s->resumed_mu held */

@@ -8,7 +8,7 @@ assembled answer (text and finish reason per choice, over all its connections) m
 nothing lost, nothing twice. Prints the counts; exit 1 on any difference or lost request.
 
   python3 tools/soak_restart.py --shardlm build/cli/shardlm [--concurrency 64] [--requests 512]
-                                [--kills 5] [--interval 2.0] [--overhead] [--apis]
+                                [--kills 5] [--interval 2.0] [--overhead] [--apis] [--grpc] [--cuts]
 --apis: a quarter of the requests go to /v1/responses (seeded) and an eighth to Anthropic's
 /v1/messages (greedy: that API has no seed); their streams are compared event by event (ids and
 times aside) with a journaled server's that is never killed (a journaled stream's events are
@@ -18,6 +18,8 @@ and the best wall time of each (the journal's cost on this machine; one run, sam
 --grpc: the same soak over gRPC (GenerateStream / ChatStream), each client a
 shardlm_client.Client that reattaches by itself (resume token); a call cut before the server
 named its token is sent again as new. Token ids, text and finish reasons per sample are compared.
+--cuts: the server stays up and, KILLS times, every client connection is cut instead (the clients
+reach it through a TCP proxy): --journal-detach-grace keeps their requests for them.
 A benchmark-style run (minutes), not a test: `ctest -R server_journal` (and server_journal_grpc)
 is the short version."""
 import argparse
@@ -121,12 +123,18 @@ def start_workers(n, count, fn):
     return threads
 
 
-def kill_loop(a, srv, threads, restart, t0):
+def kill_loop(a, srv, threads, restart, t0, proxy=None):
     """SIGKILLs the server every a.interval seconds, a.kills times or until the threads end,
-    restart(k) starting the next; joins the threads. Returns (the last server, kills)."""
+    restart(k) starting the next; joins the threads. Returns (the last server, kills). With proxy
+    (--cuts) the server stays up and every connection through the proxy is cut instead."""
     kills = 0
     while kills < a.kills and any(t.is_alive() for t in threads):
         time.sleep(a.interval)
+        if proxy:
+            proxy.cut()
+            kills += 1
+            print(f"cut {kills} at {time.time() - t0:.1f} s", flush=True)
+            continue
         srv.proc.send_signal(signal.SIGKILL)
         srv.proc.wait(timeout=30)
         srv.log.close()
@@ -190,13 +198,15 @@ def soak_grpc(a, model, work, reqs):
     import grpc
     gport = TS.free_port()
     srv = start(a.shardlm, model, work / "journal", TS.free_port(), "grpc-soak-0", gport)
+    proxy = TS.Proxy(gport) if a.cuts else None
+    target = proxy.target if proxy else f"127.0.0.1:{gport}"
     got, lost, again, lock = [None] * len(reqs), {}, [0], threading.Lock()
     local = threading.local()
     clients = []
 
     def answer(i):
         if not hasattr(local, "client"):
-            local.client = GrpcClient(f"127.0.0.1:{gport}", resume_for=120)
+            local.client = GrpcClient(target, resume_for=120)
             with lock:
                 clients.append(local.client)
         end = time.time() + 600
@@ -215,7 +225,8 @@ def soak_grpc(a, model, work, reqs):
     t0 = time.time()
     threads = start_workers(a.concurrency, len(reqs), answer)
     srv, kills = kill_loop(a, srv, threads,
-                           lambda k: start(a.shardlm, model, work / "journal", TS.free_port(), f"grpc-soak-{k}", gport), t0)
+                           lambda k: start(a.shardlm, model, work / "journal", TS.free_port(), f"grpc-soak-{k}", gport), t0,
+                           proxy)
     for c in clients:
         c.close()
     elapsed = time.time() - t0
@@ -227,8 +238,8 @@ def soak_grpc(a, model, work, reqs):
     ref_srv.stop()
     missing = [i for i in range(len(reqs)) if got[i] is None]
     diff = [i for i in range(len(reqs)) if got[i] is not None and got[i] != refs[i]]
-    print(f"gRPC: requests {len(reqs)}, concurrency {a.concurrency}, SIGKILLs {kills}, reattachments {reattached}, "
-          f"sent again (cut before their token) {again[0]}, {elapsed:.1f} s")
+    print(f"gRPC: requests {len(reqs)}, concurrency {a.concurrency}, {'cuts' if proxy else 'SIGKILLs'} {kills}, "
+          f"reattachments {reattached}, sent again (cut before their token) {again[0]}, {elapsed:.1f} s")
     print(f"lost {len(missing)}, different from the uninterrupted answer {len(diff)}")
     for i in (missing + diff)[:5]:
         print(f"  request {i}: {lost.get(i, '')} {reqs[i]}")
@@ -245,6 +256,8 @@ def main():
     ap.add_argument("--overhead", action="store_true")
     ap.add_argument("--grpc", action="store_true")
     ap.add_argument("--apis", action="store_true", help="Anthropic and Responses streams among the requests")
+    ap.add_argument("--cuts", action="store_true",
+                    help="the server stays up; every client connection is cut (through a TCP proxy) instead of a kill")
     a = ap.parse_args()
     assets = Path(os.environ.get("SHARDLM_ASSETS", ROOT.parent / "shared/assets"))
     work = Path(tempfile.mkdtemp(prefix="shardlm-soak-restart-"))
@@ -259,15 +272,16 @@ def main():
                 sys.exit("soak_restart: --apis is HTTP's (gRPC has no Anthropic or Responses methods)")
             return soak_grpc(a, model, work, reqs)
         port = TS.free_port()
-        box = [port]
         srv = start(a.shardlm, model, work / "journal", port, "soak-0")
+        proxy = TS.Proxy(port) if a.cuts else None
+        box = [int(proxy.target.rsplit(":", 1)[1]) if proxy else port]
         clients = [stream_of(*r) for r in reqs]
         deadline = time.time() + 1800
         t0 = time.time()
         threads = start_workers(a.concurrency, len(reqs),
                                 lambda i: run_until_done(clients[i], box, f"soak-{os.getpid()}-{i}", deadline))
         srv, kills = kill_loop(a, srv, threads,
-                               lambda k: start(a.shardlm, model, work / "journal", port, f"soak-{k}"), t0)
+                               lambda k: start(a.shardlm, model, work / "journal", port, f"soak-{k}"), t0, proxy)
         elapsed = time.time() - t0
         srv.stop()
         # The uninterrupted answers (journaled with --apis: see above).
@@ -282,7 +296,8 @@ def main():
         tokens = sum(sum(len(v["text"]) for v in assemble(c.chunks)[0].values()) for c in clients
                      if not isinstance(c, EventStream))
         events = sum(len(c.events) for c in clients if isinstance(c, EventStream))
-        print(f"requests {len(reqs)}, concurrency {a.concurrency}, SIGKILLs {kills}, reconnections {reconnects}, "
+        print(f"requests {len(reqs)}, concurrency {a.concurrency}, {'cuts' if proxy else 'SIGKILLs'} {kills}, "
+              f"reconnections {reconnects}, "
               f"{elapsed:.1f} s, {tokens} text bytes received" + (f", {events} Anthropic / Responses events" if a.apis else ""))
         print(f"lost {len(lost)}, different from the uninterrupted answer {len(diff)}")
         for i in (lost + diff)[:5]:
