@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.dont_write_bytecode = True
 sys.path.insert(0, str(ROOT / "tests/server"))
 import test_server as TS  # noqa: E402
+from tcp_proxy import Proxy  # noqa: E402
 from test_journal import Stream, assemble  # noqa: E402
 from test_journal_apis import ANTHROPIC, EventStream, normalized  # noqa: E402
 
@@ -198,7 +199,7 @@ def soak_grpc(a, model, work, reqs):
     import grpc
     gport = TS.free_port()
     srv = start(a.shardlm, model, work / "journal", TS.free_port(), "grpc-soak-0", gport)
-    proxy = TS.Proxy(gport) if a.cuts else None
+    proxy = Proxy(gport) if a.cuts else None
     target = proxy.target if proxy else f"127.0.0.1:{gport}"
     got, lost, again, lock = [None] * len(reqs), {}, [0], threading.Lock()
     local = threading.local()
@@ -273,7 +274,7 @@ def main():
             return soak_grpc(a, model, work, reqs)
         port = TS.free_port()
         srv = start(a.shardlm, model, work / "journal", port, "soak-0")
-        proxy = TS.Proxy(port) if a.cuts else None
+        proxy = Proxy(port) if a.cuts else None
         box = [int(proxy.target.rsplit(":", 1)[1]) if proxy else port]
         clients = [stream_of(*r) for r in reqs]
         deadline = time.time() + 1800

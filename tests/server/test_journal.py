@@ -49,6 +49,7 @@ except ImportError as e:
 import test_server as TS  # noqa: E402
 import stories_main as SM  # noqa: E402  (the mains on stories260K)
 from checks import Checks  # noqa: E402
+from tcp_proxy import Proxy  # noqa: E402
 
 check = Checks()
 FLAGS = ("--batch-invariant", "--max-seqs", "16")
@@ -513,7 +514,7 @@ def group_client(shardlm, model, work):
     # connections are cut after 3 chunks, resume.stream reconnects by itself (a 409 while the
     # server still sees the old connection is waited out).
     with server(shardlm, model, "--journal", str(work / "journal-client-cut"), name="client-cut") as srv:
-        proxy = TS.Proxy(srv.http_port)
+        proxy = Proxy(srv.http_port)
         got = []
         for chunk in resume.stream(f"http://{proxy.target}", path, body, retry_for=30):
             got.append(chunk)

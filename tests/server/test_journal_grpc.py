@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_server as TS  # noqa: E402  (SKIPs by itself without grpcio or the client)
 import stories_main as SM  # noqa: E402  (the mains on stories260K)
 from checks import Checks  # noqa: E402
+from tcp_proxy import Proxy  # noqa: E402
 
 grpc, pb, pb_grpc, Client = TS.grpc, TS.pb, TS.pb_grpc, TS.Client
 from shardlm_client import sampling_params  # noqa: E402
@@ -594,7 +595,7 @@ def group_detach(shardlm, model, work, gguf=None):
         except grpc.RpcError as e:
             check(False, f"a unary call that went, fetched by its token: {e.code()} {e.details()}")
         # A cut connection, through a proxy: shardlm_client.Client reattaches by itself.
-        proxy = TS.Proxy(int(srv.target.rsplit(":", 1)[1]))
+        proxy = Proxy(int(srv.target.rsplit(":", 1)[1]))
         client = Client(proxy.target, resume_for=30)
         chunks = []
         for ch in client.generate_stream(STORY, max_tokens=400, temperature=1.0, top_p=0.95, seed=6, n=2):
