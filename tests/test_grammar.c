@@ -175,6 +175,9 @@ static const struct sample samples[] = {
 };
 
 static const char *const bad[][3] = {
+    /* bounds beyond long long were cast before being checked (UBSan; fuzz_grammar_compile) */
+    {"0", "{\"type\":\"integer\",\"minimum\":0,\"maximum\":2.4e88}", "integer bound beyond 1e18"},
+    {"0", "{\"type\":\"integer\",\"exclusiveMinimum\":-1e300}", "integer bound beyond 1e18"},
     {"0", "{\"type\":\"object\",\"patternProperties\":{}}", "patternProperties"},
     {"0", "{\"type\":\"object\",\"properties\":{\"a\":{\"x-shardlm-prefix\":\"<\",\"type\":\"integer\"}}}",
      "unsupported keyword 'x-shardlm-prefix'"},

@@ -242,6 +242,9 @@ static struct gx *number_expr(struct sb *s, const cJSON *node, int integer, cons
         }
     }
     if (integer) {
+        /* Checked as doubles first: a bound beyond long long (2.4e88, inf) must not be cast. */
+        if ((has_lo && !(fabs(lo) <= 1e18)) || (has_hi && !(fabs(hi) <= 1e18)))
+            return sfail(s, path, "integer bound beyond 1e18%s", ""), NULL;
         long long l = 0, h = 0;
         if (has_lo) l = (long long)ceil(lo), l += exlo && (double)l == lo;
         if (has_hi) h = (long long)floor(hi), h -= exhi && (double)h == hi;
