@@ -285,6 +285,12 @@ enum status grpc_resume_first_run(struct call *c, const uint8_t *data, size_t le
     }
     if (len) memcpy(body, data, len);
     body[len] = 0;
+    j->subs = calloc(1, sizeof *j->subs);
+    if (!j->subs) {
+        free(j);
+        free(body);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    }
     j->s = s;
     atomic_init(&j->refs, 3); /* the list's, the call's, the engine's (until the last FINISHED) */
     pthread_mutex_init(&j->mu, NULL);
@@ -300,17 +306,30 @@ enum status grpc_resume_first_run(struct call *c, const uint8_t *data, size_t le
     j->n_samples = j->active = p->n;
     j->first_run = 1;
     j->attached = 1;
+    /* One engine request for every sample, as a first run's. Refused (a full queue, a drain that
+     * began meanwhile), it fails the call as before: the job goes, nothing was journaled but the
+     * ACCEPT, which the caller's call ends (c->journaled). */
+    struct grpc_sub *sub = &j->subs[0];
+    *sub = (struct grpc_sub){.j = j, .sample_base = 0};
+    enum status st = engine_submit(c->m->engine, c->request_id, ids, n_ids, p, job_on_event, sub, &sub->handle);
+    if (st != STATUS_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", status_message());
+        pthread_mutex_destroy(&j->mu);
+        journal_entry_free(&j->log);
+        free(j->subs);
+        free(j);
+        return status_errorf(st, "%s", msg);
+    }
+    sub->submitted = 1;
+    j->n_subs = 1;
     c->job = j;
     c->journaled = 0; /* from here the job journals its events and, once its answer is done with, its END */
-    pthread_mutex_lock(&j->mu);
-    if (job_submit(j, c->m, ids, n_ids, p, 0)) atomic_fetch_sub(&j->refs, 1); /* (its error is logged, as an event) */
-    pthread_mutex_unlock(&j->mu);
     pthread_mutex_lock(&s->resumed_mu); /* listed only now: job_cancel reads subs unlocked */
     resume_key_unlink(s, &c->live);     /* the key is never free in between */
     j->next = s->grpc_jobs;
     s->grpc_jobs = j;
     pthread_mutex_unlock(&s->resumed_mu);
-    server_wake(s); /* a submission that failed left its error as events, for the call to take */
     return STATUS_OK;
 }
 
@@ -373,13 +392,15 @@ void grpc_resume_sweep(struct server *s)
     const double retain = s->opts.journal_retain_s > 0 ? s->opts.journal_retain_s : 600.0;
     const double grace = s->opts.journal_detach_grace_s;
     const double now = base_now_s();
+    const int draining = atomic_load(&s->phase) >= PHASE_DRAINING;
     struct grpc_job *gone = NULL, *cancel = NULL;
     pthread_mutex_lock(&s->resumed_mu);
     for (struct grpc_job **pp = &s->grpc_jobs; *pp;) {
         struct grpc_job *j = *pp;
         pthread_mutex_lock(&j->mu);
         const int expired = j->active == 0 && !j->attached && j->t_ended > 0 && now - j->t_ended > retain;
-        const int abandoned = j->first_run && !j->attached &&
+        /* (Not while the server drains: a first run the drain cut stays open for the restart.) */
+        const int abandoned = j->first_run && !j->attached && !draining &&
                               (j->abandoned || (j->t_detached > 0 && now - j->t_detached > grace));
         const int cancel_it = abandoned && j->active > 0 && !j->abandoned;
         const int leave = (expired || abandoned) && j->active == 0;

@@ -115,7 +115,7 @@ char *http_anthropic_response(struct http_gen *g)
         cJSON *input = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
         if (!cJSON_IsObject(input)) cJSON_Delete(input), input = http_json_ok(cJSON_CreateObject());
         cJSON *b = http_json_ok(cJSON_CreateObject());
-        char id[128];
+        char id[HTTP_CALL_ID_MAX + 8];
         snprintf(id, sizeof id, "toolu_%s", cJSON_GetStringValue(cJSON_GetObjectItem(call, "id")));
         cJSON_AddStringToObject(b, "type", "tool_use");
         cJSON_AddStringToObject(b, "id", id);
@@ -234,7 +234,7 @@ void http_anthropic_chunk(struct http_gen *g, cJSON *chunk)
         const cJSON *f = cJSON_GetObjectItem(c, "function");
         const cJSON *id = cJSON_GetObjectItem(c, "id");
         if (cJSON_IsString(id)) { /* a new call */
-            char tid[128];
+            char tid[HTTP_CALL_ID_MAX + 8];
             snprintf(tid, sizeof tid, "toolu_%s", id->valuestring);
             cJSON *b = typed("tool_use");
             cJSON_AddStringToObject(b, "id", tid);

@@ -20,6 +20,8 @@
  * length, in http.c before any body byte is read).
  * Tests: tests/server/test_http.py (group guard). */
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <netdb.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -127,10 +129,28 @@ void http_guard_stop(struct http_guard *g)
     free(g);
 }
 
+/* A peer that vanished without a FIN or a reset (a host or a NAT gone) is found within about a
+ * minute, not TCP's 15 of retransmissions: keepalive probes after 20 s idle (3, 5 s apart), and
+ * sent data unacknowledged for 60 s ends the connection (TCP_USER_TIMEOUT, as nginx's
+ * send_timeout: a client that stops reading for a minute is gone too). Until then a journaled
+ * request's reattaching client is refused (409: its old connection still reads it). */
+static void keep_alive(int fd)
+{
+    const int on = 1, idle = 20, intvl = 5, cnt = 3;
+    const unsigned timeout_ms = 60000;
+    if (fd < 0) return;
+    (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms);
+}
+
 struct http_slot *http_guard_open(struct http_guard *g, int fd, const struct sockaddr *peer)
 {
     struct http_slot *s = calloc(1, sizeof *s);
     if (!s) return NULL;
+    keep_alive(fd);
     s->fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
     peer_address(peer, s->addr, sizeof s->addr);
     s->phase = HTTP_PHASE_HEADERS;

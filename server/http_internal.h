@@ -249,7 +249,6 @@ struct http_gen {
                                     request does, in case its client goes and comes back */
     double          t_detached;  /* a first run whose client went away (--journal-detach-grace):
                                     when it went; 0 while a client reads it, or never detached */
-    int             cancel_pending; /* the sweep found it abandoned and running: it cancels it */
     int             abandoned;   /* its client did not come back within the grace: no client may
                                     reattach; it stays listed (its key taken) until its END is queued */
     struct http_gen *next_cancel; /* the sweep's list of those to cancel */
@@ -277,6 +276,9 @@ enum status http_gen_prepare(struct server *s, struct http_request *q, int fd, c
 /* Takes g's id (an Idempotency-Key, or a server id: random, resume_new_id) in the registry of
  * journaled keys; ALREADY_EXISTS when another request holds it. */
 enum status http_resume_claim(struct server *s, struct http_gen *g);
+/* Room for a tool call's id ("call_<request id>_<sample>_<k>"; a request id may be a 100-byte
+ * Idempotency-Key) and for an Anthropic "toolu_" one made from it. */
+#define HTTP_CALL_ID_MAX (JOURNAL_KEY_MAX + 64)
 void        http_resume_release(struct http_gen *g);
 /* http_gen.c: the engine callback of a run (ctx: struct http_run). */
 void        http_gen_on_event(void *ctx, const struct engine_event *ev);

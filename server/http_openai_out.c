@@ -282,7 +282,7 @@ static int parsed_delta(struct http_gen *g, int i, const char *text, size_t n, i
         cJSON *e = check_json(cJSON_CreateObject());
         cJSON_AddNumberToObject(e, "index", c->index);
         if (c->is_new) { /* a new call: its header, and the arguments so far */
-            char id[96];
+            char id[HTTP_CALL_ID_MAX];
             http_tools_call_id(q, call_id_base(g, i), c->index, id, sizeof id);
             cJSON_AddStringToObject(e, "id", id);
             cJSON_AddStringToObject(e, "type", "function");

@@ -423,7 +423,7 @@ int http_tools_reply(const struct http_request *q, int think_open, const char *t
         cJSON *list = cJSON_AddArrayToObject(message, "tool_calls");
         for (int k = 0; k < p.n_calls; k++) {
             cJSON *e = cJSON_CreateObject();
-            char id[96];
+            char id[HTTP_CALL_ID_MAX];
             http_tools_call_id(q, call_id_base, k, id, sizeof id);
             cJSON_AddNumberToObject(e, "index", k);
             cJSON_AddStringToObject(e, "id", id);

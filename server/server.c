@@ -360,14 +360,27 @@ static void loop_tick(struct server *s)
 static enum status server_listen(struct server *s, grpc_server_credentials *creds)
 {
     const struct server_options *o = &s->opts;
-    grpc_arg args[2];
+    /* Keepalive pings every 20 s on a connection with calls, unanswered for 10 s: a client that
+     * vanished without a FIN or a reset (a host or a NAT gone) ends its calls within half a
+     * minute, not TCP's 15 of retransmissions (a journaled call's reattaching client is refused
+     * until then: its old call still reads the request). */
+    grpc_arg args[5];
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[0].value.integer = o->max_receive_bytes > 0 ? o->max_receive_bytes : 4 << 20;
     args[1].type = GRPC_ARG_INTEGER;
     args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
     args[1].value.integer = 64 << 20;
-    grpc_channel_args chargs = {2, args};
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = GRPC_ARG_KEEPALIVE_TIME_MS;
+    args[2].value.integer = 20000;
+    args[3].type = GRPC_ARG_INTEGER;
+    args[3].key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS;
+    args[3].value.integer = 10000;
+    args[4].type = GRPC_ARG_INTEGER;
+    args[4].key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA; /* a long unary answer sends no data meanwhile */
+    args[4].value.integer = 0;
+    grpc_channel_args chargs = {5, args};
     s->grpc = grpc_server_create(&chargs, NULL);
     s->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->grpc, s->cq, NULL);

@@ -377,6 +377,13 @@ def server_ids(port):
     check(code == 200 and len(key) == 100 and json.loads(first)["id"] == key, f"a 100-byte Idempotency-Key is the id: {code}")
     code, _, again = post(port, "/v1/completions", dict(body, seed=99), {"Idempotency-Key": key})
     check(code == 200 and again == first, f"sent again within the grace, the key fetches that answer: {code}")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    code, _, text = post(port, "/v1/chat/completions", dict(messages=[{"role": "user", "content": "a"}], tools=tools,
+                                                             tool_choice="required", max_tokens=40),
+                         {"Idempotency-Key": key[:-1] + "t"})
+    calls = json.loads(text)["choices"][0]["message"].get("tool_calls") or [{}] if code == 200 else [{}]
+    check(calls[0].get("id") == f"call_{key[:-1]}t_0_0",
+          f"a tool call's id holds the whole 100-byte key (the buffers were 96 bytes): {code} {calls[0].get('id')}")
 
 
 def group_errors(shardlm, model, work):

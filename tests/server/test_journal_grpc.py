@@ -602,6 +602,16 @@ def group_detach(shardlm, model, work, gguf=None):
             chunks.append((ch.index, ch.text, ch.token_ids))
             if len(chunks) == 3:
                 proxy.cut()
+        # Stream.cancel() of a journaled call cancels its request by its token too (the server
+        # would keep a call that merely went for the grace).
+        s = client.generate_stream(STORY, max_tokens=400, temperature=1.0, seed=7)
+        rid = next(iter(s)).request_id
+        s.cancel()
+        end = time.time() + 10
+        while f"req={rid} cancelled by Cancel" not in srv.log_path.read_text() and time.time() < end:
+            time.sleep(0.05)
+        check(f"req={rid} cancelled by Cancel" in srv.log_path.read_text(),
+              "Client's Stream.cancel() of a journaled call cancels the request by its token")
         client.close()
         proxy.close()
         per = {}

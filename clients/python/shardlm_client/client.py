@@ -252,8 +252,9 @@ class Stream:
     (a function of extra metadata giving a new call of the same request) and a resume token from
     the server, a call that fails with UNAVAILABLE is reattached for up to resume_for seconds."""
 
-    def __init__(self, call, reopen=None, n_samples: int = 1, resume_for: float = 0.0):
+    def __init__(self, call, reopen=None, n_samples: int = 1, resume_for: float = 0.0, cancel_id=None):
         self._call, self._reopen, self._n, self._resume_for = call, reopen, n_samples, resume_for
+        self._cancel_id, self._token = cancel_id, None
         self._cancelled = False
 
     def __iter__(self) -> Iterator[Chunk]:
@@ -261,7 +262,7 @@ class Stream:
         while True:
             try:
                 if token is None and self._reopen and self._resume_for > 0:
-                    token = _token(self._call)
+                    token = self._token = _token(self._call)
                 for r in self._call:
                     give_up = None
                     if 0 <= r.index < self._n:
@@ -291,7 +292,15 @@ class Stream:
                 self._call = self._reopen(md)
 
     def cancel(self) -> None:
+        """Ends the stream. A journaled call is cancelled by its token too (Cancel): the server
+        cannot tell a cancelled call from a dropped connection, whose request it keeps running
+        for --journal-detach-grace."""
         self._cancelled = True
+        if self._token and self._cancel_id:
+            try:
+                self._cancel_id(self._token)
+            except grpc.RpcError:
+                pass  # (it had ended, or the server is gone: the call's own cancel below)
         self._call.cancel()
 
 
@@ -385,7 +394,8 @@ class Client:
         def reopen(md):
             return method(req, **dict(kw, metadata=list(kw["metadata"]) + md))
 
-        return Stream(method(req, **kw), reopen, max(req.sampling.n, 1), self.resume_for)
+        return Stream(method(req, **kw), reopen, max(req.sampling.n, 1), self.resume_for,
+                      lambda rid: self.cancel(rid, timeout=5))
 
     def generate(self, prompt: Optional[str] = None, *, timeout: Optional[float] = None, **kw) -> Generation:
         return self._generation(self._unary(self.stub.Generate, self.generate_request(prompt, **kw), timeout))
