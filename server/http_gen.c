@@ -356,6 +356,12 @@ void http_stream_free(void *cls)
         http_gen_hangup(g);
         pthread_mutex_unlock(&g->mu);
         http_gen_after_hangup(g, h);
+        pthread_mutex_lock(&g->mu);
+        if (!g->resumed && !g->done) { /* not adopted (--journal-detach-max): cancelled, counted so */
+            http_gen_observe(g, STATUS_CANCELLED);
+            g->done = 1;
+        }
+        pthread_mutex_unlock(&g->mu);
         http_resume_detach(g, delivered);
         http_gen_unref(g);
         return;
