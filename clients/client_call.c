@@ -292,6 +292,23 @@ static int nap(const volatile sig_atomic_t *cancel_flag, int ms)
     return 0;
 }
 
+static int drop_msg(void *ctx, ProtobufCMessage **m)
+{
+    (void)ctx, (void)m;
+    return 0;
+}
+
+/* A journaling server cannot tell a cancelled call from a lost connection, whose request it
+ * keeps running for --journal-detach-grace: the request is cancelled by its token too (Cancel,
+ * 5 s at most; its answer does not matter: the request may have ended). */
+static void cancel_by_token(struct client *c, const char *token)
+{
+    Shardlm__V1__CancelRequest req = SHARDLM__V1__CANCEL_REQUEST__INIT;
+    req.request_id = (char *)token;
+    (void)client_call_run(c, SERVICE "Cancel", &req.base, &shardlm__v1__cancel_response__descriptor,
+                          5.0, NULL, 0, 0, drop_msg, NULL, NULL);
+}
+
 enum status client_call_run(struct client *c, const char *method, const ProtobufCMessage *req,
                             const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
                             const volatile sig_atomic_t *cancel_flag, int streaming, int n_samples,
@@ -315,6 +332,7 @@ enum status client_call_run(struct client *c, const char *method, const Protobuf
         /* A call made again carries the token and, streaming, what the caller has. */
         char from[MAX_SAMPLES * 12];
         grpc_metadata md[2];
+        memset(md, 0, sizeof md); /* (gcc 12 -O3 takes the unused ones for uninitialised) */
         size_t n_md = 0;
         if (attempt) {
             md[n_md].key = grpc_slice_from_static_string("shardlm-resume-token");
@@ -351,7 +369,9 @@ enum status client_call_run(struct client *c, const char *method, const Protobuf
          * dropped connection not noticed yet), while the caller wants it and within
          * resume_for_s of the first failure. */
         const int again = code == GRPC_STATUS_UNAVAILABLE || (attempt && code == GRPC_STATUS_ABORTED);
-        if (!r || !r->token[0] || !again || cb_cancelled || bad_message || (cancel_flag && *cancel_flag)) break;
+        const int cancelled = cb_cancelled || (cancel_flag && *cancel_flag) || code == GRPC_STATUS_CANCELLED;
+        if (cancelled && r && r->token[0]) cancel_by_token(c, r->token);
+        if (!r || !r->token[0] || !again || cancelled || bad_message) break;
         if (n_msgs > 0 || gpr_time_cmp(give_up, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0) /* from the last news */
             give_up = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                                    gpr_time_from_micros((int64_t)(c->resume_for_s * 1e6), GPR_TIMESPAN));

@@ -155,7 +155,7 @@ fi
 
 # ---- chat at a terminal: Ctrl-C cancels the reply, then quits at the prompt -----------------
 if command -v python3 > /dev/null; then
-    if timeout 120 python3 - "$BIN" "$ADDR" > "$WORK/pty.log" 2>&1 <<'EOF'
+    cat > "$WORK/pty_chat.py" <<'EOF'
 import os, pty, select, sys, time
 
 BIN, ADDR = sys.argv[1], sys.argv[2]
@@ -228,11 +228,23 @@ for _ in range(3):
         break
 sys.exit(0 if verdict == "ok" else 1)
 EOF
-    then
+    if timeout 120 python3 "$WORK/pty_chat.py" "$BIN" "$ADDR" > "$WORK/pty.log" 2>&1; then
         pass "chat: Ctrl-C cancels the reply, Ctrl-C at the prompt exits 130"
     else
         fail "chat: Ctrl-C cancels the reply, Ctrl-C at the prompt exits 130"; cat "$WORK/pty.log"
     fi
+    # A journaling server keeps a call whose client went for --journal-detach-grace (it cannot
+    # tell a cancel from a lost connection): the client cancels the request by its token too.
+    MAIN_ADDR=$ADDR
+    start_server journal --journal "$WORK/journal"
+    if timeout 120 python3 "$WORK/pty_chat.py" "$BIN" "$ADDR" > "$WORK/pty_journal.log" 2>&1 &&
+       grep -q 'cancelled by Cancel' "$WORK/journal.err"; then
+        pass "chat: Ctrl-C against a journaling server cancels the request by its token (Cancel)"
+    else
+        fail "chat: Ctrl-C against a journaling server cancels the request by its token"
+        cat "$WORK/pty_journal.log"; grep -i 'cancel\|went away' "$WORK/journal.err"
+    fi
+    ADDR=$MAIN_ADDR
 else
     echo "skip - chat Ctrl-C at a terminal (no python3)"
 fi
