@@ -58,17 +58,8 @@ static void run(struct grammar *g, const uint8_t *data, size_t size)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (size < 1 || size > 4096) return 0;
-    enum grammar_kind kind = (enum grammar_kind)(data[0] % 5);
-    struct grammar *g = NULL;
-    enum status s = fuzz_report(grammar_compile(vocab, kind, (const char *)data + 1, size - 1, &g));
-    if (s != STATUS_OK) {
-        if (!status_message()[0]) {
-            fprintf(stderr, "grammar_compile failed without a message\n");
-            abort();
-        }
-        return 0;
-    }
+    struct grammar *g;
+    if (!fuzz_grammar_compile_input(vocab, data, size, &g)) return 0;
     run(g, data + 1, size - 1);
     grammar_unref(g);
     return 0;

@@ -25,17 +25,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (size < 1 || size > 4096) return 0;
-    enum grammar_kind kind = (enum grammar_kind)(data[0] % 5);
-    struct grammar *g = NULL;
-    enum status s = fuzz_report(grammar_compile(vocab, kind, (const char *)data + 1, size - 1, &g));
-    if (s != STATUS_OK) {
-        if (!status_message()[0]) {
-            fprintf(stderr, "grammar_compile failed without a message\n");
-            abort();
-        }
-        return 0;
-    }
+    struct grammar *g;
+    if (!fuzz_grammar_compile_input(vocab, data, size, &g)) return 0;
     struct grammar_matcher *m = NULL;
     if (grammar_matcher_new(g, &m) != STATUS_OK && !status_message()[0]) {
         fprintf(stderr, "grammar_matcher_new failed without a message\n");

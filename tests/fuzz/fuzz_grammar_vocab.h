@@ -4,9 +4,12 @@
 #ifndef SHARDLM_FUZZ_GRAMMAR_VOCAB_H
 #define SHARDLM_FUZZ_GRAMMAR_VOCAB_H
 
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_util.h"
 #include "grammar.h"
 
 static struct grammar_vocab *fuzz_grammar_vocab(void)
@@ -22,6 +25,23 @@ static struct grammar_vocab *fuzz_grammar_vocab(void)
     struct grammar_vocab *v;
     if (grammar_vocab_new_bytes(toks, lens, n, n + 3, &end, 1, &v) != STATUS_OK) abort();
     return v;
+}
+
+/* The input's grammar (byte 0 the kind, mod 5; the rest the source), compiled into *g; 0 when
+ * it does not compile (then the error must come with a message, else abort) or the input is
+ * out of bounds. */
+static int fuzz_grammar_compile_input(const struct grammar_vocab *v, const uint8_t *data, size_t size,
+                                      struct grammar **g)
+{
+    *g = NULL;
+    if (size < 1 || size > 4096) return 0;
+    enum grammar_kind kind = (enum grammar_kind)(data[0] % 5);
+    if (fuzz_report(grammar_compile(v, kind, (const char *)data + 1, size - 1, g)) == STATUS_OK) return 1;
+    if (!status_message()[0]) {
+        fprintf(stderr, "grammar_compile failed without a message\n");
+        abort();
+    }
+    return 0;
 }
 
 #endif
