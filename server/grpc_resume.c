@@ -84,6 +84,18 @@ static double unix_now(void)
 
 /* ---- first runs -------------------------------------------------------------------------- */
 
+/* c's ACCEPT fields (its body borrowed from data): what the journal writes, and a first run's
+ * job keeps (grpc_resume_first_run, with its own copy of the body). */
+static struct journal_entry accept_entry(const struct call *c, const uint8_t *data, size_t len,
+                                         const struct request_params *p, double deadline)
+{
+    struct journal_entry e = {.front = front_of(c->method), .created = (long long)time(NULL), .deadline = deadline,
+                              .seed = p->sampling.seed, .body = (char *)data, .body_len = len};
+    snprintf(e.key, sizeof e.key, "%s", c->request_id);
+    snprintf(e.owner, sizeof e.owner, "%s", c->owner);
+    return e;
+}
+
 enum status grpc_journal_accept(struct call *c, const uint8_t *data, size_t len, struct request_params *p,
                                 double deadline)
 {
@@ -103,10 +115,7 @@ enum status grpc_journal_accept(struct call *c, const uint8_t *data, size_t len,
         p->sampling.seed = ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)c;
         p->has_seed = 1;
     }
-    struct journal_entry e = {.front = front_of(c->method), .created = (long long)time(NULL), .deadline = deadline,
-                              .seed = p->sampling.seed, .body = (char *)data, .body_len = len};
-    snprintf(e.key, sizeof e.key, "%s", c->request_id);
-    snprintf(e.owner, sizeof e.owner, "%s", c->owner);
+    struct journal_entry e = accept_entry(c, data, len, p, deadline);
     if (journal_accept(s->journal, &e) != STATUS_OK)
         return status_errorf(STATUS_UNAVAILABLE, "the stream journal cannot take the request (%s)", status_message());
     c->journaled = 1;
@@ -294,14 +303,8 @@ enum status grpc_resume_first_run(struct call *c, const uint8_t *data, size_t le
     j->s = s;
     atomic_init(&j->refs, 3); /* the list's, the call's, the engine's (until the last FINISHED) */
     pthread_mutex_init(&j->mu, NULL);
-    snprintf(j->log.key, sizeof j->log.key, "%s", c->request_id);
-    snprintf(j->log.owner, sizeof j->log.owner, "%s", c->owner);
-    j->log.front = front_of(c->method);
-    j->log.created = (long long)time(NULL);
-    j->log.deadline = deadline;
-    j->log.seed = p->sampling.seed;
+    j->log = accept_entry(c, data, len, p, deadline);
     j->log.body = body;
-    j->log.body_len = len;
     j->m = c->m;
     j->n_samples = j->active = p->n;
     j->first_run = 1;

@@ -12,15 +12,6 @@
 #include "fuzz_util.h"
 #include "fuzz_grammar_vocab.h"
 
-static struct grammar_vocab *vocab;
-
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc, (void)argv;
-    fuzz_init();
-    vocab = fuzz_grammar_vocab();
-    return 0;
-}
 
 static void run(struct grammar *g, const uint8_t *data, size_t size)
 {

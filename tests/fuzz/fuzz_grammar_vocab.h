@@ -27,6 +27,18 @@ static struct grammar_vocab *fuzz_grammar_vocab(void)
     return v;
 }
 
+/* The targets' vocabulary, built once by libFuzzer's initializer (each target includes this
+ * header once). */
+static struct grammar_vocab *vocab;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+    fuzz_init();
+    vocab = fuzz_grammar_vocab();
+    return 0;
+}
+
 /* The input's grammar (byte 0 the kind, mod 5; the rest the source), compiled into *g; 0 when
  * it does not compile (then the error must come with a message, else abort) or the input is
  * out of bounds. */
