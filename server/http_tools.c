@@ -92,12 +92,41 @@ static cJSON *reply_schema(const cJSON *tools, const char *only, int required, i
     return s;
 }
 
+/* Harmony's calls (tool_harmony.c), after " to=functions.": the function's name and the rest of
+ * the header in one of the shapes gpt-oss meets (the recipient in the channel's header, as
+ * OpenAI's harmony guide shows the model writing it; in the role's, as the HF template and the
+ * openai-harmony renderer write a call back), then its arguments: one branch per shape and
+ * function, each with its text (grammar.h GRAMMAR_SCHEMA_PREFIX in anyOf branches). One call:
+ * the model ends its reply with <|call|> after it. */
+static cJSON *harmony_schema(const cJSON *tools, const char *only)
+{
+    static const char *const shapes[] = {" <|constrain|>json<|message|>", "<|channel|>commentary json<|message|>",
+                                         "<|channel|>commentary <|constrain|>json<|message|>"};
+    cJSON *s = cJSON_CreateObject(), *any = cJSON_AddArrayToObject(s, "anyOf");
+    for (const cJSON *t = tools->child; t; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        if (only && strcmp(name, only)) continue;
+        for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+            char text[TOOLS_MAX_NAME + 64];
+            snprintf(text, sizeof text, "%s%s", name, shapes[k]);
+            cJSON *b = params && !cJSON_IsNull(params) ? cJSON_Duplicate(params, 1)
+                                                       : cJSON_Parse("{\"type\": \"object\", \"properties\": {}}");
+            cJSON_AddStringToObject(b, GRAMMAR_SCHEMA_PREFIX, text);
+            cJSON_AddItemToArray(any, b);
+        }
+    }
+    return s;
+}
+
 /* The schema of a required call in the model's own format f (after its opening marker): one
  * call of the chosen function or of any, and with parallel calls in the hermes and phi4
  * formats, more calls after it, each closed and opened as the template writes them; Mistral's
  * is a list of calls. */
 static cJSON *native_schema(enum tool_format f, const cJSON *tools, const char *only, int parallel)
 {
+    if (f == TOOL_FORMAT_HARMONY) return harmony_schema(tools, only);
     cJSON *one = cJSON_CreateObject(), *any = cJSON_AddArrayToObject(one, "anyOf");
     for (const cJSON *t = tools->child; t; t = t->next) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
@@ -441,10 +470,23 @@ int http_tools_reply(const struct http_request *q, int think_open, const char *t
 
 /* ---- the Jinja render context ---------------------------------------------------------------- */
 
+/* GPT-OSS's template reads an assistant message's reasoning as `thinking`, refuses content and
+ * thinking beside a tool call, and tests `... in message.content` whenever content is there (a
+ * null is an error in jinja2): as llama.cpp gives it messages, reasoning_content becomes
+ * thinking, and a tool call's message keeps no null content, nor any content beside thinking. */
+static void harmony_message(cJSON *out)
+{
+    cJSON *rc = cJSON_GetObjectItemCaseSensitive(out, "reasoning_content");
+    int calls = cJSON_GetObjectItemCaseSensitive(out, "tool_calls") != NULL;
+    if (cJSON_IsString(rc)) cJSON_AddStringToObject(out, "thinking", rc->valuestring);
+    if (calls && (cJSON_IsString(rc) || cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(out, "content"))))
+        cJSON_DeleteItemFromObjectCaseSensitive(out, "content");
+}
+
 /* Message i of the request as transformers' apply_chat_template gets it: role ("developer" is
  * "system"), content (text parts joined; absent or null as sent), tool_calls with arguments as
  * JSON objects (templates write them with tojson), tool_call_id, name, reasoning_content. */
-static cJSON *raw_message(const cJSON *m)
+static cJSON *raw_message(const cJSON *m, int harmony)
 {
     cJSON *out = cJSON_CreateObject();
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
@@ -479,6 +521,7 @@ static cJSON *raw_message(const cJSON *m)
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, strings[k]);
         if (cJSON_IsString(v)) cJSON_AddStringToObject(out, strings[k], v->valuestring);
     }
+    if (harmony) harmony_message(out);
     return out;
 }
 
@@ -512,7 +555,7 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
     }
     if (raw) {
         for (const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages")->child; m; m = m->next)
-            cJSON_AddItemToArray(msgs, raw_message(m));
+            cJSON_AddItemToArray(msgs, raw_message(m, caps->tool_format == TOOL_FORMAT_HARMONY));
     } else {
         static const char *const roles[] = {"system", "user", "assistant"};
         const cJSON *ms = cJSON_GetObjectItemCaseSensitive(o, "messages"), *src = ms ? ms->child : NULL;

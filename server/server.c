@@ -167,10 +167,6 @@ static void note_template_formats(const struct server *s, struct served_model *m
     LOG_INFO("server", "chat template: tool calls in the %s format, reasoning %s%s%s%s", tool_format_name(m->tool_format),
              m->reasoning ? "split from " : "not split", m->reasoning ? tool_reasoning_open(m->reasoning) : "",
              m->reasoning ? " to " : "", m->reasoning ? tool_reasoning_close(m->reasoning) : "");
-    const char *other = m->reasoning ? NULL : tool_format_unsupported_reasoning(src);
-    if (other)
-        LOG_WARN("server", "chat template: its reasoning is written in the %s format, which is not split into "
-                 "reasoning_content (docs/tools.md)", other);
 }
 
 /* The chat template: --chat-template NAME (a built-in) or FILE.jinja; else the model's own Jinja

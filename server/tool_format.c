@@ -10,8 +10,15 @@
 
 #include "engine.h"
 
+/* GPT-OSS's harmony messages: its template writes every message's header. */
+static int is_harmony(const char *src)
+{
+    return src && strstr(src, "<|channel|>") && strstr(src, "<|message|>") && strstr(src, "<|start|>");
+}
+
 enum tool_format tool_format_detect(const char *src)
 {
+    if (is_harmony(src)) return TOOL_FORMAT_HARMONY;
     if (!src || !strstr(src, "tools")) return TOOL_FORMAT_GENERIC;
     if (strstr(src, "<tool_call>")) return TOOL_FORMAT_HERMES;
     if (strstr(src, "[TOOL_CALLS]")) return TOOL_FORMAT_MISTRAL;
@@ -23,6 +30,7 @@ enum tool_format tool_format_detect(const char *src)
 enum tool_reasoning tool_format_detect_reasoning(const char *src)
 {
     if (!src) return TOOL_REASONING_OFF;
+    if (is_harmony(src)) return TOOL_REASONING_HARMONY;
     if (strstr(src, "<think>")) return TOOL_REASONING_THINK;
     for (int r = TOOL_REASONING_MISTRAL; r <= TOOL_REASONING_THOUGHT; r++)
         if (strstr(src, tool_reasoning_open((enum tool_reasoning)r)) && strstr(src, tool_reasoning_close((enum tool_reasoning)r)))
@@ -34,14 +42,10 @@ enum tool_reasoning tool_format_detect_reasoning(const char *src)
 const char *tool_reasoning_open(enum tool_reasoning r) { return engine_reasoning_marker((int)r - 1, 0); }
 const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasoning_marker((int)r - 1, 1); }
 
-const char *tool_format_unsupported_reasoning(const char *src)
-{
-    return src && strstr(src, "<|channel|>") && strstr(src, "analysis") ? "harmony" : NULL;
-}
 
 const char *tool_format_name(enum tool_format f)
 {
-    static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4"};
+    static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "?";
 }
 
@@ -52,6 +56,7 @@ const char *tool_format_call_prefix(enum tool_format f)
     case TOOL_FORMAT_MISTRAL: return "[TOOL_CALLS]";
     case TOOL_FORMAT_PHI4: return "<|tool_call|>";
     case TOOL_FORMAT_LLAMA3: return "";
+    case TOOL_FORMAT_HARMONY: return HARMONY_CALL_PREFIX;
     default: return NULL;
     }
 }
@@ -62,6 +67,7 @@ const char *tool_format_call_marker(enum tool_format f)
     case TOOL_FORMAT_HERMES: return "<tool_call>";
     case TOOL_FORMAT_MISTRAL: return "[TOOL_CALLS]";
     case TOOL_FORMAT_PHI4: return "<|tool_call|>";
+    case TOOL_FORMAT_HARMONY: return HARMONY_CALL_MARKER;
     default: return NULL;
     }
 }

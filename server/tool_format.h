@@ -14,6 +14,11 @@
  *   LLAMA3   {"name": ..., "parameters": {...}} as the whole reply (Llama 3.1 / 3.2 / 3.3):
  *            "<|start_header_id|>" and "ipython"
  *   PHI4     <|tool_call|>{"name": ..., "arguments": {...}}<|/tool_call|> (Phi-4-mini): both markers
+ *   HARMONY  GPT-OSS's messages: <|channel|>analysis<|message|>...<|end|><|start|>assistant
+ *            <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>
+ *            (tool_harmony.c): "<|channel|>", "<|message|>" and "<|start|>"; whether or not the
+ *            template reads `tools`, since its channels are also its reasoning (the `reasoning`
+ *            argument is then unused)
  * A template that never reads `tools` gets GENERIC whatever it holds.
  *
  * Reasoning: with `reasoning` on (enum tool_reasoning: the markers), a reply that opens with the
@@ -45,6 +50,7 @@ enum tool_format {
     TOOL_FORMAT_MISTRAL,
     TOOL_FORMAT_LLAMA3,
     TOOL_FORMAT_PHI4,
+    TOOL_FORMAT_HARMONY,
 };
 
 /* The format a template's source (NUL-terminated) asks for; GENERIC when it has no tools. */
@@ -57,15 +63,19 @@ enum tool_reasoning {
     TOOL_REASONING_THINK,   /* <think> ... </think> (Qwen 3, DeepSeek R1 and their distills) */
     TOOL_REASONING_MISTRAL, /* [THINK] ... [/THINK] (Mistral's Magistral) */
     TOOL_REASONING_THOUGHT, /* <|begin_of_thought|> ... <|end_of_thought|> (Sky-T1, Bespoke-Stratos) */
+    TOOL_REASONING_HARMONY, /* GPT-OSS's analysis channel, <|channel|>analysis<|message|> ... <|end|>:
+                               replies are read as harmony messages whatever the format argument */
 };  /* (r - 1 is the engine's TRIGGER_MARKERS_* kind: engine.h) */
 enum tool_reasoning tool_format_detect_reasoning(const char *template_src);
 /* The opening and closing markers of kind r (not OFF). */
 const char *tool_reasoning_open(enum tool_reasoning r);
 const char *tool_reasoning_close(enum tool_reasoning r);
-/* A reasoning format the template writes that the parser does not split (GPT-OSS's harmony
- * channels: "harmony"), or NULL. */
-const char *tool_format_unsupported_reasoning(const char *template_src);
 const char *tool_format_name(enum tool_format f);
+/* Harmony's call header up to the function's name, as the model writes it (a required call's
+ * prompt ends with it), and the part of it a lazy constraint watches for (tool_choice auto: the
+ * recipient may also come first, `<|start|>assistant to=functions.NAME<|channel|>...`). */
+#define HARMONY_CALL_PREFIX "<|channel|>commentary to=functions."
+#define HARMONY_CALL_MARKER " to=functions."
 /* The text a call opens with (written into the prompt when a call is required: the model
  * continues with the call's JSON); "" for LLAMA3, NULL for GENERIC. */
 const char *tool_format_call_prefix(enum tool_format f);

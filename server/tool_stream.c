@@ -8,16 +8,14 @@
  * checks it against the earlier whole-text parser at every prefix).
  * Not here: format detection (tool_format.c), the JSON of the fronts (http_openai_out.c,
  * chat_tools.c). Tests: tests/test_tool_stream.c, tests/fuzz/fuzz_tool_parse.c. */
-#include "tool_format.h"
-#include "tool_json.h"
+#include "tool_stream_impl.h"
 
 #include "base.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* The length of the longest suffix of s[0..n) that is a proper prefix of marker. */
-static size_t holdback(const char *s, size_t n, const char *marker)
+size_t tool_stream_holdback(const char *s, size_t n, const char *marker)
 {
     size_t m = strlen(marker);
     for (size_t k = m - 1 < n ? m - 1 : n; k > 0; k--)
@@ -26,73 +24,6 @@ static size_t holdback(const char *s, size_t n, const char *marker)
 }
 
 /* ---- the reply ------------------------------------------------------------------------------- */
-
-/* A run of text that becomes content (or the reasoning): trimmed of whitespace at both ends,
- * joined to content before it by one space; read up to a limit that only grows. */
-struct seg {
-    size_t start, scanned, first, end; /* [first, end): the trimmed text so far */
-    int    has;                        /* a non-whitespace byte was seen */
-    size_t base, emitted;              /* content's length when the run began; bytes of it added */
-};
-
-enum body {
-    B_WAIT,       /* the reasoning block is not over */
-    B_RAW,        /* no tools: the rest is content as written */
-    B_TEXT,       /* marked formats: text, looking for the opening marker */
-    B_LIST_OPEN,  /* mistral: after [TOOL_CALLS], expecting '[' */
-    B_CALL,       /* in a call's JSON */
-    B_LIST_AFTER, /* mistral: after a call in the list */
-    B_AFTER_CALL, /* marked: after a call, before its closing marker */
-    B_REST,       /* the rest is text (trimmed, no markers) */
-    B_DEAD,       /* the rest is dropped */
-    G_OPEN, G_KEYSTART, G_KEY, G_COLON, G_RSTART, G_RESP, G_LSTART, G_LAFTER, /* generic */
-    L_START, L_CALLSTART, L_AFTER, L_SEMI, L_BUILTIN,                         /* llama3 */
-};
-
-enum rphase { R_OFF, R_DETECT, R_IN, R_GAP };
-
-struct tcall {
-    char  *name;
-    size_t args0, args1;
-    int    no_args; /* a call without arguments takes none: "{}" */
-    char  *own_args; /* a built-in call's arguments, made from its k=v pairs (own_len bytes); or NULL */
-    size_t own_len;
-};
-
-struct tool_stream {
-    enum tool_format f;
-    int    tools, reasoning, max_calls, final, oom;
-    char  *text;
-    size_t len, cap, pos; /* pos: the next byte the body's machines read */
-    unsigned long long steps;
-
-    enum rphase rph;
-    const char *ropen, *rclose; /* the reasoning block's markers (tool_reasoning_open / _close) */
-    int    has_reasoning;
-    size_t rscan;         /* R_DETECT / R_GAP: bytes skipped; R_IN: where to look for </think> next */
-    struct seg rseg;
-    size_t body;          /* where the reply proper starts */
-
-    enum body st;
-    struct seg cseg;
-    size_t search;        /* B_TEXT: positions before this hold no opening marker */
-    size_t block;         /* where the current block of calls opened (its marker) */
-    size_t close_at;      /* B_AFTER_CALL: the first byte after the call's whitespace, or -1 */
-    int    kept_block, seen, gdone; /* calls kept in this block; generic: non-space seen, reply whole */
-    struct tool_json_buf content, gkey;
-    struct tool_json_str gs;
-    struct tool_json_call call;
-    struct tool_json_builtin builtin; /* llama3: a built-in call after <|python_tag|> */
-    int    tagged;                    /* llama3: the reply opened with <|python_tag|> (text) or a
-                                         built-in tool's name: a built-in call may follow */
-    struct tcall *calls;
-    int    n_calls, cap_calls;
-
-    size_t sent_reasoning, sent_content, *sent_args;
-    int    sent_calls, cap_args;
-    struct tool_delta_call *dcalls;
-    int    cap_dcalls;
-};
 
 static const char PYTHON_TAG[] = "<|python_tag|>";
 /* Llama 3.1's built-in tools called as `name.call(...)` (its template's "Tools:" line; its
@@ -144,8 +75,7 @@ static void begin_call(struct tool_stream *ts)
     ts->st = B_CALL;
 }
 
-/* A new slot for a call named name[0..n) (zeroed but for the name), or NULL out of memory. */
-static struct tcall *new_call(struct tool_stream *ts, const char *name, size_t n)
+struct tcall *tool_stream_new_call(struct tool_stream *ts, const char *name, size_t n)
 {
     if (ts->n_calls == ts->cap_calls) {
         int cap = ts->cap_calls ? 2 * ts->cap_calls : 4;
@@ -167,7 +97,7 @@ static int keep_call(struct tool_stream *ts)
 {
     if (!call_visible(ts)) return 0;
     struct tool_json_call *c = &ts->call;
-    struct tcall *t = new_call(ts, c->name.p, c->name.n);
+    struct tcall *t = tool_stream_new_call(ts, c->name.p, c->name.n);
     if (!t) return 0;
     t->args0 = c->args0, t->args1 = c->args1, t->no_args = !c->has_args;
     return 1;
@@ -177,7 +107,7 @@ static int keep_call(struct tool_stream *ts)
 static void keep_builtin(struct tool_stream *ts)
 {
     struct tool_json_builtin *b = &ts->builtin;
-    struct tcall *t = new_call(ts, b->name.p, b->name.n);
+    struct tcall *t = tool_stream_new_call(ts, b->name.p, b->name.n);
     if (!t) return;
     if (!(t->own_args = malloc(b->args.n + 1))) {
         ts->oom = 1;
@@ -242,7 +172,7 @@ static void read_text(struct tool_stream *ts)
     }
     ts->search = p;
     size_t s0 = ts->cseg.start;
-    size_t limit = ts->final ? ts->len : ts->len - holdback(ts->text + s0, ts->len - s0, open);
+    size_t limit = ts->final ? ts->len : ts->len - tool_stream_holdback(ts->text + s0, ts->len - s0, open);
     ts->steps += m;
     seg_advance(ts, &ts->cseg, limit, 1);
     ts->pos = ts->len;
@@ -430,7 +360,7 @@ static void reasoning_advance(struct tool_stream *ts)
             ts->rscan = p;
             size_t s0 = ts->rseg.start;
             ts->steps += m;
-            seg_advance(ts, &ts->rseg, ts->final ? ts->len : ts->len - holdback(ts->text + s0, ts->len - s0, ts->rclose), 0);
+            seg_advance(ts, &ts->rseg, ts->final ? ts->len : ts->len - tool_stream_holdback(ts->text + s0, ts->len - s0, ts->rclose), 0);
             return;
         }
         seg_advance(ts, &ts->rseg, p, 0);
@@ -447,6 +377,10 @@ static void reasoning_advance(struct tool_stream *ts)
 /* Reads what was appended (and, once final, what was held back). */
 static void advance(struct tool_stream *ts)
 {
+    if (ts->f == TOOL_FORMAT_HARMONY) {
+        harmony_advance(ts);
+        return;
+    }
     if (ts->st == B_WAIT) reasoning_advance(ts);
     while (ts->st != B_WAIT && (ts->pos < ts->len || (ts->final && ts->st == L_START))) {
         if (ts->st == B_TEXT) read_text(ts);
@@ -471,8 +405,10 @@ int tool_stream_new(enum tool_format f, int tools, int reasoning, int think_open
     struct tool_stream *ts = calloc(1, sizeof *ts);
     *out = ts;
     if (!ts) return -1;
+    if (reasoning == TOOL_REASONING_HARMONY) f = TOOL_FORMAT_HARMONY; /* (a request without tools) */
     ts->f = f, ts->tools = tools, ts->reasoning = reasoning, ts->max_calls = max_calls;
     ts->st = B_WAIT;
+    if (f == TOOL_FORMAT_HARMONY) return 0; /* its channels are its reasoning (tool_harmony.c) */
     if (reasoning) ts->ropen = tool_reasoning_open((enum tool_reasoning)reasoning),
                    ts->rclose = tool_reasoning_close((enum tool_reasoning)reasoning);
     CHECK(!reasoning || ts->ropen, "tool_stream_new: reasoning %d names no markers", reasoning);
@@ -501,6 +437,8 @@ void tool_stream_free(struct tool_stream *ts)
     free(ts->builtin.args.p);
     free(ts->sent_args);
     free(ts->dcalls);
+    free(ts->rbuf.p);
+    free(ts->h_name);
     free(ts);
 }
 
@@ -537,9 +475,12 @@ void tool_stream_view(const struct tool_stream *ts, struct tool_view *v)
     v->has_reasoning = ts->has_reasoning;
     v->reasoning = "";
     if (ts->rseg.has) v->reasoning = ts->text + ts->rseg.first, v->reasoning_len = ts->rseg.end - ts->rseg.first;
+    if (ts->rbuf.p) v->reasoning = ts->rbuf.p, v->reasoning_len = ts->rbuf.n; /* harmony's */
     v->content = ts->content.p ? ts->content.p : "";
     v->content_len = ts->content.n;
-    v->n_calls = ts->n_calls + call_visible(ts);
+    const char *name, *args;
+    size_t n;
+    v->n_calls = ts->n_calls + (ts->f == TOOL_FORMAT_HARMONY ? harmony_open_call(ts, &name, &args, &n) : call_visible(ts));
 }
 
 void tool_stream_call(const struct tool_stream *ts, int k, struct tool_view_call *c)
@@ -551,6 +492,10 @@ void tool_stream_call(const struct tool_stream *ts, int k, struct tool_view_call
         if (t->own_args) c->args = t->own_args, c->args_len = t->own_len;
         else if (t->no_args) c->args = "{}", c->args_len = 2;
         else c->args = ts->text + t->args0, c->args_len = t->args1 - t->args0;
+        return;
+    }
+    if (ts->f == TOOL_FORMAT_HARMONY) {
+        harmony_open_call(ts, &c->name, &c->args, &c->args_len);
         return;
     }
     const struct tool_json_call *j = &ts->call; /* the call in progress (call_visible) */

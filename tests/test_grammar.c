@@ -172,6 +172,12 @@ static const struct sample samples[] = {
      "\"type\":\"integer\",\"minimum\":1}",
      {"<c>\n12", "<c>\n12\n</c>", "<c>\n1\n</c>\n<c>\n2\n</c>", "<c>\n1\n</c>\n<c>\n2\n</c>\n<c>\n3\n</c>", NULL},
      {"<c>\n1\n</c>\n<c>\n2", "<c>\n1\n</c>\n<c>\n", "<c>\n1\n<c>\n2\n</c>", "<c>\n1\n</c>\n<c>\n0\n</c>", "<c>\n1\n</c>2", NULL}},
+    /* x-shardlm-prefix in every branch of a root anyOf: one branch's text, then its value
+     * (harmony's call headers after the function's name), after the root's own prefix. */
+    {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-prefix\":\"to=\",\"anyOf\":[{\"x-shardlm-prefix\":\"f <j>\",\"type\":\"integer\"},"
+     "{\"x-shardlm-prefix\":\"g<j>\",\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"}},\"required\":[\"a\"]}]}",
+     {"to=f <j>12", " to=g<j>{\"a\":true}", NULL},
+     {"to=f <j>{\"a\":true}", "to=g<j>12", "to=f<j>12", "to=12", "f <j>12", "to=f <j>g<j>1", NULL}},
 };
 
 static const char *const bad[][3] = {
@@ -186,6 +192,10 @@ static const char *const bad[][3] = {
     {"0", "{\"x-shardlm-repeat\":{\"close\":\"\",\"open\":\"y\"},\"type\":\"integer\"}", "x-shardlm-repeat must be"},
     {"0", "{\"type\":\"array\",\"items\":{\"x-shardlm-repeat\":{\"close\":\"x\",\"open\":\"y\"}}}",
      "unsupported keyword 'x-shardlm-repeat'"},
+    {"0", "{\"anyOf\":[{\"x-shardlm-prefix\":\"a\",\"type\":\"integer\"},{\"type\":\"integer\"}]}",
+     "/anyOf/1: /x-shardlm-prefix must be a string of 1 to 128 bytes in every branch"},
+    {"0", "{\"type\":\"object\",\"anyOf\":[{\"x-shardlm-prefix\":\"a\",\"type\":\"integer\"}]}",
+     "must be the root's only keyword"},
     {"0", "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"strin\"}}}", "/properties/a"},
     {"0", "{\"$ref\":\"#/$defs/missing\"}", "points to nothing"},
     {"0", "{\"$ref\":\"#\"}", "accepts no string"},

@@ -17,6 +17,7 @@
 
 #include "base.h"
 #include "tool_format.h"
+#include "tool_json.h"
 #include "tool_parse_ref.h"
 
 static unsigned long long rng_state = 0x9E3779B97F4A7C15ull;
@@ -363,6 +364,135 @@ static void check_reasoning_kinds(void)
     }
 }
 
+/* ---- harmony (server/tool_harmony.c): no earlier parser to compare with; the properties ---- */
+
+static int is_prefix(const char *a, size_t na, const char *b, size_t nb) { return na <= nb && !memcmp(a, b, na); }
+
+/* Every partial parse of text[0..cut) is a prefix of the final parse of text[0..n): its
+ * reasoning, its content, its calls (same names, arguments a prefix; whole when complete). */
+static void harmony_prefixes(int tools, int max_calls, const char *text, size_t n)
+{
+    struct tool_parsed whole, part;
+    CHECK(tool_parse(TOOL_FORMAT_HARMONY, tools, 0, 0, max_calls, text, n, 1, &whole) == 0, "oom");
+    CHECK(max_calls <= 0 || whole.n_calls <= max_calls, "harmony: %d calls kept of %d", whole.n_calls, max_calls);
+    for (size_t cut = 0; cut <= n; cut++) {
+        CHECK(tool_parse(TOOL_FORMAT_HARMONY, tools, 0, 0, max_calls, text, cut, 0, &part) == 0, "oom");
+        int ok = is_prefix(part.reasoning, part.reasoning_len, whole.reasoning, whole.reasoning_len) &&
+                 is_prefix(part.content, part.content_len, whole.content, whole.content_len) &&
+                 part.n_calls <= whole.n_calls && (!part.has_reasoning || whole.has_reasoning);
+        for (int k = 0; ok && k < part.n_calls; k++)
+            ok = !strcmp(part.calls[k].name, whole.calls[k].name) &&
+                 (part.calls[k].complete ? same : is_prefix)(part.calls[k].args, part.calls[k].args_len,
+                                                             whole.calls[k].args, whole.calls[k].args_len);
+        if (!ok) {
+            fprintf(stderr, "harmony tools %d max_calls %d, cut %zu of %zu: '%.*s'\n  part: r '%s' c '%s' calls %d\n"
+                    "  whole: r '%s' c '%s' calls %d\n", tools, max_calls, cut, n, (int)n, text, part.reasoning,
+                    part.content, part.n_calls, whole.reasoning, whole.content, whole.n_calls);
+            CHECK(0, "a partial harmony parse is not a prefix of the whole one");
+        }
+        n_compared++;
+        tool_parsed_free(&part);
+    }
+    /* A stream cut at random sends deltas that add up to the whole parse. */
+    struct tool_stream *ts;
+    CHECK(tool_stream_new(TOOL_FORMAT_HARMONY, tools, 0, 0, max_calls, &ts) == 0, "oom");
+    struct tool_json_buf r = {0}, c = {0}, args[8] = {{0}};
+    int n_calls = 0;
+    for (size_t at = 0;;) {
+        size_t step = rnd(6), to = at + step > n ? n : at + step;
+        struct tool_delta d;
+        CHECK(tool_stream_delta(ts, text + at, to - at, to == n, &d) == 0, "oom");
+        if (d.reasoning) tool_json_buf_add(&r, d.reasoning, d.reasoning_len);
+        if (d.content) tool_json_buf_add(&c, d.content, d.content_len);
+        for (int k = 0; k < d.n_calls; k++) {
+            CHECK(d.calls[k].index < 8, "harmony test: too many calls");
+            if (d.calls[k].is_new) n_calls++;
+            tool_json_buf_add(&args[d.calls[k].index], d.calls[k].args, d.calls[k].args_len);
+        }
+        if ((at = to) == n) break;
+    }
+    int ok = same(r.p ? r.p : "", r.n, whole.reasoning, whole.reasoning_len) &&
+             same(c.p ? c.p : "", c.n, whole.content, whole.content_len) && n_calls == whole.n_calls;
+    for (int k = 0; ok && k < n_calls; k++)
+        ok = same(args[k].p ? args[k].p : "", args[k].n, whole.calls[k].args, whole.calls[k].args_len);
+    if (!ok) fprintf(stderr, "harmony stream of '%.*s' (tools %d, max_calls %d)\n  stream: r '%s' c '%s' calls %d\n"
+                     "  whole: r '%s' c '%s' calls %d\n", (int)n, text, tools, max_calls, r.p ? r.p : "", c.p ? c.p : "",
+                     n_calls, whole.reasoning, whole.content, whole.n_calls);
+    CHECK(ok, "a harmony stream's deltas do not add up to the whole parse");
+    free(r.p), free(c.p);
+    for (int k = 0; k < 8; k++) free(args[k].p);
+    tool_stream_free(ts);
+    tool_parsed_free(&whole);
+}
+
+static void check_harmony(void)
+{
+    static const char *const pieces[] = {
+        "<|start|>", "assistant", "<|channel|>", "analysis", "final", "commentary", " to=functions.get_weather",
+        " to=functions.f", " to=python", " to=assistant", " <|constrain|>json", " json", "<|message|>", "<|end|>",
+        "<|call|>", "<|return|>", "<|sta", "<|chan", "<|mess", "<|", "<", "|>", "{\"city\": \"Paris\"}", "{}", "[1, 2",
+        "Let me think.", " ", "\n", "é", "to=", "functions.", "answer 42", "<|constrain|>",
+    };
+    static const char *const fixed[] = {
+        "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather"
+        " <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
+        "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>final<|message|>b<|return|>",
+        " to=functions.f<|channel|>commentary json<|message|>{}<|end|><|start|>assistant to=functions.g<|channel|>"
+        "commentary json<|message|>{\"x\": 1}",
+        "plain text without headers", "<|channel|>final<|message|>x<|sta", "<|channel|>fin",
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
+        for (int bits = 0; bits < 4; bits++) harmony_prefixes(bits & 1, bits >> 1, fixed[i], strlen(fixed[i]));
+    char buf[1024];
+    const int n_pieces = (int)(sizeof pieces / sizeof *pieces);
+    for (int i = 0; i < 1500; i++) {
+        size_t n = 0;
+        for (int k = 1 + (int)rnd(24); k > 0; k--) {
+            const char *p = pieces[rnd((unsigned)n_pieces)];
+            size_t m = strlen(p);
+            if (n + m > sizeof buf) break;
+            memcpy(buf + n, p, m), n += m;
+        }
+        harmony_prefixes(rnd(4) != 0, (int)rnd(3), buf, n);
+    }
+    /* Linear work: long reasoning full of near-markers, then a call with long arguments. */
+    for (int shape = 0; shape < 2; shape++) {
+        unsigned long long steps[2];
+        size_t lens[2];
+        for (int t = 0; t < 2; t++) {
+            size_t size = (size_t)(t + 1) * 100000, k = 0;
+            char *s = malloc(size + 256);
+            CHECK(s, "oom");
+            if (shape == 0) {
+                k += (size_t)sprintf(s, "<|channel|>analysis<|message|>");
+                while (k < size) k += (size_t)sprintf(s + k, "a <| b <|en c <|sta d < ");
+                k += (size_t)sprintf(s + k, "<|end|><|start|>assistant<|channel|>final<|message|>ok");
+            } else {
+                k += (size_t)sprintf(s, "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"t\": \"");
+                while (k < size) k += (size_t)sprintf(s + k, "xyz<|cal ");
+                k += (size_t)sprintf(s + k, "\"}<|call|>");
+            }
+            struct tool_stream *ts;
+            CHECK(tool_stream_new(TOOL_FORMAT_HARMONY, 1, 0, 0, 0, &ts) == 0, "oom");
+            struct tool_delta d;
+            for (size_t at = 0; at < k; at++) CHECK(tool_stream_delta(ts, s + at, 1, 0, &d) == 0, "oom");
+            CHECK(tool_stream_delta(ts, "", 0, 1, &d) == 0, "oom");
+            struct tool_view v;
+            tool_stream_view(ts, &v);
+            CHECK(shape == 0 ? v.reasoning_len > size - 100 && v.content_len == 2 : v.n_calls == 1,
+                  "harmony: the long reply of shape %d did not parse as meant", shape);
+            steps[t] = tool_stream_steps(ts), lens[t] = k;
+            tool_stream_free(ts);
+            free(s);
+        }
+        double per_byte = (double)steps[0] / (double)lens[0];
+        double growth = (double)steps[1] / (double)steps[0] * (double)lens[0] / (double)lens[1];
+        fprintf(stderr, "linear: harmony shape %d: %.2f steps a byte, twice the bytes: x%.3f per byte\n", shape, per_byte,
+                growth);
+        CHECK(per_byte < 40 && growth < 1.05, "harmony shape %d: %.1f steps a byte, x%.3f", shape, per_byte, growth);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const char *const cases[] = {
@@ -403,6 +533,7 @@ int main(int argc, char **argv)
     check_linear();
     check_builtin();
     check_reasoning_kinds();
+    check_harmony();
     printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);
     return 0;
 }

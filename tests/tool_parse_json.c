@@ -1,8 +1,8 @@
 /* tests/tool_parse_json.c - the reply parser (server/tool_format.h tool_parse) as a command for
  * Python tests: reads a reply on stdin, parses it whole (final) as a reply to a request with
  * tools in the format named by argv[1], and prints {"content", "reasoning", "calls": [{"name",
- * "arguments"}]} as JSON. Driven by tests/test_tool_builtin.py.
- * Usage: tool_parse_json FORMAT [reasoning] < reply */
+ * "arguments"}]} as JSON. Driven by tests/test_tool_builtin.py and tests/test_harmony.py.
+ * Usage: tool_parse_json FORMAT [reasoning] [notools] < reply (notools: a request without tools) */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,11 +14,11 @@ int main(int argc, char **argv)
 {
     enum tool_format f = TOOL_FORMAT_GENERIC;
     int found = 0;
-    for (int k = 0; argc > 1 && k <= TOOL_FORMAT_PHI4 && !found; k++)
+    for (int k = 0; argc > 1 && k <= TOOL_FORMAT_HARMONY && !found; k++)
         if (!strcmp(argv[1], tool_format_name((enum tool_format)k))) f = (enum tool_format)k, found = 1;
     if (!found) {
-        fprintf(stderr, "usage: tool_parse_json FORMAT [reasoning] < reply (FORMAT: generic, hermes, mistral, "
-                        "llama3, phi4)\n");
+        fprintf(stderr, "usage: tool_parse_json FORMAT [reasoning] [notools] < reply (FORMAT: generic, hermes, mistral, "
+                        "llama3, phi4, harmony)\n");
         return 2;
     }
     size_t n = 0, cap = 4096;
@@ -28,7 +28,9 @@ int main(int argc, char **argv)
         if (n == cap) text = realloc(text, cap *= 2);
     }
     struct tool_parsed p;
-    if (!text || tool_parse(f, 1, argc > 2 && !strcmp(argv[2], "reasoning"), 0, 0, text, n, 1, &p)) {
+    int reasoning = 0, tools = 1;
+    for (int i = 2; i < argc; i++) reasoning |= !strcmp(argv[i], "reasoning"), tools &= !!strcmp(argv[i], "notools");
+    if (!text || tool_parse(f, tools, reasoning, 0, 0, text, n, 1, &p)) {
         fprintf(stderr, "out of memory\n");
         return 1;
     }

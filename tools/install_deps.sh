@@ -18,8 +18,8 @@ DEBS=(
   iproute2
   clang libomp-dev
 )
-PYMODS=(numpy wheel grpc grpc_tools grpc_health grpc_reflection gguf jax optax openai prometheus_client tokenizers llguidance jsonschema jinja2 anthropic tiktoken sentencepiece scipy langchain_openai)  # python import names
-PYPKGS=(numpy wheel grpcio grpcio-tools grpcio-health-checking grpcio-reflection gguf "jax[cpu]" optax openai prometheus_client tokenizers "llguidance==1.9.1" jsonschema jinja2 anthropic tiktoken sentencepiece scipy langchain-openai)  # matching pip names
+PYMODS=(numpy wheel grpc grpc_tools grpc_health grpc_reflection gguf jax optax openai prometheus_client tokenizers llguidance jsonschema jinja2 anthropic tiktoken sentencepiece scipy langchain_openai openai_harmony)  # python import names
+PYPKGS=(numpy wheel grpcio grpcio-tools grpcio-health-checking grpcio-reflection gguf "jax[cpu]" optax openai prometheus_client tokenizers "llguidance==1.9.1" jsonschema jinja2 anthropic tiktoken sentencepiece scipy langchain-openai "openai-harmony==0.0.8")  # matching pip names
 # llguidance (no torch) and jsonschema: the oracles of the grammar engine (tests/test_grammar.py) and
 # of the structured outputs (tests/server/test_structured.py); jinja2: the templates' (test_jinja.py).
 # tiktoken and sentencepiece: the oracles of the tiktoken rank-file loader (tests/test_tiktoken.py), of
@@ -27,6 +27,8 @@ PYPKGS=(numpy wheel grpcio grpcio-tools grpcio-health-checking grpcio-reflection
 # of the Precompiled normalizer (its charsmap; tests/test_tokenizer_kinds.py).
 # jax (CPU wheels) and optax: the independent autodiff and optimizer the training tests compare
 # against (tests/test_train_grad.py, test_train_step.py). Never torch: its wheels pull CUDA.
+# openai-harmony: OpenAI's own reader of GPT-OSS's harmony format, the oracle of the harmony reply
+# parser (tests/test_harmony.py; offline on .cache/tiktoken's o200k_base).
 # langchain-openai: LangChain's ChatOpenAI, a second real client of tools and structured outputs
 # (tests/server/test_langchain.py).
 # openai and prometheus_client: the official OpenAI SDK and Prometheus' text parser that

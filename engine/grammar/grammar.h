@@ -57,7 +57,10 @@ int grammar_vocab_mask_words(const struct grammar_vocab *v);
 
 /* A JSON Schema's root may hold this keyword: a string of 1 to 64 bytes that the output writes
  * before the JSON value (a tool call's opening marker, server/http_tools.c), after at most 8
- * bytes of whitespace (space, tab, CR, LF); anywhere else it is an unsupported keyword. */
+ * bytes of whitespace (space, tab, CR, LF). So may each branch of a root that is only
+ * {"anyOf": [...]} (1 to 128 bytes, then in every branch): the output is one branch's text then
+ * a value of that branch (harmony's call header after the function's name). Anywhere else it is
+ * an unsupported keyword. */
 #define GRAMMAR_SCHEMA_PREFIX "x-shardlm-prefix"
 /* And this one: {"close": C, "open": O} (strings of 1 to 64 bytes) makes the output one or more
  * values: V, then optionally C, then any number of O V C (a tool format's parallel calls:

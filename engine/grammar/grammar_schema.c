@@ -24,6 +24,7 @@ struct sb {
     int            n_refs;
     int            depth;
     int            r_value, r_string, r_char, r_int, r_number, r_object, r_array;
+    struct gx     *tagged; /* the root's branches after their texts (tagged_branches) */
 };
 
 static enum status sfail(struct sb *s, const char *path, const char *fmt, const char *arg)
@@ -668,6 +669,40 @@ out:
     return b->failed ? NULL : x;
 }
 
+/* A root {"anyOf": [...]} whose every branch holds x-shardlm-prefix (a text of 1 to 128 bytes):
+ * the output is one branch's text then a JSON value of that branch (harmony's tool calls: the
+ * function's name and the header after it, then its arguments: server/http_tools.c). Returns 1
+ * when the root is such a list (s->b->failed set on an error, else the expression in s->tagged),
+ * 0 when it is not (no branch has the keyword). */
+static int tagged_branches(struct sb *s)
+{
+    const cJSON *any = cJSON_IsObject(s->root) ? cJSON_GetObjectItemCaseSensitive(s->root, "anyOf") : NULL;
+    int n = cJSON_IsArray(any) ? cJSON_GetArraySize(any) : 0, tagged = 0;
+    for (const cJSON *e = n ? any->child : NULL; e; e = e->next)
+        tagged |= cJSON_IsObject(e) && cJSON_GetObjectItemCaseSensitive(e, GRAMMAR_SCHEMA_PREFIX) != NULL;
+    if (!tagged) return 0;
+    struct gbuild *b = s->b;
+    if (cJSON_GetArraySize(s->root) != 1) {
+        sfail(s, "", "a root anyOf whose branches hold " GRAMMAR_SCHEMA_PREFIX " must be the root's only keyword%s", "");
+        return 1;
+    }
+    struct gx **alts = gb_alloc(b, sizeof *alts * (size_t)n);
+    int i = 0;
+    for (cJSON *e = any->child; e && alts; e = e->next, i++) {
+        char path[48];
+        snprintf(path, sizeof path, "/anyOf/%d", i);
+        cJSON *pre = cJSON_IsObject(e) ? cJSON_DetachItemFromObjectCaseSensitive(e, GRAMMAR_SCHEMA_PREFIX) : NULL;
+        int ok = cJSON_IsString(pre) && pre->valuestring[0] && strlen(pre->valuestring) <= 128;
+        struct gx *v = ok ? schema(s, e, path) : NULL;
+        if (!ok) sfail(s, path, "/" GRAMMAR_SCHEMA_PREFIX " must be a string of 1 to 128 bytes in every branch%s", "");
+        if (v) alts[i] = gx_seq2(b, gx_str(b, pre->valuestring), v);
+        cJSON_Delete(pre);
+        if (!v) return 1;
+    }
+    s->tagged = alts ? gx_alt(b, n, alts) : NULL;
+    return 1;
+}
+
 enum status schema_build(struct gbuild *b, const char *src, size_t n, int object_only, int *root)
 {
     struct sb s;
@@ -700,7 +735,7 @@ enum status schema_build(struct gbuild *b, const char *src, size_t n, int object
         return gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: /" GRAMMAR_SCHEMA_REPEAT " must be {\"close\": "
                        "STRING, \"open\": STRING}, each of 1 to 64 bytes");
     }
-    struct gx *x = schema(&s, s.root, "");
+    struct gx *x = tagged_branches(&s) ? s.tagged : schema(&s, s.root, "");
     if (x && rep) { /* V (C (O V C)*)? over one rule for V */
         const int v = gb_rule_new(b, "value");
         if (v >= 0) b->rules[v].expr = x;

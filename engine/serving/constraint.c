@@ -10,6 +10,7 @@ static const char *const MARKERS[][2] = {
     [TRIGGER_MARKERS_THINK] = {"<think>", "</think>"},
     [TRIGGER_MARKERS_MISTRAL] = {"[THINK]", "[/THINK]"},
     [TRIGGER_MARKERS_THOUGHT] = {"<|begin_of_thought|>", "<|end_of_thought|>"},
+    [TRIGGER_MARKERS_HARMONY] = {"<|channel|>analysis<|message|>", "<|end|>"},
 };
 
 /* (Below, <think> and </think> stand for the request's markers, r->think: set from its trigger's

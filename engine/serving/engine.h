@@ -167,6 +167,8 @@ enum {
     TRIGGER_MARKERS_THINK,   /* <think> ... </think> */
     TRIGGER_MARKERS_MISTRAL, /* [THINK] ... [/THINK] */
     TRIGGER_MARKERS_THOUGHT, /* <|begin_of_thought|> ... <|end_of_thought|> */
+    TRIGGER_MARKERS_HARMONY, /* GPT-OSS: <|channel|>analysis<|message|> ... <|end|> (one analysis
+                                message; the watch then reads what follows as the reply) */
 };
 /* The opening (close = 0) or closing (close = 1) marker of TRIGGER_MARKERS_* kind; NULL for a
  * kind that is none of them. The one table of them: the server's reply parser reads it too. */

@@ -1,0 +1,99 @@
+/* server/tool_stream_impl.h - the state of the incremental reply parser (tool_format.h: struct
+ * tool_stream), shared by its machines: tool_stream.c (the marked formats, generic, llama3, the
+ * reasoning block, views and deltas) and tool_harmony.c (GPT-OSS's harmony messages). Private
+ * to those two files. */
+#ifndef SHARDLM_TOOL_STREAM_IMPL_H
+#define SHARDLM_TOOL_STREAM_IMPL_H
+
+#include <stddef.h>
+
+#include "tool_format.h"
+#include "tool_json.h"
+
+/* A run of text that becomes content (or the reasoning): trimmed of whitespace at both ends,
+ * joined to content before it by one space; read up to a limit that only grows. */
+struct seg {
+    size_t start, scanned, first, end; /* [first, end): the trimmed text so far */
+    int    has;                        /* a non-whitespace byte was seen */
+    size_t base, emitted;              /* content's length when the run began; bytes of it added */
+};
+
+enum body {
+    B_WAIT,       /* the reasoning block is not over */
+    B_RAW,        /* no tools: the rest is content as written */
+    B_TEXT,       /* marked formats: text, looking for the opening marker */
+    B_LIST_OPEN,  /* mistral: after [TOOL_CALLS], expecting '[' */
+    B_CALL,       /* in a call's JSON */
+    B_LIST_AFTER, /* mistral: after a call in the list */
+    B_AFTER_CALL, /* marked: after a call, before its closing marker */
+    B_REST,       /* the rest is text (trimmed, no markers) */
+    B_DEAD,       /* the rest is dropped */
+    G_OPEN, G_KEYSTART, G_KEY, G_COLON, G_RSTART, G_RESP, G_LSTART, G_LAFTER, /* generic */
+    L_START, L_CALLSTART, L_AFTER, L_SEMI, L_BUILTIN,                         /* llama3 */
+};
+
+enum rphase { R_OFF, R_DETECT, R_IN, R_GAP };
+
+struct tcall {
+    char  *name;
+    size_t args0, args1;
+    int    no_args; /* a call without arguments takes none: "{}" */
+    char  *own_args; /* a built-in call's arguments, made from its k=v pairs (own_len bytes); or NULL */
+    size_t own_len;
+};
+
+struct tool_stream {
+    enum tool_format f;
+    int    tools, reasoning, max_calls, final, oom;
+    char  *text;
+    size_t len, cap, pos; /* pos: the next byte the body's machines read */
+    unsigned long long steps;
+
+    enum rphase rph;
+    const char *ropen, *rclose; /* the reasoning block's markers (tool_reasoning_open / _close) */
+    int    has_reasoning;
+    size_t rscan;         /* R_DETECT / R_GAP: bytes skipped; R_IN: where to look for </think> next */
+    struct seg rseg;
+    size_t body;          /* where the reply proper starts */
+
+    enum body st;
+    struct seg cseg;
+    size_t search;        /* B_TEXT: positions before this hold no opening marker */
+    size_t block;         /* where the current block of calls opened (its marker) */
+    size_t close_at;      /* B_AFTER_CALL: the first byte after the call's whitespace, or -1 */
+    int    kept_block, seen, gdone; /* calls kept in this block; generic: non-space seen, reply whole */
+    struct tool_json_buf content, gkey;
+    struct tool_json_str gs;
+    struct tool_json_call call;
+    struct tool_json_builtin builtin; /* llama3: a built-in call after <|python_tag|> */
+    int    tagged;                    /* llama3: the reply opened with <|python_tag|> (text) or a
+                                         built-in tool's name: a built-in call may follow */
+    struct tcall *calls;
+    int    n_calls, cap_calls;
+
+    size_t sent_reasoning, sent_content, *sent_args;
+    int    sent_calls, cap_args;
+    struct tool_delta_call *dcalls;
+    int    cap_dcalls;
+
+    /* harmony (tool_harmony.c): the message being read, reasoning from every analysis message */
+    int    h_st, h_dest;        /* enum harmony_state, enum harmony_dest (tool_harmony.c) */
+    size_t h_at;                /* where the header (or the text without one) begins */
+    size_t h_body, h_done;      /* the body's first byte; bytes of it given to h_dest so far */
+    int    h_pieces[2];         /* reasoning, content: messages that gave them bytes (joined by "\n") */
+    struct tool_json_buf rbuf;  /* the reasoning */
+    char  *h_name;              /* the call being read (malloc'd), or NULL */
+};
+
+/* The length of the longest suffix of s[0..n) that is a proper prefix of marker. */
+size_t tool_stream_holdback(const char *s, size_t n, const char *marker);
+/* A new slot for a call named name[0..n) (zeroed but for the name), or NULL out of memory. */
+struct tcall *tool_stream_new_call(struct tool_stream *ts, const char *name, size_t n);
+
+/* Harmony: reads what was appended (all of it once final); tool_stream.c's advance for
+ * TOOL_FORMAT_HARMONY. */
+void harmony_advance(struct tool_stream *ts);
+/* The call in progress, if any (its name is whole): name and the arguments so far. */
+int  harmony_open_call(const struct tool_stream *ts, const char **name, const char **args, size_t *args_len);
+
+#endif
