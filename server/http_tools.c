@@ -98,17 +98,20 @@ static cJSON *reply_schema(const cJSON *tools, const char *only, int required, i
  * openai-harmony renderer write a call back), then its arguments: one branch per shape and
  * function, each with its text (grammar.h GRAMMAR_SCHEMA_PREFIX in anyOf branches). One call:
  * the model ends its reply with <|call|> after it. */
-static cJSON *harmony_schema(const cJSON *tools, const char *only)
+static cJSON *harmony_schema(const cJSON *tools, const char *only, int required)
 {
     static const char *const shapes[] = {" <|constrain|>json<|message|>", "<|channel|>commentary json<|message|>",
                                          "<|channel|>commentary <|constrain|>json<|message|>"};
+    /* A required call is opened by the prompt or the grammar as <|channel|>commentary to=...: the
+     * channel is written, so only the first shape can follow. */
+    const size_t n_shapes = required ? 1 : sizeof shapes / sizeof *shapes;
     cJSON *s = cJSON_CreateObject(), *any = cJSON_AddArrayToObject(s, "anyOf");
     for (const cJSON *t = tools->child; t; t = t->next) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
         if (only && strcmp(name, only)) continue;
-        for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        for (size_t k = 0; k < n_shapes; k++) {
             char text[TOOLS_MAX_NAME + 64];
             snprintf(text, sizeof text, "%s%s", name, shapes[k]);
             cJSON *b = params && !cJSON_IsNull(params) ? cJSON_Duplicate(params, 1)
@@ -124,9 +127,9 @@ static cJSON *harmony_schema(const cJSON *tools, const char *only)
  * call of the chosen function or of any, and with parallel calls in the hermes and phi4
  * formats, more calls after it, each closed and opened as the template writes them; Mistral's
  * is a list of calls. */
-static cJSON *native_schema(enum tool_format f, const cJSON *tools, const char *only, int parallel)
+static cJSON *native_schema(enum tool_format f, const cJSON *tools, const char *only, int required, int parallel)
 {
-    if (f == TOOL_FORMAT_HARMONY) return harmony_schema(tools, only);
+    if (f == TOOL_FORMAT_HARMONY) return harmony_schema(tools, only, required);
     cJSON *one = cJSON_CreateObject(), *any = cJSON_AddArrayToObject(one, "anyOf");
     for (const cJSON *t = tools->child; t; t = t->next) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
@@ -201,13 +204,13 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
         /* A reasoning template: the model may think first, so the marker is the grammar's to
          * write (its schema's prefix), not the prompt's; generation.c (constrain_around_think)
          * makes it an opening constraint: <think> ... </think> then the call, or the call. */
-        cJSON *schema = native_schema(f, tools, only, parallel);
+        cJSON *schema = native_schema(f, tools, only, required, parallel);
         if (schema) cJSON_AddStringToObject(schema, GRAMMAR_SCHEMA_PREFIX, tool_format_call_prefix(f));
         st = set_schema(q, schema, NULL);
     } else if (st == STATUS_OK && required) {
         if (!(q->r.prefill = strdup(tool_format_call_prefix(f))))
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        st = set_schema(q, native_schema(f, tools, only, parallel), NULL);
+        st = set_schema(q, native_schema(f, tools, only, required, parallel), NULL);
     } else if (st == STATUS_OK) {
         /* The trigger (engine.h TRIGGER_*): a reasoning template's is armed after </think> (a
          * marker inside the reasoning does not trigger; gen_prompt says when the prompt opened
@@ -217,7 +220,7 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
                     (f == TOOL_FORMAT_LLAMA3 ? TRIGGER_ANCHORED : 0);
         snprintf(trigger, sizeof trigger, "%s%s", flags ? (char[]){(char)flags, 0} : "",
                  f == TOOL_FORMAT_LLAMA3 ? "{" : tool_format_call_marker(f));
-        st = set_schema(q, native_schema(f, tools, only, parallel), trigger);
+        st = set_schema(q, native_schema(f, tools, only, required, parallel), trigger);
     }
     q->tools = 1;
     q->tool_format = (int)f;

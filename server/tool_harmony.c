@@ -13,7 +13,7 @@
  *   - channel `final`, `commentary` without a recipient (a preamble), any other or none: content.
  * Messages of one kind are joined by "\n". A header that does not reach <|message|> within
  * HEADER_MAX bytes (or before the reply ends), and text outside any message, are content as
- * written: nothing the model wrote is lost. A body ends at <|end|>, <|call|>, <|return|>, or where
+ * written (nothing the model wrote is lost) but for whitespace before a message's header. A body ends at <|end|>, <|call|>, <|return|>, or where
  * a new <|start|> or <|channel|> begins (gpt-oss-20b sometimes leaves out <|end|>).
  * Partial parses hold back bytes that may start a marker, so every partial view is a prefix of
  * the final one. Tests: tests/test_tool_stream.c (prefixes, linear work), tests/test_harmony.py
@@ -123,20 +123,27 @@ static void header_done(struct tool_stream *ts, size_t q)
     start_body(ts, q + sizeof MESSAGE - 1, dest);
 }
 
-/* HS_MSG: a message begins at pos; returns 0 when more bytes are needed to tell how. */
+/* HS_MSG: a message begins at pos (after whitespace, which is nothing before a message: the
+ * grammar of a call lets the model write some); returns 0 when more bytes are needed to tell. */
 static int message_begin(struct tool_stream *ts)
 {
-    size_t p = ts->pos;
-    for (size_t i = 0; i < sizeof HEADS / sizeof *HEADS; i++) {
-        ts->steps++;
-        if (!ts->final && may_become(ts, p, HEADS[i])) return 0;
-        if (!starts(ts, p, HEADS[i])) continue;
-        ts->h_st = HS_HEAD;
-        ts->h_at = ts->pos = HEADS[i] == START ? p + sizeof START - 1 : p;
-        ts->h_body = p; /* (while the header is read: where the message began) */
-        return 1;
+    size_t p = ts->pos, q = p;
+    while (q < ts->len && tool_json_is_ws((unsigned char)ts->text[q])) q++;
+    ts->steps += q - p + 1;
+    if (q == ts->len && !ts->final) return 0;
+    for (size_t at = p;; at = q) { /* (" to=" begins with its own space) */
+        for (size_t i = 0; i < sizeof HEADS / sizeof *HEADS; i++) {
+            ts->steps++;
+            if (!ts->final && may_become(ts, at, HEADS[i])) return 0;
+            if (!starts(ts, at, HEADS[i])) continue;
+            ts->h_st = HS_HEAD;
+            ts->h_at = ts->pos = HEADS[i] == START ? at + sizeof START - 1 : at;
+            ts->h_body = p; /* (while the header is read: where the message began) */
+            return 1;
+        }
+        if (at == q) break;
     }
-    start_body(ts, p, HD_CONTENT); /* text outside any message */
+    start_body(ts, p, HD_CONTENT); /* text outside any message, as written */
     return 1;
 }
 

@@ -443,6 +443,17 @@ static void check_harmony(void)
     };
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
         for (int bits = 0; bits < 4; bits++) harmony_prefixes(bits & 1, bits >> 1, fixed[i], strlen(fixed[i]));
+    /* Whitespace before a message's header is nothing; text outside messages stays as written. */
+    static const char *const ws[][3] = {{"\n\n<|channel|>final<|message|>x", "x", ""},
+                                        {"  hello <|end|>", "  hello ", ""},
+                                        {"\n <|channel|>commentary to=functions.f <|constrain|>json<|message|>{}", "", "f"}};
+    for (int i = 0; i < 3; i++) {
+        struct tool_parsed p;
+        CHECK(tool_parse(TOOL_FORMAT_HARMONY, 1, 0, 0, 0, ws[i][0], strlen(ws[i][0]), 1, &p) == 0, "oom");
+        CHECK(!strcmp(p.content, ws[i][1]) && (ws[i][2][0] ? p.n_calls == 1 && !strcmp(p.calls[0].name, ws[i][2]) : !p.n_calls),
+              "harmony: '%s' gave content '%s' and %d calls", ws[i][0], p.content, p.n_calls);
+        tool_parsed_free(&p);
+    }
     char buf[1024];
     const int n_pieces = (int)(sizeof pieces / sizeof *pieces);
     for (int i = 0; i < 1500; i++) {
