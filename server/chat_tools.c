@@ -38,7 +38,7 @@ static enum status tool_messages(const cJSON *o, struct gen_request *r)
 enum status chat_tools_apply(const struct served_model *m, struct gen_request *r, struct chat_parse *cp)
 {
     memset(cp, 0, sizeof *cp);
-    const struct http_chat_caps caps = {m->jtmpl != NULL, m->tool_format, m->reasoning};
+    const struct http_chat_caps caps = http_model_caps(m);
     enum status st = STATUS_OK;
     if (r->chat_request) {
         cJSON *o = cJSON_Parse(r->chat_request);

@@ -337,7 +337,7 @@ static enum MHD_Result generate_on(struct server *s, struct MHD_Connection *c, s
     const char *body = hc->body ? hc->body : "";
     struct http_adapter_snapshot an; /* loaded now: run-time loads change the list */
     http_adapter_snapshot(m, &an);
-    const struct http_chat_caps caps = {m->jtmpl != NULL, m->tool_format, m->reasoning};
+    const struct http_chat_caps caps = http_model_caps(m);
     char owner[JOURNAL_OWNER_MAX + 1];
     request_owner(s, c, owner, sizeof owner);
     if (hc->route == ROUTE_RESPONSES)

@@ -446,12 +446,15 @@ static enum status parse_constraint(const cJSON *o, struct gen_request *r)
 /* OpenAI and vLLM fields this server does not honour (suffix, best_of, the legacy functions): a
  * request that sets one is refused by name, never answered as if the field were not there.
  * Absent, null, or the value that asks for nothing special is accepted. */
-static enum status refuse_unhonoured(const cJSON *o)
+static enum status refuse_unhonoured(const cJSON *o, int is_chat, const struct http_chat_caps *caps)
 {
-    static const char *const always[] = {"functions", "function_call", "suffix", "reasoning_effort", "reasoning_format"};
+    static const char *const always[] = {"functions", "function_call", "suffix", "reasoning_format"};
     for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
         if (field(o, always[i]))
             return status_errorf(STATUS_UNSUPPORTED, "'%s' is not supported by this server", always[i]);
+    if (field(o, "reasoning_effort") && !(is_chat && caps && caps->jinja && caps->effort))
+        return status_errorf(STATUS_UNSUPPORTED, "'reasoning_effort' is not supported by this server: the served "
+                             "model's chat template does not read it (GPT-OSS's does)");
     const cJSON *best = field(o, "best_of");
     if (best && !(cJSON_IsNumber(best) && best->valuedouble == 1.0))
         return status_errorf(STATUS_UNSUPPORTED, "'best_of' other than 1 is not supported by this server");
@@ -471,7 +474,7 @@ static const char *const body_fields[] = {
     "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "modalities",
     "guided_decoding_backend", NULL};
 static const char *const completion_fields[] = {"prompt", "echo", NULL};
-static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
+static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", "reasoning_effort", NULL};
 
 static enum status only_body_fields(const cJSON *o, int is_chat)
 {
@@ -644,7 +647,7 @@ enum status http_parse_request(const char *body, size_t len, int is_chat, const 
     q->is_chat = is_chat;
     cJSON *o = NULL;
     enum status st = http_json_parse_body(body, len, &o);
-    if (st == STATUS_OK) st = refuse_unhonoured(o);
+    if (st == STATUS_OK) st = refuse_unhonoured(o, is_chat, caps);
     if (st == STATUS_OK) st = only_body_fields(o, is_chat);
     if (st == STATUS_OK) st = check_client_fields(o);
     if (st == STATUS_OK) st = parse_model(field(o, "model"), served_model, adapters, n_adapters, &q->r);

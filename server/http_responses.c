@@ -503,9 +503,15 @@ static enum status add_reasoning(const cJSON *rs, const struct http_chat_caps *c
     const cJSON *e = get(rs, "effort");
     if (!e) return STATUS_OK;
     if (!cJSON_IsString(e)) return bad("'reasoning.effort' must be a string%s", "");
+    const char *v = e->valuestring;
+    if (caps && caps->jinja && caps->effort && (!strcmp(v, "low") || !strcmp(v, "medium") || !strcmp(v, "high"))) {
+        cJSON_AddStringToObject(chat, "reasoning_effort", v); /* the template's own (GPT-OSS's) */
+        return STATUS_OK;
+    }
     if (strcmp(e->valuestring, "none"))
         return unsupported("'reasoning.effort' '%.16s' is not honoured: the server can only turn the template's "
-                           "thinking off (effort none) or leave it as the template has it (no effort)", e->valuestring);
+                           "thinking off (effort none), leave it as the template has it (no effort), or give low, "
+                           "medium or high to a template that reads reasoning_effort (GPT-OSS's)", e->valuestring);
     if (caps && caps->reasoning && caps->jinja)
         cJSON_AddFalseToObject(cJSON_AddObjectToObject(chat, "chat_template_kwargs"), "enable_thinking");
     return STATUS_OK;

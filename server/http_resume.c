@@ -160,7 +160,7 @@ int http_resume_entry(struct server *s, struct journal_entry *e)
 {
     struct http_adapter_snapshot an;
     http_adapter_snapshot(&s->models[0], &an);
-    const struct http_chat_caps caps = {s->models[0].jtmpl != NULL, s->models[0].tool_format, s->models[0].reasoning};
+    const struct http_chat_caps caps = http_model_caps(&s->models[0]);
     const char *model_id = s->models[0].model_id;
     struct http_request q;
     struct http_gen *g = NULL;

@@ -538,6 +538,15 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
         return status_errorf(STATUS_INVALID_ARGUMENT, "'chat_template_kwargs' needs a Jinja chat template (the model's "
                              "own or --chat-template FILE.jinja); this server uses a built-in one");
     if (kw && !cJSON_IsObject(kw)) return status_errorf(STATUS_INVALID_ARGUMENT, "'chat_template_kwargs' must be an object");
+    const cJSON *effort = cJSON_GetObjectItemCaseSensitive(o, "reasoning_effort");
+    if (effort && !cJSON_IsNull(effort)) {
+        const char *e = cJSON_IsString(effort) ? effort->valuestring : "";
+        if (strcmp(e, "low") && strcmp(e, "medium") && strcmp(e, "high"))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'reasoning_effort' must be one of low, medium, high");
+        if (cJSON_GetObjectItemCaseSensitive(kw, "reasoning_effort"))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'reasoning_effort' and 'chat_template_kwargs.reasoning_effort' "
+                                 "are both set: give one");
+    }
     static const char *const reserved[] = {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"};
     for (const cJSON *e = kw ? kw->child : NULL; e; e = e->next)
         for (size_t k = 0; k < sizeof reserved / sizeof *reserved; k++)
@@ -574,6 +583,8 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
     }
     cJSON_AddItemToObject(ctx, "tools", tools ? cJSON_Duplicate(tools, 1) : cJSON_CreateNull());
     cJSON_AddNullToObject(ctx, "documents");
+    if (effort && !cJSON_IsNull(effort)) /* (http_openai.c let it in: the template reads it) */
+        cJSON_AddItemToObject(ctx, "reasoning_effort", cJSON_Duplicate(effort, 1));
     for (const cJSON *e = kw ? kw->child : NULL; e; e = e->next) cJSON_AddItemToObject(ctx, e->string, cJSON_Duplicate(e, 1));
     r->chat_context = cJSON_PrintUnformatted(ctx);
     cJSON_Delete(ctx);

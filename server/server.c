@@ -162,6 +162,7 @@ static void find_end_ids(struct served_model *m, int eos)
 static void note_template_formats(const struct server *s, struct served_model *m, const char *src)
 {
     m->tool_format = (int)tool_format_detect(src);
+    m->reads_effort = strstr(src, "reasoning_effort") != NULL;
     const char *rf = s->opts.reasoning_format;
     if (!rf || !strcmp(rf, "auto")) m->reasoning = (int)tool_format_detect_reasoning(src);
     LOG_INFO("server", "chat template: tool calls in the %s format, reasoning %s%s%s%s", tool_format_name(m->tool_format),

@@ -261,6 +261,7 @@ struct served_model {
     struct jinja_template *jtmpl;
     char                  tmpl_name[256];
     int                   tool_format;   /* enum tool_format of jtmpl's text (GENERIC without one) */
+    int                   reads_effort;  /* jtmpl's text reads reasoning_effort (GPT-OSS's template) */
     int                   reasoning;     /* enum tool_reasoning: the markers split off replies (0: none;
                                             reasoning_format, the template's text) */
     char                  bos_text[64], eos_text[64]; /* bos_token / eos_token for the template */

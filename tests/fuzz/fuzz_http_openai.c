@@ -31,8 +31,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct http_request q;
     int is_chat = data[0] & 1;
     /* Bits 1-3: the served template (bit 1: a Jinja one; bits 2-3: its tool format), bit 4:
-     * reasoning split. */
-    const struct http_chat_caps caps = {(data[0] >> 1) & 1, (data[0] >> 2) & 3, (data[0] >> 4) & 1};
+     * reasoning split, bit 5: the template reads reasoning_effort. */
+    const struct http_chat_caps caps = {(data[0] >> 1) & 1, (data[0] >> 2) & 3, (data[0] >> 4) & 1, (data[0] >> 5) & 1};
     /* A copy of exactly the body's bytes, so that ASan sees any read past its end. */
     char *body = malloc(size - 1 ? size - 1 : 1);
     CHECK(body, "out of memory");

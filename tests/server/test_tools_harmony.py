@@ -16,6 +16,8 @@ package and the gRPC client.
   <|message|>` and arguments that validate with `jsonschema` (greedy; sampled, 10 replies: each
   a valid call or cut by max_tokens inside its analysis); streamed calls equal unary; gRPC equals
   HTTP.
+- reasoning_effort (chat) and reasoning.effort (Responses) reach the template as its
+  reasoning_effort; values other than low / medium / high are refused by name.
 - Reasoning: a reply forced by a regex into an analysis message then a final one comes back as
   reasoning_content and content, unary and streamed; response_format json_schema: the reply after
   the analysis validates.
@@ -162,6 +164,37 @@ def reasoning(mid, oa):
     check(judged >= 1, f"response_format: {judged} of 8 samples closed their analysis and answered")
 
 
+def effort(mid, oa):
+    """reasoning_effort reaches the template (GPT-OSS's reads it: "Reasoning: low"): the greedy answer is
+    the greedy completion of jinja2's prompt rendered with it; the Responses API's reasoning.effort
+    is the same; other values are refused by name."""
+    answers = {}
+    for e in ("low", "high"):
+        chat = oa.chat.completions.create(model=mid, messages=ASK, max_tokens=64, temperature=0, reasoning_effort=e)
+        text = N.py_prompt(TMPL, ASK, reasoning_effort=e)
+        comp = oa.completions.create(model=mid, prompt=text, max_tokens=64, temperature=0)
+        want = json.loads(subprocess.run([PARSER, "harmony"], input=comp.choices[0].text.encode(), capture_output=True,
+                                         check=True).stdout)
+        m = chat.choices[0].message
+        got = (m.content or "", (m.model_extra or {}).get("reasoning_content") or "")
+        answers[e] = comp.choices[0].text
+        check(f"Reasoning: {e}" in text and chat.usage.prompt_tokens == comp.usage.prompt_tokens
+              and got == (want["content"], want["reasoning"]),
+              f"reasoning_effort {e}: the answer to jinja2's prompt with it ({got!r:.80})")
+        resp = oa.responses.create(model=mid, input=ASK[0]["content"], max_output_tokens=64, temperature=0,
+                                   reasoning={"effort": e})
+        check(resp.output_text == (m.content or ""), f"Responses reasoning.effort {e}: the chat's answer "
+              f"({resp.output_text!r:.60})")
+    # (SmolLM2 echoes the system message, "Reasoning: low" included: the two answers differ, so the
+    # equalities above could not hold with the effort left out.)
+    check(answers["low"] != answers["high"], "the low and high prompts' greedy answers differ")
+    N.expect_400(lambda: oa.chat.completions.create(model=mid, messages=ASK, max_tokens=4, reasoning_effort="minimal"),
+                 "reasoning_effort")
+    N.expect_400(lambda: oa.chat.completions.create(model=mid, messages=ASK, max_tokens=4, reasoning_effort="low",
+                                                    extra_body={"chat_template_kwargs": {"reasoning_effort": "high"}}),
+                 "reasoning_effort")
+
+
 def grpc(srv, mid, oa):
     with srv.client() as c:
         for name, kw in (("required", dict(tool_choice="required")),
@@ -194,6 +227,7 @@ def main():
             rendering(mid, oa)
             required(mid, oa)
             reasoning(mid, oa)
+            effort(mid, oa)
             grpc(srv, mid, oa)
     finally:
         for p in TS.SERVERS:
