@@ -12,8 +12,10 @@ openai package.
   `jsonschema`; parallel calls (the default) are the template's closed calls one after another;
   streamed calls arrive in several chunks (header, then argument fragments) and
   assemble to the unary answer.
-- Mistral Small 3.1 ([TOOL_CALLS]) and Phi-4-mini (<|tool_call|>): a required call, and the
-  tool-result loop renders (Mistral's template needs 9-character ids).
+- Mistral Small 3.1 ([TOOL_CALLS]), Phi-4-mini (<|tool_call|>) and Llama 3.1 (a bare JSON call,
+  results in ipython turns): a required call, and the tool-result loop renders (Mistral's template
+  needs 9-character ids; Llama 3.1's prompts, with tools and with a call and its result, equal
+  jinja2's).
 - Qwen 3 (reasoning): a reply forced by a regex to hold <think>...</think> is split into
   reasoning_content and content, unary and streamed (delta.reasoning_content);
   chat_template_kwargs {"enable_thinking": false} reaches the template (the prompt as jinja2
@@ -220,9 +222,16 @@ def grpc_hermes(srv, mid, oa):
         TG.expect_grpc_invalid(check, lambda: c.chat(ASK, tools=TOOLS, json_object=True, max_tokens=4), "tools")
 
 
-def other_format(mid, oa, label):
+def other_format(mid, oa, label, tmpl):
     def ask(messages, **kw):
         return oa.chat.completions.create(model=mid, messages=messages, tools=TOOLS, max_tokens=60, temperature=0, **kw)
+
+    if label == "llama3":  # the prompt with tools renders as jinja2's (Llama 3.1: tools in the first user turn)
+        chat = oa.chat.completions.create(model=mid, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=1,
+                                          temperature=0)
+        comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, ASK, TOOLS), max_tokens=1, temperature=0)
+        check(chat.usage.prompt_tokens == comp.usage.prompt_tokens,
+              f"llama3: the prompt with tools renders as jinja2's ({chat.usage.prompt_tokens} vs {comp.usage.prompt_tokens})")
 
     r = ask(ASK, tool_choice="required", parallel_tool_calls=False)
     m = r.choices[0].message
@@ -235,6 +244,11 @@ def other_format(mid, oa, label):
             {"role": "tool", "tool_call_id": c.id, "content": "{\"temperature\": 21}"} for c in m.tool_calls]
         r = ask(history, tool_choice="auto")
         check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), f"{label}: the tool loop renders and answers")
+        if label == "llama3":  # the call and its result (an ipython turn) render as jinja2's
+            comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, history, TOOLS), max_tokens=1, temperature=0)
+            check(r.usage.prompt_tokens == comp.usage.prompt_tokens,
+                  f"llama3: the history with a call and its result renders as jinja2's ({r.usage.prompt_tokens} vs "
+                  f"{comp.usage.prompt_tokens})")
 
 
 def qwen3(mid, oa, tmpl):
@@ -328,6 +342,7 @@ def main():
     runs = [("qwen2.5-instruct.jinja", "hermes"),
             ("mistralai-Mistral-Small-3.1-24B-Instruct-2503.jinja", "mistral"),
             ("microsoft-Phi-4-mini-instruct.jinja", "phi4"),
+            ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3"),
             ("qwen3-final-assistant.jinja", "qwen3")]
     try:
         for file, label in runs:
@@ -349,7 +364,7 @@ def main():
                     qwen3_required(mid, oa, tmpl)
                     grpc_qwen3(srv, mid, oa)
                 else:
-                    other_format(mid, oa, label)
+                    other_format(mid, oa, label, tmpl)
     finally:
         for p in TS.SERVERS:
             if p.poll() is None:
