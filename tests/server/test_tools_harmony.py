@@ -55,6 +55,11 @@ HEADERS = (" <|constrain|>json<|message|>", "<|channel|>commentary json<|message
            "<|channel|>commentary <|constrain|>json<|message|>")
 
 
+def as_harmony(text):
+    """text read as a harmony reply by tests/tool_parse_json: {content, reasoning, calls}."""
+    return json.loads(subprocess.run([PARSER, "harmony"], input=text.encode(), capture_output=True, check=True).stdout)
+
+
 def raw_of(choice):
     return "".join(t.token for t in choice.logprobs.content)
 
@@ -75,8 +80,7 @@ def rendering(mid, oa):
                                           temperature=0)
         comp = oa.completions.create(model=mid, prompt=N.py_prompt(TMPL, py_msgs, TOOLS), max_tokens=24, temperature=0)
         m = chat.choices[0].message
-        want = json.loads(subprocess.run([PARSER, "harmony"], input=comp.choices[0].text.encode(), capture_output=True,
-                                         check=True).stdout)
+        want = as_harmony(comp.choices[0].text)
         got = {"content": m.content or "", "reasoning": (m.model_extra or {}).get("reasoning_content") or "",
                "calls": [{"name": c.function.name, "arguments": c.function.arguments} for c in m.tool_calls or []]}
         want["calls"] = [{"name": c["name"], "arguments": c["arguments"]} for c in want["calls"]]
@@ -173,8 +177,7 @@ def effort(mid, oa):
         chat = oa.chat.completions.create(model=mid, messages=ASK, max_tokens=64, temperature=0, reasoning_effort=e)
         text = N.py_prompt(TMPL, ASK, reasoning_effort=e)
         comp = oa.completions.create(model=mid, prompt=text, max_tokens=64, temperature=0)
-        want = json.loads(subprocess.run([PARSER, "harmony"], input=comp.choices[0].text.encode(), capture_output=True,
-                                         check=True).stdout)
+        want = as_harmony(comp.choices[0].text)
         m = chat.choices[0].message
         got = (m.content or "", (m.model_extra or {}).get("reasoning_content") or "")
         answers[e] = comp.choices[0].text
