@@ -585,12 +585,21 @@ enum status gen_build_prompt(struct served_model *m, struct gen_request *r, int 
     return st;
 }
 
-enum status gen_build(struct server *s, const uint8_t *data, size_t len, int is_chat, struct gen_request *r,
-                      struct served_model **m, struct chat_parse *chat, int32_t **ids, int *n_ids)
+/* A request naming an adapter its key may not use (http_finetune_hidden: another key's fine-tune)
+ * is answered as one naming an adapter that is not loaded. */
+static enum status check_adapter(struct server *s, const struct gen_request *r, const char *owner)
+{
+    if (!r->adapter || !http_finetune_hidden(s, r->adapter, owner)) return STATUS_OK;
+    return status_errorf(STATUS_NOT_FOUND, "no adapter named '%.100s' is loaded (see GetModelInfo)", r->adapter);
+}
+
+enum status gen_build(struct server *s, const uint8_t *data, size_t len, int is_chat, const char *owner,
+                      struct gen_request *r, struct served_model **m, struct chat_parse *chat, int32_t **ids, int *n_ids)
 {
     *ids = NULL;
     *n_ids = 0;
     enum status st = convert_gen_request(data, len, is_chat, r);
+    if (st == STATUS_OK) st = check_adapter(s, r, owner);
     /* The model first: the prompt is its tokenizer's and its template's. */
     if (st == STATUS_OK) st = server_route(s, r->adapter, m);
     if (st == STATUS_OK) st = gen_build_prompt(*m, r, is_chat, chat, ids, n_ids);
@@ -631,6 +640,7 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
     int32_t *ids = NULL;
     int n_ids = 0;
     enum status st = convert_gen_request(data, len, is_chat, &r);
+    if (st == STATUS_OK) st = check_adapter(s, &r, c->owner);
     if (st == STATUS_OK && atomic_load(&s->phase) != PHASE_READY)
         st = status_errorf(STATUS_UNAVAILABLE, "the server is shutting down");
     /* The model first: the prompt is its tokenizer's and its template's. */

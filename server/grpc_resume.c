@@ -234,7 +234,7 @@ int grpc_resume_entry(struct server *s, struct journal_entry *e)
     struct chat_parse chat = {0};
     int32_t *ids = NULL;
     int n_ids = 0;
-    enum status st = gen_build(s, (const uint8_t *)e->body, e->body_len, is_chat, &r, &m, &chat, &ids, &n_ids);
+    enum status st = gen_build(s, (const uint8_t *)e->body, e->body_len, is_chat, e->owner, &r, &m, &chat, &ids, &n_ids);
     chat_parse_free(&chat); /* a reattaching call builds its own */
     const double now = unix_now();
     if (st == STATUS_OK) {
@@ -597,7 +597,7 @@ void grpc_resume_attach(struct call *c, const uint8_t *data, size_t len)
     struct gen_request r;
     int32_t *ids = NULL;
     struct served_model *m = NULL;
-    st = gen_build(s, (const uint8_t *)j->log.body, j->log.body_len, is_chat, &r, &m, &c->chat, &ids,
+    st = gen_build(s, (const uint8_t *)j->log.body, j->log.body_len, is_chat, c->owner, &r, &m, &c->chat, &ids,
                    &c->n_prompt_tokens);
     free(ids);
     /* The call pins its model as a first run's does (call_free gives the pin back). */

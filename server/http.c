@@ -230,19 +230,21 @@ static int connection_fd(struct MHD_Connection *c)
     return ci ? ci->connect_fd : -1;
 }
 
-/* The adapters loaded now, by name (LoadAdapter and UnloadAdapter change the list). */
+/* The adapters loaded now, by name (LoadAdapter and UnloadAdapter change the list), but those the
+ * request's key may not see (http_finetune_hidden). */
 static void snapshot_adapter(void *ctx, const struct engine_adapter_info *a)
 {
     struct http_adapter_snapshot *an = ctx;
-    if (an->n == ENGINE_MAX_ADAPTERS) return;
+    if (an->n == ENGINE_MAX_ADAPTERS || http_finetune_hidden(an->s, a->name, an->owner)) return;
     snprintf(an->names[an->n], sizeof an->names[an->n], "%s", a->name);
     an->ptrs[an->n] = an->names[an->n];
     an->n++;
 }
 
-void http_adapter_snapshot(struct served_model *m, struct http_adapter_snapshot *an)
+void http_adapter_snapshot(struct server *s, struct served_model *m, const char *owner, struct http_adapter_snapshot *an)
 {
     an->n = 0;
+    an->s = s, an->owner = owner;
     engine_list_adapters(m->engine, snapshot_adapter, an);
 }
 
@@ -335,11 +337,11 @@ static enum MHD_Result generate_on(struct server *s, struct MHD_Connection *c, s
     struct http_gen *g = NULL;
     enum status st;
     const char *body = hc->body ? hc->body : "";
-    struct http_adapter_snapshot an; /* loaded now: run-time loads change the list */
-    http_adapter_snapshot(m, &an);
-    const struct http_chat_caps caps = http_model_caps(m);
     char owner[JOURNAL_OWNER_MAX + 1];
     request_owner(s, c, owner, sizeof owner);
+    struct http_adapter_snapshot an; /* loaded now: run-time loads change the list */
+    http_adapter_snapshot(s, m, owner, &an);
+    const struct http_chat_caps caps = http_model_caps(m);
     if (hc->route == ROUTE_RESPONSES)
         st = http_responses_parse(s, m->model_id, body, hc->len, owner, an.ptrs, an.n, &caps, &q);
     else if (hc->route == ROUTE_RESPONSE_INPUT_TOKENS)
@@ -482,7 +484,9 @@ static enum MHD_Result handle_embeddings(struct server *s, struct MHD_Connection
 static enum MHD_Result handle_models(struct server *s, struct MHD_Connection *c)
 {
     size_t len = 0;
-    char *json = server_models_json(s, &len);
+    char owner[JOURNAL_OWNER_MAX + 1];
+    request_owner(s, c, owner, sizeof owner);
+    char *json = server_models_json(s, owner, &len);
     return reply(c, 200, "application/json", json, len);
 }
 

@@ -419,6 +419,19 @@ static void new_id(struct http_finetune *ft, const char *prefix, char *out, size
     snprintf(out, cap, "%s%012llx", prefix, (unsigned long long)(ft->next_id++ & 0xffffffffffffULL));
 }
 
+int http_finetune_hidden(const struct server *s, const char *adapter, const char *owner)
+{
+    struct http_finetune *ft = s->finetune;
+    if (!ft || !adapter || !*adapter) return 0;
+    int hidden = 0;
+    pthread_mutex_lock(&ft->mu);
+    for (int k = 0; k < ft->n_jobs && !hidden; k++)
+        hidden = ft->jobs[k]->fine_tuned[0] && !strcmp(ft->jobs[k]->fine_tuned, adapter) &&
+                 strcmp(ft->jobs[k]->owner, owner ? owner : "");
+    pthread_mutex_unlock(&ft->mu);
+    return hidden;
+}
+
 /* Files and jobs belong to the API key that made them (owner: auth_owner): another key's are
  * not found, listed, read, deleted or cancelled. */
 static struct ft_file *file_by_id(struct http_finetune *ft, const char *id, const char *owner)

@@ -293,8 +293,12 @@ struct http_adapter_snapshot {
     char names[ENGINE_MAX_ADAPTERS][65];
     const char *ptrs[ENGINE_MAX_ADAPTERS];
     int n;
+    struct server *s;
+    const char *owner;
 };
-void        http_adapter_snapshot(struct served_model *m, struct http_adapter_snapshot *an);
+/* m's adapters that owner (auth_owner of a request's key) may use (http_finetune_hidden). */
+void        http_adapter_snapshot(struct server *s, struct served_model *m, const char *owner,
+                                  struct http_adapter_snapshot *an);
 /* http_resume.c: a request naming a journaled stream (Last-Event-ID or Idempotency-Key header):
  * *g gets the attached gen (a reference) and *skip what the client has (NULL: everything);
  * front: the endpoint the request came to again (enum journal_front), which must be the first's;

@@ -158,8 +158,8 @@ const char *http_resume_endpoint(int front)
 
 int http_resume_entry(struct server *s, struct journal_entry *e)
 {
-    struct http_adapter_snapshot an;
-    http_adapter_snapshot(&s->models[0], &an);
+    struct http_adapter_snapshot an; /* (the adapters its owner may use, as when it was accepted) */
+    http_adapter_snapshot(s, &s->models[0], e->owner, &an);
     const struct http_chat_caps caps = http_model_caps(&s->models[0]);
     const char *model_id = s->models[0].model_id;
     struct http_request q;

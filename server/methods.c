@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "convert.h"
+#include "http_internal.h"
 #include "reflection.h"
 #include "server_internal.h"
 #include "tokenizer.h"
@@ -78,25 +79,11 @@ static enum status cancel(struct call *c, const uint8_t *data, size_t len, uint8
 }
 
 /* The loaded adapters' names, copied out of the engine's lock. */
-struct adapter_names {
-    char names[ENGINE_MAX_ADAPTERS][65];
-    const char *ptrs[ENGINE_MAX_ADAPTERS];
-    int n;
-};
-
-static void add_adapter_name(void *ctx, const struct engine_adapter_info *a)
+/* m's information for the call's key (the adapters it may use: http_finetune_hidden). */
+static enum status model_info(struct call *c, struct served_model *m, uint8_t **out, size_t *out_len)
 {
-    struct adapter_names *an = ctx;
-    if (an->n == ENGINE_MAX_ADAPTERS) return;
-    snprintf(an->names[an->n], sizeof an->names[an->n], "%s", a->name);
-    an->ptrs[an->n] = an->names[an->n];
-    an->n++;
-}
-
-static enum status model_info(const struct served_model *m, uint8_t **out, size_t *out_len)
-{
-    struct adapter_names an = {.n = 0};
-    engine_list_adapters(m->engine, add_adapter_name, &an);
+    struct http_adapter_snapshot an;
+    http_adapter_snapshot(c->s, m, c->owner, &an);
     struct model_info_out mi = {.chat_template = m->tmpl_name,
                                 .max_logprobs = m->eopts.max_logprobs ? m->eopts.max_logprobs : 20,
                                 .adapters = an.ptrs, .n_adapters = an.n, .model_id = m->model_id,
@@ -221,7 +208,7 @@ void methods_handle(struct call *c, const uint8_t *data, size_t len)
     case METHOD_TOKENIZE: st = tokenize(c->m, data, len, &out, &out_len); break;
     case METHOD_DETOKENIZE: st = detokenize(c->m, data, len, &out, &out_len); break;
     case METHOD_CANCEL: st = cancel(c, data, len, &out, &out_len); break;
-    case METHOD_MODEL_INFO: st = model_info(c->m, &out, &out_len); break;
+    case METHOD_MODEL_INFO: st = model_info(c, c->m, &out, &out_len); break;
     case METHOD_SERVER_STATS: st = server_stats(s, c->m, &out, &out_len); break;
     case METHOD_LOAD_ADAPTER:
         if ((st = load_adapter(c, data, len)) == STATUS_OK) return; /* answered by loader.c */

@@ -257,7 +257,7 @@ void server_models_close(struct server *s)
 
 struct model_list {
     const struct server *s;
-    const char *parent;
+    const char *parent, *owner; /* (owner: whose list it is, http_finetune_hidden) */
     char      **json;
     size_t     *len, *cap;
     int         max_positions;
@@ -276,7 +276,11 @@ static void list_adapter_named(struct model_list *ml, const char *name, int load
     http_buf_append(ml->json, ml->len, ml->cap, head, strlen(head));
 }
 
-static void list_adapter(void *ctx, const struct engine_adapter_info *a) { list_adapter_named(ctx, a->name, 1); }
+static void list_adapter(void *ctx, const struct engine_adapter_info *a)
+{
+    struct model_list *ml = ctx;
+    if (!http_finetune_hidden(ml->s, a->name, ml->owner)) list_adapter_named(ml, a->name, 1);
+}
 
 void server_model_note_info(struct server *s, struct served_model *m)
 {
@@ -292,7 +296,7 @@ void server_model_note_info(struct server *s, struct served_model *m)
     pthread_mutex_unlock(&s->models_mu);
 }
 
-char *server_models_json(struct server *s, size_t *len)
+char *server_models_json(struct server *s, const char *owner, size_t *len)
 {
     char *json = NULL;
     size_t cap = 0;
@@ -319,7 +323,7 @@ char *server_models_json(struct server *s, size_t *len)
         /* The adapters as vLLM lists them: their own ids, their model as parent; while the model
          * is not loaded, its --lora adapters (a load brings them back), not loaded either. */
         struct model_list ml = {.s = s, .parent = m->model_id, .json = &json, .len = len, .cap = &cap,
-                                .max_positions = v.max_positions};
+                                .max_positions = v.max_positions, .owner = owner};
         if (loaded) engine_list_adapters(m->engine, list_adapter, &ml);
         else
             for (int a = 0; a < m->eopts.n_adapters; a++) list_adapter_named(&ml, m->eopts.adapter_names[a], 0);

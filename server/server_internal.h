@@ -419,8 +419,15 @@ void        server_models_sleep(struct server *s);
  * the loads in progress to end. */
 void        server_models_close(struct server *s);
 /* GET /v1/models: every served model (with "loaded"), each followed by its adapters (parent: the
- * model); malloc'd JSON of *len bytes (aborts when out of memory). */
-char       *server_models_json(struct server *s, size_t *len);
+ * model) but those owner may not see (http_finetune_hidden); malloc'd JSON of *len bytes (aborts
+ * when out of memory). */
+char       *server_models_json(struct server *s, const char *owner, size_t *len);
+/* 1 when adapter is the adapter of a fine-tuning job (http_finetune.c) that another API key made
+ * than the one whose auth_owner is owner: it is that key's, as its files and jobs are; requests
+ * and model lists of other keys do not see it (a request naming it is answered as one naming an
+ * adapter that does not exist). 0 for any other adapter (--lora, LoadAdapter: the operator's),
+ * and on a server without keys (every owner ""). */
+int         http_finetune_hidden(const struct server *s, const char *adapter, const char *owner);
 
 /* ---- call.c -------------------------------------------------------------------------------- */
 
@@ -489,9 +496,10 @@ enum status  gen_resolve_adapter(const struct served_model *m, struct gen_reques
 /* Parses a Generate / Chat request body (data[0..len), borrowed) into *r, routes its model (*m,
  * server_route: not pinned; a journaled server serves one model, always loaded) and builds its
  * prompt (gen_build_prompt): what a journaled request's resumption redoes from the journaled
- * body. On error *r is freed. */
-enum status  gen_build(struct server *s, const uint8_t *data, size_t len, int is_chat, struct gen_request *r,
-                       struct served_model **m, struct chat_parse *chat, int32_t **ids, int *n_ids);
+ * body; owner: its key's auth_owner (an adapter it may not use is refused). On error *r is freed. */
+enum status  gen_build(struct server *s, const uint8_t *data, size_t len, int is_chat, const char *owner,
+                       struct gen_request *r, struct served_model **m, struct chat_parse *chat, int32_t **ids,
+                       int *n_ids);
 /* r's prompt on model m: the chat tools applied (chat, for is_chat), the prompt rendered and
  * tokenized (*ids malloc'd; NULL on error) and noted for reply parsing. r stays the caller's. */
 enum status  gen_build_prompt(struct served_model *m, struct gen_request *r, int is_chat, struct chat_parse *chat,

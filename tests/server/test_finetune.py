@@ -12,7 +12,8 @@
 - a restart (SIGTERM, then the same --fine-tuning DIR) keeps the files and jobs, serves the
   adapters of jobs that succeeded, and resumes a job that was running from its last checkpoint
   (its adapter then equals one `shardlm train` run straight);
-- with API keys files and jobs are the key's: another key lists none and gets 404 for each
+- with API keys files, jobs and the adapters jobs make are the key's: another key lists none and
+  gets 404 (gRPC: NOT_FOUND) for each
   (retrieve, content, delete, a job on the file, the job, its events, cancel), also after a
   restart whose key file lists the keys in another order;
 - bad input: a file that is not JSONL (the line named), another purpose, an upload over
@@ -32,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_server as TS  # noqa: E402  (the server harness; SKIPs without grpcio)
+import grpc  # noqa: E402
 import stories_main as SM  # noqa: E402  (the mains on stories260K)
 
 check = TS.check
@@ -261,6 +263,28 @@ def body(work, env):
               f"on the file: all 404 ({codes})")
         check([x.id for x in a.files.list().data] == [fa.id] and a.files.content(fa.id).content == data.read_bytes(),
               "the owner still has its file, whole")
+        # The adapter a job makes is its key's too: another key's model lists, chat, completions
+        # and gRPC (Generate, GetModelInfo) do not see it, as an adapter that does not exist.
+        ft_model = wait_job(a, ja.id, ("succeeded",)).fine_tuned_model
+        listed = {k: [m.id for m in c.models.list().data] for k, c in (("a", a), ("b", b))}
+        check(ft_model in listed["a"] and ft_model not in listed["b"],
+              f"/v1/models: the owner's key lists {ft_model}, another's does not ({listed['b']})")
+        check(isinstance(greedy(a, ft_model), str), "the owner's key chats with its fine-tuned adapter")
+        codes = [status_of(f)[0] for f in (lambda: greedy(b, ft_model), lambda: b.completions.create(
+            model=ft_model, prompt="Once", max_tokens=2), lambda: b.chat.completions.create(
+            model="no-such-adapter", messages=[{"role": "user", "content": "x"}], max_tokens=2))]
+        check(codes == [404] * 3, f"another key naming it: 404 as for an adapter that does not exist ({codes})")
+        with srv.client(api_key="key-beta") as gb, srv.client(api_key="key-alpha") as ga:
+            def grpc_code(c, adapter):
+                try:
+                    c.generate("Once", adapter=adapter, max_tokens=2)
+                    return "OK"
+                except grpc.RpcError as e:
+                    return e.code().name
+            check(grpc_code(ga, ft_model) == "OK" and grpc_code(gb, ft_model) == "NOT_FOUND" == grpc_code(gb, "no-such"),
+                  "gRPC Generate: the owner's key runs it, another's gets NOT_FOUND as for no such adapter")
+            check(ft_model in ga.model_info().adapters and ft_model not in gb.model_info().adapters,
+                  "gRPC GetModelInfo lists it to its owner's key only")
     keys.write_text("key-beta\nkey-alpha\n")
     with TS.Server(env.shardlm, model, *ft2, http=True, name="finetune-keys-again") as srv:
         a = openai.OpenAI(base_url=srv.base + "/v1", api_key="key-alpha", max_retries=0, timeout=60)
