@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "http_internal.h"
+#include "tool_format.h"
 
 static enum status bad(const char *fmt, const char *a, const char *b)
 {
@@ -222,6 +223,9 @@ static enum status add_thinking(const cJSON *th, const cJSON *max_tokens, const 
     const char *t = cJSON_IsString(type) ? type->valuestring : "";
     if (strcmp(t, "enabled") && strcmp(t, "disabled")) return bad("'thinking.type' must be enabled or disabled%s%s", "", "");
     if (budget && !cJSON_IsNumber(budget)) return bad("'thinking.budget_tokens' must be an integer%s%s", "", "");
+    if (caps && caps->reasoning == TOOL_REASONING_HARMONY && !strcmp(t, "disabled"))
+        return status_errorf(STATUS_UNSUPPORTED, "'thinking' disabled is not honoured: GPT-OSS's template cannot turn "
+                             "its reasoning off");
     if (!caps || !caps->reasoning || !caps->jinja) {
         if (!strcmp(t, "disabled")) return STATUS_OK; /* nothing to turn off */
         return status_errorf(STATUS_UNSUPPORTED, "'thinking': the served model's chat template has no reasoning "

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "http_responses.h"
+#include "tool_format.h"
 
 #define get http_json_field
 #define only_fields http_json_only_fields
@@ -512,6 +513,9 @@ static enum status add_reasoning(const cJSON *rs, const struct http_chat_caps *c
         return unsupported("'reasoning.effort' '%.16s' is not honoured: the server can only turn the template's "
                            "thinking off (effort none), leave it as the template has it (no effort), or give low, "
                            "medium or high to a template that reads reasoning_effort (GPT-OSS's)", e->valuestring);
+    if (caps && caps->reasoning == TOOL_REASONING_HARMONY)
+        return unsupported("'reasoning.effort' none is not honoured: GPT-OSS's template cannot turn its reasoning "
+                           "off (low is the least)%s", "");
     if (caps && caps->reasoning && caps->jinja)
         cJSON_AddFalseToObject(cJSON_AddObjectToObject(chat, "chat_template_kwargs"), "enable_thinking");
     return STATUS_OK;

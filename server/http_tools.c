@@ -105,7 +105,11 @@ static cJSON *harmony_schema(const cJSON *tools, const char *only, int required)
     /* A required call is opened by the prompt or the grammar as <|channel|>commentary to=...: the
      * channel is written, so only the first shape can follow. */
     const size_t n_shapes = required ? 1 : sizeof shapes / sizeof *shapes;
-    cJSON *s = cJSON_CreateObject(), *any = cJSON_AddArrayToObject(s, "anyOf");
+    cJSON *s = cJSON_CreateObject(), *any = s ? cJSON_AddArrayToObject(s, "anyOf") : NULL;
+    if (!any) {
+        cJSON_Delete(s);
+        return NULL; /* (set_schema: out of memory) */
+    }
     for (const cJSON *t = tools->child; t; t = t->next) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
@@ -116,8 +120,11 @@ static cJSON *harmony_schema(const cJSON *tools, const char *only, int required)
             snprintf(text, sizeof text, "%s%s", name, shapes[k]);
             cJSON *b = params && !cJSON_IsNull(params) ? cJSON_Duplicate(params, 1)
                                                        : cJSON_Parse("{\"type\": \"object\", \"properties\": {}}");
-            cJSON_AddStringToObject(b, GRAMMAR_SCHEMA_PREFIX, text);
-            cJSON_AddItemToArray(any, b);
+            if (!b || !cJSON_AddStringToObject(b, GRAMMAR_SCHEMA_PREFIX, text) || !cJSON_AddItemToArray(any, b)) {
+                cJSON_Delete(b);
+                cJSON_Delete(s);
+                return NULL;
+            }
         }
     }
     return s;
@@ -543,7 +550,8 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
         const char *e = cJSON_IsString(effort) ? effort->valuestring : "";
         if (strcmp(e, "low") && strcmp(e, "medium") && strcmp(e, "high"))
             return status_errorf(STATUS_INVALID_ARGUMENT, "'reasoning_effort' must be one of low, medium, high");
-        if (cJSON_GetObjectItemCaseSensitive(kw, "reasoning_effort"))
+        const cJSON *kw_effort = cJSON_GetObjectItemCaseSensitive(kw, "reasoning_effort");
+        if (kw_effort && !cJSON_IsNull(kw_effort))
             return status_errorf(STATUS_INVALID_ARGUMENT, "'reasoning_effort' and 'chat_template_kwargs.reasoning_effort' "
                                  "are both set: give one");
     }
@@ -585,7 +593,9 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
     cJSON_AddNullToObject(ctx, "documents");
     if (effort && !cJSON_IsNull(effort)) /* (http_openai.c let it in: the template reads it) */
         cJSON_AddItemToObject(ctx, "reasoning_effort", cJSON_Duplicate(effort, 1));
-    for (const cJSON *e = kw ? kw->child : NULL; e; e = e->next) cJSON_AddItemToObject(ctx, e->string, cJSON_Duplicate(e, 1));
+    for (const cJSON *e = kw ? kw->child : NULL; e; e = e->next)
+        if (!(effort && !cJSON_IsNull(effort) && !strcmp(e->string, "reasoning_effort"))) /* (a null one: the request's) */
+            cJSON_AddItemToObject(ctx, e->string, cJSON_Duplicate(e, 1));
     r->chat_context = cJSON_PrintUnformatted(ctx);
     cJSON_Delete(ctx);
     return r->chat_context ? STATUS_OK : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");

@@ -57,7 +57,8 @@ static void body_to(struct tool_stream *ts, size_t limit)
     if (ts->h_dest == HD_REASONING || ts->h_dest == HD_CONTENT) {
         int k = ts->h_dest == HD_CONTENT;
         struct tool_json_buf *b = k ? &ts->content : &ts->rbuf;
-        if (!ts->h_done && ts->h_pieces[k]++) tool_json_buf_add(b, "\n", 1);
+        if (!ts->h_done && ts->h_pieces[k]++ && !(k && ts->h_glue)) tool_json_buf_add(b, "\n", 1);
+        ts->h_glue = 0;
         tool_json_buf_add(b, ts->text + from, n);
         ts->oom |= b->oom;
     }
@@ -74,18 +75,19 @@ static void body_end(struct tool_stream *ts)
     free(ts->h_name);
     ts->h_name = NULL;
     ts->h_st = HS_MSG;
+    ts->h_ws = 0; /* (message_begin reads whitespace from pos on) */
 }
 
-/* The word after key in the header [h, e): up to a space, a marker's '<' or the header's end. */
+/* The word after key in the header [h, e): up to whitespace, a marker's '<' or the header's end. */
 static void header_word(const char *h, const char *e, const char *key, const char **w, size_t *n)
 {
     *w = NULL, *n = 0;
     size_t k = strlen(key);
     for (const char *p = h; p + k <= e; p++) {
         if (memcmp(p, key, k)) continue;
-        if (key[0] == 't' && p > h && p[-1] != ' ' && p[-1] != '>') continue; /* "to=" starts a word */
+        if (key[0] == 't' && p > h && !tool_json_is_ws((unsigned char)p[-1]) && p[-1] != '>') continue; /* a word */
         const char *s = p + k, *q = s;
-        while (q < e && *q != ' ' && *q != '<') q++;
+        while (q < e && !tool_json_is_ws((unsigned char)*q) && *q != '<') q++;
         *w = s, *n = (size_t)(q - s);
         return;
     }
@@ -120,34 +122,41 @@ static void header_done(struct tool_stream *ts, size_t q)
         dest = HD_REASONING;
     }
     if (dest == HD_REASONING) ts->has_reasoning = 1;
+    ts->h_glue = 0;
     start_body(ts, q + sizeof MESSAGE - 1, dest);
 }
 
-/* HS_MSG: a message begins at pos (after whitespace, which is nothing before a message: the
- * grammar of a call lets the model write some); returns 0 when more bytes are needed to tell. */
+/* HS_MSG: a message begins at pos, after whitespace, which is nothing before a header (the
+ * grammar of a call lets the model write some) or at the reply's end; returns 0 when more bytes
+ * are needed to tell. The whitespace is read once (h_ws), however the reply is fed. */
 static int message_begin(struct tool_stream *ts)
 {
-    size_t p = ts->pos, q = p;
-    while (q < ts->len && tool_json_is_ws((unsigned char)ts->text[q])) q++;
-    ts->steps += q - p + 1;
-    if (q == ts->len && !ts->final) return 0;
-    for (size_t at = p;; at = q) { /* (" to=" begins with its own space) */
-        for (size_t i = 0; i < sizeof HEADS / sizeof *HEADS; i++) {
-            ts->steps++;
-            if (!ts->final && may_become(ts, at, HEADS[i])) return 0;
-            if (!starts(ts, at, HEADS[i])) continue;
-            ts->h_st = HS_HEAD;
-            ts->h_at = ts->pos = HEADS[i] == START ? at + sizeof START - 1 : at;
-            ts->h_body = p; /* (while the header is read: where the message began) */
-            return 1;
-        }
-        if (at == q) break;
+    size_t p = ts->pos, q = ts->h_ws > p ? ts->h_ws : p;
+    while (q < ts->len && tool_json_is_ws((unsigned char)ts->text[q])) q++, ts->steps++;
+    ts->h_ws = q;
+    if (q == ts->len) {
+        if (ts->final) ts->pos = q; /* trailing whitespace: nothing */
+        return ts->final;
+    }
+    /* " to=" begins with its own space: the last whitespace byte may be its. */
+    const size_t to_at = q > p && ts->text[q - 1] == ' ' ? q - 1 : q;
+    for (size_t i = 0; i < sizeof HEADS / sizeof *HEADS; i++) {
+        const size_t at = HEADS[i] == TO ? to_at : q;
+        ts->steps++;
+        if (!ts->final && may_become(ts, at, HEADS[i])) return 0;
+        if (!starts(ts, at, HEADS[i])) continue;
+        ts->h_st = HS_HEAD;
+        ts->h_at = ts->pos = HEADS[i] == START ? at + sizeof START - 1 : at;
+        ts->h_body = p, ts->h_mark = at; /* (where the message began, were it text after all) */
+        return 1;
     }
     start_body(ts, p, HD_CONTENT); /* text outside any message, as written */
     return 1;
 }
 
-/* HS_HEAD: looks for <|message|> from pos. */
+/* HS_HEAD: looks for <|message|> from pos. A header that does not reach it within HEADER_MAX
+ * bytes, or before the reply ends, is text from the message's start (its whitespace included),
+ * continuing a text that ended at its marker. */
 static void header_advance(struct tool_stream *ts)
 {
     const size_t m = sizeof MESSAGE - 1;
@@ -159,10 +168,10 @@ static void header_advance(struct tool_stream *ts)
             return;
         }
     }
-    if (p - ts->h_at > HEADER_MAX || ts->final) { /* never a header: text, from the message's start */
-        size_t at = ts->h_body;
-        start_body(ts, at, HD_CONTENT);
-        ts->pos = at + 1; /* (its first byte may be a marker's: not a body's end) */
+    if (p - ts->h_at > HEADER_MAX || ts->final) {
+        const size_t mark = ts->h_mark;
+        start_body(ts, ts->h_body, HD_CONTENT);
+        ts->pos = mark + 1; /* (the marker's first byte is text now, not a body's end) */
         return;
     }
     ts->pos = p;
@@ -184,7 +193,9 @@ static void body_advance(struct tool_stream *ts)
             }
             if (!starts(ts, p, ENDS[i])) continue;
             body_to(ts, p);
+            const int glue = i >= 3 && ts->h_dest == HD_CONTENT; /* text that a failed header may continue */
             body_end(ts);
+            ts->h_glue = glue;
             ts->pos = i < 3 ? p + strlen(ENDS[i]) : p;
             return;
         }
@@ -192,6 +203,15 @@ static void body_advance(struct tool_stream *ts)
     body_to(ts, ts->len);
     ts->pos = ts->len;
     if (ts->final) body_end(ts);
+}
+
+void harmony_start(struct tool_stream *ts, int think_open)
+{
+    ts->h_st = HS_MSG;
+    if (think_open) {
+        start_body(ts, 0, HD_REASONING);
+        ts->has_reasoning = 1;
+    }
 }
 
 void harmony_advance(struct tool_stream *ts)

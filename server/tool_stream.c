@@ -408,7 +408,10 @@ int tool_stream_new(enum tool_format f, int tools, int reasoning, int think_open
     if (reasoning == TOOL_REASONING_HARMONY) f = TOOL_FORMAT_HARMONY; /* (a request without tools) */
     ts->f = f, ts->tools = tools, ts->reasoning = reasoning, ts->max_calls = max_calls;
     ts->st = B_WAIT;
-    if (f == TOOL_FORMAT_HARMONY) return 0; /* its channels are its reasoning (tool_harmony.c) */
+    if (f == TOOL_FORMAT_HARMONY) { /* its channels are its reasoning (tool_harmony.c) */
+        harmony_start(ts, think_open);
+        return 0;
+    }
     if (reasoning) ts->ropen = tool_reasoning_open((enum tool_reasoning)reasoning),
                    ts->rclose = tool_reasoning_close((enum tool_reasoning)reasoning);
     CHECK(!reasoning || ts->ropen, "tool_stream_new: reasoning %d names no markers", reasoning);

@@ -80,6 +80,8 @@ struct tool_stream {
     int    h_st, h_dest;        /* enum harmony_state, enum harmony_dest (tool_harmony.c) */
     size_t h_at;                /* where the header (or the text without one) begins */
     size_t h_body, h_done;      /* the body's first byte; bytes of it given to h_dest so far */
+    size_t h_mark, h_ws;        /* HS_HEAD: the header's marker; HS_MSG: whitespace read up to here */
+    int    h_glue;              /* the next content bytes continue the last piece (no "\n") */
     int    h_pieces[2];         /* reasoning, content: messages that gave them bytes (joined by "\n") */
     struct tool_json_buf rbuf;  /* the reasoning */
     char  *h_name;              /* the call being read (malloc'd), or NULL */
@@ -90,6 +92,9 @@ size_t tool_stream_holdback(const char *s, size_t n, const char *marker);
 /* A new slot for a call named name[0..n) (zeroed but for the name), or NULL out of memory. */
 struct tcall *tool_stream_new_call(struct tool_stream *ts, const char *name, size_t n);
 
+/* Harmony: the reply begins (inside an analysis message when think_open: its prompt ended with
+ * <|channel|>analysis<|message|>). */
+void harmony_start(struct tool_stream *ts, int think_open);
 /* Harmony: reads what was appended (all of it once final); tool_stream.c's advance for
  * TOOL_FORMAT_HARMONY. */
 void harmony_advance(struct tool_stream *ts);

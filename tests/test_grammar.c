@@ -178,6 +178,9 @@ static const struct sample samples[] = {
      "{\"x-shardlm-prefix\":\"g<j>\",\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"}},\"required\":[\"a\"]}]}",
      {"to=f <j>12", " to=g<j>{\"a\":true}", NULL},
      {"to=f <j>{\"a\":true}", "to=g<j>12", "to=f<j>12", "to=12", "f <j>12", "to=f <j>g<j>1", NULL}},
+    /* a $ref into the list sees the branches as values, whatever their order */
+    {GRAMMAR_JSON_SCHEMA, "{\"anyOf\":[{\"x-shardlm-prefix\":\"a\",\"$ref\":\"#/anyOf/1\"},{\"x-shardlm-prefix\":\"b\","
+     "\"type\":\"integer\"}]}", {"a5", "b7", NULL}, {"ab7", "5", "a", NULL}},
 };
 
 static const char *const bad[][3] = {

@@ -444,10 +444,20 @@ static void check_harmony(void)
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
         for (int bits = 0; bits < 4; bits++) harmony_prefixes(bits & 1, bits >> 1, fixed[i], strlen(fixed[i]));
     /* Whitespace before a message's header is nothing; text outside messages stays as written. */
-    static const char *const ws[][3] = {{"\n\n<|channel|>final<|message|>x", "x", ""},
-                                        {"  hello <|end|>", "  hello ", ""},
-                                        {"\n <|channel|>commentary to=functions.f <|constrain|>json<|message|>{}", "", "f"}};
-    for (int i = 0; i < 3; i++) {
+    static const char *const ws[][3] = {
+        {"\n\n<|channel|>final<|message|>x", "x", ""},
+        {"  hello <|end|>", "  hello ", ""},
+        {"\n <|channel|>commentary to=functions.f <|constrain|>json<|message|>{}", "", "f"},
+        {"\n to=functions.f<|channel|>commentary json<|message|>{}", "", "f"}, /* (review of 2026-11-30: ...) */
+        {"  to=functions.f<|channel|>commentary json<|message|>{}", "", "f"},  /* (... whitespace before " to=") */
+        {"<|channel|>commentary to=functions.f\n<|message|>{}", "", "f"},     /* (a name ends at whitespace) */
+        {"<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>\n", "", "f"}, /* (trailing) */
+        {"\n<|start|>assistant", "\n<|start|>assistant", ""},  /* a failed header: text as written */
+        {"hello <|start|>junk", "hello <|start|>junk", ""},
+        {"<|start|><|start|><|start|>", "<|start|><|start|><|start|>", ""},
+        {"<|channel|>final<|message|>x<|end|> <|channel|>", "x\n <|channel|>", ""},
+    };
+    for (int i = 0; i < (int)(sizeof ws / sizeof *ws); i++) {
         struct tool_parsed p;
         CHECK(tool_parse(TOOL_FORMAT_HARMONY, 1, 0, 0, 0, ws[i][0], strlen(ws[i][0]), 1, &p) == 0, "oom");
         CHECK(!strcmp(p.content, ws[i][1]) && (ws[i][2][0] ? p.n_calls == 1 && !strcmp(p.calls[0].name, ws[i][2]) : !p.n_calls),
@@ -466,8 +476,9 @@ static void check_harmony(void)
         }
         harmony_prefixes(rnd(4) != 0, (int)rnd(3), buf, n);
     }
-    /* Linear work: long reasoning full of near-markers, then a call with long arguments. */
-    for (int shape = 0; shape < 2; shape++) {
+    /* Linear work: long reasoning full of near-markers, then a call with long arguments; a long run
+     * of whitespace between messages (read once however it is fed). */
+    for (int shape = 0; shape < 3; shape++) {
         unsigned long long steps[2];
         size_t lens[2];
         for (int t = 0; t < 2; t++) {
@@ -478,10 +489,14 @@ static void check_harmony(void)
                 k += (size_t)sprintf(s, "<|channel|>analysis<|message|>");
                 while (k < size) k += (size_t)sprintf(s + k, "a <| b <|en c <|sta d < ");
                 k += (size_t)sprintf(s + k, "<|end|><|start|>assistant<|channel|>final<|message|>ok");
-            } else {
+            } else if (shape == 1) {
                 k += (size_t)sprintf(s, "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"t\": \"");
                 while (k < size) k += (size_t)sprintf(s + k, "xyz<|cal ");
                 k += (size_t)sprintf(s + k, "\"}<|call|>");
+            } else {
+                k += (size_t)sprintf(s, "<|channel|>final<|message|>ok<|end|>");
+                for (; k < size; k++) s[k] = "\n \t"[k % 3];
+                k += (size_t)sprintf(s + k, "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}");
             }
             struct tool_stream *ts;
             CHECK(tool_stream_new(TOOL_FORMAT_HARMONY, 1, 0, 0, 0, &ts) == 0, "oom");
@@ -490,7 +505,7 @@ static void check_harmony(void)
             CHECK(tool_stream_delta(ts, "", 0, 1, &d) == 0, "oom");
             struct tool_view v;
             tool_stream_view(ts, &v);
-            CHECK(shape == 0 ? v.reasoning_len > size - 100 && v.content_len == 2 : v.n_calls == 1,
+            CHECK(shape == 0 ? v.reasoning_len > size - 100 && v.content_len == 2 : v.n_calls == 1 && (shape == 1 || v.content_len == 2),
                   "harmony: the long reply of shape %d did not parse as meant", shape);
             steps[t] = tool_stream_steps(ts), lens[t] = k;
             tool_stream_free(ts);

@@ -686,20 +686,30 @@ static int tagged_branches(struct sb *s)
         sfail(s, "", "a root anyOf whose branches hold " GRAMMAR_SCHEMA_PREFIX " must be the root's only keyword%s", "");
         return 1;
     }
+    /* Every branch's text is taken out before any branch compiles, so that a $ref into the list
+     * sees the branches as values whatever their order. */
     struct gx **alts = gb_alloc(b, sizeof *alts * (size_t)n);
-    int i = 0;
-    for (cJSON *e = any->child; e && alts; e = e->next, i++) {
-        char path[48];
-        snprintf(path, sizeof path, "/anyOf/%d", i);
-        cJSON *pre = cJSON_IsObject(e) ? cJSON_DetachItemFromObjectCaseSensitive(e, GRAMMAR_SCHEMA_PREFIX) : NULL;
-        int ok = cJSON_IsString(pre) && pre->valuestring[0] && strlen(pre->valuestring) <= 128;
-        struct gx *v = ok ? schema(s, e, path) : NULL;
-        if (!ok) sfail(s, path, "/" GRAMMAR_SCHEMA_PREFIX " must be a string of 1 to 128 bytes in every branch%s", "");
-        if (v) alts[i] = gx_seq2(b, gx_str(b, pre->valuestring), v);
-        cJSON_Delete(pre);
-        if (!v) return 1;
+    cJSON **pre = calloc((size_t)n, sizeof *pre);
+    int i = 0, bad = -1;
+    for (cJSON *e = any->child; e && alts && pre; e = e->next, i++) {
+        pre[i] = cJSON_IsObject(e) ? cJSON_DetachItemFromObjectCaseSensitive(e, GRAMMAR_SCHEMA_PREFIX) : NULL;
+        if (bad < 0 && !(cJSON_IsString(pre[i]) && pre[i]->valuestring[0] && strlen(pre[i]->valuestring) <= 128)) bad = i;
     }
-    s->tagged = alts ? gx_alt(b, n, alts) : NULL;
+    char path[48];
+    if (!pre) gb_fail(b, STATUS_RESOURCE_EXHAUSTED, "json schema: out of memory");
+    if (pre && bad >= 0) {
+        snprintf(path, sizeof path, "/anyOf/%d", bad);
+        sfail(s, path, "/" GRAMMAR_SCHEMA_PREFIX " must be a string of 1 to 128 bytes in every branch%s", "");
+    }
+    i = 0;
+    for (cJSON *e = any->child; e && alts && pre && bad < 0 && !b->failed; e = e->next, i++) {
+        snprintf(path, sizeof path, "/anyOf/%d", i);
+        struct gx *v = schema(s, e, path);
+        if (v) alts[i] = gx_seq2(b, gx_str(b, pre[i]->valuestring), v);
+    }
+    if (alts && pre && bad < 0 && !b->failed) s->tagged = gx_alt(b, n, alts);
+    for (int k = 0; pre && k < n; k++) cJSON_Delete(pre[k]);
+    free(pre);
     return 1;
 }
 

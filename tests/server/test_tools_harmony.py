@@ -17,7 +17,8 @@ package and the gRPC client.
   a valid call or cut by max_tokens inside its analysis); streamed calls equal unary; gRPC equals
   HTTP.
 - reasoning_effort (chat) and reasoning.effort (Responses) reach the template as its
-  reasoning_effort; values other than low / medium / high are refused by name.
+  reasoning_effort; values other than low / medium / high are refused by name, and so are effort
+  "none" and Anthropic's thinking disabled (the template cannot turn its reasoning off).
 - Reasoning: a reply forced by a regex into an analysis message then a final one comes back as
   reasoning_content and content, unary and streamed; response_format json_schema: the reply after
   the analysis validates.
@@ -29,6 +30,8 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 SKIP = 77
@@ -37,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 try:
+    import httpx
     import jsonschema
     import openai
     import test_tools_native as N  # noqa: E402  (exits 77 without jinja2)
@@ -196,6 +200,30 @@ def effort(mid, oa):
     N.expect_400(lambda: oa.chat.completions.create(model=mid, messages=ASK, max_tokens=4, reasoning_effort="low",
                                                     extra_body={"chat_template_kwargs": {"reasoning_effort": "high"}}),
                  "reasoning_effort")
+    r = oa.chat.completions.create(model=mid, messages=ASK, max_tokens=4, reasoning_effort="low",
+                                   extra_body={"chat_template_kwargs": {"reasoning_effort": None}})
+    check(r.choices[0].finish_reason in ("stop", "length"), "reasoning_effort with a null kwargs one: accepted")
+    # Effort "none" (Responses) and Anthropic's thinking disabled cannot be honoured: GPT-OSS's
+    # template has no way to turn its reasoning off.
+    def messages_disabled():
+        body = json.dumps({"model": mid, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+                           "thinking": {"type": "disabled"}}).encode()
+        req = urllib.request.Request(str(oa.base_url).rstrip("/") + "/messages", data=body,
+                                     headers={"content-type": "application/json", "anthropic-version": "2023-06-01"})
+        try:
+            urllib.request.urlopen(req, timeout=60)
+        except urllib.error.HTTPError as e:
+            raise openai.APIStatusError(e.read().decode(), response=httpx.Response(e.code, request=httpx.Request(
+                "POST", "http://x")), body=None) from None
+
+    for what, fn in (("reasoning.effort", lambda: oa.responses.create(model=mid, input="x", max_output_tokens=4,
+                                                                       reasoning={"effort": "none"})),
+                     ("thinking", messages_disabled)):
+        try:
+            fn()
+            check(False, f"{what} none refused")
+        except openai.APIStatusError as e:
+            check(e.status_code == 400 and what in str(e), f"{what} none refused by name ({e.status_code}: {str(e)[:100]})")
 
 
 def grpc(srv, mid, oa):
