@@ -3,7 +3,7 @@
  * (request_validate, with a stories260K-sized engine's limits) for what parses, each prompt
  * of a list of prompts on its own.
  * Input: byte 0 picks the endpoint (bit 0: even /v1/completions, odd /v1/chat/completions) and
- * the served template (bits 1-4: struct http_chat_caps); the rest is the body. The served model is "stories260K" with one adapter, "tiny-lora".
+ * the served template (bits 1-6: struct http_chat_caps, bit 6 GPT-OSS's harmony); the rest is the body. The served model is "stories260K" with one adapter, "tiny-lora".
  * Corpus: tests/fuzz/corpus/http_openai (tests/fuzz/make_seeds.py). */
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +11,7 @@
 #include "fuzz_util.h"
 #include "http_internal.h"
 #include "request.h"
+#include "tool_format.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -31,8 +32,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct http_request q;
     int is_chat = data[0] & 1;
     /* Bits 1-3: the served template (bit 1: a Jinja one; bits 2-3: its tool format), bit 4:
-     * reasoning split, bit 5: the template reads reasoning_effort. */
-    const struct http_chat_caps caps = {(data[0] >> 1) & 1, (data[0] >> 2) & 3, (data[0] >> 4) & 1, (data[0] >> 5) & 1};
+     * reasoning split, bit 5: the template reads reasoning_effort, bit 6: GPT-OSS's harmony (its
+     * tool format and reasoning). */
+    struct http_chat_caps caps = {(data[0] >> 1) & 1, (data[0] >> 2) & 3, (data[0] >> 4) & 1, (data[0] >> 5) & 1};
+    if (data[0] & 64) caps.tool_format = TOOL_FORMAT_HARMONY, caps.reasoning = TOOL_REASONING_HARMONY;
     /* A copy of exactly the body's bytes, so that ASan sees any read past its end. */
     char *body = malloc(size - 1 ? size - 1 : 1);
     CHECK(body, "out of memory");

@@ -4,7 +4,7 @@
  * translated body to, then the engine's request validation (request_validate, with a
  * stories260K-sized engine's limits) for what parses.
  * Input: byte 0 picks the served template (bits 0-4: struct http_chat_caps, as
- * fuzz_http_openai); the rest is the body. The served model is "stories260K" with one adapter,
+ * fuzz_http_openai; bit 5: GPT-OSS's harmony); the rest is the body. The served model is "stories260K" with one adapter,
  * "tiny-lora".
  * Corpus: tests/fuzz/corpus/http_responses (tests/fuzz/make_seeds.py). */
 #include <stdlib.h>
@@ -13,6 +13,7 @@
 #include "fuzz_util.h"
 #include "http_internal.h"
 #include "request.h"
+#include "tool_format.h"
 
 static struct server srv; /* only the store is read */
 
@@ -34,7 +35,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1) return 0;
     static const char *const adapters[] = {"tiny-lora"};
     struct http_request q;
-    const struct http_chat_caps caps = {data[0] & 1, (data[0] >> 1) & 3, (data[0] >> 3) & 1, (data[0] >> 4) & 1};
+    struct http_chat_caps caps = {data[0] & 1, (data[0] >> 1) & 3, (data[0] >> 3) & 1, (data[0] >> 4) & 1};
+    if (data[0] & 32) caps.tool_format = TOOL_FORMAT_HARMONY, caps.reasoning = TOOL_REASONING_HARMONY; /* (GPT-OSS) */
     /* A copy of exactly the body's bytes, so that ASan sees any read past its end. */
     char *body = malloc(size - 1 ? size - 1 : 1);
     CHECK(body, "out of memory");
