@@ -47,17 +47,23 @@ static int valid_name(const char *s)
     return 1;
 }
 
+/* Function f's parameters schema (a copy), or an object without properties when it has none. */
+static cJSON *params_schema(const cJSON *f)
+{
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+    return params && !cJSON_IsNull(params) ? cJSON_Duplicate(params, 1)
+                                           : cJSON_Parse("{\"type\": \"object\", \"properties\": {}}");
+}
+
 /* The schema of one call of function f: {"name": const, args_key: its parameters}. */
 static cJSON *call_schema(const cJSON *f, const char *args_key)
 {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
-    const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
     cJSON *s = cJSON_CreateObject(), *props = cJSON_AddObjectToObject(s, "properties"), *req = cJSON_CreateArray();
     cJSON_AddStringToObject(s, "type", "object");
     cJSON *n = cJSON_AddObjectToObject(props, "name");
     cJSON_AddStringToObject(n, "const", name->valuestring);
-    if (params && !cJSON_IsNull(params)) cJSON_AddItemToObject(props, args_key, cJSON_Duplicate(params, 1));
-    else cJSON_AddItemToObject(props, args_key, cJSON_Parse("{\"type\": \"object\", \"properties\": {}}"));
+    cJSON_AddItemToObject(props, args_key, params_schema(f));
     cJSON_AddItemToArray(req, cJSON_CreateString("name"));
     cJSON_AddItemToArray(req, cJSON_CreateString(args_key));
     cJSON_AddItemToObject(s, "required", req);
@@ -113,13 +119,11 @@ static cJSON *harmony_schema(const cJSON *tools, const char *only, int required)
     for (const cJSON *t = tools->child; t; t = t->next) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
-        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
         if (only && strcmp(name, only)) continue;
         for (size_t k = 0; k < n_shapes; k++) {
             char text[TOOLS_MAX_NAME + 64];
             snprintf(text, sizeof text, "%s%s", name, shapes[k]);
-            cJSON *b = params && !cJSON_IsNull(params) ? cJSON_Duplicate(params, 1)
-                                                       : cJSON_Parse("{\"type\": \"object\", \"properties\": {}}");
+            cJSON *b = params_schema(fn);
             if (!b || !cJSON_AddStringToObject(b, GRAMMAR_SCHEMA_PREFIX, text) || !cJSON_AddItemToArray(any, b)) {
                 cJSON_Delete(b);
                 cJSON_Delete(s);
@@ -546,7 +550,8 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
                              "own or --chat-template FILE.jinja); this server uses a built-in one");
     if (kw && !cJSON_IsObject(kw)) return status_errorf(STATUS_INVALID_ARGUMENT, "'chat_template_kwargs' must be an object");
     const cJSON *effort = cJSON_GetObjectItemCaseSensitive(o, "reasoning_effort");
-    if (effort && !cJSON_IsNull(effort)) {
+    if (cJSON_IsNull(effort)) effort = NULL;
+    if (effort) {
         const char *e = cJSON_IsString(effort) ? effort->valuestring : "";
         if (strcmp(e, "low") && strcmp(e, "medium") && strcmp(e, "high"))
             return status_errorf(STATUS_INVALID_ARGUMENT, "'reasoning_effort' must be one of low, medium, high");
@@ -591,10 +596,10 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
     }
     cJSON_AddItemToObject(ctx, "tools", tools ? cJSON_Duplicate(tools, 1) : cJSON_CreateNull());
     cJSON_AddNullToObject(ctx, "documents");
-    if (effort && !cJSON_IsNull(effort)) /* (http_openai.c let it in: the template reads it) */
+    if (effort) /* (http_openai.c let it in: the template reads it) */
         cJSON_AddItemToObject(ctx, "reasoning_effort", cJSON_Duplicate(effort, 1));
     for (const cJSON *e = kw ? kw->child : NULL; e; e = e->next)
-        if (!(effort && !cJSON_IsNull(effort) && !strcmp(e->string, "reasoning_effort"))) /* (a null one: the request's) */
+        if (!(effort && !strcmp(e->string, "reasoning_effort"))) /* (a null one: the request's) */
             cJSON_AddItemToObject(ctx, e->string, cJSON_Duplicate(e, 1));
     r->chat_context = cJSON_PrintUnformatted(ctx);
     cJSON_Delete(ctx);
