@@ -185,8 +185,9 @@ enum status adapter_set_acquire(struct adapter_set *s, const char *name, int *in
     if (!name || !*name) return STATUS_OK;
     const int i = find_loaded(s, name);
     if (i < 0)
-        return status_errorf(STATUS_NOT_FOUND, "no adapter named '%.100s' is loaded (%d loaded; see GetModelInfo)", name,
-                             s->n_loaded);
+        /* No count of the loaded adapters here: it would include fine-tuned ones hidden from the
+           caller's API key (server/http_finetune.c). */
+        return status_errorf(STATUS_NOT_FOUND, "no adapter named '%.100s' is loaded (see GetModelInfo)", name);
     s->slots[i].n_requests++;
     *index = i;
     *key = serial_key(s->slots[i].serial);
