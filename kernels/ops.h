@@ -66,6 +66,10 @@ enum activation {
     ACTIVATION_SILU,      /* x * sigmoid(x) */
     ACTIVATION_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
     ACTIVATION_GELU_ERF,  /* 0.5 x (1 + erf(x / sqrt(2))) */
+    /* GPT-OSS's clamped SwiGLU, gated only (op_gated_activation; op_activation refuses it):
+     * g = min(gate, 7), u = clamp(up, -7, 7), out = g sigmoid(1.702 g) (u + 1). Its backward
+     * is 0 through a clamped input (d/dgate where gate > 7, d/dup where |up| > 7). */
+    ACTIVATION_SWIGLU_OAI,
 };
 
 /* Describes a batch of sequences for paged attention. Sequence s contributes the query rows
@@ -96,6 +100,11 @@ struct attention_batch {
      * its split-K decode kernel by it; the CPU backend ignores it. The result does not depend
      * on it (a wrong 1 costs speed, not correctness). */
     int           decode_only;
+    /* Attention sinks (GPT-OSS): f32 (n_heads), one learned logit per query head of this call
+     * (a tp rank's heads), on the backend's device, that joins each softmax's denominator only:
+     * o = sum_j e^(s_j - m) v_j / (e^(S_h - m) + sum_j e^(s_j - m)), m the max of S_h and the
+     * scores (S_h is not scaled or soft-capped). data NULL: none. */
+    struct tensor sinks;
 };
 
 /* ---- training attention: batch description (op_attention_train and its backward) ---- */
