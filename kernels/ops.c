@@ -376,7 +376,7 @@ void op_activation(struct backend *b, const struct tensor *out, const struct ten
     check_float(b, x, "activation x");
     check_same(out, x, "activation out/x");
     CHECK(act == ACTIVATION_SILU || act == ACTIVATION_GELU_TANH || act == ACTIVATION_GELU_ERF,
-          "activation %d", (int)act);
+          "activation %d (ACTIVATION_SWIGLU_OAI is gated only)", (int)act);
     b->ops->activation(b, out, x, act);
     after_op(b);
 }
@@ -389,7 +389,8 @@ void op_gated_activation(struct backend *b, const struct tensor *out, const stru
     check_float(b, up, "gated_activation up");
     check_same(out, gate, "gated_activation out/gate");
     check_same(gate, up, "gated_activation gate/up");
-    CHECK(act == ACTIVATION_SILU || act == ACTIVATION_GELU_TANH || act == ACTIVATION_GELU_ERF,
+    CHECK(act == ACTIVATION_SILU || act == ACTIVATION_GELU_TANH || act == ACTIVATION_GELU_ERF ||
+              act == ACTIVATION_SWIGLU_OAI,
           "activation %d", (int)act);
     b->ops->gated_activation(b, out, gate, up, act);
     after_op(b);

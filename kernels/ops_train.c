@@ -254,7 +254,7 @@ void op_activation_backward(struct backend *b, const struct tensor *dx, const st
     check_same(dx, x, "activation_backward dx/x");
     check_same(dout, x, "activation_backward dout/x");
     CHECK(act == ACTIVATION_SILU || act == ACTIVATION_GELU_TANH || act == ACTIVATION_GELU_ERF,
-          "activation %d", (int)act);
+          "activation %d (ACTIVATION_SWIGLU_OAI is gated only)", (int)act);
     b->ops->activation_backward(b, dx, dout, x, act);
     after_op(b);
 }
@@ -276,7 +276,8 @@ void op_gated_activation_backward(struct backend *b, const struct tensor *dgate,
     CHECK(dgate->data != dup->data && dgate->data != up->data && dup->data != gate->data,
           "gated_activation_backward: dgate and dup must be distinct, dgate must not alias up "
           "nor dup gate");
-    CHECK(act == ACTIVATION_SILU || act == ACTIVATION_GELU_TANH || act == ACTIVATION_GELU_ERF,
+    CHECK(act == ACTIVATION_SILU || act == ACTIVATION_GELU_TANH || act == ACTIVATION_GELU_ERF ||
+              act == ACTIVATION_SWIGLU_OAI,
           "activation %d", (int)act);
     b->ops->gated_activation_backward(b, dgate, dup, dout, gate, up, act);
     after_op(b);

@@ -419,6 +419,10 @@ double ref_act(enum activation act, double x)
     case ACTIVATION_GELU_TANH:
         return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
     case ACTIVATION_GELU_ERF: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case ACTIVATION_SWIGLU_OAI: { /* the gate's part; ref_gated_up the up's */
+        const double g = x < 7.0 ? x : 7.0;
+        return g / (1.0 + exp(-1.702 * g));
+    }
     }
     CHECK(0, "activation %d", (int)act);
 }
@@ -429,6 +433,7 @@ const char *act_name(enum activation act)
     case ACTIVATION_SILU: return "silu";
     case ACTIVATION_GELU_TANH: return "gelu_tanh";
     case ACTIVATION_GELU_ERF: return "gelu_erf";
+    case ACTIVATION_SWIGLU_OAI: return "swiglu_oai";
     }
     return "?";
 }

@@ -660,6 +660,11 @@ static double ref_act_grad(enum activation act, double x)
     }
     case ACTIVATION_GELU_ERF:
         return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+    case ACTIVATION_SWIGLU_OAI: { /* the gate's part, 0 above the clamp */
+        if (x > 7.0) return 0.0;
+        const double sg = 1.0 / (1.0 + exp(-1.702 * x));
+        return sg * (1.0 + 1.702 * x * (1.0 - sg));
+    }
     }
     return 1.0;
 }

@@ -18,6 +18,7 @@ static const char *activation_hf_name(enum activation a)
     case ACTIVATION_SILU: return "silu";
     case ACTIVATION_GELU_TANH: return "gelu_pytorch_tanh";
     case ACTIVATION_GELU_ERF: return "gelu";
+    case ACTIVATION_SWIGLU_OAI: return "silu"; /* GPT-OSS's config says silu; its architecture sets the clamp */
     }
     return "?";
 }

@@ -37,6 +37,12 @@ __attribute__((always_inline)) static inline void activate_rows(float *out, cons
     case ACTIVATION_GELU_ERF:
         for (size_t j = 0; j < len; j++) out[j] = cpu_activate(x[j], act);
         break;
+    case ACTIVATION_SWIGLU_OAI: /* the gate's part: g sigmoid(1.702 g), g = min(x, 7) */
+        for (size_t j = 0; j < len; j++) {
+            const float g = x[j] < ACT_OAI_LIMIT ? x[j] : ACT_OAI_LIMIT;
+            out[j] = g / (1.0f + cpu_exp(-ACT_OAI_ALPHA * g));
+        }
+        break;
     }
 }
 
@@ -111,6 +117,10 @@ float cpu_activate(float x, enum activation act)
         return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
     }
     case ACTIVATION_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+    case ACTIVATION_SWIGLU_OAI: {
+        const float g = x < ACT_OAI_LIMIT ? x : ACT_OAI_LIMIT;
+        return g / (1.0f + expf(-ACT_OAI_ALPHA * g));
+    }
     }
     return x;
 }
@@ -132,6 +142,11 @@ float cpu_activate_grad(float x, enum activation act)
     case ACTIVATION_GELU_ERF:
         return 0.5f * (1.0f + erff(x * 0.7071067811865476f)) +
                x * 0.3989422804014327f * expf(-0.5f * x * x); /* 1/sqrt(2 pi) */
+    case ACTIVATION_SWIGLU_OAI: { /* of the gate's part: 0 above the clamp */
+        if (x > ACT_OAI_LIMIT) return 0.0f;
+        const float s = 1.0f / (1.0f + expf(-ACT_OAI_ALPHA * x));
+        return s * (1.0f + ACT_OAI_ALPHA * x * (1.0f - s));
+    }
     }
     return 1.0f;
 }

@@ -188,7 +188,18 @@ void cpu_adamw(struct backend *b, const struct tensor *p, const struct tensor *g
                const struct tensor *m, const struct tensor *v, const struct adamw_params *hp);
 void cpu_sum_squares(struct backend *b, const struct tensor *out, const struct tensor *x);
 
-/* Shared by activation.c and gated_activation.c: the activation and its derivative. */
+/* ACTIVATION_SWIGLU_OAI's constants (GPT-OSS: transformers' GptOssExperts, llama.cpp's swiglu_oai). */
+#define ACT_OAI_ALPHA 1.702f
+#define ACT_OAI_LIMIT 7.0f
+/* Up's part of ACTIVATION_SWIGLU_OAI: clamp(u, -7, 7) + 1 (other activations: u). */
+static inline float cpu_gated_up(float u, enum activation act)
+{
+    if (act != ACTIVATION_SWIGLU_OAI) return u;
+    return (u < -ACT_OAI_LIMIT ? -ACT_OAI_LIMIT : u > ACT_OAI_LIMIT ? ACT_OAI_LIMIT : u) + 1.0f;
+}
+
+/* Shared by activation.c and gated_activation.c: the activation and its derivative (of the
+ * gate's part, for ACTIVATION_SWIGLU_OAI). */
 float cpu_activate(float x, enum activation act);
 /* out[j] = act(x[j]) for j < len, vectorised (activation.c); out may alias x. */
 void  cpu_activate_rows(float *out, const float *x, size_t len, enum activation act);

@@ -1,5 +1,5 @@
 /* kernels/cpu/gated_activation.c - op_gated_activation on the CPU: act(gate) * up (SwiGLU,
- * GeGLU), and its backward.
+ * GeGLU; GPT-OSS's clamped SwiGLU multiplies by clamp(up) + 1), and its backward.
  * Tests: tests/test_ops.c (gated_activation cases), tests/test_ops_backward.c. */
 #include <string.h>
 
@@ -19,7 +19,10 @@ void cpu_gated_activation(struct backend *b, const struct tensor *out, const str
         const float *pu = cpu_load_row(up, (size_t)i, len, tu);
         float *po = cpu_out_row(out, (size_t)i, tg);
         cpu_activate_rows(ta, pg, len, act); /* out may alias gate or up */
-        for (size_t j = 0; j < len; j++) po[j] = ta[j] * pu[j];
+        if (act == ACTIVATION_SWIGLU_OAI)
+            for (size_t j = 0; j < len; j++) po[j] = ta[j] * cpu_gated_up(pu[j], act);
+        else
+            for (size_t j = 0; j < len; j++) po[j] = ta[j] * pu[j];
         cpu_store_row(out, (size_t)i, len, po);
     }
 }
@@ -41,8 +44,10 @@ void cpu_gated_activation_backward(struct backend *b, const struct tensor *dgate
         const float *pd = cpu_load_row(dout, (size_t)i, len, td);
         for (size_t j = 0; j < len; j++) {
             float g = pg[j], u = pu[j], d = pd[j];
-            og[j] = d * u * cpu_activate_grad(g, act);
-            ou[j] = d * cpu_activate(g, act);
+            og[j] = d * cpu_gated_up(u, act) * cpu_activate_grad(g, act);
+            /* SWIGLU_OAI: 0 where up was clamped */
+            const int clamped = act == ACTIVATION_SWIGLU_OAI && (u > ACT_OAI_LIMIT || u < -ACT_OAI_LIMIT);
+            ou[j] = clamped ? 0.0f : d * cpu_activate(g, act);
         }
         float *pdg = cpu_out_row(dgate, (size_t)i, og), *pdu = cpu_out_row(dup, (size_t)i, ou);
         if (pdg != og) memcpy(pdg, og, len * sizeof(float));
