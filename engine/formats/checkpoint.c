@@ -43,6 +43,8 @@ enum ck_mode {
     CK_QKV,        /* Megatron linear_qkv: off = 0 q, 1 k, 2 v */
     CK_ROWS_SPLIT, /* part r / part_rows, source row off + r % part_rows */
     CK_COLS_SPLIT, /* part c / part_cols, source column c % part_cols */
+    CK_EXPERTS_IO, /* GPT-OSS's 3-D experts, (in, out) per expert: row r of expert e = r / part_rows
+                      at e * part_stride + c * scols + off + row_step * (r % part_rows) */
 };
 
 struct ck_source {
@@ -53,6 +55,7 @@ struct ck_source {
     int64_t                 part_rows, part_cols;
     int64_t                 scols;      /* row length of every part (1 for 1-D parts) */
     int64_t                 q_per_group, groups_per_part, head_dim; /* CK_QKV */
+    int64_t                 part_stride, row_step;                  /* CK_EXPERTS_IO */
     int                     n_parts;
     const struct st_tensor *part[CK_MAX_PARTS];
 };
@@ -76,9 +79,10 @@ static void ck_shape_string(char *buf, size_t n, int ndim, const int64_t *shape)
     if (off > 0 && (size_t)off < n) snprintf(buf + off, n - (size_t)off, "]");
 }
 
-/* Looks up a part, checks its dtype and shape (ndim 1: (d0); ndim 2: (d0, d1)) and appends it. */
-static enum status ck_part(const struct checkpoint *ck, struct ck_source *s, int fi,
-                           const char *name, int ndim, int64_t d0, int64_t d1)
+/* Looks up a part, checks its dtype and shape (ndim 1: (d0); 2: (d0, d1); 3: (d0, d1, d2)) and
+ * appends it. */
+static enum status ck_part3(const struct checkpoint *ck, struct ck_source *s, int fi, const char *name, int ndim,
+                            int64_t d0, int64_t d1, int64_t d2)
 {
     const struct st_tensor *t = ck_try(ck, fi, name);
     if (!t)
@@ -98,8 +102,8 @@ static enum status ck_part(const struct checkpoint *ck, struct ck_source *s, int
         return status_errorf(STATUS_BAD_FORMAT,
                              "checkpoint %s: tensor '%s' in %s has dtype I32; weights are floats",
                              ck->files->dir, name, where);
-    int64_t want[2] = {d0, d1};
-    if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1)) {
+    int64_t want[3] = {d0, d1, d2};
+    if (t->ndim != ndim || t->shape[0] != d0 || (ndim >= 2 && t->shape[1] != d1) || (ndim == 3 && t->shape[2] != d2)) {
         char found[128], expected[64];
         ck_shape_string(found, sizeof found, t->ndim, t->shape);
         ck_shape_string(expected, sizeof expected, ndim, want);
@@ -118,8 +122,14 @@ static enum status ck_part(const struct checkpoint *ck, struct ck_source *s, int
                                                         "must be of one type");
     CHECK(s->n_parts < CK_MAX_PARTS, "too many parts");
     s->part[s->n_parts++] = t;
-    s->scols = ndim == 2 ? d1 : 1;
+    s->scols = ndim == 3 ? d2 : ndim == 2 ? d1 : 1;
     return STATUS_OK;
+}
+
+static enum status ck_part(const struct checkpoint *ck, struct ck_source *s, int fi, const char *name, int ndim,
+                           int64_t d0, int64_t d1)
+{
+    return ck_part3(ck, s, fi, name, ndim, d0, d1, 1);
 }
 
 /* ---- sources per layout ----------------------------------------------------------------- */
@@ -159,10 +169,48 @@ static enum status ck_source_hf_experts(const struct checkpoint *ck, enum weight
     return STATUS_OK;
 }
 
+/* HF GPT-OSS experts (transformers' GptOssExperts): per layer mlp.experts.gate_up_proj (E, d, 2F)
+ * with gate in the even and up in the odd output columns, its bias (E, 2F) alike, down_proj
+ * (E, F, d) and its bias (E, d): (in, out) per expert, read transposed into the canonical
+ * (out, in) rows. The router is mlp.router (its table names). */
+static enum status ck_source_hf_gpt_oss_experts(const struct checkpoint *ck, enum weight_kind kind, int l,
+                                                struct ck_source *s)
+{
+    const struct model_config *c = &ck->cfg;
+    const int64_t E = c->n_experts, F = c->moe_ffn, d = c->d_model;
+    const int down = kind == WEIGHT_KIND_EXP_DOWN || kind == WEIGHT_KIND_EXP_DOWN_BIAS;
+    const int bias = s->ndim == 1;
+    char name[CK_NAME];
+    snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%s%s", ck->files->hf_prefix, l,
+             down ? "down_proj" : "gate_up_proj", bias ? "_bias" : "");
+    s->mode = CK_EXPERTS_IO;
+    s->part_rows = down ? d : F;                       /* canonical rows per expert */
+    s->row_step = down ? 1 : 2;                        /* gate and up interleaved */
+    s->off = kind == WEIGHT_KIND_EXP_UP || kind == WEIGHT_KIND_EXP_UP_BIAS; /* up: the odd columns */
+    const int64_t out = down ? d : 2 * F, in = down ? F : d;
+    s->part_stride = bias ? out : in * out;
+    enum status st = bias ? ck_part(ck, s, ck_hf_file(ck), name, 2, E, out)
+                          : ck_part3(ck, s, ck_hf_file(ck), name, 3, E, in, out);
+    if (st == STATUS_OK && dtype_is_quant(s->part[0]->dtype))
+        return status_errorf(STATUS_UNSUPPORTED, "checkpoint %s: tensor '%s' is stored in blocks; GPT-OSS's "
+                             "experts are read from float tensors", ck->files->dir, name);
+    return st;
+}
+
 /* HF Llama family (Llama, Mistral, Gemma 3): every tensor as it is, under the body prefix. */
 static enum status ck_source_hf_llama(const struct checkpoint *ck, enum weight_kind kind, int l,
                                       struct ck_source *s)
 {
+    if (ck->cfg.moe_bias && (kind == WEIGHT_KIND_EXP_GATE || kind == WEIGHT_KIND_EXP_UP ||
+                             kind == WEIGHT_KIND_EXP_DOWN || kind == WEIGHT_KIND_EXP_GATE_BIAS ||
+                             kind == WEIGHT_KIND_EXP_UP_BIAS || kind == WEIGHT_KIND_EXP_DOWN_BIAS))
+        return ck_source_hf_gpt_oss_experts(ck, kind, l, s);
+    if (ck->cfg.moe_bias && kind == WEIGHT_KIND_ROUTER) {
+        char name[CK_NAME];
+        snprintf(name, sizeof name, "%slayers.%d.mlp.router.weight", ck->files->hf_prefix, l);
+        s->mode = CK_DIRECT;
+        return ck_part(ck, s, ck_hf_file(ck), name, 2, s->rows, s->cols);
+    }
     if (kind == WEIGHT_KIND_ROUTER || kind == WEIGHT_KIND_EXP_GATE || kind == WEIGHT_KIND_EXP_UP ||
         kind == WEIGHT_KIND_EXP_DOWN)
         return ck_source_hf_experts(ck, kind, l, s);
@@ -374,6 +422,10 @@ static void ck_resolve(const struct ck_source *s, int64_t r, int64_t c, int *par
         *elem = r * s->scols + c % s->part_cols;
         *run = s->part_cols - c % s->part_cols;
         break;
+    case CK_EXPERTS_IO:
+        *elem = r / s->part_rows * s->part_stride + c * s->scols + s->off + s->row_step * (r % s->part_rows);
+        *stride = s->scols;
+        break;
     }
 }
 
@@ -425,9 +477,16 @@ static enum status ck_plan(const struct model_config *c, enum weight_kind kind, 
         p->nc = c->ffn_hidden / tp_size;
         p->c0 = tp_rank * p->nc;
         break;
+    case WEIGHT_KIND_SINKS: /* this rank's query heads' */
+        p->nr = c->n_heads / tp_size;
+        p->r0 = tp_rank * p->nr;
+        break;
     case WEIGHT_KIND_EXP_GATE: /* whole experts per rank: a contiguous block of them */
     case WEIGHT_KIND_EXP_UP:
     case WEIGHT_KIND_EXP_DOWN:
+    case WEIGHT_KIND_EXP_GATE_BIAS:
+    case WEIGHT_KIND_EXP_UP_BIAS:
+    case WEIGHT_KIND_EXP_DOWN_BIAS:
         if (c->n_experts % tp_size)
             return status_errorf(STATUS_UNSUPPORTED, "tp size %d must divide the %d experts (each rank holds whole "
                                  "experts)", tp_size, c->n_experts);

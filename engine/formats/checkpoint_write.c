@@ -595,6 +595,9 @@ enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
         return status_errorf(STATUS_UNSUPPORTED,
                              "writing the Hugging Face layout is implemented for Llama-family models "
                              "(Llama, Mistral, Gemma 3) and GPT-2, not %s", c->architecture);
+    if (c->moe_bias) /* its 3-D (in, out) experts are read (checkpoint.c), not written */
+        return status_errorf(STATUS_UNSUPPORTED, "writing GPT-OSS in the Hugging Face layout is not implemented "
+                             "(write the Megatron layout)");
     enum status s = ck_out_dir(dir_out, src);
     if (s) return s;
     struct hfw_item *items = calloc((size_t)(WEIGHT_KIND_COUNT + 3 * c->n_experts) * (size_t)(c->n_layers + 1),

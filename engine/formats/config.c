@@ -16,7 +16,7 @@
 
 static const char *const supported_architectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, "
-    "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel, "
+    "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GptOssForCausalLM, GPT2LMHeadModel, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), BertModel (embeddings)";
 
 /* bos_token_id / eos_token_id: an int, or a list whose first element is taken; absent -> -1. */
@@ -69,6 +69,8 @@ enum llama_flavor {
     LLAMA_QWEN2_MOE, /* Qwen2MoeForCausalLM: Qwen 2's attention (q, k, v biases), experts and a shared
                         expert with its sigmoid gate */
     LLAMA_OLMOE,   /* OlmoeForCausalLM: experts; q and k normed over the whole projection */
+    LLAMA_GPT_OSS, /* GptOssForCausalLM: experts with biases and a clamped SwiGLU, a biased router,
+                      attention sinks, sliding and full layers alternating, YaRN */
 };
 
 /* rot_dim / 2 positive numbers of list `what` of rs into out. */
@@ -179,8 +181,7 @@ enum status config_parse_rope_scaling(const cJSON *root, const cJSON *rs, const 
             return st;
         int truncate = 1;
         if ((st = config_get_bool(rs, name, "truncate", 1, &truncate))) return st;
-        if (!truncate)
-            return status_errorf(STATUS_UNSUPPORTED, "%s: %s: YaRN with truncate false is not supported", name, key);
+        s->untruncated = !truncate;
         /* transformers: an original_max_position_embeddings makes the factor max / original. */
         if (config_field(rs, "original_max_position_embeddings") && s->original_max_positions > 0)
             s->factor = (float)c->max_positions / (float)s->original_max_positions;
@@ -202,21 +203,24 @@ static enum status parse_moe(const cJSON *root, const char *name, enum llama_fla
 {
     enum status st;
     c->n_experts = c->n_experts_used = c->moe_ffn = c->norm_topk_prob = c->shared_expert = 0;
-    if (flavor != LLAMA_MIXTRAL && flavor != LLAMA_QWEN3_MOE && flavor != LLAMA_QWEN2_MOE && flavor != LLAMA_OLMOE) {
+    if (flavor != LLAMA_MIXTRAL && flavor != LLAMA_QWEN3_MOE && flavor != LLAMA_QWEN2_MOE && flavor != LLAMA_OLMOE &&
+        flavor != LLAMA_GPT_OSS) {
         if (config_field(root, "num_local_experts") || config_field(root, "num_experts"))
             return status_errorf(STATUS_BAD_FORMAT, "%s: experts in a dense architecture", name);
         return STATUS_OK;
     }
-    const int mixtral = flavor == LLAMA_MIXTRAL, qwen2 = flavor == LLAMA_QWEN2_MOE;
+    const int mixtral = flavor == LLAMA_MIXTRAL, qwen2 = flavor == LLAMA_QWEN2_MOE, oss = flavor == LLAMA_GPT_OSS;
     const int qwen = flavor == LLAMA_QWEN3_MOE || qwen2;
-    if ((st = config_get_int(root, name, mixtral ? "num_local_experts" : "num_experts", 0,
-                             mixtral ? 8 : qwen2 ? 60 : qwen ? 128 : 64, &c->n_experts)) ||
-        (st = config_get_int(root, name, "num_experts_per_tok", 0, mixtral ? 2 : qwen2 ? 4 : 8, &c->n_experts_used)) ||
+    int per_tok = mixtral ? 2 : qwen2 ? 4 : oss ? 4 : 8;
+    if (oss && (st = config_get_int(root, name, "experts_per_token", 0, per_tok, &per_tok))) return st;
+    if ((st = config_get_int(root, name, mixtral || oss ? "num_local_experts" : "num_experts", 0,
+                             mixtral ? 8 : qwen2 ? 60 : qwen ? 128 : oss ? 32 : 64, &c->n_experts)) ||
+        (st = config_get_int(root, name, "num_experts_per_tok", 0, per_tok, &c->n_experts_used)) ||
         (st = config_get_int(root, name, qwen ? "moe_intermediate_size" : "intermediate_size", 0,
                              qwen2 ? 1408 : qwen ? 768 : 0, &c->moe_ffn)) ||
         (st = config_get_bool(root, name, "norm_topk_prob", mixtral, &c->norm_topk_prob)))
         return st;
-    if (mixtral) c->norm_topk_prob = 1; /* Mixtral always renormalises its top k */
+    if (mixtral || oss) c->norm_topk_prob = 1; /* Mixtral and GPT-OSS always renormalise their top k */
     if (c->n_experts < 1 || c->n_experts > 1024 || c->n_experts_used < 1 || c->n_experts_used > c->n_experts ||
         c->moe_ffn < 1 || c->moe_ffn > CONFIG_MAX_DIM)
         return status_errorf(STATUS_BAD_FORMAT, "%s: %d experts, %d per token, of %d features: need 1 <= per token <= "
@@ -238,12 +242,40 @@ static enum status parse_moe(const cJSON *root, const char *name, enum llama_fla
     return STATUS_OK;
 }
 
+/* GPT-OSS beyond its experts (config.h): the clamped SwiGLU, the sinks and biases, which layers
+ * are windowed (layer_types, else GptOssConfig's alternation from a sliding layer 0). */
+static enum status parse_gpt_oss(const cJSON *root, const char *name, struct model_config *c)
+{
+    enum status st;
+    float limit = 7.0f;
+    if ((st = config_get_float(root, name, "swiglu_limit", 7.0f, &limit))) return st;
+    if (limit != 7.0f) /* transformers and llama.cpp hard-code 7 */
+        return status_errorf(STATUS_UNSUPPORTED, "%s: field 'swiglu_limit' = %g: only 7 is supported", name,
+                             (double)limit);
+    if (config_field(root, "quantization_config"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: field 'quantization_config' (GPT-OSS's MXFP4 experts) is not "
+                             "supported yet: dequantize the checkpoint to bf16, or use a GGUF", name);
+    c->activation = ACTIVATION_SWIGLU_OAI; /* hidden_act says silu; the experts clamp */
+    c->attn_sinks = c->moe_bias = 1;
+    c->sliding_window = 128;
+    const cJSON *sw = config_field(root, "sliding_window");
+    if (sw && (st = config_json_to_int(sw, name, "sliding_window", &c->sliding_window))) return st;
+    const cJSON *types = config_field(root, "layer_types");
+    c->sliding_window_pattern = 2;
+    if (types && (st = config_layer_pattern(types, name, c->n_layers, &c->sliding_window_pattern))) return st;
+    if (c->sliding_window <= 0)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: field 'sliding_window' = %d must be positive", name,
+                             c->sliding_window);
+    return STATUS_OK;
+}
+
 static enum status parse_llama(const cJSON *root, const char *name, enum llama_flavor flavor,
                                struct model_config *c)
 {
     const int mistral = flavor == LLAMA_MISTRAL || flavor == LLAMA_MIXTRAL;
     const int qwen = flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN3 || flavor == LLAMA_QWEN3_MOE ||
                      flavor == LLAMA_QWEN2_MOE;
+    const int oss = flavor == LLAMA_GPT_OSS;
     enum status st;
     if ((st = config_get_int(root, name, "hidden_size", 1, 0, &c->d_model)) ||
         (st = config_get_int(root, name, "intermediate_size", 1, 0, &c->ffn_hidden)) ||
@@ -251,12 +283,12 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
         (st = config_get_int(root, name, "num_attention_heads", 1, 0, &c->n_heads)) ||
         (st = config_get_int(root, name, "vocab_size", 1, 0, &c->vocab_size)) ||
         (st = config_get_int(root, name, "num_key_value_heads", 0, c->n_heads, &c->n_kv_heads)) ||
-        (st = config_get_int(root, name, "max_position_embeddings", 0, mistral ? 4096 * 32 : 2048,
+        (st = config_get_int(root, name, "max_position_embeddings", 0, mistral || oss ? 4096 * 32 : 2048,
                       &c->max_positions)) ||
-        (st = config_get_float(root, name, "rms_norm_eps", flavor == LLAMA_OLMO2 ? 1e-5f : 1e-6f, &c->norm_eps)) ||
-        (st = config_get_float(root, name, "rope_theta", 10000.0f, &c->rope_theta)) ||
+        (st = config_get_float(root, name, "rms_norm_eps", flavor == LLAMA_OLMO2 || oss ? 1e-5f : 1e-6f, &c->norm_eps)) ||
+        (st = config_get_float(root, name, "rope_theta", oss ? 150000.0f : 10000.0f, &c->rope_theta)) ||
         (st = config_get_bool(root, name, "tie_word_embeddings", 0, &c->tied_embeddings)) ||
-        (st = config_get_bool(root, name, "attention_bias", flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN2_MOE,
+        (st = config_get_bool(root, name, "attention_bias", flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN2_MOE || oss,
                               &c->qkv_bias)) ||
         (st = config_get_bool(root, name, "attention_out_bias",
                               flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN2_MOE ? 0 : c->qkv_bias, &c->attn_out_bias)) ||
@@ -299,6 +331,7 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
     c->qk_norm = flavor == LLAMA_QWEN3 || flavor == LLAMA_QWEN3_MOE ? QK_NORM_HEAD
                : flavor == LLAMA_OLMO2 || flavor == LLAMA_OLMOE ? QK_NORM_FULL : 0;
     if ((st = parse_moe(root, name, flavor, c))) return st;
+    if (oss && (st = parse_gpt_oss(root, name, c))) return st;
     c->sandwich_norms = c->no_pre_norms = flavor == LLAMA_OLMO2;
     if (qwen) { /* Qwen's window covers only the layers from max_window_layers on: not modelled */
         int use = 0;
@@ -446,6 +479,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
         else if (!strcmp(mt, "qwen3_moe")) arch = "Qwen3MoeForCausalLM";
         else if (!strcmp(mt, "qwen2_moe")) arch = "Qwen2MoeForCausalLM";
         else if (!strcmp(mt, "olmoe")) arch = "OlmoeForCausalLM";
+        else if (!strcmp(mt, "gpt_oss")) arch = "GptOssForCausalLM";
         else if (!strcmp(mt, "gpt2")) arch = "GPT2LMHeadModel";
         else if (!strcmp(mt, "gemma2")) arch = "Gemma2ForCausalLM";
         else if (!strcmp(mt, "gemma3_text")) arch = "Gemma3ForCausalLM";
@@ -469,6 +503,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
     else if (!strcmp(arch, "Qwen3MoeForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN3_MOE, &c);
     else if (!strcmp(arch, "Qwen2MoeForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN2_MOE, &c);
     else if (!strcmp(arch, "OlmoeForCausalLM")) st = parse_llama(root, name, LLAMA_OLMOE, &c);
+    else if (!strcmp(arch, "GptOssForCausalLM")) st = parse_llama(root, name, LLAMA_GPT_OSS, &c);
     else if (!strcmp(arch, "GPT2LMHeadModel")) st = parse_gpt2(root, name, &c);
     else if (!strcmp(arch, "Gemma2ForCausalLM")) st = config_parse_gemma(root, name, 2, &c);
     else if (!strcmp(arch, "Gemma3ForCausalLM")) st = config_parse_gemma(root, name, 3, &c);
@@ -603,9 +638,15 @@ enum status config_validate(const struct model_config *c, const char *name)
     if (c->no_pre_norms != olmo2 || (olmo2 && !c->sandwich_norms))
         return status_errorf(STATUS_BAD_FORMAT, "%s: no_pre_norms %d: OLMo 2 (and only it) has post norms only", name,
                              c->no_pre_norms);
+    const int gpt_oss = !strcmp(c->architecture, "GptOssForCausalLM");
+    if (c->attn_sinks != gpt_oss || c->moe_bias != gpt_oss || (c->activation == ACTIVATION_SWIGLU_OAI) != gpt_oss ||
+        (gpt_oss && (!c->n_experts || !c->norm_topk_prob || c->shared_expert || !c->sliding_window)))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: attention sinks, MoE biases and the clamped SwiGLU belong to "
+                             "GPT-OSS (and all of them, with renormalised experts and a window, to it), not to %s",
+                             name, c->architecture);
     if (c->family != MODEL_FAMILY_GEMMA3 &&
         (c->embed_scale != 0.0f || (c->sandwich_norms && !olmo2) || c->norm_weight_offset != 0.0f ||
-         c->attn_scale != 0.0f || c->sliding_window_pattern || c->rope_theta_local != 0.0f))
+         c->attn_scale != 0.0f || (c->sliding_window_pattern && !gpt_oss) || c->rope_theta_local != 0.0f))
         return status_errorf(STATUS_BAD_FORMAT,
                              "%s: embed_scale, sandwich_norms, norm_weight_offset, "
                              "attn_scale, sliding_window_pattern and rope_theta_local are Gemma 3 "
@@ -671,7 +712,8 @@ static int rope_scaling_equal(const struct rope_scaling *a, const struct rope_sc
                a->attention_factor == b->attention_factor && a->original_max_positions == b->original_max_positions;
     return a->factor == b->factor && a->low_freq_factor == b->low_freq_factor &&
            a->high_freq_factor == b->high_freq_factor && a->original_max_positions == b->original_max_positions &&
-           a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow && a->attention_factor == b->attention_factor;
+           a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow && a->attention_factor == b->attention_factor &&
+           a->untruncated == b->untruncated;
 }
 
 int config_equal(const struct model_config *a, const struct model_config *b)
@@ -694,6 +736,7 @@ int config_equal(const struct model_config *a, const struct model_config *b)
            !memcmp(&a->attn_softcap, &b->attn_softcap, sizeof(float)) &&
            a->n_experts == b->n_experts && a->n_experts_used == b->n_experts_used && a->moe_ffn == b->moe_ffn &&
            a->norm_topk_prob == b->norm_topk_prob && a->shared_expert == b->shared_expert &&
+           a->moe_bias == b->moe_bias && a->attn_sinks == b->attn_sinks &&
            !memcmp(&a->final_softcap, &b->final_softcap, sizeof(float)) &&
            !memcmp(&a->attn_scale, &b->attn_scale, sizeof(float)) &&
            a->sliding_window_pattern == b->sliding_window_pattern &&

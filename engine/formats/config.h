@@ -62,6 +62,8 @@ struct rope_scaling {
     int   original_max_positions; /* llama3, YaRN (YaRN default: max_position_embeddings) */
     float beta_fast, beta_slow;   /* YaRN (32, 1) */
     float attention_factor;       /* YaRN: cos and sin scale (0.1 ln(factor) + 1 when unset); 1 else */
+    int   untruncated;            /* YaRN: transformers' truncate false (GPT-OSS): the ramp's ends
+                                     kept as computed, not floored / ceiled; 0: truncated */
 };
 
 enum { QK_NORM_HEAD = 1, QK_NORM_FULL = 2 }; /* model_config.qk_norm */
@@ -127,6 +129,10 @@ struct model_config {
     int      shared_expert;     /* Qwen 2 MoE: beside the experts, a gated MLP of ffn_hidden
                                    (shared_expert_intermediate_size) that every token takes,
                                    scaled by sigmoid(shared_expert_gate x) */
+    int      moe_bias;          /* GPT-OSS: biases on the router (before its top-k) and on each
+                                   expert's gate, up and down projections */
+    int      attn_sinks;        /* GPT-OSS: one learned logit per query head in every softmax's
+                                   denominator (ops.h attention_batch.sinks) */
     /* Encoders (BERT; 0 for every decoder family). */
     int      encoder;           /* 1: bidirectional attention and no LM head (no final norm): the
                                    model embeds and never generates */
@@ -167,6 +173,12 @@ static inline int config_hf_fused(const struct model_config *c)
  *   rope_theta (10000; also read from "rope_parameters"), hidden_act (silu), attention_bias,
  *   mlp_bias, tie_word_embeddings (false), sliding_window (Mistral only: default 4096, null
  *   = none). A non-null rope_scaling is STATUS_UNSUPPORTED.
+ * - GptOssForCausalLM (model_type gpt_oss): Llama's fields with GptOssConfig's defaults
+ *   (num_local_experts 32, num_experts_per_tok or experts_per_token 4, intermediate_size the
+ *   experts' size, rope_theta 150000, rms_norm_eps 1e-5, attention_bias true, sliding_window
+ *   128, layer_types alternating from sliding); always the router's top-k renormalised, the
+ *   clamped SwiGLU (swiglu_limit must be 7), attention sinks and MoE biases. YaRN's truncate
+ *   false is honoured (any family). quantization_config (MXFP4 experts): STATUS_UNSUPPORTED.
  * - GPT2LMHeadModel: n_embd, n_layer, n_head, vocab_size, n_positions (or n_ctx) required;
  *   n_inner (null: 4 * n_embd), layer_norm_epsilon (1e-5), activation_function (gelu_new).
  * - Gemma3ForCausalLM (model_type gemma3_text): hidden_size, intermediate_size,

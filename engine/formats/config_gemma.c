@@ -8,10 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-/* Gemma 3's layer_types (["sliding_attention", ..., "full_attention", ...]) as a period: layer i
- * is global when (i + 1) % pattern == 0. No full layer at all is pattern 0 (every layer
- * windowed); a list that no period describes is STATUS_UNSUPPORTED. */
-static enum status gemma3_layer_pattern(const cJSON *types, const char *name, int n_layers,
+enum status config_layer_pattern(const cJSON *types, const char *name, int n_layers,
                                         int *pattern)
 {
     if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != n_layers)
@@ -157,7 +154,7 @@ enum status config_parse_gemma(const cJSON *root, const char *name, int version,
         return status_errorf(STATUS_BAD_FORMAT, "%s: num_hidden_layers = %d must be in 1..%d", name,
                              c->n_layers, CONFIG_MAX_DIM);
     if (types) {
-        if ((st = gemma3_layer_pattern(types, name, c->n_layers, &c->sliding_window_pattern)))
+        if ((st = config_layer_pattern(types, name, c->n_layers, &c->sliding_window_pattern)))
             return st;
     } else {
         const char *key = config_field(root, "sliding_window_pattern") ? "sliding_window_pattern"

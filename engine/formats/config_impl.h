@@ -33,6 +33,10 @@ enum status config_parse_rope_scaling(const cJSON *root, const cJSON *rs, const 
 
 /* Gemma2ForCausalLM (version 2) and Gemma3ForCausalLM's text config (version 3), defaults as in
  * transformers (config_gemma.c). */
+/* layer_types (["sliding_attention", ..., "full_attention", ...]: Gemma 3, GPT-OSS) as a period:
+ * layer i is global when (i + 1) % pattern == 0. No full layer at all is pattern 0 (every layer
+ * windowed); a list that no period describes is STATUS_UNSUPPORTED. */
+enum status config_layer_pattern(const cJSON *types, const char *name, int n_layers, int *pattern);
 enum status config_parse_gemma(const cJSON *root, const char *name, int version, struct model_config *c);
 
 /* BertModel (an encoder), defaults as in transformers' BertConfig (config_bert.c). */

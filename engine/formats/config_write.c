@@ -82,6 +82,7 @@ static int add_rope_scaling(cJSON *root, const struct model_config *c)
              add_float(o, "attention_factor", s->attention_factor);
         if (s->original_max_positions != c->max_positions)
             ok = ok && add_num(o, "original_max_position_embeddings", s->original_max_positions);
+        if (s->untruncated) ok = ok && add_bool(o, "truncate", 0);
     }
     return ok;
 }
@@ -100,9 +101,10 @@ static int add_llama_dims(cJSON *root, const struct model_config *c)
 /* LlamaForCausalLM / MistralForCausalLM fields. Returns 0 when out of memory. */
 static int add_llama(cJSON *root, const struct model_config *c)
 {
-    const int mixtral = !strcmp(c->architecture, "MixtralForCausalLM");
+    const int mixtral = !strcmp(c->architecture, "MixtralForCausalLM"), oss = !strcmp(c->architecture, "GptOssForCausalLM");
     int mistral = !strcmp(c->architecture, "MistralForCausalLM") || mixtral;
     const char *type = mixtral ? "mixtral"
+                     : oss ? "gpt_oss"
                      : mistral ? "mistral"
                      : !strcmp(c->architecture, "Qwen3MoeForCausalLM") ? "qwen3_moe"
                      : !strcmp(c->architecture, "Qwen2MoeForCausalLM") ? "qwen2_moe"
@@ -126,12 +128,20 @@ static int add_llama(cJSON *root, const struct model_config *c)
     if (ok && c->rot_dim != c->head_dim) ok = add_num(root, "rot_dim", c->rot_dim);
     if (ok && (c->attn_out_bias != c->qkv_bias || !strncmp(type, "qwen2", 5)))
         ok = add_bool(root, "attention_out_bias", c->attn_out_bias);
-    if (ok && c->n_experts) /* intermediate_size is the experts' size for Mixtral and OLMoE */
-        ok = add_num(root, mixtral ? "num_local_experts" : "num_experts", c->n_experts) &&
+    if (ok && c->n_experts) /* intermediate_size is the experts' size for Mixtral, OLMoE and GPT-OSS */
+        ok = add_num(root, mixtral || oss ? "num_local_experts" : "num_experts", c->n_experts) &&
              add_num(root, "num_experts_per_tok", c->n_experts_used) &&
              add_bool(root, "norm_topk_prob", c->norm_topk_prob) &&
              (!strncmp(type, "qwen", 4) ? add_num(root, "moe_intermediate_size", c->moe_ffn) : 1) &&
              (c->shared_expert ? add_num(root, "shared_expert_intermediate_size", c->ffn_hidden) : 1);
+    if (ok && oss) { /* the window's layers as GptOssConfig lists them */
+        cJSON *types = cJSON_AddArrayToObject(root, "layer_types");
+        ok = types && add_num(root, "sliding_window", c->sliding_window) && add_float(root, "swiglu_limit", 7.0f);
+        for (int i = 0; ok && i < c->n_layers; i++) {
+            const int full = c->sliding_window_pattern > 0 && (i + 1) % c->sliding_window_pattern == 0;
+            ok = cJSON_AddItemToArray(types, cJSON_CreateString(full ? "full_attention" : "sliding_attention"));
+        }
+    }
     return ok;
 }
 
@@ -192,7 +202,7 @@ enum status config_save(const char *path, const struct model_config *c)
         strcmp(c->architecture, "Qwen3ForCausalLM") && strcmp(c->architecture, "Phi3ForCausalLM") &&
         strcmp(c->architecture, "Olmo2ForCausalLM") && strcmp(c->architecture, "MixtralForCausalLM") &&
         strcmp(c->architecture, "Qwen3MoeForCausalLM") && strcmp(c->architecture, "OlmoeForCausalLM") &&
-        strcmp(c->architecture, "Qwen2MoeForCausalLM"))
+        strcmp(c->architecture, "Qwen2MoeForCausalLM") && strcmp(c->architecture, "GptOssForCausalLM"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
                              c->architecture);
     if (c->family == MODEL_FAMILY_LLAMA && !strcmp(c->architecture, "LlamaForCausalLM") &&

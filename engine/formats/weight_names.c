@@ -111,6 +111,18 @@ static const struct weight_names table[WEIGHT_KIND_COUNT] = {
     {ROW(SHARED_GATE, "shared_gate", LAYER, ONE, D_MODEL), L "mlp.shared_expert_gate.weight", NULL, NULL,
      WEIGHT_GPT2_AS_IS, M "mlp.shared_expert_gate.weight", NULL, WEIGHT_MEGATRON_REPLICATED,
      G "ffn_gate_inp_shexp.weight"},
+    /* GPT-OSS: the sinks (HF: no ".weight"), the router's bias, the experts' biases (HF keeps
+     * them, and the experts, as 3-D tensors: checkpoint.c). */
+    {ROW(SINKS, "sinks", LAYER, HEADS, ONE), L "self_attn.sinks", NULL, NULL, WEIGHT_GPT2_AS_IS,
+     M "self_attention.sinks", NULL, WEIGHT_MEGATRON_REPLICATED, G "attn_sinks.weight"},
+    {ROW(ROUTER_BIAS, "router_bias", LAYER, EXPERTS, ONE), L "mlp.router.bias", NULL, NULL, WEIGHT_GPT2_AS_IS,
+     M "mlp.router.bias", NULL, WEIGHT_MEGATRON_REPLICATED, G "ffn_gate_inp.bias"},
+    {ROW(EXP_GATE_BIAS, "exp_gate_bias", LAYER, EXP_FFN, ONE), NULL, NULL, NULL, WEIGHT_GPT2_AS_IS,
+     M "mlp.experts.gate.bias", NULL, WEIGHT_MEGATRON_REPLICATED, G "ffn_gate_exps.bias"},
+    {ROW(EXP_UP_BIAS, "exp_up_bias", LAYER, EXP_FFN, ONE), NULL, NULL, NULL, WEIGHT_GPT2_AS_IS,
+     M "mlp.experts.up.bias", NULL, WEIGHT_MEGATRON_REPLICATED, G "ffn_up_exps.bias"},
+    {ROW(EXP_DOWN_BIAS, "exp_down_bias", LAYER, EXP_D, ONE), NULL, NULL, NULL, WEIGHT_GPT2_AS_IS,
+     M "mlp.experts.down.bias", NULL, WEIGHT_MEGATRON_REPLICATED, G "ffn_down_exps.bias"},
 
     {ROW(FINAL_NORM, "final_norm", LAST, D_MODEL, ONE), "norm.weight", NULL, "ln_f.weight",
      WEIGHT_GPT2_AS_IS, "decoder.final_layernorm.weight", NULL, WEIGHT_MEGATRON_REPLICATED,
@@ -174,6 +186,11 @@ int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
     case WEIGHT_KIND_UP:
     case WEIGHT_KIND_DOWN: return !c->n_experts || c->shared_expert;
     case WEIGHT_KIND_SHARED_GATE: return c->n_experts && c->shared_expert;
+    case WEIGHT_KIND_SINKS: return c->attn_sinks;
+    case WEIGHT_KIND_ROUTER_BIAS:
+    case WEIGHT_KIND_EXP_GATE_BIAS:
+    case WEIGHT_KIND_EXP_UP_BIAS:
+    case WEIGHT_KIND_EXP_DOWN_BIAS: return c->n_experts > 0 && c->moe_bias;
     case WEIGHT_KIND_ROUTER:
     case WEIGHT_KIND_EXP_GATE:
     case WEIGHT_KIND_EXP_UP:
@@ -213,6 +230,7 @@ static int64_t dim_size(const struct model_config *c, enum weight_dim d)
     case WEIGHT_DIM_EXP_D: return (int64_t)c->n_experts * c->d_model;
     case WEIGHT_DIM_MOE_FFN: return c->moe_ffn;
     case WEIGHT_DIM_TYPES: return c->type_vocab_size;
+    case WEIGHT_DIM_HEADS: return c->n_heads;
     }
     return 0;
 }

@@ -62,6 +62,12 @@ enum weight_kind {
     WEIGHT_KIND_TYPE_EMBEDDING, /* (type_vocab_size, d_model) */
     WEIGHT_KIND_EMBED_NORM,     /* (d_model) */
     WEIGHT_KIND_EMBED_NORM_BIAS,
+    /* GPT-OSS (cfg.attn_sinks, cfg.moe_bias), per layer. */
+    WEIGHT_KIND_SINKS,          /* (n_heads): each query head's sink logit; split by heads */
+    WEIGHT_KIND_ROUTER_BIAS,    /* (n_experts): replicated */
+    WEIGHT_KIND_EXP_GATE_BIAS,  /* (n_experts * moe_ffn), expert by expert */
+    WEIGHT_KIND_EXP_UP_BIAS,    /* (n_experts * moe_ffn) */
+    WEIGHT_KIND_EXP_DOWN_BIAS,  /* (n_experts * d_model) */
     WEIGHT_KIND_COUNT
 };
 
@@ -93,6 +99,7 @@ enum weight_dim {
     WEIGHT_DIM_EXP_D,     /* n_experts * d_model */
     WEIGHT_DIM_MOE_FFN,   /* moe_ffn */
     WEIGHT_DIM_TYPES,     /* type_vocab_size */
+    WEIGHT_DIM_HEADS,     /* n_heads */
 };
 
 /* Where a weight lives in a pipeline split. */

@@ -298,6 +298,7 @@ static void serve_attend(void *ctx, int l, int window, const struct tensor *q3, 
     struct tensor slots = tensor_first_rows(&m->ws.slots, T);
     struct attention_batch ab = *sc->batch;
     ab.window = window;
+    ab.sinks = m->w.layers[l].sinks; /* GPT-OSS's, f32; data NULL for every other model */
     op_kv_write(m->b, &sc->cache->k[l], &sc->cache->v[l], k3, v3, &slots);
     op_attention(m->b, att3, q3, &sc->cache->k[l], &sc->cache->v[l], &ab);
 }

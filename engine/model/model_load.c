@@ -94,9 +94,10 @@ static enum status check_finite(const char *dir, enum weight_kind kind, int laye
  * op_embedding read it (matrices other than the learned positions); so does a bf16 matrix served
  * on a CPU with AMX, whose tiles multiply bf16 weights in place (kernels/cpu/amx.c: half the
  * memory of the f32 copy, and faster). Otherwise m->dtype (converted at load: training,
- * merging). */
+ * merging). Attention sinks are f32 always. */
 static enum dtype load_dtype(const struct model *m, enum weight_kind kind, const struct host_weight *hw)
 {
+    if (kind == WEIGHT_KIND_SINKS) return DTYPE_F32; /* op_attention reads them in f32 (ops.h) */
     if (!m->keep_blocks || hw->ndim != 2 || kind == WEIGHT_KIND_POS_EMBEDDING) return m->dtype;
     if (dtype_is_quant(hw->stored_dtype)) return hw->stored_dtype;
     if (hw->stored_dtype == DTYPE_BF16 && m->dtype == DTYPE_F32 && m->b->device == DEVICE_CPU && cpu_amx_enabled())
@@ -108,7 +109,9 @@ static enum dtype load_dtype(const struct model *m, enum weight_kind kind, const
  * parallelism (a contiguous block of whole experts per rank), the tp group's otherwise. */
 static void shard_of(const struct model *m, enum weight_kind kind, int *rank, int *size)
 {
-    const int experts = kind == WEIGHT_KIND_EXP_GATE || kind == WEIGHT_KIND_EXP_UP || kind == WEIGHT_KIND_EXP_DOWN;
+    const int experts = kind == WEIGHT_KIND_EXP_GATE || kind == WEIGHT_KIND_EXP_UP || kind == WEIGHT_KIND_EXP_DOWN ||
+                        kind == WEIGHT_KIND_EXP_GATE_BIAS || kind == WEIGHT_KIND_EXP_UP_BIAS ||
+                        kind == WEIGHT_KIND_EXP_DOWN_BIAS;
     *rank = experts && m->ep_size > 1 ? m->ep_rank : m->tp_rank;
     *size = experts && m->ep_size > 1 ? m->ep_size : m->tp_size;
 }
@@ -293,8 +296,9 @@ int model_rope_factors(const struct model_config *c, double *out)
     double low = 0.0, high = 0.0; /* YaRN's correction range, in pair indices */
     if (s->kind == ROPE_SCALING_YARN) {
         const double dim = c->rot_dim, orig = s->original_max_positions;
-        low = floor(dim * log(orig / ((double)s->beta_fast * 2.0 * pi)) / (2.0 * log(base)));
-        high = ceil(dim * log(orig / ((double)s->beta_slow * 2.0 * pi)) / (2.0 * log(base)));
+        low = dim * log(orig / ((double)s->beta_fast * 2.0 * pi)) / (2.0 * log(base));
+        high = dim * log(orig / ((double)s->beta_slow * 2.0 * pi)) / (2.0 * log(base));
+        if (!s->untruncated) low = floor(low), high = ceil(high); /* transformers' truncate (true by default) */
         if (low < 0.0) low = 0.0;
         if (high > dim - 1.0) high = dim - 1.0;
         if (low == high) high += 0.001;

@@ -97,7 +97,8 @@ static void route(struct model *m, int l, int64_t T, const struct tensor *xn, co
     const struct model_config *c = &m->cfg;
     const int E = c->n_experts, k = c->n_experts_used;
     struct tensor lg = tensor_first_rows(&mt->logits, T);
-    op_matmul(b, &lg, xn, &m->w.layers[l].router, NULL);
+    const struct tensor *rb = &m->w.layers[l].router_bias; /* GPT-OSS: before the top-k */
+    op_matmul(b, &lg, xn, &m->w.layers[l].router, rb->data ? rb : NULL);
     const struct tensor *host_src = &lg;
     struct tensor lg32 = tensor_first_rows(&mt->logits32, T);
     if (lg.dtype != DTYPE_F32) {
@@ -142,6 +143,28 @@ int moe_load_read(const struct model *m, uint64_t *out)
     return m->n_layers_local;
 }
 
+/* Rows [r0, r0 + n) of bias vector t, or NULL when the model has none. */
+static const struct tensor *bias_rows(const struct tensor *t, int64_t r0, int64_t n, struct tensor *view)
+{
+    if (!t->data) return NULL;
+    *view = tensor_rows_at(t, r0, n);
+    return view;
+}
+
+void moe_expert_mlp(struct model *m, int l, int el, const struct tensor *x, const struct tensor *gate,
+                    const struct tensor *up, const struct tensor *hact, const struct tensor *y)
+{
+    struct backend *b = m->b;
+    const struct layer_weights *w = &m->w.layers[l];
+    const int64_t d = m->cfg.d_model, F = m->cfg.moe_ffn;
+    struct tensor wg = tensor_rows_at(&w->exp_gate, (int64_t)el * F, F), wu = tensor_rows_at(&w->exp_up, (int64_t)el * F, F);
+    struct tensor wd = tensor_rows_at(&w->exp_down, (int64_t)el * d, d), bg, bu, bd;
+    op_matmul(b, gate, x, &wg, bias_rows(&w->exp_gate_bias, (int64_t)el * F, F, &bg));
+    op_matmul(b, up, x, &wu, bias_rows(&w->exp_up_bias, (int64_t)el * F, F, &bu));
+    op_gated_activation(b, hact, gate, up, m->cfg.activation);
+    op_matmul(b, y, hact, &wd, bias_rows(&w->exp_down_bias, (int64_t)el * d, d, &bd));
+}
+
 enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj,
                         const struct moe_tensors *mt_in)
 {
@@ -178,13 +201,8 @@ enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *
         struct tensor x = tensor_first_rows(&mt->x, n), y = rows_of(&mt->y, at, n, d);
         struct tensor gate = rows_of(&mt->gate, at, n, F), up = rows_of(&mt->up, at, n, F);
         struct tensor hact = rows_of(&mt->hact, at, n, F);
-        struct tensor wg = tensor_rows_at(&w->exp_gate, (int64_t)el * F, F), wu = tensor_rows_at(&w->exp_up, (int64_t)el * F, F);
-        struct tensor wd = tensor_rows_at(&w->exp_down, (int64_t)el * d, d);
         op_embedding(b, &x, xn, &ids, 0); /* the expert's rows, gathered */
-        op_matmul(b, &gate, &x, &wg, NULL);
-        op_matmul(b, &up, &x, &wu, NULL);
-        op_gated_activation(b, &hact, &gate, &up, c->activation);
-        op_matmul(b, &y, &hact, &wd, NULL);
+        moe_expert_mlp(m, l, el, &x, &gate, &up, &hact, &y);
         if (proj) op_scatter_add_rows(b, proj, &y, &ids, &wt);
     }
     if (c->shared_expert && sn > 0) { /* Qwen 2 MoE: + sigmoid(x . g) * shared(x), every row (of the slice) */

@@ -81,6 +81,12 @@ struct moe_tensors {
 enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj,
                         const struct moe_tensors *mt);
 
+/* Local expert el of layer l over the n rows of x (n, d): gate = x Wg^T (+ bg), up = x Wu^T
+ * (+ bu), hact = act(gate, up) (may be up: in place), y = hact Wd^T (+ bd); the biases are
+ * GPT-OSS's (cfg.moe_bias). Serving and expert parallelism share it. */
+void moe_expert_mlp(struct model *m, int l, int el, const struct tensor *x, const struct tensor *gate,
+                    const struct tensor *up, const struct tensor *hact, const struct tensor *y);
+
 /* Serving's per-expert load: out (n_layers_local, n_experts) = the tokens routed to each expert
  * of each of this stage's layers (local layer i is layer layer_first + i) by the serving forwards
  * since the workspace was first reserved: every token a forward ran (prompt rows, decode rows,

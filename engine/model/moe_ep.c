@@ -65,10 +65,9 @@ enum status moe_ep_experts(struct model *m, int l, int64_t T, const struct tenso
     struct backend *b = m->b;
     struct model_workspace *ws = &m->ws;
     const struct model_config *c = &m->cfg;
-    const struct layer_weights *w = &m->w.layers[l];
     struct comm *ep = m->par.groups->tp;
     const int N = m->ep_size, me = m->ep_rank, E = c->n_experts, El = m->n_experts_local;
-    const int64_t d = c->d_model, F = c->moe_ffn, TK = T * c->n_experts_used;
+    const int64_t F = c->moe_ffn, TK = T * c->n_experts_used;
     const int64_t lo = slice_start(T, N, me), hi = slice_start(T, N, me + 1);
     int64_t *n = ws->ep_host_count; /* n[s E + e]: slots of expert e whose token is in s's slice */
     int64_t send[64], recv[64];     /* rows per peer; the CLIs keep N <= 64 */
@@ -121,13 +120,8 @@ enum status moe_ep_experts(struct model *m, int l, int64_t T, const struct tenso
         /* gate and up: ne rows of F features from the start of buffers shaped for the dense MLP */
         struct tensor gate = tensor_make(mt->gate.data, mt->gate.dtype, mt->gate.device, 2, ne, F);
         struct tensor up = tensor_make(mt->up.data, mt->up.dtype, mt->up.device, 2, ne, F);
-        struct tensor wg = tensor_rows_at(&w->exp_gate, (int64_t)el * F, F), wu = tensor_rows_at(&w->exp_up, (int64_t)el * F, F);
-        struct tensor wd = tensor_rows_at(&w->exp_down, (int64_t)el * d, d);
         op_embedding(b, &x, &ws->ep_recv, &ids, 0);
-        op_matmul(b, &gate, &x, &wg, NULL);
-        op_matmul(b, &up, &x, &wu, NULL);
-        op_gated_activation(b, &up, &gate, &up, c->activation);
-        op_matmul(b, &y, &up, &wd, NULL);
+        moe_expert_mlp(m, l, el, &x, &gate, &up, &up, &y);
         ny += ne;
     }
 

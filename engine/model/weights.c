@@ -38,6 +38,11 @@ static const struct {
     {WEIGHT_KIND_EXP_UP, offsetof(struct layer_weights, exp_up)},
     {WEIGHT_KIND_EXP_DOWN, offsetof(struct layer_weights, exp_down)},
     {WEIGHT_KIND_SHARED_GATE, offsetof(struct layer_weights, shared_gate)},
+    {WEIGHT_KIND_SINKS, offsetof(struct layer_weights, sinks)},
+    {WEIGHT_KIND_ROUTER_BIAS, offsetof(struct layer_weights, router_bias)},
+    {WEIGHT_KIND_EXP_GATE_BIAS, offsetof(struct layer_weights, exp_gate_bias)},
+    {WEIGHT_KIND_EXP_UP_BIAS, offsetof(struct layer_weights, exp_up_bias)},
+    {WEIGHT_KIND_EXP_DOWN_BIAS, offsetof(struct layer_weights, exp_down_bias)},
 };
 #define N_LAYER_FIELDS ((int)(sizeof layer_fields / sizeof layer_fields[0]))
 

@@ -33,6 +33,10 @@ struct layer_weights {
     struct tensor exp_gate, exp_up;          /* (n_experts * moe_ffn, d_model), expert by expert */
     struct tensor exp_down;                  /* (n_experts * d_model, moe_ffn), expert by expert */
     struct tensor shared_gate;               /* (1, d_model): Qwen 2 MoE's shared expert's gate */
+    struct tensor sinks;                     /* (n_heads_local): GPT-OSS's attention sinks */
+    struct tensor router_bias;               /* (n_experts): GPT-OSS */
+    struct tensor exp_gate_bias, exp_up_bias; /* (n_experts_local * moe_ffn): GPT-OSS */
+    struct tensor exp_down_bias;             /* (n_experts_local * d_model): GPT-OSS */
 };
 
 struct model_weights {
