@@ -566,7 +566,10 @@ def scaled_inv_freq(cfg, inv_freq, dim, theta):
 
         def corr_dim(rot):
             return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(theta))
-        lo, hi = max(math.floor(corr_dim(bf)), 0), min(math.ceil(corr_dim(bs)), dim - 1)
+        lo, hi = corr_dim(bf), corr_dim(bs)
+        if rs.get("truncate", True):  # GPT-OSS sets it false: the ramp's ends stay fractional
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, dim - 1)
         if lo == hi:
             hi += 0.001
         ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
