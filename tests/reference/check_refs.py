@@ -23,10 +23,14 @@ What is checked:
      them back with an independent safetensors reader and re-running the forward reproduces
      reference.json; headers are 8-aligned and well formed, shard index covers every tensor
      and total_size is the byte sum; bf16 rounding is round-to-nearest-even.
+  5. GPT-OSS (gpt_oss_ref.py), f32 and bf16: the written checkpoint read back reproduces
+     reference.json, and a token-by-token implementation written here (YaRN from its formula,
+     sinks and windows per head, the clamped SwiGLU per token) matches the full forward.
 """
 
 import argparse
 import json
+import math
 import os
 import struct
 import sys
@@ -41,6 +45,7 @@ sys.dont_write_bytecode = True  # leave no __pycache__ in the source tree under 
 
 import llama2c_ref as L2C  # noqa: E402
 import make_models as MM  # noqa: E402
+import gpt_oss_ref as GO  # noqa: E402
 
 # Greedy decoding of stories260K from BOS ([1]), 120 new tokens, float64 (llama2c_ref.py).
 STORIES260K_GREEDY_120 = [
@@ -230,6 +235,75 @@ def hf_llama_incremental(cfg, w, tokens):
     return np.array(out)
 
 
+def gpt_oss_incremental(cfg, w, tokens):
+    """GptOssForCausalLM one token at a time with a KV cache, written apart from
+    gpt_oss_ref.gpt_oss_forward: YaRN's frequencies from the formula itself (no floor or ceil
+    when rope_scaling truncate is false), a loop over the visible keys and the sink per head,
+    the experts' clamped SwiGLU on one token."""
+    H, nh, nkv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps, base, limit, k_top = cfg["rms_norm_eps"], cfg["rope_theta"], cfg["swiglu_limit"], cfg["num_experts_per_tok"]
+    rs = cfg["rope_scaling"]
+    orig, factor = rs["original_max_position_embeddings"], cfg["max_position_embeddings"] / rs["original_max_position_embeddings"]
+
+    def corr(r):
+        return hd * math.log(orig / (2 * math.pi * r)) / (2 * math.log(base))
+    lo, hi = corr(rs["beta_fast"]), corr(rs["beta_slow"])
+    if rs.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, hd - 1)
+    inv = []
+    for i in range(hd // 2):
+        ext = base ** (-2.0 * i / hd)
+        e = 1 - min(max((i - lo) / (hi - lo), 0.0), 1.0)
+        inv.append(ext / factor * (1 - e) + ext * e)
+    mscale = 0.1 * math.log(factor) + 1.0
+
+    def rms(x, g):
+        return x / np.sqrt((x * x).mean() + eps) * g
+
+    def rot(vec, pos):  # one head, pair (i, i + hd/2), cos and sin scaled by mscale
+        r, half = vec.copy(), hd // 2
+        for i in range(half):
+            c, s = math.cos(pos * inv[i]) * mscale, math.sin(pos * inv[i]) * mscale
+            r[i], r[i + half] = vec[i] * c - vec[i + half] * s, vec[i + half] * c + vec[i] * s
+        return r
+    cache = [([], []) for _ in range(cfg["num_hidden_layers"])]
+    out = []
+    for pos, t in enumerate(tokens):
+        x = w["model.embed_tokens.weight"][t].copy()
+        for l in range(cfg["num_hidden_layers"]):
+            p = "model.layers.%d." % l
+            h = rms(x, w[p + "input_layernorm.weight"])
+            q = w[p + "self_attn.q_proj.weight"] @ h + w[p + "self_attn.q_proj.bias"]
+            k = w[p + "self_attn.k_proj.weight"] @ h + w[p + "self_attn.k_proj.bias"]
+            v = w[p + "self_attn.v_proj.weight"] @ h + w[p + "self_attn.v_proj.bias"]
+            cache[l][0].append([rot(k[g * hd:(g + 1) * hd], pos) for g in range(nkv)])
+            cache[l][1].append([v[g * hd:(g + 1) * hd] for g in range(nkv)])
+            win = cfg["sliding_window"] if cfg["layer_types"][l] == "sliding_attention" else pos + 1
+            a = np.zeros(nh * hd)
+            for hh in range(nh):
+                g, qh = hh * nkv // nh, rot(q[hh * hd:(hh + 1) * hd], pos)
+                js = [j for j in range(pos + 1) if pos - j < win]
+                sc = [float(qh @ cache[l][0][j][g]) / math.sqrt(hd) for j in js]
+                sink = float(w[p + "self_attn.sinks"][hh])
+                m = max(sc + [sink])
+                den = sum(math.exp(x_ - m) for x_ in sc) + math.exp(sink - m)
+                for j, x_ in zip(js, sc):
+                    a[hh * hd:(hh + 1) * hd] += math.exp(x_ - m) / den * cache[l][1][j][g]
+            x = x + w[p + "self_attn.o_proj.weight"] @ a + w[p + "self_attn.o_proj.bias"]
+            h = rms(x, w[p + "post_attention_layernorm.weight"])
+            z = w[p + "mlp.router.weight"] @ h + w[p + "mlp.router.bias"]
+            top = list(np.argsort(-z, kind="stable")[:k_top])
+            wt = _softmax(z[top])
+            for e, we in zip(top, wt):
+                gu = h @ w[p + "mlp.experts.gate_up_proj"][e] + w[p + "mlp.experts.gate_up_proj_bias"][e]
+                gate, up = np.minimum(gu[0::2], limit), np.clip(gu[1::2], -limit, limit)
+                y = (gate / (1 + np.exp(-1.702 * gate)) * (up + 1)) @ w[p + "mlp.experts.down_proj"][e]
+                x = x + we * (y + w[p + "mlp.experts.down_proj_bias"][e])
+        out.append(w["lm_head.weight"] @ rms(x, w["model.norm.weight"]))
+    return np.array(out)
+
+
 # --------------------------------------------------------------------------- harness
 
 class Checker:
@@ -332,6 +406,22 @@ def check_gpt2(ck):
     ck.ok(d > 1e-2, "a zeroed bias moves the logits", "(max |diff| %.3g)" % d)
 
 
+def check_gpt_oss(ck, tmp):
+    print("GPT-OSS forward")
+    for dt in ("f32", "bf16"):
+        d = os.path.join(tmp, "gpt_oss_" + dt)
+        ref = MM.make("gpt_oss", d, seed=36, dtype=dt)  # runs gpt_oss_ref.check_variants too
+        with open(os.path.join(d, "config.json")) as f:
+            cfg = json.load(f)
+        w = MM.read_safetensors(os.path.join(d, "model.safetensors"))
+        toks = ref["prompt_ids"] + ref["greedy_ids"]
+        full = GO.gpt_oss_forward(cfg, w, toks)
+        ck.close(full[:len(ref["prompt_ids"])], ref["logits"], 1e-9, "gpt_oss %s: file read back == reference.json" % dt)
+        ck.ok([int(np.argmax(r)) for r in full[len(ref["prompt_ids"]) - 1:-1]] == ref["greedy_ids"],
+              "gpt_oss %s: teacher-forced argmax == greedy ids" % dt)
+        ck.close(gpt_oss_incremental(cfg, w, toks), full, 1e-9, "gpt_oss %s: incremental decode == full forward" % dt)
+
+
 def check_bf16(ck):
     print("bf16 / f16 rounding")
     bits = np.array([0x3F800000, 0x3F808000, 0x3F818000, 0x3F808001, 0xBF80FFFF, 0x7F7FFFFF,
@@ -432,6 +522,7 @@ def main(argv=None):
     check_gpt2(ck)
     with tempfile.TemporaryDirectory(prefix="shardlm-refs-") as tmp:
         check_files(ck, tmp)
+        check_gpt_oss(ck, tmp)
     print("%d passed, %d failed, %d skipped (%.1f s)" % (ck.passed, ck.failed, ck.skipped, time.time() - t0))
     if ck.failed:
         return 1

@@ -10,6 +10,8 @@ Usage:
   python3 make_models.py gpt2  --out DIR [--seed S] [--dtype f32|bf16|f16] [--shards N]
                                [--no-prefix]
   python3 make_models.py llama --out DIR [--seed S] [--dtype f32|bf16|f16] [--shards N]
+  (likewise qwen2, qwen3, phi3, mistral, gemma2, olmo2, mixtral, qwen2_moe, qwen3_moe, olmoe,
+  gpt_oss)
 
 DIR receives:
   config.json                      (Hugging Face config for the architecture)
@@ -39,6 +41,9 @@ Models:
         nn.Linear weights (out_features, in_features), y = x @ W^T. Rotary embedding in the
         HF "rotate_half" convention: within each head, dimension j pairs with j + head_dim/2,
         inv_freq[j] = 1 / theta^(2j/head_dim), angle = pos * inv_freq[j].
+  gpt_oss: GptOssForCausalLM (gpt_oss_ref.py: config, weights, forward, and the self-checks
+        make() runs each time: the prompt reaches the SwiGLU clamps and the router bias, and
+        each nearby mistake in gpt_oss_ref.VARIANTS moves the logits by > 1% of their size).
 
 Initialisation: normal noise, LayerNorm/RMSNorm weights 1 + 0.1*noise, biases 0.02*noise.
 Projection weights use std 1/sqrt(fan_in) and embeddings std ~0.5-1, rather than GPT-2's
@@ -68,6 +73,7 @@ import sys
 import numpy as np
 
 import families  # Gemma 2, OLMo 2 (it imports this module for its helpers)
+import gpt_oss_ref  # GPT-OSS (likewise)
 
 # A fixed prompt: BOS followed by the first 11 tokens stories260K produces greedily from BOS
 # ("Once upon a time, there was a little girl"), so it is also meaningful text for tok512.
@@ -566,7 +572,10 @@ def scaled_inv_freq(cfg, inv_freq, dim, theta):
 
         def corr_dim(rot):
             return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(theta))
-        lo, hi = max(math.floor(corr_dim(bf)), 0), min(math.ceil(corr_dim(bs)), dim - 1)
+        lo, hi = corr_dim(bf), corr_dim(bs)
+        if rs.get("truncate", True):  # GPT-OSS sets it false: the ramp's ends stay fractional
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, dim - 1)
         if lo == hi:
             hi += 0.001
         ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
@@ -705,6 +714,11 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
     elif model == "gemma2":
         cfg = families.gemma2_config(dtype)
         w = families.init_gemma2(cfg, seed)
+    elif model == "gpt_oss":
+        cfg = gpt_oss_ref.gpt_oss_config(dtype)
+        if vocab:
+            cfg["vocab_size"] = vocab
+        w = gpt_oss_ref.init_gpt_oss(cfg, seed)
     elif model in ("llama", "qwen2", "qwen3", "phi3", "mistral", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
         configs = {"llama": llama_config, "phi3": phi3_config, "mistral": mistral_config, "olmo2": families.olmo2_config,
                    "mixtral": lambda dt: moe_config("mixtral", dt), "qwen3_moe": lambda dt: moe_config("qwen3_moe", dt),
@@ -727,6 +741,11 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
         fwd = families.gemma2_forward
     elif model == "olmo2":
         fwd = families.olmo2_forward
+    elif model == "gpt_oss":
+        fwd = gpt_oss_ref.gpt_oss_forward
+        # Every time the golden is made: the prompt reaches the clamps and the router bias, and
+        # each nearby mistake (gpt_oss_ref.VARIANTS) moves the logits well past the tests' tolerance.
+        gpt_oss_ref.check_variants(cfg, w, PROMPT_IDS)
     else:
         fwd = llama_forward
     adapter = None
@@ -770,7 +789,7 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
 def main(argv=None):
     ap = argparse.ArgumentParser(description="write a small random HF checkpoint + float64 reference")
     ap.add_argument("model", choices=["gpt2", "llama", "qwen2", "qwen3", "phi3", "mistral", "gemma2", "olmo2", "mixtral",
-                                         "qwen2_moe", "qwen3_moe", "olmoe"])
+                                         "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=list(DTYPES), default="f32")
