@@ -669,6 +669,50 @@ static void test_config(void)
                         "{\"model_type\": \"olmoe\", \"hidden_size\": 64, \"intermediate_size\": 96,"
                         " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 100,"
                         " \"num_experts\": 4, \"num_experts_per_tok\": 9}", STATUS_BAD_FORMAT, "9 per token");
+    /* GPT-OSS: gpt-oss-20b's config.json (as published, less its quantization_config, which is
+     * refused by name): 32 experts of 2880, top 4 renormalised, alternating windows of 128 from a
+     * sliding layer 0 (pattern 2: odd layers full), YaRN untruncated, the clamped SwiGLU, sinks,
+     * biases; a non-periodic layer_types and another swiglu_limit refused. */
+#define GPT_OSS_20B(x)                                                                                             \
+    "{\"architectures\": [\"GptOssForCausalLM\"], \"attention_bias\": true, \"attention_dropout\": 0.0,"          \
+    " \"eos_token_id\": 200002, \"experts_per_token\": 4, \"head_dim\": 64, \"hidden_act\": \"silu\","              \
+    " \"hidden_size\": 2880, \"initial_context_length\": 4096, \"initializer_range\": 0.02,"                        \
+    " \"intermediate_size\": 2880, \"layer_types\": [\"sliding_attention\", \"full_attention\","                    \
+    " \"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\","   \
+    " \"full_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\","       \
+    " \"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\","   \
+    " \"full_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\","       \
+    " \"sliding_attention\", \"full_attention\"], \"max_position_embeddings\": 131072, \"model_type\": \"gpt_oss\","  \
+    " \"num_attention_heads\": 64, \"num_experts_per_tok\": 4, \"num_hidden_layers\": 24,"                          \
+    " \"num_key_value_heads\": 8, \"num_local_experts\": 32, \"output_router_logits\": false,"                     \
+    " \"pad_token_id\": 199999, \"rms_norm_eps\": 1e-05, \"rope_scaling\": {\"beta_fast\": 32.0,"                   \
+    " \"beta_slow\": 1.0, \"factor\": 32.0, \"original_max_position_embeddings\": 4096, \"rope_type\": \"yarn\","    \
+    " \"truncate\": false}, \"rope_theta\": 150000, \"router_aux_loss_coef\": 0.9, \"sliding_window\": 128,"         \
+    " \"swiglu_limit\": 7.0, \"tie_word_embeddings\": false, \"transformers_version\": \"4.55.0.dev0\","             \
+    " \"use_cache\": true, \"vocab_size\": 201088" x "}"
+    s = config_parse(GPT_OSS_20B(""), "gpt-oss-20b.json", &c);
+    check(s == STATUS_OK && !strcmp(c.architecture, "GptOssForCausalLM") && c.n_layers == 24 && c.d_model == 2880 &&
+              c.n_heads == 64 && c.n_kv_heads == 8 && c.head_dim == 64 && c.n_experts == 32 && c.n_experts_used == 4 &&
+              c.moe_ffn == 2880 && c.norm_topk_prob && c.sliding_window == 128 && c.sliding_window_pattern == 2 &&
+              c.rope_theta == 150000.0f && c.rope_scaling.kind == ROPE_SCALING_YARN && c.rope_scaling.untruncated &&
+              c.rope_scaling.factor == 32.0f && c.rope_scaling.original_max_positions == 4096 &&
+              c.activation == ACTIVATION_SWIGLU_OAI && c.attn_sinks && c.moe_bias && c.qkv_bias && c.attn_out_bias &&
+              !c.tied_embeddings && c.eos_id == 200002 && c.vocab_size == 201088 && c.norm_eps == 1e-5f,
+          "config: gpt-oss-20b %s", s ? status_message() : "");
+    if (!s) config_roundtrip("gpt-oss-20b", &c);
+    expect_config_error("config: GPT-OSS with MXFP4 experts (quantization_config)",
+                        GPT_OSS_20B(", \"quantization_config\": {\"quant_method\": \"mxfp4\"}"), STATUS_UNSUPPORTED,
+                        "field 'quantization_config'");
+    expect_config_error("config: GPT-OSS with swiglu_limit 8",
+                        "{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 32,"
+                        " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 100,"
+                        " \"swiglu_limit\": 8}", STATUS_UNSUPPORTED, "'swiglu_limit' = 8: only 7");
+    expect_config_error("config: GPT-OSS with a layer_types list that no period describes",
+                        "{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 32,"
+                        " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"vocab_size\": 100,"
+                        " \"layer_types\": [\"full_attention\", \"sliding_attention\", \"sliding_attention\"]}",
+                        STATUS_UNSUPPORTED, "is not periodic");
+#undef GPT_OSS_20B
 #define LLAMA_WITH(x)                                                                                              \
     "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 172,"                     \
     " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"vocab_size\": 512, " x "}"
