@@ -13,7 +13,8 @@
  * consecutive ggml blocks (the byte layout of ggml-common.h, as stored in a GGUF file): row j
  * starts at byte j * quant_row_bytes(type, k). k must be a multiple of the block size (32, or
  * 256 for the K-quants and IQ4_XS); the blocks must be 2-byte aligned (GGUF data is 32-byte aligned and
- * every row size is even).
+ * every row size is even), except MXFP4's: 17 bytes of single bytes (a 1-byte E8M0 scale), so a row
+ * of an odd number of blocks is odd and the rows after it start anywhere.
  *
  * Arithmetic. Each row of x is quantized once per call: to blocks of 32 int8 with an f32 scale
  * (d = max|x| / 127) for the 32-element types, to blocks of 256 int8 with an f32 scale and
@@ -44,6 +45,7 @@ enum quant_type {
     QUANT_TYPE_Q6_K = 14,
     QUANT_TYPE_IQ4_NL = 20,
     QUANT_TYPE_IQ4_XS = 23,
+    QUANT_TYPE_MXFP4 = 39,
 };
 
 /* Implementations of the product, for tests and benchmarks: quant_matmul picks the best one the

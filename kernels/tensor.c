@@ -13,6 +13,7 @@ static const uint32_t quant_types[] = {
     QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1, QUANT_TYPE_Q5_0, QUANT_TYPE_Q5_1,
     QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q5_K, QUANT_TYPE_Q6_K,
     QUANT_TYPE_Q2_K, QUANT_TYPE_Q3_K, QUANT_TYPE_IQ4_NL, QUANT_TYPE_IQ4_XS,
+    QUANT_TYPE_MXFP4,
 };
 #define N_QUANT_TYPES (int)(sizeof quant_types / sizeof quant_types[0])
 
@@ -62,6 +63,7 @@ const char *dtype_name(enum dtype t)
     case DTYPE_Q3_K: return "q3_k";
     case DTYPE_IQ4_NL: return "iq4_nl";
     case DTYPE_IQ4_XS: return "iq4_xs";
+    case DTYPE_MXFP4: return "mxfp4";
     }
     return "?";
 }

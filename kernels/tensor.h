@@ -37,6 +37,7 @@ enum dtype {
     DTYPE_Q3_K,
     DTYPE_IQ4_NL,
     DTYPE_IQ4_XS,
+    DTYPE_MXFP4,
 };
 
 enum device {

@@ -110,6 +110,7 @@ static void run_f32(void *p)
 static const enum quant_type types[] = {
     QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K, QUANT_TYPE_Q5_0, QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1,
     QUANT_TYPE_Q5_1, QUANT_TYPE_Q5_K, QUANT_TYPE_Q2_K, QUANT_TYPE_Q3_K, QUANT_TYPE_IQ4_NL, QUANT_TYPE_IQ4_XS,
+    QUANT_TYPE_MXFP4,
 };
 
 /* One shape at m rows on b's threads: the f32 product, then every type whose block fits k. */

@@ -17,8 +17,8 @@ Files written to OUTDIR:
   tiny_gemma3_mixed.gguf   the same with layer 1's attn_v in Q8_0, unlike its q and k (Q5_1):
                       a fused Megatron linear_qkv of mixed block types
 Quantized tensors hold random block bytes (every bit pattern of quants and packed scales) with
-finite random f16 scale fields, so the test covers the layouts, not only what a quantizer
-emits. Exits 77 (skip) when gguf or numpy is not installed.
+finite random f16 scale fields (MXFP4: E8M0 scale bytes in [118, 136] and the edges 0, 1, 2,
+254, 255), so the test covers the layouts, not only what a quantizer emits. Exits 77 (skip) when gguf or numpy is not installed.
 """
 import os
 import sys
@@ -42,6 +42,12 @@ F16_FIELDS = {
 }
 
 
+# MXFP4's E8M0 scale byte (offset 0): 2^(e - 128) scales the doubled E2M1 values. Most blocks
+# take e in [118, 136], the first ones the edges: 0 and 1 (ggml_e8m0_to_fp32_half's subnormals
+# 2^-128 and 2^-127), 2 (the first normal), 254 and 255 (12 * 2^(e - 128) overflows to +-Inf).
+MXFP4_EDGE_E = [0, 1, 2, 254, 255]
+
+
 def random_blocks(rng, qtype):
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     nb = ROWS * COLS // block
@@ -49,6 +55,12 @@ def random_blocks(rng, qtype):
     for off in F16_FIELDS.get(qtype, []):
         h = (rng.standard_normal(nb) * 0.05).astype(np.float16)
         raw[:, off:off + 2] = h.view(np.uint8).reshape(nb, 2)
+    if qtype == Q.MXFP4:
+        raw[:, 0] = rng.integers(118, 137, size=nb, dtype=np.uint8)
+        raw[:len(MXFP4_EDGE_E), 0] = MXFP4_EDGE_E
+        # The reference's own half rule at the edges, against 2^(e - 128) (e 0 and 1: f32 subnormals).
+        half = gguf.quants.MXFP4.e8m0_to_fp32_half(np.array(MXFP4_EDGE_E, dtype=np.uint8))
+        assert [float(v) for v in half] == [2.0 ** (e - 128) for e in MXFP4_EDGE_E], half
     return raw.reshape(ROWS, -1)
 
 
@@ -76,7 +88,7 @@ def main():
 
     tensors = {}
     for qtype in (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K,
-                  Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS):
+                  Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4):
         name = qtype.name
         if qtype == Q.F32:
             data = rng.standard_normal((ROWS, COLS)).astype(np.float32)

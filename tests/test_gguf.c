@@ -121,7 +121,7 @@ static int same_bits(const float *a, const float *b, size_t n, const char *what)
 static void test_tensors(struct gguf *g)
 {
     static const char *types[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
-                                  "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "Q8_0_quantized"};
+                                  "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4", "Q8_0_quantized"};
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         char name[64], file[64];
         snprintf(name, sizeof name, "t.%s", types[k]);
@@ -178,7 +178,7 @@ static void test_tensors(struct gguf *g)
     }
 
     check_status(gguf_get_tensor(g, "t.IQ2_XXS", &t), STATUS_UNSUPPORTED, "unsupported type named, the supported listed",
-                 "IQ2_XXS", "t.IQ2_XXS", "F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, BF16",
+                 "IQ2_XXS", "t.IQ2_XXS", "F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, BF16, MXFP4",
                  NULL);
     t = gguf_find_tensor(g, "t.IQ2_XXS");
     check_status(gguf_tensor_read_f32(g, t, dummy), STATUS_UNSUPPORTED, "reading an unsupported type", "IQ2_XXS", NULL);

@@ -11,7 +11,10 @@
  *     (d_b = max|x_b| / 127) plus an f32 rounding term; and the SIMD results against the
  *     scalar one within f32 reassociation;
  *   - odd shapes (m 1, 3, 17; n 1, 7, 33; k one block and several), one and two threads, the
- *     scratch passed or allocated, guard bytes after y and the scratch, y finite.
+ *     scratch passed or allocated, guard bytes after y and the scratch, y finite;
+ *   - MXFP4: its E8M0 half scale against 2^(e - 128) in f64 for e 0 .. 255 (ggml's subnormal
+ *     rule at e 0 and 1), rows of odd byte counts from an odd base address (test_gguf holds its
+ *     dequantization bit-exact against gguf-py's, edge scales included);
  *   - through the op interface (kernels/ops.h, CPU backend at 1 and 2 threads): op_matmul with a
  *     block-quantized w (DTYPE_Q*), with and without a bias, equals quant_matmul (plus the bias)
  *     bit for bit, guard bytes after y intact; op_embedding from a quantized table equals
@@ -20,6 +23,7 @@
  * Not here: speed (tests/bench_quant.c); whole models (tests/test_gguf_serve.c). Exits 1 on any
  * failure. */
 #define _GNU_SOURCE
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,6 +45,7 @@ static const enum quant_type types[] = {
     QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K, QUANT_TYPE_Q6_K, QUANT_TYPE_Q5_0,
     QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1, QUANT_TYPE_Q5_1, QUANT_TYPE_Q5_K,
     QUANT_TYPE_Q2_K, QUANT_TYPE_Q3_K, QUANT_TYPE_IQ4_NL, QUANT_TYPE_IQ4_XS,
+    QUANT_TYPE_MXFP4,
 };
 #define N_TYPES (int)(sizeof types / sizeof types[0])
 
@@ -319,7 +324,8 @@ static void check_type(enum quant_type t)
         if (impl) printf("     %s %s vs scalar: worst |diff| / (2 f32 term) %.3f\n", quant_type_name(t),
                          quant_impl_name((enum quant_impl)impl), worst[impl].simd_ratio);
         /* The types of the block-exact order (kernels/cpu/quant_impl.h) give the scalar bits. */
-        const int exact = t != QUANT_TYPE_Q2_K && t != QUANT_TYPE_Q3_K && t != QUANT_TYPE_IQ4_NL && t != QUANT_TYPE_IQ4_XS;
+        const int exact = t != QUANT_TYPE_Q2_K && t != QUANT_TYPE_Q3_K && t != QUANT_TYPE_IQ4_NL &&
+                          t != QUANT_TYPE_IQ4_XS && t != QUANT_TYPE_MXFP4;
         if (impl && exact)
             check(worst[impl].simd_ratio == 0.0, "%s %s: the scalar product's bits (the block-exact order)",
                   quant_type_name(t), quant_impl_name((enum quant_impl)impl));
@@ -483,22 +489,99 @@ static void check_packed(enum quant_type t)
     free(a), free(b), free(x), free(ref), free(y), free(first), free(w), free(wp);
 }
 
+/* MXFP4's scale and its 17-byte blocks. The E8M0 byte e is half a scale of 2^(e - 127) (the
+ * values are the E2M1 floats doubled): element values against 2^(e - 128) computed in f64 for
+ * every e that matters (0 and 1 the f32 subnormals 2^-128 and 2^-127 of ggml's
+ * ggml_e8m0_to_fp32_half, 254 and 255 the top, where 12 * 2^(e - 128) passes FLT_MAX and gives
+ * +Inf); then rows that start at odd addresses (a row of one block is 17 bytes, and here the
+ * whole matrix starts one byte past an aligned one): every implementation's product and
+ * dequantization the same bits as from an aligned copy. */
+static void check_mxfp4(void)
+{
+    /* The OCP MX spec's reading: X = 2^(e - 127) * E2M1(nibble), E2M1 sign bit 3 and magnitudes
+     * below; nibble 8 (E2M1's -0) is +0 in ggml (its value is the integer 0). Element j of the
+     * block holds nibble j, element 16 + j nibble 15 - j. */
+    static const double e2m1[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+    uint8_t blk[17];
+    for (int j = 0; j < 16; j++) blk[1 + j] = (uint8_t)(j | (15 - j) << 4);
+    int ok = 1;
+    for (int e = 0; e < 256; e++)
+        for (int impl = 0; impl < QUANT_IMPL_COUNT; impl++) {
+            if (!quant_impl_available((enum quant_impl)impl)) continue;
+            blk[0] = (uint8_t)e;
+            float y[32];
+            quant_dequantize_row_impl((enum quant_impl)impl, QUANT_TYPE_MXFP4, blk, y, 32);
+            for (int j = 0; j < 32; j++) {
+                const int q = j < 16 ? j : 31 - j;
+                double want = ldexp(1.0, e - 127) * (q & 8 ? -e2m1[q & 7] : e2m1[q & 7]) + 0.0;
+                if (fabs(want) > FLT_MAX) want = copysign(INFINITY, want); /* else exact in f32 */
+                if ((double)y[j] != want || !signbit(y[j]) != !signbit(want)) {
+                    if (ok) printf("     MXFP4 e=%d %s: element %d is %.9g, want %.9g\n", e,
+                                   quant_impl_name((enum quant_impl)impl), j, y[j], want);
+                    ok = 0;
+                }
+            }
+        }
+    uint32_t bits0, bits1;
+    float y[32];
+    blk[0] = 0;
+    quant_dequantize_row(QUANT_TYPE_MXFP4, blk, y, 32);
+    memcpy(&bits0, &y[2], 4); /* nibble 2: the value 2 times the half scale */
+    blk[0] = 1;
+    quant_dequantize_row(QUANT_TYPE_MXFP4, blk, y, 32);
+    memcpy(&bits1, &y[2], 4);
+    check(ok && bits0 == 0x00400000 && bits1 == 0x00800000,
+          "MXFP4 values: 2^(e - 127) E2M1(q) for every e 0 .. 255 and nibble q in every implementation (e 0 and 1 "
+          "through ggml's e8m0 half rule: halves 2^-128 and 2^-127, 2 x them the bits 0x00400000, 0x00800000), +-Inf past FLT_MAX");
+
+    /* n rows of k = 32 or 96 (17 or 51 bytes) at an odd base address. */
+    int ok_mm = 1, ok_deq = 1;
+    for (int64_t k = 32; k <= 96; k += 64) {
+        const int64_t m = 5, n = 9, row = (int64_t)quant_row_bytes(QUANT_TYPE_MXFP4, k);
+        uint8_t *w0 = malloc((size_t)(n * row)), *buf = malloc((size_t)(n * row) + 1), *w1 = buf + 1;
+        fill_blocks(QUANT_TYPE_MXFP4, w0, n * k / 32);
+        memcpy(w1, w0, (size_t)(n * row));
+        float *x = malloc((size_t)(m * k) * sizeof *x), *y0 = malloc((size_t)(m * n) * sizeof *y0);
+        float *y1 = malloc((size_t)(m * n) * sizeof *y1), *r0 = malloc((size_t)k * sizeof *r0), *r1 = malloc((size_t)k * sizeof *r1);
+        for (int64_t i = 0; i < m * k; i++) x[i] = (float)(rnd_uniform() * 4 - 2);
+        for (int impl = 0; impl < QUANT_IMPL_COUNT; impl++) {
+            if (!quant_impl_available((enum quant_impl)impl)) continue;
+            quant_matmul_impl((enum quant_impl)impl, QUANT_TYPE_MXFP4, y0, x, w0, m, n, k, NULL, 1);
+            quant_matmul_impl((enum quant_impl)impl, QUANT_TYPE_MXFP4, y1, x, w1, m, n, k, NULL, 2);
+            ok_mm &= memcmp(y0, y1, (size_t)(m * n) * sizeof *y0) == 0;
+            for (int64_t j = 0; j < n; j++) {
+                quant_dequantize_row_impl((enum quant_impl)impl, QUANT_TYPE_MXFP4, w0 + j * row, r0, k);
+                quant_dequantize_row_impl((enum quant_impl)impl, QUANT_TYPE_MXFP4, w1 + j * row, r1, k);
+                ok_deq &= memcmp(r0, r1, (size_t)k * sizeof *r0) == 0;
+            }
+        }
+        free(w0), free(buf), free(x), free(y0), free(y1), free(r0), free(r1);
+    }
+    check(ok_mm && ok_deq, "MXFP4 rows of 17 and 51 bytes from an odd base address: every implementation's product %s "
+          "and dequantization %s the aligned copy's bits", ok_mm ? "==" : "!=", ok_deq ? "==" : "!=");
+}
+
 int main(void)
 {
     snprintf(tmp_path, sizeof tmp_path, "/tmp/test_quant_%d.gguf", (int)getpid());
     printf("best implementation here: %s\n", quant_impl_name(quant_impl_best()));
     check(quant_type_supported(QUANT_TYPE_Q4_K) && !quant_type_supported(9) &&
               quant_block_size(QUANT_TYPE_Q6_K) == 256 && quant_block_bytes(QUANT_TYPE_Q6_K) == 210 &&
-              quant_row_bytes(QUANT_TYPE_Q8_0, 640) == 20 * 34 && quant_block_size(1) == 0,
+              quant_row_bytes(QUANT_TYPE_Q8_0, 640) == 20 * 34 && quant_block_size(1) == 0 &&
+              quant_block_size(QUANT_TYPE_MXFP4) == 32 && quant_block_bytes(QUANT_TYPE_MXFP4) == 17 &&
+              quant_row_bytes(QUANT_TYPE_MXFP4, 2880) == 1530 && quant_row_bytes(QUANT_TYPE_MXFP4, 32) == 17 &&
+              !strcmp(quant_type_name(39), "MXFP4") && dtype_of_quant_type(39) == DTYPE_MXFP4 &&
+              !strcmp(dtype_name(DTYPE_MXFP4), "mxfp4"),
           "geometry: supported types, block sizes and row bytes");
     for (int i = 0; i < N_TYPES; i++) check_type(types[i]);
+    check_mxfp4();
     check_packed(QUANT_TYPE_Q4_0);
     check_packed(QUANT_TYPE_Q4_1);
     check_packed(QUANT_TYPE_Q8_0);
     check_packed(QUANT_TYPE_Q4_K);
     check_packed(QUANT_TYPE_Q5_0);
     check_packed(QUANT_TYPE_Q5_1);
-    check(!quant_packable(QUANT_TYPE_IQ4_NL, 8, 32) && !quant_packable(QUANT_TYPE_Q5_K, 8, 256) &&
+    check(!quant_packable(QUANT_TYPE_IQ4_NL, 8, 32) && !quant_packable(QUANT_TYPE_MXFP4, 8, 64) && !quant_packable(QUANT_TYPE_Q5_K, 8, 256) &&
               !quant_packable(QUANT_TYPE_Q6_K, 8, 256) &&
               !quant_packable(QUANT_TYPE_Q4_K, 8, 32) && !quant_packable(QUANT_TYPE_Q4_1, 12, 32) &&
               quant_packable(QUANT_TYPE_Q8_0, 16, 64) && quant_packable(QUANT_TYPE_Q4_K, 8, 512) &&

@@ -52,7 +52,7 @@ static const struct gguf_ggml_type gguf_ggml_types[] = {
     {30, "BF16", 1, 2, 1},
     {34, "TQ1_0", QK_K, 2 + 4 * 13, 0},
     {35, "TQ2_0", QK_K, 2 + 64, 0},
-    {39, "MXFP4", 32, 1 + 16, 0},
+    {39, "MXFP4", 32, 1 + 16, 1},
 };
 #define GGUF_N_GGML_TYPES (int)(sizeof gguf_ggml_types / sizeof gguf_ggml_types[0])
 

@@ -27,22 +27,24 @@ struct type_info {
     const char     *name;
     int             block_size;
     size_t          block_bytes;
+    size_t          align;       /* of the block struct: where a row may start (2, MXFP4's 1) */
 };
 
 /* In enum quant_slot order. */
 static const struct type_info type_infos[SLOT_COUNT] = {
-    {QUANT_TYPE_Q4_0, "Q4_0", QK, sizeof(struct blk_q4_0)},
-    {QUANT_TYPE_Q4_1, "Q4_1", QK, sizeof(struct blk_q4_1)},
-    {QUANT_TYPE_Q5_0, "Q5_0", QK, sizeof(struct blk_q5_0)},
-    {QUANT_TYPE_Q5_1, "Q5_1", QK, sizeof(struct blk_q5_1)},
-    {QUANT_TYPE_Q8_0, "Q8_0", QK, sizeof(struct blk_q8_0)},
-    {QUANT_TYPE_Q4_K, "Q4_K", QK_K, sizeof(struct blk_q4_k)},
-    {QUANT_TYPE_Q5_K, "Q5_K", QK_K, sizeof(struct blk_q5_k)},
-    {QUANT_TYPE_Q6_K, "Q6_K", QK_K, sizeof(struct blk_q6_k)},
-    {QUANT_TYPE_Q2_K, "Q2_K", QK_K, sizeof(struct blk_q2_k)},
-    {QUANT_TYPE_Q3_K, "Q3_K", QK_K, sizeof(struct blk_q3_k)},
-    {QUANT_TYPE_IQ4_NL, "IQ4_NL", QK, sizeof(struct blk_iq4_nl)},
-    {QUANT_TYPE_IQ4_XS, "IQ4_XS", QK_K, sizeof(struct blk_iq4_xs)},
+    {QUANT_TYPE_Q4_0, "Q4_0", QK, sizeof(struct blk_q4_0), _Alignof(struct blk_q4_0)},
+    {QUANT_TYPE_Q4_1, "Q4_1", QK, sizeof(struct blk_q4_1), _Alignof(struct blk_q4_1)},
+    {QUANT_TYPE_Q5_0, "Q5_0", QK, sizeof(struct blk_q5_0), _Alignof(struct blk_q5_0)},
+    {QUANT_TYPE_Q5_1, "Q5_1", QK, sizeof(struct blk_q5_1), _Alignof(struct blk_q5_1)},
+    {QUANT_TYPE_Q8_0, "Q8_0", QK, sizeof(struct blk_q8_0), _Alignof(struct blk_q8_0)},
+    {QUANT_TYPE_Q4_K, "Q4_K", QK_K, sizeof(struct blk_q4_k), _Alignof(struct blk_q4_k)},
+    {QUANT_TYPE_Q5_K, "Q5_K", QK_K, sizeof(struct blk_q5_k), _Alignof(struct blk_q5_k)},
+    {QUANT_TYPE_Q6_K, "Q6_K", QK_K, sizeof(struct blk_q6_k), _Alignof(struct blk_q6_k)},
+    {QUANT_TYPE_Q2_K, "Q2_K", QK_K, sizeof(struct blk_q2_k), _Alignof(struct blk_q2_k)},
+    {QUANT_TYPE_Q3_K, "Q3_K", QK_K, sizeof(struct blk_q3_k), _Alignof(struct blk_q3_k)},
+    {QUANT_TYPE_IQ4_NL, "IQ4_NL", QK, sizeof(struct blk_iq4_nl), _Alignof(struct blk_iq4_nl)},
+    {QUANT_TYPE_IQ4_XS, "IQ4_XS", QK_K, sizeof(struct blk_iq4_xs), _Alignof(struct blk_iq4_xs)},
+    {QUANT_TYPE_MXFP4, "MXFP4", QK, sizeof(struct blk_mxfp4), _Alignof(struct blk_mxfp4)},
 };
 
 static int slot_of(uint32_t type)
@@ -264,7 +266,8 @@ void quant_matmul_impl(enum quant_impl impl, enum quant_type type, float *y, con
           "quant_matmul: %s with m %lld, n %lld, k %lld (k must be a multiple of %d)",
           type_infos[slot].name, (long long)m, (long long)n, (long long)k, bs);
     CHECK(n_threads >= 1, "quant_matmul: n_threads %d", n_threads);
-    CHECK(((uintptr_t)w & 1) == 0, "quant_matmul: weight blocks must be 2-byte aligned");
+    CHECK((uintptr_t)w % type_infos[slot].align == 0, "quant_matmul: %s weight blocks must be %zu-byte aligned",
+          type_infos[slot].name, type_infos[slot].align);
     const struct quant_kernels *kt = kernels_of(impl);
     CHECK(kt, "quant_matmul: implementation %s is not available here", quant_impl_name(impl));
     if (m == 0 || n == 0) return;

@@ -1,5 +1,5 @@
 /* kernels/cpu/quant_avx512_vnni.c - the AVX512-VNNI implementation of the quantized product:
- * the 32-element types of quant_x86.h (IQ4_NL among them) over vpdpbusd on 256-bit vectors (AVX512-VNNI with VL:
+ * the 32-element types of quant_x86.h (IQ4_NL and MXFP4 among them) over vpdpbusd on 256-bit vectors (AVX512-VNNI with VL:
  * one instruction where AVX2 needs vpmaddubsw + vpmaddwd, and no 16-bit saturation), the
  * 256-element types (K-quants, IQ4_XS) and the x quantizers borrowed from quant_avx2.c. Compiled with target attributes;
  * quant.c asks the CPU.

@@ -172,6 +172,18 @@ static void deq_iq4_xs(const struct blk_iq4_xs *x, int64_t nb, float *y)
     }
 }
 
+/* MXFP4: ggml's dequantize_row_mxfp4 computes value * d (int8 to float, then one product). */
+static void deq_mxfp4(const struct blk_mxfp4 *x, int64_t nb, float *y)
+{
+    for (int64_t b = 0; b < nb; b++, y += QK) {
+        const float d = quant_mxfp4_half(x[b].e);
+        for (int j = 0; j < QK / 2; j++) {
+            y[j] = (float)quant_mxfp4_values[x[b].qs[j] & 0x0F] * d;
+            y[j + 16] = (float)quant_mxfp4_values[x[b].qs[j] >> 4] * d;
+        }
+    }
+}
+
 void quant_dequantize_row_impl(enum quant_impl impl, enum quant_type type, const void *src,
                                float *dst, int64_t k)
 {
@@ -201,6 +213,7 @@ void quant_dequantize_row_impl(enum quant_impl impl, enum quant_type type, const
     case QUANT_TYPE_Q3_K: deq_q3_k(src, nb, dst); return;
     case QUANT_TYPE_IQ4_NL: deq_iq4_nl(src, nb, dst); return;
     case QUANT_TYPE_IQ4_XS: deq_iq4_xs(src, nb, dst); return;
+    case QUANT_TYPE_MXFP4: deq_mxfp4(src, nb, dst); return;
     }
 }
 

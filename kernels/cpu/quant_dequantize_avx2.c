@@ -77,6 +77,18 @@ DQ_TARGET static void dq_q8_0(const struct blk_q8_0 *x, int64_t nb, float *y)
     }
 }
 
+/* MXFP4: the nibbles looked up in quant_mxfp4_values (a vpshufb per lane), then (float)v * d as
+ * the scalar loop. */
+DQ_TARGET static void dq_mxfp4(const struct blk_mxfp4 *x, int64_t nb, float *y)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)quant_mxfp4_values);
+    const __m256i values = _mm256_set_m128i(v, v);
+    for (int64_t b = 0; b < nb; b++, y += QK) {
+        const float d = quant_mxfp4_half(x[b].e);
+        dq_i8x32(y, _mm256_shuffle_epi8(values, qx_nibbles(x[b].qs)), d, d);
+    }
+}
+
 /* Q4_K and Q5_K (qh NULL for Q4_K): sub-blocks in pairs, the low nibbles of 32 bytes then their
  * high nibbles, each d * sc * (q + 16 h) - dmin * m; "- m1" is "+ (-m1)", the same f32 result. */
 DQ_TARGET static void dq_k_sc_min(uint16_t d16, uint16_t dmin16, const uint8_t *scales,
@@ -148,6 +160,7 @@ int quant_avx2_dequantize(enum quant_type type, const void *src, float *dst, int
             dq_k_sc_min(x->d, x->dmin, x->scales, x->qs, x->qh, dst);
         return 1;
     case QUANT_TYPE_Q6_K: dq_q6_k(src, nb, dst); return 1;
+    case QUANT_TYPE_MXFP4: dq_mxfp4(src, nb, dst); return 1;
     /* Not vectorised yet: the scalar loops of quant_dequantize.c. */
     case QUANT_TYPE_Q2_K: case QUANT_TYPE_Q3_K: case QUANT_TYPE_IQ4_NL: case QUANT_TYPE_IQ4_XS: return 0;
     }

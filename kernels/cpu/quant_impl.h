@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "quant.h"
 
@@ -43,6 +44,9 @@ struct blk_iq4_nl { uint16_t d; uint8_t qs[QK / 2]; };
  * scale less 32: low 4 bits in nibble j % 2 of scales_l[j / 2], top 2 bits at bit 2j of
  * scales_h; w = d * sc_j * quant_iq4_values[q]. */
 struct blk_iq4_xs { uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; };
+/* MXFP4 (GPT-OSS's experts): w = quant_mxfp4_half(e) * quant_mxfp4_values[q], the nibbles laid out
+ * as Q4_0's. Single bytes only: 17 bytes, alignment 1 (a row of an odd number of blocks is odd). */
+struct blk_mxfp4 { uint8_t e; uint8_t qs[QK / 2]; };
 
 _Static_assert(sizeof(struct blk_q4_0) == 18, "ggml block_q4_0");
 _Static_assert(sizeof(struct blk_q4_1) == 20, "ggml block_q4_1");
@@ -56,10 +60,27 @@ _Static_assert(sizeof(struct blk_q2_k) == 84, "ggml block_q2_K");
 _Static_assert(sizeof(struct blk_q3_k) == 110, "ggml block_q3_K");
 _Static_assert(sizeof(struct blk_iq4_nl) == 18, "ggml block_iq4_nl");
 _Static_assert(sizeof(struct blk_iq4_xs) == 136, "ggml block_iq4_xs");
+_Static_assert(sizeof(struct blk_mxfp4) == 17 && _Alignof(struct blk_mxfp4) == 1, "ggml block_mxfp4");
 
 /* The 16 values of an IQ4 nibble (ggml's kvalues_iq4nl). */
 static const int8_t quant_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                             1,    13,   25,  38,  53,  69,  89,  113};
+
+/* The 16 values of an MXFP4 nibble: the E2M1 floats doubled, as ggml's kvalues_mxfp4 (sign bit 3,
+ * so nibbles 0 and 8 are both 0). */
+static const int8_t quant_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* Half the E8M0 scale of an MXFP4 block, 2^(e - 128), which the doubled values above undo: ggml's
+ * ggml_e8m0_to_fp32_half, bit for bit. e >= 2 is the normal float of exponent field e - 1; e = 0
+ * and 1 are the subnormals 2^-128 and 2^-127 (bits 0x00200000 << e); e = 255 gives 2^127, not
+ * a NaN (ggml does not treat it apart either). */
+static inline float quant_mxfp4_half(uint8_t e)
+{
+    const uint32_t bits = e < 2 ? (uint32_t)0x00200000 << e : (uint32_t)(e - 1) << 23;
+    float d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
 
 /* The j-th (0..7) 6-bit scale and min of a Q4_K/Q5_K block: bytes 0-3 hold scales 0-3 (low 6
  * bits) and the top 2 bits of scales 4-7, bytes 4-7 the same for the mins, bytes 8-11 the low
@@ -148,7 +169,8 @@ static inline void quant_k_accumulate(float d, float dmin, float dx, int32_t isu
 
 /* The types in table order. */
 enum quant_slot { SLOT_Q4_0, SLOT_Q4_1, SLOT_Q5_0, SLOT_Q5_1, SLOT_Q8_0, SLOT_Q4_K, SLOT_Q5_K,
-                  SLOT_Q6_K, SLOT_Q2_K, SLOT_Q3_K, SLOT_IQ4_NL, SLOT_IQ4_XS, SLOT_COUNT };
+                  SLOT_Q6_K, SLOT_Q2_K, SLOT_Q3_K, SLOT_IQ4_NL, SLOT_IQ4_XS,
+                  SLOT_MXFP4, SLOT_COUNT };
 
 /* The dot product of one weight row (nb blocks) with one quantized x row (nb activation blocks
  * of the matching kind). */

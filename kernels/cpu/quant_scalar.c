@@ -259,14 +259,16 @@ static float dot_q3_k(int64_t nb, const void *wv, const void *xv)
     return acc;
 }
 
-/* sum over a 32-element IQ4 block (nibbles as Q4_0's) of value(q_i) * x_i. */
-static int32_t sum_iq4(const uint8_t *qs, const int8_t *xq)
+/* sum over a 32-element block of nibbles laid out as Q4_0's of values[q_i] * x_i: the IQ4
+ * values, or MXFP4's. */
+static int32_t sum_lut(const int8_t values[16], const uint8_t *qs, const int8_t *xq)
 {
     int32_t s = 0;
-    for (int i = 0; i < QK / 2; i++)
-        s += quant_iq4_values[qs[i] & 0x0F] * xq[i] + quant_iq4_values[qs[i] >> 4] * xq[i + 16];
+    for (int i = 0; i < QK / 2; i++) s += values[qs[i] & 0x0F] * xq[i] + values[qs[i] >> 4] * xq[i + 16];
     return s;
 }
+
+static int32_t sum_iq4(const uint8_t *qs, const int8_t *xq) { return sum_lut(quant_iq4_values, qs, xq); }
 
 static float dot_iq4_nl(int64_t nb, const void *wv, const void *xv)
 {
@@ -291,12 +293,25 @@ static float dot_iq4_xs(int64_t nb, const void *wv, const void *xv)
     return acc;
 }
 
+/* MXFP4: IQ4_NL's product with the doubled E2M1 values and the E8M0 half scale (ggml's
+ * ggml_vec_dot_mxfp4_q8_0: d_w d_x sum(v q_x)). */
+static float dot_mxfp4(int64_t nb, const void *wv, const void *xv)
+{
+    const struct blk_mxfp4 *w = wv;
+    const struct act_q8 *x = xv;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++)
+        acc += quant_mxfp4_half(w[b].e) * x[b].d * (float)sum_lut(quant_mxfp4_values, w[b].qs, x[b].qs);
+    return acc;
+}
+
 static const struct quant_kernels scalar_kernels = {
     .dot = {
         [SLOT_Q4_0] = dot_q4_0, [SLOT_Q4_1] = dot_q4_1, [SLOT_Q5_0] = dot_q5_0,
         [SLOT_Q5_1] = dot_q5_1, [SLOT_Q8_0] = dot_q8_0, [SLOT_Q4_K] = dot_q4_k,
         [SLOT_Q5_K] = dot_q5_k, [SLOT_Q6_K] = dot_q6_k, [SLOT_Q2_K] = dot_q2_k,
         [SLOT_Q3_K] = dot_q3_k, [SLOT_IQ4_NL] = dot_iq4_nl, [SLOT_IQ4_XS] = dot_iq4_xs,
+        [SLOT_MXFP4] = dot_mxfp4,
     },
     .packed8 = {
         [SLOT_Q4_0] = quant_scalar_packed8_q4_0, [SLOT_Q4_1] = quant_scalar_packed8_q4_1,

@@ -1,6 +1,6 @@
 /* kernels/cpu/quant_x86.h - what the three x86 implementations of the quantized product share:
  * AVX2 helpers (horizontal sum, nibble and fifth-bit unpacking) and the dot products of the
- * 32-element types (Q4_0 ... Q8_0, IQ4_NL), written once over an integer dot `dot_u8s8` that the including file
+ * 32-element types (Q4_0 ... Q8_0, IQ4_NL, MXFP4), written once over an integer dot `dot_u8s8` that the including file
  * defines before including this one: quant_avx2.c with vpmaddubsw + vpmaddwd, quant_avx_vnni.c
  * and quant_avx512_vnni.c with vpdpbusd (VEX and EVEX forms). QX_TARGET is the includer's target
  * attribute, so that the library builds for generic x86-64 and the CPU is asked at run time
@@ -42,23 +42,33 @@ QX_AVX2 static inline __m256i qx_sub_lane0(__m256i v, int32_t c)
  * Each type's kernel exists for one row of x (dot_*) and for four (dot4_*, prefill): a weight
  * block is loaded and unpacked once for the four rows, which is most of the work of Q4/Q5. */
 
-/* The 32 signed weights of a Q8_0 block, and of an IQ4_NL block (its nibbles looked up in
- * quant_iq4_values, a vpshufb per lane). */
+/* The 32 signed weights of a Q8_0 block, and of an IQ4_NL or MXFP4 block (its nibbles looked up
+ * in quant_iq4_values or quant_mxfp4_values, a vpshufb per lane); the scale of an IQ4_NL block
+ * (an f16 first) and of an MXFP4 block (an E8M0 byte first, halved). */
 QX_AVX2 static inline __m256i qx_load_q8_0(const uint8_t *blk) { return _mm256_loadu_si256((const __m256i *)(blk + 2)); }
-QX_AVX2 static inline __m256i qx_iq4_lookup(__m256i nibbles)
+QX_AVX2 static inline __m256i qx_lookup(const int8_t values[16], __m256i nibbles)
 {
-    const __m128i v = _mm_loadu_si128((const __m128i *)quant_iq4_values);
+    const __m128i v = _mm_loadu_si128((const __m128i *)values);
     return _mm256_shuffle_epi8(_mm256_set_m128i(v, v), nibbles);
 }
+QX_AVX2 static inline __m256i qx_iq4_lookup(__m256i nibbles) { return qx_lookup(quant_iq4_values, nibbles); }
 QX_AVX2 static inline __m256i qx_load_iq4_nl(const uint8_t *blk) { return qx_iq4_lookup(qx_nibbles(blk + 2)); }
+QX_AVX2 static inline __m256i qx_load_mxfp4(const uint8_t *blk) { return qx_lookup(quant_mxfp4_values, qx_nibbles(blk + 1)); }
+QX_AVX2 static inline float qx_scale_iq4_nl(const uint8_t *blk)
+{
+    uint16_t d16;
+    memcpy(&d16, blk, 2);
+    return qx_h2f(d16);
+}
+QX_AVX2 static inline float qx_scale_mxfp4(const uint8_t *blk) { return quant_mxfp4_half(blk[0]); }
 
-/* Q8_0 and IQ4_NL (blocks of block_bytes with an f16 d first, load giving the 32 signed
- * weights) for nr (1 or 4, a constant after inlining) rows of x, xs bytes apart; y[r * ys].
+/* IQ4_NL and MXFP4 (blocks of block_bytes, load giving the 32 signed weights, scale their
+ * scale) for nr (1 or 4, a constant after inlining) rows of x, xs bytes apart; y[r * ys].
  * The weights are signed, so their sign moves onto x (vpsign) and |w| is the unsigned operand;
  * |w| <= 128 and |x| <= 127 keep vpmaddubsw's pair sums below 2^15. */
 QX_TARGET __attribute__((always_inline)) static inline void
-s8_rows(int64_t nb, const void *wv, size_t block_bytes, __m256i (*load)(const uint8_t *), const uint8_t *xb,
-        size_t xs, int nr, float *y, int64_t ys)
+s8_rows(int64_t nb, const void *wv, size_t block_bytes, __m256i (*load)(const uint8_t *),
+        float (*scale)(const uint8_t *), const uint8_t *xb, size_t xs, int nr, float *y, int64_t ys)
 {
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < nb; b++) {
@@ -66,9 +76,7 @@ s8_rows(int64_t nb, const void *wv, size_t block_bytes, __m256i (*load)(const ui
         qx_prefetch(blk, 1);
         const __m256i qw = load(blk);
         const __m256i aw = _mm256_sign_epi8(qw, qw);
-        uint16_t d16;
-        memcpy(&d16, blk, 2);
-        const float dw = qx_h2f(d16);
+        const float dw = scale(blk);
         for (int r = 0; r < nr; r++) {
             const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
             const __m256i qx = _mm256_loadu_si256((const __m256i *)x->qs);
@@ -366,15 +374,16 @@ QX_TARGET static void packed8_q8_0(int64_t nb, const void *wpv, const void *xqv,
     QX_TARGET static float dot_##name(int64_t nb, const void *w, const void *xq)                 \
     {                                                                                            \
         float y;                                                                                 \
-        s8_rows(nb, w, sizeof(struct blk_##name), qx_load_##name, xq, 0, 1, &y, 0);               \
+        s8_rows(nb, w, sizeof(struct blk_##name), qx_load_##name, qx_scale_##name, xq, 0, 1, &y, 0); \
         return y;                                                                                \
     }                                                                                            \
     QX_TARGET static void dot4_##name(int64_t nb, const void *w, const void *xq, size_t xs,      \
                                       float *y, int64_t ys)                                      \
     {                                                                                            \
-        s8_rows(nb, w, sizeof(struct blk_##name), qx_load_##name, xq, xs, 4, y, ys);              \
+        s8_rows(nb, w, sizeof(struct blk_##name), qx_load_##name, qx_scale_##name, xq, xs, 4, y, ys); \
     }
 QX_S8(iq4_nl)
+QX_S8(mxfp4)
 #undef QX_S8
 
 /* The kernel table of the two vpdpbusd implementations (quant_avx_vnni.c, quant_avx512_vnni.c). */
@@ -385,11 +394,12 @@ QX_S8(iq4_nl)
         [SLOT_Q5_1] = dot_q5_1, [SLOT_Q8_0] = dot_q8_0, [SLOT_Q4_K] = quant_avx2_dot_q4_k,                        \
         [SLOT_Q5_K] = quant_avx2_dot_q5_k, [SLOT_Q6_K] = quant_avx2_dot_q6_k,                                     \
         [SLOT_Q2_K] = quant_avx2_dot_q2_k, [SLOT_Q3_K] = quant_avx2_dot_q3_k,                                     \
-        [SLOT_IQ4_NL] = dot_iq4_nl, [SLOT_IQ4_XS] = quant_avx2_dot_iq4_xs,                                        \
+        [SLOT_IQ4_NL] = dot_iq4_nl, [SLOT_IQ4_XS] = quant_avx2_dot_iq4_xs, [SLOT_MXFP4] = dot_mxfp4,              \
     },                                                                                                            \
     .dot4 = {                                                                                                     \
         [SLOT_Q4_0] = dot4_q4_0, [SLOT_Q4_1] = dot4_q4_1, [SLOT_Q5_0] = dot4_q5_0,                                \
         [SLOT_Q5_1] = dot4_q5_1, [SLOT_Q8_0] = dot4_q8_0, [SLOT_IQ4_NL] = dot4_iq4_nl,                            \
+        [SLOT_MXFP4] = dot4_mxfp4,                                                                                \
     },                                                                                                            \
     .dotw4 = {                                                                                                    \
         [SLOT_Q4_0] = dotw4_q4_0, [SLOT_Q4_1] = dotw4_q4_1, [SLOT_Q5_0] = dotw4_q5_0,                             \

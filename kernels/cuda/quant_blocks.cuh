@@ -17,8 +17,10 @@
  *   Q3_K 110 bytes: hmask[32]@0, qs[64]@32, scales[12]@96, d@108  w = (d (sc - 32)) q, q in -4..3
  *   IQ4_NL 18 bytes: d@0, qs[16]@2                 w = d v[q], v the 16 IQ4 values
  *   IQ4_XS 136 bytes: d@0, scales_h@2, scales_l[4]@4, qs[128]@8   w = (d (sc - 32)) v[q], 8 of 32
+ *   MXFP4  17 bytes: e@0 (E8M0), qs[16]@1          w = v[q] 2^(e - 128), v the doubled E2M1 values
  * In the 32-element types element j < 16 is the low nibble of qs[j], element j + 16 its high
- * nibble.
+ * nibble. An MXFP4 row of an odd number of blocks is an odd number of bytes: every read here is
+ * by bytes, so no row or block needs any alignment.
  *
  * Every function here is __host__ __device__: on the device the products and sums go through
  * the _rn intrinsics, which nvcc never fuses into an FMA (a fused d * q + m would differ from
@@ -33,6 +35,7 @@
 
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "base.h"
 #include "quant.h"
@@ -53,6 +56,7 @@ template <> struct quant_block_traits<QUANT_TYPE_Q2_K> { static constexpr int el
 template <> struct quant_block_traits<QUANT_TYPE_Q3_K> { static constexpr int elems = 256, bytes = 110; };
 template <> struct quant_block_traits<QUANT_TYPE_IQ4_NL> { static constexpr int elems = 32, bytes = 18; };
 template <> struct quant_block_traits<QUANT_TYPE_IQ4_XS> { static constexpr int elems = 256, bytes = 136; };
+template <> struct quant_block_traits<QUANT_TYPE_MXFP4> { static constexpr int elems = 32, bytes = 17; };
 
 /* ---- f32 operations that are the CPU's, to the bit ---- */
 
@@ -235,6 +239,35 @@ template <> __host__ __device__ __forceinline__ float quant_block_elem<QUANT_TYP
     return qb_mul(qb_mul(qb_f16(x), (float)sc), qb_iq4_value(qb_nibble(x + 8 + 16 * s, j & 31)));
 }
 
+/* MXFP4's half scale 2^(e - 128) (quant_mxfp4_half in kernels/cpu/quant_impl.h, ggml's
+ * ggml_e8m0_to_fp32_half): the f32 of exponent field e - 1, or for e 0 and 1 the subnormals
+ * 0x00200000 << e. */
+__host__ __device__ __forceinline__ float qb_e8m0_half(uint8_t e)
+{
+    const uint32_t bits = e < 2 ? (uint32_t)0x00200000 << e : (uint32_t)(e - 1) << 23;
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(bits);
+#else
+    float d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+#endif
+}
+
+/* The MXFP4 value of nibble q (ggml's kvalues_mxfp4: 0 1 2 3 4 6 8 12 0 -1 -2 -3 -4 -6 -8 -12),
+ * byte q of two packed words as qb_iq4_value. */
+__host__ __device__ __forceinline__ float qb_mxfp4_value(int q)
+{
+    const uint64_t lo = 0x0c08060403020100ull, hi = 0xf4f8fafcfdfeff00ull;
+    return (float)(int8_t)((q < 8 ? lo : hi) >> (8 * (q & 7)));
+}
+
+/* MXFP4: (float)v * d, ggml's dequantize_row_mxfp4. */
+template <> __host__ __device__ __forceinline__ float quant_block_elem<QUANT_TYPE_MXFP4>(const uint8_t *x, int j)
+{
+    return qb_mul(qb_mxfp4_value(qb_nibble(x + 1, j)), qb_e8m0_half(x[0]));
+}
+
 /* Element e of a row of blocks starting at row (e < the row's k). */
 template <int QT>
 __host__ __device__ __forceinline__ float quant_row_elem(const uint8_t *row, int64_t e)
@@ -265,6 +298,7 @@ __host__ __device__ __forceinline__ float quant_row_elem(const uint8_t *row, int
             QUANT_DISPATCH_CASE_(QUANT_TYPE_Q3_K, QT, __VA_ARGS__)                              \
             QUANT_DISPATCH_CASE_(QUANT_TYPE_IQ4_NL, QT, __VA_ARGS__)                            \
             QUANT_DISPATCH_CASE_(QUANT_TYPE_IQ4_XS, QT, __VA_ARGS__)                            \
+            QUANT_DISPATCH_CASE_(QUANT_TYPE_MXFP4, QT, __VA_ARGS__)                             \
         default: CHECK(0, "quant type %d is not one of the block types", (int)(qtype));         \
         }                                                                                       \
     } while (0)
