@@ -47,6 +47,11 @@ static void describe_tensor(const struct gguf_tensor *t, struct st_tensor *out)
         out->shape[0] = t->shape[0] * t->shape[1];
         out->shape[1] = t->shape[2];
     }
+    const size_t len = strlen(t->name), sfx = strlen("_exps.bias");
+    if (t->n_dims == 2 && len > sfx && !strcmp(t->name + len - sfx, "_exps.bias")) { /* gpt-oss: (experts, rows) as one vector */
+        out->ndim = 1;
+        out->shape[0] = t->shape[0] * t->shape[1];
+    }
     out->numel = t->numel;
     out->nbytes = (size_t)t->nbytes;
     out->file_offset = t->file_offset;

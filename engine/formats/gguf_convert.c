@@ -164,6 +164,46 @@ static enum status gguf_rope_scaling(const struct gguf *g, const char *arch, con
     return STATUS_OK;
 }
 
+/* gpt-oss beyond the llama keys (convert_hf_to_gguf.py's GptOssModel): attention.sliding_window
+ * (required) on the layers that attention.sliding_window_pattern (default 2, llama.cpp's
+ * load_swa_pattern) does not make global, YaRN on every layer (rope.scaling.type yarn, factor,
+ * original_context_length, optional yarn_beta_fast / _slow, 32 and 1), the clamped SwiGLU, sinks and
+ * the experts' biases. The file has no truncate key: the ramp is left untruncated, as the model's
+ * config.json says (truncate false) and transformers computes; llama.cpp truncates (docs/models.md). */
+static enum status gguf_gpt_oss(const struct gguf *g, const char *path, struct model_config *c)
+{
+    enum status s;
+    struct rope_scaling *rs = &c->rope_scaling;
+    const char *type = NULL;
+    int orig = 0;
+    if ((s = gc_int(g, "gpt-oss.attention.sliding_window", &c->sliding_window)) ||
+        (s = gc_int_or(g, "gpt-oss.attention.sliding_window_pattern", 2, &c->sliding_window_pattern)) ||
+        (gguf_find_kv(g, "gpt-oss.rope.scaling.type") && (s = gguf_get_str(g, "gpt-oss.rope.scaling.type", &type))))
+        return s;
+    c->activation = ACTIVATION_SWIGLU_OAI;
+    c->attn_sinks = c->moe_bias = 1;
+    c->norm_topk_prob = 1;
+    *rs = (struct rope_scaling){.kind = ROPE_SCALING_NONE, .factor = 1.0f, .attention_factor = 1.0f};
+    if (!type || !strcmp(type, "none")) return STATUS_OK;
+    if (strcmp(type, "yarn"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: gpt-oss.rope.scaling.type \"%s\" is not supported (yarn, none)",
+                             path, type);
+    if ((s = gc_float_or(g, "gpt-oss.rope.scaling.factor", 1.0, &rs->factor)) ||
+        (s = gc_int(g, "gpt-oss.rope.scaling.original_context_length", &orig)) ||
+        (s = gc_float_or(g, "gpt-oss.rope.scaling.yarn_beta_fast", 32.0, &rs->beta_fast)) ||
+        (s = gc_float_or(g, "gpt-oss.rope.scaling.yarn_beta_slow", 1.0, &rs->beta_slow)))
+        return s;
+    if (!(rs->factor >= 1.0f) || orig <= 0 || !(rs->beta_fast > rs->beta_slow && rs->beta_slow > 0.0f))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: gpt-oss YaRN: factor %g (>= 1), original_context_length %d (> 0), "
+                             "beta_fast %g > beta_slow %g > 0", path, (double)rs->factor, orig, (double)rs->beta_fast,
+                             (double)rs->beta_slow);
+    rs->kind = ROPE_SCALING_YARN;
+    rs->original_max_positions = orig;
+    rs->untruncated = 1;
+    rs->attention_factor = (float)(0.1 * log((double)rs->factor) + 1.0);
+    return STATUS_OK;
+}
+
 /* A vector tensor of rot_dim / 2 positive rotary factors into out. */
 static enum status gc_rope_factors(const struct gguf *g, const struct gguf_tensor *t, const struct model_config *c,
                                    float *out)
@@ -246,12 +286,13 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     const int qwen2moe = !strcmp(arch, "qwen2moe"), qwen2 = !strcmp(arch, "qwen2") || qwen2moe;
     const int qwen3moe = !strcmp(arch, "qwen3moe"), qwen3 = !strcmp(arch, "qwen3") || qwen3moe;
     const int phi3 = !strcmp(arch, "phi3"), olmo2 = !strcmp(arch, "olmo2"), olmoe = !strcmp(arch, "olmoe");
-    const int moe_arch = qwen2moe || qwen3moe || olmoe; /* experts by architecture; llama's by expert_count */
+    const int oss = !strcmp(arch, "gpt-oss");
+    const int moe_arch = qwen2moe || qwen3moe || olmoe || oss; /* experts by architecture; llama's by expert_count */
 #define K(name) (snprintf(key, sizeof key, "%s." name, arch), key)
     static const char *const unsupported[] = {"attention.layer_norm_epsilon", "attention.sliding_window_pattern",
                                               "attention.sliding_window"};
     /* phi3 reads its window below; olmo2 accepts a window of 0 (Olmo 3's windowed layers: no) */
-    const size_t n_unsupported = sizeof unsupported / sizeof unsupported[0] - (phi3 || olmo2);
+    const size_t n_unsupported = oss ? 1 : sizeof unsupported / sizeof unsupported[0] - (phi3 || olmo2);
     for (size_t i = 0; i < n_unsupported; i++) {
         snprintf(key, sizeof key, "%s.%s", arch, unsupported[i]);
         if (gguf_find_kv(g, key))
@@ -267,7 +308,8 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     snprintf(c->architecture, sizeof c->architecture, "%s",
              qwen2moe ? "Qwen2MoeForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : qwen3moe ? "Qwen3MoeForCausalLM"
              : qwen3 ? "Qwen3ForCausalLM" : phi3 ? "Phi3ForCausalLM" : olmo2 ? "Olmo2ForCausalLM"
-             : olmoe ? "OlmoeForCausalLM" : experts ? "MixtralForCausalLM" : "LlamaForCausalLM");
+             : olmoe ? "OlmoeForCausalLM" : oss ? "GptOssForCausalLM" : experts ? "MixtralForCausalLM"
+             : "LlamaForCausalLM");
     if ((s = gc_int(g, K("embedding_length"), &c->d_model)) || (s = gc_int(g, K("block_count"), &c->n_layers)) ||
         (s = gc_int(g, K("feed_forward_length"), &c->ffn_hidden)) ||
         (s = gc_int(g, K("attention.head_count"), &c->n_heads)) ||
@@ -287,7 +329,7 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
         c->n_experts = (int)(experts > 0 && experts <= 1024 ? experts : -1);
         /* llama.cpp's build_moe_ffn renormalises the top-k weights of Mixtral and Qwen 3 MoE, not
          * those of Qwen 2 MoE or OLMoE (their norm_topk_prob false, as in their configs). */
-        c->norm_topk_prob = !qwen2moe && !olmoe;
+        c->norm_topk_prob = !qwen2moe && !olmoe; /* gpt-oss: softmax over the k chosen logits, the same */
         if (qwen2moe) { /* the shared expert: shardlm's dense MLP, of expert_shared_feed_forward_length */
             c->shared_expert = 1;
             if ((s = gc_int_or(g, K("expert_shared_feed_forward_length"), c->ffn_hidden, &c->ffn_hidden))) return s;
@@ -328,6 +370,8 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
                                      "convert_hf_to_gguf.py writes it (fused attn_qkv and ffn_up, no biases)",
                                      path, absent[i]);
         s = gguf_phi3_longrope(g, path, c);
+    } else if (oss) {
+        s = gguf_gpt_oss(g, path, c);
     } else {
         s = gguf_rope_scaling(g, arch, path, c);
     }
@@ -340,14 +384,15 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
     enum status s;
     const char *path = gguf_path(g), *arch = NULL;
     if ((s = gguf_get_str(g, "general.architecture", &arch))) return s;
-    static const char *const llama_like[] = {"llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "olmo2", "olmoe"};
+    static const char *const llama_like[] = {"llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "olmo2", "olmoe",
+                                             "gpt-oss"};
     for (size_t i = 0; i < sizeof llama_like / sizeof llama_like[0]; i++)
         if (!strcmp(arch, llama_like[i])) return gguf_llama_config(g, arch, dtype, c);
     const int g2 = !strcmp(arch, "gemma2");
     if (!g2 && strcmp(arch, "gemma3"))
         return status_errorf(STATUS_UNSUPPORTED,
                              "%s: general.architecture \"%s\": only llama (and Mixtral), qwen2, qwen2moe, qwen3, qwen3moe, "
-                             "phi3, olmo2, olmoe, gemma2 and gemma3 GGUF files load", path, arch);
+                             "phi3, olmo2, olmoe, gpt-oss, gemma2 and gemma3 GGUF files load", path, arch);
     char key[96];
 #define GK(name) (snprintf(key, sizeof key, "%s." name, arch), key)
     static const char *const unsupported3[] = {"final_logit_softcapping", "attn_logit_softcapping",
@@ -417,6 +462,8 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
  * gate). */
 const char *gguf_weight_pattern(const struct model_config *c, enum weight_kind kind)
 {
+    if (c->moe_bias && kind == WEIGHT_KIND_MLP_NORM) /* gpt-oss: its pre-MoE norm under Gemma's post-attention name */
+        return "blk.%d.post_attention_norm.weight";
     if (c->shared_expert && (kind == WEIGHT_KIND_GATE || kind == WEIGHT_KIND_UP || kind == WEIGHT_KIND_DOWN))
         return kind == WEIGHT_KIND_GATE ? "blk.%d.ffn_gate_shexp.weight"
                : kind == WEIGHT_KIND_UP ? "blk.%d.ffn_up_shexp.weight" : "blk.%d.ffn_down_shexp.weight";

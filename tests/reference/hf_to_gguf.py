@@ -9,7 +9,14 @@ Olmo2Model and Phi3MiniModel keep Hugging Face's order; Phi3MiniModel keeps the 
 gate_up_proj as attn_qkv and ffn_up and writes LongRoPE as rope_factors_long / _short tensors),
 never shardlm's code.
 
-  hf_to_gguf.py --hf DIR --arch llama|qwen2|qwen2moe|qwen3|qwen3moe|gemma2|phi3|olmo2|olmoe --out FILE.gguf --ref OUT.json
+gpt-oss follows conversion/gpt_oss.py (GptOssModel): sinks as attn_sinks.weight, the pre-MoE norm as
+post_attention_norm, gate_up_proj (E, in, 2F) transposed and split into ffn_gate_exps (its even
+output rows) and ffn_up_exps (the odd ones), down_proj transposed, the biases split alike; with
+--mxfp4 the three expert matrices are written as MXFP4 blocks (gguf-py's quantizer) and the reference
+is gpt_oss_ref.py's float64 forward over gguf-py's dequantization of those blocks.
+
+  hf_to_gguf.py --hf DIR --arch llama|qwen2|qwen2moe|qwen3|qwen3moe|gemma2|phi3|olmo2|olmoe|gpt-oss [--mxfp4]
+                --out FILE.gguf --ref OUT.json
 """
 import argparse
 import json
@@ -53,8 +60,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hf", required=True)
     ap.add_argument("--arch", choices=["llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "phi3", "olmo2",
-                                       "olmoe"],
+                                       "olmoe", "gpt-oss"],
                     required=True)
+    ap.add_argument("--mxfp4", action="store_true", help="gpt-oss: the experts' matrices as MXFP4 blocks")
     ap.add_argument("--out", required=True)
     ap.add_argument("--ref", required=True)
     a = ap.parse_args()
@@ -72,7 +80,8 @@ def main():
     g.add_uint32(A + ".feed_forward_length", cfg["intermediate_size"])
     g.add_uint32(A + ".attention.head_count", nh)
     g.add_uint32(A + ".attention.head_count_kv", nkv)
-    phi3, olmo2 = A == "phi3", A == "olmo2"
+    phi3, olmo2, oss = A == "phi3", A == "olmo2", A == "gpt-oss"
+    assert not a.mxfp4 or oss, "--mxfp4 is for gpt-oss"
     if phi3:  # Phi3MiniModel.set_gguf_parameters: no key_length; rope dims from the hidden size
         assert hd == cfg["hidden_size"] // nh, "phi3 GGUF: head_dim must be hidden_size / num_attention_heads"
         rot_pct = cfg.get("partial_rotary_factor", 1.0)
@@ -95,9 +104,18 @@ def main():
     if E:  # MixtralModel / Qwen2MoeModel / Qwen3MoeModel / OlmoeModel: the experts' keys
         # llama.cpp's build_moe_ffn renormalises the top k for llama (Mixtral) and qwen3moe only
         renorm = A in ("llama", "qwen3moe")
-        assert (mixtral or bool(cfg.get("norm_topk_prob"))) == renorm, "GGUF MoE: llama.cpp's top-k rule for " + A
+        assert oss or (mixtral or bool(cfg.get("norm_topk_prob"))) == renorm, "GGUF MoE: llama.cpp's top-k rule for " + A
         g.add_uint32(A + ".expert_count", E)
         g.add_uint32(A + ".expert_used_count", cfg["num_experts_per_tok"])
+        if oss:  # GptOssModel.set_gguf_parameters, and TextModel's YaRN keys
+            g.add_uint32(A + ".expert_feed_forward_length", cfg["intermediate_size"])
+            g.add_uint32(A + ".attention.sliding_window", cfg["sliding_window"])
+            rs = cfg["rope_scaling"]
+            g.add_string(A + ".rope.scaling.type", "yarn")
+            g.add_float32(A + ".rope.scaling.factor", rs["factor"])
+            g.add_uint32(A + ".rope.scaling.original_context_length", rs["original_max_position_embeddings"])
+            g.add_float32(A + ".rope.scaling.yarn_beta_fast", rs["beta_fast"])
+            g.add_float32(A + ".rope.scaling.yarn_beta_slow", rs["beta_slow"])
         if "moe_intermediate_size" in cfg:  # Mixtral's and OLMoE's experts are intermediate_size wide
             g.add_uint32(A + ".expert_feed_forward_length", cfg["moe_intermediate_size"])
         if "shared_expert_intermediate_size" in cfg:  # Qwen2MoeModel.set_gguf_parameters
@@ -117,9 +135,38 @@ def main():
     def norm(key):  # Gemma's x * (1 + w): convert_hf_to_gguf.py stores 1 + w
         return w[key] + 1.0 if gemma else w[key]
 
+    deq = {}  # --mxfp4: the experts as gguf-py dequantizes them, HF layout, for the reference
+
+    def experts(name, arr, hf_name, part):  # (E, rows, cols) as F32 or MXFP4 blocks
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if not a.mxfp4:
+            return put(name, arr)
+        raw = gguf.quants.quantize(arr, gguf.GGMLQuantizationType.MXFP4)
+        g.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+        back = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.MXFP4).astype(np.float64).reshape(arr.shape)
+        deq.setdefault(hf_name, {})[part] = back
+
     put("token_embd.weight", w["model.embed_tokens.weight"])
     for l in range(cfg["num_hidden_layers"]):
         p, b = "model.layers.%d." % l, "blk.%d." % l
+        if oss:  # conversion/gpt_oss.py: no q/k permutation; biases everywhere; 3-D experts split
+            put(b + "attn_norm.weight", w[p + "input_layernorm.weight"])
+            for src, dst in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+                put(b + dst + ".weight", w[p + "self_attn." + src + ".weight"])
+                put(b + dst + ".bias", w[p + "self_attn." + src + ".bias"])
+            put(b + "attn_sinks.weight", w[p + "self_attn.sinks"])
+            put(b + "post_attention_norm.weight", w[p + "post_attention_layernorm.weight"])
+            put(b + "ffn_gate_inp.weight", w[p + "mlp.router.weight"])
+            put(b + "ffn_gate_inp.bias", w[p + "mlp.router.bias"])
+            gu = w[p + "mlp.experts.gate_up_proj"].transpose(0, 2, 1)  # (E, 2F, in)
+            gub = w[p + "mlp.experts.gate_up_proj_bias"]
+            experts(b + "ffn_gate_exps.weight", gu[:, ::2, :], p + "mlp.experts.gate_up_proj", 0)
+            experts(b + "ffn_up_exps.weight", gu[:, 1::2, :], p + "mlp.experts.gate_up_proj", 1)
+            put(b + "ffn_gate_exps.bias", gub[:, ::2])
+            put(b + "ffn_up_exps.bias", gub[:, 1::2])
+            experts(b + "ffn_down_exps.weight", w[p + "mlp.experts.down_proj"].transpose(0, 2, 1), p + "mlp.experts.down_proj", 0)
+            put(b + "ffn_down_exps.bias", w[p + "mlp.experts.down_proj_bias"])
+            continue
         if phi3:  # the fused tensors as they are: qkv_proj rows [q | k | v], gate_up_proj [gate | up]
             put(b + "attn_norm.weight", w[p + "input_layernorm.weight"])
             put(b + "attn_qkv.weight", w[p + "self_attn.qkv_proj.weight"])
@@ -206,6 +253,19 @@ def main():
 
     ref = json.load(open(os.path.join(a.hf, "reference.json")))
     logits = np.array(ref["logits"])
+    if deq:  # the reference over the dequantized experts, back in the HF layout
+        import gpt_oss_ref
+        w64 = {k: v.astype(np.float64) for k, v in w.items()}
+        for name, parts in deq.items():
+            if name.endswith("gate_up_proj"):  # gate (E, F, in) and up back to (E, in, 2F) interleaved
+                gu = np.empty_like(w64[name].transpose(0, 2, 1))
+                gu[:, ::2, :], gu[:, 1::2, :] = parts[0], parts[1]
+                w64[name] = gu.transpose(0, 2, 1)
+            else:
+                w64[name] = parts[0].transpose(0, 2, 1)
+        moved = max(float(np.abs(w64[n] - w[n]).max()) for n in deq)
+        assert moved > 1e-3, "MXFP4 changed no expert weight: the reference would not see the blocks"
+        logits = gpt_oss_ref.gpt_oss_forward(cfg, w64, ref["prompt_ids"])
     top2 = np.sort(logits, axis=1)[:, -2:]
     json.dump({"ids": ref["prompt_ids"], "logits_last": logits[-1].tolist(),
                "argmax": [int(i) for i in logits.argmax(axis=1)],
