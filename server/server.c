@@ -123,6 +123,20 @@ static void add_end_id(struct served_model *m, int32_t id, int eos)
     m->end_ids[m->n_end_ids++] = id;
 }
 
+/* A harmony vocabulary (GPT-OSS): a reply ends at <|return|> (the final answer) or <|call|> (a
+ * tool call), never at <|end|>, which closes the analysis before the final channel opens
+ * (llama.cpp's rule, llama-vocab.cpp); 1 when m's vocabulary is one (its end ids then set). */
+static int harmony_end_ids(struct served_model *m, int eos)
+{
+    const int32_t ret = tokenizer_piece_to_id(m->tok, "<|return|>"), call = tokenizer_piece_to_id(m->tok, "<|call|>");
+    if (ret < 0 || call < 0 || !tokenizer_is_control(m->tok, ret) || !tokenizer_is_control(m->tok, call)) return 0;
+    add_end_id(m, ret, eos);
+    add_end_id(m, call, eos);
+    const int32_t eot = tokenizer_piece_to_id(m->tok, "<|endoftext|>");
+    if (eot >= 0 && tokenizer_is_control(m->tok, eot)) add_end_id(m, eot, eos);
+    return 1;
+}
+
 /* The Jinja template's end-of-turn tokens, which end a chat's generation besides EOS: the special
  * token the template writes right after an assistant message's content (found by rendering a
  * turn, not by knowing the template), then the end-of-generation tokens llama.cpp also knows by
@@ -130,6 +144,12 @@ static void add_end_id(struct served_model *m, int32_t id, int eos)
 static void find_end_ids(struct served_model *m, int eos)
 {
     static const char sentinel[] = "q7Zx3ENDOFTURNx3Z7q";
+    if (harmony_end_ids(m, eos)) {
+        for (int i = 0; i < m->n_end_ids; i++)
+            LOG_INFO("server", "chat template: harmony end of turn at token %d %s", m->end_ids[i],
+                     tokenizer_id_to_piece(m->tok, m->end_ids[i]));
+        return;
+    }
     struct chat_message turn[2] = {{CHAT_ROLE_USER, (char *)"Hi"}, {CHAT_ROLE_ASSISTANT, (char *)sentinel}};
     char *text = NULL;
     size_t len = 0;

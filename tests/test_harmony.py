@@ -14,14 +14,22 @@ final and preamble: content; functions.NAME: a call) must equal what tests/tool_
 gives for the reply's text, as the server's detokenizer writes it (special tokens shown, the stop
 token not). With tools off, a function call is reasoning. 600 random replies plus fixed ones.
 
+Given test_bpe_tool too, the text is shardlm's own: every reply's tokens decoded by shardlm's
+tokenizer loaded on the same o200k_harmony vocabulary (o200k_base's ranks, the 1,091 specials as
+openai-harmony numbers them), which must show the markers <|channel|>, <|message|>, <|start|>,
+<|constrain|> and <|end|> (engine/text/bpe.c harmony_markers) and equal openai-harmony's
+decode_utf8 byte for byte; a special outside them (<|return|>, <|call|>, <|endoftext|>) stays
+hidden.
+
 Needs openai-harmony and OpenAI's o200k_base.tiktoken (tools/fetch_tiktoken.sh puts it in
 .cache/tiktoken, or $SHARDLM_TIKTOKEN_DIR); exit 77 (SKIP) without them.
-Usage: test_harmony.py PATH/TO/tool_parse_json"""
+Usage: test_harmony.py PATH/TO/tool_parse_json [PATH/TO/test_bpe_tool]"""
 import json
 import os
 import random
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIKTOKEN_DIR = os.environ.get("SHARDLM_TIKTOKEN_DIR", os.path.join(HERE, "..", ".cache", "tiktoken"))
@@ -125,11 +133,51 @@ def random_reply(rng):
     return toks, stop
 
 
-def compare(tool_parse_json, toks, stop, label):
+class OurDecoder:
+    """shardlm's tokenizer on o200k_harmony (tests/test_bpe_tool decode), or None: openai-harmony's
+    decode_utf8 stands for it."""
+
+    def __init__(self, tool, tmp):
+        self.tool, self.tmp = tool, tmp
+        d = os.path.join(tmp, "o200k_harmony")
+        os.makedirs(d)
+        os.symlink(os.path.abspath(os.path.join(TIKTOKEN_DIR, "o200k_base.tiktoken")), os.path.join(d, "model.tiktoken"))
+        specials = {s: ENC.encode(s, allowed_special="all") for s in ENC.special_tokens_set}
+        assert all(len(v) == 1 for v in specials.values())
+        cfg = {"pat_str": "o200k", "added_tokens_decoder": {str(v[0]): {"content": s, "special": True}
+                                                            for s, v in specials.items()}}
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump(cfg, f)
+        self.path = os.path.join(d, "model.tiktoken")
+
+    def decode(self, seqs):
+        ids = os.path.join(self.tmp, "ids.txt")
+        with open(ids, "w") as f:
+            f.write("".join(" ".join(map(str, s)) + "\n" for s in seqs))
+        out = subprocess.run([self.tool, "decode", self.path, ids], capture_output=True, check=True).stdout
+        return [json.loads(line) for line in out.decode().splitlines()]
+
+
+def vocab_checks(dec):
+    """The markers shown, the stop and other specials hidden, on shardlm's own decode."""
+    shown = ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"]
+    hidden = ["<|return|>", "<|call|>", "<|endoftext|>", "<|startoftext|>"]
+    seqs = [ENC.encode("a" + s + "b", allowed_special="all") for s in shown + hidden]
+    for s, r in zip(shown + hidden, dec.decode(seqs)):
+        text = bytes.fromhex(r["decode"]).decode()
+        want = "a" + s + "b" if s in shown else "ab"
+        check(text == want and r["stream_ok"] and bytes.fromhex(r["decode_special"]).decode() == "a" + s + "b",
+              f"o200k_harmony decode of a{s}b: {text!r}, want {want!r} (specials shown: {r['decode_special']})")
+
+
+def compare(tool_parse_json, toks, stop, label, ours=None):
     for tools in (True, False):
         msgs = ENC.parse_messages_from_completion_tokens(toks + ([stop] if stop else []), Role.ASSISTANT)
         want = meaning(msgs, tools)
         text = ENC.decode_utf8(toks)  # the server's text: specials shown, the stop token not
+        if ours is not None:  # shardlm's own decode of the same tokens
+            check(ours == text, f"{label}: shardlm's decode {ours!r} != openai-harmony's {text!r}")
+            text = ours
         got = parse_ours(tool_parse_json, text, tools)
         got_calls = [{"name": c["name"], "arguments": c["arguments"]} for c in got["calls"]]
         check(got["reasoning"] == want["reasoning"] and got["content"] == want["content"] and got_calls == want["calls"],
@@ -137,10 +185,14 @@ def compare(tool_parse_json, toks, stop, label):
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         print(__doc__)
         return 2
     tool_parse_json = sys.argv[1]
+    tmp = tempfile.TemporaryDirectory()
+    dec = OurDecoder(sys.argv[2], tmp.name) if len(sys.argv) == 3 else None
+    if dec:
+        vocab_checks(dec)
     fixed = [
         "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
         "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
@@ -150,17 +202,20 @@ def main():
         "<|channel|>commentary<|message|>Checking two things.<|end|><|start|>assistant<|channel|>commentary "
         "to=functions.search <|constrain|>json<|message|>{}",
     ]
-    n = 0
-    for s in fixed:
-        toks = ENC.encode(s, allowed_special="all")
-        compare(tool_parse_json, toks, CALL if "functions." in s else RETURN, f"fixed {n}")
-        n += 1
+    replies = [(ENC.encode(s, allowed_special="all"), CALL if "functions." in s else RETURN, f"fixed {i}")
+               for i, s in enumerate(fixed)]
     rng = random.Random(20261130)
     for i in range(600):
         toks, stop = random_reply(rng)
-        compare(tool_parse_json, toks, stop, f"random {i}")
+        replies.append((toks, stop, f"random {i}"))
+    texts = [bytes.fromhex(r["decode"]).decode() for r in dec.decode([t for t, _, _ in replies])] if dec else \
+        [None] * len(replies)
+    n = 0
+    for (toks, stop, label), ours in zip(replies, texts):
+        compare(tool_parse_json, toks, stop, label, ours)
         n += 1
-    print(f"harmony: {n} replies x 2 (tools on, off) against openai-harmony's parser, {failures} failures")
+    print(f"harmony: {n} replies x 2 (tools on, off) against openai-harmony's parser"
+          f"{', decoded by shardlm on o200k_harmony' if dec else ''}, {failures} failures")
     return 1 if failures else 0
 
 

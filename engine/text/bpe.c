@@ -297,6 +297,25 @@ enum status bpe_index_pieces(struct bpe *b)
 
 static enum status finish_other(struct bpe *b);
 
+/* OpenAI's harmony vocabulary (o200k_harmony, GPT-OSS): when <|return|> and <|call|> are both
+ * special, the reply's structural markers <|channel|>, <|message|>, <|start|>, <|constrain|> and
+ * <|end|> (which ends a message, not the reply) are shown in decoded text, as llama.cpp makes them
+ * user-defined (llama-vocab.cpp), so that the harmony parser (server/tool_harmony.c) sees them;
+ * they stay added tokens, matched whole. */
+static void harmony_markers(struct bpe *b)
+{
+    static const char *const ends[] = {"<|return|>", "<|call|>"};
+    static const char *const shown[] = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"};
+    for (size_t i = 0; i < sizeof ends / sizeof *ends; i++) {
+        const int32_t id = bpe_piece_to_id(b, ends[i], strlen(ends[i]));
+        if (id < 0 || !(b->flags[id] & BPE_PIECE_SPECIAL)) return;
+    }
+    for (size_t i = 0; i < sizeof shown / sizeof *shown; i++) {
+        const int32_t id = bpe_piece_to_id(b, shown[i], strlen(shown[i]));
+        if (id >= 0) b->flags[id] &= (uint8_t)~BPE_PIECE_SPECIAL;
+    }
+}
+
 enum status bpe_finish(struct bpe *b)
 {
     enum status s;
@@ -316,6 +335,7 @@ enum status bpe_finish(struct bpe *b)
     }
     if ((s = bpe_added_keys(b))) return s;
     if (!b->by_piece && (s = bpe_index_pieces(b))) return s;
+    harmony_markers(b);
     if (!(b->by_bytes = table_new((size_t)b->n_vocab, (const uint8_t *const *)b->bytes, b->n_bytes)) ||
         !(b->by_pair = table_new((size_t)b->n_merges, NULL, NULL)))
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", b->name);
