@@ -6,6 +6,7 @@
 #   OUT/llama_mqa_v509, OUT/gpt2_v509                   odd vocabulary; one KV head (llama)
 #   OUT/qwen2, OUT/qwen3                                 q/k/v biases; QK norm, wide heads
 #   OUT/llama3_rope, OUT/yarn_rope                       rope_scaling llama3 and yarn
+#   OUT/yarn_rope_untruncated                            yarn with truncate false (GPT-OSS's)
 #   OUT/phi3, OUT/mistral                                fused weights, partial rotary, LongRoPE; windows
 #   OUT/phi3_lora                                        phi3 + OUT/phi3_lora/adapter (PEFT, fused names)
 #   OUT/gemma2                                           soft-capping, alternating windows
@@ -40,6 +41,8 @@ mkdir -p "$out"
   '{"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}'
 "$py" "$here/reference/make_models.py" llama --out "$out/yarn_rope" --seed 9 --rope-scaling \
   '{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}'
+"$py" "$here/reference/make_models.py" llama --out "$out/yarn_rope_untruncated" --seed 9 --rope-scaling \
+  '{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "truncate": false}'
 # Dynamic NTK: transformers rescales only beyond max_position_embeddings, never reached here.
 "$py" "$here/reference/make_models.py" llama --out "$out/dynamic_rope" --seed 13 --rope-scaling \
   '{"rope_type": "dynamic", "factor": 2.0}'
