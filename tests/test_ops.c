@@ -1009,8 +1009,18 @@ static void case_activation(struct suite *s, enum dtype dt, enum activation act,
     case_end(s, name, &v);
 }
 
+/* ACTIVATION_SWIGLU_OAI's first (gate, up) pairs: at and past its clamps (gate <= 7, up in
+ * [-7, 7]), in threes whose last two must give exactly the output of the first, a clamped input
+ * acting as the clamp: gate 9 and 20 as 7, up 9 and 20 as 7, up -9 and -20 as -7, both at once. */
+static const double oai_specials[][2] = {
+    {7.0, 2.5},  {9.0, 2.5},   {20.0, 2.5},   {-1.5, 7.0},  {-1.5, 9.0},  {-1.5, 20.0},
+    {3.0, -7.0}, {3.0, -9.0},  {3.0, -20.0},  {7.0, -7.0},  {8.0, -8.0},  {19.5, -19.5},
+};
+#define N_OAI_SPECIALS (int)(sizeof oai_specials / sizeof oai_specials[0])
+
 /* alias: 0 out is its own buffer, 1 out = gate, 2 out = up. Shaped (rows, cols) to look like an
- * MLP's hidden activations. */
+ * MLP's hidden activations. ACTIVATION_SWIGLU_OAI draws gate and up from [-20, 20], so that
+ * both clamps are hit, after oai_specials. */
 static void case_gated_activation(struct suite *s, enum dtype dt, enum activation act, int rows,
                                   int cols, int alias)
 {
@@ -1021,15 +1031,28 @@ static void case_gated_activation(struct suite *s, enum dtype dt, enum activatio
     struct rng r;
     if (!case_begin(s, name, &r)) return;
     size_t n = (size_t)rows * cols;
-    struct hbuf g = hbuf_make(s, dt, n);
-    for (size_t i = 0; i < n; i++)
-        hbuf_set(&g, i, (int)i < N_ACT_SPECIALS ? act_specials[i] : rng_range(&r, -10, 10));
-    struct hbuf u = hbuf_uniform(s, dt, n, &r, -3, 3);
+    const int oai = act == ACTIVATION_SWIGLU_OAI;
+    struct hbuf g = hbuf_make(s, dt, n), u;
+    if (oai) {
+        u = hbuf_make(s, dt, n);
+        for (size_t i = 0; i < n; i++) {
+            const int sp = (int)i < N_OAI_SPECIALS;
+            hbuf_set(&g, i, sp ? oai_specials[i][0] : rng_range(&r, -20, 20));
+            hbuf_set(&u, i, sp ? oai_specials[i][1] : rng_range(&r, -20, 20));
+        }
+    } else {
+        for (size_t i = 0; i < n; i++)
+            hbuf_set(&g, i, (int)i < N_ACT_SPECIALS ? act_specials[i] : rng_range(&r, -10, 10));
+        u = hbuf_uniform(s, dt, n, &r, -3, 3);
+    }
     double *want = case_alloc(s, n, sizeof(double)), *mag = case_alloc(s, n, sizeof(double));
     double *tol = case_alloc(s, n, sizeof(double));
     for (size_t i = 0; i < n; i++) {
-        want[i] = ref_act(act, g.val[i]) * u.val[i];
-        mag[i] = (1.0 + fabs(g.val[i])) * fabs(u.val[i]);
+        const double up = ref_gated_up(act, u.val[i]);
+        /* |gate| past the clamp adds no error: the activation sees 7 */
+        const double ga = oai && g.val[i] > 7.0 ? 7.0 : fabs(g.val[i]);
+        want[i] = ref_act(act, g.val[i]) * up;
+        mag[i] = (1.0 + ga) * fabs(up);
     }
     make_tol(tol, OP_GATED_ACTIVATION, dt, want, mag, n);
     struct verdict v = {.worst_ratio = -1.0};
@@ -1049,6 +1072,12 @@ static void case_gated_activation(struct suite *s, enum dtype dt, enum activatio
         got[bi] = decode(s, bits, dt, n);
     }
     check_close(s, &v, "out", got, want, tol, n, (size_t)cols);
+    for (int bi = 0; oai && bi < s->n_backends; bi++)
+        for (size_t i = 0; i < n && (int)i < N_OAI_SPECIALS; i++)
+            if (i % 3 != 0 && memcmp(&got[bi][i], &got[bi][i - i % 3], sizeof(double)) != 0)
+                verdict_fail(&v, "%s: clamped (gate %g, up %g) gave %.9g, (gate %g, up %g) %.9g",
+                             s->backend_name[bi], g.val[i], u.val[i], got[bi][i],
+                             g.val[i - i % 3], u.val[i - i % 3], got[bi][i - i % 3]);
     case_end(s, name, &v);
 }
 
@@ -1425,6 +1454,13 @@ static void run_all(struct suite *s)
             case_activation(s, float_dtypes[di], acts[ai], 40009, ai % 2);
             case_gated_activation(s, float_dtypes[di], acts[ai], 8, 5003, ai % 3);
         }
+    /* GPT-OSS's clamped SwiGLU is gated only (op_activation refuses it). */
+    for (int di = 0; di < 3; di++) {
+        case_gated_activation(s, float_dtypes[di], ACTIVATION_SWIGLU_OAI, 1, 1, 0);
+        case_gated_activation(s, float_dtypes[di], ACTIVATION_SWIGLU_OAI, 3, 67, 1);
+        case_gated_activation(s, float_dtypes[di], ACTIVATION_SWIGLU_OAI, 2, 688, 2);
+        case_gated_activation(s, float_dtypes[di], ACTIVATION_SWIGLU_OAI, 8, 5003, 0);
+    }
 
     static const int sm[][2] = {{1, 1}, {5, 3}, {5, 17}, {5, 129}, {5, 1000}, {2, 32003}};
     for (int di = 0; di < 3; di++)
