@@ -365,6 +365,13 @@ void op_attention(struct backend *b, const struct tensor *out, const struct tens
           DESC(&batch->q_start), DESC(&batch->seq_len), DESC(&batch->block_table));
     CHECK(batch->window >= 0 && batch->scale > 0.0f && batch->softcap >= 0.0f && isfinite(batch->softcap),
           "attention window %d scale %g softcap %g", batch->window, (double)batch->scale, (double)batch->softcap);
+    if (batch->sinks.data) { /* attention sinks: one f32 logit per query head of this call */
+        check_on(b, &batch->sinks, "attention sinks");
+        CHECK(batch->sinks.dtype == DTYPE_F32 && batch->sinks.ndim == 1 &&
+                  batch->sinks.shape[0] == q->shape[1],
+              "attention sinks must be f32 (n_heads = %lld), are %s", (long long)q->shape[1],
+              DESC(&batch->sinks));
+    }
     b->ops->attention(b, out, q, k_cache, v_cache, batch);
     after_op(b);
 }

@@ -481,13 +481,14 @@ void op_activation(struct backend *b, const struct tensor *out, const struct ten
 void op_activation_backward(struct backend *b, const struct tensor *dx, const struct tensor *dout,
                             const struct tensor *x, enum activation act);
 
-/* out = act(gate) * up, elementwise (SwiGLU with SILU, GeGLU with GELU_*). out may alias gate
- * or up. */
+/* out = act(gate) * up, elementwise (SwiGLU with SILU, GeGLU with GELU_*; with
+ * ACTIVATION_SWIGLU_OAI, act(gate) * (clamp(up, -7, 7) + 1): see enum activation). out may alias
+ * gate or up. */
 void op_gated_activation(struct backend *b, const struct tensor *out, const struct tensor *gate,
                          const struct tensor *up, enum activation act);
-/* Backward: dgate = dout * up * act'(gate), dup = dout * act(gate), elementwise. dgate may
- * alias gate or dout, dup may alias up or dout (overwriting the saved activations), but dgate
- * and dup are distinct. */
+/* Backward: dgate = dout * up * act'(gate), dup = dout * act(gate), elementwise (SWIGLU_OAI:
+ * clamp(up, -7, 7) + 1 for up, and dup = 0 where |up| > 7). dgate may alias gate or dout, dup
+ * may alias up or dout (overwriting the saved activations), but dgate and dup are distinct. */
 void op_gated_activation_backward(struct backend *b, const struct tensor *dgate,
                                   const struct tensor *dup, const struct tensor *dout,
                                   const struct tensor *gate, const struct tensor *up,

@@ -427,6 +427,12 @@ double ref_act(enum activation act, double x)
     CHECK(0, "activation %d", (int)act);
 }
 
+double ref_gated_up(enum activation act, double u)
+{
+    if (act != ACTIVATION_SWIGLU_OAI) return u;
+    return (u < -7.0 ? -7.0 : u > 7.0 ? 7.0 : u) + 1.0;
+}
+
 const char *act_name(enum activation act)
 {
     switch (act) {

@@ -251,8 +251,12 @@ void check_exact(struct suite *s, struct verdict *v, const char *what, double *g
 
 /* ---- double references shared by the forward and backward tests ------------------------ */
 
-/* act(x) from its definition: SiLU x sigmoid(x), GELU with tanh or with erf. */
+/* act(x) from its definition: SiLU x sigmoid(x), GELU with tanh or with erf; for
+ * ACTIVATION_SWIGLU_OAI the gate's part, min(x, 7) sigmoid(1.702 min(x, 7)). */
 double ref_act(enum activation act, double x);
+/* What a gated activation multiplies act(gate) by: up, or for ACTIVATION_SWIGLU_OAI
+ * clamp(up, -7, 7) + 1. */
+double ref_gated_up(enum activation act, double u);
 const char *act_name(enum activation act);
 
 #endif

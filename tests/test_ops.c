@@ -307,11 +307,13 @@ struct attn_spec {
 /* Paged causal attention, straight from the definition: for each query row, gather the
  * attended K/V rows through the block table, full softmax of the scaled scores in double,
  * weighted sum of V. q, out (rows, H, D); caches (n_blocks, bt, Hk, D); table (n_seqs, max_blocks).
+ * sinks (H) or NULL: head h's sink S joins the softmax's denominator only, unscaled and
+ * uncapped: max m = max(S, scores), sum e^(S - m) + sum_j e^(s_j - m) (ops.h).
  * mag as documented in the tolerance table. */
 static void ref_attention(const struct attn_spec *sp, double scale, double softcap, const int32_t *q_start,
                           const int32_t *seq_len, const int32_t *table, int max_blocks,
-                          const double *q, const double *kc, const double *vc, double *out,
-                          double *mag)
+                          const double *q, const double *kc, const double *vc, const double *sinks,
+                          double *out, double *mag)
 {
     int H = sp->n_heads, Hk = sp->n_kv_heads, D = sp->head_dim, bt = sp->block_tokens;
     int group = H / Hk, max_len = 1;
@@ -345,7 +347,8 @@ static void ref_attention(const struct attn_spec *sp, double scale, double softc
                     if (dot_abs > qk_abs_max) qk_abs_max = dot_abs;
                 }
                 int n_ctx = pos - lo + 1;
-                double sum = 0.0;
+                if (sinks && sinks[h] > smax) smax = sinks[h];
+                double sum = sinks ? exp(sinks[h] - smax) : 0.0;
                 for (int t = 0; t < n_ctx; t++) sum += p[t] = exp(p[t] - smax);
                 double factor = 4.0 + 2.0 * sqrt((double)n_ctx) +
                                 2.0 * sqrt((double)D) * scale * qk_abs_max;
@@ -873,19 +876,29 @@ static void case_kv_write(struct suite *s, enum dtype dt, int n, int n_blocks, i
 
 /* ---- attention ----------------------------------------------------------------------------- */
 
+/* The attention sinks of a case (attention_batch.sinks, f32 whatever the dtype): none; one per
+ * query head drawn from N(0, 1), beside scores of about that size; +30, which takes nearly all
+ * the weight (outputs about e^-28 times the values, still against the reference); 1e30, which
+ * takes all of it (outputs within 1e-30 of 0, finite); -1e30, which takes none (the output must
+ * be, bit for bit, that of the same call without sinks). */
+enum sink_kind { SINK_NONE, SINK_NORMAL, SINK_LARGE, SINK_HUGE, SINK_NEG_HUGE };
+static const char *const sink_names[] = {"", " sinks N(0,1)", " sinks +30", " sinks 1e30",
+                                         " sinks -1e30"};
+
 /* Builds the paged cache of a batch: physical blocks are a random permutation of the pool (so a
  * sequence's blocks are neither contiguous nor in order); every slot that holds no token of a
  * sequence (the tail of each last block, and three spare blocks) is NaN; block-table entries
  * past a sequence's last block point at the NaN spare blocks. A kernel that reads any of those
  * produces NaN. */
-static void case_attention(struct suite *s, enum dtype dt, const struct attn_spec *sp, double softcap)
+static void case_attention(struct suite *s, enum dtype dt, const struct attn_spec *sp, double softcap,
+                           enum sink_kind sink)
 {
-    char name[160];
+    char name[192];
     char cap[32] = "";
     if (softcap > 0) snprintf(cap, sizeof cap, " softcap %g", softcap);
     snprintf(name, sizeof name, "attention %s %s (heads %d/%d head_dim %d block_tokens %d window "
-             "%d seqs %d%s)", dtype_name(dt), sp->label, sp->n_heads, sp->n_kv_heads, sp->head_dim,
-             sp->block_tokens, sp->window, sp->n_seqs, cap);
+             "%d seqs %d%s%s)", dtype_name(dt), sp->label, sp->n_heads, sp->n_kv_heads, sp->head_dim,
+             sp->block_tokens, sp->window, sp->n_seqs, cap, sink_names[sink]);
     struct rng r;
     if (!case_begin(s, name, &r)) return;
     int H = sp->n_heads, Hk = sp->n_kv_heads, D = sp->head_dim, bt = sp->block_tokens;
@@ -932,14 +945,25 @@ static void case_attention(struct suite *s, enum dtype dt, const struct attn_spe
      * weights that are neither uniform nor one-hot. */
     size_t no = (size_t)n_rows * H * D;
     struct hbuf q = hbuf_uniform(s, dt, no, &r, -2, 2);
+    float *sinks = case_alloc(s, (size_t)H, sizeof(float));
+    double *sinks_val = case_alloc(s, (size_t)H, sizeof(double));
+    for (int h = 0; h < H; h++) {
+        sinks[h] = sink == SINK_NORMAL ? (float)rng_normal(&r) : sink == SINK_LARGE ? 30.0f
+                   : sink == SINK_HUGE ? 1e30f : -1e30f;
+        sinks_val[h] = sinks[h];
+    }
     double *want = case_alloc(s, no, sizeof(double)), *mag = case_alloc(s, no, sizeof(double));
     double *tol = case_alloc(s, no, sizeof(double));
     ref_attention(sp, (double)scale, softcap, q_start, seq_len, table, max_blocks, q.val, kc.val, vc.val,
-                  want, mag);
+                  sink != SINK_NONE ? sinks_val : NULL, want, mag);
     make_tol(tol, OP_ATTENTION, dt, want, mag, no);
+    /* The reference is 0; a backend's exp may keep a tiny weight per key (the CPU's clamps its
+     * argument at -87: about 1e-38). */
+    if (sink == SINK_HUGE)
+        for (size_t i = 0; i < no; i++) tol[i] = 1e-30;
     struct verdict v = {.worst_ratio = -1.0};
-    double *got[2] = {0};
-    void *bits = case_alloc(s, no, dtype_size(dt));
+    double *got[2] = {0}, *plain[2] = {0};
+    void *bits = case_alloc(s, no, dtype_size(dt)), *bits_plain = case_alloc(s, no, dtype_size(dt));
     for (int bi = 0; bi < s->n_backends; bi++) {
         struct backend *b = s->backend[bi];
         struct arena a = {.b = b};
@@ -959,12 +983,24 @@ static void case_attention(struct suite *s, enum dtype dt, const struct attn_spe
             .softcap = (float)softcap,
             .decode_only = decode_only,
         };
+        if (sink != SINK_NONE) batch.sinks = arena_in(&a, "sinks", DTYPE_F32, S1(H), sinks);
         if (SUPPORTED(&v, b, attention)) op_attention(b, &to, &tq, &tkc, &tvc, &batch);
+        if (sink == SINK_NEG_HUGE) { /* the same call without sinks */
+            struct tensor tp = arena_out(&a, "out without sinks", dt, S3(n_rows, H, D), NULL, bits_plain);
+            batch.sinks = (struct tensor){0};
+            if (SUPPORTED(&v, b, attention)) op_attention(b, &tp, &tq, &tkc, &tvc, &batch);
+        }
         arena_finish(&a, &v);
         got[bi] = decode(s, bits, dt, no);
+        plain[bi] = decode(s, bits_plain, dt, no);
     }
     /* Rows of the comparison are (query row, head). */
     check_close(s, &v, "out", got, want, tol, no, (size_t)D);
+    for (int bi = 0; sink == SINK_NEG_HUGE && bi < s->n_backends; bi++) {
+        char what[64];
+        snprintf(what, sizeof what, "%s: out with sinks -1e30 vs without", s->backend_name[bi]);
+        compare_exact(&v, what, got[bi], plain[bi], no, (size_t)D, 1);
+    }
     case_end(s, name, &v);
 }
 
@@ -1009,8 +1045,18 @@ static void case_activation(struct suite *s, enum dtype dt, enum activation act,
     case_end(s, name, &v);
 }
 
+/* ACTIVATION_SWIGLU_OAI's first (gate, up) pairs: at and past its clamps (gate <= 7, up in
+ * [-7, 7]), in threes whose last two must give exactly the output of the first, a clamped input
+ * acting as the clamp: gate 9 and 20 as 7, up 9 and 20 as 7, up -9 and -20 as -7, both at once. */
+static const double oai_specials[][2] = {
+    {7.0, 2.5},  {9.0, 2.5},   {20.0, 2.5},   {-1.5, 7.0},  {-1.5, 9.0},  {-1.5, 20.0},
+    {3.0, -7.0}, {3.0, -9.0},  {3.0, -20.0},  {7.0, -7.0},  {8.0, -8.0},  {19.5, -19.5},
+};
+#define N_OAI_SPECIALS (int)(sizeof oai_specials / sizeof oai_specials[0])
+
 /* alias: 0 out is its own buffer, 1 out = gate, 2 out = up. Shaped (rows, cols) to look like an
- * MLP's hidden activations. */
+ * MLP's hidden activations. ACTIVATION_SWIGLU_OAI draws gate and up from [-20, 20], so that
+ * both clamps are hit, after oai_specials. */
 static void case_gated_activation(struct suite *s, enum dtype dt, enum activation act, int rows,
                                   int cols, int alias)
 {
@@ -1021,15 +1067,28 @@ static void case_gated_activation(struct suite *s, enum dtype dt, enum activatio
     struct rng r;
     if (!case_begin(s, name, &r)) return;
     size_t n = (size_t)rows * cols;
-    struct hbuf g = hbuf_make(s, dt, n);
-    for (size_t i = 0; i < n; i++)
-        hbuf_set(&g, i, (int)i < N_ACT_SPECIALS ? act_specials[i] : rng_range(&r, -10, 10));
-    struct hbuf u = hbuf_uniform(s, dt, n, &r, -3, 3);
+    const int oai = act == ACTIVATION_SWIGLU_OAI;
+    struct hbuf g = hbuf_make(s, dt, n), u;
+    if (oai) {
+        u = hbuf_make(s, dt, n);
+        for (size_t i = 0; i < n; i++) {
+            const int sp = (int)i < N_OAI_SPECIALS;
+            hbuf_set(&g, i, sp ? oai_specials[i][0] : rng_range(&r, -20, 20));
+            hbuf_set(&u, i, sp ? oai_specials[i][1] : rng_range(&r, -20, 20));
+        }
+    } else {
+        for (size_t i = 0; i < n; i++)
+            hbuf_set(&g, i, (int)i < N_ACT_SPECIALS ? act_specials[i] : rng_range(&r, -10, 10));
+        u = hbuf_uniform(s, dt, n, &r, -3, 3);
+    }
     double *want = case_alloc(s, n, sizeof(double)), *mag = case_alloc(s, n, sizeof(double));
     double *tol = case_alloc(s, n, sizeof(double));
     for (size_t i = 0; i < n; i++) {
-        want[i] = ref_act(act, g.val[i]) * u.val[i];
-        mag[i] = (1.0 + fabs(g.val[i])) * fabs(u.val[i]);
+        const double up = ref_gated_up(act, u.val[i]);
+        /* |gate| past the clamp adds no error: the activation sees 7 */
+        const double ga = oai && g.val[i] > 7.0 ? 7.0 : fabs(g.val[i]);
+        want[i] = ref_act(act, g.val[i]) * up;
+        mag[i] = (1.0 + ga) * fabs(up);
     }
     make_tol(tol, OP_GATED_ACTIVATION, dt, want, mag, n);
     struct verdict v = {.worst_ratio = -1.0};
@@ -1049,6 +1108,12 @@ static void case_gated_activation(struct suite *s, enum dtype dt, enum activatio
         got[bi] = decode(s, bits, dt, n);
     }
     check_close(s, &v, "out", got, want, tol, n, (size_t)cols);
+    for (int bi = 0; oai && bi < s->n_backends; bi++)
+        for (size_t i = 0; i < n && (int)i < N_OAI_SPECIALS; i++)
+            if (i % 3 != 0 && memcmp(&got[bi][i], &got[bi][i - i % 3], sizeof(double)) != 0)
+                verdict_fail(&v, "%s: clamped (gate %g, up %g) gave %.9g, (gate %g, up %g) %.9g",
+                             s->backend_name[bi], g.val[i], u.val[i], got[bi][i],
+                             g.val[i - i % 3], u.val[i - i % 3], got[bi][i - i % 3]);
     case_end(s, name, &v);
 }
 
@@ -1311,6 +1376,33 @@ static const struct attn_spec attn_specs[] = {
     {"split decode one long sequence", 8, 2, 128, 16, 0, 0, 1, {8300}, {1}},
 };
 
+/* Attention sinks (GPT-OSS) on both CPU paths and both CUDA kernels: prefill chunks that take
+ * the tiles (one continuing a cached prefix), short chunks and decode rows that take the row
+ * path, windows of 0 and 4, GQA groups of 2 and 4; decode batches (CUDA's split-K kernel, one
+ * split and several); a soft-capped case, whose sinks must not be capped; and the extreme sinks
+ * of enum sink_kind on a mixed batch and on decode. */
+static const struct {
+    struct attn_spec sp;
+    double           softcap;
+    enum sink_kind   sink;
+} attn_sink_cases[] = {
+    {{"sinks prefill tiles gqa4", 8, 2, 64, 16, 0, 0, 2, {40, 70}, {40, 30}}, 0, SINK_NORMAL},
+    {{"sinks mixed window=4", 8, 2, 32, 4, 4, 0, 4, {30, 9, 50, 1}, {20, 1, 1, 1}}, 0, SINK_NORMAL},
+    {{"sinks short chunks gqa2 window=4", 4, 2, 16, 3, 4, 0, 3, {7, 12, 5}, {3, 2, 5}}, 0,
+     SINK_NORMAL},
+    {{"sinks decode gqa4", 8, 2, 64, 16, 0, 0, 3, {1, 300, 17}, {1, 1, 1}}, 0, SINK_NORMAL},
+    {{"sinks decode gqa2 window=4", 8, 4, 64, 16, 4, 0, 3, {100, 3, 1}, {1, 1, 1}}, 0, SINK_NORMAL},
+    {{"sinks long decode gqa4", 8, 2, 128, 16, 0, 0, 2, {2000, 17}, {1, 1}}, 0, SINK_NORMAL},
+    {{"sinks prefill tiles", 8, 2, 64, 16, 0, 0.5, 1, {60}, {60}}, 2.0, SINK_NORMAL},
+    {{"sinks mixed window=4", 8, 2, 32, 4, 4, 0, 4, {30, 9, 50, 1}, {20, 1, 1, 1}}, 0, SINK_LARGE},
+    {{"sinks long decode gqa4", 8, 2, 128, 16, 0, 0, 2, {2000, 17}, {1, 1}}, 0, SINK_LARGE},
+    {{"sinks mixed window=4", 8, 2, 32, 4, 4, 0, 4, {30, 9, 50, 1}, {20, 1, 1, 1}}, 0, SINK_HUGE},
+    {{"sinks decode gqa4", 8, 2, 64, 16, 0, 0, 3, {1, 300, 17}, {1, 1, 1}}, 0, SINK_HUGE},
+    {{"sinks mixed window=4", 8, 2, 32, 4, 4, 0, 4, {30, 9, 50, 1}, {20, 1, 1, 1}}, 0,
+     SINK_NEG_HUGE},
+    {{"sinks long decode gqa4", 8, 2, 128, 16, 0, 0, 2, {2000, 17}, {1, 1}}, 0, SINK_NEG_HUGE},
+};
+
 static void run_all(struct suite *s)
 {
     static const enum dtype all_dtypes[3] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
@@ -1409,9 +1501,12 @@ static void run_all(struct suite *s)
 
     for (int di = 0; di < 3; di++) {
         for (size_t i = 0; i < sizeof attn_specs / sizeof attn_specs[0]; i++)
-            case_attention(s, float_dtypes[di], &attn_specs[i], 0.0);
+            case_attention(s, float_dtypes[di], &attn_specs[i], 0.0, SINK_NONE);
         for (size_t i = 0; i < sizeof attn_softcap_specs / sizeof attn_softcap_specs[0]; i++)
-            case_attention(s, float_dtypes[di], &attn_softcap_specs[i], attn_softcaps[i]);
+            case_attention(s, float_dtypes[di], &attn_softcap_specs[i], attn_softcaps[i], SINK_NONE);
+        for (size_t i = 0; i < sizeof attn_sink_cases / sizeof attn_sink_cases[0]; i++)
+            case_attention(s, float_dtypes[di], &attn_sink_cases[i].sp, attn_sink_cases[i].softcap,
+                           attn_sink_cases[i].sink);
     }
 
     for (int di = 0; di < 3; di++)
@@ -1425,6 +1520,13 @@ static void run_all(struct suite *s)
             case_activation(s, float_dtypes[di], acts[ai], 40009, ai % 2);
             case_gated_activation(s, float_dtypes[di], acts[ai], 8, 5003, ai % 3);
         }
+    /* GPT-OSS's clamped SwiGLU is gated only (op_activation refuses it). */
+    for (int di = 0; di < 3; di++) {
+        case_gated_activation(s, float_dtypes[di], ACTIVATION_SWIGLU_OAI, 1, 1, 0);
+        case_gated_activation(s, float_dtypes[di], ACTIVATION_SWIGLU_OAI, 3, 67, 1);
+        case_gated_activation(s, float_dtypes[di], ACTIVATION_SWIGLU_OAI, 2, 688, 2);
+        case_gated_activation(s, float_dtypes[di], ACTIVATION_SWIGLU_OAI, 8, 5003, 0);
+    }
 
     static const int sm[][2] = {{1, 1}, {5, 3}, {5, 17}, {5, 129}, {5, 1000}, {2, 32003}};
     for (int di = 0; di < 3; di++)

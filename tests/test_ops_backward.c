@@ -681,7 +681,7 @@ static double act_loss(const void *p, double *abs_sum)
     const struct act_ctx *c = p;
     double l = 0.0, a = 0.0;
     for (size_t i = 0; i < c->n; i++) {
-        double t = c->dout[i] * ref_act(c->act, c->x[i]) * (c->up ? c->up[i] : 1.0);
+        double t = c->dout[i] * ref_act(c->act, c->x[i]) * (c->up ? ref_gated_up(c->act, c->up[i]) : 1.0);
         l += t;
         a += fabs(t);
     }
@@ -691,10 +691,19 @@ static double act_loss(const void *p, double *abs_sum)
 
 static const double act_specials[] = {0.0, -0.0, 1e-3, -1e-3, 30.0, -30.0, 5.0, -5.0, 1.0, -1.0, -1.28, 2.5};
 #define N_ACT_SPECIALS (sizeof act_specials / sizeof act_specials[0])
+/* ACTIVATION_SWIGLU_OAI's first (gate, up) pairs: past its clamps (gate > 7, |up| > 7: gradient
+ * 0) and just inside them; never at 7 itself, where the finite differences straddle the kink. */
+static const double oai_specials[][2] = {
+    {9.0, 2.5}, {20.0, -1.0}, {7.5, 9.0},  {-2.0, -9.0}, {6.5, 20.0}, {1.0, -20.0},
+    {-9.0, 6.5}, {3.0, -6.5}, {8.0, 8.0},  {-20.0, 0.5}, {0.0, -7.5}, {-1.28, 7.25},
+};
+#define N_OAI_SPECIALS (sizeof oai_specials / sizeof oai_specials[0])
 
 /* gated 0: op_activation_backward, alias 0 none, 1 dx = dout, 2 dx = x.
  * gated 1: op_gated_activation_backward, alias 0 none, 1 dgate = gate and dup = up, 2 dgate =
- * dout, 3 dup = dout. */
+ * dout, 3 dup = dout. ACTIVATION_SWIGLU_OAI (gated only) draws gate and up from [-20, 20], so
+ * that both clamps are hit, after oai_specials; its gradient through a clamped input must be
+ * exactly 0. */
 static void case_activation_backward(struct suite *s, int gated, enum dtype dt,
                                      enum activation act, int rows, int cols, int alias)
 {
@@ -706,17 +715,30 @@ static void case_activation_backward(struct suite *s, int gated, enum dtype dt,
     struct rng r;
     if (!case_begin(s, name, &r)) return;
     size_t n = (size_t)rows * cols;
-    struct hbuf x = hbuf_make(s, dt, n);
-    for (size_t i = 0; i < n; i++)
-        hbuf_set(&x, i, i < N_ACT_SPECIALS ? act_specials[i] : rng_range(&r, -10, 10));
-    struct hbuf up = hbuf_uniform(s, dt, n, &r, -3, 3), dout = hbuf_uniform(s, dt, n, &r, -2, 2);
+    const int oai = act == ACTIVATION_SWIGLU_OAI;
+    struct hbuf x = hbuf_make(s, dt, n), up;
+    if (oai) {
+        up = hbuf_make(s, dt, n);
+        for (size_t i = 0; i < n; i++) {
+            hbuf_set(&x, i, i < N_OAI_SPECIALS ? oai_specials[i][0] : rng_range(&r, -20, 20));
+            hbuf_set(&up, i, i < N_OAI_SPECIALS ? oai_specials[i][1] : rng_range(&r, -20, 20));
+        }
+    } else {
+        for (size_t i = 0; i < n; i++)
+            hbuf_set(&x, i, i < N_ACT_SPECIALS ? act_specials[i] : rng_range(&r, -10, 10));
+        up = hbuf_uniform(s, dt, n, &r, -3, 3);
+    }
+    struct hbuf dout = hbuf_uniform(s, dt, n, &r, -2, 2);
     double *gx = dalloc(s, n), *mx = dalloc(s, n), *gu = dalloc(s, n), *mu = dalloc(s, n);
     for (size_t i = 0; i < n; i++) {
-        double xi = x.val[i], u = gated ? up.val[i] : 1.0, g = dout.val[i], ax = fabs(xi);
+        double xi = x.val[i], u = gated ? ref_gated_up(act, up.val[i]) : 1.0, g = dout.val[i];
+        double ax = fabs(xi);
         gx[i] = g * u * ref_act_grad(act, xi);
-        mx[i] = fabs(g * u) * (1.0 + ax + 0.15 * ax * ax * ax);
-        gu[i] = g * ref_act(act, xi);
-        mu[i] = fabs(g) * (1.0 + ax);
+        /* SWIGLU_OAI's derivative s (1 + 1.702 x (1 - s)) cancels like SiLU's, 1.702 times */
+        mx[i] = fabs(g * u) * (oai ? 1.0 + 2.0 * ax : 1.0 + ax + 0.15 * ax * ax * ax);
+        const int up_clamped = oai && fabs(up.val[i]) > 7.0;
+        gu[i] = up_clamped ? 0.0 : g * ref_act(act, xi);
+        mu[i] = up_clamped ? 0.0 : fabs(g) * (1.0 + ax);
     }
     struct verdict v = {.worst_ratio = -1.0};
     double *fx = dalloc(s, n), *fu = dalloc(s, n);
@@ -762,6 +784,19 @@ static void case_activation_backward(struct suite *s, int gated, enum dtype dt,
     }
     check_close(s, &v, gated ? "dgate" : "dx", got_x, gx, tol_x, n, (size_t)cols);
     if (gated) check_close(s, &v, "dup", got_u, gu, tol_u, n, (size_t)cols);
+    for (int bi = 0; oai && bi < s->n_backends; bi++) { /* the first of each, and the counts */
+        size_t bad_g = 0, bad_u = 0, first_g = 0, first_u = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (x.val[i] > 7.0 && got_x[bi][i] != 0.0 && bad_g++ == 0) first_g = i;
+            if (fabs(up.val[i]) > 7.0 && got_u[bi][i] != 0.0 && bad_u++ == 0) first_u = i;
+        }
+        if (bad_g)
+            verdict_fail(&v, "%s: dgate not 0 through %zu clamped gates (> 7); element %zu: gate %g, dgate %g",
+                         s->backend_name[bi], bad_g, first_g, x.val[first_g], got_x[bi][first_g]);
+        if (bad_u)
+            verdict_fail(&v, "%s: dup not 0 through %zu clamped ups (|up| > 7); element %zu: up %g, dup %g",
+                         s->backend_name[bi], bad_u, first_u, up.val[first_u], got_u[bi][first_u]);
+    }
     case_end(s, name, &v);
 }
 
@@ -1229,6 +1264,14 @@ static void run_all(struct suite *s)
             case_activation_backward(s, 1, dt, acts[ai], 2, 688, 2);
             case_activation_backward(s, 1, dt, acts[ai], 8, 5003, 3);
         }
+    /* GPT-OSS's clamped SwiGLU, gated only. */
+    for (int di = 0; di < 3; di++) {
+        enum dtype dt = float_dtypes[di];
+        case_activation_backward(s, 1, dt, ACTIVATION_SWIGLU_OAI, 1, 1, 0);
+        case_activation_backward(s, 1, dt, ACTIVATION_SWIGLU_OAI, 3, 67, 1);
+        case_activation_backward(s, 1, dt, ACTIVATION_SWIGLU_OAI, 2, 688, 2);
+        case_activation_backward(s, 1, dt, ACTIVATION_SWIGLU_OAI, 8, 5003, 3);
+    }
 
     case_adamw(s, 1, 1, 1, 1e-3f, 0.1f, 1.0f);
     case_adamw(s, 1000, 1, 3, 3e-4f, 0.1f, 1.0f);

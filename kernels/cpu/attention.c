@@ -1,7 +1,8 @@
 /* kernels/cpu/attention.c - op_attention on the CPU: causal grouped-query attention over the
  * paged KV cache for a batch mixing prefill chunks and decode rows, with an online softmax
  * (running max and sum per query vector, rescaled when the max grows), so that no
- * (context)-sized buffer is needed and the result is stable at any context length.
+ * (context)-sized buffer is needed and the result is stable at any context length. An
+ * attention sink (GPT-OSS) is the online softmax's first term (softmax_init).
  *
  * Two paths, chosen per sequence by how many query vectors (new rows x the group's query
  * heads) it brings this step:
@@ -69,6 +70,7 @@ struct attn_ctx {
     const struct attention_batch *batch;
     const struct attn_kernels    *kt;
     const int32_t                *q_start, *seq_len, *table;
+    const float                  *sinks;     /* (n_heads) or NULL: batch->sinks (ops.h) */
     int64_t                       n_heads, hd, n_kv, group, bt;
     int64_t                       tile_rows; /* rows per tile: ATTN_TILE_QV / group, at least 1 */
     size_t                        row;       /* elements per cache slot: n_kv * hd */
@@ -151,13 +153,24 @@ static void load_query(const struct attn_ctx *c, int64_t t, int64_t h, float *ds
     for (int64_t d = 0; d < c->hd; d++) dst[d] = src[d] * scale;
 }
 
+/* The online softmax's state before any key, for query head h: with an attention sink S_h
+ * (ops.h), the sink is the first term, max S_h and sum e^0 = 1 (acc 0: it has no value row),
+ * and softmax_step rescales it like any score when a larger one comes; without one (or with
+ * S_h = -inf), max -inf and sum 0. */
+static void softmax_init(const struct attn_ctx *c, int64_t h, float *mx, float *l)
+{
+    const float sink = c->sinks ? c->sinks[h] : -INFINITY;
+    *mx = sink;
+    *l = sink == -INFINITY ? 0.0f : 1.0f;
+}
+
 /* Output (row t, head h) = acc / l; tmp (hd) for a half-precision output. */
 static void store_output(const struct attn_ctx *c, int64_t t, int64_t h, const float *acc, float l,
                          float *tmp)
 {
     const size_t off = (size_t)((t * c->n_heads + h) * c->hd);
     float *o = cpu_out_row(c->out, off, tmp);
-    const float inv = 1.0f / l; /* l >= 1: the max term contributes exp(0) */
+    const float inv = 1.0f / l; /* l >= 1: the max term (a score or the sink) contributes exp(0) */
     for (int64_t d = 0; d < c->hd; d++) o[d] = acc[d] * inv;
     cpu_store_row(c->out, off, (size_t)c->hd, o);
 }
@@ -218,8 +231,7 @@ static void attend_row(const struct attn_ctx *c, float *ws, int s, int64_t t, in
 
     for (int64_t i = 0; i < nh; i++) {
         load_query(c, t, kv0 * group + i, qb + i * hd);
-        mx[i] = -INFINITY;
-        l[i] = 0.0f;
+        softmax_init(c, kv0 * group + i, &mx[i], &l[i]);
     }
     memset(acc, 0, (size_t)(nh * hd) * sizeof(float));
 
@@ -278,10 +290,7 @@ static void attend_tile(const struct attn_ctx *c, float *ws, int s, int64_t t0, 
 
     for (int64_t r = 0; r < nr; r++)
         for (int64_t g = 0; g < group; g++) load_query(c, t0 + r, kvh * group + g, qb + (r * group + g) * hd);
-    for (int64_t i = 0; i < m; i++) {
-        mx[i] = -INFINITY;
-        l[i] = 0.0f;
-    }
+    for (int64_t i = 0; i < m; i++) softmax_init(c, kvh * group + i % group, &mx[i], &l[i]);
     memset(acc, 0, (size_t)(m * hd) * sizeof(float));
 
     for (int64_t p0 = first_key(c, pos0); p0 <= pos_last; p0 += ATTN_KEY_TILE) {
@@ -352,7 +361,7 @@ void cpu_attention(struct backend *b, const struct tensor *out, const struct ten
         .out = out, .q = q, .k_cache = k_cache, .v_cache = v_cache, .batch = batch,
         .kt = attn_kernels_best(),
         .q_start = batch->q_start.data, .seq_len = batch->seq_len.data,
-        .table = batch->block_table.data,
+        .table = batch->block_table.data, .sinks = batch->sinks.data,
         .n_heads = q->shape[1], .hd = q->shape[2], .n_kv = k_cache->shape[2],
         .bt = batch->block_tokens,
         /* Under batch_invariant a row's result must not depend on how many rows of its sequence

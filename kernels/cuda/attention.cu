@@ -14,10 +14,15 @@
  *   head_dim a multiple of 8; SHARDLM_CUDA_ATTENTION=simple|split (enum cuda_attention_mode)
  *   forces one or the other. It has NOT run on a GPU yet (docs/cuda.md).
  * Like the CPU reference, both scale q before the dot products and output acc * (1 / sum).
+ * Attention sinks (attention_batch.sinks, GPT-OSS) join the denominator once per query vector:
+ * in attention_kernel's merge of its warps, in the split-K kernel's merge when it has one split
+ * (it writes the output itself), otherwise in the combine kernel; never in a partial, which
+ * would count the sink once per split.
  * Not here: writing the cache (kv_write.cu); a tensor-core prefill kernel (none yet).
  * Tests: tests/test_ops.c --backend cuda (prefill, decode, mixed batches, GQA, windows, block
  * sizes that do not divide the length, head_dim up to 256; "split decode" cases for the
- * split-K kernel; ctest runs the attention cases again with each kernel forced); benchmark:
+ * split-K kernel; "sinks" cases for attention sinks, decode ones with one split and several;
+ * ctest runs the attention cases again with each kernel forced); benchmark:
  * tests/bench_cuda.c (both kernels against the device's copy bandwidth). */
 #include <limits.h>
 
@@ -42,16 +47,23 @@ __device__ __forceinline__ int attention_seq_of_row(const int32_t *q_start, int 
     return lo;
 }
 
+/* e^(sink - m), the weight of an attention sink under the running max m >= sink; 0 for no sink
+ * (sink = -inf: none, or a caller's -inf), where e^(-inf - -inf) would be NaN. */
+__device__ __forceinline__ float attention_sink_weight(float sink, float m)
+{
+    return sink == -INFINITY ? 0.0f : expf(sink - m);
+}
+
 /* q, out (n, n_heads, head_dim); k_cache, v_cache (n_blocks, block_tokens, n_kv_heads,
  * head_dim); q_start i32 (n_seqs + 1); seq_len i32 (n_seqs); block_table i32 (n_seqs,
- * max_blocks). The DEVICE_CHECKs are the CPU reference's CHECKs on the batch description,
- * which lives in device memory here. */
+ * max_blocks); sinks f32 (n_heads) or nullptr (none). The DEVICE_CHECKs are the CPU
+ * reference's CHECKs on the batch description, which lives in device memory here. */
 template <typename T>
 static __global__ void __launch_bounds__(ATTENTION_THREADS)
 attention_kernel(T *out, const T *q, const T *k_cache, const T *v_cache, const int32_t *q_start,
                  const int32_t *seq_len, const int32_t *block_table, int64_t n, int n_heads,
                  int n_kv_heads, int head_dim, int64_t n_blocks, int n_seqs, int block_tokens,
-                 int max_blocks, float scale, int window, float softcap)
+                 int max_blocks, float scale, int window, float softcap, const float *sinks)
 {
     __shared__ float warp_max[ATTENTION_WARPS];
     __shared__ float warp_sum[ATTENTION_WARPS];
@@ -116,7 +128,8 @@ attention_kernel(T *out, const T *q, const T *k_cache, const T *v_cache, const i
         }
 
         /* Merge the warps: rescale each to the overall max. A warp that saw no position
-         * (m = -inf, l = 0, acc = 0) contributes nothing. */
+         * (m = -inf, l = 0, acc = 0) contributes nothing. The sink, if any, joins the max and
+         * the sum here, once (it has no value row). */
         if (lane == 0) {
             warp_max[warp] = m;
             warp_sum[warp] = l;
@@ -127,15 +140,16 @@ attention_kernel(T *out, const T *q, const T *k_cache, const T *v_cache, const i
             if (d < head_dim) warp_acc[warp][d] = acc[i];
         }
         __syncthreads();
-        float m_all = -INFINITY;
+        const float sink = sinks ? sinks[h] : -INFINITY;
+        float m_all = sink;
         for (int w = 0; w < ATTENTION_WARPS; w++) m_all = fmaxf(m_all, warp_max[w]);
         float weight[ATTENTION_WARPS];
-        float l_all = 0.0f;
+        float l_all = attention_sink_weight(sink, m_all);
         for (int w = 0; w < ATTENTION_WARPS; w++) {
             weight[w] = warp_max[w] == -INFINITY ? 0.0f : expf(warp_max[w] - m_all);
             l_all += warp_sum[w] * weight[w];
         }
-        const float inv = 1.0f / l_all; /* l_all >= 1: the max score contributes exp(0) */
+        const float inv = 1.0f / l_all; /* l_all >= 1: the max (score or sink) contributes exp(0) */
         for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
             float o = 0.0f;
             for (int w = 0; w < ATTENTION_WARPS; w++) o += warp_acc[w][d] * weight[w];
@@ -208,10 +222,12 @@ __device__ __forceinline__ float attention_max_or_zero(float m) { return m == -I
  * across the lpk lanes with shuffles. Each group of lpk lanes keeps its own (m, l, acc) per
  * head; the groups of a warp, then the warps, are merged at the end with the usual rescaling.
  *
- * With gridDim.y == 1 the block writes the output row itself (acc / l); otherwise it writes
+ * With gridDim.y == 1 the block writes the output row itself (acc / l, the sink, if any, joined
+ * to the max and the sum there); otherwise it writes
  * its partial, unnormalised, to part_acc (n, n_heads, n_splits, head_dim) and (m, l) to
  * part_ml (n, n_heads, n_splits), and an empty chunk writes (m, l) = (-inf, 0), which the
- * combine kernel skips. Shapes as in attention_kernel; head_dim a multiple of 8 and <=
+ * combine kernel skips (the combine adds the sink). Shapes as in attention_kernel; head_dim a
+ * multiple of 8 and <=
  * ATTENTION_MAX_HEAD_DIM; k_cache, v_cache 16-byte aligned. */
 template <typename T, int GMAX>
 static __global__ void __launch_bounds__(SPLIT_THREADS)
@@ -220,7 +236,8 @@ attention_decode_split_k_kernel(T *out, float *part_acc, float2 *part_ml, const 
                                 const int32_t *seq_len, const int32_t *block_table, int n_heads,
                                 int n_kv_heads, int head_dim, int64_t n_blocks, int n_seqs,
                                 int block_tokens, int max_blocks, float scale, int window,
-                                float softcap, int head_tiles, int chunk, int64_t n)
+                                float softcap, const float *sinks, int head_tiles, int chunk,
+                                int64_t n)
 {
     constexpr int VEC = attention_vec<T>::N;
     constexpr int NVL = ATTENTION_MAX_HEAD_DIM / (32 * VEC); /* vectors per lane: 1, or 2 (f32) */
@@ -414,11 +431,13 @@ attention_decode_split_k_kernel(T *out, float *part_acc, float2 *part_ml, const 
     __syncthreads();
     for (int idx = threadIdx.x; idx < n_g * head_dim; idx += SPLIT_THREADS) {
         const int g = idx / head_dim, d = idx % head_dim;
-        float mx = -INFINITY;
+        /* The sink joins here only when this block writes the output (one split). */
+        const float sink = sinks && n_splits == 1 ? sinks[h0 + g] : -INFINITY;
+        float mx = sink;
 #pragma unroll
         for (int w = 0; w < SPLIT_WARPS; w++) mx = fmaxf(mx, s_m[w][g]);
         const float mu = attention_max_or_zero(mx);
-        float l_all = 0.0f, o = 0.0f;
+        float l_all = attention_sink_weight(sink, mu), o = 0.0f;
 #pragma unroll
         for (int w = 0; w < SPLIT_WARPS; w++) {
             const float c = expf(s_m[w][g] - mu);
@@ -437,20 +456,24 @@ attention_decode_split_k_kernel(T *out, float *part_acc, float2 *part_ml, const 
 /* out (n_vectors, head_dim) = the log-sum-exp merge of the n_splits partials of each query
  * vector (row, head): with M the largest partial max, out = sum_c acc_c exp(m_c - M) /
  * sum_c l_c exp(m_c - M), skipping empty partials (l_c = 0, whose acc_c was never written).
- * One thread block per query vector. */
+ * With sinks (f32 (n_heads), or nullptr), vector item's head item % n_heads adds its sink S to
+ * the denominator once: M includes S, and the sum e^(S - M). One thread block per query
+ * vector. */
 template <typename T>
 static __global__ void __launch_bounds__(SPLIT_THREADS)
 attention_decode_split_k_combine_kernel(T *out, const float *part_acc, const float2 *part_ml,
-                                        int64_t n_vectors, int head_dim, int n_splits)
+                                        int64_t n_vectors, int head_dim, int n_splits,
+                                        const float *sinks, int n_heads)
 {
     __shared__ float s_w[SPLIT_MAX_SPLITS];
     for (int64_t item = blockIdx.x; item < n_vectors; item += gridDim.x) {
         const float2 *ml = part_ml + item * n_splits;
-        float mx = -INFINITY;
+        const float sink = sinks ? sinks[item % n_heads] : -INFINITY;
+        float mx = sink;
         for (int c = 0; c < n_splits; c++)
             if (ml[c].y != 0.0f) mx = fmaxf(mx, ml[c].x);
         const float mu = attention_max_or_zero(mx);
-        float l_all = 0.0f;
+        float l_all = attention_sink_weight(sink, mu);
         for (int c = 0; c < n_splits; c++)
             if (ml[c].y != 0.0f) l_all += ml[c].y * expf(ml[c].x - mu);
         for (int c = threadIdx.x; c < n_splits; c += blockDim.x)
@@ -521,12 +544,13 @@ static void attention_decode_split_k_launch(struct backend *b, struct cuda_state
         (const int32_t *)batch->seq_len.data, (const int32_t *)batch->block_table.data,
         (int)n_heads, (int)n_kv_heads, (int)head_dim, k_cache->shape[0], batch->n_seqs,
         batch->block_tokens, batch->max_blocks, batch->scale, batch->window, batch->softcap,
-        (int)head_tiles, (int)chunk, n);
+        (const float *)batch->sinks.data, (int)head_tiles, (int)chunk, n);
     LAUNCH_CHECK();
     if (n_splits > 1) {
         attention_decode_split_k_combine_kernel<T>
             <<<cuda_blocks_for(n * n_heads, 1), SPLIT_THREADS, 0, st->stream>>>(
-                (T *)out->data, part_acc, part_ml, n * n_heads, (int)head_dim, (int)n_splits);
+                (T *)out->data, part_acc, part_ml, n * n_heads, (int)head_dim, (int)n_splits,
+                (const float *)batch->sinks.data, (int)n_heads);
         LAUNCH_CHECK();
     }
 }
@@ -580,6 +604,7 @@ void cuda_attention(struct backend *b, const struct tensor *out, const struct te
             (const T *)v_cache->data, (const int32_t *)batch->q_start.data,
             (const int32_t *)batch->seq_len.data, (const int32_t *)batch->block_table.data, n,
             (int)n_heads, (int)n_kv_heads, (int)head_dim, k_cache->shape[0], batch->n_seqs,
-            batch->block_tokens, batch->max_blocks, batch->scale, batch->window, batch->softcap);
+            batch->block_tokens, batch->max_blocks, batch->scale, batch->window, batch->softcap,
+            (const float *)batch->sinks.data);
         LAUNCH_CHECK());
 }

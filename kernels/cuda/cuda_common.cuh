@@ -179,8 +179,13 @@ static __device__ __noinline__ void cuda_device_check_fail(const char *file, int
         if (!(cond)) cuda_device_check_fail(__FILE__, __LINE__, #cond);                         \
     } while (0)
 
+/* ACTIVATION_SWIGLU_OAI's constants, the CPU's ACT_OAI_ALPHA and ACT_OAI_LIMIT (cpu_ops.h). */
+#define CUDA_ACT_OAI_ALPHA 1.702f
+#define CUDA_ACT_OAI_LIMIT 7.0f
+
 /* The scalar activations of enum activation, shared by activation.cu and gated_activation.cu:
- * the CPU reference's formulas (kernels/cpu/activation.c), term for term. */
+ * the CPU reference's formulas (kernels/cpu/activation.c), term for term; for
+ * ACTIVATION_SWIGLU_OAI the gate's part (cuda_gated_up below is the up's). */
 __device__ __forceinline__ float cuda_activate(float x, enum activation act)
 {
     switch (act) {
@@ -190,6 +195,10 @@ __device__ __forceinline__ float cuda_activate(float x, enum activation act)
         return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
     }
     case ACTIVATION_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+    case ACTIVATION_SWIGLU_OAI: { /* the gate's part: g sigmoid(1.702 g), g = min(x, 7) */
+        const float g = x < CUDA_ACT_OAI_LIMIT ? x : CUDA_ACT_OAI_LIMIT;
+        return g / (1.0f + expf(-CUDA_ACT_OAI_ALPHA * g));
+    }
     }
     return x;
 }
@@ -211,8 +220,23 @@ __device__ __forceinline__ float cuda_activate_grad(float x, enum activation act
     case ACTIVATION_GELU_ERF:
         return 0.5f * (1.0f + erff(x * 0.7071067811865476f)) +
                x * 0.3989422804014327f * expf(-0.5f * x * x);
+    case ACTIVATION_SWIGLU_OAI: { /* of the gate's part: 0 above the clamp */
+        if (x > CUDA_ACT_OAI_LIMIT) return 0.0f;
+        const float s = 1.0f / (1.0f + expf(-CUDA_ACT_OAI_ALPHA * x));
+        return s * (1.0f + CUDA_ACT_OAI_ALPHA * x * (1.0f - s));
+    }
     }
     return 1.0f;
+}
+
+/* Up's part of a gated activation: clamp(u, -7, 7) + 1 for ACTIVATION_SWIGLU_OAI, u for the
+ * others (cpu_gated_up in kernels/cpu/cpu_ops.h). */
+__device__ __forceinline__ float cuda_gated_up(float u, enum activation act)
+{
+    if (act != ACTIVATION_SWIGLU_OAI) return u;
+    /* The CPU's comparisons, not fminf/fmaxf: a NaN up stays NaN, as there. */
+    const float lim = CUDA_ACT_OAI_LIMIT;
+    return (u < -lim ? -lim : u > lim ? lim : u) + 1.0f;
 }
 
 /* *p += v with one atomic read-modify-write; half-precision p rounds the sum once (v is exactly

@@ -1,7 +1,10 @@
 /* kernels/cuda/gated_activation.cu - op_gated_activation: out = act(gate) * up elementwise
- * (SwiGLU, GeGLU); out may alias gate or up, which an elementwise kernel allows.
- * Its backward: dgate = dout up act'(gate), dup = dout act(gate).
- * Not here: the scalar activations (cuda_activate, cuda_activate_grad in cuda_common.cuh).
+ * (SwiGLU, GeGLU; GPT-OSS's clamped SwiGLU multiplies by clamp(up, -7, 7) + 1); out may alias
+ * gate or up, which an elementwise kernel allows.
+ * Its backward: dgate = dout up' act'(gate), dup = dout act(gate) (up' = up, or clamp(up) + 1;
+ * ACTIVATION_SWIGLU_OAI's dup is 0 where |up| > 7), as kernels/cpu/gated_activation.c.
+ * Not here: the scalar activations (cuda_activate, cuda_activate_grad, cuda_gated_up in
+ * cuda_common.cuh).
  * Tests: tests/test_ops.c --backend cuda (every activation and dtype);
  * tests/test_ops_backward.c --backend cuda. */
 #include "cuda_common.cuh"
@@ -13,7 +16,8 @@ static __global__ void gated_activation_kernel(T *out, const T *gate, const T *u
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        cuda_store(out + i, cuda_activate(cuda_load(gate + i), act) * cuda_load(up + i));
+        cuda_store(out + i,
+                   cuda_activate(cuda_load(gate + i), act) * cuda_gated_up(cuda_load(up + i), act));
 }
 
 /* out, gate, up: same shape and dtype. */
@@ -40,7 +44,11 @@ static __global__ void gated_activation_backward_kernel(T *dgate, T *dup, const 
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float g = cuda_load(gate + i), u = cuda_load(up + i), d = cuda_load(dout + i);
-        float dg = d * u * cuda_activate_grad(g, act), du = d * cuda_activate(g, act);
+        const float dg = d * cuda_gated_up(u, act) * cuda_activate_grad(g, act);
+        /* SWIGLU_OAI: 0 where up was clamped */
+        const bool clamped =
+            act == ACTIVATION_SWIGLU_OAI && (u > CUDA_ACT_OAI_LIMIT || u < -CUDA_ACT_OAI_LIMIT);
+        const float du = clamped ? 0.0f : d * cuda_activate(g, act);
         cuda_store(dgate + i, dg);
         cuda_store(dup + i, du);
     }
