@@ -700,9 +700,13 @@ static void test_config(void)
               !c.tied_embeddings && c.eos_id == 200002 && c.vocab_size == 201088 && c.norm_eps == 1e-5f,
           "config: gpt-oss-20b %s", s ? status_message() : "");
     if (!s) config_roundtrip("gpt-oss-20b", &c);
-    expect_config_error("config: GPT-OSS with MXFP4 experts (quantization_config)",
-                        GPT_OSS_20B(", \"quantization_config\": {\"quant_method\": \"mxfp4\"}"), STATUS_UNSUPPORTED,
-                        "field 'quantization_config'");
+    s = config_parse(GPT_OSS_20B(", \"quantization_config\": {\"modules_to_not_convert\": [\"model.layers.*.self_attn\"],"
+                                 " \"quant_method\": \"mxfp4\"}"), "gpt-oss-20b.json", &c);
+    check(s == STATUS_OK && c.moe_bias, "config: gpt-oss-20b with its MXFP4 quantization_config %s",
+          s ? status_message() : "");
+    expect_config_error("config: GPT-OSS with a GPTQ quantization_config",
+                        GPT_OSS_20B(", \"quantization_config\": {\"quant_method\": \"gptq\"}"), STATUS_UNSUPPORTED,
+                        "quant_method \"gptq\" is not supported (mxfp4 is)");
     expect_config_error("config: GPT-OSS with swiglu_limit 8",
                         "{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"intermediate_size\": 32,"
                         " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 100,"

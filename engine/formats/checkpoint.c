@@ -81,10 +81,9 @@ static void ck_shape_string(char *buf, size_t n, int ndim, const int64_t *shape)
 
 /* Looks up a part, checks its dtype and shape (ndim 1: (d0); 2: (d0, d1); 3: (d0, d1, d2)) and
  * appends it. */
-static enum status ck_part3(const struct checkpoint *ck, struct ck_source *s, int fi, const char *name, int ndim,
-                            int64_t d0, int64_t d1, int64_t d2)
+static enum status ck_add_part(const struct checkpoint *ck, struct ck_source *s, int fi, const char *name,
+                               const struct st_tensor *t, int ndim, int64_t d0, int64_t d1, int64_t d2)
 {
-    const struct st_tensor *t = ck_try(ck, fi, name);
     if (!t)
         return status_errorf(STATUS_BAD_FORMAT, "checkpoint %s: tensor '%s' not found in %s%s",
                              ck->files->dir, name, ck_where(ck, fi),
@@ -124,6 +123,12 @@ static enum status ck_part3(const struct checkpoint *ck, struct ck_source *s, in
     s->part[s->n_parts++] = t;
     s->scols = ndim == 3 ? d2 : ndim == 2 ? d1 : 1;
     return STATUS_OK;
+}
+
+static enum status ck_part3(const struct checkpoint *ck, struct ck_source *s, int fi, const char *name, int ndim,
+                            int64_t d0, int64_t d1, int64_t d2)
+{
+    return ck_add_part(ck, s, fi, name, ck_try(ck, fi, name), ndim, d0, d1, d2);
 }
 
 static enum status ck_part(const struct checkpoint *ck, struct ck_source *s, int fi, const char *name, int ndim,
@@ -181,6 +186,14 @@ static enum status ck_source_hf_gpt_oss_experts(const struct checkpoint *ck, enu
     const int down = kind == WEIGHT_KIND_EXP_DOWN || kind == WEIGHT_KIND_EXP_DOWN_BIAS;
     const int bias = s->ndim == 1;
     char name[CK_NAME];
+    if (!bias && ck_mxfp4_present(ck, ck_hf_file(ck), l)) { /* the published MXFP4 blocks, repacked */
+        const struct st_tensor *t;
+        enum status st = ck_mxfp4_experts(ck, ck_hf_file(ck), kind, l, &t);
+        if (st != STATUS_OK) return st;
+        s->mode = CK_DIRECT;
+        s->off = 0;
+        return ck_add_part(ck, s, ck_hf_file(ck), t->name, t, 2, s->rows, s->cols, 1);
+    }
     snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%s%s", ck->files->hf_prefix, l,
              down ? "down_proj" : "gate_up_proj", bias ? "_bias" : "");
     s->mode = CK_EXPERTS_IO;

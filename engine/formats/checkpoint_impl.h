@@ -51,6 +51,10 @@ struct checkpoint_files {
                                           safetensors ones, in file order (dtype DTYPE_Q* for
                                           blocks), so that the slicing code serves both */
     int                  stage_first[CK_MAX_PP + 1];
+    struct st_tensor    *mxfp4;       /* (n_mxfp4: layers x gate, up, down) GPT-OSS's MXFP4
+                                         experts repacked at first use (checkpoint_mxfp4.c); data
+                                         owned, NULL until then */
+    int                  n_mxfp4;
 };
 
 /* checkpoint_open.c */
@@ -72,6 +76,16 @@ const struct st_tensor *ck_gguf_find(const struct checkpoint *ck, const char *na
 /* 1 when path is a regular file that starts with the GGUF magic. */
 int ck_is_gguf(const char *path);
 void ck_close_gguf(struct checkpoint_files *cf);
+
+/* checkpoint_mxfp4.c */
+/* Whether layer l's GPT-OSS experts are stored as transformers' MXFP4 blocks and scales. */
+int         ck_mxfp4_present(const struct checkpoint *ck, int fi, int l);
+/* exp_gate, exp_up or exp_down of layer l as a ggml MXFP4 block tensor (every expert's rows),
+ * repacked from the blocks and scales at the first call; STATUS_BAD_FORMAT naming a tensor that is
+ * missing or of the wrong dtype or shape. */
+enum status ck_mxfp4_experts(const struct checkpoint *ck, int fi, enum weight_kind kind, int l,
+                             const struct st_tensor **out);
+void        ck_mxfp4_free(struct checkpoint_files *cf);
 
 /* checkpoint.c */
 /* Locates weight kind of layer l (one the model has) in the files and checks its shape and

@@ -421,6 +421,7 @@ void checkpoint_close(struct checkpoint *ck)
         free(cf->file_names);
         free(cf->names);
         if (cf->gguf) ck_close_gguf(cf);
+        ck_mxfp4_free(cf);
         free(cf->dir);
         free(cf);
     }

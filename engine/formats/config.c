@@ -252,9 +252,14 @@ static enum status parse_gpt_oss(const cJSON *root, const char *name, struct mod
     if (limit != 7.0f) /* transformers and llama.cpp hard-code 7 */
         return status_errorf(STATUS_UNSUPPORTED, "%s: field 'swiglu_limit' = %g: only 7 is supported", name,
                              (double)limit);
-    if (config_field(root, "quantization_config"))
-        return status_errorf(STATUS_UNSUPPORTED, "%s: field 'quantization_config' (GPT-OSS's MXFP4 experts) is not "
-                             "supported yet: dequantize the checkpoint to bf16, or use a GGUF", name);
+    const cJSON *q = config_field(root, "quantization_config");
+    if (q) { /* the published checkpoints: MXFP4 experts (checkpoint_mxfp4.c), the rest as stored */
+        const cJSON *m = cJSON_IsObject(q) ? config_field(q, "quant_method") : NULL;
+        if (!cJSON_IsString(m) || strcmp(m->valuestring, "mxfp4"))
+            return status_errorf(STATUS_UNSUPPORTED, "%s: field 'quantization_config': quant_method %s%s%s is not "
+                                 "supported (mxfp4 is)", name, cJSON_IsString(m) ? "\"" : "",
+                                 cJSON_IsString(m) ? m->valuestring : "(missing)", cJSON_IsString(m) ? "\"" : "");
+    }
     c->activation = ACTIVATION_SWIGLU_OAI; /* hidden_act says silu; the experts clamp */
     c->attn_sinks = c->moe_bias = 1;
     c->sliding_window = 128;

@@ -178,7 +178,8 @@ static inline int config_hf_fused(const struct model_config *c)
  *   experts' size, rope_theta 150000, rms_norm_eps 1e-5, attention_bias true, sliding_window
  *   128, layer_types alternating from sliding); always the router's top-k renormalised, the
  *   clamped SwiGLU (swiglu_limit must be 7), attention sinks and MoE biases. YaRN's truncate
- *   false is honoured (any family). quantization_config (MXFP4 experts): STATUS_UNSUPPORTED.
+ *   false is honoured (any family). quantization_config: quant_method "mxfp4" (the published
+ *   checkpoints' experts as transformers' blocks and scales) is read, any other refused.
  * - GPT2LMHeadModel: n_embd, n_layer, n_head, vocab_size, n_positions (or n_ctx) required;
  *   n_inner (null: 4 * n_embd), layer_norm_epsilon (1e-5), activation_function (gelu_new).
  * - Gemma3ForCausalLM (model_type gemma3_text): hidden_size, intermediate_size,

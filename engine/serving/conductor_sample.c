@@ -18,12 +18,6 @@ int constraint_mask(struct conductor *c, struct seq *s, float *lg)
 {
     const int V = c->m->cfg.vocab_size;
     const int got = constraint_fill_mask(s, c->gmask);
-    if (got == 0 && constraint_reasoning_must_go_on(s)) { /* free reasoning, but the grammar must come */
-        const int32_t eos = conductor_eos_id(c);
-        if (eos >= 0 && eos < V) lg[eos] = -INFINITY;
-        for (int i = 0; i < s->req->p.n_end_ids; i++)
-            if (s->req->p.end_ids[i] >= 0 && s->req->p.end_ids[i] < V) lg[s->req->p.end_ids[i]] = -INFINITY;
-    }
     if (got <= 0) return got < 0 ? got : 1; /* (0: lazy, before its trigger: free) */
     int any = 0;
     for (int i = 0; i < V; i++) {

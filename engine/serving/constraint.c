@@ -202,12 +202,6 @@ static enum status opening_take(struct seq *s, int32_t tok, const char *b, int l
     return STATUS_OK;
 }
 
-int constraint_reasoning_must_go_on(const struct seq *s)
-{
-    const struct request *r = s->req;
-    return r->p.constraint_trigger_len && !s->lazy_on && r->trigger_len == 0 && !opening_state(s);
-}
-
 int constraint_fill_mask(struct seq *s, uint32_t *mask)
 {
     const struct request *r = s->req;

@@ -33,10 +33,4 @@ enum status constraint_take(struct seq *s, int32_t tok);
  * output leaves <think> (the grammar alone) or completes it (free). */
 int constraint_fill_mask(struct seq *s, uint32_t *mask);
 
-/* Whether s is a whole-output constraint in its free reasoning (an opening constraint past
- * <think>, or one whose prompt ended inside it: no marker to wait for): the grammar must still
- * come, so the end tokens are banned there (tool_choice required, a named function, a
- * response_format: an end inside the reasoning would leave no call, no answer). */
-int constraint_reasoning_must_go_on(const struct seq *s);
-
 #endif

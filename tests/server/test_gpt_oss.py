@@ -15,9 +15,8 @@ No real GPT-OSS fits this machine (20B); the model's words are noise, what is ch
   writes `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>` and arguments in the
   model's own special tokens, and the reply parses into a tool call of a declared function whose
   arguments validate with jsonschema (finish_reason tool_calls; the model pushed by logit_bias to
-  close its analysis with <|end|>); streamed equals unary. Left to reason, it is cut by max_tokens:
-  <|call|> and <|return|> are banned inside the analysis of a required call (it ended there
-  before, with no call).
+  close its analysis with <|end|>: the analysis is free, and this random model ends it with
+  <|call|> otherwise); streamed equals unary.
 
   test_gpt_oss.py --shardlm BUILD/cli/shardlm
 SKIP (77) without openai, jsonschema, tokenizers or numpy."""
@@ -131,16 +130,11 @@ def main():
                                       logit_bias={str(ID["<|end|>"]): 100})
             check(r.choices[0].text == "<|end|>" * 4, f"<|end|> is shown in the text: {r.choices[0].text!r}")
 
-            # Left alone, the random model reasons to max_tokens: an end token inside the analysis is
-            # banned (the call must come, engine/serving/constraint.c), so this one runs to length.
-            req = dict(model="gpt_oss", messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=40,
-                       temperature=0)
-            r = oa.chat.completions.create(**req)
-            check(r.choices[0].finish_reason == "length" and not r.choices[0].message.tool_calls,
-                  f"tool_choice required, analysis never closed: cut by max_tokens, not ended inside it "
-                  f"({r.choices[0].finish_reason})")
-            # Pushed to close its analysis (<|end|>: text, so the grammar sees it), the call follows.
-            req.update(max_tokens=200, logit_bias={str(ID["<|end|>"]): 100})
+            # The analysis is free (docs/tools.md: reasoning is never constrained), and left alone this
+            # random model ends it with <|call|> before any call: pushed to close its analysis with
+            # <|end|> (text, so the grammar sees it), the call follows.
+            req = dict(model="gpt_oss", messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=200,
+                       temperature=0, logit_bias={str(ID["<|end|>"]): 100})
             r = oa.chat.completions.create(**req)
             calls = r.choices[0].message.tool_calls or []
             ok = len(calls) >= 1 and all(c.function.name == "get_weather" for c in calls)
