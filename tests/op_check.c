@@ -420,7 +420,7 @@ double ref_act(enum activation act, double x)
         return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
     case ACTIVATION_GELU_ERF: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
     case ACTIVATION_SWIGLU_OAI: { /* the gate's part; ref_gated_up the up's */
-        const double g = x < 7.0 ? x : 7.0;
+        const double g = x > 7.0 ? 7.0 : x; /* a NaN stays NaN, as transformers' clamp */
         return g / (1.0 + exp(-1.702 * g));
     }
     }

@@ -1117,6 +1117,32 @@ static void case_gated_activation(struct suite *s, enum dtype dt, enum activatio
     case_end(s, name, &v);
 }
 
+/* ACTIVATION_SWIGLU_OAI keeps a NaN gate or up NaN (transformers' clamp does; a min(x, 7) written
+ * as x < 7 ? x : 7 made a NaN gate 7). */
+static void case_oai_nan(struct suite *s, enum dtype dt)
+{
+    char name[64];
+    snprintf(name, sizeof name, "gated_activation %s swiglu_oai NaN in, NaN out", dtype_name(dt));
+    struct rng r;
+    if (!case_begin(s, name, &r)) return;
+    struct hbuf g = hbuf_make(s, dt, 2), u = hbuf_make(s, dt, 2);
+    hbuf_set(&g, 0, NAN), hbuf_set(&u, 0, 1.0), hbuf_set(&g, 1, 1.0), hbuf_set(&u, 1, NAN);
+    struct verdict v = {.worst_ratio = -1.0};
+    void *bits = case_alloc(s, 2, dtype_size(dt));
+    for (int bi = 0; bi < s->n_backends; bi++) {
+        struct backend *b = s->backend[bi];
+        struct arena a = {.b = b};
+        struct tensor tg = arena_in(&a, "gate", dt, S2(1, 2), g.bits), tu = arena_in(&a, "up", dt, S2(1, 2), u.bits);
+        struct tensor to = arena_out(&a, "out", dt, S2(1, 2), NULL, bits);
+        if (SUPPORTED(&v, b, gated_activation)) op_gated_activation(b, &to, &tg, &tu, ACTIVATION_SWIGLU_OAI);
+        arena_finish(&a, &v);
+        const double *got = decode(s, bits, dt, 2);
+        if (!isnan(got[0]) || !isnan(got[1]))
+            verdict_fail(&v, "%s: NaN gate -> %g, NaN up -> %g (want NaN, NaN)", s->backend_name[bi], got[0], got[1]);
+    }
+    case_end(s, name, &v);
+}
+
 /* ---- softmax, log_softmax ------------------------------------------------------------------ */
 
 /* Row i is of kind i % 5: 0 N(0, 3); 1 1e4 + N(0, 5); 2 -1e4 + N(0, 5); 3 uniform in
@@ -1523,6 +1549,7 @@ static void run_all(struct suite *s)
     /* GPT-OSS's clamped SwiGLU is gated only (op_activation refuses it). */
     for (int di = 0; di < 3; di++) {
         case_gated_activation(s, float_dtypes[di], ACTIVATION_SWIGLU_OAI, 1, 1, 0);
+        case_oai_nan(s, float_dtypes[di]);
         case_gated_activation(s, float_dtypes[di], ACTIVATION_SWIGLU_OAI, 3, 67, 1);
         case_gated_activation(s, float_dtypes[di], ACTIVATION_SWIGLU_OAI, 2, 688, 2);
         case_gated_activation(s, float_dtypes[di], ACTIVATION_SWIGLU_OAI, 8, 5003, 0);

@@ -177,11 +177,23 @@ static size_t mw_row_bytes(enum dtype dt, int64_t cols)
 }
 
 /* Writes one canonical slice of kind into dst (exactly nbytes). */
+/* The (rank, size) a weight of `kind` is written by: a weight the Megatron layout keeps whole on
+ * every rank (WEIGHT_MEGATRON_REPLICATED, read back from rank 0's file whole) is written whole,
+ * also the ones a loaded model splits over tp (the experts by whole experts, GPT-OSS's sinks by
+ * heads: they were written as rank slices, which no reader took back). */
+static void mw_shard(enum weight_kind kind, int rank, int tp, int *r, int *t)
+{
+    const int whole = weight_names_of(kind)->megatron_layout == WEIGHT_MEGATRON_REPLICATED;
+    *r = whole ? 0 : rank;
+    *t = whole ? 1 : tp;
+}
+
 static enum status mw_get(struct mw_fill *f, enum weight_kind kind, void *dst, size_t nbytes)
 {
     struct host_weight hw;
-    return checkpoint_get(f->ck, kind, f->item->layer, f->tp_rank, f->tp_size, f->item->dtype, dst,
-                          nbytes, 0, &hw);
+    int r, t;
+    mw_shard(kind, f->tp_rank, f->tp_size, &r, &t);
+    return checkpoint_get(f->ck, kind, f->item->layer, r, t, f->item->dtype, dst, nbytes, 0, &hw);
 }
 
 static enum status mw_fill_fn(void *ctx, void *dst, size_t nbytes)
@@ -284,8 +296,10 @@ static enum status mw_add(struct checkpoint *ck, const struct weight_names *w, i
         }
     }
     (void)weight_names_format(it.name, sizeof it.name, NULL, w->megatron, local);
-    if ((s = mw_dtype(ck, kinds, n_kinds, rank, tp, &it))) return s;
-    if ((s = checkpoint_describe(ck, w->kind, layer, rank, tp, DTYPE_F32, &hw))) return s;
+    int r = rank, t = tp;
+    mw_shard(w->kind, rank, tp, &r, &t);
+    if ((s = mw_dtype(ck, kinds, n_kinds, r, t, &it))) return s;
+    if ((s = checkpoint_describe(ck, w->kind, layer, r, t, DTYPE_F32, &hw))) return s;
     if (it.what == MW_KIND) {
         it.ndim = hw.ndim;
         it.shape[0] = hw.shape[0];

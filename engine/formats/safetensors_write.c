@@ -29,8 +29,12 @@ static const char *st_dtype_string(enum dtype t)
 }
 
 /* The alignment a tensor's data keeps in the file (st_cmp_entry): its element size, 2 for
- * blocks (quant.h). */
-static size_t st_align(enum dtype t) { return dtype_is_quant(t) ? 2 : dtype_size(t); }
+ * blocks (quant.h), 1 for MXFP4's 17-byte blocks (so that they sort last: an odd-sized one
+ * before them would move every 2-aligned tensor off its alignment). */
+static size_t st_align(enum dtype t)
+{
+    return t == DTYPE_MXFP4 ? 1 : dtype_is_quant(t) ? 2 : dtype_size(t);
+}
 
 /* Bytes of a tensor of dtype and shape, or 0 with *bad set when they do not fit or a block
  * tensor is not [rows, cols] of whole blocks. */

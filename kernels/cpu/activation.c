@@ -37,9 +37,9 @@ __attribute__((always_inline)) static inline void activate_rows(float *out, cons
     case ACTIVATION_GELU_ERF:
         for (size_t j = 0; j < len; j++) out[j] = cpu_activate(x[j], act);
         break;
-    case ACTIVATION_SWIGLU_OAI: /* the gate's part: g sigmoid(1.702 g), g = min(x, 7) */
+    case ACTIVATION_SWIGLU_OAI: /* the gate's part: g sigmoid(1.702 g), g = min(x, 7) (a NaN stays NaN) */
         for (size_t j = 0; j < len; j++) {
-            const float g = x[j] < ACT_OAI_LIMIT ? x[j] : ACT_OAI_LIMIT;
+            const float g = x[j] > ACT_OAI_LIMIT ? ACT_OAI_LIMIT : x[j];
             out[j] = g / (1.0f + cpu_exp(-ACT_OAI_ALPHA * g));
         }
         break;
@@ -118,7 +118,7 @@ float cpu_activate(float x, enum activation act)
     }
     case ACTIVATION_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
     case ACTIVATION_SWIGLU_OAI: {
-        const float g = x < ACT_OAI_LIMIT ? x : ACT_OAI_LIMIT;
+        const float g = x > ACT_OAI_LIMIT ? ACT_OAI_LIMIT : x;
         return g / (1.0f + expf(-ACT_OAI_ALPHA * g));
     }
     }

@@ -196,7 +196,7 @@ __device__ __forceinline__ float cuda_activate(float x, enum activation act)
     }
     case ACTIVATION_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
     case ACTIVATION_SWIGLU_OAI: { /* the gate's part: g sigmoid(1.702 g), g = min(x, 7) */
-        const float g = x < CUDA_ACT_OAI_LIMIT ? x : CUDA_ACT_OAI_LIMIT;
+        const float g = x > CUDA_ACT_OAI_LIMIT ? CUDA_ACT_OAI_LIMIT : x; /* a NaN stays NaN */
         return g / (1.0f + expf(-CUDA_ACT_OAI_ALPHA * g));
     }
     }
