@@ -57,6 +57,8 @@
  *                            cancelled [30; 0: at once]
  *   --journal-detach-max N   at most N such requests running on at once; past it a client that
  *                            goes away cancels its request [256]
+ *   --journal-detach-max-per-key N  at most N of them of one API key's [half of
+ *                            --journal-detach-max with two or more keys]
  *   --fine-tuning DIR        OpenAI's /v1/files and /v1/fine_tuning/jobs (docs/server.md): uploads
  *                            and jobs under DIR; a job trains a LoRA adapter on a served model
  *                            and the server then serves it as the job's fine_tuned_model
@@ -117,7 +119,8 @@ static int usage(const char *fmt, const char *arg)
                     "         [--http-max-connections-per-address N (3/4 of the above; 0 = no cap)] [--http-header-timeout S (10)]\n"
                     "         [--http-body-timeout S (60)] [--responses-store N (1024)]\n"
                     "         [--journal DIR [--journal-fsync accept|always|never] [--journal-retain S (600)]\n"
-                    "          [--journal-end-delay S (10)] [--journal-detach-grace S (30)] [--journal-detach-max N (256)]]\n"
+                    "          [--journal-end-delay S (10)] [--journal-detach-grace S (30)] [--journal-detach-max N (256)]\n"
+                    "          [--journal-detach-max-per-key N (half the max with two or more API keys)]]\n"
                     "         [--fine-tuning DIR [--fine-tuning-threads N (1)] [--fine-tuning-max-file-mb N (64)]\n"
                     "          [--fine-tuning-seq-length N (512)]]\n"
                     "         [--lora NAME=DIR ...] [--max-loras K (8)] [--max-lora-rank R (16)]\n"
@@ -342,6 +345,10 @@ int serve_main(int argc, char **argv)
             if (base_parse_long(v, 1, 1 << 20, &n))
                 return usage("--journal-detach-max must be an integer in [1, 1048576], got '%s'", v);
             o.journal_detach_max = (int)n;
+        } else if (!strcmp(a, "--journal-detach-max-per-key")) {
+            if (base_parse_long(v, 1, 1 << 20, &n))
+                return usage("--journal-detach-max-per-key must be an integer in [1, 1048576], got '%s'", v);
+            o.journal_detach_max_per_key = (int)n;
         }
         else if (!strcmp(a, "--http-max-connections")) {
             if (base_parse_long(v, 1, 65536, &n)) return usage("--http-max-connections must be an integer in [1, 65536], got '%s'", v);

@@ -336,12 +336,12 @@ enum status grpc_resume_first_run(struct call *c, const uint8_t *data, size_t le
     return STATUS_OK;
 }
 
-int grpc_resume_detached(struct server *s)
+int grpc_resume_detached(struct server *s, const char *owner)
 {
     int n = 0;
     for (struct grpc_job *j = s->grpc_jobs; j; j = j->next) {
         pthread_mutex_lock(&j->mu);
-        n += j->first_run && !j->attached && !j->abandoned && j->active > 0;
+        n += j->first_run && !j->attached && !j->abandoned && j->active > 0 && (!owner || !strcmp(j->log.owner, owner));
         pthread_mutex_unlock(&j->mu);
     }
     return n;
@@ -670,12 +670,13 @@ void grpc_resume_detach(struct call *c)
     struct server *s = c->s;
     const int grace = j->first_run && s->opts.journal_detach_grace_s > 0;
     int full = 0;
+    char limit[80] = "";
     if (grace && !delivered) {
         pthread_mutex_lock(&s->resumed_mu);
         pthread_mutex_lock(&j->mu);
         const int running = j->active > 0;
         pthread_mutex_unlock(&j->mu);
-        full = running && resume_detached_full(s);
+        full = running && resume_detach_full(s, j->log.owner, limit, sizeof limit) != NULL;
         pthread_mutex_unlock(&s->resumed_mu);
     }
     const int keep = grace && !full;
@@ -692,9 +693,8 @@ void grpc_resume_detach(struct call *c)
     pthread_mutex_unlock(&j->mu);
     if (delivered && !keep) job_forget(s, j);
     else if (grace && !keep) {
-        LOG_WARN(MODULE, "req=%s: its client went away with --journal-detach-max (%d) requests running for theirs: %s",
-                 j->log.key, s->opts.journal_detach_max > 0 ? s->opts.journal_detach_max : 256,
-                 running ? "cancelled" : "forgotten");
+        LOG_WARN(MODULE, "req=%s: its client went away with %s requests running for theirs: %s", j->log.key,
+                 *limit ? limit : "--journal-detach-max", running ? "cancelled" : "forgotten");
         if (running) job_cancel(j);
     } else if (keep && !delivered)
         LOG_INFO(MODULE, "req=%s: its client went away; %s for %.0f s for the client to reattach", j->log.key,

@@ -255,9 +255,8 @@ void http_gen_after_hangup(struct http_gen *g, enum http_hangup h)
         g->hangup = 1;
         h = g->active > 0 ? HTTP_HANGUP_CANCEL : HTTP_HANGUP_NONE;
         pthread_mutex_unlock(&g->mu);
-        LOG_WARN("journal", "req=%s: its client went away with --journal-detach-max (%d) requests running for theirs: %s",
-                 g->id, g->s->opts.journal_detach_max > 0 ? g->s->opts.journal_detach_max : 256,
-                 h == HTTP_HANGUP_CANCEL ? "cancelled" : "forgotten");
+        LOG_WARN("journal", "req=%s: its client went away with %s requests running for theirs: %s", g->id,
+                 g->detach_limit, h == HTTP_HANGUP_CANCEL ? "cancelled" : "forgotten");
     }
     if (h == HTTP_HANGUP_CANCEL) http_gen_cancel(g);
 }

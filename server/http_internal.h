@@ -212,6 +212,8 @@ struct http_gen {
     atomic_int      model_released; /* the pin of q.model is given back */
     struct http_request q;
     char            id[JOURNAL_KEY_MAX + 1]; /* "cmpl-N" / "chatcmpl-N", a journaled one's "KIND-BOOT-R", or the Idempotency-Key */
+    char            detach_limit[80]; /* the limit its hang-up met when it could not run on detached
+                                         (resume_detach_full), for the log */
     long long       created;     /* Unix seconds */
     struct http_run *runs;       /* (n_runs) one per prompt */
     int             n_runs;

@@ -204,12 +204,12 @@ int http_resume_entry(struct server *s, struct journal_entry *e)
 
 /* ---- clients that come back ------------------------------------------------------------------ */
 
-int http_resume_detached(struct server *s)
+int http_resume_detached(struct server *s, const char *owner)
 {
     int n = 0;
     for (struct http_gen *g = s->resumed; g; g = g->next_resumed) {
         pthread_mutex_lock(&g->mu);
-        n += g->keep_log && !g->attached && !g->abandoned && g->active > 0;
+        n += g->keep_log && !g->attached && !g->abandoned && g->active > 0 && (!owner || !strcmp(g->q.owner, owner));
         pthread_mutex_unlock(&g->mu);
     }
     return n;
@@ -222,7 +222,7 @@ int http_resume_adopt(struct http_gen *g)
     pthread_mutex_lock(&g->mu);
     const int running = g->active > 0;
     pthread_mutex_unlock(&g->mu);
-    if (running && resume_detached_full(s)) {
+    if (running && resume_detach_full(s, g->q.owner, g->detach_limit, sizeof g->detach_limit)) {
         pthread_mutex_unlock(&s->resumed_mu);
         return 0;
     }

@@ -111,10 +111,21 @@ void resume_key_release(struct server *s, struct resume_key *k)
     pthread_mutex_unlock(&s->resumed_mu);
 }
 
-int resume_detached_full(struct server *s)
+const char *resume_detach_full(struct server *s, const char *owner, char *buf, size_t n)
 {
     const int max = s->opts.journal_detach_max > 0 ? s->opts.journal_detach_max : 256;
-    return http_resume_detached(s) + grpc_resume_detached(s) >= max;
+    const int per_key = s->opts.journal_detach_max_per_key > 0 ? s->opts.journal_detach_max_per_key
+                        : s->n_keys >= 2                       ? (max + 1) / 2
+                                                               : max;
+    if (http_resume_detached(s, NULL) + grpc_resume_detached(s, NULL) >= max) {
+        snprintf(buf, n, "--journal-detach-max (%d)", max);
+        return buf;
+    }
+    if (owner && *owner && per_key < max && http_resume_detached(s, owner) + grpc_resume_detached(s, owner) >= per_key) {
+        snprintf(buf, n, "--journal-detach-max-per-key (%d) of its API key's", per_key);
+        return buf;
+    }
+    return NULL;
 }
 
 void resume_sweep(struct server *s)

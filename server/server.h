@@ -73,6 +73,10 @@ struct server_options {
     int         journal_detach_max; /* at most this many such requests running on at once
                                      (both fronts); past it a client that goes away cancels its
                                      request as with a grace of 0; 0 = 256 */
+    int         journal_detach_max_per_key; /* of those, at most this many of one API key's, so
+                                     that one key cannot take them all from the others; 0 = half
+                                     of journal_detach_max with two or more keys, else no more
+                                     than journal_detach_max */
     const struct server_model_spec *more_models; /* (n_more_models) served besides engine's
                                     model_dir; requests pick one by its id (the last component
                                     of its path) or one of its adapters' names, in the HTTP

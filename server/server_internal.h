@@ -522,12 +522,16 @@ enum resume_key_state resume_key_state(struct server *s, const char *key);
  * and not guessable, so that no client can name (reattach to, squat) another's request by
  * counting (a server without API keys has one owner for every client). */
 void        resume_new_id(const struct server *s, const char *kind, char *out, size_t cap);
-/* 1 when --journal-detach-max first runs whose client went away still run (both fronts:
+/* Whether one more first run of owner whose client went away may run on detached (both fronts:
  * http_resume_detached, grpc_resume_detached count them; ended ones cost memory, not work, and
- * are not counted); with s->resumed_mu held. */
-int         resume_detached_full(struct server *s);
-int         grpc_resume_detached(struct server *s); /* with s->resumed_mu held */
-int         http_resume_detached(struct server *s); /* with s->resumed_mu held */
+ * are not counted): NULL when it may; else the limit it met, written into buf ("--journal-
+ * detach-max (N)", or "--journal-detach-max-per-key (M) of its API key's"). With
+ * s->resumed_mu held. */
+const char *resume_detach_full(struct server *s, const char *owner, char *buf, size_t n);
+/* The detached first runs still running, of owner only when owner is not NULL; with
+ * s->resumed_mu held. */
+int         grpc_resume_detached(struct server *s, const char *owner);
+int         http_resume_detached(struct server *s, const char *owner);
 /* Puts k (k->key set) in s->live when no request has its key, and returns RESUME_KEY_FREE;
  * else returns who has it and takes nothing. resume_key_release takes it out (when in). */
 enum resume_key_state resume_key_claim(struct server *s, struct resume_key *k);

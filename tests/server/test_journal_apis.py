@@ -128,6 +128,36 @@ def group_detach_max(shardlm, model, work, gguf=None):
         check(kept.done and kept.statuses == [200] and code == 404 and "--journal-detach-max (1)" in log,
               f"--journal-detach-max 1: the first request that went is kept ({kept.statuses}), the second ended "
               f"at once ({code}), the log says why")
+    # With two API keys a key's share is half of --journal-detach-max: key A dropping two requests
+    # keeps its first and ends its second, and key B's dropped request still runs on (one key
+    # cannot take every detached place from the others).
+    keys = work / "detach-keys"
+    keys.write_text("key-alpha\nkey-beta\n")
+    A, B = {"Authorization": "Bearer key-alpha"}, {"Authorization": "Bearer key-beta"}
+    with server(shardlm, gguf, "--journal", str(work / "j-detach-per-key"), "--journal-detach-max", "2",
+                "--api-key-file", str(keys), name="detach-per-key") as srv:
+        p, ids = srv.http_port, []
+        for seed, who in ((51, A), (52, A), (53, B)):
+            c = http.client.HTTPConnection("127.0.0.1", p, timeout=60)
+            c.request("POST", path, json.dumps(dict(body, seed=seed, max_tokens=400)),
+                      {"Content-Type": "application/json", **who})
+            ids.append(c.getresponse().readline().decode()[4:].rstrip("\n"))
+            reset(c)
+            end = time.time() + 30
+            while f"req={ids[-1].split(';')[0]}: its client went away" not in srv.log_path.read_text() and \
+                    time.time() < end:
+                time.sleep(0.05)
+        log = srv.log_path.read_text()
+        went = {i: next((line for line in log.splitlines() if f"req={i.split(';')[0]}: its client went away" in line), "")
+                for i in ids}
+        check("it runs on" in went[ids[0]] and "--journal-detach-max-per-key (1) of its API key's" in went[ids[1]] and
+              "cancelled" in went[ids[1]] and "it runs on" in went[ids[2]],
+              f"two keys, --journal-detach-max 2: A's first runs on, A's second is cancelled at its key's share, B's "
+              f"runs on: {list(went.values())}")
+        kept = Stream(path, dict(body, seed=53, max_tokens=400), B)
+        kept.last_id = ids[2]
+        kept.read(p)
+        check(kept.done and kept.statuses == [200], f"B reattaches to its request: {kept.statuses}")
 
 
 def group_owners(shardlm, model, work):
