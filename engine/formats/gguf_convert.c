@@ -189,6 +189,12 @@ static enum status gguf_gpt_oss(const struct gguf *g, const char *path, struct m
     if (strcmp(type, "yarn"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: gpt-oss.rope.scaling.type \"%s\" is not supported (yarn, none)",
                              path, type);
+    static const char *const unmodelled[] = {"gpt-oss.rope.scaling.yarn_ext_factor", "gpt-oss.rope.scaling.yarn_attn_factor",
+                                             "gpt-oss.rope.scaling.yarn_log_multiplier"};
+    for (size_t i = 0; i < sizeof unmodelled / sizeof *unmodelled; i++)
+        if (gguf_find_kv(g, unmodelled[i]))
+            return status_errorf(STATUS_UNSUPPORTED, "%s: metadata key '%s' is not supported (YaRN's attention factor is "
+                                 "0.1 ln(factor) + 1, its ramp transformers')", path, unmodelled[i]);
     if ((s = gc_float_or(g, "gpt-oss.rope.scaling.factor", 1.0, &rs->factor)) ||
         (s = gc_int(g, "gpt-oss.rope.scaling.original_context_length", &orig)) ||
         (s = gc_float_or(g, "gpt-oss.rope.scaling.yarn_beta_fast", 32.0, &rs->beta_fast)) ||

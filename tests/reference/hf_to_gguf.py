@@ -63,6 +63,8 @@ def main():
                                        "olmoe", "gpt-oss"],
                     required=True)
     ap.add_argument("--mxfp4", action="store_true", help="gpt-oss: the experts' matrices as MXFP4 blocks")
+    ap.add_argument("--extra-float", action="append", default=[], metavar="KEY=VALUE",
+                    help="one more float32 metadata key (for the tests of keys shardlm refuses)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--ref", required=True)
     a = ap.parse_args()
@@ -127,6 +129,9 @@ def main():
         g.add_uint32(A + ".attention.sliding_window", cfg["sliding_window"])
         # llama.cpp hard-codes query_pre_attn_scalar = head_dim (27B aside): the model must agree
         assert cfg["query_pre_attn_scalar"] == hd, "gemma2 GGUF: query_pre_attn_scalar must be head_dim"
+    for kv in a.extra_float:
+        key, value = kv.split("=", 1)
+        g.add_float32(key, float(value))
     gguf_types_model.test_vocab(g, V)
 
     def put(name, arr):
