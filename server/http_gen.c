@@ -276,9 +276,11 @@ void http_gen_cancel(struct http_gen *g)
     server_unpin_quietly(g->s, m);
 }
 
-/* Counts the request once it ended; g->mu held. */
+/* Counts the request once it ended (once: a later call does nothing); g->mu held. */
 void http_gen_observe(struct http_gen *g, enum status st)
 {
+    if (g->counted) return;
+    g->counted = 1;
     int completion = 0, prompt = 0;
     for (int i = 0; i < g->n_samples; i++) completion += g->samples[i].completion_tokens;
     for (int i = 0; i < g->n_runs; i++) prompt += g->runs[i].prompt_tokens;

@@ -214,6 +214,9 @@ struct http_gen {
     char            id[JOURNAL_KEY_MAX + 1]; /* "cmpl-N" / "chatcmpl-N", a journaled one's "KIND-BOOT-R", or the Idempotency-Key */
     char            detach_limit[80]; /* the limit its hang-up met when it could not run on detached
                                          (resume_detach_full), for the log */
+    int             counted;     /* http_gen_observe ran: in /metrics once, whoever ended it (its
+                                    stream, its hang-up, or the sweep of a detached request whose
+                                    client never came back) */
     long long       created;     /* Unix seconds */
     struct http_run *runs;       /* (n_runs) one per prompt */
     int             n_runs;

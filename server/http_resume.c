@@ -276,6 +276,7 @@ static struct swept sweep(struct server *s)
         else if (expired) LOG_INFO(MODULE, "req=%s: nobody came for its answer within %.0f s: forgotten", g->id, retain);
         g->abandoned |= abandoned;
         if (leave) end_before_unlink(g);
+        if (leave) http_gen_observe(g, g->end_status); /* a detached request no stream ended: counted here */
         pthread_mutex_unlock(&g->mu);
         if (cancel) {
             atomic_fetch_add(&g->refs, 1);

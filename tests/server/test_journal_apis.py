@@ -88,6 +88,11 @@ def group_detach(shardlm, model, work):
             time.sleep(0.1)
         check(code == 200 and unary_view(text)[0] == want_unary,
               f"a unary request whose connection dropped: its answer by its Idempotency-Key: {code} {text[:100]}")
+        def http_requests():  # /metrics: every HTTP request counted, whatever its status
+            text = get(p, "/metrics")[2]
+            return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("shardlm_requests_total{") and 'api="http"' in line)
+        counted = http_requests()
         left = Stream(path, dict(body, max_tokens=480, seed=31))
         c = http.client.HTTPConnection("127.0.0.1", p, timeout=60)
         c.request("POST", left.path, json.dumps(left.body), {"Content-Type": "application/json"})
@@ -99,6 +104,9 @@ def group_detach(shardlm, model, work):
         log = srv.log_path.read_text()
         check(code == 404 and "did not come back within 3 s" in log,
               f"a stream nobody came back for is forgotten after the grace: {code} {text[:150]}")
+        # (the GET /metrics and the 404 just sent are not generation requests: not counted)
+        check(http_requests() == counted + 1,
+              f"that request is in /metrics once, counted when the sweep forgot it ({counted} -> {http_requests()})")
 def group_detach_max(shardlm, model, work, gguf=None):
     """--journal-detach-max: past it a client that goes away ends its request (a client dropping
     connection after connection cannot leave unbounded work behind). It counts the requests still
