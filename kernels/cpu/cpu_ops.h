@@ -68,7 +68,7 @@ void   cpu_amx_gemm(float *y, int64_t ldy, const uint16_t *xv, const uint16_t *w
  * [-87, 88], n = round(x log2 e) through the 1.5 * 2^23 trick, r = x - n ln 2 in two parts
  * (Cody-Waite), e^r by Cephes' degree-7 polynomial, 2^n built in the exponent bits. Relative
  * error about 2e-7 (tests/test_ops.c checks the activations and attention against float64).
- * Used by the activations and attention's softmax. */
+ * A NaN x gives NaN. Used by the activations and attention's softmax. */
 static inline float cpu_exp(float x)
 {
     x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
@@ -82,9 +82,11 @@ static inline float cpu_exp(float x)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    int32_t zi;
+    uint32_t zi;
     memcpy(&zi, &z, sizeof zi);
-    const int32_t bits = (zi - 0x4B400000 + 127) * (1 << 23); /* n + 127 in the exponent field */
+    /* n + 127 in the exponent field; unsigned, so that a NaN x (whose z holds any bits: the
+     * result is NaN through p) is no signed overflow */
+    const uint32_t bits = (zi - 0x4B400000u + 127u) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
