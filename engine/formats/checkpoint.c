@@ -214,9 +214,7 @@ static enum status ck_source_hf_gpt_oss_experts(const struct checkpoint *ck, enu
 static enum status ck_source_hf_llama(const struct checkpoint *ck, enum weight_kind kind, int l,
                                       struct ck_source *s)
 {
-    if (ck->cfg.moe_bias && (kind == WEIGHT_KIND_EXP_GATE || kind == WEIGHT_KIND_EXP_UP ||
-                             kind == WEIGHT_KIND_EXP_DOWN || kind == WEIGHT_KIND_EXP_GATE_BIAS ||
-                             kind == WEIGHT_KIND_EXP_UP_BIAS || kind == WEIGHT_KIND_EXP_DOWN_BIAS))
+    if (ck->cfg.moe_bias && weight_kind_per_expert(kind))
         return ck_source_hf_gpt_oss_experts(ck, kind, l, s);
     if (ck->cfg.moe_bias && kind == WEIGHT_KIND_ROUTER) {
         char name[CK_NAME];

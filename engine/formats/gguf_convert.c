@@ -183,7 +183,6 @@ static enum status gguf_gpt_oss(const struct gguf *g, const char *path, struct m
     c->activation = ACTIVATION_SWIGLU_OAI;
     c->attn_sinks = c->moe_bias = 1;
     c->ffn_hidden = c->moe_ffn; /* no dense MLP: config.json's one intermediate_size is the experts' */
-    c->norm_topk_prob = 1;
     *rs = (struct rope_scaling){.kind = ROPE_SCALING_NONE, .factor = 1.0f, .attention_factor = 1.0f};
     if (!type || !strcmp(type, "none")) return STATUS_OK;
     if (strcmp(type, "yarn"))

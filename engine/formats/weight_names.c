@@ -170,6 +170,12 @@ int weight_kind_is_norm(enum weight_kind k)
            k == WEIGHT_KIND_POST_MLP_NORM;
 }
 
+int weight_kind_per_expert(enum weight_kind k)
+{
+    return k == WEIGHT_KIND_EXP_GATE || k == WEIGHT_KIND_EXP_UP || k == WEIGHT_KIND_EXP_DOWN ||
+           k == WEIGHT_KIND_EXP_GATE_BIAS || k == WEIGHT_KIND_EXP_UP_BIAS || k == WEIGHT_KIND_EXP_DOWN_BIAS;
+}
+
 int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
 {
     int ln = c->norm == NORM_KIND_LAYERNORM;

@@ -76,6 +76,9 @@ int         weight_kind_per_layer(enum weight_kind kind);
 /* Whether the kind is a norm's weight (not its bias): the weights that a norm_weight_offset
  * applies to (Gemma stores w for x * (1 + w)). */
 int         weight_kind_is_norm(enum weight_kind kind);
+/* Whether the kind is stacked expert by expert (the experts' matrices and GPT-OSS's biases):
+ * the weights a rank holds whole experts of (tp, or the ep group). */
+int         weight_kind_per_expert(enum weight_kind kind);
 /* Whether a model with this config has the weight (biases, GATE, POS_EMBEDDING depend on it). */
 int         weight_kind_exists(const struct model_config *cfg, enum weight_kind kind);
 

@@ -109,9 +109,7 @@ static enum dtype load_dtype(const struct model *m, enum weight_kind kind, const
  * parallelism (a contiguous block of whole experts per rank), the tp group's otherwise. */
 static void shard_of(const struct model *m, enum weight_kind kind, int *rank, int *size)
 {
-    const int experts = kind == WEIGHT_KIND_EXP_GATE || kind == WEIGHT_KIND_EXP_UP || kind == WEIGHT_KIND_EXP_DOWN ||
-                        kind == WEIGHT_KIND_EXP_GATE_BIAS || kind == WEIGHT_KIND_EXP_UP_BIAS ||
-                        kind == WEIGHT_KIND_EXP_DOWN_BIAS;
+    const int experts = weight_kind_per_expert(kind);
     *rank = experts && m->ep_size > 1 ? m->ep_rank : m->tp_rank;
     *size = experts && m->ep_size > 1 ? m->ep_size : m->tp_size;
 }
