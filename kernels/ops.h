@@ -127,6 +127,11 @@ struct attention_train_batch {
     int           bidirectional; /* 1: row i attends to every row of its document, before and
                                     after it (an encoder: BERT); window must then be 0, and the
                                     backward is not built for it. 0: causal (the default) */
+    struct tensor sinks;     /* attention sinks (GPT-OSS), as attention_batch.sinks: f32 (n_heads),
+                                one logit per query head that joins every row's softmax and weighs
+                                no value (not scaled or soft-capped); lse then includes it. data
+                                NULL: none. The backward of q, k, v is unchanged given that lse;
+                                the sinks' own gradient is op_attention_sinks_backward's */
 };
 
 /* Hyperparameters of one AdamW step (op_adamw). */
@@ -206,6 +211,9 @@ struct backend_ops {
                                      const struct tensor *lse, const struct tensor *q,
                                      const struct tensor *k, const struct tensor *v,
                                      const struct attention_train_batch *batch);
+    void (*attention_sinks_backward)(struct backend *b, const struct tensor *dsinks,
+                                     const struct tensor *dout, const struct tensor *out,
+                                     const struct tensor *lse, const struct tensor *sinks);
 
     /* backward ops and the optimizer (training) */
     void (*embedding_backward)(struct backend *b, const struct tensor *dtable,
@@ -518,7 +526,8 @@ void op_topk(struct backend *b, const struct tensor *values, const struct tensor
  * with s_j = scale * q[i,h,:] . k[j,kvh,:] over the attended rows j:
  *     out[i,h,:] = sum_j softmax(s)_j v[j,kvh,:],    lse[i,h] = log(sum_j exp(s_j)),
  * the natural log-sum-exp of the scaled scores, kept in f32 whatever the dtype: lse is f32 (n,
- * n_heads). The backward needs out and lse as this op wrote them. Softmax is computed online in
+ * n_heads). With batch.sinks, S_h joins every softmax: out = sum_j e^(s_j - lse) v_j with
+ * lse = log(e^S_h + sum_j exp(s_j)). The backward needs out and lse as this op wrote them. Softmax is computed online in
  * f32 (stable for any document length). out and lse must not alias an input. The result equals
  * op_attention's on the same rows written to a paged cache (one sequence per document), up to
  * f32 rounding. head_dim <= 256 on CUDA. */
@@ -545,6 +554,17 @@ void op_attention_train_backward(struct backend *b, const struct tensor *dq,
                                  const struct tensor *lse, const struct tensor *q,
                                  const struct tensor *k, const struct tensor *v,
                                  const struct attention_train_batch *batch);
+
+/* The gradient of the attention sinks of op_attention_train (batch.sinks), added:
+ *     dsinks[h] += -sum_i exp(sinks[h] - lse[i,h]) (dout[i,h,:] . out[i,h,:])
+ * over every row i (the sink is one more logit of row i's softmax with probability
+ * P_i = exp(sinks[h] - lse[i,h]) and no value, so dL/dsinks[h] = sum_i P_i (0 - D_i) with
+ * D_i = dout_i . out_i, FlashAttention's identity). dsinks, sinks f32 (n_heads); dout, out
+ * (n, n_heads, head_dim) of one float dtype; lse f32 (n, n_heads), the forward's (sinks
+ * included). Sums in f32 in a fixed order per head (no atomics), so the result does not depend
+ * on the number of threads. Tests: tests/test_attention_train.c. */
+void op_attention_sinks_backward(struct backend *b, const struct tensor *dsinks, const struct tensor *dout,
+                                 const struct tensor *out, const struct tensor *lse, const struct tensor *sinks);
 
 /* ---- training: the loss over the LM head and the optimizer ------------------------------ */
 

@@ -43,6 +43,12 @@ static void check_attention_train(struct backend *b, const struct tensor *lse,
     CHECK(batch->window >= 0 && batch->scale > 0.0f && batch->softcap >= 0.0f && isfinite(batch->softcap),
           "attention_train window %d scale %g softcap %g", batch->window, (double)batch->scale,
           (double)batch->softcap);
+    if (batch->sinks.data) { /* attention sinks: one f32 logit per query head */
+        check_on(b, &batch->sinks, "attention_train sinks");
+        CHECK(batch->sinks.dtype == DTYPE_F32 && batch->sinks.ndim == 1 && batch->sinks.shape[0] == q->shape[1],
+              "attention_train sinks must be f32 (n_heads = %lld), are %s", (long long)q->shape[1],
+              DESC(&batch->sinks));
+    }
 }
 
 /* Whether the memory of two tensors overlaps (compared as addresses: they may be unrelated
@@ -98,6 +104,28 @@ void op_attention_train_backward(struct backend *b, const struct tensor *dq,
             CHECK(!overlaps(grads[i], grads[j]), "attention_train_backward: gradients overlap");
     }
     b->ops->attention_train_backward(b, dq, dk, dv, dout, out, lse, q, k, v, batch);
+    after_op(b);
+}
+
+void op_attention_sinks_backward(struct backend *b, const struct tensor *dsinks, const struct tensor *dout,
+                                 const struct tensor *out, const struct tensor *lse, const struct tensor *sinks)
+{
+    check_float(b, dout, "attention_sinks_backward dout");
+    check_same(out, dout, "attention_sinks_backward out/dout");
+    check_on(b, lse, "attention_sinks_backward lse");
+    check_on(b, sinks, "attention_sinks_backward sinks");
+    check_on(b, dsinks, "attention_sinks_backward dsinks");
+    CHECK(dout->ndim == 3, "attention_sinks_backward: dout %s must be (n, n_heads, head_dim)", DESC(dout));
+    const int64_t n = dout->shape[0], heads = dout->shape[1];
+    CHECK(lse->dtype == DTYPE_F32 && lse->ndim == 2 && lse->shape[0] == n && lse->shape[1] == heads,
+          "attention_sinks_backward: lse %s must be f32 (n, n_heads) for dout %s", DESC(lse), DESC(dout));
+    CHECK(sinks->dtype == DTYPE_F32 && sinks->ndim == 1 && sinks->shape[0] == heads && dsinks->dtype == DTYPE_F32 &&
+              dsinks->ndim == 1 && dsinks->shape[0] == heads,
+          "attention_sinks_backward: sinks %s and dsinks %s must be f32 (n_heads = %lld)", DESC(sinks), DESC(dsinks),
+          (long long)heads);
+    const struct tensor *ins[4] = {dout, out, lse, sinks};
+    for (int i = 0; i < 4; i++) CHECK(!overlaps(dsinks, ins[i]), "attention_sinks_backward: dsinks overlaps an input");
+    b->ops->attention_sinks_backward(b, dsinks, dout, out, lse, sinks);
     after_op(b);
 }
 

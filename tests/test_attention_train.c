@@ -88,6 +88,7 @@ struct problem {
     int     *doc_of;    /* (n): the document of each row */
     double  *q, *dout;  /* (n, H, D) */
     double  *k, *v;     /* (n, Hk, D) */
+    double  *sinks;     /* (H): attention sinks (GPT-OSS), exact f32 values; NULL: none */
 };
 
 /* The first key that row i attends to, and one past the last row that attends to key j. */
@@ -109,7 +110,8 @@ static int ref_key_end(const struct problem *p, int j)
 static size_t qi(const struct problem *p, int i, int h) { return ((size_t)i * p->H + h) * p->D; }
 static size_t ki(const struct problem *p, int j, int kvh) { return ((size_t)j * p->Hk + kvh) * p->D; }
 
-/* Softmax of row i, head h over its keys lo .. hi: prob[j - lo], the scores' max, lse, and
+/* Softmax of row i, head h over its keys lo .. hi (and the head's sink, a score with no value,
+ * when the case has sinks): prob[j - lo], the scores' max (the sink's included), lse, and
  * A = max_j sum_d |q_d k_jd|. Returns the number of keys. */
 static int ref_probs(const struct problem *p, int i, int h, double *prob, double *score,
                      double *smax, double *lse, double *amax)
@@ -128,7 +130,8 @@ static int ref_probs(const struct problem *p, int i, int h, double *prob, double
         if (score[j - lo] > m) m = score[j - lo];
         if (a > a_max) a_max = a;
     }
-    double sum = 0.0;
+    if (p->sinks && p->sinks[h] > m) m = p->sinks[h];
+    double sum = p->sinks ? exp(p->sinks[h] - m) : 0.0;
     for (int j = lo; j <= hi; j++) sum += exp(score[j - lo] - m);
     for (int j = lo; j <= hi; j++) prob[j - lo] = exp(score[j - lo] - m) / sum;
     *smax = m;
@@ -191,10 +194,14 @@ static double ref_loss_part(const struct problem *p, int i0, int i1, int h0, int
 /* The analytic gradients of L = sum dout . out by the chain rule through the softmax:
  * P_ij, dP_ij = dout_i . v_j, dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij'), dq_i = scale sum_j
  * dS_ij k_j, dk_j = scale sum_i dS_ij q_i, dv_j = sum_i P_ij dout_i (sums over the query heads
- * of a group for dk and dv). Error magnitudes as at the top of the file; u_out is the storage
+ * of a group for dk and dv). With sinks, dsinks_h = -sum_i P_sink,i D_i (P_sink,i =
+ * exp(S_h - lse_i), D_i = sum_j P_ij dP_ij), and mag_dsinks_h = 2 sum_i P_sink,i (|D_i| (E_i +
+ * 2 sqrt(n) + 2) + (2 sqrt(D) + u_out) C_i), E_i as for a probability; dsinks and mag_dsinks may
+ * be NULL without sinks. Error magnitudes as at the top of the file; u_out is the storage
  * rounding of out, in units of U32. */
 static void ref_backward(const struct problem *p, double u_out, double *dq, double *dk,
-                         double *dv, double *mag_dq, double *mag_dk, double *mag_dv)
+                         double *dv, double *mag_dq, double *mag_dk, double *mag_dv, double *dsinks,
+                         double *mag_dsinks)
 {
     size_t nq = (size_t)p->n * p->H * p->D, nk = (size_t)p->n * p->Hk * p->D;
     memset(dq, 0, nq * sizeof(double));
@@ -203,6 +210,7 @@ static void ref_backward(const struct problem *p, double u_out, double *dq, doub
     memset(mag_dq, 0, nq * sizeof(double));
     memset(mag_dk, 0, nk * sizeof(double));
     memset(mag_dv, 0, nk * sizeof(double));
+    for (int h = 0; p->sinks && h < p->H; h++) dsinks[h] = mag_dsinks[h] = 0.0;
     double *prob = xcalloc((size_t)p->n + 1, sizeof(double));
     double *score = xcalloc((size_t)p->n + 1, sizeof(double));
     double *dp = xcalloc((size_t)p->n + 1, sizeof(double));
@@ -230,6 +238,12 @@ static void ref_backward(const struct problem *p, double u_out, double *dq, doub
                 Di += prob[j - lo] * s;
             }
             for (int d = 0; d < p->D; d++) Ci += fabs(dov[d] * out[d]);
+            if (p->sinks) {
+                const double Ps = exp(p->sinks[h] - lse);
+                const double Es = fabs(p->sinks[h]) + fabs(lse) + fabs(p->sinks[h] - lse) + 4.0;
+                dsinks[h] -= Ps * Di;
+                mag_dsinks[h] += 2.0 * Ps * (fabs(Di) * (Es + 2.0 * sqrt((double)p->n) + 2.0) + (2.0 * sd + u_out) * Ci);
+            }
             for (int j = lo; j <= i; j++) {
                 const double *kv = p->k + ki(p, j, kvh);
                 const double P = prob[j - lo], dS = P * (dp[j - lo] - Di);
@@ -258,12 +272,17 @@ static void ref_backward(const struct problem *p, double u_out, double *dq, doub
     free(out);
 }
 
-/* Central finite difference of L with respect to element e of x (one of q, k, v), from the
- * rows and heads that element reaches. */
+/* Central finite difference of L with respect to element e of x (one of q, k, v, sinks), from
+ * the rows and heads that element reaches. */
 static double ref_fd(struct problem *p, double *x, size_t e)
 {
     int i0, i1, h0, h1;
-    if (x == p->q) {
+    if (x == p->sinks) { /* a head's sink joins every row's softmax */
+        i0 = 0;
+        i1 = p->n;
+        h0 = (int)e;
+        h1 = h0 + 1;
+    } else if (x == p->q) {
         i0 = (int)(e / ((size_t)p->H * p->D));
         i1 = i0 + 1;
         h0 = (int)(e / p->D % p->H);
@@ -308,6 +327,7 @@ struct train_spec {
     int         n_docs;
     int         doc_len[8];
     int         bidirectional; /* forward only: the backward is not built for it */
+    int         sinks;         /* 1: one attention sink per query head (GPT-OSS) */
 };
 
 /* Draws the case's inputs, rounded to dt. Queries in [-2, 2] give scores of standard deviation
@@ -340,6 +360,10 @@ static struct problem make_problem(struct suite *s, const struct train_spec *sp,
             if (bits[t]) fmt_store(*bits[t], dt, i, x);
         }
     }
+    if (sp->sinks) { /* f32 whatever dt, drawn after the rest: the other inputs stay as without */
+        p.sinks = case_alloc(s, (size_t)p.H, sizeof(double));
+        for (int h = 0; h < p.H; h++) p.sinks[h] = (double)(float)rng_range(r, -2.0, 2.0);
+    }
     return p;
 }
 
@@ -348,9 +372,9 @@ static void spec_name(char *name, size_t n, const char *kind, enum dtype dt,
 {
     int rows = 0;
     for (int d = 0; d < sp->n_docs; d++) rows += sp->doc_len[d];
-    snprintf(name, n, "%s %s %s (heads %d/%d head_dim %d window %d docs %d rows %d)", kind,
+    snprintf(name, n, "%s %s %s (heads %d/%d head_dim %d window %d docs %d rows %d%s)", kind,
              dtype_name(dt), sp->label, sp->n_heads, sp->n_kv_heads, sp->head_dim, sp->window,
-             sp->n_docs, rows);
+             sp->n_docs, rows, sp->sinks ? " sinks" : "");
 }
 
 /* The analytic double reference against central finite differences of the double forward. */
@@ -362,18 +386,19 @@ static void case_reference(struct suite *s, const struct train_spec *sp)
     if (!case_begin(s, name, &r)) return;
     struct problem p = make_problem(s, sp, DTYPE_F32, &r, NULL, NULL, NULL, NULL);
     size_t nq = (size_t)p.n * p.H * p.D, nk = (size_t)p.n * p.Hk * p.D;
-    double *g[3], *mag[3];
-    for (int t = 0; t < 3; t++) {
-        g[t] = case_alloc(s, t ? nk : nq, sizeof(double));
-        mag[t] = case_alloc(s, t ? nk : nq, sizeof(double));
+    const size_t sizes[4] = {nq, nk, nk, p.sinks ? (size_t)p.H : 0};
+    double *g[4], *mag[4];
+    for (int t = 0; t < 4; t++) {
+        g[t] = case_alloc(s, sizes[t] + 1, sizeof(double));
+        mag[t] = case_alloc(s, sizes[t] + 1, sizeof(double));
     }
-    ref_backward(&p, 1.0, g[0], g[1], g[2], mag[0], mag[1], mag[2]);
+    ref_backward(&p, 1.0, g[0], g[1], g[2], mag[0], mag[1], mag[2], g[3], mag[3]);
     struct verdict v = {.worst_ratio = -1.0};
-    double *xs[3] = {p.q, p.k, p.v};
-    const char *names[3] = {"dq", "dk", "dv"};
+    double *xs[4] = {p.q, p.k, p.v, p.sinks};
+    const char *names[4] = {"dq", "dk", "dv", "dsinks"};
     size_t idx[FD_SAMPLES];
-    for (int t = 0; t < 3; t++) {
-        size_t m = t ? nk : nq;
+    for (int t = 0; t < 4; t++) {
+        size_t m = sizes[t];
         double gmax = 0.0;
         for (size_t i = 0; i < m; i++) gmax = fabs(g[t][i]) > gmax ? fabs(g[t][i]) : gmax;
         int cnt = fd_sample(&r, m, idx);
@@ -387,6 +412,14 @@ static void case_reference(struct suite *s, const struct train_spec *sp)
         }
     }
     case_end(s, name, &v);
+}
+
+/* The case's sinks as f32 (exact: they were drawn as f32 values). */
+static float *sinks_f32(struct suite *s, const struct problem *p)
+{
+    float *f = case_alloc(s, (size_t)p->H, sizeof(float));
+    for (int h = 0; h < p->H; h++) f[h] = (float)p->sinks[h];
+    return f;
 }
 
 /* Writes the rows of every document into a paged cache (op_kv_write, blocks of bt tokens in a
@@ -436,6 +469,7 @@ static void run_paged(struct suite *s, struct backend *b, struct verdict *v, con
         .scale = (float)p->scale,
         .window = p->window,
     };
+    if (p->sinks) batch.sinks = arena_in(&a, "sinks", DTYPE_F32, S1(p->H), sinks_f32(s, p));
     if (SUPPORTED(v, b, kv_write) && SUPPORTED(v, b, attention)) {
         op_kv_write(b, &kc, &vc, &tk, &tv, &ts);
         op_attention(b, &to, &tq, &kc, &vc, &batch);
@@ -443,19 +477,22 @@ static void run_paged(struct suite *s, struct backend *b, struct verdict *v, con
     arena_finish(&a, v);
 }
 
-/* The backward on one backend with the given inputs; the results land in grad_bits. Runs the op
+/* The backward on one backend with the given inputs; the results land in grad_bits (with sinks,
+ * grad_bits[3] gets op_attention_sinks_backward's dsinks, added to dsinks_init). Runs the ops
  * twice and requires the same bits. */
 static void run_backward(struct suite *s, struct backend *b, struct verdict *v,
                          const struct problem *p, enum dtype dt, const void *const in_bits[6],
-                         void *const grad_bits[3])
+                         void *const grad_bits[4], const float *dsinks_init)
 {
-    size_t bytes[3] = {(size_t)p->n * p->H * p->D * dtype_size(dt),
+    size_t bytes[4] = {(size_t)p->n * p->H * p->D * dtype_size(dt),
                        (size_t)p->n * p->Hk * p->D * dtype_size(dt),
-                       (size_t)p->n * p->Hk * p->D * dtype_size(dt)};
-    void *first[3] = {0};
+                       (size_t)p->n * p->Hk * p->D * dtype_size(dt),
+                       p->sinks ? (size_t)p->H * sizeof(float) : 0};
+    const int n_grads = p->sinks ? 4 : 3;
+    void *first[4] = {0};
     for (int run = 0; run < 2; run++) {
-        void *dst[3];
-        for (int t = 0; t < 3; t++) dst[t] = run == 0 ? grad_bits[t] : case_alloc(s, bytes[t], 1);
+        void *dst[4];
+        for (int t = 0; t < n_grads; t++) dst[t] = run == 0 ? grad_bits[t] : case_alloc(s, bytes[t], 1);
         struct arena a = {.b = b};
         struct tensor tdout = arena_in(&a, "dout", dt, S3(p->n, p->H, p->D), in_bits[0]);
         struct tensor tout = arena_in(&a, "out", dt, S3(p->n, p->H, p->D), in_bits[1]);
@@ -472,14 +509,21 @@ static void run_backward(struct suite *s, struct backend *b, struct verdict *v,
             .scale = (float)p->scale,
             .window = p->window,
         };
+        struct tensor tds = {0};
+        if (p->sinks) {
+            batch.sinks = arena_in(&a, "sinks", DTYPE_F32, S1(p->H), sinks_f32(s, p));
+            tds = arena_out(&a, "dsinks", DTYPE_F32, S1(p->H), dsinks_init, dst[3]);
+        }
         if (SUPPORTED(v, b, attention_train_backward))
             op_attention_train_backward(b, &tdq, &tdk, &tdv, &tdout, &tout, &tlse, &tq, &tk, &tv, &batch);
+        if (p->sinks && SUPPORTED(v, b, attention_sinks_backward))
+            op_attention_sinks_backward(b, &tds, &tdout, &tout, &tlse, &batch.sinks);
         arena_finish(&a, v);
-        for (int t = 0; t < 3; t++) {
+        static const char *const names[4] = {"dq", "dk", "dv", "dsinks"};
+        for (int t = 0; t < n_grads; t++) {
             if (run == 0) first[t] = dst[t];
             else if (memcmp(first[t], dst[t], bytes[t]))
-                verdict_fail(v, "%s: %s differs between two runs on the same inputs", b->ops->name,
-                             t == 0 ? "dq" : t == 1 ? "dk" : "dv");
+                verdict_fail(v, "%s: %s differs between two runs on the same inputs", b->ops->name, names[t]);
         }
     }
 }
@@ -520,6 +564,7 @@ static void case_train(struct suite *s, enum dtype dt, const struct train_spec *
             .window = p.window,
             .bidirectional = p.bidir,
         };
+        if (p.sinks) batch.sinks = arena_in(&a, "sinks", DTYPE_F32, S1(p.H), sinks_f32(s, &p));
         if (SUPPORTED(&v, b, attention_train)) op_attention_train(b, &to, &tl, &tq, &tk, &tv, &batch);
         arena_finish(&a, &v);
         got_out[bi] = decode(s, out_bits, dt, nq);
@@ -549,36 +594,46 @@ static void case_train(struct suite *s, enum dtype dt, const struct train_spec *
     float *lse_in = case_alloc(s, nl, sizeof(float));
     for (size_t i = 0; i < nq; i++) fmt_store(out_in, dt, i, fmt_round(want_out[i], dt));
     for (size_t i = 0; i < nl; i++) lse_in[i] = (float)want_lse[i];
-    double *want[3], *mag[3], *tol[3], *got[3][2] = {{0}};
-    const size_t sizes[3] = {nq, nk, nk};
-    for (int t = 0; t < 3; t++) {
-        want[t] = case_alloc(s, sizes[t], sizeof(double));
-        mag[t] = case_alloc(s, sizes[t], sizeof(double));
-        tol[t] = case_alloc(s, sizes[t], sizeof(double));
+    const int n_grads = p.sinks ? 4 : 3;
+    double *want[4], *mag[4], *tol[4], *got[4][2] = {{0}};
+    const size_t sizes[4] = {nq, nk, nk, p.sinks ? (size_t)p.H : 0};
+    const enum dtype gdt[4] = {dt, dt, dt, DTYPE_F32}; /* sinks and their gradient are f32 */
+    for (int t = 0; t < 4; t++) {
+        want[t] = case_alloc(s, sizes[t] + 1, sizeof(double));
+        mag[t] = case_alloc(s, sizes[t] + 1, sizeof(double));
+        tol[t] = case_alloc(s, sizes[t] + 1, sizeof(double));
     }
     double u_out = (dt == DTYPE_F32 ? U32 : storage_rounding[dt].u) / U32;
-    ref_backward(&p, u_out, want[0], want[1], want[2], mag[0], mag[1], mag[2]);
-    for (int t = 0; t < 3; t++) make_tol(tol[t], dt, want[t], mag[t], sizes[t]);
+    ref_backward(&p, u_out, want[0], want[1], want[2], mag[0], mag[1], mag[2], want[3], mag[3]);
+    /* dsinks is added to: it starts at values of its own, and the op's share must come on top. */
+    float *dsinks_init = case_alloc(s, sizes[3] + 1, sizeof(float));
+    for (size_t h = 0; h < sizes[3]; h++) {
+        dsinks_init[h] = 0.25f * (float)h - 0.5f;
+        want[3][h] += dsinks_init[h];
+    }
+    for (int t = 0; t < n_grads; t++) make_tol(tol[t], gdt[t], want[t], mag[t], sizes[t]);
     const void *const in_bits[6] = {dout_bits, out_in, lse_in, q_bits, k_bits, v_bits};
     for (int bi = 0; bi < s->n_backends; bi++) {
-        void *grad_bits[3];
-        for (int t = 0; t < 3; t++) grad_bits[t] = case_alloc(s, sizes[t], dtype_size(dt));
-        run_backward(s, s->backend[bi], &v, &p, dt, in_bits, grad_bits);
-        for (int t = 0; t < 3; t++) got[t][bi] = decode(s, grad_bits[t], dt, sizes[t]);
+        void *grad_bits[4];
+        for (int t = 0; t < n_grads; t++) grad_bits[t] = case_alloc(s, sizes[t], dtype_size(gdt[t]));
+        run_backward(s, s->backend[bi], &v, &p, dt, in_bits, grad_bits, dsinks_init);
+        for (int t = 0; t < n_grads; t++) got[t][bi] = decode(s, grad_bits[t], gdt[t], sizes[t]);
     }
-    static const char *const names[3] = {"dq", "dk", "dv"};
-    for (int t = 0; t < 3; t++) check_close(s, &v, names[t], got[t], want[t], tol[t], sizes[t], (size_t)p.D);
+    static const char *const names[4] = {"dq", "dk", "dv", "dsinks"};
+    for (int t = 0; t < n_grads; t++)
+        check_close(s, &v, names[t], got[t], want[t], tol[t], sizes[t], t < 3 ? (size_t)p.D : sizes[3]);
 
     /* The backward against finite differences of the double forward, on a sample. */
-    double *xs[3] = {p.q, p.k, p.v};
+    double *xs[4] = {p.q, p.k, p.v, p.sinks};
     size_t idx[FD_SAMPLES];
-    for (int t = 0; t < 3; t++) {
+    for (int t = 0; t < n_grads; t++) {
         double gmax = 0.0;
         for (size_t i = 0; i < sizes[t]; i++) gmax = fabs(want[t][i]) > gmax ? fabs(want[t][i]) : gmax;
         int cnt = fd_sample(&r, sizes[t], idx);
         for (int c = 0; c < cnt && c < 8; c++) {
             const size_t e = idx[c];
-            const double fd = ref_fd(&p, xs[t], e), bound = tol[t][e] + FD_TOL * (fabs(fd) + gmax);
+            const double fd = ref_fd(&p, xs[t], e) + (t == 3 ? dsinks_init[e] : 0.0);
+            const double bound = tol[t][e] + FD_TOL * (fabs(fd) + gmax);
             for (int bi = 0; bi < s->n_backends; bi++) {
                 const double err = fabs(got[t][bi][e] - fd);
                 if (!(err <= bound))
@@ -593,27 +648,31 @@ static void case_train(struct suite *s, enum dtype dt, const struct train_spec *
 /* ==== the case list ========================================================================= */
 
 static const struct train_spec specs[] = {
-    {"one document", 4, 4, 64, 0, 0, 1, {37}, 0},
+    {"one document", 4, 4, 64, 0, 0, 1, {37}, 0, 0},
     /* A grouped-query batch with a one-row document between two longer ones. */
-    {"packed gqa4", 8, 2, 64, 0, 0, 4, {17, 1, 40, 3}, 0},
-    {"mqa head_dim=24", 4, 1, 24, 0, 0, 5, {1, 1, 30, 1, 9}, 0},
-    {"one-row documents", 2, 1, 8, 0, 0, 5, {1, 1, 1, 1, 1}, 0},
-    {"window=7", 8, 4, 32, 7, 0, 2, {50, 23}, 0},
-    {"window=1", 4, 2, 8, 1, 0, 2, {6, 5}, 0},
-    {"window>document", 4, 4, 16, 100, 0, 2, {20, 35}, 0},
-    {"empty documents", 4, 2, 16, 0, 0, 6, {0, 12, 0, 0, 7, 0}, 0},
-    {"head_dim=128 scale=0.3", 4, 2, 128, 0, 0.3, 2, {45, 20}, 0},
+    {"packed gqa4", 8, 2, 64, 0, 0, 4, {17, 1, 40, 3}, 0, 0},
+    {"mqa head_dim=24", 4, 1, 24, 0, 0, 5, {1, 1, 30, 1, 9}, 0, 0},
+    {"one-row documents", 2, 1, 8, 0, 0, 5, {1, 1, 1, 1, 1}, 0, 0},
+    {"window=7", 8, 4, 32, 7, 0, 2, {50, 23}, 0, 0},
+    {"window=1", 4, 2, 8, 1, 0, 2, {6, 5}, 0, 0},
+    {"window>document", 4, 4, 16, 100, 0, 2, {20, 35}, 0, 0},
+    {"empty documents", 4, 2, 16, 0, 0, 6, {0, 12, 0, 0, 7, 0}, 0, 0},
+    {"head_dim=128 scale=0.3", 4, 2, 128, 0, 0.3, 2, {45, 20}, 0, 0},
     /* Gemma 3 270M's attention: multi-query, head_dim 256, a sliding window. */
-    {"gemma3-like head_dim=256", 4, 1, 256, 16, 0, 2, {33, 8}, 0},
+    {"gemma3-like head_dim=256", 4, 1, 256, 16, 0, 2, {33, 8}, 0, 0},
     /* Long enough for several tiles and blocks on both backends; not a multiple of 32. */
-    {"long document", 2, 1, 64, 0, 0, 1, {300}, 0},
-    {"long window=64 head_dim=80", 4, 2, 80, 64, 0, 2, {129, 200}, 0},
-    {"head_dim=8 eight documents", 8, 8, 8, 0, 0, 8, {3, 7, 1, 12, 5, 2, 9, 4}, 0},
-    {"empty batch", 4, 2, 16, 0, 0, 0, {0}, 0},
+    {"long document", 2, 1, 64, 0, 0, 1, {300}, 0, 0},
+    {"long window=64 head_dim=80", 4, 2, 80, 64, 0, 2, {129, 200}, 0, 0},
+    {"head_dim=8 eight documents", 8, 8, 8, 0, 0, 8, {3, 7, 1, 12, 5, 2, 9, 4}, 0, 0},
+    {"empty batch", 4, 2, 16, 0, 0, 0, {0}, 0, 0},
     /* Bidirectional (an encoder's attention, BERT): every row sees its whole document. */
-    {"bidirectional packed gqa4", 8, 2, 64, 0, 0, 4, {17, 1, 40, 3}, 1},
-    {"bidirectional minilm-like 12 heads head_dim=32", 12, 12, 32, 0, 0, 3, {9, 130, 4}, 1},
-    {"bidirectional long document", 2, 1, 64, 0, 0, 2, {300, 45}, 1},
+    {"bidirectional packed gqa4", 8, 2, 64, 0, 0, 4, {17, 1, 40, 3}, 1, 0},
+    {"bidirectional minilm-like 12 heads head_dim=32", 12, 12, 32, 0, 0, 3, {9, 130, 4}, 1, 0},
+    {"bidirectional long document", 2, 1, 64, 0, 0, 2, {300, 45}, 1, 0},
+    /* Attention sinks (GPT-OSS): one learned logit per query head in every softmax. */
+    {"packed gqa4", 8, 2, 64, 0, 0, 4, {17, 1, 40, 3}, 0, 1},
+    {"window=5 mqa head_dim=32", 4, 1, 32, 5, 0, 3, {30, 1, 9}, 0, 1},
+    {"gpt-oss-like window=16 long", 8, 2, 64, 16, 0, 2, {150, 20}, 0, 1},
 };
 
 static void run_all(struct suite *s)

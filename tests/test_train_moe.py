@@ -48,6 +48,7 @@ except ImportError:
     print("SKIP: train_moe: jax/optax are not installed (tools/install_deps.sh installs them)")
     sys.exit(77)
 
+import gpt_oss_ref  # noqa: E402
 import make_models as MM  # noqa: E402
 import test_train_grad as TG  # noqa: E402  (rmsnorm, silu, rotary, batches, the dump reader)
 import test_train_step as TS  # noqa: E402  (the AdamW reference's settings)
@@ -68,11 +69,15 @@ def check(ok, msg):
 
 def spec_of(cfg):
     E = cfg.get("num_local_experts") or cfg["num_experts"]
-    return {"n_layers": cfg["num_hidden_layers"], "n_heads": cfg["num_attention_heads"],
+    oss = cfg["model_type"] == "gpt_oss"
+    return {"gpt_oss": oss, "cfg": cfg, "o_bias": oss, "window": cfg.get("sliding_window") if oss else 0,
+            "sliding": [t == "sliding_attention" for t in cfg.get("layer_types", [])],
+            "limit": cfg.get("swiglu_limit"),
+            "n_layers": cfg["num_hidden_layers"], "n_heads": cfg["num_attention_heads"],
             "n_kv": cfg["num_key_value_heads"], "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
             "eps": cfg["rms_norm_eps"], "theta": cfg["rope_theta"], "E": E, "k": cfg["num_experts_per_tok"],
-            "norm": cfg["model_type"] == "mixtral" or bool(cfg.get("norm_topk_prob")),
-            "bias": cfg["model_type"] == "qwen2_moe", "qk_norm": cfg["model_type"] == "qwen3_moe",
+            "norm": cfg["model_type"] in ("mixtral", "gpt_oss") or bool(cfg.get("norm_topk_prob")),
+            "bias": cfg["model_type"] in ("qwen2_moe", "gpt_oss"), "qk_norm": cfg["model_type"] == "qwen3_moe",
             "shared": cfg["model_type"] == "qwen2_moe"}
 
 
@@ -85,6 +90,7 @@ def moe_forward(P, spec, batch, aux_c, z_c):
     nh, nkv, hd, E, K = spec["n_heads"], spec["n_kv"], spec["head_dim"], spec["E"], spec["k"]
     i_idx, j_idx = np.arange(T)[:, None], np.arange(T)[None, :]
     causal = (j_idx <= i_idx) & (doc[:, None] == doc[None, :])
+    windowed = causal & (i_idx - j_idx < (spec["window"] or T))
     x = g("tok_embedding")[tok]
     auxs, zs, loads, extra = [], [], [], 0.0
     for l in range(spec["n_layers"]):
@@ -95,13 +101,23 @@ def moe_forward(P, spec, batch, aux_c, z_c):
         q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
         if spec["qk_norm"]:
             q, k = TG.rmsnorm(q, g("q_norm", l), spec["eps"]), TG.rmsnorm(k, g("k_norm", l), spec["eps"])
-        q, k = TG.rope_halves(q, pos, spec["theta"]), TG.rope_halves(k, pos, spec["theta"])
+        rcfg = spec["cfg"] if spec["gpt_oss"] else None  # GPT-OSS: YaRN, its attention factor included
+        q, k = TG.rope_halves(q, pos, spec["theta"], rcfg), TG.rope_halves(k, pos, spec["theta"], rcfg)
         rep = nh // nkv
         s = jnp.einsum("ihd,jhd->hij", q, jnp.repeat(k, rep, axis=1)) / math.sqrt(hd)
-        p = jax.nn.softmax(jnp.where(causal[None], s, -jnp.inf), axis=-1)
-        x = x + jnp.einsum("hij,jhd->ihd", p, jnp.repeat(v, rep, axis=1)).reshape(T, nh * hd) @ g("o", l).T
+        mask = windowed if spec["gpt_oss"] and spec["sliding"][l] else causal  # GPT-OSS: windows on even layers
+        s = jnp.where(mask[None], s, -jnp.inf)
+        if spec["gpt_oss"]:  # the sink: one more column of each head's softmax, with no value
+            sk = jnp.broadcast_to(g("sinks", l)[:, None, None], (nh, T, 1))
+            p = jax.nn.softmax(jnp.concatenate([s, sk], axis=-1), axis=-1)[:, :, :T]
+        else:
+            p = jax.nn.softmax(s, axis=-1)
+        o = jnp.einsum("hij,jhd->ihd", p, jnp.repeat(v, rep, axis=1)).reshape(T, nh * hd) @ g("o", l).T
+        x = x + (o + g("o_bias", l) if spec["o_bias"] else o)
         xn = TG.rmsnorm(x, g("mlp_norm", l), spec["eps"])
         logits = xn @ g("router", l).T                                   # (T, E)
+        if spec["gpt_oss"]:
+            logits = logits + g("router_bias", l)
         prob = jax.nn.softmax(logits, axis=-1)
         top = jnp.argsort(-jax.lax.stop_gradient(prob), axis=-1, stable=True)[:, :K]
         chosen = jnp.sum(jax.nn.one_hot(top, E), axis=1)                 # (T, E) 0/1
@@ -111,8 +127,18 @@ def moe_forward(P, spec, batch, aux_c, z_c):
         d = xn.shape[1]
         F = g("exp_gate", l).shape[0] // E  # every expert over every token, weighted (0 where not chosen)
         wg, wu = g("exp_gate", l).reshape(E, F, d), g("exp_up", l).reshape(E, F, d)
-        h = TG.silu(jnp.einsum("td,efd->tef", xn, wg)) * jnp.einsum("td,efd->tef", xn, wu)
-        out = jnp.einsum("te,ted->td", w, jnp.einsum("tef,edf->ted", h, g("exp_down", l).reshape(E, d, F)))
+        gate, up = jnp.einsum("td,efd->tef", xn, wg), jnp.einsum("td,efd->tef", xn, wu)
+        if spec["gpt_oss"]:  # biases, and the clamped SwiGLU: min(gate, L) sigmoid(1.702 .) (clip(up, -L, L) + 1)
+            gate, up = gate + g("exp_gate_bias", l).reshape(E, F), up + g("exp_up_bias", l).reshape(E, F)
+            lim = spec["limit"]
+            gate, up = jnp.minimum(gate, lim), jnp.clip(up, -lim, lim)
+            h = gate * jax.nn.sigmoid(1.702 * gate) * (up + 1.0)
+        else:
+            h = TG.silu(gate) * up
+        y = jnp.einsum("tef,edf->ted", h, g("exp_down", l).reshape(E, d, F))
+        if spec["gpt_oss"]:
+            y = y + g("exp_down_bias", l).reshape(E, d)
+        out = jnp.einsum("te,ted->td", w, y)
         if spec["shared"]:
             sh = (TG.silu(xn @ g("gate", l).T) * (xn @ g("up", l).T)) @ g("down", l).T
             out = out + jax.nn.sigmoid(xn @ g("shared_gate", l).T) * sh
@@ -182,6 +208,11 @@ def grad_checks(driver, tmp, flavor, mdir, cfg):
     refs = {k: np.asarray(jg[k]) for k in grads}
     worst, key = worst_rel(grads, refs)
     n_expert = sum(1 for k in grads if k.split("/")[0] in ("router", "exp_gate", "exp_up", "exp_down", "shared_gate"))
+    if spec["gpt_oss"]:  # its own parameters all have gradients, checked with the rest
+        own = ("sinks", "router_bias", "exp_gate_bias", "exp_up_bias", "exp_down_bias", "o_bias")
+        have = sorted(k for k in grads if k.split("/")[0] in own)
+        check(len(have) == len(own) * spec["n_layers"] and all(np.max(np.abs(refs[k])) > 0 for k in have),
+              "%s: the sinks' and the biases' %d gradient tensors are there and not zero" % (flavor, len(have)))
     check(worst < 1e-4 and n_expert >= 4 * spec["n_layers"],
           "%s: all %d gradient tensors (%d of the router and experts) within 1e-4 of JAX (worst %.1e, %s)"
           % (flavor, len(grads), n_expert, worst, key))
@@ -262,10 +293,14 @@ def step_checks(step_driver, tmp, flavor, mdir, cfg, spec):
 def main():
     grad_driver, step_driver = sys.argv[1], sys.argv[2]
     with tempfile.TemporaryDirectory() as tmp:
-        for flavor in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        for flavor in ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"):
             mdir = os.path.join(tmp, flavor)
-            cfg = MM.moe_config(flavor, "f32")
-            MM.write_checkpoint(mdir, cfg, MM.init_llama(cfg, 5), "f32", 1)
+            if flavor == "gpt_oss":  # tests/reference/gpt_oss_ref.py: its config and weights, HF's layout
+                cfg = gpt_oss_ref.gpt_oss_config("f32")
+                MM.write_checkpoint(mdir, cfg, gpt_oss_ref.init_gpt_oss(cfg, 5), "f32", 1)
+            else:
+                cfg = MM.moe_config(flavor, "f32")
+                MM.write_checkpoint(mdir, cfg, MM.init_llama(cfg, 5), "f32", 1)
             spec = grad_checks(grad_driver, tmp, flavor, mdir, cfg)
             if flavor != "qwen3_moe":  # its steps add nothing the other two do not cover (and cost 15 s)
                 step_checks(step_driver, tmp, flavor, mdir, cfg, spec)

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # tests/test_train_moe_cli.sh SHARDLM GOLDEN_DIR - `shardlm train` on a mixture of experts as a user
 # meets it (the gradients themselves: tests/test_train_moe.py against JAX):
-#   1. small random Mixtral and Qwen 2 MoE checkpoints (tests/reference/make_models.py, with
-#      stories260K's tok512 tokenizer) fine-tuned for 30 steps on tinyshakespeare with the
-#      load-balancing and z losses: the training loss falls, every metrics line carries
-#      moe_aux_loss, moe_z_loss and expert_load (layers x experts, each layer summing to
-#      tokens x top-k), the experts' weights changed, and the result loads and generates;
-#   1b. Mixtral's 3 steps + --resume + 3 steps equal 6 straight steps bitwise; Qwen 2 MoE in bf16
-#      with selective recomputation of the experts (mlp, layernorm) runs;
+#   1. small random Mixtral, Qwen 2 MoE and GPT-OSS checkpoints (tests/reference/make_models.py,
+#      gpt_oss_ref.py, with stories260K's tok512 tokenizer) fine-tuned for 30 steps on
+#      tinyshakespeare with the load-balancing and z losses: the training loss falls, every
+#      metrics line carries moe_aux_loss, moe_z_loss and expert_load (layers x experts, each layer
+#      summing to tokens x top-k), the experts' and the router's weights changed (GPT-OSS: its
+#      sinks and biases too, written back in its own Hugging Face layout: 3-D gate_up_proj and
+#      down_proj), and the result loads and generates;
+#   1a. GPT-OSS: `reshard --format hf` of the Hugging Face checkpoint gives every tensor back bit
+#      for bit, and the rewritten config.json generates the same tokens;
+#   1b. Mixtral's 3 steps + --resume + 3 steps equal 6 straight steps bitwise; Qwen 2 MoE and
+#      GPT-OSS in bf16 with selective recomputation (the experts; GPT-OSS's attention too) run;
 #   2. refused by name: the auxiliary losses on a dense model, LoRA on the experts, MoE training
 #      at tp 2 (under mpirun), a negative coefficient, --ep on train (serve and generate take it:
 #      tests/test_moe_ep.sh).
@@ -44,8 +48,12 @@ head -c 200000 "$TEXT" > "$WORK/text.txt"
 
 PYTHONPATH=$here/reference python3 - "$WORK" "$TOK" <<'EOF' || { echo "FAIL: making the checkpoints"; exit 1; }
 import os, shutil, sys
+import gpt_oss_ref
 import make_models as MM
 work, tok = sys.argv[1], sys.argv[2]
+cfg = gpt_oss_ref.gpt_oss_config("f32")
+MM.write_checkpoint(os.path.join(work, "gpt_oss"), cfg, gpt_oss_ref.init_gpt_oss(cfg, 5), "f32", 1)
+shutil.copy(tok, os.path.join(work, "gpt_oss", "tokenizer.model"))
 for flavor in ("mixtral", "qwen2_moe"):
     cfg = MM.moe_config(flavor, "f32")
     MM.write_checkpoint(os.path.join(work, flavor), cfg, MM.init_llama(cfg, 5), "f32", 1)
@@ -56,7 +64,7 @@ shutil.copy(tok, os.path.join(work, "dense", "tokenizer.model"))
 EOF
 
 # ---- 1. fine-tuning ---------------------------------------------------------------------------
-for flavor in mixtral qwen2_moe; do
+for flavor in mixtral qwen2_moe gpt_oss; do
   timeout 300 "$BIN" train --model "$WORK/$flavor" --data "$WORK/text.txt" --out "$WORK/$flavor.out" "${COMMON[@]}" \
     --train-iters 30 --moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001 > "$WORK/train.out" 2> "$WORK/train.err"
   check "$flavor: 30 steps with the auxiliary losses exit 0" $?
@@ -85,9 +93,10 @@ def tensors(p):
     head = json.loads(raw[8:8 + n])
     return {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in head.items() if k != "__metadata__"}
 a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-experts = [k for k in a if ".experts." in k or "shared_expert" in k or k.endswith(".gate.weight")]
+experts = [k for k in a if ".experts." in k or "shared_expert" in k or k.endswith(".gate.weight") or ".router." in k
+           or k.endswith(".sinks")]
 changed = [k for k in experts if k in b and a[k] != b[k]]
-print("# %d of %d expert, router and shared tensors changed" % (len(changed), len(experts)))
+print("# %d of %d expert, router, shared and sink tensors changed" % (len(changed), len(experts)))
 sys.exit(0 if experts and set(a) == set(b) and len(changed) == len(experts) else 1)
 EOF
   check "$flavor: the checkpoint holds every tensor, each expert's and the router's trained" $?
@@ -95,6 +104,27 @@ EOF
   [ $? = 0 ] && [ -s "$WORK/gen" ]
   check "$flavor: the trained checkpoint loads and generates" $?
 done
+
+# ---- 1a. GPT-OSS's Hugging Face layout written back ---------------------------------------------
+timeout 120 "$BIN" reshard --model "$WORK/gpt_oss" --out "$WORK/gpt_oss.hf" --format hf > /dev/null 2>&1 &&
+  python3 - "$WORK/gpt_oss/model.safetensors" "$WORK/gpt_oss.hf/model.safetensors" <<'EOF'
+import json, struct, sys
+def tensors(p):
+    raw = open(p, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    return {k: (v["dtype"], v["shape"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in head.items() if k != "__metadata__"}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+same = [k for k in a if k in b and a[k] == b[k]]
+print("# %d of %d tensors (names, dtypes, shapes, bytes) the same" % (len(same), len(a)))
+sys.exit(0 if set(a) == set(b) and len(same) == len(a) and any("gate_up_proj" in k for k in a) else 1)
+EOF
+check "gpt_oss: reshard --format hf gives every tensor back bit for bit (3-D gate_up_proj, down_proj)" $?
+g1=$(timeout 60 "$BIN" generate --model "$WORK/gpt_oss" --prompt "ROMEO:" --max-tokens 12 --temperature 0 2>/dev/null)
+g2=$(timeout 60 "$BIN" generate --model "$WORK/gpt_oss.hf" --prompt "ROMEO:" --max-tokens 12 --temperature 0 2>/dev/null)
+[ -n "$g1" ] && [ "$g1" = "$g2" ]
+check "gpt_oss: the rewritten checkpoint (its config.json shardlm's) generates the same tokens" $?
 
 # ---- 1b. bitwise resume; bf16 with selective recomputation of the experts -----------------------
 R=(--data "$WORK/text.txt" "${COMMON[@]}" --lr-decay-style constant --moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001)
@@ -109,6 +139,10 @@ timeout 120 "$BIN" train --model "$WORK/qwen2_moe" --out "$WORK/bf16" "${R[@]}" 
   --recompute-granularity selective --recompute-modules mlp,layernorm > /dev/null 2> "$WORK/bf16.err" &&
   [ "$(grep -c '"moe_aux_loss"' "$WORK/bf16/metrics.jsonl")" = 4 ]
 check "qwen2_moe: --bf16 with selective recomputation of the experts trains" $?
+timeout 120 "$BIN" train --model "$WORK/gpt_oss" --out "$WORK/oss_bf16" "${R[@]}" --train-iters 4 --bf16 \
+  --recompute-granularity selective --recompute-modules core_attn,mlp > /dev/null 2> "$WORK/oss_bf16.err" &&
+  [ "$(grep -c '"moe_aux_loss"' "$WORK/oss_bf16/metrics.jsonl")" = 4 ]
+check "gpt_oss: --bf16 (its sinks kept f32) with the attention and the experts recomputed trains" $?
 
 # ---- 2. refused by name -----------------------------------------------------------------------
 expect "the auxiliary losses on a dense model are refused" 1 "is not a mixture of experts" \

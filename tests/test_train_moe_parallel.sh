@@ -4,7 +4,8 @@
 # Mixtral (8 experts, top 2) and Qwen 2 MoE (4 experts, top 2, a shared expert) checkpoints
 # (tests/reference/make_models.py, stories260K's tok512 tokenizer), 6 steps of 4 micro-batches
 # with the load-balancing and z losses, at dp 2, dp 2 with the distributed optimizer, pp 2 (1F1B;
-# Mixtral also with selective recomputation of the experts) and dp 2 x pp 2: every step's loss and
+# Mixtral also with selective recomputation of the experts) and dp 2 x pp 2 (GPT-OSS, with its
+# sinks, biases and windows: dp 2 with the distributed optimizer, and pp 2): every step's loss and
 # gradient norm within 1e-5 relative of one rank's (tests/train_compare.py), the final weights
 # within 1e-5, and every step's expert_load (layers x experts) equal to one rank's, its
 # moe_aux_loss and moe_z_loss within 2e-5 (printed to 6 digits).
@@ -33,8 +34,12 @@ head -c 200000 "$TEXT" > "$WORK/text.txt"
 
 PYTHONPATH=$here/reference python3 - "$WORK" "$TOK" <<'PY' || { echo "FAIL: making the checkpoints"; exit 1; }
 import os, shutil, sys
+import gpt_oss_ref
 import make_models as MM
 work, tok = sys.argv[1], sys.argv[2]
+cfg = gpt_oss_ref.gpt_oss_config("f32")
+MM.write_checkpoint(os.path.join(work, "gpt_oss"), cfg, gpt_oss_ref.init_gpt_oss(cfg, 5), "f32", 1)
+shutil.copy(tok, os.path.join(work, "gpt_oss", "tokenizer.model"))
 for flavor in ("mixtral", "qwen2_moe"):
     cfg = MM.moe_config(flavor, "f32")
     MM.write_checkpoint(os.path.join(work, flavor), cfg, MM.init_llama(cfg, 5), "f32", 1)
@@ -73,11 +78,15 @@ PY
   check "$1: $(echo "$out" | tr '\n' ';' | sed 's/PASS //g')" $rc
 }
 
-for flavor in mixtral qwen2_moe; do
+for flavor in mixtral qwen2_moe gpt_oss; do
   run "${flavor}_one" 1 "$flavor"
   check "$flavor: one rank trains (reference)" $?
   layouts=("2|" "2|--use-distributed-optimizer" "2|--pp 2" "4|--pp 2 --use-distributed-optimizer")
   names=(dp2 dp2_distopt pp2 dp2pp2_distopt)
+  if [ "$flavor" = gpt_oss ]; then
+    layouts=("2|--use-distributed-optimizer" "2|--pp 2")
+    names=(dp2_distopt pp2)
+  fi
   if [ "$flavor" = mixtral ]; then
     layouts+=("2|--pp 2 --recompute-granularity selective --recompute-modules mlp,layernorm")
     names+=(pp2_recompute_mlp)

@@ -446,7 +446,15 @@ struct hfw_item {
      * The stacked tensor is read once into `stack` and freed when its last expert is written. */
     int64_t            row0, n_rows;
     struct hfw_stack  *stack;
+    /* GPT-OSS's 3-D experts (HFW_OSS_*): made from whole stacked kinds by hfw_oss_fill. */
+    int                oss;
 };
+
+/* GPT-OSS's expert tensors, the inverse of the reader's (checkpoint.c CK_EXPERTS_IO):
+ * gate_up_proj (E, d, 2F) holds expert e's gate row f in column 2f and its up row f in column
+ * 2f + 1, (in, out); gate_up_proj_bias (E, 2F) interleaves the biases likewise; down_proj
+ * (E, F, d) is each expert's (d, F) down matrix transposed. */
+enum { HFW_OSS_NONE, HFW_OSS_GATE_UP, HFW_OSS_GATE_UP_BIAS, HFW_OSS_DOWN };
 
 /* One stacked expert tensor as read for its experts' tensors, and how many are still to write. */
 struct hfw_stack {
@@ -454,10 +462,58 @@ struct hfw_stack {
     int            left;
 };
 
+/* A whole kind of layer l in dtype dt, malloc'd into *out (its description in *hw). */
+static enum status hfw_read_whole(struct checkpoint *ck, enum weight_kind kind, int l, enum dtype dt,
+                                  unsigned char **out, struct host_weight *hw)
+{
+    enum status s = checkpoint_describe(ck, kind, l, 0, 1, dt, hw);
+    if (s) return s;
+    if (!(*out = malloc(hw->nbytes ? hw->nbytes : 1))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    return checkpoint_get(ck, kind, l, 0, 1, dt, *out, hw->nbytes, 0, hw);
+}
+
+/* One of GPT-OSS's expert tensors (HFW_OSS_*), from the stacked kinds (E * F, d), (E * F),
+ * (E * d, F) as shardlm holds them. */
+static enum status hfw_oss_fill(const struct hfw_item *it, void *dst, size_t nbytes)
+{
+    const struct model_config *c = &it->ck->cfg;
+    const int64_t E = c->n_experts, F = c->moe_ffn, d = c->d_model;
+    const size_t es = dtype_size(it->dtype);
+    unsigned char *part[2] = {NULL, NULL}, *out = dst;
+    struct host_weight hw;
+    enum status s = STATUS_OK;
+    if (it->oss == HFW_OSS_DOWN) {
+        CHECK((size_t)(E * F * d) * es == nbytes, "down_proj of %zu bytes", nbytes);
+        if (!(s = hfw_read_whole(it->ck, WEIGHT_KIND_EXP_DOWN, it->layer, it->dtype, &part[0], &hw)))
+            for (int64_t e = 0; e < E; e++) /* (d, F) of expert e -> (F, d) */
+                for (int64_t j = 0; j < d; j++)
+                    for (int64_t f = 0; f < F; f++)
+                        memcpy(out + (size_t)((e * F + f) * d + j) * es, part[0] + (size_t)((e * d + j) * F + f) * es, es);
+        free(part[0]);
+        return s;
+    }
+    const int bias = it->oss == HFW_OSS_GATE_UP_BIAS;
+    const enum weight_kind kinds[2] = {bias ? WEIGHT_KIND_EXP_GATE_BIAS : WEIGHT_KIND_EXP_GATE,
+                                       bias ? WEIGHT_KIND_EXP_UP_BIAS : WEIGHT_KIND_EXP_UP};
+    const int64_t in = bias ? 1 : d; /* a bias is one "input" row */
+    CHECK((size_t)(E * in * 2 * F) * es == nbytes, "gate_up tensor of %zu bytes", nbytes);
+    for (int p = 0; p < 2 && !s; p++) s = hfw_read_whole(it->ck, kinds[p], it->layer, it->dtype, &part[p], &hw);
+    for (int p = 0; p < 2 && !s; p++) /* row f of expert e, feature i -> [e][i][2f + p] */
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t f = 0; f < F; f++)
+                for (int64_t i = 0; i < in; i++)
+                    memcpy(out + (size_t)((e * in + i) * 2 * F + 2 * f + p) * es,
+                           part[p] + (size_t)((e * F + f) * in + i) * es, es);
+    free(part[0]);
+    free(part[1]);
+    return s;
+}
+
 static enum status hfw_fill(void *ctx, void *dst, size_t nbytes)
 {
     const struct hfw_item *it = ctx;
     struct host_weight hw;
+    if (it->oss) return hfw_oss_fill(it, dst, nbytes);
     if (it->n_rows) { /* one expert: its rows of the stacked tensor, read once for all experts */
         enum status s = checkpoint_describe(it->ck, it->kind, it->layer, 0, 1, it->dtype, &hw);
         if (s) return s;
@@ -514,7 +570,7 @@ static void hfw_expert_name(const struct model_config *c, enum weight_kind kind,
     static const char *const qwen[] = {"gate_proj", "up_proj", "down_proj"}, *const mix[] = {"w1", "w3", "w2"};
     const char *block = mixtral ? "block_sparse_moe" : "mlp";
     if (kind == WEIGHT_KIND_ROUTER) {
-        snprintf(name, n, "model.layers.%d.%s.gate.weight", l, block);
+        snprintf(name, n, c->moe_bias ? "model.layers.%d.%s.router.weight" : "model.layers.%d.%s.gate.weight", l, block);
         return;
     }
     const int which = kind == WEIGHT_KIND_EXP_GATE ? 0 : kind == WEIGHT_KIND_EXP_UP ? 1 : 2;
@@ -602,6 +658,36 @@ static enum status hfw_experts(struct safetensors_writer *w, struct checkpoint *
     return STATUS_OK;
 }
 
+/* GPT-OSS's expert kinds of layer l as its Hugging Face tensors (HFW_OSS_*, down_proj_bias
+ * as it is): the gate and up kinds make one tensor, named at the gate's turn. */
+static enum status hfw_oss_experts(struct safetensors_writer *w, struct checkpoint *src, enum weight_kind kind, int l,
+                                   struct hfw_item *items, int *n)
+{
+    const struct model_config *c = &src->cfg;
+    const int64_t E = c->n_experts, F = c->moe_ffn, d = c->d_model;
+    if (kind == WEIGHT_KIND_EXP_UP || kind == WEIGHT_KIND_EXP_UP_BIAS) return STATUS_OK; /* with the gate's */
+    struct host_weight hw;
+    enum status s = checkpoint_describe(src, kind, l, 0, 1, DTYPE_F32, &hw);
+    if (s) return s;
+    const enum dtype dt = ck_write_dtype(src, hw.stored_dtype);
+    if (dtype_is_quant(dt))
+        return status_errorf(STATUS_UNSUPPORTED, "writing GPT-OSS experts kept as quantized blocks (MXFP4) in the "
+                             "Hugging Face layout is not built; convert them to a float dtype");
+    char name[CK_NAME];
+    const char *what = kind == WEIGHT_KIND_EXP_GATE ? "gate_up_proj" : kind == WEIGHT_KIND_EXP_GATE_BIAS ? "gate_up_proj_bias"
+                     : kind == WEIGHT_KIND_EXP_DOWN ? "down_proj" : "down_proj_bias";
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s", l, what);
+    int64_t shape[3] = {E, d, 2 * F};
+    int ndim = 3, oss = HFW_OSS_GATE_UP;
+    if (kind == WEIGHT_KIND_EXP_GATE_BIAS) ndim = 2, shape[1] = 2 * F, oss = HFW_OSS_GATE_UP_BIAS;
+    if (kind == WEIGHT_KIND_EXP_DOWN) shape[1] = F, shape[2] = d, oss = HFW_OSS_DOWN;
+    if (kind == WEIGHT_KIND_EXP_DOWN_BIAS) ndim = 2, shape[1] = d, oss = HFW_OSS_NONE; /* (E * d) as (E, d) */
+    items[*n] = (struct hfw_item){.ck = src, .kind = kind, .layer = l, .dtype = dt, .oss = oss};
+    if ((s = safetensors_writer_add_deferred(w, name, dt, ndim, shape, hfw_fill, &items[*n]))) return s;
+    (*n)++;
+    return STATUS_OK;
+}
+
 enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
 {
     const struct model_config *c = &src->cfg;
@@ -609,9 +695,6 @@ enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
         return status_errorf(STATUS_UNSUPPORTED,
                              "writing the Hugging Face layout is implemented for Llama-family models "
                              "(Llama, Mistral, Gemma 3) and GPT-2, not %s", c->architecture);
-    if (c->moe_bias) /* its 3-D (in, out) experts are read (checkpoint.c), not written */
-        return status_errorf(STATUS_UNSUPPORTED, "writing GPT-OSS in the Hugging Face layout is not implemented "
-                             "(write the Megatron layout)");
     enum status s = ck_out_dir(dir_out, src);
     if (s) return s;
     struct hfw_item *items = calloc((size_t)(WEIGHT_KIND_COUNT + 3 * c->n_experts) * (size_t)(c->n_layers + 1),
@@ -633,6 +716,10 @@ enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
         for (int l = 0; l < layers; l++) {
             struct host_weight hw;
             struct hfw_item g = {0};
+            if (c->moe_bias && weight_kind_per_expert(kind)) { /* GPT-OSS's 3-D experts */
+                if ((s = hfw_oss_experts(w, src, kind, l, items, &n))) goto out;
+                continue;
+            }
             if (kind == WEIGHT_KIND_EXP_GATE || kind == WEIGHT_KIND_EXP_UP || kind == WEIGHT_KIND_EXP_DOWN) {
                 struct hfw_stack *stack = &stacks[3 * l + (kind - WEIGHT_KIND_EXP_GATE)];
                 if ((s = hfw_experts(w, src, kind, l, stack, items, &n))) goto out;

@@ -445,9 +445,10 @@ static void embed_attend(void *ctx, int l, int window, const struct tensor *q3, 
 {
     struct embed_ctx *ec = ctx;
     struct model *m = ec->serve.m;
-    (void)l, (void)lse;
+    (void)lse;
     struct attention_train_batch ab = ec->batch;
     ab.window = ab.bidirectional ? 0 : window;
+    ab.sinks = m->w.layers[l].sinks; /* GPT-OSS's, f32; data NULL for every other model */
     struct tensor lse_rows = tensor_first_rows(&m->ws.lse, q3->shape[0]);
     op_attention_train(m->b, att3, &lse_rows, q3, k3, v3, &ab);
 }

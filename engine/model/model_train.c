@@ -151,9 +151,9 @@ static void train_attend(void *ctx, int l, int window, const struct tensor *q3, 
                          const struct tensor *v3, const struct tensor *att3, const struct tensor *lse)
 {
     struct train_ctx *tc = ctx;
-    (void)l;
     struct attention_train_batch ab = *tc->batch;
     ab.window = window;
+    ab.sinks = tc->t->m->w.layers[l].sinks; /* GPT-OSS's, f32; data NULL for every other model */
     op_attention_train(tc->t->m->b, att3, lse, q3, k3, v3, &ab);
 }
 
@@ -454,6 +454,7 @@ static enum status layer_backward(struct model_train *t, int l, int64_t T, const
     struct attention_train_batch ab = *batch;
     struct rope_params rope;
     layer_attention_kind(m, m->layer_first + l, &ab.window, &rope);
+    ab.sinks = w->sinks; /* GPT-OSS's: the forward's softmax included them */
     struct tensor dres = tensor_first_rows(&a->dres, Tl), dtmp = tensor_first_rows(&a->dtmp, Tl);
     struct tensor pos = tensor_first_rows(&a->positions, T), dxn = tensor_first_rows(&a->dxn, T), full, dsum;
 
@@ -482,6 +483,7 @@ static enum status layer_backward(struct model_train *t, int l, int64_t T, const
     struct tensor v3 = tensor_view3(&la->v, T, m->n_kv_local, hd), att3 = tensor_view3(&la->att, T, m->n_heads_local, hd);
     struct tensor lse = tensor_first_rows(&la->lse, T);
     op_attention_train_backward(b, &dq3, &dk3, &dv3, &datt3, &att3, &lse, &q3, &k3, &v3, &ab);
+    if (ab.sinks.data && opt(&g->sinks)) op_attention_sinks_backward(b, &g->sinks, &datt3, &att3, &lse, &ab.sinks);
     if (c->positions == POSITION_KIND_ROTARY) {
         op_rope_backward(b, &dq3, &pos, c->rot_dim, &rope, c->rope_style);
         op_rope_backward(b, &dk3, &pos, c->rot_dim, &rope, c->rope_style);

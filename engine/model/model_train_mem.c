@@ -268,10 +268,6 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
         return status_errorf(STATUS_UNSUPPORTED, "training a mixture of experts (%s) at tp %d is not built (the experts "
                              "split over tensor-parallel ranks, and expert parallelism, in training; pp and dp train)",
                              m->cfg.architecture, m->tp_size);
-    if (m->cfg.attn_sinks || m->cfg.moe_bias)
-        return status_errorf(STATUS_UNSUPPORTED, "training %s is not built (attention sinks, the experts' biases and "
-                             "the clamped SwiGLU have no backward in the training path yet); it is served",
-                             m->cfg.architecture);
     enum status st = check_plan(m, max_tokens, mem);
     if (st != STATUS_OK) return st;
     const int S = mem->sets, L = m->n_layers_local;

@@ -132,8 +132,8 @@ struct moe_grad_scratch {
 
 /* The backward of moe_forward (training, tp 1): given dproj (T, d), the gradient of proj, and the
  * forward's kept tensors mt (insides recomputed when they were not kept), writes dxn (T, d) =
- * dL/dxn and adds the gradients of layer l's router, experts, shared expert and its gate to g
- * (tensors with data NULL are skipped), the auxiliary losses' included (loss). The router's
+ * dL/dxn and adds the gradients of layer l's router, experts, shared expert and its gate, and
+ * GPT-OSS's router and expert biases, to g (tensors with data NULL are skipped), the auxiliary losses' included (loss). The router's
  * gradient is formed on the host, in double, from the routing in mt->r. */
 void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *dproj,
                   const struct tensor *dxn, const struct moe_tensors *mt, const struct moe_grad_scratch *s,

@@ -8,6 +8,12 @@
 
 static const struct tensor *opt(const struct tensor *t) { return t && t->data ? t : NULL; }
 
+/* Rows [r0, r0 + n) of t, or t itself (data NULL: no such gradient) when it has none. */
+static struct tensor rows_or_none(const struct tensor *t, int64_t r0, int64_t n)
+{
+    return t->data ? tensor_rows_at(t, r0, n) : *t;
+}
+
 /* The natural log-sum-exp of token t's logits, in double (moe_route's softmax). */
 static double row_lse(const float *z, int E)
 {
@@ -77,11 +83,12 @@ static void router_grad(const struct model_config *c, int64_t T, const struct mo
 #undef P
 }
 
-/* dxn += dlogits (T, cols, host f32) @ w, and gw += dlogits^T xn: the backward of a product
- * whose output the host formed (the router, the shared expert's gate). */
+/* dxn += dlogits (T, cols, host f32) @ w, gw += dlogits^T xn and gbias += the sum of dlogits'
+ * rows (gbias NULL-data: none): the backward of a product whose output the host formed (the
+ * router, with GPT-OSS's bias; the shared expert's gate). */
 static void host_product_backward(struct model *m, int64_t T, int64_t cols, const float *host, const struct tensor *xn,
-                                  const struct tensor *w, const struct tensor *gw, const struct tensor *dxn,
-                                  const struct moe_grad_scratch *s)
+                                  const struct tensor *w, const struct tensor *gw, const struct tensor *gbias,
+                                  const struct tensor *dxn, const struct moe_grad_scratch *s)
 {
     struct backend *b = m->b;
     struct tensor d32 = tensor_view2(&s->dlogits, T, cols), dd = d32;
@@ -90,7 +97,7 @@ static void host_product_backward(struct model *m, int64_t T, int64_t cols, cons
         dd = tensor_view2(&s->dlogits_dt, T, cols);
         op_cast(b, &dd, &d32);
     }
-    op_matmul_backward(b, dxn, opt(gw), NULL, &dd, xn, w, 1);
+    op_matmul_backward(b, dxn, opt(gw), opt(gbias), &dd, xn, w, 1);
 }
 
 void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *dproj,
@@ -121,15 +128,16 @@ void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, co
         struct tensor dup = tensor_make(s->dup.data, m->dtype, b->device, 2, n, F);
         struct tensor wg = tensor_rows_at(&w->exp_gate, e * F, F), wu = tensor_rows_at(&w->exp_up, e * F, F);
         struct tensor wd = tensor_rows_at(&w->exp_down, e * d, d);
-        struct tensor gg = g->exp_gate.data ? tensor_rows_at(&g->exp_gate, e * F, F) : g->exp_gate;
-        struct tensor gu = g->exp_up.data ? tensor_rows_at(&g->exp_up, e * F, F) : g->exp_up;
-        struct tensor gd = g->exp_down.data ? tensor_rows_at(&g->exp_down, e * d, d) : g->exp_down;
+        struct tensor gg = rows_or_none(&g->exp_gate, e * F, F), gu = rows_or_none(&g->exp_up, e * F, F);
+        struct tensor gd = rows_or_none(&g->exp_down, e * d, d);
+        struct tensor gbg = rows_or_none(&g->exp_gate_bias, e * F, F), gbu = rows_or_none(&g->exp_up_bias, e * F, F);
+        struct tensor gbd = rows_or_none(&g->exp_down_bias, e * d, d); /* GPT-OSS's biases */
         op_scatter_add_rows_backward(b, &dy, &dwt, dproj, &y, &ids, &wt);
-        op_matmul_backward(b, &dup, opt(&gd), NULL, &dy, &hact, &wd, 0); /* dh, into dup */
+        op_matmul_backward(b, &dup, opt(&gd), opt(&gbd), &dy, &hact, &wd, 0); /* dh, into dup */
         op_gated_activation_backward(b, &dgate, &dup, &dup, &gate, &up, c->activation);
         op_embedding(b, &x, xn, &ids, 0); /* the expert's rows again */
-        op_matmul_backward(b, &dx, opt(&gg), NULL, &dgate, &x, &wg, 0);
-        op_matmul_backward(b, &dx, opt(&gu), NULL, &dup, &x, &wu, 1);
+        op_matmul_backward(b, &dx, opt(&gg), opt(&gbg), &dgate, &x, &wg, 0);
+        op_matmul_backward(b, &dx, opt(&gu), opt(&gbu), &dup, &x, &wu, 1);
         op_embedding_backward(b, dxn, &dx, &ids, 0);
     }
 
@@ -151,7 +159,7 @@ void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, co
         op_matmul_backward(b, dxn, opt(&g->w_up), NULL, &dup, xn, &w->w_up, 1);
         backend_download(b, host_dz, dsw.data, (size_t)T * sizeof(float));
         for (int64_t t = 0; t < T; t++) host_dz[t] *= r->sw[t] * (1.0f - r->sw[t]); /* sigmoid' */
-        host_product_backward(m, T, 1, host_dz, xn, &w->shared_gate, &g->shared_gate, dxn, s);
+        host_product_backward(m, T, 1, host_dz, xn, &w->shared_gate, &g->shared_gate, NULL, dxn, s);
     }
 
     /* The router: the slots' weight gradients to the host, through the top-k and the softmax
@@ -159,5 +167,5 @@ void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, co
     float *host_dw = s->host_dw;
     backend_download(b, host_dw, dw_all.data, (size_t)(T * k) * sizeof(float));
     router_grad(c, T, r, host_dw, loss, host_dz, s->host_tok);
-    host_product_backward(m, T, E, host_dz, xn, &w->router, &g->router, dxn, s);
+    host_product_backward(m, T, E, host_dz, xn, &w->router, &g->router, &g->router_bias, dxn, s);
 }

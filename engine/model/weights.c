@@ -81,6 +81,13 @@ static struct weight_ref *table_of(struct model_weights *w, int *n)
     return t;
 }
 
+/* The dtype of a kind's copy: attention sinks stay f32 whatever the rest (the attention ops
+ * read them as f32; model_load keeps them so too). */
+static enum dtype like_dtype(enum weight_kind kind, enum dtype dtype)
+{
+    return kind == WEIGHT_KIND_SINKS ? DTYPE_F32 : dtype;
+}
+
 enum status weights_alloc_like(struct backend *b, struct model_weights *like, enum dtype dtype,
                                struct model_weights *out, void **mem)
 {
@@ -104,7 +111,7 @@ enum status weights_alloc_like(struct backend *b, struct model_weights *like, en
     for (int i = 0; i < n; i++) {
         if (!src[i].t->data) continue;
         struct tensor t = *src[i].t;
-        t.dtype = dtype;
+        t.dtype = like_dtype(src[i].kind, dtype);
         total += (tensor_nbytes(&t) + 255) / 256 * 256;
     }
     if (total > 0) {
@@ -115,7 +122,7 @@ enum status weights_alloc_like(struct backend *b, struct model_weights *like, en
     for (int i = 0; i < n; i++) {
         if (!src[i].t->data) continue;
         struct tensor t = *src[i].t;
-        t.dtype = dtype;
+        t.dtype = like_dtype(src[i].kind, dtype);
         t.device = b->device;
         t.data = (char *)base + off;
         *dst[i].t = t;

@@ -71,7 +71,8 @@ int weights_table_max(int n_layers);
 
 /* Allocates state shaped like `like` (every present tensor, same shapes) in dtype `dtype`
  * from ONE device allocation carved by the table, zero-filled: the pattern for gradients and
- * optimizer moments. *mem receives the allocation (free with backend_free); out->layers is
+ * optimizer moments (attention sinks are f32 whatever `dtype`: a bf16 compute copy keeps them
+ * f32). *mem receives the allocation (free with backend_free); out->layers is
  * owned by out (free with weights_free_layers). STATUS_RESOURCE_EXHAUSTED when out of memory. */
 enum status weights_alloc_like(struct backend *b, struct model_weights *like, enum dtype dtype,
                                struct model_weights *out, void **mem);

@@ -208,9 +208,6 @@ enum status conductor_embed_submit(struct conductor *c, const struct engine_embe
     if (c->par.world && c->par.world->size > 1)
         return status_errorf(STATUS_UNSUPPORTED, "embeddings are served by a model on one rank (tp 1, pp 1); this one "
                              "runs on %d", c->par.world->size);
-    if (c->m->cfg.attn_sinks) /* model_embed's attention (op_attention_train) has no sinks */
-        return status_errorf(STATUS_UNSUPPORTED, "embeddings from %s are not served: its attention sinks are not built "
-                             "into the embedding path", c->m->cfg.architecture);
     enum status st = check_inputs(c, req->tokens, req->offsets, req->n_inputs);
     if (st != STATUS_OK) return st;
     static const enum model_pooling by_name[] = {

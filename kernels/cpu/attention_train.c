@@ -142,6 +142,7 @@ void cpu_attention_train(struct backend *b, const struct tensor *out, const stru
     const int32_t *doc_start = batch->doc_start.data;
     const float scale = batch->scale, cap = batch->softcap;
     const int window = batch->window;
+    const float *sinks = batch->sinks.data;
 
     /* Per thread: q (BQ*G, hd) | acc (BQ*G, hd) | scores (BQ*G, BK) | m, l (BQ*G) | K, V tiles (BK, hd) */
     const int64_t rows = TRAIN_BQ * G;
@@ -167,8 +168,9 @@ void cpu_attention_train(struct backend *b, const struct tensor *out, const stru
                     const int64_t x = r * G + g;
                     load_scaled(q, at(r0 + r, kvh * G + g, dm.n_heads, hd), (size_t)hd, scale, qs + x * hd);
                     memset(acc + x * hd, 0, (size_t)hd * sizeof(float));
-                    mx[x] = -INFINITY;
-                    sum[x] = 0.0f;
+                    /* A sink starts the softmax as one more score, e^(S_h - S_h) = 1, with no value. */
+                    mx[x] = sinks ? sinks[kvh * G + g] : -INFINITY;
+                    sum[x] = sinks ? 1.0f : 0.0f;
                 }
 
             /* Causal rows attend up to themselves; bidirectional ones to their document's end. */
@@ -211,7 +213,7 @@ void cpu_attention_train(struct backend *b, const struct tensor *out, const stru
             for (int64_t r = 0; r < nr; r++)
                 for (int64_t g = 0; g < G; g++) {
                     const int64_t x = r * G + g, h = kvh * G + g;
-                    /* sum >= 1: the max score contributes exp(0). */
+                    /* sum >= 1: the max score (or the sink) contributes exp(0). */
                     store_scaled(out, at(r0 + r, h, dm.n_heads, hd), (size_t)hd, 1.0f / sum[x], acc + x * hd);
                     ((float *)lse->data)[(r0 + r) * dm.n_heads + h] = mx[x] + logf(sum[x]);
                 }
@@ -349,6 +351,31 @@ void cpu_attention_train_backward(struct backend *b, const struct tensor *dq,
                 store_scaled(dk, at(c0 + j, kvh, dm.n_kv, hd), (size_t)hd, 1.0f, dks + j * hd);
                 store_scaled(dv, at(c0 + j, kvh, dm.n_kv, hd), (size_t)hd, 1.0f, dvs + j * hd);
             }
+        }
+    }
+}
+
+void cpu_attention_sinks_backward(struct backend *b, const struct tensor *dsinks, const struct tensor *dout,
+                                  const struct tensor *out, const struct tensor *lse, const struct tensor *sinks)
+{
+    const int64_t n = dout->shape[0], heads = dout->shape[1], hd = dout->shape[2];
+    const float *ls = lse->data, *sk = sinks->data;
+    float *ds = dsinks->data;
+    const size_t per = (size_t)(2 * hd);
+    float *scratch = cpu_scratch(b, per);
+    /* One head per iteration, its rows summed in order: the same sum whatever the thread count. */
+    #pragma omp parallel num_threads(b->n_threads)
+    {
+        float *a = scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(per), *o = a + hd;
+        #pragma omp for schedule(static)
+        for (int64_t h = 0; h < heads; h++) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < n; i++) {
+                load(dout, at(i, h, heads, hd), (size_t)hd, a);
+                load(out, at(i, h, heads, hd), (size_t)hd, o);
+                acc += expf(sk[h] - ls[i * heads + h]) * dot(a, o, hd);
+            }
+            ds[h] -= acc;
         }
     }
 }

@@ -128,6 +128,7 @@ static const struct backend_ops cpu_backend_ops = {
     .topk = cpu_topk,
     .attention_train = cpu_attention_train,
     .attention_train_backward = cpu_attention_train_backward,
+    .attention_sinks_backward = cpu_attention_sinks_backward,
     .embedding_backward = cpu_embedding_backward,
     .position_embedding_add_backward = cpu_position_embedding_add_backward,
     .matmul_backward = cpu_matmul_backward,

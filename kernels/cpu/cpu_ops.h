@@ -148,6 +148,8 @@ void cpu_attention_train_backward(struct backend *b, const struct tensor *dq,
                                   const struct tensor *lse, const struct tensor *q,
                                   const struct tensor *k, const struct tensor *v,
                                   const struct attention_train_batch *batch);
+void cpu_attention_sinks_backward(struct backend *b, const struct tensor *dsinks, const struct tensor *dout,
+                                  const struct tensor *out, const struct tensor *lse, const struct tensor *sinks);
 
 /* Shared by activation.c and gated_activation.c. */
 /* Backward ops and the optimizer: each beside its forward in the forward's file, except the

@@ -107,7 +107,7 @@ static __global__ void __launch_bounds__(TRAIN_THREADS)
 attention_train_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v,
                                const int32_t *doc_start, int n_docs, int64_t n, int n_heads,
                                int n_kv_heads, int hd, float scale, int window, float softcap,
-                               int bidirectional)
+                               int bidirectional, const float *sinks)
 {
     extern __shared__ float smem[];
     const int ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -126,8 +126,9 @@ attention_train_forward_kernel(T *out, float *lse, const T *q, const T *k, const
         row[i] = r0 + warp * TRAIN_RPW + i;
         lo[i] = row[i] < r1 ? train_first_key(doc_start, n_docs, n, row[i], window) : 0;
         hi[i] = row[i] < r1 ? (bidirectional ? train_key_end(doc_start, n_docs, n, row[i], 0) : row[i] + 1) : 0;
-        m[i] = -INFINITY;
-        l[i] = 0.0f;
+        /* A sink (GPT-OSS) starts the softmax as one more score, weight e^0 = 1, with no value. */
+        m[i] = sinks ? sinks[h] : -INFINITY;
+        l[i] = sinks ? 1.0f : 0.0f;
 #pragma unroll
         for (int t = 0; t < TRAIN_DPL; t++) acc[i][t] = 0.0f;
     }
@@ -174,7 +175,7 @@ attention_train_forward_kernel(T *out, float *lse, const T *q, const T *k, const
 #pragma unroll
     for (int i = 0; i < TRAIN_RPW; i++) {
         if (row[i] >= r1) continue;
-        const float inv = 1.0f / l[i]; /* l >= 1: the max score contributes exp(0) */
+        const float inv = 1.0f / l[i]; /* l >= 1: the max score (or the sink) contributes exp(0) */
 #pragma unroll
         for (int t = 0; t < TRAIN_DPL; t++) {
             const int d = lane + 32 * t;
@@ -394,7 +395,7 @@ void cuda_attention_train(struct backend *b, const struct tensor *out, const str
             (T *)out->data, (float *)lse->data, (const T *)q->data, (const T *)k->data,
             (const T *)v->data, (const int32_t *)batch->doc_start.data, batch->n_docs, n,
             (int)n_heads, (int)k->shape[1], (int)hd, batch->scale, batch->window, batch->softcap,
-            batch->bidirectional);
+            batch->bidirectional, (const float *)batch->sinks.data);
         LAUNCH_CHECK());
 }
 
@@ -428,5 +429,48 @@ void cuda_attention_train_backward(struct backend *b, const struct tensor *dq,
             (const float *)lse->data, (const T *)q->data, (const T *)k->data,
             (const T *)v->data, (const int32_t *)batch->doc_start.data, batch->n_docs, n,
             (int)n_heads, (int)n_kv, (int)hd, batch->scale, batch->window, batch->softcap);
+        LAUNCH_CHECK());
+}
+
+#define SINK_THREADS 256
+
+/* dsinks[h] -= sum_i exp(sinks[h] - lse[i,h]) (dout_i . out_i): one block per head, each
+ * thread a strided set of rows, then a fixed tree over the block's partial sums (no atomics:
+ * the same result on every run). dout, out (n, n_heads, hd); lse f32 (n, n_heads). */
+template <typename T>
+static __global__ void __launch_bounds__(SINK_THREADS)
+attention_sinks_backward_kernel(float *dsinks, const T *dout, const T *out, const float *lse, const float *sinks,
+                                int64_t n, int n_heads, int hd)
+{
+    __shared__ float part[SINK_THREADS];
+    const int h = blockIdx.x;
+    float acc = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += SINK_THREADS) {
+        const T *a = dout + (i * n_heads + h) * hd, *o = out + (i * n_heads + h) * hd;
+        float d = 0.0f;
+        for (int e = 0; e < hd; e++) d += cuda_load(a + e) * cuda_load(o + e);
+        acc += expf(sinks[h] - lse[i * n_heads + h]) * d;
+    }
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = SINK_THREADS / 2; w > 0; w /= 2) {
+        if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) dsinks[h] -= part[0];
+}
+
+void cuda_attention_sinks_backward(struct backend *b, const struct tensor *dsinks, const struct tensor *dout,
+                                   const struct tensor *out, const struct tensor *lse, const struct tensor *sinks)
+{
+    struct cuda_state *s = cuda_state_enter(b);
+    const int64_t n = dout->shape[0], n_heads = dout->shape[1], hd = dout->shape[2];
+    if (n == 0 || n_heads == 0) return;
+    CHECK(n_heads <= INT_MAX && hd <= INT_MAX, "attention_sinks_backward: %lld heads of %lld too large",
+          (long long)n_heads, (long long)hd);
+    CUDA_DISPATCH_FLOAT(dout->dtype, T,
+        attention_sinks_backward_kernel<T><<<(unsigned)n_heads, SINK_THREADS, 0, s->stream>>>(
+            (float *)dsinks->data, (const T *)dout->data, (const T *)out->data, (const float *)lse->data,
+            (const float *)sinks->data, n, (int)n_heads, (int)hd);
         LAUNCH_CHECK());
 }

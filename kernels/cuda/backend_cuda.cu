@@ -159,6 +159,7 @@ static const struct backend_ops cuda_backend_ops = {
     .topk = cuda_topk,
     .attention_train = cuda_attention_train,
     .attention_train_backward = cuda_attention_train_backward,
+    .attention_sinks_backward = cuda_attention_sinks_backward,
     .embedding_backward = cuda_embedding_backward,
     .position_embedding_add_backward = cuda_position_embedding_add_backward,
     .matmul_backward = cuda_matmul_backward,

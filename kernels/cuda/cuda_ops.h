@@ -68,6 +68,8 @@ void cuda_attention_train_backward(struct backend *b, const struct tensor *dq,
                                    const struct tensor *lse, const struct tensor *q,
                                    const struct tensor *k, const struct tensor *v,
                                    const struct attention_train_batch *batch);
+void cuda_attention_sinks_backward(struct backend *b, const struct tensor *dsinks, const struct tensor *dout,
+                                   const struct tensor *out, const struct tensor *lse, const struct tensor *sinks);
 /* Backward ops and the optimizer: each beside its forward in the forward's .cu file, except
  * cross_entropy.cu, adamw.cu and sum_squares.cu. */
 void cuda_embedding_backward(struct backend *b, const struct tensor *dtable,

@@ -193,8 +193,9 @@ def _experts(cfg, w, p, h, variant, stats):
     return out
 
 
-def gpt_oss_forward(cfg, w, tokens, variant=(), stats=None):
-    """GptOssForCausalLM forward (eval), float64. Returns logits (T, vocab). `variant` (names
+def gpt_oss_forward(cfg, w, tokens, variant=(), stats=None, hidden=False):
+    """GptOssForCausalLM forward (eval), float64. Returns logits (T, vocab), or with hidden the
+    final hidden states after the final norm (T, d): what embeddings pool. `variant` (names
     from VARIANTS) is for check_variants only. When stats is a dict, it receives counts over
     every expert evaluation: gate_over_limit, up_over_limit (before the clamps),
     router_bias_changed (tokens whose chosen set differs without the router's bias), and
@@ -238,7 +239,7 @@ def gpt_oss_forward(cfg, w, tokens, variant=(), stats=None):
         h = MM._rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
         x = x + _experts(cfg, w, p, h, variant, stats)
     x = MM._rmsnorm(x, w["model.norm.weight"], eps)
-    return x @ w["lm_head.weight"].T
+    return x if hidden else x @ w["lm_head.weight"].T
 
 
 def check_variants(cfg, w, tokens):

@@ -7,7 +7,9 @@ and experts, the clamped SwiGLU, untruncated YaRN) with a harmony vocabulary of 
 GPT-OSS's own chat template, behind `shardlm serve --http`, driven by the official openai package.
 No real GPT-OSS fits this machine (20B); the model's words are noise, what is checked is the format.
 
-- /v1/embeddings is refused naming the sinks (the embedding path's attention has none).
+- /v1/embeddings (last-token and mean pooling) within 1e-5 cosine distance of the float64
+  reference's final hidden states (gpt_oss_ref.gpt_oss_forward hidden=True): sinks, windows and
+  the experts in the embedding path too.
 - End of turn (llama.cpp's harmony rule, server/server.c harmony_end_ids): the server logs
   <|return|>, <|call|> and <|endoftext|> as its end ids and not <|end|>; a reply pushed by
   logit_bias onto <|end|> runs to max_tokens (finish_reason length) with <|end|> shown in its text,
@@ -36,11 +38,13 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
 try:
     import jsonschema
+    import numpy as np
     import openai
     import tokenizers
 except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
     sys.exit(SKIP)
+import gpt_oss_ref  # noqa: E402
 import make_models as MM  # noqa: E402
 import test_server as TS  # noqa: E402
 from checks import Checks  # noqa: E402
@@ -134,12 +138,19 @@ def main():
             # The analysis is free (docs/tools.md: reasoning is never constrained), and left alone this
             # random model ends it with <|call|> before any call: pushed to close its analysis with
             # <|end|> (text, so the grammar sees it), the call follows.
-            try:
-                oa.embeddings.create(model="gpt_oss", input="Paris")
-                refused = ""
-            except openai.APIStatusError as e:
-                refused = f"{e.status_code} {e}"
-            check("attention sinks" in refused, f"/v1/embeddings refused by name (no sinks there): {refused!r}")
+            ref_cfg = gpt_oss_ref.gpt_oss_config("f32")
+            ref_w = MM.round_weights(gpt_oss_ref.init_gpt_oss(ref_cfg, 36), "f32")  # what MM.make wrote
+            seqs = [[ID["<|start|>"]] + list(b"user") + [ID["<|message|>"]] + list(b"Paris?"), [72, 105]]
+            for pooling in ("last", "mean"):
+                r = oa.embeddings.create(model="gpt_oss", input=seqs, extra_body={"pooling": pooling})
+                worst = 0.0
+                for d, s in zip(r.data, seqs):
+                    h = gpt_oss_ref.gpt_oss_forward(ref_cfg, ref_w, s, hidden=True)
+                    v = h[-1] if pooling == "last" else h.mean(0)
+                    e = np.asarray(d.embedding)
+                    worst = max(worst, 1.0 - float(e @ v) / (np.linalg.norm(e) * np.linalg.norm(v)))
+                check(worst < 1e-5, f"/v1/embeddings, {pooling} pooling: within 1e-5 cosine distance of the float64 "
+                      f"forward (worst {worst:.2e})")
             req = dict(model="gpt_oss", messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=200,
                        temperature=0, logit_bias={str(ID["<|end|>"]): 100})
             r = oa.chat.completions.create(**req)
