@@ -25,12 +25,13 @@
 
 #define MODULE "auth"
 
-/* PBKDF2-HMAC-SHA256 rounds of a key's owner. 20000 cost 14.7 ms per key on an AMD EPYC core
- * (the development machine, -O3, 2026-12): paid once per key at start, it makes a journal or a
- * fine-tuning index that leaks cost an attacker 20000 HMACs per candidate key and installation
- * (the salt), where the unkeyed FNV hash it replaces cost one multiply per byte. Changing it
- * changes every owner: what was stored before would belong to nobody. */
-#define AUTH_OWNER_ITERATIONS 20000
+/* PBKDF2-HMAC-SHA256 rounds of a key's owner. 25000 cost 10.6 ms per key on one core of the
+ * development VM ("AMD EPYC", -O3, best of 200; 13-20 ms with another build on its 2 cores),
+ * paid once per key at start; an attacker holding a journal or an index pays 2 x 25000 SHA-256
+ * compressions per candidate key and installation (the salt), where the unkeyed FNV hash it
+ * replaces cost one multiply per byte. Changing it changes every owner: what was stored before
+ * would belong to nobody. */
+#define AUTH_OWNER_ITERATIONS 25000
 #define AUTH_SALT_BYTES 16
 #define AUTH_OWNER_BYTES 16                   /* of PBKDF2's output: "key-" and 32 hex digits */
 #define AUTH_SALT_FILE "owner.salt"

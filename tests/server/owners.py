@@ -3,7 +3,7 @@ auth_owner), recomputed from the outside: the salted PBKDF2 form and the unsalte
 versions before owner.salt (test_journal_grpc.py owners, test_finetune.py)."""
 import hashlib
 
-OWNER_ROUNDS = 20000  # server/auth.c AUTH_OWNER_ITERATIONS: changing it gives every key another owner
+OWNER_ROUNDS = 25000  # server/auth.c AUTH_OWNER_ITERATIONS: changing it gives every key another owner
 
 
 def owner_of(key, salt_dir):
