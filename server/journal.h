@@ -7,7 +7,8 @@
  * payload folded to 32 bits; a short or damaged last record, the write a kill cut, is dropped at
  * load and logged). Payloads, written with kernels/base/codec.h:
  *   ACCEPT  key, front kind, created (Unix s), deadline (Unix s, 0 none: gRPC calls carry theirs,
- *           HTTP requests have none), seed, the request body
+ *           HTTP requests have none), seed, the request body, its owner (auth_owner: a salted
+ *           hash of its API key, "" without keys; absent in records of older versions)
  *   EVENT   key, run, and the engine event (kind, sample, tokens, text, log-probabilities and
  *           their top alternatives, finish, status, message, usage, the sample's RNG state)
  *   END     key: the request ended and its client has its answer; the journal forgets it

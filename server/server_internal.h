@@ -13,7 +13,7 @@
  *                 UnloadAdapter, reflection
  *   embed.c       embeddings for both fronts (checks, tokenization, metrics) and gRPC Embed
  *   health.c      grpc.health.v1 Check and Watch
- *   auth.c        API keys and TLS credentials
+ *   auth.c        API keys, their owners (salted hashes, DIR/owner.salt) and TLS credentials
  *   http.c        the OpenAI-compatible HTTP front (its own threads; http_internal.h)
  *   metrics.c     Prometheus metrics of both fronts (metrics.h)
  *
