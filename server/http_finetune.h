@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "journal.h"
+
 struct server;
 
 #define FT_MAX_FILES 256
@@ -22,7 +24,7 @@ enum ft_state { FT_QUEUED, FT_RUNNING, FT_SUCCEEDED, FT_FAILED, FT_CANCELLED };
 
 struct ft_file {
     char    id[40], filename[256];
-    char    owner[32];            /* auth_owner of the key that uploaded it ("" without keys) */
+    char    owner[JOURNAL_OWNER_MAX + 1]; /* auth_owner of the key that uploaded it ("" without keys) */
     size_t  bytes;
     int64_t created_at;
     int     deleted;
@@ -35,7 +37,7 @@ struct ft_event {
 
 struct ft_job {
     char    id[40], model[256], training_file[40], validation_file[40], suffix[64], fine_tuned[72];
-    char    owner[32];            /* auth_owner of the key that created it ("" without keys) */
+    char    owner[JOURNAL_OWNER_MAX + 1]; /* auth_owner of the key that created it ("" without keys) */
     int     n_epochs, batch_size;
     double  lr_multiplier;
     uint64_t seed;
@@ -69,7 +71,9 @@ extern const char *const ft_state_names[]; /* by enum ft_state: "queued", ... */
 void ft_store_save(const struct server *s, const struct http_finetune *ft);
 /* Reads DIR/index.json into ft when there is one: files whose bytes are gone are forgotten; a
  * job that was running or queued when the server stopped is queued again, to resume from its
- * last checkpoint. A missing index is an empty one; a malformed one is an error. */
+ * last checkpoint. Owners written before owner.salt become their key's (auth_owner_upgrade), and
+ * the index is then written again at once, so that the legacy owners leave the disk. A missing
+ * index is an empty one; a malformed one is an error. */
 int  ft_store_load(const struct server *s, struct http_finetune *ft, char *why, size_t cap);
 
 #endif

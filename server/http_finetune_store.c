@@ -2,7 +2,9 @@
  * file and job (with its events), written whole after each change (a temporary file, then
  * renamed: a crash leaves the old index or the new one), read at start, so that a restart keeps
  * the uploads, the finished jobs (whose adapters are served again) and the unfinished ones
- * (queued again, resuming from their last checkpoint). Tests: tests/server/test_finetune.py. */
+ * (queued again, resuming from their last checkpoint). Each file and job carries its owner
+ * (auth_owner); owners of an older version are upgraded at load (auth_owner_upgrade).
+ * Tests: tests/server/test_finetune.py. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -110,6 +112,7 @@ int ft_store_load(const struct server *s, struct http_finetune *ft, char *why, s
         return -1;
     }
     if ((uint64_t)num(o, "next_id") > ft->next_id) ft->next_id = (uint64_t)num(o, "next_id"); /* ids never repeat */
+    int upgraded = 0; /* owners of the unsalted legacy form that became their key's */
     const cJSON *e;
     cJSON_ArrayForEach(e, files) {
         if (ft->n_files == FT_MAX_FILES) break;
@@ -118,6 +121,7 @@ int ft_store_load(const struct server *s, struct http_finetune *ft, char *why, s
         copy_str(e, "id", f->id, sizeof f->id);
         copy_str(e, "filename", f->filename, sizeof f->filename);
         copy_str(e, "owner", f->owner, sizeof f->owner); /* absent (an older index): "" */
+        upgraded += auth_owner_upgrade(s, f->owner, sizeof f->owner);
         f->bytes = (size_t)num(e, "bytes");
         f->created_at = (int64_t)num(e, "created_at");
         char bytes[PATH_MAX];
@@ -133,6 +137,7 @@ int ft_store_load(const struct server *s, struct http_finetune *ft, char *why, s
         copy_str(e, "id", j->id, sizeof j->id);
         copy_str(e, "model", j->model, sizeof j->model);
         copy_str(e, "owner", j->owner, sizeof j->owner);
+        upgraded += auth_owner_upgrade(s, j->owner, sizeof j->owner);
         copy_str(e, "training_file", j->training_file, sizeof j->training_file);
         copy_str(e, "validation_file", j->validation_file, sizeof j->validation_file);
         copy_str(e, "suffix", j->suffix, sizeof j->suffix);
@@ -168,5 +173,9 @@ int ft_store_load(const struct server *s, struct http_finetune *ft, char *why, s
         ft->jobs[ft->n_jobs++] = j;
     }
     cJSON_Delete(o);
+    if (upgraded) {
+        LOG_INFO("finetune", "%s: %d legacy owner(s) upgraded to their key's salted owner", path, upgraded);
+        ft_store_save(s, ft); /* no thread uses ft yet */
+    }
     return 0;
 }

@@ -461,8 +461,9 @@ static enum status write_entries(const char *path, const struct journal_entry *v
     return st;
 }
 
-enum status journal_open(const char *dir, enum journal_fsync policy, struct journal **out,
-                         struct journal_entry **pending, int *n_pending)
+enum status journal_open(const char *dir, enum journal_fsync policy,
+                         void (*upgrade_owner)(void *ctx, char *owner, size_t cap), void *ctx,
+                         struct journal **out, struct journal_entry **pending, int *n_pending)
 {
     *out = NULL, *pending = NULL, *n_pending = 0;
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) return status_errorf(STATUS_IO, "--journal %s: %s", dir, strerror(errno));
@@ -479,6 +480,7 @@ enum status journal_open(const char *dir, enum journal_fsync policy, struct jour
     int n = 0;
     size_t valid = 0;
     enum status st = access(path, F_OK) == 0 ? load(path, &v, &n, &valid) : STATUS_OK;
+    for (int i = 0; st == STATUS_OK && upgrade_owner && i < n; i++) upgrade_owner(ctx, v[i].owner, sizeof v[i].owner);
     /* Compaction: the open requests alone, written beside and renamed over the old file. */
     if (st == STATUS_OK) st = write_entries(tmp, v, n);
     if (st == STATUS_OK && rename(tmp, path) != 0) st = status_errorf(STATUS_IO, "%s: %s", path, strerror(errno));

@@ -7,7 +7,8 @@
  * payload folded to 32 bits; a short or damaged last record, the write a kill cut, is dropped at
  * load and logged). Payloads, written with kernels/base/codec.h:
  *   ACCEPT  key, front kind, created (Unix s), deadline (Unix s, 0 none: gRPC calls carry theirs,
- *           HTTP requests have none), seed, the request body
+ *           HTTP requests have none), seed, the request body, its owner (auth_owner: a salted
+ *           hash of its API key, "" without keys; absent in records of older versions)
  *   EVENT   key, run, and the engine event (kind, sample, tokens, text, log-probabilities and
  *           their top alternatives, finish, status, message, usage, the sample's RNG state)
  *   END     key: the request ended and its client has its answer; the journal forgets it
@@ -71,7 +72,7 @@ struct journal_event {
 void journal_event_view(const struct journal_event *je, struct engine_event *ev);
 
 /* An accepted request and its events so far. */
-#define JOURNAL_OWNER_MAX 31
+#define JOURNAL_OWNER_MAX 63 /* bytes of an owner (auth_owner: 36; 20 before owner.salt) */
 struct journal_entry {
     char      key[JOURNAL_KEY_MAX + 1];
     char      owner[JOURNAL_OWNER_MAX + 1]; /* who may reattach (auth_owner; "" without API keys) */
@@ -91,10 +92,14 @@ struct journal;
 
 /* Opens (creating) DIR/journal: *pending (n_pending, the caller frees each with
  * journal_entry_free and the array with free) receives every request without an END, in
- * acceptance order. Errors: STATUS_IO naming the path; a damaged record before the last is
- * STATUS_BAD_FORMAT naming its offset (the file is left as it is). */
-enum status journal_open(const char *dir, enum journal_fsync policy, struct journal **out,
-                         struct journal_entry **pending, int *n_pending);
+ * acceptance order. upgrade_owner (NULL: none) may rewrite each pending request's owner in place
+ * (a buffer of JOURNAL_OWNER_MAX + 1 bytes; the server's auth_owner_upgrade) before the file is
+ * compacted, so that the rewritten file holds the owners it returns. Errors: STATUS_IO naming
+ * the path; a damaged record before the last is STATUS_BAD_FORMAT naming its offset (the file is
+ * left as it is). */
+enum status journal_open(const char *dir, enum journal_fsync policy,
+                         void (*upgrade_owner)(void *ctx, char *owner, size_t cap), void *ctx,
+                         struct journal **out, struct journal_entry **pending, int *n_pending);
 void        journal_close(struct journal *j); /* accepts NULL */
 
 /* Appends ACCEPT for e (events ignored), fsync'd unless the policy is `never`; STATUS_IO when

@@ -30,6 +30,9 @@ void resume_new_id(const struct server *s, const char *kind, char *out, size_t c
     snprintf(out, cap, "%s-%s-%016llx", kind, s->boot_id, (unsigned long long)r);
 }
 
+/* journal_open's owner migration: owners journaled before owner.salt become their key's. */
+static void upgrade_owner(void *ctx, char *owner, size_t cap) { auth_owner_upgrade(ctx, owner, cap); }
+
 enum status resume_open(struct server *s)
 {
     pthread_mutex_init(&s->resumed_mu, NULL);
@@ -38,8 +41,8 @@ enum status resume_open(struct server *s)
     uint64_t x = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid() << 48;
     x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33;
     snprintf(s->boot_id, sizeof s->boot_id, "%012llx", (unsigned long long)(x & 0xffffffffffffull));
-    enum status st = journal_open(s->opts.journal_dir, (enum journal_fsync)s->opts.journal_fsync, &s->journal,
-                                  &s->journal_pending, &s->n_journal_pending);
+    enum status st = journal_open(s->opts.journal_dir, (enum journal_fsync)s->opts.journal_fsync, upgrade_owner, s,
+                                  &s->journal, &s->journal_pending, &s->n_journal_pending);
     if (st == STATUS_OK) journal_set_end_delay(s->journal, s->opts.journal_end_delay_s);
     return st;
 }

@@ -529,6 +529,8 @@ enum status server_run(const struct server_options *o)
     signal(SIGPIPE, SIG_IGN);
 
     if (o->api_key_file && (st = auth_load_keys(s, o->api_key_file)) != STATUS_OK) goto out_early;
+    /* Before the journal and the fine-tuning index are read: their owners are compared with these. */
+    if (s->n_keys && (st = auth_derive_owners(s)) != STATUS_OK) goto out_early;
     if ((st = auth_make_credentials(o, &creds)) != STATUS_OK) goto out_early;
     if ((st = reflection_init(&s->refl)) != STATUS_OK) goto out_early;
     s->metrics = metrics_create();
@@ -607,6 +609,7 @@ out_early:
     reflection_free(s->refl);
     for (int i = 0; i < s->n_keys; i++) free(s->keys[i]);
     free(s->keys);
+    free(s->owners);
     /* The handlers stay (doing nothing now): a second SIGTERM while the process exits must not
      * turn a clean drain into death by signal. */
     g_stop_sem = NULL;

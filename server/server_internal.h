@@ -13,7 +13,7 @@
  *                 UnloadAdapter, reflection
  *   embed.c       embeddings for both fronts (checks, tokenization, metrics) and gRPC Embed
  *   health.c      grpc.health.v1 Check and Watch
- *   auth.c        API keys and TLS credentials
+ *   auth.c        API keys, their owners (salted hashes, DIR/owner.salt) and TLS credentials
  *   http.c        the OpenAI-compatible HTTP front (its own threads; http_internal.h)
  *   metrics.c     Prometheus metrics of both fronts (metrics.h)
  *
@@ -37,6 +37,7 @@
 #include "chat_tools.h"
 #include "convert.h"
 #include "jinja.h"
+#include "journal.h"
 #include "metrics.h"
 #include "server.h"
 
@@ -155,7 +156,7 @@ struct call {
     uint64_t       handle;
     int            engine_active; /* samples without their FINISHED event yet */
     char          *request_id;
-    char           owner[32];     /* auth_owner of its API key ("" without keys; journal.h JOURNAL_OWNER_MAX + 1) */
+    char           owner[JOURNAL_OWNER_MAX + 1]; /* auth_owner of its API key ("" without keys) */
     char          *client;        /* who calls (--scheduling-policy fair): "key:<index>" with API
                                      keys, else the connection's peer ("ipv4:127.0.0.1:40312") */
     struct sample_buf *samples;   /* (n_samples) */
@@ -322,6 +323,8 @@ struct server {
     char                **keys;       /* (keys_cap), API keys, n_keys of them */
     size_t                keys_cap;
     int                   n_keys;
+    char                (*owners)[JOURNAL_OWNER_MAX + 1]; /* (n_keys) auth_owner of each key, derived once at
+                                                             start (auth_derive_owners), read-only after */
     struct reflection    *refl;
     uint64_t              next_id;
     double                t_start, t_drained;
@@ -651,6 +654,14 @@ void health_changed(struct server *s);  /* after a phase change: tells the watch
 
 /* Reads the API keys (one per line, '#' comments) into s->keys. */
 enum status auth_load_keys(struct server *s, const char *path);
+/* After auth_load_keys, before the journal and the fine-tuning index are read: s->owners, each
+ * key's owner, "key-" and 32 hex digits of PBKDF2-HMAC-SHA256(the key, this installation's
+ * salt). The salt is DIR/owner.salt (16 random bytes in hex, mode 0600) of the state
+ * directories, --journal and --fine-tuning: read from those that have it and written to those
+ * that lack it (a new one when none has it; one per process when neither flag is given).
+ * Errors: two directories with different salts, or a salt file that is not one, are
+ * STATUS_FAILED_PRECONDITION / STATUS_BAD_FORMAT naming the files; STATUS_IO. */
+enum status auth_derive_owners(struct server *s);
 /* Insecure credentials, or TLS ones from --tls-cert / --tls-key. */
 enum status auth_make_credentials(const struct server_options *o, grpc_server_credentials **out);
 /* 1 when no key is required (*key = -1), or the metadata carry "authorization: Bearer <one of
@@ -661,11 +672,22 @@ int         auth_key_index(const struct server *s, const char *key, size_t n);
 /* The client name of API key `key` for --scheduling-policy fair ("key:<index>": the key itself
  * never leaves auth.c). Both fronts use it, so that one key is one client over gRPC and HTTP. */
 void        auth_client_name(int key, char *out, size_t cap);
-/* Who owns a request sent with API key `key` (-1: none): "" without keys, else "key-" and 16 hex
- * digits of a hash of the key, stable across restarts and key-file reorderings (journaled with
- * the request: journal_entry.owner). A journaled request is reattached, and a request cancelled
- * by id, only by its owner; the store of /v1/responses is kept per owner. */
+/* Who owns a request sent with API key `key` (-1: none): "" without keys, else the key's entry
+ * of s->owners (auth_derive_owners): a salted PBKDF2 hash of the key, stable across restarts and
+ * key-file reorderings (journaled with the request: journal_entry.owner; the fine-tuning index's
+ * files and jobs), slow to test guesses against. A journaled request is reattached, and a
+ * request cancelled by id, only by its owner; the store of /v1/responses is kept per owner.
+ * Cheap and lock-free (a copy): called per request on any thread. */
 void        auth_owner(const struct server *s, int key, char *out, size_t cap);
+/* The owner of key as versions before owner.salt wrote it: "key-" and 16 hex digits of an
+ * unkeyed FNV-1a 64 hash. For auth_owner_upgrade alone. */
+void        auth_owner_legacy(const char *key, char *out, size_t cap);
+/* Migration of an owner read from disk (owner: cap bytes, at least JOURNAL_OWNER_MAX + 1): a
+ * legacy owner (auth_owner_legacy's form) of one of the keys becomes that key's owner (returns
+ * 1); anything else is left as it is (returns 0): a legacy owner of a key no longer in the key
+ * file matches no request's owner. The journal (resume_open) and the fine-tuning index
+ * (ft_store_load) pass every owner they read through it. */
+int         auth_owner_upgrade(const struct server *s, char *owner, size_t cap);
 
 /* ---- http.c -------------------------------------------------------------------------------- */
 

@@ -55,7 +55,7 @@ int main(void)
     struct journal *j;
     struct journal_entry *pending;
     int n;
-    if (journal_open(dir, JOURNAL_FSYNC_NEVER, &j, &pending, &n) != STATUS_OK || n != 0) {
+    if (journal_open(dir, JOURNAL_FSYNC_NEVER, NULL, NULL, &j, &pending, &n) != STATUS_OK || n != 0) {
         printf("FAIL - journal_open of an empty directory: %s\n", status_message());
         return 1;
     }
@@ -81,7 +81,7 @@ int main(void)
     fwrite(cut, 1, sizeof cut, f);
     fclose(f);
 
-    enum status st = journal_open(dir, JOURNAL_FSYNC_NEVER, &j, &pending, &n);
+    enum status st = journal_open(dir, JOURNAL_FSYNC_NEVER, NULL, NULL, &j, &pending, &n);
     EXPECT(st == STATUS_OK, "a journal with a key accepted twice and a cut last record opens (%s)",
            st == STATUS_OK ? "ok" : status_message());
     if (st != STATUS_OK) return 1;

@@ -16,6 +16,11 @@
   gets 404 (gRPC: NOT_FOUND) for each
   (retrieve, content, delete, a job on the file, the job, its events, cancel), also after a
   restart whose key file lists the keys in another order;
+- owners on disk (server/auth.c): DIR/owner.salt (mode 0600) and index.json's owners salted
+  PBKDF2 hashes, never the unsalted FNV ones of versions before; an index whose owners are that
+  legacy form (rewritten here) is still the keys' after the restart, and written again at once
+  with the salted owners; a --journal DIR without owner.salt gets the same salt; a --journal DIR
+  whose owner.salt differs stops the server, naming both files;
 - bad input: a file that is not JSONL (the line named), another purpose, an upload over
   --fine-tuning-max-file-mb (413), unknown model / file / job (404), unknown and out-of-range
   hyperparameters, method dpo, a JSONL the trainer refuses (the job fails with its message), and
@@ -23,6 +28,8 @@
 Usage: test_finetune.py --shardlm BIN (SHARDLM_ASSETS: the stories260K checkpoint)."""
 import json
 import os
+import re
+import stat
 import struct
 import subprocess
 import sys
@@ -35,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_server as TS  # noqa: E402  (the server harness; SKIPs without grpcio)
 import grpc  # noqa: E402
 import stories_main as SM  # noqa: E402  (the mains on stories260K)
+from owners import legacy_owner_of, owner_of  # noqa: E402
 
 check = TS.check
 try:
@@ -287,13 +295,33 @@ def body(work, env):
                   f"adapter (nothing counts the hidden one): {hidden} / {unknown}")
             check(ft_model in ga.model_info().adapters and ft_model not in gb.model_info().adapters,
                   "gRPC GetModelInfo lists it to its owner's key only")
+    # The owners on disk are salted; then the index is rewritten as a version before owner.salt
+    # wrote it (the legacy owner of key-alpha), which the restart must upgrade, not lose.
+    ft_dir, journal = work / "ft-keys", work / "ft-keys-journal"
+    salt = ft_dir / "owner.salt"
+    mode = stat.S_IMODE(salt.stat().st_mode) if salt.exists() else None
+    check(mode == 0o600 and re.fullmatch(r"[0-9a-f]{32}\n", salt.read_text()) is not None,
+          f"the fine-tuning directory holds owner.salt, mode 0600, 32 hex digits (mode {mode and oct(mode)})")
+    index = (ft_dir / "index.json").read_text()
+    alpha, legacy = owner_of("key-alpha", ft_dir), legacy_owner_of("key-alpha")
+    check(index.count(alpha) == 2 and legacy not in index and legacy_owner_of("key-beta") not in index,
+          "index.json holds the salted owner of the file and the job, not the unsalted FNV one")
+    (ft_dir / "index.json").write_text(index.replace(alpha, legacy))
     keys.write_text("key-beta\nkey-alpha\n")
-    with TS.Server(env.shardlm, model, *ft2, http=True, name="finetune-keys-again") as srv:
+    with TS.Server(env.shardlm, model, *ft2, "--journal", str(journal), http=True, name="finetune-keys-again") as srv:
         a = openai.OpenAI(base_url=srv.base + "/v1", api_key="key-alpha", max_retries=0, timeout=60)
         b = openai.OpenAI(base_url=srv.base + "/v1", api_key="key-beta", max_retries=0, timeout=60)
         check([x.id for x in a.files.list().data] == [fa.id] and [x.id for x in b.files.list().data] == [] and
-              [x.id for x in a.fine_tuning.jobs.list().data] == [ja.id],
-              "after a restart with the key file reordered the files and jobs are still the owner's")
+              [x.id for x in a.fine_tuning.jobs.list().data] == [ja.id] and b.fine_tuning.jobs.list().data == [],
+              "after a restart with the key file reordered and the legacy owners in the index the files and jobs "
+              "are still the owner's")
+        index = (ft_dir / "index.json").read_text()
+        check(index.count(alpha) == 2 and legacy not in index, "the index is written again at once, upgraded")
+        check((journal / "owner.salt").read_text() == salt.read_text(),
+              "a --journal DIR without owner.salt gets the installation's salt")
+    (journal / "owner.salt").write_text("00" * 16 + "\n")
+    SM.expect_refused(env.shardlm, ["--model", str(model), "--http", "127.0.0.1:0", *ft2, "--journal", str(journal)],
+                      [str(salt), str(journal / "owner.salt"), "different owner salts"], "owner salts that differ")
 
 
 def main():

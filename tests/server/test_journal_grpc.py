@@ -16,7 +16,11 @@ stories260K under --batch-invariant, driven by grpcio. Groups:
   drain      SIGTERM with --drain-timeout 0 cuts a journaled stream with UNAVAILABLE (no END); the
              restart finishes it for the reattaching client with the uninterrupted answer
   owners     with API keys: another key's Cancel or reattach (resume token) of a running or a resumed
-             request is NOT_FOUND; its owner reattaches after a restart whose key file is reordered
+             request is NOT_FOUND; its owner reattaches after a restart whose key file is reordered;
+             the journal directory holds owner.salt (mode 0600) and the journal the salted owner
+             (PBKDF2, recomputed here), never the unsalted FNV one of versions before; a journal
+             whose records carry that legacy owner (rewritten here) is still its key's after the
+             restart, and the compacted journal then holds the salted owner
   client     shardlm_client.Client's generate_stream and generate against a server SIGKILLed twice
              and restarted on the same port (SmolLM2-135M's GGUF, --gguf: slow enough that both kills
              land mid-answer; SKIP without it): they go on by themselves (UNAVAILABLE, the token) and
@@ -34,6 +38,8 @@ Reference answers come from a journaled server that is never interrupted; no exp
 import os
 import re
 import signal
+import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -46,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_server as TS  # noqa: E402  (SKIPs by itself without grpcio or the client)
 import stories_main as SM  # noqa: E402  (the mains on stories260K)
 from checks import Checks  # noqa: E402
+from owners import legacy_owner_of, owner_of  # noqa: E402
 from tcp_proxy import Proxy  # noqa: E402
 
 grpc, pb, pb_grpc, Client = TS.grpc, TS.pb, TS.pb_grpc, TS.Client
@@ -342,6 +349,32 @@ def group_cancel(shardlm, model, work):
             check(e.code() == grpc.StatusCode.NOT_FOUND, f"Cancel after its answer was delivered: {e.code()}")
 
 
+def journal_put_str(s):
+    """kernels/base/codec.h put_str: u64 length, the bytes and a NUL, padded to 8 bytes."""
+    b = s.encode() + b"\0"
+    return struct.pack("<Q", len(s)) + b + b"\0" * (-len(b) % 8)
+
+
+def journal_rewrite_owner(path, old, new):
+    """Rewrites the owner (the last string of an ACCEPT record's payload: server/journal.c
+    put_accept) old to new in every ACCEPT of the journal file, with the records' lengths and
+    checks (FNV-1a 64 of the payload folded to 32 bits); returns how many it rewrote."""
+    data, out, off, n = path.read_bytes(), b"", 0, 0
+    while off + 8 <= len(data):
+        size, _ = struct.unpack_from("<II", data, off)
+        payload = data[off + 8:off + 8 + size]
+        if struct.unpack_from("<I", payload)[0] == 1 and payload.endswith(journal_put_str(old)):
+            payload = payload[:-len(journal_put_str(old))] + journal_put_str(new)
+            n += 1
+        h = 0xcbf29ce484222325
+        for c in payload:
+            h = ((h ^ c) * 0x100000001b3) & 0xffffffffffffffff
+        out += struct.pack("<II", len(payload), (h ^ (h >> 32)) & 0xffffffff) + payload
+        off += 8 + size
+    path.write_bytes(out + data[off:])
+    return n
+
+
 def group_owners(shardlm, model, work):
     """With API keys a request belongs to its key: another key's Cancel, or its reattaching call
     (resume token), finds nothing (NOT_FOUND), live or resumed; after a restart whose key file
@@ -368,6 +401,18 @@ def group_owners(shardlm, model, work):
     call = r.call(st, A, stop_after=2)
     kill9(srv)
     r.rest(call)
+    # The owners on disk: salted (owner.salt, 0600), never the unsalted hash anyone could test
+    # guesses against; then the journal rewritten as a version before owner.salt wrote it.
+    salt = journal / "owner.salt"
+    mode = stat.S_IMODE(salt.stat().st_mode) if salt.exists() else None
+    check(mode == 0o600 and re.fullmatch(r"[0-9a-f]{32}\n", salt.read_text()) is not None,
+          f"the journal directory holds owner.salt, mode 0600, 32 hex digits (mode {mode and oct(mode)})")
+    raw = (journal / "journal").read_bytes()
+    legacy = {k: legacy_owner_of(k) for k in ("key-alpha", "key-beta")}
+    check(owner_of("key-alpha", journal).encode() in raw and not any(o.encode() in raw for o in legacy.values()),
+          "the journal holds the salted owner (PBKDF2 of the key and owner.salt), not the unsalted FNV one")
+    n = journal_rewrite_owner(journal / "journal", owner_of("key-alpha", journal), legacy["key-alpha"])
+    check(n >= 1, f"the journal's ACCEPT records rewritten with the legacy owner of key-alpha ({n})")
     keys.write_text("key-beta\nkey-alpha\n")  # the same keys, their lines swapped
     with server(shardlm, model, "--journal", str(journal), "--api-key-file", str(keys), name="owners-restart") as srv:
         st = stub(srv)
@@ -383,7 +428,11 @@ def group_owners(shardlm, model, work):
         n_before = len(r.msgs)
         r.call(st, A + [("shardlm-resume-token", "own-2"), ("shardlm-resume-from", r.state(1))])
         check(r.code == grpc.StatusCode.OK and len(r.msgs) > n_before and r.msgs[-1].finish_reason,
-              f"its owner reattaches after the restart (keys reordered) and gets the rest: {r.code}")
+              f"its owner reattaches after the restart (keys reordered, its journaled owner the legacy "
+              f"one) and gets the rest: {r.code}")
+        raw = (journal / "journal").read_bytes()
+        check(legacy["key-alpha"].encode() not in raw and owner_of("key-alpha", journal).encode() in raw,
+              "the journal compacted at the restart holds the upgraded owner, not the legacy one")
 
 
 def group_drain(shardlm, model, work):
