@@ -112,6 +112,9 @@ static cJSON *harmony_schema(const cJSON *tools, const char *only, int required)
      * channel is written, so only the first shape can follow. */
     const size_t n_shapes = required ? 1 : sizeof shapes / sizeof *shapes;
     cJSON *s = cJSON_CreateObject(), *any = s ? cJSON_AddArrayToObject(s, "anyOf") : NULL;
+    /* '<' only as \u003c in the arguments' free strings: a marker token (<|call|>, <|end|>) would
+     * otherwise be seven characters of a string there, and end the message in the parser. */
+    if (any && !cJSON_AddStringToObject(s, GRAMMAR_SCHEMA_ESCAPE, "<")) any = NULL;
     if (!any) {
         cJSON_Delete(s);
         return NULL; /* (set_schema: out of memory) */

@@ -181,6 +181,16 @@ static const struct sample samples[] = {
     /* a $ref into the list sees the branches as values, whatever their order */
     {GRAMMAR_JSON_SCHEMA, "{\"anyOf\":[{\"x-shardlm-prefix\":\"a\",\"$ref\":\"#/anyOf/1\"},{\"x-shardlm-prefix\":\"b\","
      "\"type\":\"integer\"}]}", {"a5", "b7", NULL}, {"ab7", "5", "a", NULL}},
+    /* x-shardlm-escape: free strings and free keys write '<' only as \u003c (either case); enum
+     * keeps its own text (harmony's arguments, where a marker token must not stand in a string). */
+    {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-escape\":\"<\",\"x-shardlm-prefix\":\"f<|message|>\",\"type\":\"object\","
+     "\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"enum\":[\"x<y\"]},\"c\":{\"type\":\"string\",\"maxLength\":3}}}",
+     {"f<|message|>{\"a\":\"1\\u003c2\"}", "f<|message|>{\"a\":\"\\u003C|call|>\",\"b\":\"x<y\"}", "f<|message|>{\"c\":\"\\u003c\"}",
+      "f<|message|>{\"a\":\">|\"}", NULL},
+     {"f<|message|>{\"a\":\"<|call|>\"}", "f<|message|>{\"a\":\"1<2\"}", "f<|message|>{\"c\":\"<\"}",
+      "f<|message|>{\"b\":\"x\\u003cy\"}", NULL}},
+    {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-escape\":\"<>\",\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
+     {"{\"\\u003e\":1}", "{\"ab\":2}", NULL}, {"{\"<\":1}", "{\"a>\":1}", NULL}},
 };
 
 static const char *const bad[][3] = {
@@ -191,6 +201,10 @@ static const char *const bad[][3] = {
     {"0", "{\"type\":\"object\",\"properties\":{\"a\":{\"x-shardlm-prefix\":\"<\",\"type\":\"integer\"}}}",
      "unsupported keyword 'x-shardlm-prefix'"},
     {"0", "{\"x-shardlm-prefix\":7,\"type\":\"integer\"}", "x-shardlm-prefix must be a string"},
+    {"0", "{\"x-shardlm-escape\":\"\\\"\",\"type\":\"string\"}", "x-shardlm-escape must be"},
+    {"0", "{\"x-shardlm-escape\":\"\",\"type\":\"string\"}", "x-shardlm-escape must be"},
+    {"0", "{\"type\":\"object\",\"properties\":{\"a\":{\"x-shardlm-escape\":\"<\",\"type\":\"string\"}}}",
+     "unsupported keyword 'x-shardlm-escape'"},
     {"0", "{\"x-shardlm-repeat\":{\"close\":\"x\"},\"type\":\"integer\"}", "x-shardlm-repeat must be"},
     {"0", "{\"x-shardlm-repeat\":{\"close\":\"\",\"open\":\"y\"},\"type\":\"integer\"}", "x-shardlm-repeat must be"},
     {"0", "{\"type\":\"array\",\"items\":{\"x-shardlm-repeat\":{\"close\":\"x\",\"open\":\"y\"}}}",

@@ -25,6 +25,7 @@ struct sb {
     int            depth;
     int            r_value, r_string, r_char, r_int, r_number, r_object, r_array;
     struct gx     *tagged; /* the root's branches after their texts (tagged_branches) */
+    char           escape[17]; /* x-shardlm-escape: ASCII that free strings write as \u00XX only */
 };
 
 static enum status sfail(struct sb *s, const char *path, const char *fmt, const char *arg)
@@ -52,6 +53,49 @@ struct gx *json_string_char(struct gbuild *b)
     return gx_alt2(b, gx_codepoints(b, lo, hi, 4), json_escape(b));
 }
 
+/* The characters a free string (or a free key) writes as themselves: json_string_char's, less
+ * the schema's x-shardlm-escape characters. */
+static void string_chars(const struct sb *s, struct cpset *out)
+{
+    cpset_add(out, 0x20, 0x21), cpset_add(out, 0x23, 0x5B), cpset_add(out, 0x5D, 0x7E), cpset_add(out, 0x80, 0x10FFFF);
+    for (const char *e = s->escape; *e; e++) {
+        const uint32_t c = (uint8_t)*e;
+        struct cpset rest = {0};
+        for (int r = 0; r < out->n; r++) { /* out minus c */
+            if (c < out->lo[r] || c > out->hi[r]) { cpset_add(&rest, out->lo[r], out->hi[r]); continue; }
+            if (c > out->lo[r]) cpset_add(&rest, out->lo[r], c - 1);
+            if (c < out->hi[r]) cpset_add(&rest, c + 1, out->hi[r]);
+        }
+        cpset_free(out);
+        *out = rest;
+    }
+}
+
+/* json_escape, and \u00XX (hex digits of either case) for each x-shardlm-escape character. */
+static struct gx *string_escape(struct sb *s)
+{
+    struct gbuild *b = s->b;
+    struct gx *x = json_escape(b);
+    for (const char *e = s->escape; *e && x; e++) {
+        char lo[8], up[8];
+        snprintf(lo, sizeof lo, "\\u00%02x", (unsigned)(uint8_t)*e);
+        snprintf(up, sizeof up, "\\u00%02X", (unsigned)(uint8_t)*e);
+        x = gx_alt2(b, x, strcmp(lo, up) ? gx_alt2(b, gx_str(b, lo), gx_str(b, up)) : gx_str(b, lo));
+    }
+    return x;
+}
+
+/* One character of a free string under this schema (json_string_char without escapes). */
+static struct gx *string_char(struct sb *s)
+{
+    if (!s->escape[0]) return json_string_char(s->b);
+    struct cpset set = {0};
+    string_chars(s, &set);
+    struct gx *x = gx_alt2(s->b, gx_codepoints(s->b, set.lo, set.hi, set.n), string_escape(s));
+    cpset_free(&set);
+    return x;
+}
+
 static int def_rule(struct sb *s, const char *name, struct gx *x)
 {
     int r = gb_rule_new(s->b, name);
@@ -65,7 +109,7 @@ static void json_rules(struct sb *s)
     struct gbuild *b = s->b;
     if (s->r_value) return;
     s->r_value = gb_rule_new(b, "json-value");
-    s->r_char = def_rule(s, "json-char", json_string_char(b));
+    s->r_char = def_rule(s, "json-char", string_char(s));
     s->r_string = def_rule(s, "json-string", gx_seq3(b, gx_str(b, "\""), gx_repeat(b, gx_ref(b, s->r_char), 0, -1), gx_str(b, "\"")));
     struct gx *digits = gx_repeat(b, gx_byte_range(b, '0', '9'), 1, -1);
     s->r_int = def_rule(s, "json-int", gx_seq2(b, gx_repeat(b, gx_str(b, "-"), 0, 1),
@@ -331,7 +375,7 @@ static struct gx *key_except(struct sb *s, const char **keys, int n, int d)
 {
     struct gbuild *b = s->b;
     struct cpset other = {0};
-    cpset_add(&other, 0x20, 0x21), cpset_add(&other, 0x23, 0x5B), cpset_add(&other, 0x5D, 0x7E), cpset_add(&other, 0x80, 0x10FFFF);
+    string_chars(s, &other);
     struct gx **alts = gb_alloc(b, sizeof *alts * (size_t)(n + 3));
     int k = 0, terminal = 0;
     if (!alts) { cpset_free(&other); return NULL; }
@@ -351,7 +395,7 @@ static struct gx *key_except(struct sb *s, const char **keys, int n, int d)
         alts[k++] = gx_seq2(b, gx_byte_range(b, (int)c, (int)c), gx_ref(b, def_rule(s, "", key_except(s, keys + i, j - i, d + 1))));
         i = j;
     }
-    alts[k++] = gx_seq3(b, gx_alt2(b, gx_codepoints(b, other.lo, other.hi, other.n), json_escape(b)),
+    alts[k++] = gx_seq3(b, gx_alt2(b, gx_codepoints(b, other.lo, other.hi, other.n), string_escape(s)),
                         gx_repeat(b, gx_ref(b, s->r_char), 0, -1), gx_str(b, "\""));
     if (!terminal) alts[k++] = gx_str(b, "\"");
     cpset_free(&other);
@@ -734,6 +778,19 @@ enum status schema_build(struct gbuild *b, const char *src, size_t n, int object
         cJSON_Delete(pre), cJSON_Delete(s.root);
         return gb_fail(b, STATUS_INVALID_ARGUMENT,
                        "json schema: /" GRAMMAR_SCHEMA_PREFIX " must be a string of 1 to 64 bytes");
+    }
+    /* x-shardlm-escape (the root's only, likewise): characters free strings must escape. */
+    cJSON *esc = cJSON_IsObject(s.root) ? cJSON_DetachItemFromObjectCaseSensitive(s.root, GRAMMAR_SCHEMA_ESCAPE) : NULL;
+    int esc_ok = !esc || (cJSON_IsString(esc) && esc->valuestring[0] && strlen(esc->valuestring) < sizeof s.escape);
+    for (const char *e = esc_ok && esc ? esc->valuestring : ""; *e; e++)
+        esc_ok &= *e > 0x20 && *e < 0x7F && *e != '"' && *e != '\\';
+    if (esc_ok && esc) snprintf(s.escape, sizeof s.escape, "%s", esc->valuestring);
+    if (s.escape[0] && s.r_char >= 0) b->rules[s.r_char].expr = string_char(&s); /* json_rules ran without them */
+    cJSON_Delete(esc);
+    if (!esc_ok) {
+        cJSON_Delete(pre), cJSON_Delete(s.root);
+        return gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: /" GRAMMAR_SCHEMA_ESCAPE " must be a string of 1 to "
+                       "16 printable ASCII characters, not '\"' or '\\'");
     }
     /* x-shardlm-repeat (the root's only, likewise): the value repeated between literal texts. */
     cJSON *rep = cJSON_IsObject(s.root) ? cJSON_DetachItemFromObjectCaseSensitive(s.root, GRAMMAR_SCHEMA_REPEAT) : NULL;
