@@ -111,6 +111,9 @@ enum status schema_build(struct gbuild *b, const char *src, size_t n, int object
 enum status choice_build(struct gbuild *b, const char *src, size_t n, int *root);
 /* JSON pieces shared by the schema builder. */
 struct gx *json_string_char(struct gbuild *b);
+/* Non-negative decimal integers in [lo, hi] (hi < 0: unbounded; bounds at most 1e18), no leading
+ * zeros, as digit-by-digit alternatives (grammar_ir.c). */
+struct gx *gx_uint_range(struct gbuild *b, long long lo, long long hi);
 
 /* ---- vocabulary ---- */
 struct grammar_vocab {

@@ -1,6 +1,7 @@
 /* engine/grammar/grammar_ir.c - the expression tree every front end builds, code point sets as
  * UTF-8 byte sequences, and the lowering to the flat rule table (struct gflat) with its checks:
- * undefined rules, rules that derive no string, left recursion, size limits.
+ * undefined rules, rules that derive no string, left recursion, size limits; and decimal
+ * integers in a range as expressions (gx_uint_range, for JSON Schema's bounds).
  * Not here: parsing any source text (grammar_gbnf.c, grammar_regex.c, grammar_schema.c).
  * Tests: tests/test_grammar.c. */
 #include <stdarg.h>
@@ -605,4 +606,45 @@ enum status gflat_build(struct gbuild *b, int root, struct gflat *f)
     if (!s) s = chains(b, f);
     if (s) gflat_free(f);
     return s;
+}
+
+/* ---- integers in a range: digit-by-digit expressions (JSON Schema's minimum / maximum) ---- */
+static struct gx *digit_range(struct gbuild *b, int lo, int hi) { return gx_byte_range(b, '0' + lo, '0' + hi); }
+
+/* Numbers of exactly the digits of a..z (same length, decimal strings). */
+static struct gx *same_len(struct gbuild *b, const char *a, const char *z, int n)
+{
+    if (n == 1) return digit_range(b, a[0] - '0', z[0] - '0');
+    if (a[0] == z[0]) return gx_seq2(b, digit_range(b, a[0] - '0', a[0] - '0'), same_len(b, a + 1, z + 1, n - 1));
+    char nines[24], zeros[24];
+    memset(nines, '9', (size_t)n), memset(zeros, '0', (size_t)n);
+    struct gx *alts[3];
+    int k = 0;
+    alts[k++] = gx_seq2(b, digit_range(b, a[0] - '0', a[0] - '0'), same_len(b, a + 1, nines, n - 1));
+    if (a[0] + 1 <= z[0] - 1) alts[k++] = gx_seq2(b, digit_range(b, a[0] - '0' + 1, z[0] - '0' - 1), gx_repeat(b, digit_range(b, 0, 9), n - 1, n - 1));
+    alts[k++] = gx_seq2(b, digit_range(b, z[0] - '0', z[0] - '0'), same_len(b, zeros, z + 1, n - 1));
+    return gx_alt(b, k, alts);
+}
+
+struct gx *gx_uint_range(struct gbuild *b, long long lo, long long hi)
+{
+    char a[24], z[24];
+    struct gx *alts[24];
+    int k = 0;
+    int la = snprintf(a, sizeof a, "%lld", lo);
+    for (int len = la; len <= 19; len++) {
+        long long top = 9223372036854775807LL; /* 19 digits: bounds are at most 1e18 */
+        if (len < 19) { top = 1; for (int i = 0; i < len; i++) top *= 10; top -= 1; }
+        long long from = len == la ? lo : top / 10 + 1;
+        if (hi >= 0 && from > hi) break;
+        if (hi < 0 && len > la) { /* every longer number */
+            alts[k++] = gx_seq2(b, digit_range(b, 1, 9), gx_repeat(b, digit_range(b, 0, 9), len - 1, -1));
+            break;
+        }
+        long long to = hi >= 0 && hi < top ? hi : top;
+        snprintf(a, sizeof a, "%lld", from), snprintf(z, sizeof z, "%lld", to);
+        alts[k++] = same_len(b, a, z, len);
+        if (to == hi) break;
+    }
+    return gx_alt(b, k, alts);
 }

@@ -198,48 +198,6 @@ static struct gx *ref_expr(struct sb *s, const char *ref, const char *path)
     return gx_ref(s->b, r);
 }
 
-/* ---- integers in a range: digit-by-digit expressions ---- */
-static struct gx *digit_range(struct gbuild *b, int lo, int hi) { return gx_byte_range(b, '0' + lo, '0' + hi); }
-
-/* Numbers of exactly the digits of a..z (same length, decimal strings). */
-static struct gx *same_len(struct gbuild *b, const char *a, const char *z, int n)
-{
-    if (n == 1) return digit_range(b, a[0] - '0', z[0] - '0');
-    if (a[0] == z[0]) return gx_seq2(b, digit_range(b, a[0] - '0', a[0] - '0'), same_len(b, a + 1, z + 1, n - 1));
-    char nines[24], zeros[24];
-    memset(nines, '9', (size_t)n), memset(zeros, '0', (size_t)n);
-    struct gx *alts[3];
-    int k = 0;
-    alts[k++] = gx_seq2(b, digit_range(b, a[0] - '0', a[0] - '0'), same_len(b, a + 1, nines, n - 1));
-    if (a[0] + 1 <= z[0] - 1) alts[k++] = gx_seq2(b, digit_range(b, a[0] - '0' + 1, z[0] - '0' - 1), gx_repeat(b, digit_range(b, 0, 9), n - 1, n - 1));
-    alts[k++] = gx_seq2(b, digit_range(b, z[0] - '0', z[0] - '0'), same_len(b, zeros, z + 1, n - 1));
-    return gx_alt(b, k, alts);
-}
-
-/* Non-negative integers in [lo, hi], hi < 0: unbounded. */
-static struct gx *uint_range(struct gbuild *b, long long lo, long long hi)
-{
-    char a[24], z[24];
-    struct gx *alts[24];
-    int k = 0;
-    int la = snprintf(a, sizeof a, "%lld", lo);
-    for (int len = la; len <= 19; len++) {
-        long long top = 9223372036854775807LL; /* 19 digits: bounds are at most 1e18 */
-        if (len < 19) { top = 1; for (int i = 0; i < len; i++) top *= 10; top -= 1; }
-        long long from = len == la ? lo : top / 10 + 1;
-        if (hi >= 0 && from > hi) break;
-        if (hi < 0 && len > la) { /* every longer number */
-            alts[k++] = gx_seq2(b, digit_range(b, 1, 9), gx_repeat(b, digit_range(b, 0, 9), len - 1, -1));
-            break;
-        }
-        long long to = hi >= 0 && hi < top ? hi : top;
-        snprintf(a, sizeof a, "%lld", from), snprintf(z, sizeof z, "%lld", to);
-        alts[k++] = same_len(b, a, z, len);
-        if (to == hi) break;
-    }
-    return gx_alt(b, k, alts);
-}
-
 static struct gx *int_range(struct sb *s, int has_lo, long long lo, int has_hi, long long hi, const char *path)
 {
     struct gbuild *b = s->b;
@@ -251,9 +209,9 @@ static struct gx *int_range(struct sb *s, int has_lo, long long lo, int has_hi, 
     int k = 0;
     if (!has_lo || lo < 0) { /* negative part: -(max(1,-hi) .. -lo) */
         long long nlo = has_hi && hi < 0 ? -hi : 1, nhi = has_lo ? -lo : -1;
-        alts[k++] = gx_seq2(b, gx_str(b, "-"), uint_range(b, nlo, nhi));
+        alts[k++] = gx_seq2(b, gx_str(b, "-"), gx_uint_range(b, nlo, nhi));
     }
-    if (!has_hi || hi >= 0) alts[k++] = uint_range(b, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
+    if (!has_hi || hi >= 0) alts[k++] = gx_uint_range(b, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
     return gx_alt(b, k, alts);
 }
 
@@ -303,7 +261,7 @@ static struct gx *number_expr(struct sb *s, const cJSON *node, int integer, cons
         if (e) e->set['E' >> 5] |= 1u << ('E' & 31);
         struct gx *sign = gx_byte_range(b, '+', '+');
         if (sign) sign->set['-' >> 5] |= 1u << ('-' & 31);
-        return gx_seq3(b, uint_range(b, 0, -1), gx_repeat(b, gx_seq2(b, gx_str(b, "."), digits), 0, 1),
+        return gx_seq3(b, gx_uint_range(b, 0, -1), gx_repeat(b, gx_seq2(b, gx_str(b, "."), digits), 0, 1),
                        gx_repeat(b, gx_seq3(b, e, gx_repeat(b, sign, 0, 1), digits), 0, 1));
     }
     return gx_ref(s->b, s->r_number);
