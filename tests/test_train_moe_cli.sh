@@ -12,9 +12,9 @@
 #      for bit, and the rewritten config.json generates the same tokens;
 #   1b. Mixtral's 3 steps + --resume + 3 steps equal 6 straight steps bitwise; Qwen 2 MoE and
 #      GPT-OSS in bf16 with selective recomputation (the experts; GPT-OSS's attention too) run;
-#   2. refused by name: the auxiliary losses on a dense model, LoRA on the experts, MoE training
-#      at tp 2 (under mpirun), a negative coefficient, --ep on train (serve and generate take it:
-#      tests/test_moe_ep.sh).
+#   2. refused by name: the auxiliary losses on a dense model, LoRA on the experts, a negative
+#      coefficient, --ep on train (serve and generate take it: tests/test_moe_ep.sh). (MoE
+#      training at tp 2 against one rank: tests/test_train_moe_parallel.sh.)
 # (dp and pp against one rank: tests/test_train_moe_parallel.sh.)
 # Loopback only; every wait is bounded.
 set -u
@@ -156,13 +156,6 @@ expect "a negative coefficient is refused" 2 "--moe-z-loss-coeff must be a numbe
   --moe-z-loss-coeff -1
 expect "train --ep is refused by name" 2 "--ep: training with expert parallelism is not built" "$BIN" train \
   --model "$WORK/mixtral" --ep 2
-if command -v mpirun > /dev/null; then
-  expect "MoE training at tp 2 is refused, naming the size" 1 "at tp 2 is not built" \
-    mpirun --oversubscribe -n 2 "$BIN" train --model "$WORK/mixtral" --data "$WORK/text.txt" --out "$WORK/t.out" \
-    "${COMMON[@]}" --train-iters 1 --tp 2
-else
-  echo "SKIP: tp 2 refusal: no mpirun"
-fi
 
 echo "$n_pass passed, $n_fail failed"
 [ "$n_fail" = 0 ]

@@ -4,8 +4,11 @@
 # Mixtral (8 experts, top 2) and Qwen 2 MoE (4 experts, top 2, a shared expert) checkpoints
 # (tests/reference/make_models.py, stories260K's tok512 tokenizer), 6 steps of 4 micro-batches
 # with the load-balancing and z losses, at dp 2, dp 2 with the distributed optimizer, pp 2 (1F1B;
-# Mixtral also with selective recomputation of the experts) and dp 2 x pp 2 (GPT-OSS, with its
-# sinks, biases and windows: dp 2 with the distributed optimizer, and pp 2): every step's loss and
+# Mixtral also with selective recomputation of the experts), dp 2 x pp 2, and tp 2 (each rank its
+# experts, the slots' weight gradients summed over tp before the router's; Mixtral without and with
+# sequence parallelism, Qwen 2 MoE's shared expert split like a dense MLP, with it) (GPT-OSS, with
+# its sinks, biases and windows: dp 2 with the distributed optimizer, pp 2 and tp 2, its sinks
+# split by heads): every step's loss and
 # gradient norm within 1e-5 relative of one rank's (tests/train_compare.py), the final weights
 # within 1e-5, and every step's expert_load (layers x experts) equal to one rank's, its
 # moe_aux_loss and moe_z_loss within 2e-5 (printed to 6 digits).
@@ -81,15 +84,16 @@ PY
 for flavor in mixtral qwen2_moe gpt_oss; do
   run "${flavor}_one" 1 "$flavor"
   check "$flavor: one rank trains (reference)" $?
-  layouts=("2|" "2|--use-distributed-optimizer" "2|--pp 2" "4|--pp 2 --use-distributed-optimizer")
-  names=(dp2 dp2_distopt pp2 dp2pp2_distopt)
+  layouts=("2|" "2|--use-distributed-optimizer" "2|--pp 2" "4|--pp 2 --use-distributed-optimizer"
+           "2|--tp 2 --sequence-parallel")
+  names=(dp2 dp2_distopt pp2 dp2pp2_distopt tp2_sp)
   if [ "$flavor" = gpt_oss ]; then
-    layouts=("2|--use-distributed-optimizer" "2|--pp 2")
-    names=(dp2_distopt pp2)
+    layouts=("2|--use-distributed-optimizer" "2|--pp 2" "2|--tp 2")
+    names=(dp2_distopt pp2 tp2)
   fi
   if [ "$flavor" = mixtral ]; then
-    layouts+=("2|--pp 2 --recompute-granularity selective --recompute-modules mlp,layernorm")
-    names+=(pp2_recompute_mlp)
+    layouts+=("2|--pp 2 --recompute-granularity selective --recompute-modules mlp,layernorm" "2|--tp 2")
+    names+=(pp2_recompute_mlp tp2)
   fi
   for i in "${!layouts[@]}"; do
     n=${layouts[$i]%%|*}

@@ -181,10 +181,10 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
     /* MLP block: x = x_mid + [norm](down(act(gate(xn2)) * up(xn2))), or down(act(up(xn2))). */
     layer_pre_norm(m, &t->xn2, &t->x_mid, &w->mlp_norm, &w->mlp_norm_bias);
     if ((st = h->gather(h->ctx, &t->xn2, T, &full)) != STATUS_OK) return st;
-    if (m->cfg.n_experts) { /* a mixture of experts (moe.h); each tp rank its experts */
-        struct tensor proj = tensor_first_rows(&t->mlp_out, T);
-        if ((st = moe_forward(m, l, T, &full, &proj, t->moe)) != STATUS_OK) return st;
-        if ((st = h->reduce(h->ctx, &proj, &proj)) != STATUS_OK) return st;
+    if (m->cfg.n_experts) { /* a mixture of experts (moe.h); each tp rank its experts, summed as a row-parallel product */
+        struct tensor proj = tensor_first_rows(&t->mlp_out, tensor_rows(&t->x)), part = h->partial(h->ctx, &proj, T);
+        if ((st = moe_forward(m, l, T, &full, &part, t->moe)) != STATUS_OK) return st;
+        if ((st = h->reduce(h->ctx, &part, &proj)) != STATUS_OK) return st;
         residual_add(m, &t->x, &t->x_mid, &proj, &t->normed, &w->post_mlp_norm);
         return STATUS_OK;
     }

@@ -464,7 +464,7 @@ static enum status layer_backward(struct model_train *t, int l, int64_t T, const
         struct tensor dproj;
         const struct moe_loss loss = {t->moe_aux_coeff, t->moe_z_coeff, aux_scale};
         TRY(residual_output_grad(t, T, &la->mlp_out, &w->post_mlp_norm, &g->post_mlp_norm, &dproj));
-        moe_backward(m, l, T, &full, &dproj, &dxn, &la->moe, &a->moe_grad, g, &loss);
+        TRY(moe_backward(m, l, T, &full, &dproj, &dxn, &la->moe, &a->moe_grad, g, &loss));
     } else {
         TRY(mlp_backward(t, l, T, &full, g));
     }

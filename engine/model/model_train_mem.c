@@ -264,10 +264,9 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
     const struct train_memory one = {.recompute = TRAIN_RECOMPUTE_NONE, .sets = 1};
     if (!mem) mem = &one;
     *out = NULL;
-    if (m->cfg.n_experts && m->tp_size > 1)
-        return status_errorf(STATUS_UNSUPPORTED, "training a mixture of experts (%s) at tp %d is not built (the experts "
-                             "split over tensor-parallel ranks, and expert parallelism, in training; pp and dp train)",
-                             m->cfg.architecture, m->tp_size);
+    if (m->cfg.n_experts && m->ep_size > 1)
+        return status_errorf(STATUS_UNSUPPORTED, "training a mixture of experts (%s) with expert parallelism (ep %d) "
+                             "is not built (tp, pp and dp train)", m->cfg.architecture, m->ep_size);
     enum status st = check_plan(m, max_tokens, mem);
     if (st != STATUS_OK) return st;
     const int S = mem->sets, L = m->n_layers_local;
@@ -504,7 +503,7 @@ int model_train_moe_stats(struct model_train *t, double *aux, double *z, int64_t
 void train_moe_count(struct model_train *t)
 {
     const struct model_config *c = &t->m->cfg;
-    if (!c->n_experts) return;
+    if (!c->n_experts || t->m->tp_rank != 0) return; /* the routing is the same on every tp rank: counted once */
     t->moe_forwards++;
     for (int l = 0; l < t->m->n_layers_local; l++) {
         const struct moe_routing *r = &t->a->layers[l].route;

@@ -130,12 +130,14 @@ struct moe_grad_scratch {
     double *host_tok;
 };
 
-/* The backward of moe_forward (training, tp 1): given dproj (T, d), the gradient of proj, and the
+/* The backward of moe_forward (training, at any tp: this rank's experts and its part of the shared
+ * expert, the slots' weight gradients summed over tp before the router's; not under expert
+ * parallelism): given dproj (T, d), the gradient of proj, and the
  * forward's kept tensors mt (insides recomputed when they were not kept), writes dxn (T, d) =
  * dL/dxn and adds the gradients of layer l's router, experts, shared expert and its gate, and
  * GPT-OSS's router and expert biases, to g (tensors with data NULL are skipped), the auxiliary losses' included (loss). The router's
  * gradient is formed on the host, in double, from the routing in mt->r. */
-void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *dproj,
+enum status moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *dproj,
                   const struct tensor *dxn, const struct moe_tensors *mt, const struct moe_grad_scratch *s,
                   const struct layer_weights *g, const struct moe_loss *loss);
 

@@ -85,7 +85,9 @@ static void router_grad(const struct model_config *c, int64_t T, const struct mo
 
 /* dxn += dlogits (T, cols, host f32) @ w, gw += dlogits^T xn and gbias += the sum of dlogits'
  * rows (gbias NULL-data: none): the backward of a product whose output the host formed (the
- * router, with GPT-OSS's bias; the shared expert's gate). */
+ * router, with GPT-OSS's bias; the shared expert's gate). Those weights are replicated over tp
+ * and their gradients formed whole on every rank; dxn is summed over tp after the layer, so only
+ * tp rank 0 adds its part there. */
 static void host_product_backward(struct model *m, int64_t T, int64_t cols, const float *host, const struct tensor *xn,
                                   const struct tensor *w, const struct tensor *gw, const struct tensor *gbias,
                                   const struct tensor *dxn, const struct moe_grad_scratch *s)
@@ -97,10 +99,10 @@ static void host_product_backward(struct model *m, int64_t T, int64_t cols, cons
         dd = tensor_view2(&s->dlogits_dt, T, cols);
         op_cast(b, &dd, &d32);
     }
-    op_matmul_backward(b, dxn, opt(gw), opt(gbias), &dd, xn, w, 1);
+    op_matmul_backward(b, m->tp_rank == 0 ? dxn : NULL, opt(gw), opt(gbias), &dd, xn, w, 1);
 }
 
-void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *dproj,
+enum status moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *dproj,
                   const struct tensor *dxn, const struct moe_tensors *mt, const struct moe_grad_scratch *s,
                   const struct layer_weights *g, const struct moe_loss *loss)
 {
@@ -109,14 +111,18 @@ void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, co
     const struct layer_weights *w = &m->w.layers[l];
     const int64_t d = c->d_model, F = c->moe_ffn, E = c->n_experts, k = c->n_experts_used;
     struct moe_routing *r = mt->r;
-    CHECK(m->n_experts_local == E, "moe_backward: %d of %d experts on this rank (training runs at tp 1)",
-          m->n_experts_local, (int)E);
+    CHECK(m->ep_size == 1, "moe_backward: expert parallelism is built for serving only");
     backend_memset_zero(b, dxn->data, tensor_nbytes(dxn));
+    /* The slots' weight gradients (T k) and the shared expert's gates' (T): at tp > 1 each rank
+     * fills its own experts' slots and its part of the shared expert's, summed over tp below. */
+    struct tensor dw_all = tensor_first_rows(&s->dw, T * k), dw_sum = tensor_first_rows(&s->dw, T * (k + 1));
+    backend_memset_zero(b, dw_sum.data, tensor_nbytes(&dw_sum));
 
-    /* Each expert, in reverse: dy_i = w_i dproj[ids_i] and dw_i = dproj[ids_i] . y_i; then the
-     * expert's gated MLP; its input's gradient added into its rows of dxn. */
-    struct tensor dw_all = tensor_first_rows(&s->dw, T * k);
-    for (int e = 0; e < m->n_experts_local; e++) {
+    /* Each of this rank's experts (el; global index e), in reverse: dy_i = w_i dproj[ids_i] and
+     * dw_i = dproj[ids_i] . y_i; then the expert's gated MLP; its input's gradient added into its
+     * rows of dxn (a part of the sum over tp). */
+    for (int el = 0; el < m->n_experts_local; el++) {
+        const int e = m->expert_first + el;
         const int64_t r0 = r->start[e], n = r->start[e + 1] - r0;
         if (n == 0) continue;
         struct tensor ids = tensor_rows_at(&mt->ids, r0, n), wt = tensor_rows_at(&mt->w, r0, n);
@@ -126,12 +132,12 @@ void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, co
         struct tensor dx = tensor_first_rows(&s->dx, n), dwt = tensor_rows_at(&dw_all, r0, n);
         struct tensor dgate = tensor_make(s->dgate.data, m->dtype, b->device, 2, n, F);
         struct tensor dup = tensor_make(s->dup.data, m->dtype, b->device, 2, n, F);
-        struct tensor wg = tensor_rows_at(&w->exp_gate, e * F, F), wu = tensor_rows_at(&w->exp_up, e * F, F);
-        struct tensor wd = tensor_rows_at(&w->exp_down, e * d, d);
-        struct tensor gg = rows_or_none(&g->exp_gate, e * F, F), gu = rows_or_none(&g->exp_up, e * F, F);
-        struct tensor gd = rows_or_none(&g->exp_down, e * d, d);
-        struct tensor gbg = rows_or_none(&g->exp_gate_bias, e * F, F), gbu = rows_or_none(&g->exp_up_bias, e * F, F);
-        struct tensor gbd = rows_or_none(&g->exp_down_bias, e * d, d); /* GPT-OSS's biases */
+        struct tensor wg = tensor_rows_at(&w->exp_gate, el * F, F), wu = tensor_rows_at(&w->exp_up, el * F, F);
+        struct tensor wd = tensor_rows_at(&w->exp_down, el * d, d);
+        struct tensor gg = rows_or_none(&g->exp_gate, el * F, F), gu = rows_or_none(&g->exp_up, el * F, F);
+        struct tensor gd = rows_or_none(&g->exp_down, el * d, d);
+        struct tensor gbg = rows_or_none(&g->exp_gate_bias, el * F, F), gbu = rows_or_none(&g->exp_up_bias, el * F, F);
+        struct tensor gbd = rows_or_none(&g->exp_down_bias, el * d, d); /* GPT-OSS's biases */
         op_scatter_add_rows_backward(b, &dy, &dwt, dproj, &y, &ids, &wt);
         op_matmul_backward(b, &dup, opt(&gd), opt(&gbd), &dy, &hact, &wd, 0); /* dh, into dup */
         op_gated_activation_backward(b, &dgate, &dup, &dup, &gate, &up, c->activation);
@@ -157,6 +163,13 @@ void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, co
         op_gated_activation_backward(b, &dgate, &dup, &dup, &gate, &up, c->activation);
         op_matmul_backward(b, dxn, opt(&g->w_gate), NULL, &dgate, xn, &w->w_gate, 1);
         op_matmul_backward(b, dxn, opt(&g->w_up), NULL, &dup, xn, &w->w_up, 1);
+    }
+    if (m->tp_size > 1) { /* every rank's slots and shared-expert parts, summed */
+        enum status st = comm_all_reduce(m->par.groups->tp, &dw_sum);
+        if (st != STATUS_OK) return st;
+    }
+    if (c->shared_expert) {
+        struct tensor dsw = tensor_rows_at(&s->dw, T * k, T);
         backend_download(b, host_dz, dsw.data, (size_t)T * sizeof(float));
         for (int64_t t = 0; t < T; t++) host_dz[t] *= r->sw[t] * (1.0f - r->sw[t]); /* sigmoid' */
         host_product_backward(m, T, 1, host_dz, xn, &w->shared_gate, &g->shared_gate, NULL, dxn, s);
@@ -168,4 +181,5 @@ void moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, co
     backend_download(b, host_dw, dw_all.data, (size_t)(T * k) * sizeof(float));
     router_grad(c, T, r, host_dw, loss, host_dz, s->host_tok);
     host_product_backward(m, T, E, host_dz, xn, &w->router, &g->router, &g->router_bias, dxn, s);
+    return STATUS_OK;
 }

@@ -131,7 +131,11 @@ enum status train_ranks_attach(struct train_ranks *r, struct model_train *mt, st
         struct param *p = &gparams->p[i];
         if (p->kind < 0) continue;
         const enum weight_kind k = (enum weight_kind)p->kind;
-        const int replicated = weight_names_of(k)->megatron_layout == WEIGHT_MEGATRON_REPLICATED;
+        /* Whole on every tp rank: the Megatron files' replicated kinds, less those the ranks split
+         * at load all the same (a mixture's experts, whole experts per rank; GPT-OSS's sinks, by
+         * heads), whose norms each rank counts for its own part. */
+        const int replicated = weight_names_of(k)->megatron_layout == WEIGHT_MEGATRON_REPLICATED &&
+                               !weight_kind_per_expert(k) && k != WEIGHT_KIND_SINKS;
         if (r->tp > 1 && replicated && m->tp_rank != 0) p->counted = 0;
         if (r->pp > 1 && m->cfg.tied_embeddings && k == WEIGHT_KIND_LM_HEAD) p->counted = 0; /* the first stage's */
         if (model_train_grad_partial(mt, k)) p->tp_partial = 1;
