@@ -39,3 +39,18 @@ shardlm_isa_fixtures(golden_gguf_types_blocks gguf_types)
 shardlm_add_isa_tests(golden_gguf_types_int8 "golden" test_model ref-int8 ${GGUF_TYPES_DIR}/types.gguf
                       ${GGUF_TYPES_DIR}/types_ref.json)
 shardlm_isa_fixtures(golden_gguf_types_int8 gguf_types)
+# The f32 one-row product's two orders (kernels/cpu/matmul.c: SHARDLM_CPU_GEMV_ROWS, by default 1
+# on AMD and 8 elsewhere), each forced at the best level and at avx2, so both run on any CPU.
+foreach(rows 1 8)
+  foreach(level best avx2)
+    set(env SHARDLM_CPU_GEMV_ROWS=${rows})
+    if(level STREQUAL "best")
+      add_test(NAME ops_cpu_gemv_rows${rows}_${level} COMMAND test_ops --backend cpu --filter matmul)
+    else()
+      add_test(NAME ops_cpu_gemv_rows${rows}_${level} COMMAND isa_gate $<TARGET_FILE:test_ops> --backend cpu --filter matmul)
+      list(APPEND env SHARDLM_CPU_ISA=${level})
+    endif()
+    set_tests_properties(ops_cpu_gemv_rows${rows}_${level} PROPERTIES LABELS "unit;isa" SKIP_RETURN_CODE 77
+                         TIMEOUT 600 ENVIRONMENT "${env}")
+  endforeach()
+endforeach()

@@ -65,7 +65,22 @@ int main(void)
 #else
     const char *vec = "baseline";
 #endif
-    check(!strcmp(cpu_gemv_path(), vec) && !strcmp(cpu_activation_path(), vec), "gemv %s, activation %s",
+    /* The gemv names its rows per pass after the width (SHARDLM_CPU_GEMV_ROWS, else 1 on AMD, 8
+     * elsewhere). */
+    FILE *ci = fopen("/proc/cpuinfo", "r");
+    char l[256];
+    int amd_proc = -1; /* the kernel's vendor_id, against CPUID's as cpu_isa_amd reads it */
+    while (ci && amd_proc < 0 && fgets(l, sizeof l, ci))
+        if (!strncmp(l, "vendor_id", 9)) amd_proc = strstr(l, "AuthenticAMD") != NULL;
+    if (ci) fclose(ci);
+    if (amd_proc >= 0) check(cpu_isa_amd() == amd_proc, "CPU vendor AMD: %d (/proc/cpuinfo: %d)", cpu_isa_amd(), amd_proc);
+    const char *rows_env = getenv("SHARDLM_CPU_GEMV_ROWS");
+    const int rows = rows_env && (!strcmp(rows_env, "1") || !strcmp(rows_env, "8")) ? atoi(rows_env) : cpu_isa_amd() ? 1 : 8;
+    char gemv[32];
+    snprintf(gemv, sizeof gemv, strcmp(vec, "baseline") ? "%s x%d" : "%s", vec, rows);
+    check(cpu_gemv_rows_per_pass() == rows, "gemv rows per pass %d (want %d; CPU vendor %s)", cpu_gemv_rows_per_pass(),
+          rows, cpu_isa_amd() ? "AMD" : "not AMD");
+    check(!strcmp(cpu_gemv_path(), gemv) && !strcmp(cpu_activation_path(), vec), "gemv %s, activation %s",
           cpu_gemv_path(), cpu_activation_path());
 
     char line[384];

@@ -34,6 +34,7 @@ static enum cpu_isa   isa_supported = CPU_ISA_SCALAR, isa_effective = CPU_ISA_SC
 static enum cpu_isa   isa_ceiling = CPU_ISA_COUNT; /* none */
 static char           isa_model[64] = "unknown";
 static int            isa_avx_vnni; /* the CPU has AVX-VNNI and SHARDLM_CPU_AVX_VNNI allows it */
+static int            isa_amd;      /* CPUID's vendor is AuthenticAMD */
 
 const char *cpu_isa_name(enum cpu_isa level)
 {
@@ -85,6 +86,8 @@ static int probe_avx_vnni(void)
 static void probe_model(void)
 {
     unsigned r[12];
+    if (__get_cpuid(0, &r[0], &r[1], &r[2], &r[3])) /* vendor: EBX, EDX, ECX */
+        isa_amd = r[1] == 0x68747541u && r[3] == 0x69746e65u && r[2] == 0x444d4163u; /* "Auth" "enti" "cAMD" */
     /* __get_cpuid_max is int in clang's cpuid.h, unsigned in gcc's: -Wsign-compare under clang. */
     if ((unsigned)__get_cpuid_max(0x80000000u, NULL) >= 0x80000004u) {
         for (unsigned i = 0; i < 3; i++)
@@ -160,6 +163,12 @@ static void isa_init(void)
     isa_effective = level;
     const char *vnni = getenv("SHARDLM_CPU_AVX_VNNI");
     isa_avx_vnni = level >= CPU_ISA_AVX2 && probe_avx_vnni() && !(vnni && (!strcmp(vnni, "0") || !strcmp(vnni, "off")));
+}
+
+int cpu_isa_amd(void)
+{
+    pthread_once(&isa_once, isa_init);
+    return isa_amd;
 }
 
 int cpu_avx_vnni(void)

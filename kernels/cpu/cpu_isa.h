@@ -51,6 +51,8 @@ const char  *cpu_isa_name(enum cpu_isa level);
 enum cpu_isa cpu_isa_parse(const char *s);
 /* The CPU's model name (CPUID brand string, else /proc/cpuinfo), "unknown" when neither says. */
 const char  *cpu_isa_model(void);
+/* 1 when CPUID's vendor is AuthenticAMD (a tuning default: kernels/cpu/matmul.c's gemv rows). */
+int          cpu_isa_amd(void);
 /* Writes one line into buf (n bytes, NUL-terminated, truncated if short): the CPU model, the
  * level and the path each kernel family takes, e.g.
  * "AMD EPYC 7B13; isa avx2 (supported avx2); quant avx2, dequant avx2, amx off, attention

@@ -55,6 +55,8 @@ static inline void cpu_store_row(const struct tensor *t, size_t offset, size_t n
 /* The path the f32 one-row product (matmul.c) and the activation rows (activation.c) take at
  * cpu_isa(): "avx512", "avx2" or "baseline" (cpu_isa.c logs them). */
 const char *cpu_gemv_path(void);
+/* Rows of w per pass over x in that gemv: 1 or 8 (SHARDLM_CPU_GEMV_ROWS, else 1 on AMD). */
+int         cpu_gemv_rows_per_pass(void);
 const char *cpu_activation_path(void);
 
 size_t cpu_amx_x_elems(int64_t m, int64_t k);

@@ -17,6 +17,8 @@
  * tests/test_quant.c (quantized w through op_matmul equals quant_matmul);
  * benchmark: tests/bench_ops.c. */
 #include <cblas.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_isa.h"
@@ -108,6 +110,61 @@ static void gemv_rows_default(float *y, const float *w_rows, const float *x, int
 }
 
 #if defined(__x86_64__)
+#include <immintrin.h>
+
+/* The other order of the same products (gemv_rows_per_pass 1): y[j] = w_rows[j] . x one row
+ * after the other, so that the weights stream from memory as one sequential read (the rows are
+ * contiguous), where the eight-row pass reads eight places 4 k bytes apart. Four accumulators of
+ * a vector each, then one vector at a time, then the tail (masked with AVX-512, scalar with
+ * AVX2); the lanes are summed once per row. On the AMD EPYC VM of 2026-11-30 (AVX-512, no AMX)
+ * it decoded the stories110M shape at one thread at 41-43 tok/s against 33-36 for eight rows
+ * (docs/performance.md). */
+__attribute__((target("avx512f"))) static void gemv_row1_avx512(float *y, const float *w_rows, const float *x,
+                                                                int64_t nb, int64_t k)
+{
+    for (int64_t j = 0; j < nb; j++) {
+        const float *w = w_rows + j * k;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        int64_t c = 0;
+        for (; c + 64 <= k; c += 64) {
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + c), _mm512_loadu_ps(x + c), a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + c + 16), _mm512_loadu_ps(x + c + 16), a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + c + 32), _mm512_loadu_ps(x + c + 32), a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + c + 48), _mm512_loadu_ps(x + c + 48), a3);
+        }
+        for (; c + 16 <= k; c += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + c), _mm512_loadu_ps(x + c), a0);
+        if (c < k) {
+            const __mmask16 m = (__mmask16)((1u << (k - c)) - 1);
+            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + c), _mm512_maskz_loadu_ps(m, x + c), a1);
+        }
+        y[j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void gemv_row1_avx2(float *y, const float *w_rows, const float *x,
+                                                              int64_t nb, int64_t k)
+{
+    for (int64_t j = 0; j < nb; j++) {
+        const float *w = w_rows + j * k;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        int64_t c = 0;
+        for (; c + 32 <= k; c += 32) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c), _mm256_loadu_ps(x + c), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 8), _mm256_loadu_ps(x + c + 8), a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 16), _mm256_loadu_ps(x + c + 16), a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 24), _mm256_loadu_ps(x + c + 24), a3);
+        }
+        for (; c + 8 <= k; c += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c), _mm256_loadu_ps(x + c), a0);
+        const __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        float sum = _mm_cvtss_f32(h);
+        for (; c < k; c++) sum += w[c] * x[c];
+        y[j] = sum;
+    }
+}
+
 __attribute__((target("avx512f"))) static void gemv_rows_avx512(float *y, const float *w_rows,
                                                                 const float *x, int64_t nb, int64_t k)
 {
@@ -121,11 +178,35 @@ __attribute__((target("avx2,fma"))) static void gemv_rows_avx2(float *y, const f
 }
 #endif
 
+/* Rows per pass over x of the AVX2 / AVX-512 gemv: 8 (gemv_rows_body) or 1 (gemv_row1_*).
+ * SHARDLM_CPU_GEMV_ROWS=1|8 forces either; by default 1 on AMD CPUs and 8 elsewhere: each was
+ * faster on the machine it was measured on (eight rows on the Intel Xeon of 2026-11-25, one row on
+ * the AMD EPYC of 2026-11-30; docs/performance.md), neither was measured on both. */
+static int gemv_rows_choice = 8;
+static pthread_once_t gemv_once = PTHREAD_ONCE_INIT;
+
+static void gemv_rows_init(void)
+{
+    const char *e = getenv("SHARDLM_CPU_GEMV_ROWS");
+    gemv_rows_choice = cpu_isa_amd() ? 1 : 8;
+    if (e && *e) {
+        if (!strcmp(e, "1") || !strcmp(e, "8")) gemv_rows_choice = atoi(e);
+        else LOG_WARN("cpu", "SHARDLM_CPU_GEMV_ROWS=%s is not 1 or 8: ignored", e);
+    }
+}
+
+int cpu_gemv_rows_per_pass(void)
+{
+    pthread_once(&gemv_once, gemv_rows_init);
+    return gemv_rows_choice;
+}
+
 const char *cpu_gemv_path(void)
 {
 #if defined(__x86_64__)
-    if (cpu_isa_at_least(CPU_ISA_AVX512)) return "avx512";
-    if (cpu_isa_at_least(CPU_ISA_AVX2)) return "avx2";
+    const int one = cpu_gemv_rows_per_pass() == 1;
+    if (cpu_isa_at_least(CPU_ISA_AVX512)) return one ? "avx512 x1" : "avx512 x8";
+    if (cpu_isa_at_least(CPU_ISA_AVX2)) return one ? "avx2 x1" : "avx2 x8";
 #endif
     return "baseline"; /* the x86-64 baseline (SSE2) as the compiler vectorises it, or plain C */
 }
@@ -134,12 +215,15 @@ static void gemv_rows(float *y, const float *w_rows, const float *x, int64_t nb,
 {
 #if defined(__x86_64__)
     const enum cpu_isa isa = cpu_isa();
+    const int one = cpu_gemv_rows_per_pass() == 1;
     if (isa >= CPU_ISA_AVX512) {
-        gemv_rows_avx512(y, w_rows, x, nb, k);
+        if (one) gemv_row1_avx512(y, w_rows, x, nb, k);
+        else gemv_rows_avx512(y, w_rows, x, nb, k);
         return;
     }
     if (isa >= CPU_ISA_AVX2) {
-        gemv_rows_avx2(y, w_rows, x, nb, k);
+        if (one) gemv_row1_avx2(y, w_rows, x, nb, k);
+        else gemv_rows_avx2(y, w_rows, x, nb, k);
         return;
     }
 #endif
