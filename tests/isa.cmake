@@ -54,3 +54,13 @@ foreach(rows 1 8)
                          TIMEOUT 600 ENVIRONMENT "${env}")
   endforeach()
 endforeach()
+# Block-quantized products from 32 rows of x: dequantized tiles and sgemm (the default), or int8
+# dot products at every row count (SHARDLM_CPU_QUANT_SGEMM_MIN_M, an opt-in), both forced.
+foreach(minm 32 100000)
+  add_test(NAME ops_cpu_quant_sgemm_min_m${minm} COMMAND test_ops --backend cpu --filter matmul)
+  set_tests_properties(ops_cpu_quant_sgemm_min_m${minm} PROPERTIES LABELS "unit;isa" TIMEOUT 600
+                       ENVIRONMENT SHARDLM_CPU_QUANT_SGEMM_MIN_M=${minm})
+  add_test(NAME quant_sgemm_min_m${minm} COMMAND test_quant)
+  set_tests_properties(quant_sgemm_min_m${minm} PROPERTIES LABELS "unit;isa" TIMEOUT 600
+                       ENVIRONMENT SHARDLM_CPU_QUANT_SGEMM_MIN_M=${minm})
+endforeach()

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "cpu/cpu_ops.h"
 #include "gguf.h"
 #include "ops.h"
 #include "quant.h"
@@ -400,8 +401,11 @@ static void check_backend_ops(struct backend *b, int n_threads, enum quant_type 
                     for (int64_t j = 0; j < n; j++) ref[i * n + j] += bias[j];
                 const int int8_equal = memcmp(y, ref, (size_t)(m * n) * sizeof *y) == 0;
                 const int f32_close = close_to_f64(y, x, wf, with_bias ? bias : NULL, m, n, k, use_amx);
+                /* From cpu_quant_sgemm_min_m rows (32, or as SHARDLM_CPU_QUANT_SGEMM_MIN_M says) the
+                 * tiles; below it the int8 product. */
+                const int tiles = m >= 64 && m >= cpu_quant_sgemm_min_m();
                 const int ok = guard_ok((uint8_t *)(y + m * n)) &&
-                               (use_amx || m >= 64 ? f32_close : m == 5 ? int8_equal || f32_close : int8_equal);
+                               (use_amx || tiles ? f32_close : m == 5 ? int8_equal || f32_close : int8_equal);
                 if (use_amx) ok_amx &= ok;
                 else ok_mm &= ok;
                 free(x);
@@ -429,8 +433,10 @@ static void check_backend_ops(struct backend *b, int n_threads, enum quant_type 
     }
     check(ok_geom && ok_mm && ok_emb,
           "%s through the CPU backend (%d threads): tensor geometry %s, op_matmul (+ bias) == "
-          "quant_matmul at m 1/16, the f32 product of the dequantized w at m 64/67 %s, op_embedding rows == quant_dequantize_row, other shards' ids zero %s",
-          quant_type_name(t), n_threads, ok_geom ? "ok" : "WRONG", ok_mm ? "ok" : "WRONG", ok_emb ? "ok" : "WRONG");
+          "quant_matmul at m 1/16, at m 64/67 %s %s, op_embedding rows == quant_dequantize_row, other shards' ids zero %s",
+          quant_type_name(t), n_threads, ok_geom ? "ok" : "WRONG",
+          64 >= cpu_quant_sgemm_min_m() ? "the f32 product of the dequantized w" : "quant_matmul's (int8 at every m)",
+          ok_mm ? "ok" : "WRONG", ok_emb ? "ok" : "WRONG");
     free(out);
     free(want);
     free(w);

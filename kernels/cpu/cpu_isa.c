@@ -7,6 +7,7 @@
  * Tests: tests/test_cpu_isa.c. */
 #include "cpu_isa.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,15 +208,17 @@ char *cpu_isa_describe(char *buf, size_t n)
 {
     const struct attn_kernels *at = attn_kernels_best();
     const enum quant_impl qi = quant_impl_best();
+    char sgemm_from[32] = "never";
+    if (cpu_quant_sgemm_min_m() < INT_MAX) snprintf(sgemm_from, sizeof sgemm_from, "from %d rows", cpu_quant_sgemm_min_m());
     snprintf(buf, n,
              "%s; isa %s (supported %s%s%s); quant %s, dequant %s, amx %s, attention %s, gemv %s, "
-             "activation %s, prefetch %zu",
+             "activation %s, prefetch %zu, blocks' sgemm %s",
              cpu_isa_model(), cpu_isa_name(cpu_isa()), cpu_isa_name(cpu_isa_supported()),
              cpu_isa_ceiling() != CPU_ISA_COUNT ? ", ceiling " : "",
              cpu_isa_ceiling() != CPU_ISA_COUNT ? cpu_isa_name(cpu_isa_ceiling()) : "",
              quant_impl_name(qi), qi == QUANT_IMPL_SCALAR ? "scalar" : "avx2",
              cpu_amx_enabled() ? "on" : "off", at->name, cpu_gemv_path(), cpu_activation_path(),
-             quant_prefetch_bytes());
+             quant_prefetch_bytes(), sgemm_from);
     return buf;
 }
 

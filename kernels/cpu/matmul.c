@@ -17,6 +17,7 @@
  * tests/test_quant.c (quantized w through op_matmul equals quant_matmul);
  * benchmark: tests/bench_ops.c. */
 #include <cblas.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +31,12 @@
 #define W_BLOCK 256
 /* Block-quantized w: from this many rows of x on, tiles of QUANT_W_BLOCK rows of w are
  * dequantized to f32 and multiplied by OpenBLAS's register-tiled sgemm; below it, int8 dot
- * products per (row of x, row of w) (quant_matmul) win. Measured by tests/bench_quant.c. */
+ * products per (row of x, row of w) (quant_matmul) win. Measured by tests/bench_quant.c.
+ * cpu_quant_sgemm_min_m: this, or SHARDLM_CPU_QUANT_SGEMM_MIN_M=N. The f32 tiles are the
+ * documented prefill contract (the f32 product of the dequantized weights, which the goldens
+ * check); on the AMD EPYC of 2026-11-30 (AVX512-VNNI, no AMX) int8 products at every row count
+ * (N = 100000) prefilled Gemma 3 270M Q4_K_M about 15 % faster at 64 rows (docs/performance.md),
+ * an opt-in there: x rounded to int8 at prefill too, as llama.cpp does. */
 #define QUANT_SGEMM_MIN_M 32
 /* The same on AMX tiles (amx.c): from 8 rows (a decode batch of 8 sequences included) the
  * tiles beat the int8 dot products (bench_quant, 2026-11-25: Gemma's ffn.down at one thread,
@@ -211,6 +217,26 @@ const char *cpu_gemv_path(void)
     return "baseline"; /* the x86-64 baseline (SSE2) as the compiler vectorises it, or plain C */
 }
 
+static int quant_sgemm_min = QUANT_SGEMM_MIN_M;
+static pthread_once_t quant_sgemm_once = PTHREAD_ONCE_INIT;
+
+static void quant_sgemm_init(void)
+{
+    const char *e = getenv("SHARDLM_CPU_QUANT_SGEMM_MIN_M");
+    if (e && *e) {
+        char *end = NULL;
+        const long v = strtol(e, &end, 10);
+        if (*end || v < 1) LOG_WARN("cpu", "SHARDLM_CPU_QUANT_SGEMM_MIN_M=%s is not a row count >= 1: ignored", e);
+        else quant_sgemm_min = v > INT_MAX ? INT_MAX : (int)v;
+    }
+}
+
+int cpu_quant_sgemm_min_m(void)
+{
+    pthread_once(&quant_sgemm_once, quant_sgemm_init);
+    return quant_sgemm_min;
+}
+
 static void gemv_rows(float *y, const float *w_rows, const float *x, int64_t nb, int64_t k)
 {
 #if defined(__x86_64__)
@@ -343,7 +369,7 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
 {
     const int64_t m = tensor_rows(x), k = tensor_cols(x), n = w->shape[0];
     if (m == 0 || n == 0) return;
-    if (dtype_is_quant(w->dtype) && (b->batch_invariant || (!matmul_amx_fits(w, m, k) && m < QUANT_SGEMM_MIN_M))) {
+    if (dtype_is_quant(w->dtype) && (b->batch_invariant || (!matmul_amx_fits(w, m, k) && m < cpu_quant_sgemm_min_m()))) {
         matmul_quant(b, y, x, w, bias, m, n, k);
         return;
     }
