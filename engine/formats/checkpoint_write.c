@@ -633,17 +633,28 @@ static int hfw_name(const struct model_config *c, enum weight_kind kind, int l, 
 }
 
 /* One deferred tensor per expert of a stacked expert weight (items[*n] on). */
+/* The description (in f32) and the written dtype of an expert kind; experts kept as quantized
+ * blocks are refused (the HF layouts hold float experts). */
+static enum status hfw_expert_dtype(struct checkpoint *src, enum weight_kind kind, int l, struct host_weight *hw,
+                                    enum dtype *dt)
+{
+    enum status s = checkpoint_describe(src, kind, l, 0, 1, DTYPE_F32, hw);
+    if (s) return s;
+    *dt = ck_write_dtype(src, hw->stored_dtype);
+    if (dtype_is_quant(*dt))
+        return status_errorf(STATUS_UNSUPPORTED, "writing experts kept as quantized blocks (%s) in the Hugging Face "
+                             "layout is not built; convert them to a float dtype", dtype_name(*dt));
+    return STATUS_OK;
+}
+
 static enum status hfw_experts(struct safetensors_writer *w, struct checkpoint *src, enum weight_kind kind, int l,
                                struct hfw_stack *stack, struct hfw_item *items, int *n)
 {
     const struct model_config *c = &src->cfg;
     struct host_weight hw;
-    enum status s = checkpoint_describe(src, kind, l, 0, 1, DTYPE_F32, &hw);
+    enum dtype dt;
+    enum status s = hfw_expert_dtype(src, kind, l, &hw, &dt);
     if (s) return s;
-    const enum dtype dt = ck_write_dtype(src, hw.stored_dtype);
-    if (dtype_is_quant(dt))
-        return status_errorf(STATUS_UNSUPPORTED, "writing experts kept as quantized blocks in the Hugging Face layout "
-                             "is not built; convert them to a float dtype");
     const int64_t rows = hw.shape[0] / c->n_experts;
     stack->left = c->n_experts;
     for (int e = 0; e < c->n_experts; e++) {
@@ -667,12 +678,9 @@ static enum status hfw_oss_experts(struct safetensors_writer *w, struct checkpoi
     const int64_t E = c->n_experts, F = c->moe_ffn, d = c->d_model;
     if (kind == WEIGHT_KIND_EXP_UP || kind == WEIGHT_KIND_EXP_UP_BIAS) return STATUS_OK; /* with the gate's */
     struct host_weight hw;
-    enum status s = checkpoint_describe(src, kind, l, 0, 1, DTYPE_F32, &hw);
+    enum dtype dt;
+    enum status s = hfw_expert_dtype(src, kind, l, &hw, &dt);
     if (s) return s;
-    const enum dtype dt = ck_write_dtype(src, hw.stored_dtype);
-    if (dtype_is_quant(dt))
-        return status_errorf(STATUS_UNSUPPORTED, "writing GPT-OSS experts kept as quantized blocks (MXFP4) in the "
-                             "Hugging Face layout is not built; convert them to a float dtype");
     char name[CK_NAME];
     const char *what = kind == WEIGHT_KIND_EXP_GATE ? "gate_up_proj" : kind == WEIGHT_KIND_EXP_GATE_BIAS ? "gate_up_proj_bias"
                      : kind == WEIGHT_KIND_EXP_DOWN ? "down_proj" : "down_proj_bias";
