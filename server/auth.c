@@ -174,8 +174,9 @@ static enum status salt_read(const char *dir, unsigned char salt[AUTH_SALT_BYTES
 }
 
 /* Writes salt to DIR/owner.salt unless it exists: a file of its own (O_EXCL, mode 0600) written,
- * fsync'd and then linked to the name, so that a crash never leaves a short salt and a salt
- * another process wrote first is never replaced (the caller reads the name back). */
+ * fsync'd and then linked to the name (renamed where hard links are not supported), so that a
+ * crash never leaves a short salt and a salt another process wrote first is never replaced (the
+ * caller reads the name back). */
 static enum status salt_write(const char *dir, const unsigned char salt[AUTH_SALT_BYTES])
 {
     char path[PATH_MAX], tmp[PATH_MAX + 32], text[2 * AUTH_SALT_BYTES + 2];
@@ -190,7 +191,15 @@ static enum status salt_write(const char *dir, const unsigned char salt[AUTH_SAL
     int ok = write(fd, text, n) == (ssize_t)n && fsync(fd) == 0;
     int err = errno;
     ok = close(fd) == 0 && ok;
-    if (ok && link(tmp, path) != 0 && errno != EEXIST) ok = 0, err = errno;
+    if (ok && link(tmp, path) != 0 && errno != EEXIST) {
+        /* A filesystem without hard links (some FUSE, SMB and vfat mounts): renamed onto the name
+         * when none is there yet; two servers starting on one such directory in the same instant
+         * could then each rename theirs (the caller's read-back sees the survivor). */
+        const int e = errno;
+        if ((e == EPERM || e == ENOTSUP || e == ENOSYS) && access(path, F_OK) != 0 && errno == ENOENT)
+            ok = rename(tmp, path) == 0, err = errno;
+        else ok = 0, err = e;
+    }
     unlink(tmp);
     if (!ok) return status_errorf(STATUS_IO, "%s: %s", path, strerror(err));
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -191,6 +191,10 @@ static const struct sample samples[] = {
       "f<|message|>{\"b\":\"x\\u003cy\"}", NULL}},
     {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-escape\":\"<>\",\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
      {"{\"\\u003e\":1}", "{\"ab\":2}", NULL}, {"{\"<\":1}", "{\"a>\":1}", NULL}},
+    /* a declared name keeps its '<'; a free key may not take it from the declared names' trie */
+    {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-escape\":\"< \",\"type\":\"object\",\"properties\":{\"<a\":{\"type\":\"integer\"}},"
+     "\"additionalProperties\":{\"type\":\"integer\"}}",
+     {"{\"<a\":1}", "{\"b\":2}", "{\"<a\":1,\"c\\u0020d\":3}", NULL}, {"{\"<b\":1}", "{\"<|end|>\":1}", "{\"c d\":3}", NULL}},
 };
 
 static const char *const bad[][3] = {

@@ -1085,6 +1085,8 @@ static void run_all(struct suite *s)
     static const int mm[][3] = {
         {1, 1, 1},    {1, 67, 33},   {3, 17, 129}, {17, 33, 67},   {33, 129, 1},
         {1, 1024, 129}, {64, 128, 96}, {7, 256, 688}, {2, 4096, 17}, {0, 16, 8},
+        /* one row (the gemv) with k past each of its vector loops: 17, 40, 95, 240 */
+        {1, 17, 9},   {1, 40, 31},   {1, 95, 13},  {1, 240, 40},
     };
     for (int di = 0; di < 3; di++)
         for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++)

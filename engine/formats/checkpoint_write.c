@@ -632,7 +632,6 @@ static int hfw_name(const struct model_config *c, enum weight_kind kind, int l, 
     return 1;
 }
 
-/* One deferred tensor per expert of a stacked expert weight (items[*n] on). */
 /* The description (in f32) and the written dtype of an expert kind; experts kept as quantized
  * blocks are refused (the HF layouts hold float experts). */
 static enum status hfw_expert_dtype(struct checkpoint *src, enum weight_kind kind, int l, struct host_weight *hw,
@@ -647,6 +646,7 @@ static enum status hfw_expert_dtype(struct checkpoint *src, enum weight_kind kin
     return STATUS_OK;
 }
 
+/* One deferred tensor per expert of a stacked expert weight (items[*n] on). */
 static enum status hfw_experts(struct safetensors_writer *w, struct checkpoint *src, enum weight_kind kind, int l,
                                struct hfw_stack *stack, struct hfw_item *items, int *n)
 {

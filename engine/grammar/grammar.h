@@ -67,11 +67,12 @@ int grammar_vocab_mask_words(const struct grammar_vocab *v);
  * `{...}\n</tool_call>\n<tool_call>\n{...}\n</tool_call>`); the output may end after V or
  * after any C. */
 #define GRAMMAR_SCHEMA_REPEAT "x-shardlm-repeat"
-/* And this one: a string of 1 to 16 printable ASCII characters (not '"' or '\\') that free
+/* And this one: a string of 1 to 16 printable ASCII characters (space too; not '"' or '\\') that free
  * strings and free object keys write only as \u00XX escapes, never as themselves (harmony's call
  * arguments escape '<': a marker such as <|call|>, a token whose text the grammar would otherwise
  * read as seven characters of a string, then cannot stand inside one, where the reply's parser
- * would end the message). Strings from enum, const and pattern keep their own text. */
+ * would end the message). Strings from enum, const and pattern keep their own text, and so do the
+ * declared property names (a free key is refused the raw characters too). */
 #define GRAMMAR_SCHEMA_ESCAPE "x-shardlm-escape"
 
 /* Compiles src[0..n) (borrowed) into *out (one reference; v is borrowed and must outlive it).

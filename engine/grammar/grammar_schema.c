@@ -342,6 +342,10 @@ static struct gx *key_except(struct sb *s, const char **keys, int n, int d)
         int j = i;
         while (j < n && keys[j][d] == keys[i][d]) j++;
         uint32_t c = (uint8_t)keys[i][d];
+        if (strchr(s->escape, (int)c)) { /* x-shardlm-escape: no free key holds it raw (nor is it in other) */
+            i = j;
+            continue;
+        }
         struct cpset rest = {0};
         for (int r = 0; r < other.n; r++) { /* other minus c */
             if (c < other.lo[r] || c > other.hi[r]) { cpset_add(&rest, other.lo[r], other.hi[r]); continue; }
@@ -741,14 +745,14 @@ enum status schema_build(struct gbuild *b, const char *src, size_t n, int object
     cJSON *esc = cJSON_IsObject(s.root) ? cJSON_DetachItemFromObjectCaseSensitive(s.root, GRAMMAR_SCHEMA_ESCAPE) : NULL;
     int esc_ok = !esc || (cJSON_IsString(esc) && esc->valuestring[0] && strlen(esc->valuestring) < sizeof s.escape);
     for (const char *e = esc_ok && esc ? esc->valuestring : ""; *e; e++)
-        esc_ok &= *e > 0x20 && *e < 0x7F && *e != '"' && *e != '\\';
+        esc_ok &= *e >= 0x20 && *e < 0x7F && *e != '"' && *e != '\\';
     if (esc_ok && esc) snprintf(s.escape, sizeof s.escape, "%s", esc->valuestring);
     if (s.escape[0] && s.r_char >= 0) b->rules[s.r_char].expr = string_char(&s); /* json_rules ran without them */
     cJSON_Delete(esc);
     if (!esc_ok) {
         cJSON_Delete(pre), cJSON_Delete(s.root);
         return gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: /" GRAMMAR_SCHEMA_ESCAPE " must be a string of 1 to "
-                       "16 printable ASCII characters, not '\"' or '\\'");
+                       "16 printable ASCII characters (space included), not '\"' or '\\'");
     }
     /* x-shardlm-repeat (the root's only, likewise): the value repeated between literal texts. */
     cJSON *rep = cJSON_IsObject(s.root) ? cJSON_DetachItemFromObjectCaseSensitive(s.root, GRAMMAR_SCHEMA_REPEAT) : NULL;

@@ -486,8 +486,8 @@ static int loss_owner(const struct trainer *t, int all_replicas)
 }
 
 /* A mixture of experts: the step's routing statistics summed over the world (every rank holds
- * its stage's layers, at their global index, and its replica's micro-batches; tp is 1:
- * model_train_new), into t->expert_load and the auxiliary losses' means over layers and
+ * its stage's layers, at their global index, and its replica's micro-batches; of a tp group only
+ * rank 0 counts them, train_moe_count), into t->expert_load and the auxiliary losses' means over layers and
  * micro-batches. A collective: every rank calls it after the same step. */
 static enum status moe_step_stats(struct trainer *t, struct step_result *r)
 {
