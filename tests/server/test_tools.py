@@ -61,7 +61,9 @@ def main():
                 history = msgs + [m.model_dump(exclude_none=True)] + [
                     {"role": "tool", "tool_call_id": c.id, "content": json.dumps({"temperature": 21, "sky": "clear"})}
                     for c in m.tool_calls]
-                final = ask(history, tool_choice="auto")
+                # One call at most after the result (parallel_tool_calls false): SmolLM2 may answer
+                # or call again, and calling on and on until max_tokens cut the last call (Zen 4).
+                final = ask(history, tool_choice="auto", parallel_tool_calls=False)
                 fm = final.choices[0].message
                 check(final.choices[0].finish_reason in ("stop", "tool_calls")
                       and (isinstance(fm.content, str) and fm.content or calls_valid(fm.tool_calls)),

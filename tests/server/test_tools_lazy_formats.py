@@ -205,7 +205,13 @@ def part_reasoning(shardlm, gguf_path, tmp):
                    http=True) as srv:
         oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=600)
         inside = after = opened = 0
-        for think, seed in ((True, 5), (False, 5)):
+        # Rounds of 16 samples (think on and off) until each kind below has shown up: which
+        # samples write what depends on the CPU's rounding (an AMD Zen 4 VM had no marker after
+        # </think> in seed 5's round where the Intel VMs did); at most three rounds.
+        rounds = [(think, seed) for seed in (5, 6, 7) for think in (True, False)]
+        for k, (think, seed) in enumerate(rounds):
+            if k and k % 2 == 0 and inside and after and opened:
+                break
             n = 8
             prompt = py_prompt(tpl, THINK_CHAT, TOOLS, think=think)
             sample = dict(model=gguf_path.name, n=n, seed=seed, temperature=1.0, max_tokens=MAX_TOKENS,
@@ -485,7 +491,9 @@ def part_special_token(shardlm, gguf_path, tmp):
         sample = dict(model=dst.name, n=n, seed=seed, temperature=1.0, max_tokens=MAX_TOKENS,
                       logit_bias={str(tid): 100})
         free = oa.completions.create(prompt=prompt, logprobs=0, **sample).choices
-        r = oa.chat.completions.create(messages=THINK_CHAT, tools=TOOLS, tool_choice="auto",
+        # One call each (parallel_tool_calls false): with the marker pushed by logit_bias a second
+        # call would open after the first and be cut by max_tokens.
+        r = oa.chat.completions.create(messages=THINK_CHAT, tools=TOOLS, tool_choice="auto", parallel_tool_calls=False,
                                        extra_body={"chat_template_kwargs": {"think": False}}, **sample)
     check(all(c.text.startswith(MARK * 3) for c in free),
           f"special token: the free run writes the one-token marker over and over ({free[0].text[:40]!r})")
