@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -217,6 +218,23 @@ def references(shardlm, model, work, streams=STREAMS):
     return ref_streams, ref_unary
 
 
+def journal_open_keys(path):
+    """The keys of the journal file's requests that have an ACCEPT and no END (server/journal.c's
+    records: u32 length, u32 check, payload; an ACCEPT's key after its 40-byte head, an END's after
+    its type; strings are a u64 length and the bytes)."""
+    data, off, accepted, ended = path.read_bytes(), 0, [], set()
+    while off + 8 <= len(data):
+        size = struct.unpack_from("<I", data, off)[0]
+        payload = data[off + 8:off + 8 + size]
+        kind = struct.unpack_from("<I", payload)[0]
+        if kind in (1, 3):
+            at = 40 if kind == 1 else 8
+            n = struct.unpack_from("<Q", payload, at)[0]
+            (accepted.append if kind == 1 else ended.add)(payload[at + 8:at + 8 + n].decode())
+        off += 8 + size
+    return [k for k in accepted if k not in ended]
+
+
 def group_restart(shardlm, model, work):
     ref_streams, ref_unary = references(shardlm, model, work)
     journal = work / "journal"
@@ -253,6 +271,7 @@ def group_restart(shardlm, model, work):
             kill9(srv)
             for t in threads:
                 t.join(timeout=30)
+            ended_before_kill = [s for s in streams if s.done]
             continue
         for t in threads:
             t.join(timeout=120)
@@ -284,7 +303,15 @@ def group_restart(shardlm, model, work):
         srv.stop()
     # After a clean stop nothing is left to resume.
     with server(shardlm, model, "--journal", str(journal), name="after") as srv:
-        check("0 open request(s)" in srv.log_path.read_text(), "every delivered request left the journal")
+        # A stream that ended while the first restart ran was delivered within the END's delay
+        # (the grace a delivered answer stays reattachable) before that restart's SIGKILL: the
+        # server cannot know its client got it, so it waits journaled for a reattach; nothing
+        # else may be left (which streams end there depends on the machine's speed).
+        allowed = {x.last_id.split(";")[0] for x in ended_before_kill}
+        left = journal_open_keys(journal / "journal")
+        log = srv.log_path.read_text()
+        check(set(left) <= allowed and f"{len(left)} open request(s)" in log,
+              f"every delivered request left the journal (open: {left}; ended before the second kill: {sorted(allowed)})")
 
 
 def group_drain(shardlm, model, work):
