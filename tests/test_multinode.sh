@@ -19,53 +19,17 @@ shardlm=$1
 golden=$2
 mode=$3
 here=$(cd "$(dirname "$0")" && pwd)
-[ "$(id -u)" = 0 ] || { echo "SKIP: multinode: needs root (ip netns)"; exit 77; }
-command -v ip > /dev/null && command -v mpirun > /dev/null || { echo "SKIP: multinode: needs ip and mpirun"; exit 77; }
 [ -f "$golden/stories260K/model.safetensors" ] || { echo "SKIP: multinode: no golden stories260K in $golden"; exit 77; }
 
-tag=sl$$
-sw=${tag}sw
-nodes=("${tag}n0" "${tag}n1")
-addrs=(10.78.0.1 10.78.0.2)
 work=$(mktemp -d)
-cleanup() {
-  for ns in "${nodes[@]}" "$sw"; do
-    pids=$(ip netns pids "$ns" 2> /dev/null)
-    [ -n "$pids" ] && kill -9 $pids 2> /dev/null
-    ip netns del "$ns" 2> /dev/null
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-# The switch: a bridge in its own namespace; each node a veth pair with one end on the bridge.
-if ! ip netns add "$sw" 2> /dev/null; then echo "SKIP: multinode: ip netns add failed"; exit 77; fi
-ip -n "$sw" link add br0 type bridge && ip -n "$sw" link set br0 up || { echo "SKIP: multinode: no bridge support"; exit 77; }
-for i in 0 1; do
-  ns=${nodes[$i]}
-  ip netns add "$ns" && ip -n "$ns" link set lo up &&
-    ip link add "${tag}a$i" type veth peer name "${tag}b$i" &&
-    ip link set "${tag}a$i" netns "$ns" && ip link set "${tag}b$i" netns "$sw" &&
-    ip -n "$ns" addr add "${addrs[$i]}/24" dev "${tag}a$i" && ip -n "$ns" link set "${tag}a$i" up &&
-    ip -n "$sw" link set "${tag}b$i" master br0 && ip -n "$sw" link set "${tag}b$i" up ||
-    { echo "FAIL: making node $i ($ns)"; exit 1; }
-done
-
+NETNS_WORK=$work
+. "$here/netns_nodes.sh"
+trap 'netns_nodes_down; rm -rf "$work"' EXIT
 slots=1
 [ "$mode" = train ] && slots=2
-printf '%s slots=%d\n' "${addrs[0]}" "$slots" "${addrs[1]}" "$slots" > "$work/hosts"
-export SHARDLM_NETNS_MAP="${addrs[0]}=${nodes[0]} ${addrs[1]}=${nodes[1]}"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-# Every mpirun of the test (test_serve_mpi.sh takes them from SHARDLM_MPIRUN_ARGS).
-# Both "nodes" share this machine's cores: no binding, and ranks waiting yield (mpirun counts
-# each node's slots alone and would let them spin).
-export SHARDLM_MPIRUN_ARGS="--hostfile $work/hosts --mca plm_rsh_agent $here/netns_rsh.sh --mca btl tcp,self
-  --bind-to none --mca mpi_yield_when_idle 1
-  --mca btl_tcp_if_include 10.78.0.0/24 --mca oob_tcp_if_include 10.78.0.0/24 -x SHARDLM_NETNS_MAP"
-# Node 0 gets its own hostname as netns_rsh.sh gives node 1 its own: with one name for both,
-# Open MPI takes them for one node and its non-blocking collectives crash (SIGSEGV in a
-# 15-line MPI_Comm_split_type + MPI_Iallreduce program, Open MPI 4.1.4, 2026-11-28).
-in_node0() { ip netns exec "${nodes[0]}" unshare --uts sh -c 'hostname "$0" && exec "$@"' "${nodes[0]}" "$@"; }
+netns_nodes_up "sl$$" 2 "$slots" || exit $?
+nodes=("${NETNS_NODES[@]}")
+export OMP_NUM_THREADS=1
 # Proof that the job really spans the nodes: a shardlm rank seen running inside node 1.
 ( for _ in $(seq 1 1800); do
     for p in $(ip netns pids "${nodes[1]}" 2> /dev/null); do

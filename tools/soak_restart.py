@@ -9,6 +9,7 @@ nothing lost, nothing twice. Prints the counts; exit 1 on any difference or lost
 
   python3 tools/soak_restart.py --shardlm build/cli/shardlm [--concurrency 64] [--requests 512]
                                 [--kills 5] [--interval 2.0] [--overhead] [--apis] [--grpc] [--cuts]
+                                [--launcher CMD --serve-args ARGS [--kill-node NS]]
 --apis: a quarter of the requests go to /v1/responses (seeded) and an eighth to Anthropic's
 /v1/messages (greedy: that API has no seed); their streams are compared event by event (ids and
 times aside) with a journaled server's that is never killed (a journaled stream's events are
@@ -20,12 +21,17 @@ shardlm_client.Client that reattaches by itself (resume token); a call cut befor
 named its token is sent again as new. Token ids, text and finish reasons per sample are compared.
 --cuts: the server stays up and, KILLS times, every client connection is cut instead (the clients
 reach it through a TCP proxy): --journal-detach-grace keeps their requests for them.
+--launcher / --serve-args: a server of several ranks (e.g. "mpirun -n 4", "--dp 2 --tp 2"), also for
+the reference; --kill-node NS: each kill is every process of network namespace NS (a node lost,
+tools/soak_multinode.sh), the job must end by itself within --job-timeout, and the seconds from
+the loss to the job's end and to the restarted job's readiness are printed.
 A benchmark-style run (minutes), not a test: `ctest -R server_journal` (and server_journal_grpc)
 is the short version."""
 import argparse
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -80,13 +86,18 @@ def answer(st):
     return {k: (v["text"], v["finish"]) for k, v in assemble(st.chunks)[0].items()}
 
 
+# --launcher / --serve-args: the soaked server's layout, and the never-killed reference's (sampled
+# tokens may differ between layouts where two candidates nearly tie: docs/determinism.md).
+LAYOUT = {"launcher": [], "serve_args": []}
+
+
 def start(shardlm, model, journal, port, name, grpc_port=None):
     extra = ["--batch-invariant", "--max-seqs", "64", "--http", f"127.0.0.1:{port}"]
     if grpc_port:
         extra += ["--listen", f"127.0.0.1:{grpc_port}"]
     if journal:
         extra += ["--journal", str(journal)]
-    return TS.Server(shardlm, model, *extra, name=name)
+    return TS.Server(shardlm, model, *extra, *LAYOUT["serve_args"], name=name, launcher=LAYOUT["launcher"])
 
 
 def run_until_done(st, port_box, key, deadline):
@@ -124,6 +135,15 @@ def start_workers(n, count, fn):
     return threads
 
 
+recovery = []  # (seconds from a node's loss to the job's end, to the restarted job's readiness)
+
+
+def print_recovery():
+    if recovery:
+        print("recovery after each node's loss (s): job ended " + ", ".join(f"{g:.1f}" for g, _ in recovery)
+              + "; serving again " + ", ".join(f"{r:.1f}" for _, r in recovery))
+
+
 def kill_loop(a, srv, threads, restart, t0, proxy=None):
     """SIGKILLs the server every a.interval seconds, a.kills times or until the threads end,
     restart(k) starting the next; joins the threads. Returns (the last server, kills). With proxy
@@ -136,14 +156,32 @@ def kill_loop(a, srv, threads, restart, t0, proxy=None):
             kills += 1
             print(f"cut {kills} at {time.time() - t0:.1f} s", flush=True)
             continue
-        srv.proc.send_signal(signal.SIGKILL)
-        srv.proc.wait(timeout=30)
+        t_kill = time.time()
+        if a.kill_node:  # every process of that namespace: a node lost; the job ends by itself
+            pids = subprocess.run(["ip", "netns", "pids", a.kill_node], capture_output=True, text=True).stdout.split()
+            subprocess.run(["kill", "-9", *pids], capture_output=True)
+            try:
+                srv.proc.wait(timeout=a.job_timeout)
+            except subprocess.TimeoutExpired:
+                print(f"FAIL: the job outlived the loss of node {a.kill_node} by {a.job_timeout} s", flush=True)
+                srv.proc.kill()
+                srv.proc.wait(timeout=30)
+        else:
+            srv.proc.send_signal(signal.SIGKILL)
+            srv.proc.wait(timeout=30)
+        t_gone = time.time()
         srv.log.close()
         kills += 1
         srv = restart(kills)
+        t_ready = time.time()
         resumed = [ln for ln in srv.log_path.read_text().splitlines() if "open request(s) to resume" in ln]
-        print(f"kill {kills} at {time.time() - t0:.1f} s: {resumed[-1].split(': ', 2)[-1] if resumed else '?'}",
-              flush=True)
+        what = resumed[-1].split(': ', 2)[-1] if resumed else '?'
+        if a.kill_node:
+            recovery.append((t_gone - t_kill, t_ready - t_kill))
+            print(f"node {a.kill_node} lost at {t_kill - t0:.1f} s: the job ended after {t_gone - t_kill:.1f} s, "
+                  f"the restarted job served after {t_ready - t_kill:.1f} s; {what}", flush=True)
+        else:
+            print(f"kill {kills} at {t_kill - t0:.1f} s: {what}", flush=True)
     for t in threads:
         t.join()
     return srv, kills
@@ -234,14 +272,26 @@ def soak_grpc(a, model, work, reqs):
     srv.stop()
     reattached = sum(p.read_text().count("a gRPC client reattached") for p in TS.LOG_DIR.glob("grpc-soak-*.log"))
     ref_srv = start(a.shardlm, model, None, TS.free_port(), "grpc-reference", TS.free_port())
-    with GrpcClient(ref_srv.target, resume_for=0) as c:
-        refs = [grpc_answer(c, *r[:2]) for r in reqs]
+    refs, ref_clients, ref_local = [None] * len(reqs), [], threading.local()
+
+    def reference(i):
+        if not hasattr(ref_local, "client"):
+            ref_local.client = GrpcClient(ref_srv.target, resume_for=0)
+            with lock:
+                ref_clients.append(ref_local.client)
+        refs[i] = grpc_answer(ref_local.client, *reqs[i][:2])
+
+    for t in start_workers(a.concurrency, len(reqs), reference):
+        t.join()
+    for c in ref_clients:
+        c.close()
     ref_srv.stop()
     missing = [i for i in range(len(reqs)) if got[i] is None]
     diff = [i for i in range(len(reqs)) if got[i] is not None and got[i] != refs[i]]
-    print(f"gRPC: requests {len(reqs)}, concurrency {a.concurrency}, {'cuts' if proxy else 'SIGKILLs'} {kills}, "
+    print(f"gRPC: requests {len(reqs)}, concurrency {a.concurrency}, {'cuts' if proxy else 'node losses' if a.kill_node else 'SIGKILLs'} {kills}, "
           f"reattachments {reattached}, sent again (cut before their token) {again[0]}, {elapsed:.1f} s")
     print(f"lost {len(missing)}, different from the uninterrupted answer {len(diff)}")
+    print_recovery()
     for i in (missing + diff)[:5]:
         print(f"  request {i}: {lost.get(i, '')} {reqs[i]}")
     return 0 if not missing and not diff else 1
@@ -259,7 +309,14 @@ def main():
     ap.add_argument("--apis", action="store_true", help="Anthropic and Responses streams among the requests")
     ap.add_argument("--cuts", action="store_true",
                     help="the server stays up; every client connection is cut (through a TCP proxy) instead of a kill")
+    ap.add_argument("--launcher", default="", help="e.g. \"mpirun -n 4\" with --serve-args \"--dp 2 --tp 2\": the ranks "
+                    "of the soaked server and of the reference (never killed)")
+    ap.add_argument("--serve-args", default="", help="more arguments of the soaked server's shardlm serve")
+    ap.add_argument("--kill-node", default="", help="a network namespace (tools/soak_multinode.sh): each kill is every "
+                    "process in it (a node lost) instead of SIGKILL to the server; the job must then end by itself")
+    ap.add_argument("--job-timeout", type=float, default=60, help="with --kill-node: how long the job may outlive the loss")
     a = ap.parse_args()
+    LAYOUT["launcher"], LAYOUT["serve_args"] = shlex.split(a.launcher), shlex.split(a.serve_args)
     assets = Path(os.environ.get("SHARDLM_ASSETS", ROOT.parent / "shared/assets"))
     work = Path(tempfile.mkdtemp(prefix="shardlm-soak-restart-"))
     try:
@@ -297,10 +354,11 @@ def main():
         tokens = sum(sum(len(v["text"]) for v in assemble(c.chunks)[0].values()) for c in clients
                      if not isinstance(c, EventStream))
         events = sum(len(c.events) for c in clients if isinstance(c, EventStream))
-        print(f"requests {len(reqs)}, concurrency {a.concurrency}, {'cuts' if proxy else 'SIGKILLs'} {kills}, "
+        print(f"requests {len(reqs)}, concurrency {a.concurrency}, {'cuts' if proxy else 'node losses' if a.kill_node else 'SIGKILLs'} {kills}, "
               f"reconnections {reconnects}, "
               f"{elapsed:.1f} s, {tokens} text bytes received" + (f", {events} Anthropic / Responses events" if a.apis else ""))
         print(f"lost {len(lost)}, different from the uninterrupted answer {len(diff)}")
+        print_recovery()
         for i in (lost + diff)[:5]:
             print(f"  request {i}: statuses {clients[i].statuses} lost={clients[i].lost} {reqs[i]}")
             if os.environ.get("SOAK_DEBUG"):
