@@ -17,8 +17,13 @@
  * Also decode's largest product, the LM head (178 MB of Q8_0), next to a plain read of as many
  * bytes in the same run (the kernel's fraction of the read bandwidth).
  *
- * Run: bench_quant [--quick | --lm-head]   (about a minute on 2 idle cores; --quick about 15 s;
- * --lm-head only the LM head at one thread) */
+ * --packed: the packed layout (quant_pack_rows8) at m rows in one call (four rows of x over each
+ * unpacked block: packed8x4) against m calls of one row each (what m rows cost before packed8x4),
+ * one thread, on SmolLM2-135M's and Gemma 3 270M's shapes: the verification steps of speculative
+ * decoding (1 + drafts rows), small batches and int8 prefill.
+ *
+ * Run: bench_quant [--quick | --lm-head | --packed]   (about a minute on 2 idle cores; --quick about
+ * 15 s; --lm-head only the LM head at one thread) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -228,17 +233,69 @@ static void bench_lm_head(const struct bench *bn, int threads)
     free(x);
 }
 
+/* m one-row packed products (rows i .. i + 1 of x each), as the product ran m rows before packed8x4. */
+static void run_packed_rows(void *p)
+{
+    struct quant_ctx *c = p;
+    for (int64_t i = 0; i < c->m; i++)
+        quant_matmul_packed_impl(c->impl, c->type, c->y + i * c->n, c->x + i * c->k, c->w, 1, c->n, c->k, c->scratch,
+                                 c->threads);
+}
+
+static void bench_packed(const struct bench *bn)
+{
+    static const struct { const char *label; int64_t k, n; } shapes[] = {
+        {"smollm2 ffn.up", 576, 1536}, {"smollm2 ffn.down", 1536, 576}, {"gemma ffn.up", 640, 2048},
+        {"gemma ffn.down", 2048, 640},
+    };
+    static const enum quant_type pt[] = {QUANT_TYPE_Q4_0, QUANT_TYPE_Q4_1, QUANT_TYPE_Q5_0, QUANT_TYPE_Q5_1,
+                                         QUANT_TYPE_Q8_0, QUANT_TYPE_Q4_K};
+    static const int64_t ms[] = {2, 4, 5, 8, 16};
+    printf("packed layout, one thread, %s: m rows in one call (packed8x4) against m one-row calls\n",
+           quant_impl_name(quant_impl_best()));
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t ti = 0; ti < sizeof pt / sizeof pt[0]; ti++) {
+            const enum quant_type t = pt[ti];
+            const int64_t k = shapes[s].k, n = shapes[s].n;
+            if (k % quant_block_size(t)) continue;
+            const size_t wbytes = (size_t)n * quant_row_bytes(t, k);
+            uint8_t *w = malloc(wbytes), *wp = malloc(quant_packed_bytes(t, n, k));
+            float *x = malloc((size_t)(16 * k) * sizeof(float)), *y = malloc((size_t)(16 * n) * sizeof(float));
+            void *scratch = malloc(quant_matmul_scratch_bytes(t, 16, k));
+            for (int64_t i = 0; i < 16 * k; i++) x[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+            fill_blocks(t, w, wbytes);
+            quant_pack_rows8(t, wp, w, n, k);
+            printf("  %-16s %-5s", shapes[s].label, quant_type_name(t));
+            for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+                struct quant_ctx qc = {quant_impl_best(), t, y, x, wp, scratch, ms[mi], n, k, 1};
+                const double together = time_best(bn, run_quant_packed, &qc), apart = time_best(bn, run_packed_rows, &qc);
+                printf("  m %-2lld %6.1f / %6.1f us %4.2fx", (long long)ms[mi], together * 1e6, apart * 1e6, apart / together);
+            }
+            printf("\n");
+            fflush(stdout);
+            free(scratch), free(y), free(x), free(wp), free(w);
+        }
+}
+
 int main(int argc, char **argv)
 {
     int quick = argc > 1 && !strcmp(argv[1], "--quick");
     int lm_only = argc > 1 && !strcmp(argv[1], "--lm-head");
-    if (argc > 1 && !quick && !lm_only) {
-        fprintf(stderr, "usage: %s [--quick | --lm-head]\n", argv[0]);
+    int packed = argc > 1 && !strcmp(argv[1], "--packed");
+    if (argc > 1 && !quick && !lm_only && !packed) {
+        fprintf(stderr, "usage: %s [--quick | --lm-head | --packed]\n", argv[0]);
         return 2;
     }
     struct bench bn = {quick ? 0.03 : 0.2, quick ? 20 : 2000};
     if (lm_only) {
         bench_lm_head(&bn, 1);
+        return 0;
+    }
+    if (packed) {
+        char cpu[128];
+        bench_cpu_model(cpu, sizeof cpu);
+        printf("CPU: %s\n", cpu);
+        bench_packed(&bn);
         return 0;
     }
     char cpu[128];

@@ -247,10 +247,19 @@ size_t quant_prefetch_bytes(void)
     return quant_prefetch_far;
 }
 
+/* Four rows of x at a time over each group (each block unpacked once for the four), then the
+ * rest one by one; a row's bits are the same either way. */
 static void packed_tile(const struct product *p, int64_t j0, int64_t j1)
 {
     const quant_packed8_fn packed8 = p->kt->packed8[p->slot];
-    for (int64_t i = 0; i < p->m; i++)
+    const quant_packed8x4_fn packed8x4 = p->kt->packed8x4[p->slot];
+    int64_t i = 0;
+    if (packed8x4)
+        for (; i + 4 <= p->m; i += 4)
+            for (int64_t j = j0; j < j1; j += 8)
+                packed8x4(p->nb, p->w + (size_t)(j / 8) * p->w_step, p->xq + (size_t)i * p->xq_row, p->xq_row,
+                          p->y + i * p->n + j, p->n);
+    for (; i < p->m; i++)
         for (int64_t j = j0; j < j1; j += 8)
             packed8(p->nb, p->w + (size_t)(j / 8) * p->w_step, p->xq + (size_t)i * p->xq_row, p->y + i * p->n + j);
 }

@@ -134,51 +134,6 @@ QX_AVX2 float quant_avx2_dot_q4_k(int64_t nb, const void *wv, const void *xv)
     return acc - accm;
 }
 
-/* Q4_K for one row of x against eight packed rows (quant_impl.h's layout): per pair of
- * sub-blocks eight chunks whose lanes are the rows, the nibbles of each sub-block summed as int16
- * (8 x 2 x 15 x 127 < 2^15) and scaled per row by one vpmaddwd with (sc, sc) pairs; the mins by
- * four vpmaddwd of the (m, m') byte pairs with x's 32-sums. The block-exact order of
- * quant_k_accumulate. The AVX512-VNNI table shares it. */
-QX_AVX2 void quant_avx2_packed8_q4_k(int64_t nb, const void *wpv, const void *xqv, float *y)
-{
-    const uint8_t *wp = wpv;
-    const struct act_q8_k *x = xqv;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, wp += QUANT_R8_Q4_K) {
-        qx_prefetch_far(wp, QUANT_R8_Q4_K);
-        const int8_t *xq = x[b].qs;
-        __m256i isum = _mm256_setzero_si256(), msum = _mm256_setzero_si256();
-        for (int p = 0; p < 4; p++) {
-            __m256i s_lo = _mm256_setzero_si256(), s_hi = _mm256_setzero_si256();
-            for (int c = 0; c < 8; c++) {
-                int32_t xl, xh;
-                memcpy(&xl, xq + 64 * p + 4 * c, 4);
-                memcpy(&xh, xq + 64 * p + 32 + 4 * c, 4);
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(wp + 160 + 256 * p + 32 * c));
-                s_lo = _mm256_add_epi16(s_lo, _mm256_maddubs_epi16(_mm256_and_si256(v, m4), _mm256_set1_epi32(xl)));
-                s_hi = _mm256_add_epi16(s_hi, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                                                   _mm256_set1_epi32(xh)));
-            }
-            __m256i sc_lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 32 + 16 * p)));
-            __m256i sc_hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 40 + 16 * p)));
-            sc_lo = _mm256_or_si256(sc_lo, _mm256_slli_epi32(sc_lo, 16));
-            sc_hi = _mm256_or_si256(sc_hi, _mm256_slli_epi32(sc_hi, 16));
-            isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_madd_epi16(s_lo, sc_lo), _mm256_madd_epi16(s_hi, sc_hi)));
-            const int32_t bs0 = x[b].bsums[4 * p] + x[b].bsums[4 * p + 1], bs1 = x[b].bsums[4 * p + 2] + x[b].bsums[4 * p + 3];
-            const __m256i mv = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wp + 96 + 16 * p)));
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mv, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)bs0 |
-                                                                                            (uint32_t)bs1 << 16))));
-        }
-        const __m256 dx = _mm256_set1_ps(x[b].d);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
-        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16)));
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum), acc);
-        accm = _mm256_fmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum), accm);
-    }
-    _mm256_storeu_ps(y, _mm256_sub_ps(acc, accm));
-}
-
 QX_AVX2 float quant_avx2_dot_q5_k(int64_t nb, const void *wv, const void *xv)
 {
     const struct blk_q5_k *w = wv;
@@ -352,7 +307,9 @@ static const struct quant_kernels avx2_kernels = {
         [SLOT_Q5_1] = dotw4_q5_1, [SLOT_Q8_0] = dotw4_q8_0,
     },
     .packed8 = {[SLOT_Q4_0] = packed8_q4_0, [SLOT_Q4_1] = packed8_q4_1, [SLOT_Q8_0] = packed8_q8_0,
-                [SLOT_Q4_K] = quant_avx2_packed8_q4_k, [SLOT_Q5_0] = packed8_q5_0, [SLOT_Q5_1] = packed8_q5_1},
+                [SLOT_Q4_K] = packed8_q4_k, [SLOT_Q5_0] = packed8_q5_0, [SLOT_Q5_1] = packed8_q5_1},
+    .packed8x4 = {[SLOT_Q4_0] = packed8x4_q4_0, [SLOT_Q4_1] = packed8x4_q4_1, [SLOT_Q8_0] = packed8x4_q8_0,
+                  [SLOT_Q4_K] = packed8x4_q4_k, [SLOT_Q5_0] = packed8x4_q5_0, [SLOT_Q5_1] = packed8x4_q5_1},
     .act_q8 = quant_avx2_act_q8,
     .act_q8_k = quant_avx2_act_q8_k,
 };

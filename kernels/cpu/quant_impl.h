@@ -185,6 +185,10 @@ typedef void (*quant_dotw4_fn)(int64_t nb, const void *w, size_t ws, const void 
 /* One row of x against a group of eight rows of W packed by quant_pack_rows8 (nb packed blocks
  * at wp) into y[0..8): decode over the packed layout (quant_packed.c). */
 typedef void (*quant_packed8_fn)(int64_t nb, const void *wp, const void *xq, float *y);
+/* The same for four rows of x (xq, xq + xs, ... bytes) into y[r ys + 0..8): several rows of a
+ * step (verification of drafts, small batches, int8 prefill), each packed block unpacked once for
+ * the four; every row's bits are packed8's. */
+typedef void (*quant_packed8x4_fn)(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys);
 /* Quantizes nb blocks of x into activation blocks. */
 typedef void (*quant_act_fn)(const float *x, void *xq, int64_t nb);
 
@@ -193,6 +197,7 @@ struct quant_kernels {
     quant_dot4_fn dot4[SLOT_COUNT]; /* NULL: four calls of dot */
     quant_dotw4_fn dotw4[SLOT_COUNT]; /* NULL: dot row by row */
     quant_packed8_fn packed8[SLOT_COUNT]; /* the packable types (quant_packable) only */
+    quant_packed8x4_fn packed8x4[SLOT_COUNT]; /* NULL: packed8 row by row */
     quant_act_fn act_q8;   /* to struct act_q8 */
     quant_act_fn act_q8_k; /* to struct act_q8_k */
 };
@@ -212,7 +217,6 @@ float quant_avx2_dot_q6_k(int64_t nb, const void *w, const void *xq);
 float quant_avx2_dot_q2_k(int64_t nb, const void *w, const void *xq);
 float quant_avx2_dot_q3_k(int64_t nb, const void *w, const void *xq);
 float quant_avx2_dot_iq4_xs(int64_t nb, const void *w, const void *xq);
-void  quant_avx2_packed8_q4_k(int64_t nb, const void *wp, const void *xq, float *y);
 void  quant_avx2_act_q8(const float *x, void *xq, int64_t nb);
 void  quant_avx2_act_q8_k(const float *x, void *xq, int64_t nb);
 /* nb blocks of `type` at src to f32 at dst, bit-exact with the scalar dequantizer

@@ -229,146 +229,234 @@ QX_TARGET static inline __mmask32 qx_u32(const uint8_t *p)
 #endif
 
 /* ---- eight rows at a time (the packed layout of quant_packed.c) ----
- * One row of x against a group of eight rows packed by quant_pack_rows8: y[0..8). The 32-bit
- * lanes are the eight rows, so the block's scales load as one vector and each x word is
- * broadcast once for all eight rows. Q4: two unsigned nibbles by int8 x per pair stay within
- * 2 * 15 * 127, and the eight products of a block within 2^15, so they add as int16 before one
- * vpmaddwd. */
+ * R rows of x (R = 1: packed8, decode; R = 4: packed8x4, several rows of a step) against a group
+ * of eight rows packed by quant_pack_rows8: y[r ys + 0..8). The 32-bit lanes are the eight rows,
+ * so the block's scales load as one vector and each x word is broadcast once for all eight rows;
+ * with R = 4 each block's weights are loaded and unpacked once for the four rows of x. Each row
+ * of x keeps its own accumulators and sums in the same order whatever R is, so a row's result
+ * has the same bits alone as among four (test_quant). Q4: two unsigned nibbles by int8 x per pair
+ * stay within 2 * 15 * 127, and the eight products of a block within 2^15, so they add as int16
+ * before one vpmaddwd. */
 QX_TARGET __attribute__((always_inline)) static inline void
-packed8_q4(int64_t nb, const uint8_t *wp, int has_min, const struct act_q8 *x, float *y)
+packed8_q4(int64_t nb, const uint8_t *wp, int has_min, const uint8_t *xb, size_t xs, float *y, int64_t ys, int R)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     (void)ones; /* not with QX_VNNI */
     const size_t pb = has_min ? QUANT_R8_Q4_1 : QUANT_R8_Q4_0, head = has_min ? 32 : 16;
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    __m256 acc[4], accm[4];
+    for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += pb) {
         qx_prefetch_far(wp, pb);
         const uint8_t *qs = wp + head;
-        const int8_t *xq = x[b].qs;
-#ifdef QX_VNNI
-        __m256i is = _mm256_setzero_si256();
-#else
-        __m256i s16 = _mm256_setzero_si256();
-#endif
+        __m256i lo[4], hi[4];
         for (int j = 0; j < 4; j++) {
-            int32_t xl, xh;
-            memcpy(&xl, xq + 4 * j, 4);
-            memcpy(&xh, xq + 16 + 4 * j, 4);
             const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-#ifdef QX_VNNI
-            is = QX_DPBUSD(QX_DPBUSD(is, lo, _mm256_set1_epi32(xl)), hi, _mm256_set1_epi32(xh));
-#else
-            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
-            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
-#endif
+            lo[j] = _mm256_and_si256(v, m4), hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
         }
-#ifndef QX_VNNI
-        __m256i is = _mm256_madd_epi16(s16, ones);
-#endif
-        if (!has_min) is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * x[b].sum));
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(is), acc);
-        if (has_min)
-            accm = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16))),
-                                   _mm256_set1_ps(x[b].dsum), accm);
+        for (int r = 0; r < R; r++) {
+            const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
+            const int8_t *xq = x->qs;
+#ifdef QX_VNNI
+            __m256i is = _mm256_setzero_si256();
+#else
+            __m256i s16 = _mm256_setzero_si256();
+#endif
+            for (int j = 0; j < 4; j++) {
+                int32_t xl, xh;
+                memcpy(&xl, xq + 4 * j, 4);
+                memcpy(&xh, xq + 16 + 4 * j, 4);
+#ifdef QX_VNNI
+                is = QX_DPBUSD(QX_DPBUSD(is, lo[j], _mm256_set1_epi32(xl)), hi[j], _mm256_set1_epi32(xh));
+#else
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(xl)));
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(xh)));
+#endif
+            }
+#ifndef QX_VNNI
+            __m256i is = _mm256_madd_epi16(s16, ones);
+#endif
+            if (!has_min) is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * x->sum));
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(is), acc[r]);
+            if (has_min)
+                accm[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16))),
+                                          _mm256_set1_ps(x->dsum), accm[r]);
+        }
     }
-    _mm256_storeu_ps(y, _mm256_add_ps(acc, accm));
-}
-
-QX_TARGET static void packed8_q4_0(int64_t nb, const void *wp, const void *xq, float *y)
-{
-    packed8_q4(nb, wp, 0, xq, y);
-}
-QX_TARGET static void packed8_q4_1(int64_t nb, const void *wp, const void *xq, float *y)
-{
-    packed8_q4(nb, wp, 1, xq, y);
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ys, _mm256_add_ps(acc[r], accm[r]));
 }
 
 /* Q5_0 and Q5_1: the fifth bits come as one 32-bit mask per half chunk (bit 4 r + t: row r's
  * element of that lane), spread to 0x10 bytes; values up to 31 keep four products of a chunk
  * pair within 2^15, so a block takes two vpmaddwd. */
 QX_TARGET __attribute__((always_inline)) static inline void
-packed8_q5(int64_t nb, const uint8_t *wp, int has_min, const struct act_q8 *x, float *y)
+packed8_q5(int64_t nb, const uint8_t *wp, int has_min, const uint8_t *xb, size_t xs, float *y, int64_t ys, int R)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     (void)ones; /* not with QX_VNNI */
     const size_t pb = has_min ? QUANT_R8_Q5_1 : QUANT_R8_Q5_0, head = has_min ? 32 : 16;
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    __m256 acc[4], accm[4];
+    for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += pb) {
         qx_prefetch_far(wp, pb);
         const uint8_t *hb = wp + head, *qs = hb + 32;
-        const int8_t *xq = x[b].qs;
-#ifdef QX_VNNI
-        __m256i is = _mm256_setzero_si256();
-#else
-        __m256i s16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-#endif
+        __m256i lo[4], hi[4];
         for (int j = 0; j < 4; j++) {
-            int32_t xl, xh;
-            memcpy(&xl, xq + 4 * j, 4);
-            memcpy(&xh, xq + 16 + 4 * j, 4);
             const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), QX_FIFTH(hb + 8 * j));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), QX_FIFTH(hb + 8 * j + 4));
-#ifdef QX_VNNI
-            is = QX_DPBUSD(QX_DPBUSD(is, lo, _mm256_set1_epi32(xl)), hi, _mm256_set1_epi32(xh));
-#else
-            s16[j / 2] = _mm256_add_epi16(s16[j / 2], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)),
-                                                                       _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh))));
-#endif
+            lo[j] = _mm256_or_si256(_mm256_and_si256(v, m4), QX_FIFTH(hb + 8 * j));
+            hi[j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), QX_FIFTH(hb + 8 * j + 4));
         }
-#ifndef QX_VNNI
-        __m256i is = _mm256_add_epi32(_mm256_madd_epi16(s16[0], ones), _mm256_madd_epi16(s16[1], ones));
-#endif
-        if (!has_min) is = _mm256_sub_epi32(is, _mm256_set1_epi32(16 * x[b].sum));
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(is), acc);
-        if (has_min)
-            accm = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16))),
-                                   _mm256_set1_ps(x[b].dsum), accm);
+        for (int r = 0; r < R; r++) {
+            const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
+            const int8_t *xq = x->qs;
+#ifdef QX_VNNI
+            __m256i is = _mm256_setzero_si256();
+#else
+            __m256i s16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#endif
+            for (int j = 0; j < 4; j++) {
+                int32_t xl, xh;
+                memcpy(&xl, xq + 4 * j, 4);
+                memcpy(&xh, xq + 16 + 4 * j, 4);
+#ifdef QX_VNNI
+                is = QX_DPBUSD(QX_DPBUSD(is, lo[j], _mm256_set1_epi32(xl)), hi[j], _mm256_set1_epi32(xh));
+#else
+                s16[j / 2] = _mm256_add_epi16(s16[j / 2], _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(xl)),
+                                                                           _mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(xh))));
+#endif
+            }
+#ifndef QX_VNNI
+            __m256i is = _mm256_add_epi32(_mm256_madd_epi16(s16[0], ones), _mm256_madd_epi16(s16[1], ones));
+#endif
+            if (!has_min) is = _mm256_sub_epi32(is, _mm256_set1_epi32(16 * x->sum));
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(is), acc[r]);
+            if (has_min)
+                accm[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16))),
+                                          _mm256_set1_ps(x->dsum), accm[r]);
+        }
     }
-    _mm256_storeu_ps(y, _mm256_add_ps(acc, accm));
-}
-
-QX_TARGET static void packed8_q5_0(int64_t nb, const void *wp, const void *xq, float *y)
-{
-    packed8_q5(nb, wp, 0, xq, y);
-}
-QX_TARGET static void packed8_q5_1(int64_t nb, const void *wp, const void *xq, float *y)
-{
-    packed8_q5(nb, wp, 1, xq, y);
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ys, _mm256_add_ps(acc[r], accm[r]));
 }
 
 /* Q8_0: the weights are signed, so each vector's sign moves onto the broadcast x word (as
  * s8_rows); a product pair reaches 2 * 128 * 127, so every vector has its own vpmaddwd. */
-QX_TARGET static void packed8_q8_0(int64_t nb, const void *wpv, const void *xqv, float *y)
+QX_TARGET __attribute__((always_inline)) static inline void
+packed8_q8(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, float *y, int64_t ys, int R)
 {
-    const uint8_t *wp = wpv;
-    const struct act_q8 *x = xqv;
     const __m256i ones = _mm256_set1_epi16(1);
     (void)ones; /* not with QX_VNNI */
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += QUANT_R8_Q8_0) {
-        const int8_t *xq = x[b].qs;
         qx_prefetch_far(wp, QUANT_R8_Q8_0);
-        __m256i is = _mm256_setzero_si256();
+        __m256i v[8], av[8];
         for (int k = 0; k < 8; k++) {
-            int32_t xw;
-            memcpy(&xw, xq + 4 * k, 4);
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(wp + 16 + 32 * k));
-#ifdef QX_VNNI
-            is = QX_DPBUSD(is, _mm256_sign_epi8(v, v), _mm256_sign_epi8(_mm256_set1_epi32(xw), v));
-#else
-            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(_mm256_set1_epi32(xw), v));
-            is = _mm256_add_epi32(is, _mm256_madd_epi16(p, ones));
-#endif
+            v[k] = _mm256_loadu_si256((const __m256i *)(wp + 16 + 32 * k));
+            av[k] = _mm256_sign_epi8(v[k], v[k]);
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(is), acc);
+        for (int r = 0; r < R; r++) {
+            const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
+            const int8_t *xq = x->qs;
+            __m256i is = _mm256_setzero_si256();
+            for (int k = 0; k < 8; k++) {
+                int32_t xw;
+                memcpy(&xw, xq + 4 * k, 4);
+#ifdef QX_VNNI
+                is = QX_DPBUSD(is, av[k], _mm256_sign_epi8(_mm256_set1_epi32(xw), v[k]));
+#else
+                const __m256i p = _mm256_maddubs_epi16(av[k], _mm256_sign_epi8(_mm256_set1_epi32(xw), v[k]));
+                is = _mm256_add_epi32(is, _mm256_madd_epi16(p, ones));
+#endif
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(is), acc[r]);
+        }
     }
-    _mm256_storeu_ps(y, _mm256_add_ps(acc, _mm256_setzero_ps())); /* y = acc + 0, as the others */
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ys, _mm256_add_ps(acc[r], _mm256_setzero_ps())); /* acc + 0, as the others */
 }
+
+/* Q4_K, R rows of x (1 or 4) against eight packed rows (quant_impl.h's layout): per pair of
+ * sub-blocks eight chunks whose lanes are the rows, the nibbles of each sub-block summed as int16
+ * (8 x 2 x 15 x 127 < 2^15) and scaled per row by one vpmaddwd with (sc, sc) pairs; the mins by
+ * four vpmaddwd of the (m, m') byte pairs with x's 32-sums. The block-exact order of
+ * quant_k_accumulate, each row of x with its own sums (the same bits for R 1 and 4). Compiled once per
+ * including file, so the AVX512-VNNI copy has 32 vector registers for R = 4's sums. */
+QX_TARGET __attribute__((always_inline)) static inline void
+packed8_q4k_rows(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, float *y, int64_t ys, int R)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[4], accm[4];
+    for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, wp += QUANT_R8_Q4_K) {
+        qx_prefetch_far(wp, QUANT_R8_Q4_K);
+        __m256i isum[4], msum[4];
+        for (int r = 0; r < R; r++) isum[r] = msum[r] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            __m256i s_lo[4], s_hi[4];
+            for (int r = 0; r < R; r++) s_lo[r] = s_hi[r] = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(wp + 160 + 256 * p + 32 * c));
+                const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *xq = ((const struct act_q8_k *)(xb + (size_t)r * xs) + b)->qs;
+                    int32_t xl, xh;
+                    memcpy(&xl, xq + 64 * p + 4 * c, 4);
+                    memcpy(&xh, xq + 64 * p + 32 + 4 * c, 4);
+                    s_lo[r] = _mm256_add_epi16(s_lo[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+                    s_hi[r] = _mm256_add_epi16(s_hi[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+                }
+            }
+            __m256i sc_lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 32 + 16 * p)));
+            __m256i sc_hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 40 + 16 * p)));
+            sc_lo = _mm256_or_si256(sc_lo, _mm256_slli_epi32(sc_lo, 16));
+            sc_hi = _mm256_or_si256(sc_hi, _mm256_slli_epi32(sc_hi, 16));
+            const __m256i mv = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wp + 96 + 16 * p)));
+            for (int r = 0; r < R; r++) {
+                const struct act_q8_k *x = (const struct act_q8_k *)(xb + (size_t)r * xs) + b;
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(s_lo[r], sc_lo),
+                                                                     _mm256_madd_epi16(s_hi[r], sc_hi)));
+                const int32_t bs0 = x->bsums[4 * p] + x->bsums[4 * p + 1], bs1 = x->bsums[4 * p + 2] + x->bsums[4 * p + 3];
+                msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(mv, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)bs0 |
+                                                                                                      (uint32_t)bs1 << 16))));
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
+        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16)));
+        for (int r = 0; r < R; r++) {
+            const __m256 dx = _mm256_set1_ps(((const struct act_q8_k *)(xb + (size_t)r * xs) + b)->d);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+            accm[r] = _mm256_fmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum[r]), accm[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ys, _mm256_sub_ps(acc[r], accm[r]));
+}
+
+#define QX_PACKED(name, call)                                                                    \
+    QX_TARGET static void packed8_##name(int64_t nb, const void *wp, const void *xq, float *y)   \
+    {                                                                                            \
+        call(nb, wp, xq, 0, y, 0, 1);                                                            \
+    }                                                                                            \
+    QX_TARGET static void packed8x4_##name(int64_t nb, const void *wp, const void *xq, size_t xs, \
+                                           float *y, int64_t ys)                                 \
+    {                                                                                            \
+        call(nb, wp, xq, xs, y, ys, 4);                                                          \
+    }
+#define QX_Q4_0(nb, wp, xq, xs, y, ys, R) packed8_q4(nb, wp, 0, xq, xs, y, ys, R)
+#define QX_Q4_1(nb, wp, xq, xs, y, ys, R) packed8_q4(nb, wp, 1, xq, xs, y, ys, R)
+#define QX_Q5_0(nb, wp, xq, xs, y, ys, R) packed8_q5(nb, wp, 0, xq, xs, y, ys, R)
+#define QX_Q5_1(nb, wp, xq, xs, y, ys, R) packed8_q5(nb, wp, 1, xq, xs, y, ys, R)
+QX_PACKED(q4_0, QX_Q4_0)
+QX_PACKED(q4_1, QX_Q4_1)
+QX_PACKED(q5_0, QX_Q5_0)
+QX_PACKED(q5_1, QX_Q5_1)
+QX_PACKED(q8_0, packed8_q8)
+QX_PACKED(q4_k, packed8_q4k_rows)
+#undef QX_Q4_0
+#undef QX_Q4_1
+#undef QX_Q5_0
+#undef QX_Q5_1
+#undef QX_PACKED
 
 #define QX_S8(name)                                                                              \
     QX_TARGET static float dot_##name(int64_t nb, const void *w, const void *xq)                 \
@@ -406,7 +494,10 @@ QX_S8(mxfp4)
         [SLOT_Q5_1] = dotw4_q5_1, [SLOT_Q8_0] = dotw4_q8_0,                                                       \
     },                                                                                                            \
     .packed8 = {[SLOT_Q4_0] = packed8_q4_0, [SLOT_Q4_1] = packed8_q4_1, [SLOT_Q8_0] = packed8_q8_0,               \
-                [SLOT_Q4_K] = quant_avx2_packed8_q4_k, [SLOT_Q5_0] = packed8_q5_0, [SLOT_Q5_1] = packed8_q5_1},   \
+                [SLOT_Q4_K] = packed8_q4_k, [SLOT_Q5_0] = packed8_q5_0, [SLOT_Q5_1] = packed8_q5_1},   \
+    .packed8x4 = {[SLOT_Q4_0] = packed8x4_q4_0, [SLOT_Q4_1] = packed8x4_q4_1, [SLOT_Q8_0] = packed8x4_q8_0,       \
+                  [SLOT_Q4_K] = packed8x4_q4_k, [SLOT_Q5_0] = packed8x4_q5_0,                          \
+                  [SLOT_Q5_1] = packed8x4_q5_1},                                                                  \
     .act_q8 = quant_avx2_act_q8,                                                                                  \
     .act_q8_k = quant_avx2_act_q8_k,                                                                              \
 }
