@@ -247,18 +247,23 @@ size_t quant_prefetch_bytes(void)
     return quant_prefetch_far;
 }
 
-/* Four rows of x at a time over each group (each block unpacked once for the four), then the
- * rest one by one; a row's bits are the same either way. */
+/* Four rows of x at a time over each group (each block unpacked once for the four), then two,
+ * then the rest one by one; a row's bits are the same either way. */
+static void packed_rows(const struct product *p, quant_packed8x4_fn fn, int rows, int64_t *i, int64_t j0, int64_t j1)
+{
+    if (fn)
+        for (; *i + rows <= p->m; *i += rows)
+            for (int64_t j = j0; j < j1; j += 8)
+                fn(p->nb, p->w + (size_t)(j / 8) * p->w_step, p->xq + (size_t)*i * p->xq_row, p->xq_row,
+                   p->y + *i * p->n + j, p->n);
+}
+
 static void packed_tile(const struct product *p, int64_t j0, int64_t j1)
 {
     const quant_packed8_fn packed8 = p->kt->packed8[p->slot];
-    const quant_packed8x4_fn packed8x4 = p->kt->packed8x4[p->slot];
     int64_t i = 0;
-    if (packed8x4)
-        for (; i + 4 <= p->m; i += 4)
-            for (int64_t j = j0; j < j1; j += 8)
-                packed8x4(p->nb, p->w + (size_t)(j / 8) * p->w_step, p->xq + (size_t)i * p->xq_row, p->xq_row,
-                          p->y + i * p->n + j, p->n);
+    packed_rows(p, p->kt->packed8x4[p->slot], 4, &i, j0, j1);
+    packed_rows(p, p->kt->packed8x2[p->slot], 2, &i, j0, j1);
     for (; i < p->m; i++)
         for (int64_t j = j0; j < j1; j += 8)
             packed8(p->nb, p->w + (size_t)(j / 8) * p->w_step, p->xq + (size_t)i * p->xq_row, p->y + i * p->n + j);

@@ -187,7 +187,7 @@ typedef void (*quant_dotw4_fn)(int64_t nb, const void *w, size_t ws, const void 
 typedef void (*quant_packed8_fn)(int64_t nb, const void *wp, const void *xq, float *y);
 /* The same for four rows of x (xq, xq + xs, ... bytes) into y[r ys + 0..8): several rows of a
  * step (verification of drafts, small batches, int8 prefill), each packed block unpacked once for
- * the four; every row's bits are packed8's. */
+ * the four; every row's bits are packed8's. The packed8x2 entries take two rows. */
 typedef void (*quant_packed8x4_fn)(int64_t nb, const void *wp, const void *xq, size_t xs, float *y, int64_t ys);
 /* Quantizes nb blocks of x into activation blocks. */
 typedef void (*quant_act_fn)(const float *x, void *xq, int64_t nb);
@@ -198,6 +198,7 @@ struct quant_kernels {
     quant_dotw4_fn dotw4[SLOT_COUNT]; /* NULL: dot row by row */
     quant_packed8_fn packed8[SLOT_COUNT]; /* the packable types (quant_packable) only */
     quant_packed8x4_fn packed8x4[SLOT_COUNT]; /* NULL: packed8 row by row */
+    quant_packed8x4_fn packed8x2[SLOT_COUNT]; /* the same type of function for two rows; NULL: packed8 */
     quant_act_fn act_q8;   /* to struct act_q8 */
     quant_act_fn act_q8_k; /* to struct act_q8_k */
 };

@@ -229,7 +229,7 @@ QX_TARGET static inline __mmask32 qx_u32(const uint8_t *p)
 #endif
 
 /* ---- eight rows at a time (the packed layout of quant_packed.c) ----
- * R rows of x (R = 1: packed8, decode; R = 4: packed8x4, several rows of a step) against a group
+ * R rows of x (R = 1: packed8, decode; R = 4 or 2: packed8x4 / x2, several rows of a step) against a group
  * of eight rows packed by quant_pack_rows8: y[r ys + 0..8). The 32-bit lanes are the eight rows,
  * so the block's scales load as one vector and each x word is broadcast once for all eight rows;
  * with R = 4 each block's weights are loaded and unpacked once for the four rows of x. Each row
@@ -441,6 +441,11 @@ packed8_q4k_rows(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, fl
                                            float *y, int64_t ys)                                 \
     {                                                                                            \
         call(nb, wp, xq, xs, y, ys, 4);                                                          \
+    }                                                                                            \
+    QX_TARGET static void packed8x2_##name(int64_t nb, const void *wp, const void *xq, size_t xs, \
+                                           float *y, int64_t ys)                                 \
+    {                                                                                            \
+        call(nb, wp, xq, xs, y, ys, 2);                                                          \
     }
 #define QX_Q4_0(nb, wp, xq, xs, y, ys, R) packed8_q4(nb, wp, 0, xq, xs, y, ys, R)
 #define QX_Q4_1(nb, wp, xq, xs, y, ys, R) packed8_q4(nb, wp, 1, xq, xs, y, ys, R)
@@ -496,8 +501,11 @@ QX_S8(mxfp4)
     .packed8 = {[SLOT_Q4_0] = packed8_q4_0, [SLOT_Q4_1] = packed8_q4_1, [SLOT_Q8_0] = packed8_q8_0,               \
                 [SLOT_Q4_K] = packed8_q4_k, [SLOT_Q5_0] = packed8_q5_0, [SLOT_Q5_1] = packed8_q5_1},   \
     .packed8x4 = {[SLOT_Q4_0] = packed8x4_q4_0, [SLOT_Q4_1] = packed8x4_q4_1, [SLOT_Q8_0] = packed8x4_q8_0,       \
-                  [SLOT_Q4_K] = packed8x4_q4_k, [SLOT_Q5_0] = packed8x4_q5_0,                          \
+                  [SLOT_Q4_K] = packed8x4_q4_k, [SLOT_Q5_0] = packed8x4_q5_0,                                     \
                   [SLOT_Q5_1] = packed8x4_q5_1},                                                                  \
+    .packed8x2 = {[SLOT_Q4_0] = packed8x2_q4_0, [SLOT_Q4_1] = packed8x2_q4_1, [SLOT_Q8_0] = packed8x2_q8_0,       \
+                  [SLOT_Q4_K] = packed8x2_q4_k, [SLOT_Q5_0] = packed8x2_q5_0,                                     \
+                  [SLOT_Q5_1] = packed8x2_q5_1},                                                                  \
     .act_q8 = quant_avx2_act_q8,                                                                                  \
     .act_q8_k = quant_avx2_act_q8_k,                                                                              \
 }
