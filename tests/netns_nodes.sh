@@ -11,6 +11,9 @@
 #                                returns 77 (SKIP) when the machine cannot (not root, no ip, no
 #                                bridge), 1 when making a node fails
 #   in_node0 CMD...              runs CMD inside node 0 with node 0's own hostname
+#   netns_watch_node1            starts watching for a shardlm process inside node 1 (the proof
+#                                that a job spans the nodes); netns_node1_seen stops the watch and
+#                                says whether one was seen
 #   netns_nodes_down             kills every process of the nodes and removes them (the caller's
 #                                EXIT trap)
 # NETNS_WORK must name a directory before netns_nodes_up.
@@ -54,6 +57,21 @@ netns_nodes_up() {
 # Open MPI takes them for one node and its non-blocking collectives crash (SIGSEGV in a 15-line
 # MPI_Comm_split_type + MPI_Iallreduce program, Open MPI 4.1.4, 2026-11-28).
 in_node0() { ip netns exec "${NETNS_NODES[0]}" unshare --uts sh -c 'hostname "$0" && exec "$@"' "${NETNS_NODES[0]}" "$@"; }
+
+netns_watch_node1() {
+  ( for _ in $(seq 1 36000); do
+      for p in $(ip netns pids "${NETNS_NODES[1]}" 2> /dev/null); do
+        [ "$(cat "/proc/$p/comm" 2> /dev/null)" = shardlm ] && { touch "$NETNS_WORK/seen"; exit 0; }
+      done
+      sleep 0.1
+    done ) &
+  NETNS_WATCHER=$!
+}
+
+netns_node1_seen() {
+  kill "$NETNS_WATCHER" 2> /dev/null
+  [ -f "$NETNS_WORK/seen" ]
+}
 
 netns_nodes_down() {
   local ns pids

@@ -31,16 +31,9 @@ netns_nodes_up "sl$$" 2 "$slots" || exit $?
 nodes=("${NETNS_NODES[@]}")
 export OMP_NUM_THREADS=1
 # Proof that the job really spans the nodes: a shardlm rank seen running inside node 1.
-( for _ in $(seq 1 1800); do
-    for p in $(ip netns pids "${nodes[1]}" 2> /dev/null); do
-      [ "$(cat "/proc/$p/comm" 2> /dev/null)" = shardlm ] && { touch "$work/seen"; exit 0; }
-    done
-    sleep 0.1
-  done ) &
-watcher=$!
+netns_watch_node1
 spanned() {
-  kill "$watcher" 2> /dev/null
-  [ -f "$work/seen" ] && echo "PASS a rank ran inside node 1 (${nodes[1]})" || { echo "FAIL no rank ran inside node 1"; return 1; }
+  netns_node1_seen && echo "PASS a rank ran inside node 1 (${nodes[1]})" || { echo "FAIL no rank ran inside node 1"; return 1; }
 }
 
 case "$mode" in

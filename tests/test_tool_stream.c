@@ -342,6 +342,35 @@ static void check_builtin(void)
     }
 }
 
+/* A call's closing marker written inside a JSON string of its arguments (hermes, phi4): the call's
+ * JSON is read with its strings, so the marker's text stays in the argument and the call ends at
+ * the real marker after the JSON (these formats end nothing at the marker: unlike harmony's
+ * <|call|>, which stops generation and needs the grammar's escape of '<', docs/tools.md). */
+static void check_marker_in_string(void)
+{
+    static const struct { enum tool_format f; const char *text, *args; } cases[] = {
+        {TOOL_FORMAT_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"s\": \"a</tool_call>b\"}}\n</tool_call>",
+         "{\"s\": \"a</tool_call>b\"}"},
+        {TOOL_FORMAT_HERMES, "<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"<tool_call>x\"}}</tool_call>",
+         "{\"s\": \"<tool_call>x\"}"},
+        {TOOL_FORMAT_PHI4, "<|tool_call|>{\"name\": \"f\", \"arguments\": {\"s\": \"<|/tool_call|>\"}}<|/tool_call|>",
+         "{\"s\": \"<|/tool_call|>\"}"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct tool_parsed p;
+        CHECK(!tool_parse(cases[i].f, 1, 0, 0, 0, cases[i].text, strlen(cases[i].text), 1, &p), "oom");
+        const int ok = p.n_calls == 1 && !strcmp(p.calls[0].name, "f") && !strcmp(p.calls[0].args, cases[i].args) &&
+                       p.calls[0].complete && !strcmp(p.content, "");
+        if (!ok) {
+            fprintf(stderr, "FAIL marker inside a string '%s': %d calls (%s), content '%s'\n", cases[i].text, p.n_calls,
+                    p.n_calls ? p.calls[0].args : "", p.content);
+            exit(1);
+        }
+        tool_parsed_free(&p);
+        check_text(cases[i].text, strlen(cases[i].text), 1);
+    }
+}
+
 /* The template-specific reasoning markers: each kind splits its own block, no other. */
 static void check_reasoning_kinds(void)
 {
@@ -558,6 +587,7 @@ int main(int argc, char **argv)
     check_text(deep, k, 1);
     check_linear();
     check_builtin();
+    check_marker_in_string();
     check_reasoning_kinds();
     check_harmony();
     printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);

@@ -21,14 +21,7 @@ netns_nodes_up "sk$$" 2 2 || exit $?
 echo "CPU: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(nproc) cores; nodes ${NETNS_NODES[*]}"
 # dp 2 x tp 2 in rank order (tp fastest): ranks 0, 1 (replica 0) on node 0, ranks 2, 3 on node 1.
 launcher="mpirun $(echo $SHARDLM_MPIRUN_ARGS) --map-by slot -n 4 -x OMP_NUM_THREADS"
-# Proof that the job spans the nodes: a shardlm rank seen running inside node 1.
-( for _ in $(seq 1 36000); do
-    for p in $(ip netns pids "${NETNS_NODES[1]}" 2> /dev/null); do
-      [ "$(cat "/proc/$p/comm" 2> /dev/null)" = shardlm ] && { touch "$NETNS_WORK/seen"; exit 0; }
-    done
-    sleep 0.1
-  done ) &
-watcher=$!
+netns_watch_node1 # the proof that the job spans the nodes
 case "$mode" in
 soak) in_node0 python3 "$root/tools/soak.py" --shardlm "$shardlm" --launcher "$launcher" \
         --serve-args "--dp 2 --tp 2 --rank-timeout 10" "$@" ;;
@@ -37,7 +30,6 @@ restart) in_node0 python3 "$root/tools/soak_restart.py" --shardlm "$shardlm" --l
 *) echo "usage: $0 SHARDLM soak|restart [ARGS...]" >&2; exit 2 ;;
 esac
 rc=$?
-kill "$watcher" 2> /dev/null
-[ -f "$NETNS_WORK/seen" ] || { echo "FAIL: no rank ran inside node 1 (${NETNS_NODES[1]})"; exit 1; }
+netns_node1_seen || { echo "FAIL: no rank ran inside node 1 (${NETNS_NODES[1]})"; exit 1; }
 echo "a rank ran inside node 1 (${NETNS_NODES[1]})"
 exit $rc

@@ -515,14 +515,10 @@ static enum status hfw_fill(void *ctx, void *dst, size_t nbytes)
     struct host_weight hw;
     if (it->oss) return hfw_oss_fill(it, dst, nbytes);
     if (it->n_rows) { /* one expert: its rows of the stacked tensor, read once for all experts */
-        enum status s = checkpoint_describe(it->ck, it->kind, it->layer, 0, 1, it->dtype, &hw);
-        if (s) return s;
         struct hfw_stack *st = it->stack;
-        if (!st->all) {
-            if (!(st->all = malloc(hw.nbytes))) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-            if ((s = checkpoint_get(it->ck, it->kind, it->layer, 0, 1, it->dtype, st->all, hw.nbytes, 0, &hw)))
-                return s;
-        }
+        enum status s = st->all ? checkpoint_describe(it->ck, it->kind, it->layer, 0, 1, it->dtype, &hw)
+                                : hfw_read_whole(it->ck, it->kind, it->layer, it->dtype, &st->all, &hw);
+        if (s) return s;
         const size_t row_bytes = hw.nbytes / (size_t)hw.shape[0];
         CHECK(row_bytes * (size_t)it->n_rows == nbytes, "expert tensor of %zu bytes", nbytes);
         memcpy(dst, st->all + (size_t)it->row0 * row_bytes, nbytes);
@@ -545,11 +541,8 @@ static enum status hfw_fill(void *ctx, void *dst, size_t nbytes)
           (long long)total_rows, (long long)cols);
     int64_t row_off = 0;
     for (int i = 0; i < it->n_kinds; i++) {
-        enum status s = checkpoint_describe(it->ck, it->kinds[i], it->layer, 0, 1, it->dtype, &hw);
-        if (s) return s;
-        unsigned char *part = malloc(hw.nbytes);
-        if (!part) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        s = checkpoint_get(it->ck, it->kinds[i], it->layer, 0, 1, it->dtype, part, hw.nbytes, 0, &hw);
+        unsigned char *part = NULL;
+        enum status s = hfw_read_whole(it->ck, it->kinds[i], it->layer, it->dtype, &part, &hw);
         const int64_t rows = hw.shape[0];
         if (!s && !it->transposed) memcpy((unsigned char *)dst + (size_t)(row_off * cols) * es, part, hw.nbytes);
         for (int64_t r = 0; !s && it->transposed && r < rows; r++) /* (rows, cols) -> column r of (cols, total) */

@@ -184,27 +184,46 @@ __attribute__((target("avx2,fma"))) static void gemv_rows_avx2(float *y, const f
 }
 #endif
 
-/* Rows per pass over x of the AVX2 / AVX-512 gemv: 8 (gemv_rows_body) or 1 (gemv_row1_*).
- * SHARDLM_CPU_GEMV_ROWS=1|8 forces either; by default 1 on AMD CPUs and 8 elsewhere: each was
- * faster on the machine it was measured on (eight rows on the Intel Xeon of 2026-11-25, one row on
- * the AMD EPYC of 2026-11-30; docs/performance.md), neither was measured on both. */
-static int gemv_rows_choice = 8;
-static pthread_once_t gemv_once = PTHREAD_ONCE_INIT;
+/* The tuning knobs read from the environment once (the first product), both logged by the CPU
+ * backend's start line:
+ * - rows per pass over x of the AVX2 / AVX-512 gemv: 8 (gemv_rows_body) or 1 (gemv_row1_*).
+ *   SHARDLM_CPU_GEMV_ROWS=1|8 forces either; by default 1 on AMD CPUs and 8 elsewhere: each was
+ *   faster on the machine it was measured on (eight rows on the Intel Xeon of 2026-11-25, one row
+ *   on the AMD EPYC of 2026-11-30; docs/performance.md), neither was measured on both;
+ * - the row count from which block weights take the f32 tiles (QUANT_SGEMM_MIN_M, or
+ *   SHARDLM_CPU_QUANT_SGEMM_MIN_M=N). */
+static struct {
+    int gemv_rows, quant_sgemm_min;
+} knobs = {8, QUANT_SGEMM_MIN_M};
+static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
-static void gemv_rows_init(void)
+static void knobs_init(void)
 {
     const char *e = getenv("SHARDLM_CPU_GEMV_ROWS");
-    gemv_rows_choice = cpu_isa_amd() ? 1 : 8;
+    knobs.gemv_rows = cpu_isa_amd() ? 1 : 8;
     if (e && *e) {
-        if (!strcmp(e, "1") || !strcmp(e, "8")) gemv_rows_choice = atoi(e);
+        if (!strcmp(e, "1") || !strcmp(e, "8")) knobs.gemv_rows = atoi(e);
         else LOG_WARN("cpu", "SHARDLM_CPU_GEMV_ROWS=%s is not 1 or 8: ignored", e);
+    }
+    e = getenv("SHARDLM_CPU_QUANT_SGEMM_MIN_M");
+    if (e && *e) {
+        char *end = NULL;
+        const long v = strtol(e, &end, 10);
+        if (*end || v < 1) LOG_WARN("cpu", "SHARDLM_CPU_QUANT_SGEMM_MIN_M=%s is not a row count >= 1: ignored", e);
+        else knobs.quant_sgemm_min = v > INT_MAX ? INT_MAX : (int)v;
     }
 }
 
 int cpu_gemv_rows_per_pass(void)
 {
-    pthread_once(&gemv_once, gemv_rows_init);
-    return gemv_rows_choice;
+    pthread_once(&knobs_once, knobs_init);
+    return knobs.gemv_rows;
+}
+
+int cpu_quant_sgemm_min_m(void)
+{
+    pthread_once(&knobs_once, knobs_init);
+    return knobs.quant_sgemm_min;
 }
 
 const char *cpu_gemv_path(void)
@@ -215,26 +234,6 @@ const char *cpu_gemv_path(void)
     if (cpu_isa_at_least(CPU_ISA_AVX2)) return one ? "avx2 x1" : "avx2 x8";
 #endif
     return "baseline"; /* the x86-64 baseline (SSE2) as the compiler vectorises it, or plain C */
-}
-
-static int quant_sgemm_min = QUANT_SGEMM_MIN_M;
-static pthread_once_t quant_sgemm_once = PTHREAD_ONCE_INIT;
-
-static void quant_sgemm_init(void)
-{
-    const char *e = getenv("SHARDLM_CPU_QUANT_SGEMM_MIN_M");
-    if (e && *e) {
-        char *end = NULL;
-        const long v = strtol(e, &end, 10);
-        if (*end || v < 1) LOG_WARN("cpu", "SHARDLM_CPU_QUANT_SGEMM_MIN_M=%s is not a row count >= 1: ignored", e);
-        else quant_sgemm_min = v > INT_MAX ? INT_MAX : (int)v;
-    }
-}
-
-int cpu_quant_sgemm_min_m(void)
-{
-    pthread_once(&quant_sgemm_once, quant_sgemm_init);
-    return quant_sgemm_min;
 }
 
 static void gemv_rows(float *y, const float *w_rows, const float *x, int64_t nb, int64_t k)

@@ -234,77 +234,31 @@ QX_TARGET static inline __mmask32 qx_u32(const uint8_t *p)
  * so the block's scales load as one vector and each x word is broadcast once for all eight rows;
  * with R = 4 each block's weights are loaded and unpacked once for the four rows of x. Each row
  * of x keeps its own accumulators and sums in the same order whatever R is, so a row's result
- * has the same bits alone as among four (test_quant). Q4: two unsigned nibbles by int8 x per pair
- * stay within 2 * 15 * 127, and the eight products of a block within 2^15, so they add as int16
- * before one vpmaddwd. */
+ * has the same bits alone as among four (test_quant).
+ * packed8_q45: Q4_0 / Q4_1 (five 0) and Q5_0 / Q5_1 (five 1). Q5's fifth bits come as one 32-bit
+ * mask per half chunk (bit 4 r + t: row r's element of that lane), spread to 0x10 bytes. Without
+ * VNNI the products of a pair of chunks (four vpmaddubsw: values up to 31 by int8 x) add as int16
+ * within 2^15 before one vpmaddwd each half; the integer sums are exact either way. */
 QX_TARGET __attribute__((always_inline)) static inline void
-packed8_q4(int64_t nb, const uint8_t *wp, int has_min, const uint8_t *xb, size_t xs, float *y, int64_t ys, int R)
+packed8_q45(int64_t nb, const uint8_t *wp, int has_min, int five, const uint8_t *xb, size_t xs, float *y, int64_t ys,
+            int R)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     (void)ones; /* not with QX_VNNI */
-    const size_t pb = has_min ? QUANT_R8_Q4_1 : QUANT_R8_Q4_0, head = has_min ? 32 : 16;
+    const size_t pb = five ? (has_min ? QUANT_R8_Q5_1 : QUANT_R8_Q5_0) : (has_min ? QUANT_R8_Q4_1 : QUANT_R8_Q4_0);
+    const size_t head = has_min ? 32 : 16;
+    const int32_t zero = five ? 16 : 8; /* the offset of unsigned quants without a min */
     __m256 acc[4], accm[4];
     for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += pb) {
         qx_prefetch_far(wp, pb);
-        const uint8_t *qs = wp + head;
+        const uint8_t *hb = wp + head, *qs = five ? hb + 32 : hb;
         __m256i lo[4], hi[4];
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             lo[j] = _mm256_and_si256(v, m4), hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
-        for (int r = 0; r < R; r++) {
-            const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
-            const int8_t *xq = x->qs;
-#ifdef QX_VNNI
-            __m256i is = _mm256_setzero_si256();
-#else
-            __m256i s16 = _mm256_setzero_si256();
-#endif
-            for (int j = 0; j < 4; j++) {
-                int32_t xl, xh;
-                memcpy(&xl, xq + 4 * j, 4);
-                memcpy(&xh, xq + 16 + 4 * j, 4);
-#ifdef QX_VNNI
-                is = QX_DPBUSD(QX_DPBUSD(is, lo[j], _mm256_set1_epi32(xl)), hi[j], _mm256_set1_epi32(xh));
-#else
-                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(xl)));
-                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(xh)));
-#endif
-            }
-#ifndef QX_VNNI
-            __m256i is = _mm256_madd_epi16(s16, ones);
-#endif
-            if (!has_min) is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * x->sum));
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(is), acc[r]);
-            if (has_min)
-                accm[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16))),
-                                          _mm256_set1_ps(x->dsum), accm[r]);
-        }
-    }
-    for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ys, _mm256_add_ps(acc[r], accm[r]));
-}
-
-/* Q5_0 and Q5_1: the fifth bits come as one 32-bit mask per half chunk (bit 4 r + t: row r's
- * element of that lane), spread to 0x10 bytes; values up to 31 keep four products of a chunk
- * pair within 2^15, so a block takes two vpmaddwd. */
-QX_TARGET __attribute__((always_inline)) static inline void
-packed8_q5(int64_t nb, const uint8_t *wp, int has_min, const uint8_t *xb, size_t xs, float *y, int64_t ys, int R)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    (void)ones; /* not with QX_VNNI */
-    const size_t pb = has_min ? QUANT_R8_Q5_1 : QUANT_R8_Q5_0, head = has_min ? 32 : 16;
-    __m256 acc[4], accm[4];
-    for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, wp += pb) {
-        qx_prefetch_far(wp, pb);
-        const uint8_t *hb = wp + head, *qs = hb + 32;
-        __m256i lo[4], hi[4];
-        for (int j = 0; j < 4; j++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            lo[j] = _mm256_or_si256(_mm256_and_si256(v, m4), QX_FIFTH(hb + 8 * j));
-            hi[j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), QX_FIFTH(hb + 8 * j + 4));
+            if (five)
+                lo[j] = _mm256_or_si256(lo[j], QX_FIFTH(hb + 8 * j)), hi[j] = _mm256_or_si256(hi[j], QX_FIFTH(hb + 8 * j + 4));
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
         for (int r = 0; r < R; r++) {
@@ -329,7 +283,7 @@ packed8_q5(int64_t nb, const uint8_t *wp, int has_min, const uint8_t *xb, size_t
 #ifndef QX_VNNI
             __m256i is = _mm256_add_epi32(_mm256_madd_epi16(s16[0], ones), _mm256_madd_epi16(s16[1], ones));
 #endif
-            if (!has_min) is = _mm256_sub_epi32(is, _mm256_set1_epi32(16 * x->sum));
+            if (!has_min) is = _mm256_sub_epi32(is, _mm256_set1_epi32(zero * x->sum));
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(is), acc[r]);
             if (has_min)
                 accm[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + 16))),
@@ -447,10 +401,10 @@ packed8_q4k_rows(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, fl
     {                                                                                            \
         call(nb, wp, xq, xs, y, ys, 2);                                                          \
     }
-#define QX_Q4_0(nb, wp, xq, xs, y, ys, R) packed8_q4(nb, wp, 0, xq, xs, y, ys, R)
-#define QX_Q4_1(nb, wp, xq, xs, y, ys, R) packed8_q4(nb, wp, 1, xq, xs, y, ys, R)
-#define QX_Q5_0(nb, wp, xq, xs, y, ys, R) packed8_q5(nb, wp, 0, xq, xs, y, ys, R)
-#define QX_Q5_1(nb, wp, xq, xs, y, ys, R) packed8_q5(nb, wp, 1, xq, xs, y, ys, R)
+#define QX_Q4_0(nb, wp, xq, xs, y, ys, R) packed8_q45(nb, wp, 0, 0, xq, xs, y, ys, R)
+#define QX_Q4_1(nb, wp, xq, xs, y, ys, R) packed8_q45(nb, wp, 1, 0, xq, xs, y, ys, R)
+#define QX_Q5_0(nb, wp, xq, xs, y, ys, R) packed8_q45(nb, wp, 0, 1, xq, xs, y, ys, R)
+#define QX_Q5_1(nb, wp, xq, xs, y, ys, R) packed8_q45(nb, wp, 1, 1, xq, xs, y, ys, R)
 QX_PACKED(q4_0, QX_Q4_0)
 QX_PACKED(q4_1, QX_Q4_1)
 QX_PACKED(q5_0, QX_Q5_0)
