@@ -8,12 +8,15 @@ from GetServerStats, whether every answer is identical, and the CPU model. Not a
 
   python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
       [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
-      [--spec-draft 4]
+      [--spec-draft 4] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup]
 """
 import argparse
 import concurrent.futures as cf
 import json
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +43,30 @@ def run(srv, prompts, max_tokens, parallel):
     return [r[0] for r in res], sum(r[1] for r in res), sum(r[2] for r in res)
 
 
+def llama_lookup(binary, model, prompts, max_tokens, threads, draft):
+    """llama.cpp's prompt lookup at batch 1: (answers, decoded tokens, decode seconds, drafted, accepted)."""
+    import gguf
+    import jinja2
+    field = gguf.GGUFReader(model).fields["tokenizer.chat_template"]
+    template = jinja2.Environment().from_string(bytes(field.parts[field.data[0]]).decode())
+    answers, n, t, drafted, accepted = [], 0, 0.0, 0, 0
+    for p in prompts:
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+            f.write(template.render(messages=[{"role": "user", "content": p}], add_generation_prompt=True))
+            f.flush()
+            r = subprocess.run([binary, "-m", model, "-f", f.name, "-n", str(max_tokens), "--temp", "0", "-t",
+                                str(threads), "--spec-draft-n-max", str(draft)], capture_output=True, text=True,
+                               timeout=300)
+        m = re.search(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds", r.stderr)
+        if r.returncode or not m:
+            raise RuntimeError(f"llama-lookup failed ({r.returncode}): {r.stderr[-2000:]}")
+        n, t = n + int(m.group(1)), t + float(m.group(2))
+        drafted += int((re.search(r"n_drafted\s+=\s+(\d+)", r.stderr) or [0, 0])[1])
+        accepted += int((re.search(r"n_accept\s+=\s+(\d+)", r.stderr) or [0, 0])[1])
+        answers.append(r.stdout)
+    return answers, n, t, drafted, accepted
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -49,6 +76,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--spec-draft", type=int, default=4)
+    ap.add_argument("--llama-lookup", help="llama.cpp's llama-lookup, run on the same file and questions")
     a = ap.parse_args()
     qs = json.load(open(a.squad))
     step = max(1, len(qs) // a.questions)
@@ -76,6 +104,16 @@ def main():
         same = sum(x == y for x, y in zip(a0, a1))
         print(f"batch {parallel:2d}: decode {n0 / t0:8.1f} tok/s without, {n1 / t1:8.1f} tok/s with speculation: "
               f"{(n1 / t1) / (n0 / t0):.2f}x; {same} of {len(a0)} answers identical")
+    if a.llama_lookup:
+        b0, m0, u0, _, _ = llama_lookup(a.llama_lookup, a.model, prompts, a.max_tokens, a.threads, 0)
+        b1, m1, u1, d1, k1 = llama_lookup(a.llama_lookup, a.model, prompts, a.max_tokens, a.threads, a.spec_draft)
+        same = sum(x == y for x, y in zip(b0, b1))
+        (a0, n0, t0), (a1, n1, t1) = out[(False, 1)], out[(True, 1)]
+        print(f"llama.cpp llama-lookup, batch 1: decode {m0 / u0:8.1f} tok/s without ({m0} tokens), {m1 / u1:8.1f} "
+              f"tok/s with --spec-draft-n-max {a.spec_draft} ({m1} tokens): {(m1 / u1) / (m0 / u0):.2f}x; "
+              f"{d1} drafted, {k1} accepted ({100 * k1 / max(d1, 1):.1f}%); {same} of {len(b0)} answers identical")
+        print(f"shardlm / llama.cpp at batch 1: without speculation {(n0 / t0) / (m0 / u0):.2f}x, with "
+              f"{(n1 / t1) / (m1 / u1):.2f}x")
     return 0
 
 
