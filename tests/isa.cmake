@@ -36,6 +36,9 @@ shardlm_isa_fixtures(gguf_serve gguf)
 shardlm_add_isa_tests(golden_gguf_types_blocks "golden" test_model ref ${GGUF_TYPES_DIR}/types.gguf
                       ${GGUF_TYPES_DIR}/types_ref.json)
 shardlm_isa_fixtures(golden_gguf_types_blocks gguf_types)
+foreach(level ${SHARDLM_ISA_LEVELS}) # the f32 tiles forced, as the plain test (tests/CMakeLists.txt)
+  set_property(TEST golden_gguf_types_blocks_isa_${level} APPEND PROPERTY ENVIRONMENT SHARDLM_CPU_QUANT_SGEMM_MIN_M=32)
+endforeach()
 shardlm_add_isa_tests(golden_gguf_types_int8 "golden" test_model ref-int8 ${GGUF_TYPES_DIR}/types.gguf
                       ${GGUF_TYPES_DIR}/types_ref.json)
 shardlm_isa_fixtures(golden_gguf_types_int8 gguf_types)

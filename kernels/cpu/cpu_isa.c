@@ -209,7 +209,9 @@ char *cpu_isa_describe(char *buf, size_t n)
     const struct attn_kernels *at = attn_kernels_best();
     const enum quant_impl qi = quant_impl_best();
     char sgemm_from[32] = "never";
-    if (cpu_quant_sgemm_min_m() < INT_MAX) snprintf(sgemm_from, sizeof sgemm_from, "from %d rows", cpu_quant_sgemm_min_m());
+    if (cpu_quant_sgemm_min_m() < INT_MAX)
+        snprintf(sgemm_from, sizeof sgemm_from, "from %d rows%s", cpu_quant_sgemm_min_m(),
+                 cpu_quant_int8_packed() ? " (packed: never)" : "");
     snprintf(buf, n,
              "%s; isa %s (supported %s%s%s); quant %s, dequant %s, amx %s, attention %s, gemv %s, "
              "activation %s, prefetch %zu, blocks' sgemm %s",

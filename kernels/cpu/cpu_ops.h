@@ -60,6 +60,9 @@ int         cpu_gemv_rows_per_pass(void);
 /* Rows of x from which a block-quantized product dequantizes tiles for sgemm instead of int8 dot
  * products (matmul.c: 32, or SHARDLM_CPU_QUANT_SGEMM_MIN_M). */
 int         cpu_quant_sgemm_min_m(void);
+/* 1 when weights packed eight rows at a time take the int8 products at every row count (a CPU
+ * with VNNI and no SHARDLM_CPU_QUANT_SGEMM_MIN_M: matmul.c). */
+int         cpu_quant_int8_packed(void);
 const char *cpu_activation_path(void);
 
 size_t cpu_amx_x_elems(int64_t m, int64_t k);

@@ -8,8 +8,9 @@
  * x once and blocks of w per thread into the scratch arena, multiply in f32, and round y once;
  * block-quantized w (DTYPE_Q*) goes to quant_matmul (kernels/quant.h) with x's int8 copy in the
  * scratch arena below QUANT_SGEMM_MIN_M rows (at any row count with batch_invariant: the two
- * paths round differently), else to dequantized tiles (f32 + sgemm; weights packed eight rows at
- * a time, tensor_packed, are dequantized from the packed copy). On CPUs
+ * paths round differently; and for weights packed eight rows at a time, tensor_packed, on CPUs
+ * with VNNI), else to dequantized tiles (f32 + sgemm; packed weights are dequantized from the
+ * packed copy). On CPUs
  * with AMX, bf16 w and block w from QUANT_AMX_MIN_M rows take the bf16 tiles (amx.c).
  * The backward converts dy and x to f32 once, and w and a half-precision dw a block of rows at a
  * time, so that scratch never holds a whole weight.
@@ -32,11 +33,10 @@
 /* Block-quantized w: from this many rows of x on, tiles of QUANT_W_BLOCK rows of w are
  * dequantized to f32 and multiplied by OpenBLAS's register-tiled sgemm; below it, int8 dot
  * products per (row of x, row of w) (quant_matmul) win. Measured by tests/bench_quant.c.
- * cpu_quant_sgemm_min_m: this, or SHARDLM_CPU_QUANT_SGEMM_MIN_M=N. The f32 tiles are the
- * documented prefill contract (the f32 product of the dequantized weights, which the goldens
- * check); on the AMD EPYC of 2026-11-30 (AVX512-VNNI, no AMX) int8 products at every row count
- * (N = 100000) prefilled Gemma 3 270M Q4_K_M about 15 % faster at 64 rows (docs/performance.md),
- * an opt-in there: x rounded to int8 at prefill too, as llama.cpp does. */
+ * cpu_quant_sgemm_min_m: this, or SHARDLM_CPU_QUANT_SGEMM_MIN_M=N. Weights packed eight rows at
+ * a time on a CPU with VNNI take the int8 products at every row count instead (knobs.int8_packed
+ * below: x rounded to int8 at prefill too, as llama.cpp does), unless that variable is set; the
+ * goldens of the f32 prefill bound set it to 32. */
 #define QUANT_SGEMM_MIN_M 32
 /* The same on AMX tiles (amx.c): from 8 rows (a decode batch of 8 sequences included) the
  * tiles beat the int8 dot products (bench_quant, 2026-11-25: Gemma's ffn.down at one thread,
@@ -191,10 +191,15 @@ __attribute__((target("avx2,fma"))) static void gemv_rows_avx2(float *y, const f
  *   faster on the machine it was measured on (eight rows on the Intel Xeon of 2026-11-25, one row
  *   on the AMD EPYC of 2026-11-30; docs/performance.md), neither was measured on both;
  * - the row count from which block weights take the f32 tiles (QUANT_SGEMM_MIN_M, or
- *   SHARDLM_CPU_QUANT_SGEMM_MIN_M=N). */
+ *   SHARDLM_CPU_QUANT_SGEMM_MIN_M=N);
+ * - int8_packed: weights packed eight rows at a time take the int8 products at every row count
+ *   where the CPU multiplies int8 in one instruction (AVX512-VNNI or AVX-VNNI) and
+ *   SHARDLM_CPU_QUANT_SGEMM_MIN_M is not set: the four-row packed kernels prefill 1.3x faster than
+ *   the f32 tiles there (docs/quantization.md), and a row's logits no longer depend on how many
+ *   rows its step holds. */
 static struct {
-    int gemv_rows, quant_sgemm_min;
-} knobs = {8, QUANT_SGEMM_MIN_M};
+    int gemv_rows, quant_sgemm_min, int8_packed;
+} knobs = {8, QUANT_SGEMM_MIN_M, 0};
 static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
 static void knobs_init(void)
@@ -206,6 +211,8 @@ static void knobs_init(void)
         else LOG_WARN("cpu", "SHARDLM_CPU_GEMV_ROWS=%s is not 1 or 8: ignored", e);
     }
     e = getenv("SHARDLM_CPU_QUANT_SGEMM_MIN_M");
+    const enum quant_impl best = quant_impl_best();
+    knobs.int8_packed = !(e && *e) && (best == QUANT_IMPL_AVX512_VNNI || best == QUANT_IMPL_AVX_VNNI);
     if (e && *e) {
         char *end = NULL;
         const long v = strtol(e, &end, 10);
@@ -224,6 +231,12 @@ int cpu_quant_sgemm_min_m(void)
 {
     pthread_once(&knobs_once, knobs_init);
     return knobs.quant_sgemm_min;
+}
+
+int cpu_quant_int8_packed(void)
+{
+    pthread_once(&knobs_once, knobs_init);
+    return knobs.int8_packed;
 }
 
 const char *cpu_gemv_path(void)
@@ -368,7 +381,9 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
 {
     const int64_t m = tensor_rows(x), k = tensor_cols(x), n = w->shape[0];
     if (m == 0 || n == 0) return;
-    if (dtype_is_quant(w->dtype) && (b->batch_invariant || (!matmul_amx_fits(w, m, k) && m < cpu_quant_sgemm_min_m()))) {
+    if (dtype_is_quant(w->dtype) &&
+        (b->batch_invariant || (!matmul_amx_fits(w, m, k) &&
+                                (m < cpu_quant_sgemm_min_m() || (cpu_quant_int8_packed() && tensor_packed(w)))))) {
         matmul_quant(b, y, x, w, bias, m, n, k);
         return;
     }

@@ -153,23 +153,31 @@ def reasoning(mid, oa):
     # <|end|> in pieces; a piece that closes it and goes on with bytes the grammar cannot start
     # with leaves that sample free, docs/tools.md: only replies whose <|end|> is followed by "{" are
     # judged. A GPT-OSS model writes <|end|> as one token.)
-    r = oa.chat.completions.create(model=mid, messages=ASK, max_tokens=100, temperature=1.0, seed=1, n=8, logprobs=True,
-                                   response_format={"type": "json_schema",
-                                                    "json_schema": {"name": "c", "schema": schema, "strict": True}})
+    # Whether SmolLM2 closes its analysis at all is its own sampled choice, which moves with the
+    # CPU's rounding (the products' paths differ by CPU): up to six rounds of 8 samples (seeds 1-6)
+    # until one does; every sample that does is judged. (With the int8 prefill of packed weights,
+    # the default on CPUs with VNNI, it closed in 1 of 48 samples on the AMD Zen 4 VM against 1 or
+    # more of 8 with the f32 tiles: ctest runs this test with the tiles, tests/server/CMakeLists.txt.)
     judged = 0
-    for ch in r.choices:
-        raw = raw_of(ch)
-        if "<|end|>{" not in raw and not raw.startswith("{"):
-            continue
-        judged += 1
-        try:
-            jsonschema.validate(json.loads(ch.message.content), schema)
-            ok = ch.finish_reason == "stop"
-        except Exception as e:  # noqa: BLE001
-            ok = False
-            print(f"  {e}")
-        check(ok, f"response_format json_schema, sample {ch.index}: the content validates ({raw!r:.120})")
-    check(judged >= 1, f"response_format: {judged} of 8 samples closed their analysis and answered")
+    for seed in (1, 2, 3, 4, 5, 6):
+        r = oa.chat.completions.create(model=mid, messages=ASK, max_tokens=200, temperature=1.0, seed=seed, n=8,
+                                       logprobs=True, response_format={"type": "json_schema", "json_schema": {
+                                           "name": "c", "schema": schema, "strict": True}})
+        for ch in r.choices:
+            raw = raw_of(ch)
+            if "<|end|>{" not in raw and not raw.startswith("{"):
+                continue
+            judged += 1
+            try:
+                jsonschema.validate(json.loads(ch.message.content), schema)
+                ok = ch.finish_reason == "stop"
+            except Exception as e:  # noqa: BLE001
+                ok = False
+                print(f"  {e}")
+            check(ok, f"response_format json_schema, seed {seed} sample {ch.index}: the content validates ({raw!r:.120})")
+        if judged:
+            break
+    check(judged >= 1, f"response_format: {judged} samples (seeds 1 to {seed}, 8 each) closed their analysis and answered")
 
 
 def effort(mid, oa):
