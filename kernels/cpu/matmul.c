@@ -211,14 +211,19 @@ static void knobs_init(void)
         else LOG_WARN("cpu", "SHARDLM_CPU_GEMV_ROWS=%s is not 1 or 8: ignored", e);
     }
     e = getenv("SHARDLM_CPU_QUANT_SGEMM_MIN_M");
-    const enum quant_impl best = quant_impl_best();
-    knobs.int8_packed = !(e && *e) && (best == QUANT_IMPL_AVX512_VNNI || best == QUANT_IMPL_AVX_VNNI);
+    int min_m_set = 0;
     if (e && *e) {
         char *end = NULL;
         const long v = strtol(e, &end, 10);
-        if (*end || v < 1) LOG_WARN("cpu", "SHARDLM_CPU_QUANT_SGEMM_MIN_M=%s is not a row count >= 1: ignored", e);
-        else knobs.quant_sgemm_min = v > INT_MAX ? INT_MAX : (int)v;
+        if (*end || v < 1) {
+            LOG_WARN("cpu", "SHARDLM_CPU_QUANT_SGEMM_MIN_M=%s is not a row count >= 1: ignored", e);
+        } else {
+            knobs.quant_sgemm_min = v > INT_MAX ? INT_MAX : (int)v;
+            min_m_set = 1;
+        }
     }
+    const enum quant_impl best = quant_impl_best();
+    knobs.int8_packed = !min_m_set && (best == QUANT_IMPL_AVX512_VNNI || best == QUANT_IMPL_AVX_VNNI);
 }
 
 int cpu_gemv_rows_per_pass(void)
