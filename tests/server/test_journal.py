@@ -49,6 +49,7 @@ except ImportError as e:
     sys.exit(SKIP)
 import test_server as TS  # noqa: E402
 import stories_main as SM  # noqa: E402  (the mains on stories260K)
+import journal_file as JF  # noqa: E402
 from checks import Checks  # noqa: E402
 from tcp_proxy import Proxy  # noqa: E402
 
@@ -222,16 +223,13 @@ def journal_open_keys(path):
     """The keys of the journal file's requests that have an ACCEPT and no END (server/journal.c's
     records: u32 length, u32 check, payload; an ACCEPT's key after its 40-byte head, an END's after
     its type; strings are a u64 length and the bytes)."""
-    data, off, accepted, ended = path.read_bytes(), 0, [], set()
-    while off + 8 <= len(data):
-        size = struct.unpack_from("<I", data, off)[0]
-        payload = data[off + 8:off + 8 + size]
-        kind = struct.unpack_from("<I", payload)[0]
+    accepted, ended = [], set()
+    for _, payload in JF.journal_records(path.read_bytes()):
+        kind = JF.record_type(payload)
         if kind in (1, 3):
             at = 40 if kind == 1 else 8
             n = struct.unpack_from("<Q", payload, at)[0]
             (accepted.append if kind == 1 else ended.add)(payload[at + 8:at + 8 + n].decode())
-        off += 8 + size
     return [k for k in accepted if k not in ended]
 
 

@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_server as TS  # noqa: E402  (SKIPs by itself without grpcio or the client)
 import stories_main as SM  # noqa: E402  (the mains on stories260K)
 from checks import Checks  # noqa: E402
+import journal_file as JF  # noqa: E402
 from owners import legacy_owner_of, owner_of  # noqa: E402
 from tcp_proxy import Proxy  # noqa: E402
 
@@ -362,19 +363,17 @@ def journal_rewrite_owner(path, old, new):
     """Rewrites the owner (the last string of an ACCEPT record's payload: server/journal.c
     put_accept) old to new in every ACCEPT of the journal file, with the records' lengths and
     checks (FNV-1a 64 of the payload folded to 32 bits); returns how many it rewrote."""
-    data, out, off, n = path.read_bytes(), b"", 0, 0
-    while off + 8 <= len(data):
-        size, _ = struct.unpack_from("<II", data, off)
-        payload = data[off + 8:off + 8 + size]
-        if struct.unpack_from("<I", payload)[0] == 1 and payload.endswith(journal_put_str(old)):
+    data, out, end, n = path.read_bytes(), b"", 0, 0
+    for off, payload in JF.journal_records(data):
+        end = off + 8 + struct.unpack_from("<I", data, off)[0]
+        if JF.record_type(payload) == 1 and payload.endswith(journal_put_str(old)):
             payload = payload[:-len(journal_put_str(old))] + journal_put_str(new)
             n += 1
         h = 0xcbf29ce484222325
         for c in payload:
             h = ((h ^ c) * 0x100000001b3) & 0xffffffffffffffff
         out += struct.pack("<II", len(payload), (h ^ (h >> 32)) & 0xffffffff) + payload
-        off += 8 + size
-    path.write_bytes(out + data[off:])
+    path.write_bytes(out + data[end:])
     return n
 
 
