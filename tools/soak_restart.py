@@ -234,6 +234,24 @@ def grpc_answer(client, path, body):
     return {k: tuple(v[:2]) + (v[2],) for k, v in out.items()}
 
 
+class ThreadClients:
+    """One client per worker thread, made by make() on the thread's first get(); close() closes all."""
+
+    def __init__(self, make):
+        self.make, self.local, self.lock, self.all = make, threading.local(), threading.Lock(), []
+
+    def get(self):
+        if not hasattr(self.local, "client"):
+            self.local.client = self.make()
+            with self.lock:
+                self.all.append(self.local.client)
+        return self.local.client
+
+    def close(self):
+        for c in self.all:
+            c.close()
+
+
 def soak_grpc(a, model, work, reqs):
     from shardlm_client import Client as GrpcClient
     import grpc
@@ -242,18 +260,13 @@ def soak_grpc(a, model, work, reqs):
     proxy = Proxy(gport) if a.cuts else None
     target = proxy.target if proxy else f"127.0.0.1:{gport}"
     got, lost, again, lock = [None] * len(reqs), {}, [0], threading.Lock()
-    local = threading.local()
-    clients = []
+    clients = ThreadClients(lambda: GrpcClient(target, resume_for=120))
 
     def answer(i):
-        if not hasattr(local, "client"):
-            local.client = GrpcClient(target, resume_for=120)
-            with lock:
-                clients.append(local.client)
         end = time.time() + 600
         while got[i] is None and time.time() < end:
             try:
-                got[i] = grpc_answer(local.client, *reqs[i][:2])
+                got[i] = grpc_answer(clients.get(), *reqs[i][:2])
             except grpc.RpcError as e:
                 # UNAVAILABLE before the server named a token (refused: it was down): send again.
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
@@ -268,25 +281,19 @@ def soak_grpc(a, model, work, reqs):
     srv, kills = kill_loop(a, srv, threads,
                            lambda k: start(a.shardlm, model, work / "journal", TS.free_port(), f"grpc-soak-{k}", gport), t0,
                            proxy)
-    for c in clients:
-        c.close()
+    clients.close()
     elapsed = time.time() - t0
     srv.stop()
     reattached = sum(p.read_text().count("a gRPC client reattached") for p in TS.LOG_DIR.glob("grpc-soak-*.log"))
     ref_srv = start(a.shardlm, model, None, TS.free_port(), "grpc-reference", TS.free_port())
-    refs, ref_clients, ref_local = [None] * len(reqs), [], threading.local()
+    refs, ref_clients = [None] * len(reqs), ThreadClients(lambda: GrpcClient(ref_srv.target, resume_for=0))
 
     def reference(i):
-        if not hasattr(ref_local, "client"):
-            ref_local.client = GrpcClient(ref_srv.target, resume_for=0)
-            with lock:
-                ref_clients.append(ref_local.client)
-        refs[i] = grpc_answer(ref_local.client, *reqs[i][:2])
+        refs[i] = grpc_answer(ref_clients.get(), *reqs[i][:2])
 
     for t in start_workers(a.concurrency, len(reqs), reference):
         t.join()
-    for c in ref_clients:
-        c.close()
+    ref_clients.close()
     ref_srv.stop()
     missing = [i for i in range(len(reqs)) if got[i] is None]
     diff = [i for i in range(len(reqs)) if got[i] is not None and got[i] != refs[i]]

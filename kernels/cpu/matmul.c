@@ -244,6 +244,13 @@ int cpu_quant_int8_packed(void)
     return knobs.int8_packed;
 }
 
+/* Whether a block w with m rows of x takes the int8 products (else the tiles), the knobs read once. */
+static int quant_takes_int8(const struct tensor *w, int64_t m)
+{
+    pthread_once(&knobs_once, knobs_init);
+    return m < knobs.quant_sgemm_min || (knobs.int8_packed && tensor_packed(w));
+}
+
 const char *cpu_gemv_path(void)
 {
 #if defined(__x86_64__)
@@ -386,9 +393,7 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
 {
     const int64_t m = tensor_rows(x), k = tensor_cols(x), n = w->shape[0];
     if (m == 0 || n == 0) return;
-    if (dtype_is_quant(w->dtype) &&
-        (b->batch_invariant || (!matmul_amx_fits(w, m, k) &&
-                                (m < cpu_quant_sgemm_min_m() || (cpu_quant_int8_packed() && tensor_packed(w)))))) {
+    if (dtype_is_quant(w->dtype) && (b->batch_invariant || (!matmul_amx_fits(w, m, k) && quant_takes_int8(w, m)))) {
         matmul_quant(b, y, x, w, bias, m, n, k);
         return;
     }
