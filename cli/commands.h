@@ -41,12 +41,6 @@ int cli_fail(enum status st);
 /* Prints "shardlm: " fmt (with arg) and a pointer to --help; returns EXIT_USAGE. */
 int cli_usage(const char *fmt, const char *arg);
 
-/* The refusal of --ep by train (docs/training.md): a usage error's format whose argument is the
- * flag. serve and generate take --ep (expert parallelism in serving, engine/model/moe_ep.c). */
-#define CLI_EP_REFUSED                                                                                    \
-    "%s: training with expert parallelism is not built (serve and generate take --ep under mpirun); "   \
-    "training runs a mixture of experts at --dp and --pp"
-
 /* The combinations --ep refuses in serve and generate: a usage error's format whose argument is the
  * other flag's name. */
 #define CLI_EP_WITH_REFUSED                                                                               \

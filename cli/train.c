@@ -55,13 +55,15 @@ static const char *const train_help =
     "parallelism (launch with mpirun -n TP*PP*DP; dp is what is left):\n"
     "  --tensor-model-parallel-size|--tp N [1]  --pipeline-model-parallel-size|--pp N [1]\n"
     "  --pp-layers N,N,...     layers per pipeline stage [balanced]\n"
+    "  --expert-model-parallel-size|--ep N [1]  a mixture's experts split over N of the dp\n"
+    "                          ranks (tokens dispatched by all-to-all; N divides dp and the experts)\n"
     "  --sequence-parallel     split the norm and residual regions over tp (tp > 1)\n"
     "  --use-distributed-optimizer   shard the AdamW state over dp (ZeRO-1)\n"
     "  --recompute-granularity selective|full   [none]\n"
     "  --recompute-modules LIST      selective: core_attn,mlp,layernorm [core_attn]\n"
     "  --recompute-method uniform|block  --recompute-num-layers N [1]   full\n"
     "  --rank-timeout S        a rank silent for S seconds ends the job, naming it [0 = wait]\n"
-    "mixture of experts (one rank; docs/training.md):\n"
+    "mixture of experts (docs/training.md):\n"
     "  --moe-aux-loss-coeff C [0]  load-balancing loss weight (Megatron's, E sum f_e P_e)\n"
     "  --moe-z-loss-coeff C [0]    router z-loss weight (mean logsumexp(logits)^2)\n"
     "LoRA (the base frozen; the output is a PEFT adapter: adapter_config.json +\n"
@@ -197,7 +199,7 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
     } else if (!strcmp(a, "--rank-timeout")) {
         if (parse_double(v, &o->rank_timeout_s) || !(o->rank_timeout_s >= 0)) return bad("--rank-timeout must be a non-negative number of seconds, got '%s'", v);
     } else if (!strcmp(a, "--ep") || !strcmp(a, "--expert-model-parallel-size")) {
-        return bad(CLI_EP_REFUSED, a);
+        if (parse_int(v, 1, 64, &o->ep)) return bad("--ep must be an integer in [1, 64], got '%s'", v);
     } else return bad("unknown option '%s'", a);
     return 0;
 }

@@ -154,8 +154,9 @@ expect "LoRA on the experts is refused" 1 "LoRA on a mixture of experts' MLP" \
 expect "a negative coefficient is refused" 2 "--moe-z-loss-coeff must be a number >= 0" \
   "$BIN" train --model "$WORK/mixtral" --data "$WORK/text.txt" --out "$WORK/n.out" "${COMMON[@]}" --train-iters 1 \
   --moe-z-loss-coeff -1
-expect "train --ep is refused by name" 2 "--ep: training with expert parallelism is not built" "$BIN" train \
-  --model "$WORK/mixtral" --ep 2
+expect "train --ep 2 on one rank names the data-parallel ranks it needs" 1 "--ep 2 does not divide the 1 data-parallel ranks" \
+  "$BIN" train --model "$WORK/mixtral" --data "$WORK/text.txt" --out "$WORK/e.out" "${COMMON[@]}" --train-iters 1 --ep 2
+expect "train --ep 0 is a usage error" 2 "--ep must be an integer in \[1, 64\]" "$BIN" train --model "$WORK/mixtral" --ep 0
 
 echo "$n_pass passed, $n_fail failed"
 [ "$n_fail" = 0 ]

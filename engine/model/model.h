@@ -190,6 +190,11 @@ enum status model_load(const char *dir, struct backend *b, const struct model_pa
 enum status model_load_as(const char *dir, struct backend *b, const struct model_parallel *par,
                           int dtype, struct model **out);
 
+/* The (rank, size) a weight of `kind` is sliced by (checkpoint_describe's tp_rank, tp_size): the
+ * ep group's for a mixture's experts under expert parallelism (a contiguous block of whole
+ * experts per rank), the tp group's otherwise. */
+void model_shard_of(const struct model *m, enum weight_kind kind, int *rank, int *size);
+
 /* Whether this rank holds the last pipeline stage (it produces logits). */
 int model_is_last_stage(const struct model *m);
 

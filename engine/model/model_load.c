@@ -105,9 +105,7 @@ static enum dtype load_dtype(const struct model *m, enum weight_kind kind, const
     return m->dtype;
 }
 
-/* The (rank, size) a weight of `kind` is sliced by: the ep group's for the experts under expert
- * parallelism (a contiguous block of whole experts per rank), the tp group's otherwise. */
-static void shard_of(const struct model *m, enum weight_kind kind, int *rank, int *size)
+void model_shard_of(const struct model *m, enum weight_kind kind, int *rank, int *size)
 {
     const int experts = weight_kind_per_expert(kind);
     *rank = experts && m->ep_size > 1 ? m->ep_rank : m->tp_rank;
@@ -223,7 +221,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     struct backend *b = m->b;
     struct host_weight hw;
     int rank, size;
-    shard_of(m, kind, &rank, &size);
+    model_shard_of(m, kind, &rank, &size);
     enum status st = checkpoint_describe(m->checkpoint, kind, layer, rank, size,
                                          m->dtype, &hw);
     if (st != STATUS_OK) return st;
@@ -418,8 +416,11 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
                           int dtype, struct model **out)
 {
     *out = NULL;
-    /* Under expert parallelism the layout's tp group is the ep group and nothing is tensor-parallel. */
-    const int ep = par && par->ep, ep_rank = ep ? par->layout.tp_rank : 0, ep_size = ep ? par->layout.tp_size : 1;
+    /* Under expert parallelism in serving the layout's tp group is the ep group and nothing is
+     * tensor-parallel; in training the ep group is carved out of dp (parallel_groups_add_ep). */
+    const int ep = par && par->ep, ep_train = par && par->groups && par->groups->ep;
+    const int ep_rank = ep ? par->layout.tp_rank : ep_train ? par->groups->ep->rank : 0;
+    const int ep_size = ep ? par->layout.tp_size : ep_train ? par->groups->ep->size : 1;
     const int tp_rank = par && !ep ? par->layout.tp_rank : 0, tp_size = par && !ep ? par->layout.tp_size : 1;
     const int pp_rank = par ? par->layout.pp_rank : 0, pp_size = par ? par->layout.pp_size : 1;
     if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size || pp_size < 1 || pp_rank < 0 ||
@@ -446,7 +447,7 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     m->pp_size = pp_size;
     m->ep_rank = ep_rank;
     m->ep_size = ep_size;
-    if (ep && (st = moe_ep_check(c, ep_size)) != STATUS_OK) goto fail;
+    if (ep_size > 1 && (st = moe_ep_check(c, ep_size)) != STATUS_OK) goto fail;
     if (pp_size > c->n_layers) {
         st = status_errorf(STATUS_INVALID_ARGUMENT, "model: pp %d exceeds the %d layers", pp_size, c->n_layers);
         goto fail;
@@ -494,7 +495,7 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     m->n_kv_local = (int)(hw.shape[0] / c->head_dim);
     if (c->n_experts) { /* whole experts per tp rank (checkpoint.c refuses a tp that does not divide them) */
         int er, es;
-        shard_of(m, WEIGHT_KIND_EXP_UP, &er, &es);
+        model_shard_of(m, WEIGHT_KIND_EXP_UP, &er, &es);
         if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_EXP_UP, 0, er, es, m->dtype, &hw)) != STATUS_OK)
             goto fail;
         m->n_experts_local = (int)(hw.shape[0] / c->moe_ffn);

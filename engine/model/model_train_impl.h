@@ -30,7 +30,9 @@ struct layer_acts {
     /* A mixture of experts (moe.h; absent otherwise): the routing, always kept (ids, w, sw on
      * the device, route on the host), and the experts' insides per slot (moe.gate, up, hact:
      * (T * k, moe_ffn); moe.y (T * k, d); moe.s_y (T, d), the shared expert's output; recomputed
-     * under the mlp module). moe.s_gate .. s_hact are gate .. hact above (the shared expert's). */
+     * under the mlp module). moe.s_gate .. s_hact are gate .. hact above (the shared expert's).
+     * Under expert parallelism moe.gate .. hact hold the rows this rank's experts ran on
+     * (moe_ep_rows) and moe.xr their inputs (kept under the mlp module, recomputed with the layer). */
     struct moe_tensors moe;
     struct moe_routing route;
 };
@@ -55,6 +57,7 @@ struct train_activations {
     /* a mixture of experts: the router's logits and one expert's rows (forward scratch: T rows,
      * moe.h), the shared expert's rows 0 .. T-1, and moe_backward's scratch */
     struct tensor moe_logits, moe_logits32, moe_x, moe_rows;
+    struct tensor ep_buf, ep_in, ep_out, ep_idx; /* expert parallelism's scratch (moe.h), or absent */
     struct moe_grad_scratch moe_grad;
     /* loss */
     struct tensor stats;           /* f32 (T, 3): this shard's cross-entropy statistics */
@@ -76,6 +79,7 @@ struct model_train {
     struct lora *lora;               /* borrowed, or NULL */
     float moe_aux_coeff, moe_z_coeff; /* model_train_set_moe_loss */
     void *moe_host;                  /* the host memory of every set's routing and the scratch */
+    int32_t *ep_host;                /* in it: expert parallelism's host index lists (moe.h), or NULL */
     int moe_forwards;                /* model_train_moe_stats's sums since its last call */
     double moe_aux_sum, moe_z_sum;
     int64_t *moe_load;               /* (n_layers_local, n_experts) */

@@ -47,7 +47,7 @@ int model_train_grad_partial(const struct model_train *t, enum weight_kind kind)
 enum field {
     F_X_IN, F_XN1, F_Q_PRE, F_K_PRE, F_Q, F_K, F_V, F_ATT, F_LSE, F_ATTN_OUT, F_X_MID, F_XN2,
     F_GATE, F_UP, F_HACT, F_MLP_OUT,
-    F_MOE_IDS, F_MOE_W, F_MOE_SW, F_MOE_GATE, F_MOE_UP, F_MOE_HACT, F_MOE_Y, F_SHARED_Y, F_COUNT
+    F_MOE_IDS, F_MOE_W, F_MOE_SW, F_MOE_GATE, F_MOE_UP, F_MOE_HACT, F_MOE_Y, F_SHARED_Y, F_MOE_XR, F_COUNT
 };
 
 static const size_t field_offset[F_COUNT] = {
@@ -59,7 +59,7 @@ static const size_t field_offset[F_COUNT] = {
     offsetof(struct layer_acts, mlp_out),
     offsetof(struct layer_acts, moe.ids), offsetof(struct layer_acts, moe.w), offsetof(struct layer_acts, moe.sw),
     offsetof(struct layer_acts, moe.gate), offsetof(struct layer_acts, moe.up), offsetof(struct layer_acts, moe.hact),
-    offsetof(struct layer_acts, moe.y), offsetof(struct layer_acts, moe.s_y),
+    offsetof(struct layer_acts, moe.y), offsetof(struct layer_acts, moe.s_y), offsetof(struct layer_acts, moe.xr),
 };
 
 static struct tensor *field(struct layer_acts *la, int f) { return (struct tensor *)((char *)la + field_offset[f]); }
@@ -75,6 +75,7 @@ static void field_shape(const struct model *m, int f, int64_t T, int64_t Tl, enu
     /* A mixture of experts: the dense MLP's tensors are the shared expert's, when there is one. */
     const int64_t dense = !c->n_experts || c->shared_expert ? 1 : 0, moe = c->n_experts ? 1 : 0;
     const int64_t TK = moe * T * c->n_experts_used, shared = moe * (c->shared_expert ? 1 : 0);
+    const int64_t ep_rows = moe && m->ep_size > 1 ? moe_ep_rows(m, T) : 0; /* the owner's rows (moe_ep.c) */
     *dt = m->dtype;
     switch (f) {
     case F_X_IN: case F_XN1: case F_X_MID: case F_XN2: *rows = Tl; *cols = d; break;
@@ -88,7 +89,8 @@ static void field_shape(const struct model *m, int f, int64_t T, int64_t Tl, enu
     case F_MOE_IDS: *dt = DTYPE_I32; *rows = TK; *cols = 1; break;
     case F_MOE_W: *dt = DTYPE_F32; *rows = TK; *cols = 1; break;
     case F_MOE_SW: *dt = DTYPE_F32; *rows = shared * T; *cols = 1; break;
-    case F_MOE_GATE: case F_MOE_UP: case F_MOE_HACT: *rows = TK; *cols = c->moe_ffn; break;
+    case F_MOE_GATE: case F_MOE_UP: case F_MOE_HACT: *rows = ep_rows ? ep_rows : TK; *cols = c->moe_ffn; break;
+    case F_MOE_XR: *rows = ep_rows; *cols = d; break;
     case F_MOE_Y: *rows = TK; *cols = d; break;
     case F_SHARED_Y: *rows = shared * T; *cols = d; break;
     default: *rows = dense * T; *cols = ffn; break; /* F_UP, F_HACT */
@@ -213,26 +215,34 @@ static enum status check_plan(const struct model *m, int max_tokens, const struc
 /* A mixture of experts' host memory, one allocation (t->moe_host): every set's routing per layer
  * (logits (T, E), start (E + 1), ids and w (T k), sw (T)), then moe_backward's host scratch
  * (dz (T, E), dw (T k), 3 T doubles), which the common set's moe_grad points to. */
-static size_t moe_route_bytes(const struct model_config *c, int64_t T)
+static size_t moe_route_bytes(const struct model *m, int64_t T)
 {
+    const struct model_config *c = &m->cfg;
     const size_t E = (size_t)c->n_experts, TK = (size_t)T * (size_t)c->n_experts_used;
-    return (size_t)T * E * sizeof(float) + (E + 1) * sizeof(int) + TK * (sizeof(int32_t) + sizeof(float)) +
-           (size_t)T * sizeof(float);
+    const size_t ep_n = m->ep_size > 1 ? (size_t)m->ep_size * E : 0;
+    return ep_n * sizeof(int64_t) + (size_t)T * E * sizeof(float) + (E + 1) * sizeof(int) +
+           TK * (sizeof(int32_t) + sizeof(float)) + (size_t)T * sizeof(float);
+}
+
+/* Bytes of moe_backward's host scratch, then expert parallelism's index lists (ep_host). */
+static size_t moe_scratch_bytes(const struct model *m, int64_t T)
+{
+    const size_t E = (size_t)m->cfg.n_experts, TK = (size_t)T * (size_t)m->cfg.n_experts_used;
+    return 3 * (size_t)T * sizeof(double) + (size_t)T * E * sizeof(float) + TK * sizeof(float);
 }
 
 static enum status moe_host_alloc(struct model_train *t, int64_t T)
 {
-    const struct model_config *c = &t->m->cfg;
-    const size_t E = (size_t)c->n_experts, TK = (size_t)T * (size_t)c->n_experts_used;
-    const size_t sets = (size_t)t->n_sets * (size_t)t->m->n_layers_local;
-    const size_t scratch = 3 * (size_t)T * sizeof(double) + (size_t)T * E * sizeof(float) + TK * sizeof(float);
-    char *p = calloc(1, sets * moe_route_bytes(c, T) + scratch);
+    const size_t E = (size_t)t->m->cfg.n_experts, sets = (size_t)t->n_sets * (size_t)t->m->n_layers_local;
+    const size_t ep_idx = t->m->ep_size > 1 ? (size_t)moe_ep_idx_len(t->m, T) * sizeof(int32_t) : 0;
+    char *p = calloc(1, moe_scratch_bytes(t->m, T) + ep_idx + sets * moe_route_bytes(t->m, T));
     if (!p) return STATUS_RESOURCE_EXHAUSTED;
     t->moe_host = p;
     struct moe_grad_scratch *g = &t->sets[t->n_sets]->moe_grad;
     g->host_tok = (double *)p;
     g->host_dz = (float *)(g->host_tok + 3 * T);
     g->host_dw = g->host_dz + (size_t)T * E;
+    t->ep_host = ep_idx ? (int32_t *)(p + moe_scratch_bytes(t->m, T)) : NULL;
     return STATUS_OK;
 }
 
@@ -242,10 +252,13 @@ static void moe_layer_tensors(struct model_train *t, struct train_activations *a
 {
     const struct model_config *c = &t->m->cfg;
     const int64_t T = a->max_tokens, E = c->n_experts, TK = T * c->n_experts_used;
+    const size_t ep_idx = t->m->ep_size > 1 ? (size_t)moe_ep_idx_len(t->m, T) * sizeof(int32_t) : 0;
     struct layer_acts *la = &a->layers[l];
-    char *p = (char *)t->moe_host + 3 * (size_t)T * sizeof(double) + (size_t)(T * E + TK) * sizeof(float) +
-              ((size_t)s * (size_t)t->m->n_layers_local + (size_t)l) * moe_route_bytes(c, T);
+    char *p = (char *)t->moe_host + moe_scratch_bytes(t->m, T) + ep_idx +
+              ((size_t)s * (size_t)t->m->n_layers_local + (size_t)l) * moe_route_bytes(t->m, T);
     struct moe_routing *r = &la->route;
+    r->ep_n = t->m->ep_size > 1 ? (int64_t *)p : NULL; /* first: 8-byte aligned */
+    if (r->ep_n) p += (size_t)t->m->ep_size * (size_t)E * sizeof(int64_t);
     r->logits = (float *)p;
     r->start = (int *)(r->logits + T * E);
     r->ids = (int32_t *)(r->start + E + 1);
@@ -254,6 +267,8 @@ static void moe_layer_tensors(struct model_train *t, struct train_activations *a
     struct moe_tensors *mt = &la->moe;
     mt->logits = a->moe_logits, mt->logits32 = a->moe_logits32, mt->x = a->moe_x, mt->rows = a->moe_rows;
     mt->s_gate = la->gate, mt->s_up = la->up, mt->s_hact = la->hact;
+    mt->ep_buf = a->ep_buf, mt->ep_in = a->ep_in, mt->ep_out = a->ep_out, mt->ep_idx = a->ep_idx;
+    mt->ep_host = t->ep_host;
     mt->r = r;
     mt->per_slot = 1;
     mt->recompute = 0;
@@ -264,9 +279,6 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
     const struct train_memory one = {.recompute = TRAIN_RECOMPUTE_NONE, .sets = 1};
     if (!mem) mem = &one;
     *out = NULL;
-    if (m->cfg.n_experts && m->ep_size > 1)
-        return status_errorf(STATUS_UNSUPPORTED, "training a mixture of experts (%s) with expert parallelism (ep %d) "
-                             "is not built (tp, pp and dp train)", m->cfg.architecture, m->ep_size);
     enum status st = check_plan(m, max_tokens, mem);
     if (st != STATUS_OK) return st;
     const int S = mem->sets, L = m->n_layers_local;
@@ -321,13 +333,20 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
     const struct model_config *c = &m->cfg;
     const int64_t E = c->n_experts, top_k = c->n_experts_used, moe_T = E ? T : 0;
     const int64_t wide = E && c->moe_ffn > ffn ? c->moe_ffn : ffn;
-    carve_add(&cv, &common->dgate, m->dtype, T, wide);
-    carve_add(&cv, &common->dup, m->dtype, T, wide);
+    /* Expert parallelism: an expert's rows come from the whole group (up to ep x T), and its
+     * dispatch and combine need room for the most rows this rank's experts can receive. */
+    const int64_t ep_R = E && m->ep_size > 1 ? moe_ep_rows(m, T) : 0, Tx = ep_R ? (int64_t)m->ep_size * T : T;
+    carve_add(&cv, &common->dgate, m->dtype, Tx, wide);
+    carve_add(&cv, &common->dup, m->dtype, Tx, wide);
+    carve_add(&cv, &common->ep_buf, m->dtype, ep_R, d);
+    carve_add(&cv, &common->ep_in, m->dtype, ep_R, d);
+    carve_add(&cv, &common->ep_out, m->dtype, ep_R, d);
+    carve_add(&cv, &common->ep_idx, DTYPE_I32, ep_R ? moe_ep_idx_len(m, T) : 0, 1);
     carve_add(&cv, &common->moe_logits, m->dtype, moe_T, E);
     carve_add(&cv, &common->moe_logits32, DTYPE_F32, m->dtype != DTYPE_F32 ? moe_T : 0, E);
     carve_add(&cv, &common->moe_x, m->dtype, moe_T, d);
     carve_add(&cv, &common->moe_rows, DTYPE_I32, c->shared_expert ? moe_T : 0, 1);
-    carve_add(&cv, &common->moe_grad.dy, m->dtype, moe_T, d);
+    carve_add(&cv, &common->moe_grad.dy, m->dtype, E ? Tx : 0, d);
     carve_add(&cv, &common->moe_grad.dx, m->dtype, moe_T, d);
     carve_add(&cv, &common->moe_grad.dw, DTYPE_F32, moe_T * (top_k + 1), 1);
     carve_add(&cv, &common->moe_grad.dlogits, DTYPE_F32, moe_T, E);
@@ -390,6 +409,8 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
         a->host_loss = common->host_loss;
         a->moe_logits = common->moe_logits, a->moe_logits32 = common->moe_logits32, a->moe_x = common->moe_x;
         a->moe_rows = common->moe_rows, a->moe_grad = common->moe_grad;
+        a->ep_buf = common->ep_buf, a->ep_in = common->ep_in, a->ep_out = common->ep_out;
+        a->ep_idx = vec(&common->ep_idx, ep_R ? moe_ep_idx_len(m, T) : 0);
         for (int l = 0; E && l < L; l++) moe_layer_tensors(t, a, s, l);
     }
     t->a = t->sets[0];

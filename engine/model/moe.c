@@ -187,8 +187,11 @@ enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *
      * at the end). */
     if (proj) backend_memset_zero(b, proj->data, tensor_nbytes(proj));
     int64_t s0 = 0, sn = T;
-    if (m->ep_size > 1) {
-        CHECK(!mt_in && proj, "moe_forward: expert parallelism is built for serving only");
+    if (m->ep_size > 1 && mt_in) { /* training: this rank's own tokens, no slice and no join */
+        enum status st = moe_ep_train_experts(m, l, T, xn, proj, mt);
+        if (st != STATUS_OK) return st;
+    } else if (m->ep_size > 1) {
+        CHECK(proj, "moe_forward: serving's expert parallelism computes proj");
         enum status st = moe_ep_experts(m, l, T, xn, proj, mt->r, mt);
         if (st != STATUS_OK) return st;
         s0 = T * m->ep_rank / m->ep_size, sn = T * (m->ep_rank + 1) / m->ep_size - s0;
@@ -218,6 +221,6 @@ enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *
         op_matmul(b, &y, &hact, &w->w_down, NULL);
         if (proj) op_scatter_add_rows(b, proj, &y, &rows, &sw);
     }
-    if (m->ep_size > 1) return moe_ep_join(m, proj);
+    if (m->ep_size > 1 && !mt_in) return moe_ep_join(m, proj);
     return STATUS_OK;
 }

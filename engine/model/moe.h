@@ -16,8 +16,7 @@
  * rank's part, which the layer's tp all-reduce completes (the shared expert, split like a dense
  * MLP, joins the same sum). No all-to-all: every rank sees every token. Under expert parallelism
  * (--ep, the model's ep_size > 1) the experts' group is its own and the tokens are dispatched to
- * them and combined by all-to-all instead (moe_ep.c). Training runs at
- * tp = pp = dp = 1 only (model_train_new refuses more, naming the sizes).
+ * them and combined by all-to-all instead (moe_ep.c), in serving and in training.
  * Training (moe_backward): the experts' weight gradients, the input's gradient scattered back
  * to its rows, the router's gradient through the (renormalised) top-k softmax weights into the
  * logits and the router weight, the shared expert and its sigmoid gate; and beside the language
@@ -37,6 +36,8 @@
 
 #include "model.h"
 
+struct moe_grad_scratch;
+
 /* Routing of T tokens over E experts from the router's logits (T, E) f32: per token, p =
  * softmax(logits) in double, its k largest (equal probabilities: the lower expert index
  * first), weights p of those (divided by their sum when norm). Written grouped by expert:
@@ -51,6 +52,8 @@ struct moe_routing {
     int32_t *ids;     /* (T * k): the token of each slot, grouped by expert */
     float   *w;       /* (T * k): its weight */
     float   *sw;      /* (T): the shared expert's sigmoid gate (shared expert only) */
+    int64_t *ep_n;    /* expert parallelism in training: (ep_size, E) the slots of each ep rank's
+                         tokens routed to each expert (moe_ep_train_experts), else NULL */
     double   aux, z;  /* the layer's load-balancing loss and z-loss, without coefficients */
 };
 
@@ -69,6 +72,13 @@ struct moe_tensors {
     struct tensor rows, sw;           /* i32 0 .. T-1, f32 (T): the shared expert's rows and gates */
     struct tensor s_gate, s_up, s_hact; /* (T, ffn_local): the shared expert's insides */
     struct tensor s_y;                /* (T, d): its output before the gate */
+    /* Expert parallelism in training (moe_ep_train_experts): gate, up and hact then hold the
+     * rows this rank's experts ran on (every ep rank's tokens routed to them, expert by expert:
+     * up to moe_ep_rows), xr their inputs (kept for the backward), and y stays per local slot
+     * (the outputs combined back). ep_buf, ep_in, ep_out (moe_ep_rows, d) and ep_idx (i32,
+     * moe_ep_idx_len) are scratch shared by the layers, ep_host its host twin. */
+    struct tensor xr, ep_buf, ep_in, ep_out, ep_idx;
+    int32_t *ep_host;
     struct moe_routing *r;            /* host */
     int per_slot;                     /* gate .. y indexed by slot (training), or from row 0 */
     int recompute;
@@ -108,6 +118,34 @@ enum status moe_ep_experts(struct model *m, int l, int64_t T, const struct tenso
                            const struct moe_routing *r, const struct moe_tensors *mt);
 enum status moe_ep_join(struct model *m, const struct tensor *proj);
 void moe_ep_log(const struct model *m);
+
+/* Expert parallelism in training (moe_ep.c, the design there): the ep group is carved out of
+ * data parallelism (par.groups->ep), so every ep rank holds its own micro-batch of T tokens.
+ * moe_ep_train_experts: proj (T, d), zeroed before, += the rank's tokens' experts, after the
+ * group learns every rank's per-expert counts (an all-gather), the rows dispatched to the
+ * experts' owners and their outputs combined back (two all-to-alls); mt->recompute: the routing
+ * and xr are kept, the experts run again and combine (proj may then be NULL). A collective over
+ * the ep group: every rank calls it for the same layers in the same order.
+ * moe_ep_train_backward: dxn += the experts' part of dL/dxn and dw (T k, f32) = the slots' weight
+ * gradients, the experts' weight gradients added to g: the slots' output gradients dispatched
+ * to the owners and the input gradients combined back, the mirror of the forward.
+ * moe_ep_rows: the most rows one rank's experts can receive (ep ranks x T x min(k, E / ep));
+ * moe_ep_idx_len: the i32 entries of ep_idx / ep_host. */
+enum status moe_ep_train_experts(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj,
+                                 const struct moe_tensors *mt);
+enum status moe_ep_train_backward(struct model *m, int l, int64_t T, const struct tensor *dproj,
+                                  const struct tensor *dxn, const struct moe_tensors *mt,
+                                  const struct moe_grad_scratch *s, const struct layer_weights *g,
+                                  const struct tensor *dw);
+int64_t moe_ep_rows(const struct model *m, int64_t T);
+int64_t moe_ep_idx_len(const struct model *m, int64_t T);
+
+/* The backward of local expert el of layer l (moe_expert_mlp) over the n rows of dy (n, d), the
+ * gradient of its output: dx (n, d) = the gradient of its input x (written), and its weights'
+ * (and biases') gradients added to g; dgate and dup of s as scratch. */
+void moe_expert_backward(struct model *m, int l, int el, const struct tensor *x, const struct tensor *gate,
+                         const struct tensor *up, const struct tensor *hact, const struct tensor *dy,
+                         const struct tensor *dx, const struct moe_grad_scratch *s, const struct layer_weights *g);
 
 /* r->aux and r->z of T tokens from r->logits and r->start (moe_train.c). */
 void moe_routing_losses(const struct model_config *c, int64_t T, struct moe_routing *r);

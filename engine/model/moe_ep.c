@@ -59,6 +59,72 @@ static int slice_of(int64_t T, int N, int64_t t)
     return q;
 }
 
+/* The routed slots' counts of an ep group: n[s E + e] slots of expert e whose token is ep rank s's
+ * (serving: in s's slice; training: in s's micro-batch), this rank me holding experts
+ * [me El, (me + 1) El). */
+struct ep_counts {
+    const int64_t *n;
+    int N, E, El, me;
+};
+
+static int64_t ep_n(const struct ep_counts *k, int s, int e) { return k->n[(size_t)s * (size_t)k->E + (size_t)e]; }
+
+/* The rows this rank receives from each source s (its slots of this rank's experts), and where
+ * each source's block starts in the received rows (off). Returns the total. */
+static int64_t ep_recv_counts(const struct ep_counts *k, int64_t *recv, int64_t *off)
+{
+    int64_t total = 0;
+    for (int s = 0; s < k->N; s++) {
+        recv[s] = 0;
+        for (int e = k->me * k->El; e < (k->me + 1) * k->El; e++) recv[s] += ep_n(k, s, e);
+        off[s] = total;
+        total += recv[s];
+    }
+    return total;
+}
+
+/* The received rows of local expert el, source by source ((s, e) runs in s-major order, each
+ * source's runs in expert order from off[s]): into pos, which it returns the count of. As the
+ * sources' tokens are contiguous and ascending, that is every token routed to e, ascending. */
+static int64_t ep_expert_rows(const struct ep_counts *k, const int64_t *off, int el, int32_t *pos)
+{
+    const int e = k->me * k->El + el;
+    int64_t ne = 0;
+    for (int s = 0; s < k->N; s++) {
+        int64_t at = off[s];
+        for (int e2 = k->me * k->El; e2 < e; e2++) at += ep_n(k, s, e2);
+        for (int64_t j = 0; j < ep_n(k, s, e); j++) pos[ne++] = (int32_t)(at + j);
+    }
+    return ne;
+}
+
+/* The rows of local expert el over the group: sum over sources of their slots of it. */
+static int64_t ep_expert_total(const struct ep_counts *k, int el)
+{
+    int64_t ne = 0;
+    for (int s = 0; s < k->N; s++) ne += ep_n(k, s, k->me * k->El + el);
+    return ne;
+}
+
+/* The combine's order: back to each source s, this rank's experts ascending, the outputs of s's
+ * rows, as indices into the experts' outputs laid out expert by expert (each expert's rows
+ * source by source, as ep_expert_rows gathered them). Returns the count. */
+static int64_t ep_back_rows(const struct ep_counts *k, int32_t *back)
+{
+    int64_t nb = 0;
+    for (int s = 0; s < k->N; s++) {
+        int64_t ye = 0; /* expert e's first output row */
+        for (int el = 0; el < k->El; el++) {
+            const int e = k->me * k->El + el;
+            int64_t at = ye;
+            for (int s2 = 0; s2 < s; s2++) at += ep_n(k, s2, e);
+            for (int64_t j = 0; j < ep_n(k, s, e); j++) back[nb++] = (int32_t)(at + j);
+            ye += ep_expert_total(k, el);
+        }
+    }
+    return nb;
+}
+
 enum status moe_ep_experts(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj,
                            const struct moe_routing *r, const struct moe_tensors *mt)
 {
@@ -88,9 +154,10 @@ enum status moe_ep_experts(struct model *m, int l, int64_t T, const struct tenso
         for (int e = q * El; e < (q + 1) * El; e++)
             for (int i = r->start[e]; i < r->start[e + 1]; i++)
                 if (r->ids[i] >= lo && r->ids[i] < hi) wsel[ns] = r->w[i], tok[ns++] = r->ids[i], send[q]++;
-        recv[q] = 0;
-        for (int e = me * El; e < (me + 1) * El; e++) recv[q] += n[(size_t)q * (size_t)E + (size_t)e];
     }
+    const struct ep_counts kc = {n, N, E, El, me};
+    int64_t off_s[64];
+    ep_recv_counts(&kc, recv, off_s);
     struct tensor idx_tok = tensor_rows_at(&ws->ep_idx, 0, TK), idx_pos = tensor_rows_at(&ws->ep_idx, TK, TK);
     struct tensor idx_back = tensor_rows_at(&ws->ep_idx, 2 * TK, TK);
     backend_upload(b, idx_tok.data, tok, (size_t)ns * sizeof *tok);
@@ -101,19 +168,10 @@ enum status moe_ep_experts(struct model *m, int l, int64_t T, const struct tenso
 
     /* Each of this rank's experts over its rows, gathered source by source from the received
      * block ((s, e) runs in s-major order): every token routed to e, ascending. */
-    int64_t nr = 0, off_s[64];
-    for (int s = 0; s < N; s++) off_s[s] = nr, nr += recv[s];
     int64_t ny = 0;
     for (int el = 0; el < El; el++) {
-        const int e = me * El + el;
-        const int64_t ne = r->start[e + 1] - r->start[e];
+        const int64_t ne = ep_expert_rows(&kc, off_s, el, pos + ny);
         if (ne == 0) continue;
-        int64_t k = 0;
-        for (int s = 0; s < N; s++) {
-            int64_t at = off_s[s];
-            for (int e2 = me * El; e2 < e; e2++) at += n[(size_t)s * (size_t)E + (size_t)e2];
-            for (int64_t j = 0; j < n[(size_t)s * (size_t)E + (size_t)e]; j++) pos[ny + k++] = (int32_t)(at + j);
-        }
         struct tensor ids = tensor_rows_at(&idx_pos, ny, ne);
         backend_upload(b, ids.data, pos + ny, (size_t)ne * sizeof *pos);
         struct tensor x = tensor_first_rows(&mt->x, ne), y = tensor_rows_at(&ws->ep_y, ny, ne);
@@ -126,17 +184,7 @@ enum status moe_ep_experts(struct model *m, int l, int64_t T, const struct tenso
     }
 
     /* Combine: back to each source s, this rank's experts ascending, the outputs of s's rows. */
-    int64_t nb = 0;
-    for (int s = 0; s < N; s++) {
-        int64_t ye = 0; /* expert e's first output row */
-        for (int el = 0; el < El; el++) {
-            const int e = me * El + el;
-            int64_t at = ye;
-            for (int s2 = 0; s2 < s; s2++) at += n[(size_t)s2 * (size_t)E + (size_t)e];
-            for (int64_t j = 0; j < n[(size_t)s * (size_t)E + (size_t)e]; j++) back[nb++] = (int32_t)(at + j);
-            ye += r->start[e + 1] - r->start[e];
-        }
-    }
+    const int64_t nb = ep_back_rows(&kc, back);
     if (nb) {
         backend_upload(b, idx_back.data, back, (size_t)nb * sizeof *back);
         struct tensor sy = tensor_first_rows(&ws->ep_send, nb), ids = tensor_first_rows(&idx_back, nb);
@@ -194,4 +242,192 @@ void moe_ep_log(const struct model *m)
              (double)s->a2a_rows * row, (unsigned long long)s->token_layers, f, c->n_experts_used, f, row,
              2.0 * f * row, 2.0 * c->n_experts_used * row * (N - 1.0) / N,
              (double)s->join_bytes / (double)s->all_token_layers, s->a2a_seconds, s->rest_seconds, s->join_seconds);
+}
+
+/* ---- expert parallelism in training ----------------------------------------------------------
+ * The ep group is carved out of data parallelism (Megatron's layout: parallel_groups_add_ep), so
+ * every ep rank holds its own micro-batch and keeps its own tokens: there is no slice and no join.
+ * Forward: every rank routes its T tokens; an all-gather of the per-expert counts tells each
+ * rank what every other will send it (ep_n, kept for the backward); the dispatch all-to-all sends
+ * each slot's row (slots grouped by expert, so by owner) to the expert's owner; the owner gathers
+ * each of its experts' rows source by source (xr, expert by expert: every token of the group routed
+ * to e, sources ascending), runs the expert over them keeping its insides, and the combine
+ * all-to-all brings every slot's output back in the source's slot order (y), where it is weighted
+ * and added into its token's row in expert order, as one rank does.
+ * Backward: dy and dw of every slot at the source (dproj at the slot's token, and its dot with the
+ * slot's y), dy dispatched to the owners like the rows were, each expert's backward there (its
+ * weight gradients stay on the owner: the experts' own data-parallel group reduces them), and
+ * the input gradients combined back and added into their tokens' rows.
+ * An expert's block holds the group's rows, not one micro-batch's, so the products are not the
+ * bits of one rank's (the ranks' gradients agree to rounding: tests/test_train_moe_parallel.sh). */
+
+int64_t moe_ep_rows(const struct model *m, int64_t T)
+{
+    const int k = m->cfg.n_experts_used, El = m->cfg.n_experts / (m->ep_size > 0 ? m->ep_size : 1);
+    return (int64_t)m->ep_size * T * (k < El ? k : El);
+}
+
+int64_t moe_ep_idx_len(const struct model *m, int64_t T)
+{
+    return 2 * moe_ep_rows(m, T) + (int64_t)(m->ep_size + 1) * m->cfg.n_experts;
+}
+
+/* Every rank's per-expert slot counts (an all-gather over the ep group) into r->ep_n. */
+static enum status ep_share_counts(struct model *m, int64_t T, const struct moe_tensors *mt)
+{
+    const int N = m->ep_size, E = m->cfg.n_experts;
+    const int64_t R = moe_ep_rows(m, T);
+    int32_t *h = mt->ep_host + 2 * R; /* (N + 1) E: everyone's, then this rank's */
+    for (int e = 0; e < E; e++) h[(size_t)N * (size_t)E + (size_t)e] = mt->r->start[e + 1] - mt->r->start[e];
+    struct tensor all = tensor_rows_at(&mt->ep_idx, 2 * R, (int64_t)N * E);
+    struct tensor mine = tensor_rows_at(&mt->ep_idx, 2 * R + (int64_t)N * E, E);
+    backend_upload(m->b, mine.data, h + (size_t)N * (size_t)E, (size_t)E * sizeof *h);
+    enum status st = comm_all_gather(m->par.groups->ep, &all, &mine);
+    if (st != STATUS_OK) return st;
+    backend_download(m->b, h, all.data, (size_t)N * (size_t)E * sizeof *h);
+    for (size_t i = 0; i < (size_t)N * (size_t)E; i++) mt->r->ep_n[i] = h[i];
+    return STATUS_OK;
+}
+
+/* The rows this rank sends each owner q: its slots of q's experts (slots are grouped by expert). */
+static void ep_send_counts(const struct model *m, const struct moe_routing *r, int64_t *send)
+{
+    const int El = m->n_experts_local;
+    for (int q = 0; q < m->ep_size; q++) send[q] = r->start[(q + 1) * El] - r->start[q * El];
+}
+
+/* Rows src[ids] into dst (n rows; nothing for n = 0): a gather through a host index list. */
+static void gather_rows(struct model *m, const struct tensor *dst, const struct tensor *src, const int32_t *host_ids,
+                        const struct tensor *dev_ids, int64_t n)
+{
+    if (n == 0) return;
+    struct tensor ids = tensor_first_rows(dev_ids, n), out = tensor_first_rows(dst, n); /* each call its own ids */
+    backend_upload(m->b, ids.data, host_ids, (size_t)n * sizeof *host_ids);
+    op_embedding(m->b, &out, src, &ids, 0);
+}
+
+/* Combine: the experts' outputs out (expert by expert) back to their sources, arriving in each
+ * source's slot order in dst (T k rows). */
+static enum status ep_combine(struct model *m, int64_t T, const struct moe_tensors *mt, const struct ep_counts *kc,
+                              const int64_t *send, const int64_t *recv, const struct tensor *out, const struct tensor *dst)
+{
+    const int64_t R = moe_ep_rows(m, T);
+    int32_t *back = mt->ep_host + R;
+    const struct tensor idx = tensor_rows_at(&mt->ep_idx, R, R);
+    gather_rows(m, &mt->ep_buf, out, back, &idx, ep_back_rows(kc, back));
+    return comm_all_to_all_rows(m->par.groups->ep, &mt->ep_buf, recv, dst, send);
+}
+
+enum status moe_ep_train_experts(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj,
+                                 const struct moe_tensors *mt)
+{
+    struct backend *b = m->b;
+    const struct model_config *c = &m->cfg;
+    const struct moe_routing *r = mt->r;
+    const int N = m->ep_size, E = c->n_experts;
+    const int64_t F = c->moe_ffn, TK = T * c->n_experts_used, R = moe_ep_rows(m, T);
+    CHECK(N <= 64 && m->par.groups && m->par.groups->ep && mt->per_slot, "moe_ep_train: ep %d (at most 64), training",
+          N);
+    enum status st;
+    if (!mt->recompute && (st = ep_share_counts(m, T, mt)) != STATUS_OK) return st;
+    const struct ep_counts kc = {r->ep_n, N, E, m->n_experts_local, m->ep_rank};
+    int64_t send[64], recv[64], off[64];
+    ep_send_counts(m, r, send);
+    const int64_t nr = ep_recv_counts(&kc, recv, off);
+    CHECK(nr <= R, "moe_ep_train: %lld rows received, room for %lld", (long long)nr, (long long)R);
+    int32_t *pos = mt->ep_host; /* host and device index lists: each gather its own range */
+    const struct tensor idx_pos = tensor_first_rows(&mt->ep_idx, R);
+
+    /* Dispatch (not when recomputing: xr is kept): every slot's row to its expert's owner, then
+     * each of this rank's experts' rows gathered source by source into xr. */
+    if (!mt->recompute) {
+        if (TK) {
+            struct tensor sx = tensor_first_rows(&mt->ep_buf, TK), ids = tensor_first_rows(&mt->ids, TK);
+            op_embedding(b, &sx, xn, &ids, 0);
+        }
+        if ((st = comm_all_to_all_rows(m->par.groups->ep, &mt->ep_buf, send, &mt->ep_in, recv)) != STATUS_OK) return st;
+        int64_t ny = 0;
+        for (int el = 0; el < m->n_experts_local; el++) {
+            const int64_t ne = ep_expert_rows(&kc, off, el, pos + ny);
+            if (ne == 0) continue;
+            struct tensor xr = tensor_rows_at(&mt->xr, ny, ne), ids = tensor_rows_at(&idx_pos, ny, ne);
+            gather_rows(m, &xr, &mt->ep_in, pos + ny, &ids, ne);
+            ny += ne;
+        }
+    }
+
+    /* Each expert over its rows, its insides kept, its outputs into ep_out (expert by expert). */
+    int64_t ny = 0;
+    for (int el = 0; el < m->n_experts_local; el++) {
+        const int64_t ne = ep_expert_total(&kc, el);
+        if (ne == 0) continue;
+        struct tensor x = tensor_rows_at(&mt->xr, ny, ne), y = tensor_rows_at(&mt->ep_out, ny, ne);
+        struct tensor gate = tensor_rows_at(&mt->gate, ny, ne), up = tensor_rows_at(&mt->up, ny, ne);
+        struct tensor hact = tensor_rows_at(&mt->hact, ny, ne);
+        CHECK(gate.shape[1] == F, "moe_ep_train: insides of %lld columns, moe_ffn %lld", (long long)gate.shape[1],
+              (long long)F);
+        moe_expert_mlp(m, l, el, &x, &gate, &up, &hact, &y);
+        ny += ne;
+    }
+    if ((st = ep_combine(m, T, mt, &kc, send, recv, &mt->ep_out, &mt->y)) != STATUS_OK) return st;
+
+    /* Every slot's output, weighted, into its token's row, expert by expert as one rank adds them. */
+    for (int e = 0; proj && e < E; e++) {
+        const int64_t r0 = r->start[e], n = r->start[e + 1] - r0;
+        if (n == 0) continue;
+        struct tensor y = tensor_rows_at(&mt->y, r0, n), ids = tensor_rows_at(&mt->ids, r0, n);
+        struct tensor wt = tensor_rows_at(&mt->w, r0, n);
+        op_scatter_add_rows(b, proj, &y, &ids, &wt);
+    }
+    return STATUS_OK;
+}
+
+enum status moe_ep_train_backward(struct model *m, int l, int64_t T, const struct tensor *dproj,
+                                  const struct tensor *dxn, const struct moe_tensors *mt,
+                                  const struct moe_grad_scratch *s, const struct layer_weights *g,
+                                  const struct tensor *dw)
+{
+    struct backend *b = m->b;
+    const struct moe_routing *r = mt->r;
+    const int N = m->ep_size;
+    const int64_t TK = T * m->cfg.n_experts_used, R = moe_ep_rows(m, T);
+    const struct ep_counts kc = {r->ep_n, N, m->cfg.n_experts, m->n_experts_local, m->ep_rank};
+    int64_t send[64], recv[64], off[64];
+    ep_send_counts(m, r, send);
+    ep_recv_counts(&kc, recv, off);
+    int32_t *pos = mt->ep_host;
+    const struct tensor idx_pos = tensor_first_rows(&mt->ep_idx, R);
+
+    /* Every slot's dy = w dproj[token] (into the send buffer, slot order) and dw = dproj[token] . y,
+     * then dy to the owners. */
+    if (TK) {
+        struct tensor dy = tensor_first_rows(&mt->ep_buf, TK), y = tensor_first_rows(&mt->y, TK);
+        struct tensor ids = tensor_first_rows(&mt->ids, TK), w = tensor_first_rows(&mt->w, TK);
+        op_scatter_add_rows_backward(b, &dy, dw, dproj, &y, &ids, &w);
+    }
+    enum status st = comm_all_to_all_rows(m->par.groups->ep, &mt->ep_buf, send, &mt->ep_in, recv);
+    if (st != STATUS_OK) return st;
+
+    /* Each expert's backward over its rows (their dy gathered as the forward gathered x), the
+     * input gradients into ep_out, expert by expert. */
+    int64_t ny = 0;
+    for (int el = 0; el < m->n_experts_local; el++) {
+        const int64_t ne = ep_expert_rows(&kc, off, el, pos + ny);
+        if (ne == 0) continue;
+        struct tensor dy = tensor_first_rows(&s->dy, ne), ids = tensor_rows_at(&idx_pos, ny, ne);
+        gather_rows(m, &dy, &mt->ep_in, pos + ny, &ids, ne);
+        struct tensor x = tensor_rows_at(&mt->xr, ny, ne), dx = tensor_rows_at(&mt->ep_out, ny, ne);
+        struct tensor gate = tensor_rows_at(&mt->gate, ny, ne), up = tensor_rows_at(&mt->up, ny, ne);
+        struct tensor hact = tensor_rows_at(&mt->hact, ny, ne);
+        moe_expert_backward(m, l, el, &x, &gate, &up, &hact, &dy, &dx, s, g);
+        ny += ne;
+    }
+
+    /* The input gradients back to their sources (slot order) and into their tokens' rows. */
+    if ((st = ep_combine(m, T, mt, &kc, send, recv, &mt->ep_out, &mt->ep_in)) != STATUS_OK) return st;
+    if (TK) {
+        struct tensor dx = tensor_first_rows(&mt->ep_in, TK), ids = tensor_first_rows(&mt->ids, TK);
+        op_embedding_backward(b, dxn, &dx, &ids, 0);
+    }
+    return STATUS_OK;
 }

@@ -102,6 +102,27 @@ static void host_product_backward(struct model *m, int64_t T, int64_t cols, cons
     op_matmul_backward(b, m->tp_rank == 0 ? dxn : NULL, opt(gw), opt(gbias), &dd, xn, w, 1);
 }
 
+void moe_expert_backward(struct model *m, int l, int el, const struct tensor *x, const struct tensor *gate,
+                         const struct tensor *up, const struct tensor *hact, const struct tensor *dy,
+                         const struct tensor *dx, const struct moe_grad_scratch *s, const struct layer_weights *g)
+{
+    struct backend *b = m->b;
+    const struct layer_weights *w = &m->w.layers[l];
+    const int64_t d = m->cfg.d_model, F = m->cfg.moe_ffn, n = dy->shape[0];
+    struct tensor dgate = tensor_make(s->dgate.data, m->dtype, b->device, 2, n, F);
+    struct tensor dup = tensor_make(s->dup.data, m->dtype, b->device, 2, n, F);
+    struct tensor wg = tensor_rows_at(&w->exp_gate, el * F, F), wu = tensor_rows_at(&w->exp_up, el * F, F);
+    struct tensor wd = tensor_rows_at(&w->exp_down, el * d, d);
+    struct tensor gg = rows_or_none(&g->exp_gate, el * F, F), gu = rows_or_none(&g->exp_up, el * F, F);
+    struct tensor gd = rows_or_none(&g->exp_down, el * d, d);
+    struct tensor gbg = rows_or_none(&g->exp_gate_bias, el * F, F), gbu = rows_or_none(&g->exp_up_bias, el * F, F);
+    struct tensor gbd = rows_or_none(&g->exp_down_bias, el * d, d); /* GPT-OSS's biases */
+    op_matmul_backward(b, &dup, opt(&gd), opt(&gbd), dy, hact, &wd, 0); /* dh, into dup */
+    op_gated_activation_backward(b, &dgate, &dup, &dup, gate, up, m->cfg.activation);
+    op_matmul_backward(b, dx, opt(&gg), opt(&gbg), &dgate, x, &wg, 0);
+    op_matmul_backward(b, dx, opt(&gu), opt(&gbu), &dup, x, &wu, 1);
+}
+
 enum status moe_backward(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *dproj,
                   const struct tensor *dxn, const struct moe_tensors *mt, const struct moe_grad_scratch *s,
                   const struct layer_weights *g, const struct moe_loss *loss)
@@ -109,9 +130,8 @@ enum status moe_backward(struct model *m, int l, int64_t T, const struct tensor 
     struct backend *b = m->b;
     const struct model_config *c = &m->cfg;
     const struct layer_weights *w = &m->w.layers[l];
-    const int64_t d = c->d_model, F = c->moe_ffn, E = c->n_experts, k = c->n_experts_used;
+    const int64_t E = c->n_experts, k = c->n_experts_used;
     struct moe_routing *r = mt->r;
-    CHECK(m->ep_size == 1, "moe_backward: expert parallelism is built for serving only");
     backend_memset_zero(b, dxn->data, tensor_nbytes(dxn));
     /* The slots' weight gradients (T k) and the shared expert's gates' (T): at tp > 1 each rank
      * fills its own experts' slots and its part of the shared expert's, summed over tp below. */
@@ -120,8 +140,13 @@ enum status moe_backward(struct model *m, int l, int64_t T, const struct tensor 
 
     /* Each of this rank's experts (el; global index e), in reverse: dy_i = w_i dproj[ids_i] and
      * dw_i = dproj[ids_i] . y_i; then the expert's gated MLP; its input's gradient added into its
-     * rows of dxn (a part of the sum over tp). */
-    for (int el = 0; el < m->n_experts_local; el++) {
+     * rows of dxn (a part of the sum over tp). Under expert parallelism the experts' rows come
+     * from the whole ep group (moe_ep.c). */
+    if (m->ep_size > 1) {
+        enum status st = moe_ep_train_backward(m, l, T, dproj, dxn, mt, s, g, &dw_all);
+        if (st != STATUS_OK) return st;
+    }
+    for (int el = 0; el < m->n_experts_local && m->ep_size == 1; el++) {
         const int e = m->expert_first + el;
         const int64_t r0 = r->start[e], n = r->start[e + 1] - r0;
         if (n == 0) continue;
@@ -130,20 +155,9 @@ enum status moe_backward(struct model *m, int l, int64_t T, const struct tensor 
         struct tensor up = tensor_rows_at(&mt->up, r0, n), hact = tensor_rows_at(&mt->hact, r0, n);
         struct tensor x = tensor_first_rows(&mt->x, n), dy = tensor_first_rows(&s->dy, n);
         struct tensor dx = tensor_first_rows(&s->dx, n), dwt = tensor_rows_at(&dw_all, r0, n);
-        struct tensor dgate = tensor_make(s->dgate.data, m->dtype, b->device, 2, n, F);
-        struct tensor dup = tensor_make(s->dup.data, m->dtype, b->device, 2, n, F);
-        struct tensor wg = tensor_rows_at(&w->exp_gate, el * F, F), wu = tensor_rows_at(&w->exp_up, el * F, F);
-        struct tensor wd = tensor_rows_at(&w->exp_down, el * d, d);
-        struct tensor gg = rows_or_none(&g->exp_gate, el * F, F), gu = rows_or_none(&g->exp_up, el * F, F);
-        struct tensor gd = rows_or_none(&g->exp_down, el * d, d);
-        struct tensor gbg = rows_or_none(&g->exp_gate_bias, el * F, F), gbu = rows_or_none(&g->exp_up_bias, el * F, F);
-        struct tensor gbd = rows_or_none(&g->exp_down_bias, el * d, d); /* GPT-OSS's biases */
         op_scatter_add_rows_backward(b, &dy, &dwt, dproj, &y, &ids, &wt);
-        op_matmul_backward(b, &dup, opt(&gd), opt(&gbd), &dy, &hact, &wd, 0); /* dh, into dup */
-        op_gated_activation_backward(b, &dgate, &dup, &dup, &gate, &up, c->activation);
         op_embedding(b, &x, xn, &ids, 0); /* the expert's rows again */
-        op_matmul_backward(b, &dx, opt(&gg), opt(&gbg), &dgate, &x, &wg, 0);
-        op_matmul_backward(b, &dx, opt(&gu), opt(&gbu), &dup, &x, &wu, 1);
+        moe_expert_backward(m, l, el, &x, &gate, &up, &hact, &dy, &dx, s, g);
         op_embedding_backward(b, dxn, &dx, &ids, 0);
     }
 

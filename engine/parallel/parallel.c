@@ -508,10 +508,30 @@ enum status parallel_groups_init(struct parallel_world *w, const struct parallel
     return STATUS_OK;
 }
 
+enum status parallel_groups_add_ep(struct parallel_world *w, const struct parallel_layout *l, int ep,
+                                   enum device device, int device_id, void *stream, struct parallel_groups *g)
+{
+    CHECK(ep >= 1 && l->dp_size % ep == 0, "ep %d does not divide dp %d", ep, l->dp_size);
+    const int slot = l->pp_rank * l->tp_size + l->tp_rank, cells = l->pp_size * l->tp_size;
+    enum status st = group_create(w, "ep", (l->dp_rank / ep) * cells + slot, l->dp_rank % ep, ep, device, device_id,
+                                  stream, &g->ep);
+    if (st == STATUS_OK)
+        st = group_create(w, "edp", (l->dp_rank % ep) * cells + slot, l->dp_rank / ep, l->dp_size / ep, device,
+                          device_id, stream, &g->edp);
+    if (st != STATUS_OK) {
+        comm_free(g->ep);
+        comm_free(g->edp);
+        g->ep = g->edp = NULL;
+    }
+    return st;
+}
+
 void parallel_groups_free(struct parallel_groups *g)
 {
     comm_free(g->tp);
     comm_free(g->pp);
     comm_free(g->dp);
+    comm_free(g->ep);
+    comm_free(g->edp);
     memset(g, 0, sizeof *g);
 }

@@ -219,6 +219,12 @@ struct parallel_groups {
     struct comm *tp; /* tp_size ranks: same (dp, pp); the Megatron all-reduces, logits gather */
     struct comm *pp; /* pp_size ranks: same (dp, tp); activations stage to stage */
     struct comm *dp; /* dp_size ranks: same (pp, tp); replicas (gradients in training) */
+    /* Expert parallelism in training (parallel_groups_add_ep; NULL otherwise), carved out of dp as
+     * Megatron does: the ep consecutive dp ranks dp_rank / ep hold the experts between them (group
+     * rank dp_rank % ep), and the experts' own data-parallel group joins the dp ranks of equal
+     * dp_rank % ep (group rank dp_rank / ep), over which expert gradients are reduced. */
+    struct comm *ep;  /* ep ranks: same (pp, tp, dp_rank / ep) */
+    struct comm *edp; /* dp / ep ranks: same (pp, tp, dp_rank % ep) */
 };
 
 /* Creates this rank's groups for layout l: a collective over the whole world (every rank
@@ -241,6 +247,12 @@ enum status parallel_groups_init(struct parallel_world *w, const struct parallel
                                  enum device device, int device_id, void *stream,
                                  struct parallel_groups *out);
 void parallel_groups_free(struct parallel_groups *g); /* accepts a zeroed struct */
+
+/* Adds g->ep and g->edp (above) for ep ranks an expert group, ep dividing l->dp_size (CHECKed:
+ * the caller names the mismatch first): a collective over the whole world, on the same device
+ * and stream as parallel_groups_init's. Errors are agreed on; g->ep and g->edp are then NULL. */
+enum status parallel_groups_add_ep(struct parallel_world *w, const struct parallel_layout *l, int ep,
+                                   enum device device, int device_id, void *stream, struct parallel_groups *g);
 
 /* Operations. Every tensor is dense, on c->device, and the same on every rank of the group
  * unless said otherwise. Shape or dtype mismatches are bugs (CHECK). Collectives on a group of

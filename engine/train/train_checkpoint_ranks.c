@@ -82,6 +82,20 @@ static enum status stage_firsts(struct model *m, int32_t *all, int *stage_first)
 
 /* ---- this rank's part ---------------------------------------------------------------------- */
 
+/* Whether e's slices are the ep group's (a mixture's experts under expert parallelism, held by dp
+ * ranks 0 .. ep-1 of the stage), not the tp group's. */
+static int ep_sliced(const struct model *m, const struct ckpt_canon *e)
+{
+    return m->ep_size > 1 && weight_kind_per_expert(e->kind);
+}
+
+/* The world rank holding slice i of e (of the dp-rank-0 replica, or of its first ep group). */
+static int slice_owner(const struct model *m, const struct ckpt_canon *e, int i)
+{
+    return ep_sliced(m, e) ? parallel_layout_rank(&m->par.layout, i, e->stage, 0)
+                           : parallel_layout_rank(&m->par.layout, 0, e->stage, i);
+}
+
 #define N_FIELDS 4 /* the model weight, exp_avg, exp_avg_sq, the master */
 
 /* The local tensors of entry e on a sending rank: the master weight and the parameter row. */
@@ -106,7 +120,9 @@ static enum status local_fields(struct model *m, const struct weight_ref *refs, 
     f[2] = &opt->v[row];
     f[3] = params->p[row].t;
     struct host_weight hw;
-    enum status s = checkpoint_describe(m->checkpoint, e->kind, e->layer, m->tp_rank, m->tp_size, DTYPE_F32, &hw);
+    int rank, size;
+    model_shard_of(m, e->kind, &rank, &size);
+    enum status s = checkpoint_describe(m->checkpoint, e->kind, e->layer, rank, size, DTYPE_F32, &hw);
     for (int k = 0; k < N_FIELDS && s == STATUS_OK; k++)
         if (f[k]->dtype != DTYPE_F32 || tensor_numel(f[k]) != slice_numel(&hw))
             s = status_errorf(STATUS_INTERNAL,
@@ -185,12 +201,13 @@ static enum status gather_slices(struct model *m, struct ckpt_gathered *g, const
     enum status s = STATUS_OK;
     for (int i = 0; i < g->n && s == STATUS_OK; i++) {
         const struct ckpt_canon *e = &g->t[i];
-        for (int t = 0; t < m->tp_size && s == STATUS_OK; t++) {
+        const int n_slices = ep_sliced(m, e) ? m->ep_size : m->tp_size;
+        for (int t = 0; t < n_slices && s == STATUS_OK; t++) {
             struct host_weight hw;
-            if ((s = checkpoint_describe(m->checkpoint, e->kind, e->layer, t, m->tp_size, DTYPE_F32, &hw)) != STATUS_OK)
+            if ((s = checkpoint_describe(m->checkpoint, e->kind, e->layer, t, n_slices, DTYPE_F32, &hw)) != STATUS_OK)
                 break;
-            if (slice_repeats(m->checkpoint, e, t, m->tp_size, &hw)) continue;
-            const int owner = parallel_layout_rank(&m->par.layout, 0, e->stage, t);
+            if (slice_repeats(m->checkpoint, e, t, n_slices, &hw)) continue;
+            const int owner = slice_owner(m, e, t);
             if (w->rank != 0 && w->rank != owner) continue;
             float *dst[N_FIELDS] = {e->w, e->m, e->v, e->master};
             struct tensor x = tensor_make(stage, DTYPE_F32, DEVICE_CPU, 1, slice_numel(&hw));
@@ -228,7 +245,8 @@ enum status ckpt_gather(struct model *m, struct model_weights *master, const str
     int64_t largest = 1;
     for (int i = 0; s == STATUS_OK && i < g->n; i++) {
         if (g->t[i].rows * g->t[i].cols > largest) largest = g->t[i].rows * g->t[i].cols;
-        if (sender && g->t[i].stage == m->pp_rank) s = local_fields(m, refs, n_refs, params, opt, &g->t[i], local[i]);
+        const int sends = ep_sliced(m, &g->t[i]) ? m->par.layout.dp_rank < m->ep_size : sender;
+        if (sends && g->t[i].stage == m->pp_rank) s = local_fields(m, refs, n_refs, params, opt, &g->t[i], local[i]);
     }
     for (size_t i = 0; s == STATUS_OK && i < params->n; i++) {
         enum weight_kind kind;
@@ -237,7 +255,8 @@ enum status ckpt_gather(struct model *m, struct model_weights *master, const str
             s = status_errorf(STATUS_UNSUPPORTED, "checkpoint: parameter %s is not a weight; multi-rank checkpoints "
                                                   "hold full fine-tuning only", params->p[i].name);
     }
-    if (s == STATUS_OK && (w->rank == 0 || sender) && !(stage = malloc((size_t)largest * sizeof *stage)))
+    if (s == STATUS_OK && (w->rank == 0 || sender || m->par.layout.dp_rank < m->ep_size) &&
+        !(stage = malloc((size_t)largest * sizeof *stage)))
         s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "checkpoint: out of host memory");
     if (s == STATUS_OK && w->rank == 0) s = gathered_alloc(g, nf);
     /* No rank may start sending to a rank 0 that will not receive. */

@@ -43,6 +43,20 @@ enum status train_ranks_init(struct train_ranks *r, const struct train_options *
                              "data-parallel replicas (world %d = tp %d x pp %d x dp %d)",
                              num_microbatches, r->dp, r->world->size, tp, pp, r->dp);
     r->micro_per_replica = num_microbatches / r->dp;
+    r->ep = o->ep > 0 ? o->ep : 1;
+    if (r->ep > 1 && tp > 1)
+        return status_errorf(STATUS_UNSUPPORTED, "--ep %d with --tp %d: expert parallelism beside tensor parallelism "
+                             "is not built (ep groups are carved out of dp; train at --tp 1)", r->ep, tp);
+    if (r->ep > 1 && r->dp % r->ep)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--ep %d does not divide the %d data-parallel ranks (world %d = "
+                             "tp %d x pp %d x dp %d; the ep groups are carved out of dp)", r->ep, r->dp,
+                             r->world->size, tp, pp, r->dp);
+    if (r->ep > 1 && o->distributed_optimizer)
+        return status_errorf(STATUS_UNSUPPORTED, "--ep %d with --use-distributed-optimizer: sharding the optimizer "
+                             "over the experts' data-parallel group is not built (use one or the other)", r->ep);
+    if (r->ep > 1 && o->lora_rank > 0)
+        return status_errorf(STATUS_UNSUPPORTED, "--ep %d with LoRA is not built (the experts are frozen under "
+                             "LoRA: train the adapters at dp)", r->ep);
     if (o->memory.sequence_parallel && tp == 1)
         LOG_WARN("train", "--sequence-parallel has no effect at tp 1");
     if (o->device != DEVICE_CPU && o->device != DEVICE_CUDA)
@@ -55,6 +69,9 @@ enum status train_ranks_init(struct train_ranks *r, const struct train_options *
 enum status train_ranks_connect(struct train_ranks *r, enum device dev, int threads, struct backend **b)
 {
     TRY(model_ranks_open(r->world, &r->par.layout, r->par.pp_layers, dev, 0, threads, b, &r->groups, &r->par));
+    if (r->ep > 1)
+        TRY(parallel_groups_add_ep(r->world, &r->par.layout, r->ep, dev, dev == DEVICE_CUDA ? r->world->gpu : 0,
+                                   (*b)->stream, &r->groups));
     if (r->world->size > 1 && r->world->timeout_s > 0) TRY(parallel_watch_start(r->world));
     return STATUS_OK;
 }
@@ -62,7 +79,8 @@ enum status train_ranks_connect(struct train_ranks *r, enum device dev, int thre
 int train_ranks_leader(const struct train_ranks *r) { return r->world->rank == 0; }
 
 /* Norm of the gradients over the ranks of one replica: tp then pp (the replicas hold the same
- * reduced gradients). */
+ * reduced gradients), and over the ep group, whose ranks hold different experts (the dense
+ * gradients counted on its rank 0 only). */
 static double reduce_sumsq(void *ctx, double local)
 {
     struct train_ranks *r = ctx;
@@ -70,9 +88,9 @@ static double reduce_sumsq(void *ctx, double local)
     const struct tensor *t = &r->sumsq; /* on the device the groups carry */
     backend_upload(r->b, t->data, &v, sizeof v);
     enum status st = STATUS_OK;
-    struct comm *groups[3] = {r->tp > 1 ? r->groups.tp : NULL, r->pp > 1 ? r->groups.pp : NULL,
-                              r->dist_opt && r->dp > 1 ? r->groups.dp : NULL};
-    for (int i = 0; i < 3 && st == STATUS_OK; i++)
+    struct comm *groups[4] = {r->tp > 1 ? r->groups.tp : NULL, r->pp > 1 ? r->groups.pp : NULL,
+                              r->dist_opt && r->dp > 1 ? r->groups.dp : NULL, r->ep > 1 ? r->groups.ep : NULL};
+    for (int i = 0; i < 4 && st == STATUS_OK; i++)
         if (groups[i] && (st = comm_all_reduce(groups[i], t)) == STATUS_OK) st = comm_synchronize(groups[i]);
     if (st != STATUS_OK) {
         r->failed = st;
@@ -137,11 +155,12 @@ enum status train_ranks_attach(struct train_ranks *r, struct model_train *mt, st
         const int replicated = weight_names_of(k)->megatron_layout == WEIGHT_MEGATRON_REPLICATED &&
                                !weight_kind_per_expert(k) && k != WEIGHT_KIND_SINKS;
         if (r->tp > 1 && replicated && m->tp_rank != 0) p->counted = 0;
+        if (r->ep > 1 && !weight_kind_per_expert(k) && m->ep_rank != 0) p->counted = 0; /* ep rank 0's */
         if (r->pp > 1 && m->cfg.tied_embeddings && k == WEIGHT_KIND_LM_HEAD) p->counted = 0; /* the first stage's */
         if (model_train_grad_partial(mt, k)) p->tp_partial = 1;
     }
-    if (r->dp > 1 && !r->dist_opt) TRY(make_buckets(r, m, gparams));
-    if (r->tp > 1 || r->pp > 1 || (r->dist_opt && r->dp > 1)) {
+    if (r->dp > 1 && !r->dist_opt && r->ep == 1) TRY(make_buckets(r, m, gparams));
+    if (r->tp > 1 || r->pp > 1 || (r->dist_opt && r->dp > 1) || r->ep > 1) {
         opt->reduce_sumsq = reduce_sumsq;
         opt->reduce_ctx = r;
     }
@@ -363,7 +382,14 @@ enum status train_ranks_reduce_grads(struct train_ranks *r, struct model_train *
         const struct param *p = &gparams->p[i];
         if (r->tp > 1 && p->tp_partial)
             TRY(comm_all_reduce(m->par.groups->tp, p->t));
-        /* dp: done in train_ranks_step, or reduce-scattered by the distributed optimizer */
+        /* dp: done in train_ranks_step, or reduce-scattered by the distributed optimizer; under
+         * expert parallelism here, tensor by tensor (no overlap with the backward), an expert's
+         * over the ranks that hold the same experts */
+        if (r->ep > 1) {
+            const int expert = p->kind >= 0 && weight_kind_per_expert((enum weight_kind)p->kind);
+            struct comm *c = expert ? r->groups.edp : r->groups.dp;
+            if (c->size > 1) TRY(comm_all_reduce(c, p->t));
+        }
     }
     return STATUS_OK;
 }

@@ -6,7 +6,10 @@
  * messages), and the gradient reductions after the backward: the tied embedding between the
  * first and last stage, the per-rank parts of replicated weights over tp, and the replicas'
  * gradients over dp (all-reduced, or reduce-scattered for the distributed optimizer, which
- * lives in dist_optimizer.c).
+ * lives in dist_optimizer.c). Expert parallelism (--ep) carves ep groups out of dp as Megatron
+ * does: the ep ranks of a group hold different experts (moe_ep.c dispatches the tokens), so
+ * expert gradients are reduced over the experts' own data-parallel group (dp / ep ranks) and
+ * everything else over dp; the global norm counts the dense gradients once per group.
  * Not here: the model's own collectives (model_train.c), the loop (trainer.c).
  * Tests: tests/test_train_parallel.sh (every layout against one rank). */
 #ifndef SHARDLM_TRAIN_PARALLEL_H
@@ -23,6 +26,8 @@ struct train_ranks {
     struct parallel_groups groups;
     struct model_parallel par;      /* what model_load takes */
     int tp, pp, dp, dp_rank;
+    int ep;                         /* expert parallelism (--ep): the experts split over ep dp ranks
+                                       (groups.ep), their gradients reduced over groups.edp */
     int micro_per_replica;          /* micro-batches of a step each replica runs */
     int dist_opt;                   /* gradients reduce-scattered over dp (dist_optimizer.c) */
     struct tensor tied_tmp;         /* pp > 1 with tied embeddings: the other stage's gradient */

@@ -372,9 +372,11 @@ static enum status setup(struct trainer *t)
              t->m->cfg.architecture, (long long)weights_numel(&t->m->w), t->m->cfg.n_layers,
              (long long)t->train_iters, o->global_batch_size, o->seq_length, t->num_microbatches,
              o->micro_batch_size, o->resume_dir ? ", resumed" : "");
+    char ep[64] = "";
+    if (t->ranks.ep > 1) snprintf(ep, sizeof ep, ", ep %d (the experts split over dp ranks)", t->ranks.ep);
     if (multi)
-        LOG_INFO("train", "%d ranks: tp %d x pp %d x dp %d%s%s; recomputation %s; %d activation set(s) on this stage",
-                 t->ranks.world->size, t->ranks.tp, t->ranks.pp, t->ranks.dp,
+        LOG_INFO("train", "%d ranks: tp %d x pp %d x dp %d%s%s%s; recomputation %s; %d activation set(s) on this stage",
+                 t->ranks.world->size, t->ranks.tp, t->ranks.pp, t->ranks.dp, ep,
                  o->memory.sequence_parallel && t->ranks.tp > 1 ? ", sequence parallel" : "",
                  t->ranks.dist_opt ? ", distributed optimizer" : "",
                  mem.recompute == TRAIN_RECOMPUTE_NONE ? "none" : mem.recompute == TRAIN_RECOMPUTE_SELECTIVE ? "selective" : "full",
@@ -514,6 +516,13 @@ static enum status train_step(struct trainer *t, struct step_result *r)
     const double loss_scale = t->state.scaler.scale;
     float grad_scale = 0.0f;
     const int n = next_micro_batches(t, &targets, &tokens, &grad_scale, loss_scale);
+    /* Under expert parallelism every rank of an ep group runs the same number of forwards (each
+     * MoE layer is a collective): an empty micro-batch, which a replica skips, is refused on every
+     * rank (each rank reads every micro-batch of the step). */
+    for (int i = 0; t->ranks.ep > 1 && i < t->num_microbatches; i++)
+        if (t->mbs[i].n_tokens == 0)
+            return status_errorf(STATUS_UNSUPPORTED, "iteration %lld: micro-batch %d is empty (no tokens); --ep needs "
+                                 "every micro-batch non-empty", (long long)t->state.iteration + 1, i);
     double loss_sum = 0.0;
     model_train_moe_stats(t->mt, &r->moe_aux, &r->moe_z, NULL); /* forget the evaluations' routing */
     enum status st = train_ranks_step(&t->ranks, t->mt, t->tbs, n, &t->grads, &loss_sum);

@@ -61,6 +61,8 @@ struct train_options {
     float       moe_aux_loss_coeff, moe_z_loss_coeff;
     /* Parallelism (mpirun -n tp x pp x dp): Megatron's flags. */
     int         tp, pp;             /* --tensor-model-parallel-size, --pipeline-model-parallel-size */
+    int         ep;                 /* --expert-model-parallel-size (--ep): a mixture's experts split
+                                       over ep data-parallel ranks (train_parallel.h); 1 without */
     const char *pp_layers;          /* --pp-layers 8,4: layers per stage (NULL: balanced) */
     int         distributed_optimizer; /* --use-distributed-optimizer: ZeRO-1 over dp */
     struct train_memory memory;     /* --sequence-parallel, --recompute-*: model_train.h */
