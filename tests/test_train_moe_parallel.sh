@@ -11,7 +11,8 @@
 # split by heads), and with expert parallelism (--ep: ep groups carved out of dp, tokens dispatched
 # and combined by all-to-all, expert gradients reduced over the experts' own dp group; every flavor
 # at ep 2, Mixtral also at ep 4, ep 2 x dp 4, ep 2 x pp 2, with selective and full recomputation,
-# a checkpoint resumed at ep 2, one rank and ep 4, and bf16): every step's loss and
+# with the distributed optimizer (the experts' moments sharded over their own dp group) at ep 2,
+# ep 2 x dp 4 and ep 2 x pp 2 x dp 4, checkpoints resumed across layouts, and bf16): every step's loss and
 # gradient norm within 1e-5 relative of one rank's (tests/train_compare.py), the final weights
 # within 1e-5, and every step's expert_load (layers x experts) equal to one rank's, its
 # moe_aux_loss and moe_z_loss within 2e-5 (printed to 6 digits).
@@ -102,8 +103,10 @@ for flavor in mixtral qwen2_moe gpt_oss; do
               "4|--ep 4" "4|--ep 2" "4|--ep 2 --pp 2"
               "2|--ep 2 --recompute-granularity selective --recompute-modules mlp"
               "2|--ep 2 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
-              "2|--ep 2 --save-interval 3")
-    names+=(pp2_recompute_mlp tp2 ep4 ep2_dp4 ep2_pp2 ep2_recompute_mlp ep2_recompute_full ep2_saved)
+              "2|--ep 2 --save-interval 3" "2|--ep 2 --use-distributed-optimizer"
+              "4|--ep 2 --use-distributed-optimizer --save-interval 3" "8|--ep 2 --pp 2 --use-distributed-optimizer")
+    names+=(pp2_recompute_mlp tp2 ep4 ep2_dp4 ep2_pp2 ep2_recompute_mlp ep2_recompute_full ep2_saved ep2_distopt
+            ep2_dp4_distopt ep2_dp4_pp2_distopt)
   fi
   for i in "${!layouts[@]}"; do
     n=${layouts[$i]%%|*}
@@ -118,33 +121,46 @@ done
 # An expert-parallel run's step-3 checkpoint (the experts gathered from the ep ranks, the moments
 # too) resumed at ep 2 (each rank its experts' slice of the state), at one rank and at ep 4: the
 # weights of the uninterrupted run.
-resume() { # resume NAME N FLAGS...
-  local name=$1 n=$2
-  shift 2
-  timeout 180 mpirun --oversubscribe -n "$n" "$BIN" train --resume "$WORK/mixtral_ep2_saved/checkpoints/iter_0000003" \
+resume() { # resume NAME N FROM FLAGS...
+  local name=$1 n=$2 from=$3
+  shift 3
+  timeout 180 mpirun --oversubscribe -n "$n" "$BIN" train --resume "$WORK/$from/checkpoints/iter_0000003" \
     --data "$WORK/text.txt" --out "$WORK/$name" --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 \
     --adam-eps 1e-3 --seed 7 --threads 1 --eval-iters 0 --log-interval 100 --train-iters 6 \
     --moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001 "$@" > "$WORK/$name.log" 2>&1 &&
-    $COMPARE weights "$WORK/mixtral_ep2_saved" "$WORK/$name" --rtol 1e-5 | tail -1
+    $COMPARE weights "$WORK/$from" "$WORK/$name" --rtol 1e-5 | tail -1
 }
-for layout in "2|--ep 2" "1|" "4|--ep 4"; do
-  n=${layout%%|*}
+i=0
+for layout in "mixtral_ep2_saved|2|--ep 2" "mixtral_ep2_saved|1|" "mixtral_ep2_saved|4|--ep 4" \
+              "mixtral_ep2_saved|4|--ep 2 --use-distributed-optimizer" "mixtral_ep2_dp4_distopt|1|"; do
+  from=${layout%%|*}
+  rest=${layout#*|}
+  n=${rest%%|*}
+  i=$((i + 1))
   # shellcheck disable=SC2086
-  out=$(resume "mixtral_resumed_$n" "$n" ${layout#*|})
-  check "mixtral --ep 2's checkpoint resumed on $n rank(s) ${layout#*|}: $out" $?
+  out=$(resume "mixtral_resumed_$i" "$n" "$from" ${rest#*|})
+  check "$from's step-3 checkpoint resumed on $n rank(s) ${rest#*|}: $out" $?
 done
 
-# bf16 at ep 2: rounding drifts between layouts (an expert's products run over the group's rows,
-# not one micro-batch's), so the check is that it tracks one rank's bf16 run within 5e-3.
-if run mixtral_bf16_one 1 mixtral --bf16 && run mixtral_bf16_ep2 2 mixtral --bf16 --ep 2; then
-  out=$($COMPARE losses "$WORK/mixtral_bf16_one/metrics.jsonl" "$WORK/mixtral_bf16_ep2/metrics.jsonl" --rtol 5e-3)
-  check "mixtral --bf16 --ep 2 tracks one rank: $(echo "$out" | tail -1)" $?
-else
-  check "mixtral --bf16 at one rank and --ep 2 runs ($(grep -v '^I' "$WORK/mixtral_bf16_ep2.log" | tail -3 | tr '\n' ' '))" 1
-fi
+# bf16 at ep 2 (and ep 2 x dp 4 with the distributed optimizer, the f32 masters sharded): rounding
+# drifts between layouts (an expert's products run over the group's rows, not one micro-batch's),
+# so the check is that each tracks one rank's bf16 run within 5e-3.
+run mixtral_bf16_one 1 mixtral --bf16
+check "mixtral --bf16 trains at one rank (reference)" $?
+for layout in "2|--ep 2" "4|--ep 2 --use-distributed-optimizer"; do
+  n=${layout%%|*}
+  # shellcheck disable=SC2086
+  if run "mixtral_bf16_$n" "$n" mixtral --bf16 ${layout#*|}; then
+    out=$($COMPARE losses "$WORK/mixtral_bf16_one/metrics.jsonl" "$WORK/mixtral_bf16_$n/metrics.jsonl" --rtol 5e-3)
+    check "mixtral --bf16 ${layout#*|} tracks one rank: $(echo "$out" | tail -1)" $?
+  else
+    check "mixtral --bf16 ${layout#*|} runs ($(grep -v '^I' "$WORK/mixtral_bf16_$n.log" | tail -3 | tr '\n' ' '))" 1
+  fi
+done
+grep -q "whole f32 masters freed" "$WORK/mixtral_bf16_4.log"
+check "bf16 + ep + distributed optimizer: the whole masters are freed" $?
 
-# Refused by name: an ep that does not divide dp or the experts, ep beside tp or the distributed
-# optimizer, a dense model.
+# Refused by name: an ep that does not divide dp or the experts, ep beside tp, a dense model.
 n_refused=0
 refused() { # refused NAME N NEEDLE MODEL FLAGS...
   local name=$1 n=$2 needle=$3 model=$4 out
@@ -160,8 +176,6 @@ refused "--ep 2 on 3 data-parallel ranks is refused" 3 "--ep 2 does not divide t
   --global-batch-size 6 --ep 2
 refused "--ep 3 with 4 experts is refused" 3 "--ep 3 does not divide the 4 experts" qwen2_moe --global-batch-size 6 --ep 3
 refused "--ep with --tp is refused" 4 "expert parallelism beside tensor parallelism is not built" mixtral --ep 2 --tp 2
-refused "--ep with the distributed optimizer is refused" 2 "sharding the optimizer over the experts' data-parallel group is not built" \
-  mixtral --ep 2 --use-distributed-optimizer
 cp -r "$2/stories260K" "$WORK/dense"
 refused "--ep on a dense model is refused" 2 "is a dense model (0 experts)" dense --ep 2 \
   --moe-aux-loss-coeff 0 --moe-z-loss-coeff 0

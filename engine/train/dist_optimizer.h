@@ -42,15 +42,21 @@ struct dist_optimizer {
     void *master_mem;
     struct tensor master;      /* f32 (shard) */
     const struct param_table *compute; /* borrowed; NULL: the parameters are the f32 weights */
+    /* Expert parallelism: the experts' rows are this second part's, sharded over the experts'
+     * data-parallel group (dp / ep ranks that hold the same experts), and starts[] of this part
+     * is -1 for them (and the other way round). Every function does both parts. */
+    struct dist_optimizer *experts;
 };
 
 /* Lays the gradients of grads (a table whose tensors were carved from one allocation, e.g.
  * weights_alloc_like) out in a new flat buffer of dp x shard elements, re-pointing every
  * tensor of the table (and so the struct they belong to) into it, and frees *grads_mem (which
- * becomes the flat buffer, owned by d: set *grads_mem to NULL). Allocates this rank's moments. */
+ * becomes the flat buffer, owned by d: set *grads_mem to NULL). Allocates this rank's moments.
+ * expert_rows (NULL: none): rows (1) that are a mixture's experts under expert parallelism,
+ * sharded over edp in a part of their own (d->experts); the others over dp. */
 enum status dist_optimizer_init(struct dist_optimizer *d, struct backend *b, struct comm *dp,
                                 const struct param_table *params, struct param_table *grads, void **grads_mem,
-                                const struct optimizer_options *o);
+                                const struct optimizer_options *o, struct comm *edp, const unsigned char *expert_rows);
 void dist_optimizer_free(struct dist_optimizer *d);
 
 /* Reduce-scatter of the gradients over dp: this rank's shard, summed, in d->buf. */

@@ -51,9 +51,6 @@ enum status train_ranks_init(struct train_ranks *r, const struct train_options *
         return status_errorf(STATUS_INVALID_ARGUMENT, "--ep %d does not divide the %d data-parallel ranks (world %d = "
                              "tp %d x pp %d x dp %d; the ep groups are carved out of dp)", r->ep, r->dp,
                              r->world->size, tp, pp, r->dp);
-    if (r->ep > 1 && o->distributed_optimizer)
-        return status_errorf(STATUS_UNSUPPORTED, "--ep %d with --use-distributed-optimizer: sharding the optimizer "
-                             "over the experts' data-parallel group is not built (use one or the other)", r->ep);
     if (r->ep > 1 && o->lora_rank > 0)
         return status_errorf(STATUS_UNSUPPORTED, "--ep %d with LoRA is not built (the experts are frozen under "
                              "LoRA: train the adapters at dp)", r->ep);
@@ -80,7 +77,8 @@ int train_ranks_leader(const struct train_ranks *r) { return r->world->rank == 0
 
 /* Norm of the gradients over the ranks of one replica: tp then pp (the replicas hold the same
  * reduced gradients), and over the ep group, whose ranks hold different experts (the dense
- * gradients counted on its rank 0 only). */
+ * gradients counted on its rank 0 only); with the distributed optimizer over dp instead (every
+ * rank its own shards). */
 static double reduce_sumsq(void *ctx, double local)
 {
     struct train_ranks *r = ctx;
@@ -89,7 +87,8 @@ static double reduce_sumsq(void *ctx, double local)
     backend_upload(r->b, t->data, &v, sizeof v);
     enum status st = STATUS_OK;
     struct comm *groups[4] = {r->tp > 1 ? r->groups.tp : NULL, r->pp > 1 ? r->groups.pp : NULL,
-                              r->dist_opt && r->dp > 1 ? r->groups.dp : NULL, r->ep > 1 ? r->groups.ep : NULL};
+                              r->dist_opt && r->dp > 1 ? r->groups.dp : NULL,
+                              r->ep > 1 && !r->dist_opt ? r->groups.ep : NULL};
     for (int i = 0; i < 4 && st == STATUS_OK; i++)
         if (groups[i] && (st = comm_all_reduce(groups[i], t)) == STATUS_OK) st = comm_synchronize(groups[i]);
     if (st != STATUS_OK) {
@@ -155,7 +154,10 @@ enum status train_ranks_attach(struct train_ranks *r, struct model_train *mt, st
         const int replicated = weight_names_of(k)->megatron_layout == WEIGHT_MEGATRON_REPLICATED &&
                                !weight_kind_per_expert(k) && k != WEIGHT_KIND_SINKS;
         if (r->tp > 1 && replicated && m->tp_rank != 0) p->counted = 0;
-        if (r->ep > 1 && !weight_kind_per_expert(k) && m->ep_rank != 0) p->counted = 0; /* ep rank 0's */
+        /* Under expert parallelism the ep ranks hold the same dense gradients (counted on ep rank 0)
+         * and different experts; with the distributed optimizer every rank counts its own shards of
+         * both instead (dp covers every ep rank and every shard of the experts' dp group). */
+        if (r->ep > 1 && !r->dist_opt && !weight_kind_per_expert(k) && m->ep_rank != 0) p->counted = 0;
         if (r->pp > 1 && m->cfg.tied_embeddings && k == WEIGHT_KIND_LM_HEAD) p->counted = 0; /* the first stage's */
         if (model_train_grad_partial(mt, k)) p->tp_partial = 1;
     }
@@ -385,7 +387,7 @@ enum status train_ranks_reduce_grads(struct train_ranks *r, struct model_train *
         /* dp: done in train_ranks_step, or reduce-scattered by the distributed optimizer; under
          * expert parallelism here, tensor by tensor (no overlap with the backward), an expert's
          * over the ranks that hold the same experts */
-        if (r->ep > 1) {
+        if (r->ep > 1 && !r->dist_opt) {
             const int expert = p->kind >= 0 && weight_kind_per_expert((enum weight_kind)p->kind);
             struct comm *c = expert ? r->groups.edp : r->groups.dp;
             if (c->size > 1) TRY(comm_all_reduce(c, p->t));

@@ -219,7 +219,8 @@ static enum status shard_masters(struct trainer *t)
     t->masters_sharded = 1;
     if (train_ranks_leader(&t->ranks))
         LOG_INFO("train", "distributed optimizer: %.1f MiB of whole f32 masters freed; each rank keeps %.1f MiB of its "
-                 "shard", (double)freed / 1048576.0, (double)t->dist.shard * 4.0 / 1048576.0);
+                 "shard", (double)freed / 1048576.0,
+                 (double)(t->dist.shard + (t->dist.experts ? t->dist.experts->shard : 0)) * 4.0 / 1048576.0);
     return STATUS_OK;
 }
 
@@ -333,9 +334,15 @@ static enum status setup(struct trainer *t)
         LOG_WARN("train", "--use-distributed-optimizer has no effect at dp 1");
     if (t->use_dist) { /* moments for this rank's shard only */
         t->ranks.dist_opt = 1;
-        if ((st = dist_optimizer_init(&t->dist, t->b, t->ranks.groups.dp, &t->params, &t->gparams, &t->grads_mem,
-                                      &opt)) != STATUS_OK)
-            return st;
+        /* Under expert parallelism the experts' rows are sharded over their own dp group. */
+        unsigned char *experts = t->ranks.ep > 1 ? calloc(t->params.n + 1, 1) : NULL;
+        if (t->ranks.ep > 1 && !experts) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of memory");
+        for (size_t i = 0; experts && i < t->params.n; i++)
+            experts[i] = t->params.p[i].kind >= 0 && weight_kind_per_expert((enum weight_kind)t->params.p[i].kind);
+        st = dist_optimizer_init(&t->dist, t->b, t->ranks.groups.dp, &t->params, &t->gparams, &t->grads_mem, &opt,
+                                 t->ranks.groups.edp, experts);
+        free(experts);
+        if (st != STATUS_OK) return st;
         if (t->grads.tied) t->grads.lm_head = t->grads.tok_embedding; /* moved with the table */
         t->opt.o = opt;
         t->opt.n = t->params.n;
