@@ -160,6 +160,22 @@ done
 grep -q "whole f32 masters freed" "$WORK/mixtral_bf16_4.log"
 check "bf16 + ep + distributed optimizer: the whole masters are freed" $?
 
+# The all-to-alls' traffic each ep rank logs: the bytes sent to other ranks equal the rows the
+# routing sent them times d_model x 4 (f32), and every token-layer is counted.
+python3 - "$WORK/mixtral_ep2.log" "$WORK/mixtral_ep4.log" <<'PY'
+import re, sys
+ok = True
+for path, ranks in zip(sys.argv[1:], (2, 4)):
+    lines = [l for l in open(path) if "(training): the all-to-alls sent" in l]
+    for l in lines:
+        m = re.search(r"sent (\d+) bytes .*?= (\d+) expected.*?; (\d+) token-layers", l)
+        ok &= bool(m) and m.group(1) == m.group(2) and int(m.group(1)) > 0 and int(m.group(3)) > 0
+    ok &= len(lines) == ranks
+print(("PASS" if ok else "FAIL") + " every ep rank logs its all-to-all bytes, equal to the routing's rows x d_model x 4")
+sys.exit(0 if ok else 1)
+PY
+check "the ep traffic logs" $?
+
 # Refused by name: an ep that does not divide dp or the experts, ep beside tp, a dense model.
 n_refused=0
 refused() { # refused NAME N NEEDLE MODEL FLAGS...

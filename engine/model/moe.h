@@ -138,6 +138,9 @@ enum status moe_ep_train_backward(struct model *m, int l, int64_t T, const struc
                                   const struct moe_grad_scratch *s, const struct layer_weights *g,
                                   const struct tensor *dw);
 int64_t moe_ep_rows(const struct model *m, int64_t T);
+/* The traffic and time of training's all-to-alls since the load, one log line (nothing without
+ * ep), against the formula (4 k d s x the slots' remote fraction per token and MoE layer). */
+void moe_ep_train_log(const struct model *m);
 int64_t moe_ep_idx_len(const struct model *m, int64_t T);
 
 /* The backward of local expert el of layer l (moe_expert_mlp) over the n rows of dy (n, d), the

@@ -229,7 +229,7 @@ enum status moe_ep_join(struct model *m, const struct tensor *proj)
 void moe_ep_log(const struct model *m)
 {
     const struct moe_ep_stats *s = &m->ep_stats;
-    if (m->ep_size <= 1 || !s->token_layers) return;
+    if (m->ep_size <= 1 || !s->token_layers || m->par.groups->ep) return; /* training's: moe_ep_train_log */
     const struct model_config *c = &m->cfg;
     const double es = (double)dtype_size(m->dtype), N = m->ep_size, row = (double)c->d_model * es;
     const double f = (double)s->remote_slots / (double)s->token_layers; /* remote slots per token */
@@ -260,6 +260,15 @@ void moe_ep_log(const struct model *m)
  * the input gradients combined back and added into their tokens' rows.
  * An expert's block holds the group's rows, not one micro-batch's, so the products are not the
  * bits of one rank's (the ranks' gradients agree to rounding: tests/test_train_moe_parallel.sh). */
+
+/* Training's traffic and time since (bytes0, t0, comm0), rows: those sent to other ranks. */
+static void train_ep_count(struct model *m, const struct comm *ep, uint64_t bytes0, double t0, double comm0, int64_t rows)
+{
+    m->ep_stats.a2a_bytes += ep->n_bytes - bytes0;
+    m->ep_stats.a2a_seconds += ep->seconds - comm0;
+    m->ep_stats.rest_seconds += base_now_s() - t0 - (ep->seconds - comm0);
+    m->ep_stats.a2a_rows += (uint64_t)rows;
+}
 
 int64_t moe_ep_rows(const struct model *m, int64_t T)
 {
@@ -330,6 +339,9 @@ enum status moe_ep_train_experts(struct model *m, int l, int64_t T, const struct
           N);
     enum status st;
     if (!mt->recompute && (st = ep_share_counts(m, T, mt)) != STATUS_OK) return st;
+    struct comm *ep = m->par.groups->ep; /* the traffic from here (the counts' all-gather aside) */
+    const uint64_t bytes0 = ep->n_bytes;
+    const double t0 = base_now_s(), comm0 = ep->seconds;
     const struct ep_counts kc = {r->ep_n, N, E, m->n_experts_local, m->ep_rank};
     int64_t send[64], recv[64], off[64];
     ep_send_counts(m, r, send);
@@ -379,6 +391,9 @@ enum status moe_ep_train_experts(struct model *m, int l, int64_t T, const struct
         struct tensor wt = tensor_rows_at(&mt->w, r0, n);
         op_scatter_add_rows(b, proj, &y, &ids, &wt);
     }
+    const int me = m->ep_rank;
+    train_ep_count(m, ep, bytes0, t0, comm0, (mt->recompute ? 0 : TK - send[me]) + (nr - recv[me]));
+    if (!mt->recompute) m->ep_stats.remote_slots += (uint64_t)(TK - send[me]), m->ep_stats.token_layers += (uint64_t)T;
     return STATUS_OK;
 }
 
@@ -394,9 +409,12 @@ enum status moe_ep_train_backward(struct model *m, int l, int64_t T, const struc
     const struct ep_counts kc = {r->ep_n, N, m->cfg.n_experts, m->n_experts_local, m->ep_rank};
     int64_t send[64], recv[64], off[64];
     ep_send_counts(m, r, send);
-    ep_recv_counts(&kc, recv, off);
+    const int64_t nr = ep_recv_counts(&kc, recv, off);
     int32_t *pos = mt->ep_host;
     const struct tensor idx_pos = tensor_first_rows(&mt->ep_idx, R);
+    struct comm *ep = m->par.groups->ep;
+    const uint64_t bytes0 = ep->n_bytes;
+    const double t0 = base_now_s(), comm0 = ep->seconds;
 
     /* Every slot's dy = w dproj[token] (into the send buffer, slot order) and dw = dproj[token] . y,
      * then dy to the owners. */
@@ -429,5 +447,24 @@ enum status moe_ep_train_backward(struct model *m, int l, int64_t T, const struc
         struct tensor dx = tensor_first_rows(&mt->ep_in, TK), ids = tensor_first_rows(&mt->ids, TK);
         op_embedding_backward(b, dxn, &dx, &ids, 0);
     }
+    train_ep_count(m, ep, bytes0, t0, comm0, (TK - send[m->ep_rank]) + (nr - recv[m->ep_rank]));
     return STATUS_OK;
+}
+
+void moe_ep_train_log(const struct model *m)
+{
+    const struct moe_ep_stats *s = &m->ep_stats;
+    if (m->ep_size <= 1 || !s->token_layers) return;
+    const struct model_config *c = &m->cfg;
+    const double row = (double)c->d_model * (double)dtype_size(m->dtype), N = m->ep_size;
+    const double f = (double)s->remote_slots / (double)s->token_layers; /* remote slots per token */
+    LOG_INFO("moe_ep", "ep rank %d/%d (training): the all-to-alls sent %llu bytes to other ranks (%llu rows x d_model %d "
+             "x %g bytes = %.0f expected, the count all-gathers aside); %llu token-layers had %.3f of their k %d slots "
+             "on other ranks: %.1f bytes per token per MoE layer (forward dispatch and combine, backward the same: "
+             "4 x %.3f x %.0f = %.1f; a uniform routing: 4 k d s (N-1)/N = %.1f; recomputation adds a combine); "
+             "time: all-to-alls %.4f s, the experts with their gathers and bookkeeping %.4f s",
+             m->ep_rank, m->ep_size, (unsigned long long)s->a2a_bytes, (unsigned long long)s->a2a_rows, c->d_model,
+             (double)dtype_size(m->dtype), (double)s->a2a_rows * row, (unsigned long long)s->token_layers, f,
+             c->n_experts_used, (double)s->a2a_bytes / (double)s->token_layers, f, row, 4.0 * f * row,
+             4.0 * c->n_experts_used * row * (N - 1.0) / N, s->a2a_seconds, s->rest_seconds);
 }

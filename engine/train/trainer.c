@@ -11,6 +11,7 @@
 #include "lora.h"
 #include "lora_ranks.h"
 #include "model_train.h"
+#include "moe.h"
 #include "out_dir.h"
 #include "jinja.h"
 #include "tokenizer.h"
@@ -761,6 +762,7 @@ enum status train_run(const struct train_options *given)
                            "(continue with --resume %s)", (long long)t.state.iteration, (long long)t.train_iters,
                            stop_dir, o->out_dir);
     else if (st == STATUS_OK) st = save_checkpoint(&t, o->out_dir);
+    if (st == STATUS_OK && t.m) moe_ep_train_log(t.m); /* every ep rank its own line */
     if (st == STATUS_OK)
         LOG_INFO("train", "wrote %s after %lld iterations (%.1f s)", o->out_dir, (long long)t.state.iteration,
                  base_now_s() - t.t_start);
