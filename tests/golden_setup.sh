@@ -67,6 +67,9 @@ mkdir -p "$out"
 "$py" "$here/reference/make_models.py" olmoe --out "$out/olmoe" --seed 23
 # Qwen 2 MoE: q, k, v biases, 4 experts top 2, and a shared expert behind its sigmoid gate.
 "$py" "$here/reference/make_models.py" qwen2_moe --out "$out/qwen2_moe" --seed 24
+# MiniMax-M2: 6 experts top 2 behind a sigmoid router whose top k a per-expert bias selects (the
+# maker asserts the bias moves the logits), whole-projection QK norm, 4 of 8 features rotated.
+"$py" "$here/reference/make_models.py" minimax_m2 --out "$out/minimax_m2" --seed 25
 # GPT-OSS: attention sinks, q/k/v/o biases, layers 0 and 2 windowed (window 4), YaRN factor 32
 # untruncated, 4 experts top 2 with a router bias, the clamped "+1" SwiGLU. Seed 36: the least
 # greedy margin 0.069 (0.080 in bf16), the least gap between the 2nd and 3rd router logit 0.022.

@@ -1,6 +1,7 @@
 /* tests/test_moe.c - moe_route (engine/model/moe.h): each token's top-k experts and weights
  * against a direct reference (sort by probability, the lower index first on a tie), the
- * grouping by expert (runs in expert order, tokens ascending), renormalisation, and exact ties.
+ * grouping by expert (runs in expert order, tokens ascending), renormalisation, exact ties, and
+ * MiniMax-M2's sigmoid scores with a selection bias.
  * The forward through the experts is checked by the MoE goldens (tests/test_model.c). */
 #include <math.h>
 #include <stdlib.h>
@@ -8,18 +9,22 @@
 #include "check.h"
 #include "moe.h"
 
-/* The reference: token t's j-th expert and weight, by sorting all E (probability desc, index asc). */
-static void ref_route(const float *z, int E, int k, int norm, int *top, double *wt)
+/* The reference: token t's j-th expert and weight, by sorting all E (choice score desc, index
+ * asc): the softmax probability, or (sc) the sigmoid score plus the selection bias, the weight
+ * being the probability or score. */
+static void ref_route(const float *z, int E, int k, int norm, const struct moe_scoring *sc, int *top, double *wt)
 {
-    double mx = -INFINITY, s = 0.0, p[256];
+    double mx = -INFINITY, s = 0.0, p[256], c[256];
     for (int e = 0; e < E; e++) mx = fmax(mx, z[e]);
     for (int e = 0; e < E; e++) s += p[e] = exp((double)z[e] - mx);
     for (int e = 0; e < E; e++) p[e] /= s;
+    for (int e = 0; sc && sc->sigmoid && e < E; e++) p[e] = 1.0 / (1.0 + exp(-(double)z[e]));
+    for (int e = 0; e < E; e++) c[e] = p[e] + (sc && sc->sel_bias ? (double)sc->sel_bias[e] : 0.0);
     int idx[256];
     for (int e = 0; e < E; e++) idx[e] = e;
     for (int i = 0; i < E; i++) /* selection sort: stable on ties by index */
         for (int j = i + 1; j < E; j++)
-            if (p[idx[j]] > p[idx[i]] || (p[idx[j]] == p[idx[i]] && idx[j] < idx[i])) {
+            if (c[idx[j]] > c[idx[i]] || (c[idx[j]] == c[idx[i]] && idx[j] < idx[i])) {
                 int t = idx[i];
                 idx[i] = idx[j];
                 idx[j] = t;
@@ -33,12 +38,12 @@ static void ref_route(const float *z, int E, int k, int norm, int *top, double *
 }
 
 /* Routes T tokens and compares every (token, expert, weight) with the reference. */
-static void check_case(const char *what, const float *z, int T, int E, int k, int norm)
+static void check_case(const char *what, const float *z, int T, int E, int k, int norm, const struct moe_scoring *sc)
 {
     int *start = malloc((size_t)(E + 1) * sizeof *start);
     int32_t *ids = malloc((size_t)(T * k) * sizeof *ids);
     float *w = malloc((size_t)(T * k) * sizeof *w);
-    moe_route(z, T, E, k, norm, start, ids, w);
+    moe_route(z, T, E, k, norm, sc, start, ids, w);
     int ok = start[0] == 0 && start[E] == T * k, bad_t = -1;
     for (int e = 0; e < E && ok; e++) {
         ok = start[e] <= start[e + 1];
@@ -47,7 +52,7 @@ static void check_case(const char *what, const float *z, int T, int E, int k, in
     for (int t = 0; t < T && ok; t++) {
         int top[64];
         double wt[64];
-        ref_route(z + (size_t)t * (size_t)E, E, k, norm, top, wt);
+        ref_route(z + (size_t)t * (size_t)E, E, k, norm, sc, top, wt);
         for (int j = 0; j < k && ok; j++) { /* token t must appear in top[j]'s run with weight wt[j] */
             int found = 0;
             for (int i = start[top[j]]; i < start[top[j] + 1]; i++)
@@ -55,7 +60,8 @@ static void check_case(const char *what, const float *z, int T, int E, int k, in
             if (!found) ok = 0, bad_t = t;
         }
     }
-    check(ok, "moe_route %s: %d tokens, top %d of %d experts%s%s", what, T, k, E, norm ? ", renormalised" : "",
+    check(ok, "moe_route %s: %d tokens, top %d of %d experts%s%s%s%s", what, T, k, E, norm ? ", renormalised" : "",
+          sc && sc->sigmoid ? ", sigmoid scores" : "", sc && sc->sel_bias ? " with a selection bias" : "",
           bad_t >= 0 ? " (mismatch)" : "");
     free(start);
     free(ids);
@@ -67,26 +73,49 @@ int main(void)
     /* Exact ties: every expert equal, so the k lowest indices, weight 1/E (or 1/k). */
     float flat[3 * 6];
     for (int i = 0; i < 18; i++) flat[i] = 0.25f;
-    check_case("all tied", flat, 3, 6, 2, 0);
-    check_case("all tied", flat, 3, 6, 2, 1);
+    check_case("all tied", flat, 3, 6, 2, 0, NULL);
+    check_case("all tied", flat, 3, 6, 2, 1, NULL);
     int start[7];
     int32_t ids[6];
     float w[6];
-    moe_route(flat, 3, 6, 2, 1, start, ids, w);
+    moe_route(flat, 3, 6, 2, 1, NULL, start, ids, w);
     check(start[1] == 3 && start[2] == 6 && start[6] == 6 && w[0] == 0.5f,
           "moe_route ties: experts 0 and 1 take every token, weights 1/2 (start %d %d %d, w %g)", start[1], start[2],
           start[6], (double)w[0]);
     /* Partial ties at the k-th place, and random logits of several sizes. */
     float part[2 * 5] = {1.0f, 3.0f, 2.0f, 3.0f, 2.0f, -1.0f, 0.5f, 0.5f, 0.5f, 4.0f};
-    check_case("tied at the k-th", part, 2, 5, 3, 0);
+    check_case("tied at the k-th", part, 2, 5, 3, 0, NULL);
     srand(7);
     static const int shapes[][3] = {{17, 8, 2}, {40, 64, 8}, {5, 128, 8}, {9, 4, 4}, {1, 3, 1}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int T = shapes[s][0], E = shapes[s][1], k = shapes[s][2];
         float *z = malloc((size_t)(T * E) * sizeof *z);
         for (int i = 0; i < T * E; i++) z[i] = 4.0f * ((float)rand() / (float)RAND_MAX - 0.5f);
-        check_case("random", z, T, E, k, (int)(s % 2));
+        check_case("random", z, T, E, k, (int)(s % 2), NULL);
+        /* MiniMax-M2's router: sigmoid scores, renormalised; a selection bias (of the scores'
+         * size, so that it changes which experts win without deciding alone) chooses. */
+        float *bias = malloc((size_t)E * sizeof *bias);
+        for (int e = 0; e < E; e++) bias[e] = 0.3f * ((float)rand() / (float)RAND_MAX - 0.5f);
+        const struct moe_scoring sig = {1, NULL}, sel = {1, bias};
+        check_case("random", z, T, E, k, 1, &sig);
+        check_case("random", z, T, E, k, 1, &sel);
+        free(bias);
         free(z);
+    }
+    /* The selection bias chooses but does not weight: expert 2's bias lifts it over expert 0
+     * (scores sigmoid(2) vs sigmoid(1.5) + 0.2), and the two weights stay the scores' shares. */
+    {
+        const float z2[3] = {2.0f, 1.0f, 1.5f}, b2[3] = {0.0f, 0.0f, 0.2f};
+        const struct moe_scoring sel = {1, b2};
+        int st2[4];
+        int32_t id2[2];
+        float w2[2];
+        moe_route(z2, 1, 3, 2, 1, &sel, st2, id2, w2);
+        const double s0 = 1.0 / (1.0 + exp(-2.0)), s2 = 1.0 / (1.0 + exp(-1.5));
+        check(st2[1] == 1 && st2[2] == 1 && st2[3] == 2 && fabs(w2[0] - s0 / (s0 + s2)) < 1e-6 &&
+                  fabs(w2[1] - s2 / (s0 + s2)) < 1e-6,
+              "moe_route selection bias: experts 0 and 2 chosen (starts %d %d %d), weights %g %g of the scores alone",
+              st2[1], st2[2], st2[3], (double)w2[0], (double)w2[1]);
     }
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -76,9 +76,12 @@ def spec_of(cfg):
             "n_layers": cfg["num_hidden_layers"], "n_heads": cfg["num_attention_heads"],
             "n_kv": cfg["num_key_value_heads"], "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
             "eps": cfg["rms_norm_eps"], "theta": cfg["rope_theta"], "E": E, "k": cfg["num_experts_per_tok"],
-            "norm": cfg["model_type"] in ("mixtral", "gpt_oss") or bool(cfg.get("norm_topk_prob")),
+            "norm": cfg["model_type"] in ("mixtral", "gpt_oss", "minimax_m2") or bool(cfg.get("norm_topk_prob")),
             "bias": cfg["model_type"] in ("qwen2_moe", "gpt_oss"), "qk_norm": cfg["model_type"] == "qwen3_moe",
-            "shared": cfg["model_type"] == "qwen2_moe"}
+            "shared": cfg["model_type"] == "qwen2_moe",
+            # MiniMax-M2: q and k normed over the whole projection, rotary_dim of each head rotated, a
+            # sigmoid router whose top k a per-expert bias (no gradient) selects
+            "minimax": cfg["model_type"] == "minimax_m2", "rot": cfg.get("rotary_dim")}
 
 
 def moe_forward(P, spec, batch, aux_c, z_c):
@@ -98,10 +101,14 @@ def moe_forward(P, spec, batch, aux_c, z_c):
         q, k, v = xn @ g("q", l).T, xn @ g("k", l).T, xn @ g("v", l).T
         if spec["bias"]:
             q, k, v = q + g("q_bias", l), k + g("k_bias", l), v + g("v_bias", l)
+        if spec["minimax"]:  # RMSNorm over the whole q and k projections
+            q, k = TG.rmsnorm(q, g("q_norm", l), spec["eps"]), TG.rmsnorm(k, g("k_norm", l), spec["eps"])
         q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
         if spec["qk_norm"]:
             q, k = TG.rmsnorm(q, g("q_norm", l), spec["eps"]), TG.rmsnorm(k, g("k_norm", l), spec["eps"])
         rcfg = spec["cfg"] if spec["gpt_oss"] else None  # GPT-OSS: YaRN, its attention factor included
+        if spec["minimax"] and spec["rot"]:  # the first rotary_dim features of each head
+            rcfg = {"partial_rotary_factor": spec["rot"] / hd}
         q, k = TG.rope_halves(q, pos, spec["theta"], rcfg), TG.rope_halves(k, pos, spec["theta"], rcfg)
         rep = nh // nkv
         s = jnp.einsum("ihd,jhd->hij", q, jnp.repeat(k, rep, axis=1)) / math.sqrt(hd)
@@ -118,8 +125,13 @@ def moe_forward(P, spec, batch, aux_c, z_c):
         logits = xn @ g("router", l).T                                   # (T, E)
         if spec["gpt_oss"]:
             logits = logits + g("router_bias", l)
-        prob = jax.nn.softmax(logits, axis=-1)
-        top = jnp.argsort(-jax.lax.stop_gradient(prob), axis=-1, stable=True)[:, :K]
+        if spec["minimax"]:  # sigmoid scores; the top k of score + the selection bias; aux over normalised scores
+            prob = jax.nn.sigmoid(logits)
+            choice = prob + jax.lax.stop_gradient(g("router_sel_bias", l))
+            aux_p = prob / jnp.sum(prob, axis=-1, keepdims=True)
+        else:
+            prob = choice = aux_p = jax.nn.softmax(logits, axis=-1)
+        top = jnp.argsort(-jax.lax.stop_gradient(choice), axis=-1, stable=True)[:, :K]
         chosen = jnp.sum(jax.nn.one_hot(top, E), axis=1)                 # (T, E) 0/1
         w = prob * chosen
         if spec["norm"]:
@@ -144,7 +156,7 @@ def moe_forward(P, spec, batch, aux_c, z_c):
             out = out + jax.nn.sigmoid(xn @ g("shared_gate", l).T) * sh
         x = x + out
         count = jax.lax.stop_gradient(jnp.sum(chosen, axis=0))          # tokens per expert
-        aux = E * jnp.sum(count / (T * K) * jnp.mean(prob, axis=0))
+        aux = E * jnp.sum(count / (T * K) * jnp.mean(aux_p, axis=0))
         z = jnp.mean(jax.scipy.special.logsumexp(logits, axis=-1) ** 2)
         auxs.append(aux)
         zs.append(z)
@@ -293,7 +305,7 @@ def step_checks(step_driver, tmp, flavor, mdir, cfg, spec):
 def main():
     grad_driver, step_driver = sys.argv[1], sys.argv[2]
     with tempfile.TemporaryDirectory() as tmp:
-        for flavor in ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"):
+        for flavor in ("mixtral", "qwen2_moe", "qwen3_moe", "minimax_m2", "gpt_oss"):
             mdir = os.path.join(tmp, flavor)
             if flavor == "gpt_oss":  # tests/reference/gpt_oss_ref.py: its config and weights, HF's layout
                 cfg = gpt_oss_ref.gpt_oss_config("f32")
@@ -302,7 +314,7 @@ def main():
                 cfg = MM.moe_config(flavor, "f32")
                 MM.write_checkpoint(mdir, cfg, MM.init_llama(cfg, 5), "f32", 1)
             spec = grad_checks(grad_driver, tmp, flavor, mdir, cfg)
-            if flavor != "qwen3_moe":  # its steps add nothing the other two do not cover (and cost 15 s)
+            if flavor not in ("qwen3_moe", "minimax_m2"):  # their steps add nothing the others do not cover (15 s each)
                 step_checks(step_driver, tmp, flavor, mdir, cfg, spec)
     print("%d passed, %d failed" % (N_PASS, N_FAIL))
     return 1 if N_FAIL else 0

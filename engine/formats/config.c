@@ -16,7 +16,8 @@
 
 static const char *const supported_architectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, "
-    "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GptOssForCausalLM, GPT2LMHeadModel, "
+    "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GptOssForCausalLM, "
+    "MiniMaxM2ForCausalLM, GPT2LMHeadModel, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), BertModel (embeddings)";
 
 /* bos_token_id / eos_token_id: an int, or a list whose first element is taken; absent -> -1. */
@@ -71,6 +72,9 @@ enum llama_flavor {
     LLAMA_OLMOE,   /* OlmoeForCausalLM: experts; q and k normed over the whole projection */
     LLAMA_GPT_OSS, /* GptOssForCausalLM: experts with biases and a clamped SwiGLU, a biased router,
                       attention sinks, sliding and full layers alternating, YaRN */
+    LLAMA_MINIMAX_M2, /* MiniMaxM2ForCausalLM: Mixtral's experts behind a sigmoid router whose top k
+                         a per-expert bias selects; q and k normed over the whole projection;
+                         rotary_dim of each head rotated */
 };
 
 /* rot_dim / 2 positive numbers of list `what` of rs into out. */
@@ -196,6 +200,63 @@ enum status config_parse_rope_scaling(const cJSON *root, const cJSON *rs, const 
     return STATUS_OK;
 }
 
+/* MiniMax-M2's router (config.h moe_sigmoid, moe_sel_bias): scoring_func must be "sigmoid";
+ * use_routing_bias (default true, transformers always has the buffer) says whether the checkpoint
+ * holds e_score_correction_bias; shared experts (shared_intermediate_size) are not built. */
+static enum status parse_minimax_router(const cJSON *root, const char *name, struct model_config *c)
+{
+    enum status st;
+    const char *score = NULL;
+    int shared = 0;
+    if ((st = config_get_string(root, name, "scoring_func", &score)) ||
+        (st = config_get_bool(root, name, "use_routing_bias", 1, &c->moe_sel_bias)) ||
+        (st = config_get_int(root, name, "shared_intermediate_size", 0, 0, &shared)))
+        return st;
+    if (score && strcmp(score, "sigmoid"))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: field 'scoring_func' = \"%s\": MiniMaxM2ForCausalLM's router "
+                             "is read with \"sigmoid\" only", name, score);
+    if (shared > 0)
+        return status_errorf(STATUS_UNSUPPORTED, "%s: field 'shared_intermediate_size' = %d: MiniMax-M2's shared "
+                             "experts are not built", name, shared);
+    c->moe_sigmoid = 1;
+    return STATUS_OK;
+}
+
+/* MiniMax-M2's attention (config.h): q and k RMS-normed over the whole projection (use_qk_norm,
+ * qk_norm_type "per_layer"), the first rotary_dim features of each head rotated, every layer
+ * full attention (attn_type_list, when given, all 1). */
+static enum status parse_minimax_attention(const cJSON *root, const char *name, struct model_config *c)
+{
+    enum status st;
+    int use = 1;
+    const char *type = NULL;
+    if ((st = config_get_bool(root, name, "use_qk_norm", 1, &use)) ||
+        (st = config_get_string(root, name, "qk_norm_type", &type)))
+        return st;
+    if (!use || (type && strcmp(type, "per_layer")))
+        return status_errorf(STATUS_UNSUPPORTED, "%s: use_qk_norm %d, qk_norm_type \"%s\": MiniMax-M2 is read with q "
+                             "and k normed over the whole projection (\"per_layer\") only", name, use,
+                             type ? type : "per_layer");
+    c->qk_norm = QK_NORM_FULL;
+    const cJSON *rd = config_field(root, "rotary_dim");
+    if (rd && !config_field(root, "rot_dim")) {
+        int r = 0;
+        if ((st = config_json_to_int(rd, name, "rotary_dim", &r))) return st;
+        if (r < 2 || r > c->head_dim || r % 2)
+            return status_errorf(STATUS_BAD_FORMAT, "%s: field 'rotary_dim' = %d must be even and in [2, head_dim %d]",
+                                 name, r, c->head_dim);
+        c->rot_dim = r;
+    }
+    const cJSON *types = config_field(root, "attn_type_list");
+    for (int i = 0; types && cJSON_IsArray(types) && i < cJSON_GetArraySize(types); i++) {
+        const cJSON *t = cJSON_GetArrayItem(types, i);
+        if (!cJSON_IsNumber(t) || t->valuedouble != 1.0)
+            return status_errorf(STATUS_UNSUPPORTED, "%s: attn_type_list[%d] is not 1: only full-attention layers "
+                                 "are read (MiniMax's lightning attention is not built)", name, i);
+    }
+    return STATUS_OK;
+}
+
 /* The experts of Mixtral, Qwen 2 / 3 MoE and OLMoE (config.h): their count, top-k and size, Qwen
  * 2 MoE's shared expert (its size becomes ffn_hidden), with the classes' defaults; every layer
  * must be sparse. */
@@ -203,13 +264,15 @@ static enum status parse_moe(const cJSON *root, const char *name, enum llama_fla
 {
     enum status st;
     c->n_experts = c->n_experts_used = c->moe_ffn = c->norm_topk_prob = c->shared_expert = 0;
+    c->moe_sigmoid = c->moe_sel_bias = 0;
     if (flavor != LLAMA_MIXTRAL && flavor != LLAMA_QWEN3_MOE && flavor != LLAMA_QWEN2_MOE && flavor != LLAMA_OLMOE &&
-        flavor != LLAMA_GPT_OSS) {
+        flavor != LLAMA_GPT_OSS && flavor != LLAMA_MINIMAX_M2) {
         if (config_field(root, "num_local_experts") || config_field(root, "num_experts"))
             return status_errorf(STATUS_BAD_FORMAT, "%s: experts in a dense architecture", name);
         return STATUS_OK;
     }
-    const int mixtral = flavor == LLAMA_MIXTRAL, qwen2 = flavor == LLAMA_QWEN2_MOE, oss = flavor == LLAMA_GPT_OSS;
+    const int minimax = flavor == LLAMA_MINIMAX_M2;
+    const int mixtral = flavor == LLAMA_MIXTRAL || minimax, qwen2 = flavor == LLAMA_QWEN2_MOE, oss = flavor == LLAMA_GPT_OSS;
     const int qwen = flavor == LLAMA_QWEN3_MOE || qwen2;
     int per_tok = mixtral ? 2 : qwen2 ? 4 : oss ? 4 : 8;
     if (oss && (st = config_get_int(root, name, "experts_per_token", 0, per_tok, &per_tok))) return st;
@@ -220,7 +283,8 @@ static enum status parse_moe(const cJSON *root, const char *name, enum llama_fla
                              qwen2 ? 1408 : qwen ? 768 : 0, &c->moe_ffn)) ||
         (st = config_get_bool(root, name, "norm_topk_prob", mixtral, &c->norm_topk_prob)))
         return st;
-    if (mixtral || oss) c->norm_topk_prob = 1; /* Mixtral and GPT-OSS always renormalise their top k */
+    if (mixtral || oss) c->norm_topk_prob = 1; /* Mixtral, MiniMax-M2 and GPT-OSS always renormalise their top k */
+    if (minimax && (st = parse_minimax_router(root, name, c))) return st;
     if (c->n_experts < 1 || c->n_experts > 1024 || c->n_experts_used < 1 || c->n_experts_used > c->n_experts ||
         c->moe_ffn < 1 || c->moe_ffn > CONFIG_MAX_DIM)
         return status_errorf(STATUS_BAD_FORMAT, "%s: %d experts, %d per token, of %d features: need 1 <= per token <= "
@@ -337,6 +401,7 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
                : flavor == LLAMA_OLMO2 || flavor == LLAMA_OLMOE ? QK_NORM_FULL : 0;
     if ((st = parse_moe(root, name, flavor, c))) return st;
     if (oss && (st = parse_gpt_oss(root, name, c))) return st;
+    if (flavor == LLAMA_MINIMAX_M2 && (st = parse_minimax_attention(root, name, c))) return st;
     c->sandwich_norms = c->no_pre_norms = flavor == LLAMA_OLMO2;
     if (qwen) { /* Qwen's window covers only the layers from max_window_layers on: not modelled */
         int use = 0;
@@ -485,6 +550,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
         else if (!strcmp(mt, "qwen2_moe")) arch = "Qwen2MoeForCausalLM";
         else if (!strcmp(mt, "olmoe")) arch = "OlmoeForCausalLM";
         else if (!strcmp(mt, "gpt_oss")) arch = "GptOssForCausalLM";
+        else if (!strcmp(mt, "minimax_m2")) arch = "MiniMaxM2ForCausalLM";
         else if (!strcmp(mt, "gpt2")) arch = "GPT2LMHeadModel";
         else if (!strcmp(mt, "gemma2")) arch = "Gemma2ForCausalLM";
         else if (!strcmp(mt, "gemma3_text")) arch = "Gemma3ForCausalLM";
@@ -509,6 +575,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
     else if (!strcmp(arch, "Qwen2MoeForCausalLM")) st = parse_llama(root, name, LLAMA_QWEN2_MOE, &c);
     else if (!strcmp(arch, "OlmoeForCausalLM")) st = parse_llama(root, name, LLAMA_OLMOE, &c);
     else if (!strcmp(arch, "GptOssForCausalLM")) st = parse_llama(root, name, LLAMA_GPT_OSS, &c);
+    else if (!strcmp(arch, "MiniMaxM2ForCausalLM")) st = parse_llama(root, name, LLAMA_MINIMAX_M2, &c);
     else if (!strcmp(arch, "GPT2LMHeadModel")) st = parse_gpt2(root, name, &c);
     else if (!strcmp(arch, "Gemma2ForCausalLM")) st = config_parse_gemma(root, name, 2, &c);
     else if (!strcmp(arch, "Gemma3ForCausalLM")) st = config_parse_gemma(root, name, 3, &c);
@@ -627,6 +694,10 @@ enum status config_validate(const struct model_config *c, const char *name)
                              c->n_experts, c->moe_ffn, c->n_experts_used);
     if (!c->n_experts && (c->n_experts_used || c->moe_ffn || c->norm_topk_prob || c->shared_expert))
         return status_errorf(STATUS_BAD_FORMAT, "%s: expert settings without experts", name);
+    const int minimax = !strcmp(c->architecture, "MiniMaxM2ForCausalLM");
+    if (c->moe_sigmoid != minimax || (c->moe_sel_bias && !c->moe_sigmoid) || (minimax && !c->norm_topk_prob))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: a sigmoid router (with its selection bias) belongs to MiniMax-M2, "
+                             "renormalised, not to %s", name, c->architecture);
     if (c->type_vocab_size < 0 || c->type_vocab_size > 1024)
         return status_errorf(STATUS_BAD_FORMAT, "%s: type_vocab_size %d must be in 0..1024", name, c->type_vocab_size);
     if (c->family != MODEL_FAMILY_BERT && (c->encoder || c->post_ln || c->type_vocab_size || c->embed_norm))
@@ -634,12 +705,12 @@ enum status config_validate(const struct model_config *c, const char *name)
                              "features and must be 0 in a %s model", name, c->architecture);
     /* What each family implies; a loader relies on these. */
     const int olmo2 = !strcmp(c->architecture, "Olmo2ForCausalLM");
-    const int full_qk_norm = olmo2 || !strcmp(c->architecture, "OlmoeForCausalLM");
+    const int full_qk_norm = olmo2 || !strcmp(c->architecture, "OlmoeForCausalLM") || minimax;
     const int head_qk_norm = (c->family == MODEL_FAMILY_GEMMA3 && !gemma2) || !strcmp(c->architecture, "Qwen3ForCausalLM") ||
                              !strcmp(c->architecture, "Qwen3MoeForCausalLM");
     if (c->qk_norm != (head_qk_norm ? QK_NORM_HEAD : full_qk_norm ? QK_NORM_FULL : 0))
         return status_errorf(STATUS_BAD_FORMAT, "%s: qk_norm %d: per head belongs to Gemma 3 and Qwen 3, over the whole "
-                             "projection to OLMo 2 and OLMoE, none to %s", name, c->qk_norm, c->architecture);
+                             "projection to OLMo 2, OLMoE and MiniMax-M2, none to %s", name, c->qk_norm, c->architecture);
     if (c->no_pre_norms != olmo2 || (olmo2 && !c->sandwich_norms))
         return status_errorf(STATUS_BAD_FORMAT, "%s: no_pre_norms %d: OLMo 2 (and only it) has post norms only", name,
                              c->no_pre_norms);
@@ -741,7 +812,8 @@ int config_equal(const struct model_config *a, const struct model_config *b)
            !memcmp(&a->attn_softcap, &b->attn_softcap, sizeof(float)) &&
            a->n_experts == b->n_experts && a->n_experts_used == b->n_experts_used && a->moe_ffn == b->moe_ffn &&
            a->norm_topk_prob == b->norm_topk_prob && a->shared_expert == b->shared_expert &&
-           a->moe_bias == b->moe_bias && a->attn_sinks == b->attn_sinks &&
+           a->moe_bias == b->moe_bias && a->attn_sinks == b->attn_sinks && a->moe_sigmoid == b->moe_sigmoid &&
+           a->moe_sel_bias == b->moe_sel_bias &&
            !memcmp(&a->final_softcap, &b->final_softcap, sizeof(float)) &&
            !memcmp(&a->attn_scale, &b->attn_scale, sizeof(float)) &&
            a->sliding_window_pattern == b->sliding_window_pattern &&

@@ -131,6 +131,10 @@ struct model_config {
                                    scaled by sigmoid(shared_expert_gate x) */
     int      moe_bias;          /* GPT-OSS: biases on the router (before its top-k) and on each
                                    expert's gate, up and down projections */
+    int      moe_sigmoid;       /* MiniMax-M2 (DeepSeek-V3's router): each expert's score is
+                                   sigmoid(router x) instead of a softmax over the experts */
+    int      moe_sel_bias;      /* the top k chosen by score + a per-expert bias (HF
+                                   e_score_correction_bias; it selects, it does not weight) */
     int      attn_sinks;        /* GPT-OSS: one learned logit per query head in every softmax's
                                    denominator (ops.h attention_batch.sinks) */
     /* Encoders (BERT; 0 for every decoder family). */

@@ -101,9 +101,11 @@ static int add_llama_dims(cJSON *root, const struct model_config *c)
 /* LlamaForCausalLM / MistralForCausalLM fields. Returns 0 when out of memory. */
 static int add_llama(cJSON *root, const struct model_config *c)
 {
+    const int minimax = !strcmp(c->architecture, "MiniMaxM2ForCausalLM");
     const int mixtral = !strcmp(c->architecture, "MixtralForCausalLM"), oss = !strcmp(c->architecture, "GptOssForCausalLM");
     int mistral = !strcmp(c->architecture, "MistralForCausalLM") || mixtral;
-    const char *type = mixtral ? "mixtral"
+    const char *type = minimax ? "minimax_m2"
+                     : mixtral ? "mixtral"
                      : oss ? "gpt_oss"
                      : mistral ? "mistral"
                      : !strcmp(c->architecture, "Qwen3MoeForCausalLM") ? "qwen3_moe"
@@ -129,11 +131,15 @@ static int add_llama(cJSON *root, const struct model_config *c)
     if (ok && (c->attn_out_bias != c->qkv_bias || !strncmp(type, "qwen2", 5)))
         ok = add_bool(root, "attention_out_bias", c->attn_out_bias);
     if (ok && c->n_experts) /* intermediate_size is the experts' size for Mixtral, OLMoE and GPT-OSS */
-        ok = add_num(root, mixtral || oss ? "num_local_experts" : "num_experts", c->n_experts) &&
+        ok = add_num(root, mixtral || oss || minimax ? "num_local_experts" : "num_experts", c->n_experts) &&
              add_num(root, "num_experts_per_tok", c->n_experts_used) &&
              add_bool(root, "norm_topk_prob", c->norm_topk_prob) &&
              (!strncmp(type, "qwen", 4) ? add_num(root, "moe_intermediate_size", c->moe_ffn) : 1) &&
              (c->shared_expert ? add_num(root, "shared_expert_intermediate_size", c->ffn_hidden) : 1);
+    if (ok && minimax) /* MiniMax-M2's own keys: its router, the whole-projection QK norm, rotary_dim */
+        ok = add_str(root, "scoring_func", "sigmoid") && add_bool(root, "use_routing_bias", c->moe_sel_bias) &&
+             add_bool(root, "use_qk_norm", 1) && add_str(root, "qk_norm_type", "per_layer") &&
+             add_num(root, "rotary_dim", c->rot_dim);
     if (ok && oss) { /* the window's layers as GptOssConfig lists them */
         cJSON *types = cJSON_AddArrayToObject(root, "layer_types");
         ok = types && add_num(root, "sliding_window", c->sliding_window) && add_float(root, "swiglu_limit", 7.0f);
@@ -202,7 +208,8 @@ enum status config_save(const char *path, const struct model_config *c)
         strcmp(c->architecture, "Qwen3ForCausalLM") && strcmp(c->architecture, "Phi3ForCausalLM") &&
         strcmp(c->architecture, "Olmo2ForCausalLM") && strcmp(c->architecture, "MixtralForCausalLM") &&
         strcmp(c->architecture, "Qwen3MoeForCausalLM") && strcmp(c->architecture, "OlmoeForCausalLM") &&
-        strcmp(c->architecture, "Qwen2MoeForCausalLM") && strcmp(c->architecture, "GptOssForCausalLM"))
+        strcmp(c->architecture, "Qwen2MoeForCausalLM") && strcmp(c->architecture, "GptOssForCausalLM") &&
+        strcmp(c->architecture, "MiniMaxM2ForCausalLM"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
                              c->architecture);
     if (c->family == MODEL_FAMILY_LLAMA && !strcmp(c->architecture, "LlamaForCausalLM") &&

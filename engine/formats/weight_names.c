@@ -123,6 +123,9 @@ static const struct weight_names table[WEIGHT_KIND_COUNT] = {
      M "mlp.experts.up.bias", NULL, WEIGHT_MEGATRON_REPLICATED, G "ffn_up_exps.bias"},
     {ROW(EXP_DOWN_BIAS, "exp_down_bias", LAYER, EXP_D, ONE), NULL, NULL, NULL, WEIGHT_GPT2_AS_IS,
      M "mlp.experts.down.bias", NULL, WEIGHT_MEGATRON_REPLICATED, G "ffn_down_exps.bias"},
+    /* MiniMax-M2: the router's selection bias (HF: a buffer, no ".weight"). */
+    {ROW(ROUTER_SEL_BIAS, "router_sel_bias", LAYER, EXPERTS, ONE), L "block_sparse_moe.e_score_correction_bias", NULL,
+     NULL, WEIGHT_GPT2_AS_IS, M "mlp.router.expert_bias", NULL, WEIGHT_MEGATRON_REPLICATED, G "exp_probs_b.bias"},
 
     {ROW(FINAL_NORM, "final_norm", LAST, D_MODEL, ONE), "norm.weight", NULL, "ln_f.weight",
      WEIGHT_GPT2_AS_IS, "decoder.final_layernorm.weight", NULL, WEIGHT_MEGATRON_REPLICATED,
@@ -193,6 +196,7 @@ int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
     case WEIGHT_KIND_DOWN: return !c->n_experts || c->shared_expert;
     case WEIGHT_KIND_SHARED_GATE: return c->n_experts && c->shared_expert;
     case WEIGHT_KIND_SINKS: return c->attn_sinks;
+    case WEIGHT_KIND_ROUTER_SEL_BIAS: return c->n_experts > 0 && c->moe_sel_bias;
     case WEIGHT_KIND_ROUTER_BIAS:
     case WEIGHT_KIND_EXP_GATE_BIAS:
     case WEIGHT_KIND_EXP_UP_BIAS:

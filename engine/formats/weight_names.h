@@ -68,6 +68,9 @@ enum weight_kind {
     WEIGHT_KIND_EXP_GATE_BIAS,  /* (n_experts * moe_ffn), expert by expert */
     WEIGHT_KIND_EXP_UP_BIAS,    /* (n_experts * moe_ffn) */
     WEIGHT_KIND_EXP_DOWN_BIAS,  /* (n_experts * d_model) */
+    /* MiniMax-M2 (cfg.moe_sel_bias), per layer: added to the sigmoid scores to choose the top k
+     * (HF e_score_correction_bias); f32 whatever the model's dtype; replicated. */
+    WEIGHT_KIND_ROUTER_SEL_BIAS, /* (n_experts) */
     WEIGHT_KIND_COUNT
 };
 

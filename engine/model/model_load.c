@@ -98,6 +98,7 @@ static enum status check_finite(const char *dir, enum weight_kind kind, int laye
 static enum dtype load_dtype(const struct model *m, enum weight_kind kind, const struct host_weight *hw)
 {
     if (kind == WEIGHT_KIND_SINKS) return DTYPE_F32; /* op_attention reads them in f32 (ops.h) */
+    if (kind == WEIGHT_KIND_ROUTER_SEL_BIAS) return DTYPE_F32; /* read on the host by the routing (moe.c) */
     if (!m->keep_blocks || hw->ndim != 2 || kind == WEIGHT_KIND_POS_EMBEDDING) return m->dtype;
     if (dtype_is_quant(hw->stored_dtype)) return hw->stored_dtype;
     if (hw->stored_dtype == DTYPE_BF16 && m->dtype == DTYPE_F32 && m->b->device == DEVICE_CPU && cpu_amx_enabled())

@@ -9,28 +9,38 @@
 /* The most experts a config may declare (config.c refuses more): the bound of moe_route's buffer. */
 #define MOE_MAX_EXPERTS 1024
 
-void moe_route(const float *logits, int T, int E, int k, int norm, int *start, int32_t *ids, float *w)
+void moe_route(const float *logits, int T, int E, int k, int norm, const struct moe_scoring *sc, int *start,
+               int32_t *ids, float *w)
 {
     CHECK(k >= 1 && k <= 64 && k <= E && E <= MOE_MAX_EXPERTS, "moe_route: top %d of %d experts", k, E);
-    /* Pass 1, token by token: p = softmax(z) (each exponential once), its k best, their weights,
-     * written in place of the token's own slots t k .. t k + k - 1 (ids: the expert, w: the
-     * weight) and counted per expert in start[e + 1]. */
+    /* Pass 1, token by token: p = softmax(z) (each exponential once) or sigmoid(z), its k best by
+     * p (+ the selection bias), their weights p, written in place of the token's own slots t k ..
+     * t k + k - 1 (ids: the expert, w: the weight) and counted per expert in start[e + 1]. */
     memset(start, 0, (size_t)(E + 1) * sizeof *start);
-    double p[MOE_MAX_EXPERTS], top_p[64];
+    const int sigmoid = sc && sc->sigmoid;
+    const float *bias = sc ? sc->sel_bias : NULL;
+    double p[MOE_MAX_EXPERTS], top_p[64], top_c[64];
     int32_t top_e[64];
     for (int t = 0; t < T; t++) {
         const float *z = logits + (size_t)t * (size_t)E;
         double mx = -INFINITY, sum = 0.0;
-        for (int e = 0; e < E; e++) mx = z[e] > mx ? z[e] : mx;
-        for (int e = 0; e < E; e++) sum += p[e] = exp((double)z[e] - mx);
+        if (sigmoid) {
+            for (int e = 0; e < E; e++) p[e] = 1.0 / (1.0 + exp(-(double)z[e]));
+            sum = 1.0;
+        } else {
+            for (int e = 0; e < E; e++) mx = z[e] > mx ? z[e] : mx;
+            for (int e = 0; e < E; e++) sum += p[e] = exp((double)z[e] - mx);
+        }
         int n = 0;
         for (int e = 0; e < E; e++) { /* insertion into the k best; a tie keeps the earlier */
-            const double pe = p[e] / sum;
+            const double pe = p[e] / sum, ce = bias ? pe + (double)bias[e] : pe;
             int pos = n;
-            while (pos > 0 && pe > top_p[pos - 1]) pos--;
+            while (pos > 0 && ce > top_c[pos - 1]) pos--;
             if (pos >= k) continue;
-            for (int j = (n < k ? n : k - 1); j > pos; j--) top_p[j] = top_p[j - 1], top_e[j] = top_e[j - 1];
+            for (int j = (n < k ? n : k - 1); j > pos; j--)
+                top_p[j] = top_p[j - 1], top_c[j] = top_c[j - 1], top_e[j] = top_e[j - 1];
             top_p[pos] = pe;
+            top_c[pos] = ce;
             top_e[pos] = e;
             if (n < k) n++;
         }
@@ -106,7 +116,11 @@ static void route(struct model *m, int l, int64_t T, const struct tensor *xn, co
         host_src = &lg32;
     }
     backend_download(b, mt->r->logits, host_src->data, (size_t)(T * E) * sizeof(float));
-    moe_route(mt->r->logits, (int)T, E, k, c->norm_topk_prob, mt->r->start, mt->r->ids, mt->r->w);
+    float bias[MOE_MAX_EXPERTS]; /* MiniMax-M2's selection bias, f32 on the device (model_load) */
+    const struct tensor *sb = &m->w.layers[l].router_sel_bias;
+    if (sb->data) backend_download(b, bias, sb->data, (size_t)E * sizeof *bias);
+    const struct moe_scoring sc = {c->moe_sigmoid, sb->data ? bias : NULL};
+    moe_route(mt->r->logits, (int)T, E, k, c->norm_topk_prob, &sc, mt->r->start, mt->r->ids, mt->r->w);
     const size_t n_routed = (size_t)T * (size_t)k;
     backend_upload(b, mt->ids.data, mt->r->ids, n_routed * sizeof(int32_t));
     backend_upload(b, mt->w.data, mt->r->w, n_routed * sizeof(float));

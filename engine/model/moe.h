@@ -39,11 +39,21 @@
 struct moe_grad_scratch;
 
 /* Routing of T tokens over E experts from the router's logits (T, E) f32: per token, p =
- * softmax(logits) in double, its k largest (equal probabilities: the lower expert index
- * first), weights p of those (divided by their sum when norm). Written grouped by expert:
+ * softmax(logits) in double (or the sigmoid scores below), its k largest (equal probabilities:
+ * the lower expert index first), weights p of those (divided by their sum when norm). Written grouped by expert:
  * start[e] .. start[e+1]-1 index ids (the token rows routed to expert e, ascending) and w
  * (their weights, f32); start has E + 1 entries, ids and w T * k. */
-void moe_route(const float *logits, int T, int E, int k, int norm, int *start, int32_t *ids, float *w);
+/* How the router's logits become scores: NULL (or zeroed) is the softmax above; sigmoid scores
+ * each expert on its own, p_e = sigmoid(z_e) (MiniMax-M2, DeepSeek-V3), and sel_bias (E, or
+ * NULL) is added to p to choose the top k (equal sums: the lower index first) while the weights
+ * stay p (renormalised over the k when norm). */
+struct moe_scoring {
+    int sigmoid;
+    const float *sel_bias;
+};
+
+void moe_route(const float *logits, int T, int E, int k, int norm, const struct moe_scoring *sc, int *start,
+               int32_t *ids, float *w);
 
 /* One layer's routing in host memory (kept from the training forward to its backward). */
 struct moe_routing {

@@ -23,15 +23,29 @@ static double row_lse(const float *z, int E)
     return mx + log(sum);
 }
 
+static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+/* The sum over experts of token t's sigmoid scores (a sigmoid router's probabilities for the
+ * load-balancing loss are its scores over that sum, as Megatron's). */
+static double score_sum(const float *z, int E)
+{
+    double s = 0.0;
+    for (int e = 0; e < E; e++) s += sigmoid((double)z[e]);
+    return s;
+}
+
 void moe_routing_losses(const struct model_config *c, int64_t T, struct moe_routing *r)
 {
-    /* aux = E / (k T^2) sum_t sum_e count_e p_te (moe.h: E sum_e f_e P_e), z = mean_t lse_t^2. */
+    /* aux = E / (k T^2) sum_t sum_e count_e p_te (moe.h: E sum_e f_e P_e), z = mean_t lse_t^2;
+     * p the softmax, or a sigmoid router's scores normalised over the experts. */
     const int E = c->n_experts, k = c->n_experts_used;
     double aux = 0.0, z = 0.0;
     for (int64_t t = 0; t < T; t++) {
         const float *zt = r->logits + (size_t)t * (size_t)E;
-        const double lse = row_lse(zt, E);
-        for (int e = 0; e < E; e++) aux += (double)(r->start[e + 1] - r->start[e]) * exp((double)zt[e] - lse);
+        const double lse = row_lse(zt, E), ss = c->moe_sigmoid ? score_sum(zt, E) : 0.0;
+        for (int e = 0; e < E; e++)
+            aux += (double)(r->start[e + 1] - r->start[e]) *
+                   (c->moe_sigmoid ? sigmoid((double)zt[e]) / ss : exp((double)zt[e] - lse));
         z += lse * lse;
     }
     r->aux = T ? aux * E / ((double)k * (double)T * (double)T) : 0.0;
@@ -44,42 +58,57 @@ void moe_routing_losses(const struct model_config *c, int64_t T, struct moe_rout
 static void router_grad(const struct model_config *c, int64_t T, const struct moe_routing *r, const float *dw,
                         const struct moe_loss *loss, float *dz, double *tok)
 {
-    const int E = c->n_experts, k = c->n_experts_used, norm = c->norm_topk_prob;
+    const int E = c->n_experts, k = c->n_experts_used, norm = c->norm_topk_prob, sig = c->moe_sigmoid;
     double *lse = tok, *S = tok + T, *Q = tok + 2 * T;
     for (int64_t t = 0; t < T; t++) {
         lse[t] = row_lse(r->logits + (size_t)t * (size_t)E, E);
         S[t] = Q[t] = 0.0;
     }
+    /* P: the softmax probability (the z-loss's, and a softmax router's weights); W: the weights'
+     * source, P or the sigmoid score. */
 #define P(t, e) exp((double)r->logits[(size_t)(t) * (size_t)E + (size_t)(e)] - lse[t])
+#define W(t, e) (sig ? sigmoid((double)r->logits[(size_t)(t) * (size_t)E + (size_t)(e)]) : P(t, e))
     /* w_j = p_j / S with S the sum of the chosen p (norm), else p_j:
      * dL/dp_i = (dw_i - sum_j dw_j w_j) / S for the chosen i (norm), else dw_i. */
     for (int e = 0; e < E; e++)
         for (int s = r->start[e]; s < r->start[e + 1]; s++) {
             const int64_t t = r->ids[s];
-            const double p = P(t, e);
+            const double p = W(t, e);
             S[t] += p;
             Q[t] += dw[s] * p;
         }
     /* aux: d/dp_te of a E / (k T^2) sum count_e p_te; z: d/dz_te of b mean lse^2 = 2 b lse_t p_te / T. */
     const double a = T ? (double)loss->scale * loss->aux_coeff * E / ((double)k * (double)T * (double)T) : 0.0;
     const double b = T ? (double)loss->scale * loss->z_coeff * 2.0 / (double)T : 0.0;
-    for (int64_t t = 0; t < T; t++)
-        for (int e = 0; e < E; e++) dz[(size_t)t * E + e] = (float)(a * (r->start[e + 1] - r->start[e]));
+    for (int64_t t = 0; t < T; t++) {
+        /* A sigmoid router's aux is over q_e = s_e / sum s: d/ds_j = a (count_j - sum_e count_e q_e) / sum s. */
+        double ss = 0.0, cq = 0.0;
+        for (int e = 0; sig && e < E; e++) {
+            const double se = W(t, e);
+            ss += se;
+            cq += (double)(r->start[e + 1] - r->start[e]) * se;
+        }
+        for (int e = 0; e < E; e++)
+            dz[(size_t)t * E + e] = (float)(sig ? a * ((double)(r->start[e + 1] - r->start[e]) - cq / ss) / ss
+                                                : a * (r->start[e + 1] - r->start[e]));
+    }
     for (int e = 0; e < E; e++)
         for (int s = r->start[e]; s < r->start[e + 1]; s++) {
             const int64_t t = r->ids[s];
             dz[(size_t)t * E + e] += (float)(norm ? (dw[s] - Q[t] / S[t]) / S[t] : dw[s]);
         }
-    /* Through the softmax: dz_e = p_e (dp_e - sum_j p_j dp_j), in place, plus the z-loss. */
+    /* Through the softmax: dz_e = p_e (dp_e - sum_j p_j dp_j), or the sigmoid: dz_e = dp_e s_e (1 -
+     * s_e), in place, plus the z-loss (on the logits' softmax either way). */
     for (int64_t t = 0; t < T; t++) {
         float *row = dz + (size_t)t * E;
         double dot = 0.0;
-        for (int e = 0; e < E; e++) dot += P(t, e) * row[e];
+        for (int e = 0; !sig && e < E; e++) dot += P(t, e) * row[e];
         for (int e = 0; e < E; e++) {
-            const double p = P(t, e);
-            row[e] = (float)(p * (row[e] - dot) + b * lse[t] * p);
+            const double p = P(t, e), s = sig ? W(t, e) : 0.0;
+            row[e] = (float)((sig ? row[e] * s * (1.0 - s) : p * (row[e] - dot)) + b * lse[t] * p);
         }
     }
+#undef W
 #undef P
 }
 

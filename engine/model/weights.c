@@ -43,6 +43,7 @@ static const struct {
     {WEIGHT_KIND_EXP_GATE_BIAS, offsetof(struct layer_weights, exp_gate_bias)},
     {WEIGHT_KIND_EXP_UP_BIAS, offsetof(struct layer_weights, exp_up_bias)},
     {WEIGHT_KIND_EXP_DOWN_BIAS, offsetof(struct layer_weights, exp_down_bias)},
+    {WEIGHT_KIND_ROUTER_SEL_BIAS, offsetof(struct layer_weights, router_sel_bias)},
 };
 #define N_LAYER_FIELDS ((int)(sizeof layer_fields / sizeof layer_fields[0]))
 
@@ -81,11 +82,12 @@ static struct weight_ref *table_of(struct model_weights *w, int *n)
     return t;
 }
 
-/* The dtype of a kind's copy: attention sinks stay f32 whatever the rest (the attention ops
- * read them as f32; model_load keeps them so too). */
+/* The dtype of a kind's copy: attention sinks and the router's selection bias stay f32 whatever
+ * the rest (the attention ops and the host's routing read them as f32; model_load keeps them so
+ * too). */
 static enum dtype like_dtype(enum weight_kind kind, enum dtype dtype)
 {
-    return kind == WEIGHT_KIND_SINKS ? DTYPE_F32 : dtype;
+    return kind == WEIGHT_KIND_SINKS || kind == WEIGHT_KIND_ROUTER_SEL_BIAS ? DTYPE_F32 : dtype;
 }
 
 enum status weights_alloc_like(struct backend *b, struct model_weights *like, enum dtype dtype,

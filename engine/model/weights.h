@@ -37,6 +37,7 @@ struct layer_weights {
     struct tensor router_bias;               /* (n_experts): GPT-OSS */
     struct tensor exp_gate_bias, exp_up_bias; /* (n_experts_local * moe_ffn): GPT-OSS */
     struct tensor exp_down_bias;             /* (n_experts_local * d_model): GPT-OSS */
+    struct tensor router_sel_bias;           /* (n_experts), f32: MiniMax-M2's selection bias */
 };
 
 struct model_weights {

@@ -139,6 +139,9 @@ def llama_config(dtype="f32"):
     }
 
 
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "minimax_m2")
+
+
 def moe_config(flavor, dtype="f32"):
     """Small mixtures of experts: Mixtral (8 experts, top 2, renormalised; intermediate_size is
     the expert's), Qwen 3 MoE (Qwen 3's per-head QK norm; moe_intermediate_size; top-k weights
@@ -157,6 +160,11 @@ def moe_config(flavor, dtype="f32"):
         cfg.update({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 6,
                     "num_experts_per_tok": 3, "moe_intermediate_size": 40, "norm_topk_prob": True,
                     "decoder_sparse_step": 1, "mlp_only_layers": [], "head_dim": 16})
+    elif flavor == "minimax_m2":  # a sigmoid router whose top k a bias selects; whole-projection QK norm
+        cfg.update({"architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "num_local_experts": 6,
+                    "num_experts_per_tok": 2, "intermediate_size": 40, "rotary_dim": 4, "scoring_func": "sigmoid",
+                    "use_routing_bias": True, "use_qk_norm": True, "qk_norm_type": "per_layer",
+                    "rope_theta": 5000000.0})
     else:
         cfg.update({"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "num_experts": 4,
                     "num_experts_per_tok": 2, "intermediate_size": 56, "norm_topk_prob": False})
@@ -302,7 +310,7 @@ def init_llama(cfg, seed):
 
     w = {}
     w["model.embed_tokens.weight"] = rng.standard_normal((V, H))
-    moe = flavor in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+    moe = flavor in MOE_TYPES
     for i in range(L):
         p = "model.layers.%d." % i
         w[p + "input_layernorm.weight"] = norm()
@@ -321,7 +329,7 @@ def init_llama(cfg, seed):
         if flavor == "qwen3_moe":
             w[p + "self_attn.q_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(hd)
             w[p + "self_attn.k_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(hd)
-        if flavor == "olmoe":
+        if flavor in ("olmoe", "minimax_m2"):
             w[p + "self_attn.q_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(nh * hd)
             w[p + "self_attn.k_norm.weight"] = 1.0 + 0.1 * rng.standard_normal(nkv * hd)
         if flavor == "olmo2":  # RMSNorm weights over the whole q and k projections; post-norms only
@@ -333,9 +341,11 @@ def init_llama(cfg, seed):
         if moe:  # a router scaled so that the experts' probabilities differ well (no near ties)
             E = cfg.get("num_local_experts") or cfg["num_experts"]
             F = cfg.get("moe_intermediate_size") or I
-            blk, names = ("block_sparse_moe.", ("w1", "w3", "w2")) if flavor == "mixtral" else \
+            blk, names = ("block_sparse_moe.", ("w1", "w3", "w2")) if flavor in ("mixtral", "minimax_m2") else \
                 ("mlp.", ("gate_proj", "up_proj", "down_proj"))
             w[p + blk + "gate.weight"] = 3.0 * lin(E, H)
+            if flavor == "minimax_m2":  # of the sigmoid scores' size: it changes which experts win
+                w[p + blk + "e_score_correction_bias"] = 0.3 * rng.standard_normal(E)
             for e in range(E):
                 q = p + blk + "experts.%d." % e
                 w[q + names[0] + ".weight"] = lin(F, H)
@@ -609,16 +619,21 @@ def moe_mlp(cfg, w, p, h):
     """A mixture of experts' MLP as transformers' Mixtral / Qwen3Moe / Olmoe sparse blocks, float64:
     softmax over the router's logits, the top k (lower index first on a tie), optionally
     renormalised; the chosen experts' SwiGLU outputs weighted and summed."""
-    mixtral = cfg["model_type"] == "mixtral"
+    minimax = cfg["model_type"] == "minimax_m2"
+    mixtral = cfg["model_type"] == "mixtral" or minimax
     E = cfg.get("num_local_experts") or cfg["num_experts"]
     k = cfg["num_experts_per_tok"]
     blk, names = ("block_sparse_moe.", ("w1", "w3", "w2")) if mixtral else ("mlp.", ("gate_proj", "up_proj", "down_proj"))
     z = h @ w[p + blk + "gate.weight"].T
-    z = np.exp(z - z.max(axis=-1, keepdims=True))
-    prob = z / z.sum(axis=-1, keepdims=True)
+    if minimax:  # MiniMax-M2: sigmoid scores; the top k by score + e_score_correction_bias, weighted by score
+        prob = 1.0 / (1.0 + np.exp(-z))
+        choice = prob + w.get(p + blk + "e_score_correction_bias", np.zeros(E))
+    else:
+        z = np.exp(z - z.max(axis=-1, keepdims=True))
+        prob = choice = z / z.sum(axis=-1, keepdims=True)
     out = np.zeros_like(h)
     for t in range(h.shape[0]):
-        top = sorted(range(E), key=lambda e: (-prob[t, e], e))[:k]
+        top = sorted(range(E), key=lambda e: (-choice[t, e], e))[:k]
         wt = prob[t, top] / (prob[t, top].sum() if (mixtral or cfg.get("norm_topk_prob")) else 1.0)
         for e, we in zip(top, wt):
             q = p + blk + "experts.%d." % e
@@ -640,7 +655,7 @@ def llama_forward(cfg, w, tokens):
     hd = cfg.get("head_dim") or H // nh
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     T = len(tokens)
-    rot = int(hd * cfg.get("partial_rotary_factor", 1.0))  # the first rot features of a head rotate
+    rot = cfg.get("rotary_dim") or int(hd * cfg.get("partial_rotary_factor", 1.0))  # the first rot features rotate
     cos, sin = llama_rope_tables(rot, T, theta, cfg)
     window = cfg.get("sliding_window") or 0 if cfg["model_type"] in ("phi3", "mistral") else 0
 
@@ -658,7 +673,7 @@ def llama_forward(cfg, w, tokens):
             if norm is not None:  # OLMoE: RMSNorm over the whole projection
                 y = _rmsnorm(y, w[norm], eps)
             return y.reshape(T, n, hd).transpose(1, 0, 2)
-        full = cfg["model_type"] == "olmoe"
+        full = cfg["model_type"] in ("olmoe", "minimax_m2")
         q = proj("self_attn.q_proj", nh, p + "self_attn.q_norm.weight" if full else None)
         k = proj("self_attn.k_proj", nkv, p + "self_attn.k_norm.weight" if full else None)
         v = proj("self_attn.v_proj", nkv)
@@ -672,7 +687,7 @@ def llama_forward(cfg, w, tokens):
         a = (att @ v).transpose(1, 0, 2).reshape(T, nh * hd)
         x = x + a @ w[p + "self_attn.o_proj.weight"].T
         h = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
-        if cfg["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
+        if cfg["model_type"] in MOE_TYPES:
             x = x + moe_mlp(cfg, w, p, h)
             continue
         g = h @ w[p + "mlp.gate_proj.weight"].T
@@ -719,11 +734,9 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
         if vocab:
             cfg["vocab_size"] = vocab
         w = gpt_oss_ref.init_gpt_oss(cfg, seed)
-    elif model in ("llama", "qwen2", "qwen3", "phi3", "mistral", "olmo2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
-        configs = {"llama": llama_config, "phi3": phi3_config, "mistral": mistral_config, "olmo2": families.olmo2_config,
-                   "mixtral": lambda dt: moe_config("mixtral", dt), "qwen3_moe": lambda dt: moe_config("qwen3_moe", dt),
-                   "qwen2_moe": lambda dt: moe_config("qwen2_moe", dt),
-                   "olmoe": lambda dt: moe_config("olmoe", dt)}
+    elif model in ("llama", "qwen2", "qwen3", "phi3", "mistral", "olmo2") + MOE_TYPES:
+        configs = {"llama": llama_config, "phi3": phi3_config, "mistral": mistral_config, "olmo2": families.olmo2_config}
+        configs.update({t: (lambda dt, t=t: moe_config(t, dt)) for t in MOE_TYPES})
         cfg = configs[model](dtype) if model in configs else qwen_config(model, dtype)
         if vocab:
             cfg["vocab_size"] = vocab
@@ -741,6 +754,12 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
         fwd = families.gemma2_forward
     elif model == "olmo2":
         fwd = families.olmo2_forward
+    elif model == "minimax_m2":
+        fwd = llama_forward
+        # The selection bias must matter: without it the prompt's logits move by over 10 % of their range.
+        nob = {n: (np.zeros_like(v) if n.endswith("e_score_correction_bias") else v) for n, v in w.items()}
+        a, b = llama_forward(cfg, w, PROMPT_IDS), llama_forward(cfg, nob, PROMPT_IDS)
+        assert np.abs(a - b).max() > 0.1 * (a.max() - a.min()), "the selection bias changes too little"
     elif model == "gpt_oss":
         fwd = gpt_oss_ref.gpt_oss_forward
         # Every time the golden is made: the prompt reaches the clamps and the router bias, and
@@ -789,7 +808,7 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
 def main(argv=None):
     ap = argparse.ArgumentParser(description="write a small random HF checkpoint + float64 reference")
     ap.add_argument("model", choices=["gpt2", "llama", "qwen2", "qwen3", "phi3", "mistral", "gemma2", "olmo2", "mixtral",
-                                         "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"])
+                                         "qwen2_moe", "qwen3_moe", "olmoe", "minimax_m2", "gpt_oss"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=list(DTYPES), default="f32")
