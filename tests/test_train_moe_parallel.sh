@@ -8,7 +8,7 @@
 # experts, the slots' weight gradients summed over tp before the router's; Mixtral without and with
 # sequence parallelism, Qwen 2 MoE's shared expert split like a dense MLP, with it) (GPT-OSS, with
 # its sinks, biases and windows: dp 2 with the distributed optimizer, pp 2 and tp 2, its sinks
-# split by heads), and with expert parallelism (--ep: ep groups carved out of dp, tokens dispatched
+# split by heads; MiniMax-M2, its sigmoid router with the selection bias: pp 2, tp 2, ep 2), and with expert parallelism (--ep: ep groups carved out of dp, tokens dispatched
 # and combined by all-to-all, expert gradients reduced over the experts' own dp group; every flavor
 # at ep 2, Mixtral also at ep 4, ep 2 x dp 4, ep 2 x pp 2, with selective and full recomputation,
 # with the distributed optimizer (the experts' moments sharded over their own dp group) at ep 2,
@@ -47,7 +47,7 @@ work, tok = sys.argv[1], sys.argv[2]
 cfg = gpt_oss_ref.gpt_oss_config("f32")
 MM.write_checkpoint(os.path.join(work, "gpt_oss"), cfg, gpt_oss_ref.init_gpt_oss(cfg, 5), "f32", 1)
 shutil.copy(tok, os.path.join(work, "gpt_oss", "tokenizer.model"))
-for flavor in ("mixtral", "qwen2_moe"):
+for flavor in ("mixtral", "qwen2_moe", "minimax_m2"):
     cfg = MM.moe_config(flavor, "f32")
     MM.write_checkpoint(os.path.join(work, flavor), cfg, MM.init_llama(cfg, 5), "f32", 1)
     shutil.copy(tok, os.path.join(work, flavor, "tokenizer.model"))
@@ -85,7 +85,7 @@ PY
   check "$1: $(echo "$out" | tr '\n' ';' | sed 's/PASS //g')" $rc
 }
 
-for flavor in mixtral qwen2_moe gpt_oss; do
+for flavor in mixtral qwen2_moe minimax_m2 gpt_oss; do
   run "${flavor}_one" 1 "$flavor"
   check "$flavor: one rank trains (reference)" $?
   layouts=("2|" "2|--use-distributed-optimizer" "2|--pp 2" "4|--pp 2 --use-distributed-optimizer"
@@ -94,6 +94,10 @@ for flavor in mixtral qwen2_moe gpt_oss; do
   if [ "$flavor" = gpt_oss ]; then
     layouts=("2|--use-distributed-optimizer" "2|--pp 2" "2|--tp 2")
     names=(dp2_distopt pp2 tp2)
+  fi
+  if [ "$flavor" = minimax_m2 ]; then # its sigmoid router with the selection bias, replicated over tp
+    layouts=("2|--pp 2" "2|--tp 2")
+    names=(pp2 tp2)
   fi
   # expert parallelism: ep groups carved out of dp (every flavor at ep 2)
   layouts+=("2|--ep 2")
