@@ -279,7 +279,8 @@ static enum status gguf_phi3_longrope(const struct gguf *g, const char *path, st
  * every layer, LongRoPE), "olmo2" (q and k normed over the whole projection, norms after
  * attention and the MLP only), and the mixtures of experts: "llama" with expert_count
  * (Mixtral), "qwen2moe" (q/k/v biases, a shared expert as ffn_*_shexp behind a sigmoid gate
- * ffn_gate_inp_shexp), "qwen3moe" and "olmoe" (whole-projection QK norm). llama.cpp's converter permutes the rows of a llama model's
+ * ffn_gate_inp_shexp), "qwen3moe" and "olmoe" (whole-projection QK norm), "minimax-m2" (sigmoid gating
+ * with the selection bias exp_probs_b, whole-projection QK norm, rope.dimension_count rotated). llama.cpp's converter permutes the rows of a llama model's
  * attn_q and attn_k so that rotary rotates adjacent pairs (its rope type NORM): rope_style pairs
  * over the file's weights as they are; the others keep Hugging Face's order and rotate halves
  * (rope type NEOX; Olmo2Model and Phi3MiniModel permute nothing). Biases come with the tensors
@@ -292,8 +293,8 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     const int qwen2moe = !strcmp(arch, "qwen2moe"), qwen2 = !strcmp(arch, "qwen2") || qwen2moe;
     const int qwen3moe = !strcmp(arch, "qwen3moe"), qwen3 = !strcmp(arch, "qwen3") || qwen3moe;
     const int phi3 = !strcmp(arch, "phi3"), olmo2 = !strcmp(arch, "olmo2"), olmoe = !strcmp(arch, "olmoe");
-    const int oss = !strcmp(arch, "gpt-oss");
-    const int moe_arch = qwen2moe || qwen3moe || olmoe || oss; /* experts by architecture; llama's by expert_count */
+    const int oss = !strcmp(arch, "gpt-oss"), minimax = !strcmp(arch, "minimax-m2");
+    const int moe_arch = qwen2moe || qwen3moe || olmoe || oss || minimax; /* experts by architecture; llama's by expert_count */
 #define K(name) (snprintf(key, sizeof key, "%s." name, arch), key)
     static const char *const unsupported[] = {"attention.layer_norm_epsilon", "attention.sliding_window_pattern",
                                               "attention.sliding_window"};
@@ -310,11 +311,12 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     if (gguf_find_kv(g, K("expert_count")) && (s = gguf_get_int(g, key, &experts))) return s;
     if (experts && strcmp(arch, "llama") && !moe_arch)
         return status_errorf(STATUS_UNSUPPORTED, "%s: %s: experts in a %s file are not supported (llama: Mixtral; "
-                             "qwen2moe, qwen3moe, olmoe)", path, key, arch);
+                             "qwen2moe, qwen3moe, olmoe, minimax-m2)", path, key, arch);
     snprintf(c->architecture, sizeof c->architecture, "%s",
              qwen2moe ? "Qwen2MoeForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : qwen3moe ? "Qwen3MoeForCausalLM"
              : qwen3 ? "Qwen3ForCausalLM" : phi3 ? "Phi3ForCausalLM" : olmo2 ? "Olmo2ForCausalLM"
-             : olmoe ? "OlmoeForCausalLM" : oss ? "GptOssForCausalLM" : experts ? "MixtralForCausalLM"
+             : olmoe ? "OlmoeForCausalLM" : oss ? "GptOssForCausalLM" : minimax ? "MiniMaxM2ForCausalLM"
+             : experts ? "MixtralForCausalLM"
              : "LlamaForCausalLM");
     if ((s = gc_int(g, K("embedding_length"), &c->d_model)) || (s = gc_int(g, K("block_count"), &c->n_layers)) ||
         (s = gc_int(g, K("feed_forward_length"), &c->ffn_hidden)) ||
@@ -336,6 +338,15 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
         /* llama.cpp's build_moe_ffn renormalises the top-k weights of Mixtral and Qwen 3 MoE, not
          * those of Qwen 2 MoE or OLMoE (their norm_topk_prob false, as in their configs). */
         c->norm_topk_prob = !qwen2moe && !olmoe; /* gpt-oss: softmax over the k chosen logits, the same */
+        if (minimax) { /* llama.cpp's minimax-m2 graph: sigmoid gating, the selection bias exp_probs_b */
+            int64_t gating = 2; /* LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID */
+            if (gguf_find_kv(g, K("expert_gating_func")) && (s = gguf_get_int(g, key, &gating))) return s;
+            if (gating != 2)
+                return status_errorf(STATUS_UNSUPPORTED, "%s: %s = %lld: a minimax-m2 file is read with sigmoid "
+                                     "gating (2) only", path, key, (long long)gating);
+            c->moe_sigmoid = 1;
+            c->moe_sel_bias = gguf_find_tensor(g, "blk.0.exp_probs_b.bias") != NULL;
+        }
         if (qwen2moe) { /* the shared expert: shardlm's dense MLP, of expert_shared_feed_forward_length */
             c->shared_expert = 1;
             if ((s = gc_int_or(g, K("expert_shared_feed_forward_length"), c->ffn_hidden, &c->ffn_hidden))) return s;
@@ -363,7 +374,7 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     c->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     c->attn_out_bias = gguf_find_tensor(g, "blk.0.attn_output.bias") != NULL;
     c->mlp_bias = gguf_find_tensor(g, "blk.0.ffn_up.bias") != NULL;
-    c->qk_norm = qwen3 ? QK_NORM_HEAD : olmo2 || olmoe ? QK_NORM_FULL : 0;
+    c->qk_norm = qwen3 ? QK_NORM_HEAD : olmo2 || olmoe || minimax ? QK_NORM_FULL : 0;
     c->sandwich_norms = c->no_pre_norms = olmo2;
     c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     c->dtype = dtype;
@@ -391,14 +402,14 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
     const char *path = gguf_path(g), *arch = NULL;
     if ((s = gguf_get_str(g, "general.architecture", &arch))) return s;
     static const char *const llama_like[] = {"llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "olmo2", "olmoe",
-                                             "gpt-oss"};
+                                             "gpt-oss", "minimax-m2"};
     for (size_t i = 0; i < sizeof llama_like / sizeof llama_like[0]; i++)
         if (!strcmp(arch, llama_like[i])) return gguf_llama_config(g, arch, dtype, c);
     const int g2 = !strcmp(arch, "gemma2");
     if (!g2 && strcmp(arch, "gemma3"))
         return status_errorf(STATUS_UNSUPPORTED,
                              "%s: general.architecture \"%s\": only llama (and Mixtral), qwen2, qwen2moe, qwen3, qwen3moe, "
-                             "phi3, olmo2, olmoe, gpt-oss, gemma2 and gemma3 GGUF files load", path, arch);
+                             "phi3, olmo2, olmoe, gpt-oss, minimax-m2, gemma2 and gemma3 GGUF files load", path, arch);
     char key[96];
 #define GK(name) (snprintf(key, sizeof key, "%s." name, arch), key)
     static const char *const unsupported3[] = {"final_logit_softcapping", "attn_logit_softcapping",

@@ -15,7 +15,7 @@ output rows) and ffn_up_exps (the odd ones), down_proj transposed, the biases sp
 --mxfp4 the three expert matrices are written as MXFP4 blocks (gguf-py's quantizer) and the reference
 is gpt_oss_ref.py's float64 forward over gguf-py's dequantization of those blocks.
 
-  hf_to_gguf.py --hf DIR --arch llama|qwen2|qwen2moe|qwen3|qwen3moe|gemma2|phi3|olmo2|olmoe|gpt-oss [--mxfp4]
+  hf_to_gguf.py --hf DIR --arch llama|qwen2|qwen2moe|qwen3|qwen3moe|gemma2|phi3|olmo2|olmoe|gpt-oss|minimax-m2 [--mxfp4]
                 --out FILE.gguf --ref OUT.json
 """
 import argparse
@@ -60,7 +60,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hf", required=True)
     ap.add_argument("--arch", choices=["llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "phi3", "olmo2",
-                                       "olmoe", "gpt-oss"],
+                                       "olmoe", "gpt-oss", "minimax-m2"],
                     required=True)
     ap.add_argument("--mxfp4", action="store_true", help="gpt-oss: the experts' matrices as MXFP4 blocks")
     ap.add_argument("--extra-float", action="append", default=[], metavar="KEY=VALUE",
@@ -98,14 +98,14 @@ def main():
     else:
         g.add_uint32(A + ".attention.key_length", hd)
         g.add_uint32(A + ".attention.value_length", hd)
-        g.add_uint32(A + ".rope.dimension_count", hd)
+        g.add_uint32(A + ".rope.dimension_count", cfg.get("rotary_dim") or hd)  # MiniMaxM2Model: rotary_dim
     g.add_float32(A + ".attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     g.add_float32(A + ".rope.freq_base", cfg["rope_theta"])
-    mixtral = cfg["model_type"] == "mixtral"
+    mixtral = cfg["model_type"] in ("mixtral", "minimax_m2")  # Mixtral's expert names
     E = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     if E:  # MixtralModel / Qwen2MoeModel / Qwen3MoeModel / OlmoeModel: the experts' keys
         # llama.cpp's build_moe_ffn renormalises the top k for llama (Mixtral) and qwen3moe only
-        renorm = A in ("llama", "qwen3moe")
+        renorm = A in ("llama", "qwen3moe", "minimax-m2")
         assert oss or (mixtral or bool(cfg.get("norm_topk_prob"))) == renorm, "GGUF MoE: llama.cpp's top-k rule for " + A
         g.add_uint32(A + ".expert_count", E)
         g.add_uint32(A + ".expert_used_count", cfg["num_experts_per_tok"])
@@ -120,6 +120,9 @@ def main():
             g.add_float32(A + ".rope.scaling.yarn_beta_slow", rs["beta_slow"])
         if "moe_intermediate_size" in cfg:  # Mixtral's and OLMoE's experts are intermediate_size wide
             g.add_uint32(A + ".expert_feed_forward_length", cfg["moe_intermediate_size"])
+        if A == "minimax-m2":  # MiniMaxM2Model.set_gguf_parameters: the experts' width; sigmoid gating
+            g.add_uint32(A + ".expert_feed_forward_length", cfg["intermediate_size"])
+            g.add_uint32(A + ".expert_gating_func", 2)
         if "shared_expert_intermediate_size" in cfg:  # Qwen2MoeModel.set_gguf_parameters
             g.add_uint32(A + ".expert_shared_feed_forward_length", cfg["shared_expert_intermediate_size"])
     gemma = A == "gemma2"
@@ -213,6 +216,8 @@ def main():
             blk, names = ("block_sparse_moe.", ("w1", "w3", "w2")) if mixtral else \
                 ("mlp.", ("gate_proj", "up_proj", "down_proj"))
             put(b + "ffn_gate_inp.weight", w[p + blk + "gate.weight"])
+            if p + blk + "e_score_correction_bias" in w:  # MiniMax-M2's selection bias (tensor_mapping: exp_probs_b)
+                put(b + "exp_probs_b.bias", w[p + blk + "e_score_correction_bias"])
             for name, dst in zip(names, ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")):
                 put(b + dst + ".weight", np.stack([w[p + blk + "experts.%d.%s.weight" % (e, name)] for e in range(E)]))
             if p + "mlp.shared_expert_gate.weight" in w:  # Qwen 2 MoE's shared expert, as tensor_mapping.py names it
