@@ -66,6 +66,9 @@ static const char *const train_help =
     "mixture of experts (docs/training.md):\n"
     "  --moe-aux-loss-coeff C [0]  load-balancing loss weight (Megatron's, E sum f_e P_e)\n"
     "  --moe-z-loss-coeff C [0]    router z-loss weight (mean logsumexp(logits)^2)\n"
+    "  --moe-router-enable-expert-bias   DeepSeek-V3's loss-free balancing of a router with a\n"
+    "                          selection bias (MiniMax-M2): b_e += rate sign(mean load - load_e)\n"
+    "  --moe-router-bias-update-rate R [1e-3]   its rate (implies the flag above)\n"
     "LoRA (the base frozen; the output is a PEFT adapter: adapter_config.json +\n"
     "adapter_model.safetensors; shardlm merge-lora makes a servable checkpoint of it):\n"
     "  --lora-rank R [off; 32 when any --lora-* is given]  --lora-alpha A [32]\n"
@@ -141,6 +144,7 @@ static int parse_flag(struct train_options *o, const char *a, const char *v)
     else if (!strcmp(a, "--adam-eps")) { if (parse_double(v, &o->opt.eps)) return bad("--adam-eps must be a number, got '%s'", v); }
     else if (!strcmp(a, "--clip-grad")) { if (parse_double(v, &o->opt.clip_grad)) return bad("--clip-grad must be a number, got '%s'", v); }
     else if (!strcmp(a, "--moe-aux-loss-coeff")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x < 1e6)) return bad("--moe-aux-loss-coeff must be a number >= 0, got '%s'", v); o->moe_aux_loss_coeff = (float)x; }
+    else if (!strcmp(a, "--moe-router-bias-update-rate")) { double x; if (parse_double(v, &x) || !(x > 0.0 && x < 1.0)) return bad("--moe-router-bias-update-rate must be a number in (0, 1), got '%s'", v); o->moe_router_bias_update_rate = (float)x; }
     else if (!strcmp(a, "--moe-z-loss-coeff")) { double x; if (parse_double(v, &x) || !(x >= 0.0 && x < 1e6)) return bad("--moe-z-loss-coeff must be a number >= 0, got '%s'", v); o->moe_z_loss_coeff = (float)x; }
     else if (!strcmp(a, "--lora-rank")) { if (parse_int(v, 1, 4096, &o->lora_rank)) return bad("--lora-rank must be an integer in [1, 4096], got '%s'", v); }
     else if (!strcmp(a, "--lora-alpha")) { double x; if (parse_double(v, &x) || !(x > 0)) return bad("--lora-alpha must be a positive number, got '%s'", v); o->lora_alpha = (float)x; if (!o->lora_rank) o->lora_rank = 32; }
@@ -231,7 +235,7 @@ int train_main(int argc, char **argv)
     struct train_options o;
     train_options_default(&o);
     o.stop_signal = &stop_signal;
-    int chat_template_set = 0;
+    int chat_template_set = 0, enable_expert_bias = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -250,6 +254,10 @@ int train_main(int argc, char **argv)
             o.distributed_optimizer = 1;
             continue;
         }
+        if (!strcmp(a, "--moe-router-enable-expert-bias")) { /* Megatron's default rate unless one is given */
+            enable_expert_bias = 1;
+            continue;
+        }
         if (!strcmp(a, "--bf16") || !strcmp(a, "--fp16")) {
             enum train_precision p = a[2] == 'b' ? TRAIN_PRECISION_BF16 : TRAIN_PRECISION_FP16;
             if (o.precision != TRAIN_PRECISION_F32 && o.precision != p) return bad("%s: give --bf16 or --fp16, not both", a);
@@ -261,6 +269,7 @@ int train_main(int argc, char **argv)
         int rc = parse_flag(&o, a, argv[++i]);
         if (rc) return rc;
     }
+    if (enable_expert_bias && !o.moe_router_bias_update_rate) o.moe_router_bias_update_rate = 1e-3f;
     if (!o.model_dir && !o.resume_dir) return bad("--model DIR is required%s", "");
     if (o.loss_scale > 0 && o.precision != TRAIN_PRECISION_FP16) return bad("--loss-scale applies to --fp16 only%s", "");
     if (!o.data) return bad("--data FILE is required%s", "");

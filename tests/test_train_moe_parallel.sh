@@ -164,6 +164,38 @@ done
 grep -q "whole f32 masters freed" "$WORK/mixtral_bf16_4.log"
 check "bf16 + ep + distributed optimizer: the whole masters are freed" $?
 
+# DeepSeek-V3's loss-free balancing of MiniMax-M2's selection bias (--moe-router-bias-update-rate):
+# after each step b_e += rate sign(mean load - load_e) per layer, from the step's routing; the
+# final bias of the HF checkpoint written equals the initial one plus those steps recomputed in
+# float32 from the metrics' expert_load, and ep 2 gives one rank's run.
+if run minimax_m2_bias_one 1 minimax_m2 --moe-router-bias-update-rate 0.01 &&
+   run minimax_m2_bias_ep2 2 minimax_m2 --moe-router-bias-update-rate 0.01 --ep 2; then
+  same minimax_m2_bias_ep2 minimax_m2_bias_one
+  PYTHONPATH=$here python3 - "$WORK/minimax_m2" "$WORK/minimax_m2_bias_one" <<'PY'
+import json, sys
+import numpy as np
+from train_compare import read_safetensors
+src, out = sys.argv[1:]
+w0, w1 = read_safetensors(src + "/model.safetensors"), read_safetensors(out + "/model.safetensors")
+steps = [json.loads(l) for l in open(out + "/metrics.jsonl") if '"loss"' in l]
+ok, moved = len(steps) == 6, 0.0
+for l in range(2):
+    name = "model.layers.%d.block_sparse_moe.e_score_correction_bias" % l
+    b = w0[name].astype(np.float32).copy()
+    for s in steps:
+        load = np.array(s["expert_load"][l], dtype=np.float64)
+        b = (b + np.float32(0.01) * np.sign(load.mean() - load).astype(np.float32)).astype(np.float32)
+    ok &= np.array_equal(b, w1[name])
+    moved = max(moved, float(np.abs(w1[name] - w0[name]).max()))
+print(("PASS" if ok and moved > 0 else "FAIL") + " the selection bias after 6 steps is the initial one plus 0.01 sign(mean "
+      "load - load) of every step's routing, bit for bit (moved up to %.2f)" % moved)
+sys.exit(0 if ok and moved > 0 else 1)
+PY
+  check "minimax_m2 --moe-router-bias-update-rate: the bias update" $?
+else
+  check "minimax_m2 with the bias update runs ($(grep -v '^I' "$WORK/minimax_m2_bias_ep2.log" | tail -3 | tr '\n' ' '))" 1
+fi
+
 # The all-to-alls' traffic each ep rank logs: the bytes sent to other ranks equal the rows the
 # routing sent them times d_model x 4 (f32), and every token-layer is counted.
 python3 - "$WORK/mixtral_ep2.log" "$WORK/mixtral_ep4.log" <<'PY'
@@ -199,6 +231,10 @@ refused "--ep with --tp is refused" 4 "expert parallelism beside tensor parallel
 cp -r "$2/stories260K" "$WORK/dense"
 refused "--ep on a dense model is refused" 2 "is a dense model (0 experts)" dense --ep 2 \
   --moe-aux-loss-coeff 0 --moe-z-loss-coeff 0
+refused "the bias update on a router without a selection bias is refused" 1 "has no router selection bias" mixtral \
+  --moe-router-enable-expert-bias
+refused "the bias update with bf16 and the distributed optimizer is refused" 2 "the sharded masters would undo" \
+  minimax_m2 --moe-router-bias-update-rate 0.01 --bf16 --use-distributed-optimizer
 
 echo "$n_pass passed, $n_fail failed"
 [ "$n_fail" = 0 ]

@@ -250,6 +250,13 @@ static enum status check_moe(struct trainer *t)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--moe-aux-loss-coeff %g / --moe-z-loss-coeff %g: %s is not a "
                              "mixture of experts", (double)o->moe_aux_loss_coeff, (double)o->moe_z_loss_coeff,
                              c->architecture);
+    if (o->moe_router_bias_update_rate > 0.0f && !c->moe_sel_bias)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "--moe-router-bias-update-rate %g: %s has no router selection bias "
+                             "to update (MiniMax-M2's e_score_correction_bias)", (double)o->moe_router_bias_update_rate,
+                             c->architecture);
+    if (o->moe_router_bias_update_rate > 0.0f && o->lora_rank > 0)
+        return status_errorf(STATUS_UNSUPPORTED, "--moe-router-bias-update-rate with LoRA: the base (and its bias) is "
+                             "frozen; train it fully");
     if (!c->n_experts) return STATUS_OK;
     const unsigned mlp = 1u << LORA_TARGET_GATE | 1u << LORA_TARGET_UP | 1u << LORA_TARGET_DOWN;
     if (o->lora_rank > 0 && (o->lora_targets & mlp))
@@ -360,6 +367,10 @@ static enum status setup(struct trainer *t)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--seed %llu differs from the checkpoint's %llu",
                              (unsigned long long)o->seed, (unsigned long long)t->state.cursor.seed);
     if (t->master != &t->m->w) sync_compute(t); /* the compute copy of the (restored) masters */
+    if (t->use_dist && t->master != &t->m->w && o->moe_router_bias_update_rate > 0.0f)
+        return status_errorf(STATUS_UNSUPPORTED, "--moe-router-bias-update-rate with --%s and the distributed optimizer: "
+                             "the sharded masters would undo the bias's update (use f32, or the optimizer whole)",
+                             o->precision == TRAIN_PRECISION_BF16 ? "bf16" : "fp16");
     if (t->use_dist && t->master != &t->m->w && (st = shard_masters(t)) != STATUS_OK) return st;
     struct train_memory mem = o->memory;
     const int in_flight = t->ranks.pp - t->m->pp_rank; /* 1F1B's micro-batches in flight */
@@ -516,6 +527,27 @@ static enum status moe_step_stats(struct trainer *t, struct step_result *r)
     return STATUS_OK;
 }
 
+/* DeepSeek-V3's loss-free balancing (trainer.h moe_router_bias_update_rate): every layer of this
+ * stage, from the step's routing summed over the world (the same numbers on every rank, so every
+ * replica updates its copy alike), b_e += rate sign(mean_e load - load_e), in the f32 masters and
+ * the compute copy. The bias has no gradient (AdamW leaves it: zero moments, no decay). */
+static void update_router_bias(struct trainer *t)
+{
+    const struct model *m = t->m;
+    const int E = m->cfg.n_experts;
+    float b[1024];
+    for (int l = 0; l < m->n_layers_local; l++) {
+        const int64_t *load = t->expert_load + (size_t)(m->layer_first + l) * (size_t)E;
+        double mean = 0.0;
+        for (int e = 0; e < E; e++) mean += (double)load[e] / E;
+        const struct tensor *dst[2] = {&t->master->layers[l].router_sel_bias, &m->w.layers[l].router_sel_bias};
+        backend_download(t->b, b, dst[0]->data, (size_t)E * sizeof *b);
+        for (int e = 0; e < E; e++)
+            b[e] += (mean > (double)load[e] ? 1.0f : mean < (double)load[e] ? -1.0f : 0.0f) * t->o->moe_router_bias_update_rate;
+        for (int k = 0; k < (t->master != &m->w ? 2 : 1); k++) backend_upload(t->b, dst[k]->data, b, (size_t)E * sizeof *b);
+    }
+}
+
 static enum status train_step(struct trainer *t, struct step_result *r)
 {
     int64_t targets = 0, tokens = 0;
@@ -576,6 +608,7 @@ static enum status train_step(struct trainer *t, struct step_result *r)
             optimizer_step(&t->opt, t->b, &t->params, &t->gparams, r->lr, r->grad_norm, 1.0 / loss_scale);
         }
         if (t->master != &t->m->w && !t->masters_sharded) sync_compute(t); /* else done by the all-gather */
+        if (t->o->moe_router_bias_update_rate > 0.0f) update_router_bias(t);
     }
     t->state.iteration++;
     t->state.consumed_tokens += tokens;

@@ -59,6 +59,11 @@ struct train_options {
     /* A mixture of experts: Megatron's --moe-aux-loss-coeff and --moe-z-loss-coeff (moe.h); a
      * non-zero one is refused for a dense model. */
     float       moe_aux_loss_coeff, moe_z_loss_coeff;
+    /* DeepSeek-V3's auxiliary-loss-free balancing (Megatron's --moe-router-enable-expert-bias,
+     * --moe-router-bias-update-rate): after every step each layer's selection bias moves by rate
+     * towards the experts that got fewer tokens than the mean, b_e += rate sign(mean - load_e);
+     * 0: off. A router with a selection bias (MiniMax-M2) only. */
+    float       moe_router_bias_update_rate;
     /* Parallelism (mpirun -n tp x pp x dp): Megatron's flags. */
     int         tp, pp;             /* --tensor-model-parallel-size, --pipeline-model-parallel-size */
     int         ep;                 /* --expert-model-parallel-size (--ep): a mixture's experts split
