@@ -215,26 +215,36 @@ static enum status check_plan(const struct model *m, int max_tokens, const struc
 /* A mixture of experts' host memory, one allocation (t->moe_host): every set's routing per layer
  * (logits (T, E), start (E + 1), ids and w (T k), sw (T)), then moe_backward's host scratch
  * (dz (T, E), dw (T k), 3 T doubles), which the common set's moe_grad points to. */
+/* n rounded up to 8 bytes: every block of the host allocation starts 8-byte aligned (ep_n is
+ * int64, the scratch starts with doubles). */
+static size_t align8(size_t n) { return (n + 7) / 8 * 8; }
+
 static size_t moe_route_bytes(const struct model *m, int64_t T)
 {
     const struct model_config *c = &m->cfg;
     const size_t E = (size_t)c->n_experts, TK = (size_t)T * (size_t)c->n_experts_used;
     const size_t ep_n = m->ep_size > 1 ? (size_t)m->ep_size * E : 0;
-    return ep_n * sizeof(int64_t) + (size_t)T * E * sizeof(float) + (E + 1) * sizeof(int) +
-           TK * (sizeof(int32_t) + sizeof(float)) + (size_t)T * sizeof(float);
+    return align8(ep_n * sizeof(int64_t) + (size_t)T * E * sizeof(float) + (E + 1) * sizeof(int) +
+                  TK * (sizeof(int32_t) + sizeof(float)) + (size_t)T * sizeof(float));
 }
 
 /* Bytes of moe_backward's host scratch, then expert parallelism's index lists (ep_host). */
 static size_t moe_scratch_bytes(const struct model *m, int64_t T)
 {
     const size_t E = (size_t)m->cfg.n_experts, TK = (size_t)T * (size_t)m->cfg.n_experts_used;
-    return 3 * (size_t)T * sizeof(double) + (size_t)T * E * sizeof(float) + TK * sizeof(float);
+    return align8(3 * (size_t)T * sizeof(double) + (size_t)T * E * sizeof(float) + TK * sizeof(float));
+}
+
+/* Bytes of expert parallelism's host index lists (none without it). */
+static size_t ep_host_bytes(const struct model *m, int64_t T)
+{
+    return m->ep_size > 1 ? align8((size_t)moe_ep_idx_len(m, T) * sizeof(int32_t)) : 0;
 }
 
 static enum status moe_host_alloc(struct model_train *t, int64_t T)
 {
     const size_t E = (size_t)t->m->cfg.n_experts, sets = (size_t)t->n_sets * (size_t)t->m->n_layers_local;
-    const size_t ep_idx = t->m->ep_size > 1 ? (size_t)moe_ep_idx_len(t->m, T) * sizeof(int32_t) : 0;
+    const size_t ep_idx = ep_host_bytes(t->m, T);
     char *p = calloc(1, moe_scratch_bytes(t->m, T) + ep_idx + sets * moe_route_bytes(t->m, T));
     if (!p) return STATUS_RESOURCE_EXHAUSTED;
     t->moe_host = p;
@@ -252,9 +262,8 @@ static void moe_layer_tensors(struct model_train *t, struct train_activations *a
 {
     const struct model_config *c = &t->m->cfg;
     const int64_t T = a->max_tokens, E = c->n_experts, TK = T * c->n_experts_used;
-    const size_t ep_idx = t->m->ep_size > 1 ? (size_t)moe_ep_idx_len(t->m, T) * sizeof(int32_t) : 0;
     struct layer_acts *la = &a->layers[l];
-    char *p = (char *)t->moe_host + moe_scratch_bytes(t->m, T) + ep_idx +
+    char *p = (char *)t->moe_host + moe_scratch_bytes(t->m, T) + ep_host_bytes(t->m, T) +
               ((size_t)s * (size_t)t->m->n_layers_local + (size_t)l) * moe_route_bytes(t->m, T);
     struct moe_routing *r = &la->route;
     r->ep_n = t->m->ep_size > 1 ? (int64_t *)p : NULL; /* first: 8-byte aligned */
