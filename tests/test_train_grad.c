@@ -87,7 +87,9 @@ int main(int argc, char **argv)
     if (st == STATUS_OK && lora_rank > 0) { /* the base frozen: no weight gradients at all */
         g.n_layers = m->w.n_layers;
         g.layers = calloc((size_t)g.n_layers, sizeof *g.layers);
-        st = lora_create(m, lora_rank, (float)atof(argv[7]), (1u << LORA_TARGET_COUNT) - 1, 5, &lora);
+        unsigned mask = (1u << LORA_TARGET_COUNT) - 1; /* LORA_TARGETS (e.g. "q,k,v,o"): fewer targets */
+        if (getenv("LORA_TARGETS")) st = lora_parse_targets(getenv("LORA_TARGETS"), &mask);
+        if (st == STATUS_OK) st = lora_create(m, lora_rank, (float)atof(argv[7]), mask, 5, &lora);
         if (st == STATUS_OK) lora_set_dropout(lora, argc > 8 ? (float)atof(argv[8]) : 0.0f, 11);
         if (st == STATUS_OK) model_train_set_lora(mt, lora);
         tb.dropout = 1;

@@ -144,11 +144,40 @@ timeout 120 "$BIN" train --model "$WORK/gpt_oss" --out "$WORK/oss_bf16" "${R[@]}
   [ "$(grep -c '"moe_aux_loss"' "$WORK/oss_bf16/metrics.jsonl")" = 4 ]
 check "gpt_oss: --bf16 (its sinks kept f32) with the attention and the experts recomputed trains" $?
 
+# LoRA on a mixture's attention (q, k, v, o; the experts frozen): PEFT adapter files of q, k, v and
+# o only, the held-out loss falls, and merge-lora gives a checkpoint whose held-out loss equals base
+# + adapter's (the gradients against JAX: train_moe).
+LO=(--model "$WORK/mixtral" --data "$WORK/text.txt" "${COMMON[@]}" --split 90,10 --eval-iters 4 --lora-rank 8
+    --lora-alpha 16 --lora-targets q,k,v,o)
+timeout 120 "$BIN" train "${LO[@]}" --out "$WORK/moe_lora" --train-iters 30 2> "$WORK/moe_lora.err"
+check "mixtral: LoRA on q, k, v, o trains ($(grep -v '^I' "$WORK/moe_lora.err" | tail -1))" $?
+python3 - "$WORK/moe_lora" <<'PY'
+import json, struct, sys
+d = sys.argv[1]
+raw = open(d + "/adapter_model.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+names = [k for k in json.loads(raw[8:8 + n]) if k != "__metadata__"]
+cfg = json.load(open(d + "/adapter_config.json"))
+ev = [json.loads(l)["eval_loss"] for l in open(d + "/metrics.jsonl") if "eval_loss" in l]
+ok = len(names) == 2 * 4 * 2 and sorted(cfg["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"] and \
+     not any("expert" in k or "mlp" in k for k in names) and ev[-1] < ev[0]
+print("# %d adapter tensors, targets %s; held-out %.4f -> %.4f" % (len(names), cfg["target_modules"], ev[0], ev[-1]))
+sys.exit(0 if ok else 1)
+PY
+check "mixtral LoRA: PEFT files of the attention only, the held-out loss falls" $?
+"$BIN" merge-lora --model "$WORK/mixtral" --adapter "$WORK/moe_lora" --out "$WORK/moe_merged" 2> "$WORK/moe_merge.err" &&
+  "$BIN" train --model "$WORK/moe_merged" --data "$WORK/text.txt" "${COMMON[@]}" --split 90,10 --eval-iters 4 \
+    --train-iters 1 --lr 1e-30 --min-lr 0 --out "$WORK/moe_merged_eval" 2> /dev/null
+a=$(grep eval_loss "$WORK/moe_lora/metrics.jsonl" | tail -n1 | sed 's/.*"eval_loss": \([0-9.]*\).*/\1/')
+b=$(grep eval_loss "$WORK/moe_merged_eval/metrics.jsonl" 2> /dev/null | head -n1 | sed 's/.*"eval_loss": \([0-9.]*\).*/\1/')
+awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(a != "" && b != "" && d < 1e-4 && d > -1e-4) }'
+check "mixtral merge-lora: the merged model's held-out loss equals base + adapter's ($a, $b)" $?
+
 # ---- 2. refused by name -----------------------------------------------------------------------
 expect "the auxiliary losses on a dense model are refused" 1 "is not a mixture of experts" \
   "$BIN" train --model "$WORK/dense" --data "$WORK/text.txt" --out "$WORK/d.out" "${COMMON[@]}" --train-iters 1 \
   --moe-aux-loss-coeff 0.01
-expect "LoRA on the experts is refused" 1 "LoRA on a mixture of experts' MLP" \
+expect "LoRA on the experts (every target, the default) is refused" 1 "LoRA on a mixture of experts' MLP" \
   "$BIN" train --model "$WORK/mixtral" --data "$WORK/text.txt" --out "$WORK/l.out" "${COMMON[@]}" --train-iters 1 \
   --lora-rank 4
 expect "a negative coefficient is refused" 2 "--moe-z-loss-coeff must be a number >= 0" \

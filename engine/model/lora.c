@@ -89,6 +89,17 @@ enum status lora_parse_targets(const char *text, unsigned *mask)
     return STATUS_OK;
 }
 
+/* A mixture of experts takes adapters on its attention (q, k, v, o) only: its MLP is the experts
+ * (and Qwen 2 MoE's shared expert), which no adapter reaches (moe.c has no adapter hooks). */
+static enum status moe_targets_ok(const struct model *m, unsigned mask)
+{
+    const unsigned mlp = 1u << LORA_TARGET_GATE | 1u << LORA_TARGET_UP | 1u << LORA_TARGET_DOWN;
+    if (m->cfg.n_experts && (mask & mlp))
+        return status_errorf(STATUS_UNSUPPORTED, "LoRA adapters on a mixture of experts' MLP (%s: gate, up, down) are "
+                             "not built; its attention (q, k, v, o) takes them", m->cfg.architecture);
+    return STATUS_OK;
+}
+
 /* The groups an adapter of `mask` on m fuses: on a model whose Hugging Face layout fuses them
  * (Phi-3), every group it targets, which it must target whole (PEFT has one module for it). */
 static enum status model_fused_groups(const struct model *m, unsigned mask, unsigned *fused)
@@ -235,12 +246,10 @@ enum status lora_create(const struct model *m, int rank, float alpha, unsigned m
     if (rank < 1 || rank > LORA_MAX_RANK || !isfinite(alpha) || !(alpha > 0) || alpha > LORA_MAX_ALPHA)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--lora-rank must be in [1, %d] and --lora-alpha in (0, %g]",
                              LORA_MAX_RANK, LORA_MAX_ALPHA);
-    if (m->cfg.n_experts)
-        return status_errorf(STATUS_UNSUPPORTED, "LoRA adapters on a mixture of experts (%s) are not built",
-                             m->cfg.architecture);
-    unsigned fused = 0;
-    enum status st = model_fused_groups(m, mask, &fused);
+    enum status st = moe_targets_ok(m, mask);
     if (st != STATUS_OK) return st;
+    unsigned fused = 0;
+    if ((st = model_fused_groups(m, mask, &fused)) != STATUS_OK) return st;
     struct lora *l = lora_new(m, rank, alpha, mask, fused, 0);
     if (!l) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "LoRA: out of host memory");
     st = lora_alloc(l, m, 0);
@@ -745,15 +754,13 @@ enum status lora_load_peft(struct model *m, const char *dir, struct lora **out)
     *out = NULL;
     if (!llama_family(m))
         return status_errorf(STATUS_UNSUPPORTED, "LoRA adapters are read for Llama-family models, not %s", m->cfg.architecture);
-    if (m->cfg.n_experts)
-        return status_errorf(STATUS_UNSUPPORTED, "LoRA adapters on a mixture of experts (%s) are not built",
-                             m->cfg.architecture);
     int rank = 0;
     float alpha = 0;
     unsigned mask = 0, fused = 0;
     enum status st = peft_files_reachable(dir);
     if (st != STATUS_OK) return st;
     if ((st = read_peft_config(dir, &rank, &alpha, &mask, &fused)) != STATUS_OK) return st == STATUS_NOT_FOUND ? STATUS_IO : st;
+    if ((st = moe_targets_ok(m, mask)) != STATUS_OK) return st;
     if (fused && !config_hf_fused(&m->cfg))
         return status_errorf(STATUS_BAD_FORMAT, "%s/adapter_config.json: target module %s is a fused projection "
                              "(Phi-3's); %s has separate ones", dir, fused & LORA_FUSED_QKV ? "qkv_proj" : "gate_up_proj",

@@ -261,7 +261,8 @@ static enum status check_moe(struct trainer *t)
     const unsigned mlp = 1u << LORA_TARGET_GATE | 1u << LORA_TARGET_UP | 1u << LORA_TARGET_DOWN;
     if (o->lora_rank > 0 && (o->lora_targets & mlp))
         return status_errorf(STATUS_UNSUPPORTED, "LoRA on a mixture of experts' MLP (gate, up, down: the experts and "
-                             "the shared expert) is not built (nor on its attention: %s trains fully)", c->architecture);
+                             "the shared expert) is not built; --lora-targets q,k,v,o trains the attention of %s",
+                             c->architecture);
     const size_t cells = (size_t)c->n_experts * (size_t)c->n_layers;
     t->expert_load = calloc(cells, sizeof *t->expert_load);
     t->moe_sums = calloc(3 + cells, sizeof *t->moe_sums);
