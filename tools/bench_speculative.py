@@ -4,11 +4,14 @@ file: SQuAD held-out questions through gRPC Chat with the passage in the prompt 
 spans of it), greedy, one request at a time (batch 1) and 16 at once, on a server started
 without and then with `--speculative ngram`. Prints decode tokens/s of each (completion tokens
 over the time after the first token, summed over the requests), their ratio, the acceptance rate
-from GetServerStats, whether every answer is identical, and the CPU model. Not a test.
+from GetServerStats, whether every answer is identical, and the CPU model. With --draft-model,
+each DIR given is also run as `--speculative draft --draft-model DIR` (a draft model: for
+example one shardlm trained, tools/distill_draft.sh). Not a test.
 
   python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
       [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
-      [--spec-draft 4] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup]
+      [--spec-draft 4] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
+      [--batches 1,16]
 """
 import argparse
 import concurrent.futures as cf
@@ -77,6 +80,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--spec-draft", type=int, default=4)
     ap.add_argument("--llama-lookup", help="llama.cpp's llama-lookup, run on the same file and questions")
+    ap.add_argument("--draft-model", action="append", default=[], help="also speculate with this draft model")
+    ap.add_argument("--batches", default="1,16", help="requests at once, comma-separated (default 1,16)")
     a = ap.parse_args()
     qs = json.load(open(a.squad))
     step = max(1, len(qs) // a.questions)
@@ -84,31 +89,34 @@ def main():
     print(f"CPU: {TS.cpu_name()}; model {a.model}; {len(prompts)} SQuAD held-out questions, greedy, "
           f"{a.max_tokens} tokens at most, --threads {a.threads}")
     out = {}
+    batches = [int(b) for b in a.batches.split(",")]
+    configs = [("none", []), ("ngram", ["--speculative", "ngram", "--spec-draft", str(a.spec_draft)])]
+    configs += [("draft " + d, ["--speculative", "draft", "--draft-model", d, "--spec-draft", str(a.spec_draft)])
+                for d in a.draft_model]
     try:
-        for spec in (False, True):
-            flags = ["--threads", str(a.threads)] + (["--speculative", "ngram", "--spec-draft", str(a.spec_draft)]
-                                                      if spec else [])
-            with TS.Server(a.shardlm, Path(a.model), *flags, name="bench-spec" if spec else "bench") as srv:
-                for parallel in (1, 16):
-                    out[(spec, parallel)] = run(srv, prompts, a.max_tokens, parallel)
+        for name, flags in configs:
+            with TS.Server(a.shardlm, Path(a.model), "--threads", str(a.threads), *flags, name="bench-spec") as srv:
+                for parallel in batches:
+                    out[(name, parallel)] = run(srv, prompts, a.max_tokens, parallel)
                 with srv.client(timeout=60) as c:
                     st = c.server_stats()
-                if spec:
+                if flags:
                     rate = st.spec_accepted_tokens / st.spec_draft_tokens if st.spec_draft_tokens else 0.0
-                    print(f"speculation: {st.spec_draft_tokens} draft tokens, {st.spec_accepted_tokens} accepted "
+                    print(f"{name}: {st.spec_draft_tokens} draft tokens, {st.spec_accepted_tokens} accepted "
                           f"({100 * rate:.1f}%)")
     finally:
         TS.kill_all()
-    for parallel in (1, 16):
-        (a0, n0, t0), (a1, n1, t1) = out[(False, parallel)], out[(True, parallel)]
-        same = sum(x == y for x, y in zip(a0, a1))
-        print(f"batch {parallel:2d}: decode {n0 / t0:8.1f} tok/s without, {n1 / t1:8.1f} tok/s with speculation: "
-              f"{(n1 / t1) / (n0 / t0):.2f}x; {same} of {len(a0)} answers identical")
+    for name, _ in configs[1:]:
+        for parallel in batches:
+            (a0, n0, t0), (a1, n1, t1) = out[("none", parallel)], out[(name, parallel)]
+            same = sum(x == y for x, y in zip(a0, a1))
+            print(f"{name}, batch {parallel:2d}: decode {n0 / t0:8.1f} tok/s without, {n1 / t1:8.1f} tok/s with "
+                  f"speculation: {(n1 / t1) / (n0 / t0):.2f}x; {same} of {len(a0)} answers identical")
     if a.llama_lookup:
         b0, m0, u0, _, _ = llama_lookup(a.llama_lookup, a.model, prompts, a.max_tokens, a.threads, 0)
         b1, m1, u1, d1, k1 = llama_lookup(a.llama_lookup, a.model, prompts, a.max_tokens, a.threads, a.spec_draft)
         same = sum(x == y for x, y in zip(b0, b1))
-        (a0, n0, t0), (a1, n1, t1) = out[(False, 1)], out[(True, 1)]
+        (a0, n0, t0), (a1, n1, t1) = out[("none", 1)], out[("ngram", 1)]
         print(f"llama.cpp llama-lookup, batch 1: decode {m0 / u0:8.1f} tok/s without ({m0} tokens), {m1 / u1:8.1f} "
               f"tok/s with --spec-draft-n-max {a.spec_draft} ({m1} tokens): {(m1 / u1) / (m0 / u0):.2f}x; "
               f"{d1} drafted, {k1} accepted ({100 * k1 / max(d1, 1):.1f}%); {same} of {len(b0)} answers identical")

@@ -240,6 +240,8 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     }
     const char *check_gm = getenv("SHARDLM_SPEC_CHECK_GRAMMAR");
     c->spec_check_grammar = check_gm && *check_gm && strcmp(check_gm, "0") != 0;
+    const char *prior = getenv("SHARDLM_SPEC_PRIOR");
+    c->spec_prior = !(prior && !strcmp(prior, "0"));
     if (o->draft_model_dir) {
         c->device_greedy = 0; /* on every rank: device-greedy steps never draft, the draft needs the host's rows */
         st = conductor_is_first_rank(c) ? load_draft(c) : STATUS_OK;

@@ -52,6 +52,12 @@ struct conductor {
     struct draft    draft;
     float   *spec_q, *spec_p;
     int      spec_check_grammar; /* SHARDLM_SPEC_CHECK_GRAMMAR set: check_matcher after each verification */
+    /* The adaptive rule's server-wide prior (conductor_speculate.c spec_prior_low): the drafts
+     * verified and accepted lately over every sequence (halved as they grow), and the backoff a
+     * new sequence starts with while that acceptance is low; spec_prior off:
+     * SHARDLM_SPEC_PRIOR=0 (tests that need every sequence to draft). */
+    uint64_t spec_g_drafted, spec_g_accepted;
+    int      spec_g_backoff, spec_prior;
     int      max_logits;
     float   *logits;              /* (max_logits, vocab) host */
     float   *scratch;             /* (2, vocab) log-softmax and a logits copy */

@@ -35,6 +35,8 @@
 #define SPEC_MIN_ACCEPT_DEN 4   /* below 1/4 of them accepted: back off */
 #define SPEC_BACKOFF_FIRST  16  /* generated tokens without drafting, the first time */
 #define SPEC_BACKOFF_MAX    256 /* each consecutive backoff doubles, up to this */
+#define SPEC_PRIOR_MIN      32  /* drafts verified server-wide before the prior judges */
+#define SPEC_PRIOR_HALVE    1024 /* the server-wide counts are halved beyond this (recent drafts weigh most) */
 
 /* Whether s may draft this step: decoding (one real token pending), not opted out, not on the
  * device-greedy path (its argmax comes from the device, one row per sequence), and past its
@@ -177,6 +179,32 @@ static void propose(struct conductor *c, struct seq **ds, const int *want, int n
     matcher_undraft(ds, gm_steps, n);
 }
 
+/* The server-wide prior of the adaptive rule: whether drafts verified lately, over every
+ * sequence, were accepted below 1 / SPEC_MIN_ACCEPT_DEN (with at least SPEC_PRIOR_MIN of them).
+ * A sequence's own window needs SPEC_WINDOW drafts before it backs off, which a short answer pays
+ * at a weak draft's full cost (a draft model's forwards: 0.44x the speed without it, measured with
+ * a weak trained draft of SmolLM2, docs/speculative.md); with the prior, a new sequence begins
+ * with the current server-wide backoff instead, and drafts only once it has generated that many
+ * tokens: a long one probes again, and its windows move the prior back when drafts pay again. */
+static int spec_prior_low(const struct conductor *c)
+{
+    return c->spec_prior && c->spec_g_drafted >= SPEC_PRIOR_MIN &&
+           c->spec_g_accepted * SPEC_MIN_ACCEPT_DEN < c->spec_g_drafted;
+}
+
+/* The prior after a sequence's window was judged (low or not) and its n_ver verified drafts, of
+ * which n_accepted were accepted. */
+static void spec_prior_update(struct conductor *c, int n_ver, int n_accepted, int judged, int low)
+{
+    c->spec_g_drafted += (uint64_t)n_ver;
+    c->spec_g_accepted += (uint64_t)n_accepted;
+    if (c->spec_g_drafted > SPEC_PRIOR_HALVE) c->spec_g_drafted /= 2, c->spec_g_accepted /= 2;
+    if (!c->spec_g_backoff) c->spec_g_backoff = SPEC_BACKOFF_FIRST;
+    if (judged) c->spec_g_backoff = low ? (2 * c->spec_g_backoff > SPEC_BACKOFF_MAX ? SPEC_BACKOFF_MAX
+                                                                                  : 2 * c->spec_g_backoff)
+                                        : SPEC_BACKOFF_FIRST;
+}
+
 /* Before planning: every sequence's drafts of the last step are gone (take_results consumed the
  * verified ones); each eligible sequence that is not backing off appends new ones, up to its
  * adaptive length, within a budget of logits rows and batch rows that leaves the other sequences
@@ -203,6 +231,14 @@ void speculate(struct conductor *c)
         if (!can_draft(c, s) || s->n_generated < s->spec_resume_at) continue;
         const struct request *r = s->req;
         const int limit = draft_limit(c, r);
+        if (s->spec_len <= 0 && spec_prior_low(c)) { /* a new sequence while drafts rarely pay: it waits */
+            s->spec_len = limit;
+            s->spec_resume_at = s->n_generated + c->spec_g_backoff;
+            pthread_mutex_lock(&c->mu);
+            c->stats.spec_backoffs++;
+            pthread_mutex_unlock(&c->mu);
+            continue;
+        }
         if (s->spec_len <= 0 || s->spec_len > limit) s->spec_len = limit;
         int max = s->spec_len < budget ? s->spec_len : budget;
         const int left = r->p.max_tokens - s->n_generated - 1, room = c->m->cfg.max_positions - s->n_tokens - 1;
@@ -231,7 +267,7 @@ void speculate(struct conductor *c)
  * (SPEC_BACKOFF_FIRST, doubling while consecutive windows stay low, up to SPEC_BACKOFF_MAX) and
  * then tries again at the full length; a window at or above it resets the backoff. Returns 1
  * when s began a backoff. Reads and writes only s's own fields (s may have finished). */
-static int adapt(struct seq *s, int limit, int n_ver, int n_accepted)
+static int adapt(struct conductor *c, struct seq *s, int limit, int n_ver, int n_accepted)
 {
     if (n_ver <= 0) return 0;
     s->spec_len = n_accepted == n_ver ? s->spec_len + 2 : s->spec_len - 1;
@@ -239,8 +275,10 @@ static int adapt(struct seq *s, int limit, int n_ver, int n_accepted)
     if (s->spec_len < 1) s->spec_len = 1;
     s->spec_win_drafted += n_ver;
     s->spec_win_accepted += n_accepted;
-    if (s->spec_win_drafted < SPEC_WINDOW) return 0;
+    const int judged = s->spec_win_drafted >= SPEC_WINDOW;
     const int low = s->spec_win_accepted * SPEC_MIN_ACCEPT_DEN < s->spec_win_drafted;
+    spec_prior_update(c, n_ver, n_accepted, judged, low);
+    if (!judged) return 0;
     s->spec_win_drafted = s->spec_win_accepted = 0;
     if (!low) {
         s->spec_backoff = 0;
@@ -352,7 +390,7 @@ void take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_v
     }
     if (c->draft.m) draft_rollback(&c->draft, s, real_end + n_accepted);
     check_matcher(c, s);
-    const int backoff = adapt(s, limit, n_ver, n_accepted);
+    const int backoff = adapt(c, s, limit, n_ver, n_accepted);
     pthread_mutex_lock(&c->mu);
     c->stats.spec_drafted += (uint64_t)n_ver;
     c->stats.spec_accepted += (uint64_t)n_accepted;

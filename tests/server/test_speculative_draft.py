@@ -163,13 +163,27 @@ def main():
             base = (greedy(srv, 1), greedy(srv, 8))
             off = {name: samples(srv, kw, 1000 * (k + 1)) for k, (name, kw) in enumerate(CONTROLS.items())}
             check(stats(srv).spec_draft_tokens == 0, "no drafts without --draft-model")
+        # Every sequence drafts here (SHARDLM_SPEC_PRIOR=0: the adaptive rule's server-wide prior off),
+        # so that the rejection rule is exercised on every request; the prior is checked below.
+        every = dict(os.environ, SHARDLM_SPEC_PRIOR="0")
         for j, (dname, path) in enumerate(drafts.items()):
-            with TS.Server(a.shardlm, Path(a.model), "--draft-model", str(path), *spec, name=f"draft-{j}") as srv:
+            with TS.Server(a.shardlm, Path(a.model), "--draft-model", str(path), *spec, name=f"draft-{j}",
+                           env=every) as srv:
                 g = (greedy(srv, 1), greedy(srv, 8))
                 st_g = stats(srv)
                 on = {} if j == 0 else {name: samples(srv, kw, 1000 * (k + 1) + 500 * j)
                                         for k, (name, kw) in enumerate(CONTROLS.items())}
                 runs[dname] = (g, st_g, on, stats(srv))
+        # The server-wide prior (on by default): with the 2-layer draft, whose drafts are rarely
+        # accepted, the first requests' windows make new sequences start backed off, so a second
+        # round of the same requests drafts far less than the first, with the same greedy tokens.
+        with TS.Server(a.shardlm, Path(a.model), "--draft-model", str(small), *spec, name="draft-prior") as srv:
+            p1 = greedy(srv, 1)
+            st1 = stats(srv)
+            p2 = greedy(srv, 1)
+            st2 = stats(srv)
+            prior = (p1, p2, st1.spec_draft_tokens, st2.spec_draft_tokens - st1.spec_draft_tokens,
+                     st2.spec_backoffs - st1.spec_backoffs)
         dp2 = None
         if shutil.which("mpirun"):
             with TS.Server(a.shardlm, Path(a.model), "--draft-model", a.model, *spec, name="draft-dp2",
@@ -185,6 +199,10 @@ def main():
               f"dp 2, the target as its own draft: identical greedy tokens "
               f"({sum(x == y for x, y in zip(base[0] + base[1], dp2[0] + dp2[1]))} of {2 * len(PROMPTS)}), "
               f"{st_dp.spec_accepted_tokens} of {st_dp.spec_draft_tokens} drafts accepted")
+    p1, p2, d1, d2, b2 = prior
+    check(p1 == p2 == base[0] and d1 > 0 and 2 * d2 < d1 and b2 > 0,
+          f"the adaptive rule's server-wide prior: the 2-layer draft's {d1} drafts in a first round of "
+          f"{len(p1)} requests, {d2} in the second ({b2} backoffs: new sequences start backed off), tokens unchanged")
     for dname, (g, st_g, on, st) in runs.items():
         check(g == base, f"greedy with {dname}: identical tokens "
               f"({sum(x == y for x, y in zip(base[0] + base[1], g[0] + g[1]))} of {2 * len(PROMPTS)})")
