@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tools/make_draft.py - the starting point of a draft model that shardlm trains itself (issue 29):
-a Llama-family checkpoint in the Hugging Face layout (f32 or bf16 safetensors, one file, as
-`shardlm convert gguf --dtype f32` writes it) cut down to some of its layers, the embeddings,
+a Llama-family checkpoint in the Hugging Face layout (one safetensors file, as `shardlm convert
+gguf --dtype f32` writes it; the draft is written in f32) cut down to some of its layers, the embeddings,
 final norm and LM head (tied or not) kept, so that the draft shares the target's tokenizer and
 vocabulary exactly (speculation requires it) and starts from the target's own weights. The draft
 is then trained on the target's outputs (tools/distill_draft.sh) and served with
@@ -22,28 +22,17 @@ import sys
 
 import numpy as np
 
-DTYPES = {"F32": np.float32, "F16": np.float16, "I32": np.int32}
-
-
-def read_safetensors(path):
-    """name -> (dtype string, shape, raw bytes): the tensors as they are (BF16 kept as raw bytes)."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = t["data_offsets"]
-        out[name] = (t["dtype"], t["shape"], data[a:b])
-    return out
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from train_compare import read_safetensors  # noqa: E402  (name -> float32 array; BF16 widened)
 
 
 def write_safetensors(path, tensors):
+    """name -> float32 array, written as F32."""
     header, blobs, off = {}, [], 0
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
+    for name, arr in tensors.items():
+        raw = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
     h = json.dumps(header).encode()
@@ -94,7 +83,7 @@ def main():
         if name.startswith("tokenizer") or name in ("special_tokens_map.json", "generation_config.json",
                                                     "chat_template.jinja"):
             shutil.copy(os.path.join(a.target, name), os.path.join(a.out, name))
-    params = sum(int(np.prod(t[1])) for t in out.values())
+    params = sum(int(t.size) for t in out.values())
     print("make_draft: %s -> %s: layers %s of %d kept, %.1fM parameters (%d tensors)"
           % (a.target, a.out, keep, L, params / 1e6, len(out)))
     return 0
