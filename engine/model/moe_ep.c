@@ -1,4 +1,4 @@
-/* engine/model/moe_ep.c - expert parallelism in serving (--ep N, moe.h moe_ep_experts): the
+/* engine/model/moe_ep.c - expert parallelism (--ep N; serving: moe.h moe_ep_experts): the
  * experts of every MoE layer split over the ep group (rank q holds the contiguous block
  * [q E/N, (q+1) E/N)), the tokens dispatched to the ranks that own their experts and combined
  * back with two all-to-alls (comm_all_to_all_rows: MPI_Alltoallv on CPU ranks, grouped NCCL
@@ -30,9 +30,12 @@
  * Traffic per token and MoE layer (dispatch + combine): 2 k d s bytes times the fraction of its k
  * experts held by other ranks ((N - 1) / N for a uniform routing); the join adds d s (N - 1) / N
  * per token in a ring. Counted in m->ep_stats and logged by moe_ep_log.
- * Not here: ep with tp > 1 (refused by the CLIs), training (refused: the trainer takes no --ep).
+ * Training's expert parallelism (ep groups carved out of dp, every rank its own tokens) is the
+ * second half of this file (moe_ep_train_experts, moe_ep_train_backward).
+ * Not here: ep with tp > 1 (refused by the CLIs and the trainer).
  * Tests: tests/test_moe_ep.sh (generate and serve at ep 2 and ep 2 x pp 2 against one rank,
- * and the refusals). Notes: docs/parallel.md, docs/models.md. */
+ * and the refusals), tests/test_train_moe_parallel.sh (training at ep against one rank). Notes:
+ * docs/parallel.md, docs/models.md. */
 #include "moe.h"
 
 #include <string.h>
