@@ -200,63 +200,6 @@ enum status config_parse_rope_scaling(const cJSON *root, const cJSON *rs, const 
     return STATUS_OK;
 }
 
-/* MiniMax-M2's router (config.h moe_sigmoid, moe_sel_bias): scoring_func must be "sigmoid";
- * use_routing_bias (default true, transformers always has the buffer) says whether the checkpoint
- * holds e_score_correction_bias; shared experts (shared_intermediate_size) are not built. */
-static enum status parse_minimax_router(const cJSON *root, const char *name, struct model_config *c)
-{
-    enum status st;
-    const char *score = NULL;
-    int shared = 0;
-    if ((st = config_get_string(root, name, "scoring_func", &score)) ||
-        (st = config_get_bool(root, name, "use_routing_bias", 1, &c->moe_sel_bias)) ||
-        (st = config_get_int(root, name, "shared_intermediate_size", 0, 0, &shared)))
-        return st;
-    if (score && strcmp(score, "sigmoid"))
-        return status_errorf(STATUS_UNSUPPORTED, "%s: field 'scoring_func' = \"%s\": MiniMaxM2ForCausalLM's router "
-                             "is read with \"sigmoid\" only", name, score);
-    if (shared > 0)
-        return status_errorf(STATUS_UNSUPPORTED, "%s: field 'shared_intermediate_size' = %d: MiniMax-M2's shared "
-                             "experts are not built", name, shared);
-    c->moe_sigmoid = 1;
-    return STATUS_OK;
-}
-
-/* MiniMax-M2's attention (config.h): q and k RMS-normed over the whole projection (use_qk_norm,
- * qk_norm_type "per_layer"), the first rotary_dim features of each head rotated, every layer
- * full attention (attn_type_list, when given, all 1). */
-static enum status parse_minimax_attention(const cJSON *root, const char *name, struct model_config *c)
-{
-    enum status st;
-    int use = 1;
-    const char *type = NULL;
-    if ((st = config_get_bool(root, name, "use_qk_norm", 1, &use)) ||
-        (st = config_get_string(root, name, "qk_norm_type", &type)))
-        return st;
-    if (!use || (type && strcmp(type, "per_layer")))
-        return status_errorf(STATUS_UNSUPPORTED, "%s: use_qk_norm %d, qk_norm_type \"%s\": MiniMax-M2 is read with q "
-                             "and k normed over the whole projection (\"per_layer\") only", name, use,
-                             type ? type : "per_layer");
-    c->qk_norm = QK_NORM_FULL;
-    const cJSON *rd = config_field(root, "rotary_dim");
-    if (rd && !config_field(root, "rot_dim")) {
-        int r = 0;
-        if ((st = config_json_to_int(rd, name, "rotary_dim", &r))) return st;
-        if (r < 2 || r > c->head_dim || r % 2)
-            return status_errorf(STATUS_BAD_FORMAT, "%s: field 'rotary_dim' = %d must be even and in [2, head_dim %d]",
-                                 name, r, c->head_dim);
-        c->rot_dim = r;
-    }
-    const cJSON *types = config_field(root, "attn_type_list");
-    for (int i = 0; types && cJSON_IsArray(types) && i < cJSON_GetArraySize(types); i++) {
-        const cJSON *t = cJSON_GetArrayItem(types, i);
-        if (!cJSON_IsNumber(t) || t->valuedouble != 1.0)
-            return status_errorf(STATUS_UNSUPPORTED, "%s: attn_type_list[%d] is not 1: only full-attention layers "
-                                 "are read (MiniMax's lightning attention is not built)", name, i);
-    }
-    return STATUS_OK;
-}
-
 /* The experts of Mixtral, Qwen 2 / 3 MoE and OLMoE (config.h): their count, top-k and size, Qwen
  * 2 MoE's shared expert (its size becomes ffn_hidden), with the classes' defaults; every layer
  * must be sparse. */
@@ -284,7 +227,7 @@ static enum status parse_moe(const cJSON *root, const char *name, enum llama_fla
         (st = config_get_bool(root, name, "norm_topk_prob", mixtral, &c->norm_topk_prob)))
         return st;
     if (mixtral || oss) c->norm_topk_prob = 1; /* Mixtral, MiniMax-M2 and GPT-OSS always renormalise their top k */
-    if (minimax && (st = parse_minimax_router(root, name, c))) return st;
+    if (minimax && (st = config_parse_minimax_router(root, name, c))) return st;
     if (c->n_experts < 1 || c->n_experts > 1024 || c->n_experts_used < 1 || c->n_experts_used > c->n_experts ||
         c->moe_ffn < 1 || c->moe_ffn > CONFIG_MAX_DIM)
         return status_errorf(STATUS_BAD_FORMAT, "%s: %d experts, %d per token, of %d features: need 1 <= per token <= "
@@ -401,7 +344,7 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
                : flavor == LLAMA_OLMO2 || flavor == LLAMA_OLMOE ? QK_NORM_FULL : 0;
     if ((st = parse_moe(root, name, flavor, c))) return st;
     if (oss && (st = parse_gpt_oss(root, name, c))) return st;
-    if (flavor == LLAMA_MINIMAX_M2 && (st = parse_minimax_attention(root, name, c))) return st;
+    if (flavor == LLAMA_MINIMAX_M2 && (st = config_parse_minimax_attention(root, name, c))) return st;
     c->sandwich_norms = c->no_pre_norms = flavor == LLAMA_OLMO2;
     if (qwen) { /* Qwen's window covers only the layers from max_window_layers on: not modelled */
         int use = 0;

@@ -1,5 +1,5 @@
 /* engine/formats/config_impl.h - private to the config.json parser (config.c, config_json.c,
- * config_gemma.c): the typed field readers every family's parser uses, and the parsers that
+ * config_gemma.c, config_bert.c, config_minimax.c): the typed field readers every family's parser uses, and the parsers that
  * live apart from config.c.
  * Each reader names the file (name) and the field in its error; absent and JSON null both mean
  * "use the default". */
@@ -38,6 +38,11 @@ enum status config_parse_rope_scaling(const cJSON *root, const cJSON *rs, const 
  * windowed); a list that no period describes is STATUS_UNSUPPORTED. */
 enum status config_layer_pattern(const cJSON *types, const char *name, int n_layers, int *pattern);
 enum status config_parse_gemma(const cJSON *root, const char *name, int version, struct model_config *c);
+
+/* MiniMax-M2's router (moe_sigmoid, moe_sel_bias) and attention (qk_norm, rot_dim) fields, with
+ * their refusals by name (config_minimax.c). */
+enum status config_parse_minimax_router(const cJSON *root, const char *name, struct model_config *c);
+enum status config_parse_minimax_attention(const cJSON *root, const char *name, struct model_config *c);
 
 /* BertModel (an encoder), defaults as in transformers' BertConfig (config_bert.c). */
 enum status config_parse_bert(const cJSON *root, const char *name, struct model_config *c);

@@ -160,6 +160,14 @@ void moe_expert_backward(struct model *m, int l, int el, const struct tensor *x,
                          const struct tensor *up, const struct tensor *hact, const struct tensor *dy,
                          const struct tensor *dx, const struct moe_grad_scratch *s, const struct layer_weights *g);
 
+/* DeepSeek-V3's loss-free balancing (train --moe-router-bias-update-rate): every layer of this
+ * stage, b_e += rate sign(mean_e load - load_e) on its selection bias (router_sel_bias), from load
+ * (n_layers, E), the step's routing of every layer summed over the world (the same numbers on
+ * every rank, so every replica updates its copy alike); written to master's bias (f32) and, when
+ * master is not the model's own weights, to the model's too. The bias has no gradient (AdamW
+ * leaves it: zero moments, no decay). moe_train.c. */
+void moe_update_sel_bias(struct model *m, struct model_weights *master, const int64_t *load, float rate);
+
 /* r->aux and r->z of T tokens from r->logits and r->start (moe_train.c). */
 void moe_routing_losses(const struct model_config *c, int64_t T, struct moe_routing *r);
 

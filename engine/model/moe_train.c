@@ -52,6 +52,22 @@ void moe_routing_losses(const struct model_config *c, int64_t T, struct moe_rout
     r->z = T ? z / (double)T : 0.0;
 }
 
+void moe_update_sel_bias(struct model *m, struct model_weights *master, const int64_t *load, float rate)
+{
+    const int E = m->cfg.n_experts;
+    float b[1024];
+    CHECK(E <= 1024, "moe_update_sel_bias: %d experts", E);
+    for (int l = 0; l < m->n_layers_local; l++) {
+        const int64_t *row = load + (size_t)(m->layer_first + l) * (size_t)E;
+        double mean = 0.0;
+        for (int e = 0; e < E; e++) mean += (double)row[e] / E;
+        const struct tensor *dst[2] = {&master->layers[l].router_sel_bias, &m->w.layers[l].router_sel_bias};
+        backend_download(m->b, b, dst[0]->data, (size_t)E * sizeof *b);
+        for (int e = 0; e < E; e++) b[e] += (mean > (double)row[e] ? 1.0f : mean < (double)row[e] ? -1.0f : 0.0f) * rate;
+        for (int k = 0; k < (master != &m->w ? 2 : 1); k++) backend_upload(m->b, dst[k]->data, b, (size_t)E * sizeof *b);
+    }
+}
+
 /* The gradient of the router's logits (T, E) into dz (host, f32), from dw (T * k), the gradient
  * of each slot's weight, through the (renormalised) top-k of softmax(z), plus the auxiliary
  * losses' gradients. tok: (3 T) double scratch. */

@@ -527,27 +527,6 @@ static enum status moe_step_stats(struct trainer *t, struct step_result *r)
     return STATUS_OK;
 }
 
-/* DeepSeek-V3's loss-free balancing (trainer.h moe_router_bias_update_rate): every layer of this
- * stage, from the step's routing summed over the world (the same numbers on every rank, so every
- * replica updates its copy alike), b_e += rate sign(mean_e load - load_e), in the f32 masters and
- * the compute copy. The bias has no gradient (AdamW leaves it: zero moments, no decay). */
-static void update_router_bias(struct trainer *t)
-{
-    const struct model *m = t->m;
-    const int E = m->cfg.n_experts;
-    float b[1024];
-    for (int l = 0; l < m->n_layers_local; l++) {
-        const int64_t *load = t->expert_load + (size_t)(m->layer_first + l) * (size_t)E;
-        double mean = 0.0;
-        for (int e = 0; e < E; e++) mean += (double)load[e] / E;
-        const struct tensor *dst[2] = {&t->master->layers[l].router_sel_bias, &m->w.layers[l].router_sel_bias};
-        backend_download(t->b, b, dst[0]->data, (size_t)E * sizeof *b);
-        for (int e = 0; e < E; e++)
-            b[e] += (mean > (double)load[e] ? 1.0f : mean < (double)load[e] ? -1.0f : 0.0f) * t->o->moe_router_bias_update_rate;
-        for (int k = 0; k < (t->master != &m->w ? 2 : 1); k++) backend_upload(t->b, dst[k]->data, b, (size_t)E * sizeof *b);
-    }
-}
-
 static enum status train_step(struct trainer *t, struct step_result *r)
 {
     int64_t targets = 0, tokens = 0;
@@ -608,7 +587,8 @@ static enum status train_step(struct trainer *t, struct step_result *r)
             optimizer_step(&t->opt, t->b, &t->params, &t->gparams, r->lr, r->grad_norm, 1.0 / loss_scale);
         }
         if (t->master != &t->m->w && !t->masters_sharded) sync_compute(t); /* else done by the all-gather */
-        if (t->o->moe_router_bias_update_rate > 0.0f) update_router_bias(t);
+        if (t->o->moe_router_bias_update_rate > 0.0f) /* DeepSeek-V3's loss-free balancing */
+            moe_update_sel_bias(t->m, t->master, t->expert_load, t->o->moe_router_bias_update_rate);
     }
     t->state.iteration++;
     t->state.consumed_tokens += tokens;
