@@ -148,7 +148,7 @@ static int ck_hf_file(const struct checkpoint *ck) { return ck->layout == CHECKP
 static enum status ck_source_hf_experts(const struct checkpoint *ck, enum weight_kind kind, int l, struct ck_source *s)
 {
     const struct model_config *c = &ck->cfg;
-    const int mixtral = !strcmp(c->architecture, "MixtralForCausalLM") || !strcmp(c->architecture, "MiniMaxM2ForCausalLM");
+    const int mixtral = config_hf_mixtral_names(c);
     const char *prefix = ck->files->hf_prefix, *block = mixtral ? "block_sparse_moe" : "mlp";
     char name[CK_NAME];
     s->mode = CK_DIRECT;

@@ -559,7 +559,7 @@ static enum status hfw_fill(void *ctx, void *dst, size_t nbytes)
 /* Mixtral's and Qwen's names of a mixture of experts: the router, and expert e's three matrices. */
 static void hfw_expert_name(const struct model_config *c, enum weight_kind kind, int l, int e, char *name, size_t n)
 {
-    const int mixtral = !strcmp(c->architecture, "MixtralForCausalLM") || !strcmp(c->architecture, "MiniMaxM2ForCausalLM");
+    const int mixtral = config_hf_mixtral_names(c);
     static const char *const qwen[] = {"gate_proj", "up_proj", "down_proj"}, *const mix[] = {"w1", "w3", "w2"};
     const char *block = mixtral ? "block_sparse_moe" : "mlp";
     if (kind == WEIGHT_KIND_ROUTER) {

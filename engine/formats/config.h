@@ -155,6 +155,14 @@ static inline int config_hf_gemma_names(const struct model_config *c)
     return c->family == MODEL_FAMILY_GEMMA3 || c->no_pre_norms;
 }
 
+/* Whether the Hugging Face layout of c names a mixture's experts as Mixtral does
+ * (block_sparse_moe.gate, experts.E.w1 / w3 / w2: Mixtral, MiniMax-M2), not mlp.gate,
+ * mlp.experts.E.gate_proj / up_proj / down_proj (Qwen 2 / 3 MoE, OLMoE). */
+static inline int config_hf_mixtral_names(const struct model_config *c)
+{
+    return !strcmp(c->architecture, "MixtralForCausalLM") || !strcmp(c->architecture, "MiniMaxM2ForCausalLM");
+}
+
 /* Whether the Hugging Face layout of c fuses q, k, v into self_attn.qkv_proj and gate, up into
  * mlp.gate_up_proj (Phi-3: checkpoint.c reads the parts, checkpoint_write.c writes them fused). */
 static inline int config_hf_fused(const struct model_config *c)

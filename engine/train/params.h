@@ -9,6 +9,7 @@
 #ifndef SHARDLM_TRAIN_PARAMS_H
 #define SHARDLM_TRAIN_PARAMS_H
 
+#include "weight_names.h"
 #include "weights.h"
 
 struct param {
@@ -28,6 +29,13 @@ struct param_table {
     struct param *p;          /* (n), owned */
     size_t n, cap;
 };
+
+/* Whether p is a mixture's expert weight (stacked expert by expert: a rank holds a block of whole
+ * experts, and under expert parallelism its gradient is reduced over the experts' own dp group). */
+static inline int param_is_expert(const struct param *p)
+{
+    return p->kind >= 0 && weight_kind_per_expert((enum weight_kind)p->kind);
+}
 
 enum status param_table_add(struct param_table *pt, const char *name, struct tensor *t, int decay);
 /* Every present tensor of w in layout-table order, named "kind/layer" (layer -1 outside the

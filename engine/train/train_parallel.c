@@ -388,8 +388,7 @@ enum status train_ranks_reduce_grads(struct train_ranks *r, struct model_train *
          * expert parallelism here, tensor by tensor (no overlap with the backward), an expert's
          * over the ranks that hold the same experts */
         if (r->ep > 1 && !r->dist_opt) {
-            const int expert = p->kind >= 0 && weight_kind_per_expert((enum weight_kind)p->kind);
-            struct comm *c = expert ? r->groups.edp : r->groups.dp;
+            struct comm *c = param_is_expert(p) ? r->groups.edp : r->groups.dp;
             if (c->size > 1) TRY(comm_all_reduce(c, p->t));
         }
     }

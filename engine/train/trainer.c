@@ -346,7 +346,7 @@ static enum status setup(struct trainer *t)
         unsigned char *experts = t->ranks.ep > 1 ? calloc(t->params.n + 1, 1) : NULL;
         if (t->ranks.ep > 1 && !experts) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "train: out of memory");
         for (size_t i = 0; experts && i < t->params.n; i++)
-            experts[i] = t->params.p[i].kind >= 0 && weight_kind_per_expert((enum weight_kind)t->params.p[i].kind);
+            experts[i] = param_is_expert(&t->params.p[i]);
         st = dist_optimizer_init(&t->dist, t->b, t->ranks.groups.dp, &t->params, &t->gparams, &t->grads_mem, &opt,
                                  t->ranks.groups.edp, experts);
         free(experts);
