@@ -41,10 +41,4 @@ int cli_fail(enum status st);
 /* Prints "shardlm: " fmt (with arg) and a pointer to --help; returns EXIT_USAGE. */
 int cli_usage(const char *fmt, const char *arg);
 
-/* The combinations --ep refuses in serve and generate: a usage error's format whose argument is the
- * other flag's name. */
-#define CLI_EP_WITH_REFUSED                                                                               \
-    "--ep with %s > 1 is not built: the ep group takes the layout's tp place (attention replicated over " \
-    "it); ep x pp and dp replicas of ep groups are served"
-
 #endif

@@ -92,7 +92,6 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         else return cli_usage("generate: unknown option '%s'", a);
         i += takes;
     }
-    if (f->ep > 1 && f->tp > 1) return cli_usage(CLI_EP_WITH_REFUSED, "--tp");
     if (!f->model_dir) return cli_usage("generate: --model DIR or FILE.gguf is required%s", "");
     if (f->draft_model && !f->spec_mode) f->spec_mode = 2; /* serve's spelling: --draft-model alone */
     if (f->spec_mode == 2 && !f->draft_model)
@@ -128,12 +127,12 @@ static enum status generate_setup(const struct generate_flags *f, struct generat
     if (st != STATUS_OK) return st;
     r->printer = 1;
     struct parallel_layout layout;
-    const long tp = f->ep > 1 ? f->ep : f->tp; /* an ep group takes the layout's tp place (moe_ep.c) */
+    const long tp = f->ep > 1 ? f->ep * f->tp : f->tp; /* an ep group (x tp) takes the layout's tp place (moe_ep.c) */
     if (tp * f->pp > 1) {
         if ((st = parallel_init(NULL, NULL, &r->world)) != STATUS_OK) return st;
         if (f->ep > 1 && r->world->size % (tp * f->pp))
-            return status_errorf(STATUS_INVALID_ARGUMENT, "%d ranks for --ep %ld x --pp %ld: launch with mpirun -n %ld",
-                                 r->world->size, f->ep, f->pp, f->ep * f->pp);
+            return status_errorf(STATUS_INVALID_ARGUMENT, "%d ranks for --ep %ld x --tp %ld x --pp %ld: launch with mpirun -n %ld",
+                                 r->world->size, f->ep, f->tp, f->pp, tp * f->pp);
         if ((st = parallel_layout(r->world, (int)tp, (int)f->pp, &layout)) != STATUS_OK) return st;
         r->printer = r->world->rank == 0;
     }
@@ -141,6 +140,8 @@ static enum status generate_setup(const struct generate_flags *f, struct generat
         STATUS_OK)
         return st;
     r->par.ep = f->ep > 1;
+    if (f->ep > 1 && f->tp > 1 && (st = parallel_groups_add_atp(r->world, &layout, (int)f->tp, dev, dev == DEVICE_CUDA ? r->world->gpu : 0, r->b->stream, &r->groups)) != STATUS_OK)
+        return st;
     if ((st = model_load(f->model_dir, r->b, tp * f->pp > 1 ? &r->par : NULL, &r->m)) != STATUS_OK) return st;
     return generate_load_tokenizer(f->model_dir, r->m, &r->tok);
 }
@@ -222,10 +223,13 @@ static int generate_speculative(const struct generate_flags *f)
     o.draft_model_dir = f->spec_mode == 2 ? f->draft_model : NULL;
     o.pp_layers = f->pp_layers;
     struct parallel_world *world = NULL;
-    if (f->tp * f->pp > 1) {
+    const long tp = f->ep > 1 ? f->ep * f->tp : f->tp; /* as generate_setup */
+    if (tp * f->pp > 1) {
         if ((st = parallel_init(NULL, NULL, &world)) != STATUS_OK) return cli_fail(st);
         o.world = world;
-        o.tp = (int)f->tp;
+        o.tp = (int)tp;
+        o.ep_group = f->ep > 1;
+        o.ep_tp = f->ep > 1 ? (int)f->tp : 1;
         o.pp = (int)f->pp;
         o.dp = 1;
     }

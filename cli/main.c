@@ -40,7 +40,7 @@ static void print_help(FILE *f)
     fprintf(f,
             "usage:\n"
             "  shardlm serve --model DIR|FILE.gguf [--listen 127.0.0.1:50051] [--device cpu|cuda]\n"
-            "                [--dp D --tp T|--ep E --pp P] [engine limits, TLS, API keys: shardlm serve --help, docs/server.md]\n"
+            "                [--dp D --tp T --ep E --pp P] [engine limits, TLS, API keys: shardlm serve --help, docs/server.md]\n"
             "  shardlm chat --server ADDR [--system TEXT]       interactive streamed chat\n"
             "  shardlm complete --server ADDR --prompt TEXT     one completion\n"
             "  shardlm bench --server ADDR --concurrency N --requests M\n"
@@ -48,7 +48,7 @@ static void print_help(FILE *f)
             "  shardlm adapters list|load NAME PATH|unload NAME --server ADDR   LoRA adapters at run time\n"
             "  shardlm generate --model DIR|FILE.gguf [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
             "                   [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
-            "                   [--device cpu|cuda] [--threads N] [--no-bos] [--tp T|--ep E --pp P]\n"
+            "                   [--device cpu|cuda] [--threads N] [--no-bos] [--tp T --ep E --pp P]\n"
             "                   [--pp-layers N1,N2,...] [--speculative ngram [--spec-ngram N] |\n"
             "                   --speculative draft --draft-model PATH] [--spec-draft K]  (docs/speculative.md)\n"
             "  shardlm convert llama2c --checkpoint FILE.bin --tokenizer FILE.model --out DIR\n"

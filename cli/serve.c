@@ -107,7 +107,7 @@ static int usage(const char *fmt, const char *arg)
     fprintf(stderr, "shardlm serve: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\nusage: shardlm serve --model DIR|FILE.gguf [--listen 127.0.0.1:50051] [--device cpu|cuda] [--threads N]\n"
-                    "         [--dp D --tp T|--ep E --pp P (under mpirun -n DxTxP, DxExP)] [--pp-layers N1,N2,...] [--pp-microbatches M]\n"
+                    "         [--dp D --tp T --ep E --pp P (under mpirun -n DxTxP, DxExTxP)] [--pp-layers N1,N2,...] [--pp-microbatches M]\n"
                     "         [--rank-timeout S (60)]\n"
                     "         [--max-batch-tokens N] [--max-seqs N] [--max-queue N] [--kv-cache-mem BYTES]\n"
                     "         [--kv-cache-fraction F]\n"
@@ -446,11 +446,11 @@ int serve_main(int argc, char **argv)
                      "resume it on)%s", "");
     if (n_models > 1 && o.engine.draft_model_dir)
         return usage("--draft-model with several --model is not supported (a draft model serves one target)%s", "");
-    if (ep > 1 && tp > 1) return usage(CLI_EP_WITH_REFUSED, "--tp");
     if (n_models > 1 && (tp > 1 || pp > 1 || dp > 1 || ep > 1))
         return usage("several --model with --tp / --pp / --dp / --ep is not supported (one model per set of "
                      "ranks)%s", "");
-    if (ep > 1) tp = ep; /* the ep group takes the layout's tp place (engine/model/moe_ep.c) */
+    const long ep_tp = ep > 1 ? tp : 1; /* --ep E --tp T: attention tensor-parallel inside the ep group */
+    if (ep > 1) tp = ep * tp; /* the ep group takes the layout's tp place (engine/model/moe_ep.c) */
     if (!o.tls_cert != !o.tls_key) return usage("--tls-cert and --tls-key go together%s", "");
     if (o.finetune_dir && !o.http_listen) return usage("--fine-tuning serves /v1/fine_tuning/jobs on the HTTP front: it needs --http%s", "");
     if (o.finetune_dir && (tp > 1 || pp > 1 || dp > 1 || ep > 1))
@@ -469,11 +469,14 @@ int serve_main(int argc, char **argv)
          * Without mpirun this is a world of one and MPI is never initialised. */
         st = parallel_init(NULL, NULL, &world);
         long want = (dp ? dp : 1) * tp * pp;
+        char lanes[64]; /* the group's flags as given */
+        if (ep > 1 && ep_tp > 1) snprintf(lanes, sizeof lanes, "--ep %ld x --tp %ld", ep, ep_tp);
+        else snprintf(lanes, sizeof lanes, "%s %ld", ep > 1 ? "--ep" : "--tp", tp);
         if (st == STATUS_OK && (dp ? world->size != want : world->size % (tp * pp) != 0))
             st = status_errorf(STATUS_INVALID_ARGUMENT,
-                               "%d ranks but --dp %ld x %s %ld x --pp %ld = %ld: serving needs exactly dp x %s x pp "
+                               "%d ranks but --dp %ld x %s x --pp %ld = %ld: serving needs exactly dp x %s x pp "
                                "ranks (launch with mpirun -n %ld)",
-                               world->size, dp ? dp : 1, ep > 1 ? "--ep" : "--tp", tp, pp, want, ep > 1 ? "ep" : "tp",
+                               world->size, dp ? dp : 1, lanes, pp, want, ep > 1 ? (ep_tp > 1 ? "ep x tp" : "ep") : "tp",
                                want);
         if (st == STATUS_OK && world->size > 1 && n_models > 1)
             st = status_errorf(STATUS_INVALID_ARGUMENT, "several --model under mpirun (%d ranks) is not supported: "
@@ -482,6 +485,7 @@ int serve_main(int argc, char **argv)
             o.engine.world = world;
             o.engine.tp = (int)tp;
             o.engine.ep_group = ep > 1;
+            o.engine.ep_tp = (int)ep_tp;
             o.engine.pp = (int)pp;
             o.engine.dp = (int)dp;
         }

@@ -709,13 +709,13 @@ static int run_megatron(const char *data, const char *name, int tp, int pp)
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    int tp = 1, pp = 1, ep = 0;
+    int tp = 1, pp = 1, ep = 0, atp = 1;
     while (argc >= 3 && (!strcmp(argv[1], "--tp") || !strcmp(argv[1], "--pp") || !strcmp(argv[1], "--ep"))) {
-        if (!strcmp(argv[1], "--ep")) ep = 1; /* expert parallelism: the ep group in tp's place */
-        *(!strcmp(argv[1], "--pp") ? &pp : &tp) = atoi(argv[2]);
+        *(!strcmp(argv[1], "--pp") ? &pp : !strcmp(argv[1], "--ep") ? &ep : &tp) = atoi(argv[2]);
         argc -= 2;
         argv += 2;
     }
+    if (ep > 0) atp = tp, tp *= ep; /* expert parallelism: the ep group (x attention's tp) in tp's place */
     struct parallel_world *world = NULL;
     struct parallel_groups groups = {0};
     struct model_parallel par = {0};
@@ -723,6 +723,7 @@ int main(int argc, char **argv)
         enum status st = parallel_init(&argc, &argv, &world);
         if (st == STATUS_OK) st = parallel_layout(world, tp, pp, &par.layout);
         if (st == STATUS_OK) st = parallel_groups_init(world, &par.layout, DEVICE_CPU, 0, NULL, &groups);
+        if (st == STATUS_OK && ep > 0 && atp > 1) st = parallel_groups_add_atp(world, &par.layout, atp, DEVICE_CPU, 0, NULL, &groups);
         if (st != STATUS_OK) {
             printf("FAIL parallel setup: %s: %s\n", status_name(st), status_message());
             parallel_finalize(world);
@@ -730,7 +731,7 @@ int main(int argc, char **argv)
         }
         par.world = world;
         par.groups = &groups;
-        par.ep = ep;
+        par.ep = ep > 0;
         g_par = &par;
     }
     int rc = run_command(argc, argv);

@@ -3,10 +3,12 @@
 # user meets it in `shardlm generate` under mpirun:
 #   1. random Mixtral (8 experts, top 2) and Qwen 2 MoE (4 experts, top 2, shared expert)
 #      checkpoints (tests/reference/make_models.py, stories260K's tok512 tokenizer): greedy
-#      generation of 40 tokens at ep 2 and at ep 2 x pp 2 prints exactly what one rank prints, and
+#      generation of 40 tokens at ep 2, ep 2 x pp 2 and ep 2 x tp 2 prints exactly what one rank
+#      prints (ep x tp: attention tensor-parallel inside the ep group; to rounding), and
 #      every rank logs its all-to-all bytes equal to what the routing says it sent;
 #   2. refused by name: an --ep that does not divide the experts (both numbers named), --ep on a
-#      dense model, --ep with --tp; (train --ep: tests/test_train_moe_cli.sh).
+#      dense model, an --ep x --tp that does not divide them, a world of the wrong size; (train --ep:
+#      tests/test_train_moe_cli.sh).
 # The logits against the float64 forwards at ep 2 and ep 2 x pp 2: golden_*_ep2 (test_model --ep).
 set -u
 BIN=$1
@@ -42,7 +44,7 @@ GEN=(generate --prompt "Once upon a time there was a little dog" --max-tokens 40
 for flavor in mixtral qwen2_moe; do
   timeout 60 "$BIN" "${GEN[@]}" --model "$WORK/$flavor" > "$WORK/one" 2> /dev/null
   check "$flavor: one rank generates" $?
-  for cfg in "2:--ep 2" "4:--ep 2 --pp 2"; do
+  for cfg in "2:--ep 2" "4:--ep 2 --pp 2" "4:--ep 2 --tp 2"; do
     n=${cfg%%:*}
     args=${cfg#*:}
     # shellcheck disable=SC2086
@@ -78,10 +80,12 @@ expect "--ep 3 on 8 experts is refused naming both" "--ep 3 does not divide the 
   "${MPI[@]}" -n 3 "$BIN" "${GEN[@]}" --model "$WORK/mixtral" --ep 3
 expect "--ep on a dense model is refused" "--ep 2: LlamaForCausalLM is a dense model (0 experts)" \
   "${MPI[@]}" -n 2 "$BIN" "${GEN[@]}" --model "$WORK/dense" --ep 2
-expect "generate --ep with --tp is refused" "--ep with --tp > 1 is not built" \
-  "$BIN" "${GEN[@]}" --model "$WORK/mixtral" --ep 2 --tp 2
-expect "serve --ep with --tp is refused" "--ep with --tp > 1 is not built" \
-  "$BIN" serve --model "$WORK/mixtral" --ep 2 --tp 2
+expect "--ep 3 x --tp 2 on 8 experts is refused naming both" "--ep 3 x --tp 2 (6 ranks) does not divide the 8 experts" \
+  "${MPI[@]}" -n 6 "$BIN" "${GEN[@]}" --model "$WORK/mixtral" --ep 3 --tp 2
+expect "generate --ep 2 --tp 2 on 2 ranks is refused" "2 ranks for --ep 2 x --tp 2 x --pp 1: launch with mpirun -n 4" \
+  "${MPI[@]}" -n 2 "$BIN" "${GEN[@]}" --model "$WORK/mixtral" --ep 2 --tp 2
+expect "serve --ep 2 --tp 2 on 2 ranks is refused" "2 ranks but --dp 1 x --ep 2 x --tp 2 x --pp 1 = 4" \
+  "${MPI[@]}" -n 2 "$BIN" serve --model "$WORK/mixtral" --ep 2 --tp 2
 expect "--ep 0 is refused" "--ep must be an integer in \[1, 64\]" "$BIN" "${GEN[@]}" --model "$WORK/mixtral" --ep 0
 
 echo "$n_pass passed, $n_fail failed"

@@ -12,7 +12,9 @@
 # and combined by all-to-all, expert gradients reduced over the experts' own dp group; every flavor
 # at ep 2, Mixtral also at ep 4, ep 2 x dp 4, ep 2 x pp 2, with selective and full recomputation,
 # with the distributed optimizer (the experts' moments sharded over their own dp group) at ep 2,
-# ep 2 x dp 4 and ep 2 x pp 2 x dp 4, checkpoints resumed across layouts, and bf16): every step's loss and
+# ep 2 x dp 4 and ep 2 x pp 2 x dp 4, ep 2 x tp 2 (each tp rank's experts split over its ep group;
+# with sequence parallelism and the distributed optimizer too; Qwen 2 MoE as well), checkpoints
+# resumed across layouts, and bf16): every step's loss and
 # gradient norm within 1e-5 relative of one rank's (tests/train_compare.py), the final weights
 # within 1e-5, and every step's expert_load (layers x experts) equal to one rank's, its
 # moe_aux_loss and moe_z_loss within 2e-5 (printed to 6 digits).
@@ -108,9 +110,14 @@ for flavor in mixtral qwen2_moe minimax_m2 gpt_oss; do
               "2|--ep 2 --recompute-granularity selective --recompute-modules mlp"
               "2|--ep 2 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
               "2|--ep 2 --save-interval 3" "2|--ep 2 --use-distributed-optimizer"
-              "4|--ep 2 --use-distributed-optimizer --save-interval 3" "8|--ep 2 --pp 2 --use-distributed-optimizer")
+              "4|--ep 2 --use-distributed-optimizer --save-interval 3" "8|--ep 2 --pp 2 --use-distributed-optimizer"
+              "4|--ep 2 --tp 2 --save-interval 3" "4|--ep 2 --tp 2 --sequence-parallel --use-distributed-optimizer")
     names+=(pp2_recompute_mlp tp2 ep4 ep2_dp4 ep2_pp2 ep2_recompute_mlp ep2_recompute_full ep2_saved ep2_distopt
-            ep2_dp4_distopt ep2_dp4_pp2_distopt)
+            ep2_dp4_distopt ep2_dp4_pp2_distopt ep2_tp2_saved ep2_tp2_sp_distopt)
+  fi
+  if [ "$flavor" = qwen2_moe ]; then # ep x tp: each tp rank's experts split over its ep group
+    layouts+=("4|--ep 2 --tp 2")
+    names+=(ep2_tp2)
   fi
   for i in "${!layouts[@]}"; do
     n=${layouts[$i]%%|*}
@@ -136,7 +143,8 @@ resume() { # resume NAME N FROM FLAGS...
 }
 i=0
 for layout in "mixtral_ep2_saved|2|--ep 2" "mixtral_ep2_saved|1|" "mixtral_ep2_saved|4|--ep 4" \
-              "mixtral_ep2_saved|4|--ep 2 --use-distributed-optimizer" "mixtral_ep2_dp4_distopt|1|"; do
+              "mixtral_ep2_saved|4|--ep 2 --use-distributed-optimizer" "mixtral_ep2_dp4_distopt|1|" \
+              "mixtral_ep2_tp2_saved|1|" "mixtral_ep2_saved|4|--ep 2 --tp 2"; do
   from=${layout%%|*}
   rest=${layout#*|}
   n=${rest%%|*}
@@ -212,7 +220,7 @@ sys.exit(0 if ok else 1)
 PY
 check "the ep traffic logs" $?
 
-# Refused by name: an ep that does not divide dp or the experts, ep beside tp, a dense model.
+# Refused by name: an ep (x tp) that does not divide dp or the experts, a dense model.
 n_refused=0
 refused() { # refused NAME N NEEDLE MODEL FLAGS...
   local name=$1 n=$2 needle=$3 model=$4 out
@@ -227,7 +235,8 @@ refused() { # refused NAME N NEEDLE MODEL FLAGS...
 refused "--ep 2 on 3 data-parallel ranks is refused" 3 "--ep 2 does not divide the 3 data-parallel ranks" mixtral \
   --global-batch-size 6 --ep 2
 refused "--ep 3 with 4 experts is refused" 3 "--ep 3 does not divide the 4 experts" qwen2_moe --global-batch-size 6 --ep 3
-refused "--ep with --tp is refused" 4 "expert parallelism beside tensor parallelism is not built" mixtral --ep 2 --tp 2
+refused "--ep 2 x --tp 2 with 6 experts is refused naming both" 4 "--ep 2 x --tp 2 (4 ranks) does not divide the 6 experts" \
+  minimax_m2 --ep 2 --tp 2
 cp -r "$2/stories260K" "$WORK/dense"
 refused "--ep on a dense model is refused" 2 "is a dense model (0 experts)" dense --ep 2 \
   --moe-aux-loss-coeff 0 --moe-z-loss-coeff 0

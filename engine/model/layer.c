@@ -55,7 +55,7 @@ enum status layer_qk_norm(struct model *m, const struct tensor *out, const struc
           "QK norm over tp: scratch of %lld for %lld x %lld, weight of %lld", (long long)tensor_numel(full),
           (long long)T, (long long)wide, (long long)tensor_numel(w));
     struct tensor f = tensor_view2(full, T, wide);
-    enum status st = comm_all_gather_last(m->par.groups->tp, &f, &x);
+    enum status st = comm_all_gather_last(model_tp_comm(m), &f, &x);
     if (st != STATUS_OK) return st;
     op_rmsnorm(m->b, &f, &f, w, m->cfg.norm_eps);
     layer_tp_columns(m, &y, &f);
@@ -184,7 +184,8 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
     if (m->cfg.n_experts) { /* a mixture of experts (moe.h); each tp rank its experts, summed as a row-parallel product */
         struct tensor proj = tensor_first_rows(&t->mlp_out, tensor_rows(&t->x)), part = h->partial(h->ctx, &proj, T);
         if ((st = moe_forward(m, l, T, &full, &part, t->moe)) != STATUS_OK) return st;
-        if ((st = h->reduce(h->ctx, &part, &proj)) != STATUS_OK) return st;
+        /* Serving's expert parallelism joined the slices over the whole ep group (moe_ep_join). */
+        if (!m->par.ep && (st = h->reduce(h->ctx, &part, &proj)) != STATUS_OK) return st;
         residual_add(m, &t->x, &t->x_mid, &proj, &t->normed, &w->post_mlp_norm);
         return STATUS_OK;
     }

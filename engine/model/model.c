@@ -161,7 +161,7 @@ enum status model_reserve(struct model *m, int max_tokens, int max_seqs, int max
         size_t most = (size_t)T * (size_t)d;
         if ((size_t)max_logits * width > most) most = (size_t)max_logits * width;
         if ((size_t)tensor_numel(&m->ws.qk_full) > most) most = (size_t)tensor_numel(&m->ws.qk_full); /* layer_qk_norm */
-        if ((st = comm_reserve(m->par.groups->tp, most)) != STATUS_OK) return st;
+        if ((st = comm_reserve(model_tp_comm(m), most)) != STATUS_OK) return st;
     }
     if (m->par.groups && m->ep_size > 1 && (st = comm_reserve(m->par.groups->tp, (size_t)(T * d))) != STATUS_OK)
         return st; /* the join of the experts' output (moe_ep.c) */
@@ -220,7 +220,7 @@ enum status model_embed_input(struct model *m, int64_t T, const struct tensor *x
     /* The masked lookup of this vocab shard; the all-reduce joins the shards. */
     op_embedding(b, x, &m->w.tok_embedding, &tokens, m->vocab_start);
     enum status st;
-    if (m->tp_size > 1 && (st = comm_all_reduce(m->par.groups->tp, x)) != STATUS_OK) return st;
+    if (m->tp_size > 1 && (st = comm_all_reduce(model_tp_comm(m), x)) != STATUS_OK) return st;
     if (m->cfg.embed_scale != 0.0f && m->cfg.embed_scale != 1.0f) op_scale(b, x, x, m->cfg.embed_scale);
     if (m->cfg.positions == POSITION_KIND_LEARNED) op_position_embedding_add(b, x, &m->w.pos_embedding, &pos);
     if (m->cfg.type_vocab_size > 0) { /* every token in segment 0: the type ids index the table as positions do */
@@ -264,7 +264,7 @@ static enum status serve_reduce(void *ctx, const struct tensor *partial, const s
 {
     struct serve_ctx *sc = ctx;
     (void)out;
-    if (sc->m->tp_size > 1) return comm_all_reduce(sc->m->par.groups->tp, partial);
+    if (sc->m->tp_size > 1) return comm_all_reduce(model_tp_comm(sc->m), partial);
     return STATUS_OK;
 }
 
@@ -395,7 +395,7 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
     struct tensor full = lg;
     if (m->tp_size > 1) { /* vocab-parallel shards side by side: (rows, tp * vocab_local) */
         full = tensor_first_rows(&m->ws.logits_full, fb->n_logits);
-        if ((st = comm_all_gather_last(m->par.groups->tp, &full, &lg)) != STATUS_OK) return st;
+        if ((st = comm_all_gather_last(model_tp_comm(m), &full, &lg)) != STATUS_OK) return st;
     }
     const int64_t V = m->cfg.vocab_size;
     if (fb->greedy_done) *fb->greedy_done = 0;

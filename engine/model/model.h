@@ -39,9 +39,11 @@ struct model_parallel {
                                        balanced split (earlier stages one more when pp does
                                        not divide the layers) */
     int ep;                         /* 1: the layout's tp group is an expert-parallel group
-                                       (--ep, engine/model/moe_ep.c): attention, norms, the
-                                       vocabulary and the router whole on every rank, the experts
-                                       split over it; tp is then 1 */
+                                       (--ep, engine/model/moe_ep.c): the experts split over it;
+                                       the router and the shared expert whole on every rank;
+                                       attention, norms and the vocabulary whole too, or tensor-
+                                       parallel over groups->atp when it is set (--ep E --tp T:
+                                       the group is a block of E x T ranks) */
 };
 
 /* Parses "2,3,..." into layers per stage (pp_size values, each >= 1, summing to n_layers);
@@ -192,8 +194,17 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
 
 /* The (rank, size) a weight of `kind` is sliced by (checkpoint_describe's tp_rank, tp_size): the
  * ep group's for a mixture's experts under expert parallelism (a contiguous block of whole
- * experts per rank), the tp group's otherwise. */
+ * experts per rank; in training at tp > 1, tp rank t's block split over its ep group: rank
+ * t ep + ep_rank of tp x ep), the tp group's otherwise; whole for the shared expert under
+ * serving's ep. */
 void model_shard_of(const struct model *m, enum weight_kind kind, int *rank, int *size);
+
+/* The communicator of tensor parallelism (attention, the dense MLP, the vocabulary): the layout's
+ * tp group, or under expert parallelism with tensor-parallel attention its atp sub-group. */
+static inline struct comm *model_tp_comm(const struct model *m)
+{
+    return m->par.groups->atp ? m->par.groups->atp : m->par.groups->tp;
+}
 
 /* Whether this rank holds the last pipeline stage (it produces logits). */
 int model_is_last_stage(const struct model *m);

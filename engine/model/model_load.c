@@ -111,6 +111,11 @@ void model_shard_of(const struct model *m, enum weight_kind kind, int *rank, int
     const int experts = weight_kind_per_expert(kind);
     *rank = experts && m->ep_size > 1 ? m->ep_rank : m->tp_rank;
     *size = experts && m->ep_size > 1 ? m->ep_size : m->tp_size;
+    /* Training's ep groups at tp > 1: tp rank t's block of experts, split over its ep group. */
+    if (experts && m->ep_size > 1 && !m->par.ep) *rank = m->tp_rank * m->ep_size + m->ep_rank, *size *= m->tp_size;
+    const int dense_mlp = kind == WEIGHT_KIND_GATE || kind == WEIGHT_KIND_GATE_BIAS || kind == WEIGHT_KIND_UP ||
+                          kind == WEIGHT_KIND_UP_BIAS || kind == WEIGHT_KIND_DOWN || kind == WEIGHT_KIND_DOWN_BIAS;
+    if (m->par.ep && dense_mlp) *rank = 0, *size = 1; /* the shared expert runs whole over a slice (moe.c) */
 }
 
 /* Gives back the whole pages of [p, p + n) of a read-only file mapping (MADV_DONTNEED: a later
@@ -420,9 +425,11 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     /* Under expert parallelism in serving the layout's tp group is the ep group and nothing is
      * tensor-parallel; in training the ep group is carved out of dp (parallel_groups_add_ep). */
     const int ep = par && par->ep, ep_train = par && par->groups && par->groups->ep;
+    const struct comm *atp = ep && par->groups ? par->groups->atp : NULL; /* --ep E --tp T: attention's tp */
     const int ep_rank = ep ? par->layout.tp_rank : ep_train ? par->groups->ep->rank : 0;
     const int ep_size = ep ? par->layout.tp_size : ep_train ? par->groups->ep->size : 1;
-    const int tp_rank = par && !ep ? par->layout.tp_rank : 0, tp_size = par && !ep ? par->layout.tp_size : 1;
+    const int tp_rank = atp ? atp->rank : par && !ep ? par->layout.tp_rank : 0;
+    const int tp_size = atp ? atp->size : par && !ep ? par->layout.tp_size : 1;
     const int pp_rank = par ? par->layout.pp_rank : 0, pp_size = par ? par->layout.pp_size : 1;
     if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size || pp_size < 1 || pp_rank < 0 ||
         pp_rank >= pp_size)
@@ -448,7 +455,7 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     m->pp_size = pp_size;
     m->ep_rank = ep_rank;
     m->ep_size = ep_size;
-    if (ep_size > 1 && (st = moe_ep_check(c, ep_size)) != STATUS_OK) goto fail;
+    if (ep_size > 1 && (st = moe_ep_check(c, ep ? ep_size : ep_size * tp_size, tp_size)) != STATUS_OK) goto fail;
     if (pp_size > c->n_layers) {
         st = status_errorf(STATUS_INVALID_ARGUMENT, "model: pp %d exceeds the %d layers", pp_size, c->n_layers);
         goto fail;
@@ -505,7 +512,9 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     if (c->n_experts && !c->shared_expert) { /* no dense MLP */
         m->ffn_local = c->moe_ffn;
     } else {
-        if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_UP, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK)
+        int fr, fs;
+        model_shard_of(m, WEIGHT_KIND_UP, &fr, &fs);
+        if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_UP, 0, fr, fs, m->dtype, &hw)) != STATUS_OK)
             goto fail;
         m->ffn_local = (int)hw.shape[0];
     }

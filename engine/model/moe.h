@@ -118,12 +118,13 @@ int moe_load_read(const struct model *m, uint64_t *out);
 
 /* Expert parallelism in serving (moe_ep.c; the design, the order and why it is bit-identical to
  * one rank: there). moe_ep_check: the config can be split over ep_size ranks (a mixture whose
- * expert count ep_size divides), else STATUS_INVALID_ARGUMENT naming both numbers.
+ * expert count ep_size divides), else STATUS_INVALID_ARGUMENT naming both numbers (tp_size > 1:
+ * the group is --ep ep_size / tp_size x --tp tp_size, named so).
  * moe_ep_experts: proj's rows of this rank's token slice += its tokens' experts (dispatched to
  * and combined from their owners by all-to-all over the ep group), in expert order; proj zero
  * before, its other rows untouched. moe_ep_join: the all-reduce joining the slices (collective).
  * moe_ep_log: the traffic counted since the load, one log line (nothing without ep). */
-enum status moe_ep_check(const struct model_config *c, int ep_size);
+enum status moe_ep_check(const struct model_config *c, int ep_size, int tp_size);
 enum status moe_ep_experts(struct model *m, int l, int64_t T, const struct tensor *xn, const struct tensor *proj,
                            const struct moe_routing *r, const struct moe_tensors *mt);
 enum status moe_ep_join(struct model *m, const struct tensor *proj);

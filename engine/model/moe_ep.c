@@ -38,16 +38,20 @@
  * docs/parallel.md, docs/models.md. */
 #include "moe.h"
 
+#include <stdio.h>
 #include <string.h>
 
-enum status moe_ep_check(const struct model_config *c, int ep_size)
+enum status moe_ep_check(const struct model_config *c, int ep_size, int tp_size)
 {
+    char ranks[64]; /* the flags as the user gave them */
+    if (tp_size > 1) snprintf(ranks, sizeof ranks, "--ep %d x --tp %d (%d ranks)", ep_size / tp_size, tp_size, ep_size);
+    else snprintf(ranks, sizeof ranks, "--ep %d", ep_size);
     if (!c->n_experts)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "--ep %d: %s is a dense model (0 experts); expert parallelism "
-                             "needs a mixture of experts", ep_size, c->architecture);
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s: %s is a dense model (0 experts); expert parallelism "
+                             "needs a mixture of experts", ranks, c->architecture);
     if (c->n_experts % ep_size)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "--ep %d does not divide the %d experts of %s (each ep rank holds "
-                             "n_experts / ep whole experts)", ep_size, c->n_experts, c->architecture);
+        return status_errorf(STATUS_INVALID_ARGUMENT, "%s does not divide the %d experts of %s (each rank of the ep "
+                             "group holds n_experts / %d whole experts)", ranks, c->n_experts, c->architecture, ep_size);
     return STATUS_OK;
 }
 
@@ -64,11 +68,16 @@ static int slice_of(int64_t T, int N, int64_t t)
 
 /* The routed slots' counts of an ep group: n[s E + e] slots of expert e whose token is ep rank s's
  * (serving: in s's slice; training: in s's micro-batch), this rank me holding experts
- * [me El, (me + 1) El). */
+ * [first, first + El) (first = me El, or in training at tp > 1 the tp rank's block of experts
+ * before it: ep_base). */
 struct ep_counts {
     const int64_t *n;
-    int N, E, El, me;
+    int N, E, El, me, first;
 };
+
+/* The first expert of this rank's ep group: the group holds [base, base + N El) (0 but in training
+ * at tp > 1, where each tp rank's experts are split over its own ep group). */
+static int ep_base(const struct model *m) { return m->expert_first - m->ep_rank * m->n_experts_local; }
 
 static int64_t ep_n(const struct ep_counts *k, int s, int e) { return k->n[(size_t)s * (size_t)k->E + (size_t)e]; }
 
@@ -79,7 +88,7 @@ static int64_t ep_recv_counts(const struct ep_counts *k, int64_t *recv, int64_t 
     int64_t total = 0;
     for (int s = 0; s < k->N; s++) {
         recv[s] = 0;
-        for (int e = k->me * k->El; e < (k->me + 1) * k->El; e++) recv[s] += ep_n(k, s, e);
+        for (int e = k->first; e < k->first + k->El; e++) recv[s] += ep_n(k, s, e);
         off[s] = total;
         total += recv[s];
     }
@@ -91,11 +100,11 @@ static int64_t ep_recv_counts(const struct ep_counts *k, int64_t *recv, int64_t 
  * sources' tokens are contiguous and ascending, that is every token routed to e, ascending. */
 static int64_t ep_expert_rows(const struct ep_counts *k, const int64_t *off, int el, int32_t *pos)
 {
-    const int e = k->me * k->El + el;
+    const int e = k->first + el;
     int64_t ne = 0;
     for (int s = 0; s < k->N; s++) {
         int64_t at = off[s];
-        for (int e2 = k->me * k->El; e2 < e; e2++) at += ep_n(k, s, e2);
+        for (int e2 = k->first; e2 < e; e2++) at += ep_n(k, s, e2);
         for (int64_t j = 0; j < ep_n(k, s, e); j++) pos[ne++] = (int32_t)(at + j);
     }
     return ne;
@@ -105,7 +114,7 @@ static int64_t ep_expert_rows(const struct ep_counts *k, const int64_t *off, int
 static int64_t ep_expert_total(const struct ep_counts *k, int el)
 {
     int64_t ne = 0;
-    for (int s = 0; s < k->N; s++) ne += ep_n(k, s, k->me * k->El + el);
+    for (int s = 0; s < k->N; s++) ne += ep_n(k, s, k->first + el);
     return ne;
 }
 
@@ -118,7 +127,7 @@ static int64_t ep_back_rows(const struct ep_counts *k, int32_t *back)
     for (int s = 0; s < k->N; s++) {
         int64_t ye = 0; /* expert e's first output row */
         for (int el = 0; el < k->El; el++) {
-            const int e = k->me * k->El + el;
+            const int e = k->first + el;
             int64_t at = ye;
             for (int s2 = 0; s2 < s; s2++) at += ep_n(k, s2, e);
             for (int64_t j = 0; j < ep_n(k, s, e); j++) back[nb++] = (int32_t)(at + j);
@@ -158,7 +167,7 @@ enum status moe_ep_experts(struct model *m, int l, int64_t T, const struct tenso
             for (int i = r->start[e]; i < r->start[e + 1]; i++)
                 if (r->ids[i] >= lo && r->ids[i] < hi) wsel[ns] = r->w[i], tok[ns++] = r->ids[i], send[q]++;
     }
-    const struct ep_counts kc = {n, N, E, El, me};
+    const struct ep_counts kc = {n, N, E, El, me, m->expert_first};
     int64_t off_s[64];
     ep_recv_counts(&kc, recv, off_s);
     struct tensor idx_tok = tensor_rows_at(&ws->ep_idx, 0, TK), idx_pos = tensor_rows_at(&ws->ep_idx, TK, TK);
@@ -275,7 +284,7 @@ static void train_ep_count(struct model *m, const struct comm *ep, uint64_t byte
 
 int64_t moe_ep_rows(const struct model *m, int64_t T)
 {
-    const int k = m->cfg.n_experts_used, El = m->cfg.n_experts / (m->ep_size > 0 ? m->ep_size : 1);
+    const int k = m->cfg.n_experts_used, El = m->n_experts_local;
     return (int64_t)m->ep_size * T * (k < El ? k : El);
 }
 
@@ -301,11 +310,13 @@ static enum status ep_share_counts(struct model *m, int64_t T, const struct moe_
     return STATUS_OK;
 }
 
-/* The rows this rank sends each owner q: its slots of q's experts (slots are grouped by expert). */
-static void ep_send_counts(const struct model *m, const struct moe_routing *r, int64_t *send)
+/* The rows this rank sends each owner q: its slots of q's experts (slots are grouped by expert, so
+ * the group's slots are the run [start[base], start[base + N El]), the one this returns the start of). */
+static int64_t ep_send_counts(const struct model *m, const struct moe_routing *r, int64_t *send)
 {
-    const int El = m->n_experts_local;
-    for (int q = 0; q < m->ep_size; q++) send[q] = r->start[(q + 1) * El] - r->start[q * El];
+    const int El = m->n_experts_local, base = ep_base(m);
+    for (int q = 0; q < m->ep_size; q++) send[q] = r->start[base + (q + 1) * El] - r->start[base + q * El];
+    return r->start[base];
 }
 
 /* Rows src[ids] into dst (n rows; nothing for n = 0): a gather through a host index list. */
@@ -337,7 +348,7 @@ enum status moe_ep_train_experts(struct model *m, int l, int64_t T, const struct
     const struct model_config *c = &m->cfg;
     const struct moe_routing *r = mt->r;
     const int N = m->ep_size, E = c->n_experts;
-    const int64_t F = c->moe_ffn, TK = T * c->n_experts_used, R = moe_ep_rows(m, T);
+    const int64_t F = c->moe_ffn, R = moe_ep_rows(m, T);
     CHECK(N <= 64 && m->par.groups && m->par.groups->ep && mt->per_slot, "moe_ep_train: ep %d (at most 64), training",
           N);
     enum status st;
@@ -345,9 +356,11 @@ enum status moe_ep_train_experts(struct model *m, int l, int64_t T, const struct
     struct comm *ep = m->par.groups->ep; /* the traffic from here (the counts' all-gather aside) */
     const uint64_t bytes0 = ep->n_bytes;
     const double t0 = base_now_s(), comm0 = ep->seconds;
-    const struct ep_counts kc = {r->ep_n, N, E, m->n_experts_local, m->ep_rank};
+    const struct ep_counts kc = {r->ep_n, N, E, m->n_experts_local, m->ep_rank, m->expert_first};
     int64_t send[64], recv[64], off[64];
-    ep_send_counts(m, r, send);
+    /* The group's slots [s0, s0 + TK): every slot at tp 1, this tp rank's experts' at tp > 1 (the
+     * other tp ranks' experts join in the layer's tp reduction, as without ep). */
+    const int64_t s0 = ep_send_counts(m, r, send), TK = r->start[ep_base(m) + N * m->n_experts_local] - s0;
     const int64_t nr = ep_recv_counts(&kc, recv, off);
     CHECK(nr <= R, "moe_ep_train: %lld rows received, room for %lld", (long long)nr, (long long)R);
     int32_t *pos = mt->ep_host; /* host and device index lists: each gather its own range */
@@ -357,7 +370,7 @@ enum status moe_ep_train_experts(struct model *m, int l, int64_t T, const struct
      * each of this rank's experts' rows gathered source by source into xr. */
     if (!mt->recompute) {
         if (TK) {
-            struct tensor sx = tensor_first_rows(&mt->ep_buf, TK), ids = tensor_first_rows(&mt->ids, TK);
+            struct tensor sx = tensor_first_rows(&mt->ep_buf, TK), ids = tensor_rows_at(&mt->ids, s0, TK);
             op_embedding(b, &sx, xn, &ids, 0);
         }
         if ((st = comm_all_to_all_rows(m->par.groups->ep, &mt->ep_buf, send, &mt->ep_in, recv)) != STATUS_OK) return st;
@@ -384,10 +397,12 @@ enum status moe_ep_train_experts(struct model *m, int l, int64_t T, const struct
         moe_expert_mlp(m, l, el, &x, &gate, &up, &hact, &y);
         ny += ne;
     }
-    if ((st = ep_combine(m, T, mt, &kc, send, recv, &mt->ep_out, &mt->y)) != STATUS_OK) return st;
+    const struct tensor y_group = TK ? tensor_rows_at(&mt->y, s0, TK) : tensor_first_rows(&mt->y, 1); /* 0 rows come */
+    if ((st = ep_combine(m, T, mt, &kc, send, recv, &mt->ep_out, &y_group)) != STATUS_OK) return st;
 
     /* Every slot's output, weighted, into its token's row, expert by expert as one rank adds them. */
-    for (int e = 0; proj && e < E; e++) {
+    const int base = ep_base(m);
+    for (int e = base; proj && e < base + N * m->n_experts_local; e++) {
         const int64_t r0 = r->start[e], n = r->start[e + 1] - r0;
         if (n == 0) continue;
         struct tensor y = tensor_rows_at(&mt->y, r0, n), ids = tensor_rows_at(&mt->ids, r0, n);
@@ -408,10 +423,10 @@ enum status moe_ep_train_backward(struct model *m, int l, int64_t T, const struc
     struct backend *b = m->b;
     const struct moe_routing *r = mt->r;
     const int N = m->ep_size;
-    const int64_t TK = T * m->cfg.n_experts_used, R = moe_ep_rows(m, T);
-    const struct ep_counts kc = {r->ep_n, N, m->cfg.n_experts, m->n_experts_local, m->ep_rank};
+    const int64_t R = moe_ep_rows(m, T);
+    const struct ep_counts kc = {r->ep_n, N, m->cfg.n_experts, m->n_experts_local, m->ep_rank, m->expert_first};
     int64_t send[64], recv[64], off[64];
-    ep_send_counts(m, r, send);
+    const int64_t s0 = ep_send_counts(m, r, send), TK = r->start[ep_base(m) + N * m->n_experts_local] - s0;
     const int64_t nr = ep_recv_counts(&kc, recv, off);
     int32_t *pos = mt->ep_host;
     const struct tensor idx_pos = tensor_first_rows(&mt->ep_idx, R);
@@ -422,9 +437,10 @@ enum status moe_ep_train_backward(struct model *m, int l, int64_t T, const struc
     /* Every slot's dy = w dproj[token] (into the send buffer, slot order) and dw = dproj[token] . y,
      * then dy to the owners. */
     if (TK) {
-        struct tensor dy = tensor_first_rows(&mt->ep_buf, TK), y = tensor_first_rows(&mt->y, TK);
-        struct tensor ids = tensor_first_rows(&mt->ids, TK), w = tensor_first_rows(&mt->w, TK);
-        op_scatter_add_rows_backward(b, &dy, dw, dproj, &y, &ids, &w);
+        struct tensor dy = tensor_first_rows(&mt->ep_buf, TK), y = tensor_rows_at(&mt->y, s0, TK);
+        struct tensor ids = tensor_rows_at(&mt->ids, s0, TK), w = tensor_rows_at(&mt->w, s0, TK);
+        struct tensor dws = tensor_rows_at(dw, s0, TK);
+        op_scatter_add_rows_backward(b, &dy, &dws, dproj, &y, &ids, &w);
     }
     enum status st = comm_all_to_all_rows(m->par.groups->ep, &mt->ep_buf, send, &mt->ep_in, recv);
     if (st != STATUS_OK) return st;
@@ -447,7 +463,7 @@ enum status moe_ep_train_backward(struct model *m, int l, int64_t T, const struc
     /* The input gradients back to their sources (slot order) and into their tokens' rows. */
     if ((st = ep_combine(m, T, mt, &kc, send, recv, &mt->ep_out, &mt->ep_in)) != STATUS_OK) return st;
     if (TK) {
-        struct tensor dx = tensor_first_rows(&mt->ep_in, TK), ids = tensor_first_rows(&mt->ids, TK);
+        struct tensor dx = tensor_first_rows(&mt->ep_in, TK), ids = tensor_rows_at(&mt->ids, s0, TK);
         op_embedding_backward(b, dxn, &dx, &ids, 0);
     }
     train_ep_count(m, ep, bytes0, t0, comm0, (TK - send[m->ep_rank]) + (nr - recv[m->ep_rank]));

@@ -526,6 +526,14 @@ enum status parallel_groups_add_ep(struct parallel_world *w, const struct parall
     return st;
 }
 
+enum status parallel_groups_add_atp(struct parallel_world *w, const struct parallel_layout *l, int n,
+                                    enum device device, int device_id, void *stream, struct parallel_groups *g)
+{
+    CHECK(n >= 1 && l->tp_size % n == 0, "attention tp %d does not divide the block of %d", n, l->tp_size);
+    const int blocks = l->tp_size / n, color = (l->dp_rank * l->pp_size + l->pp_rank) * blocks + l->tp_rank / n;
+    return group_create(w, "atp", color, l->tp_rank % n, n, device, device_id, stream, &g->atp);
+}
+
 void parallel_groups_free(struct parallel_groups *g)
 {
     comm_free(g->tp);
@@ -533,5 +541,6 @@ void parallel_groups_free(struct parallel_groups *g)
     comm_free(g->dp);
     comm_free(g->ep);
     comm_free(g->edp);
+    comm_free(g->atp);
     memset(g, 0, sizeof *g);
 }

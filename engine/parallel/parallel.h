@@ -225,6 +225,11 @@ struct parallel_groups {
      * dp_rank % ep (group rank dp_rank / ep), over which expert gradients are reduced. */
     struct comm *ep;  /* ep ranks: same (pp, tp, dp_rank / ep) */
     struct comm *edp; /* dp / ep ranks: same (pp, tp, dp_rank % ep) */
+    /* Expert parallelism with tensor-parallel attention in serving (parallel_groups_add_atp; NULL
+     * otherwise): the layout's tp group is then the ep x tp block that holds the experts, and atp
+     * joins its n consecutive ranks tp_rank / n, over which attention, the vocabulary and the
+     * dense layers are tensor-parallel (group rank tp_rank % n). */
+    struct comm *atp; /* n ranks: same (dp, pp, tp_rank / n) */
 };
 
 /* Creates this rank's groups for layout l: a collective over the whole world (every rank
@@ -253,6 +258,12 @@ void parallel_groups_free(struct parallel_groups *g); /* accepts a zeroed struct
  * and stream as parallel_groups_init's. Errors are agreed on; g->ep and g->edp are then NULL. */
 enum status parallel_groups_add_ep(struct parallel_world *w, const struct parallel_layout *l, int ep,
                                    enum device device, int device_id, void *stream, struct parallel_groups *g);
+
+/* Adds g->atp (above) for a block (the layout's tp group) of ep x n ranks, n dividing l->tp_size
+ * (CHECKed): a collective over the whole world, as parallel_groups_add_ep. Errors are agreed on;
+ * g->atp is then NULL. */
+enum status parallel_groups_add_atp(struct parallel_world *w, const struct parallel_layout *l, int n,
+                                    enum device device, int device_id, void *stream, struct parallel_groups *g);
 
 /* Operations. Every tensor is dense, on c->device, and the same on every rank of the group
  * unless said otherwise. Shape or dtype mismatches are bugs (CHECK). Collectives on a group of

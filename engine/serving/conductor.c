@@ -161,6 +161,12 @@ static enum status load_model(struct conductor *c)
                                o->n_threads, &c->b, &c->groups, &c->par)) != STATUS_OK)
         return st;
     c->par.ep = o->ep_group;
+    if (multi && o->ep_group && o->ep_tp > 1) {
+        const int dev_id = o->device == DEVICE_CUDA ? o->world->gpu : 0;
+        if ((st = parallel_groups_add_atp(o->world, &layout, o->ep_tp, (enum device)o->device, dev_id, c->b->stream,
+                                          &c->groups)) != STATUS_OK)
+            return st;
+    }
     st = model_load(o->model_dir, c->b, multi ? &c->par : NULL, &c->m);
     if (st == STATUS_OK) st = generate_load_tokenizer(o->model_dir, c->m, &c->tok);
     if (multi) st = parallel_agree(o->world, st); /* every rank fails together, none waits alone */

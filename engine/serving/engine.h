@@ -101,6 +101,10 @@ struct engine_options {
     int   dp;                  /* replicas; 0 = world size / (tp x pp) */
     int   ep_group;            /* 1: the layout's tp ranks are an expert-parallel group (--ep N
                                   sets tp = N and this; model_parallel.ep, moe_ep.c) */
+    int   ep_tp;               /* with ep_group: attention, the vocabulary and the norms tensor-
+                                  parallel over this many consecutive ranks of the group (--ep E
+                                  --tp T sets tp = E x T and ep_tp = T; parallel_groups_add_atp);
+                                  0 or 1: whole on every rank of the group */
     const char *pp_layers;     /* layers per pipeline stage ("2,3"); NULL = balanced */
     int   pp_microbatches;     /* micro-batches per step when pp > 1 (0 or 1 = off): the step's
                                   sequences are split so that pipeline stages overlap; off by

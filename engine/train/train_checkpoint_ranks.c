@@ -82,17 +82,24 @@ static enum status stage_firsts(struct model *m, int32_t *all, int *stage_first)
 
 /* ---- this rank's part ---------------------------------------------------------------------- */
 
-/* Whether e's slices are the ep group's (a mixture's experts under expert parallelism, held by dp
- * ranks 0 .. ep-1 of the stage), not the tp group's. */
+/* Whether e's slices are the ep groups' (a mixture's experts under expert parallelism, held by dp
+ * ranks 0 .. ep-1 of the stage, over every tp rank), not the tp group's. */
 static int ep_sliced(const struct model *m, const struct ckpt_canon *e)
 {
     return m->ep_size > 1 && weight_kind_per_expert(e->kind);
 }
 
-/* The world rank holding slice i of e (of the dp-rank-0 replica, or of its first ep group). */
+/* The slices of e: tp x ep for the experts under expert parallelism (slice t ep + q: tp rank t,
+ * ep rank q, as model_shard_of cuts them), tp otherwise. */
+static int n_slices_of(const struct model *m, const struct ckpt_canon *e)
+{
+    return ep_sliced(m, e) ? m->tp_size * m->ep_size : m->tp_size;
+}
+
+/* The world rank holding slice i of e (of the dp-rank-0 replica, or of its first ep groups). */
 static int slice_owner(const struct model *m, const struct ckpt_canon *e, int i)
 {
-    return ep_sliced(m, e) ? parallel_layout_rank(&m->par.layout, i, e->stage, 0)
+    return ep_sliced(m, e) ? parallel_layout_rank(&m->par.layout, i % m->ep_size, e->stage, i / m->ep_size)
                            : parallel_layout_rank(&m->par.layout, 0, e->stage, i);
 }
 
@@ -201,7 +208,7 @@ static enum status gather_slices(struct model *m, struct ckpt_gathered *g, const
     enum status s = STATUS_OK;
     for (int i = 0; i < g->n && s == STATUS_OK; i++) {
         const struct ckpt_canon *e = &g->t[i];
-        const int n_slices = ep_sliced(m, e) ? m->ep_size : m->tp_size;
+        const int n_slices = n_slices_of(m, e);
         for (int t = 0; t < n_slices && s == STATUS_OK; t++) {
             struct host_weight hw;
             if ((s = checkpoint_describe(m->checkpoint, e->kind, e->layer, t, n_slices, DTYPE_F32, &hw)) != STATUS_OK)

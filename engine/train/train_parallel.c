@@ -44,9 +44,6 @@ enum status train_ranks_init(struct train_ranks *r, const struct train_options *
                              num_microbatches, r->dp, r->world->size, tp, pp, r->dp);
     r->micro_per_replica = num_microbatches / r->dp;
     r->ep = o->ep > 0 ? o->ep : 1;
-    if (r->ep > 1 && tp > 1)
-        return status_errorf(STATUS_UNSUPPORTED, "--ep %d with --tp %d: expert parallelism beside tensor parallelism "
-                             "is not built (ep groups are carved out of dp; train at --tp 1)", r->ep, tp);
     if (r->ep > 1 && r->dp % r->ep)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--ep %d does not divide the %d data-parallel ranks (world %d = "
                              "tp %d x pp %d x dp %d; the ep groups are carved out of dp)", r->ep, r->dp,

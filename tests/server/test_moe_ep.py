@@ -4,7 +4,8 @@ engine/model/moe_ep.c) against one rank, on a real server under mpirun:
 
   A random Mixtral (tests/reference/make_models.py, 8 experts, top 2, stories260K's tok512
   tokenizer) is served at one rank, at ep 2 (mpirun -n 2), at ep 2 x pp 2 and at dp 2 x ep 2 (two
-  replicas of an ep-2 group; mpirun -n 4). Each
+  replicas of an ep-2 group; mpirun -n 4), and at ep 2 x tp 2 (attention tensor-parallel inside the
+  group: tokens and load equal, logprobs within 1e-4). Each
   server runs the same greedy requests one after another with logprobs (5 alternatives) and
   prompt logprobs: the tokens and every logprob are equal to the one-rank server's, float for
   float (the dispatch and combine keep one rank's order of operations: moe_ep.c); then the same
@@ -106,6 +107,24 @@ def main():
                 print(f"PASS {label}: {sum(len(x[0]) for x in seq)} greedy tokens and their logprobs equal to one "
                       f"rank's, float for float; {sum(len(x) for x in tog)} concurrent sampled tokens equal"
                       + ("; the per-expert load equal" if label == "ep 2" else ""))
+            # ep 2 x tp 2: attention's partial sums are added over tp as at tp 2, so the logprobs are
+            # one rank's to rounding, not to the bit; the tokens and the routing are the same.
+            label = "ep 2 x tp 2"
+            seq, tog, load = run(args.shardlm, work / "mixtral", "moe-ep2xtp2", ("--ep", "2", "--tp", "2"),
+                                 ["mpirun", "--oversubscribe", "-n", "4"], menv)
+            worst = 0.0
+            for i, (a, b) in enumerate(zip(one, seq)):
+                check(a[0] == b[0], f"{label}: prompt {i}: tokens {b[0]} differ from one rank's {a[0]}")
+                pairs = [(x[1], y[1]) for x, y in zip(a[1], b[1])] + [(x[1], y[1]) for x, y in zip(a[2], b[2])]
+                pairs += [(u[1], v[1]) for x, y in zip(a[1], b[1]) for u, v in zip(x[2], y[2])]
+                check(len(a[1]) == len(b[1]) and len(a[2]) == len(b[2]), f"{label}: prompt {i}: logprob counts differ")
+                worst = max([worst] + [abs(x - y) for x, y in pairs if x is not None and y is not None])
+            check(worst < 1e-4, f"{label}: logprobs {worst:.2e} from one rank's (tolerance 1e-4)")
+            check(tog == one_t, f"{label}: concurrent sampled tokens {tog} differ from one rank's {one_t}")
+            check(load == one_load, f"{label}: expert load {load} differs from one rank's {one_load}")
+            print(f"PASS {label}: {sum(len(x[0]) for x in seq)} greedy tokens equal to one rank's, their logprobs "
+                  f"within {worst:.1e}; {sum(len(x) for x in tog)} concurrent sampled tokens equal; the per-expert "
+                  "load equal")
         except Exception as e:  # noqa: BLE001 - reported with the server logs
             failed += 1
             print(f"FAIL {e}")
