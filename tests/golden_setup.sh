@@ -70,6 +70,12 @@ mkdir -p "$out"
 # MiniMax-M2: 6 experts top 2 behind a sigmoid router whose top k a per-expert bias selects (the
 # maker asserts the bias moves the logits), whole-projection QK norm, 4 of 8 features rotated.
 "$py" "$here/reference/make_models.py" minimax_m2 --out "$out/minimax_m2" --seed 25
+# GLM-4.5: a dense first layer (intermediate 96), then 8 experts top 2 behind DeepSeek-V3's router
+# (sigmoid, selection bias, 4 groups of which the best 2 are eligible, routed_scaling_factor 2.5)
+# with a plain shared expert; q/k/v biases, half of each head rotated; the MTP layer's tensors in the
+# file, unread. The maker asserts each of those choices moves the logits (glm_ref.VARIANTS). Seed
+# 35: the least greedy margin 0.13.
+"$py" "$here/reference/make_models.py" glm4_moe --out "$out/glm4_moe" --seed 35
 # GPT-OSS: attention sinks, q/k/v/o biases, layers 0 and 2 windowed (window 4), YaRN factor 32
 # untruncated, 4 experts top 2 with a router bias, the clamped "+1" SwiGLU. Seed 36: the least
 # greedy margin 0.069 (0.080 in bf16), the least gap between the 2nd and 3rd router logit 0.022.

@@ -225,13 +225,8 @@ static enum status ck_source_hf_llama(const struct checkpoint *ck, enum weight_k
     if (kind == WEIGHT_KIND_ROUTER || kind == WEIGHT_KIND_EXP_GATE || kind == WEIGHT_KIND_EXP_UP ||
         kind == WEIGHT_KIND_EXP_DOWN)
         return ck_source_hf_experts(ck, kind, l, s);
-    const char *pattern = weight_names_hf(kind, config_hf_gemma_names(&ck->cfg));
+    const char *pattern = weight_names_hf_llama(&ck->cfg, kind, l);
     CHECK(pattern, "no HF Llama tensor for %s", weight_kind_name(kind));
-    if (ck->cfg.shared_expert) { /* Qwen 2 MoE: the dense MLP's kinds are its shared expert */
-        if (kind == WEIGHT_KIND_GATE) pattern = "layers.%d.mlp.shared_expert.gate_proj.weight";
-        if (kind == WEIGHT_KIND_UP) pattern = "layers.%d.mlp.shared_expert.up_proj.weight";
-        if (kind == WEIGHT_KIND_DOWN) pattern = "layers.%d.mlp.shared_expert.down_proj.weight";
-    }
     char name[CK_NAME];
     if (kind == WEIGHT_KIND_LM_HEAD) snprintf(name, sizeof name, "%s", ck->files->hf_head);
     else (void)weight_names_format(name, sizeof name, ck->files->hf_prefix, pattern, l);
@@ -385,7 +380,7 @@ static enum status ck_source(const struct checkpoint *ck, enum weight_kind kind,
 {
     memset(s, 0, sizeof *s);
     if (kind == WEIGHT_KIND_LM_HEAD && ck->cfg.tied_embeddings) kind = WEIGHT_KIND_TOK_EMBEDDING;
-    weight_kind_shape(&ck->cfg, kind, &s->ndim, &s->rows, &s->cols);
+    weight_kind_shape_at(&ck->cfg, kind, l, &s->ndim, &s->rows, &s->cols);
     if (ck->layout == CHECKPOINT_LAYOUT_MEGATRON) return ck_source_megatron(ck, kind, l, s);
     if (ck->layout == CHECKPOINT_LAYOUT_GGUF) return ck_source_gguf(ck, kind, l, s);
     if (ck->cfg.family == MODEL_FAMILY_GPT2) return ck_source_hf_gpt2(ck, kind, l, s);
@@ -441,19 +436,20 @@ static void ck_resolve(const struct ck_source *s, int64_t r, int64_t c, int *par
 }
 
 /* The block of canonical rows / columns that tp rank r of tp holds. */
-static enum status ck_plan(const struct model_config *c, enum weight_kind kind, int tp_rank,
+static enum status ck_plan(const struct model_config *c, enum weight_kind kind, int layer, int tp_rank,
                            int tp_size, struct ck_slice *p)
 {
     if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size)
         return status_errorf(STATUS_INVALID_ARGUMENT, "tp rank %d of tp size %d", tp_rank, tp_size);
-    if (c->n_heads % tp_size || c->ffn_hidden % tp_size ||
+    if (c->n_heads % tp_size || c->ffn_hidden % tp_size || c->dense_ffn % tp_size ||
         (c->n_kv_heads % tp_size && tp_size % c->n_kv_heads))
         return status_errorf(STATUS_UNSUPPORTED,
                              "tp size %d does not partition the model: it must divide n_heads (%d) "
-                             "and ffn_hidden (%d), and divide or be a multiple of n_kv_heads (%d)",
-                             tp_size, c->n_heads, c->ffn_hidden, c->n_kv_heads);
+                             "and ffn_hidden (%d%s%d), and divide or be a multiple of n_kv_heads (%d)",
+                             tp_size, c->n_heads, c->ffn_hidden, c->dense_ffn ? "; the dense layers' " : "",
+                             c->dense_ffn, c->n_kv_heads);
     int64_t rows, cols, hd = c->head_dim;
-    weight_kind_shape(c, kind, &p->ndim, &rows, &cols);
+    weight_kind_shape_at(c, kind, layer, &p->ndim, &rows, &cols);
     p->r0 = 0, p->nr = rows, p->c0 = 0, p->nc = cols;
     switch (kind) {
     case WEIGHT_KIND_Q:
@@ -477,7 +473,7 @@ static enum status ck_plan(const struct model_config *c, enum weight_kind kind, 
     case WEIGHT_KIND_UP:
     case WEIGHT_KIND_GATE_BIAS:
     case WEIGHT_KIND_UP_BIAS:
-        p->nr = c->ffn_hidden / tp_size;
+        p->nr = rows / tp_size; /* ffn_hidden, or a dense first layer's dense_ffn */
         p->r0 = tp_rank * p->nr;
         break;
     case WEIGHT_KIND_O:
@@ -485,7 +481,7 @@ static enum status ck_plan(const struct model_config *c, enum weight_kind kind, 
         p->c0 = tp_rank * p->nc;
         break;
     case WEIGHT_KIND_DOWN:
-        p->nc = c->ffn_hidden / tp_size;
+        p->nc = cols / tp_size;
         p->c0 = tp_rank * p->nc;
         break;
     case WEIGHT_KIND_SINKS: /* this rank's query heads' */
@@ -567,17 +563,17 @@ static enum status ck_prepare(struct checkpoint *ck, enum weight_kind kind, int 
     memset(out, 0, sizeof *out);
     if ((unsigned)kind >= WEIGHT_KIND_COUNT)
         return status_errorf(STATUS_INVALID_ARGUMENT, "weight kind %d", (int)kind);
-    if (!weight_kind_exists(c, kind))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "checkpoint %s: this %s model has no weight %s",
-                             ck->files->dir, c->architecture, weight_kind_name(kind));
     if (weight_kind_per_layer(kind) && (layer < 0 || layer >= c->n_layers))
         return status_errorf(STATUS_INVALID_ARGUMENT, "checkpoint %s: layer %d of %d", ck->files->dir,
                              layer, c->n_layers);
+    if (!weight_kind_exists_at(c, kind, layer))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "checkpoint %s: this %s model has no weight %s%s", ck->files->dir,
+                             c->architecture, weight_kind_name(kind), weight_kind_exists(c, kind) ? " in that layer" : "");
     if (!weight_kind_per_layer(kind)) layer = 0;
     if (!dtype_is_float(dtype) && !dtype_is_quant(dtype))
         return status_errorf(STATUS_INVALID_ARGUMENT, "weights convert to float dtypes, not %s",
                              dtype_name(dtype));
-    if ((s = ck_plan(c, kind, tp_rank, tp_size, sl))) return s;
+    if ((s = ck_plan(c, kind, layer, tp_rank, tp_size, sl))) return s;
     if ((s = ck_source(ck, kind, layer, src))) return s;
     if (dtype_is_quant(dtype) && (s = ck_check_blocks(ck, kind, layer, tp_size, dtype, src, sl))) return s;
 
@@ -633,7 +629,7 @@ static enum status ck_get_from_source(struct checkpoint *ck, enum weight_kind ki
 {
     int ndim;
     int64_t rows, cols;
-    weight_kind_shape(&ck->cfg, kind, &ndim, &rows, &cols);
+    weight_kind_shape_at(&ck->cfg, kind, layer, &ndim, &rows, &cols);
     float *full = malloc((size_t)(rows * cols) * sizeof *full);
     if (!full) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "weight %s: out of memory", weight_kind_name(kind));
     enum status s = ck->source(ck->source_ctx, kind, layer, full, rows * cols);

@@ -388,7 +388,8 @@ locate:
         if (!weight_kind_exists(&ck->cfg, (enum weight_kind)k)) continue;
         int n = weight_kind_per_layer((enum weight_kind)k) ? ck->cfg.n_layers : 1;
         for (int l = 0; l < n; l++)
-            if ((s = ck_locate(ck, (enum weight_kind)k, l))) goto out;
+            if (weight_kind_exists_at(&ck->cfg, (enum weight_kind)k, l) && (s = ck_locate(ck, (enum weight_kind)k, l)))
+                goto out;
     }
     LOG_DEBUG("checkpoint", "%s: %s, %d file(s), tp %d pp %d as saved", dir,
               ck->layout == CHECKPOINT_LAYOUT_MEGATRON ? "megatron"

@@ -17,7 +17,7 @@
 static const char *const supported_architectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, "
     "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GptOssForCausalLM, "
-    "MiniMaxM2ForCausalLM, GPT2LMHeadModel, "
+    "MiniMaxM2ForCausalLM, Glm4MoeForCausalLM, GPT2LMHeadModel, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), BertModel (embeddings)";
 
 /* bos_token_id / eos_token_id: an int, or a list whose first element is taken; absent -> -1. */
@@ -75,6 +75,9 @@ enum llama_flavor {
     LLAMA_MINIMAX_M2, /* MiniMaxM2ForCausalLM: Mixtral's experts behind a sigmoid router whose top k
                          a per-expert bias selects; q and k normed over the whole projection;
                          rotary_dim of each head rotated */
+    LLAMA_GLM4_MOE, /* Glm4MoeForCausalLM (GLM-4.5, 4.6): q, k, v biases, half of each head rotated,
+                       the optional per-head QK norm; dense first layers, then experts behind
+                       DeepSeek-V3's router with plain shared experts (config_glm.c) */
 };
 
 /* rot_dim / 2 positive numbers of list `what` of rs into out. */
@@ -208,6 +211,9 @@ static enum status parse_moe(const cJSON *root, const char *name, enum llama_fla
     enum status st;
     c->n_experts = c->n_experts_used = c->moe_ffn = c->norm_topk_prob = c->shared_expert = 0;
     c->moe_sigmoid = c->moe_sel_bias = 0;
+    c->moe_groups = c->moe_group_topk = c->moe_dense_first = c->dense_ffn = 0;
+    c->moe_routed_scale = 0.0f;
+    if (flavor == LLAMA_GLM4_MOE) return config_parse_glm4_moe(root, name, c);
     if (flavor != LLAMA_MIXTRAL && flavor != LLAMA_QWEN3_MOE && flavor != LLAMA_QWEN2_MOE && flavor != LLAMA_OLMOE &&
         flavor != LLAMA_GPT_OSS && flavor != LLAMA_MINIMAX_M2) {
         if (config_field(root, "num_local_experts") || config_field(root, "num_experts"))
@@ -236,7 +242,7 @@ static enum status parse_moe(const cJSON *root, const char *name, enum llama_fla
         if ((st = config_get_int(root, name, "shared_expert_intermediate_size", 0, 5632, &c->ffn_hidden))) return st;
         if (c->ffn_hidden < 1 || c->ffn_hidden > CONFIG_MAX_DIM)
             return status_errorf(STATUS_BAD_FORMAT, "%s: shared_expert_intermediate_size %d", name, c->ffn_hidden);
-        c->shared_expert = 1;
+        c->shared_expert = SHARED_EXPERT_GATED;
     }
     if (qwen) {
         int step = 1;
@@ -287,7 +293,7 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
     const int mistral = flavor == LLAMA_MISTRAL || flavor == LLAMA_MIXTRAL;
     const int qwen = flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN3 || flavor == LLAMA_QWEN3_MOE ||
                      flavor == LLAMA_QWEN2_MOE;
-    const int oss = flavor == LLAMA_GPT_OSS;
+    const int oss = flavor == LLAMA_GPT_OSS, glm = flavor == LLAMA_GLM4_MOE;
     enum status st;
     if ((st = config_get_int(root, name, "hidden_size", 1, 0, &c->d_model)) ||
         (st = config_get_int(root, name, "intermediate_size", 1, 0, &c->ffn_hidden)) ||
@@ -297,13 +303,13 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
         (st = config_get_int(root, name, "num_key_value_heads", 0, c->n_heads, &c->n_kv_heads)) ||
         (st = config_get_int(root, name, "max_position_embeddings", 0, mistral || oss ? 4096 * 32 : 2048,
                       &c->max_positions)) ||
-        (st = config_get_float(root, name, "rms_norm_eps", flavor == LLAMA_OLMO2 || oss ? 1e-5f : 1e-6f, &c->norm_eps)) ||
+        (st = config_get_float(root, name, "rms_norm_eps", flavor == LLAMA_OLMO2 || oss || glm ? 1e-5f : 1e-6f, &c->norm_eps)) ||
         (st = config_get_float(root, name, "rope_theta", oss ? 150000.0f : 10000.0f, &c->rope_theta)) ||
         (st = config_get_bool(root, name, "tie_word_embeddings", 0, &c->tied_embeddings)) ||
         (st = config_get_bool(root, name, "attention_bias", flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN2_MOE || oss,
                               &c->qkv_bias)) ||
         (st = config_get_bool(root, name, "attention_out_bias",
-                              flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN2_MOE ? 0 : c->qkv_bias, &c->attn_out_bias)) ||
+                              flavor == LLAMA_QWEN2 || flavor == LLAMA_QWEN2_MOE || glm ? 0 : c->qkv_bias, &c->attn_out_bias)) ||
         (st = config_get_bool(root, name, "mlp_bias", 0, &c->mlp_bias)))
         return st;
     if (c->n_heads <= 0)
@@ -313,7 +319,7 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
         (st = config_get_int(root, name, "rot_dim", 0, c->head_dim, &c->rot_dim)))
         return st;
     float partial = 1.0f; /* Phi-4-mini: 0.75 of each head rotated (the first features, rotate-half among them) */
-    if ((st = config_get_float(root, name, "partial_rotary_factor", 1.0f, &partial))) return st;
+    if ((st = config_get_float(root, name, "partial_rotary_factor", glm ? 0.5f : 1.0f, &partial))) return st;
     if (partial != 1.0f && !config_field(root, "rot_dim")) { /* shardlm's exact rot_dim wins */
         const double r = (double)c->head_dim * partial;
         if (!(partial > 0.0f && partial < 1.0f) || r != floor(r) || (int)r % 2)
@@ -342,6 +348,11 @@ static enum status parse_llama(const cJSON *root, const char *name, enum llama_f
     c->sliding_window = 0;
     c->qk_norm = flavor == LLAMA_QWEN3 || flavor == LLAMA_QWEN3_MOE ? QK_NORM_HEAD
                : flavor == LLAMA_OLMO2 || flavor == LLAMA_OLMOE ? QK_NORM_FULL : 0;
+    if (glm) { /* Glm4MoeAttention: use_qk_norm, an RMSNorm of each head's q and k */
+        int use = 0;
+        if ((st = config_get_bool(root, name, "use_qk_norm", 0, &use))) return st;
+        if (use) c->qk_norm = QK_NORM_HEAD;
+    }
     if ((st = parse_moe(root, name, flavor, c))) return st;
     if (oss && (st = parse_gpt_oss(root, name, c))) return st;
     if (flavor == LLAMA_MINIMAX_M2 && (st = config_parse_minimax_attention(root, name, c))) return st;
@@ -494,6 +505,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
         else if (!strcmp(mt, "olmoe")) arch = "OlmoeForCausalLM";
         else if (!strcmp(mt, "gpt_oss")) arch = "GptOssForCausalLM";
         else if (!strcmp(mt, "minimax_m2")) arch = "MiniMaxM2ForCausalLM";
+        else if (!strcmp(mt, "glm4_moe")) arch = "Glm4MoeForCausalLM";
         else if (!strcmp(mt, "gpt2")) arch = "GPT2LMHeadModel";
         else if (!strcmp(mt, "gemma2")) arch = "Gemma2ForCausalLM";
         else if (!strcmp(mt, "gemma3_text")) arch = "Gemma3ForCausalLM";
@@ -519,6 +531,7 @@ enum status config_parse(const char *json, const char *name, struct model_config
     else if (!strcmp(arch, "OlmoeForCausalLM")) st = parse_llama(root, name, LLAMA_OLMOE, &c);
     else if (!strcmp(arch, "GptOssForCausalLM")) st = parse_llama(root, name, LLAMA_GPT_OSS, &c);
     else if (!strcmp(arch, "MiniMaxM2ForCausalLM")) st = parse_llama(root, name, LLAMA_MINIMAX_M2, &c);
+    else if (!strcmp(arch, "Glm4MoeForCausalLM")) st = parse_llama(root, name, LLAMA_GLM4_MOE, &c);
     else if (!strcmp(arch, "GPT2LMHeadModel")) st = parse_gpt2(root, name, &c);
     else if (!strcmp(arch, "Gemma2ForCausalLM")) st = config_parse_gemma(root, name, 2, &c);
     else if (!strcmp(arch, "Gemma3ForCausalLM")) st = config_parse_gemma(root, name, 3, &c);
@@ -638,9 +651,23 @@ enum status config_validate(const struct model_config *c, const char *name)
     if (!c->n_experts && (c->n_experts_used || c->moe_ffn || c->norm_topk_prob || c->shared_expert))
         return status_errorf(STATUS_BAD_FORMAT, "%s: expert settings without experts", name);
     const int minimax = !strcmp(c->architecture, "MiniMaxM2ForCausalLM");
-    if (c->moe_sigmoid != minimax || (c->moe_sel_bias && !c->moe_sigmoid) || (minimax && !c->norm_topk_prob))
+    const int glm = !strcmp(c->architecture, "Glm4MoeForCausalLM");
+    if (c->moe_sigmoid != (minimax || glm) || (c->moe_sel_bias && !c->moe_sigmoid) || (minimax && !c->norm_topk_prob))
         return status_errorf(STATUS_BAD_FORMAT, "%s: a sigmoid router (with its selection bias) belongs to MiniMax-M2, "
-                             "renormalised, not to %s", name, c->architecture);
+                             "renormalised, and GLM-4.5, not to %s", name, c->architecture);
+    if (!glm && (c->moe_groups || c->moe_group_topk || (c->moe_routed_scale != 0.0f && c->moe_routed_scale != 1.0f) ||
+                 c->moe_dense_first || c->dense_ffn || c->shared_expert == SHARED_EXPERT_PLAIN))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: group-limited routing, routed_scaling_factor, dense layers among "
+                             "the experts and plain shared experts belong to GLM-4.5, not to %s", name, c->architecture);
+    if (glm && (c->moe_dense_first < 0 || c->moe_dense_first >= c->n_layers || (c->moe_dense_first && (c->dense_ffn < 1 ||
+                c->dense_ffn > CONFIG_MAX_DIM)) || c->moe_groups < 0 || c->moe_group_topk < 0 ||
+                (c->moe_groups > 1 && (c->n_experts % c->moe_groups || c->n_experts / c->moe_groups < 2 ||
+                 c->moe_group_topk < 1 || c->moe_group_topk > c->moe_groups ||
+                 c->moe_group_topk * (c->n_experts / c->moe_groups) < c->n_experts_used)) ||
+                !(c->moe_routed_scale > 0.0f) || c->moe_routed_scale > 1e6f || c->shared_expert == SHARED_EXPERT_GATED))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: GLM-4.5's dense layers (%d of %d features), groups (%d, top %d) "
+                             "or routed_scaling_factor %g are out of range", name, c->moe_dense_first, c->dense_ffn,
+                             c->moe_groups, c->moe_group_topk, (double)c->moe_routed_scale);
     if (c->type_vocab_size < 0 || c->type_vocab_size > 1024)
         return status_errorf(STATUS_BAD_FORMAT, "%s: type_vocab_size %d must be in 0..1024", name, c->type_vocab_size);
     if (c->family != MODEL_FAMILY_BERT && (c->encoder || c->post_ln || c->type_vocab_size || c->embed_norm))
@@ -651,7 +678,7 @@ enum status config_validate(const struct model_config *c, const char *name)
     const int full_qk_norm = olmo2 || !strcmp(c->architecture, "OlmoeForCausalLM") || minimax;
     const int head_qk_norm = (c->family == MODEL_FAMILY_GEMMA3 && !gemma2) || !strcmp(c->architecture, "Qwen3ForCausalLM") ||
                              !strcmp(c->architecture, "Qwen3MoeForCausalLM");
-    if (c->qk_norm != (head_qk_norm ? QK_NORM_HEAD : full_qk_norm ? QK_NORM_FULL : 0))
+    if (c->qk_norm != (head_qk_norm ? QK_NORM_HEAD : full_qk_norm ? QK_NORM_FULL : 0) && !(glm && c->qk_norm == QK_NORM_HEAD))
         return status_errorf(STATUS_BAD_FORMAT, "%s: qk_norm %d: per head belongs to Gemma 3 and Qwen 3, over the whole "
                              "projection to OLMo 2, OLMoE and MiniMax-M2, none to %s", name, c->qk_norm, c->architecture);
     if (c->no_pre_norms != olmo2 || (olmo2 && !c->sandwich_norms))

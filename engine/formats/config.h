@@ -67,6 +67,7 @@ struct rope_scaling {
 };
 
 enum { QK_NORM_HEAD = 1, QK_NORM_FULL = 2 }; /* model_config.qk_norm */
+enum { SHARED_EXPERT_GATED = 1, SHARED_EXPERT_PLAIN = 2 }; /* model_config.shared_expert */
 
 struct model_config {
     enum model_family family;
@@ -126,15 +127,28 @@ struct model_config {
     int      n_experts_used;
     int      moe_ffn;
     int      norm_topk_prob;
-    int      shared_expert;     /* Qwen 2 MoE: beside the experts, a gated MLP of ffn_hidden
-                                   (shared_expert_intermediate_size) that every token takes,
-                                   scaled by sigmoid(shared_expert_gate x) */
+    int      shared_expert;     /* beside the experts, a gated MLP of ffn_hidden that every token
+                                   takes: SHARED_EXPERT_GATED (Qwen 2 MoE,
+                                   shared_expert_intermediate_size) scaled by sigmoid(
+                                   shared_expert_gate x), SHARED_EXPERT_PLAIN (GLM-4.5, DeepSeek:
+                                   n_shared_experts x moe_intermediate_size) added as it is */
     int      moe_bias;          /* GPT-OSS: biases on the router (before its top-k) and on each
                                    expert's gate, up and down projections */
     int      moe_sigmoid;       /* MiniMax-M2 (DeepSeek-V3's router): each expert's score is
                                    sigmoid(router x) instead of a softmax over the experts */
     int      moe_sel_bias;      /* the top k chosen by score + a per-expert bias (HF
                                    e_score_correction_bias; it selects, it does not weight) */
+    /* DeepSeek-V3's group-limited routing (n_group, topk_group): the experts in moe_groups equal
+     * groups, each scored by the sum of its two best selection scores; only the moe_group_topk best
+     * groups' experts may be chosen (the others' scores taken as 0, as transformers masks them).
+     * 0 or 1 group: off. */
+    int      moe_groups, moe_group_topk;
+    float    moe_routed_scale;  /* routed_scaling_factor: the chosen experts' weights (after the
+                                   renormalisation) times this; 0 = 1 */
+    int      moe_dense_first;   /* first_k_dense_replace (GLM-4.5, DeepSeek): layers [0, k) have a
+                                   dense gated MLP of dense_ffn (GATE, UP, DOWN) instead of the
+                                   experts; 0: every layer sparse */
+    int      dense_ffn;
     int      attn_sinks;        /* GPT-OSS: one learned logit per query head in every softmax's
                                    denominator (ops.h attention_batch.sinks) */
     /* Encoders (BERT; 0 for every decoder family). */
@@ -146,6 +160,12 @@ struct model_config {
     int      type_vocab_size;   /* rows of the token type (segment) embedding; 0 = none */
     int      embed_norm;        /* 1: a LayerNorm (with bias) on the summed embeddings */
 };
+
+/* Whether layer `layer` of c runs the experts (a mixture's layers but its first moe_dense_first). */
+static inline int config_layer_moe(const struct model_config *c, int layer)
+{
+    return c->n_experts > 0 && layer >= c->moe_dense_first;
+}
 
 /* Whether the Hugging Face layout of c names its norms as Gemma does: post_attention_layernorm
  * is the attention output's norm (not the pre-MLP norm as in Llama), pre_ / post_feedforward_

@@ -44,6 +44,9 @@ enum status config_parse_gemma(const cJSON *root, const char *name, int version,
 enum status config_parse_minimax_router(const cJSON *root, const char *name, struct model_config *c);
 enum status config_parse_minimax_attention(const cJSON *root, const char *name, struct model_config *c);
 
+/* Glm4MoeForCausalLM's experts, router, shared experts and dense first layers (config_glm.c). */
+enum status config_parse_glm4_moe(const cJSON *root, const char *name, struct model_config *c);
+
 /* BertModel (an encoder), defaults as in transformers' BertConfig (config_bert.c). */
 enum status config_parse_bert(const cJSON *root, const char *name, struct model_config *c);
 

@@ -194,7 +194,7 @@ int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
     case WEIGHT_KIND_GATE: return c->gated_mlp && (!c->n_experts || c->shared_expert);
     case WEIGHT_KIND_UP:
     case WEIGHT_KIND_DOWN: return !c->n_experts || c->shared_expert;
-    case WEIGHT_KIND_SHARED_GATE: return c->n_experts && c->shared_expert;
+    case WEIGHT_KIND_SHARED_GATE: return c->n_experts && c->shared_expert == SHARED_EXPERT_GATED;
     case WEIGHT_KIND_SINKS: return c->attn_sinks;
     case WEIGHT_KIND_ROUTER_SEL_BIAS: return c->n_experts > 0 && c->moe_sel_bias;
     case WEIGHT_KIND_ROUTER_BIAS:
@@ -224,6 +224,33 @@ int weight_kind_exists(const struct model_config *c, enum weight_kind kind)
     }
 }
 
+/* A dense layer among a mixture's experts (config.h moe_dense_first). */
+static int dense_layer(const struct model_config *c, int layer)
+{
+    return c->n_experts > 0 && layer >= 0 && layer < c->moe_dense_first;
+}
+
+int weight_kind_exists_at(const struct model_config *c, enum weight_kind kind, int layer)
+{
+    if (!dense_layer(c, layer) || !weight_kind_per_layer(kind)) return weight_kind_exists(c, kind);
+    switch (kind) {
+    case WEIGHT_KIND_GATE: return c->gated_mlp;
+    case WEIGHT_KIND_UP:
+    case WEIGHT_KIND_DOWN: return 1;
+    case WEIGHT_KIND_SHARED_GATE:
+    case WEIGHT_KIND_ROUTER:
+    case WEIGHT_KIND_ROUTER_BIAS:
+    case WEIGHT_KIND_ROUTER_SEL_BIAS:
+    case WEIGHT_KIND_EXP_GATE:
+    case WEIGHT_KIND_EXP_UP:
+    case WEIGHT_KIND_EXP_DOWN:
+    case WEIGHT_KIND_EXP_GATE_BIAS:
+    case WEIGHT_KIND_EXP_UP_BIAS:
+    case WEIGHT_KIND_EXP_DOWN_BIAS: return 0;
+    default: return weight_kind_exists(c, kind);
+    }
+}
+
 static int64_t dim_size(const struct model_config *c, enum weight_dim d)
 {
     switch (d) {
@@ -245,6 +272,16 @@ static int64_t dim_size(const struct model_config *c, enum weight_dim d)
     return 0;
 }
 
+void weight_kind_shape_at(const struct model_config *c, enum weight_kind kind, int layer, int *ndim, int64_t *rows,
+                          int64_t *cols)
+{
+    weight_kind_shape(c, kind, ndim, rows, cols);
+    if (!dense_layer(c, layer)) return;
+    const struct weight_names *w = row_of(kind);
+    if (w->rows == WEIGHT_DIM_FFN) *rows = c->dense_ffn; /* the dense layers' own MLP size */
+    if (w->cols == WEIGHT_DIM_FFN) *cols = c->dense_ffn;
+}
+
 void weight_kind_shape(const struct model_config *c, enum weight_kind kind, int *ndim, int64_t *rows,
                        int64_t *cols)
 {
@@ -260,6 +297,21 @@ const char *weight_names_hf(enum weight_kind kind, int gemma3)
 {
     const struct weight_names *w = row_of(kind);
     return gemma3 && w->hf_gemma3 ? w->hf_gemma3 : w->hf;
+}
+
+const char *weight_names_hf_llama(const struct model_config *c, enum weight_kind kind, int layer)
+{
+    const int glm = c->shared_expert == SHARED_EXPERT_PLAIN || c->moe_dense_first; /* GLM-4.5's names */
+    if (c->shared_expert && config_layer_moe(c, layer)) { /* the dense MLP's kinds are the shared expert */
+        if (kind == WEIGHT_KIND_GATE) return glm ? "layers.%d.mlp.shared_experts.gate_proj.weight"
+                                                 : "layers.%d.mlp.shared_expert.gate_proj.weight";
+        if (kind == WEIGHT_KIND_UP) return glm ? "layers.%d.mlp.shared_experts.up_proj.weight"
+                                               : "layers.%d.mlp.shared_expert.up_proj.weight";
+        if (kind == WEIGHT_KIND_DOWN) return glm ? "layers.%d.mlp.shared_experts.down_proj.weight"
+                                                 : "layers.%d.mlp.shared_expert.down_proj.weight";
+    }
+    if (kind == WEIGHT_KIND_ROUTER_SEL_BIAS && !config_hf_mixtral_names(c)) return "layers.%d.mlp.gate.e_score_correction_bias";
+    return weight_names_hf(kind, config_hf_gemma_names(c));
 }
 
 /* BertModel's names (transformers' modeling_bert): the embeddings with their LayerNorm, then per

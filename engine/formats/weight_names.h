@@ -89,6 +89,12 @@ int         weight_kind_exists(const struct model_config *cfg, enum weight_kind 
  * (rows) with *ndim 1 and *cols 1. Shapes for every kind are listed in checkpoint.h. */
 void weight_kind_shape(const struct model_config *cfg, enum weight_kind kind, int *ndim,
                        int64_t *rows, int64_t *cols);
+/* The same for layer `layer` (any value for the kinds that are not per layer): a mixture's dense
+ * first layers (cfg.moe_dense_first) have GATE, UP, DOWN of dense_ffn and none of the experts'
+ * kinds; every other layer is what the kind-wide answers say. */
+int  weight_kind_exists_at(const struct model_config *cfg, enum weight_kind kind, int layer);
+void weight_kind_shape_at(const struct model_config *cfg, enum weight_kind kind, int layer, int *ndim,
+                          int64_t *rows, int64_t *cols);
 
 /* The sizes that canonical shapes are made of. */
 enum weight_dim {
@@ -160,6 +166,12 @@ const struct weight_names *weight_names_at(int i);
 const struct weight_names *weight_names_of(enum weight_kind kind);
 /* The Hugging Face pattern of kind for a Llama-family model (gemma3: Gemma 3's names). */
 const char *weight_names_hf(enum weight_kind kind, int gemma3);
+/* A Llama-family model's HF name pattern of kind in layer `layer` (weight_names_hf, with Gemma's
+ * norms by config_hf_gemma_names, a mixture's shared expert as mlp.shared_expert.* (Qwen 2 MoE)
+ * or mlp.shared_experts.* (GLM-4.5) on its sparse layers, and the selection bias as
+ * mlp.gate.e_score_correction_bias outside Mixtral's naming). The router and experts are named by
+ * the readers and writers of the experts. */
+const char *weight_names_hf_llama(const struct model_config *c, enum weight_kind kind, int layer);
 /* The Hugging Face BertModel name of kind (after the optional "bert." prefix), or NULL when a
  * BERT model has no such weight. */
 const char *weight_names_hf_bert(enum weight_kind kind);

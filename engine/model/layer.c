@@ -114,11 +114,11 @@ void layer_mlp_inner(struct model *m, int l, int64_t T, const struct tensor *xn,
     struct backend *b = m->b;
     const struct model_config *c = &m->cfg;
     const struct layer_weights *w = &m->w.layers[l];
-    struct tensor up = tensor_first_rows(&t->up, T), hact = tensor_first_rows(&t->hact, T);
+    struct tensor up = layer_ffn_view(&t->up, T, w), hact = layer_ffn_view(&t->hact, T, w);
     op_matmul(b, &up, xn, &w->w_up, opt(&w->b_up));
     h->adapt(h->ctx, l, LORA_TARGET_UP, &up, xn);
     if (c->gated_mlp) { /* act(gate) * up (SwiGLU, GeGLU) */
-        struct tensor gate = tensor_first_rows(&t->gate, T);
+        struct tensor gate = layer_ffn_view(&t->gate, T, w);
         op_matmul(b, &gate, xn, &w->w_gate, opt(&w->b_gate));
         h->adapt(h->ctx, l, LORA_TARGET_GATE, &gate, xn);
         op_gated_activation(b, &hact, &gate, &up, c->activation);
@@ -181,7 +181,7 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
     /* MLP block: x = x_mid + [norm](down(act(gate(xn2)) * up(xn2))), or down(act(up(xn2))). */
     layer_pre_norm(m, &t->xn2, &t->x_mid, &w->mlp_norm, &w->mlp_norm_bias);
     if ((st = h->gather(h->ctx, &t->xn2, T, &full)) != STATUS_OK) return st;
-    if (m->cfg.n_experts) { /* a mixture of experts (moe.h); each tp rank its experts, summed as a row-parallel product */
+    if (config_layer_moe(&m->cfg, m->layer_first + l)) { /* a mixture of experts (moe.h); each tp rank its experts, summed as a row-parallel product */
         struct tensor proj = tensor_first_rows(&t->mlp_out, tensor_rows(&t->x)), part = h->partial(h->ctx, &proj, T);
         if ((st = moe_forward(m, l, T, &full, &part, t->moe)) != STATUS_OK) return st;
         /* Serving's expert parallelism joined the slices over the whole ep group (moe_ep_join). */
@@ -190,7 +190,7 @@ enum status layer_forward(struct model *m, int l, int64_t T, const struct layer_
         return STATUS_OK;
     }
     layer_mlp_inner(m, l, T, &full, t, h);
-    struct tensor hact = tensor_first_rows(&t->hact, T);
+    struct tensor hact = layer_ffn_view(&t->hact, T, w);
     if ((st = row_parallel_residual(m, l, LORA_TARGET_DOWN, T, &t->x, &t->x_mid, &hact, &w->w_down, &w->b_down,
                                     &t->mlp_out, &t->normed, &w->post_mlp_norm, h)) != STATUS_OK)
         return st;

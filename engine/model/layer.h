@@ -25,6 +25,13 @@ struct moe_tensors;
  * Tensors whose data pointers are equal share storage, and the math then runs in place:
  * serving passes x_in = x_mid = x, q_pre = q, k_pre = k, hact = up, normed = attn_out =
  * mlp_out (its workspace); training passes distinct tensors it keeps. */
+/* Rows [0, T) of buf, a buffer as wide as the widest dense MLP (ffn_local), as (T, F) with F the
+ * MLP of layer weights w (GLM-4.5's dense first layers and its shared experts differ in width). */
+static inline struct tensor layer_ffn_view(const struct tensor *buf, int64_t T, const struct layer_weights *w)
+{
+    return tensor_make(buf->data, buf->dtype, buf->device, 2, T, w->w_up.shape[0]);
+}
+
 struct layer_tensors {
     struct tensor x;                /* (Tl, d): the residual stream, in and out */
     struct tensor x_in, x_mid;      /* (Tl, d): the layer's input, and after attention */

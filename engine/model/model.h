@@ -196,8 +196,8 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
  * ep group's for a mixture's experts under expert parallelism (a contiguous block of whole
  * experts per rank; in training at tp > 1, tp rank t's block split over its ep group: rank
  * t ep + ep_rank of tp x ep), the tp group's otherwise; whole for the shared expert under
- * serving's ep. */
-void model_shard_of(const struct model *m, enum weight_kind kind, int *rank, int *size);
+ * serving's ep (on the sparse layers; `layer` is the global layer, any for kinds not per layer). */
+void model_shard_of(const struct model *m, enum weight_kind kind, int layer, int *rank, int *size);
 
 /* The communicator of tensor parallelism (attention, the dense MLP, the vocabulary): the layout's
  * tp group, or under expert parallelism with tensor-parallel attention its atp sub-group. */

@@ -106,7 +106,7 @@ static enum dtype load_dtype(const struct model *m, enum weight_kind kind, const
     return m->dtype;
 }
 
-void model_shard_of(const struct model *m, enum weight_kind kind, int *rank, int *size)
+void model_shard_of(const struct model *m, enum weight_kind kind, int layer, int *rank, int *size)
 {
     const int experts = weight_kind_per_expert(kind);
     *rank = experts && m->ep_size > 1 ? m->ep_rank : m->tp_rank;
@@ -115,7 +115,8 @@ void model_shard_of(const struct model *m, enum weight_kind kind, int *rank, int
     if (experts && m->ep_size > 1 && !m->par.ep) *rank = m->tp_rank * m->ep_size + m->ep_rank, *size *= m->tp_size;
     const int dense_mlp = kind == WEIGHT_KIND_GATE || kind == WEIGHT_KIND_GATE_BIAS || kind == WEIGHT_KIND_UP ||
                           kind == WEIGHT_KIND_UP_BIAS || kind == WEIGHT_KIND_DOWN || kind == WEIGHT_KIND_DOWN_BIAS;
-    if (m->par.ep && dense_mlp) *rank = 0, *size = 1; /* the shared expert runs whole over a slice (moe.c) */
+    if (m->par.ep && dense_mlp && config_layer_moe(&m->cfg, layer))
+        *rank = 0, *size = 1; /* the shared expert runs whole over a slice (moe.c) */
 }
 
 /* Gives back the whole pages of [p, p + n) of a read-only file mapping (MADV_DONTNEED: a later
@@ -227,7 +228,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
     struct backend *b = m->b;
     struct host_weight hw;
     int rank, size;
-    model_shard_of(m, kind, &rank, &size);
+    model_shard_of(m, kind, layer, &rank, &size);
     enum status st = checkpoint_describe(m->checkpoint, kind, layer, rank, size,
                                          m->dtype, &hw);
     if (st != STATUS_OK) return st;
@@ -359,7 +360,7 @@ static enum status load_optional(struct model *m, struct staging *stg, enum weig
                                  int layer, struct tensor *t)
 {
     memset(t, 0, sizeof *t);
-    if (!weight_kind_exists(&m->cfg, kind)) return STATUS_OK;
+    if (!weight_kind_exists_at(&m->cfg, kind, layer)) return STATUS_OK;
     return load_weight(m, stg, kind, layer, t);
 }
 
@@ -503,20 +504,24 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     m->n_kv_local = (int)(hw.shape[0] / c->head_dim);
     if (c->n_experts) { /* whole experts per tp rank (checkpoint.c refuses a tp that does not divide them) */
         int er, es;
-        model_shard_of(m, WEIGHT_KIND_EXP_UP, &er, &es);
-        if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_EXP_UP, 0, er, es, m->dtype, &hw)) != STATUS_OK)
+        const int sparse = c->n_layers - 1; /* the last layer always runs the experts (config.c) */
+        model_shard_of(m, WEIGHT_KIND_EXP_UP, sparse, &er, &es);
+        if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_EXP_UP, sparse, er, es, m->dtype, &hw)) != STATUS_OK)
             goto fail;
         m->n_experts_local = (int)(hw.shape[0] / c->moe_ffn);
         m->expert_first = er * m->n_experts_local;
     }
-    if (c->n_experts && !c->shared_expert) { /* no dense MLP */
-        m->ffn_local = c->moe_ffn;
-    } else {
+    /* The widest dense MLP of this stage's layers (a shared expert, or GLM's dense first layers),
+     * this rank's slice; a mixture without either runs its experts in buffers of moe_ffn. */
+    m->ffn_local = c->n_experts ? c->moe_ffn : 0;
+    for (int l = m->layer_first; l < m->layer_first + m->n_layers_local; l++) {
+        if (!weight_kind_exists_at(c, WEIGHT_KIND_UP, l)) continue;
         int fr, fs;
-        model_shard_of(m, WEIGHT_KIND_UP, &fr, &fs);
-        if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_UP, 0, fr, fs, m->dtype, &hw)) != STATUS_OK)
+        model_shard_of(m, WEIGHT_KIND_UP, l, &fr, &fs);
+        if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_UP, l, fr, fs, m->dtype, &hw)) != STATUS_OK)
             goto fail;
-        m->ffn_local = (int)hw.shape[0];
+        if ((int)hw.shape[0] > m->ffn_local) m->ffn_local = (int)hw.shape[0];
+        if (!c->n_experts && !c->moe_dense_first) break; /* every layer alike */
     }
     if ((st = checkpoint_describe(m->checkpoint, WEIGHT_KIND_TOK_EMBEDDING, 0, tp_rank, tp_size, m->dtype, &hw)) != STATUS_OK) goto fail;
     m->vocab_local = (int)hw.shape[0];

@@ -180,7 +180,7 @@ static struct layer_tensors train_tensors(struct model_train *t, int l, int64_t 
         .gate = la->gate, .up = la->up, .hact = la->hact,
         .attn_out = sandwich ? tensor_first_rows(&la->attn_out, Tl) : dtmp,
         .mlp_out = sandwich ? tensor_first_rows(&la->mlp_out, Tl) : dtmp,
-        .normed = dtmp, .pos = t->a->positions, .moe = m->cfg.n_experts ? &la->moe : NULL,
+        .normed = dtmp, .pos = t->a->positions, .moe = config_layer_moe(&m->cfg, m->layer_first + l) ? &la->moe : NULL,
         .qk_full = t->a->qk_full,
     };
 }
@@ -316,7 +316,7 @@ static enum status recompute_mlp(struct model_train *t, int l, int64_t T, struct
     struct tensor xn2 = tensor_first_rows(&la->xn2, local_rows(t, T)), x_mid = tensor_first_rows(&la->x_mid, local_rows(t, T));
     if (mods & TRAIN_RECOMPUTE_LAYERNORM) layer_pre_norm(m, &xn2, &x_mid, &w->mlp_norm, &w->mlp_norm_bias);
     TRY(gather_rows(t, &xn2, &t->a->gath, T, xn2_full));
-    if (mods & TRAIN_RECOMPUTE_MLP && m->cfg.n_experts) { /* the experts' insides, from the kept routing */
+    if (mods & TRAIN_RECOMPUTE_MLP && config_layer_moe(&m->cfg, m->layer_first + l)) { /* the experts' insides, from the kept routing */
         struct moe_tensors mt = la->moe;
         mt.recompute = 1;
         return moe_forward(m, l, T, xn2_full, NULL, &mt);
@@ -419,12 +419,12 @@ static enum status mlp_backward(struct model_train *t, int l, int64_t T, const s
     struct layer_acts *la = &t->a->layers[l];
     struct train_activations *a = t->a;
     struct tensor dxn = tensor_first_rows(&a->dxn, T);
-    struct tensor dh = tensor_first_rows(&a->dup, T), hact = tensor_first_rows(&la->hact, T);
+    struct tensor dh = layer_ffn_view(&a->dup, T, w), hact = layer_ffn_view(&la->hact, T, w);
     TRY(row_parallel_backward(t, l, LORA_TARGET_DOWN, T, &dh, &hact, &w->w_down, &g->w_down, &g->b_down, &la->mlp_out,
                               &w->post_mlp_norm, &g->post_mlp_norm));
-    struct tensor up = tensor_first_rows(&la->up, T), dup = tensor_first_rows(&a->dup, T);
+    struct tensor up = layer_ffn_view(&la->up, T, w), dup = layer_ffn_view(&a->dup, T, w);
     if (c->gated_mlp) {
-        struct tensor gate = tensor_first_rows(&la->gate, T), dgate = tensor_first_rows(&a->dgate, T);
+        struct tensor gate = layer_ffn_view(&la->gate, T, w), dgate = layer_ffn_view(&a->dgate, T, w);
         op_gated_activation_backward(b, &dgate, &dup, &dh, &gate, &up, c->activation);
         op_matmul_backward(b, &dxn, opt(&g->w_gate), opt(&g->b_gate), &dgate, full, &w->w_gate, 0);
         adapt_back(t, l, LORA_TARGET_GATE, &dxn, &dgate, full);
@@ -460,7 +460,7 @@ static enum status layer_backward(struct model_train *t, int l, int64_t T, const
 
     /* MLP block, in reverse: a mixture of experts (moe.h), or the dense MLP. */
     TRY(recompute_mlp(t, l, T, &full));
-    if (c->n_experts) {
+    if (config_layer_moe(c, m->layer_first + l)) {
         struct tensor dproj;
         const struct moe_loss loss = {t->moe_aux_coeff, t->moe_z_coeff, aux_scale};
         TRY(residual_output_grad(t, T, &la->mlp_out, &w->post_mlp_norm, &g->post_mlp_norm, &dproj));

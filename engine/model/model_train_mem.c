@@ -536,6 +536,7 @@ void train_moe_count(struct model_train *t)
     if (!c->n_experts || t->m->tp_rank != 0) return; /* the routing is the same on every tp rank: counted once */
     t->moe_forwards++;
     for (int l = 0; l < t->m->n_layers_local; l++) {
+        if (!config_layer_moe(c, t->m->layer_first + l)) continue; /* a dense layer (GLM-4.5's first) */
         const struct moe_routing *r = &t->a->layers[l].route;
         t->moe_aux_sum += r->aux;
         t->moe_z_sum += r->z;

@@ -9,6 +9,31 @@
 /* The most experts a config may declare (config.c refuses more): the bound of moe_route's buffer. */
 #define MOE_MAX_EXPERTS 1024
 
+/* DeepSeek-V3's group-limited choice over one token's choice scores cs (E, in G groups): every
+ * expert outside the best `keep` groups (each scored by its two best; equal: the lower group
+ * first) gets choice score 0. */
+static void group_limit(double *cs, int E, int G, int keep)
+{
+    const int per = E / G;
+    double score[MOE_MAX_EXPERTS];
+    int kept[MOE_MAX_EXPERTS] = {0};
+    for (int g = 0; g < G; g++) {
+        double a = -INFINITY, b = -INFINITY; /* the two best of the group */
+        for (int e = g * per; e < (g + 1) * per; e++)
+            if (cs[e] > a) b = a, a = cs[e];
+            else if (cs[e] > b) b = cs[e];
+        score[g] = a + b;
+    }
+    for (int j = 0; j < keep; j++) {
+        int best = -1;
+        for (int g = 0; g < G; g++)
+            if (!kept[g] && (best < 0 || score[g] > score[best])) best = g;
+        kept[best] = 1;
+    }
+    for (int e = 0; e < E; e++)
+        if (!kept[e / per]) cs[e] = 0.0;
+}
+
 void moe_route(const float *logits, int T, int E, int k, int norm, const struct moe_scoring *sc, int *start,
                int32_t *ids, float *w)
 {
@@ -17,9 +42,12 @@ void moe_route(const float *logits, int T, int E, int k, int norm, const struct 
      * p (+ the selection bias), their weights p, written in place of the token's own slots t k ..
      * t k + k - 1 (ids: the expert, w: the weight) and counted per expert in start[e + 1]. */
     memset(start, 0, (size_t)(E + 1) * sizeof *start);
-    const int sigmoid = sc && sc->sigmoid;
+    const int sigmoid = sc && sc->sigmoid, G = sc && sc->groups > 1 ? sc->groups : 0;
     const float *bias = sc ? sc->sel_bias : NULL;
-    double p[MOE_MAX_EXPERTS], top_p[64], top_c[64];
+    const double scale = sc && sc->scale > 0.0f ? (double)sc->scale : 1.0;
+    CHECK(!G || (E % G == 0 && E / G >= 2 && sc->group_topk >= 1 && sc->group_topk <= G),
+          "moe_route: %d experts in %d groups, top %d groups", E, G, G ? sc->group_topk : 0);
+    double p[MOE_MAX_EXPERTS], cs[MOE_MAX_EXPERTS], top_p[64], top_c[64];
     int32_t top_e[64];
     for (int t = 0; t < T; t++) {
         const float *z = logits + (size_t)t * (size_t)E;
@@ -31,9 +59,11 @@ void moe_route(const float *logits, int T, int E, int k, int norm, const struct 
             for (int e = 0; e < E; e++) mx = z[e] > mx ? z[e] : mx;
             for (int e = 0; e < E; e++) sum += p[e] = exp((double)z[e] - mx);
         }
+        for (int e = 0; e < E; e++) p[e] /= sum, cs[e] = bias ? p[e] + (double)bias[e] : p[e];
+        if (G) group_limit(cs, E, G, sc->group_topk);
         int n = 0;
         for (int e = 0; e < E; e++) { /* insertion into the k best; a tie keeps the earlier */
-            const double pe = p[e] / sum, ce = bias ? pe + (double)bias[e] : pe;
+            const double pe = p[e], ce = cs[e];
             int pos = n;
             while (pos > 0 && ce > top_c[pos - 1]) pos--;
             if (pos >= k) continue;
@@ -49,7 +79,7 @@ void moe_route(const float *logits, int T, int E, int k, int norm, const struct 
         for (int j = 0; j < k; j++) {
             const size_t slot = (size_t)t * (size_t)k + (size_t)j;
             ids[slot] = top_e[j];
-            w[slot] = (float)(norm ? top_p[j] / s : top_p[j]);
+            w[slot] = (float)((norm ? top_p[j] / s : top_p[j]) * scale);
             start[top_e[j] + 1]++;
         }
     }
@@ -119,7 +149,8 @@ static void route(struct model *m, int l, int64_t T, const struct tensor *xn, co
     float bias[MOE_MAX_EXPERTS]; /* MiniMax-M2's selection bias, f32 on the device (model_load) */
     const struct tensor *sb = &m->w.layers[l].router_sel_bias;
     if (sb->data) backend_download(b, bias, sb->data, (size_t)E * sizeof *bias);
-    const struct moe_scoring sc = {c->moe_sigmoid, sb->data ? bias : NULL};
+    const struct moe_scoring sc = {c->moe_sigmoid, sb->data ? bias : NULL, c->moe_groups, c->moe_group_topk,
+                                   c->moe_routed_scale};
     moe_route(mt->r->logits, (int)T, E, k, c->norm_topk_prob, &sc, mt->r->start, mt->r->ids, mt->r->w);
     const size_t n_routed = (size_t)T * (size_t)k;
     backend_upload(b, mt->ids.data, mt->r->ids, n_routed * sizeof(int32_t));
@@ -130,6 +161,11 @@ static void route(struct model *m, int l, int64_t T, const struct tensor *xn, co
 static void shared_gates(struct model *m, int l, int64_t T, const struct tensor *xn, const struct moe_tensors *mt)
 {
     struct backend *b = m->b;
+    if (m->cfg.shared_expert == SHARED_EXPERT_PLAIN) { /* GLM-4.5: the shared experts' output as it is */
+        for (int64_t i = 0; i < T; i++) mt->r->sw[i] = 1.0f;
+        backend_upload(b, mt->sw.data, mt->r->sw, (size_t)T * sizeof(float));
+        return;
+    }
     struct tensor sg = tensor_first_rows(&mt->logits, T), sg1 = tensor_view2(&sg, T, 1);
     struct tensor sg32 = tensor_view2(&mt->logits32, T, 1);
     op_matmul(b, &sg1, xn, &m->w.layers[l].shared_gate, NULL);
@@ -222,9 +258,9 @@ enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *
         moe_expert_mlp(m, l, el, &x, &gate, &up, &hact, &y);
         if (proj) op_scatter_add_rows(b, proj, &y, &ids, &wt);
     }
-    if (c->shared_expert && sn > 0) { /* Qwen 2 MoE: + sigmoid(x . g) * shared(x), every row (of the slice) */
+    if (c->shared_expert && sn > 0) { /* + sigmoid(x . g) * shared(x) (Qwen 2 MoE) or shared(x) (GLM), every row (of the slice) */
         if (!mt->recompute) shared_gates(m, l, T, xn, mt);
-        const int64_t S = m->ffn_local;
+        const int64_t S = w->w_up.shape[0];
         struct tensor sw = tensor_rows_at(&mt->sw, s0, sn), rows = tensor_rows_at(&mt->rows, s0, sn);
         struct tensor gate = rows_of(&mt->s_gate, 0, sn, S), up = rows_of(&mt->s_up, 0, sn, S);
         struct tensor hact = rows_of(&mt->s_hact, 0, sn, S), y = tensor_first_rows(&mt->s_y, sn);

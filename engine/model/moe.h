@@ -46,10 +46,16 @@ struct moe_grad_scratch;
 /* How the router's logits become scores: NULL (or zeroed) is the softmax above; sigmoid scores
  * each expert on its own, p_e = sigmoid(z_e) (MiniMax-M2, DeepSeek-V3), and sel_bias (E, or
  * NULL) is added to p to choose the top k (equal sums: the lower index first) while the weights
- * stay p (renormalised over the k when norm). */
+ * stay p (renormalised over the k when norm). DeepSeek-V3's group-limited choice (groups > 1):
+ * the E experts in `groups` equal runs, each scored by the sum of its two best choice scores
+ * (p + bias); the group_topk best groups (equal: the lower first) stay and every other expert's
+ * choice score is taken as 0 (transformers' masked_fill), then the top k as above. scale (0: 1)
+ * multiplies the final weights (routed_scaling_factor). */
 struct moe_scoring {
     int sigmoid;
     const float *sel_bias;
+    int groups, group_topk;
+    float scale;
 };
 
 void moe_route(const float *logits, int T, int E, int k, int norm, const struct moe_scoring *sc, int *start,

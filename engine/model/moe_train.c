@@ -86,12 +86,14 @@ static void router_grad(const struct model_config *c, int64_t T, const struct mo
 #define W(t, e) (sig ? sigmoid((double)r->logits[(size_t)(t) * (size_t)E + (size_t)(e)]) : P(t, e))
     /* w_j = p_j / S with S the sum of the chosen p (norm), else p_j:
      * dL/dp_i = (dw_i - sum_j dw_j w_j) / S for the chosen i (norm), else dw_i. */
+    /* routed_scaling_factor: w = scale x (the weights above), so dL/d(those) = scale dw. */
+    const double sf = c->moe_routed_scale > 0.0f ? (double)c->moe_routed_scale : 1.0;
     for (int e = 0; e < E; e++)
         for (int s = r->start[e]; s < r->start[e + 1]; s++) {
             const int64_t t = r->ids[s];
             const double p = W(t, e);
             S[t] += p;
-            Q[t] += dw[s] * p;
+            Q[t] += sf * dw[s] * p;
         }
     /* aux: d/dp_te of a E / (k T^2) sum count_e p_te; z: d/dz_te of b mean lse^2 = 2 b lse_t p_te / T. */
     const double a = T ? (double)loss->scale * loss->aux_coeff * E / ((double)k * (double)T * (double)T) : 0.0;
@@ -111,7 +113,7 @@ static void router_grad(const struct model_config *c, int64_t T, const struct mo
     for (int e = 0; e < E; e++)
         for (int s = r->start[e]; s < r->start[e + 1]; s++) {
             const int64_t t = r->ids[s];
-            dz[(size_t)t * E + e] += (float)(norm ? (dw[s] - Q[t] / S[t]) / S[t] : dw[s]);
+            dz[(size_t)t * E + e] += (float)(norm ? (sf * dw[s] - Q[t] / S[t]) / S[t] : sf * dw[s]);
         }
     /* Through the softmax: dz_e = p_e (dp_e - sum_j p_j dp_j), or the sigmoid: dz_e = dp_e s_e (1 -
      * s_e), in place, plus the z-loss (on the logits' softmax either way). */
@@ -209,7 +211,7 @@ enum status moe_backward(struct model *m, int l, int64_t T, const struct tensor 
     /* The shared expert (Qwen 2 MoE): proj += sw * y_s; sw = sigmoid(xn . g). */
     float *host_dz = s->host_dz;
     if (c->shared_expert) {
-        const int64_t S = m->ffn_local;
+        const int64_t S = w->w_up.shape[0];
         struct tensor rows = tensor_first_rows(&mt->rows, T), sw = tensor_first_rows(&mt->sw, T);
         struct tensor y = tensor_first_rows(&mt->s_y, T), dy = tensor_first_rows(&s->dy, T);
         struct tensor gate = tensor_first_rows(&mt->s_gate, T), up = tensor_first_rows(&mt->s_up, T);
@@ -227,7 +229,7 @@ enum status moe_backward(struct model *m, int l, int64_t T, const struct tensor 
         enum status st = comm_all_reduce(m->par.groups->tp, &dw_sum);
         if (st != STATUS_OK) return st;
     }
-    if (c->shared_expert) {
+    if (c->shared_expert == SHARED_EXPERT_GATED) { /* GLM-4.5's plain shared experts have no gate */
         struct tensor dsw = tensor_rows_at(&s->dw, T * k, T);
         backend_download(b, host_dz, dsw.data, (size_t)T * sizeof(float));
         for (int64_t t = 0; t < T; t++) host_dz[t] *= r->sw[t] * (1.0f - r->sw[t]); /* sigmoid' */

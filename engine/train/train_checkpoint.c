@@ -333,7 +333,7 @@ static enum status read_group(struct safetensors *sf, const char *path, struct m
             s = status_errorf(STATUS_BAD_FORMAT, "%s: no tensor %s", path, name);
         } else if (ckpt_param_kind(params->p[i].name, &kind, &layer)) {
             int shard_rank, shard_size; /* the ep group's slice for experts under --ep */
-            model_shard_of(m, kind, &shard_rank, &shard_size);
+            model_shard_of(m, kind, layer, &shard_rank, &shard_size);
             float *grown = realloc(slice, (size_t)n * sizeof *slice + 1);
             if (!grown) s = status_errorf(STATUS_RESOURCE_EXHAUSTED, "checkpoint: out of host memory");
             else if ((s = ckpt_state_slice(m->checkpoint, t, path, kind, layer, shard_rank, shard_size, slice = grown,

@@ -128,7 +128,7 @@ static enum status local_fields(struct model *m, const struct weight_ref *refs, 
     f[3] = params->p[row].t;
     struct host_weight hw;
     int rank, size;
-    model_shard_of(m, e->kind, &rank, &size);
+    model_shard_of(m, e->kind, e->layer, &rank, &size);
     enum status s = checkpoint_describe(m->checkpoint, e->kind, e->layer, rank, size, DTYPE_F32, &hw);
     for (int k = 0; k < N_FIELDS && s == STATUS_OK; k++)
         if (f[k]->dtype != DTYPE_F32 || tensor_numel(f[k]) != slice_numel(&hw))

@@ -517,7 +517,9 @@ static enum status moe_step_stats(struct trainer *t, struct step_result *r)
     double *v = t->moe_sums; /* aux sum, z sum, forwards x layers, then the load */
     memset(t->expert_load, 0, cells * sizeof *t->expert_load);
     const int fw = model_train_moe_stats(t->mt, &v[0], &v[1], t->expert_load + (size_t)m->layer_first * E);
-    v[2] = (double)fw * m->n_layers_local;
+    int sparse = 0; /* the MoE layers of this stage (GLM-4.5's dense first layers route nothing) */
+    for (int l = m->layer_first; l < m->layer_first + m->n_layers_local; l++) sparse += config_layer_moe(&m->cfg, l);
+    v[2] = (double)fw * sparse;
     for (size_t i = 0; i < cells; i++) v[3 + i] = (double)t->expert_load[i]; /* exact below 2^53 */
     enum status st = train_ranks_sum(&t->ranks, v, (int)(3 + cells));
     if (st != STATUS_OK) return st;

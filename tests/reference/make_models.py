@@ -11,7 +11,7 @@ Usage:
                                [--no-prefix]
   python3 make_models.py llama --out DIR [--seed S] [--dtype f32|bf16|f16] [--shards N]
   (likewise qwen2, qwen3, phi3, mistral, gemma2, olmo2, mixtral, qwen2_moe, qwen3_moe, olmoe,
-  gpt_oss)
+  gpt_oss, glm4_moe: glm_ref.py)
 
 DIR receives:
   config.json                      (Hugging Face config for the architecture)
@@ -73,6 +73,7 @@ import sys
 import numpy as np
 
 import families  # Gemma 2, OLMo 2 (it imports this module for its helpers)
+import glm_ref  # GLM-4.5 (likewise)
 import gpt_oss_ref  # GPT-OSS (likewise)
 
 # A fixed prompt: BOS followed by the first 11 tokens stories260K produces greedily from BOS
@@ -734,6 +735,9 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
         if vocab:
             cfg["vocab_size"] = vocab
         w = gpt_oss_ref.init_gpt_oss(cfg, seed)
+    elif model == "glm4_moe":
+        cfg = glm_ref.config(dtype)
+        w = glm_ref.init(cfg, seed)
     elif model in ("llama", "qwen2", "qwen3", "phi3", "mistral", "olmo2") + MOE_TYPES:
         configs = {"llama": llama_config, "phi3": phi3_config, "mistral": mistral_config, "olmo2": families.olmo2_config}
         configs.update({t: (lambda dt, t=t: moe_config(t, dt)) for t in MOE_TYPES})
@@ -760,6 +764,9 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
         nob = {n: (np.zeros_like(v) if n.endswith("e_score_correction_bias") else v) for n, v in w.items()}
         a, b = llama_forward(cfg, w, PROMPT_IDS), llama_forward(cfg, nob, PROMPT_IDS)
         assert np.abs(a - b).max() > 0.1 * (a.max() - a.min()), "the selection bias changes too little"
+    elif model == "glm4_moe":
+        fwd = glm_ref.forward
+        glm_ref.check_variants(cfg, w, PROMPT_IDS)  # each of GLM's choices moves the logits
     elif model == "gpt_oss":
         fwd = gpt_oss_ref.gpt_oss_forward
         # Every time the golden is made: the prompt reaches the clamps and the router bias, and
@@ -808,7 +815,7 @@ def make(model, out, seed=0, dtype="f32", shards=1, no_prefix=False, vocab=None,
 def main(argv=None):
     ap = argparse.ArgumentParser(description="write a small random HF checkpoint + float64 reference")
     ap.add_argument("model", choices=["gpt2", "llama", "qwen2", "qwen3", "phi3", "mistral", "gemma2", "olmo2", "mixtral",
-                                         "qwen2_moe", "qwen3_moe", "olmoe", "minimax_m2", "gpt_oss"])
+                                         "qwen2_moe", "qwen3_moe", "olmoe", "minimax_m2", "gpt_oss", "glm4_moe"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=list(DTYPES), default="f32")
