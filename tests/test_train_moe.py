@@ -48,6 +48,7 @@ except ImportError:
     print("SKIP: train_moe: jax/optax are not installed (tools/install_deps.sh installs them)")
     sys.exit(77)
 
+import glm_ref  # noqa: E402
 import gpt_oss_ref  # noqa: E402
 import make_models as MM  # noqa: E402
 import test_train_grad as TG  # noqa: E402  (rmsnorm, silu, rotary, batches, the dump reader)
@@ -68,8 +69,8 @@ def check(ok, msg):
 
 
 def spec_of(cfg):
-    E = cfg.get("num_local_experts") or cfg["num_experts"]
-    oss = cfg["model_type"] == "gpt_oss"
+    E = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg["n_routed_experts"]
+    oss, glm = cfg["model_type"] == "gpt_oss", cfg["model_type"] == "glm4_moe"
     return {"gpt_oss": oss, "cfg": cfg, "o_bias": oss, "window": cfg.get("sliding_window") if oss else 0,
             "sliding": [t == "sliding_attention" for t in cfg.get("layer_types", [])],
             "limit": cfg.get("swiglu_limit"),
@@ -77,11 +78,16 @@ def spec_of(cfg):
             "n_kv": cfg["num_key_value_heads"], "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
             "eps": cfg["rms_norm_eps"], "theta": cfg["rope_theta"], "E": E, "k": cfg["num_experts_per_tok"],
             "norm": cfg["model_type"] in ("mixtral", "gpt_oss", "minimax_m2") or bool(cfg.get("norm_topk_prob")),
-            "bias": cfg["model_type"] in ("qwen2_moe", "gpt_oss"), "qk_norm": cfg["model_type"] == "qwen3_moe",
+            "bias": cfg["model_type"] in ("qwen2_moe", "gpt_oss", "glm4_moe"), "qk_norm": cfg["model_type"] == "qwen3_moe",
             "shared": cfg["model_type"] == "qwen2_moe",
             # MiniMax-M2: q and k normed over the whole projection, rotary_dim of each head rotated, a
             # sigmoid router whose top k a per-expert bias (no gradient) selects
-            "minimax": cfg["model_type"] == "minimax_m2", "rot": cfg.get("rotary_dim")}
+            "minimax": cfg["model_type"] == "minimax_m2", "rot": cfg.get("rotary_dim"),
+            # GLM-4.5: MiniMax's router with group-limited choice and routed_scaling_factor, half of each
+            # head rotated, dense first layers, a plain shared expert
+            "glm": glm, "dense_first": cfg.get("first_k_dense_replace", 0) if glm else 0,
+            "groups": cfg.get("n_group", 1) if glm else 1, "group_topk": cfg.get("topk_group", 1),
+            "scale": cfg.get("routed_scaling_factor", 1.0) if glm else 1.0}
 
 
 def moe_forward(P, spec, batch, aux_c, z_c, lora=None):
@@ -116,6 +122,8 @@ def moe_forward(P, spec, batch, aux_c, z_c, lora=None):
         rcfg = spec["cfg"] if spec["gpt_oss"] else None  # GPT-OSS: YaRN, its attention factor included
         if spec["minimax"] and spec["rot"]:  # the first rotary_dim features of each head
             rcfg = {"partial_rotary_factor": spec["rot"] / hd}
+        if spec["glm"]:
+            rcfg = {"partial_rotary_factor": spec["cfg"].get("partial_rotary_factor", 0.5)}
         q, k = TG.rope_halves(q, pos, spec["theta"], rcfg), TG.rope_halves(k, pos, spec["theta"], rcfg)
         rep = nh // nkv
         s = jnp.einsum("ihd,jhd->hij", q, jnp.repeat(k, rep, axis=1)) / math.sqrt(hd)
@@ -129,20 +137,30 @@ def moe_forward(P, spec, batch, aux_c, z_c, lora=None):
         o = lin(jnp.einsum("hij,jhd->ihd", p, jnp.repeat(v, rep, axis=1)).reshape(T, nh * hd), "o", l)
         x = x + (o + g("o_bias", l) if spec["o_bias"] else o)
         xn = TG.rmsnorm(x, g("mlp_norm", l), spec["eps"])
+        if l < spec["dense_first"]:  # GLM-4.5's dense first layers: no router, no auxiliary losses
+            x = x + (TG.silu(xn @ g("gate", l).T) * (xn @ g("up", l).T)) @ g("down", l).T
+            loads.append(jnp.zeros(E))
+            continue
         logits = xn @ g("router", l).T                                   # (T, E)
         if spec["gpt_oss"]:
             logits = logits + g("router_bias", l)
-        if spec["minimax"]:  # sigmoid scores; the top k of score + the selection bias; aux over normalised scores
+        if spec["minimax"] or spec["glm"]:  # sigmoid scores; the top k of score + the selection bias; aux over normalised scores
             prob = jax.nn.sigmoid(logits)
             choice = prob + jax.lax.stop_gradient(g("router_sel_bias", l))
             aux_p = prob / jnp.sum(prob, axis=-1, keepdims=True)
         else:
             prob = choice = aux_p = jax.nn.softmax(logits, axis=-1)
+        if spec["groups"] > 1:  # DeepSeek-V3: the best groups (by their two best) eligible, the others' choice 0
+            G, c = spec["groups"], jax.lax.stop_gradient(choice)
+            best2 = jnp.sum(jnp.sort(c.reshape(T, G, E // G), axis=-1)[..., -2:], axis=-1)          # (T, G)
+            kept = jnp.sum(jax.nn.one_hot(jnp.argsort(-best2, axis=-1, stable=True)[:, :spec["group_topk"]], G), axis=1)
+            choice = jnp.where(jnp.repeat(kept, E // G, axis=1) > 0, c, 0.0)
         top = jnp.argsort(-jax.lax.stop_gradient(choice), axis=-1, stable=True)[:, :K]
         chosen = jnp.sum(jax.nn.one_hot(top, E), axis=1)                 # (T, E) 0/1
         w = prob * chosen
         if spec["norm"]:
             w = w / jnp.sum(w, axis=-1, keepdims=True)
+        w = w * spec["scale"]  # routed_scaling_factor
         d = xn.shape[1]
         F = g("exp_gate", l).shape[0] // E  # every expert over every token, weighted (0 where not chosen)
         wg, wu = g("exp_gate", l).reshape(E, F, d), g("exp_up", l).reshape(E, F, d)
@@ -158,9 +176,9 @@ def moe_forward(P, spec, batch, aux_c, z_c, lora=None):
         if spec["gpt_oss"]:
             y = y + g("exp_down_bias", l).reshape(E, d)
         out = jnp.einsum("te,ted->td", w, y)
-        if spec["shared"]:
+        if spec["shared"] or spec["glm"]:
             sh = (TG.silu(xn @ g("gate", l).T) * (xn @ g("up", l).T)) @ g("down", l).T
-            out = out + jax.nn.sigmoid(xn @ g("shared_gate", l).T) * sh
+            out = out + (sh if spec["glm"] else jax.nn.sigmoid(xn @ g("shared_gate", l).T) * sh)
         x = x + out
         count = jax.lax.stop_gradient(jnp.sum(chosen, axis=0))          # tokens per expert
         aux = E * jnp.sum(count / (T * K) * jnp.mean(aux_p, axis=0))
@@ -216,7 +234,8 @@ def grad_checks(driver, tmp, flavor, mdir, cfg):
     (_, (ce, auxs, zs, loads)), jg = vg(P, AUX, ZC)
     load_ref = np.concatenate([np.asarray(x) for x in loads]).astype(np.int64)
     load_c = np.array(meta["moe_load"], dtype=np.int64)
-    check(np.array_equal(load_c, load_ref) and load_c.sum() == spec["n_layers"] * spec["k"] * len(batch["tokens"]),
+    sparse = [l for l in range(spec["n_layers"]) if l >= spec["dense_first"]]
+    check(np.array_equal(load_c, load_ref) and load_c.sum() == len(sparse) * spec["k"] * len(batch["tokens"]),
           "%s: tokens routed per expert and layer %s equal the reference's" % (flavor, load_c.tolist()))
     rel = abs(meta["loss_sum"] - float(ce)) / abs(float(ce))
     check(rel < 1e-5, "%s: loss %.8f, JAX %.8f (rel %.1e)" % (flavor, meta["loss_sum"], float(ce), rel))
@@ -232,13 +251,13 @@ def grad_checks(driver, tmp, flavor, mdir, cfg):
         have = sorted(k for k in grads if k.split("/")[0] in own)
         check(len(have) == len(own) * spec["n_layers"] and all(np.max(np.abs(refs[k])) > 0 for k in have),
               "%s: the sinks' and the biases' %d gradient tensors are there and not zero" % (flavor, len(have)))
-    check(worst < 1e-4 and n_expert >= 4 * spec["n_layers"],
+    check(worst < 1e-4 and n_expert >= 4 * len(sparse),
           "%s: all %d gradient tensors (%d of the router and experts) within 1e-4 of JAX (worst %.1e, %s)"
           % (flavor, len(grads), n_expert, worst, key))
     # The auxiliary losses matter: without them the router's gradient is far from this one.
     _, jg0 = vg(P, 0.0, 0.0)
     share = max(np.max(np.abs(np.asarray(jg["router/%d" % l]) - np.asarray(jg0["router/%d" % l])))
-                / np.max(np.abs(refs["router/%d" % l])) for l in range(spec["n_layers"]))
+                / np.max(np.abs(refs["router/%d" % l])) for l in sparse)
     check(share > 1e-2, "%s: the auxiliary losses move the router's gradient by %.1e of it (>> 1e-4)" % (flavor, share))
     # Recomputation: the experts' insides recomputed from the kept routing, or whole layers.
     for plan in ("mlp", "full"):
@@ -340,18 +359,21 @@ def step_checks(step_driver, tmp, flavor, mdir, cfg, spec):
 def main():
     grad_driver, step_driver = sys.argv[1], sys.argv[2]
     with tempfile.TemporaryDirectory() as tmp:
-        for flavor in ("mixtral", "qwen2_moe", "qwen3_moe", "minimax_m2", "gpt_oss"):
+        for flavor in ("mixtral", "qwen2_moe", "qwen3_moe", "minimax_m2", "gpt_oss", "glm4_moe"):
             mdir = os.path.join(tmp, flavor)
             if flavor == "gpt_oss":  # tests/reference/gpt_oss_ref.py: its config and weights, HF's layout
                 cfg = gpt_oss_ref.gpt_oss_config("f32")
                 MM.write_checkpoint(mdir, cfg, gpt_oss_ref.init_gpt_oss(cfg, 5), "f32", 1)
+            elif flavor == "glm4_moe":  # tests/reference/glm_ref.py
+                cfg = glm_ref.config("f32")
+                MM.write_checkpoint(mdir, cfg, glm_ref.init(cfg, 5), "f32", 1)
             else:
                 cfg = MM.moe_config(flavor, "f32")
                 MM.write_checkpoint(mdir, cfg, MM.init_llama(cfg, 5), "f32", 1)
             spec = grad_checks(grad_driver, tmp, flavor, mdir, cfg)
             if flavor in ("mixtral", "minimax_m2"):
                 lora_check(grad_driver, tmp, flavor, mdir, cfg, spec)
-            if flavor not in ("qwen3_moe", "minimax_m2"):  # their steps add nothing the others do not cover (15 s each)
+            if flavor not in ("qwen3_moe", "minimax_m2", "glm4_moe"):  # their steps add nothing the others do not cover (15 s each)
                 step_checks(step_driver, tmp, flavor, mdir, cfg, spec)
     print("%d passed, %d failed" % (N_PASS, N_FAIL))
     return 1 if N_FAIL else 0

@@ -8,7 +8,8 @@
 # experts, the slots' weight gradients summed over tp before the router's; Mixtral without and with
 # sequence parallelism, Qwen 2 MoE's shared expert split like a dense MLP, with it) (GPT-OSS, with
 # its sinks, biases and windows: dp 2 with the distributed optimizer, pp 2 and tp 2, its sinks
-# split by heads; MiniMax-M2, its sigmoid router with the selection bias: pp 2, tp 2, ep 2), and with expert parallelism (--ep: ep groups carved out of dp, tokens dispatched
+# split by heads; MiniMax-M2, its sigmoid router with the selection bias: pp 2, tp 2, ep 2; GLM-4.5,
+# its dense first layer, groups and plain shared expert: pp 2, tp 2 with sp, ep 2, ep 2 x tp 2), and with expert parallelism (--ep: ep groups carved out of dp, tokens dispatched
 # and combined by all-to-all, expert gradients reduced over the experts' own dp group; every flavor
 # at ep 2, Mixtral also at ep 4, ep 2 x dp 4, ep 2 x pp 2, with selective and full recomputation,
 # with the distributed optimizer (the experts' moments sharded over their own dp group) at ep 2,
@@ -43,12 +44,16 @@ head -c 200000 "$TEXT" > "$WORK/text.txt"
 
 PYTHONPATH=$here/reference python3 - "$WORK" "$TOK" <<'PY' || { echo "FAIL: making the checkpoints"; exit 1; }
 import os, shutil, sys
+import glm_ref
 import gpt_oss_ref
 import make_models as MM
 work, tok = sys.argv[1], sys.argv[2]
 cfg = gpt_oss_ref.gpt_oss_config("f32")
 MM.write_checkpoint(os.path.join(work, "gpt_oss"), cfg, gpt_oss_ref.init_gpt_oss(cfg, 5), "f32", 1)
 shutil.copy(tok, os.path.join(work, "gpt_oss", "tokenizer.model"))
+cfg = glm_ref.config("f32")
+MM.write_checkpoint(os.path.join(work, "glm4_moe"), cfg, glm_ref.init(cfg, 5), "f32", 1)
+shutil.copy(tok, os.path.join(work, "glm4_moe", "tokenizer.model"))
 for flavor in ("mixtral", "qwen2_moe", "minimax_m2"):
     cfg = MM.moe_config(flavor, "f32")
     MM.write_checkpoint(os.path.join(work, flavor), cfg, MM.init_llama(cfg, 5), "f32", 1)
@@ -87,7 +92,7 @@ PY
   check "$1: $(echo "$out" | tr '\n' ';' | sed 's/PASS //g')" $rc
 }
 
-for flavor in mixtral qwen2_moe minimax_m2 gpt_oss; do
+for flavor in mixtral qwen2_moe minimax_m2 gpt_oss glm4_moe; do
   run "${flavor}_one" 1 "$flavor"
   check "$flavor: one rank trains (reference)" $?
   layouts=("2|" "2|--use-distributed-optimizer" "2|--pp 2" "4|--pp 2 --use-distributed-optimizer"
@@ -100,6 +105,10 @@ for flavor in mixtral qwen2_moe minimax_m2 gpt_oss; do
   if [ "$flavor" = minimax_m2 ]; then # its sigmoid router with the selection bias, replicated over tp
     layouts=("2|--pp 2" "2|--tp 2")
     names=(pp2 tp2)
+  fi
+  if [ "$flavor" = glm4_moe ]; then # a dense first layer (its own width), groups, the scale, a plain shared expert
+    layouts=("2|--pp 2" "2|--tp 2 --sequence-parallel" "4|--ep 2 --tp 2")
+    names=(pp2 tp2_sp ep2_tp2)
   fi
   # expert parallelism: ep groups carved out of dp (every flavor at ep 2)
   layouts+=("2|--ep 2")

@@ -417,6 +417,10 @@ enum status checkpoint_write_megatron(const char *dir_out, struct checkpoint *sr
     if (pp_size > c->n_layers)
         return status_errorf(STATUS_UNSUPPORTED, "pp size %d exceeds the %d layers", pp_size,
                              c->n_layers);
+    if (c->moe_dense_first)
+        return status_errorf(STATUS_UNSUPPORTED, "%s has dense layers among its experts (first_k_dense_replace %d): "
+                             "the Megatron layout is written for models whose layers are alike", c->architecture,
+                             c->moe_dense_first);
     if ((s = mw_check(src, tp_size, pp_size)) || (s = ck_out_dir(dir_out, src))) return s;
     /* Without its metadata a directory does not open: remove it first, write it last. */
     if ((s = ck_pathf(meta, dir_out, CK_MEGATRON_META))) return s;
@@ -599,11 +603,8 @@ static int hfw_name(const struct model_config *c, enum weight_kind kind, int l, 
     if (c->family != MODEL_FAMILY_GPT2) {
         if (kind == WEIGHT_KIND_LM_HEAD) snprintf(name, n, "%s", w->hf);
         else {
-            const char *f = weight_names_hf(kind, config_hf_gemma_names(c));
+            const char *f = weight_names_hf_llama(c, kind, l);
             CHECK(f, "no HF name for %s", weight_kind_name(kind));
-            if (c->shared_expert && kind == WEIGHT_KIND_GATE) f = "layers.%d.mlp.shared_expert.gate_proj.weight";
-            if (c->shared_expert && kind == WEIGHT_KIND_UP) f = "layers.%d.mlp.shared_expert.up_proj.weight";
-            if (c->shared_expert && kind == WEIGHT_KIND_DOWN) f = "layers.%d.mlp.shared_expert.down_proj.weight";
             (void)weight_names_format(name, n, "model.", f, l);
         }
         return 1;
@@ -717,6 +718,7 @@ enum status checkpoint_write_hf(const char *dir_out, struct checkpoint *src)
         for (int l = 0; l < layers; l++) {
             struct host_weight hw;
             struct hfw_item g = {0};
+            if (!weight_kind_exists_at(c, kind, l)) continue; /* a dense first layer's experts */
             if (c->moe_bias && weight_kind_per_expert(kind)) { /* GPT-OSS's 3-D experts */
                 if ((s = hfw_oss_experts(w, src, kind, l, items, &n))) goto out;
                 continue;

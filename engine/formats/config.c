@@ -783,7 +783,9 @@ int config_equal(const struct model_config *a, const struct model_config *b)
            a->n_experts == b->n_experts && a->n_experts_used == b->n_experts_used && a->moe_ffn == b->moe_ffn &&
            a->norm_topk_prob == b->norm_topk_prob && a->shared_expert == b->shared_expert &&
            a->moe_bias == b->moe_bias && a->attn_sinks == b->attn_sinks && a->moe_sigmoid == b->moe_sigmoid &&
-           a->moe_sel_bias == b->moe_sel_bias &&
+           a->moe_sel_bias == b->moe_sel_bias && a->moe_groups == b->moe_groups &&
+           a->moe_group_topk == b->moe_group_topk && !memcmp(&a->moe_routed_scale, &b->moe_routed_scale, sizeof(float)) &&
+           a->moe_dense_first == b->moe_dense_first && a->dense_ffn == b->dense_ffn &&
            !memcmp(&a->final_softcap, &b->final_softcap, sizeof(float)) &&
            !memcmp(&a->attn_scale, &b->attn_scale, sizeof(float)) &&
            a->sliding_window_pattern == b->sliding_window_pattern &&

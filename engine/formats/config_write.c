@@ -90,7 +90,9 @@ static int add_rope_scaling(cJSON *root, const struct model_config *c)
 /* The config.json fields that Llama-family models and Gemma 3 spell alike. */
 static int add_llama_dims(cJSON *root, const struct model_config *c)
 {
-    return add_rope_scaling(root, c) && add_num(root, "hidden_size", c->d_model) && add_num(root, "intermediate_size", c->ffn_hidden) &&
+    const int glm_dense = c->shared_expert == SHARED_EXPERT_PLAIN || c->moe_dense_first; /* GLM: the dense layers' */
+    return add_rope_scaling(root, c) && add_num(root, "hidden_size", c->d_model) &&
+           add_num(root, "intermediate_size", glm_dense && c->dense_ffn ? c->dense_ffn : c->ffn_hidden) &&
            add_num(root, "num_hidden_layers", c->n_layers) && add_num(root, "num_attention_heads", c->n_heads) &&
            add_num(root, "num_key_value_heads", c->n_kv_heads) && add_num(root, "head_dim", c->head_dim) &&
            add_num(root, "vocab_size", c->vocab_size) &&
@@ -101,10 +103,11 @@ static int add_llama_dims(cJSON *root, const struct model_config *c)
 /* LlamaForCausalLM / MistralForCausalLM fields. Returns 0 when out of memory. */
 static int add_llama(cJSON *root, const struct model_config *c)
 {
-    const int minimax = !strcmp(c->architecture, "MiniMaxM2ForCausalLM");
+    const int minimax = !strcmp(c->architecture, "MiniMaxM2ForCausalLM"), glm = !strcmp(c->architecture, "Glm4MoeForCausalLM");
     const int mixtral = !strcmp(c->architecture, "MixtralForCausalLM"), oss = !strcmp(c->architecture, "GptOssForCausalLM");
     int mistral = !strcmp(c->architecture, "MistralForCausalLM") || mixtral;
     const char *type = minimax ? "minimax_m2"
+                     : glm ? "glm4_moe"
                      : mixtral ? "mixtral"
                      : oss ? "gpt_oss"
                      : mistral ? "mistral"
@@ -130,6 +133,16 @@ static int add_llama(cJSON *root, const struct model_config *c)
     if (ok && c->rot_dim != c->head_dim) ok = add_num(root, "rot_dim", c->rot_dim);
     if (ok && (c->attn_out_bias != c->qkv_bias || !strncmp(type, "qwen2", 5)))
         ok = add_bool(root, "attention_out_bias", c->attn_out_bias);
+    if (ok && glm) /* GLM-4.5's own keys: DeepSeek-V3's router, the shared and dense layers, half-rotary */
+        return add_num(root, "n_routed_experts", c->n_experts) && add_num(root, "num_experts_per_tok", c->n_experts_used) &&
+               add_num(root, "moe_intermediate_size", c->moe_ffn) && add_bool(root, "norm_topk_prob", c->norm_topk_prob) &&
+               add_num(root, "n_shared_experts", c->shared_expert ? c->ffn_hidden / c->moe_ffn : 0) &&
+               add_num(root, "first_k_dense_replace", c->moe_dense_first) &&
+               add_float(root, "routed_scaling_factor", c->moe_routed_scale > 0.0f ? c->moe_routed_scale : 1.0f) &&
+               add_num(root, "n_group", c->moe_groups > 1 ? c->moe_groups : 1) &&
+               add_num(root, "topk_group", c->moe_groups > 1 ? c->moe_group_topk : 1) &&
+               add_bool(root, "use_qk_norm", c->qk_norm == QK_NORM_HEAD) &&
+               add_float(root, "partial_rotary_factor", (float)c->rot_dim / (float)c->head_dim);
     if (ok && c->n_experts) /* intermediate_size is the experts' size for Mixtral, OLMoE and GPT-OSS */
         ok = add_num(root, mixtral || oss || minimax ? "num_local_experts" : "num_experts", c->n_experts) &&
              add_num(root, "num_experts_per_tok", c->n_experts_used) &&
@@ -209,7 +222,7 @@ enum status config_save(const char *path, const struct model_config *c)
         strcmp(c->architecture, "Olmo2ForCausalLM") && strcmp(c->architecture, "MixtralForCausalLM") &&
         strcmp(c->architecture, "Qwen3MoeForCausalLM") && strcmp(c->architecture, "OlmoeForCausalLM") &&
         strcmp(c->architecture, "Qwen2MoeForCausalLM") && strcmp(c->architecture, "GptOssForCausalLM") &&
-        strcmp(c->architecture, "MiniMaxM2ForCausalLM"))
+        strcmp(c->architecture, "MiniMaxM2ForCausalLM") && strcmp(c->architecture, "Glm4MoeForCausalLM"))
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
                              c->architecture);
     if (c->family == MODEL_FAMILY_LLAMA && !strcmp(c->architecture, "LlamaForCausalLM") &&

@@ -3,6 +3,7 @@
  * Not here: the forward (moe.c), what the layer keeps (model_train_mem.c).
  * Tests: tests/test_train_moe.py (every gradient and the auxiliary losses against JAX). */
 #include "moe.h"
+#include "layer.h"
 
 #include <math.h>
 
@@ -214,8 +215,9 @@ enum status moe_backward(struct model *m, int l, int64_t T, const struct tensor 
         const int64_t S = w->w_up.shape[0];
         struct tensor rows = tensor_first_rows(&mt->rows, T), sw = tensor_first_rows(&mt->sw, T);
         struct tensor y = tensor_first_rows(&mt->s_y, T), dy = tensor_first_rows(&s->dy, T);
-        struct tensor gate = tensor_first_rows(&mt->s_gate, T), up = tensor_first_rows(&mt->s_up, T);
-        struct tensor hact = tensor_first_rows(&mt->s_hact, T);
+        /* the shared expert's insides as the forward wrote them: (T, S) from the buffers' start */
+        struct tensor gate = layer_ffn_view(&mt->s_gate, T, w), up = layer_ffn_view(&mt->s_up, T, w);
+        struct tensor hact = layer_ffn_view(&mt->s_hact, T, w);
         struct tensor dgate = tensor_make(s->dgate.data, m->dtype, b->device, 2, T, S);
         struct tensor dup = tensor_make(s->dup.data, m->dtype, b->device, 2, T, S);
         struct tensor dsw = tensor_rows_at(&s->dw, T * k, T);

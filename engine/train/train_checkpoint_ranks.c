@@ -36,10 +36,10 @@ static int64_t slice_numel(const struct host_weight *hw) { return hw->shape[0] *
 static void canon_push(struct ckpt_gathered *g, const struct model_config *c, enum weight_kind kind, int layer,
                        const int *stage_first, int pp)
 {
-    if (!weight_kind_exists(c, kind) || (kind == WEIGHT_KIND_LM_HEAD && c->tied_embeddings)) return;
+    if (!weight_kind_exists_at(c, kind, layer) || (kind == WEIGHT_KIND_LM_HEAD && c->tied_embeddings)) return;
     struct ckpt_canon *e = &g->t[g->n++];
     *e = (struct ckpt_canon){.kind = kind, .layer = layer};
-    weight_kind_shape(c, kind, &e->ndim, &e->rows, &e->cols);
+    weight_kind_shape_at(c, kind, layer, &e->ndim, &e->rows, &e->cols);
     const enum weight_place place = weight_names_of(kind)->place;
     if (place == WEIGHT_PLACE_FIRST) e->stage = 0;
     else if (place == WEIGHT_PLACE_LAST) e->stage = pp - 1;
@@ -311,7 +311,7 @@ enum status ckpt_state_slice(struct checkpoint *ck, const struct st_tensor *t, c
 {
     int ndim;
     int64_t rows, cols;
-    weight_kind_shape(&ck->cfg, kind, &ndim, &rows, &cols);
+    weight_kind_shape_at(&ck->cfg, kind, layer, &ndim, &rows, &cols);
     if (!t->supported || t->dtype != DTYPE_F32 || t->ndim != ndim || t->shape[0] != rows ||
         (ndim == 2 && t->shape[1] != cols))
         return status_errorf(STATUS_BAD_FORMAT,
