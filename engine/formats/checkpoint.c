@@ -295,7 +295,7 @@ static enum status ck_source_hf_bert(const struct checkpoint *ck, enum weight_ki
 static enum status ck_source_gguf(const struct checkpoint *ck, enum weight_kind kind, int l,
                                   struct ck_source *s)
 {
-    const char *pattern = gguf_weight_pattern(&ck->cfg, kind);
+    const char *pattern = gguf_weight_pattern(&ck->cfg, kind, l);
     if (!pattern)
         return status_errorf(STATUS_UNSUPPORTED, "%s: shardlm has no GGUF name for weight %s",
                              ck->files->dir, weight_kind_name(kind));

@@ -273,6 +273,51 @@ static enum status gguf_phi3_longrope(const struct gguf *g, const char *path, st
     return STATUS_OK;
 }
 
+/* llama.cpp's glm4moe keys (convert_hf_to_gguf.py Glm4MoeModel): DeepSeek-V3's router (sigmoid gating,
+ * the selection bias exp_probs_b, expert_weights_scale, expert_weights_norm, expert_group_count /
+ * expert_group_used_count when written), expert_shared_count plain shared experts (ffn_*_shexp, no
+ * gate) and leading_dense_block_count dense layers of feed_forward_length. */
+static enum status gguf_glm4moe(const struct gguf *g, const char *path, struct model_config *c)
+{
+    enum status s;
+    int64_t gating = 2, shared = 0, dense = 0;
+    int norm = 1, groups = 1, group_topk = 1;
+    float scale = 1.0f;
+    if (gguf_find_kv(g, "glm4moe.expert_gating_func") && (s = gguf_get_int(g, "glm4moe.expert_gating_func", &gating)))
+        return s;
+    if (gating != 2)
+        return status_errorf(STATUS_UNSUPPORTED, "%s: glm4moe.expert_gating_func = %lld: read with sigmoid gating (2) "
+                             "only", path, (long long)gating);
+    if (gguf_find_kv(g, "glm4moe.expert_shared_count") && (s = gguf_get_int(g, "glm4moe.expert_shared_count", &shared)))
+        return s;
+    if (gguf_find_kv(g, "glm4moe.expert_weights_norm") && (s = gguf_get_bool(g, "glm4moe.expert_weights_norm", &norm)))
+        return s;
+    if (gguf_find_kv(g, "glm4moe.leading_dense_block_count") &&
+        (s = gguf_get_int(g, "glm4moe.leading_dense_block_count", &dense)))
+        return s;
+    if (dense < 0 || dense >= c->n_layers)
+        return status_errorf(STATUS_BAD_FORMAT, "%s: glm4moe.leading_dense_block_count = %lld of %d layers: a layer at "
+                             "least runs the experts", path, (long long)dense, c->n_layers);
+    c->moe_dense_first = (int)dense;
+    if ((s = gc_int_or(g, "glm4moe.expert_group_count", 1, &groups)) ||
+        (s = gc_int_or(g, "glm4moe.expert_group_used_count", 1, &group_topk)) ||
+        (s = gc_float_or(g, "glm4moe.expert_weights_scale", 1.0, &scale)))
+        return s;
+    if (shared < 0 || shared * c->moe_ffn > (1 << 24))
+        return status_errorf(STATUS_BAD_FORMAT, "%s: glm4moe.expert_shared_count = %lld", path, (long long)shared);
+    c->dense_ffn = c->moe_dense_first ? c->ffn_hidden : 0; /* feed_forward_length: the dense layers' */
+    if (shared) c->shared_expert = SHARED_EXPERT_PLAIN, c->ffn_hidden = (int)shared * c->moe_ffn;
+    c->norm_topk_prob = norm;
+    c->moe_groups = groups > 1 ? groups : 0;
+    c->moe_group_topk = groups > 1 ? group_topk : 0;
+    c->moe_routed_scale = scale;
+    c->moe_sigmoid = 1;
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.exp_probs_b.bias", c->moe_dense_first); /* the first sparse layer's */
+    c->moe_sel_bias = gguf_find_tensor(g, name) != NULL;
+    return STATUS_OK;
+}
+
 /* The Llama-shaped architectures of llama.cpp: "llama" (Llama 1/2, Mistral, SmolLM, TinyLlama
  * ... as convert_hf_to_gguf.py writes them), "qwen2" (q/k/v biases), "qwen3" (per-head QK
  * norm), "phi3" (Phi-3 / 3.5 / 4-mini: fused attn_qkv and ffn_up, partial rotary, a window on
@@ -293,8 +338,8 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     const int qwen2moe = !strcmp(arch, "qwen2moe"), qwen2 = !strcmp(arch, "qwen2") || qwen2moe;
     const int qwen3moe = !strcmp(arch, "qwen3moe"), qwen3 = !strcmp(arch, "qwen3") || qwen3moe;
     const int phi3 = !strcmp(arch, "phi3"), olmo2 = !strcmp(arch, "olmo2"), olmoe = !strcmp(arch, "olmoe");
-    const int oss = !strcmp(arch, "gpt-oss"), minimax = !strcmp(arch, "minimax-m2");
-    const int moe_arch = qwen2moe || qwen3moe || olmoe || oss || minimax; /* experts by architecture; llama's by expert_count */
+    const int oss = !strcmp(arch, "gpt-oss"), minimax = !strcmp(arch, "minimax-m2"), glm = !strcmp(arch, "glm4moe");
+    const int moe_arch = qwen2moe || qwen3moe || olmoe || oss || minimax || glm; /* experts by architecture; llama's by expert_count */
 #define K(name) (snprintf(key, sizeof key, "%s." name, arch), key)
     static const char *const unsupported[] = {"attention.layer_norm_epsilon", "attention.sliding_window_pattern",
                                               "attention.sliding_window"};
@@ -311,11 +356,12 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     if (gguf_find_kv(g, K("expert_count")) && (s = gguf_get_int(g, key, &experts))) return s;
     if (experts && strcmp(arch, "llama") && !moe_arch)
         return status_errorf(STATUS_UNSUPPORTED, "%s: %s: experts in a %s file are not supported (llama: Mixtral; "
-                             "qwen2moe, qwen3moe, olmoe, minimax-m2)", path, key, arch);
+                             "qwen2moe, qwen3moe, olmoe, minimax-m2, glm4moe)", path, key, arch);
     snprintf(c->architecture, sizeof c->architecture, "%s",
              qwen2moe ? "Qwen2MoeForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : qwen3moe ? "Qwen3MoeForCausalLM"
              : qwen3 ? "Qwen3ForCausalLM" : phi3 ? "Phi3ForCausalLM" : olmo2 ? "Olmo2ForCausalLM"
              : olmoe ? "OlmoeForCausalLM" : oss ? "GptOssForCausalLM" : minimax ? "MiniMaxM2ForCausalLM"
+             : glm ? "Glm4MoeForCausalLM"
              : experts ? "MixtralForCausalLM"
              : "LlamaForCausalLM");
     if ((s = gc_int(g, K("embedding_length"), &c->d_model)) || (s = gc_int(g, K("block_count"), &c->n_layers)) ||
@@ -330,6 +376,13 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
         return s;
     int value_length = c->head_dim;
     if ((s = gc_int_or(g, K("attention.value_length"), c->head_dim, &value_length))) return s;
+    if (glm) { /* block_count counts the next-token-prediction layers after the model's (gguf_check_tensors skips them) */
+        int64_t nextn = 0;
+        if (gguf_find_kv(g, K("nextn_predict_layers")) && (s = gguf_get_int(g, key, &nextn))) return s;
+        if (nextn < 0 || nextn >= c->n_layers)
+            return status_errorf(STATUS_BAD_FORMAT, "%s: %s = %lld of %d blocks", path, key, (long long)nextn, c->n_layers);
+        c->n_layers -= (int)nextn;
+    }
     if (experts || moe_arch) { /* llama.cpp's MoE keys */
         if ((s = gc_int(g, K("expert_used_count"), &c->n_experts_used)) ||
             (s = gc_int_or(g, K("expert_feed_forward_length"), c->ffn_hidden, &c->moe_ffn)))
@@ -347,6 +400,7 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
             c->moe_sigmoid = 1;
             c->moe_sel_bias = gguf_find_tensor(g, "blk.0.exp_probs_b.bias") != NULL;
         }
+        if (glm && (s = gguf_glm4moe(g, path, c))) return s;
         if (qwen2moe) { /* the shared expert: shardlm's dense MLP, of expert_shared_feed_forward_length */
             c->shared_expert = 1;
             if ((s = gc_int_or(g, K("expert_shared_feed_forward_length"), c->ffn_hidden, &c->ffn_hidden))) return s;
@@ -374,7 +428,8 @@ static enum status gguf_llama_config(const struct gguf *g, const char *arch, enu
     c->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     c->attn_out_bias = gguf_find_tensor(g, "blk.0.attn_output.bias") != NULL;
     c->mlp_bias = gguf_find_tensor(g, "blk.0.ffn_up.bias") != NULL;
-    c->qk_norm = qwen3 ? QK_NORM_HEAD : olmo2 || olmoe || minimax ? QK_NORM_FULL : 0;
+    c->qk_norm = qwen3 || (glm && gguf_find_tensor(g, "blk.0.attn_q_norm.weight")) ? QK_NORM_HEAD
+               : olmo2 || olmoe || minimax ? QK_NORM_FULL : 0;
     c->sandwich_norms = c->no_pre_norms = olmo2;
     c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
     c->dtype = dtype;
@@ -402,14 +457,14 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
     const char *path = gguf_path(g), *arch = NULL;
     if ((s = gguf_get_str(g, "general.architecture", &arch))) return s;
     static const char *const llama_like[] = {"llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "olmo2", "olmoe",
-                                             "gpt-oss", "minimax-m2"};
+                                             "gpt-oss", "minimax-m2", "glm4moe"};
     for (size_t i = 0; i < sizeof llama_like / sizeof llama_like[0]; i++)
         if (!strcmp(arch, llama_like[i])) return gguf_llama_config(g, arch, dtype, c);
     const int g2 = !strcmp(arch, "gemma2");
     if (!g2 && strcmp(arch, "gemma3"))
         return status_errorf(STATUS_UNSUPPORTED,
                              "%s: general.architecture \"%s\": only llama (and Mixtral), qwen2, qwen2moe, qwen3, qwen3moe, "
-                             "phi3, olmo2, olmoe, gpt-oss, minimax-m2, gemma2 and gemma3 GGUF files load", path, arch);
+                             "phi3, olmo2, olmoe, gpt-oss, minimax-m2, glm4moe, gemma2 and gemma3 GGUF files load", path, arch);
     char key[96];
 #define GK(name) (snprintf(key, sizeof key, "%s." name, arch), key)
     static const char *const unsupported3[] = {"final_logit_softcapping", "attn_logit_softcapping",
@@ -477,11 +532,12 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
 /* The GGUF name of weight kind of layer l in c's file into buf: 0, or 1 when the kind is not a
  * tensor of its own (Phi-3's k, v and up live in the fused attn_qkv and ffn_up, named by q and
  * gate). */
-const char *gguf_weight_pattern(const struct model_config *c, enum weight_kind kind)
+const char *gguf_weight_pattern(const struct model_config *c, enum weight_kind kind, int layer)
 {
-    if (c->moe_bias && kind == WEIGHT_KIND_MLP_NORM) /* gpt-oss: its pre-MoE norm under Gemma's post-attention name */
+    const int glm = !strcmp(c->architecture, "Glm4MoeForCausalLM");
+    if ((c->moe_bias || glm) && kind == WEIGHT_KIND_MLP_NORM) /* gpt-oss, glm4moe: the pre-MLP norm under Gemma's post-attention name */
         return "blk.%d.post_attention_norm.weight";
-    if (c->shared_expert && (kind == WEIGHT_KIND_GATE || kind == WEIGHT_KIND_UP || kind == WEIGHT_KIND_DOWN))
+    if (c->shared_expert && config_layer_moe(c, layer) && (kind == WEIGHT_KIND_GATE || kind == WEIGHT_KIND_UP || kind == WEIGHT_KIND_DOWN))
         return kind == WEIGHT_KIND_GATE ? "blk.%d.ffn_gate_shexp.weight"
                : kind == WEIGHT_KIND_UP ? "blk.%d.ffn_up_shexp.weight" : "blk.%d.ffn_down_shexp.weight";
     return weight_names_of(kind)->gguf;
@@ -489,7 +545,7 @@ const char *gguf_weight_pattern(const struct model_config *c, enum weight_kind k
 
 static int gc_gguf_name(const struct model_config *c, const struct weight_names *wn, int l, char *buf, size_t n)
 {
-    const char *pattern = gguf_weight_pattern(c, wn->kind);
+    const char *pattern = gguf_weight_pattern(c, wn->kind, l);
     CHECK(pattern, "no GGUF name for %s", wn->name);
     if (config_hf_fused(c)) {
         if (wn->kind == WEIGHT_KIND_K || wn->kind == WEIGHT_KIND_V || wn->kind == WEIGHT_KIND_UP) return 1;
@@ -510,17 +566,25 @@ static int gc_in_config(const struct model_config *c, const struct gguf_tensor *
     return 0;
 }
 
+/* Whether t belongs to GLM-4.5's next-token-prediction blocks, after the model's (never read). */
+static int gc_nextn(const struct model_config *c, const struct gguf_tensor *t)
+{
+    int b = -1;
+    return !strcmp(c->architecture, "Glm4MoeForCausalLM") && sscanf(t->name, "blk.%d.", &b) == 1 && b >= c->n_layers;
+}
+
 enum status gguf_check_tensors(const struct gguf *g, const struct model_config *c)
 {
     const int n = gguf_n_tensors(g);
     char name[128];
     unsigned char *seen = calloc((size_t)n + 1, 1);
     if (!seen) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    for (int i = 0; i < n; i++) seen[i] = (unsigned char)gc_in_config(c, gguf_tensor_at(g, i));
+    for (int i = 0; i < n; i++) seen[i] = (unsigned char)(gc_in_config(c, gguf_tensor_at(g, i)) || gc_nextn(c, gguf_tensor_at(g, i)));
     for (int i = 0; i < WEIGHT_KIND_COUNT; i++) {
         const struct weight_names *wn = weight_names_at(i);
         if (!weight_kind_exists(c, wn->kind) || (wn->kind == WEIGHT_KIND_LM_HEAD && c->tied_embeddings)) continue;
         for (int l = 0; l < (wn->place == WEIGHT_PLACE_LAYER ? c->n_layers : 1); l++) {
+            if (!weight_kind_exists_at(c, wn->kind, l)) continue;
             const struct gguf_tensor *t = gc_gguf_name(c, wn, l, name, sizeof name) ? NULL : gguf_find_tensor(g, name);
             if (t) seen[t - gguf_tensor_at(g, 0)] = 1;
         }

@@ -69,11 +69,13 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
  * here (the loaders name them). */
 enum status gguf_check_tensors(const struct gguf *g, const struct model_config *c);
 
-/* The llama.cpp name pattern (one %d: the layer) of weight `kind` in a GGUF file of model c:
- * weight_names.c's gguf column, except Qwen 2 MoE's shared expert, whose gated MLP (shardlm's
- * dense MLP weights) llama.cpp names ffn_gate_shexp, ffn_up_shexp and ffn_down_shexp. NULL when
- * the weight has no GGUF name. Phi-3's fused tensors are the loaders' own business. */
-const char *gguf_weight_pattern(const struct model_config *c, enum weight_kind kind);
+/* The llama.cpp name pattern (one %d: the layer) of weight `kind` of layer `layer` in a GGUF file
+ * of model c: weight_names.c's gguf column, except the shared experts of Qwen 2 MoE and GLM-4.5,
+ * whose gated MLP (shardlm's dense MLP weights) llama.cpp names ffn_gate_shexp, ffn_up_shexp and
+ * ffn_down_shexp on the sparse layers (GLM's dense first layers keep ffn_gate ...), and the pre-MLP
+ * norm of gpt-oss and glm4moe (post_attention_norm). NULL when the weight has no GGUF name. Phi-3's
+ * fused tensors are the loaders' own business. */
+const char *gguf_weight_pattern(const struct model_config *c, enum weight_kind kind, int layer);
 
 #ifdef __cplusplus
 }

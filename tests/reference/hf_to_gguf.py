@@ -15,7 +15,7 @@ output rows) and ffn_up_exps (the odd ones), down_proj transposed, the biases sp
 --mxfp4 the three expert matrices are written as MXFP4 blocks (gguf-py's quantizer) and the reference
 is gpt_oss_ref.py's float64 forward over gguf-py's dequantization of those blocks.
 
-  hf_to_gguf.py --hf DIR --arch llama|qwen2|qwen2moe|qwen3|qwen3moe|gemma2|phi3|olmo2|olmoe|gpt-oss|minimax-m2 [--mxfp4]
+  hf_to_gguf.py --hf DIR --arch llama|qwen2|qwen2moe|qwen3|qwen3moe|gemma2|phi3|olmo2|olmoe|gpt-oss|minimax-m2|glm4moe [--mxfp4]
                 --out FILE.gguf --ref OUT.json
 """
 import argparse
@@ -60,7 +60,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hf", required=True)
     ap.add_argument("--arch", choices=["llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma2", "phi3", "olmo2",
-                                       "olmoe", "gpt-oss", "minimax-m2"],
+                                       "olmoe", "gpt-oss", "minimax-m2", "glm4moe"],
                     required=True)
     ap.add_argument("--mxfp4", action="store_true", help="gpt-oss: the experts' matrices as MXFP4 blocks")
     ap.add_argument("--extra-float", action="append", default=[], metavar="KEY=VALUE",
@@ -76,7 +76,9 @@ def main():
 
     g = gguf.GGUFWriter(a.out, arch=a.arch)
     A = a.arch
-    g.add_uint32(A + ".block_count", cfg["num_hidden_layers"])
+    glm = A == "glm4moe"  # conversion/glm.py Glm4MoeModel: the MTP layers counted in block_count
+    nextn = cfg.get("num_nextn_predict_layers", 0) if glm else 0
+    g.add_uint32(A + ".block_count", cfg["num_hidden_layers"] + nextn)
     g.add_uint32(A + ".context_length", cfg["max_position_embeddings"])
     g.add_uint32(A + ".embedding_length", cfg["hidden_size"])
     g.add_uint32(A + ".feed_forward_length", cfg["intermediate_size"])
@@ -98,15 +100,17 @@ def main():
     else:
         g.add_uint32(A + ".attention.key_length", hd)
         g.add_uint32(A + ".attention.value_length", hd)
-        g.add_uint32(A + ".rope.dimension_count", cfg.get("rotary_dim") or hd)  # MiniMaxM2Model: rotary_dim
+        # MiniMaxM2Model: rotary_dim; Glm4MoeModel: head_dim x partial_rotary_factor
+        g.add_uint32(A + ".rope.dimension_count", int(hd * cfg.get("partial_rotary_factor", 0.5)) if glm
+                     else cfg.get("rotary_dim") or hd)
     g.add_float32(A + ".attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     g.add_float32(A + ".rope.freq_base", cfg["rope_theta"])
     mixtral = cfg["model_type"] in ("mixtral", "minimax_m2")  # Mixtral's expert names
-    E = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    E = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
     if E:  # MixtralModel / Qwen2MoeModel / Qwen3MoeModel / OlmoeModel: the experts' keys
         # llama.cpp's build_moe_ffn renormalises the top k for llama (Mixtral) and qwen3moe only
         renorm = A in ("llama", "qwen3moe", "minimax-m2")
-        assert oss or (mixtral or bool(cfg.get("norm_topk_prob"))) == renorm, "GGUF MoE: llama.cpp's top-k rule for " + A
+        assert oss or glm or (mixtral or bool(cfg.get("norm_topk_prob"))) == renorm, "GGUF MoE: llama.cpp's top-k rule for " + A
         g.add_uint32(A + ".expert_count", E)
         g.add_uint32(A + ".expert_used_count", cfg["num_experts_per_tok"])
         if oss:  # GptOssModel.set_gguf_parameters, and TextModel's YaRN keys
@@ -123,6 +127,16 @@ def main():
         if A == "minimax-m2":  # MiniMaxM2Model.set_gguf_parameters: the experts' width; sigmoid gating
             g.add_uint32(A + ".expert_feed_forward_length", cfg["intermediate_size"])
             g.add_uint32(A + ".expert_gating_func", 2)
+        if glm:  # Glm4MoeModel.set_gguf_parameters; the groups as DeepseekV2Model writes them (llama.cpp reads them for any arch)
+            g.add_uint32(A + ".expert_shared_count", cfg["n_shared_experts"])
+            g.add_uint32(A + ".leading_dense_block_count", cfg["first_k_dense_replace"])
+            g.add_uint32(A + ".expert_gating_func", 2)
+            g.add_float32(A + ".expert_weights_scale", cfg["routed_scaling_factor"])
+            g.add_bool(A + ".expert_weights_norm", cfg["norm_topk_prob"])
+            g.add_uint32(A + ".nextn_predict_layers", nextn)
+            if cfg.get("n_group", 1) > 1:
+                g.add_uint32(A + ".expert_group_count", cfg["n_group"])
+                g.add_uint32(A + ".expert_group_used_count", cfg["topk_group"])
         if "shared_expert_intermediate_size" in cfg:  # Qwen2MoeModel.set_gguf_parameters
             g.add_uint32(A + ".expert_shared_feed_forward_length", cfg["shared_expert_intermediate_size"])
     gemma = A == "gemma2"
@@ -206,6 +220,19 @@ def main():
         if p + "self_attn.q_norm.weight" in w:
             put(b + "attn_q_norm.weight", w[p + "self_attn.q_norm.weight"])
             put(b + "attn_k_norm.weight", w[p + "self_attn.k_norm.weight"])
+        if glm:  # tensor_mapping: glm4moe's pre-MLP norm is ATTN_POST_NORM; dense first layers, then experts
+            put(b + "post_attention_norm.weight", w[p + "post_attention_layernorm.weight"])
+            if l < cfg["first_k_dense_replace"]:
+                for src in ("gate", "up", "down"):
+                    put(b + "ffn_%s.weight" % src, w[p + "mlp.%s_proj.weight" % src])
+                continue
+            put(b + "ffn_gate_inp.weight", w[p + "mlp.gate.weight"])
+            put(b + "exp_probs_b.bias", w[p + "mlp.gate.e_score_correction_bias"])
+            for name, dst in zip(("gate_proj", "up_proj", "down_proj"), ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")):
+                put(b + dst + ".weight", np.stack([w[p + "mlp.experts.%d.%s.weight" % (e, name)] for e in range(E)]))
+            for src in ("gate", "up", "down"):
+                put(b + "ffn_%s_shexp.weight" % src, w[p + "mlp.shared_experts.%s_proj.weight" % src])
+            continue
         if gemma:
             put(b + "post_attention_norm.weight", norm(p + "post_attention_layernorm.weight"))
             put(b + "ffn_norm.weight", norm(p + "pre_feedforward_layernorm.weight"))
@@ -228,6 +255,12 @@ def main():
         put(b + "ffn_gate.weight", w[p + "mlp.gate_proj.weight"])
         put(b + "ffn_up.weight", w[p + "mlp.up_proj.weight"])
         put(b + "ffn_down.weight", w[p + "mlp.down_proj.weight"])
+    for l in range(cfg["num_hidden_layers"], cfg["num_hidden_layers"] + nextn):  # the MTP layers' tensors, as written
+        p, b = "model.layers.%d." % l, "blk.%d." % l
+        put(b + "nextn.eh_proj.weight", w[p + "eh_proj.weight"])
+        put(b + "nextn.enorm.weight", w[p + "enorm.weight"])
+        put(b + "nextn.hnorm.weight", w[p + "hnorm.weight"])
+        put(b + "attn_norm.weight", w[p + "input_layernorm.weight"])
     rs = cfg.get("rope_scaling") or {}
     if phi3 and rs.get("long_factor"):  # Phi3MiniModel.generate_extra_tensors
         orig = rs.get("original_max_position_embeddings") or cfg["original_max_position_embeddings"]
