@@ -336,6 +336,10 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
         return status_errorf(STATUS_INVALID_ARGUMENT, "'tools' with a structured output (response_format, "
                              "structured_outputs, guided_*) is not supported: the tool format is itself one");
     int parallel = par ? cJSON_IsTrue(par) : 1;
+    if (caps && caps->jinja && caps->tool_format == TOOL_FORMAT_GLM)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "'tools': this model's chat template calls tools in GLM-4.5's "
+                             "format (<tool_call>NAME with <arg_key> / <arg_value> pairs), which shardlm neither "
+                             "parses nor constrains yet; send the request without 'tools'");
     if (caps && caps->jinja && caps->tool_format != TOOL_FORMAT_GENERIC)
         return native_tools(o, tools, only, required, parallel, caps, q);
     cJSON *schema = reply_schema(tools, only, required, parallel);

@@ -20,6 +20,7 @@ enum tool_format tool_format_detect(const char *src)
 {
     if (is_harmony(src)) return TOOL_FORMAT_HARMONY;
     if (!src || !strstr(src, "tools")) return TOOL_FORMAT_GENERIC;
+    if (strstr(src, "<arg_key>")) return TOOL_FORMAT_GLM; /* before Hermes: GLM's calls open with <tool_call> too */
     if (strstr(src, "<tool_call>")) return TOOL_FORMAT_HERMES;
     if (strstr(src, "[TOOL_CALLS]")) return TOOL_FORMAT_MISTRAL;
     if (strstr(src, "<|tool_call|>") && strstr(src, "<|/tool_call|>")) return TOOL_FORMAT_PHI4;
@@ -45,7 +46,7 @@ const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasonin
 
 const char *tool_format_name(enum tool_format f)
 {
-    static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony"};
+    static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "?";
 }
 

@@ -19,6 +19,10 @@
  *            (tool_harmony.c): "<|channel|>", "<|message|>" and "<|start|>"; whether or not the
  *            template reads `tools`, since its channels are also its reasoning (the `reasoning`
  *            argument is then unused)
+ *   GLM      <tool_call>NAME\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>...</tool_call> (GLM-4.5 /
+ *            4.6: "<arg_key>"): recognised so that a request with tools is refused by name (the
+ *            arguments are not JSON; neither parsing nor the constraint is built); without tools
+ *            its replies are text with <think> reasoning like any other
  * A template that never reads `tools` gets GENERIC whatever it holds.
  *
  * Reasoning: with `reasoning` on (enum tool_reasoning: the markers), a reply that opens with the
@@ -51,6 +55,7 @@ enum tool_format {
     TOOL_FORMAT_LLAMA3,
     TOOL_FORMAT_PHI4,
     TOOL_FORMAT_HARMONY,
+    TOOL_FORMAT_GLM, /* recognised and refused with tools (http_tools.c): not parsed, not constrained */
 };
 
 /* The format a template's source (NUL-terminated) asks for; GENERIC when it has no tools. */
