@@ -64,16 +64,18 @@ static const size_t field_offset[F_COUNT] = {
 
 static struct tensor *field(struct layer_acts *la, int f) { return (struct tensor *)((char *)la + field_offset[f]); }
 
-/* The shape of a per-layer tensor for T rows (Tl local rows of the residual stream). */
-static void field_shape(const struct model *m, int f, int64_t T, int64_t Tl, enum dtype *dt, int64_t *rows,
+/* The shape of local layer l's tensor f for T rows (Tl local rows of the residual stream). */
+static void field_shape(const struct model *m, int f, int l, int64_t T, int64_t Tl, enum dtype *dt, int64_t *rows,
                         int64_t *cols)
 {
     const struct model_config *c = &m->cfg;
+    const struct tensor *up = &m->w.layers[l].w_up;
     const int64_t d = c->d_model, hd = c->head_dim, hq = (int64_t)m->n_heads_local * hd;
-    const int64_t hkv = (int64_t)m->n_kv_local * hd, ffn = m->ffn_local;
+    /* The layer's own dense MLP or shared expert (GLM-4.5's dense first layers are wider than its
+     * shared experts), and its experts only when it runs them. */
+    const int64_t hkv = (int64_t)m->n_kv_local * hd, ffn = up->data ? up->shape[0] : 0;
     const int64_t qk = c->qk_norm ? 1 : 0, sw = c->sandwich_norms ? 1 : 0;
-    /* A mixture of experts: the dense MLP's tensors are the shared expert's, when there is one. */
-    const int64_t dense = !c->n_experts || c->shared_expert ? 1 : 0, moe = c->n_experts ? 1 : 0;
+    const int64_t dense = ffn > 0 ? 1 : 0, moe = config_layer_moe(c, m->layer_first + l) ? 1 : 0;
     const int64_t TK = moe * T * c->n_experts_used, shared = moe * (c->shared_expert ? 1 : 0);
     const int64_t ep_rows = moe && m->ep_size > 1 ? moe_ep_rows(m, T) : 0; /* the owner's rows (moe_ep.c) */
     *dt = m->dtype;
@@ -320,11 +322,16 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
     enum dtype dt;
     int64_t rows, cols;
     for (int j = 0; j < K; j++)
-        for (int f = 0; f < F_COUNT; f++) {
-            field_shape(m, f, T, Tl, &dt, &rows, &cols);
-            int used = 0, pos = 0;
-            for (int l = 0; l < L && !used; l++) used = field_shared(t, l, f, &pos) && pos == j;
-            carve_add(&cv, field(&shared[j], f), dt, used ? rows : 0, cols);
+        for (int f = 0; f < F_COUNT; f++) { /* the largest of the layers that share it */
+            int64_t most_rows = 0, most_cols = 0;
+            dt = m->dtype;
+            for (int l = 0, pos = 0; l < L; l++) {
+                if (!field_shared(t, l, f, &pos) || pos != j) continue;
+                field_shape(m, f, l, T, Tl, &dt, &rows, &cols);
+                if (rows > most_rows) most_rows = rows;
+                if (cols > most_cols) most_cols = cols;
+            }
+            carve_add(&cv, field(&shared[j], f), dt, most_rows, most_cols ? most_cols : 1);
         }
     common->max_tokens = max_tokens;
     carve_add(&cv, &common->dres, m->dtype, Tl, d);
@@ -384,7 +391,7 @@ enum status model_train_new(struct model *m, int max_tokens, const struct train_
         for (int l = 0; l < L; l++)
             for (int f = 0; f < F_COUNT; f++) {
                 int pos = 0;
-                field_shape(m, f, T, Tl, &dt, &rows, &cols);
+                field_shape(m, f, l, T, Tl, &dt, &rows, &cols);
                 if (field_shared(t, l, f, &pos)) continue; /* aliased below */
                 carve_add(&cv, field(&a->layers[l], f), dt, rows, cols);
             }

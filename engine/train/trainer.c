@@ -377,6 +377,9 @@ static enum status setup(struct trainer *t)
     mem.sets = in_flight < t->ranks.micro_per_replica ? in_flight : t->ranks.micro_per_replica;
     if (mem.sets < 1) mem.sets = 1;
     if ((st = model_train_new(t->m, o->micro_batch_size * o->seq_length, &mem, &t->mt)) != STATUS_OK) return st;
+    if (train_ranks_leader(&t->ranks))
+        LOG_INFO("train", "activations: %.1f MiB on the device (%d set(s) of %d tokens)",
+                 (double)model_train_activation_bytes(t->mt) / 1048576.0, mem.sets, o->micro_batch_size * o->seq_length);
     model_train_set_lora(t->mt, t->lora);
     model_train_set_moe_loss(t->mt, o->moe_aux_loss_coeff, o->moe_z_loss_coeff);
     if ((st = train_ranks_attach(&t->ranks, t->mt, &t->gparams, &t->opt)) != STATUS_OK) return st;
