@@ -20,11 +20,6 @@ extern "C" {
 
 struct moe_tensors;
 
-/* Where one call's tensors live. Rows: T for the tensor-parallel region (q .. hact), Tl (the
- * rank's rows of the residual stream: T / tp under sequence parallelism, else T) for the rest.
- * Tensors whose data pointers are equal share storage, and the math then runs in place:
- * serving passes x_in = x_mid = x, q_pre = q, k_pre = k, hact = up, normed = attn_out =
- * mlp_out (its workspace); training passes distinct tensors it keeps. */
 /* Rows [0, T) of buf, a buffer as wide as the widest dense MLP (ffn_local), as (T, F) with F the
  * MLP of layer weights w (GLM-4.5's dense first layers and its shared experts differ in width). */
 static inline struct tensor layer_ffn_view(const struct tensor *buf, int64_t T, const struct layer_weights *w)
@@ -32,6 +27,11 @@ static inline struct tensor layer_ffn_view(const struct tensor *buf, int64_t T, 
     return tensor_make(buf->data, buf->dtype, buf->device, 2, T, w->w_up.shape[0]);
 }
 
+/* Where one call's tensors live. Rows: T for the tensor-parallel region (q .. hact), Tl (the
+ * rank's rows of the residual stream: T / tp under sequence parallelism, else T) for the rest.
+ * Tensors whose data pointers are equal share storage, and the math then runs in place:
+ * serving passes x_in = x_mid = x, q_pre = q, k_pre = k, hact = up, normed = attn_out =
+ * mlp_out (its workspace); training passes distinct tensors it keeps. */
 struct layer_tensors {
     struct tensor x;                /* (Tl, d): the residual stream, in and out */
     struct tensor x_in, x_mid;      /* (Tl, d): the layer's input, and after attention */

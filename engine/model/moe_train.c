@@ -209,7 +209,7 @@ enum status moe_backward(struct model *m, int l, int64_t T, const struct tensor 
         op_embedding_backward(b, dxn, &dx, &ids, 0);
     }
 
-    /* The shared expert (Qwen 2 MoE): proj += sw * y_s; sw = sigmoid(xn . g). */
+    /* The shared expert: proj += sw * y_s; sw = sigmoid(xn . g) (Qwen 2 MoE) or 1 (GLM-4.5). */
     float *host_dz = s->host_dz;
     if (c->shared_expert) {
         const int64_t S = w->w_up.shape[0];
