@@ -214,7 +214,8 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
     cJSON *list = chosen_tools(tools, only);
     enum status st = list ? http_tools_context(o, list, caps, q) : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     cJSON_Delete(list);
-    if (st == STATUS_OK && required && caps->reasoning && *tool_format_call_prefix(f)) {
+    if (f == TOOL_FORMAT_GLM) { /* auto only (http_tools_parse): parsed, free */
+    } else if (st == STATUS_OK && required && caps->reasoning && *tool_format_call_prefix(f)) {
         /* A reasoning template: the model may think first, so the marker is the grammar's to
          * write (its schema's prefix), not the prompt's; generation.c (constrain_around_think)
          * makes it an opening constraint: <think> ... </think> then the call, or the call. */
@@ -336,10 +337,11 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
         return status_errorf(STATUS_INVALID_ARGUMENT, "'tools' with a structured output (response_format, "
                              "structured_outputs, guided_*) is not supported: the tool format is itself one");
     int parallel = par ? cJSON_IsTrue(par) : 1;
-    if (caps && caps->jinja && caps->tool_format == TOOL_FORMAT_GLM)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "'tools': this model's chat template calls tools in GLM-4.5's "
-                             "format (<tool_call>NAME with <arg_key> / <arg_value> pairs), which shardlm neither "
-                             "parses nor constrains yet; send the request without 'tools'");
+    if (caps && caps->jinja && caps->tool_format == TOOL_FORMAT_GLM && (required || only))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "'tool_choice': this model's chat template calls tools in "
+                             "GLM-4.5's format (<tool_call>NAME with <arg_key> / <arg_value> pairs), whose calls "
+                             "shardlm parses but cannot constrain yet, so a required or named call is not supported; "
+                             "use tool_choice auto");
     if (caps && caps->jinja && caps->tool_format != TOOL_FORMAT_GENERIC)
         return native_tools(o, tools, only, required, parallel, caps, q);
     cJSON *schema = reply_schema(tools, only, required, parallel);

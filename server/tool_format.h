@@ -20,9 +20,10 @@
  *            template reads `tools`, since its channels are also its reasoning (the `reasoning`
  *            argument is then unused)
  *   GLM      <tool_call>NAME\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>...</tool_call> (GLM-4.5 /
- *            4.6: "<arg_key>"): recognised so that a request with tools is refused by name (the
- *            arguments are not JSON; neither parsing nor the constraint is built); without tools
- *            its replies are text with <think> reasoning like any other
+ *            4.6: "<arg_key>", looked for before Hermes' "<tool_call>"): calls parsed into JSON
+ *            arguments (server/tool_glm.c; a value that is whole JSON is that JSON, anything else a
+ *            string), each visible once its </tool_call> is read; not constrained, so a required or
+ *            named tool_choice is refused by name (http_tools.c)
  * A template that never reads `tools` gets GENERIC whatever it holds.
  *
  * Reasoning: with `reasoning` on (enum tool_reasoning: the markers), a reply that opens with the
@@ -55,7 +56,7 @@ enum tool_format {
     TOOL_FORMAT_LLAMA3,
     TOOL_FORMAT_PHI4,
     TOOL_FORMAT_HARMONY,
-    TOOL_FORMAT_GLM, /* recognised and refused with tools (http_tools.c): not parsed, not constrained */
+    TOOL_FORMAT_GLM, /* parsed (tool_glm.c), not constrained: tool_choice auto only (http_tools.c) */
 };
 
 /* The format a template's source (NUL-terminated) asks for; GENERIC when it has no tools. */

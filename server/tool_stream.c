@@ -32,13 +32,13 @@ static const char *const BUILTIN_TOOLS[2] = {"brave_search", "wolfram_alpha"};
 
 static const char *open_marker(enum tool_format f)
 {
-    return f == TOOL_FORMAT_HERMES ? "<tool_call>" : f == TOOL_FORMAT_MISTRAL ? "[TOOL_CALLS]"
+    return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM ? "<tool_call>" : f == TOOL_FORMAT_MISTRAL ? "[TOOL_CALLS]"
          : f == TOOL_FORMAT_PHI4 ? "<|tool_call|>" : NULL;
 }
 
 static const char *close_marker(enum tool_format f)
 {
-    return f == TOOL_FORMAT_HERMES ? "</tool_call>" : f == TOOL_FORMAT_PHI4 ? "<|/tool_call|>" : NULL;
+    return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM ? "</tool_call>" : f == TOOL_FORMAT_PHI4 ? "<|/tool_call|>" : NULL;
 }
 
 static void seg_open(struct tool_stream *ts, struct seg *g, size_t start)
@@ -167,6 +167,7 @@ static void read_text(struct tool_stream *ts)
         ts->block = p, ts->kept_block = 0;
         ts->pos = p + m;
         if (ts->f == TOOL_FORMAT_MISTRAL) ts->st = B_LIST_OPEN;
+        else if (ts->f == TOOL_FORMAT_GLM) ts->st = B_GLM, ts->search = p + m;
         else begin_call(ts);
         return;
     }
@@ -176,6 +177,41 @@ static void read_text(struct tool_stream *ts)
     ts->steps += m;
     seg_advance(ts, &ts->cseg, limit, 1);
     ts->pos = ts->len;
+}
+
+/* B_GLM: a call's body up to </tool_call> (held until it is whole), then made a call by
+ * tool_glm.c; a body that is not a call, or cut short, makes the block text. */
+static void read_glm(struct tool_stream *ts)
+{
+    const char *close = close_marker(ts->f);
+    const size_t m = strlen(close), b0 = ts->block + strlen(open_marker(ts->f));
+    size_t p = ts->search;
+    for (; p + m <= ts->len; p++) {
+        ts->steps++;
+        if (ts->text[p] == close[0] && !memcmp(ts->text + p, close, m)) break;
+    }
+    if (p + m > ts->len) {
+        ts->search = p;
+        ts->pos = ts->len;
+        if (ts->final) call_bad(ts);
+        return;
+    }
+    size_t name_at = 0, name_len = 0;
+    struct tool_json_buf args = {0};
+    ts->steps += p - b0;
+    if (!tool_glm_call(ts->text + b0, p - b0, &name_at, &name_len, &args)) {
+        if (args.oom) ts->oom = 1;
+        free(args.p);
+        call_bad(ts);
+        return;
+    }
+    if (ts->max_calls <= 0 || ts->n_calls < ts->max_calls) {
+        struct tcall *t = tool_stream_new_call(ts, ts->text + b0 + name_at, name_len);
+        if (t) t->own_args = args.p, t->own_len = args.n, args.p = NULL;
+        ts->kept_block++;
+    }
+    free(args.p);
+    text_from(ts, p + m);
 }
 
 /* One byte of the body at ts->pos (the states that read byte by byte). */
@@ -389,10 +425,12 @@ static void advance(struct tool_stream *ts)
             tool_json_buf_add(&ts->content, ts->text + ts->pos, ts->len - ts->pos);
             ts->pos = ts->len;
         } else if (ts->st == L_START) llama3_start(ts);
+        else if (ts->st == B_GLM) read_glm(ts);
         else if (ts->st == B_REST) seg_advance(ts, &ts->cseg, ts->len, 1), ts->pos = ts->len;
         else if (ts->st == B_DEAD) ts->pos = ts->len;
         else body_byte(ts);
     }
+    if (ts->final && ts->st == B_GLM) read_glm(ts); /* a body cut short: text */
     if (ts->final && ts->st == B_TEXT) seg_advance(ts, &ts->cseg, ts->len, 1);
     if (ts->final && ts->st == L_BUILTIN) call_bad(ts); /* a built-in call cut short: text */
 }

@@ -30,6 +30,7 @@ enum body {
     B_DEAD,       /* the rest is dropped */
     G_OPEN, G_KEYSTART, G_KEY, G_COLON, G_RSTART, G_RESP, G_LSTART, G_LAFTER, /* generic */
     L_START, L_CALLSTART, L_AFTER, L_SEMI, L_BUILTIN,                         /* llama3 */
+    B_GLM,        /* glm: in a call's body, looking for </tool_call> (tool_glm.c) */
 };
 
 enum rphase { R_OFF, R_DETECT, R_IN, R_GAP };
@@ -89,6 +90,10 @@ struct tool_stream {
 
 /* The length of the longest suffix of s[0..n) that is a proper prefix of marker. */
 size_t tool_stream_holdback(const char *s, size_t n, const char *marker);
+/* GLM-4.5's call body s[0..n) (between <tool_call> and </tool_call>): its name at s + *name_at
+ * (*name_len bytes) and its arguments as a JSON object in args (reset first). Returns 0 when the
+ * body is not a call (tool_glm.c). */
+int tool_glm_call(const char *s, size_t n, size_t *name_at, size_t *name_len, struct tool_json_buf *args);
 /* A new slot for a call named name[0..n) (zeroed but for the name), or NULL out of memory. */
 struct tcall *tool_stream_new_call(struct tool_stream *ts, const char *name, size_t n);
 

@@ -399,13 +399,13 @@ static int is_prefix(const char *a, size_t na, const char *b, size_t nb) { retur
 
 /* Every partial parse of text[0..cut) is a prefix of the final parse of text[0..n): its
  * reasoning, its content, its calls (same names, arguments a prefix; whole when complete). */
-static void harmony_prefixes(int tools, int max_calls, const char *text, size_t n)
+static void format_prefixes(enum tool_format f, int tools, int max_calls, const char *text, size_t n)
 {
     struct tool_parsed whole, part;
-    CHECK(tool_parse(TOOL_FORMAT_HARMONY, tools, 0, 0, max_calls, text, n, 1, &whole) == 0, "oom");
+    CHECK(tool_parse(f, tools, 0, 0, max_calls, text, n, 1, &whole) == 0, "oom");
     CHECK(max_calls <= 0 || whole.n_calls <= max_calls, "harmony: %d calls kept of %d", whole.n_calls, max_calls);
     for (size_t cut = 0; cut <= n; cut++) {
-        CHECK(tool_parse(TOOL_FORMAT_HARMONY, tools, 0, 0, max_calls, text, cut, 0, &part) == 0, "oom");
+        CHECK(tool_parse(f, tools, 0, 0, max_calls, text, cut, 0, &part) == 0, "oom");
         int ok = is_prefix(part.reasoning, part.reasoning_len, whole.reasoning, whole.reasoning_len) &&
                  is_prefix(part.content, part.content_len, whole.content, whole.content_len) &&
                  part.n_calls <= whole.n_calls && (!part.has_reasoning || whole.has_reasoning);
@@ -424,7 +424,7 @@ static void harmony_prefixes(int tools, int max_calls, const char *text, size_t 
     }
     /* A stream cut at random sends deltas that add up to the whole parse. */
     struct tool_stream *ts;
-    CHECK(tool_stream_new(TOOL_FORMAT_HARMONY, tools, 0, 0, max_calls, &ts) == 0, "oom");
+    CHECK(tool_stream_new(f, tools, 0, 0, max_calls, &ts) == 0, "oom");
     struct tool_json_buf r = {0}, c = {0}, args[8] = {{0}};
     int n_calls = 0;
     for (size_t at = 0;;) {
@@ -471,7 +471,7 @@ static void check_harmony(void)
         "plain text without headers", "<|channel|>final<|message|>x<|sta", "<|channel|>fin",
     };
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
-        for (int bits = 0; bits < 4; bits++) harmony_prefixes(bits & 1, bits >> 1, fixed[i], strlen(fixed[i]));
+        for (int bits = 0; bits < 4; bits++) format_prefixes(TOOL_FORMAT_HARMONY, bits & 1, bits >> 1, fixed[i], strlen(fixed[i]));
     /* Whitespace before a message's header is nothing; text outside messages stays as written. */
     static const char *const ws[][3] = {
         {"\n\n<|channel|>final<|message|>x", "x", ""},
@@ -503,7 +503,7 @@ static void check_harmony(void)
             if (n + m > sizeof buf) break;
             memcpy(buf + n, p, m), n += m;
         }
-        harmony_prefixes(rnd(4) != 0, (int)rnd(3), buf, n);
+        format_prefixes(TOOL_FORMAT_HARMONY, rnd(4) != 0, (int)rnd(3), buf, n);
     }
     /* Linear work: long reasoning full of near-markers, then a call with long arguments; a long run
      * of whitespace between messages (read once however it is fed). */
@@ -548,8 +548,74 @@ static void check_harmony(void)
     }
 }
 
+/* GLM-4.5's calls (tool_glm.c): the bodies GLM-4.6's template writes (a string value as it is,
+ * others as JSON), parsed into JSON arguments; malformed or cut-short bodies are text; every prefix
+ * a prefix of the whole parse and a stream's deltas adding up to it (format_prefixes). */
+static void check_glm(void)
+{
+    static const struct { const char *text, *name, *args, *content; int calls; } cases[] = {
+        {"<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>", "get_weather",
+         "{\"city\":\"Paris\"}", "", 1},
+        {"Let me check.\n<tool_call>f\n<arg_key>n</arg_key>\n<arg_value>42</arg_value>\n<arg_key>o</arg_key>\n"
+         "<arg_value>{\"a\": [1, true]}</arg_value>\n</tool_call>", "f", "{\"n\":42,\"o\":{\"a\": [1, true]}}",
+         "Let me check.", 1},
+        {"<tool_call>f\n<arg_key>s</arg_key>\n<arg_value>say \"hi\"\n\tthen</arg_value>\n</tool_call>", "f",
+         "{\"s\":\"say \\\"hi\\\"\\u000a\\u0009then\"}", "", 1},
+        {"<tool_call>noargs</tool_call>", "noargs", "{}", "", 1},
+        {"<tool_call>a\n<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>\n<tool_call>b\n</tool_call> done", "a",
+         "{\"x\":1}", "done", 2},
+        {"<tool_call>f\n<arg_key>x</arg_key>\n</tool_call> tail", NULL, NULL,
+         "<tool_call>f\n<arg_key>x</arg_key>\n</tool_call> tail", 0},
+        {"<tool_call>f\n<arg_key>x</arg_key>\n<arg_value>1", NULL, NULL, "<tool_call>f\n<arg_key>x</arg_key>\n<arg_value>1", 0},
+        {"<tool_call>\n</tool_call>", NULL, NULL, "<tool_call>\n</tool_call>", 0},
+        {"<tool_call>f\n<arg_key>x</arg_key>\n<arg_value>-1.5e3</arg_value>\n<arg_key>y</arg_key>\n<arg_value>01</arg_value>"
+         "\n</tool_call>", "f", "{\"x\":-1.5e3,\"y\":\"01\"}", "", 1},
+        {"plain text, no call", NULL, NULL, "plain text, no call", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct tool_parsed p;
+        CHECK(!tool_parse(TOOL_FORMAT_GLM, 1, 0, 0, 0, cases[i].text, strlen(cases[i].text), 1, &p), "oom");
+        int ok = p.n_calls == cases[i].calls && !strcmp(p.content, cases[i].content) &&
+                 (!cases[i].name || (!strcmp(p.calls[0].name, cases[i].name) && !strcmp(p.calls[0].args, cases[i].args) &&
+                                     p.calls[0].complete));
+        if (!ok) {
+            fprintf(stderr, "FAIL glm call '%s': %d calls (%s %s), content '%s'\n", cases[i].text, p.n_calls,
+                    p.n_calls ? p.calls[0].name : "", p.n_calls ? p.calls[0].args : "", p.content);
+            exit(1);
+        }
+        tool_parsed_free(&p);
+        format_prefixes(TOOL_FORMAT_GLM, 1, 0, cases[i].text, strlen(cases[i].text));
+        format_prefixes(TOOL_FORMAT_GLM, 1, 1, cases[i].text, strlen(cases[i].text));
+    }
+}
+
+/* --parse-glm FILE: the replies of FILE (separated by the byte 0x1e) parsed in GLM's format; for
+ * each, every call as "name<TAB>arguments" on a line, then "--" (tests/server/test_tools_glm.py
+ * renders calls with GLM-4.6's template in jinja2 and compares them with what comes back). */
+static int parse_glm_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    CHECK(f, "cannot open %s", path);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    for (size_t at = 0; at <= n;) {
+        const char *end = memchr(buf + at, 0x1e, n - at);
+        size_t len = end ? (size_t)(end - (buf + at)) : n - at;
+        struct tool_parsed p;
+        CHECK(!tool_parse(TOOL_FORMAT_GLM, 1, 0, 0, 0, buf + at, len, 1, &p), "oom");
+        for (int k = 0; k < p.n_calls; k++) printf("%s\t%s\n", p.calls[k].name, p.calls[k].args);
+        printf("--\n");
+        tool_parsed_free(&p);
+        if (!end) break;
+        at += len + 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 2 && !strcmp(argv[1], "--parse-glm")) return parse_glm_file(argv[2]);
     static const char *const cases[] = {
         "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call> done",
         "<tool_call>{\"arguments\": {\"a\": [1, 2]}, \"name\": \"f\"}</tool_call><tool_call>{\"name\": \"g\"}</tool_call>",
@@ -590,6 +656,7 @@ int main(int argc, char **argv)
     check_marker_in_string();
     check_reasoning_kinds();
     check_harmony();
+    check_glm();
     printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);
     return 0;
 }

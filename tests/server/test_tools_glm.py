@@ -1,21 +1,27 @@
 #!/usr/bin/env python3
-"""GLM-4.5 served end to end, and its tool-call format refused by name (docs/tools.md, docs/models.md):
+"""GLM-4.5 served end to end, and its tool-call format (docs/tools.md, docs/models.md):
 `shardlm serve --http` on a random GLM-4.5 checkpoint (tests/reference/glm_ref.py: a dense first
 layer, experts behind DeepSeek-V3's router, a plain shared expert) with stories260K's tokenizer and
 GLM-4.6's published chat template (tests/data/chat_templates/zai-org-GLM-4.6.jinja).
 - The server recognises the template's tool format ("glm", logged at start).
-- /v1/chat/completions with `tools` is a 400 naming GLM's <arg_key> / <arg_value> format (shardlm
-  neither parses nor constrains it yet), by the official `openai` package; the same request
-  without `tools` is answered (200, the requested number of tokens, prompt_tokens equal to the
-  prompt jinja2 renders, encoded by the `sentencepiece` package), and so is one with the tool
-  result of an earlier turn in its history.
-- The chat's greedy reply equals /v1/completions' on the same prompt ids.
+- Parsing, against the template itself: assistant messages with tool calls of every argument kind
+  (strings with quotes, newlines and tabs, numbers, booleans, null, nested objects and lists,
+  parallel calls) rendered by Python jinja2 with GLM-4.6's template; the reply part of each
+  rendering, parsed by shardlm's GLM parser (test_tool_stream --parse-glm), gives back the same
+  calls: the same names, arguments equal as JSON.
+- /v1/chat/completions (the official `openai` package): `tools` with tool_choice auto is accepted
+  (the calls are parsed, not constrained); `required` and a named function are 400s naming GLM's
+  format (the grammar-first constraint is not built for it); without `tools` the chat is answered
+  (prompt_tokens equal to the prompt jinja2 renders, encoded by the `sentencepiece` package), and
+  its greedy reply equals /v1/completions' for the same ids.
 SKIP (77) without openai, jinja2, sentencepiece or the shared assets.
 
-  test_tools_glm.py --shardlm BUILD/cli/shardlm
+  test_tools_glm.py --shardlm BUILD/cli/shardlm --tool-stream BUILD/tests/test_tool_stream
 """
 import argparse
+import json
 import os
+import subprocess
 import shutil
 import sys
 import tempfile
@@ -46,9 +52,42 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                                            "required": ["city"]}}}]
 
 
+# Calls of every argument kind, as OpenAI clients send them back in a history.
+CALLS = [
+    [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}],
+    [{"name": "search", "arguments": {"query": "say \"hi\"\n\tthen", "limit": 5, "exact": True, "filters": None}}],
+    [{"name": "plan", "arguments": {"steps": [1, 2.5, -3e-2], "meta": {"a": {"b": [True, False]}, "c": "x"}}}],
+    [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"y": "two words"}}, {"name": "c", "arguments": {}}],
+    [{"name": "unicode", "arguments": {"text": "caf\u00e9 \u2014 \U0001f600", "path": "C:\\dir\\f.txt"}}],
+]
+
+
+def round_trip(template, tool_stream, work):
+    """Each CALLS entry rendered as an assistant turn by jinja2; the reply part parsed back."""
+    env = test_jinja.make_env()
+    t = env.from_string(template)
+    replies = []
+    for calls in CALLS:
+        msgs = [{"role": "user", "content": "go"},
+                {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": c} for c in calls]}]
+        text = t.render(messages=msgs, tools=TOOLS, add_generation_prompt=False)
+        reply = text[text.rindex("<|assistant|>") + len("<|assistant|>"):].replace("<think></think>", "", 1)
+        replies.append(reply)
+    path = work / "glm_replies.txt"
+    path.write_bytes("\x1e".join(replies).encode("utf-8"))
+    out = subprocess.run([tool_stream, "--parse-glm", str(path)], capture_output=True, text=True, timeout=60)
+    check(out.returncode == 0, "the GLM parser runs on %d rendered replies" % len(replies))
+    got = [[l.split("\t", 1) for l in block.strip("\n").split("\n") if l] for block in out.stdout.split("--\n")[:-1]]
+    for calls, back, reply in zip(CALLS, got, replies):
+        ok = len(calls) == len(back) and all(c["name"] == b[0] and c["arguments"] == json.loads(b[1])
+                                             for c, b in zip(calls, back))
+        check(ok, "rendered by GLM-4.6's template and parsed back: %s -> %s" % (json.dumps(calls)[:90], back))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--tool-stream", required=True)
     a = ap.parse_args()
     assets = Path(os.environ.get("SHARDLM_ASSETS", TESTS.parent.parent / "shared/assets"))
     tok = assets / "stories260K" / "tok512.model"
@@ -58,8 +97,10 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="shardlm-glm-"))
     try:
         cfg = glm_ref.config("f32")
+        cfg["max_position_embeddings"] = 2048  # the tools' system text takes about 530 tokens
         MM.write_checkpoint(str(work / "glm"), cfg, glm_ref.init(cfg, 35), "f32", 1)
         shutil.copy(tok, work / "glm" / "tokenizer.model")
+        round_trip(TEMPLATE.read_text(), a.tool_stream, work)
         msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Once upon a time"}]
         env = test_jinja.make_env()
         prompt = env.from_string(TEMPLATE.read_text()).render(messages=msgs, add_generation_prompt=True,
@@ -71,12 +112,16 @@ def main():
             log = srv.log_path.read_text()
             check(" tool calls in the glm format" in log, "the server reads GLM-4.6's template as the glm tool format")
             c = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="none", timeout=60)
-            try:
-                c.chat.completions.create(model="glm", messages=msgs, tools=TOOLS, max_tokens=8)
-                check(False, "a request with tools on GLM's format is refused")
-            except openai.BadRequestError as e:
-                check("GLM-4.5's format" in str(e) and "<arg_key>" in str(e),
-                      "a request with tools is a 400 naming GLM's format: %s" % str(e)[:160])
+            r0 = c.chat.completions.create(model="glm", messages=msgs, tools=TOOLS, max_tokens=8, temperature=0)
+            check(r0.choices[0].finish_reason in ("stop", "length", "tool_calls"),
+                  "tools with tool_choice auto: answered (finish %s)" % r0.choices[0].finish_reason)
+            for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+                try:
+                    c.chat.completions.create(model="glm", messages=msgs, tools=TOOLS, tool_choice=choice, max_tokens=8)
+                    check(False, "tool_choice %s on GLM's format is refused" % json.dumps(choice))
+                except openai.BadRequestError as e:
+                    check("GLM-4.5's format" in str(e) and "tool_choice auto" in str(e),
+                          "tool_choice %s is a 400 naming GLM's format: %s" % (json.dumps(choice)[:40], str(e)[:120]))
             r = c.chat.completions.create(model="glm", messages=msgs, max_tokens=8, temperature=0)
             check(r.usage.completion_tokens == 8 and r.usage.prompt_tokens == want_prompt,
                   "without tools: 8 tokens after a prompt of %d tokens (jinja2 + sentencepiece: %d)"
