@@ -1,0 +1,216 @@
+/* engine/serving/conductor_setup.c - a replica's conductor made and unmade (conductor.h
+ * conductor_create, conductor_free): the backend, the ranks' groups and the model (with the
+ * attention sub-groups of --ep E --tp T), the KV pool's size, the served adapters, the draft
+ * model of speculative decoding, the step buffers; and their release. Not here: what the
+ * conductor does with them (conductor.c, the step; conductor_ranks.c, the workers).
+ * Tests: tests/test_engine.c and every server test. */
+#include "conductor_impl.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "generate.h"
+#include "grammar.h"
+#include "tokenizer.h"
+
+/* The KV pool in blocks: bytes, a fraction of free memory, blocks, or enough for max_seqs full
+ * contexts capped at 2 GiB. The weights and the workspace are already allocated. */
+static enum status kv_pool_blocks(struct conductor *c, size_t block_bytes, int table_width, long long *out)
+{
+    const struct engine_options *o = &c->o;
+    long long n_blocks = o->kv_cache_blocks;
+    if (c->m->cfg.encoder) { /* an encoder embeds without the cache (model_embed): one block keeps the structures whole */
+        n_blocks = 1;
+    } else if (o->kv_cache_bytes) {
+        n_blocks = (long long)(o->kv_cache_bytes / block_bytes);
+    } else if (o->kv_cache_fraction > 0) {
+        size_t free_bytes = 0, total_bytes = 0;
+        if (!(o->kv_cache_fraction <= 0.95))
+            return status_errorf(STATUS_INVALID_ARGUMENT, "kv_cache_fraction must be in (0, 0.95], got %g",
+                                 o->kv_cache_fraction);
+        enum status st = backend_mem_info(c->b, &free_bytes, &total_bytes);
+        if (st != STATUS_OK) return st;
+        /* Ranks sharing one GPU (SHARDLM_SHARE_GPU) split the fraction between them. */
+        const int sharers = o->world ? o->world->gpu_sharers : 1;
+        n_blocks = (long long)((double)free_bytes * o->kv_cache_fraction / sharers / (double)block_bytes);
+        LOG_INFO(MODULE, "KV pool: %.2f of %.0f MiB free%s", o->kv_cache_fraction / sharers,
+                 (double)free_bytes / 1048576.0, sharers > 1 ? " (GPU shared)" : "");
+    } else if (!n_blocks) {
+        n_blocks = (long long)o->max_seqs * table_width;
+        long long cap = (long long)((2ull << 30) / block_bytes);
+        if (n_blocks > cap) n_blocks = cap;
+    }
+    if (c->par.world) { /* every rank's pool must hold the same blocks: the smallest count wins
+                          * (pipeline stages hold different weights, so their free memory differs) */
+        int64_t nb = n_blocks;
+        enum status st = parallel_min_i64(c->par.world, &nb);
+        if (st != STATUS_OK) return st;
+        n_blocks = nb;
+    }
+    if (n_blocks < 1 || n_blocks > (1LL << 30))
+        return status_errorf(STATUS_INVALID_ARGUMENT,
+                             "the KV cache must hold at least one block of %zu bytes (got %lld blocks)", block_bytes,
+                             n_blocks);
+    *out = n_blocks;
+    return STATUS_OK;
+}
+
+/* The backend, the ranks' groups, the tokenizer and the model. */
+static enum status load_model(struct conductor *c)
+{
+    const struct engine_options *o = &c->o;
+    const int multi = o->world && o->world->size > 1;
+    enum status st;
+    struct parallel_layout layout;
+    if (multi && (st = parallel_layout(o->world, o->tp, o->pp, &layout)) != STATUS_OK) return st;
+    if ((st = model_ranks_open(multi ? o->world : NULL, &layout, o->pp_layers, (enum device)o->device, o->device_id,
+                               o->n_threads, &c->b, &c->groups, &c->par)) != STATUS_OK)
+        return st;
+    c->par.ep = o->ep_group;
+    if (multi && o->ep_group && o->ep_tp > 1) {
+        const int dev_id = o->device == DEVICE_CUDA ? o->world->gpu : 0;
+        if ((st = parallel_groups_add_atp(o->world, &layout, o->ep_tp, (enum device)o->device, dev_id, c->b->stream,
+                                          &c->groups)) != STATUS_OK)
+            return st;
+    }
+    st = model_load(o->model_dir, c->b, multi ? &c->par : NULL, &c->m);
+    if (st == STATUS_OK) st = generate_load_tokenizer(o->model_dir, c->m, &c->tok);
+    if (multi) st = parallel_agree(o->world, st); /* every rank fails together, none waits alone */
+    return st;
+}
+
+/* The draft model of speculative decoding (--draft-model) and its buffers, after the target's.
+ * Loaded where the sampler runs, on the first rank of the replica only: its tokens are proposed
+ * before the step is planned (speculate), so to the other ranks of a tp / pp replica its drafts
+ * are only more rows of the plan they replay, and the draft runs whole (unsharded) on the first
+ * rank's backend. With data parallelism each replica loads its own. The caller turns the
+ * device-greedy path, which never drafts, off on every rank. */
+static enum status load_draft(struct conductor *c)
+{
+    struct engine_options *o = &c->o;
+    if (o->spec_draft <= 0) o->spec_draft = 5;
+    const int slots = o->spec_max_batch > 0 ? o->spec_max_batch : 4;
+    enum status st = draft_load(o->draft_model_dir, c->b, c->m, slots, &c->draft);
+    if (st != STATUS_OK) return st;
+    const size_t V = (size_t)c->m->cfg.vocab_size, k = (size_t)(o->spec_draft < 32 ? o->spec_draft : 32);
+    c->spec_q = malloc((size_t)c->draft.n_slots * k * V * sizeof *c->spec_q);
+    c->spec_p = malloc(V * sizeof *c->spec_p);
+    if (!c->spec_q || !c->spec_p)
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the draft distributions");
+    return STATUS_OK;
+}
+
+enum status conductor_create(const struct engine_options *opt, struct conductor **out)
+{
+    *out = NULL;
+    struct conductor *c = calloc(1, sizeof *c);
+    if (!c) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory");
+    c->o = *opt;
+    const struct engine_options *o = &c->o;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->gmu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    pthread_cond_init(&c->embed_cv, NULL);
+    c->next_handle = 1;
+    enum status st = load_model(c);
+    if (st == STATUS_OK)
+        st = adapter_set_init(&c->adapters, c->m, o->max_loras, o->max_lora_rank, c->par.world != NULL, o->adapter_names,
+                              o->adapter_dirs, o->n_adapters);
+    if (st != STATUS_OK) goto fail;
+    const struct model_config *cfg = &c->m->cfg;
+    const int bt = o->block_tokens;
+    const int table_width = (cfg->max_positions + bt - 1) / bt; /* blocks per sequence */
+    /* One logits row per running sequence, plus room for prompt log-probability rows; a large
+     * vocabulary (262k for Gemma 3) makes every row cost 1 MiB on the device and the host. */
+    c->max_logits = o->max_seqs + 64 < o->max_batch_tokens ? o->max_seqs + 64 : o->max_batch_tokens;
+    if ((st = model_reserve(c->m, o->max_batch_tokens, o->max_seqs, table_width, c->max_logits)) != STATUS_OK) goto fail;
+    size_t block_bytes = kv_cache_block_bytes(c->m->n_layers_local, bt, c->m->n_kv_local, cfg->head_dim, c->m->dtype);
+    long long n_blocks = 0;
+    if ((st = kv_pool_blocks(c, block_bytes, table_width, &n_blocks)) != STATUS_OK) goto fail;
+    if ((st = kv_cache_init(&c->cache, c->b, c->m->n_layers_local, (int)n_blocks, bt, c->m->n_kv_local,
+                            cfg->head_dim, c->m->dtype)) != STATUS_OK)
+        goto fail;
+    const struct scheduler_options so = {.max_seqs = o->max_seqs, .max_batch_tokens = o->max_batch_tokens,
+                                         .max_logits = c->max_logits, .table_width = table_width,
+                                         .prefix_caching = o->prefix_caching, .record_copies = c->par.world != NULL,
+                                         .policy = (enum scheduling_policy)o->scheduling};
+    if ((st = scheduler_init(&c->sched, &c->cache, &so)) != STATUS_OK) goto fail;
+    if ((st = sampler_init(&c->smp, cfg->vocab_size)) != STATUS_OK) goto fail;
+    const char *dev_sampling = getenv("SHARDLM_DEVICE_SAMPLING");
+    c->device_greedy = dev_sampling && *dev_sampling ? strcmp(dev_sampling, "0") != 0 : c->b->device == DEVICE_CUDA;
+    if (c->par.layout.pp_size > 1) c->device_greedy = 0; /* the logits travel to rank 0 (logits_to_first_rank) */
+    const size_t V = (size_t)cfg->vocab_size;
+    c->logits = malloc((size_t)c->max_logits * V * sizeof *c->logits);
+    c->scratch = malloc(2 * V * sizeof *c->scratch);
+    c->mb_qstart = malloc(((size_t)o->max_seqs + 1) * sizeof(int32_t));
+    c->mb_rows = malloc((size_t)c->max_logits * sizeof(int32_t));
+    c->greedy_ids = malloc((size_t)c->max_logits * sizeof(int32_t));
+    c->gmask = malloc((V + 31) / 32 * sizeof *c->gmask);
+    if (!c->logits || !c->scratch || !c->mb_qstart || !c->mb_rows || !c->greedy_ids || !c->gmask) {
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
+        goto fail;
+    }
+    const char *check_gm = getenv("SHARDLM_SPEC_CHECK_GRAMMAR");
+    c->spec_check_grammar = check_gm && *check_gm && strcmp(check_gm, "0") != 0;
+    const char *prior = getenv("SHARDLM_SPEC_PRIOR");
+    c->spec_prior = !(prior && !strcmp(prior, "0"));
+    if (o->draft_model_dir) {
+        c->device_greedy = 0; /* on every rank: device-greedy steps never draft, the draft needs the host's rows */
+        st = conductor_is_first_rank(c) ? load_draft(c) : STATUS_OK;
+        if (c->par.world) st = parallel_agree(c->par.world, st); /* the workers fail with the first rank */
+        if (st != STATUS_OK) goto fail;
+    }
+    c->stats.kv_blocks_total = c->cache.n_blocks;
+    c->stats.kv_blocks_free = c->cache.n_blocks; /* true before the first step too */
+    c->stats.block_tokens = bt;
+    verify_init(c);
+    /* Only the first rank times out: workers legitimately wait for the next plan forever. Every
+     * rank beats (parallel_watch_start), so that the timeout names the rank that stopped. */
+    if (c->par.world && c->par.world->rank == 0) c->par.world->timeout_s = o->rank_timeout_s;
+    if (c->par.world && o->rank_timeout_s > 0 && (st = parallel_watch_start(c->par.world)) != STATUS_OK) goto fail;
+    LOG_INFO(MODULE,
+             "ready: %d KV blocks of %d tokens (%.1f MiB), max_batch_tokens %d, max_seqs %d, prefix caching %s, "
+             "scheduling %s",
+             c->cache.n_blocks, bt, (double)block_bytes * (double)c->cache.n_blocks / 1048576.0, o->max_batch_tokens,
+             o->max_seqs, o->prefix_caching ? "on" : "off", scheduling_policy_name((enum scheduling_policy)o->scheduling));
+    *out = c;
+    return STATUS_OK;
+fail:
+    conductor_free(c);
+    return st;
+}
+
+void conductor_free(struct conductor *c)
+{
+    if (!c) return;
+    if (c->m && c->sched.running && conductor_is_first_rank(c)) conductor_drain(c, 0.0); /* cancels and reports what is left */
+    log_comm_time(c);
+    stop_workers(c);
+    parallel_groups_free(&c->groups);
+    free(c->plan);
+    free(c->mb_qstart);
+    free(c->mb_rows);
+    free(c->greedy_ids);
+    free(c->gmask);
+    verify_free(c);
+    grammar_cache_free(c->gcache);
+    grammar_vocab_free(c->gvocab);
+    pthread_mutex_destroy(&c->gmu);
+    scheduler_free(&c->sched);
+    free(c->logits);
+    free(c->scratch);
+    sampler_free(&c->smp);
+    draft_free(&c->draft);
+    free(c->spec_q);
+    free(c->spec_p);
+    if (c->cache.b) kv_cache_free(&c->cache);
+    adapter_set_free(&c->adapters, c->b);
+    model_free(c->m);
+    tokenizer_free(c->tok);
+    backend_close(c->b);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    pthread_cond_destroy(&c->embed_cv);
+    free(c);
+}
