@@ -651,7 +651,7 @@ enum status config_validate(const struct model_config *c, const char *name)
     if (!c->n_experts && (c->n_experts_used || c->moe_ffn || c->norm_topk_prob || c->shared_expert))
         return status_errorf(STATUS_BAD_FORMAT, "%s: expert settings without experts", name);
     const int minimax = !strcmp(c->architecture, "MiniMaxM2ForCausalLM");
-    const int glm = !strcmp(c->architecture, "Glm4MoeForCausalLM");
+    const int glm = config_is_glm4_moe(c);
     if (c->moe_sigmoid != (minimax || glm) || (c->moe_sel_bias && !c->moe_sigmoid) || (minimax && !c->norm_topk_prob))
         return status_errorf(STATUS_BAD_FORMAT, "%s: a sigmoid router (with its selection bias) belongs to MiniMax-M2, "
                              "renormalised, and GLM-4.5, not to %s", name, c->architecture);

@@ -183,6 +183,14 @@ static inline int config_hf_mixtral_names(const struct model_config *c)
     return !strcmp(c->architecture, "MixtralForCausalLM") || !strcmp(c->architecture, "MiniMaxM2ForCausalLM");
 }
 
+/* Whether c is GLM-4.5's (Glm4MoeForCausalLM): its names (mlp.shared_experts.*, the
+ * selection bias under mlp.gate, GGUF's post_attention_norm), its config.json keys, its GGUF
+ * next-token-prediction blocks. */
+static inline int config_is_glm4_moe(const struct model_config *c)
+{
+    return !strcmp(c->architecture, "Glm4MoeForCausalLM");
+}
+
 /* Whether the Hugging Face layout of c fuses q, k, v into self_attn.qkv_proj and gate, up into
  * mlp.gate_up_proj (Phi-3: checkpoint.c reads the parts, checkpoint_write.c writes them fused). */
 static inline int config_hf_fused(const struct model_config *c)

@@ -90,9 +90,8 @@ static int add_rope_scaling(cJSON *root, const struct model_config *c)
 /* The config.json fields that Llama-family models and Gemma 3 spell alike. */
 static int add_llama_dims(cJSON *root, const struct model_config *c)
 {
-    const int glm_dense = c->shared_expert == SHARED_EXPERT_PLAIN || c->moe_dense_first; /* GLM: the dense layers' */
     return add_rope_scaling(root, c) && add_num(root, "hidden_size", c->d_model) &&
-           add_num(root, "intermediate_size", glm_dense && c->dense_ffn ? c->dense_ffn : c->ffn_hidden) &&
+           add_num(root, "intermediate_size", config_is_glm4_moe(c) && c->dense_ffn ? c->dense_ffn : c->ffn_hidden) &&
            add_num(root, "num_hidden_layers", c->n_layers) && add_num(root, "num_attention_heads", c->n_heads) &&
            add_num(root, "num_key_value_heads", c->n_kv_heads) && add_num(root, "head_dim", c->head_dim) &&
            add_num(root, "vocab_size", c->vocab_size) &&
@@ -103,7 +102,7 @@ static int add_llama_dims(cJSON *root, const struct model_config *c)
 /* LlamaForCausalLM / MistralForCausalLM fields. Returns 0 when out of memory. */
 static int add_llama(cJSON *root, const struct model_config *c)
 {
-    const int minimax = !strcmp(c->architecture, "MiniMaxM2ForCausalLM"), glm = !strcmp(c->architecture, "Glm4MoeForCausalLM");
+    const int minimax = !strcmp(c->architecture, "MiniMaxM2ForCausalLM"), glm = config_is_glm4_moe(c);
     const int mixtral = !strcmp(c->architecture, "MixtralForCausalLM"), oss = !strcmp(c->architecture, "GptOssForCausalLM");
     int mistral = !strcmp(c->architecture, "MistralForCausalLM") || mixtral;
     const char *type = minimax ? "minimax_m2"
@@ -222,7 +221,7 @@ enum status config_save(const char *path, const struct model_config *c)
         strcmp(c->architecture, "Olmo2ForCausalLM") && strcmp(c->architecture, "MixtralForCausalLM") &&
         strcmp(c->architecture, "Qwen3MoeForCausalLM") && strcmp(c->architecture, "OlmoeForCausalLM") &&
         strcmp(c->architecture, "Qwen2MoeForCausalLM") && strcmp(c->architecture, "GptOssForCausalLM") &&
-        strcmp(c->architecture, "MiniMaxM2ForCausalLM") && strcmp(c->architecture, "Glm4MoeForCausalLM"))
+        strcmp(c->architecture, "MiniMaxM2ForCausalLM") && !config_is_glm4_moe(c))
         return status_errorf(STATUS_UNSUPPORTED, "%s: cannot save architecture \"%s\"", path,
                              c->architecture);
     if (c->family == MODEL_FAMILY_LLAMA && !strcmp(c->architecture, "LlamaForCausalLM") &&

@@ -534,7 +534,7 @@ enum status gguf_model_config(const struct gguf *g, enum dtype dtype, struct mod
  * gate). */
 const char *gguf_weight_pattern(const struct model_config *c, enum weight_kind kind, int layer)
 {
-    const int glm = !strcmp(c->architecture, "Glm4MoeForCausalLM");
+    const int glm = config_is_glm4_moe(c);
     if ((c->moe_bias || glm) && kind == WEIGHT_KIND_MLP_NORM) /* gpt-oss, glm4moe: the pre-MLP norm under Gemma's post-attention name */
         return "blk.%d.post_attention_norm.weight";
     if (c->shared_expert && config_layer_moe(c, layer) && (kind == WEIGHT_KIND_GATE || kind == WEIGHT_KIND_UP || kind == WEIGHT_KIND_DOWN))
@@ -570,7 +570,7 @@ static int gc_in_config(const struct model_config *c, const struct gguf_tensor *
 static int gc_nextn(const struct model_config *c, const struct gguf_tensor *t)
 {
     int b = -1;
-    return !strcmp(c->architecture, "Glm4MoeForCausalLM") && sscanf(t->name, "blk.%d.", &b) == 1 && b >= c->n_layers;
+    return config_is_glm4_moe(c) && sscanf(t->name, "blk.%d.", &b) == 1 && b >= c->n_layers;
 }
 
 enum status gguf_check_tensors(const struct gguf *g, const struct model_config *c)

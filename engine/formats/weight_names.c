@@ -301,7 +301,7 @@ const char *weight_names_hf(enum weight_kind kind, int gemma3)
 
 const char *weight_names_hf_llama(const struct model_config *c, enum weight_kind kind, int layer)
 {
-    const int glm = c->shared_expert == SHARED_EXPERT_PLAIN || c->moe_dense_first; /* GLM-4.5's names */
+    const int glm = config_is_glm4_moe(c); /* GLM-4.5's names */
     if (c->shared_expert && config_layer_moe(c, layer)) { /* the dense MLP's kinds are the shared expert */
         if (kind == WEIGHT_KIND_GATE) return glm ? "layers.%d.mlp.shared_experts.gate_proj.weight"
                                                  : "layers.%d.mlp.shared_expert.gate_proj.weight";

@@ -2,6 +2,7 @@
  * training (moe.h). Not here: the training backward and the auxiliary losses (moe_train.c).
  * Tests: the MoE goldens (tests/test_model.c), tests/test_moe.c, tests/test_train_moe.py. */
 #include "moe.h"
+#include "layer.h"
 
 #include <math.h>
 #include <string.h>
@@ -260,10 +261,10 @@ enum status moe_forward(struct model *m, int l, int64_t T, const struct tensor *
     }
     if (c->shared_expert && sn > 0) { /* + sigmoid(x . g) * shared(x) (Qwen 2 MoE) or shared(x) (GLM), every row (of the slice) */
         if (!mt->recompute) shared_gates(m, l, T, xn, mt);
-        const int64_t S = w->w_up.shape[0];
         struct tensor sw = tensor_rows_at(&mt->sw, s0, sn), rows = tensor_rows_at(&mt->rows, s0, sn);
-        struct tensor gate = rows_of(&mt->s_gate, 0, sn, S), up = rows_of(&mt->s_up, 0, sn, S);
-        struct tensor hact = rows_of(&mt->s_hact, 0, sn, S), y = tensor_first_rows(&mt->s_y, sn);
+        /* (the backward reads them through the same view: moe_train.c) */
+        struct tensor gate = layer_ffn_view(&mt->s_gate, sn, w), up = layer_ffn_view(&mt->s_up, sn, w);
+        struct tensor hact = layer_ffn_view(&mt->s_hact, sn, w), y = tensor_first_rows(&mt->s_y, sn);
         struct tensor xs = tensor_rows_at(xn, s0, sn);
         op_matmul(b, &gate, &xs, &w->w_gate, NULL);
         op_matmul(b, &up, &xs, &w->w_up, NULL);
