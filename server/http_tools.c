@@ -299,6 +299,10 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
         const cJSON *strict = cJSON_GetObjectItemCaseSensitive(f, "strict");
         if (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict))
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.strict' must be a boolean", i);
+        if (cJSON_IsTrue(strict) && caps && caps->jinja && caps->tool_format == TOOL_FORMAT_GLM)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.strict': true needs calls constrained to "
+                                 "the schema, which this model's tool format (GLM-4.5's <arg_key> / <arg_value> pairs) "
+                                 "does not have yet", i);
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
         if (!cJSON_IsString(name) || !valid_name(name->valuestring))

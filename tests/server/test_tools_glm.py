@@ -10,8 +10,8 @@ GLM-4.6's published chat template (tests/data/chat_templates/zai-org-GLM-4.6.jin
   rendering, parsed by shardlm's GLM parser (test_tool_stream --parse-glm), gives back the same
   calls: the same names, arguments equal as JSON.
 - /v1/chat/completions (the official `openai` package): `tools` with tool_choice auto is accepted
-  (the calls are parsed, not constrained); `required` and a named function are 400s naming GLM's
-  format (the grammar-first constraint is not built for it); without `tools` the chat is answered
+  (the calls are parsed, not constrained); `required`, a named function and a tool's `strict: true`
+  are 400s naming GLM's format (the grammar-first constraint is not built for it); without `tools` the chat is answered
   (prompt_tokens equal to the prompt jinja2 renders, encoded by the `sentencepiece` package), and
   its greedy reply equals /v1/completions' for the same ids.
 SKIP (77) without openai, jinja2, sentencepiece or the shared assets.
@@ -115,6 +115,12 @@ def main():
             r0 = c.chat.completions.create(model="glm", messages=msgs, tools=TOOLS, max_tokens=8, temperature=0)
             check(r0.choices[0].finish_reason in ("stop", "length", "tool_calls"),
                   "tools with tool_choice auto: answered (finish %s)" % r0.choices[0].finish_reason)
+            strict = [{"type": "function", "function": dict(TOOLS[0]["function"], strict=True)}]
+            try:
+                c.chat.completions.create(model="glm", messages=msgs, tools=strict, max_tokens=8)
+                check(False, "strict: true on GLM's format is refused")
+            except openai.BadRequestError as e:
+                check("strict" in str(e) and "GLM-4.5's" in str(e), "strict: true is a 400 (no constraint): %s" % str(e)[:100])
             for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
                 try:
                     c.chat.completions.create(model="glm", messages=msgs, tools=TOOLS, tool_choice=choice, max_tokens=8)
