@@ -345,6 +345,9 @@ static void *control_main(void *arg)
 
 /* ---- setup and the loop -------------------------------------------------------------------- */
 
+/* How long connections may take to close after the last call ended (see loop_tick). */
+#define SHUTDOWN_GRACE_S 1.0
+
 /* What the loop does after every completion: engine events, phase changes, shutdown steps. */
 static void loop_tick(struct server *s)
 {
@@ -364,9 +367,19 @@ static void loop_tick(struct server *s)
     }
     /* After the drain, let generation calls send their last messages (briefly), then stop. */
     int stop = ph == PHASE_FAILED || (ph == PHASE_DRAINED && (s->n_gen_calls == 0 || base_now_s() - s->t_drained > 2.0));
+    /* The shutdown is gRPC's graceful one (GOAWAY; each connection closes after its last stream),
+     * forced (every call cancelled, every connection cut) only when calls still run, or after
+     * SHUTDOWN_GRACE_S: a connection cut at once could drop the last messages and status of a call
+     * that had ended, still on their way to a slow client (a reset, "Stream removed"). */
+    double now = base_now_s();
     if (stop && !s->shutdown_started) {
         s->shutdown_started = 1;
+        s->t_shutdown = now;
         grpc_server_shutdown_and_notify(s->grpc, s->cq, &s->shutdown_tag);
+    }
+    if (s->shutdown_started && !s->shutdown_done && !s->shutdown_forced &&
+        (ph == PHASE_FAILED || s->n_gen_calls > 0 || now - s->t_shutdown > SHUTDOWN_GRACE_S)) {
+        s->shutdown_forced = 1;
         grpc_server_cancel_all_calls(s->grpc);
     }
 }

@@ -327,8 +327,8 @@ struct server {
                                                              start (auth_derive_owners), read-only after */
     struct reflection    *refl;
     uint64_t              next_id;
-    double                t_start, t_drained;
-    int                   shutdown_started, shutdown_done;
+    double                t_start, t_drained, t_shutdown;
+    int                   shutdown_started, shutdown_done, shutdown_forced;
     struct tag            shutdown_tag;
     int                   health_serving;
     /* the HTTP front and metrics */
