@@ -110,8 +110,16 @@ enum status client_open(const char *addr, const struct client_options *o, struct
     snprintf(c->model, sizeof c->model, "%s", o->model ? o->model : "");
     grpc_init();
 
-    grpc_arg args[4];
+    grpc_arg args[6];
     int n_args = 0;
+    /* Reconnect within a second of the server coming back (gRPC's default backoff grows to 120 s):
+     * a journaled call reattaches to a restarted server while its request still runs there. */
+    args[n_args].type = GRPC_ARG_INTEGER;
+    args[n_args].key = (char *)GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS;
+    args[n_args++].value.integer = RECONNECT_BACKOFF_MIN_MS;
+    args[n_args].type = GRPC_ARG_INTEGER;
+    args[n_args].key = (char *)GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
+    args[n_args++].value.integer = RECONNECT_BACKOFF_MAX_MS;
     args[n_args].type = GRPC_ARG_INTEGER;
     args[n_args].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[n_args++].value.integer = MAX_RECEIVE_BYTES;

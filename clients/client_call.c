@@ -190,8 +190,10 @@ static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *d, grpc_byte_b
 
 /* Sends the request (with the metadata md[0..n_md) besides the API key) and half-closes;
  * returns the batch's success bit. */
+/* Sends the request (*written: 1 once the transport took it, so a server may have it) and
+ * receives the initial metadata; 1 when both went well. */
 static int call_send(struct client_call *k, const ProtobufCMessage *req, const grpc_metadata *md, size_t n_md,
-                     grpc_metadata_array *initial)
+                     grpc_metadata_array *initial, int *written)
 {
     grpc_byte_buffer *bb = pack(req);
     grpc_metadata all[3];
@@ -208,9 +210,9 @@ static int call_send(struct client_call *k, const ProtobufCMessage *req, const g
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
     ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
     ops[3].data.recv_initial_metadata.recv_initial_metadata = initial;
-    int ok = call_batch(k, ops, 4);
+    *written = call_batch(k, ops, 3);
     grpc_byte_buffer_destroy(bb);
-    return ok;
+    return *written && call_batch(k, ops + 3, 1);
 }
 
 /* Receives the next message: 1 with *out set, 0 at the end of the stream (or on failure,
@@ -247,6 +249,8 @@ static int call_recv(struct client_call *k, const ProtobufCMessageDescriptor *d,
  * token ids the caller got and whether it got the sample's last message. */
 struct resume {
     char          token[RESUME_TOKEN_MAX];
+    char          own_id[RESUME_TOKEN_MAX]; /* the request's own request_id ("" none): its token */
+    int           guessed;   /* token is own_id, taken when the first call failed before naming one */
     int           n_samples; /* the request's n; 0: the call is never made again */
     long          counts[MAX_SAMPLES];
     unsigned char finals[MAX_SAMPLES];
@@ -280,6 +284,16 @@ static void resume_from(const struct resume *r, char *buf, size_t cap)
     for (int i = 0; i < r->n_samples; i++) any |= r->counts[i] > 0 || r->finals[i];
     for (int i = 0; any && i < r->n_samples && used < cap; i++)
         used += (size_t)snprintf(buf + used, cap - used, "%s%ld%s", i ? "," : "", r->counts[i], r->finals[i] ? "!" : "");
+}
+
+/* The request's own request_id into r->own_id (a server journals the call under it, so a call
+ * cut before the server's headers named its token can still reattach by it). */
+static void resume_own_id(struct resume *r, const ProtobufCMessage *req)
+{
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(req->descriptor, "request_id");
+    if (!f || f->type != PROTOBUF_C_TYPE_STRING || f->label == PROTOBUF_C_LABEL_REPEATED) return;
+    const char *id = *(char *const *)(const void *)((const char *)req + f->offset);
+    if (id && id[0] && strlen(id) < sizeof r->own_id) snprintf(r->own_id, sizeof r->own_id, "%s", id);
 }
 
 /* Sleeps about ms milliseconds, returning early (1) when the cancel flag rises. */
@@ -316,12 +330,15 @@ enum status client_call_run(struct client *c, const char *method, const Protobuf
 {
     struct resume *r = NULL;
     if (n_samples > 0 && n_samples <= MAX_SAMPLES && c->resume_for_s > 0 &&
-        resp_desc == &shardlm__v1__generate_response__descriptor && (r = calloc(1, sizeof *r)))
+        resp_desc == &shardlm__v1__generate_response__descriptor && (r = calloc(1, sizeof *r))) {
         r->n_samples = n_samples;
+        resume_own_id(r, req);
+    }
     int n_msgs = 0, bad_message = 0, cb_cancelled = 0, code = GRPC_STATUS_UNKNOWN;
     enum status st = STATUS_OK;
     gpr_timespec give_up = gpr_inf_future(GPR_CLOCK_MONOTONIC);
-    for (int attempt = 0;; attempt++) {
+    int reattach = 0; /* this attempt carries the token (else: the request as new) */
+    for (;;) {
         struct client_call k;
         n_msgs = 0;
         st = call_start(c, method, timeout_s, cancel_flag, &k);
@@ -334,7 +351,7 @@ enum status client_call_run(struct client *c, const char *method, const Protobuf
         grpc_metadata md[2];
         memset(md, 0, sizeof md); /* (gcc 12 -O3 takes the unused ones for uninitialised) */
         size_t n_md = 0;
-        if (attempt) {
+        if (reattach) {
             md[n_md].key = grpc_slice_from_static_string("shardlm-resume-token");
             md[n_md++].value = grpc_slice_from_copied_string(r->token);
             resume_from(r, from, sizeof from);
@@ -345,10 +362,15 @@ enum status client_call_run(struct client *c, const char *method, const Protobuf
         }
         grpc_metadata_array initial;
         grpc_metadata_array_init(&initial);
-        const int sent = call_send(&k, req, md, n_md, &initial);
+        int written = 0;
+        const int sent = call_send(&k, req, md, n_md, &initial, &written);
         for (size_t i = 0; i < n_md; i++) grpc_slice_unref(md[i].value);
         if (sent) {
-            if (r && !attempt) resume_token_from(r, &initial);
+            if (r && !reattach && (!r->token[0] || r->guessed)) {
+                r->token[0] = 0;
+                r->guessed = 0;
+                resume_token_from(r, &initial);
+            }
             ProtobufCMessage *m;
             while (call_recv(&k, resp_desc, &m, &bad_message)) {
                 n_msgs++;
@@ -368,10 +390,28 @@ enum status client_call_run(struct client *c, const char *method, const Protobuf
          * call made again (the server still sees our earlier call reading the request: its
          * dropped connection not noticed yet), while the caller wants it and within
          * resume_for_s of the first failure. */
-        const int again = code == GRPC_STATUS_UNAVAILABLE || (attempt && code == GRPC_STATUS_ABORTED);
+        int again = code == GRPC_STATUS_UNAVAILABLE || (reattach && code == GRPC_STATUS_ABORTED);
+        /* Cut after the request went out but before the server named a token: if it journaled
+         * the call, it did so under the request's own id (tried next); a reattach by that guess
+         * that finds nothing means the server never journaled it, and the request goes again
+         * as new. (Never sent, as to a server that is not up: no guess, the error at once.) */
+        if (r && !reattach && written && !r->token[0] && r->own_id[0] && code == GRPC_STATUS_UNAVAILABLE &&
+            n_msgs == 0) {
+            snprintf(r->token, sizeof r->token, "%s", r->own_id);
+            r->guessed = 1;
+        }
+        const int as_new = r && reattach && r->guessed && code == GRPC_STATUS_NOT_FOUND && n_msgs == 0;
+        if (r && reattach && r->guessed && code == GRPC_STATUS_INVALID_ARGUMENT && n_msgs == 0) {
+            /* A server without a journal refused the token: what failed is the first call. */
+            code = GRPC_STATUS_UNAVAILABLE;
+            st = status_errorf(STATUS_UNAVAILABLE, "%s: the connection to the server was lost", method);
+            break;
+        }
+        again |= as_new;
         const int cancelled = cb_cancelled || (cancel_flag && *cancel_flag) || code == GRPC_STATUS_CANCELLED;
         if (cancelled && r && r->token[0]) cancel_by_token(c, r->token);
         if (!r || !r->token[0] || !again || cancelled || bad_message) break;
+        reattach = !as_new;
         if (n_msgs > 0 || gpr_time_cmp(give_up, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0) /* from the last news */
             give_up = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                                    gpr_time_from_micros((int64_t)(c->resume_for_s * 1e6), GPR_TIMESPAN));

@@ -18,6 +18,8 @@
 #define CALL_POLL_MS         50
 #define MAX_RECEIVE_BYTES    (256 << 20) /* responses with many logprobs can be large */
 #define MAX_SAMPLES          1024        /* more than the API's n range; guards a bad index */
+#define RECONNECT_BACKOFF_MIN_MS 100     /* the channel's reconnect backoff, first and largest */
+#define RECONNECT_BACKOFF_MAX_MS 1000
 #define SERVICE              "/shardlm.v1.TextGeneration/"
 
 struct client_call;

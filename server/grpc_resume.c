@@ -122,12 +122,13 @@ enum status grpc_journal_accept(struct call *c, const uint8_t *data, size_t len,
     return STATUS_OK;
 }
 
-/* A FINISHED(cancelled) that the drain caused is not the request's end: not journaled, so that
- * a restart resumes it. */
+/* A FINISHED that the drain (cancelled) or the engine's failure (engine_event_is_failure)
+ * caused is not the request's end: not journaled, so that a restart resumes it. */
 static int drain_cut(struct server *s, const struct engine_event *ev, int cancelled)
 {
-    return ev->kind == ENGINE_EVENT_FINISHED && ev->finish == FINISH_REASON_CANCELLED && !cancelled &&
-           atomic_load(&s->phase) >= PHASE_DRAINING;
+    return (ev->kind == ENGINE_EVENT_FINISHED && ev->finish == FINISH_REASON_CANCELLED && !cancelled &&
+            atomic_load(&s->phase) >= PHASE_DRAINING) ||
+           engine_event_is_failure(ev->kind, ev->finish, ev->status);
 }
 
 void grpc_journal_event(struct call *c, const struct engine_event *ev)

@@ -181,10 +181,14 @@ void http_gen_on_event(void *ctx, const struct engine_event *ev)
     struct http_gen *g = r->g;
     pthread_mutex_lock(&g->mu);
     int last;
-    if (g->journaled && ev->kind == ENGINE_EVENT_FINISHED && ev->finish == FINISH_REASON_CANCELLED && !g->hangup &&
-        atomic_load(&g->s->phase) >= PHASE_DRAINING) {
-        /* Not this server's to finish: the restart resumes the sample, and its client, cut off
-         * without a last chunk, reconnects. */
+    if (g->journaled && (!g->hangup || g->drained) &&
+        ((ev->kind == ENGINE_EVENT_FINISHED && ev->finish == FINISH_REASON_CANCELLED &&
+          atomic_load(&g->s->phase) >= PHASE_DRAINING) ||
+         engine_event_is_failure(ev->kind, ev->finish, ev->status))) {
+        /* The drain's cut or the engine's failure: not this server's to finish. The restart
+         * resumes the sample, and its client, cut off without a last chunk, reconnects. (Once
+         * a sample was cut, the client's connection is cut too: the hangup that follows is
+         * ours, so the other samples' cuts are cuts as well, not a client's cancel.) */
         g->drained = 1;
         last = --g->active == 0;
     } else {

@@ -24,7 +24,10 @@ reach it through a TCP proxy): --journal-detach-grace keeps their requests for t
 --launcher / --serve-args: a server of several ranks (e.g. "mpirun -n 4", "--dp 2 --tp 2"), also for
 the reference; --kill-node NS: each kill is every process of network namespace NS (a node lost,
 tools/soak_multinode.sh), the job must end by itself within --job-timeout, and the seconds from
-the loss to the job's end and to the restarted job's readiness are printed.
+the loss to the job's end and to the restarted job's readiness are printed. --hang-rank: each
+kill is SIGSTOP to the job's rank 1 (a hung rank): rank 0 outlives it, notices within
+--rank-timeout and fails every running request (the engine's failure, which a journaled request
+must survive as it survives a kill), and the job ends by itself.
 A benchmark-style run (minutes), not a test: `ctest -R server_journal` (and server_journal_grpc)
 is the short version."""
 import argparse
@@ -32,6 +35,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,7 +140,7 @@ def start_workers(n, count, fn):
 
 
 recovery = []  # (seconds from a node's loss to the job's end, to the restarted job's readiness)
-outlived = []  # the losses after which the job did not end by itself within --job-timeout
+outlived = []  # the losses that failed: the job did not end by itself within --job-timeout, or (--hang-rank) nothing was open
 
 
 def print_recovery():
@@ -158,16 +162,26 @@ def kill_loop(a, srv, threads, restart, t0, proxy=None):
             print(f"cut {kills} at {time.time() - t0:.1f} s", flush=True)
             continue
         t_kill = time.time()
-        if a.kill_node:  # every process of that namespace: a node lost; the job ends by itself
-            pids = subprocess.run(["ip", "netns", "pids", a.kill_node], capture_output=True, text=True).stdout.split()
-            subprocess.run(["kill", "-9", *pids], capture_output=True)
+        if a.kill_node or a.hang_rank:  # a node lost, or a rank hung: the job ends by itself
+            if a.kill_node:  # every process of that namespace
+                pids = subprocess.run(["ip", "netns", "pids", a.kill_node], capture_output=True, text=True).stdout.split()
+                subprocess.run(["kill", "-9", *pids], capture_output=True)
+            hung = None if a.kill_node else rank_pid(srv.proc.pid, 1)
+            if hung:
+                os.kill(hung, signal.SIGSTOP)
+            elif not a.kill_node:
+                print("FAIL: no rank 1 to stop", flush=True)
+                outlived.append(kills + 1)
             try:
                 srv.proc.wait(timeout=a.job_timeout)
             except subprocess.TimeoutExpired:
-                print(f"FAIL: the job outlived the loss of node {a.kill_node} by {a.job_timeout} s", flush=True)
+                print(f"FAIL: the job outlived {'the loss of node ' + a.kill_node if a.kill_node else 'its hung rank 1'} "
+                      f"by {a.job_timeout} s", flush=True)
                 outlived.append(kills + 1)
                 srv.proc.kill()
                 srv.proc.wait(timeout=30)
+            if hung:  # (mpirun's SIGTERM does not reach a stopped process)
+                subprocess.run(["kill", "-9", str(hung)], capture_output=True)
         else:
             srv.proc.send_signal(signal.SIGKILL)
             srv.proc.wait(timeout=30)
@@ -178,15 +192,30 @@ def kill_loop(a, srv, threads, restart, t0, proxy=None):
         t_ready = time.time()
         resumed = [ln for ln in srv.log_path.read_text().splitlines() if "open request(s) to resume" in ln]
         what = resumed[-1].split(': ', 2)[-1] if resumed else '?'
-        if a.kill_node:
+        if a.hang_rank and (not what.split()[0].isdigit() or what.startswith("0 ")):
+            print("FAIL: nothing was open at the loss: the test did not test it", flush=True)
+            outlived.append(kills)
+        if a.kill_node or a.hang_rank:
             recovery.append((t_gone - t_kill, t_ready - t_kill))
-            print(f"node {a.kill_node} lost at {t_kill - t0:.1f} s: the job ended after {t_gone - t_kill:.1f} s, "
+            print(f"{'node ' + a.kill_node + ' lost' if a.kill_node else 'rank 1 hung'} at {t_kill - t0:.1f} s: the job ended after {t_gone - t_kill:.1f} s, "
                   f"the restarted job served after {t_ready - t_kill:.1f} s; {what}", flush=True)
         else:
             print(f"kill {kills} at {t_kill - t0:.1f} s: {what}", flush=True)
     for t in threads:
         t.join()
     return srv, kills
+
+
+def rank_pid(launcher_pid, rank):
+    """The pid of the given rank among the launcher's (mpirun's) children, or None."""
+    for child in subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split():
+        try:
+            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+            return int(child)
+    return None
 
 
 def run_all(port, reqs, concurrency, keyed):
@@ -323,9 +352,15 @@ def main():
     ap.add_argument("--serve-args", default="", help="more arguments of the soaked server's shardlm serve")
     ap.add_argument("--kill-node", default="", help="a network namespace (tools/soak_multinode.sh): each kill is every "
                     "process in it (a node lost) instead of SIGKILL to the server; the job must then end by itself")
-    ap.add_argument("--job-timeout", type=float, default=60, help="with --kill-node: how long the job may outlive the loss")
+    ap.add_argument("--hang-rank", action="store_true", help="with --launcher: each kill is SIGSTOP to rank 1 (a hung "
+                    "rank) instead; rank 0 fails the requests and the job must end by itself")
+    ap.add_argument("--job-timeout", type=float, default=60, help="with --kill-node or --hang-rank: how long the job may "
+                    "outlive the loss")
     a = ap.parse_args()
     LAYOUT["launcher"], LAYOUT["serve_args"] = shlex.split(a.launcher), shlex.split(a.serve_args)
+    if LAYOUT["launcher"] and not shutil.which(LAYOUT["launcher"][0]):
+        print(f"SKIP: no {LAYOUT['launcher'][0]}")
+        return 77
     assets = Path(os.environ.get("SHARDLM_ASSETS", ROOT.parent / "shared/assets"))
     work = Path(tempfile.mkdtemp(prefix="shardlm-soak-restart-"))
     try:

@@ -289,6 +289,14 @@ struct engine_event {
                                      parallelism (not carried from remote replicas) */
 };
 
+/* Whether ev tells of the engine's own failure (a rank gone or hung: FINISHED with
+ * FINISH_REASON_ERROR and STATUS_UNAVAILABLE, the only events with that status): the request
+ * is not at fault, and a journaling server leaves it open for its restart to resume. */
+static inline int engine_event_is_failure(enum engine_event_kind kind, enum finish_reason finish, enum status st)
+{
+    return kind == ENGINE_EVENT_FINISHED && finish == FINISH_REASON_ERROR && st == STATUS_UNAVAILABLE;
+}
+
 /* Called on the engine thread (with data parallelism: the thread of the replica serving the
  * request, rank 0's engine thread or its router thread, so different requests' events may
  * arrive concurrently; one request's events come from one thread, in order); must not block

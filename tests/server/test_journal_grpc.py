@@ -508,7 +508,9 @@ def group_client(shardlm, model, work, gguf=None):
         return
     model = gguf
     story = dict(max_tokens=120, temperature=1.0, top_p=0.95, seed=6, n=2)
-    unary_kw = dict(max_tokens=90, temperature=0.9, seed=10, n=2)
+    # The unary answer is the longer, so that it still runs at the second kill, which follows the
+    # stream's progress (it once ended first on a loaded machine: its client came back late).
+    unary_kw = dict(max_tokens=200, temperature=0.9, seed=10, n=2)
     with server(shardlm, model, "--journal", str(work / "journal-client-ref"), name="client-ref") as srv:
         with srv.client() as c:
             want = [(ch.index, ch.text, ch.token_ids) for ch in c.generate_stream(STORY, **story)]
@@ -567,20 +569,24 @@ def group_cclient(shardlm, model, work, gguf=None):
         print(f"SKIP cclient: no GGUF at {gguf!r} (tools/fetch_smollm2.sh)")
         return
     model = gguf
-    sampling = ["--max-tokens", "120", "--temperature", "1.0", "--top-p", "0.95", "--seed", "6"]
+    sampling = ["--temperature", "1.0", "--top-p", "0.95", "--seed", "6"]
 
     def complete(port, *extra):
         return subprocess.Popen([shardlm, "complete", "--server", f"127.0.0.1:{port}", "--prompt", STORY, *sampling,
                                  *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
+    # The unary completion is the longer, so that it still runs at the second kill, which follows
+    # the stream's progress (it once ended first on a loaded machine: its client came back late).
+    stream, unary = ["--stream", "--max-tokens", "120"], ["--max-tokens", "240"]
+
     port = TS.free_port()
     with server(shardlm, model, "--journal", str(work / "journal-cclient-ref"), "--listen", f"127.0.0.1:{port}",
                 name="cclient-ref"):
-        want = [p.communicate(timeout=300)[0] for p in (complete(port, "--stream"), complete(port, "--request-id", "cr-1"))]
+        want = [p.communicate(timeout=300)[0] for p in (complete(port, *stream), complete(port, *unary, "--request-id", "cr-1"))]
     port = TS.free_port()
     flags = ("--journal", str(work / "journal-cclient"), "--listen", f"127.0.0.1:{port}")
     srv = server(shardlm, model, *flags, name="cclient-0")
-    procs = [complete(port, "--stream"), complete(port, "--request-id", "cu-1")]
+    procs = [complete(port, *stream), complete(port, *unary, "--request-id", "cu-1")]
     out = [bytearray(), bytearray()]
 
     def read(i):

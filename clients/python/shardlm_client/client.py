@@ -247,22 +247,34 @@ def _token(call) -> Optional[str]:
         return None
 
 
+def _guess(e: grpc.RpcError, own_id: str) -> Optional[str]:
+    """A call cut (UNAVAILABLE) before the server named its token may still have been journaled,
+    under the request's own request_id: that id is worth a reattach, unless the call never
+    reached a server (gRPC's "failed to connect")."""
+    if not own_id or e.code() != grpc.StatusCode.UNAVAILABLE or "failed to connect" in (e.details() or ""):
+        return None
+    return own_id
+
+
 class Stream:
     """An iterator of Chunk; cancel() ends the call (the server frees the request). With reopen
     (a function of extra metadata giving a new call of the same request) and a resume token from
     the server, a call that fails with UNAVAILABLE is reattached for up to resume_for seconds."""
 
-    def __init__(self, call, reopen=None, n_samples: int = 1, resume_for: float = 0.0, cancel_id=None):
+    def __init__(self, call, reopen=None, n_samples: int = 1, resume_for: float = 0.0, cancel_id=None,
+                 own_id: str = ""):
         self._call, self._reopen, self._n, self._resume_for = call, reopen, n_samples, resume_for
-        self._cancel_id, self._token = cancel_id, None
+        self._cancel_id, self._token, self._own_id = cancel_id, None, own_id
         self._cancelled = False
 
     def __iter__(self) -> Iterator[Chunk]:
         token, counts, finals, give_up = None, [0] * self._n, [False] * self._n, None
+        guessed = reattached = False
         while True:
             try:
-                if token is None and self._reopen and self._resume_for > 0:
-                    token = self._token = _token(self._call)
+                if (token is None or guessed) and not reattached and self._reopen and self._resume_for > 0:
+                    token, guessed = _token(self._call), False
+                    self._token = token
                 for r in self._call:
                     give_up = None
                     if 0 <= r.index < self._n:
@@ -278,7 +290,14 @@ class Stream:
                 # UNAVAILABLE: the server or the connection went; ABORTED (a reattach only): the
                 # server still sees an earlier call of ours reading it (its dropped connection
                 # not noticed yet).
-                again = e.code() == grpc.StatusCode.UNAVAILABLE or (
+                # Cut before the server named a token: reattach by the request's own id (_guess);
+                # NOT_FOUND to that guess: never journaled, so the request goes again as new.
+                nothing = not any(counts) and not any(finals)
+                if token is None and not reattached and nothing and self._reopen and self._resume_for > 0:
+                    token = self._token = _guess(e, self._own_id)
+                    guessed = token is not None
+                as_new = guessed and reattached and nothing and e.code() == grpc.StatusCode.NOT_FOUND
+                again = as_new or e.code() == grpc.StatusCode.UNAVAILABLE or (
                     e.code() == grpc.StatusCode.ABORTED and give_up is not None)
                 if self._cancelled or not token or not again:
                     raise
@@ -286,8 +305,9 @@ class Stream:
                 if time.monotonic() > give_up:
                     raise
                 time.sleep(0.1)
-                md = [(RESUME_TOKEN, token)]
-                if any(counts) or any(finals):
+                reattached = not as_new
+                md = [(RESUME_TOKEN, token)] if reattached else []
+                if reattached and not nothing:
                     md.append((RESUME_FROM, ",".join(f"{c}{'!' if f else ''}" for c, f in zip(counts, finals))))
                 self._call = self._reopen(md)
 
@@ -311,7 +331,10 @@ class Client:
     def __init__(self, target: str = "127.0.0.1:50051", *, api_key: Optional[str] = None,
                  root_cert: Optional[bytes] = None, tls_server_name: Optional[str] = None,
                  timeout: Optional[float] = None, resume_for: float = 60.0):
-        options = [("grpc.max_receive_message_length", 64 << 20)]
+        # Reconnect within a second of the server coming back (gRPC's default backoff grows to
+        # 120 s): a journaled call reattaches to a restarted server while its request still runs.
+        options = [("grpc.max_receive_message_length", 64 << 20),
+                   ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
         if root_cert is not None:
@@ -374,19 +397,30 @@ class Client:
         try:
             return fut.result()
         except grpc.RpcError as e:
-            token = _token(fut) if e.code() == grpc.StatusCode.UNAVAILABLE and self.resume_for > 0 else None
+            if e.code() != grpc.StatusCode.UNAVAILABLE or self.resume_for <= 0:
+                raise
+            token = _token(fut)
+            guessed = token is None and _guess(e, req.request_id) is not None
+            if guessed:
+                token = req.request_id
             if not token:
                 raise
         give_up = time.monotonic() + self.resume_for
         kw = self._kw(timeout)
-        kw["metadata"] = list(kw["metadata"]) + [(RESUME_TOKEN, token)]
+        with_token = dict(kw, metadata=list(kw["metadata"]) + [(RESUME_TOKEN, token)])
+        reattach = True
         while True:
             time.sleep(0.1)
             try:
-                return method(req, **kw)
+                return method(req, **(with_token if reattach else kw))
             except grpc.RpcError as e:  # ABORTED: our earlier call still reads it (Stream.__iter__)
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED) or time.monotonic() > give_up:
+                # NOT_FOUND to a guessed token: never journaled (cut before), so again as new;
+                # cut again before its token, the guess is tried again.
+                as_new = guessed and reattach and e.code() == grpc.StatusCode.NOT_FOUND
+                if time.monotonic() > give_up or not (
+                        as_new or e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED)):
                     raise
+                reattach = not as_new
 
     def _stream(self, method, req, timeout) -> Stream:
         kw = self._kw(timeout)
@@ -395,7 +429,7 @@ class Client:
             return method(req, **dict(kw, metadata=list(kw["metadata"]) + md))
 
         return Stream(method(req, **kw), reopen, max(req.sampling.n, 1), self.resume_for,
-                      lambda rid: self.cancel(rid, timeout=5))
+                      lambda rid: self.cancel(rid, timeout=5), req.request_id)
 
     def generate(self, prompt: Optional[str] = None, *, timeout: Optional[float] = None, **kw) -> Generation:
         return self._generation(self._unary(self.stub.Generate, self.generate_request(prompt, **kw), timeout))
