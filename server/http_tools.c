@@ -178,28 +178,34 @@ static cJSON *chosen_tools(const cJSON *tools, const char *only)
     return list;
 }
 
-/* Sets q's constraint to the JSON Schema of schema (deleted here); lazy when trigger is not
- * NULL: the schema applies once the output holds the trigger (engine.h constraint_trigger_len). */
-static enum status set_schema(struct http_request *q, cJSON *schema, const char *trigger)
+/* Sets q's constraint to the source text (kind; freed here); lazy when trigger is not NULL: the
+ * constraint applies once the output holds the trigger (engine.h constraint_trigger_len). */
+static enum status set_constraint(struct http_request *q, enum constraint_kind kind, char *text, const char *trigger)
 {
-    char *json = schema ? cJSON_PrintUnformatted(schema) : NULL;
-    cJSON_Delete(schema);
-    size_t t = trigger ? strlen(trigger) : 0, n = json ? strlen(json) : 0;
-    char *src = json ? malloc(t + n + 1) : NULL;
+    size_t t = trigger ? strlen(trigger) : 0, n = text ? strlen(text) : 0;
+    char *src = text ? malloc(t + n + 1) : NULL;
     if (src) {
         memcpy(src, trigger ? trigger : "", t);
-        memcpy(src + t, json, n + 1);
+        memcpy(src + t, text, n + 1);
     }
-    free(json);
+    free(text);
     if (!src) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     struct gen_request *r = &q->r;
     r->constraint = src;
     r->constraint_len = t + n;
-    r->params.constraint_kind = CONSTRAINT_JSON_SCHEMA;
+    r->params.constraint_kind = kind;
     r->params.constraint = src;
     r->params.constraint_len = r->constraint_len;
     r->params.constraint_trigger_len = t;
     return STATUS_OK;
+}
+
+/* set_constraint with the JSON Schema of schema (deleted here). */
+static enum status set_schema(struct http_request *q, cJSON *schema, const char *trigger)
+{
+    char *json = schema ? cJSON_PrintUnformatted(schema) : NULL;
+    cJSON_Delete(schema);
+    return set_constraint(q, CONSTRAINT_JSON_SCHEMA, json, trigger);
 }
 
 /* Tools in the model's own format: the template renders them; a required call is opened in the
@@ -214,7 +220,9 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
     cJSON *list = chosen_tools(tools, only);
     enum status st = list ? http_tools_context(o, list, caps, q) : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     cJSON_Delete(list);
-    if (f == TOOL_FORMAT_GLM) { /* auto only (http_tools_parse): parsed, free */
+    if (f == TOOL_FORMAT_GLM) { /* auto: parsed, free; required or named: its grammar from the first byte */
+        if (st == STATUS_OK && required)
+            st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(tools, only, parallel), NULL);
     } else if (st == STATUS_OK && required && caps->reasoning && *tool_format_call_prefix(f)) {
         /* A reasoning template: the model may think first, so the marker is the grammar's to
          * write (its schema's prefix), not the prompt's; generation.c (constrain_around_think)
@@ -301,8 +309,8 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.strict' must be a boolean", i);
         if (cJSON_IsTrue(strict) && caps && caps->jinja && caps->tool_format == TOOL_FORMAT_GLM)
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.strict': true needs calls constrained to "
-                                 "the schema, which this model's tool format (GLM-4.5's <arg_key> / <arg_value> pairs) "
-                                 "does not have yet", i);
+                                 "the whole schema; this model's tool format (GLM-4.5's <arg_key> / <arg_value> pairs) "
+                                 "is constrained to the declared names, keys and value types only", i);
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
         if (!cJSON_IsString(name) || !valid_name(name->valuestring))
@@ -341,11 +349,6 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
         return status_errorf(STATUS_INVALID_ARGUMENT, "'tools' with a structured output (response_format, "
                              "structured_outputs, guided_*) is not supported: the tool format is itself one");
     int parallel = par ? cJSON_IsTrue(par) : 1;
-    if (caps && caps->jinja && caps->tool_format == TOOL_FORMAT_GLM && (required || only))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "'tool_choice': this model's chat template calls tools in "
-                             "GLM-4.5's format (<tool_call>NAME with <arg_key> / <arg_value> pairs), whose calls "
-                             "shardlm parses but cannot constrain yet, so a required or named call is not supported; "
-                             "use tool_choice auto");
     if (caps && caps->jinja && caps->tool_format != TOOL_FORMAT_GENERIC)
         return native_tools(o, tools, only, required, parallel, caps, q);
     cJSON *schema = reply_schema(tools, only, required, parallel);

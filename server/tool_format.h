@@ -22,8 +22,9 @@
  *   GLM      <tool_call>NAME\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>...</tool_call> (GLM-4.5 /
  *            4.6: "<arg_key>", looked for before Hermes' "<tool_call>"): calls parsed into JSON
  *            arguments (server/tool_glm.c; a value that is whole JSON is that JSON, anything else a
- *            string), each visible once its </tool_call> is read; not constrained, so a required or
- *            named tool_choice is refused by name (http_tools.c)
+ *            string), each visible once its </tool_call> is read; a required or named
+ *            tool_choice is held to a GBNF grammar of the declared calls (http_tools_glm.c), auto
+ *            is free
  * A template that never reads `tools` gets GENERIC whatever it holds.
  *
  * Reasoning: with `reasoning` on (enum tool_reasoning: the markers), a reply that opens with the
@@ -56,7 +57,7 @@ enum tool_format {
     TOOL_FORMAT_LLAMA3,
     TOOL_FORMAT_PHI4,
     TOOL_FORMAT_HARMONY,
-    TOOL_FORMAT_GLM, /* parsed (tool_glm.c), not constrained: tool_choice auto only (http_tools.c) */
+    TOOL_FORMAT_GLM, /* parsed (tool_glm.c); required / named: a GBNF grammar (http_tools_glm.c) */
 };
 
 /* The format a template's source (NUL-terminated) asks for; GENERIC when it has no tools. */

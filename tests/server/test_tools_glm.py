@@ -10,8 +10,11 @@ GLM-4.6's published chat template (tests/data/chat_templates/zai-org-GLM-4.6.jin
   rendering, parsed by shardlm's GLM parser (test_tool_stream --parse-glm), gives back the same
   calls: the same names, arguments equal as JSON.
 - /v1/chat/completions (the official `openai` package): `tools` with tool_choice auto is accepted
-  (the calls are parsed, not constrained); `required`, a named function and a tool's `strict: true`
-  are 400s naming GLM's format (the grammar-first constraint is not built for it); without `tools` the chat is answered
+  (the calls are parsed, not constrained); `required` and a named function are constrained by GLM's
+  grammar (server/http_tools_glm.c): sampled replies of the random model, with and without
+  parallel_tool_calls, are calls that parse, of the declared (named) function, with its declared
+  keys and value types; a tool's `strict: true` is a 400 naming GLM's format (nested schemas are
+  not enforced); without `tools` the chat is answered
   (prompt_tokens equal to the prompt jinja2 renders, encoded by the `sentencepiece` package), and
   its greedy reply equals /v1/completions' for the same ids.
 SKIP (77) without openai, jinja2, sentencepiece or the shared assets.
@@ -84,6 +87,81 @@ def round_trip(template, tool_stream, work):
         check(ok, "rendered by GLM-4.6's template and parsed back: %s -> %s" % (json.dumps(calls)[:90], back))
 
 
+# Tools whose values the grammar keeps short (numbers, booleans, enums): a random model's free
+# text could run to max_tokens before it closes a string value.
+TYPED = [{"type": "function", "function": {"name": "add", "parameters": {
+             "type": "object", "properties": {"a": {"type": "integer", "enum": [1, 20, -3]},
+                                              "b": {"enum": [0.5, "half", None, True]},
+                                              "exact": {"type": "boolean"}}, "required": ["a", "b"]}}},
+         {"type": "function", "function": {"name": "set_unit", "parameters": {
+             "type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}, "none": {"type": "null"}},
+             "required": ["unit"]}}},
+         {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def conforms(call, tools):
+    """Whether a parsed call names one of tools, with only its declared keys, every required one,
+    each value of its declared type (what the grammar promises)."""
+    fn = next((t["function"] for t in tools if t["function"]["name"] == call.function.name), None)
+    if fn is None:
+        return False
+    args = json.loads(call.function.arguments)
+    props, req = fn["parameters"].get("properties", {}), fn["parameters"].get("required", [])
+    kinds = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+             "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+             "boolean": lambda v: isinstance(v, bool), "null": lambda v: v is None}
+    for k, v in args.items():
+        if k not in props:
+            return False
+        p = props[k]
+        if "enum" in p and not any(v == e and type(v) is type(e) for e in p["enum"]) or \
+                "type" in p and not kinds[p["type"]](v):
+            return False
+    return all(k in args for k in req)
+
+
+def grammar_first(c, msgs):
+    """tool_choice required and a named function under GLM's grammar (server/http_tools_glm.c):
+    every reply is calls that parse, each of a declared function (the named one) with its
+    declared keys and value types; one call without parallel_tool_calls."""
+    for choice, parallel in (("required", True), ("required", False),
+                             ({"type": "function", "function": {"name": "add"}}, True),
+                             ({"type": "function", "function": {"name": "set_unit"}}, False)):
+        named = choice["function"]["name"] if isinstance(choice, dict) else None
+        bad, finishes, calls = [], [], 0
+        for seed in range(6):
+            r = c.chat.completions.create(model="glm", messages=msgs, tools=TYPED, tool_choice=choice,
+                                          parallel_tool_calls=parallel, max_tokens=600, temperature=1.0, seed=seed)
+            ch = r.choices[0]
+            finishes.append(ch.finish_reason)
+            tcs = ch.message.tool_calls or []
+            calls += len(tcs)
+            if (ch.finish_reason != "tool_calls" or not tcs or (not parallel and len(tcs) != 1)
+                    or any(not conforms(t, TYPED) or (named and t.function.name != named) for t in tcs)):
+                bad.append((seed, ch.finish_reason, [(t.function.name, t.function.arguments) for t in tcs],
+                            (ch.message.content or "")[:80]))
+        check(not bad, "tool_choice %s, parallel %s: 6 sampled replies, each calls (%d) of %s with the declared keys "
+              "and value types (finish %s)%s" % (json.dumps(choice)[:50], parallel, calls, named or "the declared tools",
+                                                 finishes, "" if not bad else f": {bad[:2]}"))
+    # Unbounded integers and numbers (a random model may write digits to max_tokens: only the
+    # replies that end are checked, and most must end).
+    num = [{"type": "function", "function": {"name": "count", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}, "x": {"type": "number"}}, "required": ["n", "x"]}}}]
+    ended, bad = 0, []
+    for seed in range(8):
+        r = c.chat.completions.create(model="glm", messages=msgs, tools=num, tool_choice="required",
+                                      parallel_tool_calls=False, max_tokens=400, temperature=1.0, seed=seed)
+        ch = r.choices[0]
+        if ch.finish_reason == "length":
+            continue
+        ended += 1
+        tcs = ch.message.tool_calls or []
+        if ch.finish_reason != "tool_calls" or len(tcs) != 1 or not conforms(tcs[0], num):
+            bad.append((seed, ch.finish_reason, [(t.function.name, t.function.arguments) for t in tcs]))
+    check(ended >= 4 and not bad, "integer and number values: %d of 8 replies ended, each one call with an integer n "
+          "and a number x%s" % (ended, "" if not bad else f": {bad[:2]}"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -121,13 +199,7 @@ def main():
                 check(False, "strict: true on GLM's format is refused")
             except openai.BadRequestError as e:
                 check("strict" in str(e) and "GLM-4.5's" in str(e), "strict: true is a 400 (no constraint): %s" % str(e)[:100])
-            for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-                try:
-                    c.chat.completions.create(model="glm", messages=msgs, tools=TOOLS, tool_choice=choice, max_tokens=8)
-                    check(False, "tool_choice %s on GLM's format is refused" % json.dumps(choice))
-                except openai.BadRequestError as e:
-                    check("GLM-4.5's format" in str(e) and "tool_choice auto" in str(e),
-                          "tool_choice %s is a 400 naming GLM's format: %s" % (json.dumps(choice)[:40], str(e)[:120]))
+            grammar_first(c, msgs)
             r = c.chat.completions.create(model="glm", messages=msgs, max_tokens=8, temperature=0)
             check(r.usage.completion_tokens == 8 and r.usage.prompt_tokens == want_prompt,
                   "without tools: 8 tokens after a prompt of %d tokens (jinja2 + sentencepiece: %d)"

@@ -1,0 +1,132 @@
+/* server/http_tools_glm.c - the grammar of GLM-4.5's tool calls (tool_format.h TOOL_FORMAT_GLM),
+ * for tool_choice required or a named function (http_tools.c): a GBNF grammar (engine/grammar,
+ * llama.cpp's syntax) of the reply
+ *
+ *   [<think>...</think>] [\n] <tool_call>NAME\n(<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n)*</tool_call>
+ *
+ * with one call, or (parallel_tool_calls) one or more. NAME is one of the declared tools (the
+ * named one only); the keys are the function's declared properties, in their declared order,
+ * each required one present, each optional one at most once (a function without properties
+ * takes none; additionalProperties is not read). A value is lexically of its property's type:
+ * an integer, a number, true / false or null as JSON writes them, an enum of scalars one of its
+ * values (a string as it is, the others as JSON); a string, object, array or an untyped value is any text without "</" (the template
+ * writes a string as it is, other values as JSON; the parser, tool_glm.c, reads back a value that
+ * is whole JSON as that JSON). So every call parses, to a declared function with its declared
+ * keys; nested schemas, patterns and bounds are not enforced (a tool's `strict: true` is refused
+ * for this format: http_tools.c). The reasoning text, like a string value, has no "</".
+ * Tests: tests/server/test_tools_glm.py (required and named replies of a random GLM model, every
+ * one a call that parses to the declared function and keys, through the `openai` package). */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http_internal.h"
+
+struct gbnf {
+    char  *p;
+    size_t len, cap;
+};
+
+static void put(struct gbnf *g, const char *s) { http_buf_append(&g->p, &g->len, &g->cap, s, strlen(s)); }
+
+/* s as a GBNF literal: quoted, with ", \ and the bytes outside printable ASCII as \xHH. */
+static void put_lit(struct gbnf *g, const char *s)
+{
+    put(g, "\"");
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        char b[8];
+        if (*c == '"' || *c == '\\' || *c < 0x20 || *c >= 0x7f) snprintf(b, sizeof b, "\\x%02X", *c);
+        else b[0] = (char)*c, b[1] = 0;
+        put(g, b);
+    }
+    put(g, "\"");
+}
+
+/* The value rule of a property's schema (a rule name of the shared ones, or an enum of strings
+ * written in place). */
+static void put_value(struct gbnf *g, const cJSON *schema)
+{
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(schema, "type");
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(schema, "enum");
+    int scalars = cJSON_IsArray(en) && cJSON_GetArraySize(en) > 0;
+    for (const cJSON *v = scalars ? en->child : NULL; v; v = v->next)
+        scalars &= (cJSON_IsString(v) && !strstr(v->valuestring, "</")) || cJSON_IsNumber(v) || cJSON_IsBool(v) ||
+                   cJSON_IsNull(v);
+    if (scalars) { /* each as the template writes it: a string as it is, the rest as JSON */
+        put(g, "(");
+        for (const cJSON *v = en->child; v; v = v->next) {
+            char *json = cJSON_IsString(v) ? NULL : cJSON_PrintUnformatted(v);
+            if (v != en->child) put(g, " | ");
+            put_lit(g, json ? json : v->valuestring);
+            free(json);
+        }
+        put(g, ")");
+        return;
+    }
+    const char *t = cJSON_IsString(type) ? type->valuestring : "";
+    put(g, !strcmp(t, "integer") ? "int" : !strcmp(t, "number") ? "num" : !strcmp(t, "boolean") ? "bool"
+           : !strcmp(t, "null") ? "\"null\"" : "text");
+}
+
+static int is_required(const cJSON *required, const char *key)
+{
+    for (const cJSON *r = cJSON_IsArray(required) ? required->child : NULL; r; r = r->next)
+        if (cJSON_IsString(r) && !strcmp(r->valuestring, key)) return 1;
+    return 0;
+}
+
+/* The rule of function k's call body: its name, then its arguments. */
+static void put_call(struct gbnf *g, const cJSON *fn, int k)
+{
+    char rule[32];
+    snprintf(rule, sizeof rule, "call%d ::= ", k);
+    put(g, rule);
+    put_lit(g, cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring);
+    put(g, " \"\\n\"");
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(params, "properties");
+    const cJSON *required = cJSON_GetObjectItemCaseSensitive(params, "required");
+    if (!cJSON_IsObject(props) || !props->child) {
+        put(g, "\n"); /* no declared keys: no arguments */
+        return;
+    }
+    for (const cJSON *p = props->child; p; p = p->next) {
+        put(g, " (\"<arg_key>\" ");
+        put_lit(g, p->string);
+        put(g, " \"</arg_key>\\n<arg_value>\" ");
+        put_value(g, p);
+        put(g, " \"</arg_value>\\n\")");
+        if (!is_required(required, p->string)) put(g, "?");
+    }
+    put(g, "\n");
+}
+
+char *http_tools_glm_grammar(const cJSON *tools, const char *only, int parallel)
+{
+    struct gbnf g = {0};
+    put(&g, "root ::= (\"<think>\" text \"</think>\")? \"\\n\"? call");
+    put(&g, parallel ? " (\"\\n\"? call)*\n" : "\n");
+    put(&g, "call ::= \"<tool_call>\" (");
+    int k = 0;
+    for (const cJSON *t = tools->child; t; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
+        char ref[24];
+        snprintf(ref, sizeof ref, "%scall%d", k ? " | " : "", k);
+        put(&g, ref);
+        k++;
+    }
+    put(&g, ") \"</tool_call>\"\n");
+    k = 0;
+    for (const cJSON *t = tools->child; t; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
+        put_call(&g, fn, k++);
+    }
+    put(&g, "text ::= ([^<] | \"<\" [^/])*\n"
+            "int ::= \"-\"? (\"0\" | [1-9] [0-9]*)\n"
+            "num ::= int (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n"
+            "bool ::= \"true\" | \"false\"\n");
+    return g.p; /* (http_buf_append stops the process when out of memory) */
+}
