@@ -105,8 +105,9 @@ struct http_parse_stream {
 struct cJSON;
 enum status http_tools_parse(const struct cJSON *o, const struct http_chat_caps *caps, struct http_request *q);
 /* http_tools_glm.c: the GBNF grammar of a reply of GLM-4.5 tool calls to tools (only: that
- * function alone; parallel: one call or more, else one), malloc'd. */
-char *http_tools_glm_grammar(const struct cJSON *tools, const char *only, int parallel);
+ * function alone; parallel: one call or more, else one; lazy: of what follows the first call's
+ * <tool_call>), malloc'd. */
+char *http_tools_glm_grammar(const struct cJSON *tools, const char *only, int parallel, int lazy);
 /* With a Jinja template: r->chat_context from o's messages (as sent, when the template's own
  * tool format is used), the tools of the request (NULL: none) and chat_template_kwargs. */
 enum status http_tools_context(const struct cJSON *o, const struct cJSON *tools, const struct http_chat_caps *caps,

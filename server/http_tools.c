@@ -212,7 +212,8 @@ static enum status set_schema(struct http_request *q, cJSON *schema, const char 
  * prompt and constrained; an optional one (auto) is constrained from its opening marker on (a
  * lazy grammar: the output is free until the model writes the marker; in the llama3 format,
  * whose call is the whole reply, when the reply opens with `{`), the marker watched for only
- * after a reasoning template's </think>. */
+ * after a reasoning template's </think>. GLM's calls are not JSON: a GBNF grammar of them
+ * (http_tools_glm.c), from the first byte when a call is required (its own optional <think>). */
 static enum status native_tools(const cJSON *o, const cJSON *tools, const char *only, int required, int parallel,
                                 const struct http_chat_caps *caps, struct http_request *q)
 {
@@ -220,9 +221,8 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
     cJSON *list = chosen_tools(tools, only);
     enum status st = list ? http_tools_context(o, list, caps, q) : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     cJSON_Delete(list);
-    if (f == TOOL_FORMAT_GLM) { /* auto: parsed, free; required or named: its grammar from the first byte */
-        if (st == STATUS_OK && required)
-            st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(tools, only, parallel), NULL);
+    if (f == TOOL_FORMAT_GLM && st == STATUS_OK && required) { /* GBNF (not JSON): its grammar from the first byte */
+        st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(tools, only, parallel, 0), NULL);
     } else if (st == STATUS_OK && required && caps->reasoning && *tool_format_call_prefix(f)) {
         /* A reasoning template: the model may think first, so the marker is the grammar's to
          * write (its schema's prefix), not the prompt's; generation.c (constrain_around_think)
@@ -243,7 +243,9 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
                     (f == TOOL_FORMAT_LLAMA3 ? TRIGGER_ANCHORED : 0);
         snprintf(trigger, sizeof trigger, "%s%s", flags ? (char[]){(char)flags, 0} : "",
                  f == TOOL_FORMAT_LLAMA3 ? "{" : tool_format_call_marker(f));
-        st = set_schema(q, native_schema(f, tools, only, required, parallel), trigger);
+        if (f == TOOL_FORMAT_GLM)
+            st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(tools, only, parallel, 1), trigger);
+        else st = set_schema(q, native_schema(f, tools, only, required, parallel), trigger);
     }
     q->tools = 1;
     q->tool_format = (int)f;

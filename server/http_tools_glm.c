@@ -1,21 +1,25 @@
 /* server/http_tools_glm.c - the grammar of GLM-4.5's tool calls (tool_format.h TOOL_FORMAT_GLM),
- * for tool_choice required or a named function (http_tools.c): a GBNF grammar (engine/grammar,
- * llama.cpp's syntax) of the reply
+ * for tool_choice required or a named function, and lazily for auto (http_tools.c): a GBNF
+ * grammar (engine/grammar, llama.cpp's syntax) of the reply
  *
- *   [<think>...</think>] [\n] <tool_call>NAME\n(<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n)*</tool_call>
+ *   [\n] [<think>...</think>] [\n] <tool_call>NAME\n(<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n)*</tool_call>
  *
- * with one call, or (parallel_tool_calls) one or more. NAME is one of the declared tools (the
- * named one only); the keys are the function's declared properties, in their declared order,
- * each required one present, each optional one at most once (a function without properties
- * takes none; additionalProperties is not read). A value is lexically of its property's type:
- * an integer, a number, true / false or null as JSON writes them, an enum of scalars one of its
- * values (a string as it is, the others as JSON); a string, object, array or an untyped value is any text without "</" (the template
- * writes a string as it is, other values as JSON; the parser, tool_glm.c, reads back a value that
- * is whole JSON as that JSON). So every call parses, to a declared function with its declared
- * keys; nested schemas, patterns and bounds are not enforced (a tool's `strict: true` is refused
- * for this format: http_tools.c). The reasoning text, like a string value, has no "</".
- * Tests: tests/server/test_tools_glm.py (required and named replies of a random GLM model, every
- * one a call that parses to the declared function and keys, through the `openai` package). */
+ * with one call, or (parallel_tool_calls) one or more; lazy (tool_choice auto), the grammar of
+ * what follows the first <tool_call> (the trigger: the text before it is free). NAME is one of
+ * the declared tools (the named one only); the keys are the function's declared properties, in
+ * their declared order, each required one present, each optional one at most once (a function
+ * without properties takes none; additionalProperties is not read). A value is lexically of its
+ * property's type: an integer, a number, true / false or null as JSON writes them, an enum of
+ * scalars one of its values (a string as it is, the others as JSON); a string, object, array or
+ * an untyped value is any text without "</arg_value>" (the template writes a string as it is,
+ * other values as JSON; the parser, tool_glm.c, reads back a value that is whole JSON as that
+ * JSON, and ends a value at the first "</arg_value>"). The reasoning is any text without
+ * "</think>". So every call parses, to a declared function with its declared keys; nested
+ * schemas, patterns and bounds are not enforced (a tool's `strict: true` is refused for this
+ * format: http_tools.c).
+ * Tests: tests/server/test_tools_glm.py (the template's own renderings in jinja2, and mutations of
+ * them, decided by the grammar engine; required and named replies of a random GLM model, every one
+ * calls of the declared function with its keys and value types, through the `openai` package). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +47,27 @@ static void put_lit(struct gbnf *g, const char *s)
     put(g, "\"");
 }
 
+/* Rules name0 .. name(n-1) of the texts that do not hold lit (whose only '<' is its first byte),
+ * name0 the start: state k has read lit's first k bytes last; each rule may end (the text may
+ * stop anywhere: lit follows it in the grammar, and its first occurrence ends the text, as the
+ * parser reads it). Runs of other bytes repeat within a rule; a rule calls the next only at a
+ * byte of lit, so the nesting grows with the text's '<' only. */
+static void put_until(struct gbnf *g, const char *name, const char *lit)
+{
+    const size_t n = strlen(lit);
+    char line[160];
+    snprintf(line, sizeof line, "%s0 ::= [^<]* (\"<\" %s1)?\n", name, name);
+    put(g, line);
+    for (size_t k = 1; k < n; k++) {
+        const char c = lit[k];
+        if (k + 1 < n)
+            snprintf(line, sizeof line, "%s%zu ::= (\"%c\" %s%zu | \"<\" %s1 | [^<%c] %s0)?\n", name, k, c, name, k + 1,
+                     name, c, name);
+        else snprintf(line, sizeof line, "%s%zu ::= (\"<\" %s1 | [^<%c] %s0)?\n", name, k, name, c, name);
+        put(g, line);
+    }
+}
+
 /* The value rule of a property's schema (a rule name of the shared ones, or an enum of strings
  * written in place). */
 static void put_value(struct gbnf *g, const cJSON *schema)
@@ -51,7 +76,7 @@ static void put_value(struct gbnf *g, const cJSON *schema)
     const cJSON *en = cJSON_GetObjectItemCaseSensitive(schema, "enum");
     int scalars = cJSON_IsArray(en) && cJSON_GetArraySize(en) > 0;
     for (const cJSON *v = scalars ? en->child : NULL; v; v = v->next)
-        scalars &= (cJSON_IsString(v) && !strstr(v->valuestring, "</")) || cJSON_IsNumber(v) || cJSON_IsBool(v) ||
+        scalars &= (cJSON_IsString(v) && !strstr(v->valuestring, "</arg_value>")) || cJSON_IsNumber(v) || cJSON_IsBool(v) ||
                    cJSON_IsNull(v);
     if (scalars) { /* each as the template writes it: a string as it is, the rest as JSON */
         put(g, "(");
@@ -66,7 +91,7 @@ static void put_value(struct gbnf *g, const cJSON *schema)
     }
     const char *t = cJSON_IsString(type) ? type->valuestring : "";
     put(g, !strcmp(t, "integer") ? "int" : !strcmp(t, "number") ? "num" : !strcmp(t, "boolean") ? "bool"
-           : !strcmp(t, "null") ? "\"null\"" : "text");
+           : !strcmp(t, "null") ? "\"null\"" : "value0");
 }
 
 static int is_required(const cJSON *required, const char *key)
@@ -102,12 +127,13 @@ static void put_call(struct gbnf *g, const cJSON *fn, int k)
     put(g, "\n");
 }
 
-char *http_tools_glm_grammar(const cJSON *tools, const char *only, int parallel)
+char *http_tools_glm_grammar(const cJSON *tools, const char *only, int parallel, int lazy)
 {
     struct gbnf g = {0};
-    put(&g, "root ::= (\"<think>\" text \"</think>\")? \"\\n\"? call");
-    put(&g, parallel ? " (\"\\n\"? call)*\n" : "\n");
-    put(&g, "call ::= \"<tool_call>\" (");
+    put(&g, lazy ? "root ::= body"
+                 : "root ::= \"\\n\"? (\"<think>\" think0 \"</think>\")? \"\\n\"? \"<tool_call>\" body");
+    put(&g, parallel ? " (\"\\n\"? \"<tool_call>\" body)*\n" : "\n");
+    put(&g, "body ::= (");
     int k = 0;
     for (const cJSON *t = tools->child; t; t = t->next) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
@@ -124,8 +150,9 @@ char *http_tools_glm_grammar(const cJSON *tools, const char *only, int parallel)
         if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
         put_call(&g, fn, k++);
     }
-    put(&g, "text ::= ([^<] | \"<\" [^/])*\n"
-            "int ::= \"-\"? (\"0\" | [1-9] [0-9]*)\n"
+    put_until(&g, "value", "</arg_value>");
+    if (!lazy) put_until(&g, "think", "</think>");
+    put(&g, "int ::= \"-\"? (\"0\" | [1-9] [0-9]*)\n"
             "num ::= int (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n"
             "bool ::= \"true\" | \"false\"\n");
     return g.p; /* (http_buf_append stops the process when out of memory) */

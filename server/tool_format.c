@@ -69,6 +69,7 @@ const char *tool_format_call_marker(enum tool_format f)
     case TOOL_FORMAT_MISTRAL: return "[TOOL_CALLS]";
     case TOOL_FORMAT_PHI4: return "<|tool_call|>";
     case TOOL_FORMAT_HARMONY: return HARMONY_CALL_MARKER;
+    case TOOL_FORMAT_GLM: return "<tool_call>";
     default: return NULL;
     }
 }

@@ -15,7 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "base.h"
+#include "http_internal.h"
 #include "tool_format.h"
 #include "tool_json.h"
 #include "tool_parse_ref.h"
@@ -613,9 +616,24 @@ static int parse_glm_file(const char *path)
     return 0;
 }
 
+/* --glm-grammar TOOLS_JSON ONLY PARALLEL LAZY: the GBNF grammar server/http_tools_glm.c makes of
+ * the tools (a JSON list as the API takes it; ONLY "" for none) on stdout (test_tools_glm.py
+ * checks the template's own renderings against it with test_grammar). */
+static int glm_grammar(const char *tools_json, const char *only, int parallel, int lazy)
+{
+    cJSON *tools = cJSON_Parse(tools_json);
+    CHECK(cJSON_IsArray(tools), "--glm-grammar: the tools are not a JSON list");
+    char *g = http_tools_glm_grammar(tools, only[0] ? only : NULL, parallel, lazy);
+    fputs(g, stdout);
+    free(g);
+    cJSON_Delete(tools);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 2 && !strcmp(argv[1], "--parse-glm")) return parse_glm_file(argv[2]);
+    if (argc > 5 && !strcmp(argv[1], "--glm-grammar")) return glm_grammar(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
     static const char *const cases[] = {
         "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call> done",
         "<tool_call>{\"arguments\": {\"a\": [1, 2]}, \"name\": \"f\"}</tool_call><tool_call>{\"name\": \"g\"}</tool_call>",

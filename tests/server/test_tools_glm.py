@@ -9,9 +9,12 @@ GLM-4.6's published chat template (tests/data/chat_templates/zai-org-GLM-4.6.jin
   parallel calls) rendered by Python jinja2 with GLM-4.6's template; the reply part of each
   rendering, parsed by shardlm's GLM parser (test_tool_stream --parse-glm), gives back the same
   calls: the same names, arguments equal as JSON.
+- The grammar (server/http_tools_glm.c, printed by test_tool_stream --glm-grammar, decided by the
+  grammar engine through test_grammar check): the template's own renderings complete, mutations
+  of them not (grammar_oracle).
 - /v1/chat/completions (the official `openai` package): `tools` with tool_choice auto is accepted
-  (the calls are parsed, not constrained); `required` and a named function are constrained by GLM's
-  grammar (server/http_tools_glm.c): sampled replies of the random model, with and without
+  (the calls are held to the grammar from `<tool_call>` on); `required` and a named function are
+  constrained by it from the first byte: sampled replies of the random model, with and without
   parallel_tool_calls, are calls that parse, of the declared (named) function, with its declared
   keys and value types; a tool's `strict: true` is a 400 naming GLM's format (nested schemas are
   not enforced); without `tools` the chat is answered
@@ -20,6 +23,7 @@ GLM-4.6's published chat template (tests/data/chat_templates/zai-org-GLM-4.6.jin
 SKIP (77) without openai, jinja2, sentencepiece or the shared assets.
 
   test_tools_glm.py --shardlm BUILD/cli/shardlm --tool-stream BUILD/tests/test_tool_stream
+                    --test-grammar BUILD/tests/test_grammar
 """
 import argparse
 import json
@@ -87,6 +91,79 @@ def round_trip(template, tool_stream, work):
         check(ok, "rendered by GLM-4.6's template and parsed back: %s -> %s" % (json.dumps(calls)[:90], back))
 
 
+# The CALLS' functions declared with types (arrays and objects are free text to the grammar).
+DECLARED = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": p,
+                                                                         "required": r}}} for n, p, r in [
+    ("get_weather", {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}, ["city"]),
+    ("search", {"query": {"type": "string"}, "limit": {"type": "integer"}, "exact": {"type": "boolean"},
+                "filters": {"type": "null"}}, ["query"]),
+    ("plan", {"steps": {"type": "array"}, "meta": {"type": "object"}}, []),
+    ("a", {"x": {"type": "number"}}, ["x"]), ("b", {"y": {"type": "string"}}, []), ("c", {}, []),
+    ("unicode", {"text": {"type": "string"}, "path": {"type": "string"}}, ["text", "path"])]]
+
+
+def rendered_reply(template, calls, reasoning=None):
+    """The assistant turn GLM-4.6's template (jinja2) writes for calls, after <|assistant|>."""
+    msgs = [{"role": "user", "content": "go"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": c} for c in calls]}]
+    if reasoning:
+        msgs[1]["reasoning_content"] = reasoning
+    text = test_jinja.make_env().from_string(template).render(messages=msgs, tools=DECLARED, add_generation_prompt=False)
+    return text[text.rindex("<|assistant|>") + len("<|assistant|>"):]
+
+
+def grammar_oracle(template, tool_stream, test_grammar, work):
+    """The grammar (server/http_tools_glm.c, printed by test_tool_stream --glm-grammar) against the
+    template's own renderings (jinja2): every CALLS reply is complete under the required grammar,
+    and what follows its first <tool_call> under the lazy one (tool_choice auto); mutated replies
+    (an undeclared key or function, a value of the wrong type, a required key missing, a call that
+    does not close) and, for one call or a named function, the replies that break them are not."""
+    def grammar(only, parallel, lazy):
+        out = subprocess.run([tool_stream, "--glm-grammar", json.dumps(DECLARED), only, str(parallel), str(lazy)],
+                             capture_output=True, text=True, timeout=60)
+        path = work / f"glm-{only}-{parallel}-{lazy}.gbnf"
+        path.write_text(out.stdout)
+        return path
+
+    def decide(path, texts):
+        out = subprocess.run([test_grammar, "check", "ebnf", str(path)], input="\n".join(t.encode().hex() for t in texts),
+                             capture_output=True, text=True, timeout=60)
+        return out.stdout.split()
+
+    replies = [rendered_reply(template, calls) for calls in CALLS]
+    replies.append(rendered_reply(template, CALLS[0], "The user wants Paris.\nCheck <b>it</b> first."))
+    replies.append(rendered_reply(template, [{"name": "b", "arguments": {"y": "<p>a</p> <</arg_valu <<"}}]))
+    req, lazy = grammar("", 1, 0), grammar("", 1, 1)
+    got = decide(req, replies)
+    check(got == ["complete"] * len(replies), "GLM's grammar (required, parallel): the template's %d renderings "
+          "(one with reasoning before its call, one with '</' in a value) are complete: %s" % (len(replies), got))
+    got = decide(lazy, [r[r.index("<tool_call>") + len("<tool_call>"):] for r in replies])
+    check(got == ["complete"] * len(replies), "GLM's lazy grammar (auto): what follows each rendering's first "
+          "<tool_call> is complete: %s" % got)
+    one = replies[0]
+    bad = {"an undeclared key": one.replace("<arg_key>unit</arg_key>", "<arg_key>units</arg_key>"),
+           "an undeclared function": one.replace("get_weather", "get_wether"),
+           "an enum value not in it": one.replace("celsius", "kelvin"),
+           "a required key missing": rendered_reply(template, [{"name": "get_weather", "arguments": {"unit": "celsius"}}]),
+           "an integer that is not one": rendered_reply(template, [{"name": "search", "arguments": {"query": "q", "limit": "5x"}}]),
+           "a boolean that is not one": rendered_reply(template, [{"name": "search", "arguments": {"query": "q", "exact": "yes"}}]),
+           "arguments for a function without any": rendered_reply(template, [{"name": "c", "arguments": {"x": 1}}]),
+           "a call not closed": one[:one.rindex("</tool_call>")]}
+    got = decide(req, list(bad.values()))
+    check(all(g != "complete" for g in got), "mutated replies are not complete: %s" % dict(zip(bad, got)))
+    parallel = replies[3]  # three calls
+    got = decide(grammar("", 0, 0), [replies[0], parallel]) + decide(grammar("b", 1, 0), [replies[0], parallel])
+    check(got == ["complete", "reject", "reject", "reject"],
+          "one call only: one call complete, three not; named b: neither the weather call nor a, b, c: %s" % got)
+    named = rendered_reply(template, [{"name": "b", "arguments": {"y": "w"}}, {"name": "b", "arguments": {}}])
+    check(decide(grammar("b", 1, 0), [named]) == ["complete"], "named b: two calls of b are complete")
+
+
+# The grammar lets a call follow reasoning (<think> ... </think>, free text): with "h" banned
+# (stories260K's piece 415 and its byte token <0x68>, 107; "<think>" is < t h in k >) the random
+# model cannot open it, and writes its call at once.
+NO_THINK = {"415": -100, "107": -100}
+
 # Tools whose values the grammar keeps short (numbers, booleans, enums): a random model's free
 # text could run to max_tokens before it closes a string value.
 TYPED = [{"type": "function", "function": {"name": "add", "parameters": {
@@ -131,7 +208,8 @@ def grammar_first(c, msgs):
         bad, finishes, calls = [], [], 0
         for seed in range(6):
             r = c.chat.completions.create(model="glm", messages=msgs, tools=TYPED, tool_choice=choice,
-                                          parallel_tool_calls=parallel, max_tokens=600, temperature=1.0, seed=seed)
+                                          parallel_tool_calls=parallel, max_tokens=600, temperature=1.0, seed=seed,
+                                          logit_bias=NO_THINK)
             ch = r.choices[0]
             finishes.append(ch.finish_reason)
             tcs = ch.message.tool_calls or []
@@ -150,7 +228,8 @@ def grammar_first(c, msgs):
     ended, bad = 0, []
     for seed in range(8):
         r = c.chat.completions.create(model="glm", messages=msgs, tools=num, tool_choice="required",
-                                      parallel_tool_calls=False, max_tokens=400, temperature=1.0, seed=seed)
+                                      parallel_tool_calls=False, max_tokens=400, temperature=1.0, seed=seed,
+                                      logit_bias=NO_THINK)
         ch = r.choices[0]
         if ch.finish_reason == "length":
             continue
@@ -166,6 +245,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
     ap.add_argument("--tool-stream", required=True)
+    ap.add_argument("--test-grammar", required=True)
     a = ap.parse_args()
     assets = Path(os.environ.get("SHARDLM_ASSETS", TESTS.parent.parent / "shared/assets"))
     tok = assets / "stories260K" / "tok512.model"
@@ -179,6 +259,7 @@ def main():
         MM.write_checkpoint(str(work / "glm"), cfg, glm_ref.init(cfg, 35), "f32", 1)
         shutil.copy(tok, work / "glm" / "tokenizer.model")
         round_trip(TEMPLATE.read_text(), a.tool_stream, work)
+        grammar_oracle(TEMPLATE.read_text(), a.tool_stream, a.test_grammar, work)
         msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Once upon a time"}]
         env = test_jinja.make_env()
         prompt = env.from_string(TEMPLATE.read_text()).render(messages=msgs, add_generation_prompt=True,
