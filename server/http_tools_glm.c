@@ -34,13 +34,14 @@ struct gbnf {
 
 static void put(struct gbnf *g, const char *s) { http_buf_append(&g->p, &g->len, &g->cap, s, strlen(s)); }
 
-/* s as a GBNF literal: quoted, with ", \ and the bytes outside printable ASCII as \xHH. */
+/* s (UTF-8) as a GBNF literal: quoted, with ", \ and the ASCII control bytes as \xHH (a code
+ * point in GBNF: only below 0x80 is it the byte); other UTF-8 as it is. */
 static void put_lit(struct gbnf *g, const char *s)
 {
     put(g, "\"");
     for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
         char b[8];
-        if (*c == '"' || *c == '\\' || *c < 0x20 || *c >= 0x7f) snprintf(b, sizeof b, "\\x%02X", *c);
+        if (*c == '"' || *c == '\\' || *c < 0x20 || *c == 0x7f) snprintf(b, sizeof b, "\\x%02X", *c);
         else b[0] = (char)*c, b[1] = 0;
         put(g, b);
     }

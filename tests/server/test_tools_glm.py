@@ -98,7 +98,8 @@ DECLARED = [{"type": "function", "function": {"name": n, "parameters": {"type": 
     ("search", {"query": {"type": "string"}, "limit": {"type": "integer"}, "exact": {"type": "boolean"},
                 "filters": {"type": "null"}}, ["query"]),
     ("plan", {"steps": {"type": "array"}, "meta": {"type": "object"}}, []),
-    ("a", {"x": {"type": "number"}}, ["x"]), ("b", {"y": {"type": "string"}}, []), ("c", {}, []),
+    ("a", {"x": {"type": "number"}}, ["x"]), ("b", {"y": {"type": "string"}, "naïve \"q\"": {"enum": ["café", 1]}}, []),
+    ("c", {}, []),
     ("unicode", {"text": {"type": "string"}, "path": {"type": "string"}}, ["text", "path"])]]
 
 
@@ -133,10 +134,12 @@ def grammar_oracle(template, tool_stream, test_grammar, work):
     replies = [rendered_reply(template, calls) for calls in CALLS]
     replies.append(rendered_reply(template, CALLS[0], "The user wants Paris.\nCheck <b>it</b> first."))
     replies.append(rendered_reply(template, [{"name": "b", "arguments": {"y": "<p>a</p> <</arg_valu <<"}}]))
+    replies.append(rendered_reply(template, [{"name": "b", "arguments": {"naïve \"q\"": "café"}}]))
     req, lazy = grammar("", 1, 0), grammar("", 1, 1)
     got = decide(req, replies)
     check(got == ["complete"] * len(replies), "GLM's grammar (required, parallel): the template's %d renderings "
-          "(one with reasoning before its call, one with '</' in a value) are complete: %s" % (len(replies), got))
+          "(one with reasoning before its call, one with '</' in a value, one with UTF-8 and quotes in a key and an enum) "
+          "are complete: %s" % (len(replies), got))
     got = decide(lazy, [r[r.index("<tool_call>") + len("<tool_call>"):] for r in replies])
     check(got == ["complete"] * len(replies), "GLM's lazy grammar (auto): what follows each rendering's first "
           "<tool_call> is complete: %s" % got)
