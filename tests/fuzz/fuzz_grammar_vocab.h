@@ -42,8 +42,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 /* The input's grammar (byte 0 the kind, mod 5; the rest the source), compiled into *g; 0 when
  * it does not compile (then the error must come with a message, else abort) or the input is
  * out of bounds. */
-static int fuzz_grammar_compile_input(const struct grammar_vocab *v, const uint8_t *data, size_t size,
-                                      struct grammar **g)
+static inline int fuzz_grammar_compile_input(const struct grammar_vocab *v, const uint8_t *data, size_t size,
+                                             struct grammar **g)
 {
     *g = NULL;
     if (size < 1 || size > 4096) return 0;

@@ -3,22 +3,19 @@
  * (request_validate, with a stories260K-sized engine's limits) for what parses, each prompt
  * of a list of prompts on its own.
  * Input: byte 0 picks the endpoint (bit 0: even /v1/completions, odd /v1/chat/completions) and
- * the served template (bits 1-6: struct http_chat_caps, bit 6 GPT-OSS's harmony); the rest is the body. The served model is "stories260K" with one adapter, "tiny-lora".
+ * the served template (bits 1-7: struct http_chat_caps, bit 6 GPT-OSS's harmony, bit 7 GLM-4.5's
+ * tool format, whose grammar must compile); the rest is the body. The served model is "stories260K" with one adapter, "tiny-lora".
  * Corpus: tests/fuzz/corpus/http_openai (tests/fuzz/make_seeds.py). */
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_grammar_vocab.h"
 #include "fuzz_util.h"
 #include "http_internal.h"
 #include "request.h"
 #include "tool_format.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc, (void)argv;
-    fuzz_init();
-    return 0;
-}
+/* (fuzz_grammar_vocab.h: LLVMFuzzerInitialize, and the vocabulary the GLM grammar compiles against) */
 
 static const struct request_bounds bounds = {
     .vocab_size = 512, .max_positions = 512, .block_tokens = 16, .n_blocks = 64,
@@ -36,6 +33,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
      * tool format and reasoning). */
     struct http_chat_caps caps = {(data[0] >> 1) & 1, (data[0] >> 2) & 3, (data[0] >> 4) & 1, (data[0] >> 5) & 1};
     if (data[0] & 64) caps.tool_format = TOOL_FORMAT_HARMONY, caps.reasoning = TOOL_REASONING_HARMONY;
+    /* Bit 7: GLM-4.5's template (its calls held to a GBNF grammar built from the tools). */
+    if (data[0] & 128) caps.jinja = 1, caps.tool_format = TOOL_FORMAT_GLM, caps.reasoning = TOOL_REASONING_THINK;
     /* A copy of exactly the body's bytes, so that ASan sees any read past its end. */
     char *body = malloc(size - 1 ? size - 1 : 1);
     CHECK(body, "out of memory");
@@ -49,6 +48,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             const int32_t *prompt = p && p->ids ? p->ids : one;
             int n = p && p->ids ? p->n_ids : 1;
             (void)fuzz_report(request_validate(prompt, n, &q.r.params, &bounds));
+        }
+        /* The grammar built from any tools the front accepted compiles (server/http_tools_glm.c):
+         * a failure would be a 400 for a request the front said was fine. */
+        if (q.tools && caps.tool_format == TOOL_FORMAT_GLM && q.r.params.constraint_kind == CONSTRAINT_GRAMMAR) {
+            const size_t t = q.r.params.constraint_trigger_len;
+            struct grammar *g = NULL;
+            enum status st = grammar_compile(vocab, GRAMMAR_EBNF, q.r.params.constraint + t,
+                                             q.r.params.constraint_len - t, &g);
+            CHECK(st == STATUS_OK || st == STATUS_RESOURCE_EXHAUSTED, "GLM's tool grammar does not compile: %s\n%s",
+                  status_message(), q.r.params.constraint + t);
+            grammar_unref(g);
         }
     }
     http_request_free(&q);
