@@ -188,10 +188,9 @@ static ProtobufCMessage *unpack(const ProtobufCMessageDescriptor *d, grpc_byte_b
     return m;
 }
 
-/* Sends the request (with the metadata md[0..n_md) besides the API key) and half-closes;
- * returns the batch's success bit. */
-/* Sends the request (*written: 1 once the transport took it, so a server may have it) and
- * receives the initial metadata; 1 when both went well. */
+/* Sends the request (with the metadata md[0..n_md) besides the API key) and half-closes
+ * (*written: 1 once the transport took them, so a server may have the request), then receives
+ * the initial metadata; 1 when both went well. */
 static int call_send(struct client_call *k, const ProtobufCMessage *req, const grpc_metadata *md, size_t n_md,
                      grpc_metadata_array *initial, int *written)
 {

@@ -79,7 +79,7 @@ static struct queued_event *event_copy(struct call *c, const struct engine_event
 
 /* On the engine thread: journal (a journaled call), copy, queue, wake. Never blocks beyond a
  * short mutex and, with the journal, one write(2). */
-/* Tests only (test_journal_grpc `cut`): the loop stops for the seconds the environment variable
+/* Tests only (tests/server/test_journal_cut.py): the loop stops for the seconds the environment variable
  * name gives, logged, so that a test can kill the server at that point of a journaled call. */
 static void test_pause(const struct call *c, const char *name)
 {
