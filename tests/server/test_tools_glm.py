@@ -224,6 +224,19 @@ def grammar_first(c, msgs):
         check(not bad, "tool_choice %s, parallel %s: 6 sampled replies, each calls (%d) of %s with the declared keys "
               "and value types (finish %s)%s" % (json.dumps(choice)[:50], parallel, calls, named or "the declared tools",
                                                  finishes, "" if not bad else f": {bad[:2]}"))
+    # Streamed: the deltas of a required reply assemble to the unary reply of the same seed.
+    kw = dict(model="glm", messages=msgs, tools=TYPED, tool_choice="required", max_tokens=600, temperature=1.0,
+              seed=3, logit_bias=NO_THINK)
+    whole = c.chat.completions.create(**kw).choices[0].message.tool_calls or []
+    calls = {}
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            e = calls.setdefault(d.index, {"name": "", "arguments": ""})
+            e["name"] += (d.function.name or "") if d.function else ""
+            e["arguments"] += (d.function.arguments or "") if d.function else ""
+    got = [(calls[k]["name"], json.loads(calls[k]["arguments"])) for k in sorted(calls)]
+    check(whole and got == [(t.function.name, json.loads(t.function.arguments)) for t in whole],
+          "streamed, a required reply's tool-call deltas assemble to the unary reply's calls: %s" % got)
     # Unbounded integers and numbers (a random model may write digits to max_tokens: only the
     # replies that end are checked, and most must end).
     num = [{"type": "function", "function": {"name": "count", "parameters": {
