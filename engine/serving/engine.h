@@ -285,8 +285,8 @@ struct engine_event {
                                      engine (its first admission), -1 if it never ran */
     const uint64_t *rng;          /* TOKENS and FINISHED of a sample that ran: its RNG state (4
                                      words) after these tokens, what request_params.resume_rng
-                                     takes to continue it; NULL otherwise and with data
-                                     parallelism (not carried from remote replicas) */
+                                     takes to continue it (with data parallelism carried from
+                                     remote replicas too); NULL otherwise */
 };
 
 /* Whether ev tells of the engine's own failure (a rank gone or hung: FINISHED with
