@@ -10,6 +10,7 @@ own request_id:
            uninterrupted answer; the restarted server's log shows the reattach
   accept   killed before the ACCEPT: the reattach by that id finds nothing (NOT_FOUND), the
            client sends the request again as new and gets the uninterrupted answer
+  no server  a call with a request_id to a port where nothing listens fails at once (no guess)
   no id    a call without a request_id cut before its headers fails UNAVAILABLE (its client
            cannot name it; the server resumes it and keeps its answer for --journal-retain)
 Before this, every such call failed UNAVAILABLE though the server resumed it (a flaky
@@ -143,6 +144,15 @@ def body(shardlm, model, work):
             else:
                 check("a gRPC client reattached" not in log and "0 open request(s)" in log,
                       f"{point}: {name} was not journaled, and went again as new")
+    # A call that never reached a server (nothing listens) is not guessed at: its error at once.
+    port = TS.free_port()
+    t0 = time.time()
+    got = py_finish(py_unary(port, "never-1"))
+    p = c_complete(shardlm, port, "never-2", False)
+    out = c_finish(p)
+    took = time.time() - t0
+    check(got.startswith("error UNAVAILABLE") and out.startswith("exit 1") and took < 10,
+          f"no server: Client and shardlm complete with a request_id fail at once ({took:.1f} s): {got[:60]} / {out[:60]}")
     # Without a request_id the client cannot name the call: UNAVAILABLE, at once.
     port, journal = TS.free_port(), work / "journal-noid"
     srv = start(shardlm, model, journal, port, "cut-noid", "SHARDLM_TEST_PAUSE_BEFORE_HEADERS_S")
