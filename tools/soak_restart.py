@@ -145,7 +145,7 @@ outlived = []  # the losses that failed: the job did not end by itself within --
 
 def print_recovery():
     if recovery:
-        print("recovery after each node's loss (s): job ended " + ", ".join(f"{g:.1f}" for g, _ in recovery)
+        print("recovery after each loss (s): job ended " + ", ".join(f"{g:.1f}" for g, _ in recovery)
               + "; serving again " + ", ".join(f"{r:.1f}" for _, r in recovery))
 
 
@@ -326,7 +326,7 @@ def soak_grpc(a, model, work, reqs):
     ref_srv.stop()
     missing = [i for i in range(len(reqs)) if got[i] is None]
     diff = [i for i in range(len(reqs)) if got[i] is not None and got[i] != refs[i]]
-    print(f"gRPC: requests {len(reqs)}, concurrency {a.concurrency}, {'cuts' if proxy else 'node losses' if a.kill_node else 'SIGKILLs'} {kills}, "
+    print(f"gRPC: requests {len(reqs)}, concurrency {a.concurrency}, {'cuts' if proxy else 'node losses' if a.kill_node else 'hung ranks' if a.hang_rank else 'SIGKILLs'} {kills}, "
           f"reattachments {reattached}, sent again (cut before their token) {again[0]}, {elapsed:.1f} s")
     print(f"lost {len(missing)}, different from the uninterrupted answer {len(diff)}")
     print_recovery()
@@ -398,7 +398,7 @@ def main():
         tokens = sum(sum(len(v["text"]) for v in assemble(c.chunks)[0].values()) for c in clients
                      if not isinstance(c, EventStream))
         events = sum(len(c.events) for c in clients if isinstance(c, EventStream))
-        print(f"requests {len(reqs)}, concurrency {a.concurrency}, {'cuts' if proxy else 'node losses' if a.kill_node else 'SIGKILLs'} {kills}, "
+        print(f"requests {len(reqs)}, concurrency {a.concurrency}, {'cuts' if proxy else 'node losses' if a.kill_node else 'hung ranks' if a.hang_rank else 'SIGKILLs'} {kills}, "
               f"reconnections {reconnects}, "
               f"{elapsed:.1f} s, {tokens} text bytes received" + (f", {events} Anthropic / Responses events" if a.apis else ""))
         print(f"lost {len(lost)}, different from the uninterrupted answer {len(diff)}")
