@@ -79,13 +79,12 @@ static struct queued_event *event_copy(struct call *c, const struct engine_event
 
 /* On the engine thread: journal (a journaled call), copy, queue, wake. Never blocks beyond a
  * short mutex and, with the journal, one write(2). */
-/* Tests only (tests/server/test_journal_cut.py): the loop stops for the seconds the environment variable
- * name gives, logged, so that a test can kill the server at that point of a journaled call. */
-static void test_pause(const struct call *c, const char *name)
+/* Tests only (tests/server/test_journal_cut.py): the loop stops for d seconds (0: not), logged
+ * with the environment variable name that asked for it, so that a test can kill the server at
+ * that point of a journaled call. */
+static void test_pause(const struct call *c, double d, const char *name)
 {
-    const char *e = getenv(name);
-    float d = 0.0f;
-    if (!e || base_parse_float(e, &d) != 0 || !(d > 0.0f && d < 600.0f)) return;
+    if (d <= 0.0) return;
     LOG_WARN("server", "req=%s: %s: a pause of %.1f s", c->request_id, name, d);
     struct timespec t = {(time_t)d, (long)((d - (float)(time_t)d) * 1e9f)};
     nanosleep(&t, NULL);
@@ -330,9 +329,8 @@ static int gen_take_event(struct call *c, const struct queued_event *q)
         return 0;
     }
     struct sample_buf *b = &c->samples[q->sample];
-    const int failed = engine_event_is_failure(q->kind, q->finish, q->status);
-    if (c->journaled && ((q->kind == ENGINE_EVENT_FINISHED && q->finish == FINISH_REASON_CANCELLED &&
-                          !c->cancelled_by_rpc && atomic_load(&c->s->phase) >= PHASE_DRAINING) || failed)) {
+    if (c->journaled && server_cut_event(c->s, q->kind, q->finish, q->status, c->cancelled_by_rpc)) {
+        const int failed = engine_event_is_failure(q->kind, q->finish, q->status);
         /* The drain's cut or the engine's failure, not the sample's end: neither journaled nor
          * shown (the client sees no last message), so that after the restart it reattaches and
          * the sample goes on. */
@@ -700,7 +698,7 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
             st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
     /* With the journal, the ACCEPT is on disk before the engine sees the request. */
-    if (st == STATUS_OK && s->journal) test_pause(c, "SHARDLM_TEST_PAUSE_BEFORE_ACCEPT_S");
+    if (st == STATUS_OK && s->journal) test_pause(c, s->test_pause_accept_s, "SHARDLM_TEST_PAUSE_BEFORE_ACCEPT_S");
     if (st == STATUS_OK && s->journal) st = grpc_journal_accept(c, data, len, &r.params, deadline_unix);
     if (st == STATUS_OK) {
         c->n_prompt_tokens = n_ids;
@@ -720,7 +718,7 @@ void gen_start(struct call *c, const uint8_t *data, size_t len)
                   call_method_name(c->method), n_ids, r.params.max_tokens, r.params.n);
         /* Streams get their headers at once, so that clients see the call is accepted; so do
          * journaled unary calls, whose headers carry the resume token. */
-        if (c->journaled || c->job) test_pause(c, "SHARDLM_TEST_PAUSE_BEFORE_HEADERS_S");
+        if (c->journaled || c->job) test_pause(c, s->test_pause_headers_s, "SHARDLM_TEST_PAUSE_BEFORE_HEADERS_S");
         if ((is_streaming(c->method) || c->journaled || c->job) && !c->close_done)
             call_send(c, NULL, 0, 0, GRPC_STATUS_OK, NULL);
     }

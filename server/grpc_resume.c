@@ -122,18 +122,10 @@ enum status grpc_journal_accept(struct call *c, const uint8_t *data, size_t len,
     return STATUS_OK;
 }
 
-/* A FINISHED that the drain (cancelled) or the engine's failure (engine_event_is_failure)
- * caused is not the request's end: not journaled, so that a restart resumes it. */
-static int drain_cut(struct server *s, const struct engine_event *ev, int cancelled)
-{
-    return (ev->kind == ENGINE_EVENT_FINISHED && ev->finish == FINISH_REASON_CANCELLED && !cancelled &&
-            atomic_load(&s->phase) >= PHASE_DRAINING) ||
-           engine_event_is_failure(ev->kind, ev->finish, ev->status);
-}
-
 void grpc_journal_event(struct call *c, const struct engine_event *ev)
 {
-    if (!drain_cut(c->s, ev, c->cancelled_by_rpc)) journal_event(c->s->journal, c->request_id, 0, ev);
+    if (!server_cut_event(c->s, ev->kind, ev->finish, ev->status, c->cancelled_by_rpc))
+        journal_event(c->s->journal, c->request_id, 0, ev);
 }
 
 /* ---- jobs: resumed requests ------------------------------------------------------------------ */
@@ -178,7 +170,8 @@ static void job_on_event(void *ctx, const struct engine_event *ev)
     struct engine_event mapped = *ev;
     mapped.sample += sub->sample_base;
     pthread_mutex_lock(&j->mu);
-    int last = drain_cut(j->s, ev, j->cancelled) ? --j->active == 0 : job_take(j, &mapped);
+    const int cut = server_cut_event(j->s, ev->kind, ev->finish, ev->status, j->cancelled);
+    int last = cut ? --j->active == 0 : job_take(j, &mapped);
     pthread_mutex_unlock(&j->mu);
     server_wake(j->s); /* a reattached call takes it from the loop */
     if (last) job_unref(j);

@@ -181,10 +181,7 @@ void http_gen_on_event(void *ctx, const struct engine_event *ev)
     struct http_gen *g = r->g;
     pthread_mutex_lock(&g->mu);
     int last;
-    if (g->journaled && (!g->hangup || g->drained) &&
-        ((ev->kind == ENGINE_EVENT_FINISHED && ev->finish == FINISH_REASON_CANCELLED &&
-          atomic_load(&g->s->phase) >= PHASE_DRAINING) ||
-         engine_event_is_failure(ev->kind, ev->finish, ev->status))) {
+    if (g->journaled && (!g->hangup || g->drained) && server_cut_event(g->s, ev->kind, ev->finish, ev->status, 0)) {
         /* The drain's cut or the engine's failure: not this server's to finish. The restart
          * resumes the sample, and its client, cut off without a last chunk, reconnects. (Once
          * a sample was cut, the client's connection is cut too: the hangup that follows is

@@ -127,9 +127,7 @@ static enum status job_queue(struct call *c, struct load_job *j)
     j->call = c;
     atomic_init(&j->abandoned, 0);
     if (!s->loader_started) {
-        const char *e = getenv("SHARDLM_TEST_LOAD_DELAY_S");
-        float d = 0.0f;
-        if (e && base_parse_float(e, &d) == 0 && d > 0.0f && d < 600.0f) s->load_test_delay_s = d;
+        s->load_test_delay_s = server_test_delay("SHARDLM_TEST_LOAD_DELAY_S");
         if (pthread_create(&s->loader, NULL, loader_main, s) != 0) {
             job_free(j);
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "cannot start the loader thread");

@@ -149,3 +149,11 @@ void resume_stop(struct server *s)
     grpc_resume_stop(s);
     pthread_mutex_destroy(&s->resumed_mu);
 }
+
+int server_cut_event(struct server *s, enum engine_event_kind kind, enum finish_reason finish, enum status st,
+                     int by_client)
+{
+    return (kind == ENGINE_EVENT_FINISHED && finish == FINISH_REASON_CANCELLED && !by_client &&
+            atomic_load(&s->phase) >= PHASE_DRAINING) ||
+           engine_event_is_failure(kind, finish, st);
+}

@@ -345,6 +345,13 @@ static void *control_main(void *arg)
 
 /* ---- setup and the loop -------------------------------------------------------------------- */
 
+double server_test_delay(const char *name)
+{
+    const char *e = getenv(name);
+    float d = 0.0f;
+    return e && base_parse_float(e, &d) == 0 && d > 0.0f && d < 600.0f ? d : 0.0;
+}
+
 /* How long connections may take to close after the last call ended (see loop_tick). */
 #define SHUTDOWN_GRACE_S 1.0
 
@@ -502,9 +509,9 @@ static enum status server_models(struct server *s)
     if ((o->sleep_idle_s > 0 || o->models_max) && o->engine.world)
         return status_errorf(STATUS_INVALID_ARGUMENT, "--sleep-idle-seconds and --models-max are not supported with "
                              "several ranks (mpirun): the other ranks cannot unload and load with rank 0");
-    const char *delay = getenv("SHARDLM_TEST_MODEL_LOAD_DELAY_S");
-    float d = 0.0f;
-    if (delay && base_parse_float(delay, &d) == 0 && d > 0.0f && d < 600.0f) s->model_load_test_delay_s = d;
+    s->model_load_test_delay_s = server_test_delay("SHARDLM_TEST_MODEL_LOAD_DELAY_S");
+    s->test_pause_accept_s = server_test_delay("SHARDLM_TEST_PAUSE_BEFORE_ACCEPT_S");
+    s->test_pause_headers_s = server_test_delay("SHARDLM_TEST_PAUSE_BEFORE_HEADERS_S");
     for (int i = 0; i < s->n_models; i++) {
         s->models[i].state = MODEL_UNLOADED;
         enum status st = check_default_adapter(&s->models[i]);

@@ -313,6 +313,8 @@ struct server {
     int                   models_closing; /* the drain began: no more loads */
     double                model_load_test_delay_s; /* $SHARDLM_TEST_MODEL_LOAD_DELAY_S (tests): an
                                                       on-demand load waits this long first */
+    double                test_pause_accept_s, test_pause_headers_s; /* $SHARDLM_TEST_PAUSE_BEFORE_
+                                                      {ACCEPT,HEADERS}_S (tests, generation.c) */
     /* calls */
     struct call          *calls;
     int                   n_calls, n_gen_calls; /* n_gen_calls: calls that use the engine (uses_engine),
@@ -695,5 +697,14 @@ int         auth_owner_upgrade(const struct server *s, char *owner, size_t cap);
 enum status http_start(struct server *s);
 /* Lets open streams finish (up to 2 s) and stops the daemon; accepts a server without one. */
 void        http_stop(struct server *s);
+
+/* The seconds of a test's delay or pause in the environment variable name (0: unset, or not in
+ * (0, 600)); read once, at start. */
+double server_test_delay(const char *name);
+/* Whether a journaled request's FINISHED event is the server's, not the request's end: the
+ * drain's cancel (not the client's: by_client) or the engine's failure (engine_event_is_failure).
+ * Neither journaled nor shown, so that a restart resumes it (resume.c). */
+int server_cut_event(struct server *s, enum engine_event_kind kind, enum finish_reason finish, enum status st,
+                     int by_client);
 
 #endif
