@@ -71,12 +71,22 @@ SERVERS = []  # every Popen we started, killed at exit
 LOG_DIR = Path(tempfile.mkdtemp(prefix="shardlm-servertest-logs-"))
 
 
+_PORTS_GIVEN = set()
+
+
 def free_port():
     """A TCP port of 127.0.0.1 that nothing listens on now (for a server that must keep its port
-    across restarts; others take --listen 127.0.0.1:0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    across restarts; others take --listen 127.0.0.1:0), never one this process was given before:
+    the kernel may hand the same free port to two calls in a row (a soak's gRPC and HTTP ports
+    once collided, and its server could not bind)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
+    raise RuntimeError("free_port: no port that this process was not given before")
 
 
 def cpu_name():
