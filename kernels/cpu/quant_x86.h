@@ -22,6 +22,18 @@
 
 #define QX_AVX2 __attribute__((target("avx2,fma,f16c")))
 
+/* QX_DPBUSD_X(acc, u, x): QX_DPBUSD with the signed operand the four bytes at x broadcast to
+ * every lane. The includer may define it (AVX-512: the broadcast folded into the instruction). */
+#if defined(QX_VNNI) && !defined(QX_DPBUSD_X)
+#define QX_DPBUSD_X(acc, u, x) QX_DPBUSD((acc), (u), qx_bcast32(x))
+QX_AVX2 static inline __m256i qx_bcast32(const int8_t *x)
+{
+    int32_t w;
+    memcpy(&w, x, 4);
+    return _mm256_set1_epi32(w);
+}
+#endif
+
 QX_AVX2 static inline float qx_hsum(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -265,22 +277,26 @@ packed8_q45(int64_t nb, const uint8_t *wp, int has_min, int five, const uint8_t 
             const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
             const int8_t *xq = x->qs;
 #ifdef QX_VNNI
-            __m256i is = _mm256_setzero_si256();
+            __m256i part[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                               _mm256_setzero_si256()};
 #else
             __m256i s16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
 #endif
             for (int j = 0; j < 4; j++) {
+#ifdef QX_VNNI
+                part[j & 1] = QX_DPBUSD_X(part[j & 1], lo[j], xq + 4 * j);
+                part[2 + (j & 1)] = QX_DPBUSD_X(part[2 + (j & 1)], hi[j], xq + 16 + 4 * j);
+#else
                 int32_t xl, xh;
                 memcpy(&xl, xq + 4 * j, 4);
                 memcpy(&xh, xq + 16 + 4 * j, 4);
-#ifdef QX_VNNI
-                is = QX_DPBUSD(QX_DPBUSD(is, lo[j], _mm256_set1_epi32(xl)), hi[j], _mm256_set1_epi32(xh));
-#else
                 s16[j / 2] = _mm256_add_epi16(s16[j / 2], _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(xl)),
                                                                            _mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(xh))));
 #endif
             }
-#ifndef QX_VNNI
+#ifdef QX_VNNI
+            __m256i is = _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
+#else
             __m256i is = _mm256_add_epi32(_mm256_madd_epi16(s16[0], ones), _mm256_madd_epi16(s16[1], ones));
 #endif
             if (!has_min) is = _mm256_sub_epi32(is, _mm256_set1_epi32(zero * x->sum));
@@ -313,17 +329,19 @@ packed8_q8(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, float *y
         for (int r = 0; r < R; r++) {
             const struct act_q8 *x = (const struct act_q8 *)(xb + (size_t)r * xs) + b;
             const int8_t *xq = x->qs;
-            __m256i is = _mm256_setzero_si256();
+            __m256i part[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                               _mm256_setzero_si256()};
             for (int k = 0; k < 8; k++) {
                 int32_t xw;
                 memcpy(&xw, xq + 4 * k, 4);
 #ifdef QX_VNNI
-                is = QX_DPBUSD(is, av[k], _mm256_sign_epi8(_mm256_set1_epi32(xw), v[k]));
+                part[k & 3] = QX_DPBUSD(part[k & 3], av[k], _mm256_sign_epi8(_mm256_set1_epi32(xw), v[k]));
 #else
                 const __m256i p = _mm256_maddubs_epi16(av[k], _mm256_sign_epi8(_mm256_set1_epi32(xw), v[k]));
-                is = _mm256_add_epi32(is, _mm256_madd_epi16(p, ones));
+                part[k & 3] = _mm256_add_epi32(part[k & 3], _mm256_madd_epi16(p, ones));
 #endif
             }
+            const __m256i is = _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(is), acc[r]);
         }
     }

@@ -18,16 +18,21 @@ static void rope_rotate(struct backend *b, const struct tensor *x, const struct 
     const int32_t *pos = positions->data;
     const float *factors = rp->factors ? rp->factors->data : NULL;
     int half = rot_dim / 2;
-    size_t per = (size_t)hd + 2 * (size_t)half;
+    size_t per = (size_t)hd + 3 * (size_t)half;
     float *scratch = cpu_scratch(b, per);
+    /* The frequencies once per call (a prefill of 512 tokens asked powf for them per token). */
+    float *freqs = scratch + hd + 2 * (size_t)half;
+    for (int i = 0; i < half; i++) {
+        float freq = powf(rp->theta, -(float)(2 * i) / (float)rot_dim);
+        if (factors) freq /= factors[i];
+        freqs[i] = freq;
+    }
     #pragma omp parallel for schedule(static) if (n * n_heads * hd > CPU_PARALLEL_MIN) num_threads(b->n_threads)
     for (int64_t t = 0; t < n; t++) {
         float *tmp = scratch + (size_t)omp_get_thread_num() * cpu_scratch_stride(per);
         float *cs = tmp + hd, *sn = cs + half;
         for (int i = 0; i < half; i++) {
-            float freq = powf(rp->theta, -(float)(2 * i) / (float)rot_dim);
-            if (factors) freq /= factors[i];
-            float angle = (float)pos[t] * freq;
+            float angle = (float)pos[t] * freqs[i];
             cs[i] = rp->attn_factor * cosf(angle);
             sn[i] = rp->attn_factor * direction * sinf(angle);
         }
