@@ -657,13 +657,14 @@ static int run_gemma_gguf(const char *gguf, const char *dir)
                  eq.m->weight_bytes_packed / 1048576.0, eq.m->weight_bytes_unpacked / 1048576.0);
     else snprintf(detail, sizeof detail, "%s: %s", status_name(sq), status_message());
     /* At tp 1 every matrix is the file itself (vectors, the norms, are copied), packed for the
-     * CPU where its type packs (Q8_0, Q4_K), copied as it is where not (Q6_K: model_load.c,
-     * copy_mapped); at tp > 1 the column slices of O and DOWN are copied as slices (rows of
-     * them are not contiguous in the file). */
+     * CPU: every type of this file packs (Q5_0, Q8_0, Q4_K, Q6_K; a type that does not is copied
+     * as it is, model_load.c's copy_mapped); at tp > 1 the column slices of O and DOWN are
+     * copied as slices (rows of them are not contiguous in the file). */
     const size_t whole = eq.m->weight_bytes_mapped + eq.m->weight_bytes_unpacked;
     check(sq == STATUS_OK && eq.m->weight_bytes_blocks > eq.m->weight_bytes / 2 &&
               (eq.m->tp_size > 1 ? whole > eq.m->weight_bytes / 2
-                                 : whole == eq.m->weight_bytes_blocks && eq.m->weight_bytes_unpacked > 0) &&
+                                 : whole == eq.m->weight_bytes_blocks && eq.m->weight_bytes_unpacked == 0 &&
+                                       eq.m->weight_bytes_packed >= eq.m->weight_bytes_blocks) &&
               eq.m->weight_bytes_packed > 0,
           "load the GGUF natively (blocks, zero-copy)", detail);
     if (st == STATUS_OK && sq == STATUS_OK) {

@@ -442,7 +442,7 @@ static void check_backend_ops(struct backend *b, int n_threads, enum quant_type 
     free(w);
 }
 
-/* The packed layout (quant_pack_rows8) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q4_K: its product gives the stored
+/* The packed layout (quant_pack_rows8) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K: its product gives the stored
  * product's bits in every implementation, thread count and row count of x; every implementation
  * gives the same bits (the block-exact order, kernels/cpu/quant_impl.h), and a row of x gives the
  * same bits alone as among others; a row dequantized from the packed copy is the stored row's. */
@@ -587,13 +587,15 @@ int main(void)
     check_packed(QUANT_TYPE_Q4_K);
     check_packed(QUANT_TYPE_Q5_0);
     check_packed(QUANT_TYPE_Q5_1);
+    check_packed(QUANT_TYPE_Q6_K);
     check(!quant_packable(QUANT_TYPE_IQ4_NL, 8, 32) && !quant_packable(QUANT_TYPE_MXFP4, 8, 64) && !quant_packable(QUANT_TYPE_Q5_K, 8, 256) &&
-              !quant_packable(QUANT_TYPE_Q6_K, 8, 256) &&
+              quant_packable(QUANT_TYPE_Q6_K, 8, 256) && !quant_packable(QUANT_TYPE_Q6_K, 8, 128) &&
+              quant_packed_bytes(QUANT_TYPE_Q6_K, 16, 256) == 16 * quant_row_bytes(QUANT_TYPE_Q6_K, 256) &&
               !quant_packable(QUANT_TYPE_Q4_K, 8, 32) && !quant_packable(QUANT_TYPE_Q4_1, 12, 32) &&
               quant_packable(QUANT_TYPE_Q8_0, 16, 64) && quant_packable(QUANT_TYPE_Q4_K, 8, 512) &&
               quant_packed_bytes(QUANT_TYPE_Q4_K, 8, 512) == 2 * 1184 &&
               quant_packed_bytes(QUANT_TYPE_Q4_1, 16, 64) == 16 * quant_row_bytes(QUANT_TYPE_Q4_1, 64),
-          "quant_packable / quant_packed_bytes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q4_K with rows in eights only");
+          "quant_packable / quant_packed_bytes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K with rows in eights only");
     /* k == 0: y is zeroed; m == 0 or n == 0: nothing is written. */
     float y[3] = {1, 2, 3};
     quant_matmul(QUANT_TYPE_Q8_0, y, NULL, NULL, 1, 2, 0, NULL, 1);

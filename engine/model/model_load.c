@@ -128,7 +128,7 @@ static void release_mapped(const void *p, size_t n)
     if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
-/* Decode's layout (kernels/quant.h, quant_pack_rows8): a Q4_0, Q4_1, Q8_0 or Q4_K matrix served
+/* Decode's layout (kernels/quant.h, quant_pack_rows8): a Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K or Q6_K matrix served
  * from the mapping gets a copy packed eight rows at a time, which every CPU product reads (the
  * same bits as the stored rows). It is checked for NaN / Inf, packed and its mapped pages given
  * back a few MB at a time (they come back from the file if something reads the stored rows),
@@ -171,7 +171,7 @@ static enum status pack_mapped(struct model *m, const char *dir, enum weight_kin
     return STATUS_OK;
 }
 
-/* A block matrix that cannot be packed (Q6_K, Q5_K, ...) is copied to the heap when packing is
+/* A block matrix that cannot be packed (Q5_K, Q2_K, ...) is copied to the heap when packing is
  * on, never served from the mapping: the kernel maps a read page's whole page-cache folio (up to
  * 2 MB here), so every decode step's read of a mapped Q6_K matrix brought back the file pages
  * of the packed weights beside it, given back at load (Gemma 3 270M Q4_K_M kept 48 of its 226

@@ -144,6 +144,15 @@ struct act_q8_k {    /* 256 elements, for the K-quants */
  * sub-block 2 p in its low nibble, of sub-block 2 p + 1 in its high one). 1,184 bytes for 1,152
  * stored. */
 #define QUANT_R8_Q4_K 1184
+/* Q6_K (a super-block of eight rows): d[8] (f16), then per chunk t of 32 elements (groups 2 t and
+ * 2 t + 1 of 16) the int8 scale pairs sc[t][r][2] (16 bytes: row r's scales of the two groups
+ * side by side), then per chunk 192 bytes of quants (q = the stored 6-bit value, 0..63): four
+ * nibble vectors of 32 bytes, byte 4 r + i of vector j holding the low four bits of row r's
+ * element 4 j + i of the chunk in its low nibble and of element 16 + 4 j + i in its high one
+ * (Q4_0's order), then two vectors of top bits, byte 4 r + i of vector p holding the two top bits
+ * of those elements for j = 2 p (bits 0-1 and 2-3) and j = 2 p + 1 (bits 4-5 and 6-7). 1,680
+ * bytes, the eight stored blocks' size. */
+#define QUANT_R8_Q6_K 1680
 
 /* The block-exact order of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, which every implementation and both layouts
  * follow (quant_x86.h): per block the exact integer sum isum, acc = fmaf(d_w * d_x, isum, acc),
@@ -155,6 +164,10 @@ void quant_scalar_packed8_q8_0(int64_t nb, const void *wp, const void *xq, float
 void quant_scalar_packed8_q4_k(int64_t nb, const void *wp, const void *xq, float *y);
 void quant_scalar_packed8_q5_0(int64_t nb, const void *wp, const void *xq, float *y);
 void quant_scalar_packed8_q5_1(int64_t nb, const void *wp, const void *xq, float *y);
+/* Q6_K's order (every implementation, both layouts, as the stored dot): per super-block the exact
+ * isum = sum_g sc_g (sum(q x) - 32 sum(x)) over its 16 groups, acc = fmaf(d * d_x, isum, acc),
+ * y = acc + 0. */
+void quant_scalar_packed8_q6_k(int64_t nb, const void *wp, const void *xq, float *y);
 
 
 /* The block-exact order of Q4_K and Q5_K (every implementation, both layouts): per super-block

@@ -1,8 +1,8 @@
-/* kernels/cpu/quant_packed.c - the packed layout of Q4_0, Q4_1 and Q8_0 weights (quant_impl.h):
+/* kernels/cpu/quant_packed.c - the packed layout of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights (quant_impl.h):
  * block b of eight consecutive rows regrouped, so that decode's product reads each block's
  * eight scales as one vector and each word of x once for eight rows (quant_x86.h packed8_*).
  * Here: packing, a packed block back to the stored form (for dequantizing a row), and the
- * scalar kernels. Q4_K (a super-block of eight rows) too. The product over it is quant.c's quant_matmul_packed; the layout is the CPU
+ * scalar kernels. Q4_K and Q6_K (a super-block of eight rows) too. The product over it is quant.c's quant_matmul_packed; the layout is the CPU
  * backend's (kernels/cpu/matmul.c, tensor.packed), never written to a file.
  * Tests: tests/test_quant.c (the packed product bit for bit against the stored one, every
  * implementation; rows dequantized from the packed layout). */
@@ -32,6 +32,7 @@ static int geom_of(enum quant_type type, struct packed_geom *g)
     case QUANT_TYPE_Q4_K: *g = (struct packed_geom){sizeof(struct blk_q4_k), QUANT_R8_Q4_K, 0, 0, QK_K}; return 1;
     case QUANT_TYPE_Q5_0: *g = (struct packed_geom){sizeof(struct blk_q5_0), QUANT_R8_Q5_0, 2, 4, QK}; return 1;
     case QUANT_TYPE_Q5_1: *g = (struct packed_geom){sizeof(struct blk_q5_1), QUANT_R8_Q5_1, 4, 4, QK}; return 1;
+    case QUANT_TYPE_Q6_K: *g = (struct packed_geom){sizeof(struct blk_q6_k), QUANT_R8_Q6_K, 0, 0, QK_K}; return 1;
     default: return 0;
     }
 }
@@ -129,10 +130,72 @@ static void q5_move(const struct packed_geom *g, uint8_t *p, uint8_t *const blk[
     }
 }
 
+/* Q6_K (quant_impl.h's layout): element e = 128 h + 32 c + l of a stored block is the nibble of
+ * ql[64 h + 32 (c & 1) + l] (the high one for c >= 2) with bits 2 c, 2 c + 1 of qh[32 h + l] on
+ * top; the packed block holds the 6-bit values themselves, regrouped. */
+static int q6_get(const struct blk_q6_k *w, int e)
+{
+    const int h = e / 128, c = e % 128 / 32, l = e % 32;
+    return (w->ql[64 * h + 32 * (c & 1) + l] >> 4 * (c >> 1) & 15) | (w->qh[32 * h + l] >> 2 * c & 3) << 4;
+}
+
+static void q6_set(struct blk_q6_k *w, int e, int q) /* into a block whose ql and qh start zeroed */
+{
+    const int h = e / 128, c = e % 128 / 32, l = e % 32;
+    w->ql[64 * h + 32 * (c & 1) + l] |= (uint8_t)((q & 15) << 4 * (c >> 1));
+    w->qh[32 * h + l] |= (uint8_t)((q >> 4) << 2 * c);
+}
+
+/* Byte offset in a packed Q6_K block of element e's low nibble (*shift 0 or 4) and of its top
+ * bits (*hshift 0, 2, 4 or 6), for row r. */
+static void q6_place(int e, int r, size_t *lo, int *shift, size_t *hi, int *hshift)
+{
+    const int t = e / 32, f = e % 32, half = f / 16, j = f % 16 / 4, i = f % 4;
+    *lo = 144 + 192 * (size_t)t + 32 * (size_t)j + 4 * (size_t)r + (size_t)i;
+    *shift = 4 * half;
+    *hi = 144 + 192 * (size_t)t + 128 + 32 * (size_t)(j / 2) + 4 * (size_t)r + (size_t)i;
+    *hshift = 4 * (j % 2) + 2 * half;
+}
+
+static void q6k_move(uint8_t *p, uint8_t *const blk[8], int r0, int r1, int to_packed)
+{
+    for (int r = r0; r < r1; r++) {
+        struct blk_q6_k *w = (struct blk_q6_k *)blk[r];
+        if (to_packed) {
+            memcpy(p + 2 * r, &w->d, 2);
+            for (int g = 0; g < 16; g++) p[16 + 16 * (g / 2) + 2 * r + g % 2] = (uint8_t)w->scales[g];
+        } else {
+            memcpy(&w->d, p + 2 * r, 2);
+            for (int g = 0; g < 16; g++) w->scales[g] = (int8_t)p[16 + 16 * (g / 2) + 2 * r + g % 2];
+            memset(w->ql, 0, sizeof w->ql);
+            memset(w->qh, 0, sizeof w->qh);
+        }
+        /* Row r's bytes of the packed block, one per (chunk, vector, i): built whole from the
+         * element values (a packed byte holds this row's bits only). */
+        for (int t = 0; t < 8; t++)
+            for (int j = 0; j < 4; j++)
+                for (int i = 0; i < 4; i++) {
+                    const int e_lo = 32 * t + 4 * j + i, e_hi = e_lo + 16;
+                    uint8_t *lo = p + 144 + 192 * t + 32 * j + 4 * r + i;
+                    uint8_t *hi = p + 144 + 192 * t + 128 + 32 * (j / 2) + 4 * r + i;
+                    const int hs = 4 * (j % 2);
+                    if (to_packed) {
+                        const int ql = q6_get(w, e_lo), qh = q6_get(w, e_hi);
+                        *lo = (uint8_t)((ql & 15) | (qh & 15) << 4);
+                        *hi = (uint8_t)((*hi & ~(15 << hs)) | ((ql >> 4) | (qh >> 4) << 2) << hs);
+                    } else {
+                        q6_set(w, e_lo, (*lo & 15) | (*hi >> hs & 3) << 4);
+                        q6_set(w, e_hi, (*lo >> 4) | (*hi >> (hs + 2) & 3) << 4);
+                    }
+                }
+    }
+}
+
 static void move(enum quant_type type, const struct packed_geom *g, uint8_t *p, uint8_t *const blk[8], int r0, int r1,
                  int to_packed)
 {
     if (type == QUANT_TYPE_Q4_K) q4k_move(p, blk, r0, r1, to_packed);
+    else if (type == QUANT_TYPE_Q6_K) q6k_move(p, blk, r0, r1, to_packed);
     else if (type == QUANT_TYPE_Q5_0 || type == QUANT_TYPE_Q5_1) q5_move(g, p, blk, r0, r1, to_packed);
     else move_block(g, p, blk, r0, r1, to_packed);
 }
@@ -184,7 +247,7 @@ void quant_dequantize_row_packed(enum quant_type type, const void *wp, int64_t j
     CHECK(geom_of(type, &g) && k % g.elems == 0, "quant_dequantize_row_packed: %s, k %lld", quant_type_name(type),
           (long long)k);
     const int64_t nb = k / g.elems;
-    _Alignas(16) uint8_t tmp[8][sizeof(struct blk_q4_k)]; /* the largest packable block */
+    _Alignas(16) uint8_t tmp[8][sizeof(struct blk_q6_k)]; /* the largest packable block */
     uint8_t *blk[8];
     for (int r = 0; r < 8; r++) blk[r] = tmp[r];
     for (int64_t b = 0; b < nb; b++) {
@@ -308,4 +371,29 @@ void quant_scalar_packed8_q5_0(int64_t nb, const void *wp, const void *xq, float
 void quant_scalar_packed8_q5_1(int64_t nb, const void *wp, const void *xq, float *y)
 {
     packed8_q5_scalar(nb, wp, 1, xq, y);
+}
+
+void quant_scalar_packed8_q6_k(int64_t nb, const void *wpv, const void *xqv, float *y)
+{
+    const uint8_t *wp = wpv;
+    const struct act_q8_k *x = xqv;
+    float acc[8] = {0};
+    for (int64_t b = 0; b < nb; b++, wp += QUANT_R8_Q6_K)
+        for (int r = 0; r < 8; r++) {
+            int32_t isum = 0;
+            for (int g = 0; g < 16; g++) {
+                int32_t s = 0;
+                for (int e = 16 * g; e < 16 * g + 16; e++) {
+                    size_t lo, hi;
+                    int shift, hshift;
+                    q6_place(e, r, &lo, &shift, &hi, &hshift);
+                    s += ((wp[lo] >> shift & 15) | (wp[hi] >> hshift & 3) << 4) * x[b].qs[e];
+                }
+                isum += (int8_t)wp[16 + 16 * (g / 2) + 2 * r + g % 2] * (s - 32 * x[b].bsums[g]);
+            }
+            uint16_t d;
+            memcpy(&d, wp + 2 * r, 2);
+            acc[r] = fmaf(f16_to_f32(d) * x[b].d, (float)isum, acc[r]);
+        }
+    for (int r = 0; r < 8; r++) y[r] = acc[r] + 0.0f;
 }

@@ -317,6 +317,7 @@ static const struct quant_kernels scalar_kernels = {
         [SLOT_Q4_0] = quant_scalar_packed8_q4_0, [SLOT_Q4_1] = quant_scalar_packed8_q4_1,
         [SLOT_Q8_0] = quant_scalar_packed8_q8_0, [SLOT_Q4_K] = quant_scalar_packed8_q4_k,
         [SLOT_Q5_0] = quant_scalar_packed8_q5_0, [SLOT_Q5_1] = quant_scalar_packed8_q5_1,
+        [SLOT_Q6_K] = quant_scalar_packed8_q6_k,
     },
     .act_q8 = act_q8_scalar,
     .act_q8_k = act_q8_k_scalar,

@@ -350,7 +350,8 @@ packed8_q8(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, float *y
 
 /* Q4_K, R rows of x (1 or 4) against eight packed rows (quant_impl.h's layout): per pair of
  * sub-blocks eight chunks whose lanes are the rows, the nibbles of each sub-block summed as int16
- * (8 x 2 x 15 x 127 < 2^15) and scaled per row by one vpmaddwd with (sc, sc) pairs; the mins by
+ * (8 x 2 x 15 x 127 < 2^15) and scaled per row by one vpmaddwd with (sc, sc) pairs (with QX_VNNI:
+ * summed as int32 by vpdpbusd, scaled by vpmulld); the mins by
  * four vpmaddwd of the (m, m') byte pairs with x's 32-sums. The block-exact order of
  * quant_k_accumulate, each row of x with its own sums (the same bits for R 1 and 4). Compiled once per
  * including file, so the AVX512-VNNI copy has 32 vector registers for R = 4's sums. */
@@ -372,22 +373,34 @@ packed8_q4k_rows(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, fl
                 const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                 for (int r = 0; r < R; r++) {
                     const int8_t *xq = ((const struct act_q8_k *)(xb + (size_t)r * xs) + b)->qs;
+#ifdef QX_VNNI /* the sub-block's sums in int32, one vpdpbusd per chunk */
+                    s_lo[r] = QX_DPBUSD_X(s_lo[r], lo, xq + 64 * p + 4 * c);
+                    s_hi[r] = QX_DPBUSD_X(s_hi[r], hi, xq + 64 * p + 32 + 4 * c);
+#else
                     int32_t xl, xh;
                     memcpy(&xl, xq + 64 * p + 4 * c, 4);
                     memcpy(&xh, xq + 64 * p + 32 + 4 * c, 4);
                     s_lo[r] = _mm256_add_epi16(s_lo[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
                     s_hi[r] = _mm256_add_epi16(s_hi[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+#endif
                 }
             }
             __m256i sc_lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 32 + 16 * p)));
             __m256i sc_hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wp + 40 + 16 * p)));
+#ifndef QX_VNNI
             sc_lo = _mm256_or_si256(sc_lo, _mm256_slli_epi32(sc_lo, 16));
             sc_hi = _mm256_or_si256(sc_hi, _mm256_slli_epi32(sc_hi, 16));
+#endif
             const __m256i mv = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wp + 96 + 16 * p)));
             for (int r = 0; r < R; r++) {
                 const struct act_q8_k *x = (const struct act_q8_k *)(xb + (size_t)r * xs) + b;
+#ifdef QX_VNNI
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_mullo_epi32(s_lo[r], sc_lo),
+                                                                     _mm256_mullo_epi32(s_hi[r], sc_hi)));
+#else
                 isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(s_lo[r], sc_lo),
                                                                      _mm256_madd_epi16(s_hi[r], sc_hi)));
+#endif
                 const int32_t bs0 = x->bsums[4 * p] + x->bsums[4 * p + 1], bs1 = x->bsums[4 * p + 2] + x->bsums[4 * p + 3];
                 msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(mv, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)bs0 |
                                                                                                       (uint32_t)bs1 << 16))));
@@ -402,6 +415,67 @@ packed8_q4k_rows(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, fl
         }
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ys, _mm256_sub_ps(acc[r], accm[r]));
+}
+
+/* Q6_K, R rows of x against eight packed rows (quant_impl.h's layout): per chunk of 32 elements
+ * four vectors of the low group's values and four of the high group's (nibble | top bits << 4,
+ * 0..63, the lanes the rows), their products with x summed per group (int32, exact), times the
+ * group's scale per row (vpmulld); the -32 once per block through x's 16-sums and the scale pairs
+ * (vpmaddwd). The integer sum of the block is dot_q6_k's, so every layout and implementation
+ * gives the same bits. */
+QX_TARGET __attribute__((always_inline)) static inline void
+packed8_q6k_rows(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, float *y, int64_t ys, int R)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    (void)ones; /* not with QX_VNNI */
+    __m256 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, wp += QUANT_R8_Q6_K) {
+        qx_prefetch_far(wp, QUANT_R8_Q6_K);
+        __m256i isum[4], off[4];
+        for (int r = 0; r < R; r++) isum[r] = off[r] = _mm256_setzero_si256();
+        for (int t = 0; t < 8; t++) {
+            const uint8_t *qb = wp + 144 + 192 * t;
+            const __m256i pair = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wp + 16 + 16 * t)));
+            const __m256i sc_lo = _mm256_srai_epi32(_mm256_slli_epi32(pair, 16), 16), sc_hi = _mm256_srai_epi32(pair, 16);
+            const __m256i h0 = _mm256_loadu_si256((const __m256i *)(qb + 128)), h1 = _mm256_loadu_si256((const __m256i *)(qb + 160));
+            __m256i lo[4], hi[4];
+            for (int j = 0; j < 4; j++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 32 * j)), h = j < 2 ? h0 : h1;
+                const __m256i tl = j % 2 ? h : _mm256_slli_epi16(h, 4), th = j % 2 ? _mm256_srli_epi16(h, 2) : _mm256_slli_epi16(h, 2);
+                lo[j] = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(tl, m30));
+                hi[j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_and_si256(th, m30));
+            }
+            for (int r = 0; r < R; r++) {
+                const struct act_q8_k *x = (const struct act_q8_k *)(xb + (size_t)r * xs) + b;
+                const int8_t *xq = x->qs + 32 * t;
+                __m256i sl = _mm256_setzero_si256(), sh = _mm256_setzero_si256();
+                for (int j = 0; j < 4; j++) {
+#ifdef QX_VNNI
+                    sl = QX_DPBUSD_X(sl, lo[j], xq + 4 * j);
+                    sh = QX_DPBUSD_X(sh, hi[j], xq + 16 + 4 * j);
+#else
+                    int32_t xl, xh;
+                    memcpy(&xl, xq + 4 * j, 4);
+                    memcpy(&xh, xq + 16 + 4 * j, 4);
+                    sl = _mm256_add_epi32(sl, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(xl)), ones));
+                    sh = _mm256_add_epi32(sh, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(xh)), ones));
+#endif
+                }
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_mullo_epi32(sl, sc_lo), _mm256_mullo_epi32(sh, sc_hi)));
+                int32_t bs;
+                memcpy(&bs, x->bsums + 2 * t, 4); /* the 16-sums of the chunk's two groups */
+                off[r] = _mm256_add_epi32(off[r], _mm256_madd_epi16(pair, _mm256_set1_epi32(bs)));
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
+        for (int r = 0; r < R; r++) {
+            const __m256 dx = _mm256_set1_ps(((const struct act_q8_k *)(xb + (size_t)r * xs) + b)->d);
+            const __m256i is = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(off[r], 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(is), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ys, _mm256_add_ps(acc[r], _mm256_setzero_ps()));
 }
 
 #define QX_PACKED(name, call)                                                                    \
@@ -429,6 +503,7 @@ QX_PACKED(q5_0, QX_Q5_0)
 QX_PACKED(q5_1, QX_Q5_1)
 QX_PACKED(q8_0, packed8_q8)
 QX_PACKED(q4_k, packed8_q4k_rows)
+QX_PACKED(q6_k, packed8_q6k_rows)
 #undef QX_Q4_0
 #undef QX_Q4_1
 #undef QX_Q5_0
@@ -471,13 +546,13 @@ QX_S8(mxfp4)
         [SLOT_Q5_1] = dotw4_q5_1, [SLOT_Q8_0] = dotw4_q8_0,                                                       \
     },                                                                                                            \
     .packed8 = {[SLOT_Q4_0] = packed8_q4_0, [SLOT_Q4_1] = packed8_q4_1, [SLOT_Q8_0] = packed8_q8_0,               \
-                [SLOT_Q4_K] = packed8_q4_k, [SLOT_Q5_0] = packed8_q5_0, [SLOT_Q5_1] = packed8_q5_1},   \
+                [SLOT_Q4_K] = packed8_q4_k, [SLOT_Q5_0] = packed8_q5_0, [SLOT_Q5_1] = packed8_q5_1, [SLOT_Q6_K] = packed8_q6_k},   \
     .packed8x4 = {[SLOT_Q4_0] = packed8x4_q4_0, [SLOT_Q4_1] = packed8x4_q4_1, [SLOT_Q8_0] = packed8x4_q8_0,       \
                   [SLOT_Q4_K] = packed8x4_q4_k, [SLOT_Q5_0] = packed8x4_q5_0,                                     \
-                  [SLOT_Q5_1] = packed8x4_q5_1},                                                                  \
+                  [SLOT_Q5_1] = packed8x4_q5_1, [SLOT_Q6_K] = packed8x4_q6_k},                                                                  \
     .packed8x2 = {[SLOT_Q4_0] = packed8x2_q4_0, [SLOT_Q4_1] = packed8x2_q4_1, [SLOT_Q8_0] = packed8x2_q8_0,       \
                   [SLOT_Q4_K] = packed8x2_q4_k, [SLOT_Q5_0] = packed8x2_q5_0,                                     \
-                  [SLOT_Q5_1] = packed8x2_q5_1},                                                                  \
+                  [SLOT_Q5_1] = packed8x2_q5_1, [SLOT_Q6_K] = packed8x2_q6_k},                                                                  \
     .act_q8 = quant_avx2_act_q8,                                                                                  \
     .act_q8_k = quant_avx2_act_q8_k,                                                                              \
 }
