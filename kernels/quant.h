@@ -86,14 +86,14 @@ void quant_matmul(enum quant_type type, float *y, const float *x, const void *w,
                   int64_t n, int64_t k, void *scratch, int n_threads);
 
 /* ---- eight rows packed together (decode's layout; kernels/cpu/quant_packed.c) ----
- * Q4_0, Q4_1 and Q8_0 weights with n a multiple of 8 can be regrouped eight rows at a time
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K weights with n a multiple of 8 can be regrouped eight rows at a time
  * (the same bytes, the same size: n * quant_row_bytes(type, k)), so that a decode step reads each
  * block's eight scales as one vector and each word of x once for eight rows. The product over
  * the packed copy gives the same bits as quant_matmul over the rows as stored: these types
  * (and Q5_K) sum in one order in every implementation and layout (kernels/cpu/quant_impl.h). */
 int  quant_packable(enum quant_type type, int64_t n, int64_t k);
-/* Bytes of W (n, k) packed: n * quant_row_bytes(type, k) for Q4_0 / Q4_1 / Q8_0, 2.8 % more for
- * Q4_K (its scales unpacked to bytes). CHECK unless quant_packable. */
+/* Bytes of W (n, k) packed: n * quant_row_bytes(type, k), 2.8 % more for Q4_K (its scales unpacked
+ * to bytes). CHECK unless quant_packable. */
 size_t quant_packed_bytes(enum quant_type type, int64_t n, int64_t k);
 /* dst (quant_packed_bytes) = W (n, k) packed; CHECK unless quant_packable. */
 void quant_pack_rows8(enum quant_type type, void *dst, const void *w, int64_t n, int64_t k);
