@@ -193,10 +193,11 @@ __attribute__((target("avx2,fma"))) static void gemv_rows_avx2(float *y, const f
  * - the row count from which block weights take the f32 tiles (QUANT_SGEMM_MIN_M, or
  *   SHARDLM_CPU_QUANT_SGEMM_MIN_M=N);
  * - int8_packed: weights packed eight rows at a time take the int8 products at every row count
- *   where the CPU multiplies int8 in one instruction (AVX512-VNNI or AVX-VNNI) and
- *   SHARDLM_CPU_QUANT_SGEMM_MIN_M is not set: the four-row packed kernels prefill 1.3x faster than
- *   the f32 tiles there (docs/quantization.md), and a row's logits no longer depend on how many
- *   rows its step holds. */
+ *   where the CPU has SIMD int8 products (AVX2 and up) and SHARDLM_CPU_QUANT_SGEMM_MIN_M is not
+ *   set: the four-row packed kernels prefill 1.3x faster than the f32 tiles with VNNI
+ *   (2026-11-30) and, forced to AVX2 on the same AMD Zen 4, 1.32x (2026-12-01; OpenBLAS's tiles
+ *   still on AVX-512 there: docs/quantization.md), and a row's logits no longer depend on how
+ *   many rows its step holds. */
 static struct {
     int gemv_rows, quant_sgemm_min, int8_packed;
 } knobs = {8, QUANT_SGEMM_MIN_M, 0};
@@ -223,7 +224,7 @@ static void knobs_init(void)
         }
     }
     const enum quant_impl best = quant_impl_best();
-    knobs.int8_packed = !min_m_set && (best == QUANT_IMPL_AVX512_VNNI || best == QUANT_IMPL_AVX_VNNI);
+    knobs.int8_packed = !min_m_set && best != QUANT_IMPL_SCALAR;
 }
 
 int cpu_gemv_rows_per_pass(void)
