@@ -100,6 +100,12 @@ struct attention_batch {
      * its split-K decode kernel by it; the CPU backend ignores it. The result does not depend
      * on it (a wrong 1 costs speed, not correctness). */
     int           decode_only;
+    /* A host-side array, NULL = none: row_path[s] != 0 asks that each row of sequence s give
+     * the bits it would give as a one-row decode step (speculative verification: a draft's row
+     * must score as the token would once accepted, so that greedy output does not change). The
+     * CPU backend then computes the sequence's rows on its row path, not its tiles (another
+     * online-softmax rounding); the CUDA backend ignores it (not made exact there: docs/cuda.md). */
+    const int32_t *row_path;
     /* Attention sinks (GPT-OSS): f32 (n_heads), one learned logit per query head of this call
      * (a tp rank's heads), on the backend's device, that joins each softmax's denominator only:
      * o = sum_j e^(s_j - m) v_j / (e^(S_h - m) + sum_j e^(s_j - m)), m the max of S_h and the

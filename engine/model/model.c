@@ -357,6 +357,7 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
         .scale = model_attn_scale(m),
         .window = m->cfg.sliding_window,
         .softcap = m->cfg.attn_softcap,
+        .row_path = fb->seq_row_path,
     };
     /* The host knows what the device-side q_start says: a decode step lets the backend pick its
      * decode kernel (struct attention_batch.decode_only). */

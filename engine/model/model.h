@@ -238,6 +238,8 @@ struct forward_batch {
     int            n_logits;
     const int32_t *logit_rows;  /* (n_logits) rows (0 .. n_tokens-1) whose logits are wanted */
     const int32_t *seq_adapter; /* (n_seqs) index into model.adapters, -1 = the base; NULL = all base */
+    const int32_t *seq_row_path; /* (n_seqs) non-zero: the sequence's rows verify drafts and must each
+                                    give a decode row's bits (struct attention_batch.row_path); NULL = none */
     /* Greedy sampling on the device: when non-NULL, the last stage writes the argmax of each
      * logits row here (lowest id on ties, op_argmax) and sets *greedy_done = 1 instead of
      * downloading the logits (4 bytes a row instead of 4 x vocab). When a logit is not finite

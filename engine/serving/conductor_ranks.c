@@ -23,14 +23,14 @@ enum status plan_exchange(struct conductor *c, struct step_plan_header *h)
     CHECK(T >= 0 && T <= c->o.max_batch_tokens && S >= 0 && S <= c->o.max_seqs && W == b->table_width &&
               L >= 0 && L <= c->max_logits && C >= 0,
           "step plan out of range (tokens %d seqs %d width %d logits %d copies %d)", T, S, W, L, C);
-    const size_t n = 3 * (size_t)T + (size_t)(S + 1) + 2 * (size_t)S + (size_t)S * W + (size_t)L + 2 * (size_t)C;
+    const size_t n = 3 * (size_t)T + (size_t)(S + 1) + 3 * (size_t)S + (size_t)S * W + (size_t)L + 2 * (size_t)C;
     if (base_grow((void **)&c->plan, &c->cap_plan, n, sizeof *c->plan) != 0) return STATUS_RESOURCE_EXHAUSTED;
     const int first = conductor_is_first_rank(c);
     if (!first && C > 0 && base_grow((void **)&sc->copies, &sc->cap_copies, 2 * (size_t)C, sizeof *sc->copies) != 0)
         return STATUS_RESOURCE_EXHAUSTED;
     struct { int32_t *p; int n; } parts[] = {
         {b->tokens, T}, {b->pos, T}, {b->slots, T}, {b->qstart, S + 1}, {b->seqlen, S},
-        {b->table, S * W}, {b->rows, L}, {sc->copies, 2 * C}, {b->adapter, S},
+        {b->table, S * W}, {b->rows, L}, {sc->copies, 2 * C}, {b->adapter, S}, {b->row_path, S},
     };
     size_t off = 0;
     if (first)
@@ -92,7 +92,8 @@ enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logit
                                    .seq_len = b->seqlen + s0,
                                    .block_table = b->table + (size_t)s0 * (size_t)b->table_width,
                                    .max_blocks = b->table_width, .n_logits = l1 - l0, .logit_rows = c->mb_rows,
-                                   .seq_adapter = c->m->n_adapters ? b->adapter + s0 : NULL};
+                                   .seq_adapter = c->m->n_adapters ? b->adapter + s0 : NULL,
+                                   .seq_row_path = b->row_path + s0};
         /* Workers never read their logits: they take the cheap path whenever it exists. */
         const int greedy = n_micro == 1 && (conductor_is_first_rank(c) ? c->step_greedy : c->device_greedy);
         if (greedy) {

@@ -126,6 +126,7 @@ static enum status run_chunk(struct conductor *c, const struct verify_job *j, co
     b->qstart[1] = take;
     b->seqlen[0] = p0 + take;
     b->adapter[0] = j->adapter;
+    b->row_path[0] = 0;
     memcpy(b->table, blocks, (size_t)n_blocks * sizeof *blocks);
     b->n_logits = last;
     b->rows[0] = take - 1;

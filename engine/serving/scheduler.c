@@ -25,11 +25,12 @@ enum status scheduler_init(struct scheduler *s, struct kv_cache *cache, const st
     b->seqlen = malloc(S * sizeof(int32_t));
     b->table = malloc(S * (size_t)o->table_width * sizeof(int32_t));
     b->adapter = malloc(S * sizeof(int32_t));
+    b->row_path = malloc(S * sizeof(int32_t));
     s->running = calloc(S, sizeof *s->running);
     s->planned = calloc(S, sizeof *s->planned);
     s->client_keys = calloc(S, sizeof *s->client_keys);
     s->client_running = calloc(S, sizeof *s->client_running);
-    if (!b->tokens || !b->pos || !b->slots || !b->rows || !b->qstart || !b->seqlen || !b->table || !b->adapter ||
+    if (!b->tokens || !b->pos || !b->slots || !b->rows || !b->qstart || !b->seqlen || !b->table || !b->adapter || !b->row_path ||
         !s->running || !s->planned || !s->client_keys || !s->client_running)
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the step buffers");
     return STATUS_OK;
@@ -54,6 +55,7 @@ void scheduler_free(struct scheduler *s)
     free(b->seqlen);
     free(b->table);
     free(b->adapter);
+    free(b->row_path);
     memset(s, 0, sizeof *s);
 }
 
@@ -287,6 +289,7 @@ static void plan_rows(struct scheduler *s, struct seq *q, int take)
     b->qstart[k] = b->n_rows;
     b->seqlen[k] = q->n_cached + take;
     b->adapter[k] = q->req->adapter;
+    b->row_path[k] = q->n_draft > 0;
     memcpy(b->table + (size_t)k * b->table_width, q->blocks, (size_t)q->n_blocks * sizeof *q->blocks);
     b->n_seqs++;
     b->n_rows += take;

@@ -29,6 +29,8 @@ struct step_batch {
     int32_t *table;                /* (max_seqs, table_width) block tables */
     int32_t *rows;                 /* (max_logits) rows whose logits are wanted, ascending */
     int32_t *adapter;              /* (max_seqs) serving adapter of each sequence, -1 = the base */
+    int32_t *row_path;             /* (max_seqs) 1: the sequence's rows verify drafts (each must give
+                                      a decode row's result: forward_batch.seq_row_path) */
     int      table_width;
     int      n_rows, n_seqs, n_logits;
     int      prefill_rows;         /* rows of prompt tokens (stats) */

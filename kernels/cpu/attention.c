@@ -21,7 +21,8 @@
  * Work items go to the backend's OpenMP threads dynamically; a sequence's tiles are issued
  * last-first (the causal tiles near the end of a chunk have the most keys), tiles before rows.
  * One work item is never split across threads: a single decode row of a model with one KV head
- * runs on one thread. Under the backend's batch_invariant every row takes the row path.
+ * runs on one thread. Under the backend's batch_invariant every row takes the row path, and so
+ * do the rows of a sequence that verifies drafts (batch->row_path: speculative decoding).
  * All arithmetic is f32 whatever the storage dtype; the result is rounded once on store.
  * Not here: the inner kernels (attention_portable.c, attention_avx2.c, attention_avx512.c), training attention
  * (attention_train.c).
@@ -77,6 +78,7 @@ struct attn_ctx {
     int64_t                       row_kv;    /* KV heads per work item of the row path */
     int                           prefetch;  /* the row path prefetches its next pass */
     int                           invariant; /* backend batch_invariant: every row by the row path */
+    const int32_t                *row_path;  /* batch->row_path (host, or NULL): these sequences' rows too */
 };
 
 /* The first cache position that position pos attends to (its window's start, or 0). */
@@ -90,7 +92,7 @@ static int64_t first_key(const struct attn_ctx *c, int64_t pos)
 static int uses_tiles(const struct attn_ctx *c, int s)
 {
     const int64_t n_new = c->q_start[s + 1] - c->q_start[s];
-    return !c->invariant && n_new >= 2 && n_new * c->group >= ATTN_TILE_MIN_QV;
+    return !c->invariant && !(c->row_path && c->row_path[s]) && n_new >= 2 && n_new * c->group >= ATTN_TILE_MIN_QV;
 }
 
 /* The element offsets of the cache slots of the np positions from p0 (blocks: the sequence's
@@ -369,6 +371,7 @@ void cpu_attention(struct backend *b, const struct tensor *out, const struct ten
          * tiles visit keys in other passes than the row path (another online-softmax rounding),
          * so every row takes the row path, as a decode row does. */
         .invariant = b->batch_invariant,
+        .row_path = batch->row_path,
     };
     c.group = c.n_heads / c.n_kv;
     c.tile_rows = ATTN_TILE_QV / c.group > 1 ? ATTN_TILE_QV / c.group : 1;

@@ -62,13 +62,17 @@ def others(srv, chat):
     return out
 
 
-def compare(a, model, name, chat, launcher=(), extra=(), batch=True):
+def compare(a, model, name, chat, launcher=(), extra=(), batch=True, draft=4):
     """batch False: a model whose logits depend on how many rows a step holds (a GGUF's blocks: under
     32 rows int8 products, from 32 on dequantized ones, docs/quantization.md) is compared one request
-    at a time only, where a step holds its one row plus its drafts (under 32)."""
+    at a time only, where a step holds its one row plus its drafts (under 32). draft: --spec-draft;
+    at 8 a verification brings 9 rows, which with SmolLM2's 3 query heads per KV head (27 query
+    vectors) or stories260K's 2 (18) is what the CPU attention would take through its tiles (from
+    16) were the rows not marked as verifying (kernels/cpu/attention.c: another rounding, and 6 of
+    24 SQuAD answers changed at 6 drafts before the mark)."""
     runs = {}
     for spec in (False, True):
-        args = list(extra) + (["--speculative", "ngram", "--spec-draft", "4", "--spec-max-batch", "16"] if spec else [])
+        args = list(extra) + (["--speculative", "ngram", "--spec-draft", str(draft), "--spec-max-batch", "16"] if spec else [])
         with TS.Server(a.shardlm, Path(model), *args, name=name + ("-spec" if spec else ""), launcher=launcher) as srv:
             seq, par, oth = answers(srv, chat, 1), answers(srv, chat, 16), others(srv, chat)
             with srv.client(timeout=60) as c:
@@ -182,6 +186,7 @@ def main():
     try:
         per_request(a)
         compare(a, a.model, "stories260K", chat=False)
+        compare(a, a.model, "stories260K, 8 drafts", chat=False, draft=8)
         if shutil.which("mpirun"):
             os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
@@ -191,6 +196,7 @@ def main():
             print("SKIP tp 2: no mpirun")
         if a.gguf and os.path.exists(a.gguf):
             compare(a, a.gguf, "SmolLM2 chat", chat=True, batch=False)
+            compare(a, a.gguf, "SmolLM2 chat, 8 drafts", chat=True, batch=False, draft=8)
         else:
             print("SKIP SmolLM2: no GGUF (tools/fetch_smollm2.sh)")
     finally:
