@@ -6,12 +6,14 @@ without and then with `--speculative ngram`. Prints decode tokens/s of each (com
 over the time after the first token, summed over the requests), their ratio, the acceptance rate
 from GetServerStats, whether every answer is identical, and the CPU model. With --draft-model,
 each DIR given is also run as `--speculative draft --draft-model DIR` (a draft model: for
-example one shardlm trained, tools/distill_draft.sh). Not a test.
+example one shardlm trained, tools/distill_draft.sh). With --open, everyday requests without a
+passage instead (OPEN_PROMPTS: nothing in the prompt to copy, so prompt lookup finds little; the
+issue's "prompts where nothing matches", where speculation must cost no more than 3 %). Not a test.
 
   python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
       [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
       [--spec-draft 4] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
-      [--batches 1,16]
+      [--batches 1,16] [--open]
 """
 import argparse
 import concurrent.futures as cf
@@ -26,6 +28,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "server"))
 import test_server as TS  # noqa: E402
+
+
+# Everyday requests with nothing to copy from (--open).
+OPEN_PROMPTS = [
+    "Write a short poem about the sea at night.", "Give me three tips for sleeping better.",
+    "What should I cook for dinner tonight? Suggest something quick.", "Explain why the sky is blue.",
+    "Tell me a joke about computers.", "How do I start learning to play the guitar?",
+    "Describe your ideal weekend.", "What are the benefits of walking every day?",
+    "Suggest a name for a small bakery.", "Why do cats purr?", "How can I be more productive at work?",
+    "Write a thank-you note to a teacher.", "What is the difference between weather and climate?",
+    "Give me an idea for a birthday present for my brother.", "How do plants make their food?",
+    "Plan a one-day trip to a city you like.", "What makes a good friend?", "Explain what a budget is.",
+    "Write two sentences about autumn.", "How do I keep my houseplants alive?",
+    "Why is exercise good for the brain?", "Invent a new ice cream flavour and describe it.",
+    "What are some polite ways to say no?", "How does a rainbow form?",
+]
 
 
 def run(srv, prompts, max_tokens, parallel):
@@ -82,11 +100,15 @@ def main():
     ap.add_argument("--llama-lookup", help="llama.cpp's llama-lookup, run on the same file and questions")
     ap.add_argument("--draft-model", action="append", default=[], help="also speculate with this draft model")
     ap.add_argument("--batches", default="1,16", help="requests at once, comma-separated (default 1,16)")
+    ap.add_argument("--open", action="store_true", help="everyday requests without a passage (OPEN_PROMPTS)")
     a = ap.parse_args()
-    qs = json.load(open(a.squad))
-    step = max(1, len(qs) // a.questions)
-    prompts = [q["prompt"] for q in qs[::step][: a.questions]]
-    print(f"CPU: {TS.cpu_name()}; model {a.model}; {len(prompts)} SQuAD held-out questions, greedy, "
+    if a.open:
+        prompts, what = OPEN_PROMPTS[: a.questions], "everyday requests without a passage"
+    else:
+        qs = json.load(open(a.squad))
+        step = max(1, len(qs) // a.questions)
+        prompts, what = [q["prompt"] for q in qs[::step][: a.questions]], "SQuAD held-out questions"
+    print(f"CPU: {TS.cpu_name()}; model {a.model}; {len(prompts)} {what}, greedy, "
           f"{a.max_tokens} tokens at most, --threads {a.threads}")
     out = {}
     batches = [int(b) for b in a.batches.split(",")]
