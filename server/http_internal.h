@@ -56,11 +56,12 @@ struct http_chat_caps {
     int tool_format;
     int reasoning; /* enum tool_reasoning: the markers replies are split at (0: not split) */
     int effort;    /* the template reads `reasoning_effort` (GPT-OSS's): the request's is given to it */
+    int tools_prompt; /* enum tool_prompt: the template never reads `tools` and the server writes them */
 };
 /* The caps of served model m. */
 static inline struct http_chat_caps http_model_caps(const struct served_model *m)
 {
-    return (struct http_chat_caps){m->jtmpl != NULL, m->tool_format, m->reasoning, m->reads_effort};
+    return (struct http_chat_caps){m->jtmpl != NULL, m->tool_format, m->reasoning, m->reads_effort, m->tools_prompt};
 }
 
 /* A parsed OpenAI request: the engine's request plus what shapes the answer. */

@@ -218,6 +218,10 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
                                 const struct http_chat_caps *caps, struct http_request *q)
 {
     enum tool_format f = (enum tool_format)caps->tool_format;
+    if (f == TOOL_FORMAT_DEEPSEEK && required)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "'tool_choice': %s needs calls constrained; this model's tool "
+                             "format (DeepSeek's) is parsed, not constrained: use \"auto\"",
+                             only ? "a named function" : "\"required\"");
     cJSON *list = chosen_tools(tools, only);
     enum status st = list ? http_tools_context(o, list, caps, q) : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     cJSON_Delete(list);
@@ -234,7 +238,7 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
         if (!(q->r.prefill = strdup(tool_format_call_prefix(f))))
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
         st = set_schema(q, native_schema(f, tools, only, required, parallel), NULL);
-    } else if (st == STATUS_OK) {
+    } else if (st == STATUS_OK && f != TOOL_FORMAT_DEEPSEEK) { /* (DeepSeek's calls: parsed only) */
         /* The trigger (engine.h TRIGGER_*): a reasoning template's is armed after </think> (a
          * marker inside the reasoning does not trigger; gen_prompt says when the prompt opened
          * it); Llama 3's call has no marker but is the whole reply: the reply's first `{`. */
@@ -313,6 +317,10 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.strict': true needs calls constrained to "
                                  "the whole schema; this model's tool format (GLM-4.5's <arg_key> / <arg_value> pairs) "
                                  "is constrained to the declared names, keys and value types only", i);
+        if (cJSON_IsTrue(strict) && caps && caps->jinja && caps->tool_format == TOOL_FORMAT_DEEPSEEK)
+            return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.strict': true needs calls constrained to "
+                                 "the schema; this model's tool format (DeepSeek's <\xef\xbd\x9ctool\xe2\x96\x81" "call"
+                                 "\xe2\x96\x81" "begin\xef\xbd\x9c> calls) is parsed, not constrained", i);
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
         if (!cJSON_IsString(name) || !valid_name(name->valuestring))
@@ -557,6 +565,36 @@ static cJSON *raw_message(const cJSON *m, int harmony)
     return out;
 }
 
+/* A template that never reads `tools` (DeepSeek's): their text (tool_format_tools_prompt) ends the
+ * first system message of msgs, or is one of its own before the others. -1: out of memory. */
+static int tools_into_system(cJSON *msgs, const cJSON *tools, enum tool_prompt kind)
+{
+    cJSON *fns = cJSON_CreateArray();
+    for (const cJSON *t = tools->child; t && fns; t = t->next)
+        cJSON_AddItemToArray(fns, cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(t, "function"), 1));
+    char *json = fns ? cJSON_PrintUnformatted(fns) : NULL;
+    cJSON_Delete(fns);
+    char *text = json ? tool_format_tools_prompt(kind, json) : NULL;
+    free(json);
+    if (!text) return -1;
+    cJSON *first = msgs->child, *content = first ? cJSON_GetObjectItemCaseSensitive(first, "content") : NULL;
+    const cJSON *role = first ? cJSON_GetObjectItemCaseSensitive(first, "role") : NULL;
+    int ok;
+    if (cJSON_IsString(role) && !strcmp(role->valuestring, "system") && cJSON_IsString(content)) {
+        const size_t n = strlen(content->valuestring) + strlen(text) + 3;
+        char *joined = malloc(n);
+        if (joined) snprintf(joined, n, "%s\n\n%s", content->valuestring, text);
+        ok = joined && cJSON_ReplaceItemInObjectCaseSensitive(first, "content", cJSON_CreateString(joined));
+        free(joined);
+    } else {
+        cJSON *m = cJSON_CreateObject();
+        ok = m && cJSON_AddStringToObject(m, "role", "system") && cJSON_AddStringToObject(m, "content", text) &&
+             cJSON_InsertItemInArray(msgs, 0, m);
+    }
+    free(text);
+    return ok ? 0 : -1;
+}
+
 enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct http_chat_caps *caps,
                                struct http_request *q)
 {
@@ -599,6 +637,10 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
     if (raw) {
         for (const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages")->child; m; m = m->next)
             cJSON_AddItemToArray(msgs, raw_message(m, caps->tool_format == TOOL_FORMAT_HARMONY));
+        if (tools && caps->tools_prompt && tools_into_system(msgs, tools, (enum tool_prompt)caps->tools_prompt) != 0) {
+            cJSON_Delete(ctx);
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        }
     } else {
         static const char *const roles[] = {"system", "user", "assistant"};
         const cJSON *ms = cJSON_GetObjectItemCaseSensitive(o, "messages"), *src = ms ? ms->child : NULL;

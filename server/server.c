@@ -182,6 +182,8 @@ static void find_end_ids(struct served_model *m, int eos)
 static void note_template_formats(const struct server *s, struct served_model *m, const char *src)
 {
     m->tool_format = (int)tool_format_detect(src);
+    m->tools_prompt = m->tool_format == TOOL_FORMAT_DEEPSEEK && !strstr(src, "tools")
+                          ? (strstr(src, "```json") ? TOOL_PROMPT_DEEPSEEK_R1 : TOOL_PROMPT_DEEPSEEK) : TOOL_PROMPT_NONE;
     m->reads_effort = strstr(src, "reasoning_effort") != NULL;
     const char *rf = s->opts.reasoning_format;
     if (!rf || !strcmp(rf, "auto")) m->reasoning = (int)tool_format_detect_reasoning(src);

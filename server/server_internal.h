@@ -263,6 +263,8 @@ struct served_model {
     char                  tmpl_name[256];
     int                   tool_format;   /* enum tool_format of jtmpl's text (GENERIC without one) */
     int                   reads_effort;  /* jtmpl's text reads reasoning_effort (GPT-OSS's template) */
+    int                   tools_prompt;  /* DeepSeek's templates never read `tools`: the server writes them into
+                                            the system message (enum tool_prompt; 0: the template does) */
     int                   reasoning;     /* enum tool_reasoning: the markers split off replies (0: none;
                                             reasoning_format, the template's text) */
     char                  bos_text[64], eos_text[64]; /* bos_token / eos_token for the template */

@@ -5,6 +5,7 @@
  * Tests: tests/server/test_tools.py, tests/test_tool_stream.c, tests/fuzz/fuzz_tool_parse.c. */
 #include "tool_format.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,9 @@ static int is_harmony(const char *src)
 enum tool_format tool_format_detect(const char *src)
 {
     if (is_harmony(src)) return TOOL_FORMAT_HARMONY;
+    /* DeepSeek's templates write calls but never read `tools` (the server describes them:
+     * tool_format_tools_prompt) */
+    if (src && strstr(src, "tool\xe2\x96\x81" "calls\xe2\x96\x81" "begin")) return TOOL_FORMAT_DEEPSEEK; /* tool▁calls▁begin */
     if (!src || !strstr(src, "tools")) return TOOL_FORMAT_GENERIC;
     if (strstr(src, "<arg_key>")) return TOOL_FORMAT_GLM; /* before Hermes: GLM's calls open with <tool_call> too */
     if (strstr(src, "<tool_call>")) return TOOL_FORMAT_HERMES;
@@ -46,7 +50,7 @@ const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasonin
 
 const char *tool_format_name(enum tool_format f)
 {
-    static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm"};
+    static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "?";
 }
 
@@ -85,6 +89,28 @@ const char *tool_format_next_call(enum tool_format f)
 }
 
 const char *tool_format_args_key(enum tool_format f) { return f == TOOL_FORMAT_LLAMA3 ? "parameters" : "arguments"; }
+
+char *tool_format_tools_prompt(enum tool_prompt p, const char *functions_json)
+{
+#define BAR "\xef\xbd\x9c"
+#define SP "\xe2\x96\x81"
+    static const char head[] = "You can call these tools (JSON Schema of each function's arguments):\n";
+    static const char v31[] = "\n\nTo call tools, write exactly:\n<" BAR "tool" SP "calls" SP "begin" BAR "><" BAR "tool" SP "call"
+                              SP "begin" BAR ">FUNCTION_NAME<" BAR "tool" SP "sep" BAR ">{ARGUMENTS AS JSON}<" BAR "tool" SP "call" SP
+                              "end" BAR "><" BAR "tool" SP "calls" SP "end" BAR ">\nwith one <" BAR "tool" SP "call" SP "begin" BAR
+                              "> ... <" BAR "tool" SP "call" SP "end" BAR "> for each call.";
+    static const char r1[] = "\n\nTo call tools, write exactly:\n<" BAR "tool" SP "calls" SP "begin" BAR "><" BAR "tool" SP "call"
+                             SP "begin" BAR ">function<" BAR "tool" SP "sep" BAR ">FUNCTION_NAME\n```json\n{ARGUMENTS AS JSON}\n```<"
+                             BAR "tool" SP "call" SP "end" BAR "><" BAR "tool" SP "calls" SP "end" BAR ">\nwith one <" BAR "tool" SP
+                             "call" SP "begin" BAR "> ... <" BAR "tool" SP "call" SP "end" BAR "> for each call.";
+#undef BAR
+#undef SP
+    const char *how = p == TOOL_PROMPT_DEEPSEEK_R1 ? r1 : v31;
+    const size_t n = strlen(head) + strlen(functions_json) + strlen(how) + 1;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s%s%s", head, functions_json, how);
+    return s;
+}
 
 static char *dup_n(const char *s, size_t n)
 {

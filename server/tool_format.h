@@ -25,6 +25,11 @@
  *            string), each visible once its </tool_call> is read; a required or named
  *            tool_choice is held to a GBNF grammar of the declared calls (http_tools_glm.c), auto
  *            is free
+ *   DEEPSEEK <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
+ *            <｜tool▁calls▁end｜> (DeepSeek V3.1), or R1's body `function<｜tool▁sep｜>NAME\n```json\n{...}\n```
+ *            (DeepSeek R1 and its Qwen / Llama distills): "tool▁calls▁begin"; each call visible once its
+ *            <｜tool▁call▁end｜> is read, its arguments the JSON object as written. Parsed only: an
+ *            auto tool_choice is free, required or a named function is refused (no grammar of it yet)
  * A template that never reads `tools` gets GENERIC whatever it holds.
  *
  * Reasoning: with `reasoning` on (enum tool_reasoning: the markers), a reply that opens with the
@@ -58,10 +63,18 @@ enum tool_format {
     TOOL_FORMAT_PHI4,
     TOOL_FORMAT_HARMONY,
     TOOL_FORMAT_GLM, /* parsed (tool_glm.c); required / named: a GBNF grammar (http_tools_glm.c) */
+    TOOL_FORMAT_DEEPSEEK, /* parsed (tool_stream.c, tool_glm.c); not constrained: required / named refused */
 };
 
 /* The format a template's source (NUL-terminated) asks for; GENERIC when it has no tools. */
 enum tool_format tool_format_detect(const char *template_src);
+/* How the tools reach a model whose template never reads `tools` (DeepSeek's: its calls are the
+ * model's own format, its tools only what the system message says): the server's system text,
+ * describing V3.1's call shape or R1's (tool_format_tools_prompt). */
+enum tool_prompt { TOOL_PROMPT_NONE, TOOL_PROMPT_DEEPSEEK, TOOL_PROMPT_DEEPSEEK_R1 };
+/* The system text of kind p for the functions' JSON (a list of {name, description, parameters}),
+ * malloc'd; NULL when out of memory. */
+char *tool_format_tools_prompt(enum tool_prompt p, const char *functions_json);
 /* The markers a reasoning block is written between, chosen by the template's text (its source
  * holds the opening marker, and the closing one but for <think>). Values are this parser's
  * `reasoning` argument (0: not split). */

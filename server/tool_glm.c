@@ -1,4 +1,5 @@
-/* server/tool_glm.c - GLM-4.5's tool calls (tool_format.h TOOL_FORMAT_GLM): the body of one
+/* server/tool_glm.c - GLM-4.5's tool calls (tool_format.h TOOL_FORMAT_GLM), and DeepSeek's call
+ * bodies (TOOL_FORMAT_DEEPSEEK, at the end). GLM: the body of one
  * `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n...</tool_call>` turned into the
  * call's name and its arguments as JSON. GLM's template writes a string value as it is and any
  * other value as JSON (`v | tojson if v is not string else v`), so a value that is one whole JSON
@@ -160,4 +161,36 @@ int tool_glm_call(const char *s, size_t n, size_t *name_at, size_t *name_len, st
     }
     tool_json_buf_add(args, "}", 1);
     return !args->oom;
+}
+
+/* DeepSeek's call body, between <｜tool▁call▁begin｜> and <｜tool▁call▁end｜>: V3.1's
+ * `NAME<｜tool▁sep｜>ARGS`, or R1's `function<｜tool▁sep｜>NAME\n```json\nARGS\n```` (its type, then
+ * the name on its own line and the arguments fenced); ARGS one JSON object. */
+int tool_deepseek_call(const char *s, size_t n, size_t *name_at, size_t *name_len, size_t *args_at, size_t *args_len)
+{
+    const char *e = s + n, *sep = find(s, e, TOOL_DS_SEP), *ns = s, *ne = sep;
+    if (!sep) return 0;
+    const char *a = sep + strlen(TOOL_DS_SEP), *ae = e;
+    trim(&ns, &ne);
+    if ((size_t)(ne - ns) == strlen("function") && !memcmp(ns, "function", (size_t)(ne - ns))) { /* R1 */
+        const char *nl = memchr(a, '\n', (size_t)(e - a));
+        if (!nl) return 0;
+        ns = a, ne = nl;
+        trim(&ns, &ne);
+        a = nl + 1;
+        while (a < e && tool_json_is_ws((unsigned char)*a)) a++;
+        if (!eat(&a, e, "```")) return 0;
+        eat(&a, e, "json");
+        trim(&a, &ae);
+        if ((size_t)(ae - a) < 3 || memcmp(ae - 3, "```", 3)) return 0;
+        ae -= 3;
+    }
+    trim(&a, &ae);
+    for (const char *c = ns; c < ne; c++) /* a name is one word: no whitespace, no marker */
+        if (tool_json_is_ws((unsigned char)*c) || *c == '<') return 0;
+    const char *q = a;
+    if (ne == ns || a == ae || *a != '{' || !json_value(&q, ae, 0) || q != ae) return 0;
+    *name_at = (size_t)(ns - s), *name_len = (size_t)(ne - ns);
+    *args_at = (size_t)(a - s), *args_len = (size_t)(ae - a);
+    return 1;
 }

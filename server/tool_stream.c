@@ -33,7 +33,7 @@ static const char *const BUILTIN_TOOLS[2] = {"brave_search", "wolfram_alpha"};
 static const char *open_marker(enum tool_format f)
 {
     return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM ? "<tool_call>" : f == TOOL_FORMAT_MISTRAL ? "[TOOL_CALLS]"
-         : f == TOOL_FORMAT_PHI4 ? "<|tool_call|>" : NULL;
+         : f == TOOL_FORMAT_PHI4 ? "<|tool_call|>" : f == TOOL_FORMAT_DEEPSEEK ? TOOL_DS_CALLS_BEGIN : NULL;
 }
 
 static const char *close_marker(enum tool_format f)
@@ -168,6 +168,7 @@ static void read_text(struct tool_stream *ts)
         ts->pos = p + m;
         if (ts->f == TOOL_FORMAT_MISTRAL) ts->st = B_LIST_OPEN;
         else if (ts->f == TOOL_FORMAT_GLM) ts->st = B_GLM, ts->search = p + m;
+        else if (ts->f == TOOL_FORMAT_DEEPSEEK) ts->st = B_DS, ts->search = p + m, ts->close_at = (size_t)-1;
         else begin_call(ts);
         return;
     }
@@ -212,6 +213,73 @@ static void read_glm(struct tool_stream *ts)
     }
     free(args.p);
     text_from(ts, p + m);
+}
+
+/* Whether the n bytes at s are a proper start of lit (all of s, fewer bytes than lit). */
+static int starts_lit(const char *s, size_t n, const char *lit)
+{
+    const size_t m = strlen(lit);
+    return n < m && !memcmp(s, lit, n);
+}
+
+/* B_DS: DeepSeek's list after <｜tool▁calls▁begin｜>: calls, each `<｜tool▁call▁begin｜>BODY<｜tool▁call▁end｜>`
+ * (the body held until it is whole, then made a call by tool_glm.c's tool_deepseek_call), up to
+ * <｜tool▁calls▁end｜>; whitespace between them is nothing. A reply that ends after a call without
+ * the list's end keeps its calls; anything else malformed makes the block text (or, once calls
+ * were kept, drops the rest: call_bad). */
+static void read_deepseek(struct tool_stream *ts)
+{
+    const size_t mb = strlen(TOOL_DS_CALL_BEGIN), me = strlen(TOOL_DS_CALL_END), ml = strlen(TOOL_DS_CALLS_END);
+    for (;;) {
+        if (ts->close_at == (size_t)-1) { /* between calls */
+            size_t p = ts->search;
+            for (; p < ts->len && tool_json_is_ws((unsigned char)ts->text[p]); p++) ts->steps++;
+            ts->search = p;
+            const size_t rest = ts->len - p;
+            ts->steps += mb + ml;
+            if (rest >= mb && !memcmp(ts->text + p, TOOL_DS_CALL_BEGIN, mb)) {
+                ts->close_at = ts->search = p + mb;
+                continue;
+            }
+            if (rest >= ml && !memcmp(ts->text + p, TOOL_DS_CALLS_END, ml)) {
+                text_from(ts, p + ml);
+                return;
+            }
+            if (!ts->final && (starts_lit(ts->text + p, rest, TOOL_DS_CALL_BEGIN) ||
+                               starts_lit(ts->text + p, rest, TOOL_DS_CALLS_END))) {
+                ts->pos = ts->len; /* wait for the marker to be whole */
+                return;
+            }
+            if (ts->final && rest == 0 && ts->kept_block) text_from(ts, p); /* ended after a call */
+            else call_bad(ts);
+            return;
+        }
+        size_t p = ts->search; /* in a body: looking for its end */
+        for (; p + me <= ts->len; p++) {
+            ts->steps++;
+            if (ts->text[p] == TOOL_DS_CALL_END[0] && !memcmp(ts->text + p, TOOL_DS_CALL_END, me)) break;
+        }
+        if (p + me > ts->len) {
+            ts->search = p;
+            ts->pos = ts->len;
+            if (ts->final) call_bad(ts);
+            return;
+        }
+        const size_t b0 = ts->close_at;
+        size_t name_at, name_len, args_at, args_len;
+        ts->steps += p - b0;
+        if (!tool_deepseek_call(ts->text + b0, p - b0, &name_at, &name_len, &args_at, &args_len)) {
+            call_bad(ts);
+            return;
+        }
+        if (ts->max_calls <= 0 || ts->n_calls < ts->max_calls) {
+            struct tcall *t = tool_stream_new_call(ts, ts->text + b0 + name_at, name_len);
+            if (t) t->args0 = b0 + args_at, t->args1 = b0 + args_at + args_len;
+            ts->kept_block++;
+        }
+        ts->close_at = (size_t)-1;
+        ts->search = p + me;
+    }
 }
 
 /* One byte of the body at ts->pos (the states that read byte by byte). */
@@ -426,11 +494,13 @@ static void advance(struct tool_stream *ts)
             ts->pos = ts->len;
         } else if (ts->st == L_START) llama3_start(ts);
         else if (ts->st == B_GLM) read_glm(ts);
+        else if (ts->st == B_DS) read_deepseek(ts);
         else if (ts->st == B_REST) seg_advance(ts, &ts->cseg, ts->len, 1), ts->pos = ts->len;
         else if (ts->st == B_DEAD) ts->pos = ts->len;
         else body_byte(ts);
     }
     if (ts->final && ts->st == B_GLM) read_glm(ts); /* a body cut short: text */
+    if (ts->final && ts->st == B_DS) read_deepseek(ts); /* cut short: text, or the calls before */
     if (ts->final && ts->st == B_TEXT) seg_advance(ts, &ts->cseg, ts->len, 1);
     if (ts->final && ts->st == L_BUILTIN) call_bad(ts); /* a built-in call cut short: text */
 }

@@ -31,6 +31,7 @@ enum body {
     G_OPEN, G_KEYSTART, G_KEY, G_COLON, G_RSTART, G_RESP, G_LSTART, G_LAFTER, /* generic */
     L_START, L_CALLSTART, L_AFTER, L_SEMI, L_BUILTIN,                         /* llama3 */
     B_GLM,        /* glm: in a call's body, looking for </tool_call> (tool_glm.c) */
+    B_DS,         /* deepseek: in the list of calls (close_at: -1 between calls, else where the body starts) */
 };
 
 enum rphase { R_OFF, R_DETECT, R_IN, R_GAP };
@@ -94,6 +95,16 @@ size_t tool_stream_holdback(const char *s, size_t n, const char *marker);
  * (*name_len bytes) and its arguments as a JSON object in args (reset first). Returns 0 when the
  * body is not a call (tool_glm.c). */
 int tool_glm_call(const char *s, size_t n, size_t *name_at, size_t *name_len, struct tool_json_buf *args);
+/* DeepSeek's markers (R1, V3, V3.1) and the body of one call (tool_glm.c): 1 with the name and the
+ * arguments' JSON object as offsets into s, 0 when the body is not a call. */
+#define TOOL_DS_BAR "\xef\xbd\x9c" /* U+FF5C, the fullwidth bar */
+#define TOOL_DS_SP  "\xe2\x96\x81" /* U+2581, SentencePiece's space */
+#define TOOL_DS_CALLS_BEGIN "<" TOOL_DS_BAR "tool" TOOL_DS_SP "calls" TOOL_DS_SP "begin" TOOL_DS_BAR ">"
+#define TOOL_DS_CALLS_END   "<" TOOL_DS_BAR "tool" TOOL_DS_SP "calls" TOOL_DS_SP "end" TOOL_DS_BAR ">"
+#define TOOL_DS_CALL_BEGIN  "<" TOOL_DS_BAR "tool" TOOL_DS_SP "call" TOOL_DS_SP "begin" TOOL_DS_BAR ">"
+#define TOOL_DS_CALL_END    "<" TOOL_DS_BAR "tool" TOOL_DS_SP "call" TOOL_DS_SP "end" TOOL_DS_BAR ">"
+#define TOOL_DS_SEP         "<" TOOL_DS_BAR "tool" TOOL_DS_SP "sep" TOOL_DS_BAR ">"
+int tool_deepseek_call(const char *s, size_t n, size_t *name_at, size_t *name_len, size_t *args_at, size_t *args_len);
 /* A new slot for a call named name[0..n) (zeroed but for the name), or NULL out of memory. */
 struct tcall *tool_stream_new_call(struct tool_stream *ts, const char *name, size_t n);
 

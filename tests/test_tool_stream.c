@@ -592,10 +592,63 @@ static void check_glm(void)
     }
 }
 
-/* --parse-glm FILE: the replies of FILE (separated by the byte 0x1e) parsed in GLM's format; for
- * each, every call as "name<TAB>arguments" on a line, then "--" (tests/server/test_tools_glm.py
- * renders calls with GLM-4.6's template in jinja2 and compares them with what comes back). */
-static int parse_glm_file(const char *path)
+/* DeepSeek's calls (tool_stream.c read_deepseek, tool_glm.c tool_deepseek_call): V3.1's and R1's
+ * bodies as their templates write them (llama.cpp models/templates: deepseek-ai-DeepSeek-V3.1.jinja,
+ * deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja), several calls, the list's end missing at the end
+ * of the reply; malformed or cut-short lists are text; every prefix a prefix of the whole parse. */
+#define DS_CALLS "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
+#define DS_CALLS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define DS_CALL "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
+#define DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
+static void check_deepseek(void)
+{
+    static const struct { const char *text, *name, *args, *content; int calls; } cases[] = {
+        {DS_CALLS DS_CALL "get_weather" DS_SEP "{\"city\": \"Paris\"}" DS_CALL_END DS_CALLS_END, "get_weather",
+         "{\"city\": \"Paris\"}", "", 1},
+        {"Let me look.\n\n" DS_CALLS DS_CALL "function" DS_SEP "search\n```json\n{\"q\": \"x\"}\n```" DS_CALL_END DS_CALLS_END,
+         "search", "{\"q\": \"x\"}", "Let me look.", 1},
+        {DS_CALLS DS_CALL "a" DS_SEP "{}" DS_CALL_END "\n" DS_CALL "b" DS_SEP "{\"n\": [1, 2]}" DS_CALL_END DS_CALLS_END " done",
+         "a", "{}", "done", 2},
+        {DS_CALLS DS_CALL "f" DS_SEP "{\"x\": 1}" DS_CALL_END, "f", "{\"x\": 1}", "", 1},
+        {DS_CALLS DS_CALL "f" DS_SEP "not json" DS_CALL_END DS_CALLS_END " tail", NULL, NULL,
+         DS_CALLS DS_CALL "f" DS_SEP "not json" DS_CALL_END DS_CALLS_END " tail", 0},
+        {DS_CALLS DS_CALL "f" DS_SEP "{\"x\": 1", NULL, NULL, DS_CALLS DS_CALL "f" DS_SEP "{\"x\": 1", 0},
+        {DS_CALLS DS_CALL "two words" DS_SEP "{}" DS_CALL_END, NULL, NULL, DS_CALLS DS_CALL "two words" DS_SEP "{}" DS_CALL_END, 0},
+        {DS_CALLS "junk", NULL, NULL, DS_CALLS "junk", 0},
+        {"plain text, no call", NULL, NULL, "plain text, no call", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct tool_parsed p;
+        CHECK(!tool_parse(TOOL_FORMAT_DEEPSEEK, 1, 0, 0, 0, cases[i].text, strlen(cases[i].text), 1, &p), "oom");
+        int ok = p.n_calls == cases[i].calls && !strcmp(p.content, cases[i].content) &&
+                 (!cases[i].name || (!strcmp(p.calls[0].name, cases[i].name) && !strcmp(p.calls[0].args, cases[i].args) &&
+                                     p.calls[0].complete));
+        if (!ok) {
+            fprintf(stderr, "FAIL deepseek call '%s': %d calls (%s %s), content '%s'\n", cases[i].text, p.n_calls,
+                    p.n_calls ? p.calls[0].name : "", p.n_calls ? p.calls[0].args : "", p.content);
+            exit(1);
+        }
+        tool_parsed_free(&p);
+        format_prefixes(TOOL_FORMAT_DEEPSEEK, 1, 0, cases[i].text, strlen(cases[i].text));
+        format_prefixes(TOOL_FORMAT_DEEPSEEK, 1, 1, cases[i].text, strlen(cases[i].text));
+    }
+    /* max_calls 1 keeps the first of two; the detection by the template's text. */
+    struct tool_parsed p;
+    const char *two = cases[2].text;
+    CHECK(!tool_parse(TOOL_FORMAT_DEEPSEEK, 1, 0, 0, 1, two, strlen(two), 1, &p), "oom");
+    CHECK(p.n_calls == 1 && !strcmp(p.calls[0].name, "a"), "deepseek max_calls 1: %d calls", p.n_calls);
+    tool_parsed_free(&p);
+    CHECK(tool_format_detect("{% if tools %}{{'" DS_CALLS "'}}{% endif %}") == TOOL_FORMAT_DEEPSEEK,
+          "the DeepSeek template's marker detected");
+    fprintf(stderr, "PASS deepseek: %zu replies (V3.1 and R1 bodies), every prefix\n", sizeof cases / sizeof *cases);
+}
+
+/* --parse-glm FILE (--parse-deepseek FILE): the replies of FILE (separated by the byte 0x1e) parsed
+ * in GLM's (DeepSeek's) format; for each, every call as "name<TAB>arguments" on a line, then "--"
+ * (tests/server/test_tools_glm.py and test_tools_deepseek.py render calls with the models'
+ * templates in jinja2 and compare them with what comes back). */
+static int parse_file(enum tool_format fmt, const char *path)
 {
     FILE *f = fopen(path, "rb");
     CHECK(f, "cannot open %s", path);
@@ -606,7 +659,7 @@ static int parse_glm_file(const char *path)
         const char *end = memchr(buf + at, 0x1e, n - at);
         size_t len = end ? (size_t)(end - (buf + at)) : n - at;
         struct tool_parsed p;
-        CHECK(!tool_parse(TOOL_FORMAT_GLM, 1, 0, 0, 0, buf + at, len, 1, &p), "oom");
+        CHECK(!tool_parse(fmt, 1, 0, 0, 0, buf + at, len, 1, &p), "oom");
         for (int k = 0; k < p.n_calls; k++) printf("%s\t%s\n", p.calls[k].name, p.calls[k].args);
         printf("--\n");
         tool_parsed_free(&p);
@@ -632,7 +685,8 @@ static int glm_grammar(const char *tools_json, const char *only, int parallel, i
 
 int main(int argc, char **argv)
 {
-    if (argc > 2 && !strcmp(argv[1], "--parse-glm")) return parse_glm_file(argv[2]);
+    if (argc > 2 && !strcmp(argv[1], "--parse-glm")) return parse_file(TOOL_FORMAT_GLM, argv[2]);
+    if (argc > 2 && !strcmp(argv[1], "--parse-deepseek")) return parse_file(TOOL_FORMAT_DEEPSEEK, argv[2]);
     if (argc > 5 && !strcmp(argv[1], "--glm-grammar")) return glm_grammar(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
     static const char *const cases[] = {
         "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call> done",
@@ -675,6 +729,7 @@ int main(int argc, char **argv)
     check_reasoning_kinds();
     check_harmony();
     check_glm();
+    check_deepseek();
     printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);
     return 0;
 }
