@@ -180,21 +180,35 @@ static void read_text(struct tool_stream *ts)
     ts->pos = ts->len;
 }
 
+/* The first lit in the text from ts->search, or -1 (ts->search then where a later search
+ * resumes, so that each byte is looked at once). */
+static size_t scan_for(struct tool_stream *ts, const char *lit)
+{
+    const size_t m = strlen(lit);
+    size_t p = ts->search;
+    for (; p + m <= ts->len; p++) {
+        ts->steps++;
+        if (ts->text[p] == lit[0] && !memcmp(ts->text + p, lit, m)) return p;
+    }
+    ts->search = p;
+    return (size_t)-1;
+}
+
+/* A call's body not closed yet: wait for more text, or, at the end, the block is malformed. */
+static void body_open(struct tool_stream *ts)
+{
+    ts->pos = ts->len;
+    if (ts->final) call_bad(ts);
+}
+
 /* B_GLM: a call's body up to </tool_call> (held until it is whole), then made a call by
  * tool_glm.c; a body that is not a call, or cut short, makes the block text. */
 static void read_glm(struct tool_stream *ts)
 {
     const char *close = close_marker(ts->f);
-    const size_t m = strlen(close), b0 = ts->block + strlen(open_marker(ts->f));
-    size_t p = ts->search;
-    for (; p + m <= ts->len; p++) {
-        ts->steps++;
-        if (ts->text[p] == close[0] && !memcmp(ts->text + p, close, m)) break;
-    }
-    if (p + m > ts->len) {
-        ts->search = p;
-        ts->pos = ts->len;
-        if (ts->final) call_bad(ts);
+    const size_t m = strlen(close), b0 = ts->block + strlen(open_marker(ts->f)), p = scan_for(ts, close);
+    if (p == (size_t)-1) {
+        body_open(ts);
         return;
     }
     size_t name_at = 0, name_len = 0;
@@ -254,15 +268,9 @@ static void read_deepseek(struct tool_stream *ts)
             else call_bad(ts);
             return;
         }
-        size_t p = ts->search; /* in a body: looking for its end */
-        for (; p + me <= ts->len; p++) {
-            ts->steps++;
-            if (ts->text[p] == TOOL_DS_CALL_END[0] && !memcmp(ts->text + p, TOOL_DS_CALL_END, me)) break;
-        }
-        if (p + me > ts->len) {
-            ts->search = p;
-            ts->pos = ts->len;
-            if (ts->final) call_bad(ts);
+        const size_t p = scan_for(ts, TOOL_DS_CALL_END); /* in a body: looking for its end */
+        if (p == (size_t)-1) {
+            body_open(ts);
             return;
         }
         const size_t b0 = ts->close_at;

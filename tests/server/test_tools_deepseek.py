@@ -39,6 +39,7 @@ except ImportError as e:
     sys.exit(SKIP)
 import test_server as TS  # noqa: E402
 from checks import Checks  # noqa: E402
+from tool_cases import CALLS  # noqa: E402
 
 check = Checks()
 TEMPLATES = TESTS / "data" / "chat_templates"
@@ -47,13 +48,6 @@ R1 = TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"
 BAR, SP = "\uff5c", "\u2581"
 ASSISTANT, EOS = f"<{BAR}Assistant{BAR}>", f"<{BAR}end{SP}of{SP}sentence{BAR}>"
 
-CALLS = [
-    [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}],
-    [{"name": "search", "arguments": {"query": "say \"hi\"\n\tthen", "limit": 5, "exact": True, "filters": None}}],
-    [{"name": "plan", "arguments": {"steps": [1, 2.5, -3e-2], "meta": {"a": {"b": [True, False]}, "c": "x"}}}],
-    [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"y": "two words"}}, {"name": "c", "arguments": {}}],
-    [{"name": "unicode", "arguments": {"text": "caf\u00e9 \u2014 \U0001f600", "path": "C:\\dir\\f.txt"}}],
-]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                            "required": ["city"]}}}]

@@ -51,6 +51,7 @@ import glm_ref  # noqa: E402
 import make_models as MM  # noqa: E402
 import test_server as TS  # noqa: E402
 from checks import Checks  # noqa: E402
+from tool_cases import CALLS  # noqa: E402
 
 check = Checks()
 TEMPLATE = TESTS / "data" / "chat_templates" / "zai-org-GLM-4.6.jinja"
@@ -59,14 +60,6 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                                            "required": ["city"]}}}]
 
 
-# Calls of every argument kind, as OpenAI clients send them back in a history.
-CALLS = [
-    [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}],
-    [{"name": "search", "arguments": {"query": "say \"hi\"\n\tthen", "limit": 5, "exact": True, "filters": None}}],
-    [{"name": "plan", "arguments": {"steps": [1, 2.5, -3e-2], "meta": {"a": {"b": [True, False]}, "c": "x"}}}],
-    [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"y": "two words"}}, {"name": "c", "arguments": {}}],
-    [{"name": "unicode", "arguments": {"text": "caf\u00e9 \u2014 \U0001f600", "path": "C:\\dir\\f.txt"}}],
-]
 
 
 def round_trip(template, tool_stream, work):
