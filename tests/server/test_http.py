@@ -951,7 +951,14 @@ def group_hardening(env):
         for s in slow + others + [slow_body]:
             s.close()
         wait_until(lambda: http(srv, "GET", "/health", timeout=5)[0] == 200, "the front to serve again")
-        code, ans = http(srv, "POST", "/v1/completions", {"prompt": "Once", "max_tokens": 3}, H)
+        # A connection the client closed frees its address's slot once the server reads the close,
+        # which may come a poll after the next request (a clean-clone run got one 503 here): a 503
+        # too_many_connections is retried for up to 5 s, anything else is the answer.
+        for _ in range(50):
+            code, ans = http(srv, "POST", "/v1/completions", {"prompt": "Once", "max_tokens": 3}, H)
+            if not (code == 503 and "too_many_connections" in json.dumps(ans)):
+                break
+            time.sleep(0.1)
         check(code == 200 and ans["usage"]["completion_tokens"] == 3, f"served after the slow clients: {code} {ans}")
 
 
