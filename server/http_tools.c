@@ -218,10 +218,6 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
                                 const struct http_chat_caps *caps, struct http_request *q)
 {
     enum tool_format f = (enum tool_format)caps->tool_format;
-    if (f == TOOL_FORMAT_DEEPSEEK && required)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "'tool_choice': %s needs calls constrained; this model's tool "
-                             "format (DeepSeek's) is parsed, not constrained: use \"auto\"",
-                             only ? "a named function" : "\"required\"");
     cJSON *list = chosen_tools(tools, only);
     enum status st = list ? http_tools_context(o, list, caps, q) : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     cJSON_Delete(list);
@@ -359,7 +355,10 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
         return status_errorf(STATUS_INVALID_ARGUMENT, "'tools' with a structured output (response_format, "
                              "structured_outputs, guided_*) is not supported: the tool format is itself one");
     int parallel = par ? cJSON_IsTrue(par) : 1;
-    if (caps && caps->jinja && caps->tool_format != TOOL_FORMAT_GENERIC)
+    /* DeepSeek's calls have no grammar yet: a required (or named) call takes the generic format,
+     * whose JSON reply is constrained, as every DeepSeek template did before its format was read. */
+    if (caps && caps->jinja && caps->tool_format != TOOL_FORMAT_GENERIC &&
+        !(caps->tool_format == TOOL_FORMAT_DEEPSEEK && required))
         return native_tools(o, tools, only, required, parallel, caps, q);
     cJSON *schema = reply_schema(tools, only, required, parallel);
     char *src = schema ? dup_json(schema) : NULL;
@@ -627,8 +626,8 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
     cJSON *ctx = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(ctx, "messages");
     /* The template writes tool calls and results itself; or it reasons and the chat has no tools
      * at all (then messages keep their reasoning_content, which its history may write back). */
-    int raw = caps->tool_format != TOOL_FORMAT_GENERIC;
-    if (!raw && caps->reasoning && !tools) {
+    int raw = caps->tool_format != TOOL_FORMAT_GENERIC && !(q->tools && q->tool_format == TOOL_FORMAT_GENERIC);
+    if (!raw && caps->reasoning && !tools && !q->tools) {
         raw = 1;
         for (const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages")->child; m && raw; m = m->next)
             raw = !cJSON_GetObjectItemCaseSensitive(m, "tool_calls") && !cJSON_GetObjectItemCaseSensitive(m, "tool_call_id") &&

@@ -29,7 +29,7 @@
  *            <｜tool▁calls▁end｜> (DeepSeek V3.1), or R1's body `function<｜tool▁sep｜>NAME\n```json\n{...}\n```
  *            (DeepSeek R1 and its Qwen / Llama distills): "tool▁calls▁begin"; each call visible once its
  *            <｜tool▁call▁end｜> is read, its arguments the JSON object as written. Parsed only: an
- *            auto tool_choice is free, required or a named function is refused (no grammar of it yet)
+ *            auto tool_choice is free; required or a named function take GENERIC (no grammar of it yet)
  * A template that never reads `tools` gets GENERIC whatever it holds.
  *
  * Reasoning: with `reasoning` on (enum tool_reasoning: the markers), a reply that opens with the
@@ -63,7 +63,7 @@ enum tool_format {
     TOOL_FORMAT_PHI4,
     TOOL_FORMAT_HARMONY,
     TOOL_FORMAT_GLM, /* parsed (tool_glm.c); required / named: a GBNF grammar (http_tools_glm.c) */
-    TOOL_FORMAT_DEEPSEEK, /* parsed (tool_stream.c, tool_glm.c); not constrained: required / named refused */
+    TOOL_FORMAT_DEEPSEEK, /* parsed (tool_stream.c, tool_glm.c); not constrained: required / named go GENERIC */
 };
 
 /* The format a template's source (NUL-terminated) asks for; GENERIC when it has no tools. */

@@ -10,8 +10,9 @@ the published templates themselves:
   package): the server reads the template as the deepseek format; since the template never reads
   `tools`, the server writes them into the system message (after the client's own system text),
   so that the prompt has exactly the tokens of jinja2's rendering of that system message
-  (sentencepiece); tool_choice auto is answered; `required`, a named function and `strict: true`
-  are 400s naming DeepSeek's format (its calls are parsed, not constrained).
+  (sentencepiece); tool_choice auto is answered; `required` and a named function take the generic
+  format (constrained JSON): the replies are calls that parse, of the named function; `strict:
+  true` is a 400 naming DeepSeek's format (its own calls are parsed, not constrained).
 SKIP (77) without openai, jinja2, sentencepiece or the stories260K golden model.
 
   test_tools_deepseek.py --shardlm BUILD/cli/shardlm --tool-stream BUILD/tests/test_tool_stream
@@ -107,17 +108,24 @@ def serve(a, work):
         check(r.choices[0].finish_reason in ("stop", "length", "tool_calls") and r.usage.prompt_tokens == want,
               "tools with tool_choice auto: answered after a prompt of %d tokens, the tools written into the system "
               "message (jinja2 + sentencepiece: %d)" % (r.usage.prompt_tokens, want))
-        for kw, what in ((dict(tool_choice="required"), "tool_choice required"),
-                         (dict(tool_choice={"type": "function", "function": {"name": "get_weather"}}), "a named function"),
-                         (dict(tools=[{"type": "function", "function": dict(TOOLS[0]["function"], strict=True)}]),
-                          "strict: true")):
-            args = dict(model="stories260K", messages=msgs, tools=TOOLS, max_tokens=4)
-            args.update(kw)
-            try:
-                c.chat.completions.create(**args)
-                check(False, f"{what} on DeepSeek's format is refused")
-            except openai.BadRequestError as e:
-                check("DeepSeek" in str(e), f"{what}: a 400 naming DeepSeek's format: {str(e)[:110]}")
+        # required and named: the generic format (its JSON reply constrained), whose calls always parse.
+        ping = {"type": "function", "function": {"name": "ping", "parameters": {
+            "type": "object", "properties": {}, "additionalProperties": False}}}
+        for choice, what in (("required", "tool_choice required"),
+                             ({"type": "function", "function": {"name": "ping"}}, "a named function")):
+            r = c.chat.completions.create(model="stories260K", messages=msgs, tools=[ping], tool_choice=choice,
+                                          parallel_tool_calls=False, max_tokens=60, temperature=0)
+            tc = r.choices[0].message.tool_calls or []
+            ok = r.choices[0].finish_reason == "tool_calls" and tc and all(
+                t.function.name == "ping" and json.loads(t.function.arguments) == {} for t in tc)
+            check(ok, f"{what}: calls in the generic format that parse ({r.choices[0].finish_reason}, "
+                      f"{[(t.function.name, t.function.arguments) for t in tc]})")
+        try:
+            c.chat.completions.create(model="stories260K", messages=msgs, max_tokens=4,
+                                      tools=[{"type": "function", "function": dict(TOOLS[0]["function"], strict=True)}])
+            check(False, "strict: true on DeepSeek's format is refused")
+        except openai.BadRequestError as e:
+            check("DeepSeek" in str(e), f"strict: true: a 400 naming DeepSeek's format: {str(e)[:110]}")
 
 
 def main():
