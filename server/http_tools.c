@@ -254,16 +254,24 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
 }
 
 /* The system text that tells the model the tools and the reply format. */
-static char *system_text(const cJSON *tools, const char *only, int required)
+/* The functions of tools (the named one only, when only is set) as one JSON list, malloc'd; NULL
+ * when out of memory. */
+static char *functions_json(const cJSON *tools, const char *only)
 {
     cJSON *list = cJSON_CreateArray();
-    for (const cJSON *t = tools->child; t; t = t->next) {
+    for (const cJSON *t = tools->child; t && list; t = t->next) {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
         if (!only || !strcmp(cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring, only))
             cJSON_AddItemToArray(list, cJSON_Duplicate(f, 1));
     }
-    char *fs = cJSON_PrintUnformatted(list);
+    char *fs = list ? cJSON_PrintUnformatted(list) : NULL;
     cJSON_Delete(list);
+    return fs;
+}
+
+static char *system_text(const cJSON *tools, const char *only, int required)
+{
+    char *fs = functions_json(tools, only);
     if (!fs) return NULL;
     static const char head[] = "You can call these tools (JSON Schema of each function's arguments):\n";
     static const char call[] = "\n\nReply with one JSON object. To call tools: {\"tool_calls\": [{\"name\": "
@@ -568,11 +576,7 @@ static cJSON *raw_message(const cJSON *m, int harmony)
  * first system message of msgs, or is one of its own before the others. -1: out of memory. */
 static int tools_into_system(cJSON *msgs, const cJSON *tools, enum tool_prompt kind)
 {
-    cJSON *fns = cJSON_CreateArray();
-    for (const cJSON *t = tools->child; t && fns; t = t->next)
-        cJSON_AddItemToArray(fns, cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(t, "function"), 1));
-    char *json = fns ? cJSON_PrintUnformatted(fns) : NULL;
-    cJSON_Delete(fns);
+    char *json = functions_json(tools, NULL);
     char *text = json ? tool_format_tools_prompt(kind, json) : NULL;
     free(json);
     if (!text) return -1;

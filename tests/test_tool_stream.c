@@ -551,12 +551,39 @@ static void check_harmony(void)
     }
 }
 
+/* A reply in format f and what its whole parse must give (the first call's name and arguments
+ * when name is set, the content, the number of calls); then every prefix a prefix of the whole
+ * parse and a stream's deltas adding up to it (format_prefixes), with and without max_calls 1. */
+struct call_case {
+    const char *text, *name, *args, *content;
+    int calls;
+};
+
+static void check_call_cases(enum tool_format f, const char *label, const struct call_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct tool_parsed p;
+        CHECK(!tool_parse(f, 1, 0, 0, 0, cases[i].text, strlen(cases[i].text), 1, &p), "oom");
+        int ok = p.n_calls == cases[i].calls && !strcmp(p.content, cases[i].content) &&
+                 (!cases[i].name || (!strcmp(p.calls[0].name, cases[i].name) && !strcmp(p.calls[0].args, cases[i].args) &&
+                                     p.calls[0].complete));
+        if (!ok) {
+            fprintf(stderr, "FAIL %s call '%s': %d calls (%s %s), content '%s'\n", label, cases[i].text, p.n_calls,
+                    p.n_calls ? p.calls[0].name : "", p.n_calls ? p.calls[0].args : "", p.content);
+            exit(1);
+        }
+        tool_parsed_free(&p);
+        format_prefixes(f, 1, 0, cases[i].text, strlen(cases[i].text));
+        format_prefixes(f, 1, 1, cases[i].text, strlen(cases[i].text));
+    }
+}
+
 /* GLM-4.5's calls (tool_glm.c): the bodies GLM-4.6's template writes (a string value as it is,
  * others as JSON), parsed into JSON arguments; malformed or cut-short bodies are text; every prefix
  * a prefix of the whole parse and a stream's deltas adding up to it (format_prefixes). */
 static void check_glm(void)
 {
-    static const struct { const char *text, *name, *args, *content; int calls; } cases[] = {
+    static const struct call_case cases[] = {
         {"<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>", "get_weather",
          "{\"city\":\"Paris\"}", "", 1},
         {"Let me check.\n<tool_call>f\n<arg_key>n</arg_key>\n<arg_value>42</arg_value>\n<arg_key>o</arg_key>\n"
@@ -575,21 +602,7 @@ static void check_glm(void)
          "\n</tool_call>", "f", "{\"x\":-1.5e3,\"y\":\"01\"}", "", 1},
         {"plain text, no call", NULL, NULL, "plain text, no call", 0},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        struct tool_parsed p;
-        CHECK(!tool_parse(TOOL_FORMAT_GLM, 1, 0, 0, 0, cases[i].text, strlen(cases[i].text), 1, &p), "oom");
-        int ok = p.n_calls == cases[i].calls && !strcmp(p.content, cases[i].content) &&
-                 (!cases[i].name || (!strcmp(p.calls[0].name, cases[i].name) && !strcmp(p.calls[0].args, cases[i].args) &&
-                                     p.calls[0].complete));
-        if (!ok) {
-            fprintf(stderr, "FAIL glm call '%s': %d calls (%s %s), content '%s'\n", cases[i].text, p.n_calls,
-                    p.n_calls ? p.calls[0].name : "", p.n_calls ? p.calls[0].args : "", p.content);
-            exit(1);
-        }
-        tool_parsed_free(&p);
-        format_prefixes(TOOL_FORMAT_GLM, 1, 0, cases[i].text, strlen(cases[i].text));
-        format_prefixes(TOOL_FORMAT_GLM, 1, 1, cases[i].text, strlen(cases[i].text));
-    }
+    check_call_cases(TOOL_FORMAT_GLM, "glm", cases, sizeof cases / sizeof *cases);
 }
 
 /* DeepSeek's calls (tool_stream.c read_deepseek, tool_glm.c tool_deepseek_call): V3.1's and R1's
@@ -603,7 +616,7 @@ static void check_glm(void)
 #define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
 static void check_deepseek(void)
 {
-    static const struct { const char *text, *name, *args, *content; int calls; } cases[] = {
+    static const struct call_case cases[] = {
         {DS_CALLS DS_CALL "get_weather" DS_SEP "{\"city\": \"Paris\"}" DS_CALL_END DS_CALLS_END, "get_weather",
          "{\"city\": \"Paris\"}", "", 1},
         {"Let me look.\n\n" DS_CALLS DS_CALL "function" DS_SEP "search\n```json\n{\"q\": \"x\"}\n```" DS_CALL_END DS_CALLS_END,
@@ -618,21 +631,7 @@ static void check_deepseek(void)
         {DS_CALLS "junk", NULL, NULL, DS_CALLS "junk", 0},
         {"plain text, no call", NULL, NULL, "plain text, no call", 0},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        struct tool_parsed p;
-        CHECK(!tool_parse(TOOL_FORMAT_DEEPSEEK, 1, 0, 0, 0, cases[i].text, strlen(cases[i].text), 1, &p), "oom");
-        int ok = p.n_calls == cases[i].calls && !strcmp(p.content, cases[i].content) &&
-                 (!cases[i].name || (!strcmp(p.calls[0].name, cases[i].name) && !strcmp(p.calls[0].args, cases[i].args) &&
-                                     p.calls[0].complete));
-        if (!ok) {
-            fprintf(stderr, "FAIL deepseek call '%s': %d calls (%s %s), content '%s'\n", cases[i].text, p.n_calls,
-                    p.n_calls ? p.calls[0].name : "", p.n_calls ? p.calls[0].args : "", p.content);
-            exit(1);
-        }
-        tool_parsed_free(&p);
-        format_prefixes(TOOL_FORMAT_DEEPSEEK, 1, 0, cases[i].text, strlen(cases[i].text));
-        format_prefixes(TOOL_FORMAT_DEEPSEEK, 1, 1, cases[i].text, strlen(cases[i].text));
-    }
+    check_call_cases(TOOL_FORMAT_DEEPSEEK, "deepseek", cases, sizeof cases / sizeof *cases);
     /* max_calls 1 keeps the first of two; the detection by the template's text. */
     struct tool_parsed p;
     const char *two = cases[2].text;
