@@ -14,6 +14,7 @@
  *   shardlm complete --server ADDR --prompt TEXT [...]   complete.c: one completion
  *   shardlm bench    --server ADDR --concurrency N --requests M [...]   bench.c: load generator
  *   shardlm stats    --server ADDR   stats.c: the served model and the server's load
+ *   shardlm route    --replica ADDR ...   route.c: the HTTP router over separate serve jobs
  * Not here: the gRPC client (clients/client.h), the server (server/), the engine.
  * Tests: tests/test_cli.sh, tests/test_client.sh. */
 #ifndef SHARDLM_CLI_COMMANDS_H
@@ -34,6 +35,7 @@ int client_complete_main(int argc, char **argv);
 int client_bench_main(int argc, char **argv);
 int client_stats_main(int argc, char **argv);
 int client_adapters_main(int argc, char **argv);
+int route_main(int argc, char **argv);
 
 /* Prints "shardlm: error: <STATUS>: <message>" for st and the thread's status message;
  * returns 1. */

@@ -45,6 +45,7 @@ static void print_help(FILE *f)
             "  shardlm complete --server ADDR --prompt TEXT     one completion\n"
             "  shardlm bench --server ADDR --concurrency N --requests M\n"
             "  shardlm stats --server ADDR                      model, load, replicas\n"
+            "  shardlm route --replica ADDR --replica ADDR ...  one HTTP address over separate serve jobs\n"
             "  shardlm adapters list|load NAME PATH|unload NAME --server ADDR   LoRA adapters at run time\n"
             "  shardlm generate --model DIR|FILE.gguf [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
             "                   [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
@@ -117,6 +118,7 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "complete")) return client_complete_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "bench")) return client_bench_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "stats")) return client_stats_main(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "route")) return route_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "adapters")) return client_adapters_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "generate")) return generate_main(argc - 2, argv + 2);
     if (!strcmp(argv[1], "convert")) return convert_main(argc - 2, argv + 2);

@@ -110,8 +110,25 @@ enum status client_open(const char *addr, const struct client_options *o, struct
     snprintf(c->model, sizeof c->model, "%s", o->model ? o->model : "");
     grpc_init();
 
-    grpc_arg args[6];
+    grpc_arg args[7];
     int n_args = 0;
+    /* Several replicas ("A:P,B:P", IP addresses): balanced by the channel, as the Python client
+     * does (client.py's REPLICAS_SERVICE_CONFIG, the same text). */
+    char *target = NULL;
+    if (strchr(addr, ',') && !strstr(addr, ":/") && strncmp(addr, "ipv4:", 5) && strncmp(addr, "ipv6:", 5) &&
+        strncmp(addr, "dns:", 4) && strncmp(addr, "unix:", 5)) {
+        size_t n = strlen(addr);
+        target = malloc(n + 6);
+        if (!target) {
+            client_close(c);
+            free(pem);
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        snprintf(target, n + 6, "%s%s", strchr(addr, '[') ? "ipv6:" : "ipv4:", addr);
+        args[n_args].type = GRPC_ARG_STRING;
+        args[n_args].key = (char *)GRPC_ARG_SERVICE_CONFIG;
+        args[n_args++].value.string = (char *)REPLICAS_SERVICE_CONFIG;
+    }
     /* Reconnect within a second of the server coming back (gRPC's default backoff grows to 120 s):
      * a journaled call reattaches to a restarted server while its request still runs there. */
     args[n_args].type = GRPC_ARG_INTEGER;
@@ -140,9 +157,10 @@ enum status client_open(const char *addr, const struct client_options *o, struct
     grpc_channel_credentials *creds;
     if (o->tls || pem) creds = grpc_ssl_credentials_create(pem, NULL, NULL, NULL);
     else creds = grpc_insecure_credentials_create();
-    c->channel = grpc_channel_create(addr, creds, &cargs);
+    c->channel = grpc_channel_create(target ? target : addr, creds, &cargs);
     grpc_channel_credentials_release(creds);
     free(pem);
+    free(target);
     if (!c->channel) {
         client_close(c);
         return status_errorf(STATUS_INVALID_ARGUMENT, "cannot create a channel to '%s'", addr);

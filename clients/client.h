@@ -249,7 +249,9 @@ struct client_server_stats {
     struct client_replica_stats replicas[CLIENT_MAX_REPLICAS];
 };
 
-/* Opens a channel to addr ("host:port", or any gRPC target such as "unix:/path"). Does not
+/* Opens a channel to addr ("host:port", or any gRPC target such as "unix:/path"; "A:P,B:P,..."
+ * with IP addresses: several replicas, which the channel balances, skipping one that is down
+ * (client_internal.h's REPLICAS_SERVICE_CONFIG). Does not
  * connect yet: an unreachable server shows as STATUS_UNAVAILABLE from the first call. o may
  * be NULL (insecure, no key, no deadline). The strings of o are copied. */
 enum status client_open(const char *addr, const struct client_options *o, struct client **out);

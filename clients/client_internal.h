@@ -18,6 +18,14 @@
 #define CALL_POLL_MS         50
 #define MAX_RECEIVE_BYTES    (256 << 20) /* responses with many logprobs can be large */
 #define MAX_SAMPLES          1024        /* more than the API's n range; guards a bad index */
+/* The service config of a target of several replicas ("A:P,B:P"): round_robin over them, each
+ * one's health watched (grpc.health.v1), a call that fails UNAVAILABLE before any answer sent
+ * again to another replica (docs/deployment.md). */
+#define REPLICAS_SERVICE_CONFIG                                                                             \
+    "{\"loadBalancingConfig\": [{\"round_robin\": {}}], \"healthCheckConfig\": {\"serviceName\": "          \
+    "\"shardlm.v1.TextGeneration\"}, \"methodConfig\": [{\"name\": [{\"service\": "                        \
+    "\"shardlm.v1.TextGeneration\"}], \"retryPolicy\": {\"maxAttempts\": 4, \"initialBackoff\": \"0.1s\", "  \
+    "\"maxBackoff\": \"1s\", \"backoffMultiplier\": 2, \"retryableStatusCodes\": [\"UNAVAILABLE\"]}}]}"
 #define RECONNECT_BACKOFF_MIN_MS 100     /* the channel's reconnect backoff, first and largest */
 #define RECONNECT_BACKOFF_MAX_MS 1000
 #define SERVICE              "/shardlm.v1.TextGeneration/"

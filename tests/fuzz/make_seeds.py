@@ -99,6 +99,17 @@ def http_seeds():
     put("http_openai", "chat-nul", b"\x01" + b'{"messages": [{"role": "user", "content": "a\\u0000b"}]}')
 
 
+def proxy_seeds():
+    """A replica's answers as the router reads them (first byte: 1 for a HEAD request)."""
+    sse = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in
+                   [b'data: {"choices":[{"delta":{"content":"Once"}}]}\n\n', b"data: [DONE]\n\n"])
+    put("proxy_reply", "sse-chunked", b"\x00HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + sse + b"0\r\nX-T: 1\r\n\r\n")
+    put("proxy_reply", "length", b"\x00HTTP/1.1 404 Not Found\r\nContent-Length: 11\r\n\r\n{\"error\":1}")
+    put("proxy_reply", "eof", b"\x00HTTP/1.0 200 OK\r\n\r\nto the end")
+    put("proxy_reply", "head", b"\x01HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n")
+
+
 # ---- safetensors ------------------------------------------------------------------------------
 def safetensors(tensors, metadata=None, pad_to=8):
     header, data = {}, b""
@@ -333,6 +344,7 @@ def responses_seeds():
 def main():
     convert_seeds()
     http_seeds()
+    proxy_seeds()
     responses_seeds()
     safetensors_seeds()
     gguf_seeds()

@@ -114,15 +114,15 @@ def kill_all():
 class Server:
     """A `shardlm serve` on 127.0.0.1:0; the port is read from its stdout. With http=True also
     the OpenAI-compatible front on another free port (self.http_port, self.base); test_http.py
-    uses it that way."""
+    uses it that way (http_listen: a fixed address, for a restart on the same port)."""
 
-    def __init__(self, shardlm, model, *extra, name="server", env=None, http=False, launcher=()):
+    def __init__(self, shardlm, model, *extra, name="server", env=None, http=False, launcher=(), http_listen="127.0.0.1:0"):
         self.log_path = LOG_DIR / f"{name}-{len(SERVERS)}.log"
         self.log = open(self.log_path, "w")
         # OMP_NUM_THREADS matches --threads 1: the engine thread's OpenMP teams must not outgrow the
         # per-thread scratch that the CPU backend sized for --threads (see docs/server.md).
         env = dict(os.environ if env is None else env, SHARDLM_LOG="info", OMP_NUM_THREADS="1")
-        front = ["--http", "127.0.0.1:0"] if http else []
+        front = ["--http", http_listen] if http else []
         # launcher: e.g. ["mpirun", "--oversubscribe", "-n", "2"] for a server of several ranks;
         # mpirun exits 1 after forwarding SIGTERM (its convention), which __exit__ accepts.
         self.launcher = list(launcher)

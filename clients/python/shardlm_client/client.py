@@ -17,6 +17,13 @@ request for --journal-detach-grace) the client calls again with the token and, f
 it already has (shardlm-resume-from), for up to Client(resume_for=60) seconds (ABORTED, the server
 still seeing the dropped call, is retried too), so that the caller sees every chunk once. Calls to a server without a journal carry no token and
 fail as before.
+
+Several replicas (separate `serve` jobs): Client("10.0.0.1:50051,10.0.0.2:50051") balances calls
+over them itself (gRPC's round_robin over IP addresses, each replica's health watched through
+grpc.health.v1, calls that fail UNAVAILABLE before any answer sent again to another replica), so a
+lost replica costs no call that had not started answering. A journaled call cut mid-answer
+reattaches through the same balancer and finds its request only on the replica that holds it:
+streams that must survive a replica's loss go through `shardlm route` (docs/deployment.md).
 """
 from __future__ import annotations
 
@@ -236,6 +243,21 @@ def _tools_fields(req: "pb.ChatRequest", tools, tool_choice, parallel_tool_calls
 
 
 RESUME_TOKEN = "shardlm-resume-token"
+# The service config of a target of several replicas (clients/client.c has the same).
+REPLICAS_SERVICE_CONFIG = json.dumps({
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "healthCheckConfig": {"serviceName": "shardlm.v1.TextGeneration"},
+    "methodConfig": [{"name": [{"service": "shardlm.v1.TextGeneration"}],
+                      "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})
+
+
+def replicas_target(target: str):
+    """(gRPC target, extra channel options) of a target: "A:P,B:P" (IP addresses) is several
+    replicas, balanced by the channel (REPLICAS_SERVICE_CONFIG); anything else is as given."""
+    if "," not in target or ":/" in target or target.startswith(("ipv4:", "ipv6:", "dns:", "unix:")):
+        return target, []
+    return ("ipv6:" if "[" in target else "ipv4:") + target, [("grpc.service_config", REPLICAS_SERVICE_CONFIG)]
 RESUME_FROM = "shardlm-resume-from"
 
 
@@ -335,6 +357,8 @@ class Client:
         # 120 s): a journaled call reattaches to a restarted server while its request still runs.
         options = [("grpc.max_receive_message_length", 64 << 20),
                    ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
+        target, extra = replicas_target(target)
+        options += extra
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
         if root_cert is not None:
