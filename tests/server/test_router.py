@@ -15,6 +15,14 @@ journaled stories260K replica under --batch-invariant. Groups:
              uninterrupted server's answer
   down       no replica: 503 no_replica with Retry-After, the router's /health 503
   drain      SIGTERM to the router under a stream: the stream ends whole, the router exits 0
+  nodes      (run by tests/test_router_nodes.sh inside node 0 of two network namespaces, the
+             "nodes" of tests/netns_nodes.sh; not in the default list) one replica a node, each a
+             job of 2 ranks at tp 2 (dp 2 x tp 2 over separate jobs), the router in node 0: unary
+             clients and journaled streams through the router while node 1 is lost (every
+             process of its namespace SIGKILLed): no unary call fails, the streams it held
+             resume once node 1's replica runs again on its journal, and every stream equals
+             its answer through the router before the loss; the time until the router saw the
+             loss is printed
   grpc       gRPC has no router: the clients balance a target of several replicas themselves
              ("A:P,B:P"): the Python client under 4 threads looping on Generate while one replica
              is SIGKILLed: not one call fails, seeded answers equal one replica's own; the C
@@ -56,14 +64,15 @@ def unary(prompt, seed):
 
 
 class Router:
-    """`shardlm route` over the given replica ports on a free port (self.port)."""
+    """`shardlm route` over the given replicas (ports on 127.0.0.1, or HOST:PORT strings) on a
+    free port of 127.0.0.1 (self.port)."""
 
     def __init__(self, shardlm, ports, *extra, name="router"):
         self.log_path = TS.LOG_DIR / f"{name}-{len(TS.SERVERS)}.log"
         self.log = open(self.log_path, "w")
         args = [shardlm, "route", "--listen", "127.0.0.1:0", "--probe-interval", "0.2", "--connect-timeout", "1"]
         for p in ports:
-            args += ["--replica", f"127.0.0.1:{p}"]
+            args += ["--replica", p if isinstance(p, str) else f"127.0.0.1:{p}"]
         self.proc = subprocess.Popen([*args, *extra], stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      env=dict(TS.os.environ, SHARDLM_LOG="info"))
         TS.SERVERS.append(self.proc)
@@ -365,9 +374,96 @@ def group_grpc(shardlm, model, work):
     a.stop()
 
 
+def group_nodes(shardlm, model, work):
+    nodes = TS.os.environ.get("SHARDLM_ROUTER_NODES", "").split()
+    if len(nodes) != 2:
+        check(False, "the nodes group runs under tests/test_router_nodes.sh (SHARDLM_ROUTER_NODES names two nodes)")
+        return
+    calls = int(TS.os.environ.get("SHARDLM_ROUTER_CALLS", "400"))
+    concurrency = int(TS.os.environ.get("SHARDLM_ROUTER_CONCURRENCY", "8"))
+    addrs = ["10.78.0.1:8000", "10.78.0.2:8000"]
+
+    def start(i, name):
+        launcher = (["ip", "netns", "exec", nodes[1]] if i else []) + ["mpirun", "-n", "2", "-x", "OMP_NUM_THREADS"]
+        return TS.Server(shardlm, model, *FLAGS, "--tp", "2", "--rank-timeout", "2", "--journal",
+                         str(work / f"journal-node{i}"), name=name, http=True, http_listen=addrs[i], launcher=launcher)
+    reps = [start(0, "node0"), start(1, "node1")]
+    r = Router(shardlm, addrs)
+    ref_streams = []
+    for path, body in TJ.STREAMS:  # through the router before the loss: one replica's own (tp 2 both)
+        s = TJ.Stream(path, body)
+        s.read(r.port)
+        check(s.done, f"reference stream {path} seed {body['seed']} through the router ends with [DONE]")
+        ref_streams.append(TJ.assemble(s.chunks))
+    results, lock, stop = [], threading.Lock(), threading.Event()
+
+    def client(k):
+        i = 0
+        while not stop.is_set() and len(results) < calls:
+            try:
+                code, _, text = TJ.post(r.port, *unary(PROMPTS[(k + i) % len(PROMPTS)], 100 * k + i))
+            except (OSError, http.client.HTTPException) as e:
+                code, text = -1, repr(e)
+            with lock:
+                results.append((time.time(), code, text[:160]))
+            i += 1
+    streams = [TJ.Stream(p, body) for p, body in TJ.STREAMS]
+    readers = [threading.Thread(target=s.read, args=(r.port, 6)) for s in streams]
+    for t in readers:
+        t.start()
+    for s in streams:
+        s.progress.wait(timeout=60)
+    on_1 = r.metrics()[("shardlm_router_replica_in_flight", addrs[1])]  # streams only, held open
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    wait_for("a third of the calls", lambda: len(results) >= calls // 3, timeout=300)
+    pids = subprocess.run(["ip", "netns", "pids", nodes[1]], capture_output=True, text=True).stdout.split()
+    subprocess.run(["kill", "-9", *pids])
+    killed_at = time.time()
+    wait_for("node 1's replica marked down", lambda: r.metrics()[("shardlm_router_replica_up", addrs[1])] == 0)
+    seen_down = time.time() - killed_at
+    reps[1].proc.wait(timeout=20)
+    reps[1].log.close()
+    for t in readers:
+        t.join(timeout=60)
+    wait_for("two thirds of the calls", lambda: len(results) >= 2 * calls // 3, timeout=300)
+    reps[1] = start(1, "node1-again")
+    wait_for("node 1's replica marked up again", lambda: r.metrics()[("shardlm_router_replica_up", addrs[1])] == 1)
+    up_at = time.time() - killed_at
+    refused = []
+    readers = [threading.Thread(target=read_until_done, args=(s, r.port, refused)) for s in streams]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(timeout=120)
+    for t in threads:
+        t.join(timeout=300)
+    stop.set()
+    bad = [x for x in results if x[1] != 200]
+    after = [x for x in results if x[0] > killed_at]
+    check(on_1 >= 1, f"node 1's replica held {on_1:.0f} of the {len(streams)} streams when it was lost")
+    print(f"{len(results)} calls at concurrency {concurrency}; node 1 lost with {on_1:.0f} stream(s) on it: the router saw it after {seen_down:.2f} s; its replica "
+          f"served again {up_at:.1f} s after the loss")
+    check(len(results) >= calls and len(after) > 10 and not bad,
+          f"{len(results)} unary calls through the router across two nodes ({len(after)} after node 1 was lost), "
+          f"none failed: {bad[:3]}")
+    for i, (s, ref) in enumerate(zip(streams, ref_streams)):
+        check(s.done and same_answer(TJ.assemble(s.chunks), ref),
+              f"stream {i} ({TJ.STREAMS[i][0]}) across the node's loss, {len(s.statuses)} connections ({s.statuses}), "
+              f"equals the answer before the loss")
+    m = r.metrics()
+    check(m[("shardlm_router_replica_relayed_total", addrs[1])] >= 1, "node 1's replica answers again after its restart")
+    r.stop()
+    for x in reps:
+        x.stop()
+
+
 GROUPS = {"basic": group_basic, "failover": group_failover, "resume": group_resume, "down": group_down,
           "drain": group_drain, "grpc": group_grpc}
+DEFAULT = [g for g in GROUPS if g != "nodes"]
 
 if __name__ == "__main__":
-    sys.exit(SM.stories_groups_main("shardlm-router-", list(GROUPS), check,
+    GROUPS["nodes"] = group_nodes
+    sys.exit(SM.stories_groups_main("shardlm-router-", DEFAULT, check,
                                     lambda g, shardlm, model, work, a: GROUPS[g](shardlm, model, work)))
