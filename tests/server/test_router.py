@@ -428,9 +428,10 @@ def group_nodes(shardlm, model, work):
     for t in readers:
         t.join(timeout=60)
     wait_for("two thirds of the calls", lambda: len(results) >= 2 * calls // 3, timeout=300)
+    restart_at = time.time()
     reps[1] = start(1, "node1-again")
     wait_for("node 1's replica marked up again", lambda: r.metrics()[("shardlm_router_replica_up", addrs[1])] == 1)
-    up_at = time.time() - killed_at
+    up_after = time.time() - restart_at
     refused = []
     readers = [threading.Thread(target=read_until_done, args=(s, r.port, refused)) for s in streams]
     for t in readers:
@@ -443,8 +444,10 @@ def group_nodes(shardlm, model, work):
     bad = [x for x in results if x[1] != 200]
     after = [x for x in results if x[0] > killed_at]
     check(on_1 >= 1, f"node 1's replica held {on_1:.0f} of the {len(streams)} streams when it was lost")
-    print(f"{len(results)} calls at concurrency {concurrency}; node 1 lost with {on_1:.0f} stream(s) on it: the router saw it after {seen_down:.2f} s; its replica "
-          f"served again {up_at:.1f} s after the loss")
+    m = r.metrics()
+    print(f"{len(results)} calls at concurrency {concurrency}; node 1 lost with {on_1:.0f} stream(s) on it: the router "
+          f"saw it after {seen_down:.2f} s; {m[('shardlm_router_retries_total', None)]:.0f} request(s) sent on to "
+          f"another replica in all; its replica, started again, was marked up {up_after:.1f} s after its start")
     check(len(results) >= calls and len(after) > 10 and not bad,
           f"{len(results)} unary calls through the router across two nodes ({len(after)} after node 1 was lost), "
           f"none failed: {bad[:3]}")
@@ -452,7 +455,6 @@ def group_nodes(shardlm, model, work):
         check(s.done and same_answer(TJ.assemble(s.chunks), ref),
               f"stream {i} ({TJ.STREAMS[i][0]}) across the node's loss, {len(s.statuses)} connections ({s.statuses}), "
               f"equals the answer before the loss")
-    m = r.metrics()
     check(m[("shardlm_router_replica_relayed_total", addrs[1])] >= 1, "node 1's replica answers again after its restart")
     r.stop()
     for x in reps:
