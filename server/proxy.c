@@ -22,6 +22,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -144,9 +145,18 @@ static int dial(const struct backend *b, double timeout_s)
             return -1;
         }
     }
-    int fl = fcntl(fd, F_GETFL), one = 1;
+    int fl = fcntl(fd, F_GETFL), one = 1, idle = 5, intvl = 1, cnt = 3;
     fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    /* A replica whose machine went silent (no reset: a partition, a powered-off node) is given
+     * up about 8 s after its last byte, so that a request waiting on it can go elsewhere; a live
+     * replica's kernel answers the probes however long a prefill takes. */
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    struct timeval send_limit = {.tv_sec = 120}; /* a replica that stops taking a body */
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof send_limit);
     return fd;
 }
 
@@ -637,11 +647,13 @@ static struct reply *ask(struct proxy *r, struct MHD_Connection *c, int bi, cons
         return NULL;
     }
     x->r = r, x->fd = fd, x->client_fd = connection_fd(c);
-    int ok = send_all(fd, head, hl) == 0 && (!rc->len || send_all(fd, rc->body, rc->len) == 0);
+    /* A replica may answer and close before taking the whole body (a 413): its answer is read
+     * even when sending failed. */
+    (void)(send_all(fd, head, hl) == 0 && rc->len && send_all(fd, rc->body, rc->len));
     free(head);
     atomic_fetch_add(&b->in_flight, 1);
     x->b = b;
-    if (!ok || read_head(x, !strcmp(method, "HEAD")) != 0) {
+    if (read_head(x, !strcmp(method, "HEAD")) != 0) {
         *gone = x->client_gone;
         if (!x->client_gone) set_up(b, 0, "the connection ended before a response head");
         reply_free(x);

@@ -5,7 +5,8 @@ journaled stories260K replica under --batch-invariant. Groups:
              both replicas get requests; a replica's 400 and 404 come back as they were; the
              router's /health and /metrics; a body over --max-body-bytes is 413; an
              Idempotency-Key goes to the same replica again
-  failover   a replica SIGKILLed under 4 clients looping on unary requests: not one request
+  failover   a body over the replicas' limit: their 413, relayed, no replica marked down; then
+             a replica SIGKILLed under 4 clients looping on unary requests: not one request
              fails (the requests it held are sent to the live one), it is marked down; started
              again on the same port, it is up and gets requests again
   resume     journaled streams through the router, the replica of some of them SIGKILLed
@@ -192,6 +193,12 @@ def group_failover(shardlm, model, work):
     a, b = replica(shardlm, model, work, "fa"), replica(shardlm, model, work, "fb")
     b_port = b.http_port
     r = Router(shardlm, [a.http_port, b_port])
+    # A replica refusing a body on its declared length (413, then it closes without reading it):
+    # its answer is relayed, and it is not taken for a lost replica.
+    code, _, text = TJ.post(r.port, "/v1/completions", dict(prompt="x" * (5 << 20), max_tokens=1))
+    m = r.metrics()
+    check(code == 413 and "max-message-bytes" in text and m[("shardlm_router_retries_total", None)] == 0,
+          f"a body over the replicas' --max-message-bytes: their 413, no retry ({code} {text[:100]})")
     results, stop = [], threading.Event()
 
     def client(k):
