@@ -57,11 +57,13 @@ struct http_chat_caps {
     int reasoning; /* enum tool_reasoning: the markers replies are split at (0: not split) */
     int effort;    /* the template reads `reasoning_effort` (GPT-OSS's): the request's is given to it */
     int tools_prompt; /* enum tool_prompt: the template never reads `tools` and the server writes them */
+    int ds_fenced;    /* DeepSeek's calls in R1's fenced shape (served_model.ds_fenced) */
 };
 /* The caps of served model m. */
 static inline struct http_chat_caps http_model_caps(const struct served_model *m)
 {
-    return (struct http_chat_caps){m->jtmpl != NULL, m->tool_format, m->reasoning, m->reads_effort, m->tools_prompt};
+    return (struct http_chat_caps){m->jtmpl != NULL, m->tool_format, m->reasoning, m->reads_effort, m->tools_prompt,
+                                   m->ds_fenced};
 }
 
 /* A parsed OpenAI request: the engine's request plus what shapes the answer. */
@@ -108,6 +110,11 @@ enum status http_tools_parse(const struct cJSON *o, const struct http_chat_caps 
 /* http_tools_glm.c: the GBNF grammar of a reply of GLM-4.5 tool calls to tools (only: that
  * function alone; parallel: one call or more, else one; lazy: of what follows the first call's
  * <tool_call>), malloc'd. */
+/* The JSON Schema (text, malloc'd; NULL when out of memory) that constrains DeepSeek's calls of
+ * tools (a JSON list as the API takes it, checked; only: the named function or NULL): R1's fenced
+ * shape or V3.1's, lazy (tool_choice auto: what follows <｜tool▁calls▁begin｜>) or not (what follows
+ * <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>). For tests/test_tool_stream.c. */
+char *http_tools_deepseek_schema(const struct cJSON *tools, const char *only, int parallel, int fenced, int lazy);
 char *http_tools_glm_grammar(const struct cJSON *tools, const char *only, int parallel, int lazy);
 /* With a Jinja template: r->chat_context from o's messages (as sent, when the template's own
  * tool format is used), the tools of the request (NULL: none) and chat_template_kwargs. */

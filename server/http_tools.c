@@ -29,6 +29,7 @@
 #include "grammar.h"
 #include "http_internal.h"
 #include "tool_format.h"
+#include "tool_stream_impl.h" /* DeepSeek's markers */
 
 #define TOOLS_MAX 128              /* functions in one request */
 #define TOOLS_MAX_NAME 64          /* bytes of a function's name */
@@ -137,13 +138,61 @@ static cJSON *harmony_schema(const cJSON *tools, const char *only, int required)
     return s;
 }
 
+/* DeepSeek's calls (tool_stream.c read_deepseek), after <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>
+ * (the prompt's when a call is required; under auto the trigger is <｜tool▁calls▁begin｜> and the
+ * schema writes <｜tool▁call▁begin｜> itself): one branch per function, its text V3.1's
+ * `NAME<｜tool▁sep｜>` or R1's `function<｜tool▁sep｜>NAME\n```json\n` (fenced), then its
+ * arguments (the whole parameters schema: strict or not); each call closed (R1's fence first),
+ * with parallel calls more opened after it (R1's on a new line), and the list ended, as the
+ * templates write them; the model then ends its turn. '<' only as \u003c in free strings: no
+ * marker inside an argument. */
+static cJSON *deepseek_schema(const cJSON *tools, const char *only, int parallel, int fenced, int lazy)
+{
+    cJSON *s = cJSON_CreateObject(), *any = s ? cJSON_AddArrayToObject(s, "anyOf") : NULL;
+    cJSON *rep = any && cJSON_AddStringToObject(s, GRAMMAR_SCHEMA_ESCAPE, "<") ? cJSON_AddObjectToObject(s, GRAMMAR_SCHEMA_REPEAT)
+                                                                             : NULL;
+    int ok = rep && cJSON_AddStringToObject(rep, "close", fenced ? "\n```" TOOL_DS_CALL_END : TOOL_DS_CALL_END) &&
+             (!parallel || cJSON_AddStringToObject(rep, "open", fenced ? "\n" TOOL_DS_CALL_BEGIN : TOOL_DS_CALL_BEGIN)) &&
+             cJSON_AddStringToObject(rep, "end", TOOL_DS_CALLS_END) &&
+             (!lazy || cJSON_AddStringToObject(s, GRAMMAR_SCHEMA_PREFIX, TOOL_DS_CALL_BEGIN));
+    for (const cJSON *t = ok ? tools->child : NULL; t; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
+        if (only && strcmp(name, only)) continue;
+        char text[TOOLS_MAX_NAME + 64];
+        snprintf(text, sizeof text, fenced ? "function" TOOL_DS_SEP "%s\n```json\n" : "%s" TOOL_DS_SEP, name);
+        cJSON *b = params_schema(fn);
+        if (!b || !cJSON_AddStringToObject(b, GRAMMAR_SCHEMA_PREFIX, text) || !cJSON_AddItemToArray(any, b)) {
+            cJSON_Delete(b);
+            ok = 0;
+            break;
+        }
+    }
+    if (!ok) {
+        cJSON_Delete(s);
+        return NULL; /* (set_schema: out of memory) */
+    }
+    return s;
+}
+
+char *http_tools_deepseek_schema(const cJSON *tools, const char *only, int parallel, int fenced, int lazy)
+{
+    cJSON *s = deepseek_schema(tools, only, parallel, fenced, lazy);
+    char *text = s ? cJSON_PrintUnformatted(s) : NULL;
+    cJSON_Delete(s);
+    return text;
+}
+
 /* The schema of a required call in the model's own format f (after its opening marker): one
  * call of the chosen function or of any, and with parallel calls in the hermes and phi4
  * formats, more calls after it, each closed and opened as the template writes them; Mistral's
- * is a list of calls. */
-static cJSON *native_schema(enum tool_format f, const cJSON *tools, const char *only, int required, int parallel)
+ * is a list of calls; DeepSeek's (deepseek_schema: lazy, the schema of auto's trigger) its
+ * markers around each. */
+static cJSON *native_schema(enum tool_format f, const cJSON *tools, const char *only, int required, int parallel,
+                            const struct http_chat_caps *caps)
 {
     if (f == TOOL_FORMAT_HARMONY) return harmony_schema(tools, only, required);
+    if (f == TOOL_FORMAT_DEEPSEEK) return deepseek_schema(tools, only, parallel, caps->ds_fenced, !required);
     cJSON *one = cJSON_CreateObject(), *any = cJSON_AddArrayToObject(one, "anyOf");
     for (const cJSON *t = tools->child; t; t = t->next) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
@@ -227,14 +276,14 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
         /* A reasoning template: the model may think first, so the marker is the grammar's to
          * write (its schema's prefix), not the prompt's; generation.c (constrain_around_think)
          * makes it an opening constraint: <think> ... </think> then the call, or the call. */
-        cJSON *schema = native_schema(f, tools, only, required, parallel);
+        cJSON *schema = native_schema(f, tools, only, required, parallel, caps);
         if (schema) cJSON_AddStringToObject(schema, GRAMMAR_SCHEMA_PREFIX, tool_format_call_prefix(f));
         st = set_schema(q, schema, NULL);
     } else if (st == STATUS_OK && required) {
         if (!(q->r.prefill = strdup(tool_format_call_prefix(f))))
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        st = set_schema(q, native_schema(f, tools, only, required, parallel), NULL);
-    } else if (st == STATUS_OK && f != TOOL_FORMAT_DEEPSEEK) { /* (DeepSeek's calls: parsed only) */
+        st = set_schema(q, native_schema(f, tools, only, required, parallel, caps), NULL);
+    } else if (st == STATUS_OK) {
         /* The trigger (engine.h TRIGGER_*): a reasoning template's is armed after </think> (a
          * marker inside the reasoning does not trigger; gen_prompt says when the prompt opened
          * it); Llama 3's call has no marker but is the whole reply: the reply's first `{`. */
@@ -245,7 +294,7 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
                  f == TOOL_FORMAT_LLAMA3 ? "{" : tool_format_call_marker(f));
         if (f == TOOL_FORMAT_GLM)
             st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(tools, only, parallel, 1), trigger);
-        else st = set_schema(q, native_schema(f, tools, only, required, parallel), trigger);
+        else st = set_schema(q, native_schema(f, tools, only, required, parallel, caps), trigger);
     }
     q->tools = 1;
     q->tool_format = (int)f;
@@ -321,10 +370,6 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.strict': true needs calls constrained to "
                                  "the whole schema; this model's tool format (GLM-4.5's <arg_key> / <arg_value> pairs) "
                                  "is constrained to the declared names, keys and value types only", i);
-        if (cJSON_IsTrue(strict) && caps && caps->jinja && caps->tool_format == TOOL_FORMAT_DEEPSEEK)
-            return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.strict': true needs calls constrained to "
-                                 "the schema; this model's tool format (DeepSeek's <\xef\xbd\x9ctool\xe2\x96\x81" "call"
-                                 "\xe2\x96\x81" "begin\xef\xbd\x9c> calls) is parsed, not constrained", i);
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
         if (!cJSON_IsString(name) || !valid_name(name->valuestring))
@@ -363,10 +408,7 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
         return status_errorf(STATUS_INVALID_ARGUMENT, "'tools' with a structured output (response_format, "
                              "structured_outputs, guided_*) is not supported: the tool format is itself one");
     int parallel = par ? cJSON_IsTrue(par) : 1;
-    /* DeepSeek's calls have no grammar yet: a required (or named) call takes the generic format,
-     * whose JSON reply is constrained, as every DeepSeek template did before its format was read. */
-    if (caps && caps->jinja && caps->tool_format != TOOL_FORMAT_GENERIC &&
-        !(caps->tool_format == TOOL_FORMAT_DEEPSEEK && required))
+    if (caps && caps->jinja && caps->tool_format != TOOL_FORMAT_GENERIC)
         return native_tools(o, tools, only, required, parallel, caps, q);
     cJSON *schema = reply_schema(tools, only, required, parallel);
     char *src = schema ? dup_json(schema) : NULL;

@@ -263,6 +263,8 @@ struct served_model {
     char                  tmpl_name[256];
     int                   tool_format;   /* enum tool_format of jtmpl's text (GENERIC without one) */
     int                   reads_effort;  /* jtmpl's text reads reasoning_effort (GPT-OSS's template) */
+    int                   ds_fenced;     /* DeepSeek's template writes R1's fenced calls (function<｜tool▁sep｜>NAME
+                                            then ```json ARGS ```), not V3.1's NAME<｜tool▁sep｜>ARGS */
     int                   tools_prompt;  /* DeepSeek's templates never read `tools`: the server writes them into
                                             the system message (enum tool_prompt; 0: the template does) */
     int                   reasoning;     /* enum tool_reasoning: the markers split off replies (0: none;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "tool_stream_impl.h" /* DeepSeek's markers */
 
 /* GPT-OSS's harmony messages: its template writes every message's header. */
 static int is_harmony(const char *src)
@@ -62,6 +63,7 @@ const char *tool_format_call_prefix(enum tool_format f)
     case TOOL_FORMAT_PHI4: return "<|tool_call|>";
     case TOOL_FORMAT_LLAMA3: return "";
     case TOOL_FORMAT_HARMONY: return HARMONY_CALL_PREFIX;
+    case TOOL_FORMAT_DEEPSEEK: return TOOL_DS_CALLS_BEGIN TOOL_DS_CALL_BEGIN;
     default: return NULL;
     }
 }
@@ -74,6 +76,7 @@ const char *tool_format_call_marker(enum tool_format f)
     case TOOL_FORMAT_PHI4: return "<|tool_call|>";
     case TOOL_FORMAT_HARMONY: return HARMONY_CALL_MARKER;
     case TOOL_FORMAT_GLM: return "<tool_call>";
+    case TOOL_FORMAT_DEEPSEEK: return TOOL_DS_CALLS_BEGIN;
     default: return NULL;
     }
 }

@@ -63,7 +63,8 @@ enum tool_format {
     TOOL_FORMAT_PHI4,
     TOOL_FORMAT_HARMONY,
     TOOL_FORMAT_GLM, /* parsed (tool_glm.c); required / named: a GBNF grammar (http_tools_glm.c) */
-    TOOL_FORMAT_DEEPSEEK, /* parsed (tool_stream.c, tool_glm.c); not constrained: required / named go GENERIC */
+    TOOL_FORMAT_DEEPSEEK, /* parsed (tool_stream.c, tool_glm.c); constrained by a JSON Schema with its markers
+                             (http_tools.c deepseek_schema) */
 };
 
 /* The format a template's source (NUL-terminated) asks for; GENERIC when it has no tools. */

@@ -172,6 +172,12 @@ static const struct sample samples[] = {
      "\"type\":\"integer\",\"minimum\":1}",
      {"<c>\n12", "<c>\n12\n</c>", "<c>\n1\n</c>\n<c>\n2\n</c>", "<c>\n1\n</c>\n<c>\n2\n</c>\n<c>\n3\n</c>", NULL},
      {"<c>\n1\n</c>\n<c>\n2", "<c>\n1\n</c>\n<c>\n", "<c>\n1\n<c>\n2\n</c>", "<c>\n1\n</c>\n<c>\n0\n</c>", "<c>\n1\n</c>2", NULL}},
+    /* x-shardlm-repeat with "end": every value closed, the list ended (DeepSeek's calls); without
+     * "open", one value. */
+    {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-repeat\":{\"close\":\"]\",\"open\":\"[\",\"end\":\"!\"},\"type\":\"integer\"}",
+     {"1]!", "1][2]!", "1][2][3]!", NULL}, {"1", "1]", "1!", "1][2", "1][2]", "1]2]!", "1][0x]!", NULL}},
+    {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-repeat\":{\"close\":\"]\",\"end\":\"!\"},\"type\":\"integer\"}",
+     {"1]!", "23]!", NULL}, {"1", "1]", "1][2]!", "1!", NULL}},
     /* x-shardlm-prefix in every branch of a root anyOf: one branch's text, then its value
      * (harmony's call headers after the function's name), after the root's own prefix. */
     {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-prefix\":\"to=\",\"anyOf\":[{\"x-shardlm-prefix\":\"f <j>\",\"type\":\"integer\"},"
@@ -211,6 +217,9 @@ static const char *const bad[][3] = {
      "unsupported keyword 'x-shardlm-escape'"},
     {"0", "{\"x-shardlm-repeat\":{\"close\":\"x\"},\"type\":\"integer\"}", "x-shardlm-repeat must be"},
     {"0", "{\"x-shardlm-repeat\":{\"close\":\"\",\"open\":\"y\"},\"type\":\"integer\"}", "x-shardlm-repeat must be"},
+    {"0", "{\"x-shardlm-repeat\":{\"close\":\"x\",\"end\":7},\"type\":\"integer\"}", "x-shardlm-repeat must be"},
+    {"0", "{\"x-shardlm-repeat\":{\"close\":\"x\",\"open\":\"y\",\"last\":\"z\"},\"type\":\"integer\"}",
+     "x-shardlm-repeat must be"},
     {"0", "{\"type\":\"array\",\"items\":{\"x-shardlm-repeat\":{\"close\":\"x\",\"open\":\"y\"}}}",
      "unsupported keyword 'x-shardlm-repeat'"},
     {"0", "{\"anyOf\":[{\"x-shardlm-prefix\":\"a\",\"type\":\"integer\"},{\"type\":\"integer\"}]}",

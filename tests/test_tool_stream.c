@@ -682,11 +682,28 @@ static int glm_grammar(const char *tools_json, const char *only, int parallel, i
     return 0;
 }
 
+/* --deepseek-schema TOOLS_JSON ONLY PARALLEL FENCED LAZY: the JSON Schema server/http_tools.c
+ * constrains DeepSeek's calls with, on stdout (test_tools_deepseek.py checks the templates' own
+ * renderings against it with test_grammar). */
+static int deepseek_schema(const char *tools_json, const char *only, int parallel, int fenced, int lazy)
+{
+    cJSON *tools = cJSON_Parse(tools_json);
+    CHECK(cJSON_IsArray(tools), "--deepseek-schema: the tools are not a JSON list");
+    char *s = http_tools_deepseek_schema(tools, only[0] ? only : NULL, parallel, fenced, lazy);
+    CHECK(s, "out of memory");
+    fputs(s, stdout);
+    free(s);
+    cJSON_Delete(tools);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 2 && !strcmp(argv[1], "--parse-glm")) return parse_file(TOOL_FORMAT_GLM, argv[2]);
     if (argc > 2 && !strcmp(argv[1], "--parse-deepseek")) return parse_file(TOOL_FORMAT_DEEPSEEK, argv[2]);
     if (argc > 5 && !strcmp(argv[1], "--glm-grammar")) return glm_grammar(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
+    if (argc > 6 && !strcmp(argv[1], "--deepseek-schema"))
+        return deepseek_schema(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
     static const char *const cases[] = {
         "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call> done",
         "<tool_call>{\"arguments\": {\"a\": [1, 2]}, \"name\": \"f\"}</tool_call><tool_call>{\"name\": \"g\"}</tool_call>",

@@ -65,7 +65,8 @@ int grammar_vocab_mask_words(const struct grammar_vocab *v);
 /* And this one: {"close": C, "open": O} (strings of 1 to 64 bytes) makes the output one or more
  * values: V, then optionally C, then any number of O V C (a tool format's parallel calls:
  * `{...}\n</tool_call>\n<tool_call>\n{...}\n</tool_call>`); the output may end after V or
- * after any C. */
+ * after any C. With "end": E as well, every value is closed and the list ended: V C (O V C)* E
+ * (DeepSeek's `...<｜tool▁call▁end｜><｜tool▁calls▁end｜>`); {"close": C, "end": E} is V C E. */
 #define GRAMMAR_SCHEMA_REPEAT "x-shardlm-repeat"
 /* And this one: a string of 1 to 16 printable ASCII characters (space too; not '"' or '\\') that free
  * strings and free object keys write only as \u00XX escapes, never as themselves (harmony's call

@@ -719,6 +719,9 @@ static int tagged_branches(struct sb *s)
     return 1;
 }
 
+/* A text of x-shardlm-repeat: a string of 1 to 64 bytes. */
+static int marker_text(const cJSON *t) { return cJSON_IsString(t) && t->valuestring[0] && strlen(t->valuestring) <= 64; }
+
 enum status schema_build(struct gbuild *b, const char *src, size_t n, int object_only, int *root)
 {
     struct sb s;
@@ -754,22 +757,32 @@ enum status schema_build(struct gbuild *b, const char *src, size_t n, int object
         return gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: /" GRAMMAR_SCHEMA_ESCAPE " must be a string of 1 to "
                        "16 printable ASCII characters (space included), not '\"' or '\\'");
     }
-    /* x-shardlm-repeat (the root's only, likewise): the value repeated between literal texts. */
+    /* x-shardlm-repeat (the root's only, likewise): the value repeated between literal texts:
+     * {close, open}: V (C (O V C)*)?, the output may end after any value or close; with "end":
+     * V C (O V C)* E, every value closed and the list ended (DeepSeek's calls); {close, end}:
+     * V C E. */
     cJSON *rep = cJSON_IsObject(s.root) ? cJSON_DetachItemFromObjectCaseSensitive(s.root, GRAMMAR_SCHEMA_REPEAT) : NULL;
     const cJSON *close = cJSON_GetObjectItemCaseSensitive(rep, "close"), *open = cJSON_GetObjectItemCaseSensitive(rep, "open");
-    if (rep && (!cJSON_IsObject(rep) || cJSON_GetArraySize(rep) != 2 || !cJSON_IsString(close) || !cJSON_IsString(open) ||
-                !close->valuestring[0] || strlen(close->valuestring) > 64 || !open->valuestring[0] ||
-                strlen(open->valuestring) > 64)) {
+    const cJSON *end = cJSON_GetObjectItemCaseSensitive(rep, "end");
+    int rep_ok = !rep || (cJSON_IsObject(rep) && cJSON_GetArraySize(rep) == 1 + (open != NULL) + (end != NULL) &&
+                          (open || end) && marker_text(close) && (!open || marker_text(open)) && (!end || marker_text(end)));
+    if (!rep_ok) {
         cJSON_Delete(pre), cJSON_Delete(rep), cJSON_Delete(s.root);
         return gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: /" GRAMMAR_SCHEMA_REPEAT " must be {\"close\": "
-                       "STRING, \"open\": STRING}, each of 1 to 64 bytes");
+                       "STRING, \"open\": STRING, \"end\": STRING} with close and open, end or both, each of 1 to 64 "
+                       "bytes");
     }
     struct gx *x = tagged_branches(&s) ? s.tagged : schema(&s, s.root, "");
-    if (x && rep) { /* V (C (O V C)*)? over one rule for V */
+    if (x && rep) {
         const int v = gb_rule_new(b, "value");
         if (v >= 0) b->rules[v].expr = x;
-        struct gx *more = gx_repeat(b, gx_seq3(b, gx_str(b, open->valuestring), gx_ref(b, v), gx_str(b, close->valuestring)), 0, -1);
-        x = gx_seq2(b, gx_ref(b, v), gx_alt2(b, gx_empty(b), gx_seq2(b, gx_str(b, close->valuestring), more)));
+        struct gx *c = gx_str(b, close->valuestring);
+        struct gx *more = open ? gx_repeat(b, gx_seq3(b, gx_str(b, open->valuestring), gx_ref(b, v), gx_str(b, close->valuestring)), 0, -1)
+                               : gx_empty(b);
+        if (end) /* V C (O V C)* E */
+            x = gx_seq3(b, gx_ref(b, v), gx_seq2(b, c, more), gx_str(b, end->valuestring));
+        else /* V (C (O V C)*)? */
+            x = gx_seq2(b, gx_ref(b, v), gx_alt2(b, gx_empty(b), gx_seq2(b, c, more)));
     }
     if (x && pre) { /* up to 8 bytes of whitespace first: Qwen 3 writes "\n\n" after </think> */
         struct gx *ws[4] = {gx_byte_range(b, ' ', ' '), gx_byte_range(b, '\t', '\t'), gx_byte_range(b, '\n', '\n'),
