@@ -315,6 +315,13 @@ ws ::= | " " | "\n" [ \t]{0,20}
         "anyOf": [{"type": "object", "properties": {"name": {"const": "f"}, "arguments": {
             "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
             "required": ["name", "arguments"], "additionalProperties": False}]}).encode())
+    # DeepSeek's calls (server/http_tools.c deepseek_schema): tagged branches, a list closed by "end".
+    put("grammar", "deepseek_calls_schema", bytes([0]) + json.dumps({
+        "x-shardlm-escape": "<", "x-shardlm-repeat": {"close": "<\uff5ctool\u2581call\u2581end\uff5c>",
+                                                       "open": "<\uff5ctool\u2581call\u2581begin\uff5c>",
+                                                       "end": "<\uff5ctool\u2581calls\u2581end\uff5c>"},
+        "anyOf": [{"x-shardlm-prefix": "f<\uff5ctool\u2581sep\uff5c>", "type": "object",
+                   "properties": {"x": {"type": "integer"}}, "required": ["x"]}]}, ensure_ascii=False).encode())
 
 
 # ---- Responses API bodies (byte 0: the served template, as http_openai's bits 1-4) -----------
