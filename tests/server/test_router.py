@@ -118,6 +118,32 @@ class Router:
         return self.proc.returncode
 
 
+def loop_clients(n, call, calls=None):
+    """n threads, each calling call(k, i) for i = 0, 1, ... until the returned event is set (or
+    calls results are in); each result goes to the returned list with its time: (time, result).
+    Returns (results, stop, threads)."""
+    results, stop = [], threading.Event()
+
+    def run(k):
+        i = 0
+        while not stop.is_set() and (calls is None or len(results) < calls):
+            results.append((time.time(), call(k, i)))  # (list.append is atomic)
+            i += 1
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    return results, stop, threads
+
+
+def post_unary(port, k, i):
+    """One seeded completion of client k's i-th turn: (status or -1, the body's start)."""
+    try:
+        code, _, text = TJ.post(port, *unary(PROMPTS[(k + i) % len(PROMPTS)], 100 * k + i))
+    except (OSError, http.client.HTTPException) as e:
+        code, text = -1, repr(e)
+    return code, text[:160]
+
+
 def replica(shardlm, model, work, name, port=0):
     return TS.Server(shardlm, model, *FLAGS, "--journal", str(work / f"journal-{name}"), name=name, http=True,
                      http_listen=f"127.0.0.1:{port}")
@@ -199,20 +225,7 @@ def group_failover(shardlm, model, work):
     m = r.metrics()
     check(code == 413 and "max-message-bytes" in text and m[("shardlm_router_retries_total", None)] == 0,
           f"a body over the replicas' --max-message-bytes: their 413, no retry ({code} {text[:100]})")
-    results, stop = [], threading.Event()
-
-    def client(k):
-        i = 0
-        while not stop.is_set():
-            try:
-                code, _, text = TJ.post(r.port, *unary(PROMPTS[(k + i) % len(PROMPTS)], 100 * k + i))
-            except (OSError, http.client.HTTPException) as e:
-                code, text = -1, repr(e)
-            results.append((time.time(), code, text[:160]))
-            i += 1
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
+    results, stop, threads = loop_clients(4, lambda k, i: post_unary(r.port, k, i))
     time.sleep(1.5)
     b.proc.send_signal(signal.SIGKILL)
     b.proc.wait(timeout=20)
@@ -229,7 +242,7 @@ def group_failover(shardlm, model, work):
     stop.set()
     for t in threads:
         t.join(timeout=60)
-    bad = [x for x in results if x[1] != 200]
+    bad = [x for x in results if x[1][0] != 200]
     after = [x for x in results if x[0] > killed_at]
     check(len(results) > 20 and len(after) > 10 and not bad,
           f"{len(results)} unary requests ({len(after)} after the kill), none failed: {bad[:3]}")
@@ -342,21 +355,14 @@ def group_grpc(shardlm, model, work):
     want = {seed: a.client().generate(PROMPTS[seed % len(PROMPTS)], max_tokens=24, temperature=0.9, seed=seed).text
             for seed in range(8)}
     both = SC.Client(f"{a.target},{b.target}")
-    results, stop = [], threading.Event()
-
-    def loop(k):
-        i = 0
-        while not stop.is_set():
-            seed = (k + i) % 8
-            try:
-                got = both.generate(PROMPTS[seed % len(PROMPTS)], max_tokens=24, temperature=0.9, seed=seed).text
-                results.append((time.time(), "OK" if got == want[seed] else f"different text for seed {seed}"))
-            except grpc.RpcError as e:
-                results.append((time.time(), str(e.code())))
-            i += 1
-    threads = [threading.Thread(target=loop, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
+    def call(k, i):
+        seed = (k + i) % 8
+        try:
+            got = both.generate(PROMPTS[seed % len(PROMPTS)], max_tokens=24, temperature=0.9, seed=seed).text
+            return "OK" if got == want[seed] else f"different text for seed {seed}"
+        except grpc.RpcError as e:
+            return str(e.code())
+    results, stop, threads = loop_clients(4, call)
     time.sleep(1.5)
     b.proc.send_signal(signal.SIGKILL)
     b.proc.wait(timeout=20)
@@ -402,18 +408,6 @@ def group_nodes(shardlm, model, work):
         s.read(r.port)
         check(s.done, f"reference stream {path} seed {body['seed']} through the router ends with [DONE]")
         ref_streams.append(TJ.assemble(s.chunks))
-    results, lock, stop = [], threading.Lock(), threading.Event()
-
-    def client(k):
-        i = 0
-        while not stop.is_set() and len(results) < calls:
-            try:
-                code, _, text = TJ.post(r.port, *unary(PROMPTS[(k + i) % len(PROMPTS)], 100 * k + i))
-            except (OSError, http.client.HTTPException) as e:
-                code, text = -1, repr(e)
-            with lock:
-                results.append((time.time(), code, text[:160]))
-            i += 1
     streams = [TJ.Stream(p, body) for p, body in TJ.STREAMS]
     readers = [threading.Thread(target=s.read, args=(r.port, 6)) for s in streams]
     for t in readers:
@@ -421,9 +415,7 @@ def group_nodes(shardlm, model, work):
     for s in streams:
         s.progress.wait(timeout=60)
     on_1 = r.metrics()[("shardlm_router_replica_in_flight", addrs[1])]  # streams only, held open
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
-    for t in threads:
-        t.start()
+    results, stop, threads = loop_clients(concurrency, lambda k, i: post_unary(r.port, k, i), calls=calls)
     wait_for("a third of the calls", lambda: len(results) >= calls // 3, timeout=300)
     pids = subprocess.run(["ip", "netns", "pids", nodes[1]], capture_output=True, text=True).stdout.split()
     subprocess.run(["kill", "-9", *pids])
@@ -448,7 +440,7 @@ def group_nodes(shardlm, model, work):
     for t in threads:
         t.join(timeout=300)
     stop.set()
-    bad = [x for x in results if x[1] != 200]
+    bad = [x for x in results if x[1][0] != 200]
     after = [x for x in results if x[0] > killed_at]
     check(on_1 >= 1, f"node 1's replica held {on_1:.0f} of the {len(streams)} streams when it was lost")
     m = r.metrics()
