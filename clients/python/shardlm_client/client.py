@@ -21,9 +21,9 @@ fail as before.
 Several replicas (separate `serve` jobs): Client("10.0.0.1:50051,10.0.0.2:50051") balances calls
 over them itself (gRPC's round_robin over IP addresses, each replica's health watched through
 grpc.health.v1, calls that fail UNAVAILABLE before any answer sent again to another replica), so a
-lost replica costs no call that had not started answering. A journaled call cut mid-answer
-reattaches through the same balancer and finds its request only on the replica that holds it:
-streams that must survive a replica's loss go through `shardlm route` (docs/deployment.md).
+lost replica costs no call that had not started answering. A journaled call cut mid-answer is
+reattached by its token on each replica in turn (a channel to each, besides the balanced one) until
+one holds it: NOT_FOUND from the others, UNAVAILABLE while its own restarts on its journal.
 """
 from __future__ import annotations
 
@@ -280,18 +280,21 @@ def _guess(e: grpc.RpcError, own_id: str) -> Optional[str]:
 
 class Stream:
     """An iterator of Chunk; cancel() ends the call (the server frees the request). With reopen
-    (a function of extra metadata giving a new call of the same request) and a resume token from
-    the server, a call that fails with UNAVAILABLE is reattached for up to resume_for seconds."""
+    (a function of extra metadata and the attempt's number giving a new call of the same request)
+    and a resume token from the server, a call that fails with UNAVAILABLE is reattached for up to
+    resume_for seconds; over several replicas (n_replicas) attempt k goes to replica k % n, and
+    NOT_FOUND means "not this one" until every replica in a row said it."""
 
     def __init__(self, call, reopen=None, n_samples: int = 1, resume_for: float = 0.0, cancel_id=None,
-                 own_id: str = ""):
+                 own_id: str = "", n_replicas: int = 1):
         self._call, self._reopen, self._n, self._resume_for = call, reopen, n_samples, resume_for
         self._cancel_id, self._token, self._own_id = cancel_id, None, own_id
-        self._cancelled = False
+        self._cancelled, self._n_replicas = False, n_replicas
 
     def __iter__(self) -> Iterator[Chunk]:
         token, counts, finals, give_up = None, [0] * self._n, [False] * self._n, None
         guessed = reattached = False
+        attempt = misses = 0
         while True:
             try:
                 if (token is None or guessed) and not reattached and self._reopen and self._resume_for > 0:
@@ -318,8 +321,12 @@ class Stream:
                 if token is None and not reattached and nothing and self._reopen and self._resume_for > 0:
                     token = self._token = _guess(e, self._own_id)
                     guessed = token is not None
-                as_new = guessed and reattached and nothing and e.code() == grpc.StatusCode.NOT_FOUND
-                again = as_new or e.code() == grpc.StatusCode.UNAVAILABLE or (
+                # NOT_FOUND to a reattach: not on that replica; every replica in a row: not anywhere.
+                not_found = reattached and e.code() == grpc.StatusCode.NOT_FOUND
+                misses = misses + 1 if not_found else 0
+                elsewhere = not_found and misses < self._n_replicas
+                as_new = guessed and not_found and nothing and not elsewhere
+                again = elsewhere or as_new or e.code() == grpc.StatusCode.UNAVAILABLE or (
                     e.code() == grpc.StatusCode.ABORTED and give_up is not None)
                 if self._cancelled or not token or not again:
                     raise
@@ -331,7 +338,8 @@ class Stream:
                 md = [(RESUME_TOKEN, token)] if reattached else []
                 if reattached and not nothing:
                     md.append((RESUME_FROM, ",".join(f"{c}{'!' if f else ''}" for c, f in zip(counts, finals))))
-                self._call = self._reopen(md)
+                self._call = self._reopen(md, attempt)
+                attempt += 1
 
     def cancel(self) -> None:
         """Ends the stream. A journaled call is cancelled by its token too (Cancel): the server
@@ -357,21 +365,33 @@ class Client:
         # 120 s): a journaled call reattaches to a restarted server while its request still runs.
         options = [("grpc.max_receive_message_length", 64 << 20),
                    ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
-        target, extra = replicas_target(target)
-        options += extra
+        balanced, extra = replicas_target(target)
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
-        if root_cert is not None:
-            self.channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_cert), options=options)
-        else:
-            self.channel = grpc.insecure_channel(target, options=options)
+
+        def channel(t, opts):
+            if root_cert is not None:
+                return grpc.secure_channel(t, grpc.ssl_channel_credentials(root_cert), options=opts)
+            return grpc.insecure_channel(t, options=opts)
+        self.channel = channel(balanced, options + extra)
         self.stub = pb_grpc.TextGenerationStub(self.channel)
+        # Several replicas: one channel to each too, for reattaching a journaled call (_on).
+        self._replicas = [channel(t, options) for t in target.split(",")] if extra else []
+        self._replica_stubs = [pb_grpc.TextGenerationStub(c) for c in self._replicas]
         self.metadata = [("authorization", f"Bearer {api_key}")] if api_key else []
         self.timeout = timeout
         self.resume_for = resume_for  # seconds a journaled call keeps reattaching (0: never)
 
     def close(self) -> None:
         self.channel.close()
+        for c in self._replicas:
+            c.close()
+
+    def _on(self, name, attempt):
+        """The stub method name for a reattach: the one server's, or with several replicas
+        replica attempt % n's (a journaled request lives on one of them)."""
+        stubs = self._replica_stubs or [self.stub]
+        return getattr(stubs[attempt % len(stubs)], name)
 
     def __enter__(self) -> "Client":
         return self
@@ -414,10 +434,11 @@ class Client:
         _tools_fields(req, tools, tool_choice, parallel_tool_calls, chat_template_kwargs)
         return req
 
-    def _unary(self, method, req, timeout):
-        """One unary call; reattached with its resume token on UNAVAILABLE (a journaling server
-        sends it in the initial metadata at once, which grpcio keeps when the call fails)."""
-        fut = method.future(req, **self._kw(timeout))
+    def _unary(self, name, req, timeout):
+        """One unary call (the stub method name); reattached with its resume token on UNAVAILABLE
+        (a journaling server sends it in the initial metadata at once, which grpcio keeps when the
+        call fails), on each replica in turn when there are several (NOT_FOUND: not that one)."""
+        fut = getattr(self.stub, name).future(req, **self._kw(timeout))
         try:
             return fut.result()
         except grpc.RpcError as e:
@@ -432,40 +453,45 @@ class Client:
         give_up = time.monotonic() + self.resume_for
         kw = self._kw(timeout)
         with_token = dict(kw, metadata=list(kw["metadata"]) + [(RESUME_TOKEN, token)])
-        reattach = True
+        reattach, attempt, misses, n = True, 0, 0, max(len(self._replicas), 1)
         while True:
             time.sleep(0.1)
             try:
-                return method(req, **(with_token if reattach else kw))
+                return self._on(name, attempt)(req, **(with_token if reattach else kw))
             except grpc.RpcError as e:  # ABORTED: our earlier call still reads it (Stream.__iter__)
-                # NOT_FOUND to a guessed token: never journaled (cut before), so again as new;
-                # cut again before its token, the guess is tried again.
-                as_new = guessed and reattach and e.code() == grpc.StatusCode.NOT_FOUND
+                # NOT_FOUND: not on this replica (another may hold it); from every one in turn,
+                # to a guessed token: never journaled (cut before), so again as new; cut again
+                # before its token, the guess is tried again.
+                not_found = reattach and e.code() == grpc.StatusCode.NOT_FOUND
+                misses = misses + 1 if not_found else 0
+                elsewhere = not_found and misses < n
+                as_new = guessed and not_found and not elsewhere
                 if time.monotonic() > give_up or not (
-                        as_new or e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED)):
+                        elsewhere or as_new or e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED)):
                     raise
                 reattach = not as_new
+                attempt += 1
 
-    def _stream(self, method, req, timeout) -> Stream:
+    def _stream(self, name, req, timeout) -> Stream:
         kw = self._kw(timeout)
 
-        def reopen(md):
-            return method(req, **dict(kw, metadata=list(kw["metadata"]) + md))
+        def reopen(md, attempt):
+            return self._on(name, attempt)(req, **dict(kw, metadata=list(kw["metadata"]) + md))
 
-        return Stream(method(req, **kw), reopen, max(req.sampling.n, 1), self.resume_for,
-                      lambda rid: self.cancel(rid, timeout=5), req.request_id)
+        return Stream(getattr(self.stub, name)(req, **kw), reopen, max(req.sampling.n, 1), self.resume_for,
+                      lambda rid: self.cancel(rid, timeout=5), req.request_id, max(len(self._replicas), 1))
 
     def generate(self, prompt: Optional[str] = None, *, timeout: Optional[float] = None, **kw) -> Generation:
-        return self._generation(self._unary(self.stub.Generate, self.generate_request(prompt, **kw), timeout))
+        return self._generation(self._unary("Generate", self.generate_request(prompt, **kw), timeout))
 
     def generate_stream(self, prompt: Optional[str] = None, *, timeout: Optional[float] = None, **kw) -> Stream:
-        return self._stream(self.stub.GenerateStream, self.generate_request(prompt, **kw), timeout)
+        return self._stream("GenerateStream", self.generate_request(prompt, **kw), timeout)
 
     def chat(self, messages: Iterable[Message], *, timeout: Optional[float] = None, **kw) -> Generation:
-        return self._generation(self._unary(self.stub.Chat, self.chat_request(messages, **kw), timeout))
+        return self._generation(self._unary("Chat", self.chat_request(messages, **kw), timeout))
 
     def chat_stream(self, messages: Iterable[Message], *, timeout: Optional[float] = None, **kw) -> Stream:
-        return self._stream(self.stub.ChatStream, self.chat_request(messages, **kw), timeout)
+        return self._stream("ChatStream", self.chat_request(messages, **kw), timeout)
 
     # model (these methods): the served model it is for (a server of several: `serve --model`
     # repeated), by its id or an adapter's name; "" = the first.
