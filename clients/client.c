@@ -158,6 +158,21 @@ enum status client_open(const char *addr, const struct client_options *o, struct
     if (o->tls || pem) creds = grpc_ssl_credentials_create(pem, NULL, NULL, NULL);
     else creds = grpc_insecure_credentials_create();
     c->channel = grpc_channel_create(target ? target : addr, creds, &cargs);
+    if (target) { /* one channel to each replica as well (without the balancing service config) */
+        cargs.num_args--;
+        for (const char *p = addr; *p && c->n_replicas < CLIENT_MAX_REPLICAS;) {
+            const char *e = strchr(p, ',');
+            size_t n = e ? (size_t)(e - p) : strlen(p);
+            char one[256];
+            if (n > 0 && n < sizeof one) {
+                memcpy(one, p, n);
+                one[n] = 0;
+                grpc_channel *ch = grpc_channel_create(one, creds, &cargs);
+                if (ch) c->replicas[c->n_replicas++] = ch;
+            }
+            p += n + (e != NULL);
+        }
+    }
     grpc_channel_credentials_release(creds);
     free(pem);
     free(target);
@@ -189,6 +204,7 @@ void client_close(struct client *c)
     CHECK(!c->active, "client_close with calls still running");
     if (c->has_auth) grpc_slice_unref(c->auth.value);
     if (c->channel) grpc_channel_destroy(c->channel);
+    for (int i = 0; i < c->n_replicas; i++) grpc_channel_destroy(c->replicas[i]);
     pthread_mutex_destroy(&c->mu);
     free(c);
     grpc_shutdown();

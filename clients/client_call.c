@@ -69,7 +69,7 @@ static gpr_timespec deadline_after(double seconds)
                         gpr_time_from_micros((int64_t)(seconds * 1e6), GPR_TIMESPAN));
 }
 
-static enum status call_start(struct client *c, const char *method, double timeout_s,
+static enum status call_start(struct client *c, grpc_channel *ch, const char *method, double timeout_s,
                               const volatile sig_atomic_t *cancel_flag, struct client_call *k)
 {
     memset(k, 0, sizeof *k);
@@ -78,7 +78,7 @@ static enum status call_start(struct client *c, const char *method, double timeo
     k->cq = grpc_completion_queue_create_for_next(NULL);
     if (!k->cq) return status_errorf(STATUS_INTERNAL, "grpc_completion_queue_create_for_next failed");
     grpc_slice m = grpc_slice_from_static_string(method);
-    k->call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, k->cq, m, NULL,
+    k->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, k->cq, m, NULL,
                                        deadline_after(timeout_s > 0 ? timeout_s : c->timeout_s), NULL);
     if (!k->call) {
         grpc_completion_queue_shutdown(k->cq);
@@ -337,10 +337,13 @@ enum status client_call_run(struct client *c, const char *method, const Protobuf
     enum status st = STATUS_OK;
     gpr_timespec give_up = gpr_inf_future(GPR_CLOCK_MONOTONIC);
     int reattach = 0; /* this attempt carries the token (else: the request as new) */
+    int attempt = 0;  /* the calls made again so far: over several replicas, each on the next */
+    int misses = 0;   /* NOT_FOUND in a row to reattaches: every replica's means nowhere */
     for (;;) {
         struct client_call k;
         n_msgs = 0;
-        st = call_start(c, method, timeout_s, cancel_flag, &k);
+        grpc_channel *ch = attempt == 0 || c->n_replicas == 0 ? c->channel : c->replicas[(attempt - 1) % c->n_replicas];
+        st = call_start(c, ch, method, timeout_s, cancel_flag, &k);
         if (st != STATUS_OK) {
             code = GRPC_STATUS_INTERNAL;
             break;
@@ -399,18 +402,24 @@ enum status client_call_run(struct client *c, const char *method, const Protobuf
             snprintf(r->token, sizeof r->token, "%s", r->own_id);
             r->guessed = 1;
         }
-        const int as_new = r && reattach && r->guessed && code == GRPC_STATUS_NOT_FOUND && n_msgs == 0;
+        /* NOT_FOUND to a reattach over several replicas: not on that one; from each in a row:
+         * not anywhere. */
+        const int not_found = r && reattach && code == GRPC_STATUS_NOT_FOUND && n_msgs == 0;
+        misses = not_found ? misses + 1 : 0;
+        const int elsewhere = not_found && misses < c->n_replicas;
+        const int as_new = not_found && r->guessed && !elsewhere;
         if (r && reattach && r->guessed && code == GRPC_STATUS_INVALID_ARGUMENT && n_msgs == 0) {
             /* A server without a journal refused the token: what failed is the first call. */
             code = GRPC_STATUS_UNAVAILABLE;
             st = status_errorf(STATUS_UNAVAILABLE, "%s: the connection to the server was lost", method);
             break;
         }
-        again |= as_new;
+        again |= as_new | elsewhere;
         const int cancelled = cb_cancelled || (cancel_flag && *cancel_flag) || code == GRPC_STATUS_CANCELLED;
         if (cancelled && r && r->token[0]) cancel_by_token(c, r->token);
         if (!r || !r->token[0] || !again || cancelled || bad_message) break;
         reattach = !as_new;
+        attempt++;
         if (n_msgs > 0 || gpr_time_cmp(give_up, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0) /* from the last news */
             give_up = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                                    gpr_time_from_micros((int64_t)(c->resume_for_s * 1e6), GPR_TIMESPAN));

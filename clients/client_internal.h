@@ -32,8 +32,14 @@
 
 struct client_call;
 
+#define CLIENT_MAX_REPLICAS 64
+
 struct client {
     grpc_channel   *channel;
+    /* A target of several replicas ("A:P,B:P"): a channel to each too, for reattaching a
+     * journaled call (on each in turn: it lives in one replica's journal). */
+    grpc_channel   *replicas[CLIENT_MAX_REPLICAS];
+    int             n_replicas;
     grpc_metadata   auth;        /* authorization: Bearer <key>, when has_auth */
     int             has_auth;
     double          timeout_s;

@@ -28,9 +28,9 @@ journaled stories260K replica under --batch-invariant. Groups:
              ("A:P,B:P"): the Python client under 4 threads looping on Generate while one replica
              is SIGKILLed: not one call fails, seeded answers equal one replica's own; the C
              client (`shardlm complete --server A:P,B:P`) answers with one replica down; a
-             journaled stream whose replica is SIGKILLed mid-answer and restarted on its journal:
-             the Python client reattaches (each replica in turn) and the text is the uninterrupted
-             one
+             journaled stream (SmolLM2's GGUF, SKIP without it) whose replica is SIGKILLed
+             mid-answer and restarted on its journal: the Python and the C client reattach (each
+             replica in turn) and the text is the uninterrupted one
 Reference answers come from a replica asked directly; no expected text is written here.
 
   test_router.py --shardlm BUILD/cli/shardlm [GROUP...]
@@ -351,6 +351,64 @@ def group_drain(shardlm, model, work):
     a.stop()
 
 
+SMOLLM2 = TS.ROOT / ".cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def journaled_streams(shardlm, work):
+    """A journaled stream over two replicas (SmolLM2's GGUF: slow enough that a kill lands
+    mid-answer) whose replica is SIGKILLed after some chunks and started again on its journal (the
+    same port): the Python client, then the C client (`shardlm complete --stream`), reattach by the
+    token on each replica in turn (NOT_FOUND from the other) and get the uninterrupted text."""
+    if not SMOLLM2.exists():
+        print(f"SKIP: journaled streams over replicas: no {SMOLLM2} (tools/fetch_smollm2.sh)")
+        return
+    import shardlm_client as SC
+    ports = [TS.free_port(), TS.free_port()]
+
+    def journaled(i, name):
+        return TS.Server(shardlm, SMOLLM2, "--batch-invariant", "--journal", str(work / f"journal-g{i}"), "--listen",
+                         f"127.0.0.1:{ports[i]}", name=name)
+
+    def holder(js, before):
+        return next(k for k in range(2) if js[k].client().server_stats().requests_submitted > before[k])
+    js = [journaled(0, "gj0"), journaled(1, "gj1")]
+    story = dict(max_tokens=160, temperature=0.9, seed=11)
+    want = "".join(ch.text for ch in js[0].client().generate_stream(TJ.STORY, **story))
+    before = [x.client().server_stats().requests_submitted for x in js]
+    pair = SC.Client(f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}")
+    stream, got, restarted, held = pair.generate_stream(TJ.STORY, **story), [], [], None
+    for ch in stream:
+        got.append(ch.text)
+        if len(got) == 3:
+            held = holder(js, before)
+            js[held].proc.send_signal(signal.SIGKILL)
+            js[held].proc.wait(timeout=20)
+            js[held].log.close()
+            threading.Thread(target=lambda: restarted.append(journaled(held, f"gj{held}-again")), daemon=True).start()
+    check(restarted and "".join(got) == want and len(got) < 160,
+          f"Python client: a journaled stream over two replicas, its replica ({held}) SIGKILLed after 3 chunks and "
+          f"started again on its journal: reattached, the text equals the uninterrupted answer ({len(got)} chunks)")
+    pair.close()
+    js[held] = restarted[0]
+    before = [x.client().server_stats().requests_submitted for x in js]
+    cli = subprocess.Popen([shardlm, "complete", "--stream", "--server", f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}",
+                            "--prompt", TJ.STORY, "--max-tokens", "160", "--temperature", "0.9", "--seed", "11"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    head = cli.stdout.read(len(TJ.STORY) + 8)
+    held = holder(js, before)
+    js[held].proc.send_signal(signal.SIGKILL)
+    js[held].proc.wait(timeout=20)
+    js[held].log.close()
+    js[held] = journaled(held, f"gj{held}-c")
+    rest, err = cli.communicate(timeout=120)
+    text = (head + rest).decode()
+    check(cli.returncode == 0 and text.strip() == (TJ.STORY + want).strip(),
+          f"C client: the same, its stream's replica ({held}) SIGKILLed and started again: exit {cli.returncode}, the "
+          f"text equals the uninterrupted answer ({err.decode().strip()[-120:]})")
+    for x in js:
+        x.stop()
+
+
 def group_grpc(shardlm, model, work):
     import shardlm_client as SC
     import grpc
@@ -381,34 +439,7 @@ def group_grpc(shardlm, model, work):
           f"Python client over two replicas: {len(results)} Generate calls ({len(after)} after one replica's "
           f"SIGKILL), none failed or differed: {bad[:3]}")
     both.close()
-    # A journaled stream over two replicas whose replica is SIGKILLed mid-answer and started again
-    # on its journal (the same port): the client reattaches by its token on each replica in turn
-    # (NOT_FOUND from the other) and the whole answer is the uninterrupted one.
-    ports = [TS.free_port(), TS.free_port()]
-
-    def journaled(i, name):
-        return TS.Server(shardlm, model, *FLAGS, "--journal", str(work / f"journal-g{i}"), "--listen",
-                         f"127.0.0.1:{ports[i]}", name=name)
-    js = [journaled(0, "gj0"), journaled(1, "gj1")]
-    story = dict(max_tokens=300, temperature=0.9, seed=11)
-    want_story = "".join(ch.text for ch in js[0].client().generate_stream(TJ.STORY, **story))
-    before = [x.client().server_stats().requests_submitted for x in js]
-    pair = SC.Client(f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}")
-    stream, got, restarted, held = pair.generate_stream(TJ.STORY, **story), [], [], None
-    for ch in stream:
-        got.append(ch.text)
-        if len(got) == 5:
-            held = next(k for k in range(2) if js[k].client().server_stats().requests_submitted > before[k])
-            js[held].proc.send_signal(signal.SIGKILL)
-            js[held].proc.wait(timeout=20)
-            js[held].log.close()
-            threading.Thread(target=lambda: restarted.append(journaled(held, f"gj{held}-again")), daemon=True).start()
-    check(restarted and "".join(got) == want_story,
-          f"a journaled stream over two replicas, its replica ({held}) SIGKILLed after 5 chunks and started again "
-          f"on its journal: the client reattached and the text equals the uninterrupted answer ({len(got)} chunks)")
-    pair.close()
-    for x in [js[1 - held]] + restarted:
-        x.stop()
+    journaled_streams(shardlm, work)
     out = subprocess.run([shardlm, "complete", "--server", f"{b.target},{a.target}", "--prompt", PROMPTS[1],
                           "--max-tokens", "24", "--temperature", "0.9", "--seed", "1"],
                          capture_output=True, text=True, timeout=60)
