@@ -251,7 +251,8 @@ struct client_server_stats {
 
 /* Opens a channel to addr ("host:port", or any gRPC target such as "unix:/path"; "A:P,B:P,..."
  * with IP addresses: several replicas, which the channel balances, skipping one that is down
- * (client_internal.h's REPLICAS_SERVICE_CONFIG). Does not
+ * (client_internal.h's REPLICAS_SERVICE_CONFIG); a journaled call is reattached on each replica in
+ * turn, over a channel to each, until the one that holds it answers). Does not
  * connect yet: an unreachable server shows as STATUS_UNAVAILABLE from the first call. o may
  * be NULL (insecure, no key, no deadline). The strings of o are copied. */
 enum status client_open(const char *addr, const struct client_options *o, struct client **out);
