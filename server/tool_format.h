@@ -28,8 +28,8 @@
  *   DEEPSEEK <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
  *            <｜tool▁calls▁end｜> (DeepSeek V3.1), or R1's body `function<｜tool▁sep｜>NAME\n```json\n{...}\n```
  *            (DeepSeek R1 and its Qwen / Llama distills): "tool▁calls▁begin"; each call visible once its
- *            <｜tool▁call▁end｜> is read, its arguments the JSON object as written. Parsed only: an
- *            auto tool_choice is free; required or a named function take GENERIC (no grammar of it yet)
+ *            <｜tool▁call▁end｜> is read, its arguments the JSON object as written; calls constrained by
+ *            a JSON Schema with the markers (http_tools.c deepseek_schema), lazily under auto
  * A template that never reads `tools` gets GENERIC whatever it holds.
  *
  * Reasoning: with `reasoning` on (enum tool_reasoning: the markers), a reply that opens with the
