@@ -58,12 +58,13 @@ struct http_chat_caps {
     int effort;    /* the template reads `reasoning_effort` (GPT-OSS's): the request's is given to it */
     int tools_prompt; /* enum tool_prompt: the template never reads `tools` and the server writes them */
     int ds_fenced;    /* DeepSeek's calls in R1's fenced shape (served_model.ds_fenced) */
+    int calls_as_text; /* an assistant's tool_calls written into its content (served_model.calls_as_text) */
 };
 /* The caps of served model m. */
 static inline struct http_chat_caps http_model_caps(const struct served_model *m)
 {
     return (struct http_chat_caps){m->jtmpl != NULL, m->tool_format, m->reasoning, m->reads_effort, m->tools_prompt,
-                                   m->ds_fenced};
+                                   m->ds_fenced, m->calls_as_text};
 }
 
 /* A parsed OpenAI request: the engine's request plus what shapes the answer. */

@@ -199,7 +199,7 @@ static cJSON *native_schema(enum tool_format f, const cJSON *tools, const char *
         if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
         cJSON_AddItemToArray(any, call_schema(fn, tool_format_args_key(f)));
     }
-    if (f != TOOL_FORMAT_MISTRAL) {
+    if (!tool_format_is_list(f)) {
         if (parallel && tool_format_call_close(f)) { /* more calls may follow, each closed */
             cJSON *rep = cJSON_AddObjectToObject(one, GRAMMAR_SCHEMA_REPEAT);
             cJSON_AddStringToObject(rep, "close", tool_format_call_close(f));
@@ -572,10 +572,43 @@ static void harmony_message(cJSON *out)
         cJSON_DeleteItemFromObjectCaseSensitive(out, "content");
 }
 
+/* calls_marker + the calls as the model writes them (a compact JSON list of {name, arguments}),
+ * after the message's content: for a template that never writes an assistant's tool_calls
+ * (Granite 3's). 0, or -1 when out of memory. */
+static int calls_into_content(cJSON *out, const cJSON *calls, const char *calls_marker)
+{
+    cJSON *list = cJSON_CreateArray();
+    for (const cJSON *t = calls->child; t && list; t = t->next) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name"), *args = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+        cJSON *e = cJSON_CreateObject(), *obj = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        if (!e || !cJSON_AddStringToObject(e, "name", cJSON_IsString(name) ? name->valuestring : "") ||
+            !cJSON_AddItemToObject(e, "arguments", obj ? obj : cJSON_CreateObject()) || !cJSON_AddItemToArray(list, e)) {
+            cJSON_Delete(e);
+            cJSON_Delete(list);
+            list = NULL;
+        }
+    }
+    char *json = list ? cJSON_PrintUnformatted(list) : NULL;
+    cJSON_Delete(list);
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(out, "content");
+    const char *before = cJSON_IsString(c) ? c->valuestring : "";
+    size_t n = json ? strlen(before) + strlen(calls_marker) + strlen(json) + 1 : 0;
+    char *text = n ? malloc(n) : NULL;
+    if (text) snprintf(text, n, "%s%s%s", before, calls_marker, json);
+    int ok = text && (c ? cJSON_ReplaceItemInObjectCaseSensitive(out, "content", cJSON_CreateString(text))
+                        : cJSON_AddStringToObject(out, "content", text) != NULL);
+    free(text);
+    free(json);
+    return ok ? 0 : -1;
+}
+
 /* Message i of the request as transformers' apply_chat_template gets it: role ("developer" is
  * "system"), content (text parts joined; absent or null as sent), tool_calls with arguments as
- * JSON objects (templates write them with tojson), tool_call_id, name, reasoning_content. */
-static cJSON *raw_message(const cJSON *m, int harmony)
+ * JSON objects (templates write them with tojson), tool_call_id, name, reasoning_content. With
+ * calls_marker (a template that never writes tool_calls), the calls go into the content instead
+ * (calls_into_content). NULL when out of memory. */
+static cJSON *raw_message(const cJSON *m, int harmony, const char *calls_marker)
 {
     cJSON *out = cJSON_CreateObject();
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
@@ -595,7 +628,12 @@ static cJSON *raw_message(const cJSON *m, int harmony)
         free(text);
     }
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-    if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0) {
+    if (calls_marker && cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0) {
+        if (calls_into_content(out, calls, calls_marker) != 0) {
+            cJSON_Delete(out);
+            return NULL;
+        }
+    } else if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0) {
         cJSON *list = cJSON_AddArrayToObject(out, "tool_calls");
         for (const cJSON *t = calls->child; t; t = t->next) {
             cJSON *d = cJSON_Duplicate(t, 1), *f = cJSON_GetObjectItemCaseSensitive(d, "function");
@@ -680,9 +718,14 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
                   strcmp(cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring, "tool");
     }
     if (raw) {
-        for (const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages")->child; m; m = m->next)
-            cJSON_AddItemToArray(msgs, raw_message(m, caps->tool_format == TOOL_FORMAT_HARMONY));
-        if (tools && caps->tools_prompt && tools_into_system(msgs, tools, (enum tool_prompt)caps->tools_prompt) != 0) {
+        const char *calls_marker = caps->calls_as_text ? tool_format_call_marker((enum tool_format)caps->tool_format) : NULL;
+        int oom = 0;
+        for (const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "messages")->child; m; m = m->next) {
+            cJSON *one = raw_message(m, caps->tool_format == TOOL_FORMAT_HARMONY, calls_marker);
+            oom |= !one;
+            if (one) cJSON_AddItemToArray(msgs, one);
+        }
+        if (oom || (tools && caps->tools_prompt && tools_into_system(msgs, tools, (enum tool_prompt)caps->tools_prompt) != 0)) {
             cJSON_Delete(ctx);
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
         }

@@ -29,6 +29,9 @@ enum tool_format tool_format_detect(const char *src)
     if (strstr(src, "<tool_call>")) return TOOL_FORMAT_HERMES;
     if (strstr(src, "[TOOL_CALLS]")) return TOOL_FORMAT_MISTRAL;
     if (strstr(src, "<|tool_call|>") && strstr(src, "<|/tool_call|>")) return TOOL_FORMAT_PHI4;
+    /* Granite 3.1+ (3.0's template takes calls and results as roles of its own, assistant_tool_call
+     * and tool_response, which the generic format's history does not need) */
+    if (strstr(src, "<|tool_call|>") && !strstr(src, "tool_response")) return TOOL_FORMAT_GRANITE;
     if (strstr(src, "<|start_header_id|>") && strstr(src, "ipython")) return TOOL_FORMAT_LLAMA3;
     return TOOL_FORMAT_GENERIC;
 }
@@ -51,7 +54,7 @@ const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasonin
 
 const char *tool_format_name(enum tool_format f)
 {
-    static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek"};
+    static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek", "granite"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "?";
 }
 
@@ -64,6 +67,7 @@ const char *tool_format_call_prefix(enum tool_format f)
     case TOOL_FORMAT_LLAMA3: return "";
     case TOOL_FORMAT_HARMONY: return HARMONY_CALL_PREFIX;
     case TOOL_FORMAT_DEEPSEEK: return TOOL_DS_CALLS_BEGIN TOOL_DS_CALL_BEGIN;
+    case TOOL_FORMAT_GRANITE: return "<|tool_call|>";
     default: return NULL;
     }
 }
@@ -77,6 +81,7 @@ const char *tool_format_call_marker(enum tool_format f)
     case TOOL_FORMAT_HARMONY: return HARMONY_CALL_MARKER;
     case TOOL_FORMAT_GLM: return "<tool_call>";
     case TOOL_FORMAT_DEEPSEEK: return TOOL_DS_CALLS_BEGIN;
+    case TOOL_FORMAT_GRANITE: return "<|tool_call|>";
     default: return NULL;
     }
 }

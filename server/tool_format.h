@@ -14,6 +14,11 @@
  *   LLAMA3   {"name": ..., "parameters": {...}} as the whole reply (Llama 3.1 / 3.2 / 3.3):
  *            "<|start_header_id|>" and "ipython"
  *   PHI4     <|tool_call|>{"name": ..., "arguments": {...}}<|/tool_call|> (Phi-4-mini): both markers
+ *   GRANITE  <|tool_call|>[{"name": ..., "arguments": {...}}, ...] (Granite 3.1-3.3): "<|tool_call|>"
+ *            without Phi-4's closing marker nor 3.0's tool_response role (3.0: GENERIC); parsed and
+ *            constrained as MISTRAL's list. Its
+ *            templates never write an assistant's tool_calls: the server writes them into the
+ *            message's content in this form (http_tools.c raw_message)
  *   HARMONY  GPT-OSS's messages: <|channel|>analysis<|message|>...<|end|><|start|>assistant
  *            <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>
  *            (tool_harmony.c): "<|channel|>", "<|message|>" and "<|start|>"; whether or not the
@@ -65,8 +70,11 @@ enum tool_format {
     TOOL_FORMAT_GLM, /* parsed (tool_glm.c); required / named: a GBNF grammar (http_tools_glm.c) */
     TOOL_FORMAT_DEEPSEEK, /* parsed (tool_stream.c, tool_glm.c); constrained by a JSON Schema with its markers
                              (http_tools.c deepseek_schema) */
+    TOOL_FORMAT_GRANITE,  /* <|tool_call|>[{...}, ...]: MISTRAL's list after Granite 3's marker */
 };
 
+/* Whether f's calls are one JSON list after the marker (MISTRAL, GRANITE). */
+static inline int tool_format_is_list(enum tool_format f) { return f == TOOL_FORMAT_MISTRAL || f == TOOL_FORMAT_GRANITE; }
 /* The format a template's source (NUL-terminated) asks for; GENERIC when it has no tools. */
 enum tool_format tool_format_detect(const char *template_src);
 /* How the tools reach a model whose template never reads `tools` (DeepSeek's: its calls are the

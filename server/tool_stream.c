@@ -33,7 +33,8 @@ static const char *const BUILTIN_TOOLS[2] = {"brave_search", "wolfram_alpha"};
 static const char *open_marker(enum tool_format f)
 {
     return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM ? "<tool_call>" : f == TOOL_FORMAT_MISTRAL ? "[TOOL_CALLS]"
-         : f == TOOL_FORMAT_PHI4 ? "<|tool_call|>" : f == TOOL_FORMAT_DEEPSEEK ? TOOL_DS_CALLS_BEGIN : NULL;
+         : f == TOOL_FORMAT_PHI4 || f == TOOL_FORMAT_GRANITE ? "<|tool_call|>" : f == TOOL_FORMAT_DEEPSEEK ? TOOL_DS_CALLS_BEGIN
+                                                                                                : NULL;
 }
 
 static const char *close_marker(enum tool_format f)
@@ -140,7 +141,7 @@ static void call_done(struct tool_stream *ts)
     ts->kept_block += keep_call(ts);
     if (ts->f == TOOL_FORMAT_GENERIC) ts->st = G_LAFTER;
     else if (ts->f == TOOL_FORMAT_LLAMA3) ts->st = L_AFTER;
-    else if (ts->f == TOOL_FORMAT_MISTRAL) ts->st = B_LIST_AFTER;
+    else if (tool_format_is_list(ts->f)) ts->st = B_LIST_AFTER;
     else ts->st = B_AFTER_CALL, ts->close_at = (size_t)-1;
 }
 
@@ -166,7 +167,7 @@ static void read_text(struct tool_stream *ts)
         seg_advance(ts, &ts->cseg, p, 1);
         ts->block = p, ts->kept_block = 0;
         ts->pos = p + m;
-        if (ts->f == TOOL_FORMAT_MISTRAL) ts->st = B_LIST_OPEN;
+        if (tool_format_is_list(ts->f)) ts->st = B_LIST_OPEN;
         else if (ts->f == TOOL_FORMAT_GLM) ts->st = B_GLM, ts->search = p + m;
         else if (ts->f == TOOL_FORMAT_DEEPSEEK) ts->st = B_DS, ts->search = p + m, ts->close_at = (size_t)-1;
         else begin_call(ts);

@@ -164,10 +164,15 @@ static void compare_stream(const struct cfg *c, const char *text, size_t n)
 
 static void check_text(const char *text, size_t n, int every_cfg)
 {
-    for (int f = 0; f < 5; f++)
+    /* The formats the whole-text parser (tool_parse_ref.c) reads: GENERIC .. PHI4, and GRANITE
+     * (MISTRAL's list after <|tool_call|>). */
+    static const enum tool_format formats[] = {TOOL_FORMAT_GENERIC, TOOL_FORMAT_HERMES, TOOL_FORMAT_MISTRAL,
+                                               TOOL_FORMAT_LLAMA3, TOOL_FORMAT_PHI4, TOOL_FORMAT_GRANITE};
+    for (size_t fi = 0; fi < sizeof formats / sizeof *formats; fi++)
         for (int bits = 0; bits < 16; bits++) {
             if (!every_cfg && rnd(4)) continue;
-            struct cfg c = {(enum tool_format)f, !(bits & 1) || rnd(8) != 0, bits >> 1 & 1 ? 1 + (int)rnd(3) : 0,
+            const enum tool_format f = formats[fi];
+            struct cfg c = {f, !(bits & 1) || rnd(8) != 0, bits >> 1 & 1 ? 1 + (int)rnd(3) : 0,
                             bits >> 2 & 1, bits >> 3 & 1}; /* (reasoning: one of the markers' kinds) */
             for (size_t cut = 0; cut <= n; cut += n > 600 ? 1 + rnd(13) : 1) compare_parse(&c, text, n, cut, 0);
             compare_parse(&c, text, n, n, 1);

@@ -7,7 +7,8 @@
  * server/tool_stream.c) equals the whole-text parser it replaced (tool_parse_ref.c); harmony
  * (server/tool_harmony.c), GLM and DeepSeek (server/tool_glm.c), which that parser never read:
  * content and calls of a prefix are prefixes of the whole's.
- * Input: byte 0 picks the format (bits 0-2: the eight formats), tools (bit 3), reasoning
+ * Input: byte 0 picks the format (bits 0-2: the first eight formats; 2, mistral, is granite
+ * when the input's length is even: the same list after another marker), tools (bit 3), reasoning
  * (bits 4 and 7: enum tool_reasoning, the markers), think_open (bit 5), one call at most (bit 6);
  * the rest is the reply.
  * Corpus: tests/fuzz/corpus/tool_parse (replies in every format, cut, malformed). */
@@ -100,6 +101,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1 || size > 4096) return 0;
     enum tool_format f = (enum tool_format)(data[0] & 7); /* (5: harmony, 6: glm, 7: deepseek) */
+    if (f == TOOL_FORMAT_MISTRAL && size % 2 == 0) f = TOOL_FORMAT_GRANITE; /* (a reply of odd length: mistral) */
     int tools = data[0] >> 3 & 1, think_open = data[0] >> 5 & 1;
     int reasoning = (data[0] >> 4 & 1) | (data[0] >> 6 & 2); /* enum tool_reasoning: off, <think>, [THINK], thought */
     int max_calls = data[0] >> 6 & 1;

@@ -20,7 +20,8 @@ static const char *open_marker(enum tool_format f)
     switch (f) {
     case TOOL_FORMAT_HERMES: return "<tool_call>";
     case TOOL_FORMAT_MISTRAL: return "[TOOL_CALLS]";
-    case TOOL_FORMAT_PHI4: return "<|tool_call|>";
+    case TOOL_FORMAT_PHI4:
+    case TOOL_FORMAT_GRANITE: return "<|tool_call|>"; /* (GRANITE: MISTRAL's list, 2026-12-01) */
     default: return NULL;
     }
 }
@@ -373,7 +374,7 @@ static void parse_marked(struct parse *p, const char *s, size_t n)
         size_t start = i;
         i += strlen(open);
         long k = 0;
-        int in_list = p->f == TOOL_FORMAT_MISTRAL;
+        int in_list = p->f == TOOL_FORMAT_MISTRAL || p->f == TOOL_FORMAT_GRANITE;
         if (in_list) {
             i = skip_ws(s, n, i);
             k = i >= n ? SCAN_INCOMPLETE : s[i] == '[' ? (long)++i : SCAN_INVALID;

@@ -12,10 +12,12 @@ openai package.
   `jsonschema`; parallel calls (the default) are the template's closed calls one after another;
   streamed calls arrive in several chunks (header, then argument fragments) and
   assemble to the unary answer.
-- Mistral Small 3.1 ([TOOL_CALLS]), Phi-4-mini (<|tool_call|>) and Llama 3.1 (a bare JSON call,
-  results in ipython turns): a required call, and the tool-result loop renders (Mistral's template
-  needs 9-character ids; Llama 3.1's prompts, with tools and with a call and its result, equal
-  jinja2's).
+- Mistral Small 3.1 ([TOOL_CALLS]), Phi-4-mini (<|tool_call|>), Llama 3.1 (a bare JSON call,
+  results in ipython turns) and Granite 3.3 (<|tool_call|> and a JSON list): a required call, and
+  the tool-result loop renders (Mistral's template needs 9-character ids; Llama 3.1's prompts, with
+  tools and with a call and its result, equal jinja2's; Granite's template never writes tool_calls:
+  the history's call goes into the content as the model writes it, the prompt equal to jinja2's
+  rendering of that; parallel calls in one list validate).
 - Qwen 3 (reasoning): a reply forced by a regex to hold <think>...</think> is split into
   reasoning_content and content, unary and streamed (delta.reasoning_content);
   chat_template_kwargs {"enable_thinking": false} reaches the template (the prompt as jinja2
@@ -224,7 +226,8 @@ def grpc_hermes(srv, mid, oa):
 
 def other_format(mid, oa, label, tmpl):
     def ask(messages, **kw):
-        return oa.chat.completions.create(model=mid, messages=messages, tools=TOOLS, max_tokens=60, temperature=0, **kw)
+        kw = dict(dict(max_tokens=60, temperature=0), **kw)
+        return oa.chat.completions.create(model=mid, messages=messages, tools=TOOLS, **kw)
 
     if label == "llama3":  # the prompt with tools renders as jinja2's (Llama 3.1: tools in the first user turn)
         chat = oa.chat.completions.create(model=mid, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=1,
@@ -244,6 +247,22 @@ def other_format(mid, oa, label, tmpl):
             {"role": "tool", "tool_call_id": c.id, "content": "{\"temperature\": 21}"} for c in m.tool_calls]
         r = ask(history, tool_choice="auto")
         check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), f"{label}: the tool loop renders and answers")
+        if label == "granite":  # its template never writes tool_calls: the server writes them into the
+            # assistant's content as the template's system text asks the model to (<|tool_call|> and a
+            # JSON list), in the engine's compact JSON
+            as_text = [dict({k: v for k, v in x.items() if k != "tool_calls"}, content=(x.get("content") or "")
+                            + "<|tool_call|>" + json.dumps([{"name": c["function"]["name"],
+                                                              "arguments": json.loads(c["function"]["arguments"])}
+                                                             for c in x["tool_calls"]], separators=(",", ":")))
+                       if x.get("tool_calls") else x for x in history]
+            comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, as_text, TOOLS), max_tokens=1, temperature=0)
+            check(r.usage.prompt_tokens == comp.usage.prompt_tokens,
+                  f"granite: the history with a call (into the content) and its result renders as jinja2's "
+                  f"({r.usage.prompt_tokens} vs {comp.usage.prompt_tokens})")
+            rp = ask(ASK, tool_choice="required", n=3, temperature=1.0, seed=3, max_tokens=120)
+            check(all(c.finish_reason in ("tool_calls", "length") for c in rp.choices) and
+                  all(calls_valid(c.message.tool_calls) for c in rp.choices if c.finish_reason == "tool_calls"),
+                  f"granite: parallel calls (a list), n 3: {[len(c.message.tool_calls or []) for c in rp.choices]}")
         if label == "llama3":  # the call and its result (an ipython turn) render as jinja2's
             comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, history, TOOLS), max_tokens=1, temperature=0)
             check(r.usage.prompt_tokens == comp.usage.prompt_tokens,
@@ -343,6 +362,7 @@ def main():
             ("mistralai-Mistral-Small-3.1-24B-Instruct-2503.jinja", "mistral"),
             ("microsoft-Phi-4-mini-instruct.jinja", "phi4"),
             ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3"),
+            ("ibm-granite-granite-3.3-2B-Instruct.jinja", "granite"),
             ("qwen3-final-assistant.jinja", "qwen3")]
     try:
         for file, label in runs:
