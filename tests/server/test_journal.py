@@ -120,7 +120,7 @@ class Stream:
 
     def __init__(self, path, body, headers=None):
         self.path, self.body, self.headers = path, body, dict(headers or {})
-        self.chunks, self.last_id, self.done, self.statuses = [], None, False, []
+        self.chunks, self.last_id, self.done, self.statuses, self.resumed_at = [], None, False, [], []
         self.progress = threading.Event()
 
     def read(self, port, stop_after=None):
@@ -129,6 +129,7 @@ class Stream:
         headers = {"Content-Type": "application/json", **self.headers}
         if self.last_id:
             headers["Last-Event-ID"] = self.last_id
+            self.resumed_at.append(self.last_id.split(";", 1)[-1])
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         try:
             c.request("POST", self.path, json.dumps(self.body), headers)
@@ -194,6 +195,19 @@ def assemble(chunks):
             if c.get("finish_reason"):
                 o["finish"] = c["finish_reason"]
     return out, usage
+
+
+def first_difference(got, want, stream):
+    """Where assembled answers first differ (for a failure's message): the choice, the offset, both
+    texts around it and the SSE ids the client resumed from; "" when they are equal."""
+    for k in sorted(set(got) | set(want)):
+        a, b = got.get(k, {}).get("text", ""), want.get(k, {}).get("text", "")
+        if a != b:
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            return (f" (choice {k}: first difference at {at} of {len(a)} / {len(b)} characters: "
+                    f"{a[max(0, at - 40):at + 40]!r} vs {b[max(0, at - 40):at + 40]!r}; finish "
+                    f"{got.get(k, {}).get('finish')} / {want.get(k, {}).get('finish')}; resumed at {stream.resumed_at})")
+    return ""
 
 
 def unary_view(text):
@@ -280,7 +294,8 @@ def group_restart(shardlm, model, work):
             check(s.done and all(code == 200 for code in s.statuses),
                   f"{what}: ends with [DONE] over {len(s.statuses)} connections ({s.statuses})")
             check({k: v["text"] for k, v in got.items()} == {k: v["text"] for k, v in want.items()},
-                  f"{what}: the text assembled across two kills equals the uninterrupted answer")
+                  f"{what}: the text assembled across two kills equals the uninterrupted answer"
+                  + first_difference(got, want, s))
             check({k: v["finish"] for k, v in got.items()} == {k: v["finish"] for k, v in want.items()},
                   f"{what}: finish reasons {[v['finish'] for v in got.values()]}")
             check(all(v["role"] == 1 for v in got.values()) or "text" in str(s.chunks[0]["choices"][0]),
