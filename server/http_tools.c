@@ -581,10 +581,18 @@ static int calls_into_content(cJSON *out, const cJSON *calls, const char *calls_
     for (const cJSON *t = calls->child; t && list; t = t->next) {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name"), *args = cJSON_GetObjectItemCaseSensitive(f, "arguments");
-        cJSON *e = cJSON_CreateObject(), *obj = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
-        if (!e || !cJSON_AddStringToObject(e, "name", cJSON_IsString(name) ? name->valuestring : "") ||
-            !cJSON_AddItemToObject(e, "arguments", obj ? obj : cJSON_CreateObject()) || !cJSON_AddItemToArray(list, e)) {
-            cJSON_Delete(e);
+        /* the arguments as their JSON (compact), or as sent when they are not JSON */
+        cJSON *obj = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        if (!obj) obj = cJSON_IsString(args) && args->valuestring[0] ? cJSON_CreateRaw(args->valuestring) : cJSON_CreateObject();
+        cJSON *e = cJSON_CreateObject();
+        int ok = e && obj && cJSON_AddStringToObject(e, "name", cJSON_IsString(name) ? name->valuestring : "") &&
+                 cJSON_AddItemToObject(e, "arguments", obj);
+        if (ok) obj = NULL; /* (e's) */
+        ok = ok && cJSON_AddItemToArray(list, e);
+        if (ok) e = NULL; /* (list's) */
+        cJSON_Delete(obj);
+        cJSON_Delete(e);
+        if (!ok) {
             cJSON_Delete(list);
             list = NULL;
         }
