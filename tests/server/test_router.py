@@ -268,6 +268,29 @@ def same_answer(got, want):
             {k: (v["text"], v["finish"]) for k, v in want[0].items()} and usage(got[1]) == usage(want[1]))
 
 
+def hold_streams(port):
+    """TJ.STREAMS started through port, each read 6 chunks and then held open (the replica is about
+    to be killed): (streams, reader threads)."""
+    streams = [TJ.Stream(p, body) for p, body in TJ.STREAMS]
+    threads = [threading.Thread(target=s.read, args=(port, 6)) for s in streams]
+    for t in threads:
+        t.start()
+    for s in streams:
+        s.progress.wait(timeout=60)
+    return streams, threads
+
+
+def finish_streams(streams, port):
+    """Each stream reconnected (read_until_done) until it ends; the refused tries' statuses."""
+    refused = []
+    readers = [threading.Thread(target=read_until_done, args=(s, port, refused)) for s in streams]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(timeout=120)
+    return refused
+
+
 def read_until_done(s, port, seen, timeout=90):
     """Reconnects s (Last-Event-ID) until its stream ends; the statuses of refused tries go to
     seen."""
@@ -285,12 +308,7 @@ def group_resume(shardlm, model, work):
     a, b = replica(shardlm, model, work, "ra"), replica(shardlm, model, work, "rb")
     b_port, b_journal = b.http_port, work / "journal-rb"
     r = Router(shardlm, [a.http_port, b_port])
-    streams = [TJ.Stream(p, body) for p, body in TJ.STREAMS]
-    threads = [threading.Thread(target=s.read, args=(r.port, 6)) for s in streams]
-    for t in threads:
-        t.start()
-    for s in streams:
-        s.progress.wait(timeout=60)
+    streams, threads = hold_streams(r.port)
     on_b = r.metrics()[("shardlm_router_replica_in_flight", f"127.0.0.1:{b_port}")]
     TJ.kill9(b)
     for t in threads:
@@ -307,12 +325,7 @@ def group_resume(shardlm, model, work):
           f"reconnections while the replica is down: 503 for its {on_b:.0f} stream(s), 200 for the rest ({seen})")
     b = TS.Server(shardlm, model, *FLAGS, "--journal", str(b_journal), name="rb2", http=True,
                   http_listen=f"127.0.0.1:{b_port}")
-    refused = []
-    readers = [threading.Thread(target=read_until_done, args=(s, r.port, refused)) for s in streams]
-    for t in readers:
-        t.start()
-    for t in readers:
-        t.join(timeout=120)
+    refused = finish_streams(streams, r.port)
     for i, (s, ref) in enumerate(zip(streams, ref_streams)):
         check(s.done and same_answer(TJ.assemble(s.chunks), ref),
               f"stream {i} ({TJ.STREAMS[i][0]}) through the router, across {len(s.statuses)} connections "
@@ -470,12 +483,7 @@ def group_nodes(shardlm, model, work):
         s.read(r.port)
         check(s.done, f"reference stream {path} seed {body['seed']} through the router ends with [DONE]")
         ref_streams.append(TJ.assemble(s.chunks))
-    streams = [TJ.Stream(p, body) for p, body in TJ.STREAMS]
-    readers = [threading.Thread(target=s.read, args=(r.port, 6)) for s in streams]
-    for t in readers:
-        t.start()
-    for s in streams:
-        s.progress.wait(timeout=60)
+    streams, readers = hold_streams(r.port)
     on_1 = r.metrics()[("shardlm_router_replica_in_flight", addrs[1])]  # streams only, held open
     results, stop, threads = loop_clients(concurrency, lambda k, i: post_unary(r.port, k, i), calls=calls)
     wait_for("a third of the calls", lambda: len(results) >= calls // 3, timeout=300)
@@ -493,12 +501,7 @@ def group_nodes(shardlm, model, work):
     reps[1] = start(1, "node1-again")
     wait_for("node 1's replica marked up again", lambda: r.metrics()[("shardlm_router_replica_up", addrs[1])] == 1)
     up_after = time.time() - restart_at
-    refused = []
-    readers = [threading.Thread(target=read_until_done, args=(s, r.port, refused)) for s in streams]
-    for t in readers:
-        t.start()
-    for t in readers:
-        t.join(timeout=120)
+    refused = finish_streams(streams, r.port)
     for t in threads:
         t.join(timeout=300)
     stop.set()
