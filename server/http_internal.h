@@ -59,12 +59,13 @@ struct http_chat_caps {
     int tools_prompt; /* enum tool_prompt: the template never reads `tools` and the server writes them */
     int ds_fenced;    /* DeepSeek's calls in R1's fenced shape (served_model.ds_fenced) */
     int calls_as_text; /* an assistant's tool_calls written into its content (served_model.calls_as_text) */
+    int kimi_counter;  /* Kimi-K2's call indexes count across the conversation (served_model.kimi_counter) */
 };
 /* The caps of served model m. */
 static inline struct http_chat_caps http_model_caps(const struct served_model *m)
 {
     return (struct http_chat_caps){m->jtmpl != NULL, m->tool_format, m->reasoning, m->reads_effort, m->tools_prompt,
-                                   m->ds_fenced, m->calls_as_text};
+                                   m->ds_fenced, m->calls_as_text, m->kimi_counter};
 }
 
 /* A parsed OpenAI request: the engine's request plus what shapes the answer. */
@@ -114,8 +115,10 @@ enum status http_tools_parse(const struct cJSON *o, const struct http_chat_caps 
 /* The JSON Schema (text, malloc'd; NULL when out of memory) that constrains DeepSeek's calls of
  * tools (a JSON list as the API takes it, checked; only: the named function or NULL): R1's fenced
  * shape or V3.1's, lazy (tool_choice auto: what follows <｜tool▁calls▁begin｜>) or not (what follows
- * <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>). For tests/test_tool_stream.c. */
-char *http_tools_deepseek_schema(const struct cJSON *tools, const char *only, int parallel, int fenced, int lazy);
+ * <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>); kimi: Kimi-K2's, its call numbered index. For
+ * tests/test_tool_stream.c. */
+char *http_tools_deepseek_schema(const struct cJSON *tools, const char *only, int parallel, int fenced, int lazy,
+                                 int kimi, int index);
 char *http_tools_glm_grammar(const struct cJSON *tools, const char *only, int parallel, int lazy);
 /* With a Jinja template: r->chat_context from o's messages (as sent, when the template's own
  * tool format is used), the tools of the request (NULL: none) and chat_template_kwargs. */

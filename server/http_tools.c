@@ -145,22 +145,28 @@ static cJSON *harmony_schema(const cJSON *tools, const char *only, int required)
  * arguments (the whole parameters schema: strict or not); each call closed (R1's fence first),
  * with parallel calls more opened after it (R1's on a new line), and the list ended, as the
  * templates write them; the model then ends its turn. '<' only as \u003c in free strings: no
- * marker inside an argument. */
-static cJSON *deepseek_schema(const cJSON *tools, const char *only, int parallel, int fenced, int lazy)
+ * marker inside an argument. Kimi-K2's (kimi): the same with its markers, a branch's text
+ * `functions.NAME:INDEX<|tool_call_argument_begin|>` with index the conversation's next call's
+ * (the template's counter), and one call (the next call's index would need a count). */
+static cJSON *deepseek_schema(const cJSON *tools, const char *only, int parallel, int fenced, int lazy, int kimi,
+                              int index)
 {
     cJSON *s = cJSON_CreateObject(), *any = s ? cJSON_AddArrayToObject(s, "anyOf") : NULL;
     cJSON *rep = any && cJSON_AddStringToObject(s, GRAMMAR_SCHEMA_ESCAPE, "<") ? cJSON_AddObjectToObject(s, GRAMMAR_SCHEMA_REPEAT)
                                                                              : NULL;
-    int ok = rep && cJSON_AddStringToObject(rep, "close", fenced ? "\n```" TOOL_DS_CALL_END : TOOL_DS_CALL_END) &&
-             (!parallel || cJSON_AddStringToObject(rep, "open", fenced ? "\n" TOOL_DS_CALL_BEGIN : TOOL_DS_CALL_BEGIN)) &&
-             cJSON_AddStringToObject(rep, "end", TOOL_DS_CALLS_END) &&
-             (!lazy || cJSON_AddStringToObject(s, GRAMMAR_SCHEMA_PREFIX, TOOL_DS_CALL_BEGIN));
+    const char *close = kimi ? TOOL_KIMI_CALL_END : fenced ? "\n```" TOOL_DS_CALL_END : TOOL_DS_CALL_END;
+    const char *open = kimi ? NULL : fenced ? "\n" TOOL_DS_CALL_BEGIN : TOOL_DS_CALL_BEGIN;
+    int ok = rep && cJSON_AddStringToObject(rep, "close", close) &&
+             (!parallel || !open || cJSON_AddStringToObject(rep, "open", open)) &&
+             cJSON_AddStringToObject(rep, "end", kimi ? TOOL_KIMI_CALLS_END : TOOL_DS_CALLS_END) &&
+             (!lazy || cJSON_AddStringToObject(s, GRAMMAR_SCHEMA_PREFIX, kimi ? TOOL_KIMI_CALL_BEGIN : TOOL_DS_CALL_BEGIN));
     for (const cJSON *t = ok ? tools->child : NULL; t; t = t->next) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
         if (only && strcmp(name, only)) continue;
         char text[TOOLS_MAX_NAME + 64];
-        snprintf(text, sizeof text, fenced ? "function" TOOL_DS_SEP "%s\n```json\n" : "%s" TOOL_DS_SEP, name);
+        if (kimi) snprintf(text, sizeof text, "functions.%s:%d" TOOL_KIMI_ARGS, name, index);
+        else snprintf(text, sizeof text, fenced ? "function" TOOL_DS_SEP "%s\n```json\n" : "%s" TOOL_DS_SEP, name);
         cJSON *b = params_schema(fn);
         if (!b || !cJSON_AddStringToObject(b, GRAMMAR_SCHEMA_PREFIX, text) || !cJSON_AddItemToArray(any, b)) {
             cJSON_Delete(b);
@@ -175,9 +181,10 @@ static cJSON *deepseek_schema(const cJSON *tools, const char *only, int parallel
     return s;
 }
 
-char *http_tools_deepseek_schema(const cJSON *tools, const char *only, int parallel, int fenced, int lazy)
+char *http_tools_deepseek_schema(const cJSON *tools, const char *only, int parallel, int fenced, int lazy, int kimi,
+                                 int index)
 {
-    cJSON *s = deepseek_schema(tools, only, parallel, fenced, lazy);
+    cJSON *s = deepseek_schema(tools, only, parallel, fenced, lazy, kimi, index);
     char *text = s ? cJSON_PrintUnformatted(s) : NULL;
     cJSON_Delete(s);
     return text;
@@ -189,10 +196,11 @@ char *http_tools_deepseek_schema(const cJSON *tools, const char *only, int paral
  * is a list of calls; DeepSeek's (deepseek_schema: lazy, the schema of auto's trigger) its
  * markers around each. */
 static cJSON *native_schema(enum tool_format f, const cJSON *tools, const char *only, int required, int parallel,
-                            const struct http_chat_caps *caps)
+                            const struct http_chat_caps *caps, int index)
 {
     if (f == TOOL_FORMAT_HARMONY) return harmony_schema(tools, only, required);
-    if (f == TOOL_FORMAT_DEEPSEEK) return deepseek_schema(tools, only, parallel, caps->ds_fenced, !required);
+    if (f == TOOL_FORMAT_DEEPSEEK || f == TOOL_FORMAT_KIMI)
+        return deepseek_schema(tools, only, parallel, caps->ds_fenced, !required, f == TOOL_FORMAT_KIMI, index);
     cJSON *one = cJSON_CreateObject(), *any = cJSON_AddArrayToObject(one, "anyOf");
     for (const cJSON *t = tools->child; t; t = t->next) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
@@ -267,6 +275,14 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
                                 const struct http_chat_caps *caps, struct http_request *q)
 {
     enum tool_format f = (enum tool_format)caps->tool_format;
+    /* Kimi-K2's next call index: the calls of the history when its template counts them across the
+     * conversation, else 0 (the index within the message) */
+    int index = 0;
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    for (const cJSON *m = caps->kimi_counter && cJSON_IsArray(msgs) ? msgs->child : NULL; m; m = m->next) {
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        if (cJSON_IsArray(calls)) index += cJSON_GetArraySize(calls);
+    }
     cJSON *list = chosen_tools(tools, only);
     enum status st = list ? http_tools_context(o, list, caps, q) : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     cJSON_Delete(list);
@@ -276,13 +292,13 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
         /* A reasoning template: the model may think first, so the marker is the grammar's to
          * write (its schema's prefix), not the prompt's; generation.c (constrain_around_think)
          * makes it an opening constraint: <think> ... </think> then the call, or the call. */
-        cJSON *schema = native_schema(f, tools, only, required, parallel, caps);
+        cJSON *schema = native_schema(f, tools, only, required, parallel, caps, index);
         if (schema) cJSON_AddStringToObject(schema, GRAMMAR_SCHEMA_PREFIX, tool_format_call_prefix(f));
         st = set_schema(q, schema, NULL);
     } else if (st == STATUS_OK && required) {
         if (!(q->r.prefill = strdup(tool_format_call_prefix(f))))
             return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        st = set_schema(q, native_schema(f, tools, only, required, parallel, caps), NULL);
+        st = set_schema(q, native_schema(f, tools, only, required, parallel, caps, index), NULL);
     } else if (st == STATUS_OK) {
         /* The trigger (engine.h TRIGGER_*): a reasoning template's is armed after </think> (a
          * marker inside the reasoning does not trigger; gen_prompt says when the prompt opened
@@ -294,7 +310,7 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
                  f == TOOL_FORMAT_LLAMA3 ? "{" : tool_format_call_marker(f));
         if (f == TOOL_FORMAT_GLM)
             st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(tools, only, parallel, 1), trigger);
-        else st = set_schema(q, native_schema(f, tools, only, required, parallel, caps), trigger);
+        else st = set_schema(q, native_schema(f, tools, only, required, parallel, caps, index), trigger);
     }
     q->tools = 1;
     q->tool_format = (int)f;

@@ -186,6 +186,7 @@ static void note_template_formats(const struct server *s, struct served_model *m
                           ? (strstr(src, "```json") ? TOOL_PROMPT_DEEPSEEK_R1 : TOOL_PROMPT_DEEPSEEK) : TOOL_PROMPT_NONE;
     m->ds_fenced = m->tool_format == TOOL_FORMAT_DEEPSEEK && strstr(src, "```json") != NULL;
     m->calls_as_text = m->tool_format == TOOL_FORMAT_GRANITE && !strstr(src, "tool_calls");
+    m->kimi_counter = m->tool_format == TOOL_FORMAT_KIMI && strstr(src, "tool_call_counter") != NULL;
     m->reads_effort = strstr(src, "reasoning_effort") != NULL;
     const char *rf = s->opts.reasoning_format;
     if (!rf || !strcmp(rf, "auto")) m->reasoning = (int)tool_format_detect_reasoning(src);

@@ -265,6 +265,8 @@ struct served_model {
     int                   reads_effort;  /* jtmpl's text reads reasoning_effort (GPT-OSS's template) */
     int                   ds_fenced;     /* DeepSeek's template writes R1's fenced calls (function<｜tool▁sep｜>NAME
                                             then ```json ARGS ```), not V3.1's NAME<｜tool▁sep｜>ARGS */
+    int                   kimi_counter;  /* Kimi-K2's template numbers calls across the conversation
+                                            (functions.NAME:INDEX), not within each message */
     int                   calls_as_text; /* the template never writes an assistant's tool_calls (Granite 3's):
                                             the server writes them into its content, as the model would */
     int                   tools_prompt;  /* DeepSeek's templates never read `tools`: the server writes them into

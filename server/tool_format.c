@@ -24,6 +24,7 @@ enum tool_format tool_format_detect(const char *src)
     /* DeepSeek's templates write calls but never read `tools` (the server describes them:
      * tool_format_tools_prompt) */
     if (src && strstr(src, "tool\xe2\x96\x81" "calls\xe2\x96\x81" "begin")) return TOOL_FORMAT_DEEPSEEK; /* tool▁calls▁begin */
+    if (src && strstr(src, TOOL_KIMI_CALLS_BEGIN)) return TOOL_FORMAT_KIMI;
     if (!src || !strstr(src, "tools")) return TOOL_FORMAT_GENERIC;
     if (strstr(src, "<arg_key>")) return TOOL_FORMAT_GLM; /* before Hermes: GLM's calls open with <tool_call> too */
     if (strstr(src, "<tool_call>")) return TOOL_FORMAT_HERMES;
@@ -54,7 +55,7 @@ const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasonin
 
 const char *tool_format_name(enum tool_format f)
 {
-    static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek", "granite"};
+    static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek", "granite", "kimi"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "?";
 }
 
@@ -68,6 +69,7 @@ const char *tool_format_call_prefix(enum tool_format f)
     case TOOL_FORMAT_HARMONY: return HARMONY_CALL_PREFIX;
     case TOOL_FORMAT_DEEPSEEK: return TOOL_DS_CALLS_BEGIN TOOL_DS_CALL_BEGIN;
     case TOOL_FORMAT_GRANITE: return "<|tool_call|>";
+    case TOOL_FORMAT_KIMI: return TOOL_KIMI_CALLS_BEGIN TOOL_KIMI_CALL_BEGIN;
     default: return NULL;
     }
 }
@@ -82,6 +84,7 @@ const char *tool_format_call_marker(enum tool_format f)
     case TOOL_FORMAT_GLM: return "<tool_call>";
     case TOOL_FORMAT_DEEPSEEK: return TOOL_DS_CALLS_BEGIN;
     case TOOL_FORMAT_GRANITE: return "<|tool_call|>";
+    case TOOL_FORMAT_KIMI: return TOOL_KIMI_CALLS_BEGIN;
     default: return NULL;
     }
 }

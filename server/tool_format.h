@@ -14,6 +14,10 @@
  *   LLAMA3   {"name": ..., "parameters": {...}} as the whole reply (Llama 3.1 / 3.2 / 3.3):
  *            "<|start_header_id|>" and "ipython"
  *   PHI4     <|tool_call|>{"name": ..., "arguments": {...}}<|/tool_call|> (Phi-4-mini): both markers
+ *   KIMI     <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>
+ *            {...}<|tool_call_end|>...<|tool_calls_section_end|> (Kimi-K2, -Thinking):
+ *            "<|tool_calls_section_begin|>"; parsed as DEEPSEEK's list; a call constrained by a
+ *            JSON Schema whose INDEX is the conversation's next (one call a reply)
  *   GRANITE  <|tool_call|>[{"name": ..., "arguments": {...}}, ...] (Granite 3.1-3.3): "<|tool_call|>"
  *            without Phi-4's closing marker nor 3.0's tool_response role (3.0: GENERIC); parsed and
  *            constrained as MISTRAL's list. Its
@@ -71,6 +75,7 @@ enum tool_format {
     TOOL_FORMAT_DEEPSEEK, /* parsed (tool_stream.c, tool_glm.c); constrained by a JSON Schema with its markers
                              (http_tools.c deepseek_schema) */
     TOOL_FORMAT_GRANITE,  /* <|tool_call|>[{...}, ...]: MISTRAL's list after Granite 3's marker */
+    TOOL_FORMAT_KIMI,     /* DEEPSEEK's shape with Kimi-K2's markers; one call constrained */
 };
 
 /* Whether f's calls are one JSON list after the marker (MISTRAL, GRANITE). */

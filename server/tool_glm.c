@@ -163,6 +163,29 @@ int tool_glm_call(const char *s, size_t n, size_t *name_at, size_t *name_len, st
     return !args->oom;
 }
 
+/* Kimi-K2's call body, between <|tool_call_begin|> and <|tool_call_end|>:
+ * `functions.NAME:INDEX<|tool_call_argument_begin|>ARGS` (the id the template writes: "functions."
+ * and ":INDEX" are optional here), ARGS one JSON object. */
+int tool_kimi_call(const char *s, size_t n, size_t *name_at, size_t *name_len, size_t *args_at, size_t *args_len)
+{
+    const char *e = s + n, *sep = find(s, e, TOOL_KIMI_ARGS), *ns = s, *ne = sep;
+    if (!sep) return 0;
+    const char *a = sep + strlen(TOOL_KIMI_ARGS), *ae = e;
+    trim(&ns, &ne);
+    eat(&ns, ne, "functions.");
+    const char *colon = ne;
+    while (colon > ns && colon[-1] >= '0' && colon[-1] <= '9') colon--;
+    if (colon < ne && colon > ns && colon[-1] == ':') ne = colon - 1; /* ":INDEX" */
+    trim(&a, &ae);
+    for (const char *c = ns; c < ne; c++) /* a name is one word: no whitespace, no marker */
+        if (tool_json_is_ws((unsigned char)*c) || *c == '<') return 0;
+    const char *q = a;
+    if (ne == ns || a == ae || *a != '{' || !json_value(&q, ae, 0) || q != ae) return 0;
+    *name_at = (size_t)(ns - s), *name_len = (size_t)(ne - ns);
+    *args_at = (size_t)(a - s), *args_len = (size_t)(ae - a);
+    return 1;
+}
+
 /* DeepSeek's call body, between <｜tool▁call▁begin｜> and <｜tool▁call▁end｜>: V3.1's
  * `NAME<｜tool▁sep｜>ARGS`, or R1's `function<｜tool▁sep｜>NAME\n```json\nARGS\n```` (its type, then
  * the name on its own line and the arguments fenced); ARGS one JSON object. */

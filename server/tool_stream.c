@@ -34,7 +34,8 @@ static const char *open_marker(enum tool_format f)
 {
     return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM ? "<tool_call>" : f == TOOL_FORMAT_MISTRAL ? "[TOOL_CALLS]"
          : f == TOOL_FORMAT_PHI4 || f == TOOL_FORMAT_GRANITE ? "<|tool_call|>" : f == TOOL_FORMAT_DEEPSEEK ? TOOL_DS_CALLS_BEGIN
-                                                                                                : NULL;
+         : f == TOOL_FORMAT_KIMI ? TOOL_KIMI_CALLS_BEGIN
+                                 : NULL;
 }
 
 static const char *close_marker(enum tool_format f)
@@ -169,7 +170,8 @@ static void read_text(struct tool_stream *ts)
         ts->pos = p + m;
         if (tool_format_is_list(ts->f)) ts->st = B_LIST_OPEN;
         else if (ts->f == TOOL_FORMAT_GLM) ts->st = B_GLM, ts->search = p + m;
-        else if (ts->f == TOOL_FORMAT_DEEPSEEK) ts->st = B_DS, ts->search = p + m, ts->close_at = (size_t)-1;
+        else if (ts->f == TOOL_FORMAT_DEEPSEEK || ts->f == TOOL_FORMAT_KIMI)
+            ts->st = B_DS, ts->search = p + m, ts->close_at = (size_t)-1;
         else begin_call(ts);
         return;
     }
@@ -241,10 +243,15 @@ static int starts_lit(const char *s, size_t n, const char *lit)
  * (the body held until it is whole, then made a call by tool_glm.c's tool_deepseek_call), up to
  * <｜tool▁calls▁end｜>; whitespace between them is nothing. A reply that ends after a call without
  * the list's end keeps its calls; anything else malformed makes the block text (or, once calls
- * were kept, drops the rest: call_bad). */
+ * were kept, drops the rest: call_bad). Kimi-K2's list is the same with its own markers
+ * (<|tool_calls_section_begin|>, <|tool_call_begin|>, ...) and bodies (tool_kimi_call). */
 static void read_deepseek(struct tool_stream *ts)
 {
-    const size_t mb = strlen(TOOL_DS_CALL_BEGIN), me = strlen(TOOL_DS_CALL_END), ml = strlen(TOOL_DS_CALLS_END);
+    const int kimi = ts->f == TOOL_FORMAT_KIMI;
+    const char *const call_begin = kimi ? TOOL_KIMI_CALL_BEGIN : TOOL_DS_CALL_BEGIN;
+    const char *const call_end = kimi ? TOOL_KIMI_CALL_END : TOOL_DS_CALL_END;
+    const char *const calls_end = kimi ? TOOL_KIMI_CALLS_END : TOOL_DS_CALLS_END;
+    const size_t mb = strlen(call_begin), me = strlen(call_end), ml = strlen(calls_end);
     for (;;) {
         if (ts->close_at == (size_t)-1) { /* between calls */
             size_t p = ts->search;
@@ -252,16 +259,16 @@ static void read_deepseek(struct tool_stream *ts)
             ts->search = p;
             const size_t rest = ts->len - p;
             ts->steps += mb + ml;
-            if (rest >= mb && !memcmp(ts->text + p, TOOL_DS_CALL_BEGIN, mb)) {
+            if (rest >= mb && !memcmp(ts->text + p, call_begin, mb)) {
                 ts->close_at = ts->search = p + mb;
                 continue;
             }
-            if (rest >= ml && !memcmp(ts->text + p, TOOL_DS_CALLS_END, ml)) {
+            if (rest >= ml && !memcmp(ts->text + p, calls_end, ml)) {
                 text_from(ts, p + ml);
                 return;
             }
-            if (!ts->final && (starts_lit(ts->text + p, rest, TOOL_DS_CALL_BEGIN) ||
-                               starts_lit(ts->text + p, rest, TOOL_DS_CALLS_END))) {
+            if (!ts->final && (starts_lit(ts->text + p, rest, call_begin) ||
+                               starts_lit(ts->text + p, rest, calls_end))) {
                 ts->pos = ts->len; /* wait for the marker to be whole */
                 return;
             }
@@ -269,7 +276,7 @@ static void read_deepseek(struct tool_stream *ts)
             else call_bad(ts);
             return;
         }
-        const size_t p = scan_for(ts, TOOL_DS_CALL_END); /* in a body: looking for its end */
+        const size_t p = scan_for(ts, call_end); /* in a body: looking for its end */
         if (p == (size_t)-1) {
             body_open(ts);
             return;
@@ -277,7 +284,7 @@ static void read_deepseek(struct tool_stream *ts)
         const size_t b0 = ts->close_at;
         size_t name_at, name_len, args_at, args_len;
         ts->steps += p - b0;
-        if (!tool_deepseek_call(ts->text + b0, p - b0, &name_at, &name_len, &args_at, &args_len)) {
+        if (!(kimi ? tool_kimi_call : tool_deepseek_call)(ts->text + b0, p - b0, &name_at, &name_len, &args_at, &args_len)) {
             call_bad(ts);
             return;
         }

@@ -105,6 +105,14 @@ int tool_glm_call(const char *s, size_t n, size_t *name_at, size_t *name_len, st
 #define TOOL_DS_CALL_END    "<" TOOL_DS_BAR "tool" TOOL_DS_SP "call" TOOL_DS_SP "end" TOOL_DS_BAR ">"
 #define TOOL_DS_SEP         "<" TOOL_DS_BAR "tool" TOOL_DS_SP "sep" TOOL_DS_BAR ">"
 int tool_deepseek_call(const char *s, size_t n, size_t *name_at, size_t *name_len, size_t *args_at, size_t *args_len);
+/* Kimi-K2's markers and the body of one call, `functions.NAME:INDEX<|tool_call_argument_begin|>ARGS`
+ * (tool_glm.c; as tool_deepseek_call). */
+#define TOOL_KIMI_CALLS_BEGIN "<|tool_calls_section_begin|>"
+#define TOOL_KIMI_CALLS_END   "<|tool_calls_section_end|>"
+#define TOOL_KIMI_CALL_BEGIN  "<|tool_call_begin|>"
+#define TOOL_KIMI_CALL_END    "<|tool_call_end|>"
+#define TOOL_KIMI_ARGS        "<|tool_call_argument_begin|>"
+int tool_kimi_call(const char *s, size_t n, size_t *name_at, size_t *name_len, size_t *args_at, size_t *args_len);
 /* A new slot for a call named name[0..n) (zeroed but for the name), or NULL out of memory. */
 struct tcall *tool_stream_new_call(struct tool_stream *ts, const char *name, size_t n);
 

@@ -648,7 +648,40 @@ static void check_deepseek(void)
     fprintf(stderr, "PASS deepseek: %zu replies (V3.1 and R1 bodies), every prefix\n", sizeof cases / sizeof *cases);
 }
 
-/* --parse-glm FILE (--parse-deepseek FILE): the replies of FILE (separated by the byte 0x1e) parsed
+/* Kimi-K2's list: DeepSeek's shape with its markers, bodies `functions.NAME:INDEX<|tool_call_argument_begin|>ARGS`. */
+static void check_kimi(void)
+{
+#define K_CALLS "<|tool_calls_section_begin|>"
+#define K_CALL "<|tool_call_begin|>"
+#define K_ARGS "<|tool_call_argument_begin|>"
+#define K_END "<|tool_call_end|>"
+#define K_CALLS_END "<|tool_calls_section_end|>"
+    static const struct call_case cases[] = {
+        {K_CALLS K_CALL "functions.get_weather:0" K_ARGS "{\"city\": \"Paris\"}" K_END K_CALLS_END, "get_weather",
+         "{\"city\": \"Paris\"}", "", 1},
+        {"Let me look." K_CALLS K_CALL "functions.search:3" K_ARGS "{\"q\": \"x\"}" K_END K_CALLS_END, "search",
+         "{\"q\": \"x\"}", "Let me look.", 1},
+        {K_CALLS K_CALL "functions.a:0" K_ARGS "{}" K_END K_CALL "functions.b:1" K_ARGS "{\"n\": [1, 2]}" K_END K_CALLS_END " done",
+         "a", "{}", "done", 2},
+        {K_CALLS K_CALL "plain_name" K_ARGS "{\"x\": 1}" K_END, "plain_name", "{\"x\": 1}", "", 1},
+        {K_CALLS K_CALL "functions.f:0" K_ARGS "not json" K_END K_CALLS_END " tail", NULL, NULL,
+         K_CALLS K_CALL "functions.f:0" K_ARGS "not json" K_END K_CALLS_END " tail", 0},
+        {K_CALLS K_CALL "functions.f:0" K_ARGS "{\"x\": 1", NULL, NULL, K_CALLS K_CALL "functions.f:0" K_ARGS "{\"x\": 1", 0},
+        {K_CALLS K_CALL "functions.:0" K_ARGS "{}" K_END, NULL, NULL, K_CALLS K_CALL "functions.:0" K_ARGS "{}" K_END, 0},
+        {K_CALLS "junk", NULL, NULL, K_CALLS "junk", 0},
+    };
+    check_call_cases(TOOL_FORMAT_KIMI, "kimi", cases, sizeof cases / sizeof *cases);
+    CHECK(tool_format_detect("{% if tools %}{{'" K_CALLS "'}}{% endif %}") == TOOL_FORMAT_KIMI,
+          "the Kimi-K2 template's marker detected");
+    fprintf(stderr, "PASS kimi: %zu replies, every prefix\n", sizeof cases / sizeof *cases);
+#undef K_CALLS
+#undef K_CALL
+#undef K_ARGS
+#undef K_END
+#undef K_CALLS_END
+}
+
+/* --parse-glm FILE (--parse-deepseek FILE, --parse-kimi FILE): the replies of FILE (separated by the byte 0x1e) parsed
  * in GLM's (DeepSeek's) format; for each, every call as "name<TAB>arguments" on a line, then "--"
  * (tests/server/test_tools_glm.py and test_tools_deepseek.py render calls with the models'
  * templates in jinja2 and compare them with what comes back). */
@@ -687,14 +720,15 @@ static int glm_grammar(const char *tools_json, const char *only, int parallel, i
     return 0;
 }
 
-/* --deepseek-schema TOOLS_JSON ONLY PARALLEL FENCED LAZY: the JSON Schema server/http_tools.c
- * constrains DeepSeek's calls with, on stdout (test_tools_deepseek.py checks the templates' own
- * renderings against it with test_grammar). */
-static int deepseek_schema(const char *tools_json, const char *only, int parallel, int fenced, int lazy)
+/* --deepseek-schema TOOLS_JSON ONLY PARALLEL FENCED LAZY [KIMI INDEX]: the JSON Schema
+ * server/http_tools.c constrains DeepSeek's (Kimi-K2's) calls with, on stdout
+ * (test_tools_deepseek.py checks the templates' own renderings against it with test_grammar). */
+static int deepseek_schema(const char *tools_json, const char *only, int parallel, int fenced, int lazy, int kimi,
+                           int index)
 {
     cJSON *tools = cJSON_Parse(tools_json);
     CHECK(cJSON_IsArray(tools), "--deepseek-schema: the tools are not a JSON list");
-    char *s = http_tools_deepseek_schema(tools, only[0] ? only : NULL, parallel, fenced, lazy);
+    char *s = http_tools_deepseek_schema(tools, only[0] ? only : NULL, parallel, fenced, lazy, kimi, index);
     CHECK(s, "out of memory");
     fputs(s, stdout);
     free(s);
@@ -706,9 +740,11 @@ int main(int argc, char **argv)
 {
     if (argc > 2 && !strcmp(argv[1], "--parse-glm")) return parse_file(TOOL_FORMAT_GLM, argv[2]);
     if (argc > 2 && !strcmp(argv[1], "--parse-deepseek")) return parse_file(TOOL_FORMAT_DEEPSEEK, argv[2]);
+    if (argc > 2 && !strcmp(argv[1], "--parse-kimi")) return parse_file(TOOL_FORMAT_KIMI, argv[2]);
     if (argc > 5 && !strcmp(argv[1], "--glm-grammar")) return glm_grammar(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
     if (argc > 6 && !strcmp(argv[1], "--deepseek-schema"))
-        return deepseek_schema(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
+        return deepseek_schema(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), argc > 8 ? atoi(argv[7]) : 0,
+                               argc > 8 ? atoi(argv[8]) : 0);
     static const char *const cases[] = {
         "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call> done",
         "<tool_call>{\"arguments\": {\"a\": [1, 2]}, \"name\": \"f\"}</tool_call><tool_call>{\"name\": \"g\"}</tool_call>",
@@ -751,6 +787,7 @@ int main(int argc, char **argv)
     check_harmony();
     check_glm();
     check_deepseek();
+    check_kimi();
     printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);
     return 0;
 }

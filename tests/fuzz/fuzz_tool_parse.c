@@ -8,7 +8,8 @@
  * (server/tool_harmony.c), GLM and DeepSeek (server/tool_glm.c), which that parser never read:
  * content and calls of a prefix are prefixes of the whole's.
  * Input: byte 0 picks the format (bits 0-2: the first eight formats; 2, mistral, is granite
- * when the input's length is even: the same list after another marker), tools (bit 3), reasoning
+ * and 7, deepseek, kimi when the input's length is even: the same lists after other markers),
+ * tools (bit 3), reasoning
  * (bits 4 and 7: enum tool_reasoning, the markers), think_open (bit 5), one call at most (bit 6);
  * the rest is the reply.
  * Corpus: tests/fuzz/corpus/tool_parse (replies in every format, cut, malformed). */
@@ -102,6 +103,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1 || size > 4096) return 0;
     enum tool_format f = (enum tool_format)(data[0] & 7); /* (5: harmony, 6: glm, 7: deepseek) */
     if (f == TOOL_FORMAT_MISTRAL && size % 2 == 0) f = TOOL_FORMAT_GRANITE; /* (a reply of odd length: mistral) */
+    if (f == TOOL_FORMAT_DEEPSEEK && size % 2 == 0) f = TOOL_FORMAT_KIMI;   /* (likewise: deepseek) */
     int tools = data[0] >> 3 & 1, think_open = data[0] >> 5 & 1;
     int reasoning = (data[0] >> 4 & 1) | (data[0] >> 6 & 2); /* enum tool_reasoning: off, <think>, [THINK], thought */
     int max_calls = data[0] >> 6 & 1;
@@ -113,7 +115,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(tool_parse(f, tools, reasoning, think_open, max_calls, text, n, 1, &whole) == 0, "out of memory");
     check_parsed(&whole);
     /* (harmony and glm: no earlier parser; their prefix property instead) */
-    const int ref = f != TOOL_FORMAT_HARMONY && f != TOOL_FORMAT_GLM && f != TOOL_FORMAT_DEEPSEEK;
+    const int ref = f != TOOL_FORMAT_HARMONY && f != TOOL_FORMAT_GLM && f != TOOL_FORMAT_DEEPSEEK && f != TOOL_FORMAT_KIMI;
     if (ref) check_ref(&whole, f, tools, reasoning, think_open, max_calls, text, n, 1);
     size_t cuts[CUTS_ALL + 1 > CUTS_MAX ? CUTS_ALL + 1 : CUTS_MAX];
     const int n_cuts = pick_cuts(text, n, cuts);
