@@ -163,6 +163,22 @@ int tool_glm_call(const char *s, size_t n, size_t *name_at, size_t *name_len, st
     return !args->oom;
 }
 
+/* The end of a marked call body (Kimi-K2's, DeepSeek's): the name [ns, ne) one word (no
+ * whitespace, no marker), the arguments [a, ae) (trimmed here) one JSON object; 1 with their
+ * offsets from s, else 0. */
+static int name_and_args(const char *s, const char *ns, const char *ne, const char *a, const char *ae, size_t *name_at,
+                         size_t *name_len, size_t *args_at, size_t *args_len)
+{
+    trim(&a, &ae);
+    for (const char *c = ns; c < ne; c++)
+        if (tool_json_is_ws((unsigned char)*c) || *c == '<') return 0;
+    const char *q = a;
+    if (ne == ns || a == ae || *a != '{' || !json_value(&q, ae, 0) || q != ae) return 0;
+    *name_at = (size_t)(ns - s), *name_len = (size_t)(ne - ns);
+    *args_at = (size_t)(a - s), *args_len = (size_t)(ae - a);
+    return 1;
+}
+
 /* Kimi-K2's call body, between <|tool_call_begin|> and <|tool_call_end|>:
  * `functions.NAME:INDEX<|tool_call_argument_begin|>ARGS` (the id the template writes: "functions."
  * and ":INDEX" are optional here), ARGS one JSON object. */
@@ -176,14 +192,7 @@ int tool_kimi_call(const char *s, size_t n, size_t *name_at, size_t *name_len, s
     const char *colon = ne;
     while (colon > ns && colon[-1] >= '0' && colon[-1] <= '9') colon--;
     if (colon < ne && colon > ns && colon[-1] == ':') ne = colon - 1; /* ":INDEX" */
-    trim(&a, &ae);
-    for (const char *c = ns; c < ne; c++) /* a name is one word: no whitespace, no marker */
-        if (tool_json_is_ws((unsigned char)*c) || *c == '<') return 0;
-    const char *q = a;
-    if (ne == ns || a == ae || *a != '{' || !json_value(&q, ae, 0) || q != ae) return 0;
-    *name_at = (size_t)(ns - s), *name_len = (size_t)(ne - ns);
-    *args_at = (size_t)(a - s), *args_len = (size_t)(ae - a);
-    return 1;
+    return name_and_args(s, ns, ne, a, ae, name_at, name_len, args_at, args_len);
 }
 
 /* DeepSeek's call body, between <｜tool▁call▁begin｜> and <｜tool▁call▁end｜>: V3.1's
@@ -208,12 +217,5 @@ int tool_deepseek_call(const char *s, size_t n, size_t *name_at, size_t *name_le
         if ((size_t)(ae - a) < 3 || memcmp(ae - 3, "```", 3)) return 0;
         ae -= 3;
     }
-    trim(&a, &ae);
-    for (const char *c = ns; c < ne; c++) /* a name is one word: no whitespace, no marker */
-        if (tool_json_is_ws((unsigned char)*c) || *c == '<') return 0;
-    const char *q = a;
-    if (ne == ns || a == ae || *a != '{' || !json_value(&q, ae, 0) || q != ae) return 0;
-    *name_at = (size_t)(ns - s), *name_len = (size_t)(ne - ns);
-    *args_at = (size_t)(a - s), *args_len = (size_t)(ae - a);
-    return 1;
+    return name_and_args(s, ns, ne, a, ae, name_at, name_len, args_at, args_len);
 }

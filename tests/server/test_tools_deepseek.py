@@ -44,6 +44,7 @@ except ImportError as e:
     sys.exit(SKIP)
 import test_server as TS  # noqa: E402
 from checks import Checks  # noqa: E402
+import tool_cases as TC  # noqa: E402
 from tool_cases import CALLS  # noqa: E402
 
 check = Checks()
@@ -73,15 +74,10 @@ def round_trip(path, tool_stream, work, r1):
         # empty assistant turn after it).
         reply = text[text.index(ASSISTANT) + len(ASSISTANT):].replace("<think></think>", "", 1)
         replies.append(reply[: reply.index(EOS)] if EOS in reply else reply)
-    f = work / ("r1" if r1 else "v31")
-    f.write_bytes("\x1e".join(replies).encode("utf-8"))
-    out = subprocess.run([tool_stream, "--parse-deepseek", str(f)], capture_output=True, text=True, timeout=60)
-    check(out.returncode == 0, "the DeepSeek parser runs on %d replies rendered by %s" % (len(replies), path.name))
-    got = [[l.split("\t", 1) for l in block.strip("\n").split("\n") if l] for block in out.stdout.split("--\n")[:-1]]
+    rc, got = TC.parse_back(tool_stream, "--parse-deepseek", work / ("r1" if r1 else "v31"), replies)
+    check(rc == 0, "the DeepSeek parser runs on %d replies rendered by %s" % (len(replies), path.name))
     for calls, back in zip(CALLS, got):
-        ok = len(calls) == len(back) and all(c["name"] == b[0] and c["arguments"] == json.loads(b[1])
-                                             for c, b in zip(calls, back))
-        check(ok, "rendered by %s and parsed back: %s -> %s" % (path.name, json.dumps(calls)[:80], back))
+        check(TC.same_calls(calls, back), "rendered by %s and parsed back: %s -> %s" % (path.name, json.dumps(calls)[:80], back))
     check(len(got) == len(CALLS), "%d of %d renderings parsed (%s)" % (len(got), len(CALLS), path.name))
 
 
@@ -127,9 +123,7 @@ def grammar_oracle(path, tool_stream, test_grammar, work, r1):
         return f
 
     def decide(f, texts):
-        out = subprocess.run([test_grammar, "check", "json_schema", str(f)],
-                             input="\n".join(x.encode().hex() for x in texts), capture_output=True, text=True, timeout=60)
-        return out.stdout.split("\n")[: len(texts)]
+        return TC.decide(test_grammar, "json_schema", f, texts)
     shape = "R1" if r1 else "V3.1"
     replies = [rendered(calls) for calls in CALLS]
     after = len(CALLS_BEGIN + CALL_BEGIN)

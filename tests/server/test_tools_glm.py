@@ -51,6 +51,7 @@ import glm_ref  # noqa: E402
 import make_models as MM  # noqa: E402
 import test_server as TS  # noqa: E402
 from checks import Checks  # noqa: E402
+import tool_cases as TC  # noqa: E402
 from tool_cases import CALLS  # noqa: E402
 
 check = Checks()
@@ -73,15 +74,10 @@ def round_trip(template, tool_stream, work):
         text = t.render(messages=msgs, tools=TOOLS, add_generation_prompt=False)
         reply = text[text.rindex("<|assistant|>") + len("<|assistant|>"):].replace("<think></think>", "", 1)
         replies.append(reply)
-    path = work / "glm_replies.txt"
-    path.write_bytes("\x1e".join(replies).encode("utf-8"))
-    out = subprocess.run([tool_stream, "--parse-glm", str(path)], capture_output=True, text=True, timeout=60)
-    check(out.returncode == 0, "the GLM parser runs on %d rendered replies" % len(replies))
-    got = [[l.split("\t", 1) for l in block.strip("\n").split("\n") if l] for block in out.stdout.split("--\n")[:-1]]
+    rc, got = TC.parse_back(tool_stream, "--parse-glm", work / "glm_replies.txt", replies)
+    check(rc == 0, "the GLM parser runs on %d rendered replies" % len(replies))
     for calls, back, reply in zip(CALLS, got, replies):
-        ok = len(calls) == len(back) and all(c["name"] == b[0] and c["arguments"] == json.loads(b[1])
-                                             for c, b in zip(calls, back))
-        check(ok, "rendered by GLM-4.6's template and parsed back: %s -> %s" % (json.dumps(calls)[:90], back))
+        check(TC.same_calls(calls, back), "rendered by GLM-4.6's template and parsed back: %s -> %s" % (json.dumps(calls)[:90], back))
 
 
 # The CALLS' functions declared with types (arrays and objects are free text to the grammar).
@@ -120,9 +116,7 @@ def grammar_oracle(template, tool_stream, test_grammar, work):
         return path
 
     def decide(path, texts):
-        out = subprocess.run([test_grammar, "check", "ebnf", str(path)], input="\n".join(t.encode().hex() for t in texts),
-                             capture_output=True, text=True, timeout=60)
-        return out.stdout.split()
+        return TC.decide(test_grammar, "ebnf", path, texts)
 
     replies = [rendered_reply(template, calls) for calls in CALLS]
     replies.append(rendered_reply(template, CALLS[0], "The user wants Paris.\nCheck <b>it</b> first."))

@@ -43,6 +43,7 @@ except ImportError as e:
     sys.exit(SKIP)
 import test_server as TS  # noqa: E402
 from checks import Checks  # noqa: E402
+import tool_cases as TC  # noqa: E402
 from tool_cases import CALLS  # noqa: E402
 
 check = Checks()
@@ -88,15 +89,10 @@ def render(t, history, calls):
 def round_trip(a, work):
     t = env(False)
     replies = [render(t, [], calls) for calls in CALLS]
-    f = work / "kimi"
-    f.write_bytes("\x1e".join(replies).encode("utf-8"))
-    out = subprocess.run([a.tool_stream, "--parse-kimi", str(f)], capture_output=True, text=True, timeout=60)
-    got = [[l.split("\t", 1) for l in block.strip("\n").split("\n") if l] for block in out.stdout.split("--\n")[:-1]]
-    check(out.returncode == 0 and len(got) == len(CALLS), f"the Kimi parser reads {len(got)} of {len(CALLS)} renderings")
+    rc, got = TC.parse_back(a.tool_stream, "--parse-kimi", work / "kimi", replies)
+    check(rc == 0 and len(got) == len(CALLS), f"the Kimi parser reads {len(got)} of {len(CALLS)} renderings")
     for calls, back in zip(CALLS, got):
-        ok = len(calls) == len(back) and all(c["name"] == b[0] and c["arguments"] == json.loads(b[1])
-                                             for c, b in zip(calls, back))
-        check(ok, f"rendered by Kimi-K2's template and parsed back: {json.dumps(calls)[:80]} -> {back}")
+        check(TC.same_calls(calls, back), f"rendered by Kimi-K2's template and parsed back: {json.dumps(calls)[:80]} -> {back}")
 
 
 def grammar_oracle(a, work):
@@ -110,9 +106,7 @@ def grammar_oracle(a, work):
         return f
 
     def decide(f, texts):
-        out = subprocess.run([a.test_grammar, "check", "json_schema", str(f)],
-                             input="\n".join(x.encode().hex() for x in texts), capture_output=True, text=True, timeout=60)
-        return out.stdout.split("\n")[: len(texts)]
+        return TC.decide(a.test_grammar, "json_schema", f, texts)
     ones = [calls for calls in CALLS if len(calls) == 1]
     replies = [render(t, [], calls) for calls in ones]
     after = len(SECTION + CALL)
