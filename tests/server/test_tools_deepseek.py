@@ -232,14 +232,8 @@ def serve_constrained(a):
         stream = c.chat.completions.create(model=model, messages=msgs, tools=[WEATHER, PING], tool_choice="required",
                                            parallel_tool_calls=False, max_tokens=300, temperature=1.0, seed=2,
                                            stream=True)
-        got = {}
-        for chunk in stream:
-            for ch in chunk.choices:
-                for d in ch.delta.tool_calls or []:
-                    e = got.setdefault(d.index, ["", ""])
-                    e[0] += d.function.name or ""
-                    e[1] += d.function.arguments or ""
-        check([tuple(v) for _, v in sorted(got.items())] == unary,
+        got = TC.streamed_calls(stream)
+        check(got == unary,
               f"the streamed reply's calls equal the unary one's: {got} vs {unary}")
         r = c.chat.completions.create(model=model, messages=msgs, tools=[WEATHER, PING],
                                       tool_choice={"type": "function", "function": {"name": "ping"}},

@@ -166,14 +166,8 @@ def serve(a):
         tc = valid(r.choices[0], "a required call")
         stream = c.chat.completions.create(model=mid, messages=ask, tools=[WEATHER], tool_choice="required",
                                            max_tokens=120, temperature=0, stream=True)
-        got = {}
-        for chunk in stream:
-            for ch in chunk.choices:
-                for d in ch.delta.tool_calls or []:
-                    e = got.setdefault(d.index, ["", ""])
-                    e[0] += d.function.name or ""
-                    e[1] += d.function.arguments or ""
-        check([tuple(v) for _, v in sorted(got.items())] == [(x.function.name, x.function.arguments) for x in tc],
+        got = TC.streamed_calls(stream)
+        check(got == [(x.function.name, x.function.arguments) for x in tc],
               f"the streamed call equals the unary one: {got}")
         # This template appends to a list for a history with calls; shardlm's Jinja, like
         # transformers' immutable sandbox, refuses that: a 400 naming it.

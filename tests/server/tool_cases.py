@@ -37,3 +37,15 @@ def decide(test_grammar, kind, path, texts):
     out = subprocess.run([test_grammar, "check", kind, str(path)], input="\n".join(x.encode().hex() for x in texts),
                          capture_output=True, text=True, timeout=60)
     return out.stdout.split("\n")[: len(texts)]
+
+
+def streamed_calls(stream):
+    """The calls an openai chat stream's delta.tool_calls assemble to: [(name, arguments text)]."""
+    got = {}
+    for chunk in stream:
+        for ch in chunk.choices:
+            for d in ch.delta.tool_calls or []:
+                e = got.setdefault(d.index, ["", ""])
+                e[0] += d.function.name or ""
+                e[1] += d.function.arguments or ""
+    return [tuple(v) for _, v in sorted(got.items())]
