@@ -308,8 +308,11 @@ def group_resume(shardlm, model, work):
     a, b = replica(shardlm, model, work, "ra"), replica(shardlm, model, work, "rb")
     b_port, b_journal = b.http_port, work / "journal-rb"
     r = Router(shardlm, [a.http_port, b_port])
+    # The streams B answered: its relayed count over their start (a stream B finished before the
+    # kill is no longer in flight, yet its journal, and so its reconnection, is B's).
+    before = r.metrics()[("shardlm_router_replica_relayed_total", f"127.0.0.1:{b_port}")]
     streams, threads = hold_streams(r.port)
-    on_b = r.metrics()[("shardlm_router_replica_in_flight", f"127.0.0.1:{b_port}")]
+    on_b = r.metrics()[("shardlm_router_replica_relayed_total", f"127.0.0.1:{b_port}")] - before
     TJ.kill9(b)
     for t in threads:
         t.join(timeout=60)
@@ -483,8 +486,9 @@ def group_nodes(shardlm, model, work):
         s.read(r.port)
         check(s.done, f"reference stream {path} seed {body['seed']} through the router ends with [DONE]")
         ref_streams.append(TJ.assemble(s.chunks))
+    before = r.metrics()[("shardlm_router_replica_relayed_total", addrs[1])]
     streams, readers = hold_streams(r.port)
-    on_1 = r.metrics()[("shardlm_router_replica_in_flight", addrs[1])]  # streams only, held open
+    on_1 = r.metrics()[("shardlm_router_replica_relayed_total", addrs[1])] - before  # the streams node 1 answered
     results, stop, threads = loop_clients(concurrency, lambda k, i: post_unary(r.port, k, i), calls=calls)
     wait_for("a third of the calls", lambda: len(results) >= calls // 3, timeout=300)
     pids = subprocess.run(["ip", "netns", "pids", nodes[1]], capture_output=True, text=True).stdout.split()
