@@ -1,8 +1,10 @@
 /* tests/bench_grammar.c - grammar engine figures (not a test): compile time median/p99 over the
  * corpus tests/data/grammar/ (files *.schema.json, *.regex, *.gbnf), and mask time per decode
  * step at batch 16 with a nested JSON schema on each vocabulary given (GGUF files), cold (the
- * first sequence pays for the mask entries) and warm. Prints the CPU model with every figure.
- *   bench_grammar CORPUS_DIR [GGUF...] */
+ * first sequence pays for the mask entries) and warm; with BENCH_GRAMMAR_REGEX=FILE the same for
+ * the regex in FILE (for example a pathological one the fuzzer found: docs/grammar.md). Prints
+ * the CPU model with every figure.
+ *   [BENCH_GRAMMAR_REGEX=FILE] bench_grammar CORPUS_DIR [GGUF...] */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,7 +77,7 @@ static void bench_compile(const struct grammar_vocab *v, const char *dir)
            1e3 * t[(int)(n * 0.99)], 1e3 * t[n - 1], cpu);
 }
 
-static void bench_masks(const char *gguf, const char *schema)
+static void bench_masks(const char *gguf, enum grammar_kind kind, const char *src, size_t src_len, const char *label)
 {
     struct gguf *gg = NULL;
     void *data = NULL;
@@ -94,8 +96,8 @@ static void bench_masks(const char *gguf, const char *schema)
     printf("%s: %d tokens, vocabulary view built in %.1f ms  [%s]\n", gguf, tokenizer_vocab_size(tok), 1e3 * (now() - t0), cpu);
     struct grammar *g;
     t0 = now();
-    if (grammar_compile(v, GRAMMAR_JSON_SCHEMA, schema, strlen(schema), &g)) { printf("compile: %s\n", status_message()); return; }
-    printf("  nested schema compiled in %.3f ms\n", 1e3 * (now() - t0));
+    if (grammar_compile(v, kind, src, src_len, &g)) { printf("compile: %s\n", status_message()); return; }
+    printf("  %s compiled in %.3f ms\n", label, 1e3 * (now() - t0));
     int words = grammar_vocab_mask_words(v);
     uint32_t *mask = malloc(sizeof *mask * (size_t)words);
     int32_t *allowed = malloc(sizeof *allowed * (size_t)words * 32);
@@ -107,8 +109,13 @@ static void bench_masks(const char *gguf, const char *schema)
         int steps = 0;
         for (int s = 0; s < STEPS; s++) {
             double ts = now();
-            for (int i = 0; i < B; i++) grammar_matcher_fill_mask(m[i], mask);
+            int failed = 0;
+            for (int i = 0; i < B; i++) failed += grammar_matcher_fill_mask(m[i], mask) != STATUS_OK;
             double dt = now() - ts;
+            if (failed) {
+                printf("  step %d: %d of %d masks failed in %.3f ms: %s\n", s, failed, B, 1e3 * dt, status_message());
+                break;
+            }
             /* The step's real advance (outside the timing): a random allowed token per sequence. */
             for (int i = 0; i < B; i++) {
                 if (grammar_matcher_is_done(m[i])) { grammar_matcher_free(m[i]); grammar_matcher_new(g, &m[i]); }
@@ -157,7 +164,14 @@ int main(int argc, char **argv)
     snprintf(path, sizeof path, "%s/person.schema.json", dir);
     char *schema = slurp(path, &n);
     if (!schema) return 1;
-    for (int i = 2; i < argc; i++) bench_masks(argv[i], schema);
-    free(schema);
+    const char *rx_path = getenv("BENCH_GRAMMAR_REGEX");
+    size_t rx_len = 0;
+    char *rx = rx_path ? slurp(rx_path, &rx_len) : NULL;
+    if (rx_path && !rx) printf("BENCH_GRAMMAR_REGEX: cannot read %s\n", rx_path);
+    for (int i = 2; i < argc; i++) {
+        bench_masks(argv[i], GRAMMAR_JSON_SCHEMA, schema, strlen(schema), "nested schema");
+        if (rx) bench_masks(argv[i], GRAMMAR_REGEX, rx, rx_len, rx_path);
+    }
+    free(schema), free(rx);
     return 0;
 }

@@ -27,6 +27,7 @@ struct gx {
     uint32_t    set[8];   /* BYTES: the 256-bit byte set */
     int         rule;     /* REF */
     int         min, max; /* REPEAT of kids[0]; max -1: unbounded */
+    signed char nul;      /* whether it derives "": 0 not yet known, 1 no, 2 yes, 3 unknown (a REF below) */
 };
 
 struct grule {

@@ -149,6 +149,87 @@ struct gx *gx_ref(struct gbuild *b, int rule)
     return x;
 }
 
+/* Whether x derives the empty string: 1 no, 2 yes, 3 unknown (a rule reference below, whose
+ * rule may not be defined yet). Cached in the node: nodes do not change once built. */
+static int derives_empty(const struct gx *x)
+{
+    if (x->nul) return x->nul;
+    int r = 1;
+    switch (x->kind) {
+    case GX_EMPTY: r = 2; break;
+    case GX_BYTES: r = 1; break;
+    case GX_REF: r = 3; break;
+    case GX_SEQ: /* all kids: "no" wins over "unknown" */
+        r = 2;
+        for (int i = 0; i < x->n && r != 1; i++) {
+            int k = derives_empty(x->kids[i]);
+            if (k == 1 || k == 3) r = k;
+        }
+        break;
+    case GX_ALT: /* some kid: "yes" wins over "unknown" */
+        r = 1;
+        for (int i = 0; i < x->n && r != 2; i++) {
+            int k = derives_empty(x->kids[i]);
+            if (k == 2 || k == 3) r = k;
+        }
+        break;
+    case GX_REPEAT: r = x->min == 0 ? 2 : derives_empty(x->kids[0]); break;
+    }
+    ((struct gx *)x)->nul = (signed char)r;
+    return r;
+}
+
+#define DROP_EMPTY_MAX_SEQ 8 /* an all-nullable sequence of n grows by n^2: longer ones are left */
+
+/* *out = an expression for x's strings other than "" (NULL: it has none), for an x that
+ * derives "" (derives_empty 2). 0, or -1 when it cannot say (a long all-nullable sequence, a
+ * failed allocation): the caller keeps x. */
+static int drop_empty(struct gbuild *b, struct gx *x, struct gx **out)
+{
+    *out = NULL;
+    if (derives_empty(x) != 2) {
+        *out = x;
+        return derives_empty(x) == 1 ? 0 : -1;
+    }
+    switch (x->kind) {
+    case GX_EMPTY: return 0;
+    case GX_ALT: {
+        struct gx **kids = gb_alloc(b, sizeof *kids * (size_t)x->n);
+        int n = 0;
+        if (!kids) return -1;
+        for (int i = 0; i < x->n; i++) {
+            struct gx *k;
+            if (drop_empty(b, x->kids[i], &k)) return -1;
+            if (k) kids[n++] = k;
+        }
+        *out = n ? gx_alt(b, n, kids) : NULL;
+        return n && !*out ? -1 : 0;
+    }
+    case GX_SEQ: { /* every kid derives "": (k0 R) - "" = (k0 - "") R | R - "", R = k1 ... */
+        if (x->n > DROP_EMPTY_MAX_SEQ) return -1;
+        struct gx *acc = NULL;
+        for (int i = x->n - 1; i >= 0; i--) {
+            struct gx *k;
+            if (drop_empty(b, x->kids[i], &k)) return -1;
+            struct gx *branch = k && i + 1 < x->n ? gx_seq2(b, k, gx_seq(b, x->n - i - 1, x->kids + i + 1)) : k;
+            if (k && !branch) return -1;
+            acc = !branch ? acc : !acc ? branch : gx_alt2(b, branch, acc);
+            if (b->failed) return -1;
+        }
+        *out = acc;
+        return 0;
+    }
+    case GX_REPEAT: { /* y{m,n} - "" = (y - ""){1,n}, whatever m (y{0,n} when y has no "") */
+        struct gx *y;
+        if (drop_empty(b, x->kids[0], &y)) return -1;
+        if (!y) return 0;
+        *out = gx_repeat(b, y, 1, x->max);
+        return *out ? 0 : -1;
+    }
+    }
+    return -1;
+}
+
 struct gx *gx_repeat(struct gbuild *b, struct gx *x, int min, int max)
 {
     if (!x) return NULL;
@@ -159,6 +240,17 @@ struct gx *gx_repeat(struct gbuild *b, struct gx *x, int min, int max)
     }
     if (min == 1 && max == 1) return x;
     if (max == 0) return gx_empty(b);
+    /* A body that derives "": x{m,n} = (x - ""){0,n}. Otherwise every copy is reachable without
+     * reading a byte, and nested counted repeats of such bodies multiply the automaton's live
+     * stacks (thousands after one byte: docs/grammar.md). */
+    if (derives_empty(x) == 2) {
+        struct gx *y;
+        if (!drop_empty(b, x, &y)) {
+            if (!y) return gx_empty(b);
+            x = y, min = 0;
+        }
+        if (b->failed) return NULL;
+    }
     /* A repetition of an unbounded repetition that may start at 0 or 1 is one repetition:
      * (x*)* = (x+)* = (x*)+ = (x?)* = x*, (x+)+ = x+. Nested nullable loops otherwise make the
      * automaton's closures grow with the nesting. */
