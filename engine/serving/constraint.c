@@ -202,11 +202,40 @@ static enum status opening_take(struct seq *s, int32_t tok, const char *b, int l
     return STATUS_OK;
 }
 
+/* In the reasoning of a sample whose grammar starts right after the closing marker, with a
+ * proper prefix of that marker written: a token that would complete the marker is allowed only
+ * when the grammar takes the rest of its bytes (whitespace skipped), as lazy_start will feed
+ * them; every other token stays free. Without it such a token (SmolLM2's "].1" after "[/THINK")
+ * left the sample free for good. Not covered: a token holding the whole marker and more, taken
+ * with nothing of the marker written yet (docs/tools.md). */
+static int closing_mask(struct seq *s, uint32_t *mask, int n_words)
+{
+    const struct request *r = s->req;
+    const enum status st = matcher_start(s);
+    if (st != STATUS_OK) return st == STATUS_INVALID_ARGUMENT ? -2 : -1;
+    memset(mask, 0xff, (size_t)n_words * sizeof *mask);
+    for (int32_t i = 0; i < n_words * 32; i++) {
+        int len = 0, k = s->lazy_match, j = 0;
+        const char *b = token_text(r, i, &len);
+        if (!b) continue;
+        while (j < len && k < r->think_len[1]) k = trigger_next(r->think[1], k, b[j++]);
+        if (k < r->think_len[1]) continue;
+        while (j < len && is_ws(b[j])) j++;
+        if (j == len) continue;
+        if (grammar_matcher_accept_bytes(s->gm, b + j, (size_t)(len - j)) == STATUS_OK) grammar_matcher_rollback(s->gm, 1);
+        else mask[i >> 5] &= ~(1u << (i & 31));
+    }
+    return 1;
+}
+
 int constraint_fill_mask(struct seq *s, uint32_t *mask)
 {
     const struct request *r = s->req;
     const int opening = opening_state(s);
-    if (r->p.constraint_trigger_len && !s->lazy_on && !opening) return 0; /* lazy, before its trigger: free */
+    if (r->p.constraint_trigger_len && !s->lazy_on && !opening) { /* lazy, before its trigger: free */
+        if (s->lazy_phase != LAZY_REASONING || r->trigger_len || !s->lazy_match) return 0;
+        return closing_mask(s, mask, grammar_vocab_mask_words(grammar_vocab_of(r->grammar)));
+    }
     const int n_words = grammar_vocab_mask_words(grammar_vocab_of(r->grammar));
     if (opening == 2) {
         memset(mask, 0, (size_t)n_words * sizeof *mask);
