@@ -205,8 +205,8 @@ static enum status opening_take(struct seq *s, int32_t tok, const char *b, int l
 /* In the reasoning of a sample whose grammar starts right after the closing marker, with a
  * proper prefix of that marker written: a token that would complete the marker is allowed only
  * when the grammar takes the rest of its bytes (whitespace skipped), as lazy_start will feed
- * them; every other token stays free. Without it such a token (SmolLM2's "].1" after "[/THINK")
- * left the sample free for good. Not covered: a token holding the whole marker and more, taken
+ * them; every other token stays free. Without it such a token left the sample free for good
+ * (a SmolLM2 reply began ".1{" after "[/THINK]"). Not covered: a token holding the whole marker and more, taken
  * with nothing of the marker written yet (docs/tools.md). */
 static int closing_mask(struct seq *s, uint32_t *mask, int n_words)
 {
