@@ -12,7 +12,8 @@
  * inside it completes nothing), the grammar after </think>; a grammar that asks for <think> itself
  * keeps it; and its masks (constraint_fill_mask)
  * after each prefix, against the sets worked out by hand from the pieces. The same with the
- * [THINK] ... [/THINK] markers (TRIGGER_MARKERS_MISTRAL): <think> is then text. */
+ * [THINK] ... [/THINK] markers (TRIGGER_MARKERS_MISTRAL): <think> is then text. With part of the
+ * closing marker written, a piece that would complete it with bytes the grammar refuses is masked. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,11 +26,12 @@
 static const char *const PIECES[] = {
     "<tool", "_call", ">\n{", "<think>", "x <tool_call> y", "</think>", "<tool_call>", "<t", "ool_call>",
     "abc", "</thi", "nk>\n{", "  ", "{", "hi {", "x}", "", "", "<tool_call>!", "\n",
-    "<", "th", "ink>", "ink>{x}", "", "{x", "[THINK]", "[/THINK]",
+    "<", "th", "ink>", "ink>{x}", "", "{x", "[THINK]", "[/THINK]", "nk>!",
 };
 enum { T_TOOL, T_CALL, T_GT_BRACE, T_THINK, T_INSIDE, T_UNTHINK, T_MARK, T_LT_T, T_OOL_CALL,
        T_ABC, T_UNTHI, T_NK_BRACE, T_SPACES, T_BRACE, T_HI_BRACE, T_X_CLOSE, T_MARK_ID, T_UNTHINK_ID,
-       T_MARK_BANG, T_NL, T_LT, T_TH, T_INK_GT, T_INK_GT_X, T_THINK_ID, T_BRACE_X, T_MTHINK, T_MUNTHINK, N_PIECES };
+       T_MARK_BANG, T_NL, T_LT, T_TH, T_INK_GT, T_INK_GT_X, T_THINK_ID, T_BRACE_X, T_MTHINK, T_MUNTHINK, T_NK_BANG,
+       N_PIECES };
 
 static int failures;
 
@@ -153,6 +155,13 @@ int main(void)
     opening_mask(g, "opening mask after <: only <think> goes on", 0, (int[]){T_LT}, 1, (int[]){T_TH}, 1);
     opening_mask(g, "opening mask after <th: ink> and ink>{x}", 0, (int[]){T_LT, T_TH}, 2, (int[]){T_INK_GT, T_INK_GT_X}, 2);
     opening_mask(g, "opening mask inside the reasoning: free", 0, (int[]){T_THINK}, 1, NULL, -1);
+    /* With part of </think> written, a token that completes it must leave bytes the grammar
+     * takes (closing_mask): "nk>!" is refused, "nk>\n{" and every other piece stay allowed. */
+    int all_but_bang[N_PIECES + 1], n_abb = 0;
+    for (int t = 0; t <= N_PIECES; t++)
+        if (t != T_NK_BANG) all_but_bang[n_abb++] = t;
+    opening_mask(g, "opening mask after </thi: a piece completing </think> with bytes the grammar refuses is masked", 0,
+                 (int[]){T_THINK, T_ABC, T_UNTHI}, 3, all_but_bang, n_abb);
     opening_mask(g, "opening mask after </think>: the grammar alone", 0, (int[]){T_THINK, T_ABC, T_UNTHINK}, 3,
                  (int[]){T_BRACE, T_BRACE_X}, 2);
     opening_mask(g, "opening mask after {: the grammar alone", 0, (int[]){T_BRACE}, 1, (int[]){T_X_CLOSE}, 1);
