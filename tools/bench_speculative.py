@@ -12,7 +12,7 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
 
   python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
       [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
-      [--spec-draft 4] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
+      [--spec-draft 4] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
       [--batches 1,16] [--open]
 """
 import argparse
@@ -97,6 +97,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--spec-draft", type=int, default=4)
+    ap.add_argument("--spec-max-batch", type=int, default=None, help="the server's --spec-max-batch (default: its own)")
     ap.add_argument("--llama-lookup", help="llama.cpp's llama-lookup, run on the same file and questions")
     ap.add_argument("--draft-model", action="append", default=[], help="also speculate with this draft model")
     ap.add_argument("--batches", default="1,16", help="requests at once, comma-separated (default 1,16)")
@@ -112,9 +113,11 @@ def main():
           f"{a.max_tokens} tokens at most, --threads {a.threads}")
     out = {}
     batches = [int(b) for b in a.batches.split(",")]
-    configs = [("none", []), ("ngram", ["--speculative", "ngram", "--spec-draft", str(a.spec_draft)])]
-    configs += [("draft " + d, ["--speculative", "draft", "--draft-model", d, "--spec-draft", str(a.spec_draft)])
-                for d in a.draft_model]
+    spec = ["--spec-draft", str(a.spec_draft)]
+    if a.spec_max_batch is not None:
+        spec += ["--spec-max-batch", str(a.spec_max_batch)]
+    configs = [("none", []), ("ngram", ["--speculative", "ngram", *spec])]
+    configs += [("draft " + d, ["--speculative", "draft", "--draft-model", d, *spec]) for d in a.draft_model]
     try:
         for name, flags in configs:
             with TS.Server(a.shardlm, Path(a.model), "--threads", str(a.threads), *flags, name="bench-spec") as srv:
