@@ -3,6 +3,7 @@
 
   python3 tools/prepare_chat_data.py --sharegpt FILE.json --assets DIR --out DIR
                                      [--max-sharegpt N] [--max-chars C] [--seed S]
+  python3 tools/prepare_chat_data.py --assets DIR --out DIR   (the SQuAD held-out files only)
 
 Writes OUT/train.jsonl and OUT/eval.jsonl in shardlm train's chat format
 ({"messages": [{"role", "content"}, ...]}) and OUT/stats.json with what was used and dropped:
@@ -102,7 +103,8 @@ def squad_examples(path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sharegpt", required=True)
+    ap.add_argument("--sharegpt", help="ShareGPT V3 JSON; without it only the SQuAD held-out files are written "
+                    "(eval.jsonl, squad_eval.json: what tools/bench_speculative.py reads), no train.jsonl")
     ap.add_argument("--assets", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-sharegpt", type=int, default=4000)
@@ -114,7 +116,7 @@ def main():
                             "sharegpt_not_alternating", "sharegpt_no_answer", "sharegpt_too_long",
                             "sharegpt_merged_turns", "sharegpt_dropped_leading_answer")}
     sharegpt = []
-    for rec in iter_sharegpt(a.sharegpt, stats):
+    for rec in iter_sharegpt(a.sharegpt, stats) if a.sharegpt else ():
         stats["sharegpt_records"] += 1
         ex = convert_sharegpt(rec, a.max_chars, stats)
         if ex:
@@ -147,9 +149,12 @@ def main():
 
     train = sharegpt + alpaca + squad_train
     rng.shuffle(train)
-    with open(os.path.join(a.out, "train.jsonl"), "w") as f:
-        for ex in train:
-            f.write(json.dumps(ex, ensure_ascii=False) + "\n")
+    if a.sharegpt:
+        with open(os.path.join(a.out, "train.jsonl"), "w") as f:
+            for ex in train:
+                f.write(json.dumps(ex, ensure_ascii=False) + "\n")
+    else:
+        train = []
     with open(os.path.join(a.out, "eval.jsonl"), "w") as f:
         for ex in squad_eval[:400]:
             f.write(json.dumps(ex, ensure_ascii=False) + "\n")

@@ -205,9 +205,9 @@ static enum status opening_take(struct seq *s, int32_t tok, const char *b, int l
 /* In the reasoning of a sample whose grammar starts right after the closing marker, with a
  * proper prefix of that marker written: a token that would complete the marker is allowed only
  * when the grammar takes the rest of its bytes (whitespace skipped), as lazy_start will feed
- * them; every other token stays free. Without it such a token left the sample free for good
- * (a SmolLM2 reply began ".1{" after "[/THINK]"). Not covered: a token holding the whole marker and more, taken
- * with nothing of the marker written yet (docs/tools.md). */
+ * them; every other token stays free. Without it such a token left the sample free for good (a
+ * SmolLM2 reply began ".1{" after "[/THINK]"). Not covered: a token holding the whole marker and
+ * more, taken with nothing of the marker written yet (docs/tools.md). */
 static int closing_mask(struct seq *s, uint32_t *mask, int n_words)
 {
     const struct request *r = s->req;
@@ -222,8 +222,10 @@ static int closing_mask(struct seq *s, uint32_t *mask, int n_words)
         if (k < r->think_len[1]) continue;
         while (j < len && is_ws(b[j])) j++;
         if (j == len) continue;
-        if (grammar_matcher_accept_bytes(s->gm, b + j, (size_t)(len - j)) == STATUS_OK) grammar_matcher_rollback(s->gm, 1);
-        else mask[i >> 5] &= ~(1u << (i & 31));
+        if (grammar_matcher_accept_bytes(s->gm, b + j, (size_t)(len - j)) == STATUS_OK)
+            grammar_matcher_rollback(s->gm, 1);
+        else
+            mask[i >> 5] &= ~(1u << (i & 31));
     }
     return 1;
 }
