@@ -56,16 +56,24 @@ static cJSON *params_schema(const cJSON *f)
                                            : cJSON_Parse("{\"type\": \"object\", \"properties\": {}}");
 }
 
-/* The schema of one call of function f: {"name": const, args_key: its parameters}. */
-static cJSON *call_schema(const cJSON *f, const char *args_key)
+/* The schema of one call of function f in format fmt: {name_key: const, args_key: its
+ * parameters}, Command R7B's with its "tool_call_id" (digits, as its template numbers calls) first. */
+static cJSON *call_schema(const cJSON *f, enum tool_format fmt)
 {
+    const char *name_key = tool_format_name_key(fmt), *args_key = tool_format_args_key(fmt);
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
     cJSON *s = cJSON_CreateObject(), *props = cJSON_AddObjectToObject(s, "properties"), *req = cJSON_CreateArray();
     cJSON_AddStringToObject(s, "type", "object");
-    cJSON *n = cJSON_AddObjectToObject(props, "name");
+    if (fmt == TOOL_FORMAT_COMMAND_R7B) {
+        cJSON *id = cJSON_AddObjectToObject(props, "tool_call_id");
+        cJSON_AddStringToObject(id, "type", "string");
+        cJSON_AddStringToObject(id, "pattern", "^[0-9]{1,4}$");
+        cJSON_AddItemToArray(req, cJSON_CreateString("tool_call_id"));
+    }
+    cJSON *n = cJSON_AddObjectToObject(props, name_key);
     cJSON_AddStringToObject(n, "const", name->valuestring);
     cJSON_AddItemToObject(props, args_key, params_schema(f));
-    cJSON_AddItemToArray(req, cJSON_CreateString("name"));
+    cJSON_AddItemToArray(req, cJSON_CreateString(name_key));
     cJSON_AddItemToArray(req, cJSON_CreateString(args_key));
     cJSON_AddItemToObject(s, "required", req);
     cJSON_AddFalseToObject(s, "additionalProperties");
@@ -83,7 +91,7 @@ static cJSON *reply_schema(const cJSON *tools, const char *only, int required, i
     for (const cJSON *t = tools->child; t; t = t->next) {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
         if (only && strcmp(cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring, only)) continue;
-        cJSON_AddItemToArray(any, call_schema(f, "arguments"));
+        cJSON_AddItemToArray(any, call_schema(f, TOOL_FORMAT_GENERIC));
     }
     cJSON_AddNumberToObject(arr, "minItems", 1);
     if (!parallel) cJSON_AddNumberToObject(arr, "maxItems", 1);
@@ -205,7 +213,7 @@ static cJSON *native_schema(enum tool_format f, const cJSON *tools, const char *
     for (const cJSON *t = tools->child; t; t = t->next) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
-        cJSON_AddItemToArray(any, call_schema(fn, tool_format_args_key(f)));
+        cJSON_AddItemToArray(any, call_schema(fn, f));
     }
     if (!tool_format_is_list(f)) {
         if (parallel && tool_format_call_close(f)) { /* more calls may follow, each closed */

@@ -26,6 +26,7 @@ enum tool_format tool_format_detect(const char *src)
     if (src && strstr(src, "tool\xe2\x96\x81" "calls\xe2\x96\x81" "begin")) return TOOL_FORMAT_DEEPSEEK; /* tool▁calls▁begin */
     if (src && strstr(src, TOOL_KIMI_CALLS_BEGIN)) return TOOL_FORMAT_KIMI;
     if (!src || !strstr(src, "tools")) return TOOL_FORMAT_GENERIC;
+    if (strstr(src, "<|START_ACTION|>")) return TOOL_FORMAT_COMMAND_R7B;
     if (strstr(src, "<arg_key>")) return TOOL_FORMAT_GLM; /* before Hermes: GLM's calls open with <tool_call> too */
     if (strstr(src, "<tool_call>")) return TOOL_FORMAT_HERMES;
     if (strstr(src, "[TOOL_CALLS]")) return TOOL_FORMAT_MISTRAL;
@@ -55,7 +56,8 @@ const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasonin
 
 const char *tool_format_name(enum tool_format f)
 {
-    static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek", "granite", "kimi"};
+    static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek", "granite", "kimi",
+                                         "command-r7b"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "?";
 }
 
@@ -70,6 +72,7 @@ const char *tool_format_call_prefix(enum tool_format f)
     case TOOL_FORMAT_DEEPSEEK: return TOOL_DS_CALLS_BEGIN TOOL_DS_CALL_BEGIN;
     case TOOL_FORMAT_GRANITE: return "<|tool_call|>";
     case TOOL_FORMAT_KIMI: return TOOL_KIMI_CALLS_BEGIN TOOL_KIMI_CALL_BEGIN;
+    case TOOL_FORMAT_COMMAND_R7B: return TOOL_R7B_ACTION;
     default: return NULL;
     }
 }
@@ -85,6 +88,7 @@ const char *tool_format_call_marker(enum tool_format f)
     case TOOL_FORMAT_DEEPSEEK: return TOOL_DS_CALLS_BEGIN;
     case TOOL_FORMAT_GRANITE: return "<|tool_call|>";
     case TOOL_FORMAT_KIMI: return TOOL_KIMI_CALLS_BEGIN;
+    case TOOL_FORMAT_COMMAND_R7B: return TOOL_R7B_ACTION;
     default: return NULL;
     }
 }
@@ -99,7 +103,12 @@ const char *tool_format_next_call(enum tool_format f)
     return f == TOOL_FORMAT_HERMES ? "\n<tool_call>\n" : f == TOOL_FORMAT_PHI4 ? "<|tool_call|>" : NULL;
 }
 
-const char *tool_format_args_key(enum tool_format f) { return f == TOOL_FORMAT_LLAMA3 ? "parameters" : "arguments"; }
+const char *tool_format_args_key(enum tool_format f)
+{
+    return f == TOOL_FORMAT_LLAMA3 || f == TOOL_FORMAT_COMMAND_R7B ? "parameters" : "arguments";
+}
+
+const char *tool_format_name_key(enum tool_format f) { return f == TOOL_FORMAT_COMMAND_R7B ? "tool_name" : "name"; }
 
 char *tool_format_tools_prompt(enum tool_prompt p, const char *functions_json)
 {

@@ -34,6 +34,11 @@
  *            string), each visible once its </tool_call> is read; a required or named
  *            tool_choice is held to a GBNF grammar of the declared calls (http_tools_glm.c), auto
  *            is free
+ *   COMMAND_R7B <|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>
+ *            (Cohere's Command R7B: "<|START_ACTION|>"): MISTRAL's list with its keys (the id is not
+ *            kept) and its closing marker; a plain answer's <|START_RESPONSE|> ... <|END_RESPONSE|>
+ *            markers are dropped from the content. Its <|START_THINKING|> plan is not split off
+ *            (the template closes it empty unless enable_thinking)
  *   DEEPSEEK <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
  *            <｜tool▁calls▁end｜> (DeepSeek V3.1), or R1's body `function<｜tool▁sep｜>NAME\n```json\n{...}\n```
  *            (DeepSeek R1 and its Qwen / Llama distills): "tool▁calls▁begin"; each call visible once its
@@ -76,10 +81,14 @@ enum tool_format {
                              (http_tools.c deepseek_schema) */
     TOOL_FORMAT_GRANITE,  /* <|tool_call|>[{...}, ...]: MISTRAL's list after Granite 3's marker */
     TOOL_FORMAT_KIMI,     /* DEEPSEEK's shape with Kimi-K2's markers; one call constrained */
+    TOOL_FORMAT_COMMAND_R7B, /* <|START_ACTION|>[{tool_call_id, tool_name, parameters}, ...]<|END_ACTION|> */
 };
 
-/* Whether f's calls are one JSON list after the marker (MISTRAL, GRANITE). */
-static inline int tool_format_is_list(enum tool_format f) { return f == TOOL_FORMAT_MISTRAL || f == TOOL_FORMAT_GRANITE; }
+/* Whether f's calls are one JSON list after the marker (MISTRAL, GRANITE, COMMAND_R7B). */
+static inline int tool_format_is_list(enum tool_format f)
+{
+    return f == TOOL_FORMAT_MISTRAL || f == TOOL_FORMAT_GRANITE || f == TOOL_FORMAT_COMMAND_R7B;
+}
 /* The format a template's source (NUL-terminated) asks for; GENERIC when it has no tools. */
 enum tool_format tool_format_detect(const char *template_src);
 /* How the tools reach a model whose template never reads `tools` (DeepSeek's: its calls are the
@@ -122,8 +131,10 @@ const char *tool_format_call_marker(enum tool_format f);
  * call per reply (LLAMA3) or a list (MISTRAL), and GENERIC. */
 const char *tool_format_call_close(enum tool_format f);
 const char *tool_format_next_call(enum tool_format f);
-/* The key of a call's arguments in the model's JSON ("parameters" for LLAMA3). */
+/* The key of a call's arguments in the model's JSON ("parameters" for LLAMA3 and COMMAND_R7B),
+ * and of its function's name ("tool_name" for COMMAND_R7B, else "name"). */
 const char *tool_format_args_key(enum tool_format f);
+const char *tool_format_name_key(enum tool_format f);
 
 struct tool_parsed_call {
     char  *name;       /* NUL-terminated, malloc'd */

@@ -212,7 +212,7 @@ static int jval_byte(struct tool_json_value *v, unsigned char c)
     }
 }
 
-/* ---- one call: {"name": "...", "<args key>": {...}} ------------------------------------------ */
+/* ---- one call: {"<name key>": "...", "<args key>": {...}} ------------------------------------ */
 
 enum { K_OPEN, K_KEYSTART, K_KEY, K_COLON, K_VALSTART, K_NAME, K_VAL, K_AFTER };
 
@@ -225,9 +225,10 @@ void tool_json_call_start(struct tool_json_call *c)
     c->key = key, c->name = name;
 }
 
-/* One byte at position pos of the text. args_key: "parameters" or "arguments" ("arguments" is
- * accepted for any key). */
-int tool_json_call_byte(struct tool_json_call *c, unsigned char ch, size_t pos, const char *args_key, int *oom)
+/* One byte at position pos of the text. name_key: "name" or "tool_name"; args_key: "parameters"
+ * or "arguments" ("arguments" is accepted for any key). */
+int tool_json_call_byte(struct tool_json_call *c, unsigned char ch, size_t pos, const char *name_key, const char *args_key,
+                        int *oom)
 {
     for (;;) {
         switch (c->st) {
@@ -248,7 +249,7 @@ int tool_json_call_byte(struct tool_json_call *c, unsigned char ch, size_t pos, 
             if (c->key.oom) return *oom = 1, TOOL_JSON_BAD;
             if (r != TOOL_JSON_DONE) return r;
             const char *k = c->key.p ? c->key.p : ""; /* compared as C strings, as before */
-            c->is_name = !strcmp(k, "name");
+            c->is_name = !strcmp(k, name_key);
             c->is_args = !strcmp(k, args_key) || !strcmp(k, "arguments");
             c->st = K_COLON;
             return TOOL_JSON_MORE;

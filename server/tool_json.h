@@ -62,9 +62,11 @@ struct tool_json_call {
 
 /* Resets c for a new call (keeping its buffers). */
 void tool_json_call_start(struct tool_json_call *c);
-/* One byte at position pos of the text; args_key: the format's key of the arguments ("arguments"
- * is accepted for any). *oom is set when out of memory (the call is then BAD). */
-int  tool_json_call_byte(struct tool_json_call *c, unsigned char ch, size_t pos, const char *args_key, int *oom);
+/* One byte at position pos of the text; name_key, args_key: the format's keys of the function's
+ * name and of the arguments ("arguments" is accepted for any); other keys' values are skipped.
+ * *oom is set when out of memory (the call is then BAD). */
+int  tool_json_call_byte(struct tool_json_call *c, unsigned char ch, size_t pos, const char *name_key, const char *args_key,
+                         int *oom);
 
 /* Llama 3.1's built-in tool call, the text after <|python_tag|>: `name.call(k=v, ...)` with
  * identifiers ([A-Za-z0-9_], not starting with a digit) for the name and the keys, any JSON

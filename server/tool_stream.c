@@ -34,13 +34,16 @@ static const char *open_marker(enum tool_format f)
 {
     return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM ? "<tool_call>" : f == TOOL_FORMAT_MISTRAL ? "[TOOL_CALLS]"
          : f == TOOL_FORMAT_PHI4 || f == TOOL_FORMAT_GRANITE ? "<|tool_call|>" : f == TOOL_FORMAT_DEEPSEEK ? TOOL_DS_CALLS_BEGIN
-         : f == TOOL_FORMAT_KIMI ? TOOL_KIMI_CALLS_BEGIN
+         : f == TOOL_FORMAT_KIMI ? TOOL_KIMI_CALLS_BEGIN : f == TOOL_FORMAT_COMMAND_R7B ? TOOL_R7B_ACTION
                                  : NULL;
 }
 
+/* What closes a call (HERMES, GLM, PHI4) or the list of calls (COMMAND_R7B). */
 static const char *close_marker(enum tool_format f)
 {
-    return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM ? "</tool_call>" : f == TOOL_FORMAT_PHI4 ? "<|/tool_call|>" : NULL;
+    return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM ? "</tool_call>" : f == TOOL_FORMAT_PHI4 ? "<|/tool_call|>"
+         : f == TOOL_FORMAT_COMMAND_R7B                    ? TOOL_R7B_ACTION_END
+                                                           : NULL;
 }
 
 static void seg_open(struct tool_stream *ts, struct seg *g, size_t start)
@@ -154,15 +157,50 @@ static void text_from(struct tool_stream *ts, size_t start)
     ts->pos = start;
 }
 
+/* Command R7B's text from ts->search: the position of its list's marker, or -1 once the text
+ * up to where a marker may still begin is read into the content (ts->search there). Its answer's
+ * markers are dropped: each ends the content's segment and opens the next after it. */
+static size_t r7b_scan(struct tool_stream *ts)
+{
+    static const char *const mk[3] = {TOOL_R7B_ACTION, TOOL_R7B_RESPONSE, TOOL_R7B_RESPONSE_END};
+    size_t p = ts->search;
+    for (; p < ts->len; p++) {
+        int k, undecided = 0;
+        for (k = 0; k < 3; k++) {
+            const size_t m = strlen(mk[k]), have = ts->len - p < m ? ts->len - p : m;
+            ts->steps++;
+            if (memcmp(ts->text + p, mk[k], have)) continue;
+            if (have == m) break;
+            undecided |= !ts->final; /* the text so far ends inside this marker */
+        }
+        if (k == 0) return p;
+        if (k < 3) {
+            seg_advance(ts, &ts->cseg, p, 1);
+            seg_open(ts, &ts->cseg, p + strlen(mk[k]));
+            p += strlen(mk[k]) - 1;
+            continue;
+        }
+        if (undecided) break;
+    }
+    ts->search = p;
+    seg_advance(ts, &ts->cseg, p, 1);
+    ts->pos = ts->len;
+    return (size_t)-1;
+}
+
 /* B_TEXT: reads the text up to the next opening marker, or all of it (holding back a possible
  * marker's start). */
 static void read_text(struct tool_stream *ts)
 {
     const char *open = open_marker(ts->f);
     size_t m = strlen(open), p = ts->search;
-    for (; p + m <= ts->len; p++) {
-        ts->steps++;
-        if (ts->text[p] == open[0] && !memcmp(ts->text + p, open, m)) break;
+    if (ts->f == TOOL_FORMAT_COMMAND_R7B) {
+        if ((p = r7b_scan(ts)) == (size_t)-1) return;
+    } else {
+        for (; p + m <= ts->len; p++) {
+            ts->steps++;
+            if (ts->text[p] == open[0] && !memcmp(ts->text + p, open, m)) break;
+        }
     }
     if (p + m <= ts->len) { /* a marker: the text before it is whole, a block of calls opens */
         seg_advance(ts, &ts->cseg, p, 1);
@@ -308,7 +346,7 @@ static void body_byte(struct tool_stream *ts)
     const char *close = close_marker(ts->f);
     switch (ts->st) {
     case B_CALL: {
-        int r = tool_json_call_byte(&ts->call, c, at, tool_format_args_key(ts->f), &ts->oom);
+        int r = tool_json_call_byte(&ts->call, c, at, tool_format_name_key(ts->f), tool_format_args_key(ts->f), &ts->oom);
         if (r == TOOL_JSON_DONE) call_done(ts);
         else if (r == TOOL_JSON_BAD) call_bad(ts);
         return;
@@ -320,7 +358,8 @@ static void body_byte(struct tool_stream *ts)
         return;
     case B_LIST_AFTER:
         if (tool_json_is_ws(c)) return;
-        if (c == ']') text_from(ts, at + 1);
+        if (c == ']' && close) ts->st = B_AFTER_CALL, ts->close_at = (size_t)-1; /* the list's closing marker */
+        else if (c == ']') text_from(ts, at + 1);
         else if (c == ',') begin_call(ts);
         else call_bad(ts);
         return;

@@ -113,6 +113,11 @@ int tool_deepseek_call(const char *s, size_t n, size_t *name_at, size_t *name_le
 #define TOOL_KIMI_CALL_END    "<|tool_call_end|>"
 #define TOOL_KIMI_ARGS        "<|tool_call_argument_begin|>"
 int tool_kimi_call(const char *s, size_t n, size_t *name_at, size_t *name_len, size_t *args_at, size_t *args_len);
+/* Command R7B's markers: its list of calls, and the answer's (dropped from the content). */
+#define TOOL_R7B_ACTION     "<|START_ACTION|>"
+#define TOOL_R7B_ACTION_END "<|END_ACTION|>"
+#define TOOL_R7B_RESPONSE   "<|START_RESPONSE|>"
+#define TOOL_R7B_RESPONSE_END "<|END_RESPONSE|>"
 /* A new slot for a call named name[0..n) (zeroed but for the name), or NULL out of memory. */
 struct tcall *tool_stream_new_call(struct tool_stream *ts, const char *name, size_t n);
 

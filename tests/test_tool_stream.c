@@ -681,7 +681,41 @@ static void check_kimi(void)
 #undef K_CALLS_END
 }
 
-/* --parse-glm FILE (--parse-deepseek FILE, --parse-kimi FILE): the replies of FILE (separated by the byte 0x1e) parsed
+/* Command R7B's list between <|START_ACTION|> and <|END_ACTION|> ({"tool_call_id", "tool_name",
+ * "parameters"}: the id not kept), its answer's <|START_RESPONSE|> ... <|END_RESPONSE|> dropped from
+ * the content; malformed lists are text. */
+static void check_command_r7b(void)
+{
+#define R_ACT "<|START_ACTION|>"
+#define R_ACT_END "<|END_ACTION|>"
+#define R_RESP "<|START_RESPONSE|>"
+#define R_RESP_END "<|END_RESPONSE|>"
+    static const struct call_case cases[] = {
+        {R_ACT "[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n]" R_ACT_END,
+         "get_weather", "{\"city\": \"Paris\"}", "", 1},
+        {R_ACT "[{\"tool_call_id\":\"0\",\"tool_name\":\"a\",\"parameters\":{}},{\"tool_call_id\":\"1\",\"tool_name\":\"b\","
+         "\"parameters\":{\"n\":[1,2]}}]" R_ACT_END, "a", "{}", "", 2},
+        {R_RESP "The weather is fine." R_RESP_END, NULL, NULL, "The weather is fine.", 0},
+        {"Let me check." R_ACT "[{\"tool_name\": \"f\", \"parameters\": {\"q\": 1}}]", "f", "{\"q\": 1}", "Let me check.", 1},
+        {R_ACT "[{\"tool_call_id\": \"0\", \"tool_name\": \"f\", \"parameters\": {}}]" R_ACT_END " " R_RESP "Done." R_RESP_END,
+         "f", "{}", "Done.", 1},
+        {R_ACT "[{\"tool_call_id\": \"0\", \"parameters\": {}}]" R_ACT_END, NULL, NULL,
+         R_ACT "[{\"tool_call_id\": \"0\", \"parameters\": {}}]" R_ACT_END, 0},
+        {R_ACT "[{\"tool_name\": \"f\", \"parameters\": {\"x\": 1", NULL, NULL, "", 1}, /* cut short: a partial call, as MISTRAL's */
+        {R_RESP "a <|START_ACT b" R_RESP_END, NULL, NULL, "a <|START_ACT b", 0},
+        {R_ACT "[{\"tool_name\": \"f\", \"parameters\": {}}] tail", "f", "{}", "tail", 1},
+    };
+    check_call_cases(TOOL_FORMAT_COMMAND_R7B, "command-r7b", cases, sizeof cases / sizeof *cases);
+    CHECK(tool_format_detect("{% if tools %}{{'" R_ACT "'}}{% endif %}") == TOOL_FORMAT_COMMAND_R7B,
+          "the Command R7B template's marker detected");
+    fprintf(stderr, "PASS command-r7b: %zu replies, every prefix\n", sizeof cases / sizeof *cases);
+#undef R_ACT
+#undef R_ACT_END
+#undef R_RESP
+#undef R_RESP_END
+}
+
+/* --parse-glm FILE (--parse-deepseek FILE, --parse-kimi FILE, --parse-command-r7b FILE): the replies of FILE (separated by the byte 0x1e) parsed
  * in GLM's (DeepSeek's) format; for each, every call as "name<TAB>arguments" on a line, then "--"
  * (tests/server/test_tools_glm.py and test_tools_deepseek.py render calls with the models'
  * templates in jinja2 and compare them with what comes back). */
@@ -741,6 +775,7 @@ int main(int argc, char **argv)
     if (argc > 2 && !strcmp(argv[1], "--parse-glm")) return parse_file(TOOL_FORMAT_GLM, argv[2]);
     if (argc > 2 && !strcmp(argv[1], "--parse-deepseek")) return parse_file(TOOL_FORMAT_DEEPSEEK, argv[2]);
     if (argc > 2 && !strcmp(argv[1], "--parse-kimi")) return parse_file(TOOL_FORMAT_KIMI, argv[2]);
+    if (argc > 2 && !strcmp(argv[1], "--parse-command-r7b")) return parse_file(TOOL_FORMAT_COMMAND_R7B, argv[2]);
     if (argc > 5 && !strcmp(argv[1], "--glm-grammar")) return glm_grammar(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
     if (argc > 6 && !strcmp(argv[1], "--deepseek-schema"))
         return deepseek_schema(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), argc > 8 ? atoi(argv[7]) : 0,
@@ -788,6 +823,7 @@ int main(int argc, char **argv)
     check_glm();
     check_deepseek();
     check_kimi();
+    check_command_r7b();
     printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);
     return 0;
 }

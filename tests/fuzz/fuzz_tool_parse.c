@@ -5,10 +5,11 @@
  * checked: no crash or sanitizer report, the lengths agree with the strings, the reasoning of
  * a prefix is a prefix of the reasoning of the whole, and every parse (the incremental parser,
  * server/tool_stream.c) equals the whole-text parser it replaced (tool_parse_ref.c); harmony
- * (server/tool_harmony.c), GLM and DeepSeek (server/tool_glm.c), which that parser never read:
- * content and calls of a prefix are prefixes of the whole's.
- * Input: byte 0 picks the format (bits 0-2: the first eight formats; 2, mistral, is granite
- * and 7, deepseek, kimi when the input's length is even: the same lists after other markers),
+ * (server/tool_harmony.c), GLM and DeepSeek (server/tool_glm.c) and Command R7B, which that parser
+ * never read: content and calls of a prefix are prefixes of the whole's.
+ * Input: byte 0 picks the format (bits 0-2: the first eight formats; 2, mistral, is granite,
+ * 7, deepseek, kimi and 6, glm, command-r7b when the input's length is even: the same lists after
+ * other markers),
  * tools (bit 3), reasoning
  * (bits 4 and 7: enum tool_reasoning, the markers), think_open (bit 5), one call at most (bit 6);
  * the rest is the reply.
@@ -104,6 +105,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     enum tool_format f = (enum tool_format)(data[0] & 7); /* (5: harmony, 6: glm, 7: deepseek) */
     if (f == TOOL_FORMAT_MISTRAL && size % 2 == 0) f = TOOL_FORMAT_GRANITE; /* (a reply of odd length: mistral) */
     if (f == TOOL_FORMAT_DEEPSEEK && size % 2 == 0) f = TOOL_FORMAT_KIMI;   /* (likewise: deepseek) */
+    if (f == TOOL_FORMAT_GLM && size % 2 == 0) f = TOOL_FORMAT_COMMAND_R7B; /* (likewise: glm) */
     int tools = data[0] >> 3 & 1, think_open = data[0] >> 5 & 1;
     int reasoning = (data[0] >> 4 & 1) | (data[0] >> 6 & 2); /* enum tool_reasoning: off, <think>, [THINK], thought */
     int max_calls = data[0] >> 6 & 1;
@@ -115,7 +117,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(tool_parse(f, tools, reasoning, think_open, max_calls, text, n, 1, &whole) == 0, "out of memory");
     check_parsed(&whole);
     /* (harmony and glm: no earlier parser; their prefix property instead) */
-    const int ref = f != TOOL_FORMAT_HARMONY && f != TOOL_FORMAT_GLM && f != TOOL_FORMAT_DEEPSEEK && f != TOOL_FORMAT_KIMI;
+    const int ref = f != TOOL_FORMAT_HARMONY && f != TOOL_FORMAT_GLM && f != TOOL_FORMAT_DEEPSEEK && f != TOOL_FORMAT_KIMI &&
+                    f != TOOL_FORMAT_COMMAND_R7B;
     if (ref) check_ref(&whole, f, tools, reasoning, think_open, max_calls, text, n, 1);
     size_t cuts[CUTS_ALL + 1 > CUTS_MAX ? CUTS_ALL + 1 : CUTS_MAX];
     const int n_cuts = pick_cuts(text, n, cuts);

@@ -17,7 +17,9 @@ openai package.
   the tool-result loop renders (Mistral's template needs 9-character ids; Llama 3.1's prompts, with
   tools and with a call and its result, equal jinja2's; Granite's template never writes tool_calls:
   the history's call goes into the content as the model writes it, the prompt equal to jinja2's
-  rendering of that; parallel calls in one list validate).
+  rendering of that; parallel calls in one list validate) and Command R7B (<|START_ACTION|> and a
+  list of tool_call_id / tool_name / parameters: required, named, parallel and streamed calls, the
+  history with a call and its result as jinja2 renders it).
 - Qwen 3 (reasoning): a reply forced by a regex to hold <think>...</think> is split into
   reasoning_content and content, unary and streamed (delta.reasoning_content);
   chat_template_kwargs {"enable_thinking": false} reaches the template (the prompt as jinja2
@@ -263,6 +265,25 @@ def other_format(mid, oa, label, tmpl):
             check(all(c.finish_reason in ("tool_calls", "length") for c in rp.choices) and
                   all(calls_valid(c.message.tool_calls) for c in rp.choices if c.finish_reason == "tool_calls"),
                   f"granite: parallel calls (a list), n 3: {[len(c.message.tool_calls or []) for c in rp.choices]}")
+        if label == "command-r7b":  # the call (its <|START_ACTION|> list) and its result render as jinja2's
+            comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, history, TOOLS), max_tokens=1, temperature=0)
+            check(r.usage.prompt_tokens == comp.usage.prompt_tokens,
+                  f"command-r7b: the history with a call and its result renders as jinja2's ({r.usage.prompt_tokens} vs "
+                  f"{comp.usage.prompt_tokens})")
+            rp = ask(ASK, tool_choice="required", n=3, temperature=1.0, seed=3, max_tokens=160)
+            check(all(c.finish_reason in ("tool_calls", "length") for c in rp.choices) and
+                  all(calls_valid(c.message.tool_calls) for c in rp.choices if c.finish_reason == "tool_calls"),
+                  f"command-r7b: parallel calls (a list), n 3: {[len(c.message.tool_calls or []) for c in rp.choices]}")
+            named = ask(ASK, tool_choice={"type": "function", "function": {"name": "get_time"}})
+            nc = named.choices[0].message.tool_calls or []
+            check(named.choices[0].finish_reason == "tool_calls" and calls_valid(nc) and
+                  all(c.function.name == "get_time" for c in nc), f"command-r7b: a named call -> {nc}")
+            got, finish, _, _, content = stream_calls(oa.chat.completions.create(
+                model=mid, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=60,
+                temperature=0, stream=True))
+            want = [(c.function.name, c.function.arguments) for c in m.tool_calls]
+            check(got == want and finish == "tool_calls", f"command-r7b: the streamed call equals the unary one "
+                  f"({got} vs {want})")
         if label == "llama3":  # the call and its result (an ipython turn) render as jinja2's
             comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, history, TOOLS), max_tokens=1, temperature=0)
             check(r.usage.prompt_tokens == comp.usage.prompt_tokens,
@@ -363,6 +384,7 @@ def main():
             ("microsoft-Phi-4-mini-instruct.jinja", "phi4"),
             ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3"),
             ("ibm-granite-granite-3.3-2B-Instruct.jinja", "granite"),
+            ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b"),
             ("qwen3-final-assistant.jinja", "qwen3")]
     try:
         for file, label in runs:
