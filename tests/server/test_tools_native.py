@@ -231,12 +231,19 @@ def other_format(mid, oa, label, tmpl):
         kw = dict(dict(max_tokens=60, temperature=0), **kw)
         return oa.chat.completions.create(model=mid, messages=messages, tools=TOOLS, **kw)
 
+    def same_prompt(reply, messages, what):  # the server's prompt has jinja2's length
+        comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, messages, TOOLS), max_tokens=1, temperature=0)
+        check(reply.usage.prompt_tokens == comp.usage.prompt_tokens,
+              f"{what} renders as jinja2's ({reply.usage.prompt_tokens} vs {comp.usage.prompt_tokens})")
+
+    def parallel_list(max_tokens):  # parallel calls in one list, n 3 sampled: each list validates
+        rp = ask(ASK, tool_choice="required", n=3, temperature=1.0, seed=3, max_tokens=max_tokens)
+        check(all(c.finish_reason in ("tool_calls", "length") for c in rp.choices) and
+              all(calls_valid(c.message.tool_calls) for c in rp.choices if c.finish_reason == "tool_calls"),
+              f"{label}: parallel calls (a list), n 3: {[len(c.message.tool_calls or []) for c in rp.choices]}")
+
     if label == "llama3":  # the prompt with tools renders as jinja2's (Llama 3.1: tools in the first user turn)
-        chat = oa.chat.completions.create(model=mid, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=1,
-                                          temperature=0)
-        comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, ASK, TOOLS), max_tokens=1, temperature=0)
-        check(chat.usage.prompt_tokens == comp.usage.prompt_tokens,
-              f"llama3: the prompt with tools renders as jinja2's ({chat.usage.prompt_tokens} vs {comp.usage.prompt_tokens})")
+        same_prompt(ask(ASK, tool_choice="auto", max_tokens=1), ASK, "llama3: the prompt with tools")
 
     r = ask(ASK, tool_choice="required", parallel_tool_calls=False)
     m = r.choices[0].message
@@ -257,38 +264,23 @@ def other_format(mid, oa, label, tmpl):
                                                               "arguments": json.loads(c["function"]["arguments"])}
                                                              for c in x["tool_calls"]], separators=(",", ":")))
                        if x.get("tool_calls") else x for x in history]
-            comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, as_text, TOOLS), max_tokens=1, temperature=0)
-            check(r.usage.prompt_tokens == comp.usage.prompt_tokens,
-                  f"granite: the history with a call (into the content) and its result renders as jinja2's "
-                  f"({r.usage.prompt_tokens} vs {comp.usage.prompt_tokens})")
-            rp = ask(ASK, tool_choice="required", n=3, temperature=1.0, seed=3, max_tokens=120)
-            check(all(c.finish_reason in ("tool_calls", "length") for c in rp.choices) and
-                  all(calls_valid(c.message.tool_calls) for c in rp.choices if c.finish_reason == "tool_calls"),
-                  f"granite: parallel calls (a list), n 3: {[len(c.message.tool_calls or []) for c in rp.choices]}")
+            same_prompt(r, as_text, "granite: the history with a call (into the content) and its result")
+            parallel_list(120)
         if label == "command-r7b":  # the call (its <|START_ACTION|> list) and its result render as jinja2's
-            comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, history, TOOLS), max_tokens=1, temperature=0)
-            check(r.usage.prompt_tokens == comp.usage.prompt_tokens,
-                  f"command-r7b: the history with a call and its result renders as jinja2's ({r.usage.prompt_tokens} vs "
-                  f"{comp.usage.prompt_tokens})")
-            rp = ask(ASK, tool_choice="required", n=3, temperature=1.0, seed=3, max_tokens=160)
-            check(all(c.finish_reason in ("tool_calls", "length") for c in rp.choices) and
-                  all(calls_valid(c.message.tool_calls) for c in rp.choices if c.finish_reason == "tool_calls"),
-                  f"command-r7b: parallel calls (a list), n 3: {[len(c.message.tool_calls or []) for c in rp.choices]}")
+            same_prompt(r, history, "command-r7b: the history with a call and its result")
+            parallel_list(160)
             named = ask(ASK, tool_choice={"type": "function", "function": {"name": "get_time"}})
             nc = named.choices[0].message.tool_calls or []
             check(named.choices[0].finish_reason == "tool_calls" and calls_valid(nc) and
                   all(c.function.name == "get_time" for c in nc), f"command-r7b: a named call -> {nc}")
-            got, finish, _, _, content = stream_calls(oa.chat.completions.create(
+            got, finish, _, _, _ = stream_calls(oa.chat.completions.create(
                 model=mid, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=60,
                 temperature=0, stream=True))
             want = [(c.function.name, c.function.arguments) for c in m.tool_calls]
             check(got == want and finish == "tool_calls", f"command-r7b: the streamed call equals the unary one "
                   f"({got} vs {want})")
         if label == "llama3":  # the call and its result (an ipython turn) render as jinja2's
-            comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, history, TOOLS), max_tokens=1, temperature=0)
-            check(r.usage.prompt_tokens == comp.usage.prompt_tokens,
-                  f"llama3: the history with a call and its result renders as jinja2's ({r.usage.prompt_tokens} vs "
-                  f"{comp.usage.prompt_tokens})")
+            same_prompt(r, history, "llama3: the history with a call and its result")
 
 
 def qwen3(mid, oa, tmpl):
