@@ -9,6 +9,8 @@
  *  - the work is linear: long calls, long text, long reasoning, long call lists fed one byte
  *    at a time cost at most a constant number of parser steps per byte, and twice the reply
  *    costs twice the steps (counted, not timed).
+ * The formats the old parser never read (GLM, DeepSeek, Kimi, Command R7B): their cases in
+ * test_tool_stream_formats.c.
  * Usage: test_tool_stream [corpus_dir]. */
 #include <dirent.h>
 #include <stdio.h>
@@ -22,6 +24,7 @@
 #include "tool_format.h"
 #include "tool_json.h"
 #include "tool_parse_ref.h"
+#include "test_tool_stream.h"
 
 static unsigned long long rng_state = 0x9E3779B97F4A7C15ull;
 static unsigned rnd(unsigned n)
@@ -407,7 +410,7 @@ static int is_prefix(const char *a, size_t na, const char *b, size_t nb) { retur
 
 /* Every partial parse of text[0..cut) is a prefix of the final parse of text[0..n): its
  * reasoning, its content, its calls (same names, arguments a prefix; whole when complete). */
-static void format_prefixes(enum tool_format f, int tools, int max_calls, const char *text, size_t n)
+void format_prefixes(enum tool_format f, int tools, int max_calls, const char *text, size_t n)
 {
     struct tool_parsed whole, part;
     CHECK(tool_parse(f, tools, 0, 0, max_calls, text, n, 1, &whole) == 0, "oom");
@@ -554,165 +557,6 @@ static void check_harmony(void)
                 growth);
         CHECK(per_byte < 40 && growth < 1.05, "harmony shape %d: %.1f steps a byte, x%.3f", shape, per_byte, growth);
     }
-}
-
-/* A reply in format f and what its whole parse must give (the first call's name and arguments
- * when name is set, the content, the number of calls); then every prefix a prefix of the whole
- * parse and a stream's deltas adding up to it (format_prefixes), with and without max_calls 1. */
-struct call_case {
-    const char *text, *name, *args, *content;
-    int calls;
-};
-
-static void check_call_cases(enum tool_format f, const char *label, const struct call_case *cases, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        struct tool_parsed p;
-        CHECK(!tool_parse(f, 1, 0, 0, 0, cases[i].text, strlen(cases[i].text), 1, &p), "oom");
-        int ok = p.n_calls == cases[i].calls && !strcmp(p.content, cases[i].content) &&
-                 (!cases[i].name || (!strcmp(p.calls[0].name, cases[i].name) && !strcmp(p.calls[0].args, cases[i].args) &&
-                                     p.calls[0].complete));
-        if (!ok) {
-            fprintf(stderr, "FAIL %s call '%s': %d calls (%s %s), content '%s'\n", label, cases[i].text, p.n_calls,
-                    p.n_calls ? p.calls[0].name : "", p.n_calls ? p.calls[0].args : "", p.content);
-            exit(1);
-        }
-        tool_parsed_free(&p);
-        format_prefixes(f, 1, 0, cases[i].text, strlen(cases[i].text));
-        format_prefixes(f, 1, 1, cases[i].text, strlen(cases[i].text));
-    }
-}
-
-/* GLM-4.5's calls (tool_glm.c): the bodies GLM-4.6's template writes (a string value as it is,
- * others as JSON), parsed into JSON arguments; malformed or cut-short bodies are text; every prefix
- * a prefix of the whole parse and a stream's deltas adding up to it (format_prefixes). */
-static void check_glm(void)
-{
-    static const struct call_case cases[] = {
-        {"<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>", "get_weather",
-         "{\"city\":\"Paris\"}", "", 1},
-        {"Let me check.\n<tool_call>f\n<arg_key>n</arg_key>\n<arg_value>42</arg_value>\n<arg_key>o</arg_key>\n"
-         "<arg_value>{\"a\": [1, true]}</arg_value>\n</tool_call>", "f", "{\"n\":42,\"o\":{\"a\": [1, true]}}",
-         "Let me check.", 1},
-        {"<tool_call>f\n<arg_key>s</arg_key>\n<arg_value>say \"hi\"\n\tthen</arg_value>\n</tool_call>", "f",
-         "{\"s\":\"say \\\"hi\\\"\\u000a\\u0009then\"}", "", 1},
-        {"<tool_call>noargs</tool_call>", "noargs", "{}", "", 1},
-        {"<tool_call>a\n<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>\n<tool_call>b\n</tool_call> done", "a",
-         "{\"x\":1}", "done", 2},
-        {"<tool_call>f\n<arg_key>x</arg_key>\n</tool_call> tail", NULL, NULL,
-         "<tool_call>f\n<arg_key>x</arg_key>\n</tool_call> tail", 0},
-        {"<tool_call>f\n<arg_key>x</arg_key>\n<arg_value>1", NULL, NULL, "<tool_call>f\n<arg_key>x</arg_key>\n<arg_value>1", 0},
-        {"<tool_call>\n</tool_call>", NULL, NULL, "<tool_call>\n</tool_call>", 0},
-        {"<tool_call>f\n<arg_key>x</arg_key>\n<arg_value>-1.5e3</arg_value>\n<arg_key>y</arg_key>\n<arg_value>01</arg_value>"
-         "\n</tool_call>", "f", "{\"x\":-1.5e3,\"y\":\"01\"}", "", 1},
-        {"plain text, no call", NULL, NULL, "plain text, no call", 0},
-    };
-    check_call_cases(TOOL_FORMAT_GLM, "glm", cases, sizeof cases / sizeof *cases);
-}
-
-/* DeepSeek's calls (tool_stream.c read_deepseek, tool_glm.c tool_deepseek_call): V3.1's and R1's
- * bodies as their templates write them (llama.cpp models/templates: deepseek-ai-DeepSeek-V3.1.jinja,
- * deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja), several calls, the list's end missing at the end
- * of the reply; malformed or cut-short lists are text; every prefix a prefix of the whole parse. */
-#define DS_CALLS "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALLS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_CALL "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
-static void check_deepseek(void)
-{
-    static const struct call_case cases[] = {
-        {DS_CALLS DS_CALL "get_weather" DS_SEP "{\"city\": \"Paris\"}" DS_CALL_END DS_CALLS_END, "get_weather",
-         "{\"city\": \"Paris\"}", "", 1},
-        {"Let me look.\n\n" DS_CALLS DS_CALL "function" DS_SEP "search\n```json\n{\"q\": \"x\"}\n```" DS_CALL_END DS_CALLS_END,
-         "search", "{\"q\": \"x\"}", "Let me look.", 1},
-        {DS_CALLS DS_CALL "a" DS_SEP "{}" DS_CALL_END "\n" DS_CALL "b" DS_SEP "{\"n\": [1, 2]}" DS_CALL_END DS_CALLS_END " done",
-         "a", "{}", "done", 2},
-        {DS_CALLS DS_CALL "f" DS_SEP "{\"x\": 1}" DS_CALL_END, "f", "{\"x\": 1}", "", 1},
-        {DS_CALLS DS_CALL "f" DS_SEP "not json" DS_CALL_END DS_CALLS_END " tail", NULL, NULL,
-         DS_CALLS DS_CALL "f" DS_SEP "not json" DS_CALL_END DS_CALLS_END " tail", 0},
-        {DS_CALLS DS_CALL "f" DS_SEP "{\"x\": 1", NULL, NULL, DS_CALLS DS_CALL "f" DS_SEP "{\"x\": 1", 0},
-        {DS_CALLS DS_CALL "two words" DS_SEP "{}" DS_CALL_END, NULL, NULL, DS_CALLS DS_CALL "two words" DS_SEP "{}" DS_CALL_END, 0},
-        {DS_CALLS "junk", NULL, NULL, DS_CALLS "junk", 0},
-        {"plain text, no call", NULL, NULL, "plain text, no call", 0},
-    };
-    check_call_cases(TOOL_FORMAT_DEEPSEEK, "deepseek", cases, sizeof cases / sizeof *cases);
-    /* max_calls 1 keeps the first of two; the detection by the template's text. */
-    struct tool_parsed p;
-    const char *two = cases[2].text;
-    CHECK(!tool_parse(TOOL_FORMAT_DEEPSEEK, 1, 0, 0, 1, two, strlen(two), 1, &p), "oom");
-    CHECK(p.n_calls == 1 && !strcmp(p.calls[0].name, "a"), "deepseek max_calls 1: %d calls", p.n_calls);
-    tool_parsed_free(&p);
-    CHECK(tool_format_detect("{% if tools %}{{'" DS_CALLS "'}}{% endif %}") == TOOL_FORMAT_DEEPSEEK,
-          "the DeepSeek template's marker detected");
-    fprintf(stderr, "PASS deepseek: %zu replies (V3.1 and R1 bodies), every prefix\n", sizeof cases / sizeof *cases);
-}
-
-/* Kimi-K2's list: DeepSeek's shape with its markers, bodies `functions.NAME:INDEX<|tool_call_argument_begin|>ARGS`. */
-static void check_kimi(void)
-{
-#define K_CALLS "<|tool_calls_section_begin|>"
-#define K_CALL "<|tool_call_begin|>"
-#define K_ARGS "<|tool_call_argument_begin|>"
-#define K_END "<|tool_call_end|>"
-#define K_CALLS_END "<|tool_calls_section_end|>"
-    static const struct call_case cases[] = {
-        {K_CALLS K_CALL "functions.get_weather:0" K_ARGS "{\"city\": \"Paris\"}" K_END K_CALLS_END, "get_weather",
-         "{\"city\": \"Paris\"}", "", 1},
-        {"Let me look." K_CALLS K_CALL "functions.search:3" K_ARGS "{\"q\": \"x\"}" K_END K_CALLS_END, "search",
-         "{\"q\": \"x\"}", "Let me look.", 1},
-        {K_CALLS K_CALL "functions.a:0" K_ARGS "{}" K_END K_CALL "functions.b:1" K_ARGS "{\"n\": [1, 2]}" K_END K_CALLS_END " done",
-         "a", "{}", "done", 2},
-        {K_CALLS K_CALL "plain_name" K_ARGS "{\"x\": 1}" K_END, "plain_name", "{\"x\": 1}", "", 1},
-        {K_CALLS K_CALL "functions.f:0" K_ARGS "not json" K_END K_CALLS_END " tail", NULL, NULL,
-         K_CALLS K_CALL "functions.f:0" K_ARGS "not json" K_END K_CALLS_END " tail", 0},
-        {K_CALLS K_CALL "functions.f:0" K_ARGS "{\"x\": 1", NULL, NULL, K_CALLS K_CALL "functions.f:0" K_ARGS "{\"x\": 1", 0},
-        {K_CALLS K_CALL "functions.:0" K_ARGS "{}" K_END, NULL, NULL, K_CALLS K_CALL "functions.:0" K_ARGS "{}" K_END, 0},
-        {K_CALLS "junk", NULL, NULL, K_CALLS "junk", 0},
-    };
-    check_call_cases(TOOL_FORMAT_KIMI, "kimi", cases, sizeof cases / sizeof *cases);
-    CHECK(tool_format_detect("{% if tools %}{{'" K_CALLS "'}}{% endif %}") == TOOL_FORMAT_KIMI,
-          "the Kimi-K2 template's marker detected");
-    fprintf(stderr, "PASS kimi: %zu replies, every prefix\n", sizeof cases / sizeof *cases);
-#undef K_CALLS
-#undef K_CALL
-#undef K_ARGS
-#undef K_END
-#undef K_CALLS_END
-}
-
-/* Command R7B's list between <|START_ACTION|> and <|END_ACTION|> ({"tool_call_id", "tool_name",
- * "parameters"}: the id not kept), its answer's <|START_RESPONSE|> ... <|END_RESPONSE|> dropped from
- * the content; malformed lists are text. */
-static void check_command_r7b(void)
-{
-#define R_ACT "<|START_ACTION|>"
-#define R_ACT_END "<|END_ACTION|>"
-#define R_RESP "<|START_RESPONSE|>"
-#define R_RESP_END "<|END_RESPONSE|>"
-    static const struct call_case cases[] = {
-        {R_ACT "[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n]" R_ACT_END,
-         "get_weather", "{\"city\": \"Paris\"}", "", 1},
-        {R_ACT "[{\"tool_call_id\":\"0\",\"tool_name\":\"a\",\"parameters\":{}},{\"tool_call_id\":\"1\",\"tool_name\":\"b\","
-         "\"parameters\":{\"n\":[1,2]}}]" R_ACT_END, "a", "{}", "", 2},
-        {R_RESP "The weather is fine." R_RESP_END, NULL, NULL, "The weather is fine.", 0},
-        {"Let me check." R_ACT "[{\"tool_name\": \"f\", \"parameters\": {\"q\": 1}}]", "f", "{\"q\": 1}", "Let me check.", 1},
-        {R_ACT "[{\"tool_call_id\": \"0\", \"tool_name\": \"f\", \"parameters\": {}}]" R_ACT_END " " R_RESP "Done." R_RESP_END,
-         "f", "{}", "Done.", 1},
-        {R_ACT "[{\"tool_call_id\": \"0\", \"parameters\": {}}]" R_ACT_END, NULL, NULL,
-         R_ACT "[{\"tool_call_id\": \"0\", \"parameters\": {}}]" R_ACT_END, 0},
-        {R_ACT "[{\"tool_name\": \"f\", \"parameters\": {\"x\": 1", NULL, NULL, "", 1}, /* cut short: a partial call, as MISTRAL's */
-        {R_RESP "a <|START_ACT b" R_RESP_END, NULL, NULL, "a <|START_ACT b", 0},
-        {R_ACT "[{\"tool_name\": \"f\", \"parameters\": {}}] tail", "f", "{}", "tail", 1},
-    };
-    check_call_cases(TOOL_FORMAT_COMMAND_R7B, "command-r7b", cases, sizeof cases / sizeof *cases);
-    CHECK(tool_format_detect("{% if tools %}{{'" R_ACT "'}}{% endif %}") == TOOL_FORMAT_COMMAND_R7B,
-          "the Command R7B template's marker detected");
-    fprintf(stderr, "PASS command-r7b: %zu replies, every prefix\n", sizeof cases / sizeof *cases);
-#undef R_ACT
-#undef R_ACT_END
-#undef R_RESP
-#undef R_RESP_END
 }
 
 /* --parse-glm FILE (--parse-deepseek FILE, --parse-kimi FILE, --parse-command-r7b FILE): the replies of FILE (separated by the byte 0x1e) parsed
