@@ -56,6 +56,7 @@ enum status chat_tools_apply(const struct served_model *m, struct gen_request *r
         cp->tools = q.tools;
         cp->tool_format = q.tool_format;
         cp->max_calls = q.max_calls;
+        cp->arg_types = q.arg_types; /* (taken: q is not freed) */
     }
     cp->reasoning = m->reasoning;
     cp->on = cp->tools || cp->reasoning;
@@ -72,6 +73,7 @@ enum status chat_parse_note_prompt(struct chat_parse *cp, const struct gen_reque
 void chat_parse_free(struct chat_parse *cp)
 {
     free(cp->prefill);
+    free(cp->arg_types);
     memset(cp, 0, sizeof *cp);
 }
 
@@ -115,8 +117,8 @@ static char *dup_n(const char *s, size_t n)
 /* Parses text[0..n) of cp's format into *p. */
 static enum status parse(const struct chat_parse *cp, const char *text, size_t n, int final, struct tool_parsed *p)
 {
-    if (tool_parse((enum tool_format)cp->tool_format, cp->tools, cp->reasoning, cp->think_open, cp->max_calls, text, n,
-                   final, p))
+    if (tool_parse_typed((enum tool_format)cp->tool_format, cp->tools, cp->reasoning, cp->think_open, cp->max_calls,
+                         cp->arg_types, text, n, final, p))
         return oom();
     return STATUS_OK;
 }
@@ -178,7 +180,7 @@ enum status chat_stream_delta(const struct chat_parse *cp, struct chat_stream *s
     if (!st->ts) {
         const char *pre = cp->prefill ? cp->prefill : "";
         if (tool_stream_new((enum tool_format)cp->tool_format, cp->tools, cp->reasoning, cp->think_open, cp->max_calls,
-                            &st->ts) ||
+                            &st->ts) || tool_stream_arg_types(st->ts, cp->arg_types) ||
             tool_stream_feed(st->ts, pre, strlen(pre), 0))
             return oom();
     }

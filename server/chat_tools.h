@@ -21,6 +21,7 @@ struct served_model;
 struct chat_parse {
     int   on;                 /* tools, or a template that reasons */
     int   tools, tool_format, max_calls, reasoning, think_open;
+    char *arg_types;          /* malloc'd: the XML-like formats' value types (http_request's), or NULL */
     char *prefill;            /* malloc'd: the text written after the prompt (a required call's
                                  opening marker), which the parsed reply starts with; or NULL */
 };

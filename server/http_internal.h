@@ -84,6 +84,8 @@ struct http_request {
     int tools;             /* chat with tools (http_tools.c): the reply is parsed into tool_calls */
     int tool_format;       /* enum tool_format of the reply when tools is set */
     int max_calls;         /* parallel_tool_calls false: 1; else 0 (no limit) */
+    char *arg_types;       /* the XML-like formats: how the tools' values are read back
+                              (tool_format_arg_types, malloc'd), or NULL */
     int reasoning;         /* split reasoning into reasoning_content: enum tool_reasoning (its markers) */
     int anthropic;         /* /v1/messages (http_anthropic.c): replies in Anthropic's shape */
     struct http_responses *responses; /* /v1/responses (http_responses.c): replies as Response
@@ -119,7 +121,9 @@ enum status http_tools_parse(const struct cJSON *o, const struct http_chat_caps 
  * tests/test_tool_stream.c. */
 char *http_tools_deepseek_schema(const struct cJSON *tools, const char *only, int parallel, int fenced, int lazy,
                                  int kimi, int index);
-char *http_tools_glm_grammar(const struct cJSON *tools, const char *only, int parallel, int lazy);
+/* The GBNF grammar (malloc'd) of the XML-like calls (http_tools_glm.c) of tool_format f (GLM or
+ * QWEN_XML) of tools. */
+char *http_tools_glm_grammar(int f, const struct cJSON *tools, const char *only, int parallel, int lazy);
 /* With a Jinja template: r->chat_context from o's messages (as sent, when the template's own
  * tool format is used), the tools of the request (NULL: none) and chat_template_kwargs. */
 enum status http_tools_context(const struct cJSON *o, const struct cJSON *tools, const struct http_chat_caps *caps,

@@ -236,6 +236,7 @@ static enum status parse_prompt(const cJSON *o, struct http_request *q)
 
 void http_request_free(struct http_request *q)
 {
+    free(q->arg_types);
     for (int i = 0; q->prompts && i < q->n_prompts; i++) {
         free(q->prompts[i].text);
         free(q->prompts[i].ids);

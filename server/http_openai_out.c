@@ -269,7 +269,8 @@ static int parsed_delta(struct http_gen *g, int i, const char *text, size_t n, i
     if (!ps->ts) {
         const char *pre = q->r.prefill ? q->r.prefill : "";
         CHECK(tool_stream_new((enum tool_format)q->tool_format, q->tools, q->reasoning, q->r.think_open, q->max_calls,
-                              &ps->ts) == 0 && tool_stream_feed(ps->ts, pre, strlen(pre), 0) == 0, "out of memory");
+                              &ps->ts) == 0 && tool_stream_arg_types(ps->ts, q->arg_types) == 0 &&
+              tool_stream_feed(ps->ts, pre, strlen(pre), 0) == 0, "out of memory");
     }
     struct tool_delta td;
     CHECK(tool_stream_delta(ps->ts, text, n, final, &td) == 0, "out of memory parsing a reply");

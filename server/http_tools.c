@@ -294,8 +294,10 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
     cJSON *list = chosen_tools(tools, only);
     enum status st = list ? http_tools_context(o, list, caps, q) : status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     cJSON_Delete(list);
-    if (f == TOOL_FORMAT_GLM && st == STATUS_OK && required) { /* GBNF (not JSON): its grammar from the first byte */
-        st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(tools, only, parallel, 0), NULL);
+    if (st == STATUS_OK && tool_format_is_xml(f) && !(q->arg_types = tool_format_arg_types(tools)))
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    if (tool_format_is_xml(f) && st == STATUS_OK && required) { /* GBNF (not JSON): its grammar from the first byte */
+        st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(f, tools, only, parallel, 0), NULL);
     } else if (st == STATUS_OK && required && caps->reasoning && *tool_format_call_prefix(f)) {
         /* A reasoning template: the model may think first, so the marker is the grammar's to
          * write (its schema's prefix), not the prompt's; generation.c (constrain_around_think)
@@ -316,8 +318,8 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
                     (f == TOOL_FORMAT_LLAMA3 ? TRIGGER_ANCHORED : 0);
         snprintf(trigger, sizeof trigger, "%s%s", flags ? (char[]){(char)flags, 0} : "",
                  f == TOOL_FORMAT_LLAMA3 ? "{" : tool_format_call_marker(f));
-        if (f == TOOL_FORMAT_GLM)
-            st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(tools, only, parallel, 1), trigger);
+        if (tool_format_is_xml(f))
+            st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(f, tools, only, parallel, 1), trigger);
         else st = set_schema(q, native_schema(f, tools, only, required, parallel, caps, index), trigger);
     }
     q->tools = 1;
@@ -390,10 +392,12 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
         const cJSON *strict = cJSON_GetObjectItemCaseSensitive(f, "strict");
         if (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict))
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.strict' must be a boolean", i);
-        if (cJSON_IsTrue(strict) && caps && caps->jinja && caps->tool_format == TOOL_FORMAT_GLM)
+        if (cJSON_IsTrue(strict) && caps && caps->jinja && tool_format_is_xml((enum tool_format)caps->tool_format))
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.strict': true needs calls constrained to "
-                                 "the whole schema; this model's tool format (GLM-4.5's <arg_key> / <arg_value> pairs) "
-                                 "is constrained to the declared names, keys and value types only", i);
+                                 "the whole schema; this model's tool format (%s) is constrained to the declared "
+                                 "names, keys and value types only", i,
+                                 caps->tool_format == TOOL_FORMAT_GLM ? "GLM-4.5's <arg_key> / <arg_value> pairs"
+                                                                      : "Qwen3-Coder's <function=...> / <parameter=...> tags");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
         if (!cJSON_IsString(name) || !valid_name(name->valuestring))
@@ -556,7 +560,8 @@ int http_tools_reply(const struct http_request *q, int think_open, const char *t
                      const char *call_id_base, cJSON *message)
 {
     struct tool_parsed p;
-    if (tool_parse((enum tool_format)q->tool_format, q->tools, q->reasoning, think_open, q->max_calls, text, n, 1, &p))
+    if (tool_parse_typed((enum tool_format)q->tool_format, q->tools, q->reasoning, think_open, q->max_calls, q->arg_types,
+                         text, n, 1, &p))
         CHECK(0, "out of memory parsing a reply");
     if (p.has_reasoning) cJSON_AddStringToObject(message, "reasoning_content", p.reasoning);
     if (p.n_calls && !p.content_len) cJSON_AddNullToObject(message, "content");

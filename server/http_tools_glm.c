@@ -1,31 +1,39 @@
-/* server/http_tools_glm.c - the grammar of GLM-4.5's tool calls (tool_format.h TOOL_FORMAT_GLM),
- * for tool_choice required or a named function, and lazily for auto (http_tools.c): a GBNF
- * grammar (engine/grammar, llama.cpp's syntax) of the reply
+/* server/http_tools_glm.c - the grammar of the XML-like tool calls (tool_format.h
+ * tool_format_is_xml: GLM-4.5's, Qwen3-Coder's) for tool_choice required or a named function, and
+ * lazily for auto (http_tools.c): a GBNF grammar (engine/grammar, llama.cpp's syntax) of the reply
  *
- *   [\n] [<think>...</think>] [\n] <tool_call>NAME\n(<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n)*</tool_call>
+ *   GLM:  [\n] [<think>...</think>] [\n] <tool_call>NAME\n(<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n)*</tool_call>
+ *   Qwen: [\n] [\n][\n] <tool_call>\n<function=NAME>\n(<parameter=K>\nV\n</parameter>\n)*</function>\n</tool_call>
  *
+ * (GLM writes "\n<think>" after <|assistant|>, so its grammar holds the reasoning, any text
+ * without "</think>". Qwen3.5's <think> is the engine's to allow, as for the JSON formats: its
+ * prompt opens it by default (the grammar starts after </think>), closes it under enable_thinking
+ * false (the calls come at once), and otherwise generation.c constrain_around_think makes the
+ * constraint an opening one, the grammar or <think>.)
  * with one call, or (parallel_tool_calls) one or more; lazy (tool_choice auto), the grammar of
  * what follows the first <tool_call> (the trigger: the text before it is free). NAME is one of
  * the declared tools (the named one only); the keys are the function's declared properties, in
  * their declared order, each required one present, each optional one at most once (a function
  * without properties takes none; additionalProperties is not read). A value is lexically of its
- * property's type: an integer, a number, true / false or null as JSON writes them, an enum of
- * scalars one of its values (a string as it is, the others as JSON); a string, object, array or
- * an untyped value is any text without "</arg_value>" (the template writes a string as it is,
- * other values as JSON; the parser, tool_glm.c, reads back a value that is whole JSON as that
- * JSON, and ends a value at the first "</arg_value>"). The reasoning is any text without
- * "</think>". So every call parses, to a declared function with its declared keys; nested
- * schemas, patterns and bounds are not enforced (a tool's `strict: true` is refused for this
- * format: http_tools.c).
- * Tests: tests/server/test_tools_glm.py (the template's own renderings in jinja2, and mutations of
- * them, decided by the grammar engine; required and named replies of a random GLM model, every one
- * calls of the declared function with its keys and value types, through the `openai` package). */
+ * property's type: an integer, a number, true / false or null as JSON writes them (Qwen: also
+ * Python's True, False and None, as its template writes them), an enum of scalars one of its
+ * values (a string as it is, the others as JSON); a string, object, array or an untyped value is
+ * any text without the value's closing tag (the templates write a string as it is, other values
+ * as JSON; the parser, tool_glm.c, reads a value by its declared type, and ends it at the first
+ * closing tag). So every call parses, to a declared
+ * function with its declared keys; nested schemas, patterns and bounds are not enforced (a tool's
+ * `strict: true` is refused for these formats: http_tools.c).
+ * Tests: tests/server/test_tools_glm.py and test_tools_qwen_xml.py (the templates' own renderings
+ * in jinja2, and mutations of them, decided by the grammar engine; required and named replies,
+ * every one calls of the declared function with its keys and value types, through the `openai`
+ * package). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "http_internal.h"
+#include "tool_format.h"
 
 struct gbnf {
     char  *p;
@@ -48,11 +56,11 @@ static void put_lit(struct gbnf *g, const char *s)
     put(g, "\"");
 }
 
-/* Rules name0 .. name(n-1) of the texts that do not hold lit (whose only '<' is its first byte),
- * name0 the start: state k has read lit's first k bytes last; each rule may end (the text may
- * stop anywhere: lit follows it in the grammar, and its first occurrence ends the text, as the
- * parser reads it). Runs of other bytes repeat within a rule; a rule calls the next only at a
- * byte of lit, so the nesting grows with the text's '<' only. */
+/* Rules name0 .. name(n-1) of the texts that do not hold lit (whose first byte, '<', is its only
+ * '<'), name0 the start: state k has read lit's first k bytes last; each rule may end (the text
+ * may stop anywhere: lit follows it in the grammar, and its first occurrence ends the text, as
+ * the parser reads it). Runs of other bytes repeat within a rule; a rule calls the next only at
+ * a byte of lit, so the nesting grows with the text's '<' only. */
 static void put_until(struct gbnf *g, const char *name, const char *lit)
 {
     const size_t n = strlen(lit);
@@ -69,15 +77,31 @@ static void put_until(struct gbnf *g, const char *name, const char *lit)
     }
 }
 
+/* The literals of format f's calls (the file's head). */
+struct xml_shape {
+    const char *open;      /* after <tool_call>, before the name */
+    const char *name_end;  /* after the name */
+    const char *key_open, *key_close; /* around a key */
+    const char *value_close;           /* after a value (its first tag what a string value may not hold) */
+    const char *close;     /* after the arguments: the call's end */
+    const char *before_call; /* what may come before the first <tool_call> (after the reasoning) */
+    int python;            /* Qwen: booleans and null also as Python writes them; no <think> */
+};
+
+static const struct xml_shape GLM = {"", "\"\\n\"", "\"<arg_key>\" ", " \"</arg_key>\\n<arg_value>\" ",
+                                     "</arg_value>", "\"</tool_call>\"", "\"\\n\"?", 0};
+static const struct xml_shape QWEN = {"\"\\n<function=\" ", "\">\\n\"", "\"<parameter=\" ", " \">\\n\" ",
+                                      "</parameter>", "\"</function>\\n</tool_call>\"", "\"\\n\"? \"\\n\"?", 1};
+
 /* The value rule of a property's schema (a rule name of the shared ones, or an enum of strings
  * written in place). */
-static void put_value(struct gbnf *g, const cJSON *schema)
+static void put_value(struct gbnf *g, const struct xml_shape *x, const cJSON *schema)
 {
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(schema, "type");
     const cJSON *en = cJSON_GetObjectItemCaseSensitive(schema, "enum");
     int scalars = cJSON_IsArray(en) && cJSON_GetArraySize(en) > 0;
     for (const cJSON *v = scalars ? en->child : NULL; v; v = v->next)
-        scalars &= (cJSON_IsString(v) && !strstr(v->valuestring, "</arg_value>")) || cJSON_IsNumber(v) || cJSON_IsBool(v) ||
+        scalars &= (cJSON_IsString(v) && !strstr(v->valuestring, x->value_close)) || cJSON_IsNumber(v) || cJSON_IsBool(v) ||
                    cJSON_IsNull(v);
     if (scalars) { /* each as the template writes it: a string as it is, the rest as JSON */
         put(g, "(");
@@ -92,7 +116,7 @@ static void put_value(struct gbnf *g, const cJSON *schema)
     }
     const char *t = cJSON_IsString(type) ? type->valuestring : "";
     put(g, !strcmp(t, "integer") ? "int" : !strcmp(t, "number") ? "num" : !strcmp(t, "boolean") ? "bool"
-           : !strcmp(t, "null") ? "\"null\"" : "value0");
+           : !strcmp(t, "null") ? "nul" : "value0");
 }
 
 static int is_required(const cJSON *required, const char *key)
@@ -103,38 +127,47 @@ static int is_required(const cJSON *required, const char *key)
 }
 
 /* The rule of function k's call body: its name, then its arguments. */
-static void put_call(struct gbnf *g, const cJSON *fn, int k)
+static void put_call(struct gbnf *g, const struct xml_shape *x, const cJSON *fn, int k)
 {
     char rule[32];
     snprintf(rule, sizeof rule, "call%d ::= ", k);
     put(g, rule);
     put_lit(g, cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring);
-    put(g, " \"\\n\"");
+    put(g, " ");
+    put(g, x->name_end);
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(params, "properties");
     const cJSON *required = cJSON_GetObjectItemCaseSensitive(params, "required");
-    if (!cJSON_IsObject(props) || !props->child) {
-        put(g, "\n"); /* no declared keys: no arguments */
-        return;
-    }
-    for (const cJSON *p = props->child; p; p = p->next) {
-        put(g, " (\"<arg_key>\" ");
+    for (const cJSON *p = cJSON_IsObject(props) ? props->child : NULL; p; p = p->next) {
+        put(g, " (");
+        put(g, x->key_open);
         put_lit(g, p->string);
-        put(g, " \"</arg_key>\\n<arg_value>\" ");
-        put_value(g, p);
-        put(g, " \"</arg_value>\\n\")");
+        put(g, x->key_close);
+        put_value(g, x, p);
+        put(g, " \"");
+        if (x->python) put(g, "\\n"); /* (Qwen: the newline before the tag) */
+        put(g, x->value_close);
+        put(g, "\\n\")");
         if (!is_required(required, p->string)) put(g, "?");
     }
-    put(g, "\n");
+    put(g, "\n"); /* (no declared keys: no arguments) */
 }
 
-char *http_tools_glm_grammar(const cJSON *tools, const char *only, int parallel, int lazy)
+char *http_tools_glm_grammar(int f, const cJSON *tools, const char *only, int parallel, int lazy)
 {
+    const struct xml_shape *x = f == TOOL_FORMAT_QWEN_XML ? &QWEN : &GLM;
     struct gbnf g = {0};
-    put(&g, lazy ? "root ::= body"
-                 : "root ::= \"\\n\"? (\"<think>\" think0 \"</think>\")? \"\\n\"? \"<tool_call>\" body");
+    put(&g, "root ::= ");
+    if (!lazy) {
+        put(&g, x->python ? "\"\\n\"? " : "\"\\n\"? (\"<think>\" think0 \"</think>\")? ");
+        put(&g, x->before_call);
+        put(&g, " \"<tool_call>\" ");
+    }
+    put(&g, "body");
     put(&g, parallel ? " (\"\\n\"? \"<tool_call>\" body)*\n" : "\n");
-    put(&g, "body ::= (");
+    put(&g, "body ::= ");
+    put(&g, x->open);
+    put(&g, "(");
     int k = 0;
     for (const cJSON *t = tools->child; t; t = t->next) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
@@ -144,17 +177,20 @@ char *http_tools_glm_grammar(const cJSON *tools, const char *only, int parallel,
         put(&g, ref);
         k++;
     }
-    put(&g, ") \"</tool_call>\"\n");
+    put(&g, ") ");
+    put(&g, x->close);
+    put(&g, "\n");
     k = 0;
     for (const cJSON *t = tools->child; t; t = t->next) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
-        put_call(&g, fn, k++);
+        put_call(&g, x, fn, k++);
     }
-    put_until(&g, "value", "</arg_value>");
-    if (!lazy) put_until(&g, "think", "</think>");
+    put_until(&g, "value", x->value_close);
+    if (!lazy && !x->python) put_until(&g, "think", "</think>");
     put(&g, "int ::= \"-\"? (\"0\" | [1-9] [0-9]*)\n"
-            "num ::= int (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n"
-            "bool ::= \"true\" | \"false\"\n");
+            "num ::= int (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n");
+    put(&g, x->python ? "bool ::= \"true\" | \"false\" | \"True\" | \"False\"\nnul ::= \"null\" | \"None\"\n"
+                      : "bool ::= \"true\" | \"false\"\nnul ::= \"null\"\n");
     return g.p; /* (http_buf_append stops the process when out of memory) */
 }

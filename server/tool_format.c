@@ -5,6 +5,7 @@
  * Tests: tests/server/test_tools.py, tests/test_tool_stream.c, tests/fuzz/fuzz_tool_parse.c. */
 #include "tool_format.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,11 @@ enum tool_format tool_format_detect(const char *src)
     if (!src || !strstr(src, "tools")) return TOOL_FORMAT_GENERIC;
     if (strstr(src, "<|START_ACTION|>")) return TOOL_FORMAT_COMMAND_R7B;
     if (strstr(src, "<arg_key>")) return TOOL_FORMAT_GLM; /* before Hermes: GLM's calls open with <tool_call> too */
+    /* Qwen3-Coder, Qwen3.5 (llama.cpp's test: the tags, less a template without the newlines
+     * between them) */
+    if (strstr(src, "<tool_call>") && strstr(src, "<function=") && strstr(src, "<parameter=") &&
+        !strstr(src, "'<tool_call><function=' ~ tool_call.name ~ '>'"))
+        return TOOL_FORMAT_QWEN_XML;
     if (strstr(src, "<tool_call>")) return TOOL_FORMAT_HERMES;
     if (strstr(src, "[TOOL_CALLS]")) return TOOL_FORMAT_MISTRAL;
     if (strstr(src, "<|tool_call|>") && strstr(src, "<|/tool_call|>")) return TOOL_FORMAT_PHI4;
@@ -57,7 +63,7 @@ const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasonin
 const char *tool_format_name(enum tool_format f)
 {
     static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek", "granite", "kimi",
-                                         "command-r7b"};
+                                         "command-r7b", "qwen3-coder"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "?";
 }
 
@@ -73,6 +79,7 @@ const char *tool_format_call_prefix(enum tool_format f)
     case TOOL_FORMAT_GRANITE: return "<|tool_call|>";
     case TOOL_FORMAT_KIMI: return TOOL_KIMI_CALLS_BEGIN TOOL_KIMI_CALL_BEGIN;
     case TOOL_FORMAT_COMMAND_R7B: return TOOL_R7B_ACTION;
+    case TOOL_FORMAT_QWEN_XML: return "<tool_call>\n";
     default: return NULL;
     }
 }
@@ -89,6 +96,7 @@ const char *tool_format_call_marker(enum tool_format f)
     case TOOL_FORMAT_GRANITE: return "<|tool_call|>";
     case TOOL_FORMAT_KIMI: return TOOL_KIMI_CALLS_BEGIN;
     case TOOL_FORMAT_COMMAND_R7B: return TOOL_R7B_ACTION;
+    case TOOL_FORMAT_QWEN_XML: return "<tool_call>";
     default: return NULL;
     }
 }
@@ -157,9 +165,16 @@ void tool_parsed_free(struct tool_parsed *o)
 int tool_parse(enum tool_format f, int tools, int reasoning, int think_open, int max_calls, const char *text, size_t n,
                int final, struct tool_parsed *out)
 {
+    return tool_parse_typed(f, tools, reasoning, think_open, max_calls, NULL, text, n, final, out);
+}
+
+int tool_parse_typed(enum tool_format f, int tools, int reasoning, int think_open, int max_calls, const char *types,
+                     const char *text, size_t n, int final, struct tool_parsed *out)
+{
     memset(out, 0, sizeof *out);
     struct tool_stream *ts;
-    int fail = tool_stream_new(f, tools, reasoning, think_open, max_calls, &ts) || tool_stream_feed(ts, text, n, final);
+    int fail = tool_stream_new(f, tools, reasoning, think_open, max_calls, &ts) || tool_stream_arg_types(ts, types) ||
+               tool_stream_feed(ts, text, n, final);
     if (!fail) {
         struct tool_view v;
         tool_stream_view(ts, &v);
@@ -182,4 +197,49 @@ int tool_parse(enum tool_format f, int tools, int reasoning, int think_open, int
     tool_stream_free(ts);
     if (fail) tool_parsed_free(out);
     return fail ? -1 : 0;
+}
+
+/* The one kind (tool_stream_arg_types' T) a property's schema gives its raw value, or 0: 's' when
+ * its type is "string" (or a list of that one) or it is an enum of strings only; 'b' for
+ * "boolean", 'z' for "null". */
+static char arg_kind(const cJSON *schema)
+{
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(schema, "type");
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(schema, "enum");
+    if (cJSON_IsArray(type) && cJSON_GetArraySize(type) == 1) type = type->child;
+    if (!type && cJSON_IsArray(en) && en->child) {
+        for (const cJSON *v = en->child; v; v = v->next)
+            if (!cJSON_IsString(v)) return 0;
+        return 's';
+    }
+    if (!cJSON_IsString(type)) return 0;
+    return !strcmp(type->valuestring, "string") ? 's' : !strcmp(type->valuestring, "boolean") ? 'b'
+         : !strcmp(type->valuestring, "null")   ? 'z' : 0;
+}
+
+char *tool_format_arg_types(const cJSON *tools)
+{
+    size_t cap = 64, len = 1;
+    char *out = malloc(cap);
+    if (!out) return NULL;
+    out[0] = '\x1e', out[1] = 0;
+    for (const cJSON *t = cJSON_IsArray(tools) ? tools->child : NULL; t; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *props = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(fn, "parameters"),
+                                                              "properties");
+        if (!cJSON_IsString(name) || strpbrk(name->valuestring, "\x1e\x1f") || !cJSON_IsObject(props)) continue;
+        for (const cJSON *p = props->child; p; p = p->next) {
+            const char kind = arg_kind(p);
+            if (!kind || !p->string || strpbrk(p->string, "\x1e\x1f")) continue;
+            const size_t need = len + strlen(name->valuestring) + strlen(p->string) + 5;
+            if (need > cap) {
+                char *grown = realloc(out, cap = need * 2);
+                if (!grown) return free(out), NULL;
+                out = grown;
+            }
+            len += (size_t)snprintf(out + len, cap - len, "%s\x1f%s\x1f%c\x1e", name->valuestring, p->string, kind);
+        }
+    }
+    return out;
 }

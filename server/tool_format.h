@@ -82,7 +82,13 @@ enum tool_format {
     TOOL_FORMAT_GRANITE,  /* <|tool_call|>[{...}, ...]: MISTRAL's list after Granite 3's marker */
     TOOL_FORMAT_KIMI,     /* DEEPSEEK's shape with Kimi-K2's markers; one call constrained */
     TOOL_FORMAT_COMMAND_R7B, /* <|START_ACTION|>[{tool_call_id, tool_name, parameters}, ...]<|END_ACTION|> */
+    TOOL_FORMAT_QWEN_XML, /* Qwen3-Coder, Qwen3.5: <tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...
+                             </function>\n</tool_call>; parsed (tool_glm.c) and constrained as GLM's */
 };
+
+/* Whether f's calls are XML-like, their values written raw (GLM, QWEN_XML): parsed by tool_glm.c,
+ * constrained by a GBNF grammar (http_tools_glm.c), never by a JSON Schema. */
+static inline int tool_format_is_xml(enum tool_format f) { return f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML; }
 
 /* Whether f's calls are one JSON list after the marker (MISTRAL, GRANITE, COMMAND_R7B). */
 static inline int tool_format_is_list(enum tool_format f)
@@ -156,6 +162,9 @@ struct tool_parsed {
  * are dropped; 0: no limit). Returns 0, or -1 when out of memory (out is then freed). */
 int  tool_parse(enum tool_format f, int tools, int reasoning, int think_open, int max_calls, const char *text,
                 size_t n, int final, struct tool_parsed *out);
+/* tool_parse with arg types (tool_stream_arg_types; NULL: none). */
+int  tool_parse_typed(enum tool_format f, int tools, int reasoning, int think_open, int max_calls, const char *types,
+                      const char *text, size_t n, int final, struct tool_parsed *out);
 /* Frees what out owns and zeroes it; accepts a zeroed struct. */
 void tool_parsed_free(struct tool_parsed *out);
 
@@ -165,6 +174,17 @@ struct tool_stream;
 /* A parser of one reply with tool_parse's settings. Returns 0, or -1 out of memory (*out NULL). */
 int  tool_stream_new(enum tool_format f, int tools, int reasoning, int think_open, int max_calls,
                      struct tool_stream **out);
+/* The XML-like formats (tool_format_is_xml) write every value raw, a string as it is: a value
+ * that is one whole JSON value is read back as that JSON unless types (copied; NULL: none) says
+ * otherwise. types: entries "\x1eNAME\x1fKEY\x1fT", T 's' (the key's schema is a string: its
+ * value is the raw text), 'b' (a boolean: true / false in any case, Python's True and False), 'z'
+ * (null: null or Python's None), then a final "\x1e"; made from the request's tools by
+ * tool_format_arg_types. Call before the first feed. Returns 0, or -1 out of memory. */
+int  tool_stream_arg_types(struct tool_stream *ts, const char *types);
+/* The arg types (above) of tools, a JSON list as the API takes it (cJSON), malloc'd; NULL out
+ * of memory. Keys or names holding the bytes 0x1e or 0x1f are left out. */
+struct cJSON;
+char *tool_format_arg_types(const struct cJSON *tools);
 /* Accepts NULL. */
 void tool_stream_free(struct tool_stream *ts);
 /* Appends text[0..n) (copied) to the reply and parses it; final: the reply ends here (bytes

@@ -1,13 +1,20 @@
-/* server/tool_glm.c - GLM-4.5's tool calls (tool_format.h TOOL_FORMAT_GLM), and DeepSeek's call
- * bodies (TOOL_FORMAT_DEEPSEEK, at the end). GLM: the body of one
- * `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n...</tool_call>` turned into the
- * call's name and its arguments as JSON. GLM's template writes a string value as it is and any
- * other value as JSON (`v | tojson if v is not string else v`), so a value that is one whole JSON
- * value (a number, true, an object...) is taken as that JSON, anything else as a string (llama.cpp's
- * rule: a string argument that looks like JSON, "42", comes back as 42). Keys are taken as they are.
- * Pure text in, text out (fuzzed through tool_parse). Called by tool_stream.c (B_GLM).
- * Tests: tests/test_tool_stream.c (GLM replies, every prefix), tests/server/test_tools_glm.py
- * (calls rendered by GLM-4.6's template with jinja2, parsed back to the same JSON). */
+/* server/tool_glm.c - the XML-like tool calls (tool_format.h tool_format_is_xml: GLM-4.5's and
+ * Qwen3-Coder's), and DeepSeek's and Kimi-K2's call bodies (at the end). GLM: the body of one
+ * `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n...</tool_call>`; Qwen3-Coder
+ * (and Qwen3.5): `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...</function>\n</tool_call>`;
+ * each turned into the call's name and its arguments as JSON. Both templates write a string value
+ * as it is and any other value otherwise (GLM: as JSON; Qwen: a list or mapping as JSON, the rest
+ * through Jinja's `string`, Python's True, False and None included). So a value is read by its
+ * key's declared schema when the request's tools give one (tool_stream_arg_types: a string is the
+ * raw text, a boolean true / false in any case, a null null or None); otherwise a value that is
+ * one whole JSON value (a number, true, an object...) is taken as that JSON, anything else as a
+ * string (llama.cpp's rule; an undeclared string argument that looks like JSON, "42", comes back
+ * as 42). Qwen's value is the text between the newline after `<parameter=K>` and the one before
+ * `</parameter>` (both the template's). Keys are taken as they are. Pure text in, text out
+ * (fuzzed through tool_parse). Called by tool_stream.c (B_GLM).
+ * Tests: tests/test_tool_stream_formats.c (replies, every prefix), tests/server/test_tools_glm.py
+ * and test_tools_qwen_xml.py (calls rendered by the models' templates with jinja2, parsed back to
+ * the same JSON). */
 #include "tool_stream_impl.h"
 
 #include <string.h>
@@ -124,7 +131,51 @@ static void json_string(struct tool_json_buf *out, const char *s, const char *e)
     tool_json_buf_add(out, "\"", 1);
 }
 
-int tool_glm_call(const char *s, size_t n, size_t *name_at, size_t *name_len, struct tool_json_buf *args)
+/* The kind types (tool_stream_arg_types) gives function name[0..nn)'s key key[0..kn), or 0. */
+static char arg_kind(const char *types, const char *name, size_t nn, const char *key, size_t kn)
+{
+    for (const char *t = types; t && *t == '\x1e' && t[1];) {
+        const char *ne = strchr(t + 1, '\x1f'), *ke = ne ? strchr(ne + 1, '\x1f') : NULL;
+        if (!ke || !ke[1]) return 0;
+        if ((size_t)(ne - t - 1) == nn && !memcmp(t + 1, name, nn) && (size_t)(ke - ne - 1) == kn &&
+            !memcmp(ne + 1, key, kn))
+            return ke[1];
+        t = ke + 2;
+    }
+    return 0;
+}
+
+/* Whether [s, e) is word, ASCII case aside. */
+static int is_word(const char *s, const char *e, const char *word)
+{
+    const size_t n = strlen(word);
+    if ((size_t)(e - s) != n) return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((s[i] | 0x20) != word[i]) return 0;
+    return 1;
+}
+
+/* Appends "KEY":VALUE to the object in args for the raw value [vs, ve) of function name's key
+ * [ks, ke), read by its kind (the file's head). */
+static void put_arg(struct tool_json_buf *args, const char *types, const char *name, size_t nn, const char *ks,
+                    const char *ke, const char *vs, const char *ve)
+{
+    if (args->n > 1) tool_json_buf_add(args, ",", 1);
+    json_string(args, ks, ke);
+    tool_json_buf_add(args, ":", 1);
+    const char kind = arg_kind(types, name, nn, ks, (size_t)(ke - ks));
+    const char *ts = vs, *te = ve;
+    trim(&ts, &te);
+    const char *word = kind == 'b' && (is_word(ts, te, "true") || is_word(ts, te, "false")) ? (ts[0] | 0x20) == 't' ? "true" : "false"
+                     : kind == 'z' && (is_word(ts, te, "null") || is_word(ts, te, "none")) ? "null" : NULL;
+    const char *q = ts;
+    if (word) tool_json_buf_add(args, word, strlen(word));
+    else if (kind != 's' && ts < te && json_value(&q, te, 0) && q == te) tool_json_buf_add(args, ts, (size_t)(te - ts));
+    else json_string(args, vs, ve); /* a string: as the template wrote it */
+}
+
+int tool_glm_call(const char *s, size_t n, const char *types, size_t *name_at, size_t *name_len,
+                  struct tool_json_buf *args)
 {
     const char *e = s + n, *ne = find(s, e, "<arg_key>"), *p;
     /* The name: up to the first newline or <arg_key>, trimmed; nothing else may come before them. */
@@ -136,7 +187,6 @@ int tool_glm_call(const char *s, size_t n, size_t *name_at, size_t *name_len, st
     *name_len = (size_t)(name_end - ns);
     tool_json_buf_reset(args);
     tool_json_buf_add(args, "{", 1);
-    int pairs = 0;
     for (p = nl && (!ne || nl < ne) ? nl : ne ? ne : e;;) {
         while (p < e && tool_json_is_ws((unsigned char)*p)) p++;
         if (p == e) break;
@@ -149,16 +199,41 @@ int tool_glm_call(const char *s, size_t n, size_t *name_at, size_t *name_len, st
         if (!eat(&p, e, "<arg_value>")) return 0;
         const char *ve = find(p, e, "</arg_value>");
         if (!ve) return 0;
-        const char *vs = p, *ts = vs, *te = ve;
+        put_arg(args, types, ns, *name_len, ks, ke, p, ve);
         p = ve + strlen("</arg_value>");
-        if (pairs++) tool_json_buf_add(args, ",", 1);
-        json_string(args, ks, ke);
-        tool_json_buf_add(args, ":", 1);
-        trim(&ts, &te);
-        const char *q = ts;
-        if (ts < te && json_value(&q, te, 0) && q == te) tool_json_buf_add(args, ts, (size_t)(te - ts));
-        else json_string(args, vs, ve); /* a string: as the template wrote it */
     }
+    tool_json_buf_add(args, "}", 1);
+    return !args->oom;
+}
+
+int tool_qwen_xml_call(const char *s, size_t n, const char *types, size_t *name_at, size_t *name_len,
+                       struct tool_json_buf *args)
+{
+    const char *e = s + n, *p = s;
+    while (p < e && tool_json_is_ws((unsigned char)*p)) p++;
+    if (!eat(&p, e, "<function=")) return 0;
+    const char *ns = p, *gt = memchr(p, '>', (size_t)(e - p));
+    if (!gt || gt == ns) return 0;
+    for (const char *c = ns; c < gt; c++)
+        if (tool_json_is_ws((unsigned char)*c) || *c == '<') return 0;
+    *name_at = (size_t)(ns - s), *name_len = (size_t)(gt - ns);
+    tool_json_buf_reset(args);
+    tool_json_buf_add(args, "{", 1);
+    for (p = gt + 1;;) {
+        while (p < e && tool_json_is_ws((unsigned char)*p)) p++;
+        if (eat(&p, e, "</function>")) break;
+        if (!eat(&p, e, "<parameter=")) return 0;
+        const char *ks = p, *ke = memchr(p, '>', (size_t)(e - p));
+        if (!ke || ke == ks || memchr(ks, '<', (size_t)(ke - ks)) || memchr(ks, '\n', (size_t)(ke - ks))) return 0;
+        const char *vs = ke + 1, *ve = find(vs, e, "</parameter>");
+        if (!ve) return 0;
+        p = ve + strlen("</parameter>");
+        if (vs < ve && *vs == '\n') vs++; /* the template's newlines around the value */
+        if (ve > vs && ve[-1] == '\n') ve--;
+        put_arg(args, types, ns, *name_len, ks, ke, vs, ve);
+    }
+    while (p < e && tool_json_is_ws((unsigned char)*p)) p++;
+    if (p != e) return 0;
     tool_json_buf_add(args, "}", 1);
     return !args->oom;
 }

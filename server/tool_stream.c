@@ -32,16 +32,16 @@ static const char *const BUILTIN_TOOLS[2] = {"brave_search", "wolfram_alpha"};
 
 static const char *open_marker(enum tool_format f)
 {
-    return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM ? "<tool_call>" : f == TOOL_FORMAT_MISTRAL ? "[TOOL_CALLS]"
+    return f == TOOL_FORMAT_HERMES || tool_format_is_xml(f) ? "<tool_call>" : f == TOOL_FORMAT_MISTRAL ? "[TOOL_CALLS]"
          : f == TOOL_FORMAT_PHI4 || f == TOOL_FORMAT_GRANITE ? "<|tool_call|>" : f == TOOL_FORMAT_DEEPSEEK ? TOOL_DS_CALLS_BEGIN
          : f == TOOL_FORMAT_KIMI ? TOOL_KIMI_CALLS_BEGIN : f == TOOL_FORMAT_COMMAND_R7B ? TOOL_R7B_ACTION
                                  : NULL;
 }
 
-/* What closes a call (HERMES, GLM, PHI4) or the list of calls (COMMAND_R7B). */
+/* What closes a call (HERMES, GLM, QWEN_XML, PHI4) or the list of calls (COMMAND_R7B). */
 static const char *close_marker(enum tool_format f)
 {
-    return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM ? "</tool_call>" : f == TOOL_FORMAT_PHI4 ? "<|/tool_call|>"
+    return f == TOOL_FORMAT_HERMES || tool_format_is_xml(f) ? "</tool_call>" : f == TOOL_FORMAT_PHI4 ? "<|/tool_call|>"
          : f == TOOL_FORMAT_COMMAND_R7B                    ? TOOL_R7B_ACTION_END
                                                            : NULL;
 }
@@ -207,7 +207,7 @@ static void read_text(struct tool_stream *ts)
         ts->block = p, ts->kept_block = 0;
         ts->pos = p + m;
         if (tool_format_is_list(ts->f)) ts->st = B_LIST_OPEN;
-        else if (ts->f == TOOL_FORMAT_GLM) ts->st = B_GLM, ts->search = p + m;
+        else if (tool_format_is_xml(ts->f)) ts->st = B_GLM, ts->search = p + m;
         else if (ts->f == TOOL_FORMAT_DEEPSEEK || ts->f == TOOL_FORMAT_KIMI)
             ts->st = B_DS, ts->search = p + m, ts->close_at = (size_t)-1;
         else begin_call(ts);
@@ -243,7 +243,8 @@ static void body_open(struct tool_stream *ts)
 }
 
 /* B_GLM: a call's body up to </tool_call> (held until it is whole), then made a call by
- * tool_glm.c; a body that is not a call, or cut short, makes the block text. */
+ * tool_glm.c (GLM's or Qwen3-Coder's); a body that is not a call, or cut short, makes the block
+ * text. */
 static void read_glm(struct tool_stream *ts)
 {
     const char *close = close_marker(ts->f);
@@ -255,7 +256,10 @@ static void read_glm(struct tool_stream *ts)
     size_t name_at = 0, name_len = 0;
     struct tool_json_buf args = {0};
     ts->steps += p - b0;
-    if (!tool_glm_call(ts->text + b0, p - b0, &name_at, &name_len, &args)) {
+    const int ok = ts->f == TOOL_FORMAT_QWEN_XML
+                       ? tool_qwen_xml_call(ts->text + b0, p - b0, ts->types, &name_at, &name_len, &args)
+                       : tool_glm_call(ts->text + b0, p - b0, ts->types, &name_at, &name_len, &args);
+    if (!ok) {
         if (args.oom) ts->oom = 1;
         free(args.p);
         call_bad(ts);
@@ -589,9 +593,17 @@ int tool_stream_new(enum tool_format f, int tools, int reasoning, int think_open
     return 0;
 }
 
+int tool_stream_arg_types(struct tool_stream *ts, const char *types)
+{
+    free(ts->types);
+    ts->types = types ? strdup(types) : NULL;
+    return types && !ts->types ? -1 : 0;
+}
+
 void tool_stream_free(struct tool_stream *ts)
 {
     if (!ts) return;
+    free(ts->types);
     for (int k = 0; k < ts->n_calls; k++) free(ts->calls[k].name), free(ts->calls[k].own_args);
     free(ts->calls);
     free(ts->text);

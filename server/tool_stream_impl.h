@@ -47,6 +47,7 @@ struct tcall {
 struct tool_stream {
     enum tool_format f;
     int    tools, reasoning, max_calls, final, oom;
+    char  *types;         /* tool_stream_arg_types (malloc'd), or NULL */
     char  *text;
     size_t len, cap, pos; /* pos: the next byte the body's machines read */
     unsigned long long steps;
@@ -92,9 +93,14 @@ struct tool_stream {
 /* The length of the longest suffix of s[0..n) that is a proper prefix of marker. */
 size_t tool_stream_holdback(const char *s, size_t n, const char *marker);
 /* GLM-4.5's call body s[0..n) (between <tool_call> and </tool_call>): its name at s + *name_at
- * (*name_len bytes) and its arguments as a JSON object in args (reset first). Returns 0 when the
- * body is not a call (tool_glm.c). */
-int tool_glm_call(const char *s, size_t n, size_t *name_at, size_t *name_len, struct tool_json_buf *args);
+ * (*name_len bytes) and its arguments as a JSON object in args (reset first), each value read
+ * by types (tool_stream_arg_types; NULL: none). Returns 0 when the body is not a call
+ * (tool_glm.c). tool_qwen_xml_call: the same for Qwen3-Coder's body,
+ * `\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...</function>\n`. */
+int tool_glm_call(const char *s, size_t n, const char *types, size_t *name_at, size_t *name_len,
+                  struct tool_json_buf *args);
+int tool_qwen_xml_call(const char *s, size_t n, const char *types, size_t *name_at, size_t *name_len,
+                       struct tool_json_buf *args);
 /* DeepSeek's markers (R1, V3, V3.1) and the body of one call (tool_glm.c): 1 with the name and the
  * arguments' JSON object as offsets into s, 0 when the body is not a call. */
 #define TOOL_DS_BAR "\xef\xbd\x9c" /* U+FF5C, the fullwidth bar */

@@ -559,12 +559,19 @@ static void check_harmony(void)
     }
 }
 
-/* --parse-glm FILE (--parse-deepseek FILE, --parse-kimi FILE, --parse-command-r7b FILE): the replies of FILE (separated by the byte 0x1e) parsed
- * in GLM's (DeepSeek's) format; for each, every call as "name<TAB>arguments" on a line, then "--"
- * (tests/server/test_tools_glm.py and test_tools_deepseek.py render calls with the models'
- * templates in jinja2 and compare them with what comes back). */
-static int parse_file(enum tool_format fmt, const char *path)
+/* --parse-glm FILE [TOOLS_JSON] (--parse-deepseek FILE, --parse-kimi FILE, --parse-command-r7b FILE,
+ * --parse-qwen-xml FILE [TOOLS_JSON]): the replies of FILE (separated by the byte 0x1e) parsed in
+ * GLM's (DeepSeek's, ...) format, the values read by the tools' declared types when given
+ * (tool_format_arg_types); for each, every call as "name<TAB>arguments" on a line, then "--"
+ * (tests/server/test_tools_glm.py, test_tools_qwen_xml.py and test_tools_deepseek.py render calls
+ * with the models' templates in jinja2 and compare them with what comes back). */
+static int parse_file(enum tool_format fmt, const char *path, const char *tools_json)
 {
+    cJSON *tools = tools_json ? cJSON_Parse(tools_json) : NULL;
+    CHECK(!tools_json || cJSON_IsArray(tools), "--parse-*: the tools are not a JSON list");
+    char *types = tools ? tool_format_arg_types(tools) : NULL;
+    CHECK(!tools || types, "out of memory");
+    cJSON_Delete(tools);
     FILE *f = fopen(path, "rb");
     CHECK(f, "cannot open %s", path);
     static char buf[1 << 20];
@@ -574,24 +581,26 @@ static int parse_file(enum tool_format fmt, const char *path)
         const char *end = memchr(buf + at, 0x1e, n - at);
         size_t len = end ? (size_t)(end - (buf + at)) : n - at;
         struct tool_parsed p;
-        CHECK(!tool_parse(fmt, 1, 0, 0, 0, buf + at, len, 1, &p), "oom");
+        CHECK(!tool_parse_typed(fmt, 1, 0, 0, 0, types, buf + at, len, 1, &p), "oom");
         for (int k = 0; k < p.n_calls; k++) printf("%s\t%s\n", p.calls[k].name, p.calls[k].args);
         printf("--\n");
         tool_parsed_free(&p);
         if (!end) break;
         at += len + 1;
     }
+    free(types);
     return 0;
 }
 
-/* --glm-grammar TOOLS_JSON ONLY PARALLEL LAZY: the GBNF grammar server/http_tools_glm.c makes of
- * the tools (a JSON list as the API takes it; ONLY "" for none) on stdout (test_tools_glm.py
- * checks the template's own renderings against it with test_grammar). */
-static int glm_grammar(const char *tools_json, const char *only, int parallel, int lazy)
+/* --glm-grammar TOOLS_JSON ONLY PARALLEL LAZY (--qwen-xml-grammar ...): the GBNF grammar
+ * server/http_tools_glm.c makes of the tools (a JSON list as the API takes it; ONLY "" for none)
+ * on stdout (test_tools_glm.py and test_tools_qwen_xml.py check the templates' own renderings
+ * against it with test_grammar). */
+static int glm_grammar(enum tool_format f, const char *tools_json, const char *only, int parallel, int lazy)
 {
     cJSON *tools = cJSON_Parse(tools_json);
     CHECK(cJSON_IsArray(tools), "--glm-grammar: the tools are not a JSON list");
-    char *g = http_tools_glm_grammar(tools, only[0] ? only : NULL, parallel, lazy);
+    char *g = http_tools_glm_grammar(f, tools, only[0] ? only : NULL, parallel, lazy);
     fputs(g, stdout);
     free(g);
     cJSON_Delete(tools);
@@ -616,11 +625,18 @@ static int deepseek_schema(const char *tools_json, const char *only, int paralle
 
 int main(int argc, char **argv)
 {
-    if (argc > 2 && !strcmp(argv[1], "--parse-glm")) return parse_file(TOOL_FORMAT_GLM, argv[2]);
-    if (argc > 2 && !strcmp(argv[1], "--parse-deepseek")) return parse_file(TOOL_FORMAT_DEEPSEEK, argv[2]);
-    if (argc > 2 && !strcmp(argv[1], "--parse-kimi")) return parse_file(TOOL_FORMAT_KIMI, argv[2]);
-    if (argc > 2 && !strcmp(argv[1], "--parse-command-r7b")) return parse_file(TOOL_FORMAT_COMMAND_R7B, argv[2]);
-    if (argc > 5 && !strcmp(argv[1], "--glm-grammar")) return glm_grammar(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
+    static const struct {
+        const char *flag;
+        enum tool_format f;
+    } parsers[] = {{"--parse-glm", TOOL_FORMAT_GLM},         {"--parse-deepseek", TOOL_FORMAT_DEEPSEEK},
+                   {"--parse-kimi", TOOL_FORMAT_KIMI},       {"--parse-command-r7b", TOOL_FORMAT_COMMAND_R7B},
+                   {"--parse-qwen-xml", TOOL_FORMAT_QWEN_XML}};
+    for (size_t i = 0; argc > 2 && i < sizeof parsers / sizeof *parsers; i++)
+        if (!strcmp(argv[1], parsers[i].flag)) return parse_file(parsers[i].f, argv[2], argc > 3 ? argv[3] : NULL);
+    if (argc > 5 && !strcmp(argv[1], "--glm-grammar"))
+        return glm_grammar(TOOL_FORMAT_GLM, argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
+    if (argc > 5 && !strcmp(argv[1], "--qwen-xml-grammar"))
+        return glm_grammar(TOOL_FORMAT_QWEN_XML, argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
     if (argc > 6 && !strcmp(argv[1], "--deepseek-schema"))
         return deepseek_schema(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), argc > 8 ? atoi(argv[7]) : 0,
                                argc > 8 ? atoi(argv[8]) : 0);
@@ -668,6 +684,7 @@ int main(int argc, char **argv)
     check_deepseek();
     check_kimi();
     check_command_r7b();
+    check_qwen_xml();
     printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);
     return 0;
 }

@@ -16,5 +16,6 @@ void check_glm(void);
 void check_deepseek(void);
 void check_kimi(void);
 void check_command_r7b(void);
+void check_qwen_xml(void);
 
 #endif

@@ -1,6 +1,6 @@
 /* tests/test_tool_stream_formats.c - the reply parser (server/tool_stream.c) on the formats the
- * whole-text parser it replaced never read: GLM-4.5 (server/tool_glm.c), DeepSeek V3.1 / R1,
- * Kimi-K2 and Command R7B. Hand-worked replies and what their parse must give, then every
+ * whole-text parser it replaced never read: GLM-4.5 and Qwen3-Coder (server/tool_glm.c), DeepSeek
+ * V3.1 / R1, Kimi-K2 and Command R7B. Hand-worked replies and what their parse must give, then every
  * prefix a prefix of the whole parse and a stream's deltas adding up to it (format_prefixes).
  * Part of test_tool_stream (its main calls these). */
 #include <stdio.h>
@@ -170,3 +170,50 @@ void check_command_r7b(void)
 #undef R_RESP_END
 }
 
+
+/* Qwen3-Coder's (and Qwen3.5's) calls (tool_glm.c tool_qwen_xml_call): the bodies their templates
+ * write (a value between the newlines after <parameter=K> and before </parameter>; a string as it
+ * is, a list or mapping as JSON, the rest through Jinja's `string`), parsed into JSON arguments;
+ * read by the declared types when given (a string stays a string, Python's True and None are a
+ * boolean and a null); malformed or cut-short bodies are text; every prefix. */
+void check_qwen_xml(void)
+{
+#define Q_CALL(name) "<tool_call>\n<function=" name ">\n"
+#define Q_ARG(k, v) "<parameter=" k ">\n" v "\n</parameter>\n"
+#define Q_END "</function>\n</tool_call>"
+    static const struct call_case cases[] = {
+        {Q_CALL("get_weather") Q_ARG("city", "Paris") Q_END, "get_weather", "{\"city\":\"Paris\"}", "", 1},
+        {"Let me check.\n\n" Q_CALL("f") Q_ARG("n", "42") Q_ARG("o", "{\"a\": [1, true]}") Q_END, "f",
+         "{\"n\":42,\"o\":{\"a\": [1, true]}}", "Let me check.", 1},
+        {Q_CALL("f") Q_ARG("s", "line one\n  say \"hi\"\n") Q_END, "f", "{\"s\":\"line one\\u000a  say \\\"hi\\\"\\u000a\"}", "", 1},
+        {Q_CALL("noargs") Q_END, "noargs", "{}", "", 1},
+        {Q_CALL("a") Q_ARG("x", "1") Q_END "\n" Q_CALL("b") Q_END " done", "a", "{\"x\":1}", "done", 2},
+        {Q_CALL("f") Q_ARG("e", "") Q_END, "f", "{\"e\":\"\"}", "", 1},
+        {Q_CALL("f") "<parameter=x>\n1\n" Q_END " tail", NULL, NULL, Q_CALL("f") "<parameter=x>\n1\n" Q_END " tail", 0},
+        {Q_CALL("f") Q_ARG("x", "1"), NULL, NULL, Q_CALL("f") "<parameter=x>\n1\n</parameter>", 0}, /* (trimmed) */
+        {"<tool_call>\n<function=two words>\n" Q_END, NULL, NULL, "<tool_call>\n<function=two words>\n" Q_END, 0},
+        {"<tool_call>\nget_weather\n</tool_call>", NULL, NULL, "<tool_call>\nget_weather\n</tool_call>", 0},
+        {Q_CALL("f") Q_ARG("t", "True") Q_ARG("z", "None") Q_END, "f", "{\"t\":\"True\",\"z\":\"None\"}", "", 1},
+        {"plain text, no call", NULL, NULL, "plain text, no call", 0},
+    };
+    check_call_cases(TOOL_FORMAT_QWEN_XML, "qwen3-coder", cases, sizeof cases / sizeof *cases);
+    /* The declared types: s a string (its JSON-looking value stays text), t a boolean, z a null. */
+    static const char types[] = "\x1e" "f\x1fs\x1fs\x1e" "f\x1ft\x1f" "b\x1e" "f\x1fz\x1fz\x1e";
+    static const char typed[] = Q_CALL("f") Q_ARG("s", "42") Q_ARG("t", "True") Q_ARG("z", "None") Q_ARG("n", "7") Q_END;
+    struct tool_parsed p;
+    CHECK(!tool_parse_typed(TOOL_FORMAT_QWEN_XML, 1, 0, 0, 0, types, typed, strlen(typed), 1, &p), "oom");
+    CHECK(p.n_calls == 1 && !strcmp(p.calls[0].args, "{\"s\":\"42\",\"t\":true,\"z\":null,\"n\":7}"),
+          "qwen3-coder typed: %s", p.n_calls ? p.calls[0].args : "(no call)");
+    tool_parsed_free(&p);
+    static const char glm[] = "<tool_call>f\n<arg_key>s</arg_key>\n<arg_value>42</arg_value>\n</tool_call>";
+    CHECK(!tool_parse_typed(TOOL_FORMAT_GLM, 1, 0, 0, 0, types, glm, strlen(glm), 1, &p), "oom");
+    CHECK(p.n_calls == 1 && !strcmp(p.calls[0].args, "{\"s\":\"42\"}"), "glm typed: %s", p.n_calls ? p.calls[0].args : "-");
+    tool_parsed_free(&p);
+    CHECK(tool_format_detect("{% if tools %}<tool_call>\n<function=x>\n<parameter=y>{% endif %}") == TOOL_FORMAT_QWEN_XML,
+          "the Qwen3-Coder template's tags detected");
+    CHECK(tool_format_detect("{% if tools %}<tool_call>{% endif %}") == TOOL_FORMAT_HERMES, "hermes still hermes");
+    fprintf(stderr, "PASS qwen3-coder: %zu replies, every prefix; typed values\n", sizeof cases / sizeof *cases);
+#undef Q_CALL
+#undef Q_ARG
+#undef Q_END
+}

@@ -5,11 +5,12 @@
  * checked: no crash or sanitizer report, the lengths agree with the strings, the reasoning of
  * a prefix is a prefix of the reasoning of the whole, and every parse (the incremental parser,
  * server/tool_stream.c) equals the whole-text parser it replaced (tool_parse_ref.c); harmony
- * (server/tool_harmony.c), GLM and DeepSeek (server/tool_glm.c) and Command R7B, which that parser
- * never read: content and calls of a prefix are prefixes of the whole's.
+ * (server/tool_harmony.c), GLM, Qwen3-Coder and DeepSeek (server/tool_glm.c) and Command R7B, which
+ * that parser never read: content and calls of a prefix are prefixes of the whole's.
  * Input: byte 0 picks the format (bits 0-2: the first eight formats; 2, mistral, is granite,
  * 7, deepseek, kimi and 6, glm, command-r7b when the input's length is even: the same lists after
- * other markers),
+ * other markers; 6 is qwen3-coder when the length is 3 modulo 4; the XML-like formats read with
+ * declared types for function f's keys s, b and z: a string, a boolean, a null),
  * tools (bit 3), reasoning
  * (bits 4 and 7: enum tool_reasoning, the markers), think_open (bit 5), one call at most (bit 6);
  * the rest is the reply.
@@ -106,6 +107,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (f == TOOL_FORMAT_MISTRAL && size % 2 == 0) f = TOOL_FORMAT_GRANITE; /* (a reply of odd length: mistral) */
     if (f == TOOL_FORMAT_DEEPSEEK && size % 2 == 0) f = TOOL_FORMAT_KIMI;   /* (likewise: deepseek) */
     if (f == TOOL_FORMAT_GLM && size % 2 == 0) f = TOOL_FORMAT_COMMAND_R7B; /* (likewise: glm) */
+    if (f == TOOL_FORMAT_GLM && size % 4 == 3) f = TOOL_FORMAT_QWEN_XML;
+    static const char declared[] = "\x1e" "f\x1fs\x1fs\x1e" "f\x1f" "b\x1f" "b\x1e" "f\x1fz\x1fz\x1e";
+    const char *types = tool_format_is_xml(f) ? declared : NULL;
     int tools = data[0] >> 3 & 1, think_open = data[0] >> 5 & 1;
     int reasoning = (data[0] >> 4 & 1) | (data[0] >> 6 & 2); /* enum tool_reasoning: off, <think>, [THINK], thought */
     int max_calls = data[0] >> 6 & 1;
@@ -114,10 +118,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(text, "out of memory");
     memcpy(text, data + 1, n);
     struct tool_parsed whole;
-    CHECK(tool_parse(f, tools, reasoning, think_open, max_calls, text, n, 1, &whole) == 0, "out of memory");
+    CHECK(tool_parse_typed(f, tools, reasoning, think_open, max_calls, types, text, n, 1, &whole) == 0, "out of memory");
     check_parsed(&whole);
     /* (harmony and glm: no earlier parser; their prefix property instead) */
-    const int ref = f != TOOL_FORMAT_HARMONY && f != TOOL_FORMAT_GLM && f != TOOL_FORMAT_DEEPSEEK && f != TOOL_FORMAT_KIMI &&
+    const int ref = f != TOOL_FORMAT_HARMONY && !tool_format_is_xml(f) && f != TOOL_FORMAT_DEEPSEEK && f != TOOL_FORMAT_KIMI &&
                     f != TOOL_FORMAT_COMMAND_R7B;
     if (ref) check_ref(&whole, f, tools, reasoning, think_open, max_calls, text, n, 1);
     size_t cuts[CUTS_ALL + 1 > CUTS_MAX ? CUTS_ALL + 1 : CUTS_MAX];
@@ -125,7 +129,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int c = 0; c < n_cuts; c++) {
         const size_t cut = cuts[c];
         struct tool_parsed part;
-        CHECK(tool_parse(f, tools, reasoning, think_open, max_calls, text, cut, 0, &part) == 0, "out of memory");
+        CHECK(tool_parse_typed(f, tools, reasoning, think_open, max_calls, types, text, cut, 0, &part) == 0, "out of memory");
         check_parsed(&part);
         if (ref) check_ref(&part, f, tools, reasoning, think_open, max_calls, text, cut, 0);
         else harmony_prefix(&part, &whole);

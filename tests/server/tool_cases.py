@@ -15,12 +15,13 @@ CALLS = [
 ]
 
 
-def parse_back(tool_stream, flag, path, replies):
+def parse_back(tool_stream, flag, path, replies, tools=None):
     """The replies written to path (joined by the byte 0x1e) and parsed by `test_tool_stream FLAG
-    path` (--parse-glm, --parse-deepseek, --parse-kimi): (its exit code, per reply its calls as
-    [name, arguments text])."""
+    path [TOOLS]` (--parse-glm, --parse-deepseek, --parse-kimi, --parse-qwen-xml; tools: the values
+    read by their declared types): (its exit code, per reply its calls as [name, arguments text])."""
     path.write_bytes("\x1e".join(replies).encode("utf-8"))
-    out = subprocess.run([tool_stream, flag, str(path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([tool_stream, flag, str(path)] + ([json.dumps(tools)] if tools else []),
+                         capture_output=True, text=True, timeout=60)
     return out.returncode, [[line.split("\t", 1) for line in block.strip("\n").split("\n") if line]
                             for block in out.stdout.split("--\n")[:-1]]
 

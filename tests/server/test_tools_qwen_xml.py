@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""Qwen3-Coder's XML-like tool calls (also Qwen3.5's: docs/tools.md, the qwen3-coder format):
+`<tool_call>\\n<function=NAME>\\n<parameter=K>\\nV\\n</parameter>\\n...</function>\\n</tool_call>`.
+- Parsing, against the templates themselves: assistant turns with tool calls of every argument
+  kind (tool_cases.CALLS: strings with quotes, newlines and non-ASCII, numbers, booleans, null,
+  nested objects and lists, parallel calls) rendered by Python jinja2 with Qwen3-Coder's and
+  Qwen3.5's published templates (tests/data/chat_templates); the reply part of each rendering,
+  parsed by shardlm's parser (test_tool_stream --parse-qwen-xml, with the tools' declared types)
+  gives back the same calls: names equal, arguments equal as JSON (Python's True and None, as the
+  templates write them, read back as a boolean and a null by the declared types; a declared
+  string that looks like a number stays a string).
+- The grammar (server/http_tools_glm.c, printed by test_tool_stream --qwen-xml-grammar, decided by
+  the grammar engine through test_grammar check): the templates' renderings complete, mutations
+  not.
+- Served (SmolLM2-135M-Instruct's GGUF, whose vocabulary has ChatML's tokens, behind each
+  template; the official `openai` package): the server reads both templates as the qwen3-coder
+  format (Qwen3.5's with <think> reasoning); the prompt with tools and a history with a call and
+  its result render as jinja2's (the same prompt length); tool_choice required, a named function
+  and parallel calls: sampled replies are calls that parse, of the declared (named) function, with
+  its declared keys and value types; a streamed reply's calls equal the unary one's; strict: true
+  refused by name.
+SKIP (77) without the GGUF, openai or jinja2.
+
+  test_tools_qwen_xml.py --shardlm BUILD/cli/shardlm --tool-stream BUILD/tests/test_tool_stream
+                         --test-grammar BUILD/tests/test_grammar --gguf .cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+SKIP = 77
+sys.dont_write_bytecode = True
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+try:
+    import openai
+    import test_jinja  # noqa: E402  (exits 77 without jinja2)
+except ImportError as e:
+    print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
+    sys.exit(SKIP)
+import test_server as TS  # noqa: E402
+import tool_cases as TC  # noqa: E402
+from checks import Checks  # noqa: E402
+from test_tools_glm import DECLARED, TYPED, conforms  # noqa: E402
+from test_tools_native import py_prompt, stream_calls  # noqa: E402
+from tool_cases import CALLS  # noqa: E402
+
+check = Checks()
+TEMPLATES = HERE.parent / "data" / "chat_templates"
+CODER, QWEN35 = TEMPLATES / "Qwen3-Coder.jinja", TEMPLATES / "Qwen3.5-4B.jinja"
+
+
+def rendered_reply(template, calls):
+    """The assistant turn the template (jinja2) writes for calls, after <|im_start|>assistant and
+    any <think> block, up to <|im_end|>."""
+    msgs = [{"role": "user", "content": "go"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": c} for c in calls]}]
+    text = test_jinja.make_env().from_string(template.read_text()).render(messages=msgs, tools=DECLARED,
+                                                                          add_generation_prompt=False)
+    reply = text[text.rindex("<|im_start|>assistant\n") + len("<|im_start|>assistant\n"):]
+    reply = reply[:reply.rindex("<|im_end|>")]
+    return reply.split("</think>", 1)[1] if "</think>" in reply else reply
+
+
+def round_trip(template, tool_stream, work):
+    b42 = [{"name": "b", "arguments": {"y": "42"}}]
+    replies = [rendered_reply(template, calls) for calls in CALLS + [b42]]
+    rc, got = TC.parse_back(tool_stream, "--parse-qwen-xml", work / "qwen_replies.txt", replies, DECLARED)
+    check(rc == 0 and len(got) == len(replies), f"{template.name}: the parser runs on {len(replies)} rendered replies")
+    for calls, back in zip(CALLS + [b42], got):
+        check(TC.same_calls(calls, back), f"{template.name}: rendered and parsed back (declared types): "
+              f"{json.dumps(calls)[:90]} -> {back}")
+    # Without the declared types a value that is whole JSON is that JSON (llama.cpp's rule).
+    rc, untyped = TC.parse_back(tool_stream, "--parse-qwen-xml", work / "qwen_replies.txt", replies[-1:])
+    check(rc == 0 and untyped and untyped[0] and json.loads(untyped[0][0][1]) == {"y": 42},
+          f"{template.name}: without the declared types, \"42\" reads as a number: {untyped}")
+
+
+def grammar_oracle(template, tool_stream, test_grammar, work):
+    """The grammar against the template's renderings: complete under the required grammar (and
+    what follows the first <tool_call> under the lazy one); mutations not."""
+    def grammar(only, parallel, lazy):
+        out = TC.subprocess.run([tool_stream, "--qwen-xml-grammar", json.dumps(DECLARED), only, str(parallel), str(lazy)],
+                                capture_output=True, text=True, timeout=60)
+        path = work / f"qwen-{only}-{parallel}-{lazy}.gbnf"
+        path.write_text(out.stdout)
+        return path
+
+    def decide(path, texts):
+        return TC.decide(test_grammar, "ebnf", path, texts)
+
+    replies = [rendered_reply(template, calls) for calls in CALLS]
+    replies.append(rendered_reply(template, [{"name": "b", "arguments": {"y": "<p>a</p>\nline </paramete <<"}}]))
+    got = decide(grammar("", 1, 0), replies)
+    check(got == ["complete"] * len(replies), f"{template.name}: the grammar (required, parallel) completes the "
+          f"template's {len(replies)} renderings: {got}")
+    got = decide(grammar("", 1, 1), [r[r.index("<tool_call>") + len("<tool_call>"):] for r in replies])
+    check(got == ["complete"] * len(replies), f"{template.name}: the lazy grammar completes what follows each "
+          f"rendering's first <tool_call>: {got}")
+    one = replies[0]
+    bad = {"an undeclared key": one.replace("<parameter=unit>", "<parameter=units>"),
+           "an undeclared function": one.replace("get_weather", "get_wether"),
+           "an enum value not in it": one.replace("celsius", "kelvin"),
+           "a required key missing": rendered_reply(template, [{"name": "get_weather", "arguments": {"unit": "celsius"}}]),
+           "an integer that is not one": rendered_reply(template, [{"name": "search", "arguments": {"query": "q", "limit": "5x"}}]),
+           "a boolean that is not one": rendered_reply(template, [{"name": "search", "arguments": {"query": "q", "exact": "yes"}}]),
+           "arguments for a function without any": rendered_reply(template, [{"name": "c", "arguments": {"x": 1}}]),
+           "a call not closed": one[:one.rindex("</tool_call>")]}
+    got = decide(grammar("", 1, 0), list(bad.values()))
+    check(all(g != "complete" for g in got), f"{template.name}: mutated renderings are not complete: {dict(zip(bad, got))}")
+    got = decide(grammar("", 0, 0), [replies[0], replies[3]]) + decide(grammar("b", 1, 0), [replies[0], replies[3]])
+    check(got == ["complete", "reject", "reject", "reject"],
+          f"{template.name}: one call only: one call complete, three not; named b: neither: {got}")
+
+
+ASK = [{"role": "user", "content": "Add one and twenty, please."}]
+
+
+def served(oa, mid, template, label, thinking):
+    kw = {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}} if thinking else {}
+
+    def ask(**k):
+        return oa.chat.completions.create(model=mid, messages=ASK, tools=TYPED, **dict(dict(kw, max_tokens=200), **k))
+
+    # The prompt with tools is jinja2's (its length through /v1/completions of jinja2's text).
+    r = ask(tool_choice="auto", max_tokens=1, temperature=0)
+    comp = oa.completions.create(model=mid, prompt=py_prompt(template, ASK, TYPED, **({"enable_thinking": False}
+                                                                                     if thinking else {})),
+                                 max_tokens=1, temperature=0)
+    check(r.usage.prompt_tokens == comp.usage.prompt_tokens,
+          f"{label}: the prompt with tools renders as jinja2's ({r.usage.prompt_tokens} vs {comp.usage.prompt_tokens})")
+    for choice, parallel in (("required", True), ("required", False), ({"type": "function", "function": {"name": "add"}}, True)):
+        named = choice["function"]["name"] if isinstance(choice, dict) else None
+        bad, n_calls = [], 0
+        for seed in range(4):
+            ch = ask(tool_choice=choice, parallel_tool_calls=parallel, temperature=1.0, seed=seed).choices[0]
+            tcs = ch.message.tool_calls or []
+            n_calls += len(tcs)
+            # (SmolLM2 may repeat parallel calls to max_tokens: the whole ones are then kept)
+            if (ch.finish_reason not in (("tool_calls", "length") if parallel else ("tool_calls",)) or not tcs
+                    or (not parallel and len(tcs) != 1)
+                    or any(not conforms(t, TYPED) or (named and t.function.name != named) for t in tcs)):
+                bad.append((seed, ch.finish_reason, [(t.function.name, t.function.arguments) for t in tcs]))
+        check(not bad, f"{label}: tool_choice {json.dumps(choice)[:50]}, parallel {parallel}: 4 sampled replies, "
+              f"calls ({n_calls}) of {named or 'the declared tools'} with the declared keys and value types"
+              + ("" if not bad else f": {bad[:2]}"))
+    # auto: free text until the model writes <tool_call>, then held to the calls (a lazy grammar).
+    r = ask(tool_choice="auto", temperature=1.0, seed=1, n=4)
+    check(all(c.finish_reason in ("stop", "length", "tool_calls") for c in r.choices) and
+          all(conforms(t, TYPED) for c in r.choices for t in c.message.tool_calls or []),
+          f"{label}: tool_choice auto, n 4: answered, any calls conform "
+          f"({[(c.finish_reason, len(c.message.tool_calls or [])) for c in r.choices]})")
+    one = dict(tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=5)
+    whole = ask(**one).choices[0].message.tool_calls or []
+    got, finish, _, _, _ = stream_calls(ask(stream=True, **one))
+    want = [(t.function.name, t.function.arguments) for t in whole]
+    check(whole and got == want and finish == "tool_calls", f"{label}: the streamed calls equal the unary ones ({got})")
+    # The tool loop: the history with the call and its result renders as jinja2's.
+    m = ask(tool_choice="required", parallel_tool_calls=False, temperature=0).choices[0].message
+    if m.tool_calls:
+        history = ASK + [m.model_dump(exclude_none=True)] + [
+            {"role": "tool", "tool_call_id": c.id, "content": "21"} for c in m.tool_calls]
+        r = oa.chat.completions.create(model=mid, messages=history, tools=TYPED, max_tokens=1, temperature=0, **kw)
+        comp = oa.completions.create(model=mid, prompt=py_prompt(template, history, TYPED, **(
+            {"enable_thinking": False} if thinking else {})), max_tokens=1, temperature=0)
+        check(r.usage.prompt_tokens == comp.usage.prompt_tokens, f"{label}: a history with a call and its result "
+              f"renders as jinja2's ({r.usage.prompt_tokens} vs {comp.usage.prompt_tokens})")
+    else:
+        check(False, f"{label}: a greedy required call to build the history from")
+    strict = [{"type": "function", "function": dict(TYPED[0]["function"], strict=True)}]
+    try:
+        oa.chat.completions.create(model=mid, messages=ASK, tools=strict, max_tokens=4)
+        check(False, f"{label}: strict: true is refused")
+    except openai.BadRequestError as e:
+        check("strict" in str(e) and "Qwen3-Coder" in str(e), f"{label}: strict: true is a 400: {str(e)[:100]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--tool-stream", required=True)
+    ap.add_argument("--test-grammar", required=True)
+    ap.add_argument("--gguf", required=True)
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="shardlm-qwen-xml-"))
+    try:
+        for template in (CODER, QWEN35):
+            round_trip(template, a.tool_stream, work)
+            grammar_oracle(template, a.tool_stream, a.test_grammar, work)
+        if not os.path.exists(a.gguf):
+            print(f"SKIP: served: no SmolLM2 GGUF at {a.gguf} (tools/fetch_smollm2.sh)")
+            return check.summary()
+        mid = Path(a.gguf).name
+        for template, label, thinking in ((CODER, "Qwen3-Coder", False), (QWEN35, "Qwen3.5", True)):
+            with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(template), "--no-prefix-caching",
+                           name=f"tools-{label}", http=True) as srv:
+                log = srv.log_path.read_text()
+                check("tool calls in the qwen3-coder format" in log and (not thinking or "reasoning split from <think>" in log),
+                      f"{label}: read as the qwen3-coder format" + (" with <think> reasoning" if thinking else ""))
+                oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
+                served(oa, mid, template, label, thinking)
+    except Exception as e:  # noqa: BLE001 - reported with the server logs
+        check(False, f"{e}")
+        for log in sorted(TS.LOG_DIR.glob("*.log")):
+            print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
+    finally:
+        TS.kill_all()
+        shutil.rmtree(work, ignore_errors=True)
+    return check.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
