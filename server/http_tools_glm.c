@@ -1,17 +1,20 @@
 /* server/http_tools_glm.c - the grammar of the XML-like tool calls (tool_format.h
- * tool_format_is_xml: GLM-4.5's, Qwen3-Coder's) for tool_choice required or a named function, and
+ * tool_format_is_xml: GLM-4.5's, Qwen3-Coder's, MiniMax-M2's) for tool_choice required or a named
+ * function, and
  * lazily for auto (http_tools.c): a GBNF grammar (engine/grammar, llama.cpp's syntax) of the reply
  *
  *   GLM:  [\n] [<think>...</think>] [\n] <tool_call>NAME\n(<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n)*</tool_call>
  *   Qwen: [\n] [\n][\n] <tool_call>\n<function=NAME>\n(<parameter=K>\nV\n</parameter>\n)*</function>\n</tool_call>
+ *   MiniMax-M2: [\n] [\n] <minimax:tool_call> ([\n]<invoke name="NAME">\n(<parameter name="K">V</parameter>\n)*</invoke>)+ [\n]</minimax:tool_call>
  *
  * (GLM writes "\n<think>" after <|assistant|>, so its grammar holds the reasoning, any text
  * without "</think>". Qwen3.5's <think> is the engine's to allow, as for the JSON formats: its
  * prompt opens it by default (the grammar starts after </think>), closes it under enable_thinking
  * false (the calls come at once), and otherwise generation.c constrain_around_think makes the
- * constraint an opening one, the grammar or <think>.)
- * with one call, or (parallel_tool_calls) one or more; lazy (tool_choice auto), the grammar of
- * what follows the first <tool_call> (the trigger: the text before it is free). NAME is one of
+ * constraint an opening one, the grammar or <think>; MiniMax-M2's prompt always opens it.)
+ * with one call, or (parallel_tool_calls) one or more (MiniMax: in one block); lazy (tool_choice
+ * auto), the grammar of what follows the first <tool_call> (<minimax:tool_call>: the trigger, the
+ * text before it is free). NAME is one of
  * the declared tools (the named one only); the keys are the function's declared properties, in
  * their declared order, each required one present, each optional one at most once (a function
  * without properties takes none; additionalProperties is not read). A value is lexically of its
@@ -77,21 +80,33 @@ static void put_until(struct gbnf *g, const char *name, const char *lit)
     }
 }
 
-/* The literals of format f's calls (the file's head). */
+/* Format f's calls, as GBNF snippets (quoted literals) but for `tag`, the raw closing tag a
+ * string value may not hold (the file's head). */
 struct xml_shape {
-    const char *open;      /* after <tool_call>, before the name */
-    const char *name_end;  /* after the name */
+    const char *marker;     /* what opens a block of calls (the lazy grammar's trigger) */
+    const char *between;    /* before each further call (parallel calls) */
+    const char *end;        /* after the last call: the block's end, or "" */
+    const char *open;       /* before the name */
+    const char *name_end;   /* after the name */
     const char *key_open, *key_close; /* around a key */
-    const char *value_close;           /* after a value (its first tag what a string value may not hold) */
-    const char *close;     /* after the arguments: the call's end */
-    const char *before_call; /* what may come before the first <tool_call> (after the reasoning) */
-    int python;            /* Qwen: booleans and null also as Python writes them; no <think> */
+    const char *value_end;  /* after a value */
+    const char *tag;        /* the raw tag value_end holds */
+    const char *close;      /* after the arguments: the call's end */
+    const char *before;     /* what may come before the first marker (after the reasoning) */
+    int think;              /* the reasoning is the grammar's (GLM writes "\n<think>") */
+    int python;             /* booleans and null also as Python writes them (Qwen's `string`) */
 };
 
-static const struct xml_shape GLM = {"", "\"\\n\"", "\"<arg_key>\" ", " \"</arg_key>\\n<arg_value>\" ",
-                                     "</arg_value>", "\"</tool_call>\"", "\"\\n\"?", 0};
-static const struct xml_shape QWEN = {"\"\\n<function=\" ", "\">\\n\"", "\"<parameter=\" ", " \">\\n\" ",
-                                      "</parameter>", "\"</function>\\n</tool_call>\"", "\"\\n\"? \"\\n\"?", 1};
+static const struct xml_shape GLM = {
+    "\"<tool_call>\"", "\"\\n\"? \"<tool_call>\"", "", "", "\"\\n\"", "\"<arg_key>\" ", " \"</arg_key>\\n<arg_value>\" ",
+    "\"</arg_value>\\n\"", "</arg_value>", "\"</tool_call>\"", "\"\\n\"?", 1, 0};
+static const struct xml_shape QWEN = {
+    "\"<tool_call>\"", "\"\\n\"? \"<tool_call>\"", "", "\"\\n<function=\" ", "\">\\n\"", "\"<parameter=\" ", " \">\\n\" ",
+    "\"\\n</parameter>\\n\"", "</parameter>", "\"</function>\\n</tool_call>\"", "\"\\n\"? \"\\n\"?", 0, 1};
+/* MiniMax-M2: one block of <invoke>s, its values raw (strings) or JSON, as GLM's */
+static const struct xml_shape MINIMAX = {
+    "\"<minimax:tool_call>\"", "", " \"\\n\"? \"</minimax:tool_call>\"", "\"\\n\"? \"<invoke name=\\\"\" ", "\"\\\">\\n\"",
+    "\"<parameter name=\\\"\" ", " \"\\\">\" ", "\"</parameter>\\n\"", "</parameter>", "\"</invoke>\"", "\"\\n\"?", 0, 0};
 
 /* The value rule of a property's schema (a rule name of the shared ones, or an enum of strings
  * written in place). */
@@ -101,7 +116,7 @@ static void put_value(struct gbnf *g, const struct xml_shape *x, const cJSON *sc
     const cJSON *en = cJSON_GetObjectItemCaseSensitive(schema, "enum");
     int scalars = cJSON_IsArray(en) && cJSON_GetArraySize(en) > 0;
     for (const cJSON *v = scalars ? en->child : NULL; v; v = v->next)
-        scalars &= (cJSON_IsString(v) && !strstr(v->valuestring, x->value_close)) || cJSON_IsNumber(v) || cJSON_IsBool(v) ||
+        scalars &= (cJSON_IsString(v) && !strstr(v->valuestring, x->tag)) || cJSON_IsNumber(v) || cJSON_IsBool(v) ||
                    cJSON_IsNull(v);
     if (scalars) { /* each as the template writes it: a string as it is, the rest as JSON */
         put(g, "(");
@@ -144,10 +159,9 @@ static void put_call(struct gbnf *g, const struct xml_shape *x, const cJSON *fn,
         put_lit(g, p->string);
         put(g, x->key_close);
         put_value(g, x, p);
-        put(g, " \"");
-        if (x->python) put(g, "\\n"); /* (Qwen: the newline before the tag) */
-        put(g, x->value_close);
-        put(g, "\\n\")");
+        put(g, " ");
+        put(g, x->value_end);
+        put(g, ")");
         if (!is_required(required, p->string)) put(g, "?");
     }
     put(g, "\n"); /* (no declared keys: no arguments) */
@@ -155,17 +169,24 @@ static void put_call(struct gbnf *g, const struct xml_shape *x, const cJSON *fn,
 
 char *http_tools_glm_grammar(int f, const cJSON *tools, const char *only, int parallel, int lazy)
 {
-    const struct xml_shape *x = f == TOOL_FORMAT_QWEN_XML ? &QWEN : &GLM;
+    const struct xml_shape *x = f == TOOL_FORMAT_QWEN_XML ? &QWEN : f == TOOL_FORMAT_MINIMAX ? &MINIMAX : &GLM;
     struct gbnf g = {0};
     put(&g, "root ::= ");
     if (!lazy) {
-        put(&g, x->python ? "\"\\n\"? " : "\"\\n\"? (\"<think>\" think0 \"</think>\")? ");
-        put(&g, x->before_call);
-        put(&g, " \"<tool_call>\" ");
+        put(&g, x->think ? "\"\\n\"? (\"<think>\" think0 \"</think>\")? " : "\"\\n\"? ");
+        put(&g, x->before);
+        put(&g, " ");
+        put(&g, x->marker);
+        put(&g, " ");
     }
     put(&g, "body");
-    put(&g, parallel ? " (\"\\n\"? \"<tool_call>\" body)*\n" : "\n");
-    put(&g, "body ::= ");
+    if (parallel) {
+        put(&g, " (");
+        put(&g, x->between);
+        put(&g, " body)*");
+    }
+    put(&g, x->end);
+    put(&g, "\nbody ::= ");
     put(&g, x->open);
     put(&g, "(");
     int k = 0;
@@ -186,8 +207,8 @@ char *http_tools_glm_grammar(int f, const cJSON *tools, const char *only, int pa
         if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
         put_call(&g, x, fn, k++);
     }
-    put_until(&g, "value", x->value_close);
-    if (!lazy && !x->python) put_until(&g, "think", "</think>");
+    put_until(&g, "value", x->tag);
+    if (!lazy && x->think) put_until(&g, "think", "</think>");
     put(&g, "int ::= \"-\"? (\"0\" | [1-9] [0-9]*)\n"
             "num ::= int (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n");
     put(&g, x->python ? "bool ::= \"true\" | \"false\" | \"True\" | \"False\"\nnul ::= \"null\" | \"None\"\n"

@@ -28,6 +28,7 @@ enum tool_format tool_format_detect(const char *src)
     if (src && strstr(src, TOOL_KIMI_CALLS_BEGIN)) return TOOL_FORMAT_KIMI;
     if (!src || !strstr(src, "tools")) return TOOL_FORMAT_GENERIC;
     if (strstr(src, "<|START_ACTION|>")) return TOOL_FORMAT_COMMAND_R7B;
+    if (strstr(src, "<minimax:tool_call>") && strstr(src, "<invoke name=")) return TOOL_FORMAT_MINIMAX;
     if (strstr(src, "<arg_key>")) return TOOL_FORMAT_GLM; /* before Hermes: GLM's calls open with <tool_call> too */
     /* Qwen3-Coder, Qwen3.5 (llama.cpp's test: the tags, less a template without the newlines
      * between them) */
@@ -63,7 +64,7 @@ const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasonin
 const char *tool_format_name(enum tool_format f)
 {
     static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek", "granite", "kimi",
-                                         "command-r7b", "qwen3-coder"};
+                                         "command-r7b", "qwen3-coder", "minimax-m2"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "?";
 }
 
@@ -80,6 +81,7 @@ const char *tool_format_call_prefix(enum tool_format f)
     case TOOL_FORMAT_KIMI: return TOOL_KIMI_CALLS_BEGIN TOOL_KIMI_CALL_BEGIN;
     case TOOL_FORMAT_COMMAND_R7B: return TOOL_R7B_ACTION;
     case TOOL_FORMAT_QWEN_XML: return "<tool_call>\n";
+    case TOOL_FORMAT_MINIMAX: return TOOL_MINIMAX_CALLS "\n";
     default: return NULL;
     }
 }
@@ -97,6 +99,7 @@ const char *tool_format_call_marker(enum tool_format f)
     case TOOL_FORMAT_KIMI: return TOOL_KIMI_CALLS_BEGIN;
     case TOOL_FORMAT_COMMAND_R7B: return TOOL_R7B_ACTION;
     case TOOL_FORMAT_QWEN_XML: return "<tool_call>";
+    case TOOL_FORMAT_MINIMAX: return TOOL_MINIMAX_CALLS;
     default: return NULL;
     }
 }

@@ -84,11 +84,16 @@ enum tool_format {
     TOOL_FORMAT_COMMAND_R7B, /* <|START_ACTION|>[{tool_call_id, tool_name, parameters}, ...]<|END_ACTION|> */
     TOOL_FORMAT_QWEN_XML, /* Qwen3-Coder, Qwen3.5: <tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...
                              </function>\n</tool_call>; parsed (tool_glm.c) and constrained as GLM's */
+    TOOL_FORMAT_MINIMAX,  /* MiniMax-M2: <minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n...
+                             </invoke>\n...</minimax:tool_call>; parsed (tool_glm.c) and constrained as GLM's */
 };
 
-/* Whether f's calls are XML-like, their values written raw (GLM, QWEN_XML): parsed by tool_glm.c,
- * constrained by a GBNF grammar (http_tools_glm.c), never by a JSON Schema. */
-static inline int tool_format_is_xml(enum tool_format f) { return f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML; }
+/* Whether f's calls are XML-like, their values written raw (GLM, QWEN_XML, MINIMAX): parsed by
+ * tool_glm.c, constrained by a GBNF grammar (http_tools_glm.c), never by a JSON Schema. */
+static inline int tool_format_is_xml(enum tool_format f)
+{
+    return f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML || f == TOOL_FORMAT_MINIMAX;
+}
 
 /* Whether f's calls are one JSON list after the marker (MISTRAL, GRANITE, COMMAND_R7B). */
 static inline int tool_format_is_list(enum tool_format f)

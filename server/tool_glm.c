@@ -1,9 +1,11 @@
-/* server/tool_glm.c - the XML-like tool calls (tool_format.h tool_format_is_xml: GLM-4.5's and
- * Qwen3-Coder's), and DeepSeek's and Kimi-K2's call bodies (at the end). GLM: the body of one
- * `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n...</tool_call>`; Qwen3-Coder
- * (and Qwen3.5): `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...</function>\n</tool_call>`;
- * each turned into the call's name and its arguments as JSON. Both templates write a string value
- * as it is and any other value otherwise (GLM: as JSON; Qwen: a list or mapping as JSON, the rest
+/* server/tool_glm.c - the XML-like tool calls (tool_format.h tool_format_is_xml: GLM-4.5's,
+ * Qwen3-Coder's, MiniMax-M2's), and DeepSeek's and Kimi-K2's call bodies (at the end). GLM: the
+ * body of one `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n...</tool_call>`;
+ * Qwen3-Coder (and Qwen3.5): `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...</function>\n</tool_call>`;
+ * MiniMax-M2: each `<invoke name="NAME">\n<parameter name="K">V</parameter>\n...</invoke>` of a
+ * `<minimax:tool_call>` block; each turned into the call's name and its arguments as JSON. The
+ * templates write a string value as it is and any other value otherwise (GLM, MiniMax: as JSON;
+ * Qwen: a list or mapping as JSON, the rest
  * through Jinja's `string`, Python's True, False and None included). So a value is read by its
  * key's declared schema when the request's tools give one (tool_stream_arg_types: a string is the
  * raw text, a boolean true / false in any case, a null null or None); otherwise a value that is
@@ -235,6 +237,45 @@ int tool_qwen_xml_call(const char *s, size_t n, const char *types, size_t *name_
     while (p < e && tool_json_is_ws((unsigned char)*p)) p++;
     if (p != e) return 0;
     tool_json_buf_add(args, "}", 1);
+    return !args->oom;
+}
+
+/* The text of a quoted attribute `PREFIX"VALUE">` at *p: [*vs, *ve) the value (no '"', '<' or
+ * newline in it); advances past the '>'. */
+static int attr(const char **p, const char *e, const char *prefix, const char **vs, const char **ve)
+{
+    if (!eat(p, e, prefix)) return 0;
+    const char *q = memchr(*p, '"', (size_t)(e - *p));
+    if (!q || q == *p || q + 1 >= e || q[1] != '>') return 0;
+    for (const char *c = *p; c < q; c++)
+        if (*c == '<' || *c == '\n') return 0;
+    *vs = *p, *ve = q, *p = q + 2;
+    return 1;
+}
+
+int tool_minimax_invoke(const char *s, size_t n, const char *types, size_t *used, size_t *name_at, size_t *name_len,
+                        struct tool_json_buf *args)
+{
+    const char *e = s + n, *p = s, *ns, *ne;
+    while (p < e && tool_json_is_ws((unsigned char)*p)) p++;
+    if (!attr(&p, e, "<invoke name=\"", &ns, &ne)) return 0;
+    for (const char *c = ns; c < ne; c++)
+        if (tool_json_is_ws((unsigned char)*c)) return 0;
+    *name_at = (size_t)(ns - s), *name_len = (size_t)(ne - ns);
+    tool_json_buf_reset(args);
+    tool_json_buf_add(args, "{", 1);
+    for (;;) {
+        while (p < e && tool_json_is_ws((unsigned char)*p)) p++;
+        if (eat(&p, e, "</invoke>")) break;
+        const char *ks, *ke;
+        if (!attr(&p, e, "<parameter name=\"", &ks, &ke)) return 0;
+        const char *ve = find(p, e, "</parameter>");
+        if (!ve) return 0;
+        put_arg(args, types, ns, *name_len, ks, ke, p, ve);
+        p = ve + strlen("</parameter>");
+    }
+    tool_json_buf_add(args, "}", 1);
+    *used = (size_t)(p - s);
     return !args->oom;
 }
 

@@ -32,17 +32,20 @@ static const char *const BUILTIN_TOOLS[2] = {"brave_search", "wolfram_alpha"};
 
 static const char *open_marker(enum tool_format f)
 {
-    return f == TOOL_FORMAT_HERMES || tool_format_is_xml(f) ? "<tool_call>" : f == TOOL_FORMAT_MISTRAL ? "[TOOL_CALLS]"
+    return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML ? "<tool_call>"
+         : f == TOOL_FORMAT_MISTRAL ? "[TOOL_CALLS]"
          : f == TOOL_FORMAT_PHI4 || f == TOOL_FORMAT_GRANITE ? "<|tool_call|>" : f == TOOL_FORMAT_DEEPSEEK ? TOOL_DS_CALLS_BEGIN
          : f == TOOL_FORMAT_KIMI ? TOOL_KIMI_CALLS_BEGIN : f == TOOL_FORMAT_COMMAND_R7B ? TOOL_R7B_ACTION
+         : f == TOOL_FORMAT_MINIMAX ? TOOL_MINIMAX_CALLS
                                  : NULL;
 }
 
-/* What closes a call (HERMES, GLM, QWEN_XML, PHI4) or the list of calls (COMMAND_R7B). */
+/* What closes a call (HERMES, GLM, QWEN_XML, PHI4) or the list of calls (COMMAND_R7B, MINIMAX). */
 static const char *close_marker(enum tool_format f)
 {
-    return f == TOOL_FORMAT_HERMES || tool_format_is_xml(f) ? "</tool_call>" : f == TOOL_FORMAT_PHI4 ? "<|/tool_call|>"
+    return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML ? "</tool_call>" : f == TOOL_FORMAT_PHI4 ? "<|/tool_call|>"
          : f == TOOL_FORMAT_COMMAND_R7B                    ? TOOL_R7B_ACTION_END
+         : f == TOOL_FORMAT_MINIMAX                        ? TOOL_MINIMAX_CALLS_END
                                                            : NULL;
 }
 
@@ -242,9 +245,34 @@ static void body_open(struct tool_stream *ts)
     if (ts->final) call_bad(ts);
 }
 
+/* Keeps a call named s[name_at..) with the arguments in args (taken) unless max_calls are kept. */
+static void keep_xml_call(struct tool_stream *ts, const char *s, size_t name_at, size_t name_len, struct tool_json_buf *args)
+{
+    if (ts->max_calls <= 0 || ts->n_calls < ts->max_calls) {
+        struct tcall *t = tool_stream_new_call(ts, s + name_at, name_len);
+        if (t) t->own_args = args->p, t->own_len = args->n, *args = (struct tool_json_buf){0};
+        ts->kept_block++;
+    }
+}
+
+/* MiniMax-M2's block body s[0..n): one or more <invoke>s, whitespace around them; with keep, the
+ * calls are kept (a first pass checks them all). Returns 0 when the body is not that. */
+static int minimax_body(struct tool_stream *ts, const char *s, size_t n, int keep, struct tool_json_buf *args)
+{
+    int calls = 0;
+    for (size_t at = 0;;) {
+        while (at < n && tool_json_is_ws((unsigned char)s[at])) at++;
+        if (at == n) return calls > 0;
+        size_t used = 0, name_at = 0, name_len = 0;
+        if (!tool_minimax_invoke(s + at, n - at, ts->types, &used, &name_at, &name_len, args)) return 0;
+        if (keep) keep_xml_call(ts, s + at, name_at, name_len, args);
+        at += used, calls++;
+    }
+}
+
 /* B_GLM: a call's body up to </tool_call> (held until it is whole), then made a call by
- * tool_glm.c (GLM's or Qwen3-Coder's); a body that is not a call, or cut short, makes the block
- * text. */
+ * tool_glm.c (GLM's or Qwen3-Coder's; MiniMax-M2's block up to </minimax:tool_call>, its calls);
+ * a body that is not a call, or cut short, makes the block text. */
 static void read_glm(struct tool_stream *ts)
 {
     const char *close = close_marker(ts->f);
@@ -255,20 +283,23 @@ static void read_glm(struct tool_stream *ts)
     }
     size_t name_at = 0, name_len = 0;
     struct tool_json_buf args = {0};
+    const char *body = ts->text + b0;
     ts->steps += p - b0;
-    const int ok = ts->f == TOOL_FORMAT_QWEN_XML
-                       ? tool_qwen_xml_call(ts->text + b0, p - b0, ts->types, &name_at, &name_len, &args)
-                       : tool_glm_call(ts->text + b0, p - b0, ts->types, &name_at, &name_len, &args);
+    const int ok = ts->f == TOOL_FORMAT_MINIMAX  ? minimax_body(ts, body, p - b0, 0, &args)
+                 : ts->f == TOOL_FORMAT_QWEN_XML ? tool_qwen_xml_call(body, p - b0, ts->types, &name_at, &name_len, &args)
+                                                 : tool_glm_call(body, p - b0, ts->types, &name_at, &name_len, &args);
     if (!ok) {
         if (args.oom) ts->oom = 1;
         free(args.p);
         call_bad(ts);
         return;
     }
-    if (ts->max_calls <= 0 || ts->n_calls < ts->max_calls) {
-        struct tcall *t = tool_stream_new_call(ts, ts->text + b0 + name_at, name_len);
-        if (t) t->own_args = args.p, t->own_len = args.n, args.p = NULL;
-        ts->kept_block++;
+    if (ts->f == TOOL_FORMAT_MINIMAX) {
+        ts->steps += p - b0;
+        minimax_body(ts, body, p - b0, 1, &args);
+        if (args.oom) ts->oom = 1;
+    } else {
+        keep_xml_call(ts, body, name_at, name_len, &args);
     }
     free(args.p);
     text_from(ts, p + m);

@@ -119,6 +119,13 @@ int tool_deepseek_call(const char *s, size_t n, size_t *name_at, size_t *name_le
 #define TOOL_KIMI_CALL_END    "<|tool_call_end|>"
 #define TOOL_KIMI_ARGS        "<|tool_call_argument_begin|>"
 int tool_kimi_call(const char *s, size_t n, size_t *name_at, size_t *name_len, size_t *args_at, size_t *args_len);
+/* MiniMax-M2's block of calls, and one call of it `<invoke name="NAME">...</invoke>` at s[0..n)
+ * (whitespace before it skipped): 1 with its name and arguments (as tool_glm_call) and *used,
+ * the bytes up to the end of its </invoke>; 0 when s does not start with one (tool_glm.c). */
+#define TOOL_MINIMAX_CALLS     "<minimax:tool_call>"
+#define TOOL_MINIMAX_CALLS_END "</minimax:tool_call>"
+int tool_minimax_invoke(const char *s, size_t n, const char *types, size_t *used, size_t *name_at, size_t *name_len,
+                        struct tool_json_buf *args);
 /* Command R7B's markers: its list of calls, and the answer's (dropped from the content). */
 #define TOOL_R7B_ACTION     "<|START_ACTION|>"
 #define TOOL_R7B_ACTION_END "<|END_ACTION|>"

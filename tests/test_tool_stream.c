@@ -623,20 +623,40 @@ static int deepseek_schema(const char *tools_json, const char *only, int paralle
     return 0;
 }
 
+/* --detect FILE...: each chat template's tool format and reasoning markers, as the server reads
+ * them at start-up (tool_format_detect, tool_format_detect_reasoning). */
+static int detect_files(int n, char **paths)
+{
+    for (int i = 0; i < n; i++) {
+        FILE *f = fopen(paths[i], "rb");
+        CHECK(f, "cannot open %s", paths[i]);
+        static char buf[1 << 20];
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = 0;
+        const enum tool_reasoning r = tool_format_detect_reasoning(buf);
+        printf("%s\t%s\t%s\n", paths[i], tool_format_name(tool_format_detect(buf)), r ? tool_reasoning_open(r) : "-");
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 2 && !strcmp(argv[1], "--detect")) return detect_files(argc - 2, argv + 2);
     static const struct {
         const char *flag;
         enum tool_format f;
     } parsers[] = {{"--parse-glm", TOOL_FORMAT_GLM},         {"--parse-deepseek", TOOL_FORMAT_DEEPSEEK},
                    {"--parse-kimi", TOOL_FORMAT_KIMI},       {"--parse-command-r7b", TOOL_FORMAT_COMMAND_R7B},
-                   {"--parse-qwen-xml", TOOL_FORMAT_QWEN_XML}};
+                   {"--parse-qwen-xml", TOOL_FORMAT_QWEN_XML}, {"--parse-minimax", TOOL_FORMAT_MINIMAX}};
     for (size_t i = 0; argc > 2 && i < sizeof parsers / sizeof *parsers; i++)
         if (!strcmp(argv[1], parsers[i].flag)) return parse_file(parsers[i].f, argv[2], argc > 3 ? argv[3] : NULL);
     if (argc > 5 && !strcmp(argv[1], "--glm-grammar"))
         return glm_grammar(TOOL_FORMAT_GLM, argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
     if (argc > 5 && !strcmp(argv[1], "--qwen-xml-grammar"))
         return glm_grammar(TOOL_FORMAT_QWEN_XML, argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
+    if (argc > 5 && !strcmp(argv[1], "--minimax-grammar"))
+        return glm_grammar(TOOL_FORMAT_MINIMAX, argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
     if (argc > 6 && !strcmp(argv[1], "--deepseek-schema"))
         return deepseek_schema(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), argc > 8 ? atoi(argv[7]) : 0,
                                argc > 8 ? atoi(argv[8]) : 0);
@@ -685,6 +705,7 @@ int main(int argc, char **argv)
     check_kimi();
     check_command_r7b();
     check_qwen_xml();
+    check_minimax();
     printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);
     return 0;
 }

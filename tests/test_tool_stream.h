@@ -17,5 +17,6 @@ void check_deepseek(void);
 void check_kimi(void);
 void check_command_r7b(void);
 void check_qwen_xml(void);
+void check_minimax(void);
 
 #endif

@@ -217,3 +217,39 @@ void check_qwen_xml(void)
 #undef Q_ARG
 #undef Q_END
 }
+
+/* MiniMax-M2's block of <invoke>s (tool_glm.c tool_minimax_invoke): the shape its template writes
+ * (values raw: a string as it is, the rest as JSON), several calls in one block, malformed or
+ * cut-short blocks text; every prefix. */
+void check_minimax(void)
+{
+#define M_OPEN "<minimax:tool_call>\n"
+#define M_END "</minimax:tool_call>"
+    static const struct call_case cases[] = {
+        {"\n" M_OPEN "<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n</invoke>\n" M_END,
+         "get_weather", "{\"city\":\"Paris\"}", "", 1},
+        {"Checking.\n" M_OPEN "<invoke name=\"f\">\n<parameter name=\"n\">5</parameter>\n<parameter name=\"o\">{\"k\": [1, true]}"
+         "</parameter>\n</invoke>\n<invoke name=\"g\">\n</invoke>\n" M_END " done", "f", "{\"n\":5,\"o\":{\"k\": [1, true]}}",
+         "Checking. done", 2},
+        {M_OPEN "<invoke name=\"f\"><parameter name=\"s\">two\nlines </p></parameter></invoke>" M_END, "f",
+         "{\"s\":\"two\\u000alines </p>\"}", "", 1},
+        {M_OPEN "<invoke name=\"f\">\n<parameter name=\"x\">1\n</invoke>\n" M_END, NULL, NULL,
+         M_OPEN "<invoke name=\"f\">\n<parameter name=\"x\">1\n</invoke>\n" M_END, 0},
+        {M_OPEN "<invoke name=\"f\">\n</invoke>\njunk" M_END, NULL, NULL, M_OPEN "<invoke name=\"f\">\n</invoke>\njunk" M_END, 0},
+        {M_OPEN M_END, NULL, NULL, M_OPEN M_END, 0},
+        {M_OPEN "<invoke name=\"f\">\n<parameter name=\"x\">1</parameter>", NULL, NULL,
+         M_OPEN "<invoke name=\"f\">\n<parameter name=\"x\">1</parameter>", 0},
+        {M_OPEN "<invoke name=\"two words\">\n</invoke>\n" M_END, NULL, NULL, M_OPEN "<invoke name=\"two words\">\n</invoke>\n" M_END, 0},
+    };
+    check_call_cases(TOOL_FORMAT_MINIMAX, "minimax-m2", cases, sizeof cases / sizeof *cases);
+    struct tool_parsed p;
+    const char *two = cases[1].text;
+    CHECK(!tool_parse(TOOL_FORMAT_MINIMAX, 1, 0, 0, 1, two, strlen(two), 1, &p), "oom");
+    CHECK(p.n_calls == 1 && !strcmp(p.calls[0].name, "f"), "minimax max_calls 1: %d calls", p.n_calls);
+    tool_parsed_free(&p);
+    CHECK(tool_format_detect("{% if tools %}<minimax:tool_call><invoke name=\"x\">{% endif %}") == TOOL_FORMAT_MINIMAX,
+          "the MiniMax-M2 template's tags detected");
+    fprintf(stderr, "PASS minimax-m2: %zu replies, every prefix\n", sizeof cases / sizeof *cases);
+#undef M_OPEN
+#undef M_END
+}

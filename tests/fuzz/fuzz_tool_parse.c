@@ -9,7 +9,8 @@
  * that parser never read: content and calls of a prefix are prefixes of the whole's.
  * Input: byte 0 picks the format (bits 0-2: the first eight formats; 2, mistral, is granite,
  * 7, deepseek, kimi and 6, glm, command-r7b when the input's length is even: the same lists after
- * other markers; 6 is qwen3-coder when the length is 3 modulo 4; the XML-like formats read with
+ * other markers; 6 is qwen3-coder when the length is 3 modulo 4, minimax-m2 when it is 1 modulo
+ * 8; the XML-like formats read with
  * declared types for function f's keys s, b and z: a string, a boolean, a null),
  * tools (bit 3), reasoning
  * (bits 4 and 7: enum tool_reasoning, the markers), think_open (bit 5), one call at most (bit 6);
@@ -108,6 +109,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (f == TOOL_FORMAT_DEEPSEEK && size % 2 == 0) f = TOOL_FORMAT_KIMI;   /* (likewise: deepseek) */
     if (f == TOOL_FORMAT_GLM && size % 2 == 0) f = TOOL_FORMAT_COMMAND_R7B; /* (likewise: glm) */
     if (f == TOOL_FORMAT_GLM && size % 4 == 3) f = TOOL_FORMAT_QWEN_XML;
+    if (f == TOOL_FORMAT_GLM && size % 8 == 1) f = TOOL_FORMAT_MINIMAX;
     static const char declared[] = "\x1e" "f\x1fs\x1fs\x1e" "f\x1f" "b\x1f" "b\x1e" "f\x1fz\x1fz\x1e";
     const char *types = tool_format_is_xml(f) ? declared : NULL;
     int tools = data[0] >> 3 & 1, think_open = data[0] >> 5 & 1;

@@ -1,27 +1,31 @@
 #!/usr/bin/env python3
-"""Qwen3-Coder's XML-like tool calls (also Qwen3.5's: docs/tools.md, the qwen3-coder format):
-`<tool_call>\\n<function=NAME>\\n<parameter=K>\\nV\\n</parameter>\\n...</function>\\n</tool_call>`.
+"""The XML-like tool calls of Qwen3-Coder (also Qwen3.5's: docs/tools.md, the qwen3-coder format),
+`<tool_call>\\n<function=NAME>\\n<parameter=K>\\nV\\n</parameter>\\n...</function>\\n</tool_call>`, and of
+MiniMax-M2 (the minimax-m2 format), `<minimax:tool_call>\\n<invoke name="NAME">\\n<parameter
+name="K">V</parameter>\\n...</invoke>\\n...</minimax:tool_call>`.
 - Parsing, against the templates themselves: assistant turns with tool calls of every argument
   kind (tool_cases.CALLS: strings with quotes, newlines and non-ASCII, numbers, booleans, null,
-  nested objects and lists, parallel calls) rendered by Python jinja2 with Qwen3-Coder's and
-  Qwen3.5's published templates (tests/data/chat_templates); the reply part of each rendering,
-  parsed by shardlm's parser (test_tool_stream --parse-qwen-xml, with the tools' declared types)
+  nested objects and lists, parallel calls) rendered by Python jinja2 with Qwen3-Coder's,
+  Qwen3.5's and MiniMax-M2's published templates (tests/data/chat_templates); the reply part of
+  each rendering, parsed by shardlm's parser (test_tool_stream --parse-qwen-xml / --parse-minimax,
+  with the tools' declared types)
   gives back the same calls: names equal, arguments equal as JSON (Python's True and None, as the
   templates write them, read back as a boolean and a null by the declared types; a declared
   string that looks like a number stays a string).
-- The grammar (server/http_tools_glm.c, printed by test_tool_stream --qwen-xml-grammar, decided by
-  the grammar engine through test_grammar check): the templates' renderings complete, mutations
-  not.
+- The grammar (server/http_tools_glm.c, printed by test_tool_stream --qwen-xml-grammar /
+  --minimax-grammar, decided by the grammar engine through test_grammar check): the templates'
+  renderings complete, mutations not.
 - Served (SmolLM2-135M-Instruct's GGUF, whose vocabulary has ChatML's tokens, behind each
   template; the official `openai` package): the server reads both templates as the qwen3-coder
   format (Qwen3.5's with <think> reasoning); the prompt with tools and a history with a call and
   its result render as jinja2's (the same prompt length); tool_choice required, a named function
   and parallel calls: sampled replies are calls that parse, of the declared (named) function, with
   its declared keys and value types; a streamed reply's calls equal the unary one's; strict: true
-  refused by name.
+  refused by name. MiniMax-M2's template always opens <think> (SmolLM2 never closes it): served,
+  only its prompts are checked (with tools, and a history with calls and their results).
 SKIP (77) without the GGUF, openai or jinja2.
 
-  test_tools_qwen_xml.py --shardlm BUILD/cli/shardlm --tool-stream BUILD/tests/test_tool_stream
+  test_tools_xml.py --shardlm BUILD/cli/shardlm --tool-stream BUILD/tests/test_tool_stream
                          --test-grammar BUILD/tests/test_grammar --gguf .cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 """
 import argparse
@@ -52,31 +56,39 @@ from tool_cases import CALLS  # noqa: E402
 
 check = Checks()
 TEMPLATES = HERE.parent / "data" / "chat_templates"
-CODER, QWEN35 = TEMPLATES / "Qwen3-Coder.jinja", TEMPLATES / "Qwen3.5-4B.jinja"
+CODER, QWEN35, MINIMAX = (TEMPLATES / "Qwen3-Coder.jinja", TEMPLATES / "Qwen3.5-4B.jinja",
+                          TEMPLATES / "MiniMax-M2.jinja")
+# Per template: the parser's and the grammar's flags, its assistant turn's start and end, the marker
+# of a block of calls and its end.
+FORMATS = {CODER: ("qwen-xml", "<|im_start|>assistant\n", "<|im_end|>", "<tool_call>", "</tool_call>"),
+           QWEN35: ("qwen-xml", "<|im_start|>assistant\n", "<|im_end|>", "<tool_call>", "</tool_call>"),
+           MINIMAX: ("minimax", "]~b]ai\n", "[e~[", "<minimax:tool_call>", "</minimax:tool_call>")}
 
 
 def rendered_reply(template, calls):
-    """The assistant turn the template (jinja2) writes for calls, after <|im_start|>assistant and
-    any <think> block, up to <|im_end|>."""
+    """The assistant turn the template (jinja2) writes for calls, after its start and any <think>
+    block, up to its end."""
+    _, start, end, _, _ = FORMATS[template]
     msgs = [{"role": "user", "content": "go"},
             {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": c} for c in calls]}]
     text = test_jinja.make_env().from_string(template.read_text()).render(messages=msgs, tools=DECLARED,
                                                                           add_generation_prompt=False)
-    reply = text[text.rindex("<|im_start|>assistant\n") + len("<|im_start|>assistant\n"):]
-    reply = reply[:reply.rindex("<|im_end|>")]
+    reply = text[text.rindex(start) + len(start):]
+    reply = reply[:reply.rindex(end)]
     return reply.split("</think>", 1)[1] if "</think>" in reply else reply
 
 
 def round_trip(template, tool_stream, work):
     b42 = [{"name": "b", "arguments": {"y": "42"}}]
     replies = [rendered_reply(template, calls) for calls in CALLS + [b42]]
-    rc, got = TC.parse_back(tool_stream, "--parse-qwen-xml", work / "qwen_replies.txt", replies, DECLARED)
+    flag = "--parse-" + FORMATS[template][0]
+    rc, got = TC.parse_back(tool_stream, flag, work / "xml_replies.txt", replies, DECLARED)
     check(rc == 0 and len(got) == len(replies), f"{template.name}: the parser runs on {len(replies)} rendered replies")
     for calls, back in zip(CALLS + [b42], got):
         check(TC.same_calls(calls, back), f"{template.name}: rendered and parsed back (declared types): "
               f"{json.dumps(calls)[:90]} -> {back}")
     # Without the declared types a value that is whole JSON is that JSON (llama.cpp's rule).
-    rc, untyped = TC.parse_back(tool_stream, "--parse-qwen-xml", work / "qwen_replies.txt", replies[-1:])
+    rc, untyped = TC.parse_back(tool_stream, flag, work / "xml_replies.txt", replies[-1:])
     check(rc == 0 and untyped and untyped[0] and json.loads(untyped[0][0][1]) == {"y": 42},
           f"{template.name}: without the declared types, \"42\" reads as a number: {untyped}")
 
@@ -85,32 +97,36 @@ def grammar_oracle(template, tool_stream, test_grammar, work):
     """The grammar against the template's renderings: complete under the required grammar (and
     what follows the first <tool_call> under the lazy one); mutations not."""
     def grammar(only, parallel, lazy):
-        out = TC.subprocess.run([tool_stream, "--qwen-xml-grammar", json.dumps(DECLARED), only, str(parallel), str(lazy)],
-                                capture_output=True, text=True, timeout=60)
-        path = work / f"qwen-{only}-{parallel}-{lazy}.gbnf"
+        out = TC.subprocess.run([tool_stream, f"--{FORMATS[template][0]}-grammar", json.dumps(DECLARED), only,
+                                 str(parallel), str(lazy)], capture_output=True, text=True, timeout=60)
+        path = work / f"xml-{only}-{parallel}-{lazy}.gbnf"
         path.write_text(out.stdout)
         return path
 
     def decide(path, texts):
         return TC.decide(test_grammar, "ebnf", path, texts)
 
+    _, _, _, marker, block_end = FORMATS[template]
     replies = [rendered_reply(template, calls) for calls in CALLS]
     replies.append(rendered_reply(template, [{"name": "b", "arguments": {"y": "<p>a</p>\nline </paramete <<"}}]))
     got = decide(grammar("", 1, 0), replies)
     check(got == ["complete"] * len(replies), f"{template.name}: the grammar (required, parallel) completes the "
           f"template's {len(replies)} renderings: {got}")
-    got = decide(grammar("", 1, 1), [r[r.index("<tool_call>") + len("<tool_call>"):] for r in replies])
+    got = decide(grammar("", 1, 1), [r[r.index(marker) + len(marker):] for r in replies])
     check(got == ["complete"] * len(replies), f"{template.name}: the lazy grammar completes what follows each "
-          f"rendering's first <tool_call>: {got}")
+          f"rendering's first {marker}: {got}")
     one = replies[0]
-    bad = {"an undeclared key": one.replace("<parameter=unit>", "<parameter=units>"),
-           "an undeclared function": one.replace("get_weather", "get_wether"),
-           "an enum value not in it": one.replace("celsius", "kelvin"),
+
+    def weather(args, name="get_weather"):
+        return rendered_reply(template, [{"name": name, "arguments": args}])
+    bad = {"an undeclared key": weather({"city": "Paris", "units": "celsius"}),
+           "an undeclared function": weather({"city": "Paris"}, "get_wether"),
+           "an enum value not in it": weather({"city": "Paris", "unit": "kelvin"}),
            "a required key missing": rendered_reply(template, [{"name": "get_weather", "arguments": {"unit": "celsius"}}]),
            "an integer that is not one": rendered_reply(template, [{"name": "search", "arguments": {"query": "q", "limit": "5x"}}]),
            "a boolean that is not one": rendered_reply(template, [{"name": "search", "arguments": {"query": "q", "exact": "yes"}}]),
            "arguments for a function without any": rendered_reply(template, [{"name": "c", "arguments": {"x": 1}}]),
-           "a call not closed": one[:one.rindex("</tool_call>")]}
+           "a call not closed": one[:one.rindex(block_end)]}
     got = decide(grammar("", 1, 0), list(bad.values()))
     check(all(g != "complete" for g in got), f"{template.name}: mutated renderings are not complete: {dict(zip(bad, got))}")
     got = decide(grammar("", 0, 0), [replies[0], replies[3]]) + decide(grammar("b", 1, 0), [replies[0], replies[3]])
@@ -180,6 +196,24 @@ def served(oa, mid, template, label, thinking):
         check("strict" in str(e) and "Qwen3-Coder" in str(e), f"{label}: strict: true is a 400: {str(e)[:100]}")
 
 
+def minimax_prompts(oa, mid):
+    """MiniMax-M2's prompts: with tools, and a history with two calls and their results, as jinja2
+    renders them (the same length through /v1/completions of jinja2's text); the reply opens
+    inside <think> (the template writes it)."""
+    call = [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": json.dumps({"a": 1, "b": "half"})}},
+            {"id": "call_2", "type": "function", "function": {"name": "ping", "arguments": "{}"}}]
+    history = ASK + [{"role": "assistant", "content": "", "tool_calls": call},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "21"},
+                     {"role": "tool", "tool_call_id": "call_2", "content": "pong"}]
+    for what, msgs in (("the prompt with tools", ASK), ("a history with two calls and their results", history)):
+        r = oa.chat.completions.create(model=mid, messages=msgs, tools=TYPED, max_tokens=4, temperature=0)
+        comp = oa.completions.create(model=mid, prompt=py_prompt(MINIMAX, msgs, TYPED), max_tokens=1, temperature=0)
+        check(r.usage.prompt_tokens == comp.usage.prompt_tokens and r.choices[0].message.content in (None, "")
+              and (r.choices[0].message.model_extra or {}).get("reasoning_content"),
+              f"MiniMax-M2: {what} renders as jinja2's ({r.usage.prompt_tokens} vs {comp.usage.prompt_tokens}), "
+              f"the reply is reasoning")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -187,9 +221,9 @@ def main():
     ap.add_argument("--test-grammar", required=True)
     ap.add_argument("--gguf", required=True)
     a = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="shardlm-qwen-xml-"))
+    work = Path(tempfile.mkdtemp(prefix="shardlm-xml-tools-"))
     try:
-        for template in (CODER, QWEN35):
+        for template in (CODER, QWEN35, MINIMAX):
             round_trip(template, a.tool_stream, work)
             grammar_oracle(template, a.tool_stream, a.test_grammar, work)
         if not os.path.exists(a.gguf):
@@ -204,6 +238,12 @@ def main():
                       f"{label}: read as the qwen3-coder format" + (" with <think> reasoning" if thinking else ""))
                 oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
                 served(oa, mid, template, label, thinking)
+        with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(MINIMAX), "--no-prefix-caching",
+                       name="tools-minimax", http=True) as srv:
+            log = srv.log_path.read_text()
+            check("tool calls in the minimax-m2 format" in log and "reasoning split from <think>" in log,
+                  "MiniMax-M2: read as the minimax-m2 format with <think> reasoning")
+            minimax_prompts(openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300), mid)
     except Exception as e:  # noqa: BLE001 - reported with the server logs
         check(False, f"{e}")
         for log in sorted(TS.LOG_DIR.glob("*.log")):
