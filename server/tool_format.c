@@ -29,6 +29,7 @@ enum tool_format tool_format_detect(const char *src)
     if (!src || !strstr(src, "tools")) return TOOL_FORMAT_GENERIC;
     if (strstr(src, "<|START_ACTION|>")) return TOOL_FORMAT_COMMAND_R7B;
     if (strstr(src, "<minimax:tool_call>") && strstr(src, "<invoke name=")) return TOOL_FORMAT_MINIMAX;
+    if (strstr(src, "<TOOLCALL>") && strstr(src, "</TOOLCALL>")) return TOOL_FORMAT_NEMOTRON;
     if (strstr(src, "<arg_key>")) return TOOL_FORMAT_GLM; /* before Hermes: GLM's calls open with <tool_call> too */
     /* Qwen3-Coder, Qwen3.5 (llama.cpp's test: the tags, less a template without the newlines
      * between them) */
@@ -64,7 +65,7 @@ const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasonin
 const char *tool_format_name(enum tool_format f)
 {
     static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek", "granite", "kimi",
-                                         "command-r7b", "qwen3-coder", "minimax-m2"};
+                                         "command-r7b", "qwen3-coder", "minimax-m2", "nemotron"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "?";
 }
 
@@ -82,6 +83,7 @@ const char *tool_format_call_prefix(enum tool_format f)
     case TOOL_FORMAT_COMMAND_R7B: return TOOL_R7B_ACTION;
     case TOOL_FORMAT_QWEN_XML: return "<tool_call>\n";
     case TOOL_FORMAT_MINIMAX: return TOOL_MINIMAX_CALLS "\n";
+    case TOOL_FORMAT_NEMOTRON: return "<TOOLCALL>";
     default: return NULL;
     }
 }
@@ -100,6 +102,7 @@ const char *tool_format_call_marker(enum tool_format f)
     case TOOL_FORMAT_COMMAND_R7B: return TOOL_R7B_ACTION;
     case TOOL_FORMAT_QWEN_XML: return "<tool_call>";
     case TOOL_FORMAT_MINIMAX: return TOOL_MINIMAX_CALLS;
+    case TOOL_FORMAT_NEMOTRON: return "<TOOLCALL>";
     default: return NULL;
     }
 }

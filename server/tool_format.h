@@ -86,6 +86,7 @@ enum tool_format {
                              </function>\n</tool_call>; parsed (tool_glm.c) and constrained as GLM's */
     TOOL_FORMAT_MINIMAX,  /* MiniMax-M2: <minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n...
                              </invoke>\n...</minimax:tool_call>; parsed (tool_glm.c) and constrained as GLM's */
+    TOOL_FORMAT_NEMOTRON, /* Nemotron Nano v2: <TOOLCALL>[{"name", "arguments"}, ...]</TOOLCALL>: MISTRAL's list */
 };
 
 /* Whether f's calls are XML-like, their values written raw (GLM, QWEN_XML, MINIMAX): parsed by
@@ -95,10 +96,10 @@ static inline int tool_format_is_xml(enum tool_format f)
     return f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML || f == TOOL_FORMAT_MINIMAX;
 }
 
-/* Whether f's calls are one JSON list after the marker (MISTRAL, GRANITE, COMMAND_R7B). */
+/* Whether f's calls are one JSON list after the marker (MISTRAL, GRANITE, COMMAND_R7B, NEMOTRON). */
 static inline int tool_format_is_list(enum tool_format f)
 {
-    return f == TOOL_FORMAT_MISTRAL || f == TOOL_FORMAT_GRANITE || f == TOOL_FORMAT_COMMAND_R7B;
+    return f == TOOL_FORMAT_MISTRAL || f == TOOL_FORMAT_GRANITE || f == TOOL_FORMAT_COMMAND_R7B || f == TOOL_FORMAT_NEMOTRON;
 }
 /* The format a template's source (NUL-terminated) asks for; GENERIC when it has no tools. */
 enum tool_format tool_format_detect(const char *template_src);

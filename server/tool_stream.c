@@ -36,16 +36,18 @@ static const char *open_marker(enum tool_format f)
          : f == TOOL_FORMAT_MISTRAL ? "[TOOL_CALLS]"
          : f == TOOL_FORMAT_PHI4 || f == TOOL_FORMAT_GRANITE ? "<|tool_call|>" : f == TOOL_FORMAT_DEEPSEEK ? TOOL_DS_CALLS_BEGIN
          : f == TOOL_FORMAT_KIMI ? TOOL_KIMI_CALLS_BEGIN : f == TOOL_FORMAT_COMMAND_R7B ? TOOL_R7B_ACTION
-         : f == TOOL_FORMAT_MINIMAX ? TOOL_MINIMAX_CALLS
+         : f == TOOL_FORMAT_MINIMAX ? TOOL_MINIMAX_CALLS : f == TOOL_FORMAT_NEMOTRON ? "<TOOLCALL>"
                                  : NULL;
 }
 
-/* What closes a call (HERMES, GLM, QWEN_XML, PHI4) or the list of calls (COMMAND_R7B, MINIMAX). */
+/* What closes a call (HERMES, GLM, QWEN_XML, PHI4) or the list of calls (COMMAND_R7B, MINIMAX,
+ * NEMOTRON). */
 static const char *close_marker(enum tool_format f)
 {
     return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML ? "</tool_call>" : f == TOOL_FORMAT_PHI4 ? "<|/tool_call|>"
          : f == TOOL_FORMAT_COMMAND_R7B                    ? TOOL_R7B_ACTION_END
          : f == TOOL_FORMAT_MINIMAX                        ? TOOL_MINIMAX_CALLS_END
+         : f == TOOL_FORMAT_NEMOTRON                       ? "</TOOLCALL>"
                                                            : NULL;
 }
 

@@ -706,6 +706,7 @@ int main(int argc, char **argv)
     check_command_r7b();
     check_qwen_xml();
     check_minimax();
+    check_nemotron();
     printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);
     return 0;
 }

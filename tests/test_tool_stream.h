@@ -18,5 +18,6 @@ void check_kimi(void);
 void check_command_r7b(void);
 void check_qwen_xml(void);
 void check_minimax(void);
+void check_nemotron(void);
 
 #endif

@@ -253,3 +253,24 @@ void check_minimax(void)
 #undef M_OPEN
 #undef M_END
 }
+
+/* Nemotron Nano v2's list (`<TOOLCALL>[{"name", "arguments"}, ...]</TOOLCALL>`, MISTRAL's list
+ * between its markers): calls, text around them, malformed lists text; every prefix. */
+void check_nemotron(void)
+{
+    static const struct call_case cases[] = {
+        {"<TOOLCALL>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]</TOOLCALL>", "get_weather",
+         "{\"city\": \"Paris\"}", "", 1},
+        {"Let me check.\n<TOOLCALL>[{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\", \"arguments\": {\"n\": [1]}}]</TOOLCALL>",
+         "a", "{}", "Let me check.", 2},
+        {"<TOOLCALL>[{\"name\": \"f\", \"arguments\": {\"x\": 1}}]", "f", "{\"x\": 1}", "", 1},
+        {"<TOOLCALL>[{\"name\": \"f\", \"arguments\": {\"x\": 1}}]</TOOLCALL> after", "f", "{\"x\": 1}", "after", 1},
+        {"<TOOLCALL>[{\"arguments\": {}}]</TOOLCALL>", NULL, NULL, "<TOOLCALL>[{\"arguments\": {}}]</TOOLCALL>", 0},
+        {"<TOOLCALL>junk</TOOLCALL>", NULL, NULL, "<TOOLCALL>junk</TOOLCALL>", 0},
+        {"no call <TOOLCAL", NULL, NULL, "no call <TOOLCAL", 0},
+    };
+    check_call_cases(TOOL_FORMAT_NEMOTRON, "nemotron", cases, sizeof cases / sizeof *cases);
+    CHECK(tool_format_detect("{% if tools %}<TOOLCALL>[...]</TOOLCALL>{% endif %}") == TOOL_FORMAT_NEMOTRON,
+          "the Nemotron Nano v2 template's markers detected");
+    fprintf(stderr, "PASS nemotron: %zu replies, every prefix\n", sizeof cases / sizeof *cases);
+}

@@ -7,7 +7,8 @@
  * server/tool_stream.c) equals the whole-text parser it replaced (tool_parse_ref.c); harmony
  * (server/tool_harmony.c), GLM, Qwen3-Coder and DeepSeek (server/tool_glm.c) and Command R7B, which
  * that parser never read: content and calls of a prefix are prefixes of the whole's.
- * Input: byte 0 picks the format (bits 0-2: the first eight formats; 2, mistral, is granite,
+ * Input: byte 0 picks the format (bits 0-2: the first eight formats; 2, mistral, is granite
+ * (nemotron when the length is 1 modulo 4),
  * 7, deepseek, kimi and 6, glm, command-r7b when the input's length is even: the same lists after
  * other markers; 6 is qwen3-coder when the length is 3 modulo 4, minimax-m2 when it is 1 modulo
  * 8; the XML-like formats read with
@@ -106,6 +107,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1 || size > 4096) return 0;
     enum tool_format f = (enum tool_format)(data[0] & 7); /* (5: harmony, 6: glm, 7: deepseek) */
     if (f == TOOL_FORMAT_MISTRAL && size % 2 == 0) f = TOOL_FORMAT_GRANITE; /* (a reply of odd length: mistral) */
+    if (f == TOOL_FORMAT_MISTRAL && size % 4 == 1) f = TOOL_FORMAT_NEMOTRON;
     if (f == TOOL_FORMAT_DEEPSEEK && size % 2 == 0) f = TOOL_FORMAT_KIMI;   /* (likewise: deepseek) */
     if (f == TOOL_FORMAT_GLM && size % 2 == 0) f = TOOL_FORMAT_COMMAND_R7B; /* (likewise: glm) */
     if (f == TOOL_FORMAT_GLM && size % 4 == 3) f = TOOL_FORMAT_QWEN_XML;
@@ -124,7 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_parsed(&whole);
     /* (harmony and glm: no earlier parser; their prefix property instead) */
     const int ref = f != TOOL_FORMAT_HARMONY && !tool_format_is_xml(f) && f != TOOL_FORMAT_DEEPSEEK && f != TOOL_FORMAT_KIMI &&
-                    f != TOOL_FORMAT_COMMAND_R7B;
+                    f != TOOL_FORMAT_COMMAND_R7B && f != TOOL_FORMAT_NEMOTRON;
     if (ref) check_ref(&whole, f, tools, reasoning, think_open, max_calls, text, n, 1);
     size_t cuts[CUTS_ALL + 1 > CUTS_MAX ? CUTS_ALL + 1 : CUTS_MAX];
     const int n_cuts = pick_cuts(text, n, cuts);

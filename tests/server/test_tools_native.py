@@ -17,7 +17,9 @@ openai package.
   the tool-result loop renders (Mistral's template needs 9-character ids; Llama 3.1's prompts, with
   tools and with a call and its result, equal jinja2's; Granite's template never writes tool_calls:
   the history's call goes into the content as the model writes it, the prompt equal to jinja2's
-  rendering of that; parallel calls in one list validate) and Command R7B (<|START_ACTION|> and a
+  rendering of that; parallel calls in one list validate), Nemotron Nano v2 (<TOOLCALL>[...]</TOOLCALL>:
+  required, streamed, parallel, the history with a call and its result as jinja2's) and Command R7B
+  (<|START_ACTION|> and a
   list of tool_call_id / tool_name / parameters: required, named, parallel and streamed calls, the
   history with a call and its result as jinja2 renders it).
 - Qwen 3 (reasoning): a reply forced by a regex to hold <think>...</think> is split into
@@ -341,6 +343,34 @@ def qwen3_required(mid, oa, tmpl):
           f"qwen3 required, enable_thinking false: a call at once ({r.choices[0].finish_reason}, {m.tool_calls})")
 
 
+def nemotron(mid, oa, tmpl):
+    """Nemotron Nano v2 (<TOOLCALL>[...]</TOOLCALL>, Mistral's list between its markers): its
+    template reads /no_think from the system message (the prompt then closes an empty <think>). A
+    required call validates, the streamed call equals it, parallel calls (n 3 sampled) validate,
+    and the history with the call and its result renders as jinja2's."""
+    msgs = [{"role": "system", "content": "/no_think"}] + ASK
+    kw = dict(model=mid, messages=msgs, tools=TOOLS, max_tokens=80, temperature=0)
+    r = oa.chat.completions.create(tool_choice="required", parallel_tool_calls=False, **kw)
+    m = r.choices[0].message
+    check(r.choices[0].finish_reason == "tool_calls" and calls_valid(m.tool_calls),
+          f"nemotron: required -> {[(c.function.name, c.function.arguments) for c in m.tool_calls or []]}")
+    got, finish, _, _, _ = stream_calls(oa.chat.completions.create(stream=True, tool_choice="required",
+                                                                   parallel_tool_calls=False, **kw))
+    want = [(c.function.name, c.function.arguments) for c in m.tool_calls or []]
+    check(want and got == want and finish == "tool_calls", f"nemotron: the streamed call equals the unary one ({got})")
+    rp = oa.chat.completions.create(**dict(kw, tool_choice="required", n=3, temperature=1.0, seed=3, max_tokens=160))
+    check(all(c.finish_reason in ("tool_calls", "length") for c in rp.choices) and
+          all(calls_valid(c.message.tool_calls) for c in rp.choices if c.finish_reason == "tool_calls"),
+          f"nemotron: parallel calls (a list), n 3: {[len(c.message.tool_calls or []) for c in rp.choices]}")
+    if m.tool_calls:
+        history = msgs + [m.model_dump(exclude_none=True)] + [
+            {"role": "tool", "tool_call_id": c.id, "content": "{\"temperature\": 21}"} for c in m.tool_calls]
+        r = oa.chat.completions.create(**dict(kw, messages=history, max_tokens=1))
+        comp = oa.completions.create(model=mid, prompt=py_prompt(tmpl, history, TOOLS), max_tokens=1, temperature=0)
+        check(r.usage.prompt_tokens == comp.usage.prompt_tokens, f"nemotron: the history with a call and its result "
+              f"renders as jinja2's ({r.usage.prompt_tokens} vs {comp.usage.prompt_tokens})")
+
+
 def grpc_qwen3(srv, mid, oa):
     """Reasoning over gRPC: the regex-forced <think> reply splits as HTTP's does, unary and
     streamed; chat_template_kwargs reaches the template (the same prompt length as HTTP's)."""
@@ -377,6 +407,7 @@ def main():
             ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3"),
             ("ibm-granite-granite-3.3-2B-Instruct.jinja", "granite"),
             ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b"),
+            ("NVIDIA-Nemotron-Nano-v2.jinja", "nemotron"),
             ("qwen3-final-assistant.jinja", "qwen3")]
     try:
         for file, label in runs:
@@ -392,6 +423,9 @@ def main():
                 if label == "hermes":
                     qwen25(a, mid, oa, tmpl)
                     grpc_hermes(srv, mid, oa)
+                elif label == "nemotron":
+                    check("reasoning split from <think>" in log, "nemotron: reasoning detected")
+                    nemotron(mid, oa, tmpl)
                 elif label == "qwen3":
                     check("reasoning split from <think>" in log, "qwen3: reasoning detected")
                     qwen3(mid, oa, tmpl)
