@@ -48,6 +48,7 @@ except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
     sys.exit(SKIP)
 import test_server as TS  # noqa: E402
+import tools_grpc as TG  # noqa: E402
 import tool_cases as TC  # noqa: E402
 from checks import Checks  # noqa: E402
 from test_tools_glm import DECLARED, TYPED, conforms  # noqa: E402
@@ -137,7 +138,7 @@ def grammar_oracle(template, tool_stream, test_grammar, work):
 ASK = [{"role": "user", "content": "Add one and twenty, please."}]
 
 
-def served(oa, mid, template, label, thinking):
+def served(srv, oa, mid, template, label, thinking):
     kw = {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}} if thinking else {}
 
     def ask(**k):
@@ -188,6 +189,22 @@ def served(oa, mid, template, label, thinking):
               f"renders as jinja2's ({r.usage.prompt_tokens} vs {comp.usage.prompt_tokens})")
     else:
         check(False, f"{label}: a greedy required call to build the history from")
+    # A declared string that looks like a number (an enum of strings: the grammar writes one as
+    # it is) comes back as a string, over HTTP and over gRPC Chat alike.
+    codes = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"code": {"enum": ["42", "7"]}, "n": {"type": "integer", "enum": [3]}},
+        "required": ["code", "n"]}}}]
+    kc = dict(dict(kw, max_tokens=60, temperature=0, tool_choice="required", parallel_tool_calls=False))
+    h = oa.chat.completions.create(model=mid, messages=ASK, tools=codes, **kc)
+    hc = h.choices[0].message.tool_calls or []
+    check(len(hc) == 1 and json.loads(hc[0].function.arguments) in ({"code": "42", "n": 3}, {"code": "7", "n": 3}),
+          f"{label}: a declared string enum value comes back a string, an integer an integer: "
+          f"{[t.function.arguments for t in hc]}")
+    with srv.client() as c:
+        g = c.chat(ASK, tools=codes, **{k: v for k, v in kc.items() if k != "extra_body"},
+                   **({"chat_template_kwargs": {"enable_thinking": False}} if thinking else {}))
+        want = TG.http_parts(h.choices[0].message, h.choices[0].finish_reason)
+        check(TG.grpc_parts(g) == want, f"{label}: gRPC Chat's call equals HTTP's ({TG.grpc_parts(g)} vs {want})")
     strict = [{"type": "function", "function": dict(TYPED[0]["function"], strict=True)}]
     try:
         oa.chat.completions.create(model=mid, messages=ASK, tools=strict, max_tokens=4)
@@ -237,7 +254,7 @@ def main():
                 check("tool calls in the qwen3-coder format" in log and (not thinking or "reasoning split from <think>" in log),
                       f"{label}: read as the qwen3-coder format" + (" with <think> reasoning" if thinking else ""))
                 oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
-                served(oa, mid, template, label, thinking)
+                served(srv, oa, mid, template, label, thinking)
         with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(MINIMAX), "--no-prefix-caching",
                        name="tools-minimax", http=True) as srv:
             log = srv.log_path.read_text()
