@@ -396,8 +396,9 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.strict': true needs calls constrained to "
                                  "the whole schema; this model's tool format (%s) is constrained to the declared "
                                  "names, keys and value types only", i,
-                                 caps->tool_format == TOOL_FORMAT_GLM ? "GLM-4.5's <arg_key> / <arg_value> pairs"
-                                                                      : "Qwen3-Coder's <function=...> / <parameter=...> tags");
+                                 caps->tool_format == TOOL_FORMAT_GLM        ? "GLM-4.5's <arg_key> / <arg_value> pairs"
+                                 : caps->tool_format == TOOL_FORMAT_QWEN_XML ? "Qwen3-Coder's <function=...> / <parameter=...> tags"
+                                                                             : "MiniMax-M2's <invoke> / <parameter> tags");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
         if (!cJSON_IsString(name) || !valid_name(name->valuestring))

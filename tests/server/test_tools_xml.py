@@ -260,7 +260,14 @@ def main():
             log = srv.log_path.read_text()
             check("tool calls in the minimax-m2 format" in log and "reasoning split from <think>" in log,
                   "MiniMax-M2: read as the minimax-m2 format with <think> reasoning")
-            minimax_prompts(openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300), mid)
+            oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
+            minimax_prompts(oa, mid)
+            strict = [{"type": "function", "function": dict(TYPED[0]["function"], strict=True)}]
+            try:
+                oa.chat.completions.create(model=mid, messages=ASK, tools=strict, max_tokens=4)
+                check(False, "MiniMax-M2: strict: true is refused")
+            except openai.BadRequestError as e:
+                check("strict" in str(e) and "MiniMax-M2's" in str(e), f"MiniMax-M2: strict: true is a 400: {str(e)[:100]}")
     except Exception as e:  # noqa: BLE001 - reported with the server logs
         check(False, f"{e}")
         for log in sorted(TS.LOG_DIR.glob("*.log")):
