@@ -6,7 +6,9 @@
  * a prefix is a prefix of the reasoning of the whole, and every parse (the incremental parser,
  * server/tool_stream.c) equals the whole-text parser it replaced (tool_parse_ref.c); harmony
  * (server/tool_harmony.c), GLM, Qwen3-Coder and DeepSeek (server/tool_glm.c) and Command R7B, which
- * that parser never read: content and calls of a prefix are prefixes of the whole's.
+ * that parser never read: content and calls of a prefix are prefixes of the whole's (but for the
+ * list formats, Command R7B and Nemotron, whose partial calls may go, as Mistral's under the
+ * reference).
  * Input: byte 0 picks the format (bits 0-2: the first eight formats; 2, mistral, is granite
  * (nemotron when the length is 1 modulo 4),
  * 7, deepseek, kimi and 6, glm, command-r7b when the input's length is even: the same lists after
@@ -136,7 +138,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(tool_parse_typed(f, tools, reasoning, think_open, max_calls, types, text, cut, 0, &part) == 0, "out of memory");
         check_parsed(&part);
         if (ref) check_ref(&part, f, tools, reasoning, think_open, max_calls, text, cut, 0);
-        else harmony_prefix(&part, &whole);
+        /* (a list format's call shows while its JSON comes, and goes when the JSON turns out
+         * malformed, as Mistral's does under the reference: no prefix property for those) */
+        else if (!tool_format_is_list(f)) harmony_prefix(&part, &whole);
         CHECK(part.reasoning_len <= whole.reasoning_len && !memcmp(part.reasoning, whole.reasoning, part.reasoning_len),
               "the reasoning of a prefix is not a prefix of the whole reply's");
         tool_parsed_free(&part);
