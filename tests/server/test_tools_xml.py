@@ -205,6 +205,13 @@ def served(srv, oa, mid, template, label, thinking):
                    **({"chat_template_kwargs": {"enable_thinking": False}} if thinking else {}))
         want = TG.http_parts(h.choices[0].message, h.choices[0].finish_reason)
         check(TG.grpc_parts(g) == want, f"{label}: gRPC Chat's call equals HTTP's ({TG.grpc_parts(g)} vs {want})")
+    # A key the format cannot write back (Qwen's tag ends at '>') is refused by name.
+    try:
+        oa.chat.completions.create(model=mid, messages=ASK, max_tokens=4, tools=[{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object", "properties": {"a>b": {"type": "string"}}}}}])
+        check(False, f"{label}: a key holding '>' is refused")
+    except openai.BadRequestError as e:
+        check("a>b" in str(e) and "qwen3-coder" in str(e), f"{label}: a key holding '>' is a 400: {str(e)[:140]}")
     strict = [{"type": "function", "function": dict(TYPED[0]["function"], strict=True)}]
     try:
         oa.chat.completions.create(model=mid, messages=ASK, tools=strict, max_tokens=4)
@@ -262,6 +269,12 @@ def main():
                   "MiniMax-M2: read as the minimax-m2 format with <think> reasoning")
             oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
             minimax_prompts(oa, mid)
+            try:
+                oa.chat.completions.create(model=mid, messages=ASK, max_tokens=4, tools=[{"type": "function", "function": {
+                    "name": "f", "parameters": {"type": "object", "properties": {"say \"x\"": {"type": "string"}}}}}])
+                check(False, "MiniMax-M2: a key holding '\"' is refused")
+            except openai.BadRequestError as e:
+                check("minimax-m2" in str(e), f"MiniMax-M2: a key holding '\"' is a 400: {str(e)[:140]}")
             strict = [{"type": "function", "function": dict(TYPED[0]["function"], strict=True)}]
             try:
                 oa.chat.completions.create(model=mid, messages=ASK, tools=strict, max_tokens=4)
