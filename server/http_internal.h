@@ -124,6 +124,11 @@ char *http_tools_deepseek_schema(const struct cJSON *tools, const char *only, in
 /* The GBNF grammar (malloc'd) of the XML-like calls (http_tools_glm.c) of tool_format f (GLM or
  * QWEN_XML) of tools. */
 char *http_tools_glm_grammar(int f, const struct cJSON *tools, const char *only, int parallel, int lazy);
+/* The first declared key of params (a function's parameters schema) that the XML-like format f
+ * cannot write so that its parser reads it back (Qwen3-Coder's `<parameter=K>` ends at '>',
+ * MiniMax-M2's `<parameter name="K">` at '"', GLM's `<arg_key>K</arg_key>` at its closing tag; a
+ * newline or '<' in Qwen's or MiniMax's), or NULL; NULL for the other formats (http_tools_glm.c). */
+const char *http_tools_xml_unwritable_key(int f, const struct cJSON *params);
 /* With a Jinja template: r->chat_context from o's messages (as sent, when the template's own
  * tool format is used), the tools of the request (NULL: none) and chat_template_kwargs. */
 enum status http_tools_context(const struct cJSON *o, const struct cJSON *tools, const struct http_chat_caps *caps,

@@ -328,23 +328,6 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
     return st;
 }
 
-/* The first declared key of params that the XML-like format f cannot write so that its parser
- * reads it back (Qwen3-Coder's `<parameter=K>` ends at '>', MiniMax-M2's `<parameter name="K">`
- * at '"', GLM's `<arg_key>K</arg_key>` at its closing tag; a newline or '<' in Qwen's or MiniMax's),
- * or NULL. */
-static const char *xml_unwritable_key(int f, const cJSON *params)
-{
-    const cJSON *props = cJSON_GetObjectItemCaseSensitive(params, "properties");
-    if (!tool_format_is_xml((enum tool_format)f) || !cJSON_IsObject(props)) return NULL;
-    for (const cJSON *p = props->child; p; p = p->next) {
-        const char *k = p->string;
-        if (f == TOOL_FORMAT_GLM ? strstr(k, "</arg_key>") != NULL
-                                 : strpbrk(k, f == TOOL_FORMAT_MINIMAX ? "\"<\n" : "><\n") != NULL)
-            return k;
-    }
-    return NULL;
-}
-
 /* The functions of tools (the named one only, when only is set) as one JSON list, malloc'd; NULL
  * when out of memory. */
 static char *functions_json(const cJSON *tools, const char *only)
@@ -421,7 +404,7 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.name' must be 1 to 64 of a-z, A-Z, 0-9, _ and -", i);
         if (params && !cJSON_IsNull(params) && !cJSON_IsObject(params))
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.parameters' must be a JSON Schema object", i);
-        const char *bad_key = caps && caps->jinja ? xml_unwritable_key(caps->tool_format, params) : NULL;
+        const char *bad_key = caps && caps->jinja ? http_tools_xml_unwritable_key(caps->tool_format, params) : NULL;
         if (bad_key)
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.parameters.properties': the key '%.64s' "
                                  "cannot be written in this model's tool format (the %s format ends a key at '%s')", i, bad_key,

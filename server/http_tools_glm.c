@@ -215,3 +215,16 @@ char *http_tools_glm_grammar(int f, const cJSON *tools, const char *only, int pa
                       : "bool ::= \"true\" | \"false\"\nnul ::= \"null\"\n");
     return g.p; /* (http_buf_append stops the process when out of memory) */
 }
+
+const char *http_tools_xml_unwritable_key(int f, const cJSON *params)
+{
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(params, "properties");
+    if (!tool_format_is_xml((enum tool_format)f) || !cJSON_IsObject(props)) return NULL;
+    for (const cJSON *p = props->child; p; p = p->next) {
+        const char *k = p->string;
+        if (f == TOOL_FORMAT_GLM ? strstr(k, "</arg_key>") != NULL
+                                 : strpbrk(k, f == TOOL_FORMAT_MINIMAX ? "\"<\n" : "><\n") != NULL)
+            return k;
+    }
+    return NULL;
+}
