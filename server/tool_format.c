@@ -81,10 +81,8 @@ const char *tool_format_call_prefix(enum tool_format f)
     case TOOL_FORMAT_GRANITE: return "<|tool_call|>";
     case TOOL_FORMAT_KIMI: return TOOL_KIMI_CALLS_BEGIN TOOL_KIMI_CALL_BEGIN;
     case TOOL_FORMAT_COMMAND_R7B: return TOOL_R7B_ACTION;
-    case TOOL_FORMAT_QWEN_XML: return "<tool_call>\n";
-    case TOOL_FORMAT_MINIMAX: return TOOL_MINIMAX_CALLS "\n";
     case TOOL_FORMAT_NEMOTRON: return "<TOOLCALL>";
-    default: return NULL;
+    default: return NULL; /* (GENERIC; the XML-like formats' grammar writes their marker) */
     }
 }
 

@@ -19,6 +19,15 @@ struct call_case {
     int calls;
 };
 
+/* max_calls 1 keeps the first of a reply's calls (named first). */
+static void first_call_only(enum tool_format f, const char *label, const char *text, const char *first)
+{
+    struct tool_parsed p;
+    CHECK(!tool_parse(f, 1, 0, 0, 1, text, strlen(text), 1, &p), "oom");
+    CHECK(p.n_calls == 1 && !strcmp(p.calls[0].name, first), "%s max_calls 1: %d calls", label, p.n_calls);
+    tool_parsed_free(&p);
+}
+
 static void check_call_cases(enum tool_format f, const char *label, const struct call_case *cases, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -93,11 +102,7 @@ void check_deepseek(void)
     };
     check_call_cases(TOOL_FORMAT_DEEPSEEK, "deepseek", cases, sizeof cases / sizeof *cases);
     /* max_calls 1 keeps the first of two; the detection by the template's text. */
-    struct tool_parsed p;
-    const char *two = cases[2].text;
-    CHECK(!tool_parse(TOOL_FORMAT_DEEPSEEK, 1, 0, 0, 1, two, strlen(two), 1, &p), "oom");
-    CHECK(p.n_calls == 1 && !strcmp(p.calls[0].name, "a"), "deepseek max_calls 1: %d calls", p.n_calls);
-    tool_parsed_free(&p);
+    first_call_only(TOOL_FORMAT_DEEPSEEK, "deepseek", cases[2].text, "a");
     CHECK(tool_format_detect("{% if tools %}{{'" DS_CALLS "'}}{% endif %}") == TOOL_FORMAT_DEEPSEEK,
           "the DeepSeek template's marker detected");
     fprintf(stderr, "PASS deepseek: %zu replies (V3.1 and R1 bodies), every prefix\n", sizeof cases / sizeof *cases);
@@ -242,11 +247,7 @@ void check_minimax(void)
         {M_OPEN "<invoke name=\"two words\">\n</invoke>\n" M_END, NULL, NULL, M_OPEN "<invoke name=\"two words\">\n</invoke>\n" M_END, 0},
     };
     check_call_cases(TOOL_FORMAT_MINIMAX, "minimax-m2", cases, sizeof cases / sizeof *cases);
-    struct tool_parsed p;
-    const char *two = cases[1].text;
-    CHECK(!tool_parse(TOOL_FORMAT_MINIMAX, 1, 0, 0, 1, two, strlen(two), 1, &p), "oom");
-    CHECK(p.n_calls == 1 && !strcmp(p.calls[0].name, "f"), "minimax max_calls 1: %d calls", p.n_calls);
-    tool_parsed_free(&p);
+    first_call_only(TOOL_FORMAT_MINIMAX, "minimax", cases[1].text, "f");
     CHECK(tool_format_detect("{% if tools %}<minimax:tool_call><invoke name=\"x\">{% endif %}") == TOOL_FORMAT_MINIMAX,
           "the MiniMax-M2 template's tags detected");
     fprintf(stderr, "PASS minimax-m2: %zu replies, every prefix\n", sizeof cases / sizeof *cases);
