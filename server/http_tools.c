@@ -397,7 +397,8 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
                                  "names, keys and value types only", i,
                                  caps->tool_format == TOOL_FORMAT_GLM        ? "GLM-4.5's <arg_key> / <arg_value> pairs"
                                  : caps->tool_format == TOOL_FORMAT_QWEN_XML ? "Qwen3-Coder's <function=...> / <parameter=...> tags"
-                                                                             : "MiniMax-M2's <invoke> / <parameter> tags");
+                                 : caps->tool_format == TOOL_FORMAT_MINIMAX  ? "MiniMax-M2's <invoke> / <parameter> tags"
+                                                                             : "DeepSeek's DSML <invoke> / <parameter> tags");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
         if (!cJSON_IsString(name) || !valid_name(name->valuestring))
@@ -409,7 +410,8 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.parameters.properties': the key '%.64s' "
                                  "cannot be written in this model's tool format (the %s format ends a key at '%s')", i, bad_key,
                                  tool_format_name((enum tool_format)caps->tool_format),
-                                 caps->tool_format == TOOL_FORMAT_MINIMAX ? "\"" : caps->tool_format == TOOL_FORMAT_QWEN_XML ? ">" : "</arg_key>");
+                                 tool_format_is_invoke((enum tool_format)caps->tool_format) ? "\""
+                                 : caps->tool_format == TOOL_FORMAT_QWEN_XML ? ">" : "</arg_key>");
         for (const cJSON *u = tools->child; u != t; u = u->next)
             if (!strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(u, "function"), "name")->valuestring,
                         name->valuestring))

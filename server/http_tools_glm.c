@@ -1,17 +1,22 @@
 /* server/http_tools_glm.c - the grammar of the XML-like tool calls (tool_format.h
- * tool_format_is_xml: GLM-4.5's, Qwen3-Coder's, MiniMax-M2's) for tool_choice required or a named
+ * tool_format_is_xml: GLM-4.5's, Qwen3-Coder's, MiniMax-M2's, DeepSeek V3.2's and V4's DSML) for
+ * tool_choice required or a named
  * function, and
  * lazily for auto (http_tools.c): a GBNF grammar (engine/grammar, llama.cpp's syntax) of the reply
  *
  *   GLM:  [\n] [<think>...</think>] [\n] <tool_call>NAME\n(<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n)*</tool_call>
  *   Qwen: [\n] [\n][\n] <tool_call>\n<function=NAME>\n(<parameter=K>\nV\n</parameter>\n)*</function>\n</tool_call>
  *   MiniMax-M2: [\n] [\n] <minimax:tool_call> ([\n]<invoke name="NAME">\n(<parameter name="K">V</parameter>\n)*</invoke>)+ [\n]</minimax:tool_call>
+ *   DSML: [\n] [\n] <｜DSML｜function_calls> ([\n]<｜DSML｜invoke name="NAME">\n(<｜DSML｜parameter name="K" string="S">V</｜DSML｜parameter>\n)*</｜DSML｜invoke>)+ [\n]</｜DSML｜function_calls>
+ *         (V4: tool_calls for function_calls; S "true" before a string value, written as it is, "false"
+ *         before any other, written as JSON)
  *
  * (GLM writes "\n<think>" after <|assistant|>, so its grammar holds the reasoning, any text
  * without "</think>". Qwen3.5's <think> is the engine's to allow, as for the JSON formats: its
  * prompt opens it by default (the grammar starts after </think>), closes it under enable_thinking
  * false (the calls come at once), and otherwise generation.c constrain_around_think makes the
- * constraint an opening one, the grammar or <think>; MiniMax-M2's prompt always opens it.)
+ * constraint an opening one, the grammar or <think>; MiniMax-M2's prompt always opens it; DeepSeek
+ * V3.2's and V4's prompts open and close it as their `thinking` says.)
  * with one call, or (parallel_tool_calls) one or more (MiniMax: in one block); lazy (tool_choice
  * auto), the grammar of what follows the first <tool_call> (<minimax:tool_call>: the trigger, the
  * text before it is free). NAME is one of
@@ -37,6 +42,7 @@
 
 #include "http_internal.h"
 #include "tool_format.h"
+#include "tool_stream_impl.h" /* the DSML tags */
 
 struct gbnf {
     char  *p;
@@ -59,24 +65,37 @@ static void put_lit(struct gbnf *g, const char *s)
     put(g, "\"");
 }
 
-/* Rules name0 .. name(n-1) of the texts that do not hold lit (whose first byte, '<', is its only
- * '<'), name0 the start: state k has read lit's first k bytes last; each rule may end (the text
- * may stop anywhere: lit follows it in the grammar, and its first occurrence ends the text, as
- * the parser reads it). Runs of other bytes repeat within a rule; a rule calls the next only at
- * a byte of lit, so the nesting grows with the text's '<' only. */
+/* The length of the UTF-8 character at s (1 for a byte that does not start one). */
+static size_t utf8_len(const char *s)
+{
+    const unsigned char c = (unsigned char)*s;
+    const size_t n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+    for (size_t i = 1; i < n; i++)
+        if (((unsigned char)s[i] & 0xc0) != 0x80) return 1;
+    return n;
+}
+
+/* Rules name0 .. name(n-1) of the texts that do not hold lit (n its characters; its first, '<',
+ * its only '<'; ASCII but for UTF-8 characters that are neither '"', '\\' nor ']'), name0 the start:
+ * state k has read lit's first k characters last; each rule may end (the text may stop anywhere:
+ * lit follows it in the grammar, and its first occurrence ends the text, as the parser reads it).
+ * Runs of other characters repeat within a rule; a rule calls the next only at a character of
+ * lit, so the nesting grows with the text's '<' only. */
 static void put_until(struct gbnf *g, const char *name, const char *lit)
 {
-    const size_t n = strlen(lit);
-    char line[160];
+    char line[200];
     snprintf(line, sizeof line, "%s0 ::= [^<]* (\"<\" %s1)?\n", name, name);
     put(g, line);
-    for (size_t k = 1; k < n; k++) {
-        const char c = lit[k];
-        if (k + 1 < n)
-            snprintf(line, sizeof line, "%s%zu ::= (\"%c\" %s%zu | \"<\" %s1 | [^<%c] %s0)?\n", name, k, c, name, k + 1,
-                     name, c, name);
-        else snprintf(line, sizeof line, "%s%zu ::= (\"<\" %s1 | [^<%c] %s0)?\n", name, k, name, c, name);
+    size_t k = 1;
+    for (const char *c = lit + 1; *c; k++) {
+        const int len = (int)utf8_len(c);
+        const char *next = c + len;
+        if (*next)
+            snprintf(line, sizeof line, "%s%zu ::= (\"%.*s\" %s%zu | \"<\" %s1 | [^<%.*s] %s0)?\n", name, k, len, c, name,
+                     k + 1, name, len, c, name);
+        else snprintf(line, sizeof line, "%s%zu ::= (\"<\" %s1 | [^<%.*s] %s0)?\n", name, k, name, len, c, name);
         put(g, line);
+        c = next;
     }
 }
 
@@ -95,18 +114,25 @@ struct xml_shape {
     const char *before;     /* what may come before the first marker (after the reasoning) */
     int think;              /* the reasoning is the grammar's (GLM writes "\n<think>") */
     int python;             /* booleans and null also as Python writes them (Qwen's `string`) */
+    int string_attr;        /* key_close is `" string="S">`, S true before a string, else false (DSML) */
 };
 
 static const struct xml_shape GLM = {
     "\"<tool_call>\"", "\"\\n\"? \"<tool_call>\"", "", "", "\"\\n\"", "\"<arg_key>\" ", " \"</arg_key>\\n<arg_value>\" ",
-    "\"</arg_value>\\n\"", "</arg_value>", "\"</tool_call>\"", "\"\\n\"?", 1, 0};
+    "\"</arg_value>\\n\"", "</arg_value>", "\"</tool_call>\"", "\"\\n\"?", 1, 0, 0};
 static const struct xml_shape QWEN = {
     "\"<tool_call>\"", "\"\\n\"? \"<tool_call>\"", "", "\"\\n<function=\" ", "\">\\n\"", "\"<parameter=\" ", " \">\\n\" ",
-    "\"\\n</parameter>\\n\"", "</parameter>", "\"</function>\\n</tool_call>\"", "\"\\n\"? \"\\n\"?", 0, 1};
+    "\"\\n</parameter>\\n\"", "</parameter>", "\"</function>\\n</tool_call>\"", "\"\\n\"? \"\\n\"?", 0, 1, 0};
 /* MiniMax-M2: one block of <invoke>s, its values raw (strings) or JSON, as GLM's */
 static const struct xml_shape MINIMAX = {
     "\"<minimax:tool_call>\"", "", " \"\\n\"? \"</minimax:tool_call>\"", "\"\\n\"? \"<invoke name=\\\"\" ", "\"\\\">\\n\"",
-    "\"<parameter name=\\\"\" ", " \"\\\">\" ", "\"</parameter>\\n\"", "</parameter>", "\"</invoke>\"", "\"\\n\"?", 0, 0};
+    "\"<parameter name=\\\"\" ", " \"\\\">\" ", "\"</parameter>\\n\"", "</parameter>", "\"</invoke>\"", "\"\\n\"?", 0, 0, 0};
+/* DeepSeek V3.2 / V4: MiniMax's shape in ｜DSML｜ tags; key_close per value (string_attr) */
+#define DSML_SHAPE(block)                                                                                           \
+    {"\"" TOOL_DSML block ">\"", "", " \"\\n\"? \"" TOOL_DSML_END block ">\"", "\"\\n\"? \"" TOOL_DSML "invoke name=\\\"\" ",      \
+     "\"\\\">\\n\"", "\"" TOOL_DSML "parameter name=\\\"\" ", NULL, "\"" TOOL_DSML_END "parameter>\\n\"", TOOL_DSML_END "parameter>", \
+     "\"\\n\"? \"" TOOL_DSML_END "invoke>\"", "\"\\n\"? \"\\n\"?", 0, 0, 1} /* (V4: "\n" more without arguments) */
+static const struct xml_shape DSML = DSML_SHAPE("function_calls"), DSML_V4 = DSML_SHAPE("tool_calls");
 
 /* The value rule of a property's schema (a rule name of the shared ones, or an enum of strings
  * written in place). */
@@ -118,18 +144,21 @@ static void put_value(struct gbnf *g, const struct xml_shape *x, const cJSON *sc
     for (const cJSON *v = scalars ? en->child : NULL; v; v = v->next)
         scalars &= (cJSON_IsString(v) && !strstr(v->valuestring, x->tag)) || cJSON_IsNumber(v) || cJSON_IsBool(v) ||
                    cJSON_IsNull(v);
+    static const char raw[] = "\"\\\" string=\\\"true\\\">\" ", json[] = "\"\\\" string=\\\"false\\\">\" ";
     if (scalars) { /* each as the template writes it: a string as it is, the rest as JSON */
         put(g, "(");
         for (const cJSON *v = en->child; v; v = v->next) {
-            char *json = cJSON_IsString(v) ? NULL : cJSON_PrintUnformatted(v);
+            char *text = cJSON_IsString(v) ? NULL : cJSON_PrintUnformatted(v);
             if (v != en->child) put(g, " | ");
-            put_lit(g, json ? json : v->valuestring);
-            free(json);
+            if (x->string_attr) put(g, text ? json : raw);
+            put_lit(g, text ? text : v->valuestring);
+            free(text);
         }
         put(g, ")");
         return;
     }
     const char *t = cJSON_IsString(type) ? type->valuestring : "";
+    if (x->string_attr) put(g, !*t || !strcmp(t, "string") ? raw : json); /* (untyped: may be a string) */
     put(g, !strcmp(t, "integer") ? "int" : !strcmp(t, "number") ? "num" : !strcmp(t, "boolean") ? "bool"
            : !strcmp(t, "null") ? "nul" : "value0");
 }
@@ -157,7 +186,7 @@ static void put_call(struct gbnf *g, const struct xml_shape *x, const cJSON *fn,
         put(g, " (");
         put(g, x->key_open);
         put_lit(g, p->string);
-        put(g, x->key_close);
+        if (x->key_close) put(g, x->key_close); /* (string_attr: put_value's) */
         put_value(g, x, p);
         put(g, " ");
         put(g, x->value_end);
@@ -169,7 +198,8 @@ static void put_call(struct gbnf *g, const struct xml_shape *x, const cJSON *fn,
 
 char *http_tools_glm_grammar(int f, const cJSON *tools, const char *only, int parallel, int lazy)
 {
-    const struct xml_shape *x = f == TOOL_FORMAT_QWEN_XML ? &QWEN : f == TOOL_FORMAT_MINIMAX ? &MINIMAX : &GLM;
+    const struct xml_shape *x = f == TOOL_FORMAT_QWEN_XML ? &QWEN : f == TOOL_FORMAT_MINIMAX ? &MINIMAX
+                              : f == TOOL_FORMAT_DSML ? &DSML : f == TOOL_FORMAT_DSML_V4 ? &DSML_V4 : &GLM;
     struct gbnf g = {0};
     put(&g, "root ::= ");
     if (!lazy) {
@@ -223,7 +253,7 @@ const char *http_tools_xml_unwritable_key(int f, const cJSON *params)
     for (const cJSON *p = props->child; p; p = p->next) {
         const char *k = p->string;
         if (f == TOOL_FORMAT_GLM ? strstr(k, "</arg_key>") != NULL
-                                 : strpbrk(k, f == TOOL_FORMAT_MINIMAX ? "\"<\n" : "><\n") != NULL)
+                                 : strpbrk(k, tool_format_is_invoke((enum tool_format)f) ? "\"<\n" : "><\n") != NULL)
             return k;
     }
     return NULL;

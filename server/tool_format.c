@@ -22,6 +22,10 @@ static int is_harmony(const char *src)
 enum tool_format tool_format_detect(const char *src)
 {
     if (is_harmony(src)) return TOOL_FORMAT_HARMONY;
+    /* DeepSeek V3.2 / V4 (llama.cpp's test): the template names its ｜DSML｜ token and writes the
+     * calls' block with it, V3.2's named function_calls, V4's tool_calls */
+    if (src && strstr(src, "dsml_token") && strstr(src, "DSML") && (strstr(src, "function_calls") || strstr(src, "tool_calls")))
+        return strstr(src, "function_calls") ? TOOL_FORMAT_DSML : TOOL_FORMAT_DSML_V4;
     /* DeepSeek's templates write calls but never read `tools` (the server describes them:
      * tool_format_tools_prompt) */
     if (src && strstr(src, "tool\xe2\x96\x81" "calls\xe2\x96\x81" "begin")) return TOOL_FORMAT_DEEPSEEK; /* tool▁calls▁begin */
@@ -65,7 +69,7 @@ const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasonin
 const char *tool_format_name(enum tool_format f)
 {
     static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek", "granite", "kimi",
-                                         "command-r7b", "qwen3-coder", "minimax-m2", "nemotron"};
+                                         "command-r7b", "qwen3-coder", "minimax-m2", "nemotron", "deepseek-v3.2", "deepseek-v4"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "?";
 }
 
@@ -101,6 +105,8 @@ const char *tool_format_call_marker(enum tool_format f)
     case TOOL_FORMAT_QWEN_XML: return "<tool_call>";
     case TOOL_FORMAT_MINIMAX: return TOOL_MINIMAX_CALLS;
     case TOOL_FORMAT_NEMOTRON: return "<TOOLCALL>";
+    case TOOL_FORMAT_DSML: return TOOL_DSML_CALLS;
+    case TOOL_FORMAT_DSML_V4: return TOOL_DSML_V4_CALLS;
     default: return NULL;
     }
 }

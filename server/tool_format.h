@@ -87,13 +87,24 @@ enum tool_format {
     TOOL_FORMAT_MINIMAX,  /* MiniMax-M2: <minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n...
                              </invoke>\n...</minimax:tool_call>; parsed (tool_glm.c) and constrained as GLM's */
     TOOL_FORMAT_NEMOTRON, /* Nemotron Nano v2: <TOOLCALL>[{"name", "arguments"}, ...]</TOOLCALL>: MISTRAL's list */
+    TOOL_FORMAT_DSML,     /* DeepSeek V3.2: MINIMAX's shape, each tag after ｜DSML｜, in <｜DSML｜function_calls>; a
+                             parameter's string="true|false" says whether its value is raw or JSON */
+    TOOL_FORMAT_DSML_V4,  /* DeepSeek V4: DSML's calls in <｜DSML｜tool_calls> */
 };
 
-/* Whether f's calls are XML-like, their values written raw (GLM, QWEN_XML, MINIMAX): parsed by
- * tool_glm.c, constrained by a GBNF grammar (http_tools_glm.c), never by a JSON Schema. */
+/* Whether f's calls are XML-like, their values written raw (GLM, QWEN_XML, MINIMAX, DSML,
+ * DSML_V4): parsed by tool_glm.c, constrained by a GBNF grammar (http_tools_glm.c), never by a
+ * JSON Schema. */
 static inline int tool_format_is_xml(enum tool_format f)
 {
-    return f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML || f == TOOL_FORMAT_MINIMAX;
+    return f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML || f == TOOL_FORMAT_MINIMAX || f == TOOL_FORMAT_DSML ||
+           f == TOOL_FORMAT_DSML_V4;
+}
+
+/* Whether f's calls are blocks of <invoke>s (MINIMAX, DSML, DSML_V4). */
+static inline int tool_format_is_invoke(enum tool_format f)
+{
+    return f == TOOL_FORMAT_MINIMAX || f == TOOL_FORMAT_DSML || f == TOOL_FORMAT_DSML_V4;
 }
 
 /* Whether f's calls are one JSON list after the marker (MISTRAL, GRANITE, COMMAND_R7B, NEMOTRON). */

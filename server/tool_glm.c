@@ -1,9 +1,14 @@
 /* server/tool_glm.c - the XML-like tool calls (tool_format.h tool_format_is_xml: GLM-4.5's,
- * Qwen3-Coder's, MiniMax-M2's), and DeepSeek's and Kimi-K2's call bodies (at the end). GLM: the
+ * Qwen3-Coder's, MiniMax-M2's, DeepSeek V3.2's and V4's DSML), and DeepSeek's and Kimi-K2's call
+ * bodies (at the end). GLM: the
  * body of one `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n...</tool_call>`;
  * Qwen3-Coder (and Qwen3.5): `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...</function>\n</tool_call>`;
  * MiniMax-M2: each `<invoke name="NAME">\n<parameter name="K">V</parameter>\n...</invoke>` of a
- * `<minimax:tool_call>` block; each turned into the call's name and its arguments as JSON. The
+ * `<minimax:tool_call>` block; DSML: MiniMax's with each tag after `｜DSML｜`
+ * (`<｜DSML｜invoke name="NAME">`, `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>`)
+ * in a `<｜DSML｜function_calls>` (V3.2) or `<｜DSML｜tool_calls>` (V4) block, its `string`
+ * attribute saying how V is written: as it is (a string), or as JSON (taken as that JSON when it
+ * is one whole value, else read as below). Each call turned into its name and its arguments as JSON. The
  * templates write a string value as it is and any other value otherwise (GLM, MiniMax: as JSON;
  * Qwen: a list or mapping as JSON, the rest
  * through Jinja's `string`, Python's True, False and None included). So a value is read by its
@@ -15,7 +20,7 @@
  * `</parameter>` (both the template's). Keys are taken as they are. Pure text in, text out
  * (fuzzed through tool_parse). Called by tool_stream.c (B_GLM).
  * Tests: tests/test_tool_stream_formats.c (replies, every prefix), tests/server/test_tools_glm.py
- * and test_tools_qwen_xml.py (calls rendered by the models' templates with jinja2, parsed back to
+ * and test_tools_xml.py (calls rendered by the models' templates with jinja2, parsed back to
  * the same JSON). */
 #include "tool_stream_impl.h"
 
@@ -157,22 +162,35 @@ static int is_word(const char *s, const char *e, const char *word)
     return 1;
 }
 
+/* "KEY": for the key [ks, ke), after a comma unless it is the object's first. */
+static void put_key(struct tool_json_buf *args, const char *ks, const char *ke)
+{
+    if (args->n > 1) tool_json_buf_add(args, ",", 1);
+    json_string(args, ks, ke);
+    tool_json_buf_add(args, ":", 1);
+}
+
+/* Whether [s, e), whitespace around it aside, is one whole JSON value. */
+static int whole_json(const char *s, const char *e)
+{
+    trim(&s, &e);
+    const char *q = s;
+    return s < e && json_value(&q, e, 0) && q == e;
+}
+
 /* Appends "KEY":VALUE to the object in args for the raw value [vs, ve) of function name's key
  * [ks, ke), read by its kind (the file's head). */
 static void put_arg(struct tool_json_buf *args, const char *types, const char *name, size_t nn, const char *ks,
                     const char *ke, const char *vs, const char *ve)
 {
-    if (args->n > 1) tool_json_buf_add(args, ",", 1);
-    json_string(args, ks, ke);
-    tool_json_buf_add(args, ":", 1);
+    put_key(args, ks, ke);
     const char kind = arg_kind(types, name, nn, ks, (size_t)(ke - ks));
     const char *ts = vs, *te = ve;
     trim(&ts, &te);
     const char *word = kind == 'b' && (is_word(ts, te, "true") || is_word(ts, te, "false")) ? (ts[0] | 0x20) == 't' ? "true" : "false"
                      : kind == 'z' && (is_word(ts, te, "null") || is_word(ts, te, "none")) ? "null" : NULL;
-    const char *q = ts;
     if (word) tool_json_buf_add(args, word, strlen(word));
-    else if (kind != 's' && ts < te && json_value(&q, te, 0) && q == te) tool_json_buf_add(args, ts, (size_t)(te - ts));
+    else if (kind != 's' && whole_json(ts, te)) tool_json_buf_add(args, ts, (size_t)(te - ts));
     else json_string(args, vs, ve); /* a string: as the template wrote it */
 }
 
@@ -240,25 +258,29 @@ int tool_qwen_xml_call(const char *s, size_t n, const char *types, size_t *name_
     return !args->oom;
 }
 
-/* The text of a quoted attribute `PREFIX"VALUE">` at *p: [*vs, *ve) the value (no '"', '<' or
- * newline in it); advances past the '>'. */
+/* The text of a quoted attribute `PREFIX"VALUE"` at *p: [*vs, *ve) the value (no '"', '<' or
+ * newline in it); advances past the closing '"'. */
 static int attr(const char **p, const char *e, const char *prefix, const char **vs, const char **ve)
 {
     if (!eat(p, e, prefix)) return 0;
     const char *q = memchr(*p, '"', (size_t)(e - *p));
-    if (!q || q == *p || q + 1 >= e || q[1] != '>') return 0;
+    if (!q || q == *p) return 0;
     for (const char *c = *p; c < q; c++)
         if (*c == '<' || *c == '\n') return 0;
-    *vs = *p, *ve = q, *p = q + 2;
+    *vs = *p, *ve = q, *p = q + 1;
     return 1;
 }
 
-int tool_minimax_invoke(const char *s, size_t n, const char *types, size_t *used, size_t *name_at, size_t *name_len,
-                        struct tool_json_buf *args)
+int tool_invoke(const char *s, size_t n, int dsml, const char *types, size_t *used, size_t *name_at, size_t *name_len,
+                struct tool_json_buf *args)
 {
     const char *e = s + n, *p = s, *ns, *ne;
+    const char *const invoke = dsml ? TOOL_DSML "invoke name=\"" : "<invoke name=\"";
+    const char *const invoke_end = dsml ? TOOL_DSML_END "invoke>" : "</invoke>";
+    const char *const param = dsml ? TOOL_DSML "parameter name=\"" : "<parameter name=\"";
+    const char *const param_end = dsml ? TOOL_DSML_END "parameter>" : "</parameter>";
     while (p < e && tool_json_is_ws((unsigned char)*p)) p++;
-    if (!attr(&p, e, "<invoke name=\"", &ns, &ne)) return 0;
+    if (!attr(&p, e, invoke, &ns, &ne) || !eat(&p, e, ">")) return 0;
     for (const char *c = ns; c < ne; c++)
         if (tool_json_is_ws((unsigned char)*c)) return 0;
     *name_at = (size_t)(ns - s), *name_len = (size_t)(ne - ns);
@@ -266,13 +288,27 @@ int tool_minimax_invoke(const char *s, size_t n, const char *types, size_t *used
     tool_json_buf_add(args, "{", 1);
     for (;;) {
         while (p < e && tool_json_is_ws((unsigned char)*p)) p++;
-        if (eat(&p, e, "</invoke>")) break;
+        if (eat(&p, e, invoke_end)) break;
         const char *ks, *ke;
-        if (!attr(&p, e, "<parameter name=\"", &ks, &ke)) return 0;
-        const char *ve = find(p, e, "</parameter>");
+        if (!attr(&p, e, param, &ks, &ke)) return 0;
+        /* DSML: string="true" (the value raw, a string) or string="false" (the value as JSON) */
+        const int raw = dsml && eat(&p, e, " string=\"true\"");
+        if (dsml && !raw && !eat(&p, e, " string=\"false\"")) return 0;
+        if (!eat(&p, e, ">")) return 0;
+        const char *ve = find(p, e, param_end);
         if (!ve) return 0;
-        put_arg(args, types, ns, *name_len, ks, ke, p, ve);
-        p = ve + strlen("</parameter>");
+        if (raw) {
+            put_key(args, ks, ke);
+            json_string(args, p, ve);
+        } else if (dsml && whole_json(p, ve)) { /* as the model wrote it, whatever the declared type */
+            put_key(args, ks, ke);
+            const char *ts = p, *te = ve;
+            trim(&ts, &te);
+            tool_json_buf_add(args, ts, (size_t)(te - ts));
+        } else {
+            put_arg(args, types, ns, *name_len, ks, ke, p, ve);
+        }
+        p = ve + strlen(param_end);
     }
     tool_json_buf_add(args, "}", 1);
     *used = (size_t)(p - s);

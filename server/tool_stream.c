@@ -37,16 +37,19 @@ static const char *open_marker(enum tool_format f)
          : f == TOOL_FORMAT_PHI4 || f == TOOL_FORMAT_GRANITE ? "<|tool_call|>" : f == TOOL_FORMAT_DEEPSEEK ? TOOL_DS_CALLS_BEGIN
          : f == TOOL_FORMAT_KIMI ? TOOL_KIMI_CALLS_BEGIN : f == TOOL_FORMAT_COMMAND_R7B ? TOOL_R7B_ACTION
          : f == TOOL_FORMAT_MINIMAX ? TOOL_MINIMAX_CALLS : f == TOOL_FORMAT_NEMOTRON ? "<TOOLCALL>"
+         : f == TOOL_FORMAT_DSML ? TOOL_DSML_CALLS : f == TOOL_FORMAT_DSML_V4 ? TOOL_DSML_V4_CALLS
                                  : NULL;
 }
 
 /* What closes a call (HERMES, GLM, QWEN_XML, PHI4) or the list of calls (COMMAND_R7B, MINIMAX,
- * NEMOTRON). */
+ * DSML, DSML_V4, NEMOTRON). */
 static const char *close_marker(enum tool_format f)
 {
     return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML ? "</tool_call>" : f == TOOL_FORMAT_PHI4 ? "<|/tool_call|>"
          : f == TOOL_FORMAT_COMMAND_R7B                    ? TOOL_R7B_ACTION_END
          : f == TOOL_FORMAT_MINIMAX                        ? TOOL_MINIMAX_CALLS_END
+         : f == TOOL_FORMAT_DSML                           ? TOOL_DSML_CALLS_END
+         : f == TOOL_FORMAT_DSML_V4                        ? TOOL_DSML_V4_CALLS_END
          : f == TOOL_FORMAT_NEMOTRON                       ? "</TOOLCALL>"
                                                            : NULL;
 }
@@ -257,37 +260,47 @@ static void keep_xml_call(struct tool_stream *ts, const char *s, size_t name_at,
     }
 }
 
-/* MiniMax-M2's block body s[0..n): one or more <invoke>s, whitespace around them; with keep, the
- * calls are kept (a first pass checks them all). Returns 0 when the body is not that. */
-static int minimax_body(struct tool_stream *ts, const char *s, size_t n, int keep, struct tool_json_buf *args)
+/* MiniMax-M2's or DSML's block body s[0..n): one or more <invoke>s, whitespace around them; with
+ * keep, the calls are kept (a first pass checks them all). Returns 0 when the body is not that.
+ * With cut (a reply that ended inside the block: max_tokens), the whole <invoke>s before the first
+ * that is not are kept, and their count returned. */
+static int invoke_body(struct tool_stream *ts, const char *s, size_t n, int keep, int cut, struct tool_json_buf *args)
 {
+    const int dsml = ts->f != TOOL_FORMAT_MINIMAX;
     int calls = 0;
     for (size_t at = 0;;) {
         while (at < n && tool_json_is_ws((unsigned char)s[at])) at++;
         if (at == n) return calls > 0;
         size_t used = 0, name_at = 0, name_len = 0;
-        if (!tool_minimax_invoke(s + at, n - at, ts->types, &used, &name_at, &name_len, args)) return 0;
+        if (!tool_invoke(s + at, n - at, dsml, ts->types, &used, &name_at, &name_len, args)) return cut ? calls : 0;
         if (keep) keep_xml_call(ts, s + at, name_at, name_len, args);
         at += used, calls++;
     }
 }
 
 /* B_GLM: a call's body up to </tool_call> (held until it is whole), then made a call by
- * tool_glm.c (GLM's or Qwen3-Coder's; MiniMax-M2's block up to </minimax:tool_call>, its calls);
+ * tool_glm.c (GLM's or Qwen3-Coder's; MiniMax-M2's block up to </minimax:tool_call>, DSML's up
+ * to its block's end, their calls);
  * a body that is not a call, or cut short, makes the block text. */
 static void read_glm(struct tool_stream *ts)
 {
     const char *close = close_marker(ts->f);
     const size_t m = strlen(close), b0 = ts->block + strlen(open_marker(ts->f)), p = scan_for(ts, close);
+    struct tool_json_buf args = {0};
+    const char *body = ts->text + b0;
     if (p == (size_t)-1) {
-        body_open(ts);
+        if (ts->final && tool_format_is_invoke(ts->f) && ts->len > b0) { /* cut inside the block: its whole calls */
+            ts->steps += ts->len - b0;
+            invoke_body(ts, body, ts->len - b0, 1, 1, &args);
+            if (args.oom) ts->oom = 1;
+            free(args.p);
+        }
+        body_open(ts); /* (final: the rest dropped after kept calls, else text) */
         return;
     }
     size_t name_at = 0, name_len = 0;
-    struct tool_json_buf args = {0};
-    const char *body = ts->text + b0;
     ts->steps += p - b0;
-    const int ok = ts->f == TOOL_FORMAT_MINIMAX  ? minimax_body(ts, body, p - b0, 0, &args)
+    const int ok = tool_format_is_invoke(ts->f) ? invoke_body(ts, body, p - b0, 0, 0, &args)
                  : ts->f == TOOL_FORMAT_QWEN_XML ? tool_qwen_xml_call(body, p - b0, ts->types, &name_at, &name_len, &args)
                                                  : tool_glm_call(body, p - b0, ts->types, &name_at, &name_len, &args);
     if (!ok) {
@@ -296,9 +309,9 @@ static void read_glm(struct tool_stream *ts)
         call_bad(ts);
         return;
     }
-    if (ts->f == TOOL_FORMAT_MINIMAX) {
+    if (tool_format_is_invoke(ts->f)) {
         ts->steps += p - b0;
-        minimax_body(ts, body, p - b0, 1, &args);
+        invoke_body(ts, body, p - b0, 1, 0, &args);
         if (args.oom) ts->oom = 1;
     } else {
         keep_xml_call(ts, body, name_at, name_len, &args);

@@ -119,13 +119,20 @@ int tool_deepseek_call(const char *s, size_t n, size_t *name_at, size_t *name_le
 #define TOOL_KIMI_CALL_END    "<|tool_call_end|>"
 #define TOOL_KIMI_ARGS        "<|tool_call_argument_begin|>"
 int tool_kimi_call(const char *s, size_t n, size_t *name_at, size_t *name_len, size_t *args_at, size_t *args_len);
-/* MiniMax-M2's block of calls, and one call of it `<invoke name="NAME">...</invoke>` at s[0..n)
- * (whitespace before it skipped): 1 with its name and arguments (as tool_glm_call) and *used,
- * the bytes up to the end of its </invoke>; 0 when s does not start with one (tool_glm.c). */
+/* MiniMax-M2's block of calls and DeepSeek V3.2's / V4's (DSML: every tag after ｜DSML｜), and one
+ * call of it `<invoke name="NAME">...</invoke>` (dsml: `<｜DSML｜invoke name="NAME">...</｜DSML｜invoke>`)
+ * at s[0..n) (whitespace before it skipped): 1 with its name and arguments (as tool_glm_call) and
+ * *used, the bytes up to the end of its closing tag; 0 when s does not start with one (tool_glm.c). */
 #define TOOL_MINIMAX_CALLS     "<minimax:tool_call>"
 #define TOOL_MINIMAX_CALLS_END "</minimax:tool_call>"
-int tool_minimax_invoke(const char *s, size_t n, const char *types, size_t *used, size_t *name_at, size_t *name_len,
-                        struct tool_json_buf *args);
+#define TOOL_DSML              "<" TOOL_DS_BAR "DSML" TOOL_DS_BAR
+#define TOOL_DSML_END          "</" TOOL_DS_BAR "DSML" TOOL_DS_BAR
+#define TOOL_DSML_CALLS        TOOL_DSML "function_calls>"
+#define TOOL_DSML_CALLS_END    TOOL_DSML_END "function_calls>"
+#define TOOL_DSML_V4_CALLS     TOOL_DSML "tool_calls>"
+#define TOOL_DSML_V4_CALLS_END TOOL_DSML_END "tool_calls>"
+int tool_invoke(const char *s, size_t n, int dsml, const char *types, size_t *used, size_t *name_at, size_t *name_len,
+                struct tool_json_buf *args);
 /* Command R7B's markers: its list of calls, and the answer's (dropped from the content). */
 #define TOOL_R7B_ACTION     "<|START_ACTION|>"
 #define TOOL_R7B_ACTION_END "<|END_ACTION|>"

@@ -3,7 +3,7 @@
 byte for byte. No expected value is written by hand: every case is rendered by jinja2 configured
 as transformers' apply_chat_template configures it (ImmutableSandboxedEnvironment with
 trim_blocks, lstrip_blocks, loopcontrols, transformers' tojson / raise_exception /
-strftime_now, and its {% generation %} tag) and by tests/jinja_render.c --batch, and the two
+strftime_now, and its {% generation %} tag; plus llama.cpp's from_json filter, as json.loads) and by tests/jinja_render.c --batch, and the two
 must agree: the same bytes where jinja2 renders, an error where jinja2 raises.
 
 Cases: every template under tests/data/chat_templates/ with several conversations (with and
@@ -58,6 +58,7 @@ def make_env(trim_blocks=True, lstrip_blocks=True):
     env = ImmutableSandboxedEnvironment(trim_blocks=trim_blocks, lstrip_blocks=lstrip_blocks,
                                         extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
+    env.filters["from_json"] = json.loads  # llama.cpp's (DeepSeek V3.2's and V4's templates)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     return env
@@ -240,6 +241,9 @@ L = [
     ("{{ x | tojson }}", {"x": {"b": 1, "a": [1, 2.5, True, None, "é<>&'\"\\\n\t\u0001"], "c": {}, "d": [], "e": 1.0, "f": 1e20}}),
     ("{{ x | tojson(indent=2) }}|{{ x | tojson(indent=4, sort_keys=true) }}|{{ x | tojson(separators=(',', ':')) }}|{{ x | tojson(ensure_ascii=true) }}", {"x": {"b": [1, {"z": "ü🙂"}], "a": {}}}),
     ("{{ 'x' | tojson }} {{ 5 | tojson }} {{ none | tojson }} {{ (1, 2) | tojson }}", {}),
+    ("{% set d = s | from_json %}{{ d.a[1] }} {{ d.b }} {{ d | tojson }} {{ '[1, 2.5]' | from_json | sum }}",
+     {"s": "{\"a\": [1, \"x\u00e9\"], \"b\": null, \"c\": {\"d\": true}}"}),
+    ("{{ 'not json' | from_json }}", {}),
     ("{{ y | tojson }}", {}),
     ("{{ x | nosuchfilter }}", {}),
     # methods

@@ -560,10 +560,10 @@ static void check_harmony(void)
 }
 
 /* --parse-glm FILE [TOOLS_JSON] (--parse-deepseek FILE, --parse-kimi FILE, --parse-command-r7b FILE,
- * --parse-qwen-xml FILE [TOOLS_JSON]): the replies of FILE (separated by the byte 0x1e) parsed in
+ * --parse-qwen-xml, --parse-minimax, --parse-dsml, --parse-dsml-v4 FILE [TOOLS_JSON]): the replies of FILE (separated by the byte 0x1e) parsed in
  * GLM's (DeepSeek's, ...) format, the values read by the tools' declared types when given
  * (tool_format_arg_types); for each, every call as "name<TAB>arguments" on a line, then "--"
- * (tests/server/test_tools_glm.py, test_tools_qwen_xml.py and test_tools_deepseek.py render calls
+ * (tests/server/test_tools_glm.py, test_tools_xml.py and test_tools_deepseek.py render calls
  * with the models' templates in jinja2 and compare them with what comes back). */
 static int parse_file(enum tool_format fmt, const char *path, const char *tools_json)
 {
@@ -592,9 +592,10 @@ static int parse_file(enum tool_format fmt, const char *path, const char *tools_
     return 0;
 }
 
-/* --glm-grammar TOOLS_JSON ONLY PARALLEL LAZY (--qwen-xml-grammar ...): the GBNF grammar
+/* --glm-grammar TOOLS_JSON ONLY PARALLEL LAZY (--qwen-xml-grammar, --minimax-grammar, --dsml-grammar,
+ * --dsml-v4-grammar ...): the GBNF grammar
  * server/http_tools_glm.c makes of the tools (a JSON list as the API takes it; ONLY "" for none)
- * on stdout (test_tools_glm.py and test_tools_qwen_xml.py check the templates' own renderings
+ * on stdout (test_tools_glm.py and test_tools_xml.py check the templates' own renderings
  * against it with test_grammar). */
 static int glm_grammar(enum tool_format f, const char *tools_json, const char *only, int parallel, int lazy)
 {
@@ -648,15 +649,18 @@ int main(int argc, char **argv)
         enum tool_format f;
     } parsers[] = {{"--parse-glm", TOOL_FORMAT_GLM},         {"--parse-deepseek", TOOL_FORMAT_DEEPSEEK},
                    {"--parse-kimi", TOOL_FORMAT_KIMI},       {"--parse-command-r7b", TOOL_FORMAT_COMMAND_R7B},
-                   {"--parse-qwen-xml", TOOL_FORMAT_QWEN_XML}, {"--parse-minimax", TOOL_FORMAT_MINIMAX}};
+                   {"--parse-qwen-xml", TOOL_FORMAT_QWEN_XML}, {"--parse-minimax", TOOL_FORMAT_MINIMAX},
+                   {"--parse-dsml", TOOL_FORMAT_DSML},         {"--parse-dsml-v4", TOOL_FORMAT_DSML_V4}};
     for (size_t i = 0; argc > 2 && i < sizeof parsers / sizeof *parsers; i++)
         if (!strcmp(argv[1], parsers[i].flag)) return parse_file(parsers[i].f, argv[2], argc > 3 ? argv[3] : NULL);
-    if (argc > 5 && !strcmp(argv[1], "--glm-grammar"))
-        return glm_grammar(TOOL_FORMAT_GLM, argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
-    if (argc > 5 && !strcmp(argv[1], "--qwen-xml-grammar"))
-        return glm_grammar(TOOL_FORMAT_QWEN_XML, argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
-    if (argc > 5 && !strcmp(argv[1], "--minimax-grammar"))
-        return glm_grammar(TOOL_FORMAT_MINIMAX, argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
+    static const struct {
+        const char *flag;
+        enum tool_format f;
+    } grammars[] = {{"--glm-grammar", TOOL_FORMAT_GLM},         {"--qwen-xml-grammar", TOOL_FORMAT_QWEN_XML},
+                    {"--minimax-grammar", TOOL_FORMAT_MINIMAX}, {"--dsml-grammar", TOOL_FORMAT_DSML},
+                    {"--dsml-v4-grammar", TOOL_FORMAT_DSML_V4}};
+    for (size_t i = 0; argc > 5 && i < sizeof grammars / sizeof *grammars; i++)
+        if (!strcmp(argv[1], grammars[i].flag)) return glm_grammar(grammars[i].f, argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
     if (argc > 6 && !strcmp(argv[1], "--deepseek-schema"))
         return deepseek_schema(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), argc > 8 ? atoi(argv[7]) : 0,
                                argc > 8 ? atoi(argv[8]) : 0);
@@ -707,6 +711,7 @@ int main(int argc, char **argv)
     check_qwen_xml();
     check_minimax();
     check_nemotron();
+    check_dsml();
     printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);
     return 0;
 }

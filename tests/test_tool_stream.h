@@ -19,5 +19,6 @@ void check_command_r7b(void);
 void check_qwen_xml(void);
 void check_minimax(void);
 void check_nemotron(void);
+void check_dsml(void);
 
 #endif

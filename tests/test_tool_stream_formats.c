@@ -245,6 +245,9 @@ void check_minimax(void)
         {M_OPEN "<invoke name=\"f\">\n<parameter name=\"x\">1</parameter>", NULL, NULL,
          M_OPEN "<invoke name=\"f\">\n<parameter name=\"x\">1</parameter>", 0},
         {M_OPEN "<invoke name=\"two words\">\n</invoke>\n" M_END, NULL, NULL, M_OPEN "<invoke name=\"two words\">\n</invoke>\n" M_END, 0},
+        /* cut inside the block (max_tokens): its whole calls kept, the rest dropped */
+        {"Sure.\n" M_OPEN "<invoke name=\"f\">\n<parameter name=\"x\">1</parameter>\n</invoke>\n<invoke name=\"g\">\n<param",
+         "f", "{\"x\":1}", "Sure.", 1},
     };
     check_call_cases(TOOL_FORMAT_MINIMAX, "minimax-m2", cases, sizeof cases / sizeof *cases);
     first_call_only(TOOL_FORMAT_MINIMAX, "minimax", cases[1].text, "f");
@@ -274,4 +277,65 @@ void check_nemotron(void)
     CHECK(tool_format_detect("{% if tools %}<TOOLCALL>[...]</TOOLCALL>{% endif %}") == TOOL_FORMAT_NEMOTRON,
           "the Nemotron Nano v2 template's markers detected");
     fprintf(stderr, "PASS nemotron: %zu replies, every prefix\n", sizeof cases / sizeof *cases);
+}
+
+/* DeepSeek V3.2's and V4's DSML blocks (MiniMax-M2's shape, each tag after ｜DSML｜, a parameter's
+ * string="true|false" saying whether its value is raw or JSON): calls, text around them,
+ * malformed blocks text; every prefix; V3.2's block is not V4's. */
+void check_dsml(void)
+{
+#define D_BAR "\xef\xbd\x9c"
+#define D_TAG "<" D_BAR "DSML" D_BAR
+#define D_END "</" D_BAR "DSML" D_BAR
+#define D_INVOKE(name) D_TAG "invoke name=\"" name "\">\n"
+#define D_PARAM(k, s, v) D_TAG "parameter name=\"" k "\" string=\"" s "\">" v D_END "parameter>\n"
+#define D_CALLS D_TAG "function_calls>\n"
+#define D_CALLS_END D_END "function_calls>"
+    static const struct call_case cases[] = {
+        {"\n\n" D_CALLS D_INVOKE("get_weather") D_PARAM("city", "true", "Paris") D_PARAM("days", "false", "3") D_END "invoke>\n"
+         D_CALLS_END, "get_weather", "{\"city\":\"Paris\",\"days\":3}", "", 1},
+        /* a raw "42" stays a string; JSON that is not one whole value is read by llama.cpp's rule */
+        {"Checking.\n\n" D_CALLS D_INVOKE("f") D_PARAM("s", "true", "42") D_PARAM("o", "false", "{\"k\": [1, true]}")
+         D_PARAM("w", "false", "not json") D_END "invoke>\n" D_INVOKE("g") D_END "invoke>\n" D_CALLS_END " done", "f",
+         "{\"s\":\"42\",\"o\":{\"k\": [1, true]},\"w\":\"not json\"}", "Checking. done", 2},
+        {D_CALLS D_INVOKE("f") D_PARAM("s", "true", " two\nlines </p> ") D_END "invoke>" D_CALLS_END, "f",
+         "{\"s\":\" two\\u000alines </p> \"}", "", 1},
+        {D_CALLS D_INVOKE("f") D_TAG "parameter name=\"x\">1" D_END "parameter>\n" D_END "invoke>\n" D_CALLS_END, NULL, NULL,
+         D_CALLS D_INVOKE("f") D_TAG "parameter name=\"x\">1" D_END "parameter>\n" D_END "invoke>\n" D_CALLS_END, 0},
+        {D_CALLS D_INVOKE("f") D_PARAM("x", "maybe", "1") D_END "invoke>\n" D_CALLS_END, NULL, NULL,
+         D_CALLS D_INVOKE("f") D_PARAM("x", "maybe", "1") D_END "invoke>\n" D_CALLS_END, 0},
+        {D_CALLS D_CALLS_END, NULL, NULL, D_CALLS D_CALLS_END, 0},
+        {D_CALLS D_INVOKE("f") D_TAG "parameter name=\"x\" string=\"false\">1" D_END "parameter>", NULL, NULL,
+         D_CALLS D_INVOKE("f") D_TAG "parameter name=\"x\" string=\"false\">1" D_END "parameter>", 0},
+        {D_TAG "tool_calls>\n" D_INVOKE("f") D_END "invoke>\n" D_END "tool_calls>", NULL, NULL,
+         D_TAG "tool_calls>\n" D_INVOKE("f") D_END "invoke>\n" D_END "tool_calls>", 0},
+        /* cut inside the block (max_tokens): its whole calls kept, the rest dropped */
+        {"\n\n" D_CALLS D_INVOKE("f") D_PARAM("x", "false", "[1]") D_END "invoke>\n" D_INVOKE("f") D_PARAM("x", "true", "un"),
+         "f", "{\"x\":[1]}", "", 1},
+    };
+    check_call_cases(TOOL_FORMAT_DSML, "deepseek-v3.2", cases, sizeof cases / sizeof *cases);
+    first_call_only(TOOL_FORMAT_DSML, "deepseek-v3.2", cases[1].text, "f");
+    static const struct call_case v4[] = {
+        {"\n\n" D_TAG "tool_calls>\n" D_INVOKE("f") D_PARAM("n", "false", "-1.5e3") D_END "invoke>\n" D_END "tool_calls>", "f",
+         "{\"n\":-1.5e3}", "", 1},
+    };
+    check_call_cases(TOOL_FORMAT_DSML_V4, "deepseek-v4", v4, 1);
+    struct tool_parsed p;
+    CHECK(!tool_parse(TOOL_FORMAT_DSML_V4, 1, 0, 0, 0, cases[0].text, strlen(cases[0].text), 1, &p), "oom");
+    CHECK(p.n_calls == 0, "deepseek-v4: V3.2's function_calls block is text (%d calls)", p.n_calls);
+    tool_parsed_free(&p);
+    CHECK(tool_format_detect("{%- set dsml_token = '" D_BAR "DSML" D_BAR "' -%}{{ '<' + dsml_token + 'function_calls>' }}") ==
+              TOOL_FORMAT_DSML,
+          "DeepSeek V3.2's template detected");
+    CHECK(tool_format_detect("{%- set dsml_token = '" D_BAR "DSML" D_BAR "' -%}{{ '<' + dsml_token + 'tool_calls>' }}") ==
+              TOOL_FORMAT_DSML_V4,
+          "DeepSeek V4's template detected");
+    fprintf(stderr, "PASS deepseek-v3.2 / v4 (DSML): %zu + 1 replies, every prefix\n", sizeof cases / sizeof *cases);
+#undef D_BAR
+#undef D_TAG
+#undef D_END
+#undef D_INVOKE
+#undef D_PARAM
+#undef D_CALLS
+#undef D_CALLS_END
 }

@@ -4,7 +4,7 @@
  * number of threads at once. The aim is output byte-identical to Python's jinja2 3.1 as
  * Hugging Face transformers configures it (apply_chat_template: ImmutableSandboxedEnvironment,
  * trim_blocks, lstrip_blocks, the loopcontrols extension, its own tojson, raise_exception and
- * strftime_now). docs/chat_templates.md lists the supported subset and what is missing.
+ * strftime_now; and llama.cpp's from_json filter, which DeepSeek V3.2's template calls). docs/chat_templates.md lists the supported subset and what is missing.
  * Not here: tokenizing the rendered prompt, choosing a template for a model (chat_template.h).
  * Tests: tests/test_jinja.py renders tests/data/chat_templates/ and tests/data/jinja_cases.json
  * with jinja2 and with tests/jinja_render.c and compares bytes; tests/fuzz/fuzz_jinja.c.

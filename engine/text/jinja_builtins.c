@@ -406,6 +406,12 @@ struct jv jfilter(struct jstate *st, const char *name, struct jv *args, int n_ar
         return v;
     }
     if (!strcmp(name, "tojson")) return tojson(st, &a);
+    if (!strcmp(name, "from_json")) { /* llama.cpp's (DeepSeek V3.2's template): a string of JSON as its value */
+        struct jv out;
+        if (v.type != JV_STRING || jv_parse_json(st, v.u.s.p, v.u.s.n, &out))
+            jfail(st, STATUS_INVALID_ARGUMENT, "from_json: not a string of one JSON value");
+        return out;
+    }
     if (!strcmp(name, "safe")) return v;
     if (!strcmp(name, "string")) return jv_to_string(st, v);
     if (!strcmp(name, "trim")) return strip(st, jv_to_string(st, v), arg_str(st, &a, 1, "chars", NULL), 1, 1);

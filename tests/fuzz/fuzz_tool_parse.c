@@ -5,7 +5,8 @@
  * checked: no crash or sanitizer report, the lengths agree with the strings, the reasoning of
  * a prefix is a prefix of the reasoning of the whole, and every parse (the incremental parser,
  * server/tool_stream.c) equals the whole-text parser it replaced (tool_parse_ref.c); harmony
- * (server/tool_harmony.c), GLM, Qwen3-Coder and DeepSeek (server/tool_glm.c) and Command R7B, which
+ * (server/tool_harmony.c), GLM, Qwen3-Coder, MiniMax-M2, DSML and DeepSeek (server/tool_glm.c) and
+ * Command R7B, which
  * that parser never read: content and calls of a prefix are prefixes of the whole's (but for the
  * list formats, Command R7B and Nemotron, whose partial calls may go, as Mistral's under the
  * reference).
@@ -13,7 +14,8 @@
  * (nemotron when the length is 1 modulo 4),
  * 7, deepseek, kimi and 6, glm, command-r7b when the input's length is even: the same lists after
  * other markers; 6 is qwen3-coder when the length is 3 modulo 4, minimax-m2 when it is 1 modulo
- * 8; the XML-like formats read with
+ * 8; 7 is deepseek-v3.2 (DSML) when the length is 3 modulo 8, deepseek-v4 when it is 7 modulo 8;
+ * the XML-like formats read with
  * declared types for function f's keys s, b and z: a string, a boolean, a null),
  * tools (bit 3), reasoning
  * (bits 4 and 7: enum tool_reasoning, the markers), think_open (bit 5), one call at most (bit 6);
@@ -114,6 +116,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (f == TOOL_FORMAT_GLM && size % 2 == 0) f = TOOL_FORMAT_COMMAND_R7B; /* (likewise: glm) */
     if (f == TOOL_FORMAT_GLM && size % 4 == 3) f = TOOL_FORMAT_QWEN_XML;
     if (f == TOOL_FORMAT_GLM && size % 8 == 1) f = TOOL_FORMAT_MINIMAX;
+    if (f == TOOL_FORMAT_DEEPSEEK && size % 4 == 3) f = size % 8 == 7 ? TOOL_FORMAT_DSML_V4 : TOOL_FORMAT_DSML;
     static const char declared[] = "\x1e" "f\x1fs\x1fs\x1e" "f\x1f" "b\x1f" "b\x1e" "f\x1fz\x1fz\x1e";
     const char *types = tool_format_is_xml(f) ? declared : NULL;
     int tools = data[0] >> 3 & 1, think_open = data[0] >> 5 & 1;

@@ -2,27 +2,32 @@
 """The XML-like tool calls of Qwen3-Coder (also Qwen3.5's: docs/tools.md, the qwen3-coder format),
 `<tool_call>\\n<function=NAME>\\n<parameter=K>\\nV\\n</parameter>\\n...</function>\\n</tool_call>`, and of
 MiniMax-M2 (the minimax-m2 format), `<minimax:tool_call>\\n<invoke name="NAME">\\n<parameter
-name="K">V</parameter>\\n...</invoke>\\n...</minimax:tool_call>`.
+name="K">V</parameter>\\n...</invoke>\\n...</minimax:tool_call>`, and of DeepSeek V3.2 and V4 (the
+deepseek-v3.2 and deepseek-v4 formats: MiniMax's shape in `<｜DSML｜...>` tags, each parameter with
+`string="true|false"`, the block `function_calls` or `tool_calls`).
 - Parsing, against the templates themselves: assistant turns with tool calls of every argument
   kind (tool_cases.CALLS: strings with quotes, newlines and non-ASCII, numbers, booleans, null,
   nested objects and lists, parallel calls) rendered by Python jinja2 with Qwen3-Coder's,
-  Qwen3.5's and MiniMax-M2's published templates (tests/data/chat_templates); the reply part of
-  each rendering, parsed by shardlm's parser (test_tool_stream --parse-qwen-xml / --parse-minimax,
-  with the tools' declared types)
+  Qwen3.5's, MiniMax-M2's and DeepSeek V3.2's and V4's published templates (tests/data/chat_templates);
+  the reply part of each rendering, parsed by shardlm's parser (test_tool_stream --parse-qwen-xml /
+  --parse-minimax / --parse-dsml / --parse-dsml-v4, with the tools' declared types)
   gives back the same calls: names equal, arguments equal as JSON (Python's True and None, as the
   templates write them, read back as a boolean and a null by the declared types; a declared
-  string that looks like a number stays a string).
+  string that looks like a number stays a string; DSML's string="true" keeps it a string even
+  without the declared types).
 - The grammar (server/http_tools_glm.c, printed by test_tool_stream --qwen-xml-grammar /
   --minimax-grammar, decided by the grammar engine through test_grammar check): the templates'
   renderings complete, mutations not.
 - Served (SmolLM2-135M-Instruct's GGUF, whose vocabulary has ChatML's tokens, behind each
-  template; the official `openai` package): the server reads both templates as the qwen3-coder
-  format (Qwen3.5's with <think> reasoning); the prompt with tools and a history with a call and
-  its result render as jinja2's (the same prompt length); tool_choice required, a named function
-  and parallel calls: sampled replies are calls that parse, of the declared (named) function, with
-  its declared keys and value types; a streamed reply's calls equal the unary one's; strict: true
-  refused by name. MiniMax-M2's template always opens <think> (SmolLM2 never closes it): served,
-  only its prompts are checked (with tools, and a history with calls and their results).
+  template; the official `openai` package): the server reads both Qwen templates as the qwen3-coder
+  format (Qwen3.5's with <think> reasoning), DeepSeek V3.2's as deepseek-v3.2; the prompt with
+  tools and a history with a call and its result render as jinja2's (the same prompt length);
+  tool_choice required, a named function and parallel calls: sampled replies are calls that parse,
+  of the declared (named) function, with its declared keys and value types; a streamed reply's
+  calls equal the unary one's; a key the format cannot write and strict: true refused by name.
+  MiniMax-M2's template always opens <think> (SmolLM2 never closes it): served, only its prompts
+  are checked (with tools, and a history with calls and their results); DeepSeek V4's (read as
+  deepseek-v4): its prompts, and after each a greedy required call that conforms.
 SKIP (77) without the GGUF, openai or jinja2.
 
   test_tools_xml.py --shardlm BUILD/cli/shardlm --tool-stream BUILD/tests/test_tool_stream
@@ -59,11 +64,16 @@ check = Checks()
 TEMPLATES = HERE.parent / "data" / "chat_templates"
 CODER, QWEN35, MINIMAX = (TEMPLATES / "Qwen3-Coder.jinja", TEMPLATES / "Qwen3.5-4B.jinja",
                           TEMPLATES / "MiniMax-M2.jinja")
+DS32, DS4 = TEMPLATES / "deepseek-ai-DeepSeek-V3.2.jinja", TEMPLATES / "deepseek-ai-DeepSeek-V4.jinja"
+DSML = "\uff5cDSML\uff5c"
+DS_TURN = ("<\uff5cAssistant\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>")
 # Per template: the parser's and the grammar's flags, its assistant turn's start and end, the marker
 # of a block of calls and its end.
 FORMATS = {CODER: ("qwen-xml", "<|im_start|>assistant\n", "<|im_end|>", "<tool_call>", "</tool_call>"),
            QWEN35: ("qwen-xml", "<|im_start|>assistant\n", "<|im_end|>", "<tool_call>", "</tool_call>"),
-           MINIMAX: ("minimax", "]~b]ai\n", "[e~[", "<minimax:tool_call>", "</minimax:tool_call>")}
+           MINIMAX: ("minimax", "]~b]ai\n", "[e~[", "<minimax:tool_call>", "</minimax:tool_call>"),
+           DS32: ("dsml", *DS_TURN, f"<{DSML}function_calls>", f"</{DSML}function_calls>"),
+           DS4: ("dsml-v4", *DS_TURN, f"<{DSML}tool_calls>", f"</{DSML}tool_calls>")}
 
 
 def rendered_reply(template, calls):
@@ -88,10 +98,12 @@ def round_trip(template, tool_stream, work):
     for calls, back in zip(CALLS + [b42], got):
         check(TC.same_calls(calls, back), f"{template.name}: rendered and parsed back (declared types): "
               f"{json.dumps(calls)[:90]} -> {back}")
-    # Without the declared types a value that is whole JSON is that JSON (llama.cpp's rule).
+    # Without the declared types a value that is whole JSON is that JSON (llama.cpp's rule); DSML's
+    # string="true" says it is a string.
     rc, untyped = TC.parse_back(tool_stream, flag, work / "xml_replies.txt", replies[-1:])
-    check(rc == 0 and untyped and untyped[0] and json.loads(untyped[0][0][1]) == {"y": 42},
-          f"{template.name}: without the declared types, \"42\" reads as a number: {untyped}")
+    want = {"y": "42"} if template in (DS32, DS4) else {"y": 42}
+    check(rc == 0 and untyped and untyped[0] and json.loads(untyped[0][0][1]) == want,
+          f"{template.name}: without the declared types, \"42\" reads as {want}: {untyped}")
 
 
 def grammar_oracle(template, tool_stream, test_grammar, work):
@@ -136,6 +148,12 @@ def grammar_oracle(template, tool_stream, test_grammar, work):
 
 
 ASK = [{"role": "user", "content": "Add one and twenty, please."}]
+
+
+# Per served template: a key its format cannot write back, and what the 400s name (the key's format,
+# strict's format).
+REFUSALS = {CODER: ("a>b", "qwen3-coder", "Qwen3-Coder"), QWEN35: ("a>b", "qwen3-coder", "Qwen3-Coder"),
+            DS32: ('say "x"', "deepseek-v3.2", "DSML")}
 
 
 def served(srv, oa, mid, template, label, thinking):
@@ -194,7 +212,8 @@ def served(srv, oa, mid, template, label, thinking):
     codes = [{"type": "function", "function": {"name": "lookup", "parameters": {
         "type": "object", "properties": {"code": {"enum": ["42", "7"]}, "n": {"type": "integer", "enum": [3]}},
         "required": ["code", "n"]}}}]
-    kc = dict(dict(kw, max_tokens=60, temperature=0, tool_choice="required", parallel_tool_calls=False))
+    # (max_tokens: DSML's tags take SmolLM2 about 80 tokens for this call)
+    kc = dict(dict(kw, max_tokens=160, temperature=0, tool_choice="required", parallel_tool_calls=False))
     h = oa.chat.completions.create(model=mid, messages=ASK, tools=codes, **kc)
     hc = h.choices[0].message.tool_calls or []
     check(len(hc) == 1 and json.loads(hc[0].function.arguments) in ({"code": "42", "n": 3}, {"code": "7", "n": 3}),
@@ -205,25 +224,26 @@ def served(srv, oa, mid, template, label, thinking):
                    **({"chat_template_kwargs": {"enable_thinking": False}} if thinking else {}))
         want = TG.http_parts(h.choices[0].message, h.choices[0].finish_reason)
         check(TG.grpc_parts(g) == want, f"{label}: gRPC Chat's call equals HTTP's ({TG.grpc_parts(g)} vs {want})")
-    # A key the format cannot write back (Qwen's tag ends at '>') is refused by name.
+    # A key the format cannot write back (Qwen's tag ends at '>', DSML's name at '"') is refused by name.
+    key, fmt, strict_fmt = REFUSALS[template]
     try:
         oa.chat.completions.create(model=mid, messages=ASK, max_tokens=4, tools=[{"type": "function", "function": {
-            "name": "f", "parameters": {"type": "object", "properties": {"a>b": {"type": "string"}}}}}])
-        check(False, f"{label}: a key holding '>' is refused")
+            "name": "f", "parameters": {"type": "object", "properties": {key: {"type": "string"}}}}}])
+        check(False, f"{label}: the key {key!r} is refused")
     except openai.BadRequestError as e:
-        check("a>b" in str(e) and "qwen3-coder" in str(e), f"{label}: a key holding '>' is a 400: {str(e)[:140]}")
+        check(key in str(e) and fmt in str(e), f"{label}: the key {key!r} is a 400: {str(e)[:140]}")
     strict = [{"type": "function", "function": dict(TYPED[0]["function"], strict=True)}]
     try:
         oa.chat.completions.create(model=mid, messages=ASK, tools=strict, max_tokens=4)
         check(False, f"{label}: strict: true is refused")
     except openai.BadRequestError as e:
-        check("strict" in str(e) and "Qwen3-Coder" in str(e), f"{label}: strict: true is a 400: {str(e)[:100]}")
+        check("strict" in str(e) and strict_fmt in str(e), f"{label}: strict: true is a 400: {str(e)[:100]}")
 
 
-def minimax_prompts(oa, mid):
-    """MiniMax-M2's prompts: with tools, and a history with two calls and their results, as jinja2
-    renders them (the same length through /v1/completions of jinja2's text); the reply opens
-    inside <think> (the template writes it)."""
+def history_prompts(oa, mid, template, label):
+    """A template's prompts: with tools, and a history with two calls and their results, as jinja2
+    renders them (the same length through /v1/completions of jinja2's text). MiniMax-M2: the reply
+    opens inside <think> (the template writes it); the others: a required call conforms."""
     call = [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": json.dumps({"a": 1, "b": "half"})}},
             {"id": "call_2", "type": "function", "function": {"name": "ping", "arguments": "{}"}}]
     history = ASK + [{"role": "assistant", "content": "", "tool_calls": call},
@@ -231,11 +251,19 @@ def minimax_prompts(oa, mid):
                      {"role": "tool", "tool_call_id": "call_2", "content": "pong"}]
     for what, msgs in (("the prompt with tools", ASK), ("a history with two calls and their results", history)):
         r = oa.chat.completions.create(model=mid, messages=msgs, tools=TYPED, max_tokens=4, temperature=0)
-        comp = oa.completions.create(model=mid, prompt=py_prompt(MINIMAX, msgs, TYPED), max_tokens=1, temperature=0)
-        check(r.usage.prompt_tokens == comp.usage.prompt_tokens and r.choices[0].message.content in (None, "")
-              and (r.choices[0].message.model_extra or {}).get("reasoning_content"),
-              f"MiniMax-M2: {what} renders as jinja2's ({r.usage.prompt_tokens} vs {comp.usage.prompt_tokens}), "
-              f"the reply is reasoning")
+        comp = oa.completions.create(model=mid, prompt=py_prompt(template, msgs, TYPED), max_tokens=1, temperature=0)
+        check(r.usage.prompt_tokens == comp.usage.prompt_tokens,
+              f"{label}: {what} renders as jinja2's ({r.usage.prompt_tokens} vs {comp.usage.prompt_tokens})")
+        if template == MINIMAX:
+            check(r.choices[0].message.content in (None, "") and (r.choices[0].message.model_extra or {}).get(
+                "reasoning_content"), f"{label}: after {what} the reply is reasoning")
+        else:
+            ch = oa.chat.completions.create(model=mid, messages=msgs, tools=TYPED, max_tokens=200, temperature=0,
+                                            tool_choice="required", parallel_tool_calls=False).choices[0]
+            tcs = ch.message.tool_calls or []
+            check(ch.finish_reason == "tool_calls" and len(tcs) == 1 and conforms(tcs[0], TYPED),
+                  f"{label}: after {what} a required call conforms "
+                  f"({ch.finish_reason}, {[(t.function.name, t.function.arguments) for t in tcs]})")
 
 
 def main():
@@ -247,19 +275,21 @@ def main():
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="shardlm-xml-tools-"))
     try:
-        for template in (CODER, QWEN35, MINIMAX):
+        for template in (CODER, QWEN35, MINIMAX, DS32, DS4):
             round_trip(template, a.tool_stream, work)
             grammar_oracle(template, a.tool_stream, a.test_grammar, work)
         if not os.path.exists(a.gguf):
             print(f"SKIP: served: no SmolLM2 GGUF at {a.gguf} (tools/fetch_smollm2.sh)")
             return check.summary()
         mid = Path(a.gguf).name
-        for template, label, thinking in ((CODER, "Qwen3-Coder", False), (QWEN35, "Qwen3.5", True)):
+        for template, label, thinking in ((CODER, "Qwen3-Coder", False), (QWEN35, "Qwen3.5", True),
+                                          (DS32, "DeepSeek-V3.2", False)):
+            fmt = REFUSALS[template][1]
             with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(template), "--no-prefix-caching",
                            name=f"tools-{label}", http=True) as srv:
                 log = srv.log_path.read_text()
-                check("tool calls in the qwen3-coder format" in log and (not thinking or "reasoning split from <think>" in log),
-                      f"{label}: read as the qwen3-coder format" + (" with <think> reasoning" if thinking else ""))
+                check(f"tool calls in the {fmt} format" in log and (not thinking or "reasoning split from <think>" in log),
+                      f"{label}: read as the {fmt} format" + (" with <think> reasoning" if thinking else ""))
                 oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
                 served(srv, oa, mid, template, label, thinking)
         with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(MINIMAX), "--no-prefix-caching",
@@ -268,7 +298,7 @@ def main():
             check("tool calls in the minimax-m2 format" in log and "reasoning split from <think>" in log,
                   "MiniMax-M2: read as the minimax-m2 format with <think> reasoning")
             oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
-            minimax_prompts(oa, mid)
+            history_prompts(oa, mid, MINIMAX, "MiniMax-M2")
             try:
                 oa.chat.completions.create(model=mid, messages=ASK, max_tokens=4, tools=[{"type": "function", "function": {
                     "name": "f", "parameters": {"type": "object", "properties": {"say \"x\"": {"type": "string"}}}}}])
@@ -281,6 +311,13 @@ def main():
                 check(False, "MiniMax-M2: strict: true is refused")
             except openai.BadRequestError as e:
                 check("strict" in str(e) and "MiniMax-M2's" in str(e), f"MiniMax-M2: strict: true is a 400: {str(e)[:100]}")
+        # DeepSeek V4: V3.2's calls in another block, its own history (tool results in the user's
+        # turn): the prompts and a required call
+        with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(DS4), "--no-prefix-caching",
+                       name="tools-deepseek-v4", http=True) as srv:
+            check("tool calls in the deepseek-v4 format" in srv.log_path.read_text(), "DeepSeek-V4: read as the deepseek-v4 format")
+            oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
+            history_prompts(oa, mid, DS4, "DeepSeek-V4")
     except Exception as e:  # noqa: BLE001 - reported with the server logs
         check(False, f"{e}")
         for log in sorted(TS.LOG_DIR.glob("*.log")):
