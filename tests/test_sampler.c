@@ -65,6 +65,50 @@ int main(void)
     for (int i = 1; i < V; i++) if (x[i] > x[best]) best = i;
     histogram(&s, &p, x, 100, counts);
     check(counts[best] == 100, "temperature 0 is argmax", NULL);
+    /* Greedy's edge cases against the one-pass rule (the first index of the largest logit that
+     * is not NaN, 0 when all are NaN), lengths on both sides of the eight-wide pass. */
+    {
+        struct sampler g;
+        const float inf = INFINITY, nan = NAN;
+        static const struct {
+            int n;
+            float v[19];
+        } cases[] = {{1, {nan}},
+                     {3, {nan, nan, nan}},
+                     {9, {nan, -inf, -inf, nan, nan, nan, nan, nan, -inf}},
+                     {10, {1, 3, 3, 2, 0, 0, 0, 0, 0, 3}},
+                     {19, {nan, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5}},
+                     {8, {-1, -2, inf, 7, inf, nan, 0, 1}},
+                     {17, {-5, -5, -5, -5, -5, -5, -5, -5, -5, -5, -5, -5, -5, -5, -5, -5, -4}},
+                     {16, {2, nan, 9, 1, 1, 1, 1, 1, 9, 1, 1, 1, 1, 1, 1, 1}}};
+        int ok = 1;
+        char d[96] = "";
+        for (size_t c = 0; c < sizeof cases / sizeof *cases && ok; c++) {
+            const int n = cases[c].n;
+            int want = 0;
+            for (int i = 1; i < n; i++)
+                if (cases[c].v[i] > cases[c].v[want] || (isnan(cases[c].v[want]) && !isnan(cases[c].v[i]))) want = i;
+            float buf[19];
+            memcpy(buf, cases[c].v, sizeof buf);
+            struct rng r;
+            rng_seed(&r, 1);
+            if (sampler_init(&g, n) != STATUS_OK) return 1;
+            const int got = sampler_sample(&g, &p, &r, buf, NULL, 0, NULL, 0);
+            sampler_free(&g);
+            if (got != want) ok = 0, snprintf(d, sizeof d, "case %zu: %d, want %d", c, got, want);
+        }
+        check(ok, "temperature 0: first of equal maxima, NaN never chosen over a number, all NaN 0", ok ? NULL : d);
+        const float fin[9] = {0, 1, -1, 3.4e38f, -3.4e38f, 1e-45f, 0, 0, 0};
+        float bad[9];
+        int finite_ok = sampler_logits_finite(fin, 9);
+        for (int k = 0; k < 9; k++)
+            for (int w = 0; w < 3; w++) {
+                memcpy(bad, fin, sizeof bad);
+                bad[k] = w == 0 ? inf : w == 1 ? -inf : nan;
+                finite_ok &= !sampler_logits_finite(bad, 9);
+            }
+        check(finite_ok, "sampler_logits_finite: finite rows pass, an Inf, -Inf or NaN anywhere fails", NULL);
+    }
 
     /* Chi-square at temperature 1: 50 categories, 49 dof; the 0.999 quantile is 85.4. */
     p = sampling_params_default();

@@ -84,12 +84,24 @@ void sampler_free(struct sampler *s)
     memset(s, 0, sizeof *s);
 }
 
+/* The first index of the largest logit that is not NaN (0 when all are NaN). Two passes: the
+ * maximum (eight running maxima, no element waiting on the one before, so the compiler
+ * vectorizes it), then the first index holding it. One pass keeping the best index ran at about
+ * 2.5 ns an element (each step waited on the last compare: 0.65 ms a token over Gemma 3's 262,144
+ * logits, serial between the step's parallel products). */
 static int32_t argmax(const float *x, int n)
 {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best] || (isnan(x[best]) && !isnan(x[i]))) best = i;
-    return best;
+    float m8[8];
+    for (int j = 0; j < 8; j++) m8[j] = -INFINITY;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) m8[j] = x[i + j] > m8[j] ? x[i + j] : m8[j]; /* (NaN: never greater) */
+    float m = -INFINITY;
+    for (int j = 0; j < 8; j++) m = m8[j] > m ? m8[j] : m;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    for (i = 0; i < n; i++)
+        if (x[i] == m) return i;
+    return 0;
 }
 
 static void apply_penalties(struct sampler *s, const struct sampling_params *p, float *logits,
@@ -251,8 +263,12 @@ void sampler_probs(struct sampler *s, const struct sampling_params *p, float *lo
 
 int sampler_logits_finite(const float *x, int n)
 {
-    int bad = 0;
-    for (int i = 0; i < n; i++) bad |= !isfinite(x[i]);
+    uint32_t bad = 0; /* (the bits, so that it vectorizes: an exponent of all ones is Inf or NaN) */
+    for (int i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        bad |= (~u & 0x7f800000u) == 0;
+    }
     return !bad;
 }
 
