@@ -49,6 +49,113 @@ static void softmax(const float *x, double t, double *p)
     for (int i = 0; i < V; i++) p[i] /= sum;
 }
 
+/* The filters as sampler.c ran them before its gather_front (2026-12-01): every candidate within
+ * 1e-12 of the top sorted by logit (ties: lowest id first), then top-k, the weights, top-p against
+ * their sum in that order, min-p. Returns n; order / w the kept ids and weights. */
+static const float *ref_key;
+static int ref_desc(const void *a, const void *b)
+{
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    if (ref_key[i] != ref_key[j]) return ref_key[i] > ref_key[j] ? -1 : 1;
+    return i < j ? -1 : 1;
+}
+static int ref_candidates(const float *x, int nv, const struct sampling_params *p, int32_t *order, float *w)
+{
+    float top = -INFINITY;
+    for (int i = 0; i < nv; i++) top = x[i] > top ? x[i] : top;
+    const float floor_logit = top + p->temperature * -27.631021f;
+    int n = 0;
+    for (int i = 0; i < nv; i++)
+        if (x[i] >= floor_logit) order[n++] = i;
+    ref_key = x;
+    qsort(order, (size_t)n, sizeof *order, ref_desc);
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += w[i] = expf((x[order[i]] - top) / p->temperature);
+    if (p->top_p < 1.0f) {
+        double cum = 0.0;
+        for (int i = 0; i < n; i++) {
+            cum += w[i] / sum;
+            if (cum >= p->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (p->min_p > 0.0f) {
+        int keep = 1;
+        while (keep < n && w[keep] >= p->min_p * w[0]) keep++;
+        n = keep;
+    }
+    return n;
+}
+
+/* Large vocabularies (the filters gather only the front they read: sampler.c gather_front)
+ * against ref_candidates: the same kept tokens with the same probabilities (sampler_probs), and
+ * the same token for the same seed in 16 draws each, for peaked, flat, tied and masked logits
+ * under top-k, top-p, min-p and their mixes. */
+static void check_filters_large(void)
+{
+    enum { NV = 70001 };
+    static float x[NV], buf[NV], got[NV], w[NV];
+    static int32_t order[NV];
+    struct sampler g;
+    if (sampler_init(&g, NV) != STATUS_OK) exit(1);
+    static const struct {
+        float t, top_p, min_p;
+        int top_k;
+    } ps[] = {{1.0f, 0.95f, 0.0f, 0}, {0.7f, 0.9f, 0.0f, 0},    {1.0f, 1.0f, 0.0f, 40},  {0.8f, 0.95f, 0.05f, 0},
+              {1.3f, 1.0f, 0.1f, 0},  {1.0f, 0.5f, 0.0f, 1000}, {2.0f, 0.99f, 0.0f, 5}, {1.0f, 0.999f, 0.0f, 0},
+              {0.5f, 1.0f, 0.02f, 300}};
+    int bad = 0, draws = 0;
+    char d[160] = "";
+    for (int shape = 0; shape < 4; shape++)
+        for (size_t c = 0; c < sizeof ps / sizeof *ps; c++) {
+            struct rng r;
+            rng_seed(&r, 1000 + (uint64_t)shape);
+            for (int i = 0; i < NV; i++) {
+                const float u = rng_uniform(&r);
+                x[i] = shape == 0 ? 8.0f * u - 4.0f                       /* flat-ish */
+                     : shape == 1 ? (i % 997 == 0 ? 12.0f : 0.0f) + 3.0f * u  /* a few peaks */
+                     : shape == 2 ? (float)(int)(6.0f * u)                 /* six tied levels */
+                                  : (u < 0.7f ? -INFINITY : 5.0f * u);      /* masked (a grammar) */
+            }
+            struct sampling_params p = sampling_params_default();
+            p.temperature = ps[c].t, p.top_p = ps[c].top_p, p.min_p = ps[c].min_p, p.top_k = ps[c].top_k;
+            const int n = ref_candidates(x, NV, &p, order, w);
+            double sum = 0.0;
+            for (int i = 0; i < n; i++) sum += w[i];
+            memcpy(buf, x, sizeof buf);
+            sampler_probs(&g, &p, buf, NULL, 0, NULL, 0, got);
+            int support = 0;
+            for (int i = 0; i < NV; i++) support += got[i] > 0.0f;
+            int same = support == n;
+            for (int i = 0; i < n && same; i++) same = fabsf(got[order[i]] - (float)(w[i] / sum)) <= 1e-6f;
+            for (int k = 0; k < 16 && same; k++, draws++) {
+                struct rng ra, rb;
+                rng_seed(&ra, (uint64_t)k), rng_seed(&rb, (uint64_t)k);
+                memcpy(buf, x, sizeof buf);
+                const int32_t tok = sampler_sample(&g, &p, &ra, buf, NULL, 0, NULL, 0);
+                const double u = (double)rng_uniform(&rb) * sum;
+                double cum = 0.0;
+                int32_t want = order[n - 1];
+                for (int i = 0; i < n; i++)
+                    if (u < (cum += w[i])) {
+                        want = order[i];
+                        break;
+                    }
+                same = tok == want;
+            }
+            if (!same && !bad++)
+                snprintf(d, sizeof d, "shape %d, T %.1f top_p %.3f min_p %.2f top_k %d: %d kept, want %d", shape, ps[c].t,
+                         ps[c].top_p, ps[c].min_p, ps[c].top_k, support, n);
+        }
+    char what[96];
+    snprintf(what, sizeof what, "filters over %d logits equal the sort-everything rule (36 cases, %d draws)", (int)NV, draws);
+    check(!bad, what, bad ? d : NULL);
+    sampler_free(&g);
+}
+
 int main(void)
 {
     struct sampler s;
@@ -221,6 +328,7 @@ int main(void)
     check(sampling_params_validate(&bad) == STATUS_INVALID_ARGUMENT && strstr(status_message(), "temperature"),
           "NaN temperature is rejected by name", status_message());
 
+    check_filters_large();
     sampler_free(&s);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
