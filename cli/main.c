@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ops.h"
@@ -65,15 +66,44 @@ static void print_help(FILE *f)
             "T x P ranks (e.g. mpirun -n 4 shardlm generate --tp 2 --pp 2 ...).\n");
 }
 
+/* The nanoseconds one turn of libgomp's wait loop takes (config/linux/wait.h do_spin: a relaxed
+ * load, then cpu_relax, x86's PAUSE: 26 ns on the Zen 3 VM of 2026-12-01, some 40-50 on recent
+ * Xeons, a few on older AMD cores): the fastest of eight timings of 2048 turns (about 0.5 ms in
+ * all here; the fastest, as an interruption only lengthens one). */
+static double spin_ns(void)
+{
+    static volatile int flag;
+    double best = 0.0;
+    for (int r = 0; r < 8; r++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (int i = 0; i < 2048 && !flag; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#else
+            __asm__ volatile("" ::: "memory");
+#endif
+        }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        const double ns = ((double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec)) / 2048.0;
+        if (r == 0 || ns < best) best = ns;
+    }
+    return best;
+}
+
 /* Two thread pools read their settings once, in library constructors that run before main:
  * - libgomp's wait policy. Its default lets idle workers spin for a long while after every
  *   parallel region, which steals the core the next serial step needs as soon as anything else
  *   runs on the machine (another process, the gRPC threads): Gemma 3 270M decoding was measured
  *   at 4.5 tok/s that way and 25 tok/s with a short spin on the 2-core build machine. So unless
- *   the user chose a policy, GOMP_SPINCOUNT=3000: on an idle machine (2026-11-25, 2 threads)
- *   it decodes the stories110M shape at 59-60 tok/s against 55-56 with 1000 (10000: 60), and a
- *   served Gemma at 75 tok/s for 4 streams against 66-69; with one busy process beside it, 25.5
- *   against 28 (10000: 19).
+ *   the user chose a policy, a short spin: GOMP_SPINCOUNT=3000 was measured on an Intel Xeon VM
+ *   (2026-11-25, idle, 2 threads: the stories110M shape at 59-60 tok/s against 55-56 with 1000
+ *   (10000: 60), a served Gemma at 75 tok/s for 4 streams against 66-69; with one busy process
+ *   beside it, 25.5 against 28 (10000: 19)). libgomp counts turns, not time, and a turn's length
+ *   differs by CPU: 3000 turns are about 135 us there and 78 us on the Zen 3 VM, where the
+ *   worker then slept through most gaps between a token's products (2026-12-01, Gemma 2-thread
+ *   decode, medians of six alternating runs: 3000 turns 55-61 tok/s, 5200-30000 turns 61-68). So
+ *   the count is now what lasts SPIN_US microseconds on this CPU (spin_ns), within [1000, 100000].
  * - OpenBLAS's own pthread pool. shardlm calls OpenBLAS single-threaded inside its OpenMP
  *   threads (kernels/cpu/matmul.c), yet the library starts one worker per core at load, and each
  *   spins in sched_yield for about 0.1 s before it sleeps: 38 % of perf's samples over six short
@@ -86,7 +116,12 @@ static void set_thread_pools(char **argv)
 {
     int again = 0;
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
-        if (setenv("GOMP_SPINCOUNT", "3000", 1) != 0) return;
+        enum { SPIN_US = 150 };
+        const double ns = spin_ns();
+        const double turns = ns > 0.0 ? SPIN_US * 1000.0 / ns : 100000.0;
+        char count[24];
+        snprintf(count, sizeof count, "%d", turns < 1000.0 ? 1000 : turns > 100000.0 ? 100000 : (int)turns);
+        if (setenv("GOMP_SPINCOUNT", count, 1) != 0) return;
         again = 1;
     }
     if (!getenv("OPENBLAS_NUM_THREADS")) {

@@ -214,13 +214,13 @@ char *cpu_isa_describe(char *buf, size_t n)
                  cpu_quant_int8_packed() ? " (packed: never)" : "");
     snprintf(buf, n,
              "%s; isa %s (supported %s%s%s); quant %s, dequant %s, amx %s, attention %s, gemv %s, "
-             "activation %s, prefetch %zu, blocks' sgemm %s",
+             "activation %s, prefetch %zu, blocks' sgemm %s, GOMP_SPINCOUNT %s",
              cpu_isa_model(), cpu_isa_name(cpu_isa()), cpu_isa_name(cpu_isa_supported()),
              cpu_isa_ceiling() != CPU_ISA_COUNT ? ", ceiling " : "",
              cpu_isa_ceiling() != CPU_ISA_COUNT ? cpu_isa_name(cpu_isa_ceiling()) : "",
              quant_impl_name(qi), qi == QUANT_IMPL_SCALAR ? "scalar" : "avx2",
              cpu_amx_enabled() ? "on" : "off", at->name, cpu_gemv_path(), cpu_activation_path(),
-             quant_prefetch_bytes(), sgemm_from);
+             quant_prefetch_bytes(), sgemm_from, getenv("GOMP_SPINCOUNT") ? getenv("GOMP_SPINCOUNT") : "unset");
     return buf;
 }
 
