@@ -159,8 +159,8 @@ static int by_logit_desc(const void *a, const void *b)
  * lowest id first) and returns how many there are. Every candidate left behind has a lower logit
  * than every one moved, so the sorted front is the front of the whole order by logit: the filters
  * read only the front, and sorting all candidates (up to the whole vocabulary) for every token
- * halved a sampled decode on Gemma 3 (top_p 0.95: 33 against 65 tok/s, 2 threads, the Zen 3
- * VM). */
+ * cost a sampled decode on Gemma 3 a third or more (top_p 0.95: 39 against 64-71 tok/s greedy,
+ * 2 threads, the Zen 3 VM; docs/performance.md). */
 #define SAMPLER_BINS 2048
 
 /* The bin of a candidate d below the top logit (0 <= d <= top - lo), scale bins a logit. */
@@ -234,7 +234,7 @@ static int candidates(struct sampler *s, const struct sampling_params *p, const 
     for (int i = 0; i < n; i++) sum += s->probs[i] = expf((logits[s->order[i]] - top) / p->temperature);
     if (p->top_p < 1.0f) {
         if (sorted < n) sorted = gather_front(s, n, logits, floor_logit, top, 0, s->probs, (double)p->top_p * sum);
-        for (int pass = 0;; pass++) {
+        for (;;) {
             for (int i = 0; i < sorted; i++) s->probs[i] = expf((logits[s->order[i]] - top) / p->temperature);
             double cum = 0.0;
             int cut = 0;
