@@ -84,6 +84,30 @@ void sampler_free(struct sampler *s)
     memset(s, 0, sizeof *s);
 }
 
+float sampler_exp(float x)
+{
+    /* x = k ln2 + r, |r| <= ln2 / 2 (k rounded from x log2(e), half away from zero; x <= 0),
+     * ln2 in two parts so that k ln2 is exact; e^r by Cephes' expf polynomial; 2^k in the
+     * exponent bits. */
+    const float xc = x > -87.3f ? x : -87.3f; /* (-Inf and NaN-free below: clamped, zeroed at the end) */
+    const float t = xc * 1.44269504088896341f;
+    const int k = (int)(t - 0.5f);
+    const float kf = (float)k;
+    const float r = (xc - kf * 0.693359375f) - kf * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * (r * r) + r + 1.0f;
+    const uint32_t bits = (uint32_t)(k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    const float v = y * scale; /* (computed either way: a select of values is what vectorizes) */
+    return x > -87.3f ? v : 0.0f;
+}
+
 /* The largest value of x[0..n) that is not NaN (-Inf when none is): eight running maxima, no
  * element waiting on the one before, so the compiler vectorizes it. */
 static float max_of(const float *x, int n)
@@ -215,7 +239,7 @@ static int candidates(struct sampler *s, const struct sampling_params *p, const 
     if (p->top_k == 0 && p->top_p >= 1.0f && p->min_p == 0.0f) {
         for (int i = 0; i < V; i++) {
             s->order[i] = i;
-            s->probs[i] = expf((logits[i] - top) / p->temperature);
+            s->probs[i] = sampler_exp((logits[i] - top) / p->temperature);
         }
         return V;
     }
@@ -231,11 +255,11 @@ static int candidates(struct sampler *s, const struct sampling_params *p, const 
         sorted = n = p->top_k;
     }
     double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += s->probs[i] = expf((logits[s->order[i]] - top) / p->temperature);
+    for (int i = 0; i < n; i++) sum += s->probs[i] = sampler_exp((logits[s->order[i]] - top) / p->temperature);
     if (p->top_p < 1.0f) {
         if (sorted < n) sorted = gather_front(s, n, logits, floor_logit, top, 0, s->probs, (double)p->top_p * sum);
         for (;;) {
-            for (int i = 0; i < sorted; i++) s->probs[i] = expf((logits[s->order[i]] - top) / p->temperature);
+            for (int i = 0; i < sorted; i++) s->probs[i] = sampler_exp((logits[s->order[i]] - top) / p->temperature);
             double cum = 0.0;
             int cut = 0;
             for (int i = 0; i < sorted && !cut; i++) {
@@ -260,7 +284,7 @@ static int candidates(struct sampler *s, const struct sampling_params *p, const 
             }
         sort_key = logits;
         qsort(s->order, (size_t)m, sizeof *s->order, by_logit_desc);
-        for (int i = 0; i < m; i++) s->probs[i] = expf((logits[s->order[i]] - top) / p->temperature);
+        for (int i = 0; i < m; i++) s->probs[i] = sampler_exp((logits[s->order[i]] - top) / p->temperature);
         n = m;
     }
     if (p->min_p > 0.0f) { /* probs[0] is the largest */
@@ -296,7 +320,8 @@ int32_t sampler_sample(struct sampler *s, const struct sampling_params *p, struc
         /* Plain temperature sampling needs no order: the weights of the whole vocabulary once
          * (kept, not computed again for the draw), then the draw. */
         double total = 0.0;
-        for (int i = 0; i < V; i++) total += s->probs[i] = expf((logits[i] - top) / p->temperature);
+        for (int i = 0; i < V; i++) s->probs[i] = sampler_exp((logits[i] - top) / p->temperature); /* (vectorized) */
+        for (int i = 0; i < V; i++) total += s->probs[i];
         double u = (double)rng_uniform(r) * total, acc = 0.0;
         int last = 0;
         for (int i = 0; i < V; i++) {
@@ -349,12 +374,16 @@ int sampler_logits_finite(const float *x, int n)
 
 void sampler_log_softmax(const float *x, float *out, int V)
 {
-    float mx = -INFINITY;
-    for (int i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
-    double sum = 0.0;
-    for (int i = 0; i < V; i++) sum += exp((double)(x[i] - mx));
-    float lse = (float)log(sum);
-    for (int i = 0; i < V; i++) out[i] = (x[i] - mx) - lse;
+    const float mx = max_of(x, V);
+    for (int i = 0; i < V; i++) out[i] = sampler_exp(x[i] - mx); /* (the weights, for now: vectorized) */
+    double part[4] = {0.0, 0.0, 0.0, 0.0}; /* (four sums: no add waiting on the one before) */
+    int i = 0;
+    for (; i + 4 <= V; i += 4)
+        for (int j = 0; j < 4; j++) part[j] += out[i + j];
+    double sum = (part[0] + part[1]) + (part[2] + part[3]);
+    for (; i < V; i++) sum += out[i];
+    const float lse = (float)log(sum);
+    for (i = 0; i < V; i++) out[i] = (x[i] - mx) - lse;
 }
 
 void sampler_top_logprobs(const float *lp, int V, int k, struct top_logprob *out)
