@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fastexp.h"
 #include "request.h"
 
 struct sampling_params sampling_params_default(void)
@@ -86,26 +87,8 @@ void sampler_free(struct sampler *s)
 
 float sampler_exp(float x)
 {
-    /* x = k ln2 + r, |r| <= ln2 / 2 (k rounded from x log2(e), half away from zero; x <= 0),
-     * ln2 in two parts so that k ln2 is exact; e^r by Cephes' expf polynomial; 2^k in the
-     * exponent bits. */
-    const float xc = x > -87.3f ? x : -87.3f; /* (-Inf and NaN-free below: clamped, zeroed at the end) */
-    const float t = xc * 1.44269504088896341f;
-    const int k = (int)(t - 0.5f);
-    const float kf = (float)k;
-    const float r = (xc - kf * 0.693359375f) - kf * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * (r * r) + r + 1.0f;
-    const uint32_t bits = (uint32_t)(k + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    const float v = y * scale; /* (computed either way: a select of values is what vectorizes) */
-    return x > -87.3f ? v : 0.0f;
+    const float v = base_exp(x); /* (computed either way: a select of values is what vectorizes) */
+    return x > -87.0f ? v : 0.0f; /* (base_exp clamps at -87: a masked, -Inf logit must weigh 0) */
 }
 
 /* The largest value of x[0..n) that is not NaN (-Inf when none is): eight running maxima, no

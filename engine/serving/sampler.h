@@ -69,11 +69,11 @@ void sampler_probs(struct sampler *s, const struct sampling_params *p, float *lo
  * must end its sequence with an error, never be sampled: softmax over it is meaningless. */
 int sampler_logits_finite(const float *x, int n);
 
-/* e^x for x <= 0 (-Inf gives 0, and so does anything below -87.3, where a float's normal range
- * ends), within 2 ulp of it: the sampler's weights exp((logit - top) / temperature) and the
- * log-softmax's sum. Branch-free float arithmetic (Cephes' range reduction and polynomial), so
+/* e^x for x <= 0 (-Inf gives 0, and so does anything at or below -87, near where a float's
+ * normal range ends), within 3 ulp of it: the sampler's weights exp((logit - top) / temperature)
+ * and the log-softmax's sum. kernels/base/fastexp.h's base_exp (branch-free float arithmetic, so
  * that a loop of it vectorizes: glibc's expf took 1.9 ms over Gemma 3's 262,144 logits a sampled
- * token, exp in double 3.3 ms a token with log-probabilities (the Zen 3 VM, 2026-12-01). */
+ * token, exp in double 3.3 ms a token with log-probabilities; the Zen 3 VM, 2026-12-01). */
 float sampler_exp(float x);
 
 /* Log-probabilities of a logits row: out[i] = x[i] - logsumexp(x), the weights by sampler_exp

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "fastexp.h"
 #include "ops.h"
 
 /* Backend-private state. The scratch arena grows to the largest request and then stays: ops
@@ -71,34 +72,9 @@ void   cpu_amx_round_rows(uint16_t *dst, const float *src, int64_t n);
 void   cpu_amx_gemm(float *y, int64_t ldy, const uint16_t *xv, const uint16_t *w, int64_t ldw,
                     int64_t m, int64_t nb, int64_t k);
 
-/* e^x in plain arithmetic that GCC and clang vectorise (libm's expf and tanhf are calls per
- * element, which cost a twentieth of a Gemma decode step in the activations): x clamped to
- * [-87, 88], n = round(x log2 e) through the 1.5 * 2^23 trick, r = x - n ln 2 in two parts
- * (Cody-Waite), e^r by Cephes' degree-7 polynomial, 2^n built in the exponent bits. Relative
- * error about 2e-7 (tests/test_ops.c checks the activations and attention against float64).
- * A NaN x gives NaN. Used by the activations and attention's softmax. */
-static inline float cpu_exp(float x)
-{
-    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
-    const float z = x * 1.44269504088896341f + 12582912.0f;
-    const float n = z - 12582912.0f;
-    const float r = x - n * 0.693359375f - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    uint32_t zi;
-    memcpy(&zi, &z, sizeof zi);
-    /* n + 127 in the exponent field; unsigned, so that a NaN x (whose z holds any bits: the
-     * result is NaN through p) is no signed overflow */
-    const uint32_t bits = (zi - 0x4B400000u + 127u) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
+/* e^x in plain arithmetic that vectorises: kernels/base/fastexp.h (used by the activations and
+ * attention's softmax). */
+static inline float cpu_exp(float x) { return base_exp(x); }
 
 /* Every parallel region names its team size, num_threads(b->n_threads): OpenMP's default team
  * size is a per-thread setting, and the engine runs ops on its own thread, where the default
