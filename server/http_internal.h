@@ -121,14 +121,17 @@ enum status http_tools_parse(const struct cJSON *o, const struct http_chat_caps 
  * tests/test_tool_stream.c. */
 char *http_tools_deepseek_schema(const struct cJSON *tools, const char *only, int parallel, int fenced, int lazy,
                                  int kimi, int index);
-/* The GBNF grammar (malloc'd) of the XML-like calls (http_tools_glm.c) of tool_format f (GLM or
- * QWEN_XML) of tools. */
+/* The GBNF grammar (malloc'd) of the XML-like calls (http_tools_glm.c) of tool_format f
+ * (tool_format_is_xml) of tools. */
 char *http_tools_glm_grammar(int f, const struct cJSON *tools, const char *only, int parallel, int lazy);
 /* The first declared key of params (a function's parameters schema) that the XML-like format f
  * cannot write so that its parser reads it back (Qwen3-Coder's `<parameter=K>` ends at '>',
- * MiniMax-M2's `<parameter name="K">` at '"', GLM's `<arg_key>K</arg_key>` at its closing tag; a
- * newline or '<' in Qwen's or MiniMax's), or NULL; NULL for the other formats (http_tools_glm.c). */
-const char *http_tools_xml_unwritable_key(int f, const struct cJSON *params);
+ * MiniMax-M2's and DSML's `<parameter name="K">` at '"', GLM's `<arg_key>K</arg_key>` at its
+ * closing tag; a newline or '<' in Qwen's, MiniMax's or DSML's), *key_end then where the format
+ * ends a key; or NULL; NULL for the other formats (http_tools_glm.c, one table of the formats). */
+const char *http_tools_xml_unwritable_key(int f, const struct cJSON *params, const char **key_end);
+/* XML-like format f's calls in words (the 400 of a tool's `strict: true`). */
+const char *http_tools_xml_label(int f);
 /* With a Jinja template: r->chat_context from o's messages (as sent, when the template's own
  * tool format is used), the tools of the request (NULL: none) and chat_template_kwargs. */
 enum status http_tools_context(const struct cJSON *o, const struct cJSON *tools, const struct http_chat_caps *caps,

@@ -394,24 +394,19 @@ enum status http_tools_parse(const cJSON *o, const struct http_chat_caps *caps, 
         if (cJSON_IsTrue(strict) && caps && caps->jinja && tool_format_is_xml((enum tool_format)caps->tool_format))
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.strict': true needs calls constrained to "
                                  "the whole schema; this model's tool format (%s) is constrained to the declared "
-                                 "names, keys and value types only", i,
-                                 caps->tool_format == TOOL_FORMAT_GLM        ? "GLM-4.5's <arg_key> / <arg_value> pairs"
-                                 : caps->tool_format == TOOL_FORMAT_QWEN_XML ? "Qwen3-Coder's <function=...> / <parameter=...> tags"
-                                 : caps->tool_format == TOOL_FORMAT_MINIMAX  ? "MiniMax-M2's <invoke> / <parameter> tags"
-                                                                             : "DeepSeek's DSML <invoke> / <parameter> tags");
+                                 "names, keys and value types only", i, http_tools_xml_label(caps->tool_format));
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
         if (!cJSON_IsString(name) || !valid_name(name->valuestring))
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.name' must be 1 to 64 of a-z, A-Z, 0-9, _ and -", i);
         if (params && !cJSON_IsNull(params) && !cJSON_IsObject(params))
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.parameters' must be a JSON Schema object", i);
-        const char *bad_key = caps && caps->jinja ? http_tools_xml_unwritable_key(caps->tool_format, params) : NULL;
+        const char *key_end = NULL;
+        const char *bad_key = caps && caps->jinja ? http_tools_xml_unwritable_key(caps->tool_format, params, &key_end) : NULL;
         if (bad_key)
             return status_errorf(STATUS_INVALID_ARGUMENT, "'tools[%d].function.parameters.properties': the key '%.64s' "
                                  "cannot be written in this model's tool format (the %s format ends a key at '%s')", i, bad_key,
-                                 tool_format_name((enum tool_format)caps->tool_format),
-                                 tool_format_is_invoke((enum tool_format)caps->tool_format) ? "\""
-                                 : caps->tool_format == TOOL_FORMAT_QWEN_XML ? ">" : "</arg_key>");
+                                 tool_format_name((enum tool_format)caps->tool_format), key_end);
         for (const cJSON *u = tools->child; u != t; u = u->next)
             if (!strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(u, "function"), "name")->valuestring,
                         name->valuestring))

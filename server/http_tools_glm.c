@@ -115,23 +115,30 @@ struct xml_shape {
     int think;              /* the reasoning is the grammar's (GLM writes "\n<think>") */
     int python;             /* booleans and null also as Python writes them (Qwen's `string`) */
     int string_attr;        /* key_close is `" string="S">`, S true before a string, else false (DSML) */
+    const char *key_end;    /* where the parser ends a key (named in the 400 of a key holding it) */
+    const char *key_stops;  /* the bytes a key may not hold (NULL: key_end itself, GLM's tag) */
+    const char *label;      /* the format's calls, for the 400 of `strict: true` */
 };
 
 static const struct xml_shape GLM = {
     "\"<tool_call>\"", "\"\\n\"? \"<tool_call>\"", "", "", "\"\\n\"", "\"<arg_key>\" ", " \"</arg_key>\\n<arg_value>\" ",
-    "\"</arg_value>\\n\"", "</arg_value>", "\"</tool_call>\"", "\"\\n\"?", 1, 0, 0};
+    "\"</arg_value>\\n\"", "</arg_value>", "\"</tool_call>\"", "\"\\n\"?", 1, 0, 0, "</arg_key>", NULL,
+    "GLM-4.5's <arg_key> / <arg_value> pairs"};
 static const struct xml_shape QWEN = {
     "\"<tool_call>\"", "\"\\n\"? \"<tool_call>\"", "", "\"\\n<function=\" ", "\">\\n\"", "\"<parameter=\" ", " \">\\n\" ",
-    "\"\\n</parameter>\\n\"", "</parameter>", "\"</function>\\n</tool_call>\"", "\"\\n\"? \"\\n\"?", 0, 1, 0};
+    "\"\\n</parameter>\\n\"", "</parameter>", "\"</function>\\n</tool_call>\"", "\"\\n\"? \"\\n\"?", 0, 1, 0, ">", "><\n",
+    "Qwen3-Coder's <function=...> / <parameter=...> tags"};
 /* MiniMax-M2: one block of <invoke>s, its values raw (strings) or JSON, as GLM's */
 static const struct xml_shape MINIMAX = {
     "\"<minimax:tool_call>\"", "", " \"\\n\"? \"</minimax:tool_call>\"", "\"\\n\"? \"<invoke name=\\\"\" ", "\"\\\">\\n\"",
-    "\"<parameter name=\\\"\" ", " \"\\\">\" ", "\"</parameter>\\n\"", "</parameter>", "\"</invoke>\"", "\"\\n\"?", 0, 0, 0};
+    "\"<parameter name=\\\"\" ", " \"\\\">\" ", "\"</parameter>\\n\"", "</parameter>", "\"</invoke>\"", "\"\\n\"?", 0, 0, 0, "\"", "\"<\n",
+    "MiniMax-M2's <invoke> / <parameter> tags"};
 /* DeepSeek V3.2 / V4: MiniMax's shape in ｜DSML｜ tags; key_close per value (string_attr) */
 #define DSML_SHAPE(block)                                                                                           \
     {"\"" TOOL_DSML block ">\"", "", " \"\\n\"? \"" TOOL_DSML_END block ">\"", "\"\\n\"? \"" TOOL_DSML "invoke name=\\\"\" ",      \
      "\"\\\">\\n\"", "\"" TOOL_DSML "parameter name=\\\"\" ", NULL, "\"" TOOL_DSML_END "parameter>\\n\"", TOOL_DSML_END "parameter>", \
-     "\"\\n\"? \"" TOOL_DSML_END "invoke>\"", "\"\\n\"? \"\\n\"?", 0, 0, 1} /* (V4: "\n" more without arguments) */
+     "\"\\n\"? \"" TOOL_DSML_END "invoke>\"", "\"\\n\"? \"\\n\"?", 0, 0, 1, "\"", "\"<\n",                     \
+     "DeepSeek's DSML <invoke> / <parameter> tags"} /* (V4: "\n" more without arguments) */
 static const struct xml_shape DSML = DSML_SHAPE("function_calls"), DSML_V4 = DSML_SHAPE("tool_calls");
 
 /* The value rule of a property's schema (a rule name of the shared ones, or an enum of strings
@@ -196,10 +203,18 @@ static void put_call(struct gbnf *g, const struct xml_shape *x, const cJSON *fn,
     put(g, "\n"); /* (no declared keys: no arguments) */
 }
 
+/* The shape of XML-like format f (GLM's for any other). */
+static const struct xml_shape *shape_of(int f)
+{
+    return f == TOOL_FORMAT_QWEN_XML ? &QWEN : f == TOOL_FORMAT_MINIMAX ? &MINIMAX : f == TOOL_FORMAT_DSML ? &DSML
+         : f == TOOL_FORMAT_DSML_V4 ? &DSML_V4 : &GLM;
+}
+
+const char *http_tools_xml_label(int f) { return shape_of(f)->label; }
+
 char *http_tools_glm_grammar(int f, const cJSON *tools, const char *only, int parallel, int lazy)
 {
-    const struct xml_shape *x = f == TOOL_FORMAT_QWEN_XML ? &QWEN : f == TOOL_FORMAT_MINIMAX ? &MINIMAX
-                              : f == TOOL_FORMAT_DSML ? &DSML : f == TOOL_FORMAT_DSML_V4 ? &DSML_V4 : &GLM;
+    const struct xml_shape *x = shape_of(f);
     struct gbnf g = {0};
     put(&g, "root ::= ");
     if (!lazy) {
@@ -246,15 +261,15 @@ char *http_tools_glm_grammar(int f, const cJSON *tools, const char *only, int pa
     return g.p; /* (http_buf_append stops the process when out of memory) */
 }
 
-const char *http_tools_xml_unwritable_key(int f, const cJSON *params)
+const char *http_tools_xml_unwritable_key(int f, const cJSON *params, const char **key_end)
 {
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(params, "properties");
     if (!tool_format_is_xml((enum tool_format)f) || !cJSON_IsObject(props)) return NULL;
+    const struct xml_shape *x = shape_of(f);
+    *key_end = x->key_end;
     for (const cJSON *p = props->child; p; p = p->next) {
         const char *k = p->string;
-        if (f == TOOL_FORMAT_GLM ? strstr(k, "</arg_key>") != NULL
-                                 : strpbrk(k, tool_format_is_invoke((enum tool_format)f) ? "\"<\n" : "><\n") != NULL)
-            return k;
+        if (x->key_stops ? strpbrk(k, x->key_stops) != NULL : strstr(k, x->key_end) != NULL) return k;
     }
     return NULL;
 }
