@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "http_internal.h"
 #include "tool_format.h"
@@ -75,8 +76,18 @@ static size_t utf8_len(const char *s)
     return n;
 }
 
+/* c's len bytes as they go inside a GBNF literal or class: '"', '\\' and ']' as \xHH, the rest
+ * as they are. */
+static void put_char(struct gbnf *g, const char *c, int len)
+{
+    char b[8];
+    if (len == 1 && (*c == '"' || *c == '\\' || *c == ']')) snprintf(b, sizeof b, "\\x%02X", (unsigned char)*c);
+    else snprintf(b, sizeof b, "%.*s", len, c);
+    put(g, b);
+}
+
 /* Rules name0 .. name(n-1) of the texts that do not hold lit (n its characters; its first, '<',
- * its only '<'; ASCII but for UTF-8 characters that are neither '"', '\\' nor ']'), name0 the start:
+ * its only '<'; ASCII but for UTF-8 characters), name0 the start:
  * state k has read lit's first k characters last; each rule may end (the text may stop anywhere:
  * lit follows it in the grammar, and its first occurrence ends the text, as the parser reads it).
  * Runs of other characters repeat within a rule; a rule calls the next only at a character of
@@ -90,10 +101,18 @@ static void put_until(struct gbnf *g, const char *name, const char *lit)
     for (const char *c = lit + 1; *c; k++) {
         const int len = (int)utf8_len(c);
         const char *next = c + len;
-        if (*next)
-            snprintf(line, sizeof line, "%s%zu ::= (\"%.*s\" %s%zu | \"<\" %s1 | [^<%.*s] %s0)?\n", name, k, len, c, name,
-                     k + 1, name, len, c, name);
-        else snprintf(line, sizeof line, "%s%zu ::= (\"<\" %s1 | [^<%.*s] %s0)?\n", name, k, name, len, c, name);
+        snprintf(line, sizeof line, "%s%zu ::= (", name, k);
+        put(g, line);
+        if (*next) {
+            put(g, "\"");
+            put_char(g, c, len);
+            snprintf(line, sizeof line, "\" %s%zu | ", name, k + 1);
+            put(g, line);
+        }
+        snprintf(line, sizeof line, "\"<\" %s1 | [^<", name);
+        put(g, line);
+        put_char(g, c, len);
+        snprintf(line, sizeof line, "] %s0)?\n", name);
         put(g, line);
         c = next;
     }
@@ -140,6 +159,8 @@ static const struct xml_shape MINIMAX = {
      "\"\\n\"? \"" TOOL_DSML_END "invoke>\"", "\"\\n\"? \"\\n\"?", 0, 0, 1, "\"", "\"<\n",                     \
      "DeepSeek's DSML <invoke> / <parameter> tags"} /* (V4: "\n" more without arguments) */
 static const struct xml_shape DSML = DSML_SHAPE("function_calls"), DSML_V4 = DSML_SHAPE("tool_calls");
+/* Gemma 4: its keys and label only (its grammar is gemma4_grammar's); a bare key ends at ':' */
+static const struct xml_shape GEMMA4 = {.key_end = ":", .key_stops = ":{}[],<", .label = "Gemma 4's call:NAME{...} notation"};
 
 /* The value rule of a property's schema (a rule name of the shared ones, or an enum of strings
  * written in place). */
@@ -207,13 +228,143 @@ static void put_call(struct gbnf *g, const struct xml_shape *x, const cJSON *fn,
 static const struct xml_shape *shape_of(int f)
 {
     return f == TOOL_FORMAT_QWEN_XML ? &QWEN : f == TOOL_FORMAT_MINIMAX ? &MINIMAX : f == TOOL_FORMAT_DSML ? &DSML
-         : f == TOOL_FORMAT_DSML_V4 ? &DSML_V4 : &GLM;
+         : f == TOOL_FORMAT_DSML_V4 ? &DSML_V4 : f == TOOL_FORMAT_GEMMA4 ? &GEMMA4 : &GLM;
 }
 
 const char *http_tools_xml_label(int f) { return shape_of(f)->label; }
 
+/* ---- Gemma 4 ---- */
+
+#define G4_QUOTE "\"<|\\x22|>\"" /* <|"|> as a GBNF literal */
+
+/* Gemma 4's value rule for a property's schema: an enum of scalars one of its values (a string
+ * between marks, the rest as JSON), a string between marks, an integer, a number, a boolean or
+ * null as JSON writes them, anything else (object, array, untyped) any of its values (g4value). */
+static void g4_value(struct gbnf *g, const cJSON *schema)
+{
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(schema, "type");
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(schema, "enum");
+    int scalars = cJSON_IsArray(en) && cJSON_GetArraySize(en) > 0;
+    for (const cJSON *v = scalars ? en->child : NULL; v; v = v->next)
+        scalars &= (cJSON_IsString(v) && !strstr(v->valuestring, TOOL_GEMMA4_QUOTE)) || cJSON_IsNumber(v) || cJSON_IsBool(v) ||
+                   cJSON_IsNull(v);
+    if (scalars) {
+        put(g, "(");
+        for (const cJSON *v = en->child; v; v = v->next) {
+            char *text = cJSON_IsString(v) ? NULL : cJSON_PrintUnformatted(v);
+            if (v != en->child) put(g, " | ");
+            if (!text) put(g, G4_QUOTE " ");
+            put_lit(g, text ? text : v->valuestring);
+            if (!text) put(g, " " G4_QUOTE);
+            free(text);
+        }
+        put(g, ")");
+        return;
+    }
+    const char *t = cJSON_IsString(type) ? type->valuestring : "";
+    put(g, !strcmp(t, "string") ? "g4str" : !strcmp(t, "integer") ? "int" : !strcmp(t, "number") ? "num"
+           : !strcmp(t, "boolean") ? "bool" : !strcmp(t, "null") ? "nul" : "g4value");
+}
+
+static int key_order(const void *a, const void *b)
+{
+    const cJSON *x = *(const cJSON *const *)a, *y = *(const cJSON *const *)b;
+    const int c = strcasecmp(x->string, y->string);
+    return c ? c : strcmp(x->string, y->string);
+}
+
+/* Function k's call, `NAME{K:V,...}`: its declared keys in the order its template writes them
+ * (Jinja's dictsort: by name, case aside), each required one present, each optional one at most
+ * once, commas between them. Rules callK, then aK_i (the arguments from key i on, the first
+ * without a comma) and rK_i (from key i on, after an argument: each with its comma). */
+static void g4_call(struct gbnf *g, const cJSON *fn, int k)
+{
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(params, "properties");
+    const cJSON *required = cJSON_GetObjectItemCaseSensitive(params, "required");
+    int n = 0;
+    for (const cJSON *p = cJSON_IsObject(props) ? props->child : NULL; p; p = p->next) n++;
+    const cJSON **keys = calloc((size_t)n + 1, sizeof *keys);
+    if (!keys) abort(); /* (the grammar's buffer stops the process when out of memory, too) */
+    n = 0;
+    for (const cJSON *p = cJSON_IsObject(props) ? props->child : NULL; p; p = p->next) keys[n++] = p;
+    qsort(keys, (size_t)n, sizeof *keys, key_order);
+    char line[96];
+    snprintf(line, sizeof line, "call%d ::= ", k);
+    put(g, line);
+    put_lit(g, cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring);
+    snprintf(line, sizeof line, " \"{\" a%d_0 \"}\"\n", k);
+    put(g, line);
+    for (int i = 0; i <= n; i++) {
+        if (i == n) {
+            snprintf(line, sizeof line, "a%d_%d ::= \"\"\nr%d_%d ::= \"\"\n", k, i, k, i);
+            put(g, line);
+            break;
+        }
+        const int req = is_required(required, keys[i]->string);
+        snprintf(line, sizeof line, "i%d_%d ::= ", k, i);
+        put(g, line);
+        char *key = malloc(strlen(keys[i]->string) + 2);
+        if (!key) abort();
+        sprintf(key, "%s:", keys[i]->string);
+        put_lit(g, key);
+        free(key);
+        put(g, " ");
+        g4_value(g, keys[i]);
+        snprintf(line, sizeof line, "\na%d_%d ::= i%d_%d r%d_%d%s", k, i, k, i, k, i + 1, req ? "" : " | ");
+        put(g, line);
+        if (!req) {
+            snprintf(line, sizeof line, "a%d_%d", k, i + 1);
+            put(g, line);
+        }
+        snprintf(line, sizeof line, "\nr%d_%d ::= %s\",\" i%d_%d%s r%d_%d\n", k, i, req ? "" : "(", k, i, req ? "" : ")?", k,
+                 i + 1);
+        put(g, line);
+    }
+    free(keys);
+}
+
+/* The grammar of Gemma 4's calls (tool_format.h TOOL_FORMAT_GEMMA4): `<|tool_call>call:NAME{...}
+ * <tool_call|>`, back to back when parallel; lazy: what follows the first <|tool_call>. A value
+ * written by its type as its template writes it: a string between <|"|> marks (any text
+ * without the mark), an object with bare keys, a list, a JSON number, true / false, null. */
+static char *gemma4_grammar(const cJSON *tools, const char *only, int parallel, int lazy)
+{
+    struct gbnf g = {0};
+    put(&g, "root ::= ");
+    if (!lazy) put(&g, "\"" TOOL_GEMMA4_CALL "\" ");
+    put(&g, parallel ? "body (\"" TOOL_GEMMA4_CALL "\" body)*\nbody ::= \"call:\" (" : "body\nbody ::= \"call:\" (");
+    int k = 0;
+    for (const cJSON *t = tools->child; t; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
+        char ref[24];
+        snprintf(ref, sizeof ref, "%scall%d", k ? " | " : "", k);
+        put(&g, ref);
+        k++;
+    }
+    put(&g, ") \"" TOOL_GEMMA4_CALL_END "\"\n");
+    k = 0;
+    for (const cJSON *t = tools->child; t; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
+        g4_call(&g, fn, k++);
+    }
+    put(&g, "g4str ::= " G4_QUOTE " q0 " G4_QUOTE "\n");
+    put_until(&g, "q", TOOL_GEMMA4_QUOTE);
+    put(&g, "g4value ::= g4str | g4obj | g4list | num | bool | nul\n"
+            "g4obj ::= \"{\" (g4key \":\" g4value (\",\" g4key \":\" g4value)*)? \"}\"\n"
+            "g4key ::= [^:{}\\x5B\\x5D,<\\x22 \\t\\n\\r]+\n"
+            "g4list ::= \"[\" (g4value (\",\" g4value)*)? \"]\"\n"
+            "int ::= \"-\"? (\"0\" | [1-9] [0-9]*)\n"
+            "num ::= int (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n"
+            "bool ::= \"true\" | \"false\"\nnul ::= \"null\" | \"None\"\n");
+    return g.p;
+}
+
 char *http_tools_glm_grammar(int f, const cJSON *tools, const char *only, int parallel, int lazy)
 {
+    if (f == TOOL_FORMAT_GEMMA4) return gemma4_grammar(tools, only, parallel, lazy);
     const struct xml_shape *x = shape_of(f);
     struct gbnf g = {0};
     put(&g, "root ::= ");
@@ -270,6 +421,8 @@ const char *http_tools_xml_unwritable_key(int f, const cJSON *params, const char
     for (const cJSON *p = props->child; p; p = p->next) {
         const char *k = p->string;
         if (x->key_stops ? strpbrk(k, x->key_stops) != NULL : strstr(k, x->key_end) != NULL) return k;
+        /* (Gemma 4's bare key is read trimmed, and an empty one is no key) */
+        if (x == &GEMMA4 && (!*k || strchr(" \t\n\r", k[0]) || strchr(" \t\n\r", k[strlen(k) - 1]))) return k;
     }
     return NULL;
 }

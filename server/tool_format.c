@@ -33,6 +33,7 @@ enum tool_format tool_format_detect(const char *src)
     if (!src || !strstr(src, "tools")) return TOOL_FORMAT_GENERIC;
     if (strstr(src, "<|START_ACTION|>")) return TOOL_FORMAT_COMMAND_R7B;
     if (strstr(src, "<minimax:tool_call>") && strstr(src, "<invoke name=")) return TOOL_FORMAT_MINIMAX;
+    if (strstr(src, "'" TOOL_GEMMA4_CALL "call:'")) return TOOL_FORMAT_GEMMA4; /* (llama.cpp's test) */
     if (strstr(src, "<TOOLCALL>") && strstr(src, "</TOOLCALL>")) return TOOL_FORMAT_NEMOTRON;
     if (strstr(src, "<arg_key>")) return TOOL_FORMAT_GLM; /* before Hermes: GLM's calls open with <tool_call> too */
     /* Qwen3-Coder, Qwen3.5 (llama.cpp's test: the tags, less a template without the newlines
@@ -69,7 +70,7 @@ const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasonin
 const char *tool_format_name(enum tool_format f)
 {
     static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek", "granite", "kimi",
-                                         "command-r7b", "qwen3-coder", "minimax-m2", "nemotron", "deepseek-v3.2", "deepseek-v4"};
+                                         "command-r7b", "qwen3-coder", "minimax-m2", "nemotron", "deepseek-v3.2", "deepseek-v4", "gemma4"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "?";
 }
 
@@ -107,6 +108,7 @@ const char *tool_format_call_marker(enum tool_format f)
     case TOOL_FORMAT_NEMOTRON: return "<TOOLCALL>";
     case TOOL_FORMAT_DSML: return TOOL_DSML_CALLS;
     case TOOL_FORMAT_DSML_V4: return TOOL_DSML_V4_CALLS;
+    case TOOL_FORMAT_GEMMA4: return TOOL_GEMMA4_CALL;
     default: return NULL;
     }
 }

@@ -44,6 +44,10 @@
  *            (DeepSeek R1 and its Qwen / Llama distills): "tool▁calls▁begin"; each call visible once its
  *            <｜tool▁call▁end｜> is read, its arguments the JSON object as written; calls constrained by
  *            a JSON Schema with the markers (http_tools.c deepseek_schema), lazily under auto
+ *   GEMMA4   <|tool_call>call:NAME{KEY:VALUE,...}<tool_call|>... (Gemma 4: "<|tool_call>call:"),
+ *            VALUE in its template's notation: a string between <|"|> marks, an object with bare
+ *            keys, a list, a JSON number, true / false / null; each call seen whole once its
+ *            <tool_call|> is read; constrained by a GBNF grammar (http_tools_gemma4.c)
  * A template that never reads `tools` gets GENERIC whatever it holds.
  *
  * Reasoning: with `reasoning` on (enum tool_reasoning: the markers), a reply that opens with the
@@ -90,15 +94,18 @@ enum tool_format {
     TOOL_FORMAT_DSML,     /* DeepSeek V3.2: MINIMAX's shape, each tag after ｜DSML｜, in <｜DSML｜function_calls>; a
                              parameter's string="true|false" says whether its value is raw or JSON */
     TOOL_FORMAT_DSML_V4,  /* DeepSeek V4: DSML's calls in <｜DSML｜tool_calls> */
+    TOOL_FORMAT_GEMMA4,   /* Gemma 4: <|tool_call>call:NAME{KEY:VALUE,...}<tool_call|>, its values in its
+                             template's notation (strings between <|"|> marks, keys bare) */
 };
 
 /* Whether f's calls are XML-like, their values written raw (GLM, QWEN_XML, MINIMAX, DSML,
- * DSML_V4): parsed by tool_glm.c, constrained by a GBNF grammar (http_tools_glm.c), never by a
- * JSON Schema. */
+ * DSML_V4), or Gemma 4's notation (GEMMA4): each call seen whole once its closing tag is read,
+ * parsed by tool_glm.c, constrained by a GBNF grammar (http_tools_glm.c, http_tools_gemma4.c),
+ * never by a JSON Schema. */
 static inline int tool_format_is_xml(enum tool_format f)
 {
     return f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML || f == TOOL_FORMAT_MINIMAX || f == TOOL_FORMAT_DSML ||
-           f == TOOL_FORMAT_DSML_V4;
+           f == TOOL_FORMAT_DSML_V4 || f == TOOL_FORMAT_GEMMA4;
 }
 
 /* Whether f's calls are blocks of <invoke>s (MINIMAX, DSML, DSML_V4). */

@@ -8,7 +8,9 @@
  * (`<｜DSML｜invoke name="NAME">`, `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>`)
  * in a `<｜DSML｜function_calls>` (V3.2) or `<｜DSML｜tool_calls>` (V4) block, its `string`
  * attribute saying how V is written: as it is (a string), or as JSON (taken as that JSON when it
- * is one whole value, else read as below). Each call turned into its name and its arguments as JSON. The
+ * is one whole value, else read as below); Gemma 4: `call:NAME{KEY:VALUE,...}` between
+ * `<|tool_call>` and `<tool_call|>`, its values in its template's notation (strings between
+ * `<|"|>` marks, keys bare: tool_gemma4_call), so typed by how they are written. Each call turned into its name and its arguments as JSON. The
  * templates write a string value as it is and any other value otherwise (GLM, MiniMax: as JSON;
  * Qwen: a list or mapping as JSON, the rest
  * through Jinja's `string`, Python's True, False and None included). So a value is read by its
@@ -313,6 +315,91 @@ int tool_invoke(const char *s, size_t n, int dsml, const char *types, size_t *us
     tool_json_buf_add(args, "}", 1);
     *used = (size_t)(p - s);
     return !args->oom;
+}
+
+/* ---- Gemma 4: `call:NAME{KEY:VALUE,...}` between <|tool_call> and <tool_call|> ---- */
+
+/* One Gemma 4 value at *p (its template's format_argument): a string between <|"|> marks (any
+ * bytes but the mark), an object `{KEY:VALUE,...}` (keys bare, or between marks), a list
+ * `[VALUE,...]`, or a JSON number, true, false or null (None too: Jinja writes Python's None
+ * so), appended to out as JSON; whitespace around tokens skipped. Depth bounded (64). Returns 0
+ * when malformed. */
+static int gemma4_value(const char **p, const char *e, struct tool_json_buf *out, int depth)
+{
+    const char *q = *p;
+    while (q < e && tool_json_is_ws((unsigned char)*q)) q++;
+    if (q >= e || depth > 64) return 0;
+    if (eat(&q, e, TOOL_GEMMA4_QUOTE)) {
+        const char *end = find(q, e, TOOL_GEMMA4_QUOTE);
+        if (!end) return 0;
+        json_string(out, q, end);
+        *p = end + strlen(TOOL_GEMMA4_QUOTE);
+        return 1;
+    }
+    if (*q == '{' || *q == '[') {
+        const char close = *q == '{' ? '}' : ']';
+        tool_json_buf_add(out, q, 1);
+        q++;
+        for (int first = 1;; first = 0) {
+            while (q < e && tool_json_is_ws((unsigned char)*q)) q++;
+            if (q < e && *q == close && first) break;
+            if (!first && !(q < e && *q == ',')) {
+                if (q < e && *q == close) break;
+                return 0;
+            }
+            if (!first) q++, tool_json_buf_add(out, ",", 1);
+            if (close == '}') {
+                while (q < e && tool_json_is_ws((unsigned char)*q)) q++;
+                const char *ks = q, *ke;
+                if (eat(&q, e, TOOL_GEMMA4_QUOTE)) {
+                    ks = q;
+                    if (!(ke = find(q, e, TOOL_GEMMA4_QUOTE))) return 0;
+                    q = ke + strlen(TOOL_GEMMA4_QUOTE);
+                } else {
+                    while (q < e && !strchr(":{}[],<", *q)) q++;
+                    ke = q;
+                    trim(&ks, &ke);
+                    if (ke == ks) return 0;
+                }
+                while (q < e && tool_json_is_ws((unsigned char)*q)) q++;
+                if (q >= e || *q++ != ':') return 0;
+                json_string(out, ks, ke);
+                tool_json_buf_add(out, ":", 1);
+            }
+            if (!gemma4_value(&q, e, out, depth + 1)) return 0;
+        }
+        tool_json_buf_add(out, &close, 1);
+        *p = q + 1;
+        return 1;
+    }
+    if (eat(&q, e, "None")) {
+        tool_json_buf_add(out, "null", 4);
+        *p = q;
+        return 1;
+    }
+    const char *v = q;
+    if (*q == '"' || !json_value(&q, e, depth)) return 0; /* (a JSON string is not Gemma's) */
+    tool_json_buf_add(out, v, (size_t)(q - v));
+    *p = q;
+    return 1;
+}
+
+int tool_gemma4_call(const char *s, size_t n, size_t *name_at, size_t *name_len, struct tool_json_buf *args)
+{
+    const char *e = s + n, *p = s;
+    while (p < e && tool_json_is_ws((unsigned char)*p)) p++;
+    if (!eat(&p, e, "call:")) return 0;
+    const char *ns = p;
+    while (p < e && *p != '{') {
+        if (tool_json_is_ws((unsigned char)*p) || *p == '<') return 0;
+        p++;
+    }
+    if (p == ns || p == e) return 0;
+    *name_at = (size_t)(ns - s), *name_len = (size_t)(p - ns);
+    tool_json_buf_reset(args);
+    if (!gemma4_value(&p, e, args, 0)) return 0;
+    while (p < e && tool_json_is_ws((unsigned char)*p)) p++;
+    return p == e && !args->oom;
 }
 
 /* The end of a marked call body (Kimi-K2's, DeepSeek's): the name [ns, ne) one word (no

@@ -38,10 +38,11 @@ static const char *open_marker(enum tool_format f)
          : f == TOOL_FORMAT_KIMI ? TOOL_KIMI_CALLS_BEGIN : f == TOOL_FORMAT_COMMAND_R7B ? TOOL_R7B_ACTION
          : f == TOOL_FORMAT_MINIMAX ? TOOL_MINIMAX_CALLS : f == TOOL_FORMAT_NEMOTRON ? "<TOOLCALL>"
          : f == TOOL_FORMAT_DSML ? TOOL_DSML_CALLS : f == TOOL_FORMAT_DSML_V4 ? TOOL_DSML_V4_CALLS
+         : f == TOOL_FORMAT_GEMMA4 ? TOOL_GEMMA4_CALL
                                  : NULL;
 }
 
-/* What closes a call (HERMES, GLM, QWEN_XML, PHI4) or the list of calls (COMMAND_R7B, MINIMAX,
+/* What closes a call (HERMES, GLM, QWEN_XML, PHI4, GEMMA4) or the list of calls (COMMAND_R7B, MINIMAX,
  * DSML, DSML_V4, NEMOTRON). */
 static const char *close_marker(enum tool_format f)
 {
@@ -51,6 +52,7 @@ static const char *close_marker(enum tool_format f)
          : f == TOOL_FORMAT_DSML                           ? TOOL_DSML_CALLS_END
          : f == TOOL_FORMAT_DSML_V4                        ? TOOL_DSML_V4_CALLS_END
          : f == TOOL_FORMAT_NEMOTRON                       ? "</TOOLCALL>"
+         : f == TOOL_FORMAT_GEMMA4                         ? TOOL_GEMMA4_CALL_END
                                                            : NULL;
 }
 
@@ -279,7 +281,7 @@ static int invoke_body(struct tool_stream *ts, const char *s, size_t n, int keep
 }
 
 /* B_GLM: a call's body up to </tool_call> (held until it is whole), then made a call by
- * tool_glm.c (GLM's or Qwen3-Coder's; MiniMax-M2's block up to </minimax:tool_call>, DSML's up
+ * tool_glm.c (GLM's, Qwen3-Coder's or Gemma 4's; MiniMax-M2's block up to </minimax:tool_call>, DSML's up
  * to its block's end, their calls);
  * a body that is not a call, or cut short, makes the block text. */
 static void read_glm(struct tool_stream *ts)
@@ -302,6 +304,7 @@ static void read_glm(struct tool_stream *ts)
     ts->steps += p - b0;
     const int ok = tool_format_is_invoke(ts->f) ? invoke_body(ts, body, p - b0, 0, 0, &args)
                  : ts->f == TOOL_FORMAT_QWEN_XML ? tool_qwen_xml_call(body, p - b0, ts->types, &name_at, &name_len, &args)
+                 : ts->f == TOOL_FORMAT_GEMMA4   ? tool_gemma4_call(body, p - b0, &name_at, &name_len, &args)
                                                  : tool_glm_call(body, p - b0, ts->types, &name_at, &name_len, &args);
     if (!ok) {
         if (args.oom) ts->oom = 1;

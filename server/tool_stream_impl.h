@@ -101,6 +101,13 @@ int tool_glm_call(const char *s, size_t n, const char *types, size_t *name_at, s
                   struct tool_json_buf *args);
 int tool_qwen_xml_call(const char *s, size_t n, const char *types, size_t *name_at, size_t *name_len,
                        struct tool_json_buf *args);
+/* Gemma 4's markers and the body of one call, `call:NAME{KEY:VALUE,...}` (tool_glm.c): its name
+ * at s + *name_at and its arguments as a JSON object in args (reset first); 0 when the body is
+ * not a call. */
+#define TOOL_GEMMA4_CALL     "<|tool_call>"
+#define TOOL_GEMMA4_CALL_END "<tool_call|>"
+#define TOOL_GEMMA4_QUOTE    "<|\"|>"
+int tool_gemma4_call(const char *s, size_t n, size_t *name_at, size_t *name_len, struct tool_json_buf *args);
 /* DeepSeek's markers (R1, V3, V3.1) and the body of one call (tool_glm.c): 1 with the name and the
  * arguments' JSON object as offsets into s, 0 when the body is not a call. */
 #define TOOL_DS_BAR "\xef\xbd\x9c" /* U+FF5C, the fullwidth bar */

@@ -20,5 +20,6 @@ void check_qwen_xml(void);
 void check_minimax(void);
 void check_nemotron(void);
 void check_dsml(void);
+void check_gemma4(void);
 
 #endif

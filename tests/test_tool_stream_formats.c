@@ -339,3 +339,42 @@ void check_dsml(void)
 #undef D_CALLS
 #undef D_CALLS_END
 }
+
+/* Gemma 4's calls (tool_glm.c tool_gemma4_call): `<|tool_call>call:NAME{KEY:VALUE,...}<tool_call|>`
+ * with its template's values (strings between <|"|> marks, bare keys at any depth, lists,
+ * JSON numbers and words, Python's None); text around calls, parallel calls back to back,
+ * malformed or cut-short calls text; every prefix; the detection by the template's text. */
+void check_gemma4(void)
+{
+#define G_Q "<|\"|>"
+#define G_CALL(body) "<|tool_call>call:" body "<tool_call|>"
+    static const struct call_case cases[] = {
+        {G_CALL("get_weather{city:" G_Q "Paris" G_Q "}"), "get_weather", "{\"city\":\"Paris\"}", "", 1},
+        {"Checking." G_CALL("f{b:true,n:-1.5e3,o:{k:[1," G_Q "x" G_Q ",{z:None}]},s:" G_Q "42" G_Q "}") G_CALL("g{}") " done",
+         "f", "{\"b\":true,\"n\":-1.5e3,\"o\":{\"k\":[1,\"x\",{\"z\":null}]},\"s\":\"42\"}", "Checking. done", 2},
+        /* a string holds any bytes but the mark: quotes, newlines, braces, commas, '<' */
+        {G_CALL("f{s:" G_Q "say \"hi\"\n{a,b}: <p>" G_Q "}"), "f", "{\"s\":\"say \\\"hi\\\"\\u000a{a,b}: <p>\"}", "", 1},
+        /* keys between marks (as its declarations write them), whitespace between tokens */
+        {G_CALL("f{ " G_Q "k k" G_Q " : [ ] , m : { } }"), "f", "{\"k k\":[],\"m\":{}}", "", 1},
+        {G_CALL("noargs{}"), "noargs", "{}", "", 1},
+        /* malformed: a bare word, a JSON string, a trailing comma, no braces, junk after them, no name */
+        {G_CALL("f{x:Paris}"), NULL, NULL, G_CALL("f{x:Paris}"), 0},
+        {G_CALL("f{x:\"Paris\"}"), NULL, NULL, G_CALL("f{x:\"Paris\"}"), 0},
+        {G_CALL("f{x:1,}"), NULL, NULL, G_CALL("f{x:1,}"), 0},
+        {G_CALL("f"), NULL, NULL, G_CALL("f"), 0},
+        {G_CALL("f{} x"), NULL, NULL, G_CALL("f{} x"), 0},
+        {G_CALL("{}"), NULL, NULL, G_CALL("{}"), 0},
+        {G_CALL("f{x:" G_Q "open}"), NULL, NULL, G_CALL("f{x:" G_Q "open}"), 0},
+        /* cut short (max_tokens): text */
+        {"<|tool_call>call:f{x:1", NULL, NULL, "<|tool_call>call:f{x:1", 0},
+        {"plain text, no call", NULL, NULL, "plain text, no call", 0},
+    };
+    check_call_cases(TOOL_FORMAT_GEMMA4, "gemma4", cases, sizeof cases / sizeof *cases);
+    first_call_only(TOOL_FORMAT_GEMMA4, "gemma4", cases[1].text, "f");
+    CHECK(tool_format_detect("{%- if tools -%}{{- '<|tool_call>call:' + function['name'] + '{' -}}{%- endif -%}") ==
+              TOOL_FORMAT_GEMMA4,
+          "Gemma 4's template detected");
+    fprintf(stderr, "PASS gemma4: %zu replies, every prefix\n", sizeof cases / sizeof *cases);
+#undef G_Q
+#undef G_CALL
+}

@@ -14,7 +14,8 @@
  * (nemotron when the length is 1 modulo 4),
  * 7, deepseek, kimi and 6, glm, command-r7b when the input's length is even: the same lists after
  * other markers; 6 is qwen3-coder when the length is 3 modulo 4, minimax-m2 when it is 1 modulo
- * 8; 7 is deepseek-v3.2 (DSML) when the length is 3 modulo 8, deepseek-v4 when it is 7 modulo 8;
+ * 8, gemma4 when it is 13 modulo 16; 7 is deepseek-v3.2 (DSML) when the length is 3 modulo 8,
+ * deepseek-v4 when it is 7 modulo 8;
  * the XML-like formats read with
  * declared types for function f's keys s, b and z: a string, a boolean, a null),
  * tools (bit 3), reasoning
@@ -116,6 +117,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (f == TOOL_FORMAT_GLM && size % 2 == 0) f = TOOL_FORMAT_COMMAND_R7B; /* (likewise: glm) */
     if (f == TOOL_FORMAT_GLM && size % 4 == 3) f = TOOL_FORMAT_QWEN_XML;
     if (f == TOOL_FORMAT_GLM && size % 8 == 1) f = TOOL_FORMAT_MINIMAX;
+    if (f == TOOL_FORMAT_GLM && size % 16 == 13) f = TOOL_FORMAT_GEMMA4;
     if (f == TOOL_FORMAT_DEEPSEEK && size % 4 == 3) f = size % 8 == 7 ? TOOL_FORMAT_DSML_V4 : TOOL_FORMAT_DSML;
     static const char declared[] = "\x1e" "f\x1fs\x1fs\x1e" "f\x1f" "b\x1f" "b\x1e" "f\x1fz\x1fz\x1e";
     const char *types = tool_format_is_xml(f) ? declared : NULL;
