@@ -233,6 +233,31 @@ static const struct xml_shape *shape_of(int f)
 
 const char *http_tools_xml_label(int f) { return shape_of(f)->label; }
 
+/* The function of the tool after the one whose function is prev (NULL: the first) among tools,
+ * only the one named `only` when it is not NULL; NULL after the last. */
+static const cJSON *next_function(const cJSON *tools, const cJSON *prev, const char *only)
+{
+    const cJSON *t = tools->child;
+    if (prev) /* (the tool whose function prev is) */
+        while (t && cJSON_GetObjectItemCaseSensitive(t, "function") != prev) t = t->next;
+    for (t = prev ? (t ? t->next : NULL) : t; t; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (!only || !strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) return fn;
+    }
+    return NULL;
+}
+
+/* `call0 | call1 | ...`: one rule reference per function (next_function's). */
+static void put_refs(struct gbnf *g, const cJSON *tools, const char *only)
+{
+    int k = 0;
+    for (const cJSON *fn = NULL; (fn = next_function(tools, fn, only)); k++) {
+        char ref[24];
+        snprintf(ref, sizeof ref, "%scall%d", k ? " | " : "", k);
+        put(g, ref);
+    }
+}
+
 /* ---- Gemma 4 ---- */
 
 #define G4_QUOTE "\"<|\\x22|>\"" /* <|"|> as a GBNF literal */
@@ -334,22 +359,10 @@ static char *gemma4_grammar(const cJSON *tools, const char *only, int parallel, 
     put(&g, "root ::= ");
     if (!lazy) put(&g, "\"" TOOL_GEMMA4_CALL "\" ");
     put(&g, parallel ? "body (\"" TOOL_GEMMA4_CALL "\" body)*\nbody ::= \"call:\" (" : "body\nbody ::= \"call:\" (");
-    int k = 0;
-    for (const cJSON *t = tools->child; t; t = t->next) {
-        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
-        if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
-        char ref[24];
-        snprintf(ref, sizeof ref, "%scall%d", k ? " | " : "", k);
-        put(&g, ref);
-        k++;
-    }
+    put_refs(&g, tools, only);
     put(&g, ") \"" TOOL_GEMMA4_CALL_END "\"\n");
-    k = 0;
-    for (const cJSON *t = tools->child; t; t = t->next) {
-        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
-        if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
-        g4_call(&g, fn, k++);
-    }
+    int k = 0;
+    for (const cJSON *fn = NULL; (fn = next_function(tools, fn, only));) g4_call(&g, fn, k++);
     put(&g, "g4str ::= " G4_QUOTE " q0 " G4_QUOTE "\n");
     put_until(&g, "q", TOOL_GEMMA4_QUOTE);
     put(&g, "g4value ::= g4str | g4obj | g4list | num | bool | nul\n"
@@ -385,24 +398,12 @@ char *http_tools_glm_grammar(int f, const cJSON *tools, const char *only, int pa
     put(&g, "\nbody ::= ");
     put(&g, x->open);
     put(&g, "(");
-    int k = 0;
-    for (const cJSON *t = tools->child; t; t = t->next) {
-        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
-        if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
-        char ref[24];
-        snprintf(ref, sizeof ref, "%scall%d", k ? " | " : "", k);
-        put(&g, ref);
-        k++;
-    }
+    put_refs(&g, tools, only);
     put(&g, ") ");
     put(&g, x->close);
     put(&g, "\n");
-    k = 0;
-    for (const cJSON *t = tools->child; t; t = t->next) {
-        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
-        if (only && strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, only)) continue;
-        put_call(&g, x, fn, k++);
-    }
+    int k = 0;
+    for (const cJSON *fn = NULL; (fn = next_function(tools, fn, only));) put_call(&g, x, fn, k++);
     put_until(&g, "value", x->tag);
     if (!lazy && x->think) put_until(&g, "think", "</think>");
     put(&g, "int ::= \"-\"? (\"0\" | [1-9] [0-9]*)\n"

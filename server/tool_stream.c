@@ -217,7 +217,7 @@ static void read_text(struct tool_stream *ts)
         ts->block = p, ts->kept_block = 0;
         ts->pos = p + m;
         if (tool_format_is_list(ts->f)) ts->st = B_LIST_OPEN;
-        else if (tool_format_is_xml(ts->f)) ts->st = B_GLM, ts->search = p + m;
+        else if (tool_format_is_xml(ts->f)) ts->st = B_GLM, ts->search = p + m, ts->g4_str = 0;
         else if (ts->f == TOOL_FORMAT_DEEPSEEK || ts->f == TOOL_FORMAT_KIMI)
             ts->st = B_DS, ts->search = p + m, ts->close_at = (size_t)-1;
         else begin_call(ts);
@@ -240,6 +240,28 @@ static size_t scan_for(struct tool_stream *ts, const char *lit)
     for (; p + m <= ts->len; p++) {
         ts->steps++;
         if (ts->text[p] == lit[0] && !memcmp(ts->text + p, lit, m)) return p;
+    }
+    ts->search = p;
+    return (size_t)-1;
+}
+
+/* Gemma 4: the first <tool_call|> from ts->search outside its strings (a string, between <|"|>
+ * marks, may hold the tag), or -1 (scan_for's resumption; a '<' too close to the end to tell
+ * waits for more text). */
+static size_t scan_gemma4(struct tool_stream *ts)
+{
+    const size_t mq = strlen(TOOL_GEMMA4_QUOTE), me = strlen(TOOL_GEMMA4_CALL_END);
+    size_t p = ts->search;
+    for (; p + mq <= ts->len; p++) {
+        ts->steps++;
+        if (ts->text[p] != '<') continue;
+        if (!memcmp(ts->text + p, TOOL_GEMMA4_QUOTE, mq)) {
+            ts->g4_str ^= 1, p += mq - 1;
+            continue;
+        }
+        if (ts->g4_str) continue;
+        if (p + me > ts->len) break;
+        if (!memcmp(ts->text + p, TOOL_GEMMA4_CALL_END, me)) return p;
     }
     ts->search = p;
     return (size_t)-1;
@@ -287,7 +309,8 @@ static int invoke_body(struct tool_stream *ts, const char *s, size_t n, int keep
 static void read_glm(struct tool_stream *ts)
 {
     const char *close = close_marker(ts->f);
-    const size_t m = strlen(close), b0 = ts->block + strlen(open_marker(ts->f)), p = scan_for(ts, close);
+    const size_t m = strlen(close), b0 = ts->block + strlen(open_marker(ts->f));
+    const size_t p = ts->f == TOOL_FORMAT_GEMMA4 ? scan_gemma4(ts) : scan_for(ts, close);
     struct tool_json_buf args = {0};
     const char *body = ts->text + b0;
     if (p == (size_t)-1) {

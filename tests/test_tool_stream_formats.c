@@ -354,6 +354,8 @@ void check_gemma4(void)
          "f", "{\"b\":true,\"n\":-1.5e3,\"o\":{\"k\":[1,\"x\",{\"z\":null}]},\"s\":\"42\"}", "Checking. done", 2},
         /* a string holds any bytes but the mark: quotes, newlines, braces, commas, '<' */
         {G_CALL("f{s:" G_Q "say \"hi\"\n{a,b}: <p>" G_Q "}"), "f", "{\"s\":\"say \\\"hi\\\"\\u000a{a,b}: <p>\"}", "", 1},
+        /* the closing tag inside a string is the string's (the grammar lets a string hold it) */
+        {G_CALL("f{s:" G_Q "a<tool_call|>b" G_Q ",t:" G_Q "<" G_Q "}") " x", "f", "{\"s\":\"a<tool_call|>b\",\"t\":\"<\"}", "x", 1},
         /* keys between marks (as its declarations write them), whitespace between tokens */
         {G_CALL("f{ " G_Q "k k" G_Q " : [ ] , m : { } }"), "f", "{\"k k\":[],\"m\":{}}", "", 1},
         {G_CALL("noargs{}"), "noargs", "{}", "", 1},

@@ -128,8 +128,7 @@ def main():
         except Exception as e:  # noqa: BLE001 - reported with the server logs
             failed += 1
             print(f"FAIL {e}")
-            for log in sorted(TS.LOG_DIR.glob("*.log")):
-                print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
+            TS.show_logs()
     finally:
         TS.kill_all()
         shutil.rmtree(work, ignore_errors=True)

@@ -101,6 +101,12 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
+def show_logs(lines=15):
+    """Prints the last lines of every server log of this run (a failed test's context)."""
+    for log in sorted(LOG_DIR.glob("*.log")):
+        print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-lines:]))
+
+
 def kill_all():
     for p in SERVERS:
         if p.poll() is None:

@@ -271,8 +271,7 @@ def main():
         serve_constrained(a)
     except Exception as e:  # noqa: BLE001 - reported with the server logs
         check(False, f"{e}")
-        for log in sorted(TS.LOG_DIR.glob("*.log")):
-            print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
+        TS.show_logs()
     finally:
         TS.kill_all()
     return check.summary()

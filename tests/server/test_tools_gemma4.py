@@ -11,7 +11,8 @@ list, a number, true / false, null or Python's None as Jinja writes it), calls b
 - The grammar (server/http_tools_glm.c gemma4_grammar, printed by test_tool_stream --gemma4-grammar,
   decided by the grammar engine through test_grammar check): the template's renderings complete
   (required, and what follows the first <|tool_call> under the lazy grammar of tool_choice auto),
-  mutations not (test_tools_xml.grammar_oracle's).
+  mutations not (test_tools_xml.grammar_oracle's); a string holding the closing tag `<tool_call|>`
+  both parses back and completes.
 - Served (SmolLM2-135M-Instruct's GGUF behind Gemma 4's template; the official `openai` package,
   gRPC Chat): the server reads the template as the gemma4 format; the prompt with tools and a
   history with a call and its result render as jinja2's; tool_choice required, a named function
@@ -65,6 +66,17 @@ def main():
         check(out.stdout.split("\t")[1:2] == ["gemma4"], f"Gemma 4's template is read as the gemma4 format: {out.stdout!r}")
         X.round_trip(GEMMA4, a.tool_stream, work)
         X.grammar_oracle(GEMMA4, a.tool_stream, a.test_grammar, work)
+        # A string may hold the call's closing tag: the parser reads it as the string's, and the
+        # grammar lets it stand there.
+        tagged = [{"name": "b", "arguments": {"y": "a <tool_call|> b <|tool_call>call:x{} <"}}]
+        reply = X.rendered_reply(GEMMA4, tagged)
+        rc, back = X.TC.parse_back(a.tool_stream, "--parse-gemma4", work / "tagged.txt", [reply])
+        check(rc == 0 and back and X.TC.same_calls(tagged, back[0]), f"a string holding <tool_call|> parses back: {back}")
+        path = work / "tagged.gbnf"
+        path.write_text(X.TC.subprocess.run([a.tool_stream, "--gemma4-grammar", X.json.dumps(X.DECLARED), "", "1", "0"],
+                                            capture_output=True, text=True, timeout=60).stdout)
+        got = X.TC.decide(a.test_grammar, "ebnf", path, [reply])
+        check(got == ["complete"], f"the grammar completes it: {got}")
         if not os.path.exists(a.gguf):
             print(f"SKIP: served: no SmolLM2 GGUF at {a.gguf} (tools/fetch_smollm2.sh)")
             return check.summary()
@@ -76,8 +88,7 @@ def main():
             X.served(srv, oa, mid, GEMMA4, "Gemma 4", False)
     except Exception as e:  # noqa: BLE001 - reported with the server logs
         check(False, f"{e}")
-        for log in sorted(TS.LOG_DIR.glob("*.log")):
-            print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
+        TS.show_logs()
     finally:
         TS.kill_all()
         shutil.rmtree(work, ignore_errors=True)

@@ -298,8 +298,7 @@ def main():
                   "the chat's greedy reply %r is /v1/completions' for the same ids" % (r.choices[0].message.content or "")[:40])
     except Exception as e:  # noqa: BLE001 - reported with the server logs
         check(False, f"{e}")
-        for log in sorted(TS.LOG_DIR.glob("*.log")):
-            print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
+        TS.show_logs()
     finally:
         TS.kill_all()
         shutil.rmtree(work, ignore_errors=True)

@@ -221,8 +221,7 @@ def main():
         serve(a)
     except Exception as e:  # noqa: BLE001 - reported with the server logs
         check(False, f"{type(e).__name__}: {e}")
-        for log in sorted(TS.LOG_DIR.glob("*.log")):
-            print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
+        TS.show_logs()
     finally:
         TS.kill_all()
     return check.summary()
