@@ -60,12 +60,14 @@ struct http_chat_caps {
     int ds_fenced;    /* DeepSeek's calls in R1's fenced shape (served_model.ds_fenced) */
     int calls_as_text; /* an assistant's tool_calls written into its content (served_model.calls_as_text) */
     int kimi_counter;  /* Kimi-K2's call indexes count across the conversation (served_model.kimi_counter) */
+    int response_format; /* the template reads `response_format` (DeepSeek V4's): a request's JSON Schema
+                            constraint (response_format, structured_outputs, gRPC's) is given to it */
 };
 /* The caps of served model m. */
 static inline struct http_chat_caps http_model_caps(const struct served_model *m)
 {
     return (struct http_chat_caps){m->jtmpl != NULL, m->tool_format, m->reasoning, m->reads_effort, m->tools_prompt,
-                                   m->ds_fenced, m->calls_as_text, m->kimi_counter};
+                                   m->ds_fenced, m->calls_as_text, m->kimi_counter, m->reads_response_format};
 }
 
 /* A parsed OpenAI request: the engine's request plus what shapes the answer. */

@@ -786,6 +786,20 @@ enum status http_tools_context(const cJSON *o, const cJSON *tools, const struct 
     cJSON_AddNullToObject(ctx, "documents");
     if (effort) /* (http_openai.c let it in: the template reads it) */
         cJSON_AddItemToObject(ctx, "reasoning_effort", cJSON_Duplicate(effort, 1));
+    /* A template that writes the reply's schema into its prompt (DeepSeek V4's `response_format`,
+     * as llama.cpp gives it): the request's JSON Schema, {"type": "object"} for JSON object mode;
+     * not a tool call's schema (a request with tools has no other constraint). */
+    const enum constraint_kind ck = r->params.constraint_kind;
+    if (caps->response_format && !tools && !q->tools && (ck == CONSTRAINT_JSON_SCHEMA || ck == CONSTRAINT_JSON_OBJECT)) {
+        cJSON *schema = ck == CONSTRAINT_JSON_OBJECT ? cJSON_CreateObject() : cJSON_ParseWithLength(r->constraint, r->constraint_len);
+        if (schema && ck == CONSTRAINT_JSON_OBJECT) cJSON_AddStringToObject(schema, "type", "object");
+        /* (a source that is not JSON is given nothing: compiling it refuses the request) */
+        if (schema && !cJSON_AddItemToObject(ctx, "response_format", schema)) {
+            cJSON_Delete(schema);
+            cJSON_Delete(ctx);
+            return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        }
+    }
     for (const cJSON *e = kw ? kw->child : NULL; e; e = e->next)
         if (!(effort && !strcmp(e->string, "reasoning_effort"))) /* (a null one: the request's) */
             cJSON_AddItemToObject(ctx, e->string, cJSON_Duplicate(e, 1));

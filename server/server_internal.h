@@ -263,6 +263,8 @@ struct served_model {
     char                  tmpl_name[256];
     int                   tool_format;   /* enum tool_format of jtmpl's text (GENERIC without one) */
     int                   reads_effort;  /* jtmpl's text reads reasoning_effort (GPT-OSS's template) */
+    int                   reads_response_format; /* jtmpl's text reads response_format (DeepSeek V4's): a
+                                            request's JSON Schema constraint is given to it */
     int                   ds_fenced;     /* DeepSeek's template writes R1's fenced calls (function<｜tool▁sep｜>NAME
                                             then ```json ARGS ```), not V3.1's NAME<｜tool▁sep｜>ARGS */
     int                   kimi_counter;  /* Kimi-K2's template numbers calls across the conversation

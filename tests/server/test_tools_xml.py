@@ -27,7 +27,8 @@ deepseek-v3.2 and deepseek-v4 formats: MiniMax's shape in `<｜DSML｜...>` tags
   calls equal the unary one's; a key the format cannot write and strict: true refused by name.
   MiniMax-M2's template always opens <think> (SmolLM2 never closes it): served, only its prompts
   are checked (with tools, and a history with calls and their results); DeepSeek V4's (read as
-  deepseek-v4): its prompts, and after each a greedy required call that conforms.
+  deepseek-v4): its prompts, and after each a greedy required call that conforms; a request's
+  response_format (json_schema, json_object) reaches its prompt as jinja2 renders it.
 SKIP (77) without the GGUF, openai or jinja2.
 
   test_tools_xml.py --shardlm BUILD/cli/shardlm --tool-stream BUILD/tests/test_tool_stream
@@ -318,6 +319,18 @@ def main():
             check("tool calls in the deepseek-v4 format" in srv.log_path.read_text(), "DeepSeek-V4: read as the deepseek-v4 format")
             oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
             history_prompts(oa, mid, DS4, "DeepSeek-V4")
+            # Its template writes the reply's schema into the system prompt (`response_format`, as
+            # llama.cpp gives it): the request's JSON Schema, {"type": "object"} in JSON object mode.
+            schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+            plain = oa.chat.completions.create(model=mid, messages=ASK, max_tokens=1, temperature=0).usage.prompt_tokens
+            for rf, given in (({"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}, schema),
+                              ({"type": "json_object"}, {"type": "object"})):
+                r = oa.chat.completions.create(model=mid, messages=ASK, response_format=rf, max_tokens=1, temperature=0)
+                comp = oa.completions.create(model=mid, prompt=py_prompt(DS4, ASK, None, response_format=given),
+                                             max_tokens=1, temperature=0)
+                check(r.usage.prompt_tokens == comp.usage.prompt_tokens > plain,
+                      f"DeepSeek-V4: response_format {rf['type']}: the prompt holds the schema as jinja2 writes it "
+                      f"({r.usage.prompt_tokens} vs {comp.usage.prompt_tokens}; {plain} without)")
     except Exception as e:  # noqa: BLE001 - reported with the server logs
         check(False, f"{e}")
         TS.show_logs()
