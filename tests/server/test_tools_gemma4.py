@@ -5,7 +5,8 @@ list, a number, true / false, null or Python's None as Jinja writes it), calls b
 - Parsing, against the template itself: assistant turns with tool calls of every argument kind
   (tool_cases.CALLS: strings with quotes, newlines and non-ASCII, numbers, booleans, null, nested
   objects and lists, parallel calls) rendered by Python jinja2 with Google's published Gemma 4
-  template (tests/data/chat_templates, from llama.cpp's models/templates), the reply part of each
+  template and llama.cpp's interleaved-thinking variant of it (tests/data/chat_templates, from
+  llama.cpp's models/templates), the reply part of each
   parsed by shardlm's parser (test_tool_stream --parse-gemma4): the same calls (names equal,
   arguments equal as JSON; a string "42" stays a string: the marks say so).
 - The grammar (server/http_tools_glm.c gemma4_grammar, printed by test_tool_stream --gemma4-grammar,
@@ -45,9 +46,12 @@ except ImportError as e:
 import test_server as TS  # noqa: E402
 
 GEMMA4 = X.TEMPLATES / "google-gemma-4-31B-it.jinja"
+INTERLEAVED = X.TEMPLATES / "google-gemma-4-31B-it-interleaved.jinja"  # (llama.cpp's variant)
 # Its assistant turn: after `<|turn>model\n`, calls end with `<|tool_response>` (the template's, when
-# no result follows in the same turn); the marker of a call and its end.
+# no result follows in the same turn; the interleaved variant ends the turn, `<turn|>`); the marker
+# of a call and its end.
 X.FORMATS[GEMMA4] = ("gemma4", "<|turn>model\n", "<|tool_response>", "<|tool_call>", "<tool_call|>")
+X.FORMATS[INTERLEAVED] = ("gemma4", "<|turn>model\n", "<turn|>", "<|tool_call>", "<tool_call|>")
 # A key the format cannot write back (a bare key ends at ':'), what the 400s name.
 X.REFUSALS[GEMMA4] = ("a:b", "gemma4", "Gemma 4's")
 
@@ -62,10 +66,11 @@ def main():
     check = X.check
     work = Path(tempfile.mkdtemp(prefix="shardlm-gemma4-tools-"))
     try:
-        out = X.TC.subprocess.run([a.tool_stream, "--detect", str(GEMMA4)], capture_output=True, text=True, timeout=60)
-        check(out.stdout.split("\t")[1:2] == ["gemma4"], f"Gemma 4's template is read as the gemma4 format: {out.stdout!r}")
-        X.round_trip(GEMMA4, a.tool_stream, work)
-        X.grammar_oracle(GEMMA4, a.tool_stream, a.test_grammar, work)
+        for t in (GEMMA4, INTERLEAVED):
+            out = X.TC.subprocess.run([a.tool_stream, "--detect", str(t)], capture_output=True, text=True, timeout=60)
+            check(out.stdout.split("\t")[1:2] == ["gemma4"], f"{t.name} is read as the gemma4 format: {out.stdout!r}")
+            X.round_trip(t, a.tool_stream, work)
+            X.grammar_oracle(t, a.tool_stream, a.test_grammar, work)
         # A string may hold the call's closing tag: the parser reads it as the string's, and the
         # grammar lets it stand there.
         tagged = [{"name": "b", "arguments": {"y": "a <tool_call|> b <|tool_call>call:x{} <"}}]
