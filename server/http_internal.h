@@ -123,6 +123,9 @@ enum status http_tools_parse(const struct cJSON *o, const struct http_chat_caps 
  * tests/test_tool_stream.c. */
 char *http_tools_deepseek_schema(const struct cJSON *tools, const char *only, int parallel, int fenced, int lazy,
                                  int kimi, int index);
+/* The JSON Schema (the same) of functionary v3.1's calls after `<function=` (one, or with parallel
+ * one or more), for tests/test_tool_stream.c. */
+char *http_tools_functionary_schema(const struct cJSON *tools, const char *only, int parallel);
 /* The GBNF grammar (malloc'd) of the XML-like calls (http_tools_glm.c) of tool_format f
  * (tool_format_is_xml) of tools. */
 char *http_tools_glm_grammar(int f, const struct cJSON *tools, const char *only, int parallel, int lazy);

@@ -189,6 +189,48 @@ static cJSON *deepseek_schema(const cJSON *tools, const char *only, int parallel
     return s;
 }
 
+/* functionary v3.1's calls, after `<function=` (the prompt's when a call is required, the trigger
+ * under auto): one branch per function, its text `NAME>`, then its arguments (the whole parameters
+ * schema: strict or not); with parallel calls each closed by `</function>` and more after it,
+ * each opened by `<function=` (the template writes them back to back). A reply that ends after a
+ * call's arguments closes it (tool_stream.c). '<' only as \u003c in free strings: no
+ * tag inside an argument. */
+static cJSON *functionary_schema(const cJSON *tools, const char *only, int parallel)
+{
+    cJSON *s = cJSON_CreateObject(), *any = s ? cJSON_AddArrayToObject(s, "anyOf") : NULL, *rep = NULL;
+    /* (one call: its arguments, then the model ends the reply, which closes it for the parser) */
+    int ok = any && cJSON_AddStringToObject(s, GRAMMAR_SCHEMA_ESCAPE, "<") &&
+             (!parallel || ((rep = cJSON_AddObjectToObject(s, GRAMMAR_SCHEMA_REPEAT)) &&
+                            cJSON_AddStringToObject(rep, "close", TOOL_FUNCTIONARY_CALL_END) &&
+                            cJSON_AddStringToObject(rep, "open", TOOL_FUNCTIONARY_CALL)));
+    for (const cJSON *t = ok ? tools->child : NULL; t; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
+        if (only && strcmp(name, only)) continue;
+        char text[TOOLS_MAX_NAME + 8];
+        snprintf(text, sizeof text, "%s>", name);
+        cJSON *b = params_schema(fn);
+        if (!b || !cJSON_AddStringToObject(b, GRAMMAR_SCHEMA_PREFIX, text) || !cJSON_AddItemToArray(any, b)) {
+            cJSON_Delete(b);
+            ok = 0;
+            break;
+        }
+    }
+    if (!ok) {
+        cJSON_Delete(s);
+        return NULL; /* (set_schema: out of memory) */
+    }
+    return s;
+}
+
+char *http_tools_functionary_schema(const cJSON *tools, const char *only, int parallel)
+{
+    cJSON *s = functionary_schema(tools, only, parallel);
+    char *text = s ? cJSON_PrintUnformatted(s) : NULL;
+    cJSON_Delete(s);
+    return text;
+}
+
 char *http_tools_deepseek_schema(const cJSON *tools, const char *only, int parallel, int fenced, int lazy, int kimi,
                                  int index)
 {
@@ -207,6 +249,7 @@ static cJSON *native_schema(enum tool_format f, const cJSON *tools, const char *
                             const struct http_chat_caps *caps, int index)
 {
     if (f == TOOL_FORMAT_HARMONY) return harmony_schema(tools, only, required);
+    if (f == TOOL_FORMAT_FUNCTIONARY) return functionary_schema(tools, only, parallel);
     if (f == TOOL_FORMAT_DEEPSEEK || f == TOOL_FORMAT_KIMI)
         return deepseek_schema(tools, only, parallel, caps->ds_fenced, !required, f == TOOL_FORMAT_KIMI, index);
     cJSON *one = cJSON_CreateObject(), *any = cJSON_AddArrayToObject(one, "anyOf");

@@ -47,6 +47,7 @@ enum tool_format tool_format_detect(const char *src)
     /* Granite 3.1+ (3.0's template takes calls and results as roles of its own, assistant_tool_call
      * and tool_response, which the generic format's history does not need) */
     if (strstr(src, "<|tool_call|>") && !strstr(src, "tool_response")) return TOOL_FORMAT_GRANITE;
+    if (strstr(src, "<|start_header_id|>") && strstr(src, "<function=")) return TOOL_FORMAT_FUNCTIONARY; /* (llama.cpp's test) */
     if (strstr(src, "<|start_header_id|>") && strstr(src, "ipython")) return TOOL_FORMAT_LLAMA3;
     return TOOL_FORMAT_GENERIC;
 }
@@ -70,7 +71,7 @@ const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasonin
 const char *tool_format_name(enum tool_format f)
 {
     static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek", "granite", "kimi",
-                                         "command-r7b", "qwen3-coder", "minimax-m2", "nemotron", "deepseek-v3.2", "deepseek-v4", "gemma4"};
+                                         "command-r7b", "qwen3-coder", "minimax-m2", "nemotron", "deepseek-v3.2", "deepseek-v4", "gemma4", "functionary"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "?";
 }
 
@@ -87,6 +88,7 @@ const char *tool_format_call_prefix(enum tool_format f)
     case TOOL_FORMAT_KIMI: return TOOL_KIMI_CALLS_BEGIN TOOL_KIMI_CALL_BEGIN;
     case TOOL_FORMAT_COMMAND_R7B: return TOOL_R7B_ACTION;
     case TOOL_FORMAT_NEMOTRON: return "<TOOLCALL>";
+    case TOOL_FORMAT_FUNCTIONARY: return TOOL_FUNCTIONARY_CALL;
     default: return NULL; /* (GENERIC; the XML-like formats' grammar writes their marker) */
     }
 }
@@ -109,6 +111,7 @@ const char *tool_format_call_marker(enum tool_format f)
     case TOOL_FORMAT_DSML: return TOOL_DSML_CALLS;
     case TOOL_FORMAT_DSML_V4: return TOOL_DSML_V4_CALLS;
     case TOOL_FORMAT_GEMMA4: return TOOL_GEMMA4_CALL;
+    case TOOL_FORMAT_FUNCTIONARY: return TOOL_FUNCTIONARY_CALL;
     default: return NULL;
     }
 }

@@ -44,6 +44,10 @@
  *            (DeepSeek R1 and its Qwen / Llama distills): "tool▁calls▁begin"; each call visible once its
  *            <｜tool▁call▁end｜> is read, its arguments the JSON object as written; calls constrained by
  *            a JSON Schema with the markers (http_tools.c deepseek_schema), lazily under auto
+ *   FUNCTIONARY <function=NAME>{...}</function>... (meetkai's functionary v3.1 on Llama 3.1:
+ *            "<|start_header_id|>" and "<function="): each call seen whole once its </function> is
+ *            read, its arguments the JSON object as written; constrained by a JSON Schema with the
+ *            tags (http_tools.c functionary_schema), lazily from "<function=" under auto
  *   GEMMA4   <|tool_call>call:NAME{KEY:VALUE,...}<tool_call|>... (Gemma 4: "<|tool_call>call:"),
  *            VALUE in its template's notation: a string between <|"|> marks, an object with bare
  *            keys, a list, a JSON number, true / false / null; each call seen whole once its
@@ -96,6 +100,8 @@ enum tool_format {
     TOOL_FORMAT_DSML_V4,  /* DeepSeek V4: DSML's calls in <｜DSML｜tool_calls> */
     TOOL_FORMAT_GEMMA4,   /* Gemma 4: <|tool_call>call:NAME{KEY:VALUE,...}<tool_call|>, its values in its
                              template's notation (strings between <|"|> marks, keys bare) */
+    TOOL_FORMAT_FUNCTIONARY, /* functionary v3.1 (Llama 3.1): <function=NAME>{...}</function>, each call seen
+                                whole once closed; constrained by a JSON Schema with its tags */
 };
 
 /* Whether f's calls are XML-like, their values written raw (GLM, QWEN_XML, MINIMAX, DSML,
@@ -106,6 +112,13 @@ static inline int tool_format_is_xml(enum tool_format f)
 {
     return f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML || f == TOOL_FORMAT_MINIMAX || f == TOOL_FORMAT_DSML ||
            f == TOOL_FORMAT_DSML_V4 || f == TOOL_FORMAT_GEMMA4;
+}
+
+/* Whether f's calls are read whole once their closing tag is (tool_stream.c B_GLM): the XML-like
+ * formats and FUNCTIONARY's. */
+static inline int tool_format_whole_calls(enum tool_format f)
+{
+    return tool_format_is_xml(f) || f == TOOL_FORMAT_FUNCTIONARY;
 }
 
 /* Whether f's calls are blocks of <invoke>s (MINIMAX, DSML, DSML_V4). */

@@ -10,7 +10,9 @@
  * attribute saying how V is written: as it is (a string), or as JSON (taken as that JSON when it
  * is one whole value, else read as below); Gemma 4: `call:NAME{KEY:VALUE,...}` between
  * `<|tool_call>` and `<tool_call|>`, its values in its template's notation (strings between
- * `<|"|>` marks, keys bare: tool_gemma4_call), so typed by how they are written. Each call turned into its name and its arguments as JSON. The
+ * `<|"|>` marks, keys bare: tool_gemma4_call), so typed by how they are written; functionary
+ * v3.1's `NAME>{...}` between `<function=` and `</function>` (tool_functionary_call), its arguments
+ * JSON as written. Each call turned into its name and its arguments as JSON. The
  * templates write a string value as it is and any other value otherwise (GLM, MiniMax: as JSON;
  * Qwen: a list or mapping as JSON, the rest
  * through Jinja's `string`, Python's True, False and None included). So a value is read by its
@@ -416,6 +418,16 @@ static int name_and_args(const char *s, const char *ns, const char *ne, const ch
     *name_at = (size_t)(ns - s), *name_len = (size_t)(ne - ns);
     *args_at = (size_t)(a - s), *args_len = (size_t)(ae - a);
     return 1;
+}
+
+int tool_functionary_call(const char *s, size_t n, size_t *name_at, size_t *name_len, struct tool_json_buf *args)
+{
+    const char *e = s + n, *gt = memchr(s, '>', n);
+    size_t args_at = 0, args_len = 0;
+    if (!gt || !name_and_args(s, s, gt, gt + 1, e, name_at, name_len, &args_at, &args_len)) return 0;
+    tool_json_buf_reset(args);
+    tool_json_buf_add(args, s + args_at, args_len);
+    return !args->oom;
 }
 
 /* Kimi-K2's call body, between <|tool_call_begin|> and <|tool_call_end|>:

@@ -38,11 +38,11 @@ static const char *open_marker(enum tool_format f)
          : f == TOOL_FORMAT_KIMI ? TOOL_KIMI_CALLS_BEGIN : f == TOOL_FORMAT_COMMAND_R7B ? TOOL_R7B_ACTION
          : f == TOOL_FORMAT_MINIMAX ? TOOL_MINIMAX_CALLS : f == TOOL_FORMAT_NEMOTRON ? "<TOOLCALL>"
          : f == TOOL_FORMAT_DSML ? TOOL_DSML_CALLS : f == TOOL_FORMAT_DSML_V4 ? TOOL_DSML_V4_CALLS
-         : f == TOOL_FORMAT_GEMMA4 ? TOOL_GEMMA4_CALL
+         : f == TOOL_FORMAT_GEMMA4 ? TOOL_GEMMA4_CALL : f == TOOL_FORMAT_FUNCTIONARY ? TOOL_FUNCTIONARY_CALL
                                  : NULL;
 }
 
-/* What closes a call (HERMES, GLM, QWEN_XML, PHI4, GEMMA4) or the list of calls (COMMAND_R7B, MINIMAX,
+/* What closes a call (HERMES, GLM, QWEN_XML, PHI4, GEMMA4, FUNCTIONARY) or the list of calls (COMMAND_R7B, MINIMAX,
  * DSML, DSML_V4, NEMOTRON). */
 static const char *close_marker(enum tool_format f)
 {
@@ -53,6 +53,7 @@ static const char *close_marker(enum tool_format f)
          : f == TOOL_FORMAT_DSML_V4                        ? TOOL_DSML_V4_CALLS_END
          : f == TOOL_FORMAT_NEMOTRON                       ? "</TOOLCALL>"
          : f == TOOL_FORMAT_GEMMA4                         ? TOOL_GEMMA4_CALL_END
+         : f == TOOL_FORMAT_FUNCTIONARY                    ? TOOL_FUNCTIONARY_CALL_END
                                                            : NULL;
 }
 
@@ -217,7 +218,7 @@ static void read_text(struct tool_stream *ts)
         ts->block = p, ts->kept_block = 0;
         ts->pos = p + m;
         if (tool_format_is_list(ts->f)) ts->st = B_LIST_OPEN;
-        else if (tool_format_is_xml(ts->f)) ts->st = B_GLM, ts->search = p + m, ts->g4_str = 0;
+        else if (tool_format_whole_calls(ts->f)) ts->st = B_GLM, ts->search = p + m, ts->g4_str = 0;
         else if (ts->f == TOOL_FORMAT_DEEPSEEK || ts->f == TOOL_FORMAT_KIMI)
             ts->st = B_DS, ts->search = p + m, ts->close_at = (size_t)-1;
         else begin_call(ts);
@@ -303,7 +304,7 @@ static int invoke_body(struct tool_stream *ts, const char *s, size_t n, int keep
 }
 
 /* B_GLM: a call's body up to </tool_call> (held until it is whole), then made a call by
- * tool_glm.c (GLM's, Qwen3-Coder's or Gemma 4's; MiniMax-M2's block up to </minimax:tool_call>, DSML's up
+ * tool_glm.c (GLM's, Qwen3-Coder's, Gemma 4's or functionary's; MiniMax-M2's block up to </minimax:tool_call>, DSML's up
  * to its block's end, their calls);
  * a body that is not a call, or cut short, makes the block text. */
 static void read_glm(struct tool_stream *ts)
@@ -320,6 +321,18 @@ static void read_glm(struct tool_stream *ts)
             if (args.oom) ts->oom = 1;
             free(args.p);
         }
+        size_t name_at = 0, name_len = 0;
+        if (ts->final && ts->f == TOOL_FORMAT_FUNCTIONARY && ts->len > b0) { /* a whole call the reply's end closes */
+            ts->steps += ts->len - b0;
+            if (tool_functionary_call(body, ts->len - b0, &name_at, &name_len, &args)) {
+                keep_xml_call(ts, body, name_at, name_len, &args);
+                free(args.p);
+                text_from(ts, ts->len);
+                return;
+            }
+            if (args.oom) ts->oom = 1;
+            free(args.p);
+        }
         body_open(ts); /* (final: the rest dropped after kept calls, else text) */
         return;
     }
@@ -328,6 +341,7 @@ static void read_glm(struct tool_stream *ts)
     const int ok = tool_format_is_invoke(ts->f) ? invoke_body(ts, body, p - b0, 0, 0, &args)
                  : ts->f == TOOL_FORMAT_QWEN_XML ? tool_qwen_xml_call(body, p - b0, ts->types, &name_at, &name_len, &args)
                  : ts->f == TOOL_FORMAT_GEMMA4   ? tool_gemma4_call(body, p - b0, &name_at, &name_len, &args)
+                 : ts->f == TOOL_FORMAT_FUNCTIONARY ? tool_functionary_call(body, p - b0, &name_at, &name_len, &args)
                                                  : tool_glm_call(body, p - b0, ts->types, &name_at, &name_len, &args);
     if (!ok) {
         if (args.oom) ts->oom = 1;

@@ -105,6 +105,12 @@ int tool_qwen_xml_call(const char *s, size_t n, const char *types, size_t *name_
 /* Gemma 4's markers and the body of one call, `call:NAME{KEY:VALUE,...}` (tool_glm.c): its name
  * at s + *name_at and its arguments as a JSON object in args (reset first); 0 when the body is
  * not a call. */
+/* functionary v3.1's tags and the body of one call, `NAME>{...}` (tool_glm.c): its name at
+ * s + *name_at, its arguments (one JSON object, whitespace around it trimmed) copied into args
+ * (reset first); 0 when the body is not a call. */
+#define TOOL_FUNCTIONARY_CALL     "<function="
+#define TOOL_FUNCTIONARY_CALL_END "</function>"
+int tool_functionary_call(const char *s, size_t n, size_t *name_at, size_t *name_len, struct tool_json_buf *args);
 #define TOOL_GEMMA4_CALL     "<|tool_call>"
 #define TOOL_GEMMA4_CALL_END "<tool_call|>"
 #define TOOL_GEMMA4_QUOTE    "<|\"|>"

@@ -236,6 +236,15 @@ L = [
     ("{{ '42' | int }} {{ '4.7' | int }} {{ 'x' | int }} {{ 'x' | int(7) }} {{ 3.9 | int }} {{ '2.5' | float }} {{ 3 | float }} {{ 'y' | float }} {{ -3 | abs }} {{ -2.5 | abs }}", {}),
     ("{{ 2.5 | round }} {{ 3.5 | round }} {{ 3.14159 | round(2) }} {{ 2.7 | round(method='floor') }} {{ 2.1 | round(0, 'ceil') }} {{ 3 | round }}", {}),
     ("{{ 1 | string }}{{ none | string }}{{ [1] | string }} {{ 'a<b>&\"c\\'' | e }} {{ '<x>' | safe }}", {}),
+    # Markup (markupsafe): `+` escapes the plain side of a safe string and stays safe; `~`, join
+    # and the filters give plain strings; escaping a Markup leaves it; Markup + a number is an error.
+    ("{{ ('<' | safe) + '<' }}|{{ '<' + ('<' | safe) }}|{{ (('a' | safe) + '\"') + \"'&\" }}|{{ ('<' | safe) ~ '<' }}|"
+     "{{ ('<' | e) + '<' }}|{{ ('<' | safe) | e }}|{{ (('<' | safe) + '<') | length }}|{{ ['<' | safe, '<'] | join('&') }}|"
+     "{{ ('&' | safe) ~ ('&' | safe) + '<' }}|{{ (('a' | safe) + '<') == 'a&lt;' }}|{{ ((1 | safe) + '>') }}|{{ x | safe + y | tojson }}",
+     {"x": "use: ", "y": {"k": "\"v\" <b>"}}),
+    ("{% set m = '<' | safe %}{{ m + 1 }}", {}),
+    ("{{ none | selectattr('type', 'equalto', 'x') | list | length }}{{ '' | select | list }}{{ [] | rejectattr('a') | list }}"
+     "{{ none | reject('none') | list }}{{ none | selectattr | list }}", {}),
     ("{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'a\\n\\nb' | indent(2, blank=true) }}|{{ 'a\\nb' | indent('> ') }}", {}),
     ("{{ [1, 2, 3, 4, 5] | batch(2) | list }} {{ [1, 2, 3] | batch(2, 'x') | list }}", {}),
     ("{{ x | tojson }}", {"x": {"b": 1, "a": [1, 2.5, True, None, "é<>&'\"\\\n\t\u0001"], "c": {}, "d": [], "e": 1.0, "f": 1e20}}),

@@ -651,7 +651,7 @@ int main(int argc, char **argv)
                    {"--parse-kimi", TOOL_FORMAT_KIMI},       {"--parse-command-r7b", TOOL_FORMAT_COMMAND_R7B},
                    {"--parse-qwen-xml", TOOL_FORMAT_QWEN_XML}, {"--parse-minimax", TOOL_FORMAT_MINIMAX},
                    {"--parse-dsml", TOOL_FORMAT_DSML},         {"--parse-dsml-v4", TOOL_FORMAT_DSML_V4},
-                   {"--parse-gemma4", TOOL_FORMAT_GEMMA4}};
+                   {"--parse-gemma4", TOOL_FORMAT_GEMMA4},     {"--parse-functionary", TOOL_FORMAT_FUNCTIONARY}};
     for (size_t i = 0; argc > 2 && i < sizeof parsers / sizeof *parsers; i++)
         if (!strcmp(argv[1], parsers[i].flag)) return parse_file(parsers[i].f, argv[2], argc > 3 ? argv[3] : NULL);
     static const struct {
@@ -662,6 +662,16 @@ int main(int argc, char **argv)
                     {"--dsml-v4-grammar", TOOL_FORMAT_DSML_V4}, {"--gemma4-grammar", TOOL_FORMAT_GEMMA4}};
     for (size_t i = 0; argc > 5 && i < sizeof grammars / sizeof *grammars; i++)
         if (!strcmp(argv[1], grammars[i].flag)) return glm_grammar(grammars[i].f, argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
+    if (argc > 4 && !strcmp(argv[1], "--functionary-schema")) {
+        cJSON *tools = cJSON_Parse(argv[2]);
+        CHECK(cJSON_IsArray(tools), "--functionary-schema: the tools are not a JSON list");
+        char *s = http_tools_functionary_schema(tools, argv[3][0] ? argv[3] : NULL, atoi(argv[4]));
+        CHECK(s, "out of memory");
+        fputs(s, stdout);
+        free(s);
+        cJSON_Delete(tools);
+        return 0;
+    }
     if (argc > 6 && !strcmp(argv[1], "--deepseek-schema"))
         return deepseek_schema(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), argc > 8 ? atoi(argv[7]) : 0,
                                argc > 8 ? atoi(argv[8]) : 0);
@@ -714,6 +724,7 @@ int main(int argc, char **argv)
     check_nemotron();
     check_dsml();
     check_gemma4();
+    check_functionary();
     printf("test_tool_stream: %ld parses compared, streams equal, work linear: PASS\n", n_compared);
     return 0;
 }

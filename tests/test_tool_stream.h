@@ -21,5 +21,6 @@ void check_minimax(void);
 void check_nemotron(void);
 void check_dsml(void);
 void check_gemma4(void);
+void check_functionary(void);
 
 #endif

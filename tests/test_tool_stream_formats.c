@@ -380,3 +380,31 @@ void check_gemma4(void)
 #undef G_Q
 #undef G_CALL
 }
+
+/* functionary v3.1's calls (tool_glm.c tool_functionary_call): `<function=NAME>{...}</function>`, back
+ * to back; text around them; malformed or cut-short calls text; every prefix; the detection by
+ * the template's text (before Llama 3's, whose headers it shares). */
+void check_functionary(void)
+{
+    static const struct call_case cases[] = {
+        {"<function=get_weather>{\"city\": \"Paris\"}</function>", "get_weather", "{\"city\": \"Paris\"}", "", 1},
+        {"Checking. <function=f>{\"a\": [1, {\"b\": null}], \"s\": \"x</p>\"}</function><function=g>{}</function> done",
+         "f", "{\"a\": [1, {\"b\": null}], \"s\": \"x</p>\"}", "Checking. done", 2},
+        {"<function=f> {\"x\": 1} </function>", "f", "{\"x\": 1}", "", 1},
+        {"<function=f>[1]</function>", NULL, NULL, "<function=f>[1]</function>", 0},
+        {"<function=f>{\"x\": tru}</function>", NULL, NULL, "<function=f>{\"x\": tru}</function>", 0},
+        {"<function=>{}</function>", NULL, NULL, "<function=>{}</function>", 0},
+        {"<function=a b>{}</function>", NULL, NULL, "<function=a b>{}</function>", 0},
+        /* the reply's end closes a whole call (its schema lets the model stop after the arguments) */
+        {"<function=f>{\"x\": 1} ", "f", "{\"x\": 1}", "", 1},
+        {"<function=a>{}</function><function=f>{\"x\": 1}", "a", "{}", "", 2},
+        {"<function=f>{\"x\": 1", NULL, NULL, "<function=f>{\"x\": 1", 0},
+        {"plain text, no call", NULL, NULL, "plain text, no call", 0},
+    };
+    check_call_cases(TOOL_FORMAT_FUNCTIONARY, "functionary", cases, sizeof cases / sizeof *cases);
+    first_call_only(TOOL_FORMAT_FUNCTIONARY, "functionary", cases[1].text, "f");
+    CHECK(tool_format_detect("{{ '<|start_header_id|>' }}{% if tools %}{{ 'ipython' }}{{ '<function=' + name + '>' }}{% endif %}") ==
+              TOOL_FORMAT_FUNCTIONARY,
+          "functionary v3.1's template detected");
+    fprintf(stderr, "PASS functionary: %zu replies, every prefix\n", sizeof cases / sizeof *cases);
+}

@@ -289,12 +289,15 @@ static struct jv items_of(struct jstate *st, struct jv d)
     return r;
 }
 
-/* select / reject / selectattr / rejectattr: a[1] is the attribute when attr is set. */
+/* select / reject / selectattr / rejectattr: a[1] is the attribute when attr is set. A falsy
+ * value (none, "", an empty list) selects nothing, its arguments unread (jinja2's `if value:`:
+ * functionary v3.1's template filters a `tools` that is none). */
 static struct jv select_items(struct jstate *st, const struct jargs *a, int attr, int keep)
 {
+    struct jv r = jv_list_new(st, 0);
+    if (!jv_truthy(a->args[0])) return r;
     struct jlist *l = jv_iter(st, a->args[0]);
     int t = 1 + attr;
-    struct jv r = jv_list_new(st, 0);
     if (attr && a->n_args < 2) jfail(st, STATUS_INVALID_ARGUMENT, "selectattr: missing attribute");
     for (size_t i = 0; i < l->n; i++) {
         struct jv x = attr ? get_path(st, l->v[i], a->args[1]) : l->v[i];
@@ -412,7 +415,11 @@ struct jv jfilter(struct jstate *st, const char *name, struct jv *args, int n_ar
             jfail(st, STATUS_INVALID_ARGUMENT, "from_json: not a string of one JSON value");
         return out;
     }
-    if (!strcmp(name, "safe")) return v;
+    if (!strcmp(name, "safe")) { /* (a Markup of the value's text) */
+        struct jv s = v.type == JV_STRING ? v : jv_to_string(st, v);
+        s.safe = 1;
+        return s;
+    }
     if (!strcmp(name, "string")) return jv_to_string(st, v);
     if (!strcmp(name, "trim")) return strip(st, jv_to_string(st, v), arg_str(st, &a, 1, "chars", NULL), 1, 1);
     if (!strcmp(name, "upper")) return jstr_case(st, jv_to_string(st, v), 'u');
@@ -576,20 +583,7 @@ struct jv jfilter(struct jstate *st, const char *name, struct jv *args, int n_ar
         return jv_float(nearbyint(x * m) / m);
     }
     if (!strcmp(name, "indent")) return indent_filter(st, &a);
-    if (!strcmp(name, "escape") || !strcmp(name, "e")) {
-        struct jv s = jv_to_string(st, v);
-        struct jbuf b = {0};
-        for (size_t i = 0; i < s.u.s.n; i++) {
-            char c = s.u.s.p[i];
-            if (c == '&') jbuf_puts(st, &b, "&amp;");
-            else if (c == '<') jbuf_puts(st, &b, "&lt;");
-            else if (c == '>') jbuf_puts(st, &b, "&gt;");
-            else if (c == '"') jbuf_puts(st, &b, "&#34;");
-            else if (c == '\'') jbuf_puts(st, &b, "&#39;");
-            else jbuf_putc(st, &b, c);
-        }
-        return buf_value(st, &b);
-    }
+    if (!strcmp(name, "escape") || !strcmp(name, "e")) return jv_escape(st, v);
     if (!strcmp(name, "attr")) return jgetattr(st, v, need_str(st, args[n_args > 1 ? 1 : 0], "attr").u.s.p);
     if (!strcmp(name, "batch")) {
         struct jlist *l = jv_iter(st, v);

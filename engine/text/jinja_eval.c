@@ -258,10 +258,14 @@ static struct jv arith(struct jstate *st, int op, struct jv a, struct jv b)
         jfail(st, STATUS_INVALID_ARGUMENT, "integer overflow");
     }
     if (op == '+' && a.type == JV_STRING && b.type == JV_STRING) {
+        const int safe = a.safe || b.safe; /* Markup + str escapes the str (markupsafe) */
+        if (safe) a = jv_escape(st, a), b = jv_escape(st, b);
         struct jbuf out = {0};
         jbuf_put(st, &out, a.u.s.p, a.u.s.n);
         jbuf_put(st, &out, b.u.s.p, b.u.s.n);
-        return jv_str(st, out.p, out.n);
+        struct jv r = jv_str(st, out.p ? out.p : "", out.n);
+        r.safe = (unsigned char)safe;
+        return r;
     }
     if (op == '+' && (a.type == JV_LIST || a.type == JV_TUPLE) && a.type == b.type) {
         struct jv r = jv_list_new(st, a.u.l->n + b.u.l->n);

@@ -50,6 +50,10 @@ struct jmacro;
 
 struct jv {
     enum jv_type type;
+    /* JV_STRING: a Markup, as jinja2's markupsafe makes one (|safe, |escape): `+` joins a plain
+     * string to it HTML-escaped, and the result is a Markup (jinja_eval.c arith); any other
+     * operation gives a plain string. */
+    unsigned char safe;
     union {
         int            b;
         int64_t        i;
@@ -226,6 +230,8 @@ struct jv jv_bool(int b);
 struct jv jv_int(int64_t i);
 struct jv jv_float(double f);
 struct jv jv_str(struct jstate *st, const char *p, size_t n); /* copies */
+/* v's text HTML-escaped (& < > " '), as a Markup; a Markup as it is (jinja2's |escape). */
+struct jv jv_escape(struct jstate *st, struct jv v);
 struct jv jv_strz(const char *s);                              /* borrows a NUL-terminated static */
 struct jv jv_list_new(struct jstate *st, size_t cap);
 struct jv jv_dict_new(struct jstate *st);

@@ -101,6 +101,25 @@ struct jv jv_bool(int b) { struct jv v = {.type = JV_BOOL}; v.u.b = !!b; return 
 struct jv jv_int(int64_t i) { struct jv v = {.type = JV_INT}; v.u.i = i; return v; }
 struct jv jv_float(double f) { struct jv v = {.type = JV_FLOAT}; v.u.f = f; return v; }
 
+struct jv jv_escape(struct jstate *st, struct jv v)
+{
+    if (v.type == JV_STRING && v.safe) return v;
+    struct jv s = jv_to_string(st, v);
+    struct jbuf b = {0};
+    for (size_t i = 0; i < s.u.s.n; i++) {
+        const char c = s.u.s.p[i];
+        if (c == '&') jbuf_puts(st, &b, "&amp;");
+        else if (c == '<') jbuf_puts(st, &b, "&lt;");
+        else if (c == '>') jbuf_puts(st, &b, "&gt;");
+        else if (c == '"') jbuf_puts(st, &b, "&#34;");
+        else if (c == '\'') jbuf_puts(st, &b, "&#39;");
+        else jbuf_putc(st, &b, c);
+    }
+    struct jv r = jv_str(st, b.p ? b.p : "", b.n);
+    r.safe = 1;
+    return r;
+}
+
 struct jv jv_str(struct jstate *st, const char *p, size_t n)
 {
     char *d = jalloc(st, n + 1);

@@ -14,7 +14,7 @@
  * (nemotron when the length is 1 modulo 4),
  * 7, deepseek, kimi and 6, glm, command-r7b when the input's length is even: the same lists after
  * other markers; 6 is qwen3-coder when the length is 3 modulo 4, minimax-m2 when it is 1 modulo
- * 8, gemma4 when it is 13 modulo 16; 7 is deepseek-v3.2 (DSML) when the length is 3 modulo 8,
+ * 8, gemma4 when it is 13 modulo 16; 4, phi4, is functionary when the length is 2 modulo 4; 7 is deepseek-v3.2 (DSML) when the length is 3 modulo 8,
  * deepseek-v4 when it is 7 modulo 8;
  * the XML-like formats read with
  * declared types for function f's keys s, b and z: a string, a boolean, a null),
@@ -118,6 +118,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (f == TOOL_FORMAT_GLM && size % 4 == 3) f = TOOL_FORMAT_QWEN_XML;
     if (f == TOOL_FORMAT_GLM && size % 8 == 1) f = TOOL_FORMAT_MINIMAX;
     if (f == TOOL_FORMAT_GLM && size % 16 == 13) f = TOOL_FORMAT_GEMMA4;
+    if (f == TOOL_FORMAT_PHI4 && size % 4 == 2) f = TOOL_FORMAT_FUNCTIONARY;
     if (f == TOOL_FORMAT_DEEPSEEK && size % 4 == 3) f = size % 8 == 7 ? TOOL_FORMAT_DSML_V4 : TOOL_FORMAT_DSML;
     static const char declared[] = "\x1e" "f\x1fs\x1fs\x1e" "f\x1f" "b\x1f" "b\x1e" "f\x1fz\x1fz\x1e";
     const char *types = tool_format_is_xml(f) ? declared : NULL;
@@ -131,8 +132,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct tool_parsed whole;
     CHECK(tool_parse_typed(f, tools, reasoning, think_open, max_calls, types, text, n, 1, &whole) == 0, "out of memory");
     check_parsed(&whole);
-    /* (harmony and glm: no earlier parser; their prefix property instead) */
-    const int ref = f != TOOL_FORMAT_HARMONY && !tool_format_is_xml(f) && f != TOOL_FORMAT_DEEPSEEK && f != TOOL_FORMAT_KIMI &&
+    /* (harmony, the formats read whole (glm, functionary, ...) and the newer lists: no earlier
+     * parser; their prefix property instead) */
+    const int ref = f != TOOL_FORMAT_HARMONY && !tool_format_whole_calls(f) && f != TOOL_FORMAT_DEEPSEEK && f != TOOL_FORMAT_KIMI &&
                     f != TOOL_FORMAT_COMMAND_R7B && f != TOOL_FORMAT_NEMOTRON;
     if (ref) check_ref(&whole, f, tools, reasoning, think_open, max_calls, text, n, 1);
     size_t cuts[CUTS_ALL + 1 > CUTS_MAX ? CUTS_ALL + 1 : CUTS_MAX];

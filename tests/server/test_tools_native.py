@@ -283,6 +283,23 @@ def other_format(mid, oa, label, tmpl):
                   f"({got} vs {want})")
         if label == "llama3":  # the call and its result (an ipython turn) render as jinja2's
             same_prompt(r, history, "llama3: the history with a call and its result")
+        if label == "functionary":  # <function=NAME>{...}</function>: the history, named, parallel, streamed
+            same_prompt(ask(ASK, tool_choice="auto", max_tokens=1), ASK, "functionary: the prompt with tools")
+            same_prompt(r, history, "functionary: the history with a call and its result")
+            named = ask(ASK, tool_choice={"type": "function", "function": {"name": "get_time"}})
+            nc = named.choices[0].message.tool_calls or []
+            check(named.choices[0].finish_reason == "tool_calls" and calls_valid(nc) and
+                  all(c.function.name == "get_time" for c in nc), f"functionary: a named call -> {nc}")
+            rp = ask(ASK, tool_choice="required", n=3, temperature=1.0, seed=3, max_tokens=120)
+            check(all(c.finish_reason in ("tool_calls", "length") and c.message.tool_calls and
+                      calls_valid(c.message.tool_calls) for c in rp.choices),
+                  f"functionary: parallel calls, n 3: {[len(c.message.tool_calls or []) for c in rp.choices]}")
+            got, finish, _, _, _ = stream_calls(oa.chat.completions.create(
+                model=mid, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=60,
+                temperature=0, stream=True))
+            want = [(c.function.name, c.function.arguments) for c in m.tool_calls]
+            check(got == want and finish == "tool_calls", f"functionary: the streamed call equals the unary one "
+                  f"({got} vs {want})")
 
 
 def qwen3(mid, oa, tmpl):
@@ -408,6 +425,7 @@ def main():
             ("ibm-granite-granite-3.3-2B-Instruct.jinja", "granite"),
             ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b"),
             ("NVIDIA-Nemotron-Nano-v2.jinja", "nemotron"),
+            ("meetkai-functionary-medium-v3.1.jinja", "functionary"),
             ("qwen3-final-assistant.jinja", "qwen3")]
     try:
         for file, label in runs:
