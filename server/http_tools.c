@@ -146,6 +146,25 @@ static cJSON *harmony_schema(const cJSON *tools, const char *only, int required)
     return s;
 }
 
+/* One anyOf branch per function of tools (the named one only, when `only`) into any: its whole
+ * parameters schema after its text, fmt (printf) of its name and index. 0 when out of memory. */
+static int add_branches(cJSON *any, const cJSON *tools, const char *only, const char *fmt, int index)
+{
+    for (const cJSON *t = tools->child; t; t = t->next) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
+        if (only && strcmp(name, only)) continue;
+        char text[TOOLS_MAX_NAME + 64];
+        snprintf(text, sizeof text, fmt, name, index); /* (fmt reads the index or not) */
+        cJSON *b = params_schema(fn);
+        if (!b || !cJSON_AddStringToObject(b, GRAMMAR_SCHEMA_PREFIX, text) || !cJSON_AddItemToArray(any, b)) {
+            cJSON_Delete(b);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* DeepSeek's calls (tool_stream.c read_deepseek), after <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>
  * (the prompt's when a call is required; under auto the trigger is <｜tool▁calls▁begin｜> and the
  * schema writes <｜tool▁call▁begin｜> itself): one branch per function, its text V3.1's
@@ -168,20 +187,8 @@ static cJSON *deepseek_schema(const cJSON *tools, const char *only, int parallel
              (!parallel || !open || cJSON_AddStringToObject(rep, "open", open)) &&
              cJSON_AddStringToObject(rep, "end", kimi ? TOOL_KIMI_CALLS_END : TOOL_DS_CALLS_END) &&
              (!lazy || cJSON_AddStringToObject(s, GRAMMAR_SCHEMA_PREFIX, kimi ? TOOL_KIMI_CALL_BEGIN : TOOL_DS_CALL_BEGIN));
-    for (const cJSON *t = ok ? tools->child : NULL; t; t = t->next) {
-        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
-        const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
-        if (only && strcmp(name, only)) continue;
-        char text[TOOLS_MAX_NAME + 64];
-        if (kimi) snprintf(text, sizeof text, "functions.%s:%d" TOOL_KIMI_ARGS, name, index);
-        else snprintf(text, sizeof text, fenced ? "function" TOOL_DS_SEP "%s\n```json\n" : "%s" TOOL_DS_SEP, name);
-        cJSON *b = params_schema(fn);
-        if (!b || !cJSON_AddStringToObject(b, GRAMMAR_SCHEMA_PREFIX, text) || !cJSON_AddItemToArray(any, b)) {
-            cJSON_Delete(b);
-            ok = 0;
-            break;
-        }
-    }
+    if (ok) ok = add_branches(any, tools, only, kimi ? "functions.%s:%d" TOOL_KIMI_ARGS
+                                                : fenced ? "function" TOOL_DS_SEP "%s\n```json\n" : "%s" TOOL_DS_SEP, index);
     if (!ok) {
         cJSON_Delete(s);
         return NULL; /* (set_schema: out of memory) */
@@ -203,19 +210,7 @@ static cJSON *functionary_schema(const cJSON *tools, const char *only, int paral
              (!parallel || ((rep = cJSON_AddObjectToObject(s, GRAMMAR_SCHEMA_REPEAT)) &&
                             cJSON_AddStringToObject(rep, "close", TOOL_FUNCTIONARY_CALL_END) &&
                             cJSON_AddStringToObject(rep, "open", TOOL_FUNCTIONARY_CALL)));
-    for (const cJSON *t = ok ? tools->child : NULL; t; t = t->next) {
-        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
-        const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
-        if (only && strcmp(name, only)) continue;
-        char text[TOOLS_MAX_NAME + 8];
-        snprintf(text, sizeof text, "%s>", name);
-        cJSON *b = params_schema(fn);
-        if (!b || !cJSON_AddStringToObject(b, GRAMMAR_SCHEMA_PREFIX, text) || !cJSON_AddItemToArray(any, b)) {
-            cJSON_Delete(b);
-            ok = 0;
-            break;
-        }
-    }
+    if (ok) ok = add_branches(any, tools, only, "%s>", 0);
     if (!ok) {
         cJSON_Delete(s);
         return NULL; /* (set_schema: out of memory) */
