@@ -21,7 +21,9 @@ openai package.
   required, streamed, parallel, the history with a call and its result as jinja2's) and Command R7B
   (<|START_ACTION|> and a
   list of tool_call_id / tool_name / parameters: required, named, parallel and streamed calls, the
-  history with a call and its result as jinja2 renders it).
+  history with a call and its result as jinja2 renders it), functionary v3.1 (<function=NAME>{...}
+  </function>: the prompts with tools and with a call and its result as jinja2's, its tools' JSON
+  escaped as jinja2's Markup does; required, named, parallel and streamed calls).
 - Qwen 3 (reasoning): a reply forced by a regex to hold <think>...</think> is split into
   reasoning_content and content, unary and streamed (delta.reasoning_content);
   chat_template_kwargs {"enable_thinking": false} reaches the template (the prompt as jinja2
