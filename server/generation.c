@@ -20,6 +20,7 @@
 
 #include "chat_template.h"
 #include "convert.h"
+#include "grammar.h"
 #include "http_internal.h"
 #include "journal.h"
 #include "metrics.h"
@@ -491,6 +492,46 @@ static enum status constraint_make_lazy(struct gen_request *r, int flags)
     return STATUS_OK;
 }
 
+/* GPT-OSS's answer under a JSON Schema (response_format): after its analysis the model writes
+ * the final message's header, `<|start|>assistant<|channel|>final<|message|>` (or the analysis
+ * breaks off at its <|start|> / <|channel|>: the engine's watch gives the grammar the marker,
+ * engine/serving/constraint.c), or the JSON at once: the schema's root takes the three as its
+ * prefix list; and '<' only as \u003c in its free strings (a marker in a string would end the
+ * message in the reply parser). A JSON object mode constraint becomes {"type": "object"}. Other
+ * kinds (regex, grammar, choice) are left as they are: a reply that writes a header after the
+ * analysis is then free (docs/tools.md). */
+static enum status harmony_answer_schema(struct gen_request *r)
+{
+    const enum constraint_kind kind = r->params.constraint_kind;
+    if (kind != CONSTRAINT_JSON_SCHEMA && kind != CONSTRAINT_JSON_OBJECT) return STATUS_OK;
+    cJSON *root = kind == CONSTRAINT_JSON_OBJECT ? cJSON_Parse("{\"type\":\"object\"}")
+                                                 : cJSON_ParseWithLength(r->constraint, r->constraint_len);
+    if (cJSON_IsTrue(root)) cJSON_Delete(root), root = cJSON_CreateObject();
+    if (!cJSON_IsObject(root) || cJSON_HasObjectItem(root, GRAMMAR_SCHEMA_PREFIX) ||
+        cJSON_HasObjectItem(root, GRAMMAR_SCHEMA_ESCAPE)) {
+        cJSON_Delete(root);
+        return STATUS_OK; /* (not JSON: the grammar's compile says so; our keywords: not ours to change) */
+    }
+    static const char *const heads[] = {"", "<|start|>assistant<|channel|>final<|message|>",
+                                         "<|channel|>final<|message|>"};
+    cJSON *list = cJSON_CreateStringArray(heads, 3);
+    char *src = NULL;
+    if (list && cJSON_AddItemToObject(root, GRAMMAR_SCHEMA_PREFIX, list)) {
+        list = NULL;
+        if (cJSON_AddStringToObject(root, GRAMMAR_SCHEMA_ESCAPE, "<")) src = cJSON_PrintUnformatted(root);
+    }
+    cJSON_Delete(list);
+    cJSON_Delete(root);
+    if (!src) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    free(r->constraint);
+    r->constraint = src;
+    r->constraint_len = strlen(src);
+    r->params.constraint = src;
+    r->params.constraint_len = r->constraint_len;
+    r->params.constraint_kind = CONSTRAINT_JSON_SCHEMA;
+    return STATUS_OK;
+}
+
 /* The server splits reasoning off, so a constraint (a schema from response_format, or a lazy
  * tool call's) applies to the reply after </think>, never to the reasoning:
  * - the prompt ends inside <think> (the template opened it for the model): a whole-output
@@ -505,6 +546,10 @@ static enum status constrain_around_think(struct gen_request *r, const char *tex
                                           int markers)
 {
     if (!r->constraint || r->params.constraint_kind == CONSTRAINT_NONE) return STATUS_OK;
+    if (markers >> TRIGGER_MARKERS_SHIFT == TRIGGER_MARKERS_HARMONY && !r->params.constraint_trigger_len) {
+        const enum status st = harmony_answer_schema(r);
+        if (st != STATUS_OK) return st;
+    }
     if (r->think_open) {
         if (r->params.constraint_trigger_len && (unsigned char)r->constraint[0] < 32) {
             r->constraint[0] = (char)(((unsigned char)r->constraint[0] & ~TRIGGER_MAY_REASON) | TRIGGER_IN_REASONING);

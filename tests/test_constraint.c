@@ -13,7 +13,9 @@
  * keeps it; and its masks (constraint_fill_mask)
  * after each prefix, against the sets worked out by hand from the pieces. The same with the
  * [THINK] ... [/THINK] markers (TRIGGER_MARKERS_MISTRAL): <think> is then text. With part of the
- * closing marker written, a piece that would complete it with bytes the grammar refuses is masked. */
+ * closing marker written, a piece that would complete it with bytes the grammar refuses is masked.
+ * Harmony's analysis (TRIGGER_MARKERS_HARMONY): closed by <|end|> or broken by a new message's
+ * <|start|> / <|channel|>, which a marker-less grammar then reads; its mask likewise. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,11 +29,14 @@ static const char *const PIECES[] = {
     "<tool", "_call", ">\n{", "<think>", "x <tool_call> y", "</think>", "<tool_call>", "<t", "ool_call>",
     "abc", "</thi", "nk>\n{", "  ", "{", "hi {", "x}", "", "", "<tool_call>!", "\n",
     "<", "th", "ink>", "ink>{x}", "", "{x", "[THINK]", "[/THINK]", "nk>!",
+    "<|channel|>analysis<|message|>", "<|end|>", "<|start|>", "assistant<|channel|>final<|message|>", "<|channel|>",
+    "final<|message|>", "<|", "start|>", "start|>!", "start|>assistant",
 };
 enum { T_TOOL, T_CALL, T_GT_BRACE, T_THINK, T_INSIDE, T_UNTHINK, T_MARK, T_LT_T, T_OOL_CALL,
        T_ABC, T_UNTHI, T_NK_BRACE, T_SPACES, T_BRACE, T_HI_BRACE, T_X_CLOSE, T_MARK_ID, T_UNTHINK_ID,
        T_MARK_BANG, T_NL, T_LT, T_TH, T_INK_GT, T_INK_GT_X, T_THINK_ID, T_BRACE_X, T_MTHINK, T_MUNTHINK, T_NK_BANG,
-       N_PIECES };
+       T_H_OPEN, T_H_END, T_H_START, T_H_AFINAL, T_H_CH, T_H_FINAL, T_H_LTBAR, T_H_START_REST, T_H_START_BANG,
+       T_H_START_A, N_PIECES };
 
 static int failures;
 
@@ -195,6 +200,40 @@ int main(void)
         (int[]){T_MTHINK, T_BRACE, T_X_CLOSE, T_MUNTHINK, T_BRACE, T_X_CLOSE}, 6, 1, 1);
     opening_mask(g, "[THINK] markers, opening mask: the grammar's { or [THINK] (not <think>)", mm, NULL, 0,
                  (int[]){T_BRACE, T_BRACE_X, T_MTHINK, T_THINK_ID}, 4);
+    /* Harmony's analysis (TRIGGER_MARKERS_HARMONY) ends at <|end|>, or where a new message begins
+     * (<|start|>, <|channel|>: the reply parser's rule): a marker-less grammar then reads that
+     * marker itself (its answer may start with the final message's header), a marker trigger is
+     * looked for after it. */
+    struct grammar *g4 = NULL;
+    const char *ans = "(<\\|start\\|>assistant<\\|channel\\|>final<\\|message\\|>|<\\|channel\\|>final<\\|message\\|>)?\\{x\\}";
+    if (grammar_compile(v, GRAMMAR_REGEX, ans, strlen(ans), &g4) != STATUS_OK) {
+        printf("FAIL: the harmony test grammar does not compile: %s\n", status_message());
+        return 1;
+    }
+    const int hm = TRIGGER_MARKERS_HARMONY << TRIGGER_MARKERS_SHIFT;
+    run(g4, "harmony: the analysis, <|end|>, the answer", op | hm, "",
+        (int[]){T_H_OPEN, T_ABC, T_BRACE, T_X_CLOSE, T_H_END, T_BRACE, T_X_CLOSE}, 7, 1, 1);
+    run(g4, "harmony: the analysis, <|end|>, the final header, the answer", op | hm, "",
+        (int[]){T_H_OPEN, T_ABC, T_H_END, T_H_START, T_H_AFINAL, T_BRACE, T_X_CLOSE}, 7, 1, 1);
+    run(g4, "harmony: the analysis broken by <|start|>: the grammar reads it (the final header, the answer)", op | hm, "",
+        (int[]){T_H_OPEN, T_ABC, T_H_START, T_H_AFINAL, T_BRACE, T_X_CLOSE}, 6, 1, 1);
+    run(g4, "harmony: the analysis broken by <|channel|> in pieces", op | hm, "",
+        (int[]){T_H_OPEN, T_ABC, T_H_LTBAR, T_CALL, T_H_CH, T_H_FINAL, T_BRACE, T_X_CLOSE}, 8, 1, 1);
+    run(g4, "harmony, in reasoning, no marker: <|start|> in pieces breaks it", TRIGGER_IN_REASONING | hm, "",
+        (int[]){T_ABC, T_H_LTBAR, T_H_START_A, T_H_CH, T_H_FINAL, T_BRACE, T_X_CLOSE}, 7, 1, 1);
+    run(g, "harmony: a marker trigger is looked for after a break", TRIGGER_MAY_REASON | hm, tc,
+        (int[]){T_H_OPEN, T_ABC, T_H_START, T_ABC, T_MARK, T_BRACE, T_X_CLOSE}, 7, 1, 1);
+    run(g, "harmony: a marker inside the analysis triggers nothing", TRIGGER_MAY_REASON | hm, tc,
+        (int[]){T_H_OPEN, T_ABC, T_MARK, T_BRACE, T_X_CLOSE}, 5, 0, 0);
+    /* With <| written, a piece that completes <|start|> or <|channel|> must leave bytes the grammar
+     * takes after it: "start|>!" is masked, and so is a second analysis's opening (its own token
+     * too: the grammar takes <|channel|>, not "analysis" after it). */
+    int all_but_start_bang[N_PIECES + 1], n_asb = 0;
+    for (int t = 0; t <= N_PIECES; t++)
+        if (t != T_H_START_BANG && t != T_H_OPEN && t != T_THINK_ID) all_but_start_bang[n_asb++] = t;
+    opening_mask(g4, "harmony mask after <|: a piece completing <|start|> with bytes the grammar refuses is masked", hm,
+                 (int[]){T_H_OPEN, T_ABC, T_H_LTBAR}, 3, all_but_start_bang, n_asb);
+    grammar_unref(g4);
     grammar_unref(g);
     grammar_vocab_free(v);
     printf("%s\n", failures ? "FAILED" : "all passed");

@@ -172,6 +172,11 @@ static const struct sample samples[] = {
     {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-prefix\":\"<call>\\n\",\"type\":\"integer\",\"minimum\":1}",
      {"<call>\n12", "\n\n<call>\n12", " \t\r\n<call>\n1", NULL},
      {"12", "<call>12", "<call>\n0", "x<call>\n1", "         <call>\n1", NULL}},
+    /* x-shardlm-prefix as a list: one of its texts (maybe empty) first (harmony's answer: its
+     * final message's header or none, server/generation.c). */
+    {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-prefix\":[\"\",\"<|start|>a<|message|>\",\"<|message|>\"],\"type\":\"integer\"}",
+     {"12", " 12", "<|start|>a<|message|>12", "<|message|>7", NULL},
+     {"<|start|>12", "<|message|><|message|>1", "<|start|>a<|message|>", "x12", NULL}},
     {GRAMMAR_CHOICE, "[\"yes\",\"no\",\"maybe so\"]", {"yes", "maybe so", NULL}, {"ye", "yess", "\"yes\"", NULL}},
     /* x-shardlm-repeat: parallel calls, each closed; the output may end after a value or a close. */
     {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-prefix\":\"<c>\\n\",\"x-shardlm-repeat\":{\"close\":\"\\n</c>\",\"open\":\"\\n<c>\\n\"},"
@@ -217,6 +222,8 @@ static const char *const bad[][3] = {
     {"0", "{\"type\":\"object\",\"properties\":{\"a\":{\"x-shardlm-prefix\":\"<\",\"type\":\"integer\"}}}",
      "unsupported keyword 'x-shardlm-prefix'"},
     {"0", "{\"x-shardlm-prefix\":7,\"type\":\"integer\"}", "x-shardlm-prefix must be a string"},
+    {"0", "{\"x-shardlm-prefix\":[],\"type\":\"integer\"}", "or a list of 1 to 8 strings"},
+    {"0", "{\"x-shardlm-prefix\":[\"a\",3],\"type\":\"integer\"}", "or a list of 1 to 8 strings"},
     {"0", "{\"x-shardlm-escape\":\"\\\"\",\"type\":\"string\"}", "x-shardlm-escape must be"},
     {"0", "{\"x-shardlm-escape\":\"\",\"type\":\"string\"}", "x-shardlm-escape must be"},
     {"0", "{\"type\":\"object\",\"properties\":{\"a\":{\"x-shardlm-escape\":\"<\",\"type\":\"string\"}}}",

@@ -57,7 +57,8 @@ int grammar_vocab_mask_words(const struct grammar_vocab *v);
 
 /* A JSON Schema's root may hold this keyword: a string of 1 to 64 bytes that the output writes
  * before the JSON value (a tool call's opening marker, server/http_tools.c), after at most 8
- * bytes of whitespace (space, tab, CR, LF). So may each branch of a root that is only
+ * bytes of whitespace (space, tab, CR, LF); or a list of 1 to 8 strings of 0 to 64 bytes, one
+ * of which the output writes there (harmony's answer: server/generation.c). So may each branch of a root that is only
  * {"anyOf": [...]} (1 to 128 bytes, then in every branch): the output is one branch's text then
  * a value of that branch (harmony's call header after the function's name). Anywhere else it is
  * an unsupported keyword. */

@@ -737,12 +737,17 @@ enum status schema_build(struct gbuild *b, const char *src, size_t n, int object
     if (!s.root) return gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: not valid JSON");
     /* x-shardlm-prefix (the root's only; taken out, so that a "#" reference does not see it):
      * literal text the output starts with before the JSON value (a tool call's marker), after at
-     * most 8 bytes of whitespace. */
+     * most 8 bytes of whitespace; or a list of 1 to 8 such texts, one of which (maybe empty) comes
+     * first (harmony's answer: its final message's header, or none). */
     cJSON *pre = cJSON_IsObject(s.root) ? cJSON_DetachItemFromObjectCaseSensitive(s.root, GRAMMAR_SCHEMA_PREFIX) : NULL;
-    if (pre && (!cJSON_IsString(pre) || !pre->valuestring[0] || strlen(pre->valuestring) > 64)) {
+    int pre_ok = !pre || (cJSON_IsString(pre) && pre->valuestring[0] && strlen(pre->valuestring) <= 64) ||
+                 (cJSON_IsArray(pre) && cJSON_GetArraySize(pre) >= 1 && cJSON_GetArraySize(pre) <= 8);
+    for (const cJSON *e = cJSON_IsArray(pre) ? pre->child : NULL; e; e = e->next)
+        pre_ok &= cJSON_IsString(e) && strlen(e->valuestring) <= 64;
+    if (!pre_ok) {
         cJSON_Delete(pre), cJSON_Delete(s.root);
-        return gb_fail(b, STATUS_INVALID_ARGUMENT,
-                       "json schema: /" GRAMMAR_SCHEMA_PREFIX " must be a string of 1 to 64 bytes");
+        return gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: /" GRAMMAR_SCHEMA_PREFIX " must be a string of 1 to "
+                       "64 bytes, or a list of 1 to 8 strings of 0 to 64 bytes");
     }
     /* x-shardlm-escape (the root's only, likewise): characters free strings must escape. */
     cJSON *esc = cJSON_IsObject(s.root) ? cJSON_DetachItemFromObjectCaseSensitive(s.root, GRAMMAR_SCHEMA_ESCAPE) : NULL;
@@ -787,7 +792,15 @@ enum status schema_build(struct gbuild *b, const char *src, size_t n, int object
     if (x && pre) { /* up to 8 bytes of whitespace first: Qwen 3 writes "\n\n" after </think> */
         struct gx *ws[4] = {gx_byte_range(b, ' ', ' '), gx_byte_range(b, '\t', '\t'), gx_byte_range(b, '\n', '\n'),
                             gx_byte_range(b, '\r', '\r')};
-        x = gx_seq3(b, gx_repeat(b, gx_alt(b, 4, ws), 0, 8), gx_str(b, pre->valuestring), x);
+        struct gx *text = cJSON_IsString(pre) ? gx_str(b, pre->valuestring) : NULL;
+        if (!text) { /* a list: one of its texts */
+            struct gx *alts[8];
+            int n_alt = 0;
+            for (const cJSON *e = pre->child; e && n_alt < 8; e = e->next)
+                alts[n_alt++] = e->valuestring[0] ? gx_str(b, e->valuestring) : gx_empty(b);
+            text = gx_alt(b, n_alt, alts);
+        }
+        x = gx_seq3(b, gx_repeat(b, gx_alt(b, 4, ws), 0, 8), text, x);
     }
     if (x && *root >= 0) b->rules[*root].expr = x;
     cJSON_Delete(pre);

@@ -13,6 +13,18 @@ static const char *const MARKERS[][2] = {
     [TRIGGER_MARKERS_HARMONY] = {"<|channel|>analysis<|message|>", "<|end|>"},
 };
 
+/* Harmony's analysis body also ends where a new message begins (the reply parser's rule,
+ * server/tool_harmony.c: gpt-oss-20b sometimes leaves out <|end|>), so the watch ends its
+ * reasoning there too: a marker-less grammar (response_format) then reads the marker itself and
+ * what follows (its schema lets the final message's header come first: server/generation.c
+ * harmony_answer_schema), a marker trigger is looked for after it. */
+static const char *const HARMONY_BREAKS[2] = {"<|start|>", "<|channel|>"};
+
+static int is_harmony(const struct request *r)
+{
+    return (r->trigger_flags >> TRIGGER_MARKERS_SHIFT & 3) == TRIGGER_MARKERS_HARMONY;
+}
+
 /* (Below, <think> and </think> stand for the request's markers, r->think: set from its trigger's
  * flags by conductor_lazy_setup.) */
 const char *engine_reasoning_marker(int kind, int close)
@@ -63,6 +75,19 @@ static enum status lazy_start(struct seq *s, const char *rest, size_t n)
     return grammar_matcher_overflowed(s->gm) ? STATUS_INVALID_ARGUMENT : STATUS_OK; /* (its message set) */
 }
 
+/* Harmony's analysis broken by brk (HARMONY_BREAKS), rest[0..n) of the output after it: a
+ * marker-less grammar starts with brk itself, then rest (no whitespace skipped); left free when
+ * it refuses them. */
+static enum status lazy_start_at_break(struct seq *s, const char *brk, const char *rest, size_t n)
+{
+    s->lazy_match = 0, s->lazy_phase = LAZY_ARMED;
+    enum status st = matcher_start(s);
+    if (st != STATUS_OK) return st;
+    s->lazy_on = grammar_matcher_accept_bytes(s->gm, brk, strlen(brk)) == STATUS_OK &&
+                 (!n || grammar_matcher_accept_bytes(s->gm, rest, n) == STATUS_OK);
+    return grammar_matcher_overflowed(s->gm) ? STATUS_INVALID_ARGUMENT : STATUS_OK; /* (its message set) */
+}
+
 /* Byte b of the output, in the armed phase: whether it completes the marker. */
 static int armed_byte(const struct request *r, struct seq *s, char b)
 {
@@ -105,13 +130,21 @@ static long lazy_byte(struct seq *s, const char *p, size_t n, enum status *st)
                 return s->lazy_on = 0, 0;
             }
         return -1;
-    case LAZY_REASONING:
+    case LAZY_REASONING: {
         s->lazy_match = trigger_next(r->think[1], s->lazy_match, b);
-        if (s->lazy_match < r->think_len[1]) return -1;
+        const char *brk = NULL;
+        for (int i = 0; i < 2 && is_harmony(r); i++) {
+            s->lazy_brk[i] = trigger_next(HARMONY_BREAKS[i], s->lazy_brk[i], b);
+            if (s->lazy_brk[i] == (int)strlen(HARMONY_BREAKS[i])) brk = HARMONY_BREAKS[i];
+        }
+        if (s->lazy_match < r->think_len[1] && !brk) return -1;
         s->lazy_phase = LAZY_ARMED, s->lazy_match = 0;
+        s->lazy_brk[0] = s->lazy_brk[1] = 0;
         if (r->trigger_len) return -1;
-        *st = lazy_start(s, p + 1, n - 1); /* no marker: the grammar starts after </think> */
+        /* no marker: the grammar starts after </think>, or with harmony's break */
+        *st = brk ? lazy_start_at_break(s, brk, p + 1, n - 1) : lazy_start(s, p + 1, n - 1);
         return (long)n - 1;
+    }
     case LAZY_ARMED:
         if (!armed_byte(r, s, b)) return -1;
         *st = lazy_start(s, p + 1, n - 1);
@@ -203,29 +236,38 @@ static enum status opening_take(struct seq *s, int32_t tok, const char *b, int l
 }
 
 /* In the reasoning of a sample whose grammar starts right after the closing marker, with a
- * proper prefix of that marker written: a token that would complete the marker is allowed only
- * when the grammar takes the rest of its bytes (whitespace skipped), as lazy_start will feed
- * them; every other token stays free. Without it such a token left the sample free for good (a
- * SmolLM2 reply began ".1{" after "[/THINK]"). Not covered: a token holding the whole marker and
- * more, taken with nothing of the marker written yet (docs/tools.md). */
+ * proper prefix of that marker (or of harmony's breaks) written: a token that would complete the
+ * marker is allowed only when the grammar takes the rest of its bytes (whitespace skipped), as
+ * lazy_start will feed them (after a break, the break and the rest: lazy_start_at_break); every
+ * other token stays free. Without it such a token left the sample free for good (a SmolLM2 reply
+ * began ".1{" after "[/THINK]"). Not covered: a token holding the whole marker and more, taken
+ * with nothing of the marker written yet (docs/tools.md). */
 static int closing_mask(struct seq *s, uint32_t *mask, int n_words)
 {
     const struct request *r = s->req;
     const enum status st = matcher_start(s);
     if (st != STATUS_OK) return st == STATUS_INVALID_ARGUMENT ? -2 : -1;
     memset(mask, 0xff, (size_t)n_words * sizeof *mask);
+    const int harmony = is_harmony(r);
     for (int32_t i = 0; i < n_words * 32; i++) {
-        int len = 0, k = s->lazy_match, j = 0;
-        const char *b = token_text(r, i, &len);
+        int len = 0, k = s->lazy_match, kb[2] = {s->lazy_brk[0], s->lazy_brk[1]}, j = 0;
+        const char *b = token_text(r, i, &len), *brk = NULL;
         if (!b) continue;
-        while (j < len && k < r->think_len[1]) k = trigger_next(r->think[1], k, b[j++]);
-        if (k < r->think_len[1]) continue;
-        while (j < len && is_ws(b[j])) j++;
-        if (j == len) continue;
-        if (grammar_matcher_accept_bytes(s->gm, b + j, (size_t)(len - j)) == STATUS_OK)
-            grammar_matcher_rollback(s->gm, 1);
-        else
-            mask[i >> 5] &= ~(1u << (i & 31));
+        while (j < len && k < r->think_len[1] && !brk) {
+            k = trigger_next(r->think[1], k, b[j]);
+            for (int m = 0; m < 2 && harmony; m++)
+                if ((kb[m] = trigger_next(HARMONY_BREAKS[m], kb[m], b[j])) == (int)strlen(HARMONY_BREAKS[m]))
+                    brk = HARMONY_BREAKS[m];
+            j++;
+        }
+        if (k < r->think_len[1] && !brk) continue;
+        while (!brk && j < len && is_ws(b[j])) j++;
+        if (j == len && !brk) continue;
+        int took = 0, ok = 1;
+        if (brk) ok = grammar_matcher_accept_bytes(s->gm, brk, strlen(brk)) == STATUS_OK, took += ok;
+        if (ok && j < len) ok = grammar_matcher_accept_bytes(s->gm, b + j, (size_t)(len - j)) == STATUS_OK, took += ok;
+        if (took) grammar_matcher_rollback(s->gm, took);
+        if (!ok) mask[i >> 5] &= ~(1u << (i & 31));
     }
     return 1;
 }
@@ -235,7 +277,8 @@ int constraint_fill_mask(struct seq *s, uint32_t *mask)
     const struct request *r = s->req;
     const int opening = opening_state(s);
     if (r->p.constraint_trigger_len && !s->lazy_on && !opening) { /* lazy, before its trigger: free */
-        if (s->lazy_phase != LAZY_REASONING || r->trigger_len || !s->lazy_match) return 0;
+        if (s->lazy_phase != LAZY_REASONING || r->trigger_len || !(s->lazy_match | s->lazy_brk[0] | s->lazy_brk[1]))
+            return 0;
         return closing_mask(s, mask, grammar_vocab_mask_words(grammar_vocab_of(r->grammar)));
     }
     const int n_words = grammar_vocab_mask_words(grammar_vocab_of(r->grammar));

@@ -178,6 +178,8 @@ struct seq {
     int      lazy_match;          /* a lazy constraint, not yet on: bytes of the marker (or, in
                                      reasoning, of <think> / </think>) the output ends with */
     int      lazy_phase;          /* a lazy constraint, not yet on: where the watch is (constraint.c) */
+    int      lazy_brk[2];         /* in harmony's analysis: bytes of <|start|>, <|channel|> the output
+                                     ends with (constraint.c HARMONY_BREAKS) */
     /* Speculation's adaptive rule (conductor_speculate.c, docs/speculative.md). */
     int      spec_len;            /* drafts it may append next, 1 .. the draft limit; 0 = not begun */
     int      spec_win_drafted, spec_win_accepted; /* drafts verified / accepted in the current window */

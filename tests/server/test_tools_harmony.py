@@ -28,6 +28,7 @@ SKIP (77) without the GGUF, openai, jsonschema or jinja2."""
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.error
@@ -44,6 +45,7 @@ try:
     import jsonschema
     import openai
     import test_tools_native as N  # noqa: E402  (exits 77 without jinja2)
+    from gguf import GGUFReader
 except ImportError as e:
     print(f"SKIP: a test dependency cannot be imported ({e}); run tools/install_deps.sh")
     sys.exit(SKIP)
@@ -55,6 +57,7 @@ check = Checks()
 TMPL = HERE.parent / "data" / "chat_templates" / "openai-gpt-oss-120b.jinja"
 TOOLS, ASK = N.TOOLS, N.ASK
 PARSER = None  # tests/tool_parse_json of the build (main)
+BAN = None  # logit_bias banning SmolLM2's "start" and "final" tokens (main: ids from the GGUF)
 HEADERS = (" <|constrain|>json<|message|>", "<|channel|>commentary json<|message|>",
            "<|channel|>commentary <|constrain|>json<|message|>")
 
@@ -62,6 +65,11 @@ HEADERS = (" <|constrain|>json<|message|>", "<|channel|>commentary json<|message
 def as_harmony(text):
     """text read as a harmony reply by tests/tool_parse_json: {content, reasoning, calls}."""
     return json.loads(subprocess.run([PARSER, "harmony"], input=text.encode(), capture_output=True, check=True).stdout)
+
+
+# A reply that closed (or broke off) its analysis and answered: what the grammar may write then.
+ANSWERED = re.compile(r"\s*(<\|channel\|>analysis<\|message\|>(?:(?!<\|end\|>|<\|start\|>|<\|channel\|>).)*"
+                      r"(<\|end\|>)?)?\s*(<\|start\|>assistant)?(<\|channel\|>final<\|message\|>)?\{", re.S)
 
 
 def raw_of(choice):
@@ -149,35 +157,42 @@ def reasoning(mid, oa):
     check(s_rc == rc and s_content == m.content, f"streamed reasoning / content equal unary ({s_rc!r}, {s_content!r})")
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
               "additionalProperties": False}
-    # The analysis channel is free, the reply after its <|end|> is the schema's. (SmolLM2 spells
-    # <|end|> in pieces; a piece that closes it and goes on with bytes the grammar cannot start
-    # with leaves that sample free, docs/tools.md: only replies whose <|end|> is followed by "{" are
-    # judged. A GPT-OSS model writes <|end|> as one token.)
-    # Whether SmolLM2 closes its analysis at all is its own sampled choice, which moves with the
-    # CPU's rounding (the products' paths differ by CPU): up to six rounds of 8 samples (seeds 1-6)
-    # until one does; every sample that does is judged. (With the int8 prefill of packed weights,
-    # the default on CPUs with VNNI, it closed in 1 of 48 samples on the AMD Zen 4 VM against 1 or
-    # more of 8 with the f32 tiles: ctest runs this test with the tiles, tests/server/CMakeLists.txt.)
-    judged = 0
+    # The analysis channel is free, the reply after it is the schema's: after its <|end|>, or from
+    # a <|start|> / <|channel|> that breaks it off (the parser's end of the analysis too), the
+    # final message's header or not, then the JSON; or the header and the JSON at once. (SmolLM2
+    # spells the markers in pieces; a piece that takes a marker whole and goes on with bytes the
+    # grammar cannot start with leaves that sample free, docs/tools.md: only replies that reach
+    # an answer's "{" so are judged. A GPT-OSS model writes each marker as one token.)
+    # SmolLM2 mostly writes the final header at once; the "start" and "final" tokens are banned
+    # (logit_bias) so that more samples open the analysis, and rounds of 8 samples (seeds 1-6, as
+    # its sampled choices move with the CPU's rounding) go on until one with an analysis is judged.
+    # (ctest runs this test with the f32 tiles, tests/server/CMakeLists.txt: with the int8 prefill
+    # of packed weights, the default on CPUs with VNNI, SmolLM2 closed its analysis in 1 of 48
+    # samples on the AMD Zen 4 VM.)
+    judged = analysed = 0
     for seed in (1, 2, 3, 4, 5, 6):
         r = oa.chat.completions.create(model=mid, messages=ASK, max_tokens=200, temperature=1.0, seed=seed, n=8,
-                                       logprobs=True, response_format={"type": "json_schema", "json_schema": {
+                                       logprobs=True, logit_bias=BAN, response_format={"type": "json_schema", "json_schema": {
                                            "name": "c", "schema": schema, "strict": True}})
         for ch in r.choices:
             raw = raw_of(ch)
-            if "<|end|>{" not in raw and not raw.startswith("{"):
+            if not ANSWERED.match(raw):
                 continue
             judged += 1
+            rc = (ch.message.model_extra or {}).get("reasoning_content")
+            analysed += raw.lstrip().startswith("<|channel|>analysis")
             try:
                 jsonschema.validate(json.loads(ch.message.content), schema)
-                ok = ch.finish_reason == "stop"
+                ok = ch.finish_reason == "stop" and bool(rc) == raw.lstrip().startswith("<|channel|>analysis")
             except Exception as e:  # noqa: BLE001
                 ok = False
                 print(f"  {e}")
-            check(ok, f"response_format json_schema, seed {seed} sample {ch.index}: the content validates ({raw!r:.120})")
-        if judged:
+            check(ok, f"response_format json_schema, seed {seed} sample {ch.index}: the content validates, the analysis "
+                      f"is the reasoning ({raw!r:.160})")
+        if analysed:
             break
-    check(judged >= 1, f"response_format: {judged} samples (seeds 1 to {seed}, 8 each) closed their analysis and answered")
+    check(analysed >= 1, f"response_format: {judged} samples (seeds 1 to {seed}, 8 each) answered, {analysed} after "
+                         "their analysis")
 
 
 def effort(mid, oa):
@@ -254,7 +269,10 @@ def main():
         print(f"SKIP: no SmolLM2 GGUF at {a.gguf} (tools/fetch_smollm2.sh)")
         return SKIP
     mid = Path(a.gguf).name
-    global PARSER
+    global PARSER, BAN
+    f = GGUFReader(a.gguf).fields["tokenizer.ggml.tokens"]
+    toks = [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data]
+    BAN = {str(toks.index(t)): -100 for t in ("start", "final")}
     PARSER = str(Path(a.shardlm).resolve().parent.parent / "tests" / "tool_parse_json")
     try:
         with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(TMPL), "--no-prefix-caching",
