@@ -137,7 +137,10 @@ char *http_tools_glm_grammar(int f, const struct cJSON *tools, const char *only,
 const char *http_tools_xml_unwritable_key(int f, const struct cJSON *params, const char **key_end);
 /* XML-like format f's calls in words (the 400 of a tool's `strict: true`). */
 const char *http_tools_xml_label(int f);
-/* With a Jinja template: r->chat_context from o's messages (as sent, when the template's own
+/* The functions of tools (the named one only, when only is set) as one JSON list, malloc'd; NULL
+ * when out of memory (http_tools.c). */
+char *http_tools_functions_json(const struct cJSON *tools, const char *only);
+/* With a Jinja template (http_tools_context.c): r->chat_context from o's messages (as sent, when the template's own
  * tool format is used), the tools of the request (NULL: none) and chat_template_kwargs. */
 enum status http_tools_context(const struct cJSON *o, const struct cJSON *tools, const struct http_chat_caps *caps,
                                struct http_request *q);

@@ -30,7 +30,7 @@ static const char PYTHON_TAG[] = "<|python_tag|>";
  * code_interpreter writes code, not a call, and is not mapped). */
 static const char *const BUILTIN_TOOLS[2] = {"brave_search", "wolfram_alpha"};
 
-static const char *open_marker(enum tool_format f)
+const char *tool_stream_open_marker(enum tool_format f)
 {
     return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML ? "<tool_call>"
          : f == TOOL_FORMAT_MISTRAL ? "[TOOL_CALLS]"
@@ -44,7 +44,7 @@ static const char *open_marker(enum tool_format f)
 
 /* What closes a call (HERMES, GLM, QWEN_XML, PHI4, GEMMA4, FUNCTIONARY) or the list of calls (COMMAND_R7B, MINIMAX,
  * DSML, DSML_V4, NEMOTRON). */
-static const char *close_marker(enum tool_format f)
+const char *tool_stream_close_marker(enum tool_format f)
 {
     return f == TOOL_FORMAT_HERMES || f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML ? "</tool_call>" : f == TOOL_FORMAT_PHI4 ? "<|/tool_call|>"
          : f == TOOL_FORMAT_COMMAND_R7B                    ? TOOL_R7B_ACTION_END
@@ -143,7 +143,7 @@ static void rest_is_text(struct tool_stream *ts, size_t start)
 }
 
 /* A call, or the list around it, is malformed. */
-static void call_bad(struct tool_stream *ts)
+void tool_stream_call_bad(struct tool_stream *ts)
 {
     if (ts->f == TOOL_FORMAT_GENERIC) ts->st = B_DEAD;
     else if (ts->f == TOOL_FORMAT_LLAMA3) ts->n_calls ? (void)(ts->st = B_DEAD) : rest_is_text(ts, ts->body);
@@ -160,7 +160,7 @@ static void call_done(struct tool_stream *ts)
     else ts->st = B_AFTER_CALL, ts->close_at = (size_t)-1;
 }
 
-static void text_from(struct tool_stream *ts, size_t start)
+void tool_stream_text_from(struct tool_stream *ts, size_t start)
 {
     ts->st = B_TEXT;
     seg_open(ts, &ts->cseg, start);
@@ -203,7 +203,7 @@ static size_t r7b_scan(struct tool_stream *ts)
  * marker's start). */
 static void read_text(struct tool_stream *ts)
 {
-    const char *open = open_marker(ts->f);
+    const char *open = tool_stream_open_marker(ts->f);
     size_t m = strlen(open), p = ts->search;
     if (ts->f == TOOL_FORMAT_COMMAND_R7B) {
         if ((p = r7b_scan(ts)) == (size_t)-1) return;
@@ -232,200 +232,6 @@ static void read_text(struct tool_stream *ts)
     ts->pos = ts->len;
 }
 
-/* The first lit in the text from ts->search, or -1 (ts->search then where a later search
- * resumes, so that each byte is looked at once). */
-static size_t scan_for(struct tool_stream *ts, const char *lit)
-{
-    const size_t m = strlen(lit);
-    size_t p = ts->search;
-    for (; p + m <= ts->len; p++) {
-        ts->steps++;
-        if (ts->text[p] == lit[0] && !memcmp(ts->text + p, lit, m)) return p;
-    }
-    ts->search = p;
-    return (size_t)-1;
-}
-
-/* Gemma 4: the first <tool_call|> from ts->search outside its strings (a string, between <|"|>
- * marks, may hold the tag), or -1 (scan_for's resumption; a '<' too close to the end to tell
- * waits for more text). */
-static size_t scan_gemma4(struct tool_stream *ts)
-{
-    const size_t mq = strlen(TOOL_GEMMA4_QUOTE), me = strlen(TOOL_GEMMA4_CALL_END);
-    size_t p = ts->search;
-    for (; p + mq <= ts->len; p++) {
-        ts->steps++;
-        if (ts->text[p] != '<') continue;
-        if (!memcmp(ts->text + p, TOOL_GEMMA4_QUOTE, mq)) {
-            ts->g4_str ^= 1, p += mq - 1;
-            continue;
-        }
-        if (ts->g4_str) continue;
-        if (p + me > ts->len) break;
-        if (!memcmp(ts->text + p, TOOL_GEMMA4_CALL_END, me)) return p;
-    }
-    ts->search = p;
-    return (size_t)-1;
-}
-
-/* A call's body not closed yet: wait for more text, or, at the end, the block is malformed. */
-static void body_open(struct tool_stream *ts)
-{
-    ts->pos = ts->len;
-    if (ts->final) call_bad(ts);
-}
-
-/* Keeps a call named s[name_at..) with the arguments in args (taken) unless max_calls are kept. */
-static void keep_xml_call(struct tool_stream *ts, const char *s, size_t name_at, size_t name_len, struct tool_json_buf *args)
-{
-    if (ts->max_calls <= 0 || ts->n_calls < ts->max_calls) {
-        struct tcall *t = tool_stream_new_call(ts, s + name_at, name_len);
-        if (t) t->own_args = args->p, t->own_len = args->n, *args = (struct tool_json_buf){0};
-        ts->kept_block++;
-    }
-}
-
-/* MiniMax-M2's or DSML's block body s[0..n): one or more <invoke>s, whitespace around them; with
- * keep, the calls are kept (a first pass checks them all). Returns 0 when the body is not that.
- * With cut (a reply that ended inside the block: max_tokens), the whole <invoke>s before the first
- * that is not are kept, and their count returned. */
-static int invoke_body(struct tool_stream *ts, const char *s, size_t n, int keep, int cut, struct tool_json_buf *args)
-{
-    const int dsml = ts->f != TOOL_FORMAT_MINIMAX;
-    int calls = 0;
-    for (size_t at = 0;;) {
-        while (at < n && tool_json_is_ws((unsigned char)s[at])) at++;
-        if (at == n) return calls > 0;
-        size_t used = 0, name_at = 0, name_len = 0;
-        if (!tool_invoke(s + at, n - at, dsml, ts->types, &used, &name_at, &name_len, args)) return cut ? calls : 0;
-        if (keep) keep_xml_call(ts, s + at, name_at, name_len, args);
-        at += used, calls++;
-    }
-}
-
-/* B_GLM: a call's body up to </tool_call> (held until it is whole), then made a call by
- * tool_glm.c (GLM's, Qwen3-Coder's, Gemma 4's or functionary's; MiniMax-M2's block up to </minimax:tool_call>, DSML's up
- * to its block's end, their calls);
- * a body that is not a call, or cut short, makes the block text. */
-static void read_glm(struct tool_stream *ts)
-{
-    const char *close = close_marker(ts->f);
-    const size_t m = strlen(close), b0 = ts->block + strlen(open_marker(ts->f));
-    const size_t p = ts->f == TOOL_FORMAT_GEMMA4 ? scan_gemma4(ts) : scan_for(ts, close);
-    struct tool_json_buf args = {0};
-    const char *body = ts->text + b0;
-    if (p == (size_t)-1) {
-        if (ts->final && tool_format_is_invoke(ts->f) && ts->len > b0) { /* cut inside the block: its whole calls */
-            ts->steps += ts->len - b0;
-            invoke_body(ts, body, ts->len - b0, 1, 1, &args);
-            if (args.oom) ts->oom = 1;
-            free(args.p);
-        }
-        size_t name_at = 0, name_len = 0;
-        if (ts->final && ts->f == TOOL_FORMAT_FUNCTIONARY && ts->len > b0) { /* a whole call the reply's end closes */
-            ts->steps += ts->len - b0;
-            if (tool_functionary_call(body, ts->len - b0, &name_at, &name_len, &args)) {
-                keep_xml_call(ts, body, name_at, name_len, &args);
-                free(args.p);
-                text_from(ts, ts->len);
-                return;
-            }
-            if (args.oom) ts->oom = 1;
-            free(args.p);
-        }
-        body_open(ts); /* (final: the rest dropped after kept calls, else text) */
-        return;
-    }
-    size_t name_at = 0, name_len = 0;
-    ts->steps += p - b0;
-    const int ok = tool_format_is_invoke(ts->f) ? invoke_body(ts, body, p - b0, 0, 0, &args)
-                 : ts->f == TOOL_FORMAT_QWEN_XML ? tool_qwen_xml_call(body, p - b0, ts->types, &name_at, &name_len, &args)
-                 : ts->f == TOOL_FORMAT_GEMMA4   ? tool_gemma4_call(body, p - b0, &name_at, &name_len, &args)
-                 : ts->f == TOOL_FORMAT_FUNCTIONARY ? tool_functionary_call(body, p - b0, &name_at, &name_len, &args)
-                                                 : tool_glm_call(body, p - b0, ts->types, &name_at, &name_len, &args);
-    if (!ok) {
-        if (args.oom) ts->oom = 1;
-        free(args.p);
-        call_bad(ts);
-        return;
-    }
-    if (tool_format_is_invoke(ts->f)) {
-        ts->steps += p - b0;
-        invoke_body(ts, body, p - b0, 1, 0, &args);
-        if (args.oom) ts->oom = 1;
-    } else {
-        keep_xml_call(ts, body, name_at, name_len, &args);
-    }
-    free(args.p);
-    text_from(ts, p + m);
-}
-
-/* Whether the n bytes at s are a proper start of lit (all of s, fewer bytes than lit). */
-static int starts_lit(const char *s, size_t n, const char *lit)
-{
-    const size_t m = strlen(lit);
-    return n < m && !memcmp(s, lit, n);
-}
-
-/* B_DS: DeepSeek's list after <｜tool▁calls▁begin｜>: calls, each `<｜tool▁call▁begin｜>BODY<｜tool▁call▁end｜>`
- * (the body held until it is whole, then made a call by tool_glm.c's tool_deepseek_call), up to
- * <｜tool▁calls▁end｜>; whitespace between them is nothing. A reply that ends after a call without
- * the list's end keeps its calls; anything else malformed makes the block text (or, once calls
- * were kept, drops the rest: call_bad). Kimi-K2's list is the same with its own markers
- * (<|tool_calls_section_begin|>, <|tool_call_begin|>, ...) and bodies (tool_kimi_call). */
-static void read_deepseek(struct tool_stream *ts)
-{
-    const int kimi = ts->f == TOOL_FORMAT_KIMI;
-    const char *const call_begin = kimi ? TOOL_KIMI_CALL_BEGIN : TOOL_DS_CALL_BEGIN;
-    const char *const call_end = kimi ? TOOL_KIMI_CALL_END : TOOL_DS_CALL_END;
-    const char *const calls_end = kimi ? TOOL_KIMI_CALLS_END : TOOL_DS_CALLS_END;
-    const size_t mb = strlen(call_begin), me = strlen(call_end), ml = strlen(calls_end);
-    for (;;) {
-        if (ts->close_at == (size_t)-1) { /* between calls */
-            size_t p = ts->search;
-            for (; p < ts->len && tool_json_is_ws((unsigned char)ts->text[p]); p++) ts->steps++;
-            ts->search = p;
-            const size_t rest = ts->len - p;
-            ts->steps += mb + ml;
-            if (rest >= mb && !memcmp(ts->text + p, call_begin, mb)) {
-                ts->close_at = ts->search = p + mb;
-                continue;
-            }
-            if (rest >= ml && !memcmp(ts->text + p, calls_end, ml)) {
-                text_from(ts, p + ml);
-                return;
-            }
-            if (!ts->final && (starts_lit(ts->text + p, rest, call_begin) ||
-                               starts_lit(ts->text + p, rest, calls_end))) {
-                ts->pos = ts->len; /* wait for the marker to be whole */
-                return;
-            }
-            if (ts->final && rest == 0 && ts->kept_block) text_from(ts, p); /* ended after a call */
-            else call_bad(ts);
-            return;
-        }
-        const size_t p = scan_for(ts, call_end); /* in a body: looking for its end */
-        if (p == (size_t)-1) {
-            body_open(ts);
-            return;
-        }
-        const size_t b0 = ts->close_at;
-        size_t name_at, name_len, args_at, args_len;
-        ts->steps += p - b0;
-        if (!(kimi ? tool_kimi_call : tool_deepseek_call)(ts->text + b0, p - b0, &name_at, &name_len, &args_at, &args_len)) {
-            call_bad(ts);
-            return;
-        }
-        if (ts->max_calls <= 0 || ts->n_calls < ts->max_calls) {
-            struct tcall *t = tool_stream_new_call(ts, ts->text + b0 + name_at, name_len);
-            if (t) t->args0 = b0 + args_at, t->args1 = b0 + args_at + args_len;
-            ts->kept_block++;
-        }
-        ts->close_at = (size_t)-1;
-        ts->search = p + me;
-    }
-}
-
 /* One byte of the body at ts->pos (the states that read byte by byte). */
 static void body_byte(struct tool_stream *ts)
 {
@@ -433,37 +239,37 @@ static void body_byte(struct tool_stream *ts)
     unsigned char c = (unsigned char)ts->text[at];
     ts->steps++;
     ts->pos++;
-    const char *close = close_marker(ts->f);
+    const char *close = tool_stream_close_marker(ts->f);
     switch (ts->st) {
     case B_CALL: {
         int r = tool_json_call_byte(&ts->call, c, at, tool_format_name_key(ts->f), tool_format_args_key(ts->f), &ts->oom);
         if (r == TOOL_JSON_DONE) call_done(ts);
-        else if (r == TOOL_JSON_BAD) call_bad(ts);
+        else if (r == TOOL_JSON_BAD) tool_stream_call_bad(ts);
         return;
     }
     case B_LIST_OPEN:
         if (tool_json_is_ws(c)) return;
         if (c == '[') begin_call(ts);
-        else call_bad(ts);
+        else tool_stream_call_bad(ts);
         return;
     case B_LIST_AFTER:
         if (tool_json_is_ws(c)) return;
         if (c == ']' && close) ts->st = B_AFTER_CALL, ts->close_at = (size_t)-1; /* the list's closing marker */
-        else if (c == ']') text_from(ts, at + 1);
+        else if (c == ']') tool_stream_text_from(ts, at + 1);
         else if (c == ',') begin_call(ts);
-        else call_bad(ts);
+        else tool_stream_call_bad(ts);
         return;
     case B_AFTER_CALL:
         if (!close) {
-            text_from(ts, at);
+            tool_stream_text_from(ts, at);
             return;
         }
         if (ts->close_at == (size_t)-1) {
             if (tool_json_is_ws(c)) return;
             ts->close_at = at;
         }
-        if (c != close[at - ts->close_at]) text_from(ts, ts->close_at); /* not the closing marker: text */
-        else if (at + 1 - ts->close_at == strlen(close)) text_from(ts, at + 1);
+        if (c != close[at - ts->close_at]) tool_stream_text_from(ts, ts->close_at); /* not the closing marker: text */
+        else if (at + 1 - ts->close_at == strlen(close)) tool_stream_text_from(ts, at + 1);
         return;
     case G_OPEN:
         if (tool_json_is_ws(c)) return;
@@ -523,7 +329,7 @@ static void body_byte(struct tool_stream *ts)
             keep_builtin(ts);
             ts->st = L_AFTER;
         } else if (r == TOOL_JSON_BAD) {
-            call_bad(ts);
+            tool_stream_call_bad(ts);
         }
         return;
     }
@@ -578,7 +384,7 @@ static void body_begin(struct tool_stream *ts, size_t p)
     if (!ts->tools) ts->st = B_RAW;
     else if (ts->f == TOOL_FORMAT_GENERIC) ts->st = G_OPEN;
     else if (ts->f == TOOL_FORMAT_LLAMA3) ts->st = L_START;
-    else text_from(ts, p);
+    else tool_stream_text_from(ts, p);
 }
 
 /* The reasoning block: finds where the reply proper starts. */
@@ -638,16 +444,16 @@ static void advance(struct tool_stream *ts)
             tool_json_buf_add(&ts->content, ts->text + ts->pos, ts->len - ts->pos);
             ts->pos = ts->len;
         } else if (ts->st == L_START) llama3_start(ts);
-        else if (ts->st == B_GLM) read_glm(ts);
-        else if (ts->st == B_DS) read_deepseek(ts);
+        else if (ts->st == B_GLM) tool_stream_read_glm(ts);
+        else if (ts->st == B_DS) tool_stream_read_deepseek(ts);
         else if (ts->st == B_REST) seg_advance(ts, &ts->cseg, ts->len, 1), ts->pos = ts->len;
         else if (ts->st == B_DEAD) ts->pos = ts->len;
         else body_byte(ts);
     }
-    if (ts->final && ts->st == B_GLM) read_glm(ts); /* a body cut short: text */
-    if (ts->final && ts->st == B_DS) read_deepseek(ts); /* cut short: text, or the calls before */
+    if (ts->final && ts->st == B_GLM) tool_stream_read_glm(ts); /* a body cut short: text */
+    if (ts->final && ts->st == B_DS) tool_stream_read_deepseek(ts); /* cut short: text, or the calls before */
     if (ts->final && ts->st == B_TEXT) seg_advance(ts, &ts->cseg, ts->len, 1);
-    if (ts->final && ts->st == L_BUILTIN) call_bad(ts); /* a built-in call cut short: text */
+    if (ts->final && ts->st == L_BUILTIN) tool_stream_call_bad(ts); /* a built-in call cut short: text */
 }
 
 /* ---- the interface --------------------------------------------------------------------------- */

@@ -154,6 +154,16 @@ int tool_invoke(const char *s, size_t n, int dsml, const char *types, size_t *us
 #define TOOL_R7B_RESPONSE_END "<|END_RESPONSE|>"
 /* A new slot for a call named name[0..n) (zeroed but for the name), or NULL out of memory. */
 struct tcall *tool_stream_new_call(struct tool_stream *ts, const char *name, size_t n);
+/* Format f's marker that opens a call or list of calls, and the one that closes it (NULL: none). */
+const char *tool_stream_open_marker(enum tool_format f);
+const char *tool_stream_close_marker(enum tool_format f);
+/* A call, or the list around it, is malformed: its text stays text, or the rest is dropped. */
+void tool_stream_call_bad(struct tool_stream *ts);
+/* Text again from start (the content's next segment). */
+void tool_stream_text_from(struct tool_stream *ts, size_t start);
+/* B_GLM and B_DS, the blocks read whole once closed (tool_stream_blocks.c). */
+void tool_stream_read_glm(struct tool_stream *ts);
+void tool_stream_read_deepseek(struct tool_stream *ts);
 
 /* Harmony: the reply begins (inside an analysis message when think_open: its prompt ended with
  * <|channel|>analysis<|message|>). */

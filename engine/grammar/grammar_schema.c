@@ -4,31 +4,17 @@
  * properties when allowed. Keywords outside the subset are refused naming the keyword and the
  * schema path; annotations (title, description, examples, default, $schema, $id, $comment,
  * deprecated, readOnly, writeOnly) are ignored. docs/grammar.md lists the subset.
- * Tests: tests/test_grammar.c, tests/test_grammar.py (llguidance and jsonschema as oracles). */
+ * Numbers and strings: grammar_schema_scalar.c. Tests: tests/test_grammar.c, tests/test_grammar.py
+ * (llguidance and jsonschema as oracles). */
 #include <cjson/cJSON.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "grammar_impl.h"
+#include "grammar_schema_impl.h"
 
-struct sref { char *ptr; int rule; };
-
-struct sb {
-    struct gbuild *b;
-    cJSON         *root;
-    cJSON        **owned; /* merged allOf schemas, freed at the end */
-    int            n_owned;
-    struct sref    refs[256];
-    int            n_refs;
-    int            depth;
-    int            r_value, r_string, r_char, r_int, r_number, r_object, r_array;
-    struct gx     *tagged; /* the root's branches after their texts (tagged_branches) */
-    char           escape[17]; /* x-shardlm-escape: ASCII that free strings write as \u00XX only */
-};
-
-static enum status sfail(struct sb *s, const char *path, const char *fmt, const char *arg)
+enum status schema_fail(struct sb *s, const char *path, const char *fmt, const char *arg)
 {
     char msg[300];
     snprintf(msg, sizeof msg, fmt, arg);
@@ -161,7 +147,7 @@ static void subpath(char *out, size_t cap, const char *path, const char *a, cons
 
 static const cJSON *resolve(struct sb *s, const char *ref, const char *path)
 {
-    if (ref[0] != '#') return sfail(s, path, "only local $ref (#...) is supported, not '%s'", ref), NULL;
+    if (ref[0] != '#') return schema_fail(s, path, "only local $ref (#...) is supported, not '%s'", ref), NULL;
     const cJSON *cur = s->root;
     const char *p = ref + 1;
     while (*p == '/') {
@@ -175,9 +161,9 @@ static const cJSON *resolve(struct sb *s, const char *ref, const char *path)
         }
         tok[n] = 0;
         cur = cJSON_IsArray(cur) ? cJSON_GetArrayItem(cur, atoi(tok)) : cJSON_GetObjectItemCaseSensitive(cur, tok);
-        if (!cur) return sfail(s, path, "$ref '%s' points to nothing", ref), NULL;
+        if (!cur) return schema_fail(s, path, "$ref '%s' points to nothing", ref), NULL;
     }
-    if (*p) return sfail(s, path, "$ref '%s' is not a JSON pointer", ref), NULL;
+    if (*p) return schema_fail(s, path, "$ref '%s' is not a JSON pointer", ref), NULL;
     return cur;
 }
 
@@ -185,7 +171,7 @@ static struct gx *ref_expr(struct sb *s, const char *ref, const char *path)
 {
     for (int i = 0; i < s->n_refs; i++)
         if (!strcmp(s->refs[i].ptr, ref)) return gx_ref(s->b, s->refs[i].rule);
-    if (s->n_refs == 256) return sfail(s, path, "more than 256 distinct $ref targets%s", ""), NULL;
+    if (s->n_refs == 256) return schema_fail(s, path, "more than 256 distinct $ref targets%s", ""), NULL;
     const cJSON *target = resolve(s, ref, path);
     if (!target) return NULL;
     int r = gb_rule_new(s->b, ref);
@@ -196,134 +182,6 @@ static struct gx *ref_expr(struct sb *s, const char *ref, const char *path)
     if (!x) return NULL;
     s->b->rules[r].expr = x;
     return gx_ref(s->b, r);
-}
-
-static struct gx *int_range(struct sb *s, int has_lo, long long lo, int has_hi, long long hi, const char *path)
-{
-    struct gbuild *b = s->b;
-    if (!has_lo && !has_hi) return gx_ref(b, s->r_int);
-    if (has_lo && has_hi && lo > hi) return sfail(s, path, "minimum above maximum%s", ""), NULL;
-    const long long big = 1000000000000000000LL;
-    if ((has_lo && (lo > big || lo < -big)) || (has_hi && (hi > big || hi < -big))) return sfail(s, path, "integer bound beyond 1e18%s", ""), NULL;
-    struct gx *alts[2];
-    int k = 0;
-    if (!has_lo || lo < 0) { /* negative part: -(max(1,-hi) .. -lo) */
-        long long nlo = has_hi && hi < 0 ? -hi : 1, nhi = has_lo ? -lo : -1;
-        alts[k++] = gx_seq2(b, gx_str(b, "-"), gx_uint_range(b, nlo, nhi));
-    }
-    if (!has_hi || hi >= 0) alts[k++] = gx_uint_range(b, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
-    return gx_alt(b, k, alts);
-}
-
-static int bound(const cJSON *node, const char *kw, const char *ex, int upper, double *v, int *exclusive)
-{
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(node, kw), *e = cJSON_GetObjectItemCaseSensitive(node, ex);
-    int have = 0;
-    *exclusive = 0;
-    if (cJSON_IsNumber(x)) *v = x->valuedouble, have = 1;
-    if (cJSON_IsNumber(e) && (!have || (upper ? e->valuedouble <= *v : e->valuedouble >= *v))) *v = e->valuedouble, have = 1, *exclusive = 1;
-    if (cJSON_IsTrue(e) && have) *exclusive = 1; /* draft 4 */
-    return have;
-}
-
-static struct gx *number_expr(struct sb *s, const cJSON *node, int integer, const char *path)
-{
-    double lo = 0, hi = 0;
-    int exlo, exhi;
-    int has_lo = bound(node, "minimum", "exclusiveMinimum", 0, &lo, &exlo);
-    int has_hi = bound(node, "maximum", "exclusiveMaximum", 1, &hi, &exhi);
-    /* OpenAPI's numeric formats: int32 bounds an integer; int64, float and double do not narrow
-     * what JSON can write here (int64's range is beyond the 1e18 bound limit) and are ignored. */
-    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(node, "format");
-    if (fmt) {
-        const char *f = cJSON_IsString(fmt) ? fmt->valuestring : "?";
-        if (!strcmp(f, "int32") && integer) {
-            if (!has_lo || lo < -2147483648.0) lo = -2147483648.0, has_lo = 1, exlo = 0;
-            if (!has_hi || hi > 2147483647.0) hi = 2147483647.0, has_hi = 1, exhi = 0;
-        } else if (strcmp(f, "int64") && strcmp(f, "float") && strcmp(f, "double") && strcmp(f, "int32")) {
-            return sfail(s, path, "unsupported format '%s' for a number", f), NULL;
-        }
-    }
-    if (integer) {
-        /* Checked as doubles first: a bound beyond long long (2.4e88, inf) must not be cast. */
-        if ((has_lo && !(fabs(lo) <= 1e18)) || (has_hi && !(fabs(hi) <= 1e18)))
-            return sfail(s, path, "integer bound beyond 1e18%s", ""), NULL;
-        long long l = 0, h = 0;
-        if (has_lo) l = (long long)ceil(lo), l += exlo && (double)l == lo;
-        if (has_hi) h = (long long)floor(hi), h -= exhi && (double)h == hi;
-        return int_range(s, has_lo, l, has_hi, h, path);
-    }
-    /* Numbers: only the sign is enforced (a non-negative minimum forbids '-'); documented. */
-    if (has_lo && lo >= 0) {
-        struct gbuild *b = s->b;
-        struct gx *digits = gx_repeat(b, gx_byte_range(b, '0', '9'), 1, -1);
-        struct gx *e = gx_byte_range(b, 'e', 'e');
-        if (e) e->set['E' >> 5] |= 1u << ('E' & 31);
-        struct gx *sign = gx_byte_range(b, '+', '+');
-        if (sign) sign->set['-' >> 5] |= 1u << ('-' & 31);
-        return gx_seq3(b, gx_uint_range(b, 0, -1), gx_repeat(b, gx_seq2(b, gx_str(b, "."), digits), 0, 1),
-                       gx_repeat(b, gx_seq3(b, e, gx_repeat(b, sign, 0, 1), digits), 0, 1));
-    }
-    return gx_ref(s->b, s->r_number);
-}
-
-/* The formats, as regular expressions of their RFCs (3339 dates and times, 5321 mailboxes, 4122
- * UUIDs, 1123 host names, dotted IPv4): month lengths are checked (February up to 29), not leap
- * years; no leap second 60 (Python jsonschema refuses most). */
-#define RX_DATE "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|[12][0-9]))"
-#define RX_TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?([zZ]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-#define RX_OCTET "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])"
-#define RX_LABEL "[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?"
-#define RX_ATEXT "[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]"
-static const char *format_regex(const char *f)
-{
-    static const struct { const char *name, *re; } formats[] = {
-        {"date", "^" RX_DATE "$"},
-        {"time", "^" RX_TIME "$"},
-        {"date-time", "^" RX_DATE "[tT]" RX_TIME "$"},
-        {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
-        {"email", "^" RX_ATEXT "+(\\." RX_ATEXT "+)*@(" RX_LABEL "(\\." RX_LABEL ")*|\\[(" RX_OCTET "\\.){3}" RX_OCTET "\\])$"},
-        {"ipv4", "^(" RX_OCTET "\\.){3}" RX_OCTET "$"},
-        {"hostname", "^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$"},
-    };
-    for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
-        if (!strcmp(f, formats[i].name)) return formats[i].re;
-    return NULL;
-}
-
-static struct gx *string_expr(struct sb *s, const cJSON *node, const char *path)
-{
-    struct gbuild *b = s->b;
-    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(node, "pattern"), *fmt = cJSON_GetObjectItemCaseSensitive(node, "format");
-    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(node, "minLength"), *mx = cJSON_GetObjectItemCaseSensitive(node, "maxLength");
-    const char *re = NULL;
-    if (fmt) {
-        if (!cJSON_IsString(fmt) || !(re = format_regex(fmt->valuestring)))
-            return sfail(s, path, "unsupported format '%s'", cJSON_IsString(fmt) ? fmt->valuestring : "?"), NULL;
-    }
-    if (pat) {
-        if (!cJSON_IsString(pat)) return sfail(s, path, "pattern is not a string%s", ""), NULL;
-        if (re) return sfail(s, path, "pattern together with format is not supported%s", ""), NULL;
-        re = pat->valuestring;
-    }
-    struct gx *content;
-    if (re) {
-        if (mn || mx) return sfail(s, path, "minLength/maxLength together with pattern or format is not supported%s", ""), NULL;
-        enum status st = regex_parse(b, re, strlen(re), 1, &content);
-        if (st) return NULL;
-    } else {
-        int lo = 0, hi = -1;
-        if (mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble > GRAMMAR_MAX_REPEAT))
-            return sfail(s, path, "minLength must be an integer in [0, %s]", "10000"), NULL;
-        if (mx && (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble > GRAMMAR_MAX_REPEAT))
-            return sfail(s, path, "maxLength must be an integer in [0, %s]", "10000"), NULL;
-        if (mn) lo = mn->valueint;
-        if (mx) hi = mx->valueint;
-        if (hi >= 0 && hi < lo) return sfail(s, path, "maxLength below minLength%s", ""), NULL;
-        if (!mn && !mx) return gx_ref(b, s->r_string);
-        content = gx_repeat(b, gx_ref(b, s->r_char), lo, hi);
-    }
-    return gx_seq3(b, gx_str(b, "\""), content, gx_str(b, "\""));
 }
 
 /* The content and closing quote of a key that is none of keys[0..n) (sorted, sharing their
@@ -391,8 +249,8 @@ static struct gx *object_expr(struct sb *s, const cJSON *node, const char *path)
     const cJSON *req = cJSON_GetObjectItemCaseSensitive(node, "required");
     const cJSON *ap = cJSON_GetObjectItemCaseSensitive(node, "additionalProperties");
     char sub[1024];
-    if (props && !cJSON_IsObject(props)) return sfail(s, path, "properties is not an object%s", ""), NULL;
-    if (req && !cJSON_IsArray(req)) return sfail(s, path, "required is not an array%s", ""), NULL;
+    if (props && !cJSON_IsObject(props)) return schema_fail(s, path, "properties is not an object%s", ""), NULL;
+    if (req && !cJSON_IsArray(req)) return schema_fail(s, path, "required is not an array%s", ""), NULL;
     int n = props ? cJSON_GetArraySize(props) : 0, n_req = req ? cJSON_GetArraySize(req) : 0;
     int total = n + n_req;
     struct gx **member = gb_alloc(b, sizeof *member * (size_t)(total + 1));
@@ -408,12 +266,12 @@ static struct gx *object_expr(struct sb *s, const cJSON *node, const char *path)
             if (cJSON_IsString(r) && !strcmp(r->valuestring, p->string)) required[k] = 1;
     }
     for (const cJSON *r = req ? req->child : NULL; r; r = r->next) { /* required but not described */
-        if (!cJSON_IsString(r)) return sfail(s, path, "required holds a non-string%s", ""), NULL;
+        if (!cJSON_IsString(r)) return schema_fail(s, path, "required holds a non-string%s", ""), NULL;
         if (props && cJSON_GetObjectItemCaseSensitive(props, r->valuestring)) continue;
         int seen = 0;
         for (const cJSON *q = req->child; q != r; q = q->next) seen |= cJSON_IsString(q) && !strcmp(q->valuestring, r->valuestring);
         if (seen) continue;
-        if (cJSON_IsFalse(ap)) return sfail(s, path, "required property '%s' is not allowed by additionalProperties false", r->valuestring), NULL;
+        if (cJSON_IsFalse(ap)) return schema_fail(s, path, "required property '%s' is not allowed by additionalProperties false", r->valuestring), NULL;
         member[k] = gx_seq3(b, key_literal(s, r->valuestring), gx_str(b, ":"), gx_ref(b, s->r_value));
         required[k++] = 1;
     }
@@ -430,7 +288,7 @@ static struct gx *object_expr(struct sb *s, const cJSON *node, const char *path)
         struct gx *v = schema(s, ap, sub);
         if (!v) return NULL;
         extra = gx_seq3(b, extra_key(s, props), gx_str(b, ":"), v);
-    } else if (ap && !cJSON_IsFalse(ap)) return sfail(s, path, "additionalProperties must be a boolean or a schema%s", ""), NULL;
+    } else if (ap && !cJSON_IsFalse(ap)) return schema_fail(s, path, "additionalProperties must be a boolean or a schema%s", ""), NULL;
     /* A_i: members i.. with nothing written yet; B_i: members i.. after something (each
      * preceded by a comma). Built from the end, as rules so that the size stays linear. */
     struct gx *A = extra ? gx_repeat(b, gx_seq2(b, extra, gx_repeat(b, gx_seq2(b, gx_str(b, ","), extra), 0, -1)), 0, 1) : gx_empty(b);
@@ -452,14 +310,14 @@ static struct gx *array_expr(struct sb *s, const cJSON *node, const char *path)
     const cJSON *mn = cJSON_GetObjectItemCaseSensitive(node, "minItems"), *mx = cJSON_GetObjectItemCaseSensitive(node, "maxItems");
     const cJSON *uniq = cJSON_GetObjectItemCaseSensitive(node, "uniqueItems");
     char sub[1024];
-    if (cJSON_IsTrue(uniq)) return sfail(s, path, "unsupported keyword '%s' (true)", "uniqueItems"), NULL;
+    if (cJSON_IsTrue(uniq)) return schema_fail(s, path, "unsupported keyword '%s' (true)", "uniqueItems"), NULL;
     if (cJSON_IsArray(items)) { /* draft 4 tuples */
-        if (prefix) return sfail(s, path, "items as an array together with %s", "prefixItems"), NULL;
+        if (prefix) return schema_fail(s, path, "items as an array together with %s", "prefixItems"), NULL;
         prefix = items, items = cJSON_GetObjectItemCaseSensitive(node, "additionalItems");
     }
     int lo = 0, hi = -1;
-    if (mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble > GRAMMAR_MAX_REPEAT)) return sfail(s, path, "bad %s", "minItems"), NULL;
-    if (mx && (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble > GRAMMAR_MAX_REPEAT)) return sfail(s, path, "bad %s", "maxItems"), NULL;
+    if (mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble > GRAMMAR_MAX_REPEAT)) return schema_fail(s, path, "bad %s", "minItems"), NULL;
+    if (mx && (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble > GRAMMAR_MAX_REPEAT)) return schema_fail(s, path, "bad %s", "maxItems"), NULL;
     if (mn) lo = mn->valueint;
     if (mx) hi = mx->valueint;
     int k = prefix ? cJSON_GetArraySize(prefix) : 0;
@@ -468,9 +326,9 @@ static struct gx *array_expr(struct sb *s, const cJSON *node, const char *path)
     else if (cJSON_IsObject(items)) {
         subpath(sub, sizeof sub, path, "items", NULL);
         if (!(item = schema(s, items, sub))) return NULL;
-    } else if (!cJSON_IsFalse(items)) return sfail(s, path, "items must be a schema%s", ""), NULL;
+    } else if (!cJSON_IsFalse(items)) return schema_fail(s, path, "items must be a schema%s", ""), NULL;
     if (!item) hi = hi < 0 || hi > k ? k : hi;
-    if (hi >= 0 && hi < lo) return sfail(s, path, "no array length satisfies minItems, maxItems and items%s", ""), NULL;
+    if (hi >= 0 && hi < lo) return schema_fail(s, path, "no array length satisfies minItems, maxItems and items%s", ""), NULL;
     struct gx *body;
     if (k == 0) {
         if (hi == 0) return gx_str(b, "[]");
@@ -513,12 +371,12 @@ static struct gx *typed(struct sb *s, const cJSON *node, const char *type, const
     struct gbuild *b = s->b;
     if (!strcmp(type, "null")) return gx_str(b, "null");
     if (!strcmp(type, "boolean")) return gx_alt2(b, gx_str(b, "true"), gx_str(b, "false"));
-    if (!strcmp(type, "string")) return string_expr(s, node, path);
-    if (!strcmp(type, "integer")) return number_expr(s, node, 1, path);
-    if (!strcmp(type, "number")) return number_expr(s, node, 0, path);
+    if (!strcmp(type, "string")) return schema_string(s, node, path);
+    if (!strcmp(type, "integer")) return schema_number(s, node, 1, path);
+    if (!strcmp(type, "number")) return schema_number(s, node, 0, path);
     if (!strcmp(type, "object")) return object_expr(s, node, path);
     if (!strcmp(type, "array")) return array_expr(s, node, path);
-    return sfail(s, path, "unknown type '%s'", type), NULL;
+    return schema_fail(s, path, "unknown type '%s'", type), NULL;
 }
 
 /* allOf: the keywords of every part merged into one schema (properties united, required
@@ -536,10 +394,10 @@ static struct gx *all_of(struct sb *s, const cJSON *node, const cJSON *all, cons
         const cJSON *q = p;
         for (int hops = 0; cJSON_IsObject(q) && cJSON_GetObjectItemCaseSensitive(q, "$ref") && hops < 16; hops++) {
             const cJSON *ref = cJSON_GetObjectItemCaseSensitive(q, "$ref");
-            if (!cJSON_IsString(ref)) return sfail(s, path, "$ref is not a string%s", ""), NULL;
+            if (!cJSON_IsString(ref)) return schema_fail(s, path, "$ref is not a string%s", ""), NULL;
             if (!(q = resolve(s, ref->valuestring, path))) return NULL;
         }
-        if (!cJSON_IsObject(q)) return sfail(s, path, "allOf holds a %s that is not an object", "schema"), NULL;
+        if (!cJSON_IsObject(q)) return schema_fail(s, path, "allOf holds a %s that is not an object", "schema"), NULL;
         parts[n++] = q;
     }
     for (int i = 0; i < n; i++)
@@ -564,7 +422,7 @@ static struct gx *all_of(struct sb *s, const cJSON *node, const cJSON *all, cons
                     }
                 }
             } else if (!cJSON_Compare(have, kv, 1)) {
-                return sfail(s, path, "allOf parts disagree on '%s' (not supported)", kv->string), NULL;
+                return schema_fail(s, path, "allOf parts disagree on '%s' (not supported)", kv->string), NULL;
             }
         }
     /* additionalProperties false in a part allows only that part's own properties: the merged
@@ -575,7 +433,7 @@ static struct gx *all_of(struct sb *s, const cJSON *node, const cJSON *all, cons
         const cJSON *ap = cJSON_GetObjectItemCaseSensitive(parts[i], "additionalProperties");
         open |= cJSON_IsTrue(ap);
         if (!ap || cJSON_IsTrue(ap)) continue;
-        if (!cJSON_IsFalse(ap)) return sfail(s, path, "allOf with an additionalProperties %s is not supported", "schema"), NULL;
+        if (!cJSON_IsFalse(ap)) return schema_fail(s, path, "allOf with an additionalProperties %s is not supported", "schema"), NULL;
         closed = 1;
         const cJSON *own = cJSON_GetObjectItemCaseSensitive(parts[i], "properties");
         for (cJSON *p = props ? props->child : NULL, *next; p; p = next) {
@@ -584,7 +442,7 @@ static struct gx *all_of(struct sb *s, const cJSON *node, const cJSON *all, cons
         }
         for (const cJSON *r = req ? req->child : NULL; r; r = r->next)
             if (cJSON_IsString(r) && !cJSON_GetObjectItemCaseSensitive(own, r->valuestring))
-                return sfail(s, path, "allOf: required property '%s' is excluded by additionalProperties false", r->valuestring), NULL;
+                return schema_fail(s, path, "allOf: required property '%s' is excluded by additionalProperties false", r->valuestring), NULL;
     }
     if ((closed || open) && !cJSON_AddItemToObject(m, "additionalProperties", cJSON_CreateBool(!closed)))
         return gb_fail(s->b, STATUS_RESOURCE_EXHAUSTED, "json schema: out of memory"), NULL;
@@ -596,16 +454,16 @@ static struct gx *schema(struct sb *s, const cJSON *node, const char *path)
     struct gbuild *b = s->b;
     if (b->failed) return NULL;
     if (cJSON_IsTrue(node)) return gx_ref(b, s->r_value);
-    if (cJSON_IsFalse(node)) return sfail(s, path, "the schema false accepts nothing%s", ""), NULL;
-    if (!cJSON_IsObject(node)) return sfail(s, path, "a schema must be an object or a boolean%s", ""), NULL;
-    if (++s->depth > GRAMMAR_MAX_DEPTH) return sfail(s, path, "schema nested too deep%s", ""), NULL;
+    if (cJSON_IsFalse(node)) return schema_fail(s, path, "the schema false accepts nothing%s", ""), NULL;
+    if (!cJSON_IsObject(node)) return schema_fail(s, path, "a schema must be an object or a boolean%s", ""), NULL;
+    if (++s->depth > GRAMMAR_MAX_DEPTH) return schema_fail(s, path, "schema nested too deep%s", ""), NULL;
     char sub[1024];
     struct gx *x = NULL;
     int n_constraints = 0;
     for (const cJSON *kv = node->child; kv; kv = kv->next) {
         if (in_list(kv->string, annotations)) continue;
         if (!in_list(kv->string, supported)) {
-            sfail(s, path, "unsupported keyword '%s'", kv->string);
+            schema_fail(s, path, "unsupported keyword '%s'", kv->string);
             goto out;
         }
         n_constraints++;
@@ -617,24 +475,24 @@ static struct gx *schema(struct sb *s, const cJSON *node, const char *path)
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(node, "type");
     const cJSON *nullable = cJSON_GetObjectItemCaseSensitive(node, "nullable");
     if (all) {
-        if (!cJSON_IsArray(all) || !cJSON_GetArraySize(all)) { sfail(s, path, "allOf must be a non-empty array%s", ""); goto out; }
+        if (!cJSON_IsArray(all) || !cJSON_GetArraySize(all)) { schema_fail(s, path, "allOf must be a non-empty array%s", ""); goto out; }
         x = all_of(s, node, all, path);
     } else if (ref) {
-        if (!cJSON_IsString(ref)) { sfail(s, path, "$ref is not a string%s", ""); goto out; }
-        if (n_constraints > 1 + (nullable != NULL)) { sfail(s, path, "$ref beside other constraints is not supported%s", ""); goto out; }
+        if (!cJSON_IsString(ref)) { schema_fail(s, path, "$ref is not a string%s", ""); goto out; }
+        if (n_constraints > 1 + (nullable != NULL)) { schema_fail(s, path, "$ref beside other constraints is not supported%s", ""); goto out; }
         x = ref_expr(s, ref->valuestring, path);
     } else if (cnst) {
         x = json_literal(s, cnst);
     } else if (en) {
-        if (!cJSON_IsArray(en) || !cJSON_GetArraySize(en)) { sfail(s, path, "enum must be a non-empty array%s", ""); goto out; }
+        if (!cJSON_IsArray(en) || !cJSON_GetArraySize(en)) { schema_fail(s, path, "enum must be a non-empty array%s", ""); goto out; }
         int n = cJSON_GetArraySize(en), i = 0;
         struct gx **alts = gb_alloc(b, sizeof *alts * (size_t)n);
         for (const cJSON *e = en->child; e && alts; e = e->next) alts[i++] = json_literal(s, e);
         x = alts ? gx_alt(b, n, alts) : NULL;
     } else if (any) {
         const char *kw = cJSON_GetObjectItemCaseSensitive(node, "anyOf") ? "anyOf" : "oneOf";
-        if (!cJSON_IsArray(any) || !cJSON_GetArraySize(any)) { sfail(s, path, "%s must be a non-empty array", kw); goto out; }
-        if (n_constraints > 1 + (nullable != NULL)) { sfail(s, path, "%s beside other constraints is not supported", kw); goto out; }
+        if (!cJSON_IsArray(any) || !cJSON_GetArraySize(any)) { schema_fail(s, path, "%s must be a non-empty array", kw); goto out; }
+        if (n_constraints > 1 + (nullable != NULL)) { schema_fail(s, path, "%s beside other constraints is not supported", kw); goto out; }
         int n = cJSON_GetArraySize(any), i = 0;
         struct gx **alts = gb_alloc(b, sizeof *alts * (size_t)n);
         for (const cJSON *e = any->child; e && alts; e = e->next, i++) {
@@ -648,15 +506,15 @@ static struct gx *schema(struct sb *s, const cJSON *node, const char *path)
         x = typed(s, node, type->valuestring, path);
     } else if (cJSON_IsArray(type)) {
         int n = cJSON_GetArraySize(type), i = 0;
-        if (!n) { sfail(s, path, "type is an empty array%s", ""); goto out; }
+        if (!n) { schema_fail(s, path, "type is an empty array%s", ""); goto out; }
         struct gx **alts = gb_alloc(b, sizeof *alts * (size_t)n);
         for (const cJSON *e = type->child; e && alts; e = e->next, i++) {
-            if (!cJSON_IsString(e)) { sfail(s, path, "type holds a non-string%s", ""); goto out; }
+            if (!cJSON_IsString(e)) { schema_fail(s, path, "type holds a non-string%s", ""); goto out; }
             if (!(alts[i] = typed(s, node, e->valuestring, path))) goto out;
         }
         x = alts ? gx_alt(b, n, alts) : NULL;
     } else if (type) {
-        sfail(s, path, "type must be a string or an array%s", "");
+        schema_fail(s, path, "type must be a string or an array%s", "");
         goto out;
     } else if (cJSON_GetObjectItemCaseSensitive(node, "properties") || cJSON_GetObjectItemCaseSensitive(node, "required") ||
                cJSON_GetObjectItemCaseSensitive(node, "additionalProperties")) {
@@ -664,7 +522,7 @@ static struct gx *schema(struct sb *s, const cJSON *node, const char *path)
     } else if (cJSON_GetObjectItemCaseSensitive(node, "items") || cJSON_GetObjectItemCaseSensitive(node, "prefixItems")) {
         x = array_expr(s, node, path);
     } else if (n_constraints - (nullable != NULL) > 0) {
-        sfail(s, path, "constraints without a type are not supported (add \"type\")%s", "");
+        schema_fail(s, path, "constraints without a type are not supported (add \"type\")%s", "");
         goto out;
     } else {
         x = gx_ref(b, s->r_value);
@@ -689,7 +547,7 @@ static int tagged_branches(struct sb *s)
     if (!tagged) return 0;
     struct gbuild *b = s->b;
     if (cJSON_GetArraySize(s->root) != 1) {
-        sfail(s, "", "a root anyOf whose branches hold " GRAMMAR_SCHEMA_PREFIX " must be the root's only keyword%s", "");
+        schema_fail(s, "", "a root anyOf whose branches hold " GRAMMAR_SCHEMA_PREFIX " must be the root's only keyword%s", "");
         return 1;
     }
     /* Every branch's text is taken out before any branch compiles, so that a $ref into the list
@@ -705,7 +563,7 @@ static int tagged_branches(struct sb *s)
     if (!pre) gb_fail(b, STATUS_RESOURCE_EXHAUSTED, "json schema: out of memory");
     if (pre && bad >= 0) {
         snprintf(path, sizeof path, "/anyOf/%d", bad);
-        sfail(s, path, "/" GRAMMAR_SCHEMA_PREFIX " must be a string of 1 to 128 bytes in every branch%s", "");
+        schema_fail(s, path, "/" GRAMMAR_SCHEMA_PREFIX " must be a string of 1 to 128 bytes in every branch%s", "");
     }
     i = 0;
     for (cJSON *e = any->child; e && alts && pre && bad < 0 && !b->failed; e = e->next, i++) {

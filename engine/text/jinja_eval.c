@@ -2,7 +2,8 @@
  * macro get their own, if does not, as in jinja2), expressions with Python's operators, the
  * statements, macros and call blocks, the sandbox limits, and the public entry points of
  * jinja.h (compile, render from JSON, render a chat). Not here: lexing and parsing
- * (jinja_parse.c), values (jinja_value.c), filters, tests and methods (jinja_builtins.c).
+ * (jinja_parse.c), values (jinja_value.c), the operators (jinja_ops.c), filters, tests and
+ * methods (jinja_builtins.c).
  * Tests: tests/test_jinja.py. */
 #include <math.h>
 #include <stdio.h>
@@ -195,190 +196,6 @@ static struct jv eval_slice(struct jstate *st, const struct jnode *n, struct jsc
     return r;
 }
 
-/* ---- operators ------------------------------------------------------------------------ */
-static void need_defined(struct jstate *st, struct jv v)
-{
-    if (v.type == JV_UNDEFINED)
-        jfail(st, STATUS_INVALID_ARGUMENT, "'%s' is undefined", v.u.undef_name ? v.u.undef_name : "value");
-}
-
-static int64_t as_int(struct jv v) { return v.type == JV_INT ? v.u.i : v.u.b; }
-
-static struct jv arith(struct jstate *st, int op, struct jv a, struct jv b)
-{
-    need_defined(st, a);
-    need_defined(st, b);
-    if (jv_is_number(a) && jv_is_number(b)) {
-        int ints = a.type != JV_FLOAT && b.type != JV_FLOAT;
-        int64_t x = as_int(a), y = as_int(b), r;
-        double fx = jv_as_double(a), fy = jv_as_double(b);
-        switch (op) {
-        case '+':
-            if (ints && !__builtin_add_overflow(x, y, &r)) return jv_int(r);
-            if (ints) break;
-            return jv_float(fx + fy);
-        case '-':
-            if (ints && !__builtin_sub_overflow(x, y, &r)) return jv_int(r);
-            if (ints) break;
-            return jv_float(fx - fy);
-        case '*':
-            if (ints && !__builtin_mul_overflow(x, y, &r)) return jv_int(r);
-            if (ints) break;
-            return jv_float(fx * fy);
-        case '/':
-            if (fy == 0) jfail(st, STATUS_INVALID_ARGUMENT, "division by zero");
-            return jv_float(fx / fy);
-        case 'f':
-        case '%':
-            if (ints ? y == 0 : fy == 0) jfail(st, STATUS_INVALID_ARGUMENT, "integer division or modulo by zero");
-            if (ints) {
-                if (x == INT64_MIN && y == -1) break;
-                int64_t q = x / y, m = x % y;
-                if (m != 0 && ((m < 0) != (y < 0))) q--, m += y;
-                return jv_int(op == 'f' ? q : m);
-            } else {
-                double m = fmod(fx, fy);
-                if (m != 0 && ((m < 0) != (fy < 0))) m += fy;
-                return jv_float(op == 'f' ? floor(fx / fy) : m);
-            }
-        case 'p':
-            if (ints && y >= 0) {
-                /* 0, 1 and -1 to any power at once (the loop ran y times: 0 ** 10**18 hung the
-                 * fuzz target); any other base overflows before y reaches 64. */
-                if (x == 0 || x == 1) return jv_int(y == 0 ? 1 : x);
-                if (x == -1) return jv_int(y % 2 ? -1 : 1);
-                if (y >= 64) jfail(st, STATUS_INVALID_ARGUMENT, "integer overflow");
-                int64_t acc = 1;
-                for (int64_t k = 0; k < y; k++)
-                    if (__builtin_mul_overflow(acc, x, &acc)) jfail(st, STATUS_INVALID_ARGUMENT, "integer overflow");
-                return jv_int(acc);
-            }
-            return jv_float(pow(fx, fy));
-        }
-        jfail(st, STATUS_INVALID_ARGUMENT, "integer overflow");
-    }
-    if (op == '+' && a.type == JV_STRING && b.type == JV_STRING) {
-        const int safe = a.safe || b.safe; /* Markup + str escapes the str (markupsafe) */
-        if (safe) a = jv_escape(st, a), b = jv_escape(st, b);
-        struct jbuf out = {0};
-        jbuf_put(st, &out, a.u.s.p, a.u.s.n);
-        jbuf_put(st, &out, b.u.s.p, b.u.s.n);
-        struct jv r = jv_str(st, out.p ? out.p : "", out.n);
-        r.safe = (unsigned char)safe;
-        return r;
-    }
-    if (op == '+' && (a.type == JV_LIST || a.type == JV_TUPLE) && a.type == b.type) {
-        struct jv r = jv_list_new(st, a.u.l->n + b.u.l->n);
-        r.type = a.type;
-        for (size_t i = 0; i < a.u.l->n; i++) jv_list_push(st, r, a.u.l->v[i]);
-        for (size_t i = 0; i < b.u.l->n; i++) jv_list_push(st, r, b.u.l->v[i]);
-        return r;
-    }
-    if (op == '*' && (b.type == JV_INT || b.type == JV_BOOL) &&
-        (a.type == JV_STRING || a.type == JV_LIST || a.type == JV_TUPLE))
-        return arith(st, op, b, a);
-    if (op == '*' && (a.type == JV_INT || a.type == JV_BOOL)) {
-        int64_t k = as_int(a);
-        /* An empty string or list times any count is empty at once (the loops below ran k times
-         * over nothing: [] * 10**20 hung the fuzz target); a longer one stops at the sandbox's
-         * output and memory bounds, which each append checks. */
-        const size_t len = b.type == JV_STRING ? b.u.s.n : (b.type == JV_LIST || b.type == JV_TUPLE) ? b.u.l->n : 1;
-        if (len == 0 || k <= 0) k = 0;
-        if (k > 0 && (uint64_t)k > (1u << 26) / len) jfail(st, STATUS_INVALID_ARGUMENT, "repetition too large");
-        if (b.type == JV_STRING) {
-            struct jbuf out = {0};
-            for (int64_t i = 0; i < k; i++) jbuf_put(st, &out, b.u.s.p, b.u.s.n);
-            return jv_str(st, out.p ? out.p : "", out.n);
-        }
-        if (b.type == JV_LIST || b.type == JV_TUPLE) {
-            struct jv r = jv_list_new(st, 0);
-            r.type = b.type;
-            for (int64_t i = 0; i < k; i++)
-                for (size_t j = 0; j < b.u.l->n; j++) jv_list_push(st, r, b.u.l->v[j]);
-            return r;
-        }
-    }
-    if (op == '%' && a.type == JV_STRING) {
-        /* printf-style formatting with %s, %d and %% only */
-        struct jlist *args = b.type == JV_TUPLE ? b.u.l : NULL;
-        size_t used = 0;
-        struct jbuf out = {0};
-        for (size_t i = 0; i < a.u.s.n; i++) {
-            char c = a.u.s.p[i];
-            if (c != '%') {
-                jbuf_putc(st, &out, c);
-                continue;
-            }
-            char f = i + 1 < a.u.s.n ? a.u.s.p[++i] : 0;
-            if (f == '%') {
-                jbuf_putc(st, &out, '%');
-                continue;
-            }
-            if (f != 's' && f != 'd') jfail(st, STATUS_UNSUPPORTED, "unsupported format '%%%c'", f ? f : '?');
-            struct jv arg;
-            if (args) {
-                if (used >= args->n) jfail(st, STATUS_INVALID_ARGUMENT, "not enough arguments for format string");
-                arg = args->v[used++];
-            } else {
-                if (used++) jfail(st, STATUS_INVALID_ARGUMENT, "not enough arguments for format string");
-                arg = b;
-            }
-            if (f == 'd') {
-                if (!jv_is_number(arg)) jfail(st, STATUS_INVALID_ARGUMENT, "%%d format: a number is required");
-                arg = jv_int(arg.type == JV_FLOAT ? (int64_t)arg.u.f : as_int(arg));
-            }
-            jv_append_str(st, &out, arg);
-        }
-        if (args ? used != args->n : !used)
-            jfail(st, STATUS_INVALID_ARGUMENT, "not all arguments converted during string formatting");
-        return jv_str(st, out.p ? out.p : "", out.n);
-    }
-    static const char *names[128];
-    names['+'] = "+", names['-'] = "-", names['*'] = "*", names['/'] = "/", names['f'] = "//",
-    names['%'] = "%", names['p'] = "**";
-    jfail(st, STATUS_INVALID_ARGUMENT, "unsupported operand type(s) for %s: '%s' and '%s'",
-          names[op & 127] ? names[op & 127] : "?", jv_type_name(a), jv_type_name(b));
-}
-
-static int contains(struct jstate *st, struct jv item, struct jv seq)
-{
-    if (seq.type == JV_STRING) {
-        if (item.type != JV_STRING)
-            jfail(st, STATUS_INVALID_ARGUMENT, "'in <string>' requires string as left operand, not %s", jv_type_name(item));
-        if (!item.u.s.n) return 1;
-        for (size_t i = 0; i + item.u.s.n <= seq.u.s.n; i++)
-            if (!memcmp(seq.u.s.p + i, item.u.s.p, item.u.s.n)) return 1;
-        return 0;
-    }
-    if (seq.type == JV_DICT || seq.type == JV_NAMESPACE) return jv_dict_get(&seq, item).type != JV_UNDEFINED;
-    if (seq.type == JV_LIST || seq.type == JV_TUPLE || seq.type == JV_UNDEFINED) {
-        struct jlist *l = jv_iter(st, seq);
-        for (size_t i = 0; i < l->n; i++)
-            if (jv_equal(l->v[i], item)) return 1;
-        return 0;
-    }
-    jfail(st, STATUS_INVALID_ARGUMENT, "argument of type '%s' is not iterable", jv_type_name(seq));
-}
-
-static int compare(struct jstate *st, int op, struct jv a, struct jv b)
-{
-    switch (op) {
-    case JCMP_EQ: return jv_equal(a, b);
-    case JCMP_NE: return !jv_equal(a, b);
-    case JCMP_IN: return contains(st, a, b);
-    case JCMP_NOT_IN: return !contains(st, a, b);
-    }
-    need_defined(st, a);
-    need_defined(st, b);
-    int c = jv_compare(st, a, b);
-    switch (op) {
-    case JCMP_LT: return c < 0;
-    case JCMP_LE: return c <= 0;
-    case JCMP_GT: return c > 0;
-    default: return c >= 0;
-    }
-}
-
 /* ---- calls ---------------------------------------------------------------------------- */
 static struct jv render_body(struct jstate *st, const struct jnode *body, struct jscope *sc)
 {
@@ -434,7 +251,7 @@ struct jv jcall_value(struct jstate *st, struct jv f, struct jv *args, int n_arg
         return call_macro(st, f.u.m, args, n_args, kw_names, kw_vals, n_kw, caller);
     }
     if (f.type == JV_FUNC) return jglobal_call(st, f.u.fn, args, n_args, kw_names, kw_vals, n_kw);
-    need_defined(st, f);
+    jinja_need_defined(st, f);
     jfail(st, STATUS_INVALID_ARGUMENT, "'%s' object is not callable", jv_type_name(f));
 }
 
@@ -544,12 +361,12 @@ struct jv jeval(struct jstate *st, const struct jnode *n, struct jscope *sc)
     case JN_UNARY: {
         struct jv v = jeval(st, n->a, sc);
         if (n->op == 'n') return jv_bool(!jv_truthy(v));
-        need_defined(st, v);
+        jinja_need_defined(st, v);
         if (!jv_is_number(v)) jfail(st, STATUS_INVALID_ARGUMENT, "bad operand type for unary %c: '%s'", n->op, jv_type_name(v));
         if (n->op == '+') return v.type == JV_BOOL ? jv_int(v.u.b) : v;
         if (v.type == JV_FLOAT) return jv_float(-v.u.f);
-        if (as_int(v) == INT64_MIN) jfail(st, STATUS_INVALID_ARGUMENT, "integer overflow");
-        return jv_int(-as_int(v));
+        if (jinja_as_int(v) == INT64_MIN) jfail(st, STATUS_INVALID_ARGUMENT, "integer overflow");
+        return jv_int(-jinja_as_int(v));
     }
     case JN_BINOP: {
         struct jv a = jeval(st, n->a, sc), b = jeval(st, n->b, sc);
@@ -560,14 +377,14 @@ struct jv jeval(struct jstate *st, const struct jnode *n, struct jscope *sc)
             jv_append_str(st, &out, b);
             return jv_str(st, out.p ? out.p : "", out.n);
         }
-        return arith(st, n->op, a, b);
+        return jinja_arith(st, n->op, a, b);
     }
     case JN_COMPARE: {
         struct jv left = jeval(st, n->a, sc);
         for (int i = 0; i < n->n_kids; i++) {
             struct jv right = jeval(st, n->kids[i], sc);
             st->line = n->line;
-            if (!compare(st, n->ops[i], left, right)) return jv_bool(0);
+            if (!jinja_compare(st, n->ops[i], left, right)) return jv_bool(0);
             left = right;
         }
         return jv_bool(1);

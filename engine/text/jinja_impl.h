@@ -223,6 +223,13 @@ _Noreturn void jfail(struct jstate *st, enum status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void *jalloc(struct jstate *st, size_t n); /* never NULL: fails the render instead */
 
+/* jinja_ops.c: the operators, as jinja2 (Python) evaluates them */
+void      jinja_need_defined(struct jstate *st, struct jv v); /* fails the render on an undefined v */
+int64_t   jinja_as_int(struct jv v);                          /* an int's or a bool's value */
+struct jv jinja_arith(struct jstate *st, int op, struct jv a, struct jv b); /* + - * / // % ** ~ */
+int       jinja_contains(struct jstate *st, struct jv item, struct jv seq); /* item in seq */
+int       jinja_compare(struct jstate *st, int op, struct jv a, struct jv b); /* == != < <= > >= */
+
 /* jinja_value.c */
 struct jv jv_undef(const char *name);
 struct jv jv_none(void);
