@@ -165,7 +165,7 @@ static int add_branches(cJSON *any, const cJSON *tools, const char *only, const 
     return 1;
 }
 
-/* DeepSeek's calls (tool_stream.c read_deepseek), after <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>
+/* DeepSeek's calls (tool_stream_blocks.c tool_stream_read_deepseek), after <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>
  * (the prompt's when a call is required; under auto the trigger is <｜tool▁calls▁begin｜> and the
  * schema writes <｜tool▁call▁begin｜> itself): one branch per function, its text V3.1's
  * `NAME<｜tool▁sep｜>` or R1's `function<｜tool▁sep｜>NAME\n```json\n` (fenced), then its

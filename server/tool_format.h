@@ -22,7 +22,7 @@
  *            without Phi-4's closing marker nor 3.0's tool_response role (3.0: GENERIC); parsed and
  *            constrained as MISTRAL's list. Its
  *            templates never write an assistant's tool_calls: the server writes them into the
- *            message's content in this form (http_tools.c raw_message)
+ *            message's content in this form (http_tools_context.c raw_message)
  *   HARMONY  GPT-OSS's messages: <|channel|>analysis<|message|>...<|end|><|start|>assistant
  *            <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>
  *            (tool_harmony.c): "<|channel|>", "<|message|>" and "<|start|>"; whether or not the
