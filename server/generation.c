@@ -479,16 +479,16 @@ static int ends_with_tag(const char *text, size_t len, const char *t, size_t n)
  * trigger flags `flags` and no marker (engine.h TRIGGER_*). */
 static enum status constraint_make_lazy(struct gen_request *r, int flags)
 {
-    char *src = malloc(r->constraint_len + 2);
+    char *src = malloc(r->constraint_len + TRIGGER_HEADER_LEN + 1);
     if (!src) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    src[0] = (char)flags;
-    memcpy(src + 1, r->constraint, r->constraint_len + 1);
+    const int head = engine_trigger_header(flags, src);
+    memcpy(src + head, r->constraint, r->constraint_len + 1);
     free(r->constraint);
     r->constraint = src;
-    r->constraint_len++;
+    r->constraint_len += (size_t)head;
     r->params.constraint = src;
     r->params.constraint_len = r->constraint_len;
-    r->params.constraint_trigger_len = 1;
+    r->params.constraint_trigger_len = (size_t)head;
     return STATUS_OK;
 }
 
@@ -552,6 +552,7 @@ static enum status constrain_around_think(struct gen_request *r, const char *tex
     }
     if (r->think_open) {
         if (r->params.constraint_trigger_len && (unsigned char)r->constraint[0] < 32) {
+            /* (the flags are the header's first byte's low bits: engine_trigger_header) */
             r->constraint[0] = (char)(((unsigned char)r->constraint[0] & ~TRIGGER_MAY_REASON) | TRIGGER_IN_REASONING);
             return STATUS_OK;
         }

@@ -354,8 +354,8 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
         char trigger[REQUEST_MAX_TRIGGER_BYTES + 1];
         int flags = (caps->reasoning ? TRIGGER_MAY_REASON | (caps->reasoning - 1) << TRIGGER_MARKERS_SHIFT : 0) |
                     (f == TOOL_FORMAT_LLAMA3 ? TRIGGER_ANCHORED : 0);
-        snprintf(trigger, sizeof trigger, "%s%s", flags ? (char[]){(char)flags, 0} : "",
-                 f == TOOL_FORMAT_LLAMA3 ? "{" : tool_format_call_marker(f));
+        const int head = engine_trigger_header(flags, trigger);
+        snprintf(trigger + head, sizeof trigger - (size_t)head, "%s", f == TOOL_FORMAT_LLAMA3 ? "{" : tool_format_call_marker(f));
         if (tool_format_is_xml(f))
             st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(f, tools, only, parallel, 1), trigger);
         else st = set_schema(q, native_schema(f, tools, only, required, parallel, caps, index), trigger);

@@ -57,8 +57,11 @@ enum tool_reasoning tool_format_detect_reasoning(const char *src)
     if (!src) return TOOL_REASONING_OFF;
     if (is_harmony(src)) return TOOL_REASONING_HARMONY;
     if (strstr(src, "<think>")) return TOOL_REASONING_THINK;
-    for (int r = TOOL_REASONING_MISTRAL; r <= TOOL_REASONING_THOUGHT; r++)
-        if (strstr(src, tool_reasoning_open((enum tool_reasoning)r)) && strstr(src, tool_reasoning_close((enum tool_reasoning)r)))
+    /* (Gemma 4's template writes its opening marker's newline as the escape \n) */
+    if (strstr(src, "<|channel>thought") && strstr(src, "<channel|>")) return TOOL_REASONING_GEMMA4;
+    for (int r = TOOL_REASONING_MISTRAL; r <= TOOL_REASONING_R7B; r++)
+        if (r != TOOL_REASONING_HARMONY && r != TOOL_REASONING_GEMMA4 &&
+            strstr(src, tool_reasoning_open((enum tool_reasoning)r)) && strstr(src, tool_reasoning_close((enum tool_reasoning)r)))
             return (enum tool_reasoning)r;
     return TOOL_REASONING_OFF;
 }

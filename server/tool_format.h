@@ -151,6 +151,8 @@ enum tool_reasoning {
     TOOL_REASONING_THOUGHT, /* <|begin_of_thought|> ... <|end_of_thought|> (Sky-T1, Bespoke-Stratos) */
     TOOL_REASONING_HARMONY, /* GPT-OSS's analysis channel, <|channel|>analysis<|message|> ... <|end|>:
                                replies are read as harmony messages whatever the format argument */
+    TOOL_REASONING_GEMMA4,  /* Gemma 4's thought channel, <|channel>thought\n ... <channel|> */
+    TOOL_REASONING_R7B,     /* Command R7B's plan, <|START_THINKING|> ... <|END_THINKING|> */
 };  /* (r - 1 is the engine's TRIGGER_MARKERS_* kind: engine.h) */
 enum tool_reasoning tool_format_detect_reasoning(const char *template_src);
 /* The opening and closing markers of kind r (not OFF). */

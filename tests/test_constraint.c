@@ -15,7 +15,8 @@
  * [THINK] ... [/THINK] markers (TRIGGER_MARKERS_MISTRAL): <think> is then text. With part of the
  * closing marker written, a piece that would complete it with bytes the grammar refuses is masked.
  * Harmony's analysis (TRIGGER_MARKERS_HARMONY): closed by <|end|> or broken by a new message's
- * <|start|> / <|channel|>, which a marker-less grammar then reads; its mask likewise. */
+ * <|start|> / <|channel|>, which a marker-less grammar then reads; its mask likewise. Gemma 4's
+ * markers (a kind past two bits), and the trigger's header read back. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,13 +31,13 @@ static const char *const PIECES[] = {
     "abc", "</thi", "nk>\n{", "  ", "{", "hi {", "x}", "", "", "<tool_call>!", "\n",
     "<", "th", "ink>", "ink>{x}", "", "{x", "[THINK]", "[/THINK]", "nk>!",
     "<|channel|>analysis<|message|>", "<|end|>", "<|start|>", "assistant<|channel|>final<|message|>", "<|channel|>",
-    "final<|message|>", "<|", "start|>", "start|>!", "start|>assistant",
+    "final<|message|>", "<|", "start|>", "start|>!", "start|>assistant", "<|channel>thought\n", "<channel|>",
 };
 enum { T_TOOL, T_CALL, T_GT_BRACE, T_THINK, T_INSIDE, T_UNTHINK, T_MARK, T_LT_T, T_OOL_CALL,
        T_ABC, T_UNTHI, T_NK_BRACE, T_SPACES, T_BRACE, T_HI_BRACE, T_X_CLOSE, T_MARK_ID, T_UNTHINK_ID,
        T_MARK_BANG, T_NL, T_LT, T_TH, T_INK_GT, T_INK_GT_X, T_THINK_ID, T_BRACE_X, T_MTHINK, T_MUNTHINK, T_NK_BANG,
        T_H_OPEN, T_H_END, T_H_START, T_H_AFINAL, T_H_CH, T_H_FINAL, T_H_LTBAR, T_H_START_REST, T_H_START_BANG,
-       T_H_START_A, N_PIECES };
+       T_H_START_A, T_G4_OPEN, T_G4_CLOSE, N_PIECES };
 
 static int failures;
 
@@ -47,7 +48,7 @@ static void sample_init(struct request *r, struct seq *s, struct grammar *g, int
     snprintf(r->trigger, sizeof r->trigger, "%s", marker);
     r->trigger_len = (int)strlen(marker);
     r->trigger_flags = flags;
-    r->p.constraint_trigger_len = (size_t)r->trigger_len + (flags ? 1 : 0);
+    r->p.constraint_trigger_len = (size_t)r->trigger_len + (flags ? TRIGGER_HEADER_LEN : 0);
     r->trigger_id = T_MARK_ID;
     r->think_ids[0] = T_THINK_ID, r->think_ids[1] = T_UNTHINK_ID;
     for (int i = 0; i < 2; i++) {
@@ -234,6 +235,28 @@ int main(void)
     opening_mask(g4, "harmony mask after <|: a piece completing <|start|> with bytes the grammar refuses is masked", hm,
                  (int[]){T_H_OPEN, T_ABC, T_H_LTBAR}, 3, all_but_start_bang, n_asb);
     grammar_unref(g4);
+    /* Gemma 4's markers, a kind past the two bits the flags once had (the header's second byte). */
+    const int gm4 = TRIGGER_MARKERS_GEMMA4 << TRIGGER_MARKERS_SHIFT;
+    run(g, "Gemma 4 markers: a marker in the thought channel triggers nothing, after it it does", op | gm4, tc,
+        (int[]){T_G4_OPEN, T_MARK, T_G4_CLOSE, T_MARK, T_BRACE, T_X_CLOSE}, 6, 1, 1);
+    run(g, "Gemma 4 markers, in reasoning, no marker: the grammar after <channel|>", TRIGGER_IN_REASONING | gm4, "",
+        (int[]){T_ABC, T_G4_CLOSE, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    /* The header: every flag set and kind read back as written; old and malformed ones refused. */
+    int hdr_ok = 1;
+    for (int kind = TRIGGER_MARKERS_THINK; kind <= TRIGGER_MARKERS_R7B; kind++)
+        for (int fl = 1; fl < 8; fl++) {
+            char buf[8];
+            const int flags = fl | kind << TRIGGER_MARKERS_SHIFT, h = engine_trigger_header(flags, buf);
+            memcpy(buf + h, "<m>", 4);
+            int back = -1;
+            hdr_ok &= h == TRIGGER_HEADER_LEN && engine_trigger_read(buf, (size_t)h + 3, &back) == h && back == flags;
+        }
+    int none = -1;
+    hdr_ok &= engine_trigger_header(0, (char[2]){0, 0}) == 0 && engine_trigger_read("<m>", 3, &none) == 0 && none == 0;
+    hdr_ok &= engine_trigger_read("\x01<m>", 4, &none) < 0 && engine_trigger_read("\x09", 1, &none) < 0 &&
+              engine_trigger_read("\x09\x1f", 2, &none) < 0 && engine_trigger_read("\x10\x01", 2, &none) < 0;
+    printf("%s the trigger header: flags and kinds read back, old and malformed headers refused\n", hdr_ok ? "PASS" : "FAIL");
+    failures += !hdr_ok;
     grammar_unref(g);
     grammar_vocab_free(v);
     printf("%s\n", failures ? "FAILED" : "all passed");

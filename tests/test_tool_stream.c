@@ -391,6 +391,10 @@ static void check_reasoning_kinds(void)
         {TOOL_REASONING_THINK, "[THINK] plan [/THINK] x", "", "[THINK] plan [/THINK] x"},
         {TOOL_REASONING_MISTRAL, "<think> a </think> b", "", "<think> a </think> b"},
         {TOOL_REASONING_MISTRAL, "[THINK] unclosed", "unclosed", ""},
+        {TOOL_REASONING_GEMMA4, "<|channel>thought\nweigh it<channel|>The answer.", "weigh it", "The answer."},
+        {TOOL_REASONING_GEMMA4, "<think>a</think>b", "", "<think>a</think>b"},
+        {TOOL_REASONING_R7B, "<|START_THINKING|>I will plan.<|END_THINKING|>Done.", "I will plan.", "Done."},
+        {TOOL_REASONING_R7B, "<|START_THINKING|>cut", "cut", ""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         struct tool_parsed p;
@@ -402,6 +406,18 @@ static void check_reasoning_kinds(void)
         }
         tool_parsed_free(&p);
     }
+    /* Command R7B's plan, then its action: the plan is the reasoning, the list its calls. */
+    static const char r7b[] = "<|START_THINKING|>Look it up.<|END_THINKING|><|START_ACTION|>[{\"tool_call_id\": \"0\", "
+                              "\"tool_name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}]<|END_ACTION|>";
+    struct tool_parsed p;
+    CHECK(!tool_parse(TOOL_FORMAT_COMMAND_R7B, 1, TOOL_REASONING_R7B, 0, 0, r7b, strlen(r7b), 1, &p), "oom");
+    if (strcmp(p.reasoning, "Look it up.") || p.n_calls != 1 || strcmp(p.calls[0].name, "get_weather") || p.content_len) {
+        fprintf(stderr, "FAIL Command R7B's plan and action: reasoning '%s', %d calls, content '%s'\n", p.reasoning,
+                p.n_calls, p.content);
+        exit(1);
+    }
+    tool_parsed_free(&p);
+    check_text(r7b, strlen(r7b), 1);
 }
 
 /* ---- harmony (server/tool_harmony.c): no earlier parser to compare with; the properties ---- */

@@ -183,14 +183,15 @@ enum status conductor_compile_constraint(struct conductor *c, const struct reque
     if (trig && (trig > REQUEST_MAX_TRIGGER_BYTES || trig > n || memchr(src, 0, trig)))
         return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: a lazy constraint's trigger is 1 to %d bytes (no NUL) "
                              "before its source, got %zu of %zu", REQUEST_MAX_TRIGGER_BYTES, trig, n);
-    const unsigned char flags = trig ? (unsigned char)src[0] : 32;
-    if (flags < 32 && !engine_reasoning_marker(flags >> TRIGGER_MARKERS_SHIFT, 0))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: a lazy constraint's trigger flags %u name no "
-                             "reasoning markers", flags);
-    if (flags < 32 && ((trig == 1 && !(flags & (TRIGGER_IN_REASONING | TRIGGER_MAY_REASON))) ||
-                      (trig == 1 && flags & TRIGGER_ANCHORED) ||
-                      (flags & TRIGGER_MAY_REASON && flags & TRIGGER_IN_REASONING)))
-        return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: a lazy constraint's trigger flags %u: a marker is "
+    int flags = 0;
+    const int head = engine_trigger_read(src, trig, &flags);
+    if (head < 0)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: a lazy constraint's trigger header (%u, %u) names "
+                             "no flags and reasoning markers", (unsigned char)src[0], trig > 1 ? (unsigned char)src[1] : 0);
+    const int bare = (size_t)head == trig; /* flags and no marker */
+    if (head && ((bare && !(flags & (TRIGGER_IN_REASONING | TRIGGER_MAY_REASON))) || (bare && flags & TRIGGER_ANCHORED) ||
+                 (flags & TRIGGER_MAY_REASON && flags & TRIGGER_IN_REASONING)))
+        return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: a lazy constraint's trigger flags %d: a marker is "
                              "needed unless the output starts inside reasoning or may open it (never anchored), "
                              "and inside excludes may-reason", flags);
     return grammar_cache_get(c->gcache, kinds[p->constraint_kind], src + trig, n - trig, g);

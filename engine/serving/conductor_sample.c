@@ -47,9 +47,10 @@ void conductor_lazy_setup(struct conductor *c, struct request *r, const struct r
     size_t n = p->constraint_trigger_len;
     r->trigger_id = r->think_ids[0] = r->think_ids[1] = -1;
     if (!n) return;
-    const unsigned char first = (unsigned char)p->constraint[0];
-    const size_t skip = first < 32 ? 1 : 0; /* conductor_compile_constraint checked the flags */
-    r->trigger_flags = skip ? first : 0;
+    int flags = 0;
+    const size_t skip = (size_t)engine_trigger_read(p->constraint, n, &flags); /* (checked by
+                                                                                conductor_compile_constraint) */
+    r->trigger_flags = flags;
     memcpy(r->trigger, p->constraint + skip, n - skip);
     r->trigger[n - skip] = 0;
     r->trigger_len = (int)(n - skip);

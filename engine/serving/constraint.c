@@ -11,7 +11,28 @@ static const char *const MARKERS[][2] = {
     [TRIGGER_MARKERS_MISTRAL] = {"[THINK]", "[/THINK]"},
     [TRIGGER_MARKERS_THOUGHT] = {"<|begin_of_thought|>", "<|end_of_thought|>"},
     [TRIGGER_MARKERS_HARMONY] = {"<|channel|>analysis<|message|>", "<|end|>"},
+    [TRIGGER_MARKERS_GEMMA4] = {"<|channel>thought\n", "<channel|>"},
+    [TRIGGER_MARKERS_R7B] = {"<|START_THINKING|>", "<|END_THINKING|>"},
 };
+
+int engine_trigger_header(int flags, char out[TRIGGER_HEADER_LEN])
+{
+    if (!flags) return 0;
+    out[0] = (char)(8 | (flags & 7));
+    out[1] = (char)(1 + (flags >> TRIGGER_MARKERS_SHIFT));
+    return TRIGGER_HEADER_LEN;
+}
+
+int engine_trigger_read(const char *src, size_t n, int *flags)
+{
+    *flags = 0;
+    if (!n || (unsigned char)src[0] >= 32) return 0;
+    const unsigned char b0 = (unsigned char)src[0], b1 = n >= 2 ? (unsigned char)src[1] : 0;
+    if (n < TRIGGER_HEADER_LEN || b0 < 8 || b0 > 15 || b1 < 1 || b1 >= 32 || !engine_reasoning_marker(b1 - 1, 0))
+        return -1;
+    *flags = (b0 & 7) | (b1 - 1) << TRIGGER_MARKERS_SHIFT;
+    return TRIGGER_HEADER_LEN;
+}
 
 /* Harmony's analysis body also ends where a new message begins (the reply parser's rule,
  * server/tool_harmony.c: gpt-oss-20b sometimes leaves out <|end|>), so the watch ends its
@@ -22,7 +43,7 @@ static const char *const HARMONY_BREAKS[2] = {"<|start|>", "<|channel|>"};
 
 static int is_harmony(const struct request *r)
 {
-    return (r->trigger_flags >> TRIGGER_MARKERS_SHIFT & 3) == TRIGGER_MARKERS_HARMONY;
+    return r->trigger_flags >> TRIGGER_MARKERS_SHIFT == TRIGGER_MARKERS_HARMONY;
 }
 
 /* (Below, <think> and </think> stand for the request's markers, r->think: set from its trigger's

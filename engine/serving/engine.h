@@ -146,8 +146,9 @@ enum speculative_mode {
  * STATUS_INVALID_ARGUMENT whose message names `field` and the allowed values. */
 enum status speculative_mode_parse(const char *s, const char *field, enum speculative_mode *out);
 
-/* Flags of a lazy constraint's trigger (request_params.constraint_trigger_len): its first byte,
- * when below 32, is their sum; the marker follows. Reasoning is the text from <think> to
+/* Flags of a lazy constraint's trigger (request_params.constraint_trigger_len): when its first
+ * byte is below 32, its first TRIGGER_HEADER_LEN bytes hold them (engine_trigger_header); the
+ * marker follows. Reasoning is the text from <think> to
  * </think> (or the markers TRIGGER_MARKERS_* name), as the server's reply parser reads it
  * (server/tool_stream.c): the marker is watched for only after it, so a marker written while
  * reasoning triggers nothing. */
@@ -164,19 +165,29 @@ enum {
     TRIGGER_ANCHORED     = 4, /* the marker must be the first bytes (whitespace skipped) of the reply
                                  after any reasoning, and is the call's first bytes: the grammar reads
                                  it (Llama 3's bare `{"name": ...}` call); otherwise never triggers */
-    TRIGGER_MARKERS_SHIFT = 3, /* bits 3-4: the reasoning markers, TRIGGER_MARKERS_* */
+    TRIGGER_MARKERS_SHIFT = 3, /* bits 3 and up: the reasoning markers, TRIGGER_MARKERS_* */
+    TRIGGER_HEADER_LEN    = 2, /* the flags' bytes before a trigger's marker */
 };
-/* The reasoning markers of a trigger's flags ((flags >> TRIGGER_MARKERS_SHIFT) & 3). */
+/* The reasoning markers of a trigger's flags (flags >> TRIGGER_MARKERS_SHIFT). */
 enum {
     TRIGGER_MARKERS_THINK,   /* <think> ... </think> */
     TRIGGER_MARKERS_MISTRAL, /* [THINK] ... [/THINK] */
     TRIGGER_MARKERS_THOUGHT, /* <|begin_of_thought|> ... <|end_of_thought|> */
     TRIGGER_MARKERS_HARMONY, /* GPT-OSS: <|channel|>analysis<|message|> ... <|end|> (one analysis
                                 message; the watch then reads what follows as the reply) */
+    TRIGGER_MARKERS_GEMMA4,  /* Gemma 4: <|channel>thought\n ... <channel|> */
+    TRIGGER_MARKERS_R7B,     /* Command R7B: <|START_THINKING|> ... <|END_THINKING|> */
 };
 /* The opening (close = 0) or closing (close = 1) marker of TRIGGER_MARKERS_* kind; NULL for a
  * kind that is none of them. The one table of them: the server's reply parser reads it too. */
 const char *engine_reasoning_marker(int kind, int close);
+/* Writes the header of a trigger's flags (TRIGGER_* and the markers' kind << TRIGGER_MARKERS_SHIFT)
+ * into out: 8 + the low three bits, then 1 + the kind (no byte is NUL or 32 or more, so a marker
+ * never reads as one). Returns its length: 0 for flags 0 (no header), else TRIGGER_HEADER_LEN. */
+int engine_trigger_header(int flags, char out[TRIGGER_HEADER_LEN]);
+/* Reads the header of a trigger of n bytes at src into *flags (0 when there is none): returns its
+ * length, or -1 when the first byte is below 32 but the header is not one of known markers. */
+int engine_trigger_read(const char *src, size_t n, int *flags);
 
 enum constraint_kind {
     CONSTRAINT_NONE,

@@ -114,7 +114,7 @@ struct request {
     float   *bias_values;         /* (p.n_logit_bias) */
     struct grammar *grammar;      /* the compiled constraint (a reference), or NULL */
     char     trigger[REQUEST_MAX_TRIGGER_BYTES + 1]; /* a lazy constraint's marker (engine.h
-                                     constraint_trigger_len: its flags byte, when any, not here) */
+                                     constraint_trigger_len: its flags' header, when any, not here) */
     int      trigger_len;         /* strlen(trigger); 0 only with TRIGGER_IN_REASONING */
     int      trigger_flags;       /* TRIGGER_* (engine.h) */
     int32_t  trigger_id;          /* the token whose text is the whole marker, or -1 */

@@ -19,7 +19,8 @@
  * the XML-like formats read with
  * declared types for function f's keys s, b and z: a string, a boolean, a null),
  * tools (bit 3), reasoning
- * (bits 4 and 7: enum tool_reasoning, the markers), think_open (bit 5), one call at most (bit 6);
+ * (bits 4 and 7: enum tool_reasoning, the markers; 3, thought, is Gemma 4's when the length is 1
+ * modulo 3, Command R7B's when 2), think_open (bit 5), one call at most (bit 6);
  * the rest is the reply.
  * Corpus: tests/fuzz/corpus/tool_parse (replies in every format, cut, malformed). */
 #include <stdint.h>
@@ -124,6 +125,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *types = tool_format_is_xml(f) ? declared : NULL;
     int tools = data[0] >> 3 & 1, think_open = data[0] >> 5 & 1;
     int reasoning = (data[0] >> 4 & 1) | (data[0] >> 6 & 2); /* enum tool_reasoning: off, <think>, [THINK], thought */
+    if (reasoning == TOOL_REASONING_THOUGHT && size % 3) /* Gemma 4's thought channel, Command R7B's plan */
+        reasoning = size % 3 == 1 ? TOOL_REASONING_GEMMA4 : TOOL_REASONING_R7B;
     int max_calls = data[0] >> 6 & 1;
     size_t n = size - 1;
     char *text = malloc(n ? n : 1); /* exactly the reply's bytes, so that ASan sees any overread */

@@ -19,7 +19,9 @@ list, a number, true / false, null or Python's None as Jinja writes it), calls b
   history with a call and its result render as jinja2's; tool_choice required, a named function
   and parallel calls: sampled replies are calls that parse, of the declared (named) function with
   its declared keys and value types; streamed calls equal the unary ones; a key the format cannot
-  write back and strict: true refused by name (test_tools_xml.served).
+  write back and strict: true refused by name (test_tools_xml.served). With enable_thinking, its
+  thought channel (`<|channel>thought\\n ... <channel|>`) is the reasoning: a regex-forced thought and
+  answer split, unary and streamed; required calls after an optional thought conform.
 SKIP (77) without openai or jinja2; the served part SKIPs without the GGUF.
 
   test_tools_gemma4.py --shardlm BUILD/cli/shardlm --tool-stream BUILD/tests/test_tool_stream
@@ -54,6 +56,35 @@ X.FORMATS[GEMMA4] = ("gemma4", "<|turn>model\n", "<|tool_response>", "<|tool_cal
 X.FORMATS[INTERLEAVED] = ("gemma4", "<|turn>model\n", "<turn|>", "<|tool_call>", "<tool_call|>")
 # A key the format cannot write back (a bare key ends at ':'), what the 400s name.
 X.REFUSALS[GEMMA4] = ("a:b", "gemma4", "Gemma 4's")
+
+
+def thinking(srv, oa, mid):
+    """Gemma 4's thought channel (`<|channel>thought\\n ... <channel|>`, written when the request's
+    chat_template_kwargs turn enable_thinking on) is the reasoning: a reply forced by a regex into a
+    thought and an answer comes back as reasoning_content and content, unary and streamed; a required
+    call may think first (an opening constraint: the thought free, then the grammar's call)."""
+    check = X.check
+    check("reasoning split from <|channel>thought" in srv.log_path.read_text(),
+          "Gemma 4: its thought channel is read as the reasoning")
+    on = {"chat_template_kwargs": {"enable_thinking": True}}
+    rx = r"<\|channel>thought\n[a-z ]{4,30}<channel\|>[A-Za-z ]{4,30}"
+    kw = dict(model=mid, messages=X.ASK, max_tokens=60, temperature=0, extra_body=dict(on, structured_outputs={"regex": rx}))
+    m = oa.chat.completions.create(**kw).choices[0].message
+    rc = (m.model_extra or {}).get("reasoning_content")
+    check(isinstance(rc, str) and rc and m.content and "channel" not in rc + m.content,
+          f"Gemma 4, thinking on: a thought then an answer split ({rc!r} / {m.content!r})")
+    _, _, _, s_rc, s_content = X.stream_calls(oa.chat.completions.create(stream=True, **kw))
+    check(s_rc == rc and s_content == m.content, f"Gemma 4: streamed reasoning / content equal unary ({s_rc!r}, {s_content!r})")
+    bad = []
+    for seed in range(4):
+        ch = oa.chat.completions.create(model=mid, messages=X.ASK, tools=X.TYPED, tool_choice="required",
+                                        parallel_tool_calls=False, max_tokens=200, temperature=1.0, seed=seed,
+                                        extra_body=on).choices[0]
+        tcs = ch.message.tool_calls or []
+        if ch.finish_reason != "tool_calls" or len(tcs) != 1 or not X.conforms(tcs[0], X.TYPED):
+            bad.append((seed, ch.finish_reason, [(t.function.name, t.function.arguments) for t in tcs]))
+    check(not bad, "Gemma 4, thinking on, tool_choice required: 4 sampled replies, each one call with the declared "
+          "keys and value types" + ("" if not bad else f": {bad[:2]}"))
 
 
 def main():
@@ -91,6 +122,7 @@ def main():
             check("tool calls in the gemma4 format" in srv.log_path.read_text(), "Gemma 4: read as the gemma4 format")
             oa = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
             X.served(srv, oa, mid, GEMMA4, "Gemma 4", False)
+            thinking(srv, oa, mid)
     except Exception as e:  # noqa: BLE001 - reported with the server logs
         check(False, f"{e}")
         TS.show_logs()
