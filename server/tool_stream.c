@@ -204,30 +204,45 @@ static size_t r7b_scan(struct tool_stream *ts)
 static void read_text(struct tool_stream *ts)
 {
     const char *open = tool_stream_open_marker(ts->f);
-    size_t m = strlen(open), p = ts->search;
+    /* Qwen3-Coder's calls also come without their <tool_call> (llama.cpp reads them so too) */
+    const char *bare = ts->f == TOOL_FORMAT_QWEN_XML ? TOOL_FUNCTIONARY_CALL : NULL;
+    size_t m = strlen(open), mb = bare ? strlen(bare) : 0, p = ts->search;
+    int is_bare = 0;
     if (ts->f == TOOL_FORMAT_COMMAND_R7B) {
         if ((p = r7b_scan(ts)) == (size_t)-1) return;
     } else {
-        for (; p + m <= ts->len; p++) {
+        for (; p + m <= ts->len || (bare && p + mb <= ts->len); p++) {
             ts->steps++;
-            if (ts->text[p] == open[0] && !memcmp(ts->text + p, open, m)) break;
+            if (p + m <= ts->len && ts->text[p] == open[0] && !memcmp(ts->text + p, open, m)) break;
+            if (bare && p + mb <= ts->len && ts->text[p] == bare[0] && !memcmp(ts->text + p, bare, mb)) {
+                is_bare = 1;
+                break;
+            }
         }
     }
-    if (p + m <= ts->len) { /* a marker: the text before it is whole, a block of calls opens */
+    if (is_bare || p + m <= ts->len) { /* a marker: the text before it is whole, a block of calls opens */
         seg_advance(ts, &ts->cseg, p, 1);
         ts->block = p, ts->kept_block = 0;
-        ts->pos = p + m;
+        ts->pos = is_bare ? p + mb : p + m;
+        ts->bare = is_bare;
         if (tool_format_is_list(ts->f)) ts->st = B_LIST_OPEN;
-        else if (tool_format_whole_calls(ts->f)) ts->st = B_GLM, ts->search = p + m, ts->g4_str = 0;
+        else if (tool_format_whole_calls(ts->f)) ts->st = B_GLM, ts->search = ts->pos, ts->g4_str = 0;
         else if (ts->f == TOOL_FORMAT_DEEPSEEK || ts->f == TOOL_FORMAT_KIMI)
             ts->st = B_DS, ts->search = p + m, ts->close_at = (size_t)-1;
         else begin_call(ts);
         return;
     }
+    /* (resumed where the longer marker did not fit yet: its start may be among the last bytes) */
+    const size_t m_max = m > mb ? m : mb;
+    if (bare && ts->len + 1 >= m_max && ts->len + 1 - m_max < p) p = ts->len + 1 - m_max > ts->search ? ts->len + 1 - m_max : ts->search;
     ts->search = p;
-    size_t s0 = ts->cseg.start;
-    size_t limit = ts->final ? ts->len : ts->len - tool_stream_holdback(ts->text + s0, ts->len - s0, open);
-    ts->steps += m;
+    size_t s0 = ts->cseg.start, hold = tool_stream_holdback(ts->text + s0, ts->len - s0, open);
+    if (bare) {
+        const size_t hb = tool_stream_holdback(ts->text + s0, ts->len - s0, bare);
+        if (hb > hold) hold = hb;
+    }
+    size_t limit = ts->final ? ts->len : ts->len - hold;
+    ts->steps += m + mb;
     seg_advance(ts, &ts->cseg, limit, 1);
     ts->pos = ts->len;
 }

@@ -85,8 +85,9 @@ static int invoke_body(struct tool_stream *ts, const char *s, size_t n, int keep
  * a body that is not a call, or cut short, makes the block text. */
 void tool_stream_read_glm(struct tool_stream *ts)
 {
-    const char *close = tool_stream_close_marker(ts->f);
-    const size_t m = strlen(close), b0 = ts->block + strlen(tool_stream_open_marker(ts->f));
+    /* (a bare Qwen3-Coder call: its body from <function= to </function>, both its own) */
+    const char *close = ts->bare ? TOOL_FUNCTIONARY_CALL_END : tool_stream_close_marker(ts->f);
+    const size_t m = strlen(close), b0 = ts->bare ? ts->block : ts->block + strlen(tool_stream_open_marker(ts->f));
     const size_t p = ts->f == TOOL_FORMAT_GEMMA4 ? scan_gemma4(ts) : scan_for(ts, close);
     struct tool_json_buf args = {0};
     const char *body = ts->text + b0;
@@ -114,8 +115,9 @@ void tool_stream_read_glm(struct tool_stream *ts)
     }
     size_t name_at = 0, name_len = 0;
     ts->steps += p - b0;
+    const size_t n_body = ts->bare ? p + m - b0 : p - b0;
     const int ok = tool_format_is_invoke(ts->f) ? invoke_body(ts, body, p - b0, 0, 0, &args)
-                 : ts->f == TOOL_FORMAT_QWEN_XML ? tool_qwen_xml_call(body, p - b0, ts->types, &name_at, &name_len, &args)
+                 : ts->f == TOOL_FORMAT_QWEN_XML ? tool_qwen_xml_call(body, n_body, ts->types, &name_at, &name_len, &args)
                  : ts->f == TOOL_FORMAT_GEMMA4   ? tool_gemma4_call(body, p - b0, &name_at, &name_len, &args)
                  : ts->f == TOOL_FORMAT_FUNCTIONARY ? tool_functionary_call(body, p - b0, &name_at, &name_len, &args)
                                                  : tool_glm_call(body, p - b0, ts->types, &name_at, &name_len, &args);

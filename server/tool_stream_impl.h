@@ -66,6 +66,8 @@ struct tool_stream {
     size_t close_at;      /* B_AFTER_CALL: the first byte after the call's whitespace, or -1 */
     int    kept_block, seen, gdone; /* calls kept in this block; generic: non-space seen, reply whole */
     int    g4_str;        /* gemma4, B_GLM: the search is inside a <|"|> string (tool_glm.c) */
+    int    bare;          /* qwen3-coder, B_GLM: a call without its <tool_call>, from its <function= to
+                             its </function> (tool_stream_blocks.c) */
     struct tool_json_buf content, gkey;
     struct tool_json_str gs;
     struct tool_json_call call;

@@ -180,7 +180,8 @@ void check_command_r7b(void)
  * write (a value between the newlines after <parameter=K> and before </parameter>; a string as it
  * is, a list or mapping as JSON, the rest through Jinja's `string`), parsed into JSON arguments;
  * read by the declared types when given (a string stays a string, Python's True and None are a
- * boolean and a null); malformed or cut-short bodies are text; every prefix. */
+ * boolean and a null); malformed or cut-short bodies are text; calls without their <tool_call>
+ * (from <function= to </function>) read too; every prefix. */
 void check_qwen_xml(void)
 {
 #define Q_CALL(name) "<tool_call>\n<function=" name ">\n"
@@ -200,6 +201,13 @@ void check_qwen_xml(void)
         {"<tool_call>\nget_weather\n</tool_call>", NULL, NULL, "<tool_call>\nget_weather\n</tool_call>", 0},
         {Q_CALL("f") Q_ARG("t", "True") Q_ARG("z", "None") Q_END, "f", "{\"t\":\"True\",\"z\":\"None\"}", "", 1},
         {"plain text, no call", NULL, NULL, "plain text, no call", 0},
+        /* without their <tool_call> (llama.cpp reads these too): from <function= to </function> */
+        {"<function=get_weather>\n" Q_ARG("city", "Paris") "</function>", "get_weather", "{\"city\":\"Paris\"}", "", 1},
+        {"Sure.\n<function=a>\n" Q_ARG("x", "1") "</function>\n<function=b>\n</function> ok", "a", "{\"x\":1}", "Sure. ok", 2},
+        {"<function=a>\n</function>\n" Q_CALL("b") Q_END, "a", "{}", "", 2},
+        {"<function=a>\n" Q_ARG("x", "1"), NULL, NULL, "<function=a>\n<parameter=x>\n1\n</parameter>", 0}, /* cut */
+        {"<function=two words></function> x", NULL, NULL, "<function=two words></function> x", 0},
+        {"a <function b", NULL, NULL, "a <function b", 0},
     };
     check_call_cases(TOOL_FORMAT_QWEN_XML, "qwen3-coder", cases, sizeof cases / sizeof *cases);
     /* The declared types: s a string (its JSON-looking value stays text), t a boolean, z a null. */
