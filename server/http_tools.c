@@ -173,8 +173,9 @@ static int add_branches(cJSON *any, const cJSON *tools, const char *only, const 
  * with parallel calls more opened after it (R1's on a new line), and the list ended, as the
  * templates write them; the model then ends its turn. '<' only as \u003c in free strings: no
  * marker inside an argument. Kimi-K2's (kimi): the same with its markers, a branch's text
- * `functions.NAME:INDEX<|tool_call_argument_begin|>` with index the conversation's next call's
- * (the template's counter), and one call (the next call's index would need a count). */
+ * `functions.NAME:INDEX<|tool_call_argument_begin|>` with INDEX the conversation's next call's
+ * (the template's counter), one more for each parallel call after it (at most 16: the grammar's
+ * "numbered" repeat). */
 static cJSON *deepseek_schema(const cJSON *tools, const char *only, int parallel, int fenced, int lazy, int kimi,
                               int index)
 {
@@ -182,12 +183,16 @@ static cJSON *deepseek_schema(const cJSON *tools, const char *only, int parallel
     cJSON *rep = any && cJSON_AddStringToObject(s, GRAMMAR_SCHEMA_ESCAPE, "<") ? cJSON_AddObjectToObject(s, GRAMMAR_SCHEMA_REPEAT)
                                                                              : NULL;
     const char *close = kimi ? TOOL_KIMI_CALL_END : fenced ? "\n```" TOOL_DS_CALL_END : TOOL_DS_CALL_END;
-    const char *open = kimi ? NULL : fenced ? "\n" TOOL_DS_CALL_BEGIN : TOOL_DS_CALL_BEGIN;
+    const char *open = kimi ? TOOL_KIMI_CALL_BEGIN : fenced ? "\n" TOOL_DS_CALL_BEGIN : TOOL_DS_CALL_BEGIN;
+    cJSON *num = kimi ? cJSON_CreateIntArray((const int[]){index, parallel ? 16 : 1}, 2) : NULL;
     int ok = rep && cJSON_AddStringToObject(rep, "close", close) &&
-             (!parallel || !open || cJSON_AddStringToObject(rep, "open", open)) &&
+             (!(parallel || kimi) || cJSON_AddStringToObject(rep, "open", open)) &&
              cJSON_AddStringToObject(rep, "end", kimi ? TOOL_KIMI_CALLS_END : TOOL_DS_CALLS_END) &&
+             (!kimi || (num && cJSON_AddItemToObject(rep, "numbered", num))) &&
              (!lazy || cJSON_AddStringToObject(s, GRAMMAR_SCHEMA_PREFIX, kimi ? TOOL_KIMI_CALL_BEGIN : TOOL_DS_CALL_BEGIN));
-    if (ok) ok = add_branches(any, tools, only, kimi ? "functions.%s:%d" TOOL_KIMI_ARGS
+    if (!ok && num && !(rep && cJSON_GetObjectItemCaseSensitive(rep, "numbered") == num)) cJSON_Delete(num);
+    /* (Kimi's "%%d": the grammar numbers it) */
+    if (ok) ok = add_branches(any, tools, only, kimi ? "functions.%s:%%d" TOOL_KIMI_ARGS
                                                 : fenced ? "function" TOOL_DS_SEP "%s\n```json\n" : "%s" TOOL_DS_SEP, index);
     if (!ok) {
         cJSON_Delete(s);

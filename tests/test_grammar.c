@@ -195,6 +195,12 @@ static const struct sample samples[] = {
      "{\"x-shardlm-prefix\":\"g<j>\",\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"}},\"required\":[\"a\"]}]}",
      {"to=f <j>12", " to=g<j>{\"a\":true}", NULL},
      {"to=f <j>{\"a\":true}", "to=g<j>12", "to=f<j>12", "to=12", "f <j>12", "to=f <j>g<j>1", NULL}},
+    /* x-shardlm-repeat numbered: the tagged branches' "%d" counts from FIRST, at most COUNT values
+     * (Kimi-K2's parallel calls, `functions.NAME:INDEX`). */
+    {GRAMMAR_JSON_SCHEMA, "{\"x-shardlm-repeat\":{\"close\":\"]\",\"open\":\"[\",\"end\":\"!\",\"numbered\":[3,2]},"
+     "\"anyOf\":[{\"x-shardlm-prefix\":\"f:%d=\",\"type\":\"integer\"},{\"x-shardlm-prefix\":\"g:%d=\",\"type\":\"boolean\"}]}",
+     {"f:3=1]!", "g:3=true][f:4=2]!", "f:3=1][g:4=false]!", NULL},
+     {"f:4=1]!", "f:3=1][f:3=2]!", "f:3=1][f:4=2][f:5=3]!", "f:3=1]", "f:%d=1]!", "g:3=1]!", NULL}},
     /* a $ref into the list sees the branches as values, whatever their order */
     {GRAMMAR_JSON_SCHEMA, "{\"anyOf\":[{\"x-shardlm-prefix\":\"a\",\"$ref\":\"#/anyOf/1\"},{\"x-shardlm-prefix\":\"b\","
      "\"type\":\"integer\"}]}", {"a5", "b7", NULL}, {"ab7", "5", "a", NULL}},
@@ -223,6 +229,12 @@ static const char *const bad[][3] = {
      "unsupported keyword 'x-shardlm-prefix'"},
     {"0", "{\"x-shardlm-prefix\":7,\"type\":\"integer\"}", "x-shardlm-prefix must be a string"},
     {"0", "{\"x-shardlm-prefix\":[],\"type\":\"integer\"}", "or a list of 1 to 8 strings"},
+    {"0", "{\"x-shardlm-repeat\":{\"close\":\"]\",\"open\":\"[\",\"end\":\"!\",\"numbered\":[0,2]},\"type\":\"integer\"}",
+     "numbered needs a root anyOf"},
+    {"0", "{\"x-shardlm-repeat\":{\"close\":\"]\",\"open\":\"[\",\"end\":\"!\",\"numbered\":[0,17]},\"anyOf\":"
+     "[{\"x-shardlm-prefix\":\"f\",\"type\":\"integer\"}]}", "x-shardlm-repeat must be"},
+    {"0", "{\"x-shardlm-repeat\":{\"close\":\"]\",\"end\":\"!\",\"numbered\":[0,2]},\"anyOf\":"
+     "[{\"x-shardlm-prefix\":\"f\",\"type\":\"integer\"}]}", "x-shardlm-repeat must be"},
     {"0", "{\"x-shardlm-prefix\":[\"a\",3],\"type\":\"integer\"}", "or a list of 1 to 8 strings"},
     {"0", "{\"x-shardlm-escape\":\"\\\"\",\"type\":\"string\"}", "x-shardlm-escape must be"},
     {"0", "{\"x-shardlm-escape\":\"\",\"type\":\"string\"}", "x-shardlm-escape must be"},

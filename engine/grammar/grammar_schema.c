@@ -533,6 +533,16 @@ out:
     return b->failed ? NULL : x;
 }
 
+/* The text t (a branch's x-shardlm-prefix) with its first "%d" written as the number k. */
+static struct gx *numbered_text(struct gbuild *b, const char *t, int k)
+{
+    const char *d = strstr(t, "%d");
+    if (!d) return gx_str(b, t);
+    char buf[160]; /* (t: at most 128 bytes) */
+    snprintf(buf, sizeof buf, "%.*s%d%s", (int)(d - t), t, k, d + 2);
+    return gx_str(b, buf);
+}
+
 /* A root {"anyOf": [...]} whose every branch holds x-shardlm-prefix (a text of 1 to 128 bytes):
  * the output is one branch's text then a JSON value of that branch (harmony's tool calls: the
  * function's name and the header after it, then its arguments: server/http_tools.c). Returns 1
@@ -565,13 +575,22 @@ static int tagged_branches(struct sb *s)
         snprintf(path, sizeof path, "/anyOf/%d", bad);
         schema_fail(s, path, "/" GRAMMAR_SCHEMA_PREFIX " must be a string of 1 to 128 bytes in every branch%s", "");
     }
+    /* Numbered (x-shardlm-repeat): each branch's value a rule, so that every copy refers to it. */
+    int *val = s->num_count ? gb_alloc(b, sizeof *val * (size_t)n) : NULL;
     i = 0;
     for (cJSON *e = any->child; e && alts && pre && bad < 0 && !b->failed; e = e->next, i++) {
         snprintf(path, sizeof path, "/anyOf/%d", i);
         struct gx *v = schema(s, e, path);
-        if (v) alts[i] = gx_seq2(b, gx_str(b, pre[i]->valuestring), v);
+        if (v && val && (val[i] = gb_rule_new(b, "branch")) >= 0) b->rules[val[i]].expr = v;
+        if (v && !val) alts[i] = gx_seq2(b, gx_str(b, pre[i]->valuestring), v);
     }
-    if (alts && pre && bad < 0 && !b->failed) s->tagged = gx_alt(b, n, alts);
+    for (int k = 0; val && alts && pre && bad < 0 && !b->failed && k < s->num_count; k++) {
+        struct gx **copy = gb_alloc(b, sizeof *copy * (size_t)n);
+        for (int j = 0; copy && j < n; j++)
+            copy[j] = gx_seq2(b, numbered_text(b, pre[j]->valuestring, s->num_first + k), gx_ref(b, val[j]));
+        if (copy) s->tagged_n[k] = gx_alt(b, n, copy);
+    }
+    if (alts && pre && bad < 0 && !b->failed) s->tagged = val ? s->tagged_n[0] : gx_alt(b, n, alts);
     for (int k = 0; pre && k < n; k++) cJSON_Delete(pre[k]);
     free(pre);
     return 1;
@@ -623,20 +642,38 @@ enum status schema_build(struct gbuild *b, const char *src, size_t n, int object
     /* x-shardlm-repeat (the root's only, likewise): the value repeated between literal texts:
      * {close, open}: V (C (O V C)*)?, the output may end after any value or close; with "end":
      * V C (O V C)* E, every value closed and the list ended (DeepSeek's calls); {close, end}:
-     * V C E. */
+     * V C E. With "numbered": [FIRST, COUNT] (and close, open and end), the value is the root's
+     * tagged branches with the "%d" of their texts numbered: V_F C (O V_F+1 C (O ... C)?)? E, at
+     * most COUNT values (1 to 16; Kimi-K2's calls, `functions.NAME:INDEX`). */
     cJSON *rep = cJSON_IsObject(s.root) ? cJSON_DetachItemFromObjectCaseSensitive(s.root, GRAMMAR_SCHEMA_REPEAT) : NULL;
     const cJSON *close = cJSON_GetObjectItemCaseSensitive(rep, "close"), *open = cJSON_GetObjectItemCaseSensitive(rep, "open");
-    const cJSON *end = cJSON_GetObjectItemCaseSensitive(rep, "end");
-    int rep_ok = !rep || (cJSON_IsObject(rep) && cJSON_GetArraySize(rep) == 1 + (open != NULL) + (end != NULL) &&
+    const cJSON *end = cJSON_GetObjectItemCaseSensitive(rep, "end"), *num = cJSON_GetObjectItemCaseSensitive(rep, "numbered");
+    const cJSON *nf = cJSON_GetArrayItem(num, 0), *nc = cJSON_GetArrayItem(num, 1);
+    int rep_ok = !rep || (cJSON_IsObject(rep) && cJSON_GetArraySize(rep) == 1 + (open != NULL) + (end != NULL) + (num != NULL) &&
                           (open || end) && marker_text(close) && (!open || marker_text(open)) && (!end || marker_text(end)));
+    if (num) {
+        rep_ok &= open && end && cJSON_IsArray(num) && cJSON_GetArraySize(num) == 2 && cJSON_IsNumber(nf) && cJSON_IsNumber(nc) &&
+                  nf->valuedouble >= 0 && nf->valuedouble <= 1e6 && nc->valuedouble >= 1 && nc->valuedouble <= 16;
+        if (rep_ok) s.num_first = (int)nf->valuedouble, s.num_count = (int)nc->valuedouble;
+    }
     if (!rep_ok) {
         cJSON_Delete(pre), cJSON_Delete(rep), cJSON_Delete(s.root);
         return gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: /" GRAMMAR_SCHEMA_REPEAT " must be {\"close\": "
                        "STRING, \"open\": STRING, \"end\": STRING} with close and open, end or both, each of 1 to 64 "
-                       "bytes");
+                       "bytes, and maybe \"numbered\": [FIRST 0 to 1e6, COUNT 1 to 16] with all three");
     }
-    struct gx *x = tagged_branches(&s) ? s.tagged : schema(&s, s.root, "");
-    if (x && rep) {
+    const int tagged = tagged_branches(&s);
+    struct gx *x = tagged ? s.tagged : schema(&s, s.root, "");
+    if (x && num && !tagged)
+        gb_fail(b, STATUS_INVALID_ARGUMENT, "json schema: /" GRAMMAR_SCHEMA_REPEAT "/numbered needs a root anyOf whose "
+                "branches hold " GRAMMAR_SCHEMA_PREFIX), x = NULL;
+    if (x && num) { /* V_F C (O V_F+1 C (...)?)? E */
+        struct gx *tail = gx_empty(b);
+        for (int k = s.num_count - 1; k >= 1; k--)
+            tail = gx_alt2(b, gx_empty(b), gx_seq3(b, gx_str(b, open->valuestring), s.tagged_n[k],
+                                                   gx_seq2(b, gx_str(b, close->valuestring), tail)));
+        x = gx_seq3(b, x, gx_seq2(b, gx_str(b, close->valuestring), tail), gx_str(b, end->valuestring));
+    } else if (x && rep) {
         const int v = gb_rule_new(b, "value");
         if (v >= 0) b->rules[v].expr = x;
         struct gx *c = gx_str(b, close->valuestring);

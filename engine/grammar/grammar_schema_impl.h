@@ -21,6 +21,9 @@ struct sb {
     int            depth;
     int            r_value, r_string, r_char, r_int, r_number, r_object, r_array;
     struct gx     *tagged; /* the root's branches after their texts (tagged_branches) */
+    int            num_first, num_count; /* x-shardlm-repeat's "numbered": the copies of the tagged
+                                            branches, their texts' %d first .. first + count - 1 */
+    struct gx     *tagged_n[16]; /* (num_count) the copies; tagged is the first */
     char           escape[17]; /* x-shardlm-escape: ASCII that free strings write as \u00XX only */
 };
 

@@ -11,7 +11,9 @@ sdist that `make test` fetches into .cache/llama.cpp; SKIP without it):
   is complete under the required schema and, after <|tool_calls_section_begin|>, the lazy one; a
   call after an earlier call and its result (INDEX 1 in the rendering) is complete under INDEX 1
   and not under 0; mutations are not (an undeclared function, a required key missing, a call not
-  closed, the section not ended, two calls).
+  closed, the section not ended, two calls in one-call mode); under parallel_tool_calls the template's
+  renderings of several calls are complete (each numbered one more, required and lazy), the same
+  index twice or a count from the wrong start is not.
 - Serving (SmolLM2's GGUF behind the template, SKIP without it): the template read as kimi; a
   required call parses and validates (jsonschema); the streamed call equals the unary one; a
   history with calls is a 400 naming list.append (the template appends to a namespace's list, which
@@ -98,10 +100,10 @@ def round_trip(a, work):
 def grammar_oracle(a, work):
     t = env(True)
 
-    def schema(index, lazy=0, only=""):
-        out = subprocess.run([a.tool_stream, "--deepseek-schema", json.dumps(DECLARED), only, "1", "0", str(lazy), "1",
-                              str(index)], capture_output=True, text=True, timeout=60)
-        f = work / f"kimi-{index}-{lazy}-{only}.json"
+    def schema(index, lazy=0, only="", parallel=0):
+        out = subprocess.run([a.tool_stream, "--deepseek-schema", json.dumps(DECLARED), only, str(parallel), "0",
+                              str(lazy), "1", str(index)], capture_output=True, text=True, timeout=60)
+        f = work / f"kimi-{index}-{lazy}-{only}-{parallel}.json"
         f.write_text(out.stdout)
         return f
 
@@ -132,6 +134,18 @@ def grammar_oracle(a, work):
            "two calls": render(t, [], CALLS[3])[after:]}
     got = decide(schema(0), list(bad.values()))
     check(all(g != "complete" for g in got), f"Kimi: mutated replies are not complete: {dict(zip(bad, got))}")
+    # Parallel calls: each numbered one more than the one before it (the template's counter), as
+    # the template renders them; the same index twice, or a count that starts wrong, is not.
+    many = [calls for calls in CALLS if len(calls) > 1]
+    texts = [render(t, [], calls)[after:] for calls in many]
+    got = decide(schema(0, parallel=1), texts) + decide(schema(0, lazy=1, parallel=1), [CALL + x for x in texts])
+    check(len(many) >= 1 and got == ["complete"] * (2 * len(many)), f"Kimi: the template's {len(many)} renderings of "
+          f"parallel calls are complete under the parallel schema, required and lazy: {got}")
+    two = texts[0]
+    same = two.replace(":1" + "<|tool_call_argument_begin|>", ":0" + "<|tool_call_argument_begin|>", 1)
+    got = decide(schema(0, parallel=1), [same]) + decide(schema(1, parallel=1), [two])
+    check(same != two and got == ["reject", "reject"], f"Kimi: parallel calls numbered 0, 0, or from 0 where the "
+          f"conversation's next is 1, are not complete: {got}")
 
 
 def serve(a):
@@ -162,13 +176,27 @@ def serve(a):
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="none", timeout=120)
         mid = c.models.list().data[0].id
         r = c.chat.completions.create(model=mid, messages=ask, tools=[WEATHER], tool_choice="required",
+                                      parallel_tool_calls=False,
                                       max_tokens=120, temperature=0)
         tc = valid(r.choices[0], "a required call")
         stream = c.chat.completions.create(model=mid, messages=ask, tools=[WEATHER], tool_choice="required",
+                                           parallel_tool_calls=False,
                                            max_tokens=120, temperature=0, stream=True)
         got = TC.streamed_calls(stream)
         check(got == [(x.function.name, x.function.arguments) for x in tc],
               f"the streamed call equals the unary one: {got}")
+        # Parallel calls (each numbered one more by the grammar): every whole call validates
+        # (SmolLM2 may repeat calls up to max_tokens: the whole ones are kept).
+        r = c.chat.completions.create(model=mid, messages=ask, tools=[WEATHER], tool_choice="required",
+                                      max_tokens=120, temperature=0)
+        ch, ok = r.choices[0], r.choices[0].finish_reason in ("tool_calls", "length")
+        for x in ch.message.tool_calls or []:
+            try:
+                jsonschema.validate(json.loads(x.function.arguments), params[x.function.name])
+            except Exception:  # noqa: BLE001 - any failure is the check's
+                ok = False
+        check(ok and len(ch.message.tool_calls or []) >= 1, f"parallel calls: {ch.finish_reason}, "
+              f"{[(x.function.name, x.function.arguments) for x in ch.message.tool_calls or []]}")
         # This template appends to a list for a history with calls; shardlm's Jinja, like
         # transformers' immutable sandbox, refuses that: a 400 naming it.
         if tc:
@@ -185,11 +213,13 @@ def serve(a):
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="none", timeout=120)
         mid = c.models.list().data[0].id
         r = c.chat.completions.create(model=mid, messages=ask, tools=[WEATHER], tool_choice="required",
+                                      parallel_tool_calls=False,
                                       max_tokens=120, temperature=0)
         tc = valid(r.choices[0], "moonshotai-Kimi-K2.jinja: a required call")
         if tc:
             history = history_of(r, tc)
             r2 = c.chat.completions.create(model=mid, messages=history, tools=[WEATHER], tool_choice="required",
+                                           parallel_tool_calls=False,
                                            max_tokens=120, temperature=0)
             valid(r2.choices[0], "moonshotai-Kimi-K2.jinja: a required call after a call and its result")
             msgs = json.loads(json.dumps(history))
