@@ -147,6 +147,11 @@ static const struct xml_shape QWEN = {
     "\"<tool_call>\"", "\"\\n\"? \"<tool_call>\"", "", "\"\\n<function=\" ", "\">\\n\"", "\"<parameter=\" ", " \">\\n\" ",
     "\"\\n</parameter>\\n\"", "</parameter>", "\"</function>\\n</tool_call>\"", "\"\\n\"? \"\\n\"?", 0, 1, 0, ">", "><\n",
     "Qwen3-Coder's <function=...> / <parameter=...> tags"};
+/* Seed-OSS: Qwen's tags in <seed:tool_call>, a value as it is between its tags */
+static const struct xml_shape SEED = {
+    "\"<seed:tool_call>\"", "\"\\n\"? \"<seed:tool_call>\"", "", "\"\\n<function=\" ", "\">\\n\"", "\"<parameter=\" ", " \">\" ",
+    "\"</parameter>\\n\"", "</parameter>", "\"</function>\\n</seed:tool_call>\"", "\"\\n\"? \"\\n\"?", 0, 1, 0, ">", "><\n",
+    "Seed-OSS's <function=...> / <parameter=...> tags"};
 /* MiniMax-M2: one block of <invoke>s, its values raw (strings) or JSON, as GLM's */
 static const struct xml_shape MINIMAX = {
     "\"<minimax:tool_call>\"", "", " \"\\n\"? \"</minimax:tool_call>\"", "\"\\n\"? \"<invoke name=\\\"\" ", "\"\\\">\\n\"",
@@ -228,7 +233,7 @@ static void put_call(struct gbnf *g, const struct xml_shape *x, const cJSON *fn,
 static const struct xml_shape *shape_of(int f)
 {
     return f == TOOL_FORMAT_QWEN_XML ? &QWEN : f == TOOL_FORMAT_MINIMAX ? &MINIMAX : f == TOOL_FORMAT_DSML ? &DSML
-         : f == TOOL_FORMAT_DSML_V4 ? &DSML_V4 : f == TOOL_FORMAT_GEMMA4 ? &GEMMA4 : &GLM;
+         : f == TOOL_FORMAT_DSML_V4 ? &DSML_V4 : f == TOOL_FORMAT_GEMMA4 ? &GEMMA4 : f == TOOL_FORMAT_SEED_OSS ? &SEED : &GLM;
 }
 
 const char *http_tools_xml_label(int f) { return shape_of(f)->label; }

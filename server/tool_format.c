@@ -36,6 +36,7 @@ enum tool_format tool_format_detect(const char *src)
     if (strstr(src, "'" TOOL_GEMMA4_CALL "call:'")) return TOOL_FORMAT_GEMMA4; /* (llama.cpp's test) */
     if (strstr(src, "<TOOLCALL>") && strstr(src, "</TOOLCALL>")) return TOOL_FORMAT_NEMOTRON;
     if (strstr(src, "<arg_key>")) return TOOL_FORMAT_GLM; /* before Hermes: GLM's calls open with <tool_call> too */
+    if (strstr(src, TOOL_SEED_CALL) && strstr(src, "<function=")) return TOOL_FORMAT_SEED_OSS;
     /* Qwen3-Coder, Qwen3.5 (llama.cpp's test: the tags, less a template without the newlines
      * between them) */
     if (strstr(src, "<tool_call>") && strstr(src, "<function=") && strstr(src, "<parameter=") &&
@@ -59,7 +60,7 @@ enum tool_reasoning tool_format_detect_reasoning(const char *src)
     if (strstr(src, "<think>")) return TOOL_REASONING_THINK;
     /* (Gemma 4's template writes its opening marker's newline as the escape \n) */
     if (strstr(src, "<|channel>thought") && strstr(src, "<channel|>")) return TOOL_REASONING_GEMMA4;
-    for (int r = TOOL_REASONING_MISTRAL; r <= TOOL_REASONING_R7B; r++)
+    for (int r = TOOL_REASONING_MISTRAL; r <= TOOL_REASONING_SEED; r++)
         if (r != TOOL_REASONING_HARMONY && r != TOOL_REASONING_GEMMA4 &&
             strstr(src, tool_reasoning_open((enum tool_reasoning)r)) && strstr(src, tool_reasoning_close((enum tool_reasoning)r)))
             return (enum tool_reasoning)r;
@@ -74,7 +75,7 @@ const char *tool_reasoning_close(enum tool_reasoning r) { return engine_reasonin
 const char *tool_format_name(enum tool_format f)
 {
     static const char *const names[] = {"generic", "hermes", "mistral", "llama3", "phi4", "harmony", "glm", "deepseek", "granite", "kimi",
-                                         "command-r7b", "qwen3-coder", "minimax-m2", "nemotron", "deepseek-v3.2", "deepseek-v4", "gemma4", "functionary"};
+                                         "command-r7b", "qwen3-coder", "minimax-m2", "nemotron", "deepseek-v3.2", "deepseek-v4", "gemma4", "functionary", "seed-oss"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "?";
 }
 
@@ -115,6 +116,7 @@ const char *tool_format_call_marker(enum tool_format f)
     case TOOL_FORMAT_DSML_V4: return TOOL_DSML_V4_CALLS;
     case TOOL_FORMAT_GEMMA4: return TOOL_GEMMA4_CALL;
     case TOOL_FORMAT_FUNCTIONARY: return TOOL_FUNCTIONARY_CALL;
+    case TOOL_FORMAT_SEED_OSS: return TOOL_SEED_CALL;
     default: return NULL;
     }
 }

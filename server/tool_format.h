@@ -102,6 +102,8 @@ enum tool_format {
                              template's notation (strings between <|"|> marks, keys bare) */
     TOOL_FORMAT_FUNCTIONARY, /* functionary v3.1 (Llama 3.1): <function=NAME>{...}</function>, each call seen
                                 whole once closed; constrained by a JSON Schema with its tags */
+    TOOL_FORMAT_SEED_OSS, /* ByteDance Seed-OSS: <seed:tool_call>\n<function=NAME>\n<parameter=K>V</parameter>\n...
+                             </function>\n</seed:tool_call>: QWEN_XML's tags, its values as written */
 };
 
 /* Whether f's calls are XML-like, their values written raw (GLM, QWEN_XML, MINIMAX, DSML,
@@ -111,7 +113,7 @@ enum tool_format {
 static inline int tool_format_is_xml(enum tool_format f)
 {
     return f == TOOL_FORMAT_GLM || f == TOOL_FORMAT_QWEN_XML || f == TOOL_FORMAT_MINIMAX || f == TOOL_FORMAT_DSML ||
-           f == TOOL_FORMAT_DSML_V4 || f == TOOL_FORMAT_GEMMA4;
+           f == TOOL_FORMAT_DSML_V4 || f == TOOL_FORMAT_GEMMA4 || f == TOOL_FORMAT_SEED_OSS;
 }
 
 /* Whether f's calls are read whole once their closing tag is (tool_stream.c B_GLM): the XML-like
@@ -153,6 +155,7 @@ enum tool_reasoning {
                                replies are read as harmony messages whatever the format argument */
     TOOL_REASONING_GEMMA4,  /* Gemma 4's thought channel, <|channel>thought\n ... <channel|> */
     TOOL_REASONING_R7B,     /* Command R7B's plan, <|START_THINKING|> ... <|END_THINKING|> */
+    TOOL_REASONING_SEED,    /* Seed-OSS: <seed:think> ... </seed:think> */
 };  /* (r - 1 is the engine's TRIGGER_MARKERS_* kind: engine.h) */
 enum tool_reasoning tool_format_detect_reasoning(const char *template_src);
 /* The opening and closing markers of kind r (not OFF). */

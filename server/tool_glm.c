@@ -230,7 +230,7 @@ int tool_glm_call(const char *s, size_t n, const char *types, size_t *name_at, s
     return !args->oom;
 }
 
-int tool_qwen_xml_call(const char *s, size_t n, const char *types, size_t *name_at, size_t *name_len,
+int tool_qwen_xml_call(const char *s, size_t n, const char *types, int trim, size_t *name_at, size_t *name_len,
                        struct tool_json_buf *args)
 {
     const char *e = s + n, *p = s;
@@ -252,8 +252,8 @@ int tool_qwen_xml_call(const char *s, size_t n, const char *types, size_t *name_
         const char *vs = ke + 1, *ve = find(vs, e, "</parameter>");
         if (!ve) return 0;
         p = ve + strlen("</parameter>");
-        if (vs < ve && *vs == '\n') vs++; /* the template's newlines around the value */
-        if (ve > vs && ve[-1] == '\n') ve--;
+        if (trim && vs < ve && *vs == '\n') vs++; /* the template's newlines around the value */
+        if (trim && ve > vs && ve[-1] == '\n') ve--;
         put_arg(args, types, ns, *name_len, ks, ke, vs, ve);
     }
     while (p < e && tool_json_is_ws((unsigned char)*p)) p++;

@@ -39,6 +39,7 @@ const char *tool_stream_open_marker(enum tool_format f)
          : f == TOOL_FORMAT_MINIMAX ? TOOL_MINIMAX_CALLS : f == TOOL_FORMAT_NEMOTRON ? "<TOOLCALL>"
          : f == TOOL_FORMAT_DSML ? TOOL_DSML_CALLS : f == TOOL_FORMAT_DSML_V4 ? TOOL_DSML_V4_CALLS
          : f == TOOL_FORMAT_GEMMA4 ? TOOL_GEMMA4_CALL : f == TOOL_FORMAT_FUNCTIONARY ? TOOL_FUNCTIONARY_CALL
+         : f == TOOL_FORMAT_SEED_OSS ? TOOL_SEED_CALL
                                  : NULL;
 }
 
@@ -54,6 +55,7 @@ const char *tool_stream_close_marker(enum tool_format f)
          : f == TOOL_FORMAT_NEMOTRON                       ? "</TOOLCALL>"
          : f == TOOL_FORMAT_GEMMA4                         ? TOOL_GEMMA4_CALL_END
          : f == TOOL_FORMAT_FUNCTIONARY                    ? TOOL_FUNCTIONARY_CALL_END
+         : f == TOOL_FORMAT_SEED_OSS                       ? TOOL_SEED_CALL_END
                                                            : NULL;
 }
 

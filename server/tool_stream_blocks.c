@@ -117,7 +117,8 @@ void tool_stream_read_glm(struct tool_stream *ts)
     ts->steps += p - b0;
     const size_t n_body = ts->bare ? p + m - b0 : p - b0;
     const int ok = tool_format_is_invoke(ts->f) ? invoke_body(ts, body, p - b0, 0, 0, &args)
-                 : ts->f == TOOL_FORMAT_QWEN_XML ? tool_qwen_xml_call(body, n_body, ts->types, &name_at, &name_len, &args)
+                 : ts->f == TOOL_FORMAT_QWEN_XML || ts->f == TOOL_FORMAT_SEED_OSS
+                     ? tool_qwen_xml_call(body, n_body, ts->types, ts->f == TOOL_FORMAT_QWEN_XML, &name_at, &name_len, &args)
                  : ts->f == TOOL_FORMAT_GEMMA4   ? tool_gemma4_call(body, p - b0, &name_at, &name_len, &args)
                  : ts->f == TOOL_FORMAT_FUNCTIONARY ? tool_functionary_call(body, p - b0, &name_at, &name_len, &args)
                                                  : tool_glm_call(body, p - b0, ts->types, &name_at, &name_len, &args);

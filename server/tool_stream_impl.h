@@ -99,10 +99,11 @@ size_t tool_stream_holdback(const char *s, size_t n, const char *marker);
  * (*name_len bytes) and its arguments as a JSON object in args (reset first), each value read
  * by types (tool_stream_arg_types; NULL: none). Returns 0 when the body is not a call
  * (tool_glm.c). tool_qwen_xml_call: the same for Qwen3-Coder's body,
- * `\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...</function>\n`. */
+ * `\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...</function>\n` (trim: the newlines around
+ * V are the template's; Seed-OSS's, without trim, writes V as it is). */
 int tool_glm_call(const char *s, size_t n, const char *types, size_t *name_at, size_t *name_len,
                   struct tool_json_buf *args);
-int tool_qwen_xml_call(const char *s, size_t n, const char *types, size_t *name_at, size_t *name_len,
+int tool_qwen_xml_call(const char *s, size_t n, const char *types, int trim, size_t *name_at, size_t *name_len,
                        struct tool_json_buf *args);
 /* Gemma 4's markers and the body of one call, `call:NAME{KEY:VALUE,...}` (tool_glm.c): its name
  * at s + *name_at and its arguments as a JSON object in args (reset first); 0 when the body is
@@ -110,6 +111,8 @@ int tool_qwen_xml_call(const char *s, size_t n, const char *types, size_t *name_
 /* functionary v3.1's tags and the body of one call, `NAME>{...}` (tool_glm.c): its name at
  * s + *name_at, its arguments (one JSON object, whitespace around it trimmed) copied into args
  * (reset first); 0 when the body is not a call. */
+#define TOOL_SEED_CALL            "<seed:tool_call>"
+#define TOOL_SEED_CALL_END        "</seed:tool_call>"
 #define TOOL_FUNCTIONARY_CALL     "<function="
 #define TOOL_FUNCTIONARY_CALL_END "</function>"
 int tool_functionary_call(const char *s, size_t n, size_t *name_at, size_t *name_len, struct tool_json_buf *args);

@@ -667,7 +667,8 @@ int main(int argc, char **argv)
                    {"--parse-kimi", TOOL_FORMAT_KIMI},       {"--parse-command-r7b", TOOL_FORMAT_COMMAND_R7B},
                    {"--parse-qwen-xml", TOOL_FORMAT_QWEN_XML}, {"--parse-minimax", TOOL_FORMAT_MINIMAX},
                    {"--parse-dsml", TOOL_FORMAT_DSML},         {"--parse-dsml-v4", TOOL_FORMAT_DSML_V4},
-                   {"--parse-gemma4", TOOL_FORMAT_GEMMA4},     {"--parse-functionary", TOOL_FORMAT_FUNCTIONARY}};
+                   {"--parse-gemma4", TOOL_FORMAT_GEMMA4},     {"--parse-functionary", TOOL_FORMAT_FUNCTIONARY},
+                   {"--parse-seed-oss", TOOL_FORMAT_SEED_OSS}};
     for (size_t i = 0; argc > 2 && i < sizeof parsers / sizeof *parsers; i++)
         if (!strcmp(argv[1], parsers[i].flag)) return parse_file(parsers[i].f, argv[2], argc > 3 ? argv[3] : NULL);
     static const struct {
@@ -675,7 +676,8 @@ int main(int argc, char **argv)
         enum tool_format f;
     } grammars[] = {{"--glm-grammar", TOOL_FORMAT_GLM},         {"--qwen-xml-grammar", TOOL_FORMAT_QWEN_XML},
                     {"--minimax-grammar", TOOL_FORMAT_MINIMAX}, {"--dsml-grammar", TOOL_FORMAT_DSML},
-                    {"--dsml-v4-grammar", TOOL_FORMAT_DSML_V4}, {"--gemma4-grammar", TOOL_FORMAT_GEMMA4}};
+                    {"--dsml-v4-grammar", TOOL_FORMAT_DSML_V4}, {"--gemma4-grammar", TOOL_FORMAT_GEMMA4},
+                    {"--seed-oss-grammar", TOOL_FORMAT_SEED_OSS}};
     for (size_t i = 0; argc > 5 && i < sizeof grammars / sizeof *grammars; i++)
         if (!strcmp(argv[1], grammars[i].flag)) return glm_grammar(grammars[i].f, argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
     if (argc > 4 && !strcmp(argv[1], "--functionary-schema")) {

@@ -226,6 +226,23 @@ void check_qwen_xml(void)
           "the Qwen3-Coder template's tags detected");
     CHECK(tool_format_detect("{% if tools %}<tool_call>{% endif %}") == TOOL_FORMAT_HERMES, "hermes still hermes");
     fprintf(stderr, "PASS qwen3-coder: %zu replies, every prefix; typed values\n", sizeof cases / sizeof *cases);
+    /* Seed-OSS: Qwen's tags in <seed:tool_call>, a value as written (its newlines its own). */
+#define S_CALL(name) "\n<seed:tool_call>\n<function=" name ">\n"
+#define S_END "</function>\n</seed:tool_call>"
+    static const struct call_case seed[] = {
+        {S_CALL("get_weather") "<parameter=city>Paris</parameter>\n" S_END, "get_weather", "{\"city\":\"Paris\"}", "", 1},
+        {"Checking." S_CALL("f") "<parameter=s>\nx\n</parameter>\n<parameter=n>42</parameter>\n" S_END, "f",
+         "{\"s\":\"\\u000ax\\u000a\",\"n\":42}", "Checking.", 1},
+        {S_CALL("a") S_END S_CALL("b") "<parameter=t>True</parameter>\n" S_END " done", "a", "{}", "done", 2},
+        {S_CALL("f") "<parameter=x>1</parameter>\n", NULL, NULL, "<seed:tool_call>\n<function=f>\n<parameter=x>1</parameter>", 0},
+        {"<tool_call>\n<function=f>\n</function>\n</tool_call>", NULL, NULL, "<tool_call>\n<function=f>\n</function>\n</tool_call>", 0},
+    };
+    check_call_cases(TOOL_FORMAT_SEED_OSS, "seed-oss", seed, sizeof seed / sizeof *seed);
+    CHECK(tool_format_detect("{%- set toolcall_begin_token = '<seed:tool_call>' -%}{% if tools %}<function={% endif %}") == TOOL_FORMAT_SEED_OSS,
+          "Seed-OSS's template detected");
+    fprintf(stderr, "PASS seed-oss: %zu replies, every prefix\n", sizeof seed / sizeof *seed);
+#undef S_CALL
+#undef S_END
 #undef Q_CALL
 #undef Q_ARG
 #undef Q_END

@@ -13,6 +13,7 @@ static const char *const MARKERS[][2] = {
     [TRIGGER_MARKERS_HARMONY] = {"<|channel|>analysis<|message|>", "<|end|>"},
     [TRIGGER_MARKERS_GEMMA4] = {"<|channel>thought\n", "<channel|>"},
     [TRIGGER_MARKERS_R7B] = {"<|START_THINKING|>", "<|END_THINKING|>"},
+    [TRIGGER_MARKERS_SEED] = {"<seed:think>", "</seed:think>"},
 };
 
 int engine_trigger_header(int flags, char out[TRIGGER_HEADER_LEN])

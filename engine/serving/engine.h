@@ -177,6 +177,7 @@ enum {
                                 message; the watch then reads what follows as the reply) */
     TRIGGER_MARKERS_GEMMA4,  /* Gemma 4: <|channel>thought\n ... <channel|> */
     TRIGGER_MARKERS_R7B,     /* Command R7B: <|START_THINKING|> ... <|END_THINKING|> */
+    TRIGGER_MARKERS_SEED,    /* Seed-OSS: <seed:think> ... </seed:think> */
 };
 /* The opening (close = 0) or closing (close = 1) marker of TRIGGER_MARKERS_* kind; NULL for a
  * kind that is none of them. The one table of them: the server's reply parser reads it too. */

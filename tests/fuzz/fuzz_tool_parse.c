@@ -13,7 +13,7 @@
  * Input: byte 0 picks the format (bits 0-2: the first eight formats; 2, mistral, is granite
  * (nemotron when the length is 1 modulo 4),
  * 7, deepseek, kimi and 6, glm, command-r7b when the input's length is even: the same lists after
- * other markers; 6 is qwen3-coder when the length is 3 modulo 4, minimax-m2 when it is 1 modulo
+ * other markers; 6 is qwen3-coder when the length is 3 modulo 4 (seed-oss when 31 modulo 32), minimax-m2 when it is 1 modulo
  * 8, gemma4 when it is 13 modulo 16; 4, phi4, is functionary when the length is 2 modulo 4; 7 is deepseek-v3.2 (DSML) when the length is 3 modulo 8,
  * deepseek-v4 when it is 7 modulo 8;
  * the XML-like formats read with
@@ -116,7 +116,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (f == TOOL_FORMAT_MISTRAL && size % 4 == 1) f = TOOL_FORMAT_NEMOTRON;
     if (f == TOOL_FORMAT_DEEPSEEK && size % 2 == 0) f = TOOL_FORMAT_KIMI;   /* (likewise: deepseek) */
     if (f == TOOL_FORMAT_GLM && size % 2 == 0) f = TOOL_FORMAT_COMMAND_R7B; /* (likewise: glm) */
-    if (f == TOOL_FORMAT_GLM && size % 4 == 3) f = TOOL_FORMAT_QWEN_XML;
+    if (f == TOOL_FORMAT_GLM && size % 4 == 3) f = size % 32 == 31 ? TOOL_FORMAT_SEED_OSS : TOOL_FORMAT_QWEN_XML;
     if (f == TOOL_FORMAT_GLM && size % 8 == 1) f = TOOL_FORMAT_MINIMAX;
     if (f == TOOL_FORMAT_GLM && size % 16 == 13) f = TOOL_FORMAT_GEMMA4;
     if (f == TOOL_FORMAT_PHI4 && size % 4 == 2) f = TOOL_FORMAT_FUNCTIONARY;

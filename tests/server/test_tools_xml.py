@@ -66,6 +66,7 @@ TEMPLATES = HERE.parent / "data" / "chat_templates"
 CODER, QWEN35, MINIMAX = (TEMPLATES / "Qwen3-Coder.jinja", TEMPLATES / "Qwen3.5-4B.jinja",
                           TEMPLATES / "MiniMax-M2.jinja")
 DS32, DS4 = TEMPLATES / "deepseek-ai-DeepSeek-V3.2.jinja", TEMPLATES / "deepseek-ai-DeepSeek-V4.jinja"
+SEED = TEMPLATES / "ByteDance-Seed-OSS.jinja"
 DSML = "\uff5cDSML\uff5c"
 DS_TURN = ("<\uff5cAssistant\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>")
 # Per template: the parser's and the grammar's flags, its assistant turn's start and end, the marker
@@ -74,7 +75,8 @@ FORMATS = {CODER: ("qwen-xml", "<|im_start|>assistant\n", "<|im_end|>", "<tool_c
            QWEN35: ("qwen-xml", "<|im_start|>assistant\n", "<|im_end|>", "<tool_call>", "</tool_call>"),
            MINIMAX: ("minimax", "]~b]ai\n", "[e~[", "<minimax:tool_call>", "</minimax:tool_call>"),
            DS32: ("dsml", *DS_TURN, f"<{DSML}function_calls>", f"</{DSML}function_calls>"),
-           DS4: ("dsml-v4", *DS_TURN, f"<{DSML}tool_calls>", f"</{DSML}tool_calls>")}
+           DS4: ("dsml-v4", *DS_TURN, f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"),
+           SEED: ("seed-oss", "<seed:bos>assistant", "<seed:eos>", "<seed:tool_call>", "</seed:tool_call>")}
 
 
 def rendered_reply(template, calls):
@@ -105,6 +107,33 @@ def round_trip(template, tool_stream, work):
     want = {"y": "42"} if template in (DS32, DS4) or FORMATS[template][0] == "gemma4" else {"y": 42}
     check(rc == 0 and untyped and untyped[0] and json.loads(untyped[0][0][1]) == want,
           f"{template.name}: without the declared types, \"42\" reads as {want}: {untyped}")
+
+
+def seed_checks(tool_stream, test_grammar, work):
+    """Seed-OSS writes a value through Jinja's `string` (a list or mapping as Python's repr, not
+    JSON, so those do not come back as written): its renderings of the calls with scalar values
+    parse back (declared types) and complete the grammar, required and lazily; mutations do not."""
+    scalar = [c for c in CALLS if all(not isinstance(v, (list, dict)) for x in c for v in x["arguments"].values())]
+    replies = [rendered_reply(SEED, c) for c in scalar]
+    rc, got = TC.parse_back(tool_stream, "--parse-seed-oss", work / "seed_replies.txt", replies, DECLARED)
+    check(rc == 0 and len(got) == len(scalar) and all(TC.same_calls(c, b) for c, b in zip(scalar, got)),
+          f"Seed-OSS: {len(scalar)} renderings of calls parsed back: {got}")
+
+    def grammar(parallel, lazy):
+        out = TC.subprocess.run([tool_stream, "--seed-oss-grammar", json.dumps(DECLARED), "", str(parallel), str(lazy)],
+                                capture_output=True, text=True, timeout=60)
+        path = work / f"seed-{parallel}-{lazy}.gbnf"
+        path.write_text(out.stdout)
+        return path
+    got = TC.decide(test_grammar, "ebnf", grammar(1, 0), replies)
+    got += TC.decide(test_grammar, "ebnf", grammar(1, 1), [r[r.index("<seed:tool_call>") + 16:] for r in replies])
+    check(got == ["complete"] * (2 * len(replies)), f"Seed-OSS: the grammar completes them, required and lazily: {got}")
+    bad = [rendered_reply(SEED, [{"name": "get_wether", "arguments": {"city": "Paris"}}]),
+           rendered_reply(SEED, [{"name": "get_weather", "arguments": {"unit": "celsius"}}]),
+           replies[0][:replies[0].rindex("</seed:tool_call>")]]
+    got = TC.decide(test_grammar, "ebnf", grammar(1, 0), bad)
+    check(all(g != "complete" for g in got), f"Seed-OSS: an undeclared function, a required key missing, a call not "
+          f"closed are not complete: {got}")
 
 
 def grammar_oracle(template, tool_stream, test_grammar, work):
@@ -154,7 +183,7 @@ ASK = [{"role": "user", "content": "Add one and twenty, please."}]
 # Per served template: a key its format cannot write back, and what the 400s name (the key's format,
 # strict's format).
 REFUSALS = {CODER: ("a>b", "qwen3-coder", "Qwen3-Coder"), QWEN35: ("a>b", "qwen3-coder", "Qwen3-Coder"),
-            DS32: ('say "x"', "deepseek-v3.2", "DSML")}
+            DS32: ('say "x"', "deepseek-v3.2", "DSML"), SEED: ("a>b", "seed-oss", "Seed-OSS")}
 
 
 def served(srv, oa, mid, template, label, thinking):
@@ -279,12 +308,13 @@ def main():
         for template in (CODER, QWEN35, MINIMAX, DS32, DS4):
             round_trip(template, a.tool_stream, work)
             grammar_oracle(template, a.tool_stream, a.test_grammar, work)
+        seed_checks(a.tool_stream, a.test_grammar, work)
         if not os.path.exists(a.gguf):
             print(f"SKIP: served: no SmolLM2 GGUF at {a.gguf} (tools/fetch_smollm2.sh)")
             return check.summary()
         mid = Path(a.gguf).name
         for template, label, thinking in ((CODER, "Qwen3-Coder", False), (QWEN35, "Qwen3.5", True),
-                                          (DS32, "DeepSeek-V3.2", False)):
+                                          (DS32, "DeepSeek-V3.2", False), (SEED, "Seed-OSS", False)):
             fmt = REFUSALS[template][1]
             with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(template), "--no-prefix-caching",
                            name=f"tools-{label}", http=True) as srv:
