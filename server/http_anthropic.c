@@ -226,6 +226,9 @@ static enum status add_thinking(const cJSON *th, const cJSON *max_tokens, const 
     if (caps && caps->reasoning == TOOL_REASONING_HARMONY && !strcmp(t, "disabled"))
         return status_errorf(STATUS_UNSUPPORTED, "'thinking' disabled is not honoured: GPT-OSS's template cannot turn "
                              "its reasoning off");
+    if (caps && caps->reasoning && caps->jinja && !caps->thinking_switch && !strcmp(t, "disabled"))
+        return status_errorf(STATUS_UNSUPPORTED, "'thinking' disabled is not honoured: the served chat template does "
+                             "not read enable_thinking, so its reasoning cannot be turned off");
     if (!caps || !caps->reasoning || !caps->jinja) {
         if (!strcmp(t, "disabled")) return STATUS_OK; /* nothing to turn off */
         return status_errorf(STATUS_UNSUPPORTED, "'thinking': the served model's chat template has no reasoning "

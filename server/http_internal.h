@@ -62,12 +62,15 @@ struct http_chat_caps {
     int kimi_counter;  /* Kimi-K2's call indexes count across the conversation (served_model.kimi_counter) */
     int response_format; /* the template reads `response_format` (DeepSeek V4's): a request's JSON Schema
                             constraint (response_format, structured_outputs, gRPC's) is given to it */
+    int thinking_switch; /* the template reads `enable_thinking` (Qwen 3's): the reasoning can be turned
+                            on and off (Anthropic's thinking, the Responses API's effort none) */
 };
 /* The caps of served model m. */
 static inline struct http_chat_caps http_model_caps(const struct served_model *m)
 {
     return (struct http_chat_caps){m->jtmpl != NULL, m->tool_format, m->reasoning, m->reads_effort, m->tools_prompt,
-                                   m->ds_fenced, m->calls_as_text, m->kimi_counter, m->reads_response_format};
+                                   m->ds_fenced, m->calls_as_text, m->kimi_counter, m->reads_response_format,
+                                   m->reads_thinking};
 }
 
 /* A parsed OpenAI request: the engine's request plus what shapes the answer. */

@@ -516,6 +516,9 @@ static enum status add_reasoning(const cJSON *rs, const struct http_chat_caps *c
     if (caps && caps->reasoning == TOOL_REASONING_HARMONY)
         return unsupported("'reasoning.effort' none is not honoured: GPT-OSS's template cannot turn its reasoning "
                            "off (low is the least)%s", "");
+    if (caps && caps->reasoning && caps->jinja && !caps->thinking_switch)
+        return unsupported("'reasoning.effort' none is not honoured: the served chat template does not read "
+                           "enable_thinking, so its reasoning cannot be turned off%s", "");
     if (caps && caps->reasoning && caps->jinja)
         cJSON_AddFalseToObject(cJSON_AddObjectToObject(chat, "chat_template_kwargs"), "enable_thinking");
     return STATUS_OK;

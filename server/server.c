@@ -189,6 +189,7 @@ static void note_template_formats(const struct server *s, struct served_model *m
     m->kimi_counter = m->tool_format == TOOL_FORMAT_KIMI && strstr(src, "tool_call_counter") != NULL;
     m->reads_effort = strstr(src, "reasoning_effort") != NULL;
     m->reads_response_format = strstr(src, "response_format") != NULL;
+    m->reads_thinking = strstr(src, "enable_thinking") != NULL;
     const char *rf = s->opts.reasoning_format;
     if (!rf || !strcmp(rf, "auto")) m->reasoning = (int)tool_format_detect_reasoning(src);
     LOG_INFO("server", "chat template: tool calls in the %s format, reasoning %s%s%s%s", tool_format_name(m->tool_format),

@@ -263,6 +263,7 @@ struct served_model {
     char                  tmpl_name[256];
     int                   tool_format;   /* enum tool_format of jtmpl's text (GENERIC without one) */
     int                   reads_effort;  /* jtmpl's text reads reasoning_effort (GPT-OSS's template) */
+    int                   reads_thinking; /* jtmpl's text reads enable_thinking (Qwen 3's switch) */
     int                   reads_response_format; /* jtmpl's text reads response_format (DeepSeek V4's): a
                                             request's JSON Schema constraint is given to it */
     int                   ds_fenced;     /* DeepSeek's template writes R1's fenced calls (function<｜tool▁sep｜>NAME

@@ -29,10 +29,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct http_request q;
     int is_chat = data[0] & 1;
     /* Bits 1-3: the served template (bit 1: a Jinja one; bits 2-3: its tool format), bit 4:
-     * reasoning split, bit 5: the template reads reasoning_effort and response_format, bit 6:
+     * reasoning split, bit 5: the template reads reasoning_effort, response_format and
+     * enable_thinking, bit 6:
      * GPT-OSS's harmony (its tool format and reasoning). */
     struct http_chat_caps caps = {(data[0] >> 1) & 1, (data[0] >> 2) & 3, (data[0] >> 4) & 1, (data[0] >> 5) & 1, 0, 0, 0, 0,
-                                  (data[0] >> 5) & 1};
+                                  (data[0] >> 5) & 1, (data[0] >> 5) & 1};
     if (data[0] & 64) caps.tool_format = TOOL_FORMAT_HARMONY, caps.reasoning = TOOL_REASONING_HARMONY;
     /* Bit 7: GLM-4.5's template (its calls held to a GBNF grammar built from the tools). */
     if (data[0] & 128) caps.jinja = 1, caps.tool_format = TOOL_FORMAT_GLM, caps.reasoning = TOOL_REASONING_THINK;
@@ -40,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
      * the tools written into the system message; R1's fenced shape when bit 5 is set too). */
     if ((data[0] & 192) == 192)
         caps = (struct http_chat_caps){1, TOOL_FORMAT_DEEPSEEK, TOOL_REASONING_THINK, 0,
-                                       data[0] & 32 ? TOOL_PROMPT_DEEPSEEK_R1 : TOOL_PROMPT_DEEPSEEK, (data[0] >> 5) & 1, 0, 0, 0};
+                                       data[0] & 32 ? TOOL_PROMPT_DEEPSEEK_R1 : TOOL_PROMPT_DEEPSEEK, (data[0] >> 5) & 1, 0, 0, 0, 0};
     /* A copy of exactly the body's bytes, so that ASan sees any read past its end. */
     char *body = malloc(size - 1 ? size - 1 : 1);
     CHECK(body, "out of memory");

@@ -36,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static const char *const adapters[] = {"tiny-lora"};
     struct http_request q;
     struct http_chat_caps caps = {data[0] & 1, (data[0] >> 1) & 3, (data[0] >> 3) & 1, (data[0] >> 4) & 1, 0, 0, 0, 0,
-                                  (data[0] >> 4) & 1};
+                                  (data[0] >> 4) & 1, (data[0] >> 4) & 1};
     if (data[0] & 32) caps.tool_format = TOOL_FORMAT_HARMONY, caps.reasoning = TOOL_REASONING_HARMONY; /* (GPT-OSS) */
     /* A copy of exactly the body's bytes, so that ASan sees any read past its end. */
     char *body = malloc(size - 1 ? size - 1 : 1);

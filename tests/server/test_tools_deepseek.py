@@ -28,6 +28,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 SKIP = 77
@@ -250,6 +252,35 @@ def serve_constrained(a):
                 calls_of(ch, f"parallel calls, sample {i}")
 
 
+
+def no_switch(a):
+    """R1-Distill's template splits <think> but reads no enable_thinking (the model always reasons):
+    turning the reasoning off through Anthropic's thinking or the Responses API's effort none would
+    not be honoured, so both are refused by name."""
+    if not a.gguf or not Path(a.gguf).exists():
+        print(f"SKIP: R1's template served: no SmolLM2 GGUF at {a.gguf} (tools/fetch_smollm2.sh)")
+        return
+    with TS.Server(a.shardlm, Path(a.gguf), "--chat-template", str(R1), name="deepseek-r1-smollm2", http=True) as srv:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="none", timeout=120)
+        model = c.models.list().data[0].id
+        try:
+            c.responses.create(model=model, input="x", max_output_tokens=4, reasoning={"effort": "none"})
+            check(False, "R1: reasoning.effort none is refused")
+        except openai.APIStatusError as e:
+            check(e.status_code == 400 and "enable_thinking" in str(e), f"R1: reasoning.effort none is a 400 naming "
+                  f"the template's missing switch ({str(e)[:120]})")
+        body = json.dumps({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+                           "thinking": {"type": "disabled"}}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{srv.http_port}/v1/messages", data=body,
+                                     headers={"content-type": "application/json", "anthropic-version": "2023-06-01"})
+        try:
+            urllib.request.urlopen(req, timeout=60)
+            check(False, "R1: Anthropic's thinking disabled is refused")
+        except urllib.error.HTTPError as e:
+            text = e.read().decode()
+            check(e.code == 400 and "thinking" in text and "enable_thinking" in text,
+                  f"R1: Anthropic's thinking disabled is a 400 naming it ({text[:140]})")
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -269,6 +300,7 @@ def main():
         grammar_oracle(R1, a.tool_stream, a.test_grammar, work, r1=True)
         serve(a, work)
         serve_constrained(a)
+        no_switch(a)
     except Exception as e:  # noqa: BLE001 - reported with the server logs
         check(False, f"{e}")
         TS.show_logs()
