@@ -551,9 +551,10 @@ static enum status constrain_around_think(struct gen_request *r, const char *tex
         if (st != STATUS_OK) return st;
     }
     if (r->think_open) {
-        if (r->params.constraint_trigger_len && (unsigned char)r->constraint[0] < 32) {
-            /* (the flags are the header's first byte's low bits: engine_trigger_header) */
-            r->constraint[0] = (char)(((unsigned char)r->constraint[0] & ~TRIGGER_MAY_REASON) | TRIGGER_IN_REASONING);
+        int flags = 0;
+        if (r->params.constraint_trigger_len &&
+            engine_trigger_read(r->constraint, r->params.constraint_trigger_len, &flags) > 0) {
+            engine_trigger_header((flags & ~TRIGGER_MAY_REASON) | TRIGGER_IN_REASONING, r->constraint); /* (same length) */
             return STATUS_OK;
         }
         if (r->params.constraint_trigger_len) return STATUS_OK; /* (a marker without flags: not ours to change) */

@@ -41,6 +41,7 @@ int engine_trigger_read(const char *src, size_t n, int *flags)
  * what follows (its schema lets the final message's header come first: server/generation.c
  * harmony_answer_schema), a marker trigger is looked for after it. */
 static const char *const HARMONY_BREAKS[2] = {"<|start|>", "<|channel|>"};
+static const int HARMONY_BREAK_LEN[2] = {sizeof "<|start|>" - 1, sizeof "<|channel|>" - 1};
 
 static int is_harmony(const struct request *r)
 {
@@ -157,7 +158,7 @@ static long lazy_byte(struct seq *s, const char *p, size_t n, enum status *st)
         const char *brk = NULL;
         for (int i = 0; i < 2 && is_harmony(r); i++) {
             s->lazy_brk[i] = trigger_next(HARMONY_BREAKS[i], s->lazy_brk[i], b);
-            if (s->lazy_brk[i] == (int)strlen(HARMONY_BREAKS[i])) brk = HARMONY_BREAKS[i];
+            if (s->lazy_brk[i] == HARMONY_BREAK_LEN[i]) brk = HARMONY_BREAKS[i];
         }
         if (s->lazy_match < r->think_len[1] && !brk) return -1;
         s->lazy_phase = LAZY_ARMED, s->lazy_match = 0;
@@ -278,7 +279,7 @@ static int closing_mask(struct seq *s, uint32_t *mask, int n_words)
         while (j < len && k < r->think_len[1] && !brk) {
             k = trigger_next(r->think[1], k, b[j]);
             for (int m = 0; m < 2 && harmony; m++)
-                if ((kb[m] = trigger_next(HARMONY_BREAKS[m], kb[m], b[j])) == (int)strlen(HARMONY_BREAKS[m]))
+                if ((kb[m] = trigger_next(HARMONY_BREAKS[m], kb[m], b[j])) == HARMONY_BREAK_LEN[m])
                     brk = HARMONY_BREAKS[m];
             j++;
         }
