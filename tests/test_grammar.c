@@ -267,6 +267,8 @@ static const char *const bad[][3] = {
     {"2", "a**", "multiple repeat"},
     {"3", "root ::= foo", "foo"},
     {"3", "root ::= root \"a\" | \"b\"", "left recursion"},
+    {"3", "root ::= a \"x\"\na ::= b \"y\" | \"z\"\nb ::= root | \"w\"", "left recursion through rule root"},
+    {"3", "root ::= n root \"x\" | \"q\"\nn ::= \"\" | \"n\"", "left recursion through rule root"},
     {"3", "root ::= \"a\" x\nx ::= x", "accepts no string"},
     {"3", "foo ::= \"a\"", "root"},
     {"3", "root ::= \"a\"\nroot ::= \"b\"", "line 2"},
@@ -561,6 +563,23 @@ static void test_work_bound(void)
     EXPECT(st == STATUS_INVALID_ARGUMENT && !g && strstr(status_message(), "too ambiguous"),
            "%s: compile gave %d '%s', not the work bound", at_start, (int)st, status_message());
     grammar_unref(g);
+    /* grammar_parse stops before that mask: the same source parses, and its first mask (computed
+     * by the matcher) meets the same bound. */
+    g = NULL;
+    st = grammar_parse(v, GRAMMAR_EBNF, at_start, strlen(at_start), &g);
+    EXPECT(st == STATUS_OK && g, "%s: grammar_parse gave %d '%s'", at_start, (int)st, status_message());
+    if (g) {
+        struct grammar_matcher *m = NULL;
+        st = grammar_matcher_new(g, &m);
+        if (st == STATUS_OK) st = grammar_matcher_fill_mask(m, mask);
+        EXPECT(st == STATUS_INVALID_ARGUMENT && strstr(status_message(), "too ambiguous"),
+               "%s: the parsed grammar's first mask gave %d '%s', not the work bound", at_start, (int)st, status_message());
+        grammar_matcher_free(m);
+        grammar_unref(g);
+    }
+    g = NULL;
+    EXPECT(grammar_parse(v, GRAMMAR_EBNF, "root ::= x", 10, &g) == STATUS_INVALID_ARGUMENT && !g && status_message()[0],
+           "grammar_parse took an undefined rule");
     const char *srcs[] = {"root ::= \"a\" ((o o o){16}){16}\no ::= [^\\x00]?\n", "root ::= \"a\" ((o o o){4}){4}\no ::= [^\\x00]?\n"};
     for (int i = 0; i < 2; i++) {
         struct grammar_matcher *m = NULL;

@@ -147,6 +147,12 @@ EXTRA = {
                            b'{"version":2,"ports":[1]}', b'{"version":2,"ratio":-1}', b'{"version":2,"labels":{"a":"b","c":"d"}}'],
     "open.schema.json": [b'{"a":"x","zz":[1,{"k":null}]}', b'{"a":"x","b":[1,2],"c":true}'],
     "order.schema.json": [b'{"id":"123e4567-e89b-12d3-a456-426614174000","status":"shipped","items":[{"sku":"ABC-1234","qty":2}]}'],
+    # Integer ranges of many digits (grammar_ir.c same_len: 2^digits expressions until 2026-12-02).
+    "wide_ints.schema.json": [b'{"full":999999999999999,"wide":1000878107878107,"signed":-123456789}',
+                              b'{"full":0,"wide":70,"signed":987654321}', b'{"full":1000000000000000,"wide":70,"signed":0}',
+                              b'{"full":5,"wide":1000878107878108,"signed":0}', b'{"full":5,"wide":69,"signed":0}',
+                              b'{"full":5,"wide":999999999999999,"signed":-123456790}', b'{"full":5,"wide":1000878107878099,"signed":987654322}',
+                              b'{"full":5,"wide":1000778107878107,"signed":-99999999}', b'{"full":05,"wide":70,"signed":0}'],
     "price.regex": [b"Apple 12.50", b"Apple 1234", b"apple 1"],
     "arith.gbnf": [b"1+2*(3-4)", b"1+", b"(1"],
 }

@@ -162,8 +162,8 @@ enum status choice_build(struct gbuild *b, const char *src, size_t n, int *root)
 }
 
 /* ---- compile ---- */
-enum status grammar_compile(const struct grammar_vocab *v, enum grammar_kind kind, const char *src, size_t n,
-                            struct grammar **out)
+enum status grammar_parse(const struct grammar_vocab *v, enum grammar_kind kind, const char *src, size_t n,
+                          struct grammar **out)
 {
     *out = NULL;
     struct gbuild b;
@@ -200,6 +200,17 @@ enum status grammar_compile(const struct grammar_vocab *v, enum grammar_kind kin
     g->refs = 1;
     g->vocab = v;
     pthread_mutex_init(&g->lock, NULL);
+    *out = g;
+    return STATUS_OK;
+}
+
+enum status grammar_compile(const struct grammar_vocab *v, enum grammar_kind kind, const char *src, size_t n,
+                            struct grammar **out)
+{
+    struct grammar *g;
+    enum status s = grammar_parse(v, kind, src, n, &g);
+    *out = NULL;
+    if (s) return s;
     /* The first step's mask, here on the compiling (submitting) thread: its entries stay cached
      * for every sequence, and a grammar too ambiguous to follow from its start is refused now,
      * before admission, instead of costing a decode step its work bound (about 0.2-0.3 s on a

@@ -85,6 +85,13 @@ int grammar_vocab_mask_words(const struct grammar_vocab *v);
  * bounded by those limits whatever the input. */
 enum status grammar_compile(const struct grammar_vocab *v, enum grammar_kind kind, const char *src, size_t n,
                             struct grammar **out);
+/* grammar_compile's first half: src parsed, checked and flattened into *out, without the first
+ * step's mask over v (no vocabulary work, so no refusal of a grammar too ambiguous to follow
+ * from its start: its first mask is computed when a matcher needs it, within the same work
+ * bounds). Errors as grammar_compile's, but that one. For the compilers' fuzz target
+ * (tests/fuzz/fuzz_grammar_compile.c), which would otherwise spend its time in that mask. */
+enum status grammar_parse(const struct grammar_vocab *v, enum grammar_kind kind, const char *src, size_t n,
+                          struct grammar **out);
 /* The vocabulary g was compiled for (borrowed). */
 const struct grammar_vocab *grammar_vocab_of(const struct grammar *g);
 /* Reference counting (atomic); the last unref frees. Both accept NULL. */

@@ -50,7 +50,7 @@ static void run(struct grammar *g, const uint8_t *data, size_t size)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct grammar *g;
-    if (!fuzz_grammar_compile_input(vocab, data, size, &g)) return 0;
+    if (!fuzz_grammar_compile_input(vocab, data, size, 0, &g)) return 0;
     run(g, data + 1, size - 1);
     grammar_unref(g);
     return 0;

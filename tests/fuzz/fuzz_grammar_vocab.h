@@ -39,16 +39,19 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-/* The input's grammar (byte 0 the kind, mod 5; the rest the source), compiled into *g; 0 when
- * it does not compile (then the error must come with a message, else abort) or the input is
- * out of bounds. */
+/* The input's grammar (byte 0 the kind, mod 5; the rest the source), compiled into *g
+ * (grammar_compile; only parsed when parse_only: grammar_parse); 0 when it does not compile
+ * (then the error must come with a message, else abort) or the input is out of bounds. */
 static inline int fuzz_grammar_compile_input(const struct grammar_vocab *v, const uint8_t *data, size_t size,
-                                             struct grammar **g)
+                                             int parse_only, struct grammar **g)
 {
     *g = NULL;
     if (size < 1 || size > 4096) return 0;
     enum grammar_kind kind = (enum grammar_kind)(data[0] % 5);
-    if (fuzz_report(grammar_compile(v, kind, (const char *)data + 1, size - 1, g)) == STATUS_OK) return 1;
+    const char *src = (const char *)data + 1;
+    if (fuzz_report(parse_only ? grammar_parse(v, kind, src, size - 1, g) : grammar_compile(v, kind, src, size - 1, g)) ==
+        STATUS_OK)
+        return 1;
     if (!status_message()[0]) {
         fprintf(stderr, "grammar_compile failed without a message\n");
         abort();
