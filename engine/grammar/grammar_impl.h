@@ -12,9 +12,17 @@
 
 #include "grammar.h"
 
-/* Limits that bound compile work and memory whatever the input (docs/grammar.md). */
+/* Limits that bound compile work and memory whatever the input (docs/grammar.md). In the
+ * libFuzzer build (OSS-Fuzz's FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, engine/CMakeLists.txt)
+ * the sizes are a tenth as large, the code the same: an input at the limit (100,000 rules)
+ * cost 0.2 s, and the 1 % of the corpus near it took 83 % of the campaign's time. */
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+#define GRAMMAR_MAX_NODES    40000
+#define GRAMMAR_MAX_ELEMENTS 100000
+#else
 #define GRAMMAR_MAX_NODES    400000  /* expression nodes per compile */
 #define GRAMMAR_MAX_ELEMENTS 1000000 /* flat elements */
+#endif
 #define GRAMMAR_MAX_REPEAT   10000   /* m, n of {m,n}; minLength... */
 #define GRAMMAR_MAX_DEPTH    200     /* nesting of groups, schemas */
 
