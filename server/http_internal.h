@@ -130,7 +130,9 @@ char *http_tools_deepseek_schema(const struct cJSON *tools, const char *only, in
  * one or more), for tests/test_tool_stream.c. */
 char *http_tools_functionary_schema(const struct cJSON *tools, const char *only, int parallel);
 /* The GBNF grammar (malloc'd) of the XML-like calls (http_tools_glm.c) of tool_format f
- * (tool_format_is_xml) of tools. */
+ * (tool_format_is_xml) of tools: the whole reply (lazy 0), what follows the block's marker
+ * (lazy 1), or (lazy 2, Qwen3-Coder's under auto: engine.h TRIGGER_READS_MARKER) a block from its
+ * marker on or a bare <function=...> call. */
 char *http_tools_glm_grammar(int f, const struct cJSON *tools, const char *only, int parallel, int lazy);
 /* The first declared key of params (a function's parameters schema) that the XML-like format f
  * cannot write so that its parser reads it back (Qwen3-Coder's `<parameter=K>` ends at '>',

@@ -355,14 +355,18 @@ static enum status native_tools(const cJSON *o, const cJSON *tools, const char *
     } else if (st == STATUS_OK) {
         /* The trigger (engine.h TRIGGER_*): a reasoning template's is armed after </think> (a
          * marker inside the reasoning does not trigger; gen_prompt says when the prompt opened
-         * it); Llama 3's call has no marker but is the whole reply: the reply's first `{`. */
+         * it); Llama 3's call has no marker but is the whole reply: the reply's first `{`.
+         * Qwen3-Coder's calls open with <tool_call> or, bare, with <function=: two markers, the
+         * grammar reads the one that came. */
         char trigger[REQUEST_MAX_TRIGGER_BYTES + 1];
+        const int qwen = f == TOOL_FORMAT_QWEN_XML;
         int flags = (caps->reasoning ? TRIGGER_MAY_REASON | (caps->reasoning - 1) << TRIGGER_MARKERS_SHIFT : 0) |
-                    (f == TOOL_FORMAT_LLAMA3 ? TRIGGER_ANCHORED : 0);
+                    (f == TOOL_FORMAT_LLAMA3 ? TRIGGER_ANCHORED : 0) | (qwen ? TRIGGER_READS_MARKER : 0);
         const int head = engine_trigger_header(flags, trigger);
-        snprintf(trigger + head, sizeof trigger - (size_t)head, "%s", f == TOOL_FORMAT_LLAMA3 ? "{" : tool_format_call_marker(f));
+        snprintf(trigger + head, sizeof trigger - (size_t)head, "%s%s", f == TOOL_FORMAT_LLAMA3 ? "{" : tool_format_call_marker(f),
+                 qwen ? TRIGGER_MARKER_SEP_STR "<function=" : "");
         if (tool_format_is_xml(f))
-            st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(f, tools, only, parallel, 1), trigger);
+            st = set_constraint(q, CONSTRAINT_GRAMMAR, http_tools_glm_grammar(f, tools, only, parallel, qwen ? 2 : 1), trigger);
         else st = set_schema(q, native_schema(f, tools, only, required, parallel, caps, index), trigger);
     }
     q->tools = 1;

@@ -390,6 +390,8 @@ char *http_tools_glm_grammar(int f, const cJSON *tools, const char *only, int pa
         put(&g, x->think ? "\"\\n\"? (\"<think>\" think0 \"</think>\")? " : "\"\\n\"? ");
         put(&g, x->before);
         put(&g, " ");
+    }
+    if (lazy != 1) {
         put(&g, x->marker);
         put(&g, " ");
     }
@@ -400,6 +402,13 @@ char *http_tools_glm_grammar(int f, const cJSON *tools, const char *only, int pa
         put(&g, " body)*");
     }
     put(&g, x->end);
+    if (lazy == 2) { /* or Qwen3-Coder's calls without <tool_call> (as llama.cpp and tool_stream.c read them) */
+        put(&g, " | bare");
+        if (parallel) put(&g, " (\"\\n\"? \"\\n\"? bare)*");
+        put(&g, "\nbare ::= \"<function=\" (");
+        put_refs(&g, tools, only);
+        put(&g, ") \"</function>\"");
+    }
     put(&g, "\nbody ::= ");
     put(&g, x->open);
     put(&g, "(");

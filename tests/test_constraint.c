@@ -32,12 +32,13 @@ static const char *const PIECES[] = {
     "<", "th", "ink>", "ink>{x}", "", "{x", "[THINK]", "[/THINK]", "nk>!",
     "<|channel|>analysis<|message|>", "<|end|>", "<|start|>", "assistant<|channel|>final<|message|>", "<|channel|>",
     "final<|message|>", "<|", "start|>", "start|>!", "start|>assistant", "<|channel>thought\n", "<channel|>",
+    "<f=", "<f",
 };
 enum { T_TOOL, T_CALL, T_GT_BRACE, T_THINK, T_INSIDE, T_UNTHINK, T_MARK, T_LT_T, T_OOL_CALL,
        T_ABC, T_UNTHI, T_NK_BRACE, T_SPACES, T_BRACE, T_HI_BRACE, T_X_CLOSE, T_MARK_ID, T_UNTHINK_ID,
        T_MARK_BANG, T_NL, T_LT, T_TH, T_INK_GT, T_INK_GT_X, T_THINK_ID, T_BRACE_X, T_MTHINK, T_MUNTHINK, T_NK_BANG,
        T_H_OPEN, T_H_END, T_H_START, T_H_AFINAL, T_H_CH, T_H_FINAL, T_H_LTBAR, T_H_START_REST, T_H_START_BANG,
-       T_H_START_A, T_G4_OPEN, T_G4_CLOSE, N_PIECES };
+       T_H_START_A, T_G4_OPEN, T_G4_CLOSE, T_F_EQ, T_LT_F, N_PIECES };
 
 static int failures;
 
@@ -45,11 +46,10 @@ static int failures;
 static void sample_init(struct request *r, struct seq *s, struct grammar *g, int flags, const char *marker)
 {
     r->grammar = g;
-    snprintf(r->trigger, sizeof r->trigger, "%s", marker);
-    r->trigger_len = (int)strlen(marker);
+    constraint_set_markers(r, marker, strlen(marker));
     r->trigger_flags = flags;
     r->p.constraint_trigger_len = (size_t)r->trigger_len + (flags ? TRIGGER_HEADER_LEN : 0);
-    r->trigger_id = T_MARK_ID;
+    r->marker_id[0] = T_MARK_ID; /* (the first marker's own token) */
     r->think_ids[0] = T_THINK_ID, r->think_ids[1] = T_UNTHINK_ID;
     for (int i = 0; i < 2; i++) {
         r->think[i] = engine_reasoning_marker(flags >> TRIGGER_MARKERS_SHIFT, i);
@@ -241,15 +241,50 @@ int main(void)
         (int[]){T_G4_OPEN, T_MARK, T_G4_CLOSE, T_MARK, T_BRACE, T_X_CLOSE}, 6, 1, 1);
     run(g, "Gemma 4 markers, in reasoning, no marker: the grammar after <channel|>", TRIGGER_IN_REASONING | gm4, "",
         (int[]){T_ABC, T_G4_CLOSE, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    /* Several markers (TRIGGER_MARKER_SEP between them): the first one completed is the trigger.
+     * Read by the grammar (TRIGGER_READS_MARKER: Qwen3-Coder's <tool_call> and bare <function=),
+     * the grammar (<tool_call>|<f=)\{x\} completes only when fed the marker that came. */
+    struct grammar *g5 = NULL, *g6 = NULL;
+    const char *two = "(<tool_call>|<f=)\\{x\\}", *either = "\\{x\\}|<f=\\{x\\}";
+    if (grammar_compile(v, GRAMMAR_REGEX, two, strlen(two), &g5) != STATUS_OK ||
+        grammar_compile(v, GRAMMAR_REGEX, either, strlen(either), &g6) != STATUS_OK) {
+        printf("FAIL: the marker test grammars do not compile: %s\n", status_message());
+        return 1;
+    }
+    const char *tc_f = "<tool_call>\x1f<f=";
+    const int rm = TRIGGER_READS_MARKER;
+    run(g5, "two markers, read: the second, after text", rm, tc_f, (int[]){T_ABC, T_F_EQ, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    run(g5, "two markers, read: the first, split across tokens", rm, tc_f,
+        (int[]){T_ABC, T_TOOL, T_CALL, T_GT_BRACE, T_X_CLOSE}, 5, 1, 1);
+    run(g5, "two markers, read: the second after a false start (<f then <f=)", rm, tc_f,
+        (int[]){T_LT_F, T_F_EQ, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    run(g5, "two markers, read: the first's own token", rm, tc_f, (int[]){T_MARK_ID, T_BRACE, T_X_CLOSE}, 3, 1, 1);
+    run(g5, "two markers, read: bytes refused after one leave it free, the next one triggers (the grammar rolled back)",
+        rm, tc_f, (int[]){T_MARK_BANG, T_F_EQ, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    run(g5, "two markers, read, after reasoning only", rm | TRIGGER_MAY_REASON, tc_f,
+        (int[]){T_THINK, T_F_EQ, T_UNTHINK, T_F_EQ, T_BRACE, T_X_CLOSE}, 6, 1, 1);
+    run(g, "two markers, not read: the grammar starts after the second", 0, tc_f,
+        (int[]){T_ABC, T_F_EQ, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    run(g6, "two markers, anchored: the reply opens with the second", TRIGGER_ANCHORED, "{\x1f<f=",
+        (int[]){T_SPACES, T_F_EQ, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    run(g6, "two markers, anchored: the reply opens with the first", TRIGGER_ANCHORED, "{\x1f<f=",
+        (int[]){T_SPACES, T_BRACE, T_X_CLOSE}, 3, 1, 1);
+    run(g6, "two markers, anchored: text first triggers nothing", TRIGGER_ANCHORED, "{\x1f<f=",
+        (int[]){T_HI_BRACE, T_F_EQ, T_BRACE, T_X_CLOSE}, 4, 0, 0);
+    run(g6, "two markers, anchored: a start of one that turns into neither", TRIGGER_ANCHORED, "{\x1f<f=",
+        (int[]){T_LT_T, T_BRACE, T_X_CLOSE}, 3, 0, 0);
+    grammar_unref(g5);
+    grammar_unref(g6);
     /* The header: every flag set and kind read back as written; old and malformed ones refused. */
     int hdr_ok = 1;
-    for (int kind = TRIGGER_MARKERS_THINK; kind <= TRIGGER_MARKERS_R7B; kind++)
-        for (int fl = 1; fl < 8; fl++) {
+    for (int kind = TRIGGER_MARKERS_THINK; kind <= TRIGGER_MARKERS_SEED; kind++)
+        for (int fl = 1; fl < 16; fl++) {
             char buf[8];
             const int flags = fl | kind << TRIGGER_MARKERS_SHIFT, h = engine_trigger_header(flags, buf);
             memcpy(buf + h, "<m>", 4);
             int back = -1;
             hdr_ok &= h == TRIGGER_HEADER_LEN && engine_trigger_read(buf, (size_t)h + 3, &back) == h && back == flags;
+            hdr_ok &= (unsigned char)buf[0] == (fl & TRIGGER_READS_MARKER ? 16 + fl : 8 + fl); /* (the old form without it) */
         }
     int none = -1;
     hdr_ok &= engine_trigger_header(0, (char[2]){0, 0}) == 0 && engine_trigger_read("<m>", 3, &none) == 0 && none == 0;

@@ -189,10 +189,18 @@ enum status conductor_compile_constraint(struct conductor *c, const struct reque
         return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: a lazy constraint's trigger header (%u, %u) names "
                              "no flags and reasoning markers", (unsigned char)src[0], trig > 1 ? (unsigned char)src[1] : 0);
     const int bare = (size_t)head == trig; /* flags and no marker */
-    if (head && ((bare && !(flags & (TRIGGER_IN_REASONING | TRIGGER_MAY_REASON))) || (bare && flags & TRIGGER_ANCHORED) ||
+    int markers = !bare, empty = 0;
+    for (size_t i = (size_t)head; i < trig; i++)
+        if (src[i] == TRIGGER_MARKER_SEP)
+            markers++, empty |= i == (size_t)head || i + 1 == trig || src[i + 1] == TRIGGER_MARKER_SEP;
+    if (markers > TRIGGER_MAX_MARKERS || empty)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: a lazy constraint's trigger holds 1 to %d markers, "
+                             "none empty, separated by byte %d; got %d%s", TRIGGER_MAX_MARKERS, TRIGGER_MARKER_SEP, markers,
+                             empty ? " with an empty one" : "");
+    if (head && ((bare && !(flags & (TRIGGER_IN_REASONING | TRIGGER_MAY_REASON))) || (bare && flags & (TRIGGER_ANCHORED | TRIGGER_READS_MARKER)) ||
                  (flags & TRIGGER_MAY_REASON && flags & TRIGGER_IN_REASONING)))
         return status_errorf(STATUS_INVALID_ARGUMENT, "constraint: a lazy constraint's trigger flags %d: a marker is "
-                             "needed unless the output starts inside reasoning or may open it (never anchored), "
+                             "needed unless the output starts inside reasoning or may open it (never anchored or read), "
                              "and inside excludes may-reason", flags);
     return grammar_cache_get(c->gcache, kinds[p->constraint_kind], src + trig, n - trig, g);
 }

@@ -45,16 +45,15 @@ int constrain(struct conductor *c, struct seq *s, float *lg)
 void conductor_lazy_setup(struct conductor *c, struct request *r, const struct request_params *p)
 {
     size_t n = p->constraint_trigger_len;
-    r->trigger_id = r->think_ids[0] = r->think_ids[1] = -1;
+    r->think_ids[0] = r->think_ids[1] = -1;
+    r->n_markers = 0;
     if (!n) return;
     int flags = 0;
     const size_t skip = (size_t)engine_trigger_read(p->constraint, n, &flags); /* (checked by
                                                                                 conductor_compile_constraint) */
     r->trigger_flags = flags;
-    memcpy(r->trigger, p->constraint + skip, n - skip);
-    r->trigger[n - skip] = 0;
-    r->trigger_len = (int)(n - skip);
-    if (r->trigger_len) r->trigger_id = tokenizer_piece_to_id(c->tok, r->trigger);
+    constraint_set_markers(r, p->constraint + skip, n - skip);
+    for (int k = 0; k < r->n_markers; k++) r->marker_id[k] = tokenizer_piece_to_id(c->tok, r->trigger + r->marker_off[k]);
     for (int i = 0; i < 2; i++) {
         r->think[i] = engine_reasoning_marker(r->trigger_flags >> TRIGGER_MARKERS_SHIFT, i);
         r->think_len[i] = (int)strlen(r->think[i]);

@@ -19,7 +19,7 @@ static const char *const MARKERS[][2] = {
 int engine_trigger_header(int flags, char out[TRIGGER_HEADER_LEN])
 {
     if (!flags) return 0;
-    out[0] = (char)(8 | (flags & 7));
+    out[0] = (char)(flags & TRIGGER_READS_MARKER ? 16 | (flags & 15) : 8 | (flags & 7));
     out[1] = (char)(1 + (flags >> TRIGGER_MARKERS_SHIFT));
     return TRIGGER_HEADER_LEN;
 }
@@ -29,9 +29,10 @@ int engine_trigger_read(const char *src, size_t n, int *flags)
     *flags = 0;
     if (!n || (unsigned char)src[0] >= 32) return 0;
     const unsigned char b0 = (unsigned char)src[0], b1 = n >= 2 ? (unsigned char)src[1] : 0;
-    if (n < TRIGGER_HEADER_LEN || b0 < 8 || b0 > 15 || b1 < 1 || b1 >= 32 || !engine_reasoning_marker(b1 - 1, 0))
+    /* (8..15: three flag bits; 24..31: four, TRIGGER_READS_MARKER set) */
+    if (n < TRIGGER_HEADER_LEN || b0 < 8 || (b0 > 15 && b0 < 24) || b1 < 1 || b1 >= 32 || !engine_reasoning_marker(b1 - 1, 0))
         return -1;
-    *flags = (b0 & 7) | (b1 - 1) << TRIGGER_MARKERS_SHIFT;
+    *flags = (b0 & (b0 >= 24 ? 15 : 7)) | (b1 - 1) << TRIGGER_MARKERS_SHIFT;
     return TRIGGER_HEADER_LEN;
 }
 
@@ -79,22 +80,32 @@ static enum status matcher_start(struct seq *s)
     return s->gm ? STATUS_OK : grammar_matcher_new(s->req->grammar, &s->gm);
 }
 
-/* The marker is complete and rest[0..n) of the output follows it: the grammar starts there
- * (leading whitespace skipped; an anchored marker is the call's start and read first). Bytes the
- * grammar cannot start with leave the sample free (the output already holds them; docs/tools.md). */
-static enum status lazy_start(struct seq *s, const char *rest, size_t n)
+/* The watch armed afresh: no byte of any marker matched. */
+static void arm(struct seq *s)
+{
+    s->lazy_phase = LAZY_ARMED, s->lazy_match = 0;
+    memset(s->lazy_mk, 0, sizeof s->lazy_mk);
+}
+
+/* Marker k is complete and rest[0..n) of the output follows it: the grammar starts there
+ * (leading whitespace skipped; an anchored marker, or any under TRIGGER_READS_MARKER, is the
+ * call's start and read first). Bytes the grammar cannot start with leave the sample free (the
+ * output already holds them; docs/tools.md). */
+static enum status lazy_start(struct seq *s, int k, const char *rest, size_t n)
 {
     const struct request *r = s->req;
-    s->lazy_match = 0, s->lazy_phase = LAZY_ARMED; /* (when it stays free, the next marker is looked for) */
+    arm(s); /* (when it stays free, the next marker is looked for) */
     while (n && is_ws(*rest)) rest++, n--;
     enum status st = matcher_start(s);
     if (st != STATUS_OK) return st;
-    int ok = 1;
-    if (r->trigger_flags & TRIGGER_ANCHORED) {
-        ok = grammar_matcher_accept_bytes(s->gm, r->trigger, (size_t)r->trigger_len) == STATUS_OK;
-        s->lazy_phase = LAZY_DEAD; /* (an anchored marker that the grammar refuses never comes again) */
+    int ok = 1, fed = 0;
+    if (r->trigger_flags & (TRIGGER_ANCHORED | TRIGGER_READS_MARKER)) {
+        ok = fed = grammar_matcher_accept_bytes(s->gm, r->trigger + r->marker_off[k], (size_t)r->marker_len[k]) == STATUS_OK;
+        if (r->trigger_flags & TRIGGER_ANCHORED)
+            s->lazy_phase = LAZY_DEAD; /* (an anchored marker that the grammar refuses never comes again) */
     }
     s->lazy_on = ok && (!n || grammar_matcher_accept_bytes(s->gm, rest, n) == STATUS_OK);
+    if (!s->lazy_on && fed && s->lazy_phase == LAZY_ARMED) grammar_matcher_rollback(s->gm, 1); /* (for the next) */
     return grammar_matcher_overflowed(s->gm) ? STATUS_INVALID_ARGUMENT : STATUS_OK; /* (its message set) */
 }
 
@@ -103,7 +114,7 @@ static enum status lazy_start(struct seq *s, const char *rest, size_t n)
  * it refuses them. */
 static enum status lazy_start_at_break(struct seq *s, const char *brk, const char *rest, size_t n)
 {
-    s->lazy_match = 0, s->lazy_phase = LAZY_ARMED;
+    arm(s);
     enum status st = matcher_start(s);
     if (st != STATUS_OK) return st;
     s->lazy_on = grammar_matcher_accept_bytes(s->gm, brk, strlen(brk)) == STATUS_OK &&
@@ -111,18 +122,24 @@ static enum status lazy_start_at_break(struct seq *s, const char *brk, const cha
     return grammar_matcher_overflowed(s->gm) ? STATUS_INVALID_ARGUMENT : STATUS_OK; /* (its message set) */
 }
 
-/* Byte b of the output, in the armed phase: whether it completes the marker. */
+/* Byte b of the output, in the armed phase: 1 + the marker it completes (the first of the
+ * trigger's, when it completes several), or 0. Anchored markers are the reply's first bytes
+ * (whitespace before them skipped): a byte that continues none of them ends the watch. */
 static int armed_byte(const struct request *r, struct seq *s, char b)
 {
-    if (!(r->trigger_flags & TRIGGER_ANCHORED)) {
-        s->lazy_match = trigger_next(r->trigger, s->lazy_match, b);
-    } else if (b == r->trigger[s->lazy_match]) {
-        s->lazy_match++;
-    } else if (s->lazy_match || !is_ws(b)) {
-        s->lazy_phase = LAZY_DEAD;
-        return 0;
+    const int anchored = r->trigger_flags & TRIGGER_ANCHORED;
+    int begun = 0, live = 0;
+    for (int k = 0; k < r->n_markers && anchored; k++) begun |= s->lazy_mk[k] != 0;
+    if (anchored && !begun && is_ws(b)) return 0;
+    for (int k = 0; k < r->n_markers; k++) {
+        const char *m = r->trigger + r->marker_off[k];
+        if (!anchored) s->lazy_mk[k] = trigger_next(m, s->lazy_mk[k], b);
+        else if (s->lazy_mk[k] >= 0) s->lazy_mk[k] = b == m[s->lazy_mk[k]] ? s->lazy_mk[k] + 1 : -1;
+        live |= s->lazy_mk[k] >= 0;
+        if (s->lazy_mk[k] == r->marker_len[k]) return k + 1;
     }
-    return s->lazy_match == r->trigger_len;
+    if (!live) s->lazy_phase = LAZY_DEAD;
+    return 0;
 }
 
 /* Feeds byte b (of bytes p[0..n), b == p[0]) to a lazy sample not yet on; returns how many of the
@@ -140,14 +157,14 @@ static long lazy_byte(struct seq *s, const char *p, size_t n, enum status *st)
         }
         /* Not reasoning: the bytes read since the whitespace are the reply's, b after them. */
         char again[32]; /* (the longest opening marker, and b) */
-        int k = s->lazy_match;
+        int k = s->lazy_match, mk;
         memcpy(again, r->think[0], (size_t)k);
         again[k] = b;
-        s->lazy_phase = LAZY_ARMED, s->lazy_match = 0;
+        arm(s);
         for (int i = 0; i <= k; i++)
-            if (s->lazy_phase == LAZY_ARMED && armed_byte(r, s, again[i])) {
+            if (s->lazy_phase == LAZY_ARMED && (mk = armed_byte(r, s, again[i]))) {
                 /* (a marker within "<thin" + b: the grammar starts with the rest of them, then p's) */
-                if ((*st = lazy_start(s, again + i + 1, (size_t)(k - i))) != STATUS_OK || !s->lazy_on) return 0;
+                if ((*st = lazy_start(s, mk - 1, again + i + 1, (size_t)(k - i))) != STATUS_OK || !s->lazy_on) return 0;
                 if (grammar_matcher_accept_bytes(s->gm, p + 1, n - 1) == STATUS_OK) return (long)n - 1;
                 if (grammar_matcher_overflowed(s->gm)) *st = STATUS_INVALID_ARGUMENT;
                 return s->lazy_on = 0, 0;
@@ -161,17 +178,19 @@ static long lazy_byte(struct seq *s, const char *p, size_t n, enum status *st)
             if (s->lazy_brk[i] == HARMONY_BREAK_LEN[i]) brk = HARMONY_BREAKS[i];
         }
         if (s->lazy_match < r->think_len[1] && !brk) return -1;
-        s->lazy_phase = LAZY_ARMED, s->lazy_match = 0;
+        arm(s);
         s->lazy_brk[0] = s->lazy_brk[1] = 0;
-        if (r->trigger_len) return -1;
+        if (r->n_markers) return -1;
         /* no marker: the grammar starts after </think>, or with harmony's break */
-        *st = brk ? lazy_start_at_break(s, brk, p + 1, n - 1) : lazy_start(s, p + 1, n - 1);
+        *st = brk ? lazy_start_at_break(s, brk, p + 1, n - 1) : lazy_start(s, 0, p + 1, n - 1);
         return (long)n - 1;
     }
-    case LAZY_ARMED:
-        if (!armed_byte(r, s, b)) return -1;
-        *st = lazy_start(s, p + 1, n - 1);
+    case LAZY_ARMED: {
+        const int mk = armed_byte(r, s, b);
+        if (!mk) return -1;
+        *st = lazy_start(s, mk - 1, p + 1, n - 1);
         return (long)n - 1;
+    }
     default:
         return -1;
     }
@@ -180,7 +199,8 @@ static long lazy_byte(struct seq *s, const char *p, size_t n, enum status *st)
 /* The bytes token tok adds to the output (the marker's and <think>'s own tokens: their text). */
 static const char *token_text(const struct request *r, int32_t tok, int *len)
 {
-    if (tok == r->trigger_id) return *len = r->trigger_len, r->trigger;
+    for (int k = 0; k < r->n_markers; k++)
+        if (tok == r->marker_id[k]) return *len = r->marker_len[k], r->trigger + r->marker_off[k];
     for (int i = 0; i < 2; i++)
         if (tok == r->think_ids[i]) return *len = r->think_len[i], r->think[i];
     return grammar_vocab_token(grammar_vocab_of(r->grammar), tok, len);
@@ -189,7 +209,7 @@ static const char *token_text(const struct request *r, int32_t tok, int *len)
 /* An opening constraint: a whole-output constraint that lets the model open <think> itself. */
 static int is_opening(const struct request *r)
 {
-    return r->trigger_len == 0 && (r->trigger_flags & TRIGGER_MAY_REASON);
+    return r->n_markers == 0 && (r->trigger_flags & TRIGGER_MAY_REASON);
 }
 
 /* Whether the bytes b[0..len) continue an output of k bytes that is a prefix of <think> and
@@ -295,12 +315,27 @@ static int closing_mask(struct seq *s, uint32_t *mask, int n_words)
     return 1;
 }
 
+void constraint_set_markers(struct request *r, const char *m, size_t n)
+{
+    n = n < REQUEST_MAX_TRIGGER_BYTES ? n : REQUEST_MAX_TRIGGER_BYTES;
+    memcpy(r->trigger, m, n);
+    r->trigger[n] = 0;
+    r->trigger_len = (int)n, r->n_markers = 0;
+    for (int at = 0; at < r->trigger_len && r->n_markers < TRIGGER_MAX_MARKERS; r->n_markers++) {
+        char *sep = memchr(r->trigger + at, TRIGGER_MARKER_SEP, (size_t)(r->trigger_len - at));
+        const int end = sep ? (int)(sep - r->trigger) : r->trigger_len;
+        r->trigger[end] = 0;
+        r->marker_off[r->n_markers] = at, r->marker_len[r->n_markers] = end - at, r->marker_id[r->n_markers] = -1;
+        at = end + 1;
+    }
+}
+
 int constraint_fill_mask(struct seq *s, uint32_t *mask)
 {
     const struct request *r = s->req;
     const int opening = opening_state(s);
     if (r->p.constraint_trigger_len && !s->lazy_on && !opening) { /* lazy, before its trigger: free */
-        if (s->lazy_phase != LAZY_REASONING || r->trigger_len || !(s->lazy_match | s->lazy_brk[0] | s->lazy_brk[1]))
+        if (s->lazy_phase != LAZY_REASONING || r->n_markers || !(s->lazy_match | s->lazy_brk[0] | s->lazy_brk[1]))
             return 0;
         return closing_mask(s, mask, grammar_vocab_mask_words(grammar_vocab_of(r->grammar)));
     }

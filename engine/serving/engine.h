@@ -165,9 +165,18 @@ enum {
     TRIGGER_ANCHORED     = 4, /* the marker must be the first bytes (whitespace skipped) of the reply
                                  after any reasoning, and is the call's first bytes: the grammar reads
                                  it (Llama 3's bare `{"name": ...}` call); otherwise never triggers */
-    TRIGGER_MARKERS_SHIFT = 3, /* bits 3 and up: the reasoning markers, TRIGGER_MARKERS_* */
+    TRIGGER_READS_MARKER = 8, /* the marker is the call's first bytes wherever it comes: the grammar
+                                 reads it, then what follows (several markers, each opening its own
+                                 kind of call: Qwen3-Coder's <tool_call> and bare <function=); bytes
+                                 the grammar refuses leave the sample free, the next marker looked for */
+    TRIGGER_MARKERS_SHIFT = 4, /* bits 4 and up: the reasoning markers, TRIGGER_MARKERS_* */
     TRIGGER_HEADER_LEN    = 2, /* the flags' bytes before a trigger's marker */
+    TRIGGER_MAX_MARKERS   = 4, /* markers of one trigger (TRIGGER_MARKER_SEP between them) */
 };
+/* Between the markers of a trigger: the first marker the output completes is the trigger (each
+ * non-empty; with TRIGGER_ANCHORED, the reply's first bytes are one of them). */
+#define TRIGGER_MARKER_SEP '\x1f'
+#define TRIGGER_MARKER_SEP_STR "\x1f"
 /* The reasoning markers of a trigger's flags (flags >> TRIGGER_MARKERS_SHIFT). */
 enum {
     TRIGGER_MARKERS_THINK,   /* <think> ... </think> */
@@ -183,8 +192,9 @@ enum {
  * kind that is none of them. The one table of them: the server's reply parser reads it too. */
 const char *engine_reasoning_marker(int kind, int close);
 /* Writes the header of a trigger's flags (TRIGGER_* and the markers' kind << TRIGGER_MARKERS_SHIFT)
- * into out: 8 + the low three bits, then 1 + the kind (no byte is NUL or 32 or more, so a marker
- * never reads as one). Returns its length: 0 for flags 0 (no header), else TRIGGER_HEADER_LEN. */
+ * into out: 8 + the low three bits (16 + the low four when TRIGGER_READS_MARKER is set), then
+ * 1 + the kind (no byte is NUL or 32 or more, so a marker never reads as one). Returns its
+ * length: 0 for flags 0 (no header), else TRIGGER_HEADER_LEN. */
 int engine_trigger_header(int flags, char out[TRIGGER_HEADER_LEN]);
 /* Reads the header of a trigger of n bytes at src into *flags (0 when there is none): returns its
  * length, or -1 when the first byte is below 32 but the header is not one of known markers. */

@@ -113,11 +113,15 @@ struct request {
     int32_t *bias_ids;            /* (p.n_logit_bias) */
     float   *bias_values;         /* (p.n_logit_bias) */
     struct grammar *grammar;      /* the compiled constraint (a reference), or NULL */
-    char     trigger[REQUEST_MAX_TRIGGER_BYTES + 1]; /* a lazy constraint's marker (engine.h
-                                     constraint_trigger_len: its flags' header, when any, not here) */
-    int      trigger_len;         /* strlen(trigger); 0 only with TRIGGER_IN_REASONING */
+    char     trigger[REQUEST_MAX_TRIGGER_BYTES + 1]; /* a lazy constraint's markers (engine.h
+                                     constraint_trigger_len: its flags' header, when any, not here),
+                                     each ended by a NUL (TRIGGER_MARKER_SEP in the request) */
+    int      trigger_len;         /* their bytes with the separators; 0 (no marker) only with
+                                     TRIGGER_IN_REASONING or TRIGGER_MAY_REASON */
     int      trigger_flags;       /* TRIGGER_* (engine.h) */
-    int32_t  trigger_id;          /* the token whose text is the whole marker, or -1 */
+    int      n_markers;           /* markers in trigger, 0 .. TRIGGER_MAX_MARKERS */
+    int      marker_off[TRIGGER_MAX_MARKERS], marker_len[TRIGGER_MAX_MARKERS]; /* marker k: trigger + marker_off[k] */
+    int32_t  marker_id[TRIGGER_MAX_MARKERS]; /* the token whose text is marker k, or -1 */
     int32_t  think_ids[2];        /* the tokens whose text is think[0], think[1], or -1 */
     const char *think[2];         /* the reasoning markers (engine_reasoning_marker of the flags) */
     int      think_len[2];        /* their lengths */
@@ -175,8 +179,10 @@ struct seq {
                                      this step verifies (conductor.c speculate) */
     int      grammar_end;         /* the constraint is complete and nothing may follow: stop */
     int      lazy_on;             /* a lazy constraint's trigger was seen: gm constrains the output */
-    int      lazy_match;          /* a lazy constraint, not yet on: bytes of the marker (or, in
-                                     reasoning, of <think> / </think>) the output ends with */
+    int      lazy_match;          /* a lazy constraint, not yet on, in reasoning: bytes of <think> /
+                                     </think> the output ends with */
+    int      lazy_mk[TRIGGER_MAX_MARKERS]; /* and once armed: bytes of each marker the output ends with
+                                     (anchored: the reply's first bytes; -1 when they are not) */
     int      lazy_phase;          /* a lazy constraint, not yet on: where the watch is (constraint.c) */
     int      lazy_brk[2];         /* in harmony's analysis: bytes of <|start|>, <|channel|> the output
                                      ends with (constraint.c HARMONY_BREAKS) */

@@ -37,6 +37,7 @@ SKIP (77) without the GGUF, openai or jinja2.
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -172,6 +173,25 @@ def grammar_oracle(template, tool_stream, test_grammar, work):
            "a call not closed": one[:one.rindex(block_end)]}
     got = decide(grammar("", 1, 0), list(bad.values()))
     check(all(g != "complete" for g in got), f"{template.name}: mutated renderings are not complete: {dict(zip(bad, got))}")
+    if FORMATS[template][0] == "qwen-xml":
+        # Under auto the grammar reads the marker that came (engine.h TRIGGER_READS_MARKER): a block
+        # from its <tool_call>, or the calls bare, <function=...>...</function> (as llama.cpp reads
+        # them), which the parser reads back as the same calls.
+        def bare(r):
+            return re.sub(r"<tool_call>\n(.*?)\n</tool_call>", r"\1", r[r.index(marker):], flags=re.S)
+        bares = [bare(r) for r in replies]
+        got = decide(grammar("", 1, 2), [r[r.index(marker):] for r in replies] + bares)
+        check(got == ["complete"] * (2 * len(replies)), f"{template.name}: the auto grammar (two markers) completes "
+              f"each rendering from its {marker} and its calls bare: {got}")
+        got = decide(grammar("", 1, 2), [bare(v) for v in bad.values() if marker in v] + [bares[0][:-3]])
+        check(all(g != "complete" for g in got), f"{template.name}: the auto grammar: mutated bare calls are not complete: {got}")
+        got = decide(grammar("", 0, 2), [bares[0], bares[3]])
+        check(got == ["complete", "reject"], f"{template.name}: the auto grammar, one call only: one bare call "
+              f"complete, three not: {got}")
+        rc, back = TC.parse_back(tool_stream, "--parse-qwen-xml", work / "bare_replies.txt", bares, DECLARED)
+        check(rc == 0 and len(back) == len(CALLS) + 1 and
+              all(TC.same_calls(c, b) for c, b in zip(CALLS, back)),
+              f"{template.name}: the bare calls parse back to the rendered ones")
     got = decide(grammar("", 0, 0), [replies[0], replies[3]]) + decide(grammar("b", 1, 0), [replies[0], replies[3]])
     check(got == ["complete", "reject", "reject", "reject"],
           f"{template.name}: one call only: one call complete, three not; named b: neither: {got}")
