@@ -16,7 +16,9 @@
  * closing marker written, a piece that would complete it with bytes the grammar refuses is masked.
  * Harmony's analysis (TRIGGER_MARKERS_HARMONY): closed by <|end|> or broken by a new message's
  * <|start|> / <|channel|>, which a marker-less grammar then reads; its mask likewise. Gemma 4's
- * markers (a kind past two bits), and the trigger's header read back. */
+ * markers (a kind past two bits), and the trigger's header read back. Triggers of two markers
+ * (TRIGGER_MARKER_SEP), read by the grammar (TRIGGER_READS_MARKER) or not, anchored or not: either
+ * one triggers, a refused start leaves the sample free with its matcher back at the start. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,13 +34,13 @@ static const char *const PIECES[] = {
     "<", "th", "ink>", "ink>{x}", "", "{x", "[THINK]", "[/THINK]", "nk>!",
     "<|channel|>analysis<|message|>", "<|end|>", "<|start|>", "assistant<|channel|>final<|message|>", "<|channel|>",
     "final<|message|>", "<|", "start|>", "start|>!", "start|>assistant", "<|channel>thought\n", "<channel|>",
-    "<f=", "<f",
+    "<f=", "<f", "{y",
 };
 enum { T_TOOL, T_CALL, T_GT_BRACE, T_THINK, T_INSIDE, T_UNTHINK, T_MARK, T_LT_T, T_OOL_CALL,
        T_ABC, T_UNTHI, T_NK_BRACE, T_SPACES, T_BRACE, T_HI_BRACE, T_X_CLOSE, T_MARK_ID, T_UNTHINK_ID,
        T_MARK_BANG, T_NL, T_LT, T_TH, T_INK_GT, T_INK_GT_X, T_THINK_ID, T_BRACE_X, T_MTHINK, T_MUNTHINK, T_NK_BANG,
        T_H_OPEN, T_H_END, T_H_START, T_H_AFINAL, T_H_CH, T_H_FINAL, T_H_LTBAR, T_H_START_REST, T_H_START_BANG,
-       T_H_START_A, T_G4_OPEN, T_G4_CLOSE, T_F_EQ, T_LT_F, N_PIECES };
+       T_H_START_A, T_G4_OPEN, T_G4_CLOSE, T_F_EQ, T_LT_F, T_BRACE_Y, N_PIECES };
 
 static int failures;
 
@@ -265,6 +267,20 @@ int main(void)
         (int[]){T_THINK, T_F_EQ, T_UNTHINK, T_F_EQ, T_BRACE, T_X_CLOSE}, 6, 1, 1);
     run(g, "two markers, not read: the grammar starts after the second", 0, tc_f,
         (int[]){T_ABC, T_F_EQ, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    /* A marker completed inside what was read as the start of <think> (<t of <think>, then {: "<t"
+     * the first marker), the grammar taking "<t{" but not the token's rest: the matcher goes back to
+     * its start, and the second marker then starts it cleanly. */
+    struct grammar *g7 = NULL;
+    const char *t_or_f = "(<t|<f=)\\{x\\}";
+    if (grammar_compile(v, GRAMMAR_REGEX, t_or_f, strlen(t_or_f), &g7) != STATUS_OK) {
+        printf("FAIL: the <t grammar does not compile: %s\n", status_message());
+        return 1;
+    }
+    run(g7, "two markers, read, may reason: one inside a false <think>, refused after it: free", rm | TRIGGER_MAY_REASON,
+        "<t\x1f<f=", (int[]){T_LT_T, T_BRACE_Y, T_ABC}, 3, 0, 0);
+    run(g7, "two markers, read, may reason: one inside a false <think>, refused after it, then the other", rm | TRIGGER_MAY_REASON,
+        "<t\x1f<f=", (int[]){T_LT_T, T_BRACE_Y, T_F_EQ, T_BRACE, T_X_CLOSE}, 5, 1, 1);
+    grammar_unref(g7);
     run(g6, "two markers, anchored: the reply opens with the second", TRIGGER_ANCHORED, "{\x1f<f=",
         (int[]){T_SPACES, T_F_EQ, T_BRACE, T_X_CLOSE}, 4, 1, 1);
     run(g6, "two markers, anchored: the reply opens with the first", TRIGGER_ANCHORED, "{\x1f<f=",

@@ -2,6 +2,7 @@
  * Tests: tests/server/test_tools_lazy.py, tests/server/test_structured.py. */
 #include "constraint.h"
 
+#include <limits.h>
 #include <string.h>
 
 #include "grammar.h"
@@ -80,6 +81,14 @@ static enum status matcher_start(struct seq *s)
     return s->gm ? STATUS_OK : grammar_matcher_new(s->req->grammar, &s->gm);
 }
 
+/* A start the grammar refused (s stays free): its matcher back at the grammar's beginning, for
+ * the next marker (a failed accept changes nothing, but what it took before the refusal stays). */
+static void start_refused(struct seq *s)
+{
+    s->lazy_on = 0;
+    grammar_matcher_rollback(s->gm, INT_MAX);
+}
+
 /* The watch armed afresh: no byte of any marker matched. */
 static void arm(struct seq *s)
 {
@@ -98,15 +107,16 @@ static enum status lazy_start(struct seq *s, int k, const char *rest, size_t n)
     while (n && is_ws(*rest)) rest++, n--;
     enum status st = matcher_start(s);
     if (st != STATUS_OK) return st;
-    int ok = 1, fed = 0;
+    int ok = 1;
     if (r->trigger_flags & (TRIGGER_ANCHORED | TRIGGER_READS_MARKER)) {
-        ok = fed = grammar_matcher_accept_bytes(s->gm, r->trigger + r->marker_off[k], (size_t)r->marker_len[k]) == STATUS_OK;
+        ok = grammar_matcher_accept_bytes(s->gm, r->trigger + r->marker_off[k], (size_t)r->marker_len[k]) == STATUS_OK;
         if (r->trigger_flags & TRIGGER_ANCHORED)
             s->lazy_phase = LAZY_DEAD; /* (an anchored marker that the grammar refuses never comes again) */
     }
     s->lazy_on = ok && (!n || grammar_matcher_accept_bytes(s->gm, rest, n) == STATUS_OK);
-    if (!s->lazy_on && fed && s->lazy_phase == LAZY_ARMED) grammar_matcher_rollback(s->gm, 1); /* (for the next) */
-    return grammar_matcher_overflowed(s->gm) ? STATUS_INVALID_ARGUMENT : STATUS_OK; /* (its message set) */
+    if (grammar_matcher_overflowed(s->gm)) return STATUS_INVALID_ARGUMENT; /* (its message set) */
+    if (!s->lazy_on) start_refused(s);
+    return STATUS_OK;
 }
 
 /* Harmony's analysis broken by brk (HARMONY_BREAKS), rest[0..n) of the output after it: a
@@ -119,7 +129,9 @@ static enum status lazy_start_at_break(struct seq *s, const char *brk, const cha
     if (st != STATUS_OK) return st;
     s->lazy_on = grammar_matcher_accept_bytes(s->gm, brk, strlen(brk)) == STATUS_OK &&
                  (!n || grammar_matcher_accept_bytes(s->gm, rest, n) == STATUS_OK);
-    return grammar_matcher_overflowed(s->gm) ? STATUS_INVALID_ARGUMENT : STATUS_OK; /* (its message set) */
+    if (grammar_matcher_overflowed(s->gm)) return STATUS_INVALID_ARGUMENT; /* (its message set) */
+    if (!s->lazy_on) start_refused(s);
+    return STATUS_OK;
 }
 
 /* Byte b of the output, in the armed phase: 1 + the marker it completes (the first of the
@@ -131,6 +143,7 @@ static int armed_byte(const struct request *r, struct seq *s, char b)
     int begun = 0, live = 0;
     for (int k = 0; k < r->n_markers && anchored; k++) begun |= s->lazy_mk[k] != 0;
     if (anchored && !begun && is_ws(b)) return 0;
+    /* (no marker at all, after reasoning whose grammar refused what followed it: free for good) */
     for (int k = 0; k < r->n_markers; k++) {
         const char *m = r->trigger + r->marker_off[k];
         if (!anchored) s->lazy_mk[k] = trigger_next(m, s->lazy_mk[k], b);
@@ -167,7 +180,8 @@ static long lazy_byte(struct seq *s, const char *p, size_t n, enum status *st)
                 if ((*st = lazy_start(s, mk - 1, again + i + 1, (size_t)(k - i))) != STATUS_OK || !s->lazy_on) return 0;
                 if (grammar_matcher_accept_bytes(s->gm, p + 1, n - 1) == STATUS_OK) return (long)n - 1;
                 if (grammar_matcher_overflowed(s->gm)) *st = STATUS_INVALID_ARGUMENT;
-                return s->lazy_on = 0, 0;
+                else start_refused(s);
+                return 0;
             }
         return -1;
     case LAZY_REASONING: {
