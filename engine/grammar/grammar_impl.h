@@ -47,8 +47,10 @@ struct grule {
 struct gbuild {
     struct grule *rules;
     int           n_rules, cap_rules;
-    void        **blocks; /* arena: every allocation, freed at once */
+    void        **blocks; /* arena: its chunks and large allocations, freed at once */
     size_t        n_blocks, cap_blocks;
+    char         *cur;    /* the current chunk's free part (left bytes) */
+    size_t        left;
     long          n_nodes;
     int           failed; /* a limit or out of memory: the status is recorded */
 };

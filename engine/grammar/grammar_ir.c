@@ -9,13 +9,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sanitizer/asan_interface.h> /* (its poisoning macros are no-ops without ASan) */
+
 #include "grammar_impl.h"
+
+/* The arena: allocations bump through 64 KiB chunks (one calloc each, so zeroed), a larger one
+ * gets a block of its own. Under ASan each allocation is followed by a poisoned red zone, so that
+ * an overflow between two is still reported (a calloc per node, as until 2026-12-02, cost the
+ * compile a third of its time in Release and more under ASan). */
+#if defined(__SANITIZE_ADDRESS__)
+#define GB_REDZONE 16
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GB_REDZONE 16
+#endif
+#endif
+#ifndef GB_REDZONE
+#define GB_REDZONE 0
+#endif
+#define GB_CHUNK (64u << 10)
+#define GB_BIG   (4u << 10)
 
 void gb_init(struct gbuild *b) { memset(b, 0, sizeof *b); }
 
 void gb_free(struct gbuild *b)
 {
-    for (size_t i = 0; i < b->n_blocks; i++) free(b->blocks[i]);
+    for (size_t i = 0; i < b->n_blocks; i++) free(b->blocks[i]); /* (ASan takes poisoned user memory back) */
     free(b->blocks);
     free(b->rules);
     memset(b, 0, sizeof *b);
@@ -35,16 +54,33 @@ enum status gb_fail(struct gbuild *b, enum status s, const char *fmt, ...)
     return (enum status)b->failed;
 }
 
-void *gb_alloc(struct gbuild *b, size_t n)
+/* A zeroed block of n bytes kept in b's list (freed by gb_free); NULL when out of memory. */
+static void *gb_block(struct gbuild *b, size_t n)
 {
-    if (b->failed) return NULL;
-    void *p = calloc(1, n ? n : 1);
+    void *p = calloc(1, n);
     if (!p || base_grow((void **)&b->blocks, &b->cap_blocks, b->n_blocks + 1, sizeof *b->blocks)) {
         free(p);
         gb_fail(b, STATUS_RESOURCE_EXHAUSTED, "grammar: out of memory");
         return NULL;
     }
-    b->blocks[b->n_blocks++] = p;
+    return b->blocks[b->n_blocks++] = p;
+}
+
+void *gb_alloc(struct gbuild *b, size_t n)
+{
+    if (b->failed) return NULL;
+    n = n ? n : 1;
+    const size_t step = ((n + 15) & ~(size_t)15) + GB_REDZONE; /* (16-byte aligned, as malloc's) */
+    if (step > GB_BIG) return gb_block(b, n);
+    if (step > b->left) {
+        char *c = gb_block(b, GB_CHUNK);
+        if (!c) return NULL;
+        ASAN_POISON_MEMORY_REGION(c, GB_CHUNK);
+        b->cur = c, b->left = GB_CHUNK;
+    }
+    void *p = b->cur;
+    b->cur += step, b->left -= step;
+    ASAN_UNPOISON_MEMORY_REGION(p, n);
     return p;
 }
 
