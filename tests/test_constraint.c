@@ -18,7 +18,9 @@
  * <|start|> / <|channel|>, which a marker-less grammar then reads; its mask likewise. Gemma 4's
  * markers (a kind past two bits), and the trigger's header read back. Triggers of two markers
  * (TRIGGER_MARKER_SEP), read by the grammar (TRIGGER_READS_MARKER) or not, anchored or not: either
- * one triggers, a refused start leaves the sample free with its matcher back at the start. */
+ * one triggers, a refused start leaves the sample free with its matcher back at the start and
+ * the rest of its token looked at; the bytes after a marker given as written when the grammar
+ * takes them; anchored markers that open with whitespace. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,13 +36,13 @@ static const char *const PIECES[] = {
     "<", "th", "ink>", "ink>{x}", "", "{x", "[THINK]", "[/THINK]", "nk>!",
     "<|channel|>analysis<|message|>", "<|end|>", "<|start|>", "assistant<|channel|>final<|message|>", "<|channel|>",
     "final<|message|>", "<|", "start|>", "start|>!", "start|>assistant", "<|channel>thought\n", "<channel|>",
-    "<f=", "<f", "{y",
+    "<f=", "<f", "{y", "<f=!<f=",
 };
 enum { T_TOOL, T_CALL, T_GT_BRACE, T_THINK, T_INSIDE, T_UNTHINK, T_MARK, T_LT_T, T_OOL_CALL,
        T_ABC, T_UNTHI, T_NK_BRACE, T_SPACES, T_BRACE, T_HI_BRACE, T_X_CLOSE, T_MARK_ID, T_UNTHINK_ID,
        T_MARK_BANG, T_NL, T_LT, T_TH, T_INK_GT, T_INK_GT_X, T_THINK_ID, T_BRACE_X, T_MTHINK, T_MUNTHINK, T_NK_BANG,
        T_H_OPEN, T_H_END, T_H_START, T_H_AFINAL, T_H_CH, T_H_FINAL, T_H_LTBAR, T_H_START_REST, T_H_START_BANG,
-       T_H_START_A, T_G4_OPEN, T_G4_CLOSE, T_F_EQ, T_LT_F, T_BRACE_Y, N_PIECES };
+       T_H_START_A, T_G4_OPEN, T_G4_CLOSE, T_F_EQ, T_LT_F, T_BRACE_Y, T_F_TWICE, N_PIECES };
 
 static int failures;
 
@@ -281,6 +283,29 @@ int main(void)
     run(g7, "two markers, read, may reason: one inside a false <think>, refused after it, then the other", rm | TRIGGER_MAY_REASON,
         "<t\x1f<f=", (int[]){T_LT_T, T_BRACE_Y, T_F_EQ, T_BRACE, T_X_CLOSE}, 5, 1, 1);
     grammar_unref(g7);
+    run(g5, "two markers, read: refused after the first, the second in the same token", rm, tc_f,
+        (int[]){T_ABC, T_F_TWICE, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    /* The bytes after a marker as written, when the grammar reads them (Qwen3-Coder's "\n" after
+     * <tool_call>); without their leading whitespace only when it refuses that (the cases above). */
+    struct grammar *g8 = NULL, *g9 = NULL;
+    const char *nl = "<tool_call>\\n\\{x\\}|<f=\\{x\\}", *ws_first = "\\n?\\{x\\}|<f=\\{x\\}";
+    if (grammar_compile(v, GRAMMAR_REGEX, nl, strlen(nl), &g8) != STATUS_OK ||
+        grammar_compile(v, GRAMMAR_REGEX, ws_first, strlen(ws_first), &g9) != STATUS_OK) {
+        printf("FAIL: the whitespace test grammars do not compile: %s\n", status_message());
+        return 1;
+    }
+    run(g8, "two markers, read: the newline after the marker, in its token, is the grammar's", rm, tc_f,
+        (int[]){T_TOOL, T_CALL, T_GT_BRACE, T_X_CLOSE}, 4, 1, 1);
+    run(g9, "anchored markers, one opening with a newline: it", TRIGGER_ANCHORED, "\n{\x1f<f=",
+        (int[]){T_NL, T_BRACE, T_X_CLOSE}, 3, 1, 1);
+    run(g9, "anchored markers, one opening with a newline: spaces, then the other", TRIGGER_ANCHORED, "\n{\x1f<f=",
+        (int[]){T_SPACES, T_F_EQ, T_BRACE, T_X_CLOSE}, 4, 1, 1);
+    grammar_unref(g8);
+    grammar_unref(g9);
+    /* No marker: a start refused after </think> leaves the sample free for good (until 2026-12-02
+     * an empty marker "completed" at every later byte, so the grammar could start mid-text). */
+    run(g, "in reasoning, no marker: refused after </think>, free for good", TRIGGER_IN_REASONING, "",
+        (int[]){T_ABC, T_UNTHI, T_NK_BANG, T_HI_BRACE, T_X_CLOSE}, 5, 0, 0);
     run(g6, "two markers, anchored: the reply opens with the second", TRIGGER_ANCHORED, "{\x1f<f=",
         (int[]){T_SPACES, T_F_EQ, T_BRACE, T_X_CLOSE}, 4, 1, 1);
     run(g6, "two markers, anchored: the reply opens with the first", TRIGGER_ANCHORED, "{\x1f<f=",

@@ -159,7 +159,9 @@ static enum status refusal(struct conductor *c, int n)
 enum status conductor_compile_constraint(struct conductor *c, const struct request_params *p, struct grammar **g)
 {
     *g = NULL;
-    if (p->constraint_kind == CONSTRAINT_NONE) return STATUS_OK;
+    if (p->constraint_kind == CONSTRAINT_NONE)
+        return p->constraint_trigger_len ? status_errorf(STATUS_INVALID_ARGUMENT, "constraint: a lazy constraint's "
+                                                         "trigger without a constraint") : STATUS_OK;
     enum status st = STATUS_OK;
     pthread_mutex_lock(&c->gmu);
     if (!c->gcache) {

@@ -47,7 +47,7 @@ void conductor_lazy_setup(struct conductor *c, struct request *r, const struct r
     size_t n = p->constraint_trigger_len;
     r->think_ids[0] = r->think_ids[1] = -1;
     r->n_markers = 0;
-    if (!n) return;
+    if (!n || !r->grammar) return; /* (conductor_compile_constraint refuses a trigger without one) */
     int flags = 0;
     const size_t skip = (size_t)engine_trigger_read(p->constraint, n, &flags); /* (checked by
                                                                                 conductor_compile_constraint) */

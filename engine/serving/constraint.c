@@ -89,6 +89,22 @@ static void start_refused(struct seq *s)
     grammar_matcher_rollback(s->gm, INT_MAX);
 }
 
+/* Feeds rest[0..n) (the output after a marker) to the matcher as written, or, when the grammar
+ * refuses that, without its leading whitespace (a JSON call after its marker's newline): 1 when
+ * either was taken (one step), 2 when there was nothing to take (empty, or whitespace the grammar
+ * refuses), 0 when refused. Until 2026-12-02 the whitespace was always dropped, which refused a
+ * grammar that reads it (Qwen3-Coder's block: "\n<function=" after <tool_call>) when the token
+ * that completed the marker carried it. */
+static int accept_rest(struct grammar_matcher *gm, const char *rest, size_t n)
+{
+    if (!n) return 2;
+    if (grammar_matcher_accept_bytes(gm, rest, n) == STATUS_OK) return 1;
+    if (grammar_matcher_overflowed(gm)) return 0;
+    size_t k = 0;
+    while (k < n && is_ws(rest[k])) k++;
+    return !k ? 0 : k == n ? 2 : grammar_matcher_accept_bytes(gm, rest + k, n - k) == STATUS_OK;
+}
+
 /* The watch armed afresh: no byte of any marker matched. */
 static void arm(struct seq *s)
 {
@@ -97,14 +113,13 @@ static void arm(struct seq *s)
 }
 
 /* Marker k is complete and rest[0..n) of the output follows it: the grammar starts there
- * (leading whitespace skipped; an anchored marker, or any under TRIGGER_READS_MARKER, is the
- * call's start and read first). Bytes the grammar cannot start with leave the sample free (the
- * output already holds them; docs/tools.md). */
+ * (accept_rest: leading whitespace skipped where the grammar refuses it; an anchored marker, or
+ * any under TRIGGER_READS_MARKER, is the call's start and read first). Bytes the grammar cannot
+ * start with leave the sample free (the output already holds them; docs/tools.md). */
 static enum status lazy_start(struct seq *s, int k, const char *rest, size_t n)
 {
     const struct request *r = s->req;
     arm(s); /* (when it stays free, the next marker is looked for) */
-    while (n && is_ws(*rest)) rest++, n--;
     enum status st = matcher_start(s);
     if (st != STATUS_OK) return st;
     int ok = 1;
@@ -113,7 +128,7 @@ static enum status lazy_start(struct seq *s, int k, const char *rest, size_t n)
         if (r->trigger_flags & TRIGGER_ANCHORED)
             s->lazy_phase = LAZY_DEAD; /* (an anchored marker that the grammar refuses never comes again) */
     }
-    s->lazy_on = ok && (!n || grammar_matcher_accept_bytes(s->gm, rest, n) == STATUS_OK);
+    s->lazy_on = ok && accept_rest(s->gm, rest, n) != 0;
     if (grammar_matcher_overflowed(s->gm)) return STATUS_INVALID_ARGUMENT; /* (its message set) */
     if (!s->lazy_on) start_refused(s);
     return STATUS_OK;
@@ -140,14 +155,16 @@ static enum status lazy_start_at_break(struct seq *s, const char *brk, const cha
 static int armed_byte(const struct request *r, struct seq *s, char b)
 {
     const int anchored = r->trigger_flags & TRIGGER_ANCHORED;
-    int begun = 0, live = 0;
-    for (int k = 0; k < r->n_markers && anchored; k++) begun |= s->lazy_mk[k] != 0;
-    if (anchored && !begun && is_ws(b)) return 0;
+    int begun = 0, live = 0, opens = 0;
+    for (int k = 0; k < r->n_markers && anchored; k++)
+        begun |= s->lazy_mk[k] != 0, opens |= r->trigger[r->marker_off[k]] == b;
+    const int skip = anchored && !begun && is_ws(b); /* (whitespace before the reply's first bytes) */
+    if (skip && !opens) return 0;
     /* (no marker at all, after reasoning whose grammar refused what followed it: free for good) */
     for (int k = 0; k < r->n_markers; k++) {
         const char *m = r->trigger + r->marker_off[k];
         if (!anchored) s->lazy_mk[k] = trigger_next(m, s->lazy_mk[k], b);
-        else if (s->lazy_mk[k] >= 0) s->lazy_mk[k] = b == m[s->lazy_mk[k]] ? s->lazy_mk[k] + 1 : -1;
+        else if (s->lazy_mk[k] >= 0) s->lazy_mk[k] = b == m[s->lazy_mk[k]] ? s->lazy_mk[k] + 1 : skip ? 0 : -1;
         live |= s->lazy_mk[k] >= 0;
         if (s->lazy_mk[k] == r->marker_len[k]) return k + 1;
     }
@@ -203,7 +220,8 @@ static long lazy_byte(struct seq *s, const char *p, size_t n, enum status *st)
         const int mk = armed_byte(r, s, b);
         if (!mk) return -1;
         *st = lazy_start(s, mk - 1, p + 1, n - 1);
-        return (long)n - 1;
+        /* (refused and still armed: the token's next bytes are looked at for the next marker) */
+        return *st != STATUS_OK || s->lazy_on || s->lazy_phase != LAZY_ARMED ? (long)n - 1 : -1;
     }
     default:
         return -1;
@@ -318,11 +336,15 @@ static int closing_mask(struct seq *s, uint32_t *mask, int n_words)
             j++;
         }
         if (k < r->think_len[1] && !brk) continue;
-        while (!brk && j < len && is_ws(b[j])) j++;
         if (j == len && !brk) continue;
         int took = 0, ok = 1;
-        if (brk) ok = grammar_matcher_accept_bytes(s->gm, brk, strlen(brk)) == STATUS_OK, took += ok;
-        if (ok && j < len) ok = grammar_matcher_accept_bytes(s->gm, b + j, (size_t)(len - j)) == STATUS_OK, took += ok;
+        if (brk) { /* (lazy_start_at_break: the break, then the rest as written) */
+            ok = grammar_matcher_accept_bytes(s->gm, brk, strlen(brk)) == STATUS_OK, took += ok;
+            if (ok && j < len) ok = grammar_matcher_accept_bytes(s->gm, b + j, (size_t)(len - j)) == STATUS_OK, took += ok;
+        } else { /* (lazy_start: accept_rest) */
+            const int a = accept_rest(s->gm, b + j, (size_t)(len - j));
+            ok = a != 0, took += a == 1;
+        }
         if (took) grammar_matcher_rollback(s->gm, took);
         if (!ok) mask[i >> 5] &= ~(1u << (i & 31));
     }
