@@ -15,7 +15,7 @@
 /* Token tok was taken by s, whose request has a grammar: advances its matcher (made at the first
  * token, or at the trigger), or, for a lazy constraint not yet on, looks for the trigger in the
  * token's bytes (across tokens) or takes the trigger's own token; from the trigger's end
- * (whitespace skipped) the matcher constrains s. A complete grammar with nothing allowed after it
+ * (whitespace skipped where the grammar refuses it) the matcher constrains s. A complete grammar with nothing allowed after it
  * sets s->grammar_end (the sample stops). Bytes after the trigger in its token that the grammar
  * cannot start with leave s free. Errors: STATUS_RESOURCE_EXHAUSTED (no matcher could be made). */
 enum status constraint_take(struct seq *s, int32_t tok);

@@ -238,7 +238,8 @@ struct request_params {
                                          a trigger (at most REQUEST_MAX_TRIGGER_BYTES), the rest
                                          the grammar's source. Decoding is free (the logits
                                          untouched) until the output holds the trigger; from its
-                                         end (whitespace skipped) the grammar constrains it as a
+                                         end (leading whitespace skipped where the grammar
+                                         refuses it) the grammar constrains it as a
                                          constraint does (the sample ends with the grammar).
                                          A trigger whose first byte is below 8 opens with
                                          TRIGGER_* flags, the marker after it */
