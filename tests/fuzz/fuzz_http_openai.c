@@ -4,7 +4,8 @@
  * of a list of prompts on its own.
  * Input: byte 0 picks the endpoint (bit 0: even /v1/completions, odd /v1/chat/completions) and
  * the served template (bits 1-7: struct http_chat_caps, bit 6 GPT-OSS's harmony, bit 7 GLM-4.5's
- * tool format, whose grammar must compile); the rest is the body. The served model is "stories260K" with one adapter, "tiny-lora".
+ * tool format, or Qwen3-Coder's for a body of odd length, whose grammar must compile); the rest is
+ * the body. The served model is "stories260K" with one adapter, "tiny-lora".
  * Corpus: tests/fuzz/corpus/http_openai (tests/fuzz/make_seeds.py). */
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (data[0] & 64) caps.tool_format = TOOL_FORMAT_HARMONY, caps.reasoning = TOOL_REASONING_HARMONY;
     /* Bit 7: GLM-4.5's template (its calls held to a GBNF grammar built from the tools). */
     if (data[0] & 128) caps.jinja = 1, caps.tool_format = TOOL_FORMAT_GLM, caps.reasoning = TOOL_REASONING_THINK;
+    /* (a body of odd length: Qwen3-Coder's XML tags instead, whose auto grammar reads either of two
+     * markers: http_tools_glm_grammar lazy 2) */
+    if ((data[0] & 192) == 128 && size % 2 == 0) caps.tool_format = TOOL_FORMAT_QWEN_XML;
     /* Bits 6 and 7 together: DeepSeek's template (calls constrained by a schema with its markers;
      * the tools written into the system message; R1's fenced shape when bit 5 is set too). */
     if ((data[0] & 192) == 192)
@@ -58,13 +62,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         /* The grammar built from any tools the front accepted compiles (server/http_tools_glm.c):
          * a failure would be a 400 for a request the front said was fine. */
-        if (q.tools && caps.tool_format == TOOL_FORMAT_GLM && q.r.params.constraint_kind == CONSTRAINT_GRAMMAR) {
+        if (q.tools && (caps.tool_format == TOOL_FORMAT_GLM || caps.tool_format == TOOL_FORMAT_QWEN_XML) &&
+            q.r.params.constraint_kind == CONSTRAINT_GRAMMAR) {
             const size_t t = q.r.params.constraint_trigger_len;
             struct grammar *g = NULL;
             enum status st = grammar_compile(vocab, GRAMMAR_EBNF, q.r.params.constraint + t,
                                              q.r.params.constraint_len - t, &g);
-            CHECK(st == STATUS_OK || st == STATUS_RESOURCE_EXHAUSTED, "GLM's tool grammar does not compile: %s\n%s",
-                  status_message(), q.r.params.constraint + t);
+            CHECK(st == STATUS_OK || st == STATUS_RESOURCE_EXHAUSTED, "the %s tool grammar does not compile: %s\n%s",
+                  tool_format_name(caps.tool_format), status_message(), q.r.params.constraint + t);
             grammar_unref(g);
         }
     }
