@@ -282,6 +282,12 @@ struct backend {
                                     tiles or AMX; f32 and half-precision weights take the
                                     row-by-row gemv products, never sgemm; attention computes
                                     every query row as a decode row; docs/determinism.md) */
+    int         rows_as_decode; /* set by model_forward for the one step whose batch holds rows
+                                   that verify drafts (forward_batch.seq_row_path), cleared after
+                                   it: the matrix products take batch_invariant's paths for that
+                                   step, so that a verified row gives the bits its decode step
+                                   would (CPU: AMX tiles and dequantized tiles left out; attention
+                                   reads the per-sequence mark itself) */
     void       *stream;      /* the queue every op of this backend runs on, in order: CUDA's
                                 cudaStream_t (a non-blocking stream); NULL on the CPU. Give it to
                                 parallel_groups_init, so that communication queues on it too and

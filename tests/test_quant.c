@@ -378,24 +378,28 @@ static void check_backend_ops(struct backend *b, int n_threads, enum quant_type 
      * of x, so an int8 product fails it; m = 5 may take either path. Where the CPU has AMX,
      * m = 16, 64 and 67 run once more on the tiles (from 8 rows): the f32-summed product of x
      * and w rounded to bf16, to the same bound (a product of unrounded operands, or an int8
-     * one, fails it). */
+     * one, fails it). With b->rows_as_decode (a step verifying drafts) every m must give the
+     * int8 product bit for bit, on the tiles' CPUs too (ok_decode). */
     float *wf = malloc((size_t)(n * k) * sizeof *wf);
     for (int64_t j = 0; j < n; j++) quant_dequantize_row(t, w + j * row, wf + j * k, k);
-    int ok_mm = 1, ok_amx = 1;
+    int ok_mm = 1, ok_amx = 1, ok_decode = 1;
     const int amx_before = cpu_amx_set_enabled(1), amx = cpu_amx_enabled();
     static const int64_t ms[] = {1, 5, 16, 64, 67};
     for (int im = 0; im < 5; im++)
         for (int with_bias = 0; with_bias < 2; with_bias++)
-            for (int use_amx = 0; use_amx <= (amx && ms[im] >= 16); use_amx++) {
+            for (int use_amx = 0; use_amx <= (amx && ms[im] >= 16) + 1; use_amx++) {
                 const int64_t m = ms[im];
+                const int as_decode = use_amx == (amx && m >= 16) + 1; /* the last pass: AMX as the CPU has it */
                 float *x = malloc((size_t)(m * k) * sizeof *x), *ref = malloc((size_t)(m * n) * sizeof *ref);
                 float *y = malloc((size_t)(m * n) * sizeof *y + GUARD);
                 for (int64_t i = 0; i < m * k; i++) x[i] = (float)(rnd_uniform() * 4 - 2);
                 memset(y + m * n, GUARD_BYTE, GUARD);
                 struct tensor xt = tensor_make(x, DTYPE_F32, DEVICE_CPU, 2, m, k);
                 struct tensor yt = tensor_make(y, DTYPE_F32, DEVICE_CPU, 2, m, n);
-                cpu_amx_set_enabled(use_amx);
+                cpu_amx_set_enabled(as_decode ? amx : use_amx);
+                b->rows_as_decode = as_decode;
                 op_matmul(b, &yt, &xt, &wt, with_bias ? &bt : NULL);
+                b->rows_as_decode = 0;
                 quant_matmul(t, ref, x, w, m, n, k, NULL, n_threads);
                 for (int64_t i = 0; with_bias && i < m; i++)
                     for (int64_t j = 0; j < n; j++) ref[i * n + j] += bias[j];
@@ -406,13 +410,16 @@ static void check_backend_ops(struct backend *b, int n_threads, enum quant_type 
                 const int tiles = m >= 64 && m >= cpu_quant_sgemm_min_m();
                 const int ok = guard_ok((uint8_t *)(y + m * n)) &&
                                (use_amx || tiles ? f32_close : m == 5 ? int8_equal || f32_close : int8_equal);
-                if (use_amx) ok_amx &= ok;
+                if (as_decode) ok_decode &= guard_ok((uint8_t *)(y + m * n)) && int8_equal;
+                else if (use_amx) ok_amx &= ok;
                 else ok_mm &= ok;
                 free(x);
                 free(ref);
                 free(y);
             }
     cpu_amx_set_enabled(amx_before);
+    check(ok_decode, "%s through the CPU backend (%d threads) with rows_as_decode: quant_matmul's int8 product at "
+          "every m (1 to 67)%s", quant_type_name(t), n_threads, amx ? ", AMX on" : "");
     if (amx) check(ok_amx, "%s through the CPU backend (%d threads) on AMX tiles at m 16/64/67: the f32 sum of the "
                    "bf16-rounded x and w within f32 reassociation", quant_type_name(t), n_threads);
     else printf("SKIP %s on AMX tiles: this CPU has no AMX-BF16\n", quant_type_name(t));

@@ -317,8 +317,8 @@ static struct layer_tensors serve_tensors(struct model *m, int64_t T)
     };
 }
 
-enum status model_forward(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
-                          float *logits)
+static enum status forward_step(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
+                                float *logits)
 {
     struct backend *b = m->b;
     const int64_t T = fb->n_tokens;
@@ -429,6 +429,22 @@ enum status model_forward(struct model *m, struct kv_cache *cache, const struct 
     for (int i = 0; i < fb->n_logits; i++)
         memcpy(logits + (size_t)i * (size_t)V, m->ws.host_logits + (size_t)i * (size_t)width, (size_t)V * sizeof *logits);
     return STATUS_OK;
+}
+
+/* A step that holds rows verifying drafts runs its matrix products as batch_invariant would
+ * (struct backend.rows_as_decode): on the CPU a verified row then gives the bits of the decode
+ * row it stands for, as attention's row path does for its part. Without it, 8 drafts made a
+ * 9-row product that took the AMX tiles (x rounded to bf16) where decode took the int8 rows, and
+ * greedy answers changed (server_speculative, on a Xeon with AMX). */
+enum status model_forward(struct model *m, struct kv_cache *cache, const struct forward_batch *fb,
+                          float *logits)
+{
+    int marked = 0;
+    for (int s = 0; fb->seq_row_path && s < fb->n_seqs && !marked; s++) marked = fb->seq_row_path[s] != 0;
+    m->b->rows_as_decode = marked;
+    const enum status st = forward_step(m, cache, fb, logits);
+    m->b->rows_as_decode = 0;
+    return st;
 }
 
 /* ---- embeddings ------------------------------------------------------------------------------ */

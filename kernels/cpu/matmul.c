@@ -394,7 +394,8 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
 {
     const int64_t m = tensor_rows(x), k = tensor_cols(x), n = w->shape[0];
     if (m == 0 || n == 0) return;
-    if (dtype_is_quant(w->dtype) && (b->batch_invariant || (!matmul_amx_fits(w, m, k) && quant_takes_int8(w, m)))) {
+    const int invariant = b->batch_invariant || b->rows_as_decode;
+    if (dtype_is_quant(w->dtype) && (invariant || (!matmul_amx_fits(w, m, k) && quant_takes_int8(w, m)))) {
         matmul_quant(b, y, x, w, bias, m, n, k);
         return;
     }
@@ -410,7 +411,7 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
             #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
             for (int64_t j0 = 0; j0 < n; j0 += per)
                 gemm_cols(yf + j0, x->data, (const float *)w->data + j0 * k, m, n, k,
-                          n - j0 < per ? n - j0 : per, b->batch_invariant);
+                          n - j0 < per ? n - j0 : per, invariant);
         }
         if (bias) add_bias(yf, bias, m, n);
         return;
@@ -448,7 +449,7 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
             float *wf = wf_all + (size_t)omp_get_thread_num() * ws;
             int64_t nb = n - j0 < w_block ? n - j0 : w_block;
             widen_rows(wf, w, j0, nb, k);
-            gemm_cols(yf + j0, xf, wf, m, n, k, nb, b->batch_invariant);
+            gemm_cols(yf + j0, xf, wf, m, n, k, nb, invariant);
         }
     }
     if (bias) add_bias(yf, bias, m, n);

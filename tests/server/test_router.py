@@ -316,8 +316,13 @@ def group_resume(shardlm, model, work):
     TJ.kill9(b)
     for t in threads:
         t.join(timeout=60)
-    check(on_b >= 1 and on_b < len(streams) and not any(s.done for s in streams),
-          f"the killed replica held {on_b:.0f} of {len(streams)} streams (each read 6 chunks, then held)")
+    # A stream may end within its first 6 chunks (seed 8's stop string "dog" did, on a Xeon whose
+    # sampled text differs from the AMD VMs'): it counts as the replica's (its journal is there)
+    # but was not in flight, so at least one of the killed replica's streams must not have ended.
+    ended = [s.done for s in streams]
+    check(on_b >= 1 and on_b < len(streams) and not all(ended),
+          f"the killed replica answered {on_b:.0f} of {len(streams)} streams (each read 6 chunks, then held; "
+          f"{sum(ended)} ended before)")
     # While it is down: the streams it held cannot be resumed yet (503 and Retry-After, not 404);
     # the others resume on the live replica.
     seen = []
@@ -326,6 +331,8 @@ def group_resume(shardlm, model, work):
         seen.append(s.statuses[-1])
     check(seen.count(503) == on_b and seen.count(200) == len(streams) - on_b,
           f"reconnections while the replica is down: 503 for its {on_b:.0f} stream(s), 200 for the rest ({seen})")
+    check(any(code == 503 and not e for code, e in zip(seen, ended)),
+          f"the killed replica held a stream in flight (503s {seen}, ended before the kill {ended})")
     b = TS.Server(shardlm, model, *FLAGS, "--journal", str(b_journal), name="rb2", http=True,
                   http_listen=f"127.0.0.1:{b_port}")
     refused = finish_streams(streams, r.port)
