@@ -52,7 +52,7 @@ static void sample_init(struct request *r, struct seq *s, struct grammar *g, int
     r->grammar = g;
     constraint_set_markers(r, marker, strlen(marker));
     r->trigger_flags = flags;
-    r->p.constraint_trigger_len = (size_t)r->trigger_len + (flags ? TRIGGER_HEADER_LEN : 0);
+    r->p.constraint_trigger_len = strlen(marker) + (flags ? TRIGGER_HEADER_LEN : 0);
     r->marker_id[0] = T_MARK_ID; /* (the first marker's own token) */
     r->think_ids[0] = T_THINK_ID, r->think_ids[1] = T_UNTHINK_ID;
     for (int i = 0; i < 2; i++) {

@@ -356,10 +356,11 @@ void constraint_set_markers(struct request *r, const char *m, size_t n)
     n = n < REQUEST_MAX_TRIGGER_BYTES ? n : REQUEST_MAX_TRIGGER_BYTES;
     memcpy(r->trigger, m, n);
     r->trigger[n] = 0;
-    r->trigger_len = (int)n, r->n_markers = 0;
-    for (int at = 0; at < r->trigger_len && r->n_markers < TRIGGER_MAX_MARKERS; r->n_markers++) {
-        char *sep = memchr(r->trigger + at, TRIGGER_MARKER_SEP, (size_t)(r->trigger_len - at));
-        const int end = sep ? (int)(sep - r->trigger) : r->trigger_len;
+    r->n_markers = 0;
+    const int len = (int)n;
+    for (int at = 0; at < len && r->n_markers < TRIGGER_MAX_MARKERS; r->n_markers++) {
+        char *sep = memchr(r->trigger + at, TRIGGER_MARKER_SEP, (size_t)(len - at));
+        const int end = sep ? (int)(sep - r->trigger) : len;
         r->trigger[end] = 0;
         r->marker_off[r->n_markers] = at, r->marker_len[r->n_markers] = end - at, r->marker_id[r->n_markers] = -1;
         at = end + 1;

@@ -34,7 +34,7 @@ enum status constraint_take(struct seq *s, int32_t tok);
 int constraint_fill_mask(struct seq *s, uint32_t *mask);
 
 /* Sets r's markers from a trigger's marker text m[0..n) (TRIGGER_MARKER_SEP between them; the
- * request's checked by conductor.c): r->trigger, trigger_len, n_markers, marker_off / len, and
+ * request's checked by conductor.c): r->trigger, n_markers, marker_off / len, and
  * marker_id all -1 (the caller looks up the tokens whose text is a whole marker). */
 void constraint_set_markers(struct request *r, const char *m, size_t n);
 

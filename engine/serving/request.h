@@ -116,10 +116,9 @@ struct request {
     char     trigger[REQUEST_MAX_TRIGGER_BYTES + 1]; /* a lazy constraint's markers (engine.h
                                      constraint_trigger_len: its flags' header, when any, not here),
                                      each ended by a NUL (TRIGGER_MARKER_SEP in the request) */
-    int      trigger_len;         /* their bytes with the separators; 0 (no marker) only with
-                                     TRIGGER_IN_REASONING or TRIGGER_MAY_REASON */
     int      trigger_flags;       /* TRIGGER_* (engine.h) */
-    int      n_markers;           /* markers in trigger, 0 .. TRIGGER_MAX_MARKERS */
+    int      n_markers;           /* markers in trigger, 0 .. TRIGGER_MAX_MARKERS; 0 only with
+                                     TRIGGER_IN_REASONING or TRIGGER_MAY_REASON */
     int      marker_off[TRIGGER_MAX_MARKERS], marker_len[TRIGGER_MAX_MARKERS]; /* marker k: trigger + marker_off[k] */
     int32_t  marker_id[TRIGGER_MAX_MARKERS]; /* the token whose text is marker k, or -1 */
     int32_t  think_ids[2];        /* the tokens whose text is think[0], think[1], or -1 */
