@@ -67,3 +67,9 @@ foreach(minm 32 100000)
   set_tests_properties(quant_sgemm_min_m${minm} PROPERTIES LABELS "unit;isa" TIMEOUT 600
                        ENVIRONMENT SHARDLM_CPU_QUANT_SGEMM_MIN_M=${minm})
 endforeach()
+# Packed block weights on AMX tiles from another row count (kernels/cpu/matmul.c: 96 rows by
+# default, SHARDLM_CPU_AMX_PACKED_MIN_M=N): test_quant's check_packed_backend checks both sides of
+# it (SKIP where the CPU has no AMX).
+add_test(NAME quant_amx_packed_min_m16 COMMAND test_quant)
+set_tests_properties(quant_amx_packed_min_m16 PROPERTIES LABELS "unit;isa" TIMEOUT 600
+                     ENVIRONMENT SHARDLM_CPU_AMX_PACKED_MIN_M=16)

@@ -574,6 +574,66 @@ static void check_mxfp4(void)
           "and dequantization %s the aligned copy's bits", ok_mm ? "==" : "!=", ok_deq ? "==" : "!=");
 }
 
+/* Packed block w (as model_load packs it) through op_matmul on the CPU backend: where the int8
+ * products take packed weights at every row count (cpu_quant_int8_packed), a product of fewer
+ * than cpu_quant_amx_packed_min_m rows is quant_matmul's int8 product bit for bit, AMX on or off;
+ * from that many rows with AMX on it takes the tiles: the unpacked w's product on the tiles bit
+ * for bit (dequantized from the packed copy), not the int8 one. */
+static void check_packed_backend(struct backend *b, int n_threads)
+{
+    const enum quant_type t = QUANT_TYPE_Q4_K;
+    const int64_t n = 24, k = 3 * 256, row = (int64_t)quant_row_bytes(t, k);
+    if (!cpu_quant_int8_packed()) {
+        printf("SKIP packed weights' row threshold (%d threads): packed weights take the int8 products at every row "
+               "count only with SIMD int8 products and SHARDLM_CPU_QUANT_SGEMM_MIN_M unset\n", n_threads);
+        return;
+    }
+    const int thr = cpu_quant_amx_packed_min_m();
+    uint8_t *w = malloc((size_t)(n * row)), *wp = malloc(quant_packed_bytes(t, n, k));
+    fill_blocks(t, w, n * row / (int64_t)quant_block_bytes(t));
+    quant_pack_rows8(t, wp, w, n, k);
+    const enum dtype dt = (enum dtype)dtype_of_quant_type((uint32_t)t);
+    struct tensor wt = tensor_make(w, dt, DEVICE_CPU, 2, n, k), plain = wt;
+    wt.packed = wp, wt.packed_of = w, wt.packed_rows = n, wt.packed_cols = k;
+    const int amx_before = cpu_amx_set_enabled(1), amx = cpu_amx_enabled();
+    const int64_t ms[] = {1, thr > 1 ? thr - 1 : 1, thr};
+    int ok_int8 = 1, ok_tiles = 1, n_tiles = 0;
+    for (int im = 0; im < 3; im++) {
+        const int64_t m = ms[im];
+        float *x = malloc((size_t)(m * k) * sizeof *x), *y = malloc((size_t)(m * n) * sizeof *y);
+        float *ref = malloc((size_t)(m * n) * sizeof *ref), *tiles = malloc((size_t)(m * n) * sizeof *tiles);
+        for (int64_t i = 0; i < m * k; i++) x[i] = (float)(rnd_uniform() * 4 - 2);
+        struct tensor xt = tensor_make(x, DTYPE_F32, DEVICE_CPU, 2, m, k);
+        struct tensor yt = tensor_make(y, DTYPE_F32, DEVICE_CPU, 2, m, n);
+        struct tensor tt = tensor_make(tiles, DTYPE_F32, DEVICE_CPU, 2, m, n);
+        quant_matmul(t, ref, x, w, m, n, k, NULL, n_threads);
+        for (int on = 0; on <= amx; on++) {
+            cpu_amx_set_enabled(on);
+            op_matmul(b, &yt, &xt, &wt, NULL);
+            const int int8_equal = memcmp(y, ref, (size_t)(m * n) * sizeof *y) == 0;
+            if (on && m >= thr && m >= 8) {
+                op_matmul(b, &tt, &xt, &plain, NULL); /* unpacked w from 8 rows: the tiles */
+                ok_tiles &= memcmp(y, tiles, (size_t)(m * n) * sizeof *y) == 0 && !int8_equal;
+                n_tiles++;
+            } else {
+                ok_int8 &= int8_equal;
+            }
+        }
+        free(x), free(y), free(ref), free(tiles);
+    }
+    cpu_amx_set_enabled(amx_before);
+    check(ok_int8, "packed Q4_K through the CPU backend (%d threads) at m 1 and %d (under the tiles' %d rows for "
+          "packed weights): quant_matmul's int8 product bit for bit, AMX %s", n_threads, (int)ms[1], thr,
+          amx ? "on and off" : "absent");
+    if (amx && thr >= 8)
+        check(ok_tiles && n_tiles == 1, "packed Q4_K through the CPU backend (%d threads) at m %d (AMX on): the "
+              "tiles' product of the unpacked w bit for bit, not the int8 one", n_threads, thr);
+    else
+        printf("SKIP packed weights on AMX tiles (%d threads): %s\n", n_threads,
+               amx ? "the tiles' threshold for packed weights is under 8 rows" : "this CPU has no AMX-BF16");
+    free(w), free(wp);
+}
+
 int main(void)
 {
     snprintf(tmp_path, sizeof tmp_path, "/tmp/test_quant_%d.gguf", (int)getpid());
@@ -612,6 +672,7 @@ int main(void)
         struct backend *b = NULL;
         CHECK(backend_open(DEVICE_CPU, 0, nt, &b) == STATUS_OK, "cpu backend");
         for (int i = 0; i < N_TYPES; i++) check_backend_ops(b, nt, types[i]);
+        check_packed_backend(b, nt);
         backend_close(b);
     }
     unlink(tmp_path);

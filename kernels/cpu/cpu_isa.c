@@ -208,10 +208,14 @@ char *cpu_isa_describe(char *buf, size_t n)
 {
     const struct attn_kernels *at = attn_kernels_best();
     const enum quant_impl qi = quant_impl_best();
-    char sgemm_from[32] = "never";
+    char sgemm_from[32] = "never", amx[32] = "off";
     if (cpu_quant_sgemm_min_m() < INT_MAX)
         snprintf(sgemm_from, sizeof sgemm_from, "from %d rows%s", cpu_quant_sgemm_min_m(),
                  cpu_quant_int8_packed() ? " (packed: never)" : "");
+    if (cpu_amx_enabled() && cpu_quant_int8_packed())
+        snprintf(amx, sizeof amx, "on (packed from %d rows)", cpu_quant_amx_packed_min_m());
+    else if (cpu_amx_enabled())
+        snprintf(amx, sizeof amx, "on");
     snprintf(buf, n,
              "%s; isa %s (supported %s%s%s); quant %s, dequant %s, amx %s, attention %s, gemv %s, "
              "activation %s, prefetch %zu, blocks' sgemm %s, GOMP_SPINCOUNT %s",
@@ -219,7 +223,7 @@ char *cpu_isa_describe(char *buf, size_t n)
              cpu_isa_ceiling() != CPU_ISA_COUNT ? ", ceiling " : "",
              cpu_isa_ceiling() != CPU_ISA_COUNT ? cpu_isa_name(cpu_isa_ceiling()) : "",
              quant_impl_name(qi), qi == QUANT_IMPL_SCALAR ? "scalar" : "avx2",
-             cpu_amx_enabled() ? "on" : "off", at->name, cpu_gemv_path(), cpu_activation_path(),
+             amx, at->name, cpu_gemv_path(), cpu_activation_path(),
              quant_prefetch_bytes(), sgemm_from, getenv("GOMP_SPINCOUNT") ? getenv("GOMP_SPINCOUNT") : "unset");
     return buf;
 }

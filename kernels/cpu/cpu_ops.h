@@ -64,6 +64,9 @@ int         cpu_quant_sgemm_min_m(void);
 /* 1 when weights packed eight rows at a time take the int8 products at every row count (a CPU
  * with VNNI and no SHARDLM_CPU_QUANT_SGEMM_MIN_M: matmul.c). */
 int         cpu_quant_int8_packed(void);
+/* Rows of x from which such packed weights take the AMX tiles where AMX is on (matmul.c: 96, or
+ * SHARDLM_CPU_AMX_PACKED_MIN_M). */
+int         cpu_quant_amx_packed_min_m(void);
 const char *cpu_activation_path(void);
 
 size_t cpu_amx_x_elems(int64_t m, int64_t k);

@@ -11,7 +11,8 @@
  * paths round differently; and for weights packed eight rows at a time, tensor_packed, on CPUs
  * with VNNI), else to dequantized tiles (f32 + sgemm; packed weights are dequantized from the
  * packed copy). On CPUs
- * with AMX, bf16 w and block w from QUANT_AMX_MIN_M rows take the bf16 tiles (amx.c).
+ * with AMX, bf16 w and block w from QUANT_AMX_MIN_M rows take the bf16 tiles (amx.c), packed
+ * block w that the int8 products take at every row count only from QUANT_AMX_PACKED_MIN_M.
  * The backward converts dy and x to f32 once, and w and a half-precision dw a block of rows at a
  * time, so that scratch never holds a whole weight.
  * Tests: tests/test_ops.c (matmul cases), tests/test_ops_backward.c (matmul_backward cases),
@@ -42,6 +43,11 @@
  * tiles beat the int8 dot products (bench_quant, 2026-11-25: Gemma's ffn.down at one thread,
  * m 4: 232 us against 205; m 8: 231 against 410; m 64: 363 against 1394 for f32 tiles). */
 #define QUANT_AMX_MIN_M 8
+/* Weights packed eight rows at a time (tensor_packed) where the int8 products take them at every
+ * row count (knobs.int8_packed): the tiles only from this many rows, since the four-row packed
+ * VNNI kernels beat the tiles below it (cpu_quant_amx_packed_min_m: this, or
+ * SHARDLM_CPU_AMX_PACKED_MIN_M=N). */
+#define QUANT_AMX_PACKED_MIN_M 96
 #define QUANT_W_BLOCK 256
 /* Below this many multiply-adds one thread does the whole product. */
 #define MATMUL_PARALLEL_MIN (1 << 18)
@@ -199,9 +205,24 @@ __attribute__((target("avx2,fma"))) static void gemv_rows_avx2(float *y, const f
  *   still on AVX-512 there: docs/quantization.md), and a row's logits no longer depend on how
  *   many rows its step holds. */
 static struct {
-    int gemv_rows, quant_sgemm_min, int8_packed;
-} knobs = {8, QUANT_SGEMM_MIN_M, 0};
+    int gemv_rows, quant_sgemm_min, int8_packed, amx_packed_min;
+} knobs = {8, QUANT_SGEMM_MIN_M, 0, QUANT_AMX_PACKED_MIN_M};
 static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
+
+/* A row count >= 1 from the environment variable name, else fallback (a warning when set). */
+static int env_rows(const char *name, int fallback, int *set)
+{
+    const char *e = getenv(name);
+    if (!e || !*e) return fallback;
+    char *end = NULL;
+    const long v = strtol(e, &end, 10);
+    if (*end || v < 1) {
+        LOG_WARN("cpu", "%s=%s is not a row count >= 1: ignored", name, e);
+        return fallback;
+    }
+    if (set) *set = 1;
+    return v > INT_MAX ? INT_MAX : (int)v;
+}
 
 static void knobs_init(void)
 {
@@ -211,18 +232,9 @@ static void knobs_init(void)
         if (!strcmp(e, "1") || !strcmp(e, "8")) knobs.gemv_rows = atoi(e);
         else LOG_WARN("cpu", "SHARDLM_CPU_GEMV_ROWS=%s is not 1 or 8: ignored", e);
     }
-    e = getenv("SHARDLM_CPU_QUANT_SGEMM_MIN_M");
     int min_m_set = 0;
-    if (e && *e) {
-        char *end = NULL;
-        const long v = strtol(e, &end, 10);
-        if (*end || v < 1) {
-            LOG_WARN("cpu", "SHARDLM_CPU_QUANT_SGEMM_MIN_M=%s is not a row count >= 1: ignored", e);
-        } else {
-            knobs.quant_sgemm_min = v > INT_MAX ? INT_MAX : (int)v;
-            min_m_set = 1;
-        }
-    }
+    knobs.quant_sgemm_min = env_rows("SHARDLM_CPU_QUANT_SGEMM_MIN_M", QUANT_SGEMM_MIN_M, &min_m_set);
+    knobs.amx_packed_min = env_rows("SHARDLM_CPU_AMX_PACKED_MIN_M", QUANT_AMX_PACKED_MIN_M, NULL);
     const enum quant_impl best = quant_impl_best();
     knobs.int8_packed = !min_m_set && best != QUANT_IMPL_SCALAR;
 }
@@ -243,6 +255,12 @@ int cpu_quant_int8_packed(void)
 {
     pthread_once(&knobs_once, knobs_init);
     return knobs.int8_packed;
+}
+
+int cpu_quant_amx_packed_min_m(void)
+{
+    pthread_once(&knobs_once, knobs_init);
+    return knobs.amx_packed_min;
 }
 
 /* Whether a block w with m rows of x takes the int8 products (else the tiles), the knobs read once. */
@@ -334,11 +352,16 @@ static void matmul_quant(struct backend *b, const struct tensor *y, const struct
 }
 
 /* AMX tiles take bf16 w and block w (dequantized), with k a multiple of their 32-wide chunks;
- * block w only from QUANT_AMX_MIN_M rows of x (the int8 products win below). */
+ * block w only from QUANT_AMX_MIN_M rows of x (the int8 products win below), packed block w
+ * taken by the int8 products at every row count only from knobs.amx_packed_min rows. */
 static int matmul_amx_fits(const struct tensor *w, int64_t m, int64_t k)
 {
     if (k == 0 || k % 32 || !cpu_amx_enabled()) return 0;
-    return w->dtype == DTYPE_BF16 || (dtype_is_quant(w->dtype) && m >= QUANT_AMX_MIN_M);
+    if (w->dtype == DTYPE_BF16) return 1;
+    if (!dtype_is_quant(w->dtype)) return 0;
+    pthread_once(&knobs_once, knobs_init);
+    const int packed_int8 = knobs.int8_packed && tensor_packed(w);
+    return m >= (packed_int8 ? knobs.amx_packed_min : QUANT_AMX_MIN_M);
 }
 
 /* Rows of a packed block w dequantized together before their rounding to bf16 (one group). */
