@@ -177,10 +177,34 @@ __attribute__((target("avx2,fma"))) static void gemv_row1_avx2(float *y, const f
     }
 }
 
+/* The eight-row pass written out for AVX-512: eight accumulators (one per row of w) against one
+ * load of x per 16 columns, the tail masked; rows left over (nb % 8) by gemv_rows_body. On the
+ * Intel Xeon with AMX of 2026-12-02 it decoded the stories110M shape 6-8 % faster than the same
+ * pass compiled from gemv_rows_body (32.1-32.3 against 29.6-30.6 tok/s at one thread, 64.8-65.5
+ * against 60.2-61.6 at two, alternating runs); software prefetching 256 B to 1 KiB ahead in it
+ * gained nothing there (the hardware prefetcher keeps up with eight streams). */
 __attribute__((target("avx512f"))) static void gemv_rows_avx512(float *y, const float *w_rows,
                                                                 const float *x, int64_t nb, int64_t k)
 {
-    gemv_rows_body(y, w_rows, x, nb, k);
+    const int64_t k16 = k / 16 * 16;
+    const __mmask16 tail = (__mmask16)((1u << (k - k16)) - 1);
+    int64_t j = 0;
+    for (; j + 8 <= nb; j += 8) {
+        const float *w0 = w_rows + j * k;
+        __m512 a[8];
+        for (int r = 0; r < 8; r++) a[r] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < k16; c += 16) {
+            const __m512 xv = _mm512_loadu_ps(x + c);
+            for (int r = 0; r < 8; r++) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + r * k + c), xv, a[r]);
+        }
+        if (tail) {
+            const __m512 xv = _mm512_maskz_loadu_ps(tail, x + k16);
+            for (int r = 0; r < 8; r++)
+                a[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w0 + r * k + k16), xv, a[r]);
+        }
+        for (int r = 0; r < 8; r++) y[j + r] = _mm512_reduce_add_ps(a[r]);
+    }
+    if (j < nb) gemv_rows_body(y + j, w_rows + j * k, x, nb - j, k);
 }
 
 __attribute__((target("avx2,fma"))) static void gemv_rows_avx2(float *y, const float *w_rows,
