@@ -236,7 +236,12 @@ def part_reasoning(shardlm, gguf_path, tmp):
                 check(reasoning_of(c.message) == reason.strip(),
                       f"think={think} sample {i}: the reasoning is the free one, byte for byte "
                       f"({reasoning_of(c.message)[:50]!r} vs {reason.strip()[:50]!r})")
-                if MARK in reply:
+                if MARK in reply and c.finish_reason == "length":
+                    # The marker came too late for the call to end within MAX_TOKENS (which sample
+                    # does depends on the CPU's rounding): a cut call, neither valid nor invalid.
+                    print(f"note think={think} sample {i}: a marker after </think>, the call cut at "
+                          f"{MAX_TOKENS} tokens: not counted")
+                elif MARK in reply:
                     after += 1
                     check(one_valid_call(c) and (c.message.content or "") == reply[:reply.index(MARK)].strip(),
                           f"think={think} sample {i}: a marker after </think> gives a valid call "
