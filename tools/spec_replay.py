@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""tools/spec_replay.py - how far prompt lookup can go on a workload, without the model: the greedy
+outputs of SQuAD held-out questions (the prompts tools/bench_speculative.py sends, rendered by the
+GGUF's own chat template with jinja2) are generated once by a plain server, with every prompt
+token's id (prompt_logprobs 0), and prompt lookup is replayed offline. With greedy decoding a draft
+is accepted exactly as far as it equals the recorded continuation, so any drafting rule can be
+scored. A step that verifies d drafts costs 1 + c d plain steps (c: a verification row's cost in
+plain steps; about 0.125 on the 2-core VMs of docs/speculative.md). Prints, per rule and draft
+limit K (the adaptive length of conductor_speculate.c: +2 after a step that accepted every draft,
+else -1), the speed-up at each c, the acceptance, and an oracle that copies from the best earlier
+position. Not a test.
+
+  python3 tools/spec_replay.py --shardlm build/cli/shardlm --model FILE.gguf
+      [--squad .cache/chat-data/squad_eval.json] [--questions 200] [--max-tokens 64]
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "server"))
+import test_server as TS  # noqa: E402
+
+
+def lookup(t, ngram, k, n_min=2, longest=False, cap=64):
+    """Drafts for context t: conductor_speculate.c's lookup_draft (the last ngram down to n_min
+    tokens, their latest earlier occurrence), or with longest the occurrence whose preceding
+    tokens agree longest with t's."""
+    n_tok = len(t)
+    for n in range(ngram, n_min - 1, -1):
+        if n_tok <= n:
+            continue
+        tail, best, best_len = t[n_tok - n:], -1, 0
+        for at in range(n_tok - n - 1, -1, -1):
+            if t[at:at + n] != tail:
+                continue
+            if not longest:
+                best = at
+                break
+            ln = n
+            while ln < cap and at - (ln - n) > 0 and t[at - (ln - n) - 1] == t[n_tok - ln - 1]:
+                ln += 1
+            if ln > best_len:
+                best, best_len = at, ln
+        if best >= 0 and t[best + n:best + n + k]:
+            return t[best + n:best + n + k]
+    return []
+
+
+def replay(seqs, rule, limit, c):
+    """-> (tokens per unit of cost, drafted, accepted) over every sequence."""
+    tokens, cost, drafted, accepted = 0, 0.0, 0, 0
+    for n_prompt, t in seqs:
+        pos, length = n_prompt + 1, limit  # the first token comes from the prefill
+        while pos < len(t):
+            d = rule(t[:pos], length)
+            a = 0
+            while a < len(d) and pos + a < len(t) and d[a] == t[pos + a]:
+                a += 1
+            got = min(a + 1, len(t) - pos)
+            tokens, cost, drafted, accepted = tokens + got, cost + 1 + c * len(d), drafted + len(d), accepted + a
+            if d:
+                length = min(limit, length + 2) if a == len(d) else max(1, length - 1)
+            pos += got
+    return tokens / cost, drafted, accepted
+
+
+def oracle(seqs, limit):
+    """Tokens per step when each step copies the longest span (at most limit) that any earlier
+    position continues with, verification free."""
+    tokens = steps = 0
+    for n_prompt, t in seqs:
+        pos = n_prompt + 1
+        while pos < len(t):
+            best = 0
+            for at in range(pos):
+                a = 0
+                while a < limit and pos + a < len(t) and at + a < pos and t[at + a] == t[pos + a]:
+                    a += 1
+                best = max(best, a)
+            got = min(best + 1, len(t) - pos)
+            tokens, steps, pos = tokens + got, steps + 1, pos + got
+    return tokens / steps
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--model", required=True, help="a GGUF (its chat template renders the prompts)")
+    ap.add_argument("--squad", default=str(ROOT / ".cache" / "chat-data" / "squad_eval.json"))
+    ap.add_argument("--questions", type=int, default=200)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    a = ap.parse_args()
+    import gguf
+    import jinja2
+    field = gguf.GGUFReader(a.model).fields["tokenizer.chat_template"]
+    template = jinja2.Environment().from_string(bytes(field.parts[field.data[0]]).decode())
+    qs = json.load(open(a.squad))
+    step = max(1, len(qs) // a.questions)
+    prompts = [template.render(messages=[{"role": "user", "content": q["prompt"]}], add_generation_prompt=True)
+               for q in qs[::step][: a.questions]]
+    seqs = []
+    try:
+        with TS.Server(a.shardlm, Path(a.model), name="spec-replay") as srv, srv.client(timeout=600) as cl:
+            for p in prompts:
+                g = cl.generate(p, max_tokens=a.max_tokens, temperature=0, prompt_logprobs=0)
+                ids = [x.token_id for x in g.prompt_logprobs]
+                seqs.append((len(ids), ids + list(g.token_ids)))
+    finally:
+        TS.kill_all()
+    n_out = sum(len(t) - n for n, t in seqs)
+    print(f"{len(seqs)} SQuAD held-out questions, {a.max_tokens} tokens at most, greedy: {n_out} generated tokens, "
+          f"median prompt {sorted(n for n, _ in seqs)[len(seqs) // 2]} tokens; model {a.model}")
+    rules = {"shardlm's (last 3 then 2 tokens, latest occurrence)": lambda t, k: lookup(t, 3, k),
+             "longest agreeing context": lambda t, k: lookup(t, 3, k, longest=True),
+             "down to the last 1 token": lambda t, k: lookup(t, 3, k, n_min=1)}
+    print("| rule | K | c = 0.125 | c = 0.25 | c = 0 | acceptance |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, rule in rules.items():
+        for k in (2, 4, 8, 32):
+            r = [replay(seqs, rule, k, c) for c in (0.125, 0.25, 0.0)]
+            print(f"| {name} | {k} | {r[0][0]:.2f}x | {r[1][0]:.2f}x | {r[2][0]:.2f}x | "
+                  f"{100 * r[0][2] / max(1, r[0][1]):.0f} % |")
+    print(f"oracle (copies the best earlier span, verification free): K 4 {oracle(seqs, 4):.2f}x, "
+          f"K 8 {oracle(seqs, 8):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
