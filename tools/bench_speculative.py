@@ -64,12 +64,23 @@ def run(srv, prompts, max_tokens, parallel):
     return [r[0] for r in res], sum(r[1] for r in res), sum(r[2] for r in res)
 
 
-def llama_lookup(binary, model, prompts, max_tokens, threads, draft):
-    """llama.cpp's prompt lookup at batch 1: (answers, decoded tokens, decode seconds, drafted, accepted)."""
+def gguf_template(model):
+    """The GGUF's own chat template as a jinja2 template."""
     import gguf
     import jinja2
     field = gguf.GGUFReader(model).fields["tokenizer.chat_template"]
-    template = jinja2.Environment().from_string(bytes(field.parts[field.data[0]]).decode())
+    return jinja2.Environment().from_string(bytes(field.parts[field.data[0]]).decode())
+
+
+def squad_prompts(path, n):
+    """n held-out SQuAD prompts spread over the file (tools/prepare_chat_data.py's squad_eval.json)."""
+    qs = json.load(open(path))
+    return [q["prompt"] for q in qs[::max(1, len(qs) // n)][:n]]
+
+
+def llama_lookup(binary, model, prompts, max_tokens, threads, draft):
+    """llama.cpp's prompt lookup at batch 1: (answers, decoded tokens, decode seconds, drafted, accepted)."""
+    template = gguf_template(model)
     answers, n, t, drafted, accepted = [], 0, 0.0, 0, 0
     for p in prompts:
         with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
@@ -106,9 +117,7 @@ def main():
     if a.open:
         prompts, what = OPEN_PROMPTS[: a.questions], "everyday requests without a passage"
     else:
-        qs = json.load(open(a.squad))
-        step = max(1, len(qs) // a.questions)
-        prompts, what = [q["prompt"] for q in qs[::step][: a.questions]], "SQuAD held-out questions"
+        prompts, what = squad_prompts(a.squad, a.questions), "SQuAD held-out questions"
     print(f"CPU: {TS.cpu_name()}; model {a.model}; {len(prompts)} {what}, greedy, "
           f"{a.max_tokens} tokens at most, --threads {a.threads}")
     out = {}

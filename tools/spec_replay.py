@@ -14,12 +14,12 @@ position. Not a test.
       [--squad .cache/chat-data/squad_eval.json] [--questions 200] [--max-tokens 64]
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "server"))
+import bench_speculative as BS  # noqa: E402  (beside this file)
 import test_server as TS  # noqa: E402
 
 
@@ -92,14 +92,9 @@ def main():
     ap.add_argument("--questions", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=64)
     a = ap.parse_args()
-    import gguf
-    import jinja2
-    field = gguf.GGUFReader(a.model).fields["tokenizer.chat_template"]
-    template = jinja2.Environment().from_string(bytes(field.parts[field.data[0]]).decode())
-    qs = json.load(open(a.squad))
-    step = max(1, len(qs) // a.questions)
-    prompts = [template.render(messages=[{"role": "user", "content": q["prompt"]}], add_generation_prompt=True)
-               for q in qs[::step][: a.questions]]
+    template = BS.gguf_template(a.model)
+    prompts = [template.render(messages=[{"role": "user", "content": p}], add_generation_prompt=True)
+               for p in BS.squad_prompts(a.squad, a.questions)]
     seqs = []
     try:
         with TS.Server(a.shardlm, Path(a.model), name="spec-replay") as srv, srv.client(timeout=600) as cl:
