@@ -1,6 +1,7 @@
 /* tests/test_bpe_tool.c - a command-line driver of engine/text/tokenizer.h for tests/test_bpe.py:
  *   test_bpe_tool load PATH              loads PATH (tokenizer.json, tokenizer.model, a .gguf or a
- *                                        model directory); prints "OK vocab=N bos=B eos=E" or
+ *                                        model directory); prints "OK vocab=N bos=B eos=E special=S
+ *                                        kind=K" (tokenizer_kind) or
  *                                        "ERROR <message>" and exits 1
  *   test_bpe_tool encode PATH CORPUS     CORPUS holds texts as "<length>\n<bytes>\n"; prints one
  *                                        JSON line per text: ids, the decode (hex) and whether the
@@ -139,8 +140,8 @@ int main(int argc, char **argv)
         return 1;
     }
     if (!strcmp(argv[1], "load")) {
-        printf("OK vocab=%d bos=%d eos=%d special=%d\n", tokenizer_vocab_size(t), tokenizer_bos_id(t), tokenizer_eos_id(t),
-               tokenizer_encodes_special(t));
+        printf("OK vocab=%d bos=%d eos=%d special=%d kind=%s\n", tokenizer_vocab_size(t), tokenizer_bos_id(t),
+               tokenizer_eos_id(t), tokenizer_encodes_special(t), tokenizer_kind(t));
         tokenizer_free(t);
         return 0;
     }

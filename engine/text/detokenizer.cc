@@ -139,7 +139,7 @@ enum status sp_detok_push_shown(struct detokenizer *d, int32_t id, const char **
         enum status st = detok_decode_prefix(d, d->n_pending, &s);
         if (st != STATUS_OK) return st;
     }
-    s.append(d->tok->pieces[id]);
+    s.append(piece_of(d->tok, id));
     d->n_pending = 0;
     d->started = 1;
     return detok_set_out(d, s.data(), s.size(), text, len);

@@ -1,9 +1,11 @@
-/* engine/text/tokenizer.cc - the tokenizer (tokenizer.h): SentencePiece's C++ processor behind a C
- * interface and the dispatch to the tokenizer.json kinds (bpe.h: from a file or GGUF metadata); the
- * incremental detokenizer is detokenizer.cc (struct tokenizer: tokenizer_impl.h). C++, like
- * detokenizer.cc: every entry point catches everything, nothing exits.
- * Not here: chat templates or stop sequences (the server), BPE itself (bpe.c, tokenizer_json.c).
- * Tests: tests/test_tokenizer.c. */
+/* engine/text/tokenizer.cc - the tokenizer (tokenizer.h): SentencePiece models (BPE ones by spm.c,
+ * the rest by SentencePiece's C++ processor) behind a C interface and the dispatch to the
+ * tokenizer.json kinds (bpe.h: from a file or GGUF metadata); the incremental detokenizer is
+ * detokenizer.cc (struct tokenizer: tokenizer_impl.h). C++, like detokenizer.cc: every entry point
+ * catches everything, nothing exits.
+ * Not here: chat templates or stop sequences (the server), BPE itself (bpe.c, tokenizer_json.c,
+ * spm.c).
+ * Tests: tests/test_tokenizer.c, tests/test_spm.py. */
 #include "tokenizer.h"
 #include "gpt2_files.h"
 
@@ -42,6 +44,15 @@ enum status status_from_sp(const sentencepiece::util::Status &st, enum status co
 
 enum status tokenizer_decode_ids(const struct tokenizer *t, const std::vector<int> &ids, std::string *out)
 {
+    if (t->spm) {
+        char *p = nullptr;
+        size_t n = 0, cap = 0;
+        static_assert(sizeof(int) == sizeof(int32_t), "ids are int32_t");
+        enum status s = spm_decode(t->spm, (const int32_t *)ids.data(), ids.size(), &p, &n, &cap);
+        if (s == STATUS_OK) out->assign(p ? p : "", n);
+        free(p);
+        return s;
+    }
     const sentencepiece::util::Status st = t->sp.Decode(ids, out);
     if (!st.ok()) return status_from_sp(st, STATUS_INTERNAL, "tokenizer: decode failed");
     return STATUS_OK;
@@ -93,7 +104,7 @@ enum status choose_anchor(struct tokenizer *t)
     std::vector<int32_t> candidates;
     for (int pass = 0; pass < 4 && candidates.size() < 8; pass++) {
         for (int id = 0; id < t->vocab_size && candidates.size() < 8; id++) {
-            const std::string_view p = t->pieces[id];
+            const std::string_view p = piece_of(t, id);
             const uint8_t f = t->flags[id];
             const bool ordinary = !(f & (PIECE_CONTROL | PIECE_BYTE | PIECE_UNKNOWN | PIECE_UNUSED));
             bool ok = false;
@@ -112,7 +123,7 @@ enum status choose_anchor(struct tokenizer *t)
     int32_t probe = -1;
     for (int id = 0; id < t->vocab_size && probe < 0; id++)
         if (!(t->flags[id] & (PIECE_CONTROL | PIECE_BYTE | PIECE_UNKNOWN | PIECE_UNUSED)) &&
-            t->pieces[id].compare(0, 3, kSpaceSymbol) == 0)
+            piece_of(t, id).compare(0, 3, kSpaceSymbol) == 0)
             probe = id;
     for (int32_t id : candidates) {
         std::string text;
@@ -200,8 +211,66 @@ size_t max_token_bytes(const struct tokenizer *t, std::string_view model)
     size_t most = 1;
     for (int id = 0; id < t->vocab_size; id++)
         if (!(t->flags[id] & (PIECE_BYTE | PIECE_UNUSED)))
-            most = t->pieces[id].size() > most ? t->pieces[id].size() : most;
+            most = piece_of(t, id).size() > most ? piece_of(t, id).size() : most;
     return most;
+}
+
+/* Whether SentencePiece BPE models go to libsentencepiece rather than spm.c:
+ * SHARDLM_SENTENCEPIECE=lib (the comparison tests and a way back should spm.c ever differ). */
+bool use_libsentencepiece()
+{
+    const char *v = getenv("SHARDLM_SENTENCEPIECE");
+    return v && strcmp(v, "lib") == 0;
+}
+
+/* The vocabulary of spm.c's model into t. */
+void fill_from_spm(struct tokenizer *t)
+{
+    t->vocab_size = spm_size(t->spm);
+    t->flags.resize(t->vocab_size);
+    t->byte_of.resize(t->vocab_size);
+    int32_t unk, bos, eos, pad;
+    spm_special_ids(t->spm, &unk, &bos, &eos, &pad);
+    t->bos_id = bos, t->eos_id = eos, t->pad_id = pad, t->unk_id = unk;
+    for (int id = 0; id < t->vocab_size; id++) {
+        const enum spm_type type = spm_piece_type(t->spm, id);
+        t->flags[id] = type == SPM_CONTROL ? PIECE_CONTROL : type == SPM_UNKNOWN ? PIECE_UNKNOWN
+                     : type == SPM_UNUSED  ? PIECE_UNUSED  : type == SPM_BYTE    ? PIECE_BYTE : 0;
+        t->byte_of[id] = (int16_t)(type == SPM_BYTE ? parse_byte_piece(piece_of(t, id)) : -1);
+    }
+}
+
+/* The vocabulary of libsentencepiece's processor, loaded from bytes, into t. */
+enum status fill_from_sp(struct tokenizer *t, std::string_view bytes, const char *name)
+{
+    const sentencepiece::util::Status st = t->sp.LoadFromSerializedProto(bytes);
+    if (!st.ok())
+        return status_errorf(STATUS_BAD_FORMAT, "%s: not a SentencePiece model (%s)", name, st.message());
+    t->vocab_size = t->sp.GetPieceSize();
+    if (t->vocab_size <= 0) return status_errorf(STATUS_BAD_FORMAT, "%s: SentencePiece model has no pieces", name);
+    t->bos_id = t->sp.bos_id();
+    t->eos_id = t->sp.eos_id();
+    t->pad_id = t->sp.pad_id();
+    t->unk_id = t->sp.unk_id();
+    t->flags.resize(t->vocab_size);
+    t->byte_of.resize(t->vocab_size);
+    for (int id = 0; id < t->vocab_size; id++) {
+        uint8_t f = 0;
+        if (t->sp.IsControl(id)) f |= PIECE_CONTROL;
+        if (t->sp.IsUnknown(id)) f |= PIECE_UNKNOWN;
+        if (t->sp.IsUnused(id)) f |= PIECE_UNUSED;
+        int b = -1;
+        if (t->sp.IsByte(id)) {
+            b = parse_byte_piece(piece_of(t, id));
+            if (b < 0)
+                return status_errorf(STATUS_BAD_FORMAT, "%s: byte piece %d is \"%s\"", name, id,
+                                     std::string(piece_of(t, id)).c_str());
+            f |= PIECE_BYTE;
+        }
+        t->flags[id] = f;
+        t->byte_of[id] = (int16_t)b;
+    }
+    return STATUS_OK;
 }
 
 enum status load_proto(std::string_view bytes, const char *name, struct tokenizer **out)
@@ -209,54 +278,28 @@ enum status load_proto(std::string_view bytes, const char *name, struct tokenize
     *out = nullptr;
     struct tokenizer *t = new (std::nothrow) tokenizer;
     if (!t) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", name);
-    const sentencepiece::util::Status st = t->sp.LoadFromSerializedProto(bytes);
-    if (!st.ok()) {
-        delete t;
-        return status_errorf(STATUS_BAD_FORMAT, "%s: not a SentencePiece model (%s)", name,
-                             st.message());
+    enum status s = use_libsentencepiece() ? STATUS_UNSUPPORTED : spm_load(bytes.data(), bytes.size(), &t->spm);
+    if (s == STATUS_OK) {
+        fill_from_spm(t);
+    } else if (s == STATUS_UNSUPPORTED) {
+        s = fill_from_sp(t, bytes, name);
+    } else {
+        s = status_errorf(s, "%s: %s", name, status_message());
     }
-    t->vocab_size = t->sp.GetPieceSize();
-    if (t->vocab_size <= 0) {
+    if (s != STATUS_OK) {
         delete t;
-        return status_errorf(STATUS_BAD_FORMAT, "%s: SentencePiece model has no pieces", name);
-    }
-    t->bos_id = t->sp.bos_id();
-    t->eos_id = t->sp.eos_id();
-    t->pad_id = t->sp.pad_id();
-    t->unk_id = t->sp.unk_id();
-    t->pieces.resize(t->vocab_size);
-    t->flags.resize(t->vocab_size);
-    t->byte_of.resize(t->vocab_size);
-    for (int id = 0; id < t->vocab_size; id++) {
-        t->pieces[id] = t->sp.IdToPiece(id);
-        uint8_t f = 0;
-        if (t->sp.IsControl(id)) f |= PIECE_CONTROL;
-        if (t->sp.IsUnknown(id)) f |= PIECE_UNKNOWN;
-        if (t->sp.IsUnused(id)) f |= PIECE_UNUSED;
-        int b = -1;
-        if (t->sp.IsByte(id)) {
-            b = parse_byte_piece(t->pieces[id]);
-            if (b < 0) {
-                const std::string p(t->pieces[id]);
-                delete t;
-                return status_errorf(STATUS_BAD_FORMAT, "%s: byte piece %d is \"%s\"", name, id,
-                                     p.c_str());
-            }
-            f |= PIECE_BYTE;
-        }
-        t->flags[id] = f;
-        t->byte_of[id] = (int16_t)b;
+        return s;
     }
     t->max_token_bytes = max_token_bytes(t, bytes);
     for (int id = 0; id < t->vocab_size; id++) {
-        const std::string_view p = t->pieces[id];
+        const std::string_view p = piece_of(t, id);
         if (!(t->flags[id] & (PIECE_CONTROL | PIECE_UNKNOWN)) || p.empty() || !t->special_ids.emplace(p, id).second) continue;
         t->special_first[(uint8_t)p[0]] = true;
         if (std::find(t->special_lens.begin(), t->special_lens.end(), p.size()) == t->special_lens.end())
             t->special_lens.push_back(p.size());
     }
     std::sort(t->special_lens.rbegin(), t->special_lens.rend());
-    enum status s = choose_anchor(t);
+    s = choose_anchor(t);
     if (s != STATUS_OK) {
         delete t;
         return s;
@@ -340,7 +383,7 @@ enum status sp_decode_shown(const struct tokenizer *t, const int32_t *ids, int n
             if (st != STATUS_OK) return st;
             out->append(s);
         }
-        if (j < n) out->append(t->pieces[ids[j]]), shown = 1;
+        if (j < n) out->append(piece_of(t, ids[j])), shown = 1;
         i = j + 1;
     }
     return STATUS_OK;
@@ -477,6 +520,11 @@ void tokenizer_free(struct tokenizer *t)
 
 int tokenizer_vocab_size(const struct tokenizer *t) { return t->vocab_size; }
 
+const char *tokenizer_kind(const struct tokenizer *t)
+{
+    return t->bpe ? "tokenizer.json" : t->spm ? "sentencepiece-bpe" : "libsentencepiece";
+}
+
 int tokenizer_encodes_special(const struct tokenizer *t) { return t->bpe != nullptr || !t->special_ids.empty(); }
 int tokenizer_bos_id(const struct tokenizer *t) { return t->bos_id; }
 int tokenizer_eos_id(const struct tokenizer *t) { return t->eos_id; }
@@ -541,8 +589,17 @@ enum status tokenizer_encode(const struct tokenizer *t, const char *text, size_t
             }
             if (id < 0 && i < len) continue;
             if (i > seg || (seg == 0 && i == len)) {
-                const sentencepiece::util::Status st = t->sp.Encode(all.substr(seg, i - seg), &part);
-                if (!st.ok()) return status_from_sp(st, STATUS_INTERNAL, "tokenizer: encode failed");
+                if (t->spm) {
+                    int32_t *p = nullptr;
+                    size_t got = 0, cap = 0;
+                    const enum status es = spm_encode(t->spm, text + seg, i - seg, &p, &got, &cap);
+                    if (es == STATUS_OK) part.assign(p, p + got);
+                    free(p);
+                    if (es != STATUS_OK) return es;
+                } else {
+                    const sentencepiece::util::Status st = t->sp.Encode(all.substr(seg, i - seg), &part);
+                    if (!st.ok()) return status_from_sp(st, STATUS_INTERNAL, "tokenizer: encode failed");
+                }
                 v.insert(v.end(), part.begin(), part.end());
             }
             if (id < 0) break;
@@ -621,7 +678,7 @@ enum status tokenizer_decode_opts(const struct tokenizer *t, const int32_t *ids,
 const char *tokenizer_id_to_piece(const struct tokenizer *t, int32_t id)
 {
     if (!id_valid(t, id)) return nullptr;
-    return t->bpe ? t->bpe->pieces[id] : t->pieces[id].data(); /* NUL-terminated: see tokenizer_impl.h */
+    return t->bpe ? t->bpe->pieces[id] : piece_of(t, id).data(); /* NUL-terminated: see tokenizer_impl.h */
 }
 
 int32_t tokenizer_piece_to_id(const struct tokenizer *t, const char *piece)
@@ -629,9 +686,9 @@ int32_t tokenizer_piece_to_id(const struct tokenizer *t, const char *piece)
     if (!piece) return -1;
     if (t->bpe) return bpe_piece_to_id(t->bpe, piece, strlen(piece));
     try {
-        const int id = t->sp.PieceToId(piece);
+        const int id = t->spm ? spm_piece_to_id(t->spm, piece, strlen(piece)) : t->sp.PieceToId(piece);
         /* SentencePiece answers the unk id for pieces it does not know. */
-        if (!id_valid(t, id) || t->pieces[id] != piece) return -1;
+        if (!id_valid(t, id) || piece_of(t, id) != piece) return -1;
         return id;
     } catch (...) {
         return -1;

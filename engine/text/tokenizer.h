@@ -67,6 +67,10 @@ void tokenizer_free(struct tokenizer *t);
 
 /* Number of pieces; ids are 0 .. vocab_size-1. */
 int tokenizer_vocab_size(const struct tokenizer *t);
+/* Which implementation runs t, for logs and tests: "sentencepiece-bpe" (engine/text/spm.c),
+ * "libsentencepiece" (SentencePiece's own processor: Unigram models, character maps,
+ * SHARDLM_SENTENCEPIECE=lib) or "tokenizer.json" (bpe.h's kinds, tiktoken). */
+const char *tokenizer_kind(const struct tokenizer *t);
 /* 1 when tokenizer_encode turns the strings of special tokens in a text into their ids (byte-level
  * BPE and the other tokenizer.json kinds: added tokens are matched first; SentencePiece: its
  * control and unknown pieces, "<s>", "<start_of_turn>"..., as Hugging Face's tokenizers do), so

@@ -14,6 +14,7 @@
 #include <sentencepiece_processor.h>
 
 #include "bpe.h"
+#include "spm.h"
 #include "tokenizer.h"
 
 /* Per-id flags, cached at load so that the hot paths never call into SentencePiece. */
@@ -31,13 +32,17 @@ struct tokenizer {
     /* The kind: byte-level BPE when bpe is set (then only vocab_size, the special ids and
      * max_token_bytes below are used), SentencePiece otherwise. */
     struct bpe *bpe = nullptr;
-    ~tokenizer() { bpe_free(bpe); }
+    /* A SentencePiece BPE model: spm.c's, unless SHARDLM_SENTENCEPIECE=lib or the model is one
+     * spm.c does not take (then sp, libsentencepiece's processor, holds it). */
+    struct spm *spm = nullptr;
+    ~tokenizer()
+    {
+        bpe_free(bpe);
+        spm_free(spm);
+    }
     sentencepiece::SentencePieceProcessor sp;
     int vocab_size = 0;
     int bos_id = -1, eos_id = -1, pad_id = -1, unk_id = -1;
-    /* (vocab_size) each piece's text: views into sp's own strings (SentencePiece keeps them,
-     * NUL-terminated, for its lifetime), not a second copy of a 262,144-piece vocabulary. */
-    std::vector<std::string_view> pieces;
     std::vector<uint8_t>     flags;   /* (vocab_size) PIECE_* bits */
     std::vector<int16_t>     byte_of; /* (vocab_size) the byte of a byte piece, else -1 */
     /* A piece that decodes to the same non-empty text wherever it stands. The detokenizer puts
@@ -47,7 +52,7 @@ struct tokenizer {
     std::string anchor_text;
     /* The most input bytes one id can cover, for tokenizer_min_tokens; 0 when unbounded. */
     size_t max_token_bytes = 0;
-    /* SentencePiece: the control and unknown pieces' strings (views into pieces), which encode
+    /* SentencePiece: the control and unknown pieces' strings (views: piece_of), which encode
      * turns into their ids as Hugging Face does; their distinct lengths, longest first, and
      * which bytes start one. */
     std::unordered_map<std::string_view, int32_t> special_ids;
@@ -56,6 +61,18 @@ struct tokenizer {
 };
 
 inline bool id_valid(const struct tokenizer *t, int32_t id) { return id >= 0 && id < t->vocab_size; }
+
+/* Piece id's text (a SentencePiece kind; id valid): a view into spm's arena or sp's own strings,
+ * both NUL-terminated and kept for the tokenizer's lifetime (no table of views: 4 MB for Gemma). */
+inline std::string_view piece_of(const struct tokenizer *t, int32_t id)
+{
+    if (t->spm) {
+        size_t n;
+        const char *p = spm_piece(t->spm, id, &n);
+        return std::string_view(p, n);
+    }
+    return t->sp.IdToPiece(id);
+}
 
 /* SentencePiece's decoding of ids into *out (tokenizer.cc); STATUS_INTERNAL with its message. */
 enum status tokenizer_decode_ids(const struct tokenizer *t, const std::vector<int> &ids, std::string *out);
