@@ -23,6 +23,10 @@ struct spm {
      * user_len[user_len_at[c] .. user_len_at[c + 1]). */
     uint32_t *user_len;
     uint32_t  user_len_at[257];
+    /* user_second[c] bit d: a user-defined piece of two bytes or more starts with c, d; without
+     * it only a one-byte piece can match (Gemma's 30 runs of spaces are not looked up before a
+     * letter). */
+    uint64_t  user_second[256][4];
     int32_t   unk_id;             /* the UNKNOWN piece (exactly one) */
     int32_t   special[4];         /* spm_special_ids: unk, bos, eos, pad */
     int32_t   byte_id[256];       /* the id of "<0xNN>", -1 when absent */
@@ -229,6 +233,10 @@ static int index_user(struct spm *m, uint32_t n_user)
         table_add(m, m->user, m->user_mask, id); /* unique: the normal table checked it */
         first[k] = (uint8_t)m->arena[m->off[id]];
         lens[k++] = (uint32_t)piece_len(m, id);
+        if (lens[k - 1] >= 2) {
+            const uint8_t d = (uint8_t)m->arena[m->off[id] + 1];
+            m->user_second[first[k - 1]][d >> 6] |= 1ull << (d & 63);
+        }
         m->user_len_at[first[k - 1] + 1]++;
     }
     for (int c = 0; c < 256; c++) m->user_len_at[c + 1] += m->user_len_at[c];
@@ -415,9 +423,10 @@ static int utf8_valid(const uint8_t *s, size_t len, size_t *mblen)
 static size_t prefix_match(const struct spm *m, const char *s, size_t len, int *found)
 {
     const uint8_t c = (uint8_t)s[0];
+    const int longer = len >= 2 && (m->user_second[c][(uint8_t)s[1] >> 6] >> ((uint8_t)s[1] & 63) & 1);
     for (uint32_t i = m->user_len_at[c]; i < m->user_len_at[c + 1] && m->user_len[i]; i++) {
         const uint32_t l = m->user_len[i];
-        if (l <= len && table_find(m, m->user, m->user_mask, s, l) >= 0) {
+        if (l <= len && (l == 1 || longer) && table_find(m, m->user, m->user_mask, s, l) >= 0) {
             *found = 1;
             return l;
         }

@@ -348,6 +348,33 @@ def responses_seeds():
     put("http_responses", "previous", b"\x00" + json.dumps({"input": "again", "previous_response_id": "resp_x"}).encode())
 
 
+def spm_seeds():
+    """SentencePiece BPE protos for fuzz_spm: a 2-byte little-endian length, the ModelProto, a text."""
+    NORMAL, UNKNOWN, CONTROL, USER, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+    def piece(text, score, kind=NORMAL):
+        return f_bytes(1, f_bytes(1, text) + f_float(2, score) + f_varint(3, kind))
+
+    def model(pieces, trainer, normalizer):
+        return b"".join(pieces) + f_bytes(2, trainer) + f_bytes(3, normalizer)
+
+    base = [piece("<unk>", 0, UNKNOWN), piece("<s>", 0, CONTROL), piece("</s>", 0, CONTROL)]
+    words = [("\u2581", -1), ("a", -2), ("b", -3), ("c", -4), ("ab", -5), ("\u2581a", -6), ("\u2581ab", -7),
+             ("abc", -8), ("bc", -9), ("ca", -10, UNUSED), ("cab", -11), ("<tag>", 0, USER), ("  ", 0, USER),
+             ("\u00e9", -12)]
+    normal = [piece(*w) for w in words]
+    bytes_ = [piece("<0x%02X>" % i, 0, BYTE) for i in range(256)]
+    text = "  ab abc <tag> cacab  caca \u00e9\u00e8 <s>x</s> ".encode() + b"\xff\xc3 \xe2\x96\x81ab"
+    m1 = model(base + normal + bytes_, f_varint(3, 2) + f_varint(35, 1),
+               f_bytes(1, "identity") + f_varint(3, 1) + f_varint(4, 1) + f_varint(5, 1))
+    put("spm", "byte-fallback", struct.pack("<H", len(m1)) + m1 + text)
+    m2 = model(base + normal, f_varint(3, 2) + f_varint(24, 1) + f_bytes(44, "??"),
+               f_bytes(1, "identity") + f_varint(3, 0) + f_varint(4, 0) + f_varint(5, 0))
+    put("spm", "unk-runs-suffix", struct.pack("<H", len(m2)) + m2 + text)
+    m3 = model(base + normal, f_varint(3, 1), f_bytes(1, "identity"))
+    put("spm", "unigram", struct.pack("<H", len(m3)) + m3 + text)
+
+
 def main():
     convert_seeds()
     http_seeds()
@@ -361,6 +388,7 @@ def main():
     detokenize_seeds()
     train_seeds()
     grammar_seeds()
+    spm_seeds()
 
 
 if __name__ == "__main__":
