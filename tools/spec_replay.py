@@ -11,9 +11,10 @@ else -1), the speed-up at each c, the acceptance, and an oracle that copies from
 position. Not a test.
 
   python3 tools/spec_replay.py --shardlm build/cli/shardlm --model FILE.gguf
-      [--squad .cache/chat-data/squad_eval.json] [--questions 200] [--max-tokens 64]
+      [--squad .cache/chat-data/squad_eval.json] [--questions 200] [--max-tokens 64] [--trace FILE.json]
 """
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -66,6 +67,44 @@ def replay(seqs, rule, limit, c):
     return tokens / cost, drafted, accepted
 
 
+def tree(t, k, rows, ngram=3, n_min=1):
+    """A tree of drafts for context t: the continuations (up to k tokens) of every earlier
+    occurrence of the last ngram down to n_min tokens, longest match first, latest first, merged
+    into a trie of at most rows nodes (one verification row each). -> the set of its nodes (token
+    tuples; a node's tokens are its path from the root)."""
+    n_tok, nodes = len(t), set()
+    for n in range(ngram, n_min - 1, -1):
+        if n_tok <= n:
+            continue
+        tail = t[n_tok - n:]
+        for at in range(n_tok - n - 1, -1, -1):
+            if t[at:at + n] != tail:
+                continue
+            cont = tuple(t[at + n:at + n + k])
+            for i in range(1, len(cont) + 1):
+                if len(nodes) >= rows:
+                    return nodes
+                nodes.add(cont[:i])
+    return nodes
+
+
+def replay_tree(seqs, k, rows, c):
+    """-> (tokens per unit of cost, rows verified, tokens accepted, steps) with tree drafts: a step
+    verifies every node of the tree and keeps the longest path that equals the continuation."""
+    tokens, cost, drafted, accepted, steps = 0, 0.0, 0, 0, 0
+    for n_prompt, t in seqs:
+        pos = n_prompt + 1
+        while pos < len(t):
+            nodes = tree(t[:pos], k, rows)
+            a = 0
+            while pos + a < len(t) and tuple(t[pos:pos + a + 1]) in nodes:
+                a += 1
+            got = min(a + 1, len(t) - pos)
+            tokens, cost, drafted, accepted = tokens + got, cost + 1 + c * len(nodes), drafted + len(nodes), accepted + a
+            pos, steps = pos + got, steps + 1
+    return tokens / cost, drafted, accepted, steps
+
+
 def oracle(seqs, limit):
     """Tokens per step when each step copies the longest span (at most limit) that any earlier
     position continues with, verification free."""
@@ -84,17 +123,8 @@ def oracle(seqs, limit):
     return tokens / steps
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shardlm", required=True)
-    ap.add_argument("--model", required=True, help="a GGUF (its chat template renders the prompts)")
-    ap.add_argument("--squad", default=str(ROOT / ".cache" / "chat-data" / "squad_eval.json"))
-    ap.add_argument("--questions", type=int, default=200)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    a = ap.parse_args()
-    template = BS.gguf_template(a.model)
-    prompts = [template.render(messages=[{"role": "user", "content": p}], add_generation_prompt=True)
-               for p in BS.squad_prompts(a.squad, a.questions)]
+def generate(a, prompts):
+    """[(prompt length, prompt ids + greedy output ids)] from a plain server."""
     seqs = []
     try:
         with TS.Server(a.shardlm, Path(a.model), name="spec-replay") as srv, srv.client(timeout=600) as cl:
@@ -104,6 +134,28 @@ def main():
                 seqs.append((len(ids), ids + list(g.token_ids)))
     finally:
         TS.kill_all()
+    return seqs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--model", required=True, help="a GGUF (its chat template renders the prompts)")
+    ap.add_argument("--squad", default=str(ROOT / ".cache" / "chat-data" / "squad_eval.json"))
+    ap.add_argument("--questions", type=int, default=200)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--trace", help="a JSON file: read the token sequences from it when it exists (no server), "
+                    "else write them there after generating")
+    a = ap.parse_args()
+    template = BS.gguf_template(a.model)
+    prompts = [template.render(messages=[{"role": "user", "content": p}], add_generation_prompt=True)
+               for p in BS.squad_prompts(a.squad, a.questions)]
+    if a.trace and Path(a.trace).exists():
+        seqs = [tuple(x) for x in json.loads(Path(a.trace).read_text())]
+    else:
+        seqs = generate(a, prompts)
+        if a.trace:
+            Path(a.trace).write_text(json.dumps(seqs))
     n_out = sum(len(t) - n for n, t in seqs)
     print(f"{len(seqs)} SQuAD held-out questions, {a.max_tokens} tokens at most, greedy: {n_out} generated tokens, "
           f"median prompt {sorted(n for n, _ in seqs)[len(seqs) // 2]} tokens; model {a.model}")
@@ -117,6 +169,14 @@ def main():
             r = [replay(seqs, rule, k, c) for c in (0.125, 0.25, 0.0)]
             print(f"| {name} | {k} | {r[0][0]:.2f}x | {r[1][0]:.2f}x | {r[2][0]:.2f}x | "
                   f"{100 * r[0][2] / max(1, r[0][1]):.0f} % |")
+    print("| tree drafter (every earlier occurrence of the last 3, 2, 1 tokens) | K | rows R | c = 0.125 | c = 0.25 | c = 0 "
+          "| rows / step | tokens / step |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for k, rows in ((4, 4), (4, 8), (4, 16), (8, 8), (8, 16), (8, 32), (16, 32), (16, 64)):
+        r = [replay_tree(seqs, k, rows, c) for c in (0.125, 0.25, 0.0)]
+        _, drafted, accepted, steps = r[0]
+        print(f"| tree | {k} | {rows} | {r[0][0]:.2f}x | {r[1][0]:.2f}x | {r[2][0]:.2f}x | "
+              f"{drafted / steps:.1f} | {(accepted + steps) / steps:.2f} |")
     print(f"oracle (copies the best earlier span, verification free): K 4 {oracle(seqs, 4):.2f}x, "
           f"K 8 {oracle(seqs, 8):.2f}x")
 
