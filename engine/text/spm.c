@@ -264,6 +264,17 @@ static int index_user(struct spm *m, uint32_t n_user)
     return 0;
 }
 
+/* Whether a SelfTestData message (ModelProto field 4) holds samples, which SentencePiece encodes at
+ * load and refuses the model when one differs (left to it), or is malformed, which fails its
+ * parse (found by fuzz_spm: spm.c took a proto whose field 4 protobuf could not read). */
+static int self_test_samples(const uint8_t *p, size_t len)
+{
+    struct pb_field f;
+    for (size_t at = 0; at < len;)
+        if (pb_next_field(p, len, &at, &f) || f.number == 1) return 1;
+    return 0;
+}
+
 enum status spm_load(const void *proto, size_t len, struct spm **out)
 {
     *out = NULL;
@@ -287,6 +298,8 @@ enum status spm_load(const void *proto, size_t len, struct spm **out)
             arena_bytes += n + 1;
         } else if ((f.number == 2 || f.number == 3 || f.number == 5) &&
                    read_spec(p + f.payload, f.end - f.payload, (int)f.number, &sp)) {
+            return STATUS_UNSUPPORTED;
+        } else if (f.number == 4 && self_test_samples(p + f.payload, f.end - f.payload)) {
             return STATUS_UNSUPPORTED;
         }
     }

@@ -14,12 +14,14 @@
  * malformed byte), control pieces invisible, the unknown piece as unk_surface.
  * What it does not take (spm_load answers STATUS_UNSUPPORTED and tokenizer.cc keeps
  * libsentencepiece for it): the Unigram, word and char models, a precompiled character map or
- * normalization rules, a denormalizer, and protos SentencePiece would refuse (duplicate or empty
- * pieces, no unknown piece, byte pieces without byte_fallback or not all 256 of them), so that
- * SentencePiece's own message names the fault.
- * Internal to engine/text (tokenizer.cc). Tests: tests/test_spm.c (ids and text against
- * libsentencepiece over the assets' tokenizers and GGUF vocabularies, random and malformed
- * text), and every tokenizer test through tokenizer.h.
+ * normalization rules, a denormalizer, self-test samples (SentencePiece checks them at load), and
+ * protos SentencePiece would refuse (malformed wire format, duplicate or empty pieces, no unknown
+ * piece, byte pieces without byte_fallback or not all 256 of them), so that SentencePiece's own
+ * message names the fault.
+ * Internal to engine/text (tokenizer.cc). Tests: tests/test_spm.py (ids and text against
+ * libsentencepiece and the sentencepiece package over the assets' tokenizers, GGUF vocabularies and
+ * trained models, random and malformed text), tests/fuzz/fuzz_spm.c (differential against
+ * libsentencepiece), and every tokenizer test through tokenizer.h.
  * Threads: after spm_load a struct spm is immutable; encode and decode may run on many threads. */
 #ifndef SHARDLM_SPM_H
 #define SHARDLM_SPM_H
