@@ -476,6 +476,8 @@ enum status tokenizer_load_for_model(const char *model, const void *proto, size_
         tokenizer_free(t);
         return s;
     }
+    LOG_INFO("tokenizer", "%s: %d pieces (%s)", proto ? model : path, tokenizer_vocab_size(t),
+             tokenizer_kind(t));
     *out = t;
     return STATUS_OK;
 }
