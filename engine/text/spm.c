@@ -109,8 +109,6 @@ void spm_free(struct spm *m)
 
 int32_t spm_size(const struct spm *m) { return m->n; }
 enum spm_type spm_piece_type(const struct spm *m, int32_t id) { return (enum spm_type)m->type[id]; }
-int spm_byte_fallback(const struct spm *m) { return m->byte_fallback; }
-int spm_has_normalization(const struct spm *m) { return m->add_dummy_prefix || m->remove_extra_ws || !m->escape_ws; }
 
 const char *spm_piece(const struct spm *m, int32_t id, size_t *len)
 {
@@ -230,7 +228,7 @@ static int index_user(struct spm *m, uint32_t n_user)
     memset(m->user_len_at, 0, sizeof m->user_len_at);
     for (int32_t id = 0; id < m->n; id++) {
         if (m->type[id] != SPM_USER_DEFINED) continue;
-        table_add(m, m->user, m->user_mask, id); /* unique: the normal table checked it */
+        table_add(m, m->user, m->user_mask, id); /* a duplicate: refused by spm_load's check */
         first[k] = (uint8_t)m->arena[m->off[id]];
         lens[k++] = (uint32_t)piece_len(m, id);
         if (lens[k - 1] >= 2) {

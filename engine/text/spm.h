@@ -56,8 +56,6 @@ int32_t spm_piece_to_id(const struct spm *m, const char *s, size_t n);
 /* SentencePiece's bos_id() and kin: the id of the trainer spec's bos_piece when it is a control
  * piece (unk: an unknown one), else -1. */
 void spm_special_ids(const struct spm *m, int32_t *unk, int32_t *bos, int32_t *eos, int32_t *pad);
-int spm_byte_fallback(const struct spm *m);
-int spm_has_normalization(const struct spm *m); /* 0: the normalizer only escapes spaces */
 
 /* Appends the ids of text[0..len) (SentencePieceProcessor::Encode) to *ids (growing *cap with
  * base_grow). STATUS_INTERNAL where SentencePiece fails too (a merged piece that is also a
