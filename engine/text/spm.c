@@ -455,6 +455,7 @@ struct buf {
 
 static int buf_put(struct buf *b, const char *s, size_t n)
 {
+    if (!n) return 0; /* an empty unk_surface: nothing to add (and b->p may still be NULL) */
     if (base_grow((void **)&b->p, &b->cap, b->n + n, 1)) return -1;
     memcpy(b->p + b->n, s, n);
     b->n += n;
