@@ -47,9 +47,9 @@ struct generate_flags {
     long max_tokens, threads, seed, tp, pp, ep;
     int add_bos;
     /* Speculative decoding, serve's flags: --speculative ngram | draft, --draft-model PATH,
-     * --spec-draft K, --spec-ngram N. spec_mode 0: none, 1: ngram, 2: draft. */
+     * --spec-token-map FILE, --spec-draft K, --spec-ngram N. spec_mode 0: none, 1: ngram, 2: draft. */
     int spec_mode;
-    const char *draft_model;
+    const char *draft_model, *token_map;
     long spec_draft, spec_ngram;
     struct generate_options o; /* sampling (temperature 0 unless given), max_tokens, ignore_eos */
 };
@@ -73,6 +73,7 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
             f->spec_mode = strcmp(v, "ngram") ? 2 : 1;
         }
         else if (!strcmp(a, "--draft-model")) f->draft_model = v;
+        else if (!strcmp(a, "--spec-token-map")) f->token_map = v;
         else if (!strcmp(a, "--spec-draft")) { if (base_parse_long(v, 1, 32, &f->spec_draft)) return cli_usage("--spec-draft must be an integer in [1, 32], got '%s'", v); }
         else if (!strcmp(a, "--spec-ngram")) { if (base_parse_long(v, 2, 16, &f->spec_ngram)) return cli_usage("--spec-ngram must be an integer in [2, 16], got '%s'", v); }
         else if (!strcmp(a, "--model")) f->model_dir = v;
@@ -100,6 +101,7 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         return cli_usage("generate: --draft-model cannot be combined with --speculative ngram: the drafts come from "
                          "one or the other%s", "");
     if (f->spec_ngram && f->spec_mode != 1) return cli_usage("generate: --spec-ngram needs --speculative ngram%s", "");
+    if (f->token_map && f->spec_mode != 2) return cli_usage("generate: --spec-token-map needs --draft-model PATH%s", "");
     if (f->spec_draft && !f->spec_mode) return cli_usage("generate: --spec-draft needs --speculative ngram or draft%s", "");
     o->sampling.seed = (uint64_t)f->seed;
     o->max_tokens = (int)f->max_tokens;
@@ -221,6 +223,7 @@ static int generate_speculative(const struct generate_flags *f)
     o.spec_ngram = (int)f->spec_ngram;
     o.spec_max_batch = 1;
     o.draft_model_dir = f->spec_mode == 2 ? f->draft_model : NULL;
+    o.draft_token_map = f->token_map;
     o.pp_layers = f->pp_layers;
     struct parallel_world *world = NULL;
     const long tp = f->ep > 1 ? f->ep * f->tp : f->tp; /* as generate_setup */

@@ -137,6 +137,8 @@ static int usage(const char *fmt, const char *arg)
                     "  [--speculative draft] --draft-model PATH  speculative decoding with a small draft model\n"
                     "                 instead (the same tokenizer as --model, refused otherwise; at tp / pp > 1\n"
                     "                 it runs on rank 0): --spec-draft tokens a step, verified by rejection sampling\n"
+                    "  --spec-token-map FILE  the draft's LM head cut to the token ids of FILE (a JSON array; tools/\n"
+                    "                 draft_token_map.py): cheaper draft tokens, drafts only among those tokens\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
                     "                 places (refused with RESOURCE_EXHAUSTED when they do not fit), and n > N is invalid\n"
                     "  --lora NAME=DIR          serve the PEFT adapter in DIR unmerged as NAME; a request picks it by\n"
@@ -272,6 +274,8 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--draft-model")) {
             o.engine.draft_model_dir = v;
             if (!o.engine.spec_draft) o.engine.spec_draft = 5;
+        } else if (!strcmp(a, "--spec-token-map")) {
+            o.engine.draft_token_map = v;
         } else if (!strcmp(a, "--spec-draft")) {
             if (base_parse_long(v, 1, 32, &n)) return usage("--spec-draft must be an integer in [1, 32], got '%s'", v);
             o.engine.spec_draft = (int)n;
@@ -411,6 +415,8 @@ int serve_main(int argc, char **argv)
         } else return usage("unknown option '%s'", a);
     }
     if (draft_mode && !o.engine.draft_model_dir) return usage("--speculative draft needs --draft-model PATH%s", "");
+    if (o.engine.draft_token_map && !o.engine.draft_model_dir)
+        return usage("--spec-token-map needs --draft-model PATH (it cuts the draft's head)%s", "");
     if (prompt_lookup && o.engine.draft_model_dir)
         return usage("--draft-model cannot be combined with --speculative ngram / --spec-ngram: the drafts come from "
                      "one or the other%s", "");

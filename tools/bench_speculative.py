@@ -13,7 +13,11 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
   python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
       [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
       [--spec-draft 4] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
+      [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple --llama-draft DRAFT.gguf]
       [--batches 1,16] [--open]
+
+llama.cpp's example programs (llama-lookup, llama-speculative-simple) are built by
+`ONLY=examples tools/bench_vs_llamacpp.sh` into .cache/llama.cpp/build-ex.
 """
 import argparse
 import concurrent.futures as cf
@@ -78,8 +82,10 @@ def squad_prompts(path, n):
     return [q["prompt"] for q in qs[::max(1, len(qs) // n)][:n]]
 
 
-def llama_lookup(binary, model, prompts, max_tokens, threads, draft):
-    """llama.cpp's prompt lookup at batch 1: (answers, decoded tokens, decode seconds, drafted, accepted)."""
+def llama_lookup(binary, model, prompts, max_tokens, threads, draft, extra=()):
+    """llama.cpp's prompt lookup (llama-lookup) or draft-model speculation (llama-speculative-simple,
+    extra = ("-md", DRAFT)) at batch 1: (answers, decoded tokens, decode seconds, drafted, accepted).
+    Both print the same summary ("decoded N tokens in T seconds", n_drafted, n_accept)."""
     template = gguf_template(model)
     answers, n, t, drafted, accepted = [], 0, 0.0, 0, 0
     for p in prompts:
@@ -87,11 +93,11 @@ def llama_lookup(binary, model, prompts, max_tokens, threads, draft):
             f.write(template.render(messages=[{"role": "user", "content": p}], add_generation_prompt=True))
             f.flush()
             r = subprocess.run([binary, "-m", model, "-f", f.name, "-n", str(max_tokens), "--temp", "0", "-t",
-                                str(threads), "--spec-draft-n-max", str(draft)], capture_output=True, text=True,
+                                str(threads), "--spec-draft-n-max", str(draft), *extra], capture_output=True, text=True,
                                timeout=300)
         m = re.search(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds", r.stderr)
         if r.returncode or not m:
-            raise RuntimeError(f"llama-lookup failed ({r.returncode}): {r.stderr[-2000:]}")
+            raise RuntimeError(f"{binary} failed ({r.returncode}): {r.stderr[-2000:]}")
         n, t = n + int(m.group(1)), t + float(m.group(2))
         drafted += int((re.search(r"n_drafted\s+=\s+(\d+)", r.stderr) or [0, 0])[1])
         accepted += int((re.search(r"n_accept\s+=\s+(\d+)", r.stderr) or [0, 0])[1])
@@ -111,6 +117,10 @@ def main():
     ap.add_argument("--spec-max-batch", type=int, default=None, help="the server's --spec-max-batch (default: its own)")
     ap.add_argument("--llama-lookup", help="llama.cpp's llama-lookup, run on the same file and questions")
     ap.add_argument("--draft-model", action="append", default=[], help="also speculate with this draft model")
+    ap.add_argument("--llama-speculative", help="llama.cpp's llama-speculative-simple, run with --llama-draft as its "
+                    "draft (-md) on the same file and questions")
+    ap.add_argument("--llama-draft", help="the draft GGUF of --llama-speculative (tools/draft_gguf.py); its "
+                    "--speculative draft run is added to shardlm's configurations")
     ap.add_argument("--batches", default="1,16", help="requests at once, comma-separated (default 1,16)")
     ap.add_argument("--open", action="store_true", help="everyday requests without a passage (OPEN_PROMPTS)")
     a = ap.parse_args()
@@ -126,6 +136,10 @@ def main():
     if a.spec_max_batch is not None:
         spec += ["--spec-max-batch", str(a.spec_max_batch)]
     configs = [("none", []), ("ngram", ["--speculative", "ngram", *spec])]
+    if a.llama_speculative and not a.llama_draft:
+        ap.error("--llama-speculative needs --llama-draft FILE.gguf")
+    if a.llama_draft and a.llama_draft not in a.draft_model:
+        a.draft_model.append(a.llama_draft)
     configs += [("draft " + d, ["--speculative", "draft", "--draft-model", d, *spec]) for d in a.draft_model]
     try:
         for name, flags in configs:
@@ -156,6 +170,19 @@ def main():
               f"{d1} drafted, {k1} accepted ({100 * k1 / max(d1, 1):.1f}%); {same} of {len(b0)} answers identical")
         print(f"shardlm / llama.cpp at batch 1: without speculation {(n0 / t0) / (m0 / u0):.2f}x, with "
               f"{(n1 / t1) / (m1 / u1):.2f}x")
+    if a.llama_speculative and 1 in batches:
+        b1, m1, u1, d1, k1 = llama_lookup(a.llama_speculative, a.model, prompts, a.max_tokens, a.threads,
+                                          a.spec_draft, ("-md", a.llama_draft))
+        b0, m0, u0, _, _ = llama_lookup(a.llama_speculative, a.model, prompts, a.max_tokens, a.threads, 0,
+                                        ("-md", a.llama_draft))
+        same = sum(x == y for x, y in zip(b0, b1))
+        (a0, n0, t0), (a1, n1, t1) = out[("none", 1)], out[("draft " + a.llama_draft, 1)]
+        print(f"llama.cpp llama-speculative-simple -md {a.llama_draft}, batch 1: decode {m0 / u0:8.1f} tok/s with "
+              f"--spec-draft-n-max 0 ({m0} tokens), {m1 / u1:8.1f} tok/s with {a.spec_draft} ({m1} tokens): "
+              f"{(m1 / u1) / (m0 / u0):.2f}x; {d1} drafted, {k1} accepted ({100 * k1 / max(d1, 1):.1f}%); {same} of "
+              f"{len(b0)} answers identical")
+        print(f"shardlm / llama.cpp at batch 1, the same draft: without speculation {(n0 / t0) / (m0 / u0):.2f}x, "
+              f"with {(n1 / t1) / (m1 / u1):.2f}x")
     return 0
 
 

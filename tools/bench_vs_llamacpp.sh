@@ -33,7 +33,8 @@
 # Environment: MODEL (the GGUF; default .cache/gemma3-270m/gemma-3-270m-q4_k_m.gguf, fetched by
 # tools/fetch_default_model.sh when absent), LLAMA2C_MODEL with LLAMA2C_TOKENIZER (a llama2.c
 # checkpoint and its SentencePiece model, added to the llama2.c table), REPS,
-# LLAMA_CPP_PYTHON_VERSION (default 0.3.36), ONLY (llamacpp, llama2c, or build: one part only),
+# LLAMA_CPP_PYTHON_VERSION (default 0.3.36), ONLY (llamacpp, llama2c, or build: one part only; examples: only
+# llama.cpp's llama-lookup and llama-speculative-simple, for tools/bench_speculative.py),
 # PYTHON, PEERS (default ../shared/peers), SHARDLM_ASSETS (default ../shared/assets).
 set -euo pipefail
 cd "$(dirname "$0")/.."  # paths below, SHARDLM's included, are relative to the repository root
@@ -67,21 +68,34 @@ build_llama_bench() {
       tar -xzf "$dir/llama_cpp_python-$version.tar.gz" -C "$dir"
     fi
   fi
-  # On CPUs with AMX (Sapphire Rapids and later) -march=native compiles ggml's AMX matrix
-  # products in, and they segfault on the first product with this Q4_K_M file (ggml_backend_amx_mul_mat;
-  # llama.cpp issue #20824, closed without a fix); the AMX instructions are turned off (an explicit
-  # -mno-* wins over -march=native in gcc), which leaves every other native flag and ggml's default
-  # CPU repacking on.
-  local noamx=""
-  if grep -qw amx_int8 /proc/cpuinfo; then noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; fi
   log "building llama-bench from $src (about 10 minutes on 2 cores)${noamx:+; without AMX: $noamx}"
-  cmake -S "$src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
-    -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" \
-    > "$dir/cmake.log" 2>&1 || { cat "$dir/cmake.log" >&2; exit 1; }
-  cmake --build "$dir/build" --target llama-bench -j "$(nproc)" > "$dir/build.log" 2>&1 \
-    || { tail -n 40 "$dir/build.log" >&2; exit 1; }
+  build_llama "$src" "$dir/build" OFF llama-bench
   echo "llama-cpp-python==$version${noamx:+ (built with $noamx)}" > "$dir/VERSION"
+}
+# On CPUs with AMX (Sapphire Rapids and later) -march=native compiles ggml's AMX matrix
+# products in, and they segfault on the first product with this Q4_K_M file (ggml_backend_amx_mul_mat;
+# llama.cpp issue #20824, closed without a fix); the AMX instructions are turned off (an explicit
+# -mno-* wins over -march=native in gcc), which leaves every other native flag and ggml's default
+# CPU repacking on.
+noamx=""
+if grep -qw amx_int8 /proc/cpuinfo; then noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; fi
+# build_llama SRC BUILD EXAMPLES(ON|OFF) TARGET... : configure and build with the flags above.
+build_llama() {
+  local src=$1 out=$2 examples=$3
+  shift 3
+  cmake -S "$src" -B "$out" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
+    -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES="$examples" \
+    -DLLAMA_BUILD_SERVER=OFF -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" \
+    > "$out.cmake.log" 2>&1 || { cat "$out.cmake.log" >&2; exit 1; }
+  cmake --build "$out" --target "$@" -j "$(nproc)" > "$out.log" 2>&1 || { tail -n 40 "$out.log" >&2; exit 1; }
+}
+# llama.cpp's example programs of the speculative benchmarks (tools/bench_speculative.py --llama-lookup,
+# --llama-speculative) into .cache/llama.cpp/build-ex: ONLY=examples.
+build_llama_examples() {
+  build_llama_bench # the source, checked
+  log "building llama-lookup and llama-speculative-simple into $cache/llama.cpp/build-ex"
+  build_llama "$cache/llama.cpp/llama_cpp_python-$version/vendor/llama.cpp" "$cache/llama.cpp/build-ex" ON \
+    llama-lookup llama-speculative-simple
 }
 
 # --- llama2.c run.c, built into .cache/llama2c -----------------------------------------------
@@ -93,6 +107,10 @@ build_runfast() {
   fi
 }
 
+if [ "$only" = examples ]; then
+  build_llama_examples
+  exit 0
+fi
 if [ "$only" = build ]; then
   build_llama_bench
   build_runfast

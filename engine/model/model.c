@@ -391,14 +391,19 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
     op_embedding(b, &rows, &x, &ids, 0);
     layer_norm(m, &rows, &rows, &m->w.final_norm, &m->w.final_norm_bias);
     struct tensor lg = tensor_first_rows(&m->ws.logits, fb->n_logits);
-    op_matmul(b, &lg, &rows, &m->w.lm_head, NULL);
+    if (fb->head) { /* another head (a draft's): its rows are the logits' columns, one rank */
+        CHECK(m->tp_size == 1 && !fb->greedy_ids && tensor_rows(fb->head) <= m->vocab_local,
+              "forward batch: a head of %lld rows at tp %d", (long long)tensor_rows(fb->head), m->tp_size);
+        lg = tensor_make(m->ws.logits.data, m->dtype, b->device, 2, (int64_t)fb->n_logits, tensor_rows(fb->head));
+    }
+    op_matmul(b, &lg, &rows, fb->head ? fb->head : &m->w.lm_head, NULL);
     if (m->cfg.final_softcap > 0.0f) op_softcap(b, &lg, &lg, m->cfg.final_softcap); /* Gemma 2 */
     struct tensor full = lg;
     if (m->tp_size > 1) { /* vocab-parallel shards side by side: (rows, tp * vocab_local) */
         full = tensor_first_rows(&m->ws.logits_full, fb->n_logits);
         if ((st = comm_all_gather_last(model_tp_comm(m), &full, &lg)) != STATUS_OK) return st;
     }
-    const int64_t V = m->cfg.vocab_size;
+    const int64_t V = fb->head ? tensor_rows(fb->head) : m->cfg.vocab_size;
     if (fb->greedy_done) *fb->greedy_done = 0;
     if (fb->greedy_ids && tensor_cols(&full) == V) {
         struct tensor ids_dev = tensor_first_rows(&m->ws.greedy_ids, fb->n_logits);
@@ -414,7 +419,8 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
         }
     }
     const struct tensor *host_src = &full;
-    struct tensor lg32 = tensor_first_rows(&m->ws.logits_f32, fb->n_logits);
+    struct tensor lg32 = tensor_make(m->ws.logits_f32.data, DTYPE_F32, b->device, 2, (int64_t)fb->n_logits,
+                                     tensor_cols(&full));
     if (m->dtype != DTYPE_F32) {
         op_cast(b, &lg32, &full);
         host_src = &lg32;

@@ -248,10 +248,15 @@ struct forward_batch {
      * usual, so the caller samples on the host and reports the bad rows. */
     int32_t *greedy_ids;
     int     *greedy_done;
+    /* Another LM head instead of the model's (a draft's head over part of the vocabulary,
+     * engine/serving/draft.c): (rows, d_model) in a dtype op_matmul takes as a weight, on the
+     * model's backend; the logits are then (n_logits, rows), column j the head's row j. Only on
+     * one rank (tp = pp = 1) and without greedy_ids; NULL = the model's head. */
+    const struct tensor *head;
 };
 
 /* Runs the forward pass of this stage over the batch, writing K/V of the new tokens into the
- * cache, and, on the last stage, logits (n_logits, vocab_size) as f32 into host memory
+ * cache, and, on the last stage, logits (n_logits, vocab_size; with fb->head, its rows) as f32 into host memory
  * `logits` (the padding of vocab-parallel shards is not included; other stages leave it
  * untouched). Every rank of the world calls it with the same batch. The batch must fit the
  * reserved workspace (a caller bug otherwise). Communication failures (a peer rank gone)

@@ -92,6 +92,7 @@ static enum status load_draft(struct conductor *c)
     if (o->spec_draft <= 0) o->spec_draft = 5;
     const int slots = o->spec_max_batch > 0 ? o->spec_max_batch : 4;
     enum status st = draft_load(o->draft_model_dir, c->b, c->m, slots, &c->draft);
+    if (st == STATUS_OK && o->draft_token_map) st = draft_token_map(&c->draft, o->draft_token_map);
     if (st != STATUS_OK) return st;
     const size_t V = (size_t)c->m->cfg.vocab_size, k = (size_t)(o->spec_draft < 32 ? o->spec_draft : 32);
     c->spec_q = malloc((size_t)c->draft.n_slots * k * V * sizeof *c->spec_q);

@@ -83,12 +83,12 @@ static int lookup_draft(const struct seq *s, int ngram, int max, int32_t *out)
  * that position will be (sampling_logits, the constraint's mask at the matcher's state after the
  * drafts before it, then the sampler's penalties and filters, with the drafts before it counted
  * as output), then the argmax when greedy, or a draw from that distribution q, which goes to q
- * (vocab) for verification. -1 when the row is not finite or the constraint allows nothing. */
+ * (vocab) for verification. -1 when the constraint allows nothing. (draft_run has checked that
+ * the row is finite: over the token map, -Inf elsewhere.) */
 static int32_t draft_pick(struct conductor *c, struct seq *s, const float *row, int k, float *q)
 {
     const struct request *r = s->req;
     const int V = c->m->cfg.vocab_size;
-    if (!sampler_logits_finite(row, V)) return -1;
     float *lg = c->scratch + V;
     const int n_out = s->n_generated + k;
     sampling_logits(c, s, row, n_out, lg);
@@ -153,7 +153,8 @@ static void propose_drafts(struct conductor *c, struct seq **ds, const int *want
         for (int t = 0; t < m; t++) {
             struct seq *s = run[t];
             float *q = c->spec_q + ((size_t)idx[t] * (size_t)kmax + (size_t)s->n_draft) * V;
-            const int32_t tok = draft_pick(c, s, c->draft.logits + (size_t)t * V, s->n_draft, q);
+            const int32_t tok =
+                c->draft.row_ok[t] ? draft_pick(c, s, c->draft.logits + (size_t)t * V, s->n_draft, q) : -1;
             if (tok < 0 || !matcher_draft(s, tok, &gm_steps[idx[t]])) {
                 stopped[idx[t]] = 1;
                 continue;

@@ -36,6 +36,14 @@ struct draft {
     int32_t  *rows;              /* (4 max_rows + 2 n_slots + 1) the forward's arrays */
     int32_t  *table_rows;        /* (n_slots, slot_blocks) the forward's block tables */
     float    *logits;            /* (2 n_slots, vocab): each sequence's row, then the forward's */
+    int      *row_ok;            /* (n_slots) whether each sequence's row of logits is finite */
+    /* --spec-token-map: the head over map[0 .. n_map) only (ascending ids; the lm_head's rows,
+     * same dtype, packed on the CPU like the model's), whose logits are spread over the
+     * vocabulary with -Inf elsewhere. n_map 0 = the model's whole head. */
+    int       n_map;
+    int32_t  *map;
+    struct tensor head;
+    void     *head_packed;
 };
 
 /* Loads the draft at dir on b (the target's backend, one rank) and checks it against the target:
@@ -43,6 +51,10 @@ struct draft {
  * one; otherwise STATUS_INVALID_ARGUMENT naming what differs. n_slots: sequences drafting at
  * once. */
 enum status draft_load(const char *dir, struct backend *b, const struct model *target, int n_slots, struct draft *d);
+/* Cuts the loaded draft's head to the token ids of the JSON array in path (--spec-token-map):
+ * each in [0, vocab), none twice, at least one; STATUS_INVALID_ARGUMENT naming the file and what
+ * is wrong otherwise. */
+enum status draft_token_map(struct draft *d, const char *path);
 void        draft_free(struct draft *d); /* accepts a zeroed struct */
 
 /* Frees the slots whose owners are not among running[0 .. n_running). */
@@ -51,7 +63,8 @@ void        draft_sweep(struct draft *d, struct seq *const *running, int n_runni
 int         draft_claim(struct draft *d, struct seq *s, int extra);
 /* Runs the draft over each seqs[i]'s tokens its slot lacks (tokens[n_cached, n_tokens)), in as
  * many batched forwards as the row budget needs, and leaves the logits of each one's last token
- * in d->logits + i * vocab. Every seqs[i] holds a slot (draft_claim). */
+ * in d->logits + i * vocab (-Inf outside the token map) and whether they are finite (over the
+ * map) in d->row_ok[i]. Every seqs[i] holds a slot (draft_claim). */
 enum status draft_run(struct draft *d, struct seq *const *seqs, int n);
 /* After verification: s's slot keeps only its first n_valid tokens. */
 void        draft_rollback(struct draft *d, const struct seq *s, int n_valid);

@@ -90,6 +90,12 @@ struct engine_options {
      * rejection rule, so the output's distribution does not change (docs/speculative.md). At any
      * tp / pp / dp: on the first rank of each replica only, unsharded. NULL = none. */
     const char *draft_model_dir;
+    /* The draft's vocabulary cut to the token ids listed in this file (a JSON array: SGLang's
+     * --speculative-token-map, FR-Spec's frequency-ranked head): its LM head computes only those
+     * rows, so a draft token costs less, and its drafts are only those tokens (the target still
+     * verifies them with the same rule: the output's distribution does not change). NULL = the
+     * whole vocabulary. Needs draft_model_dir. */
+    const char *draft_token_map;
     /* Multi-rank serving (under mpirun): every rank calls engine_create with the same options;
      * rank 0 conducts (requests, scheduler, sampling) and every other rank runs
      * engine_run_worker. world NULL or a world of one: one rank. The world holds

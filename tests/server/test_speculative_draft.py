@@ -22,9 +22,16 @@ accepted with probability p/q < 1).
    a little between runs. The
    speculative server must have verified drafts and rejected some.
    Also at dp 2 under mpirun (two replicas, each with its own draft) with the target as draft.
-3. Refusals: a draft with another vocabulary (SmolLM2's GGUF, when present) fails at start-up naming
-   the vocabulary; --draft-model with --speculative ngram is a usage error naming both. (tp 2 and
-   pp 2 with a draft: test_speculative_draft_parallel.py.)
+3. A token map (--spec-token-map: the draft's head cut to the listed ids, here the even ids and
+   EOS): the target as its own draft then drafts only among those ids, so greedy acceptance falls
+   from 100 % to some (a map ignored would keep 100 %), with identical tokens; the hot draft with
+   the map is a third sampled comparison (tokens outside the map have q = 0: their mass comes only
+   from the resampling).
+4. Refusals: a draft with another vocabulary (SmolLM2's GGUF, when present) fails at start-up naming
+   the vocabulary; --draft-model with --speculative ngram is a usage error naming both; token maps
+   that are not JSON arrays of distinct ids of the vocabulary, or a missing file, fail at start-up
+   naming --spec-token-map and the fault; --spec-token-map without --draft-model is a usage error.
+   (tp 2 and pp 2 with a draft: test_speculative_draft_parallel.py.)
 
   test_speculative_draft.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K [--other-vocab GGUF]
 SKIP (77) without the model, numpy, scipy or the Python client.
@@ -62,10 +69,10 @@ CONTROLS = {
     "penalties, bias": dict(temperature=1.1, repetition_penalty=1.2, presence_penalty=0.4, frequency_penalty=0.3,
                             logit_bias={13: -2.0, 29: 1.5}),
 }
-# A false alarm in one run of the 30 comparisons (3 controls x 5 positions x 2 drafts) below 0.1 %
+# A false alarm in one run of the 45 comparisons (3 controls x 5 positions x 3 drafts) below 0.1 %
 # (Bonferroni): at 0.001 a comparison, one correct run in about 30 failed (seen in CI, 2026-12-01:
 # p = 1.2e-4 at token 5, which 8 times the samples put at p = 0.29).
-ALPHA = 0.001 / (len(CONTROLS) * MAX_TOKENS * 2)
+ALPHA = 0.001 / (len(CONTROLS) * MAX_TOKENS * 3)
 
 
 def draft_copy(src, dst, n_layers, norm_scale=1.0):
@@ -122,7 +129,27 @@ def stats(srv):
         return c.server_stats()
 
 
-def refusals(a, small):
+def refusals(a, small, tmp):
+    maps = {"[1, 2, 512]": "outside the vocabulary", "[3, 5, 3]": "listed twice", "[]": "empty",
+            '{"ids": [1]}': "not a JSON array", "[1, 2,]": "not an integer", "[1, 2] x": "text after"}
+    for k, (text, why) in enumerate(maps.items()):
+        f = tmp / f"bad-map-{k}.json"
+        f.write_text(text)
+        p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--draft-model", str(small), "--spec-token-map",
+                            str(f), "--listen", "127.0.0.1:0", "--threads", "1"], capture_output=True, text=True,
+                           timeout=60)
+        check(p.returncode != 0 and "--spec-token-map" in p.stderr and why in p.stderr,
+              f"token map {text!r} refused at start-up naming '{why}' (rc {p.returncode}: "
+              f"{[x for x in p.stderr.splitlines() if 'token-map' in x][-1:]})")
+    p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--draft-model", str(small), "--spec-token-map",
+                        str(tmp / "no-such-map.json"), "--listen", "127.0.0.1:0"], capture_output=True, text=True,
+                       timeout=60)
+    check(p.returncode != 0 and "--spec-token-map" in p.stderr and "no-such-map.json" in p.stderr,
+          f"a missing token map refused naming the file (rc {p.returncode})")
+    p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--spec-token-map", str(tmp / "map.json"),
+                        "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+    check(p.returncode != 0 and "--spec-token-map needs --draft-model" in p.stderr,
+          f"--spec-token-map without --draft-model is a usage error (rc {p.returncode})")
     p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--draft-model", str(small), "--speculative", "ngram",
                         "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
     check(p.returncode != 0 and "--draft-model" in p.stderr and "--speculative ngram" in p.stderr,
@@ -157,9 +184,13 @@ def main():
     draft_copy(Path(a.model), small, 2)
     hot = tmp / "stories260K-hot"
     draft_copy(Path(a.model), hot, 5, 0.6)
-    refusals(a, small)
+    vocab = json.loads((Path(a.model) / "config.json").read_text())["vocab_size"]
+    (tmp / "map.json").write_text(json.dumps(list(range(0, vocab, 2))))  # the even ids (EOS is 2)
+    refusals(a, small, tmp)
     spec = ["--spec-draft", "4", "--spec-max-batch", "64", "--max-seqs", "64"]
-    drafts = {"the target itself": Path(a.model), "the 2-layer draft": small, "the hot draft": hot}
+    mapped = ["--spec-token-map", str(tmp / "map.json")]
+    drafts = {"the target itself": (Path(a.model), []), "the 2-layer draft": (small, []), "the hot draft": (hot, []),
+              "the target itself, even ids only": (Path(a.model), mapped), "the hot draft, even ids only": (hot, mapped)}
     runs = {}
     try:
         with TS.Server(a.shardlm, Path(a.model), "--max-seqs", "64", name="draft-off") as srv:
@@ -169,13 +200,13 @@ def main():
         # Every sequence drafts here (SHARDLM_SPEC_PRIOR=0: the adaptive rule's server-wide prior off),
         # so that the rejection rule is exercised on every request; the prior is checked below.
         every = dict(os.environ, SHARDLM_SPEC_PRIOR="0")
-        for j, (dname, path) in enumerate(drafts.items()):
-            with TS.Server(a.shardlm, Path(a.model), "--draft-model", str(path), *spec, name=f"draft-{j}",
+        for j, (dname, (path, extra)) in enumerate(drafts.items()):
+            with TS.Server(a.shardlm, Path(a.model), "--draft-model", str(path), *spec, *extra, name=f"draft-{j}",
                            env=every) as srv:
                 g = (greedy(srv, 1), greedy(srv, 8))
                 st_g = stats(srv)
-                on = {} if j == 0 else {name: samples(srv, kw, 1000 * (k + 1) + 500 * j)
-                                        for k, (name, kw) in enumerate(CONTROLS.items())}
+                on = {} if "itself" in dname else {name: samples(srv, kw, 1000 * (k + 1) + 500 * j)
+                                                   for k, (name, kw) in enumerate(CONTROLS.items())}
                 runs[dname] = (g, st_g, on, stats(srv))
         # The server-wide prior (on by default): with the 2-layer draft, whose drafts are rarely
         # accepted, the first requests' windows make new sequences start backed off, so a second
@@ -214,6 +245,11 @@ def main():
                f"({100 * rate:.1f} %)")
         if dname == "the 2-layer draft":
             check(0 < st_g.spec_accepted_tokens < st_g.spec_draft_tokens, msg)
+        elif "even ids" in dname:
+            # The drafts are the argmax over the even ids: accepted where the target's own argmax is
+            # even (about half its tokens), never where it is odd; drafts of a map spread over the
+            # wrong ids would be accepted about as often as a random id (1 in 256).
+            check(0.15 < rate < 0.9, msg + " (in (15 %, 90 %): odd ids never drafted)")
         else:  # the same argmax as the target's (the hot copy only scales the logits)
             check(st_g.spec_draft_tokens > 0 and rate >= 0.95, msg + " (>= 95 %)")
         if not on:
