@@ -13,7 +13,8 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
   python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
       [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
       [--spec-draft 4] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
-      [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple --llama-draft DRAFT.gguf]
+      [--token-map MAP.json] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
+      --llama-draft DRAFT.gguf]
       [--batches 1,16] [--open]
 
 llama.cpp's example programs (llama-lookup, llama-speculative-simple) are built by
@@ -117,6 +118,7 @@ def main():
     ap.add_argument("--spec-max-batch", type=int, default=None, help="the server's --spec-max-batch (default: its own)")
     ap.add_argument("--llama-lookup", help="llama.cpp's llama-lookup, run on the same file and questions")
     ap.add_argument("--draft-model", action="append", default=[], help="also speculate with this draft model")
+    ap.add_argument("--token-map", help="also run each --draft-model with --spec-token-map FILE")
     ap.add_argument("--llama-speculative", help="llama.cpp's llama-speculative-simple, run with --llama-draft as its "
                     "draft (-md) on the same file and questions")
     ap.add_argument("--llama-draft", help="the draft GGUF of --llama-speculative (tools/draft_gguf.py); its "
@@ -141,6 +143,9 @@ def main():
     if a.llama_draft and a.llama_draft not in a.draft_model:
         a.draft_model.append(a.llama_draft)
     configs += [("draft " + d, ["--speculative", "draft", "--draft-model", d, *spec]) for d in a.draft_model]
+    if a.token_map:
+        configs += [(f"draft {d} + map", ["--speculative", "draft", "--draft-model", d, "--spec-token-map", a.token_map,
+                                          *spec]) for d in a.draft_model]
     try:
         for name, flags in configs:
             with TS.Server(a.shardlm, Path(a.model), "--threads", str(a.threads), *flags, name="bench-spec") as srv:

@@ -119,7 +119,7 @@ static enum status parse_token_map(const char *path, const char *text, int vocab
             char *end;
             errno = 0;
             const long long v = strtoll(p, &end, 10);
-            if (end == p || !isdigit((unsigned char)end[-1]) || errno) {
+            if (end == p || errno) {
                 st = MAP_ERR("entry %d is not an integer", path, k + 1);
                 break;
             }
