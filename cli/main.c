@@ -111,11 +111,23 @@ static double spin_ns(void)
  *   stories260K runs (the worker's, not the main thread's). On the speed of a run the effect was
  *   within noise (2026-11-25, 1 and 2 threads). Unless the user set it, OPENBLAS_NUM_THREADS=1,
  *   so that no worker is started.
- * When either is missing, shardlm sets it and runs itself again once (execv keeps the pid, so
+ * - OpenBLAS's kernels (the f32 products from 32 rows: prefill of f32 / bf16 models, training).
+ *   Its DYNAMIC_ARCH build picks them by CPU model, and a release older than the CPU falls back
+ *   to its oldest x86-64 kernels: Debian 12's 0.3.21 names an Emerald Rapids Xeon (family 6 model
+ *   207, AVX-512) "Prescott" and ran its SSE3 sgemm (2026-12-02: `shardlm train` of a 4-layer
+ *   SmolLM2 cut at 94-102 tok/s, 449 tok/s with OPENBLAS_CORETYPE=Cooperlake, the same losses).
+ *   Unless the user set OPENBLAS_CORETYPE, when OpenBLAS chose kernels older than AVX2 on a CPU
+ *   with AVX2 and FMA, OPENBLAS_CORETYPE names SkylakeX (AVX-512 with BW and VL) or Haswell.
+ * When any is missing, shardlm sets it and runs itself again once (execv keeps the pid, so
  * mpirun and process supervisors see no difference). */
 static void set_thread_pools(char **argv)
 {
     int again = 0;
+    const char *core = getenv("OPENBLAS_CORETYPE") ? NULL : cpu_blas_better_core();
+    if (core) {
+        if (setenv("OPENBLAS_CORETYPE", core, 1) != 0) return;
+        again = 1;
+    }
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
         enum { SPIN_US = 150 };
         const double ns = spin_ns();

@@ -308,6 +308,11 @@ int         backend_cuda_compiled(void);
  * (off when SHARDLM_CPU_ISA is below amx or SHARDLM_CPU_AMX=0: kernels/cpu/cpu_isa.h);
  * cpu_amx_set_enabled switches them process-wide (on only where available; tests compare both
  * paths) and returns the previous state. */
+/* The OpenBLAS kernels (an OPENBLAS_CORETYPE name: "SkylakeX", "Haswell") this CPU can run when
+ * the library chose older ones (its release predates the CPU model: "Prescott", the SSE3
+ * kernels, for an Emerald Rapids Xeon in OpenBLAS 0.3.21), else NULL. The library reads
+ * OPENBLAS_CORETYPE once, at load: cli/main.c sets it and runs itself again. */
+const char *cpu_blas_better_core(void);
 int         cpu_amx_enabled(void);
 int         cpu_amx_set_enabled(int on);
 /* Parses "cpu" / "cuda" into *out; STATUS_INVALID_ARGUMENT otherwise. */

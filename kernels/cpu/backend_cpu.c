@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "../backend_impl.h"
@@ -14,6 +15,20 @@
 
 /* OpenBLAS's own header declares these only in some versions; they exist in every build. */
 void openblas_set_num_threads(int num_threads);
+char *openblas_get_corename(void);
+
+const char *cpu_blas_better_core(void)
+{
+    static const char *const old[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Sandybridge",
+                                      "Katmai", "Coppermine", "Northwood", "Banias", "Opteron", "Barcelona", "Bobcat",
+                                      "Bulldozer", "Piledriver", "Steamroller", "Excavator", "Nano", "Unknown"};
+    const char *core = openblas_get_corename();
+    int is_old = 0;
+    for (size_t i = 0; core && i < sizeof old / sizeof *old && !is_old; i++) is_old = !strcasecmp(core, old[i]);
+    if (!is_old) return NULL;
+    const enum cpu_isa isa = cpu_isa_supported();
+    return isa >= CPU_ISA_AVX512_VNNI ? "SkylakeX" : isa >= CPU_ISA_AVX2 ? "Haswell" : NULL;
+}
 
 #define CPU_ALIGN 256
 

@@ -56,7 +56,8 @@ int          cpu_isa_amd(void);
 /* Writes one line into buf (n bytes, NUL-terminated, truncated if short): the CPU model, the
  * level and the path each kernel family takes, e.g.
  * "AMD EPYC; isa avx2 (supported avx2); quant avx2, dequant avx2, amx off, attention avx2,
- * gemv avx2 x1, activation avx2, prefetch 4096, blocks' sgemm from 32 rows". Returns buf. */
+ * gemv avx2 x1, activation avx2, prefetch 4096, blocks' sgemm from 32 rows, GOMP_SPINCOUNT 5000,
+ * OpenBLAS Haswell" (the last: the kernels OpenBLAS runs, cli/main.c). Returns buf. */
 char        *cpu_isa_describe(char *buf, size_t n);
 /* Logs cpu_isa_describe at INFO once per process (module "cpu"); the CPU backend calls it when
  * it opens. */
