@@ -80,7 +80,8 @@ def main():
         p = run(sys.executable, ROOT / "tools" / "draft_gguf.py", "--model", cut, "--like", gguf_path, "--out", f32,
                 "--type", "f32")
         rc, got, _ = generate(shardlm, f32)
-        check(p.returncode == 0 and rc == 0 and got == want, f"the f32 GGUF generates the same tokens ({got[len(PROMPT):]!r})")
+        check(p.returncode == 0 and rc == 0 and got == want,
+              f"the f32 GGUF generates the same tokens ({got[len(PROMPT):]!r})")
 
         halves = tmp / "cut2-halves"
         halves.mkdir()

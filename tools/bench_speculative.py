@@ -85,7 +85,8 @@ def squad_prompts(path, n):
 
 def llama_lookup(binary, model, prompts, max_tokens, threads, draft, extra=()):
     """llama.cpp's prompt lookup (llama-lookup) or draft-model speculation (llama-speculative-simple,
-    extra = ("-md", DRAFT)) at batch 1: (answers, decoded tokens, decode seconds, drafted, accepted).
+    extra = ("-md", DRAFT, "--spec-type", "draft-simple")) at batch 1: (answers, decoded tokens, decode
+    seconds, drafted, accepted).
     Both print the same summary ("decoded N tokens in T seconds", n_drafted, n_accept)."""
     template = gguf_template(model)
     answers, n, t, drafted, accepted = [], 0, 0.0, 0, 0
@@ -177,9 +178,9 @@ def main():
               f"{(n1 / t1) / (m1 / u1):.2f}x")
     if a.llama_speculative and 1 in batches:
         b1, m1, u1, d1, k1 = llama_lookup(a.llama_speculative, a.model, prompts, a.max_tokens, a.threads,
-                                          a.spec_draft, ("-md", a.llama_draft))
+                                          a.spec_draft, ("-md", a.llama_draft, "--spec-type", "draft-simple"))
         b0, m0, u0, _, _ = llama_lookup(a.llama_speculative, a.model, prompts, a.max_tokens, a.threads, 0,
-                                        ("-md", a.llama_draft))
+                                        ("-md", a.llama_draft, "--spec-type", "draft-simple"))
         same = sum(x == y for x, y in zip(b0, b1))
         (a0, n0, t0), (a1, n1, t1) = out[("none", 1)], out[("draft " + a.llama_draft, 1)]
         print(f"llama.cpp llama-speculative-simple -md {a.llama_draft}, batch 1: decode {m0 / u0:8.1f} tok/s with "

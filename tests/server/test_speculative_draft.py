@@ -190,7 +190,8 @@ def main():
     spec = ["--spec-draft", "4", "--spec-max-batch", "64", "--max-seqs", "64"]
     mapped = ["--spec-token-map", str(tmp / "map.json")]
     drafts = {"the target itself": (Path(a.model), []), "the 2-layer draft": (small, []), "the hot draft": (hot, []),
-              "the target itself, even ids only": (Path(a.model), mapped), "the hot draft, even ids only": (hot, mapped)}
+              "the target itself, even ids only": (Path(a.model), mapped),
+              "the hot draft, even ids only": (hot, mapped)}
     runs = {}
     try:
         with TS.Server(a.shardlm, Path(a.model), "--max-seqs", "64", name="draft-off") as srv:
