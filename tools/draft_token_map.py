@@ -10,10 +10,11 @@ and a draft token's cost is mostly that head.
 
 Counts every message's content (prompts and answers) of the chat JSONL files (shardlm train's
 {"messages": [...]} format: tools/distill_data.py's answers with their prompts), tokenized by
-Hugging Face `tokenizers`, and keeps the N most frequent ids (ties to the lower id); the BOS and EOS ids of --config and the tokenizer's
-special tokens are always kept, and a few more frequent ids make the count a multiple of 8 (the CPU
-packs a block head's rows eight at a time). Prints the share of all counted tokens and of the
-answers' (the assistant turns: what a draft proposes) that the map covers.
+Hugging Face `tokenizers`, and keeps the N most frequent ids (ties to the lower id); the BOS and
+EOS ids of --config and the tokenizer's special tokens are always kept, and a few more frequent
+ids make the count a multiple of 8 (the CPU packs a block head's rows eight at a time). Prints
+the share of all counted tokens and of the answers' (the assistant turns: what a draft proposes)
+that the map covers.
 """
 import argparse
 import collections
