@@ -1,0 +1,460 @@
+#!/usr/bin/env python3
+"""tools/eagle_probe.py - would an EAGLE-style draft head pay for SmolLM2 on this CPU? (issue 29)
+
+An offline probe, before any engine work: it trains an EAGLE-1 head (Li et al. 2024) on a target's
+own hidden states and replays greedy chain drafting with it, so the acceptance such a head reaches
+with the data and compute of one session is known before shardlm serves one.
+
+  python3 tools/eagle_probe.py features --target DIR --data A.jsonl[,B.jsonl] --out F.npz
+  python3 tools/eagle_probe.py train --target DIR --features F.npz --map MAP.json --out H.npz [--epochs N]
+  python3 tools/eagle_probe.py eval --target DIR --features F.npz --map MAP.json --head H.npz [--k 5]
+
+- `features`: the target (a Hugging Face Llama directory in f32, e.g. `shardlm convert gguf --dtype
+  f32` of the served GGUF as tools/distill_draft.sh writes it; rope_style "pairs" honoured) run by a
+  JAX forward written for this tool over each conversation of the chat JSONL (tools/distill_data.py's
+  target answers), rendered by the directory's chat template (jinja2) and tokenized by Hugging Face
+  `tokenizers`. Kept per token: the final hidden state after the final norm (f16) and the target's
+  greedy token; answer tokens are marked. The last 5 % of each file is held out.
+- `train`: the EAGLE-1 head: h = fc([embed(x_i), f_{i-1}]) (2d -> d, bias), one decoder layer
+  (attention without its input norm, as EAGLE's first layer, then the MLP block), no final norm; the
+  frozen LM head (the target's tied embeddings, restricted to the token map's rows) reads h. Loss at
+  every position (prompt and answer): smooth-L1 of h against f_i plus 0.1 x cross-entropy against
+  the target's own distribution softmax(head(f_i)) over the map, features given uniform noise.
+  AdamW, cosine schedule; the layer starts as the target's last layer, its output projections
+  damped. `--unroll` adds a second draft from the head's own output (EAGLE-3's training-time
+  test, two steps); `--init H.npz` starts from a trained head.
+- `eval`: on the held-out conversations, at every answer position the chain a served head would
+  draft (input the token just emitted with the target's feature before it; then its own outputs),
+  K tokens, compared with the target's greedy tokens; prints the acceptance by depth and the
+  decode ratio a chain with the adaptive length would give under a cost model (a verification row
+  c of a plain step, a draft token e of one), as tools/spec_replay.py costs its replays. `--oracle`
+  drafts with the target's own features instead, a check of the indexing (acceptance then equals
+  the features' agreement with the recorded answers times the map's coverage).
+
+Figures and how they were measured: docs/speculative.md, "An EAGLE head, probed offline".
+
+A probe and a benchmark, never a test; JAX on the CPU.
+"""
+import argparse
+import json
+import math
+import sys
+import time
+
+import os
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from train_compare import read_safetensors  # noqa: E402  (name -> float32 array; BF16 widened)
+
+
+def load_target(path):
+    cfg = json.load(open(f"{path}/config.json"))
+    w = read_safetensors(f"{path}/model.safetensors")
+    L = cfg["num_hidden_layers"]
+    def stack(name):
+        return np.stack([w[f"model.layers.{i}.{name}"] for i in range(L)]).astype(np.float32)
+    t = dict(
+        embed=w["model.embed_tokens.weight"].astype(np.float32),
+        norm=w["model.norm.weight"].astype(np.float32),
+        wq=stack("self_attn.q_proj.weight"), wk=stack("self_attn.k_proj.weight"),
+        wv=stack("self_attn.v_proj.weight"), wo=stack("self_attn.o_proj.weight"),
+        ln1=stack("input_layernorm.weight"), ln2=stack("post_attention_layernorm.weight"),
+        gate=stack("mlp.gate_proj.weight"), up=stack("mlp.up_proj.weight"), down=stack("mlp.down_proj.weight"))
+    head = w.get("lm_head.weight")
+    t["head"] = t["embed"] if head is None else head.astype(np.float32)
+    return cfg, t
+
+
+def rope_tables(cfg, T):
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    inv = cfg["rope_theta"] ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    ang = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def rope(x, cos, sin, pairs, xp):
+    """x (..., T, H, hd); cos / sin (T, hd/2). "pairs": adjacent pairs rotate (GGUF's order);
+    otherwise the two halves (Hugging Face's rotate_half)."""
+    c, s = cos[:, None, :], sin[:, None, :]
+    if pairs:
+        a, b = x[..., 0::2], x[..., 1::2]
+        ra, rb = a * c - b * s, a * s + b * c
+        return xp.stack([ra, rb], axis=-1).reshape(x.shape)
+    h = x.shape[-1] // 2
+    a, b = x[..., :h], x[..., h:]
+    return xp.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+
+
+def rms(x, w, eps, xp):
+    return x * (1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)) * w
+
+
+def attention(h, wq, wk, wv, wo, cos, sin, cfg, xp, mask):
+    """h (B, T, d) -> (B, T, d): causal GQA attention with rope."""
+    H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // H
+    B, T, _ = h.shape
+    pairs = cfg.get("rope_style") == "pairs"
+    q = rope((h @ wq.T).reshape(B, T, H, hd), cos, sin, pairs, xp)
+    k = rope((h @ wk.T).reshape(B, T, KV, hd), cos, sin, pairs, xp)
+    v = (h @ wv.T).reshape(B, T, KV, hd)
+    k = xp.repeat(k, H // KV, axis=2)
+    v = xp.repeat(v, H // KV, axis=2)
+    s = xp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(hd)
+    s = xp.where(mask, s, -1e30)
+    p = xp.exp(s - s.max(axis=-1, keepdims=True))
+    p = p / p.sum(axis=-1, keepdims=True)
+    o = xp.einsum("bhqk,bkhd->bqhd", p, v).reshape(B, T, H * hd)
+    return o @ wo.T
+
+
+def mlp(h, gate, up, down, xp):
+    g = h @ gate.T
+    return ((g / (1.0 + xp.exp(-g))) * (h @ up.T)) @ down.T
+
+
+def render(tpl, tok, messages):
+    text = tpl.render(messages=messages, add_generation_prompt=False)
+    prompt = tpl.render(messages=messages[:-1], add_generation_prompt=True)
+    ids = tok.encode(text, add_special_tokens=False).ids
+    n_prompt = len(tok.encode(prompt, add_special_tokens=False).ids)
+    return ids, n_prompt
+
+
+def cmd_features(a):
+    import jax
+    import jax.numpy as jnp
+    import jinja2
+    from tokenizers import Tokenizer
+    cfg, t = load_target(a.target)
+    tc = json.load(open(f"{a.target}/tokenizer_config.json"))
+    tpl = jinja2.Environment().from_string(tc["chat_template"])
+    tok = Tokenizer.from_file(f"{a.target}/tokenizer.json")
+    seqs, held, src = [], [], []
+    for fi, path in enumerate(a.data.split(",")):
+        rows = [json.loads(l) for l in open(path) if l.strip()]
+        cut = len(rows) - max(1, len(rows) // 20)
+        keep = [i for i in range(len(rows)) if i >= cut or not a.limit or i < min(a.limit, cut)]
+        for i in keep:
+            ids, n_prompt = render(tpl, tok, rows[i]["messages"])
+            seqs.append((ids[: a.max_len], n_prompt))
+            held.append(i >= cut)
+            src.append(fi)
+    eps = cfg["rms_norm_eps"]
+    layers = {k: jnp.asarray(t[k]) for k in ("wq", "wk", "wv", "wo", "ln1", "ln2", "gate", "up", "down")}
+    embed, norm, head = jnp.asarray(t["embed"]), jnp.asarray(t["norm"]), jnp.asarray(t["head"])
+
+    @jax.jit
+    def forward(ids):
+        T = ids.shape[0]
+        cos, sin = rope_tables(cfg, T)
+        mask = jnp.tril(jnp.ones((T, T), bool))[None, None]
+        x = embed[ids][None]
+        def body(x, lw):
+            h = rms(x, lw["ln1"], eps, jnp)
+            x = x + attention(h, lw["wq"], lw["wk"], lw["wv"], lw["wo"], cos, sin, cfg, jnp, mask)
+            x = x + mlp(rms(x, lw["ln2"], eps, jnp), lw["gate"], lw["up"], lw["down"], jnp)
+            return x, None
+        x, _ = jax.lax.scan(body, x, layers)
+        f = rms(x[0], norm, eps, jnp)
+        return f, jnp.argmax(f @ head.T, axis=-1)
+
+    total = sum(len(s) for s, _ in seqs)
+    feats = np.zeros((total, cfg["hidden_size"]), np.float16)
+    greedy = np.zeros(total, np.int32)
+    ids_all = np.zeros(total, np.int32)
+    answer = np.zeros(total, bool)
+    starts = np.zeros(len(seqs) + 1, np.int64)
+    t0, agree, n_ans = time.time(), 0, 0
+    for i, (ids, n_prompt) in enumerate(seqs):
+        n, o = len(ids), starts[i]
+        Tp = -(-n // 128) * 128
+        f, g = forward(jnp.asarray(np.array(ids + [0] * (Tp - n), np.int32)))
+        feats[o:o + n] = np.asarray(f[:n]).astype(np.float16)
+        greedy[o:o + n] = np.asarray(g[:n])
+        ids_all[o:o + n] = ids
+        answer[o + n_prompt:o + n] = True
+        # the target's greedy token after position j is ids[j + 1] on its own answers
+        agree += int(np.sum(greedy[o + n_prompt - 1:o + n - 1] == ids_all[o + n_prompt:o + n]))
+        n_ans += n - n_prompt
+        starts[i + 1] = o + n
+        if i % 100 == 0 or i == len(seqs) - 1:
+            print(f"features: {i + 1}/{len(seqs)} sequences, {starts[i + 1]} tokens, {time.time() - t0:.0f} s; "
+                  f"f32 forward's greedy = recorded answer token at {agree}/{n_ans}", flush=True)
+    np.savez(a.out, feats=feats, greedy=greedy, ids=ids_all, answer=answer, starts=starts,
+             held=np.array(held, bool), src=np.array(src, np.int32))
+
+
+def head_params(cfg, t, seed):
+    d = cfg["hidden_size"]
+    rng = np.random.default_rng(seed)
+    p = {k: t[k][-1].copy() for k in ("wq", "wk", "wv", "wo", "ln2", "gate", "up", "down")}
+    # the target's last layer reads its residual stream, not normalised features: damp its
+    # outputs so that the head starts near h = f_prev rather than far off the features' scale
+    p["wo"] *= 0.05
+    p["down"] *= 0.05
+    p["fc_w"] = (rng.standard_normal((d, 2 * d)) * 0.02).astype(np.float32)
+    p["fc_w"][:, d:] += np.eye(d, dtype=np.float32)  # start by passing the feature through
+    p["fc_b"] = np.zeros(d, np.float32)
+    return p
+
+
+def head_forward(p, emb, f_prev, cfg, xp, cos, sin, mask, prior=None):
+    """emb, f_prev (B, T, d) -> h (B, T, d) and its fc output: fc, attention (no input norm), MLP
+    block. cos / sin: the rows' positions. prior: (x, cos, sin) of an earlier pass whose rows this
+    pass's row i also sees, rows 0 .. i of it, as a drafted token sees the real ones before it
+    (mask then covers this pass's own rows)."""
+    H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // H
+    pairs = cfg.get("rope_style") == "pairs"
+    def qkv(x, c, s_):
+        B, T, _ = x.shape
+        q = rope((x @ p["wq"].T).reshape(B, T, H, hd), c, s_, pairs, xp)
+        k = rope((x @ p["wk"].T).reshape(B, T, KV, hd), c, s_, pairs, xp)
+        v = (x @ p["wv"].T).reshape(B, T, KV, hd)
+        return q, xp.repeat(k, H // KV, axis=2), xp.repeat(v, H // KV, axis=2)
+    x = xp.concatenate([emb, f_prev], axis=-1) @ p["fc_w"].T + p["fc_b"]
+    q, k, v = qkv(x, cos, sin)
+    if prior is not None:
+        _, k0, v0 = qkv(*prior)
+        T = x.shape[1]
+        k, v = xp.concatenate([k0, k], axis=1), xp.concatenate([v0, v], axis=1)
+        mask = xp.concatenate([xp.tril(xp.ones((T, T), bool))[None, None], mask], axis=-1)
+    s_ = xp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(hd)
+    s_ = xp.where(mask, s_, -1e30)
+    w = xp.exp(s_ - s_.max(axis=-1, keepdims=True))
+    w = w / w.sum(axis=-1, keepdims=True)
+    B, T, _ = x.shape
+    y = x + xp.einsum("bhqk,bkhd->bqhd", w, v).reshape(B, T, H * hd) @ p["wo"].T
+    return y + mlp(rms(y, p["ln2"], cfg["rms_norm_eps"], xp), p["gate"], p["up"], p["down"], xp), x
+
+
+def windows(D, held, T):
+    """(start, length) windows of at most T+1 tokens over the chosen conversations."""
+    out = []
+    for s in np.nonzero(D["held"] == held)[0]:
+        a, b = int(D["starts"][s]), int(D["starts"][s + 1])
+        for w in range(a, b - 2, T):
+            out.append((w, min(T + 1, b - w)))
+    return out
+
+
+def cmd_train(a):
+    import jax
+    import jax.numpy as jnp
+    import optax
+    cfg, t = load_target(a.target)
+    D = dict(np.load(a.features))
+    tmap = np.array(json.load(open(a.map)), np.int32)
+    head = jnp.asarray(t["head"][tmap])
+    embed = t["embed"]
+    T, B = a.seq, a.batch
+    cos, sin = rope_tables(cfg, T)
+    mask = jnp.tril(jnp.ones((T, T), bool))[None, None]
+    frms = float(np.sqrt(np.mean(D["feats"][:200000].astype(np.float32) ** 2)))
+    print(f"train: feature rms {frms:.3f}, noise +-{a.noise * frms:.3f}", flush=True)
+    W = windows(D, False, T)
+    steps = a.epochs * (len(W) // B)
+    init = dict(np.load(a.init)) if a.init else head_params(cfg, t, a.seed)
+    p = {k: jnp.asarray(v) for k, v in init.items()}
+    sched = optax.warmup_cosine_decay_schedule(0.0, a.lr, max(1, steps // 20), steps, a.lr * 0.1)
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.0))
+    st = opt.init(p)
+
+    cos2, sin2 = rope_tables(cfg, T + 1)
+    eye = jnp.eye(T, dtype=bool)[None, None]
+
+    def terms(h, f_next, m):
+        v = optax.huber_loss(h, f_next, delta=1.0).mean(axis=-1)
+        lp = jax.nn.log_softmax(h @ head.T, axis=-1)
+        q = jax.nn.softmax(f_next @ head.T, axis=-1)
+        ce = -(q * lp).sum(axis=-1)
+        acc = (jnp.argmax(lp, -1) == jnp.argmax(q, -1))
+        n = jnp.maximum(m.sum(), 1.0)
+        return ((v + a.p_weight * ce) * m).sum() / n, ((v * m).sum() / n, (ce * m).sum() / n, (acc * m).sum() / n)
+
+    def loss_fn(p, emb, f_prev, f_next, m, key):
+        f_in = f_prev + jax.random.uniform(key, f_prev.shape, minval=-1.0, maxval=1.0) * (a.noise * frms)
+        h, x = head_forward(p, emb, f_in, cfg, jnp, cos, sin, mask)
+        l, aux = terms(h, f_next, m)
+        if a.unroll:
+            # the second draft of a chain: row i reads x_{i+2} with the head's own h_i (not the
+            # target's feature), at position i + 1, seeing the real rows 0 .. i and itself
+            sh = lambda z: jnp.concatenate([z[:, 1:], jnp.zeros_like(z[:, :1])], axis=1)
+            h2, _ = head_forward(p, sh(emb), h, cfg, jnp, cos2[1:], sin2[1:], eye, prior=(x, cos, sin))
+            l2, aux2 = terms(h2, sh(f_next), sh(m))
+            return l + l2, aux + aux2
+        return l, aux
+
+    @jax.jit
+    def step(p, st, emb, f_prev, f_next, m, key):
+        (l, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(p, emb, f_prev, f_next, m, key)
+        u, st = opt.update(g, st, p)
+        return optax.apply_updates(p, u), st, l, aux
+
+    def batch(ws):
+        emb = np.zeros((B, T, embed.shape[1]), np.float32)
+        fp = np.zeros_like(emb)
+        fn = np.zeros_like(emb)
+        m = np.zeros((B, T), np.float32)
+        for j, (w, n) in enumerate(ws):
+            # position i of the window: input x_{i+1} with f_i, target f_{i+1}
+            emb[j, :n - 1] = embed[D["ids"][w + 1:w + n]]
+            fp[j, :n - 1] = D["feats"][w:w + n - 1]
+            fn[j, :n - 1] = D["feats"][w + 1:w + n]
+            m[j, :n - 1] = 1.0
+        return emb, fp, fn, m
+
+    rng, key = np.random.default_rng(a.seed), jax.random.PRNGKey(a.seed)
+    t0, k = time.time(), 0
+    for ep in range(a.epochs):
+        order = rng.permutation(len(W))
+        for b in range(len(W) // B):
+            key, sub = jax.random.split(key)
+            p, st, l, aux = step(p, st, *batch([W[i] for i in order[b * B:(b + 1) * B]]), sub)
+            k += 1
+            if k % a.log == 0 or k == steps:
+                two = f", second draft top-1 {float(aux[5]):.3f}" if a.unroll else ""
+                print(f"train: step {k}/{steps} epoch {ep + 1} loss {float(l):.4f} (feature {float(aux[0]):.4f}, "
+                      f"ce {float(aux[1]):.3f}, top-1 {float(aux[2]):.3f}{two}) {time.time() - t0:.0f} s", flush=True)
+        np.savez(a.out, **{k2: np.asarray(v) for k2, v in p.items()})
+    print(f"train: {steps} steps in {time.time() - t0:.0f} s -> {a.out}")
+
+
+class Chain:
+    """One held-out conversation's draft layer in NumPy with a KV cache, for the replay."""
+
+    def __init__(self, p, cfg, embed):
+        self.p, self.cfg, self.embed = p, cfg, embed
+        self.H, self.KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        self.hd = cfg.get("head_dim") or cfg["hidden_size"] // self.H
+        self.pairs = cfg.get("rope_style") == "pairs"
+
+    def kv(self, x, pos, cos, sin):
+        p = self.p
+        k = rope((x @ p["wk"].T).reshape(len(pos), self.KV, self.hd), cos[pos], sin[pos], self.pairs, np)
+        return k, (x @ p["wv"].T).reshape(len(pos), self.KV, self.hd)
+
+    def step(self, x, pos, K, V, cos, sin):
+        """x (n, d) at positions pos attending to K, V (m, KV, hd) then to themselves causally."""
+        p, H, KV, hd = self.p, self.H, self.KV, self.hd
+        q = rope((x @ p["wq"].T).reshape(len(pos), H, hd), cos[pos], sin[pos], self.pairs, np)
+        k, v = self.kv(x, pos, cos, sin)
+        Kall, Vall = np.concatenate([K, k]), np.concatenate([V, v])
+        Kall, Vall = np.repeat(Kall, H // KV, axis=1), np.repeat(Vall, H // KV, axis=1)
+        s = np.einsum("qhd,khd->hqk", q, Kall) / math.sqrt(hd)
+        m = len(K)
+        s[:, :, m:] = np.where(np.tril(np.ones((len(pos), len(pos)), bool)), s[:, :, m:], -1e30)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        o = np.einsum("hqk,khd->qhd", s, Vall).reshape(len(pos), H * hd) @ p["wo"].T
+        x = x + o
+        return x + mlp(rms(x, p["ln2"], self.cfg["rms_norm_eps"], np), p["gate"], p["up"], p["down"], np), k, v
+
+
+def cmd_eval(a):
+    cfg, t = load_target(a.target)
+    D = dict(np.load(a.features))
+    tmap = np.array(json.load(open(a.map)), np.int32)
+    head = t["head"][tmap]
+    p = dict(np.load(a.head))
+    ch = Chain(p, cfg, t["embed"])
+    cos, sin = rope_tables(cfg, 8192)
+    K = a.k
+    runs = {}
+    depth_ok, depth_n = np.zeros(K), np.zeros(K)
+    n_first = 0
+    for s in np.nonzero(D["held"])[0]:
+        a0, b0 = int(D["starts"][s]), int(D["starts"][s + 1])
+        ids, f = D["ids"][a0:b0], D["feats"][a0:b0].astype(np.float32)
+        ans = np.nonzero(D["answer"][a0:b0])[0]
+        if len(ans) < 2:
+            continue
+        # teacher-forced draft rows: position i has input (x_i, f_{i-1}), i >= 1
+        x = np.concatenate([t["embed"][ids[1:]], f[:-1]], axis=1) @ p["fc_w"].T + p["fc_b"]
+        pos = np.arange(1, len(ids))
+        Kc, Vc = ch.kv(x, pos, cos, sin)  # the cache after real tokens (row r is position r + 1)
+        acc = []
+        # at answer position j+1 (the token x_{j+1} just emitted), draft x_{j+2}.. with the cache of 1..j
+        for j1 in ans[:-1]:
+            j = j1 - 1
+            h_prev, tok, run = f[j], ids[j1], 0
+            Kp, Vp = Kc[:j], Vc[:j]
+            for d in range(min(K, len(ids) - 1 - j1)):
+                xin = np.concatenate([t["embed"][tok], h_prev])[None] @ p["fc_w"].T + p["fc_b"]
+                h, k, v = ch.step(xin, np.array([j1 + d]), Kp, Vp, cos, sin)
+                if a.oracle:  # the target's own feature in place of the head's: checks the indexing
+                    h = f[j1 + d][None]
+                Kp, Vp = np.concatenate([Kp, k]), np.concatenate([Vp, v])
+                tok = int(tmap[np.argmax(h[0] @ head.T)])
+                h_prev = h[0]
+                depth_n[d] += 1
+                if tok != ids[j1 + d + 1]:
+                    break
+                depth_ok[d] += 1
+                run += 1
+            acc.append(run)
+        n_first += 1
+        runs.setdefault(f"file {int(D['src'][s])}", []).append(acc)
+    print(f"eval: {n_first} held-out conversations, K = {K}")
+    for d in range(K):
+        print(f"  depth {d + 1}: {int(depth_ok[d])}/{int(depth_n[d])} accepted given the ones before "
+              f"({depth_ok[d] / max(1, depth_n[d]):.3f})")
+    for name, rr in runs.items():
+        if not rr:
+            continue
+        for k in range(1, K + 1):
+            for c, e in [(c, float(e)) for e in a.e.split(",") for c in (0.125, 0.25)]:
+                toks = steps = cost = 0
+                for acc in rr:
+                    i = 0
+                    while i < len(acc):
+                        r = min(acc[i], k)
+                        toks += r + 1
+                        steps += 1
+                        cost += 1 + c * k + e * k
+                        i += r + 1
+                print(f"  {name}: K {k} c {c} e {e}: {toks / steps:.2f} tokens a step, ratio {toks / cost:.2f}x")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("features")
+    f.add_argument("--target", required=True)
+    f.add_argument("--data", required=True)
+    f.add_argument("--out", required=True)
+    f.add_argument("--limit", type=int, default=0, help="at most this many training conversations a file (0: all); the held-out 5 %% always kept")
+    f.add_argument("--max-len", type=int, default=1024)
+    tr = sub.add_parser("train")
+    tr.add_argument("--target", required=True)
+    tr.add_argument("--features", required=True)
+    tr.add_argument("--map", required=True)
+    tr.add_argument("--out", required=True)
+    tr.add_argument("--epochs", type=int, default=2)
+    tr.add_argument("--seq", type=int, default=256)
+    tr.add_argument("--batch", type=int, default=8)
+    tr.add_argument("--lr", type=float, default=1e-3)
+    tr.add_argument("--noise", type=float, default=0.05, help="uniform feature noise, a fraction of their rms")
+    tr.add_argument("--p-weight", type=float, default=0.1)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--log", type=int, default=20)
+    tr.add_argument("--init", help="a head (train's --out) to start from instead of the target's last layer")
+    tr.add_argument("--unroll", action="store_true",
+                    help="also train the second draft of a chain on the head's own first output (EAGLE-3's training-time test, two steps)")
+    ev = sub.add_parser("eval")
+    ev.add_argument("--target", required=True)
+    ev.add_argument("--features", required=True)
+    ev.add_argument("--map", required=True)
+    ev.add_argument("--head", required=True)
+    ev.add_argument("--k", type=int, default=5)
+    ev.add_argument("--e", default="0.08,0.15", help="a draft token's costs to try, fractions of a plain step")
+    ev.add_argument("--oracle", action="store_true", help="draft with the target's own features (a check)")
+    a = ap.parse_args()
+    {"features": cmd_features, "train": cmd_train, "eval": cmd_eval}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
