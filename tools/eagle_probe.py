@@ -136,7 +136,7 @@ def cmd_features(a):
     for fi, path in enumerate(a.data.split(",")):
         rows = [json.loads(l) for l in open(path) if l.strip()]
         cut = len(rows) - max(1, len(rows) // 20)
-        keep = [i for i in range(len(rows)) if i >= cut or not a.limit or i < min(a.limit, cut)]
+        keep = [i for i in range(len(rows)) if i >= cut or (a.skip <= i and (not a.limit or i < a.limit))]
         for i in keep:
             ids, n_prompt = render(tpl, tok, rows[i]["messages"])
             seqs.append((ids[: a.max_len], n_prompt))
@@ -426,7 +426,8 @@ def main():
     f.add_argument("--target", required=True)
     f.add_argument("--data", required=True)
     f.add_argument("--out", required=True)
-    f.add_argument("--limit", type=int, default=0, help="at most this many training conversations a file (0: all); the held-out 5 %% always kept")
+    f.add_argument("--limit", type=int, default=0, help="keep the training conversations before this index of each file (0: all); the held-out 5 %% always kept")
+    f.add_argument("--skip", type=int, default=0, help="leave out the first this many training conversations of each file")
     f.add_argument("--max-len", type=int, default=1024)
     tr, ev = sub.add_parser("train"), sub.add_parser("eval")
     for p in (tr, ev):
