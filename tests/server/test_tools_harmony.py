@@ -68,8 +68,10 @@ def as_harmony(text):
 
 
 # A reply that closed (or broke off) its analysis and answered: what the grammar may write then.
+# An answer: an analysis closed by a marker (a "{" inside the analysis is not one), then the JSON.
 ANSWERED = re.compile(r"\s*(<\|channel\|>analysis<\|message\|>(?:(?!<\|end\|>|<\|start\|>|<\|channel\|>).)*"
-                      r"(<\|end\|>)?)?\s*(<\|start\|>assistant)?(<\|channel\|>final<\|message\|>)?\{", re.S)
+                      r"(?=<\|end\|>|<\|start\|>|<\|channel\|>)(<\|end\|>)?)?"
+                      r"\s*(<\|start\|>assistant)?(<\|channel\|>final<\|message\|>)?\{", re.S)
 
 
 def raw_of(choice):
