@@ -91,23 +91,30 @@ def rms(x, w, eps, xp):
     return x * (1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)) * w
 
 
-def attention(h, wq, wk, wv, wo, cos, sin, cfg, xp, mask):
-    """h (B, T, d) -> (B, T, d): causal GQA attention with rope."""
+def project(x, p, cos, sin, cfg, xp):
+    """x (..., T, d) -> q (..., T, H, hd), k and v (..., T, KV, hd), q and k rotated at the rows'
+    positions (cos / sin (T, hd/2)); p holds wq, wk, wv."""
     H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or cfg["hidden_size"] // H
-    B, T, _ = h.shape
     pairs = cfg.get("rope_style") == "pairs"
-    q = rope((h @ wq.T).reshape(B, T, H, hd), cos, sin, pairs, xp)
-    k = rope((h @ wk.T).reshape(B, T, KV, hd), cos, sin, pairs, xp)
-    v = (h @ wv.T).reshape(B, T, KV, hd)
-    k = xp.repeat(k, H // KV, axis=2)
-    v = xp.repeat(v, H // KV, axis=2)
-    s = xp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(hd)
+    sh = x.shape[:-1]
+    q = rope((x @ p["wq"].T).reshape(*sh, H, hd), cos, sin, pairs, xp)
+    k = rope((x @ p["wk"].T).reshape(*sh, KV, hd), cos, sin, pairs, xp)
+    return q, k, (x @ p["wv"].T).reshape(*sh, KV, hd)
+
+
+def attend(q, k, v, mask, xp):
+    """q (..., Tq, H, hd) over k, v (..., Tk, KV, hd) where mask (broadcast to (..., H, Tq, Tk))
+    allows -> (..., Tq, H hd): grouped-query softmax attention."""
+    H, hd = q.shape[-2], q.shape[-1]
+    k = xp.repeat(k, H // k.shape[-2], axis=-2)
+    v = xp.repeat(v, H // v.shape[-2], axis=-2)
+    s = xp.einsum("...qhd,...khd->...hqk", q, k) / math.sqrt(hd)
     s = xp.where(mask, s, -1e30)
-    p = xp.exp(s - s.max(axis=-1, keepdims=True))
-    p = p / p.sum(axis=-1, keepdims=True)
-    o = xp.einsum("bhqk,bkhd->bqhd", p, v).reshape(B, T, H * hd)
-    return o @ wo.T
+    w = xp.exp(s - s.max(axis=-1, keepdims=True))
+    w = w / w.sum(axis=-1, keepdims=True)
+    o = xp.einsum("...hqk,...khd->...qhd", w, v)
+    return o.reshape(*o.shape[:-2], H * hd)
 
 
 def mlp(h, gate, up, down, xp):
@@ -154,7 +161,7 @@ def cmd_features(a):
         x = embed[ids][None]
         def body(x, lw):
             h = rms(x, lw["ln1"], eps, jnp)
-            x = x + attention(h, lw["wq"], lw["wk"], lw["wv"], lw["wo"], cos, sin, cfg, jnp, mask)
+            x = x + attend(*project(h, lw, cos, sin, cfg, jnp), mask, jnp) @ lw["wo"].T
             x = x + mlp(rms(x, lw["ln2"], eps, jnp), lw["gate"], lw["up"], lw["down"], jnp)
             return x, None
         x, _ = jax.lax.scan(body, x, layers)
@@ -206,28 +213,14 @@ def head_forward(p, emb, f_prev, cfg, xp, cos, sin, mask, prior=None):
     block. cos / sin: the rows' positions. prior: (x, cos, sin) of an earlier pass whose rows this
     pass's row i also sees, rows 0 .. i of it, as a drafted token sees the real ones before it
     (mask then covers this pass's own rows)."""
-    H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = cfg.get("head_dim") or cfg["hidden_size"] // H
-    pairs = cfg.get("rope_style") == "pairs"
-    def qkv(x, c, s_):
-        B, T, _ = x.shape
-        q = rope((x @ p["wq"].T).reshape(B, T, H, hd), c, s_, pairs, xp)
-        k = rope((x @ p["wk"].T).reshape(B, T, KV, hd), c, s_, pairs, xp)
-        v = (x @ p["wv"].T).reshape(B, T, KV, hd)
-        return q, xp.repeat(k, H // KV, axis=2), xp.repeat(v, H // KV, axis=2)
     x = xp.concatenate([emb, f_prev], axis=-1) @ p["fc_w"].T + p["fc_b"]
-    q, k, v = qkv(x, cos, sin)
+    q, k, v = project(x, p, cos, sin, cfg, xp)
     if prior is not None:
-        _, k0, v0 = qkv(*prior)
+        _, k0, v0 = project(prior[0], p, prior[1], prior[2], cfg, xp)
         T = x.shape[1]
         k, v = xp.concatenate([k0, k], axis=1), xp.concatenate([v0, v], axis=1)
         mask = xp.concatenate([xp.tril(xp.ones((T, T), bool))[None, None], mask], axis=-1)
-    s_ = xp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(hd)
-    s_ = xp.where(mask, s_, -1e30)
-    w = xp.exp(s_ - s_.max(axis=-1, keepdims=True))
-    w = w / w.sum(axis=-1, keepdims=True)
-    B, T, _ = x.shape
-    y = x + xp.einsum("bhqk,bkhd->bqhd", w, v).reshape(B, T, H * hd) @ p["wo"].T
+    y = x + attend(q, k, v, mask, xp) @ p["wo"].T
     return y + mlp(rms(y, p["ln2"], cfg["rms_norm_eps"], xp), p["gate"], p["up"], p["down"], xp), x
 
 
@@ -323,35 +316,14 @@ def cmd_train(a):
     print(f"train: {steps} steps in {time.time() - t0:.0f} s -> {a.out}")
 
 
-class Chain:
-    """One held-out conversation's draft layer in NumPy with a KV cache, for the replay."""
-
-    def __init__(self, p, cfg, embed):
-        self.p, self.cfg, self.embed = p, cfg, embed
-        self.H, self.KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        self.hd = cfg.get("head_dim") or cfg["hidden_size"] // self.H
-        self.pairs = cfg.get("rope_style") == "pairs"
-
-    def kv(self, x, pos, cos, sin):
-        p = self.p
-        k = rope((x @ p["wk"].T).reshape(len(pos), self.KV, self.hd), cos[pos], sin[pos], self.pairs, np)
-        return k, (x @ p["wv"].T).reshape(len(pos), self.KV, self.hd)
-
-    def step(self, x, pos, K, V, cos, sin):
-        """x (n, d) at positions pos attending to K, V (m, KV, hd) then to themselves causally."""
-        p, H, KV, hd = self.p, self.H, self.KV, self.hd
-        q = rope((x @ p["wq"].T).reshape(len(pos), H, hd), cos[pos], sin[pos], self.pairs, np)
-        k, v = self.kv(x, pos, cos, sin)
-        Kall, Vall = np.concatenate([K, k]), np.concatenate([V, v])
-        Kall, Vall = np.repeat(Kall, H // KV, axis=1), np.repeat(Vall, H // KV, axis=1)
-        s = np.einsum("qhd,khd->hqk", q, Kall) / math.sqrt(hd)
-        m = len(K)
-        s[:, :, m:] = np.where(np.tril(np.ones((len(pos), len(pos)), bool)), s[:, :, m:], -1e30)
-        s = np.exp(s - s.max(-1, keepdims=True))
-        s /= s.sum(-1, keepdims=True)
-        o = np.einsum("hqk,khd->qhd", s, Vall).reshape(len(pos), H * hd) @ p["wo"].T
-        x = x + o
-        return x + mlp(rms(x, p["ln2"], self.cfg["rms_norm_eps"], np), p["gate"], p["up"], p["down"], np), k, v
+def chain_step(p, cfg, x, pos, K, V, cos, sin):
+    """The head's layer in NumPy for the replay: x (n, d) at positions pos attending to the cached
+    K, V (m, KV, hd), then to themselves causally -> (h, their k, their v)."""
+    q, k, v = project(x, p, cos[pos], sin[pos], cfg, np)
+    n = len(pos)
+    mask = np.concatenate([np.ones((n, len(K)), bool), np.tril(np.ones((n, n), bool))], axis=1)
+    x = x + attend(q, np.concatenate([K, k]), np.concatenate([V, v]), mask, np) @ p["wo"].T
+    return x + mlp(rms(x, p["ln2"], cfg["rms_norm_eps"], np), p["gate"], p["up"], p["down"], np), k, v
 
 
 def cmd_eval(a):
@@ -360,7 +332,6 @@ def cmd_eval(a):
     tmap = np.array(json.load(open(a.map)), np.int32)
     head = t["head"][tmap]
     p = dict(np.load(a.head))
-    ch = Chain(p, cfg, t["embed"])
     cos, sin = rope_tables(cfg, 8192)
     K = a.k
     runs = {}
@@ -375,7 +346,7 @@ def cmd_eval(a):
         # teacher-forced draft rows: position i has input (x_i, f_{i-1}), i >= 1
         x = np.concatenate([t["embed"][ids[1:]], f[:-1]], axis=1) @ p["fc_w"].T + p["fc_b"]
         pos = np.arange(1, len(ids))
-        Kc, Vc = ch.kv(x, pos, cos, sin)  # the cache after real tokens (row r is position r + 1)
+        _, Kc, Vc = project(x, p, cos[pos], sin[pos], cfg, np)  # the cache after real tokens (row r: position r + 1)
         acc = []
         # at answer position j+1 (the token x_{j+1} just emitted), draft x_{j+2}.. with the cache of 1..j
         for j1 in ans[:-1]:
@@ -384,7 +355,7 @@ def cmd_eval(a):
             Kp, Vp = Kc[:j], Vc[:j]
             for d in range(min(K, len(ids) - 1 - j1)):
                 xin = np.concatenate([t["embed"][tok], h_prev])[None] @ p["fc_w"].T + p["fc_b"]
-                h, k, v = ch.step(xin, np.array([j1 + d]), Kp, Vp, cos, sin)
+                h, k, v = chain_step(p, cfg, xin, np.array([j1 + d]), Kp, Vp, cos, sin)
                 if a.oracle:  # the target's own feature in place of the head's: checks the indexing
                     h = f[j1 + d][None]
                 Kp, Vp = np.concatenate([Kp, k]), np.concatenate([Vp, v])
