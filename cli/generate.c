@@ -46,10 +46,11 @@ struct generate_flags {
     const char *model_dir, *prompt, *device_name, *pp_layers;
     long max_tokens, threads, seed, tp, pp, ep;
     int add_bos;
-    /* Speculative decoding, serve's flags: --speculative ngram | draft, --draft-model PATH,
-     * --spec-token-map FILE, --spec-draft K, --spec-ngram N. spec_mode 0: none, 1: ngram, 2: draft. */
+    /* Speculative decoding, serve's flags: --speculative ngram | draft | eagle, --draft-model PATH,
+     * --spec-token-map FILE, --spec-draft K, --spec-ngram N. spec_mode 0: none, 1: ngram, 2: draft (eagle: an EAGLE head). */
     int spec_mode;
     const char *draft_model, *token_map;
+    int eagle; /* --speculative eagle: draft_model is an EAGLE head */
     long spec_draft, spec_ngram;
     struct generate_options o; /* sampling (temperature 0 unless given), max_tokens, ignore_eos */
 };
@@ -68,9 +69,11 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
         else if (!strcmp(a, "--no-bos")) { f->add_bos = 0; takes = 0; }
         else if (!v) return cli_usage("generate: %s needs a value", a);
         else if (!strcmp(a, "--speculative")) {
-            if (strcmp(v, "ngram") && strcmp(v, "draft"))
-                return cli_usage("--speculative must be ngram (prompt lookup) or draft (with --draft-model), got '%s'", v);
+            if (strcmp(v, "ngram") && strcmp(v, "draft") && strcmp(v, "eagle"))
+                return cli_usage("--speculative must be ngram (prompt lookup), draft or eagle (with --draft-model), got "
+                                 "'%s'", v);
             f->spec_mode = strcmp(v, "ngram") ? 2 : 1;
+            f->eagle = !strcmp(v, "eagle");
         }
         else if (!strcmp(a, "--draft-model")) f->draft_model = v;
         else if (!strcmp(a, "--spec-token-map")) f->token_map = v;
@@ -96,7 +99,7 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
     if (!f->model_dir) return cli_usage("generate: --model DIR or FILE.gguf is required%s", "");
     if (f->draft_model && !f->spec_mode) f->spec_mode = 2; /* serve's spelling: --draft-model alone */
     if (f->spec_mode == 2 && !f->draft_model)
-        return cli_usage("generate: --speculative draft needs --draft-model PATH%s", "");
+        return cli_usage("generate: --speculative %s needs --draft-model PATH", f->eagle ? "eagle" : "draft");
     if (f->spec_mode == 1 && f->draft_model)
         return cli_usage("generate: --draft-model cannot be combined with --speculative ngram: the drafts come from "
                          "one or the other%s", "");
@@ -224,6 +227,7 @@ static int generate_speculative(const struct generate_flags *f)
     o.spec_max_batch = 1;
     o.draft_model_dir = f->spec_mode == 2 ? f->draft_model : NULL;
     o.draft_token_map = f->token_map;
+    o.draft_eagle = f->eagle;
     o.pp_layers = f->pp_layers;
     struct parallel_world *world = NULL;
     const long tp = f->ep > 1 ? f->ep * f->tp : f->tp; /* as generate_setup */

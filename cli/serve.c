@@ -137,6 +137,8 @@ static int usage(const char *fmt, const char *arg)
                     "  [--speculative draft] --draft-model PATH  speculative decoding with a small draft model\n"
                     "                 instead (the same tokenizer as --model, refused otherwise; at tp / pp > 1\n"
                     "                 it runs on rank 0): --spec-draft tokens a step, verified by rejection sampling\n"
+                    "  --speculative eagle --draft-model HEAD.safetensors  an EAGLE-1 head on the served model's\n"
+                    "                 hidden states (tools/eagle_probe.py export; Llama-style models at tp 1, pp 1)\n"
                     "  --spec-token-map FILE  the draft's LM head cut to the token ids of FILE (a JSON array; tools/\n"
                     "                 draft_token_map.py): cheaper draft tokens, drafts only among those tokens\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
@@ -266,11 +268,13 @@ int serve_main(int argc, char **argv)
             if (base_parse_long(v, 1, 4096, &n)) return usage("--max-seqs must be an integer in [1, 4096], got '%s'", v);
             o.engine.max_seqs = (int)n;
         } else if (!strcmp(a, "--speculative")) {
-            if (strcmp(v, "ngram") && strcmp(v, "draft"))
-                return usage("--speculative must be ngram (prompt lookup) or draft (with --draft-model), got '%s'", v);
+            if (strcmp(v, "ngram") && strcmp(v, "draft") && strcmp(v, "eagle"))
+                return usage("--speculative must be ngram (prompt lookup), draft or eagle (with --draft-model), got '%s'",
+                             v);
             if (!o.engine.spec_draft) o.engine.spec_draft = 5;
             if (!strcmp(v, "ngram")) prompt_lookup = 1;
             else draft_mode = 1;
+            o.engine.draft_eagle = !strcmp(v, "eagle");
         } else if (!strcmp(a, "--draft-model")) {
             o.engine.draft_model_dir = v;
             if (!o.engine.spec_draft) o.engine.spec_draft = 5;
@@ -414,7 +418,8 @@ int serve_main(int argc, char **argv)
             ep = n;
         } else return usage("unknown option '%s'", a);
     }
-    if (draft_mode && !o.engine.draft_model_dir) return usage("--speculative draft needs --draft-model PATH%s", "");
+    if (draft_mode && !o.engine.draft_model_dir)
+        return usage("--speculative %s needs --draft-model PATH", o.engine.draft_eagle ? "eagle" : "draft");
     if (o.engine.draft_token_map && !o.engine.draft_model_dir)
         return usage("--spec-token-map needs --draft-model PATH (it cuts the draft's head)%s", "");
     if (prompt_lookup && o.engine.draft_model_dir)

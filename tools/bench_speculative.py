@@ -13,7 +13,7 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
   python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
       [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
       [--spec-draft 4] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
-      [--token-map MAP.json] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
+      [--token-map MAP.json] [--eagle HEAD.safetensors ...] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
       --llama-draft DRAFT.gguf]
       [--batches 1,16] [--open]
 
@@ -120,13 +120,18 @@ def main():
     ap.add_argument("--spec-max-batch", type=int, default=None, help="the server's --spec-max-batch (default: its own)")
     ap.add_argument("--llama-lookup", help="llama.cpp's llama-lookup, run on the same file and questions")
     ap.add_argument("--draft-model", action="append", default=[], help="also speculate with this draft model")
-    ap.add_argument("--token-map", help="also run each --draft-model with --spec-token-map FILE")
+    ap.add_argument("--token-map", help="also run each --draft-model with --spec-token-map FILE (and every --eagle "
+                    "head with it)")
+    ap.add_argument("--eagle", action="append", default=[], help="also speculate with this EAGLE head "
+                    "(--speculative eagle --draft-model HEAD.safetensors: tools/eagle_probe.py export)")
     ap.add_argument("--no-prior", action="store_true", help="SHARDLM_SPEC_PRIOR=0 for the speculative servers: "
                     "every sequence drafts (a weak draft's acceptance measured on every request, not backed off)")
     ap.add_argument("--llama-speculative", help="llama.cpp's llama-speculative-simple, run with --llama-draft as its "
                     "draft (-md) on the same file and questions")
     ap.add_argument("--llama-draft", help="the draft GGUF of --llama-speculative (tools/draft_gguf.py); its "
                     "--speculative draft run is added to shardlm's configurations")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="one more argument for every server (repeat: --serve-arg=--no-prefix-caching)")
     ap.add_argument("--batches", default="1,16", help="requests at once, comma-separated (default 1,16)")
     ap.add_argument("--open", action="store_true", help="everyday requests without a passage (OPEN_PROMPTS)")
     a = ap.parse_args()
@@ -150,10 +155,12 @@ def main():
     if a.token_map:
         configs += [(f"draft {d} + map", ["--speculative", "draft", "--draft-model", d, "--spec-token-map", a.token_map,
                                           *spec]) for d in a.draft_model]
+    cut = ["--spec-token-map", a.token_map] if a.token_map else []
+    configs += [("eagle " + h, ["--speculative", "eagle", "--draft-model", h, *cut, *spec]) for h in a.eagle]
     try:
         for name, flags in configs:
             env = dict(os.environ, SHARDLM_SPEC_PRIOR="0") if a.no_prior and flags else None
-            with TS.Server(a.shardlm, Path(a.model), "--threads", str(a.threads), *flags, name="bench-spec",
+            with TS.Server(a.shardlm, Path(a.model), "--threads", str(a.threads), *a.serve_arg, *flags, name="bench-spec",
                            env=env) as srv:
                 for parallel in batches:
                     out[(name, parallel)] = run(srv, prompts, a.max_tokens, parallel)

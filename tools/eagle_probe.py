@@ -8,6 +8,7 @@ with the data and compute of one session is known before shardlm serves one.
   python3 tools/eagle_probe.py features --target DIR --data A.jsonl[,B.jsonl] --out F.npz
   python3 tools/eagle_probe.py train --target DIR --features F.npz --map MAP.json --out H.npz [--epochs N]
   python3 tools/eagle_probe.py eval --target DIR --features F.npz --map MAP.json --head H.npz [--k 5]
+  python3 tools/eagle_probe.py export --target DIR --head H.npz --out HEAD.safetensors
 
 - `features`: the target (a Hugging Face Llama directory in f32, e.g. `shardlm convert gguf --dtype
   f32` of the served GGUF as tools/distill_draft.sh writes it; rope_style "pairs" honoured) run by a
@@ -30,6 +31,11 @@ with the data and compute of one session is known before shardlm serves one.
   c of a plain step, a draft token e of one), as tools/spec_replay.py costs its replays. `--oracle`
   drafts with the target's own features instead, a check of the indexing (acceptance then equals
   the features' agreement with the recorded answers times the map's coverage).
+
+- `export`: the head as an EAGLE-1 safetensors file (EAGLE's names: fc.weight, fc.bias,
+  layers.0.self_attn.*, layers.0.post_attention_layernorm.weight, layers.0.mlp.*; F32; metadata
+  rope_style from the target's config) that `shardlm serve --speculative eagle --draft-model
+  HEAD.safetensors [--spec-token-map MAP.json]` serves on the same model.
 
 Figures and how they were measured: docs/speculative.md, "An EAGLE head, probed offline".
 
@@ -390,6 +396,23 @@ def cmd_eval(a):
                 print(f"  {name}: K {k} c {c} e {e}: {toks / steps:.2f} tokens a step, ratio {toks / cost:.2f}x")
 
 
+# the probe's head parameters -> EAGLE-1's tensor names (export)
+EXPORT_NAMES = {"fc_w": "fc.weight", "fc_b": "fc.bias", "wq": "layers.0.self_attn.q_proj.weight",
+                "wk": "layers.0.self_attn.k_proj.weight", "wv": "layers.0.self_attn.v_proj.weight",
+                "wo": "layers.0.self_attn.o_proj.weight", "ln2": "layers.0.post_attention_layernorm.weight",
+                "gate": "layers.0.mlp.gate_proj.weight", "up": "layers.0.mlp.up_proj.weight",
+                "down": "layers.0.mlp.down_proj.weight"}
+
+
+def cmd_export(a):
+    from make_draft import write_safetensors
+    cfg = json.load(open(f"{a.target}/config.json"))
+    p = dict(np.load(a.head))
+    write_safetensors(a.out, {EXPORT_NAMES[k]: v for k, v in p.items()},
+                      {"rope_style": cfg.get("rope_style", "halves"), "format": "eagle-1"})
+    print(f"export: {len(p)} tensors -> {a.out}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -420,8 +443,11 @@ def main():
     ev.add_argument("--k", type=int, default=5)
     ev.add_argument("--e", default="0.08,0.15", help="a draft token's costs to try, fractions of a plain step")
     ev.add_argument("--oracle", action="store_true", help="draft with the target's own features (a check)")
+    ex = sub.add_parser("export")
+    for name in ("--target", "--head", "--out"):
+        ex.add_argument(name, required=True)
     a = ap.parse_args()
-    {"features": cmd_features, "train": cmd_train, "eval": cmd_eval}[a.cmd](a)
+    {"features": cmd_features, "train": cmd_train, "eval": cmd_eval, "export": cmd_export}[a.cmd](a)
 
 
 if __name__ == "__main__":

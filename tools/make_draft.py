@@ -27,9 +27,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from train_compare import read_safetensors  # noqa: E402  (name -> float32 array; BF16 widened)
 
 
-def write_safetensors(path, tensors):
-    """name -> float32 array, written as F32."""
-    header, blobs, off = {}, [], 0
+def write_safetensors(path, tensors, metadata=None):
+    """name -> float32 array, written as F32; metadata: the header's __metadata__ (str -> str)."""
+    header, blobs, off = ({"__metadata__": dict(metadata)} if metadata else {}), [], 0
     for name, arr in tensors.items():
         raw = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
         header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [off, off + len(raw)]}

@@ -30,7 +30,7 @@ void layer_norm(const struct model *m, const struct tensor *out, const struct te
 void layer_pre_norm(const struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *w,
                     const struct tensor *bias)
 {
-    if (!m->cfg.no_pre_norms && !m->cfg.post_ln) layer_norm(m, out, x, w, bias);
+    if (!m->cfg.no_pre_norms && !m->cfg.post_ln && w->data) layer_norm(m, out, x, w, bias);
     else if (out->data != x->data) backend_copy(m->b, out->data, x->data, tensor_nbytes(x));
 }
 

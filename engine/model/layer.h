@@ -77,8 +77,8 @@ void layer_attention_kind(const struct model *m, int layer, int *window, struct 
 void layer_norm(const struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *w,
                 const struct tensor *bias);
 /* The norm before attention or the MLP: layer_norm, or for a model without pre-norms (OLMo 2;
- * BERT, whose norms follow the residual add: cfg.post_ln) x itself, copied into out unless out
- * is x. */
+ * BERT, whose norms follow the residual add: cfg.post_ln) or without that norm's weight (an
+ * EAGLE head's attention: engine/serving/draft.c) x itself, copied into out unless out is x. */
 void layer_pre_norm(const struct model *m, const struct tensor *out, const struct tensor *x, const struct tensor *w,
                     const struct tensor *bias);
 /* q or k (T rows of heads x head_dim) as the QK norm normalises it: (T * heads, head_dim) for a

@@ -236,6 +236,45 @@ static void upload_i32(struct backend *b, const struct tensor *dst, const int32_
     if (n > 0) backend_upload(b, dst->data, src, (size_t)n * sizeof(int32_t));
 }
 
+/* rows (T, d_model) of f32 host memory into t, in the model's dtype (through ws.x_f32). */
+static void upload_rows(struct model *m, const struct tensor *t, const float *rows, int64_t T)
+{
+    if (m->dtype == DTYPE_F32) {
+        backend_upload(m->b, t->data, rows, tensor_nbytes(t));
+        return;
+    }
+    struct tensor f = tensor_first_rows(&m->ws.x_f32, T);
+    backend_upload(m->b, f.data, rows, tensor_nbytes(&f));
+    op_cast(m->b, t, &f);
+}
+
+/* t (T, d_model) in the model's dtype into f32 host memory (through ws.x_f32). */
+static void download_rows(struct model *m, float *rows, const struct tensor *t, int64_t T)
+{
+    const struct tensor *src = t;
+    struct tensor f = tensor_first_rows(&m->ws.x_f32, T);
+    if (m->dtype != DTYPE_F32) op_cast(m->b, &f, t), src = &f;
+    backend_download(m->b, rows, src->data, tensor_nbytes(src));
+}
+
+/* An EAGLE head's input rows (model.input_fc_*): x = embedding W_e^T + features W_f^T + bias,
+ * with x holding the embeddings on entry. */
+static void input_from_features(struct model *m, int64_t T, const struct tensor *x, const float *features)
+{
+    struct tensor f = tensor_first_rows(&m->ws.xn, T), e = tensor_first_rows(&m->ws.proj, T);
+    upload_rows(m, &f, features, T);
+    op_matmul(m->b, &e, x, &m->input_fc_emb, m->input_fc_bias.data ? &m->input_fc_bias : NULL);
+    op_matmul(m->b, x, &f, &m->input_fc_feat, NULL);
+    op_add(m->b, x, x, &e);
+}
+
+/* The final norm of x into out (may be x); a model without one (an EAGLE head) copies. */
+static void final_norm(struct model *m, const struct tensor *out, const struct tensor *x)
+{
+    if (m->w.final_norm.data) layer_norm(m, out, x, &m->w.final_norm, &m->w.final_norm_bias);
+    else if (out->data != x->data) backend_copy(m->b, out->data, x->data, tensor_nbytes(x));
+}
+
 /* ---- the layer's serving hooks (layer.h) ----------------------------------------------------- */
 
 struct serve_ctx {
@@ -365,10 +404,14 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
     for (int s = 0; s < fb->n_seqs && ab.decode_only; s++)
         ab.decode_only = fb->q_start[s + 1] - fb->q_start[s] == 1;
 
+    CHECK((!fb->hidden && !fb->features) || (m->tp_size == 1 && m->pp_size == 1),
+          "forward batch: hidden states or features at tp %d, pp %d", m->tp_size, m->pp_size);
+    CHECK(!m->input_fc_emb.data || fb->features, "forward batch: an EAGLE head without its features");
     struct tensor x = tensor_first_rows(&m->ws.x, T);
     enum status st;
     if (m->pp_rank == 0) {
         if ((st = model_embed_input(m, T, &x)) != STATUS_OK) return st;
+        if (m->input_fc_emb.data) input_from_features(m, T, &x, fb->features);
     } else if ((st = comm_recv(m->par.groups->pp, &x, m->pp_rank - 1)) != STATUS_OK) {
         return st;
     }
@@ -381,15 +424,22 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
         if ((st = layer_forward(m, l, T, &lt, &hooks)) != STATUS_OK) return st;
 
     if (!model_is_last_stage(m)) return comm_send(m->par.groups->pp, &x, m->pp_rank + 1);
+    /* Every row's hidden state for EAGLE: all rows through the final norm, the logits' rows
+     * gathered from there. */
+    struct tensor normed = tensor_first_rows(&m->ws.xn, T);
+    if (fb->hidden) {
+        final_norm(m, &normed, &x);
+        download_rows(m, fb->hidden, &normed, T);
+    }
     if (fb->n_logits == 0) {
         backend_synchronize(b);
         return STATUS_OK;
     }
-    /* Only the rows that need logits go through the final norm and the LM head: gathering rows
-     * is the embedding lookup with the residual stream as the table. */
+    /* Otherwise only the rows that need logits go through the final norm and the LM head:
+     * gathering rows is the embedding lookup with the residual stream as the table. */
     struct tensor rows = tensor_first_rows(&m->ws.rows, fb->n_logits), ids = tensor_first_rows(&m->ws.logit_rows, fb->n_logits);
-    op_embedding(b, &rows, &x, &ids, 0);
-    layer_norm(m, &rows, &rows, &m->w.final_norm, &m->w.final_norm_bias);
+    op_embedding(b, &rows, fb->hidden ? &normed : &x, &ids, 0);
+    if (!fb->hidden) final_norm(m, &rows, &rows);
     struct tensor lg = tensor_first_rows(&m->ws.logits, fb->n_logits);
     if (fb->head) { /* another head (a draft's): its rows are the logits' columns, one rank */
         CHECK(m->tp_size == 1 && !fb->greedy_ids && tensor_rows(fb->head) <= m->vocab_local,

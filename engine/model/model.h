@@ -149,6 +149,12 @@ struct model {
     char   quantization[96];       /* the block types kept, "Q4_1,Q8_0"; "none" */
     int keep_blocks;               /* weights stored as ggml blocks are kept so (serving) */
 
+    /* An EAGLE draft head (engine/serving/draft.c builds it; never a loaded checkpoint): its input
+     * rows are x = fc([embedding(token), feature]) = embedding W_e^T + feature W_f^T + bias, with
+     * W_e, W_f the two halves of its fc weight (d_model, d_model) each and the features given
+     * per row (forward_batch.features). data NULL: the embedding alone, as for every model. */
+    struct tensor input_fc_emb, input_fc_feat, input_fc_bias;
+
     struct model_workspace ws;
     /* Serving adapters (borrowed; the conductor loads them): forward_batch.seq_adapter picks one
      * of them per sequence. model_reserve sizes their scratch for ranks up to max_adapter_rank. */
@@ -253,6 +259,12 @@ struct forward_batch {
      * model's backend; the logits are then (n_logits, rows), column j the head's row j. Only on
      * one rank (tp = pp = 1) and without greedy_ids; NULL = the model's head. */
     const struct tensor *head;
+    /* EAGLE (engine/serving/draft.c), one rank only (tp = pp = 1): hidden, when non-NULL, receives
+     * every row's final hidden state as the LM head reads it (after the final norm when the model
+     * has one), f32 host (n_tokens, d_model); features gives a head's per-row input features
+     * (model.input_fc_*), f32 host (n_tokens, d_model), required by such a head. */
+    float       *hidden;
+    const float *features;
 };
 
 /* Runs the forward pass of this stage over the batch, writing K/V of the new tokens into the

@@ -51,6 +51,7 @@ struct conductor {
      * and the target's distribution of the row being verified (vocab). */
     struct draft    draft;
     float   *spec_q, *spec_p;
+    float   *eagle_hidden;       /* EAGLE: the step's hidden states, (max_batch_tokens, d_model) */
     int      spec_check_grammar; /* SHARDLM_SPEC_CHECK_GRAMMAR set: check_matcher after each verification */
     /* The adaptive rule's server-wide prior (conductor_speculate.c spec_prior_low): the drafts
      * verified and accepted lately over every sequence (halved as they grow), and the backoff a

@@ -101,6 +101,8 @@ enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logit
             fb.greedy_done = &c->greedy_done;
         }
         c->greedy_done = 0;
+        /* EAGLE's features: every row's hidden state (one rank, one micro-batch: draft_load_eagle) */
+        if (c->eagle_hidden) fb.hidden = c->eagle_hidden;
         st = model_forward(c->m, &c->cache, &fb, c->logits + (size_t)l0 * (size_t)V);
         l0 = l1;
     }

@@ -91,7 +91,11 @@ static enum status load_draft(struct conductor *c)
     struct engine_options *o = &c->o;
     if (o->spec_draft <= 0) o->spec_draft = 5;
     const int slots = o->spec_max_batch > 0 ? o->spec_max_batch : 4;
-    enum status st = draft_load(o->draft_model_dir, c->b, c->m, slots, &c->draft);
+    enum status st = o->draft_eagle ? draft_load_eagle(o->draft_model_dir, c->b, c->m, slots, &c->draft)
+                                    : draft_load(o->draft_model_dir, c->b, c->m, slots, &c->draft);
+    if (st == STATUS_OK && o->draft_eagle &&
+        !(c->eagle_hidden = malloc((size_t)o->max_batch_tokens * (size_t)c->m->cfg.d_model * sizeof *c->eagle_hidden)))
+        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the EAGLE features");
     if (st == STATUS_OK && o->draft_token_map) st = draft_token_map(&c->draft, o->draft_token_map);
     if (st != STATUS_OK) return st;
     const size_t V = (size_t)c->m->cfg.vocab_size, k = (size_t)(o->spec_draft < 32 ? o->spec_draft : 32);
@@ -205,6 +209,7 @@ void conductor_free(struct conductor *c)
     draft_free(&c->draft);
     free(c->spec_q);
     free(c->spec_p);
+    free(c->eagle_hidden);
     if (c->cache.b) kv_cache_free(&c->cache);
     adapter_set_free(&c->adapters, c->b);
     model_free(c->m);

@@ -11,6 +11,7 @@
 #include "base.h"
 #include "checkpoint.h"
 #include "quant.h"
+#include "safetensors.h"
 #include "sampler.h"
 
 #define MODULE "engine"
@@ -29,22 +30,9 @@ static const char *mismatch(const struct model *d, const struct model *t)
     return NULL;
 }
 
-enum status draft_load(const char *dir, struct backend *b, const struct model *target, int n_slots, struct draft *d)
+/* The slots of a loaded draft (d->m) and its workspace and cache: see draft.h. */
+static enum status slots_init(struct draft *d, struct backend *b, const struct model *target, int n_slots)
 {
-    memset(d, 0, sizeof *d);
-    enum status st = model_load(dir, b, NULL, &d->m);
-    if (st != STATUS_OK)
-        return status_errorf(st, "--draft-model %s: %s", dir, status_message());
-    const char *what = mismatch(d->m, target);
-    if (what) {
-        st = status_errorf(STATUS_INVALID_ARGUMENT,
-                           "--draft-model %s: its %s differs from the served model's (vocabulary %d vs %d, BOS %d vs "
-                           "%d, EOS %d vs %d); a draft must share the target's tokenizer",
-                           dir, what, d->m->cfg.vocab_size, target->cfg.vocab_size, d->m->cfg.bos_id,
-                           target->cfg.bos_id, d->m->cfg.eos_id, target->cfg.eos_id);
-        draft_free(d);
-        return st;
-    }
     const int bt = 16;
     if (n_slots > DRAFT_MAX_SLOTS) n_slots = DRAFT_MAX_SLOTS;
     d->n_slots = n_slots;
@@ -63,13 +51,32 @@ enum status draft_load(const char *dir, struct backend *b, const struct model *t
     d->row_ok = calloc((size_t)n_slots, sizeof *d->row_ok);
     if (!d->owner || !d->n_cached || !d->tables || !d->slot_tokens || !d->table_rows || !d->rows || !d->logits ||
         !d->row_ok)
-        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "--draft-model: out of host memory");
-    if (st == STATUS_OK) st = model_reserve(d->m, d->max_rows, n_slots, d->slot_blocks, n_slots);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "--draft-model: out of host memory");
+    enum status st = model_reserve(d->m, d->max_rows, n_slots, d->slot_blocks, n_slots);
     if (st == STATUS_OK)
         st = kv_cache_init(&d->cache, b, d->m->n_layers_local, (int)nb, bt, d->m->n_kv_local, d->m->cfg.head_dim,
                            d->m->dtype);
     if (st == STATUS_OK) st = kv_cache_alloc(&d->cache, (int)nb, d->tables);
-    if (st != STATUS_OK) {
+    return st;
+}
+
+enum status draft_load(const char *dir, struct backend *b, const struct model *target, int n_slots, struct draft *d)
+{
+    memset(d, 0, sizeof *d);
+    enum status st = model_load(dir, b, NULL, &d->m);
+    if (st != STATUS_OK)
+        return status_errorf(st, "--draft-model %s: %s", dir, status_message());
+    const char *what = mismatch(d->m, target);
+    if (what) {
+        st = status_errorf(STATUS_INVALID_ARGUMENT,
+                           "--draft-model %s: its %s differs from the served model's (vocabulary %d vs %d, BOS %d vs "
+                           "%d, EOS %d vs %d); a draft must share the target's tokenizer",
+                           dir, what, d->m->cfg.vocab_size, target->cfg.vocab_size, d->m->cfg.bos_id,
+                           target->cfg.bos_id, d->m->cfg.eos_id, target->cfg.eos_id);
+        draft_free(d);
+        return st;
+    }
+    if ((st = slots_init(d, b, target, n_slots)) != STATUS_OK) {
         draft_free(d);
         return st;
     }
@@ -78,12 +85,196 @@ enum status draft_load(const char *dir, struct backend *b, const struct model *t
     return STATUS_OK;
 }
 
+/* ---- EAGLE --------------------------------------------------------------------------------- */
+
+/* Why target c cannot carry an EAGLE head of one Llama-style layer, or NULL when it can. */
+static const char *eagle_unfit(const struct model *t)
+{
+    const struct model_config *c = &t->cfg;
+    if (t->tp_size > 1 || t->pp_size > 1) return "it runs at tp or pp > 1 (EAGLE needs its hidden states on one rank)";
+    if (c->encoder || c->n_experts || c->norm != NORM_KIND_RMSNORM || !c->gated_mlp || c->activation != ACTIVATION_SILU ||
+        c->positions != POSITION_KIND_ROTARY || c->qk_norm || c->sandwich_norms || c->no_pre_norms || c->post_ln ||
+        c->qkv_bias || c->attn_out_bias || c->mlp_bias || c->sliding_window_pattern)
+        return "its layers are not Llama-style (RMS norms, SwiGLU, rotary, no biases, QK or sandwich norms, experts)";
+    return NULL;
+}
+
+/* The head's tensors: name in the file, rows and columns (0 = a vector), where it goes. */
+struct eagle_tensor {
+    const char *name;
+    int64_t rows, cols;
+    struct tensor *t;
+    int optional;
+};
+
+/* Reads the head's tensors from st into one backend allocation (d->eagle_weights) in h's dtype;
+ * fc.weight (d, 2d) becomes its two halves. */
+static enum status eagle_weights(struct draft *d, struct model *h, const struct safetensors *st, const char *path)
+{
+    const struct model_config *c = &h->cfg;
+    const int64_t D = c->d_model, hq = (int64_t)c->n_heads * c->head_dim, hkv = (int64_t)c->n_kv_heads * c->head_dim;
+    const int64_t F = c->ffn_hidden;
+    struct layer_weights *w = &h->w.layers[0];
+    struct tensor fc;
+    const struct eagle_tensor list[] = {
+        {"fc.weight", D, 2 * D, &fc, 0},
+        {"fc.bias", D, 0, &h->input_fc_bias, 1},
+        {"layers.0.self_attn.q_proj.weight", hq, D, &w->wq, 0},
+        {"layers.0.self_attn.k_proj.weight", hkv, D, &w->wk, 0},
+        {"layers.0.self_attn.v_proj.weight", hkv, D, &w->wv, 0},
+        {"layers.0.self_attn.o_proj.weight", D, hq, &w->wo, 0},
+        {"layers.0.post_attention_layernorm.weight", D, 0, &w->mlp_norm, 0},
+        {"layers.0.mlp.gate_proj.weight", F, D, &w->w_gate, 0},
+        {"layers.0.mlp.up_proj.weight", F, D, &w->w_up, 0},
+        {"layers.0.mlp.down_proj.weight", D, F, &w->w_down, 0},
+    };
+    const size_t n = sizeof list / sizeof list[0], es = dtype_size(h->dtype);
+    const struct st_tensor *found[sizeof list / sizeof list[0]];
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        found[i] = safetensors_find(st, list[i].name);
+        const struct st_tensor *t = found[i];
+        if (!t && list[i].optional) continue;
+        if (!t) return status_errorf(STATUS_INVALID_ARGUMENT, "--draft-model %s: no tensor '%s' (an EAGLE-1 head)", path,
+                                     list[i].name);
+        const int want_dims = list[i].cols ? 2 : 1;
+        if (!t->supported || t->elem_size == 0 || t->ndim != want_dims || t->shape[0] != list[i].rows ||
+            (want_dims == 2 && t->shape[1] != list[i].cols))
+            return status_errorf(STATUS_INVALID_ARGUMENT,
+                                 "--draft-model %s: tensor %s is %s of %d dimensions (%lld x %lld); the served model "
+                                 "needs float (%lld x %lld)", path, list[i].name, t->dtype_name, t->ndim,
+                                 (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 1),
+                                 (long long)list[i].rows, (long long)(list[i].cols ? list[i].cols : 1));
+        total += ((size_t)t->numel * es + 255) / 256 * 256;
+    }
+    enum status ret = backend_alloc(h->b, total, &d->eagle_weights);
+    if (ret != STATUS_OK) return ret;
+    uint8_t *host = NULL;
+    size_t off = 0;
+    for (size_t i = 0; i < n && ret == STATUS_OK; i++) {
+        const struct st_tensor *t = found[i];
+        if (!t) continue;
+        const size_t bytes = (size_t)t->numel * es;
+        uint8_t *grown = realloc(host, bytes);
+        if (!grown) {
+            ret = status_errorf(STATUS_RESOURCE_EXHAUSTED, "--draft-model: out of host memory");
+            break;
+        }
+        host = grown;
+        if ((ret = safetensors_read(t, h->dtype, host, bytes)) != STATUS_OK) break;
+        void *dev = (uint8_t *)d->eagle_weights + off;
+        if (list[i].t == &fc) { /* row r (2D) -> its first half at row r, its second at row D + r */
+            const size_t half = (size_t)D * es;
+            for (int64_t r = 0; r < D; r++) {
+                backend_upload(h->b, (uint8_t *)dev + (size_t)r * half, host + (size_t)r * 2 * half, half);
+                backend_upload(h->b, (uint8_t *)dev + (size_t)(D + r) * half, host + (size_t)r * 2 * half + half, half);
+            }
+        } else {
+            backend_upload(h->b, dev, host, bytes);
+        }
+        *list[i].t = list[i].cols ? tensor_make(dev, h->dtype, h->b->device, 2, list[i].rows, list[i].cols)
+                                  : tensor_make(dev, h->dtype, h->b->device, 1, list[i].rows);
+        off += (bytes + 255) / 256 * 256;
+    }
+    free(host);
+    if (ret != STATUS_OK) return ret;
+    /* fc's halves (D, D) each, side by side in its memory: the columns that read the embedding,
+     * then those that read the feature (eagle_weights split its rows on the host). */
+    const size_t row = (size_t)D * es;
+    h->input_fc_emb = tensor_make(fc.data, h->dtype, h->b->device, 2, D, D);
+    h->input_fc_feat = tensor_make((uint8_t *)fc.data + (size_t)D * row, h->dtype, h->b->device, 2, D, D);
+    return STATUS_OK;
+}
+
+enum status draft_load_eagle(const char *path, struct backend *b, struct model *target, int n_slots, struct draft *d)
+{
+    memset(d, 0, sizeof *d);
+    const char *why = eagle_unfit(target);
+    if (why) return status_errorf(STATUS_UNSUPPORTED, "--speculative eagle: the served model (%s) cannot carry an "
+                                  "EAGLE head: %s", target->cfg.architecture, why);
+    struct safetensors *st = NULL;
+    enum status ret = safetensors_open(path, &st);
+    if (ret != STATUS_OK) return status_errorf(ret, "--draft-model %s: %s", path, status_message());
+    const char *style = safetensors_metadata(st, "rope_style");
+    const char *want = target->cfg.rope_style == ROPE_STYLE_PAIRS ? "pairs" : "halves";
+    if (style && strcmp(style, want)) {
+        ret = status_errorf(STATUS_INVALID_ARGUMENT, "--draft-model %s: an EAGLE head for rotary in %s, the served "
+                            "model's is in %s", path, style, want);
+        safetensors_close(st);
+        return ret;
+    }
+    /* The head: the target's configuration, one layer (the kind of its last), its embeddings
+     * and LM head borrowed; no final norm, no attention norm (EAGLE-1). */
+    struct model *h = calloc(1, sizeof *h);
+    d->m = h;
+    if (!h || !(h->w.layers = calloc(1, sizeof *h->w.layers))) {
+        safetensors_close(st);
+        draft_free(d);
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "--draft-model: out of host memory");
+    }
+    h->cfg = target->cfg;
+    h->par.layout = (struct parallel_layout){.world_size = 1, .tp_size = 1, .pp_size = 1, .dp_size = 1,
+                                             .pp_prev = -1, .pp_next = -1};
+    h->b = b;
+    h->dtype = target->dtype;
+    h->tp_size = h->pp_size = h->ep_size = 1;
+    h->layer_first = target->cfg.n_layers - 1;
+    h->n_layers_local = h->w.n_layers = 1;
+    h->n_heads_local = h->cfg.n_heads;
+    h->n_kv_local = h->cfg.n_kv_heads;
+    h->ffn_local = h->cfg.ffn_hidden;
+    h->vocab_local = target->vocab_local;
+    h->w.tok_embedding = target->w.tok_embedding;
+    h->w.lm_head = target->w.lm_head;
+    h->rope_factors = target->rope_factors;
+    snprintf(h->quantization, sizeof h->quantization, "none");
+    ret = eagle_weights(d, h, st, path);
+    safetensors_close(st);
+    if (ret == STATUS_OK) ret = slots_init(d, b, target, n_slots);
+    const size_t D = (size_t)h->cfg.d_model, per = (size_t)d->n_slots * (size_t)d->ctx;
+    d->eagle = 1;
+    d->d_model = (int)D;
+    if (ret == STATUS_OK) {
+        d->feats = malloc(per * D * sizeof *d->feats);
+        d->have = calloc(per, 1);
+        d->n_exact = calloc((size_t)d->n_slots, sizeof *d->n_exact);
+        d->h_last = malloc((size_t)d->n_slots * D * sizeof *d->h_last);
+        d->h_pos = malloc((size_t)d->n_slots * sizeof *d->h_pos);
+        d->in_feats = malloc((size_t)d->max_rows * D * sizeof *d->in_feats);
+        d->out_hidden = malloc((size_t)d->max_rows * D * sizeof *d->out_hidden);
+        if (!d->feats || !d->have || !d->n_exact || !d->h_last || !d->h_pos || !d->in_feats || !d->out_hidden)
+            ret = status_errorf(STATUS_RESOURCE_EXHAUSTED, "--draft-model: out of host memory for the EAGLE features");
+    }
+    if (ret != STATUS_OK) {
+        draft_free(d);
+        return ret;
+    }
+    const char *trace = getenv("SHARDLM_EAGLE_TRACE");
+    if (trace && *trace && !(d->trace = fopen(trace, "a")))
+        LOG_WARN(MODULE, "SHARDLM_EAGLE_TRACE %s: cannot open it; no trace", trace);
+    LOG_INFO(MODULE, "EAGLE head %s: one layer on %s (d_model %zu), %d slots of %d tokens", path,
+             target->cfg.architecture, D, d->n_slots, d->ctx);
+    return STATUS_OK;
+}
+
+void draft_features(struct draft *d, struct seq *s, int p0, const float *hidden, int n)
+{
+    if (!d->eagle || !draft_claim(d, s, 0)) return;
+    const size_t D = (size_t)d->d_model, k = (size_t)(s->draft_slot - 1);
+    for (int j = 0; j < n && p0 + j < d->ctx; j++) {
+        const size_t at = k * (size_t)d->ctx + (size_t)(p0 + j);
+        memcpy(d->feats + at * D, hidden + (size_t)j * D, D * sizeof *d->feats);
+        d->have[at] = 1;
+    }
+}
+
 void draft_free(struct draft *d)
 {
     if (d->cache.b) kv_cache_free(&d->cache);
     if (d->m) {
         backend_free(d->m->b, d->head.data);
         backend_free(d->m->b, d->head_packed);
+        backend_free(d->m->b, d->eagle_weights);
     }
     model_free(d->m);
     free(d->owner);
@@ -95,6 +286,14 @@ void draft_free(struct draft *d)
     free(d->logits);
     free(d->row_ok);
     free(d->map);
+    free(d->feats);
+    free(d->have);
+    free(d->n_exact);
+    free(d->h_last);
+    free(d->h_pos);
+    free(d->in_feats);
+    free(d->out_hidden);
+    if (d->trace) fclose(d->trace);
     memset(d, 0, sizeof *d);
 }
 
@@ -213,28 +412,66 @@ int draft_claim(struct draft *d, struct seq *s, int extra)
         d->owner[k] = s;
         d->n_cached[k] = 0;
         s->draft_slot = k + 1;
+        if (d->eagle) {
+            memset(d->have + (size_t)k * (size_t)d->ctx, 0, (size_t)d->ctx);
+            d->n_exact[k] = 0;
+            d->h_pos[k] = -1;
+        }
         return 1;
     }
     return 0;
 }
 
+/* EAGLE: the feature that the head's row at position p of s (slot k) reads: the target's hidden
+ * state at p - 1 for a real token (zeros where the target never computed it: a prefix-cache hit),
+ * the head's own output at p - 1 for a drafted one. */
+static void eagle_feature(const struct draft *d, const struct seq *s, int k, int p, float *out)
+{
+    const size_t D = (size_t)d->d_model, at = (size_t)k * (size_t)d->ctx + (size_t)(p - 1);
+    const float *src = NULL;
+    if (p < s->n_tokens - s->n_draft) src = d->have[at] ? d->feats + at * D : NULL;
+    else if (d->h_pos[k] == p - 1) src = d->h_last + (size_t)k * D;
+    if (src) memcpy(out, src, D * sizeof *out);
+    else memset(out, 0, D * sizeof *out);
+}
+
+/* SHARDLM_EAGLE_TRACE: the proposing row of s, its logits src (W of them: over the token map when
+ * there is one), as "real R argmax A max M tokens t0,t1,...": s's tokens, of which the first R
+ * are real and the rest drafts, and the head's best token for the next position. */
+static void eagle_trace(const struct draft *d, const struct seq *s, const float *src, int W)
+{
+    int best = 0;
+    for (int t = 1; t < W; t++)
+        if (src[t] > src[best]) best = t;
+    fprintf(d->trace, "real %d argmax %d max %.6g tokens ", s->n_tokens - s->n_draft, d->n_map ? d->map[best] : best,
+            (double)src[best]);
+    for (int i = 0; i < s->n_tokens; i++) fprintf(d->trace, i ? ",%d" : "%d", s->tokens[i]);
+    fputc('\n', d->trace);
+    fflush(d->trace);
+}
+
 enum status draft_run(struct draft *d, struct seq *const *seqs, int n)
 {
-    const int bt = d->cache.block_tokens, sb = d->slot_blocks;
-    const size_t V = (size_t)d->m->cfg.vocab_size;
+    const int bt = d->cache.block_tokens, sb = d->slot_blocks, e = d->eagle;
+    const size_t V = (size_t)d->m->cfg.vocab_size, D = (size_t)d->d_model;
     int32_t *tok = d->rows, *pos = tok + d->max_rows, *slots = pos + d->max_rows, *lrows = slots + d->max_rows;
     int32_t *qstart = lrows + d->max_rows, *seqlen = qstart + d->n_slots + 1;
     int32_t *which = lrows + n; /* after the logits rows: which sequence each belongs to */
     /* What a slot holds stays valid only as far as it agrees with its sequence's tokens (drafts
-     * that were never verified, a preemption, leave rows behind); its last token is fed again
-     * when it holds them all, for that token's logits. */
+     * that were never verified, a preemption, leave rows behind) and, for EAGLE, from a step's
+     * first proposal on, as far as its rows read the target's features (the drafted rows of the
+     * step before read the head's own); its last token is fed again when it holds them all, for
+     * that token's logits. An EAGLE head never runs position 0 (nothing precedes it): its row of
+     * position p is KV index p - 1. */
     for (int i = 0; i < n; i++) {
         const struct seq *s = seqs[i];
         const int k = s->draft_slot - 1;
         const int32_t *held = d->slot_tokens + (size_t)k * d->ctx;
-        int j = 0, lim = d->n_cached[k] < s->n_tokens - 1 ? d->n_cached[k] : s->n_tokens - 1;
+        int lim = d->n_cached[k] < s->n_tokens - 1 ? d->n_cached[k] : s->n_tokens - 1;
+        if (e && s->n_draft == 0 && lim > d->n_exact[k]) lim = d->n_exact[k]; /* a step's first proposal */
+        int j = e && lim > 0; /* an EAGLE head holds no row of position 0 */
         while (j < lim && held[j] == s->tokens[j]) j++;
-        d->n_cached[k] = j;
+        d->n_cached[k] = j > e ? j : e;
     }
     for (;;) {
         int rows = 0, n_seqs = 0, n_logits = 0;
@@ -246,12 +483,13 @@ enum status draft_run(struct draft *d, struct seq *const *seqs, int n)
             if (take > d->max_rows - rows) take = d->max_rows - rows;
             qstart[n_seqs] = rows;
             for (int j = 0; j < take; j++, rows++) {
-                const int p = from + j;
+                const int p = from + j, at = p - e;
                 tok[rows] = d->slot_tokens[(size_t)k * d->ctx + p] = s->tokens[p];
                 pos[rows] = p;
-                slots[rows] = d->tables[(size_t)k * sb + p / bt] * bt + p % bt;
+                slots[rows] = d->tables[(size_t)k * sb + at / bt] * bt + at % bt;
+                if (e) eagle_feature(d, s, k, p, d->in_feats + (size_t)rows * D);
             }
-            seqlen[n_seqs] = from + take;
+            seqlen[n_seqs] = from + take - e;
             memcpy(d->table_rows + (size_t)n_seqs * sb, d->tables + (size_t)k * sb, (size_t)sb * sizeof *d->tables);
             if (from + take == s->n_tokens) lrows[n_logits] = rows - 1, which[n_logits++] = i;
             n_seqs++;
@@ -262,6 +500,7 @@ enum status draft_run(struct draft *d, struct seq *const *seqs, int n)
             .n_tokens = rows, .tokens = tok, .positions = pos, .slots = slots, .n_seqs = n_seqs, .q_start = qstart,
             .seq_len = seqlen, .block_table = d->table_rows, .max_blocks = sb, .n_logits = n_logits,
             .logit_rows = lrows, .head = d->n_map ? &d->head : NULL,
+            .features = e ? d->in_feats : NULL, .hidden = e ? d->out_hidden : NULL,
         };
         /* The logits land in the staging half, then each moves to its sequence's row (spread
          * over the vocabulary by the token map). */
@@ -273,6 +512,12 @@ enum status draft_run(struct draft *d, struct seq *const *seqs, int n)
             float *dst = d->logits + (size_t)which[j] * V;
             const float *src = staged + (size_t)j * W;
             d->row_ok[which[j]] = sampler_logits_finite(src, (int)W);
+            if (e) { /* the head's output at the sequence's last row: the next draft's feature */
+                const int k = seqs[which[j]]->draft_slot - 1;
+                if (d->trace) eagle_trace(d, seqs[which[j]], src, (int)W);
+                memcpy(d->h_last + (size_t)k * D, d->out_hidden + (size_t)lrows[j] * D, D * sizeof *d->h_last);
+                d->h_pos[k] = seqs[which[j]]->n_tokens - 1;
+            }
             if (!d->n_map) {
                 memcpy(dst, src, V * sizeof *dst);
                 continue;
@@ -284,7 +529,11 @@ enum status draft_run(struct draft *d, struct seq *const *seqs, int n)
             const struct seq *s = seqs[i];
             const int k = s->draft_slot - 1;
             if (s->n_tokens - d->n_cached[k] <= 0) continue;
-            d->n_cached[k] = seqlen[q++];
+            d->n_cached[k] = seqlen[q++] + e;
+            /* EAGLE: rows of real tokens, run from an exact prefix, read the target's features */
+            const int real = s->n_tokens - s->n_draft;
+            if (e && d->n_exact[k] < (d->n_cached[k] < real ? d->n_cached[k] : real))
+                d->n_exact[k] = d->n_cached[k] < real ? d->n_cached[k] : real;
         }
     }
 }

@@ -12,11 +12,22 @@
  * target accepted (draft_rollback), and draft_run also keeps only the prefix that agrees with the
  * sequence's tokens (drafts never verified): rows past it are written again. Threads: the engine thread
  * only. On the first rank of a replica only (at tp / pp > 1 too): the draft runs unsharded there,
- * and the other ranks see its drafts only as rows of the step plan. */
+ * and the other ranks see its drafts only as rows of the step plan.
+ *
+ * EAGLE (--speculative eagle, draft_load_eagle): the draft is a head of one decoder layer built
+ * on the target itself (its embeddings and LM head borrowed), whose row at position p reads
+ * fc([embedding(x_p), f_{p-1}]), f_{p-1} the target's final hidden state at p - 1 (captured
+ * from the target's own forwards: draft_features) or, for a drafted x_p, the head's own output
+ * at p - 1; its output predicts f_p and, through the LM head, x_{p+1}. A slot keeps the target's
+ * features of its owner's positions; its head rows hold positions 1 .. (KV index p - 1: the
+ * probe it was trained in, tools/eagle_probe.py, never feeds position 0), and only the rows
+ * computed from the target's features outlive a step (n_exact). Tests:
+ * tests/server/test_speculative_eagle.py. */
 #ifndef SHARDLM_DRAFT_H
 #define SHARDLM_DRAFT_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kv_cache.h"
 #include "model.h"
@@ -44,6 +55,17 @@ struct draft {
     int32_t  *map;
     struct tensor head;
     void     *head_packed;
+    /* EAGLE (eagle = 1; see above). */
+    int       eagle, d_model;
+    void     *eagle_weights;     /* one backend allocation: the head's own tensors */
+    float    *feats;             /* (n_slots, ctx, d_model) the target's hidden state at each position */
+    uint8_t  *have;              /* (n_slots, ctx) whether feats holds that position */
+    int      *n_exact;           /* (n_slots) leading positions whose head rows read the target's features */
+    float    *h_last;            /* (n_slots, d_model) the head's output at its slot's last row */
+    int      *h_pos;             /* (n_slots) that row's position, -1 = none */
+    float    *in_feats, *out_hidden; /* (max_rows, d_model) a head forward's features and outputs */
+    FILE     *trace;             /* SHARDLM_EAGLE_TRACE=FILE (tests/server/test_speculative_eagle.py): one
+                                    line per proposal, its sequence's tokens and the head's argmax */
 };
 
 /* Loads the draft at dir on b (the target's backend, one rank) and checks it against the target:
@@ -51,6 +73,16 @@ struct draft {
  * one; otherwise STATUS_INVALID_ARGUMENT naming what differs. n_slots: sequences drafting at
  * once. */
 enum status draft_load(const char *dir, struct backend *b, const struct model *target, int n_slots, struct draft *d);
+/* Loads an EAGLE-1 head from the safetensors file at path (EAGLE's tensor names: fc.weight (d, 2d),
+ * fc.bias, layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.post_attention_layernorm.weight,
+ * layers.0.mlp.{gate,up,down}_proj.weight; no attention norm, no final norm) on the target's
+ * backend, its layer shaped as the target's. The target must be a dense Llama-style decoder (RMS
+ * norms, SwiGLU, rotary, no biases or QK norms) on one rank; the file's "rope_style" metadata,
+ * when present, must be the target's. STATUS_INVALID_ARGUMENT / UNSUPPORTED naming what differs. */
+enum status draft_load_eagle(const char *path, struct backend *b, struct model *target, int n_slots, struct draft *d);
+/* EAGLE: the target's hidden states of s's rows of a step (positions p0 .. p0 + n - 1: hidden's
+ * rows), kept in s's slot, which s claims here when it holds none and one is free. */
+void        draft_features(struct draft *d, struct seq *s, int p0, const float *hidden, int n);
 /* Cuts the loaded draft's head to the token ids of the JSON array in path (--spec-token-map):
  * each in [0, vocab), none twice, at least one; STATUS_INVALID_ARGUMENT naming the file and what
  * is wrong otherwise. */

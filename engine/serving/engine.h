@@ -90,6 +90,10 @@ struct engine_options {
      * rejection rule, so the output's distribution does not change (docs/speculative.md). At any
      * tp / pp / dp: on the first rank of each replica only, unsharded. NULL = none. */
     const char *draft_model_dir;
+    /* draft_model_dir is an EAGLE-1 head (a safetensors file: draft.h draft_load_eagle) on the
+     * served model's own hidden states, not a model of its own (--speculative eagle). The served
+     * model must be Llama-style and run on one rank (tp = pp = 1). */
+    int draft_eagle;
     /* The draft's vocabulary cut to the token ids listed in this file (a JSON array: SGLang's
      * --speculative-token-map, FR-Spec's frequency-ranked head): its LM head computes only those
      * rows, so a draft token costs less, and its drafts are only those tokens (the target still

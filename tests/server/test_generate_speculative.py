@@ -81,7 +81,8 @@ def main():
     check(n > 0, f"the 2-layer draft: {n} drafts rejected for {PROMPTS[0]!r} (rejection exercised)")
     for extra, want in ((["--speculative", "draft"], "--speculative draft needs --draft-model"),
                         (["--speculative", "ngram", "--draft-model", a.model], "--draft-model cannot be combined"),
-                        (["--speculative", "eagle"], "--speculative must be ngram")):
+                        (["--speculative", "eagle"], "--speculative eagle needs --draft-model"),
+                        (["--speculative", "medusa"], "--speculative must be ngram")):
         rc, _, _, err = gen(a, "x", *extra)
         check(rc == 2 and want in err, f"generate {' '.join(extra)}: usage error (rc {rc}) naming it: {want!r}")
     p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--speculative", "draft", "--listen", "127.0.0.1:0"],

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""EAGLE heads served (issue 29, `shardlm serve --speculative eagle --draft-model HEAD.safetensors`;
+docs/speculative.md, engine/serving/draft.c). Target: stories260K. The head, written by this test
+with seeded random weights in EAGLE-1's layout (fc.weight (d, 2d) with the feature half near the
+identity, fc.bias, one decoder layer without its attention norm; no final norm), reads the target's
+own final hidden states, which the engine captures from the target's forwards.
+
+1. The head's arithmetic against a float64 NumPy reference written only for this test: with
+   SHARDLM_EAGLE_TRACE the server writes, for every proposal, its sequence's tokens (how many are
+   real, the rest drafts of this step) and the head's best next token and logit. The reference runs
+   the target over the real tokens (float64), the head over positions 1 .. (teacher-forced: the
+   target's feature of the position before), then the chain over the drafts (each reading the
+   head's own output at the position before), and must give the same best token, and its logit
+   within a relative 1e-5, for every traced proposal: one request at a time and 8 at once, at 3 drafts a step,
+   prefix caching off (a cached prefix has no features: the head reads zeros there). Both kinds of
+   rows must occur (the first draft of a step, and drafts after drafts).
+2. Greedy: every prompt's tokens equal the server without speculation, one at a time and 8 at once,
+   with and without the prefix cache; drafts verified, some accepted, some rejected.
+3. Refusals at start-up, by name: a head without one of its tensors, with a tensor of the wrong
+   shape, for rotary of the other style; a target that cannot carry one (stories260K with GELU in
+   its MLP); --speculative eagle without --draft-model (usage error).
+
+  test_speculative_eagle.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K
+SKIP (77) without the model, numpy or the Python client.
+"""
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SKIP = 77
+sys.dont_write_bytecode = True
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1] / "tools"))
+import test_server as TS  # noqa: E402
+from checks import Checks  # noqa: E402
+
+check = Checks()
+
+PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park", "Tom had a red ball. Tom had a red",
+           "One day, a girl named Sue", "The sun was hot and the sky", "Bob and his mom went to the store to buy",
+           "The cat sat on the"]
+
+
+def make_head(np, cfg, seed=7):
+    """Random EAGLE-1 tensors for cfg (HF config.json), float32: name -> array."""
+    rng = np.random.default_rng(seed)
+    d, F = cfg["hidden_size"], cfg["intermediate_size"]
+    H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or d // H
+    r = lambda *s, sc=0.2: (rng.standard_normal(s) * sc).astype(np.float32)  # noqa: E731
+    fc = r(d, 2 * d, sc=0.1)
+    fc[:, d:] += np.eye(d, dtype=np.float32)
+    return {"fc.weight": fc, "fc.bias": r(d, sc=0.05),
+            "layers.0.self_attn.q_proj.weight": r(H * hd, d), "layers.0.self_attn.k_proj.weight": r(KV * hd, d),
+            "layers.0.self_attn.v_proj.weight": r(KV * hd, d), "layers.0.self_attn.o_proj.weight": r(d, H * hd),
+            "layers.0.post_attention_layernorm.weight": (1.0 + r(d, sc=0.1)).astype(np.float32),
+            "layers.0.mlp.gate_proj.weight": r(F, d), "layers.0.mlp.up_proj.weight": r(F, d),
+            "layers.0.mlp.down_proj.weight": r(d, F)}
+
+
+def fit_fc(np, ref, head, seqs):
+    """head with its fc fitted by ridge least squares so that fc([embed(x_p), f_{p-1}]) predicts f_p
+    over the target's own greedy sequences (a linear EAGLE head: drafts worth accepting, so that
+    acceptance and what follows it are exercised), and its layer's outputs damped (x 0.05: still
+    computed, and checked against the reference, but small beside the fitted map)."""
+    X, Y = [], []
+    for ids in seqs:
+        f = ref.features(ids)
+        X.append(np.concatenate([ref.embed[ids[1:]], f[:-1], np.ones((len(ids) - 1, 1))], axis=1))
+        Y.append(f[1:])
+    X, Y = np.concatenate(X), np.concatenate(Y)
+    W = np.linalg.solve(X.T @ X + 1e-3 * np.eye(X.shape[1]), X.T @ Y)  # (2d + 1, d)
+    d = Y.shape[1]
+    out = dict(head)
+    out["fc.weight"] = W[:2 * d].T.astype(np.float32)
+    out["fc.bias"] = W[2 * d].astype(np.float32)
+    for name in ("layers.0.self_attn.o_proj.weight", "layers.0.mlp.down_proj.weight"):
+        out[name] = (head[name] * 0.05).astype(np.float32)
+    return out
+
+
+class Reference:
+    """float64 NumPy: the target (a Hugging Face Llama directory, rotary "halves") and the head."""
+
+    def __init__(self, np, model_dir, head):
+        from train_compare import read_safetensors
+        self.np = np
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        assert cfg.get("rope_style", "halves") == "halves"
+        w = {k: v.astype(np.float64) for k, v in read_safetensors(str(Path(model_dir) / "model.safetensors")).items()}
+        self.w, self.cfg, self.L = w, cfg, cfg["num_hidden_layers"]
+        self.H, self.KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        self.hd = cfg.get("head_dim") or cfg["hidden_size"] // self.H
+        self.eps = cfg["rms_norm_eps"]
+        self.embed = w["model.embed_tokens.weight"]
+        self.lm = w.get("lm_head.weight", self.embed)
+        self.h = {k: v.astype(np.float64) for k, v in head.items()}
+
+    def rms(self, x, g):
+        np = self.np
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * g
+
+    def rope(self, x, pos):
+        """x (T, heads, hd) rotated at positions pos, Hugging Face's rotate_half."""
+        np = self.np
+        inv = self.cfg["rope_theta"] ** (-np.arange(0, self.hd, 2, dtype=np.float64) / self.hd)
+        ang = np.asarray(pos, np.float64)[:, None] * inv[None, :]
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        a, b = x[..., : self.hd // 2], x[..., self.hd // 2:]
+        return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+
+    def attention(self, xn, pos, wq, wk, wv, wo):
+        """causal attention of rows xn (T, d) at positions pos over themselves."""
+        np = self.np
+        T = len(pos)
+        q = self.rope((xn @ wq.T).reshape(T, self.H, self.hd), pos)
+        k = self.rope((xn @ wk.T).reshape(T, self.KV, self.hd), pos)
+        v = (xn @ wv.T).reshape(T, self.KV, self.hd)
+        g = self.H // self.KV
+        k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+        s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(self.hd)
+        s = np.where(np.tril(np.ones((T, T), bool))[None], s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        return np.einsum("hqk,khd->qhd", p, v).reshape(T, self.H * self.hd) @ wo.T
+
+    def mlp(self, x, gate, up, down):
+        g = x @ gate.T
+        return (g / (1.0 + self.np.exp(-g)) * (x @ up.T)) @ down.T
+
+    def features(self, ids):
+        """the target's final hidden states (after the final norm) of ids."""
+        w, np = self.w, self.np
+        x = self.embed[ids]
+        pos = np.arange(len(ids))
+        for i in range(self.L):
+            p = f"model.layers.{i}."
+            x = x + self.attention(self.rms(x, w[p + "input_layernorm.weight"]), pos, w[p + "self_attn.q_proj.weight"],
+                                   w[p + "self_attn.k_proj.weight"], w[p + "self_attn.v_proj.weight"],
+                                   w[p + "self_attn.o_proj.weight"])
+            x = x + self.mlp(self.rms(x, w[p + "post_attention_layernorm.weight"]), w[p + "mlp.gate_proj.weight"],
+                             w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
+        return self.rms(x, w["model.norm.weight"])
+
+    def head_rows(self, x, pos):
+        h = self.h
+        y = x + self.attention(x, pos, h["layers.0.self_attn.q_proj.weight"], h["layers.0.self_attn.k_proj.weight"],
+                               h["layers.0.self_attn.v_proj.weight"], h["layers.0.self_attn.o_proj.weight"])
+        return y + self.mlp(self.rms(y, h["layers.0.post_attention_layernorm.weight"]), h["layers.0.mlp.gate_proj.weight"],
+                            h["layers.0.mlp.up_proj.weight"], h["layers.0.mlp.down_proj.weight"])
+
+    def propose(self, tokens, real):
+        """The head's logits for the position after tokens (the first `real` of them real, the rest
+        drafts): rows 1 .. real - 1 read the target's features, each later one the head's own output
+        at the position before (computed row by row: a row's feature is the previous row's output)."""
+        np, h = self.np, self.h
+        f = self.features(tokens[:real])
+        fc, fb = h["fc.weight"], h["fc.bias"]
+        feats = [f[p - 1] for p in range(1, real)]
+        out = None
+        for n in range(real, len(tokens) + 1):  # rows 1 .. n-1, then the row of position n-1 decides
+            ids = tokens[1:n]
+            x = np.concatenate([self.embed[ids], np.array(feats[: n - 1])], axis=1) @ fc.T + fb
+            out = self.head_rows(x, np.arange(1, n))
+            if n < len(tokens):
+                feats.append(out[-1])  # the drafted token at position n reads the head's output at n - 1
+        return out[-1] @ self.lm.T
+
+
+def parse_trace(path):
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        f = line.split()
+        rows.append((int(f[1]), int(f[3]), float(f[5]), [int(t) for t in f[7].split(",")]))
+    return rows
+
+
+def greedy(srv, n_parallel):
+    def one(i):
+        with srv.client(timeout=120) as c:
+            g = c.generate(PROMPTS[i % len(PROMPTS)], max_tokens=40 + 7 * (i % 4), temperature=0)
+            return tuple(g.completions[0].token_ids) if g.completions else g.text
+    with cf.ThreadPoolExecutor(n_parallel) as ex:
+        return list(ex.map(one, range(len(PROMPTS))))
+
+
+def refuse(a, args, want, what):
+    p = subprocess.run([a.shardlm, "serve", *args, "--listen", "127.0.0.1:0", "--threads", "1"], capture_output=True,
+                       text=True, timeout=120)
+    msg = [x for x in p.stderr.splitlines() if "eagle" in x.lower() or "draft" in x][-1:]
+    check(p.returncode != 0 and all(w in p.stderr for w in want), f"{what}: refused at start-up naming {want} "
+          f"(rc {p.returncode}: {msg})")
+
+
+def refusals(a, head, tmp, cfg):
+    import numpy as np
+    from make_draft import write_safetensors
+    bad = dict(head)
+    del bad["layers.0.mlp.up_proj.weight"]
+    write_safetensors(tmp / "missing.safetensors", bad)
+    refuse(a, ["--model", a.model, "--speculative", "eagle", "--draft-model", str(tmp / "missing.safetensors")],
+           ["--draft-model", "layers.0.mlp.up_proj.weight"], "a head without its up projection")
+    bad = dict(head, **{"fc.weight": np.zeros((cfg["hidden_size"], cfg["hidden_size"]), np.float32)})
+    write_safetensors(tmp / "shape.safetensors", bad)
+    refuse(a, ["--model", a.model, "--speculative", "eagle", "--draft-model", str(tmp / "shape.safetensors")],
+           ["fc.weight", "(64 x 64)", "(64 x 128)"], "a head whose fc is (d, d)")
+    write_safetensors(tmp / "pairs.safetensors", head, {"rope_style": "pairs"})
+    refuse(a, ["--model", a.model, "--speculative", "eagle", "--draft-model", str(tmp / "pairs.safetensors")],
+           ["rotary in pairs", "halves"], "a head for the other rotary style")
+    gelu = tmp / "stories260K-gelu"  # the same model with GELU in its MLP: not a layer the head can be
+    shutil.copytree(a.model, gelu)
+    (gelu / "config.json").write_text(json.dumps(dict(cfg, hidden_act="gelu_pytorch_tanh")))
+    refuse(a, ["--model", str(gelu), "--speculative", "eagle", "--draft-model", str(tmp / "head.safetensors")],
+           ["--speculative eagle", "cannot carry an EAGLE head", "not Llama-style"], "an EAGLE head on a GELU model")
+    p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--speculative", "eagle", "--listen", "127.0.0.1:0"],
+                       capture_output=True, text=True, timeout=60)
+    check(p.returncode == 2 and "--speculative eagle needs --draft-model" in p.stderr,
+          f"--speculative eagle without --draft-model: usage error (rc {p.returncode})")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--model", required=True)
+    a = ap.parse_args()
+    if not os.path.isdir(a.model):
+        print(f"SKIP: no model at {a.model}")
+        return SKIP
+    try:
+        import numpy as np
+    except ImportError:
+        print("SKIP: no numpy")
+        return SKIP
+    from make_draft import write_safetensors
+    tmp = Path(tempfile.mkdtemp(prefix="shardlm-eagle-"))
+    cfg = json.loads((Path(a.model) / "config.json").read_text())
+    head = make_head(np, cfg)
+    write_safetensors(tmp / "head.safetensors", head, {"rope_style": "halves", "format": "eagle-1"})
+    refusals(a, head, tmp, cfg)
+    try:
+        with TS.Server(a.shardlm, Path(a.model), "--no-prefix-caching", name="eagle-off") as srv:
+            base = (greedy(srv, 1), greedy(srv, 8))
+    finally:
+        TS.kill_all()
+    head = fit_fc(np, Reference(np, a.model, head), head, [[1, *g] for g in base[0]])
+    write_safetensors(tmp / "head.safetensors", head, {"rope_style": "halves", "format": "eagle-1"})
+    trace = tmp / "trace.txt"
+    eagle = ["--speculative", "eagle", "--draft-model", str(tmp / "head.safetensors"), "--spec-draft", "3",
+             "--spec-max-batch", "8"]
+    every = dict(os.environ, SHARDLM_SPEC_PRIOR="0")
+    try:
+        with TS.Server(a.shardlm, Path(a.model), "--no-prefix-caching", *eagle, name="eagle-trace",
+                       env=dict(every, SHARDLM_EAGLE_TRACE=str(trace))) as srv:
+            traced = (greedy(srv, 1), greedy(srv, 8))
+            with srv.client(timeout=60) as c:
+                st = c.server_stats()
+        with TS.Server(a.shardlm, Path(a.model), *eagle, name="eagle-prefix", env=every) as srv:
+            cached = (greedy(srv, 1), greedy(srv, 8), greedy(srv, 8))
+            with srv.client(timeout=60) as c:
+                st2 = c.server_stats()
+    finally:
+        TS.kill_all()
+    for k, (name, g) in enumerate((("traced", traced), ("prefix cache on", cached[:2]))):
+        for b, (x, y) in enumerate(zip(base, g)):
+            same = sum(u == v for u, v in zip(x, y))
+            check(same == len(PROMPTS), f"EAGLE ({name}), {(1, 8)[b]} at once: {same} of {len(PROMPTS)} greedy "
+                  "answers equal to the server without speculation")
+    same = sum(u == v for u, v in zip(base[1], cached[2]))
+    check(same == len(PROMPTS), f"EAGLE, prefix cache warm, 8 at once: {same} of {len(PROMPTS)} answers equal")
+    for name, s in (("traced", st), ("prefix cache on", st2)):
+        check(s.spec_draft_tokens > 0 and 0 < s.spec_accepted_tokens < s.spec_draft_tokens,
+              f"EAGLE ({name}): {s.spec_draft_tokens} drafts verified, {s.spec_accepted_tokens} accepted (some "
+              "accepted, some rejected)")
+    rows = parse_trace(trace)
+    ref = Reference(np, a.model, head)
+    bad, worst, chained = [], 0.0, 0
+    for real, best, top, tokens in rows:
+        lg = ref.propose(tokens, real)
+        chained += len(tokens) > real
+        worst = max(worst, abs(float(lg.max()) - top))
+        if int(lg.argmax()) != best or abs(float(lg.max()) - top) > 1e-5 * max(1.0, abs(top)):
+            bad.append((real, len(tokens), best, int(lg.argmax()), top, float(lg.max())))
+    check(len(rows) >= 100 and chained >= 20 and len(rows) - chained >= 20,
+          f"the trace holds {len(rows)} proposals, {chained} of them after drafts of the same step")
+    check(not bad, f"every proposal's best token and logit equal the float64 reference ({len(rows)} checked, "
+          f"largest logit difference {worst:.2e}, relative 1e-5 allowed; differing: {bad[:3]})")
+    return check.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
