@@ -16,12 +16,15 @@ own final hidden states, which the engine captures from the target's forwards.
    rows must occur (the first draft of a step, and drafts after drafts).
 2. Greedy: every prompt's tokens equal the server without speculation, one at a time and 8 at once,
    with and without the prefix cache; drafts verified, some accepted, some rejected.
-3. Refusals at start-up, by name: a head without one of its tensors, with a tensor of the wrong
+3. Sampled (temperature 1): the head's q is a real distribution, verified with the general rule; per
+   generated position (5) a chi-square homogeneity test against the server without speculation,
+   960 samples each with disjoint seeds, p > 0.001 / 5 (test_speculative_draft.py's samples).
+4. Refusals at start-up, by name: a head without one of its tensors, with a tensor of the wrong
    shape, for rotary of the other style; a target that cannot carry one (stories260K with GELU in
    its MLP); --speculative eagle without --draft-model (usage error).
 
   test_speculative_eagle.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K
-SKIP (77) without the model, numpy or the Python client.
+SKIP (77) without the model, numpy, scipy or the Python client.
 """
 import argparse
 import concurrent.futures as cf
@@ -41,6 +44,8 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "tools"))
 import test_server as TS  # noqa: E402
 from checks import Checks  # noqa: E402
+from test_speculative_draft import MAX_TOKENS, N, REQUESTS, samples  # noqa: E402
+from test_speculative_sampling import chi2_position  # noqa: E402
 
 check = Checks()
 
@@ -236,8 +241,9 @@ def main():
         return SKIP
     try:
         import numpy as np
+        import scipy.stats  # noqa: F401
     except ImportError:
-        print("SKIP: no numpy")
+        print("SKIP: no numpy or scipy")
         return SKIP
     from make_draft import write_safetensors
     tmp = Path(tempfile.mkdtemp(prefix="shardlm-eagle-"))
@@ -245,16 +251,18 @@ def main():
     head = make_head(np, cfg)
     write_safetensors(tmp / "head.safetensors", head, {"rope_style": "halves", "format": "eagle-1"})
     refusals(a, head, tmp, cfg)
+    hot = dict(temperature=1.0)
     try:
         with TS.Server(a.shardlm, Path(a.model), "--no-prefix-caching", name="eagle-off") as srv:
             base = (greedy(srv, 1), greedy(srv, 8))
+            off = samples(srv, hot, 1000)
     finally:
         TS.kill_all()
     head = fit_fc(np, Reference(np, a.model, head), head, [[1, *g] for g in base[0]])
     write_safetensors(tmp / "head.safetensors", head, {"rope_style": "halves", "format": "eagle-1"})
     trace = tmp / "trace.txt"
     eagle = ["--speculative", "eagle", "--draft-model", str(tmp / "head.safetensors"), "--spec-draft", "3",
-             "--spec-max-batch", "8"]
+             "--spec-max-batch", "64", "--max-seqs", "64"]
     every = dict(os.environ, SHARDLM_SPEC_PRIOR="0")
     try:
         with TS.Server(a.shardlm, Path(a.model), "--no-prefix-caching", *eagle, name="eagle-trace",
@@ -266,6 +274,9 @@ def main():
             cached = (greedy(srv, 1), greedy(srv, 8), greedy(srv, 8))
             with srv.client(timeout=60) as c:
                 st2 = c.server_stats()
+            on = samples(srv, hot, 5000)
+            with srv.client(timeout=60) as c:
+                st3 = c.server_stats()
     finally:
         TS.kill_all()
     for k, (name, g) in enumerate((("traced", traced), ("prefix cache on", cached[:2]))):
@@ -279,6 +290,13 @@ def main():
         check(s.spec_draft_tokens > 0 and 0 < s.spec_accepted_tokens < s.spec_draft_tokens,
               f"EAGLE ({name}): {s.spec_draft_tokens} drafts verified, {s.spec_accepted_tokens} accepted (some "
               "accepted, some rejected)")
+    check(len(off) == len(on) == REQUESTS * N, f"sampled: {len(off)} and {len(on)} samples")
+    for pos in range(MAX_TOKENS):
+        p, cats = chi2_position(off, on, pos)
+        check(p is not None and p > 0.001 / MAX_TOKENS, f"temperature 1: token {pos + 1} distribution without vs with "
+              f"the EAGLE head: chi-square p = {p} over {cats} categories (> {0.001 / MAX_TOKENS:.2g})")
+    ver, acc = st3.spec_draft_tokens - st2.spec_draft_tokens, st3.spec_accepted_tokens - st2.spec_accepted_tokens
+    check(ver > 0 and 0 < acc < ver, f"sampled requests drafted by the head: {ver} drafts verified, {acc} accepted")
     rows = parse_trace(trace)
     ref = Reference(np, a.model, head)
     bad, worst, chained = [], 0.0, 0
