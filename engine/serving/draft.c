@@ -402,6 +402,24 @@ void draft_sweep(struct draft *d, struct seq *const *running, int n_running)
     }
 }
 
+/* EAGLE: slot k, just claimed by s, holds no features; a sample of n > 1 forked from its request's
+ * first sample starts with that sample's (their prompt is the same, and a fork never runs it). */
+static void eagle_claim(struct draft *d, const struct seq *s, int k)
+{
+    const size_t ctx = (size_t)d->ctx, D = (size_t)d->d_model;
+    memset(d->have + (size_t)k * ctx, 0, ctx);
+    d->n_exact[k] = 0;
+    d->h_pos[k] = -1;
+    for (int j = 0; j < d->n_slots && s->sample > 0; j++) {
+        const struct seq *o = d->owner[j];
+        if (j == k || !o || o->req != s->req || o->sample != 0) continue;
+        const size_t n = (size_t)(s->req->n_prompt < d->ctx ? s->req->n_prompt : d->ctx);
+        memcpy(d->have + (size_t)k * ctx, d->have + (size_t)j * ctx, n);
+        memcpy(d->feats + (size_t)k * ctx * D, d->feats + (size_t)j * ctx * D, n * D * sizeof *d->feats);
+        break;
+    }
+}
+
 int draft_claim(struct draft *d, struct seq *s, int extra)
 {
     if (s->n_tokens + extra > d->ctx) return 0;
@@ -412,11 +430,7 @@ int draft_claim(struct draft *d, struct seq *s, int extra)
         d->owner[k] = s;
         d->n_cached[k] = 0;
         s->draft_slot = k + 1;
-        if (d->eagle) {
-            memset(d->have + (size_t)k * (size_t)d->ctx, 0, (size_t)d->ctx);
-            d->n_exact[k] = 0;
-            d->h_pos[k] = -1;
-        }
+        if (d->eagle) eagle_claim(d, s, k);
         return 1;
     }
     return 0;
