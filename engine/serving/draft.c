@@ -107,17 +107,76 @@ struct eagle_tensor {
     int optional;
 };
 
-/* Reads the head's tensors from st into one backend allocation (d->eagle_weights) in h's dtype;
- * fc.weight (d, 2d) becomes its two halves. */
-static enum status eagle_weights(struct draft *d, struct model *h, const struct safetensors *st, const char *path)
+/* A backend allocation of the head's, freed by draft_free. */
+static enum status eagle_alloc(struct draft *d, struct backend *b, size_t bytes, void **out)
+{
+    if (d->n_eagle_mem == DRAFT_EAGLE_ALLOCS)
+        return status_errorf(STATUS_INTERNAL, "--draft-model: more than %d allocations for an EAGLE head", DRAFT_EAGLE_ALLOCS);
+    enum status st = backend_alloc(b, bytes, out);
+    if (st == STATUS_OK) d->eagle_mem[d->n_eagle_mem++] = *out;
+    return st;
+}
+
+/* x (rows, k) as Q8_0 blocks at out, ggml's quantize_row_q8_0 (per 32 values: d = max |x| / 127,
+ * each x rounded to x / d; d stored as f16 before its 32 bytes). */
+static void quantize_q8_0(const float *x, uint8_t *out, int64_t rows, int64_t k)
+{
+    for (int64_t i = 0; i < rows * k; i += 32, out += 34) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[i + j]));
+        const float dq = amax / 127.0f, id = dq != 0.0f ? 1.0f / dq : 0.0f;
+        const uint16_t h16 = f32_to_f16(dq);
+        memcpy(out, &h16, 2);
+        for (int j = 0; j < 32; j++) out[2 + j] = (uint8_t)(int8_t)roundf(x[i + j] * id);
+    }
+}
+
+/* rows x cols (0: a vector of rows) f32 host values into t on h's backend: as Q8_0 blocks when
+ * q8 (packed eight rows at a time too, as model loading packs the CPU's block weights), else in
+ * h's dtype. */
+static enum status eagle_place(struct draft *d, struct model *h, const float *src, int64_t rows, int64_t cols, int q8,
+                               struct tensor *t)
+{
+    struct backend *b = h->b;
+    const int64_t n = rows * (cols ? cols : 1);
+    const size_t bytes = q8 ? (size_t)rows * quant_row_bytes(QUANT_TYPE_Q8_0, cols) : (size_t)n * dtype_size(h->dtype);
+    uint8_t *host = malloc(bytes);
+    void *dev = NULL;
+    enum status st = host ? eagle_alloc(d, b, bytes, &dev)
+                          : status_errorf(STATUS_RESOURCE_EXHAUSTED, "--draft-model: out of host memory");
+    if (st == STATUS_OK) {
+        if (q8) quantize_q8_0(src, host, rows, cols);
+        else safetensors_gather(host, h->dtype, src, DTYPE_F32, (size_t)n, 1);
+        backend_upload(b, dev, host, bytes);
+        *t = !cols ? tensor_make(dev, h->dtype, b->device, 1, rows)
+                   : tensor_make(dev, q8 ? DTYPE_Q8_0 : h->dtype, b->device, 2, rows, cols);
+    }
+    free(host);
+    if (st != STATUS_OK || !q8 || !quant_packable(QUANT_TYPE_Q8_0, rows, cols)) return st;
+    void *packed = NULL;
+    if ((st = eagle_alloc(d, b, quant_packed_bytes(QUANT_TYPE_Q8_0, rows, cols), &packed)) != STATUS_OK) return st;
+    quant_pack_rows8(QUANT_TYPE_Q8_0, packed, dev, rows, cols);
+    t->packed = packed, t->packed_of = dev, t->packed_rows = rows, t->packed_cols = cols;
+    return STATUS_OK;
+}
+
+/* Reads the head's tensors from st onto h's backend; fc.weight (d, 2d) becomes its two halves.
+ * Beside a target served as blocks on the CPU the matrices whose rows are whole Q8_0 blocks become
+ * Q8_0 (a proposal took 2.2x less time for SmolLM2's head on 2 threads, docs/speculative.md);
+ * SHARDLM_EAGLE_WEIGHTS=f32 keeps them in the compute dtype, =q8_0 makes them Q8_0 beside any
+ * CPU target (tests). */
+static enum status eagle_weights(struct draft *d, struct model *h, const struct model *target,
+                                 const struct safetensors *st, const char *path)
 {
     const struct model_config *c = &h->cfg;
     const int64_t D = c->d_model, hq = (int64_t)c->n_heads * c->head_dim, hkv = (int64_t)c->n_kv_heads * c->head_dim;
     const int64_t F = c->ffn_hidden;
+    const char *force = getenv("SHARDLM_EAGLE_WEIGHTS");
+    const int q8 = h->b->device == DEVICE_CPU &&
+                   (force && *force ? !strcmp(force, "q8_0") : target->weight_bytes_blocks > 0);
     struct layer_weights *w = &h->w.layers[0];
-    struct tensor fc;
     const struct eagle_tensor list[] = {
-        {"fc.weight", D, 2 * D, &fc, 0},
+        {"fc.weight", D, 2 * D, NULL, 0},
         {"fc.bias", D, 0, &h->input_fc_bias, 1},
         {"layers.0.self_attn.q_proj.weight", hq, D, &w->wq, 0},
         {"layers.0.self_attn.k_proj.weight", hkv, D, &w->wk, 0},
@@ -128,62 +187,54 @@ static enum status eagle_weights(struct draft *d, struct model *h, const struct 
         {"layers.0.mlp.up_proj.weight", F, D, &w->w_up, 0},
         {"layers.0.mlp.down_proj.weight", D, F, &w->w_down, 0},
     };
-    const size_t n = sizeof list / sizeof list[0], es = dtype_size(h->dtype);
-    const struct st_tensor *found[sizeof list / sizeof list[0]];
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        found[i] = safetensors_find(st, list[i].name);
-        const struct st_tensor *t = found[i];
+    enum status ret = STATUS_OK;
+    float *host = NULL;
+    for (size_t i = 0; i < sizeof list / sizeof list[0] && ret == STATUS_OK; i++) {
+        const struct st_tensor *t = safetensors_find(st, list[i].name);
         if (!t && list[i].optional) continue;
-        if (!t) return status_errorf(STATUS_INVALID_ARGUMENT, "--draft-model %s: no tensor '%s' (an EAGLE-1 head)", path,
-                                     list[i].name);
-        const int want_dims = list[i].cols ? 2 : 1;
-        if (!t->supported || t->elem_size == 0 || t->ndim != want_dims || t->shape[0] != list[i].rows ||
-            (want_dims == 2 && t->shape[1] != list[i].cols))
-            return status_errorf(STATUS_INVALID_ARGUMENT,
-                                 "--draft-model %s: tensor %s is %s of %d dimensions (%lld x %lld); the served model "
-                                 "needs float (%lld x %lld)", path, list[i].name, t->dtype_name, t->ndim,
-                                 (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 1),
-                                 (long long)list[i].rows, (long long)(list[i].cols ? list[i].cols : 1));
-        total += ((size_t)t->numel * es + 255) / 256 * 256;
-    }
-    enum status ret = backend_alloc(h->b, total, &d->eagle_weights);
-    if (ret != STATUS_OK) return ret;
-    uint8_t *host = NULL;
-    size_t off = 0;
-    for (size_t i = 0; i < n && ret == STATUS_OK; i++) {
-        const struct st_tensor *t = found[i];
-        if (!t) continue;
-        const size_t bytes = (size_t)t->numel * es;
-        uint8_t *grown = realloc(host, bytes);
+        if (!t) {
+            ret = status_errorf(STATUS_INVALID_ARGUMENT, "--draft-model %s: no tensor '%s' (an EAGLE-1 head)", path,
+                                list[i].name);
+            break;
+        }
+        const int dims = list[i].cols ? 2 : 1;
+        if (!t->supported || t->elem_size == 0 || t->ndim != dims || t->shape[0] != list[i].rows ||
+            (dims == 2 && t->shape[1] != list[i].cols)) {
+            ret = status_errorf(STATUS_INVALID_ARGUMENT,
+                                "--draft-model %s: tensor %s is %s of %d dimensions (%lld x %lld); the served model "
+                                "needs float (%lld x %lld)", path, list[i].name, t->dtype_name, t->ndim,
+                                (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 1),
+                                (long long)list[i].rows, (long long)(list[i].cols ? list[i].cols : 1));
+            break;
+        }
+        float *grown = realloc(host, (size_t)t->numel * sizeof *host);
         if (!grown) {
             ret = status_errorf(STATUS_RESOURCE_EXHAUSTED, "--draft-model: out of host memory");
             break;
         }
         host = grown;
-        if ((ret = safetensors_read(t, h->dtype, host, bytes)) != STATUS_OK) break;
-        void *dev = (uint8_t *)d->eagle_weights + off;
-        if (list[i].t == &fc) { /* row r (2D) -> its first half at row r, its second at row D + r */
-            const size_t half = (size_t)D * es;
-            for (int64_t r = 0; r < D; r++) {
-                backend_upload(h->b, (uint8_t *)dev + (size_t)r * half, host + (size_t)r * 2 * half, half);
-                backend_upload(h->b, (uint8_t *)dev + (size_t)(D + r) * half, host + (size_t)r * 2 * half + half, half);
-            }
-        } else {
-            backend_upload(h->b, dev, host, bytes);
+        if ((ret = safetensors_read(t, DTYPE_F32, host, (size_t)t->numel * sizeof *host)) != STATUS_OK) break;
+        if (list[i].t) {
+            ret = eagle_place(d, h, host, list[i].rows, list[i].cols, q8 && dims == 2 && list[i].cols % 32 == 0,
+                              list[i].t);
+            continue;
         }
-        *list[i].t = list[i].cols ? tensor_make(dev, h->dtype, h->b->device, 2, list[i].rows, list[i].cols)
-                                  : tensor_make(dev, h->dtype, h->b->device, 1, list[i].rows);
-        off += (bytes + 255) / 256 * 256;
+        /* fc: row r's first D values read the embedding, its last D the feature: two (D, D) matrices */
+        float *half = malloc((size_t)(2 * D * D) * sizeof *half);
+        if (!half) {
+            ret = status_errorf(STATUS_RESOURCE_EXHAUSTED, "--draft-model: out of host memory");
+            break;
+        }
+        for (int64_t r = 0; r < D; r++) {
+            memcpy(half + r * D, host + r * 2 * D, (size_t)D * sizeof *half);
+            memcpy(half + (D + r) * D, host + r * 2 * D + D, (size_t)D * sizeof *half);
+        }
+        ret = eagle_place(d, h, half, D, D, q8 && D % 32 == 0, &h->input_fc_emb);
+        if (ret == STATUS_OK) ret = eagle_place(d, h, half + D * D, D, D, q8 && D % 32 == 0, &h->input_fc_feat);
+        free(half);
     }
     free(host);
-    if (ret != STATUS_OK) return ret;
-    /* fc's halves (D, D) each, side by side in its memory: the columns that read the embedding,
-     * then those that read the feature (eagle_weights split its rows on the host). */
-    const size_t row = (size_t)D * es;
-    h->input_fc_emb = tensor_make(fc.data, h->dtype, h->b->device, 2, D, D);
-    h->input_fc_feat = tensor_make((uint8_t *)fc.data + (size_t)D * row, h->dtype, h->b->device, 2, D, D);
-    return STATUS_OK;
+    return ret;
 }
 
 enum status draft_load_eagle(const char *path, struct backend *b, struct model *target, int n_slots, struct draft *d)
@@ -228,7 +279,7 @@ enum status draft_load_eagle(const char *path, struct backend *b, struct model *
     h->w.lm_head = target->w.lm_head;
     h->rope_factors = target->rope_factors;
     snprintf(h->quantization, sizeof h->quantization, "none");
-    ret = eagle_weights(d, h, st, path);
+    ret = eagle_weights(d, h, target, st, path);
     safetensors_close(st);
     if (ret == STATUS_OK) ret = slots_init(d, b, target, n_slots);
     const size_t D = (size_t)h->cfg.d_model, per = (size_t)d->n_slots * (size_t)d->ctx;
@@ -252,8 +303,8 @@ enum status draft_load_eagle(const char *path, struct backend *b, struct model *
     const char *trace = getenv("SHARDLM_EAGLE_TRACE");
     if (trace && *trace && !(d->trace = fopen(trace, "a")))
         LOG_WARN(MODULE, "SHARDLM_EAGLE_TRACE %s: cannot open it; no trace", trace);
-    LOG_INFO(MODULE, "EAGLE head %s: one layer on %s (d_model %zu), %d slots of %d tokens", path,
-             target->cfg.architecture, D, d->n_slots, d->ctx);
+    LOG_INFO(MODULE, "EAGLE head %s: one layer on %s (d_model %zu, projections %s), %d slots of %d tokens", path,
+             target->cfg.architecture, D, dtype_name(h->w.layers[0].wq.dtype), d->n_slots, d->ctx);
     return STATUS_OK;
 }
 
@@ -274,7 +325,7 @@ void draft_free(struct draft *d)
     if (d->m) {
         backend_free(d->m->b, d->head.data);
         backend_free(d->m->b, d->head_packed);
-        backend_free(d->m->b, d->eagle_weights);
+        for (int i = 0; i < d->n_eagle_mem; i++) backend_free(d->m->b, d->eagle_mem[i]);
     }
     model_free(d->m);
     free(d->owner);

@@ -35,6 +35,7 @@
 
 #define DRAFT_MAX_CTX   2048 /* tokens a slot holds at most */
 #define DRAFT_MAX_SLOTS 64   /* sequences drafting at once at most */
+#define DRAFT_EAGLE_ALLOCS 24 /* an EAGLE head's allocations (its tensors, packed copies) */
 
 struct draft {
     struct model *m;
@@ -57,7 +58,8 @@ struct draft {
     void     *head_packed;
     /* EAGLE (eagle = 1; see above). */
     int       eagle, d_model;
-    void     *eagle_weights;     /* one backend allocation: the head's own tensors */
+    void     *eagle_mem[DRAFT_EAGLE_ALLOCS]; /* the head's own tensors' backend allocations */
+    int       n_eagle_mem;
     float    *feats;             /* (n_slots, ctx, d_model) the target's hidden state at each position */
     uint8_t  *have;              /* (n_slots, ctx) whether feats holds that position */
     int      *n_exact;           /* (n_slots) leading positions whose head rows read the target's features */

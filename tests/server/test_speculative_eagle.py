@@ -19,7 +19,12 @@ own final hidden states, which the engine captures from the target's forwards.
 3. Sampled (temperature 1): the head's q is a real distribution, verified with the general rule; per
    generated position (5) a chi-square homogeneity test against the server without speculation,
    960 samples each with disjoint seeds, p > 0.001 / 5 (test_speculative_draft.py's samples).
-4. Refusals at start-up, by name: a head without one of its tensors, with a tensor of the wrong
+4. A Q8_0 head (SHARDLM_EAGLE_WEIGHTS=q8_0: what a block-quantized target gets on the CPU): greedy
+   tokens equal; every proposal against the reference run with the engine's quantized weights
+   (ggml's Q8_0 rounding, in NumPy): the best token in >= 95 % of them, the best logit within a
+   relative 1e-2 at the median and 6e-2 at worst (the engine also rounds each product's input to
+   int8; a matrix misplaced or misquantized is off by far more).
+5. Refusals at start-up, by name: a head without one of its tensors, with a tensor of the wrong
    shape, for rotary of the other style; a target that cannot carry one (stories260K with GELU in
    its MLP); --speculative eagle without --draft-model (usage error).
 
@@ -180,6 +185,32 @@ class Reference:
         return out[-1] @ self.lm.T
 
 
+def q8_0(np, w):
+    """w (rows, k) as the engine's Q8_0 head holds it (ggml's quantize_row_q8_0, dequantized): per
+    32 values d = max |x| / 127 (stored as f16), q = x / d rounded half away from zero."""
+    b = w.astype(np.float32).reshape(-1, 32)
+    d = (np.abs(b).max(axis=1) / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    v = b * inv[:, None]
+    q = np.sign(v) * np.floor(np.abs(v) + 0.5)
+    return (d.astype(np.float16).astype(np.float32)[:, None] * q).reshape(w.shape)
+
+
+def quantized(np, head):
+    """the head with every matrix whose rows are whole Q8_0 blocks as the engine quantizes it (fc's
+    two halves each)."""
+    out = {}
+    for k, v in head.items():
+        if v.ndim != 2:
+            out[k] = v
+        elif k == "fc.weight":
+            d = v.shape[0]
+            out[k] = np.concatenate([q8_0(np, v[:, :d]), q8_0(np, v[:, d:])], axis=1) if d % 32 == 0 else v
+        else:
+            out[k] = q8_0(np, v) if v.shape[1] % 32 == 0 else v
+    return out
+
+
 def parse_trace(path):
     rows = []
     for line in Path(path).read_text().splitlines():
@@ -260,7 +291,7 @@ def main():
         TS.kill_all()
     head = fit_fc(np, Reference(np, a.model, head), head, [[1, *g] for g in base[0]])
     write_safetensors(tmp / "head.safetensors", head, {"rope_style": "halves", "format": "eagle-1"})
-    trace = tmp / "trace.txt"
+    trace, trace_q8 = tmp / "trace.txt", tmp / "trace-q8.txt"
     eagle = ["--speculative", "eagle", "--draft-model", str(tmp / "head.safetensors"), "--spec-draft", "3",
              "--spec-max-batch", "64", "--max-seqs", "64"]
     every = dict(os.environ, SHARDLM_SPEC_PRIOR="0")
@@ -277,6 +308,9 @@ def main():
             on = samples(srv, hot, 5000)
             with srv.client(timeout=60) as c:
                 st3 = c.server_stats()
+        with TS.Server(a.shardlm, Path(a.model), "--no-prefix-caching", *eagle, name="eagle-q8",
+                       env=dict(every, SHARDLM_EAGLE_TRACE=str(trace_q8), SHARDLM_EAGLE_WEIGHTS="q8_0")) as srv:
+            q8 = greedy(srv, 8)
     finally:
         TS.kill_all()
     for k, (name, g) in enumerate((("traced", traced), ("prefix cache on", cached[:2]))):
@@ -310,6 +344,23 @@ def main():
           f"the trace holds {len(rows)} proposals, {chained} of them after drafts of the same step")
     check(not bad, f"every proposal's best token and logit equal the float64 reference ({len(rows)} checked, "
           f"largest logit difference {worst:.2e}, relative 1e-5 allowed; differing: {bad[:3]})")
+    # The Q8_0 head (SHARDLM_EAGLE_WEIGHTS=q8_0; beside a block-quantized target on the CPU it is the
+    # default): the reference with the engine's quantized weights; the engine also rounds each
+    # product's input rows to int8, so the logits agree to about a percent, not to f32 precision.
+    same = sum(u == v for u, v in zip(base[1], q8))
+    check(same == len(PROMPTS), f"EAGLE with a Q8_0 head, 8 at once: {same} of {len(PROMPTS)} greedy answers equal")
+    ref8 = Reference(np, a.model, quantized(np, head))
+    rows8 = parse_trace(trace_q8)
+    agree, rel = 0, []
+    for real, best, top, tokens in rows8:
+        lg = ref8.propose(tokens, real)
+        agree += int(lg.argmax()) == best
+        rel.append(abs(float(lg.max()) - top) / max(1.0, abs(top)))
+    rel = sorted(rel) or [1.0]
+    med, worst8 = rel[len(rel) // 2], rel[-1]
+    check(len(rows8) >= 50 and agree >= 0.95 * len(rows8) and med < 1e-2 and worst8 < 6e-2,
+          f"the Q8_0 head: {agree} of {len(rows8)} proposals' best token equal to the reference with the quantized "
+          f"weights (>= 95 %), relative logit difference median {med:.1e} (< 1e-2), largest {worst8:.1e} (< 6e-2)")
     return check.summary()
 
 
