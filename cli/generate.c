@@ -2,7 +2,7 @@
  * the same loop, rank 0 prints), generate from a prompt locally, print the prompt and its
  * completion as it is produced, and the speed to stderr. Flags, setup (world, backend,
  * tokenizer, model, KV cache) and teardown are each a function of their own.
- * With --speculative ngram or --speculative draft --draft-model PATH the prompt runs instead as one
+ * With --speculative ngram, draft or eagle (--draft-model PATH) the prompt runs instead as one
  * request through the serving engine (generate_speculative: the same drafting and verification
  * as `shardlm serve`, docs/speculative.md).
  * Not here: the generation loop (engine/serving/generate.c), the server (serve.c).

@@ -52,7 +52,7 @@ static void print_help(FILE *f)
             "                   [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos]\n"
             "                   [--device cpu|cuda] [--threads N] [--no-bos] [--tp T --ep E --pp P]\n"
             "                   [--pp-layers N1,N2,...] [--speculative ngram [--spec-ngram N] |\n"
-            "                   --speculative draft --draft-model PATH [--spec-token-map FILE]] [--spec-draft K]\n"
+            "                   --speculative draft|eagle --draft-model PATH [--spec-token-map FILE]] [--spec-draft K]\n"
             "                   (docs/speculative.md)\n"
             "  shardlm convert llama2c --checkpoint FILE.bin --tokenizer FILE.model --out DIR\n"
             "  shardlm convert gguf --gguf FILE.gguf --out DIR [--dtype f32|bf16] [--keep-blocks]\n"

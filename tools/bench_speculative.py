@@ -15,7 +15,7 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
       [--spec-draft 4] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
       [--token-map MAP.json] [--eagle HEAD.safetensors ...] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
       --llama-draft DRAFT.gguf]
-      [--batches 1,16] [--open] [--rounds N] [--serve-arg=ARG ...]
+      [--batches 1,16] [--open] [--rounds N] [--serve-arg=ARG ...] [--temperature T]
 
 llama.cpp's example programs (llama-lookup, llama-speculative-simple) are built by
 `ONLY=examples tools/bench_vs_llamacpp.sh` into .cache/llama.cpp/build-ex.
@@ -52,12 +52,14 @@ OPEN_PROMPTS = [
 ]
 
 
-def run(srv, prompts, max_tokens, parallel):
-    """-> (answers, completion tokens, decode seconds summed over requests)"""
-    def one(p):
+def run(srv, prompts, max_tokens, parallel, temperature=0.0):
+    """-> (answers, completion tokens, decode seconds summed over requests); sampled requests (a
+    temperature above 0) are seeded by their index, the same seeds for every server."""
+    def one(i):
+        p, kw = prompts[i], dict(temperature=temperature, seed=1000 + i) if temperature else dict(temperature=0)
         with srv.client(timeout=600) as c:
             t0, first, n, text = time.perf_counter(), None, 0, []
-            for ev in c.chat_stream([{"role": "user", "content": p}], max_tokens=max_tokens, temperature=0):
+            for ev in c.chat_stream([{"role": "user", "content": p}], max_tokens=max_tokens, **kw):
                 if ev.text or ev.token_ids:
                     if first is None:
                         first = time.perf_counter()
@@ -66,7 +68,7 @@ def run(srv, prompts, max_tokens, parallel):
             end = time.perf_counter()
             return "".join(text), n, end - (first or t0)
     with cf.ThreadPoolExecutor(parallel) as ex:
-        res = list(ex.map(one, prompts))
+        res = list(ex.map(one, range(len(prompts))))
     return [r[0] for r in res], sum(r[1] for r in res), sum(r[2] for r in res)
 
 
@@ -132,6 +134,8 @@ def main():
                     "--speculative draft run is added to shardlm's configurations")
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="one more argument for every server (repeat: --serve-arg=--no-prefix-caching)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (seeded per "
+                    "request) instead of greedy decoding: answers then differ between servers, speeds compare")
     ap.add_argument("--rounds", type=int, default=1, help="start every server this many times, alternating, and "
                     "keep each one's fastest round (this VM's speed moves between servers; default 1)")
     ap.add_argument("--batches", default="1,16", help="requests at once, comma-separated (default 1,16)")
@@ -141,7 +145,8 @@ def main():
         prompts, what = OPEN_PROMPTS[: a.questions], "everyday requests without a passage"
     else:
         prompts, what = squad_prompts(a.squad, a.questions), "SQuAD held-out questions"
-    print(f"CPU: {TS.cpu_name()}; model {a.model}; {len(prompts)} {what}, greedy, "
+    how = f"temperature {a.temperature} (seeded)" if a.temperature else "greedy"
+    print(f"CPU: {TS.cpu_name()}; model {a.model}; {len(prompts)} {what}, {how}, "
           f"{a.max_tokens} tokens at most, --threads {a.threads}")
     out = {}
     batches = [int(b) for b in a.batches.split(",")]
@@ -167,7 +172,7 @@ def main():
                 with TS.Server(a.shardlm, Path(a.model), "--threads", str(a.threads), *a.serve_arg, *flags,
                                name="bench-spec", env=env) as srv:
                     for parallel in batches:
-                        r = run(srv, prompts, a.max_tokens, parallel)
+                        r = run(srv, prompts, a.max_tokens, parallel, a.temperature)
                         speeds.setdefault((name, parallel), []).append(r[1] / r[2])
                         if (name, parallel) not in out or r[1] / r[2] > out[(name, parallel)][1] / out[(name, parallel)][2]:
                             out[(name, parallel)] = r
