@@ -15,7 +15,9 @@ with the data and compute of one session is known before shardlm serves one.
   JAX forward written for this tool over each conversation of the chat JSONL (tools/distill_data.py's
   target answers), rendered by the directory's chat template (jinja2) and tokenized by Hugging Face
   `tokenizers`. Kept per token: the final hidden state after the final norm (f16) and the target's
-  greedy token; answer tokens are marked. The last 5 % of each file is held out.
+  greedy token; answer tokens are marked. The last 5 % of each file is held out (not independent:
+  the recipe's SQuAD questions come several to a passage, so most held-out ones share a passage
+  with training ones; docs/speculative.md measures the served head on unseen prompts instead).
 - `train`: the EAGLE-1 head: h = fc([embed(x_i), f_{i-1}]) (2d -> d, bias), one decoder layer
   (attention without its input norm, as EAGLE's first layer, then the MLP block), no final norm; the
   frozen LM head (the target's tied embeddings, restricted to the token map's rows) reads h. Loss at
