@@ -285,7 +285,8 @@ static int generate_speculative(const struct generate_flags *f)
     struct engine_stats es;
     engine_get_stats(e, &es);
     fprintf(stderr, "shardlm: prompt %d tokens; generated %d tokens in %.3f s (speculative %s, tp %ld, pp %ld); "
-            "%llu drafts verified, %llu accepted\n", n_ids, x.n_generated, secs, f->spec_mode == 2 ? "draft" : "ngram",
+            "%llu drafts verified, %llu accepted\n", n_ids, x.n_generated, secs,
+            f->spec_mode == 2 ? (f->eagle ? "eagle" : "draft") : "ngram",
             f->tp, f->pp, (unsigned long long)es.spec_drafted, (unsigned long long)es.spec_accepted);
     rc = 0;
 done:
