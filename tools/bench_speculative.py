@@ -16,6 +16,7 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
       [--token-map MAP.json] [--eagle HEAD.safetensors ...] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
       --llama-draft DRAFT.gguf]
       [--batches 1,16] [--open] [--rounds N] [--serve-arg=ARG ...] [--temperature T]
+      [--ranks N --serve-arg=--tp --serve-arg=2]
 
 llama.cpp's example programs (llama-lookup, llama-speculative-simple) are built by
 `ONLY=examples tools/bench_vs_llamacpp.sh` into .cache/llama.cpp/build-ex.
@@ -136,6 +137,8 @@ def main():
                     help="one more argument for every server (repeat: --serve-arg=--no-prefix-caching)")
     ap.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (seeded per "
                     "request) instead of greedy decoding: answers then differ between servers, speeds compare")
+    ap.add_argument("--ranks", type=int, default=1, help="run every server under mpirun -n RANKS (with "
+                    "--serve-arg=--tp / --pp giving the layout; OMPI_ALLOW_RUN_AS_ROOT as a root user needs it)")
     ap.add_argument("--rounds", type=int, default=1, help="start every server this many times, alternating, and "
                     "keep each one's fastest round (this VM's speed moves between servers; default 1)")
     ap.add_argument("--batches", default="1,16", help="requests at once, comma-separated (default 1,16)")
@@ -169,8 +172,9 @@ def main():
         for rnd in range(a.rounds):
             for name, flags in configs:
                 env = dict(os.environ, SHARDLM_SPEC_PRIOR="0") if a.no_prior and flags else None
+                launcher = ("mpirun", "--oversubscribe", "-n", str(a.ranks)) if a.ranks > 1 else ()
                 with TS.Server(a.shardlm, Path(a.model), "--threads", str(a.threads), *a.serve_arg, *flags,
-                               name="bench-spec", env=env) as srv:
+                               name="bench-spec", env=env, launcher=launcher) as srv:
                     for parallel in batches:
                         r = run(srv, prompts, a.max_tokens, parallel, a.temperature)
                         speeds.setdefault((name, parallel), []).append(r[1] / r[2])

@@ -442,12 +442,14 @@ static enum status ck_plan(const struct model_config *c, enum weight_kind kind, 
     if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size)
         return status_errorf(STATUS_INVALID_ARGUMENT, "tp rank %d of tp size %d", tp_rank, tp_size);
     if (c->n_heads % tp_size || c->ffn_hidden % tp_size || c->dense_ffn % tp_size ||
-        (c->n_kv_heads % tp_size && tp_size % c->n_kv_heads))
+        (c->n_kv_heads % tp_size && tp_size % c->n_kv_heads)) {
+        char dense[48] = ""; /* "15360" once came out of "%d%s%d" with no dense layers: 1536, "", 0 */
+        if (c->dense_ffn) snprintf(dense, sizeof dense, "; the dense layers' %d", c->dense_ffn);
         return status_errorf(STATUS_UNSUPPORTED,
                              "tp size %d does not partition the model: it must divide n_heads (%d) "
-                             "and ffn_hidden (%d%s%d), and divide or be a multiple of n_kv_heads (%d)",
-                             tp_size, c->n_heads, c->ffn_hidden, c->dense_ffn ? "; the dense layers' " : "",
-                             c->dense_ffn, c->n_kv_heads);
+                             "and ffn_hidden (%d%s), and divide or be a multiple of n_kv_heads (%d)",
+                             tp_size, c->n_heads, c->ffn_hidden, dense, c->n_kv_heads);
+    }
     int64_t rows, cols, hd = c->head_dim;
     weight_kind_shape_at(c, kind, layer, &p->ndim, &rows, &cols);
     p->r0 = 0, p->nr = rows, p->c0 = 0, p->nc = cols;
