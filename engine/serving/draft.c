@@ -258,6 +258,7 @@ enum status draft_load_eagle(const char *path, struct backend *b, struct model *
      * and LM head borrowed; no final norm, no attention norm (EAGLE-1). */
     struct model *h = calloc(1, sizeof *h);
     d->m = h;
+    if (h) h->b = b; /* before anything can fail: draft_free frees through it */
     if (!h || !(h->w.layers = calloc(1, sizeof *h->w.layers))) {
         safetensors_close(st);
         draft_free(d);
@@ -266,7 +267,6 @@ enum status draft_load_eagle(const char *path, struct backend *b, struct model *
     h->cfg = target->cfg;
     h->par.layout = (struct parallel_layout){.world_size = 1, .tp_size = 1, .pp_size = 1, .dp_size = 1,
                                              .pp_prev = -1, .pp_next = -1};
-    h->b = b;
     h->dtype = target->dtype;
     h->tp_size = h->pp_size = h->ep_size = 1;
     h->layer_first = target->cfg.n_layers - 1;
