@@ -585,7 +585,7 @@ enum status model_embed(struct model *m, const int32_t *tokens, const int32_t *q
     enum status st = model_embed_input(m, T, &x);
     for (int l = 0; l < m->n_layers_local && st == STATUS_OK; l++) st = layer_forward(m, l, T, &lt, &hooks);
     if (st == STATUS_OK) {
-        if (!m->cfg.encoder) layer_norm(m, &x, &x, &m->w.final_norm, &m->w.final_norm_bias);
+        if (!m->cfg.encoder) final_norm(m, &x, &x);
         const struct tensor *src = &x;
         struct tensor x32 = m->dtype != DTYPE_F32 ? tensor_first_rows(&m->ws.x_f32, T) : x;
         if (m->dtype != DTYPE_F32) {

@@ -419,7 +419,6 @@ static void take_results(struct conductor *c, enum status st)
     struct scheduler *sc = &c->sched;
     const int V = c->m->cfg.vocab_size;
     int n_running = sc->n_running; /* forks append to running; they sample here, not in this loop */
-    if (c->eagle_hidden) draft_sweep(&c->draft, sc->running, n_running);
     for (int i = 0; i < n_running; i++) {
         struct seq *s = sc->running[i];
         if (s->n_rows == 0 || s->state != SEQ_RUNNING) continue;

@@ -220,13 +220,15 @@ void speculate(struct conductor *c)
         s->n_draft = 0;
         s->spec_q = NULL;
     }
+    /* Slots of sequences that no longer run are freed every step, drafting or not: EAGLE's
+     * feature capture (take_results) claims slots at any batch size. */
+    if (c->draft.m) draft_sweep(&c->draft, sc->running, sc->n_running);
     if (c->o.spec_draft <= 0 || sc->n_running > (c->o.spec_max_batch > 0 ? c->o.spec_max_batch : 4)) return;
     int budget = c->max_logits - 64 - sc->n_running, rows = c->o.max_batch_tokens - sc->n_running;
     if (rows < budget) budget = rows;
     const int ngram = c->o.spec_ngram > 0 ? c->o.spec_ngram : 3;
     struct seq *ds[DRAFT_MAX_SLOTS];
     int want[DRAFT_MAX_SLOTS], n_ds = 0;
-    if (c->draft.m) draft_sweep(&c->draft, sc->running, sc->n_running);
     for (int i = 0; i < sc->n_running && budget > 0; i++) {
         struct seq *s = sc->running[i];
         if (!can_draft(c, s) || s->n_generated < s->spec_resume_at) continue;

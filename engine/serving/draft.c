@@ -107,6 +107,14 @@ struct eagle_tensor {
     int optional;
 };
 
+/* t's blocks (type qt, CPU memory) packed eight rows at a time into packed (quant_packed_bytes),
+ * as model loading packs the CPU's block weights, and t pointed at the copy. */
+static void pack_rows8(struct tensor *t, enum quant_type qt, void *packed)
+{
+    quant_pack_rows8(qt, packed, t->data, tensor_rows(t), tensor_cols(t));
+    t->packed = packed, t->packed_of = t->data, t->packed_rows = tensor_rows(t), t->packed_cols = tensor_cols(t);
+}
+
 /* A backend allocation of the head's, freed by draft_free. */
 static enum status eagle_alloc(struct draft *d, struct backend *b, size_t bytes, void **out)
 {
@@ -154,10 +162,9 @@ static enum status eagle_place(struct draft *d, struct model *h, const float *sr
     free(host);
     if (st != STATUS_OK || !q8 || !quant_packable(QUANT_TYPE_Q8_0, rows, cols)) return st;
     void *packed = NULL;
-    if ((st = eagle_alloc(d, b, quant_packed_bytes(QUANT_TYPE_Q8_0, rows, cols), &packed)) != STATUS_OK) return st;
-    quant_pack_rows8(QUANT_TYPE_Q8_0, packed, dev, rows, cols);
-    t->packed = packed, t->packed_of = dev, t->packed_rows = rows, t->packed_cols = cols;
-    return STATUS_OK;
+    if ((st = eagle_alloc(d, b, quant_packed_bytes(QUANT_TYPE_Q8_0, rows, cols), &packed)) == STATUS_OK)
+        pack_rows8(t, QUANT_TYPE_Q8_0, packed);
+    return st;
 }
 
 /* Reads the head's tensors from st onto h's backend; fc.weight (d, 2d) becomes its two halves.
@@ -435,9 +442,7 @@ enum status draft_token_map(struct draft *d, const char *path)
     if (b->device == DEVICE_CPU && dtype_is_quant(w->dtype) && quant_packable(qt, d->n_map, tensor_cols(w))) {
         st = backend_alloc(b, quant_packed_bytes(qt, d->n_map, tensor_cols(w)), &d->head_packed);
         if (st != STATUS_OK) return st;
-        quant_pack_rows8(qt, d->head_packed, d->head.data, d->n_map, tensor_cols(w));
-        d->head.packed = d->head_packed, d->head.packed_of = d->head.data;
-        d->head.packed_rows = d->n_map, d->head.packed_cols = tensor_cols(w);
+        pack_rows8(&d->head, qt, d->head_packed);
     }
     LOG_INFO(MODULE, "draft model: head cut to the %d tokens of %s (of %d)", d->n_map, path, V);
     return STATUS_OK;
