@@ -91,11 +91,14 @@ def post(srv, body, path="/v1/completions"):
 
 def backlog(srv, n=320, max_tokens=200):
     """Client A: n unary requests of one sample on one connection; returns its futures once the
-    server holds them all (running or waiting)."""
+    server holds them all (running or waiting). The samples ignore EOS, so none ends before its
+    max_tokens, and the servers run at most 8 at once (`--max-seqs 8`), so hundreds still wait
+    while B's request runs, however slow the machine (a backlog that drained before B finished
+    failed this test once on a loaded 2-core machine)."""
     ch = srv.channel()
     stub, control = pb_grpc.TextGenerationStub(ch), pb_grpc.TextGenerationStub(srv.channel())
     futs = [stub.Generate.future(pb.GenerateRequest(prompt="Once upon a time", sampling=pb.SamplingParams(
-        max_tokens=max_tokens, temperature=1.0, seed=i)), timeout=300) for i in range(n)]
+        max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True)), timeout=300) for i in range(n)]
     end = time.time() + 30
     while time.time() < end:
         s = control.GetServerStats(pb.GetServerStatsRequest(), timeout=10)
@@ -132,7 +135,7 @@ def test_priority(args, model, work):
         check(code == 200, "fcfs: priority 0 over HTTP is served")
     finally:
         srv.stop()
-    srv = Server(args.shardlm, model, ["--scheduling-policy", "priority"], work / "priority.log")
+    srv = Server(args.shardlm, model, ["--scheduling-policy", "priority", "--max-seqs", "8"], work / "priority.log")
     try:
         futs, control = backlog(srv)
         stub = pb_grpc.TextGenerationStub(srv.channel())
@@ -151,7 +154,7 @@ def test_priority(args, model, work):
 
 
 def test_fair(args, model, work):
-    srv = Server(args.shardlm, model, ["--scheduling-policy", "fair"], work / "fair.log")
+    srv = Server(args.shardlm, model, ["--scheduling-policy", "fair", "--max-seqs", "8"], work / "fair.log")
     try:
         futs, control = backlog(srv)
         stub = pb_grpc.TextGenerationStub(srv.channel())
