@@ -285,6 +285,38 @@ static void test_waiting_samples(void)
     request_free(rb);
 }
 
+/* The host rows kept beside each slot (struct kv_cache.features: an EAGLE head's inputs) travel
+ * with the K/V: a fork's copy of its parent's partial block carries them, and a prefix-cache hit
+ * hands out the block that holds them. */
+static void test_slot_features(void)
+{
+    struct pool p;
+    pool_open(&p, 16, 4, 64, 1);
+    check(kv_cache_features_init(&p.cache, 2) == STATUS_OK && p.cache.feature_width == 2, "features of 2 floats a slot");
+    struct seq *a = new_seq_n(10, BT + 3, 4, 2), *kids[1];
+    scheduler_enqueue(&p.s, a);
+    scheduler_plan(&p.s);
+    int32_t slots[BT + 3];
+    float rows[2 * (BT + 3)];
+    for (int i = 0; i < BT + 3; i++) {
+        slots[i] = a->blocks[i / BT] * BT + i % BT;
+        rows[2 * i] = (float)i, rows[2 * i + 1] = -1.0f - (float)i;
+    }
+    kv_cache_write_features(&p.cache, slots, BT + 3, rows); /* as the engine does after the forward */
+    run_step(&p, 99);
+    check(scheduler_fork(&p.s, a, NULL, kids) == 1 && kids[0], "a forks its second sample");
+    const struct seq *k = kids[0];
+    int same = k->n_cached == BT + 3 && k->blocks[0] == a->blocks[0] && k->blocks[1] != a->blocks[1];
+    for (int i = 0; same && i < BT + 3; i++) {
+        const float *f = kv_cache_feature(&p.cache, (int64_t)k->blocks[i / BT] * BT + i % BT);
+        same = f[0] == (float)i && f[1] == -1.0f - (float)i;
+    }
+    check(same, "the fork shares the full block and its copy of the partial one holds the same features");
+    struct request *ra = a->req;
+    pool_close(&p);
+    request_free(ra);
+}
+
 /* The defect of issue 18: client A queues many samples, client B one short request, with room
  * for 2 running at once. FCFS admits A's in arrival order before B's; fair admits B as soon as
  * it has fewer running than A (at once here: A has 1 running when B's turn is weighed). */
@@ -486,6 +518,7 @@ int main(void)
     test_prefix_reuse();
     test_limits();
     test_waiting_samples();
+    test_slot_features();
     test_policy_fcfs_fair();
     test_policy_priority();
     printf("%d passed, %d failed\n", n_pass, n_fail);

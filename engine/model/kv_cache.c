@@ -78,7 +78,25 @@ void kv_cache_free(struct kv_cache *c)
     free(c->lru_prev);
     free(c->lru_next);
     free(c->table);
+    free(c->features);
     memset(c, 0, sizeof *c);
+}
+
+enum status kv_cache_features_init(struct kv_cache *c, int width)
+{
+    free(c->features);
+    c->features = calloc((size_t)c->n_blocks * (size_t)c->block_tokens * (size_t)width, sizeof *c->features);
+    c->feature_width = c->features ? width : 0;
+    if (!c->features)
+        return status_errorf(STATUS_RESOURCE_EXHAUSTED, "kv_cache: out of host memory for %d floats beside each of %d slots",
+                             width, c->n_blocks * c->block_tokens);
+    return STATUS_OK;
+}
+
+void kv_cache_write_features(struct kv_cache *c, const int32_t *slots, int n, const float *rows)
+{
+    const size_t w = (size_t)c->feature_width;
+    for (int i = 0; i < n; i++) memcpy(c->features + (size_t)slots[i] * w, rows + (size_t)i * w, w * sizeof *rows);
 }
 
 int kv_cache_available(const struct kv_cache *c) { return c->n_free + c->n_cached; }
@@ -234,5 +252,9 @@ void kv_cache_copy_block(struct kv_cache *c, int32_t dst, int32_t src)
     for (int l = 0; l < c->n_layers; l++) {
         backend_copy(c->b, (char *)c->k[l].data + (size_t)dst * bytes, (char *)c->k[l].data + (size_t)src * bytes, bytes);
         backend_copy(c->b, (char *)c->v[l].data + (size_t)dst * bytes, (char *)c->v[l].data + (size_t)src * bytes, bytes);
+    }
+    if (c->features) {
+        const size_t w = (size_t)c->block_tokens * (size_t)c->feature_width;
+        memcpy(c->features + (size_t)dst * w, c->features + (size_t)src * w, w * sizeof *c->features);
     }
 }

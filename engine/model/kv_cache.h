@@ -39,6 +39,13 @@ struct kv_cache {
     int             n_cached;
     int32_t        *table;       /* (table_size) open-addressing hash table of block ids, -1 empty */
     int             table_size;  /* a power of two >= 2 n_blocks */
+    /* Optional host rows beside every slot (kv_cache_features_init; EAGLE's features: the target's
+     * final hidden state of the token whose K/V the slot holds), (n_blocks * block_tokens,
+     * feature_width) f32, written with the slot (kv_cache_write_features) and copied with its
+     * block, so they are valid wherever the slot's K/V are (a prefix-cache hit, a fork's copy).
+     * NULL = none. */
+    float          *features;
+    int             feature_width;
 };
 
 /* Bytes one block takes across all local layers (K and V). */
@@ -51,6 +58,17 @@ size_t kv_cache_block_bytes(int n_layers, int block_tokens, int n_kv_heads, int 
 enum status kv_cache_init(struct kv_cache *c, struct backend *b, int n_layers, int n_blocks,
                           int block_tokens, int n_kv_heads, int head_dim, enum dtype dtype);
 void kv_cache_free(struct kv_cache *c); /* accepts a zeroed struct */
+/* Adds the host rows of width floats beside every slot (struct kv_cache.features), zeroed.
+ * STATUS_RESOURCE_EXHAUSTED when the host cannot hold them. */
+enum status kv_cache_features_init(struct kv_cache *c, int width);
+/* Writes rows[i] (n rows of feature_width floats) beside slot slots[i] (block * block_tokens +
+ * offset, as struct forward_batch.slots). */
+void kv_cache_write_features(struct kv_cache *c, const int32_t *slots, int n, const float *rows);
+/* The row beside slot (block * block_tokens + offset). */
+static inline const float *kv_cache_feature(const struct kv_cache *c, int64_t slot)
+{
+    return c->features + slot * c->feature_width;
+}
 
 /* Blocks an allocation can get now: free plus cached (evictable). */
 int kv_cache_available(const struct kv_cache *c);

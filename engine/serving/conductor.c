@@ -427,9 +427,6 @@ static void take_results(struct conductor *c, enum status st)
             finish_seq(c, s, FINISH_REASON_ERROR, st, status_message(), 0);
             continue;
         }
-        if (c->eagle_hidden) /* EAGLE: the head reads the target's hidden states of these rows */
-            draft_features(&c->draft, s, s->n_cached, c->eagle_hidden + (size_t)s->row_start * (size_t)c->m->cfg.d_model,
-                           s->n_rows);
         int p0 = s->n_cached, lrow = s->logit_row; /* the batch is grouped by adapter, not in running order */
         if (s->n_draft > 0 && s->wants_sample) { /* speculation: the real token's row, then the drafts' */
             const int n_ver = s->n_rows - 1;

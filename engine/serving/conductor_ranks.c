@@ -101,9 +101,11 @@ enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logit
             fb.greedy_done = &c->greedy_done;
         }
         c->greedy_done = 0;
-        /* EAGLE's features: every row's hidden state (one rank, one micro-batch: draft_load_eagle) */
+        /* EAGLE's features: every row's hidden state, kept beside its K/V (one rank, one
+         * micro-batch: draft_load_eagle) */
         if (c->eagle_hidden) fb.hidden = c->eagle_hidden;
         st = model_forward(c->m, &c->cache, &fb, c->logits + (size_t)l0 * (size_t)V);
+        if (st == STATUS_OK && c->eagle_hidden) kv_cache_write_features(&c->cache, fb.slots, fb.n_tokens, fb.hidden);
         l0 = l1;
     }
     if (st == STATUS_OK) st = logits_to_first_rank(c, n_logits);

@@ -91,7 +91,7 @@ static enum status load_draft(struct conductor *c)
     struct engine_options *o = &c->o;
     if (o->spec_draft <= 0) o->spec_draft = 5;
     const int slots = o->spec_max_batch > 0 ? o->spec_max_batch : 4;
-    enum status st = o->draft_eagle ? draft_load_eagle(o->draft_model_dir, c->b, c->m, slots, &c->draft)
+    enum status st = o->draft_eagle ? draft_load_eagle(o->draft_model_dir, c->b, c->m, &c->cache, slots, &c->draft)
                                     : draft_load(o->draft_model_dir, c->b, c->m, slots, &c->draft);
     if (st == STATUS_OK && o->draft_eagle &&
         !(c->eagle_hidden = malloc((size_t)o->max_batch_tokens * (size_t)c->m->cfg.d_model * sizeof *c->eagle_hidden)))
@@ -131,6 +131,9 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     c->max_logits = o->max_seqs + 64 < o->max_batch_tokens ? o->max_seqs + 64 : o->max_batch_tokens;
     if ((st = model_reserve(c->m, o->max_batch_tokens, o->max_seqs, table_width, c->max_logits)) != STATUS_OK) goto fail;
     size_t block_bytes = kv_cache_block_bytes(c->m->n_layers_local, bt, c->m->n_kv_local, cfg->head_dim, c->m->dtype);
+    /* An EAGLE head's features are kept beside each slot (host f32, d_model each: struct
+     * kv_cache.features), so that a cached prefix keeps them; the pool's bytes pay for them. */
+    if (o->draft_eagle) block_bytes += (size_t)bt * (size_t)cfg->d_model * sizeof(float);
     long long n_blocks = 0;
     if ((st = kv_pool_blocks(c, block_bytes, table_width, &n_blocks)) != STATUS_OK) goto fail;
     if ((st = kv_cache_init(&c->cache, c->b, c->m->n_layers_local, (int)n_blocks, bt, c->m->n_kv_local,

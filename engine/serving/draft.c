@@ -244,7 +244,8 @@ static enum status eagle_weights(struct draft *d, struct model *h, const struct 
     return ret;
 }
 
-enum status draft_load_eagle(const char *path, struct backend *b, struct model *target, int n_slots, struct draft *d)
+enum status draft_load_eagle(const char *path, struct backend *b, struct model *target, struct kv_cache *target_kv,
+                             int n_slots, struct draft *d)
 {
     memset(d, 0, sizeof *d);
     const char *why = eagle_unfit(target);
@@ -289,18 +290,18 @@ enum status draft_load_eagle(const char *path, struct backend *b, struct model *
     ret = eagle_weights(d, h, target, st, path);
     safetensors_close(st);
     if (ret == STATUS_OK) ret = slots_init(d, b, target, n_slots);
-    const size_t D = (size_t)h->cfg.d_model, per = (size_t)d->n_slots * (size_t)d->ctx;
+    const size_t D = (size_t)h->cfg.d_model;
     d->eagle = 1;
     d->d_model = (int)D;
+    if (ret == STATUS_OK) ret = kv_cache_features_init(target_kv, (int)D);
+    d->target_kv = target_kv;
     if (ret == STATUS_OK) {
-        d->feats = malloc(per * D * sizeof *d->feats);
-        d->have = calloc(per, 1);
         d->n_exact = calloc((size_t)d->n_slots, sizeof *d->n_exact);
         d->h_last = malloc((size_t)d->n_slots * D * sizeof *d->h_last);
         d->h_pos = malloc((size_t)d->n_slots * sizeof *d->h_pos);
         d->in_feats = malloc((size_t)d->max_rows * D * sizeof *d->in_feats);
         d->out_hidden = malloc((size_t)d->max_rows * D * sizeof *d->out_hidden);
-        if (!d->feats || !d->have || !d->n_exact || !d->h_last || !d->h_pos || !d->in_feats || !d->out_hidden)
+        if (!d->n_exact || !d->h_last || !d->h_pos || !d->in_feats || !d->out_hidden)
             ret = status_errorf(STATUS_RESOURCE_EXHAUSTED, "--draft-model: out of host memory for the EAGLE features");
     }
     if (ret != STATUS_OK) {
@@ -313,17 +314,6 @@ enum status draft_load_eagle(const char *path, struct backend *b, struct model *
     LOG_INFO(MODULE, "EAGLE head %s: one layer on %s (d_model %zu, projections %s), %d slots of %d tokens", path,
              target->cfg.architecture, D, dtype_name(h->w.layers[0].wq.dtype), d->n_slots, d->ctx);
     return STATUS_OK;
-}
-
-void draft_features(struct draft *d, struct seq *s, int p0, const float *hidden, int n)
-{
-    if (!d->eagle || !draft_claim(d, s, 0)) return;
-    const size_t D = (size_t)d->d_model, k = (size_t)(s->draft_slot - 1);
-    for (int j = 0; j < n && p0 + j < d->ctx; j++) {
-        const size_t at = k * (size_t)d->ctx + (size_t)(p0 + j);
-        memcpy(d->feats + at * D, hidden + (size_t)j * D, D * sizeof *d->feats);
-        d->have[at] = 1;
-    }
 }
 
 void draft_free(struct draft *d)
@@ -344,8 +334,6 @@ void draft_free(struct draft *d)
     free(d->logits);
     free(d->row_ok);
     free(d->map);
-    free(d->feats);
-    free(d->have);
     free(d->n_exact);
     free(d->h_last);
     free(d->h_pos);
@@ -458,23 +446,6 @@ void draft_sweep(struct draft *d, struct seq *const *running, int n_running)
     }
 }
 
-/* EAGLE: slot k, just claimed by s, holds no features; a sample of n > 1 forked from its request's
- * first sample starts with that sample's (their prompt is the same, and a fork never runs it). */
-static void eagle_claim(struct draft *d, const struct seq *s, int k)
-{
-    const size_t ctx = (size_t)d->ctx, D = (size_t)d->d_model;
-    memset(d->have + (size_t)k * ctx, 0, ctx);
-    d->n_exact[k] = 0;
-    d->h_pos[k] = -1;
-    for (int j = 0; j < d->n_slots && s->sample > 0; j++) {
-        const struct seq *o = d->owner[j];
-        if (j == k || !o || o->req != s->req || o->sample != 0) continue;
-        const size_t n = (size_t)(s->req->n_prompt < d->ctx ? s->req->n_prompt : d->ctx);
-        memcpy(d->have + (size_t)k * ctx, d->have + (size_t)j * ctx, n);
-        memcpy(d->feats + (size_t)k * ctx * D, d->feats + (size_t)j * ctx * D, n * D * sizeof *d->feats);
-        break;
-    }
-}
 
 int draft_claim(struct draft *d, struct seq *s, int extra)
 {
@@ -486,21 +457,27 @@ int draft_claim(struct draft *d, struct seq *s, int extra)
         d->owner[k] = s;
         d->n_cached[k] = 0;
         s->draft_slot = k + 1;
-        if (d->eagle) eagle_claim(d, s, k);
+        if (d->eagle) { /* the head's rows of slot k: none yet */
+            d->n_exact[k] = 0;
+            d->h_pos[k] = -1;
+        }
         return 1;
     }
     return 0;
 }
 
-/* EAGLE: the feature that the head's row at position p of s (slot k) reads: the target's hidden
- * state at p - 1 for a real token (zeros where the target never computed it: a prefix-cache hit),
- * the head's own output at p - 1 for a drafted one. */
+/* EAGLE: the feature that the head's row at position p of s (slot k) reads: for a real token the
+ * target's hidden state at p - 1, kept beside that position's K/V in the target's cache (so a
+ * cached prefix, computed for an earlier request, and a fork's shared prompt have theirs; zeros
+ * where the target holds no K/V of p - 1), for a drafted one the head's own output at p - 1. */
 static void eagle_feature(const struct draft *d, const struct seq *s, int k, int p, float *out)
 {
-    const size_t D = (size_t)d->d_model, at = (size_t)k * (size_t)d->ctx + (size_t)(p - 1);
+    const size_t D = (size_t)d->d_model;
+    const int q = p - 1, bt = d->target_kv->block_tokens;
     const float *src = NULL;
-    if (p < s->n_tokens - s->n_draft) src = d->have[at] ? d->feats + at * D : NULL;
-    else if (d->h_pos[k] == p - 1) src = d->h_last + (size_t)k * D;
+    if (p < s->n_tokens - s->n_draft)
+        src = q < s->n_cached ? kv_cache_feature(d->target_kv, (int64_t)s->blocks[q / bt] * bt + q % bt) : NULL;
+    else if (d->h_pos[k] == q) src = d->h_last + (size_t)k * D;
     if (src) memcpy(out, src, D * sizeof *out);
     else memset(out, 0, D * sizeof *out);
 }

@@ -17,9 +17,9 @@
  * EAGLE (--speculative eagle, draft_load_eagle): the draft is a head of one decoder layer built
  * on the target itself (its embeddings and LM head borrowed), whose row at position p reads
  * fc([embedding(x_p), f_{p-1}]), f_{p-1} the target's final hidden state at p - 1 (captured
- * from the target's own forwards: draft_features) or, for a drafted x_p, the head's own output
- * at p - 1; its output predicts f_p and, through the LM head, x_{p+1}. A slot keeps the target's
- * features of its owner's positions; its head rows hold positions 1 .. (KV index p - 1: the
+ * from the target's own forwards and kept beside that position's K/V in the target's cache:
+ * struct kv_cache.features) or, for a drafted x_p, the head's own output at p - 1; its output
+ * predicts f_p and, through the LM head, x_{p+1}. A slot's head rows hold positions 1 .. (KV index p - 1: the
  * probe it was trained in, tools/eagle_probe.py, never feeds position 0), and only the rows
  * computed from the target's features outlive a step (n_exact). Tests:
  * tests/server/test_speculative_eagle.py. */
@@ -60,8 +60,7 @@ struct draft {
     int       eagle, d_model;
     void     *eagle_mem[DRAFT_EAGLE_ALLOCS]; /* the head's own tensors' backend allocations */
     int       n_eagle_mem;
-    float    *feats;             /* (n_slots, ctx, d_model) the target's hidden state at each position */
-    uint8_t  *have;              /* (n_slots, ctx) whether feats holds that position */
+    const struct kv_cache *target_kv; /* the target's cache: its features (struct kv_cache.features) */
     int      *n_exact;           /* (n_slots) leading positions whose head rows read the target's features */
     float    *h_last;            /* (n_slots, d_model) the head's output at its slot's last row */
     int      *h_pos;             /* (n_slots) that row's position, -1 = none */
@@ -80,11 +79,11 @@ enum status draft_load(const char *dir, struct backend *b, const struct model *t
  * layers.0.mlp.{gate,up,down}_proj.weight; no attention norm, no final norm) on the target's
  * backend, its layer shaped as the target's. The target must be a dense Llama-style decoder (RMS
  * norms, SwiGLU, rotary, no biases or QK norms) on one rank; the file's "rope_style" metadata,
- * when present, must be the target's. STATUS_INVALID_ARGUMENT / UNSUPPORTED naming what differs. */
-enum status draft_load_eagle(const char *path, struct backend *b, struct model *target, int n_slots, struct draft *d);
-/* EAGLE: the target's hidden states of s's rows of a step (positions p0 .. p0 + n - 1: hidden's
- * rows), kept in s's slot, which s claims here when it holds none and one is free. */
-void        draft_features(struct draft *d, struct seq *s, int p0, const float *hidden, int n);
+ * when present, must be the target's. STATUS_INVALID_ARGUMENT / UNSUPPORTED naming what differs.
+ * It gives target_kv (the target's cache) its features (kv_cache_features_init, d_model floats a
+ * slot), which the engine writes from every target forward (forward_batch.hidden). */
+enum status draft_load_eagle(const char *path, struct backend *b, struct model *target, struct kv_cache *target_kv,
+                             int n_slots, struct draft *d);
 /* Cuts the loaded draft's head to the token ids of the JSON array in path (--spec-token-map):
  * each in [0, vocab), none twice, at least one; STATUS_INVALID_ARGUMENT naming the file and what
  * is wrong otherwise. */

@@ -12,7 +12,8 @@ own final hidden states, which the engine captures from the target's forwards.
    target's feature of the position before), then the chain over the drafts (each reading the
    head's own output at the position before), and must give the same best token, and its logit
    within a relative 1e-5, for every traced proposal: one request at a time and 8 at once, at 3 drafts a step,
-   prefix caching off (a cached prefix has no features: the head reads zeros there). Both kinds of
+   prefix caching off; and again with the prefix cache on (4-token blocks, the prompts run three
+   times: the features of cached rows are the ones kept beside their K/V). Both kinds of
    rows must occur (the first draft of a step, and drafts after drafts).
 2. Greedy: every prompt's tokens equal the server without speculation, one at a time and 8 at once,
    with and without the prefix cache; drafts verified, some accepted, some rejected.
@@ -291,7 +292,7 @@ def main():
         TS.kill_all()
     head = fit_fc(np, Reference(np, a.model, head), head, [[1, *g] for g in base[0]])
     write_safetensors(tmp / "head.safetensors", head, {"rope_style": "halves", "format": "eagle-1"})
-    trace, trace_q8 = tmp / "trace.txt", tmp / "trace-q8.txt"
+    trace, trace_q8, trace_pc = tmp / "trace.txt", tmp / "trace-q8.txt", tmp / "trace-prefix.txt"
     eagle = ["--speculative", "eagle", "--draft-model", str(tmp / "head.safetensors"), "--spec-draft", "3",
              "--spec-max-batch", "64", "--max-seqs", "64"]
     every = dict(os.environ, SHARDLM_SPEC_PRIOR="0")
@@ -308,6 +309,11 @@ def main():
             on = samples(srv, hot, 5000)
             with srv.client(timeout=60) as c:
                 st3 = c.server_stats()
+        with TS.Server(a.shardlm, Path(a.model), "--block-tokens", "4", *eagle, name="eagle-prefix-trace",
+                       env=dict(every, SHARDLM_EAGLE_TRACE=str(trace_pc))) as srv:
+            warm = (greedy(srv, 1), greedy(srv, 8), greedy(srv, 8))
+            with srv.client(timeout=60) as c:
+                st_pc = c.server_stats()
         with TS.Server(a.shardlm, Path(a.model), "--no-prefix-caching", *eagle, name="eagle-q8",
                        env=dict(every, SHARDLM_EAGLE_TRACE=str(trace_q8), SHARDLM_EAGLE_WEIGHTS="q8_0")) as srv:
             q8 = greedy(srv, 8)
@@ -331,19 +337,26 @@ def main():
               f"the EAGLE head: chi-square p = {p} over {cats} categories (> {0.001 / MAX_TOKENS:.2g})")
     ver, acc = st3.spec_draft_tokens - st2.spec_draft_tokens, st3.spec_accepted_tokens - st2.spec_accepted_tokens
     check(ver > 0 and 0 < acc < ver, f"sampled requests drafted by the head: {ver} drafts verified, {acc} accepted")
-    rows = parse_trace(trace)
     ref = Reference(np, a.model, head)
-    bad, worst, chained = [], 0.0, 0
-    for real, best, top, tokens in rows:
-        lg = ref.propose(tokens, real)
-        chained += len(tokens) > real
-        worst = max(worst, abs(float(lg.max()) - top))
-        if int(lg.argmax()) != best or abs(float(lg.max()) - top) > 1e-5 * max(1.0, abs(top)):
-            bad.append((real, len(tokens), best, int(lg.argmax()), top, float(lg.max())))
-    check(len(rows) >= 100 and chained >= 20 and len(rows) - chained >= 20,
-          f"the trace holds {len(rows)} proposals, {chained} of them after drafts of the same step")
-    check(not bad, f"every proposal's best token and logit equal the float64 reference ({len(rows)} checked, "
-          f"largest logit difference {worst:.2e}, relative 1e-5 allowed; differing: {bad[:3]})")
+    for name, path in (("prefix caching off", trace), ("prefix cache warm, 4-token blocks", trace_pc)):
+        rows = parse_trace(path)
+        bad, worst, chained = [], 0.0, 0
+        for real, best, top, tokens in rows:
+            lg = ref.propose(tokens, real)
+            chained += len(tokens) > real
+            worst = max(worst, abs(float(lg.max()) - top))
+            if int(lg.argmax()) != best or abs(float(lg.max()) - top) > 1e-5 * max(1.0, abs(top)):
+                bad.append((real, len(tokens), best, int(lg.argmax()), top, float(lg.max())))
+        check(len(rows) >= 100 and chained >= 20 and len(rows) - chained >= 20,
+              f"{name}: the trace holds {len(rows)} proposals, {chained} of them after drafts of the same step")
+        check(not bad, f"{name}: every proposal's best token and logit equal the float64 reference ({len(rows)} "
+              f"checked, largest logit difference {worst:.2e}, relative 1e-5 allowed; differing: {bad[:3]})")
+    # A cached prefix's features are kept with its KV blocks: the proposals above read the same
+    # features whether the target computed those rows for this request or for an earlier one.
+    same = sum(u == v for u, v in zip(base[1], warm[2]))
+    check(st_pc.prefix_cache_hit_tokens > 0 and same == len(PROMPTS),
+          f"prefix cache warm (4-token blocks): {st_pc.prefix_cache_hit_tokens} prompt tokens from the cache, "
+          f"{same} of {len(PROMPTS)} greedy answers equal")
     # The Q8_0 head (SHARDLM_EAGLE_WEIGHTS=q8_0; beside a block-quantized target on the CPU it is the
     # default): the reference with the engine's quantized weights; the engine also rounds each
     # product's input rows to int8, so the logits agree to about a percent, not to f32 precision.
