@@ -182,6 +182,7 @@ static void generate_teardown(struct generate_run *r)
 struct spec_run {
     struct stream_ctx sc;
     int    done, n_generated;
+    double t_first;               /* when the first token came (0: none yet), base_now_s */
     enum status st;
     char   msg[512];
 };
@@ -189,6 +190,7 @@ struct spec_run {
 static void spec_event(void *ctx, const struct engine_event *ev)
 {
     struct spec_run *x = ctx;
+    if (ev->kind == ENGINE_EVENT_TOKENS && ev->n_tokens > 0 && x->t_first == 0.0) x->t_first = base_now_s();
     for (int i = 0; i < ev->n_tokens && ev->kind != ENGINE_EVENT_PROMPT_LOGPROBS && !x->sc.failed; i++)
         print_token(&x->sc, ev->tokens[i]);
     if (ev->kind != ENGINE_EVENT_FINISHED) return;
@@ -268,7 +270,7 @@ static int generate_speculative(const struct generate_flags *f)
     fwrite(f->prompt, 1, strlen(f->prompt), stdout);
     const double t0 = base_now_s();
     while (!x.done) engine_step(e);
-    const double secs = base_now_s() - t0;
+    const double t_end = base_now_s();
     const char *tail;
     size_t tail_len;
     if (detokenizer_flush(&x.sc.detok, &tail, &tail_len) == STATUS_OK) fwrite(tail, 1, tail_len, stdout);
@@ -284,10 +286,16 @@ static int generate_speculative(const struct generate_flags *f)
     }
     struct engine_stats es;
     engine_get_stats(e, &es);
-    fprintf(stderr, "shardlm: prompt %d tokens; generated %d tokens in %.3f s (speculative %s, tp %ld, pp %ld); "
-            "%llu drafts verified, %llu accepted\n", n_ids, x.n_generated, secs,
-            f->spec_mode == 2 ? (f->eagle ? "eagle" : "draft") : "ngram",
-            f->tp, f->pp, (unsigned long long)es.spec_drafted, (unsigned long long)es.spec_accepted);
+    /* The figures of plain generate: prefill until the first token, decode after it. */
+    const double prefill_s = x.t_first > 0.0 ? x.t_first - t0 : t_end - t0, decode_s = t_end - x.t_first;
+    char threads[24] = "all";
+    if (o.n_threads > 0) snprintf(threads, sizeof threads, "%d", o.n_threads);
+    fprintf(stderr, "shardlm: prompt %d tokens, prefill %.1f tok/s; generated %d tokens, decode %.1f tok/s "
+            "(speculative %s, %s threads, tp %ld, pp %ld); %llu drafts verified, %llu accepted\n", n_ids,
+            prefill_s > 0 ? n_ids / prefill_s : 0.0, x.n_generated,
+            x.t_first > 0.0 && x.n_generated > 1 && decode_s > 0 ? (x.n_generated - 1) / decode_s : 0.0,
+            f->spec_mode == 2 ? (f->eagle ? "eagle" : "draft") : "ngram", threads, f->tp, f->pp,
+            (unsigned long long)es.spec_drafted, (unsigned long long)es.spec_accepted);
     rc = 0;
 done:
     if (st != STATUS_OK) rc = cli_fail(st);

@@ -15,7 +15,8 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
       [--spec-draft 4] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
       [--token-map MAP.json] [--eagle HEAD.safetensors ...] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
       --llama-draft DRAFT.gguf]
-      [--batches 1,16] [--open] [--rounds N] [--serve-arg=ARG ...] [--temperature T]
+      [--batches 1,16] [--open] [--rounds N] [--serve-arg=ARG ...] [--temperature T] [--json-schema TEXT]
+      [--generate]
       [--ranks N --serve-arg=--tp --serve-arg=2]
 
 llama.cpp's example programs (llama-lookup, llama-speculative-simple) are built by
@@ -53,11 +54,14 @@ OPEN_PROMPTS = [
 ]
 
 
-def run(srv, prompts, max_tokens, parallel, temperature=0.0):
+def run(srv, prompts, max_tokens, parallel, temperature=0.0, json_schema=None):
     """-> (answers, completion tokens, decode seconds summed over requests); sampled requests (a
-    temperature above 0) are seeded by their index, the same seeds for every server."""
+    temperature above 0) are seeded by their index, the same seeds for every server; with
+    json_schema every answer is constrained to it (structured outputs)."""
     def one(i):
         p, kw = prompts[i], dict(temperature=temperature, seed=1000 + i) if temperature else dict(temperature=0)
+        if json_schema:
+            kw["json_schema"] = json_schema
         with srv.client(timeout=600) as c:
             t0, first, n, text = time.perf_counter(), None, 0, []
             for ev in c.chat_stream([{"role": "user", "content": p}], max_tokens=max_tokens, **kw):
@@ -111,6 +115,39 @@ def llama_lookup(binary, model, prompts, max_tokens, threads, draft, extra=()):
     return answers, n, t, drafted, accepted
 
 
+def generate_runs(a, prompts):
+    """--generate: `shardlm generate` (one process a prompt, the prompt rendered by the GGUF's chat
+    template, greedy) without and with `--speculative ngram`, a.rounds rounds alternating; prints
+    each round's decode tok/s (generate's own figure, summed over the prompts) and the best
+    rounds' ratio, and whether every output is identical."""
+    template = gguf_template(a.model)
+    texts = [template.render(messages=[{"role": "user", "content": p}], add_generation_prompt=True) for p in prompts]
+    res = {}
+    for _ in range(a.rounds):
+        for mode, flags in (("none", []), ("ngram", ["--speculative", "ngram", "--spec-draft", str(a.spec_draft)])):
+            n, t, drafted, accepted, outs = 0, 0.0, 0, 0, []
+            for text in texts:
+                r = subprocess.run([a.shardlm, "generate", "--model", a.model, "--prompt", text, "--no-bos", "--max-tokens",
+                                    str(a.max_tokens), "--threads", str(a.threads), *flags], capture_output=True,
+                                   text=True, timeout=600)
+                m = re.search(r"generated (\d+) tokens, decode ([0-9.]+) tok/s", r.stderr)
+                if r.returncode or not m:
+                    raise RuntimeError(f"shardlm generate failed ({r.returncode}): {r.stderr[-2000:]}")
+                if int(m.group(1)) > 1:
+                    n, t = n + int(m.group(1)) - 1, t + (int(m.group(1)) - 1) / float(m.group(2))
+                v = re.search(r"(\d+) drafts verified, (\d+) accepted", r.stderr)
+                if v:
+                    drafted, accepted = drafted + int(v.group(1)), accepted + int(v.group(2))
+                outs.append(r.stdout)
+            res.setdefault(mode, []).append((n / t, drafted, accepted, outs))
+            print(f"generate, {mode}: {n} decode tokens, {n / t:.1f} tok/s" +
+                  (f"; {drafted} drafts verified, {accepted} accepted" if flags else ""))
+    best = {mode: max(r[0] for r in v) for mode, v in res.items()}
+    same = sum(x == y for x, y in zip(res["none"][0][3], res["ngram"][0][3]))
+    print(f"generate, best rounds: {best['none']:.1f} tok/s without, {best['ngram']:.1f} with prompt lookup: "
+          f"{best['ngram'] / best['none']:.2f}x; {same} of {len(texts)} outputs identical")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -143,14 +180,23 @@ def main():
                     "keep each one's fastest round (this VM's speed moves between servers; default 1)")
     ap.add_argument("--batches", default="1,16", help="requests at once, comma-separated (default 1,16)")
     ap.add_argument("--open", action="store_true", help="everyday requests without a passage (OPEN_PROMPTS)")
+    ap.add_argument("--generate", action="store_true", help="`shardlm generate` instead of a server: without and with "
+                    "--speculative ngram, one process a prompt (a GGUF with a chat template)")
+    ap.add_argument("--json-schema", help="constrain every answer to this JSON schema (its text), as a structured-"
+                    "output request does: e.g. '{\"type\": \"object\", \"properties\": {\"answer\": {\"type\": "
+                    "\"string\"}}, \"required\": [\"answer\"]}'")
     a = ap.parse_args()
     if a.open:
         prompts, what = OPEN_PROMPTS[: a.questions], "everyday requests without a passage"
     else:
         prompts, what = squad_prompts(a.squad, a.questions), "SQuAD held-out questions"
     how = f"temperature {a.temperature} (seeded)" if a.temperature else "greedy"
+    if a.json_schema:
+        how += f", every answer constrained to the JSON schema {a.json_schema}"
     print(f"CPU: {TS.cpu_name()}; model {a.model}; {len(prompts)} {what}, {how}, "
           f"{a.max_tokens} tokens at most, --threads {a.threads}")
+    if a.generate:
+        return generate_runs(a, prompts)
     out = {}
     batches = [int(b) for b in a.batches.split(",")]
     spec = ["--spec-draft", str(a.spec_draft)]
@@ -176,7 +222,7 @@ def main():
                 with TS.Server(a.shardlm, Path(a.model), "--threads", str(a.threads), *a.serve_arg, *flags,
                                name="bench-spec", env=env, launcher=launcher) as srv:
                     for parallel in batches:
-                        r = run(srv, prompts, a.max_tokens, parallel, a.temperature)
+                        r = run(srv, prompts, a.max_tokens, parallel, a.temperature, a.json_schema)
                         speeds.setdefault((name, parallel), []).append(r[1] / r[2])
                         if (name, parallel) not in out or r[1] / r[2] > out[(name, parallel)][1] / out[(name, parallel)][2]:
                             out[(name, parallel)] = r
