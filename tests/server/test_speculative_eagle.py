@@ -13,7 +13,8 @@ own final hidden states, which the engine captures from the target's forwards.
    head's own output at the position before), and must give the same best token, and its logit
    within a relative 1e-5, for every traced proposal: one request at a time and 8 at once, at 3 drafts a step,
    prefix caching off; and again with the prefix cache on (4-token blocks, the prompts run three
-   times: the features of cached rows are the ones kept beside their K/V). Both kinds of
+   times: the features of cached rows are the ones kept beside their K/V), and under preemption
+   (8 at once over a pool of 40 four-token blocks, about half what they need). Both kinds of
    rows must occur (the first draft of a step, and drafts after drafts).
 2. Greedy: every prompt's tokens equal the server without speculation, one at a time and 8 at once,
    with and without the prefix cache; drafts verified, some accepted, some rejected.
@@ -293,6 +294,7 @@ def main():
     head = fit_fc(np, Reference(np, a.model, head), head, [[1, *g] for g in base[0]])
     write_safetensors(tmp / "head.safetensors", head, {"rope_style": "halves", "format": "eagle-1"})
     trace, trace_q8, trace_pc = tmp / "trace.txt", tmp / "trace-q8.txt", tmp / "trace-prefix.txt"
+    trace_pr = tmp / "trace-pressure.txt"
     eagle = ["--speculative", "eagle", "--draft-model", str(tmp / "head.safetensors"), "--spec-draft", "3",
              "--spec-max-batch", "64", "--max-seqs", "64"]
     every = dict(os.environ, SHARDLM_SPEC_PRIOR="0")
@@ -314,6 +316,11 @@ def main():
             warm = (greedy(srv, 1), greedy(srv, 8), greedy(srv, 8))
             with srv.client(timeout=60) as c:
                 st_pc = c.server_stats()
+        with TS.Server(a.shardlm, Path(a.model), "--block-tokens", "4", "--kv-cache-blocks", "40", *eagle,
+                       name="eagle-pressure", env=dict(every, SHARDLM_EAGLE_TRACE=str(trace_pr))) as srv:
+            pressed = (greedy(srv, 8), greedy(srv, 8))
+            with srv.client(timeout=60) as c:
+                st_pr = c.server_stats()
         with TS.Server(a.shardlm, Path(a.model), "--no-prefix-caching", *eagle, name="eagle-q8",
                        env=dict(every, SHARDLM_EAGLE_TRACE=str(trace_q8), SHARDLM_EAGLE_WEIGHTS="q8_0")) as srv:
             q8 = greedy(srv, 8)
@@ -338,7 +345,8 @@ def main():
     ver, acc = st3.spec_draft_tokens - st2.spec_draft_tokens, st3.spec_accepted_tokens - st2.spec_accepted_tokens
     check(ver > 0 and 0 < acc < ver, f"sampled requests drafted by the head: {ver} drafts verified, {acc} accepted")
     ref = Reference(np, a.model, head)
-    for name, path in (("prefix caching off", trace), ("prefix cache warm, 4-token blocks", trace_pc)):
+    for name, path in (("prefix caching off", trace), ("prefix cache warm, 4-token blocks", trace_pc),
+                       ("preempted (a pool of 40 blocks of 4 tokens)", trace_pr)):
         rows = parse_trace(path)
         bad, worst, chained = [], 0.0, 0
         for real, best, top, tokens in rows:
@@ -357,6 +365,11 @@ def main():
     check(st_pc.prefix_cache_hit_tokens > 0 and same == len(PROMPTS),
           f"prefix cache warm (4-token blocks): {st_pc.prefix_cache_hit_tokens} prompt tokens from the cache, "
           f"{same} of {len(PROMPTS)} greedy answers equal")
+    # Preemption: 8 at once need about twice the pool, so sequences are preempted, their blocks
+    # taken by others (and their features overwritten), and recomputed when they resume.
+    same = sum(u == v for r in pressed for u, v in zip(base[1], r))
+    check(st_pr.preemptions > 0 and same == 2 * len(PROMPTS),
+          f"under preemption ({st_pr.preemptions} preemptions): {same} of {2 * len(PROMPTS)} greedy answers equal")
     # The Q8_0 head (SHARDLM_EAGLE_WEIGHTS=q8_0; beside a block-quantized target on the CPU it is the
     # default): the reference with the engine's quantized weights; the engine also rounds each
     # product's input rows to int8, so the logits agree to about a percent, not to f32 precision.
