@@ -36,8 +36,14 @@ static enum status slots_init(struct draft *d, struct backend *b, const struct m
     const int bt = 16;
     if (n_slots > DRAFT_MAX_SLOTS) n_slots = DRAFT_MAX_SLOTS;
     d->n_slots = n_slots;
-    d->ctx = d->m->cfg.max_positions < target->cfg.max_positions ? d->m->cfg.max_positions : target->cfg.max_positions;
-    if (d->ctx > DRAFT_MAX_CTX) d->ctx = DRAFT_MAX_CTX;
+    /* The smaller context, cut to what the budget holds for every slot (but not below the minimum) */
+    const int both = d->m->cfg.max_positions < target->cfg.max_positions ? d->m->cfg.max_positions
+                                                                          : target->cfg.max_positions;
+    const size_t per_token = kv_cache_block_bytes(d->m->n_layers_local, 1, d->m->n_kv_local, d->m->cfg.head_dim,
+                                                  d->m->dtype);
+    const size_t fit = DRAFT_KV_BUDGET / ((size_t)n_slots * per_token);
+    d->ctx = fit < (size_t)both ? (fit > DRAFT_MIN_CTX ? (int)fit : DRAFT_MIN_CTX) : both;
+    if (d->ctx > both) d->ctx = both;
     d->slot_blocks = (d->ctx + bt - 1) / bt;
     d->max_rows = 256;
     const size_t V = (size_t)d->m->cfg.vocab_size, nb = (size_t)n_slots * (size_t)d->slot_blocks;

@@ -5,8 +5,9 @@
  * tests/server/test_speculative_draft.py.
  *
  * The cache: n_slots slots (one per sequence that may draft at once, --spec-max-batch), each a
- * fixed run of blocks holding at most ctx tokens (the smaller of the two models' contexts, and
- * DRAFT_MAX_CTX), so its memory is bounded at load. A sequence claims a slot when it first
+ * fixed run of blocks holding at most ctx tokens (the smaller of the two models' contexts, cut so
+ * that all slots' K/V fit DRAFT_KV_BUDGET, but never below DRAFT_MIN_CTX), so its memory is
+ * bounded at load. A sequence claims a slot when it first
  * drafts; the slot is free again once its owner no longer runs (finished or preempted), and a
  * sequence longer than ctx stops drafting. The slot's cached length rolls back to the prefix the
  * target accepted (draft_rollback), and draft_run also keeps only the prefix that agrees with the
@@ -33,7 +34,8 @@
 #include "model.h"
 #include "request.h"
 
-#define DRAFT_MAX_CTX   2048 /* tokens a slot holds at most */
+#define DRAFT_MIN_CTX   2048 /* a slot holds the smaller context, and at least this many tokens when */
+#define DRAFT_KV_BUDGET (256u << 20) /* ... the slots' K/V would pass this many bytes over it */
 #define DRAFT_MAX_SLOTS 64   /* sequences drafting at once at most */
 #define DRAFT_EAGLE_ALLOCS 24 /* an EAGLE head's allocations (its tensors, packed copies) */
 

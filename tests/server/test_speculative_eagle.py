@@ -264,10 +264,41 @@ def refusals(a, head, tmp, cfg):
           f"--speculative eagle without --draft-model: usage error (rc {p.returncode})")
 
 
+def long_prompt(np, a, tmp):
+    """SmolLM2 (a context of 8,192) with a random head of its shape (Q8_0 beside the GGUF): a
+    prompt of more than 2,048 tokens still drafts (a slot held at most 2,048 tokens before the
+    slots' context followed the models' within a K/V budget), with the answer of the server
+    without speculation."""
+    cfg = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3}
+    from make_draft import write_safetensors
+    write_safetensors(tmp / "smol-head.safetensors", make_head(np, cfg), {"rope_style": "pairs", "format": "eagle-1"})
+    text = " ".join(f"Item {i}: the {('red', 'green', 'blue')[i % 3]} box holds {i * 7 % 13} apples." for i in range(260))
+    prompt = text + " Which item holds twelve apples? Answer:"
+    answers = []
+    try:
+        for flags in ([], ["--speculative", "eagle", "--draft-model", str(tmp / "smol-head.safetensors"),
+                           "--spec-draft", "2"]):
+            with TS.Server(a.shardlm, Path(a.gguf), "--threads", "2", *flags, name="eagle-long",
+                           env=dict(os.environ, SHARDLM_SPEC_PRIOR="0")) as srv:
+                with srv.client(timeout=300) as c:
+                    g = c.generate(prompt, max_tokens=12, temperature=0)
+                    answers.append((tuple(g.token_ids), g.prompt_tokens))
+                    st = c.server_stats()
+                log = srv.log_path.read_text()
+    finally:
+        TS.kill_all()
+    n_prompt = answers[0][1]
+    check(n_prompt > 2048 and answers[0] == answers[1] and st.spec_draft_tokens > 0 and "slots of 8192 tokens" in log,
+          f"SmolLM2, a prompt of {n_prompt} tokens: {st.spec_draft_tokens} drafts verified (the slots hold 8,192 tokens: "
+          f"{'slots of 8192 tokens' in log}), the answer equal to the server without speculation "
+          f"({answers[0] == answers[1]})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--gguf", help="SmolLM2-135M-Instruct's GGUF: a prompt longer than 2,048 tokens")
     a = ap.parse_args()
     if not os.path.isdir(a.model):
         print(f"SKIP: no model at {a.model}")
@@ -387,6 +418,10 @@ def main():
     check(len(rows8) >= 50 and agree >= 0.95 * len(rows8) and med < 1e-2 and worst8 < 6e-2,
           f"the Q8_0 head: {agree} of {len(rows8)} proposals' best token equal to the reference with the quantized "
           f"weights (>= 95 %), relative logit difference median {med:.1e} (< 1e-2), largest {worst8:.1e} (< 6e-2)")
+    if a.gguf and os.path.exists(a.gguf):
+        long_prompt(np, a, tmp)
+    else:
+        print(f"SKIP: the long prompt on SmolLM2 (no GGUF at {a.gguf})")
     return check.summary()
 
 
