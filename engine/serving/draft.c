@@ -452,7 +452,6 @@ void draft_sweep(struct draft *d, struct seq *const *running, int n_running)
     }
 }
 
-
 int draft_claim(struct draft *d, struct seq *s, int extra)
 {
     if (s->n_tokens + extra > d->ctx) return 0;
