@@ -17,7 +17,13 @@ request at a time and 8 at once; every finished JSON output validates with `json
 regex output fully matches Python's `re`; each speculative server verified drafts of the
 constrained requests (the counters), with some rejected for prompt lookup and the 2-layer draft,
 and at least 95 % accepted with the target as its own draft (which would fall if the drafts were
-not masked at the matcher's advanced state).
+not masked at the matcher's advanced state). Sampled constrained requests (temperature 1, the
+regex, 960 samples of 5 tokens per server, disjoint seeds) with the two draft models: per
+position a chi-square homogeneity test against the server without speculation, p > 0.001 / 10
+(Bonferroni over 2 arms x 5 positions); the target as its own draft has every sampled draft
+accepted (its q equals p, masks included), the 2-layer draft some accepted and some rejected: the
+general rule (verify_sampled) with the grammar's mask on both p and q keeps the target's
+distribution.
 
   test_speculative_grammar.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K
 SKIP (77) without the model, numpy, jsonschema or the Python client.
@@ -42,7 +48,8 @@ except ImportError as e:
     sys.exit(SKIP)
 import test_server as TS  # noqa: E402
 from checks import Checks  # noqa: E402
-from test_speculative_draft import draft_copy, stats  # noqa: E402
+from test_speculative_draft import MAX_TOKENS, N, REQUESTS, draft_copy, samples, stats  # noqa: E402
+from test_speculative_sampling import chi2_position  # noqa: E402
 
 check = Checks()
 
@@ -96,18 +103,22 @@ def main():
     tmp = Path(tempfile.mkdtemp(prefix="shardlm-spec-grammar-"))
     small = tmp / "stories260K-2layers"
     draft_copy(Path(a.model), small, 2)
-    env = dict(os.environ, SHARDLM_SPEC_CHECK_GRAMMAR="1")
-    spec = ["--spec-draft", "4", "--spec-max-batch", "8", "--max-seqs", "16"]
+    env = dict(os.environ, SHARDLM_SPEC_CHECK_GRAMMAR="1", SHARDLM_SPEC_PRIOR="0")  # every sequence drafts
+    hot = dict(temperature=1.0, regex=REGEX)
+    spec = ["--spec-draft", "4", "--spec-max-batch", "64", "--max-seqs", "64"]  # n = 16 samples at once draft too
     arms = {"prompt lookup": ["--speculative", "ngram", *spec],
             "the target as draft": ["--draft-model", a.model, *spec],
             "the 2-layer draft": ["--draft-model", str(small), *spec]}
     out = {}
     try:
-        with TS.Server(a.shardlm, Path(a.model), "--max-seqs", "16", name="grammar-off") as srv:
+        with TS.Server(a.shardlm, Path(a.model), "--max-seqs", "64", name="grammar-off") as srv:
             base = run_all(srv)
+            off = samples(srv, hot, 7000)
         for j, (name, args) in enumerate(arms.items()):
             with TS.Server(a.shardlm, Path(a.model), *args, name=f"grammar-spec-{j}", env=env) as srv:
                 out[name] = (run_all(srv), stats(srv))
+                on = samples(srv, hot, 8000 + 1000 * j) if "draft" in name else None  # drafts masked, sampled
+                out[name] += (on, stats(srv))
     finally:
         TS.kill_all()
     n_done = 0
@@ -116,7 +127,8 @@ def main():
             n_done += 1
             check(valid(kind, text), f"without speculation, {kind} for {prompt!r}: a valid output ({text[:60]!r})")
     check(n_done >= len(CASES) // 2, f"{n_done} of {len(CASES)} constrained outputs finished within 160 tokens")
-    for name, ((solo, together), st) in out.items():
+    alpha = 0.001 / (2 * MAX_TOKENS)
+    for name, ((solo, together), st, on, st_on) in out.items():
         for label, got, ref in (("one at a time", solo, base[0]), ("8 at once", together, base[1])):
             same = sum(g[0] == r[0] for g, r in zip(got, ref))
             bad = [g[2] for g in got if g[2] not in ("stop", "length")]
@@ -128,6 +140,19 @@ def main():
             check(st.spec_draft_tokens > 0 and rate >= 0.95, msg + " (>= 95 %: the drafts are masked)")
         else:
             check(0 < st.spec_accepted_tokens < st.spec_draft_tokens, msg + " (some accepted, some rejected)")
+        if on is None:  # prompt lookup drafts nothing in 5 tokens; test_speculative_sampling samples it
+            continue
+        check(len(off) == len(on) == REQUESTS * N, f"{name}, sampled: {len(off)} and {len(on)} samples")
+        for pos in range(MAX_TOKENS):
+            p, cats = chi2_position(off, on, pos)
+            check(p is not None and p > alpha, f"{name}, temperature 1 with the regex: token {pos + 1} distribution "
+                  f"without vs with speculation: chi-square p = {p} over {cats} categories (> {alpha:.2g})")
+        ver, acc = st_on.spec_draft_tokens - st.spec_draft_tokens, st_on.spec_accepted_tokens - st.spec_accepted_tokens
+        msg = f"{name}, sampled constrained requests: {ver} drafts verified, {acc} accepted"
+        if name == "the target as draft":  # q = p, masks and all: every draft accepted
+            check(ver > 0 and acc == ver, msg + " (all)")
+        else:
+            check(0 < acc < ver, msg + " (some accepted, some rejected)")
     return check.summary()
 
 
