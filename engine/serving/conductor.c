@@ -433,6 +433,7 @@ static void take_results(struct conductor *c, enum status st)
             s->n_rows = 1;                       /* cached for sure: the real token; accepted drafts below */
             scheduler_commit(sc, s);
             const int before = s->n_generated;
+            r->forked = 1; /* before the tokens: the last one may finish r's last sample and free r */
             take_drafted(c, s, c->logits + (size_t)lrow * V, n_ver);
             /* Accepted drafts are cached too: their rows ran with the right tokens before them. */
             const int extra = s->n_generated - before - 1;
@@ -440,7 +441,6 @@ static void take_results(struct conductor *c, enum status st)
                 s->n_rows = extra;
                 scheduler_commit(sc, s);
             }
-            r->forked = 1;
             continue;
         }
         scheduler_commit(sc, s);
