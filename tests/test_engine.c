@@ -125,7 +125,7 @@ static void make_prompt(int32_t *out, int n, int seed)
     for (int i = 1; i < n; i++) out[i] = 3 + (int32_t)((i * 37 + seed * 101) % 500);
 }
 
-static struct engine *open_engine(const char *dir, int kv_blocks, int max_seqs, int max_batch, int prefix)
+static struct engine_options engine_opts(const char *dir, int kv_blocks, int max_seqs, int max_batch, int prefix)
 {
     struct engine_options o = engine_options_default();
     o.model_dir = dir;
@@ -134,6 +134,12 @@ static struct engine *open_engine(const char *dir, int kv_blocks, int max_seqs, 
     o.max_batch_tokens = max_batch;
     o.prefix_caching = prefix;
     o.block_tokens = 16;
+    return o;
+}
+
+static struct engine *open_engine(const char *dir, int kv_blocks, int max_seqs, int max_batch, int prefix)
+{
+    const struct engine_options o = engine_opts(dir, kv_blocks, max_seqs, max_batch, prefix);
     struct engine *e = NULL;
     enum status st = engine_create(&o, &e);
     if (st != STATUS_OK) printf("engine_create: %s: %s\n", status_name(st), status_message());
@@ -815,12 +821,7 @@ static void test_speculation(const char *dir)
     engine_free(e);
     for (int arm = 0; arm < 2; arm++) {
         const char *what = arm ? "the model as its own draft" : "prompt lookup";
-        struct engine_options o = engine_options_default();
-        o.model_dir = dir;
-        o.max_seqs = 16;
-        o.max_batch_tokens = 256;
-        o.prefix_caching = 1;
-        o.block_tokens = 16;
+        struct engine_options o = engine_opts(dir, 0, 16, 256, 1);
         o.spec_draft = 4;
         o.spec_max_batch = 16;
         if (arm) o.draft_model_dir = dir;
