@@ -20,8 +20,8 @@ and at least 95 % accepted with the target as its own draft (which would fall if
 not masked at the matcher's advanced state). Sampled constrained requests (temperature 1, the
 regex, 960 samples of 5 tokens per server, disjoint seeds) with the two draft models: per
 position a chi-square homogeneity test against the server without speculation, p > 0.001 / 10
-(Bonferroni over 2 arms x 5 positions); the target as its own draft has every sampled draft
-accepted (its q equals p, masks included), the 2-layer draft some accepted and some rejected: the
+(Bonferroni over 2 arms x 5 positions); the target as its own draft has at least 99 % of its
+sampled drafts accepted (its q equals p, masks included, but for f32 rounding), the 2-layer draft some accepted and some rejected: the
 general rule (verify_sampled) with the grammar's mask on both p and q keeps the target's
 distribution.
 
@@ -149,8 +149,8 @@ def main():
                   f"without vs with speculation: chi-square p = {p} over {cats} categories (> {alpha:.2g})")
         ver, acc = st_on.spec_draft_tokens - st.spec_draft_tokens, st_on.spec_accepted_tokens - st.spec_accepted_tokens
         msg = f"{name}, sampled constrained requests: {ver} drafts verified, {acc} accepted"
-        if name == "the target as draft":  # q = p, masks and all: every draft accepted
-            check(ver > 0 and acc == ver, msg + " (all)")
+        if name == "the target as draft":  # q = p, masks and all (but for f32 rounding): all accepted
+            check(ver > 0 and acc >= 0.99 * ver, msg + " (>= 99 %)")
         else:
             check(0 < acc < ver, msg + " (some accepted, some rejected)")
     return check.summary()
