@@ -96,7 +96,8 @@ enum status kv_cache_features_init(struct kv_cache *c, int width)
 void kv_cache_write_features(struct kv_cache *c, const int32_t *slots, int n, const float *rows)
 {
     const size_t w = (size_t)c->feature_width;
-    for (int i = 0; i < n; i++) memcpy(c->features + (size_t)slots[i] * w, rows + (size_t)i * w, w * sizeof *rows);
+    for (int i = 0; i < n; i++) /* a negative slot skips its row, as op_kv_write does */
+        if (slots[i] >= 0) memcpy(c->features + (size_t)slots[i] * w, rows + (size_t)i * w, w * sizeof *rows);
 }
 
 int kv_cache_available(const struct kv_cache *c) { return c->n_free + c->n_cached; }

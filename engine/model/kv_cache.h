@@ -62,7 +62,7 @@ void kv_cache_free(struct kv_cache *c); /* accepts a zeroed struct */
  * STATUS_RESOURCE_EXHAUSTED when the host cannot hold them. */
 enum status kv_cache_features_init(struct kv_cache *c, int width);
 /* Writes rows[i] (n rows of feature_width floats) beside slot slots[i] (block * block_tokens +
- * offset, as struct forward_batch.slots). */
+ * offset, as struct forward_batch.slots; a negative slot skips its row, as op_kv_write). */
 void kv_cache_write_features(struct kv_cache *c, const int32_t *slots, int n, const float *rows);
 /* The row beside slot (block * block_tokens + offset). */
 static inline const float *kv_cache_feature(const struct kv_cache *c, int64_t slot)
