@@ -360,6 +360,18 @@ static void test_stops_and_text(const char *dir, const struct tokenizer *tok)
     }
     check(runs_ok && with_euro, "UTF-8 split across byte tokens: chunks stay valid, text equals the decode",
           "%d runs of 60 byte tokens, a complete U+20AC in %d", runs, with_euro);
+    /* A first token with no text yet (a lead byte): nothing is held, and under UBSan releasing
+     * nothing from a sample that never held text must not pass NULL to memmove (found by a soak). */
+    static struct result lead;
+    memset(&lead, 0, sizeof lead);
+    struct request_params l = greedy(1);
+    l.logit_bias_ids = ids;
+    l.logit_bias_values = bias;
+    l.n_logit_bias = 1;
+    engine_submit(e, NULL, &bos, 1, &l, on_event, &lead, &h);
+    run_until_idle(e);
+    check(lead.finished[0] == 1 && lead.n_tokens[0] == 1 && lead.tokens[0][0] == ids[0] && lead.bad_utf8 == 0,
+          "a sample whose only token is a lead byte finishes", "%d tokens, text '%s'", lead.n_tokens[0], lead.text[0]);
     engine_free(e);
 }
 

@@ -473,6 +473,7 @@ static size_t releasable(const struct seq *s)
 
 static void drop_held(struct seq *s, size_t n)
 {
+    if (n == 0) return; /* s->held may be NULL (nothing ever held): memmove's arguments must not be */
     memmove(s->held, s->held + n, s->n_held - n);
     s->n_held -= n;
 }
