@@ -220,8 +220,8 @@ void speculate(struct conductor *c)
         s->n_draft = 0;
         s->spec_q = NULL;
     }
-    /* Slots of sequences that no longer run are freed every step, drafting or not: EAGLE's
-     * feature capture (take_results) claims slots at any batch size. */
+    /* Slots of sequences that no longer run are freed every step, drafting or not (a batch
+     * above --spec-max-batch drafts nothing, but its finished owners' slots must not stay taken). */
     if (c->draft.m) draft_sweep(&c->draft, sc->running, sc->n_running);
     if (c->o.spec_draft <= 0 || sc->n_running > (c->o.spec_max_batch > 0 ? c->o.spec_max_batch : 4)) return;
     int budget = c->max_logits - 64 - sc->n_running, rows = c->o.max_batch_tokens - sc->n_running;
