@@ -41,9 +41,9 @@ static enum status slots_init(struct draft *d, struct backend *b, const struct m
                                                                           : target->cfg.max_positions;
     const size_t per_token = kv_cache_block_bytes(d->m->n_layers_local, 1, d->m->n_kv_local, d->m->cfg.head_dim,
                                                   d->m->dtype);
-    const size_t fit = DRAFT_KV_BUDGET / ((size_t)n_slots * per_token);
-    d->ctx = fit < (size_t)both ? (fit > DRAFT_MIN_CTX ? (int)fit : DRAFT_MIN_CTX) : both;
-    if (d->ctx > both) d->ctx = both;
+    size_t fit = DRAFT_KV_BUDGET / ((size_t)n_slots * per_token);
+    if (fit < DRAFT_MIN_CTX) fit = DRAFT_MIN_CTX;
+    d->ctx = fit < (size_t)both ? (int)fit : both;
     d->slot_blocks = (d->ctx + bt - 1) / bt;
     d->max_rows = 256;
     const size_t V = (size_t)d->m->cfg.vocab_size, nb = (size_t)n_slots * (size_t)d->slot_blocks;
