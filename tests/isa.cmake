@@ -43,12 +43,19 @@ shardlm_add_isa_tests(golden_gguf_types_int8 "golden" test_model ref-int8 ${GGUF
                       ${GGUF_TYPES_DIR}/types_ref.json)
 shardlm_isa_fixtures(golden_gguf_types_int8 gguf_types)
 # The f32 one-row product's two orders (kernels/cpu/matmul.c: SHARDLM_CPU_GEMV_ROWS, by default 1
-# on AMD and 8 elsewhere), each forced at the best level and at avx2, so both run on any CPU.
+# on AMD and 8 elsewhere), each forced at the best level with both vector widths
+# (SHARDLM_CPU_GEMV_BITS: 512 and 256, the latter the AMD default on AVX-512 CPUs) and at avx2, so
+# every kernel runs on any CPU.
 foreach(rows 1 8)
-  foreach(level best avx2)
+  foreach(level best best256 avx2)
     set(env SHARDLM_CPU_GEMV_ROWS=${rows})
-    if(level STREQUAL "best")
+    if(level STREQUAL "best" OR level STREQUAL "best256")
       add_test(NAME ops_cpu_gemv_rows${rows}_${level} COMMAND test_ops --backend cpu --filter matmul)
+      if(level STREQUAL "best")
+        list(APPEND env SHARDLM_CPU_GEMV_BITS=512)
+      else()
+        list(APPEND env SHARDLM_CPU_GEMV_BITS=256)
+      endif()
     else()
       add_test(NAME ops_cpu_gemv_rows${rows}_${level} COMMAND isa_gate $<TARGET_FILE:test_ops> --backend cpu --filter matmul)
       list(APPEND env SHARDLM_CPU_ISA=${level})
@@ -56,6 +63,13 @@ foreach(rows 1 8)
     set_tests_properties(ops_cpu_gemv_rows${rows}_${level} PROPERTIES LABELS "unit;isa" SKIP_RETURN_CODE 77
                          TIMEOUT 600 ENVIRONMENT "${env}")
   endforeach()
+endforeach()
+# The gemv's knobs as the CPU backend reads and names them (test_cpu_isa checks cpu_gemv_path).
+foreach(knob SHARDLM_CPU_GEMV_BITS=256 SHARDLM_CPU_GEMV_BITS=512 SHARDLM_CPU_GEMV_ROWS=1 SHARDLM_CPU_GEMV_ROWS=8)
+  string(REGEX REPLACE "SHARDLM_CPU_GEMV_([A-Z]+)=([0-9]+)" "\\1\\2" suffix "${knob}")
+  string(TOLOWER "${suffix}" suffix)
+  add_test(NAME cpu_isa_gemv_${suffix} COMMAND test_cpu_isa)
+  set_tests_properties(cpu_isa_gemv_${suffix} PROPERTIES LABELS "unit;isa" TIMEOUT 600 ENVIRONMENT "${knob}")
 endforeach()
 # Block-quantized products from 32 rows of x: dequantized tiles and sgemm (the default), or int8
 # dot products at every row count (SHARDLM_CPU_QUANT_SGEMM_MIN_M, an opt-in), both forced.

@@ -74,10 +74,17 @@ int main(void)
         if (!strncmp(l, "vendor_id", 9)) amd_proc = strstr(l, "AuthenticAMD") != NULL;
     if (ci) fclose(ci);
     if (amd_proc >= 0) check(cpu_isa_amd() == amd_proc, "CPU vendor AMD: %d (/proc/cpuinfo: %d)", cpu_isa_amd(), amd_proc);
+    /* Its vector width on AVX-512 CPUs (SHARDLM_CPU_GEMV_BITS, else 256 on AMD, 512 elsewhere). */
+    const char *bits_env = getenv("SHARDLM_CPU_GEMV_BITS");
+    const int bits = bits_env && (!strcmp(bits_env, "256") || !strcmp(bits_env, "512")) ? atoi(bits_env)
+                     : cpu_isa_amd()                                                   ? 256
+                                                                                       : 512;
+    check(cpu_gemv_bits() == bits, "gemv vector bits %d (want %d)", cpu_gemv_bits(), bits);
+    const char *gemv_vec = !strcmp(vec, "avx512") && bits == 256 ? "avx2" : vec;
     const char *rows_env = getenv("SHARDLM_CPU_GEMV_ROWS");
     const int rows = rows_env && (!strcmp(rows_env, "1") || !strcmp(rows_env, "8")) ? atoi(rows_env) : cpu_isa_amd() ? 1 : 8;
     char gemv[32];
-    snprintf(gemv, sizeof gemv, strcmp(vec, "baseline") ? "%s x%d" : "%s", vec, rows);
+    snprintf(gemv, sizeof gemv, strcmp(gemv_vec, "baseline") ? "%s x%d" : "%s", gemv_vec, rows);
     check(cpu_gemv_rows_per_pass() == rows, "gemv rows per pass %d (want %d; CPU vendor %s)", cpu_gemv_rows_per_pass(),
           rows, cpu_isa_amd() ? "AMD" : "not AMD");
     check(!strcmp(cpu_gemv_path(), gemv) && !strcmp(cpu_activation_path(), vec), "gemv %s, activation %s",

@@ -58,6 +58,8 @@ static inline void cpu_store_row(const struct tensor *t, size_t offset, size_t n
 const char *cpu_gemv_path(void);
 /* Rows of w per pass over x in that gemv: 1 or 8 (SHARDLM_CPU_GEMV_ROWS, else 1 on AMD). */
 int         cpu_gemv_rows_per_pass(void);
+/* Vector width of that gemv on AVX-512 CPUs: 256 or 512 (SHARDLM_CPU_GEMV_BITS, else 256 on AMD). */
+int         cpu_gemv_bits(void);
 /* Rows of x from which a block-quantized product dequantizes tiles for sgemm instead of int8 dot
  * products (matmul.c: 32, or SHARDLM_CPU_QUANT_SGEMM_MIN_M). */
 int         cpu_quant_sgemm_min_m(void);

@@ -220,6 +220,13 @@ __attribute__((target("avx2,fma"))) static void gemv_rows_avx2(float *y, const f
  *   SHARDLM_CPU_GEMV_ROWS=1|8 forces either; by default 1 on AMD CPUs and 8 elsewhere: each was
  *   faster on the machine it was measured on (eight rows on the Intel Xeon of 2026-11-25, one row
  *   on the AMD EPYC of 2026-11-30; docs/performance.md), neither was measured on both;
+ * - the vector width of that gemv on AVX-512 CPUs: 512 bits (gemv_*_avx512) or 256 (gemv_*_avx2).
+ *   SHARDLM_CPU_GEMV_BITS=256|512 forces either; by default 256 on AMD CPUs and 512 elsewhere: on
+ *   the AMD EPYC Zen 4 of 2026-12-03 the one-row product streamed a stories110M token's 418 MiB of
+ *   f32 weights 1.15-1.4x faster with 256-bit loads and four accumulators than with 512-bit ones
+ *   (29.5 against 24.8 GB/s at one thread, 46-51 against 34-37 at two: a standalone copy of both
+ *   kernels, alternating in one process, best of 30, six runs); the Intel Xeons' figures were
+ *   measured with 512 bits, 256 was not tried there;
  * - the row count from which block weights take the f32 tiles (QUANT_SGEMM_MIN_M, or
  *   SHARDLM_CPU_QUANT_SGEMM_MIN_M=N);
  * - int8_packed: weights packed eight rows at a time take the int8 products at every row count
@@ -229,8 +236,8 @@ __attribute__((target("avx2,fma"))) static void gemv_rows_avx2(float *y, const f
  *   still on AVX-512 there: docs/quantization.md), and a row's logits no longer depend on how
  *   many rows its step holds. */
 static struct {
-    int gemv_rows, quant_sgemm_min, int8_packed, amx_packed_min;
-} knobs = {8, QUANT_SGEMM_MIN_M, 0, QUANT_AMX_PACKED_MIN_M};
+    int gemv_rows, gemv_bits, quant_sgemm_min, int8_packed, amx_packed_min;
+} knobs = {8, 512, QUANT_SGEMM_MIN_M, 0, QUANT_AMX_PACKED_MIN_M};
 static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
 /* A row count >= 1 from the environment variable name, else fallback (a warning when set). */
@@ -256,6 +263,12 @@ static void knobs_init(void)
         if (!strcmp(e, "1") || !strcmp(e, "8")) knobs.gemv_rows = atoi(e);
         else LOG_WARN("cpu", "SHARDLM_CPU_GEMV_ROWS=%s is not 1 or 8: ignored", e);
     }
+    e = getenv("SHARDLM_CPU_GEMV_BITS");
+    knobs.gemv_bits = cpu_isa_amd() ? 256 : 512;
+    if (e && *e) {
+        if (!strcmp(e, "256") || !strcmp(e, "512")) knobs.gemv_bits = atoi(e);
+        else LOG_WARN("cpu", "SHARDLM_CPU_GEMV_BITS=%s is not 256 or 512: ignored", e);
+    }
     int min_m_set = 0;
     knobs.quant_sgemm_min = env_rows("SHARDLM_CPU_QUANT_SGEMM_MIN_M", QUANT_SGEMM_MIN_M, &min_m_set);
     knobs.amx_packed_min = env_rows("SHARDLM_CPU_AMX_PACKED_MIN_M", QUANT_AMX_PACKED_MIN_M, NULL);
@@ -267,6 +280,12 @@ int cpu_gemv_rows_per_pass(void)
 {
     pthread_once(&knobs_once, knobs_init);
     return knobs.gemv_rows;
+}
+
+int cpu_gemv_bits(void)
+{
+    pthread_once(&knobs_once, knobs_init);
+    return knobs.gemv_bits;
 }
 
 int cpu_quant_sgemm_min_m(void)
@@ -298,7 +317,7 @@ const char *cpu_gemv_path(void)
 {
 #if defined(__x86_64__)
     const int one = cpu_gemv_rows_per_pass() == 1;
-    if (cpu_isa_at_least(CPU_ISA_AVX512)) return one ? "avx512 x1" : "avx512 x8";
+    if (cpu_isa_at_least(CPU_ISA_AVX512) && cpu_gemv_bits() == 512) return one ? "avx512 x1" : "avx512 x8";
     if (cpu_isa_at_least(CPU_ISA_AVX2)) return one ? "avx2 x1" : "avx2 x8";
 #endif
     return "baseline"; /* the x86-64 baseline (SSE2) as the compiler vectorises it, or plain C */
@@ -309,7 +328,7 @@ static void gemv_rows(float *y, const float *w_rows, const float *x, int64_t nb,
 #if defined(__x86_64__)
     const enum cpu_isa isa = cpu_isa();
     const int one = cpu_gemv_rows_per_pass() == 1;
-    if (isa >= CPU_ISA_AVX512) {
+    if (isa >= CPU_ISA_AVX512 && cpu_gemv_bits() == 512) {
         if (one) gemv_row1_avx512(y, w_rows, x, nb, k);
         else gemv_rows_avx512(y, w_rows, x, nb, k);
         return;
