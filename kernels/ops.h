@@ -315,6 +315,11 @@ int         backend_cuda_compiled(void);
 const char *cpu_blas_better_core(void);
 int         cpu_amx_enabled(void);
 int         cpu_amx_set_enabled(int on);
+/* 1 when the CPU backend multiplies bf16 weights in place at every row count, so that serving
+ * keeps them in bf16 (half the memory of an f32 copy, half the bytes a decode step reads): on
+ * AMX tiles, or (no tiles) by a decode gemv that widens them in registers (kernels/cpu/matmul.c;
+ * prefill widens blocks of rows into scratch for sgemm). */
+int         cpu_bf16_weights_in_place(void);
 /* Parses "cpu" / "cuda" into *out; STATUS_INVALID_ARGUMENT otherwise. */
 enum status backend_parse_device(const char *name, enum device *out);
 

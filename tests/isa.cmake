@@ -30,6 +30,8 @@ shardlm_add_isa_tests(quant "unit" test_quant)
 # Attention's inner kernels and the ops (attention, matmul's f32 one-row product, activations).
 shardlm_add_isa_tests(attention_kernels "unit" test_attention_kernels)
 shardlm_add_isa_tests(ops_cpu "unit" test_ops --backend cpu)
+# bf16 and f16 weights read in place by the gemv, bit for bit the widened product.
+shardlm_add_isa_tests(matmul_half "unit" test_matmul_half)
 # A GGUF served from its blocks: tiny Gemma 3 (Q8_0), and every block type against float64.
 shardlm_add_isa_tests(gguf_serve "unit" test_gguf_serve ${GGUF_FIXTURE_DIR})
 shardlm_isa_fixtures(gguf_serve gguf)
@@ -51,6 +53,7 @@ foreach(rows 1 8)
     set(env SHARDLM_CPU_GEMV_ROWS=${rows})
     if(level STREQUAL "best" OR level STREQUAL "best256")
       add_test(NAME ops_cpu_gemv_rows${rows}_${level} COMMAND test_ops --backend cpu --filter matmul)
+      add_test(NAME matmul_half_gemv_rows${rows}_${level} COMMAND test_matmul_half)
       if(level STREQUAL "best")
         list(APPEND env SHARDLM_CPU_GEMV_BITS=512)
       else()
@@ -58,10 +61,11 @@ foreach(rows 1 8)
       endif()
     else()
       add_test(NAME ops_cpu_gemv_rows${rows}_${level} COMMAND isa_gate $<TARGET_FILE:test_ops> --backend cpu --filter matmul)
+      add_test(NAME matmul_half_gemv_rows${rows}_${level} COMMAND isa_gate $<TARGET_FILE:test_matmul_half>)
       list(APPEND env SHARDLM_CPU_ISA=${level})
     endif()
-    set_tests_properties(ops_cpu_gemv_rows${rows}_${level} PROPERTIES LABELS "unit;isa" SKIP_RETURN_CODE 77
-                         TIMEOUT 600 ENVIRONMENT "${env}")
+    set_tests_properties(ops_cpu_gemv_rows${rows}_${level} matmul_half_gemv_rows${rows}_${level} PROPERTIES
+                         LABELS "unit;isa" SKIP_RETURN_CODE 77 TIMEOUT 600 ENVIRONMENT "${env}")
   endforeach()
 endforeach()
 # The gemv's knobs as the CPU backend reads and names them (test_cpu_isa checks cpu_gemv_path).

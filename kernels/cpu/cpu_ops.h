@@ -60,6 +60,10 @@ const char *cpu_gemv_path(void);
 int         cpu_gemv_rows_per_pass(void);
 /* Vector width of that gemv on AVX-512 CPUs: 256 or 512 (SHARDLM_CPU_GEMV_BITS, else 256 on AMD). */
 int         cpu_gemv_bits(void);
+/* 1 when that gemv reads weights of dtype dt in place: f32, and bf16 / f16 where the kernel taken
+ * widens them in registers (AVX2 one row at a time, AVX-512 either way); else a decode widens
+ * blocks of rows into scratch first. */
+int         cpu_gemv_reads(enum dtype dt);
 /* Rows of x from which a block-quantized product dequantizes tiles for sgemm instead of int8 dot
  * products (matmul.c: 32, or SHARDLM_CPU_QUANT_SGEMM_MIN_M). */
 int         cpu_quant_sgemm_min_m(void);
