@@ -320,6 +320,12 @@ int         cpu_amx_set_enabled(int on);
  * AMX tiles, or (no tiles) by a decode gemv that widens them in registers (kernels/cpu/matmul.c;
  * prefill widens blocks of rows into scratch for sgemm). */
 int         cpu_bf16_weights_in_place(void);
+/* The vdpbf16ps products of bf16 weights (kernels/cpu/bf16_dot.c: AVX512-BF16 CPUs without AMX
+ * tiles in use; x rounded to bf16 as on the tiles), used from 2 rows of x outside batch-invariant
+ * steps; SHARDLM_CPU_BF16_DOT=0 turns them off. cpu_bf16_dot_set_enabled switches them
+ * process-wide (on only where available and not turned off; tests compare both paths) and
+ * returns the previous state. */
+int         cpu_bf16_dot_set_enabled(int on);
 /* Parses "cpu" / "cuda" into *out; STATUS_INVALID_ARGUMENT otherwise. */
 enum status backend_parse_device(const char *name, enum device *out);
 

@@ -171,43 +171,68 @@ static void test_model(const char *path)
     backend_close(b);
 }
 
-/* The file converted to bf16 and served on the CPU: on AMX the matrices stay bf16 (model_load)
- * and the tiles round x to bf16 (relative 2^-9) where AMX off widens them to f32 at load; the
- * weights' values are the same. Measured max |diff| 0.063 on logits up to 34 (2026-11-25);
- * tolerance 0.005 (1 + max |logit|), 0.17 here; a misread row moves logits by O(10). */
+/* The file converted to bf16 and served on the CPU: its matrices stay bf16 wherever the CPU
+ * multiplies bf16 weights in place (cpu_bf16_weights_in_place: AMX tiles, or a decode gemv that
+ * widens them in registers; model_load), under 0.6x the weight bytes of the same file converted
+ * to f32. A prefill on the bf16 products (AMX tiles or vdpbf16ps) rounds x to bf16 (relative
+ * 2^-9) where the f32 products (both off) do not; the weights' values are the same. Measured max
+ * |diff| 0.063 on logits up to 34 (AMX, 2026-11-25); tolerance 0.005 (1 + max |logit|), 0.17
+ * here; a misread row moves logits by O(10). With both off the bf16 file's logits are the f32
+ * file's up to the rounding of its weights to bf16 (measured 0.081 here), to the same tolerance. */
 static void test_bf16(const char *path)
 {
-    if (!cpu_amx_enabled()) {
-        printf("SKIP bf16 weights on AMX tiles: this CPU has no AMX-BF16 (or SHARDLM_CPU_AMX=0)\n");
+    if (!cpu_bf16_weights_in_place()) {
+        printf("SKIP bf16 weights in place: this CPU (or SHARDLM_CPU_ISA) widens them to f32 at load\n");
         return;
     }
-    char dir[256];
+    char dir[256], dir32[256];
     snprintf(dir, sizeof dir, "/tmp/shardlm_gguf_bf16_%d", (int)getpid());
+    snprintf(dir32, sizeof dir32, "/tmp/shardlm_gguf_f32_%d", (int)getpid());
     enum status st = gguf_convert(path, dir, DTYPE_BF16, 0);
     check_status(st, STATUS_OK, "convert gguf --dtype bf16 of the fixture", NULL);
+    if (!st) st = gguf_convert(path, dir32, DTYPE_F32, 0);
+    check_status(st, STATUS_OK, "convert gguf --dtype f32 of the fixture", NULL);
     if (st) return;
     struct backend *b = NULL;
     CHECK(backend_open(DEVICE_CPU, 0, 2, &b) == STATUS_OK, "cpu backend");
     static const int32_t ids[] = {2, 278, 271, 272, 279, 269, 5, 100};
     const int n = 8, V = 279;
-    float *la = malloc((size_t)n * V * sizeof *la), *lf = malloc((size_t)n * V * sizeof *lf);
-    size_t blk = 0, bytes_amx = 0, bytes_f32 = 0;
-    enum status sa = tiny_logits(b, dir, -1, ids, n, la, &blk, &bytes_amx);
+    float *lh = malloc((size_t)n * V * sizeof *lh), *lf = malloc((size_t)n * V * sizeof *lf);
+    float *l32 = malloc((size_t)n * V * sizeof *l32);
+    size_t blk = 0, bytes_bf16 = 0, bytes_off = 0, bytes_f32 = 0;
+    const int amx = cpu_amx_enabled(), dot = cpu_bf16_dot_set_enabled(0);
+    cpu_bf16_dot_set_enabled(dot);
+    const char *products = amx ? "AMX tiles" : dot ? "vdpbf16ps" : NULL;
+    enum status sh = tiny_logits(b, dir, -1, ids, n, lh, &blk, &bytes_bf16);
     cpu_amx_set_enabled(0);
-    enum status sf = tiny_logits(b, dir, -1, ids, n, lf, &blk, &bytes_f32);
-    cpu_amx_set_enabled(1);
-    double worst = 0, range = 0;
-    for (int i = 0; !sa && !sf && i < n * V; i++) {
-        worst = fmax(worst, fabs((double)la[i] - lf[i]));
-        range = fmax(range, fabs((double)lf[i]));
+    cpu_bf16_dot_set_enabled(0);
+    enum status sf = tiny_logits(b, dir, -1, ids, n, lf, &blk, &bytes_off);
+    enum status s32 = tiny_logits(b, dir32, -1, ids, n, l32, &blk, &bytes_f32);
+    cpu_amx_set_enabled(amx);
+    cpu_bf16_dot_set_enabled(dot);
+    double worst = 0, worst32 = 0, range = 0;
+    for (int i = 0; !sh && !sf && !s32 && i < n * V; i++) {
+        worst = fmax(worst, fabs((double)lh[i] - lf[i]));
+        worst32 = fmax(worst32, fabs((double)lf[i] - l32[i]));
+        range = fmax(range, fabs((double)l32[i]));
     }
-    check(!sa && !sf && bytes_amx * 10 < bytes_f32 * 6 && range > 1.0 && worst <= 0.005 * (1.0 + range),
-          "bf16 directory served on AMX tiles (%zu bytes of weights) vs widened to f32 (%zu): max |diff| %.4f "
-          "(tol %.3f; logits up to %.2f)", bytes_amx, bytes_f32, worst, 0.005 * (1.0 + range), range);
-    free(la);
+    check(!sh && !sf && !s32 && bytes_bf16 == bytes_off && bytes_bf16 * 10 < bytes_f32 * 6 && range > 1.0 &&
+              worst32 <= 0.005 * (1.0 + range),
+          "bf16 directory served in bf16 (%zu bytes of weights, %zu for the f32 directory): f32 products vs the f32 "
+          "directory's max |diff| %.4f (tol %.3f; logits up to %.2f)", bytes_bf16, bytes_f32, worst32,
+          0.005 * (1.0 + range), range);
+    if (products)
+        check(!sh && !sf && worst <= 0.005 * (1.0 + range),
+              "bf16 directory's prefill on the bf16 products (%s) vs the f32 products: max |diff| %.4f (tol %.3f)",
+              products, worst, 0.005 * (1.0 + range));
+    else
+        printf("SKIP bf16 weights' prefill on bf16 products: this CPU has no AMX-BF16 or AVX512-BF16 (or they are off)\n");
+    free(lh);
     free(lf);
+    free(l32);
     backend_close(b);
     check_remove_tree(dir);
+    check_remove_tree(dir32);
 }
 
 /* The file served on CUDA with its blocks (bf16 activations) against the CPU's f32 model of the

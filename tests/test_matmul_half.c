@@ -94,6 +94,50 @@ static int check_shape(struct backend *b, enum dtype dt, int64_t n, int64_t k, d
     return ok;
 }
 
+/* bf16 w against m rows of f32 x through op_matmul (no invariance asked): with vdpbf16ps
+ * (cpu_bf16_dot_enabled) every element must be the float64 product of x rounded to bf16 and w
+ * within f32 reassociation, and some element must be farther than that bound from the product of
+ * the unrounded x (so that the rounding is the one claimed); without it, the unrounded product's
+ * bound. Returns 0 on a failure, with the first one printed. */
+static int check_rows(struct backend *b, int64_t m, int64_t n, int64_t k, int dot, double *worst)
+{
+    uint16_t *wh = malloc((size_t)(n * k) * sizeof *wh);
+    float *x = malloc((size_t)(m * k) * sizeof *x), *y = malloc((size_t)(m * n) * sizeof *y);
+    for (int64_t i = 0; i < n * k; i++) wh[i] = f32_to_bf16((float)rnd());
+    for (int64_t i = 0; i < m * k; i++) x[i] = (float)(2.0 * rnd());
+    const struct tensor tw = tensor_make(wh, DTYPE_BF16, DEVICE_CPU, 2, n, k);
+    const struct tensor tx = tensor_make(x, DTYPE_F32, DEVICE_CPU, 2, m, k);
+    const struct tensor ty = tensor_make(y, DTYPE_F32, DEVICE_CPU, 2, m, n);
+    op_matmul(b, &ty, &tx, &tw, NULL);
+    int ok = 1, apart = 0;
+    for (int64_t i = 0; i < m && ok; i++)
+        for (int64_t j = 0; j < n && ok; j++) {
+            double rounded = 0.0, exact = 0.0, mag = 0.0;
+            for (int64_t c = 0; c < k; c++) {
+                const double wv = (double)bf16_to_f32(wh[j * k + c]);
+                rounded += wv * (double)bf16_to_f32(f32_to_bf16(x[i * k + c]));
+                exact += wv * (double)x[i * k + c];
+                mag += fabs(wv * (double)x[i * k + c]);
+            }
+            const double bound = (double)k * FLT_EPSILON * mag + 1e-30, g = (double)y[i * n + j];
+            const double err = fabs(g - (dot ? rounded : exact)) / bound;
+            if (err > *worst) *worst = err;
+            apart |= fabs(g - exact) > bound;
+            if (err > 1.0) {
+                printf("  m=%lld n=%lld k=%lld row %lld col %lld: %.9g, float64 %.9g (x rounded to bf16) %.9g (not)\n",
+                       (long long)m, (long long)n, (long long)k, (long long)i, (long long)j, g, rounded, exact);
+                ok = 0;
+            }
+        }
+    if (dot && ok && !apart) {
+        printf("  m=%lld n=%lld k=%lld: within the bound of the unrounded product too\n", (long long)m, (long long)n,
+               (long long)k);
+        ok = 0;
+    }
+    free(wh), free(x), free(y);
+    return ok;
+}
+
 int main(void)
 {
     static const int64_t shapes[][2] = {{37, 1},  {37, 15},  {40, 17},  {64, 100}, {19, 256},
@@ -113,8 +157,19 @@ int main(void)
                   "bit for bit, within f32 rounding of float64 (worst %.3f of the bound) over %zu shapes",
                   dtype_name(dt), nt, cpu_gemv_path(), worst, sizeof shapes / sizeof *shapes);
         }
+        /* Prefill rows: vdpbf16ps where the CPU has AVX512-BF16 (and the tiles are off). */
+        static const int64_t rows[][3] = {{2, 37, 64}, {7, 40, 17}, {6, 32, 256}, {13, 300, 773}, {64, 600, 520}, {5, 16, 1}};
+        const int dot = cpu_bf16_dot_enabled();
+        int ok = 1;
+        double worst = 0.0;
+        for (size_t s = 0; s < sizeof rows / sizeof *rows; s++) ok &= check_rows(b, rows[s][0], rows[s][1], rows[s][2], dot, &worst);
+        check(ok, "bf16 weights, %d thread(s), 2 to 64 rows of x: %s (worst %.3f of the f32 reassociation bound)", nt,
+              dot ? "vdpbf16ps, the product of x rounded to bf16" : "the f32 product of the widened weights", worst);
         backend_close(b);
     }
+    if (!cpu_bf16_dot_enabled())
+        printf("SKIP vdpbf16ps products: %s\n", cpu_bf16_dot_supported() ? "turned off (SHARDLM_CPU_BF16_DOT=0)"
+                                                                        : "this CPU (or SHARDLM_CPU_ISA) has no AVX512-BF16");
     cpu_amx_set_enabled(amx_was);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

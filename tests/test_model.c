@@ -439,7 +439,7 @@ static int run_ref(const char *dir, const char *ref_path, int int8)
         /* int8: chunks of 8 rows, under the 32 from which a GGUF's blocks are dequantized for
          * sgemm, so every product is quant_matmul's; f32: one chunk, the dequantized blocks in
          * f32. AMX off for both (8 rows and more would take its bf16 tiles), checked after. */
-        const int amx = cpu_amx_set_enabled(0);
+        const int amx = cpu_amx_set_enabled(0), dot = cpu_bf16_dot_set_enabled(0); /* bf16 weights' vdpbf16ps too */
         st = prompt_logits(&e, ids, n, int8 ? 8 : n < 64 ? n : 64, logits);
         double scale = 0, d = st == STATUS_OK ? max_abs_diff(logits + (size_t)(n - 1) * V, last, V, &scale) : 1e9;
         /* f32 through 18 layers against float64 (measured: 1.8e-5 on a range of 21). */
@@ -448,6 +448,7 @@ static int run_ref(const char *dir, const char *ref_path, int int8)
         check(d <= tol, int8 ? "last-position logits (int8 products) vs float64 NumPy on the GGUF weights"
                              : "last-position logits vs float64 NumPy on the GGUF weights", detail);
         cpu_amx_set_enabled(amx);
+        cpu_bf16_dot_set_enabled(dot);
         if (amx && !int8) {
             float *tiles = malloc((size_t)n * (size_t)V * sizeof *tiles);
             enum status sa = prompt_logits(&e, ids, n, n < 64 ? n : 64, tiles);
@@ -578,6 +579,7 @@ static void gemma_gguf_prompt(struct env *ef, struct env *eq, const int32_t *pro
     float *lp = malloc((size_t)T * V * sizeof *lp);
     if (st == STATUS_OK) st = prompt_logits(ef, seq, T, T, lf);
     const int amx = cpu_amx_set_enabled(0); /* 8 rows would take AMX tiles (matmul.c) */
+    const int dot = cpu_bf16_dot_set_enabled(0); /* and a bf16 tensor's rows vdpbf16ps */
     if (st == STATUS_OK) st = prompt_logits(eq, seq, T, 8, lq);
     if (st == STATUS_OK) st = prompt_logits(eq, seq, T, T, lp);
     double worst_p = 0;
@@ -587,6 +589,7 @@ static void gemma_gguf_prompt(struct env *ef, struct env *eq, const int32_t *pro
     check(st == STATUS_OK && worst_p <= GGUF_PREFILL_TOL,
           "GGUF blocks dequantized for the prefill product (f32 tiles) vs f32 conversion: logits", detail);
     cpu_amx_set_enabled(amx);
+    cpu_bf16_dot_set_enabled(dot);
     if (amx) {
         if (st == STATUS_OK) st = prompt_logits(eq, seq, T, T, lp);
         worst_p = 0;

@@ -75,6 +75,20 @@ int         cpu_quant_int8_packed(void);
 int         cpu_quant_amx_packed_min_m(void);
 const char *cpu_activation_path(void);
 
+/* vdpbf16ps products for bf16 w (bf16_dot.c; AVX512-BF16 without AMX tiles in use), x rounded to
+ * bf16: cpu_bf16_dot_round_x writes m rows of (k rounded up to even) bf16, cpu_bf16_dot_pack_w
+ * packs nb rows of w (ldw apart) into cpu_bf16_dot_w_elems(nb, k), cpu_bf16_dot_gemm writes y
+ * (m rows, ldy apart) columns 0 .. nb. cpu_bf16_dot_enabled: supported and not turned off
+ * (SHARDLM_CPU_BF16_DOT=0; matmul.c). */
+int    cpu_bf16_dot_supported(void);
+int    cpu_bf16_dot_enabled(void);
+size_t cpu_bf16_dot_x_elems(int64_t m, int64_t k);
+void   cpu_bf16_dot_round_x(uint16_t *xb, const float *x, int64_t m, int64_t k);
+size_t cpu_bf16_dot_w_elems(int64_t nb, int64_t k);
+void   cpu_bf16_dot_pack_w(uint16_t *wp, const uint16_t *w, int64_t ldw, int64_t nb, int64_t k);
+void   cpu_bf16_dot_gemm(float *y, int64_t ldy, const uint16_t *xb, const uint16_t *wp, int64_t m, int64_t nb,
+                         int64_t k);
+
 size_t cpu_amx_x_elems(int64_t m, int64_t k);
 void   cpu_amx_pack_x(uint16_t *xv, const float *x, int64_t m, int64_t k, int64_t h, uint16_t *tmp);
 void   cpu_amx_round_rows(uint16_t *dst, const float *src, int64_t n);

@@ -316,8 +316,8 @@ __attribute__((target("avx2,fma"))) static void gemv_rows_avx2(float *y, const f
  *   still on AVX-512 there: docs/quantization.md), and a row's logits no longer depend on how
  *   many rows its step holds. */
 static struct {
-    int gemv_rows, gemv_bits, quant_sgemm_min, int8_packed, amx_packed_min;
-} knobs = {8, 512, QUANT_SGEMM_MIN_M, 0, QUANT_AMX_PACKED_MIN_M};
+    int gemv_rows, gemv_bits, quant_sgemm_min, int8_packed, amx_packed_min, bf16_dot_allowed, bf16_dot;
+} knobs = {8, 512, QUANT_SGEMM_MIN_M, 0, QUANT_AMX_PACKED_MIN_M, 0, 0};
 static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
 /* A row count >= 1 from the environment variable name, else fallback (a warning when set). */
@@ -349,6 +349,9 @@ static void knobs_init(void)
         if (!strcmp(e, "256") || !strcmp(e, "512")) knobs.gemv_bits = atoi(e);
         else LOG_WARN("cpu", "SHARDLM_CPU_GEMV_BITS=%s is not 256 or 512: ignored", e);
     }
+    e = getenv("SHARDLM_CPU_BF16_DOT");
+    knobs.bf16_dot_allowed = cpu_bf16_dot_supported() && !(e && (!strcmp(e, "0") || !strcmp(e, "off")));
+    knobs.bf16_dot = knobs.bf16_dot_allowed;
     int min_m_set = 0;
     knobs.quant_sgemm_min = env_rows("SHARDLM_CPU_QUANT_SGEMM_MIN_M", QUANT_SGEMM_MIN_M, &min_m_set);
     knobs.amx_packed_min = env_rows("SHARDLM_CPU_AMX_PACKED_MIN_M", QUANT_AMX_PACKED_MIN_M, NULL);
@@ -366,6 +369,20 @@ int cpu_gemv_bits(void)
 {
     pthread_once(&knobs_once, knobs_init);
     return knobs.gemv_bits;
+}
+
+int cpu_bf16_dot_enabled(void)
+{
+    pthread_once(&knobs_once, knobs_init);
+    return knobs.bf16_dot;
+}
+
+int cpu_bf16_dot_set_enabled(int on)
+{
+    pthread_once(&knobs_once, knobs_init);
+    const int was = knobs.bf16_dot;
+    knobs.bf16_dot = on && knobs.bf16_dot_allowed;
+    return was;
 }
 
 int cpu_quant_sgemm_min_m(void)
@@ -601,6 +618,9 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
      * in blocks of 256 went 512 / 128 rows on two threads, a speed-up of 1.25 (bench_quant,
      * 2026-11-25); blocks of 160 are 320 / 320. */
     const int amx = matmul_amx_fits(w, m, k);
+    /* Rows of x against bf16 w on AVX512-BF16 without the tiles: vdpbf16ps (bf16_dot.c), the
+     * tiles' numbers; not for one row or batch-invariant steps (the gemv reads w in place). */
+    const int bf16dot = !amx && !invariant && m > 1 && w->dtype == DTYPE_BF16 && cpu_bf16_dot_enabled();
     const int64_t w_block_max = dtype_is_quant(w->dtype) ? QUANT_W_BLOCK : W_BLOCK;
     const int64_t share = ((n + nt - 1) / nt + 15) / 16 * 16, per_share = (share + w_block_max - 1) / w_block_max;
     const int64_t w_block = ((share + per_share - 1) / per_share + 15) / 16 * 16;
@@ -609,7 +629,7 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
     /* Per thread: f32 rows, or bf16 rows (padded to 16) and AMX_DQ_ROWS f32 rows; shared: packed x. */
     const size_t ws = amx ? (size_t)((w_block + 15) / 16 * 16) * (size_t)k / 2 + (size_t)AMX_DQ_ROWS * (size_t)k
                           : (size_t)w_block * (size_t)k;
-    const size_t xv = amx ? cpu_amx_x_elems(m, k) / 2 : 0;
+    const size_t xv = amx ? cpu_amx_x_elems(m, k) / 2 : bf16dot ? (cpu_bf16_dot_x_elems(m, k) + 1) / 2 : 0;
     const size_t total = xs + ys + xv + (size_t)b->n_threads * ws;
     float *scratch = cpu_scratch(b, (total + (size_t)b->n_threads - 1) / (size_t)b->n_threads);
     float *xf = xs ? scratch : x->data, *yf = ys ? scratch + xs : y->data;
@@ -618,6 +638,16 @@ void cpu_matmul(struct backend *b, const struct tensor *y, const struct tensor *
     if (k == 0) memset(yf, 0, (size_t)(m * n) * sizeof(float));
     if (amx) {
         matmul_amx(yf, xf, (uint16_t *)(scratch + xs + ys), wf_all, ws, w, m, n, k, w_block, nt);
+    } else if (bf16dot) {
+        uint16_t *xb = (uint16_t *)(scratch + xs + ys);
+        cpu_bf16_dot_round_x(xb, xf, m, k);
+        #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+        for (int64_t j0 = 0; j0 < n; j0 += w_block) {
+            uint16_t *wp = (uint16_t *)(wf_all + (size_t)omp_get_thread_num() * ws);
+            const int64_t nb = n - j0 < w_block ? n - j0 : w_block;
+            cpu_bf16_dot_pack_w(wp, (const uint16_t *)w->data + (size_t)(j0 * k), k, nb, k);
+            cpu_bf16_dot_gemm(yf + j0, n, xb, wp, m, nb, k);
+        }
     } else {
         /* One row of x (decode) against bf16 / f16 w: the gemv reads w in place (the same sums
          * as widening it first; tests/test_matmul_half.c). */
