@@ -69,11 +69,12 @@ foreach(rows 1 8)
   endforeach()
 endforeach()
 # The gemv's knobs as the CPU backend reads and names them (test_cpu_isa checks cpu_gemv_path).
-foreach(knob SHARDLM_CPU_GEMV_BITS=256 SHARDLM_CPU_GEMV_BITS=512 SHARDLM_CPU_GEMV_ROWS=1 SHARDLM_CPU_GEMV_ROWS=8)
-  string(REGEX REPLACE "SHARDLM_CPU_GEMV_([A-Z]+)=([0-9]+)" "\\1\\2" suffix "${knob}")
+foreach(knob SHARDLM_CPU_GEMV_BITS=256 SHARDLM_CPU_GEMV_BITS=512 SHARDLM_CPU_GEMV_ROWS=1 SHARDLM_CPU_GEMV_ROWS=8
+        SHARDLM_CPU_BF16_DOT=0)
+  string(REGEX REPLACE "SHARDLM_CPU_([A-Z0-9_]+)=([0-9]+)" "\\1\\2" suffix "${knob}")
   string(TOLOWER "${suffix}" suffix)
-  add_test(NAME cpu_isa_gemv_${suffix} COMMAND test_cpu_isa)
-  set_tests_properties(cpu_isa_gemv_${suffix} PROPERTIES LABELS "unit;isa" TIMEOUT 600 ENVIRONMENT "${knob}")
+  add_test(NAME cpu_isa_${suffix} COMMAND test_cpu_isa)
+  set_tests_properties(cpu_isa_${suffix} PROPERTIES LABELS "unit;isa" TIMEOUT 600 ENVIRONMENT "${knob}")
 endforeach()
 # Block-quantized products from 32 rows of x: dequantized tiles and sgemm (the default), or int8
 # dot products at every row count (SHARDLM_CPU_QUANT_SGEMM_MIN_M, an opt-in), both forced.

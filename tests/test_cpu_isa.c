@@ -93,6 +93,18 @@ int main(void)
     char line[384];
     printf("kernels: %s\n", cpu_isa_describe(line, sizeof line));
     check(strstr(line, cpu_isa_model()) != NULL, "the description names the CPU (%s)", cpu_isa_model());
+    /* The bf16 weights' vdpbf16ps products (bf16_dot.c): where the CPU has AVX512-BF16 at the
+     * level in use, unless SHARDLM_CPU_BF16_DOT=0; the line says which. */
+    const char *dot_env = getenv("SHARDLM_CPU_BF16_DOT");
+#if defined(__x86_64__)
+    const int dot = lvl >= CPU_ISA_AVX512 && __builtin_cpu_supports("avx512bf16") &&
+                    !(dot_env && (!strcmp(dot_env, "0") || !strcmp(dot_env, "off")));
+#else
+    const int dot = 0;
+    (void)dot_env;
+#endif
+    check(cpu_bf16_dot_enabled() == dot && strstr(line, dot ? "bf16 dot on" : "bf16 dot off") != NULL,
+          "bf16 dot products %s (want %s; the line says so)", cpu_bf16_dot_enabled() ? "on" : "off", dot ? "on" : "off");
 
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
