@@ -326,6 +326,12 @@ int         cpu_bf16_weights_in_place(void);
  * process-wide (on only where available and not turned off; tests compare both paths) and
  * returns the previous state. */
 int         cpu_bf16_dot_set_enabled(int on);
+/* Huge pages for what every step streams (the weights): cpu_memory_huge advises the whole 2 MB
+ * pages inside [p, p + n) to be backed by transparent huge pages (backend_alloc aligns host
+ * allocations from 2 MB to 2 MB, so all but the tail are); call it before the first write.
+ * cpu_hugepages_on: 0 under SHARDLM_CPU_HUGEPAGES=0 or when the kernel's are "never". */
+int         cpu_hugepages_on(void);
+void        cpu_memory_huge(void *p, size_t n);
 /* Parses "cpu" / "cuda" into *out; STATUS_INVALID_ARGUMENT otherwise. */
 enum status backend_parse_device(const char *name, enum device *out);
 

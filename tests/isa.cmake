@@ -44,7 +44,7 @@ endforeach()
 shardlm_add_isa_tests(golden_gguf_types_int8 "golden" test_model ref-int8 ${GGUF_TYPES_DIR}/types.gguf
                       ${GGUF_TYPES_DIR}/types_ref.json)
 shardlm_isa_fixtures(golden_gguf_types_int8 gguf_types)
-# The f32 one-row product's two orders (kernels/cpu/matmul.c: SHARDLM_CPU_GEMV_ROWS, by default 1
+# The f32 one-row product's two orders (kernels/cpu/gemv.c: SHARDLM_CPU_GEMV_ROWS, by default 1
 # on AMD and 8 elsewhere), each forced at the best level with both vector widths
 # (SHARDLM_CPU_GEMV_BITS: 512 and 256, the latter the AMD default on AVX-512 CPUs) and at avx2, so
 # every kernel runs on any CPU.
@@ -70,7 +70,7 @@ foreach(rows 1 8)
 endforeach()
 # The gemv's knobs as the CPU backend reads and names them (test_cpu_isa checks cpu_gemv_path).
 foreach(knob SHARDLM_CPU_GEMV_BITS=256 SHARDLM_CPU_GEMV_BITS=512 SHARDLM_CPU_GEMV_ROWS=1 SHARDLM_CPU_GEMV_ROWS=8
-        SHARDLM_CPU_BF16_DOT=0)
+        SHARDLM_CPU_BF16_DOT=0 SHARDLM_CPU_HUGEPAGES=0)
   string(REGEX REPLACE "SHARDLM_CPU_([A-Z0-9_]+)=([0-9]+)" "\\1\\2" suffix "${knob}")
   string(TOLOWER "${suffix}" suffix)
   add_test(NAME cpu_isa_${suffix} COMMAND test_cpu_isa)

@@ -1,8 +1,10 @@
 /* tests/test_cpu_isa.c - the instruction-set level (kernels/cpu/cpu_isa.h): names parse both
  * ways, the level in use is the CPU's capped by SHARDLM_CPU_ISA, and every kernel family that
  * dispatches by instruction set follows it (quantized products and dequantizer, AMX tiles,
- * attention kernels, the f32 one-row product, the activation rows). Registered once per level
+ * attention kernels, the f32 one-row product, the activation rows), and the weights' huge pages
+ * follow their knob. Registered once per level
  * (cpu_isa_<level>, through isa_gate), so each ceiling this CPU supports is checked. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,60 @@
 #include "cpu/cpu_ops.h"
 #include "ops.h"
 #include "quant.h"
+
+/* The VmFlags of the mapping that holds address a (/proc/self/smaps), "" when not found. */
+static void vm_flags_at(const void *a, char *flags, size_t n)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char l[512];
+    int in = 0;
+    flags[0] = 0;
+    while (f && fgets(l, sizeof l, f)) {
+        unsigned long lo, hi;
+        if (sscanf(l, "%lx-%lx ", &lo, &hi) == 2) in = (uintptr_t)a >= lo && (uintptr_t)a < hi;
+        else if (in && !strncmp(l, "VmFlags:", 8)) snprintf(flags, n, "%.200s", l + 8);
+    }
+    if (f) fclose(f);
+}
+
+/* The weights' huge pages (cpu_hugepages_on, cpu_memory_huge): on unless SHARDLM_CPU_HUGEPAGES=0
+ * or the kernel's transparent huge pages are "never"; the cpu line says which; a host
+ * allocation from 2 MB starts on a 2 MB boundary, and cpu_memory_huge advises its whole 2 MB
+ * pages (the mapping's VmFlags "hg") only when on. Whether the kernel then backs them with huge
+ * pages depends on its free memory: printed, not checked. */
+static void check_huge_pages(const char *line)
+{
+    const char *env = getenv("SHARDLM_CPU_HUGEPAGES");
+    char mode[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f && !fgets(mode, sizeof mode, f)) mode[0] = 0;
+    if (f) fclose(f);
+    const int want = !(env && !strcmp(env, "0")) && f && !strstr(mode, "[never]");
+    check(cpu_hugepages_on() == want && strstr(line, want ? "huge pages on" : "huge pages off") != NULL,
+          "huge pages %s (want %s: SHARDLM_CPU_HUGEPAGES=%s, kernel: %.40s)", cpu_hugepages_on() ? "on" : "off",
+          want ? "on" : "off", env ? env : "", f ? mode : "no transparent huge pages");
+    struct backend *b = NULL;
+    void *p = NULL;
+    const size_t n = (size_t)5 << 20;
+    if (backend_open(DEVICE_CPU, 0, 1, &b) != STATUS_OK || backend_alloc(b, n, &p) != STATUS_OK) {
+        check(0, "a cpu backend and 5 MB of host memory");
+        return;
+    }
+    check((uintptr_t)p % ((size_t)2 << 20) == 0, "a 5 MB host allocation starts on a 2 MB boundary (%p)", p);
+    cpu_memory_huge(p, n);
+    char flags[256];
+    vm_flags_at((char *)p + ((size_t)1 << 20), flags, sizeof flags);
+    check(flags[0] && (strstr(flags, " hg") != NULL) == want, "its whole 2 MB pages advised: VmFlags%s",
+          flags[0] ? flags : " not found\n");
+    memset(p, 1, n);
+    f = fopen("/proc/self/smaps_rollup", "r");
+    char l[256];
+    while (f && fgets(l, sizeof l, f))
+        if (!strncmp(l, "AnonHugePages:", 14)) printf("after writing them, %s", l);
+    if (f) fclose(f);
+    backend_free(b, p);
+    backend_close(b);
+}
 
 int main(void)
 {
@@ -106,6 +162,7 @@ int main(void)
     check(cpu_bf16_dot_enabled() == dot && strstr(line, dot ? "bf16 dot on" : "bf16 dot off") != NULL,
           "bf16 dot products %s (want %s; the line says so)", cpu_bf16_dot_enabled() ? "on" : "off", dot ? "on" : "off");
 
+    check_huge_pages(line);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -433,6 +433,18 @@ static int run_ref(const char *dir, const char *ref_path, int int8)
     enum status st = env_open(&e, dir, n + 16);
     snprintf(detail, sizeof detail, "%s: %s", status_name(st), status_message());
     check(st == STATUS_OK, "load the model", st == STATUS_OK ? dir : detail);
+    if (st == STATUS_OK && e.m->weight_bytes_blocks == 0) {
+        /* Where the matrices live (kernels/cpu/backend_cpu.c, cpu_hugepages_on): copied onto huge
+         * pages by default, the mapped file itself under SHARDLM_CPU_HUGEPAGES=0
+         * (golden_smollm2_mapped); the logits below are checked either way. */
+        snprintf(detail, sizeof detail, "%.1f of %.1f MiB mapped, %.1f MiB copied, huge pages %s",
+                 e.m->weight_bytes_mapped / 1048576.0, e.m->weight_bytes / 1048576.0,
+                 e.m->weight_bytes_unpacked / 1048576.0, cpu_hugepages_on() ? "on" : "off");
+        const char *off = getenv("SHARDLM_CPU_HUGEPAGES");
+        if (cpu_hugepages_on()) check(e.m->weight_bytes_mapped == 0, "the matrices copied onto huge pages", detail);
+        else if (off && !strcmp(off, "0")) check(e.m->weight_bytes_mapped > 0, "the matrices mapped", detail);
+        else printf("the kernel has no transparent huge pages: %s\n", detail);
+    }
     if (st == STATUS_OK) {
         const int V = e.m->cfg.vocab_size;
         float *logits = malloc((size_t)n * (size_t)V * sizeof *logits);

@@ -24,7 +24,8 @@
 # tables show the decode run's and the pp512 run's (nan without /usr/bin/time).
 #
 # After the llama.cpp table, each speed as a fraction of this machine's limit measured in the same
-# run by tools/cpu_ceilings.c (built here with -march=native): decode against read bandwidth /
+# run by tools/cpu_ceilings.c (built here with -march=native): decode against read bandwidth (of
+# a buffer on huge pages, as shardlm's weights are; the 4 KB pages' figure printed beside it) /
 # the weight bytes read per token, prefill against the f32 FMA peak / the weight products' flops.
 #
 # Each configuration runs REPS times (default 3), the programs alternating; the best speed is
@@ -323,8 +324,10 @@ def print_ceilings(res):
     nbytes, flops = model_costs()
     print()
     print("### Against this machine's limits, measured in the same run (tools/cpu_ceilings.c)")
-    print("read bandwidth %.1f / %.1f GB/s, f32 FMA peak %.0f / %.0f GFLOP/s (%d-bit vectors) at 1 / 2 threads;"
-          % (c["read_gbs"][0], c["read_gbs"][1], c["fma_gflops"][0], c["fma_gflops"][1], c["vector_bits"]))
+    print("read bandwidth %.1f / %.1f GB/s on huge pages (%.1f / %.1f on 4 KB pages), f32 FMA peak %.0f / %.0f "
+          "GFLOP/s (%d-bit vectors) at 1 / 2 threads;"
+          % (c["read_gbs"][0], c["read_gbs"][1], c["read_4k_gbs"][0], c["read_4k_gbs"][1], c["fma_gflops"][0],
+             c["fma_gflops"][1], c["vector_bits"]))
     print("decode reads %.1f MiB of weights per token%s" % (nbytes / 2**20, "" if flops is None else
           "; prefill does %.0f MFLOP of weight products per token (attention left out)" % (flops / 1e6)))
     print()

@@ -1,18 +1,21 @@
 /* tools/cpu_ceilings.c - this machine's two ceilings for a CPU LLM engine, measured, so that a
  * benchmark can print a speed as a fraction of what the hardware allows (issue 30):
  *   read     GB/s of a plain streaming read of a 1 GiB buffer (beyond every cache), widest
- *            vector loads, at 1 and 2 threads: decode streams every weight once per token;
+ *            vector loads, at 1 and 2 threads: decode streams every weight once per token; the
+ *            buffer on transparent huge pages (MADV_HUGEPAGE, as shardlm's weights on the CPU),
+ *            and read_4k_gbs the same on 4 KB pages (as a mapped file's);
  *   fma      f32 GFLOP/s of independent fused multiply-adds in registers (12 chains, widest
  *            vectors, 2 flops each), at 1 and 2 threads: prefill is f32 or int8 products.
  * Built by tools/bench_vs_llamacpp.sh with -O2 -march=native -fopenmp (the vector width and FMA
  * follow the CPU it is built on). Prints one JSON object:
- *   {"read_gbs": [1 thread, 2 threads], "fma_gflops": [...], "vector_bits": N}
+ *   {"read_gbs": [1 thread, 2 threads], "read_4k_gbs": [...], "fma_gflops": [...], "vector_bits": N}
  * Each figure is the best of 5 runs. A probe for benchmarks, not part of shardlm. */
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #if defined(__AVX512F__)
@@ -94,14 +97,18 @@ static double fma_gflops(int threads)
 int main(void)
 {
     const size_t n = (size_t)1 << 30;
-    char *p = aligned_alloc(4096, n);
-    if (!p) {
+    char *p = aligned_alloc((size_t)2 << 20, n), *q = aligned_alloc(4096, n);
+    if (!p || !q) {
         fprintf(stderr, "cpu_ceilings: out of memory\n");
         return 1;
     }
+    (void)madvise(p, n, MADV_HUGEPAGE);
     memset(p, 1, n);
     printf("{\"read_gbs\": [%.2f, %.2f], ", read_gbs(p, n, 1), read_gbs(p, n, 2));
-    printf("\"fma_gflops\": [%.1f, %.1f], \"vector_bits\": %d}\n", fma_gflops(1), fma_gflops(2), VBYTES * 8);
     free(p);
+    memset(q, 1, n);
+    printf("\"read_4k_gbs\": [%.2f, %.2f], ", read_gbs(q, n, 1), read_gbs(q, n, 2));
+    free(q);
+    printf("\"fma_gflops\": [%.1f, %.1f], \"vector_bits\": %d}\n", fma_gflops(1), fma_gflops(2), VBYTES * 8);
     return 0;
 }

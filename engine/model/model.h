@@ -145,7 +145,8 @@ struct model {
     size_t weight_bytes_mapped;    /* of which served zero-copy from the mapping */
     size_t weight_bytes_blocks;    /* of which ggml blocks (DTYPE_Q*: a GGUF served) */
     size_t weight_bytes_packed;    /* of which copied packed for the CPU (quant_pack_rows8) */
-    size_t weight_bytes_unpacked;  /* of the blocks, copied to the heap as they are (copy_mapped) */
+    size_t weight_bytes_unpacked;  /* copied from the mapping to the heap (copy_mapped): blocks that are not
+                                    * packed, and on the CPU every matrix put on huge pages */
     char   quantization[96];       /* the block types kept, "Q4_1,Q8_0"; "none" */
     int keep_blocks;               /* weights stored as ggml blocks are kept so (serving) */
 

@@ -37,6 +37,17 @@ static enum status own(struct model *m, void *ptr)
     return STATUS_OK;
 }
 
+/* A weight's memory, owned by the model; on the CPU backed by huge pages where it is 2 MB or
+ * more (cpu_memory_huge): every decode step streams every weight, and with 4 KB pages the walks
+ * of the page tables took a quarter of the read bandwidth (tools/cpu_ceilings). */
+static enum status alloc_weight(struct model *m, size_t nbytes, void **p)
+{
+    enum status st = backend_alloc(m->b, nbytes, p);
+    if (st == STATUS_OK && (st = own(m, *p)) != STATUS_OK) backend_free(m->b, *p);
+    if (st == STATUS_OK && m->b->device == DEVICE_CPU) cpu_memory_huge(*p, nbytes);
+    return st;
+}
+
 /* Host staging for devices that are not host memory: grows to the largest weight. */
 struct staging {
     void       *buf;
@@ -156,8 +167,7 @@ static enum status pack_mapped(struct model *m, const char *dir, enum weight_kin
     const int64_t n = t->shape[0], k = t->shape[1];
     const size_t row = quant_row_bytes(qt, k), group = quant_packed_bytes(qt, 8, k);
     void *p = NULL;
-    enum status st = backend_alloc(m->b, quant_packed_bytes(qt, n, k), &p);
-    if (st == STATUS_OK && (st = own(m, p)) != STATUS_OK) backend_free(m->b, p);
+    enum status st = alloc_weight(m, quant_packed_bytes(qt, n, k), &p);
     if (st != STATUS_OK) return st;
     int64_t step = (int64_t)((4u << 20) / (row * 8)) * 8; /* about 4 MB of rows, whole groups */
     if (step < 8) step = 8;
@@ -182,15 +192,14 @@ static enum status pack_mapped(struct model *m, const char *dir, enum weight_kin
  * pages given back), checked for NaN / Inf. */
 static int copies_unpacked(const struct tensor *t)
 {
-    return dtype_is_quant(t->dtype) && packing_on();
+    return (dtype_is_quant(t->dtype) && packing_on()) || cpu_hugepages_on();
 }
 
 static enum status copy_mapped(struct model *m, const char *dir, enum weight_kind kind, int layer, struct tensor *t)
 {
     const size_t nbytes = tensor_nbytes(t), step = 4u << 20;
     void *p = NULL;
-    enum status st = backend_alloc(m->b, nbytes, &p);
-    if (st == STATUS_OK && (st = own(m, p)) != STATUS_OK) backend_free(m->b, p);
+    enum status st = alloc_weight(m, nbytes, &p);
     if (st != STATUS_OK) return st;
     for (size_t off = 0; off < nbytes; off += step) {
         const size_t len = nbytes - off < step ? nbytes - off : step;
@@ -260,11 +269,7 @@ static enum status load_weight(struct model *m, struct staging *stg, enum weight
         return check_finite(stg->dir, kind, layer, dt, hw.data, hw.nbytes, hw.ndim == 2 ? hw.shape[1] : hw.shape[0]);
     }
     void *dev = NULL;
-    if ((st = backend_alloc(b, hw.nbytes, &dev)) != STATUS_OK) return st;
-    if ((st = own(m, dev)) != STATUS_OK) {
-        backend_free(b, dev);
-        return st;
-    }
+    if ((st = alloc_weight(m, hw.nbytes, &dev)) != STATUS_OK) return st;
     t->data = dev;
     if (b->device == DEVICE_CPU) {
         st = checkpoint_get(m->checkpoint, kind, layer, rank, size, dt, dev,

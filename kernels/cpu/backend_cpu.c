@@ -3,10 +3,12 @@
  * Not here: the ops themselves (one file each in this folder).
  * Tests: tests/test_ops.c --backend cpu. */
 #include <cblas.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "../backend_impl.h"
@@ -31,13 +33,41 @@ const char *cpu_blas_better_core(void)
 }
 
 #define CPU_ALIGN 256
+#define CPU_HUGE  ((size_t)2 << 20) /* x86-64's transparent huge page */
+
+/* SHARDLM_CPU_HUGEPAGES=0 turns the weights' huge pages off (cpu_hugepages_on, ops.h); so does
+ * a kernel whose transparent huge pages are "never". */
+int cpu_hugepages_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *env = getenv("SHARDLM_CPU_HUGEPAGES");
+        char mode[128] = "";
+        FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+        if (f) {
+            if (!fgets(mode, sizeof mode, f)) mode[0] = 0;
+            fclose(f);
+        }
+        on = !(env && !strcmp(env, "0")) && f && !strstr(mode, "[never]");
+    }
+    return on;
+}
+
+void cpu_memory_huge(void *p, size_t n)
+{
+    const uintptr_t a = (uintptr_t)p, lo = (a + CPU_HUGE - 1) / CPU_HUGE * CPU_HUGE,
+                    hi = (a + n) / CPU_HUGE * CPU_HUGE;
+    if (hi > lo && cpu_hugepages_on()) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+}
 
 static enum status cpu_alloc(struct backend *b, size_t nbytes, void **ptr)
 {
     (void)b;
     size_t n = (nbytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
     if (n == 0) n = CPU_ALIGN;
-    *ptr = aligned_alloc(CPU_ALIGN, n);
+    /* From 2 MB, aligned to a huge page, so that cpu_memory_huge covers all its whole 2 MB
+     * (the skipped head is address space, never touched). */
+    *ptr = aligned_alloc(n >= CPU_HUGE ? CPU_HUGE : CPU_ALIGN, n);
     if (!*ptr)
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "cpu: out of host memory allocating %zu bytes",
                              nbytes);

@@ -219,13 +219,14 @@ char *cpu_isa_describe(char *buf, size_t n)
     else if (cpu_amx_enabled())
         snprintf(amx, sizeof amx, "on");
     snprintf(buf, n,
-             "%s; isa %s (supported %s%s%s); quant %s, dequant %s, amx %s, bf16 dot %s, attention %s, gemv %s, "
-             "activation %s, prefetch %zu, blocks' sgemm %s, GOMP_SPINCOUNT %s, OpenBLAS %s",
+             "%s; isa %s (supported %s%s%s); quant %s, dequant %s, amx %s, bf16 dot %s, huge pages %s, attention %s, "
+             "gemv %s, activation %s, prefetch %zu, blocks' sgemm %s, GOMP_SPINCOUNT %s, OpenBLAS %s",
              cpu_isa_model(), cpu_isa_name(cpu_isa()), cpu_isa_name(cpu_isa_supported()),
              cpu_isa_ceiling() != CPU_ISA_COUNT ? ", ceiling " : "",
              cpu_isa_ceiling() != CPU_ISA_COUNT ? cpu_isa_name(cpu_isa_ceiling()) : "",
              quant_impl_name(qi), qi == QUANT_IMPL_SCALAR ? "scalar" : "avx2",
-             amx, cpu_bf16_dot_enabled() ? "on" : "off", at->name, cpu_gemv_path(), cpu_activation_path(),
+             amx, cpu_bf16_dot_enabled() ? "on" : "off", cpu_hugepages_on() ? "on" : "off", at->name, cpu_gemv_path(),
+             cpu_activation_path(),
              quant_prefetch_bytes(), sgemm_from, getenv("GOMP_SPINCOUNT") ? getenv("GOMP_SPINCOUNT") : "unset",
              openblas_get_corename());
     return buf;

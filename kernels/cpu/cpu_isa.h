@@ -2,8 +2,8 @@
  * CPU supports, capped by SHARDLM_CPU_ISA, decided once per process in one place (cpu_isa.c).
  * Every kernel family that has more than one path asks cpu_isa() (or cpu_isa_at_least) instead
  * of CPUID: the quantized products and the dequantizer (quant.c), the AMX tiles (amx.c), the
- * attention kernels (attention.c, attn_kernels_best), the f32 one-row product (matmul.c
- * gemv_rows) and the activation rows (activation.c).
+ * attention kernels (attention.c, attn_kernels_best), the f32 one-row product (gemv.c
+ * cpu_gemv_rows) and the activation rows (activation.c).
  *
  * SHARDLM_CPU_ISA=scalar|avx2|avx512|avx512-vnni|amx is a ceiling: the level used is the best
  * one at or below it that this CPU supports. Asking for a level the CPU lacks logs one warning
@@ -51,7 +51,7 @@ const char  *cpu_isa_name(enum cpu_isa level);
 enum cpu_isa cpu_isa_parse(const char *s);
 /* The CPU's model name (CPUID brand string, else /proc/cpuinfo), "unknown" when neither says. */
 const char  *cpu_isa_model(void);
-/* 1 when CPUID's vendor is AuthenticAMD (a tuning default: kernels/cpu/matmul.c's gemv rows). */
+/* 1 when CPUID's vendor is AuthenticAMD (a tuning default: kernels/cpu/gemv.c's rows per pass). */
 int          cpu_isa_amd(void);
 /* Writes one line into buf (n bytes, NUL-terminated, truncated if short): the CPU model, the
  * level and the path each kernel family takes, e.g.

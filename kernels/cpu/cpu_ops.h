@@ -53,7 +53,7 @@ static inline void cpu_store_row(const struct tensor *t, size_t offset, size_t n
  * per call; w is bf16 rows (ldw apart) of which (nb + 15) / 16 * 16 are readable; cpu_amx_gemm
  * writes y (m rows, ldy apart) columns 0 .. nb = x @ w^T. cpu_amx_round_rows: n (a multiple of
  * 32) floats to bf16. */
-/* The path the f32 one-row product (matmul.c) and the activation rows (activation.c) take at
+/* The path the f32 one-row product (gemv.c) and the activation rows (activation.c) take at
  * cpu_isa(): "avx512", "avx2" or "baseline" (cpu_isa.c logs them). */
 const char *cpu_gemv_path(void);
 /* Rows of w per pass over x in that gemv: 1 or 8 (SHARDLM_CPU_GEMV_ROWS, else 1 on AMD). */
@@ -64,6 +64,12 @@ int         cpu_gemv_bits(void);
  * widens them in registers (AVX2 one row at a time, AVX-512 either way); else a decode widens
  * blocks of rows into scratch first. */
 int         cpu_gemv_reads(enum dtype dt);
+/* The gemv (gemv.c): y[j] = w_rows[j] . x for j < nb (rows of k), by the kernel cpu_gemv_path
+ * names. _typed: w_rows of dtype dt (cpu_gemv_reads(dt)), wf nb * k floats of scratch for rows a
+ * kernel widens (half precision only; NULL for f32). */
+void        cpu_gemv_rows(float *y, const float *w_rows, const float *x, int64_t nb, int64_t k);
+void        cpu_gemv_rows_typed(float *y, const void *w_rows, enum dtype dt, const float *x, int64_t nb, int64_t k,
+                                float *wf);
 /* Rows of x from which a block-quantized product dequantizes tiles for sgemm instead of int8 dot
  * products (matmul.c: 32, or SHARDLM_CPU_QUANT_SGEMM_MIN_M). */
 int         cpu_quant_sgemm_min_m(void);
