@@ -30,9 +30,10 @@ static int cmd_convert_gguf(int argc, char **argv)
         else if (!strcmp(argv[i], "--dtype")) dt = argv[i + 1];
         else return cli_usage("convert: unknown option '%s'", argv[i]);
     }
-    if (!gguf || !out || (strcmp(dt, "f32") && strcmp(dt, "bf16")))
-        return cli_usage("convert gguf needs --gguf FILE --out DIR [--dtype f32|bf16] [--keep-blocks]%s", "");
-    enum status st = gguf_convert(gguf, out, !strcmp(dt, "bf16") ? DTYPE_BF16 : DTYPE_F32, keep_blocks);
+    if (!gguf || !out || (strcmp(dt, "f32") && strcmp(dt, "bf16") && strcmp(dt, "f16")))
+        return cli_usage("convert gguf needs --gguf FILE --out DIR [--dtype f32|bf16|f16] [--keep-blocks]%s", "");
+    enum status st = gguf_convert(gguf, out, !strcmp(dt, "bf16") ? DTYPE_BF16 : !strcmp(dt, "f16") ? DTYPE_F16 : DTYPE_F32,
+                                  keep_blocks);
     if (st != STATUS_OK) return cli_fail(st);
     char tok[4096];
     snprintf(tok, sizeof tok, "%s/tokenizer.json", out);

@@ -55,7 +55,7 @@ static void print_help(FILE *f)
             "                   --speculative draft|eagle --draft-model PATH [--spec-token-map FILE]] [--spec-draft K]\n"
             "                   (docs/speculative.md)\n"
             "  shardlm convert llama2c --checkpoint FILE.bin --tokenizer FILE.model --out DIR\n"
-            "  shardlm convert gguf --gguf FILE.gguf --out DIR [--dtype f32|bf16] [--keep-blocks]\n"
+            "  shardlm convert gguf --gguf FILE.gguf --out DIR [--dtype f32|bf16|f16] [--keep-blocks]\n"
             "  shardlm reshard --model DIR|FILE.gguf --out DIR [--tp T --pp P | --format hf]\n"
             "  shardlm train --model DIR --data FILE[,FILE] --out DIR [options: shardlm train --help]\n"
             "  shardlm merge-lora --model DIR --adapter DIR --out DIR   fold a LoRA adapter into the model\n"

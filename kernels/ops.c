@@ -127,10 +127,10 @@ void op_cast(struct backend *b, const struct tensor *out, const struct tensor *i
     after_op(b);
 }
 
-/* A bf16 weight beside f32 activations: the CPU backend reads it so (AMX tiles, model_load). */
-static int cpu_bf16_weight(const struct backend *b, const struct tensor *w, const struct tensor *act)
+/* A bf16 or f16 weight beside f32 activations: the CPU backend reads it so (model_load). */
+static int cpu_half_weight(const struct backend *b, const struct tensor *w, const struct tensor *act)
 {
-    return b->device == DEVICE_CPU && w->dtype == DTYPE_BF16 && act->dtype == DTYPE_F32;
+    return b->device == DEVICE_CPU && (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16) && act->dtype == DTYPE_F32;
 }
 
 void op_embedding(struct backend *b, const struct tensor *out, const struct tensor *table,
@@ -141,7 +141,7 @@ void op_embedding(struct backend *b, const struct tensor *out, const struct tens
         check_quant_weight(b, table, out, "embedding table");
     } else {
         check_float(b, table, "embedding table");
-        CHECK(out->dtype == table->dtype || cpu_bf16_weight(b, table, out),
+        CHECK(out->dtype == table->dtype || cpu_half_weight(b, table, out),
               "embedding dtypes %s vs %s", DESC(out), DESC(table));
     }
     check_i32(b, ids, "embedding ids");
@@ -173,7 +173,7 @@ void op_matmul(struct backend *b, const struct tensor *y, const struct tensor *x
     check_float(b, x, "matmul x");
     if (dtype_is_quant(w->dtype)) check_quant_weight(b, w, x, "matmul w"); /* quant.h's product */
     else check_float(b, w, "matmul w");
-    CHECK((x->dtype == w->dtype || dtype_is_quant(w->dtype) || cpu_bf16_weight(b, w, x)) && y->dtype == x->dtype,
+    CHECK((x->dtype == w->dtype || dtype_is_quant(w->dtype) || cpu_half_weight(b, w, x)) && y->dtype == x->dtype,
           "matmul dtypes y %s x %s w %s", DESC(y), DESC(x), DESC(w));
     CHECK(w->ndim == 2 && tensor_cols(x) == w->shape[1] && tensor_cols(y) == w->shape[0] &&
               tensor_rows(y) == tensor_rows(x),

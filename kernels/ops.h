@@ -315,11 +315,12 @@ int         backend_cuda_compiled(void);
 const char *cpu_blas_better_core(void);
 int         cpu_amx_enabled(void);
 int         cpu_amx_set_enabled(int on);
-/* 1 when the CPU backend multiplies bf16 weights in place at every row count, so that serving
- * keeps them in bf16 (half the memory of an f32 copy, half the bytes a decode step reads): on
- * AMX tiles, or (no tiles) by a decode gemv that widens them in registers (kernels/cpu/matmul.c;
- * prefill widens blocks of rows into scratch for sgemm). */
-int         cpu_bf16_weights_in_place(void);
+/* 1 when the CPU backend multiplies weights of dtype dt (bf16 or f16) in place at every row
+ * count, so that serving keeps them so (half the memory of an f32 copy, half the bytes a decode
+ * step reads): bf16 on AMX tiles; either (no tiles) by a decode gemv that widens them in
+ * registers (kernels/cpu/gemv.c; prefill takes vdpbf16ps for bf16 where the CPU has it, else
+ * widens blocks of rows into scratch for sgemm). */
+int         cpu_half_weights_in_place(enum dtype dt);
 /* The vdpbf16ps products of bf16 weights (kernels/cpu/bf16_dot.c: AVX512-BF16 CPUs without AMX
  * tiles in use; x rounded to bf16 as on the tiles), used from 2 rows of x outside batch-invariant
  * steps; SHARDLM_CPU_BF16_DOT=0 turns them off. cpu_bf16_dot_set_enabled switches them
@@ -366,8 +367,8 @@ void op_cast(struct backend *b, const struct tensor *out, const struct tensor *i
  * table for tp = 1). out (n, d), table (vocab_local, d), ids i32 (n). The table may be
  * block-quantized (a DTYPE_Q*, tensor.h): looked-up rows are dequantized bit-exactly with
  * quant_dequantize_row (ggml's values), into an f32 out on the CPU, into an out of any float
- * dtype on CUDA (rounded once to it). On the CPU a bf16 table may also fill an f32 out (bf16
- * weights served beside f32 activations on AMX CPUs: model_load). */
+ * dtype on CUDA (rounded once to it). On the CPU a bf16 or f16 table may also fill an f32 out
+ * (half-precision weights served beside f32 activations: model_load). */
 void op_embedding(struct backend *b, const struct tensor *out, const struct tensor *table,
                   const struct tensor *ids, int64_t vocab_start);
 /* Backward: dtable[ids[i] - vocab_start, :] += dout[i, :] for the ids inside the shard (the
@@ -400,8 +401,9 @@ void op_position_embedding_add_backward(struct backend *b, const struct tensor *
  * - CUDA: f32, bf16 or f16; w dequantized inside the kernels (values bit-exact with
  *   quant_dequantize_row), x not quantized: the f32 product of x and the dequantized w, as for
  *   a float w (kernels/cuda/matmul_quant.cu).
- * No backward for those. On the CPU w may also be bf16 beside f32 x, y and bias (bf16 weights
- * served on AMX CPUs: model_load; the tiles round x to bf16, elsewhere w is widened). */
+ * No backward for those. On the CPU w may also be bf16 or f16 beside f32 x, y and bias
+ * (half-precision weights served: model_load; AMX tiles and vdpbf16ps round x to bf16 for bf16
+ * w, one row of x reads w in place where cpu_gemv_reads says so, else w is widened). */
 void op_matmul(struct backend *b, const struct tensor *y, const struct tensor *x,
                const struct tensor *w, const struct tensor *bias);
 /* Backward of y = x @ w^T + bias, for dy (m, n):

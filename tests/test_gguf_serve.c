@@ -11,10 +11,11 @@
  *   - the model loaded natively (blocks, zero-copy) against the same file loaded with every
  *     weight dequantized to f32 (model_load_as): logits of a prompt within a tolerance derived
  *     from the int8 activation rounding, the same argmax;
- *   - a bf16 conversion of the file (convert gguf --dtype bf16) served on the CPU: with AMX its
- *     matrices stay bf16 (half the bytes of f32) and multiply on the tiles, within a bf16
- *     tolerance of the same directory served with AMX off (widened to f32 at load); SKIP
- *     without AMX.
+ *   - bf16 and f16 conversions of the file (convert gguf --dtype bf16|f16) served on the CPU:
+ *     where the CPU multiplies them in place their matrices stay so (under 0.6x the bytes of
+ *     f32), the logits within a half-precision tolerance of the f32 conversion's, and bf16's
+ *     prefill on AMX tiles or vdpbf16ps within a bf16 tolerance of the f32 products; SKIP where
+ *     they are widened at load.
  * With --cuda (label gpu): the same file served on the CUDA backend, blocks kept and uploaded
  * as they are (bf16 activations, the blocks dequantized inside the kernels), against the CPU
  * backend's model with every weight dequantized to f32: logits within test_model cuda's bf16
@@ -171,25 +172,27 @@ static void test_model(const char *path)
     backend_close(b);
 }
 
-/* The file converted to bf16 and served on the CPU: its matrices stay bf16 wherever the CPU
- * multiplies bf16 weights in place (cpu_bf16_weights_in_place: AMX tiles, or a decode gemv that
- * widens them in registers; model_load), under 0.6x the weight bytes of the same file converted
- * to f32. A prefill on the bf16 products (AMX tiles or vdpbf16ps) rounds x to bf16 (relative
- * 2^-9) where the f32 products (both off) do not; the weights' values are the same. Measured max
- * |diff| 0.063 on logits up to 34 (AMX, 2026-11-25); tolerance 0.005 (1 + max |logit|), 0.17
- * here; a misread row moves logits by O(10). With both off the bf16 file's logits are the f32
- * file's up to the rounding of its weights to bf16 (measured 0.081 here), to the same tolerance. */
-static void test_bf16(const char *path)
+/* The file converted to bf16 (or f16) and served on the CPU: its matrices stay in that dtype
+ * wherever the CPU multiplies them in place (cpu_half_weights_in_place: AMX tiles for bf16, or a
+ * decode gemv that widens them in registers; model_load), under 0.6x the weight bytes of the same
+ * file converted to f32. A prefill on the bf16 products (AMX tiles or vdpbf16ps, bf16 only)
+ * rounds x to bf16 (relative 2^-9) where the f32 products (both off) do not; the weights' values
+ * are the same. Measured max |diff| 0.063 on logits up to 34 (AMX, 2026-11-25); tolerance 0.005
+ * (1 + max |logit|), 0.17 here; a misread row moves logits by O(10). With both off the file's
+ * logits are the f32 file's up to the rounding of its weights (measured 0.081 here for bf16), to
+ * the same tolerance. */
+static void test_half(const char *path, enum dtype dt)
 {
-    if (!cpu_bf16_weights_in_place()) {
-        printf("SKIP bf16 weights in place: this CPU (or SHARDLM_CPU_ISA) widens them to f32 at load\n");
+    const char *name = dtype_name(dt);
+    if (!cpu_half_weights_in_place(dt)) {
+        printf("SKIP %s weights in place: this CPU (or SHARDLM_CPU_ISA) widens them to f32 at load\n", name);
         return;
     }
     char dir[256], dir32[256];
-    snprintf(dir, sizeof dir, "/tmp/shardlm_gguf_bf16_%d", (int)getpid());
+    snprintf(dir, sizeof dir, "/tmp/shardlm_gguf_%s_%d", name, (int)getpid());
     snprintf(dir32, sizeof dir32, "/tmp/shardlm_gguf_f32_%d", (int)getpid());
-    enum status st = gguf_convert(path, dir, DTYPE_BF16, 0);
-    check_status(st, STATUS_OK, "convert gguf --dtype bf16 of the fixture", NULL);
+    enum status st = gguf_convert(path, dir, dt, 0);
+    check_status(st, STATUS_OK, "convert gguf --dtype of the fixture", name);
     if (!st) st = gguf_convert(path, dir32, DTYPE_F32, 0);
     check_status(st, STATUS_OK, "convert gguf --dtype f32 of the fixture", NULL);
     if (st) return;
@@ -199,11 +202,11 @@ static void test_bf16(const char *path)
     const int n = 8, V = 279;
     float *lh = malloc((size_t)n * V * sizeof *lh), *lf = malloc((size_t)n * V * sizeof *lf);
     float *l32 = malloc((size_t)n * V * sizeof *l32);
-    size_t blk = 0, bytes_bf16 = 0, bytes_off = 0, bytes_f32 = 0;
+    size_t blk = 0, bytes_half = 0, bytes_off = 0, bytes_f32 = 0;
     const int amx = cpu_amx_enabled(), dot = cpu_bf16_dot_set_enabled(0);
     cpu_bf16_dot_set_enabled(dot);
-    const char *products = amx ? "AMX tiles" : dot ? "vdpbf16ps" : NULL;
-    enum status sh = tiny_logits(b, dir, -1, ids, n, lh, &blk, &bytes_bf16);
+    const char *products = dt != DTYPE_BF16 ? NULL : amx ? "AMX tiles" : dot ? "vdpbf16ps" : NULL;
+    enum status sh = tiny_logits(b, dir, -1, ids, n, lh, &blk, &bytes_half);
     cpu_amx_set_enabled(0);
     cpu_bf16_dot_set_enabled(0);
     enum status sf = tiny_logits(b, dir, -1, ids, n, lf, &blk, &bytes_off);
@@ -216,17 +219,20 @@ static void test_bf16(const char *path)
         worst32 = fmax(worst32, fabs((double)lf[i] - l32[i]));
         range = fmax(range, fabs((double)l32[i]));
     }
-    check(!sh && !sf && !s32 && bytes_bf16 == bytes_off && bytes_bf16 * 10 < bytes_f32 * 6 && range > 1.0 &&
+    check(!sh && !sf && !s32 && bytes_half == bytes_off && bytes_half * 10 < bytes_f32 * 6 && range > 1.0 &&
               worst32 <= 0.005 * (1.0 + range),
-          "bf16 directory served in bf16 (%zu bytes of weights, %zu for the f32 directory): f32 products vs the f32 "
-          "directory's max |diff| %.4f (tol %.3f; logits up to %.2f)", bytes_bf16, bytes_f32, worst32,
+          "%s directory served in %s (%zu bytes of weights, %zu for the f32 directory): f32 products vs the f32 "
+          "directory's max |diff| %.4f (tol %.3f; logits up to %.2f)", name, name, bytes_half, bytes_f32, worst32,
           0.005 * (1.0 + range), range);
     if (products)
         check(!sh && !sf && worst <= 0.005 * (1.0 + range),
               "bf16 directory's prefill on the bf16 products (%s) vs the f32 products: max |diff| %.4f (tol %.3f)",
               products, worst, 0.005 * (1.0 + range));
-    else
+    else if (dt == DTYPE_BF16)
         printf("SKIP bf16 weights' prefill on bf16 products: this CPU has no AMX-BF16 or AVX512-BF16 (or they are off)\n");
+    else
+        check(!sh && !sf && worst == 0, "%s directory: the same logits whatever the bf16 products' switches (%.4f)",
+              name, worst);
     free(lh);
     free(lf);
     free(l32);
@@ -357,7 +363,8 @@ int main(int argc, char **argv)
     if (cuda) return test_model_cuda(path);
     test_checkpoint(path);
     test_model(path);
-    test_bf16(path);
+    test_half(path, DTYPE_BF16);
+    test_half(path, DTYPE_F16);
     test_nan_scale(path);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -45,12 +45,21 @@ static enum status gc_fill(void *ctx, void *dst, size_t nbytes)
     }
     CHECK(nbytes == (size_t)t->numel * dtype_size(it->dtype), "tensor %s: %zu bytes", t->name, nbytes);
     if (it->dtype == DTYPE_F32) return gguf_tensor_read_f32(it->g, t, dst);
-    if (t->n_dims > 1) return gguf_tensor_read_rows_bf16(it->g, t, 0, t->shape[0], dst);
-    /* A vector may be one quantized block row, which read_rows cannot split: via f32. */
-    float *tmp = malloc((size_t)t->numel * sizeof *tmp);
+    if (it->dtype == DTYPE_BF16 && t->n_dims > 1) return gguf_tensor_read_rows_bf16(it->g, t, 0, t->shape[0], dst);
+    /* Half precision through f32, about 4 MB of rows at a time; a vector whole (it may be one
+     * quantized block row, which read_rows cannot split). */
+    const int64_t rows = t->n_dims > 1 ? t->shape[0] : 1, per = rows ? t->numel / rows : 0;
+    int64_t step = t->n_dims > 1 && per ? ((int64_t)1 << 20) / per : rows;
+    if (step < 1) step = 1;
+    if (step > rows) step = rows;
+    float *tmp = malloc((size_t)(step * per > 0 ? step * per : 1) * sizeof *tmp);
     if (!tmp) return status_errorf(STATUS_RESOURCE_EXHAUSTED, "out of memory for %s", t->name);
-    enum status s = gguf_tensor_read_f32(it->g, t, tmp);
-    for (int64_t i = 0; !s && i < t->numel; i++) ((uint16_t *)dst)[i] = f32_to_bf16(tmp[i]);
+    enum status s = STATUS_OK;
+    for (int64_t r0 = 0; !s && r0 < rows; r0 += step) {
+        const int64_t n = rows - r0 < step ? rows - r0 : step;
+        s = t->n_dims > 1 ? gguf_tensor_read_rows_f32(it->g, t, r0, n, tmp) : gguf_tensor_read_f32(it->g, t, tmp);
+        if (!s) dtype_convert((uint16_t *)dst + r0 * per, it->dtype, tmp, DTYPE_F32, (size_t)(n * per));
+    }
     free(tmp);
     return s;
 }
@@ -703,8 +712,8 @@ enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype 
     char path[GC_PATH], gname[128], hname[160];
     struct model_config c;
 
-    if (out_dtype != DTYPE_F32 && out_dtype != DTYPE_BF16)
-        return status_errorf(STATUS_INVALID_ARGUMENT, "convert gguf: dtype %s (f32 or bf16)",
+    if (out_dtype != DTYPE_F32 && out_dtype != DTYPE_BF16 && out_dtype != DTYPE_F16)
+        return status_errorf(STATUS_INVALID_ARGUMENT, "convert gguf: dtype %s (f32, bf16 or f16)",
                              dtype_name(out_dtype));
     if (snprintf(path, sizeof path, "%s/model.safetensors", out_dir) >= (int)sizeof path)
         return status_errorf(STATUS_INVALID_ARGUMENT, "%s: path too long", out_dir);

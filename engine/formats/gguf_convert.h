@@ -48,7 +48,7 @@ extern "C" {
  * asks for a feature not modelled (experts, YaRN, OLMo 3's windows, ...: named), a tensor shardlm
  * cannot dequantize or that is no weight of the model (named, gguf_check_tensors);
  * STATUS_BAD_FORMAT for missing metadata or a tensor missing or of the wrong shape (named);
- * STATUS_INVALID_ARGUMENT for an out_dtype other than f32 / bf16; STATUS_IO. */
+ * STATUS_INVALID_ARGUMENT for an out_dtype other than f32 / bf16 / f16; STATUS_IO. */
 enum status gguf_convert(const char *gguf_path, const char *out_dir, enum dtype out_dtype, int keep_blocks);
 
 struct gguf;

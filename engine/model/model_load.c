@@ -102,20 +102,20 @@ static enum status check_finite(const char *dir, enum weight_kind kind, int laye
 
 /* The dtype a weight is loaded in, m->dtype unless: a weight stored as ggml blocks (GGUF)
  * keeps its block dtype when the model keeps blocks (serving, CPU or CUDA) and only op_matmul /
- * op_embedding read it (matrices other than the learned positions); so does a bf16 matrix served
- * on a CPU that multiplies bf16 weights in place (cpu_bf16_weights_in_place: AMX tiles, or a
- * decode gemv that widens them in registers; half the memory of the f32 copy, and faster).
- * Otherwise m->dtype (converted at load: training,
- * merging). Attention sinks are f32 always. */
+ * op_embedding read it (matrices other than the learned positions); so does a bf16 or f16 matrix
+ * served on a CPU that multiplies such weights in place (cpu_half_weights_in_place: AMX tiles
+ * for bf16, or a decode gemv that widens them in registers; half the memory of the f32 copy, and
+ * faster). Otherwise m->dtype (converted at load: training, merging). Attention sinks are f32
+ * always. */
 static enum dtype load_dtype(const struct model *m, enum weight_kind kind, const struct host_weight *hw)
 {
     if (kind == WEIGHT_KIND_SINKS) return DTYPE_F32; /* op_attention reads them in f32 (ops.h) */
     if (kind == WEIGHT_KIND_ROUTER_SEL_BIAS) return DTYPE_F32; /* read on the host by the routing (moe.c) */
     if (!m->keep_blocks || hw->ndim != 2 || kind == WEIGHT_KIND_POS_EMBEDDING) return m->dtype;
     if (dtype_is_quant(hw->stored_dtype)) return hw->stored_dtype;
-    if (hw->stored_dtype == DTYPE_BF16 && m->dtype == DTYPE_F32 && m->b->device == DEVICE_CPU &&
-        cpu_bf16_weights_in_place())
-        return DTYPE_BF16;
+    if ((hw->stored_dtype == DTYPE_BF16 || hw->stored_dtype == DTYPE_F16) && m->dtype == DTYPE_F32 &&
+        m->b->device == DEVICE_CPU && cpu_half_weights_in_place(hw->stored_dtype))
+        return hw->stored_dtype;
     return m->dtype;
 }
 

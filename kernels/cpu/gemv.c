@@ -273,7 +273,10 @@ int cpu_gemv_reads(enum dtype dt)
     return g == GEMV_ROW1_512 || g == GEMV_ROWS8_512 || g == GEMV_ROW1_256;
 }
 
-int cpu_bf16_weights_in_place(void) { return cpu_amx_enabled() || cpu_gemv_reads(DTYPE_BF16); }
+int cpu_half_weights_in_place(enum dtype dt)
+{
+    return (dt == DTYPE_BF16 && cpu_amx_enabled()) || ((dt == DTYPE_BF16 || dt == DTYPE_F16) && cpu_gemv_reads(dt));
+}
 
 /* y[j] = w_rows[j] . x for j < nb, w_rows of dtype dt (cpu_gemv_reads(dt)); wf: nb * k floats of
  * scratch for the rows a kernel widens (half precision only). */
