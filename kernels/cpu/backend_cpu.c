@@ -3,6 +3,7 @@
  * Not here: the ops themselves (one file each in this folder).
  * Tests: tests/test_ops.c --backend cpu. */
 #include <cblas.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,20 +38,25 @@ const char *cpu_blas_better_core(void)
 
 /* SHARDLM_CPU_HUGEPAGES=0 turns the weights' huge pages off (cpu_hugepages_on, ops.h); so does
  * a kernel whose transparent huge pages are "never". */
+static int            hugepages;
+static pthread_once_t hugepages_once = PTHREAD_ONCE_INIT;
+
+static void hugepages_init(void)
+{
+    const char *env = getenv("SHARDLM_CPU_HUGEPAGES");
+    char mode[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f) {
+        if (!fgets(mode, sizeof mode, f)) mode[0] = 0;
+        fclose(f);
+    }
+    hugepages = !(env && !strcmp(env, "0")) && f && !strstr(mode, "[never]");
+}
+
 int cpu_hugepages_on(void)
 {
-    static int on = -1;
-    if (on < 0) {
-        const char *env = getenv("SHARDLM_CPU_HUGEPAGES");
-        char mode[128] = "";
-        FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-        if (f) {
-            if (!fgets(mode, sizeof mode, f)) mode[0] = 0;
-            fclose(f);
-        }
-        on = !(env && !strcmp(env, "0")) && f && !strstr(mode, "[never]");
-    }
-    return on;
+    pthread_once(&hugepages_once, hugepages_init);
+    return hugepages;
 }
 
 void cpu_memory_huge(void *p, size_t n)
