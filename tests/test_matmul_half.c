@@ -4,8 +4,8 @@
  * gives with the weights widened to f32 first, both as an f32 weight (the f32 gemv) and as the
  * rows of a batched decode step (rows_as_decode, which widens blocks of w into scratch); and
  * every result must be the float64 product within f32 rounding (and the f16 rounding of y where
- * the activations are f16, as the CPU backend requires beside f16 weights; bf16 weights take f32
- * activations). Shapes cover each kernel's tails (k not a multiple of 16 or 64, rows not a
+ * the activations are f16: f16 weights are checked beside f16 and f32 activations, bf16 ones
+ * beside f32, as the CPU serves both). Shapes cover each kernel's tails (k not a multiple of 16 or 64, rows not a
  * multiple of 8), subnormal f16 weights, and 1 and 2 threads. Prefill rows against bf16 weights
  * (check_rows): with vdpbf16ps the float64 product of the bf16-rounded x, told apart from the
  * unrounded one; without it the unrounded one. AMX is turned off here (bf16 weights take the
@@ -31,15 +31,14 @@ static double rnd(void) /* uniform in [-1, 1) */
     return (double)(rng >> 11) / (double)(1ull << 52) - 1.0;
 }
 
-/* Activations of dtype at: f32 beside bf16 weights (how the CPU serves them), f16 beside f16. */
+/* Half-precision values of dtype at (bf16 or f16). */
 static uint16_t to_half(enum dtype at, float v) { return at == DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v); }
 static float from_half(enum dtype at, uint16_t h) { return at == DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h); }
 
 /* One shape: 0 on any mismatch, with the first one printed. */
-static int check_shape(struct backend *b, enum dtype dt, int64_t n, int64_t k, double *worst)
+static int check_shape(struct backend *b, enum dtype dt, enum dtype at, int64_t n, int64_t k, double *worst)
 {
     const int64_t m = 3;
-    const enum dtype at = dt == DTYPE_BF16 ? DTYPE_F32 : DTYPE_F16;
     const size_t as = dtype_size(at);
     uint16_t *wh = malloc((size_t)(n * k) * sizeof *wh);
     float *wf = malloc((size_t)(n * k) * sizeof *wf), *x = malloc((size_t)(m * k) * sizeof *x);
@@ -150,15 +149,17 @@ int main(void)
     for (int nt = 1; nt <= 2; nt++) {
         struct backend *b = NULL;
         CHECK(backend_open(DEVICE_CPU, 0, nt, &b) == STATUS_OK, "cpu backend");
-        for (int d = 0; d < 2; d++) {
-            const enum dtype dt = d ? DTYPE_F16 : DTYPE_BF16;
+        /* bf16 and f16 weights beside f32 activations (how the CPU serves them), f16 beside f16. */
+        static const enum dtype kinds[][2] = {{DTYPE_BF16, DTYPE_F32}, {DTYPE_F16, DTYPE_F32}, {DTYPE_F16, DTYPE_F16}};
+        for (size_t d = 0; d < sizeof kinds / sizeof *kinds; d++) {
+            const enum dtype dt = kinds[d][0], at = kinds[d][1];
             int ok = 1;
             double worst = 0.0;
             for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
-                ok &= check_shape(b, dt, shapes[s][0], shapes[s][1], &worst);
-            check(ok, "%s weights, %d thread(s), gemv %s: one row equals the f32 weights' product and the decode rows' "
-                  "bit for bit, within f32 rounding of float64 (worst %.3f of the bound) over %zu shapes",
-                  dtype_name(dt), nt, cpu_gemv_path(), worst, sizeof shapes / sizeof *shapes);
+                ok &= check_shape(b, dt, at, shapes[s][0], shapes[s][1], &worst);
+            check(ok, "%s weights, %s x, %d thread(s), gemv %s: one row equals the f32 weights' product and the decode "
+                  "rows' bit for bit, within f32 rounding of float64 (worst %.3f of the bound) over %zu shapes",
+                  dtype_name(dt), dtype_name(at), nt, cpu_gemv_path(), worst, sizeof shapes / sizeof *shapes);
         }
         /* Prefill rows: vdpbf16ps where the CPU has AVX512-BF16 (and the tiles are off). */
         static const int64_t rows[][3] = {{2, 37, 64}, {7, 40, 17}, {6, 32, 256}, {13, 300, 773}, {64, 600, 520}, {5, 16, 1}};

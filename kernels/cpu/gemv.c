@@ -209,6 +209,43 @@ GEMV_512 void gemv_rows_avx512_body(float *y, const void *w_rows, const float *x
     gemv_rows_body(y + j, wf, x, nb - j, k);
 }
 
+/* The eight-row pass written out for AVX2: eight ymm accumulators against one load of x per 8
+ * columns; each row's lanes summed once, then its k % 8 tail added in order with scalar fused
+ * multiply-adds (as gemv_row1_avx2_body); rows left over (nb % 8) as in gemv_rows_avx512_body.
+ * Written out so that bf16 / f16 rows are read in place (gemv_rows_body, which the compiler
+ * vectorises, could not promise a half-precision row the sums of its widened copy). */
+GEMV_256 void gemv_rows_avx2_body(float *y, const void *w_rows, const float *x, int64_t nb, int64_t k,
+                                  enum gemv_w kind, float *wf)
+{
+    const int64_t k8 = k / 8 * 8;
+    int64_t j = 0;
+    for (; j + 8 <= nb; j += 8) {
+        __m256 a[8];
+        for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < k8; c += 8) {
+            const __m256 xv = _mm256_loadu_ps(x + c);
+            for (int r = 0; r < 8; r++) a[r] = _mm256_fmadd_ps(gemv_load8(gemv_row(w_rows, j + r, k, kind), c, kind), xv, a[r]);
+        }
+        for (int r = 0; r < 8; r++) {
+            const void *w = gemv_row(w_rows, j + r, k, kind);
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(a[r]), _mm256_extractf128_ps(a[r], 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_add_ss(h, _mm_movehdup_ps(h));
+            float sum = _mm_cvtss_f32(h);
+            for (int64_t c = k8; c < k; c++)
+                sum = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(gemv_w1(w, c, kind)), _mm_set_ss(x[c]), _mm_set_ss(sum)));
+            y[j + r] = sum;
+        }
+    }
+    if (j == nb) return;
+    if (kind == GEMV_W_F32) {
+        gemv_rows_body(y + j, gemv_row(w_rows, j, k, kind), x, nb - j, k);
+        return;
+    }
+    for (int64_t i = 0; i < (nb - j) * k; i++) wf[i] = gemv_w1(gemv_row(w_rows, j, k, kind), i, kind);
+    gemv_rows_body(y + j, wf, x, nb - j, k);
+}
+
 /* One copy of each body per weight type. */
 __attribute__((target("avx512f"))) static void gemv_row1_avx512(float *y, const void *w, const float *x, int64_t nb,
                                                                 int64_t k, enum gemv_w kind)
@@ -234,10 +271,12 @@ __attribute__((target("avx512f"))) static void gemv_rows_avx512(float *y, const 
     else gemv_rows_avx512_body(y, w, x, nb, k, GEMV_W_F32, wf);
 }
 
-__attribute__((target("avx2,fma"))) static void gemv_rows_avx2(float *y, const float *w_rows,
-                                                           const float *x, int64_t nb, int64_t k)
+__attribute__((target("avx2,fma,f16c"))) static void gemv_rows_avx2(float *y, const void *w, const float *x, int64_t nb,
+                                                                    int64_t k, enum gemv_w kind, float *wf)
 {
-    gemv_rows_body(y, w_rows, x, nb, k);
+    if (kind == GEMV_W_BF16) gemv_rows_avx2_body(y, w, x, nb, k, GEMV_W_BF16, wf);
+    else if (kind == GEMV_W_F16) gemv_rows_avx2_body(y, w, x, nb, k, GEMV_W_F16, wf);
+    else gemv_rows_avx2_body(y, w, x, nb, k, GEMV_W_F32, wf);
 }
 #endif
 
@@ -263,14 +302,12 @@ const char *cpu_gemv_path(void)
 }
 
 /* Whether gemv_rows reads w of type dt in place: f32 always, bf16 and f16 where the kernel is one
- * of the intrinsics ones (the eight-row AVX2 pass and the portable one are gemv_rows_body, whose
- * vectorisation the compiler chooses, so widened rows keep their sums). */
+ * of the intrinsics ones (all but the portable one, gemv_rows_body, whose vectorisation the
+ * compiler chooses, so widened rows keep their sums). */
 int cpu_gemv_reads(enum dtype dt)
 {
     if (dt == DTYPE_F32) return 1;
-    if (dt != DTYPE_BF16 && dt != DTYPE_F16) return 0;
-    const enum gemv_kernel g = gemv_kernel();
-    return g == GEMV_ROW1_512 || g == GEMV_ROWS8_512 || g == GEMV_ROW1_256;
+    return (dt == DTYPE_BF16 || dt == DTYPE_F16) && gemv_kernel() != GEMV_PORTABLE;
 }
 
 int cpu_half_weights_in_place(enum dtype dt)
@@ -291,7 +328,7 @@ void cpu_gemv_rows_typed(float *y, const void *w_rows, enum dtype dt, const floa
     case GEMV_ROW1_512: gemv_row1_avx512(y, w_rows, x, nb, k, kind); return;
     case GEMV_ROWS8_512: gemv_rows_avx512(y, w_rows, x, nb, k, kind, wf); return;
     case GEMV_ROW1_256: gemv_row1_avx2(y, w_rows, x, nb, k, kind); return;
-    case GEMV_ROWS8_256: gemv_rows_avx2(y, w_rows, x, nb, k); return;
+    case GEMV_ROWS8_256: gemv_rows_avx2(y, w_rows, x, nb, k, kind, wf); return;
 #endif
     default: gemv_rows_default(y, w_rows, x, nb, k); return;
     }
