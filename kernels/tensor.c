@@ -186,6 +186,20 @@ uint16_t f32_to_f16(float f)
     return sign | (uint16_t)((mant_round - 0x38000000u) >> 13);
 }
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* f16 to f32 with F16C, eight at a time: exact, as f16_to_f32 (a signalling NaN comes back
+ * quiet). Prefill against f16 weights widens blocks of rows through here (kernels/cpu/matmul.c):
+ * element by element it was 2.3x slower than the f32 weights' prefill. */
+__attribute__((target("avx,f16c"))) static void f16_rows_to_f32(float *d, const uint16_t *s, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i < n; i++) d[i] = f16_to_f32(s[i]);
+}
+#endif
+
 void dtype_convert(void *dst, enum dtype dst_t, const void *src, enum dtype src_t, size_t n)
 {
     if (dst_t == src_t) {
@@ -198,6 +212,12 @@ void dtype_convert(void *dst, enum dtype dst_t, const void *src, enum dtype src_
         for (size_t i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
         return;
     }
+#if defined(__x86_64__)
+    if (src_t == DTYPE_F16 && dst_t == DTYPE_F32 && __builtin_cpu_supports("f16c")) {
+        f16_rows_to_f32(dst, src, n);
+        return;
+    }
+#endif
     for (size_t i = 0; i < n; i++) dtype_store_f32(dst, dst_t, i, dtype_load_f32(src, src_t, i));
 }
 

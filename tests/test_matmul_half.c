@@ -146,6 +146,17 @@ int main(void)
                                         {9, 2048}, {16, 64}, {300, 773}, {1, 33},   {600, 520}};
     const int amx_was = cpu_amx_set_enabled(0);
     printf("kernels: gemv %s\n", cpu_gemv_path());
+    /* What widened rows go through (dtype_convert: F16C where the CPU has it): every f16 value. */
+    static uint16_t all[65536];
+    static float wide[65536];
+    for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+    dtype_convert(wide, DTYPE_F32, all, DTYPE_F16, 65536);
+    int same = 0;
+    for (int i = 0; i < 65536; i++) {
+        const float want = f16_to_f32(all[i]);
+        same += isnan(want) ? isnan(wide[i]) : !memcmp(&wide[i], &want, sizeof want);
+    }
+    check(same == 65536, "dtype_convert f16 -> f32: %d of 65536 values equal f16_to_f32's (NaN as NaN)", same);
     for (int nt = 1; nt <= 2; nt++) {
         struct backend *b = NULL;
         CHECK(backend_open(DEVICE_CPU, 0, nt, &b) == STATUS_OK, "cpu backend");

@@ -72,8 +72,9 @@ static enum status cpu_alloc(struct backend *b, size_t nbytes, void **ptr)
     size_t n = (nbytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
     if (n == 0) n = CPU_ALIGN;
     /* From 2 MB, aligned to a huge page, so that cpu_memory_huge covers all its whole 2 MB
-     * (the skipped head is address space, never touched). */
-    *ptr = aligned_alloc(n >= CPU_HUGE ? CPU_HUGE : CPU_ALIGN, n);
+     * (the skipped head is address space, never touched). posix_memalign: C11's aligned_alloc
+     * wants a size that is a multiple of the alignment (ASan enforces it). */
+    if (posix_memalign(ptr, n >= CPU_HUGE ? CPU_HUGE : CPU_ALIGN, n)) *ptr = NULL;
     if (!*ptr)
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "cpu: out of host memory allocating %zu bytes",
                              nbytes);
