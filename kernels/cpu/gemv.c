@@ -121,6 +121,18 @@ GEMV_256 __m256 gemv_load8(const void *w, int64_t c, enum gemv_w kind)
     return _mm256_loadu_ps((const float *)w + c);
 }
 
+/* A row's sum from its accumulator v (the lanes added pairwise), then its columns c .. k - 1 added
+ * in order with scalar fused multiply-adds. */
+GEMV_256 float gemv_finish8(__m256 v, const void *w, const float *x, int64_t c, int64_t k, enum gemv_w kind)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float sum = _mm_cvtss_f32(h);
+    for (; c < k; c++) sum = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(gemv_w1(w, c, kind)), _mm_set_ss(x[c]), _mm_set_ss(sum)));
+    return sum;
+}
+
 /* The other order of the same products (gemv_rows_per_pass 1): y[j] = w_rows[j] . x one row
  * after the other, so that the weights stream from memory as one sequential read (the rows are
  * contiguous), where the eight-row pass reads eight places 4 k bytes apart. Four accumulators of
@@ -164,14 +176,22 @@ GEMV_256 void gemv_row1_avx2_body(float *y, const void *w_rows, const float *x, 
             a3 = _mm256_fmadd_ps(gemv_load8(w, c + 24, kind), _mm256_loadu_ps(x + c + 24), a3);
         }
         for (; c + 8 <= k; c += 8) a0 = _mm256_fmadd_ps(gemv_load8(w, c, kind), _mm256_loadu_ps(x + c), a0);
-        const __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        float sum = _mm_cvtss_f32(h);
-        for (; c < k; c++) sum = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(gemv_w1(w, c, kind)), _mm_set_ss(x[c]), _mm_set_ss(sum)));
-        y[j] = sum;
+        y[j] = gemv_finish8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)), w, x, c, k, kind);
     }
+}
+
+/* Rows j .. nb - 1 of the eight-row passes (fewer than eight) by gemv_rows_body, half-precision
+ * ones widened into wf first. */
+__attribute__((always_inline)) static inline void gemv_rows_rest(float *y, const void *w_rows, const float *x, int64_t j,
+                                                                 int64_t nb, int64_t k, enum gemv_w kind, float *wf)
+{
+    if (j == nb) return;
+    if (kind == GEMV_W_F32) {
+        gemv_rows_body(y + j, gemv_row(w_rows, j, k, kind), x, nb - j, k);
+        return;
+    }
+    for (int64_t i = 0; i < (nb - j) * k; i++) wf[i] = gemv_w1(gemv_row(w_rows, j, k, kind), i, kind);
+    gemv_rows_body(y + j, wf, x, nb - j, k);
 }
 
 /* The eight-row pass written out for AVX-512: eight accumulators (one per row of w) against one
@@ -200,18 +220,12 @@ GEMV_512 void gemv_rows_avx512_body(float *y, const void *w_rows, const float *x
         }
         for (int r = 0; r < 8; r++) y[j + r] = _mm512_reduce_add_ps(a[r]);
     }
-    if (j == nb) return;
-    if (kind == GEMV_W_F32) {
-        gemv_rows_body(y + j, gemv_row(w_rows, j, k, kind), x, nb - j, k);
-        return;
-    }
-    for (int64_t i = 0; i < (nb - j) * k; i++) wf[i] = gemv_w1(gemv_row(w_rows, j, k, kind), i, kind);
-    gemv_rows_body(y + j, wf, x, nb - j, k);
+    gemv_rows_rest(y, w_rows, x, j, nb, k, kind, wf);
 }
 
 /* The eight-row pass written out for AVX2: eight ymm accumulators against one load of x per 8
- * columns; each row's lanes summed once, then its k % 8 tail added in order with scalar fused
- * multiply-adds (as gemv_row1_avx2_body); rows left over (nb % 8) as in gemv_rows_avx512_body.
+ * columns; each row's lanes summed once, then its k % 8 tail added in order (gemv_finish8, as in
+ * gemv_row1_avx2_body); rows left over (nb % 8) as in gemv_rows_avx512_body.
  * Written out so that bf16 / f16 rows are read in place (gemv_rows_body, which the compiler
  * vectorises, could not promise a half-precision row the sums of its widened copy). */
 GEMV_256 void gemv_rows_avx2_body(float *y, const void *w_rows, const float *x, int64_t nb, int64_t k,
@@ -226,24 +240,9 @@ GEMV_256 void gemv_rows_avx2_body(float *y, const void *w_rows, const float *x, 
             const __m256 xv = _mm256_loadu_ps(x + c);
             for (int r = 0; r < 8; r++) a[r] = _mm256_fmadd_ps(gemv_load8(gemv_row(w_rows, j + r, k, kind), c, kind), xv, a[r]);
         }
-        for (int r = 0; r < 8; r++) {
-            const void *w = gemv_row(w_rows, j + r, k, kind);
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(a[r]), _mm256_extractf128_ps(a[r], 1));
-            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            h = _mm_add_ss(h, _mm_movehdup_ps(h));
-            float sum = _mm_cvtss_f32(h);
-            for (int64_t c = k8; c < k; c++)
-                sum = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(gemv_w1(w, c, kind)), _mm_set_ss(x[c]), _mm_set_ss(sum)));
-            y[j + r] = sum;
-        }
+        for (int r = 0; r < 8; r++) y[j + r] = gemv_finish8(a[r], gemv_row(w_rows, j + r, k, kind), x, k8, k, kind);
     }
-    if (j == nb) return;
-    if (kind == GEMV_W_F32) {
-        gemv_rows_body(y + j, gemv_row(w_rows, j, k, kind), x, nb - j, k);
-        return;
-    }
-    for (int64_t i = 0; i < (nb - j) * k; i++) wf[i] = gemv_w1(gemv_row(w_rows, j, k, kind), i, kind);
-    gemv_rows_body(y + j, wf, x, nb - j, k);
+    gemv_rows_rest(y, w_rows, x, j, nb, k, kind, wf);
 }
 
 /* One copy of each body per weight type. */
