@@ -1,7 +1,7 @@
 /* tests/test_matmul_half.c - the CPU backend's products against bf16 and f16 weights
  * (kernels/cpu/matmul.c, gemv.c, bf16_dot.c). Decode (cpu_gemv_rows_typed): where the gemv
- * kernel reads them in place (widened in registers), one row of x must give, bit for bit, what the same product
- * gives with the weights widened to f32 first, both as an f32 weight (the f32 gemv) and as the
+ * kernel reads them in place (widened in registers), one row of x must give, bit for bit, what
+ * the same product gives with the weights widened to f32 first, both as an f32 weight (the f32 gemv) and as the
  * rows of a batched decode step (rows_as_decode, which widens blocks of w into scratch); and
  * every result must be the float64 product within f32 rounding (and the f16 rounding of y where
  * the activations are f16: f16 weights are checked beside f16 and f32 activations, bf16 ones
