@@ -1,16 +1,17 @@
 /* tests/test_matmul_half.c - the CPU backend's products against bf16 and f16 weights
- * (kernels/cpu/matmul.c, gemv.c, bf16_dot.c). Decode (cpu_gemv_rows_typed): where the gemv
- * kernel reads them in place (widened in registers), one row of x must give, bit for bit, what
- * the same product gives with the weights widened to f32 first, both as an f32 weight (the f32 gemv) and as the
- * rows of a batched decode step (rows_as_decode, which widens blocks of w into scratch); and
+ * (kernels/cpu/matmul.c, gemv.c, bf16_dot.c). Decode (cpu_gemv_rows_typed): where the gemv kernel
+ * reads them in place (widened in registers), one row of x must give, bit for bit, what the same
+ * product gives with the weights widened to f32 first, both as an f32 weight (the f32 gemv) and as
+ * the rows of a batched decode step (rows_as_decode, which widens blocks of w into scratch); and
  * every result must be the float64 product within f32 rounding (and the f16 rounding of y where
  * the activations are f16: f16 weights are checked beside f16 and f32 activations, bf16 ones
- * beside f32, as the CPU serves both). Shapes cover each kernel's tails (k not a multiple of 16 or 64, rows not a
- * multiple of 8), subnormal f16 weights, and 1 and 2 threads. Prefill rows against bf16 weights
- * (check_rows): with vdpbf16ps the float64 product of the bf16-rounded x, told apart from the
- * unrounded one; without it the unrounded one. AMX is turned off here (bf16 weights take the
- * tiles there, a product of x rounded to bf16). Runs at every ISA level and with each gemv knob
- * (tests/isa.cmake). */
+ * beside f32, as the CPU serves both). Shapes cover each kernel's tails (k not a multiple of 16 or
+ * 64, rows not a multiple of 8), subnormal f16 weights, and 1 and 2 threads. Prefill rows against
+ * bf16 weights (check_rows): with vdpbf16ps the float64 product of the bf16-rounded x, told apart
+ * from the unrounded one; without it the unrounded one. AMX is turned off here (bf16 weights take
+ * the tiles there, a product of x rounded to bf16). Runs at every ISA level and with each gemv
+ * knob (tests/isa.cmake). Also dtype_convert's f16 widening (F16C where the CPU has it) against
+ * f16_to_f32 over all 65,536 values. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
