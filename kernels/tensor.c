@@ -187,23 +187,9 @@ uint16_t f32_to_f16(float f)
 }
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
-#include <stdatomic.h>
 
-/* 1 when the CPU has F16C and AVX2 (the OS saving ymm: __builtin_cpu_supports checks it); read
- * once (CPUID traps to the hypervisor in a VM). */
-static int have_f16c(void)
-{
-    static _Atomic int state = -1;
-    int s = atomic_load_explicit(&state, memory_order_relaxed);
-    if (s < 0) {
-        unsigned a, b, c, d;
-        s = __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-        atomic_store_explicit(&state, s, memory_order_relaxed);
-    }
-    return s;
-}
+#include "cpu/cpu_isa.h"
 
 /* f16 to f32 with F16C, eight at a time: exact, as f16_to_f32 (a signalling NaN comes back
  * quiet). Prefill against f16 weights widens blocks of rows through here (kernels/cpu/matmul.c):
@@ -229,7 +215,7 @@ void dtype_convert(void *dst, enum dtype dst_t, const void *src, enum dtype src_
         return;
     }
 #if defined(__x86_64__)
-    if (src_t == DTYPE_F16 && dst_t == DTYPE_F32 && have_f16c()) {
+    if (src_t == DTYPE_F16 && dst_t == DTYPE_F32 && cpu_isa_at_least(CPU_ISA_AVX2)) { /* AVX2 level: F16C too */
         f16_rows_to_f32(dst, src, n);
         return;
     }

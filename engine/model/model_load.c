@@ -190,7 +190,8 @@ static enum status pack_mapped(struct model *m, const char *dir, enum weight_kin
  * of the packed weights beside it, given back at load (Gemma 3 270M Q4_K_M kept 48 of its 226
  * packed MB resident that way: peak RSS 1.21x llama.cpp's). Copied, nothing reads the mapping
  * after the load. The same bytes resident either way, copied a few MB at a time (each part's
- * pages given back), checked for NaN / Inf. */
+ * pages given back), checked for NaN / Inf. With huge pages on (cpu_hugepages_on) every matrix
+ * served from the mapping is copied so, onto them (alloc_weight). */
 static int copies_unpacked(const struct tensor *t)
 {
     return (dtype_is_quant(t->dtype) && packing_on()) || cpu_hugepages_on();
