@@ -12,6 +12,7 @@ position. Not a test.
 
   python3 tools/spec_replay.py --shardlm build/cli/shardlm --model FILE.gguf
       [--squad .cache/chat-data/squad_eval.json] [--questions 200] [--max-tokens 64] [--trace FILE.json]
+      [--serve-arg=ARG ...]
 """
 import argparse
 import json
@@ -127,9 +128,11 @@ def generate(a, prompts):
     """[(prompt length, prompt ids + greedy output ids)] from a plain server."""
     seqs = []
     try:
-        with TS.Server(a.shardlm, Path(a.model), name="spec-replay") as srv, srv.client(timeout=600) as cl:
+        with TS.Server(a.shardlm, Path(a.model), *a.serve_arg, name="spec-replay") as srv, srv.client(timeout=600) as cl:
             for p in prompts:
-                g = cl.generate(p, max_tokens=a.max_tokens, temperature=0, prompt_logprobs=0)
+                kw = dict(max_tokens=a.max_tokens, temperature=0, prompt_logprobs=0)
+                # a GGUF without a chat template: the server's own (--chat-template) through Chat
+                g = cl.generate(p, **kw) if a.rendered else cl.chat([{"role": "user", "content": p}], **kw)
                 ids = [x.token_id for x in g.prompt_logprobs]
                 seqs.append((len(ids), ids + list(g.token_ids)))
     finally:
@@ -140,15 +143,22 @@ def generate(a, prompts):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
-    ap.add_argument("--model", required=True, help="a GGUF (its chat template renders the prompts)")
+    ap.add_argument("--model", required=True, help="a GGUF (its chat template renders the prompts; without one, "
+                    "the server's template through Chat)")
     ap.add_argument("--squad", default=str(ROOT / ".cache" / "chat-data" / "squad_eval.json"))
     ap.add_argument("--questions", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="one more argument for the server (repeat: --serve-arg=--lora --serve-arg=NAME=DIR)")
     ap.add_argument("--trace", help="a JSON file: read the token sequences from it when it exists (no server), "
                     "else write them there after generating")
     a = ap.parse_args()
-    template = BS.gguf_template(a.model)
-    prompts = [template.render(messages=[{"role": "user", "content": p}], add_generation_prompt=True)
+    try:
+        template = BS.gguf_template(a.model)
+    except KeyError:
+        template = None
+    a.rendered = template is not None
+    prompts = [template.render(messages=[{"role": "user", "content": p}], add_generation_prompt=True) if template else p
                for p in BS.squad_prompts(a.squad, a.questions)]
     if a.trace and Path(a.trace).exists():
         seqs = [tuple(x) for x in json.loads(Path(a.trace).read_text())]

@@ -404,8 +404,10 @@ static enum status forward_step(struct model *m, struct kv_cache *cache, const s
     for (int s = 0; s < fb->n_seqs && ab.decode_only; s++)
         ab.decode_only = fb->q_start[s + 1] - fb->q_start[s] == 1;
 
-    CHECK((!fb->hidden && !fb->features) || (m->tp_size == 1 && m->pp_size == 1),
-          "forward batch: hidden states or features at tp %d, pp %d", m->tp_size, m->pp_size);
+    CHECK(!fb->features || (m->tp_size == 1 && m->pp_size == 1), "forward batch: features at tp %d, pp %d",
+          m->tp_size, m->pp_size);
+    CHECK(!fb->hidden || model_is_last_stage(m), "forward batch: hidden states asked of stage %d of %d", m->pp_rank,
+          m->pp_size);
     CHECK(!m->input_fc_emb.data || fb->features, "forward batch: an EAGLE head without its features");
     struct tensor x = tensor_first_rows(&m->ws.x, T);
     enum status st;

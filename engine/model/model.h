@@ -199,6 +199,12 @@ enum status model_load(const char *dir, struct backend *b, const struct model_pa
 enum status model_load_as(const char *dir, struct backend *b, const struct model_parallel *par,
                           int dtype, struct model **out);
 
+/* The checkpoint's input and output ends alone, whole on one rank: the token embeddings, the
+ * final norm, the LM head and the rotary factors, no layers (n_layers_local 0; never run). An
+ * EAGLE head borrows them when the served model is sharded (tp or pp > 1), whose first rank then
+ * holds a slice of the vocabulary or no LM head (engine/serving/draft.c). */
+enum status model_load_io(const char *dir, struct backend *b, struct model **out);
+
 /* The (rank, size) a weight of `kind` is sliced by (checkpoint_describe's tp_rank, tp_size): the
  * ep group's for a mixture's experts under expert parallelism (a contiguous block of whole
  * experts per rank; in training at tp > 1, tp rank t's block split over its ep group: rank
@@ -260,10 +266,11 @@ struct forward_batch {
      * model's backend; the logits are then (n_logits, rows), column j the head's row j. Only on
      * one rank (tp = pp = 1) and without greedy_ids; NULL = the model's head. */
     const struct tensor *head;
-    /* EAGLE (engine/serving/draft.c), one rank only (tp = pp = 1): hidden, when non-NULL, receives
-     * every row's final hidden state as the LM head reads it (after the final norm when the model
-     * has one), f32 host (n_tokens, d_model); features gives a head's per-row input features
-     * (model.input_fc_*), f32 host (n_tokens, d_model), required by such a head. */
+    /* EAGLE (engine/serving/draft.c): hidden, when non-NULL (on a last stage only; at tp > 1 any
+     * of its ranks, whose residual streams are equal), receives every row's final hidden state as
+     * the LM head reads it (after the final norm when the model has one), f32 host (n_tokens,
+     * d_model); features gives a head's per-row input features (model.input_fc_*), f32 host
+     * (n_tokens, d_model), required by such a head, which runs on one rank (tp = pp = 1). */
     float       *hidden;
     const float *features;
 };

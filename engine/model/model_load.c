@@ -422,14 +422,29 @@ enum status model_parse_pp_layers(const char *text, int pp_size, int n_layers, i
     return STATUS_OK;
 }
 
+static enum status load_model(const char *dir, struct backend *b, const struct model_parallel *par, int dtype,
+                              int io_only, struct model **out);
+
 enum status model_load(const char *dir, struct backend *b, const struct model_parallel *par,
                        struct model **out)
 {
-    return model_load_as(dir, b, par, -1, out);
+    return load_model(dir, b, par, -1, 0, out);
 }
 
 enum status model_load_as(const char *dir, struct backend *b, const struct model_parallel *par,
                           int dtype, struct model **out)
+{
+    return load_model(dir, b, par, dtype, 0, out);
+}
+
+enum status model_load_io(const char *dir, struct backend *b, struct model **out)
+{
+    return load_model(dir, b, NULL, -1, 1, out);
+}
+
+/* model_load_as; io_only: no layers, only the embeddings, the final norm and the LM head (whole) */
+static enum status load_model(const char *dir, struct backend *b, const struct model_parallel *par, int dtype,
+                              int io_only, struct model **out)
 {
     *out = NULL;
     /* Under expert parallelism in serving the layout's tp group is the ep group and nothing is
@@ -498,6 +513,7 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
     } else {
         checkpoint_pp_layers(c->n_layers, pp_size, pp_rank, &m->layer_first, &m->n_layers_local);
     }
+    if (io_only) m->layer_first = c->n_layers, m->n_layers_local = 0; /* one stage, first and last */
     /* CPUs compute in f32; GPUs in bf16, or f16 for checkpoints trained in f16. */
     m->dtype = b->device == DEVICE_CPU ? DTYPE_F32 : (c->dtype == DTYPE_F16 ? DTYPE_F16 : DTYPE_BF16);
     if (dtype >= 0) m->dtype = (enum dtype)dtype;
@@ -538,7 +554,7 @@ enum status model_load_as(const char *dir, struct backend *b, const struct model
 
     m->w.n_layers = m->n_layers_local;
     m->w.tied = c->tied_embeddings && pp_rank == 0 && pp_rank == pp_size - 1;
-    m->w.layers = calloc((size_t)m->n_layers_local, sizeof *m->w.layers);
+    m->w.layers = calloc(m->n_layers_local ? (size_t)m->n_layers_local : 1, sizeof *m->w.layers);
     if (!m->w.layers) {
         st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "model: out of host memory");
         goto fail;

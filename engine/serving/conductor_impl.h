@@ -51,7 +51,8 @@ struct conductor {
      * and the target's distribution of the row being verified (vocab). */
     struct draft    draft;
     float   *spec_q, *spec_p;
-    float   *eagle_hidden;       /* EAGLE: the step's hidden states, (max_batch_tokens, d_model) */
+    float   *eagle_hidden;       /* EAGLE: the step's hidden states, (max_batch_tokens, d_model): on the
+                                    first rank, and at pp > 1 on the last stage's first tp rank */
     int      spec_check_grammar; /* SHARDLM_SPEC_CHECK_GRAMMAR set: check_matcher after each verification */
     /* The adaptive rule's server-wide prior (conductor_speculate.c spec_prior_low): the drafts
      * verified and accepted lately over every sequence (halved as they grow), and the backoff a
@@ -101,6 +102,7 @@ struct conductor {
 /* conductor_ranks.c: the multi-rank side of a step. */
 enum status plan_exchange(struct conductor *c, struct step_plan_header *h);
 int         micro_batches(const struct conductor *c, int n_seqs);
+int         conductor_last_stage_rank(const struct conductor *c); /* the rank that sends the first rank its logits */
 enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logits, int n_micro);
 void        log_comm_time(struct conductor *c);
 void        stop_workers(struct conductor *c);

@@ -48,13 +48,19 @@ enum status plan_exchange(struct conductor *c, struct step_plan_header *h)
 /* With pp > 1 the logits are on the last stage: its first rank sends them to the first rank,
  * which samples (a departure from sampling on the last stage: the sampler's per-request state
  * then lives in one place; the cost is n_logits x vocab floats per step over MPI). */
-static enum status logits_to_first_rank(struct conductor *c, int n_logits)
+int conductor_last_stage_rank(const struct conductor *c)
 {
     const struct parallel_layout *l = &c->par.layout;
-    if (!c->par.world || l->pp_size == 1 || n_logits == 0) return STATUS_OK;
-    struct tensor t = tensor_make(c->logits, DTYPE_F32, DEVICE_CPU, 2, (int64_t)n_logits,
-                                  (int64_t)c->m->cfg.vocab_size);
-    int last = parallel_layout_rank(l, 0, l->pp_size - 1, 0);
+    return parallel_layout_rank(l, 0, l->pp_size - 1, 0);
+}
+
+/* rows x cols host floats at buf from the last stage's first tp rank to the first rank (pp > 1). */
+static enum status host_rows_to_first_rank(struct conductor *c, float *buf, int rows, int cols)
+{
+    const struct parallel_layout *l = &c->par.layout;
+    if (!c->par.world || l->pp_size == 1 || rows == 0) return STATUS_OK;
+    struct tensor t = tensor_make(buf, DTYPE_F32, DEVICE_CPU, 2, (int64_t)rows, (int64_t)cols);
+    const int last = conductor_last_stage_rank(c);
     if (conductor_is_first_rank(c)) return comm_recv(c->par.world->control, &t, last);
     if (l->rank == last) return comm_send(c->par.world->control, &t, 0);
     return STATUS_OK;
@@ -77,7 +83,7 @@ int micro_batches(const struct conductor *c, int n_seqs)
 enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logits, int n_micro)
 {
     const struct step_batch *b = &c->sched.batch;
-    const int V = c->m->cfg.vocab_size, per = (n_seqs + n_micro - 1) / n_micro;
+    const int V = c->m->cfg.vocab_size, D = c->m->cfg.d_model, per = (n_seqs + n_micro - 1) / n_micro;
     int l0 = 0;
     enum status st = STATUS_OK;
     for (int s0 = 0; s0 < n_seqs && st == STATUS_OK; s0 += per) {
@@ -101,14 +107,17 @@ enum status run_forward(struct conductor *c, int n_rows, int n_seqs, int n_logit
             fb.greedy_done = &c->greedy_done;
         }
         c->greedy_done = 0;
-        /* EAGLE's features: every row's hidden state, kept beside its K/V (one rank, one
-         * micro-batch: draft_load_eagle) */
-        if (c->eagle_hidden) fb.hidden = c->eagle_hidden;
+        /* EAGLE's features: every row's hidden state, from the last stage (the first rank's at
+         * pp 1; the last stage's first tp rank sends them at pp > 1) */
+        if (c->eagle_hidden && model_is_last_stage(c->m)) fb.hidden = c->eagle_hidden + (size_t)r0 * (size_t)D;
         st = model_forward(c->m, &c->cache, &fb, c->logits + (size_t)l0 * (size_t)V);
-        if (st == STATUS_OK && c->eagle_hidden) kv_cache_write_features(&c->cache, fb.slots, fb.n_tokens, fb.hidden);
         l0 = l1;
     }
-    if (st == STATUS_OK) st = logits_to_first_rank(c, n_logits);
+    if (st == STATUS_OK) st = host_rows_to_first_rank(c, c->logits, n_logits, V);
+    if (st == STATUS_OK && c->eagle_hidden) st = host_rows_to_first_rank(c, c->eagle_hidden, n_rows, D);
+    /* ... kept beside the rows' K/V in the first rank's cache, where the head reads them */
+    if (st == STATUS_OK && c->eagle_hidden && conductor_is_first_rank(c))
+        kv_cache_write_features(&c->cache, b->slots, n_rows, c->eagle_hidden);
     return st;
 }
 

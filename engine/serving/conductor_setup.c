@@ -91,7 +91,8 @@ static enum status load_draft(struct conductor *c)
     struct engine_options *o = &c->o;
     if (o->spec_draft <= 0) o->spec_draft = 5;
     const int slots = o->spec_max_batch > 0 ? o->spec_max_batch : 4;
-    enum status st = o->draft_eagle ? draft_load_eagle(o->draft_model_dir, c->b, c->m, &c->cache, slots, &c->draft)
+    enum status st = o->draft_eagle ? draft_load_eagle(o->draft_model_dir, o->model_dir, c->b, c->m, &c->cache, slots,
+                                                      &c->draft)
                                     : draft_load(o->draft_model_dir, c->b, c->m, slots, &c->draft);
     if (st == STATUS_OK && o->draft_eagle &&
         !(c->eagle_hidden = malloc((size_t)o->max_batch_tokens * (size_t)c->m->cfg.d_model * sizeof *c->eagle_hidden)))
@@ -147,7 +148,7 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     if ((st = sampler_init(&c->smp, cfg->vocab_size)) != STATUS_OK) goto fail;
     const char *dev_sampling = getenv("SHARDLM_DEVICE_SAMPLING");
     c->device_greedy = dev_sampling && *dev_sampling ? strcmp(dev_sampling, "0") != 0 : c->b->device == DEVICE_CUDA;
-    if (c->par.layout.pp_size > 1) c->device_greedy = 0; /* the logits travel to rank 0 (logits_to_first_rank) */
+    if (c->par.layout.pp_size > 1) c->device_greedy = 0; /* the logits travel to rank 0 (run_forward) */
     const size_t V = (size_t)cfg->vocab_size;
     c->logits = malloc((size_t)c->max_logits * V * sizeof *c->logits);
     c->scratch = malloc(2 * V * sizeof *c->scratch);
@@ -166,6 +167,11 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     if (o->draft_model_dir) {
         c->device_greedy = 0; /* on every rank: device-greedy steps never draft, the draft needs the host's rows */
         st = conductor_is_first_rank(c) ? load_draft(c) : STATUS_OK;
+        /* At pp > 1 an EAGLE head's features come from the last stage's first tp rank (run_forward) */
+        if (o->draft_eagle && !conductor_is_first_rank(c) && c->par.layout.pp_size > 1 &&
+            c->par.layout.rank == conductor_last_stage_rank(c) &&
+            !(c->eagle_hidden = malloc((size_t)o->max_batch_tokens * (size_t)cfg->d_model * sizeof *c->eagle_hidden)))
+            st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the EAGLE features");
         if (c->par.world) st = parallel_agree(c->par.world, st); /* the workers fail with the first rank */
         if (st != STATUS_OK) goto fail;
     }

@@ -97,7 +97,6 @@ enum status draft_load(const char *dir, struct backend *b, const struct model *t
 static const char *eagle_unfit(const struct model *t)
 {
     const struct model_config *c = &t->cfg;
-    if (t->tp_size > 1 || t->pp_size > 1) return "it runs at tp or pp > 1 (EAGLE needs its hidden states on one rank)";
     if (c->encoder || c->n_experts || c->norm != NORM_KIND_RMSNORM || !c->gated_mlp || c->activation != ACTIVATION_SILU ||
         c->positions != POSITION_KIND_ROTARY || c->qk_norm || c->sandwich_norms || c->no_pre_norms || c->post_ln ||
         c->qkv_bias || c->attn_out_bias || c->mlp_bias || c->sliding_window_pattern)
@@ -250,8 +249,8 @@ static enum status eagle_weights(struct draft *d, struct model *h, const struct 
     return ret;
 }
 
-enum status draft_load_eagle(const char *path, struct backend *b, struct model *target, struct kv_cache *target_kv,
-                             int n_slots, struct draft *d)
+enum status draft_load_eagle(const char *path, const char *target_dir, struct backend *b, struct model *target,
+                             struct kv_cache *target_kv, int n_slots, struct draft *d)
 {
     memset(d, 0, sizeof *d);
     const char *why = eagle_unfit(target);
@@ -278,6 +277,20 @@ enum status draft_load_eagle(const char *path, struct backend *b, struct model *
         draft_free(d);
         return status_errorf(STATUS_RESOURCE_EXHAUSTED, "--draft-model: out of host memory");
     }
+    /* A sharded target's first rank holds a slice of the vocabulary (tp) or no LM head (pp): the
+     * head then borrows a whole copy of the checkpoint's two ends, loaded here. */
+    const struct model *ends = target;
+    if (target->tp_size > 1 || target->pp_size > 1) {
+        ret = model_load_io(target_dir, b, &d->ends);
+        if (ret != STATUS_OK) {
+            ret = status_errorf(ret, "--speculative eagle: the served model's embeddings and LM head for the head "
+                                "(tp %d, pp %d): %s", target->tp_size, target->pp_size, status_message());
+            safetensors_close(st);
+            draft_free(d);
+            return ret;
+        }
+        ends = d->ends;
+    }
     h->cfg = target->cfg;
     h->par.layout = (struct parallel_layout){.world_size = 1, .tp_size = 1, .pp_size = 1, .dp_size = 1,
                                              .pp_prev = -1, .pp_next = -1};
@@ -288,10 +301,10 @@ enum status draft_load_eagle(const char *path, struct backend *b, struct model *
     h->n_heads_local = h->cfg.n_heads;
     h->n_kv_local = h->cfg.n_kv_heads;
     h->ffn_local = h->cfg.ffn_hidden;
-    h->vocab_local = target->vocab_local;
-    h->w.tok_embedding = target->w.tok_embedding;
-    h->w.lm_head = target->w.lm_head;
-    h->rope_factors = target->rope_factors;
+    h->vocab_local = ends->vocab_local;
+    h->w.tok_embedding = ends->w.tok_embedding;
+    h->w.lm_head = ends->w.lm_head;
+    h->rope_factors = ends->rope_factors;
     snprintf(h->quantization, sizeof h->quantization, "none");
     ret = eagle_weights(d, h, target, st, path);
     safetensors_close(st);
@@ -317,8 +330,9 @@ enum status draft_load_eagle(const char *path, struct backend *b, struct model *
     const char *trace = getenv("SHARDLM_EAGLE_TRACE");
     if (trace && *trace && !(d->trace = fopen(trace, "a")))
         LOG_WARN(MODULE, "SHARDLM_EAGLE_TRACE %s: cannot open it; no trace", trace);
-    LOG_INFO(MODULE, "EAGLE head %s: one layer on %s (d_model %zu, projections %s), %d slots of %d tokens", path,
-             target->cfg.architecture, D, dtype_name(h->w.layers[0].wq.dtype), d->n_slots, d->ctx);
+    LOG_INFO(MODULE, "EAGLE head %s: one layer on %s (d_model %zu, projections %s), %d slots of %d tokens%s", path,
+             target->cfg.architecture, D, dtype_name(h->w.layers[0].wq.dtype), d->n_slots, d->ctx,
+             d->ends ? "; the served model is sharded: its embeddings and LM head loaded whole for the head" : "");
     return STATUS_OK;
 }
 
@@ -331,6 +345,7 @@ void draft_free(struct draft *d)
         for (int i = 0; i < d->n_eagle_mem; i++) backend_free(d->m->b, d->eagle_mem[i]);
     }
     model_free(d->m);
+    model_free(d->ends);
     free(d->owner);
     free(d->n_cached);
     free(d->tables);

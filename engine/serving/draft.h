@@ -63,6 +63,7 @@ struct draft {
     void     *eagle_mem[DRAFT_EAGLE_ALLOCS]; /* the head's own tensors' backend allocations */
     int       n_eagle_mem;
     const struct kv_cache *target_kv; /* the target's cache: its features (struct kv_cache.features) */
+    struct model *ends;          /* a sharded target's embeddings and LM head, whole (model_load_io), or NULL */
     int      *n_exact;           /* (n_slots) leading positions whose head rows read the target's features */
     float    *h_last;            /* (n_slots, d_model) the head's output at its slot's last row */
     int      *h_pos;             /* (n_slots) that row's position, -1 = none */
@@ -79,13 +80,16 @@ enum status draft_load(const char *dir, struct backend *b, const struct model *t
 /* Loads an EAGLE-1 head from the safetensors file at path (EAGLE's tensor names: fc.weight (d, 2d),
  * fc.bias, layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.post_attention_layernorm.weight,
  * layers.0.mlp.{gate,up,down}_proj.weight; no attention norm, no final norm) on the target's
- * backend, its layer shaped as the target's. The target must be a dense Llama-style decoder (RMS
- * norms, SwiGLU, rotary, no biases or QK norms) on one rank; the file's "rope_style" metadata,
- * when present, must be the target's. STATUS_INVALID_ARGUMENT / UNSUPPORTED naming what differs.
- * It gives target_kv (the target's cache) its features (kv_cache_features_init, d_model floats a
- * slot), which the engine writes from every target forward (forward_batch.hidden). */
-enum status draft_load_eagle(const char *path, struct backend *b, struct model *target, struct kv_cache *target_kv,
-                             int n_slots, struct draft *d);
+ * backend (the first rank's), its layer shaped as the target's, whole. The target must be a dense
+ * Llama-style decoder (RMS norms, SwiGLU, rotary, no biases or QK norms); at tp or pp > 1 the
+ * head borrows a whole copy of the embeddings and LM head of the checkpoint at target_dir
+ * (model_load_io) instead of the rank's slice. The file's "rope_style" metadata, when present,
+ * must be the target's. STATUS_INVALID_ARGUMENT / UNSUPPORTED naming what differs. It gives
+ * target_kv (the target's cache on this rank) its features (kv_cache_features_init, d_model
+ * floats a slot), which the engine writes from every target forward (forward_batch.hidden; at
+ * pp > 1 the last stage sends them: conductor_ranks.c). */
+enum status draft_load_eagle(const char *path, const char *target_dir, struct backend *b, struct model *target,
+                             struct kv_cache *target_kv, int n_slots, struct draft *d);
 /* Cuts the loaded draft's head to the token ids of the JSON array in path (--spec-token-map):
  * each in [0, vocab), none twice, at least one; STATUS_INVALID_ARGUMENT naming the file and what
  * is wrong otherwise. */

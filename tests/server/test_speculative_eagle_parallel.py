@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""An EAGLE head beside a sharded target (issue 29; docs/speculative.md "EAGLE heads"): tp 2, pp 2,
+and pp 2 in two micro-batches, under mpirun. The head runs whole on the first rank, borrowing a
+whole copy of the checkpoint's embeddings and LM head (that rank holds half the vocabulary at tp 2
+and no LM head at pp 2); the target's final hidden states, which it reads, come from the last
+stage (at pp 2 the last stage sends them to the first rank beside the logits). Target:
+stories260K; the head written as in test_speculative_eagle.py (its fc fitted to the target's own
+greedy text, so that drafts are accepted and rejected).
+
+1. Every proposal (SHARDLM_EAGLE_TRACE) against the float64 NumPy reference of target and head
+   (test_speculative_eagle.Reference): the same best token, its logit within a relative 1e-5; both
+   kinds of rows present (a step's first draft, drafts after drafts). Features that were missing,
+   another row's, or a shard's would fail it.
+2. Greedy tokens of the 8 prompts, one at a time and 8 at once, equal to the server without
+   speculation at tp 1 (stories260K's f32 rows do not depend on the batch); drafts verified, some
+   accepted, some rejected. The micro-batched server runs with the prefix cache on, the prompts
+   twice (the second round's prompts partly from the cache, their features kept beside the blocks).
+
+  test_speculative_eagle_parallel.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K
+SKIP (77) without the model, mpirun, numpy or the Python client.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+SKIP = 77
+sys.dont_write_bytecode = True
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1] / "tools"))
+import test_server as TS  # noqa: E402
+from checks import Checks  # noqa: E402
+from test_speculative_eagle import PROMPTS, Reference, fit_fc, greedy, make_head, parse_trace  # noqa: E402
+
+check = Checks()
+MPI = ("mpirun", "--oversubscribe", "-n", "2")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--model", required=True)
+    a = ap.parse_args()
+    if not os.path.isdir(a.model):
+        print(f"SKIP: no model at {a.model}")
+        return SKIP
+    if not shutil.which("mpirun"):
+        print("SKIP: no mpirun")
+        return SKIP
+    try:
+        import numpy as np
+    except ImportError:
+        print("SKIP: no numpy")
+        return SKIP
+    from make_draft import write_safetensors
+    tmp = Path(tempfile.mkdtemp(prefix="shardlm-eagle-par-"))
+    cfg = json.loads((Path(a.model) / "config.json").read_text())
+    try:
+        with TS.Server(a.shardlm, Path(a.model), "--no-prefix-caching", name="eagle-par-off") as srv:
+            base = (greedy(srv, 1), greedy(srv, 8))
+    finally:
+        TS.kill_all()
+    ref = Reference(np, a.model, make_head(np, cfg))
+    head = fit_fc(np, ref, make_head(np, cfg), [[1, *g] for g in base[0]])
+    write_safetensors(tmp / "head.safetensors", head, {"rope_style": "halves", "format": "eagle-1"})
+    ref = Reference(np, a.model, head)
+    eagle = ["--speculative", "eagle", "--draft-model", str(tmp / "head.safetensors"), "--spec-draft", "3",
+             "--spec-max-batch", "64", "--max-seqs", "64"]
+    # (name, layout flags, prefix caching, rounds of 8 at once)
+    cases = [("tp 2", ["--tp", "2"], False, 1), ("pp 2", ["--pp", "2"], False, 1),
+             ("pp 2, two micro-batches, prefix cache on", ["--pp", "2", "--pp-microbatches", "2"], True, 2)]
+    runs = []
+    try:
+        for k, (name, layout, prefix, rounds) in enumerate(cases):
+            trace = tmp / f"trace{k}.txt"
+            env = dict(os.environ, SHARDLM_SPEC_PRIOR="0", SHARDLM_EAGLE_TRACE=str(trace))
+            flags = [*layout, *eagle, *([] if prefix else ["--no-prefix-caching"])]
+            with TS.Server(a.shardlm, Path(a.model), *flags, name=f"eagle-par{k}", launcher=MPI, env=env) as srv:
+                got = [greedy(srv, 1)] + [greedy(srv, 8) for _ in range(rounds)]
+                with srv.client(timeout=60) as c:
+                    st = c.server_stats()
+                log = srv.log_path.read_text()
+            runs.append((name, got, st, trace, log))
+    finally:
+        TS.kill_all()
+    for name, got, st, trace, log in runs:
+        want = [base[0]] + [base[1]] * (len(got) - 1)
+        same = sum(x == y for g, w in zip(got, want) for x, y in zip(g, w))
+        check(got == want, f"{name}: greedy tokens equal to tp 1 without speculation ({same} of "
+              f"{len(PROMPTS) * len(got)})")
+        check(st.spec_draft_tokens > 0 and 0 < st.spec_accepted_tokens < st.spec_draft_tokens,
+              f"{name}: {st.spec_draft_tokens} drafts verified, {st.spec_accepted_tokens} accepted (some accepted, "
+              "some rejected)")
+        if "two micro-batches" in name:
+            check(st.prefix_cache_hit_tokens > 0, f"{name}: {st.prefix_cache_hit_tokens} prompt tokens from the cache")
+        rows = parse_trace(trace)
+        bad, worst, chained = [], 0.0, 0
+        for real, best, top, tokens in rows:
+            lg = ref.propose(tokens, real)
+            chained += len(tokens) > real
+            worst = max(worst, abs(float(lg.max()) - top))
+            if int(lg.argmax()) != best or abs(float(lg.max()) - top) > 1e-5 * max(1.0, abs(top)):
+                bad.append((real, len(tokens), best, int(lg.argmax()), top, float(lg.max())))
+        check(len(rows) >= 100 and chained >= 20 and len(rows) - chained >= 20,
+              f"{name}: the trace holds {len(rows)} proposals, {chained} of them after drafts of the same step")
+        check(not bad, f"{name}: every proposal's best token and logit equal the float64 reference ({len(rows)} "
+              f"checked, largest logit difference {worst:.2e}, relative 1e-5 allowed; differing: {bad[:3]})")
+    return check.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
