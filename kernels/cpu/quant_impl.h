@@ -128,8 +128,10 @@ struct act_q8_k {    /* 256 elements, for the K-quants */
  * A packed block holds block b of eight consecutive rows: their f16 scales d[8], for Q4_1 their
  * mins m[8], then the quants: Q4_0 / Q4_1 in four chunks of 32 bytes, byte 4 r + t of chunk j
  * holding row r's element 4 j + t in its low nibble and element 16 + 4 j + t in its high
- * nibble; Q8_0 in eight chunks of 32 bytes, byte 4 r + t of chunk k row r's element 4 k + t.
- * The same bytes as the eight rows' blocks, regrouped. */
+ * nibble; Q8_0 in eight chunks of 32 bytes, byte 4 r + t of chunk k row r's element 4 k + t
+ * plus 128 (unsigned: vpdpbusd multiplies it by x as it is, and the 128 sum(x) it adds comes off
+ * once per block through act_q8.sum). The same bytes as the eight rows' blocks, regrouped (Q8_0's
+ * with their top bit flipped). */
 #define QUANT_R8_Q4_0 144
 #define QUANT_R8_Q4_1 160
 #define QUANT_R8_Q8_0 272

@@ -20,19 +20,20 @@ struct packed_geom {
     size_t block, packed, scales; /* bytes of a stored block, of a packed block, of d (+ m) */
     int    words;                 /* 4-byte words of quants per row and block */
     int    elems;                 /* elements per block: 32, or 256 for Q4_K */
+    int    flip;                  /* the quants' top bit flipped (Q8_0: stored signed, packed + 128) */
 };
 
 static int geom_of(enum quant_type type, struct packed_geom *g)
 {
     *g = (struct packed_geom){0};
     switch (type) {
-    case QUANT_TYPE_Q4_0: *g = (struct packed_geom){sizeof(struct blk_q4_0), QUANT_R8_Q4_0, 2, 4, QK}; return 1;
-    case QUANT_TYPE_Q4_1: *g = (struct packed_geom){sizeof(struct blk_q4_1), QUANT_R8_Q4_1, 4, 4, QK}; return 1;
-    case QUANT_TYPE_Q8_0: *g = (struct packed_geom){sizeof(struct blk_q8_0), QUANT_R8_Q8_0, 2, 8, QK}; return 1;
-    case QUANT_TYPE_Q4_K: *g = (struct packed_geom){sizeof(struct blk_q4_k), QUANT_R8_Q4_K, 0, 0, QK_K}; return 1;
-    case QUANT_TYPE_Q5_0: *g = (struct packed_geom){sizeof(struct blk_q5_0), QUANT_R8_Q5_0, 2, 4, QK}; return 1;
-    case QUANT_TYPE_Q5_1: *g = (struct packed_geom){sizeof(struct blk_q5_1), QUANT_R8_Q5_1, 4, 4, QK}; return 1;
-    case QUANT_TYPE_Q6_K: *g = (struct packed_geom){sizeof(struct blk_q6_k), QUANT_R8_Q6_K, 0, 0, QK_K}; return 1;
+    case QUANT_TYPE_Q4_0: *g = (struct packed_geom){sizeof(struct blk_q4_0), QUANT_R8_Q4_0, 2, 4, QK, 0}; return 1;
+    case QUANT_TYPE_Q4_1: *g = (struct packed_geom){sizeof(struct blk_q4_1), QUANT_R8_Q4_1, 4, 4, QK, 0}; return 1;
+    case QUANT_TYPE_Q8_0: *g = (struct packed_geom){sizeof(struct blk_q8_0), QUANT_R8_Q8_0, 2, 8, QK, 1}; return 1;
+    case QUANT_TYPE_Q4_K: *g = (struct packed_geom){sizeof(struct blk_q4_k), QUANT_R8_Q4_K, 0, 0, QK_K, 0}; return 1;
+    case QUANT_TYPE_Q5_0: *g = (struct packed_geom){sizeof(struct blk_q5_0), QUANT_R8_Q5_0, 2, 4, QK, 0}; return 1;
+    case QUANT_TYPE_Q5_1: *g = (struct packed_geom){sizeof(struct blk_q5_1), QUANT_R8_Q5_1, 4, 4, QK, 0}; return 1;
+    case QUANT_TYPE_Q6_K: *g = (struct packed_geom){sizeof(struct blk_q6_k), QUANT_R8_Q6_K, 0, 0, QK_K, 0}; return 1;
     default: return 0;
     }
 }
@@ -64,6 +65,8 @@ static void move_block(const struct packed_geom *g, uint8_t *p, uint8_t *const b
         for (int w = 0; w < g->words; w++) {
             uint8_t *a = p + 8 * g->scales + 32 * w + 4 * r, *b = blk[r] + g->scales + 4 * w;
             memcpy(to_packed ? a : b, to_packed ? b : a, 4);
+            if (g->flip)
+                for (int t = 0; t < 4; t++) (to_packed ? a : b)[t] ^= 0x80;
         }
     }
 }
@@ -301,7 +304,7 @@ void quant_scalar_packed8_q8_0(int64_t nb, const void *wpv, const void *xqv, flo
         for (int r = 0; r < 8; r++) {
             int32_t s = 0;
             for (int k = 0; k < 8; k++)
-                for (int t = 0; t < 4; t++) s += (int8_t)wp[16 + 32 * k + 4 * r + t] * x[b].qs[4 * k + t];
+                for (int t = 0; t < 4; t++) s += ((int)wp[16 + 32 * k + 4 * r + t] - 128) * x[b].qs[4 * k + t];
             uint16_t d;
             memcpy(&d, wp + 2 * r, 2);
             acc[r] = fmaf(f16_to_f32(d) * x[b].d, (float)s, acc[r]);

@@ -309,8 +309,10 @@ packed8_q45(int64_t nb, const uint8_t *wp, int has_min, int five, const uint8_t 
     for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ys, _mm256_add_ps(acc[r], accm[r]));
 }
 
-/* Q8_0: the weights are signed, so each vector's sign moves onto the broadcast x word (as
- * s8_rows); a product pair reaches 2 * 128 * 127, so every vector has its own vpmaddwd. */
+/* Q8_0, packed as w + 128 (unsigned, quant_impl.h). With QX_VNNI one vpdpbusd per vector and x
+ * word, sum((w + 128) x) - 128 sum(x) per block (exact in int32); otherwise the top bit flipped
+ * back and each vector's sign moved onto the broadcast x word (as s8_rows), since a product pair
+ * of vpmaddubsw reaches 2 * 128 * 127 only so, every vector with its own vpmaddwd. */
 QX_TARGET __attribute__((always_inline)) static inline void
 packed8_q8(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, float *y, int64_t ys, int R)
 {
@@ -320,10 +322,16 @@ packed8_q8(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, float *y
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, wp += QUANT_R8_Q8_0) {
         qx_prefetch_far(wp, QUANT_R8_Q8_0);
-        __m256i v[8], av[8];
+        __m256i v[8];
+#ifndef QX_VNNI
+        __m256i av[8];
+#endif
         for (int k = 0; k < 8; k++) {
             v[k] = _mm256_loadu_si256((const __m256i *)(wp + 16 + 32 * k));
+#ifndef QX_VNNI
+            v[k] = _mm256_xor_si256(v[k], _mm256_set1_epi8((char)0x80));
             av[k] = _mm256_sign_epi8(v[k], v[k]);
+#endif
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wp));
         for (int r = 0; r < R; r++) {
@@ -332,16 +340,19 @@ packed8_q8(int64_t nb, const uint8_t *wp, const uint8_t *xb, size_t xs, float *y
             __m256i part[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                                _mm256_setzero_si256()};
             for (int k = 0; k < 8; k++) {
+#ifdef QX_VNNI
+                part[k & 3] = QX_DPBUSD_X(part[k & 3], v[k], xq + 4 * k);
+#else
                 int32_t xw;
                 memcpy(&xw, xq + 4 * k, 4);
-#ifdef QX_VNNI
-                part[k & 3] = QX_DPBUSD(part[k & 3], av[k], _mm256_sign_epi8(_mm256_set1_epi32(xw), v[k]));
-#else
                 const __m256i p = _mm256_maddubs_epi16(av[k], _mm256_sign_epi8(_mm256_set1_epi32(xw), v[k]));
                 part[k & 3] = _mm256_add_epi32(part[k & 3], _mm256_madd_epi16(p, ones));
 #endif
             }
-            const __m256i is = _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
+            __m256i is = _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
+#ifdef QX_VNNI
+            is = _mm256_sub_epi32(is, _mm256_set1_epi32(128 * x->sum));
+#endif
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(is), acc[r]);
         }
     }
