@@ -45,16 +45,17 @@ enum status plan_exchange(struct conductor *c, struct step_plan_header *h)
     return STATUS_OK;
 }
 
-/* With pp > 1 the logits are on the last stage: its first rank sends them to the first rank,
- * which samples (a departure from sampling on the last stage: the sampler's per-request state
- * then lives in one place; the cost is n_logits x vocab floats per step over MPI). */
 int conductor_last_stage_rank(const struct conductor *c)
 {
     const struct parallel_layout *l = &c->par.layout;
     return parallel_layout_rank(l, 0, l->pp_size - 1, 0);
 }
 
-/* rows x cols host floats at buf from the last stage's first tp rank to the first rank (pp > 1). */
+/* rows x cols host floats at buf from the last stage's first tp rank to the first rank (pp > 1).
+ * With pp > 1 the logits are on the last stage: its first rank sends them to the first rank,
+ * which samples (a departure from sampling on the last stage: the sampler's per-request state
+ * then lives in one place; the cost is n_logits x vocab floats per step over MPI); an EAGLE
+ * head's features (every row's hidden state, rows x d_model floats) follow them. */
 static enum status host_rows_to_first_rank(struct conductor *c, float *buf, int rows, int cols)
 {
     const struct parallel_layout *l = &c->par.layout;

@@ -221,6 +221,24 @@ def parse_trace(path):
     return rows
 
 
+def check_trace(check, ref, name, path):
+    """Every proposal of the trace at path against the reference ref: the same best token, its logit
+    within a relative 1e-5; at least 100 proposals, 20 of them a step's first draft and 20 after
+    drafts of the same step."""
+    rows = parse_trace(path)
+    bad, worst, chained = [], 0.0, 0
+    for real, best, top, tokens in rows:
+        lg = ref.propose(tokens, real)
+        chained += len(tokens) > real
+        worst = max(worst, abs(float(lg.max()) - top))
+        if int(lg.argmax()) != best or abs(float(lg.max()) - top) > 1e-5 * max(1.0, abs(top)):
+            bad.append((real, len(tokens), best, int(lg.argmax()), top, float(lg.max())))
+    check(len(rows) >= 100 and chained >= 20 and len(rows) - chained >= 20,
+          f"{name}: the trace holds {len(rows)} proposals, {chained} of them after drafts of the same step")
+    check(not bad, f"{name}: every proposal's best token and logit equal the float64 reference ({len(rows)} "
+          f"checked, largest logit difference {worst:.2e}, relative 1e-5 allowed; differing: {bad[:3]})")
+
+
 def greedy(srv, n_parallel):
     def one(i):
         with srv.client(timeout=120) as c:
@@ -378,18 +396,7 @@ def main():
     ref = Reference(np, a.model, head)
     for name, path in (("prefix caching off", trace), ("prefix cache warm, 4-token blocks", trace_pc),
                        ("preempted (a pool of 40 blocks of 4 tokens)", trace_pr)):
-        rows = parse_trace(path)
-        bad, worst, chained = [], 0.0, 0
-        for real, best, top, tokens in rows:
-            lg = ref.propose(tokens, real)
-            chained += len(tokens) > real
-            worst = max(worst, abs(float(lg.max()) - top))
-            if int(lg.argmax()) != best or abs(float(lg.max()) - top) > 1e-5 * max(1.0, abs(top)):
-                bad.append((real, len(tokens), best, int(lg.argmax()), top, float(lg.max())))
-        check(len(rows) >= 100 and chained >= 20 and len(rows) - chained >= 20,
-              f"{name}: the trace holds {len(rows)} proposals, {chained} of them after drafts of the same step")
-        check(not bad, f"{name}: every proposal's best token and logit equal the float64 reference ({len(rows)} "
-              f"checked, largest logit difference {worst:.2e}, relative 1e-5 allowed; differing: {bad[:3]})")
+        check_trace(check, ref, name, path)
     # A cached prefix's features are kept with its KV blocks: the proposals above read the same
     # features whether the target computed those rows for this request or for an earlier one.
     same = sum(u == v for u, v in zip(base[1], warm[2]))
