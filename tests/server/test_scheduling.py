@@ -89,17 +89,20 @@ def post(srv, body, path="/v1/completions"):
         return e.code, json.loads(e.read())
 
 
-def backlog(srv, n=320, max_tokens=200):
+def backlog(srv, n=320, max_tokens=480):
     """Client A: n unary requests of one sample on one connection; returns its futures once the
     server holds them all (running or waiting). The samples ignore EOS, so none ends before its
     max_tokens, and the servers run at most 8 at once (`--max-seqs 8`), so hundreds still wait
     while B's request runs, however slow the machine (a backlog that drained before B finished
-    failed this test once on a loaded 2-core machine)."""
+    failed this test once on a loaded 2-core machine; on 2026-12-03 a CI run's 320 requests took
+    more than the 30 s this loop then allowed to arrive, while the server drained samples of 200
+    tokens as they came, and none waited: the samples are now 480 tokens, nearly stories260K's
+    context, and the loop waits up to 120 s)."""
     ch = srv.channel()
     stub, control = pb_grpc.TextGenerationStub(ch), pb_grpc.TextGenerationStub(srv.channel())
     futs = [stub.Generate.future(pb.GenerateRequest(prompt="Once upon a time", sampling=pb.SamplingParams(
         max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True)), timeout=300) for i in range(n)]
-    end = time.time() + 30
+    end = time.time() + 120
     while time.time() < end:
         s = control.GetServerStats(pb.GetServerStatsRequest(), timeout=10)
         if s.running + s.waiting >= n:
