@@ -94,9 +94,6 @@ static enum status load_draft(struct conductor *c)
     enum status st = o->draft_eagle ? draft_load_eagle(o->draft_model_dir, o->model_dir, c->b, c->m, &c->cache, slots,
                                                       &c->draft)
                                     : draft_load(o->draft_model_dir, c->b, c->m, slots, &c->draft);
-    if (st == STATUS_OK && o->draft_eagle &&
-        !(c->eagle_hidden = malloc((size_t)o->max_batch_tokens * (size_t)c->m->cfg.d_model * sizeof *c->eagle_hidden)))
-        st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the EAGLE features");
     if (st == STATUS_OK && o->draft_token_map) st = draft_token_map(&c->draft, o->draft_token_map);
     if (st != STATUS_OK) return st;
     const size_t V = (size_t)c->m->cfg.vocab_size, k = (size_t)(o->spec_draft < 32 ? o->spec_draft : 32);
@@ -167,9 +164,11 @@ enum status conductor_create(const struct engine_options *opt, struct conductor 
     if (o->draft_model_dir) {
         c->device_greedy = 0; /* on every rank: device-greedy steps never draft, the draft needs the host's rows */
         st = conductor_is_first_rank(c) ? load_draft(c) : STATUS_OK;
-        /* At pp > 1 an EAGLE head's features come from the last stage's first tp rank (run_forward) */
-        if (o->draft_eagle && !conductor_is_first_rank(c) && c->par.layout.pp_size > 1 &&
-            c->par.layout.rank == conductor_last_stage_rank(c) &&
+        /* An EAGLE head's features, every row's hidden state: on the first rank, which keeps them, and
+         * at pp > 1 on the last stage's first tp rank, which sends them there (run_forward) */
+        const int features_here = conductor_is_first_rank(c) ||
+                                  (c->par.layout.pp_size > 1 && c->par.layout.rank == conductor_last_stage_rank(c));
+        if (st == STATUS_OK && o->draft_eagle && features_here &&
             !(c->eagle_hidden = malloc((size_t)o->max_batch_tokens * (size_t)cfg->d_model * sizeof *c->eagle_hidden)))
             st = status_errorf(STATUS_RESOURCE_EXHAUSTED, "engine: out of host memory for the EAGLE features");
         if (c->par.world) st = parallel_agree(c->par.world, st); /* the workers fail with the first rank */

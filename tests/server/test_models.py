@@ -86,19 +86,24 @@ def references(env, model_dir, names, *extra):
                 for n in names}
 
 
-def write_random_adapter(out, model_dir, rank=4, alpha=8, seed=3):
-    """A PEFT adapter (adapter_config.json, adapter_model.safetensors in F32) of q_proj and v_proj
-    of every layer of the Llama in model_dir, A and B both random (so that it moves the answers)."""
+def write_random_adapter(out, model_dir, rank=4, alpha=8, seed=3, modules=("q_proj", "v_proj"), scale=0.5):
+    """A PEFT adapter (adapter_config.json, adapter_model.safetensors in F32) of `modules` (q_proj,
+    k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj) of every layer of the Llama in model_dir,
+    A and B both random (standard normal times scale, so that it moves the answers)."""
     c = json.loads((model_dir / "config.json").read_text())
     d, hd = c["hidden_size"], c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
-    outs = {"q_proj": c["num_attention_heads"] * hd, "v_proj": c["num_key_value_heads"] * hd}
+    q, kv, ff = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd, c["intermediate_size"]
+    shapes = {"q_proj": ("self_attn", q, d), "k_proj": ("self_attn", kv, d), "v_proj": ("self_attn", kv, d),
+              "o_proj": ("self_attn", d, q), "gate_proj": ("mlp", ff, d), "up_proj": ("mlp", ff, d),
+              "down_proj": ("mlp", d, ff)}  # module: (block, out, in)
     rng = numpy.random.default_rng(seed)
     head, blobs, off = {}, [], 0
     for il in range(c["num_hidden_layers"]):
-        for mod, o in outs.items():
-            for ab, shape in (("A", (rank, d)), ("B", (o, rank))):
-                x = (rng.standard_normal(shape) * 0.5).astype("<f4")
-                name = f"base_model.model.model.layers.{il}.self_attn.{mod}.lora_{ab}.weight"
+        for mod in modules:
+            block, o, i = shapes[mod]
+            for ab, shape in (("A", (rank, i)), ("B", (o, rank))):
+                x = (rng.standard_normal(shape) * scale).astype("<f4")
+                name = f"base_model.model.model.layers.{il}.{block}.{mod}.lora_{ab}.weight"
                 head[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + x.nbytes]}
                 blobs.append(x.tobytes())
                 off += x.nbytes
@@ -107,7 +112,7 @@ def write_random_adapter(out, model_dir, rank=4, alpha=8, seed=3):
     h += b" " * (-len(h) % 8)
     (out / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
     (out / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": list(outs)}))
+        {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": list(modules)}))
 
 
 def expect_refused(env, args, words, name):

@@ -20,7 +20,6 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
-import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -39,34 +38,7 @@ PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park"
            "One day, a girl named Sue", "The sun was hot and the sky", "Bob and his mom went to the store to buy",
            "The cat sat on the"]
 ADAPTERS = [None, "a1", "a2"]
-MODULES = {"self_attn.q_proj": ("nh_hd", "d"), "self_attn.k_proj": ("kv_hd", "d"), "self_attn.v_proj": ("kv_hd", "d"),
-           "self_attn.o_proj": ("d", "nh_hd"), "mlp.gate_proj": ("ff", "d"), "mlp.up_proj": ("ff", "d"),
-           "mlp.down_proj": ("d", "ff")}
-
-
-def write_adapter(np, out, cfg, modules, rank, seed):
-    """A PEFT adapter (adapter_config.json, adapter_model.safetensors in F32) on `modules` of every
-    layer, A and B random."""
-    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    dims = {"d": cfg["hidden_size"], "nh_hd": cfg["num_attention_heads"] * hd,
-            "kv_hd": cfg["num_key_value_heads"] * hd, "ff": cfg["intermediate_size"]}
-    rng = np.random.default_rng(seed)
-    head, blobs, off = {}, [], 0
-    for il in range(cfg["num_hidden_layers"]):
-        for mod in modules:
-            o, i = MODULES[mod]
-            for ab, shape in (("A", (rank, dims[i])), ("B", (dims[o], rank))):
-                x = (rng.standard_normal(shape) * 0.3).astype("<f4")
-                name = f"base_model.model.model.layers.{il}.{mod}.lora_{ab}.weight"
-                head[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + x.nbytes]}
-                blobs.append(x.tobytes())
-                off += x.nbytes
-    out.mkdir(parents=True)
-    h = json.dumps(head).encode()
-    h += b" " * (-len(h) % 8)
-    (out / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-    (out / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": [m.split(".")[1] for m in modules]}))
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def greedy(srv, n_parallel):
@@ -99,10 +71,11 @@ def main():
         return SKIP
     from make_draft import write_safetensors
     from test_speculative_eagle import make_head
+    from test_models import write_random_adapter
     tmp = Path(tempfile.mkdtemp(prefix="shardlm-spec-lora-"))
     cfg = json.loads((Path(a.model) / "config.json").read_text())
-    write_adapter(np, tmp / "a1", cfg, list(MODULES), 4, 11)
-    write_adapter(np, tmp / "a2", cfg, ["self_attn.q_proj", "self_attn.v_proj"], 2, 12)
+    write_random_adapter(tmp / "a1", Path(a.model), rank=4, alpha=8, seed=11, modules=ALL, scale=0.3)
+    write_random_adapter(tmp / "a2", Path(a.model), rank=2, alpha=4, seed=12, scale=0.3)
     write_safetensors(tmp / "head.safetensors", make_head(np, cfg), {"rope_style": "halves", "format": "eagle-1"})
     lora = ["--lora", f"a1={tmp / 'a1'}", "--lora", f"a2={tmp / 'a2'}", "--max-seqs", "32"]
     spec = ["--spec-draft", "4", "--spec-max-batch", "32"]
