@@ -138,7 +138,7 @@ static int usage(const char *fmt, const char *arg)
                     "                 instead (the same tokenizer as --model, refused otherwise; at tp / pp > 1\n"
                     "                 it runs on rank 0): --spec-draft tokens a step, verified by rejection sampling\n"
                     "  --speculative eagle --draft-model HEAD.safetensors  an EAGLE-1 head on the served model's\n"
-                    "                 hidden states (tools/eagle_probe.py export; Llama-style models; at tp / pp > 1\n"
+                    "                 hidden states (tools/eagle_probe.py export; dense rotary decoders; at tp / pp > 1\n"
                     "                 on rank 0, with a whole copy of the embeddings and LM head)\n"
                     "  --spec-token-map FILE  the draft's LM head cut to the token ids of FILE (a JSON array; tools/\n"
                     "                 draft_token_map.py): cheaper draft tokens, drafts only among those tokens\n"

@@ -7,7 +7,12 @@ written back in `shardlm train`'s chat format with the target's answers as the a
 
   python3 tools/distill_data.py --shardlm build/cli/shardlm --model FILE.gguf|DIR --out FILE.jsonl
       [--data .cache/chat-data/train.jsonl] [--prefix "Answer the question from the passage"]
-      [--n 400] [--max-tokens 64] [--threads 2] [--parallel 16]
+      [--n 400] [--max-tokens 64] [--threads 2] [--parallel 16] [--serve-arg=ARG ...]
+
+--serve-arg passes one more argument to `shardlm serve` (repeat it), e.g. the default chat
+model's adapter: --serve-arg=--lora --serve-arg=gemma-3-270m-chat=models/gemma-3-270m-chat
+--serve-arg=--default-adapter --serve-arg=gemma-3-270m-chat --serve-arg=--chat-template
+--serve-arg=gemma.
 
 Prints how many answers were written, their tokens and the time. Not a test.
 """
@@ -35,6 +40,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=16)
+    ap.add_argument("--serve-arg", action="append", default=[], help="one more argument to shardlm serve (repeat)")
     a = ap.parse_args()
     prompts = []
     for line in open(a.data):
@@ -54,7 +60,7 @@ def main():
 
     t0 = time.perf_counter()
     try:
-        with TS.Server(a.shardlm, Path(a.model), "--threads", str(a.threads), name="distill") as srv:
+        with TS.Server(a.shardlm, Path(a.model), "--threads", str(a.threads), *a.serve_arg, name="distill") as srv:
             with cf.ThreadPoolExecutor(a.parallel) as ex:
                 answers = list(ex.map(lambda p: one(srv, p), prompts))
     finally:

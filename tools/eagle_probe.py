@@ -57,7 +57,38 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from train_compare import read_safetensors  # noqa: E402  (name -> float32 array; BF16 widened)
 
 
-def load_target(path):
+def load_gemma(path, adapter):
+    """A Gemma 3 GGUF (e.g. the default model) as tests/reference/gemma3_ref.py dequantizes it, a PEFT
+    adapter merged when given (its with_lora): cfg with the keys the head's code reads (the head's
+    rotary at the global layers' base, in halves as GGUF's Gemma is) and the Gemma settings under
+    "gemma"; t as load_target's, plus the QK and sandwich norms and the embedding scale sqrt(d)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
+    import gemma3_ref as G
+    m = G.Model(path)
+    if adapter:
+        m = G.with_lora(m, adapter)
+    c = m.config
+    if c["head_dim_v"] != c["head_dim"]:
+        raise SystemExit(f"{path}: value width {c['head_dim_v']} differs from the key width {c['head_dim']}")
+    cfg = dict(hidden_size=c["n_embd"], num_attention_heads=c["n_head"], num_key_value_heads=c["n_kv"],
+               head_dim=c["head_dim"], intermediate_size=c["n_ff"], num_hidden_layers=c["n_layer"],
+               rms_norm_eps=c["eps"], rope_theta=c["rope_base_global"], rope_style="halves", gemma=c)
+    def stack(k):
+        return np.stack([np.asarray(w[k], np.float32) for w in m.layers])
+    t = dict(embed=m.tok_embd, escale=math.sqrt(c["n_embd"]), norm=m.output_norm,
+             head=m.output if m.output is not None else m.tok_embd, bos=m.bos, pieces=m.tokens,
+             wq=stack("wq"), wk=stack("wk"), wv=stack("wv"), wo=stack("wo"), ln1=stack("attn_norm"),
+             ln2=stack("ffn_norm"), gate=stack("gate"), up=stack("up"), down=stack("down"), qn=stack("q_norm"),
+             kn=stack("k_norm"), pa=stack("post_attention_norm"), pf=stack("post_ffw_norm"))
+    return cfg, t
+
+
+def load_target(path, adapter=None):
+    """A Hugging Face Llama directory (f32), or a Gemma 3 GGUF file (load_gemma)."""
+    if path.endswith(".gguf"):
+        return load_gemma(path, adapter)
+    if adapter:
+        raise SystemExit("--adapter: only beside a Gemma 3 GGUF target")
     cfg = json.load(open(f"{path}/config.json"))
     w = read_safetensors(f"{path}/model.safetensors")
     L = cfg["num_hidden_layers"]
@@ -72,7 +103,14 @@ def load_target(path):
         gate=stack("mlp.gate_proj.weight"), up=stack("mlp.up_proj.weight"), down=stack("mlp.down_proj.weight"))
     head = w.get("lm_head.weight")
     t["head"] = t["embed"] if head is None else head.astype(np.float32)
+    t["escale"] = 1.0
     return cfg, t
+
+
+def embed_in(t):
+    """The embeddings as the target's first layer reads them, which the head reads too (Gemma's
+    times sqrt(d), as shardlm serves the head: engine/serving/draft.c)."""
+    return t["embed"] * np.float32(t["escale"]) if t["escale"] != 1.0 else t["embed"]
 
 
 def rope_tables(cfg, T):
@@ -138,12 +176,76 @@ def render(tpl, tok, messages):
     return ids, n_prompt
 
 
+def gelu_tanh(x, xp):
+    return 0.5 * x * (1.0 + xp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def gemma_forward(cfg, t):
+    """A jitted JAX forward of a Gemma 3 target (load_gemma) written for this tool from
+    tests/reference/gemma3_ref.py's description (llama.cpp's gemma3 graph): ids (T,) -> the final
+    hidden states after the final norm (T, d). Embeddings times sqrt(d); per layer the QK norms
+    per head, rotary in halves at base 1e6 on every sixth (global) layer and 10,000 on the others,
+    which see only the last `window` positions; sandwich norms; GeGLU (tanh)."""
+    import jax
+    import jax.numpy as jnp
+    c = cfg["gemma"]
+    eps, H, KV, hd = c["eps"], c["n_head"], c["n_kv"], c["head_dim"]
+    L = c["n_layer"]
+    keys = ("wq", "wk", "wv", "wo", "ln1", "ln2", "gate", "up", "down", "qn", "kn", "pa", "pf")
+    layers = {k: jnp.asarray(t[k]) for k in keys}
+    layers["glob"] = jnp.asarray([(i + 1) % 6 == 0 for i in range(L)])
+    embed, norm = jnp.asarray(t["embed"]), jnp.asarray(t["norm"])
+    qmul = c["q_scale"] * math.sqrt(hd)  # attend() divides by sqrt(hd)
+
+    @jax.jit
+    def forward(ids):
+        T = ids.shape[0]
+        cg, sg = rope_tables(dict(cfg, rope_theta=c["rope_base_global"]), T)
+        cl, sl = rope_tables(dict(cfg, rope_theta=c["rope_base_local"]), T)
+        pos = jnp.arange(T)
+        causal = pos[None, :] <= pos[:, None]
+        local = causal & (pos[:, None] - pos[None, :] < c["window"])
+        x = embed[ids] * t["escale"]
+
+        def body(x, lw):
+            g = lw["glob"]
+            cos, sin = jnp.where(g, cg, cl), jnp.where(g, sg, sl)
+            mask = jnp.where(g, causal, local)[None]
+            h = rms(x, lw["ln1"], eps, jnp)
+            q = rms((h @ lw["wq"].T).reshape(T, H, hd), lw["qn"], eps, jnp)
+            k = rms((h @ lw["wk"].T).reshape(T, KV, hd), lw["kn"], eps, jnp)
+            v = (h @ lw["wv"].T).reshape(T, KV, hd)
+            q, k = rope(q, cos, sin, False, jnp) * qmul, rope(k, cos, sin, False, jnp)
+            x = x + rms(attend(q, k, v, mask, jnp) @ lw["wo"].T, lw["pa"], eps, jnp)
+            h = rms(x, lw["ln2"], eps, jnp)
+            m = (gelu_tanh(h @ lw["gate"].T, jnp) * (h @ lw["up"].T)) @ lw["down"].T
+            return x + rms(m, lw["pf"], eps, jnp), None
+        x, _ = jax.lax.scan(body, x, layers)
+        return rms(x, norm, eps, jnp)
+    return forward
+
+
+def gemma_render(client, t, messages):
+    """ids of a (user, assistant) conversation as shardlm's hand-written gemma template renders it
+    (engine/text/chat_template.c apply_gemma: each text piece tokenized on its own, here by the
+    served tokenizer through the Tokenize call), the answer closed by <end_of_turn>; and the
+    prompt's length."""
+    pid = {p: i for i, p in enumerate(t["pieces"]) if p in ("<start_of_turn>", "<end_of_turn>")}
+    start, end = pid["<start_of_turn>"], pid["<end_of_turn>"]
+    enc = lambda s: client.tokenize(s, add_bos=False)  # noqa: E731
+    (u, ans) = messages
+    ids = [t["bos"], start] + enc("user\n" + u["content"]) + [end] + enc("\n") + [start] + enc("model\n")
+    return ids + enc(ans["content"]) + [end], len(ids)
+
+
 def cmd_features(a):
     import jax
     import jax.numpy as jnp
+    cfg, t = load_target(a.target, a.adapter)
+    if "gemma" in cfg:
+        return gemma_features(a, cfg, t)
     import jinja2
     from tokenizers import Tokenizer
-    cfg, t = load_target(a.target)
     tc = json.load(open(f"{a.target}/tokenizer_config.json"))
     tpl = jinja2.Environment().from_string(tc["chat_template"])
     tok = Tokenizer.from_file(f"{a.target}/tokenizer.json")
@@ -202,6 +304,59 @@ def cmd_features(a):
              held=np.array(held, bool), src=np.array(src, np.int32))
 
 
+def gemma_features(a, cfg, t):
+    """features for a Gemma 3 GGUF target: conversations rendered by shardlm's gemma template
+    (gemma_render, through a shardlm server of the GGUF started for its tokenizer: --shardlm),
+    run by gemma_forward. The target's greedy tokens (an argmax over its 262,144-row head) are
+    computed for the first --check conversations only, as the check of the forward."""
+    import jax.numpy as jnp
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "server"))
+    import test_server as TS
+    from pathlib import Path
+    seqs, held, src = [], [], []
+    try:
+        with TS.Server(a.shardlm, Path(a.target), "--threads", "1", name="eagle-probe-tok") as srv, \
+                srv.client(timeout=60) as client:
+            for fi, path in enumerate(a.data.split(",")):
+                rows = [json.loads(l) for l in open(path) if l.strip()]
+                cut = len(rows) - max(1, len(rows) // 20)
+                keep = [i for i in range(len(rows)) if i >= cut or (a.skip <= i and (not a.limit or i < a.limit))]
+                for i in keep:
+                    ids, n_prompt = gemma_render(client, t, rows[i]["messages"])
+                    seqs.append((ids[: a.max_len], n_prompt))
+                    held.append(i >= cut)
+                    src.append(fi)
+    finally:
+        TS.kill_all()
+    forward = gemma_forward(cfg, t)
+    head = jnp.asarray(t["head"])
+    total = sum(len(s) for s, _ in seqs)
+    feats = np.zeros((total, cfg["hidden_size"]), np.float16)
+    greedy = np.full(total, -1, np.int32)
+    ids_all = np.zeros(total, np.int32)
+    answer = np.zeros(total, bool)
+    starts = np.zeros(len(seqs) + 1, np.int64)
+    t0, agree, n_chk = time.time(), 0, 0
+    for i, (ids, n_prompt) in enumerate(seqs):
+        n, o = len(ids), starts[i]
+        Tp = -(-n // 128) * 128
+        f = forward(jnp.asarray(np.array(ids + [0] * (Tp - n), np.int32)))
+        feats[o:o + n] = np.asarray(f[:n]).astype(np.float16)
+        ids_all[o:o + n] = ids
+        answer[o + n_prompt:o + n] = True
+        if i < a.check and n > n_prompt:
+            g = np.asarray(jnp.argmax(f[n_prompt - 1:n - 1] @ head.T, axis=-1))
+            greedy[o + n_prompt - 1:o + n - 1] = g
+            agree += int(np.sum(g == np.array(ids[n_prompt:n])))
+            n_chk += n - n_prompt
+        starts[i + 1] = o + n
+        if i % 100 == 0 or i == len(seqs) - 1:
+            print(f"features: {i + 1}/{len(seqs)} sequences, {starts[i + 1]} tokens, {time.time() - t0:.0f} s; "
+                  f"f32 forward's greedy = recorded answer token at {agree}/{n_chk} (first {a.check})", flush=True)
+    np.savez(a.out, feats=feats, greedy=greedy, ids=ids_all, answer=answer, starts=starts,
+             held=np.array(held, bool), src=np.array(src, np.int32))
+
+
 def head_params(cfg, t, seed):
     d = cfg["hidden_size"]
     rng = np.random.default_rng(seed)
@@ -246,11 +401,11 @@ def cmd_train(a):
     import jax
     import jax.numpy as jnp
     import optax
-    cfg, t = load_target(a.target)
+    cfg, t = load_target(a.target, a.adapter)
     D = dict(np.load(a.features))
     tmap = np.array(json.load(open(a.map)), np.int32)
     head = jnp.asarray(t["head"][tmap])
-    embed = t["embed"]
+    embed = embed_in(t)
     T, B = a.seq, a.batch
     cos, sin = rope_tables(cfg, T)
     mask = jnp.tril(jnp.ones((T, T), bool))[None, None]
@@ -335,10 +490,11 @@ def chain_step(p, cfg, x, pos, K, V, cos, sin):
 
 
 def cmd_eval(a):
-    cfg, t = load_target(a.target)
+    cfg, t = load_target(a.target, a.adapter)
     D = dict(np.load(a.features))
     tmap = np.array(json.load(open(a.map)), np.int32)
     head = t["head"][tmap]
+    embed = embed_in(t)
     p = dict(np.load(a.head))
     cos, sin = rope_tables(cfg, 8192)
     K = a.k
@@ -352,7 +508,7 @@ def cmd_eval(a):
         if len(ans) < 2:
             continue
         # teacher-forced draft rows: position i has input (x_i, f_{i-1}), i >= 1
-        x = np.concatenate([t["embed"][ids[1:]], f[:-1]], axis=1) @ p["fc_w"].T + p["fc_b"]
+        x = np.concatenate([embed[ids[1:]], f[:-1]], axis=1) @ p["fc_w"].T + p["fc_b"]
         pos = np.arange(1, len(ids))
         _, Kc, Vc = project(x, p, cos[pos], sin[pos], cfg, np)  # the cache after real tokens (row r: position r + 1)
         acc = []
@@ -362,7 +518,7 @@ def cmd_eval(a):
             h_prev, tok, run = f[j], ids[j1], 0
             Kp, Vp = Kc[:j], Vc[:j]
             for d in range(min(K, len(ids) - 1 - j1)):
-                xin = np.concatenate([t["embed"][tok], h_prev])[None] @ p["fc_w"].T + p["fc_b"]
+                xin = np.concatenate([embed[tok], h_prev])[None] @ p["fc_w"].T + p["fc_b"]
                 h, k, v = chain_step(p, cfg, xin, np.array([j1 + d]), Kp, Vp, cos, sin)
                 if a.oracle:  # the target's own feature in place of the head's: checks the indexing
                     h = f[j1 + d][None]
@@ -408,7 +564,7 @@ EXPORT_NAMES = {"fc_w": "fc.weight", "fc_b": "fc.bias", "wq": "layers.0.self_att
 
 def cmd_export(a):
     from make_draft import write_safetensors
-    cfg = json.load(open(f"{a.target}/config.json"))
+    cfg = {"rope_style": "halves"} if a.target.endswith(".gguf") else json.load(open(f"{a.target}/config.json"))
     p = dict(np.load(a.head))
     write_safetensors(a.out, {EXPORT_NAMES[k]: v for k, v in p.items()},
                       {"rope_style": cfg.get("rope_style", "halves"), "format": "eagle-1"})
@@ -425,7 +581,11 @@ def main():
     f.add_argument("--limit", type=int, default=0, help="keep the training conversations before this index of each file (0: all); the held-out 5 %% always kept")
     f.add_argument("--skip", type=int, default=0, help="leave out the first this many training conversations of each file")
     f.add_argument("--max-len", type=int, default=1024)
+    f.add_argument("--shardlm", help="a Gemma 3 GGUF target: the shardlm binary whose server tokenizes")
+    f.add_argument("--check", type=int, default=20, help="a Gemma 3 GGUF target: conversations whose greedy tokens are checked")
     tr, ev = sub.add_parser("train"), sub.add_parser("eval")
+    for p in (f, tr, ev):
+        p.add_argument("--adapter", help="a PEFT LoRA adapter merged into a Gemma 3 GGUF target (the served adapter)")
     for p in (tr, ev):
         for name in ("--target", "--features", "--map"):
             p.add_argument(name, required=True)

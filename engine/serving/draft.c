@@ -93,15 +93,34 @@ enum status draft_load(const char *dir, struct backend *b, const struct model *t
 
 /* ---- EAGLE --------------------------------------------------------------------------------- */
 
-/* Why target c cannot carry an EAGLE head of one Llama-style layer, or NULL when it can. */
+/* Why target t cannot carry an EAGLE head, or NULL when it can. The head's own layer is
+ * Llama-style whatever the target's layers are (eagle_head_config); what it borrows is the
+ * target's two ends (embeddings, LM head, rotary base and scaling) and its features. */
 static const char *eagle_unfit(const struct model *t)
 {
     const struct model_config *c = &t->cfg;
-    if (c->encoder || c->n_experts || c->norm != NORM_KIND_RMSNORM || !c->gated_mlp || c->activation != ACTIVATION_SILU ||
-        c->positions != POSITION_KIND_ROTARY || c->qk_norm || c->sandwich_norms || c->no_pre_norms || c->post_ln ||
-        c->qkv_bias || c->attn_out_bias || c->mlp_bias || c->sliding_window_pattern)
-        return "its layers are not Llama-style (RMS norms, SwiGLU, rotary, no biases, QK or sandwich norms, experts)";
+    if (c->encoder) return "an encoder has no LM head";
+    if (c->positions != POSITION_KIND_ROTARY) return "its positions are learned, and the head's layer is rotary";
+    if (c->n_experts) return "a mixture of experts (the head's dense MLP would have no size of the model's own)";
     return NULL;
+}
+
+/* The head's configuration from the target's: one Llama-style layer (RMS norms, SwiGLU, rotary
+ * at the target's base and scaling, full causal attention scaled by 1/sqrt(head_dim), no biases,
+ * no QK, sandwich or other norms, no soft-capped scores, no sinks), of the target's widths. What
+ * the target's ends do stays: its embedding scale (Gemma's sqrt(d): the head reads the embedding
+ * as the target's first layer does) and its final soft-cap on the logits. */
+static void eagle_head_config(struct model_config *c)
+{
+    c->norm = NORM_KIND_RMSNORM;
+    c->activation = ACTIVATION_SILU;
+    c->gated_mlp = 1;
+    c->qk_norm = c->sandwich_norms = c->no_pre_norms = c->post_ln = 0;
+    c->qkv_bias = c->attn_out_bias = c->mlp_bias = 0;
+    c->sliding_window = c->sliding_window_pattern = 0;
+    c->rope_theta_local = 0.0f;
+    c->attn_scale = c->attn_softcap = 0.0f;
+    c->attn_sinks = 0;
 }
 
 /* The head's tensors: name in the file, rows and columns (0 = a vector), where it goes. */
@@ -267,7 +286,7 @@ enum status draft_load_eagle(const char *path, const char *target_dir, struct ba
         safetensors_close(st);
         return ret;
     }
-    /* The head: the target's configuration, one layer (the kind of its last), its embeddings
+    /* The head: one Llama-style layer of the target's widths (eagle_head_config), its embeddings
      * and LM head borrowed; no final norm, no attention norm (EAGLE-1). */
     struct model *h = calloc(1, sizeof *h);
     d->m = h;
@@ -292,6 +311,7 @@ enum status draft_load_eagle(const char *path, const char *target_dir, struct ba
         ends = d->ends;
     }
     h->cfg = target->cfg;
+    eagle_head_config(&h->cfg);
     h->par.layout = (struct parallel_layout){.world_size = 1, .tp_size = 1, .pp_size = 1, .dp_size = 1,
                                              .pp_prev = -1, .pp_next = -1};
     h->dtype = target->dtype;

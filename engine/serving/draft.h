@@ -80,8 +80,12 @@ enum status draft_load(const char *dir, struct backend *b, const struct model *t
 /* Loads an EAGLE-1 head from the safetensors file at path (EAGLE's tensor names: fc.weight (d, 2d),
  * fc.bias, layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.post_attention_layernorm.weight,
  * layers.0.mlp.{gate,up,down}_proj.weight; no attention norm, no final norm) on the target's
- * backend (the first rank's), its layer shaped as the target's, whole. The target must be a dense
- * Llama-style decoder (RMS norms, SwiGLU, rotary, no biases or QK norms); at tp or pp > 1 the
+ * backend (the first rank's), whole: one Llama-style layer (RMS norms, SwiGLU, full causal
+ * attention) of the target's widths, rotary at its base and scaling, whatever the target's own
+ * layers are (Gemma's QK and sandwich norms, GeGLU and windows included); the target must be a
+ * dense decoder with rotary positions (no encoder, no experts, no learned positions). The head
+ * reads the embeddings as the target's first layer does (times Gemma's sqrt(d)) and the logits
+ * are soft-capped as the target's are. At tp or pp > 1 the
  * head borrows a whole copy of the embeddings and LM head of the checkpoint at target_dir
  * (model_load_io) instead of the rank's slice. The file's "rope_style" metadata, when present,
  * must be the target's. STATUS_INVALID_ARGUMENT / UNSUPPORTED naming what differs. It gives

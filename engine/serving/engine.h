@@ -92,7 +92,7 @@ struct engine_options {
     const char *draft_model_dir;
     /* draft_model_dir is an EAGLE-1 head (a safetensors file: draft.h draft_load_eagle) on the
      * served model's own hidden states, not a model of its own (--speculative eagle). The served
-     * model must be Llama-style and run on one rank (tp = pp = 1). */
+     * model must be a dense decoder with rotary positions (the head's own layer is Llama-style). */
     int draft_eagle;
     /* The draft's vocabulary cut to the token ids listed in this file (a JSON array: SGLang's
      * --speculative-token-map, FR-Spec's frequency-ranked head): its LM head computes only those

@@ -78,11 +78,12 @@ def init_gemma2(cfg, seed):
     return w
 
 
-def gemma2_forward(cfg, w, tokens):
+def gemma2_forward(cfg, w, tokens, hidden=False):
     """Gemma2ForCausalLM forward (eval), float64, as transformers' modeling_gemma2: embeddings times
     sqrt(hidden); norms x * (1 + w); scores (q / sqrt(query_pre_attn_scalar)) . k soft-capped,
     cap * tanh(s / cap), then masked (layer i windowed when i is even); sandwich norms; GeGLU;
-    the final logits soft-capped. Returns logits (T, vocab)."""
+    the final logits soft-capped. Returns logits (T, vocab), or with hidden the final normed hidden
+    states (T, hidden_size) the LM head reads."""
     H, eps, theta = cfg["hidden_size"], cfg["rms_norm_eps"], cfg["rope_theta"]
     nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     T = len(tokens)
@@ -112,7 +113,10 @@ def gemma2_forward(cfg, w, tokens):
         h = norm(x, p + "pre_feedforward_layernorm.weight")
         g, u = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
         x = x + norm((MM._gelu_new(g) * u) @ w[p + "mlp.down_proj.weight"].T, p + "post_feedforward_layernorm.weight")
-    logits = norm(x, "model.norm.weight") @ w["model.embed_tokens.weight"].T
+    x = norm(x, "model.norm.weight")
+    if hidden:
+        return x
+    logits = x @ w["model.embed_tokens.weight"].T
     return fcap * np.tanh(logits / fcap) if fcap else logits
 
 

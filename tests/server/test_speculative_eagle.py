@@ -27,8 +27,10 @@ own final hidden states, which the engine captures from the target's forwards.
    relative 1e-2 at the median and 6e-2 at worst (the engine also rounds each product's input to
    int8; a matrix misplaced or misquantized is off by far more).
 5. Refusals at start-up, by name: a head without one of its tensors, with a tensor of the wrong
-   shape, for rotary of the other style; a target that cannot carry one (stories260K with GELU in
-   its MLP); --speculative eagle without --draft-model (usage error).
+   shape, for rotary of the other style; a target that cannot carry one (GPT-2's learned
+   positions, the golden random GPT-2); --speculative eagle without --draft-model (usage error).
+   (Targets whose layers are not Llama-style carry the same Llama-style head:
+   test_speculative_eagle_gemma.py.)
 
   test_speculative_eagle.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K
 SKIP (77) without the model, numpy, scipy or the Python client.
@@ -86,7 +88,7 @@ def fit_fc(np, ref, head, seqs):
     X, Y = [], []
     for ids in seqs:
         f = ref.features(ids)
-        X.append(np.concatenate([ref.embed[ids[1:]], f[:-1], np.ones((len(ids) - 1, 1))], axis=1))
+        X.append(np.concatenate([ref.emb(ids[1:]), f[:-1], np.ones((len(ids) - 1, 1))], axis=1))
         Y.append(f[1:])
     X, Y = np.concatenate(X), np.concatenate(Y)
     W = np.linalg.solve(X.T @ X + 1e-3 * np.eye(X.shape[1]), X.T @ Y)  # (2d + 1, d)
@@ -100,7 +102,10 @@ def fit_fc(np, ref, head, seqs):
 
 
 class Reference:
-    """float64 NumPy: the target (a Hugging Face Llama directory, rotary "halves") and the head."""
+    """float64 NumPy: the target (a Hugging Face Llama directory, rotary "halves") and the head.
+    The head's layer is Llama-style whatever the target's are; what it takes from the target are
+    the embeddings (times escale: Gemma's sqrt(d)), the LM head (its logits soft-capped at fcap
+    when the target's are) and the features, which a subclass computes for other targets."""
 
     def __init__(self, np, model_dir, head):
         from train_compare import read_safetensors
@@ -115,6 +120,10 @@ class Reference:
         self.embed = w["model.embed_tokens.weight"]
         self.lm = w.get("lm_head.weight", self.embed)
         self.h = {k: v.astype(np.float64) for k, v in head.items()}
+        self.escale, self.fcap = 1.0, 0.0
+
+    def emb(self, ids):
+        return self.escale * self.embed[ids]
 
     def rms(self, x, g):
         np = self.np
@@ -180,11 +189,12 @@ class Reference:
         out = None
         for n in range(real, len(tokens) + 1):  # rows 1 .. n-1, then the row of position n-1 decides
             ids = tokens[1:n]
-            x = np.concatenate([self.embed[ids], np.array(feats[: n - 1])], axis=1) @ fc.T + fb
+            x = np.concatenate([self.emb(ids), np.array(feats[: n - 1])], axis=1) @ fc.T + fb
             out = self.head_rows(x, np.arange(1, n))
             if n < len(tokens):
                 feats.append(out[-1])  # the drafted token at position n reads the head's output at n - 1
-        return out[-1] @ self.lm.T
+        lg = out[-1] @ self.lm.T
+        return self.fcap * np.tanh(lg / self.fcap) if self.fcap else lg
 
 
 def q8_0(np, w):
@@ -271,11 +281,11 @@ def refusals(a, head, tmp, cfg):
     write_safetensors(tmp / "pairs.safetensors", head, {"rope_style": "pairs"})
     refuse(a, ["--model", a.model, "--speculative", "eagle", "--draft-model", str(tmp / "pairs.safetensors")],
            ["rotary in pairs", "halves"], "a head for the other rotary style")
-    gelu = tmp / "stories260K-gelu"  # the same model with GELU in its MLP: not a layer the head can be
-    shutil.copytree(a.model, gelu)
-    (gelu / "config.json").write_text(json.dumps(dict(cfg, hidden_act="gelu_pytorch_tanh")))
-    refuse(a, ["--model", str(gelu), "--speculative", "eagle", "--draft-model", str(tmp / "head.safetensors")],
-           ["--speculative eagle", "cannot carry an EAGLE head", "not Llama-style"], "an EAGLE head on a GELU model")
+    gpt2 = tmp / "gpt2"  # golden's GPT-2 (learned positions; the head's layer is rotary) with stories260K's tokenizer
+    shutil.copytree(Path(a.model).parent / "gpt2", gpt2)
+    shutil.copy(Path(a.model) / "tokenizer.model", gpt2)
+    refuse(a, ["--model", str(gpt2), "--speculative", "eagle", "--draft-model", str(tmp / "head.safetensors")],
+           ["--speculative eagle", "cannot carry an EAGLE head", "positions are learned"], "an EAGLE head on GPT-2")
     p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--speculative", "eagle", "--listen", "127.0.0.1:0"],
                        capture_output=True, text=True, timeout=60)
     check(p.returncode == 2 and "--speculative eagle needs --draft-model" in p.stderr,
