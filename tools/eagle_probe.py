@@ -9,6 +9,14 @@ with the data and compute of one session is known before shardlm serves one.
   python3 tools/eagle_probe.py train --target DIR --features F.npz --map MAP.json --out H.npz [--epochs N]
   python3 tools/eagle_probe.py eval --target DIR --features F.npz --map MAP.json --head H.npz [--k 5]
   python3 tools/eagle_probe.py export --target DIR --head H.npz --out HEAD.safetensors
+  python3 tools/eagle_probe.py map --features F.npz --n 8192 --keep 2,106 --out MAP.json
+
+A Gemma 3 GGUF (the default model) is a target too: `--target FILE.gguf [--adapter DIR]` (the
+served adapter merged; tests/reference/gemma3_ref.py reads and dequantizes the file), and
+`features` then needs `--shardlm BIN` (a server of the file tokenizes the conversations, rendered
+as shardlm's gemma template renders them) and runs a JAX Gemma 3 forward written for this tool;
+`map` makes its token map from the features (no tokenizer.json to count with). The head is the
+same Llama-style layer, reading the embeddings times sqrt(d) as shardlm serves it.
 
 - `features`: the target (a Hugging Face Llama directory in f32, e.g. `shardlm convert gguf --dtype
   f32` of the served GGUF as tools/distill_draft.sh writes it; rope_style "pairs" honoured) run by a
@@ -238,6 +246,55 @@ def gemma_render(client, t, messages):
     return ids + enc(ans["content"]) + [end], len(ids)
 
 
+def conversations(a, render_one):
+    """(ids, n_prompt) of every kept conversation of --data's files (render_one(messages)), whether
+    it is held out (the last 5 % of its file) and its file's index."""
+    seqs, held, src = [], [], []
+    for fi, path in enumerate(a.data.split(",")):
+        rows = [json.loads(l) for l in open(path) if l.strip()]
+        cut = len(rows) - max(1, len(rows) // 20)
+        keep = [i for i in range(len(rows)) if i >= cut or (a.skip <= i and (not a.limit or i < a.limit))]
+        for i in keep:
+            ids, n_prompt = render_one(rows[i]["messages"])
+            seqs.append((ids[: a.max_len], n_prompt))
+            held.append(i >= cut)
+            src.append(fi)
+    return seqs, held, src
+
+
+def write_features(a, d, seqs, held, src, run):
+    """Runs run(padded ids, i) -> (features (T, d), the target's greedy token after each row, or
+    None where not computed) over every conversation and writes --out: features (f16), greedy
+    tokens (-1 where not computed), ids, answer marks, conversation starts, held-out marks and
+    files. Prints how often the greedy token equals the recorded answer token."""
+    import jax.numpy as jnp
+    total = sum(len(s) for s, _ in seqs)
+    feats = np.zeros((total, d), np.float16)
+    greedy = np.full(total, -1, np.int32)
+    ids_all = np.zeros(total, np.int32)
+    answer = np.zeros(total, bool)
+    starts = np.zeros(len(seqs) + 1, np.int64)
+    t0, agree, n_chk = time.time(), 0, 0
+    for i, (ids, n_prompt) in enumerate(seqs):
+        n, o = len(ids), starts[i]
+        Tp = -(-n // 128) * 128
+        f, g = run(jnp.asarray(np.array(ids + [0] * (Tp - n), np.int32)), i)
+        feats[o:o + n] = np.asarray(f[:n]).astype(np.float16)
+        ids_all[o:o + n] = ids
+        answer[o + n_prompt:o + n] = True
+        if g is not None:
+            greedy[o:o + n] = np.asarray(g[:n])
+            # the target's greedy token after position j is ids[j + 1] on its own answers
+            agree += int(np.sum(greedy[o + n_prompt - 1:o + n - 1] == ids_all[o + n_prompt:o + n]))
+            n_chk += n - n_prompt
+        starts[i + 1] = o + n
+        if i % 100 == 0 or i == len(seqs) - 1:
+            print(f"features: {i + 1}/{len(seqs)} sequences, {starts[i + 1]} tokens, {time.time() - t0:.0f} s; "
+                  f"f32 forward's greedy = recorded answer token at {agree}/{n_chk}", flush=True)
+    np.savez(a.out, feats=feats, greedy=greedy, ids=ids_all, answer=answer, starts=starts,
+             held=np.array(held, bool), src=np.array(src, np.int32))
+
+
 def cmd_features(a):
     import jax
     import jax.numpy as jnp
@@ -249,16 +306,7 @@ def cmd_features(a):
     tc = json.load(open(f"{a.target}/tokenizer_config.json"))
     tpl = jinja2.Environment().from_string(tc["chat_template"])
     tok = Tokenizer.from_file(f"{a.target}/tokenizer.json")
-    seqs, held, src = [], [], []
-    for fi, path in enumerate(a.data.split(",")):
-        rows = [json.loads(l) for l in open(path) if l.strip()]
-        cut = len(rows) - max(1, len(rows) // 20)
-        keep = [i for i in range(len(rows)) if i >= cut or (a.skip <= i and (not a.limit or i < a.limit))]
-        for i in keep:
-            ids, n_prompt = render(tpl, tok, rows[i]["messages"])
-            seqs.append((ids[: a.max_len], n_prompt))
-            held.append(i >= cut)
-            src.append(fi)
+    seqs, held, src = conversations(a, lambda msgs: render(tpl, tok, msgs))
     eps = cfg["rms_norm_eps"]
     layers = {k: jnp.asarray(t[k]) for k in ("wq", "wk", "wv", "wo", "ln1", "ln2", "gate", "up", "down")}
     embed, norm, head = jnp.asarray(t["embed"]), jnp.asarray(t["norm"]), jnp.asarray(t["head"])
@@ -278,30 +326,7 @@ def cmd_features(a):
         f = rms(x[0], norm, eps, jnp)
         return f, jnp.argmax(f @ head.T, axis=-1)
 
-    total = sum(len(s) for s, _ in seqs)
-    feats = np.zeros((total, cfg["hidden_size"]), np.float16)
-    greedy = np.zeros(total, np.int32)
-    ids_all = np.zeros(total, np.int32)
-    answer = np.zeros(total, bool)
-    starts = np.zeros(len(seqs) + 1, np.int64)
-    t0, agree, n_ans = time.time(), 0, 0
-    for i, (ids, n_prompt) in enumerate(seqs):
-        n, o = len(ids), starts[i]
-        Tp = -(-n // 128) * 128
-        f, g = forward(jnp.asarray(np.array(ids + [0] * (Tp - n), np.int32)))
-        feats[o:o + n] = np.asarray(f[:n]).astype(np.float16)
-        greedy[o:o + n] = np.asarray(g[:n])
-        ids_all[o:o + n] = ids
-        answer[o + n_prompt:o + n] = True
-        # the target's greedy token after position j is ids[j + 1] on its own answers
-        agree += int(np.sum(greedy[o + n_prompt - 1:o + n - 1] == ids_all[o + n_prompt:o + n]))
-        n_ans += n - n_prompt
-        starts[i + 1] = o + n
-        if i % 100 == 0 or i == len(seqs) - 1:
-            print(f"features: {i + 1}/{len(seqs)} sequences, {starts[i + 1]} tokens, {time.time() - t0:.0f} s; "
-                  f"f32 forward's greedy = recorded answer token at {agree}/{n_ans}", flush=True)
-    np.savez(a.out, feats=feats, greedy=greedy, ids=ids_all, answer=answer, starts=starts,
-             held=np.array(held, bool), src=np.array(src, np.int32))
+    write_features(a, cfg["hidden_size"], seqs, held, src, lambda ids, i: forward(ids))
 
 
 def gemma_features(a, cfg, t):
@@ -313,48 +338,19 @@ def gemma_features(a, cfg, t):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "server"))
     import test_server as TS
     from pathlib import Path
-    seqs, held, src = [], [], []
     try:
         with TS.Server(a.shardlm, Path(a.target), "--threads", "1", name="eagle-probe-tok") as srv, \
                 srv.client(timeout=60) as client:
-            for fi, path in enumerate(a.data.split(",")):
-                rows = [json.loads(l) for l in open(path) if l.strip()]
-                cut = len(rows) - max(1, len(rows) // 20)
-                keep = [i for i in range(len(rows)) if i >= cut or (a.skip <= i and (not a.limit or i < a.limit))]
-                for i in keep:
-                    ids, n_prompt = gemma_render(client, t, rows[i]["messages"])
-                    seqs.append((ids[: a.max_len], n_prompt))
-                    held.append(i >= cut)
-                    src.append(fi)
+            seqs, held, src = conversations(a, lambda msgs: gemma_render(client, t, msgs))
     finally:
         TS.kill_all()
     forward = gemma_forward(cfg, t)
     head = jnp.asarray(t["head"])
-    total = sum(len(s) for s, _ in seqs)
-    feats = np.zeros((total, cfg["hidden_size"]), np.float16)
-    greedy = np.full(total, -1, np.int32)
-    ids_all = np.zeros(total, np.int32)
-    answer = np.zeros(total, bool)
-    starts = np.zeros(len(seqs) + 1, np.int64)
-    t0, agree, n_chk = time.time(), 0, 0
-    for i, (ids, n_prompt) in enumerate(seqs):
-        n, o = len(ids), starts[i]
-        Tp = -(-n // 128) * 128
-        f = forward(jnp.asarray(np.array(ids + [0] * (Tp - n), np.int32)))
-        feats[o:o + n] = np.asarray(f[:n]).astype(np.float16)
-        ids_all[o:o + n] = ids
-        answer[o + n_prompt:o + n] = True
-        if i < a.check and n > n_prompt:
-            g = np.asarray(jnp.argmax(f[n_prompt - 1:n - 1] @ head.T, axis=-1))
-            greedy[o + n_prompt - 1:o + n - 1] = g
-            agree += int(np.sum(g == np.array(ids[n_prompt:n])))
-            n_chk += n - n_prompt
-        starts[i + 1] = o + n
-        if i % 100 == 0 or i == len(seqs) - 1:
-            print(f"features: {i + 1}/{len(seqs)} sequences, {starts[i + 1]} tokens, {time.time() - t0:.0f} s; "
-                  f"f32 forward's greedy = recorded answer token at {agree}/{n_chk} (first {a.check})", flush=True)
-    np.savez(a.out, feats=feats, greedy=greedy, ids=ids_all, answer=answer, starts=starts,
-             held=np.array(held, bool), src=np.array(src, np.int32))
+
+    def run(ids, i):
+        f = forward(ids)
+        return f, jnp.argmax(f @ head.T, axis=-1) if i < a.check else None
+    write_features(a, cfg["hidden_size"], seqs, held, src, run)
 
 
 def head_params(cfg, t, seed):
@@ -571,6 +567,30 @@ def cmd_export(a):
     print(f"export: {len(p)} tensors -> {a.out}")
 
 
+def cmd_map(a):
+    """The token map of a features file (for targets without a Hugging Face tokenizer.json, where
+    tools/draft_token_map.py needs one): the --n ids most frequent among the training
+    conversations' answer tokens (then their prompts' tokens, when the answers hold fewer distinct
+    ones), and the given --keep ids (BOS, the end of turn) always."""
+    D = dict(np.load(a.features))
+    train = np.zeros(len(D["ids"]), bool)
+    for s in np.nonzero(~D["held"])[0]:
+        train[int(D["starts"][s]):int(D["starts"][s + 1])] = True
+    ans = D["ids"][train & D["answer"]]
+    keep = [int(x) for x in a.keep.split(",") if x]
+    order = []
+    # the answers' tokens by frequency, then (when they are fewer than --n) the prompts' too
+    for pool in (ans, D["ids"][train]):
+        counts = np.bincount(pool)
+        seen = set(keep) | set(order)
+        order += [int(i) for i in np.argsort(-counts, kind="stable") if counts[i] > 0 and int(i) not in seen]
+    ids = sorted(keep + order[: a.n - len(keep)])
+    json.dump(ids, open(a.out, "w"))
+    covered = int(np.isin(ans, ids).sum())
+    print(f"map: {len(ids)} ids cover {covered}/{len(ans)} training answer tokens ({covered / max(1, len(ans)):.3f}) "
+          f"-> {a.out}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -605,11 +625,16 @@ def main():
     ev.add_argument("--k", type=int, default=5)
     ev.add_argument("--e", default="0.08,0.15", help="a draft token's costs to try, fractions of a plain step")
     ev.add_argument("--oracle", action="store_true", help="draft with the target's own features (a check)")
+    mp = sub.add_parser("map")
+    mp.add_argument("--features", required=True)
+    mp.add_argument("--n", type=int, default=8192)
+    mp.add_argument("--keep", default="", help="ids always kept, comma-separated (BOS, end of turn)")
+    mp.add_argument("--out", required=True)
     ex = sub.add_parser("export")
     for name in ("--target", "--head", "--out"):
         ex.add_argument(name, required=True)
     a = ap.parse_args()
-    {"features": cmd_features, "train": cmd_train, "eval": cmd_eval, "export": cmd_export}[a.cmd](a)
+    {"features": cmd_features, "train": cmd_train, "eval": cmd_eval, "map": cmd_map, "export": cmd_export}[a.cmd](a)
 
 
 if __name__ == "__main__":
