@@ -84,7 +84,8 @@ def load_gemma(path, adapter):
     def stack(k):
         return np.stack([np.asarray(w[k], np.float32) for w in m.layers])
     t = dict(embed=m.tok_embd, escale=math.sqrt(c["n_embd"]), norm=m.output_norm,
-             head=m.output if m.output is not None else m.tok_embd, bos=m.bos, pieces=m.tokens,
+             head=m.output if m.output is not None else m.tok_embd, bos=m.bos,
+             turn=(m.tokens.index("<start_of_turn>"), m.tokens.index("<end_of_turn>")),
              wq=stack("wq"), wk=stack("wk"), wv=stack("wv"), wo=stack("wo"), ln1=stack("attn_norm"),
              ln2=stack("ffn_norm"), gate=stack("gate"), up=stack("up"), down=stack("down"), qn=stack("q_norm"),
              kn=stack("k_norm"), pa=stack("post_attention_norm"), pf=stack("post_ffw_norm"))
@@ -238,8 +239,7 @@ def gemma_render(client, t, messages):
     (engine/text/chat_template.c apply_gemma: each text piece tokenized on its own, here by the
     served tokenizer through the Tokenize call), the answer closed by <end_of_turn>; and the
     prompt's length."""
-    pid = {p: i for i, p in enumerate(t["pieces"]) if p in ("<start_of_turn>", "<end_of_turn>")}
-    start, end = pid["<start_of_turn>"], pid["<end_of_turn>"]
+    start, end = t["turn"]
     enc = lambda s: client.tokenize(s, add_bos=False)  # noqa: E731
     (u, ans) = messages
     ids = [t["bos"], start] + enc("user\n" + u["content"]) + [end] + enc("\n") + [start] + enc("model\n")
