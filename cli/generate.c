@@ -103,7 +103,8 @@ static int generate_parse(int argc, char **argv, struct generate_flags *f)
     if (f->spec_mode == 1 && f->draft_model)
         return cli_usage("generate: --draft-model cannot be combined with --speculative ngram: the drafts come from "
                          "one or the other%s", "");
-    if (f->spec_ngram && f->spec_mode != 1) return cli_usage("generate: --spec-ngram needs --speculative ngram%s", "");
+    if (f->spec_ngram && !f->spec_mode)
+        return cli_usage("generate: --spec-ngram needs --speculative ngram, or a draft (prompt lookup first)%s", "");
     if (f->token_map && f->spec_mode != 2) return cli_usage("generate: --spec-token-map needs --draft-model PATH%s", "");
     if (f->spec_draft && !f->spec_mode) return cli_usage("generate: --spec-draft needs --speculative ngram or draft%s", "");
     o->sampling.seed = (uint64_t)f->seed;
@@ -230,6 +231,7 @@ static int generate_speculative(const struct generate_flags *f)
     o.draft_model_dir = f->spec_mode == 2 ? f->draft_model : NULL;
     o.draft_token_map = f->token_map;
     o.draft_eagle = f->eagle;
+    o.spec_lookup_first = f->spec_mode == 2 && f->spec_ngram;
     o.pp_layers = f->pp_layers;
     struct parallel_world *world = NULL;
     const long tp = f->ep > 1 ? f->ep * f->tp : f->tp; /* as generate_setup */
@@ -294,7 +296,10 @@ static int generate_speculative(const struct generate_flags *f)
             "(speculative %s, %s threads, tp %ld, pp %ld); %llu drafts verified, %llu accepted\n", n_ids,
             prefill_s > 0 ? n_ids / prefill_s : 0.0, x.n_generated,
             x.t_first > 0.0 && x.n_generated > 1 && decode_s > 0 ? (x.n_generated - 1) / decode_s : 0.0,
-            f->spec_mode == 2 ? (f->eagle ? "eagle" : "draft") : "ngram", threads, f->tp, f->pp,
+            f->spec_mode == 2 ? (f->eagle ? (f->spec_ngram ? "ngram + eagle" : "eagle")
+                                          : (f->spec_ngram ? "ngram + draft" : "draft"))
+                              : "ngram",
+            threads, f->tp, f->pp,
             (unsigned long long)es.spec_drafted, (unsigned long long)es.spec_accepted);
     rc = 0;
 done:

@@ -140,6 +140,8 @@ static int usage(const char *fmt, const char *arg)
                     "  --speculative eagle --draft-model HEAD.safetensors  an EAGLE-1 head on the served model's\n"
                     "                 hidden states (tools/eagle_probe.py export; dense rotary decoders; at tp / pp > 1\n"
                     "                 on rank 0, with a whole copy of the embeddings and LM head)\n"
+                    "  --spec-ngram N beside --draft-model  prompt lookup first (as above), the draft model or\n"
+                    "                 head only where the last N (down to 2) tokens match nothing earlier\n"
                     "  --spec-token-map FILE  the draft's LM head cut to the token ids of FILE (a JSON array; tools/\n"
                     "                 draft_token_map.py): cheaper draft tokens, drafts only among those tokens\n"
                     "  --max-queue N  samples waiting for admission at most [1024]; a request of n samples takes n\n"
@@ -219,7 +221,8 @@ int serve_main(int argc, char **argv)
     const char *model_dirs[SERVER_MAX_MODELS];
     int n_models = 0;
     long max_loras = -1;
-    int prompt_lookup = 0; /* --speculative ngram or --spec-ngram given */
+    int prompt_lookup = 0; /* --speculative ngram given */
+    int ngram_given = 0;   /* --spec-ngram given: prompt lookup, or lookup first beside --draft-model */
     int draft_mode = 0;    /* --speculative draft given: --draft-model is required */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -290,7 +293,7 @@ int serve_main(int argc, char **argv)
         } else if (!strcmp(a, "--spec-ngram")) {
             if (base_parse_long(v, 2, 16, &n)) return usage("--spec-ngram must be an integer in [2, 16], got '%s'", v);
             o.engine.spec_ngram = (int)n;
-            prompt_lookup = 1;
+            ngram_given = 1;
         } else if (!strcmp(a, "--verify-prefix-cache")) {
             if (number_in(v, 0, 1, &o.engine.verify_prefix_cache))
                 return usage("--verify-prefix-cache must be a fraction in [0, 1], got '%s'", v);
@@ -424,8 +427,10 @@ int serve_main(int argc, char **argv)
     if (o.engine.draft_token_map && !o.engine.draft_model_dir)
         return usage("--spec-token-map needs --draft-model PATH (it cuts the draft's head)%s", "");
     if (prompt_lookup && o.engine.draft_model_dir)
-        return usage("--draft-model cannot be combined with --speculative ngram / --spec-ngram: the drafts come from "
-                     "one or the other%s", "");
+        return usage("--draft-model cannot be combined with --speculative ngram (give --speculative draft or eagle "
+                     "with --spec-ngram N for prompt lookup first and the draft where nothing matches)%s", "");
+    o.engine.spec_lookup_first = ngram_given && o.engine.draft_model_dir;
+    if (ngram_given && !o.engine.spec_draft) o.engine.spec_draft = 5; /* --spec-ngram alone: prompt lookup */
     if (!n_models) return usage("--model DIR is required%s", "");
     /* Each model's adapters, grouped: the first model's go to engine, the others' to their spec. */
     const char *by_names[SERVE_MAX_ADAPTERS], *by_dirs[SERVE_MAX_ADAPTERS];

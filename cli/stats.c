@@ -60,6 +60,10 @@ int client_stats_main(int argc, char **argv)
                    (unsigned long long)s.spec_draft_tokens, (unsigned long long)s.spec_accepted_tokens,
                    100.0 * (double)s.spec_accepted_tokens / (double)s.spec_draft_tokens,
                    (unsigned long long)s.spec_backoffs);
+        if (s.spec_lookup_draft_tokens && s.spec_lookup_draft_tokens < s.spec_draft_tokens)
+            printf("speculation, prompt lookup's share: %llu draft tokens, %llu accepted (%.1f%%)\n",
+                   (unsigned long long)s.spec_lookup_draft_tokens, (unsigned long long)s.spec_lookup_accepted_tokens,
+                   100.0 * (double)s.spec_lookup_accepted_tokens / (double)s.spec_lookup_draft_tokens);
         for (int i = 0; i < s.n_replicas; i++) {
             const struct client_replica_stats *r = &s.replicas[i];
             printf("replica %d: leader_rank %d routed %llu routed_by_prefix %llu outstanding %d finished %llu "

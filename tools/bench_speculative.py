@@ -13,7 +13,7 @@ issue's "prompts where nothing matches", where speculation must cost no more tha
   python3 tools/bench_speculative.py --shardlm build/cli/shardlm --model FILE.gguf|DIR
       [--squad .cache/chat-data/squad_eval.json] [--questions 24] [--max-tokens 64] [--threads 2]
       [--spec-draft 4] [--spec-max-batch N] [--llama-lookup .cache/llama.cpp/build/bin/llama-lookup] [--draft-model DIR ...]
-      [--token-map MAP.json] [--eagle HEAD.safetensors ...] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
+      [--token-map MAP.json] [--eagle HEAD.safetensors ...] [--lookup-first] [--llama-speculative .cache/llama.cpp/build-ex/bin/llama-speculative-simple
       --llama-draft DRAFT.gguf]
       [--batches 1,16] [--open] [--rounds N] [--serve-arg=ARG ...] [--temperature T] [--json-schema TEXT]
       [--generate]
@@ -164,6 +164,8 @@ def main():
                     "head with it)")
     ap.add_argument("--eagle", action="append", default=[], help="also speculate with this EAGLE head "
                     "(--speculative eagle --draft-model HEAD.safetensors: tools/eagle_probe.py export)")
+    ap.add_argument("--lookup-first", action="store_true", help="also run every --draft-model and --eagle head "
+                    "with --spec-ngram 3: prompt lookup first, the draft where nothing matches")
     ap.add_argument("--no-prior", action="store_true", help="SHARDLM_SPEC_PRIOR=0 for the speculative servers: "
                     "every sequence drafts (a weak draft's acceptance measured on every request, not backed off)")
     ap.add_argument("--llama-speculative", help="llama.cpp's llama-speculative-simple, run with --llama-draft as its "
@@ -213,6 +215,11 @@ def main():
                                           *spec]) for d in a.draft_model]
     cut = ["--spec-token-map", a.token_map] if a.token_map else []
     configs += [("eagle " + h, ["--speculative", "eagle", "--draft-model", h, *cut, *spec]) for h in a.eagle]
+    if a.lookup_first:
+        configs += [(f"ngram + draft {d}", ["--speculative", "draft", "--draft-model", d, "--spec-ngram", "3", *spec])
+                    for d in a.draft_model]
+        configs += [(f"ngram + eagle {h}", ["--speculative", "eagle", "--draft-model", h, *cut, "--spec-ngram", "3",
+                                             *spec]) for h in a.eagle]
     speeds = {}  # (name, batch) -> tok/s of each round
     try:
         for rnd in range(a.rounds):
@@ -230,8 +237,12 @@ def main():
                         st = c.server_stats()
                     if flags:
                         rate = st.spec_accepted_tokens / st.spec_draft_tokens if st.spec_draft_tokens else 0.0
+                        look = st.spec_lookup_draft_tokens
+                        share = (f"; prompt lookup drafted {look}, accepted {st.spec_lookup_accepted_tokens} "
+                                 f"({100 * st.spec_lookup_accepted_tokens / look:.1f}%)"
+                                 if look and look < st.spec_draft_tokens else "")
                         print(f"{name}: {st.spec_draft_tokens} draft tokens, {st.spec_accepted_tokens} accepted "
-                              f"({100 * rate:.1f}%)")
+                              f"({100 * rate:.1f}%){share}")
     finally:
         TS.kill_all()
     if a.rounds > 1:

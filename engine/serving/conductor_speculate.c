@@ -210,7 +210,9 @@ static void spec_prior_update(struct conductor *c, int n_ver, int n_accepted, in
  * verified ones); each eligible sequence that is not backing off appends new ones, up to its
  * adaptive length, within a budget of logits rows and batch rows that leaves the other sequences
  * theirs: by prompt lookup, or from the draft model when there is one (for the sequences that
- * get one of its cache slots). */
+ * get one of its cache slots), or both (spec_lookup_first: lookup where its last tokens match
+ * earlier ones, the draft elsewhere; a draft slot that sat out steps catches up with the tokens
+ * taken meanwhile at its next proposal, draft_run). */
 void speculate(struct conductor *c)
 {
     struct scheduler *sc = &c->sched;
@@ -219,6 +221,7 @@ void speculate(struct conductor *c)
         s->n_tokens -= s->n_draft;
         s->n_draft = 0;
         s->spec_q = NULL;
+        s->spec_lookup = 0;
     }
     /* Slots of sequences that no longer run are freed every step, drafting or not (a batch
      * above --spec-max-batch drafts nothing, but its finished owners' slots must not stay taken). */
@@ -248,6 +251,16 @@ void speculate(struct conductor *c)
         if (max > left) max = left;
         if (max > room) max = room;
         if (max <= 0) continue;
+        if (c->draft.m && c->o.spec_lookup_first) { /* a copied span first; the draft where none */
+            const int k = lookup_draft(s, ngram, max, s->tokens + s->n_tokens);
+            if (k > 0) {
+                s->n_tokens += k;
+                s->n_draft = k;
+                s->spec_lookup = 1;
+                budget -= k;
+                continue;
+            }
+        }
         if (c->draft.m) {
             if (n_ds == c->draft.n_slots || !draft_claim(&c->draft, s, max)) continue;
             ds[n_ds] = s;
@@ -258,6 +271,7 @@ void speculate(struct conductor *c)
         int k = lookup_draft(s, ngram, max, s->tokens + s->n_tokens); /* room: n_prompt + max_tokens + 1 */
         s->n_tokens += k;
         s->n_draft = k;
+        s->spec_lookup = 1;
         budget -= k;
     }
     if (n_ds) propose(c, ds, want, n_ds);
@@ -397,6 +411,10 @@ void take_drafted(struct conductor *c, struct seq *s, const float *rows, int n_v
     pthread_mutex_lock(&c->mu);
     c->stats.spec_drafted += (uint64_t)n_ver;
     c->stats.spec_accepted += (uint64_t)n_accepted;
+    if (s->spec_lookup) {
+        c->stats.spec_lookup_drafted += (uint64_t)n_ver;
+        c->stats.spec_lookup_accepted += (uint64_t)n_accepted;
+    }
     c->stats.spec_backoffs += (uint64_t)backoff;
     pthread_mutex_unlock(&c->mu);
 }

@@ -94,6 +94,11 @@ struct engine_options {
      * served model's own hidden states, not a model of its own (--speculative eagle). The served
      * model must be a dense decoder with rotary positions (the head's own layer is Llama-style). */
     int draft_eagle;
+    /* With a draft model (or EAGLE head): prompt lookup first, as with spec_ngram above, and the
+     * draft only for the sequences whose last spec_ngram (down to 2) tokens have no earlier match
+     * this step (--spec-ngram N beside --draft-model: Arctic Inference's suffix + EAGLE idea, a
+     * copied span is often longer and surer than a small draft's guess). 0 = the draft alone. */
+    int spec_lookup_first;
     /* The draft's vocabulary cut to the token ids listed in this file (a JSON array: SGLang's
      * --speculative-token-map, FR-Spec's frequency-ranked head): its LM head computes only those
      * rows, so a draft token costs less, and its drafts are only those tokens (the target still
@@ -408,7 +413,10 @@ struct engine_stats {
     uint64_t prompt_tokens, prefill_tokens_computed, prefix_cache_hit_tokens;
     uint64_t generated_tokens;
     uint64_t steps, preemptions;
-    uint64_t spec_drafted, spec_accepted;   /* prompt-lookup draft tokens verified, and accepted */
+    uint64_t spec_drafted, spec_accepted;   /* draft tokens verified, and accepted */
+    uint64_t spec_lookup_drafted, spec_lookup_accepted; /* of those, the ones prompt lookup drafted
+                                               (all of them with --speculative ngram; the lookup
+                                               share beside a draft model, spec_lookup_first) */
     uint64_t spec_backoffs;                 /* times a sequence stopped drafting for low acceptance
                                                (docs/speculative.md, the adaptive rule) */
     /* --verify-prefix-cache (conductor_verify.c): prompts served from the prefix cache and

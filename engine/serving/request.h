@@ -191,6 +191,7 @@ struct seq {
     int      spec_resume_at;      /* n_generated from which it drafts again after a backoff */
     int      spec_backoff;        /* generated tokens of its next backoff; 0 = the first */
     int      draft_slot;          /* draft model: 1 + its cache slot (draft.h), 0 = none */
+    int      spec_lookup;         /* this step's drafts came from prompt lookup (not the draft model) */
     const float *spec_q;          /* draft model, sampled: the draft's distribution of each draft
                                      (n_draft, vocab), borrowed from the conductor; NULL = one-hot */
     char    *held;                /* (cap_held) text not yet emitted (stop-string look-back) */

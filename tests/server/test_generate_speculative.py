@@ -4,7 +4,7 @@
 the serving engine. Greedy stdout (prompt and completion) must equal plain `generate`'s, whose
 one-sequence loop (engine/serving/generate.c) does not speculate, for several prompts: with
 stories260K itself as draft (every draft accepted), with stories260K cut to 2 layers (mostly
-rejected), with prompt lookup, and under mpirun at tp 2 and pp 2 with the 2-layer draft. The
+rejected), with prompt lookup, with prompt lookup first and the 2-layer draft, and under mpirun at tp 2 and pp 2 with the 2-layer draft. The
 counts on stderr must show drafts verified (and for the 2-layer draft some rejected). Refusals:
 --speculative draft without --draft-model and --draft-model with --speculative ngram are usage
 errors (exit 2) naming the flags; a draft of another vocabulary fails naming both sizes; serve
@@ -59,7 +59,8 @@ def main():
     draft_copy(Path(a.model), small, 2)
     arms = [("itself as draft", ["--speculative", "draft", "--draft-model", a.model], ()),
             ("the 2-layer draft", ["--speculative", "draft", "--draft-model", str(small)], ()),
-            ("prompt lookup", ["--speculative", "ngram"], ())]
+            ("prompt lookup", ["--speculative", "ngram"], ()),
+            ("prompt lookup first, the 2-layer draft", ["--draft-model", str(small), "--spec-ngram", "2"], ())]
     if shutil.which("mpirun"):
         arms += [(f"{s} 2, the 2-layer draft", [f"--{s}", "2", "--draft-model", str(small), "--spec-draft", "3"], MPI)
                  for s in ("tp", "pp")]
@@ -82,7 +83,8 @@ def main():
     for extra, want in ((["--speculative", "draft"], "--speculative draft needs --draft-model"),
                         (["--speculative", "ngram", "--draft-model", a.model], "--draft-model cannot be combined"),
                         (["--speculative", "eagle"], "--speculative eagle needs --draft-model"),
-                        (["--speculative", "medusa"], "--speculative must be ngram")):
+                        (["--speculative", "medusa"], "--speculative must be ngram"),
+                        (["--spec-ngram", "3"], "--spec-ngram needs --speculative ngram, or a draft")):
         rc, _, _, err = gen(a, "x", *extra)
         check(rc == 2 and want in err, f"generate {' '.join(extra)}: usage error (rc {rc}) naming it: {want!r}")
     p = subprocess.run([a.shardlm, "serve", "--model", a.model, "--speculative", "draft", "--listen", "127.0.0.1:0"],

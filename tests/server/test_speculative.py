@@ -17,6 +17,7 @@ SKIP (77) without the model or the Python client.
 import argparse
 import concurrent.futures as cf
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -91,6 +92,10 @@ def compare(a, model, name, chat, launcher=(), extra=(), batch=True, draft=4):
     check(o0 == o1, f"{name}: sampled and penalised requests unchanged with speculation")
     check(st.spec_draft_tokens > 0 and 0 < st.spec_accepted_tokens <= st.spec_draft_tokens,
           f"{name}: speculation ran: {st.spec_draft_tokens} draft tokens, {st.spec_accepted_tokens} accepted")
+    check((st.spec_lookup_draft_tokens, st.spec_lookup_accepted_tokens) == (st.spec_draft_tokens,
+                                                                          st.spec_accepted_tokens),
+          f"{name}: every draft counted as prompt lookup's ({st.spec_lookup_draft_tokens} drafted, "
+          f"{st.spec_lookup_accepted_tokens} accepted)")
 
 
 def per_request(a):
@@ -172,6 +177,10 @@ def per_request(a):
         except urllib.error.URLError as e:
             text = str(e)
         check("shardlm_spec_decode_num_backoffs_total" in text, "/metrics has the backoff counter")
+        look = re.search(r"^shardlm_spec_decode_num_lookup_draft_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+        check(look is not None and float(look.group(1)) == st1.spec_lookup_draft_tokens > 0,
+              f"/metrics counts prompt lookup's drafts as GetServerStats does ({look and look.group(1)} against "
+              f"{st1.spec_lookup_draft_tokens})")
 
 
 def main():

@@ -17,6 +17,9 @@ accepted and rejected).
    soft-capped scores), read the embeddings unscaled or skipped the final soft-cap would fail it.
 2. Greedy tokens of 8 prompts, one at a time and 8 at once, equal to the server without
    speculation; drafts verified, some accepted, some rejected.
+3. With prompt lookup first (--spec-ngram 2 beside the head): some drafts from lookup, the rest
+   from the head, whose proposals after lookup's steps (its rows caught up over the tokens taken
+   meanwhile) still equal the reference; greedy tokens unchanged.
 
   test_speculative_eagle_gemma.py --shardlm BUILD/cli/shardlm --golden BUILD/golden
 SKIP (77) without the golden models, numpy or the Python client (and the tp 2 case without mpirun).
@@ -89,7 +92,7 @@ def main():
     ref = GemmaReference(np, model, head)
     eagle = ["--speculative", "eagle", "--draft-model", str(tmp / "head.safetensors"), "--spec-draft", "3",
              "--spec-max-batch", "64", "--max-seqs", "64", "--no-prefix-caching"]
-    cases = [("one rank", [], None)]
+    cases = [("one rank", [], None), ("one rank, prompt lookup first", ["--spec-ngram", "2"], None)]
     if shutil.which("mpirun"):
         cases.append(("tp 2", ["--tp", "2"], ("mpirun", "--oversubscribe", "-n", "2")))
     else:
@@ -116,6 +119,13 @@ def main():
         check(st.spec_draft_tokens > 0 and 0 < st.spec_accepted_tokens < st.spec_draft_tokens,
               f"{name}: {st.spec_draft_tokens} drafts verified, {st.spec_accepted_tokens} accepted (some accepted, "
               "some rejected)")
+        look = st.spec_lookup_draft_tokens
+        if "lookup" in name:  # the head catches up over the tokens lookup's drafts gave: the trace shows it exact
+            check(0 < look < st.spec_draft_tokens and 0 < st.spec_lookup_accepted_tokens <= look,
+                  f"{name}: prompt lookup drafted {look} of the {st.spec_draft_tokens} drafts (some, not all), "
+                  f"{st.spec_lookup_accepted_tokens} of them accepted")
+        else:
+            check(look == 0, f"{name}: no draft came from prompt lookup ({look})")
         check_trace(check, ref, f"Gemma 2, {name}", trace)
     return check.summary()
 
