@@ -383,6 +383,21 @@ def head_forward(p, emb, f_prev, cfg, xp, cos, sin, mask, prior=None):
     return y + mlp(rms(y, p["ln2"], cfg["rms_norm_eps"], xp), p["gate"], p["up"], p["down"], xp), x
 
 
+def load_features(spec):
+    """The features files of spec (comma-separated: written by `features` over different data),
+    as one: their rows concatenated, conversation starts offset."""
+    parts = [dict(np.load(f)) for f in spec.split(",")]
+    if len(parts) == 1:
+        return parts[0]
+    D = {k: np.concatenate([p[k] for p in parts]) for k in ("feats", "greedy", "ids", "answer", "held", "src")}
+    starts, o = [np.zeros(1, np.int64)], 0
+    for p in parts:
+        starts.append(p["starts"][1:] + o)
+        o += int(p["starts"][-1])
+    D["starts"] = np.concatenate(starts)
+    return D
+
+
 def windows(D, held, T):
     """(start, length) windows of at most T+1 tokens over the chosen conversations."""
     out = []
@@ -398,7 +413,7 @@ def cmd_train(a):
     import jax.numpy as jnp
     import optax
     cfg, t = load_target(a.target, a.adapter)
-    D = dict(np.load(a.features))
+    D = load_features(a.features)
     tmap = np.array(json.load(open(a.map)), np.int32)
     head = jnp.asarray(t["head"][tmap])
     embed = embed_in(t)
@@ -487,7 +502,7 @@ def chain_step(p, cfg, x, pos, K, V, cos, sin):
 
 def cmd_eval(a):
     cfg, t = load_target(a.target, a.adapter)
-    D = dict(np.load(a.features))
+    D = load_features(a.features)
     tmap = np.array(json.load(open(a.map)), np.int32)
     head = t["head"][tmap]
     embed = embed_in(t)
@@ -572,7 +587,7 @@ def cmd_map(a):
     tools/draft_token_map.py needs one): the --n ids most frequent among the training
     conversations' answer tokens (then their prompts' tokens, when the answers hold fewer distinct
     ones), and the given --keep ids (BOS, the end of turn) always."""
-    D = dict(np.load(a.features))
+    D = load_features(a.features)
     train = np.zeros(len(D["ids"]), bool)
     for s in np.nonzero(~D["held"])[0]:
         train[int(D["starts"][s]):int(D["starts"][s + 1])] = True
@@ -607,8 +622,9 @@ def main():
     for p in (f, tr, ev):
         p.add_argument("--adapter", help="a PEFT LoRA adapter merged into a Gemma 3 GGUF target (the served adapter)")
     for p in (tr, ev):
-        for name in ("--target", "--features", "--map"):
+        for name in ("--target", "--map"):
             p.add_argument(name, required=True)
+        p.add_argument("--features", required=True, help="features files (comma-separated: read as one)")
     tr.add_argument("--out", required=True)
     tr.add_argument("--epochs", type=int, default=4)
     tr.add_argument("--seq", type=int, default=256)

@@ -101,17 +101,23 @@ static const char *eagle_unfit(const struct model *t)
     const struct model_config *c = &t->cfg;
     if (c->encoder) return "an encoder has no LM head";
     if (c->positions != POSITION_KIND_ROTARY) return "its positions are learned, and the head's layer is rotary";
-    if (c->n_experts) return "a mixture of experts (the head's dense MLP would have no size of the model's own)";
     return NULL;
 }
 
 /* The head's configuration from the target's: one Llama-style layer (RMS norms, SwiGLU, rotary
  * at the target's base and scaling, full causal attention scaled by 1/sqrt(head_dim), no biases,
- * no QK, sandwich or other norms, no soft-capped scores, no sinks), of the target's widths. What
- * the target's ends do stays: its embedding scale (Gemma's sqrt(d): the head reads the embedding
- * as the target's first layer does) and its final soft-cap on the logits. */
-static void eagle_head_config(struct model_config *c)
+ * no QK, sandwich or other norms, no soft-capped scores, no sinks, a dense MLP of ffn rows), of
+ * the target's attention widths. What the target's ends do stays: its embedding scale (Gemma's
+ * sqrt(d): the head reads the embedding as the target's first layer does) and its final soft-cap
+ * on the logits. ffn is the head file's own (a mixture of experts' head has a dense MLP of a size
+ * the target's config does not give: SGLang's EAGLE-3 heads for Qwen 3 MoE, Llama 4). */
+static void eagle_head_config(struct model_config *c, int ffn)
 {
+    c->ffn_hidden = ffn;
+    c->n_experts = c->n_experts_used = c->moe_ffn = c->norm_topk_prob = c->shared_expert = 0;
+    c->moe_bias = c->moe_sigmoid = c->moe_sel_bias = c->moe_groups = c->moe_group_topk = 0;
+    c->moe_routed_scale = 0.0f;
+    c->moe_dense_first = c->dense_ffn = 0;
     c->norm = NORM_KIND_RMSNORM;
     c->activation = ACTIVATION_SILU;
     c->gated_mlp = 1;
@@ -311,7 +317,9 @@ enum status draft_load_eagle(const char *path, const char *target_dir, struct ba
         ends = d->ends;
     }
     h->cfg = target->cfg;
-    eagle_head_config(&h->cfg);
+    const struct st_tensor *up = safetensors_find(st, "layers.0.mlp.up_proj.weight");
+    eagle_head_config(&h->cfg, up && up->ndim == 2 && up->shape[0] > 0 && up->shape[0] <= (1 << 20)
+                                   ? (int)up->shape[0] : target->cfg.ffn_hidden);
     h->par.layout = (struct parallel_layout){.world_size = 1, .tp_size = 1, .pp_size = 1, .dp_size = 1,
                                              .pp_prev = -1, .pp_next = -1};
     h->dtype = target->dtype;

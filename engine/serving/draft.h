@@ -81,9 +81,10 @@ enum status draft_load(const char *dir, struct backend *b, const struct model *t
  * fc.bias, layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.post_attention_layernorm.weight,
  * layers.0.mlp.{gate,up,down}_proj.weight; no attention norm, no final norm) on the target's
  * backend (the first rank's), whole: one Llama-style layer (RMS norms, SwiGLU, full causal
- * attention) of the target's widths, rotary at its base and scaling, whatever the target's own
- * layers are (Gemma's QK and sandwich norms, GeGLU and windows included); the target must be a
- * dense decoder with rotary positions (no encoder, no experts, no learned positions). The head
+ * attention) of the target's attention widths and a dense MLP of the file's own rows, rotary at
+ * its base and scaling, whatever the target's own layers are (Gemma's QK and sandwich norms,
+ * GeGLU and windows, a mixture of experts' routed and shared experts included); the target must
+ * be a decoder with rotary positions (no encoder, no learned positions). The head
  * reads the embeddings as the target's first layer does (times Gemma's sqrt(d)) and the logits
  * are soft-capped as the target's are. At tp or pp > 1 the
  * head borrows a whole copy of the embeddings and LM head of the checkpoint at target_dir

@@ -648,9 +648,10 @@ def moe_mlp(cfg, w, p, h):
     return out
 
 
-def llama_forward(cfg, w, tokens):
+def llama_forward(cfg, w, tokens, hidden=False):
     """LlamaForCausalLM forward, float64 (and its relatives: Mistral, Qwen 2/3, Phi-3, the mixtures
-    of experts Mixtral, Qwen 3 MoE, OLMoE). Returns logits (T, vocab)."""
+    of experts Mixtral, Qwen 3 MoE, OLMoE). Returns logits (T, vocab), or with hidden the final
+    hidden states after the final norm (T, d)."""
     H = cfg["hidden_size"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or H // nh
@@ -695,6 +696,8 @@ def llama_forward(cfg, w, tokens):
         u = h @ w[p + "mlp.up_proj.weight"].T
         x = x + ((g / (1.0 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
     x = _rmsnorm(x, w["model.norm.weight"], eps)
+    if hidden:
+        return x
     lm = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
     return x @ lm.T
 

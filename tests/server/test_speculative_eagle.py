@@ -29,8 +29,8 @@ own final hidden states, which the engine captures from the target's forwards.
 5. Refusals at start-up, by name: a head without one of its tensors, with a tensor of the wrong
    shape, for rotary of the other style; a target that cannot carry one (GPT-2's learned
    positions, the golden random GPT-2); --speculative eagle without --draft-model (usage error).
-   (Targets whose layers are not Llama-style carry the same Llama-style head:
-   test_speculative_eagle_gemma.py.)
+   (Targets whose layers are not Llama-style, Gemma 2 and a mixture of experts, carry the same
+   Llama-style head: test_speculative_eagle_targets.py.)
 
   test_speculative_eagle.py --shardlm BUILD/cli/shardlm --model BUILD/golden/stories260K
 SKIP (77) without the model, numpy, scipy or the Python client.
@@ -99,6 +99,24 @@ def fit_fc(np, ref, head, seqs):
     for name in ("layers.0.self_attn.o_proj.weight", "layers.0.mlp.down_proj.weight"):
         out[name] = (head[name] * 0.05).astype(np.float32)
     return out
+
+
+def fitted_head(np, shardlm, model, tmp, ref_cls=None, head_cfg=None, name="eagle-off"):
+    """The greedy answers of a server without speculation on model (one at a time, 8 at once) and a
+    random head of head_cfg (the model's config by default) whose fc is fitted to them (fit_fc),
+    written to tmp / "head.safetensors": (answers, the head's path, its ref_cls reference)."""
+    from make_draft import write_safetensors
+    ref_cls = ref_cls or Reference
+    cfg = head_cfg or json.loads((Path(model) / "config.json").read_text())
+    try:
+        with TS.Server(shardlm, Path(model), "--no-prefix-caching", name=name) as srv:
+            base = (greedy(srv, 1), greedy(srv, 8))
+    finally:
+        TS.kill_all()
+    head = fit_fc(np, ref_cls(np, model, make_head(np, cfg)), make_head(np, cfg), [[1, *g] for g in base[0]])
+    path = Path(tmp) / "head.safetensors"
+    write_safetensors(path, head, {"rope_style": "halves", "format": "eagle-1"})
+    return base, path, ref_cls(np, model, head)
 
 
 class Reference:

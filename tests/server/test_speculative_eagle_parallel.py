@@ -21,7 +21,6 @@ greedy text, so that drafts are accepted and rejected).
 SKIP (77) without the model, mpirun, numpy or the Python client.
 """
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -36,7 +35,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "tools"))
 import test_server as TS  # noqa: E402
 from checks import Checks  # noqa: E402
-from test_speculative_eagle import PROMPTS, Reference, check_trace, fit_fc, greedy, make_head  # noqa: E402
+from test_speculative_eagle import PROMPTS, check_trace, fitted_head, greedy  # noqa: E402
 
 check = Checks()
 
@@ -57,19 +56,9 @@ def main():
     except ImportError:
         print("SKIP: no numpy")
         return SKIP
-    from make_draft import write_safetensors
     tmp = Path(tempfile.mkdtemp(prefix="shardlm-eagle-par-"))
-    cfg = json.loads((Path(a.model) / "config.json").read_text())
-    try:
-        with TS.Server(a.shardlm, Path(a.model), "--no-prefix-caching", name="eagle-par-off") as srv:
-            base = (greedy(srv, 1), greedy(srv, 8))
-    finally:
-        TS.kill_all()
-    ref = Reference(np, a.model, make_head(np, cfg))
-    head = fit_fc(np, ref, make_head(np, cfg), [[1, *g] for g in base[0]])
-    write_safetensors(tmp / "head.safetensors", head, {"rope_style": "halves", "format": "eagle-1"})
-    ref = Reference(np, a.model, head)
-    eagle = ["--speculative", "eagle", "--draft-model", str(tmp / "head.safetensors"), "--spec-draft", "3",
+    base, head, ref = fitted_head(np, a.shardlm, a.model, tmp, name="eagle-par-off")
+    eagle = ["--speculative", "eagle", "--draft-model", str(head), "--spec-draft", "3",
              "--spec-max-batch", "64", "--max-seqs", "64"]
     # (name, layout flags, ranks, prefix caching, rounds of 8 at once, traced); dp 2 is not traced
     # (two processes would append to one file)
