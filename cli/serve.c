@@ -138,7 +138,7 @@ static int usage(const char *fmt, const char *arg)
                     "                 instead (the same tokenizer as --model, refused otherwise; at tp / pp > 1\n"
                     "                 it runs on rank 0): --spec-draft tokens a step, verified by rejection sampling\n"
                     "  --speculative eagle --draft-model HEAD.safetensors  an EAGLE-1 head on the served model's\n"
-                    "                 hidden states (tools/eagle_probe.py export; dense rotary decoders; at tp / pp > 1\n"
+                    "                 hidden states (tools/eagle_probe.py export; rotary decoders; at tp / pp > 1\n"
                     "                 on rank 0, with a whole copy of the embeddings and LM head)\n"
                     "  --spec-ngram N beside --draft-model  prompt lookup first (as above), the draft model or\n"
                     "                 head only where the last N (down to 2) tokens match nothing earlier\n"

@@ -22,8 +22,11 @@
  * one thread, on SmolLM2-135M's and Gemma 3 270M's shapes: the verification steps of speculative
  * decoding (1 + drafts rows), small batches and int8 prefill.
  *
- * Run: bench_quant [--quick | --lm-head | --packed]   (about a minute on 2 idle cores; --quick about
- * 15 s; --lm-head only the LM head at one thread) */
+ * --verify: the LM head of Gemma 3 270M (packed Q8_0) at m = 1 .. 5 rows, 1 and 2 threads: what the
+ * rows of a speculative verification step cost beside one decode row.
+ *
+ * Run: bench_quant [--quick | --lm-head | --packed | --verify]   (about a minute on 2 idle cores;
+ * --quick about 15 s; --lm-head only the LM head at one thread) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -277,13 +280,51 @@ static void bench_packed(const struct bench *bn)
         }
 }
 
+/* What a speculative verification row costs the LM head: Gemma 3 270M's Q8_0 head (640 x 262,144,
+ * 178 MB: beyond every cache) packed, m = 1 .. 5 rows in one call, at 1 and 2 threads; each m's time
+ * as a multiple of m = 1's (a step verifying K drafts runs K + 1 rows). */
+static void bench_verify(const struct bench *bn)
+{
+    const enum quant_type t = QUANT_TYPE_Q8_0;
+    const int64_t k = 640, n = 262144;
+    const size_t wbytes = (size_t)n * quant_row_bytes(t, k);
+    uint8_t *w = malloc(wbytes), *wp = malloc(quant_packed_bytes(t, n, k));
+    float *x = malloc((size_t)(5 * k) * sizeof(float)), *y = malloc((size_t)(5 * n) * sizeof(float));
+    void *scratch = malloc(quant_matmul_scratch_bytes(t, 5, k));
+    if (!w || !wp || !x || !y || !scratch) {
+        fprintf(stderr, "bench_verify: out of memory\n");
+        free(scratch), free(y), free(x), free(wp), free(w);
+        return;
+    }
+    for (int64_t i = 0; i < 5 * k; i++) x[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+    fill_blocks(t, w, wbytes);
+    quant_pack_rows8(t, wp, w, n, k);
+    free(w);
+    printf("verification rows, gemma lm_head Q8_0 packed (k %lld, n %lld, %.0f MB), %s:\n", (long long)k, (long long)n,
+           (double)quant_packed_bytes(t, n, k) / 1e6, quant_impl_name(quant_impl_best()));
+    for (int threads = 1; threads <= 2; threads++) {
+        double t1 = 0.0;
+        printf("  threads %d:", threads);
+        for (int64_t m = 1; m <= 5; m++) {
+            struct quant_ctx qc = {quant_impl_best(), t, y, x, wp, scratch, m, n, k, threads};
+            const double tm = time_best(bn, run_quant_packed, &qc);
+            if (m == 1) t1 = tm;
+            printf("  m %lld %7.0f us (%.2fx)", (long long)m, tm * 1e6, tm / t1);
+        }
+        printf("\n");
+        fflush(stdout);
+    }
+    free(scratch), free(y), free(x), free(wp);
+}
+
 int main(int argc, char **argv)
 {
     int quick = argc > 1 && !strcmp(argv[1], "--quick");
     int lm_only = argc > 1 && !strcmp(argv[1], "--lm-head");
     int packed = argc > 1 && !strcmp(argv[1], "--packed");
-    if (argc > 1 && !quick && !lm_only && !packed) {
-        fprintf(stderr, "usage: %s [--quick | --lm-head | --packed]\n", argv[0]);
+    int verify = argc > 1 && !strcmp(argv[1], "--verify");
+    if (argc > 1 && !quick && !lm_only && !packed && !verify) {
+        fprintf(stderr, "usage: %s [--quick | --lm-head | --packed | --verify]\n", argv[0]);
         return 2;
     }
     struct bench bn = {quick ? 0.03 : 0.2, quick ? 20 : 2000};
@@ -291,11 +332,12 @@ int main(int argc, char **argv)
         bench_lm_head(&bn, 1);
         return 0;
     }
-    if (packed) {
+    if (packed || verify) {
         char cpu[128];
         bench_cpu_model(cpu, sizeof cpu);
         printf("CPU: %s\n", cpu);
-        bench_packed(&bn);
+        if (packed) bench_packed(&bn);
+        else bench_verify(&bn);
         return 0;
     }
     char cpu[128];

@@ -251,28 +251,20 @@ void speculate(struct conductor *c)
         if (max > left) max = left;
         if (max > room) max = room;
         if (max <= 0) continue;
-        if (c->draft.m && c->o.spec_lookup_first) { /* a copied span first; the draft where none */
-            const int k = lookup_draft(s, ngram, max, s->tokens + s->n_tokens);
-            if (k > 0) {
-                s->n_tokens += k;
-                s->n_draft = k;
-                s->spec_lookup = 1;
-                budget -= k;
-                continue;
-            }
-        }
-        if (c->draft.m) {
-            if (n_ds == c->draft.n_slots || !draft_claim(&c->draft, s, max)) continue;
-            ds[n_ds] = s;
-            want[n_ds++] = max;
-            budget -= max;
+        /* prompt lookup (room: n_prompt + max_tokens + 1), alone or first; the draft model where it
+         * finds nothing */
+        const int k = !c->draft.m || c->o.spec_lookup_first ? lookup_draft(s, ngram, max, s->tokens + s->n_tokens) : 0;
+        if (k > 0 || !c->draft.m) {
+            s->n_tokens += k;
+            s->n_draft = k;
+            s->spec_lookup = 1;
+            budget -= k;
             continue;
         }
-        int k = lookup_draft(s, ngram, max, s->tokens + s->n_tokens); /* room: n_prompt + max_tokens + 1 */
-        s->n_tokens += k;
-        s->n_draft = k;
-        s->spec_lookup = 1;
-        budget -= k;
+        if (n_ds == c->draft.n_slots || !draft_claim(&c->draft, s, max)) continue;
+        ds[n_ds] = s;
+        want[n_ds++] = max;
+        budget -= max;
     }
     if (n_ds) propose(c, ds, want, n_ds);
 }
