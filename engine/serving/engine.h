@@ -92,7 +92,8 @@ struct engine_options {
     const char *draft_model_dir;
     /* draft_model_dir is an EAGLE-1 head (a safetensors file: draft.h draft_load_eagle) on the
      * served model's own hidden states, not a model of its own (--speculative eagle). The served
-     * model must be a dense decoder with rotary positions (the head's own layer is Llama-style). */
+     * model must be a decoder with rotary positions, experts or not (the head's own layer is a
+     * dense Llama-style one). */
     int draft_eagle;
     /* With a draft model (or EAGLE head): prompt lookup first, as with spec_ngram above, and the
      * draft only for the sequences whose last spec_ngram (down to 2) tokens have no earlier match
