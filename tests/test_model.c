@@ -117,13 +117,17 @@ struct env {
     struct model *m;
     struct kv_cache cache;
     struct lora *adapter; /* applied to every row when set (env_open's adapter_dir) */
+    int own_backend;      /* env_close closes b */
 };
 
-/* adapter_dir: a PEFT adapter served on every row (lora_load_peft), or NULL. */
-static enum status env_open_adapter(struct env *e, const char *dir, int max_ctx, const char *adapter_dir)
+/* The model at dir on backend b (NULL: a CPU backend the env opens and closes); adapter_dir: a
+ * PEFT adapter served on every row (lora_load_peft), or NULL. */
+static enum status env_open_on(struct env *e, struct backend *b, const char *dir, int max_ctx, const char *adapter_dir)
 {
     memset(e, 0, sizeof *e);
-    enum status st = backend_open(DEVICE_CPU, 0, 0, &e->b);
+    enum status st = STATUS_OK;
+    if (b) e->b = b;
+    else if ((st = backend_open(DEVICE_CPU, 0, 0, &e->b)) == STATUS_OK) e->own_backend = 1;
     if (st == STATUS_OK) st = model_load(dir, e->b, g_par, &e->m);
     if (st == STATUS_OK && adapter_dir && (st = lora_load_peft(e->m, adapter_dir, &e->adapter)) == STATUS_OK) {
         e->m->adapters = &e->adapter;
@@ -137,6 +141,11 @@ static enum status env_open_adapter(struct env *e, const char *dir, int max_ctx,
     return st;
 }
 
+static enum status env_open_adapter(struct env *e, const char *dir, int max_ctx, const char *adapter_dir)
+{
+    return env_open_on(e, NULL, dir, max_ctx, adapter_dir);
+}
+
 static enum status env_open(struct env *e, const char *dir, int max_ctx)
 {
     return env_open_adapter(e, dir, max_ctx, NULL);
@@ -148,7 +157,7 @@ static void env_close(struct env *e)
     if (e->m) e->m->adapters = NULL;
     lora_free(e->adapter, e->b);
     model_free(e->m);
-    backend_close(e->b);
+    if (e->own_backend) backend_close(e->b);
 }
 
 /* Logits for every row of the prompt, prefilled in chunks of `chunk` rows. */
@@ -330,22 +339,19 @@ out:
     return finish();
 }
 
-/* Logits of every prompt row of the model at dir on an already opened backend. */
-static enum status backend_logits(struct backend *b, const char *dir, const int32_t *ids, int n, float **out, int *vocab)
+/* Logits of every prompt row of the model at dir (with the PEFT adapter at adapter_dir on every
+ * row, or none when NULL) on an already opened backend. */
+static enum status backend_logits(struct backend *b, const char *dir, const char *adapter_dir, const int32_t *ids,
+                                  int n, float **out, int *vocab)
 {
-    struct env e = {.b = b};
-    enum status st = model_load(dir, b, NULL, &e.m);
-    if (st == STATUS_OK) st = model_reserve(e.m, 64, 1, (n + 15) / 16, 64);
-    if (st == STATUS_OK)
-        st = kv_cache_init(&e.cache, b, e.m->n_layers_local, (n + 15) / 16, 16, e.m->n_kv_local,
-                           e.m->cfg.head_dim, e.m->dtype);
+    struct env e;
+    enum status st = env_open_on(&e, b, dir, n, adapter_dir);
     if (st == STATUS_OK) {
         *vocab = e.m->cfg.vocab_size;
         *out = malloc((size_t)n * (size_t)*vocab * sizeof **out);
         st = prompt_logits(&e, ids, n, 7, *out);
     }
-    kv_cache_free(&e.cache);
-    model_free(e.m);
+    env_close(&e);
     return st;
 }
 
@@ -367,11 +373,16 @@ static int run_cuda(const char *dir)
     }
     int32_t *prompt;
     int n = json_ints(cJSON_GetObjectItem(ref, "prompt_ids"), &prompt), V = 0, V2 = 0;
+    /* A golden with a PEFT adapter (phi3_lora): served on every row, on both backends. */
+    const cJSON *adapter = cJSON_GetObjectItem(ref, "adapter");
+    char adapter_dir[4096 + 32];
+    if (cJSON_IsString(adapter)) snprintf(adapter_dir, sizeof adapter_dir, "%s/%s", dir, adapter->valuestring);
+    const char *ad = cJSON_IsString(adapter) ? adapter_dir : NULL;
     float *lg = NULL, *lc = NULL;
     backend_open(DEVICE_CPU, 0, 0, &cpu);
-    st = backend_logits(gpu, dir, prompt, n, &lg, &V);
-    check(st == STATUS_OK, "forward on CUDA", status_message());
-    enum status st2 = backend_logits(cpu, dir, prompt, n, &lc, &V2);
+    st = backend_logits(gpu, dir, ad, prompt, n, &lg, &V);
+    check(st == STATUS_OK, ad ? "forward on CUDA with the PEFT adapter" : "forward on CUDA", status_message());
+    enum status st2 = backend_logits(cpu, dir, ad, prompt, n, &lc, &V2);
     if (st == STATUS_OK && st2 == STATUS_OK) {
         /* bf16 activations with f32 accumulation: agreement to a few bf16 ulps of the logit
          * range, and the same argmax wherever the CPU's top-2 margin exceeds that. */

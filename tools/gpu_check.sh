@@ -95,6 +95,8 @@ run_tests() {
     "$B/build/tests/test_ops" --backend cuda --filter attention
   step "memcheck test_model gpt2" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$B/build/tests/test_model" cuda "$B/build/golden" gpt2
+  step "memcheck test_model gpt_oss" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$B/build/tests/test_model" cuda "$B/build/golden" gpt_oss
   step "racecheck test_ops (attention)" 90 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$B/build/tests/test_ops" --backend cuda --filter attention
   unset SHARDLM_SYNC_CHECK
