@@ -13,7 +13,9 @@
  *   test_model megatron DATA_DIR NAME TP PP  the same model rewritten in the Megatron-style
  *                                layout at (TP, PP), loaded back at tp = pp = 1.
  *   test_model cuda DATA_DIR NAME  the CUDA backend's forward (bf16) against the CPU backend's
- *                                (f32) on the same prompt (label gpu; SKIP without a GPU).
+ *                                (f32) on the same prompt (label gpu; SKIP without a GPU); a
+ *                                reference naming an adapter serves it on both.
+ *   test_model cpu-bf16 DATA_DIR NAME  the same with the CPU computing in bf16 in CUDA's place.
  *   test_model gemma|ref DIR REF_JSON  a converted GGUF checkpoint (Gemma 3, SmolLM2) against
  *                                the float64 NumPy reference (tests/reference/gemma3_ref.py,
  *                                llama_gguf_ref.py) on the GGUF file; SKIP when the model was
@@ -120,16 +122,19 @@ struct env {
     int own_backend;      /* env_close closes b */
 };
 
-/* The model at dir on backend b (NULL: a CPU backend the env opens and closes); adapter_dir: a
+/* The model at dir on backend b (NULL: a CPU backend the env opens and closes), computing in dtype
+ * (-1: the backend's default, model_load_as); adapter_dir: a
  * PEFT adapter served on every row (lora_load_peft), or NULL. */
-static enum status env_open_on(struct env *e, struct backend *b, const char *dir, int max_ctx, const char *adapter_dir)
+static enum status env_open_on(struct env *e, struct backend *b, int dtype, const char *dir, int max_ctx,
+                               const char *adapter_dir)
 {
     memset(e, 0, sizeof *e);
     enum status st = STATUS_OK;
     if (b) e->b = b;
     else if ((st = backend_open(DEVICE_CPU, 0, 0, &e->b)) == STATUS_OK) e->own_backend = 1;
-    if (st == STATUS_OK) st = model_load(dir, e->b, g_par, &e->m);
-    if (st == STATUS_OK && adapter_dir && (st = lora_load_peft(e->m, adapter_dir, &e->adapter)) == STATUS_OK) {
+    if (st == STATUS_OK) st = model_load_as(dir, e->b, g_par, dtype, &e->m);
+    if (st == STATUS_OK && adapter_dir && (st = lora_load_peft(e->m, adapter_dir, &e->adapter)) == STATUS_OK &&
+        (st = lora_serve_prepare(e->adapter, e->m)) == STATUS_OK) {
         e->m->adapters = &e->adapter;
         e->m->n_adapters = 1;
         e->m->max_adapter_rank = e->adapter->rank;
@@ -143,7 +148,7 @@ static enum status env_open_on(struct env *e, struct backend *b, const char *dir
 
 static enum status env_open_adapter(struct env *e, const char *dir, int max_ctx, const char *adapter_dir)
 {
-    return env_open_on(e, NULL, dir, max_ctx, adapter_dir);
+    return env_open_on(e, NULL, -1, dir, max_ctx, adapter_dir);
 }
 
 static enum status env_open(struct env *e, const char *dir, int max_ctx)
@@ -340,12 +345,12 @@ out:
 }
 
 /* Logits of every prompt row of the model at dir (with the PEFT adapter at adapter_dir on every
- * row, or none when NULL) on an already opened backend. */
-static enum status backend_logits(struct backend *b, const char *dir, const char *adapter_dir, const int32_t *ids,
-                                  int n, float **out, int *vocab)
+ * row, or none when NULL) on an already opened backend, computing in dtype (-1: its default). */
+static enum status backend_logits(struct backend *b, int dtype, const char *dir, const char *adapter_dir,
+                                  const int32_t *ids, int n, float **out, int *vocab)
 {
     struct env e;
-    enum status st = env_open_on(&e, b, dir, n, adapter_dir);
+    enum status st = env_open_on(&e, b, dtype, dir, n, adapter_dir);
     if (st == STATUS_OK) {
         *vocab = e.m->cfg.vocab_size;
         *out = malloc((size_t)n * (size_t)*vocab * sizeof **out);
@@ -355,14 +360,19 @@ static enum status backend_logits(struct backend *b, const char *dir, const char
     return st;
 }
 
-static int run_cuda(const char *dir)
+/* cuda: the CUDA backend (bf16) against the CPU's f32; cpu_bf16: the CPU computing in bf16 (the
+ * dtype CUDA serves in, and what a served adapter is cast to there: lora_serve_prepare) against
+ * its f32, so that the half-precision serving path runs without a GPU too. */
+static int run_half(const char *dir, int cpu_bf16)
 {
     struct backend *gpu = NULL, *cpu = NULL;
-    enum status st = backend_open(DEVICE_CUDA, 0, 0, &gpu);
+    enum status st = backend_open(cpu_bf16 ? DEVICE_CPU : DEVICE_CUDA, 0, 0, &gpu);
     if (st != STATUS_OK) {
         printf("SKIP: model on CUDA: %s\n", status_message());
         return 77;
     }
+    const int half = cpu_bf16 ? DTYPE_BF16 : -1;
+    const char *what = cpu_bf16 ? "the CPU in bf16" : "CUDA (bf16)";
     char path[4096 + 32];
     snprintf(path, sizeof path, "%s/reference.json", dir);
     cJSON *ref = read_json(path);
@@ -380,9 +390,11 @@ static int run_cuda(const char *dir)
     const char *ad = cJSON_IsString(adapter) ? adapter_dir : NULL;
     float *lg = NULL, *lc = NULL;
     backend_open(DEVICE_CPU, 0, 0, &cpu);
-    st = backend_logits(gpu, dir, ad, prompt, n, &lg, &V);
-    check(st == STATUS_OK, ad ? "forward on CUDA with the PEFT adapter" : "forward on CUDA", status_message());
-    enum status st2 = backend_logits(cpu, dir, ad, prompt, n, &lc, &V2);
+    st = backend_logits(gpu, half, dir, ad, prompt, n, &lg, &V);
+    char title[128];
+    snprintf(title, sizeof title, "forward on %s%s", what, ad ? " with the PEFT adapter" : "");
+    check(st == STATUS_OK, title, st == STATUS_OK ? NULL : status_message());
+    enum status st2 = backend_logits(cpu, -1, dir, ad, prompt, n, &lc, &V2);
     if (st == STATUS_OK && st2 == STATUS_OK) {
         /* bf16 activations with f32 accumulation: agreement to a few bf16 ulps of the logit
          * range, and the same argmax wherever the CPU's top-2 margin exceeds that. */
@@ -401,7 +413,8 @@ static int run_cuda(const char *dir)
         }
         char detail[256];
         snprintf(detail, sizeof detail, "max |diff| %.3g, logits up to %.3g", worst, scale);
-        check(worst <= 0.05 * (1 + scale) && argmax_same, "CUDA bf16 logits vs CPU f32", detail);
+        snprintf(title, sizeof title, "%s logits vs CPU f32", what);
+        check(worst <= 0.05 * (1 + scale) && argmax_same, title, detail);
     }
     free(lg);
     free(lc);
@@ -784,13 +797,13 @@ static int run_command(int argc, char **argv)
     if (argc >= 4 && (!strcmp(argv[1], "gemma") || !strcmp(argv[1], "ref"))) return run_ref(argv[2], argv[3], 0);
     if (argc >= 4 && !strcmp(argv[1], "ref-int8")) return run_ref(argv[2], argv[3], 1);
     if (argc >= 4 && !strcmp(argv[1], "gemma-gguf")) return run_gemma_gguf(argv[2], argv[3]);
-    if (argc >= 4 && !strcmp(argv[1], "cuda")) {
+    if (argc >= 4 && (!strcmp(argv[1], "cuda") || !strcmp(argv[1], "cpu-bf16"))) {
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/%s", argv[2], argv[3]);
-        return run_cuda(dir);
+        return run_half(dir, !strcmp(argv[1], "cpu-bf16"));
     }
     if (argc >= 6 && !strcmp(argv[1], "megatron"))
         return run_megatron(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
-    fprintf(stderr, "usage: test_model stories DATA | hf DATA NAME | megatron DATA NAME TP PP | cuda DATA NAME\n");
+    fprintf(stderr, "usage: test_model stories DATA | hf DATA NAME | megatron DATA NAME TP PP | cuda|cpu-bf16 DATA NAME\n");
     return 2;
 }

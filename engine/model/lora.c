@@ -367,6 +367,48 @@ enum status lora_reserve(struct lora *l, struct backend *b, int max_tokens, enum
     return STATUS_OK;
 }
 
+enum status lora_serve_prepare(struct lora *l, const struct model *m)
+{
+    const enum dtype dt = m->dtype;
+    if (dt == DTYPE_F32) return STATUS_OK;
+    struct backend *b = m->b;
+    void *mem = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t off = 0;
+        for (int i = 0; i < l->n_layers; i++)
+            for (int t = 0; t < LORA_TARGET_COUNT; t++) {
+                struct lora_site *s = &l->sites[i][t];
+                if (!s->a.data) continue;
+                const int leads = lora_target_leader(l, (enum lora_target)t) == (enum lora_target)t;
+                struct tensor *ts[2] = {&s->a, &s->b};
+                for (int k = leads ? 0 : 1; k < 2; k++) { /* a fused member's A is its leader's */
+                    struct tensor nt = tensor_make(pass ? (char *)mem + off : NULL, dt, b->device, 2, ts[k]->shape[0],
+                                                   ts[k]->shape[1]);
+                    off += (tensor_nbytes(&nt) + 255) / 256 * 256;
+                    if (!pass) continue;
+                    op_cast(b, &nt, ts[k]);
+                    *ts[k] = nt;
+                }
+            }
+        if (pass == 0) {
+            enum status st = backend_alloc(b, off, &mem);
+            if (st != STATUS_OK) return st;
+        }
+    }
+    for (int i = 0; i < l->n_layers; i++)
+        for (int t = 0; t < LORA_TARGET_COUNT; t++) {
+            struct lora_site *s = &l->sites[i][t];
+            if (!s->a.data) continue;
+            s->a = l->sites[i][lora_target_leader(l, (enum lora_target)t)].a;
+            s->da = (struct tensor){0};
+            s->db = (struct tensor){0};
+        }
+    backend_synchronize(b); /* the casts read the f32 copies */
+    backend_free(b, l->mem);
+    l->mem = mem;
+    return STATUS_OK;
+}
+
 void lora_free(struct lora *l, struct backend *b)
 {
     if (!l) return;

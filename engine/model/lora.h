@@ -161,6 +161,11 @@ enum status lora_save_peft(const struct lora *l, const struct model *m, struct b
  * without blocking: base_open_file) is STATUS_NOT_FOUND, its message saying which and why, and
  * no other failure is STATUS_NOT_FOUND: a caller may answer all unreachable paths alike. */
 enum status lora_load_peft(struct model *m, const char *dir, struct lora **out);
+/* A loaded adapter made ready to serve on m: its A and B cast to the activations' dtype m->dtype
+ * (bf16 on CUDA; a no-op for f32 activations, the CPU's), the gradients dropped. lora_apply
+ * multiplies x by A in x's dtype, so a served adapter must pass here first; a trained one never
+ * does (its f32 masters stay f32). */
+enum status lora_serve_prepare(struct lora *l, const struct model *m);
 
 /* W += s B A for every adapted weight of m, in place (m's weights must be writable f32): the
  * merged model computes what base + adapter computes. */

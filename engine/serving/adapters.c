@@ -76,6 +76,10 @@ enum status adapter_set_init(struct adapter_set *s, struct model *m, int max_lor
             return status_errorf(STATUS_INVALID_ARGUMENT, "--lora: the name '%s' is given twice", names[i]);
         struct lora *l = NULL;
         if ((st = lora_load_peft(m, dirs[i], &l)) != STATUS_OK) return st;
+        if ((st = lora_serve_prepare(l, m)) != STATUS_OK) {
+            lora_free(l, m->b);
+            return st;
+        }
         if (l->rank > s->max_rank) {
             status_errorf(STATUS_INVALID_ARGUMENT, "--lora %s=%s: rank %d is above --max-lora-rank %d", names[i], dirs[i],
                           l->rank, s->max_rank);
@@ -128,6 +132,7 @@ enum status adapter_set_read(const struct adapter_set *s, struct model *m, const
                              "adapter_config.json and adapter_model.safetensors there, regular files this server "
                              "can read)", dir);
     }
+    if (st == STATUS_OK && (st = lora_serve_prepare(l, m)) != STATUS_OK) lora_free(l, m->b);
     if (st != STATUS_OK) return st;
     if (l->rank > s->max_rank) {
         status_errorf(STATUS_INVALID_ARGUMENT, "%s: rank %d is above this server's --max-lora-rank %d (the scratch "
