@@ -11,8 +11,13 @@
  * A benchmark, never a pass/fail gate: it exits 0 whatever the numbers are.
  * With --device cuda the baseline is the backend's own f32 product (op_matmul: cuBLAS, no TF32)
  * on the same T x 768 x 768 shape, and memory is the device's (cudaMemGetInfo before and after).
+ * With --bf16 on CUDA the baseline is the backend's bf16 product on a T x d x ffn shape (what its
+ * tensor cores reach in this run), and the model FLOP utilization is printed against it and
+ * against the H100/H200 SXM datasheet's dense bf16 peak (989.4 TFLOP/s).
+ * --model DIR trains that checkpoint (for example tools/make_random_model.py's llama3.2-1b) in
+ * place of the stories110M shape written to /tmp.
  * Run: bench_train [--steps N] [--seq N] [--micro N] [--layers N] [--threads N] [--device cpu|cuda]
- *                  [--bf16]
+ *                  [--bf16] [--model DIR]
  * (defaults: 3 steps of 1 x 256 tokens in f32; about a minute on 2 cores). */
 #include <cblas.h>
 #include <math.h>
@@ -50,6 +55,7 @@ static double sgemm_gflops(int m, int k, int n)
 int main(int argc, char **argv)
 {
     int steps = 3, seq = 256, micro = 1, layers = 12, threads = 0, bf16 = 0;
+    const char *model_dir = NULL;
     enum device device = DEVICE_CPU;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--bf16")) bf16 = 1;
@@ -61,11 +67,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--micro")) micro = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--layers")) layers = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--model")) model_dir = argv[i + 1];
     }
-    const int d = 768, heads = 12, ffn = 2048, vocab = 32000, T = seq * micro;
-    char dir[128];
-    snprintf(dir, sizeof dir, "/tmp/shardlm_bench_train_%d", (int)getpid());
-    enum status st = write_model(dir, d, layers, heads, ffn, vocab, 1024);
+    int d = 768, heads = 12, ffn = 2048, vocab = 32000;
+    const int T = seq * micro;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", model_dir ? model_dir : "");
+    if (!model_dir) snprintf(dir, sizeof dir, "/tmp/shardlm_bench_train_%d", (int)getpid());
+    enum status st = model_dir ? STATUS_OK : write_model(dir, d, layers, heads, ffn, vocab, 1024);
     struct backend *b = NULL;
     struct model *m = NULL;
     if (st == STATUS_OK) st = backend_open(device, 0, threads, &b);
@@ -73,6 +82,10 @@ int main(int argc, char **argv)
     if (st == STATUS_OK) backend_mem_info(b, &free0, &total);
     if (st == STATUS_OK) st = model_load_as(dir, b, NULL, bf16 ? DTYPE_BF16 : DTYPE_F32, &m);
     if (st == STATUS_OK) st = model_weights_make_writable(m);
+    if (st == STATUS_OK) { /* the attention term and the printout use the loaded shape */
+        d = m->cfg.n_heads * m->cfg.head_dim, layers = m->cfg.n_layers, heads = m->cfg.n_heads;
+        ffn = m->cfg.ffn_hidden, vocab = m->cfg.vocab_size;
+    }
     const long hwm_model = vm_hwm_kib();
     struct model_train *mt = NULL;
     if (st == STATUS_OK) st = model_train_new(m, T, NULL, &mt);
@@ -124,11 +137,13 @@ int main(int argc, char **argv)
     double gemm = 0;
     if (device == DEVICE_CPU) {
         gemm = sgemm_gflops(T, d, d);
-    } else { /* the backend's own f32 product on the same shape */
+    } else { /* the backend's own product on the same shape: f32, or bf16 T x d x ffn (tensor cores) */
+        const enum dtype gt_dtype = bf16 ? DTYPE_BF16 : DTYPE_F32;
+        const int n_out = bf16 ? ffn : d;
         struct tensor x, w, y;
-        backend_alloc_tensor(b, &x, DTYPE_F32, 2, (int64_t[]){T, d});
-        backend_alloc_tensor(b, &w, DTYPE_F32, 2, (int64_t[]){d, d});
-        backend_alloc_tensor(b, &y, DTYPE_F32, 2, (int64_t[]){T, d});
+        backend_alloc_tensor(b, &x, gt_dtype, 2, (int64_t[]){T, d});
+        backend_alloc_tensor(b, &w, gt_dtype, 2, (int64_t[]){n_out, d});
+        backend_alloc_tensor(b, &y, gt_dtype, 2, (int64_t[]){T, n_out});
         backend_memset_zero(b, x.data, tensor_nbytes(&x));
         backend_memset_zero(b, w.data, tensor_nbytes(&w));
         op_matmul(b, &y, &x, &w, NULL);
@@ -136,7 +151,7 @@ int main(int argc, char **argv)
         const double t0 = base_now_s();
         for (int r = 0; r < 50; r++) op_matmul(b, &y, &x, &w, NULL);
         backend_synchronize(b);
-        gemm = 2.0 * T * d * d * 50 / (base_now_s() - t0) / 1e9;
+        gemm = 2.0 * T * d * n_out * 50 / (base_now_s() - t0) / 1e9;
         backend_free(b, x.data);
         backend_free(b, w.data);
         backend_free(b, y.data);
@@ -145,14 +160,20 @@ int main(int argc, char **argv)
     const double achieved = flops / best / 1e9;
     const long hwm = vm_hwm_kib();
     const double act_mb = (double)layers * T * (10.0 * d + 4.0 * ffn + 3.0 * d) * 4 / 1048576.0;
-    printf("bench_train: stories110M shape (d %d, %d layers, ffn %d, vocab %d), %lld parameters, %d x %d tokens, "
-           "%d threads\n",
-           d, layers, ffn, vocab, (long long)params, micro, seq, b->n_threads);
+    printf("bench_train: %s (d %d, %d layers of %d heads, ffn %d, vocab %d), %lld parameters, %d x %d tokens, "
+           "%d threads, %s\n",
+           model_dir ? model_dir : "stories110M shape", d, layers, heads, ffn, vocab, (long long)params, micro, seq,
+           b->n_threads, bf16 ? "bf16 (forward + backward)" : "f32 (forward + backward + AdamW)");
     printf("  step %.3f s (best of %d): %.0f tokens/s, %.1f GFLOP/s achieved (6 N T + attention)\n", best, steps,
            T / best, achieved);
     printf("  %s %d x %d x %d in the same run: %.1f GFLOP/s -> ratio %.2f\n",
-           device == DEVICE_CPU ? "OpenBLAS sgemm" : "the backend's f32 op_matmul (cuBLAS)", T, d, d, gemm,
-           achieved / gemm);
+           device == DEVICE_CPU ? "OpenBLAS sgemm"
+           : bf16               ? "the backend's bf16 op_matmul (cuBLAS, tensor cores)"
+                                : "the backend's f32 op_matmul (cuBLAS)",
+           T, d, device != DEVICE_CPU && bf16 ? ffn : d, gemm, achieved / gemm);
+    if (device != DEVICE_CPU && bf16)
+        printf("  MFU %.1f %% of the H100/H200 SXM datasheet's 989.4 TFLOP/s dense bf16 (%.1f %% of the bf16 product "
+               "measured above)\n", 100.0 * achieved / 989.4e3, 100.0 * achieved / gemm);
     if (device != DEVICE_CPU)
         printf("  device memory in use after the steps: %.0f MiB (%s weights)\n", (double)(free0 - free1) / 1048576.0,
                bf16 ? "bf16" : "f32");
@@ -167,12 +188,14 @@ int main(int argc, char **argv)
     model_train_free(mt);
     model_free(m);
     backend_close(b);
-    char path[256];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    unlink(path);
-    rmdir(dir);
+    if (!model_dir) { /* the written model only */
+        char path[4096 + 32];
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        unlink(path);
+        rmdir(dir);
+    }
     free(tok);
     free(tgt);
     free(pos);

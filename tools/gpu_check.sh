@@ -7,7 +7,9 @@
 #   sanitizer.log compute-sanitizer memcheck / racecheck on the op tests
 #   bench.log     bench_cuda (copy bandwidth, decode attention, matmul), bench_engine on CUDA
 #                 (stories260K, and a random Llama-3.2-1B-shape model) and transformers on the
-#                 same model (tools/bench_hf_gpu.py)
+#                 same model (tools/bench_hf_gpu.py), bench_train in bf16 on it (MFU)
+#   ncu.csv       Nsight Compute's time of each kernel of about two decode steps at batch 1
+# GPU_CHECK_CTEST_REGEX limits the tests to those names (ctest -R).
 # Each step has its own time limit (GPU_CHECK_BUDGET_S, default 540 s in all, spread over the
 # steps); a step past its limit is killed and reported, and the others still run.
 # docs/cuda.md: how to run it with the device tool, what ran and what did not.
@@ -87,7 +89,8 @@ run_tests() {
   step "mpirun works" 30 "$log" mpirun -n 2 hostname
   # Fixtures (golden, GGUF) were made on the build machine: their setup tests are not rerun.
   (cd "$B/build" && step "ctest -L gpu" "${GPU_CHECK_CTEST_S:-300}" "$log" \
-    ctest -L gpu -FS 'golden|gguf' -j "${GPU_CHECK_JOBS:-4}" --output-on-failure --timeout 240)
+    ctest -L gpu -FS 'golden|gguf' ${GPU_CHECK_CTEST_REGEX:+-R "$GPU_CHECK_CTEST_REGEX"} -j "${GPU_CHECK_JOBS:-4}" \
+    --output-on-failure --timeout 240)
   grep -E '^ *[0-9]+/[0-9]+ Test|tests passed|tests failed|Failed|\*\*\*' "$log" | tail -40 >> "$summary"
   local slog=$OUT/sanitizer.log
   export SHARDLM_SYNC_CHECK=1
@@ -97,6 +100,8 @@ run_tests() {
     "$B/build/tests/test_model" cuda "$B/build/golden" gpt2
   step "memcheck test_model gpt_oss" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$B/build/tests/test_model" cuda "$B/build/golden" gpt_oss
+  step "memcheck test_model phi3_lora" 60 "$slog" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$B/build/tests/test_model" cuda "$B/build/golden" phi3_lora
   step "racecheck test_ops (attention)" 90 "$slog" compute-sanitizer --tool racecheck --error-exitcode 9 \
     "$B/build/tests/test_ops" --backend cuda --filter attention
   unset SHARDLM_SYNC_CHECK
@@ -128,9 +133,24 @@ run_bench() {
     echo "without greedy sampling on the device (SHARDLM_DEVICE_SAMPLING=0):" >> "$log"
     step "bench_engine llama1b cuda, host sampling" 60 "$log" env SHARDLM_DEVICE_SAMPLING=0 \
       "$B/build/tests/bench_engine" --device cuda --model "$m" --concurrency 1,64 --prompt 32 --tokens 64
+    # One decode step's kernels at batch 1, each timed by Nsight Compute (the step's GPU time
+    # against its wall time: launch-bound or not): ncu.csv, one row per kernel.
+    local ncu
+    ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2> /dev/null | head -1)
+    if [ -n "$ncu" ]; then
+      step "ncu decode kernels llama1b batch 1" 120 "$log" "$ncu" --metrics gpu__time_duration.sum \
+        --launch-skip "${GPU_CHECK_NCU_SKIP:-6000}" --launch-count 800 --csv --log-file "$OUT/ncu.csv" \
+        "$B/build/tests/bench_engine" --device cuda --model "$m" --concurrency 1 --prompt 32 --tokens 64
+    else
+      say "SKIP ncu: not on this machine"
+    fi
+    # Training in bf16 on the same shape (forward + backward): MFU against the datasheet's peak and
+    # the bf16 product measured in the same run.
+    step "bench_train llama1b cuda bf16" 120 "$log" "$B/build/tests/bench_train" --device cuda --bf16 --model "$m" \
+      --seq 1024 --micro "${GPU_CHECK_TRAIN_MICRO:-4}" --steps 3
     step "transformers llama1b" "${GPU_CHECK_HF_S:-200}" "$log" env PYTHONUNBUFFERED=1 "$py" tools/bench_hf_gpu.py --model "$m"
   fi
-  grep -E '^(bench_cuda|copy|attention|matmul|RESULT|weight-read|model |split policy)' "$log" | head -80 >> "$summary"
+  grep -E '^(bench_cuda|copy|attention|matmul|RESULT|weight-read|model |split policy)|^  (step|MFU|the backend)' "$log" | head -90 >> "$summary"
 }
 
 case $mode in
